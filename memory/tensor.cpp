@@ -1,0 +1,334 @@
+#include "memory/tensor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <sstream>
+
+namespace baton::memory {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+// ---- Storage ----
+
+Storage::Storage(size_t bytes, Device device)
+    : bytes_(bytes), device_(device), allocator_(&allocator_for(device)) {
+  data_ = allocator_->allocate(bytes);
+}
+
+Storage::Storage(void* data, size_t bytes, Device device, std::function<void(void*)> deleter)
+    : data_(data), bytes_(bytes), device_(device), deleter_(std::move(deleter)) {}
+
+Storage::~Storage() {
+  if (allocator_ != nullptr)
+    allocator_->deallocate(data_, bytes_);
+  else if (deleter_)
+    deleter_(data_);
+}
+
+// ---- copies between devices ----
+
+namespace {
+std::atomic<CopyFn> g_copy{nullptr};
+}
+
+void register_copy(CopyFn fn) { g_copy.store(fn); }
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  CopyFn fn = g_copy.load();
+  if (fn == nullptr)
+    throw RuntimeError("cannot copy between " + src_dev.str() + " and " + dst_dev.str() +
+                       ": no backend for that device is loaded");
+  fn(dst, dst_dev, src, src_dev, bytes);
+}
+
+// ---- Tensor ----
+
+namespace {
+
+void check_shape(const Shape& shape) {
+  for (int64_t d : shape)
+    if (d < 0) throw std::logic_error("negative dimension in shape " + shape_str(shape));
+}
+
+int64_t wrap_dim(int64_t d, int64_t rank) {
+  int64_t w = d < 0 ? d + rank : d;
+  if (w < 0 || w >= rank)
+    throw std::logic_error("dimension " + std::to_string(d) + " out of range for rank " +
+                           std::to_string(rank));
+  return w;
+}
+
+// Copies a strided CPU tensor element by element: the innermost dimension as a run when
+// both sides are unit-stride there.
+void strided_copy(char* dst, const Shape& dst_strides, const char* src, const Shape& src_strides,
+                  const Shape& shape, size_t esize, size_t dim) {
+  if (shape.empty()) {
+    std::memcpy(dst, src, esize);
+    return;
+  }
+  int64_t n = shape[dim];
+  if (dim + 1 == shape.size()) {
+    if (dst_strides[dim] == 1 && src_strides[dim] == 1) {
+      std::memcpy(dst, src, size_t(n) * esize);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(dst + i * dst_strides[dim] * int64_t(esize),
+                    src + i * src_strides[dim] * int64_t(esize), esize);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    strided_copy(dst + i * dst_strides[dim] * int64_t(esize), dst_strides,
+                 src + i * src_strides[dim] * int64_t(esize), src_strides, shape, esize, dim + 1);
+}
+
+double load_as_double(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32: return double(static_cast<const int32_t*>(p)[i]);
+    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void store_from_double(void* p, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = float(v); break;
+    case DType::f64: static_cast<double*>(p)[i] = v; break;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = float_to_bf16(float(v)); break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = float_to_f16(float(v)); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                         std::function<void(void*)> deleter) {
+  check_shape(shape);
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dtype),
+                                         device, std::move(deleter));
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape_[size_t(wrap_dim(d, dim()))]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;
+    if (strides_[i] != expect) return false;
+    expect *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  if (!storage_) throw std::logic_error("data access on an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_ * int64_t(dtype_size(dtype_));
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  if (!is_contiguous()) throw std::logic_error("view() of a non-contiguous tensor " + str());
+  Shape s = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      if (infer >= 0) throw std::logic_error("view(): more than one -1 in " + shape_str(shape));
+      infer = int64_t(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) s[size_t(infer)] = known == 0 ? 0 : numel() / known;
+  if (shape_numel(s) != numel())
+    throw std::logic_error("view(): cannot view " + str() + " as " + shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  return is_contiguous() ? view(shape) : contiguous().view(shape);
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  d = wrap_dim(d, dim());
+  if (start < 0 || length < 0 || start + length > shape_[size_t(d)])
+    throw std::logic_error("narrow(" + std::to_string(d) + ", " + std::to_string(start) + ", " +
+                           std::to_string(length) + ") out of range for " + str());
+  Tensor t = *this;
+  t.offset_ += start * strides_[size_t(d)];
+  t.shape_[size_t(d)] = length;
+  return t;
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  d = wrap_dim(d, dim());
+  Tensor t = narrow(d, index, 1);
+  t.shape_.erase(t.shape_.begin() + d);
+  t.strides_.erase(t.strides_.begin() + d);
+  return t;
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  d0 = wrap_dim(d0, dim());
+  d1 = wrap_dim(d1, dim());
+  Tensor t = *this;
+  std::swap(t.shape_[size_t(d0)], t.shape_[size_t(d1)]);
+  std::swap(t.strides_[size_t(d0)], t.strides_[size_t(d1)]);
+  return t;
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& order) const {
+  if (int64_t(order.size()) != dim()) throw std::logic_error("permute(): wrong number of dims");
+  Tensor t = *this;
+  std::vector<bool> seen(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    int64_t d = wrap_dim(order[i], dim());
+    if (seen[size_t(d)]) throw std::logic_error("permute(): repeated dimension");
+    seen[size_t(d)] = true;
+    t.shape_[i] = shape_[size_t(d)];
+    t.strides_[i] = strides_[size_t(d)];
+  }
+  return t;
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor src = contiguous();
+  Tensor t = empty(shape_, dtype_, device);
+  copy_bytes(t.raw_data(), device, src.raw_data(), src.device(), nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  if (!device().is_cpu()) throw std::logic_error("Tensor::to(dtype) is CPU only; got " + str());
+  Tensor src = contiguous();
+  Tensor t = empty(shape_, dtype, device());
+  const void* s = src.raw_data();
+  void* d = t.raw_data();
+  for (int64_t i = 0, n = numel(); i < n; ++i) store_from_double(d, dtype, i, load_as_double(s, dtype_, i));
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    throw std::logic_error("copy_from(): " + src.str() + " into " + str());
+  if (numel() == 0) return;
+  if (is_contiguous() && src.is_contiguous()) {
+    copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    return;
+  }
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    Tensor s = src.contiguous();
+    if (!is_contiguous())
+      throw std::logic_error("copy_from(): strided copy into a non-CPU tensor " + str());
+    copy_from(s);
+    return;
+  }
+  strided_copy(static_cast<char*>(raw_data()), strides_, static_cast<const char*>(src.raw_data()),
+               src.strides_, shape_, dtype_size(dtype_), 0);
+}
+
+void Tensor::zero_() { fill_(0.0); }
+
+void Tensor::fill_(double value) {
+  if (numel() == 0) return;
+  if (!device().is_cpu()) {
+    Tensor host = full(shape_, value, dtype_, Device::cpu());
+    copy_from(host);
+    return;
+  }
+  if (is_contiguous() && value == 0.0) {
+    std::memset(raw_data(), 0, nbytes());
+    return;
+  }
+  // One element converted, then replicated through a strided copy of a broadcast view.
+  Tensor one = empty({1}, dtype_);
+  store_from_double(one.raw_data(), dtype_, 0, value);
+  Tensor b = one;
+  b.shape_ = shape_;
+  b.strides_.assign(shape_.size(), 0);
+  strided_copy(static_cast<char*>(raw_data()), strides_, static_cast<const char*>(b.raw_data()),
+               b.strides_, shape_, dtype_size(dtype_), 0);
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined tensor";
+  return std::string(dtype_name(dtype_)) + shape_str(shape_) + " on " + device().str();
+}
+
+}  // namespace baton::memory

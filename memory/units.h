@@ -1,0 +1,16 @@
+// Byte sizes as people write them: "512MiB", "4GiB", "1.5GB", "4096".
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace baton::memory {
+
+// Parses a size; binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) suffixes, a
+// bare number is bytes. Throws InputError naming the text.
+size_t parse_bytes(std::string_view text);
+// 1536 -> "1.50 KiB"; used in messages and tables.
+std::string format_bytes(double bytes);
+
+}  // namespace baton::memory

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages baton builds and tests with, skipping those present.
+# Idempotent; run as root or with sudo available.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-dev libopenblas-openmp-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libboost-dev libboost-program-options-dev libboost-system-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libucx-dev ucx-utils
+  iproute2 procps python3
+  openmpi-bin libopenmpi-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

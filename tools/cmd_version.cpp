@@ -1,0 +1,25 @@
+// `baton version`: the version and the backends this build has.
+#include <cstdio>
+
+#include "tools/command.h"
+
+namespace baton::tools {
+namespace {
+
+int run_version(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  po::variables_map vm;
+  if (!parse_args(args, "baton version", opts, vm)) return 0;
+#ifdef BATON_HAVE_CUDA
+  const char* cuda = "built";
+#else
+  const char* cuda = "not built";
+#endif
+  std::printf("baton 0.1.0 (CPU backend; CUDA backend %s)\n", cuda);
+  return 0;
+}
+
+const RegisterCommand reg{{"version", "print the version and the backends built", run_version}};
+
+}  // namespace
+}  // namespace baton::tools
