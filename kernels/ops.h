@@ -1,0 +1,168 @@
+// The ops baton computes, forward and backward, on tensors of any backend: each call
+// dispatches on the device of its tensors (kernels/cpu now, kernels/cuda when built).
+//
+// Conventions, for every function here:
+// - Tensors are contiguous and on one device. CPU kernels take f32 and f64 (f64 is the
+//   reference the finite-difference tests use); token ids are i32 or i64.
+// - Outputs are allocated by the caller and passed in; nothing here allocates a tensor
+//   that outlives the call, so the caller's memory accounting is the truth.
+// - `accumulate` = true adds into the output (gradients summed over micro-batches or
+//   over several consumers of one tensor); false overwrites it.
+// - Backward is split as the schedules need it: *_backward_input computes the gradients
+//   of activations (B, on the critical path); *_backward_weight those of parameters (W,
+//   deferrable). Ops without parameters only have *_backward.
+// - Randomness is counter based: an element's random number depends on (seed, stream,
+//   its index in the LOGICAL tensor), never on how the tensor is partitioned, on the
+//   thread count or on the micro-batch split. A tensor that is a block of a larger
+//   logical tensor says where it sits with a Block.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "memory/tensor.h"
+
+namespace baton::kernels {
+
+using memory::Tensor;
+
+// ---- threads ----
+// One pool per process for every parallel loop and for OpenBLAS; never more busy
+// threads than this.
+void set_num_threads(int n);
+int num_threads();
+
+// ---- where a local tensor sits in its logical tensor ----
+struct Block {
+  std::vector<int64_t> global_shape;  // empty: the tensor is the whole logical tensor
+  std::vector<int64_t> offsets;       // the local tensor's first index in each dimension
+};
+
+// ---- GEMM ----
+// c = alpha * op(a) * op(b) + beta * c. a: [M, K] ([K, M] when trans_a), b: [K, N]
+// ([N, K] when trans_b), c: [M, N]. With leading batch dimensions on a, b and c the
+// product is batched; b may also be 2-D and then is shared by every batch of a.
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+            double alpha = 1.0, double beta = 0.0);
+
+// ---- linear: y = x W (+ bias) ----
+// out_in: W is [out, in] (torch.nn.Linear); in_out: W is [in, out] (Hugging Face GPT-2's
+// Conv1D). x: [N, in], y: [N, out], bias: [out] or undefined.
+enum class WeightLayout { out_in, in_out };
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout,
+                    Tensor& y);
+void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layout, Tensor& dx,
+                           bool accumulate);
+// dbias may be undefined (no bias).
+void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layout, Tensor& dw,
+                            Tensor& dbias, bool accumulate);
+
+// ---- elementwise ----
+void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (residual)
+void add_inplace(Tensor& acc, const Tensor& x);            // acc += x
+void scale_inplace(Tensor& t, double s);                   // t *= s
+void bias_add_inplace(Tensor& y, const Tensor& bias);      // y[n, :] += bias
+void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate);  // sum over rows
+
+// GELU in GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+
+// Inverted dropout: y = x * mask / (1 - p), mask[i] = uniform(seed, stream, i) >= p with i
+// the element's index in the logical tensor that `where` describes.
+void dropout_forward(const Tensor& x, Tensor& y, double p, uint64_t seed, uint64_t stream,
+                     const Block& where);
+void dropout_backward(const Tensor& dy, Tensor& dx, double p, uint64_t seed, uint64_t stream,
+                      const Block& where, bool accumulate);
+
+// ---- normalisation ----
+// x: [N, C]; weight, bias: [C]; mean, rstd: [N] saved for backward.
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                       Tensor& y, Tensor& mean, Tensor& rstd);
+void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                              const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate);
+void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);
+
+// Row-wise softmax over the last dimension of x: [N, C].
+void softmax_forward(const Tensor& x, Tensor& y);
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
+
+// ---- attention ----
+// Causal multi-head self-attention. qkv: [B, T, 3 * H * D] laid out as Hugging Face GPT-2's
+// c_attn output: all heads' queries, then keys, then values (head h at columns h*D..).
+// out: [B, T, H * D]; lse: [B, H, T] (log-sum-exp of each row's scores, saved so backward
+// recomputes the probabilities instead of storing a T x T matrix).
+struct AttentionOptions {
+  int64_t heads = 1;  // H: heads held locally
+  double scale = 0;   // 0: 1/sqrt(D)
+  // Dropout on the attention probabilities; the logical tensor is [B_global, H_global, T, T]
+  // and the local one starts at (batch_offset, head_offset, 0, 0).
+  double dropout = 0;
+  uint64_t seed = 0, stream = 0;
+  int64_t batch_offset = 0, head_offset = 0, global_batch = 0, global_heads = 0;
+};
+void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
+                        bool accumulate);
+
+// ---- embedding ----
+// out[n, :] = table[ids[n] - row_offset, :] for ids in [row_offset, row_offset + rows);
+// rows outside give zeros (accumulate = false) or nothing (accumulate = true). That is the
+// vocabulary-parallel lookup: each rank holds a slice of rows and the partial results are
+// summed. ids: [N] i32/i64; table: [rows, C]; out: [N, C].
+void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,
+                       bool accumulate);
+// dtable[ids[n] - row_offset, :] += dout[n, :] for ids in range (always accumulates).
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable);
+
+// ---- softmax cross-entropy over a (possibly vocabulary-split) logits matrix ----
+// logits: [N, Vlocal] holding vocabulary columns [vocab_offset, vocab_offset + Vlocal);
+// targets: [N] i32/i64; a negative target (-100, as Hugging Face writes it) marks a row to
+// ignore: zero loss, zero gradient.
+// On one device: ce_row_max, ce_sum_exp, ce_finish. Split over ranks, the caller
+// all-reduces row_max (max) between the first two and sum_exp and target_logit (sum)
+// before the last: the standard vocabulary-parallel cross-entropy.
+void ce_row_max(const Tensor& logits, Tensor& row_max);  // [N]
+void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+                const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);  // [N], [N]
+// losses[n] = log(sum_exp) + row_max - target_logit (0 for ignored rows). When dlogits is
+// defined it receives grad_scale * (softmax - onehot) for the local columns; dlogits may be
+// the logits tensor itself (overwritten in place to save memory).
+void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+               const Tensor& row_max, const Tensor& sum_exp,
+               const Tensor& target_logit, double grad_scale, Tensor& losses, Tensor& dlogits);
+
+// ---- random initialisation ----
+// Fills out with normal(mean, std) numbers from (seed, stream) and the element's index in
+// the logical tensor `where` describes, so every shard of a parameter gets exactly the
+// values the unsplit parameter would have.
+void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,
+                   const Block& where);
+// A stable 64-bit stream id for a name (a parameter's name, an op's name).
+uint64_t stream_of(std::string_view name);
+
+// ---- optimizers and gradient clipping ----
+double sum_squares(const Tensor& t);  // for the global gradient norm (in double)
+
+struct AdamW {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+// One step on param with gradient grad * grad_scale (grad_scale folds in clipping and
+// loss averaging); m, v: the moments; step counts from 1.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
+                int64_t step, double grad_scale);
+
+struct Sgd {
+  double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+// momentum_buf may be undefined when momentum == 0.
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,
+              double grad_scale);
+
+}  // namespace baton::kernels
