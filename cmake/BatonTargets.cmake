@@ -13,6 +13,14 @@ if(BATON_SANITIZE)
 endif()
 if(BATON_HAVE_CUDA)
   target_compile_definitions(baton_options INTERFACE BATON_HAVE_CUDA=1)
+  # nvcc's own warnings are errors too; host-side warnings go through -Xcompiler.
+  target_compile_options(baton_options INTERFACE
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra --expt-relaxed-constexpr
+      -Wno-deprecated-gpu-targets>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${BATON_WERROR}>>:-Werror=all-warnings>)
+endif()
+if(BATON_HAVE_NCCL)
+  target_compile_definitions(baton_options INTERFACE BATON_HAVE_NCCL=1)
 endif()
 
 # baton_library(NAME SOURCES ... DEPS ...): one static library per top-level folder.

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include "memory/cuda_device.h"
 #include "memory/host_allocator.h"
 #include "memory/units.h"
 
@@ -65,6 +66,8 @@ void register_allocator_factory(DeviceType type, AllocatorFactory factory) {
 }
 
 Allocator& allocator_for(Device device) {
+  // The CUDA backend installs its factory on first use (before the lock: it registers).
+  if (device.is_cuda()) cuda::ensure_registered();
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   auto it = r.allocators.find(device);

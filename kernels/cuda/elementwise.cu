@@ -1,0 +1,232 @@
+// Elementwise ops (residual add, scaling, bias, GELU, ReLU, dropout, casts, loss-scale
+// unscaling): one grid-stride kernel per op, computing in f32 whatever the storage type.
+#include "kernels/cuda/colsum.cuh"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/random.h"
+
+namespace baton::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class F>
+__global__ void each(int64_t n, F f) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <class F>
+void launch_each(int64_t n, const Launch& l, F f) {
+  if (n == 0) return;
+  each<<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(n, f);
+  BATON_CUDA_CHECK_LAUNCH();
+}
+
+void same(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn) {
+  require_cuda(op, an, a);
+  require_cuda(op, bn, b);
+  require(a.dtype() == b.dtype(), op, std::string(an) + " and " + bn + " must have one dtype");
+  require(a.numel() == b.numel(), op, std::string(an) + " " + a.str() + " and " + bn + " " + b.str() + " differ in size");
+  require(a.device() == b.device(), op, "tensors on different devices");
+}
+
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+
+__device__ __forceinline__ float gelu_grad(float v) {
+  const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
+  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
+}
+
+template <class T>
+void dropout(const char* op, const Tensor& in, Tensor& out, double p, uint64_t seed,
+             uint64_t stream, const Block& where, bool accumulate) {
+  Launch l(out);
+  const BlockMap map = block_map(in.shape(), where.global_shape, where.offsets, op);
+  const T* x = static_cast<const T*>(in.raw_data());
+  T* y = static_cast<T*>(out.raw_data());
+  const int64_t n = in.numel();
+  if (p >= 1) {
+    if (!accumulate) launch_each(n, l, [=] __device__(int64_t i) { y[i] = from_f<T>(0.f); });
+    return;
+  }
+  const uint32_t threshold = random::dropout_threshold(p);
+  const float scale = float(1.0 / (1.0 - p));
+  launch_each(n, l, [=] __device__(int64_t i) {
+    const bool keep = p <= 0 || random::dropout_keep(random::random_bits(seed, stream, map.logical(i)), threshold);
+    const float v = keep ? to_f(x[i]) * scale : 0.f;
+    y[i] = from_f<T>(accumulate ? to_f(y[i]) + v : v);
+  });
+}
+
+}  // namespace
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  same("add", a, "a", b, "b");
+  same("add", a, "a", out, "out");
+  Launch l(out);
+  BATON_CUDA_DISPATCH("add", a.dtype(), T, {
+    const T* x = static_cast<const T*>(a.raw_data());
+    const T* y = static_cast<const T*>(b.raw_data());
+    T* o = static_cast<T*>(out.raw_data());
+    launch_each(a.numel(), l, [=] __device__(int64_t i) { o[i] = from_f<T>(to_f(x[i]) + to_f(y[i])); });
+  });
+}
+
+void add_inplace(Tensor& acc, const Tensor& x) {
+  const char* op = "add_inplace";
+  require_cuda(op, "acc", acc);
+  require_cuda(op, "x", x);
+  require(acc.numel() == x.numel(), op, "acc and x differ in size");
+  Launch l(acc);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), acc.dtype(), T, S, {
+    const T* src = static_cast<const T*>(x.raw_data());
+    S* dst = static_cast<S*>(acc.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) { dst[i] = from_f<S>(to_f(dst[i]) + to_f(src[i])); });
+  });
+}
+
+void scale_inplace(Tensor& t, double s) {
+  require_cuda("scale_inplace", "t", t);
+  Launch l(t);
+  const float f = float(s);
+  BATON_CUDA_DISPATCH("scale_inplace", t.dtype(), T, {
+    T* p = static_cast<T*>(t.raw_data());
+    launch_each(t.numel(), l, [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) * f); });
+  });
+}
+
+void bias_add_inplace(Tensor& y, const Tensor& bias) {
+  const char* op = "bias_add_inplace";
+  require_cuda(op, "y", y);
+  require_cuda(op, "bias", bias);
+  const int64_t cols = bias.numel();
+  require(cols > 0 && y.numel() % cols == 0 && y.size(-1) == cols, op, "bias must match y's last dimension");
+  Launch l(y);
+  BATON_CUDA_DISPATCH2(op, y.dtype(), bias.dtype(), T, S, {
+    T* p = static_cast<T*>(y.raw_data());
+    const S* b = static_cast<const S*>(bias.raw_data());
+    launch_each(y.numel(), l, [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) + to_f(b[i % cols])); });
+  });
+}
+
+void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate) {
+  const char* op = "bias_backward";
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "dbias", dbias);
+  const int64_t cols = dbias.numel();
+  require(cols > 0 && dy.size(-1) == cols, op, "dbias must match dy's last dimension");
+  const int64_t rows = dy.numel() / cols;
+  Launch l(dbias);
+  const int slices = colsum_slices(rows, cols);
+  BATON_CUDA_DISPATCH2(op, dy.dtype(), dbias.dtype(), T, S, {
+    const T* g = static_cast<const T*>(dy.raw_data());
+    Tensor partial = colsum_run<1>(
+        [=] __device__(int64_t r, int64_t c, float* v) { v[0] = to_f(g[r * cols + c]); }, rows, cols,
+        slices, l);
+    colsum_store<S>(partial, 0, slices, cols, dbias, accumulate, l);
+  });
+}
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  same("gelu_forward", x, "x", y, "y");
+  Launch l(y);
+  BATON_CUDA_DISPATCH("gelu_forward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    T* out = static_cast<T*>(y.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(in[i]);
+      out[i] = from_f<T>(0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
+    });
+  });
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate) {
+  same("gelu_backward", x, "x", dy, "dy");
+  same("gelu_backward", x, "x", dx, "dx");
+  Launch l(dx);
+  BATON_CUDA_DISPATCH("gelu_backward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    const T* g = static_cast<const T*>(dy.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      const float v = gelu_grad(to_f(in[i])) * to_f(g[i]);
+      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
+    });
+  });
+}
+
+void relu_forward(const Tensor& x, Tensor& y) {
+  same("relu_forward", x, "x", y, "y");
+  Launch l(y);
+  BATON_CUDA_DISPATCH("relu_forward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    T* out = static_cast<T*>(y.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) { out[i] = from_f<T>(fmaxf(to_f(in[i]), 0.f)); });
+  });
+}
+
+void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate) {
+  same("relu_backward", x, "x", dy, "dy");
+  same("relu_backward", x, "x", dx, "dx");
+  Launch l(dx);
+  BATON_CUDA_DISPATCH("relu_backward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    const T* g = static_cast<const T*>(dy.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(in[i]) > 0.f ? to_f(g[i]) : 0.f;
+      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
+    });
+  });
+}
+
+void dropout_forward(const Tensor& x, Tensor& y, double p, uint64_t seed, uint64_t stream,
+                     const Block& where) {
+  same("dropout_forward", x, "x", y, "y");
+  BATON_CUDA_DISPATCH("dropout_forward", x.dtype(), T,
+                      dropout<T>("dropout_forward", x, y, p, seed, stream, where, false));
+}
+
+void dropout_backward(const Tensor& dy, Tensor& dx, double p, uint64_t seed, uint64_t stream,
+                      const Block& where, bool accumulate) {
+  same("dropout_backward", dy, "dy", dx, "dx");
+  BATON_CUDA_DISPATCH("dropout_backward", dy.dtype(), T,
+                      dropout<T>("dropout_backward", dy, dx, p, seed, stream, where, accumulate));
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  const char* op = "cast";
+  require_cuda(op, "src", src);
+  require_cuda(op, "dst", dst);
+  require(src.numel() == dst.numel(), op, "src and dst differ in size");
+  Launch l(dst);
+  BATON_CUDA_DISPATCH(op, src.dtype(), T, {
+    BATON_CUDA_DISPATCH(op, dst.dtype(), U, {
+      const T* s = static_cast<const T*>(src.raw_data());
+      U* d = static_cast<U*>(dst.raw_data());
+      launch_each(src.numel(), l, [=] __device__(int64_t i) { d[i] = from_f<U>(to_f(s[i])); });
+    });
+  });
+}
+
+void unscale_check(Tensor& t, double inv_scale, Tensor& found_inf) {
+  const char* op = "unscale_check";
+  require_cuda(op, "t", t);
+  require_cuda(op, "found_inf", found_inf);
+  require(found_inf.dtype() == DType::f32 && found_inf.numel() == 1, op, "found_inf must be f32 [1]");
+  Launch l(t);
+  const float f = float(inv_scale);
+  float* flag = found_inf.data<float>();
+  BATON_CUDA_DISPATCH(op, t.dtype(), T, {
+    T* p = static_cast<T*>(t.raw_data());
+    launch_each(t.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(p[i]) * f;
+      if (!isfinite(v)) *flag = 1.f;  // a benign race: every writer writes 1
+      p[i] = from_f<T>(v);
+    });
+  });
+}
+
+}  // namespace baton::kernels::cuda

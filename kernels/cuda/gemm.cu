@@ -1,0 +1,289 @@
+// Matrix products through cuBLAS (strided-batched GemmEx, f32 accumulation) and the
+// linear layer's forward through cuBLASLt, whose bias epilogue saves a pass over y.
+#include <array>
+#include <atomic>
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/blas.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace baton::kernels::cuda {
+
+namespace {
+
+std::atomic<bool> g_allow_tf32{false};
+constexpr int kMaxDevices = 64;
+constexpr size_t kLtWorkspace = size_t(32) << 20;
+
+// One handle per thread and device: handles are not to be shared by threads that set
+// different streams, and one thread per device is the common case.
+struct Handles {
+  std::array<cublasHandle_t, kMaxDevices> blas{};
+  std::array<cublasLtHandle_t, kMaxDevices> lt{};
+  std::array<void*, kMaxDevices> lt_workspace{};
+  ~Handles() {
+    for (auto h : blas)
+      if (h) (void)cublasDestroy(h);
+    for (auto h : lt)
+      if (h) (void)cublasLtDestroy(h);
+    // Workspaces are left to process exit: cudaFree may not run during teardown.
+  }
+};
+thread_local Handles t_handles;
+
+cublasHandle_t blas_handle(const Launch& l) {
+  cublasHandle_t& h = t_handles.blas.at(size_t(l.device));
+  if (h == nullptr) BATON_CUBLAS_CHECK(cublasCreate(&h));
+  BATON_CUBLAS_CHECK(cublasSetStream(h, l.stream));
+  return h;
+}
+
+cublasLtHandle_t lt_handle(const Launch& l) {
+  cublasLtHandle_t& h = t_handles.lt.at(size_t(l.device));
+  if (h == nullptr) {
+    BATON_CUBLAS_CHECK(cublasLtCreate(&h));
+    BATON_CUDA_CHECK(cudaMalloc(&t_handles.lt_workspace[size_t(l.device)], kLtWorkspace));
+  }
+  return h;
+}
+
+cublasComputeType_t compute_type(DType ab) {
+  if (ab == DType::f32) return g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  return CUBLAS_COMPUTE_32F;
+}
+
+int64_t batch_of(const Tensor& t) {
+  int64_t b = 1;
+  for (int64_t d = 0; d + 2 < t.dim(); ++d) b *= t.size(d);
+  return b;
+}
+
+void check_gemm_types(const char* op, DType ab, DType other_ab, DType c) {
+  require(is_cuda_float(ab), op, "inputs must be f32, bf16 or f16");
+  require(ab == other_ab, op, "both inputs must have one dtype");
+  require(c == ab || c == DType::f32, op, "the output must have the inputs' dtype or f32");
+}
+
+}  // namespace
+
+void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
+  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                     " failed: " + cublasGetStatusName(st) + ": " + cublasGetStatusString(st));
+}
+
+cudaDataType_t cuda_type(DType t, const char* op) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    case DType::f64: return CUDA_R_64F;
+    default: fail(op, "no CUDA data type for " + std::string(memory::dtype_name(t)));
+  }
+}
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool allow_tf32() { return g_allow_tf32.load(); }
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first.
+void gemm(const Gemm& g, const Launch& l, const char* op) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  cublasHandle_t h = blas_handle(l);
+  const cudaDataType_t ab = cuda_type(g.ab_type, op), ct = cuda_type(g.c_type, op);
+  BATON_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      h, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.n),
+      int(g.m), int(g.k), &g.alpha, g.b, ab, int(g.ldb), g.stride_b, g.a, ab, int(g.lda),
+      g.stride_a, &g.beta, g.c, ct, int(g.ldc), g.stride_c, int(g.batch), compute_type(g.ab_type),
+      CUBLAS_GEMM_DEFAULT));
+}
+
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) {
+  const char* op = "matmul";
+  require_cuda(op, "a", a);
+  require_cuda(op, "b", b);
+  require_cuda(op, "c", c);
+  check_gemm_types(op, a.dtype(), b.dtype(), c.dtype());
+  require(a.dim() >= 2 && b.dim() >= 2 && c.dim() == a.dim(), op, "a, c: [..., rows, cols]; b 2-D or batched like a");
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
+  const int64_t batch = batch_of(a);
+  const bool b_shared = b.dim() == 2;
+  require(k == kb && c.size(-2) == m && c.size(-1) == n && batch_of(c) == batch &&
+              (b_shared || batch_of(b) == batch),
+          op, "shapes " + a.str() + (trans_a ? "^T" : "") + " x " + b.str() + (trans_b ? "^T" : "") +
+                  " -> " + c.str() + " do not match");
+  Launch l(c);
+  Gemm g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m, g.n = n, g.k = k, g.batch = batch;
+  g.a = a.raw_data(), g.lda = a.size(-1), g.stride_a = m * k;
+  g.b = b.raw_data(), g.ldb = b.size(-1), g.stride_b = b_shared ? 0 : k * n;
+  g.c = c.raw_data(), g.ldc = n, g.stride_c = m * n;
+  g.ab_type = a.dtype(), g.c_type = c.dtype();
+  g.alpha = float(alpha), g.beta = float(beta);
+  gemm(g, l, op);
+}
+
+namespace {
+
+// cuBLASLt: y = x op(W) + bias with the bias added in the GEMM's epilogue. Returns false
+// when Lt has no algorithm for the case (the caller falls back to GEMM + bias kernel).
+struct LtKey {
+  int64_t m, n, k;
+  bool trans_a;
+  int ab, c, compute;
+  auto operator<=>(const LtKey&) const = default;
+};
+thread_local std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> t_lt_algos;
+
+struct LtDesc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~LtDesc() {
+    if (a) (void)cublasLtMatrixLayoutDestroy(a);
+    if (b) (void)cublasLtMatrixLayoutDestroy(b);
+    if (c) (void)cublasLtMatrixLayoutDestroy(c);
+    if (op) (void)cublasLtMatmulDescDestroy(op);
+  }
+};
+
+bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool in_out, Tensor& y,
+                    const Launch& l) {
+  const char* op = "linear_forward";
+  const int64_t rows = x.size(0), in = x.size(1), out = y.size(1);
+  // Column-major: D (out x rows) = op(A) (out x in) * B (in x rows) + bias[out].
+  const cudaDataType_t ab = cuda_type(x.dtype(), op), ct = cuda_type(y.dtype(), op);
+  const cublasComputeType_t comp = compute_type(x.dtype());
+  cublasLtHandle_t h = lt_handle(l);
+  LtDesc d;
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, comp, CUDA_R_32F));
+  const cublasOperation_t ta = in_out ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  const void* bias_ptr = bias.raw_data();
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                                    sizeof bias_ptr));
+  if (in_out)
+    BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, uint64_t(out), uint64_t(in), out));
+  else
+    BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, uint64_t(in), uint64_t(out), in));
+  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, uint64_t(in), uint64_t(rows), in));
+  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, ct, uint64_t(out), uint64_t(rows), out));
+
+  LtKey key{out, rows, in, in_out, int(ab), int(ct), int(comp)};
+  auto it = t_lt_algos.find(key);
+  if (it == t_lt_algos.end()) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    BATON_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    BATON_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kLtWorkspace, sizeof kLtWorkspace));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, pref, 1, &res, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) BATON_CUBLAS_CHECK(st);
+    it = t_lt_algos.emplace(key, std::make_pair(st == CUBLAS_STATUS_SUCCESS && found > 0, res.algo)).first;
+  }
+  if (!it->second.first) return false;
+  const float alpha = 1.f, beta = 0.f;
+  BATON_CUBLAS_CHECK(cublasLtMatmul(h, d.op, &alpha, w.raw_data(), d.a, x.raw_data(), d.b, &beta,
+                                    y.raw_data(), d.c, y.raw_data(), d.c, &it->second.second,
+                                    t_handles.lt_workspace[size_t(l.device)], kLtWorkspace, l.stream));
+  return true;
+}
+
+void check_linear(const char* op, const Tensor& x, const Tensor& w, bool in_out, const Tensor& y) {
+  require(x.dim() == 2 && w.dim() == 2 && y.dim() == 2, op, "x, w, y must be 2-D");
+  const int64_t in = x.size(1), out = y.size(1);
+  require(y.size(0) == x.size(0) && w.size(0) == (in_out ? in : out) && w.size(1) == (in_out ? out : in),
+          op, "shapes x " + x.str() + ", w " + w.str() + ", y " + y.str() + " do not match");
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout,
+                    Tensor& y) {
+  const char* op = "linear_forward";
+  require_cuda(op, "x", x);
+  require_cuda(op, "w", w);
+  require_cuda(op, "y", y);
+  check_gemm_types(op, x.dtype(), w.dtype(), y.dtype());
+  const bool in_out = layout == WeightLayout::in_out;
+  check_linear(op, x, w, in_out, y);
+  Launch l(y);
+  if (bias.defined()) {
+    require_cuda(op, "bias", bias);
+    require(bias.numel() == y.size(1), op, "bias must have y's column count");
+    if (bias.dtype() == y.dtype() && y.size(0) > 0 && lt_linear_bias(x, w, bias, in_out, y, l)) return;
+  }
+  const int64_t rows = x.size(0), in = x.size(1), out = y.size(1);
+  Gemm g;
+  g.trans_b = !in_out;
+  g.m = rows, g.n = out, g.k = in;
+  g.a = x.raw_data(), g.lda = in;
+  g.b = w.raw_data(), g.ldb = in_out ? out : in;
+  g.c = y.raw_data(), g.ldc = out;
+  g.ab_type = x.dtype(), g.c_type = y.dtype();
+  gemm(g, l, op);
+  if (bias.defined()) bias_add_inplace(y, bias);
+}
+
+void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layout, Tensor& dx,
+                           bool accumulate) {
+  const char* op = "linear_backward_input";
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "w", w);
+  require_cuda(op, "dx", dx);
+  check_gemm_types(op, dy.dtype(), w.dtype(), dx.dtype());
+  const bool in_out = layout == WeightLayout::in_out;
+  check_linear(op, dx, w, in_out, dy);
+  const int64_t rows = dy.size(0), in = dx.size(1), out = dy.size(1);
+  Launch l(dx);
+  // dx [rows, in] = dy [rows, out] * W [out, in]   (in_out: * W[in, out]^T)
+  Gemm g;
+  g.trans_b = in_out;
+  g.m = rows, g.n = in, g.k = out;
+  g.a = dy.raw_data(), g.lda = out;
+  g.b = w.raw_data(), g.ldb = in_out ? out : in;
+  g.c = dx.raw_data(), g.ldc = in;
+  g.ab_type = dy.dtype(), g.c_type = dx.dtype();
+  g.beta = accumulate ? 1.f : 0.f;
+  gemm(g, l, op);
+}
+
+void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layout, Tensor& dw,
+                            Tensor& dbias, bool accumulate) {
+  const char* op = "linear_backward_weight";
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "x", x);
+  require_cuda(op, "dw", dw);
+  check_gemm_types(op, dy.dtype(), x.dtype(), dw.dtype());
+  const bool in_out = layout == WeightLayout::in_out;
+  check_linear(op, x, dw, in_out, dy);
+  const int64_t rows = dy.size(0), in = x.size(1), out = dy.size(1);
+  Launch l(dw);
+  Gemm g;
+  g.trans_a = true;
+  g.k = rows;
+  if (in_out) {  // dW [in, out] = x^T dy
+    g.m = in, g.n = out;
+    g.a = x.raw_data(), g.lda = in;
+    g.b = dy.raw_data(), g.ldb = out;
+  } else {  // dW [out, in] = dy^T x
+    g.m = out, g.n = in;
+    g.a = dy.raw_data(), g.lda = out;
+    g.b = x.raw_data(), g.ldb = in;
+  }
+  g.c = dw.raw_data(), g.ldc = g.n;
+  g.ab_type = dy.dtype(), g.c_type = dw.dtype();
+  g.beta = accumulate ? 1.f : 0.f;
+  gemm(g, l, op);
+  if (dbias.defined()) bias_backward(dy, dbias, accumulate);
+}
+
+}  // namespace baton::kernels::cuda

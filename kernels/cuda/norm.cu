@@ -1,0 +1,230 @@
+// LayerNorm and row softmax: one warp per row (rows are a few thousand wide at most),
+// statistics in f32, two passes over the row so that variance has no cancellation.
+#include "kernels/cuda/colsum.cuh"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace baton::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;  // rows per block of 256 threads
+
+__device__ __forceinline__ int64_t warp_row() { return int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); }
+
+template <class T, class W, class S>
+__global__ void ln_forward(const T* x, const W* w, const W* b, float eps, T* y, S* mean, S* rstd,
+                           int64_t rows, int64_t cols) {
+  const int64_t r = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const T* xr = x + r * cols;
+  float s = 0;
+  for (int64_t c = lane; c < cols; c += 32) s += to_f(xr[c]);
+  const float mu = warp_sum(s) / float(cols);
+  float v = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float d = to_f(xr[c]) - mu;
+    v += d * d;
+  }
+  const float rs = rsqrtf(warp_sum(v) / float(cols) + eps);
+  T* yr = y + r * cols;
+  for (int64_t c = lane; c < cols; c += 32)
+    yr[c] = from_f<T>((to_f(xr[c]) - mu) * rs * to_f(w[c]) + to_f(b[c]));
+  if (lane == 0) {
+    mean[r] = from_f<S>(mu);
+    rstd[r] = from_f<S>(rs);
+  }
+}
+
+template <class T, class W, class S>
+__global__ void ln_backward_input(const T* dy, const T* x, const W* w, const S* mean, const S* rstd,
+                                  T* dx, int64_t rows, int64_t cols, bool accumulate) {
+  const int64_t r = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const T* xr = x + r * cols;
+  const T* dyr = dy + r * cols;
+  T* dxr = dx + r * cols;
+  const float mu = to_f(mean[r]), rs = to_f(rstd[r]);
+  float sg = 0, sgx = 0;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float g = to_f(dyr[c]) * to_f(w[c]);
+    sg += g;
+    sgx += g * (to_f(xr[c]) - mu) * rs;
+  }
+  const float mg = warp_sum(sg) / float(cols), mgx = warp_sum(sgx) / float(cols);
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = rs * (to_f(dyr[c]) * to_f(w[c]) - mg - (to_f(xr[c]) - mu) * rs * mgx);
+    dxr[c] = from_f<T>(accumulate ? to_f(dxr[c]) + v : v);
+  }
+}
+
+template <class T>
+__global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols) {
+  const int64_t r = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const T* xr = x + r * cols;
+  float m = -INFINITY;
+  for (int64_t c = lane; c < cols; c += 32) m = fmaxf(m, to_f(xr[c]));
+  m = warp_max(m);
+  float s = 0;
+  for (int64_t c = lane; c < cols; c += 32) s += __expf(to_f(xr[c]) - m);
+  const float inv = 1.f / warp_sum(s);
+  T* yr = y + r * cols;
+  for (int64_t c = lane; c < cols; c += 32) yr[c] = from_f<T>(__expf(to_f(xr[c]) - m) * inv);
+}
+
+template <class T>
+__global__ void softmax_back_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols,
+                                  bool accumulate) {
+  const int64_t r = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const T* yr = y + r * cols;
+  const T* gr = dy + r * cols;
+  T* dr = dx + r * cols;
+  float s = 0;
+  for (int64_t c = lane; c < cols; c += 32) s += to_f(yr[c]) * to_f(gr[c]);
+  s = warp_sum(s);
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = to_f(yr[c]) * (to_f(gr[c]) - s);
+    dr[c] = from_f<T>(accumulate ? to_f(dr[c]) + v : v);
+  }
+}
+
+unsigned row_blocks(int64_t rows) { return unsigned((rows + kWarps - 1) / kWarps); }
+
+void check_rows(const char* op, const Tensor& x, int64_t cols, const Tensor& stat, const char* name) {
+  require_cuda(op, name, stat);
+  require(stat.numel() == x.numel() / cols, op, std::string(name) + " must have one value per row");
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                       Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = "layernorm_forward";
+  require_cuda(op, "x", x);
+  require_cuda(op, "y", y);
+  require_cuda(op, "weight", weight);
+  require_cuda(op, "bias", bias);
+  require(x.dtype() == y.dtype() && x.numel() == y.numel(), op, "x and y must match");
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  require(weight.numel() == cols && bias.numel() == cols && weight.dtype() == bias.dtype(), op,
+          "weight and bias: [C] of one dtype");
+  check_rows(op, x, cols, mean, "mean");
+  check_rows(op, x, cols, rstd, "rstd");
+  require(mean.dtype() == rstd.dtype(), op, "mean and rstd of one dtype");
+  if (rows == 0) return;
+  Launch l(y);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, W, {
+    BATON_CUDA_SECOND(op, x.dtype(), mean.dtype(), T, S, {
+      ln_forward<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+          static_cast<const T*>(x.raw_data()), static_cast<const W*>(weight.raw_data()),
+          static_cast<const W*>(bias.raw_data()), float(eps), static_cast<T*>(y.raw_data()),
+          static_cast<S*>(mean.raw_data()), static_cast<S*>(rstd.raw_data()), rows, cols);
+      BATON_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                              const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate) {
+  const char* op = "layernorm_backward_input";
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "x", x);
+  require_cuda(op, "dx", dx);
+  require_cuda(op, "weight", weight);
+  require(x.dtype() == dy.dtype() && x.dtype() == dx.dtype() && x.numel() == dy.numel() &&
+              x.numel() == dx.numel(),
+          op, "x, dy, dx must match");
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  require(weight.numel() == cols, op, "weight: [C]");
+  check_rows(op, x, cols, mean, "mean");
+  check_rows(op, x, cols, rstd, "rstd");
+  if (rows == 0) return;
+  Launch l(dx);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, W, {
+    BATON_CUDA_SECOND(op, x.dtype(), mean.dtype(), T, S, {
+      ln_backward_input<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+          static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+          static_cast<const W*>(weight.raw_data()), static_cast<const S*>(mean.raw_data()),
+          static_cast<const S*>(rstd.raw_data()), static_cast<T*>(dx.raw_data()), rows, cols,
+          accumulate);
+      BATON_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate) {
+  const char* op = "layernorm_backward_weight";
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "x", x);
+  require(x.dtype() == dy.dtype() && x.numel() == dy.numel(), op, "x and dy must match");
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  check_rows(op, x, cols, mean, "mean");
+  check_rows(op, x, cols, rstd, "rstd");
+  const Tensor& any = dweight.defined() ? dweight : dbias;
+  if (!any.defined() || cols == 0) return;
+  if (dweight.defined()) require_cuda(op, "dweight", dweight);
+  if (dbias.defined()) require_cuda(op, "dbias", dbias);
+  require(!dweight.defined() || !dbias.defined() || dweight.dtype() == dbias.dtype(), op,
+          "dweight and dbias of one dtype");
+  Launch l(any);
+  const int slices = colsum_slices(rows, cols);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), mean.dtype(), T, S, {
+    const T* g = static_cast<const T*>(dy.raw_data());
+    const T* xs = static_cast<const T*>(x.raw_data());
+    const S* mu = static_cast<const S*>(mean.raw_data());
+    const S* rs = static_cast<const S*>(rstd.raw_data());
+    Tensor partial = colsum_run<2>(
+        [=] __device__(int64_t r, int64_t c, float* v) {
+          const float d = to_f(g[r * cols + c]);
+          v[0] = d * (to_f(xs[r * cols + c]) - to_f(mu[r])) * to_f(rs[r]);
+          v[1] = d;
+        },
+        rows, cols, slices, l);
+    BATON_CUDA_SECOND(op, x.dtype(), any.dtype(), T, D, {
+      if (dweight.defined()) colsum_store<D>(partial, 0, slices, cols, dweight, accumulate, l);
+      if (dbias.defined()) colsum_store<D>(partial, 1, slices, cols, dbias, accumulate, l);
+    });
+  });
+}
+
+void softmax_forward(const Tensor& x, Tensor& y) {
+  const char* op = "softmax_forward";
+  require_cuda(op, "x", x);
+  require_cuda(op, "y", y);
+  require(x.dtype() == y.dtype() && x.numel() == y.numel(), op, "x and y must match");
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (rows == 0) return;
+  Launch l(y);
+  BATON_CUDA_DISPATCH(op, x.dtype(), T, {
+    softmax_rows<T><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+        static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), rows, cols);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate) {
+  const char* op = "softmax_backward";
+  require_cuda(op, "y", y);
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "dx", dx);
+  require(y.dtype() == dy.dtype() && y.dtype() == dx.dtype() && y.numel() == dy.numel() &&
+              y.numel() == dx.numel(),
+          op, "y, dy, dx must match");
+  const int64_t cols = y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
+  if (rows == 0) return;
+  Launch l(dx);
+  BATON_CUDA_DISPATCH(op, y.dtype(), T, {
+    softmax_back_rows<T><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+        static_cast<const T*>(y.raw_data()), static_cast<const T*>(dy.raw_data()),
+        static_cast<T*>(dx.raw_data()), rows, cols, accumulate);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace baton::kernels::cuda

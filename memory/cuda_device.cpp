@@ -1,0 +1,326 @@
+#include "memory/cuda_device.h"
+
+#include "memory/error.h"
+
+#ifdef BATON_HAVE_CUDA
+
+#include <array>
+#include <cstring>
+#include <mutex>
+
+#include "memory/caching_allocator.h"
+#include "memory/cuda_check.h"
+
+namespace baton::memory::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int count = 0;
+  std::string reason;
+};
+
+const DeviceInfo& device_info() {
+  static const DeviceInfo info = [] {
+    DeviceInfo d;
+    cudaError_t err = cudaGetDeviceCount(&d.count);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // a missing driver is not an error of later calls
+      d.count = 0;
+      d.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+                 cudaGetErrorString(err);
+    } else if (d.count == 0) {
+      d.reason = "no CUDA device";
+    }
+    return d;
+  }();
+  return info;
+}
+
+void check_device(int device) {
+  if (device < 0 || device >= device_count())
+    throw RuntimeError("CUDA device " + std::to_string(device) + " does not exist (" +
+                       std::to_string(device_count()) + " present" +
+                       (unavailable_reason().empty() ? "" : ": " + unavailable_reason()) + ")");
+}
+
+struct Streams {
+  std::mutex mu;
+  std::array<cudaStream_t, kMaxDevices> compute{}, comm{};
+};
+
+Streams& streams() {
+  static Streams* s = new Streams();  // never destroyed: streams die with the process
+  return *s;
+}
+
+cudaStream_t make_stream(int device, bool high_priority) {
+  DeviceGuard guard(device);
+  int least = 0, greatest = 0;
+  BATON_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  BATON_CUDA_CHECK(
+      cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
+  return s;
+}
+
+thread_local std::array<cudaStream_t, kMaxDevices> t_current{};
+
+// ---- raw memory sources of the caching allocators ----
+
+class DeviceMemory final : public RawMemory {
+ public:
+  explicit DeviceMemory(int device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    DeviceGuard guard(device_);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    BATON_CUDA_CHECK(err);
+    return p;
+  }
+  void free(void* ptr) override {
+    DeviceGuard guard(device_);
+    BATON_CUDA_CHECK(cudaFree(ptr));
+  }
+  void synchronize() override {
+    DeviceGuard guard(device_);
+    BATON_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::pair<size_t, size_t> total_and_free() const override {
+    DeviceGuard guard(device_);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {0, 0};
+    }
+    return {total, free};
+  }
+
+ private:
+  int device_;
+};
+
+class PinnedMemory final : public RawMemory {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    BATON_CUDA_CHECK(err);
+    return p;
+  }
+  void free(void* ptr) override { BATON_CUDA_CHECK(cudaFreeHost(ptr)); }
+  void synchronize() override {
+    for (int d = 0; d < device_count(); ++d) {
+      DeviceGuard guard(d);
+      BATON_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+  }
+};
+
+Allocator* make_device_allocator(int index) {
+  if (index < 0 || index >= device_count()) return nullptr;
+  return new CachingAllocator(Device::cuda(index), std::make_unique<DeviceMemory>(index));
+}
+
+// The copy behind Tensor::to() and copy_from(): synchronous for the host, as a memcpy is.
+// Device-to-device copies on one device stay on the stream (stream order suffices).
+void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (dst_dev.is_cuda() && src_dev.is_cuda()) {
+    if (dst_dev.index == src_dev.index) {
+      DeviceGuard guard(dst_dev.index);
+      BATON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                       static_cast<cudaStream_t>(current_stream(dst_dev.index))));
+      return;
+    }
+    synchronize(src_dev.index);
+    DeviceGuard guard(dst_dev.index);
+    auto s = static_cast<cudaStream_t>(current_stream(dst_dev.index));
+    BATON_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
+    BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  int dev = dst_dev.is_cuda() ? dst_dev.index : src_dev.index;
+  DeviceGuard guard(dev);
+  auto s = static_cast<cudaStream_t>(current_stream(dev));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace
+
+bool built() { return true; }
+int device_count() { return device_info().count; }
+std::string unavailable_reason() { return device_info().reason; }
+
+void ensure_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_allocator_factory(DeviceType::cuda, &make_device_allocator);
+    register_copy(&copy);
+  });
+}
+
+StreamHandle compute_stream(int device) {
+  check_device(device);
+  Streams& s = streams();
+  std::lock_guard lock(s.mu);
+  if (s.compute[size_t(device)] == nullptr) s.compute[size_t(device)] = make_stream(device, false);
+  return s.compute[size_t(device)];
+}
+
+StreamHandle comm_stream(int device) {
+  check_device(device);
+  Streams& s = streams();
+  std::lock_guard lock(s.mu);
+  // Higher priority, so that a transfer waiting on the critical path is not queued
+  // behind a long stretch of compute kernels.
+  if (s.comm[size_t(device)] == nullptr) s.comm[size_t(device)] = make_stream(device, true);
+  return s.comm[size_t(device)];
+}
+
+StreamHandle current_stream(int device) {
+  check_device(device);
+  cudaStream_t s = t_current[size_t(device)];
+  return s != nullptr ? s : compute_stream(device);
+}
+
+StreamGuard::StreamGuard(int device, StreamHandle stream)
+    : device_(device), previous_(t_current.at(size_t(device))) {
+  t_current[size_t(device)] = static_cast<cudaStream_t>(stream);
+}
+
+StreamGuard::~StreamGuard() { t_current[size_t(device_)] = static_cast<cudaStream_t>(previous_); }
+
+DeviceGuard::DeviceGuard(int device) {
+  BATON_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) BATON_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+}
+
+void synchronize(int device) {
+  DeviceGuard guard(device);
+  BATON_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(current_stream(device))));
+}
+
+Event::Event(int device, bool timing) : device_(device) {
+  check_device(device);
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  BATON_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  event_ = e;
+}
+
+Event::~Event() {
+  if (event_ != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void Event::record(StreamHandle stream) {
+  DeviceGuard guard(device_);
+  BATON_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)));
+}
+
+void Event::block(StreamHandle stream) const {
+  BATON_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                       static_cast<cudaEvent_t>(event_), 0));
+}
+
+bool Event::query() const {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  BATON_CUDA_CHECK(err);
+  return true;
+}
+
+void Event::synchronize() const { BATON_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  float ms = 0;
+  BATON_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_),
+                                        static_cast<cudaEvent_t>(end.event_)));
+  return ms;
+}
+
+Allocator& pinned_allocator() {
+  static CachingAllocator* a =
+      new CachingAllocator(Device::cpu(), std::make_unique<PinnedMemory>());
+  return *a;
+}
+
+Tensor pinned_empty(const Shape& shape, DType dtype) {
+  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  Allocator& a = pinned_allocator();
+  void* p = a.allocate(bytes);
+  return Tensor::from_blob(p, shape, dtype, Device::cpu(),
+                           [&a, bytes](void* q) { a.deallocate(q, bytes); });
+}
+
+void copy_async(Tensor& dst, const Tensor& src, StreamHandle stream) {
+  if (dst.nbytes() != src.nbytes() || !dst.is_contiguous() || !src.is_contiguous())
+    throw std::logic_error("copy_async: " + src.str() + " into " + dst.str() +
+                           " (contiguous tensors of one size expected)");
+  if (dst.nbytes() == 0) return;
+  Device d = dst.device().is_cuda() ? dst.device() : src.device();
+  if (d.is_cpu()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+    return;
+  }
+  DeviceGuard guard(d.index);
+  BATON_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault,
+                                   static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace baton::memory::cuda
+
+#else  // built without CUDA
+
+namespace baton::memory::cuda {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw RuntimeError(std::string(what) + ": baton was built without its CUDA backend");
+}
+}  // namespace
+
+bool built() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return "baton was built without its CUDA backend"; }
+void ensure_registered() {}
+StreamHandle compute_stream(int) { no_cuda("compute_stream"); }
+StreamHandle comm_stream(int) { no_cuda("comm_stream"); }
+StreamHandle current_stream(int) { no_cuda("current_stream"); }
+StreamGuard::StreamGuard(int, StreamHandle) : device_(0), previous_(nullptr) { no_cuda("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+DeviceGuard::DeviceGuard(int) { no_cuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+void synchronize(int) { no_cuda("synchronize"); }
+Event::Event(int, bool) : device_(0) { no_cuda("Event"); }
+Event::~Event() = default;
+void Event::record(StreamHandle) { no_cuda("Event::record"); }
+void Event::block(StreamHandle) const { no_cuda("Event::block"); }
+bool Event::query() const { no_cuda("Event::query"); }
+void Event::synchronize() const { no_cuda("Event::synchronize"); }
+float Event::elapsed_ms(const Event&, const Event&) { no_cuda("Event::elapsed_ms"); }
+Allocator& pinned_allocator() { no_cuda("pinned_allocator"); }
+Tensor pinned_empty(const Shape&, DType) { no_cuda("pinned_empty"); }
+void copy_async(Tensor&, const Tensor&, StreamHandle) { no_cuda("copy_async"); }
+
+}  // namespace baton::memory::cuda
+
+#endif
