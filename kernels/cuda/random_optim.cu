@@ -1,1 +1,174 @@
+// Random initialisation (the same Philox numbers as the CPU, kernels/random.h), the
+// squared-norm reduction for gradient clipping, and the fused AdamW and SGD steps.
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/random.h"
+
+namespace baton::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T>
+__global__ void normal_k(T* out, int64_t n, double mean, double std, uint64_t seed, uint64_t stream,
+                         BlockMap map) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t idx = map.logical(i);
+    const random::Philox4 g = random::philox_group(seed, stream, idx >> 2);
+    out[i] = from_f<T>(float(mean + std * random::normal_from_group(g, unsigned(idx & 3))));
+  }
+}
+
+constexpr int kSumBlocks = 1024;
+
+template <class T>
+__global__ void sumsq_partial(const T* x, int64_t n, double* partial) {
+  __shared__ double part[kThreads];
+  double s = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = double(to_f(x[i]));
+    s += v * v;
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = part[0];
+}
+
+__global__ void sumsq_finish(double* partial, int blocks) {
+  if (threadIdx.x != 0) return;
+  double s = 0;
+  for (int b = 0; b < blocks; ++b) s += partial[b];  // fixed order: deterministic
+  partial[0] = s;
+}
+
+struct AdamCoeffs {
+  float decay, step_size, inv_bc2_sqrt, one_minus_b1, b2, one_minus_b2, eps, gs;
+};
+
+template <class G, class P>
+__global__ void adamw_k(P* param, const G* grad, P* m, P* v, int64_t n, AdamCoeffs c) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = to_f(grad[i]) * c.gs;
+    const float mi = to_f(m[i]) + c.one_minus_b1 * (g - to_f(m[i]));
+    const float vi = c.b2 * to_f(v[i]) + c.one_minus_b2 * g * g;
+    const float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
+    param[i] = from_f<P>(to_f(param[i]) * c.decay - c.step_size * mi / denom);
+    m[i] = from_f<P>(mi);
+    v[i] = from_f<P>(vi);
+  }
+}
+
+template <class G, class P>
+__global__ void sgd_k(P* param, const G* grad, P* buf, int64_t n, float lr, float wd, float mom,
+                      bool nesterov, float gs) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float p = to_f(param[i]);
+    const float d = to_f(grad[i]) * gs + wd * p;
+    if (buf == nullptr) {
+      param[i] = from_f<P>(p - lr * d);
+      continue;
+    }
+    const float b = mom * to_f(buf[i]) + d;
+    buf[i] = from_f<P>(b);
+    param[i] = from_f<P>(p - lr * (nesterov ? d + mom * b : b));
+  }
+}
+
+}  // namespace
+
+void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,
+                   const Block& where) {
+  const char* op = "random_normal";
+  require_cuda(op, "out", out);
+  const BlockMap map = block_map(out.shape(), where.global_shape, where.offsets, op);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  Launch l(out);
+  BATON_CUDA_DISPATCH(op, out.dtype(), T, {
+    normal_k<T><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(static_cast<T*>(out.raw_data()), n, mean,
+                                                                 std, seed, stream, map);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+double sum_squares(const Tensor& t) {
+  const char* op = "sum_squares";
+  require_cuda(op, "t", t);
+  const int64_t n = t.numel();
+  if (n == 0) return 0;
+  Launch l(t);
+  Tensor partial = scratch({kSumBlocks}, DType::f64, l.device);
+  const int blocks = int(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
+  BATON_CUDA_DISPATCH(op, t.dtype(), T, {
+    sumsq_partial<T><<<blocks, kThreads, 0, l.stream>>>(static_cast<const T*>(t.raw_data()), n,
+                                                        partial.data<double>());
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+  sumsq_finish<<<1, 32, 0, l.stream>>>(partial.data<double>(), blocks);
+  BATON_CUDA_CHECK_LAUNCH();
+  double host = 0;
+  BATON_CUDA_CHECK(cudaMemcpyAsync(&host, partial.data<double>(), sizeof host, cudaMemcpyDeviceToHost, l.stream));
+  BATON_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  return host;
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
+                int64_t step, double grad_scale) {
+  const char* op = "adamw_step";
+  require_cuda(op, "param", param);
+  require_cuda(op, "grad", grad);
+  require_cuda(op, "m", m);
+  require_cuda(op, "v", v);
+  require(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(), op,
+          "param, grad, m, v must have one size");
+  require(m.dtype() == param.dtype() && v.dtype() == param.dtype(), op, "m and v must have param's dtype");
+  require(step >= 1, op, "step counts from 1");
+  const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
+  const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
+  const AdamCoeffs c{float(1.0 - cfg.lr * cfg.weight_decay), float(cfg.lr / bc1), float(1.0 / std::sqrt(bc2)),
+                     float(1.0 - cfg.beta1), float(cfg.beta2), float(1.0 - cfg.beta2), float(cfg.eps),
+                     float(grad_scale)};
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  Launch l(param);
+  BATON_CUDA_DISPATCH2(op, grad.dtype(), param.dtype(), G, P, {
+    adamw_k<G, P><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(
+        static_cast<P*>(param.raw_data()), static_cast<const G*>(grad.raw_data()), static_cast<P*>(m.raw_data()),
+        static_cast<P*>(v.raw_data()), n, c);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg, double grad_scale) {
+  const char* op = "sgd_step";
+  require_cuda(op, "param", param);
+  require_cuda(op, "grad", grad);
+  require(grad.numel() == param.numel(), op, "param and grad must have one size");
+  const bool use_buf = cfg.momentum != 0;
+  if (use_buf) {
+    require_cuda(op, "momentum_buf", momentum_buf);
+    require(momentum_buf.numel() == param.numel() && momentum_buf.dtype() == param.dtype(), op,
+            "momentum_buf must match param");
+  }
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  Launch l(param);
+  BATON_CUDA_DISPATCH2(op, grad.dtype(), param.dtype(), G, P, {
+    sgd_k<G, P><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(
+        static_cast<P*>(param.raw_data()), static_cast<const G*>(grad.raw_data()),
+        use_buf ? static_cast<P*>(momentum_buf.raw_data()) : nullptr, n, float(cfg.lr), float(cfg.weight_decay),
+        float(cfg.momentum), cfg.nesterov, float(grad_scale));
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace baton::kernels::cuda
