@@ -1,0 +1,49 @@
+// The Communicator on NCCL: one process per GPU, CUDA tensors only. Point-to-point goes
+// through grouped ncclSend/ncclRecv, collectives through NCCL's own (unequal parts as
+// grouped broadcasts, reduces or send/recv pairs). All of it runs on the device's
+// communication stream (memory/cuda_device.h), ordered after the work already queued on
+// the caller's current stream by an event.
+//
+// Differences from the other backends, all inherent to NCCL:
+// - Sends and receives are queued and launched as one NCCL group when the caller next
+//   waits on or tests any Work of this communicator, or posts a collective; so a rank
+//   that posts its sends and receives first and waits afterwards never deadlocks with
+//   its peer. A send nobody waits on is not launched until then.
+// - NCCL matches point-to-point messages by order, not by tag: between one pair, both
+//   sides post their operations in the same order (the schedule validator guarantees it).
+// - wait() orders the caller's current stream after the operation (the host goes on, as
+//   with torch.distributed's NCCL backend); test() asks whether it has finished; barrier's
+//   wait() blocks the host.
+// - A failed peer surfaces as NCCL's asynchronous error at the next test() or wait().
+#pragma once
+
+#include <array>
+#include <functional>
+#include <string>
+
+#include "transport/communicator.h"
+
+namespace baton::transport {
+
+// True when baton was built with NCCL.
+bool nccl_available();
+
+using NcclId = std::array<char, 128>;  // an ncclUniqueId's bytes
+// A fresh id, made by one rank (rank 0) and handed to the others before they all call
+// make_nccl_communicator with it.
+NcclId nccl_unique_id();
+
+// The communicator of `size` ranks on this process's CUDA `device`; every rank calls it
+// with the same id. Blocks until all ranks have joined.
+CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device);
+
+// The id exchange through a rendezvous key-value store (transport's TCP store):
+// rank 0 makes the id and calls set(key, bytes); the others call get(key), which waits.
+struct KeyValue {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key)> get;
+};
+CommPtr make_nccl_communicator(const KeyValue& store, const std::string& key, int rank, int size,
+                               int device);
+
+}  // namespace baton::transport
