@@ -38,8 +38,8 @@ class CachingAllocator final : public Allocator {
   void deallocate(void* ptr, size_t bytes) override;
   void release_cached() override;
 
-  // Blocks come in size classes, eight per power of two (at most 12.5% waste) and at
-  // least 512 bytes, so that a freed block serves every later request of its class.
+  // Blocks come in size classes, eight per power of two (at most 12.5% waste) in steps
+  // of at least 512 bytes, so that a freed block serves every later request of its class.
   static size_t size_class(size_t bytes);
 
  private:
