@@ -167,7 +167,7 @@ TEST_P(NcclWorld, SplitMakesIndependentGroups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclWorld, ::testing::Values(1, 2, 4, 8),
-                         [](const auto& info) { return "n" + std::to_string(info.param); });
+                         [](const auto& p) { return "n" + std::to_string(p.param); });
 
 TEST(Nccl, RejectsHostTensors) {
   if (!transport::nccl_available() || memory::cuda::device_count() == 0)
