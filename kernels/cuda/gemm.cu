@@ -150,9 +150,8 @@ struct LtDesc {
 };
 
 bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool in_out, Tensor& y,
-                    const Launch& l) {
+                    int64_t rows, int64_t in, int64_t out, const Launch& l) {
   const char* op = "linear_forward";
-  const int64_t rows = x.size(0), in = x.size(1), out = y.size(1);
   // Column-major: D (out x rows) = op(A) (out x in) * B (in x rows) + bias[out].
   const cudaDataType_t ab = cuda_type(x.dtype(), op), ct = cuda_type(y.dtype(), op);
   const cublasComputeType_t comp = compute_type(x.dtype());
@@ -197,11 +196,17 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
   return true;
 }
 
-void check_linear(const char* op, const Tensor& x, const Tensor& w, bool in_out, const Tensor& y) {
-  require(x.dim() == 2 && w.dim() == 2 && y.dim() == 2, op, "x, w, y must be 2-D");
-  const int64_t in = x.size(1), out = y.size(1);
-  require(y.size(0) == x.size(0) && w.size(0) == (in_out ? in : out) && w.size(1) == (in_out ? out : in),
+// x, y: [..., in] and [..., out], seen as [rows, in] and [rows, out].
+struct LinearDims {
+  int64_t rows, in, out;
+};
+LinearDims check_linear(const char* op, const Tensor& x, const Tensor& w, bool in_out, const Tensor& y) {
+  require(x.dim() >= 1 && w.dim() == 2 && y.dim() >= 1, op, "x [..., in], w 2-D, y [..., out]");
+  const int64_t in = x.size(-1), out = y.size(-1);
+  const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  require(y.numel() == rows * out && w.size(0) == (in_out ? in : out) && w.size(1) == (in_out ? out : in),
           op, "shapes x " + x.str() + ", w " + w.str() + ", y " + y.str() + " do not match");
+  return {rows, in, out};
 }
 
 }  // namespace
@@ -214,14 +219,14 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   require_cuda(op, "y", y);
   check_gemm_types(op, x.dtype(), w.dtype(), y.dtype());
   const bool in_out = layout == WeightLayout::in_out;
-  check_linear(op, x, w, in_out, y);
+  const auto [rows, in, out] = check_linear(op, x, w, in_out, y);
   Launch l(y);
   if (bias.defined()) {
     require_cuda(op, "bias", bias);
-    require(bias.numel() == y.size(1), op, "bias must have y's column count");
-    if (bias.dtype() == y.dtype() && y.size(0) > 0 && lt_linear_bias(x, w, bias, in_out, y, l)) return;
+    require(bias.numel() == out, op, "bias must have y's column count");
+    if (bias.dtype() == y.dtype() && rows > 0 && lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
+      return;
   }
-  const int64_t rows = x.size(0), in = x.size(1), out = y.size(1);
   Gemm g;
   g.trans_b = !in_out;
   g.m = rows, g.n = out, g.k = in;
@@ -241,8 +246,7 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layou
   require_cuda(op, "dx", dx);
   check_gemm_types(op, dy.dtype(), w.dtype(), dx.dtype());
   const bool in_out = layout == WeightLayout::in_out;
-  check_linear(op, dx, w, in_out, dy);
-  const int64_t rows = dy.size(0), in = dx.size(1), out = dy.size(1);
+  const auto [rows, in, out] = check_linear(op, dx, w, in_out, dy);
   Launch l(dx);
   // dx [rows, in] = dy [rows, out] * W [out, in]   (in_out: * W[in, out]^T)
   Gemm g;
@@ -264,8 +268,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   require_cuda(op, "dw", dw);
   check_gemm_types(op, dy.dtype(), x.dtype(), dw.dtype());
   const bool in_out = layout == WeightLayout::in_out;
-  check_linear(op, x, dw, in_out, dy);
-  const int64_t rows = dy.size(0), in = x.size(1), out = dy.size(1);
+  const auto [rows, in, out] = check_linear(op, x, dw, in_out, dy);
   Launch l(dw);
   Gemm g;
   g.trans_a = true;

@@ -1,0 +1,392 @@
+// Every op of the CUDA backend against the CPU backend on the same inputs, in f32
+// (max error under 1e-4 of the reference's largest magnitude) and in bf16 (under 1e-2),
+// the bf16 runs also exercising the mixed-precision pairs (f32 statistics, master
+// weights and gradient accumulators). The CPU reference runs in f32 on the inputs
+// rounded to the GPU's type. Skipped without a GPU. At the end a table of the errors
+// (tools/gpu-check.sh prints it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/mixed_precision.h"
+#include "kernels/ops.h"
+#include "memory/cuda_device.h"
+
+using namespace baton;
+using namespace baton::kernels;
+using memory::Device;
+using memory::DType;
+using memory::Shape;
+using memory::Tensor;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::map<std::string, double>& error_table() {
+  static std::map<std::string, double> t;
+  return t;
+}
+
+class PrintTable : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (error_table().empty()) return;
+    std::printf("\n%-40s %12s %10s\n", "op (dtype)", "max rel err", "tolerance");
+    for (auto& [name, err] : error_table())
+      std::printf("%-40s %12.3e %10s\n", name.c_str(), err,
+                  name.find("bf16") != std::string::npos ? "1e-2" : "1e-4");
+  }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new PrintTable);
+
+double tol(DType dt) { return dt == DType::f32 ? 1e-4 : 1e-2; }
+
+Tensor randn(const Shape& s, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<float> d(0.f, float(scale));
+  Tensor t = Tensor::empty(s);
+  for (float& v : t.span<float>()) v = d(rng);
+  return t;
+}
+// The CPU's copy of an input as the GPU sees it (rounded to dt), in f32.
+Tensor rounded(const Tensor& t, DType dt) { return dt == DType::f32 ? t.clone() : t.to(dt).to(DType::f32); }
+Tensor dev(const Tensor& t, DType dt) { return t.to(dt).to(kGpu); }
+Tensor host(const Tensor& d) {
+  memory::cuda::synchronize(0);
+  Tensor h = d.to(Device::cpu());
+  return h.dtype() == DType::f32 ? h : h.to(DType::f32);
+}
+
+// max |got - want| / max |want|
+double rel_err(const Tensor& got_dev, const Tensor& want) {
+  const std::vector<float> g = host(got_dev).to_vector<float>(), w = want.to_vector<float>();
+  EXPECT_EQ(g.size(), w.size());
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    num = std::max(num, std::fabs(double(g[i]) - double(w[i])));
+    den = std::max(den, std::fabs(double(w[i])));
+  }
+  return num / den;
+}
+
+void expect_close(const std::string& op, DType dt, const Tensor& got_dev, const Tensor& want) {
+  const double e = rel_err(got_dev, want);
+  const std::string key = op + " (" + std::string(memory::dtype_name(dt)) + ")";
+  error_table()[key] = std::max(error_table()[key], e);
+  EXPECT_LT(e, tol(dt)) << key;
+}
+
+class CudaOps : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (memory::cuda::device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: " << memory::cuda::unavailable_reason();
+    seed_ = 1234 + uint64_t(GetParam());
+    std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed_));
+    rng_.seed(seed_);
+  }
+  DType dt() const { return GetParam(); }
+  // f32 in the f32 runs; in the bf16 runs the mixed-precision side type.
+  DType wide() const { return DType::f32; }
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+TEST_P(CudaOps, Matmul) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool shared : {false, true}) {
+        const int64_t B = 3, M = 33, N = 29, K = 47;
+        Tensor a = randn(ta ? Shape{B, K, M} : Shape{B, M, K}, rng_);
+        Tensor b = randn(shared ? (tb ? Shape{N, K} : Shape{K, N}) : (tb ? Shape{B, N, K} : Shape{B, K, N}), rng_);
+        Tensor c = randn({B, M, N}, rng_);
+        Tensor ra = rounded(a, dt()), rb = rounded(b, dt()), rc = rounded(c, dt());
+        Tensor da = dev(a, dt()), db = dev(b, dt()), dc = dev(c, dt());
+        kernels::matmul(ra, ta, rb, tb, rc, 0.5, 1.0);
+        kernels::matmul(da, ta, db, tb, dc, 0.5, 1.0);
+        expect_close("matmul", dt(), dc, rc);
+        // f32 output of 16-bit inputs (weight gradients in f32).
+        Tensor dc32 = dev(c, DType::f32), rc32 = c.clone();
+        kernels::matmul(ra, ta, rb, tb, rc32, 1.0, 0.0);
+        kernels::matmul(da, ta, db, tb, dc32, 1.0, 0.0);
+        expect_close("matmul f32 out", dt(), dc32, rc32);
+      }
+}
+
+TEST_P(CudaOps, Linear) {
+  for (WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+    const int64_t N = 37, in = 48, out = 40;
+    const bool io = layout == WeightLayout::in_out;
+    Tensor x = randn({N, in}, rng_), w = randn(io ? Shape{in, out} : Shape{out, in}, rng_, 0.2);
+    Tensor bias = randn({out}, rng_), dy = randn({N, out}, rng_);
+    Tensor rx = rounded(x, dt()), rw = rounded(w, dt()), rb = rounded(bias, dt()), rdy = rounded(dy, dt());
+    Tensor dx_ = dev(x, dt()), dw_ = dev(w, dt()), db_ = dev(bias, dt()), ddy = dev(dy, dt());
+    for (bool with_bias : {true, false}) {
+      Tensor ry = Tensor::empty({N, out}), gy = Tensor::empty({N, out}, dt(), kGpu);
+      kernels::linear_forward(rx, rw, with_bias ? rb : Tensor(), layout, ry);
+      kernels::linear_forward(dx_, dw_, with_bias ? db_ : Tensor(), layout, gy);
+      expect_close(with_bias ? "linear_forward+bias" : "linear_forward", dt(), gy, ry);
+    }
+    Tensor prev = randn({N, in}, rng_);
+    Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+    kernels::linear_backward_input(rdy, rw, layout, rdx, true);
+    kernels::linear_backward_input(ddy, dw_, layout, gdx, true);
+    expect_close("linear_backward_input", dt(), gdx, rdx);
+    // Weight and bias gradients accumulated in f32 whatever the activations' type.
+    Tensor acc_w = randn(w.shape(), rng_), acc_b = randn({out}, rng_);
+    Tensor rdw = acc_w.clone(), rdb = acc_b.clone();
+    Tensor gdw = dev(acc_w, wide()), gdb = dev(acc_b, wide());
+    kernels::linear_backward_weight(rdy, rx, layout, rdw, rdb, true);
+    kernels::linear_backward_weight(ddy, dx_, layout, gdw, gdb, true);
+    expect_close("linear_backward_weight", dt(), gdw, rdw);
+    expect_close("linear_backward_weight dbias", dt(), gdb, rdb);
+  }
+}
+
+TEST_P(CudaOps, Elementwise) {
+  Tensor a = randn({300, 70}, rng_), b = randn({300, 70}, rng_), bias = randn({70}, rng_);
+  Tensor ra = rounded(a, dt()), rb = rounded(b, dt()), rbias = rounded(bias, dt());
+  Tensor ga = dev(a, dt()), gb = dev(b, dt());
+  Tensor ro = Tensor::empty(a.shape()), go = Tensor::empty(a.shape(), dt(), kGpu);
+  kernels::add(ra, rb, ro);
+  kernels::add(ga, gb, go);
+  expect_close("add", dt(), go, ro);
+  // An f32 accumulator of 16-bit values.
+  Tensor racc = a.clone(), gacc = dev(a, wide());
+  kernels::add_inplace(racc, rb);
+  kernels::add_inplace(gacc, gb);
+  expect_close("add_inplace", dt(), gacc, racc);
+  Tensor rs = ra.clone(), gs = ga.clone();
+  kernels::scale_inplace(rs, -1.75);
+  kernels::scale_inplace(gs, -1.75);
+  expect_close("scale_inplace", dt(), gs, rs);
+  Tensor rba = ra.clone(), gba = ga.clone();
+  kernels::bias_add_inplace(rba, rbias);
+  kernels::bias_add_inplace(gba, dev(bias, dt()));
+  expect_close("bias_add_inplace", dt(), gba, rba);
+  Tensor rba32 = ra.clone(), gba32 = ga.clone();  // an f32 bias on 16-bit activations
+  kernels::bias_add_inplace(rba32, bias);
+  kernels::bias_add_inplace(gba32, dev(bias, DType::f32));
+  expect_close("bias_add_inplace f32 bias", dt(), gba32, rba32);
+  Tensor rdb = bias.clone(), gdb = dev(bias, wide());
+  kernels::bias_backward(ra, rdb, true);
+  kernels::bias_backward(ga, gdb, true);
+  expect_close("bias_backward", dt(), gdb, rdb);
+}
+
+TEST_P(CudaOps, Activations) {
+  Tensor x = randn({5000}, rng_, 2.0), dy = randn({5000}, rng_), prev = randn({5000}, rng_);
+  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
+  Tensor gx = dev(x, dt()), gdy = dev(dy, dt());
+  for (bool gelu : {true, false}) {
+    Tensor ry = Tensor::empty({5000}), gy = Tensor::empty({5000}, dt(), kGpu);
+    (gelu ? kernels::gelu_forward : kernels::relu_forward)(rx, ry);
+    (gelu ? kernels::gelu_forward : kernels::relu_forward)(gx, gy);
+    expect_close(gelu ? "gelu_forward" : "relu_forward", dt(), gy, ry);
+    Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+    (gelu ? kernels::gelu_backward : kernels::relu_backward)(rx, rdy, rdx, true);
+    (gelu ? kernels::gelu_backward : kernels::relu_backward)(gx, gdy, gdx, true);
+    expect_close(gelu ? "gelu_backward" : "relu_backward", dt(), gdx, rdx);
+  }
+}
+
+TEST_P(CudaOps, DropoutMasksMatchTheCpuBitForBit) {
+  // A [6, 40] block at offset (2, 24) of a [16, 100] logical tensor.
+  Block where{{16, 100}, {2, 24}};
+  Tensor x = randn({6, 40}, rng_), dy = randn({6, 40}, rng_);
+  for (uint64_t i = 0; i < 240; ++i)  // no zeros in the input: a zero out means dropped
+    if (x.span<float>()[i] == 0.f) x.span<float>()[i] = 1.f;
+  Tensor rx = rounded(x, dt()), gx = dev(x, dt());
+  Tensor ry = Tensor::empty({6, 40}), gy = Tensor::empty({6, 40}, dt(), kGpu);
+  kernels::dropout_forward(rx, ry, 0.3, 99, 7, where);
+  kernels::dropout_forward(gx, gy, 0.3, 99, 7, where);
+  expect_close("dropout_forward", dt(), gy, ry);
+  const std::vector<float> hy = host(gy).to_vector<float>(), cy = ry.to_vector<float>();
+  int dropped = 0;
+  for (size_t i = 0; i < hy.size(); ++i) {
+    ASSERT_EQ(hy[i] == 0.f, cy[i] == 0.f) << "mask differs at " << i;
+    dropped += cy[i] == 0.f;
+  }
+  EXPECT_GT(dropped, 30);
+  EXPECT_LT(dropped, 120);
+  Tensor rdx = rounded(x, dt()), gdx = dev(x, dt());
+  kernels::dropout_backward(rounded(dy, dt()), rdx, 0.3, 99, 7, where, true);
+  kernels::dropout_backward(dev(dy, dt()), gdx, 0.3, 99, 7, where, true);
+  expect_close("dropout_backward", dt(), gdx, rdx);
+}
+
+TEST_P(CudaOps, LayerNorm) {
+  const int64_t N = 67, C = 300;
+  Tensor x = randn({N, C}, rng_, 3.0), w = randn({C}, rng_), b = randn({C}, rng_), dy = randn({N, C}, rng_);
+  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
+  Tensor gx = dev(x, dt()), gdy = dev(dy, dt()), gw = dev(w, wide()), gb = dev(b, wide());
+  Tensor ry = Tensor::empty({N, C}), rm = Tensor::empty({N}), rr = Tensor::empty({N});
+  Tensor gy = Tensor::empty({N, C}, dt(), kGpu), gm = Tensor::empty({N}, DType::f32, kGpu),
+         gr = Tensor::empty({N}, DType::f32, kGpu);
+  kernels::layernorm_forward(rx, w, b, 1e-5, ry, rm, rr);
+  kernels::layernorm_forward(gx, gw, gb, 1e-5, gy, gm, gr);
+  expect_close("layernorm_forward", dt(), gy, ry);
+  expect_close("layernorm_forward rstd", dt(), gr, rr);
+  Tensor rdx = Tensor::empty({N, C}), gdx = Tensor::empty({N, C}, dt(), kGpu);
+  kernels::layernorm_backward_input(rdy, rx, w, rm, rr, rdx, false);
+  kernels::layernorm_backward_input(gdy, gx, gw, gm, gr, gdx, false);
+  expect_close("layernorm_backward_input", dt(), gdx, rdx);
+  Tensor rdw = w.clone(), rdb = b.clone(), gdw = dev(w, wide()), gdb = dev(b, wide());
+  kernels::layernorm_backward_weight(rdy, rx, rm, rr, rdw, rdb, true);
+  kernels::layernorm_backward_weight(gdy, gx, gm, gr, gdw, gdb, true);
+  expect_close("layernorm_backward_weight", dt(), gdw, rdw);
+  expect_close("layernorm_backward_weight dbias", dt(), gdb, rdb);
+}
+
+TEST_P(CudaOps, Softmax) {
+  Tensor x = randn({45, 333}, rng_, 3.0), dy = randn({45, 333}, rng_);
+  Tensor rx = rounded(x, dt()), gx = dev(x, dt());
+  Tensor ry = Tensor::empty(x.shape()), gy = Tensor::empty(x.shape(), dt(), kGpu);
+  kernels::softmax_forward(rx, ry);
+  kernels::softmax_forward(gx, gy);
+  expect_close("softmax_forward", dt(), gy, ry);
+  Tensor rdx = Tensor::empty(x.shape()), gdx = Tensor::empty(x.shape(), dt(), kGpu);
+  kernels::softmax_backward(rounded(host(gy), dt()), rounded(dy, dt()), rdx, false);
+  kernels::softmax_backward(gy, dev(dy, dt()), gdx, false);
+  expect_close("softmax_backward", dt(), gdx, rdx);
+}
+
+TEST_P(CudaOps, Attention) {
+  for (double p : {0.0, 0.2}) {
+    const int64_t B = 2, T = 37, H = 3, D = 16;
+    AttentionOptions opt;
+    opt.heads = H;
+    opt.dropout = p;
+    opt.seed = 5, opt.stream = 11;
+    opt.batch_offset = 1, opt.head_offset = 2, opt.global_batch = 4, opt.global_heads = 6;
+    Tensor qkv = randn({B, T, 3 * H * D}, rng_), dout = randn({B, T, H * D}, rng_);
+    Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
+    Tensor ro = Tensor::empty({B, T, H * D}), rl = Tensor::empty({B, H, T});
+    Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu), gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
+    kernels::attention_forward(rq, opt, ro, rl);
+    kernels::attention_forward(gq, opt, go, gl);
+    const std::string tag = p > 0 ? " dropout" : "";
+    expect_close("attention_forward" + tag, dt(), go, ro);
+    expect_close("attention_forward lse" + tag, dt(), gl, rl);
+    Tensor rd = Tensor::empty(qkv.shape()), gd = Tensor::empty(qkv.shape(), dt(), kGpu);
+    kernels::attention_backward(rq, ro, rl, rounded(dout, dt()), opt, rd, false);
+    kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
+    expect_close("attention_backward" + tag, dt(), gd, rd);
+  }
+}
+
+TEST_P(CudaOps, Embedding) {
+  const int64_t N = 50, rows = 20, C = 24, offset = 10;
+  std::vector<int64_t> ids(N);
+  std::uniform_int_distribution<int64_t> pick(0, 35);
+  for (auto& i : ids) i = pick(rng_);  // some below, some above this slice's rows
+  Tensor tid = Tensor::from_vector(ids, {N}), gid = tid.to(kGpu);
+  Tensor table = randn({rows, C}, rng_), prev = randn({N, C}, rng_), dout = randn({N, C}, rng_);
+  Tensor rt = rounded(table, dt());
+  for (bool acc : {false, true}) {
+    Tensor ro = rounded(prev, dt()), go = dev(prev, dt());
+    kernels::embedding_forward(tid, rt, offset, ro, acc);
+    kernels::embedding_forward(gid, dev(table, dt()), offset, go, acc);
+    expect_close(acc ? "embedding_forward acc" : "embedding_forward", dt(), go, ro);
+  }
+  // An f32 master table looked up into 16-bit activations.
+  Tensor go16 = Tensor::empty({N, C}, dt(), kGpu), ro16 = Tensor::empty({N, C});
+  kernels::embedding_forward(tid, table, offset, ro16, false);
+  kernels::embedding_forward(gid, dev(table, wide()), offset, go16, false);
+  expect_close("embedding_forward f32 table", dt(), go16, ro16);
+  Tensor rdt = table.clone(), gdt = dev(table, wide());
+  kernels::embedding_backward(tid, rounded(dout, dt()), offset, rdt);
+  kernels::embedding_backward(gid, dev(dout, dt()), offset, gdt);
+  expect_close("embedding_backward", dt(), gdt, rdt);
+}
+
+TEST_P(CudaOps, CrossEntropyThreeSteps) {
+  const int64_t N = 19, V = 50, offset = 10;
+  Tensor logits = randn({N, V}, rng_, 3.0);
+  std::vector<int32_t> tg(N);
+  std::uniform_int_distribution<int32_t> pick(0, 79);
+  for (auto& t : tg) t = pick(rng_);
+  tg[3] = -100;  // ignored
+  Tensor rt = Tensor::from_vector(tg, {N}), gt = rt.to(kGpu);
+  Tensor rl = rounded(logits, dt()), gl = dev(logits, dt());
+  auto stat = [&](bool gpu) { return gpu ? Tensor::empty({N}, DType::f32, kGpu) : Tensor::empty({N}); };
+  Tensor rm = stat(false), rs = stat(false), rtl = stat(false), rloss = stat(false);
+  Tensor gm = stat(true), gs = stat(true), gtl = stat(true), gloss = stat(true);
+  kernels::ce_row_max(rl, rm);
+  kernels::ce_row_max(gl, gm);
+  expect_close("ce_row_max", dt(), gm, rm);
+  kernels::ce_sum_exp(rl, rt, offset, rm, rs, rtl);
+  kernels::ce_sum_exp(gl, gt, offset, gm, gs, gtl);
+  expect_close("ce_sum_exp", dt(), gs, rs);
+  expect_close("ce_sum_exp target_logit", dt(), gtl, rtl);
+  Tensor rd = rl;  // in place over the logits, as the caller may ask
+  Tensor gd = gl;
+  kernels::ce_finish(rl, rt, offset, rm, rs, rtl, 0.25, rloss, rd);
+  kernels::ce_finish(gl, gt, offset, gm, gs, gtl, 0.25, gloss, gd);
+  expect_close("ce_finish losses", dt(), gloss, rloss);
+  expect_close("ce_finish dlogits", dt(), gd, rd);
+}
+
+TEST_P(CudaOps, RandomNormalMatchesTheCpu) {
+  Block where{{64, 50}, {8, 10}};
+  Tensor r = Tensor::empty({16, 30}), g = Tensor::empty({16, 30}, dt(), kGpu);
+  kernels::random_normal(r, 0.5, 0.02, 42, kernels::stream_of("h.0.attn.c_attn.weight"), where);
+  kernels::random_normal(g, 0.5, 0.02, 42, kernels::stream_of("h.0.attn.c_attn.weight"), where);
+  expect_close("random_normal", dt(), g, rounded(r, dt()));
+}
+
+TEST_P(CudaOps, SumSquaresAndOptimizers) {
+  Tensor t = randn({10001}, rng_);
+  const double want = kernels::sum_squares(rounded(t, dt()));
+  const double got = kernels::sum_squares(dev(t, dt()));
+  const std::string key = std::string("sum_squares (") + std::string(memory::dtype_name(dt())) + ")";
+  error_table()[key] = std::fabs(got - want) / want;
+  EXPECT_LT(std::fabs(got - want) / want, 1e-6);
+
+  // f32 master weights and moments, gradients in the compute type.
+  Tensor p = randn({4097}, rng_), grad = randn({4097}, rng_), m = randn({4097}, rng_, 0.1);
+  Tensor v = randn({4097}, rng_, 0.1);
+  for (float& x : v.span<float>()) x = x * x;
+  Tensor rp = p.clone(), rm = m.clone(), rv = v.clone(), rg = rounded(grad, dt());
+  Tensor gp = dev(p, wide()), gm = dev(m, wide()), gv = dev(v, wide()), gg = dev(grad, dt());
+  AdamW cfg{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  for (int64_t step = 1; step <= 3; ++step) {
+    kernels::adamw_step(rp, rg, rm, rv, cfg, step, 0.5);
+    kernels::adamw_step(gp, gg, gm, gv, cfg, step, 0.5);
+  }
+  expect_close("adamw_step", dt(), gp, rp);
+  Tensor sp = p.clone(), sb = Tensor::zeros({4097}), gsp = dev(p, wide()), gsb = Tensor::zeros({4097}, DType::f32, kGpu);
+  Sgd sgd{0.1, 0.9, 0.01, true};
+  for (int i = 0; i < 3; ++i) {
+    kernels::sgd_step(sp, rg, sb, sgd, 2.0);
+    kernels::sgd_step(gsp, gg, gsb, sgd, 2.0);
+  }
+  expect_close("sgd_step", dt(), gsp, sp);
+}
+
+TEST_P(CudaOps, CastAndUnscale) {
+  Tensor x = randn({1000}, rng_);
+  Tensor g16 = Tensor::empty({1000}, dt(), kGpu);
+  kernels::cast(dev(x, DType::f32), g16);
+  expect_close("cast", dt(), g16, rounded(x, dt()));
+  Tensor found = Tensor::zeros({1}, DType::f32, kGpu);
+  Tensor g = dev(x, dt());
+  kernels::unscale_check(g, 0.5, found);
+  Tensor half = rounded(x, dt());
+  kernels::scale_inplace(half, 0.5);
+  expect_close("unscale_check", dt(), g, half);
+  EXPECT_EQ(host(found).to_vector<float>()[0], 0.f);
+  Tensor bad = Tensor::from_vector(std::vector<float>{1.f, INFINITY, 2.f}, {3});
+  Tensor gbad = dev(bad, dt());
+  kernels::unscale_check(gbad, 1.0, found);
+  EXPECT_EQ(host(found).to_vector<float>()[0], 1.f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& p) { return std::string(memory::dtype_name(p.param)); });
