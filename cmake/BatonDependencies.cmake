@@ -1,30 +1,35 @@
-# Every dependency comes from Debian's packages (scripts/setup.sh installs them).
-find_package(PkgConfig REQUIRED)
+# Every dependency comes from Debian's packages (scripts/setup.sh installs them), except
+# in the GPU-check build, which takes GoogleTest and OpenBLAS from BATON_BUNDLE_DIR.
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(nlohmann_json 3.10 REQUIRED)
-find_package(spdlog REQUIRED)
-find_package(fmt REQUIRED)
-find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
-if(BATON_BUILD_TESTS)
-  find_package(GTest REQUIRED)
-endif()
-if(BATON_BUILD_BENCH)
-  find_package(benchmark REQUIRED)
-endif()
+if(BATON_GPU_CHECK)
+  include(BatonGpuBundle)
+else()
+  find_package(PkgConfig REQUIRED)
+  find_package(nlohmann_json 3.10 REQUIRED)
+  find_package(spdlog REQUIRED)
+  find_package(fmt REQUIRED)
+  find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
+  if(BATON_BUILD_TESTS)
+    find_package(GTest REQUIRED)
+  endif()
+  if(BATON_BUILD_BENCH)
+    find_package(benchmark REQUIRED)
+  endif()
 
-# OpenBLAS: the OpenMP build, so that GEMM threads and baton's own parallel loops share
-# one OpenMP pool and never oversubscribe the cores (the pthread build keeps its own
-# spinning threads). BATON_BLAS_VARIANT=pthread selects Debian's default build instead.
-set(BATON_BLAS_VARIANT openmp CACHE STRING "OpenBLAS build to link: openmp or pthread")
-find_library(BATON_OPENBLAS_LIB openblas
-  PATHS /usr/lib/x86_64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
-        /usr/lib/aarch64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
-  NO_DEFAULT_PATH)
-if(NOT BATON_OPENBLAS_LIB)
-  find_library(BATON_OPENBLAS_LIB openblas REQUIRED)
-endif()
-find_path(BATON_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas REQUIRED)
+  # OpenBLAS: the OpenMP build, so that GEMM threads and baton's own parallel loops share
+  # one OpenMP pool and never oversubscribe the cores (the pthread build keeps its own
+  # spinning threads). BATON_BLAS_VARIANT=pthread selects Debian's default build instead.
+  set(BATON_BLAS_VARIANT openmp CACHE STRING "OpenBLAS build to link: openmp or pthread")
+  find_library(BATON_OPENBLAS_LIB openblas
+    PATHS /usr/lib/x86_64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
+          /usr/lib/aarch64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
+    NO_DEFAULT_PATH)
+  if(NOT BATON_OPENBLAS_LIB)
+    find_library(BATON_OPENBLAS_LIB openblas REQUIRED)
+  endif()
+  find_path(BATON_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas REQUIRED)
+endif()  # not BATON_GPU_CHECK
 add_library(baton_openblas INTERFACE)
 target_link_libraries(baton_openblas INTERFACE ${BATON_OPENBLAS_LIB})
 target_include_directories(baton_openblas SYSTEM INTERFACE ${BATON_CBLAS_INCLUDE})
@@ -57,8 +62,10 @@ if(NOT BATON_CUDA STREQUAL "OFF")
     find_package(CUDAToolkit REQUIRED)
     set(BATON_HAVE_CUDA ON)
     # NCCL: the toolkit's folders first, then NCCL_HOME (a pip wheel's nvidia/nccl, say).
+    # The GPU-check bundle carries nccl.h for an NCCL installed without its header.
     find_path(BATON_NCCL_INCLUDE nccl.h
-      HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS})
+      HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS}
+      PATHS ${BATON_BUNDLE_DIR}/nccl/include)
     find_library(BATON_NCCL_LIB NAMES nccl libnccl.so.2
       HINTS $ENV{NCCL_HOME}/lib ${CUDAToolkit_LIBRARY_DIR})
     if(BATON_NCCL_INCLUDE AND BATON_NCCL_LIB)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU check, in one go on a machine with one CUDA GPU (designed for one H200 inside
+# 8 minutes, build included): builds the CUDA backend from the source tree and the
+# bundle (tools/make-gpu-bundle.sh), runs every CUDA op against the CPU backend (f32
+# within 1e-4, bf16 within 1e-2 of the largest reference value), the memory and NCCL
+# tests, then trains the GPT for a fixed number of steps with baton and with PyTorch
+# eager (same model, precision and batch) and prints tokens/s and MFU side by side.
+#
+#   tools/gpu-check.sh            # everything
+#   GPU_CHECK_COMPILE=1 ...       # also torch.compile (adds about a minute)
+#   GPU_CHECK_MODEL="--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"
+# Logs and a summary go to $OUT (the device tool's) or build/gpu-check/out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+t_start=$(date +%s)
+build=build/gpu-check
+out=${OUT:-$build/out}
+mkdir -p "$out"
+log() { echo "== $* ($(( $(date +%s) - t_start ))s)"; }
+die() { echo "gpu-check: $*" >&2; exit 1; }
+
+# ---- what the machine has ----
+log "machine"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[ -x "$nvcc" ] || die "no nvcc (set CUDACXX)"
+cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
+"$nvcc" --version | tail -1
+cmake --version | head -1
+c++ --version | head -1
+[ -f .gpu-bundle/BUNDLE ] || die "no .gpu-bundle/: run tools/make-gpu-bundle.sh where the Debian packages are, and carry .gpu-bundle"
+cat .gpu-bundle/BUNDLE
+ls "$cuda_root"/lib64/libcublasLt.so* >/dev/null 2>&1 || ls "$cuda_root"/lib/libcublasLt.so* >/dev/null 2>&1 ||
+  die "no cuBLAS under $cuda_root (the CUDA toolkit's cuBLAS is needed)"
+py=${PYTHON:-python3}
+if torch_info=$("$py" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())" 2>/dev/null); then
+  echo "torch $torch_info (version, CUDA, GPU available)"
+else
+  torch_info=none
+  echo "gpu-check: $py cannot import torch; the PyTorch comparison will be skipped"
+fi
+# NCCL: the toolkit's, else the one pip installed beside PyTorch.
+if [ -z "${NCCL_HOME:-}" ] && ! ls "$cuda_root"/lib64/libnccl.so* >/dev/null 2>&1; then
+  nccl_pip=$("$py" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+  [ -n "$nccl_pip" ] && export NCCL_HOME=$nccl_pip && echo "NCCL from $NCCL_HOME"
+fi
+
+# The bundled OpenBLAS and its Fortran runtime (the binaries' RPATH names them too).
+export LD_LIBRARY_PATH="$PWD/.gpu-bundle/openblas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- build: only the GPU check's targets, sm_90 only ----
+log "configure"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$build" "${gen[@]}" -DBATON_GPU_CHECK=ON -DBATON_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_ARCH:-90}" -DBATON_WERROR=OFF \
+  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
+grep -E "baton:" "$out/configure.log"
+log "build"
+cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_mixed_precision test_cuda_ops test_nccl gpt_step \
+  >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; die "build failed ($out/build.log)"; }
+
+# ---- correctness ----
+status=0
+for t in test_cuda_memory test_mixed_precision test_cuda_ops test_nccl; do
+  log "$t"
+  "$build/tests/cuda/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
+  [ $rc -eq 0 ] || { echo "gpu-check: $t FAILED"; status=1; }
+done
+
+# ---- the GPT training step: baton and PyTorch, same model, precision and batch ----
+model=${GPU_CHECK_MODEL:-"--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"}
+small="--layers 8 --hidden 512 --heads 8 --ctx 256 --batch 8 --vocab 256"
+bench() {  # name args...
+  local name=$1; shift
+  log "$name"
+  timeout 240 "$@" 2>&1 | tee "$out/$name.log" | grep -v "^RESULT"
+  grep "^RESULT" "$out/$name.log" | sed "s/^RESULT/$name/" >>"$out/results.txt"
+}
+: >"$out/results.txt"
+bench baton-bf16 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5 || status=1
+bench baton-bf16-small "$build/bench/cuda/gpt_step" $small --dtype bf16 --steps 50 --warmup 10 || status=1
+bench baton-f32 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5 || status=1
+if [[ "$torch_info" == *True ]]; then
+  bench pytorch-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
+  bench pytorch-bf16-small "$py" bench/pytorch/gpt_step.py $small --dtype bf16 --steps 50 --warmup 10
+  bench pytorch-f32 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
+  [ "${GPU_CHECK_COMPILE:-0}" = 1 ] && bench pytorch-compile-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 20 --warmup 10
+fi
+
+log "summary (MFU: model FLOPs / 989 TFLOP/s, the H200's dense bf16 peak, for every row)"
+awk '{ r[$1] = $5; ms[$1] = $7; mfu[$1] = $9; order[n++] = $1 }
+  END {
+    printf "%-22s %14s %10s %8s %18s\n", "run", "tokens/s", "step ms", "MFU", "baton / pytorch"
+    for (i = 0; i < n; i++) {
+      k = order[i]; peer = k; sub(/^baton/, "pytorch", peer)
+      ratio = (k ~ /^baton/ && (peer in r) && r[peer] > 0) ? sprintf("%.2fx", r[k] / r[peer]) : ""
+      printf "%-22s %14.0f %10.3f %7.1f%% %18s\n", k, r[k], ms[k], 100 * mfu[k], ratio
+    }
+  }' "$out/results.txt" | tee "$out/summary.txt"
+log "done: status $status"
+exit $status
