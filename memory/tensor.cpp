@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "memory/cuda_device.h"
+
 namespace baton::memory {
 
 std::string shape_str(const Shape& s) {
@@ -64,6 +66,10 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     return;
   }
   CopyFn fn = g_copy.load();
+  if (fn == nullptr && (dst_dev.is_cuda() || src_dev.is_cuda())) {
+    cuda::ensure_registered();  // memory that came from outside the allocator (from_blob)
+    fn = g_copy.load();
+  }
   if (fn == nullptr)
     throw RuntimeError("cannot copy between " + src_dev.str() + " and " + dst_dev.str() +
                        ": no backend for that device is loaded");

@@ -155,7 +155,7 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
       BATON_NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; ++r) {
         const char* src = static_cast<const char*>(in.raw_data()) + size_t(off[size_t(r)]) * es;
-        BATON_NCCL_CHECK(ncclReduce(src, r == rank_ ? out.raw_data() : nullptr, size_t(cnt[size_t(r)]), ty,
+        BATON_NCCL_CHECK(ncclReduce(src, out.raw_data() /* written on root r only */, size_t(cnt[size_t(r)]), ty,
                                     nccl_op(op), r, comm_, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());

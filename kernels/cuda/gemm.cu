@@ -18,17 +18,12 @@ constexpr size_t kLtWorkspace = size_t(32) << 20;
 
 // One handle per thread and device: handles are not to be shared by threads that set
 // different streams, and one thread per device is the common case.
+// Never destroyed: at process exit the CUDA context may already be gone, and a destroy
+// call then fails or crashes; the driver frees everything with the process.
 struct Handles {
   std::array<cublasHandle_t, kMaxDevices> blas{};
   std::array<cublasLtHandle_t, kMaxDevices> lt{};
   std::array<void*, kMaxDevices> lt_workspace{};
-  ~Handles() {
-    for (auto h : blas)
-      if (h) (void)cublasDestroy(h);
-    for (auto h : lt)
-      if (h) (void)cublasLtDestroy(h);
-    // Workspaces are left to process exit: cudaFree may not run during teardown.
-  }
 };
 thread_local Handles t_handles;
 
@@ -224,7 +219,11 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   if (bias.defined()) {
     require_cuda(op, "bias", bias);
     require(bias.numel() == out, op, "bias must have y's column count");
-    if (bias.dtype() == y.dtype() && rows > 0 && lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
+    // Lt's heuristics assume 256-byte aligned operands (whole tensors from the caching
+    // allocator are); views at other offsets take the GEMM + bias kernel path.
+    const auto al = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 256 == 0; };
+    const bool aligned = al(x) && al(w) && al(bias) && al(y);
+    if (aligned && bias.dtype() == y.dtype() && rows > 0 && lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
       return;
   }
   Gemm g;
