@@ -80,6 +80,7 @@ bench() {  # name args...
 }
 : >"$out/results.txt"
 bench baton-bf16 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5 || status=1
+bench baton-bf16-cublas-attn "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas || status=1
 bench baton-bf16-small "$build/bench/cuda/gpt_step" $small --dtype bf16 --steps 50 --warmup 10 || status=1
 bench baton-f32 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5 || status=1
 if [[ "$torch_info" == *True ]]; then

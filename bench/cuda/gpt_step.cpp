@@ -4,7 +4,8 @@
 // tools/gpu-check.sh runs both in one go.
 //
 //   gpt_step [--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304
-//             --steps 20 --warmup 5 --dtype bf16|f32 --tf32 0|1 --peak-tflops 989]
+//             --steps 20 --warmup 5 --dtype bf16|f32 --tf32 0|1 --peak-tflops 989
+//             --attention auto|flash|cublas]
 //
 // bf16 is mixed precision: f32 master weights, Adam moments and gradients; bf16 working
 // copies of the matrices, bf16 activations, f32 LayerNorm statistics and log-sum-exps.
@@ -39,6 +40,7 @@ struct Config {
   int steps = 20, warmup = 5;
   DType dtype = DType::bf16;
   bool tf32 = false;
+  kernels::cuda::AttentionImpl attention = kernels::cuda::AttentionImpl::automatic;
   double peak_tflops = 989.0;  // H200 SXM dense bf16 (datasheet); f32 runs name their own
 };
 
@@ -61,6 +63,15 @@ Config parse(int argc, char** argv) {
   num("tf32", tf32);
   c.steps = int(steps), c.warmup = int(warmup), c.tf32 = tf32 != 0;
   if (auto it = kv.find("dtype"); it != kv.end()) c.dtype = memory::parse_dtype(it->second), kv.erase(it);
+  if (auto it = kv.find("attention"); it != kv.end()) {
+    if (it->second == "flash")
+      c.attention = kernels::cuda::AttentionImpl::flash;
+    else if (it->second == "cublas")
+      c.attention = kernels::cuda::AttentionImpl::cublas;
+    else if (it->second != "auto")
+      std::fprintf(stderr, "gpt_step: --attention auto|flash|cublas\n"), std::exit(2);
+    kv.erase(it);
+  }
   if (auto it = kv.find("peak-tflops"); it != kv.end()) c.peak_tflops = std::stod(it->second), kv.erase(it);
   if (!kv.empty()) {
     std::fprintf(stderr, "gpt_step: unknown option --%s\n", kv.begin()->first.c_str());
@@ -265,6 +276,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   kernels::cuda::set_allow_tf32(c.tf32);
+  kernels::cuda::set_attention_impl(c.attention);
   try {
     Gpt gpt(c);
     const int64_t tokens = c.batch * c.ctx;
@@ -286,9 +298,13 @@ int main(int argc, char** argv) {
     const double med = median(ms);
     const double mn = *std::min_element(ms.begin(), ms.end()), mx = *std::max_element(ms.begin(), ms.end());
     const auto alloc = memory::allocator_for(kGpu).stats();
-    std::printf("baton gpt_step: layers %lld hidden %lld heads %lld ctx %lld batch %lld vocab %lld dtype %s tf32 %d\n",
+    const char* attn = c.attention == kernels::cuda::AttentionImpl::flash    ? "flash"
+                       : c.attention == kernels::cuda::AttentionImpl::cublas ? "cublas"
+                                                                             : "auto";
+    std::printf("baton gpt_step: layers %lld hidden %lld heads %lld ctx %lld batch %lld vocab %lld dtype %s tf32 %d "
+                "attention %s\n",
                 (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.ctx, (long long)c.batch,
-                (long long)c.vocab, std::string(memory::dtype_name(c.dtype)).c_str(), int(c.tf32));
+                (long long)c.vocab, std::string(memory::dtype_name(c.dtype)).c_str(), int(c.tf32), attn);
     std::printf("  step ms: median %.3f min %.3f max %.3f over %d steps after %d warm-up\n", med, mn, mx, c.steps,
                 c.warmup);
     std::printf("  tokens/s: %.0f (median step)   TFLOP/step %.3f   achieved %.1f TFLOP/s   MFU %.1f%% of %.0f\n",

@@ -1,14 +1,16 @@
-// Causal multi-head attention on tensor cores through cuBLAS: per batch, the heads'
-// score matrices S = scale Q K^T come from one strided-batched GEMM (f32 results), a row
-// kernel turns them into probabilities (and saves the log-sum-exp), and a second GEMM
-// applies them to V. Backward recomputes the probabilities from the saved log-sum-exp,
-// so nothing T x T is kept between forward and backward; the T x T buffers are scratch
-// from the caching allocator. (A fused flash-attention kernel would skip the masked half
-// and the round trips through memory; this form is exact and uses cuBLAS's tensor-core
-// GEMMs, and is the baseline such a kernel must beat.)
+// Causal multi-head attention. 16-bit inputs take the fused kernels of
+// flash_attention.cu (tensor cores, nothing T x T in memory); f32 inputs, and any case
+// those kernels do not cover, take the path here on cuBLAS: per batch, the heads' score
+// matrices S = scale Q K^T come from one strided-batched GEMM (f32 results), a row kernel
+// turns them into probabilities (and saves the log-sum-exp), and a second GEMM applies
+// them to V. Backward recomputes the probabilities from the saved log-sum-exp, so nothing
+// T x T is kept between forward and backward; the T x T buffers are scratch from the
+// caching allocator. set_attention_impl() picks a path for tests and comparisons.
+#include <atomic>
+
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/ops_cuda.h"
-#include "kernels/random.h"
 
 namespace baton::kernels::cuda {
 
@@ -16,40 +18,10 @@ namespace {
 
 constexpr int kRowThreads = 128;
 
-struct Geometry {
-  int64_t B, T, H, D;
-  int64_t ld() const { return 3 * H * D; }  // row stride of qkv
-  int64_t ldo() const { return H * D; }     // row stride of out
-};
+using Geometry = AttnGeometry;
+using DropoutSpec = AttnDropout;
 
-struct DropoutSpec {
-  bool on = false;
-  uint32_t threshold = 0;
-  float scale = 1.f;
-  uint64_t seed = 0, stream = 0;
-  int64_t global_heads = 0, batch_offset = 0, head_offset = 0;
-  // Logical index of score (i, 0) of head h in batch b: [B_global, H_global, T, T].
-  __device__ uint64_t row_base(int64_t b, int64_t h, int64_t i, int64_t T) const {
-    return uint64_t((((b + batch_offset) * global_heads + (h + head_offset)) * T + i) * T);
-  }
-  __device__ bool keep(uint64_t idx) const {
-    return random::dropout_keep(random::random_bits(seed, stream, idx), threshold);
-  }
-};
-
-DropoutSpec dropout_spec(const AttentionOptions& opt, int64_t heads) {
-  DropoutSpec d;
-  d.on = opt.dropout > 0;
-  if (!d.on) return d;
-  d.threshold = random::dropout_threshold(opt.dropout);
-  d.scale = opt.dropout < 1 ? float(1.0 / (1.0 - opt.dropout)) : 0.f;
-  d.seed = opt.seed;
-  d.stream = opt.stream;
-  d.global_heads = opt.global_heads > 0 ? opt.global_heads : heads;
-  d.batch_offset = opt.batch_offset;
-  d.head_offset = opt.head_offset;
-  return d;
-}
+std::atomic<AttentionImpl> g_impl{AttentionImpl::automatic};
 
 // Forward rows: one block per (head, query i) of batch b. P = softmax of the visible
 // scores (j <= i), dropped out for the product with V; lse saved.
@@ -157,13 +129,18 @@ void scores(const void* qkv, DType dt, const Geometry& g, int64_t b, float scale
 
 }  // namespace
 
+void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
+AttentionImpl attention_impl() { return g_impl.load(); }
+
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
   const Geometry g = check(op, qkv, opt, out, lse);
   if (g.B == 0 || g.T == 0) return;
   Launch l(out);
   const float scale = opt.scale != 0 ? float(opt.scale) : float(1.0 / std::sqrt(double(g.D)));
-  const DropoutSpec dr = dropout_spec(opt, g.H);
+  const DropoutSpec dr = attn_dropout(opt, g.H);
+  if (g_impl.load() != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l)) return;
+  require(g_impl.load() != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
@@ -201,9 +178,13 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   if (g.B == 0 || g.T == 0) return;
   Launch l(dqkv);
   const float scale = opt.scale != 0 ? float(opt.scale) : float(1.0 / std::sqrt(double(g.D)));
-  const DropoutSpec dr = dropout_spec(opt, g.H);
+  const DropoutSpec dr = attn_dropout(opt, g.H);
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
+  if (g_impl.load() != AttentionImpl::cublas &&
+      flash_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, accumulate, l))
+    return;
+  require(g_impl.load() != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
   const float beta = accumulate ? 1.f : 0.f;
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
   Tensor dpd = scratch({g.H, g.T, g.T}, DType::f32, l.device);

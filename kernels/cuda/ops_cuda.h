@@ -68,6 +68,12 @@ void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
 
 // ---- attention ----
+// automatic: the fused flash kernels for bf16/f16 (f32 lse) with head size 32, 64 or 128, cuBLAS
+// GEMMs with a softmax kernel otherwise; flash / cublas force one (flash throws for a case
+// it does not cover). Process-wide; for tests and comparisons.
+enum class AttentionImpl { automatic, flash, cublas };
+void set_attention_impl(AttentionImpl impl);
+AttentionImpl attention_impl();
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,

@@ -257,28 +257,51 @@ TEST_P(CudaOps, Softmax) {
   expect_close("softmax_backward", dt(), gdx, rdx);
 }
 
+// Both implementations: the fused flash kernels (16-bit, head sizes 32/64/128) and the
+// cuBLAS path (every type and head size), with and without dropout, on sequence lengths
+// that are not multiples of the 64-row tiles.
 TEST_P(CudaOps, Attention) {
-  for (double p : {0.0, 0.2}) {
-    const int64_t B = 2, T = 37, H = 3, D = 16;
-    AttentionOptions opt;
-    opt.heads = H;
-    opt.dropout = p;
-    opt.seed = 5, opt.stream = 11;
-    opt.batch_offset = 1, opt.head_offset = 2, opt.global_batch = 4, opt.global_heads = 6;
-    Tensor qkv = randn({B, T, 3 * H * D}, rng_), dout = randn({B, T, H * D}, rng_);
-    Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
-    Tensor ro = Tensor::empty({B, T, H * D}), rl = Tensor::empty({B, H, T});
-    Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu), gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
-    kernels::attention_forward(rq, opt, ro, rl);
-    kernels::attention_forward(gq, opt, go, gl);
-    const std::string tag = p > 0 ? " dropout" : "";
-    expect_close("attention_forward" + tag, dt(), go, ro);
-    expect_close("attention_forward lse" + tag, dt(), gl, rl);
-    Tensor rd = Tensor::empty(qkv.shape()), gd = Tensor::empty(qkv.shape(), dt(), kGpu);
-    kernels::attention_backward(rq, ro, rl, rounded(dout, dt()), opt, rd, false);
-    kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
-    expect_close("attention_backward" + tag, dt(), gd, rd);
+  struct Case {
+    int64_t B, T, H, D;
+  };
+  const std::vector<Case> cases{{2, 37, 3, 16}, {2, 150, 2, 32}, {1, 129, 2, 64}, {1, 70, 1, 128}};
+  for (auto impl : {kernels::cuda::AttentionImpl::cublas, kernels::cuda::AttentionImpl::automatic}) {
+    kernels::cuda::set_attention_impl(impl);
+    const bool flash = impl == kernels::cuda::AttentionImpl::automatic && dt() != DType::f32;
+    const std::string name = flash ? "attention flash" : "attention cublas";
+    for (const Case& k : cases) {
+      if (flash && k.D == 16) continue;  // not covered by the fused kernels
+      for (double p : {0.0, 0.2}) {
+        AttentionOptions opt;
+        opt.heads = k.H;
+        opt.dropout = p;
+        opt.seed = 5, opt.stream = 11;
+        opt.batch_offset = 1, opt.head_offset = 2, opt.global_batch = 4, opt.global_heads = k.H + 3;
+        const int64_t B = k.B, T = k.T, H = k.H, D = k.D;
+        Tensor qkv = randn({B, T, 3 * H * D}, rng_), dout = randn({B, T, H * D}, rng_);
+        Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
+        Tensor ro = Tensor::empty({B, T, H * D}), rl = Tensor::empty({B, H, T});
+        Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu), gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
+        kernels::attention_forward(rq, opt, ro, rl);
+        kernels::attention_forward(gq, opt, go, gl);
+        const std::string tag = name + (p > 0 ? " dropout" : "");
+        expect_close(tag + " forward", dt(), go, ro);
+        expect_close(tag + " lse", dt(), gl, rl);
+        // Backward from the GPU's own forward output, rounded for the CPU.
+        Tensor rd = Tensor::empty(qkv.shape()), gd = dev(randn(qkv.shape(), rng_), dt());
+        Tensor prev = host(gd);
+        kernels::attention_backward(rq, rounded(host(go), dt()), rl, rounded(dout, dt()), opt, rd, false);
+        kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
+        expect_close(tag + " backward", dt(), gd, rd);
+        // accumulate = true adds to what dqkv held.
+        Tensor gacc = dev(prev, dt());
+        kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gacc, true);
+        kernels::add_inplace(rd, rounded(prev, dt()));
+        expect_close(tag + " backward acc", dt(), gacc, rd);
+      }
+    }
   }
+  kernels::cuda::set_attention_impl(kernels::cuda::AttentionImpl::automatic);
 }
 
 TEST_P(CudaOps, Embedding) {
