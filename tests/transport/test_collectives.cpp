@@ -218,10 +218,19 @@ std::string name_of(const ::testing::TestParamInfo<std::tuple<Backend, int>>& in
   return backend_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param));
 }
 
+// One source, two programs: the local backend's (also run under ThreadSanitizer) and
+// UCX's (ranks as threads, each with its own UCX worker).
+#ifdef BATON_TEST_UCX
+INSTANTIATE_TEST_SUITE_P(Ucx, Collectives,
+                         ::testing::Combine(::testing::Values(Backend::ucx),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
+                         name_of);
+#else
 INSTANTIATE_TEST_SUITE_P(Local, Collectives,
                          ::testing::Combine(::testing::Values(Backend::local),
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
                          name_of);
+#endif
 
 }  // namespace
 }  // namespace baton::transport::testing
