@@ -1,0 +1,19 @@
+#include "transport/ucx.h"
+
+#include <numeric>
+
+#include "transport/detail/group_comm.h"
+#include "transport/detail/tag.h"
+#include "transport/detail/ucx_fabric.h"
+
+namespace baton::transport {
+
+CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
+                       const CommOptions& options, const std::string& prefix) {
+  auto fabric = std::make_shared<detail::UcxFabric>(rank, size, *store, prefix, options);
+  std::vector<int> all(static_cast<size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  return std::make_shared<detail::GroupComm>(fabric, detail::kWorldContext, std::move(all));
+}
+
+}  // namespace baton::transport
