@@ -407,13 +407,14 @@ CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device)
   return NcclCommunicator::create(id, rank, size, device, std::move(global));
 }
 
-CommPtr make_nccl_communicator(const KeyValue& store, const std::string& key, int rank, int size, int device) {
+CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
+                               std::chrono::milliseconds timeout) {
   NcclId id{};
   if (rank == 0) {
     id = nccl_unique_id();
     store.set(key, std::string(id.data(), id.size()));
   } else {
-    const std::string v = store.get(key);
+    const std::string v = store.get(key, timeout);
     if (v.size() != id.size())
       throw RuntimeError("nccl: the id under '" + key + "' has " + std::to_string(v.size()) + " bytes, expected " +
                          std::to_string(id.size()));
@@ -435,7 +436,7 @@ namespace {
 bool nccl_available() { return false; }
 NcclId nccl_unique_id() { no_nccl(); }
 CommPtr make_nccl_communicator(const NcclId&, int, int, int) { no_nccl(); }
-CommPtr make_nccl_communicator(const KeyValue&, const std::string&, int, int, int) { no_nccl(); }
+CommPtr make_nccl_communicator(Store&, const std::string&, int, int, int, std::chrono::milliseconds) { no_nccl(); }
 
 }  // namespace baton::transport
 

@@ -18,10 +18,11 @@
 #pragma once
 
 #include <array>
-#include <functional>
+#include <chrono>
 #include <string>
 
 #include "transport/communicator.h"
+#include "transport/store.h"
 
 namespace baton::transport {
 
@@ -37,13 +38,10 @@ NcclId nccl_unique_id();
 // with the same id. Blocks until all ranks have joined.
 CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device);
 
-// The id exchange through a rendezvous key-value store (transport's TCP store):
-// rank 0 makes the id and calls set(key, bytes); the others call get(key), which waits.
-struct KeyValue {
-  std::function<void(const std::string& key, const std::string& value)> set;
-  std::function<std::string(const std::string& key)> get;
-};
-CommPtr make_nccl_communicator(const KeyValue& store, const std::string& key, int rank, int size,
-                               int device);
+// The communicator of a job's ranks, the id exchanged through the rendezvous store
+// (World::store of transport/world.h): rank 0 makes the id and sets `key`, the others
+// wait for it up to `timeout`. `key` must be new for each communicator made this way.
+CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
 
 }  // namespace baton::transport

@@ -3,7 +3,10 @@
 // without a device; world sizes beyond the GPU count are skipped too).
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -58,7 +61,64 @@ class NcclWorld : public ::testing::TestWithParam<int> {
   }
 };
 
+// A store in memory, standing in for the TCP rendezvous store (tested in tests/transport)
+// so that this test runs where UCX is not built.
+class MemoryStore final : public transport::Store {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    std::lock_guard lock(mu_);
+    kv_[key] = value;
+    cv_.notify_all();
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return kv_.count(key) > 0; }))
+      throw RuntimeError("MemoryStore: no key " + key);
+    return kv_[key];
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    for (const auto& k : keys) get(k, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::lock_guard lock(mu_);
+    int64_t v = (kv_.count(key) ? std::stoll(kv_[key]) : 0) + delta;
+    kv_[key] = std::to_string(v);
+    cv_.notify_all();
+    return v;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
 }  // namespace
+
+TEST_P(NcclWorld, IdExchangedThroughTheRendezvousStore) {
+  const int n = GetParam();
+  MemoryStore store;
+  std::vector<std::thread> threads;
+  std::vector<float> sums(static_cast<size_t>(n), 0.f);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        memory::cuda::DeviceGuard g(r);
+        CommPtr c = transport::make_nccl_communicator(store, "nccl/world", r, n, r);
+        Tensor t = dev_tensor({1.f}, r);
+        c->all_reduce(t, ReduceOp::sum)->wait();
+        sums[size_t(r)] = host(t)[0];
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+    EXPECT_EQ(sums[size_t(r)], float(n)) << "rank " << r;
+  }
+}
 
 TEST_P(NcclWorld, AllReduceSumAvgMax) {
   const int n = GetParam();
