@@ -30,8 +30,6 @@ constexpr int ld_o() { return D + 4; }  // f32 output rows
 template <class T>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
 template <class T>
-using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
-template <class T>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
 template <class T>
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
