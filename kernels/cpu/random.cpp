@@ -1,5 +1,9 @@
 // Counter-based random numbers on the CPU: Philox words for a range of logical indices
 // (vectorised across 16 counters), blocks of logical tensors, and random_normal.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <stdexcept>
 
@@ -40,10 +44,62 @@ BlockRuns block_runs(const std::vector<int64_t>& local_shape,
 
 namespace {
 
-constexpr int kLanes = 16;  // counters per vectorised batch (64 words)
+constexpr int kLanes = 16;  // counters per batch (64 words)
 
-// out[4 l + w] = word w of the group g0 + l, for l < kLanes. Written lane-wise so the
-// compiler vectorises the rounds (32x32->64 multiplies become vpmuludq).
+#if defined(__AVX512F__)
+// GCC 12 reports its own intrinsics' _mm512_undefined_* as maybe uninitialised at -O3.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// out[4 l + w] = word w of the group g0 + l, for l < 8 * kBatches. Each counter sits in a
+// 64-bit lane, so vpmuludq yields its full product directly; the words only need their
+// low 32 bits, so high garbage is left in place until the final shuffle. kBatches
+// independent vectors are interleaved to hide the multiplies' latency. The caller
+// guarantees that lo32(g0) + 8 * kBatches - 1 does not wrap.
+constexpr int kBatches = 4;
+constexpr int kPerBatch = 8;
+void philox_batch(uint64_t g0, uint32_t s0, uint32_t s1, uint32_t key0, uint32_t key1,
+                  uint32_t* out) {
+  const __m512i iota = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  __m512i c0[kBatches], c1[kBatches], c2[kBatches], c3[kBatches];
+  for (int b = 0; b < kBatches; ++b) {
+    c0[b] = _mm512_add_epi64(_mm512_set1_epi64(int64_t(uint32_t(g0) + uint32_t(8 * b))), iota);
+    c1[b] = _mm512_set1_epi64(int64_t(uint32_t(g0 >> 32)));
+    c2[b] = _mm512_set1_epi64(int64_t(s0));
+    c3[b] = _mm512_set1_epi64(int64_t(s1));
+  }
+  const __m512i m0 = _mm512_set1_epi64(kPhiloxM0), m1 = _mm512_set1_epi64(kPhiloxM1);
+  uint32_t k0 = key0, k1 = key1;
+  for (int r = 0; r < 10; ++r) {
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+    for (int b = 0; b < kBatches; ++b) {
+      const __m512i p0 = _mm512_mul_epu32(c0[b], m0);  // uses the low 32 bits of c0
+      const __m512i p1 = _mm512_mul_epu32(c2[b], m1);
+      // 0x96: a ^ b ^ c. High halves are garbage and never read as such.
+      c0[b] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), c1[b], kk0, 0x96);
+      c2[b] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), c3[b], kk1, 0x96);
+      c1[b] = p1;
+      c3[b] = p0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  // Low dwords into element order: (c0 c1) and (c2 c3) pairs, then pairs of pairs.
+  const __m512i pair = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+  const __m512i first = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+  const __m512i second = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+  for (int b = 0; b < kBatches; ++b) {
+    const __m512i ab = _mm512_permutex2var_epi32(c0[b], pair, c1[b]);
+    const __m512i cd = _mm512_permutex2var_epi32(c2[b], pair, c3[b]);
+    _mm512_storeu_si512(out + 32 * b, _mm512_permutex2var_epi64(ab, first, cd));
+    _mm512_storeu_si512(out + 32 * b + 16, _mm512_permutex2var_epi64(ab, second, cd));
+  }
+}
+#pragma GCC diagnostic pop
+#else
+constexpr int kBatches = 1;
+constexpr int kPerBatch = kLanes;
+// Portable version, written lane-wise so the compiler vectorises the rounds.
 void philox_batch(uint64_t g0, uint32_t s0, uint32_t s1, uint32_t key0, uint32_t key1,
                   uint32_t* __restrict out) {
   uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
@@ -76,6 +132,7 @@ void philox_batch(uint64_t g0, uint32_t s0, uint32_t s1, uint32_t key0, uint32_t
     out[4 * l + 3] = c3[l];
   }
 }
+#endif
 
 }  // namespace
 
@@ -88,8 +145,16 @@ void random_bits_fill(uint64_t seed, uint64_t stream, uint64_t first, int64_t n,
   }
   const uint32_t s0 = uint32_t(stream), s1 = uint32_t(stream >> 32);
   const uint32_t key0 = uint32_t(seed), key1 = uint32_t(seed >> 32);
-  for (; k + 4 * kLanes <= n; k += 4 * kLanes)
-    philox_batch((first + uint64_t(k)) >> 2, s0, s1, key0, key1, bits + k);
+  constexpr int64_t kWords = 4 * kPerBatch * kBatches;  // per philox_batch call
+  for (; k + kWords <= n; k += kWords) {
+    const uint64_t g = (first + uint64_t(k)) >> 2;
+    if (uint32_t(g) > 0xFFFFFFFFu - kWords / 4) {  // the low counter word wraps in here
+      for (int64_t j = 0; j < kWords; ++j)
+        bits[k + j] = random_bits(seed, stream, first + uint64_t(k + j));
+      continue;
+    }
+    philox_batch(g, s0, s1, key0, key1, bits + k);
+  }
   // Tail: whole groups, then the last partial one.
   for (; k < n; ++k) bits[k] = random_bits(seed, stream, first + uint64_t(k));
 }

@@ -72,6 +72,21 @@ TEST(Dropout, KeepsExactlyTheSpecifiedElementsAndScales) {
   EXPECT_NEAR(double(dropped), p * n, 5 * std::sqrt(n * p * (1 - p)));
 }
 
+TEST(Dropout, MaskIsRightWhereTheLowCounterWordWraps) {
+  // Logical indices around 4 * 2^32, where the Philox counter's low word wraps, in a
+  // block of a (never allocated) huge logical tensor; unaligned start.
+  const int64_t n = 1001, start = (int64_t(1) << 34) - 503;
+  const Tensor x = arange({n});
+  Tensor y = Tensor::empty({n}, DType::f64);
+  dropout_forward(x, y, 0.5, 3, 4, Block{{int64_t(1) << 36}, {start}});
+  const auto xv = as_f64(x), yv = as_f64(y);
+  const uint32_t thr = rnd::dropout_threshold(0.5);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = rnd::dropout_keep(rnd::random_bits(3, 4, uint64_t(start + i)), thr);
+    ASSERT_EQ(yv[size_t(i)], keep ? 2 * xv[size_t(i)] : 0.0) << "element " << i;
+  }
+}
+
 TEST(Dropout, BackwardUsesTheForwardMask) {
   std::mt19937_64 rng(test_seed(41));
   Tensor x = randn({3, 40}, rng);
