@@ -9,12 +9,14 @@
 #   tools/gpu-check.sh            # everything
 #   GPU_CHECK_COMPILE=1 ...       # also torch.compile (adds about a minute)
 #   GPU_CHECK_MODEL="--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"
-# Logs and a summary go to $OUT (the device tool's) or build/gpu-check/out.
+# Logs and a summary go to build/gpu-check/out; with the device tool's $OUT set, the
+# summary and a tarball of the logs are copied there too (it returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 build=build/gpu-check
-out=${OUT:-$build/out}
+out=$build/out
+rm -rf "$out"
 mkdir -p "$out"
 log() { echo "== $* ($(( $(date +%s) - t_start ))s)"; }
 die() { echo "gpu-check: $*" >&2; exit 1; }
@@ -53,6 +55,7 @@ log "configure"
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B "$build" "${gen[@]}" -DBATON_GPU_CHECK=ON -DBATON_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_ARCH:-90}" -DBATON_WERROR=OFF \
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
 grep -E "baton:" "$out/configure.log"
 log "build"
@@ -100,5 +103,9 @@ awk '{ r[$1] = $5; ms[$1] = $7; mfu[$1] = $9; order[n++] = $1 }
       printf "%-22s %14.0f %10.3f %7.1f%% %18s\n", k, r[k], ms[k], 100 * mfu[k], ratio
     }
   }' "$out/results.txt" | tee "$out/summary.txt"
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
+  cp "$out/summary.txt" "$OUT/gpu-check-summary.txt"
+  tar -C "$build" -czf "$OUT/gpu-check-logs.tar.gz" out
+fi
 log "done: status $status"
 exit $status
