@@ -23,7 +23,11 @@ die() { echo "gpu-check: $*" >&2; exit 1; }
 
 # ---- what the machine has ----
 log "machine"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+gpu=1
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null; then
+  gpu=0
+  echo "gpu-check: NO GPU here: the build and the CPU-side tests run, the GPU tests skip, the benchmarks do not run"
+fi
 nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$nvcc" ] || die "no nvcc (set CUDACXX)"
 cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
@@ -71,6 +75,11 @@ for t in test_cuda_memory test_mixed_precision test_cuda_ops test_nccl; do
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
   [ $rc -eq 0 ] || { echo "gpu-check: $t FAILED"; status=1; }
 done
+
+if [ $gpu = 0 ]; then
+  log "done without a GPU: status $status (3: nothing ran on a GPU)"
+  exit 3
+fi
 
 # ---- the GPT training step: baton and PyTorch, same model, precision and batch ----
 model=${GPU_CHECK_MODEL:-"--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"}

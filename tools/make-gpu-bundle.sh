@@ -4,8 +4,8 @@
 # scripts/setup.sh installed the packages); the device tool carries the folder (ignored
 # by git) beside the source tree:
 #   GoogleTest's sources (built there), OpenBLAS's OpenMP build with the Fortran runtime
-#   it links (libgfortran, libquadmath) and its headers, and nccl.h (pip's NCCL may come
-#   without it). About 44 MiB.
+#   it links (libgfortran, libquadmath) and its headers, spdlog's and fmt's headers (used
+#   header-only there), and nccl.h (pip's NCCL may come without it). About 44 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu-bundle
@@ -19,20 +19,24 @@ lib=/usr/lib/x86_64-linux-gnu
 need /usr/src/googletest/CMakeLists.txt "apt-get install libgtest-dev"
 need $lib/openblas-openmp/libopenblas.so.0 "apt-get install libopenblas-openmp-dev"
 need /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h "apt-get install libopenblas-openmp-dev"
+need /usr/include/spdlog/spdlog.h "apt-get install libspdlog-dev"
+need /usr/include/fmt/format-inl.h "apt-get install libfmt-dev"
 nccl_h=""
 for d in /usr/local/cuda/include /usr/include; do [ -e $d/nccl.h ] && nccl_h=$d/nccl.h && break; done
 
 rm -rf "$out"
-mkdir -p "$out/openblas/lib" "$out/openblas/include" "$out/nccl/include"
+mkdir -p "$out/openblas/lib" "$out/openblas/include" "$out/nccl/include" "$out/include"
 cp -r /usr/src/googletest "$out/googletest"
 cp -L $lib/openblas-openmp/libopenblas.so.0 "$out/openblas/lib/"
 for l in libgfortran.so.5 libquadmath.so.0; do cp -L "$lib/$l" "$out/openblas/lib/"; done
 cp /usr/include/x86_64-linux-gnu/openblas-openmp/*.h "$out/openblas/include/"
+cp -r /usr/include/spdlog /usr/include/fmt "$out/include/"
 [ -n "$nccl_h" ] && cp "$nccl_h" "$out/nccl/include/"
 {
   echo "made $(date -u +%FT%TZ) on $(uname -n)"
   echo "googletest $(dpkg-query -W -f='${Version}' libgtest-dev 2>/dev/null || echo '?')"
   echo "openblas $(dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null || echo '?')"
+  echo "spdlog $(dpkg-query -W -f='${Version}' libspdlog-dev 2>/dev/null || echo '?') fmt $(dpkg-query -W -f='${Version}' libfmt-dev 2>/dev/null || echo '?')"
   echo "nccl.h ${nccl_h:-none}"
 } > "$out/BUNDLE"
 du -sh "$out" | awk '{print "make-gpu-bundle: " $2 " " $1}'

@@ -19,6 +19,7 @@ exec unshare -m --propagation private bash -c '
     [ -d "$d" ] && mount --bind "$empty" "$d"
   done
   for f in $lib/libgtest.a $lib/libgtest_main.a $lib/libopenblas.so $lib/libopenblas.so.0 \
+           $lib/libspdlog.so $lib/libfmt.so $lib/libboost_program_options.so \
            $lib/libblas.so $lib/libblas.so.3 $lib/libgfortran.so.5 $lib/libquadmath.so.0 \
            /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h; do
     [ -e "$f" ] && mount --bind /dev/null "$f"
