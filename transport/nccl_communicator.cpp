@@ -76,8 +76,16 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::vector<int> global)
       : comm_(comm), rank_(rank), size_(size), device_(device), global_(std::move(global)),
         stream_(static_cast<cudaStream_t>(mc::comm_stream(device))) {}
+  // Destructors do not throw: failures here are ignored on purpose. Queued operations are
+  // waited for first (a communicator must not be destroyed under running NCCL kernels).
   ~NcclCommunicator() override {
-    if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+    if (comm_ == nullptr) return;
+    int previous = -1;
+    (void)cudaGetDevice(&previous);
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_);
+    (void)ncclCommDestroy(comm_);
+    if (previous >= 0) (void)cudaSetDevice(previous);
   }
 
   int rank() const override { return rank_; }
