@@ -5,9 +5,12 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "memory/cuda_check.h"
 #include "memory/cuda_device.h"
@@ -52,6 +55,99 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw std::logic_error("nccl: unknown reduce op");
 }
 
+// Watches a communicator's operations. One that has not finished `timeout` after its
+// launch began means a peer is gone or stuck (NCCL itself would wait forever): the
+// communicator is aborted, which makes NCCL's kernels and any blocked NCCL call return,
+// and every later test() or wait() throws PeerError.
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, std::string group)
+      : comm_(comm), timeout_(timeout), group_(std::move(group)), thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Host-blocking NCCL calls (connection set-up waits for the peer) are watched too.
+  void launch_begin(int peer) {
+    std::lock_guard lock(mu_);
+    launch_start_ = Clock::now();
+    launch_peer_ = peer;
+    launching_ = true;
+  }
+  void launch_end(std::shared_ptr<mc::Event> done) {
+    std::lock_guard lock(mu_);
+    launching_ = false;
+    items_.push_back({std::move(done), launch_start_, launch_peer_});
+  }
+  bool aborted() const { return aborted_.load(); }
+  void check() const {
+    if (!aborted_.load()) return;
+    std::lock_guard lock(mu_);
+    throw PeerError(failed_peer_, failed_what_);
+  }
+
+ private:
+  struct Item {
+    std::shared_ptr<mc::Event> done;
+    Clock::time_point start;
+    int peer;
+  };
+
+  void run() {
+    std::unique_lock lock(mu_);
+    while (!stop_ && !aborted_.load()) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      const auto now = Clock::now();
+      int late_peer = -2;
+      if (launching_ && now - launch_start_ > timeout_) late_peer = launch_peer_;
+      for (auto it = items_.begin(); it != items_.end() && late_peer == -2;) {
+        bool done = false;
+        try {
+          done = it->done->query();
+        } catch (const std::exception&) {
+          done = true;  // the error surfaces through NCCL's asynchronous error
+        }
+        if (done) {
+          it = items_.erase(it);
+        } else if (now - it->start > timeout_) {
+          late_peer = it->peer;
+        } else {
+          ++it;
+        }
+      }
+      if (late_peer == -2) continue;
+      failed_peer_ = late_peer;
+      failed_what_ = "nccl: an operation of the group " + group_ + " did not finish within " +
+                     std::to_string(timeout_.count()) + " ms" +
+                     (late_peer >= 0 ? " (waiting on rank " + std::to_string(late_peer) + ")" : "") +
+                     "; the communicator was aborted";
+      (void)ncclCommAbort(comm_);
+      aborted_.store(true);
+    }
+  }
+
+  ncclComm_t comm_;
+  std::chrono::milliseconds timeout_;
+  std::string group_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool launching_ = false;
+  Clock::time_point launch_start_{};
+  int launch_peer_ = -1;
+  std::vector<Item> items_;
+  std::atomic<bool> aborted_{false};
+  int failed_peer_ = -1;
+  std::string failed_what_;
+  std::thread thread_;  // last: starts once everything above exists
+};
+
 class NcclCommunicator;
 
 class NcclWork final : public Work {
@@ -73,13 +169,18 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public Communicator, public std::enable_shared_from_this<NcclCommunicator> {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::vector<int> global)
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::vector<int> global,
+                   std::chrono::milliseconds timeout)
       : comm_(comm), rank_(rank), size_(size), device_(device), global_(std::move(global)),
-        stream_(static_cast<cudaStream_t>(mc::comm_stream(device))) {}
+        stream_(static_cast<cudaStream_t>(mc::comm_stream(device))), timeout_(timeout),
+        dog_(std::make_unique<Watchdog>(comm, timeout, group_str(global_))) {}
   // Destructors do not throw: failures here are ignored on purpose. Queued operations are
-  // waited for first (a communicator must not be destroyed under running NCCL kernels).
+  // waited for first (a communicator must not be destroyed under running NCCL kernels);
+  // an aborted communicator is already gone.
   ~NcclCommunicator() override {
-    if (comm_ == nullptr) return;
+    const bool aborted = dog_->aborted();
+    dog_.reset();
+    if (comm_ == nullptr || aborted) return;
     int previous = -1;
     (void)cudaGetDevice(&previous);
     (void)cudaSetDevice(device_);
@@ -256,11 +357,11 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     }
     std::vector<int> global;
     for (int r : ranks) global.push_back(global_rank(r));
-    return create(id, sub_rank, sub_size, device_, std::move(global));
+    return create(id, sub_rank, sub_size, device_, std::move(global), timeout_);
   }
 
   static std::shared_ptr<NcclCommunicator> create(const NcclId& id, int rank, int size, int device,
-                                                  std::vector<int> global) {
+                                                  std::vector<int> global, std::chrono::milliseconds timeout) {
     if (rank < 0 || rank >= size) throw std::logic_error("nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
     mc::DeviceGuard guard(device);
     ncclUniqueId uid;
@@ -268,7 +369,7 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     std::memcpy(&uid, id.data(), sizeof uid);
     ncclComm_t comm = nullptr;
     BATON_NCCL_CHECK(ncclCommInitRank(&comm, size, uid, rank));
-    return std::make_shared<NcclCommunicator>(comm, rank, size, device, std::move(global));
+    return std::make_shared<NcclCommunicator>(comm, rank, size, device, std::move(global), timeout);
   }
 
   // Launches the queued point-to-point operations as one group; with mu_ held.
@@ -276,16 +377,25 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     if (pending_.empty()) return;
     mc::DeviceGuard guard(device_);
     order_after_caller();
-    BATON_NCCL_CHECK(ncclGroupStart());
-    for (auto& p : pending_) {
-      if (p.send)
-        BATON_NCCL_CHECK(ncclSend(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
-      else
-        BATON_NCCL_CHECK(ncclRecv(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
-    }
-    BATON_NCCL_CHECK(ncclGroupEnd());
+    dog_->check();
+    // The peer the watchdog names if this group hangs: the only one, or none.
+    int peer = global_rank(pending_.front().peer);
+    for (auto& p : pending_)
+      if (global_rank(p.peer) != peer) peer = -1;
+    dog_->launch_begin(peer);
+    watched([&] {
+      BATON_NCCL_CHECK(ncclGroupStart());
+      for (auto& p : pending_) {
+        if (p.send)
+          BATON_NCCL_CHECK(ncclSend(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
+        else
+          BATON_NCCL_CHECK(ncclRecv(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
+      }
+      BATON_NCCL_CHECK(ncclGroupEnd());
+    });
     auto done = std::make_shared<mc::Event>(device_);
     done->record(stream_);
+    dog_->launch_end(done);
     for (auto& p : pending_)
       if (auto w = p.work.lock()) w->set_done(done);
     pending_.clear();
@@ -297,6 +407,7 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
   }
 
   void check_async_error() {
+    dog_->check();
     ncclResult_t async = ncclSuccess;
     BATON_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     if (async != ncclSuccess && async != ncclInProgress)
@@ -352,20 +463,43 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     flush_locked();  // earlier point-to-point first: NCCL runs a communicator's calls in order
     mc::DeviceGuard guard(device_);
     order_after_caller();
-    launch();
+    dog_->check();
+    dog_->launch_begin(-1);
+    watched(launch);
     auto done = std::make_shared<mc::Event>(device_);
     done->record(stream_);
+    dog_->launch_end(done);
     auto w = std::make_shared<NcclWork>(this, std::move(keep), host_blocking);
     w->set_done(std::move(done));
     return w;
+  }
+
+  // Runs NCCL calls that may block on the host; when the watchdog aborted the
+  // communicator to free them, the failure is the peer's (PeerError), not NCCL's.
+  template <class F>
+  void watched(F&& calls) {
+    try {
+      calls();
+    } catch (const RuntimeError&) {
+      dog_->check();
+      throw;
+    }
+  }
+
+  static std::string group_str(const std::vector<int>& g) {
+    std::string s = "[";
+    for (size_t i = 0; i < g.size(); ++i) s += (i ? ", " : "") + std::to_string(g[i]);
+    return s + "]";
   }
 
   ncclComm_t comm_;
   int rank_, size_, device_;
   std::vector<int> global_;
   cudaStream_t stream_;
+  std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::vector<Pending> pending_;
+  std::unique_ptr<Watchdog> dog_;
 };
 
 NcclWork::~NcclWork() {
@@ -409,14 +543,15 @@ NcclId nccl_unique_id() {
   return id;
 }
 
-CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device) {
+CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
+                               std::chrono::milliseconds peer_timeout) {
   std::vector<int> global(static_cast<size_t>(size));
   std::iota(global.begin(), global.end(), 0);
-  return NcclCommunicator::create(id, rank, size, device, std::move(global));
+  return NcclCommunicator::create(id, rank, size, device, std::move(global), peer_timeout);
 }
 
 CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout, std::chrono::milliseconds peer_timeout) {
   NcclId id{};
   if (rank == 0) {
     id = nccl_unique_id();
@@ -428,7 +563,7 @@ CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, i
                          std::to_string(id.size()));
     std::memcpy(id.data(), v.data(), id.size());
   }
-  return make_nccl_communicator(id, rank, size, device);
+  return make_nccl_communicator(id, rank, size, device, peer_timeout);
 }
 
 }  // namespace baton::transport
@@ -443,8 +578,11 @@ namespace {
 
 bool nccl_available() { return false; }
 NcclId nccl_unique_id() { no_nccl(); }
-CommPtr make_nccl_communicator(const NcclId&, int, int, int) { no_nccl(); }
-CommPtr make_nccl_communicator(Store&, const std::string&, int, int, int, std::chrono::milliseconds) { no_nccl(); }
+CommPtr make_nccl_communicator(const NcclId&, int, int, int, std::chrono::milliseconds) { no_nccl(); }
+CommPtr make_nccl_communicator(Store&, const std::string&, int, int, int, std::chrono::milliseconds,
+                               std::chrono::milliseconds) {
+  no_nccl();
+}
 
 }  // namespace baton::transport
 

@@ -14,7 +14,13 @@
 // - wait() orders the caller's current stream after the operation (the host goes on, as
 //   with torch.distributed's NCCL backend); test() asks whether it has finished; barrier's
 //   wait() blocks the host.
-// - A failed peer surfaces as NCCL's asynchronous error at the next test() or wait().
+// - Failures: NCCL's asynchronous errors surface at the next test() or wait(). A peer that
+//   dies or hangs makes NCCL wait forever, so a watchdog thread aborts the communicator
+//   when an operation has not finished `peer_timeout` after its launch began; every later
+//   test() and wait() then throws PeerError (naming the peer for point-to-point with one
+//   peer, -1 for collectives). The time counts from the launch, so it must exceed the
+//   longest legitimate wait (a receive posted long before its send): 10 minutes by default,
+//   as torch.distributed's NCCL timeout.
 #pragma once
 
 #include <array>
@@ -36,12 +42,14 @@ NcclId nccl_unique_id();
 
 // The communicator of `size` ranks on this process's CUDA `device`; every rank calls it
 // with the same id. Blocks until all ranks have joined.
-CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device);
+CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
+                               std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 
 // The communicator of a job's ranks, the id exchanged through the rendezvous store
 // (World::store of transport/world.h): rank 0 makes the id and sets `key`, the others
 // wait for it up to `timeout`. `key` must be new for each communicator made this way.
 CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
-                               std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000));
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
+                               std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 
 }  // namespace baton::transport

@@ -3,6 +3,7 @@
 // without a device; world sizes beyond the GPU count are skipped too).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -224,6 +225,41 @@ TEST_P(NcclWorld, SplitMakesIndependentGroups) {
     EXPECT_EQ(host(t), std::vector<float>{3.f});
     c.barrier()->wait();
   });
+}
+
+TEST(Nccl, APeerThatNeverAnswersBecomesAPeerError) {
+  if (!transport::nccl_available() || memory::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  const transport::NcclId id = transport::nccl_unique_id();
+  std::atomic<bool> done{false};
+  std::string error;
+  bool peer_error = false;
+  std::thread silent([&] {  // rank 1 joins, then never posts the receive
+    memory::cuda::DeviceGuard g(1);
+    CommPtr c = transport::make_nccl_communicator(id, 1, 2, 1, std::chrono::milliseconds(1000));
+    while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  try {
+    memory::cuda::DeviceGuard g(0);
+    CommPtr c = transport::make_nccl_communicator(id, 0, 2, 0, std::chrono::milliseconds(1000));
+    Tensor t = Tensor::zeros({1 << 20}, DType::f32, Device::cuda(0));
+    auto s = c->isend(t, 1, 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    try {
+      while (!s->test() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      error = "the send completed or the watchdog never fired";
+    } catch (const transport::PeerError& e) {
+      peer_error = true;
+      EXPECT_EQ(e.peer(), 1) << e.what();
+      EXPECT_THROW(c->barrier()->wait(), transport::PeerError);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  done.store(true);
+  silent.join();
+  EXPECT_TRUE(peer_error) << error;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclWorld, ::testing::Values(1, 2, 4, 8),
