@@ -12,7 +12,7 @@
 # Logs and a summary go to build/gpu-check/out; with the device tool's $OUT set, the
 # summary and a tarball of the logs are copied there too (it returns at most 8 files).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 t_start=$(date +%s)
 build=build/gpu-check
 out=$build/out
@@ -70,7 +70,7 @@ cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_mixed_precis
 status=0
 for t in test_cuda_memory test_mixed_precision test_cuda_ops test_nccl; do
   log "$t"
-  "$build/tests/cuda/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+  timeout 300 "$build/tests/cuda/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
   [ $rc -eq 0 ] || { echo "gpu-check: $t FAILED"; status=1; }
