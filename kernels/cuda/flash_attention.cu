@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward(FlashArgs<T, L, D> a) 
   T* ps = reinterpret_cast<T*>(ss + kWarps * 16 * kLdS);
   float* os = reinterpret_cast<float*>(ps + kWarps * 16 * kLdP);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t q0 = int64_t(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
+  // The last query tiles have the most keys to visit: they start first.
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
   const int64_t T_ = a.T_, H = a.H, ld = 3 * H * D;
   const T* base = a.qkv + b * T_ * ld;
   float* sw = ss + warp * 16 * kLdS;
@@ -303,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(FlashArgs<T, L, D> 
   float* sw = f32 + warp * 2 * 16 * kLdS;
   float* dpw = sw + 16 * kLdS;
   T* dsw = reinterpret_cast<T*>(f32 + kWarps * 2 * 16 * kLdS) + warp * 2 * 16 * kLdP;
-  const int64_t q0 = int64_t(blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile, h = blockIdx.y, b = blockIdx.z;
   const int64_t T_ = a.T_, H = a.H, ld = 3 * H * D;
   const T* base = a.qkv + b * T_ * ld;
   load_tile<T, D>(qs, base + h * D, q0, T_, ld);
