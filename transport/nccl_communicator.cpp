@@ -566,6 +566,20 @@ CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, i
   return make_nccl_communicator(id, rank, size, device, peer_timeout);
 }
 
+CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& prefix,
+                        std::chrono::milliseconds peer_timeout) {
+  const int gpus = mc::device_count();
+  if (env.local_rank >= gpus)
+    throw RuntimeError("nccl: rank " + std::to_string(env.rank) + " is local rank " + std::to_string(env.local_rank) +
+                       " but this host has " + std::to_string(gpus) + " CUDA devices" +
+                       (gpus == 0 ? " (" + mc::unavailable_reason() + ")" : ""));
+  if (env.size == 1) return make_nccl_communicator(nccl_unique_id(), 0, 1, env.local_rank, peer_timeout);
+  if (store == nullptr)
+    throw std::logic_error("nccl: a world of " + std::to_string(env.size) + " ranks without a store");
+  return make_nccl_communicator(*store, prefix + "/nccl/world", env.rank, env.size, env.local_rank,
+                                std::chrono::milliseconds(60'000), peer_timeout);
+}
+
 }  // namespace baton::transport
 
 #else  // built without NCCL
@@ -583,6 +597,7 @@ CommPtr make_nccl_communicator(Store&, const std::string&, int, int, int, std::c
                                std::chrono::milliseconds) {
   no_nccl();
 }
+CommPtr make_nccl_world(const LaunchEnv&, Store*, const std::string&, std::chrono::milliseconds) { no_nccl(); }
 
 }  // namespace baton::transport
 

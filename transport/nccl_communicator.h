@@ -29,6 +29,7 @@
 
 #include "transport/communicator.h"
 #include "transport/store.h"
+#include "transport/world.h"
 
 namespace baton::transport {
 
@@ -51,5 +52,13 @@ CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
 CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
                                std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
+
+// The NCCL world of a job that init_world() set up, called as
+// make_nccl_world(world.env, world.store.get()): one process per GPU, the device being the
+// process's local rank, the id exchanged through the store under "<prefix>/nccl/world"
+// (no store is needed for a world of one). Throws RuntimeError when this host has too
+// few GPUs.
+CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& prefix = "baton",
+                        std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 
 }  // namespace baton::transport

@@ -227,6 +227,19 @@ TEST_P(NcclWorld, SplitMakesIndependentGroups) {
   });
 }
 
+TEST(Nccl, WorldOfOneOnTheLocalRanksDevice) {
+  if (!transport::nccl_available() || memory::cuda::device_count() == 0)
+    GTEST_SKIP() << "no CUDA device or NCCL";
+  transport::LaunchEnv env;  // what read_launch_env() says for a process started alone
+  CommPtr c = transport::make_nccl_world(env, nullptr);
+  EXPECT_EQ(c->size(), 1);
+  Tensor t = dev_tensor({2.f, 3.f}, 0);
+  c->all_reduce(t, ReduceOp::sum)->wait();
+  EXPECT_EQ(host(t), (std::vector<float>{2.f, 3.f}));
+  env.local_rank = memory::cuda::device_count();  // one past the last GPU
+  EXPECT_THROW(transport::make_nccl_world(env, nullptr), RuntimeError);
+}
+
 TEST(Nccl, APeerThatNeverAnswersBecomesAPeerError) {
   if (!transport::nccl_available() || memory::cuda::device_count() < 2)
     GTEST_SKIP() << "needs two CUDA devices and NCCL";
