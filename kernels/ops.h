@@ -31,7 +31,10 @@ using memory::Tensor;
 // One pool per process for every parallel loop and for OpenBLAS; never more busy
 // threads than this.
 void set_num_threads(int n);
-int num_threads();
+int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
+
+// True when this build has the CUDA kernels (CUDA tensors can be computed on).
+bool built_with_cuda();
 
 // ---- where a local tensor sits in its logical tensor ----
 struct Block {

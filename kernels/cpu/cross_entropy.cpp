@@ -1,0 +1,90 @@
+// Softmax cross-entropy in the three steps of the vocabulary-parallel form: row maxima,
+// sums of exponentials and target logits, then losses and (optionally) the gradient,
+// written in place over the logits when the caller wants to save the memory.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace baton::kernels::cpu {
+
+namespace {
+int64_t row_grain(int64_t vocab) {
+  return std::max<int64_t>(1, kElementwiseGrain / 4 / std::max<int64_t>(vocab, 1));
+}
+}  // namespace
+
+template <class T>
+void ce_row_max(const T* logits, T* row_max, int64_t rows, int64_t vocab) {
+  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* l = logits + r * vocab;
+      T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, l[j]);
+      row_max[r] = mx;
+    }
+  });
+}
+
+template <class T, class I>
+void ce_sum_exp(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
+                T* sum_exp, T* target_logit, int64_t rows, int64_t vocab) {
+  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* l = logits + r * vocab;
+      const T mx = row_max[r];
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < vocab; ++j) s += vexp<T>(l[j] - mx);
+      sum_exp[r] = s;
+      const int64_t t = int64_t(targets[r]) - vocab_offset;
+      target_logit[r] = targets[r] >= 0 && t >= 0 && t < vocab ? l[t] : T(0);
+    }
+  });
+}
+
+template <class T, class I>
+void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
+               const T* sum_exp, const T* target_logit, double grad_scale, T* losses,
+               T* dlogits, int64_t rows, int64_t vocab) {
+  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const bool ignored = targets[r] < 0;
+      const T mx = row_max[r];
+      losses[r] = ignored ? T(0) : T(std::log(sum_exp[r])) + mx - target_logit[r];
+      if (dlogits == nullptr) continue;
+      T* d = dlogits + r * vocab;
+      if (ignored) {
+        std::fill(d, d + vocab, T(0));
+        continue;
+      }
+      const T* l = logits + r * vocab;
+      const T scale = T(grad_scale) / sum_exp[r];
+#pragma GCC ivdep
+      for (int64_t j = 0; j < vocab; ++j) d[j] = vexp<T>(l[j] - mx) * scale;
+      const int64_t t = int64_t(targets[r]) - vocab_offset;
+      if (t >= 0 && t < vocab) d[t] -= T(grad_scale);
+    }
+  });
+}
+
+#define BATON_INSTANTIATE_T(T) template void ce_row_max<T>(const T*, T*, int64_t, int64_t);
+#define BATON_INSTANTIATE(T, I)                                                                 \
+  template void ce_sum_exp<T, I>(const T*, const I*, int64_t, const T*, T*, T*, int64_t,        \
+                                 int64_t);                                                      \
+  template void ce_finish<T, I>(const T*, const I*, int64_t, const T*, const T*, const T*,      \
+                                double, T*, T*, int64_t, int64_t);
+BATON_INSTANTIATE_T(float)
+BATON_INSTANTIATE_T(double)
+BATON_INSTANTIATE(float, int32_t)
+BATON_INSTANTIATE(float, int64_t)
+BATON_INSTANTIATE(double, int32_t)
+BATON_INSTANTIATE(double, int64_t)
+#undef BATON_INSTANTIATE
+#undef BATON_INSTANTIATE_T
+
+}  // namespace baton::kernels::cpu

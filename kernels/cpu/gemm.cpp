@@ -1,0 +1,107 @@
+// GEMM through OpenBLAS (cblas_sgemm / cblas_dgemm with transpose flags, never a copy to
+// transpose), batched matmul, and linear layers forward and backward.
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+
+namespace baton::kernels::cpu {
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // no product: c = beta c (BLAS rejects k = 0 leading dimensions)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  sync_blas_threads();
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a,
+                blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a,
+                blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+}
+
+template <class T>
+void matmul(const T* a, bool trans_a, const T* b, bool trans_b, T* c, int64_t batch, int64_t m,
+            int64_t n, int64_t k, bool b_shared, T alpha, T beta) {
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  if (batch == 1 || (b_shared && !trans_a)) {
+    // One product: a shared b lets the batches of a stack into one tall matrix.
+    gemm(trans_a, trans_b, m * batch, n, k, alpha, a, lda, b, ldb, beta, c, n);
+    return;
+  }
+  const int64_t sa = m * k, sb = b_shared ? 0 : k * n, sc = m * n;
+  auto one = [&](int64_t i) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc, n);
+  };
+  // Small products: one single-threaded GEMM per thread beats splitting each product
+  // (OpenBLAS runs single-threaded inside a parallel region).
+  const int threads = thread_count();
+  if (threads > 1 && batch >= threads && 2.0 * double(m) * double(n) * double(k) <= 16e6)
+    parallel_tasks(batch, one);
+  else
+    for (int64_t i = 0; i < batch; ++i) one(i);
+}
+
+template <class T>
+void linear_forward(const T* x, const T* w, const T* bias, bool in_out, T* y, int64_t rows,
+                    int64_t in, int64_t out) {
+  // With a bias, y starts as the bias and the GEMM adds into it (beta = 1): OpenBLAS
+  // would otherwise make a pass to zero y first, then we would make one to add the bias.
+  if (bias != nullptr)
+    parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(out, 1)),
+                 [&](int64_t r0, int64_t r1) {
+                   for (int64_t r = r0; r < r1; ++r) std::copy(bias, bias + out, y + r * out);
+                 });
+  const T beta = bias != nullptr ? T(1) : T(0);
+  if (in_out)  // w: [in, out]
+    gemm(false, false, rows, out, in, T(1), x, in, w, out, beta, y, out);
+  else  // w: [out, in]
+    gemm(false, true, rows, out, in, T(1), x, in, w, in, beta, y, out);
+}
+
+template <class T>
+void linear_backward_input(const T* dy, const T* w, bool in_out, T* dx, int64_t rows, int64_t in,
+                           int64_t out, bool accumulate) {
+  const T beta = accumulate ? T(1) : T(0);
+  if (in_out)  // dx = dy w^T, w: [in, out]
+    gemm(false, true, rows, in, out, T(1), dy, out, w, out, beta, dx, in);
+  else  // dx = dy w, w: [out, in]
+    gemm(false, false, rows, in, out, T(1), dy, out, w, in, beta, dx, in);
+}
+
+template <class T>
+void linear_backward_weight(const T* dy, const T* x, bool in_out, T* dw, T* dbias, int64_t rows,
+                            int64_t in, int64_t out, bool accumulate) {
+  const T beta = accumulate ? T(1) : T(0);
+  if (in_out)  // dw[in, out] = x^T dy
+    gemm(true, false, in, out, rows, T(1), x, in, dy, out, beta, dw, out);
+  else  // dw[out, in] = dy^T x
+    gemm(true, false, out, in, rows, T(1), dy, out, x, in, beta, dw, in);
+  if (dbias != nullptr) bias_backward(dy, dbias, rows, out, accumulate);
+}
+
+#define BATON_INSTANTIATE(T)                                                                   \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void matmul<T>(const T*, bool, const T*, bool, T*, int64_t, int64_t, int64_t,       \
+                          int64_t, bool, T, T);                                                \
+  template void linear_forward<T>(const T*, const T*, const T*, bool, T*, int64_t, int64_t,    \
+                                  int64_t);                                                    \
+  template void linear_backward_input<T>(const T*, const T*, bool, T*, int64_t, int64_t,       \
+                                         int64_t, bool);                                       \
+  template void linear_backward_weight<T>(const T*, const T*, bool, T*, T*, int64_t, int64_t,  \
+                                          int64_t, bool);
+BATON_INSTANTIATE(float)
+BATON_INSTANTIATE(double)
+#undef BATON_INSTANTIATE
+
+}  // namespace baton::kernels::cpu

@@ -1,0 +1,61 @@
+// The CPU backend's threads: one OpenMP pool per process (shared with OpenBLAS, which is
+// linked in its OpenMP build) sized by kernels::set_num_threads, and parallel_for over
+// index ranges that only forks when the work pays for it.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace baton::kernels::cpu {
+
+// Elements per thread below which an elementwise loop stays on one thread: a fork costs
+// a few microseconds, about what one thread streams through 32K floats.
+constexpr int64_t kElementwiseGrain = 1 << 15;
+
+// The process-wide thread count (kernels::num_threads()). Until set_thread_count is
+// called it is OpenMP's default (OMP_NUM_THREADS, else the number of cores).
+int thread_count();
+// Sets it for OpenMP and OpenBLAS; n < 1 is an error the caller checks.
+void set_thread_count(int n);
+
+// Makes the calling thread's OpenMP setting (which OpenBLAS reads) match thread_count():
+// omp_set_num_threads is per thread, and kernels may be called from any thread.
+void sync_blas_threads();
+
+// Calls f(begin, end) over [0, n) split into equal contiguous parts, one per thread, on
+// at most thread_count() threads and only when every thread gets at least `grain`
+// indices. Runs inline (one call) when nested inside another parallel region.
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  if (n <= 0) return;
+  const int64_t want = std::min<int64_t>(thread_count(), n / std::max<int64_t>(grain, 1));
+  if (want <= 1 || omp_in_parallel()) {
+    f(int64_t(0), n);
+    return;
+  }
+  const int nt = int(want);
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+    const int64_t b = n * t / p, e = n * (t + 1) / p;
+    if (b < e) f(b, e);
+  }
+}
+
+// Calls f(i) for every task i in [0, n) with dynamic scheduling (tasks of uneven cost),
+// on up to thread_count() threads; inline when nested or single threaded.
+template <class F>
+void parallel_tasks(int64_t n, F&& f) {
+  if (n <= 0) return;
+  const int nt = int(std::min<int64_t>(thread_count(), n));
+  if (nt <= 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+}  // namespace baton::kernels::cpu

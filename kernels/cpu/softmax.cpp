@@ -1,0 +1,69 @@
+// Row-wise softmax over the last dimension, forward and backward.
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace baton::kernels::cpu {
+
+namespace {
+int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, kElementwiseGrain / 4 / std::max<int64_t>(cols, 1));
+}
+}  // namespace
+
+template <class T>
+void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < cols; ++c) {
+        const T e = vexp<T>(xr[c] - mx);
+        yr[c] = e;
+        s += e;
+      }
+      const T inv = T(1) / s;
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+  });
+}
+
+// dx = y (dy - sum(dy y)).
+template <class T>
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols,
+                      bool accumulate) {
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* yr = y + r * cols;
+      const T* dyr = dy + r * cols;
+      T* dxr = dx + r * cols;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < cols; ++c) s += dyr[c] * yr[c];
+      if (accumulate) {
+#pragma GCC ivdep
+        for (int64_t c = 0; c < cols; ++c) dxr[c] += yr[c] * (dyr[c] - s);
+      } else {
+#pragma GCC ivdep
+        for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - s);
+      }
+    }
+  });
+}
+
+#define BATON_INSTANTIATE(T)                                              \
+  template void softmax_forward<T>(const T*, T*, int64_t, int64_t);       \
+  template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool);
+BATON_INSTANTIATE(float)
+BATON_INSTANTIATE(double)
+#undef BATON_INSTANTIATE
+
+}  // namespace baton::kernels::cpu

@@ -1,0 +1,107 @@
+// Argument checks shared by the ops' dispatch (kernels/ops.cpp): every backend receives
+// tensors whose shapes, dtypes and devices have already been checked here. A failed
+// check is a bug in the caller (the graph code), so it throws std::invalid_argument
+// naming the op, the argument, what was expected and what was found.
+#pragma once
+
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "memory/error.h"
+#include "memory/tensor.h"
+
+namespace baton::kernels::detail {
+
+using memory::DType;
+using memory::Shape;
+using memory::Tensor;
+
+[[noreturn]] inline void fail(const char* op, const std::string& msg) {
+  throw std::invalid_argument(std::string("kernels::") + op + ": " + msg);
+}
+
+inline void need(bool cond, const char* op, const std::string& msg) {
+  if (!cond) fail(op, msg);
+}
+
+// Defined and contiguous.
+inline void check_tensor(const char* op, const char* name, const Tensor& t) {
+  need(t.defined(), op, std::string(name) + " is undefined");
+  need(t.is_contiguous(), op, std::string(name) + " must be contiguous, got " + t.str());
+}
+
+inline void check_float(const char* op, const char* name, const Tensor& t) {
+  check_tensor(op, name, t);
+  need(t.dtype() == DType::f32 || t.dtype() == DType::f64, op,
+       std::string(name) + " must be f32 or f64, got " + t.str());
+}
+
+inline void check_ids(const char* op, const char* name, const Tensor& t) {
+  check_tensor(op, name, t);
+  need(t.dtype() == DType::i32 || t.dtype() == DType::i64, op,
+       std::string(name) + " must be i32 or i64, got " + t.str());
+}
+
+// `t` is a float tensor of `like`'s dtype.
+inline void check_like(const char* op, const char* name, const Tensor& t, const char* like_name,
+                       const Tensor& like) {
+  check_float(op, name, t);
+  need(t.dtype() == like.dtype(), op,
+       std::string(name) + " must have the dtype of " + like_name + " (" + like.str() +
+           "), got " + t.str());
+}
+
+inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
+  need(t.shape() == want, op,
+       std::string(name) + " must have shape " + memory::shape_str(want) + ", got " + t.str());
+}
+
+inline void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
+  need(t.numel() == want, op,
+       std::string(name) + " must have " + std::to_string(want) + " elements, got " + t.str());
+}
+
+// At least one dimension; returns the last.
+inline int64_t last_dim(const char* op, const char* name, const Tensor& t) {
+  need(t.dim() >= 1, op, std::string(name) + " must have at least one dimension, got " + t.str());
+  return t.size(-1);
+}
+
+// Every defined tensor lives on one device; returns it.
+inline memory::Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (first == nullptr)
+      first = t;
+    else
+      need(t->device() == first->device(), op,
+           "tensors on different devices: " + first->str() + " and " + t->str());
+  }
+  return first != nullptr ? first->device() : memory::Device::cpu();
+}
+
+[[noreturn]] inline void no_cuda(const char* op, memory::Device d) {
+  throw RuntimeError(std::string("kernels::") + op + ": tensors on " + d.str() +
+                     " but this build of baton has no CUDA kernels (configure with a CUDA "
+                     "toolkit and the kernels/cuda backend)");
+}
+
+// Calls f(T{}) with T = float or double for the dtype.
+template <class F>
+decltype(auto) on_float(const char* op, DType dt, F&& f) {
+  if (dt == DType::f32) return f(float{});
+  if (dt == DType::f64) return f(double{});
+  fail(op, "unsupported dtype " + std::string(memory::dtype_name(dt)));
+}
+
+// Calls f(I{}) with I = int32_t or int64_t for the dtype.
+template <class F>
+decltype(auto) on_index(const char* op, DType dt, F&& f) {
+  if (dt == DType::i32) return f(int32_t{});
+  if (dt == DType::i64) return f(int64_t{});
+  fail(op, "unsupported id dtype " + std::string(memory::dtype_name(dt)));
+}
+
+}  // namespace baton::kernels::detail

@@ -1,0 +1,58 @@
+// The dispatch layer: bad arguments are rejected with messages that name the op and the
+// argument, CUDA tensors without the CUDA backend are a RuntimeError, threads settable.
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "memory/error.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace baton::kernels::test {
+namespace {
+
+TEST(Dispatch, RejectsBadArgumentsWithAMessage) {
+  Tensor x = Tensor::zeros({4, 3}), y = Tensor::zeros({4, 3});
+  try {
+    Tensor wrong = Tensor::zeros({4, 2});
+    gelu_forward(x, wrong);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("gelu_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 3]"), std::string::npos) << e.what();
+  }
+  Tensor ints = Tensor::zeros({4, 3}, DType::i32);
+  EXPECT_THROW(gelu_forward(ints, y), std::invalid_argument);
+  Tensor undefined;
+  EXPECT_THROW(relu_forward(undefined, y), std::invalid_argument);
+  Tensor strided = Tensor::zeros({3, 4}).transpose(0, 1);
+  EXPECT_THROW(relu_forward(strided, y), std::invalid_argument);
+  Tensor f64 = Tensor::zeros({4, 3}, DType::f64);
+  EXPECT_THROW(add(x, f64, y), std::invalid_argument);
+  EXPECT_THROW(set_num_threads(0), std::invalid_argument);
+}
+
+TEST(Dispatch, CudaTensorsWithoutTheCudaBackendAreARuntimeError) {
+  if (built_with_cuda()) GTEST_SKIP() << "this build has the CUDA kernels";
+  static float fake[12];
+  Tensor x = Tensor::from_blob(fake, {4, 3}, DType::f32, memory::Device::cuda(0));
+  Tensor y = Tensor::from_blob(fake, {4, 3}, DType::f32, memory::Device::cuda(0));
+  try {
+    gelu_forward(x, y);
+    FAIL() << "no exception";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+  Tensor cpu = Tensor::zeros({4, 3});
+  EXPECT_THROW(add(x, cpu, y), std::invalid_argument);  // mixed devices
+}
+
+TEST(Dispatch, ThreadCount) {
+  const int before = num_threads();
+  EXPECT_GE(before, 1);
+  set_num_threads(1);
+  EXPECT_EQ(num_threads(), 1);
+  set_num_threads(before);
+  EXPECT_EQ(num_threads(), before);
+}
+
+}  // namespace
+}  // namespace baton::kernels::test

@@ -1,0 +1,120 @@
+// Elementwise ops: add, scale, bias add and its backward, GELU and ReLU (finite
+// differences, float32 against float64, accumulate semantics).
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace baton::kernels::test {
+namespace {
+
+TEST(Elementwise, AddScaleAndBias) {
+  std::mt19937_64 rng(test_seed(31));
+  for (DType dt : {DType::f32, DType::f64}) {
+    // Sizes beyond the threading grain too.
+    for (int64_t n : {int64_t(7), int64_t(100003)}) {
+      const Tensor a = randn({n}, rng, 1.0, dt), b = randn({n}, rng, 1.0, dt);
+      Tensor out = Tensor::empty({n}, dt);
+      add(a, b, out);
+      Tensor acc = a.clone();
+      add_inplace(acc, b);
+      scale_inplace(acc, -0.5);
+      const auto av = as_f64(a), bv = as_f64(b), ov = as_f64(out), cv = as_f64(acc);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_DOUBLE_EQ(ov[size_t(i)], dt == DType::f32 ? double(float(av[size_t(i)] + bv[size_t(i)])) : av[size_t(i)] + bv[size_t(i)]);
+        ASSERT_NEAR(cv[size_t(i)], -0.5 * ov[size_t(i)], 1e-6 * (1 + std::abs(ov[size_t(i)])));
+      }
+    }
+    const Tensor y0 = randn({3, 5, 9}, rng, 1.0, dt), bias = randn({9}, rng, 1.0, dt);
+    Tensor y = y0.clone();
+    bias_add_inplace(y, bias);
+    const auto yv = as_f64(y), y0v = as_f64(y0), bv = as_f64(bias);
+    for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], y0v[i] + bv[i % 9], 1e-6);
+  }
+}
+
+TEST(Elementwise, BiasBackwardSumsRowsAndAccumulates) {
+  std::mt19937_64 rng(test_seed(32));
+  const Tensor dy = randn({4, 6, 300}, rng);
+  Tensor db = Tensor::empty({300}, DType::f64);
+  bias_backward(dy, db, false);
+  const auto d = as_f64(dy), got = as_f64(db);
+  for (int64_t c = 0; c < 300; ++c) {
+    double s = 0;
+    for (int64_t r = 0; r < 24; ++r) s += d[size_t(r * 300 + c)];
+    ASSERT_NEAR(got[size_t(c)], s, 1e-12);
+  }
+  Tensor db2 = Tensor::full({300}, 2.0, DType::f64);
+  bias_backward(dy, db2, true);
+  const auto got2 = as_f64(db2);
+  for (size_t c = 0; c < 300; ++c) ASSERT_NEAR(got2[c], got[c] + 2.0, 1e-12);
+  Tensor db32 = Tensor::empty({300}, DType::f32);
+  bias_backward(dy.to(DType::f32), db32, false);
+  EXPECT_LT(rel_error(db32, db), 1e-4);
+}
+
+TEST(Gelu, MatchesTheTanhFormula) {
+  const Tensor x = Tensor::from_vector<double>({-3.0, -1.0, 0.0, 0.5, 2.0}, {5});
+  Tensor y = Tensor::empty({5}, DType::f64);
+  gelu_forward(x, y);
+  const auto xv = as_f64(x), yv = as_f64(y);
+  for (size_t i = 0; i < 5; ++i) {
+    const double v = xv[i];
+    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(yv[i], want, 1e-15);
+  }
+}
+
+// Checks forward (float32 vs float64), backward (finite differences) and accumulate of a
+// unary op; x avoids the neighbourhood of zero, where ReLU has its kink.
+void check_unary(void (*fwd)(const Tensor&, Tensor&),
+                 void (*bwd)(const Tensor&, const Tensor&, Tensor&, bool), uint64_t seed) {
+  std::mt19937_64 rng(test_seed(seed));
+  Tensor x = randn({2, 50}, rng, 2.0);
+  for (double& v : x.span<double>())
+    if (std::abs(v) < 1e-3) v = 0.5;
+  const Tensor g = randn(x.shape(), rng);
+  Tensor y = Tensor::empty(x.shape(), DType::f64);
+  fwd(x, y);
+  Tensor y32 = Tensor::empty(x.shape(), DType::f32);
+  fwd(x.to(DType::f32), y32);
+  EXPECT_LT(rel_error(y32, y), 1e-4);
+
+  Tensor dx = Tensor::full(x.shape(), std::nan(""), DType::f64);  // garbage must not leak
+  bwd(x, g, dx, false);
+  auto loss = [&] {
+    Tensor yy = Tensor::empty(x.shape(), DType::f64);
+    fwd(x, yy);
+    return dot(g, yy);
+  };
+  EXPECT_LT(fd_check(x, dx, loss, rng), 1e-6);
+  Tensor dx32 = Tensor::empty(x.shape(), DType::f32);
+  bwd(x.to(DType::f32), g.to(DType::f32), dx32, false);
+  EXPECT_LT(rel_error(dx32, dx), 1e-4);
+
+  Tensor acc = Tensor::full(x.shape(), 1.0, DType::f64);
+  bwd(x, g, acc, true);
+  auto want = as_f64(dx);
+  for (double& v : want) v += 1.0;
+  EXPECT_LT(rel_error(as_f64(acc), want), 1e-15);
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferences) { check_unary(gelu_forward, gelu_backward, 33); }
+TEST(Relu, BackwardMatchesFiniteDifferences) { check_unary(relu_forward, relu_backward, 34); }
+
+TEST(Gelu, Float32IsAccurateOverAWideRange) {
+  // The float path uses a vectorised exp: check it across the whole useful range,
+  // including the saturated tails.
+  std::vector<double> xs;
+  for (double v = -12; v <= 12; v += 0.01) xs.push_back(v);
+  const Tensor x = Tensor::from_vector(xs, {int64_t(xs.size())});
+  Tensor y = Tensor::empty(x.shape(), DType::f64), y32 = Tensor::empty(x.shape(), DType::f32);
+  gelu_forward(x, y);
+  gelu_forward(x.to(DType::f32), y32);
+  const auto a = as_f64(y), b = as_f64(y32);
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(b[i], a[i], 2e-6 * (1 + std::abs(a[i]))) << "x = " << xs[i];
+}
+
+}  // namespace
+}  // namespace baton::kernels::test

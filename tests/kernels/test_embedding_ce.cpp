@@ -1,0 +1,185 @@
+// Embedding (vocabulary-split lookups summed over splits, backward) and softmax
+// cross-entropy (finite differences, vocabulary split composed by hand, ignored rows,
+// in-place gradient).
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace baton::kernels::test {
+namespace {
+
+Tensor ids_tensor(const std::vector<int64_t>& v, const Shape& shape, DType dt) {
+  return Tensor::from_vector(v, shape).to(dt);
+}
+
+class EmbeddingTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(EmbeddingTest, SplitLookupsSumToTheWholeAndBackwardScatters) {
+  std::mt19937_64 rng(test_seed(71));
+  const int64_t V = 11, C = 6;
+  std::vector<int64_t> idv{3, 0, 10, 3, 7, 3, 5, 10};
+  const Tensor ids = ids_tensor(idv, {2, 4}, GetParam());
+  Tensor table = randn({V, C}, rng);
+  Tensor whole = Tensor::full({2, 4, C}, std::nan(""), DType::f64);
+  embedding_forward(ids, table, 0, whole, false);
+  const auto tv = as_f64(table), wv = as_f64(whole);
+  for (size_t n = 0; n < idv.size(); ++n)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(wv[n * C + size_t(c)], tv[size_t(idv[n] * C + c)]);
+
+  // Three vocabulary slices [0, 4), [4, 9), [9, 11): the first overwrites (zeros for ids
+  // it does not hold), the others accumulate.
+  Tensor sum = Tensor::full({2, 4, C}, std::nan(""), DType::f64);
+  const std::vector<std::pair<int64_t, int64_t>> slices{{0, 4}, {4, 5}, {9, 2}};
+  for (size_t s = 0; s < slices.size(); ++s) {
+    const auto [off, rows] = slices[s];
+    embedding_forward(ids, table.narrow(0, off, rows).contiguous(), off, sum, s > 0);
+  }
+  EXPECT_EQ(as_f64(sum), as_f64(whole));
+
+  // Backward: repeated ids add up; each slice gets exactly its rows of the whole.
+  const Tensor g = randn(whole.shape(), rng);
+  Tensor dtable = Tensor::zeros({V, C}, DType::f64);
+  embedding_backward(ids, g, 0, dtable);
+  auto loss = [&] {
+    Tensor o = Tensor::empty(whole.shape(), DType::f64);
+    embedding_forward(ids, table, 0, o, false);
+    return dot(g, o);
+  };
+  EXPECT_LT(fd_check(table, dtable, loss, rng), 1e-6);
+  for (const auto& [off, rows] : slices) {
+    Tensor part = Tensor::full({rows, C}, 1.0, DType::f64);  // always accumulates
+    embedding_backward(ids, g, off, part);
+    auto want = as_f64(dtable.narrow(0, off, rows));
+    for (double& v : want) v += 1;
+    EXPECT_LT(rel_error(as_f64(part), want), 1e-15);
+  }
+  Tensor d32 = Tensor::zeros({V, C}, DType::f32);
+  embedding_backward(ids, g.to(DType::f32), 0, d32);
+  EXPECT_LT(rel_error(d32, dtable), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(IdTypes, EmbeddingTest, ::testing::Values(DType::i32, DType::i64),
+                         [](const auto& param_info) { return std::string(memory::dtype_name(param_info.param)); });
+
+// The three steps on one device.
+struct CeResult {
+  Tensor losses, dlogits;
+};
+CeResult ce_whole(const Tensor& logits, const Tensor& targets, double grad_scale) {
+  const int64_t n = logits.size(0);
+  const DType f = logits.dtype();
+  Tensor mx = Tensor::empty({n}, f), se = Tensor::empty({n}, f), tl = Tensor::empty({n}, f),
+         losses = Tensor::empty({n}, f), d = Tensor::empty(logits.shape(), f);
+  ce_row_max(logits, mx);
+  ce_sum_exp(logits, targets, 0, mx, se, tl);
+  ce_finish(logits, targets, 0, mx, se, tl, grad_scale, losses, d);
+  return {losses, d};
+}
+
+TEST(CrossEntropy, MatchesLogSumExpAndFiniteDifferences) {
+  std::mt19937_64 rng(test_seed(72));
+  const int64_t N = 7, V = 13;
+  Tensor logits = randn({N, V}, rng, 3.0);
+  const std::vector<int64_t> tv{0, 12, 5, -100, 5, 3, 11};
+  const Tensor targets = ids_tensor(tv, {N}, DType::i64);
+  const auto r = ce_whole(logits, targets, 1.0);
+  const auto lv = as_f64(logits), losses = as_f64(r.losses);
+  for (int64_t n = 0; n < N; ++n) {
+    if (tv[size_t(n)] < 0) {
+      EXPECT_EQ(losses[size_t(n)], 0.0);
+      for (int64_t j = 0; j < V; ++j) EXPECT_EQ(as_f64(r.dlogits)[size_t(n * V + j)], 0.0);
+      continue;
+    }
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(lv[size_t(n * V + j)]);
+    EXPECT_NEAR(losses[size_t(n)], std::log(s) - lv[size_t(n * V + tv[size_t(n)])], 1e-13);
+  }
+  auto loss = [&] {
+    const auto rr = ce_whole(logits, targets, 1.0);
+    double s = 0;
+    for (double v : as_f64(rr.losses)) s += v;
+    return s;
+  };
+  EXPECT_LT(fd_check(logits, r.dlogits, loss, rng), 1e-6);
+
+  // grad_scale scales the gradient only; float32 against float64; in place.
+  const auto half = ce_whole(logits, targets, 0.5);
+  EXPECT_EQ(as_f64(half.losses), losses);
+  auto want = as_f64(r.dlogits);
+  for (double& v : want) v *= 0.5;
+  EXPECT_LT(rel_error(as_f64(half.dlogits), want), 1e-15);
+  const auto r32 = ce_whole(logits.to(DType::f32), targets.to(DType::i32), 1.0);
+  EXPECT_LT(rel_error(r32.losses, r.losses), 1e-4);
+  EXPECT_LT(rel_error(r32.dlogits, r.dlogits), 1e-4);
+
+  Tensor inplace = logits.clone(), mx = Tensor::empty({N}, DType::f64), se = Tensor::empty({N}, DType::f64),
+         tl = Tensor::empty({N}, DType::f64), ls = Tensor::empty({N}, DType::f64);
+  ce_row_max(inplace, mx);
+  ce_sum_exp(inplace, targets, 0, mx, se, tl);
+  ce_finish(inplace, targets, 0, mx, se, tl, 1.0, ls, inplace);
+  EXPECT_EQ(as_f64(ls), losses);
+  EXPECT_EQ(as_f64(inplace), as_f64(r.dlogits));
+  // No gradient wanted.
+  Tensor none;
+  ce_finish(logits, targets, 0, mx, se, tl, 1.0, ls, none);
+  EXPECT_EQ(as_f64(ls), losses);
+}
+
+class CeSplit : public ::testing::TestWithParam<int> {};
+
+TEST_P(CeSplit, VocabularySplitComposedByHandEqualsTheWhole) {
+  const int parts = GetParam();
+  std::mt19937_64 rng(test_seed(73));
+  const int64_t N = 9, V = 50;
+  const Tensor logits = randn({N, V}, rng, 2.0);
+  const std::vector<int64_t> tv{0, 49, 17, -100, 33, 16, 34, 8, 25};
+  const Tensor targets = ids_tensor(tv, {N}, DType::i32);
+  const auto whole = ce_whole(logits, targets, 1.0 / N);
+
+  std::vector<std::pair<int64_t, int64_t>> cols;  // [offset, width) of each part
+  for (int p = 0; p < parts; ++p) cols.push_back({V * p / parts, V * (p + 1) / parts - V * p / parts});
+  std::vector<Tensor> slice, mx;
+  for (auto [off, w] : cols) {
+    slice.push_back(logits.narrow(1, off, w).contiguous());
+    mx.push_back(Tensor::empty({N}, DType::f64));
+    ce_row_max(slice.back(), mx.back());
+  }
+  // "All-reduce" max, then sums.
+  Tensor gmax = mx[0].clone();
+  for (int p = 1; p < parts; ++p)
+    for (int64_t n = 0; n < N; ++n)
+      gmax.data<double>()[n] = std::max(gmax.data<double>()[n], mx[size_t(p)].data<double>()[n]);
+  Tensor gse = Tensor::zeros({N}, DType::f64), gtl = Tensor::zeros({N}, DType::f64);
+  for (int p = 0; p < parts; ++p) {
+    Tensor se = Tensor::empty({N}, DType::f64), tl = Tensor::empty({N}, DType::f64);
+    ce_sum_exp(slice[size_t(p)], targets, cols[size_t(p)].first, gmax, se, tl);
+    add_inplace(gse, se);
+    add_inplace(gtl, tl);
+  }
+  for (int p = 0; p < parts; ++p) {
+    Tensor ls = Tensor::empty({N}, DType::f64), d = Tensor::empty(slice[size_t(p)].shape(), DType::f64);
+    ce_finish(slice[size_t(p)], targets, cols[size_t(p)].first, gmax, gse, gtl, 1.0 / N, ls, d);
+    EXPECT_LT(rel_error(as_f64(ls), as_f64(whole.losses)), 1e-14) << "part " << p;
+    const Tensor want = whole.dlogits.narrow(1, cols[size_t(p)].first, cols[size_t(p)].second).contiguous();
+    EXPECT_LT(rel_error(as_f64(d), as_f64(want)), 1e-14) << "part " << p;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Parts, CeSplit, ::testing::Values(2, 3));
+
+TEST(CrossEntropy, LargeVocabularyFloat32) {
+  std::mt19937_64 rng(test_seed(74));
+  const int64_t N = 64, V = 5000;
+  const Tensor logits = randn({N, V}, rng, 4.0);
+  std::vector<int64_t> tv(N);
+  for (int64_t n = 0; n < N; ++n) tv[size_t(n)] = int64_t(rng() % V);
+  const Tensor targets = ids_tensor(tv, {N}, DType::i64);
+  const auto r = ce_whole(logits, targets, 1.0);
+  const auto r32 = ce_whole(logits.to(DType::f32), targets, 1.0);
+  EXPECT_LT(rel_error(r32.losses, r.losses), 1e-5);
+  EXPECT_LT(rel_error(r32.dlogits, r.dlogits), 1e-5);
+}
+
+}  // namespace
+}  // namespace baton::kernels::test

@@ -1,0 +1,130 @@
+// AdamW and SGD against scalar references of torch.optim's formulas over several steps;
+// sum_squares (in double, independent of the thread count).
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace baton::kernels::test {
+namespace {
+
+// torch.optim.AdamW, one element, written out as torch's single-tensor path does it.
+struct RefAdamW {
+  double p, m = 0, v = 0;
+  void step(double grad, const AdamW& c, int64_t t) {
+    p *= 1 - c.lr * c.weight_decay;
+    m = c.beta1 * m + (1 - c.beta1) * grad;
+    v = c.beta2 * v + (1 - c.beta2) * grad * grad;
+    const double bc1 = 1 - std::pow(c.beta1, double(t)), bc2 = 1 - std::pow(c.beta2, double(t));
+    p -= c.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + c.eps);
+  }
+};
+
+// torch.optim.SGD (dampening 0), one element; the buffer starts as a clone of d.
+struct RefSgd {
+  double p, buf = 0;
+  bool started = false;
+  void step(double grad, const Sgd& c) {
+    double d = grad + c.weight_decay * p;
+    if (c.momentum != 0) {
+      buf = started ? c.momentum * buf + d : d;
+      started = true;
+      d = c.nesterov ? d + c.momentum * buf : buf;
+    }
+    p -= c.lr * d;
+  }
+};
+
+TEST(AdamW, MatchesTorchFormulasOverSeveralSteps) {
+  std::mt19937_64 rng(test_seed(81));
+  const int64_t n = 70001;  // past the threading grain
+  AdamW cfg;
+  cfg.lr = 3e-3;
+  cfg.weight_decay = 0.1;
+  cfg.beta2 = 0.95;
+  const double grad_scale = 0.25;
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor p = randn({n}, rng, 1.0, dt), m = Tensor::zeros({n}, dt), v = Tensor::zeros({n}, dt);
+    std::vector<RefAdamW> ref;
+    for (double x : as_f64(p)) ref.push_back({x});
+    for (int64_t t = 1; t <= 5; ++t) {
+      const Tensor g = randn({n}, rng, 1.0, dt);
+      adamw_step(p, g, m, v, cfg, t, grad_scale);
+      const auto gv = as_f64(g);
+      for (int64_t i = 0; i < n; ++i) ref[size_t(i)].step(gv[size_t(i)] * grad_scale, cfg, t);
+    }
+    std::vector<double> want_p, want_m, want_v;
+    for (const auto& r : ref) {
+      want_p.push_back(r.p);
+      want_m.push_back(r.m);
+      want_v.push_back(r.v);
+    }
+    const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
+    EXPECT_LT(rel_error(as_f64(p), want_p), tol) << memory::dtype_name(dt);
+    EXPECT_LT(rel_error(as_f64(m), want_m), tol * 10) << memory::dtype_name(dt);
+    EXPECT_LT(rel_error(as_f64(v), want_v), tol * 10) << memory::dtype_name(dt);
+  }
+}
+
+struct SgdCase {
+  double momentum, weight_decay;
+  bool nesterov;
+};
+
+class SgdTest : public ::testing::TestWithParam<SgdCase> {};
+
+TEST_P(SgdTest, MatchesTorchFormulasOverSeveralSteps) {
+  const auto c = GetParam();
+  std::mt19937_64 rng(test_seed(82));
+  const int64_t n = 70001;
+  Sgd cfg;
+  cfg.lr = 0.05;
+  cfg.momentum = c.momentum;
+  cfg.weight_decay = c.weight_decay;
+  cfg.nesterov = c.nesterov;
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor p = randn({n}, rng, 1.0, dt);
+    Tensor buf = c.momentum != 0 ? Tensor::zeros({n}, dt) : Tensor();
+    std::vector<RefSgd> ref;
+    for (double x : as_f64(p)) ref.push_back({x});
+    for (int t = 0; t < 4; ++t) {
+      const Tensor g = randn({n}, rng, 1.0, dt);
+      sgd_step(p, g, buf, cfg, 2.0);
+      const auto gv = as_f64(g);
+      for (int64_t i = 0; i < n; ++i) ref[size_t(i)].step(2.0 * gv[size_t(i)], cfg);
+    }
+    std::vector<double> want;
+    for (const auto& r : ref) want.push_back(r.p);
+    EXPECT_LT(rel_error(as_f64(p), want), dt == DType::f64 ? 1e-14 : 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, SgdTest,
+                         ::testing::Values(SgdCase{0, 0, false}, SgdCase{0, 0.01, false},
+                                           SgdCase{0.9, 0, false}, SgdCase{0.9, 0.01, true}),
+                         [](const auto& param_info) {
+                           const auto& c = param_info.param;
+                           return std::string(c.momentum != 0 ? "momentum" : "plain") +
+                                  (c.weight_decay != 0 ? "_decay" : "") +
+                                  (c.nesterov ? "_nesterov" : "");
+                         });
+
+TEST(SumSquares, IsExactInDoubleAndThreadInvariant) {
+  std::mt19937_64 rng(test_seed(83));
+  const int64_t n = 1000003;
+  const Tensor t = randn({n}, rng, 1.0, DType::f32);
+  double want = 0;
+  for (float x : t.to_vector<float>()) want += double(x) * double(x);
+  const int before = num_threads();
+  set_num_threads(1);
+  const double one = sum_squares(t);
+  set_num_threads(2);
+  const double two = sum_squares(t);
+  set_num_threads(before);
+  EXPECT_NEAR(one, want, 1e-12 * want);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(sum_squares(Tensor::zeros({0})), 0.0);
+}
+
+}  // namespace
+}  // namespace baton::kernels::test
