@@ -550,3 +550,7 @@ std::vector<std::pair<std::string, Tensor>> Stage::optimizer_state(int id) const
 }
 
 }  // namespace baton::stages
+
+namespace baton::stages {
+void Stage::discard(int64_t mb_index) { stash_.erase(mb_index); }
+}  // namespace baton::stages

@@ -96,6 +96,8 @@ class Stage {
   void backward_weight(int64_t mb_index);
   // B then W.
   TensorMap backward(int64_t mb_index, const TensorMap& grad_outputs = {});
+  // Drops a forwarded micro-batch's stash without backward (evaluation, probing).
+  void discard(int64_t mb_index);
   // Micro-batches forwarded and not yet through W.
   size_t stashed() const { return stash_.size(); }
 

@@ -1,6 +1,7 @@
 // attention: causal multi-head self-attention over a fused qkv value (GPT-2's c_attn
 // output). Under tensor parallelism a node holds `n_head` of `global_heads` heads
 // starting at `head_offset` (the offsets place its dropout mask in the logical tensor).
+#include <algorithm>
 #include <cmath>
 
 #include "stages/ops/common.h"
@@ -69,11 +70,17 @@ class Attention final : public OpBase {
   }
 
   OpCost cost(int64_t batch) const override {
-    // Scores and the weighted sum over the causal triangle: T (T + 1) / 2 dot products of
-    // length D each, for Q K^T and for P V; backward recomputes the scores and computes
-    // dV, dP, dQ and dK.
-    double tri = double(t_) * double(t_ + 1) / 2.0;
-    double unit = 2.0 * tri * double(d_) * double(batch * heads_);
+    // The CPU kernel takes queries in blocks of 64 rows and, for a block ending at row
+    // i1, scores it against keys [0, i1): sum over blocks of rows * i1 score entries, each
+    // a dot product of length D, for Q K^T and again for P V. Backward recomputes the
+    // scores and computes dV, dP, dQ and dK: five products of that size.
+    constexpr int64_t kBlockQ = 64;
+    double pairs = 0;
+    for (int64_t i0 = 0; i0 < t_; i0 += kBlockQ) {
+      int64_t i1 = std::min(t_, i0 + kBlockQ);
+      pairs += double(i1 - i0) * double(i1);
+    }
+    double unit = 2.0 * pairs * double(d_) * double(batch * heads_);
     OpCost k;
     k.forward_flops = 2 * unit;
     k.backward_input_flops = 5 * unit;
