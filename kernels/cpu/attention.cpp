@@ -89,19 +89,11 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
     for (int64_t r = 0; r < rows; ++r) {
       T* sr = s + r * kc;
       const int64_t n = visible(i0 + r, c0, kc);
-      T mx = m[r];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sr[j]);
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        const T e = vexp<T>(sr[j] - mx);
-        sr[j] = e;
-        sum += e;
-      }
+      const T mx = std::max(m[r], reduce_max(sr, n));
+      const T sum = exp_shifted_sum(sr, mx, sr, n);
       std::fill(sr + n, sr + kc, T(0));
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
-        const T alpha = vexp<T>(m[r] - mx);
+        const T alpha = vexp(T(m[r] - mx));
         l[r] *= alpha;
         T* orow = o + r * g.ldo;
         for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
@@ -152,10 +144,7 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
     const T* dO = dout + (b * g.T + i0) * g.ldo + h * D;
     // di = rowsum(dO * O) = rowsum(P' * dP') for the dropped P' that made O.
     for (int64_t r = 0; r < rows; ++r) {
-      T acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t d = 0; d < D; ++d) acc += dO[r * g.ldo + d] * o[r * g.ldo + d];
-      di[r] = acc;
+      di[r] = sum_of<T>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
     }
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
       const int64_t kc = std::min(kChunkK, i1 - c0);
@@ -169,8 +158,7 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
         T* pr = p + r * kc;
         const int64_t n = visible(i0 + r, c0, kc);
         const T lr = lrow[i0 + r];
-#pragma GCC ivdep
-        for (int64_t j = 0; j < n; ++j) pr[j] = vexp<T>(pr[j] - lr);
+        exp_shifted_scaled(pr, lr, T(1), pr, n);
         std::fill(pr + n, pr + kc, T(0));
         if (dr.on) {
           T* pdr = pd + r * kc;

@@ -22,10 +22,7 @@ void ce_row_max(const T* logits, T* row_max, int64_t rows, int64_t vocab) {
   parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* l = logits + r * vocab;
-      T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, l[j]);
-      row_max[r] = mx;
+      row_max[r] = reduce_max(l, vocab);
     }
   });
 }
@@ -37,10 +34,7 @@ void ce_sum_exp(const T* logits, const I* targets, int64_t vocab_offset, const T
     for (int64_t r = r0; r < r1; ++r) {
       const T* l = logits + r * vocab;
       const T mx = row_max[r];
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < vocab; ++j) s += vexp<T>(l[j] - mx);
-      sum_exp[r] = s;
+      sum_exp[r] = exp_shifted_sum(l, mx, vocab);
       const int64_t t = int64_t(targets[r]) - vocab_offset;
       target_logit[r] = targets[r] >= 0 && t >= 0 && t < vocab ? l[t] : T(0);
     }
@@ -64,8 +58,7 @@ void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T*
       }
       const T* l = logits + r * vocab;
       const T scale = T(grad_scale) / sum_exp[r];
-#pragma GCC ivdep
-      for (int64_t j = 0; j < vocab; ++j) d[j] = vexp<T>(l[j] - mx) * scale;
+      exp_shifted_scaled(l, mx, scale, d, vocab);
       const int64_t t = int64_t(targets[r]) - vocab_offset;
       if (t >= 0 && t < vocab) d[t] -= T(grad_scale);
     }

@@ -31,6 +31,10 @@ void apply_mask(const T* in, T* out, double p, uint64_t seed, uint64_t stream,
   const uint32_t threshold = random::dropout_threshold(p);
   const T scale = T(1.0 / (1.0 - p));
   for_each_piece(where, kGrain, [&](int64_t local, int64_t logical, int64_t len) {
+    // Locals, not captures: stores through dst could alias a captured float, which
+    // stops the loops below from vectorising.
+    const uint32_t thr = threshold;
+    const T sc = scale;
     uint32_t bits[kChunk];
     for (int64_t s = 0; s < len; s += kChunk) {
       const int64_t m = std::min(kChunk, len - s);
@@ -41,11 +45,11 @@ void apply_mask(const T* in, T* out, double p, uint64_t seed, uint64_t stream,
       if (accumulate) {
 #pragma GCC ivdep
         for (int64_t k = 0; k < m; ++k)
-          dst[k] += (bits[k] >> 8) >= threshold ? src[k] * scale : T(0);
+          dst[k] += (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
       } else {
 #pragma GCC ivdep
         for (int64_t k = 0; k < m; ++k)
-          dst[k] = (bits[k] >> 8) >= threshold ? src[k] * scale : T(0);
+          dst[k] = (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
       }
     }
   });

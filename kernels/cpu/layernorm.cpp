@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace baton::kernels::cpu {
 
@@ -21,13 +22,9 @@ void layernorm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* 
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) s += xr[c];
-      const T mu = s / T(cols);
-      T v = 0;  // two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2
-#pragma omp simd reduction(+ : v)
-      for (int64_t c = 0; c < cols; ++c) v += (xr[c] - mu) * (xr[c] - mu);
+      const T mu = sum_of<T>(cols, [&](int64_t c) { return xr[c]; }) / T(cols);
+      // Two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2.
+      const T v = sum_of<T>(cols, [&](int64_t c) { return (xr[c] - mu) * (xr[c] - mu); });
       const T rs = T(1) / std::sqrt(v / T(cols) + T(eps));
 #pragma GCC ivdep
       for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
@@ -47,13 +44,10 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
       const T* dyr = dy + r * cols;
       T* dxr = dx + r * cols;
       const T mu = mean[r], rs = rstd[r];
-      T sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : sg, sgx)
-      for (int64_t c = 0; c < cols; ++c) {
+      const auto [sg, sgx] = sum2_of<T>(cols, [&](int64_t c) {
         const T g = dyr[c] * w[c];
-        sg += g;
-        sgx += g * (xr[c] - mu) * rs;
-      }
+        return std::pair<T, T>{g, g * (xr[c] - mu) * rs};
+      });
       const T mg = sg / T(cols), mgx = sgx / T(cols);
       if (accumulate) {
 #pragma GCC ivdep

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/ops.h"
 
 namespace baton::kernels::cpu {
@@ -21,10 +22,7 @@ double sum_squares(const T* x, int64_t n) {
     for (int64_t c = c0; c < c1; ++c) {
       const T* p = x + c * chunk;
       const int64_t m = std::min(chunk, n - c * chunk);
-      double s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < m; ++i) s += double(p[i]) * double(p[i]);
-      partial[c] = s;
+      partial[c] = sum_of<double>(m, [&](int64_t i) { return double(p[i]) * double(p[i]); });
     }
   });
   double total = 0;

@@ -20,17 +20,8 @@ void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
-      T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) {
-        const T e = vexp<T>(xr[c] - mx);
-        yr[c] = e;
-        s += e;
-      }
-      const T inv = T(1) / s;
+      const T mx = reduce_max(xr, cols);
+      const T inv = T(1) / exp_shifted_sum(xr, mx, yr, cols);
       for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
     }
   });
@@ -45,9 +36,7 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols
       const T* yr = y + r * cols;
       const T* dyr = dy + r * cols;
       T* dxr = dx + r * cols;
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) s += dyr[c] * yr[c];
+      const T s = sum_of<T>(cols, [&](int64_t c) { return dyr[c] * yr[c]; });
       if (accumulate) {
 #pragma GCC ivdep
         for (int64_t c = 0; c < cols; ++c) dxr[c] += yr[c] * (dyr[c] - s);
