@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "stages/json_reader.h"
 
@@ -78,6 +79,23 @@ struct Stage::MbState {
 };
 
 namespace {
+
+// Adds the time since `t0` to a field of a profile entry when profiling.
+class Timer {
+ public:
+  Timer(bool on, double* field) : on_(on), field_(field) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~Timer() {
+    if (on_)
+      *field_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  bool on_;
+  double* field_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 void check_input(const Value& v, const Tensor& t, const MicroBatch& mb) {
   Shape expect = v.type.with_batch(mb.samples);
@@ -260,7 +278,12 @@ void Stage::run_node_forward(MbState& s, int n, bool keep_for_backward) {
   std::vector<Tensor> outs(node.outputs.size());
   std::vector<Tensor> saved;
   ForwardCall call{s.ctx, ins, ps, outs, saved, overwritable};
-  op.forward(call);
+  {
+    OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+    Timer timer(t != nullptr, t ? &t->forward : nullptr);
+    if (t) t->calls++;
+    op.forward(call);
+  }
   for (size_t j = 0; j < node.outputs.size(); ++j) {
     int v = node.outputs[j];
     BATON_CHECK(outs[j].defined(), "op " + node.op + " (" + node.name + ") left an output unset");
@@ -400,7 +423,11 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
                               g.values[size_t(v)].type.dtype, opt_options_.device);
       }
       BackwardCall call{s.ctx, ins, outs, ps, s.saved[size_t(n)], gouts, slots};
-      op.backward_input(call);
+      {
+        OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+        Timer timer(t != nullptr, t ? &t->backward_input : nullptr);
+        op.backward_input(call);
+      }
       if (op.has_weights()) {
         MbState::WStash w;
         for (size_t i = 0; i < ins.size(); ++i)
@@ -454,7 +481,11 @@ void Stage::backward_weight(int64_t mb_index) {
     }
     MbState::WStash& w = wit->second;
     WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
-    node.impl->backward_weight(call);
+    {
+      OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+      Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
+      node.impl->backward_weight(call);
+    }
     s.w.erase(wit);
   }
   stash_.erase(it);
@@ -523,6 +554,9 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
 void Stage::step(double grad_scale) {
   if (!opt_ready_) set_optimizer(opt_);
   ++opt_steps_;
+  OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
+  Timer timer(t != nullptr, t ? &t->forward : nullptr);
+  if (t) t->calls++;
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
     if (opt_.kind == OptimizerConfig::Kind::adamw) {

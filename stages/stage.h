@@ -45,6 +45,13 @@ struct StageOptions {
   uint64_t seed = 0;                // parameter init and dropout
   std::set<int> recompute_layers;   // graph layer indices whose activations are recomputed
   transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
+  bool profile = false;  // time every node (op_times()); costs a clock read per node
+};
+
+// Seconds spent per op type (with profile on), summed over calls.
+struct OpTimes {
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  int64_t calls = 0;
 };
 
 class Stage {
@@ -122,6 +129,10 @@ class Stage {
   // momentum {momentum_buffer}; names are torch's.
   std::vector<std::pair<std::string, Tensor>> optimizer_state(int id) const;
 
+  // Time per op type ("optimizer" for step()) since the last reset (profile on).
+  const std::map<std::string, OpTimes>& op_times() const { return times_; }
+  void reset_op_times() { times_.clear(); }
+
   // Bytes of parameters, gradients and optimizer state this stage holds.
   int64_t persistent_bytes() const;
 
@@ -149,6 +160,7 @@ class Stage {
   OptimizerConfig opt_;
   bool opt_ready_ = false;
   int64_t opt_steps_ = 0;
+  std::map<std::string, OpTimes> times_;
 };
 
 }  // namespace baton::stages
