@@ -19,7 +19,7 @@ constexpr std::array<std::string_view, kNumActionKinds> kWords = {
 
 // Parses a non-negative decimal integer that fills `text`; nullopt otherwise.
 std::optional<int32_t> parse_index(std::string_view text) {
-  if (text.empty() || text.size() > 9) return std::nullopt;
+  if (text.empty() || text.size() > 9 || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
   int32_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
