@@ -9,15 +9,15 @@ namespace {
 // Kinds indexed per (stage, micro-batch) pair: F, B, W, BW and the four transfers.
 constexpr int kPairKinds = 8;
 
-bool in_range(const Schedule& s, const Action& a) {
-  if (a.kind == ActionKind::optimizer_step) return true;
-  if (a.stage < 0 || a.stage >= s.num_stages()) return false;
-  if (!has_micro_batch(a.kind)) return true;
-  return a.micro_batch >= 0 && a.micro_batch < s.num_micro_batches &&
-         micro_batch_direction(s, a.micro_batch) == stage_direction(s, a.stage);
-}
-
 }  // namespace
+
+bool DependencyGraph::in_range(const Action& a) const {
+  if (a.kind == ActionKind::optimizer_step) return true;
+  if (a.stage < 0 || a.stage >= num_stages_) return false;
+  if (!has_micro_batch(a.kind)) return true;
+  if (a.micro_batch < 0 || a.micro_batch >= s_->num_micro_batches) return false;
+  return s_->num_directions == 1 || a.micro_batch / mb_per_direction_ == a.stage / stages_per_direction_;
+}
 
 void required_actions(const Schedule& s, int rank, const Action& a, bool lowered,
                       bool has_reduce, std::vector<Action>& out) {
@@ -83,9 +83,8 @@ const Action& DependencyGraph::action(int node) const {
 }
 
 int DependencyGraph::find(const Action& key, bool exact) const {
-  const Schedule& s = *s_;
   if (key.kind == ActionKind::optimizer_step) return -1;  // per rank: see step_index_
-  if (!in_range(s, key)) return -1;
+  if (!in_range(key)) return -1;
   if (key.kind == ActionKind::reduce_gradients) return reduce_index_[size_t(key.stage)];
   int n = pair_index_[size_t(slot(key.kind, key.micro_batch, key.stage))];
   if (n < 0 && !exact && (key.kind == ActionKind::backward_input || key.kind == ActionKind::backward_weight))
@@ -95,6 +94,9 @@ int DependencyGraph::find(const Action& key, bool exact) const {
 
 DependencyGraph::DependencyGraph(const Schedule& s) : s_(&s) {
   check_header(s, "schedule");
+  num_stages_ = s.num_stages();
+  stages_per_direction_ = s.stages_per_direction();
+  mb_per_direction_ = s.micro_batches_per_direction();
   const int p = s.num_ranks;
   offset_.assign(size_t(p) + 1, 0);
   for (int r = 0; r < p; ++r) offset_[size_t(r) + 1] = offset_[size_t(r)] + int(s.ranks[size_t(r)].size());
@@ -112,7 +114,7 @@ DependencyGraph::DependencyGraph(const Schedule& s) : s_(&s) {
       const Action& a = list[size_t(i)];
       lowered_ = lowered_ || is_transfer(a.kind);
       has_reduce_ = has_reduce_ || a.kind == ActionKind::reduce_gradients;
-      if (!in_range(s, a)) continue;
+      if (!in_range(a)) continue;
       int* cell = a.kind == ActionKind::optimizer_step     ? &step_index_[size_t(r)]
                   : a.kind == ActionKind::reduce_gradients ? &reduce_index_[size_t(a.stage)]
                                                            : &pair_index_[size_t(slot(a.kind, a.micro_batch, a.stage))];
@@ -130,7 +132,7 @@ DependencyGraph::DependencyGraph(const Schedule& s) : s_(&s) {
     dep_begin_[size_t(node_id)] = int(deps_.size());
     const int r = rank_of_[size_t(node_id)];
     const Action& a = s.ranks[size_t(r)][size_t(node_id - offset_[size_t(r)])];
-    if (!in_range(s, a)) continue;
+    if (!in_range(a)) continue;
     keys.clear();
     required_actions(s, r, a, lowered_, has_reduce_, keys);
     for (const Action& k : keys) {

@@ -81,9 +81,11 @@ class DependencyGraph {
 
  private:
   int slot(ActionKind k, int mb, int stage) const;
+  bool in_range(const Action& a) const;
 
   const Schedule* s_;
   bool lowered_ = false, has_reduce_ = false;
+  int num_stages_ = 0, stages_per_direction_ = 1, mb_per_direction_ = 1;
   std::vector<int> offset_;           // per rank, and one past the end
   std::vector<int32_t> rank_of_;      // per node
   std::vector<int> pair_index_;       // (stage * m + mb) * 8 + kind -> node or -1

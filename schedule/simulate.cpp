@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
+#include <unordered_map>
 
 #include "memory/error.h"
 #include "schedule/validate.h"
@@ -25,18 +25,24 @@ Simulator::Simulator(Schedule s, const std::string& source)
   Progress progress;
   ValidationReport report = validate(s_, graph_, &progress);
   if (!report.ok) throw InputError(source + ": invalid schedule: " + report.to_string());
-  order_ = std::move(progress.order);
   chunks_ = chunks_per_rank(s_);
 
+  // Everything run() touches is laid out in execution order (positions), so one run is
+  // a sequential sweep whose dependencies point a short way back.
+  const std::vector<int>& order = progress.order;
   const int n = graph_.num_nodes();
+  pos_of_.resize(size_t(n));
+  for (int i = 0; i < n; ++i) pos_of_[size_t(order[size_t(i)])] = i;
   rank_.resize(size_t(n));
   stage_.resize(size_t(n));
   kind_.resize(size_t(n));
   link_.assign(size_t(n), -1);
   msg_stage_.assign(size_t(n), -1);
-  std::map<std::pair<int, int>, int> links;
+  dep_begin_.resize(size_t(n) + 1);
+  deps_.clear();
+  std::unordered_map<long long, int> links;
   auto link_id = [&](int src, int dst) {
-    auto [it, fresh] = links.try_emplace({src, dst}, int(links.size()));
+    auto [it, fresh] = links.try_emplace(1LL * src * s_.num_ranks + dst, int(links.size()));
     if (fresh) {
       link_src_.push_back(src);
       link_dst_.push_back(dst);
@@ -44,12 +50,15 @@ Simulator::Simulator(Schedule s, const std::string& source)
     return it->second;
   };
   const bool lowered = graph_.lowered();
-  for (int node = 0; node < n; ++node) {
+  for (int i = 0; i < n; ++i) {
+    const int node = order[size_t(i)];
     const ActionRef ref = graph_.ref(node);
     const Action& a = graph_.action(node);
-    rank_[size_t(node)] = ref.rank;
-    stage_[size_t(node)] = a.stage;
-    kind_[size_t(node)] = a.kind;
+    rank_[size_t(i)] = ref.rank;
+    stage_[size_t(i)] = a.stage;
+    kind_[size_t(i)] = a.kind;
+    dep_begin_[size_t(i)] = int(deps_.size());
+    for (int d : graph_.dependencies(node)) deps_.push_back(pos_of_[size_t(d)]);
     // The message this action puts on a link, if any: a send; in a compute-only
     // schedule, the compute whose output goes to another rank.
     int to_stage = -1, bytes_stage = -1;
@@ -62,10 +71,11 @@ Simulator::Simulator(Schedule s, const std::string& source)
       to_stage = prev_stage(s_, a.stage), bytes_stage = to_stage;
     }
     if (to_stage >= 0 && s_.placement[size_t(to_stage)] != ref.rank) {
-      link_[size_t(node)] = link_id(ref.rank, s_.placement[size_t(to_stage)]);
-      msg_stage_[size_t(node)] = bytes_stage;
+      link_[size_t(i)] = link_id(ref.rank, s_.placement[size_t(to_stage)]);
+      msg_stage_[size_t(i)] = bytes_stage;
     }
   }
+  dep_begin_[size_t(n)] = int(deps_.size());
   start_.resize(size_t(n));
   end_.resize(size_t(n));
   done_.resize(size_t(n));
@@ -101,12 +111,14 @@ const SimResult& Simulator::run(const Costs& c) {
   }
   double makespan = 0.0;
 
-  for (int node : order_) {
-    const size_t u = size_t(node);
+  const int n = int(rank_.size());
+  for (int i = 0; i < n; ++i) {
+    const size_t u = size_t(i);
     const int r = rank_[u], st = stage_[u];
     double t = free_[size_t(r)];
-    for (int d : graph_.dependencies(node)) {
-      const double ready = rank_[size_t(d)] == r ? done_[size_t(d)] : avail_[size_t(d)];
+    for (int k = dep_begin_[u]; k < dep_begin_[u + 1]; ++k) {
+      const size_t d = size_t(deps_[size_t(k)]);
+      const double ready = rank_[d] == r ? done_[d] : avail_[d];
       t = ready > t ? ready : t;
     }
     double dur = 0.0;
@@ -187,9 +199,9 @@ Timeline Simulator::timeline(double seconds_per_unit) const {
   t.name = s_.name;
   t.num_ranks = s_.num_ranks;
   t.seconds_per_unit = seconds_per_unit;
-  t.events.reserve(order_.size());
+  t.events.reserve(rank_.size());
   for (int node = 0; node < graph_.num_nodes(); ++node) {
-    const size_t u = size_t(node);
+    const size_t u = size_t(pos_of_[size_t(node)]);
     const Action& a = graph_.action(node);
     TimelineEvent ev;
     ev.rank = rank_[u];

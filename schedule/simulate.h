@@ -61,15 +61,17 @@ class Simulator {
   // The last run's timeline: compute on lane 0, transfers and reductions on lane 1.
   Timeline timeline(double seconds_per_unit = 1.0) const;
   // When action (rank, index) started and ended in the last run.
-  double start_time(int rank, int index) const { return start_[size_t(graph_.node(rank, index))]; }
-  double end_time(int rank, int index) const { return end_[size_t(graph_.node(rank, index))]; }
+  double start_time(int rank, int index) const { return start_[size_t(pos_of_[size_t(graph_.node(rank, index))])]; }
+  double end_time(int rank, int index) const { return end_[size_t(pos_of_[size_t(graph_.node(rank, index))])]; }
 
  private:
   Schedule s_;
   DependencyGraph graph_;
-  std::vector<int> order_;          // a topological order of the nodes
+  // Per position in execution order (a topological order of the graph's nodes).
+  std::vector<int> pos_of_;  // node -> position
   std::vector<int32_t> rank_, stage_, link_, msg_stage_;
   std::vector<ActionKind> kind_;
+  std::vector<int> dep_begin_, deps_;  // dependencies as positions
   std::vector<int> link_src_, link_dst_;
   double chunks_ = 1.0;
   // Per run.

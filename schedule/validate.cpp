@@ -48,6 +48,7 @@ class Checker {
   std::optional<ValidationReport> check_duplicates() const;
   std::optional<ValidationReport> check_complete() const;
   std::optional<ValidationReport> check_pair(int rank, int stage, int mb) const;
+  std::optional<ValidationReport> check_transfers(int rank, int stage, int mb) const;
   std::optional<ValidationReport> check_transfer(int mb, int from, int to, bool activation) const;
   std::optional<ValidationReport> check_order() const;
   std::optional<ValidationReport> check_deadlock() const;
@@ -161,6 +162,7 @@ std::optional<ValidationReport> Checker::check_pair(int r, int stage, int mb) co
   const int f = node(K::forward), b = node(K::backward_input), w = node(K::backward_weight),
             bw = node(K::full_backward);
   auto index_of = [&](int n) { return n >= 0 ? g_->ref(n).index : -1; };
+  if (f >= 0 && ((bw >= 0 && b < 0 && w < 0) || (bw < 0 && b >= 0 && w >= 0))) return check_transfers(r, stage, mb);
   const std::string what = "micro-batch " + str(mb) + " of " + where_stage(stage);
   if (f < 0) {
     int near = b >= 0 ? b : bw >= 0 ? bw : w;
@@ -182,6 +184,10 @@ std::optional<ValidationReport> Checker::check_pair(int r, int stage, int mb) co
       return fail(r, index_of(b), "missing " + tok(K::backward_weight) + ": " + what + " has a B (" + at(b) +
                                       ") but no W (weight gradient)");
   }
+  return check_transfers(r, stage, mb);
+}
+
+std::optional<ValidationReport> Checker::check_transfers(int r, int stage, int mb) const {
   if (!g_->lowered()) return std::nullopt;
   const int next = next_stage(s_, stage);
   if (next < 0 || s_.placement[size_t(next)] == r) return std::nullopt;
