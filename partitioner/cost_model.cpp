@@ -73,6 +73,37 @@ double CostTable::total_time(bool recompute) const {
   return t;
 }
 
+StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
+                                 int optimizer_states) {
+  StageMemory m;
+  for (const ParamUse& u : t.params) {
+    int64_t n = 0;
+    for (int l : u.layers) n += l >= first && l < last ? 1 : 0;
+    if (n == 0) continue;
+    m.params += u.bytes;
+    m.grads += u.bytes * (n + (n > 1 ? 1 : 0));
+    m.optimizer += u.bytes * optimizer_states;
+  }
+  // S(first, l) + forward peak of l; S(first, l) + W(l + 1, last) + backward peak of l.
+  int64_t s = 0, w_total = 0;
+  for (int l = first; l < last; ++l) {
+    const MicroBatchMemory& x = recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
+    w_total += x.w_stash;
+  }
+  int64_t w_before = 0;
+  for (int l = first; l < last; ++l) {
+    const MicroBatchMemory& x = recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
+    m.mb.forward_peak = std::max(m.mb.forward_peak, s + x.forward_peak);
+    w_before += x.w_stash;
+    m.mb.backward_peak = std::max(m.mb.backward_peak, s + (w_total - w_before) + x.backward_peak);
+    s += x.stash;
+  }
+  m.mb.stash = s;
+  m.mb.w_stash = w_total;
+  m.mb.weight_peak = w_total;
+  return m;
+}
+
 CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine, const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {}
 
@@ -235,16 +266,29 @@ CostTable CostModel::table_for(const Sharding& s, int64_t batch) {
   return t;
 }
 
+std::string CostModel::key(int tp, int64_t batch, const SplitOverrides& overrides) const {
+  std::string k = std::to_string(tp) + "/" + std::to_string(batch);
+  for (const auto& [n, v] : overrides.kinds) k += "/" + n + "=" + std::string(split_name(v));
+  return k;
+}
+
+const Sharding& CostModel::sharding(int tp, int64_t, const SplitOverrides& overrides, const std::string& where) {
+  std::string k = key(tp, 0, overrides);
+  auto it = shardings_.find(k);
+  if (it != shardings_.end()) return *it->second;
+  std::vector<int> layer_tp(size_t(g_->num_layers()), tp);
+  auto s = std::make_unique<Sharding>(plan_sharding(*g_, layer_tp, overrides, where));
+  return *shardings_.emplace(k, std::move(s)).first->second;
+}
+
 const CostTable& CostModel::table(int tp, int64_t batch, const SplitOverrides& overrides,
                                   const std::string& where) {
-  std::string key = std::to_string(tp) + "/" + std::to_string(batch);
-  for (const auto& [k, v] : overrides.kinds) key += "/" + k + "=" + std::string(split_name(v));
-  auto it = tables_.find(key);
+  std::string k = key(tp, batch, overrides);
+  auto it = tables_.find(k);
   if (it != tables_.end()) return *it->second;
-  std::vector<int> layer_tp(size_t(g_->num_layers()), tp);
-  Sharding s = plan_sharding(*g_, layer_tp, overrides, where);
+  const Sharding& s = sharding(tp, batch, overrides, where);
   auto t = std::make_unique<CostTable>(table_for(s, batch));
-  return *tables_.emplace(key, std::move(t)).first->second;
+  return *tables_.emplace(k, std::move(t)).first->second;
 }
 
 }  // namespace baton::partitioner

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,12 @@ struct CostTable {
   double total_time(bool recompute) const;  // F + B + W of every layer
 };
 
+// The memory of a stage over layers [first, last) composed from the table's per-layer
+// figures (an upper bound of the exact walk: each layer is walked with its input and
+// incoming gradient held by a caller; tests/partitioner/test_memory.cpp compares them).
+StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
+                                 int optimizer_states);
+
 class CostModel {
  public:
   CostModel(std::shared_ptr<const stages::Graph> logical, Machine machine,
@@ -94,6 +101,9 @@ class CostModel {
   // The table at a uniform degree (cached). `overrides` as the plan gives them.
   const CostTable& table(int tp, int64_t batch, const SplitOverrides& overrides = {},
                          const std::string& where = "--tp");
+  // The sharding behind table(tp, ...) (cached with it).
+  const Sharding& sharding(int tp, int64_t batch, const SplitOverrides& overrides = {},
+                           const std::string& where = "--tp");
   // The table for given per-layer degrees and a sharding already made (per-stage TP).
   CostTable table_for(const Sharding& s, int64_t batch);
 
@@ -104,7 +114,9 @@ class CostModel {
   std::shared_ptr<const stages::Graph> g_;
   Machine machine_;
   const MeasuredCosts* measured_;
+  std::string key(int tp, int64_t batch, const SplitOverrides& overrides) const;
   std::map<std::string, std::unique_ptr<CostTable>> tables_;
+  std::map<std::string, std::unique_ptr<Sharding>> shardings_;
   std::map<std::string, LayerCost> layer_cache_;
 };
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,10 +43,34 @@ struct CutResult {
   std::string reason;       // why not feasible
 };
 
+// One LayerCosts with prefix sums and range-maximum tables: O(1) queries on any range.
+// Built once and shared by every cut over the same layers.
+class PreparedCosts {
+ public:
+  explicit PreparedCosts(LayerCosts costs);
+  int layers() const { return L_; }
+  const LayerCosts& costs() const { return c_; }
+  int64_t time(int i, int j) const { return pt_[size_t(j)] - pt_[size_t(i)]; }
+  int64_t total_time() const { return pt_.back(); }
+  MicroBatchMemory micro_batch(int i, int j) const;
+  int64_t persistent(int i, int j) const;
+  // The largest end j <= limit with time(i, j) <= bound (i when not even one layer fits).
+  int time_reach(int i, int64_t bound, int limit) const;
+
+ private:
+  int64_t range_max(const std::vector<std::vector<int64_t>>& st, int i, int j) const;
+  LayerCosts c_;
+  int L_ = 0;
+  std::vector<int64_t> pt_, ps_, pw_, pown_;
+  std::vector<std::vector<int64_t>> fmax_, bmax_;  // sparse tables of A[l], Bq[l]
+};
+
 class Cutter {
  public:
   // `allowed[c]` for c in 0..L: may a stage boundary fall before layer c (empty: all).
   Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std::vector<bool> allowed = {});
+  Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vector<CutStage> stages,
+         std::vector<bool> allowed = {});
 
   int layers() const { return L_; }
   int stages() const { return int(stages_.size()); }
@@ -64,18 +89,15 @@ class Cutter {
   struct Prepared;
   bool feasible(int64_t bound, const std::vector<std::vector<int>>& mem_reach,
                 std::vector<int>* bounds) const;
+  // Every stage alike, no capacity, no fixed counts, every cut allowed: greedy is exact.
+  bool simple() const;
+  bool feasible_greedy(int64_t bound, std::vector<int>* bounds) const;
+  const PreparedCosts& of(int k) const { return *costs_[size_t(stages_[size_t(k)].costs)]; }
 
   int L_ = 0;
-  std::vector<LayerCosts> costs_;
+  std::vector<std::shared_ptr<const PreparedCosts>> costs_;
   std::vector<CutStage> stages_;
   std::vector<bool> allowed_;
-  // Per LayerCosts: prefix sums and sparse tables for range maxima.
-  struct Tables {
-    std::vector<int64_t> pt, ps, pw, pown;
-    std::vector<std::vector<int64_t>> fmax, bmax;  // sparse tables of A[l], Bq[l]
-  };
-  std::vector<Tables> tables_;
-  int64_t range_max(const std::vector<std::vector<int64_t>>& st, int i, int j) const;
 };
 
 // Seconds -> integer ticks with the scale `ticks_per_second` (to_ticks rounds).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "memory/allocator.h"
 #include "memory/error.h"
@@ -519,11 +520,15 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
   return persistent + peak;
 }
 
-std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) {
+namespace {
+
+std::vector<PeakTerm> terms_of(const schedule::Schedule& s, int rank, int only_stage) {
   std::set<std::tuple<int, int, int>> seen;
-  walk_rank(s, rank, [&](int, int kind, const std::map<int, std::pair<int, int>>& held) {
+  walk_rank(s, rank, [&](int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
+    if (only_stage >= 0 && stage != only_stage) return;
     int a = 0, b = 0;
     for (const auto& [k, h] : held) {
+      if (only_stage >= 0 && k != only_stage) continue;
       a += h.first;
       b += h.second;
     }
@@ -538,6 +543,14 @@ std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) {
     if (!dominated) out.push_back({a, b, kind});
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) { return terms_of(s, rank, -1); }
+
+std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage) {
+  return terms_of(s, rank, stage);
 }
 
 int64_t eval_peak(const std::vector<PeakTerm>& terms, const MicroBatchMemory& m) {

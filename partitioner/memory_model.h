@@ -75,6 +75,9 @@ struct PeakTerm {
   int kind = 0;  // 0: forward, 1: backward, 2: weight
 };
 std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank);
+// The terms of one of a rank's stages alone: only its micro-batches and its own actions
+// count. The sum over a rank's stages of their peaks bounds the rank's peak from above.
+std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage);
 int64_t eval_peak(const std::vector<PeakTerm>& terms, const MicroBatchMemory& m);
 
 }  // namespace baton::partitioner

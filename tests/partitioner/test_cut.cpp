@@ -171,3 +171,31 @@ TEST(Cut, LargeModelIsFast) {
 
 }  // namespace
 }  // namespace baton::partitioner
+
+namespace baton::partitioner {
+namespace {
+
+TEST(Cut, GreedyPathEqualsGeneralPath) {
+  // Without capacities, fixed counts or forbidden cuts the cut takes a greedy path; a
+  // capacity nothing reaches forces the general one. Both must give the same bottleneck.
+  uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", (unsigned long long)seed);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 500; ++trial) {
+    int L = int(1 + rng() % 300), K = int(1 + rng() % std::min(L, 40));
+    LayerCosts c;
+    for (int l = 0; l < L; ++l) {
+      c.time.push_back(int64_t(rng() % 1000));
+      c.mem.push_back({1, 1, 1, 1, 1});
+      c.own_bytes.push_back(1);
+    }
+    std::vector<CutStage> free_stages(static_cast<size_t>(K)), capped(static_cast<size_t>(K));
+    for (auto& s : capped) s.capacity = INT64_MAX / 8;
+    CutResult a = Cutter({c}, free_stages).solve(), b = Cutter({c}, capped).solve();
+    ASSERT_TRUE(a.feasible && b.feasible);
+    ASSERT_EQ(a.bottleneck, b.bottleneck) << "seed " << seed << " trial " << trial;
+  }
+}
+
+}  // namespace
+}  // namespace baton::partitioner
