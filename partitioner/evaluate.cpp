@@ -308,8 +308,11 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
   const Graph& g = *r.graph;
   std::string out;
   char line[512];
-  std::string tp;
-  for (size_t i = 0; i < p.tp.size(); ++i) tp += (i ? "," : "") + std::to_string(p.tp[i]);
+  std::string tp = std::to_string(p.tp.front());
+  if (!p.uniform_tp()) {
+    tp.clear();
+    for (size_t i = 0; i < p.tp.size(); ++i) tp += (i ? "," : "") + std::to_string(p.tp[i]);
+  }
   std::snprintf(line, sizeof line,
                 "%s (%d layers, %.3g M parameters) on %d devices: dp %d x pp %d x tp %s; schedule %s, %d "
                 "micro-batches of %lld samples (global batch %lld); optimizer %s\n",
