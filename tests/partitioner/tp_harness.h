@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "partitioner/evaluate.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/graph.h"
 #include "stages/stage.h"
@@ -33,6 +34,13 @@ struct RunSpec {
 RunOutput run_logical(std::shared_ptr<const stages::Graph> g, const RunSpec& spec);
 RunOutput run_tensor_parallel(std::shared_ptr<const stages::Graph> g, int tp,
                               const SplitOverrides& overrides, const RunSpec& spec);
+
+// Runs a whole plan with every rank a thread of a local world: each rank builds its
+// physical graph and Stages, moves activations and gradients across pipeline boundaries
+// exactly as boundary_transfers() says, sums gradients over gradient_groups(), and the
+// replicas' micro-batches are micro-batches dp * M of one global batch (GPipe order).
+// Compare with run_logical(g, {dp * M micro-batches of micro_batch_size samples}).
+RunOutput run_plan(const ResolvedPlan& plan, const RunSpec& spec);
 
 // max |a - b| / max(max |b|, tiny) over the elements.
 double rel_diff(const memory::Tensor& a, const memory::Tensor& b);
