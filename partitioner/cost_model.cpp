@@ -84,20 +84,26 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last, const 
     m.grads += u.bytes * (n + (n > 1 ? 1 : 0));
     m.optimizer += u.bytes * optimizer_states;
   }
-  // S(first, l) + forward peak of l; S(first, l) + W(l + 1, last) + backward peak of l.
-  int64_t s = 0, w_total = 0;
+  // Forward: S(first, l) + forward peak of l. Backward, which runs the layers in reverse:
+  // S(first, l) + (W + held-through-backward)(l + 1, last) + backward peak of l.
+  int64_t s = 0, after_total = 0;
+  auto of = [&](int l) -> const MicroBatchMemory& {
+    return recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
+  };
+  for (int l = first; l < last; ++l) after_total += of(l).w_stash + of(l).held_through_backward;
+  int64_t after_before = 0, w_total = 0;
   for (int l = first; l < last; ++l) {
-    const MicroBatchMemory& x = recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
-    w_total += x.w_stash;
-  }
-  int64_t w_before = 0;
-  for (int l = first; l < last; ++l) {
-    const MicroBatchMemory& x = recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
+    const MicroBatchMemory& x = of(l);
     m.mb.forward_peak = std::max(m.mb.forward_peak, s + x.forward_peak);
-    w_before += x.w_stash;
-    m.mb.backward_peak = std::max(m.mb.backward_peak, s + (w_total - w_before) + x.backward_peak);
+    after_before += x.w_stash + x.held_through_backward;
+    m.mb.backward_peak = std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
     s += x.stash;
+    w_total += x.w_stash;
+    m.mb.held_through_backward += x.held_through_backward;
   }
+  // The caller holds every model input of the stage through its F (counted once more for
+  // the layer that reads it: an upper bound).
+  for (int l = first; l < last; ++l) m.mb.forward_peak += t.input_bytes[size_t(l)];
   m.mb.stash = s;
   m.mb.w_stash = w_total;
   m.mb.weight_peak = w_total;
@@ -256,6 +262,13 @@ CostTable CostModel::table_for(const Sharding& s, int64_t batch) {
     double bytes = double(type.bytes(batch));
     diff[size_t(a + 1)] += bytes;
     diff[size_t(b + 1)] -= bytes;
+  }
+  t.input_bytes.assign(size_t(L), 0);
+  for (int v : g.inputs) {
+    const stages::Value& val = g.values[size_t(v)];
+    if (val.consumers.empty()) continue;
+    int first = g.nodes[size_t(val.consumers.front())].layer;
+    t.input_bytes[size_t(first)] += int64_t(memory::Allocator::rounded(size_t(val.type.bytes(batch))));
   }
   t.cut_bytes.assign(size_t(L + 1), 0.0);
   double run = 0;

@@ -79,6 +79,10 @@ struct CostTable {
   std::vector<LayerCost> layers;
   std::vector<ParamUse> params;         // per logical parameter
   std::vector<double> cut_bytes;        // per cut position 0..L: activation bytes crossing it
+  // Per layer: bytes of the model inputs (token ids) it is the first to read. The data
+  // loader's tensors are held through a stage's whole F, so a stage's forward peak
+  // counts those of all its layers (composition below).
+  std::vector<int64_t> input_bytes;
   std::vector<bool> replicated_cut;     // from the sharding
   double total_time(bool recompute) const;  // F + B + W of every layer
 };

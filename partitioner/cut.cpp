@@ -18,19 +18,24 @@ int64_t to_ticks(double seconds, double ticks_per_second) {
 PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
   L_ = int(c_.time.size());
   BATON_CHECK(int(c_.mem.size()) == L_ && int(c_.own_bytes.size()) == L_, "per-layer costs of one length");
+  if (c_.input_bytes.empty()) c_.input_bytes.assign(size_t(L_), 0);
+  BATON_CHECK(int(c_.input_bytes.size()) == L_, "per-layer input bytes");
   pt_.assign(size_t(L_ + 1), 0);
-  ps_ = pw_ = pown_ = pt_;
+  ps_ = pw_ = pown_ = pin_ = ph_ = pt_;
   for (int l = 0; l < L_; ++l) {
     pt_[size_t(l + 1)] = pt_[size_t(l)] + c_.time[size_t(l)];
     ps_[size_t(l + 1)] = ps_[size_t(l)] + c_.mem[size_t(l)].stash;
     pw_[size_t(l + 1)] = pw_[size_t(l)] + c_.mem[size_t(l)].w_stash;
     pown_[size_t(l + 1)] = pown_[size_t(l)] + c_.own_bytes[size_t(l)];
+    pin_[size_t(l + 1)] = pin_[size_t(l)] + c_.input_bytes[size_t(l)];
+    ph_[size_t(l + 1)] = ph_[size_t(l)] + c_.mem[size_t(l)].held_through_backward;
   }
-  // A[l] = S(0, l) + forward peak of l;  Bq[l] = S(0, l) - W(0, l + 1) + backward peak of l.
+  // A[l] = S(0, l) + forward peak of l;
+  // Bq[l] = S(0, l) - (W + H)(0, l + 1) + backward peak of l, H: held through backward.
   auto a = std::vector<int64_t>(size_t(L_)), b = std::vector<int64_t>(size_t(L_));
   for (int l = 0; l < L_; ++l) {
     a[size_t(l)] = ps_[size_t(l)] + c_.mem[size_t(l)].forward_peak;
-    b[size_t(l)] = ps_[size_t(l)] - pw_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
+    b[size_t(l)] = ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
   }
   for (auto* src : {&a, &b}) {
     std::vector<std::vector<int64_t>> st;
@@ -54,8 +59,9 @@ MicroBatchMemory PreparedCosts::micro_batch(int i, int j) const {
   MicroBatchMemory m;
   m.stash = ps_[size_t(j)] - ps_[size_t(i)];
   m.w_stash = pw_[size_t(j)] - pw_[size_t(i)];
-  m.forward_peak = range_max(fmax_, i, j) - ps_[size_t(i)];
-  m.backward_peak = range_max(bmax_, i, j) + pw_[size_t(j)] - ps_[size_t(i)];
+  m.forward_peak = range_max(fmax_, i, j) - ps_[size_t(i)] + pin_[size_t(j)] - pin_[size_t(i)];
+  m.backward_peak = range_max(bmax_, i, j) + pw_[size_t(j)] + ph_[size_t(j)] - ps_[size_t(i)];
+  m.held_through_backward = ph_[size_t(j)] - ph_[size_t(i)];
   m.weight_peak = m.w_stash;
   return m;
 }

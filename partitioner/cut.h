@@ -20,6 +20,7 @@ namespace baton::partitioner {
 struct LayerCosts {
   std::vector<int64_t> time;            // per layer (F + B + W, in ticks)
   std::vector<MicroBatchMemory> mem;    // per layer, the layer walked alone
+  std::vector<int64_t> input_bytes;     // per layer: model inputs it reads first (held through F)
   std::vector<int64_t> own_bytes;       // parameters only this layer uses: params + grads + state
   struct Shared {
     int64_t bytes = 0;        // one copy of the parameter
@@ -61,7 +62,7 @@ class PreparedCosts {
   int64_t range_max(const std::vector<std::vector<int64_t>>& st, int i, int j) const;
   LayerCosts c_;
   int L_ = 0;
-  std::vector<int64_t> pt_, ps_, pw_, pown_;
+  std::vector<int64_t> pt_, ps_, pw_, pown_, pin_, ph_;
   std::vector<std::vector<int64_t>> fmax_, bmax_;  // sparse tables of A[l], Bq[l]
 };
 

@@ -93,6 +93,7 @@ class Walker {
     heap_.reset_peak();
     backward();
     m.backward_peak = heap_.peak();
+    m.held_through_backward = held_through_backward_;
     m.w_stash = heap_.live();
     heap_.reset_peak();
     weight();
@@ -391,9 +392,11 @@ class Walker {
       if (!needs_grad_[size_t(v)]) continue;
       result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id) : heap_.alloc(bytes(v)));
     }
+    int64_t before_clear = heap_.live();
     for (int& id : values_) heap_.unref(id);
     for (auto& s : saved_)
       for (int& id : s) heap_.unref(id);
+    held_through_backward_ = before_clear - heap_.live();
     for (Entry& e : grads_) heap_.unref(e.id);
     // The caller sends the input gradients and drops what it received.
     for (int& id : result) heap_.unref(id);
@@ -424,6 +427,7 @@ class Walker {
   std::vector<Entry> grads_;
   std::vector<int> pending_;
   std::map<int, std::vector<int>> w_stash_;
+  int64_t held_through_backward_ = 0;
 };
 
 }  // namespace

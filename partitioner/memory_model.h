@@ -29,6 +29,9 @@ struct MicroBatchMemory {
   int64_t forward_peak = 0;   // its own live bytes at their most during F (inputs included)
   int64_t backward_peak = 0;  // during B (its stash, incoming and outgoing gradients included)
   int64_t weight_peak = 0;    // during W
+  // Part of the stash that B does not release as it goes but only when it ends (values
+  // kept that no backward reads, such as token ids kept for a recomputed layer).
+  int64_t held_through_backward = 0;
 };
 
 struct StageMemory {

@@ -32,6 +32,27 @@ std::string Candidate::describe() const {
   return b;
 }
 
+LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
+  LayerCosts c;
+  c.optimizer_states = optimizer_states;
+  double total = std::max(t.total_time(rc), 1e-30);
+  double ticks = double(int64_t(1) << 50) / total;
+  c.own_bytes.assign(t.layers.size(), 0);
+  for (size_t l = 0; l < t.layers.size(); ++l) {
+    const LayerCost& lc = t.layers[l];
+    c.time.push_back(to_ticks(lc.f + lc.b + lc.w + (rc ? lc.f : 0), ticks));
+    c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
+  }
+  c.input_bytes = t.input_bytes;
+  for (const ParamUse& u : t.params) {
+    if (u.layers.size() == 1)
+      c.own_bytes[size_t(u.layers[0])] += u.bytes * (2 + optimizer_states);
+    else if (!u.layers.empty())
+      c.shared.push_back({u.bytes, u.layers});
+  }
+  return c;
+}
+
 namespace {
 
 std::vector<int> divisors(int64_t n) {
@@ -124,22 +145,7 @@ class Search {
     std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc);
     auto it = prepared_.find(key);
     if (it != prepared_.end()) return it->second;
-    LayerCosts c;
-    c.optimizer_states = opt_states_;
-    double total = std::max(t.total_time(rc), 1e-30);
-    double ticks = double(int64_t(1) << 50) / total;
-    c.own_bytes.assign(t.layers.size(), 0);
-    for (size_t l = 0; l < t.layers.size(); ++l) {
-      const LayerCost& lc = t.layers[l];
-      c.time.push_back(to_ticks(lc.f + lc.b + lc.w + (rc ? lc.f : 0), ticks));
-      c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
-    }
-    for (const ParamUse& u : t.params) {
-      if (u.layers.size() == 1)
-        c.own_bytes[size_t(u.layers[0])] += u.bytes * (2 + opt_states_);
-      else if (!u.layers.empty())
-        c.shared.push_back({u.bytes, u.layers});
-    }
+    LayerCosts c = layer_costs(t, rc, opt_states_);
     auto p = std::make_shared<const PreparedCosts>(std::move(c));
     prepared_[key] = p;
     return p;

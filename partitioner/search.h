@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "partitioner/cost_model.h"
+#include "partitioner/cut.h"
 #include "partitioner/plan.h"
 #include "stages/graph.h"
 
@@ -52,6 +53,11 @@ struct SearchResult {
   std::vector<std::string> skipped;   // degrees or schedules that do not apply, and why
   double seconds = 0;                 // time the search took
 };
+
+// What the cut needs from a cost table: per-layer times in ticks (the total scaled to
+// 2^50, so sums are exact integers), per-layer memory with or without recompute, and the
+// persistent bytes of parameters used by one layer (own) or several (shared).
+LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states);
 
 SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
                           const SearchOptions& options);

@@ -163,3 +163,95 @@ INSTANTIATE_TEST_SUITE_P(Stages, MemoryEstimate, ::testing::ValuesIn(cases()));
 
 }  // namespace
 }  // namespace baton::partitioner
+
+#include "partitioner/cost_model.h"
+#include "partitioner/search.h"
+
+namespace baton::partitioner {
+namespace {
+
+std::shared_ptr<Graph> gpt(int64_t s, int64_t h, int64_t a, double pdrop, int64_t layers = 3) {
+  stages::Gpt2Config c;
+  c.n_layer = layers;
+  c.n_head = a;
+  c.n_embd = h;
+  c.n_positions = s;
+  c.context = s;
+  c.vocab_size = 64;
+  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = pdrop;
+  return std::make_shared<Graph>(stages::load_model_json(c.to_json(), "gpt"));
+}
+
+// Korthikanti et al. (2022), activation bytes of one transformer layer in fp16 with
+// tensor parallelism t (their eq. 2 / table 2, no sequence parallelism):
+//   s b h (10 + 24 / t + 5 a s / (h t)).
+double korthikanti(double s, double b, double h, double a, double t) {
+  return s * b * h * (10 + 24 / t + 5 * a * s / (h * t));
+}
+
+TEST(ActivationMemory, GptLayerMatchesAdaptedKorthikanti) {
+  const int64_t s = 32, b = 2, h = 64, a = 4;
+  for (double pdrop : {0.0, 0.1})
+    for (int t : {1, 2, 4}) {
+      SCOPED_TRACE("tp " + std::to_string(t) + " dropout " + std::to_string(pdrop));
+      auto g = gpt(s, h, a, pdrop);
+      CostModel model(g, Machine{});
+      const CostTable& table = model.table(t, b);
+      const LayerCost& layer = table.layers[size_t(g->find_layer("h.1"))];
+      // Their terms: 2 s b h masks (1 byte per element: attention output and MLP
+      // dropout) and 5 a s^2 b (softmax output 2, its dropout mask 1 and output 2).
+      double masks = 2.0 * s * b * h;
+      double attention_matrix = 5.0 * a * s * s * b / t;
+      double fp16 = korthikanti(s, b, h, a, t);
+      // baton: f32 (twice the bytes of every stored element), no masks (dropout masks are
+      // regenerated from counters), no s x s matrix (flash-style attention keeps only the
+      // log-sum-exp of each row: 4 a s b / t bytes), and the layernorms' mean and rstd
+      // (2 x 2 x 4 s b bytes), which the paper leaves out.
+      double adapted = 2.0 * (fp16 - masks - attention_matrix) + 4.0 * a * s * b / t + 16.0 * s * b;
+      EXPECT_EQ(double(layer.mem.stash), adapted);
+      EXPECT_EQ(double(layer.mem.stash), 4.0 * s * b * h * (4 + 12.0 / t) + s * b * (16 + 4.0 * a / t));
+      // Full recompute keeps the layer's input only: their 2 s b h, in f32.
+      EXPECT_EQ(double(layer.mem_recompute.stash), 4.0 * s * b * h);
+    }
+}
+
+TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
+  // The cut composes a stage's memory from its layers walked alone; the evaluation walks
+  // the stage. The composition is an upper bound and close to the walk.
+  auto g = load("gpt-config-a.json");
+  for (int t : {1, 2}) {
+    CostModel model(g, Machine{});
+    const CostTable& table = model.table(t, 2);
+    std::vector<int> degrees(size_t(g->num_layers()), t);
+    auto pg = build_physical(*g, plan_sharding(*g, degrees, {}, "test"), std::vector<int>(size_t(g->num_layers()), 0));
+    for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 2}, {1, 4}, {2, 6}, {0, 6}})
+      for (bool rc : {false, true}) {
+        std::set<int> rcs;
+        if (rc)
+          for (int l = first; l < last; ++l) rcs.insert(l);
+        StageMemory exact = stage_memory(*pg, first, last, rcs, 2, 2);
+        StageMemory comp = compose_stage_memory(table, first, last, rcs, 2);
+        // The cut's O(1) composition agrees with the straightforward one.
+        PreparedCosts prepared(layer_costs(table, rc, 2));
+        MicroBatchMemory pm = prepared.micro_batch(first, last);
+        EXPECT_EQ(prepared.persistent(first, last), comp.persistent());
+        EXPECT_EQ(pm.stash, comp.mb.stash);
+        EXPECT_EQ(pm.w_stash, comp.mb.w_stash);
+        EXPECT_EQ(pm.forward_peak, comp.mb.forward_peak);
+        EXPECT_EQ(pm.backward_peak, comp.mb.backward_peak);
+        SCOPED_TRACE("tp " + std::to_string(t) + " [" + std::to_string(first) + ", " + std::to_string(last) + ") rc " +
+                     std::to_string(rc));
+        EXPECT_EQ(comp.persistent(), exact.persistent());
+        EXPECT_EQ(comp.mb.stash, exact.mb.stash);
+        EXPECT_EQ(comp.mb.w_stash, exact.mb.w_stash);
+        for (auto [c, e] : {std::pair{comp.mb.forward_peak, exact.mb.forward_peak},
+                            std::pair{comp.mb.backward_peak, exact.mb.backward_peak}}) {
+          EXPECT_GE(c, e) << (c == comp.mb.forward_peak ? "forward" : "backward");
+          EXPECT_LE(double(c), 1.05 * double(e));
+        }
+      }
+  }
+}
+
+}  // namespace
+}  // namespace baton::partitioner
