@@ -68,6 +68,7 @@ struct LayerCost {
 
 // Persistent bytes of a parameter (local shard) and the layers that use it.
 struct ParamUse {
+  int param = -1;
   int64_t bytes = 0;
   std::vector<int> layers;
 };
@@ -77,14 +78,22 @@ struct CostTable {
   int tp = 1;
   int64_t batch = 1;
   std::vector<LayerCost> layers;
-  std::vector<ParamUse> params;         // per logical parameter
+  // Parameter bytes (one copy) per layer of the parameters only that layer uses, and the
+  // parameters several layers use (tied embeddings): stage sums in O(1 + shared).
+  std::vector<int64_t> own_param_bytes;
+  std::vector<ParamUse> shared_params;
   std::vector<double> cut_bytes;        // per cut position 0..L: activation bytes crossing it
   // Per layer: bytes of the model inputs (token ids) it is the first to read. The data
   // loader's tensors are held through a stage's whole F, so a stage's forward peak
   // counts those of all its layers (composition below).
   std::vector<int64_t> input_bytes;
   std::vector<bool> replicated_cut;     // from the sharding
+  // Prefix sums over layers (size L + 1) of f, b, w and of own_param_bytes.
+  std::vector<double> pf, pb, pw;
+  std::vector<int64_t> pparams;
   double total_time(bool recompute) const;  // F + B + W of every layer
+  // Parameter bytes (one copy each) of the parameters layers [first, last) use.
+  int64_t param_bytes(int first, int last) const;
 };
 
 // The memory of a stage over layers [first, last) composed from the table's per-layer
@@ -112,8 +121,24 @@ class CostModel {
   CostTable table_for(const Sharding& s, int64_t batch);
 
  private:
-  LayerCost layer_cost(const Sharding& s, int layer, int64_t batch);
-  std::string signature(const Sharding& s, int layer) const;
+  // Layers with one signature share one LayerCost per batch: class per layer and a
+  // representative layer per class.
+  struct Classes {
+    std::vector<int> of_layer;
+    std::vector<int> representative;
+    std::vector<std::string> key;
+    // What does not depend on the batch: parameter bytes, per-sample cut bytes and the
+    // model inputs each layer reads first (per-sample bytes).
+    std::vector<int64_t> own_param_bytes;
+    std::vector<ParamUse> shared_params;
+    std::vector<double> cut_bytes_per_sample;
+    std::vector<std::vector<int64_t>> inputs_per_sample;
+  };
+  Classes classify(const Sharding& s) const;
+  CostTable build_table(const Sharding& s, const Classes& classes, int64_t batch);
+  LayerCost layer_cost(const Sharding& s, int layer, const std::string& sig, int64_t batch);
+  void signature(const Sharding& s, int layer, std::vector<int64_t>& key) const;
+  std::string static_signature(int layer) const;
 
   std::shared_ptr<const stages::Graph> g_;
   Machine machine_;
@@ -121,6 +146,8 @@ class CostModel {
   std::string key(int tp, int64_t batch, const SplitOverrides& overrides) const;
   std::map<std::string, std::unique_ptr<CostTable>> tables_;
   std::map<std::string, std::unique_ptr<Sharding>> shardings_;
+  std::map<std::string, Classes> classes_;
+  std::vector<int> static_id_;  // per layer: its structure's id
   std::map<std::string, LayerCost> layer_cache_;
 };
 

@@ -184,8 +184,8 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   return build_physical(*r.graph, r.sharding, index);
 }
 
-schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m) {
-  const Graph& g = *r.graph;
+schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
+                               const std::vector<StageMemory>& stage_mem) {
   const int n = r.schedule.num_stages();
   schedule::Costs c;
   c.forward.assign(size_t(n), 0);
@@ -198,26 +198,22 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
     const std::set<int>& rc = r.recompute[size_t(k)];
-    for (int l = a; l < b; ++l) {
-      const LayerCost& lc = t.layers[size_t(l)];
-      c.forward[size_t(s)] += lc.f;
-      c.backward_input[size_t(s)] += lc.b + (rc.count(l) ? lc.f : 0);
-      c.backward_weight[size_t(s)] += lc.w;
+    c.forward[size_t(s)] = t.pf[size_t(b)] - t.pf[size_t(a)];
+    c.backward_input[size_t(s)] = t.pb[size_t(b)] - t.pb[size_t(a)];
+    c.backward_weight[size_t(s)] = t.pw[size_t(b)] - t.pw[size_t(a)];
+    for (int l : rc) c.backward_input[size_t(s)] += t.layers[size_t(l)].f;  // recompute runs F again
+    if (!stage_mem.empty()) {
+      c.activation_bytes[size_t(s)] = double(stage_mem[size_t(s)].mb.stash);
+      c.activation_bytes_after_b[size_t(s)] = double(stage_mem[size_t(s)].mb.w_stash);
     }
-    StageMemory sm = compose_stage_memory(t, a, b, rc, opt);
-    c.activation_bytes[size_t(s)] = double(sm.mb.stash);
-    c.activation_bytes_after_b[size_t(s)] = double(sm.mb.w_stash);
     c.message_bytes[size_t(s)] = t.cut_bytes[size_t(b)];
     // Gradient reduction: over the data-parallel replicas, and over the other pipeline
     // ranks holding a tied parameter.
-    double reduce = 0, grads = 0;
-    for (size_t p = 0; p < g.params.size(); ++p) {
-      const ParamUse& u = t.params[p];
+    double grads = double(t.param_bytes(a, b)), reduce = 0;
+    for (const ParamUse& u : t.shared_params) {
       bool here = false, elsewhere = false;
       for (int l : u.layers) (l >= a && l < b ? here : elsewhere) = true;
-      if (!here) continue;
-      grads += double(u.bytes);
-      if (elsewhere) reduce += all_reduce_time(double(u.bytes), 2 * r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      if (here && elsewhere) reduce += all_reduce_time(double(u.bytes), 2 * r.plan.dp, m.dp_bandwidth, m.dp_latency);
     }
     reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
     c.reduce[size_t(s)] = reduce;
@@ -250,7 +246,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model, const Evalua
   for (int s = 0; s < r.schedule.num_stages(); ++s) stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
 
   // The step: the schedule with its gradient reductions and optimizer step.
-  schedule::Costs costs = schedule_costs(r, table, model.machine());
+  schedule::Costs costs = schedule_costs(r, table, model.machine(), stage_mem);
   schedule::LowerOptions lo;
   lo.transfers = false;
   schedule::Schedule lowered = schedule::lower(r.schedule, lo);

@@ -81,7 +81,9 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank);
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
 
-// The schedule costs of a plan (what the simulator runs on), from a cost table.
-schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m);
+// The schedule costs of a plan (what the simulator runs on), from a cost table; the
+// activation bytes from `stage_memory` (per schedule stage) when given.
+schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m,
+                               const std::vector<StageMemory>& stage_mem = {});
 
 }  // namespace baton::partitioner

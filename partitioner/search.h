@@ -48,7 +48,8 @@ struct Candidate {
 struct SearchResult {
   std::vector<Candidate> ranked;      // fitting candidates, fastest first (at most keep)
   std::optional<Candidate> closest;   // when nothing fits: the least over its capacity
-  int evaluated = 0;                  // candidates simulated
+  int evaluated = 0;                  // candidates cut under memory and simulated
+  int pruned = 0;                     // skipped: their lower bound beat by `keep` plans
   int rejected = 0;                   // over capacity
   std::vector<std::string> skipped;   // degrees or schedules that do not apply, and why
   double seconds = 0;                 // time the search took

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 
 #include "memory/error.h"
 #include "partitioner/detail/graph_builder.h"
@@ -19,10 +20,19 @@ int64_t SplitPattern::local_size(int t) const {
 
 namespace {
 
-bool is_one_of(const std::string& op, std::initializer_list<const char*> ops) {
-  for (const char* o : ops)
-    if (op == o) return true;
-  return false;
+// The op types the pass treats specially, looked up once per node.
+enum class OpKind : uint8_t { other, linear, attention, embedding, cross_entropy, add, unary, dropout, comm };
+
+OpKind kind_of(const std::string& op) {
+  static const std::map<std::string, OpKind, std::less<>> table = {
+      {"linear", OpKind::linear},       {"attention", OpKind::attention},
+      {"embedding", OpKind::embedding}, {"cross_entropy", OpKind::cross_entropy},
+      {"add", OpKind::add},             {"gelu", OpKind::unary},
+      {"relu", OpKind::unary},          {"dropout", OpKind::dropout},
+      {"tp_copy", OpKind::comm},        {"tp_reduce", OpKind::comm},
+      {"tp_gather", OpKind::comm},      {"vocab_parallel_cross_entropy", OpKind::comm}};
+  auto it = table.find(op);
+  return it == table.end() ? OpKind::other : it->second;
 }
 
 double attr_double(const Node& n, const char* key, double dflt) {
@@ -38,9 +48,9 @@ bool linear_in_out(const Node& n) {
   return it != n.attrs.end() && it->get<std::string>() == "in_out";
 }
 // Ops that pass a split last dimension through unchanged.
-bool passes_split(const Node& n) {
-  if (n.op == "gelu" || n.op == "relu") return true;
-  return n.op == "dropout" && attr_double(n, "p", 0.0) == 0.0;
+bool passes_split(const Node& n, OpKind k) {
+  if (k == OpKind::unary) return true;
+  return k == OpKind::dropout && attr_double(n, "p", 0.0) == 0.0;
 }
 
 class ShardingPass {
@@ -52,6 +62,8 @@ class ShardingPass {
     s_.nodes.resize(g.nodes.size());
     s_.values.resize(g.values.size());
     s_.params.resize(g.params.size());
+    kinds_.reserve(g.nodes.size());
+    for (const Node& n : g.nodes) kinds_.push_back(kind_of(n.op));
   }
 
   Sharding run() {
@@ -71,6 +83,7 @@ class ShardingPass {
     return n.op + " node '" + n.name + "' (layer " + layer_name(node) + ")";
   }
   const SplitKind* override_of(int node) const {
+    if (ov_.kinds.empty()) return nullptr;
     auto it = ov_.kinds.find(g_.nodes[size_t(node)].name);
     return it == ov_.kinds.end() ? nullptr : &it->second;
   }
@@ -124,11 +137,12 @@ class ShardingPass {
       if (tp_of(c) != t) return false;
       const SplitKind* o = override_of(c);
       bool ok = false;
-      if (n.op == "linear")
+      const OpKind k = kinds_[size_t(c)];
+      if (k == OpKind::linear)
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
-      else if (n.op == "cross_entropy")
+      else if (k == OpKind::cross_entropy)
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
-      else if (passes_split(n))
+      else if (passes_split(n, k))
         ok = accepts_split(n.outputs[0], t, depth + 1);
       if (!ok) return false;
     }
@@ -139,7 +153,7 @@ class ShardingPass {
     if (cons.empty()) return false;
     for (int c : cons) {
       const SplitKind* o = override_of(c);
-      if (g_.nodes[size_t(c)].op != "attention" || tp_of(c) != t ||
+      if (kinds_[size_t(c)] != OpKind::attention || tp_of(c) != t ||
           (o != nullptr && *o == SplitKind::none))
         return false;
     }
@@ -174,6 +188,11 @@ class ShardingPass {
   void set_param(int node, int slot, int dim, int t, const SplitPattern& pattern) {
     int p = g_.nodes[size_t(node)].params[size_t(slot)];
     if (p < 0) return;
+    ParamShard& current = s_.params[size_t(p)];
+    if (dim < 0 && current.first_user < 0) {  // the common case: a replicated first use
+      current.first_user = node;
+      return;
+    }
     ParamShard want;
     want.dim = dim;
     want.t = dim < 0 ? 1 : t;
@@ -201,7 +220,9 @@ class ShardingPass {
     for (size_t k = 0; k < n.params.size(); ++k) set_param(node, int(k), -1, 1, {});
   }
   void out_replicated(int node) {
-    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{};
+    // Values start replicated; only a value already marked split needs resetting.
+    for (int v : g_.nodes[size_t(node)].outputs)
+      if (s_.values[size_t(v)].split) s_.values[size_t(v)] = ValueShard{};
   }
   void out_split(int node, int t, SplitPattern p) {
     for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p};
@@ -212,7 +233,8 @@ class ShardingPass {
     NodeShard& ns = s_.nodes[size_t(node)];
     int t = tp_of(node);
     ns.t = t;
-    if (is_one_of(n.op, {"tp_copy", "tp_reduce", "tp_gather", "vocab_parallel_cross_entropy"}))
+    const OpKind k = kinds_[size_t(node)];
+    if (k == OpKind::comm)
       throw InputError(where_ + ": " + node_ref(node) +
                        " is a communication op: the partitioner takes a logical graph");
     if (t == 1) {
@@ -222,15 +244,15 @@ class ShardingPass {
       return;
     }
     const SplitKind* o = override_of(node);
-    if (n.op == "linear") return visit_linear(node, o);
-    if (n.op == "attention") return visit_attention(node, o);
-    if (n.op == "embedding") return visit_embedding(node, o);
-    if (n.op == "cross_entropy") return visit_cross_entropy(node, o);
-    if (passes_split(n) && split_here(node, 0)) {
+    if (k == OpKind::linear) return visit_linear(node, o);
+    if (k == OpKind::attention) return visit_attention(node, o);
+    if (k == OpKind::embedding) return visit_embedding(node, o);
+    if (k == OpKind::cross_entropy) return visit_cross_entropy(node, o);
+    if (passes_split(n, k) && split_here(node, 0)) {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
     }
-    if (n.op == "add" && split_here(node, 0) && split_here(node, 1) &&
+    if (k == OpKind::add && split_here(node, 0) && split_here(node, 1) &&
         s_.values[size_t(n.inputs[0])].pattern == s_.values[size_t(n.inputs[1])].pattern) {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
@@ -386,6 +408,7 @@ class ShardingPass {
   const SplitOverrides& ov_;
   std::string where_;
   Sharding s_;
+  std::vector<OpKind> kinds_;
 };
 
 // ---- building physical graphs ----
