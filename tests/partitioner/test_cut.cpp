@@ -106,6 +106,13 @@ TEST(Cut, OptimalAgainstBruteForce) {
     if (!r.feasible) continue;
     ++feasible_cases;
     ASSERT_EQ(r.bottleneck, bf_best) << "seed " << seed << " trial " << trial;
+    // Starting from the optimum without capacities (what the search passes) changes nothing.
+    std::vector<CutStage> free_stages = p.stages;
+    for (auto& s : free_stages) s.capacity = 0;
+    CutResult unlimited = Cutter(p.costs, free_stages, p.allowed).solve();
+    ASSERT_TRUE(unlimited.feasible);
+    ASSERT_LE(unlimited.bottleneck, r.bottleneck);
+    ASSERT_EQ(cut.solve(unlimited.bottleneck).bottleneck, bf_best) << "seed " << seed << " trial " << trial;
     ASSERT_EQ(int(r.bounds.size()), K + 1);
     EXPECT_EQ(r.bounds.front(), 0);
     EXPECT_EQ(r.bounds.back(), L);
