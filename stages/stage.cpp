@@ -457,6 +457,7 @@ void Stage::backward_weight(int64_t mb_index) {
     s.w.erase(wit);
   }
   stash_.erase(it);
+  grads_finished_ = false;
 }
 
 TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
@@ -468,10 +469,12 @@ TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
 // ---- step ----
 
 void Stage::zero_grad() {
+  grads_finished_ = false;
   for (auto& ps : params_) std::fill(ps->has.begin(), ps->has.end(), false);
 }
 
 void Stage::finish_grads() {
+  grads_finished_ = true;
   for (auto& ps : params_) {
     if (ps->grads.size() == 1) {
       if (!ps->has[0]) ps->grads[0].zero_();
@@ -521,6 +524,7 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
 
 void Stage::step(double grad_scale) {
   if (!opt_ready_) set_optimizer(opt_);
+  if (!grads_finished_) finish_grads();
   ++opt_steps_;
   OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
   Timer timer(t != nullptr, t ? &t->forward : nullptr);
