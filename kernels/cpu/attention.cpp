@@ -196,6 +196,15 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
+// run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
+// has room for it (its stride is a multiple of 32).
+inline int64_t pad_row(float* s, int64_t n) {
+  const int64_t padded = round_up(n, kLanes<float>);
+  std::fill(s + n, s + padded, -std::numeric_limits<float>::infinity());
+  return padded;
+}
+
 // S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
 // [0, cols_padded) that hold at least one visible score (key <= query); row r is query
 // q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
@@ -230,10 +239,10 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
     causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, ldkt, D, scale, s, kcp);
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * kcp;
-      const int64_t n = visible(i0 + r, c0, kc);
-      const float mx = std::max(m[r], reduce_max(sr, n));
-      const float sum = exp_shifted_sum(sr, mx, sr, n);
-      std::fill(sr + n, sr + kc, 0.0f);
+      const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(sr, n);
+      const float mx = std::max(m[r], reduce_max(sr, padded));
+      const float sum = exp_shifted_sum(sr, mx, sr, padded);
+      if (padded < kc) std::fill(sr + padded, sr + kc, 0.0f);
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
         const float alpha = vexp(m[r] - mx);
         l[r] *= alpha;
@@ -313,9 +322,9 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, Tp, D, scale, p, kcp);
       for (int64_t r = 0; r < rows; ++r) {
         float* pr = p + r * kcp;
-        const int64_t n = visible(i0 + r, c0, kc);
-        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, n);
-        std::fill(pr + n, pr + kc, 0.0f);
+        const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(pr, n);
+        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, padded);
+        if (padded < kc) std::fill(pr + padded, pr + kc, 0.0f);
         if (dr.on) {
           float* pdr = pd + r * kcp;
           uint32_t bits[kChunkK];

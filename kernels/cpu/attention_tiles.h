@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/vec_math.h"
 
@@ -96,9 +97,22 @@ inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, K
     const auto [k0, k1] = k_range(r0, int64_t(R));
     rows_tile<W, R>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
   }
-  for (; r0 < rows; ++r0) {  // remaining rows one at a time
-    const auto [k0, k1] = k_range(r0, int64_t(1));
-    rows_tile<W, 1>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
+  if (r0 == rows) return;
+  const int n = int(rows - r0);  // the remaining rows, in one narrower tile
+  const auto [k0, k1] = k_range(r0, int64_t(n));
+  auto tail = [&](auto rn) {
+    rows_tile<W, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc,
+                                      ldc, accumulate);
+  };
+  switch (n) {
+    case 1: return tail(std::integral_constant<int, 1>{});
+    case 2: return tail(std::integral_constant<int, std::min(2, R)>{});
+    case 3: return tail(std::integral_constant<int, std::min(3, R)>{});
+    case 4: return tail(std::integral_constant<int, std::min(4, R)>{});
+    case 5: return tail(std::integral_constant<int, std::min(5, R)>{});
+    case 6: return tail(std::integral_constant<int, std::min(6, R)>{});
+    case 7: return tail(std::integral_constant<int, std::min(7, R)>{});
+    default: return;  // n < R <= 8
   }
 }
 
