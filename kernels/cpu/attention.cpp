@@ -205,6 +205,13 @@ inline int64_t pad_row(float* s, int64_t n) {
   return padded;
 }
 
+// Zeros a probability row from `from` (a multiple of 16 at or past its visible keys) as
+// far as a tile of the products may read: a tile's rows share one key range, up to 7
+// keys past a row's own, so 16 more entries suffice and the rest is never read.
+inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
+  if (from < kc) std::fill(s + from, s + std::min(kc, from + kLanes<float>), 0.0f);
+}
+
 // S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
 // [0, cols_padded) that hold at least one visible score (key <= query); row r is query
 // q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
@@ -242,7 +249,7 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
       const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(sr, n);
       const float mx = std::max(m[r], reduce_max(sr, padded));
       const float sum = exp_shifted_sum(sr, mx, sr, padded);
-      if (padded < kc) std::fill(sr + padded, sr + kc, 0.0f);
+      zero_row_tail(sr, padded, kc);
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
         const float alpha = vexp(m[r] - mx);
         l[r] *= alpha;
@@ -281,13 +288,6 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
                         float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
                         int64_t h, bool accumulate) {
   const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
-  if (!accumulate)
-    for (int64_t i = 0; i < g.T; ++i) {
-      float* row = dqkv + (b * g.T + i) * ld;
-      std::fill(row + g.q_col(h), row + g.q_col(h) + D, 0.0f);
-      std::fill(row + g.k_col(h), row + g.k_col(h) + D, 0.0f);
-      std::fill(row + g.v_col(h), row + g.v_col(h) + D, 0.0f);
-    }
   float* p = scratch<float>(size_t(kBlockQ * kChunkK), 0);
   float* dp = scratch<float>(size_t(kBlockQ * kChunkK), 1);
   float* pd = dr.on ? scratch<float>(size_t(kBlockQ * kChunkK), 2) : p;
@@ -324,7 +324,7 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         float* pr = p + r * kcp;
         const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(pr, n);
         exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, padded);
-        if (padded < kc) std::fill(pr + padded, pr + kc, 0.0f);
+        zero_row_tail(pr, padded, kc);
         if (dr.on) {
           float* pdr = pd + r * kcp;
           uint32_t bits[kChunkK];
@@ -333,11 +333,22 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
           const float ds = float(dr.scale);
           const uint32_t thr = dr.threshold;
           for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= thr ? pr[j] * ds : 0.0f;
-          std::fill(pdr + n, pdr + kc, 0.0f);
+          std::fill(pdr + n, pdr + padded, 0.0f);
+          zero_row_tail(pdr, padded, kc);
         }
       }
-      // dV += P'^T dO.
-      tiles::rows_product<W>(kc, pd, 1, kcp, key_rows, dO, g.ldo, 1.0f, dv, ld, true);
+      // dV += P'^T dO. Keys from i0 on are first reached by this query block: without
+      // accumulate they are written, not added to (so dqkv is never zeroed first).
+      const int64_t fresh = std::clamp<int64_t>(i0 - c0, 0, kc);
+      auto by_keys = [&](const float* a, const float* b_rows, int64_t ldb_rows, float alpha,
+                         float* c) {
+        tiles::rows_product<W>(fresh, a, 1, kcp, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
+        tiles::rows_product<W>(
+            kc - fresh, a + fresh, 1, kcp,
+            [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows,
+            alpha, c + fresh * ld, ld, accumulate);
+      };
+      by_keys(pd, dO, g.ldo, 1.0f, dv);
       // dP' = dO V^T, then dS = P' dP' - P di in place (zero where P is).
       causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, 1.0f, dp, kcp);
       for (int64_t r = 0; r < rows; ++r) {
@@ -345,14 +356,16 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         const float* pr = p + r * kcp;
         const float* pdr = pd + r * kcp;
         const float dd = di[r];
-        const int64_t n = visible(i0 + r, c0, kc);
+        const int64_t padded = round_up(visible(i0 + r, c0, kc), kLanes<float>);
 #pragma GCC ivdep
-        for (int64_t j = 0; j < n; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
-        std::fill(dpr + n, dpr + kc, 0.0f);
+        for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+        zero_row_tail(dpr, padded, kc);
       }
-      // dQ += scale dS K;  dK += scale dS^T Q.
-      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld, true);
-      tiles::rows_product<W>(kc, dp, 1, kcp, key_rows, q, ld, scale, dk, ld, true);
+      // dQ += scale dS K (its rows are first written at the first chunk);
+      // dK += scale dS^T Q.
+      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld,
+                             accumulate || c0 > 0);
+      by_keys(dp, q, ld, scale, dk);
     }
   }
 }
