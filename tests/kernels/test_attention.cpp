@@ -123,7 +123,9 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
     attention_forward(qkv, opt, o, l);
     return dot(g, o);
   };
-  EXPECT_LT(fd_check(qkv, dqkv, loss, rng, c.T > 200 ? 100 : 250), 1e-6);
+  // Long sequences (several key chunks) cost a forward per coordinate: fewer coordinates
+  // there; the float32-vs-float64 check below covers every element.
+  EXPECT_LT(fd_check(qkv, dqkv, loss, rng, c.T > 200 ? 50 : 250), 1e-6);
 
   Tensor acc = Tensor::full(qkv.shape(), 1.0, DType::f64);
   attention_backward(qkv, out, lse, g, opt, acc, true);
