@@ -99,7 +99,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionForward,
                          ::testing::Values(Case{1, 1, 1, 4, 0}, Case{2, 70, 2, 8, 0},
                                            Case{1, 130, 3, 16, 0}, Case{2, 64, 1, 32, 0},
                                            Case{1, 600, 1, 8, 0}, Case{1, 1100, 2, 4, 0},
-                                           Case{2, 70, 2, 8, 0.2}, Case{1, 600, 2, 4, 0.3}),
+                                           Case{2, 70, 2, 8, 0.2}, Case{1, 600, 2, 4, 0.3},
+                                           // head sizes with float tile kernels (16 W)
+                                           Case{1, 600, 1, 32, 0}, Case{2, 100, 2, 64, 0.1},
+                                           Case{1, 150, 1, 128, 0}, Case{1, 70, 2, 48, 0}),
                          [](const auto& param_info) { return case_name(param_info.param); });
 
 class AttentionBackward : public ::testing::TestWithParam<Case> {};
@@ -120,7 +123,9 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
     attention_forward(qkv, opt, o, l);
     return dot(g, o);
   };
-  EXPECT_LT(fd_check(qkv, dqkv, loss, rng, c.T > 200 ? 120 : 400), 1e-6);
+  // Long sequences (several key chunks) cost a forward per coordinate: fewer coordinates
+  // there; the float32-vs-float64 check below covers every element.
+  EXPECT_LT(fd_check(qkv, dqkv, loss, rng, c.T > 200 ? 50 : 250), 1e-6);
 
   Tensor acc = Tensor::full(qkv.shape(), 1.0, DType::f64);
   attention_backward(qkv, out, lse, g, opt, acc, true);
@@ -139,7 +144,9 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackward,
                          ::testing::Values(Case{1, 1, 1, 4, 0}, Case{2, 70, 2, 8, 0},
                                            Case{1, 130, 3, 16, 0}, Case{1, 600, 1, 4, 0},
-                                           Case{2, 70, 2, 8, 0.2}, Case{1, 530, 1, 4, 0.1}),
+                                           Case{2, 70, 2, 8, 0.2}, Case{1, 530, 1, 4, 0.1},
+                                           Case{1, 530, 1, 16, 0.1}, Case{2, 67, 1, 64, 0},
+                                           Case{1, 40, 1, 128, 0.2}),
                          [](const auto& param_info) { return case_name(param_info.param); });
 
 // The columns of heads [h0, h0 + n) of each of q, k, v, for batches [b0, b0 + nb).
