@@ -203,6 +203,7 @@ TrainSummary run_training(const TrainOptions& o,
     if (!o.checkpoint_dir.empty() &&
         (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
       summary.last_checkpoint = save_checkpoint(o.checkpoint_dir, stage, manifest_for(step + 1));
+      prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
       spdlog::info("checkpoint {}", summary.last_checkpoint);
     }
   }

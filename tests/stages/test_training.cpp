@@ -136,6 +136,7 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
   o.checkpoint_every = 2;
   run_training(o);
   EXPECT_EQ(latest_checkpoint(dir), checkpoint_dir(dir, 6));
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 2)));
   // Step 6 loses its manifest (a crash before it was written); step 4 gets a damaged shard.
   std::filesystem::remove(checkpoint_dir(dir, 6) + "/manifest.json");
   {
@@ -145,6 +146,23 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
     f.write("\x01\x02\x03\x04", 4);
   }
   EXPECT_EQ(latest_checkpoint(dir), checkpoint_dir(dir, 2));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Training, KeepCheckpointsPrunesTheOldest) {
+  std::string model = write_model("small_gpt_keep.json", small_gpt());
+  std::string dir = ::testing::TempDir() + "/baton_ckpt_keep";
+  std::filesystem::remove_all(dir);
+  TrainOptions o = options(model, 6);
+  o.checkpoint_dir = dir;
+  o.checkpoint_every = 1;
+  o.keep_checkpoints = 2;
+  run_training(o);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.is_directory() ? 1 : 0;
+  EXPECT_EQ(n, 2);
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 5) + "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 6) + "/manifest.json"));
   std::filesystem::remove_all(dir);
 }
 
