@@ -315,6 +315,7 @@ std::string format_grid(const Schedule& s, int rank, int index, int rows_around,
   };
   std::string out = pad("  action", 10);
   for (int r = r0; r <= r1; ++r) out += pad("rank " + str(r), width);
+  while (!out.empty() && out.back() == ' ') out.pop_back();
   out += "\n";
   if (i0 > 0) out += pad("     ...", 10) + "\n";
   for (int i = i0; i <= i1; ++i) {

@@ -237,8 +237,9 @@ int run_simulate(const std::vector<std::string>& args) {
       }
       rows.push_back(row);
     }
-    std::printf("%d ranks, %d micro-batches, costs %s\n\n", o.ranks, o.micro_batches,
-                o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str());
+    std::printf("%d ranks, %d micro-batches, costs %s%s\n\n", o.ranks, o.micro_batches,
+                o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str(),
+                o.lower ? "; lowered (transfers, REDUCE, STEP)" : "; compute only (add --lower for REDUCE and STEP)");
     print_comparison(rows, have_bytes, limit);
     return 0;
   }
@@ -281,6 +282,15 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.names[0];
   }
   if (o.lower) s = sc::lower(s);
+  bool has_reduce = false, has_step = false;
+  for (const auto& list : s.ranks)
+    for (const sc::Action& a : list) {
+      has_reduce = has_reduce || a.kind == sc::ActionKind::reduce_gradients;
+      has_step = has_step || a.kind == sc::ActionKind::optimizer_step;
+    }
+  if ((spec.reduce.given && !has_reduce) || (spec.optimizer_step > 0 && !has_step))
+    std::printf("note: the reduce and optimizer_step costs apply to REDUCE and STEP actions, which this schedule "
+                "lacks; --lower inserts them\n");
   sc::Simulator sim(s, source);
   const sc::Costs costs = sc::resolve(spec, sim.schedule());
   const sc::SimResult& r = sim.run(costs);

@@ -38,8 +38,8 @@ TEST(Generators, EveryScheduleValidOverAGrid) {
   for (const auto& name : schedule_names())
     for (int p = 1; p <= 8; ++p)
       for (int m = 1; m <= 3 * p + 2; ++m)
-        for (int v : {0, 3}) {
-          if (v == 3 && name != "interleaved-1f1b") continue;
+        for (int v : {0, 3, 4}) {
+          if (v != 0 && name != "interleaved-1f1b") continue;
           Schedule s;
           try {
             s = generate(name, p, m, v);
