@@ -244,6 +244,7 @@ class QuickEval {
     std::fill(free_.begin(), free_.end(), 0.0);
     std::fill(mem_.begin(), mem_.end(), 0.0);
     size_t remaining = s.num_actions();
+    critical_sum_ = 0;
     for (bool moved = true; moved && remaining > 0;) {
       moved = false;
       for (int r = 0; r < s.num_ranks; ++r) {
@@ -286,6 +287,7 @@ class QuickEval {
           free_[size_t(r)] = e;
           if (a.kind == K::forward) fend_[at] = e;
           else if (a.kind != K::backward_weight) bend_[at] = e;
+          if (a.kind != K::backward_weight) critical_sum_ += e;
           ++pos;
           --remaining;
           moved = true;
@@ -293,8 +295,9 @@ class QuickEval {
       }
     }
     if (remaining > 0) return false;
-    makespan = end_sum = 0;
-    for (double f : free_) makespan = std::max(makespan, f), end_sum += f;
+    makespan = 0;
+    for (double f : free_) makespan = std::max(makespan, f);
+    end_sum = critical_sum_;
     return true;
   }
 
@@ -319,37 +322,50 @@ class QuickEval {
   double v_;
   std::vector<double> limit_, fend_, bend_, free_, mem_;
   std::vector<int> pos_;
+  double critical_sum_ = 0;
 };
 
 // Hill climbing on adjacent swaps within a rank's list: a swap is kept when the
 // makespan drops, or stays and the ranks finish earlier on the whole (which moves
 // work off the critical path and opens the next improvement). At most `budget` tries.
-Schedule refine(Schedule s, const Costs& c, const std::vector<double>& limit, bool bytes, long long budget) {
+}  // namespace
+
+Schedule refine_schedule(Schedule s, const Costs& c, const std::vector<double>& limit, bool bytes, long long budget) {
   QuickEval q(s, c, limit, bytes);
   double best_m = 0, best_e = 0;
   if (!q.run(s, best_m, best_e)) return s;
   const double eps = 1e-9 * std::max(1.0, best_m);
+  // Moves: take one action of a rank and put it up to kWindow places earlier or later.
+  constexpr int kWindow = 6;
   for (bool improved = true; improved && budget > 0;) {
     improved = false;
     for (int r = 0; r < s.num_ranks && budget > 0; ++r) {
       auto& list = s.ranks[size_t(r)];
-      for (size_t i = 0; i + 1 < list.size() && budget > 0; ++i) {
-        if (list[i].micro_batch == list[i + 1].micro_batch && list[i].stage == list[i + 1].stage) continue;
-        std::swap(list[i], list[i + 1]);
-        --budget;
-        double mk = 0, es = 0;
-        if (q.run(s, mk, es) && (mk < best_m - eps || (mk <= best_m + eps && es < best_e - eps))) {
-          best_m = mk;
-          best_e = es;
-          improved = true;
-        } else {
-          std::swap(list[i], list[i + 1]);
+      const int size = int(list.size());
+      for (int i = 0; i < size && budget > 0; ++i)
+        for (int j = std::max(0, i - kWindow); j <= std::min(size - 1, i + kWindow) && budget > 0; ++j) {
+          if (j == i) continue;
+          auto move = [&](int from, int to) {
+            if (from < to) std::rotate(list.begin() + from, list.begin() + from + 1, list.begin() + to + 1);
+            else std::rotate(list.begin() + to, list.begin() + from, list.begin() + from + 1);
+          };
+          move(i, j);
+          --budget;
+          double mk = 0, es = 0;
+          if (q.run(s, mk, es) && (mk < best_m - eps || (mk <= best_m + eps && es < best_e - eps))) {
+            best_m = mk;
+            best_e = es;
+            improved = true;
+            break;  // the action at i changed; go on with the next one
+          }
+          move(j, i);
         }
-      }
     }
   }
   return s;
 }
+
+namespace {
 
 bool fits(const SimResult& r, const std::vector<double>& limit, bool bytes) {
   for (size_t i = 0; i < r.ranks.size(); ++i) {
@@ -499,7 +515,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     const long long work = std::max<long long>(1, (long long)out.schedule.num_actions());
     const long long tries = std::max<long long>(200, (long long)(3e7 / double(work) / std::max(1.0, double(work) / 2000)));
     Costs costs = resolve(spec, out.schedule);
-    Schedule refined = refine(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries);
+    Schedule refined = refine_schedule(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries);
     if (!(refined == out.schedule)) {
       Simulator sim(refined, "refined");
       const SimResult& r = sim.run(costs);

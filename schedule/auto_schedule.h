@@ -9,7 +9,7 @@
 // cap on in-flight micro-batches per rank, when a W may fill an idle gap, forward or
 // backward first); every fixed generator's schedule, split into B and W, is a candidate
 // too. Each candidate is simulated; the fastest whose peak memory fits wins, and a
-// local search (swapping neighbouring actions of a rank while the makespan drops and
+// local search (moving single actions of a rank while the makespan drops and
 // memory fits) polishes it. So the result never exceeds the limit and is never slower
 // than the best fixed schedule that fits.
 #pragma once
@@ -75,5 +75,12 @@ struct GreedyPolicy {
 };
 Schedule list_schedule(int ranks, int micro_batches, const Costs& costs, const std::vector<double>& limit,
                        bool limit_in_bytes, const GreedyPolicy& policy);
+
+// The local search alone: from a compute-only, one-direction schedule, moves single
+// actions of a rank up to six places while the makespan (no link contention) drops, or
+// holds while F and B end earlier in sum, keeping every rank's peak within `limit`.
+// At most `budget` tries. Returns the schedule unchanged if it deadlocks or does not fit.
+Schedule refine_schedule(Schedule s, const Costs& costs, const std::vector<double>& limit, bool limit_in_bytes,
+                         long long budget);
 
 }  // namespace baton::schedule

@@ -129,3 +129,17 @@ TEST(ListScheduler, RespectsMemoryOnEveryPlacement) {
       }
     }
 }
+
+TEST(LocalSearch, FindsZeroBubbleQualityFrom1F1B) {
+  // Starting from 1F1B with its backward split, moving W's is enough to reach ZB-H1's
+  // makespan at the same memory when F = B = W.
+  Schedule start = split_backward(generate("1f1b", 4, 8));
+  Costs c = resolve(CostSpec::unit(), start);
+  const double zb_h1 = simulate(generate("zb-h1", 4, 8), c).makespan;
+  Schedule better = refine_schedule(start, c, {4}, false, 200000);
+  ASSERT_TRUE(validate(better).ok);
+  SimResult r = simulate(better, c);
+  EXPECT_LT(r.makespan, simulate(start, c).makespan);
+  EXPECT_LE(r.makespan, zb_h1 + 1e-9);
+  EXPECT_LE(r.peak_micro_batches, 4 + 1e-9);
+}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
@@ -253,5 +254,26 @@ TEST(Dependencies, RunInOrderGivesATopologicalOrder) {
     if (r.index > 0) {
       EXPECT_LT(when[size_t(g.node(r.rank, r.index - 1))], when[size_t(n)]);
     }
+  }
+}
+
+TEST(Schedule, TransferTagsPairSendsWithReceives) {
+  Schedule s = lower(generate("zb-v", 3, 4));
+  std::map<int64_t, std::vector<Action>> by_tag;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list) {
+      const int64_t tag = transfer_tag(s, a);
+      if (is_transfer(a.kind)) {
+        ASSERT_GE(tag, 0);
+        by_tag[tag].push_back(a);
+      } else {
+        EXPECT_EQ(tag, -1);
+      }
+    }
+  EXPECT_EQ(by_tag.size(), 4u * 4 * 2);  // 4 micro-batches x 4 rank boundaries x (activation, gradient)
+  for (const auto& [tag, pair] : by_tag) {
+    ASSERT_EQ(pair.size(), 2u) << tag;
+    EXPECT_TRUE(is_send(pair[0].kind) != is_send(pair[1].kind));
+    EXPECT_EQ(pair[0].micro_batch, pair[1].micro_batch);
   }
 }
