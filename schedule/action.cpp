@@ -28,8 +28,12 @@ std::optional<int32_t> parse_index(std::string_view text) {
 
 }  // namespace
 
-std::string_view kind_code(ActionKind k) { return kCodes[static_cast<size_t>(k)]; }
-std::string_view kind_words(ActionKind k) { return kWords[static_cast<size_t>(k)]; }
+std::string_view kind_code(ActionKind k) {
+  return static_cast<size_t>(k) < kCodes.size() ? kCodes[static_cast<size_t>(k)] : "?";
+}
+std::string_view kind_words(ActionKind k) {
+  return static_cast<size_t>(k) < kWords.size() ? kWords[static_cast<size_t>(k)] : "unknown action";
+}
 
 std::optional<ActionKind> kind_from_code(std::string_view code) {
   for (size_t i = 0; i < kCodes.size(); ++i)

@@ -87,6 +87,12 @@ std::optional<ValidationReport> Checker::check_actions() const {
     const auto& list = s_.ranks[size_t(r)];
     for (int i = 0; i < int(list.size()); ++i) {
       const Action& a = list[size_t(i)];
+      if (static_cast<int>(a.kind) >= kNumActionKinds)
+        return fail(r, i, "rank " + str(r) + ", action " + str(i) + ": unknown action kind " + str(int(a.kind)));
+      if ((a.kind == K::optimizer_step && a.stage != -1) || (!has_micro_batch(a.kind) && a.micro_batch != -1) ||
+          (!is_transfer(a.kind) && a.peer != -1))
+        return fail(r, i, at(r, i) + ": fields that this kind does not have must be -1 (STEP: stage, micro-batch; "
+                                     "REDUCE: micro-batch; all but transfers: peer)");
       if (a.kind == K::optimizer_step) continue;
       if (a.stage < 0 || a.stage >= S)
         return fail(r, i, at(r, i) + ": stage " + str(a.stage) + " does not exist (the placement has " +

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
@@ -276,4 +277,39 @@ TEST(Schedule, TransferTagsPairSendsWithReceives) {
     EXPECT_TRUE(is_send(pair[0].kind) != is_send(pair[1].kind));
     EXPECT_EQ(pair[0].micro_batch, pair[1].micro_batch);
   }
+}
+
+TEST(Validate, RandomMutationsNeverCrashAndValidMeansRunnable) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const std::vector<Schedule> bases = {lower(generate("1f1b", 3, 4)), generate("zb-v", 3, 5),
+                                       lower(generate("dualpipe", 2, 4)), generate("interleaved", 2, 4, 2)};
+  int valid = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    Schedule s = bases[size_t(trial) % bases.size()];
+    const int mutations = 1 + int(rng() % 3);
+    for (int k = 0; k < mutations; ++k) {
+      auto& list = s.ranks[rng() % s.ranks.size()];
+      if (list.empty()) continue;
+      const size_t i = rng() % list.size(), j = rng() % list.size();
+      switch (rng() % 6) {
+        case 0: list.erase(list.begin() + long(i)); break;
+        case 1: list.insert(list.begin() + long(j), list[i]); break;
+        case 2: std::swap(list[i], list[j]); break;
+        case 3: list[i].micro_batch += int(rng() % 5) - 2; break;
+        case 4: list[i].stage += int(rng() % 5) - 2; break;
+        case 5: list[i].kind = static_cast<ActionKind>(rng() % kNumActionKinds); break;
+      }
+    }
+    ValidationReport r = validate(s);
+    if (!r.ok) {
+      EXPECT_FALSE(r.message.empty());
+      continue;
+    }
+    ++valid;  // a harmless mutation (e.g. two independent actions swapped)
+    DependencyGraph g(s);
+    EXPECT_TRUE(run_in_order(g).complete) << to_text(s);
+  }
+  EXPECT_LT(valid, 400);
 }
