@@ -12,6 +12,7 @@ constexpr int kPairKinds = 8;
 }  // namespace
 
 bool DependencyGraph::in_range(const Action& a) const {
+  if (static_cast<int>(a.kind) >= kNumActionKinds) return false;
   if (a.kind == ActionKind::optimizer_step) return true;
   if (a.stage < 0 || a.stage >= num_stages_) return false;
   if (!has_micro_batch(a.kind)) return true;

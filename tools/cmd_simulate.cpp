@@ -197,6 +197,8 @@ int run_simulate(const std::vector<std::string>& args) {
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
   if (o.repeat < 0) throw InputError("--repeat: expected a count >= 0, found " + std::to_string(o.repeat));
+  if (!o.file.empty() && (vm.count("stages") || vm.count("micro-batches") || vm.count("chunks")))
+    throw InputError("--stages, --micro-batches and --chunks go with --schedule; a --file says its own");
   const Limit limit = parse_limit(o.memory_limit);
   const sc::CostSpec spec = o.costs_file.empty() ? sc::CostSpec::unit() : sc::load_costs(o.costs_file);
   const bool have_bytes = spec.activation_bytes.given;
@@ -299,6 +301,10 @@ int run_simulate(const std::vector<std::string>& args) {
               s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
               sc::has_transfers(s) ? " (with transfers)" : " (compute only)");
   print_summary(r, have_bytes);
+  if (limit.given)
+    std::printf("memory limit %s per rank: %s\n",
+                limit.bytes ? memory::format_bytes(limit.value).c_str() : (num(limit.value) + " micro-batches").c_str(),
+                fits(r, limit) ? "fits" : "exceeded");
   std::printf("\n");
   print_ranks(r, have_bytes);
   if (o.show) std::printf("\n%s", sc::to_text(sim.schedule()).c_str());
