@@ -91,7 +91,9 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     std::string_view key = colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
     if (key == "name") {  // the rest of the line verbatim: names may hold '#'
       if (!s.ranks.empty()) throw InputError(where + ": header line 'name:' after the rank lines");
-      s.name = std::string(trim(line.substr(colon + 1)));
+      std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
+      if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      s.name = std::string(rest);
       continue;
     }
     if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);

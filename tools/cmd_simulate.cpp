@@ -253,7 +253,9 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();
-    std::printf("automatic schedule for %d ranks, %d micro-batches, memory limit %s per rank\n\n", o.ranks, o.micro_batches,
+    std::printf("automatic schedule for %d ranks, %d micro-batches, memory limit %s per rank\n"
+                "(the fixed schedules with their backward split into B and W, on the same costs)\n\n",
+                o.ranks, o.micro_batches,
                 limit.given ? (limit.bytes ? memory::format_bytes(limit.value) : num(limit.value) + " micro-batches").c_str()
                             : "none");
     std::vector<Row> rows;

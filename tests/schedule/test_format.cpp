@@ -37,6 +37,7 @@ std::vector<Schedule> sample_schedules() {
   }
   out.push_back(generate("interleaved-1f1b", 3, 7, 3));
   out.push_back(lower(generate("dualpipe", 2, 6)));
+  out.back().name = "  odd # name: with spaces ";
   return out;
 }
 
