@@ -35,19 +35,29 @@ struct Schedule {
 
 // ---- topology -------------------------------------------------------------------------
 
-inline int stage_direction(const Schedule& s, int stage) { return stage / s.stages_per_direction(); }
+inline int stage_direction(const Schedule& s, int stage) {
+  return stage / s.stages_per_direction();
+}
 inline int micro_batch_direction(const Schedule& s, int mb) {
   return mb / s.micro_batches_per_direction();
 }
 // The model chunk a stage holds (equal to the stage unless bidirectional).
-inline int stage_chunk(const Schedule& s, int stage) { return stage % s.stages_per_direction(); }
-inline bool is_first_stage(const Schedule& s, int stage) { return stage_chunk(s, stage) == 0; }
+inline int stage_chunk(const Schedule& s, int stage) {
+  return stage % s.stages_per_direction();
+}
+inline bool is_first_stage(const Schedule& s, int stage) {
+  return stage_chunk(s, stage) == 0;
+}
 inline bool is_last_stage(const Schedule& s, int stage) {
   return stage_chunk(s, stage) == s.stages_per_direction() - 1;
 }
 // The previous / next stage of the same direction, or -1 at either end.
-inline int prev_stage(const Schedule& s, int stage) { return is_first_stage(s, stage) ? -1 : stage - 1; }
-inline int next_stage(const Schedule& s, int stage) { return is_last_stage(s, stage) ? -1 : stage + 1; }
+inline int prev_stage(const Schedule& s, int stage) {
+  return is_first_stage(s, stage) ? -1 : stage - 1;
+}
+inline int next_stage(const Schedule& s, int stage) {
+  return is_last_stage(s, stage) ? -1 : stage + 1;
+}
 
 // The stages rank r holds, in increasing order.
 std::vector<int> stages_of_rank(const Schedule& s, int rank);

@@ -31,7 +31,8 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
     chunks_ = chunks_per_rank(s_);
     n = graph.num_nodes();
     offset_.resize(size_t(s_.num_ranks) + 1);
-    for (int r = 0; r <= s_.num_ranks; ++r) offset_[size_t(r)] = r < s_.num_ranks ? graph.node(r, 0) : n;
+    for (int r = 0; r <= s_.num_ranks; ++r)
+      offset_[size_t(r)] = r < s_.num_ranks ? graph.node(r, 0) : n;
 
     // Everything run() touches is laid out in execution order (positions).
     node_at_ = std::move(progress.order);
@@ -57,7 +58,8 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       kind_[size_t(i)] = a.kind;
       dep_begin_[size_t(i)] = int(k);
       for (int d : graph.dependencies(node)) {
-        const bool far = graph.ref(d).rank != ref.rank || graph.action(d).kind == K::reduce_gradients;
+        const bool far =
+            graph.ref(d).rank != ref.rank || graph.action(d).kind == K::reduce_gradients;
         deps_[k++] = (pos_of_[size_t(d)] << 1) | (far ? 1 : 0);
       }
       // The message this action puts on a link, if any: a send; in a compute-only
@@ -73,7 +75,8 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       }
       if (to_stage >= 0 && s_.placement[size_t(to_stage)] != ref.rank) {
         const int dst = s_.placement[size_t(to_stage)];
-        auto [it, fresh] = links.try_emplace(1LL * ref.rank * s_.num_ranks + dst, int(links.size()));
+        auto [it, fresh] =
+            links.try_emplace(1LL * ref.rank * s_.num_ranks + dst, int(links.size()));
         if (fresh) link_dst_.push_back(dst);
         link_[size_t(i)] = it->second;
       }
@@ -97,12 +100,18 @@ const Action& Simulator::action_at(size_t pos) const {
 double Simulator::duration(size_t pos) const {
   const int st = stage_[pos];
   switch (kind_[pos]) {
-    case K::forward: return costs_.forward[size_t(st)];
-    case K::backward_input: return costs_.backward_input[size_t(st)];
-    case K::backward_weight: return costs_.backward_weight[size_t(st)];
-    case K::full_backward: return costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)];
-    case K::optimizer_step: return costs_.optimizer_step;
-    default: return 0.0;
+    case K::forward:
+      return costs_.forward[size_t(st)];
+    case K::backward_input:
+      return costs_.backward_input[size_t(st)];
+    case K::backward_weight:
+      return costs_.backward_weight[size_t(st)];
+    case K::full_backward:
+      return costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)];
+    case K::optimizer_step:
+      return costs_.optimizer_step;
+    default:
+      return 0.0;
   }
 }
 
@@ -118,7 +127,8 @@ const SimResult& Simulator::run(const Costs& c) {
   const double* bin = c.backward_input.data();
   const double* bwt = c.backward_weight.data();
   const double* act = c.activation_bytes.empty() ? nullptr : c.activation_bytes.data();
-  const double* act_b = c.activation_bytes_after_b.empty() ? act : c.activation_bytes_after_b.data();
+  const double* act_b =
+      c.activation_bytes_after_b.empty() ? act : c.activation_bytes_after_b.data();
   const double* msg = c.message_bytes.empty() ? nullptr : c.message_bytes.data();
   const double* red = c.reduce.empty() ? nullptr : c.reduce.data();
   const double inv_bw = c.bandwidth > 0 ? 1.0 / c.bandwidth : 0.0;
@@ -246,8 +256,9 @@ Timeline Simulator::timeline(double seconds_per_unit) const {
       }
       if (link_[u] >= 0 && avail_[u] > end_[u]) {  // the message on its way
         const bool activation = a.kind == K::forward || a.kind == K::send_activation;
-        const double bytes = costs_.message_bytes.empty() ? 0.0
-                             : costs_.message_bytes[size_t(activation ? a.stage : a.stage - 1)];
+        const double bytes = costs_.message_bytes.empty()
+                                 ? 0.0
+                                 : costs_.message_bytes[size_t(activation ? a.stage : a.stage - 1)];
         ev.lane = 1;
         ev.kind = activation ? K::send_activation : K::send_gradient;
         ev.peer = link_dst_[size_t(link_[u])];

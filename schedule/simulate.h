@@ -37,8 +37,8 @@ struct RankStats {
 };
 
 struct SimResult {
-  double makespan = 0.0;  // from 0 until the last action (and reduction) ends
-  double bubble = 0.0;    // mean of the ranks' bubble
+  double makespan = 0.0;     // from 0 until the last action (and reduction) ends
+  double bubble = 0.0;       // mean of the ranks' bubble
   double span_bubble = 0.0;  // the largest span_bubble (the zero-bubble paper's "bubble rate")
   double peak_micro_batches = 0.0;  // the largest over ranks
   double peak_bytes = 0.0;
@@ -62,7 +62,9 @@ class Simulator {
   double end_time(int rank, int index) const { return end_[position(rank, index)]; }
 
  private:
-  size_t position(int rank, int index) const { return size_t(pos_of_[size_t(offset_[size_t(rank)] + index)]); }
+  size_t position(int rank, int index) const {
+    return size_t(pos_of_[size_t(offset_[size_t(rank)] + index)]);
+  }
   double duration(size_t pos) const;
   const Action& action_at(size_t pos) const;
 
@@ -79,7 +81,7 @@ class Simulator {
   std::vector<int> dep_begin_, deps_;
   std::vector<int> link_dst_;
   // Per run.
-  Costs costs_;                   // a copy of the last costs (for timeline())
+  Costs costs_;                      // a copy of the last costs (for timeline())
   std::vector<double> end_, avail_;  // when an action ends; when its result reaches others
   std::vector<double> free_, mem_, link_free_;
   std::vector<int> live_;
