@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -25,21 +26,25 @@ BlockRuns block_runs(const std::vector<int64_t>& local_shape,
     br.run_length = numel;
     return br;
   }
-  const size_t rank = local_shape.size();
-  std::vector<int64_t> gstride(rank, 1);
-  for (size_t d = rank - 1; d-- > 0;) gstride[d] = gstride[d + 1] * global_shape[d + 1];
-  for (size_t d = 0; d < rank; ++d) br.base += offsets[d] * gstride[d];
+  const int rank = int(local_shape.size());
+  std::array<int64_t, kMaxBlockRank> gstride{};
+  gstride[size_t(rank - 1)] = 1;
+  for (int d = rank - 1; d-- > 0;) gstride[size_t(d)] = gstride[size_t(d + 1)] * global_shape[size_t(d + 1)];
+  for (int d = 0; d < rank; ++d) br.base += offsets[size_t(d)] * gstride[size_t(d)];
   // The run: the last dim, extended upwards while the dims inside it are whole.
-  size_t k = rank - 1;
-  br.run_length = local_shape[k];
-  while (k > 0 && local_shape[k] == global_shape[k]) {
+  int k = rank - 1;
+  br.run_length = local_shape[size_t(k)];
+  while (k > 0 && local_shape[size_t(k)] == global_shape[size_t(k)]) {
     --k;
-    br.run_length *= local_shape[k];
+    br.run_length *= local_shape[size_t(k)];
   }
-  br.outer_shape.assign(local_shape.begin(), local_shape.begin() + k);
-  br.outer_strides.assign(gstride.begin(), gstride.begin() + k);
+  br.outer_rank = k;
   br.runs = 1;
-  for (int64_t d : br.outer_shape) br.runs *= d;
+  for (int d = 0; d < k; ++d) {
+    br.outer_shape[size_t(d)] = local_shape[size_t(d)];
+    br.outer_strides[size_t(d)] = gstride[size_t(d)];
+    br.runs *= local_shape[size_t(d)];
+  }
   return br;
 }
 
