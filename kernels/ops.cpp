@@ -40,34 +40,42 @@ void check_block(const char* op, const char* name, const Tensor& t, const Block&
   BATON_NEED(t.dim() <= cpu::kMaxBlockRank, op,
              std::string(name) + " " + t.str() + ": blocks of more than " +
                  std::to_string(cpu::kMaxBlockRank) + " dimensions are not supported");
-  BATON_NEED(int64_t(where.global_shape.size()) == t.dim() && where.offsets.size() == where.global_shape.size(),
-       op,
-       std::string(name) + " " + t.str() + " is a block of " + memory::shape_str(where.global_shape) +
-           " at offsets " + memory::shape_str(where.offsets) + ": ranks differ");
+  BATON_NEED(int64_t(where.global_shape.size()) == t.dim() &&
+                 where.offsets.size() == where.global_shape.size(),
+             op,
+             std::string(name) + " " + t.str() + " is a block of " +
+                 memory::shape_str(where.global_shape) + " at offsets " +
+                 memory::shape_str(where.offsets) + ": ranks differ");
   for (int64_t d = 0; d < t.dim(); ++d)
     BATON_NEED(where.offsets[size_t(d)] >= 0 &&
-             where.offsets[size_t(d)] + t.size(d) <= where.global_shape[size_t(d)],
-         op,
-         std::string(name) + " " + t.str() + " at offsets " + memory::shape_str(where.offsets) +
-             " does not fit in " + memory::shape_str(where.global_shape));
+                   where.offsets[size_t(d)] + t.size(d) <= where.global_shape[size_t(d)],
+               op,
+               std::string(name) + " " + t.str() + " at offsets " +
+                   memory::shape_str(where.offsets) + " does not fit in " +
+                   memory::shape_str(where.global_shape));
 }
 
 cpu::BlockRuns runs_of(const Tensor& t, const Block& where) {
   return cpu::block_runs(t.shape(), where.global_shape, where.offsets);
 }
 
-int64_t rows_of(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
+int64_t rows_of(const Tensor& t) {
+  return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1);
+}
 
 }  // namespace
 
 // ---- threads ----
 
 void set_num_threads(int n) {
-  BATON_NEED(n >= 1, "set_num_threads", "thread count must be at least 1, got " + std::to_string(n));
+  BATON_NEED(n >= 1, "set_num_threads",
+             "thread count must be at least 1, got " + std::to_string(n));
   cpu::set_thread_count(n);
 }
 
-int num_threads() { return cpu::thread_count(); }
+int num_threads() {
+  return cpu::thread_count();
+}
 
 bool built_with_cuda() {
 #ifdef BATON_KERNELS_CUDA
@@ -79,8 +87,8 @@ bool built_with_cuda() {
 
 // ---- GEMM ----
 
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-            double alpha, double beta) {
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) {
   const char* op = "matmul";
   check_float(op, "a", a);
   check_like(op, "b", b, "a", a);
@@ -88,7 +96,7 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   BATON_NEED(a.dim() >= 2, op, "a must have at least 2 dimensions, got " + a.str());
   BATON_NEED(c.dim() == a.dim(), op, "c must have the rank of a (" + a.str() + "), got " + c.str());
   BATON_NEED(b.dim() == 2 || b.dim() == a.dim(), op,
-       "b must be 2-D or have the rank of a (" + a.str() + "), got " + b.str());
+             "b must be 2-D or have the rank of a (" + a.str() + "), got " + b.str());
   const bool b_shared = b.dim() == 2 && a.dim() > 2;
   if (!b_shared)
     BATON_NEED(std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()), op,
@@ -96,13 +104,14 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   const int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
   const int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
   BATON_NEED(k == kb, op,
-       "inner dimensions differ: op(a) of " + a.str() + " is [" + std::to_string(m) + ", " +
-           std::to_string(k) + "], op(b) of " + b.str() + " is [" + std::to_string(kb) + ", " +
-           std::to_string(n) + "]");
+             "inner dimensions differ: op(a) of " + a.str() + " is [" + std::to_string(m) + ", " +
+                 std::to_string(k) + "], op(b) of " + b.str() + " is [" + std::to_string(kb) +
+                 ", " + std::to_string(n) + "]");
   check_leading_then(op, "c", c, "a", a, 2, {m, n});
   int64_t batch = 1;
   for (int64_t d = 0; d + 2 < a.dim(); ++d) batch *= a.size(d);
   for (int64_t v : {m * (b_shared && !trans_a ? batch : 1), n, k}) check_blas_size(op, v);
+  BATON_NEED(!overlaps(c, a) && !overlaps(c, b), op, "c must not overlap a or b");
   const auto dev = common_device(op, {&a, &b, &c});
   BATON_ON_CUDA(dev, matmul(a, trans_a, b, trans_b, c, alpha, beta));
   on_float(op, a.dtype(), [&]<class T>(T) {
@@ -172,7 +181,7 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   check_like(op, "dw", dw, "dy", dy);
   const auto [in, out] = weight_dims(op, dw, layout);
   BATON_NEED(last_dim(op, "x", x) == in && last_dim(op, "dy", dy) == out, op,
-       "x " + x.str() + " and dy " + dy.str() + " do not match dw " + dw.str());
+             "x " + x.str() + " and dy " + dy.str() + " do not match dw " + dw.str());
   check_leading_then(op, "dy", dy, "x", x, 1, {out});
   if (dbias.defined()) {
     check_like(op, "dbias", dbias, "dy", dy);
@@ -184,8 +193,8 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   BATON_ON_CUDA(dev, linear_backward_weight(dy, x, layout, dw, dbias, accumulate));
   on_float(op, dy.dtype(), [&]<class T>(T) {
     cpu::linear_backward_weight<T>(dy.data<T>(), x.data<T>(), layout == WeightLayout::in_out,
-                                   dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr,
-                                   rows, in, out, accumulate);
+                                   dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr, rows,
+                                   in, out, accumulate);
   });
 }
 
@@ -200,9 +209,8 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_same_shape(op, "out", out, "a", a);
   const auto dev = common_device(op, {&a, &b, &out});
   BATON_ON_CUDA(dev, add(a, b, out));
-  on_float(op, a.dtype(), [&]<class T>(T) {
-    cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
-  });
+  on_float(op, a.dtype(),
+           [&]<class T>(T) { cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel()); });
 }
 
 void add_inplace(Tensor& acc, const Tensor& x) {
@@ -212,9 +220,8 @@ void add_inplace(Tensor& acc, const Tensor& x) {
   check_same_shape(op, "x", x, "acc", acc);
   const auto dev = common_device(op, {&acc, &x});
   BATON_ON_CUDA(dev, add_inplace(acc, x));
-  on_float(op, acc.dtype(), [&]<class T>(T) {
-    cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel());
-  });
+  on_float(op, acc.dtype(),
+           [&]<class T>(T) { cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel()); });
 }
 
 void scale_inplace(Tensor& t, double s) {
@@ -371,8 +378,7 @@ void check_layernorm_saved(const char* op, const Tensor& dy, const Tensor& x, co
 }  // namespace
 
 void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                              const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                              bool accumulate) {
+                              const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate) {
   const char* op = "layernorm_backward_input";
   check_layernorm_saved(op, dy, x, mean, rstd);
   const int64_t c = last_dim(op, "x", x);
@@ -383,9 +389,8 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
   const auto dev = common_device(op, {&dy, &x, &weight, &mean, &rstd, &dx});
   BATON_ON_CUDA(dev, layernorm_backward_input(dy, x, weight, mean, rstd, dx, accumulate));
   on_float(op, x.dtype(), [&]<class T>(T) {
-    cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(),
-                                     mean.data<T>(), rstd.data<T>(), dx.data<T>(), rows_of(x), c,
-                                     accumulate);
+    cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
+                                     rstd.data<T>(), dx.data<T>(), rows_of(x), c, accumulate);
   });
 }
 
@@ -443,27 +448,27 @@ cpu::AttentionShape check_attention(const char* op, const Tensor& qkv, const Ten
   BATON_NEED(qkv.dim() == 3, op, "qkv must be [B, T, 3 * H * D], got " + qkv.str());
   BATON_NEED(opt.heads >= 1, op, "heads must be at least 1, got " + std::to_string(opt.heads));
   BATON_NEED(qkv.size(2) % (3 * opt.heads) == 0, op,
-       "qkv's last dimension must be a multiple of 3 * heads = " + std::to_string(3 * opt.heads) +
-           ", got " + qkv.str());
+             "qkv's last dimension must be a multiple of 3 * heads = " +
+                 std::to_string(3 * opt.heads) + ", got " + qkv.str());
   const cpu::AttentionShape s{qkv.size(0), qkv.size(1), opt.heads, qkv.size(2) / (3 * opt.heads)};
   check_like(op, "out", out, "qkv", qkv);
   check_dims(op, "out", out, {s.batch, s.seq, s.heads * s.head_dim});
   check_like(op, "lse", lse, "qkv", qkv);
   check_dims(op, "lse", lse, {s.batch, s.heads, s.seq});
   BATON_NEED(opt.dropout >= 0 && opt.dropout < 1, op,
-       "dropout must lie in [0, 1), got " + std::to_string(opt.dropout));
+             "dropout must lie in [0, 1), got " + std::to_string(opt.dropout));
   BATON_NEED(opt.scale >= 0, op, "scale must not be negative (0 means 1/sqrt(D))");
   BATON_NEED(opt.batch_offset >= 0 && opt.head_offset >= 0, op, "offsets must not be negative");
   if (opt.global_batch > 0)
     BATON_NEED(opt.batch_offset + s.batch <= opt.global_batch, op,
-         "local batch " + std::to_string(s.batch) + " at offset " +
-             std::to_string(opt.batch_offset) + " exceeds global_batch " +
-             std::to_string(opt.global_batch));
+               "local batch " + std::to_string(s.batch) + " at offset " +
+                   std::to_string(opt.batch_offset) + " exceeds global_batch " +
+                   std::to_string(opt.global_batch));
   if (opt.global_heads > 0)
     BATON_NEED(opt.head_offset + s.heads <= opt.global_heads, op,
-         "local heads " + std::to_string(s.heads) + " at offset " +
-             std::to_string(opt.head_offset) + " exceed global_heads " +
-             std::to_string(opt.global_heads));
+               "local heads " + std::to_string(s.heads) + " at offset " +
+                   std::to_string(opt.head_offset) + " exceed global_heads " +
+                   std::to_string(opt.global_heads));
   else
     BATON_NEED(opt.head_offset == 0, op, "head_offset without global_heads");
   check_blas_size(op, qkv.size(2));
@@ -481,9 +486,8 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   });
 }
 
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
-                        bool accumulate) {
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const AttentionOptions& opt, Tensor& dqkv, bool accumulate) {
   const char* op = "attention_backward";
   const auto s = check_attention(op, qkv, out, lse, opt);
   check_like(op, "dout", dout, "qkv", qkv);
@@ -518,8 +522,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offse
   });
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset,
-                        Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable) {
   const char* op = "embedding_backward";
   check_ids(op, "ids", ids);
   check_float(op, "dtable", dtable);
@@ -569,17 +572,17 @@ void ce_row_max(const Tensor& logits, Tensor& row_max) {
 void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                 const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "ce_sum_exp";
-  const int64_t rows =
-      check_ce(op, logits,
-               {{"targets", &targets}, {"row_max", &row_max}, {"sum_exp", &sum_exp},
-                {"target_logit", &target_logit}});
+  const int64_t rows = check_ce(op, logits,
+                                {{"targets", &targets},
+                                 {"row_max", &row_max},
+                                 {"sum_exp", &sum_exp},
+                                 {"target_logit", &target_logit}});
   const auto dev = common_device(op, {&logits, &targets, &row_max, &sum_exp, &target_logit});
   BATON_ON_CUDA(dev, ce_sum_exp(logits, targets, vocab_offset, row_max, sum_exp, target_logit));
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
-      cpu::ce_sum_exp<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset,
-                            row_max.data<T>(), sum_exp.data<T>(), target_logit.data<T>(), rows,
-                            logits.size(-1));
+      cpu::ce_sum_exp<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset, row_max.data<T>(),
+                            sum_exp.data<T>(), target_logit.data<T>(), rows, logits.size(-1));
     });
   });
 }
@@ -588,19 +591,17 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
                const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                double grad_scale, Tensor& losses, Tensor& dlogits) {
   const char* op = "ce_finish";
-  const int64_t rows =
-      check_ce(op, logits,
-               {{"targets", &targets}, {"row_max", &row_max}, {"sum_exp", &sum_exp},
-                {"target_logit", &target_logit}, {"losses", &losses}});
+  const int64_t rows = check_ce(op, logits,
+                                {{"targets", &targets},
+                                 {"row_max", &row_max},
+                                 {"sum_exp", &sum_exp},
+                                 {"target_logit", &target_logit},
+                                 {"losses", &losses}});
   if (dlogits.defined()) {
     check_like(op, "dlogits", dlogits, "logits", logits);
     check_same_shape(op, "dlogits", dlogits, "logits", logits);
-    BATON_NEED(dlogits.raw_data() == logits.raw_data() ||
-             static_cast<const char*>(dlogits.raw_data()) + dlogits.nbytes() <=
-                 static_cast<const char*>(logits.raw_data()) ||
-             static_cast<const char*>(logits.raw_data()) + logits.nbytes() <=
-                 static_cast<const char*>(dlogits.raw_data()),
-         op, "dlogits must be logits itself or not overlap it");
+    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+               "dlogits must be logits itself or not overlap it");
   }
   const auto dev =
       common_device(op, {&logits, &targets, &row_max, &sum_exp, &target_logit, &losses, &dlogits});
@@ -609,9 +610,8 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
       cpu::ce_finish<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset, row_max.data<T>(),
-                           sum_exp.data<T>(), target_logit.data<T>(), grad_scale,
-                           losses.data<T>(), dlogits.defined() ? dlogits.data<T>() : nullptr,
-                           rows, logits.size(-1));
+                           sum_exp.data<T>(), target_logit.data<T>(), grad_scale, losses.data<T>(),
+                           dlogits.defined() ? dlogits.data<T>() : nullptr, rows, logits.size(-1));
     });
   });
 }
@@ -630,7 +630,9 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
   });
 }
 
-uint64_t stream_of(std::string_view name) { return random::stream_hash(name); }
+uint64_t stream_of(std::string_view name) {
+  return random::stream_hash(name);
+}
 
 // ---- optimizers ----
 

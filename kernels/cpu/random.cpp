@@ -29,7 +29,8 @@ BlockRuns block_runs(const std::vector<int64_t>& local_shape,
   const int rank = int(local_shape.size());
   std::array<int64_t, kMaxBlockRank> gstride{};
   gstride[size_t(rank - 1)] = 1;
-  for (int d = rank - 1; d-- > 0;) gstride[size_t(d)] = gstride[size_t(d + 1)] * global_shape[size_t(d + 1)];
+  for (int d = rank - 1; d-- > 0;)
+    gstride[size_t(d)] = gstride[size_t(d + 1)] * global_shape[size_t(d + 1)];
   for (int d = 0; d < rank; ++d) br.base += offsets[size_t(d)] * gstride[size_t(d)];
   // The run: the last dim, extended upwards while the dims inside it are whole.
   int k = rank - 1;
@@ -141,14 +142,15 @@ void philox_batch(uint64_t g0, uint32_t s0, uint32_t s1, uint32_t key0, uint32_t
 
 // Words per philox_batch<NB> call.
 template <int NB>
-constexpr int64_t kWords = 4 * kGroupsPerVector * NB;
+constexpr int64_t kWords = 4 * kGroupsPerVector* NB;
 
 // bits[j] = random_bits(first + j) for j < kWords<NB>, first a multiple of 4.
 template <int NB>
 void words(uint64_t seed, uint64_t stream, uint64_t first, uint32_t* bits) {
   const uint64_t g = first >> 2;
   if (uint32_t(g) > 0xFFFFFFFFu - uint32_t(kWords<NB> / 4)) {  // the counter's low word wraps
-    for (int64_t j = 0; j < kWords<NB>; ++j) bits[j] = random_bits(seed, stream, first + uint64_t(j));
+    for (int64_t j = 0; j < kWords<NB>; ++j)
+      bits[j] = random_bits(seed, stream, first + uint64_t(j));
     return;
   }
   philox_batch<NB>(g, uint32_t(stream), uint32_t(stream >> 32), uint32_t(seed),
@@ -187,7 +189,6 @@ void random_normal(T* out, double mean, double std, uint64_t seed, uint64_t stre
 }
 
 template void random_normal<float>(float*, double, double, uint64_t, uint64_t, const BlockRuns&);
-template void random_normal<double>(double*, double, double, uint64_t, uint64_t,
-                                    const BlockRuns&);
+template void random_normal<double>(double*, double, double, uint64_t, uint64_t, const BlockRuns&);
 
 }  // namespace baton::kernels::cpu

@@ -24,9 +24,9 @@ using memory::Tensor;
 
 // Checks cond; the message is only built when it fails, so a passing check allocates
 // nothing (kernels run many times per step).
-#define BATON_NEED(cond, op, msg)                                   \
-  do {                                                              \
-    if (!(cond)) ::baton::kernels::detail::fail((op), (msg));       \
+#define BATON_NEED(cond, op, msg)                             \
+  do {                                                        \
+    if (!(cond)) ::baton::kernels::detail::fail((op), (msg)); \
   } while (0)
 
 // Defined and contiguous.
@@ -38,13 +38,13 @@ inline void check_tensor(const char* op, const char* name, const Tensor& t) {
 inline void check_float(const char* op, const char* name, const Tensor& t) {
   check_tensor(op, name, t);
   BATON_NEED(t.dtype() == DType::f32 || t.dtype() == DType::f64, op,
-       std::string(name) + " must be f32 or f64, got " + t.str());
+             std::string(name) + " must be f32 or f64, got " + t.str());
 }
 
 inline void check_ids(const char* op, const char* name, const Tensor& t) {
   check_tensor(op, name, t);
   BATON_NEED(t.dtype() == DType::i32 || t.dtype() == DType::i64, op,
-       std::string(name) + " must be i32 or i64, got " + t.str());
+             std::string(name) + " must be i32 or i64, got " + t.str());
 }
 
 // `t` is a float tensor of `like`'s dtype.
@@ -52,8 +52,8 @@ inline void check_like(const char* op, const char* name, const Tensor& t, const 
                        const Tensor& like) {
   check_float(op, name, t);
   BATON_NEED(t.dtype() == like.dtype(), op,
-       std::string(name) + " must have the dtype of " + like_name + " (" + like.str() +
-           "), got " + t.str());
+             std::string(name) + " must have the dtype of " + like_name + " (" + like.str() +
+                 "), got " + t.str());
 }
 
 inline bool shape_is(const Tensor& t, std::initializer_list<int64_t> dims) {
@@ -64,8 +64,8 @@ inline bool shape_is(const Tensor& t, std::initializer_list<int64_t> dims) {
 inline void check_dims(const char* op, const char* name, const Tensor& t,
                        std::initializer_list<int64_t> dims) {
   BATON_NEED(shape_is(t, dims), op,
-             std::string(name) + " must have shape " + memory::shape_str(Shape(dims)) +
-                 ", got " + t.str());
+             std::string(name) + " must have shape " + memory::shape_str(Shape(dims)) + ", got " +
+                 t.str());
 }
 
 // t has ref's shape.
@@ -93,14 +93,23 @@ inline void check_leading_then(const char* op, const char* name, const Tensor& t
 }
 
 inline void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
-  BATON_NEED(t.numel() == want, op,
-       std::string(name) + " must have " + std::to_string(want) + " elements, got " + t.str());
+  BATON_NEED(
+      t.numel() == want, op,
+      std::string(name) + " must have " + std::to_string(want) + " elements, got " + t.str());
 }
 
 // At least one dimension; returns the last.
 inline int64_t last_dim(const char* op, const char* name, const Tensor& t) {
-  BATON_NEED(t.dim() >= 1, op, std::string(name) + " must have at least one dimension, got " + t.str());
+  BATON_NEED(t.dim() >= 1, op,
+             std::string(name) + " must have at least one dimension, got " + t.str());
   return t.size(-1);
+}
+
+// The byte ranges of two (contiguous) tensors intersect.
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
 // Every defined tensor lives on one device; returns it.
@@ -112,7 +121,7 @@ inline memory::Device common_device(const char* op, std::initializer_list<const 
       first = t;
     else
       BATON_NEED(t->device() == first->device(), op,
-           "tensors on different devices: " + first->str() + " and " + t->str());
+                 "tensors on different devices: " + first->str() + " and " + t->str());
   }
   return first != nullptr ? first->device() : memory::Device::cpu();
 }

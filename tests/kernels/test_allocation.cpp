@@ -21,12 +21,24 @@ void* counted_alloc(std::size_t n) {
 }
 }  // namespace
 
-void* operator new(std::size_t n) { return counted_alloc(n); }
-void* operator new[](std::size_t n) { return counted_alloc(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void* operator new(std::size_t n) {
+  return counted_alloc(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace baton::kernels::test {
 namespace {
@@ -51,8 +63,8 @@ TEST(Allocation, SteadyStateCallsAllocateNothing) {
          dlw = Tensor::empty({C}, f), dlb = Tensor::empty({C}, f), sm = Tensor::empty({N, V}, f),
          mx = Tensor::empty({N}, f), se = Tensor::empty({N}, f), tl = Tensor::empty({N}, f),
          losses = Tensor::empty({N}, f), dl = Tensor::empty({N, V}, f),
-         emb = Tensor::empty({B, T, C}, f), dtable = Tensor::zeros({V, C}, f),
-         p = w.clone(), m = Tensor::zeros(w.shape(), f), v = Tensor::zeros(w.shape(), f),
+         emb = Tensor::empty({B, T, C}, f), dtable = Tensor::zeros({V, C}, f), p = w.clone(),
+         m = Tensor::zeros(w.shape(), f), v = Tensor::zeros(w.shape(), f),
          blk = Tensor::empty({B, 5, C}, f), mm = Tensor::empty({3 * C, 3 * C}, f);
   AttentionOptions o;
   o.heads = H;
