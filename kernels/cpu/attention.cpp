@@ -379,15 +379,24 @@ template <class F>
 bool with_tile_width(int64_t head_dim, F&& f) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
   switch (head_dim / 16) {
-#define BATON_CASE(w)                    \
-  case w:                                \
-    f(std::integral_constant<int, w>{}); \
-    return true;
-    BATON_CASE(1)
-    BATON_CASE(2) BATON_CASE(3) BATON_CASE(4) BATON_CASE(5) BATON_CASE(6) BATON_CASE(7)
-        BATON_CASE(8)
-#undef BATON_CASE
-            default : return false;
+    case 1:
+      return f(std::integral_constant<int, 1>{}), true;
+    case 2:
+      return f(std::integral_constant<int, 2>{}), true;
+    case 3:
+      return f(std::integral_constant<int, 3>{}), true;
+    case 4:
+      return f(std::integral_constant<int, 4>{}), true;
+    case 5:
+      return f(std::integral_constant<int, 5>{}), true;
+    case 6:
+      return f(std::integral_constant<int, 6>{}), true;
+    case 7:
+      return f(std::integral_constant<int, 7>{}), true;
+    case 8:
+      return f(std::integral_constant<int, 8>{}), true;
+    default:
+      return false;
   }
 }
 

@@ -45,15 +45,28 @@ inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ld
 // scores_tile for any row count 1..kScoreRows.
 inline void scores_tile_n(int rows, const float* A, int64_t lda, const float* Bt, int64_t ldb,
                           int64_t depth, float alpha, float* C, int64_t ldc) {
+  auto call = [&](auto r) {
+    scores_tile<decltype(r)::value>(A, lda, Bt, ldb, depth, alpha, C, ldc);
+  };
   switch (rows) {
-#define BATON_CASE(n) \
-  case n:             \
-    return scores_tile<n>(A, lda, Bt, ldb, depth, alpha, C, ldc);
-    BATON_CASE(1)
-    BATON_CASE(2) BATON_CASE(3) BATON_CASE(4) BATON_CASE(5) BATON_CASE(6) BATON_CASE(7)
-        BATON_CASE(8)
-#undef BATON_CASE
-            default : break;
+    case 1:
+      return call(std::integral_constant<int, 1>{});
+    case 2:
+      return call(std::integral_constant<int, 2>{});
+    case 3:
+      return call(std::integral_constant<int, 3>{});
+    case 4:
+      return call(std::integral_constant<int, 4>{});
+    case 5:
+      return call(std::integral_constant<int, 5>{});
+    case 6:
+      return call(std::integral_constant<int, 6>{});
+    case 7:
+      return call(std::integral_constant<int, 7>{});
+    case 8:
+      return call(std::integral_constant<int, 8>{});
+    default:
+      return;  // callers pass 1..kScoreRows
   }
 }
 
