@@ -10,19 +10,18 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <ctime>
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <boost/program_options.hpp>
 
 #include "kernels/ops.h"
 
@@ -217,8 +216,9 @@ void bench_config(Bench& b, const Config& c) {
   {  // batched matmul at the attention's per-head shape: [B*H, T, D] x [B*H, D, T]
     const Tensor q = randn({B * H, T, D}, rng), kt = randn({B * H, D, T}, rng);
     Tensor s = Tensor::empty({B * H, T, T});
-    b.gemm_row(c, "matmul batched", dims({B * H, T, D, T}), 2.0 * double(B * H * T * T * D), T, T,
-               D, [&] { k::matmul(q, false, kt, false, s); }, B * H);
+    b.gemm_row(
+        c, "matmul batched", dims({B * H, T, D, T}), 2.0 * double(B * H * T * T * D), T, T, D,
+        [&] { k::matmul(q, false, kt, false, s); }, B * H);
   }
 
   // ---- attention: causal FLOPs (half the T x T products), against sgemm of the same
@@ -234,11 +234,13 @@ void bench_config(Bench& b, const Config& c) {
       o.dropout = p;
       const std::string sfx = p > 0 ? " drop0.1" : "";
       const std::string shape = dims({B, T, H, D});
-      b.gemm_row(c, "attention_fwd" + sfx, shape, fwd, T, T, D,
-                 [&] { k::attention_forward(qkv, o, out, lse); }, B * H);
+      b.gemm_row(
+          c, "attention_fwd" + sfx, shape, fwd, T, T, D,
+          [&] { k::attention_forward(qkv, o, out, lse); }, B * H);
       k::attention_forward(qkv, o, out, lse);
-      b.gemm_row(c, "attention_bwd" + sfx, shape, 2 * fwd, T, T, D,
-                 [&] { k::attention_backward(qkv, out, lse, dout, o, dqkv, false); }, B * H);
+      b.gemm_row(
+          c, "attention_bwd" + sfx, shape, 2 * fwd, T, T, D,
+          [&] { k::attention_backward(qkv, out, lse, dout, o, dqkv, false); }, B * H);
     }
   }
 
@@ -281,8 +283,7 @@ void bench_config(Bench& b, const Config& c) {
            losses = Tensor::empty({N});
     const std::string shape = dims({N, V});
     b.mem_row(c, "softmax_fwd", shape, 2.0 * lg, [&] { k::softmax_forward(logits, y); });
-    b.mem_row(c, "softmax_bwd", shape, 3.0 * lg,
-              [&] { k::softmax_backward(y, dy, dx, false); });
+    b.mem_row(c, "softmax_bwd", shape, 3.0 * lg, [&] { k::softmax_backward(y, dy, dx, false); });
     // Loss and gradient: one read of the logits and one write of the gradient at the
     // least (the three steps read the logits three times).
     b.mem_row(c, "cross_entropy (3 steps)", shape, 2.0 * lg, [&] {
@@ -292,7 +293,8 @@ void bench_config(Bench& b, const Config& c) {
     });
   }
   {
-    const Tensor tok = ids({B, T}, V, rng), table = randn({V, C}, rng), dout = randn({B, T, C}, rng);
+    const Tensor tok = ids({B, T}, V, rng), table = randn({V, C}, rng),
+                 dout = randn({B, T, C}, rng);
     Tensor out = Tensor::empty({B, T, C}), dtable = Tensor::zeros({V, C});
     const std::string shape = dims({N, C});
     b.mem_row(c, "embedding_fwd", shape, 2.0 * act,
@@ -374,11 +376,12 @@ std::vector<int> parse_threads(const std::string& s) {
 
 int main(int argc, char** argv) {
   po::options_description opts("bench_kernels options");
-  opts.add_options()("help", "this help")(
-      "config", po::value<std::string>()->default_value("all"), "A, B or all")(
+  opts.add_options()("help", "this help")("config", po::value<std::string>()->default_value("all"),
+                                          "A, B or all")(
       "threads", po::value<std::string>()->default_value("1,2"), "thread counts, e.g. 1,2")(
       "min-time", po::value<double>()->default_value(0.3), "seconds of timed runs per kernel")(
-      "filter", po::value<std::string>()->default_value(""), "only kernels whose name contains this")(
+      "filter", po::value<std::string>()->default_value(""),
+      "only kernels whose name contains this")(
       "cpu-time", "time by process CPU time instead of wall time (one thread, loaded machine)")(
       "mix", "only the MLP-block mix of GEMMs and loops (for comparing OpenBLAS builds)");
   po::variables_map vm;
@@ -402,9 +405,10 @@ int main(int argc, char** argv) {
               openblas_get_config(), openblas_get_corename(), core ? core : "(unset)",
               l2 ? l2 : "(unset)", omp_get_num_procs(),
               vm.count("cpu-time") ? "process CPU time" : "wall time");
-  std::printf("rates: GEMM-shaped work in GFLOP/s against plain cblas_sgemm at the same sizes;\n"
-              "memory-bound work in GB/s (read + written) against memcpy moving as many bytes,\n"
-              "both measured in this run on the same threads.\n\n");
+  std::printf(
+      "rates: GEMM-shaped work in GFLOP/s against plain cblas_sgemm at the same sizes;\n"
+      "memory-bound work in GB/s (read + written) against memcpy moving as many bytes,\n"
+      "both measured in this run on the same threads.\n\n");
   if (vm.count("mix")) {
     bench_mix(min_time, threads);
     return 0;

@@ -47,9 +47,10 @@ struct Block {
 };
 
 // ---- GEMM ----
-// c = alpha * op(a) * op(b) + beta * c. a: [M, K] ([K, M] when trans_a), b: [K, N]
-// ([N, K] when trans_b), c: [M, N]. With leading batch dimensions on a, b and c the
-// product is batched; b may also be 2-D and then is shared by every batch of a.
+// c = alpha * op(a) * op(b) + beta * c (c must not overlap a or b). a: [M, K] ([K, M]
+// when trans_a), b: [K, N] ([N, K] when trans_b), c: [M, N]. With leading batch
+// dimensions on a, b and c the product is batched; b may also be 2-D and then is shared
+// by every batch of a.
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             double alpha = 1.0, double beta = 0.0);
 

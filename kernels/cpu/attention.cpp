@@ -169,7 +169,8 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
           random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
                            bits);
           const T ds = T(dr.scale);
-          for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
+          for (int64_t j = 0; j < n; ++j)
+            pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
           std::fill(pdr + n, pdr + kc, T(0));
         }
       }
@@ -194,7 +195,9 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
 
 // ---- float with head size 16 W: the register-blocked tiles of attention_tiles.h ----
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 // Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
 // run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
@@ -215,9 +218,9 @@ inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
 // S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
 // [0, cols_padded) that hold at least one visible score (key <= query); row r is query
 // q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
-inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded,
-                          const float* A, int64_t lda, const float* Bt, int64_t ldb, int64_t D,
-                          float alpha, float* S, int64_t lds) {
+inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded, const float* A,
+                          int64_t lda, const float* Bt, int64_t ldb, int64_t D, float alpha,
+                          float* S, int64_t lds) {
   for (int64_t r0 = 0; r0 < rows; r0 += tiles::kScoreRows) {
     const int n = int(std::min<int64_t>(tiles::kScoreRows, rows - r0));
     const int64_t last_visible = q0 + r0 + n - 1 - k0;  // of the tile's last row
@@ -345,8 +348,8 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         tiles::rows_product<W>(fresh, a, 1, kcp, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
         tiles::rows_product<W>(
             kc - fresh, a + fresh, 1, kcp,
-            [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows,
-            alpha, c + fresh * ld, ld, accumulate);
+            [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows, alpha,
+            c + fresh * ld, ld, accumulate);
       };
       by_keys(pd, dO, g.ldo, 1.0f, dv);
       // dP' = dO V^T, then dS = P' dP' - P di in place (zero where P is).
@@ -376,13 +379,22 @@ template <class F>
 bool with_tile_width(int64_t head_dim, F&& f) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
   switch (head_dim / 16) {
-#define BATON_CASE(w) \
-  case w:             \
-    f(std::integral_constant<int, w>{}); \
-    return true;
-    BATON_CASE(1) BATON_CASE(2) BATON_CASE(3) BATON_CASE(4)
-    BATON_CASE(5) BATON_CASE(6) BATON_CASE(7) BATON_CASE(8)
-#undef BATON_CASE
+    case 1:
+      return f(std::integral_constant<int, 1>{}), true;
+    case 2:
+      return f(std::integral_constant<int, 2>{}), true;
+    case 3:
+      return f(std::integral_constant<int, 3>{}), true;
+    case 4:
+      return f(std::integral_constant<int, 4>{}), true;
+    case 5:
+      return f(std::integral_constant<int, 5>{}), true;
+    case 6:
+      return f(std::integral_constant<int, 6>{}), true;
+    case 7:
+      return f(std::integral_constant<int, 7>{}), true;
+    case 8:
+      return f(std::integral_constant<int, 8>{}), true;
     default:
       return false;
   }
@@ -461,10 +473,10 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                                 \
-  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,                \
-                                     const AttentionOptions&);                               \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,            \
+#define BATON_INSTANTIATE(T)                                                      \
+  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,     \
+                                     const AttentionOptions&);                    \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, \
                                       const AttentionShape&, const AttentionOptions&, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

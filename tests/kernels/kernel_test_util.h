@@ -61,7 +61,9 @@ inline double rel_error(const std::vector<double>& got, const std::vector<double
   return norm2(d) / std::max({norm2(got), norm2(want), 1e-30});
 }
 
-inline std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector<double>(); }
+inline std::vector<double> as_f64(const Tensor& t) {
+  return t.to(DType::f64).to_vector<double>();
+}
 
 inline double rel_error(const Tensor& got, const Tensor& want) {
   return rel_error(as_f64(got), as_f64(want));
