@@ -130,8 +130,13 @@ int main(int argc, char** argv) {
       stage.set_optimizer(oc);
       st::MicroBatch mb{0, 0, c.batch, c.batch, double(c.batch * c.ctx), 0};
       std::vector<double> ts;
+      auto& alloc = baton::memory::allocator_for(baton::memory::Device::cpu());
+      size_t fresh_before = 0;
       for (int i = 0; i < warmup + steps; ++i) {
-        if (i == warmup) stage.reset_op_times();
+        if (i == warmup) {
+          stage.reset_op_times();
+          fresh_before = alloc.stats().fresh;
+        }
         auto t0 = Clock::now();
         stage.zero_grad();
         stage.forward(mb, in);
@@ -142,6 +147,9 @@ int main(int argc, char** argv) {
         if (i >= warmup) ts.push_back(s);
       }
       Stats s = stats(ts);
+      double timed = 0;
+      for (double t : ts) timed += t;
+      size_t fresh = alloc.stats().fresh - fresh_before;
       double gflops = c.flops() / s.median / 1e9;
       std::printf("%-6s %7d %10.1f %10.1f %10.1f %10.0f %9.1f %9.1f %7.0f%%\n", c.name.c_str(),
                   threads, s.median * 1e3, s.min * 1e3, s.max * 1e3,
@@ -155,15 +163,15 @@ int main(int argc, char** argv) {
           double sum = t.forward + t.backward_input + t.backward_weight;
           std::printf("#   %-20s %8.2f %8.2f %8.2f  %5.1f%%\n", op.c_str(), t.forward * 1e3 / steps,
                       t.backward_input * 1e3 / steps, t.backward_weight * 1e3 / steps,
-                      100.0 * sum / (s.median * steps));
+                      100.0 * sum / timed);
         }
         std::printf("#   outside ops (stage bookkeeping, allocation): %.2f ms per step\n",
-                    (s.median * steps - total) * 1e3 / steps);
+                    (timed - total) * 1e3 / steps);
       }
+      if (fresh > 0)
+        std::printf("#   %zu allocations during the timed steps needed fresh memory\n", fresh);
       std::fflush(stdout);
     }
   }
-  auto mem = baton::memory::allocator_for(baton::memory::Device::cpu()).stats();
-  std::printf("# allocator: %zu allocations, %zu fresh from the system\n", mem.allocations, mem.fresh);
   return 0;
 }

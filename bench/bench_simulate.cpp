@@ -31,7 +31,8 @@ Stats measure(int reps, const std::function<void()>& f) {
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front(), ms.back()};
@@ -49,12 +50,16 @@ int main(int argc, char** argv) {
   const int p = argc > 1 ? std::atoi(argv[1]) : 128;
   const int m = argc > 2 ? std::atoi(argv[2]) : 1024;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 7;
-  std::printf("bench_simulate: p=%d m=%d, %d repetitions after one warm-up; milliseconds, median [min, max]\n", p, m,
-              reps);
-  std::printf("costs: F=1, B=1.2, W=0.8 per rank share, 1 MiB messages over 10 GB/unit with 1e-5 latency\n");
+  std::printf(
+      "bench_simulate: p=%d m=%d, %d repetitions after one warm-up; milliseconds, median [min, "
+      "max]\n",
+      p, m, reps);
+  std::printf(
+      "costs: F=1, B=1.2, W=0.8 per rank share, 1 MiB messages over 10 GB/unit with 1e-5 "
+      "latency\n");
   std::printf("end-to-end = generate + lower + build + one run (what `baton simulate` does)\n\n");
-  std::printf("%-18s %9s %24s %24s %24s %24s %24s %10s\n", "schedule", "actions", "generate", "lower", "build",
-              "run", "end-to-end", "ns/action");
+  std::printf("%-18s %9s %24s %24s %24s %24s %24s %10s\n", "schedule", "actions", "generate",
+              "lower", "build", "run", "end-to-end", "ns/action");
   CostSpec spec = CostSpec::unit();
   spec.backward_input.values = {1.2};
   spec.backward_weight.values = {0.8};
@@ -82,8 +87,9 @@ int main(int argc, char** argv) {
       Simulator sm(lower(generate(name, p, m)));
       sm.run(costs);
     });
-    std::printf("%-18s %9zu %24s %24s %24s %24s %24s %10.1f   (makespan %.1f)\n", name, lowered.num_actions(),
-                cell(gen).c_str(), cell(low).c_str(), cell(build).c_str(), cell(run).c_str(), cell(all).c_str(),
+    std::printf("%-18s %9zu %24s %24s %24s %24s %24s %10.1f   (makespan %.1f)\n", name,
+                lowered.num_actions(), cell(gen).c_str(), cell(low).c_str(), cell(build).c_str(),
+                cell(run).c_str(), cell(all).c_str(),
                 run.median * 1e6 / double(lowered.num_actions()), makespan);
   }
   return 0;

@@ -18,6 +18,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 python="${PYTHON:-.venv/bin/python}"
+# On CPUs with AVX-512 that OpenBLAS 0.3.21 does not recognise (VMs that mask CPUID),
+# its autodetection falls back to Prescott kernels, several times slower: name the core.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX
+fi
 bench=build/release/bench/bench_gpt_step
 [ -x "$bench" ] || { echo "build $bench first: cmake --build --preset release --target bench_gpt_step" >&2; exit 2; }
 "$python" -c "import torch" 2>/dev/null || { echo "$python has no torch (see the header of this script)" >&2; exit 2; }
@@ -34,7 +39,7 @@ if [ -n "$compile" ]; then
 fi
 grep '^#' "$tmp/torch.txt" | head -1
 printf "%-6s %7s | %9s %9s %7s %6s | %9s %9s %s\n" config threads "baton t/s" "GFLOP/s" "sgemm" "of it" "torch t/s" "GFLOP/s" "baton/best torch"
-grep -v '^#' "$tmp/baton.txt" | grep -v '^config' | while read -r cfg thr ms mn mx toks gf sg frac; do
+grep -E '^[AB] ' "$tmp/baton.txt" | while read -r cfg thr ms mn mx toks gf sg frac; do
   best=$(awk -v c="$cfg" -v t="$thr" '$1=="torch" && $2==c && $3==t {print $7, $8}' "$tmp/torch.txt" | sort -n -k1 | tail -1)
   ttoks=${best% *}
   tgf=${best#* }

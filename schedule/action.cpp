@@ -13,13 +13,15 @@ namespace {
 constexpr std::array<std::string_view, kNumActionKinds> kCodes = {
     "F", "B", "W", "BW", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE", "STEP"};
 constexpr std::array<std::string_view, kNumActionKinds> kWords = {
-    "forward",          "input gradient",      "weight gradient",       "full backward",
-    "activation send",  "activation receive",  "gradient send",         "gradient receive",
-    "gradient reduction", "optimizer step"};
+    "forward",       "input gradient",   "weight gradient",
+    "full backward", "activation send",  "activation receive",
+    "gradient send", "gradient receive", "gradient reduction",
+    "optimizer step"};
 
 // Parses a non-negative decimal integer that fills `text`; nullopt otherwise.
 std::optional<int32_t> parse_index(std::string_view text) {
-  if (text.empty() || text.size() > 9 || !std::isdigit(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  if (text.empty() || text.size() > 9 || !std::isdigit(static_cast<unsigned char>(text[0])))
+    return std::nullopt;
   int32_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
@@ -28,8 +30,12 @@ std::optional<int32_t> parse_index(std::string_view text) {
 
 }  // namespace
 
-std::string_view kind_code(ActionKind k) { return kCodes[static_cast<size_t>(k)]; }
-std::string_view kind_words(ActionKind k) { return kWords[static_cast<size_t>(k)]; }
+std::string_view kind_code(ActionKind k) {
+  return static_cast<size_t>(k) < kCodes.size() ? kCodes[static_cast<size_t>(k)] : "?";
+}
+std::string_view kind_words(ActionKind k) {
+  return static_cast<size_t>(k) < kWords.size() ? kWords[static_cast<size_t>(k)] : "unknown action";
+}
 
 std::optional<ActionKind> kind_from_code(std::string_view code) {
   for (size_t i = 0; i < kCodes.size(); ++i)
@@ -55,7 +61,8 @@ Action parse_token(std::string_view token, const std::string& where) {
   size_t i = 0;
   while (i < token.size() && std::isdigit(static_cast<unsigned char>(token[i]))) ++i;
   size_t j = i;
-  while (j < token.size() && (std::isupper(static_cast<unsigned char>(token[j])) || token[j] == '_'))
+  while (j < token.size() &&
+         (std::isupper(static_cast<unsigned char>(token[j])) || token[j] == '_'))
     ++j;
   std::string_view stage_text = token.substr(0, i), code = token.substr(i, j - i),
                    mb_text = token.substr(j);
@@ -69,8 +76,9 @@ Action parse_token(std::string_view token, const std::string& where) {
     return Action{*kind, -1, *stage, -1};
   }
   auto mb = parse_index(mb_text);
-  if (!mb) return fail(mb_text.empty() ? "the micro-batch number is missing"
-                                       : "'" + std::string(mb_text) + "' is not a micro-batch number");
+  if (!mb)
+    return fail(mb_text.empty() ? "the micro-batch number is missing"
+                                : "'" + std::string(mb_text) + "' is not a micro-batch number");
   return Action{*kind, *mb, *stage, -1};
 }
 

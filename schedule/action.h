@@ -38,16 +38,22 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-inline bool is_compute(ActionKind k) { return k <= ActionKind::full_backward; }
+inline bool is_compute(ActionKind k) {
+  return k <= ActionKind::full_backward;
+}
 inline bool is_send(ActionKind k) {
   return k == ActionKind::send_activation || k == ActionKind::send_gradient;
 }
 inline bool is_recv(ActionKind k) {
   return k == ActionKind::recv_activation || k == ActionKind::recv_gradient;
 }
-inline bool is_transfer(ActionKind k) { return is_send(k) || is_recv(k); }
+inline bool is_transfer(ActionKind k) {
+  return is_send(k) || is_recv(k);
+}
 // The kinds that carry a micro-batch number (all but REDUCE and STEP).
-inline bool has_micro_batch(ActionKind k) { return k < ActionKind::reduce_gradients; }
+inline bool has_micro_batch(ActionKind k) {
+  return k < ActionKind::reduce_gradients;
+}
 
 // "F", "B", "W", "BW", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE", "STEP".
 std::string_view kind_code(ActionKind k);

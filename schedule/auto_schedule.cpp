@@ -18,7 +18,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // The list scheduler's state and its one decision rule (see list_schedule in the header).
 class ListScheduler {
  public:
-  ListScheduler(int p, int m, const Costs& c, const std::vector<double>& limit, bool bytes, const GreedyPolicy& pol);
+  ListScheduler(int p, int m, const Costs& c, const std::vector<double>& limit, bool bytes,
+                const GreedyPolicy& pol);
   Schedule run();
 
  private:
@@ -44,7 +45,7 @@ class ListScheduler {
   std::vector<double> limit_, cap_;
   std::vector<double> w_full_, w_after_, need_;  // per stage, in the limit's unit
   std::vector<std::vector<int>> local_;          // per rank, its stages, deepest first
-  std::vector<int> first_local_;                  // per rank, the stage a micro-batch enters by
+  std::vector<int> first_local_;                 // per rank, the stage a micro-batch enters by
   std::vector<double> in_ready_, grad_ready_, f_end_;
   std::vector<int> next_f_, next_b_;
   std::vector<std::deque<PendingW>> w_queue_;
@@ -52,11 +53,12 @@ class ListScheduler {
   std::vector<char> dirty_;
 };
 
-ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<double>& limit, bool bytes,
-                             const GreedyPolicy& pol)
+ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<double>& limit,
+                             bool bytes, const GreedyPolicy& pol)
     : p_(p), m_(m), S_(p * pol.chunks), v_(pol.chunks), c_(c), pol_(pol) {
   if (pol.placement != "loop" && pol.placement != "v")
-    throw InputError("list scheduler: placement: expected \"loop\" or \"v\", found \"" + pol.placement + "\"");
+    throw InputError("list scheduler: placement: expected \"loop\" or \"v\", found \"" +
+                     pol.placement + "\"");
   if (pol.chunks < 1 || (pol.placement == "v" && pol.chunks % 2 != 0))
     throw InputError("list scheduler: chunks: expected >= 1 (even for the V placement), found " +
                      std::to_string(pol.chunks));
@@ -74,7 +76,9 @@ ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<dou
   for (int st = 0; st < S_; ++st) {
     if (bytes) {
       w_full_[size_t(st)] = c.activation_bytes.empty() ? 0.0 : c.activation_bytes[size_t(st)];
-      w_after_[size_t(st)] = c.activation_bytes_after_b.empty() ? w_full_[size_t(st)] : c.activation_bytes_after_b[size_t(st)];
+      w_after_[size_t(st)] = c.activation_bytes_after_b.empty()
+                                 ? w_full_[size_t(st)]
+                                 : c.activation_bytes_after_b[size_t(st)];
     } else {
       w_full_[size_t(st)] = w_after_[size_t(st)] = 1.0 / v_;
     }
@@ -92,8 +96,9 @@ ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<dou
   for (int st = 0; st < S_; ++st) need_[size_t(s_.placement[size_t(st)])] += w_full_[size_t(st)];
   for (int r = 0; r < p; ++r)
     if (need_[size_t(r)] > limit_[size_t(r)] * (1 + 1e-12))
-      throw InputError("memory limit " + std::to_string(limit_[size_t(r)]) + " of rank " + std::to_string(r) +
-                       " is below one micro-batch's activations on it (" + std::to_string(need_[size_t(r)]) + ")");
+      throw InputError("memory limit " + std::to_string(limit_[size_t(r)]) + " of rank " +
+                       std::to_string(r) + " is below one micro-batch's activations on it (" +
+                       std::to_string(need_[size_t(r)]) + ")");
   const size_t pairs = size_t(S_) * size_t(m);
   in_ready_.assign(pairs, kInf);
   grad_ready_.assign(pairs, kInf);
@@ -111,7 +116,8 @@ ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<dou
 
 double ListScheduler::comm(int from, int to) const {
   if (s_.placement[size_t(from)] == s_.placement[size_t(to)]) return 0.0;
-  const double bytes = c_.message_bytes.empty() ? 0.0 : c_.message_bytes[size_t(std::min(from, to))];
+  const double bytes =
+      c_.message_bytes.empty() ? 0.0 : c_.message_bytes[size_t(std::min(from, to))];
   return c_.latency + (c_.bandwidth > 0 ? bytes / c_.bandwidth : 0.0);
 }
 
@@ -130,7 +136,8 @@ ListScheduler::Choice ListScheduler::decide(int r) const {
       const double ready = std::max(t0, in_ready_[at(st, f)]);
       bool admissible = true;
       if (st == first_local_[size_t(r)]) {
-        admissible = mem_[size_t(r)] + reserved_[size_t(r)] + need_[size_t(r)] <= limit_[size_t(r)] * (1 + 1e-12) &&
+        admissible = mem_[size_t(r)] + reserved_[size_t(r)] + need_[size_t(r)] <=
+                         limit_[size_t(r)] * (1 + 1e-12) &&
                      units_[size_t(r)] + 1.0 <= cap_[size_t(r)] + 1e-9;
         if (!admissible && ready < kInf) memory_blocked = true;
       }
@@ -144,7 +151,8 @@ ListScheduler::Choice ListScheduler::decide(int r) const {
   }
   // B before F at equal times (the critical path), unless forward-first and under the cap.
   Choice bf = best_b;
-  if (best_f.start < best_b.start || (best_f.start == best_b.start && pol_.forward_first)) bf = best_f;
+  if (best_f.start < best_b.start || (best_f.start == best_b.start && pol_.forward_first))
+    bf = best_f;
   if (best_w.start < bf.start) {
     const double gap = bf.start - best_w.start;
     const double w_cost = c_.backward_weight[size_t(best_w.stage)];
@@ -214,9 +222,13 @@ Schedule ListScheduler::run() {
         cache[size_t(r)] = decide(r);
         dirty_[size_t(r)] = 0;
       }
-      if (cache[size_t(r)].start < kInf && (who < 0 || cache[size_t(r)].start < cache[size_t(who)].start)) who = r;
+      if (cache[size_t(r)].start < kInf &&
+          (who < 0 || cache[size_t(r)].start < cache[size_t(who)].start))
+        who = r;
     }
-    if (who < 0) throw std::logic_error("list scheduler: no rank can act (a bug: admitted work always completes)");
+    if (who < 0)
+      throw std::logic_error(
+          "list scheduler: no rank can act (a bug: admitted work always completes)");
     execute(who, cache[size_t(who)]);
   }
   return std::move(s_);
@@ -244,6 +256,7 @@ class QuickEval {
     std::fill(free_.begin(), free_.end(), 0.0);
     std::fill(mem_.begin(), mem_.end(), 0.0);
     size_t remaining = s.num_actions();
+    critical_sum_ = 0;
     for (bool moved = true; moved && remaining > 0;) {
       moved = false;
       for (int r = 0; r < s.num_ranks; ++r) {
@@ -272,20 +285,26 @@ class QuickEval {
               t = std::max(t, g + comm(nx, a.stage));
             }
             dur = c_.backward_input[size_t(a.stage)];
-            if (a.kind == K::full_backward) dur += c_.backward_weight[size_t(a.stage)], dmem = -full(a.stage);
-            else dmem = after(a.stage) - full(a.stage);
+            if (a.kind == K::full_backward)
+              dur += c_.backward_weight[size_t(a.stage)], dmem = -full(a.stage);
+            else
+              dmem = after(a.stage) - full(a.stage);
           } else {  // W
             if (bend_[at] < 0) break;
             t = std::max(t, bend_[at]);
             dur = c_.backward_weight[size_t(a.stage)];
             dmem = -after(a.stage);
           }
-          if (dmem > 0 && mem_[size_t(r)] + dmem > limit_[size_t(r)] * (1 + 1e-9) + 1e-12) return false;
+          if (dmem > 0 && mem_[size_t(r)] + dmem > limit_[size_t(r)] * (1 + 1e-9) + 1e-12)
+            return false;
           mem_[size_t(r)] += dmem;
           const double e = t + dur;
           free_[size_t(r)] = e;
-          if (a.kind == K::forward) fend_[at] = e;
-          else if (a.kind != K::backward_weight) bend_[at] = e;
+          if (a.kind == K::forward)
+            fend_[at] = e;
+          else if (a.kind != K::backward_weight)
+            bend_[at] = e;
+          if (a.kind != K::backward_weight) critical_sum_ += e;
           ++pos;
           --remaining;
           moved = true;
@@ -293,8 +312,9 @@ class QuickEval {
       }
     }
     if (remaining > 0) return false;
-    makespan = end_sum = 0;
-    for (double f : free_) makespan = std::max(makespan, f), end_sum += f;
+    makespan = 0;
+    for (double f : free_) makespan = std::max(makespan, f);
+    end_sum = critical_sum_;
     return true;
   }
 
@@ -309,7 +329,8 @@ class QuickEval {
   }
   double comm(int from, int to) const {
     if (s_.placement[size_t(from)] == s_.placement[size_t(to)]) return 0.0;
-    const double bytes = c_.message_bytes.empty() ? 0.0 : c_.message_bytes[size_t(std::min(from, to))];
+    const double bytes =
+        c_.message_bytes.empty() ? 0.0 : c_.message_bytes[size_t(std::min(from, to))];
     return c_.latency + (c_.bandwidth > 0 ? bytes / c_.bandwidth : 0.0);
   }
   const Schedule& s_;
@@ -319,37 +340,55 @@ class QuickEval {
   double v_;
   std::vector<double> limit_, fend_, bend_, free_, mem_;
   std::vector<int> pos_;
+  double critical_sum_ = 0;
 };
 
 // Hill climbing on adjacent swaps within a rank's list: a swap is kept when the
 // makespan drops, or stays and the ranks finish earlier on the whole (which moves
 // work off the critical path and opens the next improvement). At most `budget` tries.
-Schedule refine(Schedule s, const Costs& c, const std::vector<double>& limit, bool bytes, long long budget) {
+}  // namespace
+
+Schedule refine_schedule(Schedule s, const Costs& c, const std::vector<double>& limit, bool bytes,
+                         long long budget) {
   QuickEval q(s, c, limit, bytes);
   double best_m = 0, best_e = 0;
   if (!q.run(s, best_m, best_e)) return s;
   const double eps = 1e-9 * std::max(1.0, best_m);
+  // Moves: take one action of a rank and put it up to kWindow places earlier or later.
+  constexpr int kWindow = 6;
   for (bool improved = true; improved && budget > 0;) {
     improved = false;
     for (int r = 0; r < s.num_ranks && budget > 0; ++r) {
       auto& list = s.ranks[size_t(r)];
-      for (size_t i = 0; i + 1 < list.size() && budget > 0; ++i) {
-        if (list[i].micro_batch == list[i + 1].micro_batch && list[i].stage == list[i + 1].stage) continue;
-        std::swap(list[i], list[i + 1]);
-        --budget;
-        double mk = 0, es = 0;
-        if (q.run(s, mk, es) && (mk < best_m - eps || (mk <= best_m + eps && es < best_e - eps))) {
-          best_m = mk;
-          best_e = es;
-          improved = true;
-        } else {
-          std::swap(list[i], list[i + 1]);
+      const int size = int(list.size());
+      for (int i = 0; i < size && budget > 0; ++i)
+        for (int j = std::max(0, i - kWindow); j <= std::min(size - 1, i + kWindow) && budget > 0;
+             ++j) {
+          if (j == i) continue;
+          auto move = [&](int from, int to) {
+            if (from < to)
+              std::rotate(list.begin() + from, list.begin() + from + 1, list.begin() + to + 1);
+            else
+              std::rotate(list.begin() + to, list.begin() + from, list.begin() + from + 1);
+          };
+          move(i, j);
+          --budget;
+          double mk = 0, es = 0;
+          if (q.run(s, mk, es) &&
+              (mk < best_m - eps || (mk <= best_m + eps && es < best_e - eps))) {
+            best_m = mk;
+            best_e = es;
+            improved = true;
+            break;  // the action at i changed; go on with the next one
+          }
+          move(j, i);
         }
-      }
     }
   }
   return s;
 }
+
+namespace {
 
 bool fits(const SimResult& r, const std::vector<double>& limit, bool bytes) {
   for (size_t i = 0; i < r.ranks.size(); ++i) {
@@ -380,12 +419,13 @@ std::string number(double v) {
 
 }  // namespace
 
-Schedule list_schedule(int ranks, int micro_batches, const Costs& costs, const std::vector<double>& limit,
-                       bool limit_in_bytes, const GreedyPolicy& policy) {
+Schedule list_schedule(int ranks, int micro_batches, const Costs& costs,
+                       const std::vector<double>& limit, bool limit_in_bytes,
+                       const GreedyPolicy& policy) {
   check_common("auto", ranks, micro_batches, std::max(1, policy.chunks));
   if (limit.size() != 1 && limit.size() != size_t(ranks))
-    throw InputError("memory limit: expected one value or one per rank (" + std::to_string(ranks) + "), found " +
-                     std::to_string(limit.size()));
+    throw InputError("memory limit: expected one value or one per rank (" + std::to_string(ranks) +
+                     "), found " + std::to_string(limit.size()));
   if (!policy.cap.empty() && policy.cap.size() != size_t(ranks))
     throw InputError("list scheduler: cap: expected one value per rank");
   return ListScheduler(ranks, micro_batches, costs, limit, limit_in_bytes, policy).run();
@@ -395,8 +435,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   const int p = o.num_ranks, m = o.num_micro_batches;
   check_common("auto", p, m, 2);
   if (o.memory_limit.size() != 1 && o.memory_limit.size() != size_t(p))
-    throw InputError("auto: memory limit: expected one value or one per rank (" + std::to_string(p) + "), found " +
-                     std::to_string(o.memory_limit.size()));
+    throw InputError("auto: memory limit: expected one value or one per rank (" +
+                     std::to_string(p) + "), found " + std::to_string(o.memory_limit.size()));
   for (double l : o.memory_limit)
     if (!(l > 0)) throw InputError("auto: memory limit: expected a value > 0, found " + number(l));
 
@@ -406,7 +446,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     if (!fits(r, o.memory_limit, o.limit_in_bytes)) return;
     const bool better = !have || r.makespan < out.sim.makespan * (1 - 1e-12) ||
                         (r.makespan <= out.sim.makespan * (1 + 1e-12) &&
-                         (o.limit_in_bytes ? r.peak_bytes < out.sim.peak_bytes : r.peak_micro_batches < out.sim.peak_micro_batches));
+                         (o.limit_in_bytes ? r.peak_bytes < out.sim.peak_bytes
+                                           : r.peak_micro_batches < out.sim.peak_micro_batches));
     if (!better) return;
     have = true;
     out.schedule = std::move(s);
@@ -416,7 +457,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   };
 
   if (o.include_fixed) {
-    for (const std::string name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev"}) {
+    for (const std::string name :
+         {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev"}) {
       AutoCandidate cand;
       cand.name = name;
       try {
@@ -475,9 +517,12 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     } catch (const InputError&) {
       continue;  // per-stage costs for another stage count
     }
-    std::string name = std::string("list ") + pol.placement + (pol.chunks > 1 ? std::to_string(pol.chunks) : "") +
-                       " cap=" + (pol.cap.empty() ? "none" : number(pol.cap[0]) + (p > 1 && pol.cap[1] != pol.cap[0] ? "-r" : "")) +
-                       " w-gap=" + number(pol.w_gap) + (pol.forward_first ? " F-first" : " B-first");
+    std::string name =
+        std::string("list ") + pol.placement + (pol.chunks > 1 ? std::to_string(pol.chunks) : "") +
+        " cap=" +
+        (pol.cap.empty() ? "none"
+                         : number(pol.cap[0]) + (p > 1 && pol.cap[1] != pol.cap[0] ? "-r" : "")) +
+        " w-gap=" + number(pol.w_gap) + (pol.forward_first ? " F-first" : " B-first");
     Schedule s;
     try {
       s = list_schedule(p, m, costs, o.memory_limit, o.limit_in_bytes, pol);
@@ -497,14 +542,17 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   // Local search from the best candidate, kept only if the full simulator agrees.
   if (have && o.refine) {
     const long long work = std::max<long long>(1, (long long)out.schedule.num_actions());
-    const long long tries = std::max<long long>(200, (long long)(3e7 / double(work) / std::max(1.0, double(work) / 2000)));
+    const long long tries = std::max<long long>(
+        200, (long long)(3e7 / double(work) / std::max(1.0, double(work) / 2000)));
     Costs costs = resolve(spec, out.schedule);
-    Schedule refined = refine(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries);
+    Schedule refined =
+        refine_schedule(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries);
     if (!(refined == out.schedule)) {
       Simulator sim(refined, "refined");
       const SimResult& r = sim.run(costs);
       const std::string name = out.chosen + " + local search";
-      if (fits(r, o.memory_limit, o.limit_in_bytes) && r.makespan < out.sim.makespan * (1 - 1e-12)) {
+      if (fits(r, o.memory_limit, o.limit_in_bytes) &&
+          r.makespan < out.sim.makespan * (1 - 1e-12)) {
         out.schedule = std::move(refined);
         out.schedule.name = "auto";
         out.sim = r;
@@ -515,10 +563,12 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   if (!have) {
     double least = kInf;
     for (const AutoCandidate& c : out.fixed)
-      if (c.defined) least = std::min(least, o.limit_in_bytes ? c.peak_bytes : c.peak_micro_batches);
-    throw InputError("auto: no schedule fits the memory limit of " + number(o.memory_limit[0]) +
-                     (o.limit_in_bytes ? " bytes" : " micro-batches") + " per rank" +
-                     (least < kInf ? " (the least any fixed schedule needs is " + number(least) + ")" : ""));
+      if (c.defined)
+        least = std::min(least, o.limit_in_bytes ? c.peak_bytes : c.peak_micro_batches);
+    throw InputError(
+        "auto: no schedule fits the memory limit of " + number(o.memory_limit[0]) +
+        (o.limit_in_bytes ? " bytes" : " micro-batches") + " per rank" +
+        (least < kInf ? " (the least any fixed schedule needs is " + number(least) + ")" : ""));
   }
   return out;
 }

@@ -9,7 +9,7 @@
 // cap on in-flight micro-batches per rank, when a W may fill an idle gap, forward or
 // backward first); every fixed generator's schedule, split into B and W, is a candidate
 // too. Each candidate is simulated; the fastest whose peak memory fits wins, and a
-// local search (swapping neighbouring actions of a rank while the makespan drops and
+// local search (moving single actions of a rank while the makespan drops and
 // memory fits) polishes it. So the result never exceeds the limit and is never slower
 // than the best fixed schedule that fits.
 #pragma once
@@ -40,19 +40,20 @@ struct AutoOptions {
 };
 
 struct AutoCandidate {
-  std::string name;         // "zb-h1", "greedy v-shape cap=p w-gap=0.5 B-first"
-  bool defined = true;      // false: the generator does not apply (see note)
-  bool fits = false;        // peak memory within the limit on every rank
-  std::string note;         // why not defined
-  double makespan = 0.0, bubble = 0.0, span_bubble = 0.0, peak_micro_batches = 0.0, peak_bytes = 0.0;
+  std::string name;     // "zb-h1", "greedy v-shape cap=p w-gap=0.5 B-first"
+  bool defined = true;  // false: the generator does not apply (see note)
+  bool fits = false;    // peak memory within the limit on every rank
+  std::string note;     // why not defined
+  double makespan = 0.0, bubble = 0.0, span_bubble = 0.0, peak_micro_batches = 0.0,
+         peak_bytes = 0.0;
 };
 
 struct AutoResult {
-  Schedule schedule;  // the chosen one, compute-only with B and W split
-  SimResult sim;      // its simulation
-  std::string chosen;               // the winning candidate's name
+  Schedule schedule;                 // the chosen one, compute-only with B and W split
+  SimResult sim;                     // its simulation
+  std::string chosen;                // the winning candidate's name
   std::vector<AutoCandidate> fixed;  // each fixed schedule under the same costs and limit
-  AutoCandidate best_greedy;        // the best list-scheduler candidate
+  AutoCandidate best_greedy;         // the best list-scheduler candidate
   int greedy_runs = 0;
 };
 
@@ -73,7 +74,15 @@ struct GreedyPolicy {
   double w_gap = 0.0;
   bool forward_first = false;
 };
-Schedule list_schedule(int ranks, int micro_batches, const Costs& costs, const std::vector<double>& limit,
-                       bool limit_in_bytes, const GreedyPolicy& policy);
+Schedule list_schedule(int ranks, int micro_batches, const Costs& costs,
+                       const std::vector<double>& limit, bool limit_in_bytes,
+                       const GreedyPolicy& policy);
+
+// The local search alone: from a compute-only, one-direction schedule, moves single
+// actions of a rank up to six places while the makespan (no link contention) drops, or
+// holds while F and B end earlier in sum, keeping every rank's peak within `limit`.
+// At most `budget` tries. Returns the schedule unchanged if it deadlocks or does not fit.
+Schedule refine_schedule(Schedule s, const Costs& costs, const std::vector<double>& limit,
+                         bool limit_in_bytes, long long budget);
 
 }  // namespace baton::schedule

@@ -29,10 +29,12 @@ double number(const json& j, const std::string& path, bool bytes) {
     }
   }
   if (!j.is_number())
-    throw InputError(path + ": expected a number >= 0" + std::string(bytes ? " or a size such as \"64MiB\"" : "") +
-                     ", found " + found(j));
+    throw InputError(path + ": expected a number >= 0" +
+                     std::string(bytes ? " or a size such as \"64MiB\"" : "") + ", found " +
+                     found(j));
   double v = j.get<double>();
-  if (!std::isfinite(v) || v < 0) throw InputError(path + ": expected a number >= 0, found " + j.dump());
+  if (!std::isfinite(v) || v < 0)
+    throw InputError(path + ": expected a number >= 0, found " + j.dump());
   return v;
 }
 
@@ -42,7 +44,8 @@ CostSpec::Field field(const json& j, const std::string& path, bool bytes) {
   if (j.is_array()) {
     if (j.empty()) throw InputError(path + ": expected one value per stage, found an empty array");
     f.per_stage = true;
-    for (size_t i = 0; i < j.size(); ++i) f.values.push_back(number(j[i], path + "[" + std::to_string(i) + "]", bytes));
+    for (size_t i = 0; i < j.size(); ++i)
+      f.values.push_back(number(j[i], path + "[" + std::to_string(i) + "]", bytes));
   } else {
     f.values.push_back(number(j, path, bytes));
   }
@@ -56,8 +59,8 @@ void check_vector(const std::vector<double>& v, const char* name, int stages, bo
                      " values (one per stage), found " + std::to_string(v.size()));
   for (size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i]) || v[i] < 0)
-      throw InputError(std::string("costs: ") + name + "[" + std::to_string(i) + "]: expected a number >= 0, found " +
-                       std::to_string(v[i]));
+      throw InputError(std::string("costs: ") + name + "[" + std::to_string(i) +
+                       "]: expected a number >= 0, found " + std::to_string(v[i]));
 }
 
 }  // namespace
@@ -78,9 +81,12 @@ void Costs::check(int stages) const {
   check_vector(activation_bytes_after_b, "activation_bytes_after_b", stages, true);
   check_vector(message_bytes, "message_bytes", stages, true);
   check_vector(reduce, "reduce", stages, true);
-  for (auto [v, name] : {std::pair{latency, "latency"}, {bandwidth, "bandwidth"}, {optimizer_step, "optimizer_step"}})
+  for (auto [v, name] : {std::pair{latency, "latency"},
+                         {bandwidth, "bandwidth"},
+                         {optimizer_step, "optimizer_step"}})
     if (!std::isfinite(v) || v < 0)
-      throw InputError(std::string("costs: ") + name + ": expected a number >= 0, found " + std::to_string(v));
+      throw InputError(std::string("costs: ") + name + ": expected a number >= 0, found " +
+                       std::to_string(v));
 }
 
 CostSpec CostSpec::unit() {
@@ -130,22 +136,34 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         c.comment = it->get<std::string>();
       } else if (key == "time_unit") {
         const std::string u = it->is_string() ? it->get<std::string>() : "";
-        if (u == "s") c.seconds_per_unit = 1.0;
-        else if (u == "ms") c.seconds_per_unit = 1e-3;
-        else if (u == "us") c.seconds_per_unit = 1e-6;
-        else if (u == "ns") c.seconds_per_unit = 1e-9;
-        else throw InputError("time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " + found(*it));
+        if (u == "s")
+          c.seconds_per_unit = 1.0;
+        else if (u == "ms")
+          c.seconds_per_unit = 1e-3;
+        else if (u == "us")
+          c.seconds_per_unit = 1e-6;
+        else if (u == "ns")
+          c.seconds_per_unit = 1e-9;
+        else
+          throw InputError("time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " +
+                           found(*it));
       } else if (key == "p2p") {
-        if (!it->is_object()) throw InputError("p2p: expected an object {\"latency\", \"bandwidth\"}, found " + found(*it));
+        if (!it->is_object())
+          throw InputError("p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
+                           found(*it));
         for (auto p = it->begin(); p != it->end(); ++p) {
-          if (p.key() == "latency") c.latency = number(*p, "p2p.latency", false);
-          else if (p.key() == "bandwidth") c.bandwidth = number(*p, "p2p.bandwidth", true);
-          else throw InputError("p2p." + p.key() + ": unknown field (expected latency, bandwidth)");
+          if (p.key() == "latency")
+            c.latency = number(*p, "p2p.latency", false);
+          else if (p.key() == "bandwidth")
+            c.bandwidth = number(*p, "p2p.bandwidth", true);
+          else
+            throw InputError("p2p." + p.key() + ": unknown field (expected latency, bandwidth)");
         }
       } else {
-        throw InputError(key + ": unknown field (expected forward, backward_input, backward_weight, "
-                               "activation_bytes, activation_bytes_after_b, message_bytes, reduce, "
-                               "optimizer_step, p2p, time_unit, comment)");
+        throw InputError(key +
+                         ": unknown field (expected forward, backward_input, backward_weight, "
+                         "activation_bytes, activation_bytes_after_b, message_bytes, reduce, "
+                         "optimizer_step, p2p, time_unit, comment)");
       }
     }
     for (const char* k : {"forward", "backward_input", "backward_weight"})
@@ -156,16 +174,21 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
   }
 }
 
-CostSpec load_costs(const std::string& path) { return parse_costs(read_file(path), path); }
+CostSpec load_costs(const std::string& path) {
+  return parse_costs(read_file(path), path);
+}
 
 Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_directions) {
-  const double v = double(num_stages) / num_directions / num_ranks;  // stages per rank and direction
-  auto expand = [&](const CostSpec::Field& f, const char* name, bool divide) -> std::vector<double> {
+  const double v =
+      double(num_stages) / num_directions / num_ranks;  // stages per rank and direction
+  auto expand = [&](const CostSpec::Field& f, const char* name,
+                    bool divide) -> std::vector<double> {
     if (!f.given) return {};
     if (f.per_stage) {
       if (int(f.values.size()) != num_stages)
-        throw InputError(std::string("costs: ") + name + ": has " + std::to_string(f.values.size()) +
-                         " values but the schedule has " + std::to_string(num_stages) +
+        throw InputError(std::string("costs: ") + name + ": has " +
+                         std::to_string(f.values.size()) + " values but the schedule has " +
+                         std::to_string(num_stages) +
                          " stages (give one value per stage, or one number for a rank's share)");
       return f.values;
     }
@@ -176,7 +199,8 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
   c.backward_input = expand(spec.backward_input, "backward_input", true);
   c.backward_weight = expand(spec.backward_weight, "backward_weight", true);
   c.activation_bytes = expand(spec.activation_bytes, "activation_bytes", true);
-  c.activation_bytes_after_b = expand(spec.activation_bytes_after_b, "activation_bytes_after_b", true);
+  c.activation_bytes_after_b =
+      expand(spec.activation_bytes_after_b, "activation_bytes_after_b", true);
   c.message_bytes = expand(spec.message_bytes, "message_bytes", false);
   c.reduce = expand(spec.reduce, "reduce", true);
   c.latency = spec.latency;

@@ -12,19 +12,23 @@ constexpr int kPairKinds = 8;
 }  // namespace
 
 bool DependencyGraph::in_range(const Action& a) const {
+  if (static_cast<int>(a.kind) >= kNumActionKinds) return false;
   if (a.kind == ActionKind::optimizer_step) return true;
   if (a.stage < 0 || a.stage >= num_stages_) return false;
   if (!has_micro_batch(a.kind)) return true;
   if (a.micro_batch < 0 || a.micro_batch >= s_->num_micro_batches) return false;
-  return s_->num_directions == 1 || a.micro_batch / mb_per_direction_ == a.stage / stages_per_direction_;
+  return s_->num_directions == 1 ||
+         a.micro_batch / mb_per_direction_ == a.stage / stages_per_direction_;
 }
 
-void required_actions(const Schedule& s, int rank, const Action& a, bool lowered,
-                      bool has_reduce, std::vector<Action>& out) {
+void required_actions(const Schedule& s, int rank, const Action& a, bool lowered, bool has_reduce,
+                      std::vector<Action>& out) {
   using K = ActionKind;
   const int b = a.micro_batch, st = a.stage;
   auto add = [&](K k, int mb, int stage) { out.push_back(make_action(k, mb, stage)); };
-  auto crosses = [&](int other) { return lowered && s.placement[size_t(other)] != s.placement[size_t(st)]; };
+  auto crosses = [&](int other) {
+    return lowered && s.placement[size_t(other)] != s.placement[size_t(st)];
+  };
   auto all_weight_grads = [&](int stage) {
     const int per = s.micro_batches_per_direction(), d = stage_direction(s, stage);
     for (int mb = d * per; mb < (d + 1) * per; ++mb) add(K::backward_weight, mb, stage);
@@ -87,7 +91,8 @@ int DependencyGraph::find(const Action& key, bool exact) const {
   if (!in_range(key)) return -1;
   if (key.kind == ActionKind::reduce_gradients) return reduce_index_[size_t(key.stage)];
   int n = pair_index_[size_t(slot(key.kind, key.micro_batch, key.stage))];
-  if (n < 0 && !exact && (key.kind == ActionKind::backward_input || key.kind == ActionKind::backward_weight))
+  if (n < 0 && !exact &&
+      (key.kind == ActionKind::backward_input || key.kind == ActionKind::backward_weight))
     n = pair_index_[size_t(slot(ActionKind::full_backward, key.micro_batch, key.stage))];
   return n;
 }
@@ -99,7 +104,8 @@ DependencyGraph::DependencyGraph(const Schedule& s) : s_(&s) {
   mb_per_direction_ = s.micro_batches_per_direction();
   const int p = s.num_ranks;
   offset_.assign(size_t(p) + 1, 0);
-  for (int r = 0; r < p; ++r) offset_[size_t(r) + 1] = offset_[size_t(r)] + int(s.ranks[size_t(r)].size());
+  for (int r = 0; r < p; ++r)
+    offset_[size_t(r) + 1] = offset_[size_t(r)] + int(s.ranks[size_t(r)].size());
   const int n = offset_.back();
   rank_of_.resize(size_t(n));
   pair_index_.assign(size_t(s.num_stages()) * size_t(s.num_micro_batches) * kPairKinds, -1);
@@ -115,9 +121,10 @@ DependencyGraph::DependencyGraph(const Schedule& s) : s_(&s) {
       lowered_ = lowered_ || is_transfer(a.kind);
       has_reduce_ = has_reduce_ || a.kind == ActionKind::reduce_gradients;
       if (!in_range(a)) continue;
-      int* cell = a.kind == ActionKind::optimizer_step     ? &step_index_[size_t(r)]
-                  : a.kind == ActionKind::reduce_gradients ? &reduce_index_[size_t(a.stage)]
-                                                           : &pair_index_[size_t(slot(a.kind, a.micro_batch, a.stage))];
+      int* cell = a.kind == ActionKind::optimizer_step ? &step_index_[size_t(r)]
+                  : a.kind == ActionKind::reduce_gradients
+                      ? &reduce_index_[size_t(a.stage)]
+                      : &pair_index_[size_t(slot(a.kind, a.micro_batch, a.stage))];
       if (*cell >= 0)
         duplicates_.emplace_back(*cell, node_id);
       else
@@ -178,7 +185,8 @@ Progress run_in_order(const DependencyGraph& g) {
       done[size_t(node_id)] = 1;
       out.order.push_back(node_id);
       ++pos;
-      for (int w = wait_head[size_t(node_id)]; w >= 0; w = next_waiter[size_t(w)]) work.push_back(w);
+      for (int w = wait_head[size_t(node_id)]; w >= 0; w = next_waiter[size_t(w)])
+        work.push_back(w);
       wait_head[size_t(node_id)] = -1;
     }
   }

@@ -42,8 +42,8 @@ struct ActionRef {
 // Appends to `out` the actions that `a` requires, as keys (peer unset; B means "B or
 // BW", W means "W or BW"). `lowered`: the schedule names its transfers; `has_reduce`:
 // it has REDUCE actions. `rank` is the rank `a` runs on (STEP needs it).
-void required_actions(const Schedule& s, int rank, const Action& a, bool lowered,
-                      bool has_reduce, std::vector<Action>& out);
+void required_actions(const Schedule& s, int rank, const Action& a, bool lowered, bool has_reduce,
+                      std::vector<Action>& out);
 
 class DependencyGraph {
  public:
@@ -62,14 +62,18 @@ class DependencyGraph {
   // Actions are numbered rank by rank: node(r, i) = offset(r) + i.
   int num_nodes() const { return static_cast<int>(rank_of_.size()); }
   int node(int rank, int index) const { return offset_[size_t(rank)] + index; }
-  ActionRef ref(int node) const { return {rank_of_[size_t(node)], node - offset_[size_t(rank_of_[size_t(node)])]}; }
+  ActionRef ref(int node) const {
+    return {rank_of_[size_t(node)], node - offset_[size_t(rank_of_[size_t(node)])]};
+  }
   const Action& action(int node) const;
 
   // The nodes `node` depends on (present in the schedule; missing ones left out).
   std::span<const int> dependencies(int node) const {
     return {deps_.data() + dep_begin_[size_t(node)], deps_.data() + dep_begin_[size_t(node) + 1]};
   }
-  std::span<const int> dependencies(int rank, int index) const { return dependencies(node(rank, index)); }
+  std::span<const int> dependencies(int rank, int index) const {
+    return dependencies(node(rank, index));
+  }
 
   // The node of the first occurrence of an action key (peer ignored), or -1. A key of
   // kind B (W) resolves to a BW when the schedule has no B (W) for that pair, unless
@@ -86,11 +90,11 @@ class DependencyGraph {
   const Schedule* s_;
   bool lowered_ = false, has_reduce_ = false;
   int num_stages_ = 0, stages_per_direction_ = 1, mb_per_direction_ = 1;
-  std::vector<int> offset_;           // per rank, and one past the end
-  std::vector<int32_t> rank_of_;      // per node
-  std::vector<int> pair_index_;       // (stage * m + mb) * 8 + kind -> node or -1
-  std::vector<int> reduce_index_;     // stage -> node or -1
-  std::vector<int> step_index_;       // rank -> node or -1
+  std::vector<int> offset_;            // per rank, and one past the end
+  std::vector<int32_t> rank_of_;       // per node
+  std::vector<int> pair_index_;        // (stage * m + mb) * 8 + kind -> node or -1
+  std::vector<int> reduce_index_;      // stage -> node or -1
+  std::vector<int> step_index_;        // rank -> node or -1
   std::vector<int> dep_begin_, deps_;  // CSR
   std::vector<std::pair<int, int>> duplicates_;
 };

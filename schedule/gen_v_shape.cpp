@@ -11,7 +11,8 @@ namespace {
 
 using K = ActionKind;
 
-Schedule skeleton(const std::string& name, int p, int m, std::vector<int> placement, int directions = 1) {
+Schedule skeleton(const std::string& name, int p, int m, std::vector<int> placement,
+                  int directions = 1) {
   Schedule s;
   s.name = name;
   s.num_ranks = p;
@@ -75,8 +76,12 @@ struct Phase {
 void dualpipe_rank(std::vector<Action>& out, int P, int h, const Phase (&ph)[2], int n) {
   int f[2] = {0, 0}, b[2] = {0, 0};
   std::deque<Action> weights;
-  auto F = [&](int k) { out.push_back(make_action(K::forward, ph[k].mb_base + f[k]++, ph[k].stage)); };
-  auto BW = [&](int k) { out.push_back(make_action(K::full_backward, ph[k].mb_base + b[k]++, ph[k].stage)); };
+  auto F = [&](int k) {
+    out.push_back(make_action(K::forward, ph[k].mb_base + f[k]++, ph[k].stage));
+  };
+  auto BW = [&](int k) {
+    out.push_back(make_action(K::full_backward, ph[k].mb_base + b[k]++, ph[k].stage));
+  };
   auto B = [&](int k) {
     const int mb = ph[k].mb_base + b[k]++;
     out.push_back(make_action(K::backward_input, mb, ph[k].stage));
@@ -88,7 +93,7 @@ void dualpipe_rank(std::vector<Action>& out, int P, int h, const Phase (&ph)[2],
     weights.pop_front();
   };
   for (int i = 0; i < 2 * (P - h - 1); ++i) F(0);  // 1: nF0
-  for (int i = 0; i < h + 1; ++i) {                  // 2: nF0F1
+  for (int i = 0; i < h + 1; ++i) {                // 2: nF0F1
     F(0);
     F(1);
   }
@@ -136,8 +141,8 @@ Schedule zb_v(int p, int m) {
 Schedule dualpipe_v(int p, int m) {
   check_common("dualpipev", p, m, 2);
   if (m < 2 * p)
-    throw InputError("dualpipev: micro-batches: expected at least 2 x ranks = " + std::to_string(2 * p) +
-                     ", found " + std::to_string(m));
+    throw InputError("dualpipev: micro-batches: expected at least 2 x ranks = " +
+                     std::to_string(2 * p) + ", found " + std::to_string(m));
   Schedule s = skeleton("dualpipev", p, m, v_placement(p, 2));
   for (int r = 0; r < p; ++r) {
     const Phase ph[2] = {{r, 0}, {2 * p - 1 - r, 0}};
@@ -149,8 +154,9 @@ Schedule dualpipe_v(int p, int m) {
 Schedule dualpipe(int p, int m) {
   check_common("dualpipe", p, m, 2);
   if (p % 2 != 0)
-    throw InputError("dualpipe: ranks: expected an even number (the two halves mirror each other), found " +
-                     std::to_string(p));
+    throw InputError(
+        "dualpipe: ranks: expected an even number (the two halves mirror each other), found " +
+        std::to_string(p));
   if (m % 2 != 0 || m < 2 * p)
     throw InputError("dualpipe: micro-batches: expected an even number of at least 2 x ranks = " +
                      std::to_string(2 * p) + ", found " + std::to_string(m));

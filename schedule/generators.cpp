@@ -55,7 +55,8 @@ void expand_rank(std::vector<Action>& out, int m, int stage, int lag_b, int lag_
   for (int x = 0; x <= last; ++x) {
     if (x < m) out.push_back(make_action(K::forward, x, stage));
     const int b = x - lag_b;
-    if (b >= 0 && b < m) out.push_back(make_action(split ? K::backward_input : K::full_backward, b, stage));
+    if (b >= 0 && b < m)
+      out.push_back(make_action(split ? K::backward_input : K::full_backward, b, stage));
     const int w = x - lag_w;
     if (split && w >= 0 && w < m) out.push_back(make_action(K::backward_weight, w, stage));
   }
@@ -65,7 +66,8 @@ void expand_rank(std::vector<Action>& out, int m, int stage, int lag_b, int lag_
 
 void truncate_micro_batches(Schedule& s, int m) {
   for (auto& list : s.ranks)
-    std::erase_if(list, [&](const Action& a) { return has_micro_batch(a.kind) && a.micro_batch >= m; });
+    std::erase_if(list,
+                  [&](const Action& a) { return has_micro_batch(a.kind) && a.micro_batch >= m; });
   s.num_micro_batches = m;
 }
 
@@ -97,7 +99,8 @@ Schedule zb_h1(int p, int m) {
 Schedule zb_h2(int p, int m) {
   check_common("zb-h2", p, m, 1);
   Schedule s = skeleton("zb-h2", p, m, loop_placement(p, 1));
-  for (int r = 0; r < p; ++r) expand_rank(s.ranks[size_t(r)], m, r, 2 * (p - 1 - r), 2 * (p - 1), true);
+  for (int r = 0; r < p; ++r)
+    expand_rank(s.ranks[size_t(r)], m, r, 2 * (p - 1 - r), 2 * (p - 1), true);
   return s;
 }
 
@@ -120,8 +123,12 @@ Schedule interleaved_1f1b(int p, int m, int v) {
   for (int r = 0; r < p; ++r) {
     auto& list = s.ranks[size_t(r)];
     const int warmup = std::min(total, (p - r - 1) * 2 + (v - 1) * p);
-    auto fwd = [&](int i) { list.push_back(make_action(K::forward, mb_of(i), chunk_of(i, false) * p + r)); };
-    auto bwd = [&](int i) { list.push_back(make_action(K::full_backward, mb_of(i), chunk_of(i, true) * p + r)); };
+    auto fwd = [&](int i) {
+      list.push_back(make_action(K::forward, mb_of(i), chunk_of(i, false) * p + r));
+    };
+    auto bwd = [&](int i) {
+      list.push_back(make_action(K::full_backward, mb_of(i), chunk_of(i, true) * p + r));
+    };
     for (int i = 0; i < warmup; ++i) fwd(i);
     for (int i = 0; i < total - warmup; ++i) {
       fwd(warmup + i);
@@ -134,14 +141,15 @@ Schedule interleaved_1f1b(int p, int m, int v) {
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"gpipe", "1f1b",  "interleaved-1f1b", "zb-h1",
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
                                                  "zb-h2", "zb-v", "dualpipev",        "dualpipe"};
   return names;
 }
 
 std::string canonical_schedule_name(const std::string& name_in) {
   std::string name = name_in;
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
   if (name == "interleaved") name = "interleaved-1f1b";
   if (name == "dualpipe-v") name = "dualpipev";
   for (const auto& n : schedule_names())
@@ -155,8 +163,8 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
   const std::string name = canonical_schedule_name(name_in);
   auto only = [&](int allowed) {
     if (v != 0 && v != allowed)
-      throw InputError(name + ": chunks: expected " + std::to_string(allowed) + " (the schedule's own), found " +
-                       std::to_string(v));
+      throw InputError(name + ": chunks: expected " + std::to_string(allowed) +
+                       " (the schedule's own), found " + std::to_string(v));
   };
   if (name == "interleaved-1f1b") return interleaved_1f1b(p, m, v == 0 ? 2 : v);
   using Gen = Schedule (*)(int, int);
@@ -165,9 +173,9 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
     int chunks;
     Gen gen;
   };
-  static constexpr Entry entries[] = {{"gpipe", 1, gpipe},       {"1f1b", 1, one_f_one_b},
-                                      {"zb-h1", 1, zb_h1},       {"zb-h2", 1, zb_h2},
-                                      {"zb-v", 2, zb_v},         {"dualpipev", 2, dualpipe_v},
+  static constexpr Entry entries[] = {{"gpipe", 1, gpipe},      {"1f1b", 1, one_f_one_b},
+                                      {"zb-h1", 1, zb_h1},      {"zb-h2", 1, zb_h2},
+                                      {"zb-v", 2, zb_v},        {"dualpipev", 2, dualpipe_v},
                                       {"dualpipe", 2, dualpipe}};
   for (const Entry& e : entries)
     if (name == e.name) {

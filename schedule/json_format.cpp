@@ -1,10 +1,11 @@
 // The JSON form of a schedule, file loading and saving (see schedule_io.h).
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
 
 #include "memory/error.h"
 #include "schedule/schedule_io.h"
@@ -18,7 +19,9 @@ using nlohmann::json;
 constexpr const char* kFormat = "baton-schedule";
 constexpr int kVersion = 1;
 
-const char* type_name(const json& j) { return j.type_name(); }
+const char* type_name(const json& j) {
+  return j.type_name();
+}
 
 std::string found(const json& j) {
   std::string s = j.dump();
@@ -37,15 +40,16 @@ int get_int(const json& j, const std::string& path, int lo, int hi) {
   return static_cast<int>(v);
 }
 
-void check_fields(const json& obj, const std::string& path, std::initializer_list<const char*> known) {
+void check_fields(const json& obj, const std::string& path,
+                  std::initializer_list<const char*> known) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     bool ok = false;
     for (const char* k : known) ok = ok || it.key() == k;
     if (!ok) {
       std::string list;
       for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
-      throw InputError(path + (path.empty() ? "" : ".") + it.key() + ": unknown field (expected one of " +
-                       list + ")");
+      throw InputError(path + (path.empty() ? "" : ".") + it.key() +
+                       ": unknown field (expected one of " + list + ")");
     }
   }
 }
@@ -66,12 +70,16 @@ Action parse_action(const json& j, const std::string& path) {
   const json& k = j["kind"];
   auto kind = k.is_string() ? kind_from_code(k.get<std::string>()) : std::nullopt;
   if (!kind)
-    throw InputError(path + ".kind: expected one of F, B, W, BW, SEND_F, RECV_F, SEND_B, RECV_B, "
-                     "REDUCE, STEP; found " + found(k));
+    throw InputError(path +
+                     ".kind: expected one of F, B, W, BW, SEND_F, RECV_F, SEND_B, RECV_B, "
+                     "REDUCE, STEP; found " +
+                     found(k));
   Action a{*kind, -1, -1, -1};
   constexpr int kBig = 1 << 30;
   if (*kind != ActionKind::optimizer_step) {
-    if (!j.contains("stage")) throw InputError(path + ".stage: missing (a " + std::string(k.get<std::string>()) + " names its stage)");
+    if (!j.contains("stage"))
+      throw InputError(path + ".stage: missing (a " + std::string(k.get<std::string>()) +
+                       " names its stage)");
     a.stage = get_int(j["stage"], path + ".stage", 0, kBig);
   } else if (j.contains("stage")) {
     throw InputError(path + ".stage: STEP takes no stage");
@@ -80,7 +88,8 @@ Action parse_action(const json& j, const std::string& path) {
     if (!j.contains("micro_batch")) throw InputError(path + ".micro_batch: missing");
     a.micro_batch = get_int(j["micro_batch"], path + ".micro_batch", 0, kBig);
   } else if (j.contains("micro_batch")) {
-    throw InputError(path + ".micro_batch: " + std::string(kind_code(*kind)) + " takes no micro-batch");
+    throw InputError(path + ".micro_batch: " + std::string(kind_code(*kind)) +
+                     " takes no micro-batch");
   }
   if (j.contains("peer")) {
     if (!is_transfer(*kind)) throw InputError(path + ".peer: only sends and receives have a peer");
@@ -136,14 +145,17 @@ Schedule from_json(const json& j, const std::string& source) {
   const std::string at = source + ": ";
   if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + found(j));
   try {
-    check_fields(j, "", {"format", "version", "name", "ranks", "micro_batches", "directions",
-                         "placement", "actions"});
+    check_fields(j, "",
+                 {"format", "version", "name", "ranks", "micro_batches", "directions", "placement",
+                  "actions"});
     if (j.contains("format") && j["format"] != kFormat)
-      throw InputError("format: expected \"" + std::string(kFormat) + "\", found " + found(j["format"]));
+      throw InputError("format: expected \"" + std::string(kFormat) + "\", found " +
+                       found(j["format"]));
     if (j.contains("version")) get_int(j["version"], "version", kVersion, kVersion);
     Schedule s;
     if (j.contains("name")) {
-      if (!j["name"].is_string()) throw InputError("name: expected a string, found " + found(j["name"]));
+      if (!j["name"].is_string())
+        throw InputError("name: expected a string, found " + found(j["name"]));
       s.name = j["name"].get<std::string>();
     }
     for (const char* k : {"ranks", "micro_batches", "placement", "actions"})
@@ -152,18 +164,22 @@ Schedule from_json(const json& j, const std::string& source) {
     s.num_micro_batches = get_int(j["micro_batches"], "micro_batches", 1, 1 << 22);
     s.num_directions = j.contains("directions") ? get_int(j["directions"], "directions", 1, 2) : 1;
     const json& pl = j["placement"];
-    if (!pl.is_array()) throw InputError("placement: expected an array of ranks, found " + found(pl));
+    if (!pl.is_array())
+      throw InputError("placement: expected an array of ranks, found " + found(pl));
     for (size_t i = 0; i < pl.size(); ++i)
-      s.placement.push_back(get_int(pl[i], "placement[" + std::to_string(i) + "]", 0, s.num_ranks - 1));
+      s.placement.push_back(
+          get_int(pl[i], "placement[" + std::to_string(i) + "]", 0, s.num_ranks - 1));
     const json& acts = j["actions"];
     if (!acts.is_array())
-      throw InputError("actions: expected an array with one action list per rank, found " + found(acts));
+      throw InputError("actions: expected an array with one action list per rank, found " +
+                       found(acts));
     if (acts.size() != size_t(s.num_ranks))
-      throw InputError("actions: expected " + std::to_string(s.num_ranks) + " action lists (one per rank), found " +
-                       std::to_string(acts.size()));
+      throw InputError("actions: expected " + std::to_string(s.num_ranks) +
+                       " action lists (one per rank), found " + std::to_string(acts.size()));
     for (size_t r = 0; r < acts.size(); ++r) {
       const std::string rp = "actions[" + std::to_string(r) + "]";
-      if (!acts[r].is_array()) throw InputError(rp + ": expected an array of actions, found " + found(acts[r]));
+      if (!acts[r].is_array())
+        throw InputError(rp + ": expected an array of actions, found " + found(acts[r]));
       std::vector<Action> list;
       list.reserve(acts[r].size());
       for (size_t i = 0; i < acts[r].size(); ++i) {

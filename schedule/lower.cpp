@@ -22,8 +22,12 @@ bool contains(const Schedule& s, bool (*pred)(ActionKind)) {
   return false;
 }
 
-bool is_reduce(ActionKind k) { return k == K::reduce_gradients; }
-bool is_step(ActionKind k) { return k == K::optimizer_step; }
+bool is_reduce(ActionKind k) {
+  return k == K::reduce_gradients;
+}
+bool is_step(ActionKind k) {
+  return k == K::optimizer_step;
+}
 
 }  // namespace
 
@@ -110,8 +114,9 @@ Schedule merge_backward(const Schedule& s) {
     const auto& src = s.ranks[r];
     for (size_t i = 0; i < src.size(); ++i) {
       const Action& a = src[i];
-      if (a.kind == K::backward_input && i + 1 < src.size() && src[i + 1].kind == K::backward_weight &&
-          src[i + 1].micro_batch == a.micro_batch && src[i + 1].stage == a.stage) {
+      if (a.kind == K::backward_input && i + 1 < src.size() &&
+          src[i + 1].kind == K::backward_weight && src[i + 1].micro_batch == a.micro_batch &&
+          src[i + 1].stage == a.stage) {
         out.ranks[r].push_back(make_action(K::full_backward, a.micro_batch, a.stage));
         ++i;
         continue;
@@ -136,7 +141,8 @@ Schedule lower(const Schedule& s, const LowerOptions& o) {
   const bool want_reduce = o.reduce && !contains(out, is_reduce);
   const bool want_step = o.step && !contains(out, is_step);
   if (want_reduce) {
-    if (contains(out, is_step)) throw InputError("lower: cannot add REDUCE to a schedule that already has STEP");
+    if (contains(out, is_step))
+      throw InputError("lower: cannot add REDUCE to a schedule that already has STEP");
     out = add_gradient_reduction(out, want_step);
   } else if (want_step) {
     for (auto& list : out.ranks) list.push_back(Action{K::optimizer_step, -1, -1, -1});

@@ -39,6 +39,27 @@ int transfer_peer(const Schedule& s, const Action& a) {
   return other < 0 ? -1 : s.placement[other];
 }
 
+int64_t transfer_tag(const Schedule& s, const Action& a) {
+  int boundary = -1, gradient = 0;
+  switch (a.kind) {
+    case ActionKind::send_activation:
+      boundary = a.stage;
+      break;
+    case ActionKind::recv_activation:
+      boundary = a.stage - 1;
+      break;
+    case ActionKind::send_gradient:
+      boundary = a.stage - 1, gradient = 1;
+      break;
+    case ActionKind::recv_gradient:
+      boundary = a.stage, gradient = 1;
+      break;
+    default:
+      return -1;
+  }
+  return (int64_t(a.micro_batch) * s.num_stages() + boundary) * 2 + gradient;
+}
+
 void assign_peers(Schedule& s) {
   for (auto& list : s.ranks)
     for (Action& a : list) a.peer = is_transfer(a.kind) ? transfer_peer(s, a) : -1;
@@ -66,14 +87,17 @@ std::vector<int> v_placement(int num_ranks, int chunks_per_rank) {
   return p;
 }
 
-std::vector<int> bidirectional_placement(int num_ranks) { return v_placement(num_ranks, 2); }
+std::vector<int> bidirectional_placement(int num_ranks) {
+  return v_placement(num_ranks, 2);
+}
 
 void check_header(const Schedule& s, const std::string& where) {
   auto fail = [&](const std::string& what) { throw InputError(where + ": " + what); };
   constexpr int kMaxRanks = 1 << 16;
   constexpr long long kMaxPairs = 1LL << 22;  // stages x micro-batches the tools index
   if (s.num_ranks < 1 || s.num_ranks > kMaxRanks)
-    fail("ranks: expected 1 to " + std::to_string(kMaxRanks) + ", found " + std::to_string(s.num_ranks));
+    fail("ranks: expected 1 to " + std::to_string(kMaxRanks) + ", found " +
+         std::to_string(s.num_ranks));
   if (s.num_directions != 1 && s.num_directions != 2)
     fail("directions: expected 1 or 2, found " + std::to_string(s.num_directions));
   if (s.num_micro_batches < 1)
@@ -86,8 +110,8 @@ void check_header(const Schedule& s, const std::string& where) {
     fail("placement: a bidirectional schedule needs an even number of stages, found " +
          std::to_string(s.num_stages()));
   if (static_cast<long long>(s.num_stages()) * s.num_micro_batches > kMaxPairs)
-    fail("stages x micro_batches = " + std::to_string(static_cast<long long>(s.num_stages()) *
-                                                      s.num_micro_batches) +
+    fail("stages x micro_batches = " +
+         std::to_string(static_cast<long long>(s.num_stages()) * s.num_micro_batches) +
          " is beyond the supported " + std::to_string(kMaxPairs));
   std::vector<char> used(size_t(s.num_ranks), 0);
   for (int st = 0; st < s.num_stages(); ++st) {

@@ -9,6 +9,7 @@
 // replica of model chunk k, and micro-batch b flows in direction b / (M/D).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,19 +35,29 @@ struct Schedule {
 
 // ---- topology -------------------------------------------------------------------------
 
-inline int stage_direction(const Schedule& s, int stage) { return stage / s.stages_per_direction(); }
+inline int stage_direction(const Schedule& s, int stage) {
+  return stage / s.stages_per_direction();
+}
 inline int micro_batch_direction(const Schedule& s, int mb) {
   return mb / s.micro_batches_per_direction();
 }
 // The model chunk a stage holds (equal to the stage unless bidirectional).
-inline int stage_chunk(const Schedule& s, int stage) { return stage % s.stages_per_direction(); }
-inline bool is_first_stage(const Schedule& s, int stage) { return stage_chunk(s, stage) == 0; }
+inline int stage_chunk(const Schedule& s, int stage) {
+  return stage % s.stages_per_direction();
+}
+inline bool is_first_stage(const Schedule& s, int stage) {
+  return stage_chunk(s, stage) == 0;
+}
 inline bool is_last_stage(const Schedule& s, int stage) {
   return stage_chunk(s, stage) == s.stages_per_direction() - 1;
 }
 // The previous / next stage of the same direction, or -1 at either end.
-inline int prev_stage(const Schedule& s, int stage) { return is_first_stage(s, stage) ? -1 : stage - 1; }
-inline int next_stage(const Schedule& s, int stage) { return is_last_stage(s, stage) ? -1 : stage + 1; }
+inline int prev_stage(const Schedule& s, int stage) {
+  return is_first_stage(s, stage) ? -1 : stage - 1;
+}
+inline int next_stage(const Schedule& s, int stage) {
+  return is_last_stage(s, stage) ? -1 : stage + 1;
+}
 
 // The stages rank r holds, in increasing order.
 std::vector<int> stages_of_rank(const Schedule& s, int rank);
@@ -57,6 +68,10 @@ double chunks_per_rank(const Schedule& s);
 // For a transfer action: the rank on the other side, from the placement; -1 when the
 // action is no transfer or its boundary does not exist (first/last stage).
 int transfer_peer(const Schedule& s, const Action& a);
+// The message tag of a transfer, equal for a SEND and its matching RECV and different
+// for every other transfer of the schedule: ((micro-batch * S + boundary) * 2 + g),
+// boundary = the lower stage of the two, g = 1 for gradients. -1 for other actions.
+int64_t transfer_tag(const Schedule& s, const Action& a);
 // Sets `peer` of every transfer from the placement (parsers and passes call it).
 void assign_peers(Schedule& s);
 // True when the schedule names its transfers (contains a SEND or RECV).

@@ -13,10 +13,9 @@
 // schedule is the validator's question (validate.h).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "schedule/schedule.h"
 

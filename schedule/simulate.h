@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "schedule/costs.h"
-#include "schedule/dependencies.h"
 #include "schedule/schedule.h"
 #include "schedule/timeline.h"
 
@@ -38,8 +37,8 @@ struct RankStats {
 };
 
 struct SimResult {
-  double makespan = 0.0;  // from 0 until the last action (and reduction) ends
-  double bubble = 0.0;    // mean of the ranks' bubble
+  double makespan = 0.0;     // from 0 until the last action (and reduction) ends
+  double bubble = 0.0;       // mean of the ranks' bubble
   double span_bubble = 0.0;  // the largest span_bubble (the zero-bubble paper's "bubble rate")
   double peak_micro_batches = 0.0;  // the largest over ranks
   double peak_bytes = 0.0;
@@ -51,8 +50,6 @@ class Simulator {
   // Validates (InputError carrying the validator's report, naming `source`) and indexes
   // the schedule.
   explicit Simulator(Schedule s, const std::string& source = "schedule");
-  Simulator(const Simulator&) = delete;  // the graph points into the schedule it holds
-  Simulator& operator=(const Simulator&) = delete;
 
   const Schedule& schedule() const { return s_; }
   // Runs on per-stage costs (Costs::check(num_stages) must hold; InputError otherwise).
@@ -61,21 +58,31 @@ class Simulator {
   // The last run's timeline: compute on lane 0, transfers and reductions on lane 1.
   Timeline timeline(double seconds_per_unit = 1.0) const;
   // When action (rank, index) started and ended in the last run.
-  double start_time(int rank, int index) const { return start_[size_t(pos_of_[size_t(graph_.node(rank, index))])]; }
-  double end_time(int rank, int index) const { return end_[size_t(pos_of_[size_t(graph_.node(rank, index))])]; }
+  double start_time(int rank, int index) const;
+  double end_time(int rank, int index) const { return end_[position(rank, index)]; }
 
  private:
+  size_t position(int rank, int index) const {
+    return size_t(pos_of_[size_t(offset_[size_t(rank)] + index)]);
+  }
+  double duration(size_t pos) const;
+  const Action& action_at(size_t pos) const;
+
   Schedule s_;
-  DependencyGraph graph_;
-  // Per position in execution order (a topological order of the graph's nodes).
-  std::vector<int> pos_of_;  // node -> position
-  std::vector<int32_t> rank_, stage_, link_, msg_stage_;
-  std::vector<ActionKind> kind_;
-  std::vector<int> dep_begin_, deps_;  // dependencies as positions
-  std::vector<int> link_src_, link_dst_;
   double chunks_ = 1.0;
+  std::vector<int> offset_;  // per rank: its first node (nodes are numbered rank by rank)
+  // Per position in execution order (a topological order of the actions), what run()
+  // sweeps through: dependencies point a short way back.
+  std::vector<int> pos_of_, node_at_;  // node -> position, position -> node
+  std::vector<int32_t> rank_, stage_, link_;
+  std::vector<ActionKind> kind_;
+  // Dependencies as (position << 1) | 1 when the time that counts is avail_ (a message
+  // from another rank, or a REDUCE's completion) rather than end_.
+  std::vector<int> dep_begin_, deps_;
+  std::vector<int> link_dst_;
   // Per run.
-  std::vector<double> start_, end_, done_, avail_, sent_;
+  Costs costs_;                      // a copy of the last costs (for timeline())
+  std::vector<double> end_, avail_;  // when an action ends; when its result reaches others
   std::vector<double> free_, mem_, link_free_;
   std::vector<int> live_;
   SimResult result_;

@@ -36,7 +36,8 @@ int parse_int(std::string_view text, const std::string& where, const std::string
   int v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || p != text.data() + text.size())
-    throw InputError(where + ": " + what + ": expected an integer, found '" + std::string(text) + "'");
+    throw InputError(where + ": " + what + ": expected an integer, found '" + std::string(text) +
+                     "'");
   return v;
 }
 
@@ -44,8 +45,9 @@ int parse_int(std::string_view text, const std::string& where, const std::string
 std::optional<std::string_view> rank_prefix(std::string_view head) {
   head = trim(head);
   if (head.substr(0, 4) == "rank") head = trim(head.substr(4));
-  if (head.empty() ||
-      !std::all_of(head.begin(), head.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+  if (head.empty() || !std::all_of(head.begin(), head.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      }))
     return std::nullopt;
   return head;
 }
@@ -88,10 +90,13 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     const std::string where = source + ":" + std::to_string(line_no);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     size_t colon = line.find(':');
-    std::string_view key = colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
+    std::string_view key =
+        colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
     if (key == "name") {  // the rest of the line verbatim: names may hold '#'
       if (!s.ranks.empty()) throw InputError(where + ": header line 'name:' after the rank lines");
-      s.name = std::string(trim(line.substr(colon + 1)));
+      std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
+      if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      s.name = std::string(rest);
       continue;
     }
     if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
@@ -110,7 +115,8 @@ Schedule parse_text(std::string_view text, const std::string& source) {
         if (have_placement) throw InputError(where + ": placement given twice");
         have_placement = true;
         for (size_t i = 0; i < values.size(); ++i)
-          s.placement.push_back(parse_int(values[i], where, "placement[" + std::to_string(i) + "]"));
+          s.placement.push_back(
+              parse_int(values[i], where, "placement[" + std::to_string(i) + "]"));
         continue;
       }
       if (values.size() != 1)
@@ -143,7 +149,8 @@ Schedule parse_text(std::string_view text, const std::string& source) {
   }
 
   const std::string where = source;
-  if (s.ranks.empty()) throw InputError(where + ": no rank lines (expected one line of actions per rank)");
+  if (s.ranks.empty())
+    throw InputError(where + ": no rank lines (expected one line of actions per rank)");
   s.num_ranks = ranks.value_or(static_cast<int>(s.ranks.size()));
   if (s.num_ranks != static_cast<int>(s.ranks.size()))
     throw InputError(where + ": ranks: " + std::to_string(s.num_ranks) + " but " +

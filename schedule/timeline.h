@@ -23,7 +23,7 @@ struct TimelineEvent {
 };
 
 struct Timeline {
-  std::string name;               // a title: the schedule's name, "measured", ...
+  std::string name;  // a title: the schedule's name, "measured", ...
   int num_ranks = 0;
   double seconds_per_unit = 1.0;  // what one time unit of the events is, in seconds
   std::vector<TimelineEvent> events;
@@ -40,7 +40,7 @@ std::string to_chrome_trace(const Timeline& t);
 Timeline from_chrome_trace(std::string_view json_text, const std::string& source);
 
 struct SvgOptions {
-  int width = 1400;       // pixels of the time axis
+  int width = 1400;  // pixels of the time axis
   int row_height = 26;
   bool communication = true;  // a thin strip under each rank for transfers and REDUCE
 };

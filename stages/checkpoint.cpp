@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -380,6 +381,35 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     }
   }
   return std::nullopt;
+}
+
+void prune_checkpoints(const std::string& root, int keep) {
+  if (keep <= 0) return;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> dirs;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
+    char* end = nullptr;
+    long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end == name.c_str() + 5 || *end != '\0') continue;
+    dirs.emplace_back(step, e.path().string());
+  }
+  std::sort(dirs.rbegin(), dirs.rend());
+  int complete = 0;
+  for (const auto& [step, dir] : dirs) {
+    bool done = fs::exists(dir + "/manifest.json");
+    // Keep the newest `keep` complete ones and anything newer than the newest complete
+    // one (a checkpoint being written).
+    if ((done && complete < keep) || (!done && complete == 0)) {
+      complete += done ? 1 : 0;
+      continue;
+    }
+    // The manifest goes first, so a crash mid-removal leaves an incomplete directory.
+    fs::remove(dir + "/manifest.json", ec);
+    fs::remove_all(dir, ec);
+    if (ec) spdlog::warn("cannot remove old checkpoint {}: {}", dir, ec.message());
+  }
 }
 
 void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bool optimizer) {

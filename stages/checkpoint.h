@@ -72,6 +72,10 @@ std::optional<std::string> verify_checkpoint(const std::string& step_dir, const 
 // nullopt. Incomplete or damaged ones are skipped with a warning.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
+// Removes all but the newest `keep` complete checkpoints under root (and incomplete ones
+// older than the newest complete one). keep = 0 keeps everything.
+void prune_checkpoints(const std::string& root, int keep);
+
 // Fills the stage's parameters (and, with `optimizer`, its optimizer state) from the
 // blocks stored in the checkpoint, whatever plan wrote it. InputError when a block is
 // missing or a shape disagrees.

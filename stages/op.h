@@ -178,6 +178,9 @@ class Op {
   virtual bool weight_needs_grad_outputs() const { return false; }
   virtual bool weight_needs_saved() const { return false; }
   bool has_weights() const { return !schema().params.empty(); }
+  // The input whose memory output j shares while training (a view: reshape, dropout with
+  // p = 0, tp_copy), or -1 when the op allocates it. The cost model counts it once.
+  virtual int output_alias(size_t) const { return -1; }
 
   virtual void forward(ForwardCall& call) const = 0;
   virtual void backward_input(BackwardCall& call) const = 0;

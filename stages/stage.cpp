@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "stages/json_reader.h"
+#include "stages/stash_plan.h"
 
 namespace baton::stages {
 
@@ -141,50 +142,17 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
   if (first_ < 0 || last_ > g.num_layers() || first_ >= last_)
     throw InputError("stage layers [" + std::to_string(first_) + ", " + std::to_string(last_) +
                      ") outside the model's " + std::to_string(g.num_layers()) + " layers");
-  for (int l = first_; l < last_; ++l)
-    for (int n : g.layers[size_t(l)].nodes) nodes_.push_back(n);
-  boundary_in_ = g.cut_values(first_);
-  boundary_out_ = g.cut_values(last_);
-  model_in_ = g.inputs_used(first_, last_);
+  StashPlan plan = plan_stash(g, first_, last_, opt_options_.recompute_layers);
+  nodes_ = std::move(plan.nodes);
+  boundary_in_ = std::move(plan.boundary_in);
+  boundary_out_ = std::move(plan.boundary_out);
+  model_in_ = std::move(plan.model_in);
+  kept_ = std::move(plan.kept);
+  needs_grad_ = std::move(plan.needs_grad);
+  recompute_node_ = std::move(plan.recompute_node);
+  last_forward_use_ = std::move(plan.last_forward_use);
+  backward_users_ = std::move(plan.backward_users);
   param_ids_ = g.params_used(first_, last_);
-
-  size_t nv = g.values.size();
-  kept_.assign(nv, false);
-  needs_grad_.assign(nv, false);
-  last_forward_use_.assign(nv, -1);
-  backward_users_.assign(nv, {});
-  recompute_node_.assign(g.nodes.size(), false);
-  std::vector<bool> in_stage(g.nodes.size(), false);
-  for (int n : nodes_) in_stage[size_t(n)] = true;
-  for (int n : nodes_) {
-    const Node& node = g.nodes[size_t(n)];
-    bool rc = opt_options_.recompute_layers.count(node.layer) > 0;
-    recompute_node_[size_t(n)] = rc;
-    const Op& op = *node.impl;
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      int v = node.inputs[i];
-      last_forward_use_[size_t(v)] = n;
-      if (op.saves_input(i)) backward_users_[size_t(v)].push_back(n);
-      if (op.saves_input(i) && !rc) kept_[size_t(v)] = true;
-      // A recomputed layer keeps only what enters it.
-      int prod = g.values[size_t(v)].producer;
-      if (rc && (prod < 0 || g.nodes[size_t(prod)].layer != node.layer)) kept_[size_t(v)] = true;
-    }
-    for (size_t j = 0; j < node.outputs.size(); ++j) {
-      int v = node.outputs[j];
-      if (op.saves_output(j)) {
-        backward_users_[size_t(v)].push_back(n);
-        if (!rc) kept_[size_t(v)] = true;
-      }
-    }
-  }
-  for (size_t v = 0; v < nv; ++v) {
-    const Value& val = g.values[v];
-    bool floating = memory::is_floating(val.type.dtype) && val.type.batched;
-    bool produced_here = !val.is_input() && in_stage[size_t(val.producer)];
-    bool enters = std::find(boundary_in_.begin(), boundary_in_.end(), int(v)) != boundary_in_.end();
-    needs_grad_[v] = floating && (produced_here || enters);
-  }
 
   local_param_.assign(g.params.size(), -1);
   for (int id : param_ids_) {
@@ -489,6 +457,7 @@ void Stage::backward_weight(int64_t mb_index) {
     s.w.erase(wit);
   }
   stash_.erase(it);
+  grads_finished_ = false;
 }
 
 TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
@@ -500,10 +469,12 @@ TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
 // ---- step ----
 
 void Stage::zero_grad() {
+  grads_finished_ = false;
   for (auto& ps : params_) std::fill(ps->has.begin(), ps->has.end(), false);
 }
 
 void Stage::finish_grads() {
+  grads_finished_ = true;
   for (auto& ps : params_) {
     if (ps->grads.size() == 1) {
       if (!ps->has[0]) ps->grads[0].zero_();
@@ -553,6 +524,7 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
 
 void Stage::step(double grad_scale) {
   if (!opt_ready_) set_optimizer(opt_);
+  if (!grads_finished_) finish_grads();
   ++opt_steps_;
   OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
   Timer timer(t != nullptr, t ? &t->forward : nullptr);

@@ -121,7 +121,8 @@ class Stage {
   void set_optimizer(const OptimizerConfig& config);  // allocates its state
   const OptimizerConfig& optimizer() const { return opt_; }
   OptimizerConfig& optimizer() { return opt_; }
-  // One optimizer step on grad * grad_scale (grad_scale folds in clipping).
+  // One optimizer step on grad * grad_scale (grad_scale folds in clipping). Runs
+  // finish_grads() first if the caller did not.
   void step(double grad_scale = 1.0);
   int64_t optimizer_steps() const { return opt_steps_; }
   void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
@@ -161,6 +162,7 @@ class Stage {
   bool opt_ready_ = false;
   int64_t opt_steps_ = 0;
   std::map<std::string, OpTimes> times_;
+  bool grads_finished_ = false;  // finish_grads() ran since the last W
 };
 
 }  // namespace baton::stages

@@ -128,7 +128,21 @@ TrainSummary run_training(const TrainOptions& o,
 
   std::ofstream loss_log;
   if (!o.loss_log.empty()) {
-    loss_log.open(o.loss_log, start > 0 ? std::ios::app : std::ios::trunc);
+    // A resumed run keeps the lines up to its checkpoint and drops any a crashed run
+    // wrote after it, so the log is the loss curve of one uninterrupted run.
+    std::vector<std::string> keep;
+    if (start > 0) {
+      std::ifstream old(o.loss_log);
+      std::string line;
+      while (std::getline(old, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.is_object() && j.contains("step") &&
+            j["step"].is_number_integer() && j["step"].get<int64_t>() <= start)
+          keep.push_back(line);
+      }
+    }
+    loss_log.open(o.loss_log, std::ios::trunc);
+    for (const std::string& line : keep) loss_log << line << "\n";
     if (!loss_log) throw InputError(o.loss_log + ": cannot open for writing (--loss-log)");
   }
   spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} bytes); batch {} x {} "
@@ -189,6 +203,7 @@ TrainSummary run_training(const TrainOptions& o,
     if (!o.checkpoint_dir.empty() &&
         (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
       summary.last_checkpoint = save_checkpoint(o.checkpoint_dir, stage, manifest_for(step + 1));
+      prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
       spdlog::info("checkpoint {}", summary.last_checkpoint);
     }
   }

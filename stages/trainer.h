@@ -24,6 +24,7 @@ struct TrainOptions {
   uint64_t seed = 1;
   std::string checkpoint_dir;    // empty: no checkpoints
   int64_t checkpoint_every = 0;  // steps; 0: only at the end
+  int keep_checkpoints = 0;      // keep the newest N complete checkpoints; 0: all
   bool resume = false;           // continue from the newest complete checkpoint
   std::string init_from;         // Hugging Face GPT-2 directory to load weights from
   int64_t log_every = 1;

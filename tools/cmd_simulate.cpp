@@ -55,7 +55,9 @@ std::string num(double v) {
   std::snprintf(b, sizeof b, "%.4g", v);
   return b;
 }
-std::string bytes_or_dash(double v, bool have) { return have ? memory::format_bytes(v) : "-"; }
+std::string bytes_or_dash(double v, bool have) {
+  return have ? memory::format_bytes(v) : "-";
+}
 
 // The memory limit: a plain number is in micro-batches, one with a unit in bytes.
 struct Limit {
@@ -67,7 +69,8 @@ Limit parse_limit(const std::string& text) {
   Limit l;
   if (text.empty()) return l;
   l.given = true;
-  const bool has_unit = std::any_of(text.begin(), text.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+  const bool has_unit = std::any_of(
+      text.begin(), text.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
   if (has_unit) {
     l.bytes = true;
     l.value = double(memory::parse_bytes(text));
@@ -75,9 +78,12 @@ Limit parse_limit(const std::string& text) {
     char* end = nullptr;
     l.value = std::strtod(text.c_str(), &end);
     if (end == text.c_str() || *end != '\0' || !(l.value > 0))
-      throw InputError("--memory-limit: expected micro-batches (a number > 0) or a size such as 2GiB, found '" + text + "'");
+      throw InputError(
+          "--memory-limit: expected micro-batches (a number > 0) or a size such as 2GiB, found '" +
+          text + "'");
   }
-  if (!(l.value > 0)) throw InputError("--memory-limit: expected a value > 0, found '" + text + "'");
+  if (!(l.value > 0))
+    throw InputError("--memory-limit: expected a value > 0, found '" + text + "'");
   return l;
 }
 
@@ -87,19 +93,22 @@ bool fits(const sc::SimResult& r, const Limit& l) {
 }
 
 void print_ranks(const sc::SimResult& r, bool have_bytes) {
-  std::printf("%-6s %12s %12s %9s %12s %9s %12s\n", "rank", "busy", "idle", "bubble", "span-bubble", "peak-mb", "peak-bytes");
+  std::printf("%-6s %12s %12s %9s %12s %9s %12s\n", "rank", "busy", "idle", "bubble", "span-bubble",
+              "peak-mb", "peak-bytes");
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const sc::RankStats& s = r.ranks[i];
-    std::printf("%-6zu %12s %12s %9s %12s %9.2f %12s\n", i, num(s.busy).c_str(), num(r.makespan - s.busy).c_str(),
-                pct(s.bubble).c_str(), pct(s.span_bubble).c_str(), s.peak_micro_batches,
-                bytes_or_dash(s.peak_bytes, have_bytes).c_str());
+    std::printf("%-6zu %12s %12s %9s %12s %9.2f %12s\n", i, num(s.busy).c_str(),
+                num(r.makespan - s.busy).c_str(), pct(s.bubble).c_str(), pct(s.span_bubble).c_str(),
+                s.peak_micro_batches, bytes_or_dash(s.peak_bytes, have_bytes).c_str());
   }
 }
 
 void print_summary(const sc::SimResult& r, bool have_bytes) {
-  std::printf("makespan %s   bubble %s (mean of ranks)   span bubble %s (largest)   peak %.2f micro-batches, %s\n",
-              num(r.makespan).c_str(), pct(r.bubble).c_str(), pct(r.span_bubble).c_str(), r.peak_micro_batches,
-              bytes_or_dash(r.peak_bytes, have_bytes).c_str());
+  std::printf(
+      "makespan %s   bubble %s (mean of ranks)   span bubble %s (largest)   peak %.2f "
+      "micro-batches, %s\n",
+      num(r.makespan).c_str(), pct(r.bubble).c_str(), pct(r.span_bubble).c_str(),
+      r.peak_micro_batches, bytes_or_dash(r.peak_bytes, have_bytes).c_str());
 }
 
 sc::Schedule make_schedule(const std::string& name, const Options& o) {
@@ -118,17 +127,19 @@ void print_comparison(std::vector<Row>& rows, bool have_bytes, const Limit& limi
   double best = std::numeric_limits<double>::infinity();
   for (const Row& row : rows)
     if (row.ok && row.fit) best = std::min(best, row.r.makespan);
-  std::printf("%-20s %12s %8s %9s %12s %9s %12s  %s\n", "schedule", "makespan", "vs best", "bubble", "span-bubble", "peak-mb",
-              "peak-bytes", limit.given ? "fits limit" : "");
+  std::printf("%-20s %12s %8s %9s %12s %9s %12s  %s\n", "schedule", "makespan", "vs best", "bubble",
+              "span-bubble", "peak-mb", "peak-bytes", limit.given ? "fits limit" : "");
   for (const Row& row : rows) {
     if (!row.ok) {
       std::printf("%-20s not defined: %s\n", row.name.c_str(), row.note.c_str());
       continue;
     }
-    std::printf("%-20s %12s %8.3f %9s %12s %9.2f %12s  %s\n", row.name.c_str(), num(row.r.makespan).c_str(),
-                std::isfinite(best) && best > 0 ? row.r.makespan / best : 1.0, pct(row.r.bubble).c_str(),
-                pct(row.r.span_bubble).c_str(), row.r.peak_micro_batches,
-                bytes_or_dash(row.r.peak_bytes, have_bytes).c_str(), limit.given ? (row.fit ? "yes" : "no") : "");
+    std::printf("%-20s %12s %8.3f %9s %12s %9.2f %12s  %s\n", row.name.c_str(),
+                num(row.r.makespan).c_str(),
+                std::isfinite(best) && best > 0 ? row.r.makespan / best : 1.0,
+                pct(row.r.bubble).c_str(), pct(row.r.span_bubble).c_str(), row.r.peak_micro_batches,
+                bytes_or_dash(row.r.peak_bytes, have_bytes).c_str(),
+                limit.given ? (row.fit ? "yes" : "no") : "");
   }
 }
 
@@ -152,7 +163,9 @@ void write_outputs(const Options& o, const sc::Simulator& sim, const sc::CostSpe
 // Times building and running the simulator (`--repeat N`).
 void timing(const sc::Schedule& s, const sc::Costs& c, int repeat) {
   using clk = std::chrono::steady_clock;
-  auto ms = [](clk::time_point a, clk::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  auto ms = [](clk::time_point a, clk::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
   auto t0 = clk::now();
   sc::Simulator sim(s);
   auto t1 = clk::now();
@@ -164,44 +177,59 @@ void timing(const sc::Schedule& s, const sc::Costs& c, int repeat) {
     runs.push_back(ms(a, clk::now()));
   }
   std::sort(runs.begin(), runs.end());
-  std::printf("timing: %zu actions; build (validate + index) %.2f ms; run median %.3f ms, min %.3f, max %.3f over %d\n",
-              s.num_actions(), ms(t0, t1), runs[runs.size() / 2], runs.front(), runs.back(), repeat);
+  std::printf(
+      "timing: %zu actions; build (validate + index) %.2f ms; run median %.3f ms, min %.3f, max "
+      "%.3f over %d\n",
+      s.num_actions(), ms(t0, t1), runs[runs.size() / 2], runs.front(), runs.back(), repeat);
 }
 
 int run_simulate(const std::vector<std::string>& args) {
   po::options_description opts("options");
   Options o;
   std::string names;
-  opts.add_options()("schedule,s", po::value(&names),
-                     "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
-                     "dualpipev, dualpipe, auto, or all; more than one compares them")(
+  opts.add_options()(
+      "schedule,s", po::value(&names),
+      "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
+      "dualpipev, dualpipe, auto, or all; more than one compares them")(
       "file,f", po::value(&o.file), "a schedule file (text or JSON form) instead of --schedule")(
-      "stages,p", po::value(&o.ranks), "pipeline ranks (p)")("micro-batches,m", po::value(&o.micro_batches),
-                                                              "micro-batches per iteration (m)")(
+      "stages,p", po::value(&o.ranks), "pipeline ranks (p)")(
+      "micro-batches,m", po::value(&o.micro_batches), "micro-batches per iteration (m)")(
       "chunks,v", po::value(&o.chunks), "stages per rank for interleaved-1f1b (default 2)")(
-      "costs,c", po::value(&o.costs_file), "cost file (JSON, docs/schedules.md); default F = B = W = 1")(
+      "costs,c", po::value(&o.costs_file),
+      "cost file (JSON, docs/schedules.md); default F = B = W = 1")(
       "memory-limit", po::value(&o.memory_limit),
       "activation memory limit per rank for auto: micro-batches (4) or bytes (2GiB)")(
-      "lower", po::bool_switch(&o.lower), "insert transfers, REDUCE and STEP before simulating and saving")(
+      "lower", po::bool_switch(&o.lower),
+      "insert transfers, REDUCE and STEP before simulating and saving")(
       "show", po::bool_switch(&o.show), "print the schedule in text form")(
       "output,o", po::value(&o.output), "save the schedule (.json: JSON form, else text)")(
-      "svg", po::value(&o.svg), "write the timeline as SVG")("trace", po::value(&o.trace),
-                                                            "write the timeline as Chrome trace JSON")(
+      "svg", po::value(&o.svg), "write the timeline as SVG")(
+      "trace", po::value(&o.trace), "write the timeline as Chrome trace JSON")(
       "repeat", po::value(&o.repeat), "timing mode: run the simulator N times and print the times");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton simulate (--schedule NAME --stages P --micro-batches M | --file PATH) [options]", opts, vm))
+  if (!parse_args(
+          args,
+          "baton simulate (--schedule NAME --stages P --micro-batches M | --file PATH) [options]",
+          opts, vm))
     return 0;
   apply_common_options(vm);
   o.names = split_names(names);
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
-  if (o.repeat < 0) throw InputError("--repeat: expected a count >= 0, found " + std::to_string(o.repeat));
+  if (o.repeat < 0)
+    throw InputError("--repeat: expected a count >= 0, found " + std::to_string(o.repeat));
+  if (!o.file.empty() && (vm.count("stages") || vm.count("micro-batches") || vm.count("chunks")))
+    throw InputError(
+        "--stages, --micro-batches and --chunks go with --schedule; a --file says its own");
   const Limit limit = parse_limit(o.memory_limit);
-  const sc::CostSpec spec = o.costs_file.empty() ? sc::CostSpec::unit() : sc::load_costs(o.costs_file);
+  const sc::CostSpec spec =
+      o.costs_file.empty() ? sc::CostSpec::unit() : sc::load_costs(o.costs_file);
   const bool have_bytes = spec.activation_bytes.given;
   if (limit.bytes && !have_bytes)
-    throw InputError("--memory-limit in bytes needs activation_bytes in the cost file (or give it in micro-batches)");
+    throw InputError(
+        "--memory-limit in bytes needs activation_bytes in the cost file (or give it in "
+        "micro-batches)");
 
   if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::schedule_names();
   for (const std::string& name : o.names)  // unknown names are errors even when comparing
@@ -211,7 +239,8 @@ int run_simulate(const std::vector<std::string>& args) {
     throw InputError("--svg, --trace, --output, --show and --repeat need a single schedule");
 
   auto run_auto = [&]() {
-    if (o.ranks <= 0 || o.micro_batches <= 0) throw InputError("auto needs --stages and --micro-batches");
+    if (o.ranks <= 0 || o.micro_batches <= 0)
+      throw InputError("auto needs --stages and --micro-batches");
     sc::AutoOptions ao;
     ao.num_ranks = o.ranks;
     ao.num_micro_batches = o.micro_batches;
@@ -237,8 +266,10 @@ int run_simulate(const std::vector<std::string>& args) {
       }
       rows.push_back(row);
     }
-    std::printf("%d ranks, %d micro-batches, costs %s\n\n", o.ranks, o.micro_batches,
-                o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str());
+    std::printf("%d ranks, %d micro-batches, costs %s%s\n\n", o.ranks, o.micro_batches,
+                o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str(),
+                o.lower ? "; lowered (transfers, REDUCE, STEP)"
+                        : "; compute only (add --lower for REDUCE and STEP)");
     print_comparison(rows, have_bytes, limit);
     return 0;
   }
@@ -250,9 +281,14 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();
-    std::printf("automatic schedule for %d ranks, %d micro-batches, memory limit %s per rank\n\n", o.ranks, o.micro_batches,
-                limit.given ? (limit.bytes ? memory::format_bytes(limit.value) : num(limit.value) + " micro-batches").c_str()
-                            : "none");
+    std::printf(
+        "automatic schedule for %d ranks, %d micro-batches, memory limit %s per rank\n"
+        "(the fixed schedules with their backward split into B and W, on the same costs)\n\n",
+        o.ranks, o.micro_batches,
+        limit.given ? (limit.bytes ? memory::format_bytes(limit.value)
+                                   : num(limit.value) + " micro-batches")
+                          .c_str()
+                    : "none");
     std::vector<Row> rows;
     for (const sc::AutoCandidate& c : ar.fixed) {
       Row row;
@@ -281,14 +317,30 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.names[0];
   }
   if (o.lower) s = sc::lower(s);
+  bool has_reduce = false, has_step = false;
+  for (const auto& list : s.ranks)
+    for (const sc::Action& a : list) {
+      has_reduce = has_reduce || a.kind == sc::ActionKind::reduce_gradients;
+      has_step = has_step || a.kind == sc::ActionKind::optimizer_step;
+    }
+  if ((spec.reduce.given && !has_reduce) || (spec.optimizer_step > 0 && !has_step))
+    std::printf(
+        "note: the reduce and optimizer_step costs apply to REDUCE and STEP actions, which this "
+        "schedule "
+        "lacks; --lower inserts them\n");
   sc::Simulator sim(s, source);
   const sc::Costs costs = sc::resolve(spec, sim.schedule());
   const sc::SimResult& r = sim.run(costs);
   std::printf("%s: %d ranks, %d micro-batches, %d stages, %d direction%s, %zu actions%s; valid\n",
-              s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches, s.num_stages(),
-              s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
+              s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches,
+              s.num_stages(), s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
               sc::has_transfers(s) ? " (with transfers)" : " (compute only)");
   print_summary(r, have_bytes);
+  if (limit.given)
+    std::printf("memory limit %s per rank: %s\n",
+                limit.bytes ? memory::format_bytes(limit.value).c_str()
+                            : (num(limit.value) + " micro-batches").c_str(),
+                fits(r, limit) ? "fits" : "exceeded");
   std::printf("\n");
   print_ranks(r, have_bytes);
   if (o.show) std::printf("\n%s", sc::to_text(sim.schedule()).c_str());
@@ -297,7 +349,8 @@ int run_simulate(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{{"simulate", "generate, validate and simulate pipeline schedules", run_simulate}};
+const RegisterCommand reg{
+    {"simulate", "generate, validate and simulate pipeline schedules", run_simulate}};
 
 }  // namespace
 }  // namespace baton::tools

@@ -52,6 +52,7 @@ int run_train(const std::vector<std::string>& args) {
       ("seed", po::value(&o.seed)->default_value(1), "seed of initialisation, data order and dropout")
       ("checkpoint-dir", po::value(&o.checkpoint_dir), "directory for checkpoints")
       ("checkpoint-every", po::value(&o.checkpoint_every)->default_value(0), "steps between checkpoints (0: at the end)")
+      ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(0), "keep only the newest N checkpoints (0: all)")
       ("resume", po::bool_switch(&o.resume), "continue from the newest complete checkpoint")
       ("init-from", po::value(&o.init_from), "Hugging Face GPT-2 directory (config.json + model.safetensors) to start from")
       ("device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -24,7 +27,7 @@ constexpr int64_t kChunkK = 512;  // keys per chunk: T <= 512 needs no online re
 
 template <class T>
 T* scratch(size_t n, int which) {
-  thread_local std::vector<T> bufs[4];
+  thread_local std::vector<T> bufs[6];
   auto& b = bufs[which];
   if (b.size() < n) b.resize(n);
   return b.data();
@@ -166,7 +169,8 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
           random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
                            bits);
           const T ds = T(dr.scale);
-          for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
+          for (int64_t j = 0; j < n; ++j)
+            pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
           std::fill(pdr + n, pdr + kc, T(0));
         }
       }
@@ -189,6 +193,213 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
   }
 }
 
+// ---- float with head size 16 W: the register-blocked tiles of attention_tiles.h ----
+
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
+// run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
+// has room for it (its stride is a multiple of 32).
+inline int64_t pad_row(float* s, int64_t n) {
+  const int64_t padded = round_up(n, kLanes<float>);
+  std::fill(s + n, s + padded, -std::numeric_limits<float>::infinity());
+  return padded;
+}
+
+// Zeros a probability row from `from` (a multiple of 16 at or past its visible keys) as
+// far as a tile of the products may read: a tile's rows share one key range, up to 7
+// keys past a row's own, so 16 more entries suffice and the rest is never read.
+inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
+  if (from < kc) std::fill(s + from, s + std::min(kc, from + kLanes<float>), 0.0f);
+}
+
+// S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
+// [0, cols_padded) that hold at least one visible score (key <= query); row r is query
+// q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
+inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded, const float* A,
+                          int64_t lda, const float* Bt, int64_t ldb, int64_t D, float alpha,
+                          float* S, int64_t lds) {
+  for (int64_t r0 = 0; r0 < rows; r0 += tiles::kScoreRows) {
+    const int n = int(std::min<int64_t>(tiles::kScoreRows, rows - r0));
+    const int64_t last_visible = q0 + r0 + n - 1 - k0;  // of the tile's last row
+    for (int64_t c = 0; c < cols_padded && c <= last_visible; c += tiles::kScoreCols)
+      tiles::scores_tile_n(n, A + r0 * lda, lda, Bt + c, ldb, D, alpha, S + r0 * lds + c, lds);
+  }
+}
+
+// kt: the head's keys transposed, [D][ldkt], for keys [0, i1) at least.
+template <int W>
+void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* out, float* lse,
+                        const Geometry& g, const Dropout& dr, float scale, int64_t b, int64_t h,
+                        int64_t i0, int64_t i1) {
+  const int64_t rows = i1 - i0, D = g.D, ld = g.ld;
+  const float* q = qkv + (b * g.T + i0) * ld + g.q_col(h);
+  float* o = out + (b * g.T + i0) * g.ldo + h * D;
+  float* s = scratch<float>(size_t(kBlockQ * kChunkK), 0);
+  float* m = scratch<float>(size_t(kBlockQ), 1);
+  float* l = scratch<float>(size_t(kBlockQ), 2);
+  uint32_t* bits = scratch<uint32_t>(size_t(kChunkK), 3);
+  std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + rows, 0.0f);
+  for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
+    const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
+    const float* v = qkv + (b * g.T + c0) * ld + g.v_col(h);
+    causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, ldkt, D, scale, s, kcp);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * kcp;
+      const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(sr, n);
+      const float mx = std::max(m[r], reduce_max(sr, padded));
+      const float sum = exp_shifted_sum(sr, mx, sr, padded);
+      zero_row_tail(sr, padded, kc);
+      if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
+        const float alpha = vexp(m[r] - mx);
+        l[r] *= alpha;
+        float* orow = o + r * g.ldo;
+        for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
+      }
+      m[r] = mx;
+      l[r] += sum;
+      if (dr.on && n > 0) {
+        random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
+                         bits);
+        const float ds = float(dr.scale);
+        const uint32_t thr = dr.threshold;
+        for (int64_t j = 0; j < n; ++j) sr[j] = (bits[j] >> 8) >= thr ? sr[j] * ds : 0.0f;
+      }
+    }
+    // O (+)= P V; each row only needs the keys it sees.
+    tiles::rows_product<W>(
+        rows, s, kcp, 1,
+        [&](int64_t r0, int64_t n) {
+          return std::pair<int64_t, int64_t>{0, std::clamp<int64_t>(i0 + r0 + n - c0, 0, kc)};
+        },
+        v, ld, 1.0f, o, g.ldo, c0 > 0);
+  }
+  float* lrow = lse + (b * g.H + h) * g.T + i0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / l[r];
+    float* orow = o + r * g.ldo;
+    for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+    lrow[r] = m[r] + std::log(l[r]);
+  }
+}
+
+template <int W>
+void backward_head_fast(const float* qkv, const float* out, const float* lse, const float* dout,
+                        float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
+                        int64_t h, bool accumulate) {
+  const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
+  float* p = scratch<float>(size_t(kBlockQ * kChunkK), 0);
+  float* dp = scratch<float>(size_t(kBlockQ * kChunkK), 1);
+  float* pd = dr.on ? scratch<float>(size_t(kBlockQ * kChunkK), 2) : p;
+  float* di = scratch<float>(size_t(kBlockQ), 3);
+  float* kt = scratch<float>(size_t(D * Tp), 4);
+  float* vt = scratch<float>(size_t(D * Tp), 5);
+  tiles::transpose_rows(qkv + b * g.T * ld + g.k_col(h), ld, g.T, D, kt, Tp);
+  tiles::transpose_rows(qkv + b * g.T * ld + g.v_col(h), ld, g.T, D, vt, Tp);
+  const float* lrow = lse + (b * g.H + h) * g.T;
+  for (int64_t i0 = 0; i0 < g.T; i0 += kBlockQ) {
+    const int64_t i1 = std::min(g.T, i0 + kBlockQ), rows = i1 - i0;
+    const float* q = qkv + (b * g.T + i0) * ld + g.q_col(h);
+    float* dq = dqkv + (b * g.T + i0) * ld + g.q_col(h);
+    const float* o = out + (b * g.T + i0) * g.ldo + h * D;
+    const float* dO = dout + (b * g.T + i0) * g.ldo + h * D;
+    for (int64_t r = 0; r < rows; ++r)
+      di[r] = sum_of<float>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
+    for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
+      const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
+      const float* k = qkv + (b * g.T + c0) * ld + g.k_col(h);
+      float* dk = dqkv + (b * g.T + c0) * ld + g.k_col(h);
+      float* dv = dqkv + (b * g.T + c0) * ld + g.v_col(h);
+      // Queries a tile of keys [j0, j0 + n) needs: those at or after its first key.
+      auto key_rows = [&](int64_t j0, int64_t) {
+        return std::pair<int64_t, int64_t>{std::clamp<int64_t>(c0 + j0 - i0, 0, rows), rows};
+      };
+      // Keys a tile of queries [r0, r0 + n) needs: those up to its last query.
+      auto query_keys = [&](int64_t r0, int64_t n) {
+        return std::pair<int64_t, int64_t>{0, std::clamp<int64_t>(i0 + r0 + n - c0, 0, kc)};
+      };
+      // P = exp(scale q k^T - lse), zero above the diagonal; P' with dropout applied.
+      causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, Tp, D, scale, p, kcp);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* pr = p + r * kcp;
+        const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(pr, n);
+        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, padded);
+        zero_row_tail(pr, padded, kc);
+        if (dr.on) {
+          float* pdr = pd + r * kcp;
+          uint32_t bits[kChunkK];
+          random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
+                           bits);
+          const float ds = float(dr.scale);
+          const uint32_t thr = dr.threshold;
+          for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= thr ? pr[j] * ds : 0.0f;
+          std::fill(pdr + n, pdr + padded, 0.0f);
+          zero_row_tail(pdr, padded, kc);
+        }
+      }
+      // dV += P'^T dO. Keys from i0 on are first reached by this query block: without
+      // accumulate they are written, not added to (so dqkv is never zeroed first).
+      const int64_t fresh = std::clamp<int64_t>(i0 - c0, 0, kc);
+      auto by_keys = [&](const float* a, const float* b_rows, int64_t ldb_rows, float alpha,
+                         float* c) {
+        tiles::rows_product<W>(fresh, a, 1, kcp, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
+        tiles::rows_product<W>(
+            kc - fresh, a + fresh, 1, kcp,
+            [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows, alpha,
+            c + fresh * ld, ld, accumulate);
+      };
+      by_keys(pd, dO, g.ldo, 1.0f, dv);
+      // dP' = dO V^T, then dS = P' dP' - P di in place (zero where P is).
+      causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, 1.0f, dp, kcp);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dpr = dp + r * kcp;
+        const float* pr = p + r * kcp;
+        const float* pdr = pd + r * kcp;
+        const float dd = di[r];
+        const int64_t padded = round_up(visible(i0 + r, c0, kc), kLanes<float>);
+#pragma GCC ivdep
+        for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+        zero_row_tail(dpr, padded, kc);
+      }
+      // dQ += scale dS K (its rows are first written at the first chunk);
+      // dK += scale dS^T Q.
+      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld,
+                             accumulate || c0 > 0);
+      by_keys(dp, q, ld, scale, dk);
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, W>) for head_dim = 16 W, W in 1..8; false if the
+// head size has no tile kernels (then the GEMM path runs).
+template <class F>
+bool with_tile_width(int64_t head_dim, F&& f) {
+  if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
+  switch (head_dim / 16) {
+    case 1:
+      return f(std::integral_constant<int, 1>{}), true;
+    case 2:
+      return f(std::integral_constant<int, 2>{}), true;
+    case 3:
+      return f(std::integral_constant<int, 3>{}), true;
+    case 4:
+      return f(std::integral_constant<int, 4>{}), true;
+    case 5:
+      return f(std::integral_constant<int, 5>{}), true;
+    case 6:
+      return f(std::integral_constant<int, 6>{}), true;
+    case 7:
+      return f(std::integral_constant<int, 7>{}), true;
+    case 8:
+      return f(std::integral_constant<int, 8>{}), true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -199,10 +410,44 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s,
   const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
   const int64_t pairs = s.batch * s.heads, blocks = (s.seq + kBlockQ - 1) / kBlockQ;
   // Costliest (last) query blocks first, so dynamic scheduling balances the causal work.
-  parallel_tasks(pairs * blocks, [&](int64_t t) {
-    const int64_t qb = blocks - 1 - t / pairs, bh = t % pairs;
-    const int64_t i0 = qb * kBlockQ, i1 = std::min(s.seq, i0 + kBlockQ);
-    forward_block<T>(qkv, out, lse, g, dr, scale, bh / s.heads, bh % s.heads, i0, i1);
+  auto run = [&](auto block) {
+    parallel_tasks(pairs * blocks, [&](int64_t t) {
+      const int64_t qb = blocks - 1 - t / pairs, bh = t % pairs;
+      const int64_t i0 = qb * kBlockQ, i1 = std::min(s.seq, i0 + kBlockQ);
+      block(bh / s.heads, bh % s.heads, i0, i1);
+    });
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t D = s.head_dim, Tp = round_up(s.seq, tiles::kScoreCols);
+    auto keys_of = [&](int64_t b, int64_t h, int64_t n, float* kt, int64_t ldkt) {
+      tiles::transpose_rows(qkv + b * s.seq * g.ld + g.k_col(h), g.ld, n, D, kt, ldkt);
+    };
+    if (with_tile_width(D, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          if (pairs >= 2 * thread_count()) {
+            // Enough (batch, head) pairs to keep every thread busy: one task per pair,
+            // whose keys are transposed once for all its query blocks.
+            parallel_tasks(pairs, [&](int64_t bh) {
+              const int64_t b = bh / s.heads, h = bh % s.heads;
+              float* kt = scratch<float>(size_t(D * Tp), 4);
+              keys_of(b, h, s.seq, kt, Tp);
+              for (int64_t i0 = 0; i0 < s.seq; i0 += kBlockQ)
+                forward_block_fast<W>(qkv, kt, Tp, out, lse, g, dr, scale, b, h, i0,
+                                      std::min(s.seq, i0 + kBlockQ));
+            });
+          } else {  // few pairs: one task per query block, each transposing what it needs
+            run([&](int64_t b, int64_t h, int64_t i0, int64_t i1) {
+              const int64_t n = round_up(i1, tiles::kScoreCols);
+              float* kt = scratch<float>(size_t(D * n), 4);
+              keys_of(b, h, i1, kt, n);
+              forward_block_fast<W>(qkv, kt, n, out, lse, g, dr, scale, b, h, i0, i1);
+            });
+          }
+        }))
+      return;
+  }
+  run([&](int64_t b, int64_t h, int64_t i0, int64_t i1) {
+    forward_block<T>(qkv, out, lse, g, dr, scale, b, h, i0, i1);
   });
 }
 
@@ -213,16 +458,25 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   const Dropout dr = make_dropout(opt, s.heads);
   const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
   // One (batch, head) pair per task: its dK and dV sum over all query blocks.
+  if constexpr (std::is_same_v<T, float>) {
+    if (with_tile_width(s.head_dim, [&](auto w) {
+          parallel_tasks(s.batch * s.heads, [&](int64_t bh) {
+            backward_head_fast<decltype(w)::value>(qkv, out, lse, dout, dqkv, g, dr, scale,
+                                                   bh / s.heads, bh % s.heads, accumulate);
+          });
+        }))
+      return;
+  }
   parallel_tasks(s.batch * s.heads, [&](int64_t bh) {
     backward_head<T>(qkv, out, lse, dout, dqkv, g, dr, scale, bh / s.heads, bh % s.heads,
                      accumulate);
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                                 \
-  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,                \
-                                     const AttentionOptions&);                               \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,            \
+#define BATON_INSTANTIATE(T)                                                      \
+  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,     \
+                                     const AttentionOptions&);                    \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, \
                                       const AttentionShape&, const AttentionOptions&, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

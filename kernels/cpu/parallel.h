@@ -22,7 +22,11 @@ void set_thread_count(int n);
 
 // Makes the calling thread's OpenMP setting (which OpenBLAS reads) match thread_count():
 // omp_set_num_threads is per thread, and kernels may be called from any thread.
+// Also runs check_blas_core() once per process.
 void sync_blas_threads();
+
+// Logs a warning when OpenBLAS picked kernels far below the CPU's instruction set.
+void check_blas_core();
 
 // Calls f(begin, end) over [0, n) split into equal contiguous parts, one per thread, on
 // at most thread_count() threads and only when every thread gets at least `grain`

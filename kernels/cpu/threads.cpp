@@ -1,8 +1,12 @@
-// The process-wide thread count shared by OpenBLAS and the CPU kernels' loops.
+// The process-wide thread count shared by OpenBLAS and the CPU kernels' loops, and a
+// one-time check of the OpenBLAS kernels in use.
 #include <cblas.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <mutex>
+#include <string_view>
 
 #include "kernels/cpu/parallel.h"
 
@@ -32,6 +36,24 @@ void set_thread_count(int n) {
 void sync_blas_threads() {
   const int n = thread_count();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  static std::once_flag checked;
+  std::call_once(checked, check_blas_core);
+}
+
+void check_blas_core() {
+#if defined(__x86_64__)
+  // OpenBLAS 0.3.21 does not recognise some recent CPUs and falls back to its SSE3
+  // ("Prescott") kernels: sgemm then runs 2-4x below what the CPU can do.
+  const std::string_view core = openblas_get_corename();
+  const bool old_core = core == "Prescott" || core == "Core2" || core == "Penryn" ||
+                        core == "Dunnington" || core == "Nehalem" || core == "Atom";
+  if (old_core && __builtin_cpu_supports("avx2"))
+    spdlog::warn(
+        "OpenBLAS runs its {} kernels on a CPU with {}; GEMMs are several times slower than "
+        "they could be. Set OPENBLAS_CORETYPE={} before starting baton.",
+        core, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2",
+        __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
+#endif
 }
 
 }  // namespace baton::kernels::cpu

@@ -17,8 +17,8 @@ namespace baton::kernels::cuda {
 
 using memory::Tensor;
 
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-            double alpha, double beta);
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta);
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout,
                     Tensor& y);
@@ -54,9 +54,8 @@ void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
 
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
-                        bool accumulate);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const AttentionOptions& opt, Tensor& dqkv, bool accumulate);
 
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,
                        bool accumulate);

@@ -84,7 +84,7 @@ class Attention final : public OpBase {
     OpCost k;
     k.forward_flops = 2 * unit;
     k.backward_input_flops = 5 * unit;
-    k.extra_saved_bytes = batch * heads_ * t_ * dsize(dtype_);
+    k.extra_saved_bytes = alloc_bytes(batch * heads_ * t_, dtype_);
     return k;
   }
 

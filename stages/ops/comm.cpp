@@ -44,6 +44,8 @@ class TpAllReduce final : public OpBase {
     elems_ = numel_of(spec.inputs[0].shape);
   }
 
+  int output_alias(size_t) const override { return kReduceForward ? -1 : 0; }
+
   void forward(ForwardCall& c) const override {
     if (!kReduceForward) {
       c.outputs[0] = c.inputs[0];
@@ -184,7 +186,7 @@ class VocabParallelCrossEntropy final : public OpBase {
     double e = double(batch * rows_ * v_);
     OpCost k;
     k.forward_flops = 5 * e;
-    k.extra_saved_bytes = batch * rows_ * v_ * dsize(dtype_);
+    k.extra_saved_bytes = alloc_bytes(batch * rows_ * v_, dtype_);
     k.forward_comm_bytes = 3 * batch * rows_ * dsize(dtype_);
     return k;
   }

@@ -62,4 +62,8 @@ Shape batched(const OpContext& ctx, const Shape& per_sample) {
 
 int64_t dsize(DType t) { return int64_t(memory::dtype_size(t)); }
 
+int64_t alloc_bytes(int64_t elems, DType t) {
+  return int64_t(memory::Allocator::rounded(size_t(elems) * memory::dtype_size(t)));
+}
+
 }  // namespace baton::stages::ops

@@ -44,5 +44,7 @@ int64_t rows_per_sample(const Shape& s);  // product of all but the last dimensi
 // Run-time shape of a value for this micro-batch.
 Shape batched(const OpContext& ctx, const Shape& per_sample);
 int64_t dsize(DType t);
+// Bytes of a tensor of `elems` elements as the allocator counts them (rounded up).
+int64_t alloc_bytes(int64_t elems, DType t);
 
 }  // namespace baton::stages::ops

@@ -122,6 +122,7 @@ class Dropout final : public OpBase {
     return b;
   }
   bool active(const OpContext& ctx) const { return ctx.training && p_ > 0; }
+  int output_alias(size_t) const override { return p_ > 0 ? -1 : 0; }
 
   void forward(ForwardCall& c) const override {
     if (!active(c.ctx)) {
@@ -194,6 +195,8 @@ class Reshape final : public OpBase {
     out_.push_back({s, in.dtype, true});
     in_shape_ = in.shape;
   }
+
+  int output_alias(size_t) const override { return 0; }
 
   void forward(ForwardCall& c) const override {
     c.outputs[0] = c.inputs[0].view(batched(c.ctx, out_[0].shape));

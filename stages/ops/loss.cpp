@@ -82,7 +82,7 @@ class CrossEntropy final : public OpBase {
     double e = double(batch * rows_ * v_);
     OpCost k;
     k.forward_flops = 5 * e;  // max, subtract, exp, sum, and the gradient's scale
-    k.extra_saved_bytes = batch * rows_ * v_ * dsize(dtype_);
+    k.extra_saved_bytes = alloc_bytes(batch * rows_ * v_, dtype_);
     return k;
   }
 

@@ -68,7 +68,7 @@ class LayerNorm final : public OpBase {
     k.forward_flops = 7 * e;
     k.backward_input_flops = 9 * e;
     k.backward_weight_flops = 4 * e;
-    k.extra_saved_bytes = 2 * batch * rows_ * dsize(dtype_);
+    k.extra_saved_bytes = 2 * alloc_bytes(batch * rows_, dtype_);
     return k;
   }
 

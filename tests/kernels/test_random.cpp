@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/random.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -25,6 +26,20 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
 }
 
+TEST(Philox, VectorisedFillMatchesTheScalarDefinition) {
+  // Every head alignment, lengths around the vector batch sizes, and a start where the
+  // counter's low word wraps.
+  std::vector<uint32_t> bits(700);
+  for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(2), uint64_t(3), uint64_t(1021),
+                         (uint64_t(1) << 34) - 130})
+    for (int64_t n : {0, 1, 3, 4, 5, 31, 32, 33, 127, 128, 129, 160, 511, 700}) {
+      cpu::random_bits_fill(11, 12, first, n, bits.data());
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(bits[size_t(j)], rnd::random_bits(11, 12, first + uint64_t(j)))
+            << "first " << first << " n " << n << " j " << j;
+    }
+}
+
 TEST(Philox, DropoutThresholdIsExactlyUniformAtLeastP) {
   for (double p : {0.0, 0.1, 0.25, 0.5, 1.0 / 3.0, 0.9, 1.0}) {
     const uint32_t t = rnd::dropout_threshold(p);
@@ -42,7 +57,8 @@ TEST(StreamOf, IsFnv1aThenSplitmixAndStable) {
   EXPECT_EQ(rnd::fnv1a64("a"), 0xaf63dc4c8601ec8cull);
   EXPECT_EQ(stream_of("h.0.attn.dropout"), rnd::splitmix64_mix(rnd::fnv1a64("h.0.attn.dropout")));
   EXPECT_NE(stream_of("h.0.attn"), stream_of("h.1.attn"));
-  // Pinned (checked independently in Python): changing stream_of changes every initialisation and dropout mask.
+  // Pinned (checked independently in Python): changing stream_of changes every initialisation and
+  // dropout mask.
   EXPECT_EQ(stream_of("wte"), 0x71c7087570da1494ull);
 }
 
@@ -70,6 +86,21 @@ TEST(Dropout, KeepsExactlyTheSpecifiedElementsAndScales) {
   }
   // Binomial(n, p): 5 standard deviations.
   EXPECT_NEAR(double(dropped), p * n, 5 * std::sqrt(n * p * (1 - p)));
+}
+
+TEST(Dropout, MaskIsRightWhereTheLowCounterWordWraps) {
+  // Logical indices around 4 * 2^32, where the Philox counter's low word wraps, in a
+  // block of a (never allocated) huge logical tensor; unaligned start.
+  const int64_t n = 1001, start = (int64_t(1) << 34) - 503;
+  const Tensor x = arange({n});
+  Tensor y = Tensor::empty({n}, DType::f64);
+  dropout_forward(x, y, 0.5, 3, 4, Block{{int64_t(1) << 36}, {start}});
+  const auto xv = as_f64(x), yv = as_f64(y);
+  const uint32_t thr = rnd::dropout_threshold(0.5);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = rnd::dropout_keep(rnd::random_bits(3, 4, uint64_t(start + i)), thr);
+    ASSERT_EQ(yv[size_t(i)], keep ? 2 * xv[size_t(i)] : 0.0) << "element " << i;
+  }
 }
 
 TEST(Dropout, BackwardUsesTheForwardMask) {

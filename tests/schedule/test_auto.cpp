@@ -34,7 +34,8 @@ double best_fixed_that_fits(const CostSpec& c, int p, int m, double limit, bool 
     for (const Schedule& t : {s, split_backward(s)}) {
       SimResult r = simulate(t, resolve(c, t));
       bool fit = true;
-      for (const RankStats& rs : r.ranks) fit = fit && (bytes ? rs.peak_bytes : rs.peak_micro_batches) <= limit * (1 + 1e-9);
+      for (const RankStats& rs : r.ranks)
+        fit = fit && (bytes ? rs.peak_bytes : rs.peak_micro_batches) <= limit * (1 + 1e-9);
       if (fit) best = std::min(best, r.makespan);
     }
   }
@@ -66,16 +67,18 @@ TEST(AutoSchedule, WithinLimitAndNeverSlowerThanTheBestFixedThatFits) {
     o.num_micro_batches = m;
     o.memory_limit = {limit};
     o.limit_in_bytes = bytes;
-    SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) + " limit=" + std::to_string(limit) +
-                 (bytes ? " bytes" : " micro-batches"));
+    SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                 " limit=" + std::to_string(limit) + (bytes ? " bytes" : " micro-batches"));
     AutoResult r = auto_schedule(c, o);
     ASSERT_TRUE(validate(r.schedule).ok) << validate(r.schedule).to_string();
-    for (const Action& a : r.schedule.ranks[0]) ASSERT_NE(a.kind, ActionKind::full_backward);  // B/W split
+    for (const Action& a : r.schedule.ranks[0])
+      ASSERT_NE(a.kind, ActionKind::full_backward);  // B/W split
     SimResult again = simulate(r.schedule, resolve(c, r.schedule));
     EXPECT_DOUBLE_EQ(again.makespan, r.sim.makespan);
     for (const RankStats& rs : again.ranks)
       EXPECT_LE(bytes ? rs.peak_bytes : rs.peak_micro_batches, limit * (1 + 1e-9)) << r.chosen;
-    EXPECT_LE(r.sim.makespan, best_fixed_that_fits(c, p, m, limit, bytes) * (1 + 1e-12)) << r.chosen;
+    EXPECT_LE(r.sim.makespan, best_fixed_that_fits(c, p, m, limit, bytes) * (1 + 1e-12))
+        << r.chosen;
   }
 }
 
@@ -90,7 +93,8 @@ TEST(AutoSchedule, PerRankLimitsAndPerStageCosts) {
   o.memory_limit = {4, 3, 2, 2};
   AutoResult r = auto_schedule(c, o);
   EXPECT_EQ(r.schedule.num_stages(), 4);  // per-stage costs for 4 stages: one stage per rank
-  for (int rank = 0; rank < 4; ++rank) EXPECT_LE(r.sim.ranks[size_t(rank)].peak_micro_batches, o.memory_limit[size_t(rank)]);
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_LE(r.sim.ranks[size_t(rank)].peak_micro_batches, o.memory_limit[size_t(rank)]);
   // The fixed schedules with another stage count cannot use these costs.
   for (const AutoCandidate& f : r.fixed)
     if (f.name == "zb-v") {
@@ -107,7 +111,8 @@ TEST(AutoSchedule, ClearErrorWhenNothingFits) {
     auto_schedule(CostSpec::unit(), o);
     FAIL();
   } catch (const baton::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("no schedule fits the memory limit of 0.4 micro-batches"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("no schedule fits the memory limit of 0.4 micro-batches"),
+              std::string::npos)
         << e.what();
   }
   o.memory_limit = {1, 2};
@@ -128,4 +133,18 @@ TEST(ListScheduler, RespectsMemoryOnEveryPlacement) {
         EXPECT_LE(simulate(s, c).peak_micro_batches, limit + 1e-9) << placement << chunks;
       }
     }
+}
+
+TEST(LocalSearch, FindsZeroBubbleQualityFrom1F1B) {
+  // Starting from 1F1B with its backward split, moving W's is enough to reach ZB-H1's
+  // makespan at the same memory when F = B = W.
+  Schedule start = split_backward(generate("1f1b", 4, 8));
+  Costs c = resolve(CostSpec::unit(), start);
+  const double zb_h1 = simulate(generate("zb-h1", 4, 8), c).makespan;
+  Schedule better = refine_schedule(start, c, {4}, false, 200000);
+  ASSERT_TRUE(validate(better).ok);
+  SimResult r = simulate(better, c);
+  EXPECT_LT(r.makespan, simulate(start, c).makespan);
+  EXPECT_LE(r.makespan, zb_h1 + 1e-9);
+  EXPECT_LE(r.peak_micro_batches, 4 + 1e-9);
 }

@@ -37,6 +37,7 @@ std::vector<Schedule> sample_schedules() {
   }
   out.push_back(generate("interleaved-1f1b", 3, 7, 3));
   out.push_back(lower(generate("dualpipe", 2, 6)));
+  out.back().name = "  odd # name: with spaces ";
   return out;
 }
 
@@ -45,7 +46,8 @@ std::vector<Schedule> sample_schedules() {
 TEST(ScheduleToken, RoundTripsEveryKind) {
   for (int k = 0; k < kNumActionKinds; ++k) {
     auto kind = static_cast<ActionKind>(k);
-    Action a{kind, has_micro_batch(kind) ? 17 : -1, kind == ActionKind::optimizer_step ? -1 : 3, -1};
+    Action a{kind, has_micro_batch(kind) ? 17 : -1, kind == ActionKind::optimizer_step ? -1 : 3,
+             -1};
     EXPECT_EQ(parse_token(to_token(a), "t"), a) << to_token(a);
   }
   EXPECT_EQ(to_token(make_action(ActionKind::forward, 1, 0)), "0F1");
@@ -57,7 +59,8 @@ TEST(ScheduleToken, RoundTripsEveryKind) {
 }
 
 TEST(ScheduleToken, RejectsMalformedTokensWithWhereAndExpected) {
-  for (const char* bad : {"F1", "0X1", "0F", "0Fx", "0F-1", "0REDUCE3", "3STEP", "0f1", "0F99999999999"}) {
+  for (const char* bad :
+       {"F1", "0X1", "0F", "0Fx", "0F-1", "0REDUCE3", "3STEP", "0f1", "0F99999999999"}) {
     std::string msg = error_of([&] { parse_token(bad, "plan.txt:3"); });
     EXPECT_NE(msg.find("plan.txt:3"), std::string::npos) << bad << ": " << msg;
     EXPECT_NE(msg.find("expected"), std::string::npos) << bad << ": " << msg;
@@ -153,17 +156,23 @@ TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
       {"[]", "expected a JSON object"},
       {with("\"ranks\": 2", "\"ranks\": \"two\""), "ranks: expected an integer"},
       {with("\"ranks\": 2", "\"rank\": 2"), "rank: unknown field"},
-      {with("\"micro_batches\": 2", "\"micro_batches\": 0"), "micro_batches: expected an integer in [1"},
-      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}", "{\"kind\":\"X\",\"micro_batch\":1,\"stage\":1}"),
+      {with("\"micro_batches\": 2", "\"micro_batches\": 0"),
+       "micro_batches: expected an integer in [1"},
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"X\",\"micro_batch\":1,\"stage\":1}"),
        "actions[1][2].kind: expected one of F, B"},
       {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}", "{\"kind\":\"F\",\"stage\":1}"),
        "actions[1][2].micro_batch: missing"},
-      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}", "{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1,\"x\":0}"),
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1,\"x\":0}"),
        "actions[1][2].x: unknown field"},
-      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}", "{\"kind\":\"F\",\"micro_batch\":-1,\"stage\":1}"),
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"F\",\"micro_batch\":-1,\"stage\":1}"),
        "actions[1][2].micro_batch: expected an integer in [0"},
-      {with("\"placement\": [0,1]", "\"placement\": [0,2]"), "placement[1]: expected an integer in [0, 1]"},
-      {with("\"format\": \"baton-schedule\"", "\"format\": \"other\""), "format: expected \"baton-schedule\""},
+      {with("\"placement\": [0,1]", "\"placement\": [0,2]"),
+       "placement[1]: expected an integer in [0, 1]"},
+      {with("\"format\": \"baton-schedule\"", "\"format\": \"other\""),
+       "format: expected \"baton-schedule\""},
   };
   for (const Case& c : cases) {
     std::string msg = error_of([&] { parse_json(c.text, "s.json"); });
@@ -173,7 +182,8 @@ TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
 }
 
 TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
-  const auto dir = std::filesystem::temp_directory_path() / ("baton_sched_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("baton_sched_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   Schedule s = lower(generate("zb-v", 3, 5));
   for (const char* name : {"s.txt", "s.json"}) {
@@ -183,8 +193,11 @@ TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
   }
   std::ifstream json_file(dir / "s.json");
   EXPECT_EQ(json_file.get(), '{');
-  EXPECT_NE(error_of([&] { load_schedule((dir / "missing.txt").string()); }).find("cannot open"), std::string::npos);
-  EXPECT_NE(error_of([&] { save_schedule(s, (dir / "no" / "such" / "dir.txt").string()); }).find("cannot"),
+  EXPECT_NE(error_of([&] { load_schedule((dir / "missing.txt").string()); }).find("cannot open"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              save_schedule(s, (dir / "no" / "such" / "dir.txt").string());
+            }).find("cannot"),
             std::string::npos);
   std::filesystem::remove_all(dir);
 }
@@ -202,7 +215,9 @@ TEST(CostFile, ParsesScalarsArraysAndUnits) {
   EXPECT_EQ(r.message_bytes, (std::vector<double>(4, 4096.0)));  // message sizes are not divided
   EXPECT_DOUBLE_EQ(r.bandwidth, 1024.0);
   EXPECT_DOUBLE_EQ(r.latency, 0.5);
-  EXPECT_NE(error_of([&] { resolve(c, 2, 6, 1); }).find("backward_input: has 4 values but the schedule has 6"),
+  EXPECT_NE(error_of([&] {
+              resolve(c, 2, 6, 1);
+            }).find("backward_input: has 4 values but the schedule has 6"),
             std::string::npos);
 }
 
@@ -213,14 +228,20 @@ TEST(CostFile, ErrorsNameJsonPath) {
   };
   const Case cases[] = {
       {R"({"forward": 1, "backward_input": 1})", "backward_weight: missing"},
-      {R"({"forward": -1, "backward_input": 1, "backward_weight": 1})", "forward: expected a number >= 0"},
-      {R"({"forward": [1, "x"], "backward_input": 1, "backward_weight": 1})", "forward[1]: expected a number"},
-      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "fwd": 2})", "fwd: unknown field"},
-      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "p2p": {"lat": 1}})", "p2p.lat: unknown field"},
-      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "time_unit": "h"})", "time_unit: expected"},
+      {R"({"forward": -1, "backward_input": 1, "backward_weight": 1})",
+       "forward: expected a number >= 0"},
+      {R"({"forward": [1, "x"], "backward_input": 1, "backward_weight": 1})",
+       "forward[1]: expected a number"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "fwd": 2})",
+       "fwd: unknown field"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "p2p": {"lat": 1}})",
+       "p2p.lat: unknown field"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "time_unit": "h"})",
+       "time_unit: expected"},
       {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": "3 parsecs"})",
        "activation_bytes: invalid size"},
-      {R"({"forward": [], "backward_input": 1, "backward_weight": 1})", "forward: expected one value per stage"},
+      {R"({"forward": [], "backward_input": 1, "backward_weight": 1})",
+       "forward: expected one value per stage"},
   };
   for (const Case& c : cases) {
     std::string msg = error_of([&] { parse_costs(c.text, "c.json"); });

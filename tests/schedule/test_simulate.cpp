@@ -27,9 +27,13 @@ CostSpec spec_fbw(double f, double b, double w) {
   return c;
 }
 
-SimResult sim(const Schedule& s, const CostSpec& c) { return simulate(s, resolve(c, s)); }
+SimResult sim(const Schedule& s, const CostSpec& c) {
+  return simulate(s, resolve(c, s));
+}
 
-double idle(const SimResult& r, int rank) { return r.makespan - r.ranks[size_t(rank)].busy; }
+double idle(const SimResult& r, int rank) {
+  return r.makespan - r.ranks[size_t(rank)].busy;
+}
 
 }  // namespace
 
@@ -38,8 +42,8 @@ TEST(Generators, EveryScheduleValidOverAGrid) {
   for (const auto& name : schedule_names())
     for (int p = 1; p <= 8; ++p)
       for (int m = 1; m <= 3 * p + 2; ++m)
-        for (int v : {0, 3}) {
-          if (v == 3 && name != "interleaved-1f1b") continue;
+        for (int v : {0, 3, 4}) {
+          if (v != 0 && name != "interleaved-1f1b") continue;
           Schedule s;
           try {
             s = generate(name, p, m, v);
@@ -49,7 +53,8 @@ TEST(Generators, EveryScheduleValidOverAGrid) {
           ++checked;
           ASSERT_EQ(s.num_micro_batches, m);
           ValidationReport r = validate(s);
-          ASSERT_TRUE(r.ok) << name << " p=" << p << " m=" << m << " v=" << v << "\n" << r.to_string();
+          ASSERT_TRUE(r.ok) << name << " p=" << p << " m=" << m << " v=" << v << "\n"
+                            << r.to_string();
           ValidationReport rl = validate(lower(s));
           ASSERT_TRUE(rl.ok) << name << " lowered p=" << p << " m=" << m << "\n" << rl.to_string();
         }
@@ -65,17 +70,27 @@ TEST(Generators, DomainsAndClearErrors) {
     }
     return std::string();
   };
-  EXPECT_NE(msg([] { generate("1F1B", 0, 4); }).find("1f1b: ranks: expected 1 to"), std::string::npos);
-  EXPECT_NE(msg([] { generate("gpipe", 2, 0); }).find("gpipe: micro-batches: expected 1 to"), std::string::npos);
-  EXPECT_NE(msg([] { generate("zb-v", 4, 8, 3); }).find("zb-v: chunks: expected 2"), std::string::npos);
+  EXPECT_NE(msg([] { generate("1F1B", 0, 4); }).find("1f1b: ranks: expected 1 to"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("gpipe", 2, 0); }).find("gpipe: micro-batches: expected 1 to"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("zb-v", 4, 8, 3); }).find("zb-v: chunks: expected 2"),
+            std::string::npos);
   EXPECT_NE(msg([] { generate("interleaved", 4, 8, 0); }), "x");
-  EXPECT_NE(msg([] { generate("dualpipev", 4, 7); }).find("at least 2 x ranks = 8, found 7"), std::string::npos);
-  EXPECT_NE(msg([] { generate("dualpipe", 3, 12); }).find("ranks: expected an even number"), std::string::npos);
-  EXPECT_NE(msg([] { generate("dualpipe", 4, 9); }).find("micro-batches: expected an even number of at least"),
+  EXPECT_NE(msg([] { generate("dualpipev", 4, 7); }).find("at least 2 x ranks = 8, found 7"),
             std::string::npos);
-  EXPECT_NE(msg([] { generate("pipedream", 4, 8); }).find("unknown schedule 'pipedream' (expected one of gpipe"),
+  EXPECT_NE(msg([] { generate("dualpipe", 3, 12); }).find("ranks: expected an even number"),
             std::string::npos);
-  EXPECT_NE(msg([] { generate("1f1b", 4096, 4096); }).find("beyond the supported"), std::string::npos);
+  EXPECT_NE(msg([] {
+              generate("dualpipe", 4, 9);
+            }).find("micro-batches: expected an even number of at least"),
+            std::string::npos);
+  EXPECT_NE(msg([] {
+              generate("pipedream", 4, 8);
+            }).find("unknown schedule 'pipedream' (expected one of gpipe"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("1f1b", 4096, 4096); }).find("beyond the supported"),
+            std::string::npos);
   EXPECT_EQ(generate("interleaved", 4, 8).name, "interleaved-1f1b");
   EXPECT_EQ(generate("interleaved", 4, 8).num_stages(), 8);
 }
@@ -87,7 +102,8 @@ TEST(Simulate, GPipeAnd1F1BBubbleIsPMinus1OverMPlusPMinus1) {
         SimResult r = sim(generate(name, p, m), spec_fbw(1.5, 1.5, 0));  // equal F and B
         const double expected = double(p - 1) / (m + p - 1);
         EXPECT_NEAR(r.makespan, (m + p - 1) * 3.0, 1e-9) << name << " p=" << p << " m=" << m;
-        for (const RankStats& rs : r.ranks) EXPECT_NEAR(rs.bubble, expected, 1e-12) << name << " p=" << p << " m=" << m;
+        for (const RankStats& rs : r.ranks)
+          EXPECT_NEAR(rs.bubble, expected, 1e-12) << name << " p=" << p << " m=" << m;
         EXPECT_NEAR(r.bubble, expected, 1e-12);
       }
 }
@@ -112,7 +128,8 @@ TEST(Simulate, OneFOneBPeakInFlightIsPMinusR) {
     for (int m : {1, 3, 8, 16}) {
       SimResult r = sim(generate("1f1b", p, m), CostSpec::unit());
       for (int rank = 0; rank < p; ++rank)
-        EXPECT_DOUBLE_EQ(r.ranks[size_t(rank)].peak_micro_batches, std::min(p - rank, m)) << "p=" << p << " m=" << m;
+        EXPECT_DOUBLE_EQ(r.ranks[size_t(rank)].peak_micro_batches, std::min(p - rank, m))
+            << "p=" << p << " m=" << m;
       SimResult g = sim(generate("gpipe", p, m), CostSpec::unit());
       EXPECT_DOUBLE_EQ(g.peak_micro_batches, m);
     }
@@ -128,7 +145,8 @@ TEST(Simulate, ZeroBubbleSchedulesWithEqualFBW) {
       SimResult zv = sim(generate("zb-v", p, m), c);
       // ZB-H1: a third of 1F1B's bubble ((p-1)(F+B-W) against (p-1)(F+B+W)) at the
       // same peak memory.
-      for (int r = 0; r < p; ++r) EXPECT_NEAR(idle(h1, r), idle(base, r) / 3, 1e-9) << "p=" << p << " m=" << m;
+      for (int r = 0; r < p; ++r)
+        EXPECT_NEAR(idle(h1, r), idle(base, r) / 3, 1e-9) << "p=" << p << " m=" << m;
       EXPECT_NEAR(h1.bubble / base.bubble, (3.0 * m + 3 * (p - 1)) / (3 * (3.0 * m + p - 1)), 1e-9);
       EXPECT_LE(h1.peak_micro_batches, p);
       // ZB-H2 and ZB-V: no bubble inside any rank's span (the zero-bubble paper's
@@ -227,11 +245,15 @@ TEST(Simulate, ReusedWithNewCostsAndCheckedInput) {
 }
 
 TEST(Simulate, P128M1024WellUnderASecond) {
+#if !defined(__OPTIMIZE__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a speed bound means something only in an optimised build without sanitizers";
+#endif
   const auto t0 = std::chrono::steady_clock::now();
   Schedule s = lower(generate("1f1b", 128, 1024));
   Simulator simr(s);
   SimResult r = simr.run(resolve(CostSpec::unit(), s));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NEAR(r.makespan, 3.0 * (1024 + 127), 1e-6);
   // Generate, lower, validate, index and run: about 0.3 s on the development machine;
   // the bound leaves room for a loaded machine. One more run alone is much faster.
@@ -253,7 +275,7 @@ TEST(Timeline, ChromeTraceRoundTripsAndSvgDrawsEveryAction) {
   size_t compute = 0, transfers = 0;
   for (const auto& e : t.events) (e.lane == 0 ? compute : transfers) += 1;
   EXPECT_EQ(compute, 3u * 3 * 4 + 2);  // F, B, W of 3 micro-batches on 4 stages; STEP per rank
-  EXPECT_EQ(transfers, 3u * 2 * 2);  // activation and gradient over two rank boundaries
+  EXPECT_EQ(transfers, 3u * 2 * 2);    // activation and gradient over two rank boundaries
   Timeline back = from_chrome_trace(to_chrome_trace(t), "t.json");
   EXPECT_EQ(back.name, "zb-v");
   EXPECT_EQ(back.num_ranks, 2);
@@ -270,8 +292,9 @@ TEST(Timeline, ChromeTraceRoundTripsAndSvgDrawsEveryAction) {
   const std::string svg = to_svg(t);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   size_t rects = 0;
-  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
-  EXPECT_EQ(rects, 1 + t.events.size() + 7);  // background, one per event, legend
+  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1))
+    ++rects;
+  EXPECT_EQ(rects, 1 + t.events.size() + 7);            // background, one per event, legend
   EXPECT_NE(svg.find(">2</text>"), std::string::npos);  // micro-batch numbers in the boxes
   EXPECT_THROW(from_chrome_trace("{\"traceEvents\": 3}", "x.json"), InputError);
 }

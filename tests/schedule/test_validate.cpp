@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <random>
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
@@ -35,7 +37,8 @@ void expect_invalid(const Schedule& s, int rank, int index, const std::vector<st
   ASSERT_FALSE(r.ok) << to_text(s);
   EXPECT_EQ(r.rank, rank) << r.to_string();
   EXPECT_EQ(r.index, index) << r.to_string();
-  for (const auto& w : words) EXPECT_NE(r.message.find(w), std::string::npos) << "'" << w << "' not in:\n" << r.to_string();
+  for (const auto& w : words)
+    EXPECT_NE(r.message.find(w), std::string::npos) << "'" << w << "' not in:\n" << r.to_string();
   if (rank >= 0) {
     EXPECT_NE(r.grid.find("rank " + std::to_string(rank)), std::string::npos) << r.grid;
     if (index >= 0) {
@@ -59,7 +62,8 @@ TEST(Validate, AcceptsGeneratedAndLoweredSchedules) {
 TEST(Validate, DroppedComputeActionIsMissing) {
   Schedule s = split_backward(generate("1f1b", 3, 4));
   erase(s, 1, "1B2");
-  expect_invalid(s, 1, index_of(s, 1, "1W2"), {"missing 1B2", "micro-batch 2 of stage 1 (rank 1)", "no B"});
+  expect_invalid(s, 1, index_of(s, 1, "1W2"),
+                 {"missing 1B2", "micro-batch 2 of stage 1 (rank 1)", "no B"});
 
   Schedule t = generate("gpipe", 2, 3);
   erase(t, 0, "0F1");
@@ -73,11 +77,13 @@ TEST(Validate, DroppedComputeActionIsMissing) {
 TEST(Validate, DroppedTransferHasNoMatch) {
   Schedule s = lower(generate("1f1b", 2, 3));
   erase(s, 1, "1RECV_F2");
-  expect_invalid(s, 0, index_of(s, 0, "0SEND_F2"), {"0SEND_F2", "no matching 1RECV_F2 on rank 1", "every send must meet a receive"});
+  expect_invalid(s, 0, index_of(s, 0, "0SEND_F2"),
+                 {"0SEND_F2", "no matching 1RECV_F2 on rank 1", "every send must meet a receive"});
 
   Schedule t = lower(generate("1f1b", 2, 3));
   erase(t, 1, "1SEND_B0");
-  expect_invalid(t, 0, index_of(t, 0, "0RECV_B0"), {"0RECV_B0", "no matching 1SEND_B0", "wait forever"});
+  expect_invalid(t, 0, index_of(t, 0, "0RECV_B0"),
+                 {"0RECV_B0", "no matching 1SEND_B0", "wait forever"});
 }
 
 TEST(Validate, SwappedSendAndReceiveOnOneRank) {
@@ -86,7 +92,9 @@ TEST(Validate, SwappedSendAndReceiveOnOneRank) {
   int recv = index_of(s, 1, "1RECV_F1"), fwd = index_of(s, 1, "1F1");
   ASSERT_EQ(recv + 1, fwd);
   std::swap(s.ranks[1][size_t(recv)], s.ranks[1][size_t(fwd)]);
-  expect_invalid(s, 1, recv, {"receive after use", "1F1", "1RECV_F1", "later on the same rank (action " + std::to_string(fwd) + ")"});
+  expect_invalid(s, 1, recv,
+                 {"receive after use", "1F1", "1RECV_F1",
+                  "later on the same rank (action " + std::to_string(fwd) + ")"});
 
   // The send placed before the forward that produces it.
   Schedule t = lower(generate("1f1b", 2, 2));
@@ -102,8 +110,10 @@ TEST(Validate, SwappedSendAndReceiveAcrossRanksIsACycle) {
       "0: 0F0 0RECV_B0 0SEND_F0 0BW0\n"
       "1: 1RECV_F0 1F0 1BW0 1SEND_B0\n",
       "cycle.txt");
-  expect_invalid(s, 0, 1, {"deadlock", "cycle of waits between ranks 0, 1", "rank 0, action 1 (0RECV_B0) waits for 1SEND_B0",
-                           "rank 1, action 0 (1RECV_F0) waits for 0SEND_F0 (rank 0, action 2)"});
+  expect_invalid(s, 0, 1,
+                 {"deadlock", "cycle of waits between ranks 0, 1",
+                  "rank 0, action 1 (0RECV_B0) waits for 1SEND_B0",
+                  "rank 1, action 0 (1RECV_F0) waits for 0SEND_F0 (rank 0, action 2)"});
 }
 
 TEST(Validate, CycleOfWaitsInComputeOnlySchedule) {
@@ -114,8 +124,10 @@ TEST(Validate, CycleOfWaitsInComputeOnlySchedule) {
       "c.txt");
   // Rank 0's 0BW0 needs 1BW0, which rank 1 runs only after 1F1, which needs 0F1, which
   // rank 0 runs only after 0BW0. Rank 2 waits on the cycle without being part of it.
-  expect_invalid(s, 0, 1, {"deadlock", "between ranks 0, 1 ", "rank 0, action 1 (0BW0) waits for 1BW0 (rank 1, action 3)",
-                           "rank 1, action 1 (1F1) waits for 0F1 (rank 0, action 2)"});
+  expect_invalid(s, 0, 1,
+                 {"deadlock", "between ranks 0, 1 ",
+                  "rank 0, action 1 (0BW0) waits for 1BW0 (rank 1, action 3)",
+                  "rank 1, action 1 (1F1) waits for 0F1 (rank 0, action 2)"});
 }
 
 TEST(Validate, WBeforeItsB) {
@@ -162,7 +174,8 @@ TEST(Validate, TransfersOnlyAcrossRanksWithTheRightPeer) {
 
   Schedule u = lower(generate("1f1b", 2, 2));
   u.ranks[1].push_back(Action{K::send_activation, 0, 1, 0});
-  expect_invalid(u, 1, int(u.ranks[1].size()) - 1, {"last stage of its direction", "no next stage"});
+  expect_invalid(u, 1, int(u.ranks[1].size()) - 1,
+                 {"last stage of its direction", "no next stage"});
 }
 
 TEST(Validate, ReduceAndStep) {
@@ -254,4 +267,74 @@ TEST(Dependencies, RunInOrderGivesATopologicalOrder) {
       EXPECT_LT(when[size_t(g.node(r.rank, r.index - 1))], when[size_t(n)]);
     }
   }
+}
+
+TEST(Schedule, TransferTagsPairSendsWithReceives) {
+  Schedule s = lower(generate("zb-v", 3, 4));
+  std::map<int64_t, std::vector<Action>> by_tag;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list) {
+      const int64_t tag = transfer_tag(s, a);
+      if (is_transfer(a.kind)) {
+        ASSERT_GE(tag, 0);
+        by_tag[tag].push_back(a);
+      } else {
+        EXPECT_EQ(tag, -1);
+      }
+    }
+  EXPECT_EQ(by_tag.size(),
+            4u * 4 * 2);  // 4 micro-batches x 4 rank boundaries x (activation, gradient)
+  for (const auto& [tag, pair] : by_tag) {
+    ASSERT_EQ(pair.size(), 2u) << tag;
+    EXPECT_TRUE(is_send(pair[0].kind) != is_send(pair[1].kind));
+    EXPECT_EQ(pair[0].micro_batch, pair[1].micro_batch);
+  }
+}
+
+TEST(Validate, RandomMutationsNeverCrashAndValidMeansRunnable) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const std::vector<Schedule> bases = {lower(generate("1f1b", 3, 4)), generate("zb-v", 3, 5),
+                                       lower(generate("dualpipe", 2, 4)),
+                                       generate("interleaved", 2, 4, 2)};
+  int valid = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    Schedule s = bases[size_t(trial) % bases.size()];
+    const int mutations = 1 + int(rng() % 3);
+    for (int k = 0; k < mutations; ++k) {
+      auto& list = s.ranks[rng() % s.ranks.size()];
+      if (list.empty()) continue;
+      const size_t i = rng() % list.size(), j = rng() % list.size();
+      switch (rng() % 6) {
+        case 0:
+          list.erase(list.begin() + long(i));
+          break;
+        case 1:
+          list.insert(list.begin() + long(j), list[i]);
+          break;
+        case 2:
+          std::swap(list[i], list[j]);
+          break;
+        case 3:
+          list[i].micro_batch += int(rng() % 5) - 2;
+          break;
+        case 4:
+          list[i].stage += int(rng() % 5) - 2;
+          break;
+        case 5:
+          list[i].kind = static_cast<ActionKind>(rng() % kNumActionKinds);
+          break;
+      }
+    }
+    ValidationReport r = validate(s);
+    if (!r.ok) {
+      EXPECT_FALSE(r.message.empty());
+      continue;
+    }
+    ++valid;  // a harmless mutation (e.g. two independent actions swapped)
+    DependencyGraph g(s);
+    EXPECT_TRUE(run_in_order(g).complete) << to_text(s);
+  }
+  EXPECT_LT(valid, 400);
 }

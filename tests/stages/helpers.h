@@ -51,3 +51,9 @@ inline Tensor rows(const Tensor& t, int64_t first, int64_t n) { return t.narrow(
 inline double value_of(const Tensor& scalar) { return scalar.to(DType::f64).to_vector<double>()[0]; }
 
 }  // namespace baton::stages::testing
+
+namespace baton::stages::testing {
+// These tests run tiny models: one thread is faster than a parallel region per tiny op,
+// and CI runs two test programs at once on two cores.
+inline const bool kOneThread = (kernels::set_num_threads(1), true);
+}  // namespace baton::stages::testing

@@ -95,18 +95,35 @@ TEST(Training, ResumeContinuesTheLossCurveExactly) {
   straight.micro_batches = 2;
   std::vector<double> all = losses(run_training(straight));
 
+  std::string log = dir + "-loss.jsonl";
   TrainOptions first = straight;
-  first.steps = 10;
+  first.steps = 12;  // checkpoints at 10; steps 11 and 12 stand for a run that then crashed
+  first.checkpoint_every = 10;
   first.checkpoint_dir = dir;
+  first.loss_log = log;
   std::vector<double> a = losses(run_training(first));
+  a.resize(10);
+  std::filesystem::remove_all(checkpoint_dir(dir, 12));
   TrainOptions second = straight;
   second.checkpoint_dir = dir;
   second.resume = true;
+  second.loss_log = log;
   TrainSummary rest = run_training(second);
   EXPECT_EQ(rest.first_step, 10);
   std::vector<double> b = losses(rest);
   a.insert(a.end(), b.begin(), b.end());
   expect_same_bits(all, a);
+  // The loss log holds steps 1..20 once each, with the losses of the straight run.
+  std::ifstream in(log);
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    ASSERT_EQ(j["step"].get<int64_t>(), ++step) << line;
+    double v = j["loss"].get<double>();
+    EXPECT_EQ(std::memcmp(&v, &all[size_t(step - 1)], sizeof v), 0) << line;
+  }
+  EXPECT_EQ(step, 20);
   std::filesystem::remove_all(dir);
 }
 
@@ -119,6 +136,7 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
   o.checkpoint_every = 2;
   run_training(o);
   EXPECT_EQ(latest_checkpoint(dir), checkpoint_dir(dir, 6));
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 2)));
   // Step 6 loses its manifest (a crash before it was written); step 4 gets a damaged shard.
   std::filesystem::remove(checkpoint_dir(dir, 6) + "/manifest.json");
   {
@@ -128,6 +146,23 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
     f.write("\x01\x02\x03\x04", 4);
   }
   EXPECT_EQ(latest_checkpoint(dir), checkpoint_dir(dir, 2));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Training, KeepCheckpointsPrunesTheOldest) {
+  std::string model = write_model("small_gpt_keep.json", small_gpt());
+  std::string dir = ::testing::TempDir() + "/baton_ckpt_keep";
+  std::filesystem::remove_all(dir);
+  TrainOptions o = options(model, 6);
+  o.checkpoint_dir = dir;
+  o.checkpoint_every = 1;
+  o.keep_checkpoints = 2;
+  run_training(o);
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.is_directory() ? 1 : 0;
+  EXPECT_EQ(n, 2);
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 5) + "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoint_dir(dir, 6) + "/manifest.json"));
   std::filesystem::remove_all(dir);
 }
 

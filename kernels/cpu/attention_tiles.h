@@ -1,0 +1,190 @@
+// Register-blocked float micro-kernels for attention's products when the head size is a
+// multiple of 16 (one 64-byte vector). Attention multiplies small matrices (64 query
+// rows, head size 32..128) many times; OpenBLAS spends much of that time packing and
+// in call overhead, while here operands are read in place: q/k/v rows straight from the
+// strided qkv layout, keys transposed once per head.
+//
+//   scores_tile:  C[r][0..32) = alpha * sum_d A[r][d] Bt[d][0..32)      (S = Q K^T, dP = dO V^T)
+//   rows_tile:    C[r][0..16W) (+)= alpha * sum_k A(r, k) B[k][0..16W)  (P V, P^T dO, dS K, dS^T Q)
+#pragma once
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/vec_math.h"
+
+namespace baton::kernels::cpu::tiles {
+
+constexpr int64_t kScoreCols = 32;  // columns of a scores tile: two vectors
+constexpr int kScoreRows = 8;       // rows of a scores tile: 16 accumulators
+
+// C[r][c] = alpha * sum_{d < depth} A[r * lda + d] * Bt[d * ldb + c], r < R, c < 32.
+template <int R>
+inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ldb, int64_t depth,
+                        float alpha, float* C, int64_t ldc) {
+  vfloat acc[R][2] = {};
+  for (int64_t d = 0; d < depth; ++d) {
+    const vfloat b0 = load(Bt + d * ldb), b1 = load(Bt + d * ldb + 16);
+    for (int r = 0; r < R; ++r) {
+      const float a = A[r * lda + d];
+      acc[r][0] += a * b0;
+      acc[r][1] += a * b1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store(C + r * ldc, acc[r][0] * alpha);
+    store(C + r * ldc + 16, acc[r][1] * alpha);
+  }
+}
+
+// scores_tile for any row count 1..kScoreRows.
+inline void scores_tile_n(int rows, const float* A, int64_t lda, const float* Bt, int64_t ldb,
+                          int64_t depth, float alpha, float* C, int64_t ldc) {
+  auto call = [&](auto r) {
+    scores_tile<decltype(r)::value>(A, lda, Bt, ldb, depth, alpha, C, ldc);
+  };
+  switch (rows) {
+    case 1:
+      return call(std::integral_constant<int, 1>{});
+    case 2:
+      return call(std::integral_constant<int, 2>{});
+    case 3:
+      return call(std::integral_constant<int, 3>{});
+    case 4:
+      return call(std::integral_constant<int, 4>{});
+    case 5:
+      return call(std::integral_constant<int, 5>{});
+    case 6:
+      return call(std::integral_constant<int, 6>{});
+    case 7:
+      return call(std::integral_constant<int, 7>{});
+    case 8:
+      return call(std::integral_constant<int, 8>{});
+    default:
+      return;  // callers pass 1..kScoreRows
+  }
+}
+
+// Rows per rows_tile for W vectors per row: about 24 accumulators.
+template <int W>
+constexpr int rows_per_tile() {
+  return W <= 2 ? 8 : W <= 4 ? 6 : W <= 6 ? 4 : 3;
+}
+
+// C[r][0..16W) = (accumulate ? C : 0) + alpha * sum_{k in [k0, k1)} A[r * ar + k * ak] *
+// B[k * ldb + 0..16W), for r < R.
+template <int W, int R>
+inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_t k1,
+                      const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
+                      bool accumulate) {
+  vfloat acc[R][W] = {};
+  for (int64_t k = k0; k < k1; ++k) {
+    float a[R];
+    for (int r = 0; r < R; ++r) a[r] = A[r * ar + k * ak];
+    for (int w = 0; w < W; ++w) {
+      const vfloat b = load(B + k * ldb + 16 * w);
+      for (int r = 0; r < R; ++r) acc[r][w] += a[r] * b;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) {
+      float* c = C + r * ldc + 16 * w;
+      store(c, accumulate ? load(c) + acc[r][w] * alpha : acc[r][w] * alpha);
+    }
+}
+
+// rows_tile over `rows` rows in tiles; k_range(r0, n) gives the [k0, k1) that rows
+// r0..r0+n-1 need (the causal structure makes the rest zero).
+template <int W, class KRange>
+inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, KRange&& k_range,
+                         const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
+                         bool accumulate) {
+  constexpr int R = rows_per_tile<W>();
+  int64_t r0 = 0;
+  for (; r0 + R <= rows; r0 += R) {
+    const auto [k0, k1] = k_range(r0, int64_t(R));
+    rows_tile<W, R>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
+  }
+  if (r0 == rows) return;
+  const int n = int(rows - r0);  // the remaining rows, in one narrower tile
+  const auto [k0, k1] = k_range(r0, int64_t(n));
+  auto tail = [&](auto rn) {
+    rows_tile<W, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc,
+                                      accumulate);
+  };
+  switch (n) {
+    case 1:
+      return tail(std::integral_constant<int, 1>{});
+    case 2:
+      return tail(std::integral_constant<int, std::min(2, R)>{});
+    case 3:
+      return tail(std::integral_constant<int, std::min(3, R)>{});
+    case 4:
+      return tail(std::integral_constant<int, std::min(4, R)>{});
+    case 5:
+      return tail(std::integral_constant<int, std::min(5, R)>{});
+    case 6:
+      return tail(std::integral_constant<int, std::min(6, R)>{});
+    case 7:
+      return tail(std::integral_constant<int, std::min(7, R)>{});
+    default:
+      return;  // n < R <= 8
+  }
+}
+
+#if defined(__AVX512F__)
+// GCC 12 reports its own intrinsics' _mm512_undefined_* as uninitialised at -O3.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// out[c * ldo + r] = in[r * ldi + c] for a 16 x 16 block: 64 shuffles instead of 256
+// strided scalar moves.
+inline void transpose16(const float* in, int64_t ldi, float* out, int64_t ldo) {
+  __m512 r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * ldi);
+  for (int k = 0; k < 8; ++k) {  // pairs of rows, interleaved within 128-bit lanes
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int m = 0; m < 4; ++m) {  // u[4m + x], lane L: rows 4m..4m+3 at column 4L + x
+    u[4 * m + 0] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], 0x44);
+    u[4 * m + 1] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], 0xEE);
+    u[4 * m + 2] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0x44);
+    u[4 * m + 3] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0xEE);
+  }
+  for (int x = 0; x < 4; ++x) {  // 4 x 4 transpose of 128-bit lanes
+    const __m512 v0 = _mm512_shuffle_f32x4(u[x], u[4 + x], 0x88);
+    const __m512 v1 = _mm512_shuffle_f32x4(u[x], u[4 + x], 0xDD);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + x], u[12 + x], 0x88);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + x], u[12 + x], 0xDD);
+    _mm512_storeu_ps(out + (0 + x) * ldo, _mm512_shuffle_f32x4(v0, v2, 0x88));
+    _mm512_storeu_ps(out + (4 + x) * ldo, _mm512_shuffle_f32x4(v1, v3, 0x88));
+    _mm512_storeu_ps(out + (8 + x) * ldo, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+    _mm512_storeu_ps(out + (12 + x) * ldo, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+// Bt[d][j] = M[j * ld + d] for j < n, zero for n <= j < n_padded: a [n, D] block of
+// rows (keys or values of one head, D a multiple of 16) transposed, so scores_tile reads
+// columns as vectors.
+inline void transpose_rows(const float* M, int64_t ld, int64_t n, int64_t D, float* Bt,
+                           int64_t n_padded) {
+  for (int64_t d = 0; d < D; ++d) std::fill(Bt + d * n_padded + n, Bt + (d + 1) * n_padded, 0.0f);
+  int64_t j0 = 0;
+#if defined(__AVX512F__)
+  for (; j0 + 16 <= n; j0 += 16)
+    for (int64_t d0 = 0; d0 < D; d0 += 16)
+      transpose16(M + j0 * ld + d0, ld, Bt + d0 * n_padded + j0, n_padded);
+#endif
+  for (int64_t j = j0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) Bt[d * n_padded + j] = M[j * ld + d];
+}
+
+}  // namespace baton::kernels::cpu::tiles
