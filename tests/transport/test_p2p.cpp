@@ -229,3 +229,28 @@ TEST(LocalFailure, MessagesSentBeforeLeavingStillArrive) {
 
 }  // namespace
 }  // namespace baton::transport::testing
+
+namespace baton::transport::testing {
+namespace {
+
+// A peer that is busy (here: asleep) for several peer timeouts is alive: its progress
+// thread answers the liveness pings, so nothing fails.
+TEST(Liveness, ABusyPeerIsNotAFailedPeer) {
+  CommOptions o = test_options();
+  o.peer_timeout = std::chrono::milliseconds(500);
+  for (Backend b : tested_backends()) {
+    run_world(b, 2, [&](Communicator& c) {
+      Tensor t = Tensor::full({1000}, 1.0);
+      if (c.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+        c.isend(t, 0, 1)->wait();
+      } else {
+        c.irecv(t, 1, 1)->wait();
+      }
+      c.all_reduce(t, ReduceOp::sum)->wait();
+    }, o);
+  }
+}
+
+}  // namespace
+}  // namespace baton::transport::testing

@@ -51,12 +51,14 @@ void Fabric::wake_waiters() {
 bool Fabric::poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch) {
   int s = r.state.load(std::memory_order_acquire);
   if (s == Request::kDone) return true;
-  if (s == Request::kFailed) std::rethrow_exception(r.error);
+  // A failure in scope first: it names the rank that failed first, which may not be
+  // the one this request waits on.
   uint64_t epoch = failure_epoch_.load(std::memory_order_acquire);
   if (epoch != seen_epoch) {
     seen_epoch = epoch;
     check_scope(scope);
   }
+  if (s == Request::kFailed) std::rethrow_exception(r.error);
   return false;
 }
 
@@ -96,7 +98,7 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
 void Fabric::declare_failed(int peer, const std::string& reason) {
   {
     std::lock_guard lock(failed_mu_);
-    if (!failed_.emplace(peer, reason).second) return;
+    if (!failed_.emplace(peer, Failed{reason, failed_.size()}).second) return;
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
   fail_pending(peer, peer_error(peer));
@@ -107,7 +109,7 @@ std::optional<std::string> Fabric::failure_of(int peer) const {
   std::lock_guard lock(failed_mu_);
   auto it = failed_.find(peer);
   if (it == failed_.end()) return std::nullopt;
-  return it->second;
+  return it->second.reason;
 }
 
 PeerError Fabric::peer_error(int peer) const {
@@ -120,12 +122,18 @@ PeerError Fabric::peer_error(int peer) const {
 void Fabric::check_scope(std::span<const int> scope) const {
   if (failure_epoch_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard lock(failed_mu_);
+  int first = -1;
+  uint64_t order = ~uint64_t(0);
   for (int g : scope) {
     auto it = failed_.find(g);
-    if (it != failed_.end())
-      throw PeerError(g, "rank " + std::to_string(g) + " failed: " + it->second +
-                             " (seen by rank " + std::to_string(rank_) + ")");
+    if (it != failed_.end() && it->second.order < order) {
+      first = g;
+      order = it->second.order;
+    }
   }
+  if (first >= 0)
+    throw PeerError(first, "rank " + std::to_string(first) + " failed: " + failed_.at(first).reason +
+                               " (seen by rank " + std::to_string(rank_) + ")");
 }
 
 void Fabric::reserve_context(uint16_t id) {

@@ -62,7 +62,8 @@ class Fabric {
   // Records that a peer failed (idempotent): fails its pending requests and wakes every
   // waiter so that collectives involving it fail too.
   void declare_failed(int peer, const std::string& reason);
-  // Throws the PeerError of the first failed rank in scope, if any.
+  // Throws the PeerError of the rank in scope that failed first, if any: when one rank's
+  // death makes others give up, the error still names the one that died.
   void check_scope(std::span<const int> scope) const;
   // The failure of one peer, if it failed.
   std::optional<std::string> failure_of(int peer) const;
@@ -101,7 +102,11 @@ class Fabric {
   std::atomic<int> sleepers_{0};
 
   mutable std::mutex failed_mu_;
-  std::map<int, std::string> failed_;  // global rank -> reason
+  struct Failed {
+    std::string reason;
+    uint64_t order;  // failures are reported earliest first
+  };
+  std::map<int, Failed> failed_;  // global rank -> why and when
   std::atomic<uint64_t> failure_epoch_{0};
 
   std::atomic<uint16_t> next_context_{1};

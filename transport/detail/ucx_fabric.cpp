@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
+#include <ucs/config/global_opts.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -158,7 +159,17 @@ UcxFabric::~UcxFabric() {
   } catch (const std::exception& e) {
     spdlog::warn("ucx: rank {}: error while closing: {}", rank(), e.what());
   }
-  if (worker_) ucp_worker_destroy(worker_);
+  if (worker_) {
+    // Sends to a peer that died can never complete, and UCX cannot take them back;
+    // it would warn about each at destruction. We know why, and said so already.
+    bool leftovers = false;
+    for (auto& [r, p] : pending_)
+      if (failure_of(r->peer)) leftovers = true;
+    ucs_log_level_t level = ucs_global_opts.log_component.log_level;
+    if (leftovers && level > UCS_LOG_LEVEL_ERROR) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
+    ucp_worker_destroy(worker_);
+    ucs_global_opts.log_component.log_level = level;
+  }
   if (context_) ucp_cleanup(context_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -207,6 +218,22 @@ void UcxFabric::shutdown() {
   for (auto& [r, ucx] : open)
     if (!r->is_send && ucx) ucp_request_cancel(worker_, ucx);
   ucp_worker_progress(worker_);
+  // Messages nobody will receive (a peer's goodbye that came after ours, pings): take
+  // them off the unexpected queue so that UCX has nothing left to warn about.
+  std::vector<char> sink;
+  for (int i = 0; i < 10000; ++i) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h m = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+    if (m == nullptr) break;
+    sink.resize(std::max<size_t>(info.length, 1));
+    ucp_request_param_t rp{};
+    void* q = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, m, &rp);
+    if (UCS_PTR_IS_PTR(q)) {
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+        ucp_worker_progress(worker_);
+      ucp_request_free(q);
+    }
+  }
   auto closed = std::make_exception_ptr(RuntimeError("the communicator was closed"));
   for (auto& [r, p] : pending_)
     if (!p.req->done()) fail(*p.req, closed);
@@ -227,7 +254,14 @@ ucp_ep_h UcxFabric::ep_locked(int peer) {
   ep_params.err_mode = peer_mode_[size_t(peer)] ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep_params.err_handler.cb = &UcxFabric::ep_error_cb;
   ep_params.err_handler.arg = arg.get();
-  BATON_UCX_CHECK(ucp_ep_create(worker_, &ep_params, &ep));
+  ucs_status_t st = ucp_ep_create(worker_, &ep_params, &ep);
+  if (st != UCS_OK) {
+    // A peer we cannot reach (its process is gone): a failure, not an exception here,
+    // which may be the progress thread.
+    ep_dead_[size_t(peer)] = true;
+    failures_.push_back({peer, std::string("cannot connect (") + ucs_status_string(st) + ")", true});
+    return nullptr;
+  }
   eps_[size_t(peer)] = ep;
   ep_args_[size_t(peer)] = std::move(arg);
   return ep;
@@ -349,13 +383,18 @@ RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t ta
       return r;
     }
     ucp_ep_h ep = ep_locked(dst);
-    void* q = BATON_UCX_CHECK_PTR(ucp_tag_send_nbx(ep, data ? data : &g_zero_byte, bytes, tag, &p));
-    if (q == nullptr) {
-      complete(*r);
-      return r;
+    if (ep == nullptr) {
+      fail(*r, std::make_exception_ptr(PeerError(dst, "rank " + std::to_string(dst) + " failed: cannot connect")));
+      need_poke = true;  // the progress thread applies the failure and tells the others
+    } else {
+      void* q = BATON_UCX_CHECK_PTR(ucp_tag_send_nbx(ep, data ? data : &g_zero_byte, bytes, tag, &p));
+      if (q == nullptr) {
+        complete(*r);
+        return r;
+      }
+      track_locked(r, q);
+      need_poke = thread_sleeping_.load();
     }
-    track_locked(r, q);
-    need_poke = thread_sleeping_.load();
   }
   // A send that did not finish at once needs progress even if its caller never waits.
   if (need_poke) poke();
@@ -447,8 +486,11 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
   c->fired = true;
   ucp_request_free(request);
   if (status != UCS_OK) return;  // cancelled at shutdown
-  int src = tag_source(info->sender_tag);
-  if (src >= 0 && src < f->size()) {
+  // The sender names itself in the payload: UCX 1.13 does not always fill in the
+  // sender's tag for a receive with a wildcard source.
+  int32_t src = -1;
+  if (info->length >= 4) std::memcpy(&src, c->buf, 4);
+  if (src >= 0 && src < f->size() && src != f->rank()) {
     f->peers_[size_t(src)].last_heard = now_ns();
     switch (c->kind) {
       case kPing: f->to_pong_.push_back(src); break;
@@ -456,13 +498,13 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
       case kNotice: {
         int32_t failed = -1;
         uint32_t len = 0;
-        if (info->length >= 8) {
-          std::memcpy(&failed, c->buf, 4);
-          std::memcpy(&len, c->buf + 4, 4);
-          len = std::min<uint32_t>(len, uint32_t(info->length - 8));
+        if (info->length >= 12) {
+          std::memcpy(&failed, c->buf + 4, 4);
+          std::memcpy(&len, c->buf + 8, 4);
+          len = std::min<uint32_t>(len, uint32_t(info->length - 12));
         }
         if (failed >= 0 && failed < f->size() && failed != f->rank())
-          f->failures_.push_back({failed, std::string(c->buf + 8, len) + " (reported by rank " +
+          f->failures_.push_back({failed, std::string(c->buf + 12, len) + " (reported by rank " +
                                               std::to_string(src) + ")", false});
         break;
       }
@@ -482,13 +524,20 @@ void UcxFabric::control_send_cb(void* request, ucs_status_t, void* user) {
 
 void UcxFabric::send_control_locked(int peer, uint64_t kind, const std::string& payload) {
   if (ep_dead_[size_t(peer)]) return;
-  auto* buf = new std::string(payload.empty() ? std::string(8, '\0') : payload);
+  // Every control message starts with the sender's rank.
+  int32_t me = rank();
+  auto* buf = new std::string(reinterpret_cast<const char*>(&me), 4);
+  buf->append(payload);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &UcxFabric::control_send_cb;
   p.user_data = buf;
-  void* q = ucp_tag_send_nbx(ep_locked(peer), buf->data(), buf->size(),
-                             make_tag(kControlContext, rank(), true, kind), &p);
+  ucp_ep_h ep = ep_locked(peer);
+  if (ep == nullptr) {
+    delete buf;
+    return;
+  }
+  void* q = ucp_tag_send_nbx(ep, buf->data(), buf->size(), make_tag(kControlContext, rank(), true, kind), &p);
   if (!UCS_PTR_IS_PTR(q)) delete buf;  // done at once, or failed (the ep error reports it)
 }
 
@@ -541,7 +590,7 @@ void UcxFabric::apply_failures() {
       // learn of it second-hand, and late: tell everyone.
       std::string payload(8, '\0');
       int32_t who = f.peer;
-      uint32_t len = uint32_t(std::min<size_t>(f.reason.size(), kControlBytes - 8));
+      uint32_t len = uint32_t(std::min<size_t>(f.reason.size(), kControlBytes - 12));
       std::memcpy(payload.data(), &who, 4);
       std::memcpy(payload.data() + 4, &len, 4);
       payload.append(f.reason.substr(0, len));
