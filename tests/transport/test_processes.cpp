@@ -115,7 +115,7 @@ TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {
 
 // Checks that every survivor reported a PeerError naming the victim, soon enough.
 void expect_survivors_name(const Result& r, int n, int victim, double kill_at, double bound) {
-  std::regex line(R"(\[rank (\d+)\] rank \d+: PeerError peer=(\d+) after ([0-9.]+) s: (.*))");
+  std::regex line(R"((?:\[rank \d+\] )?rank (\d+): PeerError peer=(\d+) after ([0-9.]+) s: (.*))");
   int seen = 0;
   for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
     int who = std::stoi((*it)[1]);
@@ -148,6 +148,71 @@ TEST(Processes, AStoppedRankIsNamedByEveryOther) {
   expect_survivors_name(r, 3, 1, 1.5, 2.5 + 1.0);
   EXPECT_LT(r.secs, 20.0) << r.out;
   std::printf("%s", r.out.c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// Two hosts made of two network namespaces joined by a veth pair: one rank in each,
+// UCX over TCP between them, the rendezvous on the first one's veth address.
+class NetnsHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (CAP_NET_ADMIN) to create network namespaces";
+    tag_ = std::to_string(getpid() % 100000);
+    a_ = "btn" + tag_ + "a";
+    b_ = "btn" + tag_ + "b";
+    Result probe = run("ip netns add " + a_);
+    if (probe.code != 0) GTEST_SKIP() << "cannot create a network namespace here: " << probe.out;
+    created_ = true;
+    std::string va = "vbt" + tag_ + "a", vb = "vbt" + tag_ + "b";
+    std::string setup = "set -e; ip netns add " + b_ + "; ip link add " + va + " type veth peer name " + vb +
+                        "; ip link set " + va + " netns " + a_ + "; ip link set " + vb + " netns " + b_ +
+                        "; ip -n " + a_ + " addr add 10.231.7.1/24 dev " + va + "; ip -n " + b_ +
+                        " addr add 10.231.7.2/24 dev " + vb + "; ip -n " + a_ + " link set " + va +
+                        " up; ip -n " + b_ + " link set " + vb + " up; ip -n " + a_ + " link set lo up; ip -n " +
+                        b_ + " link set lo up";
+    Result r = run(setup);
+    ASSERT_EQ(r.code, 0) << r.out;
+    va_ = va;
+    vb_ = vb;
+  }
+  // The namespaces go even when the test failed; deleting them deletes the veth pair.
+  void TearDown() override {
+    if (created_) run("ip netns del " + a_ + "; ip netns del " + b_ + " 2>/dev/null; true");
+  }
+
+  std::string tag_, a_, b_, va_, vb_;
+  bool created_ = false;
+};
+
+TEST_F(NetnsHosts, RanksOnTwoHostsTalkOverTcp) {
+  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29517 BATON_JOB_TOKEN=netns-" + tag_ +
+                       " BATON_PEER_TIMEOUT=5 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
+                    COMM_WORKER + " check & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" + vb_ +
+                    " BATON_RANK=1 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
+  Result r = run(cmd, 90);
+  EXPECT_TRUE(has(r.out, "codes 0 0")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 of 2 ok (ucx, baton launch)")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 of 2 ok (ucx, baton launch)")) << r.out;
+  std::printf("two namespaces over TCP: %.2f s\n", r.secs);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(NetnsHosts, AKilledRankOnTheOtherHostIsNamed) {
+  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29518 BATON_JOB_TOKEN=netns-" + tag_ +
+                       " BATON_PEER_TIMEOUT=2 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
+                    COMM_WORKER + " kill 1 1000 & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" +
+                    vb_ + " BATON_RANK=1 " + COMM_WORKER + " kill 1 1000; wait $!; echo code0 $?";
+  Result r = run(cmd, 90);
+  EXPECT_TRUE(has(r.out, "code0 3")) << r.out;
+  expect_survivors_name(r, 2, 1, 1.0, 2.5 + 1.0);
 }
 
 }  // namespace

@@ -112,6 +112,15 @@ std::optional<std::string> Fabric::failure_of(int peer) const {
   return it->second.reason;
 }
 
+std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
+  std::lock_guard lock(failed_mu_);
+  const std::pair<const int, Failed>* best = nullptr;
+  for (auto& f : failed_)
+    if (!best || f.second.order < best->second.order) best = &f;
+  if (!best) return std::nullopt;
+  return std::make_pair(best->first, best->second.reason);
+}
+
 PeerError Fabric::peer_error(int peer) const {
   auto reason = failure_of(peer);
   return PeerError(peer, "rank " + std::to_string(peer) + " failed: " +

@@ -67,6 +67,8 @@ class Fabric {
   void check_scope(std::span<const int> scope) const;
   // The failure of one peer, if it failed.
   std::optional<std::string> failure_of(int peer) const;
+  // The first failure recorded (rank, reason), if any.
+  std::optional<std::pair<int, std::string>> first_failure() const;
   PeerError peer_error(int peer) const;  // for a peer known to have failed
 
   // Context ids for sub-groups: a member proposes next_context(), the members agree on

@@ -22,7 +22,8 @@ namespace {
 constexpr uint64_t kPing = 1;
 constexpr uint64_t kPong = 2;
 constexpr uint64_t kNotice = 3;  // payload: failed rank (4 bytes) and the reason
-constexpr uint64_t kBye = 4;     // the sender is closing its communicator
+constexpr uint64_t kBye = 4;     // the sender is closing its communicator; payload as a
+                                 // notice: the failure that made it leave, or rank -1
 constexpr size_t kControlBytes = 512;
 
 int64_t now_ns() {
@@ -33,8 +34,10 @@ int64_t now_ns() {
 
 char g_zero_byte = 0;  // a valid address for empty messages
 
-// The identity of this host: its name and this boot of its kernel. Ranks with the same
-// id can use shared memory.
+// The identity of this host: its name, this boot of its kernel and the network
+// namespace. Ranks with the same id are on one machine and may use shared memory;
+// processes in other network namespaces (containers, the tests' simulated hosts) count
+// as other hosts.
 std::string host_id() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -45,6 +48,9 @@ std::string host_id() {
     std::fclose(f);
     while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
   }
+  char ns[128] = {};
+  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  if (n > 0) id += "/" + std::string(ns, size_t(n));
   return id;
 }
 
@@ -182,8 +188,20 @@ void UcxFabric::shutdown() {
   std::unique_lock lock(mu_);
   // Say goodbye to the peers we talked to, so that they tell a finished rank from a
   // failed one, then flush and close every endpoint, within a bounded time.
+  // A rank that leaves because another failed says which, so that its goodbye never
+  // reads as the first failure to those who hear it before the failure itself.
+  std::string bye(8, '\0');
+  int32_t failed = -1;
+  uint32_t len = 0;
+  if (auto f = first_failure()) {
+    failed = f->first;
+    len = uint32_t(std::min<size_t>(f->second.size(), kControlBytes - 12));
+    bye.append(f->second.substr(0, len));
+  }
+  std::memcpy(bye.data(), &failed, 4);
+  std::memcpy(bye.data() + 4, &len, 4);
   for (int p = 0; p < size(); ++p)
-    if (eps_[size_t(p)] && !ep_dead_[size_t(p)]) send_control_locked(p, kBye, {});
+    if (eps_[size_t(p)] && !ep_dead_[size_t(p)]) send_control_locked(p, kBye, bye);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   ucp_request_param_t fp{};
   void* flush = ucp_worker_flush_nbx(worker_, &fp);
@@ -340,8 +358,11 @@ void UcxFabric::complete_recv_locked(Request* r, ucs_status_t status, const ucp_
   } else if (failure_of(r->peer)) {
     fail(*r, std::make_exception_ptr(peer_error(r->peer)));
   } else {
-    fail(*r, std::make_exception_ptr(RuntimeError("receive from rank " + std::to_string(r->peer) +
-                                                  " failed: " + ucs_status_string(status))));
+    // The transport gave up on the connection: the peer is gone.
+    std::string why = std::string("connection lost (") + ucs_status_string(status) + ")";
+    fail(*r, std::make_exception_ptr(PeerError(r->peer, "rank " + std::to_string(r->peer) + " failed: " + why +
+                                                            " (seen by rank " + std::to_string(rank()) + ")")));
+    if (status != UCS_ERR_CANCELED) failures_.push_back({r->peer, why, true});
   }
 }
 
@@ -495,7 +516,8 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
     switch (c->kind) {
       case kPing: f->to_pong_.push_back(src); break;
       case kPong: break;
-      case kNotice: {
+      case kNotice:
+      case kBye: {
         int32_t failed = -1;
         uint32_t len = 0;
         if (info->length >= 12) {
@@ -506,12 +528,12 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
         if (failed >= 0 && failed < f->size() && failed != f->rank())
           f->failures_.push_back({failed, std::string(c->buf + 12, len) + " (reported by rank " +
                                               std::to_string(src) + ")", false});
+        if (c->kind == kBye) {
+          f->peers_[size_t(src)].left = true;
+          f->failures_.push_back({src, "it left the job (closed its communicator)", false});
+        }
         break;
       }
-      case kBye:
-        f->peers_[size_t(src)].left = true;
-        f->failures_.push_back({src, "it left the job (closed its communicator)", false});
-        break;
     }
   }
   f->to_repost_.push_back(c);
