@@ -76,10 +76,18 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
   // the cost of sleeping and being woken.
   auto deadline = std::chrono::steady_clock::now() + options_.spin;
   int spins = 0;
-  while (true) {
-    if (!progress()) cpu_relax();
-    if (poll(r, scope, seen)) return;
-    if (++spins % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+  on_poll_begin();
+  struct PollEnd {
+    Fabric* f;
+    ~PollEnd() { f->on_poll_end(); }
+  };
+  {
+    PollEnd poll_end{this};
+    while (true) {
+      if (!progress()) cpu_relax();
+      if (poll(r, scope, seen)) return;
+      if (++spins % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+    }
   }
   on_sleep_begin();
   struct SleepEnd {

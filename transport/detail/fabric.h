@@ -86,8 +86,11 @@ class Fabric {
   virtual bool progress() { return false; }
   // Fails the backend's pending requests that involve `peer`.
   virtual void fail_pending(int peer, const PeerError& error) = 0;
-  // Called by waiters around their sleep, so that a backend knows when a caller stopped
-  // driving progress itself (the UCX progress thread then takes over).
+  // Called by waiters around their polling and their sleep, so that a backend knows
+  // when a caller drives progress itself (the UCX progress thread then stays out of its
+  // way) and when it stopped (the thread takes over).
+  virtual void on_poll_begin() {}
+  virtual void on_poll_end() {}
   virtual void on_sleep_begin() {}
   virtual void on_sleep_end() {}
 

@@ -1,6 +1,7 @@
 #include "transport/detail/ucx_fabric.h"
 
 #include <spdlog/spdlog.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <ucs/config/global_opts.h>
 #include <sys/eventfd.h>
@@ -650,8 +651,16 @@ void UcxFabric::poke() {
   (void)ignored;
 }
 
+void UcxFabric::on_poll_begin() { pollers_.fetch_add(1, std::memory_order_relaxed); }
+
+void UcxFabric::on_poll_end() {
+  last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+  pollers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void UcxFabric::on_sleep_begin() {
-  // The caller stops driving progress: make sure the thread is not asleep on it.
+  // The caller stops driving progress: the thread takes over at once.
+  last_poll_ns_.store(0, std::memory_order_relaxed);
   if (thread_sleeping_.load()) poke();
 }
 
@@ -674,6 +683,26 @@ void UcxFabric::thread_main() {
       apply_failures();
     }
     if (active) {
+      idle_rounds = 0;
+      continue;
+    }
+    // A caller is polling (or just was): it drives the worker. Waking on every event
+    // too would put a third busy thread on the cores and slow the caller down, so
+    // step aside, with a short nap in case it stops without saying so.
+    if (pollers_.load(std::memory_order_relaxed) > 0 ||
+        now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < 1'000'000) {
+      {
+        std::lock_guard lock(mu_);
+        thread_sleeping_.store(true);
+      }
+      pollfd pfd{wake_fd_, POLLIN, 0};
+      int woke = ::poll(&pfd, 1, 1);
+      thread_sleeping_.store(false);
+      if (woke > 0) {
+        uint64_t v;
+        ssize_t ignored = read(wake_fd_, &v, sizeof v);
+        (void)ignored;
+      }
       idle_rounds = 0;
       continue;
     }

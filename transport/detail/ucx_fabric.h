@@ -39,6 +39,8 @@ class UcxFabric final : public Fabric {
  protected:
   bool progress() override;
   void fail_pending(int peer, const PeerError& error) override;
+  void on_poll_begin() override;
+  void on_poll_end() override;
   void on_sleep_begin() override;
 
  private:
@@ -104,6 +106,8 @@ class UcxFabric final : public Fabric {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> thread_sleeping_{false};
+  std::atomic<int> pollers_{0};           // callers polling in wait() right now
+  std::atomic<int64_t> last_poll_ns_{0};  // when a caller last polled
   std::thread thread_;
 };
 
