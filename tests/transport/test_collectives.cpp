@@ -128,7 +128,7 @@ void check_broadcast(Communicator& c, int64_t n, DType dt, int root) {
   expect_values(t, [&](int64_t i) { return test_value(root, i, kSeed); }, trace(c, "broadcast", n, dt));
 }
 
-void check_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
+[[maybe_unused]] void check_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = r == root ? make_input(root, total, dt) : Tensor();
@@ -138,7 +138,7 @@ void check_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt
   expect_values(out, [&](int64_t i) { return test_value(root, base + i, kSeed); }, trace(c, "scatter", total, dt));
 }
 
-void check_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
+[[maybe_unused]] void check_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = make_input(r, counts[size_t(r)], dt);
@@ -150,11 +150,12 @@ void check_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt,
 
 // Sizes in elements: empty, tiny, below and above the small-message threshold, and
 // several ring chunks; none divides by most world sizes.
-std::vector<int64_t> grid_sizes() {
+[[maybe_unused]] std::vector<int64_t> grid_sizes() {
   if (kSanitized) return {0, 1, 7, 1001, 16411, 70001};
   return {0, 1, 7, 1001, 16411, 262147, 1048579};
 }
 
+#ifndef BATON_TEST_BIG
 class Collectives : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
 
 TEST_P(Collectives, EveryOpEverySize) {
@@ -214,13 +215,41 @@ TEST_P(Collectives, ManyInFlight) {
   });
 }
 
+#endif  // BATON_TEST_BIG
+
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
   return backend_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param));
 }
 
-// One source, two programs: the local backend's (also run under ThreadSanitizer) and
-// UCX's (ranks as threads, each with its own UCX worker).
-#ifdef BATON_TEST_UCX
+#ifdef BATON_TEST_BIG
+// 64 MiB messages (the nccl-tests size: the larger buffer), counts that divide by no
+// world size, 2 to 8 ranks. Their own program, labelled slow.
+class BigMessages : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
+
+TEST_P(BigMessages, SixtyFourMiB) {
+  auto [backend, n] = GetParam();
+  const int64_t count = (int64_t(64) << 20) / 4 + 3;
+  run_world(backend, n, [&](Communicator& c) {
+    check_all_reduce(c, count, DType::f32, ReduceOp::sum);
+    check_all_reduce(c, count, DType::f32, ReduceOp::avg);
+    check_broadcast(c, count, DType::f32, n - 1);
+    auto parts = uneven(n, count / n);
+    check_all_gather(c, parts, DType::f32, true);
+    check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
+    c.barrier()->wait();
+  });
+}
+#endif
+
+// One source, three programs: the local backend's (also run under ThreadSanitizer),
+// UCX's (ranks as threads, each with its own UCX worker), and the 64 MiB messages.
+#if defined(BATON_TEST_BIG)
+INSTANTIATE_TEST_SUITE_P(Local, BigMessages,
+                         ::testing::Combine(::testing::Values(Backend::local), ::testing::Values(2, 3, 5, 8)),
+                         name_of);
+INSTANTIATE_TEST_SUITE_P(Ucx, BigMessages,
+                         ::testing::Combine(::testing::Values(Backend::ucx), ::testing::Values(2, 3)), name_of);
+#elif defined(BATON_TEST_UCX)
 INSTANTIATE_TEST_SUITE_P(Ucx, Collectives,
                          ::testing::Combine(::testing::Values(Backend::ucx),
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),

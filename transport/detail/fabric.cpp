@@ -103,13 +103,21 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
   while (!poll(r, scope, seen)) wait_cv_.wait(lock);
 }
 
-void Fabric::declare_failed(int peer, const std::string& reason) {
+void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
   {
     std::lock_guard lock(failed_mu_);
-    if (!failed_.emplace(peer, Failed{reason, failed_.size()}).second) return;
+    if (!failed_.emplace(peer, Failed{reason, failed_.size(), left}).second) return;
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
-  fail_pending(peer, peer_error(peer));
+  size_t hit = fail_pending(peer, peer_error(peer));
+  if (left && hit > 0) {
+    // It left while we still waited on it: for us, that is a failure.
+    std::lock_guard lock(failed_mu_);
+    Failed& f = failed_.at(peer);
+    f.left = false;
+    f.reason += " while rank " + std::to_string(rank_) + " still waited on it";
+    failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  }
   wake_waiters();
 }
 
@@ -124,7 +132,7 @@ std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
   std::lock_guard lock(failed_mu_);
   const std::pair<const int, Failed>* best = nullptr;
   for (auto& f : failed_)
-    if (!best || f.second.order < best->second.order) best = &f;
+    if (!f.second.left && (!best || f.second.order < best->second.order)) best = &f;
   if (!best) return std::nullopt;
   return std::make_pair(best->first, best->second.reason);
 }
@@ -143,7 +151,7 @@ void Fabric::check_scope(std::span<const int> scope) const {
   uint64_t order = ~uint64_t(0);
   for (int g : scope) {
     auto it = failed_.find(g);
-    if (it != failed_.end() && it->second.order < order) {
+    if (it != failed_.end() && !it->second.left && it->second.order < order) {
       first = g;
       order = it->second.order;
     }

@@ -302,7 +302,7 @@ void UcxFabric::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
   f->failures_.push_back({a->peer,
                           left ? std::string("it left the job (closed its communicator)")
                                : std::string("connection lost (") + ucs_status_string(status) + ")",
-                          !left});
+                          !left, left});
 }
 
 // ---- requests ----
@@ -457,12 +457,16 @@ RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
   return r;
 }
 
-void UcxFabric::fail_pending(int peer, const PeerError& error) {
+size_t UcxFabric::fail_pending(int peer, const PeerError& error) {
   auto e = std::make_exception_ptr(error);
   std::lock_guard lock(mu_);
+  size_t hit = 0;
   for (auto& [r, p] : pending_) {
     if (r->peer != peer) continue;
-    if (!r->done()) fail(*r, e);
+    if (!r->done()) {
+      fail(*r, e);
+      ++hit;
+    }
     if (p.counted) {
       p.counted = false;
       if (--pending_per_peer_[size_t(peer)] == 0) peers_[size_t(peer)].watch_since = 0;
@@ -485,6 +489,7 @@ void UcxFabric::fail_pending(int peer, const PeerError& error) {
     if (UCS_PTR_IS_PTR(q)) closing_.push_back(q);
   }
   ep_dead_[size_t(peer)] = true;
+  return hit;
 }
 
 // ---- the liveness protocol ----
@@ -531,7 +536,7 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
                                               std::to_string(src) + ")", false});
         if (c->kind == kBye) {
           f->peers_[size_t(src)].left = true;
-          f->failures_.push_back({src, "it left the job (closed its communicator)", false});
+          f->failures_.push_back({src, "it left the job (closed its communicator)", false, true});
         }
         break;
       }
@@ -607,7 +612,7 @@ void UcxFabric::apply_failures() {
       spdlog::error("rank {}: rank {} failed: {}", rank(), f.peer, f.reason);
     else
       spdlog::debug("rank {}: rank {}: {}", rank(), f.peer, f.reason);
-    declare_failed(f.peer, f.reason);
+    declare_failed(f.peer, f.reason, f.left);
     if (f.tell_others) {
       // Ranks that wait on someone who waits on the failed rank would otherwise only
       // learn of it second-hand, and late: tell everyone.

@@ -38,7 +38,7 @@ class UcxFabric final : public Fabric {
 
  protected:
   bool progress() override;
-  void fail_pending(int peer, const PeerError& error) override;
+  size_t fail_pending(int peer, const PeerError& error) override;
   void on_poll_begin() override;
   void on_poll_end() override;
   void on_sleep_begin() override;
@@ -52,6 +52,7 @@ class UcxFabric final : public Fabric {
     int peer;
     std::string reason;
     bool tell_others;  // detected here (not reported by a peer): pass it on
+    bool left = false;  // said goodbye: fails only what involves it directly
   };
   struct PeerState {
     int64_t last_heard = 0;   // ns, steady clock: the last message from it
