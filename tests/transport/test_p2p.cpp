@@ -261,3 +261,50 @@ TEST(Liveness, ABusyPeerIsNotAFailedPeer) {
 
 }  // namespace
 }  // namespace baton::transport::testing
+
+namespace baton::transport::testing {
+namespace {
+
+// Communication advances without its caller: a collective nobody waits on finishes in
+// the background, and a large send finishes while its sender sleeps.
+TEST(Progress, CollectivesFinishWithoutAWait) {
+  for (Backend b : tested_backends()) {
+    run_world(b, 3, [&](Communicator& c) {
+      Tensor big = Tensor::full({1 << 20}, 1.0);   // 4 MiB: the background thread starts at once
+      Tensor small = Tensor::full({4}, 1.0);       // small: picked up within a millisecond
+      auto w1 = c.all_reduce(big, ReduceOp::sum);
+      auto w2 = c.all_reduce(small, ReduceOp::sum);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!(w1->test() && w2->test())) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << backend_name(b) << ": no progress";
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(big.data<float>()[12345], 3.0f);
+      EXPECT_EQ(small.data<float>()[3], 3.0f);
+    });
+  }
+}
+
+TEST(Progress, ALargeSendFinishesWhileItsSenderSleeps) {
+  for (Backend b : tested_backends()) {
+    run_world(b, 2, [&](Communicator& c) {
+      Tensor t = c.rank() == 0 ? Tensor::full({4 << 20}, 7.0) : Tensor::zeros({4 << 20});  // 16 MiB
+      if (c.rank() == 0) {
+        auto w = c.isend(t, 1, 5);
+        // No call into the library for a while: the progress thread moves the data.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        EXPECT_TRUE(w->test()) << backend_name(b) << ": the send waited for its sender";
+        w->wait();
+      } else {
+        auto t0 = std::chrono::steady_clock::now();
+        c.irecv(t, 0, 5)->wait();
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(secs, 1.0) << backend_name(b) << ": the receive waited for the sender's next call";
+        EXPECT_EQ(t.data<float>()[(4 << 20) - 1], 7.0f);
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace baton::transport::testing
