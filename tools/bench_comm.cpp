@@ -57,25 +57,37 @@ class Bench {
     one_ = Tensor::zeros({1}, DType::f64);
   }
 
-  // One operation on `count` elements per part.
-  void run(const std::string& op, size_t count) {
+  // Views of the reused buffers for one operation and size, made once before timing
+  // (making a view allocates; the timed loop should measure communication only).
+  void prepare(const std::string& op, size_t count) {
     int64_t k = int64_t(count);
-    if (op == "all_reduce") {
-      Tensor t = a_.narrow(0, 0, k);
-      c_.all_reduce(t, ReduceOp::sum)->wait();
+    if (op == "all_reduce" || op == "broadcast") {
+      x_ = a_.narrow(0, 0, k);
     } else if (op == "all_gather") {
-      Tensor out = b_.narrow(0, 0, k * n_);
-      c_.all_gather(a_.narrow(0, 0, k), out)->wait();
+      x_ = a_.narrow(0, 0, k);
+      y_ = b_.narrow(0, 0, k * n_);
     } else if (op == "reduce_scatter") {
-      Tensor out = b_.narrow(0, 0, k);
-      c_.reduce_scatter(a_.narrow(0, 0, k * n_), out, ReduceOp::sum)->wait();
-    } else if (op == "broadcast") {
-      Tensor t = a_.narrow(0, 0, k);
-      c_.broadcast(t, 0)->wait();
+      x_ = a_.narrow(0, 0, k * n_);
+      y_ = b_.narrow(0, 0, k);
     } else if (op == "sendrecv") {
-      Tensor in = b_.narrow(0, 0, k);
-      auto rw = c_.irecv(in, (r_ + n_ - 1) % n_, 7);
-      auto sw = c_.isend(a_.narrow(0, 0, k), (r_ + 1) % n_, 7);
+      x_ = a_.narrow(0, 0, k);
+      y_ = b_.narrow(0, 0, k);
+    }
+  }
+
+  // One operation on the prepared views.
+  void run(const std::string& op) {
+    if (op == "all_reduce") {
+      c_.all_reduce(x_, ReduceOp::sum)->wait();
+    } else if (op == "all_gather") {
+      c_.all_gather(x_, y_)->wait();
+    } else if (op == "reduce_scatter") {
+      c_.reduce_scatter(x_, y_, ReduceOp::sum)->wait();
+    } else if (op == "broadcast") {
+      c_.broadcast(x_, 0)->wait();
+    } else if (op == "sendrecv") {
+      auto rw = c_.irecv(y_, (r_ + n_ - 1) % n_, 7);
+      auto sw = c_.isend(x_, (r_ + 1) % n_, 7);
       rw->wait();
       sw->wait();
     }
@@ -135,6 +147,7 @@ class Bench {
   Communicator& c_;
   int n_, r_;
   Tensor a_, b_, one_;
+  Tensor x_, y_;  // the prepared views
 };
 
 void bench_rank(Communicator& c, const Options& o, const std::string& settings) {
@@ -157,15 +170,16 @@ void bench_rank(Communicator& c, const Options& o, const std::string& settings) 
       if (op == "all_gather" || op == "reduce_scatter") count /= size_t(n);
       if (count == 0) continue;
       b.fill(op, count);
-      b.run(op, count);
+      b.prepare(op, count);
+      b.run(op);
       double wrong = b.check(op, count);
       int m = batch_iters(bytes);
-      for (int i = 0; i < m; ++i) b.run(op, count);  // warm-up
+      for (int i = 0; i < m; ++i) b.run(op);  // warm-up
       std::vector<double> times;
       for (int rep = 0; rep < o.reps; ++rep) {
         c.barrier()->wait();
         auto t0 = Clock::now();
-        for (int i = 0; i < m; ++i) b.run(op, count);
+        for (int i = 0; i < m; ++i) b.run(op);
         double t = std::chrono::duration<double>(Clock::now() - t0).count() / m;
         times.push_back(b.reduce_scalar(t, ReduceOp::max));
       }

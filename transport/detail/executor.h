@@ -16,9 +16,12 @@
 
 namespace baton::transport::detail {
 
+// A queued collective. Subclasses hold the work itself (see GroupComm), so that a
+// collective is one allocation.
 struct Job {
   enum : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3 };
-  std::function<void()> fn;
+  virtual ~Job() = default;
+  virtual void run() = 0;
   std::atomic<int> state{kQueued};
   std::exception_ptr error;
 };
@@ -59,7 +62,7 @@ class Executor {
   bool deep_sleep_ = false;
   bool started_ = false;
   std::exception_ptr broken_;  // the first failure: later jobs fail with it
-  std::chrono::steady_clock::time_point last_active_{};
+  std::chrono::nanoseconds last_active_{};  // coarse monotonic clock
   std::thread thread_;
 };
 

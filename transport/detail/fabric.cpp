@@ -86,7 +86,12 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
     while (true) {
       if (!progress()) cpu_relax();
       if (poll(r, scope, seen)) return;
-      if (++spins % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+      if (++spins % 64 == 0) {
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        // When the cores are oversubscribed the thread we wait for may be queued
+        // behind us on this core: let it run. On an idle core this returns at once.
+        std::this_thread::yield();
+      }
     }
   }
   on_sleep_begin();
@@ -122,6 +127,7 @@ void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
 }
 
 std::optional<std::string> Fabric::failure_of(int peer) const {
+  if (!any_failure()) return std::nullopt;  // no lock on the fast path
   std::lock_guard lock(failed_mu_);
   auto it = failed_.find(peer);
   if (it == failed_.end()) return std::nullopt;

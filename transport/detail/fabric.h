@@ -70,6 +70,8 @@ class Fabric {
   void check_scope(std::span<const int> scope) const;
   // The failure of one peer, if it failed.
   std::optional<std::string> failure_of(int peer) const;
+  // Cheap test for the common case: has any peer failed or left at all?
+  bool any_failure() const { return failure_epoch_.load(std::memory_order_acquire) != 0; }
   // The first failure recorded (rank, reason), if any; peers that merely left do not count.
   std::optional<std::pair<int, std::string>> first_failure() const;
   PeerError peer_error(int peer) const;  // for a peer known to have failed

@@ -15,7 +15,7 @@ namespace {
 
 class P2PWork final : public Work {
  public:
-  P2PWork(std::shared_ptr<Fabric> fabric, RequestPtr req, int peer, Tensor keep)
+  P2PWork(std::shared_ptr<Fabric> fabric, RequestPtr req, int peer, std::shared_ptr<memory::Storage> keep)
       : fabric_(std::move(fabric)), req_(std::move(req)), peer_(peer), keep_(std::move(keep)) {}
   bool test() override { return fabric_->test(*req_, {&peer_, 1}); }
   void wait() override { fabric_->wait(*req_, {&peer_, 1}); }
@@ -24,19 +24,28 @@ class P2PWork final : public Work {
   std::shared_ptr<Fabric> fabric_;
   RequestPtr req_;
   int peer_;
-  Tensor keep_;  // the buffer stays alive as long as the operation may touch it
+  std::shared_ptr<memory::Storage> keep_;  // the bytes stay alive while the operation may touch them
 };
 
+// A collective's Work and its Job in one object: the executor's queue holds it
+// through an aliasing pointer to the job.
+template <class F>
 class CollectiveWork final : public Work {
  public:
-  CollectiveWork(std::shared_ptr<Executor> ex, std::shared_ptr<Job> job)
-      : ex_(std::move(ex)), job_(std::move(job)) {}
-  bool test() override { return ex_->test(*job_); }
-  void wait() override { ex_->wait(*job_); }
+  CollectiveWork(std::shared_ptr<Executor> ex, F fn) : ex_(std::move(ex)), job_(std::move(fn)) {}
+  bool test() override { return ex_->test(job_); }
+  void wait() override { ex_->wait(job_); }
+
+  struct FnJob final : Job {
+    explicit FnJob(F fn) : f(std::move(fn)) {}
+    void run() override { f(); }
+    F f;
+  };
+  Job& job() { return job_; }
 
  private:
   std::shared_ptr<Executor> ex_;
-  std::shared_ptr<Job> job_;
+  FnJob job_;
 };
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
@@ -93,7 +102,7 @@ WorkPtr GroupComm::isend(const Tensor& t, int dst, uint64_t tag) {
   int g = globals_[size_t(dst)];
   auto req = fabric_->isend(t.raw_data(), t.nbytes(), g,
                             make_tag(context_, fabric_->rank(), false, tag));
-  return std::make_shared<P2PWork>(fabric_, std::move(req), g, t);
+  return std::make_shared<P2PWork>(fabric_, std::move(req), g, t.storage());
 }
 
 WorkPtr GroupComm::irecv(Tensor& t, int src, uint64_t tag) {
@@ -103,24 +112,25 @@ WorkPtr GroupComm::irecv(Tensor& t, int src, uint64_t tag) {
     bad("irecv: tag " + std::to_string(tag) + " exceeds the largest tag " + std::to_string(kMaxUserTag));
   int g = globals_[size_t(src)];
   auto req = fabric_->irecv(t.raw_data(), t.nbytes(), g, make_tag(context_, g, false, tag));
-  return std::make_shared<P2PWork>(fabric_, std::move(req), g, t);
+  return std::make_shared<P2PWork>(fabric_, std::move(req), g, t.storage());
 }
 
 // ---- collectives ----
 
-WorkPtr GroupComm::submit(size_t bytes, std::vector<Tensor> keep,
-                          std::function<void(const GroupView&)> fn) {
-  auto job = std::make_shared<Job>();
-  std::lock_guard lock(submit_mu_);
-  uint32_t seq = seq_;
-  seq_ = (seq_ + 1) % kMaxCollectiveSeq;
-  job->fn = [this, seq, fn = std::move(fn), keep = std::move(keep)] {
+template <class Fn>
+WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
+  auto body = [this, fn = std::move(fn), keep = std::move(keep)] {
+    // Jobs run one at a time, in the order they were issued, on every rank: numbering
+    // them as they run gives every rank the same sequence, with no lock.
+    uint32_t seq = seq_;
+    seq_ = (seq_ + 1) % kMaxCollectiveSeq;
     GroupView v = view(seq);
     fabric_->check_scope(globals_);
     fn(v);
   };
-  executor_->submit(job, bytes > AlgoTuning::get().small_bytes);
-  return std::make_shared<CollectiveWork>(executor_, job);
+  auto work = std::make_shared<CollectiveWork<decltype(body)>>(executor_, std::move(body));
+  executor_->submit(std::shared_ptr<Job>(work, &work->job()), bytes > AlgoTuning::get().small_bytes);
+  return work;
 }
 
 std::vector<int64_t> GroupComm::parts(std::span<const int64_t> counts, size_t total,
@@ -144,7 +154,7 @@ WorkPtr GroupComm::broadcast(Tensor& t, int root) {
   check_rank(root, "broadcast");
   size_t bytes = t.nbytes();
   void* p = t.raw_data();
-  return submit(bytes, {t}, [p, bytes, root](const GroupView& g) {
+  return submit(bytes, {t.storage()}, [p, bytes, root](const GroupView& g) {
     detail::broadcast(g, p, bytes, root);
   });
 }
@@ -154,7 +164,7 @@ WorkPtr GroupComm::all_reduce(Tensor& t, ReduceOp op) {
   size_t n = size_t(t.numel());
   DType dt = t.dtype();
   void* p = t.raw_data();
-  return submit(t.nbytes(), {t}, [p, n, dt, op](const GroupView& g) {
+  return submit(t.nbytes(), {t.storage()}, [p, n, dt, op](const GroupView& g) {
     detail::all_reduce(g, p, n, dt, op);
   });
 }
@@ -175,7 +185,7 @@ WorkPtr GroupComm::all_gather(const Tensor& in, Tensor& out, std::span<const int
   size_t es = memory::dtype_size(in.dtype());
   const void* ip = in.raw_data();
   void* op = out.raw_data();
-  return submit(out.nbytes(), {in, out}, [ip, op, c, es](const GroupView& g) {
+  return submit(out.nbytes(), {in.storage(), out.storage()}, [ip, op, c, es](const GroupView& g) {
     detail::all_gather(g, ip, op, c, es);
   });
 }
@@ -197,7 +207,7 @@ WorkPtr GroupComm::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp rop,
   DType dt = in.dtype();
   const void* ip = in.raw_data();
   void* op = out.raw_data();
-  return submit(in.nbytes(), {in, out}, [ip, op, c, dt, rop](const GroupView& g) {
+  return submit(in.nbytes(), {in.storage(), out.storage()}, [ip, op, c, dt, rop](const GroupView& g) {
     detail::reduce_scatter(g, ip, op, c, dt, rop);
   });
 }
@@ -230,8 +240,7 @@ WorkPtr GroupComm::scatter(const Tensor& in, Tensor& out, int root, std::span<co
   size_t es = memory::dtype_size(out.dtype());
   const void* ip = is_root ? in.raw_data() : nullptr;
   void* op = out.raw_data();
-  std::vector<Tensor> keep{out};
-  if (is_root) keep.push_back(in);
+  Keep keep{out.storage(), is_root ? in.storage() : nullptr};
   return submit(out.nbytes() * size_t(size()), std::move(keep), [ip, op, c, es, root](const GroupView& g) {
     detail::scatter(g, ip, op, c, es, root);
   });
@@ -263,8 +272,7 @@ WorkPtr GroupComm::gather(const Tensor& in, Tensor& out, int root, std::span<con
   size_t es = memory::dtype_size(in.dtype());
   const void* ip = in.raw_data();
   void* op = is_root ? out.raw_data() : nullptr;
-  std::vector<Tensor> keep{in};
-  if (is_root) keep.push_back(out);
+  Keep keep{in.storage(), is_root ? out.storage() : nullptr};
   return submit(in.nbytes() * size_t(size()), std::move(keep), [ip, op, c, es, root](const GroupView& g) {
     detail::gather(g, ip, op, c, es, root);
   });

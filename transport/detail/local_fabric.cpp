@@ -148,7 +148,8 @@ void LocalFabric::deliver(LocalHub::Send& s, LocalHub::Recv& r, int src, int dst
         "message size mismatch from rank " + std::to_string(src) + " to rank " +
         std::to_string(dst) + ": sent " + std::to_string(s.bytes) + " bytes, receive expects " +
         std::to_string(r.bytes)));
-    if (s.req) fail(*s.req, e);
+    // As on a network, the send is done (its bytes went out); the receive reports it.
+    if (s.req) complete(*s.req);
     fail(*r.req, e);
     return;
   }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,10 +28,12 @@ constexpr uint64_t kBye = 4;     // the sender is closing its communicator; payl
                                  // notice: the failure that made it leave, or rank -1
 constexpr size_t kControlBytes = 512;
 
+// The coarse monotonic clock (a few ns to read, millisecond resolution): liveness and
+// the progress thread's naps need no more, and it is read on every message.
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 char g_zero_byte = 0;  // a valid address for empty messages
@@ -170,12 +173,19 @@ UcxFabric::~UcxFabric() {
     // Sends to a peer that died can never complete, and UCX cannot take them back;
     // it would warn about each at destruction. We know why, and said so already.
     bool leftovers = false;
-    for (auto& [r, p] : pending_)
+    for (UcxRequest* r = pending_; r; r = r->next)
       if (failure_of(r->peer)) leftovers = true;
     ucs_log_level_t level = ucs_global_opts.log_component.log_level;
     if (leftovers && level > UCS_LOG_LEVEL_ERROR) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
     ucp_worker_destroy(worker_);
     ucs_global_opts.log_component.log_level = level;
+    // Requests UCX never finished hold themselves alive: let them go.
+    while (pending_ != nullptr) {
+      UcxRequest* r = pending_;
+      pending_ = r->next;
+      r->tracked = false;
+      r->self.reset();
+    }
   }
   if (context_) ucp_cleanup(context_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -232,10 +242,10 @@ void UcxFabric::shutdown() {
   // Receives nobody completed: cancel them (their callbacks free them).
   for (auto& c : controls_)
     if (c->request) ucp_request_cancel(worker_, c->request);
-  std::vector<std::pair<Request*, void*>> open;
-  for (auto& [r, p] : pending_) open.emplace_back(r, p.req->backend);
-  for (auto& [r, ucx] : open)
-    if (!r->is_send && ucx) ucp_request_cancel(worker_, ucx);
+  std::vector<void*> open;
+  for (UcxRequest* r = pending_; r; r = r->next)
+    if (!r->is_send && r->backend) open.push_back(r->backend);
+  for (void* q : open) ucp_request_cancel(worker_, q);
   ucp_worker_progress(worker_);
   // Messages nobody will receive (a peer's goodbye that came after ours, pings): take
   // them off the unexpected queue so that UCX has nothing left to warn about.
@@ -254,8 +264,8 @@ void UcxFabric::shutdown() {
     }
   }
   auto closed = std::make_exception_ptr(RuntimeError("the communicator was closed"));
-  for (auto& [r, p] : pending_)
-    if (!p.req->done()) fail(*p.req, closed);
+  for (UcxRequest* r = pending_; r; r = r->next)
+    if (!r->done()) fail(*r, closed);
 }
 
 // ---- endpoints ----
@@ -307,45 +317,61 @@ void UcxFabric::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 // ---- requests ----
 
-void UcxFabric::track_locked(const RequestPtr& r, void* ucx_request) {
-  r->backend = ucx_request;
+std::shared_ptr<UcxFabric::UcxRequest> UcxFabric::make_request(int peer, bool is_send, size_t bytes) {
+  auto r = std::make_shared<UcxRequest>();
+  r->peer = peer;
+  r->is_send = is_send;
+  r->bytes = bytes;
   r->owner = this;
-  pending_.emplace(r.get(), Pending{r, true});
+  return r;
+}
+
+void UcxFabric::track_locked(const std::shared_ptr<UcxRequest>& r, void* ucx_request) {
+  r->backend = ucx_request;
+  r->self = r;
+  r->tracked = true;
+  r->counted = true;
+  r->prev = nullptr;
+  r->next = pending_;
+  if (pending_) pending_->prev = r.get();
+  pending_ = r.get();
   if (pending_per_peer_[size_t(r->peer)]++ == 0) peers_[size_t(r->peer)].watch_since = now_ns();
   if (r->is_send) ++sends_in_flight_;
 }
 
-void UcxFabric::untrack_locked(Request* r) {
-  auto it = pending_.find(r);
-  if (it == pending_.end()) return;
-  if (it->second.counted) {
+void UcxFabric::untrack_locked(UcxRequest* r) {
+  if (!r->tracked) return;
+  r->tracked = false;
+  if (r->counted) {
+    r->counted = false;
     if (--pending_per_peer_[size_t(r->peer)] == 0) peers_[size_t(r->peer)].watch_since = 0;
   }
   if (r->is_send) --sends_in_flight_;
-  pending_.erase(it);
+  if (r->prev) r->prev->next = r->next;
+  else pending_ = r->next;
+  if (r->next) r->next->prev = r->prev;
+  r->prev = r->next = nullptr;
+  r->backend = nullptr;
+  r->self.reset();  // may free r: nothing touches it after this
 }
 
 void UcxFabric::send_cb(void* request, ucs_status_t status, void* user) {
-  auto* r = static_cast<Request*>(user);
+  auto* r = static_cast<UcxRequest*>(user);
   UcxFabric* f = static_cast<UcxFabric*>(r->owner);
-  auto it = f->pending_.find(r);
-  if (it != f->pending_.end()) {
-    RequestPtr keep = it->second.req;
-    if (!r->done()) {
-      if (status == UCS_OK)
-        complete(*r);
-      else
-        fail(*r, std::make_exception_ptr(f->failure_of(r->peer) ? f->peer_error(r->peer)
-                                                                : PeerError(r->peer, "send to rank " +
-                                                                    std::to_string(r->peer) + " failed: " +
-                                                                    ucs_status_string(status))));
-    }
-    f->untrack_locked(r);
+  if (!r->done()) {
+    if (status == UCS_OK)
+      complete(*r);
+    else
+      fail(*r, std::make_exception_ptr(f->failure_of(r->peer) ? f->peer_error(r->peer)
+                                                              : PeerError(r->peer, "send to rank " +
+                                                                  std::to_string(r->peer) + " failed: " +
+                                                                  ucs_status_string(status))));
   }
+  f->untrack_locked(r);
   ucp_request_free(request);
 }
 
-void UcxFabric::complete_recv_locked(Request* r, ucs_status_t status, const ucp_tag_recv_info_t* info) {
+void UcxFabric::complete_recv_locked(UcxRequest* r, ucs_status_t status, const ucp_tag_recv_info_t* info) {
   if (status == UCS_OK) peers_[size_t(r->peer)].last_heard = now_ns();
   if (r->done()) return;
   if (status == UCS_OK && info->length == r->bytes) {
@@ -368,23 +394,15 @@ void UcxFabric::complete_recv_locked(Request* r, ucs_status_t status, const ucp_
 }
 
 void UcxFabric::recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
-  auto* r = static_cast<Request*>(user);
+  auto* r = static_cast<UcxRequest*>(user);
   UcxFabric* f = static_cast<UcxFabric*>(r->owner);
-  auto it = f->pending_.find(r);
-  if (it != f->pending_.end()) {
-    RequestPtr keep = it->second.req;
-    f->complete_recv_locked(r, status, info);
-    f->untrack_locked(r);
-  }
+  f->complete_recv_locked(r, status, info);
+  f->untrack_locked(r);
   ucp_request_free(request);
 }
 
 RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t tag) {
-  auto r = std::make_shared<Request>();
-  r->peer = dst;
-  r->is_send = true;
-  r->bytes = bytes;
-  r->owner = this;
+  auto r = make_request(dst, true, bytes);
   if (failure_of(dst)) {
     fail(*r, std::make_exception_ptr(peer_error(dst)));
     return r;
@@ -424,10 +442,7 @@ RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t ta
 }
 
 RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
-  auto r = std::make_shared<Request>();
-  r->peer = src;
-  r->bytes = bytes;
-  r->owner = this;
+  auto r = make_request(src, false, bytes);
   ucp_request_param_t p{};
   // No immediate completion: UCX 1.13 does not fill in the message length when a
   // receive completes inside the call, and we must check it. The callback then runs
@@ -453,7 +468,7 @@ RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
     BATON_UCX_CHECK_PTR(q);
   }
   // If the callback already ran, q is released; otherwise remember it for cancelling.
-  if (pending_.count(r.get())) r->backend = q;
+  if (r->tracked) r->backend = q;
   return r;
 }
 
@@ -461,22 +476,21 @@ size_t UcxFabric::fail_pending(int peer, const PeerError& error) {
   auto e = std::make_exception_ptr(error);
   std::lock_guard lock(mu_);
   size_t hit = 0;
-  for (auto& [r, p] : pending_) {
+  std::vector<void*> cancel;
+  for (UcxRequest* r = pending_; r; r = r->next) {
     if (r->peer != peer) continue;
     if (!r->done()) {
       fail(*r, e);
       ++hit;
     }
-    if (p.counted) {
-      p.counted = false;
+    if (r->counted) {
+      r->counted = false;
       if (--pending_per_peer_[size_t(peer)] == 0) peers_[size_t(peer)].watch_since = 0;
     }
+    if (!r->is_send && r->backend) cancel.push_back(r->backend);
   }
   // Unmatched receives from the peer will never match: cancel them (the callback,
   // called from here, releases them). Sends end when the endpoint closes.
-  std::vector<void*> cancel;
-  for (auto& [r, p] : pending_)
-    if (r->peer == peer && !r->is_send && r->backend) cancel.push_back(r->backend);
   for (void* q : cancel) ucp_request_cancel(worker_, q);
   ucp_ep_h ep = eps_[size_t(peer)];
   if (ep && !ep_dead_[size_t(peer)]) {

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "transport/detail/fabric.h"
@@ -44,9 +43,14 @@ class UcxFabric final : public Fabric {
   void on_sleep_begin() override;
 
  private:
-  struct Pending {
-    RequestPtr req;
-    bool counted = true;  // still counted in pending_per_peer_
+  // A request UCX still holds: on an intrusive list (no allocation per message), kept
+  // alive by its own reference until UCX's callback has run.
+  struct UcxRequest : Request {
+    RequestPtr self;
+    UcxRequest* prev = nullptr;
+    UcxRequest* next = nullptr;
+    bool tracked = false;
+    bool counted = false;  // counted in pending_per_peer_
   };
   struct Failure {
     int peer;
@@ -67,8 +71,9 @@ class UcxFabric final : public Fabric {
   void after_progress_locked();
   void post_control_locked(Control& c);
   void send_control_locked(int peer, uint64_t kind, const std::string& payload);
-  void track_locked(const RequestPtr& r, void* ucx_request);
-  void untrack_locked(Request* r);
+  std::shared_ptr<UcxRequest> make_request(int peer, bool is_send, size_t bytes);
+  void track_locked(const std::shared_ptr<UcxRequest>& r, void* ucx_request);
+  void untrack_locked(UcxRequest* r);
   void apply_failures();  // without mu_
   void liveness_tick(int64_t now);
   void thread_main();
@@ -80,7 +85,7 @@ class UcxFabric final : public Fabric {
   static void control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void control_send_cb(void* request, ucs_status_t status, void* user);
   static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  void complete_recv_locked(Request* r, ucs_status_t status, const ucp_tag_recv_info_t* info);
+  void complete_recv_locked(UcxRequest* r, ucs_status_t status, const ucp_tag_recv_info_t* info);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -94,7 +99,7 @@ class UcxFabric final : public Fabric {
   std::vector<std::unique_ptr<EpArg>> ep_args_;
   std::vector<bool> ep_dead_;
   std::vector<bool> peer_mode_;  // UCX peer-failure mode for this peer's endpoint
-  std::unordered_map<Request*, Pending> pending_;
+  UcxRequest* pending_ = nullptr;  // head of the list of requests UCX holds
   std::vector<int> pending_per_peer_;
   int sends_in_flight_ = 0;
   std::vector<PeerState> peers_;
