@@ -24,6 +24,8 @@ int run_launch(const std::vector<std::string>& args) {
       "host:port the rendezvous listens on (port 0: any free port)")(
       "grace", po::value<double>()->default_value(5.0),
       "seconds the other ranks get to exit by themselves after one fails")(
+      "bind", po::value<std::string>()->default_value("cores"),
+      "cores: bind each rank to its share of the cores (when there are enough); none")(
       "log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
   po::variables_map vm;
   if (!parse_args(ours, "baton launch -n N [options] -- CMD [ARGS...]", opts, vm)) return 0;
@@ -45,6 +47,9 @@ int run_launch(const std::vector<std::string>& args) {
   double grace = vm["grace"].as<double>();
   if (grace < 0) throw InputError("--grace: expected a non-negative number of seconds");
   o.grace = std::chrono::milliseconds(int64_t(grace * 1000));
+  std::string bind = vm["bind"].as<std::string>();
+  if (bind != "cores" && bind != "none") throw InputError("--bind: expected cores or none, got '" + bind + "'");
+  o.bind = bind == "cores";
   o.command = command;
   return transport::launch(o);
 }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -117,6 +118,8 @@ class Launcher {
     std::vector<std::string> args = o_.command;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    cpu_set_t cores;
+    bool bind = core_share(r, cores);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) throw RuntimeError(std::string("launch: fork failed: ") + std::strerror(errno));
@@ -125,6 +128,7 @@ class Launcher {
       // started), killed if the launcher dies, output into the pipes.
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (bind) sched_setaffinity(0, sizeof cores, &cores);
       if (getppid() != parent) _exit(125);
       dup2(out[1], 1);
       dup2(err[1], 2);
@@ -152,6 +156,21 @@ class Launcher {
     ++open_pipes_;
     read_pipe(rk, *rk.out, rk.out_partial, 1);
     read_pipe(rk, *rk.err, rk.err_partial, 2);
+  }
+
+  // Rank r's share of the cores we may run on; false when not binding.
+  bool core_share(int r, cpu_set_t& out) const {
+    CPU_ZERO(&out);
+    if (!o_.bind) return false;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return false;
+    std::vector<int> ids;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &mine)) ids.push_back(c);
+    const int n = o_.nprocs, cores = int(ids.size());
+    if (n > cores) return false;
+    for (int i = r * cores / n; i < (r + 1) * cores / n; ++i) CPU_SET(ids[size_t(i)], &out);
+    return true;
   }
 
   // Copies a child's output to ours line by line, each line prefixed with its rank.

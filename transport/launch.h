@@ -19,6 +19,11 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   // After SIGTERM, how long before SIGKILL.
   std::chrono::milliseconds kill_after{3000};
+  // Bind each rank to its own share of the cores this launcher may use (rank r gets
+  // cores [r*C/N, (r+1)*C/N)), as mpirun does: ranks never share a core, and a rank's
+  // progress thread stays next to its data. Ignored when there are more ranks than
+  // cores.
+  bool bind = true;
 };
 
 // Runs the job and returns the launcher's exit code: 0 when every rank exits 0;

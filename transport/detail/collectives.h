@@ -21,7 +21,7 @@ namespace baton::transport::detail {
 struct AlgoTuning {
   size_t small_bytes = 64 << 10;  // at most this: latency-bound algorithms
   size_t chunk_bytes = 512 << 10;  // pipelining unit of rings and chains
-  int window = 4;                  // ring chunks received ahead
+  int window = 2;                  // ring chunks received ahead (more only thrashes caches)
   static const AlgoTuning& get();
 };
 
