@@ -33,8 +33,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Queues a job. `urgent` wakes the background thread at once (large jobs, where a
-  // wake-up costs nothing next to the work); other jobs start within kPickup, or at
+  // Queues a job. `urgent` wakes the background thread at once (long jobs, where a
+  // wake-up costs little next to the work); other jobs start within kPickup, or at
   // once when their caller waits.
   void submit(const std::shared_ptr<Job>& job, bool urgent);
   // Blocks until the job is done; rethrows its error.

@@ -117,6 +117,9 @@ WorkPtr GroupComm::irecv(Tensor& t, int src, uint64_t tag) {
 
 // ---- collectives ----
 
+// Collectives at least this large wake the background thread when issued.
+constexpr size_t kWakeBytes = size_t(4) << 20;
+
 template <class Fn>
 WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
   auto body = [this, fn = std::move(fn), keep = std::move(keep)] {
@@ -129,7 +132,10 @@ WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
     fn(v);
   };
   auto work = std::make_shared<CollectiveWork<decltype(body)>>(executor_, std::move(body));
-  executor_->submit(std::shared_ptr<Job>(work, &work->job()), bytes > AlgoTuning::get().small_bytes);
+  // Only collectives that take milliseconds wake the background thread at once: for
+  // the others its pickup delay is harmless, and a caller that waits runs them itself,
+  // without the thread switch (a rank's threads share its cores).
+  executor_->submit(std::shared_ptr<Job>(work, &work->job()), bytes >= kWakeBytes);
   return work;
 }
 
