@@ -3,11 +3,10 @@
 #include <gtest/gtest.h>
 
 // Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>
-
 #include <boost/asio.hpp>
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "memory/error.h"
 #include "transport/store.h"
@@ -144,7 +143,10 @@ TEST(Store, OversizedAndMalformedMessagesAreRefused) {
 TEST(Store, ConnectRetriesUntilTheServerStarts) {
   // Find a free port, then start the server on it a little after the client tries.
   uint16_t port;
-  { StoreServer probe("127.0.0.1", 0, "tok"); port = probe.port(); }
+  {
+    StoreServer probe("127.0.0.1", 0, "tok");
+    port = probe.port();
+  }
   std::unique_ptr<StoreServer> server;
   std::thread starter([&] {
     std::this_thread::sleep_for(200ms);

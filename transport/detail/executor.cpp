@@ -15,12 +15,15 @@ std::chrono::nanoseconds coarse_now() {
 }
 }  // namespace
 
-Executor::~Executor() { shutdown(); }
+Executor::~Executor() {
+  shutdown();
+}
 
 void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
   std::unique_lock lock(mu_);
   if (stop_) {
-    job->error = std::make_exception_ptr(RuntimeError("collective issued on a closed communicator"));
+    job->error =
+        std::make_exception_ptr(RuntimeError("collective issued on a closed communicator"));
     job->state.store(Job::kFailed);
     return;
   }

@@ -61,7 +61,7 @@ class Executor {
   bool stop_ = false;
   bool deep_sleep_ = false;
   bool started_ = false;
-  std::exception_ptr broken_;  // the first failure: later jobs fail with it
+  std::exception_ptr broken_;               // the first failure: later jobs fail with it
   std::chrono::nanoseconds last_active_{};  // coarse monotonic clock
   std::thread thread_;
 };

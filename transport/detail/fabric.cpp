@@ -145,8 +145,8 @@ std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
 
 PeerError Fabric::peer_error(int peer) const {
   auto reason = failure_of(peer);
-  return PeerError(peer, "rank " + std::to_string(peer) + " failed: " +
-                             (reason ? *reason : std::string("unknown reason")) +
+  return PeerError(peer, "rank " + std::to_string(peer) +
+                             " failed: " + (reason ? *reason : std::string("unknown reason")) +
                              " (seen by rank " + std::to_string(rank_) + ")");
 }
 
@@ -163,8 +163,9 @@ void Fabric::check_scope(std::span<const int> scope) const {
     }
   }
   if (first >= 0)
-    throw PeerError(first, "rank " + std::to_string(first) + " failed: " + failed_.at(first).reason +
-                               " (seen by rank " + std::to_string(rank_) + ")");
+    throw PeerError(first, "rank " + std::to_string(first) +
+                               " failed: " + failed_.at(first).reason + " (seen by rank " +
+                               std::to_string(rank_) + ")");
 }
 
 void Fabric::reserve_context(uint16_t id) {

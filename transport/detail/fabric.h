@@ -28,7 +28,7 @@ struct Request {
   int peer = -1;             // global rank on the other side
   bool is_send = false;
   size_t bytes = 0;
-  void* backend = nullptr;   // the backend's own handle (a UCX request, a mailbox entry)
+  void* backend = nullptr;        // the backend's own handle (a UCX request, a mailbox entry)
   class Fabric* owner = nullptr;  // whose waiters sleep on it (set by the backend)
 
   bool done() const { return state.load(std::memory_order_acquire) != kPending; }

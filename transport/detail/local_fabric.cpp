@@ -53,7 +53,8 @@ void LocalHub::detach(int rank, std::optional<std::pair<int, std::string>> first
   for (auto* f : fabrics_) {
     if (f == nullptr) continue;
     if (first.has_value() && first->first != f->rank())
-      f->declare_failed(first->first, first->second + " (reported by rank " + std::to_string(rank) + ")");
+      f->declare_failed(first->first,
+                        first->second + " (reported by rank " + std::to_string(rank) + ")");
     f->declare_failed(rank, "it left the job (closed its communicator)", /*left=*/true);
   }
 }
@@ -65,7 +66,9 @@ LocalFabric::LocalFabric(std::shared_ptr<LocalHub> hub, int rank, CommOptions op
   hub_->attach(rank, this);
 }
 
-LocalFabric::~LocalFabric() { hub_->detach(rank(), first_failure()); }
+LocalFabric::~LocalFabric() {
+  hub_->detach(rank(), first_failure());
+}
 
 RequestPtr LocalFabric::make_request(int peer, bool is_send, size_t bytes) {
   auto r = std::make_shared<Request>();
@@ -144,10 +147,10 @@ RequestPtr LocalFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
 
 void LocalFabric::deliver(LocalHub::Send& s, LocalHub::Recv& r, int src, int dst) {
   if (s.bytes != r.bytes) {
-    auto e = std::make_exception_ptr(RuntimeError(
-        "message size mismatch from rank " + std::to_string(src) + " to rank " +
-        std::to_string(dst) + ": sent " + std::to_string(s.bytes) + " bytes, receive expects " +
-        std::to_string(r.bytes)));
+    auto e = std::make_exception_ptr(
+        RuntimeError("message size mismatch from rank " + std::to_string(src) + " to rank " +
+                     std::to_string(dst) + ": sent " + std::to_string(s.bytes) +
+                     " bytes, receive expects " + std::to_string(r.bytes)));
     // As on a network, the send is done (its bytes went out); the receive reports it.
     if (s.req) complete(*s.req);
     fail(*r.req, e);

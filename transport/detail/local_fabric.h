@@ -23,9 +23,9 @@ class LocalHub {
   explicit LocalHub(int size);
 
   struct Send {
-    RequestPtr req;             // null for an eager send that already completed
+    RequestPtr req;  // null for an eager send that already completed
     const void* data = nullptr;
-    std::vector<char> eager;    // the copied bytes of an eager send
+    std::vector<char> eager;  // the copied bytes of an eager send
     size_t bytes = 0;
   };
   struct Recv {
