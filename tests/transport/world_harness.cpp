@@ -7,10 +7,14 @@
 #include <vector>
 
 #include "transport/local.h"
+#include "transport/store.h"
+#include "transport/ucx.h"
 
 namespace baton::transport::testing {
 
-std::string backend_name(Backend b) { return b == Backend::local ? "local" : "ucx"; }
+std::string backend_name(Backend b) {
+  return b == Backend::local ? "local" : "ucx";
+}
 
 CommOptions test_options() {
   CommOptions o;
@@ -44,7 +48,21 @@ void run_world(Backend b, int n, const std::function<void(Communicator&)>& fn,
       });
     for (auto& t : threads) t.join();
   } else {
-    throw std::runtime_error("TODO ucx");
+    StoreServer server("127.0.0.1", 0, "test-token");
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), "test-token");
+          CommPtr comm = make_ucx_world(r, n, store, options);
+          fn(*comm);
+          // Leave together, so that no rank's exit looks like a failure to a rank
+          // still finishing.
+          comm->barrier()->wait();
+        } catch (...) {
+          record(r);
+        }
+      });
+    for (auto& t : threads) t.join();
   }
   if (first) {
     try {

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "transport/communicator.h"
 #include "transport/options.h"
@@ -13,6 +14,16 @@ namespace baton::transport::testing {
 
 enum class Backend { local, ucx };
 std::string backend_name(Backend b);
+
+// The backends a test runs on: under ThreadSanitizer only the local one (UCX's threads
+// and shared memory are not instrumented, so TSan would report races that are not).
+inline std::vector<Backend> tested_backends() {
+#if defined(__SANITIZE_THREAD__)
+  return {Backend::local};
+#else
+  return {Backend::local, Backend::ucx};
+#endif
+}
 
 CommOptions test_options();  // a short peer timeout (2 s) so that failures show fast
 

@@ -22,7 +22,7 @@ bool LocalHub::attached(int rank) {
   return !gone_[size_t(rank)];
 }
 
-void LocalHub::detach(int rank) {
+void LocalHub::detach(int rank, std::optional<std::pair<int, std::string>> first) {
   {
     std::lock_guard lock(mu_);
     fabrics_[size_t(rank)] = nullptr;
@@ -47,10 +47,16 @@ void LocalHub::detach(int rank) {
     mine.posted.clear();
   }
   // Tell every other rank, under the hub lock: a rank that is closing at the same time
-  // waits for it in its own detach(), so its fabric is still alive here.
+  // waits for it in its own detach(), so its fabric is still alive here. A rank that
+  // closes because another failed passes that failure on first, as UCX ranks do.
   std::lock_guard lock(mu_);
-  for (auto* f : fabrics_)
-    if (f != nullptr) f->declare_failed(rank, "its communicator was closed");
+  for (auto* f : fabrics_) {
+    if (f == nullptr) continue;
+    if (first.has_value() && first->first != f->rank())
+      f->declare_failed(first->first,
+                        first->second + " (reported by rank " + std::to_string(rank) + ")");
+    f->declare_failed(rank, "it left the job (closed its communicator)", /*left=*/true);
+  }
 }
 
 // ---- LocalFabric ----
@@ -60,7 +66,9 @@ LocalFabric::LocalFabric(std::shared_ptr<LocalHub> hub, int rank, CommOptions op
   hub_->attach(rank, this);
 }
 
-LocalFabric::~LocalFabric() { hub_->detach(rank()); }
+LocalFabric::~LocalFabric() {
+  hub_->detach(rank(), first_failure());
+}
 
 RequestPtr LocalFabric::make_request(int peer, bool is_send, size_t bytes) {
   auto r = std::make_shared<Request>();
@@ -139,11 +147,12 @@ RequestPtr LocalFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
 
 void LocalFabric::deliver(LocalHub::Send& s, LocalHub::Recv& r, int src, int dst) {
   if (s.bytes != r.bytes) {
-    auto e = std::make_exception_ptr(RuntimeError(
-        "message size mismatch from rank " + std::to_string(src) + " to rank " +
-        std::to_string(dst) + ": sent " + std::to_string(s.bytes) + " bytes, receive expects " +
-        std::to_string(r.bytes)));
-    if (s.req) fail(*s.req, e);
+    auto e = std::make_exception_ptr(
+        RuntimeError("message size mismatch from rank " + std::to_string(src) + " to rank " +
+                     std::to_string(dst) + ": sent " + std::to_string(s.bytes) +
+                     " bytes, receive expects " + std::to_string(r.bytes)));
+    // As on a network, the send is done (its bytes went out); the receive reports it.
+    if (s.req) complete(*s.req);
     fail(*r.req, e);
     return;
   }
@@ -153,7 +162,7 @@ void LocalFabric::deliver(LocalHub::Send& s, LocalHub::Recv& r, int src, int dst
   complete(*r.req);
 }
 
-void LocalFabric::fail_pending(int peer, const PeerError& error) {
+size_t LocalFabric::fail_pending(int peer, const PeerError& error) {
   auto e = std::make_exception_ptr(error);
   std::vector<RequestPtr> doomed;
   {
@@ -186,6 +195,7 @@ void LocalFabric::fail_pending(int peer, const PeerError& error) {
     }
   }
   for (auto& r : doomed) fail(*r, e);
+  return doomed.size();
 }
 
 }  // namespace baton::transport::detail

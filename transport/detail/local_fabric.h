@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "transport/detail/fabric.h"
@@ -21,9 +23,9 @@ class LocalHub {
   explicit LocalHub(int size);
 
   struct Send {
-    RequestPtr req;             // null for an eager send that already completed
+    RequestPtr req;  // null for an eager send that already completed
     const void* data = nullptr;
-    std::vector<char> eager;    // the copied bytes of an eager send
+    std::vector<char> eager;  // the copied bytes of an eager send
     size_t bytes = 0;
   };
   struct Recv {
@@ -42,8 +44,9 @@ class LocalHub {
   Mailbox& box(int rank) { return *boxes_[size_t(rank)]; }
 
   void attach(int rank, LocalFabric* f);
-  // Detaches a rank whose fabric is closing and tells the others it is gone.
-  void detach(int rank);
+  // Detaches a rank whose fabric is closing and tells the others it left (and which
+  // failure made it leave, if one did).
+  void detach(int rank, std::optional<std::pair<int, std::string>> first);
   bool attached(int rank);
 
  private:
@@ -66,7 +69,7 @@ class LocalFabric final : public Fabric {
   static constexpr size_t kEagerLimit = 64 << 10;
 
  protected:
-  void fail_pending(int peer, const PeerError& error) override;
+  size_t fail_pending(int peer, const PeerError& error) override;
 
  private:
   friend class LocalHub;
