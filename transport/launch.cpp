@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it
+
 #include <boost/asio.hpp>
 #include <cstring>
 #include <map>

@@ -4,6 +4,8 @@
 
 #include <atomic>
 // Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
+#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it
+
 #include <boost/asio.hpp>
 #include <deque>
 #include <list>
