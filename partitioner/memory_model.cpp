@@ -6,6 +6,7 @@
 
 #include "memory/allocator.h"
 #include "memory/error.h"
+#include "stages/stash_plan.h"
 
 namespace baton::partitioner {
 
@@ -112,48 +113,29 @@ class Walker {
   int64_t dsize() const { return int64_t(memory::dtype_size(g_.float_dtype)); }
   bool is_out(int v) const { return out_set_.count(v) > 0; }
 
-  // ---- what Stage's constructor works out ----
+  // ---- what Stage's constructor works out: the same StashPlan it runs by ----
   void setup() {
-    const size_t nv = g_.values.size();
-    kept_.assign(nv, false);
-    needs_grad_.assign(nv, false);
-    last_use_.assign(nv, -1);
-    users_.assign(nv, {});
-    recompute_node_.assign(g_.nodes.size(), false);
+    stages::StashPlan plan = stages::plan_stash(g_, w_.first, w_.last, w_.recompute);
+    nodes_ = std::move(plan.nodes);
+    kept_ = std::move(plan.kept);
+    recompute_node_ = std::move(plan.recompute_node);
+    last_use_ = std::move(plan.last_forward_use);
+    users_ = std::move(plan.backward_users);
+    // Gradients: a walk may name its own boundary (a one-layer graph whose entering
+    // values are model inputs), so they follow the walk's boundary, as the Stage's do
+    // the cut's.
     std::vector<bool> in_stage(g_.nodes.size(), false);
-    for (int l = w_.first; l < w_.last; ++l)
-      for (int n : g_.layers[size_t(l)].nodes) {
-        nodes_.push_back(n);
-        in_stage[size_t(n)] = true;
-      }
-    for (int v : w_.boundary_out) out_set_.insert(v);
+    for (int n : nodes_) in_stage[size_t(n)] = true;
     std::set<int> in_set(w_.boundary_in.begin(), w_.boundary_in.end());
-    for (int n : nodes_) {
-      const Node& node = g_.nodes[size_t(n)];
-      bool rc = w_.recompute.count(node.layer) > 0;
-      recompute_node_[size_t(n)] = rc;
-      const stages::Op& op = *node.impl;
-      for (size_t i = 0; i < node.inputs.size(); ++i) {
-        int v = node.inputs[i];
-        last_use_[size_t(v)] = n;
-        if (op.saves_input(i)) users_[size_t(v)].push_back(n);
-        if (op.saves_input(i) && !rc) kept_[size_t(v)] = true;
-        int prod = g_.values[size_t(v)].producer;
-        if (rc && (prod < 0 || g_.nodes[size_t(prod)].layer != node.layer)) kept_[size_t(v)] = true;
-      }
-      for (size_t j = 0; j < node.outputs.size(); ++j)
-        if (op.saves_output(j)) {
-          users_[size_t(node.outputs[j])].push_back(n);
-          if (!rc) kept_[size_t(node.outputs[j])] = true;
-        }
-    }
-    for (size_t v = 0; v < nv; ++v) {
+    needs_grad_.assign(g_.values.size(), false);
+    for (size_t v = 0; v < g_.values.size(); ++v) {
       const stages::Value& val = g_.values[v];
       bool floating = memory::is_floating(val.type.dtype) && val.type.batched;
       bool here = !val.is_input() && in_stage[size_t(val.producer)];
       needs_grad_[v] = floating && (here || in_set.count(int(v)) > 0);
     }
-    values_.assign(nv, -1);
+    for (int v : w_.boundary_out) out_set_.insert(v);
+    values_.assign(g_.values.size(), -1);
     saved_.assign(g_.nodes.size(), {});
   }
 

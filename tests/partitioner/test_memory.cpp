@@ -12,6 +12,7 @@
 #include "partitioner/tensor_parallel.h"
 #include "transport/local.h"
 #include "schedule/schedule.h"
+#include "stages/cost.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
 #include "stages/stage.h"
@@ -140,6 +141,10 @@ TEST_P(MemoryEstimate, WithinTenPercentOfTheAllocatorPeak) {
   // The engine needs 10%; the model follows Stage's code, so it should be far closer, and
   // a drift past 2% means stages/ changed what it allocates.
   EXPECT_LE(std::abs(err), 0.02);
+  // stages/cost.h counts the stash by the same plan: the two agree.
+  stages::StageCost sc = stages::estimate_stage(*g, c.first, c.last, c.batch, rc, 2);
+  EXPECT_EQ(sc.persistent_bytes(), est.persistent());
+  EXPECT_EQ(sc.stash_bytes + sc.kept_input_bytes, est.mb.stash);
 }
 
 std::vector<MemCase> cases() {
