@@ -126,6 +126,21 @@ int main(int argc, char** argv) {
   });
   row("one exact cut, memory-bound", cut_time, std::to_string(devices) + " stages, " + (cut.feasible ? "feasible" : "infeasible"));
 
+  // The degrees, schedule and micro-batches given (`baton plan --tp 2 --pp 4 ...`): the
+  // cut, memory and simulation of each recompute choice.
+  SearchOptions fixed = o;
+  fixed.tp = 2;
+  fixed.pp = 4;
+  fixed.schedules = {"zb-h1"};
+  fixed.micro_batches = 16;
+  SearchResult fixed_res;
+  Stats fixed_time = measure(reps, [&] {
+    CostModel m(g, Machine{});
+    fixed_res = search_plans(g, m, fixed);
+  });
+  row("plan, degrees given (cold)", fixed_time,
+      fixed_res.ranked.empty() ? std::string("nothing fits") : fixed_res.ranked.front().describe());
+
   SearchResult res;
   // Cold: a new cost model each time (the per-layer structure, tables and walks too).
   Stats search = measure(reps, [&] {
