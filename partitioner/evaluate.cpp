@@ -171,6 +171,15 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
                        layer_ref(g, prm.layers.front()) + " and " + layer_ref(g, prm.layers.back()) +
                        " on pipeline ranks of different tensor-parallel degrees; a tied parameter needs one degree");
   }
+  if (!p.boundaries.is_null()) {
+    nlohmann::json want = derive_boundaries(r.plan);
+    for (size_t i = 0; i < std::max(want.size(), p.boundaries.size()); ++i)
+      if (i >= want.size() || i >= p.boundaries.size() || want[i] != p.boundaries[i])
+        throw InputError(p.boundaries_path + "[" + std::to_string(i) + "]: expected " +
+                         (i < want.size() ? want[i].dump() : std::string("no entry")) +
+                         " (from the degrees and the placement), found " +
+                         (i < p.boundaries.size() ? p.boundaries[i].dump() : std::string("no entry")));
+  }
   resolve_recompute(p, g, r);
   SplitOverrides ov{p.splits, p.split_paths};
   r.sharding = plan_sharding(g, r.layer_tp, ov, p.where("$.parallel.tp"));
@@ -329,6 +338,13 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
                   memory::format_bytes(double(re.activation_peak)).c_str(),
                   memory::format_bytes(double(re.peak)).c_str(), 1e3 * re.compute_time, 100 * re.busy_fraction,
                   over ? "  OVER CAPACITY" : "");
+    out += line;
+  }
+  for (const auto& b : derive_boundaries(p)) {
+    if (b["pattern"] == "one-to-one" || b["pattern"] == "in-memory") continue;
+    std::snprintf(line, sizeof line, "boundary after stage %d: pipeline rank %d (tp %d) -> %d (tp %d): %s\n",
+                  b["after_stage"].get<int>(), b["from_pipeline_rank"].get<int>(), b["from_tp"].get<int>(),
+                  b["to_pipeline_rank"].get<int>(), b["to_tp"].get<int>(), b["pattern"].get<std::string>().c_str());
     out += line;
   }
   std::snprintf(line, sizeof line,

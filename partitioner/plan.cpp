@@ -46,6 +46,26 @@ std::string Plan::where(const std::string& json_path) const {
   return (source.empty() ? std::string("plan") : source) + ": " + json_path;
 }
 
+std::string_view boundary_pattern(int t, int u) {
+  return t == u ? "one-to-one" : t < u ? "broadcast" : "gather";
+}
+
+json derive_boundaries(const Plan& p) {
+  json out = json::array();
+  for (size_t k = 0; k + 1 < p.stages.size(); ++k) {
+    if (p.stages[k].pipeline_ranks.empty() || p.stages[k + 1].pipeline_ranks.empty()) return json();
+    int a = p.stages[k].pipeline_ranks.front(), b = p.stages[k + 1].pipeline_ranks.front();
+    int t = p.tp[size_t(a)], u = p.tp[size_t(b)];
+    out.push_back({{"after_stage", k},
+                   {"from_pipeline_rank", a},
+                   {"to_pipeline_rank", b},
+                   {"from_tp", t},
+                   {"to_tp", u},
+                   {"pattern", a == b ? std::string("in-memory") : std::string(boundary_pattern(t, u))}});
+  }
+  return out;
+}
+
 int optimizer_states(const std::string& optimizer) {
   if (optimizer == "adamw") return 2;
   if (optimizer == "sgd-momentum") return 1;
@@ -150,7 +170,7 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "stages", "splits", "ranks", "predicted"});
+                 "optimizer", "stages", "splits", "ranks", "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -225,6 +245,13 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     }
   }
   if (auto ranks = r.get("ranks")) check_ranks_table(p, *ranks);
+  if (auto b = r.get("boundaries")) {
+    b->expect_array();
+    for (const stages::JsonReader& e : b->items())
+      e.expect_only({"after_stage", "from_pipeline_rank", "to_pipeline_rank", "from_tp", "to_tp", "pattern"});
+    p.boundaries = b->raw();
+    p.boundaries_path = b->where();
+  }
   if (auto pr = r.get("predicted")) {
     pr->expect_only({"step_time_s", "bubble", "memory_bytes", "time_model", "tokens_per_s"});
     p.predicted = pr->raw();
@@ -292,6 +319,8 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
   }
   j["ranks"] = ranks;
+  json boundaries = derive_boundaries(p);
+  if (!boundaries.is_null()) j["boundaries"] = boundaries;
   if (!p.predicted.is_null()) j["predicted"] = p.predicted;
   return j;
 }

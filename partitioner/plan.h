@@ -69,11 +69,22 @@ struct Plan {
   std::map<std::string, SplitKind> splits;  // node name -> override
   std::map<std::string, std::string> split_paths;  // node name -> JSON path (messages)
   nlohmann::json predicted;  // what `baton plan` predicted (informational; may be null)
+  // How activations cross each pipeline boundary, as written (null when absent); derived
+  // from the degrees and the placement, checked by resolve_plan when present.
+  nlohmann::json boundaries;
+  std::string boundaries_path;
 
   bool uniform_tp() const;
   int replica_size() const;  // ranks per data-parallel replica: the sum of tp
   std::string where(const std::string& json_path) const;  // "plan.json: $.x"
 };
+
+// How replicated activations cross a boundary from t sender ranks to u receivers
+// (partitioner/routing.h): "one-to-one", "broadcast" (t < u) or "gather" (t > u).
+std::string_view boundary_pattern(int t, int u);
+// The boundaries of a plan whose stages have their pipeline ranks filled in: one entry
+// per pair of consecutive model chunks (direction 0 of a bidirectional schedule).
+nlohmann::json derive_boundaries(const Plan& p);
 
 // Optimizer state tensors per parameter.
 int optimizer_states(const std::string& optimizer);

@@ -110,6 +110,16 @@ TEST(Plan, RanksInconsistentWithDegrees) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.stages[1].pipeline_ranks: expected [1] (the 1f1b placement of model chunk 1), found [0]");
   j = tiny_plan();
+  j["boundaries"] = {{{"after_stage", 0}, {"from_pipeline_rank", 0}, {"to_pipeline_rank", 1}, {"from_tp", 2},
+                      {"to_tp", 2}, {"pattern", "one-to-one"}}};
+  EXPECT_EQ(error_of(j), "(no error)");
+  j["boundaries"][0]["pattern"] = "gather";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.boundaries[0]: expected {\"after_stage\":0,\"from_pipeline_rank\":0,\"from_tp\":2,"
+            "\"pattern\":\"one-to-one\",\"to_pipeline_rank\":1,\"to_tp\":2} (from the degrees and the placement), "
+            "found {\"after_stage\":0,\"from_pipeline_rank\":0,\"from_tp\":2,\"pattern\":\"gather\","
+            "\"to_pipeline_rank\":1,\"to_tp\":2}");
+  j = tiny_plan();
   j["batch"]["global"] = 12;
   EXPECT_EQ(error_of(j),
             "plan.json: $.batch.global: expected dp x micro_batches x micro_batch_size = 2 x 4 x 2 = 16, found 12");
@@ -175,7 +185,7 @@ TEST(Plan, UnknownScheduleAndFields) {
   j["tensor_parallel"] = 2;
   EXPECT_EQ(error_of(j),
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, model, devices, "
-            "device_memory, parallel, batch, schedule, optimizer, stages, splits, ranks, predicted)");
+            "device_memory, parallel, batch, schedule, optimizer, stages, splits, ranks, boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
