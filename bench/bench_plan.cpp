@@ -7,6 +7,8 @@
 // and degree), one exact cut, the whole search (every degree, micro-batch count,
 // schedule and recompute choice: cost tables, cuts, memory, simulation), and the exact
 // check of the best plan (`baton plan --check`: physical graph and stage walks).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
@@ -49,14 +49,17 @@ Stats measure(int reps, const std::function<void()>& f) {
     double c0 = cpu_ms();
     auto t0 = std::chrono::steady_clock::now();
     f();
-    ms.push_back({std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), cpu_ms() - c0});
+    ms.push_back(
+        {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+         cpu_ms() - c0});
   }
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2].first, ms.front().first, ms.back().first, ms[ms.size() / 2].second};
 }
 
 void row(const char* what, const Stats& s, const std::string& note) {
-  std::printf("%-34s %10.1f %10.1f %10.1f %10.1f   %s\n", what, s.median, s.min, s.max, s.cpu, note.c_str());
+  std::printf("%-34s %10.1f %10.1f %10.1f %10.1f   %s\n", what, s.median, s.min, s.max, s.cpu,
+              note.c_str());
 }
 
 }  // namespace
@@ -73,9 +76,10 @@ int main(int argc, char** argv) {
   c.n_embd = 512;
   c.n_positions = 256;
   c.vocab_size = 256;
-  std::printf("bench_plan: GPT %d blocks (n_embd 512, 8 heads, context 256, vocab 256), %d devices, "
-              "%d repetitions after one warm-up; milliseconds\n",
-              blocks, devices, reps);
+  std::printf(
+      "bench_plan: GPT %d blocks (n_embd 512, 8 heads, context 256, vocab 256), %d devices, "
+      "%d repetitions after one warm-up; milliseconds\n",
+      blocks, devices, reps);
 
   std::shared_ptr<const stages::Graph> g;
   Stats load = measure(std::max(1, reps / 2), [&] {
@@ -91,8 +95,8 @@ int main(int argc, char** argv) {
   o.global_batch = 64;
   o.device_memory = capacity;
 
-  std::printf("%d layers, %.3g G parameters; device memory %s\n\n", g->num_layers(), double(g->num_parameters()) / 1e9,
-              memory::format_bytes(double(capacity)).c_str());
+  std::printf("%d layers, %.3g G parameters; device memory %s\n\n", g->num_layers(),
+              double(g->num_parameters()) / 1e9, memory::format_bytes(double(capacity)).c_str());
   std::printf("%-34s %10s %10s %10s %10s\n", "step", "median", "min", "max", "cpu");
   row("load model (not planning)", load, "gpt2 shorthand -> graph");
 
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
     }
     CostModel m(g, Machine{});
     SearchResult r = search_plans(g, m, o);
-    std::printf("search: %.1f ms, %d simulated, %d pruned\n", 1e3 * r.seconds, r.evaluated, r.pruned);
+    std::printf("search: %.1f ms, %d simulated, %d pruned\n", 1e3 * r.seconds, r.evaluated,
+                r.pruned);
     std::fflush(stdout);
     std::_Exit(0);  // skip tearing the big graph down (profiling sees the search alone)
   }
@@ -121,10 +126,12 @@ int main(int argc, char** argv) {
   CutResult cut;
   Stats cut_time = measure(reps, [&] {
     std::vector<CutStage> st(static_cast<size_t>(devices));
-    for (int k = 0; k < devices; ++k) st[size_t(k)] = {0, capacity, {{devices - k, 0, 0}, {devices - k - 1, 0, 1}}, 0};
+    for (int k = 0; k < devices; ++k)
+      st[size_t(k)] = {0, capacity, {{devices - k, 0, 0}, {devices - k - 1, 0, 1}}, 0};
     cut = Cutter({prepared}, st).solve();
   });
-  row("one exact cut, memory-bound", cut_time, std::to_string(devices) + " stages, " + (cut.feasible ? "feasible" : "infeasible"));
+  row("one exact cut, memory-bound", cut_time,
+      std::to_string(devices) + " stages, " + (cut.feasible ? "feasible" : "infeasible"));
 
   // The degrees, schedule and micro-batches given (`baton plan --tp 2 --pp 4 ...`): the
   // cut, memory and simulation of each recompute choice.
@@ -148,7 +155,8 @@ int main(int argc, char** argv) {
     res = search_plans(g, m, o);
   });
   row("search (cold, incl. cost model)", search,
-      std::to_string(res.evaluated) + " candidates simulated, " + std::to_string(res.pruned) + " pruned by bound");
+      std::to_string(res.evaluated) + " candidates simulated, " + std::to_string(res.pruned) +
+          " pruned by bound");
   if (res.ranked.empty()) {
     std::printf("nothing fits\n");
     return 1;
@@ -160,7 +168,7 @@ int main(int argc, char** argv) {
     if (!e.fits()) std::printf("exact check: does not fit\n");
   });
   row("check best plan (exact memory)", check, best.describe());
-  std::printf("\nplan = search: %.0f ms median wall (%.0f ms CPU) for %d layers on %d devices\n", search.median,
-              search.cpu, g->num_layers(), devices);
+  std::printf("\nplan = search: %.0f ms median wall (%.0f ms CPU) for %d layers on %d devices\n",
+              search.median, search.cpu, g->num_layers(), devices);
   return 0;
 }

@@ -60,7 +60,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                  {"backward_input", o.backward_input},
                  {"backward_weight", o.backward_weight},
                  {"flops", o.flops}};
-  nlohmann::json j = {{"version", 1}, {"kind", "op_times"}, {"model", c.model},
+  nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"ops", ops}};
   schedule::write_file_atomically(path, j.dump(1) + "\n");
 }
@@ -82,8 +82,8 @@ int64_t CostTable::param_bytes(int first, int last) const {
   return b;
 }
 
-StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
-                                 int optimizer_states) {
+StageMemory compose_stage_memory(const CostTable& t, int first, int last,
+                                 const std::set<int>& recompute, int optimizer_states) {
   StageMemory m;
   for (int l = first; l < last; ++l) {
     int64_t b = t.own_param_bytes[size_t(l)];
@@ -111,7 +111,8 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last, const 
     const MicroBatchMemory& x = of(l);
     m.mb.forward_peak = std::max(m.mb.forward_peak, s + x.forward_peak);
     after_before += x.w_stash + x.held_through_backward;
-    m.mb.backward_peak = std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
+    m.mb.backward_peak =
+        std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
     s += x.stash;
     w_total += x.w_stash;
     m.mb.held_through_backward += x.held_through_backward;
@@ -125,7 +126,8 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last, const 
   return m;
 }
 
-CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine, const MeasuredCosts* measured)
+CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
+                     const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {
   // Layers of one structure share an id; the per-sharding signatures build on it.
   std::map<std::string, int> ids;
@@ -149,7 +151,8 @@ std::string CostModel::static_signature(int layer) const {
       else
         sig += "<x" + stages::type_str(val.type);
     }
-    for (int p : node.params) sig += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
+    for (int p : node.params)
+      sig += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
     for (int v : node.outputs) {
       const stages::Value& val = g.values[size_t(v)];
       bool later = v == g.loss;
@@ -196,7 +199,8 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
   }
 }
 
-LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string& sig, int64_t batch) {
+LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string& sig,
+                                int64_t batch) {
   std::string key = std::to_string(batch) + "#" + sig;
   auto it = layer_cache_.find(key);
   if (it != layer_cache_.end()) return it->second;
@@ -212,14 +216,18 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
     int t = s.nodes.empty() ? 1 : s.layer_tp[size_t(layer)];
     double tf = 0, tb = 0;
     if (node.op == "tp_gather")
-      tf = all_gather_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
+      tf = all_gather_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency);
     else if (node.op == "vocab_parallel_cross_entropy")
       // Two all-reduces (row maxima, then sums and target logits).
-      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency) +
+      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency) +
            2.0 * (t - 1) * machine_.tp_latency;
     else
-      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
-    tb = all_reduce_time(double(k.backward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
+      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency);
+    tb = all_reduce_time(double(k.backward_comm_bytes), t, machine_.tp_bandwidth,
+                         machine_.tp_latency);
     c.tp_forward_bytes += double(k.forward_comm_bytes);
     c.tp_backward_bytes += double(k.backward_comm_bytes);
     double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
@@ -282,7 +290,8 @@ CostModel::Classes CostModel::classify(const Sharding& s) const {
     const stages::Param& lp = g.params[p];
     int64_t n = memory::shape_numel(lp.logical_shape);
     const ParamShard& ps = s.params[p];
-    if (ps.dim >= 0 && ps.t > 1) n = n / lp.logical_shape[size_t(ps.dim)] * ps.pattern.local_size(ps.t);
+    if (ps.dim >= 0 && ps.t > 1)
+      n = n / lp.logical_shape[size_t(ps.dim)] * ps.pattern.local_size(ps.t);
     int64_t bytes = int64_t(memory::Allocator::rounded(size_t(n) * memory::dtype_size(lp.dtype)));
     if (lp.layers.size() == 1)
       c.own_param_bytes[size_t(lp.layers[0])] += bytes;
@@ -301,7 +310,8 @@ CostModel::Classes CostModel::classify(const Sharding& s) const {
     double bytes = double(numel) * double(memory::dtype_size(val.type.dtype));
     if (val.is_input()) {
       if (!val.consumers.empty())
-        c.inputs_per_sample[size_t(g.nodes[size_t(val.consumers.front())].layer)].push_back(int64_t(bytes));
+        c.inputs_per_sample[size_t(g.nodes[size_t(val.consumers.front())].layer)].push_back(
+            int64_t(bytes));
       continue;
     }
     int a = g.nodes[size_t(val.producer)].layer, e = a;
@@ -320,7 +330,9 @@ CostModel::Classes CostModel::classify(const Sharding& s) const {
   return c;
 }
 
-CostTable CostModel::table_for(const Sharding& s, int64_t batch) { return build_table(s, classify(s), batch); }
+CostTable CostModel::table_for(const Sharding& s, int64_t batch) {
+  return build_table(s, classify(s), batch);
+}
 
 CostTable CostModel::build_table(const Sharding& s, const Classes& classes, int64_t batch) {
   const int L = g_->num_layers();
@@ -336,7 +348,8 @@ CostTable CostModel::build_table(const Sharding& s, const Classes& classes, int6
   t.own_param_bytes = classes.own_param_bytes;
   t.shared_params = classes.shared_params;
   t.cut_bytes.resize(classes.cut_bytes_per_sample.size());
-  for (size_t k = 0; k < t.cut_bytes.size(); ++k) t.cut_bytes[k] = classes.cut_bytes_per_sample[k] * double(batch);
+  for (size_t k = 0; k < t.cut_bytes.size(); ++k)
+    t.cut_bytes[k] = classes.cut_bytes_per_sample[k] * double(batch);
   t.input_bytes.assign(size_t(L), 0);
   for (int l = 0; l < L; ++l)
     for (int64_t b : classes.inputs_per_sample[size_t(l)])
@@ -359,7 +372,8 @@ std::string CostModel::key(int tp, int64_t batch, const SplitOverrides& override
   return k;
 }
 
-const Sharding& CostModel::sharding(int tp, int64_t, const SplitOverrides& overrides, const std::string& where) {
+const Sharding& CostModel::sharding(int tp, int64_t, const SplitOverrides& overrides,
+                                    const std::string& where) {
   std::string k = key(tp, 0, overrides);
   auto it = shardings_.find(k);
   if (it != shardings_.end()) return *it->second;

@@ -30,13 +30,13 @@ namespace baton::partitioner {
 // A device and its links. Defaults: one core of this project's CPU machines and shared
 // memory between processes (docs/partitioner.md says where each figure comes from).
 struct Machine {
-  double flops = 5e10;             // FLOP/s one device sustains on baton's kernels
+  double flops = 5e10;               // FLOP/s one device sustains on baton's kernels
   double memory_bandwidth = 1.6e10;  // bytes/s (the optimizer step streams its state)
-  double tp_bandwidth = 8e9;       // bytes/s per rank inside a tensor-parallel group
-  double tp_latency = 2e-6;        // s per collective step
-  double p2p_bandwidth = 8e9;      // bytes/s between pipeline ranks
-  double p2p_latency = 2e-6;       // s per message
-  double dp_bandwidth = 4e9;       // bytes/s per rank for data-parallel all-reduces
+  double tp_bandwidth = 8e9;         // bytes/s per rank inside a tensor-parallel group
+  double tp_latency = 2e-6;          // s per collective step
+  double p2p_bandwidth = 8e9;        // bytes/s between pipeline ranks
+  double p2p_latency = 2e-6;         // s per message
+  double dp_bandwidth = 4e9;         // bytes/s per rank for data-parallel all-reduces
   double dp_latency = 2e-6;
 };
 
@@ -60,7 +60,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path);
 
 // One layer at one degree and micro-batch size.
 struct LayerCost {
-  double f = 0, b = 0, w = 0;          // seconds
+  double f = 0, b = 0, w = 0;  // seconds
   double f_flops = 0, b_flops = 0, w_flops = 0;
   double tp_forward_bytes = 0, tp_backward_bytes = 0;  // payload of its collectives
   MicroBatchMemory mem, mem_recompute;
@@ -82,12 +82,12 @@ struct CostTable {
   // parameters several layers use (tied embeddings): stage sums in O(1 + shared).
   std::vector<int64_t> own_param_bytes;
   std::vector<ParamUse> shared_params;
-  std::vector<double> cut_bytes;        // per cut position 0..L: activation bytes crossing it
+  std::vector<double> cut_bytes;  // per cut position 0..L: activation bytes crossing it
   // Per layer: bytes of the model inputs (token ids) it is the first to read. The data
   // loader's tensors are held through a stage's whole F, so a stage's forward peak
   // counts those of all its layers (composition below).
   std::vector<int64_t> input_bytes;
-  std::vector<bool> replicated_cut;     // from the sharding
+  std::vector<bool> replicated_cut;  // from the sharding
   // Prefix sums over layers (size L + 1) of f, b, w and of own_param_bytes.
   std::vector<double> pf, pb, pw;
   std::vector<int64_t> pparams;
@@ -99,8 +99,8 @@ struct CostTable {
 // The memory of a stage over layers [first, last) composed from the table's per-layer
 // figures (an upper bound of the exact walk: each layer is walked with its input and
 // incoming gradient held by a caller; tests/partitioner/test_memory.cpp compares them).
-StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
-                                 int optimizer_states);
+StageMemory compose_stage_memory(const CostTable& t, int first, int last,
+                                 const std::set<int>& recompute, int optimizer_states);
 
 class CostModel {
  public:

@@ -19,7 +19,8 @@ int64_t to_ticks(double seconds, double ticks_per_second) {
 
 PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
   L_ = int(c_.time.size());
-  BATON_CHECK(int(c_.mem.size()) == L_ && int(c_.own_bytes.size()) == L_, "per-layer costs of one length");
+  BATON_CHECK(int(c_.mem.size()) == L_ && int(c_.own_bytes.size()) == L_,
+              "per-layer costs of one length");
   if (c_.input_bytes.empty()) c_.input_bytes.assign(size_t(L_), 0);
   BATON_CHECK(int(c_.input_bytes.size()) == L_, "per-layer input bytes");
   pt_.assign(size_t(L_ + 1), 0);
@@ -37,7 +38,8 @@ PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
   auto a = std::vector<int64_t>(size_t(L_)), b = std::vector<int64_t>(size_t(L_));
   for (int l = 0; l < L_; ++l) {
     a[size_t(l)] = ps_[size_t(l)] + c_.mem[size_t(l)].forward_peak;
-    b[size_t(l)] = ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
+    b[size_t(l)] =
+        ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
   }
   for (auto* src : {&a, &b}) {
     std::vector<std::vector<int64_t>> st;
@@ -88,7 +90,9 @@ int PreparedCosts::time_reach(int i, int64_t bound, int limit) const {
 MemoryReach::MemoryReach(const PreparedCosts& c, int64_t capacity, std::vector<PeakTerm> terms)
     : c_(c), capacity_(capacity), terms_(std::move(terms)), reach_(size_t(c.layers() + 1), -1) {}
 
-bool MemoryReach::fits(int i, int j) const { return c_.memory(i, j, terms_) <= capacity_; }
+bool MemoryReach::fits(int i, int j) const {
+  return c_.memory(i, j, terms_) <= capacity_;
+}
 
 int MemoryReach::at(int i) const {
   const int L = c_.layers();
@@ -111,8 +115,8 @@ int MemoryReach::at(int i) const {
   return r = lo;
 }
 
-std::shared_ptr<const MemoryReach> PreparedCosts::memory_reach(int64_t capacity,
-                                                               const std::vector<PeakTerm>& terms) const {
+std::shared_ptr<const MemoryReach> PreparedCosts::memory_reach(
+    int64_t capacity, const std::vector<PeakTerm>& terms) const {
   std::vector<PeakTerm> sorted = terms;
   std::sort(sorted.begin(), sorted.end(), [](const PeakTerm& x, const PeakTerm& y) {
     return std::tie(x.kind, x.a, x.b) < std::tie(y.kind, y.a, y.b);
@@ -135,7 +139,8 @@ int PreparedCosts::time_start(int j, int64_t bound) const {
 
 // ---- the cut ----
 
-Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std::vector<bool> allowed)
+Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages,
+               std::vector<bool> allowed)
     : stages_(std::move(stages)), allowed_(std::move(allowed)) {
   for (LayerCosts& c : costs) costs_.push_back(std::make_shared<const PreparedCosts>(std::move(c)));
   BATON_CHECK(!costs_.empty() && !stages_.empty(), "a cut needs costs and stages");
@@ -144,8 +149,8 @@ Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std:
   BATON_CHECK(int(allowed_.size()) == L_ + 1, "one allowed flag per cut position");
 }
 
-Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vector<CutStage> stages,
-               std::vector<bool> allowed)
+Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs,
+               std::vector<CutStage> stages, std::vector<bool> allowed)
     : costs_(std::move(costs)), stages_(std::move(stages)), allowed_(std::move(allowed)) {
   BATON_CHECK(!costs_.empty() && !stages_.empty(), "a cut needs costs and stages");
   L_ = costs_[0]->layers();
@@ -154,9 +159,15 @@ Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vec
   BATON_CHECK(int(allowed_.size()) == L_ + 1, "one allowed flag per cut position");
 }
 
-int64_t Cutter::time(int k, int i, int j) const { return of(k).time(i, j); }
-MicroBatchMemory Cutter::micro_batch(int k, int i, int j) const { return of(k).micro_batch(i, j); }
-int64_t Cutter::persistent(int k, int i, int j) const { return of(k).persistent(i, j); }
+int64_t Cutter::time(int k, int i, int j) const {
+  return of(k).time(i, j);
+}
+MicroBatchMemory Cutter::micro_batch(int k, int i, int j) const {
+  return of(k).micro_batch(i, j);
+}
+int64_t Cutter::persistent(int k, int i, int j) const {
+  return of(k).persistent(i, j);
+}
 
 int64_t Cutter::memory(int k, int i, int j) const {
   return persistent(k, i, j) + eval_peak(stages_[size_t(k)].terms, micro_batch(k, i, j));
@@ -235,14 +246,17 @@ bool Cutter::feasible(int64_t bound, const Reach& mem_reach, std::vector<int>* b
   const uint32_t base = stamp + 1;
   stamp += uint32_t(K + 1);
   pred_flat.resize(size_t(K) * size_t(L_ + 1));
-  auto pred = [&](int k, int j) -> int& { return pred_flat[size_t(k) * size_t(L_ + 1) + size_t(j)]; };
+  auto pred = [&](int k, int j) -> int& {
+    return pred_flat[size_t(k) * size_t(L_ + 1) + size_t(j)];
+  };
   auto reachable = [&](int k, int j) { return mark[k % 2][size_t(j)] == base + uint32_t(k); };
   mark[0][0] = base;
   for (int k = 0; k < K; ++k) {
     const PreparedCosts& c = of(k);
     const int fixed = stages_[size_t(k)].fixed_layers;
     const MemoryReach* mr = mem_reach[size_t(k)].get();
-    const int ilo = lo[size_t(k)], ihi = hi[size_t(k)], jlo = lo[size_t(k + 1)], jhi = hi[size_t(k + 1)];
+    const int ilo = lo[size_t(k)], ihi = hi[size_t(k)], jlo = lo[size_t(k + 1)],
+              jhi = hi[size_t(k + 1)];
     bool any = false;
     auto set = [&](int j, int i) {
       mark[(k + 1) % 2][size_t(j)] = base + uint32_t(k + 1);
@@ -253,7 +267,8 @@ bool Cutter::feasible(int64_t bound, const Reach& mem_reach, std::vector<int>* b
       for (int i = ilo; i <= ihi; ++i) {
         int j = i + fixed;
         if (!reachable(k, i) || j < jlo || j > jhi) continue;
-        if ((j < L_ && !allowed_[size_t(j)]) || c.time(i, j) > bound || (mr && mr->at(i) < j)) continue;
+        if ((j < L_ && !allowed_[size_t(j)]) || c.time(i, j) > bound || (mr && mr->at(i) < j))
+          continue;
         set(j, i);
       }
     } else {
@@ -301,8 +316,8 @@ CutResult Cutter::solve(int64_t at_least) const {
       ++fixed_n;
     }
   if (fixed_n == K && fixed_sum != L_) {
-    r.reason = "the layer counts per stage add up to " + std::to_string(fixed_sum) + ", the model has " +
-               std::to_string(L_) + " layers";
+    r.reason = "the layer counts per stage add up to " + std::to_string(fixed_sum) +
+               ", the model has " + std::to_string(L_) + " layers";
     return r;
   }
   if (fixed_sum + (K - fixed_n) > L_) {
@@ -316,7 +331,8 @@ CutResult Cutter::solve(int64_t at_least) const {
   if (!greedy)
     for (int k = 0; k < K; ++k)
       if (stages_[size_t(k)].capacity > 0)
-        mem_reach[size_t(k)] = of(k).memory_reach(stages_[size_t(k)].capacity, stages_[size_t(k)].terms);
+        mem_reach[size_t(k)] =
+            of(k).memory_reach(stages_[size_t(k)].capacity, stages_[size_t(k)].terms);
   auto test = [&](int64_t bound, std::vector<int>* b) {
     return greedy ? feasible_greedy(bound, b) : feasible(bound, mem_reach, b);
   };

@@ -20,10 +20,10 @@ namespace baton::partitioner {
 // What the layers cost for one kind of stage (a tensor-parallel degree and recompute
 // choice): integer times, per-layer memory figures and persistent bytes.
 struct LayerCosts {
-  std::vector<int64_t> time;            // per layer (F + B + W, in ticks)
-  std::vector<MicroBatchMemory> mem;    // per layer, the layer walked alone
-  std::vector<int64_t> input_bytes;     // per layer: model inputs it reads first (held through F)
-  std::vector<int64_t> own_bytes;       // parameters only this layer uses: params + grads + state
+  std::vector<int64_t> time;          // per layer (F + B + W, in ticks)
+  std::vector<MicroBatchMemory> mem;  // per layer, the layer walked alone
+  std::vector<int64_t> input_bytes;   // per layer: model inputs it reads first (held through F)
+  std::vector<int64_t> own_bytes;     // parameters only this layer uses: params + grads + state
   struct Shared {
     int64_t bytes = 0;        // one copy of the parameter
     std::vector<int> layers;  // the layers that use it, ascending
@@ -33,10 +33,10 @@ struct LayerCosts {
 };
 
 struct CutStage {
-  int costs = 0;                 // index of its LayerCosts
-  int64_t capacity = 0;          // bytes; 0: unlimited
-  std::vector<PeakTerm> terms;   // the schedule's peak terms for the stage's rank
-  int fixed_layers = 0;          // > 0: exactly this many layers
+  int costs = 0;                // index of its LayerCosts
+  int64_t capacity = 0;         // bytes; 0: unlimited
+  std::vector<PeakTerm> terms;  // the schedule's peak terms for the stage's rank
+  int fixed_layers = 0;         // > 0: exactly this many layers
 };
 
 struct CutResult {
@@ -81,7 +81,8 @@ class PreparedCosts {
   // The smallest start i <= j with time(i, j) <= bound.
   int time_start(int j, int64_t bound) const;
   // The memory reach of a constraint (cached per capacity and terms).
-  std::shared_ptr<const MemoryReach> memory_reach(int64_t capacity, const std::vector<PeakTerm>& terms) const;
+  std::shared_ptr<const MemoryReach> memory_reach(int64_t capacity,
+                                                  const std::vector<PeakTerm>& terms) const;
   int64_t memory(int i, int j, const std::vector<PeakTerm>& terms) const {
     return persistent(i, j) + eval_peak(terms, micro_batch(i, j));
   }
@@ -99,7 +100,8 @@ class PreparedCosts {
 class Cutter {
  public:
   // `allowed[c]` for c in 0..L: may a stage boundary fall before layer c (empty: all).
-  Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std::vector<bool> allowed = {});
+  Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages,
+         std::vector<bool> allowed = {});
   Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vector<CutStage> stages,
          std::vector<bool> allowed = {});
 

@@ -159,11 +159,17 @@ class Walker {
       int64_t t = g_.values[size_t(node.inputs[0])].type.shape[0];
       saved.push_back(heap_.alloc(w_.batch * heads * t * dsize()));
     } else if (op == "dropout") {
-      if (attr_p(node) > 0) fresh(); else alias(0);
+      if (attr_p(node) > 0)
+        fresh();
+      else
+        alias(0);
     } else if (op == "reshape" || op == "tp_copy") {
       alias(0);
     } else if (op == "tp_reduce" || op == "bias_add") {
-      if (may(0)) alias(0); else fresh();
+      if (may(0))
+        alias(0);
+      else
+        fresh();
     } else if (op == "tp_gather") {
       int parts = heap_.alloc(bytes(out));
       fresh();
@@ -189,7 +195,8 @@ class Walker {
       for (int& t : tmp) heap_.unref(t);
     } else {
       // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
-      for (size_t j = 0; j < node.outputs.size(); ++j) outs.push_back(heap_.alloc(bytes(node.outputs[j])));
+      for (size_t j = 0; j < node.outputs.size(); ++j)
+        outs.push_back(heap_.alloc(bytes(node.outputs[j])));
     }
   }
 
@@ -199,7 +206,8 @@ class Walker {
     std::vector<int> ins;
     for (int v : node.inputs) ins.push_back(ins_h.add(values_[size_t(v)]));
     for (int v : node.inputs)
-      if (last_use_[size_t(v)] == n && !kept_[size_t(v)] && !is_out(v)) heap_.unref(values_[size_t(v)]);
+      if (last_use_[size_t(v)] == n && !kept_[size_t(v)] && !is_out(v))
+        heap_.unref(values_[size_t(v)]);
     uint32_t overwritable = 0;
     for (size_t i = 0; i < ins.size() && i < 32; ++i)
       if (ins[i] >= 0 && heap_.refs(ins[i]) == 1) overwritable |= 1u << i;
@@ -209,7 +217,8 @@ class Walker {
       int v = node.outputs[j];
       heap_.unref(values_[size_t(v)]);
       values_[size_t(v)] = outs[j];
-      if (last_use_[size_t(v)] < 0 && !is_out(v) && !kept_[size_t(v)]) heap_.unref(values_[size_t(v)]);
+      if (last_use_[size_t(v)] < 0 && !is_out(v) && !kept_[size_t(v)])
+        heap_.unref(values_[size_t(v)]);
     }
     if (!recompute_node_[size_t(n)]) {
       saved_[size_t(n)] = saved;
@@ -280,8 +289,8 @@ class Walker {
     if (op == "add") {
       for (size_t i = 0; i < 2; ++i)
         if (needed(i)) give(node.inputs[i], gouts[0]);
-    } else if (op == "reshape" || op == "position_embedding" || op == "tp_reduce" || op == "bias_add" ||
-               (op == "dropout" && attr_p(node) == 0)) {
+    } else if (op == "reshape" || op == "position_embedding" || op == "tp_reduce" ||
+               op == "bias_add" || (op == "dropout" && attr_p(node) == 0)) {
       if (needed(0)) give(node.inputs[0], gouts[0]);
     } else if (op == "tp_copy" || op == "tp_gather") {
       if (needed(0)) {
@@ -372,7 +381,8 @@ class Walker {
     std::vector<int> result;
     for (int v : w_.boundary_in) {
       if (!needs_grad_[size_t(v)]) continue;
-      result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id) : heap_.alloc(bytes(v)));
+      result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id)
+                                                 : heap_.alloc(bytes(v)));
     }
     int64_t before_clear = heap_.live();
     for (int& id : values_) heap_.unref(id);
@@ -428,9 +438,12 @@ WalkSpec stage_walk_spec(const Graph& g, int first, int last, const std::set<int
   return w;
 }
 
-MicroBatchMemory walk_micro_batch(const WalkSpec& spec) { return Walker(spec).run(); }
+MicroBatchMemory walk_micro_batch(const WalkSpec& spec) {
+  return Walker(spec).run();
+}
 
-void persistent_memory(const Graph& g, int first, int last, int optimizer_states, StageMemory& out) {
+void persistent_memory(const Graph& g, int first, int last, int optimizer_states,
+                       StageMemory& out) {
   out.params = out.grads = out.optimizer = 0;
   for (int id : g.params_used(first, last)) {
     const stages::Param& p = g.params[size_t(id)];
@@ -533,7 +546,9 @@ std::vector<PeakTerm> terms_of(const schedule::Schedule& s, int rank, int only_s
 
 }  // namespace
 
-std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) { return terms_of(s, rank, -1); }
+std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) {
+  return terms_of(s, rank, -1);
+}
 
 std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage) {
   return terms_of(s, rank, stage);

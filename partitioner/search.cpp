@@ -1,11 +1,11 @@
 #include "partitioner/search.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
-
-#include <spdlog/spdlog.h>
 
 #include "memory/error.h"
 #include "memory/units.h"
@@ -28,9 +28,9 @@ std::string Candidate::describe() const {
   bool rc = false;
   for (const PlanStage& s : plan.stages) rc = rc || s.recompute_all;
   char b[256];
-  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(), plan.pp,
-                plan.dp, plan.schedule.c_str(), plan.micro_batches, (long long)plan.micro_batch_size,
-                rc ? "on" : "off");
+  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(),
+                plan.pp, plan.dp, plan.schedule.c_str(), plan.micro_batches,
+                (long long)plan.micro_batch_size, rc ? "on" : "off");
   return b;
 }
 
@@ -46,7 +46,8 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
     c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
   }
   c.input_bytes = t.input_bytes;
-  for (size_t l = 0; l < t.layers.size(); ++l) c.own_bytes[l] = t.own_param_bytes[l] * (2 + optimizer_states);
+  for (size_t l = 0; l < t.layers.size(); ++l)
+    c.own_bytes[l] = t.own_param_bytes[l] * (2 + optimizer_states);
   for (const ParamUse& u : t.shared_params) c.shared.push_back({u.bytes, u.layers});
   return c;
 }
@@ -67,7 +68,8 @@ class Search {
 
   SearchResult run() {
     auto t0 = std::chrono::steady_clock::now();
-    if (o_.global_batch <= 0) throw InputError("--batch: expected a global batch of at least 1 sample");
+    if (o_.global_batch <= 0)
+      throw InputError("--batch: expected a global batch of at least 1 sample");
     std::vector<std::string> names = o_.schedules;
     if (names.empty()) names = schedule::schedule_names();
     for (auto& n : names) n = schedule::canonical_schedule_name(n);
@@ -106,8 +108,9 @@ class Search {
       }
     }
     // Cheapest lower bound first; stop once it passes the keep-th best step time found.
-    std::stable_sort(pending_.begin(), pending_.end(),
-                     [](const Pending& a, const Pending& b) { return a.lower_bound < b.lower_bound; });
+    std::stable_sort(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) {
+      return a.lower_bound < b.lower_bound;
+    });
     const size_t keep = size_t(std::max(1, o_.keep));
     for (size_t i = 0; i < pending_.size(); ++i) {
       if (fitting_.size() >= keep) {
@@ -124,12 +127,14 @@ class Search {
     }
     std::sort(fitting_.begin(), fitting_.end(),
               [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; });
-    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i) result_.ranked.push_back(fitting_[i]);
+    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i)
+      result_.ranked.push_back(fitting_[i]);
     if (fitting_.empty() && closest_) result_.closest = closest_;
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::debug("search: {:.3f} s; cost tables {:.3f} s, time cuts {:.3f} s, {} memory cuts {:.3f} s, "
-                  "memory and simulation {:.3f} s",
-                  result_.seconds, phase_[0], phase_[1], memory_cuts_, phase_[2], phase_[3]);
+    spdlog::debug(
+        "search: {:.3f} s; cost tables {:.3f} s, time cuts {:.3f} s, {} memory cuts {:.3f} s, "
+        "memory and simulation {:.3f} s",
+        result_.seconds, phase_[0], phase_[1], memory_cuts_, phase_[2], phase_[3]);
     return result_;
   }
 
@@ -142,13 +147,16 @@ class Search {
     try {
       s = std::make_unique<schedule::Schedule>(schedule::generate(name, pp, m));
     } catch (const InputError& e) {
-      if (!noted_.count(key)) result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " + std::to_string(m) + " micro-batches: " + e.what());
+      if (!noted_.count(key))
+        result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " +
+                                  std::to_string(m) + " micro-batches: " + e.what());
       noted_.insert(key);
     }
     return schedules_.emplace(key, std::move(s)).first->second.get();
   }
 
-  schedule::Simulator& simulator_for(const std::string& name, int pp, int m, const schedule::Schedule& s) {
+  schedule::Simulator& simulator_for(const std::string& name, int pp, int m,
+                                     const schedule::Schedule& s) {
     std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
     auto it = sims_.find(key);
     if (it != sims_.end()) return *it->second;
@@ -180,12 +188,15 @@ class Search {
   // The time-optimal cut (shared by every schedule with K stages at the same degree,
   // micro-batch size and recompute choice): a bound for the candidate and the cut itself
   // when it fits the memory.
-  const CutResult& time_cut(int tp, int64_t b, bool rc, int K, const std::shared_ptr<const PreparedCosts>& costs) {
-    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) + "/" + std::to_string(K);
+  const CutResult& time_cut(int tp, int64_t b, bool rc, int K,
+                            const std::shared_ptr<const PreparedCosts>& costs) {
+    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
+                      "/" + std::to_string(K);
     auto it = time_cuts_.find(key);
     if (it != time_cuts_.end()) return it->second;
     std::vector<CutStage> st(static_cast<size_t>(K));
-    for (int k = 0; k < K && !o_.layers_per_stage.empty(); ++k) st[size_t(k)].fixed_layers = o_.layers_per_stage[size_t(k)];
+    for (int k = 0; k < K && !o_.layers_per_stage.empty(); ++k)
+      st[size_t(k)].fixed_layers = o_.layers_per_stage[size_t(k)];
     return time_cuts_.emplace(key, Cutter({costs}, st).solve()).first->second;
   }
 
@@ -197,9 +208,9 @@ class Search {
     if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
       std::string key = "layers/" + name + std::to_string(K);
       if (!noted_.count(key))
-        result_.skipped.push_back(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) +
-                                  " stages, but " + std::to_string(o_.layers_per_stage.size()) +
-                                  " layer counts were given");
+        result_.skipped.push_back(
+            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
+            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
       noted_.insert(key);
       return;
     }
@@ -229,9 +240,9 @@ class Search {
     if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
       std::string key = "layers/" + name + std::to_string(K);
       if (!noted_.count(key))
-        result_.skipped.push_back(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) +
-                                  " stages, but " + std::to_string(o_.layers_per_stage.size()) +
-                                  " layer counts were given");
+        result_.skipped.push_back(
+            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
+            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
       noted_.insert(key);
       return;
     }
@@ -243,7 +254,8 @@ class Search {
     // evenly and count each stage alone (an upper bound of the rank's peak).
     std::vector<CutStage> stages(static_cast<size_t>(K));
     std::vector<std::vector<int>> holders(static_cast<size_t>(K));
-    for (int st = 0; st < s->num_stages(); ++st) holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
+    for (int st = 0; st < s->num_stages(); ++st)
+      holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
     for (int k = 0; k < K; ++k) {
       CutStage& cs = stages[size_t(k)];
       cs.costs = 0;
@@ -264,7 +276,8 @@ class Search {
     CutResult cut = time_cut(tp, b, rc, K, costs);
     Cutter cutter({costs}, stages);
     bool fits = true;
-    for (int k = 0; k < K; ++k) fits = fits && cutter.fits_memory(k, cut.bounds[size_t(k)], cut.bounds[size_t(k + 1)]);
+    for (int k = 0; k < K; ++k)
+      fits = fits && cutter.fits_memory(k, cut.bounds[size_t(k)], cut.bounds[size_t(k + 1)]);
     CutResult time_only = cut;
     auto t0 = std::chrono::steady_clock::now();
     if (!fits) {
@@ -274,7 +287,8 @@ class Search {
     phase_[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
     result_.evaluated++;
-    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only, table, *costs);
+    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only,
+                                 table, *costs);
     phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!cut.feasible || (o_.device_memory > 0 && c.peak > o_.device_memory)) {
       c.fits = false;
@@ -286,9 +300,9 @@ class Search {
     fitting_.push_back(std::move(c));
   }
 
-  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc,
-                           const schedule::Schedule& s, const CutResult& cut, const CostTable& table,
-                           const PreparedCosts& costs) {
+  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name,
+                           bool rc, const schedule::Schedule& s, const CutResult& cut,
+                           const CostTable& table, const PreparedCosts& costs) {
     Candidate c;
     Plan& p = c.plan;
     p.model_path = o_.model_path;
@@ -322,7 +336,8 @@ class Search {
       // a 10,000-layer model per candidate costs more than the rest of the candidate.
       r.recompute.emplace_back();
     }
-    for (int st = 0; st < s.num_stages(); ++st) r.chunk_of_stage.push_back(schedule::stage_chunk(s, st));
+    for (int st = 0; st < s.num_stages(); ++st)
+      r.chunk_of_stage.push_back(schedule::stage_chunk(s, st));
     for (int k = 0; k < K; ++k) {
       std::set<int> ranks;
       for (int st = 0; st < s.num_stages(); ++st)
@@ -338,7 +353,8 @@ class Search {
       sm.params = costs.persistent(a, e);  // parameters, gradients and state together
       sm.mb = costs.micro_batch(a, e);
     }
-    for (int st = 0; st < s.num_stages(); ++st) mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(st)])]);
+    for (int st = 0; st < s.num_stages(); ++st)
+      mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(st)])]);
     for (int rank = 0; rank < pp; ++rank) {
       int64_t peak = rank_peak(s, rank, mem);
       if (peak > c.peak) {
@@ -350,15 +366,19 @@ class Search {
     if (rc)
       for (int st = 0; st < s.num_stages(); ++st) {
         int k = r.chunk_of_stage[size_t(st)];
-        sc.backward_input[size_t(st)] += table.pf[size_t(r.chunk_last[size_t(k)])] - table.pf[size_t(r.chunk_first[size_t(k)])];
+        sc.backward_input[size_t(st)] +=
+            table.pf[size_t(r.chunk_last[size_t(k)])] - table.pf[size_t(r.chunk_first[size_t(k)])];
       }
     const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(sc);
     c.step_time = sim.makespan;
     c.bubble = sim.bubble;
     const stages::Value& tokens = g_->values[size_t(g_->inputs.front())];
-    double tokens_per_step = double(o_.global_batch) * double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
+    double tokens_per_step = double(o_.global_batch) *
+                             double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
     c.tokens_per_second = c.step_time > 0 ? tokens_per_step / c.step_time : 0;
-    c.plan.predicted = {{"step_time_s", c.step_time}, {"bubble", c.bubble}, {"tokens_per_s", c.tokens_per_second},
+    c.plan.predicted = {{"step_time_s", c.step_time},
+                        {"bubble", c.bubble},
+                        {"tokens_per_s", c.tokens_per_second},
                         {"time_model", model_.measured() ? "measured" : "analytic"}};
     return c;
   }
@@ -382,8 +402,10 @@ class Search {
 
 }  // namespace
 
-SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model, const SearchOptions& options) {
-  if (options.devices < 1) throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
+SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
+                          const SearchOptions& options) {
+  if (options.devices < 1)
+    throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
   return Search(std::move(graph), model, options).run();
 }
 

@@ -21,16 +21,32 @@ int64_t SplitPattern::local_size(int t) const {
 namespace {
 
 // The op types the pass treats specially, looked up once per node.
-enum class OpKind : uint8_t { other, linear, attention, embedding, cross_entropy, add, unary, dropout, comm };
+enum class OpKind : uint8_t {
+  other,
+  linear,
+  attention,
+  embedding,
+  cross_entropy,
+  add,
+  unary,
+  dropout,
+  comm
+};
 
 OpKind kind_of(const std::string& op) {
   static const std::map<std::string, OpKind, std::less<>> table = {
-      {"linear", OpKind::linear},       {"attention", OpKind::attention},
-      {"embedding", OpKind::embedding}, {"cross_entropy", OpKind::cross_entropy},
-      {"add", OpKind::add},             {"gelu", OpKind::unary},
-      {"relu", OpKind::unary},          {"dropout", OpKind::dropout},
-      {"tp_copy", OpKind::comm},        {"tp_reduce", OpKind::comm},
-      {"tp_gather", OpKind::comm},      {"vocab_parallel_cross_entropy", OpKind::comm}};
+      {"linear", OpKind::linear},
+      {"attention", OpKind::attention},
+      {"embedding", OpKind::embedding},
+      {"cross_entropy", OpKind::cross_entropy},
+      {"add", OpKind::add},
+      {"gelu", OpKind::unary},
+      {"relu", OpKind::unary},
+      {"dropout", OpKind::dropout},
+      {"tp_copy", OpKind::comm},
+      {"tp_reduce", OpKind::comm},
+      {"tp_gather", OpKind::comm},
+      {"vocab_parallel_cross_entropy", OpKind::comm}};
   auto it = table.find(op);
   return it == table.end() ? OpKind::other : it->second;
 }
@@ -92,8 +108,9 @@ class ShardingPass {
     return it == ov_.where.end() ? where_ : it->second;
   }
   [[noreturn]] void divide_error(int node, int t, const std::string& what, int64_t n) const {
-    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) + " does not divide " +
-                     what + " = " + std::to_string(n) + " of " + node_ref(node));
+    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) +
+                     " does not divide " + what + " = " + std::to_string(n) + " of " +
+                     node_ref(node));
   }
   [[noreturn]] void override_error(int node, const std::string& msg) const {
     throw InputError(override_where(node) + ": " + msg);
@@ -173,9 +190,10 @@ class ShardingPass {
     if (!vs.split) return;
     const stages::Value& val = g_.values[size_t(v)];
     if (vs.t != tp_of(node))
-      throw InputError(where_ + ": value '" + val.name + "' is split over a tensor-parallel group of " +
-                       std::to_string(vs.t) + " ranks and consumed by " + node_ref(node) +
-                       " in a group of " + std::to_string(tp_of(node)) +
+      throw InputError(where_ + ": value '" + val.name +
+                       "' is split over a tensor-parallel group of " + std::to_string(vs.t) +
+                       " ranks and consumed by " + node_ref(node) + " in a group of " +
+                       std::to_string(tp_of(node)) +
                        ": where the degree changes between pipeline stages, the values crossing "
                        "the cut must be replicated (cut elsewhere)");
     if (!vs.pattern.whole(val.type.shape.back()))
@@ -209,9 +227,9 @@ class ShardingPass {
                          : "split along dimension " + std::to_string(s.dim) + " over " +
                                std::to_string(s.t) + " ranks";
       };
-      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " +
-                       desc(have) + " by " + node_ref(have.first_user) + " but " + desc(want) +
-                       " by " + node_ref(node) +
+      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " + desc(have) +
+                       " by " + node_ref(have.first_user) + " but " + desc(want) + " by " +
+                       node_ref(node) +
                        "; nodes sharing a parameter need the same split (and the same degree)");
     }
   }
@@ -303,7 +321,8 @@ class ShardingPass {
       SplitPattern p;
       if (feeds_attention(n.outputs[0], t)) {
         // Split by heads: the local queries, keys and values of the rank's heads.
-        int64_t heads = attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
+        int64_t heads =
+            attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
         if (heads % t != 0)
           divide_error(g_.values[size_t(n.outputs[0])].consumers[0], t, "n_head", heads);
         int64_t c = out_features / 3;
@@ -340,8 +359,9 @@ class ShardingPass {
                                "by columns)");
     if (heads_in) {
       if (o != nullptr && *o == SplitKind::none)
-        override_error(node, node_ref(node) + " cannot run unsplit: its qkv input is split by heads "
-                                              "(set the split of the linear before it to \"none\")");
+        override_error(node, node_ref(node) +
+                                 " cannot run unsplit: its qkv input is split by heads "
+                                 "(set the split of the linear before it to \"none\")");
       if (heads % t != 0) divide_error(node, t, "n_head", heads);
       ns.kind = SplitKind::heads;
       SplitPattern p;
@@ -376,7 +396,8 @@ class ShardingPass {
     const Node& n = g_.nodes[size_t(node)];
     NodeShard& ns = s_.nodes[size_t(node)];
     const stages::ValueType& logits = g_.values[size_t(n.inputs[0])].type;
-    bool vocab_in = split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern.whole(logits.shape.back());
+    bool vocab_in =
+        split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern.whole(logits.shape.back());
     if (o != nullptr && *o == SplitKind::vocab && !vocab_in)
       override_error(node, "vocabulary-parallel " + node_ref(node) +
                                " needs logits split over the vocabulary (split the LM head by "
@@ -434,7 +455,8 @@ class PhysicalBuilder {
 
   // The whole model: inputs, every parameter (in logical order), every layer.
   std::shared_ptr<Graph> whole() {
-    for (int v : lg_.inputs) vmap_[size_t(v)] = g_->add_value(lg_.values[size_t(v)].name, lg_.values[size_t(v)].type, -1);
+    for (int v : lg_.inputs)
+      vmap_[size_t(v)] = g_->add_value(lg_.values[size_t(v)].name, lg_.values[size_t(v)].type, -1);
     for (size_t p = 0; p < lg_.params.size(); ++p) {
       const stages::Param& lp = lg_.params[p];
       int r = lp.users.empty() ? 0 : r_[size_t(lg_.nodes[size_t(lp.users.front())].layer)];
@@ -477,7 +499,8 @@ class PhysicalBuilder {
     if (p < 0) return -1;
     if (pmap_[size_t(p)] < 0) {
       BATON_CHECK(standalone_, "parameter missing: " + lg_.params[size_t(p)].name);
-      pmap_[size_t(p)] = g_->add_param(shard_param(lg_.params[size_t(p)], s_.params[size_t(p)], r_now_));
+      pmap_[size_t(p)] =
+          g_->add_param(shard_param(lg_.params[size_t(p)], s_.params[size_t(p)], r_now_));
     }
     return pmap_[size_t(p)];
   }
@@ -514,14 +537,20 @@ class PhysicalBuilder {
         auto it = copies_.find(v);
         if (it == copies_.end()) {
           std::string name = fresh(vname + ".tp_copy");
-          it = copies_.emplace(v, emit(name, "tp_copy", nlohmann::json::object(), {local}, {}, name, layer, n.json_path)).first;
+          it = copies_
+                   .emplace(v, emit(name, "tp_copy", nlohmann::json::object(), {local}, {}, name,
+                                    layer, n.json_path))
+                   .first;
         }
         local = it->second;
       } else if (std::count(ns.gather_inputs.begin(), ns.gather_inputs.end(), int(i))) {
         auto it = gathers_.find(v);
         if (it == gathers_.end()) {
           std::string name = fresh(vname + ".tp_gather");
-          it = gathers_.emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local}, {}, name, layer, n.json_path)).first;
+          it = gathers_
+                   .emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local},
+                                    {}, name, layer, n.json_path))
+                   .first;
         }
         local = it->second;
       }
@@ -564,8 +593,8 @@ class PhysicalBuilder {
     int reduced = emit(out + ".tp_reduce", "tp_reduce", nlohmann::json::object(), {partial}, {},
                        bias >= 0 ? out + ".reduced" : out, layer, n.json_path);
     if (bias >= 0)
-      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias}, out,
-                     layer, n.json_path);
+      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias},
+                     out, layer, n.json_path);
     vmap_[size_t(n.outputs[0])] = reduced;
   }
 
