@@ -57,9 +57,12 @@ ErrorInfo ErrorInfo::of(const std::exception_ptr& e) {
 
 void ErrorInfo::raise() const {
   switch (kind) {
-    case kPeer: throw PeerError(rank, what);
-    case kLogic: throw std::logic_error(what);
-    case kRuntime: break;
+    case kPeer:
+      throw PeerError(rank, what);
+    case kLogic:
+      throw std::logic_error(what);
+    case kRuntime:
+      break;
   }
   throw RuntimeError(what);
 }

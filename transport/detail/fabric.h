@@ -30,7 +30,7 @@ struct ErrorInfo {
   std::string what;
 
   static ErrorInfo of(const std::exception_ptr& e);  // classifies a thrown exception
-  [[noreturn]] void raise() const;                    // throws PeerError, RuntimeError, ...
+  [[noreturn]] void raise() const;                   // throws PeerError, RuntimeError, ...
 };
 
 // A pending send or receive. The backend completes or fails it exactly once.
@@ -38,7 +38,7 @@ struct Request {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
   std::atomic<int> state{kPending};
   ErrorInfo error;  // written before state becomes kFailed
-  int peer = -1;             // global rank on the other side
+  int peer = -1;    // global rank on the other side
   bool is_send = false;
   size_t bytes = 0;
   void* backend = nullptr;        // the backend's own handle (a UCX request, a mailbox entry)
