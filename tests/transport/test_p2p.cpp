@@ -207,7 +207,7 @@ TEST(LocalFailure, ARankLeavingMidCollectiveIsNamedByAll) {
     EXPECT_EQ(peers[size_t(r)], 2) << "rank " << r << ": " << errors[size_t(r)];
     EXPECT_NE(errors[size_t(r)].find("rank 2"), std::string::npos) << errors[size_t(r)];
   }
-  EXPECT_LT(secs, 2.0);
+  EXPECT_LT(secs, 5.0);  // fast, not hanging (TSan and a loaded machine are slow)
 }
 
 TEST(LocalFailure, OperationsWithARankThatLeftFailAtOnce) {
