@@ -1,6 +1,5 @@
 #include "transport/launch.h"
 
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -8,16 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it
-
-#include <boost/asio.hpp>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
-#include <utility>
 
 #include "memory/error.h"
+#include "transport/detail/asio.h"
 #include "transport/store.h"
 
 extern char** environ;

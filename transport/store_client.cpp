@@ -1,11 +1,7 @@
 // The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it
-
-#include <boost/asio.hpp>
 #include <thread>
-#include <utility>
 
+#include "transport/detail/asio.h"
 #include "transport/detail/store_protocol.h"
 #include "transport/store.h"
 

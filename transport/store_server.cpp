@@ -3,17 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>  // first: Boost 1.74's Asio uses std::exchange without it
-
-#include <boost/asio.hpp>
 #include <deque>
 #include <list>
 #include <map>
 #include <random>
 #include <thread>
-#include <utility>
 
+#include "transport/detail/asio.h"
 #include "transport/detail/store_protocol.h"
 #include "transport/store.h"
 

@@ -207,7 +207,7 @@ TEST(LocalFailure, ARankLeavingMidCollectiveIsNamedByAll) {
     EXPECT_EQ(peers[size_t(r)], 2) << "rank " << r << ": " << errors[size_t(r)];
     EXPECT_NE(errors[size_t(r)].find("rank 2"), std::string::npos) << errors[size_t(r)];
   }
-  EXPECT_LT(secs, 2.0);
+  EXPECT_LT(secs, 5.0);  // fast, not hanging (TSan and a loaded machine are slow)
 }
 
 TEST(LocalFailure, OperationsWithARankThatLeftFailAtOnce) {
@@ -296,14 +296,14 @@ TEST(Progress, ALargeSendFinishesWhileItsSenderSleeps) {
       if (c.rank() == 0) {
         auto w = c.isend(t, 1, 5);
         // No call into the library for a while: the progress thread moves the data.
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
         EXPECT_TRUE(w->test()) << backend_name(b) << ": the send waited for its sender";
         w->wait();
       } else {
         auto t0 = std::chrono::steady_clock::now();
         c.irecv(t, 0, 5)->wait();
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        EXPECT_LT(secs, 1.0) << backend_name(b)
+        EXPECT_LT(secs, 1.5) << backend_name(b)
                              << ": the receive waited for the sender's next call";
         EXPECT_EQ(t.data<float>()[(4 << 20) - 1], 7.0f);
       }

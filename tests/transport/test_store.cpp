@@ -2,13 +2,11 @@
 // token, and messages that are malformed or too long.
 #include <gtest/gtest.h>
 
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <boost/asio.hpp>
 #include <chrono>
 #include <thread>
-#include <utility>
 
 #include "memory/error.h"
+#include "transport/detail/asio.h"
 #include "transport/store.h"
 
 namespace baton::transport {

@@ -112,7 +112,21 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   ucs_status_t st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   BATON_UCX_CHECK(st);
+  try {
+    start(store, prefix);
+  } catch (...) {
+    // A constructor that throws runs no destructor: release what was made.
+    if (worker_) ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    if (epoll_fd_ >= 0) close(epoll_fd_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+    throw;
+  }
+}
 
+void UcxFabric::start(Store& store, const std::string& prefix) {
+  const int rank = this->rank();
+  const int size = this->size();
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
   // One lock of ours (mu_) serialises every call, from the progress thread and callers.
@@ -145,7 +159,7 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   const std::string mode = err_mode_setting();
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
-    std::string v = store.get(prefix + "/ucx/" + std::to_string(p), options.connect_timeout);
+    std::string v = store.get(prefix + "/ucx/" + std::to_string(p), options().connect_timeout);
     size_t nul = v.find('\0');
     if (nul == std::string::npos)
       throw RuntimeError("ucx: malformed address of rank " + std::to_string(p));
@@ -426,7 +440,7 @@ void UcxFabric::recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_i
 RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t tag) {
   auto r = make_request(dst, true, bytes);
   if (failure_of(dst)) {
-    fail(*r, std::make_exception_ptr(peer_error(dst)));
+    fail_gone(*r, dst);
     return r;
   }
   ucp_request_param_t p{};
@@ -439,10 +453,11 @@ RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t ta
   {
     std::lock_guard lock(mu_);
     if (ep_dead_[size_t(dst)]) {
-      fail(*r, std::make_exception_ptr(failure_of(dst) ? peer_error(dst)
-                                                       : PeerError(dst, "connection to rank " +
-                                                                            std::to_string(dst) +
-                                                                            " was lost")));
+      if (failure_of(dst))
+        fail_gone(*r, dst);
+      else
+        fail(*r, std::make_exception_ptr(
+                     PeerError(dst, "connection to rank " + std::to_string(dst) + " was lost")));
       return r;
     }
     ucp_ep_h ep = ep_locked(dst);
@@ -482,7 +497,7 @@ RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
     // A message the peer sent before it went may still be here; anything else never comes.
     ucp_tag_recv_info_t probe{};
     if (ucp_tag_probe_nb(worker_, tag, kFullMask, 0, &probe) == nullptr) {
-      fail(*r, std::make_exception_ptr(peer_error(src)));
+      fail_gone(*r, src);
       return r;
     }
   }

@@ -65,6 +65,8 @@ class UcxFabric final : public Fabric {
     bool left = false;  // said goodbye
   };
 
+  // The worker, the address exchange and the progress thread (the constructor's body).
+  void start(Store& store, const std::string& prefix);
   // Everything below with _locked runs with mu_ held.
   ucp_ep_h ep_locked(int peer);
   bool progress_locked();
