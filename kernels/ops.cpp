@@ -27,49 +27,57 @@ using memory::Shape;
 
 namespace {
 
-Shape with_last(Shape s, int64_t last) {
-  s.back() = last;
-  return s;
-}
-
 void check_blas_size(const char* op, int64_t v) {
-  need(v < INT_MAX, op, "dimension " + std::to_string(v) + " exceeds BLAS's 32-bit sizes");
+  BATON_NEED(v < INT_MAX, op, "dimension " + std::to_string(v) + " exceeds BLAS's 32-bit sizes");
 }
 
 void check_block(const char* op, const char* name, const Tensor& t, const Block& where) {
   if (where.global_shape.empty()) {
     for (int64_t o : where.offsets)
-      need(o == 0, op, "a block without global_shape must have zero offsets");
+      BATON_NEED(o == 0, op, "a block without global_shape must have zero offsets");
     return;
   }
-  need(int64_t(where.global_shape.size()) == t.dim() && where.offsets.size() == where.global_shape.size(),
-       op,
-       std::string(name) + " " + t.str() + " is a block of " + memory::shape_str(where.global_shape) +
-           " at offsets " + memory::shape_str(where.offsets) + ": ranks differ");
+  BATON_NEED(t.dim() <= cpu::kMaxBlockRank, op,
+             std::string(name) + " " + t.str() + ": blocks of more than " +
+                 std::to_string(cpu::kMaxBlockRank) + " dimensions are not supported");
+  BATON_NEED(int64_t(where.global_shape.size()) == t.dim() &&
+                 where.offsets.size() == where.global_shape.size(),
+             op,
+             std::string(name) + " " + t.str() + " is a block of " +
+                 memory::shape_str(where.global_shape) + " at offsets " +
+                 memory::shape_str(where.offsets) + ": ranks differ");
   for (int64_t d = 0; d < t.dim(); ++d)
-    need(where.offsets[size_t(d)] >= 0 &&
-             where.offsets[size_t(d)] + t.size(d) <= where.global_shape[size_t(d)],
-         op,
-         std::string(name) + " " + t.str() + " at offsets " + memory::shape_str(where.offsets) +
-             " does not fit in " + memory::shape_str(where.global_shape));
+    BATON_NEED(where.offsets[size_t(d)] >= 0 &&
+                   where.offsets[size_t(d)] + t.size(d) <= where.global_shape[size_t(d)],
+               op,
+               std::string(name) + " " + t.str() + " at offsets " +
+                   memory::shape_str(where.offsets) + " does not fit in " +
+                   memory::shape_str(where.global_shape));
 }
 
 cpu::BlockRuns runs_of(const Tensor& t, const Block& where) {
   return cpu::block_runs(t.shape(), where.global_shape, where.offsets);
 }
 
-int64_t rows_of(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
+int64_t rows_of(const Tensor& t) {
+  return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1);
+}
 
 }  // namespace
 
 // ---- threads ----
 
 void set_num_threads(int n) {
-  need(n >= 1, "set_num_threads", "thread count must be at least 1, got " + std::to_string(n));
+  BATON_NEED(n >= 1, "set_num_threads",
+             "thread count must be at least 1, got " + std::to_string(n));
   cpu::set_thread_count(n);
 }
 
-int num_threads() { return cpu::thread_count(); }
+void select_blas_kernels(char** argv) { cpu::select_blas_kernels(argv); }
+
+int num_threads() {
+  return cpu::thread_count();
+}
 
 bool built_with_cuda() {
 #ifdef BATON_KERNELS_CUDA
@@ -81,33 +89,31 @@ bool built_with_cuda() {
 
 // ---- GEMM ----
 
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-            double alpha, double beta) {
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta) {
   const char* op = "matmul";
   check_float(op, "a", a);
   check_like(op, "b", b, "a", a);
   check_like(op, "c", c, "a", a);
-  need(a.dim() >= 2, op, "a must have at least 2 dimensions, got " + a.str());
-  need(c.dim() == a.dim(), op, "c must have the rank of a (" + a.str() + "), got " + c.str());
-  need(b.dim() == 2 || b.dim() == a.dim(), op,
-       "b must be 2-D or have the rank of a (" + a.str() + "), got " + b.str());
-  const Shape batch_shape(a.shape().begin(), a.shape().end() - 2);
+  BATON_NEED(a.dim() >= 2, op, "a must have at least 2 dimensions, got " + a.str());
+  BATON_NEED(c.dim() == a.dim(), op, "c must have the rank of a (" + a.str() + "), got " + c.str());
+  BATON_NEED(b.dim() == 2 || b.dim() == a.dim(), op,
+             "b must be 2-D or have the rank of a (" + a.str() + "), got " + b.str());
   const bool b_shared = b.dim() == 2 && a.dim() > 2;
   if (!b_shared)
-    need(Shape(b.shape().begin(), b.shape().end() - 2) == batch_shape, op,
-         "batch dimensions of a " + a.str() + " and b " + b.str() + " differ");
+    BATON_NEED(std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()), op,
+               "batch dimensions of a " + a.str() + " and b " + b.str() + " differ");
   const int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
   const int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
-  need(k == kb, op,
-       "inner dimensions differ: op(a) of " + a.str() + " is [" + std::to_string(m) + ", " +
-           std::to_string(k) + "], op(b) of " + b.str() + " is [" + std::to_string(kb) + ", " +
-           std::to_string(n) + "]");
-  Shape want = batch_shape;
-  want.push_back(m);
-  want.push_back(n);
-  check_shape(op, "c", c, want);
-  const int64_t batch = memory::shape_numel(batch_shape);
+  BATON_NEED(k == kb, op,
+             "inner dimensions differ: op(a) of " + a.str() + " is [" + std::to_string(m) + ", " +
+                 std::to_string(k) + "], op(b) of " + b.str() + " is [" + std::to_string(kb) +
+                 ", " + std::to_string(n) + "]");
+  check_leading_then(op, "c", c, "a", a, 2, {m, n});
+  int64_t batch = 1;
+  for (int64_t d = 0; d + 2 < a.dim(); ++d) batch *= a.size(d);
   for (int64_t v : {m * (b_shared && !trans_a ? batch : 1), n, k}) check_blas_size(op, v);
+  BATON_NEED(!overlaps(c, a) && !overlaps(c, b), op, "c must not overlap a or b");
   const auto dev = common_device(op, {&a, &b, &c});
   BATON_ON_CUDA(dev, matmul(a, trans_a, b, trans_b, c, alpha, beta));
   on_float(op, a.dtype(), [&]<class T>(T) {
@@ -121,7 +127,7 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
 namespace {
 // in and out of a weight in the given layout.
 std::pair<int64_t, int64_t> weight_dims(const char* op, const Tensor& w, WeightLayout layout) {
-  need(w.dim() == 2, op, "w must be 2-D, got " + w.str());
+  BATON_NEED(w.dim() == 2, op, "w must be 2-D, got " + w.str());
   return layout == WeightLayout::in_out ? std::pair{w.size(0), w.size(1)}
                                         : std::pair{w.size(1), w.size(0)};
 }
@@ -134,11 +140,11 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   check_like(op, "w", w, "x", x);
   check_like(op, "y", y, "x", x);
   const auto [in, out] = weight_dims(op, w, layout);
-  need(last_dim(op, "x", x) == in, op, "x " + x.str() + " does not match w " + w.str());
-  check_shape(op, "y", y, with_last(x.shape(), out));
+  BATON_NEED(last_dim(op, "x", x) == in, op, "x " + x.str() + " does not match w " + w.str());
+  check_leading_then(op, "y", y, "x", x, 1, {out});
   if (bias.defined()) {
     check_like(op, "bias", bias, "x", x);
-    check_shape(op, "bias", bias, {out});
+    check_dims(op, "bias", bias, {out});
   }
   const int64_t rows = rows_of(x);
   for (int64_t v : {rows, in, out}) check_blas_size(op, v);
@@ -157,8 +163,8 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layou
   check_like(op, "w", w, "dy", dy);
   check_like(op, "dx", dx, "dy", dy);
   const auto [in, out] = weight_dims(op, w, layout);
-  need(last_dim(op, "dy", dy) == out, op, "dy " + dy.str() + " does not match w " + w.str());
-  check_shape(op, "dx", dx, with_last(dy.shape(), in));
+  BATON_NEED(last_dim(op, "dy", dy) == out, op, "dy " + dy.str() + " does not match w " + w.str());
+  check_leading_then(op, "dx", dx, "dy", dy, 1, {in});
   const int64_t rows = rows_of(dy);
   for (int64_t v : {rows, in, out}) check_blas_size(op, v);
   const auto dev = common_device(op, {&dy, &w, &dx});
@@ -176,12 +182,12 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   check_like(op, "x", x, "dy", dy);
   check_like(op, "dw", dw, "dy", dy);
   const auto [in, out] = weight_dims(op, dw, layout);
-  need(last_dim(op, "x", x) == in && last_dim(op, "dy", dy) == out, op,
-       "x " + x.str() + " and dy " + dy.str() + " do not match dw " + dw.str());
-  check_shape(op, "dy", dy, with_last(x.shape(), out));
+  BATON_NEED(last_dim(op, "x", x) == in && last_dim(op, "dy", dy) == out, op,
+             "x " + x.str() + " and dy " + dy.str() + " do not match dw " + dw.str());
+  check_leading_then(op, "dy", dy, "x", x, 1, {out});
   if (dbias.defined()) {
     check_like(op, "dbias", dbias, "dy", dy);
-    check_shape(op, "dbias", dbias, {out});
+    check_dims(op, "dbias", dbias, {out});
   }
   const int64_t rows = rows_of(dy);
   for (int64_t v : {rows, in, out}) check_blas_size(op, v);
@@ -189,8 +195,8 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   BATON_ON_CUDA(dev, linear_backward_weight(dy, x, layout, dw, dbias, accumulate));
   on_float(op, dy.dtype(), [&]<class T>(T) {
     cpu::linear_backward_weight<T>(dy.data<T>(), x.data<T>(), layout == WeightLayout::in_out,
-                                   dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr,
-                                   rows, in, out, accumulate);
+                                   dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr, rows,
+                                   in, out, accumulate);
   });
 }
 
@@ -201,25 +207,23 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_float(op, "a", a);
   check_like(op, "b", b, "a", a);
   check_like(op, "out", out, "a", a);
-  check_shape(op, "b", b, a.shape());
-  check_shape(op, "out", out, a.shape());
+  check_same_shape(op, "b", b, "a", a);
+  check_same_shape(op, "out", out, "a", a);
   const auto dev = common_device(op, {&a, &b, &out});
   BATON_ON_CUDA(dev, add(a, b, out));
-  on_float(op, a.dtype(), [&]<class T>(T) {
-    cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
-  });
+  on_float(op, a.dtype(),
+           [&]<class T>(T) { cpu::add<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel()); });
 }
 
 void add_inplace(Tensor& acc, const Tensor& x) {
   const char* op = "add_inplace";
   check_float(op, "acc", acc);
   check_like(op, "x", x, "acc", acc);
-  check_shape(op, "x", x, acc.shape());
+  check_same_shape(op, "x", x, "acc", acc);
   const auto dev = common_device(op, {&acc, &x});
   BATON_ON_CUDA(dev, add_inplace(acc, x));
-  on_float(op, acc.dtype(), [&]<class T>(T) {
-    cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel());
-  });
+  on_float(op, acc.dtype(),
+           [&]<class T>(T) { cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel()); });
 }
 
 void scale_inplace(Tensor& t, double s) {
@@ -234,7 +238,7 @@ void bias_add_inplace(Tensor& y, const Tensor& bias) {
   const char* op = "bias_add_inplace";
   check_float(op, "y", y);
   check_like(op, "bias", bias, "y", y);
-  check_shape(op, "bias", bias, {last_dim(op, "y", y)});
+  check_dims(op, "bias", bias, {last_dim(op, "y", y)});
   const auto dev = common_device(op, {&y, &bias});
   BATON_ON_CUDA(dev, bias_add_inplace(y, bias));
   on_float(op, y.dtype(), [&]<class T>(T) {
@@ -246,7 +250,7 @@ void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate) {
   const char* op = "bias_backward";
   check_float(op, "dy", dy);
   check_like(op, "dbias", dbias, "dy", dy);
-  check_shape(op, "dbias", dbias, {last_dim(op, "dy", dy)});
+  check_dims(op, "dbias", dbias, {last_dim(op, "dy", dy)});
   const auto dev = common_device(op, {&dy, &dbias});
   BATON_ON_CUDA(dev, bias_backward(dy, dbias, accumulate));
   on_float(op, dy.dtype(), [&]<class T>(T) {
@@ -260,14 +264,14 @@ namespace {
 void check_unary(const char* op, const Tensor& x, const Tensor& y) {
   check_float(op, "x", x);
   check_like(op, "y", y, "x", x);
-  check_shape(op, "y", y, x.shape());
+  check_same_shape(op, "y", y, "x", x);
 }
 void check_unary_backward(const char* op, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   check_float(op, "x", x);
   check_like(op, "dy", dy, "x", x);
   check_like(op, "dx", dx, "x", x);
-  check_shape(op, "dy", dy, x.shape());
-  check_shape(op, "dx", dx, x.shape());
+  check_same_shape(op, "dy", dy, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
 }
 }  // namespace
 
@@ -311,7 +315,7 @@ void dropout_forward(const Tensor& x, Tensor& y, double p, uint64_t seed, uint64
                      const Block& where) {
   const char* op = "dropout_forward";
   check_unary(op, x, y);
-  need(p >= 0 && p <= 1, op, "p must lie in [0, 1], got " + std::to_string(p));
+  BATON_NEED(p >= 0 && p <= 1, op, "p must lie in [0, 1], got " + std::to_string(p));
   check_block(op, "x", x, where);
   const auto dev = common_device(op, {&x, &y});
   BATON_ON_CUDA(dev, dropout_forward(x, y, p, seed, stream, where));
@@ -325,8 +329,8 @@ void dropout_backward(const Tensor& dy, Tensor& dx, double p, uint64_t seed, uin
   const char* op = "dropout_backward";
   check_float(op, "dy", dy);
   check_like(op, "dx", dx, "dy", dy);
-  check_shape(op, "dx", dx, dy.shape());
-  need(p >= 0 && p <= 1, op, "p must lie in [0, 1], got " + std::to_string(p));
+  check_same_shape(op, "dx", dx, "dy", dy);
+  BATON_NEED(p >= 0 && p <= 1, op, "p must lie in [0, 1], got " + std::to_string(p));
   check_block(op, "dy", dy, where);
   const auto dev = common_device(op, {&dy, &dx});
   BATON_ON_CUDA(dev, dropout_backward(dy, dx, p, seed, stream, where, accumulate));
@@ -345,15 +349,15 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   const int64_t c = last_dim(op, "x", x), rows = rows_of(x);
   for (auto [name, t] : {std::pair{"weight", &weight}, {"bias", &bias}}) {
     check_like(op, name, *t, "x", x);
-    check_shape(op, name, *t, {c});
+    check_dims(op, name, *t, {c});
   }
   check_like(op, "y", y, "x", x);
-  check_shape(op, "y", y, x.shape());
+  check_same_shape(op, "y", y, "x", x);
   for (auto [name, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}}) {
     check_like(op, name, *t, "x", x);
     check_numel(op, name, *t, rows);
   }
-  need(eps >= 0, op, "eps must not be negative");
+  BATON_NEED(eps >= 0, op, "eps must not be negative");
   const auto dev = common_device(op, {&x, &weight, &bias, &y, &mean, &rstd});
   BATON_ON_CUDA(dev, layernorm_forward(x, weight, bias, eps, y, mean, rstd));
   on_float(op, x.dtype(), [&]<class T>(T) {
@@ -367,7 +371,7 @@ void check_layernorm_saved(const char* op, const Tensor& dy, const Tensor& x, co
                            const Tensor& rstd) {
   check_float(op, "x", x);
   check_like(op, "dy", dy, "x", x);
-  check_shape(op, "dy", dy, x.shape());
+  check_same_shape(op, "dy", dy, "x", x);
   for (auto [name, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}}) {
     check_like(op, name, *t, "x", x);
     check_numel(op, name, *t, rows_of(x));
@@ -376,21 +380,19 @@ void check_layernorm_saved(const char* op, const Tensor& dy, const Tensor& x, co
 }  // namespace
 
 void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                              const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                              bool accumulate) {
+                              const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate) {
   const char* op = "layernorm_backward_input";
   check_layernorm_saved(op, dy, x, mean, rstd);
   const int64_t c = last_dim(op, "x", x);
   check_like(op, "weight", weight, "x", x);
-  check_shape(op, "weight", weight, {c});
+  check_dims(op, "weight", weight, {c});
   check_like(op, "dx", dx, "x", x);
-  check_shape(op, "dx", dx, x.shape());
+  check_same_shape(op, "dx", dx, "x", x);
   const auto dev = common_device(op, {&dy, &x, &weight, &mean, &rstd, &dx});
   BATON_ON_CUDA(dev, layernorm_backward_input(dy, x, weight, mean, rstd, dx, accumulate));
   on_float(op, x.dtype(), [&]<class T>(T) {
-    cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(),
-                                     mean.data<T>(), rstd.data<T>(), dx.data<T>(), rows_of(x), c,
-                                     accumulate);
+    cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
+                                     rstd.data<T>(), dx.data<T>(), rows_of(x), c, accumulate);
   });
 }
 
@@ -400,11 +402,11 @@ void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& 
   const char* op = "layernorm_backward_weight";
   check_layernorm_saved(op, dy, x, mean, rstd);
   const int64_t c = last_dim(op, "x", x);
-  need(dweight.defined() || dbias.defined(), op, "dweight and dbias are both undefined");
+  BATON_NEED(dweight.defined() || dbias.defined(), op, "dweight and dbias are both undefined");
   for (auto [name, t] : {std::pair{"dweight", &dweight}, {"dbias", &dbias}}) {
     if (!t->defined()) continue;
     check_like(op, name, *t, "x", x);
-    check_shape(op, name, *t, {c});
+    check_dims(op, name, *t, {c});
   }
   const auto dev = common_device(op, {&dy, &x, &mean, &rstd, &dweight, &dbias});
   BATON_ON_CUDA(dev, layernorm_backward_weight(dy, x, mean, rstd, dweight, dbias, accumulate));
@@ -445,32 +447,32 @@ namespace {
 cpu::AttentionShape check_attention(const char* op, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse, const AttentionOptions& opt) {
   check_float(op, "qkv", qkv);
-  need(qkv.dim() == 3, op, "qkv must be [B, T, 3 * H * D], got " + qkv.str());
-  need(opt.heads >= 1, op, "heads must be at least 1, got " + std::to_string(opt.heads));
-  need(qkv.size(2) % (3 * opt.heads) == 0, op,
-       "qkv's last dimension must be a multiple of 3 * heads = " + std::to_string(3 * opt.heads) +
-           ", got " + qkv.str());
+  BATON_NEED(qkv.dim() == 3, op, "qkv must be [B, T, 3 * H * D], got " + qkv.str());
+  BATON_NEED(opt.heads >= 1, op, "heads must be at least 1, got " + std::to_string(opt.heads));
+  BATON_NEED(qkv.size(2) % (3 * opt.heads) == 0, op,
+             "qkv's last dimension must be a multiple of 3 * heads = " +
+                 std::to_string(3 * opt.heads) + ", got " + qkv.str());
   const cpu::AttentionShape s{qkv.size(0), qkv.size(1), opt.heads, qkv.size(2) / (3 * opt.heads)};
   check_like(op, "out", out, "qkv", qkv);
-  check_shape(op, "out", out, {s.batch, s.seq, s.heads * s.head_dim});
+  check_dims(op, "out", out, {s.batch, s.seq, s.heads * s.head_dim});
   check_like(op, "lse", lse, "qkv", qkv);
-  check_shape(op, "lse", lse, {s.batch, s.heads, s.seq});
-  need(opt.dropout >= 0 && opt.dropout < 1, op,
-       "dropout must lie in [0, 1), got " + std::to_string(opt.dropout));
-  need(opt.scale >= 0, op, "scale must not be negative (0 means 1/sqrt(D))");
-  need(opt.batch_offset >= 0 && opt.head_offset >= 0, op, "offsets must not be negative");
+  check_dims(op, "lse", lse, {s.batch, s.heads, s.seq});
+  BATON_NEED(opt.dropout >= 0 && opt.dropout < 1, op,
+             "dropout must lie in [0, 1), got " + std::to_string(opt.dropout));
+  BATON_NEED(opt.scale >= 0, op, "scale must not be negative (0 means 1/sqrt(D))");
+  BATON_NEED(opt.batch_offset >= 0 && opt.head_offset >= 0, op, "offsets must not be negative");
   if (opt.global_batch > 0)
-    need(opt.batch_offset + s.batch <= opt.global_batch, op,
-         "local batch " + std::to_string(s.batch) + " at offset " +
-             std::to_string(opt.batch_offset) + " exceeds global_batch " +
-             std::to_string(opt.global_batch));
+    BATON_NEED(opt.batch_offset + s.batch <= opt.global_batch, op,
+               "local batch " + std::to_string(s.batch) + " at offset " +
+                   std::to_string(opt.batch_offset) + " exceeds global_batch " +
+                   std::to_string(opt.global_batch));
   if (opt.global_heads > 0)
-    need(opt.head_offset + s.heads <= opt.global_heads, op,
-         "local heads " + std::to_string(s.heads) + " at offset " +
-             std::to_string(opt.head_offset) + " exceed global_heads " +
-             std::to_string(opt.global_heads));
+    BATON_NEED(opt.head_offset + s.heads <= opt.global_heads, op,
+               "local heads " + std::to_string(s.heads) + " at offset " +
+                   std::to_string(opt.head_offset) + " exceed global_heads " +
+                   std::to_string(opt.global_heads));
   else
-    need(opt.head_offset == 0, op, "head_offset without global_heads");
+    BATON_NEED(opt.head_offset == 0, op, "head_offset without global_heads");
   check_blas_size(op, qkv.size(2));
   return s;
 }
@@ -486,15 +488,14 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   });
 }
 
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
-                        bool accumulate) {
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const AttentionOptions& opt, Tensor& dqkv, bool accumulate) {
   const char* op = "attention_backward";
   const auto s = check_attention(op, qkv, out, lse, opt);
   check_like(op, "dout", dout, "qkv", qkv);
-  check_shape(op, "dout", dout, out.shape());
+  check_same_shape(op, "dout", dout, "out", out);
   check_like(op, "dqkv", dqkv, "qkv", qkv);
-  check_shape(op, "dqkv", dqkv, qkv.shape());
+  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
   const auto dev = common_device(op, {&qkv, &out, &lse, &dout, &dqkv});
   BATON_ON_CUDA(dev, attention_backward(qkv, out, lse, dout, opt, dqkv, accumulate));
   on_float(op, qkv.dtype(), [&]<class T>(T) {
@@ -510,11 +511,9 @@ void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offse
   const char* op = "embedding_forward";
   check_ids(op, "ids", ids);
   check_float(op, "table", table);
-  need(table.dim() == 2, op, "table must be [rows, C], got " + table.str());
+  BATON_NEED(table.dim() == 2, op, "table must be [rows, C], got " + table.str());
   check_like(op, "out", out, "table", table);
-  Shape want = ids.shape();
-  want.push_back(table.size(1));
-  check_shape(op, "out", out, want);
+  check_leading_then(op, "out", out, "ids", ids, 0, {table.size(1)});
   const auto dev = common_device(op, {&ids, &table, &out});
   BATON_ON_CUDA(dev, embedding_forward(ids, table, row_offset, out, accumulate));
   on_float(op, table.dtype(), [&]<class T>(T) {
@@ -525,16 +524,13 @@ void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offse
   });
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset,
-                        Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable) {
   const char* op = "embedding_backward";
   check_ids(op, "ids", ids);
   check_float(op, "dtable", dtable);
-  need(dtable.dim() == 2, op, "dtable must be [rows, C], got " + dtable.str());
+  BATON_NEED(dtable.dim() == 2, op, "dtable must be [rows, C], got " + dtable.str());
   check_like(op, "dout", dout, "dtable", dtable);
-  Shape want = ids.shape();
-  want.push_back(dtable.size(1));
-  check_shape(op, "dout", dout, want);
+  check_leading_then(op, "dout", dout, "ids", ids, 0, {dtable.size(1)});
   const auto dev = common_device(op, {&ids, &dout, &dtable});
   BATON_ON_CUDA(dev, embedding_backward(ids, dout, row_offset, dtable));
   on_float(op, dtable.dtype(), [&]<class T>(T) {
@@ -578,17 +574,17 @@ void ce_row_max(const Tensor& logits, Tensor& row_max) {
 void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                 const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "ce_sum_exp";
-  const int64_t rows =
-      check_ce(op, logits,
-               {{"targets", &targets}, {"row_max", &row_max}, {"sum_exp", &sum_exp},
-                {"target_logit", &target_logit}});
+  const int64_t rows = check_ce(op, logits,
+                                {{"targets", &targets},
+                                 {"row_max", &row_max},
+                                 {"sum_exp", &sum_exp},
+                                 {"target_logit", &target_logit}});
   const auto dev = common_device(op, {&logits, &targets, &row_max, &sum_exp, &target_logit});
   BATON_ON_CUDA(dev, ce_sum_exp(logits, targets, vocab_offset, row_max, sum_exp, target_logit));
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
-      cpu::ce_sum_exp<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset,
-                            row_max.data<T>(), sum_exp.data<T>(), target_logit.data<T>(), rows,
-                            logits.size(-1));
+      cpu::ce_sum_exp<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset, row_max.data<T>(),
+                            sum_exp.data<T>(), target_logit.data<T>(), rows, logits.size(-1));
     });
   });
 }
@@ -597,19 +593,17 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
                const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                double grad_scale, Tensor& losses, Tensor& dlogits) {
   const char* op = "ce_finish";
-  const int64_t rows =
-      check_ce(op, logits,
-               {{"targets", &targets}, {"row_max", &row_max}, {"sum_exp", &sum_exp},
-                {"target_logit", &target_logit}, {"losses", &losses}});
+  const int64_t rows = check_ce(op, logits,
+                                {{"targets", &targets},
+                                 {"row_max", &row_max},
+                                 {"sum_exp", &sum_exp},
+                                 {"target_logit", &target_logit},
+                                 {"losses", &losses}});
   if (dlogits.defined()) {
     check_like(op, "dlogits", dlogits, "logits", logits);
-    check_shape(op, "dlogits", dlogits, logits.shape());
-    need(dlogits.raw_data() == logits.raw_data() ||
-             static_cast<const char*>(dlogits.raw_data()) + dlogits.nbytes() <=
-                 static_cast<const char*>(logits.raw_data()) ||
-             static_cast<const char*>(logits.raw_data()) + logits.nbytes() <=
-                 static_cast<const char*>(dlogits.raw_data()),
-         op, "dlogits must be logits itself or not overlap it");
+    check_same_shape(op, "dlogits", dlogits, "logits", logits);
+    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+               "dlogits must be logits itself or not overlap it");
   }
   const auto dev =
       common_device(op, {&logits, &targets, &row_max, &sum_exp, &target_logit, &losses, &dlogits});
@@ -618,9 +612,8 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
       cpu::ce_finish<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset, row_max.data<T>(),
-                           sum_exp.data<T>(), target_logit.data<T>(), grad_scale,
-                           losses.data<T>(), dlogits.defined() ? dlogits.data<T>() : nullptr,
-                           rows, logits.size(-1));
+                           sum_exp.data<T>(), target_logit.data<T>(), grad_scale, losses.data<T>(),
+                           dlogits.defined() ? dlogits.data<T>() : nullptr, rows, logits.size(-1));
     });
   });
 }
@@ -639,7 +632,9 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
   });
 }
 
-uint64_t stream_of(std::string_view name) { return random::stream_hash(name); }
+uint64_t stream_of(std::string_view name) {
+  return random::stream_hash(name);
+}
 
 // ---- optimizers ----
 
@@ -658,9 +653,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   check_float(op, "param", param);
   for (auto [name, t] : {std::pair{"grad", &grad}, {"m", &m}, {"v", &v}}) {
     check_like(op, name, *t, "param", param);
-    check_shape(op, name, *t, param.shape());
+    check_same_shape(op, name, *t, "param", param);
   }
-  need(step >= 1, op, "step counts from 1, got " + std::to_string(step));
+  BATON_NEED(step >= 1, op, "step counts from 1, got " + std::to_string(step));
   const auto dev = common_device(op, {&param, &grad, &m, &v});
   BATON_ON_CUDA(dev, adamw_step(param, grad, m, v, cfg, step, grad_scale));
   on_float(op, param.dtype(), [&]<class T>(T) {
@@ -674,10 +669,10 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd
   const char* op = "sgd_step";
   check_float(op, "param", param);
   check_like(op, "grad", grad, "param", param);
-  check_shape(op, "grad", grad, param.shape());
+  check_same_shape(op, "grad", grad, "param", param);
   if (cfg.momentum != 0) {
     check_like(op, "momentum_buf", momentum_buf, "param", param);
-    check_shape(op, "momentum_buf", momentum_buf, param.shape());
+    check_same_shape(op, "momentum_buf", momentum_buf, "param", param);
   }
   const auto dev = common_device(op, {&param, &grad, &momentum_buf});
   BATON_ON_CUDA(dev, sgd_step(param, grad, momentum_buf, cfg, grad_scale));

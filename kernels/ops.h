@@ -3,7 +3,11 @@
 //
 // Conventions, for every function here:
 // - Tensors are contiguous and on one device. CPU kernels take f32 and f64 (f64 is the
-//   reference the finite-difference tests use); token ids are i32 or i64.
+//   reference the finite-difference tests use); token ids are i32 or i64. Where a shape
+//   says [N, C], any leading dimensions are accepted and flattened into N.
+// - Bad arguments (shapes, dtypes, mixed devices) throw std::invalid_argument naming the
+//   op and the argument; a CUDA tensor in a build without the CUDA kernels is a
+//   RuntimeError.
 // - Outputs are allocated by the caller and passed in; nothing here allocates a tensor
 //   that outlives the call, so the caller's memory accounting is the truth.
 // - `accumulate` = true adds into the output (gradients summed over micro-batches or
@@ -32,6 +36,12 @@ using memory::Tensor;
 // threads than this.
 void set_num_threads(int n);
 int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
+// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE or its own CPU
+// detection, which in 0.3.21 misses recent CPUs and falls back to SSE3 kernels (sgemm 4x
+// slower). Programs call this first thing in main(): when that happened and the user set
+// no OPENBLAS_CORETYPE, it re-executes the program with the right core type (SkylakeX on
+// AVX-512, Haswell on AVX2). Otherwise it returns and changes nothing.
+void select_blas_kernels(char** argv);
 
 // True when this build has the CUDA kernels (CUDA tensors can be computed on).
 bool built_with_cuda();
@@ -43,9 +53,10 @@ struct Block {
 };
 
 // ---- GEMM ----
-// c = alpha * op(a) * op(b) + beta * c. a: [M, K] ([K, M] when trans_a), b: [K, N]
-// ([N, K] when trans_b), c: [M, N]. With leading batch dimensions on a, b and c the
-// product is batched; b may also be 2-D and then is shared by every batch of a.
+// c = alpha * op(a) * op(b) + beta * c (c must not overlap a or b). a: [M, K] ([K, M]
+// when trans_a), b: [K, N] ([N, K] when trans_b), c: [M, N]. With leading batch
+// dimensions on a, b and c the product is batched; b may also be 2-D and then is shared
+// by every batch of a.
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             double alpha = 1.0, double beta = 0.0);
 
@@ -82,7 +93,8 @@ void dropout_backward(const Tensor& dy, Tensor& dx, double p, uint64_t seed, uin
                       const Block& where, bool accumulate);
 
 // ---- normalisation ----
-// x: [N, C]; weight, bias: [C]; mean, rstd: [N] saved for backward.
+// x: [N, C]; weight, bias: [C]; mean, rstd: [N] saved for backward (any shape with N
+// elements). In layernorm_backward_weight one of dweight and dbias may be undefined.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                        Tensor& y, Tensor& mean, Tensor& rstd);
 void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -117,7 +129,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 // out[n, :] = table[ids[n] - row_offset, :] for ids in [row_offset, row_offset + rows);
 // rows outside give zeros (accumulate = false) or nothing (accumulate = true). That is the
 // vocabulary-parallel lookup: each rank holds a slice of rows and the partial results are
-// summed. ids: [N] i32/i64; table: [rows, C]; out: [N, C].
+// summed. ids: [N] i32/i64 (any shape); table: [rows, C]; out: ids' shape + [C].
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,
                        bool accumulate);
 // dtable[ids[n] - row_offset, :] += dout[n, :] for ids in range (always accumulates).
@@ -134,8 +146,9 @@ void ce_row_max(const Tensor& logits, Tensor& row_max);  // [N]
 void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                 const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);  // [N], [N]
 // losses[n] = log(sum_exp) + row_max - target_logit (0 for ignored rows). When dlogits is
-// defined it receives grad_scale * (softmax - onehot) for the local columns; dlogits may be
-// the logits tensor itself (overwritten in place to save memory).
+// defined it receives grad_scale * (softmax - onehot) for the local columns (undefined:
+// losses only); dlogits may be the logits tensor itself (overwritten in place to save
+// memory).
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                const Tensor& row_max, const Tensor& sum_exp,
                const Tensor& target_logit, double grad_scale, Tensor& losses, Tensor& dlogits);
@@ -164,7 +177,8 @@ struct Sgd {
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
   bool nesterov = false;
 };
-// momentum_buf may be undefined when momentum == 0.
+// momentum_buf may be undefined when momentum == 0; start it at zero (the first step then
+// sets it to the gradient, as torch's does).
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,
               double grad_scale);
 

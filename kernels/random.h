@@ -62,7 +62,9 @@ BATON_HD uint32_t random_bits(uint64_t seed, uint64_t stream, uint64_t i) {
 }
 
 // uniform(bits) = (bits >> 8) * 2^-24, exactly representable in float: [0, 1).
-BATON_HD float uniform_from_bits(uint32_t bits) { return float(bits >> 8) * (1.0f / 16777216.0f); }
+BATON_HD float uniform_from_bits(uint32_t bits) {
+  return float(bits >> 8) * (1.0f / 16777216.0f);
+}
 
 // Dropout keeps element i when uniform(i) >= p. As an integer test on the top 24 bits:
 // keep when (bits >> 8) >= dropout_threshold(p) = ceil(p * 2^24) (exactly equivalent).
@@ -73,7 +75,9 @@ BATON_HD uint32_t dropout_threshold(double p) {
   const uint32_t f = uint32_t(t);
   return double(f) == t ? f : f + 1;
 }
-BATON_HD bool dropout_keep(uint32_t bits, uint32_t threshold) { return (bits >> 8) >= threshold; }
+BATON_HD bool dropout_keep(uint32_t bits, uint32_t threshold) {
+  return (bits >> 8) >= threshold;
+}
 
 // Normals by Box-Muller, in double: the words (0, 1) of a group make one pair, (2, 3)
 // the other. u1 = (w_even + 0.5) * 2^-32 lies in (0, 1), so log never sees 0;
@@ -109,6 +113,8 @@ inline uint64_t fnv1a64(std::string_view s) {
   return h;
 }
 
-inline uint64_t stream_hash(std::string_view name) { return splitmix64_mix(fnv1a64(name)); }
+inline uint64_t stream_hash(std::string_view name) {
+  return splitmix64_mix(fnv1a64(name));
+}
 
 }  // namespace baton::kernels::random

@@ -8,13 +8,13 @@ namespace baton::transport {
 
 struct CommOptions {
   // A peer that is gone or silent this long while an operation waits on it turns that
-  // operation into a PeerError (detected within peer_timeout * 1.25, so the default
+  // operation into a PeerError (detected within peer_timeout * 1.125, so the default
   // stays under 30 s). Liveness is checked by the progress thread, not by the
   // operation's own duration: a peer that is busy computing still answers.
   std::chrono::milliseconds peer_timeout{20'000};
   // How long a waiting thread polls for completion before it sleeps. Polling keeps
   // small-message latency low; sleeping keeps idle ranks off the cores.
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{200};
   // How long start-up may wait for the other ranks to reach the rendezvous.
   std::chrono::milliseconds connect_timeout{120'000};
 

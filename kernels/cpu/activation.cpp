@@ -76,10 +76,10 @@ void relu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                 \
-  template void gelu_forward<T>(const T*, T*, int64_t);                      \
-  template void gelu_backward<T>(const T*, const T*, T*, int64_t, bool);     \
-  template void relu_forward<T>(const T*, T*, int64_t);                      \
+#define BATON_INSTANTIATE(T)                                             \
+  template void gelu_forward<T>(const T*, T*, int64_t);                  \
+  template void gelu_backward<T>(const T*, const T*, T*, int64_t, bool); \
+  template void relu_forward<T>(const T*, T*, int64_t);                  \
   template void relu_backward<T>(const T*, const T*, T*, int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

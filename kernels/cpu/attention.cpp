@@ -169,7 +169,8 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
           random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
                            bits);
           const T ds = T(dr.scale);
-          for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
+          for (int64_t j = 0; j < n; ++j)
+            pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
           std::fill(pdr + n, pdr + kc, T(0));
         }
       }
@@ -194,14 +195,32 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
 
 // ---- float with head size 16 W: the register-blocked tiles of attention_tiles.h ----
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
+// run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
+// has room for it (its stride is a multiple of 32).
+inline int64_t pad_row(float* s, int64_t n) {
+  const int64_t padded = round_up(n, kLanes<float>);
+  std::fill(s + n, s + padded, -std::numeric_limits<float>::infinity());
+  return padded;
+}
+
+// Zeros a probability row from `from` (a multiple of 16 at or past its visible keys) as
+// far as a tile of the products may read: a tile's rows share one key range, up to 7
+// keys past a row's own, so 16 more entries suffice and the rest is never read.
+inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
+  if (from < kc) std::fill(s + from, s + std::min(kc, from + kLanes<float>), 0.0f);
+}
 
 // S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
 // [0, cols_padded) that hold at least one visible score (key <= query); row r is query
 // q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
-inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded,
-                          const float* A, int64_t lda, const float* Bt, int64_t ldb, int64_t D,
-                          float alpha, float* S, int64_t lds) {
+inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded, const float* A,
+                          int64_t lda, const float* Bt, int64_t ldb, int64_t D, float alpha,
+                          float* S, int64_t lds) {
   for (int64_t r0 = 0; r0 < rows; r0 += tiles::kScoreRows) {
     const int n = int(std::min<int64_t>(tiles::kScoreRows, rows - r0));
     const int64_t last_visible = q0 + r0 + n - 1 - k0;  // of the tile's last row
@@ -230,10 +249,10 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
     causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, ldkt, D, scale, s, kcp);
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = s + r * kcp;
-      const int64_t n = visible(i0 + r, c0, kc);
-      const float mx = std::max(m[r], reduce_max(sr, n));
-      const float sum = exp_shifted_sum(sr, mx, sr, n);
-      std::fill(sr + n, sr + kc, 0.0f);
+      const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(sr, n);
+      const float mx = std::max(m[r], reduce_max(sr, padded));
+      const float sum = exp_shifted_sum(sr, mx, sr, padded);
+      zero_row_tail(sr, padded, kc);
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
         const float alpha = vexp(m[r] - mx);
         l[r] *= alpha;
@@ -272,13 +291,6 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
                         float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
                         int64_t h, bool accumulate) {
   const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
-  if (!accumulate)
-    for (int64_t i = 0; i < g.T; ++i) {
-      float* row = dqkv + (b * g.T + i) * ld;
-      std::fill(row + g.q_col(h), row + g.q_col(h) + D, 0.0f);
-      std::fill(row + g.k_col(h), row + g.k_col(h) + D, 0.0f);
-      std::fill(row + g.v_col(h), row + g.v_col(h) + D, 0.0f);
-    }
   float* p = scratch<float>(size_t(kBlockQ * kChunkK), 0);
   float* dp = scratch<float>(size_t(kBlockQ * kChunkK), 1);
   float* pd = dr.on ? scratch<float>(size_t(kBlockQ * kChunkK), 2) : p;
@@ -313,9 +325,9 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, Tp, D, scale, p, kcp);
       for (int64_t r = 0; r < rows; ++r) {
         float* pr = p + r * kcp;
-        const int64_t n = visible(i0 + r, c0, kc);
-        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, n);
-        std::fill(pr + n, pr + kc, 0.0f);
+        const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(pr, n);
+        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, padded);
+        zero_row_tail(pr, padded, kc);
         if (dr.on) {
           float* pdr = pd + r * kcp;
           uint32_t bits[kChunkK];
@@ -324,11 +336,22 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
           const float ds = float(dr.scale);
           const uint32_t thr = dr.threshold;
           for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= thr ? pr[j] * ds : 0.0f;
-          std::fill(pdr + n, pdr + kc, 0.0f);
+          std::fill(pdr + n, pdr + padded, 0.0f);
+          zero_row_tail(pdr, padded, kc);
         }
       }
-      // dV += P'^T dO.
-      tiles::rows_product<W>(kc, pd, 1, kcp, key_rows, dO, g.ldo, 1.0f, dv, ld, true);
+      // dV += P'^T dO. Keys from i0 on are first reached by this query block: without
+      // accumulate they are written, not added to (so dqkv is never zeroed first).
+      const int64_t fresh = std::clamp<int64_t>(i0 - c0, 0, kc);
+      auto by_keys = [&](const float* a, const float* b_rows, int64_t ldb_rows, float alpha,
+                         float* c) {
+        tiles::rows_product<W>(fresh, a, 1, kcp, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
+        tiles::rows_product<W>(
+            kc - fresh, a + fresh, 1, kcp,
+            [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows, alpha,
+            c + fresh * ld, ld, accumulate);
+      };
+      by_keys(pd, dO, g.ldo, 1.0f, dv);
       // dP' = dO V^T, then dS = P' dP' - P di in place (zero where P is).
       causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, 1.0f, dp, kcp);
       for (int64_t r = 0; r < rows; ++r) {
@@ -336,14 +359,16 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         const float* pr = p + r * kcp;
         const float* pdr = pd + r * kcp;
         const float dd = di[r];
-        const int64_t n = visible(i0 + r, c0, kc);
+        const int64_t padded = round_up(visible(i0 + r, c0, kc), kLanes<float>);
 #pragma GCC ivdep
-        for (int64_t j = 0; j < n; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
-        std::fill(dpr + n, dpr + kc, 0.0f);
+        for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+        zero_row_tail(dpr, padded, kc);
       }
-      // dQ += scale dS K;  dK += scale dS^T Q.
-      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld, true);
-      tiles::rows_product<W>(kc, dp, 1, kcp, key_rows, q, ld, scale, dk, ld, true);
+      // dQ += scale dS K (its rows are first written at the first chunk);
+      // dK += scale dS^T Q.
+      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld,
+                             accumulate || c0 > 0);
+      by_keys(dp, q, ld, scale, dk);
     }
   }
 }
@@ -354,13 +379,22 @@ template <class F>
 bool with_tile_width(int64_t head_dim, F&& f) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
   switch (head_dim / 16) {
-#define BATON_CASE(w) \
-  case w:             \
-    f(std::integral_constant<int, w>{}); \
-    return true;
-    BATON_CASE(1) BATON_CASE(2) BATON_CASE(3) BATON_CASE(4)
-    BATON_CASE(5) BATON_CASE(6) BATON_CASE(7) BATON_CASE(8)
-#undef BATON_CASE
+    case 1:
+      return f(std::integral_constant<int, 1>{}), true;
+    case 2:
+      return f(std::integral_constant<int, 2>{}), true;
+    case 3:
+      return f(std::integral_constant<int, 3>{}), true;
+    case 4:
+      return f(std::integral_constant<int, 4>{}), true;
+    case 5:
+      return f(std::integral_constant<int, 5>{}), true;
+    case 6:
+      return f(std::integral_constant<int, 6>{}), true;
+    case 7:
+      return f(std::integral_constant<int, 7>{}), true;
+    case 8:
+      return f(std::integral_constant<int, 8>{}), true;
     default:
       return false;
   }
@@ -439,10 +473,10 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                                 \
-  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,                \
-                                     const AttentionOptions&);                               \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*,            \
+#define BATON_INSTANTIATE(T)                                                      \
+  template void attention_forward<T>(const T*, T*, T*, const AttentionShape&,     \
+                                     const AttentionOptions&);                    \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, \
                                       const AttentionShape&, const AttentionOptions&, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

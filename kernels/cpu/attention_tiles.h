@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/vec_math.h"
 
@@ -44,15 +45,28 @@ inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ld
 // scores_tile for any row count 1..kScoreRows.
 inline void scores_tile_n(int rows, const float* A, int64_t lda, const float* Bt, int64_t ldb,
                           int64_t depth, float alpha, float* C, int64_t ldc) {
+  auto call = [&](auto r) {
+    scores_tile<decltype(r)::value>(A, lda, Bt, ldb, depth, alpha, C, ldc);
+  };
   switch (rows) {
-#define BATON_CASE(n) \
-  case n:             \
-    return scores_tile<n>(A, lda, Bt, ldb, depth, alpha, C, ldc);
-    BATON_CASE(1) BATON_CASE(2) BATON_CASE(3) BATON_CASE(4)
-    BATON_CASE(5) BATON_CASE(6) BATON_CASE(7) BATON_CASE(8)
-#undef BATON_CASE
+    case 1:
+      return call(std::integral_constant<int, 1>{});
+    case 2:
+      return call(std::integral_constant<int, 2>{});
+    case 3:
+      return call(std::integral_constant<int, 3>{});
+    case 4:
+      return call(std::integral_constant<int, 4>{});
+    case 5:
+      return call(std::integral_constant<int, 5>{});
+    case 6:
+      return call(std::integral_constant<int, 6>{});
+    case 7:
+      return call(std::integral_constant<int, 7>{});
+    case 8:
+      return call(std::integral_constant<int, 8>{});
     default:
-      break;
+      return;  // callers pass 1..kScoreRows
   }
 }
 
@@ -96,9 +110,30 @@ inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, K
     const auto [k0, k1] = k_range(r0, int64_t(R));
     rows_tile<W, R>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
   }
-  for (; r0 < rows; ++r0) {  // remaining rows one at a time
-    const auto [k0, k1] = k_range(r0, int64_t(1));
-    rows_tile<W, 1>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
+  if (r0 == rows) return;
+  const int n = int(rows - r0);  // the remaining rows, in one narrower tile
+  const auto [k0, k1] = k_range(r0, int64_t(n));
+  auto tail = [&](auto rn) {
+    rows_tile<W, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc,
+                                      accumulate);
+  };
+  switch (n) {
+    case 1:
+      return tail(std::integral_constant<int, 1>{});
+    case 2:
+      return tail(std::integral_constant<int, std::min(2, R)>{});
+    case 3:
+      return tail(std::integral_constant<int, std::min(3, R)>{});
+    case 4:
+      return tail(std::integral_constant<int, std::min(4, R)>{});
+    case 5:
+      return tail(std::integral_constant<int, std::min(5, R)>{});
+    case 6:
+      return tail(std::integral_constant<int, std::min(6, R)>{});
+    case 7:
+      return tail(std::integral_constant<int, std::min(7, R)>{});
+    default:
+      return;  // n < R <= 8
   }
 }
 
@@ -145,7 +180,8 @@ inline void transpose_rows(const float* M, int64_t ld, int64_t n, int64_t D, flo
   int64_t j0 = 0;
 #if defined(__AVX512F__)
   for (; j0 + 16 <= n; j0 += 16)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) transpose16(M + j0 * ld + d0, ld, Bt + d0 * n_padded + j0, n_padded);
+    for (int64_t d0 = 0; d0 < D; d0 += 16)
+      transpose16(M + j0 * ld + d0, ld, Bt + d0 * n_padded + j0, n_padded);
 #endif
   for (int64_t j = j0; j < n; ++j)
     for (int64_t d = 0; d < D; ++d) Bt[d * n_padded + j] = M[j * ld + d];

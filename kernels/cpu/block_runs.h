@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -11,27 +12,31 @@
 
 namespace baton::kernels::cpu {
 
+// At most this many dimensions in a block of a logical tensor (kernels::Block).
+constexpr int kMaxBlockRank = 8;
+
 struct BlockRuns {
   int64_t runs = 1, run_length = 0;
-  std::vector<int64_t> outer_shape;    // the local dims above the run, outermost first
-  std::vector<int64_t> outer_strides;  // their strides in the logical tensor
-  int64_t base = 0;                    // logical index of the block's first element
+  int outer_rank = 0;  // the local dims above the run, outermost first:
+  std::array<int64_t, kMaxBlockRank> outer_shape{};    // their sizes
+  std::array<int64_t, kMaxBlockRank> outer_strides{};  // and strides in the logical tensor
+  int64_t base = 0;                                    // logical index of the block's first element
 
   int64_t numel() const { return runs * run_length; }
   int64_t run_start(int64_t r) const {  // logical index of run r's first element
     int64_t idx = base;
-    for (size_t d = outer_shape.size(); d-- > 0;) {
-      idx += (r % outer_shape[d]) * outer_strides[d];
-      r /= outer_shape[d];
+    for (int d = outer_rank; d-- > 0;) {
+      idx += (r % outer_shape[size_t(d)]) * outer_strides[size_t(d)];
+      r /= outer_shape[size_t(d)];
     }
     return idx;
   }
 };
 
-// global_shape empty: the block is the whole tensor. Shapes are checked by the caller.
+// global_shape empty: the block is the whole tensor. Shapes are checked by the caller
+// (rank at most kMaxBlockRank when global_shape is given). Allocates nothing.
 BlockRuns block_runs(const std::vector<int64_t>& local_shape,
-                     const std::vector<int64_t>& global_shape,
-                     const std::vector<int64_t>& offsets);
+                     const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets);
 
 // Calls f(local_first, logical_first, length) over pieces that cover the block once,
 // in parallel (pieces of at least `grain` elements per thread).

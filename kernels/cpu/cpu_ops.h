@@ -83,15 +83,14 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
                               T* dx, int64_t rows, int64_t cols, bool accumulate);
 // dw or db may be null.
 template <class T>
-void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw,
-                               T* db, int64_t rows, int64_t cols, bool accumulate);
+void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
+                               int64_t rows, int64_t cols, bool accumulate);
 
 // ---- softmax.cpp ----
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols);
 template <class T>
-void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols,
-                      bool accumulate);
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool accumulate);
 
 // ---- attention.cpp ----
 struct AttentionShape {
@@ -106,8 +105,8 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
 
 // ---- embedding.cpp ----
 template <class T, class I>
-void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t row_offset,
-                       T* out, int64_t n, int64_t cols, bool accumulate);
+void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t row_offset, T* out,
+                       int64_t n, int64_t cols, bool accumulate);
 template <class T, class I>
 void embedding_backward(const I* ids, const T* dout, int64_t table_rows, int64_t row_offset,
                         T* dtable, int64_t n, int64_t cols);
@@ -121,8 +120,8 @@ void ce_sum_exp(const T* logits, const I* targets, int64_t vocab_offset, const T
 // dlogits may be null (no gradient) or equal logits.
 template <class T, class I>
 void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
-               const T* sum_exp, const T* target_logit, double grad_scale, T* losses,
-               T* dlogits, int64_t rows, int64_t vocab);
+               const T* sum_exp, const T* target_logit, double grad_scale, T* losses, T* dlogits,
+               int64_t rows, int64_t vocab);
 
 // ---- optimizer.cpp ----
 template <class T>

@@ -43,8 +43,8 @@ void ce_sum_exp(const T* logits, const I* targets, int64_t vocab_offset, const T
 
 template <class T, class I>
 void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
-               const T* sum_exp, const T* target_logit, double grad_scale, T* losses,
-               T* dlogits, int64_t rows, int64_t vocab) {
+               const T* sum_exp, const T* target_logit, double grad_scale, T* losses, T* dlogits,
+               int64_t rows, int64_t vocab) {
   parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const bool ignored = targets[r] < 0;
@@ -66,11 +66,10 @@ void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T*
 }
 
 #define BATON_INSTANTIATE_T(T) template void ce_row_max<T>(const T*, T*, int64_t, int64_t);
-#define BATON_INSTANTIATE(T, I)                                                                 \
-  template void ce_sum_exp<T, I>(const T*, const I*, int64_t, const T*, T*, T*, int64_t,        \
-                                 int64_t);                                                      \
-  template void ce_finish<T, I>(const T*, const I*, int64_t, const T*, const T*, const T*,      \
-                                double, T*, T*, int64_t, int64_t);
+#define BATON_INSTANTIATE(T, I)                                                                    \
+  template void ce_sum_exp<T, I>(const T*, const I*, int64_t, const T*, T*, T*, int64_t, int64_t); \
+  template void ce_finish<T, I>(const T*, const I*, int64_t, const T*, const T*, const T*, double, \
+                                T*, T*, int64_t, int64_t);
 BATON_INSTANTIATE_T(float)
 BATON_INSTANTIATE_T(double)
 BATON_INSTANTIATE(float, int32_t)

@@ -9,8 +9,8 @@ namespace baton::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kChunk = 1024;      // words generated at a time (4 KiB on the stack)
-constexpr int64_t kGrain = 1 << 15;   // elements per thread before forking pays
+constexpr int64_t kChunk = 1024;     // words generated at a time (4 KiB on the stack)
+constexpr int64_t kGrain = 1 << 15;  // elements per thread before forking pays
 
 // out[k] = (accumulate ? out[k] : 0) + in[k] * keep(k) * scale over the block.
 template <class T>
@@ -44,12 +44,10 @@ void apply_mask(const T* in, T* out, double p, uint64_t seed, uint64_t stream,
       // ivdep: same-index reads and writes, safe in place (dropout of x into x).
       if (accumulate) {
 #pragma GCC ivdep
-        for (int64_t k = 0; k < m; ++k)
-          dst[k] += (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
+        for (int64_t k = 0; k < m; ++k) dst[k] += (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
       } else {
 #pragma GCC ivdep
-        for (int64_t k = 0; k < m; ++k)
-          dst[k] = (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
+        for (int64_t k = 0; k < m; ++k) dst[k] = (bits[k] >> 8) >= thr ? src[k] * sc : T(0);
       }
     }
   });
@@ -69,7 +67,7 @@ void dropout_backward(const T* dy, T* dx, double p, uint64_t seed, uint64_t stre
   apply_mask(dy, dx, p, seed, stream, where, accumulate);
 }
 
-#define BATON_INSTANTIATE(T)                                                                \
+#define BATON_INSTANTIATE(T)                                                                    \
   template void dropout_forward<T>(const T*, T*, double, uint64_t, uint64_t, const BlockRuns&); \
   template void dropout_backward<T>(const T*, T*, double, uint64_t, uint64_t, const BlockRuns&, \
                                     bool);

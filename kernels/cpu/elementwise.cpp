@@ -59,11 +59,11 @@ void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t cols, bool accum
   });
 }
 
-#define BATON_INSTANTIATE(T)                                               \
-  template void add<T>(const T*, const T*, T*, int64_t);                   \
-  template void add_inplace<T>(T*, const T*, int64_t);                     \
-  template void scale_inplace<T>(T*, T, int64_t);                          \
-  template void bias_add_inplace<T>(T*, const T*, int64_t, int64_t);       \
+#define BATON_INSTANTIATE(T)                                         \
+  template void add<T>(const T*, const T*, T*, int64_t);             \
+  template void add_inplace<T>(T*, const T*, int64_t);               \
+  template void scale_inplace<T>(T*, T, int64_t);                    \
+  template void bias_add_inplace<T>(T*, const T*, int64_t, int64_t); \
   template void bias_backward<T>(const T*, T*, int64_t, int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

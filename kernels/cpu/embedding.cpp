@@ -8,8 +8,8 @@
 namespace baton::kernels::cpu {
 
 template <class T, class I>
-void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t row_offset,
-                       T* out, int64_t n, int64_t cols, bool accumulate) {
+void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t row_offset, T* out,
+                       int64_t n, int64_t cols, bool accumulate) {
   parallel_for(n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)),
                [&](int64_t i0, int64_t i1) {
                  for (int64_t i = i0; i < i1; ++i) {

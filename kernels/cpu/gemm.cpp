@@ -22,11 +22,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a,
-                blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+    cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
+                b, blasint(ldb), beta, c, blasint(ldc));
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a,
-                blasint(lda), b, blasint(ldb), beta, c, blasint(ldc));
+    cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
+                b, blasint(ldb), beta, c, blasint(ldc));
 }
 
 template <class T>
@@ -89,16 +89,16 @@ void linear_backward_weight(const T* dy, const T* x, bool in_out, T* dw, T* dbia
   if (dbias != nullptr) bias_backward(dy, dbias, rows, out, accumulate);
 }
 
-#define BATON_INSTANTIATE(T)                                                                   \
-  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
-                        int64_t, T, T*, int64_t);                                              \
-  template void matmul<T>(const T*, bool, const T*, bool, T*, int64_t, int64_t, int64_t,       \
-                          int64_t, bool, T, T);                                                \
-  template void linear_forward<T>(const T*, const T*, const T*, bool, T*, int64_t, int64_t,    \
-                                  int64_t);                                                    \
-  template void linear_backward_input<T>(const T*, const T*, bool, T*, int64_t, int64_t,       \
-                                         int64_t, bool);                                       \
-  template void linear_backward_weight<T>(const T*, const T*, bool, T*, T*, int64_t, int64_t,  \
+#define BATON_INSTANTIATE(T)                                                                      \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,    \
+                        int64_t, T, T*, int64_t);                                                 \
+  template void matmul<T>(const T*, bool, const T*, bool, T*, int64_t, int64_t, int64_t, int64_t, \
+                          bool, T, T);                                                            \
+  template void linear_forward<T>(const T*, const T*, const T*, bool, T*, int64_t, int64_t,       \
+                                  int64_t);                                                       \
+  template void linear_backward_input<T>(const T*, const T*, bool, T*, int64_t, int64_t, int64_t, \
+                                         bool);                                                   \
+  template void linear_backward_weight<T>(const T*, const T*, bool, T*, T*, int64_t, int64_t,     \
                                           int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

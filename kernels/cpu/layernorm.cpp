@@ -65,8 +65,8 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
 // Column sums over rows; threads split the columns and each column is summed in row
 // order, so the result does not depend on the thread count.
 template <class T>
-void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw,
-                               T* db, int64_t rows, int64_t cols, bool accumulate) {
+void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
+                               int64_t rows, int64_t cols, bool accumulate) {
   const int64_t grain = std::max<int64_t>(16, kElementwiseGrain / std::max<int64_t>(rows, 1));
   parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
     const int64_t n = c1 - c0;
@@ -92,12 +92,12 @@ void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* 
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                                     \
-  template void layernorm_forward<T>(const T*, const T*, const T*, double, T*, T*, T*, int64_t,  \
-                                     int64_t);                                                   \
-  template void layernorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*,    \
-                                            T*, int64_t, int64_t, bool);                         \
-  template void layernorm_backward_weight<T>(const T*, const T*, const T*, const T*, T*, T*,     \
+#define BATON_INSTANTIATE(T)                                                                      \
+  template void layernorm_forward<T>(const T*, const T*, const T*, double, T*, T*, T*, int64_t,   \
+                                     int64_t);                                                    \
+  template void layernorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*, T*, \
+                                            int64_t, int64_t, bool);                              \
+  template void layernorm_backward_weight<T>(const T*, const T*, const T*, const T*, T*, T*,      \
                                              int64_t, int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -25,21 +26,26 @@ BlockRuns block_runs(const std::vector<int64_t>& local_shape,
     br.run_length = numel;
     return br;
   }
-  const size_t rank = local_shape.size();
-  std::vector<int64_t> gstride(rank, 1);
-  for (size_t d = rank - 1; d-- > 0;) gstride[d] = gstride[d + 1] * global_shape[d + 1];
-  for (size_t d = 0; d < rank; ++d) br.base += offsets[d] * gstride[d];
+  const int rank = int(local_shape.size());
+  std::array<int64_t, kMaxBlockRank> gstride{};
+  gstride[size_t(rank - 1)] = 1;
+  for (int d = rank - 1; d-- > 0;)
+    gstride[size_t(d)] = gstride[size_t(d + 1)] * global_shape[size_t(d + 1)];
+  for (int d = 0; d < rank; ++d) br.base += offsets[size_t(d)] * gstride[size_t(d)];
   // The run: the last dim, extended upwards while the dims inside it are whole.
-  size_t k = rank - 1;
-  br.run_length = local_shape[k];
-  while (k > 0 && local_shape[k] == global_shape[k]) {
+  int k = rank - 1;
+  br.run_length = local_shape[size_t(k)];
+  while (k > 0 && local_shape[size_t(k)] == global_shape[size_t(k)]) {
     --k;
-    br.run_length *= local_shape[k];
+    br.run_length *= local_shape[size_t(k)];
   }
-  br.outer_shape.assign(local_shape.begin(), local_shape.begin() + k);
-  br.outer_strides.assign(gstride.begin(), gstride.begin() + k);
+  br.outer_rank = k;
   br.runs = 1;
-  for (int64_t d : br.outer_shape) br.runs *= d;
+  for (int d = 0; d < k; ++d) {
+    br.outer_shape[size_t(d)] = local_shape[size_t(d)];
+    br.outer_strides[size_t(d)] = gstride[size_t(d)];
+    br.runs *= local_shape[size_t(d)];
+  }
   return br;
 }
 
@@ -136,14 +142,15 @@ void philox_batch(uint64_t g0, uint32_t s0, uint32_t s1, uint32_t key0, uint32_t
 
 // Words per philox_batch<NB> call.
 template <int NB>
-constexpr int64_t kWords = 4 * kGroupsPerVector * NB;
+constexpr int64_t kWords = 4 * kGroupsPerVector* NB;
 
 // bits[j] = random_bits(first + j) for j < kWords<NB>, first a multiple of 4.
 template <int NB>
 void words(uint64_t seed, uint64_t stream, uint64_t first, uint32_t* bits) {
   const uint64_t g = first >> 2;
   if (uint32_t(g) > 0xFFFFFFFFu - uint32_t(kWords<NB> / 4)) {  // the counter's low word wraps
-    for (int64_t j = 0; j < kWords<NB>; ++j) bits[j] = random_bits(seed, stream, first + uint64_t(j));
+    for (int64_t j = 0; j < kWords<NB>; ++j)
+      bits[j] = random_bits(seed, stream, first + uint64_t(j));
     return;
   }
   philox_batch<NB>(g, uint32_t(stream), uint32_t(stream >> 32), uint32_t(seed),
@@ -182,7 +189,6 @@ void random_normal(T* out, double mean, double std, uint64_t seed, uint64_t stre
 }
 
 template void random_normal<float>(float*, double, double, uint64_t, uint64_t, const BlockRuns&);
-template void random_normal<double>(double*, double, double, uint64_t, uint64_t,
-                                    const BlockRuns&);
+template void random_normal<double>(double*, double, double, uint64_t, uint64_t, const BlockRuns&);
 
 }  // namespace baton::kernels::cpu

@@ -29,8 +29,7 @@ void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
 
 // dx = y (dy - sum(dy y)).
 template <class T>
-void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols,
-                      bool accumulate) {
+void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool accumulate) {
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* yr = y + r * cols;
@@ -48,8 +47,8 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols
   });
 }
 
-#define BATON_INSTANTIATE(T)                                              \
-  template void softmax_forward<T>(const T*, T*, int64_t, int64_t);       \
+#define BATON_INSTANTIATE(T)                                        \
+  template void softmax_forward<T>(const T*, T*, int64_t, int64_t); \
   template void softmax_backward<T>(const T*, const T*, T*, int64_t, int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)

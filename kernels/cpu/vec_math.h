@@ -114,9 +114,15 @@ inline vfloat exp_approx(vfloat x) {
   return p * std::bit_cast<vfloat>((n + 127) << 23);
 }
 
-inline float vexp(float x) { return exp_approx(x); }
-inline double vexp(double x) { return std::exp(x); }
-inline vfloat vexp(vfloat x) { return exp_approx(x); }
+inline float vexp(float x) {
+  return exp_approx(x);
+}
+inline double vexp(double x) {
+  return std::exp(x);
+}
+inline vfloat vexp(vfloat x) {
+  return exp_approx(x);
+}
 inline vdouble vexp(vdouble x) {
   for (int64_t i = 0; i < kLanes<double>; ++i) x[i] = std::exp(x[i]);
   return x;
@@ -133,9 +139,15 @@ inline vfloat vrecip(vfloat x) {
   return 1.0f / x;
 #endif
 }
-inline vdouble vrecip(vdouble x) { return 1.0 / x; }
-inline float vrecip(float x) { return 1.0f / x; }
-inline double vrecip(double x) { return 1.0 / x; }
+inline vdouble vrecip(vdouble x) {
+  return 1.0 / x;
+}
+inline float vrecip(float x) {
+  return 1.0f / x;
+}
+inline double vrecip(double x) {
+  return 1.0 / x;
+}
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1); saturates correctly at both ends.
 template <class T>

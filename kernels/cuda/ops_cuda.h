@@ -75,9 +75,8 @@ enum class AttentionImpl { automatic, flash, cublas };
 void set_attention_impl(AttentionImpl impl);
 AttentionImpl attention_impl();
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
-                        bool accumulate);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const AttentionOptions& opt, Tensor& dqkv, bool accumulate);
 
 // ---- embedding ----
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,

@@ -4,6 +4,7 @@
 // naming the op, the argument, what was expected and what was found.
 #pragma once
 
+#include <algorithm>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -21,29 +22,32 @@ using memory::Tensor;
   throw std::invalid_argument(std::string("kernels::") + op + ": " + msg);
 }
 
-inline void need(bool cond, const char* op, const std::string& msg) {
-  if (!cond) fail(op, msg);
-}
+// Checks cond; the message is only built when it fails, so a passing check allocates
+// nothing (kernels run many times per step).
+#define BATON_NEED(cond, op, msg)                             \
+  do {                                                        \
+    if (!(cond)) ::baton::kernels::detail::fail((op), (msg)); \
+  } while (0)
 
 // Defined and contiguous.
 inline void check_tensor(const char* op, const char* name, const Tensor& t) {
-  need(t.defined(), op, std::string(name) + " is undefined");
-  need(t.is_contiguous(), op, std::string(name) + " must be contiguous, got " + t.str());
+  BATON_NEED(t.defined(), op, std::string(name) + " is undefined");
+  BATON_NEED(t.is_contiguous(), op, std::string(name) + " must be contiguous, got " + t.str());
 }
 
 // CUDA tensors may also be bf16 or f16 (the CUDA backend checks its exact combinations).
 inline void check_float(const char* op, const char* name, const Tensor& t) {
   check_tensor(op, name, t);
   const bool half = t.device().is_cuda() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16);
-  need(t.dtype() == DType::f32 || t.dtype() == DType::f64 || half, op,
-       std::string(name) + " must be f32 or f64" + (t.device().is_cuda() ? " (or bf16, f16)" : "") +
-           ", got " + t.str());
+  BATON_NEED(t.dtype() == DType::f32 || t.dtype() == DType::f64 || half, op,
+             std::string(name) + " must be f32 or f64" +
+                 (t.device().is_cuda() ? " (or bf16, f16)" : "") + ", got " + t.str());
 }
 
 inline void check_ids(const char* op, const char* name, const Tensor& t) {
   check_tensor(op, name, t);
-  need(t.dtype() == DType::i32 || t.dtype() == DType::i64, op,
-       std::string(name) + " must be i32 or i64, got " + t.str());
+  BATON_NEED(t.dtype() == DType::i32 || t.dtype() == DType::i64, op,
+             std::string(name) + " must be i32 or i64, got " + t.str());
 }
 
 // `t` is a float tensor of `like`'s dtype.
@@ -53,25 +57,65 @@ inline void check_like(const char* op, const char* name, const Tensor& t, const 
   // Mixed precision on CUDA (bf16 activations beside f32 statistics, master weights and
   // gradient accumulators): kernels/cuda/ops_cuda.h lists the allowed pairs and checks them.
   if (t.device().is_cuda() && like.device().is_cuda()) return;
-  need(t.dtype() == like.dtype(), op,
-       std::string(name) + " must have the dtype of " + like_name + " (" + like.str() +
-           "), got " + t.str());
+  BATON_NEED(t.dtype() == like.dtype(), op,
+             std::string(name) + " must have the dtype of " + like_name + " (" + like.str() +
+                 "), got " + t.str());
 }
 
-inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
-  need(t.shape() == want, op,
-       std::string(name) + " must have shape " + memory::shape_str(want) + ", got " + t.str());
+inline bool shape_is(const Tensor& t, std::initializer_list<int64_t> dims) {
+  return std::equal(t.shape().begin(), t.shape().end(), dims.begin(), dims.end());
+}
+
+// t has exactly these dimensions.
+inline void check_dims(const char* op, const char* name, const Tensor& t,
+                       std::initializer_list<int64_t> dims) {
+  BATON_NEED(shape_is(t, dims), op,
+             std::string(name) + " must have shape " + memory::shape_str(Shape(dims)) + ", got " +
+                 t.str());
+}
+
+// t has ref's shape.
+inline void check_same_shape(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  BATON_NEED(t.shape() == ref.shape(), op,
+             std::string(name) + " must have the shape of " + ref_name + " (" + ref.str() +
+                 "), got " + t.str());
+}
+
+// t has ref's leading dimensions (all but ref's last `drop`) followed by `tail`.
+inline void check_leading_then(const char* op, const char* name, const Tensor& t,
+                               const char* ref_name, const Tensor& ref, int64_t drop,
+                               std::initializer_list<int64_t> tail) {
+  const int64_t lead = ref.dim() - drop;
+  bool ok = lead >= 0 && t.dim() == lead + int64_t(tail.size()) &&
+            std::equal(ref.shape().begin(), ref.shape().begin() + lead, t.shape().begin()) &&
+            std::equal(tail.begin(), tail.end(), t.shape().begin() + lead);
+  BATON_NEED(ok, op, [&] {
+    Shape want(ref.shape().begin(), ref.shape().begin() + std::max<int64_t>(lead, 0));
+    want.insert(want.end(), tail.begin(), tail.end());
+    return std::string(name) + " must have shape " + memory::shape_str(want) + " (from " +
+           ref_name + " " + ref.str() + "), got " + t.str();
+  }());
 }
 
 inline void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
-  need(t.numel() == want, op,
-       std::string(name) + " must have " + std::to_string(want) + " elements, got " + t.str());
+  BATON_NEED(
+      t.numel() == want, op,
+      std::string(name) + " must have " + std::to_string(want) + " elements, got " + t.str());
 }
 
 // At least one dimension; returns the last.
 inline int64_t last_dim(const char* op, const char* name, const Tensor& t) {
-  need(t.dim() >= 1, op, std::string(name) + " must have at least one dimension, got " + t.str());
+  BATON_NEED(t.dim() >= 1, op,
+             std::string(name) + " must have at least one dimension, got " + t.str());
   return t.size(-1);
+}
+
+// The byte ranges of two (contiguous) tensors intersect.
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
 // Every defined tensor lives on one device; returns it.
@@ -82,8 +126,8 @@ inline memory::Device common_device(const char* op, std::initializer_list<const 
     if (first == nullptr)
       first = t;
     else
-      need(t->device() == first->device(), op,
-           "tensors on different devices: " + first->str() + " and " + t->str());
+      BATON_NEED(t->device() == first->device(), op,
+                 "tensors on different devices: " + first->str() + " and " + t->str());
   }
   return first != nullptr ? first->device() : memory::Device::cpu();
 }

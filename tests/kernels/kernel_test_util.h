@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "memory/tensor.h"
 
 namespace baton::kernels::test {
@@ -60,7 +61,9 @@ inline double rel_error(const std::vector<double>& got, const std::vector<double
   return norm2(d) / std::max({norm2(got), norm2(want), 1e-30});
 }
 
-inline std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector<double>(); }
+inline std::vector<double> as_f64(const Tensor& t) {
+  return t.to(DType::f64).to_vector<double>();
+}
 
 inline double rel_error(const Tensor& got, const Tensor& want) {
   return rel_error(as_f64(got), as_f64(want));
@@ -89,6 +92,10 @@ inline double fd_check(Tensor& x, const Tensor& analytic, const std::function<do
     coords.resize(size_t(max_coords));
   }
   std::vector<double> fd, an;
+  // Hundreds of small evaluations: one thread avoids a fork per call (results do not
+  // depend on the thread count).
+  const int threads = num_threads();
+  set_num_threads(1);
   for (int64_t i : coords) {
     const double saved = xs[size_t(i)];
     xs[size_t(i)] = saved + h;
@@ -99,6 +106,7 @@ inline double fd_check(Tensor& x, const Tensor& analytic, const std::function<do
     fd.push_back((up - down) / (2 * h));
     an.push_back(g[size_t(i)]);
   }
+  set_num_threads(threads);
   return rel_error(an, fd);
 }
 

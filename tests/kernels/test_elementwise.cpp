@@ -21,7 +21,9 @@ TEST(Elementwise, AddScaleAndBias) {
       scale_inplace(acc, -0.5);
       const auto av = as_f64(a), bv = as_f64(b), ov = as_f64(out), cv = as_f64(acc);
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_DOUBLE_EQ(ov[size_t(i)], dt == DType::f32 ? double(float(av[size_t(i)] + bv[size_t(i)])) : av[size_t(i)] + bv[size_t(i)]);
+        ASSERT_DOUBLE_EQ(ov[size_t(i)], dt == DType::f32
+                                            ? double(float(av[size_t(i)] + bv[size_t(i)]))
+                                            : av[size_t(i)] + bv[size_t(i)]);
         ASSERT_NEAR(cv[size_t(i)], -0.5 * ov[size_t(i)], 1e-6 * (1 + std::abs(ov[size_t(i)])));
       }
     }
@@ -99,8 +101,12 @@ void check_unary(void (*fwd)(const Tensor&, Tensor&),
   EXPECT_LT(rel_error(as_f64(acc), want), 1e-15);
 }
 
-TEST(Gelu, BackwardMatchesFiniteDifferences) { check_unary(gelu_forward, gelu_backward, 33); }
-TEST(Relu, BackwardMatchesFiniteDifferences) { check_unary(relu_forward, relu_backward, 34); }
+TEST(Gelu, BackwardMatchesFiniteDifferences) {
+  check_unary(gelu_forward, gelu_backward, 33);
+}
+TEST(Relu, BackwardMatchesFiniteDifferences) {
+  check_unary(relu_forward, relu_backward, 34);
+}
 
 TEST(Gelu, Float32IsAccurateOverAWideRange) {
   // The float path uses a vectorised exp: check it across the whole useful range,

@@ -60,7 +60,9 @@ TEST_P(EmbeddingTest, SplitLookupsSumToTheWholeAndBackwardScatters) {
 }
 
 INSTANTIATE_TEST_SUITE_P(IdTypes, EmbeddingTest, ::testing::Values(DType::i32, DType::i64),
-                         [](const auto& param_info) { return std::string(memory::dtype_name(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(memory::dtype_name(param_info.param));
+                         });
 
 // The three steps on one device.
 struct CeResult {
@@ -113,8 +115,9 @@ TEST(CrossEntropy, MatchesLogSumExpAndFiniteDifferences) {
   EXPECT_LT(rel_error(r32.losses, r.losses), 1e-4);
   EXPECT_LT(rel_error(r32.dlogits, r.dlogits), 1e-4);
 
-  Tensor inplace = logits.clone(), mx = Tensor::empty({N}, DType::f64), se = Tensor::empty({N}, DType::f64),
-         tl = Tensor::empty({N}, DType::f64), ls = Tensor::empty({N}, DType::f64);
+  Tensor inplace = logits.clone(), mx = Tensor::empty({N}, DType::f64),
+         se = Tensor::empty({N}, DType::f64), tl = Tensor::empty({N}, DType::f64),
+         ls = Tensor::empty({N}, DType::f64);
   ce_row_max(inplace, mx);
   ce_sum_exp(inplace, targets, 0, mx, se, tl);
   ce_finish(inplace, targets, 0, mx, se, tl, 1.0, ls, inplace);
@@ -138,7 +141,8 @@ TEST_P(CeSplit, VocabularySplitComposedByHandEqualsTheWhole) {
   const auto whole = ce_whole(logits, targets, 1.0 / N);
 
   std::vector<std::pair<int64_t, int64_t>> cols;  // [offset, width) of each part
-  for (int p = 0; p < parts; ++p) cols.push_back({V * p / parts, V * (p + 1) / parts - V * p / parts});
+  for (int p = 0; p < parts; ++p)
+    cols.push_back({V * p / parts, V * (p + 1) / parts - V * p / parts});
   std::vector<Tensor> slice, mx;
   for (auto [off, w] : cols) {
     slice.push_back(logits.narrow(1, off, w).contiguous());
@@ -158,10 +162,12 @@ TEST_P(CeSplit, VocabularySplitComposedByHandEqualsTheWhole) {
     add_inplace(gtl, tl);
   }
   for (int p = 0; p < parts; ++p) {
-    Tensor ls = Tensor::empty({N}, DType::f64), d = Tensor::empty(slice[size_t(p)].shape(), DType::f64);
+    Tensor ls = Tensor::empty({N}, DType::f64),
+           d = Tensor::empty(slice[size_t(p)].shape(), DType::f64);
     ce_finish(slice[size_t(p)], targets, cols[size_t(p)].first, gmax, gse, gtl, 1.0 / N, ls, d);
     EXPECT_LT(rel_error(as_f64(ls), as_f64(whole.losses)), 1e-14) << "part " << p;
-    const Tensor want = whole.dlogits.narrow(1, cols[size_t(p)].first, cols[size_t(p)].second).contiguous();
+    const Tensor want =
+        whole.dlogits.narrow(1, cols[size_t(p)].first, cols[size_t(p)].second).contiguous();
     EXPECT_LT(rel_error(as_f64(d), as_f64(want)), 1e-14) << "part " << p;
   }
 }

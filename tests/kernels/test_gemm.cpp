@@ -9,8 +9,9 @@ namespace baton::kernels::test {
 namespace {
 
 // c[i, j] = sum_k op(a)[i, k] op(b)[k, j] for one matrix pair, in double.
-std::vector<double> naive_matmul(const std::vector<double>& a, bool ta, const std::vector<double>& b,
-                                 bool tb, int64_t m, int64_t n, int64_t k) {
+std::vector<double> naive_matmul(const std::vector<double>& a, bool ta,
+                                 const std::vector<double>& b, bool tb, int64_t m, int64_t n,
+                                 int64_t k) {
   std::vector<double> c(size_t(m * n), 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -52,7 +53,8 @@ TEST_P(MatmulTest, MatchesNaiveInF64AndF32) {
     const int64_t bo = p.b_shared ? 0 : i * k * n;
     std::vector<double> bi(bv.begin() + bo, bv.begin() + bo + k * n);
     const auto ci = naive_matmul(ai, p.ta, bi, p.tb, m, n, k);
-    for (int64_t j = 0; j < m * n; ++j) want.push_back(alpha * ci[size_t(j)] + beta * cv[size_t(i * m * n + j)]);
+    for (int64_t j = 0; j < m * n; ++j)
+      want.push_back(alpha * ci[size_t(j)] + beta * cv[size_t(i * m * n + j)]);
   }
   Tensor c = c0.clone();
   matmul(a, p.ta, b, p.tb, c, alpha, beta);
@@ -77,8 +79,9 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, MatmulTest, ::testing::ValuesIn(matmul_c
                          [](const auto& param_info) {
                            const auto& p = param_info.param;
                            return std::string(p.ta ? "T" : "N") + (p.tb ? "T" : "N") +
-                                  (p.batch == 0 ? "_2d" : p.b_shared ? "_batched_shared_b"
-                                                                     : "_batched");
+                                  (p.batch == 0 ? "_2d"
+                                   : p.b_shared ? "_batched_shared_b"
+                                                : "_batched");
                          });
 
 TEST(Matmul, ManySmallBatchesTakeTheParallelPath) {
@@ -90,9 +93,11 @@ TEST(Matmul, ManySmallBatchesTakeTheParallelPath) {
   matmul(a, false, b, false, c);
   const auto av = as_f64(a), bv = as_f64(b), cv = as_f64(c);
   for (int64_t i = 0; i < 16; ++i) {
-    const auto want = naive_matmul({av.begin() + i * 40, av.begin() + (i + 1) * 40}, false,
-                                   {bv.begin() + i * 35, bv.begin() + (i + 1) * 35}, false, 8, 7, 5);
-    EXPECT_LT(rel_error({cv.begin() + i * 56, cv.begin() + (i + 1) * 56}, want), 1e-13) << "batch " << i;
+    const auto want =
+        naive_matmul({av.begin() + i * 40, av.begin() + (i + 1) * 40}, false,
+                     {bv.begin() + i * 35, bv.begin() + (i + 1) * 35}, false, 8, 7, 5);
+    EXPECT_LT(rel_error({cv.begin() + i * 56, cv.begin() + (i + 1) * 56}, want), 1e-13)
+        << "batch " << i;
   }
 }
 
@@ -149,7 +154,8 @@ TEST_P(LinearTest, ForwardMatchesMatmulAndBackwardMatchesFiniteDifferences) {
   }
 
   // accumulate = true adds onto what is there.
-  Tensor dx2 = Tensor::full(x.shape(), 1.5, DType::f64), dw2 = Tensor::full(w.shape(), -2, DType::f64);
+  Tensor dx2 = Tensor::full(x.shape(), 1.5, DType::f64),
+         dw2 = Tensor::full(w.shape(), -2, DType::f64);
   Tensor db2 = p.bias ? Tensor::full({out}, 3, DType::f64) : Tensor();
   linear_backward_input(g, w, p.layout, dx2, true);
   linear_backward_weight(g, x, p.layout, dw2, db2, true);
@@ -186,8 +192,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LinearTest,
                                            LinearCase{WeightLayout::in_out, true},
                                            LinearCase{WeightLayout::in_out, false}),
                          [](const auto& param_info) {
-                           return std::string(param_info.param.layout == WeightLayout::in_out ? "in_out"
-                                                                                        : "out_in") +
+                           return std::string(param_info.param.layout == WeightLayout::in_out
+                                                  ? "in_out"
+                                                  : "out_in") +
                                   (param_info.param.bias ? "_bias" : "_no_bias");
                          });
 

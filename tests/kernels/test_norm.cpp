@@ -24,7 +24,8 @@ TEST(LayerNorm, ForwardNormalisesEachRow) {
     EXPECT_NEAR(as_f64(mean)[size_t(r)], mu, 1e-13);
     EXPECT_NEAR(as_f64(rstd)[size_t(r)], rs, 1e-12);
     for (int64_t j = 0; j < c; ++j)
-      EXPECT_NEAR(yv[size_t(r * c + j)], (xv[size_t(r * c + j)] - mu) * rs * wv[size_t(j)] + bv[size_t(j)], 1e-12);
+      EXPECT_NEAR(yv[size_t(r * c + j)],
+                  (xv[size_t(r * c + j)] - mu) * rs * wv[size_t(j)] + bv[size_t(j)], 1e-12);
   }
 }
 
@@ -67,10 +68,12 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
 
   // float32 against float64.
   const DType f = DType::f32;
-  Tensor y32 = Tensor::empty(x.shape(), f), m32 = Tensor::empty({5}, f), r32 = Tensor::empty({5}, f);
+  Tensor y32 = Tensor::empty(x.shape(), f), m32 = Tensor::empty({5}, f),
+         r32 = Tensor::empty({5}, f);
   layernorm_forward(x.to(f), w.to(f), b.to(f), 1e-5, y32, m32, r32);
   EXPECT_LT(rel_error(y32, y), 1e-4);
-  Tensor dx32 = Tensor::empty(x.shape(), f), dw32 = Tensor::empty({c}, f), db32 = Tensor::empty({c}, f);
+  Tensor dx32 = Tensor::empty(x.shape(), f), dw32 = Tensor::empty({c}, f),
+         db32 = Tensor::empty({c}, f);
   layernorm_backward_input(g.to(f), x.to(f), w.to(f), m32, r32, dx32, false);
   layernorm_backward_weight(g.to(f), x.to(f), m32, r32, dw32, db32, false);
   EXPECT_LT(rel_error(dx32, dx), 1e-4);
@@ -84,7 +87,8 @@ TEST(LayerNorm, WeightGradientsDoNotDependOnTheThreadCount) {
   const DType f = DType::f32;
   const Tensor x = randn({rows, c}, rng, 1.0, f), w = randn({c}, rng, 1.0, f),
                b = randn({c}, rng, 1.0, f), g = randn({rows, c}, rng, 1.0, f);
-  Tensor y = Tensor::empty({rows, c}, f), m = Tensor::empty({rows}, f), r = Tensor::empty({rows}, f);
+  Tensor y = Tensor::empty({rows, c}, f), m = Tensor::empty({rows}, f),
+         r = Tensor::empty({rows}, f);
   layernorm_forward(x, w, b, 1e-5, y, m, r);
   std::vector<std::vector<float>> got;
   const int before = num_threads();

@@ -57,7 +57,8 @@ TEST(StreamOf, IsFnv1aThenSplitmixAndStable) {
   EXPECT_EQ(rnd::fnv1a64("a"), 0xaf63dc4c8601ec8cull);
   EXPECT_EQ(stream_of("h.0.attn.dropout"), rnd::splitmix64_mix(rnd::fnv1a64("h.0.attn.dropout")));
   EXPECT_NE(stream_of("h.0.attn"), stream_of("h.1.attn"));
-  // Pinned (checked independently in Python): changing stream_of changes every initialisation and dropout mask.
+  // Pinned (checked independently in Python): changing stream_of changes every initialisation and
+  // dropout mask.
   EXPECT_EQ(stream_of("wte"), 0x71c7087570da1494ull);
 }
 

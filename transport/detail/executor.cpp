@@ -1,22 +1,35 @@
 #include "transport/detail/executor.h"
 
+#include <ctime>
+
 #include "memory/error.h"
 
 namespace baton::transport::detail {
 
-Executor::~Executor() { shutdown(); }
+namespace {
+// Idleness is judged in milliseconds: the coarse clock is enough and much cheaper.
+std::chrono::nanoseconds coarse_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+}  // namespace
+
+Executor::~Executor() {
+  shutdown();
+}
 
 void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
   std::unique_lock lock(mu_);
   if (stop_) {
-    job->error = std::make_exception_ptr(RuntimeError("collective issued on a closed communicator"));
+    job->error.what = "collective issued on a closed communicator";
     job->state.store(Job::kFailed);
     return;
   }
   queue_.push_back(job);
   if (!started_) {
     started_ = true;
-    last_active_ = std::chrono::steady_clock::now();
+    last_active_ = coarse_now();
     thread_ = std::thread([this] { loop(); });
   }
   if (urgent || deep_sleep_) cv_.notify_one();
@@ -25,25 +38,27 @@ void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
 void Executor::run(Job& job) {
   job.state.store(Job::kRunning, std::memory_order_release);
   job.state.notify_all();
-  std::exception_ptr broken;
+  std::optional<ErrorInfo> broken;
   {
     std::lock_guard lock(mu_);
     broken = broken_;
   }
-  try {
-    if (broken) std::rethrow_exception(broken);
-    job.fn();
-    job.fn = nullptr;  // drop the captured tensors now
-    job.state.store(Job::kDone, std::memory_order_release);
-  } catch (...) {
-    job.fn = nullptr;
-    job.error = std::current_exception();
-    {
-      // Peers are now out of step with this rank; every later collective fails too.
-      std::lock_guard lock(mu_);
-      if (!broken_) broken_ = job.error;
-    }
+  if (broken) {
+    job.error = *broken;
     job.state.store(Job::kFailed, std::memory_order_release);
+  } else {
+    try {
+      job.run();
+      job.state.store(Job::kDone, std::memory_order_release);
+    } catch (...) {
+      job.error = ErrorInfo::of(std::current_exception());
+      {
+        // Peers are now out of step with this rank; every later collective fails too.
+        std::lock_guard lock(mu_);
+        if (!broken_) broken_ = job.error;
+      }
+      job.state.store(Job::kFailed, std::memory_order_release);
+    }
   }
   job.state.notify_all();
 }
@@ -57,7 +72,7 @@ void Executor::drain(std::unique_lock<std::mutex>& lock, Job* target) {
     lock.lock();
     if (job.get() == target) break;
   }
-  last_active_ = std::chrono::steady_clock::now();
+  last_active_ = coarse_now();
 }
 
 void Executor::loop() {
@@ -70,7 +85,7 @@ void Executor::loop() {
       continue;
     }
     if (stop_) break;
-    auto now = std::chrono::steady_clock::now();
+    auto now = coarse_now();
     if (queue_.empty() && now - last_active_ > kIdle) {
       deep_sleep_ = true;
       cv_.wait(lock);
@@ -83,7 +98,7 @@ void Executor::loop() {
 
 bool Executor::test(Job& job) {
   int s = job.state.load(std::memory_order_acquire);
-  if (s == Job::kFailed) std::rethrow_exception(job.error);
+  if (s == Job::kFailed) job.error.raise();
   return s == Job::kDone;
 }
 
@@ -91,7 +106,7 @@ void Executor::wait(Job& job) {
   while (true) {
     int s = job.state.load(std::memory_order_acquire);
     if (s == Job::kDone) return;
-    if (s == Job::kFailed) std::rethrow_exception(job.error);
+    if (s == Job::kFailed) job.error.raise();
     if (s == Job::kQueued) {
       std::unique_lock lock(mu_);
       if (!running_ && job.state.load(std::memory_order_acquire) == Job::kQueued) {
@@ -118,9 +133,7 @@ void Executor::shutdown() {
     cv_.notify_all();
   }
   for (auto& job : dropped) {
-    job->error = std::make_exception_ptr(
-        RuntimeError("the communicator was closed before this collective started"));
-    job->fn = nullptr;
+    job->error.what = "the communicator was closed before this collective started";
     job->state.store(Job::kFailed, std::memory_order_release);
     job->state.notify_all();
   }

@@ -1,6 +1,7 @@
 #include "transport/detail/fabric.h"
 
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "transport/detail/tag.h"
@@ -35,9 +36,40 @@ void Fabric::complete(Request& r) {
   if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
 }
 
+ErrorInfo ErrorInfo::of(const std::exception_ptr& e) {
+  ErrorInfo info;
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerError& p) {
+    info.kind = kPeer;
+    info.rank = p.peer();
+    info.what = p.what();
+  } catch (const std::logic_error& l) {
+    info.kind = kLogic;
+    info.what = l.what();
+  } catch (const std::exception& x) {
+    info.what = x.what();
+  } catch (...) {
+    info.what = "unknown error";
+  }
+  return info;
+}
+
+void ErrorInfo::raise() const {
+  switch (kind) {
+    case kPeer:
+      throw PeerError(rank, what);
+    case kLogic:
+      throw std::logic_error(what);
+    case kRuntime:
+      break;
+  }
+  throw RuntimeError(what);
+}
+
 void Fabric::fail(Request& r, std::exception_ptr error) {
   Fabric* f = r.owner;
-  r.error = std::move(error);
+  r.error = ErrorInfo::of(error);
   r.state.store(Request::kFailed, std::memory_order_seq_cst);
   if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
 }
@@ -51,12 +83,14 @@ void Fabric::wake_waiters() {
 bool Fabric::poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch) {
   int s = r.state.load(std::memory_order_acquire);
   if (s == Request::kDone) return true;
-  if (s == Request::kFailed) std::rethrow_exception(r.error);
+  // A failure in scope first: it names the rank that failed first, which may not be
+  // the one this request waits on.
   uint64_t epoch = failure_epoch_.load(std::memory_order_acquire);
   if (epoch != seen_epoch) {
     seen_epoch = epoch;
     check_scope(scope);
   }
+  if (s == Request::kFailed) r.error.raise();
   return false;
 }
 
@@ -74,10 +108,23 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
   // the cost of sleeping and being woken.
   auto deadline = std::chrono::steady_clock::now() + options_.spin;
   int spins = 0;
-  while (true) {
-    if (!progress()) cpu_relax();
-    if (poll(r, scope, seen)) return;
-    if (++spins % 64 == 0 && std::chrono::steady_clock::now() >= deadline) break;
+  on_poll_begin();
+  struct PollEnd {
+    Fabric* f;
+    ~PollEnd() { f->on_poll_end(); }
+  };
+  {
+    PollEnd poll_end{this};
+    while (true) {
+      if (!progress()) cpu_relax();
+      if (poll(r, scope, seen)) return;
+      if (++spins % 64 == 0) {
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        // When the cores are oversubscribed the thread we wait for may be queued
+        // behind us on this core: let it run. On an idle core this returns at once.
+        std::this_thread::yield();
+      }
+    }
   }
   on_sleep_begin();
   struct SleepEnd {
@@ -93,39 +140,73 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
   while (!poll(r, scope, seen)) wait_cv_.wait(lock);
 }
 
-void Fabric::declare_failed(int peer, const std::string& reason) {
+void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
   {
     std::lock_guard lock(failed_mu_);
-    if (!failed_.emplace(peer, reason).second) return;
+    if (!failed_.emplace(peer, Failed{reason, failed_.size(), left}).second) return;
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
-  fail_pending(peer, peer_error(peer));
+  size_t hit = fail_pending(peer, peer_error(peer));
+  if (left && hit > 0) mark_needed(peer);  // it left while we still waited on it
   wake_waiters();
 }
 
+bool Fabric::mark_needed(int peer) {
+  std::lock_guard lock(failed_mu_);
+  auto it = failed_.find(peer);
+  if (it == failed_.end() || !it->second.left) return false;
+  it->second.left = false;
+  it->second.reason += " while rank " + std::to_string(rank_) + " still needed it";
+  failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+void Fabric::fail_gone(Request& r, int peer) {
+  bool changed = mark_needed(peer);
+  fail(r, std::make_exception_ptr(peer_error(peer)));
+  if (changed) wake_waiters();
+}
+
 std::optional<std::string> Fabric::failure_of(int peer) const {
+  if (!any_failure()) return std::nullopt;  // no lock on the fast path
   std::lock_guard lock(failed_mu_);
   auto it = failed_.find(peer);
   if (it == failed_.end()) return std::nullopt;
-  return it->second;
+  return it->second.reason;
+}
+
+std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
+  std::lock_guard lock(failed_mu_);
+  const std::pair<const int, Failed>* best = nullptr;
+  for (auto& f : failed_)
+    if (!f.second.left && (!best || f.second.order < best->second.order)) best = &f;
+  if (!best) return std::nullopt;
+  return std::make_pair(best->first, best->second.reason);
 }
 
 PeerError Fabric::peer_error(int peer) const {
   auto reason = failure_of(peer);
-  return PeerError(peer, "rank " + std::to_string(peer) + " failed: " +
-                             (reason ? *reason : std::string("unknown reason")) +
+  return PeerError(peer, "rank " + std::to_string(peer) +
+                             " failed: " + (reason ? *reason : std::string("unknown reason")) +
                              " (seen by rank " + std::to_string(rank_) + ")");
 }
 
 void Fabric::check_scope(std::span<const int> scope) const {
   if (failure_epoch_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard lock(failed_mu_);
+  int first = -1;
+  uint64_t order = ~uint64_t(0);
   for (int g : scope) {
     auto it = failed_.find(g);
-    if (it != failed_.end())
-      throw PeerError(g, "rank " + std::to_string(g) + " failed: " + it->second +
-                             " (seen by rank " + std::to_string(rank_) + ")");
+    if (it != failed_.end() && !it->second.left && it->second.order < order) {
+      first = g;
+      order = it->second.order;
+    }
   }
+  if (first >= 0)
+    throw PeerError(first, "rank " + std::to_string(first) +
+                               " failed: " + failed_.at(first).reason + " (seen by rank " +
+                               std::to_string(rank_) + ")");
 }
 
 void Fabric::reserve_context(uint16_t id) {

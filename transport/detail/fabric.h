@@ -20,15 +20,28 @@
 
 namespace baton::transport::detail {
 
+// A failure as plain data. Every thread that waits on a failed operation throws its
+// own exception made from it: one exception object shared between threads would be
+// released by whichever thread drops it last, through reference counts inside
+// libstdc++ that ThreadSanitizer cannot see.
+struct ErrorInfo {
+  enum Kind : uint8_t { kRuntime, kPeer, kLogic } kind = kRuntime;
+  int rank = -1;  // the failed peer, for kPeer
+  std::string what;
+
+  static ErrorInfo of(const std::exception_ptr& e);  // classifies a thrown exception
+  [[noreturn]] void raise() const;                   // throws PeerError, RuntimeError, ...
+};
+
 // A pending send or receive. The backend completes or fails it exactly once.
 struct Request {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
   std::atomic<int> state{kPending};
-  std::exception_ptr error;  // written before state becomes kFailed
-  int peer = -1;             // global rank on the other side
+  ErrorInfo error;  // written before state becomes kFailed
+  int peer = -1;    // global rank on the other side
   bool is_send = false;
   size_t bytes = 0;
-  void* backend = nullptr;   // the backend's own handle (a UCX request, a mailbox entry)
+  void* backend = nullptr;        // the backend's own handle (a UCX request, a mailbox entry)
   class Fabric* owner = nullptr;  // whose waiters sleep on it (set by the backend)
 
   bool done() const { return state.load(std::memory_order_acquire) != kPending; }
@@ -60,12 +73,20 @@ class Fabric {
   bool test(Request& r, std::span<const int> scope = {});
 
   // Records that a peer failed (idempotent): fails its pending requests and wakes every
-  // waiter so that collectives involving it fail too.
-  void declare_failed(int peer, const std::string& reason);
-  // Throws the PeerError of the first failed rank in scope, if any.
+  // waiter so that collectives involving it fail too. A peer that `left` (closed its
+  // communicator normally) fails only the operations that involve it directly: it has
+  // done its part of every collective it issued. If it leaves one of ours unfinished,
+  // that makes it a failure like any other.
+  void declare_failed(int peer, const std::string& reason, bool left = false);
+  // Throws the PeerError of the rank in scope that failed first, if any: when one rank's
+  // death makes others give up, the error still names the one that died.
   void check_scope(std::span<const int> scope) const;
   // The failure of one peer, if it failed.
   std::optional<std::string> failure_of(int peer) const;
+  // Cheap test for the common case: has any peer failed or left at all?
+  bool any_failure() const { return failure_epoch_.load(std::memory_order_acquire) != 0; }
+  // The first failure recorded (rank, reason), if any; peers that merely left do not count.
+  std::optional<std::pair<int, std::string>> first_failure() const;
   PeerError peer_error(int peer) const;  // for a peer known to have failed
 
   // Context ids for sub-groups: a member proposes next_context(), the members agree on
@@ -74,6 +95,10 @@ class Fabric {
   void reserve_context(uint16_t id);
 
  protected:
+  // Fails a new request to or from a peer that already failed or left. A peer that
+  // left while this rank still needs it counts as failed from now on (it left a
+  // collective or an exchange unfinished).
+  void fail_gone(Request& r, int peer);
   // Called by backends, from any thread and for any fabric's request: the request's
   // owner wakes its own waiters.
   static void complete(Request& r);
@@ -81,15 +106,19 @@ class Fabric {
   // Advances communication once; true if something happened. The caller's thread calls
   // it while polling in wait(); backends without asynchronous work keep the default.
   virtual bool progress() { return false; }
-  // Fails the backend's pending requests that involve `peer`.
-  virtual void fail_pending(int peer, const PeerError& error) = 0;
-  // Called by waiters around their sleep, so that a backend knows when a caller stopped
-  // driving progress itself (the UCX progress thread then takes over).
+  // Fails the backend's pending requests that involve `peer`; returns how many.
+  virtual size_t fail_pending(int peer, const PeerError& error) = 0;
+  // Called by waiters around their polling and their sleep, so that a backend knows
+  // when a caller drives progress itself (the UCX progress thread then stays out of its
+  // way) and when it stopped (the thread takes over).
+  virtual void on_poll_begin() {}
+  virtual void on_poll_end() {}
   virtual void on_sleep_begin() {}
   virtual void on_sleep_end() {}
 
  private:
   void wake_waiters();
+  bool mark_needed(int peer);  // a peer that left is now a failure; true if it changed
   bool poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch);
 
   const int rank_;
@@ -101,7 +130,12 @@ class Fabric {
   std::atomic<int> sleepers_{0};
 
   mutable std::mutex failed_mu_;
-  std::map<int, std::string> failed_;  // global rank -> reason
+  struct Failed {
+    std::string reason;
+    uint64_t order;  // failures are reported earliest first
+    bool left;       // left normally: not a failure of the collectives in flight
+  };
+  std::map<int, Failed> failed_;  // global rank -> why and when
   std::atomic<uint64_t> failure_epoch_{0};
 
   std::atomic<uint16_t> next_context_{1};

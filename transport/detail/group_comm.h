@@ -3,6 +3,7 @@
 // the group's Executor; split() agrees on a fresh context id with the new members.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -34,7 +35,8 @@ class GroupComm final : public Communicator {
   WorkPtr all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts) override;
   WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
                          std::span<const int64_t> counts) override;
-  WorkPtr scatter(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override;
+  WorkPtr scatter(const Tensor& in, Tensor& out, int root,
+                  std::span<const int64_t> counts) override;
   WorkPtr gather(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override;
   WorkPtr barrier() override;
 
@@ -44,9 +46,13 @@ class GroupComm final : public Communicator {
   const std::shared_ptr<Fabric>& fabric() const { return fabric_; }
 
  private:
-  // Queues fn as this group's next collective; `bytes` decides whether to wake the
-  // background thread at once.
-  WorkPtr submit(size_t bytes, std::vector<Tensor> keep, std::function<void(const GroupView&)> fn);
+  // The storage of up to two tensors, kept alive while a collective may touch them.
+  using Keep = std::array<std::shared_ptr<memory::Storage>, 2>;
+  // Queues fn(GroupView) as this group's next collective; `bytes` decides whether to
+  // wake the background thread at once. A template so that the whole job is one
+  // allocation (small collectives are latency-bound).
+  template <class Fn>
+  WorkPtr submit(size_t bytes, Keep keep, Fn fn);
   GroupView view(uint32_t seq) const;
   void check_rank(int r, const char* what) const;
   std::vector<int64_t> parts(std::span<const int64_t> counts, size_t total, const char* what) const;
@@ -55,8 +61,7 @@ class GroupComm final : public Communicator {
   uint16_t context_;
   std::vector<int> globals_;
   int rank_ = -1;
-  std::mutex submit_mu_;  // orders seq_ with the queue
-  uint32_t seq_ = 0;
+  uint32_t seq_ = 0;  // the next collective's sequence number; only the runner touches it
   std::shared_ptr<Executor> executor_;
 };
 

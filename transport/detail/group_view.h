@@ -40,14 +40,17 @@ struct GroupView {
 
 // A temporary buffer from the pooled host allocator: collectives reuse the same blocks
 // call after call instead of faulting in fresh pages.
+// Up to kInline bytes live in the object itself: small collectives take no lock.
 class Scratch {
  public:
+  static constexpr size_t kInline = 1024;
   explicit Scratch(size_t bytes)
       : bytes_(bytes),
-        data_(bytes ? static_cast<char*>(memory::allocator_for(memory::Device::cpu()).allocate(bytes))
-                    : nullptr) {}
+        data_(bytes > kInline
+                  ? static_cast<char*>(memory::allocator_for(memory::Device::cpu()).allocate(bytes))
+                  : inline_) {}
   ~Scratch() {
-    if (data_) memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
+    if (data_ != inline_) memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -56,6 +59,7 @@ class Scratch {
  private:
   size_t bytes_;
   char* data_;
+  alignas(64) char inline_[kInline];
 };
 
 }  // namespace baton::transport::detail

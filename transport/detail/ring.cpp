@@ -39,9 +39,16 @@ void run_ring(const GroupView& g, const RingJob& job) {
   auto chunk_len = [&](int b, size_t k) { return std::min(C, job.len[size_t(b)] - k * C); };
   auto tag_step = [](int t, size_t k) { return (uint64_t(t) << 12) | (k & 0xfff); };
 
+  // Units in chunk-major order, as NCCL's rings run: chunk k travels all the way round
+  // (every step) before chunk k+1's steps are processed here, while other ranks work
+  // on other chunks. Each unit's send is then matched one unit later by the next rank,
+  // so a bounded window of slots never waits on a receive that is not yet posted.
+  size_t rows = 0;
+  for (int b = 0; b < n; ++b) rows = std::max(rows, nchunks(b));
   std::vector<Unit> units;
-  for (int t = 0; t < T; ++t)
-    for (size_t k = 0, nc = nchunks(recv_block(t)); k < nc; ++k) units.push_back({t, recv_block(t), k});
+  for (size_t k = 0; k < rows; ++k)
+    for (int t = 0; t < T; ++t)
+      if (k < nchunks(recv_block(t))) units.push_back({t, recv_block(t), k});
 
   // Receive slots for reduce steps; accumulator slots when the partial sums cannot live
   // in the caller's buffer (reduce-scatter into a separate output).
@@ -53,8 +60,6 @@ void run_ring(const GroupView& g, const RingJob& job) {
 
   std::vector<RequestPtr> recvs(units.size());
   std::vector<RequestPtr> sends;
-  // Where the result of unit i lives (what step t+1 sends for the same chunk).
-  std::vector<char*> result(units.size());
   const int b0 = send_block(0);
   const size_t n0 = nchunks(b0);
 
@@ -76,44 +81,52 @@ void run_ring(const GroupView& g, const RingJob& job) {
     sends.push_back(g.send(src, chunk_len(b0, k) * es, mod(r + 1), tag_step(0, k)));
   };
 
+  // Step 0 sends this rank's own data: kept a few chunks ahead of the rows processed.
+  const size_t lead = 2;
   size_t next_recv = 0;
   size_t next_first = 0;
-  for (; next_first < std::min<size_t>(size_t(W), n0); ++next_first) post_first_send(next_first);
-  if (!job.reduce && job.own != nullptr && job.len[size_t(r)] > 0)
-    std::memcpy(job.buf + job.off[size_t(r)] * es, job.own, job.len[size_t(r)] * es);
+  for (; next_first < std::min(lead, n0); ++next_first) post_first_send(next_first);
+  // An all-gather also copies its own block into place: a chunk per row, while that
+  // row's transfers are under way, rather than all of it before the first wait.
+  const bool copy_own = !job.reduce && job.own != nullptr;
+  size_t next_copy = 0;
+  auto copy_own_chunk = [&](size_t k) {
+    std::memcpy(job.buf + (job.off[size_t(r)] + k * C) * es, job.own + k * C * es, chunk_len(r, k) * es);
+  };
 
   // Chunk k of step t is sent at step t+1 from where unit (t, k) left its result.
   for (size_t i = 0; i < units.size(); ++i) {
     while (next_recv < units.size() && next_recv < i + size_t(W)) post_recv(next_recv++);
     const Unit& u = units[i];
+    while (next_first < n0 && next_first < u.chunk + lead) post_first_send(next_first++);
+    if (copy_own && next_copy < n0 && next_copy <= u.chunk) copy_own_chunk(next_copy++);
     g.wait(recvs[i]);
     size_t len = chunk_len(u.block, u.chunk);
     size_t at = (job.off[size_t(u.block)] + u.chunk * C) * es;
+    char* res;
     if (u.step < t_rs) {
       const char* mine = job.in + at;
-      char* dst;
       if (!acc_in_scratch) {
-        dst = job.buf + at;
+        res = job.buf + at;
       } else if (u.step == t_rs - 1) {
-        dst = job.out + u.chunk * C * es;
+        res = job.out + u.chunk * C * es;
       } else {
         size_t s = i % size_t(W);
         if (acc_send[s]) g.wait(acc_send[s]);  // the slot's previous sum is still going out
-        dst = acc_slots + s * C * es;
+        res = acc_slots + s * C * es;
       }
-      reduce(dst, mine, recv_slots + (i % size_t(W)) * C * es, len, job.dtype, job.op);
-      if (u.step == t_rs - 1 && job.op == ReduceOp::avg) divide(dst, len, job.dtype, n);
-      result[i] = dst;
+      reduce(res, mine, recv_slots + (i % size_t(W)) * C * es, len, job.dtype, job.op);
+      if (u.step == t_rs - 1 && job.op == ReduceOp::avg) divide(res, len, job.dtype, n);
     } else {
-      result[i] = job.buf + at;
+      res = job.buf + at;
     }
     if (u.step + 1 < T) {
-      sends.push_back(g.send(result[i], len * es, mod(r + 1), tag_step(u.step + 1, u.chunk)));
+      sends.push_back(g.send(res, len * es, mod(r + 1), tag_step(u.step + 1, u.chunk)));
       if (acc_in_scratch && u.step < t_rs - 1) acc_send[i % size_t(W)] = sends.back();
     }
-    if (next_first < n0) post_first_send(next_first++);
   }
   while (next_first < n0) post_first_send(next_first++);
+  while (copy_own && next_copy < n0) copy_own_chunk(next_copy++);
   g.wait_all(sends);
 }
 

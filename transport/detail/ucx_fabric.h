@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "transport/detail/fabric.h"
@@ -38,18 +37,26 @@ class UcxFabric final : public Fabric {
 
  protected:
   bool progress() override;
-  void fail_pending(int peer, const PeerError& error) override;
+  size_t fail_pending(int peer, const PeerError& error) override;
+  void on_poll_begin() override;
+  void on_poll_end() override;
   void on_sleep_begin() override;
 
  private:
-  struct Pending {
-    RequestPtr req;
-    bool counted = true;  // still counted in pending_per_peer_
+  // A request UCX still holds: on an intrusive list (no allocation per message), kept
+  // alive by its own reference until UCX's callback has run.
+  struct UcxRequest : Request {
+    RequestPtr self;
+    UcxRequest* prev = nullptr;
+    UcxRequest* next = nullptr;
+    bool tracked = false;
+    bool counted = false;  // counted in pending_per_peer_
   };
   struct Failure {
     int peer;
     std::string reason;
-    bool tell_others;  // detected here (not reported by a peer): pass it on
+    bool tell_others;   // detected here (not reported by a peer): pass it on
+    bool left = false;  // said goodbye: fails only what involves it directly
   };
   struct PeerState {
     int64_t last_heard = 0;   // ns, steady clock: the last message from it
@@ -58,14 +65,17 @@ class UcxFabric final : public Fabric {
     bool left = false;  // said goodbye
   };
 
+  // The worker, the address exchange and the progress thread (the constructor's body).
+  void start(Store& store, const std::string& prefix);
   // Everything below with _locked runs with mu_ held.
   ucp_ep_h ep_locked(int peer);
   bool progress_locked();
   void after_progress_locked();
   void post_control_locked(Control& c);
   void send_control_locked(int peer, uint64_t kind, const std::string& payload);
-  void track_locked(const RequestPtr& r, void* ucx_request);
-  void untrack_locked(Request* r);
+  std::shared_ptr<UcxRequest> make_request(int peer, bool is_send, size_t bytes);
+  void track_locked(const std::shared_ptr<UcxRequest>& r, void* ucx_request);
+  void untrack_locked(UcxRequest* r);
   void apply_failures();  // without mu_
   void liveness_tick(int64_t now);
   void thread_main();
@@ -73,11 +83,13 @@ class UcxFabric final : public Fabric {
   void shutdown();
 
   static void send_cb(void* request, ucs_status_t status, void* user);
-  static void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
-  static void control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                      void* user);
+  static void control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                         void* user);
   static void control_send_cb(void* request, ucs_status_t status, void* user);
   static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
-  void complete_recv_locked(Request* r, ucs_status_t status, const ucp_tag_recv_info_t* info);
+  void complete_recv_locked(UcxRequest* r, ucs_status_t status, const ucp_tag_recv_info_t* info);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -90,8 +102,8 @@ class UcxFabric final : public Fabric {
   std::vector<ucp_ep_h> eps_;
   std::vector<std::unique_ptr<EpArg>> ep_args_;
   std::vector<bool> ep_dead_;
-  std::vector<bool> peer_mode_;  // UCX peer-failure mode for this peer's endpoint
-  std::unordered_map<Request*, Pending> pending_;
+  std::vector<bool> peer_mode_;    // UCX peer-failure mode for this peer's endpoint
+  UcxRequest* pending_ = nullptr;  // head of the list of requests UCX holds
   std::vector<int> pending_per_peer_;
   int sends_in_flight_ = 0;
   std::vector<PeerState> peers_;
@@ -104,6 +116,8 @@ class UcxFabric final : public Fabric {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> thread_sleeping_{false};
+  std::atomic<int> pollers_{0};           // callers polling in wait() right now
+  std::atomic<int64_t> last_poll_ns_{0};  // when a caller last polled
   std::thread thread_;
 };
 

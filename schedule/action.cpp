@@ -1,0 +1,85 @@
+#include "schedule/action.h"
+
+#include <array>
+#include <cctype>
+#include <charconv>
+
+#include "memory/error.h"
+
+namespace baton::schedule {
+
+namespace {
+
+constexpr std::array<std::string_view, kNumActionKinds> kCodes = {
+    "F", "B", "W", "BW", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE", "STEP"};
+constexpr std::array<std::string_view, kNumActionKinds> kWords = {
+    "forward",       "input gradient",   "weight gradient",
+    "full backward", "activation send",  "activation receive",
+    "gradient send", "gradient receive", "gradient reduction",
+    "optimizer step"};
+
+// Parses a non-negative decimal integer that fills `text`; nullopt otherwise.
+std::optional<int32_t> parse_index(std::string_view text) {
+  if (text.empty() || text.size() > 9 || !std::isdigit(static_cast<unsigned char>(text[0])))
+    return std::nullopt;
+  int32_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+std::string_view kind_code(ActionKind k) {
+  return static_cast<size_t>(k) < kCodes.size() ? kCodes[static_cast<size_t>(k)] : "?";
+}
+std::string_view kind_words(ActionKind k) {
+  return static_cast<size_t>(k) < kWords.size() ? kWords[static_cast<size_t>(k)] : "unknown action";
+}
+
+std::optional<ActionKind> kind_from_code(std::string_view code) {
+  for (size_t i = 0; i < kCodes.size(); ++i)
+    if (kCodes[i] == code) return static_cast<ActionKind>(i);
+  return std::nullopt;
+}
+
+std::string to_token(const Action& a) {
+  if (a.kind == ActionKind::optimizer_step) return "STEP";
+  std::string s = std::to_string(a.stage);
+  s += kind_code(a.kind);
+  if (has_micro_batch(a.kind)) s += std::to_string(a.micro_batch);
+  return s;
+}
+
+Action parse_token(std::string_view token, const std::string& where) {
+  auto fail = [&](const std::string& why) -> Action {
+    throw InputError(where + ": bad action '" + std::string(token) + "': " + why +
+                     " (expected <stage><kind><micro-batch> such as 1F3, 0B2, 2W0, 1BW4, "
+                     "0SEND_F3, 1RECV_F3, 1SEND_B3, 0RECV_B3; or <stage>REDUCE; or STEP)");
+  };
+  if (token == "STEP") return Action{ActionKind::optimizer_step, -1, -1, -1};
+  size_t i = 0;
+  while (i < token.size() && std::isdigit(static_cast<unsigned char>(token[i]))) ++i;
+  size_t j = i;
+  while (j < token.size() &&
+         (std::isupper(static_cast<unsigned char>(token[j])) || token[j] == '_'))
+    ++j;
+  std::string_view stage_text = token.substr(0, i), code = token.substr(i, j - i),
+                   mb_text = token.substr(j);
+  auto stage = parse_index(stage_text);
+  if (!stage) return fail("it does not start with a stage number");
+  auto kind = kind_from_code(code);
+  if (!kind) return fail("unknown kind '" + std::string(code) + "'");
+  if (*kind == ActionKind::optimizer_step) return fail("STEP takes no stage");
+  if (*kind == ActionKind::reduce_gradients) {
+    if (!mb_text.empty()) return fail("REDUCE takes no micro-batch");
+    return Action{*kind, -1, *stage, -1};
+  }
+  auto mb = parse_index(mb_text);
+  if (!mb)
+    return fail(mb_text.empty() ? "the micro-batch number is missing"
+                                : "'" + std::string(mb_text) + "' is not a micro-batch number");
+  return Action{*kind, *mb, *stage, -1};
+}
+
+}  // namespace baton::schedule

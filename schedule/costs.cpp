@@ -1,0 +1,217 @@
+#include "schedule/costs.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+#include "memory/units.h"
+#include "schedule/schedule_io.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using nlohmann::json;
+
+std::string found(const json& j) {
+  std::string s = j.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return std::string(j.type_name()) + " " + s;
+}
+
+// A number >= 0; for byte fields also a size string such as "64MiB".
+double number(const json& j, const std::string& path, bool bytes) {
+  if (bytes && j.is_string()) {
+    try {
+      return double(memory::parse_bytes(j.get<std::string>()));
+    } catch (const InputError& e) {
+      throw InputError(path + ": " + e.what());
+    }
+  }
+  if (!j.is_number())
+    throw InputError(path + ": expected a number >= 0" +
+                     std::string(bytes ? " or a size such as \"64MiB\"" : "") + ", found " +
+                     found(j));
+  double v = j.get<double>();
+  if (!std::isfinite(v) || v < 0)
+    throw InputError(path + ": expected a number >= 0, found " + j.dump());
+  return v;
+}
+
+CostSpec::Field field(const json& j, const std::string& path, bool bytes) {
+  CostSpec::Field f;
+  f.given = true;
+  if (j.is_array()) {
+    if (j.empty()) throw InputError(path + ": expected one value per stage, found an empty array");
+    f.per_stage = true;
+    for (size_t i = 0; i < j.size(); ++i)
+      f.values.push_back(number(j[i], path + "[" + std::to_string(i) + "]", bytes));
+  } else {
+    f.values.push_back(number(j, path, bytes));
+  }
+  return f;
+}
+
+void check_vector(const std::vector<double>& v, const char* name, int stages, bool optional) {
+  if (optional && v.empty()) return;
+  if (int(v.size()) != stages)
+    throw InputError(std::string("costs: ") + name + ": expected " + std::to_string(stages) +
+                     " values (one per stage), found " + std::to_string(v.size()));
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]) || v[i] < 0)
+      throw InputError(std::string("costs: ") + name + "[" + std::to_string(i) +
+                       "]: expected a number >= 0, found " + std::to_string(v[i]));
+}
+
+}  // namespace
+
+Costs Costs::uniform(int stages, double f, double b, double w) {
+  Costs c;
+  c.forward.assign(size_t(stages), f);
+  c.backward_input.assign(size_t(stages), b);
+  c.backward_weight.assign(size_t(stages), w);
+  return c;
+}
+
+void Costs::check(int stages) const {
+  check_vector(forward, "forward", stages, false);
+  check_vector(backward_input, "backward_input", stages, false);
+  check_vector(backward_weight, "backward_weight", stages, false);
+  check_vector(activation_bytes, "activation_bytes", stages, true);
+  check_vector(activation_bytes_after_b, "activation_bytes_after_b", stages, true);
+  check_vector(message_bytes, "message_bytes", stages, true);
+  check_vector(reduce, "reduce", stages, true);
+  for (auto [v, name] : {std::pair{latency, "latency"},
+                         {bandwidth, "bandwidth"},
+                         {optimizer_step, "optimizer_step"}})
+    if (!std::isfinite(v) || v < 0)
+      throw InputError(std::string("costs: ") + name + ": expected a number >= 0, found " +
+                       std::to_string(v));
+}
+
+CostSpec CostSpec::unit() {
+  CostSpec c;
+  for (Field* f : {&c.forward, &c.backward_input, &c.backward_weight}) {
+    f->values = {1.0};
+    f->given = true;
+  }
+  return c;
+}
+
+CostSpec parse_costs(std::string_view text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw InputError(source + ": not valid JSON: " + e.what());
+  }
+  try {
+    if (!j.is_object()) throw InputError("expected a JSON object, found " + found(j));
+    CostSpec c;
+    struct Slot {
+      const char* name;
+      CostSpec::Field* field;
+      bool bytes;
+    };
+    const Slot slots[] = {{"forward", &c.forward, false},
+                          {"backward_input", &c.backward_input, false},
+                          {"backward_weight", &c.backward_weight, false},
+                          {"activation_bytes", &c.activation_bytes, true},
+                          {"activation_bytes_after_b", &c.activation_bytes_after_b, true},
+                          {"message_bytes", &c.message_bytes, true},
+                          {"reduce", &c.reduce, false}};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& key = it.key();
+      bool done = false;
+      for (const Slot& s : slots)
+        if (key == s.name) {
+          *s.field = field(*it, key, s.bytes);
+          done = true;
+        }
+      if (done) continue;
+      if (key == "optimizer_step") {
+        c.optimizer_step = number(*it, key, false);
+      } else if (key == "comment") {
+        if (!it->is_string()) throw InputError("comment: expected a string, found " + found(*it));
+        c.comment = it->get<std::string>();
+      } else if (key == "time_unit") {
+        const std::string u = it->is_string() ? it->get<std::string>() : "";
+        if (u == "s")
+          c.seconds_per_unit = 1.0;
+        else if (u == "ms")
+          c.seconds_per_unit = 1e-3;
+        else if (u == "us")
+          c.seconds_per_unit = 1e-6;
+        else if (u == "ns")
+          c.seconds_per_unit = 1e-9;
+        else
+          throw InputError("time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " +
+                           found(*it));
+      } else if (key == "p2p") {
+        if (!it->is_object())
+          throw InputError("p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
+                           found(*it));
+        for (auto p = it->begin(); p != it->end(); ++p) {
+          if (p.key() == "latency")
+            c.latency = number(*p, "p2p.latency", false);
+          else if (p.key() == "bandwidth")
+            c.bandwidth = number(*p, "p2p.bandwidth", true);
+          else
+            throw InputError("p2p." + p.key() + ": unknown field (expected latency, bandwidth)");
+        }
+      } else {
+        throw InputError(key +
+                         ": unknown field (expected forward, backward_input, backward_weight, "
+                         "activation_bytes, activation_bytes_after_b, message_bytes, reduce, "
+                         "optimizer_step, p2p, time_unit, comment)");
+      }
+    }
+    for (const char* k : {"forward", "backward_input", "backward_weight"})
+      if (!j.contains(k)) throw InputError(std::string(k) + ": missing (required)");
+    return c;
+  } catch (const InputError& e) {
+    throw InputError(source + ": " + e.what());
+  }
+}
+
+CostSpec load_costs(const std::string& path) {
+  return parse_costs(read_file(path), path);
+}
+
+Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_directions) {
+  const double v =
+      double(num_stages) / num_directions / num_ranks;  // stages per rank and direction
+  auto expand = [&](const CostSpec::Field& f, const char* name,
+                    bool divide) -> std::vector<double> {
+    if (!f.given) return {};
+    if (f.per_stage) {
+      if (int(f.values.size()) != num_stages)
+        throw InputError(std::string("costs: ") + name + ": has " +
+                         std::to_string(f.values.size()) + " values but the schedule has " +
+                         std::to_string(num_stages) +
+                         " stages (give one value per stage, or one number for a rank's share)");
+      return f.values;
+    }
+    return std::vector<double>(size_t(num_stages), divide ? f.values[0] / v : f.values[0]);
+  };
+  Costs c;
+  c.forward = expand(spec.forward, "forward", true);
+  c.backward_input = expand(spec.backward_input, "backward_input", true);
+  c.backward_weight = expand(spec.backward_weight, "backward_weight", true);
+  c.activation_bytes = expand(spec.activation_bytes, "activation_bytes", true);
+  c.activation_bytes_after_b =
+      expand(spec.activation_bytes_after_b, "activation_bytes_after_b", true);
+  c.message_bytes = expand(spec.message_bytes, "message_bytes", false);
+  c.reduce = expand(spec.reduce, "reduce", true);
+  c.latency = spec.latency;
+  c.bandwidth = spec.bandwidth;
+  c.optimizer_step = spec.optimizer_step;
+  c.check(num_stages);
+  return c;
+}
+
+Costs resolve(const CostSpec& spec, const Schedule& s) {
+  return resolve(spec, s.num_ranks, s.num_stages(), s.num_directions);
+}
+
+}  // namespace baton::schedule

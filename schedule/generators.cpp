@@ -1,0 +1,188 @@
+// GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, and the generate() dispatcher.
+#include "schedule/generators.h"
+
+#include <algorithm>
+
+#include "memory/error.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using K = ActionKind;
+
+constexpr int kMaxRanks = 4096;
+constexpr int kMaxMicroBatches = 1 << 20;
+
+void check_range(const std::string& name, const char* what, int value, int lo, int hi,
+                 const std::string& why = "") {
+  if (value < lo || value > hi)
+    throw InputError(name + ": " + what + ": expected " +
+                     (hi >= (1 << 30) ? "at least " + std::to_string(lo)
+                                      : std::to_string(lo) + " to " + std::to_string(hi)) +
+                     (why.empty() ? "" : " (" + why + ")") + ", found " + std::to_string(value));
+}
+
+}  // namespace
+
+void check_common(const std::string& name, int p, int m, int v) {
+  check_range(name, "ranks", p, 1, kMaxRanks);
+  check_range(name, "micro-batches", m, 1, kMaxMicroBatches);
+  const long long pairs = 1LL * p * v * m;
+  if (pairs > (1LL << 22))
+    throw InputError(name + ": stages x micro-batches = " + std::to_string(pairs) +
+                     " is beyond the supported " + std::to_string(1LL << 22));
+}
+
+namespace {
+
+Schedule skeleton(const std::string& name, int p, int m, std::vector<int> placement) {
+  Schedule s;
+  s.name = name;
+  s.num_ranks = p;
+  s.num_micro_batches = m;
+  s.placement = std::move(placement);
+  s.ranks.resize(size_t(p));
+  return s;
+}
+
+// One rank of a schedule with one stage per rank, written as the "expansion" of its
+// steady state: step x runs F(x), then the backward of micro-batch x - lag_b, then
+// W(x - lag_w), each only when its micro-batch exists. 1F1B is lag_b = p-1-r with BW;
+// ZB-H1 adds W with lag_w = p-1; ZB-H2 doubles both lags.
+void expand_rank(std::vector<Action>& out, int m, int stage, int lag_b, int lag_w, bool split) {
+  const int last = m - 1 + std::max(lag_b, split ? lag_w : 0);
+  for (int x = 0; x <= last; ++x) {
+    if (x < m) out.push_back(make_action(K::forward, x, stage));
+    const int b = x - lag_b;
+    if (b >= 0 && b < m)
+      out.push_back(make_action(split ? K::backward_input : K::full_backward, b, stage));
+    const int w = x - lag_w;
+    if (split && w >= 0 && w < m) out.push_back(make_action(K::backward_weight, w, stage));
+  }
+}
+
+}  // namespace
+
+void truncate_micro_batches(Schedule& s, int m) {
+  for (auto& list : s.ranks)
+    std::erase_if(list,
+                  [&](const Action& a) { return has_micro_batch(a.kind) && a.micro_batch >= m; });
+  s.num_micro_batches = m;
+}
+
+Schedule gpipe(int p, int m) {
+  check_common("gpipe", p, m, 1);
+  Schedule s = skeleton("gpipe", p, m, loop_placement(p, 1));
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[size_t(r)];
+    for (int b = 0; b < m; ++b) list.push_back(make_action(K::forward, b, r));
+    for (int b = 0; b < m; ++b) list.push_back(make_action(K::full_backward, b, r));
+  }
+  return s;
+}
+
+Schedule one_f_one_b(int p, int m) {
+  check_common("1f1b", p, m, 1);
+  Schedule s = skeleton("1f1b", p, m, loop_placement(p, 1));
+  for (int r = 0; r < p; ++r) expand_rank(s.ranks[size_t(r)], m, r, p - 1 - r, 0, false);
+  return s;
+}
+
+Schedule zb_h1(int p, int m) {
+  check_common("zb-h1", p, m, 1);
+  Schedule s = skeleton("zb-h1", p, m, loop_placement(p, 1));
+  for (int r = 0; r < p; ++r) expand_rank(s.ranks[size_t(r)], m, r, p - 1 - r, p - 1, true);
+  return s;
+}
+
+Schedule zb_h2(int p, int m) {
+  check_common("zb-h2", p, m, 1);
+  Schedule s = skeleton("zb-h2", p, m, loop_placement(p, 1));
+  for (int r = 0; r < p; ++r)
+    expand_rank(s.ranks[size_t(r)], m, r, 2 * (p - 1 - r), 2 * (p - 1), true);
+  return s;
+}
+
+Schedule interleaved_1f1b(int p, int m, int v) {
+  const std::string name = "interleaved-1f1b";
+  check_range(name, "chunks", v, 1, 64);
+  check_range(name, "micro-batches", m, 1, kMaxMicroBatches);
+  check_range(name, "ranks", p, 1, kMaxRanks);
+  const int m_full = (m + p - 1) / p * p;  // whole groups of p micro-batches
+  check_common(name, p, m_full, v);
+  Schedule s = skeleton(name, p, m_full, loop_placement(p, v));
+  // Virtual step i of a rank works on micro-batch (i / (p v)) p + i % p of chunk
+  // (i / p) % v; backward walks the chunks in reverse.
+  const int total = m_full * v;
+  auto mb_of = [&](int i) { return i / (p * v) * p + i % p; };
+  auto chunk_of = [&](int i, bool backward) {
+    int k = (i / p) % v;
+    return backward ? v - 1 - k : k;
+  };
+  for (int r = 0; r < p; ++r) {
+    auto& list = s.ranks[size_t(r)];
+    const int warmup = std::min(total, (p - r - 1) * 2 + (v - 1) * p);
+    auto fwd = [&](int i) {
+      list.push_back(make_action(K::forward, mb_of(i), chunk_of(i, false) * p + r));
+    };
+    auto bwd = [&](int i) {
+      list.push_back(make_action(K::full_backward, mb_of(i), chunk_of(i, true) * p + r));
+    };
+    for (int i = 0; i < warmup; ++i) fwd(i);
+    for (int i = 0; i < total - warmup; ++i) {
+      fwd(warmup + i);
+      bwd(i);
+    }
+    for (int i = total - warmup; i < total; ++i) bwd(i);
+  }
+  if (m_full != m) truncate_micro_batches(s, m);
+  return s;
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
+                                                 "zb-h2", "zb-v", "dualpipev",        "dualpipe"};
+  return names;
+}
+
+std::string canonical_schedule_name(const std::string& name_in) {
+  std::string name = name_in;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  if (name == "interleaved") name = "interleaved-1f1b";
+  if (name == "dualpipe-v") name = "dualpipev";
+  for (const auto& n : schedule_names())
+    if (n == name) return name;
+  std::string known;
+  for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+  throw InputError("unknown schedule '" + name_in + "' (expected one of " + known + ")");
+}
+
+Schedule generate(const std::string& name_in, int p, int m, int v) {
+  const std::string name = canonical_schedule_name(name_in);
+  auto only = [&](int allowed) {
+    if (v != 0 && v != allowed)
+      throw InputError(name + ": chunks: expected " + std::to_string(allowed) +
+                       " (the schedule's own), found " + std::to_string(v));
+  };
+  if (name == "interleaved-1f1b") return interleaved_1f1b(p, m, v == 0 ? 2 : v);
+  using Gen = Schedule (*)(int, int);
+  struct Entry {
+    const char* name;
+    int chunks;
+    Gen gen;
+  };
+  static constexpr Entry entries[] = {{"gpipe", 1, gpipe},      {"1f1b", 1, one_f_one_b},
+                                      {"zb-h1", 1, zb_h1},      {"zb-h2", 1, zb_h2},
+                                      {"zb-v", 2, zb_v},        {"dualpipev", 2, dualpipe_v},
+                                      {"dualpipe", 2, dualpipe}};
+  for (const Entry& e : entries)
+    if (name == e.name) {
+      only(e.chunks);
+      return e.gen(p, m);
+    }
+  throw std::logic_error("generate: no generator for " + name);
+}
+
+}  // namespace baton::schedule

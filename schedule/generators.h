@@ -1,0 +1,54 @@
+// Schedule generators: compute-only schedules (F, B, W or BW per rank) for the
+// schedules of the literature, for every ranks / micro-batches / chunks where each is
+// defined, with an InputError naming the parameter otherwise. lower.h turns them into
+// what the executor runs. Each generator's bubble and memory are in docs/schedules.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+
+namespace baton::schedule {
+
+// The names generate() accepts (aliases "interleaved", "dualpipe-v" too).
+const std::vector<std::string>& schedule_names();
+// The canonical name ("interleaved" -> "interleaved-1f1b"); InputError listing the
+// known names when `name` is none of them.
+std::string canonical_schedule_name(const std::string& name);
+
+// `chunks`: stages per rank (v); 0 means the schedule's own (1, or 2 for
+// interleaved-1f1b, zb-v, dualpipev and dualpipe). Throws InputError for an unknown
+// name (listing the known ones) or parameters outside the schedule's domain.
+Schedule generate(const std::string& name, int ranks, int micro_batches, int chunks = 0);
+
+// All F, then all BW (Huang et al. 2019). Peak m micro-batches on every rank.
+Schedule gpipe(int ranks, int micro_batches);
+// PipeDream-flush / Megatron 1F1B: rank r warms up with p-r-1 forwards, then
+// alternates. Peak min(p-r, m) micro-batches on rank r.
+Schedule one_f_one_b(int ranks, int micro_batches);
+// Megatron's interleaved 1F1B (Narayanan et al. 2021), v chunks per rank on the loop
+// placement; micro-batches in groups of p. For m not a multiple of p the schedule of
+// the next multiple is generated and the extra micro-batches dropped.
+Schedule interleaved_1f1b(int ranks, int micro_batches, int chunks);
+// Zero-bubble schedules (Qi et al. 2023), backward split into B and W. ZB-H1: peak p
+// micro-batches per rank (1F1B's maximum); ZB-H2: 2p-1.
+Schedule zb_h1(int ranks, int micro_batches);
+Schedule zb_h2(int ranks, int micro_batches);
+// ZB-V: two chunks per rank on the V placement; peak p micro-batches per rank.
+Schedule zb_v(int ranks, int micro_batches);
+// DualPipeV (DeepSeek's "cut-in-half" DualPipe): V placement, m >= 2p.
+Schedule dualpipe_v(int ranks, int micro_batches);
+// DualPipe (DeepSeek-V3): two model replicas fed from both ends (two directions);
+// p even, m even, m >= 2p; micro-batches [0, m/2) flow down, [m/2, m) up.
+Schedule dualpipe(int ranks, int micro_batches);
+
+// The checks every generator makes: ranks and micro-batches in range, and ranks x
+// chunks x micro-batches within what the tools index.
+void check_common(const std::string& name, int ranks, int micro_batches, int chunks);
+
+// Drops every action of micro-batches >= m and sets the count to m (one direction).
+// Removing whole micro-batches keeps a valid schedule valid.
+void truncate_micro_batches(Schedule& s, int micro_batches);
+
+}  // namespace baton::schedule

@@ -1,0 +1,259 @@
+// The JSON form of a schedule, file loading and saving (see schedule_io.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "memory/error.h"
+#include "schedule/schedule_io.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormat = "baton-schedule";
+constexpr int kVersion = 1;
+
+const char* type_name(const json& j) {
+  return j.type_name();
+}
+
+std::string found(const json& j) {
+  std::string s = j.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return std::string(type_name(j)) + " " + s;
+}
+
+int get_int(const json& j, const std::string& path, int lo, int hi) {
+  if (!j.is_number_integer())
+    throw InputError(path + ": expected an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], found " + found(j));
+  auto v = j.get<long long>();
+  if (v < lo || v > hi)
+    throw InputError(path + ": expected an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "], found " + std::to_string(v));
+  return static_cast<int>(v);
+}
+
+void check_fields(const json& obj, const std::string& path,
+                  std::initializer_list<const char*> known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+      throw InputError(path + (path.empty() ? "" : ".") + it.key() +
+                       ": unknown field (expected one of " + list + ")");
+    }
+  }
+}
+
+json action_json(const Action& a) {
+  json o = json::object();
+  o["kind"] = std::string(kind_code(a.kind));
+  if (a.kind != ActionKind::optimizer_step) o["stage"] = a.stage;
+  if (has_micro_batch(a.kind)) o["micro_batch"] = a.micro_batch;
+  if (is_transfer(a.kind)) o["peer"] = a.peer;
+  return o;
+}
+
+Action parse_action(const json& j, const std::string& path) {
+  if (!j.is_object()) throw InputError(path + ": expected an action object, found " + found(j));
+  check_fields(j, path, {"kind", "stage", "micro_batch", "peer"});
+  if (!j.contains("kind")) throw InputError(path + ".kind: missing (expected e.g. \"F\")");
+  const json& k = j["kind"];
+  auto kind = k.is_string() ? kind_from_code(k.get<std::string>()) : std::nullopt;
+  if (!kind)
+    throw InputError(path +
+                     ".kind: expected one of F, B, W, BW, SEND_F, RECV_F, SEND_B, RECV_B, "
+                     "REDUCE, STEP; found " +
+                     found(k));
+  Action a{*kind, -1, -1, -1};
+  constexpr int kBig = 1 << 30;
+  if (*kind != ActionKind::optimizer_step) {
+    if (!j.contains("stage"))
+      throw InputError(path + ".stage: missing (a " + std::string(k.get<std::string>()) +
+                       " names its stage)");
+    a.stage = get_int(j["stage"], path + ".stage", 0, kBig);
+  } else if (j.contains("stage")) {
+    throw InputError(path + ".stage: STEP takes no stage");
+  }
+  if (has_micro_batch(*kind)) {
+    if (!j.contains("micro_batch")) throw InputError(path + ".micro_batch: missing");
+    a.micro_batch = get_int(j["micro_batch"], path + ".micro_batch", 0, kBig);
+  } else if (j.contains("micro_batch")) {
+    throw InputError(path + ".micro_batch: " + std::string(kind_code(*kind)) +
+                     " takes no micro-batch");
+  }
+  if (j.contains("peer")) {
+    if (!is_transfer(*kind)) throw InputError(path + ".peer: only sends and receives have a peer");
+    a.peer = get_int(j["peer"], path + ".peer", -1, kBig);
+  }
+  return a;
+}
+
+}  // namespace
+
+json to_json(const Schedule& s) {
+  json j = json::object();
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["name"] = s.name;
+  j["ranks"] = s.num_ranks;
+  j["micro_batches"] = s.num_micro_batches;
+  j["directions"] = s.num_directions;
+  j["placement"] = s.placement;
+  json acts = json::array();
+  for (const auto& list : s.ranks) {
+    json l = json::array();
+    for (const Action& a : list) l.push_back(action_json(a));
+    acts.push_back(std::move(l));
+  }
+  j["actions"] = std::move(acts);
+  return j;
+}
+
+std::string to_json_text(const Schedule& s) {
+  std::string out = "{\n";
+  out += "  \"format\": \"" + std::string(kFormat) + "\",\n";
+  out += "  \"version\": " + std::to_string(kVersion) + ",\n";
+  out += "  \"name\": " + json(s.name).dump() + ",\n";
+  out += "  \"ranks\": " + std::to_string(s.num_ranks) + ",\n";
+  out += "  \"micro_batches\": " + std::to_string(s.num_micro_batches) + ",\n";
+  out += "  \"directions\": " + std::to_string(s.num_directions) + ",\n";
+  out += "  \"placement\": " + json(s.placement).dump() + ",\n";
+  out += "  \"actions\": [\n";
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    out += "    [";
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      if (i) out += ", ";
+      out += action_json(s.ranks[r][i]).dump();
+    }
+    out += r + 1 < s.ranks.size() ? "],\n" : "]\n";
+  }
+  out += "  ]\n}\n";
+  return out;
+}
+
+Schedule from_json(const json& j, const std::string& source) {
+  const std::string at = source + ": ";
+  if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + found(j));
+  try {
+    check_fields(j, "",
+                 {"format", "version", "name", "ranks", "micro_batches", "directions", "placement",
+                  "actions"});
+    if (j.contains("format") && j["format"] != kFormat)
+      throw InputError("format: expected \"" + std::string(kFormat) + "\", found " +
+                       found(j["format"]));
+    if (j.contains("version")) get_int(j["version"], "version", kVersion, kVersion);
+    Schedule s;
+    if (j.contains("name")) {
+      if (!j["name"].is_string())
+        throw InputError("name: expected a string, found " + found(j["name"]));
+      s.name = j["name"].get<std::string>();
+    }
+    for (const char* k : {"ranks", "micro_batches", "placement", "actions"})
+      if (!j.contains(k)) throw InputError(std::string(k) + ": missing (required)");
+    s.num_ranks = get_int(j["ranks"], "ranks", 1, 1 << 16);
+    s.num_micro_batches = get_int(j["micro_batches"], "micro_batches", 1, 1 << 22);
+    s.num_directions = j.contains("directions") ? get_int(j["directions"], "directions", 1, 2) : 1;
+    const json& pl = j["placement"];
+    if (!pl.is_array())
+      throw InputError("placement: expected an array of ranks, found " + found(pl));
+    for (size_t i = 0; i < pl.size(); ++i)
+      s.placement.push_back(
+          get_int(pl[i], "placement[" + std::to_string(i) + "]", 0, s.num_ranks - 1));
+    const json& acts = j["actions"];
+    if (!acts.is_array())
+      throw InputError("actions: expected an array with one action list per rank, found " +
+                       found(acts));
+    if (acts.size() != size_t(s.num_ranks))
+      throw InputError("actions: expected " + std::to_string(s.num_ranks) +
+                       " action lists (one per rank), found " + std::to_string(acts.size()));
+    for (size_t r = 0; r < acts.size(); ++r) {
+      const std::string rp = "actions[" + std::to_string(r) + "]";
+      if (!acts[r].is_array())
+        throw InputError(rp + ": expected an array of actions, found " + found(acts[r]));
+      std::vector<Action> list;
+      list.reserve(acts[r].size());
+      for (size_t i = 0; i < acts[r].size(); ++i) {
+        list.push_back(parse_action(acts[r][i], rp + "[" + std::to_string(i) + "]"));
+      }
+      s.ranks.push_back(std::move(list));
+    }
+    check_header(s, source);
+    // Peers written in the file are kept (the validator checks them against the
+    // placement); missing ones come from the placement.
+    for (auto& list : s.ranks)
+      for (Action& a : list)
+        if (is_transfer(a.kind) && a.peer < 0) a.peer = transfer_peer(s, a);
+    return s;
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    if (msg.rfind(source, 0) == 0) throw;  // already names the source
+    throw InputError(at + msg);
+  }
+}
+
+Schedule parse_json(std::string_view text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw InputError(source + ": not valid JSON: " + e.what());
+  }
+  return from_json(j, source);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read failed");
+  return ss.str();
+}
+
+Schedule load_schedule(const std::string& path) {
+  std::string text = read_file(path);
+  size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
+  return parse_text(text, path);
+}
+
+void write_file_atomically(const std::string& path, std::string_view content) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path tmp = target;
+  tmp += ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw InputError(path + ": cannot open for writing");
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw InputError(path + ": write failed");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw InputError(path + ": cannot write: " + ec.message());
+  }
+}
+
+void save_schedule(const Schedule& s, const std::string& path) {
+  bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  write_file_atomically(path, is_json ? to_json_text(s) : to_text(s));
+}
+
+}  // namespace baton::schedule

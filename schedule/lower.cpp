@@ -1,0 +1,153 @@
+#include "schedule/lower.h"
+
+#include "memory/error.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using K = ActionKind;
+
+// A copy of `s` with empty action lists, to be filled by a pass.
+Schedule empty_like(const Schedule& s) {
+  Schedule out = s;
+  for (auto& list : out.ranks) list.clear();
+  return out;
+}
+
+bool contains(const Schedule& s, bool (*pred)(ActionKind)) {
+  for (const auto& list : s.ranks)
+    for (const Action& a : list)
+      if (pred(a.kind)) return true;
+  return false;
+}
+
+bool is_reduce(ActionKind k) {
+  return k == K::reduce_gradients;
+}
+bool is_step(ActionKind k) {
+  return k == K::optimizer_step;
+}
+
+}  // namespace
+
+Schedule add_transfers(const Schedule& s) {
+  if (has_transfers(s))
+    throw InputError("add_transfers: the schedule already has transfers (SEND/RECV actions)");
+  Schedule out = empty_like(s);
+  auto crosses = [&](int from, int to) {
+    return to >= 0 && s.placement[size_t(to)] != s.placement[size_t(from)];
+  };
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    auto& dst = out.ranks[r];
+    dst.reserve(s.ranks[r].size() * 2);
+    for (const Action& a : s.ranks[r]) {
+      const int st = a.stage, mb = a.micro_batch;
+      const bool in_range = st >= 0 && st < s.num_stages();
+      const int prev = in_range ? prev_stage(s, st) : -1, next = in_range ? next_stage(s, st) : -1;
+      switch (a.kind) {
+        case K::forward:
+          if (crosses(st, prev)) dst.push_back(make_action(K::recv_activation, mb, st));
+          dst.push_back(a);
+          if (crosses(st, next)) dst.push_back(make_action(K::send_activation, mb, st));
+          break;
+        case K::backward_input:
+        case K::full_backward:
+          if (crosses(st, next)) dst.push_back(make_action(K::recv_gradient, mb, st));
+          dst.push_back(a);
+          if (crosses(st, prev)) dst.push_back(make_action(K::send_gradient, mb, st));
+          break;
+        default:
+          dst.push_back(a);
+      }
+    }
+  }
+  assign_peers(out);
+  return out;
+}
+
+Schedule add_gradient_reduction(const Schedule& s, bool step) {
+  if (contains(s, is_reduce) || contains(s, is_step))
+    throw InputError("add_gradient_reduction: the schedule already has REDUCE or STEP actions");
+  Schedule out = empty_like(s);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const auto& src = s.ranks[r];
+    // The last weight gradient of each stage on this rank: its REDUCE goes right after.
+    std::vector<int> last(size_t(s.num_stages()), -1);
+    for (int i = 0; i < int(src.size()); ++i) {
+      const Action& a = src[size_t(i)];
+      if ((a.kind == K::backward_weight || a.kind == K::full_backward) && a.stage >= 0 &&
+          a.stage < s.num_stages())
+        last[size_t(a.stage)] = i;
+    }
+    auto& dst = out.ranks[r];
+    dst.reserve(src.size() + 4);
+    for (int i = 0; i < int(src.size()); ++i) {
+      const Action& a = src[size_t(i)];
+      dst.push_back(a);
+      if ((a.kind == K::backward_weight || a.kind == K::full_backward) && a.stage >= 0 &&
+          a.stage < s.num_stages() && last[size_t(a.stage)] == i)
+        dst.push_back(make_action(K::reduce_gradients, -1, a.stage));
+    }
+    if (step) dst.push_back(Action{K::optimizer_step, -1, -1, -1});
+  }
+  return out;
+}
+
+Schedule split_backward(const Schedule& s) {
+  Schedule out = empty_like(s);
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    for (const Action& a : s.ranks[r]) {
+      if (a.kind != K::full_backward) {
+        out.ranks[r].push_back(a);
+        continue;
+      }
+      out.ranks[r].push_back(make_action(K::backward_input, a.micro_batch, a.stage));
+      out.ranks[r].push_back(make_action(K::backward_weight, a.micro_batch, a.stage));
+    }
+  return out;
+}
+
+Schedule merge_backward(const Schedule& s) {
+  Schedule out = empty_like(s);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const auto& src = s.ranks[r];
+    for (size_t i = 0; i < src.size(); ++i) {
+      const Action& a = src[i];
+      if (a.kind == K::backward_input && i + 1 < src.size() &&
+          src[i + 1].kind == K::backward_weight && src[i + 1].micro_batch == a.micro_batch &&
+          src[i + 1].stage == a.stage) {
+        out.ranks[r].push_back(make_action(K::full_backward, a.micro_batch, a.stage));
+        ++i;
+        continue;
+      }
+      out.ranks[r].push_back(a);
+    }
+  }
+  return out;
+}
+
+Schedule compute_only(const Schedule& s) {
+  Schedule out = empty_like(s);
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    for (const Action& a : s.ranks[r])
+      if (is_compute(a.kind)) out.ranks[r].push_back(a);
+  return out;
+}
+
+Schedule lower(const Schedule& s, const LowerOptions& o) {
+  Schedule out = o.merge_backward ? merge_backward(s) : s;
+  if (o.transfers && !has_transfers(out)) out = add_transfers(out);
+  const bool want_reduce = o.reduce && !contains(out, is_reduce);
+  const bool want_step = o.step && !contains(out, is_step);
+  if (want_reduce) {
+    if (contains(out, is_step))
+      throw InputError("lower: cannot add REDUCE to a schedule that already has STEP");
+    out = add_gradient_reduction(out, want_step);
+  } else if (want_step) {
+    for (auto& list : out.ranks) list.push_back(Action{K::optimizer_step, -1, -1, -1});
+  }
+  return out;
+}
+
+}  // namespace baton::schedule

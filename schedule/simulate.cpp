@@ -1,0 +1,278 @@
+#include "schedule/simulate.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include "memory/error.h"
+#include "schedule/dependencies.h"
+#include "schedule/validate.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using K = ActionKind;
+
+Schedule checked(Schedule s, const std::string& source) {
+  check_header(s, source);
+  return s;
+}
+
+}  // namespace
+
+Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::move(s), source)) {
+  Progress progress;
+  int n = 0;
+  {
+    DependencyGraph graph(s_);
+    ValidationReport report = validate(s_, graph, &progress);
+    if (!report.ok) throw InputError(source + ": invalid schedule: " + report.to_string());
+    chunks_ = chunks_per_rank(s_);
+    n = graph.num_nodes();
+    offset_.resize(size_t(s_.num_ranks) + 1);
+    for (int r = 0; r <= s_.num_ranks; ++r)
+      offset_[size_t(r)] = r < s_.num_ranks ? graph.node(r, 0) : n;
+
+    // Everything run() touches is laid out in execution order (positions).
+    node_at_ = std::move(progress.order);
+    pos_of_.resize(size_t(n));
+    for (int i = 0; i < n; ++i) pos_of_[size_t(node_at_[size_t(i)])] = i;
+    rank_.resize(size_t(n));
+    stage_.resize(size_t(n));
+    kind_.resize(size_t(n));
+    link_.assign(size_t(n), -1);
+    dep_begin_.resize(size_t(n) + 1);
+    size_t edges = 0;
+    for (int node = 0; node < n; ++node) edges += graph.dependencies(node).size();
+    deps_.resize(edges);
+    std::unordered_map<long long, int> links;
+    const bool lowered = graph.lowered();
+    size_t k = 0;
+    for (int i = 0; i < n; ++i) {
+      const int node = node_at_[size_t(i)];
+      const ActionRef ref = graph.ref(node);
+      const Action& a = graph.action(node);
+      rank_[size_t(i)] = ref.rank;
+      stage_[size_t(i)] = a.stage;
+      kind_[size_t(i)] = a.kind;
+      dep_begin_[size_t(i)] = int(k);
+      for (int d : graph.dependencies(node)) {
+        const bool far =
+            graph.ref(d).rank != ref.rank || graph.action(d).kind == K::reduce_gradients;
+        deps_[k++] = (pos_of_[size_t(d)] << 1) | (far ? 1 : 0);
+      }
+      // The message this action puts on a link, if any: a send; in a compute-only
+      // schedule, the compute whose output goes to another rank.
+      int to_stage = -1;
+      if (lowered) {
+        if (a.kind == K::send_activation) to_stage = next_stage(s_, a.stage);
+        if (a.kind == K::send_gradient) to_stage = prev_stage(s_, a.stage);
+      } else if (a.kind == K::forward) {
+        to_stage = next_stage(s_, a.stage);
+      } else if (a.kind == K::backward_input || a.kind == K::full_backward) {
+        to_stage = prev_stage(s_, a.stage);
+      }
+      if (to_stage >= 0 && s_.placement[size_t(to_stage)] != ref.rank) {
+        const int dst = s_.placement[size_t(to_stage)];
+        auto [it, fresh] =
+            links.try_emplace(1LL * ref.rank * s_.num_ranks + dst, int(links.size()));
+        if (fresh) link_dst_.push_back(dst);
+        link_[size_t(i)] = it->second;
+      }
+    }
+    dep_begin_[size_t(n)] = int(k);
+  }
+  end_.resize(size_t(n));
+  avail_.resize(size_t(n));
+  free_.resize(size_t(s_.num_ranks));
+  mem_.resize(size_t(s_.num_ranks));
+  live_.resize(size_t(s_.num_ranks));
+  link_free_.resize(link_dst_.size());
+  result_.ranks.resize(size_t(s_.num_ranks));
+}
+
+const Action& Simulator::action_at(size_t pos) const {
+  const int node = node_at_[pos], r = rank_[pos];
+  return s_.ranks[size_t(r)][size_t(node - offset_[size_t(r)])];
+}
+
+double Simulator::duration(size_t pos) const {
+  const int st = stage_[pos];
+  switch (kind_[pos]) {
+    case K::forward:
+      return costs_.forward[size_t(st)];
+    case K::backward_input:
+      return costs_.backward_input[size_t(st)];
+    case K::backward_weight:
+      return costs_.backward_weight[size_t(st)];
+    case K::full_backward:
+      return costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)];
+    case K::optimizer_step:
+      return costs_.optimizer_step;
+    default:
+      return 0.0;
+  }
+}
+
+double Simulator::start_time(int rank, int index) const {
+  const size_t pos = position(rank, index);
+  return end_[pos] - duration(pos);
+}
+
+const SimResult& Simulator::run(const Costs& c) {
+  c.check(s_.num_stages());
+  costs_ = c;  // reuses its vectors' capacity after the first run
+  const double* fwd = c.forward.data();
+  const double* bin = c.backward_input.data();
+  const double* bwt = c.backward_weight.data();
+  const double* act = c.activation_bytes.empty() ? nullptr : c.activation_bytes.data();
+  const double* act_b =
+      c.activation_bytes_after_b.empty() ? act : c.activation_bytes_after_b.data();
+  const double* msg = c.message_bytes.empty() ? nullptr : c.message_bytes.data();
+  const double* red = c.reduce.empty() ? nullptr : c.reduce.data();
+  const double inv_bw = c.bandwidth > 0 ? 1.0 / c.bandwidth : 0.0;
+
+  std::fill(free_.begin(), free_.end(), 0.0);
+  std::fill(mem_.begin(), mem_.end(), 0.0);
+  std::fill(live_.begin(), live_.end(), 0);
+  std::fill(link_free_.begin(), link_free_.end(), 0.0);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  for (RankStats& r : result_.ranks) {
+    r = RankStats{};
+    r.start = kInf;
+  }
+  double makespan = 0.0;
+  const double* const times[2] = {end_.data(), avail_.data()};
+
+  const size_t n = rank_.size();
+  for (size_t u = 0; u < n; ++u) {
+    const int r = rank_[u], st = stage_[u];
+    double t = free_[size_t(r)];
+    for (int k = dep_begin_[u]; k < dep_begin_[u + 1]; ++k) {
+      const int d = deps_[size_t(k)];
+      const double ready = times[d & 1][d >> 1];
+      t = ready > t ? ready : t;
+    }
+    double dur = 0.0;
+    RankStats& rs = result_.ranks[size_t(r)];
+    const K kind = kind_[u];
+    switch (kind) {
+      case K::forward:
+        dur = fwd[st];
+        if (act) {
+          mem_[size_t(r)] += act[st];
+          rs.peak_bytes = std::max(rs.peak_bytes, mem_[size_t(r)]);
+        }
+        ++live_[size_t(r)];
+        rs.peak_micro_batches = std::max(rs.peak_micro_batches, double(live_[size_t(r)]));
+        break;
+      case K::backward_input:
+        dur = bin[st];
+        if (act) mem_[size_t(r)] -= act[st] - act_b[st];
+        break;
+      case K::backward_weight:
+        dur = bwt[st];
+        if (act) mem_[size_t(r)] -= act_b[st];
+        --live_[size_t(r)];
+        break;
+      case K::full_backward:
+        dur = bin[st] + bwt[st];
+        if (act) mem_[size_t(r)] -= act[st];
+        --live_[size_t(r)];
+        break;
+      case K::optimizer_step:
+        dur = c.optimizer_step;
+        break;
+      default:
+        break;
+    }
+    const double e = t + dur;
+    end_[u] = e;
+    free_[size_t(r)] = e;
+    if (dur > 0 || is_compute(kind) || kind == K::optimizer_step) {
+      rs.busy += dur;
+      rs.start = std::min(rs.start, t);
+      rs.end = std::max(rs.end, e);
+    }
+    double avail = e;
+    if (kind == K::reduce_gradients && red) avail = e + red[st];
+    const int l = link_[u];
+    if (l >= 0) {
+      // Activations cross the boundary after their stage, gradients the one before.
+      const bool activation = kind == K::forward || kind == K::send_activation;
+      const double bytes = msg ? msg[activation ? st : st - 1] : 0.0;
+      const double leave = std::max(e, link_free_[size_t(l)]);
+      link_free_[size_t(l)] = leave + bytes * inv_bw;
+      avail = link_free_[size_t(l)] + c.latency;
+    }
+    avail_[u] = avail;
+    makespan = std::max(makespan, kind == K::reduce_gradients ? avail : e);
+  }
+
+  result_.makespan = makespan;
+  double bubble_sum = 0.0;
+  result_.span_bubble = result_.peak_micro_batches = result_.peak_bytes = 0.0;
+  for (RankStats& rs : result_.ranks) {
+    if (rs.start == kInf) rs.start = 0.0;
+    rs.peak_micro_batches /= chunks_;
+    rs.bubble = makespan > 0 ? 1.0 - rs.busy / makespan : 0.0;
+    const double span = rs.end - rs.start;
+    rs.span_bubble = span > 0 ? 1.0 - rs.busy / span : 0.0;
+    bubble_sum += rs.bubble;
+    result_.span_bubble = std::max(result_.span_bubble, rs.span_bubble);
+    result_.peak_micro_batches = std::max(result_.peak_micro_batches, rs.peak_micro_batches);
+    result_.peak_bytes = std::max(result_.peak_bytes, rs.peak_bytes);
+  }
+  result_.bubble = bubble_sum / s_.num_ranks;
+  return result_;
+}
+
+Timeline Simulator::timeline(double seconds_per_unit) const {
+  Timeline t;
+  t.name = s_.name;
+  t.num_ranks = s_.num_ranks;
+  t.seconds_per_unit = seconds_per_unit;
+  t.events.reserve(rank_.size());
+  const double inv_bw = costs_.bandwidth > 0 ? 1.0 / costs_.bandwidth : 0.0;
+  for (size_t r = 0; r < s_.ranks.size(); ++r)
+    for (size_t i = 0; i < s_.ranks[r].size(); ++i) {
+      const size_t u = position(int(r), int(i));
+      const Action& a = s_.ranks[r][i];
+      TimelineEvent ev;
+      ev.rank = int(r);
+      ev.kind = a.kind;
+      ev.micro_batch = a.micro_batch;
+      ev.stage = a.stage;
+      if (is_compute(a.kind) || a.kind == K::optimizer_step) {
+        ev.start = end_[u] - duration(u);
+        ev.end = end_[u];
+        t.events.push_back(ev);
+      } else if (a.kind == K::reduce_gradients && avail_[u] > end_[u]) {
+        ev.lane = 1;
+        ev.start = end_[u];
+        ev.end = avail_[u];
+        t.events.push_back(ev);
+      }
+      if (link_[u] >= 0 && avail_[u] > end_[u]) {  // the message on its way
+        const bool activation = a.kind == K::forward || a.kind == K::send_activation;
+        const double bytes = costs_.message_bytes.empty()
+                                 ? 0.0
+                                 : costs_.message_bytes[size_t(activation ? a.stage : a.stage - 1)];
+        ev.lane = 1;
+        ev.kind = activation ? K::send_activation : K::send_gradient;
+        ev.peer = link_dst_[size_t(link_[u])];
+        ev.end = avail_[u];
+        ev.start = avail_[u] - costs_.latency - bytes * inv_bw;  // when it left
+        t.events.push_back(ev);
+      }
+    }
+  return t;
+}
+
+SimResult simulate(const Schedule& s, const Costs& c) {
+  Simulator sim(s);
+  return sim.run(c);
+}
+
+}  // namespace baton::schedule

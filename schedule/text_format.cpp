@@ -1,0 +1,181 @@
+// The compact text form of a schedule (see schedule_io.h and docs/schedules.md).
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+
+#include "memory/error.h"
+#include "schedule/schedule_io.h"
+
+namespace baton::schedule {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Splits on whitespace and commas, dropping empty pieces.
+std::vector<std::string_view> split_tokens(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  auto sep = [](char c) { return c == ',' || std::isspace(static_cast<unsigned char>(c)); };
+  while (i < s.size()) {
+    while (i < s.size() && sep(s[i])) ++i;
+    size_t j = i;
+    while (j < s.size() && !sep(s[j])) ++j;
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+int parse_int(std::string_view text, const std::string& where, const std::string& what) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size())
+    throw InputError(where + ": " + what + ": expected an integer, found '" + std::string(text) +
+                     "'");
+  return v;
+}
+
+// "rank 3" or "3" before a ':'; nullopt when `head` is not a rank prefix.
+std::optional<std::string_view> rank_prefix(std::string_view head) {
+  head = trim(head);
+  if (head.substr(0, 4) == "rank") head = trim(head.substr(4));
+  if (head.empty() || !std::all_of(head.begin(), head.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      }))
+    return std::nullopt;
+  return head;
+}
+
+}  // namespace
+
+std::string to_text(const Schedule& s) {
+  std::string out = "# baton schedule, text form: one line per rank (docs/schedules.md)\n";
+  if (!s.name.empty()) {
+    std::string name = s.name;
+    std::replace(name.begin(), name.end(), '\n', ' ');
+    out += "name: " + name + "\n";
+  }
+  out += "ranks: " + std::to_string(s.num_ranks) + "\n";
+  out += "micro_batches: " + std::to_string(s.num_micro_batches) + "\n";
+  if (s.num_directions != 1) out += "directions: " + std::to_string(s.num_directions) + "\n";
+  out += "placement:";
+  for (int r : s.placement) out += " " + std::to_string(r);
+  out += "\n";
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    out += std::to_string(r) + ":";
+    for (const Action& a : s.ranks[r]) out += " " + to_token(a);
+    out += "\n";
+  }
+  return out;
+}
+
+Schedule parse_text(std::string_view text, const std::string& source) {
+  Schedule s;
+  std::optional<int> ranks, micro_batches, directions;
+  bool have_placement = false;
+  int line_no = 0;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    const std::string where = source + ":" + std::to_string(line_no);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    size_t colon = line.find(':');
+    std::string_view key =
+        colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
+    if (key == "name") {  // the rest of the line verbatim: names may hold '#'
+      if (!s.ranks.empty()) throw InputError(where + ": header line 'name:' after the rank lines");
+      std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
+      if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      s.name = std::string(rest);
+      continue;
+    }
+    if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = trim(line);
+    if (line.empty()) continue;
+    colon = line.find(':');
+    key = colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
+    std::string_view rest = colon == std::string_view::npos ? line : line.substr(colon + 1);
+
+    if (key == "ranks" || key == "micro_batches" || key == "micro-batches" || key == "directions" ||
+        key == "placement") {
+      if (!s.ranks.empty())
+        throw InputError(where + ": header line '" + std::string(key) + ":' after the rank lines");
+      auto values = split_tokens(rest);
+      if (key == "placement") {
+        if (have_placement) throw InputError(where + ": placement given twice");
+        have_placement = true;
+        for (size_t i = 0; i < values.size(); ++i)
+          s.placement.push_back(
+              parse_int(values[i], where, "placement[" + std::to_string(i) + "]"));
+        continue;
+      }
+      if (values.size() != 1)
+        throw InputError(where + ": " + std::string(key) + ": expected one integer, found " +
+                         std::to_string(values.size()) + " values");
+      int v = parse_int(values[0], where, std::string(key));
+      auto& slot = key == "ranks" ? ranks : key == "directions" ? directions : micro_batches;
+      if (slot) throw InputError(where + ": " + std::string(key) + " given twice");
+      slot = v;
+      continue;
+    }
+    if (!key.empty()) {
+      auto prefix = rank_prefix(key);
+      if (!prefix)
+        throw InputError(where + ": unknown header '" + std::string(key) +
+                         ":' (expected name, ranks, micro_batches, directions, placement, or a "
+                         "rank line 'r: actions')");
+      int r = parse_int(*prefix, where, "rank");
+      if (r != static_cast<int>(s.ranks.size()))
+        throw InputError(where + ": expected the line of rank " + std::to_string(s.ranks.size()) +
+                         ", found rank " + std::to_string(r) + " (rank lines go in order from 0)");
+    }
+    auto tokens = split_tokens(rest);
+    std::vector<Action> list;
+    list.reserve(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i)
+      list.push_back(parse_token(tokens[i], where + " (rank " + std::to_string(s.ranks.size()) +
+                                                ", action " + std::to_string(i) + ")"));
+    s.ranks.push_back(std::move(list));
+  }
+
+  const std::string where = source;
+  if (s.ranks.empty())
+    throw InputError(where + ": no rank lines (expected one line of actions per rank)");
+  s.num_ranks = ranks.value_or(static_cast<int>(s.ranks.size()));
+  if (s.num_ranks != static_cast<int>(s.ranks.size()))
+    throw InputError(where + ": ranks: " + std::to_string(s.num_ranks) + " but " +
+                     std::to_string(s.ranks.size()) + " rank lines");
+  s.num_directions = directions.value_or(1);
+  int max_stage = -1, max_mb = -1;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list) {
+      max_stage = std::max(max_stage, a.stage);
+      max_mb = std::max(max_mb, a.micro_batch);
+    }
+  if (!have_placement) {
+    // Stage s on rank s % p over the smallest multiple of p that covers every stage named.
+    int p = std::max(s.num_ranks, 1), v = std::max(1, (max_stage + p) / p);
+    s.placement = loop_placement(p, v);
+  }
+  if (micro_batches) {
+    s.num_micro_batches = *micro_batches;
+  } else {
+    int d = std::max(1, s.num_directions);
+    s.num_micro_batches = std::max(1, (max_mb + d) / d * d);
+  }
+  check_header(s, where);
+  assign_peers(s);
+  return s;
+}
+
+}  // namespace baton::schedule

@@ -1,0 +1,259 @@
+#include "schedule/timeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using nlohmann::json;
+using K = ActionKind;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string event_token(const TimelineEvent& e) {
+  return to_token(Action{e.kind, e.micro_batch, e.stage, e.peer});
+}
+
+// One colour per kind (ColorBrewer-like, readable on white).
+const char* kind_colour(K k) {
+  switch (k) {
+    case K::forward:
+      return "#4c78a8";
+    case K::backward_input:
+      return "#54a24b";
+    case K::backward_weight:
+      return "#f58518";
+    case K::full_backward:
+      return "#72b7b2";
+    case K::reduce_gradients:
+      return "#b279a2";
+    case K::optimizer_step:
+      return "#e45756";
+    default:
+      return "#9d9d9d";  // transfers
+  }
+}
+
+// `hex` mixed with white: later chunks of a rank are drawn lighter.
+std::string lighter(const char* hex, double amount) {
+  unsigned r = 0, g = 0, b = 0;
+  std::sscanf(hex + 1, "%02x%02x%02x", &r, &g, &b);
+  auto mix = [&](unsigned c) { return unsigned(std::lround(c + (255.0 - c) * amount)); };
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", mix(r), mix(g), mix(b));
+  return buf;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::string unit_name(double seconds_per_unit) {
+  if (seconds_per_unit == 1.0) return "s";
+  if (seconds_per_unit == 1e-3) return "ms";
+  if (seconds_per_unit == 1e-6) return "us";
+  if (seconds_per_unit == 1e-9) return "ns";
+  return "units";
+}
+
+}  // namespace
+
+double Timeline::end_time() const {
+  double t = 0.0;
+  for (const auto& e : events) t = std::max(t, e.end);
+  return t;
+}
+
+std::string to_chrome_trace(const Timeline& t) {
+  const double us = t.seconds_per_unit * 1e6;
+  std::string out;
+  out.reserve(t.events.size() * 120 + 1024);
+  out += "{\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"baton\": \"timeline\", \"name\": " +
+         json(t.name).dump() + ", \"ranks\": " + std::to_string(t.num_ranks) +
+         ", \"seconds_per_unit\": " + fmt("%.17g", t.seconds_per_unit) + "},\n\"traceEvents\": [\n";
+  bool first = true;
+  auto sep = [&] {
+    if (!first) out += ",\n";
+    first = false;
+  };
+  for (int r = 0; r < t.num_ranks; ++r) {
+    const std::string pid = std::to_string(r);
+    sep();
+    out += "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + pid +
+           ", \"args\": {\"name\": \"rank " + pid + "\"}},\n";
+    out += "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": " + pid +
+           ", \"args\": {\"sort_index\": " + pid + "}},\n";
+    out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
+           ", \"tid\": 0, \"args\": {\"name\": \"compute\"}},\n";
+    out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
+           ", \"tid\": 1, \"args\": {\"name\": \"communication\"}}";
+  }
+  for (const TimelineEvent& e : t.events) {
+    sep();
+    out += "{\"name\": \"" + event_token(e) + "\", \"cat\": \"" + std::string(kind_code(e.kind)) +
+           "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
+           ", \"tid\": " + std::to_string(e.lane) + ", \"ts\": " + fmt("%.6f", e.start * us) +
+           ", \"dur\": " + fmt("%.6f", (e.end - e.start) * us) +
+           ", \"args\": {\"stage\": " + std::to_string(e.stage) +
+           ", \"micro_batch\": " + std::to_string(e.micro_batch);
+    if (e.peer >= 0) out += ", \"peer\": " + std::to_string(e.peer);
+    out += "}}";
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+Timeline from_chrome_trace(std::string_view text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw InputError(source + ": not valid JSON: " + e.what());
+  }
+  const json* events = &j;
+  Timeline t;
+  t.seconds_per_unit = 1e-6;  // a trace without baton's header: keep microseconds
+  if (j.is_object()) {
+    if (!j.contains("traceEvents") || !j["traceEvents"].is_array())
+      throw InputError(source + ": traceEvents: expected an array of trace events");
+    events = &j["traceEvents"];
+    if (j.contains("otherData") && j["otherData"].is_object()) {
+      const json& o = j["otherData"];
+      if (o.contains("name") && o["name"].is_string()) t.name = o["name"].get<std::string>();
+      if (o.contains("seconds_per_unit") && o["seconds_per_unit"].is_number() &&
+          o["seconds_per_unit"].get<double>() > 0)
+        t.seconds_per_unit = o["seconds_per_unit"].get<double>();
+      if (o.contains("ranks") && o["ranks"].is_number_integer())
+        t.num_ranks = o["ranks"].get<int>();
+    }
+  } else if (!j.is_array()) {
+    throw InputError(source + ": expected a trace object or an array of trace events");
+  }
+  const double per_us = 1.0 / (t.seconds_per_unit * 1e6);
+  for (size_t i = 0; i < events->size(); ++i) {
+    const json& e = (*events)[i];
+    const std::string path = source + ": traceEvents[" + std::to_string(i) + "]";
+    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    auto kind = kind_from_code(e.value("cat", ""));
+    if (!kind) continue;
+    for (const char* k : {"pid", "ts", "dur"})
+      if (!e.contains(k) || !e[k].is_number())
+        throw InputError(path + "." + k + ": expected a number");
+    TimelineEvent ev;
+    ev.kind = *kind;
+    ev.rank = e["pid"].get<int>();
+    ev.lane = e.contains("tid") && e["tid"].is_number_integer() ? e["tid"].get<int>() : 0;
+    ev.start = e["ts"].get<double>() * per_us;
+    ev.end = ev.start + e["dur"].get<double>() * per_us;
+    if (e.contains("args") && e["args"].is_object()) {
+      const json& a = e["args"];
+      ev.stage = a.value("stage", -1);
+      ev.micro_batch = a.value("micro_batch", -1);
+      ev.peer = a.value("peer", -1);
+    }
+    if (ev.rank < 0) throw InputError(path + ".pid: expected a rank >= 0");
+    t.num_ranks = std::max(t.num_ranks, ev.rank + 1);
+    t.events.push_back(ev);
+  }
+  return t;
+}
+
+std::string to_svg(const Timeline& t, const SvgOptions& o) {
+  const double end = std::max(t.end_time(), 1e-300);
+  const int left = 70, top = 34, row = std::max(12, o.row_height), strip = o.communication ? 7 : 0;
+  const int pitch = row + strip + 4;
+  const int height = top + t.num_ranks * pitch + 64;
+  const double scale = o.width / end;
+  const int font = std::clamp(row - 12, 7, 12);
+  std::string out;
+  out.reserve(t.events.size() * 140 + 4096);
+  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
+         std::to_string(left + o.width + 20) + "\" height=\"" + std::to_string(height) +
+         "\" font-family=\"sans-serif\" font-size=\"" + std::to_string(font) + "\">\n";
+  out += "<title>" + xml_escape(t.name) +
+         "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  out += "<text x=\"" + std::to_string(left) + "\" y=\"18\" font-size=\"13\">" +
+         xml_escape(t.name) + (t.name.empty() ? "" : ": ") + "makespan " + fmt("%.6g", end) + " " +
+         unit_name(t.seconds_per_unit) + "</text>\n";
+  for (int r = 0; r < t.num_ranks; ++r)
+    out += "<text x=\"4\" y=\"" + std::to_string(top + r * pitch + row / 2 + font / 2 - 1) +
+           "\">rank " + std::to_string(r) + "</text>\n";
+  for (const TimelineEvent& e : t.events) {
+    if (e.lane != 0 && !o.communication) continue;
+    const double x = left + e.start * scale, w = std::max(0.5, (e.end - e.start) * scale);
+    const int y = top + e.rank * pitch + (e.lane == 0 ? 0 : row + 2);
+    const int h = e.lane == 0 ? row : strip;
+    const bool later_chunk = t.num_ranks > 0 && e.stage >= 0 && (e.stage / t.num_ranks) % 2 == 1;
+    const std::string colour =
+        later_chunk && e.lane == 0 ? lighter(kind_colour(e.kind), 0.45) : kind_colour(e.kind);
+    out += "<rect x=\"" + fmt("%.2f", x) + "\" y=\"" + std::to_string(y) + "\" width=\"" +
+           fmt("%.2f", w) + "\" height=\"" + std::to_string(h) + "\" fill=\"" + colour +
+           "\" stroke=\"white\" stroke-width=\"0.5\"><title>" + event_token(e) + " " +
+           fmt("%.6g", e.start) + "-" + fmt("%.6g", e.end) + "</title></rect>\n";
+    const std::string label = e.micro_batch >= 0            ? std::to_string(e.micro_batch)
+                              : e.kind == K::optimizer_step ? "S"
+                                                            : "";
+    if (e.lane == 0 && !label.empty() && w >= 0.62 * font * double(label.size()) + 2)
+      out += "<text x=\"" + fmt("%.2f", x + w / 2) + "\" y=\"" +
+             std::to_string(y + row / 2 + font / 2 - 1) +
+             "\" text-anchor=\"middle\" fill=\"white\">" + label + "</text>\n";
+  }
+  // Time axis: about ten ticks at 1, 2 or 5 times a power of ten.
+  const int axis_y = top + t.num_ranks * pitch + 4;
+  double step = std::pow(10.0, std::floor(std::log10(end / 10)));
+  for (double f : {2.0, 5.0, 10.0})
+    if (end / step > 12) step = std::pow(10.0, std::floor(std::log10(end / 10))) * f;
+  out += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + std::to_string(axis_y) + "\" x2=\"" +
+         std::to_string(left + o.width) + "\" y2=\"" + std::to_string(axis_y) +
+         "\" stroke=\"black\"/>\n";
+  for (int i = 0; i * step <= end * (1 + 1e-9) && i < 1000; ++i) {
+    const double x = left + i * step * scale;
+    out += "<line x1=\"" + fmt("%.2f", x) + "\" y1=\"" + std::to_string(axis_y) + "\" x2=\"" +
+           fmt("%.2f", x) + "\" y2=\"" + std::to_string(axis_y + 4) +
+           "\" stroke=\"black\"/><text x=\"" + fmt("%.2f", x) + "\" y=\"" +
+           std::to_string(axis_y + 15) + "\" text-anchor=\"middle\">" + fmt("%.6g", i * step) +
+           "</text>\n";
+  }
+  // Legend.
+  const int ly = axis_y + 34;
+  int lx = left;
+  for (K k : {K::forward, K::backward_input, K::backward_weight, K::full_backward,
+              K::optimizer_step, K::reduce_gradients, K::send_activation}) {
+    const std::string label = k == K::send_activation
+                                  ? "transfer"
+                                  : std::string(kind_code(k)) + " " + std::string(kind_words(k));
+    out += "<rect x=\"" + std::to_string(lx) + "\" y=\"" + std::to_string(ly - 10) +
+           "\" width=\"12\" height=\"12\" fill=\"" + kind_colour(k) + "\"/><text x=\"" +
+           std::to_string(lx + 16) + "\" y=\"" + std::to_string(ly) + "\">" + label + "</text>\n";
+    lx += 24 + int(label.size()) * 7;
+  }
+  out += "<text x=\"" + std::to_string(lx) + "\" y=\"" + std::to_string(ly) + "\">(time in " +
+         unit_name(t.seconds_per_unit) + "; lighter: a rank's later chunk)</text>\n";
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace baton::schedule

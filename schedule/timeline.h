@@ -1,0 +1,52 @@
+// Timelines: what ran where and when, one row per rank. The simulator produces them
+// from a prediction and the executor from measurements, in the same form, written as
+// Chrome trace event JSON (opens in Perfetto and chrome://tracing) and as SVG.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "schedule/action.h"
+
+namespace baton::schedule {
+
+struct TimelineEvent {
+  int rank = 0;
+  int lane = 0;  // 0: compute (F, B, W, BW, STEP); 1: communication (transfers, REDUCE)
+  ActionKind kind = ActionKind::forward;
+  int micro_batch = -1;
+  int stage = -1;
+  int peer = -1;       // transfers: the other rank
+  double start = 0.0;  // in the timeline's time unit
+  double end = 0.0;
+};
+
+struct Timeline {
+  std::string name;  // a title: the schedule's name, "measured", ...
+  int num_ranks = 0;
+  double seconds_per_unit = 1.0;  // what one time unit of the events is, in seconds
+  std::vector<TimelineEvent> events;
+
+  double end_time() const;
+};
+
+// Chrome trace event JSON: one process per rank ("rank r"), thread 0 "compute" and
+// thread 1 "communication"; complete ("X") events named by the action's token ("1F3"),
+// category its kind code, args {stage, micro_batch, peer}; times in microseconds.
+std::string to_chrome_trace(const Timeline& t);
+// Reads what to_chrome_trace writes (and what the engine's measurements write), so a
+// measured timeline can be drawn or compared; unknown event names are skipped.
+Timeline from_chrome_trace(std::string_view json_text, const std::string& source);
+
+struct SvgOptions {
+  int width = 1400;  // pixels of the time axis
+  int row_height = 26;
+  bool communication = true;  // a thin strip under each rank for transfers and REDUCE
+};
+// One row per rank, one colour per action kind (later chunks of a rank in a lighter
+// shade), the micro-batch number in each box wide enough to hold it, a time axis and
+// a legend.
+std::string to_svg(const Timeline& t, const SvgOptions& options = {});
+
+}  // namespace baton::schedule

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `baton simulate` end to end: exit codes (0 fine, 2 bad input), the example
+# schedules, comparison and automatic modes, and the files it writes.
+set -u
+baton="$1"
+examples="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+
+# expect RC CMD...: runs CMD, checks its exit code; its output is in $tmp/out.
+expect() {
+  local want="$1"; shift
+  "$@" >"$tmp/out" 2>&1
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL (exit $got, expected $want): $*"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+}
+# contains TEXT: the last command's output holds TEXT.
+contains() {
+  if ! grep -qF -- "$1" "$tmp/out"; then
+    echo "FAIL: output lacks '$1':"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+}
+
+expect 0 "$baton" simulate --schedule 1f1b --stages 4 --micro-batches 8
+contains "makespan 33"
+contains "27.27%"
+expect 0 "$baton" simulate --file "$examples/1f1b_p4_m8.txt" --costs "$examples/costs_example.json"
+contains "valid"
+expect 0 "$baton" simulate --file "$examples/1f1b_late_w_p4_m8.txt" --lower
+contains "(with transfers)"
+expect 0 "$baton" simulate --schedule gpipe,1f1b,zb-h1,zb-v,auto -p 4 -m 8 --memory-limit 4
+contains "zb-v"
+contains "auto"
+expect 0 "$baton" simulate --schedule all -p 3 -m 4
+contains "dualpipev            not defined"
+expect 0 "$baton" simulate --schedule auto -p 4 -m 8 --memory-limit 3
+contains "chosen:"
+expect 0 "$baton" simulate -s zb-v -p 4 -m 8 --lower --svg "$tmp/t.svg" --trace "$tmp/t.json" -o "$tmp/s.json" --repeat 3
+contains "timing:"
+grep -q "<svg" "$tmp/t.svg" || { echo "FAIL: no SVG"; fails=$((fails + 1)); }
+grep -q "traceEvents" "$tmp/t.json" || { echo "FAIL: no trace"; fails=$((fails + 1)); }
+expect 0 "$baton" simulate --file "$tmp/s.json"
+contains "(with transfers)"
+
+# Bad input: exit code 2 and a message that says what is wrong.
+expect 2 "$baton" simulate --schedule nope -p 4 -m 8
+contains "unknown schedule 'nope'"
+expect 2 "$baton" simulate --schedule dualpipev -p 4 -m 3
+contains "at least 2 x ranks = 8, found 3"
+expect 2 "$baton" simulate --schedule 1f1b -p 4
+contains "--stages"
+printf '0: 0F0 0W0 0B0\n' >"$tmp/bad.txt"
+expect 2 "$baton" simulate --file "$tmp/bad.txt"
+contains "W before its B"
+printf '0: 0F0 0Q0\n' >"$tmp/bad2.txt"
+expect 2 "$baton" simulate --file "$tmp/bad2.txt"
+contains "bad2.txt:1"
+printf '{"forward": 1}' >"$tmp/c.json"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --costs "$tmp/c.json"
+contains "backward_input: missing"
+expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --memory-limit 0.5
+contains "no schedule fits"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --svg "$tmp/no/such/dir.svg"
+[ ! -e "$tmp/no" ] || { echo "FAIL: half-written output"; fails=$((fails + 1)); }
+
+[ "$fails" -eq 0 ] && echo "all passed"
+exit "$fails"

@@ -1,0 +1,150 @@
+// The automatic scheduler: within the memory limit, never slower than the best fixed
+// schedule that fits the same limit, on random costs (seed printed).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "memory/error.h"
+#include "schedule/auto_schedule.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/validate.h"
+
+using namespace baton::schedule;
+
+namespace {
+
+struct Fixed {
+  double makespan;
+  bool fits;
+};
+
+// Every fixed generator, as generated (full backward where it uses one) and with B
+// and W split, simulated on the same costs independently of the auto scheduler.
+double best_fixed_that_fits(const CostSpec& c, int p, int m, double limit, bool bytes) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& name : schedule_names()) {
+    if (name == "dualpipe") continue;  // two model replicas: not a candidate (docs/schedules.md)
+    Schedule s;
+    try {
+      s = generate(name, p, m);
+    } catch (const baton::InputError&) {
+      continue;
+    }
+    for (const Schedule& t : {s, split_backward(s)}) {
+      SimResult r = simulate(t, resolve(c, t));
+      bool fit = true;
+      for (const RankStats& rs : r.ranks)
+        fit = fit && (bytes ? rs.peak_bytes : rs.peak_micro_batches) <= limit * (1 + 1e-9);
+      if (fit) best = std::min(best, r.makespan);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(AutoSchedule, WithinLimitAndNeverSlowerThanTheBestFixedThatFits) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::uniform_real_distribution<double> f(0.5, 2.0), b(0.5, 3.0), w(0.1, 2.0), lat(0.0, 0.3);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int p = 2 + int(rng() % 5), m = p + int(rng() % (2 * p + 1));
+    CostSpec c = CostSpec::unit();
+    c.forward.values = {f(rng)};
+    c.backward_input.values = {b(rng)};
+    c.backward_weight.values = {w(rng)};
+    c.latency = lat(rng);
+    const bool bytes = trial % 2 == 1;
+    c.activation_bytes = {{1000.0}, false, true};
+    c.activation_bytes_after_b = {{400.0}, false, true};
+    // Between one micro-batch and more than any schedule needs.
+    const double units = std::uniform_real_distribution<double>(1.0, 2.5 * p)(rng);
+    const double limit = bytes ? units * 1000.0 : units;
+    AutoOptions o;
+    o.num_ranks = p;
+    o.num_micro_batches = m;
+    o.memory_limit = {limit};
+    o.limit_in_bytes = bytes;
+    SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                 " limit=" + std::to_string(limit) + (bytes ? " bytes" : " micro-batches"));
+    AutoResult r = auto_schedule(c, o);
+    ASSERT_TRUE(validate(r.schedule).ok) << validate(r.schedule).to_string();
+    for (const Action& a : r.schedule.ranks[0])
+      ASSERT_NE(a.kind, ActionKind::full_backward);  // B/W split
+    SimResult again = simulate(r.schedule, resolve(c, r.schedule));
+    EXPECT_DOUBLE_EQ(again.makespan, r.sim.makespan);
+    for (const RankStats& rs : again.ranks)
+      EXPECT_LE(bytes ? rs.peak_bytes : rs.peak_micro_batches, limit * (1 + 1e-9)) << r.chosen;
+    EXPECT_LE(r.sim.makespan, best_fixed_that_fits(c, p, m, limit, bytes) * (1 + 1e-12))
+        << r.chosen;
+  }
+}
+
+TEST(AutoSchedule, PerRankLimitsAndPerStageCosts) {
+  CostSpec c;
+  c.forward = {{1, 1, 1, 2}, true, true};  // a heavy last stage (the loss)
+  c.backward_input = {{1, 1, 1, 2}, true, true};
+  c.backward_weight = {{0.5, 0.5, 0.5, 1}, true, true};
+  AutoOptions o;
+  o.num_ranks = 4;
+  o.num_micro_batches = 8;
+  o.memory_limit = {4, 3, 2, 2};
+  AutoResult r = auto_schedule(c, o);
+  EXPECT_EQ(r.schedule.num_stages(), 4);  // per-stage costs for 4 stages: one stage per rank
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_LE(r.sim.ranks[size_t(rank)].peak_micro_batches, o.memory_limit[size_t(rank)]);
+  // The fixed schedules with another stage count cannot use these costs.
+  for (const AutoCandidate& f : r.fixed)
+    if (f.name == "zb-v") {
+      EXPECT_FALSE(f.defined);
+    }
+}
+
+TEST(AutoSchedule, ClearErrorWhenNothingFits) {
+  AutoOptions o;
+  o.num_ranks = 4;
+  o.num_micro_batches = 8;
+  o.memory_limit = {0.4};
+  try {
+    auto_schedule(CostSpec::unit(), o);
+    FAIL();
+  } catch (const baton::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no schedule fits the memory limit of 0.4 micro-batches"),
+              std::string::npos)
+        << e.what();
+  }
+  o.memory_limit = {1, 2};
+  EXPECT_THROW(auto_schedule(CostSpec::unit(), o), baton::InputError);
+}
+
+TEST(ListScheduler, RespectsMemoryOnEveryPlacement) {
+  for (const char* placement : {"loop", "v"})
+    for (int chunks : {1, 2}) {
+      if (std::string(placement) == "v" && chunks == 1) continue;
+      Costs c = Costs::uniform(4 * chunks, 1, 1.5, 0.5);
+      for (double limit : {1.0, 2.0, 3.5}) {
+        GreedyPolicy pol;
+        pol.placement = placement;
+        pol.chunks = chunks;
+        Schedule s = list_schedule(4, 10, c, {limit}, false, pol);
+        ASSERT_TRUE(validate(s).ok) << placement << chunks << "\n" << validate(s).to_string();
+        EXPECT_LE(simulate(s, c).peak_micro_batches, limit + 1e-9) << placement << chunks;
+      }
+    }
+}
+
+TEST(LocalSearch, FindsZeroBubbleQualityFrom1F1B) {
+  // Starting from 1F1B with its backward split, moving W's is enough to reach ZB-H1's
+  // makespan at the same memory when F = B = W.
+  Schedule start = split_backward(generate("1f1b", 4, 8));
+  Costs c = resolve(CostSpec::unit(), start);
+  const double zb_h1 = simulate(generate("zb-h1", 4, 8), c).makespan;
+  Schedule better = refine_schedule(start, c, {4}, false, 200000);
+  ASSERT_TRUE(validate(better).ok);
+  SimResult r = simulate(better, c);
+  EXPECT_LT(r.makespan, simulate(start, c).makespan);
+  EXPECT_LE(r.makespan, zb_h1 + 1e-9);
+  EXPECT_LE(r.peak_micro_batches, 4 + 1e-9);
+}

@@ -1,0 +1,251 @@
+// The schedule's file forms: tokens, text and JSON round trips, and the errors for
+// malformed input (file:line, JSON paths).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+#include "schedule/costs.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/schedule_io.h"
+
+using namespace baton::schedule;
+using baton::InputError;
+
+namespace {
+
+// The message of the InputError `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<Schedule> sample_schedules() {
+  std::vector<Schedule> out;
+  for (const auto& name : schedule_names()) {
+    Schedule s = generate(name, 4, 8);
+    out.push_back(s);
+    out.push_back(lower(s));
+  }
+  out.push_back(generate("interleaved-1f1b", 3, 7, 3));
+  out.push_back(lower(generate("dualpipe", 2, 6)));
+  out.back().name = "  odd # name: with spaces ";
+  return out;
+}
+
+}  // namespace
+
+TEST(ScheduleToken, RoundTripsEveryKind) {
+  for (int k = 0; k < kNumActionKinds; ++k) {
+    auto kind = static_cast<ActionKind>(k);
+    Action a{kind, has_micro_batch(kind) ? 17 : -1, kind == ActionKind::optimizer_step ? -1 : 3,
+             -1};
+    EXPECT_EQ(parse_token(to_token(a), "t"), a) << to_token(a);
+  }
+  EXPECT_EQ(to_token(make_action(ActionKind::forward, 1, 0)), "0F1");
+  EXPECT_EQ(to_token(make_action(ActionKind::backward_input, 0, 1)), "1B0");
+  EXPECT_EQ(to_token(make_action(ActionKind::backward_weight, 3, 2)), "2W3");
+  EXPECT_EQ(to_token(make_action(ActionKind::full_backward, 4, 1)), "1BW4");
+  EXPECT_EQ(to_token(make_action(ActionKind::send_activation, 3, 0)), "0SEND_F3");
+  EXPECT_EQ(to_token(make_action(ActionKind::reduce_gradients, -1, 2)), "2REDUCE");
+}
+
+TEST(ScheduleToken, RejectsMalformedTokensWithWhereAndExpected) {
+  for (const char* bad :
+       {"F1", "0X1", "0F", "0Fx", "0F-1", "0REDUCE3", "3STEP", "0f1", "0F99999999999"}) {
+    std::string msg = error_of([&] { parse_token(bad, "plan.txt:3"); });
+    EXPECT_NE(msg.find("plan.txt:3"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("expected"), std::string::npos) << bad << ": " << msg;
+  }
+}
+
+TEST(ScheduleText, RoundTripsExactly) {
+  for (const Schedule& s : sample_schedules()) {
+    const std::string text = to_text(s);
+    Schedule back = parse_text(text, "mem");
+    EXPECT_EQ(back, s) << s.name;
+    EXPECT_EQ(to_text(back), text) << s.name;
+  }
+}
+
+TEST(ScheduleJson, RoundTripsExactly) {
+  for (const Schedule& s : sample_schedules()) {
+    const std::string text = to_json_text(s);
+    Schedule back = parse_json(text, "mem.json");
+    EXPECT_EQ(back, s) << s.name;
+    EXPECT_EQ(to_json_text(back), text) << s.name;
+    EXPECT_EQ(from_json(to_json(s), "j"), s);
+  }
+}
+
+TEST(ScheduleFormats, TextAndJsonAreInterchangeable) {
+  for (const Schedule& s : sample_schedules()) {
+    EXPECT_EQ(parse_json(to_json_text(parse_text(to_text(s), "a")), "b"), s);
+    EXPECT_EQ(to_text(parse_json(to_json_text(s), "c")), to_text(s));
+  }
+}
+
+TEST(ScheduleText, ReadsResearcherShorthand) {
+  // No header, commas or spaces, comments, optional "rank r:" prefixes.
+  Schedule s = parse_text(
+      "# 1F1B for two ranks\n"
+      "0F0, 0F1, 0BW0, 0BW1   # rank 0\n"
+      "rank 1: 1F0 1BW0 1F1 1BW1\n",
+      "short.txt");
+  EXPECT_EQ(s.num_ranks, 2);
+  EXPECT_EQ(s.num_micro_batches, 2);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1}));
+  ASSERT_EQ(s.ranks[1].size(), 4u);
+  EXPECT_EQ(s.ranks[1][2], make_action(ActionKind::forward, 1, 1));
+  // Stages beyond p: the loop placement over the next multiple of p.
+  Schedule t = parse_text("0F0 2F0\n1F0 3F0\n", "x");
+  EXPECT_EQ(t.placement, (std::vector<int>{0, 1, 0, 1}));
+  // Peers come from the placement.
+  Schedule u = parse_text("placement: 0 1\n0: 0F0 0SEND_F0\n1: 1RECV_F0 1F0\n", "y");
+  EXPECT_EQ(u.ranks[0][1].peer, 1);
+  EXPECT_EQ(u.ranks[1][0].peer, 0);
+}
+
+TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
+  struct Case {
+    const char* text;
+    const char* where;
+    const char* what;
+  };
+  const Case cases[] = {
+      {"ranks: 2\n0: 0F0\n1: 1F0 1Q0\n", "bad.txt:3", "unknown kind 'Q'"},
+      {"0: 0F0\n2: 1F0\n", "bad.txt:2", "expected the line of rank 1"},
+      {"ranks: x\n0: 0F0\n", "bad.txt:1", "expected an integer"},
+      {"ranks: 3\n0: 0F0\n1: 1F0\n", "bad.txt", "3 but 2 rank lines"},
+      {"0: 0F0\nranks: 1\n", "bad.txt:2", "after the rank lines"},
+      {"colour: red\n0: 0F0\n", "bad.txt:1", "unknown header 'colour:'"},
+      {"placement: 0 5\n0: 0F0\n1: 1F0\n", "bad.txt", "placement[1]: expected a rank in [0, 2)"},
+      {"directions: 2\nmicro_batches: 3\nplacement: 0 0\n0: 0F0\n", "bad.txt", "even number"},
+      {"# nothing\n\n", "bad.txt", "no rank lines"},
+      {"micro_batches: 0\n0: 0F0\n", "bad.txt", "micro_batches: expected at least 1"},
+  };
+  for (const Case& c : cases) {
+    std::string msg = error_of([&] { parse_text(c.text, "bad.txt"); });
+    EXPECT_NE(msg.find(c.where), std::string::npos) << c.text << " -> " << msg;
+    EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
+  }
+}
+
+TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
+  const std::string good = to_json_text(generate("1f1b", 2, 2));
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string text;
+    const char* what;
+  };
+  const Case cases[] = {
+      {"{", "not valid JSON"},
+      {"[]", "expected a JSON object"},
+      {with("\"ranks\": 2", "\"ranks\": \"two\""), "ranks: expected an integer"},
+      {with("\"ranks\": 2", "\"rank\": 2"), "rank: unknown field"},
+      {with("\"micro_batches\": 2", "\"micro_batches\": 0"),
+       "micro_batches: expected an integer in [1"},
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"X\",\"micro_batch\":1,\"stage\":1}"),
+       "actions[1][2].kind: expected one of F, B"},
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}", "{\"kind\":\"F\",\"stage\":1}"),
+       "actions[1][2].micro_batch: missing"},
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1,\"x\":0}"),
+       "actions[1][2].x: unknown field"},
+      {with("{\"kind\":\"F\",\"micro_batch\":1,\"stage\":1}",
+            "{\"kind\":\"F\",\"micro_batch\":-1,\"stage\":1}"),
+       "actions[1][2].micro_batch: expected an integer in [0"},
+      {with("\"placement\": [0,1]", "\"placement\": [0,2]"),
+       "placement[1]: expected an integer in [0, 1]"},
+      {with("\"format\": \"baton-schedule\"", "\"format\": \"other\""),
+       "format: expected \"baton-schedule\""},
+  };
+  for (const Case& c : cases) {
+    std::string msg = error_of([&] { parse_json(c.text, "s.json"); });
+    EXPECT_EQ(msg.rfind("s.json: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << "\n-> " << msg;
+  }
+}
+
+TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("baton_sched_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Schedule s = lower(generate("zb-v", 3, 5));
+  for (const char* name : {"s.txt", "s.json"}) {
+    const std::string path = (dir / name).string();
+    save_schedule(s, path);
+    EXPECT_EQ(load_schedule(path), s) << name;
+  }
+  std::ifstream json_file(dir / "s.json");
+  EXPECT_EQ(json_file.get(), '{');
+  EXPECT_NE(error_of([&] { load_schedule((dir / "missing.txt").string()); }).find("cannot open"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              save_schedule(s, (dir / "no" / "such" / "dir.txt").string());
+            }).find("cannot"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CostFile, ParsesScalarsArraysAndUnits) {
+  CostSpec c = parse_costs(R"({"forward": 2, "backward_input": [1, 2, 3, 4], "backward_weight": 1,
+      "activation_bytes": "1MiB", "message_bytes": 4096, "p2p": {"latency": 0.5, "bandwidth": "1KiB"},
+      "optimizer_step": 3, "time_unit": "ms", "comment": "test"})",
+                           "c.json");
+  EXPECT_DOUBLE_EQ(c.seconds_per_unit, 1e-3);
+  Costs r = resolve(c, 2, 4, 1);  // two stages per rank: a rank's share is split in two
+  EXPECT_EQ(r.forward, (std::vector<double>{1, 1, 1, 1}));
+  EXPECT_EQ(r.backward_input, (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(r.activation_bytes, (std::vector<double>(4, 524288.0)));
+  EXPECT_EQ(r.message_bytes, (std::vector<double>(4, 4096.0)));  // message sizes are not divided
+  EXPECT_DOUBLE_EQ(r.bandwidth, 1024.0);
+  EXPECT_DOUBLE_EQ(r.latency, 0.5);
+  EXPECT_NE(error_of([&] {
+              resolve(c, 2, 6, 1);
+            }).find("backward_input: has 4 values but the schedule has 6"),
+            std::string::npos);
+}
+
+TEST(CostFile, ErrorsNameJsonPath) {
+  struct Case {
+    const char* text;
+    const char* what;
+  };
+  const Case cases[] = {
+      {R"({"forward": 1, "backward_input": 1})", "backward_weight: missing"},
+      {R"({"forward": -1, "backward_input": 1, "backward_weight": 1})",
+       "forward: expected a number >= 0"},
+      {R"({"forward": [1, "x"], "backward_input": 1, "backward_weight": 1})",
+       "forward[1]: expected a number"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "fwd": 2})",
+       "fwd: unknown field"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "p2p": {"lat": 1}})",
+       "p2p.lat: unknown field"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "time_unit": "h"})",
+       "time_unit: expected"},
+      {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": "3 parsecs"})",
+       "activation_bytes: invalid size"},
+      {R"({"forward": [], "backward_input": 1, "backward_weight": 1})",
+       "forward: expected one value per stage"},
+  };
+  for (const Case& c : cases) {
+    std::string msg = error_of([&] { parse_costs(c.text, "c.json"); });
+    EXPECT_EQ(msg.rfind("c.json: ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
+  }
+}

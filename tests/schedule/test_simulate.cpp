@@ -1,0 +1,300 @@
+// Generators and the simulator: every generated schedule valid over a grid, the
+// analytical results of the literature reproduced, real durations, transfers, memory,
+// reductions, speed, and timelines.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "memory/error.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/schedule_io.h"
+#include "schedule/simulate.h"
+#include "schedule/timeline.h"
+#include "schedule/validate.h"
+
+using namespace baton::schedule;
+using baton::InputError;
+
+namespace {
+
+CostSpec spec_fbw(double f, double b, double w) {
+  CostSpec c = CostSpec::unit();
+  c.forward.values = {f};
+  c.backward_input.values = {b};
+  c.backward_weight.values = {w};
+  return c;
+}
+
+SimResult sim(const Schedule& s, const CostSpec& c) {
+  return simulate(s, resolve(c, s));
+}
+
+double idle(const SimResult& r, int rank) {
+  return r.makespan - r.ranks[size_t(rank)].busy;
+}
+
+}  // namespace
+
+TEST(Generators, EveryScheduleValidOverAGrid) {
+  int checked = 0;
+  for (const auto& name : schedule_names())
+    for (int p = 1; p <= 8; ++p)
+      for (int m = 1; m <= 3 * p + 2; ++m)
+        for (int v : {0, 3, 4}) {
+          if (v != 0 && name != "interleaved-1f1b") continue;
+          Schedule s;
+          try {
+            s = generate(name, p, m, v);
+          } catch (const InputError&) {
+            continue;  // outside the schedule's domain (tested below)
+          }
+          ++checked;
+          ASSERT_EQ(s.num_micro_batches, m);
+          ValidationReport r = validate(s);
+          ASSERT_TRUE(r.ok) << name << " p=" << p << " m=" << m << " v=" << v << "\n"
+                            << r.to_string();
+          ValidationReport rl = validate(lower(s));
+          ASSERT_TRUE(rl.ok) << name << " lowered p=" << p << " m=" << m << "\n" << rl.to_string();
+        }
+  EXPECT_GT(checked, 900);
+}
+
+TEST(Generators, DomainsAndClearErrors) {
+  auto msg = [](auto f) {
+    try {
+      f();
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg([] { generate("1F1B", 0, 4); }).find("1f1b: ranks: expected 1 to"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("gpipe", 2, 0); }).find("gpipe: micro-batches: expected 1 to"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("zb-v", 4, 8, 3); }).find("zb-v: chunks: expected 2"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("interleaved", 4, 8, 0); }), "x");
+  EXPECT_NE(msg([] { generate("dualpipev", 4, 7); }).find("at least 2 x ranks = 8, found 7"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("dualpipe", 3, 12); }).find("ranks: expected an even number"),
+            std::string::npos);
+  EXPECT_NE(msg([] {
+              generate("dualpipe", 4, 9);
+            }).find("micro-batches: expected an even number of at least"),
+            std::string::npos);
+  EXPECT_NE(msg([] {
+              generate("pipedream", 4, 8);
+            }).find("unknown schedule 'pipedream' (expected one of gpipe"),
+            std::string::npos);
+  EXPECT_NE(msg([] { generate("1f1b", 4096, 4096); }).find("beyond the supported"),
+            std::string::npos);
+  EXPECT_EQ(generate("interleaved", 4, 8).name, "interleaved-1f1b");
+  EXPECT_EQ(generate("interleaved", 4, 8).num_stages(), 8);
+}
+
+TEST(Simulate, GPipeAnd1F1BBubbleIsPMinus1OverMPlusPMinus1) {
+  for (int p : {1, 2, 4, 8})
+    for (int m : {1, 4, 8, 32})
+      for (const char* name : {"gpipe", "1f1b"}) {
+        SimResult r = sim(generate(name, p, m), spec_fbw(1.5, 1.5, 0));  // equal F and B
+        const double expected = double(p - 1) / (m + p - 1);
+        EXPECT_NEAR(r.makespan, (m + p - 1) * 3.0, 1e-9) << name << " p=" << p << " m=" << m;
+        for (const RankStats& rs : r.ranks)
+          EXPECT_NEAR(rs.bubble, expected, 1e-12) << name << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.bubble, expected, 1e-12);
+      }
+}
+
+TEST(Simulate, InterleavedBubbleShrinksByV) {
+  // Megatron-LM: with v chunks per rank the pipeline flush costs (p-1)(F+B)/v.
+  for (int p : {2, 4, 8})
+    for (int v : {2, 3, 4})
+      for (int m : {p, 2 * p, 4 * p}) {
+        const CostSpec c = spec_fbw(1, 1, 0);  // per rank share; each chunk gets 1/v
+        SimResult one = sim(generate("1f1b", p, m), c);
+        SimResult inter = sim(generate("interleaved-1f1b", p, m, v), c);
+        const double flush = (p - 1) * 2.0 / v;
+        EXPECT_NEAR(inter.makespan, 2.0 * m + flush, 1e-9) << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_NEAR(idle(inter, 0), idle(one, 0) / v, 1e-9);
+        EXPECT_NEAR(inter.bubble, flush / (2.0 * m + flush), 1e-12);
+      }
+}
+
+TEST(Simulate, OneFOneBPeakInFlightIsPMinusR) {
+  for (int p : {1, 2, 4, 8})
+    for (int m : {1, 3, 8, 16}) {
+      SimResult r = sim(generate("1f1b", p, m), CostSpec::unit());
+      for (int rank = 0; rank < p; ++rank)
+        EXPECT_DOUBLE_EQ(r.ranks[size_t(rank)].peak_micro_batches, std::min(p - rank, m))
+            << "p=" << p << " m=" << m;
+      SimResult g = sim(generate("gpipe", p, m), CostSpec::unit());
+      EXPECT_DOUBLE_EQ(g.peak_micro_batches, m);
+    }
+}
+
+TEST(Simulate, ZeroBubbleSchedulesWithEqualFBW) {
+  const CostSpec c = spec_fbw(1, 1, 1);
+  for (int p : {2, 4, 8})
+    for (int m : {2 * p, 3 * p, 6 * p}) {
+      SimResult base = sim(generate("1f1b", p, m), c);
+      SimResult h1 = sim(generate("zb-h1", p, m), c);
+      SimResult h2 = sim(generate("zb-h2", p, m), c);
+      SimResult zv = sim(generate("zb-v", p, m), c);
+      // ZB-H1: a third of 1F1B's bubble ((p-1)(F+B-W) against (p-1)(F+B+W)) at the
+      // same peak memory.
+      for (int r = 0; r < p; ++r)
+        EXPECT_NEAR(idle(h1, r), idle(base, r) / 3, 1e-9) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(h1.bubble / base.bubble, (3.0 * m + 3 * (p - 1)) / (3 * (3.0 * m + p - 1)), 1e-9);
+      EXPECT_LE(h1.peak_micro_batches, p);
+      // ZB-H2 and ZB-V: no bubble inside any rank's span (the zero-bubble paper's
+      // measure); what remains is the ranks' staggered start (docs/schedules.md).
+      EXPECT_LT(h2.span_bubble, 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_LT(zv.span_bubble, 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_LE(h2.peak_micro_batches, 2 * p - 1);
+      EXPECT_LE(zv.peak_micro_batches, p);  // ZB-V: 1F1B's peak memory
+      EXPECT_LT(zv.makespan, h1.makespan);
+      // The whole-iteration bubble of ZB-V is the stagger of the V: (p-1) F/2.
+      EXPECT_NEAR(idle(zv, p - 1), (p - 1) * 0.5, 1e-9);
+    }
+}
+
+TEST(Simulate, DualPipeSchedules) {
+  const CostSpec c = spec_fbw(1, 1, 1);
+  for (int p : {2, 4, 8})
+    for (int m : {2 * p, 4 * p}) {
+      SimResult dv = sim(generate("dualpipev", p, m), c);
+      SimResult h1 = sim(generate("zb-h1", p, m), c);
+      EXPECT_LT(dv.makespan, h1.makespan);
+      EXPECT_NEAR(dv.peak_micro_batches, p + 0.5, 1e-12);  // DeepSeek's table: PP + 1/2
+      SimResult d = sim(generate("dualpipe", p, m), c);
+      EXPECT_NEAR(d.peak_micro_batches, p + 1, 1e-12);  // PP + 1
+      for (const RankStats& rs : d.ranks) EXPECT_NEAR(rs.busy, 3.0 * m, 1e-9);
+    }
+}
+
+TEST(Simulate, RealDurationsLatencyAndBandwidth) {
+  // Two ranks, one micro-batch: F 1, backward 2, a 100-byte message over 100 B/unit
+  // with 0.5 latency each way: 1 + 1.5 + 1 + 2 + 1.5 + 2 = 9.
+  CostSpec c = spec_fbw(1, 2, 0);
+  c.message_bytes = {{100}, false, true};
+  c.bandwidth = 100;
+  c.latency = 0.5;
+  for (bool lowered : {false, true}) {
+    Schedule s = generate("1f1b", 2, 1);
+    if (lowered) s = lower(s, {.reduce = false, .step = false});
+    Simulator sim2(s);
+    const SimResult& r = sim2.run(resolve(c, s));
+    EXPECT_DOUBLE_EQ(r.makespan, 9.0) << lowered;
+    EXPECT_DOUBLE_EQ(r.ranks[0].busy, 3.0);
+    EXPECT_DOUBLE_EQ(r.ranks[1].start, 2.5);
+  }
+  // One link, first come first served: the second message waits for the first.
+  CostSpec d = spec_fbw(0.1, 0.1, 0);
+  d.message_bytes = {{10}, false, true};
+  d.bandwidth = 10;
+  Schedule g = generate("gpipe", 2, 2);
+  Simulator s3(g);
+  s3.run(resolve(d, g));
+  EXPECT_NEAR(s3.start_time(1, 0), 1.1, 1e-12);  // 0F0 ends at 0.1, one unit on the link
+  EXPECT_NEAR(s3.start_time(1, 1), 2.1, 1e-12);  // 0F1 ends at 0.2 but the link is busy until 1.1
+}
+
+TEST(Simulate, ActivationMemoryInBytes) {
+  Schedule s = parse_text("0: 0F0 0F1 0B0 0B1 0W0 0W1\n", "m.txt");
+  CostSpec c = CostSpec::unit();
+  c.activation_bytes = {{10}, false, true};
+  c.activation_bytes_after_b = {{4}, false, true};
+  SimResult r = sim(s, c);
+  EXPECT_DOUBLE_EQ(r.peak_bytes, 20);
+  EXPECT_DOUBLE_EQ(r.peak_micro_batches, 2);
+  // Two chunks per rank: a (micro-batch, stage) pair is half a micro-batch.
+  SimResult v = sim(generate("zb-v", 2, 4), c);
+  EXPECT_DOUBLE_EQ(v.peak_micro_batches, 2.0);
+  EXPECT_DOUBLE_EQ(v.peak_bytes, 4 * 5.0);  // four pairs of 10/2 bytes
+}
+
+TEST(Simulate, ReductionAndOptimizerStep) {
+  CostSpec c = spec_fbw(1, 1, 1);
+  c.reduce = {{5}, false, true};
+  c.optimizer_step = 2;
+  Schedule s = lower(generate("gpipe", 1, 1));  // 0F0 0BW0 0REDUCE STEP
+  SimResult r = sim(s, c);
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 2 + 5 + 2);
+  EXPECT_DOUBLE_EQ(r.ranks[0].busy, 1 + 2 + 2);
+  // Without STEP the reduction still ends the iteration.
+  SimResult q = sim(lower(generate("gpipe", 1, 1), {.step = false}), c);
+  EXPECT_DOUBLE_EQ(q.makespan, 8);
+}
+
+TEST(Simulate, ReusedWithNewCostsAndCheckedInput) {
+  Schedule s = generate("zb-h1", 4, 8);
+  Simulator simr(s);
+  const double a = simr.run(resolve(spec_fbw(1, 1, 1), s)).makespan;
+  const double b = simr.run(resolve(spec_fbw(2, 2, 2), s)).makespan;
+  EXPECT_DOUBLE_EQ(b, 2 * a);
+  EXPECT_THROW(simr.run(Costs::uniform(3, 1, 1, 1)), InputError);
+  Costs bad = Costs::uniform(4, 1, 1, 1);
+  bad.forward[2] = -1;
+  EXPECT_THROW(simr.run(bad), InputError);
+  Schedule broken = s;
+  broken.ranks[0].pop_back();
+  EXPECT_THROW(Simulator{broken}, InputError);
+}
+
+TEST(Simulate, P128M1024WellUnderASecond) {
+#if !defined(__OPTIMIZE__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a speed bound means something only in an optimised build without sanitizers";
+#endif
+  const auto t0 = std::chrono::steady_clock::now();
+  Schedule s = lower(generate("1f1b", 128, 1024));
+  Simulator simr(s);
+  SimResult r = simr.run(resolve(CostSpec::unit(), s));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NEAR(r.makespan, 3.0 * (1024 + 127), 1e-6);
+  // Generate, lower, validate, index and run: about 0.3 s on the development machine;
+  // the bound leaves room for a loaded machine. One more run alone is much faster.
+  EXPECT_LT(seconds, 2.0);
+  const auto t1 = std::chrono::steady_clock::now();
+  simr.run(resolve(spec_fbw(1, 2, 1), s));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 0.5);
+}
+
+TEST(Timeline, ChromeTraceRoundTripsAndSvgDrawsEveryAction) {
+  CostSpec c = spec_fbw(1, 1, 1);
+  c.message_bytes = {{1}, false, true};
+  c.bandwidth = 4;
+  c.latency = 0.25;
+  Schedule s = lower(generate("zb-v", 2, 3));
+  Simulator simr(s);
+  simr.run(resolve(c, s));
+  Timeline t = simr.timeline(1e-3);
+  size_t compute = 0, transfers = 0;
+  for (const auto& e : t.events) (e.lane == 0 ? compute : transfers) += 1;
+  EXPECT_EQ(compute, 3u * 3 * 4 + 2);  // F, B, W of 3 micro-batches on 4 stages; STEP per rank
+  EXPECT_EQ(transfers, 3u * 2 * 2);    // activation and gradient over two rank boundaries
+  Timeline back = from_chrome_trace(to_chrome_trace(t), "t.json");
+  EXPECT_EQ(back.name, "zb-v");
+  EXPECT_EQ(back.num_ranks, 2);
+  EXPECT_DOUBLE_EQ(back.seconds_per_unit, 1e-3);
+  ASSERT_EQ(back.events.size(), t.events.size());
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    EXPECT_EQ(back.events[i].kind, t.events[i].kind);
+    EXPECT_EQ(back.events[i].micro_batch, t.events[i].micro_batch);
+    EXPECT_EQ(back.events[i].stage, t.events[i].stage);
+    EXPECT_EQ(back.events[i].lane, t.events[i].lane);
+    EXPECT_NEAR(back.events[i].start, t.events[i].start, 1e-6);
+    EXPECT_NEAR(back.events[i].end, t.events[i].end, 1e-6);
+  }
+  const std::string svg = to_svg(t);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  size_t rects = 0;
+  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1))
+    ++rects;
+  EXPECT_EQ(rects, 1 + t.events.size() + 7);            // background, one per event, legend
+  EXPECT_NE(svg.find(">2</text>"), std::string::npos);  // micro-batch numbers in the boxes
+  EXPECT_THROW(from_chrome_trace("{\"traceEvents\": 3}", "x.json"), InputError);
+}
