@@ -1,0 +1,177 @@
+// bench_gpt_step: one training step (forward, backward, AdamW) of the GPT configs A and B
+// on one process, at 1 and 2 threads: ms per step (median, min, max after warm-up),
+// tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured in the same run
+// at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as
+// 6 N T + 12 L ctx d T (N: matmul weights incl. the tied LM head, T: tokens), the
+// convention of docs/benchmarks.md. --profile prints where the time goes, per op type.
+//
+//   bench_gpt_step [--config A|B|all] [--threads 1,2] [--steps 10] [--warmup 2] [--profile]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "kernels/ops.h"
+#include "memory/allocator.h"
+#include "stages/model.h"
+#include "stages/shorthands.h"
+#include "stages/stage.h"
+
+namespace {
+
+namespace st = baton::stages;
+namespace po = boost::program_options;
+using baton::memory::DType;
+using baton::memory::Tensor;
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::string name;
+  int64_t layers, heads, embd, ctx, batch, vocab;
+  double flops() const {
+    double n = 12.0 * double(layers) * double(embd) * double(embd) + double(vocab) * double(embd);
+    double t = double(batch * ctx);
+    return 6.0 * n * t + 12.0 * double(layers) * double(ctx) * double(embd) * t;
+  }
+};
+
+struct Stats {
+  double median, min, max;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+double sgemm_rate(int reps) {
+  const int n = 1024;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  std::vector<double> ts;
+  for (int i = 0; i < reps + 2; ++i) {
+    auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                n, 0.0f, c.data(), n);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i >= 2) ts.push_back(s);
+  }
+  return 2.0 * n * n * n / stats(ts).median / 1e9;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string which = "all", threads_arg = "1,2";
+  int steps = 10, warmup = 2;
+  bool profile = false;
+  po::options_description opts("bench_gpt_step");
+  opts.add_options()("help,h", "help")("config", po::value(&which), "A, B or all")(
+      "threads", po::value(&threads_arg), "thread counts, e.g. 1,2")(
+      "steps", po::value(&steps), "timed steps")("warmup", po::value(&warmup), "untimed steps")(
+      "profile", po::bool_switch(&profile), "print time per op type");
+  po::variables_map vm;
+  po::store(po::parse_command_line(argc, argv, opts), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::printf("%s\n", (std::stringstream() << opts).str().c_str());
+    return 0;
+  }
+  std::vector<Config> configs;
+  if (which == "A" || which == "all") configs.push_back({"A", 4, 4, 256, 128, 8, 256});
+  if (which == "B" || which == "all") configs.push_back({"B", 8, 8, 512, 256, 8, 256});
+
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("# bench_gpt_step: forward + backward + AdamW, f32, one process\n");
+  std::printf("# OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n", core ? core : "(autodetect)",
+              steps, warmup);
+  std::printf("%-6s %7s %10s %10s %10s %10s %9s %9s %8s\n", "config", "threads", "ms/step",
+              "min", "max", "tok/s", "GFLOP/s", "sgemm", "of sgemm");
+  for (const Config& c : configs) {
+    st::Gpt2Config g;
+    g.name = "config-" + c.name;
+    g.n_layer = c.layers;
+    g.n_head = c.heads;
+    g.n_embd = c.embd;
+    g.n_positions = c.ctx;
+    g.vocab_size = c.vocab;
+    auto graph = std::make_shared<st::Graph>(st::load_model_json(g.to_json(), "config " + c.name));
+    std::mt19937_64 rng(1);
+    std::vector<int32_t> tok(size_t(c.batch * c.ctx)), tgt(tok.size());
+    for (auto& x : tok) x = int32_t(rng() % uint64_t(c.vocab));
+    for (auto& x : tgt) x = int32_t(rng() % uint64_t(c.vocab));
+    st::TensorMap in{{"tokens", Tensor::from_vector(tok, {c.batch, c.ctx})},
+                     {"targets", Tensor::from_vector(tgt, {c.batch, c.ctx})}};
+    for (int threads : parse_list(threads_arg)) {
+      baton::kernels::set_num_threads(threads);
+      double sgemm = sgemm_rate(5);
+      st::StageOptions so;
+      so.seed = 1;
+      so.profile = profile;
+      st::Stage stage(graph, 0, graph->num_layers(), so);
+      st::OptimizerConfig oc;
+      oc.adamw.lr = 1e-4;
+      stage.set_optimizer(oc);
+      st::MicroBatch mb{0, 0, c.batch, c.batch, double(c.batch * c.ctx), 0};
+      std::vector<double> ts;
+      auto& alloc = baton::memory::allocator_for(baton::memory::Device::cpu());
+      size_t fresh_before = 0;
+      for (int i = 0; i < warmup + steps; ++i) {
+        if (i == warmup) {
+          stage.reset_op_times();
+          fresh_before = alloc.stats().fresh;
+        }
+        auto t0 = Clock::now();
+        stage.zero_grad();
+        stage.forward(mb, in);
+        stage.backward(0);
+        stage.finish_grads();
+        stage.step(1.0);
+        double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (i >= warmup) ts.push_back(s);
+      }
+      Stats s = stats(ts);
+      double timed = 0;
+      for (double t : ts) timed += t;
+      size_t fresh = alloc.stats().fresh - fresh_before;
+      double gflops = c.flops() / s.median / 1e9;
+      std::printf("%-6s %7d %10.1f %10.1f %10.1f %10.0f %9.1f %9.1f %7.0f%%\n", c.name.c_str(),
+                  threads, s.median * 1e3, s.min * 1e3, s.max * 1e3,
+                  double(c.batch * c.ctx) / s.median, gflops, sgemm, 100.0 * gflops / sgemm);
+      if (profile) {
+        double total = 0;
+        for (const auto& [op, t] : stage.op_times())
+          total += t.forward + t.backward_input + t.backward_weight;
+        std::printf("#   per op type, ms per step (forward / B / W), share of the step:\n");
+        for (const auto& [op, t] : stage.op_times()) {
+          double sum = t.forward + t.backward_input + t.backward_weight;
+          std::printf("#   %-20s %8.2f %8.2f %8.2f  %5.1f%%\n", op.c_str(), t.forward * 1e3 / steps,
+                      t.backward_input * 1e3 / steps, t.backward_weight * 1e3 / steps,
+                      100.0 * sum / timed);
+        }
+        std::printf("#   outside ops (stage bookkeeping, allocation): %.2f ms per step\n",
+                    (timed - total) * 1e3 / steps);
+      }
+      if (fresh > 0)
+        std::printf("#   %zu allocations during the timed steps needed fresh memory\n", fresh);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

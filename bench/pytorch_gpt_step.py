@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The peer of bench_gpt_step: one training step (forward, backward, AdamW) of the same
+GPT configs in PyTorch on CPU, at the same thread counts, in PyTorch's best CPU settings
+we found: a nanoGPT-style model (fused qkv Linear, scaled_dot_product_attention with
+is_causal, tanh GELU, tied LM head), float32, AdamW with fused=True where the build has
+it (else foreach), optionally torch.compile. Run it with the tuned malloc of
+docs/benchmarks.md (bench/run_gpt_step.sh does).
+
+    python3 bench/pytorch_gpt_step.py [--config A|B|all] [--threads 1,2] [--steps 10]
+                                      [--compile] [--warmup 3]
+Prints one line per (config, threads): "torch <config> <threads> <median ms> <min ms>
+<max ms> <tokens/s> <GFLOP/s> <variant>".
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CONFIGS = {"A": dict(layers=4, heads=4, embd=256, ctx=128, batch=8, vocab=256),
+           "B": dict(layers=8, heads=8, embd=512, ctx=256, batch=8, vocab=256)}
+
+
+class Block(nn.Module):
+    def __init__(self, c, h):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(c)
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.ln_2 = nn.LayerNorm(c)
+        self.c_fc = nn.Linear(c, 4 * c)
+        self.mlp_proj = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, heads, embd, ctx, vocab):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, embd)
+        self.wpe = nn.Embedding(ctx, embd)
+        self.h = nn.ModuleList(Block(embd, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(embd)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+        self.register_buffer("pos", torch.arange(ctx), persistent=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
+        for blk in self.h:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied LM head
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def flops(cfg):
+    n = 12 * cfg["layers"] * cfg["embd"] ** 2 + cfg["vocab"] * cfg["embd"]
+    t = cfg["batch"] * cfg["ctx"]
+    return 6 * n * t + 12 * cfg["layers"] * cfg["ctx"] * cfg["embd"] * t
+
+
+def make_optimizer(model):
+    try:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), "fused AdamW"
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), "foreach AdamW"
+
+
+def bench(name, threads, steps, warmup, compile_model):
+    cfg = CONFIGS[name]
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = GPT(cfg["layers"], cfg["heads"], cfg["embd"], cfg["ctx"], cfg["vocab"])
+    opt, opt_name = make_optimizer(model)
+    fwd = torch.compile(model) if compile_model else model
+    idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]))
+    tgt = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(idx, tgt)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(warmup):
+        step()
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t0)
+    med = statistics.median(ts)
+    tokens = cfg["batch"] * cfg["ctx"]
+    variant = ("compiled" if compile_model else "eager") + ", " + opt_name
+    print(f"torch {name} {threads} {med * 1e3:.1f} {min(ts) * 1e3:.1f} {max(ts) * 1e3:.1f} "
+          f"{tokens / med:.0f} {flops(cfg) / med / 1e9:.1f} {variant}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="all")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_interop_threads(1)
+    print(f"# torch {torch.__version__}, {torch.__config__.parallel_info().splitlines()[0]}",
+          flush=True)
+    names = ["A", "B"] if a.config == "all" else [a.config]
+    for name in names:
+        for threads in (int(x) for x in a.threads.split(",")):
+            bench(name, threads, a.steps, a.warmup, a.compile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+// Checkpoints: one safetensors file per rank shard for the model and one for the
+// optimizer state, plus a JSON manifest, in <root>/step-<NNNNNNNN>/. Tensors are stored
+// under their LOGICAL names; a tensor that is only a block of its logical parameter is
+// stored as "<name>@<offsets>", and every file's __metadata__ records each tensor's block
+// (logical name, global shape, offsets), so a loader under another plan (other PP, TP,
+// DP) reads the blocks it needs from whichever files hold them. Writing is atomic: each
+// file goes to a temporary name, is fsynced and renamed, the directory is fsynced, and
+// the manifest is written last: its presence marks a complete checkpoint.
+//
+// Hugging Face GPT-2 checkpoints (config.json + model.safetensors) load too.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "stages/safetensors.h"
+#include "stages/stage.h"
+
+namespace baton::stages {
+
+struct ShardFile {
+  std::string file;  // relative to the step directory
+  std::string kind;  // "model" or "optimizer"
+  int rank = 0;
+  uint64_t bytes = 0;
+  std::string hash;  // "fnv1a64:<16 hex digits>" of the whole file
+};
+
+struct Manifest {
+  static constexpr int kVersion = 1;
+  int64_t step = 0;              // training steps completed
+  uint64_t seed = 0;             // the run's seed (init, data order, dropout)
+  OptimizerConfig optimizer;
+  int64_t optimizer_steps = 0;
+  nlohmann::json data;           // {"position": next step, "file", "bytes"}
+  nlohmann::json model;          // the model JSON as given
+  nlohmann::json train;          // settings of the run (batch, micro-batches, ...)
+  std::vector<ShardFile> shards;
+  nlohmann::json to_json() const;
+  static Manifest from_json(const nlohmann::json& j, const std::string& source);
+};
+
+// "<root>/step-00000042".
+std::string checkpoint_dir(const std::string& root, int64_t step);
+
+// Writes the stage's parameters (and optimizer state, when it has some) as the shard
+// files of `rank` into `step_dir` (created if needed). `owns(param_id)` selects the
+// parameters this rank writes (replicas write nothing twice). Atomic per file.
+std::vector<ShardFile> write_stage_shards(
+    const std::string& step_dir, const Stage& stage, int rank,
+    const std::function<bool(int)>& owns = {});
+// Writes manifest.json last, atomically.
+void write_manifest(const std::string& step_dir, const Manifest& m);
+// Removes a step directory's manifest first (so a crash while rewriting it leaves it
+// incomplete, never mixed).
+void begin_checkpoint(const std::string& step_dir);
+
+// One process, one stage: shards of rank 0 and the manifest. Returns the step directory.
+std::string save_checkpoint(const std::string& root, const Stage& stage, Manifest m);
+
+// Reads and validates <step_dir>/manifest.json; InputError naming the file and field.
+Manifest read_manifest(const std::string& step_dir);
+// Checks every shard file of a manifest exists with its size and hash; returns the
+// first problem, or nullopt when the checkpoint is complete.
+std::optional<std::string> verify_checkpoint(const std::string& step_dir, const Manifest& m);
+// The newest complete checkpoint under root (manifest present, shards verified), or
+// nullopt. Incomplete or damaged ones are skipped with a warning.
+std::optional<std::string> latest_checkpoint(const std::string& root);
+
+// Removes all but the newest `keep` complete checkpoints under root (and incomplete ones
+// older than the newest complete one). keep = 0 keeps everything.
+void prune_checkpoints(const std::string& root, int keep);
+
+// Fills the stage's parameters (and, with `optimizer`, its optimizer state) from the
+// blocks stored in the checkpoint, whatever plan wrote it. InputError when a block is
+// missing or a shape disagrees.
+void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bool optimizer);
+
+// ---- Hugging Face GPT-2 ----
+// Reads <dir>/config.json as a GPT-2 config (the model JSON to use).
+nlohmann::json read_hf_config(const std::string& dir);
+// Loads <dir>/model.safetensors into the stage's parameters: names with or without the
+// "transformer." prefix; causal-mask buffers and lm_head.weight (tied) are ignored;
+// F32, F16 and BF16 are converted to the stage's dtype.
+void load_hf_gpt2(const std::string& dir, Stage& stage);
+// Writes the stage's parameters (one process) as <dir>/model.safetensors + config.json
+// that Hugging Face transformers loads.
+void save_hf_gpt2(const std::string& dir, const Stage& stage);
+
+// The 64-bit FNV-1a hash of a file's bytes, as "fnv1a64:<hex>".
+std::string hash_file(const std::string& path);
+
+}  // namespace baton::stages

@@ -1,0 +1,204 @@
+#include "stages/json_reader.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace baton::stages {
+
+json parse_json_text(const std::string& text, const std::string& file) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ..."
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    throw InputError(file + ": not valid JSON: " + what);
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open file (missing or unreadable)");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read error");
+  return ss.str();
+}
+
+json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
+
+std::string json_brief(const json& j) {
+  std::string s;
+  if (j.is_object())
+    s = "an object";
+  else if (j.is_array())
+    s = "an array of " + std::to_string(j.size());
+  else if (j.is_null())
+    s = "null";
+  else
+    s = j.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+bool JsonReader::has(std::string_view key) const {
+  return j_->is_object() && j_->contains(std::string(key));
+}
+
+JsonReader JsonReader::at(std::string_view key) const {
+  expect_object();
+  auto it = j_->find(std::string(key));
+  if (it == j_->end()) fail_message("missing required field '" + std::string(key) + "'");
+  return JsonReader(*it, file_, path_ + "." + std::string(key));
+}
+
+std::optional<JsonReader> JsonReader::get(std::string_view key) const {
+  expect_object();
+  auto it = j_->find(std::string(key));
+  if (it == j_->end()) return std::nullopt;
+  return JsonReader(*it, file_, path_ + "." + std::string(key));
+}
+
+size_t JsonReader::size() const {
+  expect_array();
+  return j_->size();
+}
+
+JsonReader JsonReader::at(size_t index) const {
+  expect_array();
+  if (index >= j_->size())
+    fail("an array with at least " + std::to_string(index + 1) + " elements");
+  return JsonReader((*j_)[index], file_, path_ + "[" + std::to_string(index) + "]");
+}
+
+std::vector<JsonReader> JsonReader::items() const {
+  expect_array();
+  std::vector<JsonReader> out;
+  for (size_t i = 0; i < j_->size(); ++i)
+    out.push_back(JsonReader((*j_)[i], file_, path_ + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+std::vector<std::string> JsonReader::keys() const {
+  expect_object();
+  std::vector<std::string> out;
+  for (auto it = j_->begin(); it != j_->end(); ++it) out.push_back(it.key());
+  return out;
+}
+
+void JsonReader::expect_only(std::initializer_list<std::string_view> allowed) const {
+  expect_object();
+  for (auto it = j_->begin(); it != j_->end(); ++it) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || it.key() == a;
+    if (!ok) {
+      std::string list;
+      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      JsonReader(*it, file_, path_ + "." + it.key())
+          .fail_message("unknown field '" + it.key() + "' (allowed here: " + list + ")");
+    }
+  }
+}
+
+void JsonReader::expect_object() const {
+  if (!j_->is_object()) fail("an object");
+}
+
+void JsonReader::expect_array() const {
+  if (!j_->is_array()) fail("an array");
+}
+
+std::string JsonReader::as_string() const {
+  if (!j_->is_string()) fail("a string");
+  return j_->get<std::string>();
+}
+
+bool JsonReader::as_bool() const {
+  if (!j_->is_boolean()) fail("true or false");
+  return j_->get<bool>();
+}
+
+int64_t JsonReader::as_int() const {
+  if (j_->is_number_integer()) return j_->get<int64_t>();
+  if (j_->is_number_unsigned()) {
+    uint64_t u = j_->get<uint64_t>();
+    if (u > uint64_t(INT64_MAX)) fail("an integer up to " + std::to_string(INT64_MAX));
+    return int64_t(u);
+  }
+  if (j_->is_number_float()) {
+    double d = j_->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return int64_t(d);
+  }
+  fail("an integer");
+}
+
+int64_t JsonReader::as_int(int64_t min, int64_t max) const {
+  int64_t v = as_int();
+  if (v < min || v > max) {
+    std::string range = max == INT64_MAX ? "an integer >= " + std::to_string(min)
+                                         : "an integer in [" + std::to_string(min) + ", " +
+                                               std::to_string(max) + "]";
+    fail(range);
+  }
+  return v;
+}
+
+double JsonReader::as_double() const {
+  if (!j_->is_number()) fail("a number");
+  double d = j_->get<double>();
+  if (!std::isfinite(d)) fail("a finite number");
+  return d;
+}
+
+double JsonReader::as_double(double min, double max) const {
+  double v = as_double();
+  if (v < min || v > max) {
+    std::ostringstream ss;
+    ss << "a number in [" << min << ", " << max << "]";
+    fail(ss.str());
+  }
+  return v;
+}
+
+std::vector<int64_t> JsonReader::as_int_list() const {
+  if (!j_->is_array()) fail("an array of integers");
+  std::vector<int64_t> out;
+  for (const JsonReader& r : items()) out.push_back(r.as_int());
+  return out;
+}
+
+std::string JsonReader::get_string(std::string_view key, const std::string& dflt) const {
+  auto r = get(key);
+  return r ? r->as_string() : dflt;
+}
+
+int64_t JsonReader::get_int(std::string_view key, int64_t dflt, int64_t min, int64_t max) const {
+  auto r = get(key);
+  return r ? r->as_int(min, max) : dflt;
+}
+
+double JsonReader::get_double(std::string_view key, double dflt, double min, double max) const {
+  auto r = get(key);
+  return r ? r->as_double(min, max) : dflt;
+}
+
+bool JsonReader::get_bool(std::string_view key, bool dflt) const {
+  auto r = get(key);
+  return r ? r->as_bool() : dflt;
+}
+
+std::string JsonReader::where() const { return *file_ + ": " + path_; }
+
+void JsonReader::fail(const std::string& expected) const { fail(expected, json_brief(*j_)); }
+
+void JsonReader::fail(const std::string& expected, const std::string& found) const {
+  throw InputError(where() + ": expected " + expected + ", found " + found);
+}
+
+void JsonReader::fail_message(const std::string& message) const {
+  throw InputError(where() + ": " + message);
+}
+
+}  // namespace baton::stages

@@ -1,0 +1,257 @@
+#include "stages/model.h"
+
+#include <set>
+
+#include "stages/json_reader.h"
+#include "stages/shorthands.h"
+
+namespace baton::stages {
+
+using nlohmann::json;
+
+namespace {
+
+InitRule parse_init(const JsonReader& r) {
+  InitRule rule;
+  std::string type = r.at("type").as_string();
+  if (type == "normal") {
+    r.expect_only({"type", "mean", "std"});
+    rule.kind = InitRule::Kind::normal;
+    rule.mean = r.get_double("mean", 0.0, -1e6, 1e6);
+    rule.std = r.at("std").as_double(0.0, 1e6);
+  } else if (type == "zeros") {
+    r.expect_only({"type"});
+    rule.kind = InitRule::Kind::zeros;
+  } else if (type == "ones") {
+    r.expect_only({"type"});
+    rule.kind = InitRule::Kind::ones;
+  } else if (type == "constant") {
+    r.expect_only({"type", "value"});
+    rule.kind = InitRule::Kind::constant;
+    rule.value = r.at("value").as_double();
+  } else {
+    r.at("type").fail("\"normal\", \"zeros\", \"ones\" or \"constant\"");
+  }
+  return rule;
+}
+
+Shape parse_shape(const JsonReader& r, bool allow_empty) {
+  Shape s = r.as_int_list();
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] <= 0) r.at(i).fail("a positive dimension");
+  if (s.empty() && !allow_empty) r.fail("a non-empty shape");
+  return s;
+}
+
+std::string known_ops() {
+  std::string s;
+  for (const OpType& t : op_types()) s += (s.empty() ? "" : ", ") + t.schema.type;
+  return s;
+}
+
+void check_name(const JsonReader& r, const std::string& name) {
+  if (name.empty()) r.fail("a non-empty name", "\"\"");
+}
+
+void load_inputs(Graph& g, const JsonReader& list, DType float_dtype) {
+  for (const JsonReader& in : list.items()) {
+    in.expect_only({"name", "shape", "dtype"});
+    std::string name = in.at("name").as_string();
+    check_name(in.at("name"), name);
+    if (g.find_value(name) >= 0) in.at("name").fail("a new value name", "'" + name + "' again");
+    ValueType t;
+    t.shape = parse_shape(in.at("shape"), true);
+    DType d;
+    try {
+      d = memory::parse_dtype(in.at("dtype").as_string());
+    } catch (const InputError&) {
+      in.at("dtype").fail("one of i32, i64, f32, f64");
+    }
+    t.dtype = memory::is_floating(d) ? float_dtype : d;
+    g.add_value(name, t, -1);
+  }
+}
+
+void load_params(Graph& g, const JsonReader& list, DType float_dtype) {
+  for (const JsonReader& p : list.items()) {
+    p.expect_only({"name", "shape", "init", "weight_decay"});
+    Param param;
+    param.name = p.at("name").as_string();
+    check_name(p.at("name"), param.name);
+    if (g.find_param(param.name) >= 0)
+      p.at("name").fail("a new parameter name", "'" + param.name + "' again");
+    param.shape = parse_shape(p.at("shape"), false);
+    param.logical_shape = param.shape;
+    param.dtype = float_dtype;
+    param.init = parse_init(p.at("init"));
+    param.weight_decay = p.get_bool("weight_decay", param.shape.size() >= 2);
+    g.add_param(std::move(param));
+  }
+}
+
+void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType float_dtype,
+               std::set<std::string>& node_names) {
+  n.expect_only({"name", "op", "inputs", "outputs", "params", "attrs"});
+  std::string op = n.at("op").as_string();
+  const OpType* type = find_op_type(op);
+  if (type == nullptr) n.at("op").fail("a known op (" + known_ops() + ")", "\"" + op + "\"");
+  const OpSchema& schema = type->schema;
+
+  Node node;
+  node.op = op;
+  node.layer = layer;
+  node.json_path = n.where();
+  node.name = n.get_string("name", g.layers[size_t(layer)].name + "." + op + "." +
+                                       std::to_string(index));
+  if (!node_names.insert(node.name).second)
+    n.at("name").fail("a new node name", "'" + node.name + "' again");
+
+  OpSpec spec{node.name, n, n, {}, {}, float_dtype};
+  static const json empty_object = json::object();
+  JsonReader attrs = n.has("attrs") ? n.at("attrs") : JsonReader(empty_object, n.file(), n.path() + ".attrs");
+  attrs.expect_object();
+  for (const std::string& k : attrs.keys()) {
+    bool ok = false;
+    for (const std::string& a : schema.attrs) ok = ok || a == k;
+    if (!ok) {
+      std::string list;
+      for (const std::string& a : schema.attrs) list += (list.empty() ? "" : ", ") + a;
+      attrs.at(k).fail_message("unknown attribute '" + k + "' of op " + op + " (allowed: " +
+                               (list.empty() ? "none" : list) + ")");
+    }
+  }
+  spec.attrs = attrs;
+  node.attrs = attrs.raw();
+
+  JsonReader inputs = n.at("inputs");
+  if (inputs.size() != schema.inputs.size())
+    inputs.fail(std::to_string(schema.inputs.size()) + " input(s) for op " + op + " (" +
+                    [&] {
+                      std::string s;
+                      for (const auto& i : schema.inputs) s += (s.empty() ? "" : ", ") + i;
+                      return s;
+                    }() + ")",
+                std::to_string(inputs.size()));
+  for (const JsonReader& in : inputs.items()) {
+    std::string name = in.as_string();
+    int v = g.find_value(name);
+    if (v < 0)
+      in.fail("the name of a model input or of an output of an earlier node", "'" + name + "'");
+    node.inputs.push_back(v);
+    spec.inputs.push_back(g.values[size_t(v)].type);
+  }
+
+  std::optional<JsonReader> params = n.get("params");
+  if (params) {
+    params->expect_object();
+    for (const std::string& k : params->keys()) {
+      bool ok = false;
+      for (const ParamSlot& s : schema.params) ok = ok || s.name == k;
+      if (!ok) params->at(k).fail_message("unknown parameter slot '" + k + "' of op " + op);
+    }
+  }
+  for (const ParamSlot& slot : schema.params) {
+    std::optional<JsonReader> p = params ? params->get(slot.name) : std::nullopt;
+    if (!p) {
+      if (!slot.optional)
+        (params ? *params : n).fail_message("op " + op + " needs parameter slot '" + slot.name + "'");
+      node.params.push_back(-1);
+      spec.params.push_back(std::nullopt);
+      continue;
+    }
+    std::string pname = p->as_string();
+    int pid = g.find_param(pname);
+    if (pid < 0) p->fail("the name of a parameter declared in $.params", "'" + pname + "'");
+    node.params.push_back(pid);
+    spec.params.push_back(g.params[size_t(pid)].shape);
+  }
+
+  std::unique_ptr<Op> impl = type->make(spec);
+  JsonReader outputs = n.at("outputs");
+  const auto& types = impl->output_types();
+  if (outputs.size() != types.size())
+    outputs.fail(std::to_string(types.size()) + " output name(s) for op " + op,
+                 std::to_string(outputs.size()));
+  int id = int(g.nodes.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    JsonReader o = outputs.at(i);
+    std::string name = o.as_string();
+    check_name(o, name);
+    if (g.find_value(name) >= 0) o.fail("a new value name", "'" + name + "', defined before");
+    node.outputs.push_back(g.add_value(name, types[i], id));
+  }
+  node.impl = std::move(impl);
+  g.add_node(std::move(node));
+}
+
+Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
+  r.expect_only({"type", "name", "inputs", "params", "layers", "loss"});
+  Graph g;
+  g.name = r.get_string("name", "model");
+  g.source = r.file();
+  g.float_dtype = opt.float_dtype;
+  load_inputs(g, r.at("inputs"), opt.float_dtype);
+  load_params(g, r.at("params"), opt.float_dtype);
+  JsonReader layers = r.at("layers");
+  if (layers.size() == 0) layers.fail("at least one layer", "an empty array");
+  std::set<std::string> node_names;
+  for (const JsonReader& l : layers.items()) {
+    l.expect_only({"name", "nodes"});
+    std::string name = l.at("name").as_string();
+    check_name(l.at("name"), name);
+    if (g.find_layer(name) >= 0) l.at("name").fail("a new layer name", "'" + name + "' again");
+    int layer = g.add_layer(name);
+    JsonReader nodes = l.at("nodes");
+    if (nodes.size() == 0) nodes.fail("at least one node", "an empty array");
+    size_t i = 0;
+    for (const JsonReader& n : nodes.items()) load_node(g, layer, n, i++, opt.float_dtype, node_names);
+  }
+  JsonReader loss = r.at("loss");
+  std::string lname = loss.as_string();
+  int lv = g.find_value(lname);
+  if (lv < 0) loss.fail("the name of a value", "'" + lname + "'");
+  const Value& lval = g.values[size_t(lv)];
+  if (lval.is_input() || lval.type.batched || !lval.type.shape.empty())
+    loss.fail("a scalar loss (the output of cross_entropy)",
+              "'" + lname + "' of type " + type_str(lval.type));
+  if (!lval.consumers.empty()) loss.fail("a value no node consumes", "'" + lname + "' used by a node");
+  g.loss = lv;
+  for (size_t p = 0; p < g.params.size(); ++p)
+    if (g.params[p].users.empty())
+      r.at("params").at(p).fail_message("parameter '" + g.params[p].name +
+                                        "' is not used by any node");
+  return g;
+}
+
+}  // namespace
+
+json expand_model_json(const json& model, const std::string& source) {
+  JsonReader r(model, source);
+  r.expect_object();
+  if (r.has("model_type")) return gpt2_graph_json(parse_hf_gpt2_config(r));
+  std::string type = r.at("type").as_string();
+  if (type == "graph") return model;
+  if (type == "gpt2") return gpt2_graph_json(parse_gpt2_shorthand(r));
+  if (type == "mlp") return mlp_graph_json(parse_mlp_shorthand(r));
+  r.at("type").fail("\"graph\", \"gpt2\" or \"mlp\"");
+}
+
+Graph load_model_json(const json& model, const std::string& source, const LoadOptions& opt) {
+  json expanded = expand_model_json(model, source);
+  bool shorthand = &expanded != &model && expanded != model;
+  // Errors inside an expanded shorthand point into the expansion, so they say so.
+  std::string where = shorthand ? source + " (expanded " +
+                                      JsonReader(model, source).get_string("type", "gpt2") +
+                                      " shorthand)"
+                                : source;
+  Graph g = load_graph(JsonReader(expanded, where), opt);
+  g.source = source;
+  g.config = model;
+  return g;
+}
+
+Graph load_model(const std::string& path, const LoadOptions& opt) {
+  return load_model_json(read_json_file(path), path, opt);
+}
+
+}  // namespace baton::stages

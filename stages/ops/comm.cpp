@@ -1,0 +1,211 @@
+// Tensor-parallel communication ops, inserted by the partitioner into physical graphs.
+// They talk through OpContext::tp, the communicator of the node's tensor-parallel group:
+//   tp_copy    identity forward, all-reduce (sum) of the gradient backward
+//   tp_reduce  all-reduce (sum) forward, identity backward
+//   tp_gather  all-gather of the last dimension forward, this rank's slice backward
+//   vocab_parallel_cross_entropy  cross-entropy over logits split by vocabulary columns:
+//              ce_row_max -> all-reduce max -> ce_sum_exp -> all-reduce sum -> ce_finish
+#include "stages/ops/common.h"
+#include "stages/ops/loss_common.h"
+#include "stages/ops/registry.h"
+#include "transport/communicator.h"
+
+namespace baton::stages::ops {
+namespace {
+
+transport::Communicator& tp_of(const OpContext& ctx, const std::string& node) {
+  if (ctx.tp == nullptr)
+    throw RuntimeError("node '" + node +
+                       "' is a tensor-parallel communication op but the stage has no "
+                       "tensor-parallel communicator");
+  return *ctx.tp;
+}
+
+const OpSchema& copy_schema() {
+  static const OpSchema s{"tp_copy", {"x"}, {"y"}, {}, {},
+                          "identity forward; all-reduce (sum) of the gradient over the "
+                          "tensor-parallel group backward (before a column-split layer)"};
+  return s;
+}
+const OpSchema& reduce_schema() {
+  static const OpSchema s{"tp_reduce", {"x"}, {"y"}, {}, {},
+                          "all-reduce (sum) over the tensor-parallel group forward; identity "
+                          "backward (after a row-split layer)"};
+  return s;
+}
+
+template <bool kReduceForward>
+class TpAllReduce final : public OpBase {
+ public:
+  explicit TpAllReduce(const OpSpec& spec)
+      : OpBase(kReduceForward ? reduce_schema() : copy_schema(), spec) {
+    expect_float_input(spec, 0, 0);
+    out_.push_back(spec.inputs[0]);
+    elems_ = numel_of(spec.inputs[0].shape);
+  }
+
+  int output_alias(size_t) const override { return kReduceForward ? -1 : 0; }
+
+  void forward(ForwardCall& c) const override {
+    if (!kReduceForward) {
+      c.outputs[0] = c.inputs[0];
+      return;
+    }
+    Tensor y = c.may_overwrite(0) ? c.inputs[0] : c.inputs[0].clone();
+    tp_of(c.ctx, name_).all_reduce(y, transport::ReduceOp::sum)->wait();
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    if (kReduceForward) {
+      c.grad_inputs[0].give(c.grad_outputs[0]);
+      return;
+    }
+    Tensor g = c.grad_outputs[0].clone();
+    tp_of(c.ctx, name_).all_reduce(g, transport::ReduceOp::sum)->wait();
+    c.grad_inputs[0].give(g);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    OpCost k;
+    int64_t bytes = batch * elems_ * dsize(dtype_);
+    (kReduceForward ? k.forward_comm_bytes : k.backward_comm_bytes) = bytes;
+    return k;
+  }
+
+ private:
+  int64_t elems_ = 0;
+};
+
+const OpSchema& gather_schema() {
+  static const OpSchema s{"tp_gather", {"x"}, {"y"}, {}, {"parts"},
+                          "all-gather of the last dimension over the tensor-parallel group "
+                          "(parts ranks, in rank order); backward keeps this rank's slice"};
+  return s;
+}
+
+class TpGather final : public OpBase {
+ public:
+  explicit TpGather(const OpSpec& spec) : OpBase(gather_schema(), spec) {
+    parts_ = spec.attrs.at("parts").as_int(1, 1 << 16);
+    expect_float_input(spec, 0, 1);
+    Shape y = spec.inputs[0].shape;
+    c_ = y.back();
+    y.back() *= parts_;
+    out_.push_back({y, dtype_, true});
+    elems_ = numel_of(spec.inputs[0].shape);
+  }
+
+  void forward(ForwardCall& c) const override {
+    transport::Communicator& comm = tp_of(c.ctx, name_);
+    BATON_CHECK(comm.size() == parts_, "tp_gather over a group of another size");
+    Tensor x = as_rows(c.inputs[0]);
+    int64_t n = x.size(0);
+    // The gather concatenates whole per-rank blocks [parts, n, c]; the columns of the
+    // output interleave them: y[n, r * c + j] = part r [n, j].
+    Tensor parts = c.alloc({parts_, n, c_}, dtype_);
+    comm.all_gather(x, parts)->wait();
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    y.view({n, parts_, c_}).copy_from(parts.permute({1, 0, 2}));
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    int r = tp_of(c.ctx, name_).rank();
+    Tensor dy = as_rows(c.grad_outputs[0]);
+    Tensor slice = dy.narrow(1, int64_t(r) * c_, c_).contiguous();
+    c.grad_inputs[0].give(slice.view(c.grad_inputs[0].shape()));
+  }
+
+  OpCost cost(int64_t batch) const override {
+    OpCost k;
+    k.forward_comm_bytes = batch * elems_ * parts_ * dsize(dtype_);
+    return k;
+  }
+
+ private:
+  int64_t parts_ = 1, c_ = 0, elems_ = 0;
+};
+
+const OpSchema& vpce_schema() {
+  static const OpSchema s{
+      "vocab_parallel_cross_entropy", {"logits", "targets"}, {"loss"}, {},
+      {"vocab_offset", "vocab_size"},
+      "cross_entropy over logits holding vocabulary columns [vocab_offset, vocab_offset + "
+      "V_local) of vocab_size; every rank of the group gets the same loss"};
+  return s;
+}
+
+class VocabParallelCrossEntropy final : public OpBase {
+ public:
+  explicit VocabParallelCrossEntropy(const OpSpec& spec) : OpBase(vpce_schema(), spec) {
+    expect_float_input(spec, 0, 1);
+    expect_int_input(spec, 1);
+    const Shape& l = spec.inputs[0].shape;
+    Shape lead(l.begin(), l.end() - 1);
+    if (spec.inputs[1].shape != lead)
+      input_json(spec, 1).fail("targets of shape " + type_str({lead, spec.inputs[1].dtype}),
+                               type_str(spec.inputs[1]));
+    v_ = l.back();
+    vocab_size_ = spec.attrs.at("vocab_size").as_int(v_, INT64_MAX);
+    offset_ = spec.attrs.get_int("vocab_offset", 0, 0, vocab_size_ - v_);
+    rows_ = numel_of(lead);
+    out_.push_back({{}, DType::f64, false});
+  }
+
+  void forward(ForwardCall& c) const override {
+    transport::Communicator& comm = tp_of(c.ctx, name_);
+    Tensor logits = as_rows(c.inputs[0]);
+    Tensor targets = c.inputs[1].view({-1});
+    int64_t n = logits.size(0);
+    Tensor row_max = c.alloc({n}, dtype_), losses = c.alloc({n}, dtype_);
+    Tensor sums = c.alloc({2, n}, dtype_);  // sum_exp and target_logit: one all-reduce
+    Tensor sum_exp = sums.select(0, 0), target_logit = sums.select(0, 1);
+    kernels::ce_row_max(logits, row_max);
+    comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
+    kernels::ce_sum_exp(logits, targets, offset_, row_max, sum_exp, target_logit);
+    comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
+    double denom = loss_denominator(c.ctx, c.inputs[1]);
+    Tensor dlogits;
+    if (c.ctx.training)
+      dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
+    Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
+    kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit, 1.0 / denom,
+                       losses, dl2);
+    c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
+    if (c.ctx.training) c.saved.push_back(dlogits);
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (c.grad_inputs[0].needed() && !c.saved.empty()) c.grad_inputs[0].give(c.saved[0]);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    double e = double(batch * rows_ * v_);
+    OpCost k;
+    k.forward_flops = 5 * e;
+    k.extra_saved_bytes = alloc_bytes(batch * rows_ * v_, dtype_);
+    k.forward_comm_bytes = 3 * batch * rows_ * dsize(dtype_);
+    return k;
+  }
+
+ private:
+  int64_t v_ = 0, vocab_size_ = 0, offset_ = 0, rows_ = 0;
+};
+
+}  // namespace
+
+void add_comm_ops(std::vector<OpType>& table) {
+  table.push_back(
+      {copy_schema(), [](const OpSpec& s) { return std::make_unique<TpAllReduce<false>>(s); }});
+  table.push_back(
+      {reduce_schema(), [](const OpSpec& s) { return std::make_unique<TpAllReduce<true>>(s); }});
+  table.push_back({gather_schema(), [](const OpSpec& s) { return std::make_unique<TpGather>(s); }});
+  table.push_back({vpce_schema(), [](const OpSpec& s) {
+                     return std::make_unique<VocabParallelCrossEntropy>(s);
+                   }});
+}
+
+}  // namespace baton::stages::ops

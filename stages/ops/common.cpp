@@ -1,0 +1,69 @@
+#include "stages/ops/common.h"
+
+namespace baton::stages::ops {
+
+JsonReader input_json(const OpSpec& spec, size_t i) {
+  if (spec.node.has("inputs") && spec.node.at("inputs").is_array() &&
+      i < spec.node.at("inputs").size())
+    return spec.node.at("inputs").at(i);
+  return spec.node;
+}
+
+JsonReader param_json(const OpSpec& spec, const std::string& slot) {
+  if (spec.node.has("params") && spec.node.at("params").is_object() &&
+      spec.node.at("params").has(slot))
+    return spec.node.at("params").at(slot);
+  return spec.node;
+}
+
+void expect_float_input(const OpSpec& spec, size_t i, size_t min_rank) {
+  const ValueType& t = spec.inputs[i];
+  if (!t.batched || t.dtype != spec.float_dtype || t.shape.size() < min_rank) {
+    std::string expected = "a batched " + std::string(memory::dtype_name(spec.float_dtype)) +
+                           " value with at least " + std::to_string(min_rank) +
+                           " dimension(s) per sample";
+    input_json(spec, i).fail(expected, type_str(t));
+  }
+}
+
+void expect_int_input(const OpSpec& spec, size_t i) {
+  const ValueType& t = spec.inputs[i];
+  if (!t.batched || (t.dtype != DType::i32 && t.dtype != DType::i64))
+    input_json(spec, i).fail("a batched i32 or i64 value (token ids)", type_str(t));
+}
+
+void expect_param_shape(const OpSpec& spec, const OpSchema& schema, size_t k,
+                        const Shape& expected) {
+  const auto& got = spec.params[k];
+  if (!got || *got == expected) return;
+  param_json(spec, schema.params[k].name)
+      .fail("a parameter of shape " + memory::shape_str(expected),
+            "one of shape " + memory::shape_str(*got));
+}
+
+Tensor as_rows(const Tensor& t) {
+  int64_t c = t.dim() == 0 ? 1 : t.size(-1);
+  return t.view({c == 0 ? 0 : t.numel() / c, c});
+}
+
+int64_t numel_of(const Shape& s) { return memory::shape_numel(s); }
+
+int64_t rows_per_sample(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];
+  return n;
+}
+
+Shape batched(const OpContext& ctx, const Shape& per_sample) {
+  Shape s{ctx.batch()};
+  s.insert(s.end(), per_sample.begin(), per_sample.end());
+  return s;
+}
+
+int64_t dsize(DType t) { return int64_t(memory::dtype_size(t)); }
+
+int64_t alloc_bytes(int64_t elems, DType t) {
+  return int64_t(memory::Allocator::rounded(size_t(elems) * memory::dtype_size(t)));
+}
+
+}  // namespace baton::stages::ops

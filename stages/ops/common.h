@@ -1,0 +1,50 @@
+// Helpers shared by the op implementations in stages/ops/ (private to stages/).
+#pragma once
+
+#include <string>
+
+#include "stages/op.h"
+
+namespace baton::stages::ops {
+
+// A base that stores the schema, the inferred output types and the float dtype.
+class OpBase : public Op {
+ public:
+  OpBase(const OpSchema& schema, const OpSpec& spec)
+      : schema_(schema), dtype_(spec.float_dtype), name_(spec.node_name) {}
+  const OpSchema& schema() const override { return schema_; }
+  const std::vector<ValueType>& output_types() const override { return out_; }
+
+ protected:
+  const OpSchema& schema_;
+  DType dtype_;
+  std::string name_;
+  std::vector<ValueType> out_;
+};
+
+// The JSON of input i of a node (for errors): $.layers[..].nodes[..].inputs[i].
+JsonReader input_json(const OpSpec& spec, size_t i);
+// The JSON of a parameter slot (for errors): $.layers[..].nodes[..].params.<slot>.
+JsonReader param_json(const OpSpec& spec, const std::string& slot);
+
+// Checks input i: batched, floating (the model's float dtype) and at least `min_rank`
+// dimensions per sample.
+void expect_float_input(const OpSpec& spec, size_t i, size_t min_rank = 1);
+void expect_int_input(const OpSpec& spec, size_t i);
+// Checks that parameter slot `slot` (index k) has shape `expected`.
+void expect_param_shape(const OpSpec& spec, const OpSchema& schema, size_t k,
+                        const Shape& expected);
+
+// Views a contiguous tensor as rows: [..., C] -> [numel / C, C].
+Tensor as_rows(const Tensor& t);
+// Elements of a per-sample shape, and the leading (all but last) part.
+int64_t numel_of(const Shape& s);
+int64_t rows_per_sample(const Shape& s);  // product of all but the last dimension
+
+// Run-time shape of a value for this micro-batch.
+Shape batched(const OpContext& ctx, const Shape& per_sample);
+int64_t dsize(DType t);
+// Bytes of a tensor of `elems` elements as the allocator counts them (rounded up).
+int64_t alloc_bytes(int64_t elems, DType t);
+
+}  // namespace baton::stages::ops

@@ -1,0 +1,99 @@
+// cross_entropy: softmax cross-entropy of logits against integer targets, summed over the
+// micro-batch and divided by the targets of the step's GLOBAL batch (MicroBatch::
+// loss_tokens), so micro-batches add up to the mean over the global batch. While
+// training, forward also computes the logits' gradient (into the logits' own buffer when
+// nothing else reads them), which backward hands on.
+#include "stages/ops/common.h"
+#include "stages/ops/loss_common.h"
+#include "stages/ops/registry.h"
+
+namespace baton::stages::ops {
+
+double loss_denominator(const OpContext& ctx, const Tensor& targets) {
+  if (ctx.mb.loss_tokens > 0) return ctx.mb.loss_tokens;
+  // Evaluation without a global count: this micro-batch's own non-ignored targets.
+  Tensor t = targets.to(DType::i64);
+  double n = 0;
+  for (int64_t v : t.span<int64_t>()) n += v >= 0 ? 1 : 0;
+  return n > 0 ? n : 1;
+}
+
+Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
+  // Summed in double in row order: the same bits whatever the thread count or the plan.
+  std::vector<double> rows = losses.to(DType::f64).to(memory::Device::cpu()).to_vector<double>();
+  double sum = 0;
+  for (double r : rows) sum += r;
+  Tensor out = Tensor::empty({}, DType::f64, memory::Device::cpu());
+  out.data<double>()[0] = sum / denom;
+  return device.is_cpu() ? out : out.to(device);
+}
+
+namespace {
+
+const OpSchema& ce_schema() {
+  static const OpSchema s{"cross_entropy", {"logits", "targets"}, {"loss"}, {}, {},
+                          "softmax cross-entropy of logits [..., V] against targets [...] "
+                          "(negative targets ignored); the loss is a scalar"};
+  return s;
+}
+
+class CrossEntropy final : public OpBase {
+ public:
+  explicit CrossEntropy(const OpSpec& spec) : OpBase(ce_schema(), spec) {
+    expect_float_input(spec, 0, 1);
+    expect_int_input(spec, 1);
+    const Shape& l = spec.inputs[0].shape;
+    Shape lead(l.begin(), l.end() - 1);
+    if (spec.inputs[1].shape != lead)
+      input_json(spec, 1).fail("targets of shape " + type_str({lead, spec.inputs[1].dtype}),
+                               type_str(spec.inputs[1]));
+    v_ = l.back();
+    rows_ = numel_of(lead);
+    out_.push_back({{}, DType::f64, false});
+  }
+
+  bool saves_input(size_t) const override { return false; }
+
+  void forward(ForwardCall& c) const override {
+    Tensor logits = as_rows(c.inputs[0]);
+    Tensor targets = c.inputs[1].view({-1});
+    int64_t n = logits.size(0);
+    Tensor row_max = c.alloc({n}, dtype_), sum_exp = c.alloc({n}, dtype_),
+           target_logit = c.alloc({n}, dtype_), losses = c.alloc({n}, dtype_);
+    kernels::ce_row_max(logits, row_max);
+    kernels::ce_sum_exp(logits, targets, 0, row_max, sum_exp, target_logit);
+    double denom = loss_denominator(c.ctx, c.inputs[1]);
+    Tensor dlogits;
+    if (c.ctx.training)
+      dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
+    Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
+    kernels::ce_finish(logits, targets, 0, row_max, sum_exp, target_logit, 1.0 / denom, losses,
+                       dl2);
+    c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
+    if (c.ctx.training) c.saved.push_back(dlogits);
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    // The loss is the graph's last value: its gradient is 1 by definition.
+    if (c.grad_inputs[0].needed() && !c.saved.empty()) c.grad_inputs[0].give(c.saved[0]);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    double e = double(batch * rows_ * v_);
+    OpCost k;
+    k.forward_flops = 5 * e;  // max, subtract, exp, sum, and the gradient's scale
+    k.extra_saved_bytes = alloc_bytes(batch * rows_ * v_, dtype_);
+    return k;
+  }
+
+ private:
+  int64_t v_ = 0, rows_ = 0;
+};
+
+}  // namespace
+
+void add_loss_ops(std::vector<OpType>& table) {
+  table.push_back({ce_schema(), [](const OpSpec& s) { return std::make_unique<CrossEntropy>(s); }});
+}
+
+}  // namespace baton::stages::ops

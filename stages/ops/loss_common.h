@@ -1,0 +1,14 @@
+// Pieces shared by cross_entropy and its vocabulary-parallel form.
+#pragma once
+
+#include "stages/op.h"
+
+namespace baton::stages::ops {
+
+// The loss's denominator: MicroBatch::loss_tokens, or the micro-batch's own non-ignored
+// targets when that is 0.
+double loss_denominator(const OpContext& ctx, const Tensor& targets);
+// sum(losses) / denom as an f64 scalar, summed in double in row order.
+Tensor sum_losses(const Tensor& losses, double denom, memory::Device device);
+
+}  // namespace baton::stages::ops

@@ -1,0 +1,562 @@
+#include "stages/stage.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "stages/json_reader.h"
+#include "stages/stash_plan.h"
+
+namespace baton::stages {
+
+// ---- optimizer config ----
+
+nlohmann::json OptimizerConfig::to_json() const {
+  if (kind == Kind::adamw)
+    return {{"type", "adamw"},         {"lr", adamw.lr},   {"beta1", adamw.beta1},
+            {"beta2", adamw.beta2},    {"eps", adamw.eps}, {"weight_decay", adamw.weight_decay}};
+  return {{"type", "sgd"},
+          {"lr", sgd.lr},
+          {"momentum", sgd.momentum},
+          {"weight_decay", sgd.weight_decay},
+          {"nesterov", sgd.nesterov}};
+}
+
+OptimizerConfig OptimizerConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  JsonReader r(j, source);
+  OptimizerConfig c;
+  std::string type = r.at("type").as_string();
+  if (type == "adamw") {
+    r.expect_only({"type", "lr", "beta1", "beta2", "eps", "weight_decay"});
+    c.kind = Kind::adamw;
+    c.adamw.lr = r.at("lr").as_double(0, 1e6);
+    c.adamw.beta1 = r.get_double("beta1", 0.9, 0, 1);
+    c.adamw.beta2 = r.get_double("beta2", 0.999, 0, 1);
+    c.adamw.eps = r.get_double("eps", 1e-8, 0, 1);
+    c.adamw.weight_decay = r.get_double("weight_decay", 0, 0, 1e6);
+  } else if (type == "sgd") {
+    r.expect_only({"type", "lr", "momentum", "weight_decay", "nesterov"});
+    c.kind = Kind::sgd;
+    c.sgd.lr = r.at("lr").as_double(0, 1e6);
+    c.sgd.momentum = r.get_double("momentum", 0, 0, 1);
+    c.sgd.weight_decay = r.get_double("weight_decay", 0, 0, 1e6);
+    c.sgd.nesterov = r.get_bool("nesterov", false);
+  } else {
+    r.at("type").fail("\"adamw\" or \"sgd\"");
+  }
+  return c;
+}
+
+void OptimizerConfig::set_lr(double lr) {
+  adamw.lr = lr;
+  sgd.lr = lr;
+}
+
+// ---- state ----
+
+struct Stage::ParamState {
+  int id = -1;
+  Tensor value;
+  std::vector<int> layers;    // graph layers of this stage that use it, ascending
+  std::vector<Tensor> grads;  // one accumulator per such layer
+  std::vector<bool> has;      // has that accumulator received a gradient since zero_grad
+  Tensor grad;                // the total (grads[0] itself when one layer uses it)
+  Tensor m, v;                // optimizer state (AdamW moments or SGD momentum in m)
+  int owner_layer = 0;        // the first graph layer that uses it (grad norm pieces)
+};
+
+struct Stage::MbState {
+  explicit MbState(const OpContext& c) : ctx(c) {}
+  OpContext ctx;
+  std::vector<Tensor> values;              // by graph value id
+  std::vector<std::vector<Tensor>> saved;  // by graph node id
+  std::vector<int> pending;                // by value: B readers still to run
+  struct WStash {
+    std::vector<Tensor> inputs, outputs, saved, grad_outputs;
+  };
+  std::map<int, WStash> w;  // by node, for W
+  bool b_done = false;
+};
+
+namespace {
+
+// Adds the time since `t0` to a field of a profile entry when profiling.
+class Timer {
+ public:
+  Timer(bool on, double* field) : on_(on), field_(field) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~Timer() {
+    if (on_)
+      *field_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  bool on_;
+  double* field_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+void check_input(const Value& v, const Tensor& t, const MicroBatch& mb) {
+  Shape expect = v.type.with_batch(mb.samples);
+  if (!t.defined() || t.shape() != expect || t.dtype() != v.type.dtype || !t.is_contiguous())
+    throw RuntimeError("stage input '" + v.name + "': expected a contiguous " +
+                       std::string(memory::dtype_name(v.type.dtype)) + memory::shape_str(expect) +
+                       ", got " + (t.defined() ? t.str() : std::string("nothing")));
+}
+
+void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
+  switch (p.init.kind) {
+    case InitRule::Kind::zeros: t.zero_(); return;
+    case InitRule::Kind::ones: t.fill_(1.0); return;
+    case InitRule::Kind::constant: t.fill_(p.init.value); return;
+    case InitRule::Kind::normal: break;
+  }
+  uint64_t stream = kernels::stream_of(p.name);
+  if (!p.is_shard()) {
+    kernels::random_normal(t, p.init.mean, p.init.std, seed, stream, kernels::Block{});
+    return;
+  }
+  // Each piece gets exactly the values of its block of the logical parameter.
+  for (const ParamPiece& piece : p.pieces) {
+    Tensor tmp = Tensor::empty(piece.shape, t.dtype(), t.device());
+    kernels::random_normal(tmp, p.init.mean, p.init.std, seed, stream,
+                           kernels::Block{p.logical_shape, piece.global_offsets});
+    Tensor view = t;
+    for (size_t d = 0; d < piece.shape.size(); ++d)
+      view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
+    view.copy_from(tmp);
+  }
+}
+
+}  // namespace
+
+// ---- construction ----
+
+Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer,
+             StageOptions options)
+    : graph_(std::move(graph)), first_(first_layer), last_(last_layer),
+      opt_options_(std::move(options)) {
+  const Graph& g = *graph_;
+  if (first_ < 0 || last_ > g.num_layers() || first_ >= last_)
+    throw InputError("stage layers [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                     ") outside the model's " + std::to_string(g.num_layers()) + " layers");
+  StashPlan plan = plan_stash(g, first_, last_, opt_options_.recompute_layers);
+  nodes_ = std::move(plan.nodes);
+  boundary_in_ = std::move(plan.boundary_in);
+  boundary_out_ = std::move(plan.boundary_out);
+  model_in_ = std::move(plan.model_in);
+  kept_ = std::move(plan.kept);
+  needs_grad_ = std::move(plan.needs_grad);
+  recompute_node_ = std::move(plan.recompute_node);
+  last_forward_use_ = std::move(plan.last_forward_use);
+  backward_users_ = std::move(plan.backward_users);
+  param_ids_ = g.params_used(first_, last_);
+
+  local_param_.assign(g.params.size(), -1);
+  for (int id : param_ids_) {
+    const Param& p = g.params[size_t(id)];
+    auto ps = std::make_unique<ParamState>();
+    ps->id = id;
+    ps->owner_layer = p.layers.empty() ? 0 : p.layers.front();
+    for (int l : p.layers)
+      if (l >= first_ && l < last_) ps->layers.push_back(l);
+    ps->value = Tensor::empty(p.shape, p.dtype, opt_options_.device);
+    for (size_t k = 0; k < ps->layers.size(); ++k)
+      ps->grads.push_back(Tensor::empty(p.shape, p.dtype, opt_options_.device));
+    ps->has.assign(ps->layers.size(), false);
+    ps->grad = ps->grads.size() == 1 ? ps->grads[0]
+                                     : Tensor::empty(p.shape, p.dtype, opt_options_.device);
+    local_param_[size_t(id)] = int(params_.size());
+    params_.push_back(std::move(ps));
+  }
+  init_params(opt_options_.seed);
+}
+
+Stage::~Stage() = default;
+
+std::vector<int> Stage::shared_params() const {
+  std::vector<int> out;
+  for (int id : param_ids_) {
+    const Param& p = graph_->params[size_t(id)];
+    for (int l : p.layers)
+      if (l < first_ || l >= last_) {
+        out.push_back(id);
+        break;
+      }
+  }
+  return out;
+}
+
+Stage::ParamState& Stage::state_of(int id) {
+  BATON_CHECK(id >= 0 && size_t(id) < local_param_.size() && local_param_[size_t(id)] >= 0,
+              "parameter " + std::to_string(id) + " is not held by this stage");
+  return *params_[size_t(local_param_[size_t(id)])];
+}
+
+const Stage::ParamState& Stage::state_of(int id) const {
+  return const_cast<Stage*>(this)->state_of(id);
+}
+
+const Tensor& Stage::param(int id) const { return state_of(id).value; }
+Tensor& Stage::param(int id) { return state_of(id).value; }
+const Tensor& Stage::param(const std::string& name) const {
+  int id = graph_->find_param(name);
+  BATON_CHECK(id >= 0, "no parameter named " + name);
+  return param(id);
+}
+const Tensor& Stage::grad(int id) const { return state_of(id).grad; }
+Tensor& Stage::grad(int id) { return state_of(id).grad; }
+
+void Stage::init_params(uint64_t seed) {
+  for (auto& ps : params_) init_tensor(ps->value, graph_->params[size_t(ps->id)], seed);
+}
+
+int64_t Stage::persistent_bytes() const {
+  int64_t b = 0;
+  for (const auto& ps : params_) {
+    b += int64_t(ps->value.nbytes()) * int64_t(1 + ps->grads.size() + (ps->grads.size() > 1));
+    if (ps->m.defined()) b += int64_t(ps->m.nbytes());
+    if (ps->v.defined()) b += int64_t(ps->v.nbytes());
+  }
+  return b;
+}
+
+// ---- forward ----
+
+void Stage::run_node_forward(MbState& s, int n, bool keep_for_backward) {
+  const Node& node = graph_->nodes[size_t(n)];
+  const Op& op = *node.impl;
+  std::vector<Tensor> ins(node.inputs.size());
+  for (size_t i = 0; i < node.inputs.size(); ++i) ins[i] = s.values[size_t(node.inputs[i])];
+  // Inputs at their last use and not kept leave the stash now, so an op may reuse their
+  // memory when nothing else holds it (cross_entropy writes its gradient into the logits).
+  for (int v : node.inputs) {
+    bool out = std::find(boundary_out_.begin(), boundary_out_.end(), v) != boundary_out_.end();
+    if (last_forward_use_[size_t(v)] == n && !(s.ctx.training && kept_[size_t(v)]) && !out)
+      s.values[size_t(v)] = Tensor();
+  }
+  uint32_t overwritable = 0;
+  for (size_t i = 0; i < ins.size() && i < 32; ++i)
+    if (ins[i].defined() && ins[i].storage().use_count() == 1) overwritable |= 1u << i;
+  std::vector<Tensor> ps(node.params.size());
+  for (size_t k = 0; k < node.params.size(); ++k)
+    if (node.params[k] >= 0) ps[k] = state_of(node.params[k]).value;
+  std::vector<Tensor> outs(node.outputs.size());
+  std::vector<Tensor> saved;
+  ForwardCall call{s.ctx, ins, ps, outs, saved, overwritable};
+  {
+    OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+    Timer timer(t != nullptr, t ? &t->forward : nullptr);
+    if (t) t->calls++;
+    op.forward(call);
+  }
+  for (size_t j = 0; j < node.outputs.size(); ++j) {
+    int v = node.outputs[j];
+    BATON_CHECK(outs[j].defined(), "op " + node.op + " (" + node.name + ") left an output unset");
+    s.values[size_t(v)] = std::move(outs[j]);
+    bool out = std::find(boundary_out_.begin(), boundary_out_.end(), v) != boundary_out_.end();
+    if (last_forward_use_[size_t(v)] < 0 && !out && !(s.ctx.training && kept_[size_t(v)]))
+      s.values[size_t(v)] = Tensor();
+  }
+  if (keep_for_backward) s.saved[size_t(n)] = std::move(saved);
+}
+
+TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool training) {
+  const Graph& g = *graph_;
+  if (training && stash_.count(mb.index))
+    throw RuntimeError("micro-batch " + std::to_string(mb.index) +
+                       " is forwarded twice before its backward");
+  OpContext ctx;
+  ctx.mb = mb;
+  if (ctx.mb.global_batch <= 0) ctx.mb.global_batch = mb.samples;
+  ctx.training = training;
+  ctx.seed = opt_options_.seed;
+  ctx.device = opt_options_.device;
+  ctx.tp = opt_options_.tp;
+  auto s = std::make_unique<MbState>(ctx);
+  s->values.resize(g.values.size());
+  s->saved.resize(g.nodes.size());
+  auto take = [&](int v) {
+    const Value& val = g.values[size_t(v)];
+    auto it = inputs.find(val.name);
+    if (it == inputs.end())
+      throw RuntimeError("stage [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                         ") needs input '" + val.name + "'");
+    check_input(val, it->second, mb);
+    s->values[size_t(v)] = it->second;
+  };
+  for (int v : boundary_in_) take(v);
+  for (int v : model_in_) take(v);
+  for (int n : nodes_) run_node_forward(*s, n, training && !recompute_node_[size_t(n)]);
+  TensorMap out;
+  for (int v : boundary_out_) {
+    out[g.values[size_t(v)].name] = s->values[size_t(v)];
+    if (!(training && kept_[size_t(v)])) s->values[size_t(v)] = Tensor();
+  }
+  if (training) {
+    for (size_t v = 0; v < s->values.size(); ++v)
+      if (!kept_[v]) s->values[v] = Tensor();
+    stash_[mb.index] = std::move(s);
+  }
+  return out;
+}
+
+// ---- B ----
+
+void Stage::recompute_layer(MbState& s, int layer) {
+  const Graph& g = *graph_;
+  // Run the layer again from its kept inputs, keeping what its backward reads. Masks are
+  // counter-based, so the recomputed values are bit-identical to the first forward.
+  for (int n : g.layers[size_t(layer)].nodes) {
+    const Node& node = g.nodes[size_t(n)];
+    std::vector<Tensor> ins(node.inputs.size());
+    for (size_t i = 0; i < node.inputs.size(); ++i) ins[i] = s.values[size_t(node.inputs[i])];
+    std::vector<Tensor> ps(node.params.size());
+    for (size_t k = 0; k < node.params.size(); ++k)
+      if (node.params[k] >= 0) ps[k] = state_of(node.params[k]).value;
+    std::vector<Tensor> outs(node.outputs.size());
+    std::vector<Tensor> saved;
+    ForwardCall call{s.ctx, ins, ps, outs, saved, 0};
+    node.impl->forward(call);
+    for (size_t j = 0; j < node.outputs.size(); ++j) s.values[size_t(node.outputs[j])] = outs[j];
+    s.saved[size_t(n)] = std::move(saved);
+  }
+  for (int n : g.layers[size_t(layer)].nodes)
+    for (int v : g.nodes[size_t(n)].outputs)
+      // Values nobody's B reads, or whose readers (in later layers) are done, go again.
+      if (s.pending[size_t(v)] == 0) s.values[size_t(v)] = Tensor();
+}
+
+void Stage::release_after_backward(MbState& s, int n) {
+  const Node& node = graph_->nodes[size_t(n)];
+  s.saved[size_t(n)].clear();
+  auto done = [&](int v) {
+    auto& users = backward_users_[size_t(v)];
+    if (std::find(users.begin(), users.end(), n) == users.end()) return;
+    if (--s.pending[size_t(v)] == 0) s.values[size_t(v)] = Tensor();
+  };
+  for (int v : node.inputs) done(v);
+  for (int v : node.outputs) done(v);
+}
+
+TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs) {
+  const Graph& g = *graph_;
+  auto it = stash_.find(mb_index);
+  if (it == stash_.end())
+    throw RuntimeError("backward of micro-batch " + std::to_string(mb_index) +
+                       " that was not forwarded (or was already through B)");
+  MbState& s = *it->second;
+  if (s.b_done) throw RuntimeError("B of micro-batch " + std::to_string(mb_index) + " twice");
+  const int64_t batch = s.ctx.batch();
+  std::vector<GradSlot::Entry> grads(g.values.size());
+  for (int v : boundary_out_) {
+    if (v == g.loss) continue;
+    const Value& val = g.values[size_t(v)];
+    auto gi = grad_outputs.find(val.name);
+    if (gi == grad_outputs.end()) {
+      if (needs_grad_[size_t(v)])
+        throw RuntimeError("backward of micro-batch " + std::to_string(mb_index) +
+                           " needs the gradient of '" + val.name + "'");
+      continue;
+    }
+    check_input(val, gi->second, s.ctx.mb);
+    grads[size_t(v)] = {gi->second, false};
+  }
+  s.pending.assign(g.values.size(), 0);
+  for (size_t v = 0; v < g.values.size(); ++v) s.pending[v] = int(backward_users_[v].size());
+  // In a stage, node ids of several users of a value may repeat (add(x, x)); count each.
+  for (int l = last_ - 1; l >= first_; --l) {
+    if (opt_options_.recompute_layers.count(l)) recompute_layer(s, l);
+    const auto& layer_nodes = g.layers[size_t(l)].nodes;
+    for (auto nit = layer_nodes.rbegin(); nit != layer_nodes.rend(); ++nit) {
+      int n = *nit;
+      const Node& node = g.nodes[size_t(n)];
+      const Op& op = *node.impl;
+      std::vector<Tensor> ins(node.inputs.size()), outs(node.outputs.size()),
+          gouts(node.outputs.size()), ps(node.params.size());
+      for (size_t i = 0; i < ins.size(); ++i) ins[i] = s.values[size_t(node.inputs[i])];
+      for (size_t j = 0; j < outs.size(); ++j) {
+        outs[j] = s.values[size_t(node.outputs[j])];
+        gouts[j] = grads[size_t(node.outputs[j])].tensor;
+      }
+      for (size_t k = 0; k < ps.size(); ++k)
+        if (node.params[k] >= 0) ps[k] = state_of(node.params[k]).value;
+      std::vector<GradSlot> slots(node.inputs.size());
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        int v = node.inputs[i];
+        if (needs_grad_[size_t(v)])
+          slots[i] = GradSlot(&grads[size_t(v)], g.values[size_t(v)].type.with_batch(batch),
+                              g.values[size_t(v)].type.dtype, opt_options_.device);
+      }
+      BackwardCall call{s.ctx, ins, outs, ps, s.saved[size_t(n)], gouts, slots};
+      {
+        OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+        Timer timer(t != nullptr, t ? &t->backward_input : nullptr);
+        op.backward_input(call);
+      }
+      if (op.has_weights()) {
+        MbState::WStash w;
+        for (size_t i = 0; i < ins.size(); ++i)
+          w.inputs.push_back(op.weight_needs_input(i) ? ins[i] : Tensor());
+        w.outputs.resize(outs.size());
+        if (op.weight_needs_saved()) w.saved = s.saved[size_t(n)];
+        if (op.weight_needs_grad_outputs()) w.grad_outputs = gouts;
+        s.w[n] = std::move(w);
+      }
+      for (int v : node.outputs) grads[size_t(v)] = GradSlot::Entry{};
+      release_after_backward(s, n);
+    }
+  }
+  TensorMap out;
+  for (int v : boundary_in_) {
+    if (!needs_grad_[size_t(v)]) continue;
+    const Value& val = g.values[size_t(v)];
+    Tensor t = grads[size_t(v)].tensor;
+    if (!t.defined()) t = Tensor::zeros(val.type.with_batch(batch), val.type.dtype, opt_options_.device);
+    out[val.name] = t;
+  }
+  // Everything W reads is referenced from its W stash; the rest goes now.
+  s.values.clear();
+  s.saved.clear();
+  s.b_done = true;
+  return out;
+}
+
+// ---- W ----
+
+void Stage::backward_weight(int64_t mb_index) {
+  const Graph& g = *graph_;
+  auto it = stash_.find(mb_index);
+  if (it == stash_.end() || !it->second->b_done)
+    throw RuntimeError("W of micro-batch " + std::to_string(mb_index) + " before its B");
+  MbState& s = *it->second;
+  for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit) {
+    int n = *nit;
+    auto wit = s.w.find(n);
+    if (wit == s.w.end()) continue;
+    const Node& node = g.nodes[size_t(n)];
+    std::vector<Tensor> ps(node.params.size());
+    std::vector<ParamGrad> pg(node.params.size(), ParamGrad{Tensor(), false});
+    for (size_t k = 0; k < node.params.size(); ++k) {
+      if (node.params[k] < 0) continue;
+      ParamState& st = state_of(node.params[k]);
+      ps[k] = st.value;
+      size_t li = size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
+      pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
+      st.has[li] = true;
+    }
+    MbState::WStash& w = wit->second;
+    WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
+    {
+      OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+      Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
+      node.impl->backward_weight(call);
+    }
+    s.w.erase(wit);
+  }
+  stash_.erase(it);
+  grads_finished_ = false;
+}
+
+TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
+  TensorMap out = backward_input(mb_index, grad_outputs);
+  backward_weight(mb_index);
+  return out;
+}
+
+// ---- step ----
+
+void Stage::zero_grad() {
+  grads_finished_ = false;
+  for (auto& ps : params_) std::fill(ps->has.begin(), ps->has.end(), false);
+}
+
+void Stage::finish_grads() {
+  grads_finished_ = true;
+  for (auto& ps : params_) {
+    if (ps->grads.size() == 1) {
+      if (!ps->has[0]) ps->grads[0].zero_();
+      continue;
+    }
+    bool any = false;
+    for (size_t k = 0; k < ps->grads.size(); ++k) {
+      if (!ps->has[k]) continue;
+      if (!any)
+        ps->grad.copy_from(ps->grads[k]);
+      else
+        kernels::add_inplace(ps->grad, ps->grads[k]);
+      any = true;
+    }
+    if (!any) ps->grad.zero_();
+  }
+}
+
+std::vector<double> Stage::grad_sum_squares_by_layer() const {
+  std::vector<double> out(size_t(last_ - first_), 0.0);
+  for (const auto& ps : params_) {
+    if (ps->owner_layer < first_ || ps->owner_layer >= last_) continue;  // counted elsewhere
+    out[size_t(ps->owner_layer - first_)] += kernels::sum_squares(ps->grad);
+  }
+  return out;
+}
+
+double Stage::grad_sum_squares() const {
+  double s = 0;
+  for (double v : grad_sum_squares_by_layer()) s += v;
+  return s;
+}
+
+void Stage::set_optimizer(const OptimizerConfig& config) {
+  opt_ = config;
+  for (auto& ps : params_) {
+    const Param& p = graph_->params[size_t(ps->id)];
+    bool need_m = config.kind == OptimizerConfig::Kind::adamw || config.sgd.momentum > 0;
+    bool need_v = config.kind == OptimizerConfig::Kind::adamw;
+    if (need_m && !ps->m.defined()) ps->m = Tensor::zeros(p.shape, p.dtype, opt_options_.device);
+    if (need_v && !ps->v.defined()) ps->v = Tensor::zeros(p.shape, p.dtype, opt_options_.device);
+    if (!need_m) ps->m = Tensor();
+    if (!need_v) ps->v = Tensor();
+  }
+  opt_ready_ = true;
+}
+
+void Stage::step(double grad_scale) {
+  if (!opt_ready_) set_optimizer(opt_);
+  if (!grads_finished_) finish_grads();
+  ++opt_steps_;
+  OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
+  Timer timer(t != nullptr, t ? &t->forward : nullptr);
+  if (t) t->calls++;
+  for (auto& ps : params_) {
+    const Param& p = graph_->params[size_t(ps->id)];
+    if (opt_.kind == OptimizerConfig::Kind::adamw) {
+      kernels::AdamW cfg = opt_.adamw;
+      if (!p.weight_decay) cfg.weight_decay = 0;
+      kernels::adamw_step(ps->value, ps->grad, ps->m, ps->v, cfg, opt_steps_, grad_scale);
+    } else {
+      kernels::Sgd cfg = opt_.sgd;
+      if (!p.weight_decay) cfg.weight_decay = 0;
+      kernels::sgd_step(ps->value, ps->grad, ps->m, cfg, grad_scale);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Stage::optimizer_state(int id) const {
+  const ParamState& ps = state_of(id);
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (opt_.kind == OptimizerConfig::Kind::adamw) {
+    if (ps.m.defined()) out.emplace_back("exp_avg", ps.m);
+    if (ps.v.defined()) out.emplace_back("exp_avg_sq", ps.v);
+  } else if (ps.m.defined()) {
+    out.emplace_back("momentum_buffer", ps.m);
+  }
+  return out;
+}
+
+}  // namespace baton::stages
+
+namespace baton::stages {
+void Stage::discard(int64_t mb_index) { stash_.erase(mb_index); }
+}  // namespace baton::stages

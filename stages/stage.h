@@ -1,0 +1,168 @@
+// Stage: the part of a graph one rank holds for one pipeline chunk, a contiguous range of
+// layers [first, last), with its parameters, their gradients (accumulated over micro-
+// batches) and the optimizer state. It runs, per micro-batch:
+//   forward(mb, inputs)            -> the values crossing the stage's last cut (or the loss)
+//   backward_input(mb, grads)      B: gradients of the values that entered the stage
+//   backward_weight(mb)            W: parameter gradients (may be deferred; frees the stash)
+// with a per-micro-batch activation stash, optional recompute per layer, and then
+// zero_grad / grad norm pieces / step once per training step. The whole model on one
+// process is one Stage with every layer.
+//
+// Every tensor (parameters, gradients, optimizer state, activations) comes from the
+// device's allocator, so a capacity on it caps the stage and its peak is measurable.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops.h"
+#include "stages/graph.h"
+#include "stages/micro_batch.h"
+
+namespace baton::stages {
+
+using TensorMap = std::map<std::string, Tensor>;
+
+struct OptimizerConfig {
+  enum class Kind { adamw, sgd };
+  Kind kind = Kind::adamw;
+  kernels::AdamW adamw;
+  kernels::Sgd sgd;
+  nlohmann::json to_json() const;
+  static OptimizerConfig from_json(const nlohmann::json& j, const std::string& source);
+  double lr() const { return kind == Kind::adamw ? adamw.lr : sgd.lr; }
+  void set_lr(double lr);
+};
+
+struct StageOptions {
+  memory::Device device = memory::Device::cpu();
+  uint64_t seed = 0;                // parameter init and dropout
+  std::set<int> recompute_layers;   // graph layer indices whose activations are recomputed
+  transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
+  bool profile = false;  // time every node (op_times()); costs a clock read per node
+};
+
+// Seconds spent per op type (with profile on), summed over calls.
+struct OpTimes {
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  int64_t calls = 0;
+};
+
+class Stage {
+ public:
+  // The stage of `graph` holding layers [first_layer, last_layer). Parameters are
+  // allocated and initialised from (seed, name) at once.
+  Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer,
+        StageOptions options = {});
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  // ---- structure ----
+  const Graph& graph() const { return *graph_; }
+  int first_layer() const { return first_; }
+  int last_layer() const { return last_; }
+  bool is_first() const { return first_ == 0; }
+  bool is_last() const { return last_ == graph_->num_layers(); }
+  // Values that enter the stage from the previous one (empty for the first stage).
+  const std::vector<int>& boundary_inputs() const { return boundary_in_; }
+  // Values the stage hands on: those crossing its last cut, or the loss for the last stage.
+  const std::vector<int>& boundary_outputs() const { return boundary_out_; }
+  // Model inputs (tokens, targets) the stage reads; the data loader gives them.
+  const std::vector<int>& model_inputs() const { return model_in_; }
+  // Parameter ids the stage holds, ascending.
+  const std::vector<int>& param_ids() const { return param_ids_; }
+  // Parameters also held by another stage (tied, like GPT-2's wte): the engine sums their
+  // gradients across the stages holding them after finish_grads().
+  std::vector<int> shared_params() const;
+
+  // ---- parameters, gradients, optimizer state ----
+  const Tensor& param(int id) const;
+  Tensor& param(int id);
+  const Tensor& param(const std::string& name) const;
+  // The gradient accumulated since zero_grad (valid after finish_grads()).
+  const Tensor& grad(int id) const;
+  Tensor& grad(int id);
+  // Re-initialises every parameter from (seed, name).
+  void init_params(uint64_t seed);
+
+  // ---- one micro-batch ----
+  // `inputs` maps value names to tensors: boundary_inputs() and model_inputs(). Returns
+  // boundary_outputs() by name. With training = false nothing is stashed.
+  TensorMap forward(const MicroBatch& mb, const TensorMap& inputs, bool training = true);
+  // B. `grad_outputs` maps boundary_outputs() names to their gradients (none for the
+  // loss). Returns the gradients of the floating boundary_inputs() by name.
+  TensorMap backward_input(int64_t mb_index, const TensorMap& grad_outputs = {});
+  // W: accumulates parameter gradients and frees the micro-batch's stash.
+  void backward_weight(int64_t mb_index);
+  // B then W.
+  TensorMap backward(int64_t mb_index, const TensorMap& grad_outputs = {});
+  // Drops a forwarded micro-batch's stash without backward (evaluation, probing).
+  void discard(int64_t mb_index);
+  // Micro-batches forwarded and not yet through W.
+  size_t stashed() const { return stash_.size(); }
+
+  // ---- once per step ----
+  void zero_grad();
+  // Adds up gradients of parameters used by several layers of this stage (in ascending
+  // layer order) and zeroes those that got none. Call after the last W of a step.
+  void finish_grads();
+  // Sum of squares of the gradients, per layer of the graph (a parameter counts in the
+  // first layer that uses it), for this stage's layers. A process adds the pieces of all
+  // stages in layer order, so the norm has the same bits for any pipeline cut.
+  std::vector<double> grad_sum_squares_by_layer() const;
+  double grad_sum_squares() const;  // the pieces above, added in layer order
+  void set_optimizer(const OptimizerConfig& config);  // allocates its state
+  const OptimizerConfig& optimizer() const { return opt_; }
+  OptimizerConfig& optimizer() { return opt_; }
+  // One optimizer step on grad * grad_scale (grad_scale folds in clipping). Runs
+  // finish_grads() first if the caller did not.
+  void step(double grad_scale = 1.0);
+  int64_t optimizer_steps() const { return opt_steps_; }
+  void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
+  // Optimizer state tensors of a parameter: AdamW {exp_avg, exp_avg_sq}, SGD with
+  // momentum {momentum_buffer}; names are torch's.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state(int id) const;
+
+  // Time per op type ("optimizer" for step()) since the last reset (profile on).
+  const std::map<std::string, OpTimes>& op_times() const { return times_; }
+  void reset_op_times() { times_.clear(); }
+
+  // Bytes of parameters, gradients and optimizer state this stage holds.
+  int64_t persistent_bytes() const;
+
+ private:
+  struct ParamState;
+  struct MbState;
+  void run_node_forward(MbState& s, int node, bool keep_for_backward);
+  void recompute_layer(MbState& s, int layer);
+  void release_after_backward(MbState& s, int node);
+  ParamState& state_of(int id);
+  const ParamState& state_of(int id) const;
+
+  std::shared_ptr<const Graph> graph_;
+  int first_ = 0, last_ = 0;
+  StageOptions opt_options_;
+  std::vector<int> boundary_in_, boundary_out_, model_in_, param_ids_, nodes_;
+  std::vector<int> local_param_;  // graph param id -> index in params_ (-1: not held)
+  std::vector<std::unique_ptr<ParamState>> params_;
+  // Per value: does forward keep it for backward (outside recomputed layers); per node:
+  // is its layer recomputed; per value: the nodes whose B reads it.
+  std::vector<bool> kept_, recompute_node_, needs_grad_;
+  std::vector<int> last_forward_use_;            // last consumer node in the stage
+  std::vector<std::vector<int>> backward_users_; // nodes whose B reads the value
+  std::map<int64_t, std::unique_ptr<MbState>> stash_;
+  OptimizerConfig opt_;
+  bool opt_ready_ = false;
+  int64_t opt_steps_ = 0;
+  std::map<std::string, OpTimes> times_;
+  bool grads_finished_ = false;  // finish_grads() ran since the last W
+};
+
+}  // namespace baton::stages

@@ -1,0 +1,192 @@
+// Graph-level gradient checks in float64 against central finite differences: a whole GPT
+// block (parameters and its input), the whole small GPT (with and without dropout), the
+// MLP shorthand, and a general graph using every remaining op.
+#include <cmath>
+#include <functional>
+
+#include "tests/stages/helpers.h"
+
+namespace baton::stages {
+namespace {
+
+using testing::random_like;
+using testing::random_tokens;
+using testing::value_of;
+
+constexpr double kStep = 1e-5;
+constexpr double kTolerance = 1e-6;
+
+// Relative error ||a - n|| / max(||a||, ||n||) over sampled elements of one tensor.
+struct Check {
+  double num = 0, den_a = 0, den_n = 0;
+  void add(double a, double n) {
+    num += (a - n) * (a - n);
+    den_a += a * a;
+    den_n += n * n;
+  }
+  double rel() const {
+    double d = std::sqrt(std::max(den_a, den_n));
+    return d == 0 ? 0 : std::sqrt(num) / d;
+  }
+};
+
+// Compares the analytic gradient `grad` of tensor `x` with central differences of `loss`,
+// on up to `samples` elements chosen from `seed`.
+void check_tensor(const std::string& what, Tensor x, const Tensor& grad,
+                  const std::function<double()>& loss, int samples, uint64_t seed) {
+  ASSERT_EQ(x.dtype(), DType::f64);
+  ASSERT_EQ(grad.shape(), x.shape()) << what;
+  double* p = x.data<double>();
+  std::vector<double> g = grad.to_vector<double>();
+  std::mt19937_64 rng(seed);
+  Check c;
+  int64_t n = x.numel();
+  for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
+    int64_t i = samples >= n ? s : int64_t(rng() % uint64_t(n));
+    double orig = p[i];
+    p[i] = orig + kStep;
+    double lp = loss();
+    p[i] = orig - kStep;
+    double lm = loss();
+    p[i] = orig;
+    c.add(g[size_t(i)], (lp - lm) / (2 * kStep));
+  }
+  EXPECT_LT(c.rel(), kTolerance) << what << " (seed " << seed << ")";
+  EXPECT_GT(c.den_n, 0.0) << what << ": every sampled gradient is zero; the check proves nothing";
+}
+
+void randomize_params(Stage& st, double std, uint64_t seed) {
+  for (int id : st.param_ids())
+    kernels::random_normal(st.param(id), 0.0, std, seed, uint64_t(id) + 1, kernels::Block{});
+}
+
+void check_whole_model(const std::shared_ptr<Graph>& g, const TensorMap& inputs, int64_t batch,
+                       double tokens, uint64_t seed, int samples) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  StageOptions so;
+  so.seed = seed;
+  Stage st(g, 0, g->num_layers(), so);
+  randomize_params(st, 0.3, seed);
+  MicroBatch mb{0, 0, batch, batch, tokens, 3};
+  st.zero_grad();
+  st.forward(mb, inputs);
+  st.backward(0);
+  st.finish_grads();
+  auto loss = [&] {
+    TensorMap out = st.forward(mb, inputs, true);
+    st.discard(0);
+    return value_of(out.at("loss"));
+  };
+  for (int id : st.param_ids())
+    check_tensor(g->params[size_t(id)].name, st.param(id), st.grad(id).clone(), loss, samples,
+                 seed + uint64_t(id));
+}
+
+TEST(GradCheck, WholeGptF64) {
+  const uint64_t seed = 11;
+  auto g = testing::tiny_gpt(DType::f64);
+  TensorMap in{{"tokens", random_tokens(2, 5, 11, seed)},
+               {"targets", random_tokens(2, 5, 11, seed + 1)}};
+  check_whole_model(g, in, 2, 10, seed, 12);
+}
+
+TEST(GradCheck, WholeGptWithDropoutF64) {
+  // Masks are counter-based: the same micro-batch gets the same masks on every forward,
+  // so finite differences see the function backward differentiates.
+  const uint64_t seed = 12;
+  auto g = testing::tiny_gpt(DType::f64, 1, 2, 8, 5, 11, 0.2);
+  TensorMap in{{"tokens", random_tokens(2, 5, 11, seed)},
+               {"targets", random_tokens(2, 5, 11, seed + 1)}};
+  check_whole_model(g, in, 2, 10, seed, 12);
+}
+
+TEST(GradCheck, GptBlockF64) {
+  const uint64_t seed = 13;
+  auto g = testing::tiny_gpt(DType::f64, 2, 2, 8, 5, 11);
+  StageOptions so;
+  so.seed = seed;
+  Stage st(g, 1, 2, so);  // layer h.0 alone
+  ASSERT_EQ(st.boundary_inputs().size(), 1u);
+  ASSERT_EQ(st.boundary_outputs().size(), 1u);
+  randomize_params(st, 0.3, seed);
+  const std::string in_name = g->values[size_t(st.boundary_inputs()[0])].name;
+  const std::string out_name = g->values[size_t(st.boundary_outputs()[0])].name;
+  Tensor x = random_like({2, 5, 8}, DType::f64, 1.0, seed);
+  Tensor r = random_like({2, 5, 8}, DType::f64, 1.0, seed + 1);  // L = sum(out * r)
+  MicroBatch mb{0, 0, 2, 2, 10, 0};
+  auto objective = [&] {
+    TensorMap out = st.forward(mb, {{in_name, x}}, true);
+    st.discard(0);
+    std::vector<double> o = out.at(out_name).to_vector<double>(), w = r.to_vector<double>();
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += o[i] * w[i];
+    return s;
+  };
+  st.zero_grad();
+  st.forward(mb, {{in_name, x}});
+  TensorMap dx = st.backward_input(0, {{out_name, r}});
+  st.backward_weight(0);
+  st.finish_grads();
+  check_tensor("block input " + in_name, x, dx.at(in_name).clone(), objective, 16, seed);
+  for (int id : st.param_ids())
+    check_tensor(g->params[size_t(id)].name, st.param(id), st.grad(id).clone(), objective, 10,
+                 seed + uint64_t(id));
+}
+
+TEST(GradCheck, MlpF64) {
+  const uint64_t seed = 14;
+  MlpConfig c;
+  c.context = 3;
+  c.vocab_size = 7;
+  c.n_embd = 4;
+  c.hidden = {6, 5};
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  auto g = std::make_shared<Graph>(load_model_json(
+      nlohmann::json{{"type", "mlp"}, {"context", 3}, {"vocab_size", 7}, {"n_embd", 4},
+                     {"hidden", {6, 5}}, {"activation", "relu"}},
+      "mlp", lo));
+  TensorMap in{{"tokens", random_tokens(3, 3, 7, seed)},
+               {"targets", random_tokens(3, 1, 7, seed + 1).view({3})}};
+  check_whole_model(g, in, 3, 3, seed, 12);
+}
+
+// A general graph with the ops the shorthands do not use: matmul (transposed), softmax,
+// gelu, dropout, add, layernorm and a biased torch-layout linear.
+TEST(GradCheck, GeneralGraphF64) {
+  const uint64_t seed = 15;
+  nlohmann::json m = nlohmann::json::parse(R"({
+    "type": "graph", "name": "ops",
+    "inputs": [{"name": "x", "shape": [4, 6], "dtype": "f32"},
+               {"name": "y", "shape": [4], "dtype": "i64"}],
+    "params": [{"name": "w1", "shape": [6, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "ln.w", "shape": [4], "init": {"type": "ones"}},
+               {"name": "ln.b", "shape": [4], "init": {"type": "zeros"}},
+               {"name": "w2", "shape": [5, 4], "init": {"type": "normal", "std": 0.3}},
+               {"name": "b2", "shape": [5], "init": {"type": "constant", "value": 0.1}}],
+    "layers": [
+      {"name": "a", "nodes": [
+        {"name": "l1", "op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w1"}},
+        {"name": "sm", "op": "softmax", "inputs": ["h"], "outputs": ["s"]},
+        {"name": "mm", "op": "matmul", "inputs": ["s", "h"], "outputs": ["p"], "attrs": {"trans_b": true}}]},
+      {"name": "b", "nodes": [
+        {"name": "g", "op": "gelu", "inputs": ["p"], "outputs": ["q"]},
+        {"name": "d", "op": "dropout", "inputs": ["q"], "outputs": ["dq"], "attrs": {"p": 0.25}},
+        {"name": "r", "op": "add", "inputs": ["dq", "p"], "outputs": ["res"]},
+        {"name": "mm2", "op": "matmul", "inputs": ["res", "res"], "outputs": ["sq"], "attrs": {"trans_a": true}},
+        {"name": "ln", "op": "layernorm", "inputs": ["sq"], "outputs": ["n"], "params": {"weight": "ln.w", "bias": "ln.b"}},
+        {"name": "l2", "op": "linear", "inputs": ["n"], "outputs": ["logits"], "params": {"weight": "w2", "bias": "b2"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "y"], "outputs": ["loss"]}]}
+    ],
+    "loss": "loss"})");
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  auto g = std::make_shared<Graph>(load_model_json(m, "ops.json", lo));
+  std::vector<int64_t> ys = {0, 4, -100, 2, 1, 3, 0, 2};  // one ignored target
+  TensorMap in{{"x", random_like({2, 4, 6}, DType::f64, 1.0, seed)},
+               {"y", Tensor::from_vector(ys, {2, 4})}};
+  check_whole_model(g, in, 2, 7, seed, 16);
+}
+
+}  // namespace
+}  // namespace baton::stages

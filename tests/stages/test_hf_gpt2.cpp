@@ -1,0 +1,115 @@
+// A GPT-2 saved by Hugging Face transformers (tests/fixtures/gpt2_tiny, made by
+// tests/fixtures/make_gpt2_fixture.py) loads into baton and gives the loss transformers
+// computed on the same tokens (float32 and float64) and the same gradients (float64).
+#include <cmath>
+
+#include "stages/checkpoint.h"
+#include "stages/json_reader.h"
+#include "tests/stages/helpers.h"
+
+namespace baton::stages {
+namespace {
+
+const std::string kDir = std::string(BATON_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny";
+
+struct Fixture {
+  nlohmann::json expected;
+  Tensor tokens, targets;
+  std::shared_ptr<Graph> graph(DType dtype) const {
+    std::string path = kDir + "/config.json";
+    nlohmann::json cfg = read_json_file(path);
+    Gpt2Config c = parse_hf_gpt2_config(JsonReader(cfg, path));
+    c.context = tokens.size(1);
+    LoadOptions lo;
+    lo.float_dtype = dtype;
+    return std::make_shared<Graph>(load_model_json(c.to_json(), path, lo));
+  }
+};
+
+Fixture load_fixture() {
+  Fixture f;
+  f.expected = read_json_file(kDir + "/expected.json");
+  auto to_tensor = [](const nlohmann::json& rows) {
+    std::vector<int32_t> v;
+    for (const auto& r : rows)
+      for (const auto& x : r) v.push_back(x.get<int32_t>());
+    return Tensor::from_vector(v, {int64_t(rows.size()), int64_t(rows[0].size())});
+  };
+  f.tokens = to_tensor(f.expected["tokens"]);
+  f.targets = to_tensor(f.expected["targets"]);
+  return f;
+}
+
+double loss_of(Stage& st, const Fixture& f, bool backward) {
+  int64_t b = f.tokens.size(0);
+  MicroBatch mb{0, 0, b, b, double(f.targets.numel()), 0};
+  TensorMap out = st.forward(mb, {{"tokens", f.tokens}, {"targets", f.targets}}, backward);
+  if (backward) {
+    st.zero_grad();
+    st.backward(0);
+    st.finish_grads();
+  }
+  return testing::value_of(out.at("loss"));
+}
+
+TEST(HfGpt2, LossMatchesTransformersF32) {
+  Fixture f = load_fixture();
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_gpt2(kDir, st);
+  double expect = f.expected["loss_f32"].get<double>();
+  EXPECT_NEAR(loss_of(st, f, false), expect, 2e-6 * expect);
+}
+
+TEST(HfGpt2, LossAndGradientsMatchTransformersF64) {
+  Fixture f = load_fixture();
+  auto g = f.graph(DType::f64);
+  Stage st(g, 0, g->num_layers());
+  load_hf_gpt2(kDir, st);
+  double expect = f.expected["loss_f64"].get<double>();
+  EXPECT_NEAR(loss_of(st, f, true), expect, 1e-12 * expect);
+  const auto& norms = f.expected["grad_norms_f64"];
+  EXPECT_EQ(norms.size(), st.param_ids().size());
+  for (int id : st.param_ids()) {
+    const std::string& name = g->params[size_t(id)].name;
+    ASSERT_TRUE(norms.contains(name)) << name;
+    double n = std::sqrt(kernels::sum_squares(st.grad(id)));
+    double e = norms[name].get<double>();
+    EXPECT_NEAR(n, e, 1e-9 * e) << name;
+  }
+}
+
+TEST(HfGpt2, SavedCheckpointLoadsBack) {
+  Fixture f = load_fixture();
+  auto g = f.graph(DType::f32);
+  Stage a(g, 0, g->num_layers());
+  load_hf_gpt2(kDir, a);
+  std::string dir = ::testing::TempDir() + "/baton_hf_roundtrip";
+  save_hf_gpt2(dir, a);
+  Stage b(g, 0, g->num_layers(), StageOptions{memory::Device::cpu(), 99});
+  load_hf_gpt2(dir, b);
+  for (int id : a.param_ids())
+    EXPECT_EQ(a.param(id).to_vector<float>(), b.param(id).to_vector<float>());
+  nlohmann::json cfg = read_hf_config(dir);
+  EXPECT_EQ(cfg["n_layer"], 2);
+}
+
+TEST(HfGpt2, MissingTensorIsAnInputError) {
+  Fixture f = load_fixture();
+  // A model with a third layer needs h.2.* that the file does not have.
+  std::string path = kDir + "/config.json";
+  nlohmann::json cfg = read_json_file(path);
+  cfg["n_layer"] = 3;
+  auto g = std::make_shared<Graph>(load_model_json(cfg, path));
+  Stage st(g, 0, g->num_layers());
+  try {
+    load_hf_gpt2(kDir, st);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("h.2.ln_1.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace baton::stages
