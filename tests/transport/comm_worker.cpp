@@ -1,0 +1,164 @@
+// comm_worker: the program the multi-process tests start with `baton launch` (or by
+// hand, in network namespaces). It builds the world from the environment and runs one
+// scenario:
+//   check               every collective and point-to-point, checked; prints "ok"
+//   kill VICTIM MS      all-reduces in a loop; VICTIM SIGKILLs itself after MS ms
+//   hang VICTIM MS      the same, but VICTIM stops (SIGSTOP): alive, silent
+// A rank that sees a PeerError prints it with the peer and exits 3.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memory/tensor.h"
+#include "transport/world.h"
+
+using namespace baton;
+using namespace baton::transport;
+using memory::DType;
+using memory::Tensor;
+
+namespace {
+
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "rank %d: FAILED: %s\n", g_rank, what.c_str());
+  std::exit(1);
+}
+
+double value(int rank, int64_t i) { return double(int64_t((uint64_t(i) * 7 + uint64_t(rank) * 13) % 17) - 8); }
+
+Tensor input(int rank, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(value(rank, i));
+  return Tensor::from_vector(v, {n});
+}
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) fail(what);
+}
+
+void check(Communicator& c) {
+  const int r = c.rank(), n = c.size();
+  for (int64_t count : {int64_t(0), int64_t(5), int64_t(100'003), int64_t(4'194'305)}) {
+    std::string at = " (count " + std::to_string(count) + ")";
+    // all-reduce sum and max
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      Tensor t = input(r, count);
+      c.all_reduce(t, op)->wait();
+      const float* p = t.data<float>();
+      for (int64_t i = 0; i < count; ++i) {
+        double want = op == ReduceOp::max ? -1e9 : 0;
+        for (int q = 0; q < n; ++q) want = op == ReduceOp::max ? std::max(want, value(q, i)) : want + value(q, i);
+        if (p[i] != float(want)) fail("all_reduce element " + std::to_string(i) + at);
+      }
+    }
+    // all-gather and reduce-scatter with uneven parts
+    std::vector<int64_t> parts;
+    int64_t total = 0;
+    for (int q = 0; q < n; ++q) {
+      parts.push_back(count / n + (q < count % n ? 1 : 0));
+      total += parts.back();
+    }
+    Tensor mine = input(r, parts[size_t(r)]);
+    Tensor gathered = Tensor::zeros({total});
+    c.all_gather(mine, gathered, parts)->wait();
+    int64_t off = 0;
+    for (int q = 0; q < n; ++q) {
+      for (int64_t i = 0; i < parts[size_t(q)]; ++i)
+        if (gathered.data<float>()[off + i] != float(value(q, i))) fail("all_gather from rank " + std::to_string(q) + at);
+      off += parts[size_t(q)];
+    }
+    Tensor full = input(r, total);
+    Tensor part = Tensor::zeros({parts[size_t(r)]});
+    c.reduce_scatter(full, part, ReduceOp::sum, parts)->wait();
+    int64_t base = 0;
+    for (int q = 0; q < r; ++q) base += parts[size_t(q)];
+    for (int64_t i = 0; i < parts[size_t(r)]; ++i) {
+      double want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, base + i);
+      if (part.data<float>()[i] != float(want)) fail("reduce_scatter element " + std::to_string(i) + at);
+    }
+    // broadcast from the last rank
+    Tensor b = r == n - 1 ? input(n - 1, count) : Tensor::zeros({count});
+    c.broadcast(b, n - 1)->wait();
+    for (int64_t i = 0; i < count; ++i)
+      if (b.data<float>()[i] != float(value(n - 1, i))) fail("broadcast" + at);
+    // point to point around the ring, with a tag per count
+    Tensor out = input(r, count), in = Tensor::zeros({count});
+    auto rw = c.irecv(in, (r + n - 1) % n, uint64_t(count % 1000));
+    auto sw = c.isend(out, (r + 1) % n, uint64_t(count % 1000));
+    rw->wait();
+    sw->wait();
+    for (int64_t i = 0; i < count; ++i)
+      if (in.data<float>()[i] != float(value((r + n - 1) % n, i))) fail("send/recv" + at);
+  }
+  // Pairs as tensor-parallel groups (the last rank alone when n is odd).
+  std::vector<int> pair{r - r % 2};
+  if (r - r % 2 + 1 < n) pair.push_back(r - r % 2 + 1);
+  auto tp = c.split(pair);
+  Tensor t = Tensor::full({1000}, double(r + 1));
+  tp->all_reduce(t, ReduceOp::sum)->wait();
+  double want = 0;
+  for (int g : pair) want += g + 1;
+  expect(t.data<float>()[999] == float(want), "all_reduce in a sub-group");
+  c.barrier()->wait();
+}
+
+// All-reduces until a peer fails; the victim kills or stops itself after `ms`.
+int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
+  auto start = std::chrono::steady_clock::now();
+  if (c.rank() == victim) {
+    std::thread([how, ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      std::fprintf(stderr, "victim: %s now\n", how.c_str());
+      std::fflush(stderr);
+      raise(how == "kill" ? SIGKILL : SIGSTOP);
+    }).detach();
+  }
+  Tensor t = Tensor::full({1 << 22}, 1.0);
+  try {
+    for (long k = 0;; ++k) {
+      c.all_reduce(t, ReduceOp::avg)->wait();
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) fail("no failure seen in 60 s");
+    }
+  } catch (const PeerError& e) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs, e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS\n");
+    return 2;
+  }
+  std::string scenario = argv[1];
+  try {
+    World w = init_world();
+    g_rank = w.comm->rank();
+    if (scenario == "check") {
+      check(*w.comm);
+      std::printf("rank %d of %d ok (%s, %s)\n", w.comm->rank(), w.comm->size(), w.comm->backend().c_str(),
+                  w.env.source.c_str());
+      return 0;
+    }
+    if ((scenario == "kill" || scenario == "hang") && argc == 4)
+      return fail_scenario(*w.comm, scenario, std::atoi(argv[2]), std::atoi(argv[3]));
+    std::fprintf(stderr, "comm_worker: unknown scenario %s\n", scenario.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());
+    return 1;
+  }
+}

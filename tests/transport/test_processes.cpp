@@ -1,0 +1,218 @@
+// Real processes: ranks started by `baton launch` (or by hand, as mpirun or srun would)
+// talking over UCX; a rank killed or stopped in the middle of an all-reduce; the
+// launcher's report; a rendezvous with the wrong token.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+  double secs = 0;
+};
+
+// Runs a shell command (killed after `limit` seconds) and collects its output.
+Result run(const std::string& cmd, int limit = 60) {
+  Result r;
+  std::string full = "timeout -s KILL " + std::to_string(limit) + " sh -c '" + cmd + "' 2>&1";
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(full.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string launch(int n, const std::string& args, const std::string& extra = "") {
+  return std::string("BATON_PEER_TIMEOUT=2 ") + BATON_BINARY + " launch -n " + std::to_string(n) + " " +
+         extra + " -- " + COMM_WORKER + " " + args;
+}
+
+bool has(const std::string& out, const std::string& s) { return out.find(s) != std::string::npos; }
+
+uint16_t free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+TEST(Processes, LaunchedRanksRunEveryCollectiveOverUcx) {
+  for (int n : {2, 3, 4}) {
+    Result r = run(launch(n, "check"));
+    EXPECT_EQ(r.code, 0) << r.out;
+    for (int k = 0; k < n; ++k)
+      EXPECT_TRUE(has(r.out, "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " of " +
+                                 std::to_string(n) + " ok (ucx, baton launch)"))
+          << r.out;
+    std::printf("%d ranks: %.2f s\n", n, r.secs);
+  }
+}
+
+TEST(Processes, OneRankNeedsNoRendezvous) {
+  Result r = run(std::string(COMM_WORKER) + " check");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 of 1 ok")) << r.out;
+}
+
+TEST(Processes, SchedulerEnvironmentsWithAGivenRendezvous) {
+  // As mpirun (Open MPI), a PMI launcher and srun set them: rank 0 hosts the store.
+  struct Style {
+    const char* rank;
+    const char* size;
+    const char* name;
+  };
+  for (Style s : {Style{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
+                  Style{"PMI_RANK", "PMI_SIZE", "PMI"}, Style{"SLURM_PROCID", "SLURM_NTASKS", "Slurm"}}) {
+    std::string common = "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
+                         " BATON_JOB_TOKEN=t0ken BATON_PEER_TIMEOUT=2 " + s.size + "=2 ";
+    std::string cmd = common + s.rank + "=1 " + COMM_WORKER + " check & " + common + s.rank + "=0 " +
+                      COMM_WORKER + " check; a=$?; wait $!; b=$?; exit $((a + b))";
+    Result r = run(cmd);
+    EXPECT_EQ(r.code, 0) << s.name << ":\n" << r.out;
+    EXPECT_TRUE(has(r.out, std::string("rank 1 of 2 ok (ucx, ") + s.name + ")")) << r.out;
+  }
+}
+
+TEST(Processes, AWrongTokenIsRefused) {
+  std::string at = "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
+                   " BATON_WORLD_SIZE=2 BATON_CONNECT_TIMEOUT=2 ";
+  std::string cmd = at + "BATON_JOB_TOKEN=right BATON_RANK=0 " + COMM_WORKER + " check & sleep 0.3; " + at +
+                    "BATON_JOB_TOKEN=wrong BATON_RANK=1 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
+  Result r = run(cmd);
+  EXPECT_TRUE(has(r.out, "wrong job token")) << r.out;
+  EXPECT_TRUE(has(r.out, "codes 1 1")) << r.out;  // the intruder is refused, rank 0 gives up
+  EXPECT_TRUE(has(r.out, "refused a connection")) << r.out;
+}
+
+TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {
+  std::string cmd = std::string(BATON_BINARY) +
+                    " launch -n 3 --grace 0.5 -- sh -c \"echo up \\$BATON_RANK; "
+                    "if [ \\$BATON_RANK = 1 ]; then sleep 0.3; exit 7; fi; sleep 30\"";
+  Result r = run(cmd);
+  EXPECT_EQ(r.code, 7) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 2] up 2")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job failed: rank 1 exited with code 7; stopped rank(s) 0, 2")) << r.out;
+  EXPECT_LT(r.secs, 10.0);
+}
+
+// Checks that every survivor reported a PeerError naming the victim, soon enough.
+void expect_survivors_name(const Result& r, int n, int victim, double kill_at, double bound) {
+  std::regex line(R"((?:\[rank \d+\] )?rank (\d+): PeerError peer=(\d+) after ([0-9.]+) s: (.*))");
+  int seen = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
+    int who = std::stoi((*it)[1]);
+    int peer = std::stoi((*it)[2]);
+    double after = std::stod((*it)[3]);
+    EXPECT_NE(who, victim);
+    EXPECT_EQ(peer, victim) << (*it)[0];
+    EXPECT_NE((*it)[4].str().find("rank " + std::to_string(victim)), std::string::npos) << (*it)[0];
+    EXPECT_LT(after - kill_at, bound) << (*it)[0];
+    ++seen;
+  }
+  EXPECT_EQ(seen, n - 1) << r.out;
+}
+
+TEST(Processes, AKilledRankIsNamedByEveryOther) {
+  // Rank 2 of 4 is SIGKILLed 1.5 s into a loop of 16 MiB all-reduces. With a 2 s peer
+  // timeout, the others must fail within 2.5 s of it, naming rank 2.
+  Result r = run(launch(4, "kill 2 1500", "--grace 10"));
+  EXPECT_EQ(r.code, 128 + 9) << r.out;
+  EXPECT_TRUE(has(r.out, "the job failed: rank 2 was killed by signal 9")) << r.out;
+  expect_survivors_name(r, 4, 2, 1.5, 2.5 + 1.0);
+  EXPECT_LT(r.secs, 15.0) << r.out;
+  std::printf("%s", r.out.c_str());
+}
+
+TEST(Processes, AStoppedRankIsNamedByEveryOther) {
+  // Alive but silent (SIGSTOP): found by the liveness pings, not by a broken connection.
+  Result r = run(launch(3, "hang 1 1500", "--grace 1"));
+  EXPECT_NE(r.code, 0) << r.out;
+  expect_survivors_name(r, 3, 1, 1.5, 2.5 + 1.0);
+  EXPECT_LT(r.secs, 20.0) << r.out;
+  std::printf("%s", r.out.c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// Two hosts made of two network namespaces joined by a veth pair: one rank in each,
+// UCX over TCP between them, the rendezvous on the first one's veth address.
+class NetnsHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (CAP_NET_ADMIN) to create network namespaces";
+    tag_ = std::to_string(getpid() % 100000);
+    a_ = "btn" + tag_ + "a";
+    b_ = "btn" + tag_ + "b";
+    Result probe = run("ip netns add " + a_);
+    if (probe.code != 0) GTEST_SKIP() << "cannot create a network namespace here: " << probe.out;
+    created_ = true;
+    std::string va = "vbt" + tag_ + "a", vb = "vbt" + tag_ + "b";
+    std::string setup = "set -e; ip netns add " + b_ + "; ip link add " + va + " type veth peer name " + vb +
+                        "; ip link set " + va + " netns " + a_ + "; ip link set " + vb + " netns " + b_ +
+                        "; ip -n " + a_ + " addr add 10.231.7.1/24 dev " + va + "; ip -n " + b_ +
+                        " addr add 10.231.7.2/24 dev " + vb + "; ip -n " + a_ + " link set " + va +
+                        " up; ip -n " + b_ + " link set " + vb + " up; ip -n " + a_ + " link set lo up; ip -n " +
+                        b_ + " link set lo up";
+    Result r = run(setup);
+    ASSERT_EQ(r.code, 0) << r.out;
+    va_ = va;
+    vb_ = vb;
+  }
+  // The namespaces go even when the test failed; deleting them deletes the veth pair.
+  void TearDown() override {
+    if (created_) run("ip netns del " + a_ + "; ip netns del " + b_ + " 2>/dev/null; true");
+  }
+
+  std::string tag_, a_, b_, va_, vb_;
+  bool created_ = false;
+};
+
+TEST_F(NetnsHosts, RanksOnTwoHostsTalkOverTcp) {
+  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29517 BATON_JOB_TOKEN=netns-" + tag_ +
+                       " BATON_PEER_TIMEOUT=5 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
+                    COMM_WORKER + " check & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" + vb_ +
+                    " BATON_RANK=1 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
+  Result r = run(cmd, 90);
+  EXPECT_TRUE(has(r.out, "codes 0 0")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 of 2 ok (ucx, baton launch)")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 of 2 ok (ucx, baton launch)")) << r.out;
+  std::printf("two namespaces over TCP: %.2f s\n", r.secs);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(NetnsHosts, AKilledRankOnTheOtherHostIsNamed) {
+  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29518 BATON_JOB_TOKEN=netns-" + tag_ +
+                       " BATON_PEER_TIMEOUT=2 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
+                    COMM_WORKER + " kill 1 1000 & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" +
+                    vb_ + " BATON_RANK=1 " + COMM_WORKER + " kill 1 1000; wait $!; echo code0 $?";
+  Result r = run(cmd, 90);
+  EXPECT_TRUE(has(r.out, "code0 3")) << r.out;
+  expect_survivors_name(r, 2, 1, 1.0, 2.5 + 1.0);
+}
+
+}  // namespace

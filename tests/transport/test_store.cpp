@@ -1,0 +1,167 @@
+// The rendezvous store: set / get / wait / add, timeouts that name the key, the job
+// token, and messages that are malformed or too long.
+#include <gtest/gtest.h>
+
+// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <thread>
+
+#include "memory/error.h"
+#include "transport/store.h"
+
+namespace baton::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Store, SetGetBinaryValues) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore a("127.0.0.1", server.port(), "tok");
+  TcpStore b("127.0.0.1", server.port(), "tok");
+  std::string value("\0\1\2binary\xff", 10);
+  a.set("k", value);
+  EXPECT_EQ(b.get("k", 1000ms), value);
+  a.set("k", "again");
+  EXPECT_EQ(b.get("k", 1000ms), "again");
+  a.set("empty", "");
+  EXPECT_EQ(b.get("empty", 1000ms), "");
+}
+
+TEST(Store, GetWaitsForALaterSet) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore a("127.0.0.1", server.port(), "tok");
+  std::thread setter([&] {
+    TcpStore b("127.0.0.1", server.port(), "tok");
+    std::this_thread::sleep_for(100ms);
+    b.set("late", "here");
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(a.get("late", 5000ms), "here");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 80ms);
+  setter.join();
+}
+
+TEST(Store, TimeoutNamesTheMissingKeys) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore a("127.0.0.1", server.port(), "tok");
+  a.set("present", "1");
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    a.wait({"present", "absent/one", "absent/two"}, 200ms);
+    FAIL() << "wait returned for a missing key";
+  } catch (const RuntimeError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("absent/one"), std::string::npos) << m;
+    EXPECT_NE(m.find("absent/two"), std::string::npos) << m;
+    EXPECT_EQ(m.find("present,"), std::string::npos) << m;
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 190ms);
+  EXPECT_LT(took, 3000ms);
+  EXPECT_THROW(a.get("nothing", 50ms), RuntimeError);
+  // The connection stays usable after a timeout.
+  EXPECT_EQ(a.get("present", 50ms), "1");
+}
+
+TEST(Store, AddCountsAcrossClients) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&] {
+      TcpStore c("127.0.0.1", server.port(), "tok");
+      for (int k = 0; k < 25; ++k) c.add("n", 1);
+    });
+  for (auto& t : ts) t.join();
+  TcpStore c("127.0.0.1", server.port(), "tok");
+  EXPECT_EQ(c.add("n", 0), 100);
+  EXPECT_EQ(c.add("n", -100), 0);
+}
+
+TEST(Store, WrongTokenIsRefused) {
+  StoreServer server("127.0.0.1", 0, "the-right-token");
+  try {
+    TcpStore bad("127.0.0.1", server.port(), "a-wrong-token");
+    FAIL() << "a client with a wrong token was let in";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong job token"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TcpStore("127.0.0.1", server.port(), "the-right-toke"), RuntimeError);
+  EXPECT_EQ(server.refused(), 2u);
+  TcpStore good("127.0.0.1", server.port(), "the-right-token");
+  good.set("x", "y");
+  EXPECT_EQ(good.get("x", 100ms), "y");
+}
+
+// Raw bytes to the server; returns what it answers before closing (or timing out).
+std::string raw_exchange(uint16_t port, const std::string& bytes) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(s, asio::buffer(bytes));
+  std::string got;
+  char buf[4096];
+  boost::system::error_code ec;
+  s.non_blocking(false);
+  // The server answers and closes: read to EOF.
+  while (true) {
+    size_t n = s.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    got.append(buf, n);
+  }
+  return got;
+}
+
+std::string le32(uint32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[size_t(i)] = char((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+TEST(Store, OversizedAndMalformedMessagesAreRefused) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  // A length far beyond the limit: refused before anything is read.
+  std::string reply = raw_exchange(server.port(), le32(0x7fffffff));
+  EXPECT_NE(reply.find("outside"), std::string::npos) << reply;
+  // A hello whose token length runs past the end of the message.
+  std::string body = std::string(1, char(1)) + le32(1) + le32(1000) + "tok";
+  reply = raw_exchange(server.port(), le32(uint32_t(body.size())) + body);
+  EXPECT_NE(reply.find("too short"), std::string::npos) << reply;
+  // A request before the hello.
+  body = std::string(1, char(2)) + le32(1) + "k" + le32(1) + "v";
+  reply = raw_exchange(server.port(), le32(uint32_t(body.size())) + body);
+  EXPECT_NE(reply.find("hello"), std::string::npos) << reply;
+  EXPECT_EQ(server.refused(), 3u);
+  // The server still serves well-behaved clients.
+  TcpStore good("127.0.0.1", server.port(), "tok");
+  good.set("still", "up");
+  EXPECT_EQ(good.get("still", 100ms), "up");
+}
+
+TEST(Store, ConnectRetriesUntilTheServerStarts) {
+  // Find a free port, then start the server on it a little after the client tries.
+  uint16_t port;
+  { StoreServer probe("127.0.0.1", 0, "tok"); port = probe.port(); }
+  std::unique_ptr<StoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(200ms);
+    server = std::make_unique<StoreServer>("127.0.0.1", port, "tok");
+  });
+  TcpStore c("127.0.0.1", port, "tok", 5000ms);
+  c.set("a", "b");
+  starter.join();
+  EXPECT_THROW(TcpStore("127.0.0.1", 1, "tok", 100ms), RuntimeError);
+}
+
+TEST(Store, ListensOnTheAddressGiven) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  EXPECT_GT(server.port(), 0);
+  EXPECT_THROW(StoreServer("127.0.0.1", server.port(), "tok"), RuntimeError);  // taken
+  EXPECT_THROW(StoreServer("127.0.0.1", 0, ""), InputError);
+}
+
+}  // namespace
+}  // namespace baton::transport

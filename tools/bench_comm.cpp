@@ -1,0 +1,276 @@
+// `baton bench comm`: collective and point-to-point bandwidth in the nccl-tests
+// convention (size, time, algbw, busbw, #wrong), on the local backend (ranks as threads)
+// or UCX (ranks as processes, under `baton launch`). bench/mpi_comm_bench.cpp measures
+// Open MPI with the same sizes, timing and table; bench/comm_compare.py runs both.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "memory/error.h"
+#include "memory/tensor.h"
+#include "memory/units.h"
+#include "tools/bench.h"
+#include "tools/command.h"
+#include "transport/local.h"
+#include "transport/world.h"
+
+namespace baton::tools {
+namespace {
+
+using memory::DType;
+using memory::Tensor;
+using transport::Communicator;
+using transport::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<std::string> ops;
+  size_t min_bytes = 8;
+  size_t max_bytes = size_t(64) << 20;
+  int reps = 7;
+};
+
+const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv"};
+
+// Iterations per timed batch: many for small messages, a few for large ones.
+int batch_iters(size_t bytes) {
+  size_t m = (size_t(16) << 20) / std::max<size_t>(bytes, 1);
+  return int(std::clamp<size_t>(m, 2, 200));
+}
+
+double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  if (op == "all_gather" || op == "reduce_scatter") return n > 1 ? double(n - 1) / n : 0.0;
+  return 1.0;
+}
+
+float value(size_t i, int r) { return float((i * 7 + size_t(r) * 13) % 101); }
+
+class Bench {
+ public:
+  Bench(Communicator& c, size_t max_elems) : c_(c), n_(c.size()), r_(c.rank()) {
+    a_ = Tensor::zeros({int64_t(max_elems)});
+    b_ = Tensor::zeros({int64_t(max_elems)});
+    one_ = Tensor::zeros({1}, DType::f64);
+  }
+
+  // Views of the reused buffers for one operation and size, made once before timing
+  // (making a view allocates; the timed loop should measure communication only).
+  void prepare(const std::string& op, size_t count) {
+    int64_t k = int64_t(count);
+    if (op == "all_reduce" || op == "broadcast") {
+      x_ = a_.narrow(0, 0, k);
+    } else if (op == "all_gather") {
+      x_ = a_.narrow(0, 0, k);
+      y_ = b_.narrow(0, 0, k * n_);
+    } else if (op == "reduce_scatter") {
+      x_ = a_.narrow(0, 0, k * n_);
+      y_ = b_.narrow(0, 0, k);
+    } else if (op == "sendrecv") {
+      x_ = a_.narrow(0, 0, k);
+      y_ = b_.narrow(0, 0, k);
+    }
+  }
+
+  // One operation on the prepared views.
+  void run(const std::string& op) {
+    if (op == "all_reduce") {
+      c_.all_reduce(x_, ReduceOp::sum)->wait();
+    } else if (op == "all_gather") {
+      c_.all_gather(x_, y_)->wait();
+    } else if (op == "reduce_scatter") {
+      c_.reduce_scatter(x_, y_, ReduceOp::sum)->wait();
+    } else if (op == "broadcast") {
+      c_.broadcast(x_, 0)->wait();
+    } else if (op == "sendrecv") {
+      auto rw = c_.irecv(y_, (r_ + n_ - 1) % n_, 7);
+      auto sw = c_.isend(x_, (r_ + 1) % n_, 7);
+      rw->wait();
+      sw->wait();
+    }
+  }
+
+  void fill(const std::string& op, size_t count) {
+    size_t total = op == "reduce_scatter" ? count * size_t(n_) : count;
+    float* a = a_.data<float>();
+    for (size_t i = 0; i < total; ++i) a[i] = value(i, r_);
+    float* b = b_.data<float>();
+    std::fill(b, b + std::max(count * size_t(n_), count), -1.0f);
+  }
+
+  // Wrong elements of one run, summed over the ranks.
+  double check(const std::string& op, size_t count) {
+    const float* a = a_.data<float>();
+    const float* b = b_.data<float>();
+    double wrong = 0;
+    auto sum = [&](size_t i) {
+      float s = 0;
+      for (int q = 0; q < n_; ++q) s += value(i, q);
+      return s;
+    };
+    if (op == "all_reduce") {
+      for (size_t i = 0; i < count; ++i) wrong += a[i] != sum(i);
+    } else if (op == "all_gather") {
+      for (int q = 0; q < n_; ++q)
+        for (size_t i = 0; i < count; ++i) wrong += b[size_t(q) * count + i] != value(i, q);
+    } else if (op == "reduce_scatter") {
+      for (size_t i = 0; i < count; ++i) wrong += b[i] != sum(size_t(r_) * count + i);
+    } else if (op == "broadcast") {
+      for (size_t i = 0; i < count; ++i) wrong += a[i] != value(i, 0);
+    } else if (op == "sendrecv") {
+      for (size_t i = 0; i < count; ++i) wrong += b[i] != value(i, (r_ + n_ - 1) % n_);
+    }
+    return reduce_scalar(wrong, ReduceOp::sum);
+  }
+
+  double reduce_scalar(double x, ReduceOp op) {
+    one_.data<double>()[0] = x;
+    c_.all_reduce(one_, op)->wait();
+    return one_.data<double>()[0];
+  }
+
+  // Warm-buffer memcpy of `bytes` on this thread: the ceiling for moving bytes here.
+  double memcpy_gbs(size_t bytes) {
+    std::vector<double> t;
+    for (int i = 0; i < 11; ++i) {
+      auto t0 = Clock::now();
+      std::memcpy(b_.raw_data(), a_.raw_data(), bytes);
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return double(bytes) / t[t.size() / 2] / 1e9;
+  }
+
+  Communicator& c_;
+  int n_, r_;
+  Tensor a_, b_, one_;
+  Tensor x_, y_;  // the prepared views
+};
+
+void bench_rank(Communicator& c, const Options& o, const std::string& settings) {
+  const int n = c.size();
+  size_t max_elems = o.max_bytes / sizeof(float) * size_t(n) + 16;
+  Bench b(c, max_elems);
+  if (c.rank() == 0) {
+    double mc = b.memcpy_gbs(std::min(o.max_bytes, max_elems * sizeof(float)));
+    std::printf("# baton bench comm: backend %s, %d ranks, f32, %d batches after warm-up; %s\n",
+                c.backend().c_str(), n, o.reps, settings.c_str());
+    std::printf("# memcpy %s warm buffers, one thread: %.2f GB/s\n", memory::format_bytes(double(o.max_bytes)).c_str(), mc);
+    std::printf("%-15s %12s %12s %10s %10s %10s %9s %9s %7s\n", "op", "size(B)", "count", "time(us)", "min(us)",
+                "max(us)", "algbw", "busbw", "#wrong");
+    std::fflush(stdout);
+  }
+  c.barrier()->wait();
+  for (const auto& op : o.ops) {
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
+      size_t count = bytes / sizeof(float);
+      if (op == "all_gather" || op == "reduce_scatter") count /= size_t(n);
+      if (count == 0) continue;
+      b.fill(op, count);
+      b.prepare(op, count);
+      b.run(op);
+      double wrong = b.check(op, count);
+      int m = batch_iters(bytes);
+      for (int i = 0; i < m; ++i) b.run(op);  // warm-up
+      std::vector<double> times;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        c.barrier()->wait();
+        auto t0 = Clock::now();
+        for (int i = 0; i < m; ++i) b.run(op);
+        double t = std::chrono::duration<double>(Clock::now() - t0).count() / m;
+        times.push_back(b.reduce_scalar(t, ReduceOp::max));
+      }
+      std::sort(times.begin(), times.end());
+      double med = times[times.size() / 2];
+      size_t size = (op == "all_gather" || op == "reduce_scatter") ? count * size_t(n) * 4 : count * 4;
+      double algbw = double(size) / med / 1e9;
+      if (c.rank() == 0) {
+        std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7.0f\n", op.c_str(), size, size / 4,
+                    med * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, algbw * bus_factor(op, n), wrong);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int run_comm(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  opts.add_options()("backend", po::value<std::string>(),
+                     "local (ranks as threads) or ucx (ranks as processes; run under baton launch); "
+                     "default: ucx when launched, else local")(
+      "ranks,n", po::value<int>()->default_value(2), "ranks of the local backend")(
+      "op", po::value<std::string>()->default_value("all_reduce,all_gather,reduce_scatter,broadcast,sendrecv"),
+      "operations, comma-separated")(
+      "min-bytes", po::value<std::string>()->default_value("8"), "smallest message (e.g. 8, 4KiB)")(
+      "max-bytes", po::value<std::string>()->default_value("64MiB"), "largest message")(
+      "reps", po::value<int>()->default_value(7), "timed batches per size (median, min, max)");
+  add_common_options(opts);
+  po::variables_map vm;
+  if (!parse_args(args, "baton bench comm [options]", opts, vm)) return 0;
+  apply_common_options(vm);
+  Options o;
+  o.ops = split_list(vm["op"].as<std::string>());
+  for (auto& op : o.ops)
+    if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
+      throw InputError("--op: unknown operation '" + op +
+                       "' (expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv)");
+  o.min_bytes = memory::parse_bytes(vm["min-bytes"].as<std::string>());
+  o.max_bytes = memory::parse_bytes(vm["max-bytes"].as<std::string>());
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
+    throw InputError("--min-bytes must be at least 1 and at most --max-bytes");
+  o.reps = vm["reps"].as<int>();
+  if (o.reps < 1) throw InputError("--reps: expected at least 1");
+  std::string backend = vm.count("backend") ? vm["backend"].as<std::string>()
+                                            : (std::getenv("BATON_WORLD_SIZE") ? "ucx" : "local");
+  std::string settings = "UCX_TLS=" + env_or("UCX_TLS", "(UCX's choice)") +
+                         ", BATON_RING_CHUNK=" + env_or("BATON_RING_CHUNK", "(default)");
+  if (backend == "local") {
+    int n = vm["ranks"].as<int>();
+    if (n < 1) throw InputError("--ranks: expected at least 1");
+    auto world = transport::make_local_world(n, transport::CommOptions::from_env());
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          bench_rank(*world[size_t(r)], o, settings);
+        } catch (...) {
+          errors[size_t(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    return 0;
+  }
+  if (backend != "ucx") throw InputError("--backend: expected local or ucx, got '" + backend + "'");
+  transport::World w = transport::init_world();
+  bench_rank(*w.comm, o, settings);
+  return 0;
+}
+
+const RegisterBenchmark reg{{"comm", "communication: all-reduce, all-gather, reduce-scatter, broadcast, send/recv",
+                             run_comm}};
+
+}  // namespace
+}  // namespace baton::tools

@@ -1,0 +1,60 @@
+// `baton launch -n N [options] -- CMD ...`: runs N ranks of CMD on this host.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "memory/error.h"
+#include "tools/command.h"
+#include "transport/launch.h"
+#include "transport/world.h"
+
+namespace baton::tools {
+namespace {
+
+int run_launch(const std::vector<std::string>& args) {
+  // Everything after "--" is the command, untouched by our option parser.
+  std::vector<std::string> ours, command;
+  auto dash = std::find(args.begin(), args.end(), "--");
+  ours.assign(args.begin(), dash);
+  if (dash != args.end()) command.assign(dash + 1, args.end());
+
+  po::options_description opts("options");
+  opts.add_options()("nprocs,n", po::value<int>()->required(), "number of ranks to start")(
+      "rendezvous", po::value<std::string>()->default_value("127.0.0.1:0"),
+      "host:port the rendezvous listens on (port 0: any free port)")(
+      "grace", po::value<double>()->default_value(5.0),
+      "seconds the other ranks get to exit by themselves after one fails")(
+      "bind", po::value<std::string>()->default_value("cores"),
+      "cores: bind each rank to its share of the cores (when there are enough); none")(
+      "log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
+  po::variables_map vm;
+  if (!parse_args(ours, "baton launch -n N [options] -- CMD [ARGS...]", opts, vm)) return 0;
+  spdlog::set_level(spdlog::level::from_str(vm["log-level"].as<std::string>()));
+  if (command.empty()) throw InputError("no command given: baton launch -n N -- CMD [ARGS...]");
+  transport::LaunchOptions o;
+  o.nprocs = vm["nprocs"].as<int>();
+  if (o.nprocs < 1) throw InputError("--nprocs: expected at least 1, got " + std::to_string(o.nprocs));
+  std::string rv = vm["rendezvous"].as<std::string>();
+  auto colon = rv.rfind(':');
+  if (colon == std::string::npos) throw InputError("--rendezvous='" + rv + "': expected host:port");
+  o.host = rv.substr(0, colon);
+  std::string port = rv.substr(colon + 1);
+  char* end = nullptr;
+  long p = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p < 0 || p > 65535)
+    throw InputError("--rendezvous='" + rv + "': the port must be a number from 0 to 65535");
+  o.port = uint16_t(p);
+  double grace = vm["grace"].as<double>();
+  if (grace < 0) throw InputError("--grace: expected a non-negative number of seconds");
+  o.grace = std::chrono::milliseconds(int64_t(grace * 1000));
+  std::string bind = vm["bind"].as<std::string>();
+  if (bind != "cores" && bind != "none") throw InputError("--bind: expected cores or none, got '" + bind + "'");
+  o.bind = bind == "cores";
+  o.command = command;
+  return transport::launch(o);
+}
+
+const RegisterCommand reg{{"launch", "start N local ranks of a command, with the rendezvous", run_launch}};
+
+}  // namespace
+}  // namespace baton::tools

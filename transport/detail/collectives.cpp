@@ -1,0 +1,324 @@
+#include "transport/detail/collectives.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "memory/error.h"
+#include "transport/detail/reduce.h"
+#include "transport/detail/ring.h"
+
+namespace baton::transport::detail {
+
+using memory::DType;
+
+namespace {
+
+size_t env_size(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || x == 0)
+    throw InputError(std::string(name) + "='" + v + "': expected a positive integer");
+  return size_t(x);
+}
+
+int mod(int x, int n) { return ((x % n) + n) % n; }
+
+int largest_power_of_two_at_most(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// ---- all-reduce, latency-bound: recursive doubling ----
+//
+// With n not a power of two, the first 2*rem ranks pair up first (the even one hands
+// its data to the odd one and sits out), so that a power of two takes part; the
+// result goes back to those that sat out. Each combination puts the lower group's
+// data first, so that every rank computes the same bits.
+void all_reduce_doubling(const GroupView& g, char* buf, size_t count, DType dtype, ReduceOp op) {
+  const int n = g.size;
+  const int r = g.rank;
+  const size_t bytes = count * memory::dtype_size(dtype);
+  const int p = largest_power_of_two_at_most(n);
+  const int rem = n - p;
+  Scratch tmp(bytes);
+  int vr;  // rank among the p that take part, or -1
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      g.wait(g.send(buf, bytes, r + 1, 0));
+      vr = -1;
+    } else {
+      g.wait(g.recv(tmp.data(), bytes, r - 1, 0));
+      reduce(buf, tmp.data(), buf, count, dtype, op);
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    int step = 1;
+    for (int mask = 1; mask < p; mask <<= 1, ++step) {
+      int pv = vr ^ mask;
+      int partner = pv < rem ? pv * 2 + 1 : pv + rem;
+      auto rq = g.recv(tmp.data(), bytes, partner, uint64_t(step));
+      auto sq = g.send(buf, bytes, partner, uint64_t(step));
+      g.wait(rq);
+      g.wait(sq);
+      if (pv < vr)
+        reduce(buf, tmp.data(), buf, count, dtype, op);
+      else
+        reduce(buf, buf, tmp.data(), count, dtype, op);
+    }
+  }
+  if (op == ReduceOp::avg && vr >= 0) divide(buf, count, dtype, n);
+  if (r < 2 * rem) {
+    const uint64_t back = 1000;
+    if (r % 2 == 0)
+      g.wait(g.recv(buf, bytes, r + 1, back));
+    else
+      g.wait(g.send(buf, bytes, r - 1, back));
+  }
+}
+
+// ---- reduce-scatter, latency-bound: direct exchange ----
+// Every rank sends each part straight to its owner and sums what it receives in rank
+// order, in one round.
+void reduce_scatter_direct(const GroupView& g, const char* in, char* out,
+                           std::span<const int64_t> counts, DType dtype, ReduceOp op) {
+  const int n = g.size;
+  const int r = g.rank;
+  const size_t es = memory::dtype_size(dtype);
+  auto off = offsets_of(counts);
+  const size_t mine = size_t(counts[size_t(r)]);
+  Scratch tmp(mine * es * size_t(n));
+  std::vector<RequestPtr> reqs;
+  for (int q = 0; q < n; ++q) {
+    if (q == r) continue;
+    reqs.push_back(g.recv(tmp.data() + size_t(q) * mine * es, mine * es, q, 0));
+  }
+  for (int i = 1; i < n; ++i) {
+    int q = mod(r + i, n);
+    reqs.push_back(g.send(in + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+  }
+  g.wait_all(reqs);
+  std::memcpy(tmp.data() + size_t(r) * mine * es, in + off[size_t(r)] * es, mine * es);
+  if (mine > 0) {
+    std::memcpy(out, tmp.data(), mine * es);
+    for (int q = 1; q < n; ++q) reduce(out, out, tmp.data() + size_t(q) * mine * es, mine, dtype, op);
+    if (op == ReduceOp::avg) divide(out, mine, dtype, n);
+  }
+}
+
+// ---- all-gather, latency-bound: direct exchange ----
+void all_gather_direct(const GroupView& g, const char* in, char* out,
+                       std::span<const int64_t> counts, size_t es) {
+  const int n = g.size;
+  const int r = g.rank;
+  auto off = offsets_of(counts);
+  std::vector<RequestPtr> reqs;
+  for (int q = 0; q < n; ++q)
+    if (q != r) reqs.push_back(g.recv(out + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+  for (int i = 1; i < n; ++i)
+    reqs.push_back(g.send(in, size_t(counts[size_t(r)]) * es, mod(r + i, n), 0));
+  if (counts[size_t(r)] > 0) std::memcpy(out + off[size_t(r)] * es, in, size_t(counts[size_t(r)]) * es);
+  g.wait_all(reqs);
+}
+
+// ---- broadcast ----
+
+// Binomial tree rooted at `root`: log2(n) rounds of whole messages.
+void broadcast_tree(const GroupView& g, char* buf, size_t bytes, int root) {
+  const int n = g.size;
+  const int vr = mod(g.rank - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      g.wait(g.recv(buf, bytes, mod(vr - mask + root, n), 0));
+      break;
+    }
+    mask <<= 1;
+  }
+  std::vector<RequestPtr> sends;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (vr + mask < n) sends.push_back(g.send(buf, bytes, mod(vr + mask + root, n), 0));
+  g.wait_all(sends);
+}
+
+// Pipelined chain root -> root+1 -> ...: each rank forwards chunk k as soon as it has
+// it, so the time is about one message time plus (n - 2) chunk times.
+void broadcast_chain(const GroupView& g, char* buf, size_t bytes, int root) {
+  const int n = g.size;
+  const int vr = mod(g.rank - root, n);
+  const size_t C = std::max<size_t>(1, AlgoTuning::get().chunk_bytes);
+  const size_t nc = (bytes + C - 1) / C;
+  const int next = mod(g.rank + 1, n);
+  const int prev = mod(g.rank - 1, n);
+  std::vector<RequestPtr> sends;
+  if (vr == 0) {
+    for (size_t k = 0; k < nc; ++k)
+      sends.push_back(g.send(buf + k * C, std::min(C, bytes - k * C), next, k));
+  } else {
+    std::vector<RequestPtr> recvs(nc);
+    for (size_t k = 0; k < nc; ++k) recvs[k] = g.recv(buf + k * C, std::min(C, bytes - k * C), prev, k);
+    for (size_t k = 0; k < nc; ++k) {
+      g.wait(recvs[k]);
+      if (vr + 1 < n) sends.push_back(g.send(buf + k * C, std::min(C, bytes - k * C), next, k));
+    }
+  }
+  g.wait_all(sends);
+}
+
+}  // namespace
+
+const AlgoTuning& AlgoTuning::get() {
+  static const AlgoTuning t = [] {
+    AlgoTuning a;
+    a.small_bytes = env_size("BATON_SMALL_BYTES", a.small_bytes);
+    a.chunk_bytes = env_size("BATON_RING_CHUNK", a.chunk_bytes);
+    a.window = int(env_size("BATON_RING_WINDOW", size_t(a.window)));
+    return a;
+  }();
+  return t;
+}
+
+std::vector<size_t> offsets_of(std::span<const int64_t> counts) {
+  std::vector<size_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + size_t(counts[i]);
+  return off;
+}
+
+std::vector<int64_t> equal_parts(size_t count, int n) {
+  std::vector<int64_t> parts(size_t(n), int64_t(count / size_t(n)));
+  for (size_t i = 0; i < count % size_t(n); ++i) parts[i] += 1;
+  return parts;
+}
+
+void all_reduce(const GroupView& g, void* buf, size_t count, DType dtype, ReduceOp op) {
+  const size_t es = memory::dtype_size(dtype);
+  if (g.size == 1 || count == 0) return;  // avg over one rank is the value itself
+  if (count * es <= AlgoTuning::get().small_bytes || count < size_t(g.size)) {
+    all_reduce_doubling(g, static_cast<char*>(buf), count, dtype, op);
+    return;
+  }
+  auto parts = equal_parts(count, g.size);
+  auto off = offsets_of(parts);
+  RingJob job;
+  job.off.assign(off.begin(), off.end() - 1);
+  job.len.assign(parts.begin(), parts.end());
+  job.esize = es;
+  job.dtype = dtype;
+  job.op = op;
+  job.reduce = job.gather = true;
+  job.in = static_cast<const char*>(buf);
+  job.buf = static_cast<char*>(buf);
+  run_ring(g, job);
+}
+
+void reduce_scatter(const GroupView& g, const void* in, void* out, std::span<const int64_t> counts,
+                    DType dtype, ReduceOp op) {
+  const size_t es = memory::dtype_size(dtype);
+  auto off = offsets_of(counts);
+  const size_t total = off.back();
+  if (g.size == 1) {
+    if (total > 0) std::memmove(out, in, total * es);
+    return;
+  }
+  if (total * es <= AlgoTuning::get().small_bytes) {
+    reduce_scatter_direct(g, static_cast<const char*>(in), static_cast<char*>(out), counts, dtype, op);
+    return;
+  }
+  RingJob job;
+  job.off.assign(off.begin(), off.end() - 1);
+  job.len.assign(counts.begin(), counts.end());
+  job.esize = es;
+  job.dtype = dtype;
+  job.op = op;
+  job.reduce = true;
+  job.in = static_cast<const char*>(in);
+  job.out = static_cast<char*>(out);
+  run_ring(g, job);
+}
+
+void all_gather(const GroupView& g, const void* in, void* out, std::span<const int64_t> counts,
+                size_t es) {
+  auto off = offsets_of(counts);
+  const size_t total = off.back();
+  if (g.size == 1) {
+    if (total > 0) std::memmove(out, in, total * es);
+    return;
+  }
+  if (total * es <= AlgoTuning::get().small_bytes) {
+    all_gather_direct(g, static_cast<const char*>(in), static_cast<char*>(out), counts, es);
+    return;
+  }
+  RingJob job;
+  job.off.assign(off.begin(), off.end() - 1);
+  job.len.assign(counts.begin(), counts.end());
+  job.esize = es;
+  job.gather = true;
+  job.buf = static_cast<char*>(out);
+  job.own = static_cast<const char*>(in);
+  run_ring(g, job);
+}
+
+void broadcast(const GroupView& g, void* buf, size_t bytes, int root) {
+  if (g.size == 1) return;
+  if (bytes <= AlgoTuning::get().small_bytes || g.size == 2)
+    broadcast_tree(g, static_cast<char*>(buf), bytes, root);
+  else
+    broadcast_chain(g, static_cast<char*>(buf), bytes, root);
+}
+
+void scatter(const GroupView& g, const void* in, void* out, std::span<const int64_t> counts,
+             size_t es, int root) {
+  const int r = g.rank;
+  const size_t mine = size_t(counts[size_t(r)]) * es;
+  if (r != root) {
+    g.wait(g.recv(out, mine, root, 0));
+    return;
+  }
+  auto off = offsets_of(counts);
+  const char* src = static_cast<const char*>(in);
+  std::vector<RequestPtr> sends;
+  for (int i = 1; i < g.size; ++i) {
+    int q = mod(r + i, g.size);
+    sends.push_back(g.send(src + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+  }
+  if (mine > 0) std::memmove(out, src + off[size_t(r)] * es, mine);
+  g.wait_all(sends);
+}
+
+void gather(const GroupView& g, const void* in, void* out, std::span<const int64_t> counts,
+            size_t es, int root) {
+  const int r = g.rank;
+  const size_t mine = size_t(counts[size_t(r)]) * es;
+  if (r != root) {
+    g.wait(g.send(in, mine, root, 0));
+    return;
+  }
+  auto off = offsets_of(counts);
+  char* dst = static_cast<char*>(out);
+  std::vector<RequestPtr> recvs;
+  for (int q = 0; q < g.size; ++q)
+    if (q != r) recvs.push_back(g.recv(dst + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+  if (mine > 0) std::memmove(dst + off[size_t(r)] * es, in, mine);
+  g.wait_all(recvs);
+}
+
+// Dissemination barrier: in round k every rank signals rank + 2^k and hears from
+// rank - 2^k; after ceil(log2 n) rounds everyone has heard, indirectly, from everyone.
+void barrier(const GroupView& g) {
+  const int n = g.size;
+  uint64_t round = 0;
+  for (int dist = 1; dist < n; dist <<= 1, ++round) {
+    auto rq = g.recv(nullptr, 0, mod(g.rank - dist, n), round);
+    auto sq = g.send(nullptr, 0, mod(g.rank + dist, n), round);
+    g.wait(rq);
+    g.wait(sq);
+  }
+}
+
+}  // namespace baton::transport::detail

@@ -1,0 +1,145 @@
+#include "transport/detail/executor.h"
+
+#include <ctime>
+
+#include "memory/error.h"
+
+namespace baton::transport::detail {
+
+namespace {
+// Idleness is judged in milliseconds: the coarse clock is enough and much cheaper.
+std::chrono::nanoseconds coarse_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+}  // namespace
+
+Executor::~Executor() { shutdown(); }
+
+void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
+  std::unique_lock lock(mu_);
+  if (stop_) {
+    job->error = std::make_exception_ptr(RuntimeError("collective issued on a closed communicator"));
+    job->state.store(Job::kFailed);
+    return;
+  }
+  queue_.push_back(job);
+  if (!started_) {
+    started_ = true;
+    last_active_ = coarse_now();
+    thread_ = std::thread([this] { loop(); });
+  }
+  if (urgent || deep_sleep_) cv_.notify_one();
+}
+
+void Executor::run(Job& job) {
+  job.state.store(Job::kRunning, std::memory_order_release);
+  job.state.notify_all();
+  std::exception_ptr broken;
+  {
+    std::lock_guard lock(mu_);
+    broken = broken_;
+  }
+  try {
+    if (broken) std::rethrow_exception(broken);
+    job.run();
+    job.state.store(Job::kDone, std::memory_order_release);
+  } catch (...) {
+    job.error = std::current_exception();
+    {
+      // Peers are now out of step with this rank; every later collective fails too.
+      std::lock_guard lock(mu_);
+      if (!broken_) broken_ = job.error;
+    }
+    job.state.store(Job::kFailed, std::memory_order_release);
+  }
+  job.state.notify_all();
+}
+
+void Executor::drain(std::unique_lock<std::mutex>& lock, Job* target) {
+  while (!queue_.empty()) {
+    auto job = queue_.front();
+    queue_.pop_front();
+    lock.unlock();
+    run(*job);
+    lock.lock();
+    if (job.get() == target) break;
+  }
+  last_active_ = coarse_now();
+}
+
+void Executor::loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (!running_ && !queue_.empty()) {
+      running_ = true;
+      drain(lock, nullptr);
+      running_ = false;
+      continue;
+    }
+    if (stop_) break;
+    auto now = coarse_now();
+    if (queue_.empty() && now - last_active_ > kIdle) {
+      deep_sleep_ = true;
+      cv_.wait(lock);
+      deep_sleep_ = false;
+    } else {
+      cv_.wait_for(lock, kPickup);
+    }
+  }
+}
+
+bool Executor::test(Job& job) {
+  int s = job.state.load(std::memory_order_acquire);
+  if (s == Job::kFailed) std::rethrow_exception(job.error);
+  return s == Job::kDone;
+}
+
+void Executor::wait(Job& job) {
+  while (true) {
+    int s = job.state.load(std::memory_order_acquire);
+    if (s == Job::kDone) return;
+    if (s == Job::kFailed) std::rethrow_exception(job.error);
+    if (s == Job::kQueued) {
+      std::unique_lock lock(mu_);
+      if (!running_ && job.state.load(std::memory_order_acquire) == Job::kQueued) {
+        running_ = true;
+        drain(lock, &job);
+        running_ = false;
+        if (!queue_.empty()) cv_.notify_one();
+        continue;
+      }
+    }
+    job.state.wait(s, std::memory_order_acquire);
+  }
+}
+
+void Executor::shutdown() {
+  std::deque<std::shared_ptr<Job>> dropped;
+  {
+    std::unique_lock lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    // Jobs nobody started: fail them rather than block on peers that may never come.
+    // A job being run finishes first (its peers' failure ends it if they are gone).
+    dropped.swap(queue_);
+    cv_.notify_all();
+  }
+  for (auto& job : dropped) {
+    job->error = std::make_exception_ptr(
+        RuntimeError("the communicator was closed before this collective started"));
+    job->state.store(Job::kFailed, std::memory_order_release);
+    job->state.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  // A caller thread may still be running a stolen job: wait for it to hand back.
+  std::unique_lock lock(mu_);
+  while (running_) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    lock.lock();
+  }
+}
+
+}  // namespace baton::transport::detail

@@ -1,0 +1,176 @@
+#include "transport/detail/fabric.h"
+
+#include <chrono>
+#include <thread>
+
+#include "transport/detail/tag.h"
+
+namespace baton::transport::detail {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+}  // namespace
+
+Fabric::Fabric(int rank, int size, CommOptions options)
+    : rank_(rank), size_(size), options_(options) {
+  if (size < 1 || size > kMaxRanks)
+    throw InputError("world size " + std::to_string(size) + " is out of range (1.." +
+                     std::to_string(kMaxRanks) + ")");
+  if (rank < 0 || rank >= size)
+    throw InputError("rank " + std::to_string(rank) + " is out of range for world size " +
+                     std::to_string(size));
+}
+
+void Fabric::complete(Request& r) {
+  Fabric* f = r.owner;
+  r.state.store(Request::kDone, std::memory_order_seq_cst);
+  if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
+}
+
+void Fabric::fail(Request& r, std::exception_ptr error) {
+  Fabric* f = r.owner;
+  r.error = std::move(error);
+  r.state.store(Request::kFailed, std::memory_order_seq_cst);
+  if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
+}
+
+void Fabric::wake_waiters() {
+  // Taking the lock orders this wake after a waiter's check-then-sleep.
+  { std::lock_guard lock(wait_mu_); }
+  wait_cv_.notify_all();
+}
+
+bool Fabric::poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch) {
+  int s = r.state.load(std::memory_order_acquire);
+  if (s == Request::kDone) return true;
+  // A failure in scope first: it names the rank that failed first, which may not be
+  // the one this request waits on.
+  uint64_t epoch = failure_epoch_.load(std::memory_order_acquire);
+  if (epoch != seen_epoch) {
+    seen_epoch = epoch;
+    check_scope(scope);
+  }
+  if (s == Request::kFailed) std::rethrow_exception(r.error);
+  return false;
+}
+
+bool Fabric::test(Request& r, std::span<const int> scope) {
+  uint64_t seen = 0;
+  if (poll(r, scope, seen)) return true;
+  progress();
+  return poll(r, scope, seen);
+}
+
+void Fabric::wait(Request& r, std::span<const int> scope) {
+  uint64_t seen = 0;
+  if (poll(r, scope, seen)) return;
+  // Poll first: a small message usually completes within microseconds, far less than
+  // the cost of sleeping and being woken.
+  auto deadline = std::chrono::steady_clock::now() + options_.spin;
+  int spins = 0;
+  on_poll_begin();
+  struct PollEnd {
+    Fabric* f;
+    ~PollEnd() { f->on_poll_end(); }
+  };
+  {
+    PollEnd poll_end{this};
+    while (true) {
+      if (!progress()) cpu_relax();
+      if (poll(r, scope, seen)) return;
+      if (++spins % 64 == 0) {
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        // When the cores are oversubscribed the thread we wait for may be queued
+        // behind us on this core: let it run. On an idle core this returns at once.
+        std::this_thread::yield();
+      }
+    }
+  }
+  on_sleep_begin();
+  struct SleepEnd {
+    Fabric* f;
+    ~SleepEnd() { f->on_sleep_end(); }
+  } sleep_end{this};
+  std::unique_lock lock(wait_mu_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  struct Unsleep {
+    std::atomic<int>& n;
+    ~Unsleep() { n.fetch_sub(1, std::memory_order_seq_cst); }
+  } unsleep{sleepers_};
+  while (!poll(r, scope, seen)) wait_cv_.wait(lock);
+}
+
+void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
+  {
+    std::lock_guard lock(failed_mu_);
+    if (!failed_.emplace(peer, Failed{reason, failed_.size(), left}).second) return;
+  }
+  failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  size_t hit = fail_pending(peer, peer_error(peer));
+  if (left && hit > 0) {
+    // It left while we still waited on it: for us, that is a failure.
+    std::lock_guard lock(failed_mu_);
+    Failed& f = failed_.at(peer);
+    f.left = false;
+    f.reason += " while rank " + std::to_string(rank_) + " still waited on it";
+    failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  wake_waiters();
+}
+
+std::optional<std::string> Fabric::failure_of(int peer) const {
+  if (!any_failure()) return std::nullopt;  // no lock on the fast path
+  std::lock_guard lock(failed_mu_);
+  auto it = failed_.find(peer);
+  if (it == failed_.end()) return std::nullopt;
+  return it->second.reason;
+}
+
+std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
+  std::lock_guard lock(failed_mu_);
+  const std::pair<const int, Failed>* best = nullptr;
+  for (auto& f : failed_)
+    if (!f.second.left && (!best || f.second.order < best->second.order)) best = &f;
+  if (!best) return std::nullopt;
+  return std::make_pair(best->first, best->second.reason);
+}
+
+PeerError Fabric::peer_error(int peer) const {
+  auto reason = failure_of(peer);
+  return PeerError(peer, "rank " + std::to_string(peer) + " failed: " +
+                             (reason ? *reason : std::string("unknown reason")) +
+                             " (seen by rank " + std::to_string(rank_) + ")");
+}
+
+void Fabric::check_scope(std::span<const int> scope) const {
+  if (failure_epoch_.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard lock(failed_mu_);
+  int first = -1;
+  uint64_t order = ~uint64_t(0);
+  for (int g : scope) {
+    auto it = failed_.find(g);
+    if (it != failed_.end() && !it->second.left && it->second.order < order) {
+      first = g;
+      order = it->second.order;
+    }
+  }
+  if (first >= 0)
+    throw PeerError(first, "rank " + std::to_string(first) + " failed: " + failed_.at(first).reason +
+                               " (seen by rank " + std::to_string(rank_) + ")");
+}
+
+void Fabric::reserve_context(uint16_t id) {
+  uint16_t cur = next_context_.load();
+  while (cur <= id && !next_context_.compare_exchange_weak(cur, uint16_t(id + 1))) {
+  }
+}
+
+}  // namespace baton::transport::detail

@@ -1,0 +1,126 @@
+// Fabric: the point-to-point layer under every communicator of one rank. A backend
+// (in-process mailbox, UCX) moves bytes between global ranks with 64-bit tags; the
+// fabric adds what all backends share: completion, waiting (poll, then sleep), and the
+// record of failed peers that turns waits into PeerErrors.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "transport/communicator.h"
+#include "transport/options.h"
+
+namespace baton::transport::detail {
+
+// A pending send or receive. The backend completes or fails it exactly once.
+struct Request {
+  enum : int { kPending = 0, kDone = 1, kFailed = 2 };
+  std::atomic<int> state{kPending};
+  std::exception_ptr error;  // written before state becomes kFailed
+  int peer = -1;             // global rank on the other side
+  bool is_send = false;
+  size_t bytes = 0;
+  void* backend = nullptr;   // the backend's own handle (a UCX request, a mailbox entry)
+  class Fabric* owner = nullptr;  // whose waiters sleep on it (set by the backend)
+
+  bool done() const { return state.load(std::memory_order_acquire) != kPending; }
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+class Fabric {
+ public:
+  Fabric(int rank, int size, CommOptions options);
+  virtual ~Fabric() = default;
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  virtual std::string backend() const = 0;
+
+  // Posts a send or a receive of `bytes` bytes; `tag` is a full tag (detail/tag.h).
+  // A peer already known to have failed gives a request that is already failed.
+  virtual RequestPtr isend(const void* data, size_t bytes, int dst, uint64_t tag) = 0;
+  virtual RequestPtr irecv(void* data, size_t bytes, int src, uint64_t tag) = 0;
+
+  // Blocks until r completes; rethrows its error. `scope` lists global ranks whose
+  // failure also ends the wait (the members of a collective), so that a collective
+  // fails as soon as any member is gone, not only the one it waits on.
+  void wait(Request& r, std::span<const int> scope = {});
+  // True when complete; throws as wait() does.
+  bool test(Request& r, std::span<const int> scope = {});
+
+  // Records that a peer failed (idempotent): fails its pending requests and wakes every
+  // waiter so that collectives involving it fail too. A peer that `left` (closed its
+  // communicator normally) fails only the operations that involve it directly: it has
+  // done its part of every collective it issued. If it leaves one of ours unfinished,
+  // that makes it a failure like any other.
+  void declare_failed(int peer, const std::string& reason, bool left = false);
+  // Throws the PeerError of the rank in scope that failed first, if any: when one rank's
+  // death makes others give up, the error still names the one that died.
+  void check_scope(std::span<const int> scope) const;
+  // The failure of one peer, if it failed.
+  std::optional<std::string> failure_of(int peer) const;
+  // Cheap test for the common case: has any peer failed or left at all?
+  bool any_failure() const { return failure_epoch_.load(std::memory_order_acquire) != 0; }
+  // The first failure recorded (rank, reason), if any; peers that merely left do not count.
+  std::optional<std::pair<int, std::string>> first_failure() const;
+  PeerError peer_error(int peer) const;  // for a peer known to have failed
+
+  // Context ids for sub-groups: a member proposes next_context(), the members agree on
+  // the largest proposal, and every member then calls reserve_context(agreed).
+  uint16_t next_context() const { return next_context_.load(); }
+  void reserve_context(uint16_t id);
+
+ protected:
+  // Called by backends, from any thread and for any fabric's request: the request's
+  // owner wakes its own waiters.
+  static void complete(Request& r);
+  static void fail(Request& r, std::exception_ptr error);
+  // Advances communication once; true if something happened. The caller's thread calls
+  // it while polling in wait(); backends without asynchronous work keep the default.
+  virtual bool progress() { return false; }
+  // Fails the backend's pending requests that involve `peer`; returns how many.
+  virtual size_t fail_pending(int peer, const PeerError& error) = 0;
+  // Called by waiters around their polling and their sleep, so that a backend knows
+  // when a caller drives progress itself (the UCX progress thread then stays out of its
+  // way) and when it stopped (the thread takes over).
+  virtual void on_poll_begin() {}
+  virtual void on_poll_end() {}
+  virtual void on_sleep_begin() {}
+  virtual void on_sleep_end() {}
+
+ private:
+  void wake_waiters();
+  bool poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch);
+
+  const int rank_;
+  const int size_;
+  const CommOptions options_;
+
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  std::atomic<int> sleepers_{0};
+
+  mutable std::mutex failed_mu_;
+  struct Failed {
+    std::string reason;
+    uint64_t order;  // failures are reported earliest first
+    bool left;       // left normally: not a failure of the collectives in flight
+  };
+  std::map<int, Failed> failed_;  // global rank -> why and when
+  std::atomic<uint64_t> failure_epoch_{0};
+
+  std::atomic<uint16_t> next_context_{1};
+};
+
+}  // namespace baton::transport::detail

@@ -1,0 +1,65 @@
+// GroupView: what a collective algorithm sees of its group: its rank and size, the
+// global ranks, and send/recv/wait in group ranks with the collective's own tags.
+// Algorithms know nothing of the backend underneath.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "memory/allocator.h"
+#include "transport/detail/fabric.h"
+#include "transport/detail/tag.h"
+
+namespace baton::transport::detail {
+
+struct GroupView {
+  Fabric& fabric;
+  uint16_t context;
+  int rank;  // in the group
+  int size;
+  std::span<const int> globals;  // group rank -> global rank
+  uint32_t seq;                  // this collective's sequence number in the group
+
+  RequestPtr send(const void* data, size_t bytes, int to, uint64_t step) const {
+    return fabric.isend(data, bytes, globals[size_t(to)],
+                        make_tag(context, fabric.rank(), true, collective_tag(seq, step)));
+  }
+  RequestPtr recv(void* data, size_t bytes, int from, uint64_t step) const {
+    int src = globals[size_t(from)];
+    return fabric.irecv(data, bytes, src, make_tag(context, src, true, collective_tag(seq, step)));
+  }
+  // Waits for one request; fails as soon as any member of the group has failed.
+  void wait(const RequestPtr& r) const { fabric.wait(*r, globals); }
+  void wait_all(std::span<const RequestPtr> rs) const {
+    for (const auto& r : rs)
+      if (r) wait(r);
+  }
+};
+
+// A temporary buffer from the pooled host allocator: collectives reuse the same blocks
+// call after call instead of faulting in fresh pages.
+// Up to kInline bytes live in the object itself: small collectives take no lock.
+class Scratch {
+ public:
+  static constexpr size_t kInline = 1024;
+  explicit Scratch(size_t bytes)
+      : bytes_(bytes),
+        data_(bytes > kInline
+                  ? static_cast<char*>(memory::allocator_for(memory::Device::cpu()).allocate(bytes))
+                  : inline_) {}
+  ~Scratch() {
+    if (data_ != inline_) memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  char* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  char* data_;
+  alignas(64) char inline_[kInline];
+};
+
+}  // namespace baton::transport::detail

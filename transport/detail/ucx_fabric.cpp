@@ -1,0 +1,763 @@
+#include "transport/detail/ucx_fabric.h"
+
+#include <spdlog/spdlog.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <ucs/config/global_opts.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "transport/detail/tag.h"
+#include "transport/detail/ucx_check.h"
+
+namespace baton::transport::detail {
+
+namespace {
+
+// Liveness protocol message kinds, in the control context.
+constexpr uint64_t kPing = 1;
+constexpr uint64_t kPong = 2;
+constexpr uint64_t kNotice = 3;  // payload: failed rank (4 bytes) and the reason
+constexpr uint64_t kBye = 4;     // the sender is closing its communicator; payload as a
+                                 // notice: the failure that made it leave, or rank -1
+constexpr size_t kControlBytes = 512;
+
+// The coarse monotonic clock (a few ns to read, millisecond resolution): liveness and
+// the progress thread's naps need no more, and it is read on every message.
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+char g_zero_byte = 0;  // a valid address for empty messages
+
+// The identity of this host: its name, this boot of its kernel and the network
+// namespace. Ranks with the same id are on one machine and may use shared memory;
+// processes in other network namespaces (containers, the tests' simulated hosts) count
+// as other hosts.
+std::string host_id() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::string id = name;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof boot, f)) id += std::string("/") + boot;
+    std::fclose(f);
+    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  }
+  char ns[128] = {};
+  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  if (n > 0) id += "/" + std::string(ns, size_t(n));
+  return id;
+}
+
+// BATON_UCX_ERR_MODE: auto (peer-failure mode across hosts only), peer, or none.
+std::string err_mode_setting() {
+  const char* v = std::getenv("BATON_UCX_ERR_MODE");
+  std::string m = v && *v ? v : "auto";
+  if (m != "auto" && m != "peer" && m != "none")
+    throw InputError("BATON_UCX_ERR_MODE='" + m + "': expected auto, peer or none");
+  return m;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+struct UcxFabric::Control {
+  UcxFabric* fabric;
+  uint64_t kind;
+  void* request = nullptr;  // the posted receive while it waits
+  bool fired = false;       // its callback ran
+  char buf[kControlBytes];
+};
+
+// ---- set-up and tear-down ----
+
+UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix, CommOptions options)
+    : Fabric(rank, size, options),
+      addresses_(size_t(size)),
+      eps_(size_t(size), nullptr),
+      ep_args_(size_t(size)),
+      ep_dead_(size_t(size), false),
+      peer_mode_(size_t(size), false),
+      pending_per_peer_(size_t(size), 0),
+      peers_(size_t(size)) {
+  ucp_config_t* config = nullptr;
+  BATON_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  params.estimated_num_eps = size_t(size);
+  ucs_status_t st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  BATON_UCX_CHECK(st);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
+  // One lock of ours (mu_) serialises every call, from the progress thread and callers.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  wp.events = UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_TX | UCP_WAKEUP_RX;
+  BATON_UCX_CHECK(ucp_worker_create(context_, &wp, &worker_));
+  BATON_UCX_CHECK(ucp_worker_get_efd(worker_, &event_fd_));
+
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) throw RuntimeError("ucx: cannot create the progress thread's fds");
+  for (int fd : {event_fd_, wake_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+      throw RuntimeError("ucx: epoll_ctl failed: " + std::string(std::strerror(errno)));
+  }
+
+  // Publish our host and address, read everyone's. The value is the host id, a NUL,
+  // then the worker address.
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  BATON_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_len));
+  const std::string me = host_id();
+  store.set(prefix + "/ucx/" + std::to_string(rank),
+            me + '\0' + std::string(reinterpret_cast<char*>(addr), addr_len));
+  ucp_worker_release_address(worker_, addr);
+  const std::string mode = err_mode_setting();
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    std::string v = store.get(prefix + "/ucx/" + std::to_string(p), options.connect_timeout);
+    size_t nul = v.find('\0');
+    if (nul == std::string::npos) throw RuntimeError("ucx: malformed address of rank " + std::to_string(p));
+    bool same_host = v.compare(0, nul, me) == 0;
+    addresses_[size_t(p)] = v.substr(nul + 1);
+    // UCX 1.13's shared-memory transports cannot take part in peer-failure mode, so
+    // endpoints to the same host go without it (our liveness protocol covers them);
+    // endpoints to other hosts (TCP) get UCX's own failure reports too.
+    peer_mode_[size_t(p)] = mode == "peer" || (mode == "auto" && !same_host);
+  }
+
+  // Standing receives of the liveness protocol, from any source.
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t kind : {kPing, kPong, kNotice, kBye}) {
+      controls_.push_back(std::make_unique<Control>());
+      controls_.back()->fabric = this;
+      controls_.back()->kind = kind;
+      post_control_locked(*controls_.back());
+    }
+  }
+  int64_t t = now_ns();
+  for (auto& p : peers_) p.last_heard = t;
+  thread_ = std::thread([this] { thread_main(); });
+}
+
+UcxFabric::~UcxFabric() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    spdlog::warn("ucx: rank {}: error while closing: {}", rank(), e.what());
+  }
+  if (worker_) {
+    // Sends to a peer that died can never complete, and UCX cannot take them back;
+    // it would warn about each at destruction. We know why, and said so already.
+    bool leftovers = false;
+    for (UcxRequest* r = pending_; r; r = r->next)
+      if (failure_of(r->peer)) leftovers = true;
+    ucs_log_level_t level = ucs_global_opts.log_component.log_level;
+    if (leftovers && level > UCS_LOG_LEVEL_ERROR) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
+    ucp_worker_destroy(worker_);
+    ucs_global_opts.log_component.log_level = level;
+    // Requests UCX never finished hold themselves alive: let them go.
+    while (pending_ != nullptr) {
+      UcxRequest* r = pending_;
+      pending_ = r->next;
+      r->tracked = false;
+      r->self.reset();
+    }
+  }
+  if (context_) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void UcxFabric::shutdown() {
+  stop_.store(true);
+  poke();
+  if (thread_.joinable()) thread_.join();
+  std::unique_lock lock(mu_);
+  // Say goodbye to the peers we talked to, so that they tell a finished rank from a
+  // failed one, then flush and close every endpoint, within a bounded time.
+  // A rank that leaves because another failed says which, so that its goodbye never
+  // reads as the first failure to those who hear it before the failure itself.
+  std::string bye(8, '\0');
+  int32_t failed = -1;
+  uint32_t len = 0;
+  if (auto f = first_failure()) {
+    failed = f->first;
+    len = uint32_t(std::min<size_t>(f->second.size(), kControlBytes - 12));
+    bye.append(f->second.substr(0, len));
+  }
+  std::memcpy(bye.data(), &failed, 4);
+  std::memcpy(bye.data() + 4, &len, 4);
+  for (int p = 0; p < size(); ++p)
+    if (eps_[size_t(p)] && !ep_dead_[size_t(p)]) send_control_locked(p, kBye, bye);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  ucp_request_param_t fp{};
+  void* flush = ucp_worker_flush_nbx(worker_, &fp);
+  if (UCS_PTR_IS_PTR(flush)) {
+    while (ucp_request_check_status(flush) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(flush);
+  }
+  std::vector<void*> closes;
+  for (int p = 0; p < size(); ++p) {
+    ucp_ep_h ep = eps_[size_t(p)];
+    if (!ep) continue;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closes.push_back(r);
+    eps_[size_t(p)] = nullptr;
+  }
+  for (void* r : closing_) closes.push_back(r);
+  closing_.clear();
+  for (void* r : closes) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    ucp_request_free(r);
+  }
+  // Receives nobody completed: cancel them (their callbacks free them).
+  for (auto& c : controls_)
+    if (c->request) ucp_request_cancel(worker_, c->request);
+  std::vector<void*> open;
+  for (UcxRequest* r = pending_; r; r = r->next)
+    if (!r->is_send && r->backend) open.push_back(r->backend);
+  for (void* q : open) ucp_request_cancel(worker_, q);
+  ucp_worker_progress(worker_);
+  // Messages nobody will receive (a peer's goodbye that came after ours, pings): take
+  // them off the unexpected queue so that UCX has nothing left to warn about.
+  std::vector<char> sink;
+  for (int i = 0; i < 10000; ++i) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h m = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+    if (m == nullptr) break;
+    sink.resize(std::max<size_t>(info.length, 1));
+    ucp_request_param_t rp{};
+    void* q = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, m, &rp);
+    if (UCS_PTR_IS_PTR(q)) {
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline)
+        ucp_worker_progress(worker_);
+      ucp_request_free(q);
+    }
+  }
+  auto closed = std::make_exception_ptr(RuntimeError("the communicator was closed"));
+  for (UcxRequest* r = pending_; r; r = r->next)
+    if (!r->done()) fail(*r, closed);
+}
+
+// ---- endpoints ----
+
+ucp_ep_h UcxFabric::ep_locked(int peer) {
+  ucp_ep_h ep = eps_[size_t(peer)];
+  if (ep) return ep;
+  auto arg = std::make_unique<EpArg>(EpArg{this, peer});
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(addresses_[size_t(peer)].data());
+  // Peer failure mode: UCX reports a lost connection through ep_error_cb instead of
+  // failing the whole worker.
+  ep_params.err_mode = peer_mode_[size_t(peer)] ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep_params.err_handler.cb = &UcxFabric::ep_error_cb;
+  ep_params.err_handler.arg = arg.get();
+  ucs_status_t st = ucp_ep_create(worker_, &ep_params, &ep);
+  if (st != UCS_OK) {
+    // A peer we cannot reach (its process is gone): a failure, not an exception here,
+    // which may be the progress thread.
+    ep_dead_[size_t(peer)] = true;
+    failures_.push_back({peer, std::string("cannot connect (") + ucs_status_string(st) + ")", true});
+    return nullptr;
+  }
+  eps_[size_t(peer)] = ep;
+  ep_args_[size_t(peer)] = std::move(arg);
+  return ep;
+}
+
+void UcxFabric::ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* a = static_cast<EpArg*>(arg);
+  UcxFabric* f = a->fabric;
+  // Runs inside progress, with mu_ held: record, apply after unlocking.
+  if (f->ep_dead_[size_t(a->peer)]) return;
+  f->ep_dead_[size_t(a->peer)] = true;
+  f->eps_[size_t(a->peer)] = nullptr;
+  ucp_request_param_t cp{};
+  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* r = ucp_ep_close_nbx(ep, &cp);
+  if (UCS_PTR_IS_PTR(r)) f->closing_.push_back(r);
+  bool left = f->peers_[size_t(a->peer)].left;
+  f->failures_.push_back({a->peer,
+                          left ? std::string("it left the job (closed its communicator)")
+                               : std::string("connection lost (") + ucs_status_string(status) + ")",
+                          !left, left});
+}
+
+// ---- requests ----
+
+std::shared_ptr<UcxFabric::UcxRequest> UcxFabric::make_request(int peer, bool is_send, size_t bytes) {
+  auto r = std::make_shared<UcxRequest>();
+  r->peer = peer;
+  r->is_send = is_send;
+  r->bytes = bytes;
+  r->owner = this;
+  return r;
+}
+
+void UcxFabric::track_locked(const std::shared_ptr<UcxRequest>& r, void* ucx_request) {
+  r->backend = ucx_request;
+  r->self = r;
+  r->tracked = true;
+  r->counted = true;
+  r->prev = nullptr;
+  r->next = pending_;
+  if (pending_) pending_->prev = r.get();
+  pending_ = r.get();
+  if (pending_per_peer_[size_t(r->peer)]++ == 0) peers_[size_t(r->peer)].watch_since = now_ns();
+  if (r->is_send) ++sends_in_flight_;
+}
+
+void UcxFabric::untrack_locked(UcxRequest* r) {
+  if (!r->tracked) return;
+  r->tracked = false;
+  if (r->counted) {
+    r->counted = false;
+    if (--pending_per_peer_[size_t(r->peer)] == 0) peers_[size_t(r->peer)].watch_since = 0;
+  }
+  if (r->is_send) --sends_in_flight_;
+  if (r->prev) r->prev->next = r->next;
+  else pending_ = r->next;
+  if (r->next) r->next->prev = r->prev;
+  r->prev = r->next = nullptr;
+  r->backend = nullptr;
+  r->self.reset();  // may free r: nothing touches it after this
+}
+
+void UcxFabric::send_cb(void* request, ucs_status_t status, void* user) {
+  auto* r = static_cast<UcxRequest*>(user);
+  UcxFabric* f = static_cast<UcxFabric*>(r->owner);
+  if (!r->done()) {
+    if (status == UCS_OK)
+      complete(*r);
+    else
+      fail(*r, std::make_exception_ptr(f->failure_of(r->peer) ? f->peer_error(r->peer)
+                                                              : PeerError(r->peer, "send to rank " +
+                                                                  std::to_string(r->peer) + " failed: " +
+                                                                  ucs_status_string(status))));
+  }
+  f->untrack_locked(r);
+  ucp_request_free(request);
+}
+
+void UcxFabric::complete_recv_locked(UcxRequest* r, ucs_status_t status, const ucp_tag_recv_info_t* info) {
+  if (status == UCS_OK) peers_[size_t(r->peer)].last_heard = now_ns();
+  if (r->done()) return;
+  if (status == UCS_OK && info->length == r->bytes) {
+    complete(*r);
+  } else if (status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED) {
+    fail(*r, std::make_exception_ptr(RuntimeError(
+                 "message size mismatch from rank " + std::to_string(r->peer) + " to rank " +
+                 std::to_string(rank()) + ": receive expects " + std::to_string(r->bytes) +
+                 " bytes, the message has " +
+                 (status == UCS_OK ? std::to_string(info->length) : std::string("more")))));
+  } else if (failure_of(r->peer)) {
+    fail(*r, std::make_exception_ptr(peer_error(r->peer)));
+  } else {
+    // The transport gave up on the connection: the peer is gone.
+    std::string why = std::string("connection lost (") + ucs_status_string(status) + ")";
+    fail(*r, std::make_exception_ptr(PeerError(r->peer, "rank " + std::to_string(r->peer) + " failed: " + why +
+                                                            " (seen by rank " + std::to_string(rank()) + ")")));
+    if (status != UCS_ERR_CANCELED) failures_.push_back({r->peer, why, true});
+  }
+}
+
+void UcxFabric::recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* r = static_cast<UcxRequest*>(user);
+  UcxFabric* f = static_cast<UcxFabric*>(r->owner);
+  f->complete_recv_locked(r, status, info);
+  f->untrack_locked(r);
+  ucp_request_free(request);
+}
+
+RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t tag) {
+  auto r = make_request(dst, true, bytes);
+  if (failure_of(dst)) {
+    fail(*r, std::make_exception_ptr(peer_error(dst)));
+    return r;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  p.cb.send = &UcxFabric::send_cb;
+  p.user_data = r.get();
+  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  bool need_poke = false;
+  {
+    std::lock_guard lock(mu_);
+    if (ep_dead_[size_t(dst)]) {
+      fail(*r, std::make_exception_ptr(failure_of(dst) ? peer_error(dst)
+                                                       : PeerError(dst, "connection to rank " +
+                                                                            std::to_string(dst) + " was lost")));
+      return r;
+    }
+    ucp_ep_h ep = ep_locked(dst);
+    if (ep == nullptr) {
+      fail(*r, std::make_exception_ptr(PeerError(dst, "rank " + std::to_string(dst) + " failed: cannot connect")));
+      need_poke = true;  // the progress thread applies the failure and tells the others
+    } else {
+      void* q = BATON_UCX_CHECK_PTR(ucp_tag_send_nbx(ep, data ? data : &g_zero_byte, bytes, tag, &p));
+      if (q == nullptr) {
+        complete(*r);
+        return r;
+      }
+      track_locked(r, q);
+      need_poke = thread_sleeping_.load();
+    }
+  }
+  // A send that did not finish at once needs progress even if its caller never waits.
+  if (need_poke) poke();
+  return r;
+}
+
+RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
+  auto r = make_request(src, false, bytes);
+  ucp_request_param_t p{};
+  // No immediate completion: UCX 1.13 does not fill in the message length when a
+  // receive completes inside the call, and we must check it. The callback then runs
+  // inside the call instead, on a request we already track.
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = &UcxFabric::recv_cb;
+  p.user_data = r.get();
+  p.memory_type = UCS_MEMORY_TYPE_HOST;
+  std::lock_guard lock(mu_);
+  if (failure_of(src)) {
+    // A message the peer sent before it went may still be here; anything else never comes.
+    ucp_tag_recv_info_t probe{};
+    if (ucp_tag_probe_nb(worker_, tag, kFullMask, 0, &probe) == nullptr) {
+      fail(*r, std::make_exception_ptr(peer_error(src)));
+      return r;
+    }
+  }
+  track_locked(r, nullptr);
+  void* q = ucp_tag_recv_nbx(worker_, data ? data : &g_zero_byte, bytes, tag, kFullMask, &p);
+  if (UCS_PTR_IS_ERR(q)) {
+    untrack_locked(r.get());
+    BATON_UCX_CHECK_PTR(q);
+  }
+  // If the callback already ran, q is released; otherwise remember it for cancelling.
+  if (r->tracked) r->backend = q;
+  return r;
+}
+
+size_t UcxFabric::fail_pending(int peer, const PeerError& error) {
+  auto e = std::make_exception_ptr(error);
+  std::lock_guard lock(mu_);
+  size_t hit = 0;
+  std::vector<void*> cancel;
+  for (UcxRequest* r = pending_; r; r = r->next) {
+    if (r->peer != peer) continue;
+    if (!r->done()) {
+      fail(*r, e);
+      ++hit;
+    }
+    if (r->counted) {
+      r->counted = false;
+      if (--pending_per_peer_[size_t(peer)] == 0) peers_[size_t(peer)].watch_since = 0;
+    }
+    if (!r->is_send && r->backend) cancel.push_back(r->backend);
+  }
+  // Unmatched receives from the peer will never match: cancel them (the callback,
+  // called from here, releases them). Sends end when the endpoint closes.
+  for (void* q : cancel) ucp_request_cancel(worker_, q);
+  ucp_ep_h ep = eps_[size_t(peer)];
+  if (ep && !ep_dead_[size_t(peer)]) {
+    ep_dead_[size_t(peer)] = true;
+    eps_[size_t(peer)] = nullptr;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* q = ucp_ep_close_nbx(ep, &cp);
+    if (UCS_PTR_IS_PTR(q)) closing_.push_back(q);
+  }
+  ep_dead_[size_t(peer)] = true;
+  return hit;
+}
+
+// ---- the liveness protocol ----
+
+void UcxFabric::post_control_locked(Control& c) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = &UcxFabric::control_cb;
+  p.user_data = &c;
+  c.fired = false;
+  // Any source: the mask leaves out the source bits.
+  uint64_t tag = make_tag(kControlContext, 0, true, c.kind);
+  void* q = BATON_UCX_CHECK_PTR(ucp_tag_recv_nbx(worker_, c.buf, kControlBytes, tag, ~kSourceMask, &p));
+  c.request = c.fired ? nullptr : q;  // a message already here ran the callback inside the call
+}
+
+void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* c = static_cast<Control*>(user);
+  UcxFabric* f = c->fabric;
+  c->request = nullptr;
+  c->fired = true;
+  ucp_request_free(request);
+  if (status != UCS_OK) return;  // cancelled at shutdown
+  // The sender names itself in the payload: UCX 1.13 does not always fill in the
+  // sender's tag for a receive with a wildcard source.
+  int32_t src = -1;
+  if (info->length >= 4) std::memcpy(&src, c->buf, 4);
+  if (src >= 0 && src < f->size() && src != f->rank()) {
+    f->peers_[size_t(src)].last_heard = now_ns();
+    switch (c->kind) {
+      case kPing: f->to_pong_.push_back(src); break;
+      case kPong: break;
+      case kNotice:
+      case kBye: {
+        int32_t failed = -1;
+        uint32_t len = 0;
+        if (info->length >= 12) {
+          std::memcpy(&failed, c->buf + 4, 4);
+          std::memcpy(&len, c->buf + 8, 4);
+          len = std::min<uint32_t>(len, uint32_t(info->length - 12));
+        }
+        if (failed >= 0 && failed < f->size() && failed != f->rank())
+          f->failures_.push_back({failed, std::string(c->buf + 12, len) + " (reported by rank " +
+                                              std::to_string(src) + ")", false});
+        if (c->kind == kBye) {
+          f->peers_[size_t(src)].left = true;
+          f->failures_.push_back({src, "it left the job (closed its communicator)", false, true});
+        }
+        break;
+      }
+    }
+  }
+  f->to_repost_.push_back(c);
+}
+
+void UcxFabric::control_send_cb(void* request, ucs_status_t, void* user) {
+  delete static_cast<std::string*>(user);
+  ucp_request_free(request);
+}
+
+void UcxFabric::send_control_locked(int peer, uint64_t kind, const std::string& payload) {
+  if (ep_dead_[size_t(peer)]) return;
+  // Every control message starts with the sender's rank.
+  int32_t me = rank();
+  auto* buf = new std::string(reinterpret_cast<const char*>(&me), 4);
+  buf->append(payload);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &UcxFabric::control_send_cb;
+  p.user_data = buf;
+  ucp_ep_h ep = ep_locked(peer);
+  if (ep == nullptr) {
+    delete buf;
+    return;
+  }
+  void* q = ucp_tag_send_nbx(ep, buf->data(), buf->size(), make_tag(kControlContext, rank(), true, kind), &p);
+  if (!UCS_PTR_IS_PTR(q)) delete buf;  // done at once, or failed (the ep error reports it)
+}
+
+void UcxFabric::after_progress_locked() {
+  while (!to_repost_.empty()) {
+    auto pending = std::move(to_repost_);
+    to_repost_.clear();
+    if (stop_.load()) break;
+    for (Control* c : pending) post_control_locked(*c);
+  }
+  auto pongs = std::move(to_pong_);
+  to_pong_.clear();
+  for (int p : pongs) send_control_locked(p, kPong, {});
+}
+
+bool UcxFabric::progress_locked() {
+  unsigned n = ucp_worker_progress(worker_);
+  if (!to_repost_.empty() || !to_pong_.empty()) after_progress_locked();
+  return n > 0;
+}
+
+bool UcxFabric::progress() {
+  bool any = false;
+  bool failures = false;
+  if (mu_.try_lock()) {
+    any = progress_locked();
+    failures = !failures_.empty();
+    mu_.unlock();
+  }
+  if (failures) apply_failures();
+  return any;
+}
+
+void UcxFabric::apply_failures() {
+  std::vector<Failure> todo;
+  {
+    std::lock_guard lock(mu_);
+    todo.swap(failures_);
+  }
+  for (auto& f : todo) {
+    bool first = !failure_of(f.peer);
+    if (!first) continue;
+    if (f.tell_others)
+      spdlog::error("rank {}: rank {} failed: {}", rank(), f.peer, f.reason);
+    else
+      spdlog::debug("rank {}: rank {}: {}", rank(), f.peer, f.reason);
+    declare_failed(f.peer, f.reason, f.left);
+    if (f.tell_others) {
+      // Ranks that wait on someone who waits on the failed rank would otherwise only
+      // learn of it second-hand, and late: tell everyone.
+      std::string payload(8, '\0');
+      int32_t who = f.peer;
+      uint32_t len = uint32_t(std::min<size_t>(f.reason.size(), kControlBytes - 12));
+      std::memcpy(payload.data(), &who, 4);
+      std::memcpy(payload.data() + 4, &len, 4);
+      payload.append(f.reason.substr(0, len));
+      std::lock_guard lock(mu_);
+      for (int p = 0; p < size(); ++p)
+        if (p != rank() && p != f.peer && !failure_of(p)) send_control_locked(p, kNotice, payload);
+    }
+  }
+}
+
+void UcxFabric::liveness_tick(int64_t now) {
+  const int64_t timeout = int64_t(options().peer_timeout.count()) * 1'000'000;
+  const int64_t ping_every = timeout / 4;
+  std::lock_guard lock(mu_);
+  for (int p = 0; p < size(); ++p) {
+    PeerState& s = peers_[size_t(p)];
+    if (pending_per_peer_[size_t(p)] == 0 || p == rank() || ep_dead_[size_t(p)]) continue;
+    int64_t silent = now - std::max(s.last_heard, s.watch_since);
+    if (silent > timeout) {
+      failures_.push_back({p, "no answer for " + std::to_string(silent / 1'000'000) + " ms (peer timeout " +
+                                  std::to_string(options().peer_timeout.count()) + " ms)",
+                           true});
+    } else if (silent > ping_every / 2 && now - s.last_ping > ping_every / 2) {
+      s.last_ping = now;
+      send_control_locked(p, kPing, {});
+    }
+  }
+}
+
+// ---- the progress thread ----
+
+void UcxFabric::poke() {
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+}
+
+void UcxFabric::on_poll_begin() { pollers_.fetch_add(1, std::memory_order_relaxed); }
+
+void UcxFabric::on_poll_end() {
+  last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+  pollers_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void UcxFabric::on_sleep_begin() {
+  // The caller stops driving progress: the thread takes over at once.
+  last_poll_ns_.store(0, std::memory_order_relaxed);
+  if (thread_sleeping_.load()) poke();
+}
+
+void UcxFabric::thread_main() {
+  const int64_t tick = std::max<int64_t>(int64_t(options().peer_timeout.count()) * 1'000'000 / 8, 5'000'000);
+  int idle_rounds = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool active = false;
+    bool in_flight = false;
+    {
+      std::lock_guard lock(mu_);
+      for (int i = 0; i < 16 && progress_locked(); ++i) active = true;
+      in_flight = sends_in_flight_ > 0;
+    }
+    apply_failures();
+    int64_t now = now_ns();
+    if (now >= next_tick_) {
+      next_tick_ = now + tick;
+      liveness_tick(now);
+      apply_failures();
+    }
+    if (active) {
+      idle_rounds = 0;
+      continue;
+    }
+    // A caller is polling (or just was): it drives the worker. Waking on every event
+    // too would put a third busy thread on the cores and slow the caller down, so
+    // step aside, with a short nap in case it stops without saying so.
+    if (pollers_.load(std::memory_order_relaxed) > 0 ||
+        now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < 1'000'000) {
+      {
+        std::lock_guard lock(mu_);
+        thread_sleeping_.store(true);
+      }
+      pollfd pfd{wake_fd_, POLLIN, 0};
+      int woke = ::poll(&pfd, 1, 1);
+      thread_sleeping_.store(false);
+      if (woke > 0) {
+        uint64_t v;
+        ssize_t ignored = read(wake_fd_, &v, sizeof v);
+        (void)ignored;
+      }
+      idle_rounds = 0;
+      continue;
+    }
+    // Sends still going out need the sender's progress (shared-memory FIFOs have no
+    // "space again" event): keep polling, politely, while any is in flight.
+    if (in_flight || ++idle_rounds < 64) {
+      if (in_flight) idle_rounds = 0;
+      for (int i = 0; i < 32; ++i) cpu_relax();
+      std::this_thread::yield();
+      continue;
+    }
+    ucs_status_t st;
+    {
+      // Marked asleep under the lock: a send posted after this sees the mark and pokes
+      // us; one posted before it is seen here.
+      std::lock_guard lock(mu_);
+      if (sends_in_flight_ > 0) continue;
+      thread_sleeping_.store(true);
+      st = ucp_worker_arm(worker_);
+      if (st != UCS_OK) thread_sleeping_.store(false);
+    }
+    if (st == UCS_ERR_BUSY) continue;
+    if (st != UCS_OK) BATON_UCX_CHECK(st);
+    epoll_event evs[2];
+    int wait_ms = int(std::max<int64_t>(1, (next_tick_ - now_ns()) / 1'000'000));
+    int n = epoll_wait(epoll_fd_, evs, 2, wait_ms);
+    thread_sleeping_.store(false);
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == wake_fd_) {
+        uint64_t v;
+        ssize_t ignored = read(wake_fd_, &v, sizeof v);
+        (void)ignored;
+      }
+    }
+    idle_rounds = 0;
+  }
+}
+
+}  // namespace baton::transport::detail

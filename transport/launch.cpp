@@ -1,0 +1,316 @@
+#include "transport/launch.h"
+
+// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
+#include <utility>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "memory/error.h"
+#include "transport/store.h"
+
+extern char** environ;
+
+namespace baton::transport {
+
+namespace asio = boost::asio;
+
+namespace {
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // waitpid status once exited
+  std::unique_ptr<asio::posix::stream_descriptor> out, err;
+  std::string out_partial, err_partial;
+};
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// Writes all of a buffer to fd (a line at a time keeps ranks' lines whole).
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    off += size_t(n);
+  }
+}
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchOptions& o) : o_(o), signals_(io_, SIGCHLD), stop_signals_(io_, SIGINT, SIGTERM), grace_(io_) {}
+
+  int run() {
+    token_ = make_job_token();
+    server_ = std::make_unique<StoreServer>(o_.host, o_.port, token_);
+    rendezvous_ = (o_.host.find(':') != std::string::npos ? "[" + o_.host + "]" : o_.host) + ":" +
+                  std::to_string(server_->port());
+    watch_children();
+    watch_stop_signals();
+    ranks_.resize(size_t(o_.nprocs));
+    for (int r = 0; r < o_.nprocs; ++r) spawn(r);
+    io_.run();
+    return finish();
+  }
+
+ private:
+  std::vector<std::string> environment(int r) const {
+    std::map<std::string, std::string> add = {
+        {"BATON_RANK", std::to_string(r)},
+        {"BATON_WORLD_SIZE", std::to_string(o_.nprocs)},
+        {"BATON_LOCAL_RANK", std::to_string(r)},
+        {"BATON_LOCAL_SIZE", std::to_string(o_.nprocs)},
+        {"BATON_RENDEZVOUS", rendezvous_},
+        {"BATON_JOB_TOKEN", token_},
+        {"BATON_STORE_HOSTED", "1"},
+    };
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv = *e;
+      if (!add.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+    }
+    for (auto& [k, v] : add) env.push_back(k + "=" + v);
+    return env;
+  }
+
+  void spawn(int r) {
+    Rank& rk = ranks_[size_t(r)];
+    rk.rank = r;
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+      throw RuntimeError(std::string("launch: pipe failed: ") + std::strerror(errno));
+    // Everything the child needs is built before fork: after it, only exec-safe calls.
+    auto env = environment(r);
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = o_.command;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    cpu_set_t cores;
+    bool bind = core_share(r, cores);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) throw RuntimeError(std::string("launch: fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      // The child: its own process group (so that stopping a rank stops what it
+      // started), killed if the launcher dies, output into the pipes.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (bind) sched_setaffinity(0, sizeof cores, &cores);
+      if (getppid() != parent) _exit(125);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      execvpe(argv[0], argv.data(), envp.data());
+      const char* msg = "baton launch: cannot run the command: ";
+      ssize_t ignored = ::write(2, msg, std::strlen(msg));
+      const char* why = std::strerror(errno);
+      ignored = ::write(2, why, std::strlen(why));
+      ignored = ::write(2, "\n", 1);
+      (void)ignored;
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also from here, so that it holds before we may signal it
+    ::close(out[1]);
+    ::close(err[1]);
+    rk.pid = pid;
+    rk.running = true;
+    ++running_;
+    rk.out = std::make_unique<asio::posix::stream_descriptor>(io_, out[0]);
+    rk.err = std::make_unique<asio::posix::stream_descriptor>(io_, err[0]);
+    ++open_pipes_;
+    ++open_pipes_;
+    read_pipe(rk, *rk.out, rk.out_partial, 1);
+    read_pipe(rk, *rk.err, rk.err_partial, 2);
+  }
+
+  // Rank r's share of the cores we may run on; false when not binding.
+  bool core_share(int r, cpu_set_t& out) const {
+    CPU_ZERO(&out);
+    if (!o_.bind) return false;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return false;
+    std::vector<int> ids;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &mine)) ids.push_back(c);
+    const int n = o_.nprocs, cores = int(ids.size());
+    if (n > cores) return false;
+    for (int i = r * cores / n; i < (r + 1) * cores / n; ++i) CPU_SET(ids[size_t(i)], &out);
+    return true;
+  }
+
+  // Copies a child's output to ours line by line, each line prefixed with its rank.
+  void read_pipe(Rank& rk, asio::posix::stream_descriptor& pipe, std::string& partial, int fd) {
+    auto buf = std::make_shared<std::array<char, 65536>>();
+    pipe.async_read_some(asio::buffer(*buf), [this, &rk, &pipe, &partial, fd, buf](boost::system::error_code ec, size_t n) {
+      std::string prefix = "[rank " + std::to_string(rk.rank) + "] ";
+      if (ec) {
+        if (!partial.empty()) write_all(fd, prefix + partial + "\n");
+        partial.clear();
+        --open_pipes_;
+        maybe_done();
+        return;
+      }
+      partial.append(buf->data(), n);
+      size_t start = 0, nl;
+      std::string lines;
+      while ((nl = partial.find('\n', start)) != std::string::npos) {
+        lines += prefix + partial.substr(start, nl - start + 1);
+        start = nl + 1;
+      }
+      partial.erase(0, start);
+      if (!lines.empty()) write_all(fd, lines);
+      read_pipe(rk, pipe, partial, fd);
+    });
+  }
+
+  void watch_children() {
+    signals_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      reap();
+      if (running_ > 0) watch_children();
+      maybe_done();
+    });
+  }
+
+  void reap() {
+    while (true) {
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (auto& rk : ranks_) {
+        if (rk.pid != pid || !rk.running) continue;
+        rk.running = false;
+        rk.status = status;
+        --running_;
+        if (failed(status) && !first_failure_) {
+          first_failure_ = rk.rank;
+          if (!stopping_) {
+            write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " + describe_exit(status) +
+                             "; stopping the other ranks\n");
+            begin_stop(o_.grace);
+          }
+        }
+      }
+    }
+  }
+
+  // Gives the others `grace` to exit on their own, then SIGTERM, then SIGKILL.
+  void begin_stop(std::chrono::milliseconds grace) {
+    if (stopping_ || running_ == 0) return;
+    stopping_ = true;
+    grace_.expires_after(grace);
+    grace_.async_wait([this](boost::system::error_code ec) {
+      if (ec || running_ == 0) return;
+      signal_all(SIGTERM);
+      grace_.expires_after(o_.kill_after);
+      grace_.async_wait([this](boost::system::error_code ec2) {
+        if (!ec2 && running_ > 0) signal_all(SIGKILL);
+      });
+    });
+  }
+
+  void signal_all(int sig) {
+    for (auto& rk : ranks_)
+      if (rk.running) {
+        stopped_.insert(rk.rank);
+        ::kill(-rk.pid, sig);
+        ::kill(rk.pid, sig);
+        if (sig == SIGTERM) ::kill(-rk.pid, SIGCONT);  // a stopped rank must run to see it
+      }
+  }
+
+  void watch_stop_signals() {
+    stop_signals_.async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      write_all(2, std::string("baton launch: got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+                       "; stopping every rank\n");
+      interrupted_ = true;
+      signal_all(SIGTERM);
+      stopping_ = false;
+      begin_stop(o_.kill_after);
+      watch_stop_signals();
+    });
+  }
+
+  void maybe_done() {
+    if (running_ == 0 && open_pipes_ == 0) {
+      grace_.cancel();
+      io_.stop();
+    }
+  }
+
+  int finish() {
+    if (first_failure_) {
+      const Rank& rk = ranks_[size_t(*first_failure_)];
+      std::string stopped;
+      for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+      write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " +
+                       describe_exit(rk.status) +
+                       (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
+      int code = exit_code_of(rk.status);
+      return code == 0 ? 1 : code;
+    }
+    return interrupted_ ? 130 : 0;
+  }
+
+  const LaunchOptions& o_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::signal_set stop_signals_;
+  asio::steady_timer grace_;
+  std::string token_;
+  std::string rendezvous_;
+  std::unique_ptr<StoreServer> server_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  int open_pipes_ = 0;
+  bool stopping_ = false;
+  bool interrupted_ = false;
+  std::optional<int> first_failure_;
+  std::set<int> stopped_;
+};
+
+}  // namespace
+
+int launch(const LaunchOptions& options) {
+  if (options.nprocs < 1) throw InputError("launch: -n must be at least 1, got " + std::to_string(options.nprocs));
+  if (options.command.empty()) throw InputError("launch: no command given (baton launch -n N -- CMD ...)");
+  return Launcher(options).run();
+}
+
+}  // namespace baton::transport

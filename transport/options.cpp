@@ -1,0 +1,37 @@
+#include "transport/options.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "memory/error.h"
+
+namespace baton::transport {
+
+namespace {
+
+double env_number(const char* name, double fallback, double lo, double hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
+    throw InputError(std::string(name) + "='" + v + "': expected a number from " +
+                     std::to_string(lo) + " to " + std::to_string(hi));
+  return x;
+}
+
+}  // namespace
+
+CommOptions CommOptions::from_env() {
+  CommOptions o;
+  double secs = env_number("BATON_PEER_TIMEOUT", double(o.peer_timeout.count()) / 1000.0, 0.05, 86400);
+  o.peer_timeout = std::chrono::milliseconds(int64_t(secs * 1000.0));
+  double connect = env_number("BATON_CONNECT_TIMEOUT", double(o.connect_timeout.count()) / 1000.0, 0.1, 86400);
+  o.connect_timeout = std::chrono::milliseconds(int64_t(connect * 1000.0));
+  double spin = env_number("BATON_SPIN_US", double(o.spin.count()), 0, 1e6);
+  o.spin = std::chrono::microseconds(int64_t(spin));
+  return o;
+}
+
+}  // namespace baton::transport

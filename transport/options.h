@@ -1,0 +1,27 @@
+// CommOptions: the settings every backend shares (failure timeout, how long a waiting
+// thread spins before it sleeps), and how they are read from the environment.
+#pragma once
+
+#include <chrono>
+
+namespace baton::transport {
+
+struct CommOptions {
+  // A peer that is gone or silent this long while an operation waits on it turns that
+  // operation into a PeerError (detected within peer_timeout * 1.125, so the default
+  // stays under 30 s). Liveness is checked by the progress thread, not by the
+  // operation's own duration: a peer that is busy computing still answers.
+  std::chrono::milliseconds peer_timeout{20'000};
+  // How long a waiting thread polls for completion before it sleeps. Polling keeps
+  // small-message latency low; sleeping keeps idle ranks off the cores.
+  std::chrono::microseconds spin{50};
+  // How long start-up may wait for the other ranks to reach the rendezvous.
+  std::chrono::milliseconds connect_timeout{120'000};
+
+  // Reads BATON_PEER_TIMEOUT and BATON_CONNECT_TIMEOUT (seconds, e.g. "2" or "0.5") and
+  // BATON_SPIN_US over the defaults; throws InputError naming the variable for a bad
+  // value.
+  static CommOptions from_env();
+};
+
+}  // namespace baton::transport

@@ -1,0 +1,75 @@
+// Rendezvous: a small key-value store the ranks of a job meet at (gloo's idea). Ranks
+// publish what the others need (UCX worker addresses, later NCCL ids) and wait for it.
+// TcpStore is the client, StoreServer the server (Boost.Asio, one thread); the wire
+// protocol is in detail/store_protocol.h and docs/transport.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace baton::transport {
+
+using std::chrono::milliseconds;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Values are bytes. A key once set may be set again (the last value wins).
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // The value of key, waiting up to `timeout` for someone to set it; throws
+  // RuntimeError naming the key when the time runs out.
+  virtual std::string get(const std::string& key, milliseconds timeout) = 0;
+  // Waits until every key is set; throws RuntimeError naming the missing keys.
+  virtual void wait(const std::vector<std::string>& keys, milliseconds timeout) = 0;
+  // Adds delta to the integer counter at key (absent: 0) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// The client. Connects (retrying until connect_timeout, since the server may start
+// after the client) and introduces itself with the job token; a server that refuses
+// the token makes the constructor throw. Safe to share between threads.
+class TcpStore final : public Store {
+ public:
+  TcpStore(const std::string& host, uint16_t port, const std::string& token,
+           milliseconds connect_timeout = milliseconds(30'000));
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, milliseconds timeout) override;
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+
+  struct Impl;
+
+ private:
+  std::string call(const std::string& request, milliseconds timeout);
+  std::unique_ptr<Impl> impl_;
+  std::mutex mu_;
+};
+
+// The server: listens on bind_host:port (port 0 picks a free one) and serves until
+// destroyed. Connections must present `token` first; others are refused and closed.
+class StoreServer {
+ public:
+  StoreServer(const std::string& bind_host, uint16_t port, const std::string& token);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  uint16_t port() const;
+  size_t refused() const;  // connections refused so far (bad token, bad message)
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A fresh random token (32 hex digits) for a job.
+std::string make_job_token();
+
+}  // namespace baton::transport

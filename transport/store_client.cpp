@@ -1,0 +1,149 @@
+// The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
+// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <thread>
+
+#include "transport/detail/store_protocol.h"
+#include "transport/store.h"
+
+namespace baton::transport {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+namespace proto = detail::store;
+
+struct TcpStore::Impl {
+  asio::io_context io;
+  tcp::socket socket{io};
+  std::string where;  // host:port, for messages
+};
+
+namespace {
+
+// Runs the io_context until `done` or the deadline; on a timeout the socket is closed
+// and RuntimeError thrown.
+void run_until(TcpStore::Impl& s, const bool& done, std::chrono::milliseconds timeout,
+               const std::string& what) {
+  s.io.restart();
+  s.io.run_for(timeout);
+  if (!done) {
+    boost::system::error_code ignored;
+    s.socket.close(ignored);
+    s.io.restart();
+    s.io.poll();  // let the aborted handlers run
+    throw RuntimeError("rendezvous at " + s.where + ": " + what + " timed out after " +
+                       std::to_string(timeout.count()) + " ms");
+  }
+}
+
+}  // namespace
+
+TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& token,
+                   milliseconds connect_timeout)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->where = host + ":" + std::to_string(port);
+  auto deadline = std::chrono::steady_clock::now() + connect_timeout;
+  tcp::resolver resolver(impl_->io);
+  boost::system::error_code ec;
+  auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+  if (ec) throw InputError("rendezvous: cannot resolve '" + host + "': " + ec.message());
+  // The server may not be up yet (under mpirun, rank 0 starts it): retry.
+  while (true) {
+    ec.clear();
+    asio::connect(impl_->socket, endpoints, ec);
+    if (!ec) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw RuntimeError("rendezvous: cannot connect to " + impl_->where + " within " +
+                         std::to_string(connect_timeout.count()) + " ms: " + ec.message());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  impl_->socket.set_option(tcp::no_delay(true), ec);
+  call(proto::Writer(proto::kHello).u32(proto::kVersion).str(token).frame(), milliseconds(10'000));
+}
+
+TcpStore::~TcpStore() {
+  boost::system::error_code ignored;
+  impl_->socket.close(ignored);
+}
+
+std::string TcpStore::call(const std::string& request, milliseconds timeout) {
+  Impl& s = *impl_;
+  if (!s.socket.is_open()) throw RuntimeError("rendezvous at " + s.where + ": connection closed");
+  bool done = false;
+  boost::system::error_code error;
+  std::array<char, 4> header{};
+  std::string body;
+  asio::async_write(s.socket, asio::buffer(request), [&](boost::system::error_code ec, size_t) {
+    if (ec) {
+      error = ec;
+      done = true;
+      return;
+    }
+    asio::async_read(s.socket, asio::buffer(header), [&](boost::system::error_code ec2, size_t) {
+      if (ec2) {
+        error = ec2;
+        done = true;
+        return;
+      }
+      uint32_t n = proto::frame_length(header.data());
+      if (n == 0 || n > proto::kMaxFrame) {
+        error = asio::error::message_size;
+        done = true;
+        return;
+      }
+      body.resize(n);
+      asio::async_read(s.socket, asio::buffer(body), [&](boost::system::error_code ec3, size_t) {
+        error = ec3;
+        done = true;
+      });
+    });
+  });
+  run_until(s, done, timeout, "a request");
+  if (error) {
+    boost::system::error_code ignored;
+    s.socket.close(ignored);
+    throw RuntimeError("rendezvous at " + s.where + ": " + error.message());
+  }
+  proto::Reader in(body);
+  uint8_t op = in.op();
+  if (op == proto::kError) throw RuntimeError("rendezvous at " + s.where + ": " + in.str());
+  if (op != proto::kOk) throw RuntimeError("rendezvous at " + s.where + ": unexpected reply");
+  return body.substr(1);
+}
+
+void TcpStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard lock(mu_);
+  call(proto::Writer(proto::kSet).str(key).str(value).frame(), milliseconds(30'000));
+}
+
+std::string TcpStore::get(const std::string& key, milliseconds timeout) {
+  std::lock_guard lock(mu_);
+  std::string reply = call(proto::Writer(proto::kGet).str(key).u32(uint32_t(timeout.count())).frame(),
+                           timeout + milliseconds(10'000));
+  proto::Reader in(reply);
+  std::string value = in.str();
+  in.end();
+  return value;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  std::lock_guard lock(mu_);
+  proto::Writer w(proto::kWait);
+  w.u32(uint32_t(keys.size()));
+  for (auto& k : keys) w.str(k);
+  w.u32(uint32_t(timeout.count()));
+  call(w.frame(), timeout + milliseconds(10'000));
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard lock(mu_);
+  std::string reply = call(proto::Writer(proto::kAdd).str(key).i64(delta).frame(), milliseconds(30'000));
+  proto::Reader in(reply);
+  int64_t v = in.i64();
+  in.end();
+  return v;
+}
+
+}  // namespace baton::transport

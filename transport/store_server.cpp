@@ -1,0 +1,309 @@
+// The rendezvous server: Boost.Asio on one thread, so the table and the parked
+// requests need no locks.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <deque>
+#include <list>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "transport/detail/store_protocol.h"
+#include "transport/store.h"
+
+namespace baton::transport {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+namespace proto = detail::store;
+
+namespace {
+
+// Compares without an early exit, so that timing says nothing about the token.
+bool same_token(const std::string& given, const std::string& expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i)
+    diff |= uint8_t(expected[i]) ^ uint8_t(i < given.size() ? given[i] : 0);
+  return diff == 0;
+}
+
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+
+}  // namespace
+
+struct StoreServer::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::string token;
+  std::thread thread;
+  std::map<std::string, std::string> table;
+  std::atomic<size_t> refused{0};
+
+  class Session;
+  // A get or wait that waits for keys to appear.
+  struct Parked {
+    std::shared_ptr<Session> session;
+    std::vector<std::string> keys;
+    bool want_value = false;  // get: answer with the value
+    std::shared_ptr<asio::steady_timer> timer;
+  };
+  std::list<Parked> parked;
+
+  class Session : public std::enable_shared_from_this<Session> {
+   public:
+    Session(Impl& server, tcp::socket socket)
+        : s_(server), socket_(std::move(socket)), hello_timer_(server.io) {}
+
+    void start() {
+      // A connection that does not introduce itself soon is dropped.
+      hello_timer_.expires_after(kHelloTimeout);
+      hello_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+        if (!ec && !self->authed_) self->close();
+      });
+      read_header();
+    }
+
+    // Frames go out one at a time, in order.
+    void send(const std::string& frame, bool then_close = false) {
+      outbox_.push_back({frame, then_close});
+      if (outbox_.size() == 1) write_next();
+    }
+    void write_next() {
+      asio::async_write(socket_, asio::buffer(outbox_.front().first),
+                        [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                          bool then_close = self->outbox_.front().second;
+                          self->outbox_.pop_front();
+                          if (ec || then_close) return self->close();
+                          if (!self->outbox_.empty()) self->write_next();
+                        });
+    }
+    void ok() { send(proto::Writer(proto::kOk).frame()); }
+    void error(const std::string& msg, bool then_close = false) {
+      send(proto::Writer(proto::kError).str(msg).frame(), then_close);
+    }
+    void close() {
+      boost::system::error_code ignored;
+      hello_timer_.cancel();
+      socket_.shutdown(tcp::socket::shutdown_both, ignored);
+      socket_.close(ignored);
+    }
+    bool open() const { return socket_.is_open(); }
+
+   private:
+    void read_header() {
+      asio::async_read(socket_, asio::buffer(header_),
+                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                         if (ec) return self->close();
+                         uint32_t n = proto::frame_length(self->header_.data());
+                         if (n == 0 || n > proto::kMaxFrame) {
+                           self->s_.refused++;
+                           return self->error("message length " + std::to_string(n) +
+                                                  " is outside 1.." + std::to_string(proto::kMaxFrame),
+                                              true);
+                         }
+                         self->body_.resize(n);
+                         self->read_body();
+                       });
+    }
+    void read_body() {
+      asio::async_read(socket_, asio::buffer(body_),
+                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                         if (ec) return self->close();
+                         bool keep = self->handle();
+                         if (keep) self->read_header();
+                       });
+    }
+
+    // Returns whether to keep reading from this connection.
+    bool handle() {
+      try {
+        proto::Reader in(body_);
+        uint8_t op = in.op();
+        if (!authed_) {
+          if (op != proto::kHello) throw proto::ProtocolError("the first message must be a hello");
+          uint32_t version = in.u32();
+          std::string token = in.str(1024);
+          in.end();
+          if (version != proto::kVersion)
+            throw proto::ProtocolError("protocol version " + std::to_string(version) + ", expected " +
+                                       std::to_string(proto::kVersion));
+          if (!same_token(token, s_.token)) throw proto::ProtocolError("wrong job token");
+          authed_ = true;
+          hello_timer_.cancel();
+          ok();
+          return true;
+        }
+        switch (op) {
+          case proto::kSet: {
+            std::string key = in.str(proto::kMaxKey);
+            std::string value = in.str();
+            in.end();
+            s_.table[key] = std::move(value);
+            ok();
+            s_.release_parked();
+            return true;
+          }
+          case proto::kGet: {
+            std::string key = in.str(proto::kMaxKey);
+            uint32_t ms = in.u32();
+            in.end();
+            s_.park(shared_from_this(), {key}, true, ms);
+            return true;
+          }
+          case proto::kWait: {
+            uint32_t n = in.u32();
+            if (n > proto::kMaxFrame / 4) throw proto::ProtocolError("too many keys");
+            std::vector<std::string> keys;
+            for (uint32_t i = 0; i < n; ++i) keys.push_back(in.str(proto::kMaxKey));
+            uint32_t ms = in.u32();
+            in.end();
+            s_.park(shared_from_this(), std::move(keys), false, ms);
+            return true;
+          }
+          case proto::kAdd: {
+            std::string key = in.str(proto::kMaxKey);
+            int64_t delta = in.i64();
+            in.end();
+            int64_t v = 0;
+            auto it = s_.table.find(key);
+            if (it != s_.table.end()) v = std::stoll(it->second);
+            v += delta;
+            s_.table[key] = std::to_string(v);
+            send(proto::Writer(proto::kOk).i64(v).frame());
+            s_.release_parked();
+            return true;
+          }
+          default:
+            throw proto::ProtocolError("unknown operation " + std::to_string(op));
+        }
+      } catch (const std::exception& e) {
+        if (!authed_) {
+          s_.refused++;
+          spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), e.what());
+        } else {
+          spdlog::warn("rendezvous: bad message from {}: {}", peer(), e.what());
+        }
+        error(e.what(), true);
+        return false;
+      }
+    }
+
+    std::string peer() const {
+      boost::system::error_code ec;
+      auto ep = socket_.remote_endpoint(ec);
+      return ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    }
+
+    Impl& s_;
+    tcp::socket socket_;
+    asio::steady_timer hello_timer_;
+    std::array<char, 4> header_{};
+    std::string body_;
+    std::deque<std::pair<std::string, bool>> outbox_;  // frame, close after it
+    bool authed_ = false;
+  };
+
+  void park(std::shared_ptr<Session> session, std::vector<std::string> keys, bool want_value,
+            uint32_t ms) {
+    Parked p{std::move(session), std::move(keys), want_value, std::make_shared<asio::steady_timer>(io)};
+    if (try_answer(p)) return;
+    p.timer->expires_after(std::chrono::milliseconds(ms));
+    auto it = parked.insert(parked.end(), std::move(p));
+    it->timer->async_wait([this, it](boost::system::error_code ec) {
+      if (ec) return;  // answered and cancelled
+      std::string missing;
+      for (auto& k : it->keys)
+        if (!table.count(k)) missing += (missing.empty() ? "" : ", ") + k;
+      it->session->error("timed out waiting for " + missing);
+      parked.erase(it);
+    });
+  }
+
+  bool try_answer(Parked& p) {
+    for (auto& k : p.keys)
+      if (!table.count(k)) return false;
+    if (p.session->open()) {
+      if (p.want_value)
+        p.session->send(proto::Writer(proto::kOk).str(table[p.keys[0]]).frame());
+      else
+        p.session->ok();
+    }
+    return true;
+  }
+
+  void release_parked() {
+    for (auto it = parked.begin(); it != parked.end();) {
+      if (try_answer(*it)) {
+        it->timer->cancel();
+        it = parked.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void accept() {
+    acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted) accept();
+        return;
+      }
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<Session>(*this, std::move(socket))->start();
+      accept();
+    });
+  }
+};
+
+StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std::string& token)
+    : impl_(std::make_unique<Impl>()) {
+  if (token.empty()) throw InputError("rendezvous: the job token is empty");
+  impl_->token = token;
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(bind_host, ec);
+  if (ec) {
+    // A host name: resolve it to the first address.
+    tcp::resolver resolver(impl_->io);
+    auto results = resolver.resolve(bind_host, std::to_string(port), ec);
+    if (ec || results.empty())
+      throw InputError("rendezvous: cannot resolve the address '" + bind_host + "': " + ec.message());
+    addr = results.begin()->endpoint().address();
+  }
+  tcp::endpoint ep(addr, port);
+  impl_->acceptor.open(ep.protocol());
+  impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
+  impl_->acceptor.bind(ep, ec);
+  if (ec)
+    throw RuntimeError("rendezvous: cannot listen on " + bind_host + ":" + std::to_string(port) + ": " +
+                       ec.message());
+  impl_->acceptor.listen();
+  impl_->accept();
+  impl_->thread = std::thread([this] { impl_->io.run(); });
+}
+
+StoreServer::~StoreServer() {
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+uint16_t StoreServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+size_t StoreServer::refused() const { return impl_->refused.load(); }
+
+std::string make_job_token() {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 8; ++i) {
+    uint32_t x = rd();
+    for (int j = 0; j < 4; ++j) t.push_back(hex[(x >> (8 * j + 4)) & 0xf]), t.push_back(hex[(x >> (8 * j)) & 0xf]);
+  }
+  return t.substr(0, 32);
+}
+
+}  // namespace baton::transport

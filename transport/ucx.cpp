@@ -1,0 +1,28 @@
+#include "transport/ucx.h"
+
+#include <numeric>
+
+#include "memory/error.h"
+
+#include "transport/detail/group_comm.h"
+#include "transport/detail/tag.h"
+#ifdef BATON_HAVE_UCX
+#include "transport/detail/ucx_fabric.h"
+#endif
+
+namespace baton::transport {
+
+CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
+                       const CommOptions& options, const std::string& prefix) {
+#ifndef BATON_HAVE_UCX
+  (void)rank, (void)size, (void)store, (void)options, (void)prefix;
+  throw RuntimeError("this build has no UCX backend (ThreadSanitizer builds leave it out)");
+#else
+  auto fabric = std::make_shared<detail::UcxFabric>(rank, size, *store, prefix, options);
+  std::vector<int> all(static_cast<size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  return std::make_shared<detail::GroupComm>(fabric, detail::kWorldContext, std::move(all));
+#endif
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,21 @@
+// The UCX backend: ranks are processes (on one host or many) that talk through UCX's
+// tag interface; they meet at a Store to exchange worker addresses.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "transport/communicator.h"
+#include "transport/options.h"
+#include "transport/store.h"
+
+namespace baton::transport {
+
+// This process's world communicator: rank `rank` of `size`. Every rank calls it with
+// the same store and prefix (keys go under "<prefix>/ucx/"); it returns once every
+// rank's address is known. Threads of one process may each build their own (tests do).
+CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
+                       const CommOptions& options = CommOptions::from_env(),
+                       const std::string& prefix = "baton");
+
+}  // namespace baton::transport

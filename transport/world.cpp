@@ -1,0 +1,126 @@
+#include "transport/world.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <numeric>
+
+#include "memory/error.h"
+#include "transport/local.h"
+#include "transport/ucx.h"
+
+namespace baton::transport {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = env(name);
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || x < lo || x > hi)
+    throw InputError(std::string(name) + "='" + v + "': expected an integer from " + std::to_string(lo) +
+                     " to " + std::to_string(hi));
+  return int(x);
+}
+
+struct Source {
+  const char* name;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+};
+
+// In order of preference: our launcher, then the schedulers' own launchers.
+constexpr Source kSources[] = {
+    {"baton launch", "BATON_RANK", "BATON_WORLD_SIZE", "BATON_LOCAL_RANK", "BATON_LOCAL_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
+// A token when the user gave none: the scheduler's job id, which stray connections
+// from other jobs do not know. Weaker than a random token; we say so.
+std::string token_from_job_id() {
+  for (const char* v : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID"})
+    if (const char* x = env(v)) return std::string("job-") + x;
+  return {};
+}
+
+}  // namespace
+
+std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw InputError(what + "='" + text + "': expected host:port");
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  std::string port_text = text.substr(colon + 1);
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port < 1 || port > 65535)
+    throw InputError(what + "='" + text + "': the port must be a number from 1 to 65535");
+  return {host, uint16_t(port)};
+}
+
+LaunchEnv read_launch_env() {
+  LaunchEnv e;
+  for (const Source& s : kSources) {
+    if (!env(s.rank) && !env(s.size)) continue;
+    if (!env(s.rank) || !env(s.size))
+      throw InputError(std::string(s.name) + ": " + (env(s.rank) ? s.size : s.rank) + " is not set but " +
+                       (env(s.rank) ? s.rank : s.size) + " is");
+    e.source = s.name;
+    e.size = env_int(s.size, 1, 1 << 20);
+    e.rank = env_int(s.rank, 0, e.size - 1);
+    e.local_size = env(s.local_size) ? env_int(s.local_size, 1, e.size) : 1;
+    e.local_rank = env(s.local_rank) ? env_int(s.local_rank, 0, e.local_size - 1) : 0;
+    break;
+  }
+  if (const char* r = env("BATON_RENDEZVOUS")) {
+    e.rendezvous = r;
+    parse_host_port(e.rendezvous, "BATON_RENDEZVOUS");
+  }
+  if (const char* t = env("BATON_JOB_TOKEN")) e.token = t;
+  e.store_hosted = env("BATON_STORE_HOSTED") != nullptr && std::string(env("BATON_STORE_HOSTED")) == "1";
+  if (e.size > 1) {
+    if (e.rendezvous.empty())
+      throw InputError("world of " + std::to_string(e.size) + " ranks (from " + e.source +
+                       ") but BATON_RENDEZVOUS is not set: give host:port of rank 0's host, e.g. "
+                       "BATON_RENDEZVOUS=node0:29500 (baton launch sets it itself)");
+    if (e.token.empty()) {
+      e.token = token_from_job_id();
+      if (e.token.empty())
+        throw InputError("BATON_JOB_TOKEN is not set: give every rank the same secret, e.g. "
+                         "`mpirun -x BATON_JOB_TOKEN=$(openssl rand -hex 16) ...`");
+      spdlog::warn("BATON_JOB_TOKEN is not set; using the scheduler's job id as the rendezvous token");
+    }
+  }
+  return e;
+}
+
+World init_world(const WorldOptions& options) {
+  World w;
+  w.env = read_launch_env();
+  const LaunchEnv& e = w.env;
+  if (e.size == 1) {
+    w.comm = make_local_world(1, options.comm)[0];
+    return w;
+  }
+  auto [host, port] = parse_host_port(e.rendezvous, "BATON_RENDEZVOUS");
+  if (e.rank == 0 && !e.store_hosted) {
+    w.server = std::make_unique<StoreServer>(host, port, e.token);
+    spdlog::debug("rank 0: rendezvous listening on {}:{}", host, port);
+  }
+  w.store = std::make_shared<TcpStore>(host, port, e.token, options.comm.connect_timeout);
+  w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix);
+  return w;
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,56 @@
+// Start-up of a process in a job: who am I (rank, world size, ranks on this host), where
+// do the ranks meet, and the world communicator. The environment comes from
+// `baton launch`, or from mpirun / srun (their own variables) plus a rendezvous
+// address the user gives; docs/transport.md lists every variable.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "transport/communicator.h"
+#include "transport/options.h"
+#include "transport/store.h"
+
+namespace baton::transport {
+
+// What the environment says about this process.
+struct LaunchEnv {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;  // among the ranks on this host
+  int local_size = 1;
+  std::string rendezvous;  // "host:port"; empty for a world of one
+  std::string token;       // the job token the rendezvous checks
+  bool store_hosted = false;  // the launcher already runs the store (else rank 0 does)
+  std::string source = "none";  // "baton launch", "Open MPI", "PMI", "Slurm", "none"
+};
+
+// Reads BATON_RANK / BATON_WORLD_SIZE (set by baton launch), else OMPI_COMM_WORLD_RANK /
+// _SIZE, PMI_RANK / PMI_SIZE, SLURM_PROCID / SLURM_NTASKS; the local rank and size from
+// the matching variables; BATON_RENDEZVOUS, BATON_JOB_TOKEN, BATON_STORE_HOSTED.
+// Throws InputError naming the variable for a bad or inconsistent value.
+LaunchEnv read_launch_env();
+
+struct WorldOptions {
+  CommOptions comm = CommOptions::from_env();
+  std::string prefix = "baton";  // store keys of this world
+};
+
+struct World {
+  LaunchEnv env;
+  std::unique_ptr<StoreServer> server;  // when this rank hosts the rendezvous
+  std::shared_ptr<Store> store;         // for later exchanges (NCCL ids); null alone
+  CommPtr comm;                         // the world: UCX across processes
+  // Members go in reverse: the communicator first (it says goodbye to its peers), then
+  // the store, then the server.
+};
+
+// Sets up this process's world from the environment: a world of one needs nothing;
+// otherwise rank 0 hosts the rendezvous (unless the launcher does), everyone connects,
+// and the UCX world communicator is built.
+World init_world(const WorldOptions& options = {});
+
+// "host:port" -> host and port; throws InputError naming `what` otherwise.
+std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what);
+
+}  // namespace baton::transport
