@@ -79,6 +79,7 @@ const std::vector<OpType>& op_types() {
     ops::add_elementwise_ops(t);
     ops::add_loss_ops(t);
     ops::add_comm_ops(t);
+    ops::add_bias_ops(t);
     return t;
   }();
   return table;

@@ -14,5 +14,6 @@ void add_elementwise_ops(std::vector<OpType>& table);  // gelu, relu, add, dropo
 void add_embedding_ops(std::vector<OpType>& table);    // embedding, position_embedding
 void add_loss_ops(std::vector<OpType>& table);         // cross_entropy
 void add_comm_ops(std::vector<OpType>& table);         // tensor-parallel communication
+void add_bias_ops(std::vector<OpType>& table);         // bias_add (row-split linears)
 
 }  // namespace baton::stages::ops

@@ -1,0 +1,127 @@
+// The cost model: per layer of a model at a tensor-parallel degree and micro-batch size,
+// the FLOPs and times of F, B and W (compute and the layer's tensor-parallel
+// collectives), the bytes of its parameters, gradients and optimizer state, and its
+// activation memory per micro-batch with and without recompute; per cut, the bytes a
+// pipeline boundary carries.
+//
+// Times come from FLOPs at the machine's rate (`Machine`) or, when a cost file from
+// `baton profile` is given, from the times measured on this machine for each op
+// (scaled by the micro-batch size, and by the FLOP ratio for split ops). Collectives
+// are costed with the ring model: an all-reduce of n bytes over t ranks moves
+// 2 (t - 1) / t * n bytes per rank in 2 (t - 1) steps; an all-gather half of that.
+//
+// Layers with the same structure (the blocks of a transformer) are costed once: the
+// table is built per distinct layer, so a 10,000-block model costs a handful of walks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "partitioner/memory_model.h"
+#include "partitioner/tensor_parallel.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+// A device and its links. Defaults: one core of this project's CPU machines and shared
+// memory between processes (docs/partitioner.md says where each figure comes from).
+struct Machine {
+  double flops = 5e10;             // FLOP/s one device sustains on baton's kernels
+  double memory_bandwidth = 1.6e10;  // bytes/s (the optimizer step streams its state)
+  double tp_bandwidth = 8e9;       // bytes/s per rank inside a tensor-parallel group
+  double tp_latency = 2e-6;        // s per collective step
+  double p2p_bandwidth = 8e9;      // bytes/s between pipeline ranks
+  double p2p_latency = 2e-6;       // s per message
+  double dp_bandwidth = 4e9;       // bytes/s per rank for data-parallel all-reduces
+  double dp_latency = 2e-6;
+};
+
+double all_reduce_time(double bytes, int ranks, double bandwidth, double latency);
+double all_gather_time(double bytes_out, int ranks, double bandwidth, double latency);
+
+// Measured op times (the cost file `baton profile` writes; docs/formats/costs.md).
+struct MeasuredCosts {
+  struct Op {
+    std::string op;
+    double forward = 0, backward_input = 0, backward_weight = 0;  // seconds
+    double flops = 0;  // F + B + W FLOPs of the logical op at `batch` (for split ops' ratio)
+  };
+  std::string model;  // the model's name, for a consistency check
+  int64_t batch = 1;  // the micro-batch size the ops were timed at
+  int threads = 1;
+  std::map<std::string, Op> ops;  // by logical node name
+};
+MeasuredCosts read_measured_costs(const std::string& path);
+void write_measured_costs(const MeasuredCosts& c, const std::string& path);
+
+// One layer at one degree and micro-batch size.
+struct LayerCost {
+  double f = 0, b = 0, w = 0;          // seconds
+  double f_flops = 0, b_flops = 0, w_flops = 0;
+  double tp_forward_bytes = 0, tp_backward_bytes = 0;  // payload of its collectives
+  MicroBatchMemory mem, mem_recompute;
+};
+
+// Persistent bytes of a parameter (local shard) and the layers that use it.
+struct ParamUse {
+  int64_t bytes = 0;
+  std::vector<int> layers;
+};
+
+// Everything the cut and the plan evaluation need at one degree and micro-batch size.
+struct CostTable {
+  int tp = 1;
+  int64_t batch = 1;
+  std::vector<LayerCost> layers;
+  std::vector<ParamUse> params;         // per logical parameter
+  std::vector<double> cut_bytes;        // per cut position 0..L: activation bytes crossing it
+  // Per layer: bytes of the model inputs (token ids) it is the first to read. The data
+  // loader's tensors are held through a stage's whole F, so a stage's forward peak
+  // counts those of all its layers (composition below).
+  std::vector<int64_t> input_bytes;
+  std::vector<bool> replicated_cut;     // from the sharding
+  double total_time(bool recompute) const;  // F + B + W of every layer
+};
+
+// The memory of a stage over layers [first, last) composed from the table's per-layer
+// figures (an upper bound of the exact walk: each layer is walked with its input and
+// incoming gradient held by a caller; tests/partitioner/test_memory.cpp compares them).
+StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
+                                 int optimizer_states);
+
+class CostModel {
+ public:
+  CostModel(std::shared_ptr<const stages::Graph> logical, Machine machine,
+            const MeasuredCosts* measured = nullptr);
+
+  const stages::Graph& graph() const { return *g_; }
+  const Machine& machine() const { return machine_; }
+  bool measured() const { return measured_ != nullptr; }
+
+  // The table at a uniform degree (cached). `overrides` as the plan gives them.
+  const CostTable& table(int tp, int64_t batch, const SplitOverrides& overrides = {},
+                         const std::string& where = "--tp");
+  // The sharding behind table(tp, ...) (cached with it).
+  const Sharding& sharding(int tp, int64_t batch, const SplitOverrides& overrides = {},
+                           const std::string& where = "--tp");
+  // The table for given per-layer degrees and a sharding already made (per-stage TP).
+  CostTable table_for(const Sharding& s, int64_t batch);
+
+ private:
+  LayerCost layer_cost(const Sharding& s, int layer, int64_t batch);
+  std::string signature(const Sharding& s, int layer) const;
+
+  std::shared_ptr<const stages::Graph> g_;
+  Machine machine_;
+  const MeasuredCosts* measured_;
+  std::string key(int tp, int64_t batch, const SplitOverrides& overrides) const;
+  std::map<std::string, std::unique_ptr<CostTable>> tables_;
+  std::map<std::string, std::unique_ptr<Sharding>> shardings_;
+  std::map<std::string, LayerCost> layer_cache_;
+};
+
+}  // namespace baton::partitioner

@@ -1,0 +1,87 @@
+// A plan checked against its model (resolve_plan: every field that needs the model,
+// with errors naming the plan file and JSON path) and what it is predicted to cost
+// (evaluate_plan: per rank its layers, parameters, memory and time; the step time from
+// schedule/'s simulator; what does not fit and by how much).
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "partitioner/cost_model.h"
+#include "partitioner/layout.h"
+#include "partitioner/plan.h"
+#include "partitioner/tensor_parallel.h"
+#include "schedule/schedule.h"
+#include "schedule/simulate.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+struct ResolvedPlan {
+  Plan plan;
+  std::shared_ptr<const stages::Graph> graph;  // logical
+  Layout layout;
+  schedule::Schedule schedule;        // compute-only, from the generator
+  std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
+  std::vector<int> chunk_of_stage;    // schedule stage -> model chunk
+  std::vector<int> layer_tp;          // degree per layer
+  std::vector<std::set<int>> recompute;  // per chunk, layer indices
+  Sharding sharding;
+
+  int num_chunks() const { return int(chunk_first.size()); }
+  // Schedule stages held by pipeline rank pp (ascending).
+  std::vector<int> stages_of(int pp) const;
+  std::set<int> recompute_layers() const;  // every chunk's
+};
+
+// Loads the model a plan names (or embeds); InputError naming the plan's field.
+std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan);
+// Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
+ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
+
+struct RankEstimate {
+  int rank = 0;
+  RankCoord coord;
+  std::vector<int> stages;           // schedule stages it runs
+  std::string layers;                // "h.0 .. h.3" (and further chunks)
+  int64_t parameters = 0;            // elements of its parameter shards
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  int64_t activation_peak = 0;       // stashes in flight + the running action at the peak
+  int64_t peak = 0;                  // persistent + activation_peak
+  double compute_time = 0;           // its F + B + W per step, seconds
+  double busy_fraction = 0;          // compute_time / step time
+};
+
+struct PlanEstimate {
+  std::vector<RankEstimate> ranks;   // every rank (replicas repeat the first replica's figures)
+  double step_time = 0;              // simulated, seconds
+  double bubble = 0;                 // mean idle share of the pipeline ranks
+  double tokens_per_second = 0;
+  int64_t tokens_per_step = 0;
+  std::vector<std::string> problems; // ranks over their capacity: which, by how much
+  bool fits() const { return problems.empty(); }
+  int64_t max_peak() const;
+};
+
+struct EvaluateOptions {
+  // Exact memory from walking each stage of the physical graph (true), or composed from
+  // per-layer figures (false: what the search uses; an upper bound of the exact one).
+  bool exact_memory = true;
+};
+
+PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model, const EvaluateOptions& options = {});
+
+// The physical graph of a rank: its pipeline rank's layers built for its tensor-parallel
+// index (and other layers for that index modulo their degree, so tied parameters and cut
+// values have their local types).
+std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank);
+
+// The text table `baton plan --check` prints.
+std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
+
+// The schedule costs of a plan (what the simulator runs on), from a cost table.
+schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m);
+
+}  // namespace baton::partitioner

@@ -1,0 +1,67 @@
+#include "partitioner/groups.h"
+
+#include <algorithm>
+
+#include "partitioner/routing.h"
+
+namespace baton::partitioner {
+
+RankView rank_view(const ResolvedPlan& r, int rank) {
+  RankView v;
+  v.rank = rank;
+  v.coord = r.layout.coord(rank);
+  v.tp_degree = r.plan.tp[size_t(v.coord.pp)];
+  for (int s : r.stages_of(v.coord.pp)) {
+    RankStage st;
+    st.stage = s;
+    st.chunk = r.chunk_of_stage[size_t(s)];
+    st.first_layer = r.chunk_first[size_t(st.chunk)];
+    st.last_layer = r.chunk_last[size_t(st.chunk)];
+    st.recompute = r.recompute[size_t(st.chunk)];
+    v.stages.push_back(st);
+  }
+  v.tp_group = r.layout.tp_group(rank);
+  v.dp_group = r.layout.dp_group(rank);
+  std::set<int> peers;
+  for (int s = 0; s < r.schedule.num_stages(); ++s)
+    for (const Transfer& t : boundary_transfers(r, rank, s)) peers.insert(t.peer);
+  v.pipeline_peers.assign(peers.begin(), peers.end());
+  return v;
+}
+
+std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank) {
+  const stages::Graph& g = *r.graph;
+  const RankCoord me = r.layout.coord(rank);
+  const std::vector<int> mine = r.stages_of(me.pp);
+  std::set<int> held;
+  for (int s : mine) {
+    int k = r.chunk_of_stage[size_t(s)];
+    for (int p : g.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) held.insert(p);
+  }
+  std::vector<GradientGroup> out;
+  for (int p : held) {
+    const stages::Param& prm = g.params[size_t(p)];
+    auto uses = [&](int stage) {
+      int k = r.chunk_of_stage[size_t(stage)];
+      for (int l : prm.layers)
+        if (l >= r.chunk_first[size_t(k)] && l < r.chunk_last[size_t(k)]) return true;
+      return false;
+    };
+    GradientGroup gg;
+    gg.param = p;
+    gg.name = prm.name;
+    std::set<int> pps;
+    for (int s = 0; s < r.schedule.num_stages(); ++s)
+      if (uses(s)) pps.insert(r.schedule.placement[size_t(s)]);
+    std::set<int> ranks;
+    for (int d = 0; d < r.plan.dp; ++d)
+      for (int pp : pps) ranks.insert(r.layout.rank(d, pp, me.tp));
+    gg.ranks.assign(ranks.begin(), ranks.end());
+    for (int s : mine)
+      if (uses(s)) gg.local_stages.push_back(s);
+    out.push_back(std::move(gg));
+  }
+  return out;
+}
+
+}  // namespace baton::partitioner

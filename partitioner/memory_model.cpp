@@ -1,0 +1,569 @@
+#include "partitioner/memory_model.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "memory/allocator.h"
+#include "memory/error.h"
+
+namespace baton::partitioner {
+
+using stages::Graph;
+using stages::Node;
+
+namespace {
+
+int64_t rounded(int64_t bytes) {
+  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
+}
+
+double attr_p(const Node& n) {
+  auto it = n.attrs.find("p");
+  return it == n.attrs.end() ? 0.0 : it->get<double>();
+}
+
+// Storages with reference counts: a tensor is the id of its storage; every holder (the
+// stash, an op's input list, a gradient slot, the caller) holds one reference, as
+// shared_ptr<Storage> does in memory::Tensor.
+class Heap {
+ public:
+  int alloc(int64_t bytes) {
+    int64_t b = rounded(bytes);
+    bufs_.push_back({b, 1});
+    live_ += b;
+    peak_ = std::max(peak_, live_);
+    return int(bufs_.size()) - 1;
+  }
+  int ref(int id) {
+    if (id >= 0) ++bufs_[size_t(id)].refs;
+    return id;
+  }
+  void unref(int& id) {
+    if (id < 0) return;
+    Buf& b = bufs_[size_t(id)];
+    BATON_CHECK(b.refs > 0, "memory model: released a storage twice");
+    if (--b.refs == 0) live_ -= b.bytes;
+    id = -1;
+  }
+  int refs(int id) const { return id < 0 ? 0 : bufs_[size_t(id)].refs; }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = live_; }
+
+ private:
+  struct Buf {
+    int64_t bytes;
+    int refs;
+  };
+  std::vector<Buf> bufs_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+// Holds references and releases them when it goes out of scope (an op's argument lists).
+class Holder {
+ public:
+  explicit Holder(Heap& h) : h_(h) {}
+  ~Holder() {
+    for (int& id : ids_) h_.unref(id);
+  }
+  int add(int id) {
+    ids_.push_back(h_.ref(id));
+    return id;
+  }
+  int take(int id) {  // takes over a reference already counted
+    ids_.push_back(id);
+    return id;
+  }
+
+ private:
+  Heap& h_;
+  std::vector<int> ids_;
+};
+
+class Walker {
+ public:
+  explicit Walker(const WalkSpec& w) : w_(w), g_(*w.graph) { setup(); }
+
+  MicroBatchMemory run() {
+    MicroBatchMemory m;
+    forward();
+    m.forward_peak = heap_.peak();
+    m.stash = heap_.live();
+    heap_.reset_peak();
+    backward();
+    m.backward_peak = heap_.peak();
+    m.held_through_backward = held_through_backward_;
+    m.w_stash = heap_.live();
+    heap_.reset_peak();
+    weight();
+    m.weight_peak = heap_.peak();
+    return m;
+  }
+
+ private:
+  int64_t bytes(int v) const { return g_.values[size_t(v)].type.bytes(w_.batch); }
+  int64_t rows(int v) const {  // rows of a value viewed as [rows, last]
+    const auto& t = g_.values[size_t(v)].type;
+    int64_t n = w_.batch;
+    for (size_t i = 0; i + 1 < t.shape.size(); ++i) n *= t.shape[i];
+    return n;
+  }
+  int64_t dsize() const { return int64_t(memory::dtype_size(g_.float_dtype)); }
+  bool is_out(int v) const { return out_set_.count(v) > 0; }
+
+  // ---- what Stage's constructor works out ----
+  void setup() {
+    const size_t nv = g_.values.size();
+    kept_.assign(nv, false);
+    needs_grad_.assign(nv, false);
+    last_use_.assign(nv, -1);
+    users_.assign(nv, {});
+    recompute_node_.assign(g_.nodes.size(), false);
+    std::vector<bool> in_stage(g_.nodes.size(), false);
+    for (int l = w_.first; l < w_.last; ++l)
+      for (int n : g_.layers[size_t(l)].nodes) {
+        nodes_.push_back(n);
+        in_stage[size_t(n)] = true;
+      }
+    for (int v : w_.boundary_out) out_set_.insert(v);
+    std::set<int> in_set(w_.boundary_in.begin(), w_.boundary_in.end());
+    for (int n : nodes_) {
+      const Node& node = g_.nodes[size_t(n)];
+      bool rc = w_.recompute.count(node.layer) > 0;
+      recompute_node_[size_t(n)] = rc;
+      const stages::Op& op = *node.impl;
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        int v = node.inputs[i];
+        last_use_[size_t(v)] = n;
+        if (op.saves_input(i)) users_[size_t(v)].push_back(n);
+        if (op.saves_input(i) && !rc) kept_[size_t(v)] = true;
+        int prod = g_.values[size_t(v)].producer;
+        if (rc && (prod < 0 || g_.nodes[size_t(prod)].layer != node.layer)) kept_[size_t(v)] = true;
+      }
+      for (size_t j = 0; j < node.outputs.size(); ++j)
+        if (op.saves_output(j)) {
+          users_[size_t(node.outputs[j])].push_back(n);
+          if (!rc) kept_[size_t(node.outputs[j])] = true;
+        }
+    }
+    for (size_t v = 0; v < nv; ++v) {
+      const stages::Value& val = g_.values[v];
+      bool floating = memory::is_floating(val.type.dtype) && val.type.batched;
+      bool here = !val.is_input() && in_stage[size_t(val.producer)];
+      needs_grad_[v] = floating && (here || in_set.count(int(v)) > 0);
+    }
+    values_.assign(nv, -1);
+    saved_.assign(g_.nodes.size(), {});
+  }
+
+  // ---- forward of one op: its outputs and saved tensors, as the op allocates them ----
+  void op_forward(int n, const std::vector<int>& ins, uint32_t overwritable, std::vector<int>& outs,
+                  std::vector<int>& saved) {
+    const Node& node = g_.nodes[size_t(n)];
+    const std::string& op = node.op;
+    int out = node.outputs.empty() ? -1 : node.outputs[0];
+    auto may = [&](size_t i) { return ((overwritable >> i) & 1u) != 0; };
+    auto fresh = [&] { outs.push_back(heap_.alloc(bytes(out))); };
+    auto alias = [&](size_t i) { outs.push_back(heap_.ref(ins[i])); };
+    if (op == "layernorm") {
+      fresh();
+      saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+      saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+    } else if (op == "attention") {
+      fresh();
+      // lse [batch, local heads, T]
+      int64_t heads = node.attrs.at("n_head").get<int64_t>();
+      int64_t t = g_.values[size_t(node.inputs[0])].type.shape[0];
+      saved.push_back(heap_.alloc(w_.batch * heads * t * dsize()));
+    } else if (op == "dropout") {
+      if (attr_p(node) > 0) fresh(); else alias(0);
+    } else if (op == "reshape" || op == "tp_copy") {
+      alias(0);
+    } else if (op == "tp_reduce" || op == "bias_add") {
+      if (may(0)) alias(0); else fresh();
+    } else if (op == "tp_gather") {
+      int parts = heap_.alloc(bytes(out));
+      fresh();
+      heap_.unref(parts);
+    } else if (op == "cross_entropy" || op == "vocab_parallel_cross_entropy") {
+      int logits = node.inputs[0];
+      int64_t n_rows = rows(logits);
+      std::vector<int> tmp;
+      if (op == "cross_entropy") {
+        for (int k = 0; k < 4; ++k) tmp.push_back(heap_.alloc(n_rows * dsize()));
+      } else {
+        tmp.push_back(heap_.alloc(n_rows * dsize()));      // row_max
+        tmp.push_back(heap_.alloc(n_rows * dsize()));      // losses
+        tmp.push_back(heap_.alloc(2 * n_rows * dsize()));  // sum_exp, target_logit
+      }
+      saved.push_back(may(0) ? heap_.ref(ins[0]) : heap_.alloc(bytes(logits)));  // dlogits
+      // sum_losses: the losses in f64 (a copy unless they are f64), then the scalar.
+      if (g_.float_dtype != memory::DType::f64) {
+        int f64 = heap_.alloc(n_rows * 8);
+        heap_.unref(f64);
+      }
+      outs.push_back(heap_.alloc(8));
+      for (int& t : tmp) heap_.unref(t);
+    } else {
+      // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
+      for (size_t j = 0; j < node.outputs.size(); ++j) outs.push_back(heap_.alloc(bytes(node.outputs[j])));
+    }
+  }
+
+  void run_node_forward(int n) {
+    const Node& node = g_.nodes[size_t(n)];
+    Holder ins_h(heap_);
+    std::vector<int> ins;
+    for (int v : node.inputs) ins.push_back(ins_h.add(values_[size_t(v)]));
+    for (int v : node.inputs)
+      if (last_use_[size_t(v)] == n && !kept_[size_t(v)] && !is_out(v)) heap_.unref(values_[size_t(v)]);
+    uint32_t overwritable = 0;
+    for (size_t i = 0; i < ins.size() && i < 32; ++i)
+      if (ins[i] >= 0 && heap_.refs(ins[i]) == 1) overwritable |= 1u << i;
+    std::vector<int> outs, saved;
+    op_forward(n, ins, overwritable, outs, saved);
+    for (size_t j = 0; j < node.outputs.size(); ++j) {
+      int v = node.outputs[j];
+      heap_.unref(values_[size_t(v)]);
+      values_[size_t(v)] = outs[j];
+      if (last_use_[size_t(v)] < 0 && !is_out(v) && !kept_[size_t(v)]) heap_.unref(values_[size_t(v)]);
+    }
+    if (!recompute_node_[size_t(n)]) {
+      saved_[size_t(n)] = saved;
+    } else {
+      for (int& s : saved) heap_.unref(s);
+    }
+  }
+
+  void forward() {
+    // The caller's tensors: what enters the stage and the token ids.
+    for (int v : w_.boundary_in) caller_.push_back(values_[size_t(v)] = heap_.alloc(bytes(v)));
+    for (int v : w_.model_in) caller_.push_back(values_[size_t(v)] = heap_.alloc(bytes(v)));
+    for (int id : caller_) heap_.ref(id);
+    for (int n : nodes_) run_node_forward(n);
+    std::vector<int> outputs;
+    for (int v : w_.boundary_out) {
+      outputs.push_back(heap_.ref(values_[size_t(v)]));
+      if (!kept_[size_t(v)]) heap_.unref(values_[size_t(v)]);
+    }
+    for (size_t v = 0; v < values_.size(); ++v)
+      if (!kept_[v]) heap_.unref(values_[v]);
+    // The caller sends the outputs and drops its inputs after F.
+    for (int& id : outputs) heap_.unref(id);
+    for (int& id : caller_) heap_.unref(id);
+    caller_.clear();
+  }
+
+  // ---- B ----
+  struct Entry {
+    int id = -1;
+    bool owned = false;
+  };
+  // GradSlot::target(): a new buffer, or a private copy of a borrowed one.
+  void target(int v) {
+    Entry& e = grads_[size_t(v)];
+    if (e.id < 0) {
+      e.id = heap_.alloc(bytes(v));
+      e.owned = true;
+    } else if (!e.owned) {
+      int copy = heap_.alloc(bytes(v));
+      heap_.unref(e.id);
+      e.id = copy;
+      e.owned = true;
+    }
+  }
+  // GradSlot::give(t): borrow t when first, else add into a target.
+  void give(int v, int id) {
+    Entry& e = grads_[size_t(v)];
+    if (e.id < 0) {
+      e.id = heap_.ref(id);
+      e.owned = false;
+    } else {
+      target(v);
+    }
+  }
+
+  void op_backward(int n, const std::vector<int>& gouts) {
+    const Node& node = g_.nodes[size_t(n)];
+    const std::string& op = node.op;
+    auto needed = [&](size_t i) { return needs_grad_[size_t(node.inputs[i])]; };
+    bool have = !gouts.empty() && gouts[0] >= 0;
+    if (op == "embedding") return;
+    if (op == "cross_entropy" || op == "vocab_parallel_cross_entropy") {
+      if (needed(0) && !saved_[size_t(n)].empty()) give(node.inputs[0], saved_[size_t(n)][0]);
+      return;
+    }
+    if (!have) return;
+    if (op == "add") {
+      for (size_t i = 0; i < 2; ++i)
+        if (needed(i)) give(node.inputs[i], gouts[0]);
+    } else if (op == "reshape" || op == "position_embedding" || op == "tp_reduce" || op == "bias_add" ||
+               (op == "dropout" && attr_p(node) == 0)) {
+      if (needed(0)) give(node.inputs[0], gouts[0]);
+    } else if (op == "tp_copy" || op == "tp_gather") {
+      if (needed(0)) {
+        int g = heap_.alloc(bytes(node.inputs[0]));
+        give(node.inputs[0], g);
+        heap_.unref(g);
+      }
+    } else if (op == "matmul") {
+      for (size_t i = 0; i < 2; ++i)
+        if (needed(i)) target(node.inputs[i]);
+    } else {
+      // linear, layernorm, attention, gelu, relu, softmax, active dropout: into a target.
+      if (needed(0)) target(node.inputs[0]);
+    }
+  }
+
+  void recompute_layer(int layer) {
+    for (int n : g_.layers[size_t(layer)].nodes) {
+      const Node& node = g_.nodes[size_t(n)];
+      Holder ins_h(heap_);
+      std::vector<int> ins;
+      for (int v : node.inputs) ins.push_back(ins_h.add(values_[size_t(v)]));
+      std::vector<int> outs, saved;
+      op_forward(n, ins, 0, outs, saved);
+      for (size_t j = 0; j < node.outputs.size(); ++j) {
+        heap_.unref(values_[size_t(node.outputs[j])]);
+        values_[size_t(node.outputs[j])] = outs[j];
+      }
+      for (int& s : saved_[size_t(n)]) heap_.unref(s);
+      saved_[size_t(n)] = saved;
+    }
+    for (int n : g_.layers[size_t(layer)].nodes)
+      for (int v : g_.nodes[size_t(n)].outputs)
+        if (pending_[size_t(v)] == 0) heap_.unref(values_[size_t(v)]);
+  }
+
+  void release_after_backward(int n) {
+    const Node& node = g_.nodes[size_t(n)];
+    for (int& s : saved_[size_t(n)]) heap_.unref(s);
+    saved_[size_t(n)].clear();
+    auto done = [&](int v) {
+      const auto& u = users_[size_t(v)];
+      if (std::find(u.begin(), u.end(), n) == u.end()) return;
+      if (--pending_[size_t(v)] == 0) heap_.unref(values_[size_t(v)]);
+    };
+    for (int v : node.inputs) done(v);
+    for (int v : node.outputs) done(v);
+  }
+
+  void backward() {
+    grads_.assign(g_.values.size(), Entry{});
+    for (int v : w_.boundary_out) {
+      if (v == g_.loss) continue;
+      int id = heap_.alloc(bytes(v));  // the gradient received from the next stage
+      caller_.push_back(id);
+      grads_[size_t(v)] = {heap_.ref(id), false};
+    }
+    pending_.assign(g_.values.size(), 0);
+    for (size_t v = 0; v < g_.values.size(); ++v) pending_[v] = int(users_[v].size());
+    for (int l = w_.last - 1; l >= w_.first; --l) {
+      if (w_.recompute.count(l)) recompute_layer(l);
+      const auto& ln = g_.layers[size_t(l)].nodes;
+      for (auto it = ln.rbegin(); it != ln.rend(); ++it) {
+        int n = *it;
+        const Node& node = g_.nodes[size_t(n)];
+        const stages::Op& op = *node.impl;
+        Holder args(heap_);
+        std::vector<int> ins, outs, gouts;
+        for (int v : node.inputs) ins.push_back(args.add(values_[size_t(v)]));
+        for (int v : node.outputs) {
+          outs.push_back(args.add(values_[size_t(v)]));
+          gouts.push_back(args.add(grads_[size_t(v)].id));
+        }
+        op_backward(n, gouts);
+        if (op.has_weights()) {
+          std::vector<int>& ws = w_stash_[n];
+          for (size_t i = 0; i < ins.size(); ++i)
+            if (op.weight_needs_input(i)) ws.push_back(heap_.ref(ins[i]));
+          if (op.weight_needs_saved())
+            for (int s : saved_[size_t(n)]) ws.push_back(heap_.ref(s));
+          if (op.weight_needs_grad_outputs())
+            for (int gid : gouts) ws.push_back(heap_.ref(gid));
+        }
+        for (int v : node.outputs) heap_.unref(grads_[size_t(v)].id);
+        release_after_backward(n);
+      }
+    }
+    std::vector<int> result;
+    for (int v : w_.boundary_in) {
+      if (!needs_grad_[size_t(v)]) continue;
+      result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id) : heap_.alloc(bytes(v)));
+    }
+    int64_t before_clear = heap_.live();
+    for (int& id : values_) heap_.unref(id);
+    for (auto& s : saved_)
+      for (int& id : s) heap_.unref(id);
+    held_through_backward_ = before_clear - heap_.live();
+    for (Entry& e : grads_) heap_.unref(e.id);
+    // The caller sends the input gradients and drops what it received.
+    for (int& id : result) heap_.unref(id);
+    for (int& id : caller_) heap_.unref(id);
+    caller_.clear();
+  }
+
+  void weight() {
+    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+      auto ws = w_stash_.find(*it);
+      if (ws == w_stash_.end()) continue;
+      for (int& id : ws->second) heap_.unref(id);
+      w_stash_.erase(ws);
+    }
+  }
+
+  const WalkSpec& w_;
+  const Graph& g_;
+  Heap heap_;
+  std::vector<int> nodes_;
+  std::set<int> out_set_;
+  std::vector<bool> kept_, needs_grad_, recompute_node_;
+  std::vector<int> last_use_;
+  std::vector<std::vector<int>> users_;
+  std::vector<int> values_;
+  std::vector<std::vector<int>> saved_;
+  std::vector<int> caller_;
+  std::vector<Entry> grads_;
+  std::vector<int> pending_;
+  std::map<int, std::vector<int>> w_stash_;
+  int64_t held_through_backward_ = 0;
+};
+
+}  // namespace
+
+WalkSpec stage_walk_spec(const Graph& g, int first, int last, const std::set<int>& recompute,
+                         int64_t batch) {
+  WalkSpec w;
+  w.graph = &g;
+  w.first = first;
+  w.last = last;
+  w.boundary_in = g.cut_values(first);
+  w.boundary_out = g.cut_values(last);
+  w.model_in = g.inputs_used(first, last);
+  w.recompute = recompute;
+  w.batch = batch;
+  return w;
+}
+
+MicroBatchMemory walk_micro_batch(const WalkSpec& spec) { return Walker(spec).run(); }
+
+void persistent_memory(const Graph& g, int first, int last, int optimizer_states, StageMemory& out) {
+  out.params = out.grads = out.optimizer = 0;
+  for (int id : g.params_used(first, last)) {
+    const stages::Param& p = g.params[size_t(id)];
+    int64_t b = rounded(memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype)));
+    int64_t layers = 0;
+    for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
+    out.params += b;
+    out.grads += b * (layers + (layers > 1 ? 1 : 0));
+    out.optimizer += b * optimizer_states;
+  }
+}
+
+StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int>& recompute,
+                         int64_t batch, int optimizer_states) {
+  StageMemory m;
+  persistent_memory(g, first, last, optimizer_states, m);
+  m.mb = walk_micro_batch(stage_walk_spec(g, first, last, recompute, batch));
+  return m;
+}
+
+// ---- a rank over a schedule ----
+
+namespace {
+
+// Walks a rank's compute actions, calling visit(stage, kind, held_by_stage) at each.
+// held[k] = {micro-batches between F and B, between B and W} of stage k.
+template <class Visit>
+void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
+  using schedule::ActionKind;
+  std::map<int, std::pair<int, int>> held;
+  for (int k : schedule::stages_of_rank(s, rank)) held[k] = {0, 0};
+  for (const schedule::Action& a : s.ranks[size_t(rank)]) {
+    auto& h = held[a.stage];
+    switch (a.kind) {
+      case ActionKind::forward:
+        visit(a.stage, 0, held);
+        h.first++;
+        break;
+      case ActionKind::backward_input:
+        h.first--;
+        visit(a.stage, 1, held);
+        h.second++;
+        break;
+      case ActionKind::backward_weight:
+        h.second--;
+        visit(a.stage, 2, held);
+        break;
+      case ActionKind::full_backward:
+        h.first--;
+        visit(a.stage, 1, held);
+        visit(a.stage, 2, held);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages) {
+  int64_t persistent = 0;
+  for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
+  int64_t peak = 0;
+  walk_rank(s, rank, [&](int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
+    int64_t m = 0;
+    for (const auto& [k, h] : held)
+      m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
+    const MicroBatchMemory& own = stages[size_t(stage)].mb;
+    m += kind == 0 ? own.forward_peak : kind == 1 ? own.backward_peak : own.weight_peak;
+    peak = std::max(peak, m);
+  });
+  return persistent + peak;
+}
+
+namespace {
+
+std::vector<PeakTerm> terms_of(const schedule::Schedule& s, int rank, int only_stage) {
+  std::set<std::tuple<int, int, int>> seen;
+  walk_rank(s, rank, [&](int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
+    if (only_stage >= 0 && stage != only_stage) return;
+    int a = 0, b = 0;
+    for (const auto& [k, h] : held) {
+      if (only_stage >= 0 && k != only_stage) continue;
+      a += h.first;
+      b += h.second;
+    }
+    seen.insert({kind, a, b});
+  });
+  // Keep the terms no other term of the same kind dominates.
+  std::vector<PeakTerm> out;
+  for (const auto& [kind, a, b] : seen) {
+    bool dominated = false;
+    for (const auto& [k2, a2, b2] : seen)
+      dominated = dominated || (k2 == kind && a2 >= a && b2 >= b && (a2 > a || b2 > b));
+    if (!dominated) out.push_back({a, b, kind});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) { return terms_of(s, rank, -1); }
+
+std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage) {
+  return terms_of(s, rank, stage);
+}
+
+int64_t eval_peak(const std::vector<PeakTerm>& terms, const MicroBatchMemory& m) {
+  int64_t peak = 0;
+  for (const PeakTerm& t : terms) {
+    int64_t own = t.kind == 0 ? m.forward_peak : t.kind == 1 ? m.backward_peak : m.weight_peak;
+    peak = std::max(peak, t.a * m.stash + t.b * m.w_stash + own);
+  }
+  return peak;
+}
+
+}  // namespace baton::partitioner

@@ -1,0 +1,86 @@
+// The memory model: what a Stage allocates, in the bytes the device allocator counts
+// (every tensor rounded up to 64 bytes). Persistent: parameters, their gradients (one
+// accumulator per layer of the stage that uses a parameter, plus a total when there are
+// several) and the optimizer state. Per micro-batch: the activation stash from F to B,
+// what W still needs from B to W, and the transient peaks inside F, B and W.
+//
+// The per-micro-batch figures come from walking the stage's nodes the way Stage runs
+// them (stages/stage.cpp): which values forward keeps, when it frees each input after
+// its last reader, which outputs alias their input (views, in-place reductions, the
+// cross-entropy gradient written over the logits), what each op's backward allocates
+// and what the gradient slots share. It is a model of the code, so a change there that
+// changes memory must change it too; tests compare it with the allocator's measured
+// peak (tests/partitioner/test_memory.cpp).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "schedule/schedule.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+// One micro-batch through one stage, in bytes.
+struct MicroBatchMemory {
+  int64_t stash = 0;          // held from the end of its F until its B starts
+  int64_t w_stash = 0;        // held from the end of its B until its W ends
+  int64_t forward_peak = 0;   // its own live bytes at their most during F (inputs included)
+  int64_t backward_peak = 0;  // during B (its stash, incoming and outgoing gradients included)
+  int64_t weight_peak = 0;    // during W
+  // Part of the stash that B does not release as it goes but only when it ends (values
+  // kept that no backward reads, such as token ids kept for a recomputed layer).
+  int64_t held_through_backward = 0;
+};
+
+struct StageMemory {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  MicroBatchMemory mb;
+  int64_t persistent() const { return params + grads + optimizer; }
+};
+
+// What a walk needs: a graph, a layer range and what crosses its ends.
+struct WalkSpec {
+  const stages::Graph* graph = nullptr;
+  int first = 0, last = 0;
+  std::vector<int> boundary_in;   // floating values that enter (they get gradients)
+  std::vector<int> boundary_out;  // values handed on (and the loss)
+  std::vector<int> model_in;      // other inputs read (token ids): given, no gradients
+  std::set<int> recompute;        // recomputed layers
+  int64_t batch = 1;              // samples per micro-batch
+};
+// The spec of a Stage over layers [first, last) of g.
+WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last, const std::set<int>& recompute,
+                         int64_t batch);
+
+MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
+// Parameters, gradients and optimizer state (`optimizer_states` tensors per parameter)
+// of a Stage over [first, last).
+void persistent_memory(const stages::Graph& g, int first, int last, int optimizer_states,
+                       StageMemory& out);
+StageMemory stage_memory(const stages::Graph& g, int first, int last, const std::set<int>& recompute,
+                         int64_t batch, int optimizer_states);
+
+// ---- a rank over a schedule ----
+
+// The peak of a rank that runs the compute actions of `s` (F, B, W, BW) for its stages:
+// the persistent bytes of its stages plus, at every action, the held stashes of the
+// micro-batches in flight and the running action's own peak. `stages[k]` is the memory of
+// schedule stage k (only the rank's stages are read).
+int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages);
+
+// The same peak as a function of the memory figures of a rank holding ONE stage: the
+// maximum over terms a*stash + b*w_stash + (forward|backward|weight peak of the running
+// micro-batch). Built once per schedule and rank, evaluated in O(terms) by the cut.
+struct PeakTerm {
+  int a = 0, b = 0;
+  int kind = 0;  // 0: forward, 1: backward, 2: weight
+};
+std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank);
+// The terms of one of a rank's stages alone: only its micro-batches and its own actions
+// count. The sum over a rank's stages of their peaks bounds the rank's peak from above.
+std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage);
+int64_t eval_peak(const std::vector<PeakTerm>& terms, const MicroBatchMemory& m);
+
+}  // namespace baton::partitioner

@@ -1,0 +1,303 @@
+#include "partitioner/plan.h"
+
+#include <filesystem>
+#include <numeric>
+
+#include "memory/error.h"
+#include "memory/units.h"
+#include "partitioner/layout.h"
+#include "schedule/schedule_io.h"
+#include "stages/json_reader.h"
+
+namespace baton::partitioner {
+
+using nlohmann::json;
+using stages::JsonReader;
+namespace fs = std::filesystem;
+
+std::string_view split_name(SplitKind k) {
+  switch (k) {
+    case SplitKind::none: return "none";
+    case SplitKind::column: return "column";
+    case SplitKind::row: return "row";
+    case SplitKind::vocab: return "vocab";
+    case SplitKind::heads: return "heads";
+  }
+  return "?";
+}
+
+SplitKind parse_split(std::string_view name, const std::string& where) {
+  for (SplitKind k : {SplitKind::none, SplitKind::column, SplitKind::row, SplitKind::vocab,
+                      SplitKind::heads})
+    if (split_name(k) == name) return k;
+  throw InputError(where + ": expected \"none\", \"column\", \"row\", \"vocab\" or \"heads\", found \"" +
+                   std::string(name) + "\"");
+}
+
+bool Plan::uniform_tp() const {
+  for (int t : tp)
+    if (t != tp.front()) return false;
+  return true;
+}
+
+int Plan::replica_size() const { return std::accumulate(tp.begin(), tp.end(), 0); }
+
+std::string Plan::where(const std::string& json_path) const {
+  return (source.empty() ? std::string("plan") : source) + ": " + json_path;
+}
+
+int optimizer_states(const std::string& optimizer) {
+  if (optimizer == "adamw") return 2;
+  if (optimizer == "sgd-momentum") return 1;
+  if (optimizer == "sgd") return 0;
+  throw InputError("optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"" +
+                   optimizer + "\"");
+}
+
+namespace {
+
+constexpr int64_t kMaxCount = int64_t(1) << 24;
+
+int64_t parse_memory(const JsonReader& r) {
+  if (r.raw().is_null()) return 0;
+  if (r.is_string()) {
+    try {
+      return int64_t(memory::parse_bytes(r.as_string()));
+    } catch (const InputError& e) {
+      r.fail("a size such as \"4GiB\" or a number of bytes", "\"" + r.as_string() + "\"");
+    }
+  }
+  return r.as_int(0, INT64_MAX);
+}
+
+void parse_parallel(Plan& p, const JsonReader& r) {
+  r.expect_only({"dp", "pp", "tp"});
+  p.dp = int(r.get_int("dp", 1, 1, kMaxCount));
+  p.pp = int(r.get_int("pp", 1, 1, kMaxCount));
+  p.tp.clear();
+  if (auto t = r.get("tp")) {
+    if (t->is_array()) {
+      if (int(t->size()) != p.pp)
+        t->fail("one tensor-parallel degree per pipeline rank (pp = " + std::to_string(p.pp) + ")",
+                std::to_string(t->size()) + " values");
+      for (size_t i = 0; i < t->size(); ++i) p.tp.push_back(int(t->at(i).as_int(1, kMaxCount)));
+    } else {
+      p.tp.assign(size_t(p.pp), int(t->as_int(1, kMaxCount)));
+    }
+  } else {
+    p.tp.assign(size_t(p.pp), 1);
+  }
+}
+
+void parse_stage(PlanStage& s, const JsonReader& r) {
+  r.expect_only({"layers", "pipeline_ranks", "recompute"});
+  s.json_path = r.where();
+  JsonReader layers = r.at("layers");
+  layers.expect_array();
+  if (layers.size() == 0) layers.fail("[first, last) layer indices or a list of layer names", "[]");
+  if (layers.at(size_t(0)).is_string()) {
+    for (const JsonReader& n : layers.items()) s.layer_names.push_back(n.as_string());
+  } else {
+    if (layers.size() != 2)
+      layers.fail("[first, last): two layer indices (or a list of layer names)",
+                  "an array of " + std::to_string(layers.size()));
+    s.first_layer = int(layers.at(size_t(0)).as_int(0, kMaxCount));
+    s.last_layer = int(layers.at(size_t(1)).as_int(0, kMaxCount));
+    if (s.last_layer <= s.first_layer)
+      layers.fail("first < last (a stage holds at least one layer)",
+                  "[" + std::to_string(s.first_layer) + ", " + std::to_string(s.last_layer) + "]");
+  }
+  if (auto pr = r.get("pipeline_ranks")) {
+    pr->expect_array();
+    for (const JsonReader& x : pr->items()) s.pipeline_ranks.push_back(int(x.as_int(0, kMaxCount)));
+  }
+  if (auto rc = r.get("recompute")) {
+    if (rc->raw().is_boolean()) {
+      s.recompute_all = rc->as_bool();
+    } else {
+      rc->expect_array();
+      for (const JsonReader& x : rc->items()) s.recompute_names.push_back(x.as_string());
+    }
+  }
+}
+
+void check_ranks_table(const Plan& p, const JsonReader& r) {
+  r.expect_array();
+  Layout layout(p.dp, p.tp);
+  if (int(r.size()) != layout.world())
+    r.fail(std::to_string(layout.world()) + " entries (one per rank)", std::to_string(r.size()));
+  for (size_t i = 0; i < r.size(); ++i) {
+    JsonReader e = r.at(i);
+    e.expect_only({"rank", "dp", "pp", "tp"});
+    RankCoord c = layout.coord(int(i));
+    int64_t rank = e.at("rank").as_int(0, kMaxCount), dp = e.at("dp").as_int(0, kMaxCount),
+            pp = e.at("pp").as_int(0, kMaxCount), tp = e.at("tp").as_int(0, kMaxCount);
+    if (rank != int64_t(i) || dp != c.dp || pp != c.pp || tp != c.tp)
+      e.fail("{rank " + std::to_string(i) + ", dp " + std::to_string(c.dp) + ", pp " +
+                 std::to_string(c.pp) + ", tp " + std::to_string(c.tp) + "} (" + layout.rule() + ")",
+             "{rank " + std::to_string(rank) + ", dp " + std::to_string(dp) + ", pp " +
+                 std::to_string(pp) + ", tp " + std::to_string(tp) + "}");
+  }
+}
+
+std::string file_dir(const std::string& path) {
+  fs::path d = fs::path(path).parent_path();
+  return d.empty() ? "." : d.string();
+}
+
+}  // namespace
+
+Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
+  JsonReader r(j, source);
+  r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
+                 "optimizer", "stages", "splits", "ranks", "predicted"});
+  Plan p;
+  p.source = source;
+  JsonReader version = r.at("version");
+  if (version.as_int() != Plan::kVersion)
+    version.fail("version " + std::to_string(Plan::kVersion) + " (the only plan version baton reads)",
+                 std::to_string(version.as_int()));
+
+  JsonReader model = r.at("model");
+  if (model.is_string()) {
+    p.model_path = model.as_string();
+    if (p.model_path.empty()) model.fail("a model file path or an embedded model object", "\"\"");
+    fs::path mp(p.model_path);
+    p.model_path_resolved = mp.is_absolute() ? mp.string() : (fs::path(base_dir) / mp).lexically_normal().string();
+  } else if (model.is_object()) {
+    p.model_json = model.raw();
+  } else {
+    model.fail("a model file path (string) or an embedded model JSON (object)", stages::json_brief(model.raw()));
+  }
+
+  if (auto par = r.get("parallel")) parse_parallel(p, *par);
+  else p.tp.assign(1, 1);
+  JsonReader devices = r.at("devices");
+  p.devices = int(devices.as_int(1, kMaxCount));
+  if (p.devices != p.dp * p.replica_size())
+    devices.fail("dp x (sum of tp over the pipeline ranks) = " + std::to_string(p.dp) + " x " +
+                     std::to_string(p.replica_size()) + " = " + std::to_string(p.dp * p.replica_size()) +
+                     " devices",
+                 std::to_string(p.devices));
+  if (auto m = r.get("device_memory")) p.device_memory = parse_memory(*m);
+
+  JsonReader sched = r.at("schedule");
+  sched.expect_only({"name", "micro_batches", "chunks"});
+  p.schedule = sched.at("name").as_string();
+  p.micro_batches = int(sched.at("micro_batches").as_int(1, kMaxCount));
+  p.chunks = int(sched.get_int("chunks", 0, 0, kMaxCount));
+
+  if (auto b = r.get("batch")) {
+    b->expect_only({"micro_batch_size", "global"});
+    p.micro_batch_size = b->get_int("micro_batch_size", 1, 1, kMaxCount);
+    int64_t expect = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+    p.global_batch = b->get_int("global", expect, 1, INT64_MAX);
+    if (p.global_batch != expect)
+      b->at("global").fail("dp x micro_batches x micro_batch_size = " + std::to_string(p.dp) + " x " +
+                               std::to_string(p.micro_batches) + " x " +
+                               std::to_string(p.micro_batch_size) + " = " + std::to_string(expect),
+                           std::to_string(p.global_batch));
+  } else {
+    p.global_batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+  }
+
+  if (auto o = r.get("optimizer")) {
+    p.optimizer = o->as_string();
+    if (p.optimizer != "adamw" && p.optimizer != "sgd" && p.optimizer != "sgd-momentum")
+      o->fail("\"adamw\", \"sgd\" or \"sgd-momentum\"", "\"" + p.optimizer + "\"");
+  }
+
+  JsonReader st = r.at("stages");
+  st.expect_array();
+  if (st.size() == 0) st.fail("at least one stage", "[]");
+  for (const JsonReader& s : st.items()) {
+    PlanStage ps;
+    parse_stage(ps, s);
+    p.stages.push_back(std::move(ps));
+  }
+
+  if (auto sp = r.get("splits")) {
+    sp->expect_object();
+    for (const std::string& k : sp->keys()) {
+      JsonReader v = sp->at(k);
+      p.splits[k] = parse_split(v.as_string(), v.where());
+      p.split_paths[k] = v.where();
+    }
+  }
+  if (auto ranks = r.get("ranks")) check_ranks_table(p, *ranks);
+  if (auto pr = r.get("predicted")) {
+    pr->expect_only({"step_time_s", "bubble", "memory_bytes", "time_model", "tokens_per_s"});
+    p.predicted = pr->raw();
+  }
+  return p;
+}
+
+Plan read_plan(const std::string& path) {
+  return parse_plan(stages::read_json_file(path), path, file_dir(path));
+}
+
+json plan_to_json(const Plan& p, const std::string& base_dir) {
+  json j;
+  j["version"] = Plan::kVersion;
+  if (!p.model_path.empty()) {
+    std::string mp = p.model_path_resolved.empty() ? p.model_path : p.model_path_resolved;
+    if (!base_dir.empty() && !fs::path(p.model_path).is_absolute()) {
+      std::error_code ec;
+      fs::path rel = fs::relative(fs::absolute(mp), fs::absolute(base_dir), ec);
+      if (!ec && !rel.empty()) mp = rel.string();
+    }
+    j["model"] = mp;
+  } else {
+    j["model"] = p.model_json;
+  }
+  j["devices"] = p.devices;
+  if (p.device_memory > 0) j["device_memory"] = memory::format_bytes(double(p.device_memory));
+  json par = {{"dp", p.dp}, {"pp", p.pp}};
+  if (p.uniform_tp())
+    par["tp"] = p.tp.front();
+  else
+    par["tp"] = p.tp;
+  j["parallel"] = par;
+  j["batch"] = {{"micro_batch_size", p.micro_batch_size}, {"global", p.global_batch}};
+  json sched = {{"name", p.schedule}, {"micro_batches", p.micro_batches}};
+  if (p.chunks > 0) sched["chunks"] = p.chunks;
+  j["schedule"] = sched;
+  j["optimizer"] = p.optimizer;
+  json stages = json::array();
+  for (const PlanStage& s : p.stages) {
+    json e;
+    if (s.first_layer >= 0)
+      e["layers"] = {s.first_layer, s.last_layer};
+    else
+      e["layers"] = s.layer_names;
+    if (!s.pipeline_ranks.empty()) e["pipeline_ranks"] = s.pipeline_ranks;
+    if (s.recompute_all)
+      e["recompute"] = true;
+    else if (!s.recompute_names.empty())
+      e["recompute"] = s.recompute_names;
+    else
+      e["recompute"] = false;
+    stages.push_back(e);
+  }
+  j["stages"] = stages;
+  if (!p.splits.empty()) {
+    json sp = json::object();
+    for (const auto& [k, v] : p.splits) sp[k] = std::string(split_name(v));
+    j["splits"] = sp;
+  }
+  Layout layout(p.dp, p.tp);
+  json ranks = json::array();
+  for (int r = 0; r < layout.world(); ++r) {
+    RankCoord c = layout.coord(r);
+    ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
+  }
+  j["ranks"] = ranks;
+  if (!p.predicted.is_null()) j["predicted"] = p.predicted;
+  return j;
+}
+
+void write_plan(const Plan& p, const std::string& path) {
+  schedule::write_file_atomically(path, plan_to_json(p, file_dir(path)).dump(2) + "\n");
+}
+
+}  // namespace baton::partitioner

@@ -1,0 +1,91 @@
+// The partition plan: how a model is laid out on N devices (pipeline stages and their
+// layers, tensor-parallel degree per pipeline rank, data-parallel replicas), the
+// schedule and batch that run it, recompute choices, split overrides per op and the
+// device memory capacity. Its JSON form (docs/formats/plan.md) is read and written here;
+// reading checks the form of every field (file, JSON path, expected vs found; unknown
+// fields are errors). What needs the model (layers, splits, degrees that must divide
+// dimensions) is checked by resolve_plan() in partitioner/evaluate.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace baton::partitioner {
+
+// How a node is split over its tensor-parallel group (plan overrides and decisions).
+//   none    replicated: every rank computes the whole op
+//   column  linear: output features split (Megatron's ColumnParallelLinear)
+//   row     linear: input features split, partial outputs summed (RowParallelLinear)
+//   vocab   embedding rows / cross-entropy over vocabulary-split logits
+//   heads   attention: heads split
+enum class SplitKind { none, column, row, vocab, heads };
+std::string_view split_name(SplitKind k);
+// Throws InputError naming `where` unless `name` is one of the names above.
+SplitKind parse_split(std::string_view name, const std::string& where);
+
+// One model chunk (a schedule stage of direction 0): a contiguous range of layers.
+struct PlanStage {
+  // Either a half-open range of layer indices ...
+  int first_layer = -1, last_layer = -1;
+  // ... or the layer names as written (resolved against the model by resolve_plan).
+  std::vector<std::string> layer_names;
+  // Recomputed layers: all, none, or by name (resolved against the model).
+  bool recompute_all = false;
+  std::vector<std::string> recompute_names;
+  std::vector<int> recompute;  // resolved layer indices, ascending
+  // The pipeline ranks holding the chunk as written (empty: not written); resolve_plan
+  // checks them against the schedule's placement and fills them in.
+  std::vector<int> pipeline_ranks;
+  std::string json_path;  // "plan.json: $.stages[2]", for messages
+};
+
+struct Plan {
+  static constexpr int kVersion = 1;
+
+  std::string source;  // the file it was read from ("" when built in memory)
+  // The model: a path (resolved against the plan file's folder) or an embedded model JSON.
+  std::string model_path;          // as written
+  std::string model_path_resolved; // what to open
+  nlohmann::json model_json;       // embedded model (null when a path is given)
+
+  int devices = 0;
+  int64_t device_memory = 0;  // bytes per device; 0: unlimited
+  int dp = 1, pp = 1;
+  std::vector<int> tp;        // tensor-parallel degree per pipeline rank (size pp)
+
+  std::string schedule = "1f1b";  // a generator name (schedule/generators.h)
+  int micro_batches = 1;          // per step and data-parallel replica
+  int chunks = 0;                 // stages per pipeline rank (v); 0: the schedule's own
+  int64_t micro_batch_size = 1;   // samples per micro-batch
+  int64_t global_batch = 0;       // dp * micro_batches * micro_batch_size
+  std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
+
+  std::vector<PlanStage> stages;            // model chunks in model order
+  std::map<std::string, SplitKind> splits;  // node name -> override
+  std::map<std::string, std::string> split_paths;  // node name -> JSON path (messages)
+  nlohmann::json predicted;  // what `baton plan` predicted (informational; may be null)
+
+  bool uniform_tp() const;
+  int replica_size() const;  // ranks per data-parallel replica: the sum of tp
+  std::string where(const std::string& json_path) const;  // "plan.json: $.x"
+};
+
+// Optimizer state tensors per parameter.
+int optimizer_states(const std::string& optimizer);
+
+// Reads a plan file; InputError naming the file and JSON path on any bad field.
+Plan read_plan(const std::string& path);
+// Parses a plan document; relative model paths are resolved against `base_dir`.
+Plan parse_plan(const nlohmann::json& j, const std::string& source, const std::string& base_dir);
+// The JSON form (stages written as index ranges). `base_dir`: model paths are written
+// relative to it when they lie below it.
+nlohmann::json plan_to_json(const Plan& p, const std::string& base_dir = "");
+// Writes atomically (a temporary file renamed over the target).
+void write_plan(const Plan& p, const std::string& path);
+
+}  // namespace baton::partitioner

@@ -1,0 +1,164 @@
+#include "partitioner/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+#include "kernels/ops.h"
+#include "memory/error.h"
+
+namespace baton::partitioner {
+
+using stages::Graph;
+using stages::Node;
+using stages::Tensor;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string signature(const Graph& g, const Node& n) {
+  std::string s = n.op + n.attrs.dump();
+  for (int v : n.inputs) s += "<" + stages::type_str(g.values[size_t(v)].type);
+  for (int p : n.params) s += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
+  return s;
+}
+
+// The largest id an integer input of a node may take: rows of an embedding table, the
+// vocabulary of a cross-entropy's logits.
+int64_t id_bound(const Graph& g, const Node& n) {
+  if (n.op == "embedding") return g.params[size_t(n.params[0])].shape[0];
+  if (n.op == "cross_entropy") return g.values[size_t(n.inputs[0])].type.shape.back();
+  return 1;
+}
+
+Tensor random_tensor(const stages::ValueType& t, int64_t batch, int64_t bound, uint64_t seed) {
+  memory::Shape shape = t.with_batch(batch);
+  if (memory::is_floating(t.dtype)) {
+    Tensor x = Tensor::empty(shape, t.dtype);
+    kernels::random_normal(x, 0.0, 1.0, seed, 1, {});
+    return x;
+  }
+  std::mt19937_64 rng(seed);
+  Tensor x = Tensor::empty(shape, memory::DType::i64);
+  for (int64_t& v : x.span<int64_t>()) v = int64_t(rng() % uint64_t(std::max<int64_t>(bound, 1)));
+  return x.to(t.dtype);
+}
+
+struct Times {
+  std::vector<double> f, b, w;
+};
+
+// One F, B and W of a node on random inputs, each timed.
+void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times& times, bool record) {
+  const stages::Op& op = *n.impl;
+  stages::OpContext ctx;
+  ctx.mb.samples = batch;
+  ctx.mb.global_batch = batch;
+  ctx.mb.loss_tokens = 1;
+  ctx.training = true;
+  std::vector<Tensor> ins, params, outs(n.outputs.size()), saved;
+  for (int v : n.inputs) ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++));
+  for (int p : n.params) {
+    if (p < 0) {
+      params.emplace_back();
+      continue;
+    }
+    Tensor t = Tensor::empty(g.params[size_t(p)].shape, g.params[size_t(p)].dtype);
+    kernels::random_normal(t, 0.0, 0.02, seed++, 2, {});
+    params.push_back(t);
+  }
+  // No input may be overwritten: they are reused below.
+  stages::ForwardCall fc{ctx, ins, params, outs, saved, 0};
+  auto t0 = Clock::now();
+  op.forward(fc);
+  if (record) times.f.push_back(seconds_since(t0));
+
+  std::vector<Tensor> gouts;
+  for (size_t j = 0; j < n.outputs.size(); ++j) {
+    const stages::ValueType& t = g.values[size_t(n.outputs[j])].type;
+    gouts.push_back(t.batched && memory::is_floating(t.dtype) ? random_tensor(t, batch, 1, seed++) : Tensor());
+  }
+  std::vector<stages::GradSlot::Entry> entries(n.inputs.size());
+  std::vector<stages::GradSlot> slots(n.inputs.size());
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const stages::ValueType& t = g.values[size_t(n.inputs[i])].type;
+    if (t.batched && memory::is_floating(t.dtype))
+      slots[i] = stages::GradSlot(&entries[i], t.with_batch(batch), t.dtype, memory::Device::cpu());
+  }
+  std::vector<Tensor> in_saved(ins.size()), out_saved(outs.size());
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (op.saves_input(i)) in_saved[i] = ins[i];
+  for (size_t j = 0; j < outs.size(); ++j)
+    if (op.saves_output(j)) out_saved[j] = outs[j];
+  stages::BackwardCall bc{ctx, in_saved, out_saved, params, saved, gouts, slots};
+  t0 = Clock::now();
+  op.backward_input(bc);
+  if (record) times.b.push_back(seconds_since(t0));
+
+  if (!op.has_weights()) return;
+  std::vector<stages::ParamGrad> pg;
+  for (const Tensor& p : params)
+    pg.push_back({p.defined() ? Tensor::empty(p.shape(), p.dtype()) : Tensor(), false});
+  std::vector<Tensor> w_ins(ins.size());
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (op.weight_needs_input(i)) w_ins[i] = ins[i];
+  stages::WeightCall wc{ctx, w_ins, out_saved, params, saved, gouts, pg};
+  t0 = Clock::now();
+  op.backward_weight(wc);
+  if (record) times.w.push_back(seconds_since(t0));
+}
+
+}  // namespace
+
+MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
+  if (o.batch < 1) throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
+  if (o.repeats < 1) throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
+  auto start = Clock::now();
+  int previous_threads = kernels::num_threads();
+  if (o.threads > 0) kernels::set_num_threads(o.threads);
+  MeasuredCosts out;
+  out.model = g.name;
+  out.batch = o.batch;
+  out.threads = kernels::num_threads();
+  std::map<std::string, MeasuredCosts::Op> done;
+  int timed = 0;
+  for (const Node& n : g.nodes) {
+    std::string sig = signature(g, n);
+    auto it = done.find(sig);
+    if (it == done.end()) {
+      Times times;
+      for (int k = 0; k < o.warmup; ++k) run_once(g, n, o.batch, 100 + uint64_t(k), times, false);
+      for (int k = 0; k < o.repeats; ++k) run_once(g, n, o.batch, 200 + uint64_t(k), times, true);
+      MeasuredCosts::Op m;
+      m.op = n.op;
+      m.forward = median(times.f);
+      m.backward_input = median(times.b);
+      m.backward_weight = median(times.w);
+      stages::OpCost c = n.impl->cost(o.batch);
+      m.flops = c.forward_flops + c.backward_input_flops + c.backward_weight_flops;
+      it = done.emplace(sig, m).first;
+      ++timed;
+    }
+    out.ops[n.name] = it->second;
+  }
+  kernels::set_num_threads(previous_threads);
+  if (summary != nullptr) {
+    summary->distinct_ops = timed;
+    summary->seconds = seconds_since(start);
+  }
+  return out;
+}
+
+}  // namespace baton::partitioner

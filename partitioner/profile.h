@@ -1,0 +1,29 @@
+// Profiling: times every op of a model on this machine (F, B and W of one micro-batch,
+// warm-up then the median of repeats) and returns the cost file the cost model uses
+// instead of FLOPs at a nominal rate. Ops with the same type, attributes and shapes (the
+// blocks of a transformer) are timed once.
+#pragma once
+
+#include <cstdint>
+
+#include "partitioner/cost_model.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+struct ProfileOptions {
+  int64_t batch = 1;   // samples per micro-batch
+  int threads = 1;     // kernel threads while timing
+  int warmup = 2;      // untimed runs per op
+  int repeats = 5;     // timed runs per op; the median is kept
+};
+
+struct ProfileSummary {
+  int distinct_ops = 0;   // ops actually timed
+  double seconds = 0;     // time profiling took
+};
+
+MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& options,
+                            ProfileSummary* summary = nullptr);
+
+}  // namespace baton::partitioner

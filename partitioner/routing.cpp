@@ -1,0 +1,85 @@
+#include "partitioner/routing.h"
+
+#include "memory/error.h"
+
+namespace baton::partitioner {
+
+namespace {
+
+struct Route {
+  int from, to, part, parts;  // indices in the two groups
+};
+
+// Who sends what to whom between a group of `a` ranks holding a replicated value and a
+// group of `b` ranks that each need all of it.
+std::vector<Route> replicated_routes(int a, int b) {
+  std::vector<Route> out;
+  if (a == b) {
+    for (int i = 0; i < a; ++i) out.push_back({i, i, 0, 1});
+  } else if (a < b) {
+    for (int j = 0; j < b; ++j) out.push_back({j % a, j, 0, 1});
+  } else {
+    for (int j = 0; j < b; ++j) {
+      std::vector<int> from;
+      for (int i = j; i < a; i += b) from.push_back(i);
+      for (size_t k = 0; k < from.size(); ++k) out.push_back({from[k], j, int(k), int(from.size())});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> part_range(int64_t numel, int64_t row, int part, int parts) {
+  BATON_CHECK(parts >= 1 && part >= 0 && part < parts, "part out of range");
+  if (row > 0 && numel % row == 0 && numel / row >= parts) {
+    int64_t rows = numel / row;
+    return {rows * part / parts * row, rows * (part + 1) / parts * row};
+  }
+  return {numel * part / parts, numel * (part + 1) / parts};
+}
+
+std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int stage) {
+  const schedule::Schedule& s = r.schedule;
+  std::vector<Transfer> out;
+  if (stage < 0 || stage >= s.num_stages() || schedule::next_stage(s, stage) < 0) return out;
+  const int next = stage + 1;
+  const int pa = s.placement[size_t(stage)], pb = s.placement[size_t(next)];
+  if (pa == pb) return out;
+  const RankCoord me = r.layout.coord(rank);
+  if (me.pp != pa && me.pp != pb) return out;
+  const int t = r.plan.tp[size_t(pa)], u = r.plan.tp[size_t(pb)];
+  const stages::Graph& g = *r.graph;
+  const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(stage)])];
+  for (int v : g.cut_values(cut)) {
+    const stages::Value& val = g.values[size_t(v)];
+    const bool split = r.sharding.values[size_t(v)].split;
+    BATON_CHECK(!split || t == u, "a split value crosses a change of tensor-parallel degree");
+    const bool grad = memory::is_floating(val.type.dtype) && val.type.batched;
+    for (int phase = 0; phase < (grad ? 2 : 1); ++phase) {
+      // Activations go from stage `stage` (pa) to `next` (pb); gradients back.
+      const int from_pp = phase == 0 ? pa : pb, to_pp = phase == 0 ? pb : pa;
+      const int a = phase == 0 ? t : u, b = phase == 0 ? u : t;
+      for (const Route& rt : replicated_routes(a, b)) {
+        int src = r.layout.rank(me.dp, from_pp, rt.from), dst = r.layout.rank(me.dp, to_pp, rt.to);
+        Transfer x;
+        x.phase = phase == 0 ? Transfer::Phase::activation : Transfer::Phase::gradient;
+        x.value = val.name;
+        x.part = rt.part;
+        x.parts = rt.parts;
+        if (src == rank) {
+          x.kind = Transfer::Kind::send;
+          x.peer = dst;
+          out.push_back(x);
+        } else if (dst == rank) {
+          x.kind = Transfer::Kind::recv;
+          x.peer = src;
+          out.push_back(x);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace baton::partitioner

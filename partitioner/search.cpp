@@ -1,0 +1,313 @@
+#include "partitioner/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "memory/error.h"
+#include "memory/units.h"
+#include "partitioner/cut.h"
+#include "partitioner/evaluate.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/simulate.h"
+
+namespace baton::partitioner {
+
+using stages::Graph;
+
+std::string Candidate::describe() const {
+  std::string tp = std::to_string(plan.tp.front());
+  if (!plan.uniform_tp()) {
+    tp.clear();
+    for (size_t i = 0; i < plan.tp.size(); ++i) tp += (i ? "," : "") + std::to_string(plan.tp[i]);
+  }
+  bool rc = false;
+  for (const PlanStage& s : plan.stages) rc = rc || s.recompute_all;
+  char b[256];
+  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(), plan.pp,
+                plan.dp, plan.schedule.c_str(), plan.micro_batches, (long long)plan.micro_batch_size,
+                rc ? "on" : "off");
+  return b;
+}
+
+LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
+  LayerCosts c;
+  c.optimizer_states = optimizer_states;
+  double total = std::max(t.total_time(rc), 1e-30);
+  double ticks = double(int64_t(1) << 50) / total;
+  c.own_bytes.assign(t.layers.size(), 0);
+  for (size_t l = 0; l < t.layers.size(); ++l) {
+    const LayerCost& lc = t.layers[l];
+    c.time.push_back(to_ticks(lc.f + lc.b + lc.w + (rc ? lc.f : 0), ticks));
+    c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
+  }
+  c.input_bytes = t.input_bytes;
+  for (const ParamUse& u : t.params) {
+    if (u.layers.size() == 1)
+      c.own_bytes[size_t(u.layers[0])] += u.bytes * (2 + optimizer_states);
+    else if (!u.layers.empty())
+      c.shared.push_back({u.bytes, u.layers});
+  }
+  return c;
+}
+
+namespace {
+
+std::vector<int> divisors(int64_t n) {
+  std::vector<int> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(int(i));
+  return d;
+}
+
+class Search {
+ public:
+  Search(std::shared_ptr<const Graph> g, CostModel& model, const SearchOptions& o)
+      : g_(std::move(g)), model_(model), o_(o), opt_states_(optimizer_states(o.optimizer)) {}
+
+  SearchResult run() {
+    auto t0 = std::chrono::steady_clock::now();
+    if (o_.global_batch <= 0) throw InputError("--batch: expected a global batch of at least 1 sample");
+    std::vector<std::string> names = o_.schedules;
+    if (names.empty()) names = schedule::schedule_names();
+    for (auto& n : names) n = schedule::canonical_schedule_name(n);
+    const int N = o_.devices, L = g_->num_layers();
+    for (int tp : divisors(N)) {
+      if (o_.tp > 0 && tp != o_.tp) continue;
+      try {
+        model_.sharding(tp, 1, o_.splits, "--tp");
+      } catch (const InputError& e) {
+        result_.skipped.push_back("tp " + std::to_string(tp) + ": " + e.what());
+        continue;
+      }
+      for (int pp : divisors(N / tp)) {
+        if (o_.pp > 0 && pp != o_.pp) continue;
+        if (pp > L) continue;
+        int dp = N / tp / pp;
+        if (o_.dp > 0 && dp != o_.dp) continue;
+        if (o_.global_batch % dp != 0) {
+          result_.skipped.push_back("dp " + std::to_string(dp) + ": does not divide the batch of " +
+                                    std::to_string(o_.global_batch));
+          continue;
+        }
+        int64_t replica_batch = o_.global_batch / dp;
+        for (int m : divisors(replica_batch)) {
+          if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
+          int64_t b = replica_batch / m;
+          for (const std::string& name : names) {
+            // One pipeline rank: every schedule runs the same F, B, W in order.
+            if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
+            for (int rc : {0, 1}) {
+              if (o_.recompute >= 0 && rc != o_.recompute) continue;
+              candidate(tp, pp, dp, m, b, name, rc == 1);
+            }
+          }
+        }
+      }
+    }
+    std::sort(fitting_.begin(), fitting_.end(),
+              [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; });
+    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i) result_.ranked.push_back(fitting_[i]);
+    if (fitting_.empty() && closest_) result_.closest = closest_;
+    result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return result_;
+  }
+
+ private:
+  const schedule::Schedule* schedule_for(const std::string& name, int pp, int m) {
+    std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
+    auto it = schedules_.find(key);
+    if (it != schedules_.end()) return it->second.get();
+    std::unique_ptr<schedule::Schedule> s;
+    try {
+      s = std::make_unique<schedule::Schedule>(schedule::generate(name, pp, m));
+    } catch (const InputError& e) {
+      if (!noted_.count(key)) result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " + std::to_string(m) + " micro-batches: " + e.what());
+      noted_.insert(key);
+    }
+    return schedules_.emplace(key, std::move(s)).first->second.get();
+  }
+
+  schedule::Simulator& simulator_for(const std::string& name, int pp, int m, const schedule::Schedule& s) {
+    std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
+    auto it = sims_.find(key);
+    if (it != sims_.end()) return *it->second;
+    schedule::LowerOptions lo;
+    lo.transfers = false;
+    auto sim = std::make_unique<schedule::Simulator>(schedule::lower(s, lo), name);
+    return *sims_.emplace(key, std::move(sim)).first->second;
+  }
+
+  // Per-layer costs for the cut (times in ticks), shared by every cut at (tp, b, rc).
+  std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t) {
+    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc);
+    auto it = prepared_.find(key);
+    if (it != prepared_.end()) return it->second;
+    LayerCosts c = layer_costs(t, rc, opt_states_);
+    auto p = std::make_shared<const PreparedCosts>(std::move(c));
+    prepared_[key] = p;
+    return p;
+  }
+
+  void candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc) {
+    const schedule::Schedule* s = schedule_for(name, pp, m);
+    if (s == nullptr) return;
+    const int K = s->stages_per_direction();
+    const int L = g_->num_layers();
+    if (K > L) return;
+    if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
+      std::string key = "layers/" + name + std::to_string(K);
+      if (!noted_.count(key))
+        result_.skipped.push_back(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) +
+                                  " stages, but " + std::to_string(o_.layers_per_stage.size()) +
+                                  " layer counts were given");
+      noted_.insert(key);
+      return;
+    }
+    const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
+    auto costs = prepared(tp, b, rc, table);
+
+    // Stage constraints: one stage per rank and direction gives the rank's exact peak
+    // terms; several stages per rank (interleaved, V, DualPipe) split the capacity
+    // evenly and count each stage alone (an upper bound of the rank's peak).
+    std::vector<CutStage> stages(static_cast<size_t>(K));
+    std::vector<std::vector<int>> holders(static_cast<size_t>(K));
+    for (int st = 0; st < s->num_stages(); ++st) holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
+    for (int k = 0; k < K; ++k) {
+      CutStage& cs = stages[size_t(k)];
+      cs.costs = 0;
+      if (!o_.layers_per_stage.empty()) cs.fixed_layers = o_.layers_per_stage[size_t(k)];
+      for (int st : holders[size_t(k)]) {
+        int rank = s->placement[size_t(st)];
+        int n_on_rank = int(schedule::stages_of_rank(*s, rank).size());
+        std::vector<PeakTerm> terms =
+            n_on_rank == 1 ? peak_terms(*s, rank) : peak_terms_of_stage(*s, rank, st);
+        cs.terms.insert(cs.terms.end(), terms.begin(), terms.end());
+        if (o_.device_memory > 0) {
+          int64_t cap = o_.device_memory / n_on_rank;
+          cs.capacity = cs.capacity == 0 ? cap : std::min(cs.capacity, cap);
+        }
+      }
+    }
+    // The time-optimal cut first (shared by every schedule with K stages); when it fits
+    // the capacity it is also the optimum under it.
+    std::string tkey = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) + "/" +
+                       std::to_string(K);
+    std::vector<CutStage> free_stages = stages;
+    for (auto& cs : free_stages) cs.capacity = 0;
+    auto tc = time_cuts_.find(tkey);
+    if (tc == time_cuts_.end() || !o_.layers_per_stage.empty())
+      tc = time_cuts_.insert_or_assign(tkey, Cutter({costs}, free_stages).solve()).first;
+    CutResult cut = tc->second;
+    if (!cut.feasible) return;
+    Cutter cutter({costs}, stages);
+    bool fits = true;
+    for (int k = 0; k < K; ++k) fits = fits && cutter.fits_memory(k, cut.bounds[size_t(k)], cut.bounds[size_t(k + 1)]);
+    CutResult time_only = cut;
+    if (!fits) cut = cutter.solve();
+    result_.evaluated++;
+    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only, table);
+    if (!cut.feasible || (o_.device_memory > 0 && c.peak > o_.device_memory)) {
+      c.fits = false;
+      c.over = o_.device_memory > 0 ? double(c.peak) / double(o_.device_memory) : 0;
+      result_.rejected++;
+      if (!closest_ || c.over < closest_->over) closest_ = c;
+      return;
+    }
+    fitting_.push_back(std::move(c));
+  }
+
+  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc,
+                           const schedule::Schedule& s, const CutResult& cut, const CostTable& table) {
+    Candidate c;
+    Plan& p = c.plan;
+    p.model_path = o_.model_path;
+    p.model_path_resolved = o_.model_path;
+    p.model_json = o_.model_json;
+    p.devices = o_.devices;
+    p.device_memory = o_.device_memory;
+    p.dp = dp;
+    p.pp = pp;
+    p.tp.assign(size_t(pp), tp);
+    p.schedule = name;
+    p.micro_batches = m;
+    p.micro_batch_size = b;
+    p.global_batch = o_.global_batch;
+    p.optimizer = o_.optimizer;
+    p.splits = o_.splits.kinds;
+    const int K = s.stages_per_direction();
+    ResolvedPlan r;
+    r.graph = g_;
+    r.schedule = s;
+    r.layout = Layout(dp, p.tp);
+    for (int k = 0; k < K; ++k) {
+      PlanStage st;
+      st.first_layer = cut.bounds[size_t(k)];
+      st.last_layer = cut.bounds[size_t(k + 1)];
+      st.recompute_all = rc;
+      p.stages.push_back(st);
+      r.chunk_first.push_back(st.first_layer);
+      r.chunk_last.push_back(st.last_layer);
+      std::set<int> layers;
+      if (rc)
+        for (int l = st.first_layer; l < st.last_layer; ++l) layers.insert(l);
+      r.recompute.push_back(layers);
+    }
+    for (int st = 0; st < s.num_stages(); ++st) r.chunk_of_stage.push_back(schedule::stage_chunk(s, st));
+    for (int k = 0; k < K; ++k) {
+      std::set<int> ranks;
+      for (int st = 0; st < s.num_stages(); ++st)
+        if (r.chunk_of_stage[size_t(st)] == k) ranks.insert(s.placement[size_t(st)]);
+      p.stages[size_t(k)].pipeline_ranks.assign(ranks.begin(), ranks.end());
+    }
+    r.plan = p;
+    // Memory per rank: each chunk composed from its layers, walked over the rank's actions.
+    std::vector<StageMemory> mem;
+    for (int st = 0; st < s.num_stages(); ++st) {
+      int k = r.chunk_of_stage[size_t(st)];
+      mem.push_back(compose_stage_memory(table, r.chunk_first[size_t(k)], r.chunk_last[size_t(k)],
+                                         r.recompute[size_t(k)], opt_states_));
+    }
+    for (int rank = 0; rank < pp; ++rank) {
+      int64_t peak = rank_peak(s, rank, mem);
+      if (peak > c.peak) {
+        c.peak = peak;
+        c.peak_rank = rank;
+      }
+    }
+    schedule::Costs costs = schedule_costs(r, table, model_.machine());
+    const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(costs);
+    c.step_time = sim.makespan;
+    c.bubble = sim.bubble;
+    const stages::Value& tokens = g_->values[size_t(g_->inputs.front())];
+    double tokens_per_step = double(o_.global_batch) * double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
+    c.tokens_per_second = c.step_time > 0 ? tokens_per_step / c.step_time : 0;
+    c.plan.predicted = {{"step_time_s", c.step_time}, {"bubble", c.bubble}, {"tokens_per_s", c.tokens_per_second},
+                        {"time_model", model_.measured() ? "measured" : "analytic"}};
+    return c;
+  }
+
+  std::shared_ptr<const Graph> g_;
+  CostModel& model_;
+  const SearchOptions& o_;
+  int opt_states_;
+  SearchResult result_;
+  std::vector<Candidate> fitting_;
+  std::optional<Candidate> closest_;
+  std::map<std::string, std::unique_ptr<schedule::Schedule>> schedules_;
+  std::map<std::string, std::unique_ptr<schedule::Simulator>> sims_;
+  std::map<std::string, std::shared_ptr<const PreparedCosts>> prepared_;
+  std::map<std::string, CutResult> time_cuts_;
+  std::set<std::string> noted_;
+};
+
+}  // namespace
+
+SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model, const SearchOptions& options) {
+  if (options.devices < 1) throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
+  return Search(std::move(graph), model, options).run();
+}
+
+}  // namespace baton::partitioner

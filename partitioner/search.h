@@ -1,0 +1,65 @@
+// Plan search: for N devices, every tensor-, pipeline- and data-parallel factorisation
+// (degrees that divide what they split), micro-batch count, schedule and recompute choice
+// the user left open; each candidate cut exactly under its ranks' memory capacity,
+// simulated with schedule/'s simulator, and ranked by predicted step time. The best that
+// fits comes first with its runners-up; when nothing fits, the candidate that misses by
+// the least says which rank is short and by how much.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partitioner/cost_model.h"
+#include "partitioner/cut.h"
+#include "partitioner/plan.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+struct SearchOptions {
+  int devices = 1;
+  int64_t device_memory = 0;           // bytes per device; 0: unlimited
+  int tp = 0, pp = 0, dp = 0;          // 0: searched
+  std::vector<std::string> schedules;  // empty: every generator
+  int micro_batches = 0;               // per replica; 0: searched (divisors of its batch)
+  int64_t global_batch = 0;            // samples per step (required)
+  int recompute = -1;                  // -1: searched, 0: off, 1: every layer
+  std::vector<int> layers_per_stage;   // user's layer counts per model chunk (empty: cut)
+  std::string optimizer = "adamw";
+  int keep = 5;                        // the best and up to keep - 1 runners-up
+  SplitOverrides splits;
+  // What the plans written from the result reference.
+  std::string model_path;
+  nlohmann::json model_json;
+};
+
+struct Candidate {
+  Plan plan;
+  double step_time = 0, bubble = 0, tokens_per_second = 0;
+  int64_t peak = 0;          // the largest rank's estimated peak
+  int peak_rank = 0;         // its pipeline rank
+  bool fits = true;
+  double over = 0;           // peak / capacity when it does not fit
+  std::string describe() const;
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;      // fitting candidates, fastest first (at most keep)
+  std::optional<Candidate> closest;   // when nothing fits: the least over its capacity
+  int evaluated = 0;                  // candidates simulated
+  int rejected = 0;                   // over capacity
+  std::vector<std::string> skipped;   // degrees or schedules that do not apply, and why
+  double seconds = 0;                 // time the search took
+};
+
+// What the cut needs from a cost table: per-layer times in ticks (the total scaled to
+// 2^50, so sums are exact integers), per-layer memory with or without recompute, and the
+// persistent bytes of parameters used by one layer (own) or several (shared).
+LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states);
+
+SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
+                          const SearchOptions& options);
+
+}  // namespace baton::partitioner

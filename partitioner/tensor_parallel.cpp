@@ -1,0 +1,605 @@
+#include "partitioner/tensor_parallel.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "memory/error.h"
+#include "partitioner/detail/graph_builder.h"
+
+namespace baton::partitioner {
+
+using stages::Graph;
+using stages::Node;
+
+int64_t SplitPattern::local_size(int t) const {
+  int64_t n = 0;
+  for (const auto& b : blocks) n += b.second / t;
+  return n;
+}
+
+namespace {
+
+bool is_one_of(const std::string& op, std::initializer_list<const char*> ops) {
+  for (const char* o : ops)
+    if (op == o) return true;
+  return false;
+}
+
+double attr_double(const Node& n, const char* key, double dflt) {
+  auto it = n.attrs.find(key);
+  return it == n.attrs.end() ? dflt : it->get<double>();
+}
+int64_t attr_int(const Node& n, const char* key, int64_t dflt) {
+  auto it = n.attrs.find(key);
+  return it == n.attrs.end() ? dflt : it->get<int64_t>();
+}
+bool linear_in_out(const Node& n) {
+  auto it = n.attrs.find("layout");
+  return it != n.attrs.end() && it->get<std::string>() == "in_out";
+}
+// Ops that pass a split last dimension through unchanged.
+bool passes_split(const Node& n) {
+  if (n.op == "gelu" || n.op == "relu") return true;
+  return n.op == "dropout" && attr_double(n, "p", 0.0) == 0.0;
+}
+
+class ShardingPass {
+ public:
+  ShardingPass(const Graph& g, const std::vector<int>& layer_tp, const SplitOverrides& ov,
+               std::string where)
+      : g_(g), ov_(ov), where_(std::move(where)) {
+    s_.layer_tp = layer_tp;
+    s_.nodes.resize(g.nodes.size());
+    s_.values.resize(g.values.size());
+    s_.params.resize(g.params.size());
+  }
+
+  Sharding run() {
+    check_overrides();
+    for (size_t n = 0; n < g_.nodes.size(); ++n) visit(int(n));
+    mark_cuts();
+    return std::move(s_);
+  }
+
+ private:
+  int tp_of(int node) const { return s_.layer_tp[size_t(g_.nodes[size_t(node)].layer)]; }
+  const std::string& layer_name(int node) const {
+    return g_.layers[size_t(g_.nodes[size_t(node)].layer)].name;
+  }
+  std::string node_ref(int node) const {
+    const Node& n = g_.nodes[size_t(node)];
+    return n.op + " node '" + n.name + "' (layer " + layer_name(node) + ")";
+  }
+  const SplitKind* override_of(int node) const {
+    auto it = ov_.kinds.find(g_.nodes[size_t(node)].name);
+    return it == ov_.kinds.end() ? nullptr : &it->second;
+  }
+  std::string override_where(int node) const {
+    auto it = ov_.where.find(g_.nodes[size_t(node)].name);
+    return it == ov_.where.end() ? where_ : it->second;
+  }
+  [[noreturn]] void divide_error(int node, int t, const std::string& what, int64_t n) const {
+    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) + " does not divide " +
+                     what + " = " + std::to_string(n) + " of " + node_ref(node));
+  }
+  [[noreturn]] void override_error(int node, const std::string& msg) const {
+    throw InputError(override_where(node) + ": " + msg);
+  }
+
+  void check_overrides() const {
+    for (const auto& [name, kind] : ov_.kinds) {
+      std::string w = ov_.where.count(name) ? ov_.where.at(name) : where_;
+      const Node* found = nullptr;
+      for (const Node& n : g_.nodes)
+        if (n.name == name) found = &n;
+      if (found == nullptr) throw InputError(w + ": no node named '" + name + "' in the model");
+      const std::string& op = found->op;
+      bool ok = kind == SplitKind::none ||
+                (op == "linear" && (kind == SplitKind::column || kind == SplitKind::row)) ||
+                (op == "embedding" && kind == SplitKind::vocab) ||
+                (op == "attention" && kind == SplitKind::heads) ||
+                (op == "cross_entropy" && kind == SplitKind::vocab);
+      if (!ok) {
+        std::string allowed = op == "linear"          ? "\"column\", \"row\" or \"none\""
+                              : op == "embedding"     ? "\"vocab\" or \"none\""
+                              : op == "attention"     ? "\"heads\" or \"none\""
+                              : op == "cross_entropy" ? "\"vocab\" or \"none\""
+                                                      : "";
+        if (allowed.empty())
+          throw InputError(w + ": node '" + name + "' (op " + op +
+                           ") cannot be split; only linear, embedding, attention and "
+                           "cross_entropy nodes take a split");
+        throw InputError(w + ": expected " + allowed + " for " + op + " node '" + name +
+                         "', found \"" + std::string(split_name(kind)) + "\"");
+      }
+    }
+  }
+
+  // Can a split value (of a node in a layer of degree t) feed every consumer usefully?
+  bool accepts_split(int value, int t, int depth = 0) const {
+    const auto& cons = g_.values[size_t(value)].consumers;
+    if (cons.empty() || depth > 64) return false;
+    for (int c : cons) {
+      const Node& n = g_.nodes[size_t(c)];
+      if (tp_of(c) != t) return false;
+      const SplitKind* o = override_of(c);
+      bool ok = false;
+      if (n.op == "linear")
+        ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
+      else if (n.op == "cross_entropy")
+        ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
+      else if (passes_split(n))
+        ok = accepts_split(n.outputs[0], t, depth + 1);
+      if (!ok) return false;
+    }
+    return true;
+  }
+  bool feeds_attention(int value, int t) const {
+    const auto& cons = g_.values[size_t(value)].consumers;
+    if (cons.empty()) return false;
+    for (int c : cons) {
+      const SplitKind* o = override_of(c);
+      if (g_.nodes[size_t(c)].op != "attention" || tp_of(c) != t ||
+          (o != nullptr && *o == SplitKind::none))
+        return false;
+    }
+    return true;
+  }
+
+  // The input in `slot` is used split: is it split over this node's group?
+  bool split_here(int node, int slot) const {
+    const ValueShard& v = s_.values[size_t(g_.nodes[size_t(node)].inputs[size_t(slot)])];
+    return v.split && v.t == tp_of(node);
+  }
+  // The input in `slot` must be whole: gather it when it is split.
+  void need_whole(int node, int slot) {
+    const Node& n = g_.nodes[size_t(node)];
+    int v = n.inputs[size_t(slot)];
+    const ValueShard& vs = s_.values[size_t(v)];
+    if (!vs.split) return;
+    const stages::Value& val = g_.values[size_t(v)];
+    if (vs.t != tp_of(node))
+      throw InputError(where_ + ": value '" + val.name + "' is split over a tensor-parallel group of " +
+                       std::to_string(vs.t) + " ranks and consumed by " + node_ref(node) +
+                       " in a group of " + std::to_string(tp_of(node)) +
+                       ": where the degree changes between pipeline stages, the values crossing "
+                       "the cut must be replicated (cut elsewhere)");
+    if (!vs.pattern.whole(val.type.shape.back()))
+      throw InputError(where_ + ": value '" + val.name +
+                       "' is split in several blocks (by heads) and " + node_ref(node) +
+                       " needs it whole; it cannot be gathered (keep its producer unsplit)");
+    auto& g = s_.nodes[size_t(node)].gather_inputs;
+    if (std::find(g.begin(), g.end(), slot) == g.end()) g.push_back(slot);
+  }
+  void set_param(int node, int slot, int dim, int t, const SplitPattern& pattern) {
+    int p = g_.nodes[size_t(node)].params[size_t(slot)];
+    if (p < 0) return;
+    ParamShard want;
+    want.dim = dim;
+    want.t = dim < 0 ? 1 : t;
+    want.pattern = pattern;
+    ParamShard& have = s_.params[size_t(p)];
+    if (have.first_user < 0) {
+      want.first_user = node;
+      have = want;
+      return;
+    }
+    if (have.dim != want.dim || have.t != want.t || !(have.pattern == want.pattern)) {
+      auto desc = [](const ParamShard& s) {
+        return s.dim < 0 ? std::string("replicated")
+                         : "split along dimension " + std::to_string(s.dim) + " over " +
+                               std::to_string(s.t) + " ranks";
+      };
+      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " +
+                       desc(have) + " by " + node_ref(have.first_user) + " but " + desc(want) +
+                       " by " + node_ref(node) +
+                       "; nodes sharing a parameter need the same split (and the same degree)");
+    }
+  }
+  void replicate_params(int node) {
+    const Node& n = g_.nodes[size_t(node)];
+    for (size_t k = 0; k < n.params.size(); ++k) set_param(node, int(k), -1, 1, {});
+  }
+  void out_replicated(int node) {
+    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{};
+  }
+  void out_split(int node, int t, SplitPattern p) {
+    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p};
+  }
+
+  void visit(int node) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    int t = tp_of(node);
+    ns.t = t;
+    if (is_one_of(n.op, {"tp_copy", "tp_reduce", "tp_gather", "vocab_parallel_cross_entropy"}))
+      throw InputError(where_ + ": " + node_ref(node) +
+                       " is a communication op: the partitioner takes a logical graph");
+    if (t == 1) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
+      replicate_params(node);
+      out_replicated(node);
+      return;
+    }
+    const SplitKind* o = override_of(node);
+    if (n.op == "linear") return visit_linear(node, o);
+    if (n.op == "attention") return visit_attention(node, o);
+    if (n.op == "embedding") return visit_embedding(node, o);
+    if (n.op == "cross_entropy") return visit_cross_entropy(node, o);
+    if (passes_split(n) && split_here(node, 0)) {
+      out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
+      return;
+    }
+    if (n.op == "add" && split_here(node, 0) && split_here(node, 1) &&
+        s_.values[size_t(n.inputs[0])].pattern == s_.values[size_t(n.inputs[1])].pattern) {
+      out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
+      return;
+    }
+    for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
+    replicate_params(node);
+    out_replicated(node);
+  }
+
+  void visit_linear(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    int t = ns.t;
+    const auto& wshape = g_.params[size_t(n.params[0])].shape;
+    bool in_out = linear_in_out(n);
+    int64_t out_features = in_out ? wshape[1] : wshape[0];
+    bool in_split = split_here(node, 0);
+    SplitKind kind;
+    if (o != nullptr) {
+      kind = *o;
+    } else if (in_split) {
+      kind = SplitKind::row;
+    } else if (feeds_attention(n.outputs[0], t) || accepts_split(n.outputs[0], t)) {
+      kind = SplitKind::column;
+    } else {
+      kind = SplitKind::none;
+    }
+    const std::string& in_name = g_.values[size_t(n.inputs[0])].name;
+    if (kind == SplitKind::row) {
+      if (!in_split)
+        override_error(node, "row split of " + node_ref(node) +
+                                 " needs its input split over the last dimension, but '" + in_name +
+                                 "' is replicated (split the linear before it by columns)");
+      ns.kind = SplitKind::row;
+      const SplitPattern& p = s_.values[size_t(n.inputs[0])].pattern;
+      set_param(node, 0, in_out ? 0 : 1, t, p);
+      ns.reduce_output = true;
+      ns.bias_after_reduce = n.params.size() > 1 && n.params[1] >= 0;
+      if (ns.bias_after_reduce) set_param(node, 1, -1, 1, {});
+      out_replicated(node);
+      return;
+    }
+    if (kind == SplitKind::column) {
+      if (in_split)
+        override_error(node, "column split of " + node_ref(node) +
+                                 " needs a replicated input, but '" + in_name +
+                                 "' is split (split this linear by rows)");
+      SplitPattern p;
+      if (feeds_attention(n.outputs[0], t)) {
+        // Split by heads: the local queries, keys and values of the rank's heads.
+        int64_t heads = attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
+        if (heads % t != 0)
+          divide_error(g_.values[size_t(n.outputs[0])].consumers[0], t, "n_head", heads);
+        int64_t c = out_features / 3;
+        p.blocks = {{0, c}, {c, c}, {2 * c, c}};
+      } else {
+        if (out_features % t != 0) divide_error(node, t, "the output features", out_features);
+        p.blocks = {{0, out_features}};
+      }
+      ns.kind = SplitKind::column;
+      ns.copy_inputs.push_back(0);
+      set_param(node, 0, in_out ? 1 : 0, t, p);
+      set_param(node, 1, 0, t, p);
+      out_split(node, t, p);
+      return;
+    }
+    need_whole(node, 0);
+    replicate_params(node);
+    out_replicated(node);
+  }
+
+  void visit_attention(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    int t = ns.t;
+    int64_t heads = attr_int(n, "n_head", 1);
+    const stages::ValueType& qkv = g_.values[size_t(n.inputs[0])].type;
+    int64_t c = qkv.shape.back() / 3;
+    SplitPattern by_heads;
+    by_heads.blocks = {{0, c}, {c, c}, {2 * c, c}};
+    bool heads_in = split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern == by_heads;
+    if (o != nullptr && *o == SplitKind::heads && !heads_in)
+      override_error(node, "heads split of " + node_ref(node) +
+                               " needs its qkv input split by heads (split the linear before it "
+                               "by columns)");
+    if (heads_in) {
+      if (o != nullptr && *o == SplitKind::none)
+        override_error(node, node_ref(node) + " cannot run unsplit: its qkv input is split by heads "
+                                              "(set the split of the linear before it to \"none\")");
+      if (heads % t != 0) divide_error(node, t, "n_head", heads);
+      ns.kind = SplitKind::heads;
+      SplitPattern p;
+      p.blocks = {{0, c}};
+      out_split(node, t, p);
+      return;
+    }
+    need_whole(node, 0);
+    out_replicated(node);
+  }
+
+  void visit_embedding(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    int t = ns.t;
+    if (o != nullptr && *o == SplitKind::none) {
+      replicate_params(node);
+      out_replicated(node);
+      return;
+    }
+    int64_t rows = g_.params[size_t(n.params[0])].shape[0];
+    if (rows % t != 0) divide_error(node, t, "the vocabulary (table rows)", rows);
+    SplitPattern p;
+    p.blocks = {{0, rows}};
+    ns.kind = SplitKind::vocab;
+    ns.reduce_output = true;
+    set_param(node, 0, 0, t, p);
+    out_replicated(node);
+  }
+
+  void visit_cross_entropy(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    const stages::ValueType& logits = g_.values[size_t(n.inputs[0])].type;
+    bool vocab_in = split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern.whole(logits.shape.back());
+    if (o != nullptr && *o == SplitKind::vocab && !vocab_in)
+      override_error(node, "vocabulary-parallel " + node_ref(node) +
+                               " needs logits split over the vocabulary (split the LM head by "
+                               "columns)");
+    if (vocab_in && !(o != nullptr && *o == SplitKind::none)) {
+      ns.kind = SplitKind::vocab;
+      out_replicated(node);
+      return;
+    }
+    for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
+    out_replicated(node);
+  }
+
+  void mark_cuts() {
+    int L = g_.num_layers();
+    s_.replicated_cut.assign(size_t(L + 1), true);
+    for (size_t v = 0; v < g_.values.size(); ++v) {
+      if (!s_.values[v].split) continue;
+      const stages::Value& val = g_.values[v];
+      if (val.is_input()) continue;
+      int a = g_.nodes[size_t(val.producer)].layer;
+      int b = a;
+      for (int c : val.consumers) b = std::max(b, g_.nodes[size_t(c)].layer);
+      for (int c = a + 1; c <= b; ++c) s_.replicated_cut[size_t(c)] = false;
+    }
+  }
+
+  const Graph& g_;
+  const SplitOverrides& ov_;
+  std::string where_;
+  Sharding s_;
+};
+
+// ---- building physical graphs ----
+
+stages::ValueType local_type(const stages::ValueType& logical, const ValueShard& s) {
+  stages::ValueType t = logical;
+  if (s.split) t.shape.back() = s.pattern.local_size(s.t);
+  return t;
+}
+
+class PhysicalBuilder {
+ public:
+  PhysicalBuilder(const Graph& lg, const Sharding& s, std::vector<int> tp_index)
+      : lg_(lg), s_(s), r_(std::move(tp_index)) {
+    g_ = std::make_shared<Graph>();
+    g_->name = lg.name;
+    g_->source = lg.source;
+    g_->float_dtype = lg.float_dtype;
+    g_->config = lg.config;
+    vmap_.assign(lg.values.size(), -1);
+    pmap_.assign(lg.params.size(), -1);
+  }
+
+  // The whole model: inputs, every parameter (in logical order), every layer.
+  std::shared_ptr<Graph> whole() {
+    for (int v : lg_.inputs) vmap_[size_t(v)] = g_->add_value(lg_.values[size_t(v)].name, lg_.values[size_t(v)].type, -1);
+    for (size_t p = 0; p < lg_.params.size(); ++p) {
+      const stages::Param& lp = lg_.params[p];
+      int r = lp.users.empty() ? 0 : r_[size_t(lg_.nodes[size_t(lp.users.front())].layer)];
+      pmap_[p] = g_->add_param(shard_param(lp, s_.params[p], r));
+    }
+    for (int l = 0; l < lg_.num_layers(); ++l) layer(l);
+    g_->loss = lg_.loss >= 0 ? vmap_[size_t(lg_.loss)] : -1;
+    return g_;
+  }
+
+  LayerGraph one_layer(int l) {
+    standalone_ = true;
+    layer(l);
+    LayerGraph out;
+    for (int v : g_->inputs) {
+      const stages::ValueType& t = g_->values[size_t(v)].type;
+      if (memory::is_floating(t.dtype) && t.batched) out.boundary_in.push_back(v);
+    }
+    for (int n : lg_.layers[size_t(l)].nodes)
+      for (int v : lg_.nodes[size_t(n)].outputs) {
+        const stages::Value& val = lg_.values[size_t(v)];
+        bool later = int(v) == lg_.loss;
+        for (int c : val.consumers) later = later || lg_.nodes[size_t(c)].layer > l;
+        if (later) out.boundary_out.push_back(vmap_[size_t(v)]);
+      }
+    if (lg_.loss >= 0 && vmap_[size_t(lg_.loss)] >= 0) g_->loss = vmap_[size_t(lg_.loss)];
+    out.graph = g_;
+    return out;
+  }
+
+ private:
+  int value_of(int v) {
+    if (vmap_[size_t(v)] >= 0) return vmap_[size_t(v)];
+    BATON_CHECK(standalone_, "value used before it is produced: " + lg_.values[size_t(v)].name);
+    const stages::Value& val = lg_.values[size_t(v)];
+    vmap_[size_t(v)] = g_->add_value(val.name, local_type(val.type, s_.values[size_t(v)]), -1);
+    return vmap_[size_t(v)];
+  }
+  int param_of(int p) {
+    if (p < 0) return -1;
+    if (pmap_[size_t(p)] < 0) {
+      BATON_CHECK(standalone_, "parameter missing: " + lg_.params[size_t(p)].name);
+      pmap_[size_t(p)] = g_->add_param(shard_param(lg_.params[size_t(p)], s_.params[size_t(p)], r_now_));
+    }
+    return pmap_[size_t(p)];
+  }
+  std::string fresh(const std::string& base) {
+    std::string name = base;
+    for (int i = 2; g_->find_value(name) >= 0; ++i) name = base + "." + std::to_string(i);
+    return name;
+  }
+  int emit(const std::string& name, const std::string& op, const nlohmann::json& attrs,
+           const std::vector<int>& inputs, const std::vector<int>& params, const std::string& out,
+           int layer, const std::string& path) {
+    int id = detail::add_node(*g_, name, op, attrs, inputs, params, {out}, layer, path);
+    return g_->nodes[size_t(id)].outputs[0];
+  }
+
+  void layer(int l) {
+    int layer_id = g_->add_layer(lg_.layers[size_t(l)].name);
+    r_now_ = r_[size_t(l)];
+    copies_.clear();
+    gathers_.clear();
+    for (int n : lg_.layers[size_t(l)].nodes) node(n, layer_id);
+  }
+
+  void node(int id, int layer) {
+    const Node& n = lg_.nodes[size_t(id)];
+    const NodeShard& ns = s_.nodes[size_t(id)];
+    const int t = ns.t, r = r_now_;
+    std::vector<int> ins;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      int local = value_of(v);
+      const std::string& vname = lg_.values[size_t(v)].name;
+      if (std::count(ns.copy_inputs.begin(), ns.copy_inputs.end(), int(i))) {
+        auto it = copies_.find(v);
+        if (it == copies_.end()) {
+          std::string name = fresh(vname + ".tp_copy");
+          it = copies_.emplace(v, emit(name, "tp_copy", nlohmann::json::object(), {local}, {}, name, layer, n.json_path)).first;
+        }
+        local = it->second;
+      } else if (std::count(ns.gather_inputs.begin(), ns.gather_inputs.end(), int(i))) {
+        auto it = gathers_.find(v);
+        if (it == gathers_.end()) {
+          std::string name = fresh(vname + ".tp_gather");
+          it = gathers_.emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local}, {}, name, layer, n.json_path)).first;
+        }
+        local = it->second;
+      }
+      ins.push_back(local);
+    }
+    std::vector<int> ps;
+    for (int p : n.params) ps.push_back(param_of(p));
+    nlohmann::json attrs = n.attrs.is_null() ? nlohmann::json::object() : n.attrs;
+    std::string op = n.op;
+    if (ns.kind == SplitKind::heads) {
+      int64_t heads = attrs.at("n_head").get<int64_t>();
+      attrs["n_head"] = heads / t;
+      attrs["head_offset"] = int64_t(r) * (heads / t);
+      attrs["global_heads"] = heads;
+    } else if (ns.kind == SplitKind::vocab && n.op == "embedding") {
+      int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
+      attrs["vocab_offset"] = int64_t(r) * (rows / t);
+    } else if (ns.kind == SplitKind::vocab && n.op == "cross_entropy") {
+      int64_t v = lg_.values[size_t(n.inputs[0])].type.shape.back();
+      op = "vocab_parallel_cross_entropy";
+      attrs = {{"vocab_offset", int64_t(r) * (v / t)}, {"vocab_size", v}};
+    }
+    int bias = -1;
+    if (ns.bias_after_reduce) {
+      bias = ps[1];
+      ps[1] = -1;
+    }
+    BATON_CHECK(n.outputs.size() == 1 || !ns.reduce_output, "reduced node with several outputs");
+    std::vector<std::string> outs;
+    for (int v : n.outputs) outs.push_back(lg_.values[size_t(v)].name);
+    if (!ns.reduce_output) {
+      int nid = detail::add_node(*g_, n.name, op, attrs, ins, ps, outs, layer, n.json_path);
+      for (size_t j = 0; j < n.outputs.size(); ++j)
+        vmap_[size_t(n.outputs[j])] = g_->nodes[size_t(nid)].outputs[j];
+      return;
+    }
+    // Partial sums: reduce over the group, then add the bias once.
+    const std::string& out = outs[0];
+    int partial = emit(n.name, op, attrs, ins, ps, out + ".partial", layer, n.json_path);
+    int reduced = emit(out + ".tp_reduce", "tp_reduce", nlohmann::json::object(), {partial}, {},
+                       bias >= 0 ? out + ".reduced" : out, layer, n.json_path);
+    if (bias >= 0)
+      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias}, out,
+                     layer, n.json_path);
+    vmap_[size_t(n.outputs[0])] = reduced;
+  }
+
+  const Graph& lg_;
+  const Sharding& s_;
+  std::vector<int> r_;
+  std::shared_ptr<Graph> g_;
+  std::vector<int> vmap_, pmap_;
+  std::map<int, int> copies_, gathers_;  // per layer: logical value -> local copy / gather
+  int r_now_ = 0;
+  bool standalone_ = false;
+};
+
+}  // namespace
+
+stages::Param shard_param(const stages::Param& lp, const ParamShard& sh, int r) {
+  stages::Param p;
+  p.name = lp.name;
+  p.logical_shape = lp.logical_shape;
+  p.shape = lp.logical_shape;
+  p.dtype = lp.dtype;
+  p.init = lp.init;
+  p.weight_decay = lp.weight_decay;
+  if (sh.dim < 0 || sh.t <= 1) return p;
+  size_t d = size_t(sh.dim);
+  p.shape[d] = sh.pattern.local_size(sh.t);
+  int64_t local = 0;
+  for (const auto& [off, len] : sh.pattern.blocks) {
+    stages::ParamPiece piece;
+    piece.local_offsets.assign(p.shape.size(), 0);
+    piece.global_offsets.assign(p.shape.size(), 0);
+    piece.shape = p.shape;
+    int64_t part = len / sh.t;
+    piece.shape[d] = part;
+    piece.local_offsets[d] = local;
+    piece.global_offsets[d] = off + int64_t(r) * part;
+    local += part;
+    p.pieces.push_back(piece);
+  }
+  return p;
+}
+
+Sharding plan_sharding(const Graph& g, const std::vector<int>& layer_tp,
+                       const SplitOverrides& overrides, const std::string& where) {
+  BATON_CHECK(int(layer_tp.size()) == g.num_layers(), "one degree per layer");
+  return ShardingPass(g, layer_tp, overrides, where).run();
+}
+
+std::shared_ptr<Graph> build_physical(const Graph& logical, const Sharding& s,
+                                      const std::vector<int>& tp_index) {
+  BATON_CHECK(int(tp_index.size()) == logical.num_layers(), "one tp index per layer");
+  return PhysicalBuilder(logical, s, tp_index).whole();
+}
+
+LayerGraph build_layer(const Graph& logical, const Sharding& s, int layer, int tp_index) {
+  std::vector<int> idx(size_t(logical.num_layers()), tp_index);
+  return PhysicalBuilder(logical, s, idx).one_layer(layer);
+}
+
+}  // namespace baton::partitioner

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# `baton plan` and `baton profile` end to end: exit codes (0 fine, 2 bad input or a plan
+# that does not fit), the example plans, a searched plan that --check accepts, measured
+# costs, and the message when nothing fits.
+set -u
+baton="$1"
+root="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+
+expect() {
+  local want="$1"; shift
+  "$@" >"$tmp/out" 2>&1
+  local got=$?
+  if [ "$got" -ne "$want" ]; then
+    echo "FAIL (exit $got, expected $want): $*"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+}
+contains() {
+  if ! grep -qF -- "$1" "$tmp/out"; then
+    echo "FAIL: output lacks '$1':"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+}
+
+for f in "$root"/examples/plans/*.json; do
+  expect 0 "$baton" plan --check "$f"
+  contains "valid plan"
+  contains "predicted step time"
+done
+
+# A search writes a plan; --check reads it back.
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 4 --device-memory 64MiB \
+  --batch 8 --out "$tmp/plan.json"
+contains "best plan:"
+contains "wrote $tmp/plan.json"
+expect 0 "$baton" plan --check "$tmp/plan.json"
+contains "valid plan"
+
+# Fixed degrees and schedule.
+expect 0 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 8 --tp 2 --pp 2 --dp 2 \
+  --schedule zb-h1 --micro-batches 4 --batch 16 --recompute off
+contains "dp 2 x pp 2 x tp 2; schedule zb-h1, 4 micro-batches of 2 samples"
+
+# Nothing fits: which rank is short and by how much; exit 2.
+expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8
+contains "no plan fits in 4.00 MiB per device; the closest is"
+contains "over its capacity"
+
+# A plan over its capacity: the table, then the error; exit 2.
+sed 's/"64MiB"/"1MiB"/' "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" > "$tmp/small.json"
+sed -i "s#\"../models/tiny-gpt.json\"#\"$root/examples/models/tiny-gpt.json\"#" "$tmp/small.json"
+expect 2 "$baton" plan --check "$tmp/small.json"
+contains "OVER CAPACITY"
+contains "over its capacity of 1.00 MiB by"
+
+# Bad input: exit 2 with the file and JSON path.
+echo '{"version": 1, "model": "x.json", "devices": 1, "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [], "foo": 1}' > "$tmp/bad.json"
+expect 2 "$baton" plan --check "$tmp/bad.json"
+contains "$tmp/bad.json: \$.foo: unknown field 'foo'"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 3 --tp 3
+contains "tp 3"
+expect 2 "$baton" plan --check "$tmp/missing.json"
+contains "cannot open file"
+
+# Measured costs.
+expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --out "$tmp/costs.json"
+contains "total (one micro-batch)"
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
+contains "best plan:"
+
+if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "all baton plan / profile command-line checks passed"

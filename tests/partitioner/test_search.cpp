@@ -1,0 +1,158 @@
+// Plan search and the measured cost model: the best plan fits and is what evaluation
+// predicts; memory limits move the search to recompute or deeper pipelines; when nothing
+// fits the closest candidate says which rank is short and by how much; the degrees,
+// schedule and layer counts a user fixes are kept; measured op times replace FLOPs.
+#include <gtest/gtest.h>
+
+#include "memory/units.h"
+#include "partitioner/evaluate.h"
+#include "partitioner/profile.h"
+#include "partitioner/search.h"
+#include "stages/model.h"
+#include "stages/shorthands.h"
+
+namespace baton::partitioner {
+namespace {
+
+using stages::Graph;
+
+std::shared_ptr<const Graph> load(const std::string& name) {
+  return std::make_shared<const Graph>(stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
+}
+
+TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
+  auto g = load("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 4;
+  o.global_batch = 16;
+  o.device_memory = 64 << 20;
+  SearchResult res = search_plans(g, model, o);
+  ASSERT_FALSE(res.ranked.empty());
+  EXPECT_GT(res.evaluated, 50);
+  for (size_t i = 1; i < res.ranked.size(); ++i) EXPECT_LE(res.ranked[i - 1].step_time, res.ranked[i].step_time);
+  for (const Candidate& c : res.ranked) {
+    SCOPED_TRACE(c.describe());
+    ResolvedPlan r = resolve_plan(c.plan, g);
+    EXPECT_EQ(r.plan.devices, 4);
+    PlanEstimate e = evaluate_plan(r, model);  // exact memory
+    EXPECT_TRUE(e.fits());
+    EXPECT_NEAR(e.step_time, c.step_time, 1e-12 * c.step_time);
+    EXPECT_LE(e.max_peak(), c.peak);  // the search's composed memory bounds the exact one
+  }
+}
+
+TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
+  auto g = load("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 2;
+  o.pp = 2;
+  o.global_batch = 16;
+  o.micro_batches = 8;
+  o.schedules = {"gpipe"};  // every micro-batch in flight: recompute pays off most
+  SearchResult free = search_plans(g, model, o);
+  ASSERT_FALSE(free.ranked.empty());
+  const Candidate& fast = free.ranked.front();
+  EXPECT_FALSE(fast.plan.stages[0].recompute_all);  // recompute only costs time
+  // Just under what the plan without recompute needs: only recompute fits.
+  o.device_memory = fast.peak - 1;
+  SearchResult tight = search_plans(g, model, o);
+  ASSERT_FALSE(tight.ranked.empty());
+  EXPECT_TRUE(tight.ranked.front().plan.stages[0].recompute_all);
+  EXPECT_LE(tight.ranked.front().peak, o.device_memory);
+  // Below the parameters' own memory nothing fits; the closest says by how much.
+  o.device_memory = 4 << 20;
+  SearchResult none = search_plans(g, model, o);
+  EXPECT_TRUE(none.ranked.empty());
+  ASSERT_TRUE(none.closest.has_value());
+  EXPECT_FALSE(none.closest->fits);
+  EXPECT_GT(none.closest->peak, o.device_memory);
+  EXPECT_NEAR(none.closest->over, double(none.closest->peak) / double(o.device_memory), 1e-12);
+}
+
+TEST(Search, KeepsWhatTheUserFixes) {
+  auto g = load("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 8;
+  o.global_batch = 16;
+  o.tp = 2;
+  o.pp = 2;
+  o.schedules = {"zb-h1"};
+  o.micro_batches = 4;
+  o.recompute = 0;
+  o.layers_per_stage = {2, 4};
+  SearchResult res = search_plans(g, model, o);
+  ASSERT_FALSE(res.ranked.empty());
+  for (const Candidate& c : res.ranked) {
+    EXPECT_EQ(c.plan.tp, (std::vector<int>{2, 2}));
+    EXPECT_EQ(c.plan.pp, 2);
+    EXPECT_EQ(c.plan.dp, 2);
+    EXPECT_EQ(c.plan.schedule, "zb-h1");
+    EXPECT_EQ(c.plan.micro_batches, 4);
+    EXPECT_EQ(c.plan.micro_batch_size, 2);
+    EXPECT_EQ(c.plan.stages[0].last_layer, 2);
+    EXPECT_FALSE(c.plan.stages[0].recompute_all);
+  }
+  EXPECT_EQ(res.evaluated, 1);
+}
+
+TEST(Search, CutBalancesEmbeddingAndHeadByTheirCost) {
+  // A large vocabulary makes the LM head (and its cross-entropy) heavy: the last stage
+  // takes fewer blocks than the first.
+  stages::Gpt2Config c;
+  c.n_layer = 8;
+  c.n_head = 4;
+  c.n_embd = 128;
+  c.n_positions = 64;
+  c.vocab_size = 16384;
+  auto g = std::make_shared<const Graph>(stages::load_model_json(c.to_json(), "big-vocab"));
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 2;
+  o.pp = 2;
+  o.tp = 1;
+  o.global_batch = 8;
+  o.micro_batches = 8;
+  o.schedules = {"1f1b"};
+  o.recompute = 0;
+  SearchResult res = search_plans(g, model, o);
+  ASSERT_FALSE(res.ranked.empty());
+  const Plan& p = res.ranked.front().plan;
+  int first_blocks = p.stages[0].last_layer - 1, last_blocks = 8 - first_blocks;
+  EXPECT_GT(first_blocks, last_blocks) << "stage 0 holds [0, " << p.stages[0].last_layer << ")";
+}
+
+TEST(Profile, MeasuredTimesReplaceFlops) {
+  auto g = load("tiny-gpt.json");
+  ProfileOptions po;
+  po.batch = 2;
+  po.repeats = 1;
+  po.warmup = 0;
+  ProfileSummary sum;
+  MeasuredCosts m = profile_model(*g, po, &sum);
+  EXPECT_EQ(m.ops.size(), g->nodes.size());
+  EXPECT_LT(sum.distinct_ops, int(g->nodes.size()));  // the two blocks' ops are timed once
+  for (const auto& [name, op] : m.ops) EXPECT_GT(op.forward, 0.0) << name;
+  // Replace the times with known ones: the table must add them up per layer.
+  for (auto& [name, op] : m.ops) {
+    op.forward = 1e-3;
+    op.backward_input = 2e-3;
+    op.backward_weight = op.op == "linear" ? 3e-3 : 0.0;
+  }
+  CostModel model(g, Machine{}, &m);
+  const CostTable& t1 = model.table(1, 2);
+  const stages::Layer& h0 = g->layers[size_t(g->find_layer("h.0"))];
+  EXPECT_NEAR(t1.layers[1].f, 1e-3 * double(h0.nodes.size()), 1e-12);
+  EXPECT_NEAR(t1.layers[1].w, 3e-3 * 4, 1e-12);  // four linears
+  // At twice the batch, twice the time; split over 2 ranks, half a split op's time plus
+  // the collectives.
+  EXPECT_NEAR(model.table(1, 4).layers[1].f, 2e-3 * double(h0.nodes.size()), 1e-12);
+  const CostTable& t2 = model.table(2, 2);
+  EXPECT_LT(t2.layers[1].w, t1.layers[1].w * 0.6);
+  EXPECT_GT(t2.layers[1].w, t1.layers[1].w * 0.4);
+}
+
+}  // namespace
+}  // namespace baton::partitioner

@@ -1,0 +1,48 @@
+// Runs a logical graph on one thread and its tensor-parallel physical graphs on t threads
+// (the local transport backend), and returns losses, parameters and gradients with the
+// shards put back together, so tests can compare them.
+#pragma once
+
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partitioner/evaluate.h"
+#include "partitioner/tensor_parallel.h"
+#include "stages/graph.h"
+#include "stages/stage.h"
+
+namespace baton::partitioner::testing {
+
+struct RunOutput {
+  std::vector<double> losses;                  // per micro-batch
+  std::map<std::string, memory::Tensor> params;  // logical name -> whole parameter (f64)
+  std::map<std::string, memory::Tensor> grads;   // logical name -> whole gradient (f64)
+  double replica_mismatch = 0;  // largest difference between ranks of a replicated tensor
+};
+
+struct RunSpec {
+  int micro_batches = 2;
+  int64_t samples = 3;  // per micro-batch
+  uint64_t seed = 5;
+  uint64_t data_seed = 11;
+  std::set<int> recompute_layers;
+};
+
+RunOutput run_logical(std::shared_ptr<const stages::Graph> g, const RunSpec& spec);
+RunOutput run_tensor_parallel(std::shared_ptr<const stages::Graph> g, int tp,
+                              const SplitOverrides& overrides, const RunSpec& spec);
+
+// Runs a whole plan with every rank a thread of a local world: each rank builds its
+// physical graph and Stages, moves activations and gradients across pipeline boundaries
+// exactly as boundary_transfers() says, sums gradients over gradient_groups(), and the
+// replicas' micro-batches are micro-batches dp * M of one global batch (GPipe order).
+// Compare with run_logical(g, {dp * M micro-batches of micro_batch_size samples}).
+RunOutput run_plan(const ResolvedPlan& plan, const RunSpec& spec);
+
+// max |a - b| / max(max |b|, tiny) over the elements.
+double rel_diff(const memory::Tensor& a, const memory::Tensor& b);
+
+}  // namespace baton::partitioner::testing
