@@ -5,9 +5,17 @@
 // and a plan made by `baton plan`.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
 #include "engine_harness.h"
 #include "process_helpers.h"
@@ -25,7 +33,8 @@ std::vector<LossLine> read_loss_log(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    json j = json::parse(line);
+    json j = json::parse(line, nullptr, false);  // a line being written may be partial
+    if (j.is_discarded() || !j.is_object()) continue;
     out.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
   }
   return out;
@@ -141,6 +150,102 @@ TEST(Processes, PlanFromBatonPlan) {
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   reference(ws, dp * m * b, dp * m, 20, ws.path("reference.jsonl"));
   compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
+}
+
+// ---- kill -9 of the whole job, then --resume ----
+
+// Starts argv with stdout and stderr into `out`; returns the child's pid.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The processes `pid` started (its threads' children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+  }
+  return out;
+}
+
+TEST(Processes, KillNineAtARandomMomentThenResume) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("kill -9 test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Workspace ws("kill");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
+    std::vector<std::string> a = {baton(), "launch", "-n", "8", "--", baton(), "train", "--plan", ws.path("plan.json"),
+                                  "--data", data_file(), "--steps", "40", "--seed", "3", "--lr", "3e-3",
+                                  "--weight-decay", "0.01", "--threads", "1", "--log-every", "0",
+                                  "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2",
+                                  "--loss-log", log};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  // The uninterrupted run, timed.
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl"), false), ws.path("full.out"));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("full.out"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // The same job killed (launcher and every rank at once) at a random moment: after a
+  // random number of steps has been logged, plus a random fraction of a step.
+  const size_t after_lines = std::uniform_int_distribution<size_t>(1, 37)(rng);
+  const double extra = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * seconds / 40;
+  std::printf("killing the whole job %.4f s after step %zu is logged (a run takes about %.3f s)\n", extra,
+              after_lines, seconds);
+  pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), false), ws.path("killed.out"));
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("killed.jsonl")).size() < after_lines; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  std::vector<pid_t> ranks = children_of(pid);
+  for (pid_t c : ranks) kill(c, SIGKILL);
+  kill(pid, SIGKILL);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::printf("killed %zu ranks; loss log had %zu lines\n", ranks.size(), read_loss_log(ws.path("killed.jsonl")).size());
+  // Wait until every rank is gone (dead or a zombie nobody reaps).
+  auto alive = [](pid_t c) {
+    std::ifstream stat("/proc/" + std::to_string(c) + "/stat");
+    std::string pid_s, comm, state;
+    if (!(stat >> pid_s >> comm >> state)) return false;
+    return state != "Z" && state != "X";
+  };
+  for (pid_t c : ranks)
+    for (int i = 0; i < 500 && alive(c); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+
+  auto t1 = std::chrono::steady_clock::now();
+  pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), true), ws.path("resumed.out"));
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("resumed.out"));
+  std::printf("resumed run: %.3f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+  std::string out = slurp(ws.path("resumed.out"));
+  std::printf("%s\n", out.find("resumed from") != std::string::npos ? "resumed from a checkpoint"
+                                                                     : "no complete checkpoint: started over");
+  compare(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
 }
 
 }  // namespace
