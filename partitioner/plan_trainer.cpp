@@ -213,8 +213,30 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   return train_plan(r, o, std::move(world), on_step);
 }
 
+namespace {
+TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o, transport::CommPtr world,
+                   const std::function<void(const StepRecord&)>& on_step);
+}
+
 TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
                         transport::CommPtr world, const std::function<void(const StepRecord&)>& on_step) {
+  try {
+    return train(std::move(rp), o, world, on_step);
+  } catch (const transport::PeerError& e) {
+    // This rank's operation names the peer in its own scope (often one that gave up
+    // because of an earlier failure); name the first failure the process learnt of.
+    auto first = world->first_failure();
+    if (first && first->first != e.peer())
+      throw transport::PeerError(first->first, "rank " + std::to_string(first->first) + " failed: " + first->second +
+                                                   "; this rank stopped at: " + e.what());
+    throw;
+  }
+}
+
+namespace {
+
+TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o, transport::CommPtr world,
+                   const std::function<void(const StepRecord&)>& on_step) {
   using Clock = std::chrono::steady_clock;
   const ResolvedPlan& r = *rp;
   if (o.steps < 0) throw InputError("--steps must be >= 0");
@@ -331,5 +353,7 @@ TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainO
   if (lead) spdlog::info("peak device memory of rank 0: {}", memory::format_bytes(double(summary.peak_bytes)));
   return summary;
 }
+
+}  // namespace
 
 }  // namespace baton::partitioner

@@ -2,6 +2,8 @@
 // plan (--plan) as one rank of a job that `baton launch` (or mpirun, srun) started.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
@@ -128,7 +130,11 @@ int run_train(const std::vector<std::string>& args) {
   po.trace_path = trace;
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);
-  transport::World world = transport::init_world();
+  transport::WorldOptions wo;
+  // A training job notices a dead peer well within 10 s unless the user says otherwise
+  // (the transport's own default, 20 s, suits long collectives of very large jobs).
+  if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
+  transport::World world = transport::init_world(wo);
   partitioner::train_plan(po, world.comm);
   return 0;
 }

@@ -248,5 +248,65 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   compare(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
 }
 
+// ---- a rank dies in the middle of a step ----
+
+TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("failure test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Workspace ws("fail");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
+  // stop by themselves (the requirement is 10 s).
+  std::vector<std::string> argv = {baton(), "launch", "-n", "8", "--grace", "15", "--", baton(), "train",
+                                   "--plan", ws.path("plan.json"), "--data", data_file(), "--steps", "1000000",
+                                   "--threads", "1", "--log-every", "0", "--loss-log", ws.path("loss.jsonl")};
+  pid_t pid = spawn(argv, ws.path("job.out"));
+  const size_t after = std::uniform_int_distribution<size_t>(2, 20)(rng);
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
+  std::vector<pid_t> ranks = children_of(pid);
+  ASSERT_EQ(ranks.size(), 8u) << slurp(ws.path("job.out"));
+  // Which child is which rank: BATON_RANK in its environment.
+  const int victim = std::uniform_int_distribution<int>(0, 7)(rng);
+  pid_t victim_pid = -1;
+  for (pid_t c : ranks) {
+    std::ifstream env("/proc/" + std::to_string(c) + "/environ");
+    std::string var;
+    while (std::getline(env, var, '\0'))
+      if (var == "BATON_RANK=" + std::to_string(victim)) victim_pid = c;
+  }
+  ASSERT_GT(victim_pid, 0);
+  std::printf("killing rank %d after step %zu\n", victim, after);
+  auto t0 = std::chrono::steady_clock::now();
+  kill(victim_pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string out = slurp(ws.path("job.out"));
+  std::printf("the job ended %.2f s after the kill\n%s", seconds, out.c_str());
+  EXPECT_LT(seconds, 10.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  // The launcher names the rank and stopped nobody: the others exited on their own ...
+  EXPECT_NE(out.find("the job failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos);
+  EXPECT_EQ(out.find("stopped rank(s)"), std::string::npos);
+  // ... each with an error naming the dead rank.
+  for (int r = 0; r < 8; ++r) {
+    if (r == victim) continue;
+    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
+    size_t at = out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
+  }
+}
+
 }  // namespace
 }  // namespace baton::engine_testing
