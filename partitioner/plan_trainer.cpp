@@ -350,7 +350,17 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r, o.trace_path);
   }
   summary.peak_bytes = alloc.stats().peak;
-  if (lead) spdlog::info("peak device memory of rank 0: {}", memory::format_bytes(double(summary.peak_bytes)));
+  // Every rank's peak (one process per rank: its allocator's), for comparison with the
+  // partitioner's estimate (`baton plan --check`).
+  Tensor peak = Tensor::from_vector(std::vector<int64_t>{int64_t(summary.peak_bytes)}, {1});
+  Tensor peaks = Tensor::empty({world->size()}, memory::DType::i64);
+  world->all_gather(peak, peaks)->wait();
+  if (lead) {
+    std::string list;
+    for (int64_t b : peaks.to_vector<int64_t>()) list += (list.empty() ? "" : " ") + std::to_string(b);
+    spdlog::info("peak device memory of rank 0: {}; every rank's peak in bytes: {}",
+                 memory::format_bytes(double(summary.peak_bytes)), list);
+  }
   return summary;
 }
 

@@ -11,6 +11,7 @@
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/plan.h"
 #include "partitioner/plan_trainer.h"
 #include "stages/trainer.h"
 #include "tools/command.h"
@@ -113,6 +114,11 @@ int run_train(const std::vector<std::string>& args) {
   if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
     throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
   if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
+  if (device_memory.empty()) {
+    // The plan's device memory caps each rank, as its estimate assumed.
+    int64_t cap = partitioner::read_plan(plan).device_memory;
+    if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
+  }
   partitioner::PlanTrainOptions po;
   po.plan_path = plan;
   po.schedule_path = schedule_file;
