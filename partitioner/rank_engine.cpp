@@ -31,7 +31,6 @@ void use_schedule(ResolvedPlan& r, const Schedule& s, const std::string& source)
     fail("directions", std::to_string(want.num_directions), std::to_string(s.num_directions));
   if (s.placement != want.placement) fail("placement", list(want.placement), list(s.placement));
   schedule::check_valid(s, source);
-  std::string name = r.schedule.name;
   r.schedule = s;
   if (r.schedule.name.empty()) r.schedule.name = source;
 }
