@@ -51,10 +51,14 @@ Options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--op") o.ops = split_list(next());
-    else if (a == "--min-bytes") o.min_bytes = std::stoull(next());
-    else if (a == "--max-bytes") o.max_bytes = std::stoull(next());
-    else if (a == "--reps") o.reps = std::stoi(next());
+    if (a == "--op")
+      o.ops = split_list(next());
+    else if (a == "--min-bytes")
+      o.min_bytes = std::stoull(next());
+    else if (a == "--max-bytes")
+      o.max_bytes = std::stoull(next());
+    else if (a == "--reps")
+      o.reps = std::stoi(next());
     else {
       std::fprintf(stderr, "mpi_comm_bench: unknown option %s\n", a.c_str());
       std::exit(2);
@@ -175,8 +179,8 @@ int main(int argc, char** argv) {
       }
       std::sort(times.begin(), times.end());
       double med = times[times.size() / 2];
-      size_t size = (op == "all_gather" || op == "reduce_scatter") ? count * size_t(b.n) * 4
-                                                                   : count * 4;
+      size_t size =
+          (op == "all_gather" || op == "reduce_scatter") ? count * size_t(b.n) * 4 : count * 4;
       double algbw = double(size) / med / 1e9;
       if (b.rank == 0)
         std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7ld\n", op.c_str(), size,

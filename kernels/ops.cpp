@@ -73,6 +73,8 @@ void set_num_threads(int n) {
   cpu::set_thread_count(n);
 }
 
+void select_blas_kernels(char** argv) { cpu::select_blas_kernels(argv); }
+
 int num_threads() {
   return cpu::thread_count();
 }

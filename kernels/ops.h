@@ -36,6 +36,12 @@ using memory::Tensor;
 // threads than this.
 void set_num_threads(int n);
 int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
+// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE or its own CPU
+// detection, which in 0.3.21 misses recent CPUs and falls back to SSE3 kernels (sgemm 4x
+// slower). Programs call this first thing in main(): when that happened and the user set
+// no OPENBLAS_CORETYPE, it re-executes the program with the right core type (SkylakeX on
+// AVX-512, Haswell on AVX2). Otherwise it returns and changes nothing.
+void select_blas_kernels(char** argv);
 
 // True when this build has the CUDA kernels (CUDA tensors can be computed on).
 bool built_with_cuda();

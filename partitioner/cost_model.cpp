@@ -60,7 +60,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                  {"backward_input", o.backward_input},
                  {"backward_weight", o.backward_weight},
                  {"flops", o.flops}};
-  nlohmann::json j = {{"version", 1}, {"kind", "op_times"}, {"model", c.model},
+  nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"ops", ops}};
   schedule::write_file_atomically(path, j.dump(1) + "\n");
 }
@@ -68,15 +68,30 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
 // ---- tables ----
 
 double CostTable::total_time(bool recompute) const {
-  double t = 0;
-  for (const LayerCost& l : layers) t += l.f + l.b + l.w + (recompute ? l.f : 0);
-  return t;
+  return pf.back() + pb.back() + pw.back() + (recompute ? pf.back() : 0);
 }
 
-StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
-                                 int optimizer_states) {
+int64_t CostTable::param_bytes(int first, int last) const {
+  int64_t b = pparams[size_t(last)] - pparams[size_t(first)];
+  for (const ParamUse& u : shared_params)
+    for (int l : u.layers)
+      if (l >= first && l < last) {
+        b += u.bytes;
+        break;
+      }
+  return b;
+}
+
+StageMemory compose_stage_memory(const CostTable& t, int first, int last,
+                                 const std::set<int>& recompute, int optimizer_states) {
   StageMemory m;
-  for (const ParamUse& u : t.params) {
+  for (int l = first; l < last; ++l) {
+    int64_t b = t.own_param_bytes[size_t(l)];
+    m.params += b;
+    m.grads += b;
+    m.optimizer += b * optimizer_states;
+  }
+  for (const ParamUse& u : t.shared_params) {
     int64_t n = 0;
     for (int l : u.layers) n += l >= first && l < last ? 1 : 0;
     if (n == 0) continue;
@@ -96,7 +111,8 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last, const 
     const MicroBatchMemory& x = of(l);
     m.mb.forward_peak = std::max(m.mb.forward_peak, s + x.forward_peak);
     after_before += x.w_stash + x.held_through_backward;
-    m.mb.backward_peak = std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
+    m.mb.backward_peak =
+        std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
     s += x.stash;
     w_total += x.w_stash;
     m.mb.held_through_backward += x.held_through_backward;
@@ -110,51 +126,33 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last, const 
   return m;
 }
 
-CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine, const MeasuredCosts* measured)
-    : g_(std::move(logical)), machine_(machine), measured_(measured) {}
+CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
+                     const MeasuredCosts* measured)
+    : g_(std::move(logical)), machine_(machine), measured_(measured) {
+  // Layers of one structure share an id; the per-sharding signatures build on it.
+  std::map<std::string, int> ids;
+  for (int l = 0; l < g_->num_layers(); ++l)
+    static_id_.push_back(ids.emplace(static_signature(l), int(ids.size())).first->second);
+}
 
-std::string CostModel::signature(const Sharding& s, int layer) const {
+std::string CostModel::static_signature(int layer) const {
   const Graph& g = *g_;
   std::string sig;
-  sig.reserve(512);
   const auto& nodes = g.layers[size_t(layer)].nodes;
-  auto pattern = [&](const SplitPattern& p) {
-    for (const auto& b : p.blocks) sig += std::to_string(b.first) + "+" + std::to_string(b.second) + ",";
-  };
   for (int n : nodes) {
     const stages::Node& node = g.nodes[size_t(n)];
-    const NodeShard& ns = s.nodes[size_t(n)];
     sig += node.op;
     sig += node.attrs.dump();
-    sig += "|" + std::to_string(int(ns.kind)) + "," + std::to_string(ns.t) + "," +
-           std::to_string(ns.reduce_output) + std::to_string(ns.bias_after_reduce);
-    for (int c : ns.copy_inputs) sig += "c" + std::to_string(c);
-    for (int c : ns.gather_inputs) sig += "g" + std::to_string(c);
     for (int v : node.inputs) {
       const stages::Value& val = g.values[size_t(v)];
       int prod = val.producer;
-      if (prod >= 0 && g.nodes[size_t(prod)].layer == layer) {
-        // Within the layer: by position of the producer.
-        sig += "<" + std::to_string(prod - nodes.front());
-      } else {
+      if (prod >= 0 && g.nodes[size_t(prod)].layer == layer)
+        sig += "<" + std::to_string(prod - nodes.front());  // within the layer: by position
+      else
         sig += "<x" + stages::type_str(val.type);
-        const ValueShard& vs = s.values[size_t(v)];
-        if (vs.split) {
-          sig += "s" + std::to_string(vs.t);
-          pattern(vs.pattern);
-        }
-      }
     }
-    for (int p : node.params) {
-      if (p < 0) {
-        sig += "p-";
-        continue;
-      }
-      sig += "p" + memory::shape_str(g.params[size_t(p)].shape);
-      const ParamShard& ps = s.params[size_t(p)];
-      sig += std::to_string(ps.dim) + "/" + std::to_string(ps.t);
-      pattern(ps.pattern);
-    }
+    for (int p : node.params)
+      sig += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
     for (int v : node.outputs) {
       const stages::Value& val = g.values[size_t(v)];
       bool later = v == g.loss;
@@ -166,8 +164,44 @@ std::string CostModel::signature(const Sharding& s, int layer) const {
   return sig;
 }
 
-LayerCost CostModel::layer_cost(const Sharding& s, int layer, int64_t batch) {
-  std::string key = std::to_string(batch) + "#" + signature(s, layer);
+void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& key) const {
+  // The layer's structure (computed once) and how this sharding splits it, as numbers.
+  const Graph& g = *g_;
+  key.clear();
+  key.push_back(static_id_[size_t(layer)]);
+  auto pattern = [&](const SplitPattern& p) {
+    key.push_back(int64_t(p.blocks.size()));
+    for (const auto& b : p.blocks) {
+      key.push_back(b.first);
+      key.push_back(b.second);
+    }
+  };
+  for (int n : g.layers[size_t(layer)].nodes) {
+    const stages::Node& node = g.nodes[size_t(n)];
+    const NodeShard& ns = s.nodes[size_t(n)];
+    key.push_back(-1);
+    key.push_back(int(ns.kind) * 1000000 + ns.t * 4 + ns.reduce_output * 2 + ns.bias_after_reduce);
+    for (int c : ns.copy_inputs) key.push_back(100 + c);
+    for (int c : ns.gather_inputs) key.push_back(200 + c);
+    for (int v : node.inputs) {
+      int prod = g.values[size_t(v)].producer;
+      if (prod >= 0 && g.nodes[size_t(prod)].layer == layer) continue;
+      const ValueShard& vs = s.values[size_t(v)];
+      key.push_back(-2 - vs.t * int(vs.split));
+      if (vs.split) pattern(vs.pattern);
+    }
+    for (int p : node.params) {
+      if (p < 0) continue;
+      const ParamShard& ps = s.params[size_t(p)];
+      key.push_back(-3 - (ps.dim + 1) * 1000 - ps.t);
+      if (ps.dim >= 0) pattern(ps.pattern);
+    }
+  }
+}
+
+LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string& sig,
+                                int64_t batch) {
+  std::string key = std::to_string(batch) + "#" + sig;
   auto it = layer_cache_.find(key);
   if (it != layer_cache_.end()) return it->second;
 
@@ -182,14 +216,18 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, int64_t batch) {
     int t = s.nodes.empty() ? 1 : s.layer_tp[size_t(layer)];
     double tf = 0, tb = 0;
     if (node.op == "tp_gather")
-      tf = all_gather_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
+      tf = all_gather_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency);
     else if (node.op == "vocab_parallel_cross_entropy")
       // Two all-reduces (row maxima, then sums and target logits).
-      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency) +
+      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency) +
            2.0 * (t - 1) * machine_.tp_latency;
     else
-      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
-    tb = all_reduce_time(double(k.backward_comm_bytes), t, machine_.tp_bandwidth, machine_.tp_latency);
+      tf = all_reduce_time(double(k.forward_comm_bytes), t, machine_.tp_bandwidth,
+                           machine_.tp_latency);
+    tb = all_reduce_time(double(k.backward_comm_bytes), t, machine_.tp_bandwidth,
+                         machine_.tp_latency);
     c.tp_forward_bytes += double(k.forward_comm_bytes);
     c.tp_backward_bytes += double(k.backward_comm_bytes);
     double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
@@ -228,53 +266,102 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, int64_t batch) {
   return c;
 }
 
-CostTable CostModel::table_for(const Sharding& s, int64_t batch) {
+CostModel::Classes CostModel::classify(const Sharding& s) const {
   const Graph& g = *g_;
   const int L = g.num_layers();
-  CostTable t;
-  t.tp = s.layer_tp.empty() ? 1 : s.layer_tp.front();
-  t.batch = batch;
-  t.replicated_cut = s.replicated_cut;
-  for (int l = 0; l < L; ++l) t.layers.push_back(layer_cost(s, l, batch));
+  Classes c;
+  std::map<std::vector<int64_t>, int> ids;
+  std::vector<int64_t> key;
+  for (int l = 0; l < L; ++l) {
+    signature(s, l, key);
+    auto it = ids.find(key);
+    if (it == ids.end()) {
+      it = ids.emplace(key, int(c.representative.size())).first;
+      c.representative.push_back(l);
+      // The cache key of its per-batch costs: the structure's text and these numbers.
+      std::string text = static_signature(l) + "#";
+      for (int64_t x : key) text += std::to_string(x) + ",";
+      c.key.push_back(std::move(text));
+    }
+    c.of_layer.push_back(it->second);
+  }
+  c.own_param_bytes.assign(size_t(L), 0);
   for (size_t p = 0; p < g.params.size(); ++p) {
     const stages::Param& lp = g.params[p];
-    ParamUse u;
-    u.layers = lp.layers;
     int64_t n = memory::shape_numel(lp.logical_shape);
     const ParamShard& ps = s.params[p];
-    if (ps.dim >= 0 && ps.t > 1) n = n / lp.logical_shape[size_t(ps.dim)] * ps.pattern.local_size(ps.t);
-    u.bytes = int64_t(memory::Allocator::rounded(size_t(n) * memory::dtype_size(lp.dtype)));
-    t.params.push_back(u);
+    if (ps.dim >= 0 && ps.t > 1)
+      n = n / lp.logical_shape[size_t(ps.dim)] * ps.pattern.local_size(ps.t);
+    int64_t bytes = int64_t(memory::Allocator::rounded(size_t(n) * memory::dtype_size(lp.dtype)));
+    if (lp.layers.size() == 1)
+      c.own_param_bytes[size_t(lp.layers[0])] += bytes;
+    else if (lp.layers.size() > 1)
+      c.shared_params.push_back({int(p), bytes, lp.layers});
   }
   // Bytes crossing each cut: a value produced in layer a and last read in layer b crosses
   // the cuts a+1 .. b (the loss crosses every later cut: the last stage hands it on).
   std::vector<double> diff(size_t(L + 2), 0.0);
+  c.inputs_per_sample.assign(size_t(L), {});
   for (size_t v = 0; v < g.values.size(); ++v) {
     const stages::Value& val = g.values[v];
-    if (val.is_input()) continue;
-    int a = g.nodes[size_t(val.producer)].layer, b = a;
-    for (int c : val.consumers) b = std::max(b, g.nodes[size_t(c)].layer);
-    if (int(v) == g.loss) b = L;
-    if (b <= a) continue;
-    stages::ValueType type = val.type;
+    int64_t numel = memory::shape_numel(val.type.shape);
     const ValueShard& vs = s.values[v];
-    if (vs.split) type.shape.back() = vs.pattern.local_size(vs.t);
-    double bytes = double(type.bytes(batch));
+    if (vs.split) numel = numel / val.type.shape.back() * vs.pattern.local_size(vs.t);
+    double bytes = double(numel) * double(memory::dtype_size(val.type.dtype));
+    if (val.is_input()) {
+      if (!val.consumers.empty())
+        c.inputs_per_sample[size_t(g.nodes[size_t(val.consumers.front())].layer)].push_back(
+            int64_t(bytes));
+      continue;
+    }
+    int a = g.nodes[size_t(val.producer)].layer, e = a;
+    for (int n : val.consumers) e = std::max(e, g.nodes[size_t(n)].layer);
+    if (int(v) == g.loss) e = L;
+    if (e <= a || !val.type.batched) continue;
     diff[size_t(a + 1)] += bytes;
-    diff[size_t(b + 1)] -= bytes;
+    diff[size_t(e + 1)] -= bytes;
   }
-  t.input_bytes.assign(size_t(L), 0);
-  for (int v : g.inputs) {
-    const stages::Value& val = g.values[size_t(v)];
-    if (val.consumers.empty()) continue;
-    int first = g.nodes[size_t(val.consumers.front())].layer;
-    t.input_bytes[size_t(first)] += int64_t(memory::Allocator::rounded(size_t(val.type.bytes(batch))));
-  }
-  t.cut_bytes.assign(size_t(L + 1), 0.0);
+  c.cut_bytes_per_sample.assign(size_t(L + 1), 0.0);
   double run = 0;
-  for (int c = 0; c <= L; ++c) {
-    run += diff[size_t(c)];
-    t.cut_bytes[size_t(c)] = run;
+  for (int k = 0; k <= L; ++k) {
+    run += diff[size_t(k)];
+    c.cut_bytes_per_sample[size_t(k)] = run;
+  }
+  return c;
+}
+
+CostTable CostModel::table_for(const Sharding& s, int64_t batch) {
+  return build_table(s, classify(s), batch);
+}
+
+CostTable CostModel::build_table(const Sharding& s, const Classes& classes, int64_t batch) {
+  const int L = g_->num_layers();
+  CostTable t;
+  t.tp = s.layer_tp.empty() ? 1 : s.layer_tp.front();
+  t.batch = batch;
+  t.replicated_cut = s.replicated_cut;
+  std::vector<LayerCost> per_class;
+  for (size_t k = 0; k < classes.representative.size(); ++k)
+    per_class.push_back(layer_cost(s, classes.representative[k], classes.key[k], batch));
+  t.layers.reserve(size_t(L));
+  for (int l = 0; l < L; ++l) t.layers.push_back(per_class[size_t(classes.of_layer[size_t(l)])]);
+  t.own_param_bytes = classes.own_param_bytes;
+  t.shared_params = classes.shared_params;
+  t.cut_bytes.resize(classes.cut_bytes_per_sample.size());
+  for (size_t k = 0; k < t.cut_bytes.size(); ++k)
+    t.cut_bytes[k] = classes.cut_bytes_per_sample[k] * double(batch);
+  t.input_bytes.assign(size_t(L), 0);
+  for (int l = 0; l < L; ++l)
+    for (int64_t b : classes.inputs_per_sample[size_t(l)])
+      t.input_bytes[size_t(l)] += int64_t(memory::Allocator::rounded(size_t(b * batch)));
+  t.pf.assign(size_t(L + 1), 0.0);
+  t.pb = t.pw = t.pf;
+  t.pparams.assign(size_t(L + 1), 0);
+  for (int l = 0; l < L; ++l) {
+    t.pf[size_t(l + 1)] = t.pf[size_t(l)] + t.layers[size_t(l)].f;
+    t.pb[size_t(l + 1)] = t.pb[size_t(l)] + t.layers[size_t(l)].b;
+    t.pw[size_t(l + 1)] = t.pw[size_t(l)] + t.layers[size_t(l)].w;
+    t.pparams[size_t(l + 1)] = t.pparams[size_t(l)] + t.own_param_bytes[size_t(l)];
   }
   return t;
 }
@@ -285,7 +372,8 @@ std::string CostModel::key(int tp, int64_t batch, const SplitOverrides& override
   return k;
 }
 
-const Sharding& CostModel::sharding(int tp, int64_t, const SplitOverrides& overrides, const std::string& where) {
+const Sharding& CostModel::sharding(int tp, int64_t, const SplitOverrides& overrides,
+                                    const std::string& where) {
   std::string k = key(tp, 0, overrides);
   auto it = shardings_.find(k);
   if (it != shardings_.end()) return *it->second;
@@ -300,7 +388,10 @@ const CostTable& CostModel::table(int tp, int64_t batch, const SplitOverrides& o
   auto it = tables_.find(k);
   if (it != tables_.end()) return *it->second;
   const Sharding& s = sharding(tp, batch, overrides, where);
-  auto t = std::make_unique<CostTable>(table_for(s, batch));
+  std::string ck = key(tp, 0, overrides);
+  auto ci = classes_.find(ck);
+  if (ci == classes_.end()) ci = classes_.emplace(ck, classify(s)).first;
+  auto t = std::make_unique<CostTable>(build_table(s, ci->second, batch));
   return *tables_.emplace(k, std::move(t)).first->second;
 }
 

@@ -30,13 +30,13 @@ namespace baton::partitioner {
 // A device and its links. Defaults: one core of this project's CPU machines and shared
 // memory between processes (docs/partitioner.md says where each figure comes from).
 struct Machine {
-  double flops = 5e10;             // FLOP/s one device sustains on baton's kernels
+  double flops = 5e10;               // FLOP/s one device sustains on baton's kernels
   double memory_bandwidth = 1.6e10;  // bytes/s (the optimizer step streams its state)
-  double tp_bandwidth = 8e9;       // bytes/s per rank inside a tensor-parallel group
-  double tp_latency = 2e-6;        // s per collective step
-  double p2p_bandwidth = 8e9;      // bytes/s between pipeline ranks
-  double p2p_latency = 2e-6;       // s per message
-  double dp_bandwidth = 4e9;       // bytes/s per rank for data-parallel all-reduces
+  double tp_bandwidth = 8e9;         // bytes/s per rank inside a tensor-parallel group
+  double tp_latency = 2e-6;          // s per collective step
+  double p2p_bandwidth = 8e9;        // bytes/s between pipeline ranks
+  double p2p_latency = 2e-6;         // s per message
+  double dp_bandwidth = 4e9;         // bytes/s per rank for data-parallel all-reduces
   double dp_latency = 2e-6;
 };
 
@@ -60,7 +60,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path);
 
 // One layer at one degree and micro-batch size.
 struct LayerCost {
-  double f = 0, b = 0, w = 0;          // seconds
+  double f = 0, b = 0, w = 0;  // seconds
   double f_flops = 0, b_flops = 0, w_flops = 0;
   double tp_forward_bytes = 0, tp_backward_bytes = 0;  // payload of its collectives
   MicroBatchMemory mem, mem_recompute;
@@ -68,6 +68,7 @@ struct LayerCost {
 
 // Persistent bytes of a parameter (local shard) and the layers that use it.
 struct ParamUse {
+  int param = -1;
   int64_t bytes = 0;
   std::vector<int> layers;
 };
@@ -77,21 +78,29 @@ struct CostTable {
   int tp = 1;
   int64_t batch = 1;
   std::vector<LayerCost> layers;
-  std::vector<ParamUse> params;         // per logical parameter
-  std::vector<double> cut_bytes;        // per cut position 0..L: activation bytes crossing it
+  // Parameter bytes (one copy) per layer of the parameters only that layer uses, and the
+  // parameters several layers use (tied embeddings): stage sums in O(1 + shared).
+  std::vector<int64_t> own_param_bytes;
+  std::vector<ParamUse> shared_params;
+  std::vector<double> cut_bytes;  // per cut position 0..L: activation bytes crossing it
   // Per layer: bytes of the model inputs (token ids) it is the first to read. The data
   // loader's tensors are held through a stage's whole F, so a stage's forward peak
   // counts those of all its layers (composition below).
   std::vector<int64_t> input_bytes;
-  std::vector<bool> replicated_cut;     // from the sharding
+  std::vector<bool> replicated_cut;  // from the sharding
+  // Prefix sums over layers (size L + 1) of f, b, w and of own_param_bytes.
+  std::vector<double> pf, pb, pw;
+  std::vector<int64_t> pparams;
   double total_time(bool recompute) const;  // F + B + W of every layer
+  // Parameter bytes (one copy each) of the parameters layers [first, last) use.
+  int64_t param_bytes(int first, int last) const;
 };
 
 // The memory of a stage over layers [first, last) composed from the table's per-layer
 // figures (an upper bound of the exact walk: each layer is walked with its input and
 // incoming gradient held by a caller; tests/partitioner/test_memory.cpp compares them).
-StageMemory compose_stage_memory(const CostTable& t, int first, int last, const std::set<int>& recompute,
-                                 int optimizer_states);
+StageMemory compose_stage_memory(const CostTable& t, int first, int last,
+                                 const std::set<int>& recompute, int optimizer_states);
 
 class CostModel {
  public:
@@ -112,8 +121,24 @@ class CostModel {
   CostTable table_for(const Sharding& s, int64_t batch);
 
  private:
-  LayerCost layer_cost(const Sharding& s, int layer, int64_t batch);
-  std::string signature(const Sharding& s, int layer) const;
+  // Layers with one signature share one LayerCost per batch: class per layer and a
+  // representative layer per class.
+  struct Classes {
+    std::vector<int> of_layer;
+    std::vector<int> representative;
+    std::vector<std::string> key;
+    // What does not depend on the batch: parameter bytes, per-sample cut bytes and the
+    // model inputs each layer reads first (per-sample bytes).
+    std::vector<int64_t> own_param_bytes;
+    std::vector<ParamUse> shared_params;
+    std::vector<double> cut_bytes_per_sample;
+    std::vector<std::vector<int64_t>> inputs_per_sample;
+  };
+  Classes classify(const Sharding& s) const;
+  CostTable build_table(const Sharding& s, const Classes& classes, int64_t batch);
+  LayerCost layer_cost(const Sharding& s, int layer, const std::string& sig, int64_t batch);
+  void signature(const Sharding& s, int layer, std::vector<int64_t>& key) const;
+  std::string static_signature(int layer) const;
 
   std::shared_ptr<const stages::Graph> g_;
   Machine machine_;
@@ -121,6 +146,8 @@ class CostModel {
   std::string key(int tp, int64_t batch, const SplitOverrides& overrides) const;
   std::map<std::string, std::unique_ptr<CostTable>> tables_;
   std::map<std::string, std::unique_ptr<Sharding>> shardings_;
+  std::map<std::string, Classes> classes_;
+  std::vector<int> static_id_;  // per layer: its structure's id
   std::map<std::string, LayerCost> layer_cache_;
 };
 

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <tuple>
 
 #include "memory/error.h"
 
@@ -17,7 +19,8 @@ int64_t to_ticks(double seconds, double ticks_per_second) {
 
 PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
   L_ = int(c_.time.size());
-  BATON_CHECK(int(c_.mem.size()) == L_ && int(c_.own_bytes.size()) == L_, "per-layer costs of one length");
+  BATON_CHECK(int(c_.mem.size()) == L_ && int(c_.own_bytes.size()) == L_,
+              "per-layer costs of one length");
   if (c_.input_bytes.empty()) c_.input_bytes.assign(size_t(L_), 0);
   BATON_CHECK(int(c_.input_bytes.size()) == L_, "per-layer input bytes");
   pt_.assign(size_t(L_ + 1), 0);
@@ -35,7 +38,8 @@ PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
   auto a = std::vector<int64_t>(size_t(L_)), b = std::vector<int64_t>(size_t(L_));
   for (int l = 0; l < L_; ++l) {
     a[size_t(l)] = ps_[size_t(l)] + c_.mem[size_t(l)].forward_peak;
-    b[size_t(l)] = ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
+    b[size_t(l)] =
+        ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
   }
   for (auto* src : {&a, &b}) {
     std::vector<std::vector<int64_t>> st;
@@ -83,9 +87,60 @@ int PreparedCosts::time_reach(int i, int64_t bound, int limit) const {
   return int(it - pt_.begin()) - 1;
 }
 
+MemoryReach::MemoryReach(const PreparedCosts& c, int64_t capacity, std::vector<PeakTerm> terms)
+    : c_(c), capacity_(capacity), terms_(std::move(terms)), reach_(size_t(c.layers() + 1), -1) {}
+
+bool MemoryReach::fits(int i, int j) const {
+  return c_.memory(i, j, terms_) <= capacity_;
+}
+
+int MemoryReach::at(int i) const {
+  const int L = c_.layers();
+  if (i >= L) return L;
+  int& r = reach_[size_t(i)];
+  if (r >= 0) return r;
+  // [i, j) fits for j in (i, reach]; a later start reaches at least as far.
+  int lo = i;  // known to fit (the empty range)
+  if (i > 0 && reach_[size_t(i - 1)] > i) lo = reach_[size_t(i - 1)];
+  int step = 1;
+  while (lo + step <= L && fits(i, lo + step)) {
+    lo += step;
+    step *= 2;
+  }
+  int hi = std::min(lo + step, L + 1);  // does not fit (or beyond the end)
+  while (hi - lo > 1) {
+    int mid = lo + (hi - lo) / 2;
+    (fits(i, mid) ? lo : hi) = mid;
+  }
+  return r = lo;
+}
+
+std::shared_ptr<const MemoryReach> PreparedCosts::memory_reach(
+    int64_t capacity, const std::vector<PeakTerm>& terms) const {
+  std::vector<PeakTerm> sorted = terms;
+  std::sort(sorted.begin(), sorted.end(), [](const PeakTerm& x, const PeakTerm& y) {
+    return std::tie(x.kind, x.a, x.b) < std::tie(y.kind, y.a, y.b);
+  });
+  std::string key = std::to_string(capacity);
+  for (const PeakTerm& t : sorted)
+    key += "/" + std::to_string(t.kind) + "," + std::to_string(t.a) + "," + std::to_string(t.b);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reach_cache_.find(key);
+  if (it != reach_cache_.end()) return it->second;
+  auto reach = std::make_shared<const MemoryReach>(*this, capacity, std::move(sorted));
+  return reach_cache_.emplace(key, std::move(reach)).first->second;
+}
+
+int PreparedCosts::time_start(int j, int64_t bound) const {
+  // The first prefix sum >= pt[j] - bound, within [0, j].
+  auto it = std::lower_bound(pt_.begin(), pt_.begin() + j + 1, pt_[size_t(j)] - bound);
+  return int(it - pt_.begin());
+}
+
 // ---- the cut ----
 
-Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std::vector<bool> allowed)
+Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages,
+               std::vector<bool> allowed)
     : stages_(std::move(stages)), allowed_(std::move(allowed)) {
   for (LayerCosts& c : costs) costs_.push_back(std::make_shared<const PreparedCosts>(std::move(c)));
   BATON_CHECK(!costs_.empty() && !stages_.empty(), "a cut needs costs and stages");
@@ -94,8 +149,8 @@ Cutter::Cutter(std::vector<LayerCosts> costs, std::vector<CutStage> stages, std:
   BATON_CHECK(int(allowed_.size()) == L_ + 1, "one allowed flag per cut position");
 }
 
-Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vector<CutStage> stages,
-               std::vector<bool> allowed)
+Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs,
+               std::vector<CutStage> stages, std::vector<bool> allowed)
     : costs_(std::move(costs)), stages_(std::move(stages)), allowed_(std::move(allowed)) {
   BATON_CHECK(!costs_.empty() && !stages_.empty(), "a cut needs costs and stages");
   L_ = costs_[0]->layers();
@@ -104,9 +159,15 @@ Cutter::Cutter(std::vector<std::shared_ptr<const PreparedCosts>> costs, std::vec
   BATON_CHECK(int(allowed_.size()) == L_ + 1, "one allowed flag per cut position");
 }
 
-int64_t Cutter::time(int k, int i, int j) const { return of(k).time(i, j); }
-MicroBatchMemory Cutter::micro_batch(int k, int i, int j) const { return of(k).micro_batch(i, j); }
-int64_t Cutter::persistent(int k, int i, int j) const { return of(k).persistent(i, j); }
+int64_t Cutter::time(int k, int i, int j) const {
+  return of(k).time(i, j);
+}
+MicroBatchMemory Cutter::micro_batch(int k, int i, int j) const {
+  return of(k).micro_batch(i, j);
+}
+int64_t Cutter::persistent(int k, int i, int j) const {
+  return of(k).persistent(i, j);
+}
 
 int64_t Cutter::memory(int k, int i, int j) const {
   return persistent(k, i, j) + eval_peak(stages_[size_t(k)].terms, micro_batch(k, i, j));
@@ -150,51 +211,85 @@ bool Cutter::feasible_greedy(int64_t bound, std::vector<int>* bounds) const {
   return true;
 }
 
-bool Cutter::feasible(int64_t bound, const std::vector<std::vector<int>>& mem_reach,
-                      std::vector<int>* bounds) const {
+bool Cutter::feasible(int64_t bound, const Reach& mem_reach, std::vector<int>* bounds) const {
   const int K = stages();
-  thread_local std::vector<char> reach, next;
-  thread_local std::vector<int> pred_flat;
-  reach.assign(size_t(L_ + 1), 0);
-  next.assign(size_t(L_ + 1), 0);
+  // Windows: the position after k stages can only lie in [lo[k], hi[k]]. hi: the furthest
+  // the stages before can reach under the time bound alone; lo: the earliest the stages
+  // after must start to reach the end (a range that fits has sub-ranges that fit, so
+  // both are bounds for every feasible cut). Near the optimum the windows are narrow.
+  thread_local std::vector<int> lo, hi, pred_flat;
+  thread_local std::vector<uint32_t> mark[2];  // positions after an even / odd number of stages
+  thread_local uint32_t stamp = 0;
+  lo.assign(size_t(K + 1), 0);
+  hi.assign(size_t(K + 1), 0);
+  for (int k = 0; k < K; ++k) {
+    const int fixed = stages_[size_t(k)].fixed_layers, cap = L_ - (K - 1 - k);
+    hi[size_t(k + 1)] = fixed > 0 ? std::min(hi[size_t(k)] + fixed, cap)
+                                  : (k == K - 1 ? L_ : of(k).time_reach(hi[size_t(k)], bound, cap));
+  }
+  lo[size_t(K)] = L_;
+  for (int k = K - 1; k >= 0; --k) {
+    const int fixed = stages_[size_t(k)].fixed_layers;
+    int start = fixed > 0 ? lo[size_t(k + 1)] - fixed : of(k).time_start(lo[size_t(k + 1)], bound);
+    lo[size_t(k)] = std::max(start, k);
+  }
+  if (lo[0] > 0 || hi[size_t(K)] < L_) return false;
+  for (int k = 0; k <= K; ++k)
+    if (lo[size_t(k)] > hi[size_t(k)]) return false;
+
+  if (mark[0].size() != size_t(L_ + 1) || stamp > UINT32_MAX - uint32_t(K + 2)) {
+    mark[0].assign(size_t(L_ + 1), 0);
+    mark[1].assign(size_t(L_ + 1), 0);
+    stamp = 0;
+  }
+  // mark[k % 2][j] == base + k: position j is reachable after k stages.
+  const uint32_t base = stamp + 1;
+  stamp += uint32_t(K + 1);
   pred_flat.resize(size_t(K) * size_t(L_ + 1));
-  auto pred = [&](int k, int j) -> int& { return pred_flat[size_t(k) * size_t(L_ + 1) + size_t(j)]; };
-  reach[0] = 1;
+  auto pred = [&](int k, int j) -> int& {
+    return pred_flat[size_t(k) * size_t(L_ + 1) + size_t(j)];
+  };
+  auto reachable = [&](int k, int j) { return mark[k % 2][size_t(j)] == base + uint32_t(k); };
+  mark[0][0] = base;
   for (int k = 0; k < K; ++k) {
     const PreparedCosts& c = of(k);
     const int fixed = stages_[size_t(k)].fixed_layers;
-    const int max_end = L_ - (K - 1 - k);  // later stages need a layer each
-    std::fill(next.begin(), next.end(), 0);
+    const MemoryReach* mr = mem_reach[size_t(k)].get();
+    const int ilo = lo[size_t(k)], ihi = hi[size_t(k)], jlo = lo[size_t(k + 1)],
+              jhi = hi[size_t(k + 1)];
+    bool any = false;
+    auto set = [&](int j, int i) {
+      mark[(k + 1) % 2][size_t(j)] = base + uint32_t(k + 1);
+      pred(k, j) = i;
+      any = true;
+    };
     if (fixed > 0) {
-      for (int i = 0; i + fixed <= max_end; ++i) {
+      for (int i = ilo; i <= ihi; ++i) {
         int j = i + fixed;
-        if (!reach[size_t(i)] || (j < L_ && !allowed_[size_t(j)]) || (k == K - 1 && j != L_)) continue;
-        if (c.time(i, j) > bound || mem_reach[size_t(k)][size_t(i)] < j) continue;
-        next[size_t(j)] = 1;
-        pred(k, j) = i;
+        if (!reachable(k, i) || j < jlo || j > jhi) continue;
+        if ((j < L_ && !allowed_[size_t(j)]) || c.time(i, j) > bound || (mr && mr->at(i) < j))
+          continue;
+        set(j, i);
       }
     } else {
       // For each end j, the latest reachable start i* < j reaches furthest (the reach is
-      // monotone in the start: sub-ranges of a range that fits fit), so j is reachable
-      // iff i* reaches it.
-      int last = -1, treach = -1;
-      for (int j = 1; j <= max_end; ++j) {
-        if (reach[size_t(j - 1)]) {
-          last = j - 1;
+      // monotone in the start), so j is reachable iff i* reaches it.
+      int i = ilo, last = -1, treach = -1;
+      for (int j = std::max(jlo, ilo + 1); j <= jhi; ++j) {
+        for (; i < j && i <= ihi; ++i) {
+          if (!reachable(k, i)) continue;
+          last = i;
           treach = std::max(treach, last);
-          while (treach < L_ && c.time(last, treach + 1) <= bound) ++treach;
+          while (treach < jhi && c.time(last, treach + 1) <= bound) ++treach;
         }
-        if (last < 0) continue;
-        if (j > std::min(treach, mem_reach[size_t(k)][size_t(last)])) continue;
+        if (last < 0 || j > treach || (mr && j > mr->at(last))) continue;
         if (j < L_ && !allowed_[size_t(j)]) continue;
-        if (k == K - 1 && j != L_) continue;
-        next[size_t(j)] = 1;
-        pred(k, j) = last;
+        set(j, last);
       }
     }
-    reach.swap(next);
+    if (!any) return false;
   }
-  if (!reach[size_t(L_)]) return false;
+  if (!reachable(K, L_)) return false;
   if (bounds != nullptr) {
     bounds->assign(size_t(K + 1), 0);
     int j = L_;
@@ -206,7 +301,7 @@ bool Cutter::feasible(int64_t bound, const std::vector<std::vector<int>>& mem_re
   return true;
 }
 
-CutResult Cutter::solve() const {
+CutResult Cutter::solve(int64_t at_least) const {
   const int K = stages();
   CutResult r;
   if (K > L_) {
@@ -221,8 +316,8 @@ CutResult Cutter::solve() const {
       ++fixed_n;
     }
   if (fixed_n == K && fixed_sum != L_) {
-    r.reason = "the layer counts per stage add up to " + std::to_string(fixed_sum) + ", the model has " +
-               std::to_string(L_) + " layers";
+    r.reason = "the layer counts per stage add up to " + std::to_string(fixed_sum) +
+               ", the model has " + std::to_string(L_) + " layers";
     return r;
   }
   if (fixed_sum + (K - fixed_n) > L_) {
@@ -232,19 +327,12 @@ CutResult Cutter::solve() const {
   const bool greedy = simple();
   // Furthest end per stage and start under the memory capacity alone (two pointers: the
   // reach is monotone in the start). Independent of the time bound, so computed once.
-  std::vector<std::vector<int>> mem_reach;
-  if (!greedy) {
-    mem_reach.assign(size_t(K), std::vector<int>(size_t(L_ + 1), L_));
-    for (int k = 0; k < K; ++k) {
-      if (stages_[size_t(k)].capacity <= 0) continue;
-      int j = 0;
-      for (int i = 0; i < L_; ++i) {
-        j = std::max(j, i);
-        while (j < L_ && fits_memory(k, i, j + 1)) ++j;
-        mem_reach[size_t(k)][size_t(i)] = j;
-      }
-    }
-  }
+  Reach mem_reach(static_cast<size_t>(K));
+  if (!greedy)
+    for (int k = 0; k < K; ++k)
+      if (stages_[size_t(k)].capacity > 0)
+        mem_reach[size_t(k)] =
+            of(k).memory_reach(stages_[size_t(k)].capacity, stages_[size_t(k)].terms);
   auto test = [&](int64_t bound, std::vector<int>* b) {
     return greedy ? feasible_greedy(bound, b) : feasible(bound, mem_reach, b);
   };
@@ -254,7 +342,7 @@ CutResult Cutter::solve() const {
     for (int k = 0; k < K; ++k)
       if (stages_[size_t(k)].capacity > 0 && stages_[size_t(k)].fixed_layers == 0) {
         bool any = false;
-        for (int i = 0; i < L_ && !any; ++i) any = mem_reach[size_t(k)][size_t(i)] > i;
+        for (int i = 0; i < L_ && !any; ++i) any = mem_reach[size_t(k)]->at(i) > i;
         if (!any) r.reason += " (stage " + std::to_string(k) + " cannot hold even one layer)";
       }
     return r;
@@ -270,7 +358,23 @@ CutResult Cutter::solve() const {
       heaviest = std::max(heaviest, cheapest);
       total += cheapest;
     }
-    lo = std::min(hi - 1, std::max((total + K - 1) / K, heaviest) - 1);
+    lo = std::min(hi - 1, std::max({(total + K - 1) / K, heaviest, at_least}) - 1);
+  }
+  // With a known bound the optimum is usually just above it: gallop up from it (the
+  // windows of the feasibility test stay narrow near the optimum), then bisect.
+  if (at_least >= 0) {
+    int64_t step = std::max<int64_t>(1, (lo + 1) >> 12);
+    while (lo + 1 < hi) {
+      int64_t probe = std::min(hi - 1, lo + step);
+      std::vector<int> b;
+      if (test(probe, &b)) {
+        hi = bottleneck(b);
+        bounds = std::move(b);
+        break;
+      }
+      lo = probe;
+      step *= 2;
+    }
   }
   // Every candidate lies in (lo, hi]: infeasible at lo, achieved at hi.
   while (hi - lo > 1) {

@@ -23,11 +23,11 @@ struct ResolvedPlan {
   Plan plan;
   std::shared_ptr<const stages::Graph> graph;  // logical
   Layout layout;
-  schedule::Schedule schedule;        // compute-only, from the generator
+  schedule::Schedule schedule;               // compute-only, from the generator
   std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
-  std::vector<int> chunk_of_stage;    // schedule stage -> model chunk
-  std::vector<int> layer_tp;          // degree per layer
-  std::vector<std::set<int>> recompute;  // per chunk, layer indices
+  std::vector<int> chunk_of_stage;           // schedule stage -> model chunk
+  std::vector<int> layer_tp;                 // degree per layer
+  std::vector<std::set<int>> recompute;      // per chunk, layer indices
   Sharding sharding;
 
   int num_chunks() const { return int(chunk_first.size()); }
@@ -44,23 +44,23 @@ ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph>
 struct RankEstimate {
   int rank = 0;
   RankCoord coord;
-  std::vector<int> stages;           // schedule stages it runs
-  std::string layers;                // "h.0 .. h.3" (and further chunks)
-  int64_t parameters = 0;            // elements of its parameter shards
+  std::vector<int> stages;  // schedule stages it runs
+  std::string layers;       // "h.0 .. h.3" (and further chunks)
+  int64_t parameters = 0;   // elements of its parameter shards
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-  int64_t activation_peak = 0;       // stashes in flight + the running action at the peak
-  int64_t peak = 0;                  // persistent + activation_peak
-  double compute_time = 0;           // its F + B + W per step, seconds
-  double busy_fraction = 0;          // compute_time / step time
+  int64_t activation_peak = 0;  // stashes in flight + the running action at the peak
+  int64_t peak = 0;             // persistent + activation_peak
+  double compute_time = 0;      // its F + B + W per step, seconds
+  double busy_fraction = 0;     // compute_time / step time
 };
 
 struct PlanEstimate {
-  std::vector<RankEstimate> ranks;   // every rank (replicas repeat the first replica's figures)
-  double step_time = 0;              // simulated, seconds
-  double bubble = 0;                 // mean idle share of the pipeline ranks
+  std::vector<RankEstimate> ranks;  // every rank (replicas repeat the first replica's figures)
+  double step_time = 0;             // simulated, seconds
+  double bubble = 0;                // mean idle share of the pipeline ranks
   double tokens_per_second = 0;
   int64_t tokens_per_step = 0;
-  std::vector<std::string> problems; // ranks over their capacity: which, by how much
+  std::vector<std::string> problems;  // ranks over their capacity: which, by how much
   bool fits() const { return problems.empty(); }
   int64_t max_peak() const;
 };
@@ -71,7 +71,8 @@ struct EvaluateOptions {
   bool exact_memory = true;
 };
 
-PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model, const EvaluateOptions& options = {});
+PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
+                           const EvaluateOptions& options = {});
 
 // The physical graph of a rank: its pipeline rank's layers built for its tensor-parallel
 // index (and other layers for that index modulo their degree, so tied parameters and cut
@@ -81,7 +82,9 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank);
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
 
-// The schedule costs of a plan (what the simulator runs on), from a cost table.
-schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m);
+// The schedule costs of a plan (what the simulator runs on), from a cost table; the
+// activation bytes from `stage_memory` (per schedule stage) when given.
+schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m,
+                               const std::vector<StageMemory>& stage_mem = {});
 
 }  // namespace baton::partitioner

@@ -16,8 +16,8 @@
 namespace baton::partitioner {
 
 struct RankStage {
-  int stage = 0;           // schedule stage (the executor's stage index)
-  int chunk = 0;           // model chunk
+  int stage = 0;  // schedule stage (the executor's stage index)
+  int chunk = 0;  // model chunk
   int first_layer = 0, last_layer = 0;
   std::set<int> recompute;  // layers recomputed
 };
@@ -26,9 +26,9 @@ struct RankView {
   int rank = 0;
   RankCoord coord;
   int tp_degree = 1;
-  std::vector<RankStage> stages;  // ascending schedule stage
-  std::vector<int> tp_group;      // in tp order (its index in the group = coord.tp)
-  std::vector<int> dp_group;      // in dp order
+  std::vector<RankStage> stages;    // ascending schedule stage
+  std::vector<int> tp_group;        // in tp order (its index in the group = coord.tp)
+  std::vector<int> dp_group;        // in dp order
   std::vector<int> pipeline_peers;  // ranks it sends activations to or receives them from
 };
 
@@ -41,9 +41,9 @@ RankView rank_view(const ResolvedPlan& r, int rank);
 // (local_stages) adds those first. Tensor-parallel peers never appear: a replicated
 // parameter's gradient is already the same on each of them, a split one is another block.
 struct GradientGroup {
-  int param = -1;          // logical parameter id
+  int param = -1;  // logical parameter id
   std::string name;
-  std::vector<int> ranks;  // including the rank itself
+  std::vector<int> ranks;         // including the rank itself
   std::vector<int> local_stages;  // schedule stages of this rank that hold it
 };
 std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank);

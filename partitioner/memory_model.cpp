@@ -6,6 +6,7 @@
 
 #include "memory/allocator.h"
 #include "memory/error.h"
+#include "stages/stash_plan.h"
 
 namespace baton::partitioner {
 
@@ -112,48 +113,29 @@ class Walker {
   int64_t dsize() const { return int64_t(memory::dtype_size(g_.float_dtype)); }
   bool is_out(int v) const { return out_set_.count(v) > 0; }
 
-  // ---- what Stage's constructor works out ----
+  // ---- what Stage's constructor works out: the same StashPlan it runs by ----
   void setup() {
-    const size_t nv = g_.values.size();
-    kept_.assign(nv, false);
-    needs_grad_.assign(nv, false);
-    last_use_.assign(nv, -1);
-    users_.assign(nv, {});
-    recompute_node_.assign(g_.nodes.size(), false);
+    stages::StashPlan plan = stages::plan_stash(g_, w_.first, w_.last, w_.recompute);
+    nodes_ = std::move(plan.nodes);
+    kept_ = std::move(plan.kept);
+    recompute_node_ = std::move(plan.recompute_node);
+    last_use_ = std::move(plan.last_forward_use);
+    users_ = std::move(plan.backward_users);
+    // Gradients: a walk may name its own boundary (a one-layer graph whose entering
+    // values are model inputs), so they follow the walk's boundary, as the Stage's do
+    // the cut's.
     std::vector<bool> in_stage(g_.nodes.size(), false);
-    for (int l = w_.first; l < w_.last; ++l)
-      for (int n : g_.layers[size_t(l)].nodes) {
-        nodes_.push_back(n);
-        in_stage[size_t(n)] = true;
-      }
-    for (int v : w_.boundary_out) out_set_.insert(v);
+    for (int n : nodes_) in_stage[size_t(n)] = true;
     std::set<int> in_set(w_.boundary_in.begin(), w_.boundary_in.end());
-    for (int n : nodes_) {
-      const Node& node = g_.nodes[size_t(n)];
-      bool rc = w_.recompute.count(node.layer) > 0;
-      recompute_node_[size_t(n)] = rc;
-      const stages::Op& op = *node.impl;
-      for (size_t i = 0; i < node.inputs.size(); ++i) {
-        int v = node.inputs[i];
-        last_use_[size_t(v)] = n;
-        if (op.saves_input(i)) users_[size_t(v)].push_back(n);
-        if (op.saves_input(i) && !rc) kept_[size_t(v)] = true;
-        int prod = g_.values[size_t(v)].producer;
-        if (rc && (prod < 0 || g_.nodes[size_t(prod)].layer != node.layer)) kept_[size_t(v)] = true;
-      }
-      for (size_t j = 0; j < node.outputs.size(); ++j)
-        if (op.saves_output(j)) {
-          users_[size_t(node.outputs[j])].push_back(n);
-          if (!rc) kept_[size_t(node.outputs[j])] = true;
-        }
-    }
-    for (size_t v = 0; v < nv; ++v) {
+    needs_grad_.assign(g_.values.size(), false);
+    for (size_t v = 0; v < g_.values.size(); ++v) {
       const stages::Value& val = g_.values[v];
       bool floating = memory::is_floating(val.type.dtype) && val.type.batched;
       bool here = !val.is_input() && in_stage[size_t(val.producer)];
       needs_grad_[v] = floating && (here || in_set.count(int(v)) > 0);
     }
-    values_.assign(nv, -1);
+    for (int v : w_.boundary_out) out_set_.insert(v);
+    values_.assign(g_.values.size(), -1);
     saved_.assign(g_.nodes.size(), {});
   }
 
@@ -177,11 +159,17 @@ class Walker {
       int64_t t = g_.values[size_t(node.inputs[0])].type.shape[0];
       saved.push_back(heap_.alloc(w_.batch * heads * t * dsize()));
     } else if (op == "dropout") {
-      if (attr_p(node) > 0) fresh(); else alias(0);
+      if (attr_p(node) > 0)
+        fresh();
+      else
+        alias(0);
     } else if (op == "reshape" || op == "tp_copy") {
       alias(0);
     } else if (op == "tp_reduce" || op == "bias_add") {
-      if (may(0)) alias(0); else fresh();
+      if (may(0))
+        alias(0);
+      else
+        fresh();
     } else if (op == "tp_gather") {
       int parts = heap_.alloc(bytes(out));
       fresh();
@@ -207,7 +195,8 @@ class Walker {
       for (int& t : tmp) heap_.unref(t);
     } else {
       // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
-      for (size_t j = 0; j < node.outputs.size(); ++j) outs.push_back(heap_.alloc(bytes(node.outputs[j])));
+      for (size_t j = 0; j < node.outputs.size(); ++j)
+        outs.push_back(heap_.alloc(bytes(node.outputs[j])));
     }
   }
 
@@ -217,7 +206,8 @@ class Walker {
     std::vector<int> ins;
     for (int v : node.inputs) ins.push_back(ins_h.add(values_[size_t(v)]));
     for (int v : node.inputs)
-      if (last_use_[size_t(v)] == n && !kept_[size_t(v)] && !is_out(v)) heap_.unref(values_[size_t(v)]);
+      if (last_use_[size_t(v)] == n && !kept_[size_t(v)] && !is_out(v))
+        heap_.unref(values_[size_t(v)]);
     uint32_t overwritable = 0;
     for (size_t i = 0; i < ins.size() && i < 32; ++i)
       if (ins[i] >= 0 && heap_.refs(ins[i]) == 1) overwritable |= 1u << i;
@@ -227,7 +217,8 @@ class Walker {
       int v = node.outputs[j];
       heap_.unref(values_[size_t(v)]);
       values_[size_t(v)] = outs[j];
-      if (last_use_[size_t(v)] < 0 && !is_out(v) && !kept_[size_t(v)]) heap_.unref(values_[size_t(v)]);
+      if (last_use_[size_t(v)] < 0 && !is_out(v) && !kept_[size_t(v)])
+        heap_.unref(values_[size_t(v)]);
     }
     if (!recompute_node_[size_t(n)]) {
       saved_[size_t(n)] = saved;
@@ -298,8 +289,8 @@ class Walker {
     if (op == "add") {
       for (size_t i = 0; i < 2; ++i)
         if (needed(i)) give(node.inputs[i], gouts[0]);
-    } else if (op == "reshape" || op == "position_embedding" || op == "tp_reduce" || op == "bias_add" ||
-               (op == "dropout" && attr_p(node) == 0)) {
+    } else if (op == "reshape" || op == "position_embedding" || op == "tp_reduce" ||
+               op == "bias_add" || (op == "dropout" && attr_p(node) == 0)) {
       if (needed(0)) give(node.inputs[0], gouts[0]);
     } else if (op == "tp_copy" || op == "tp_gather") {
       if (needed(0)) {
@@ -390,7 +381,8 @@ class Walker {
     std::vector<int> result;
     for (int v : w_.boundary_in) {
       if (!needs_grad_[size_t(v)]) continue;
-      result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id) : heap_.alloc(bytes(v)));
+      result.push_back(grads_[size_t(v)].id >= 0 ? heap_.ref(grads_[size_t(v)].id)
+                                                 : heap_.alloc(bytes(v)));
     }
     int64_t before_clear = heap_.live();
     for (int& id : values_) heap_.unref(id);
@@ -446,9 +438,12 @@ WalkSpec stage_walk_spec(const Graph& g, int first, int last, const std::set<int
   return w;
 }
 
-MicroBatchMemory walk_micro_batch(const WalkSpec& spec) { return Walker(spec).run(); }
+MicroBatchMemory walk_micro_batch(const WalkSpec& spec) {
+  return Walker(spec).run();
+}
 
-void persistent_memory(const Graph& g, int first, int last, int optimizer_states, StageMemory& out) {
+void persistent_memory(const Graph& g, int first, int last, int optimizer_states,
+                       StageMemory& out) {
   out.params = out.grads = out.optimizer = 0;
   for (int id : g.params_used(first, last)) {
     const stages::Param& p = g.params[size_t(id)];
@@ -551,7 +546,9 @@ std::vector<PeakTerm> terms_of(const schedule::Schedule& s, int rank, int only_s
 
 }  // namespace
 
-std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) { return terms_of(s, rank, -1); }
+std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank) {
+  return terms_of(s, rank, -1);
+}
 
 std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank, int stage) {
   return terms_of(s, rank, stage);

@@ -51,16 +51,16 @@ struct WalkSpec {
   int64_t batch = 1;              // samples per micro-batch
 };
 // The spec of a Stage over layers [first, last) of g.
-WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last, const std::set<int>& recompute,
-                         int64_t batch);
+WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
+                         const std::set<int>& recompute, int64_t batch);
 
 MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
 // Parameters, gradients and optimizer state (`optimizer_states` tensors per parameter)
 // of a Stage over [first, last).
 void persistent_memory(const stages::Graph& g, int first, int last, int optimizer_states,
                        StageMemory& out);
-StageMemory stage_memory(const stages::Graph& g, int first, int last, const std::set<int>& recompute,
-                         int64_t batch, int optimizer_states);
+StageMemory stage_memory(const stages::Graph& g, int first, int last,
+                         const std::set<int>& recompute, int64_t batch, int optimizer_states);
 
 // ---- a rank over a schedule ----
 

@@ -17,20 +17,26 @@ namespace fs = std::filesystem;
 
 std::string_view split_name(SplitKind k) {
   switch (k) {
-    case SplitKind::none: return "none";
-    case SplitKind::column: return "column";
-    case SplitKind::row: return "row";
-    case SplitKind::vocab: return "vocab";
-    case SplitKind::heads: return "heads";
+    case SplitKind::none:
+      return "none";
+    case SplitKind::column:
+      return "column";
+    case SplitKind::row:
+      return "row";
+    case SplitKind::vocab:
+      return "vocab";
+    case SplitKind::heads:
+      return "heads";
   }
   return "?";
 }
 
 SplitKind parse_split(std::string_view name, const std::string& where) {
-  for (SplitKind k : {SplitKind::none, SplitKind::column, SplitKind::row, SplitKind::vocab,
-                      SplitKind::heads})
+  for (SplitKind k :
+       {SplitKind::none, SplitKind::column, SplitKind::row, SplitKind::vocab, SplitKind::heads})
     if (split_name(k) == name) return k;
-  throw InputError(where + ": expected \"none\", \"column\", \"row\", \"vocab\" or \"heads\", found \"" +
+  throw InputError(where +
+                   ": expected \"none\", \"column\", \"row\", \"vocab\" or \"heads\", found \"" +
                    std::string(name) + "\"");
 }
 
@@ -40,10 +46,33 @@ bool Plan::uniform_tp() const {
   return true;
 }
 
-int Plan::replica_size() const { return std::accumulate(tp.begin(), tp.end(), 0); }
+int Plan::replica_size() const {
+  return std::accumulate(tp.begin(), tp.end(), 0);
+}
 
 std::string Plan::where(const std::string& json_path) const {
   return (source.empty() ? std::string("plan") : source) + ": " + json_path;
+}
+
+std::string_view boundary_pattern(int t, int u) {
+  return t == u ? "one-to-one" : t < u ? "broadcast" : "gather";
+}
+
+json derive_boundaries(const Plan& p) {
+  json out = json::array();
+  for (size_t k = 0; k + 1 < p.stages.size(); ++k) {
+    if (p.stages[k].pipeline_ranks.empty() || p.stages[k + 1].pipeline_ranks.empty()) return json();
+    int a = p.stages[k].pipeline_ranks.front(), b = p.stages[k + 1].pipeline_ranks.front();
+    int t = p.tp[size_t(a)], u = p.tp[size_t(b)];
+    out.push_back(
+        {{"after_stage", k},
+         {"from_pipeline_rank", a},
+         {"to_pipeline_rank", b},
+         {"from_tp", t},
+         {"to_tp", u},
+         {"pattern", a == b ? std::string("in-memory") : std::string(boundary_pattern(t, u))}});
+  }
+  return out;
 }
 
 int optimizer_states(const std::string& optimizer) {
@@ -134,7 +163,8 @@ void check_ranks_table(const Plan& p, const JsonReader& r) {
             pp = e.at("pp").as_int(0, kMaxCount), tp = e.at("tp").as_int(0, kMaxCount);
     if (rank != int64_t(i) || dp != c.dp || pp != c.pp || tp != c.tp)
       e.fail("{rank " + std::to_string(i) + ", dp " + std::to_string(c.dp) + ", pp " +
-                 std::to_string(c.pp) + ", tp " + std::to_string(c.tp) + "} (" + layout.rule() + ")",
+                 std::to_string(c.pp) + ", tp " + std::to_string(c.tp) + "} (" + layout.rule() +
+                 ")",
              "{rank " + std::to_string(rank) + ", dp " + std::to_string(dp) + ", pp " +
                  std::to_string(pp) + ", tp " + std::to_string(tp) + "}");
   }
@@ -150,34 +180,39 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "stages", "splits", "ranks", "predicted"});
+                 "optimizer", "stages", "splits", "ranks", "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
   if (version.as_int() != Plan::kVersion)
-    version.fail("version " + std::to_string(Plan::kVersion) + " (the only plan version baton reads)",
-                 std::to_string(version.as_int()));
+    version.fail(
+        "version " + std::to_string(Plan::kVersion) + " (the only plan version baton reads)",
+        std::to_string(version.as_int()));
 
   JsonReader model = r.at("model");
   if (model.is_string()) {
     p.model_path = model.as_string();
     if (p.model_path.empty()) model.fail("a model file path or an embedded model object", "\"\"");
     fs::path mp(p.model_path);
-    p.model_path_resolved = mp.is_absolute() ? mp.string() : (fs::path(base_dir) / mp).lexically_normal().string();
+    p.model_path_resolved =
+        mp.is_absolute() ? mp.string() : (fs::path(base_dir) / mp).lexically_normal().string();
   } else if (model.is_object()) {
     p.model_json = model.raw();
   } else {
-    model.fail("a model file path (string) or an embedded model JSON (object)", stages::json_brief(model.raw()));
+    model.fail("a model file path (string) or an embedded model JSON (object)",
+               stages::json_brief(model.raw()));
   }
 
-  if (auto par = r.get("parallel")) parse_parallel(p, *par);
-  else p.tp.assign(1, 1);
+  if (auto par = r.get("parallel"))
+    parse_parallel(p, *par);
+  else
+    p.tp.assign(1, 1);
   JsonReader devices = r.at("devices");
   p.devices = int(devices.as_int(1, kMaxCount));
   if (p.devices != p.dp * p.replica_size())
     devices.fail("dp x (sum of tp over the pipeline ranks) = " + std::to_string(p.dp) + " x " +
-                     std::to_string(p.replica_size()) + " = " + std::to_string(p.dp * p.replica_size()) +
-                     " devices",
+                     std::to_string(p.replica_size()) + " = " +
+                     std::to_string(p.dp * p.replica_size()) + " devices",
                  std::to_string(p.devices));
   if (auto m = r.get("device_memory")) p.device_memory = parse_memory(*m);
 
@@ -193,8 +228,8 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     int64_t expect = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
     p.global_batch = b->get_int("global", expect, 1, INT64_MAX);
     if (p.global_batch != expect)
-      b->at("global").fail("dp x micro_batches x micro_batch_size = " + std::to_string(p.dp) + " x " +
-                               std::to_string(p.micro_batches) + " x " +
+      b->at("global").fail("dp x micro_batches x micro_batch_size = " + std::to_string(p.dp) +
+                               " x " + std::to_string(p.micro_batches) + " x " +
                                std::to_string(p.micro_batch_size) + " = " + std::to_string(expect),
                            std::to_string(p.global_batch));
   } else {
@@ -225,6 +260,14 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     }
   }
   if (auto ranks = r.get("ranks")) check_ranks_table(p, *ranks);
+  if (auto b = r.get("boundaries")) {
+    b->expect_array();
+    for (const stages::JsonReader& e : b->items())
+      e.expect_only(
+          {"after_stage", "from_pipeline_rank", "to_pipeline_rank", "from_tp", "to_tp", "pattern"});
+    p.boundaries = b->raw();
+    p.boundaries_path = b->where();
+  }
   if (auto pr = r.get("predicted")) {
     pr->expect_only({"step_time_s", "bubble", "memory_bytes", "time_model", "tokens_per_s"});
     p.predicted = pr->raw();
@@ -292,6 +335,8 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
   }
   j["ranks"] = ranks;
+  json boundaries = derive_boundaries(p);
+  if (!boundaries.is_null()) j["boundaries"] = boundaries;
   if (!p.predicted.is_null()) j["predicted"] = p.predicted;
   return j;
 }

@@ -9,11 +9,10 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace baton::partitioner {
 
@@ -49,31 +48,42 @@ struct Plan {
 
   std::string source;  // the file it was read from ("" when built in memory)
   // The model: a path (resolved against the plan file's folder) or an embedded model JSON.
-  std::string model_path;          // as written
-  std::string model_path_resolved; // what to open
-  nlohmann::json model_json;       // embedded model (null when a path is given)
+  std::string model_path;           // as written
+  std::string model_path_resolved;  // what to open
+  nlohmann::json model_json;        // embedded model (null when a path is given)
 
   int devices = 0;
   int64_t device_memory = 0;  // bytes per device; 0: unlimited
   int dp = 1, pp = 1;
-  std::vector<int> tp;        // tensor-parallel degree per pipeline rank (size pp)
+  std::vector<int> tp;  // tensor-parallel degree per pipeline rank (size pp)
 
-  std::string schedule = "1f1b";  // a generator name (schedule/generators.h)
-  int micro_batches = 1;          // per step and data-parallel replica
-  int chunks = 0;                 // stages per pipeline rank (v); 0: the schedule's own
-  int64_t micro_batch_size = 1;   // samples per micro-batch
-  int64_t global_batch = 0;       // dp * micro_batches * micro_batch_size
+  std::string schedule = "1f1b";    // a generator name (schedule/generators.h)
+  int micro_batches = 1;            // per step and data-parallel replica
+  int chunks = 0;                   // stages per pipeline rank (v); 0: the schedule's own
+  int64_t micro_batch_size = 1;     // samples per micro-batch
+  int64_t global_batch = 0;         // dp * micro_batches * micro_batch_size
   std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
 
-  std::vector<PlanStage> stages;            // model chunks in model order
-  std::map<std::string, SplitKind> splits;  // node name -> override
+  std::vector<PlanStage> stages;                   // model chunks in model order
+  std::map<std::string, SplitKind> splits;         // node name -> override
   std::map<std::string, std::string> split_paths;  // node name -> JSON path (messages)
   nlohmann::json predicted;  // what `baton plan` predicted (informational; may be null)
+  // How activations cross each pipeline boundary, as written (null when absent); derived
+  // from the degrees and the placement, checked by resolve_plan when present.
+  nlohmann::json boundaries;
+  std::string boundaries_path;
 
   bool uniform_tp() const;
   int replica_size() const;  // ranks per data-parallel replica: the sum of tp
   std::string where(const std::string& json_path) const;  // "plan.json: $.x"
 };
+
+// How replicated activations cross a boundary from t sender ranks to u receivers
+// (partitioner/routing.h): "one-to-one", "broadcast" (t < u) or "gather" (t > u).
+std::string_view boundary_pattern(int t, int u);
+// The boundaries of a plan whose stages have their pipeline ranks filled in: one entry
+// per pair of consecutive model chunks (direction 0 of a bidirectional schedule).
+nlohmann::json derive_boundaries(const Plan& p);
 
 // Optimizer state tensors per parameter.
 int optimizer_states(const std::string& optimizer);

@@ -31,7 +31,8 @@ double median(std::vector<double> v) {
 std::string signature(const Graph& g, const Node& n) {
   std::string s = n.op + n.attrs.dump();
   for (int v : n.inputs) s += "<" + stages::type_str(g.values[size_t(v)].type);
-  for (int p : n.params) s += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
+  for (int p : n.params)
+    s += p < 0 ? std::string("p-") : "p" + memory::shape_str(g.params[size_t(p)].shape);
   return s;
 }
 
@@ -61,7 +62,8 @@ struct Times {
 };
 
 // One F, B and W of a node on random inputs, each timed.
-void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times& times, bool record) {
+void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times& times,
+              bool record) {
   const stages::Op& op = *n.impl;
   stages::OpContext ctx;
   ctx.mb.samples = batch;
@@ -69,7 +71,8 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times
   ctx.mb.loss_tokens = 1;
   ctx.training = true;
   std::vector<Tensor> ins, params, outs(n.outputs.size()), saved;
-  for (int v : n.inputs) ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++));
+  for (int v : n.inputs)
+    ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++));
   for (int p : n.params) {
     if (p < 0) {
       params.emplace_back();
@@ -88,7 +91,8 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times
   std::vector<Tensor> gouts;
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     const stages::ValueType& t = g.values[size_t(n.outputs[j])].type;
-    gouts.push_back(t.batched && memory::is_floating(t.dtype) ? random_tensor(t, batch, 1, seed++) : Tensor());
+    gouts.push_back(t.batched && memory::is_floating(t.dtype) ? random_tensor(t, batch, 1, seed++)
+                                                              : Tensor());
   }
   std::vector<stages::GradSlot::Entry> entries(n.inputs.size());
   std::vector<stages::GradSlot> slots(n.inputs.size());
@@ -123,8 +127,10 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times
 }  // namespace
 
 MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
-  if (o.batch < 1) throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
-  if (o.repeats < 1) throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
+  if (o.batch < 1)
+    throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
+  if (o.repeats < 1)
+    throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
   auto start = Clock::now();
   int previous_threads = kernels::num_threads();
   if (o.threads > 0) kernels::set_num_threads(o.threads);

@@ -12,15 +12,15 @@
 namespace baton::partitioner {
 
 struct ProfileOptions {
-  int64_t batch = 1;   // samples per micro-batch
-  int threads = 1;     // kernel threads while timing
-  int warmup = 2;      // untimed runs per op
-  int repeats = 5;     // timed runs per op; the median is kept
+  int64_t batch = 1;  // samples per micro-batch
+  int threads = 1;    // kernel threads while timing
+  int warmup = 2;     // untimed runs per op
+  int repeats = 5;    // timed runs per op; the median is kept
 };
 
 struct ProfileSummary {
-  int distinct_ops = 0;   // ops actually timed
-  double seconds = 0;     // time profiling took
+  int distinct_ops = 0;  // ops actually timed
+  double seconds = 0;    // time profiling took
 };
 
 MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& options,

@@ -22,7 +22,8 @@ std::vector<Route> replicated_routes(int a, int b) {
     for (int j = 0; j < b; ++j) {
       std::vector<int> from;
       for (int i = j; i < a; i += b) from.push_back(i);
-      for (size_t k = 0; k < from.size(); ++k) out.push_back({from[k], j, int(k), int(from.size())});
+      for (size_t k = 0; k < from.size(); ++k)
+        out.push_back({from[k], j, int(k), int(from.size())});
     }
   }
   return out;

@@ -29,9 +29,9 @@ struct Transfer {
   enum class Phase { activation, gradient };  // forward values, or their gradients backward
   Kind kind = Kind::send;
   Phase phase = Phase::activation;
-  int peer = -1;       // global rank
-  std::string value;   // the value's name (the same in both physical graphs)
-  int part = 0;        // part `part` of `parts` equal parts of the flattened tensor
+  int peer = -1;      // global rank
+  std::string value;  // the value's name (the same in both physical graphs)
+  int part = 0;       // part `part` of `parts` equal parts of the flattened tensor
   int parts = 1;
 };
 

@@ -1,5 +1,7 @@
 #include "partitioner/search.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,9 +28,9 @@ std::string Candidate::describe() const {
   bool rc = false;
   for (const PlanStage& s : plan.stages) rc = rc || s.recompute_all;
   char b[256];
-  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(), plan.pp,
-                plan.dp, plan.schedule.c_str(), plan.micro_batches, (long long)plan.micro_batch_size,
-                rc ? "on" : "off");
+  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(),
+                plan.pp, plan.dp, plan.schedule.c_str(), plan.micro_batches,
+                (long long)plan.micro_batch_size, rc ? "on" : "off");
   return b;
 }
 
@@ -44,12 +46,9 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
     c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
   }
   c.input_bytes = t.input_bytes;
-  for (const ParamUse& u : t.params) {
-    if (u.layers.size() == 1)
-      c.own_bytes[size_t(u.layers[0])] += u.bytes * (2 + optimizer_states);
-    else if (!u.layers.empty())
-      c.shared.push_back({u.bytes, u.layers});
-  }
+  for (size_t l = 0; l < t.layers.size(); ++l)
+    c.own_bytes[l] = t.own_param_bytes[l] * (2 + optimizer_states);
+  for (const ParamUse& u : t.shared_params) c.shared.push_back({u.bytes, u.layers});
   return c;
 }
 
@@ -69,7 +68,8 @@ class Search {
 
   SearchResult run() {
     auto t0 = std::chrono::steady_clock::now();
-    if (o_.global_batch <= 0) throw InputError("--batch: expected a global batch of at least 1 sample");
+    if (o_.global_batch <= 0)
+      throw InputError("--batch: expected a global batch of at least 1 sample");
     std::vector<std::string> names = o_.schedules;
     if (names.empty()) names = schedule::schedule_names();
     for (auto& n : names) n = schedule::canonical_schedule_name(n);
@@ -101,17 +101,40 @@ class Search {
             if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
             for (int rc : {0, 1}) {
               if (o_.recompute >= 0 && rc != o_.recompute) continue;
-              candidate(tp, pp, dp, m, b, name, rc == 1);
+              enumerate(tp, pp, dp, m, b, name, rc == 1);
             }
           }
         }
       }
     }
+    // Cheapest lower bound first; stop once it passes the keep-th best step time found.
+    std::stable_sort(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) {
+      return a.lower_bound < b.lower_bound;
+    });
+    const size_t keep = size_t(std::max(1, o_.keep));
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (fitting_.size() >= keep) {
+        std::vector<double> times;
+        for (const Candidate& f : fitting_) times.push_back(f.step_time);
+        std::nth_element(times.begin(), times.begin() + long(keep - 1), times.end());
+        if (pending_[i].lower_bound >= times[keep - 1]) {
+          // Sorted by the bound: none of the rest can enter the list either.
+          result_.pruned = int(pending_.size() - i);
+          break;
+        }
+      }
+      evaluate(pending_[i]);
+    }
     std::sort(fitting_.begin(), fitting_.end(),
               [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; });
-    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i) result_.ranked.push_back(fitting_[i]);
+    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i)
+      result_.ranked.push_back(fitting_[i]);
     if (fitting_.empty() && closest_) result_.closest = closest_;
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::debug(
+        "search: {:.3f} s; cost tables {:.3f} s, time cuts {:.3f} s, {} memory cuts {:.3f} s, "
+        "memory and simulation {:.3f} s",
+        result_.seconds, phase_[0], phase_[1], memory_cuts_, phase_[2], phase_[3]);
     return result_;
   }
 
@@ -124,13 +147,16 @@ class Search {
     try {
       s = std::make_unique<schedule::Schedule>(schedule::generate(name, pp, m));
     } catch (const InputError& e) {
-      if (!noted_.count(key)) result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " + std::to_string(m) + " micro-batches: " + e.what());
+      if (!noted_.count(key))
+        result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " +
+                                  std::to_string(m) + " micro-batches: " + e.what());
       noted_.insert(key);
     }
     return schedules_.emplace(key, std::move(s)).first->second.get();
   }
 
-  schedule::Simulator& simulator_for(const std::string& name, int pp, int m, const schedule::Schedule& s) {
+  schedule::Simulator& simulator_for(const std::string& name, int pp, int m,
+                                     const schedule::Schedule& s) {
     std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
     auto it = sims_.find(key);
     if (it != sims_.end()) return *it->second;
@@ -151,18 +177,72 @@ class Search {
     return p;
   }
 
-  void candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc) {
+  struct Pending {
+    int tp, pp, dp, m;
+    int64_t b;
+    std::string name;
+    bool rc;
+    double lower_bound;
+  };
+
+  // The time-optimal cut (shared by every schedule with K stages at the same degree,
+  // micro-batch size and recompute choice): a bound for the candidate and the cut itself
+  // when it fits the memory.
+  const CutResult& time_cut(int tp, int64_t b, bool rc, int K,
+                            const std::shared_ptr<const PreparedCosts>& costs) {
+    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
+                      "/" + std::to_string(K);
+    auto it = time_cuts_.find(key);
+    if (it != time_cuts_.end()) return it->second;
+    std::vector<CutStage> st(static_cast<size_t>(K));
+    for (int k = 0; k < K && !o_.layers_per_stage.empty(); ++k)
+      st[size_t(k)].fixed_layers = o_.layers_per_stage[size_t(k)];
+    return time_cuts_.emplace(key, Cutter({costs}, st).solve()).first->second;
+  }
+
+  void enumerate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc) {
     const schedule::Schedule* s = schedule_for(name, pp, m);
     if (s == nullptr) return;
     const int K = s->stages_per_direction();
-    const int L = g_->num_layers();
-    if (K > L) return;
+    if (K > g_->num_layers()) return;
     if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
       std::string key = "layers/" + name + std::to_string(K);
       if (!noted_.count(key))
-        result_.skipped.push_back(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) +
-                                  " stages, but " + std::to_string(o_.layers_per_stage.size()) +
-                                  " layer counts were given");
+        result_.skipped.push_back(
+            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
+            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
+      noted_.insert(key);
+      return;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
+    auto costs = prepared(tp, b, rc, table);
+    auto t1 = std::chrono::steady_clock::now();
+    const CutResult& cut = time_cut(tp, b, rc, K, costs);
+    auto t2 = std::chrono::steady_clock::now();
+    phase_[0] += std::chrono::duration<double>(t1 - t0).count();
+    phase_[1] += std::chrono::duration<double>(t2 - t1).count();
+    if (!cut.feasible) return;
+    // Every rank runs its stages' micro-batches one after another: the slowest stage's
+    // work over the step bounds the step from below (whatever the memory cut does).
+    double ticks = double(int64_t(1) << 50) / std::max(table.total_time(rc), 1e-30);
+    double bound = double(m / s->num_directions) * double(cut.bottleneck) / ticks;
+    pending_.push_back({tp, pp, dp, m, b, name, rc, bound});
+  }
+
+  void evaluate(const Pending& p) {
+    const int tp = p.tp, pp = p.pp, dp = p.dp, m = p.m;
+    const int64_t b = p.b;
+    const std::string& name = p.name;
+    const bool rc = p.rc;
+    const schedule::Schedule* s = schedule_for(name, pp, m);
+    const int K = s->stages_per_direction();
+    if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
+      std::string key = "layers/" + name + std::to_string(K);
+      if (!noted_.count(key))
+        result_.skipped.push_back(
+            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
+            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
       noted_.insert(key);
       return;
     }
@@ -174,7 +254,8 @@ class Search {
     // evenly and count each stage alone (an upper bound of the rank's peak).
     std::vector<CutStage> stages(static_cast<size_t>(K));
     std::vector<std::vector<int>> holders(static_cast<size_t>(K));
-    for (int st = 0; st < s->num_stages(); ++st) holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
+    for (int st = 0; st < s->num_stages(); ++st)
+      holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
     for (int k = 0; k < K; ++k) {
       CutStage& cs = stages[size_t(k)];
       cs.costs = 0;
@@ -191,24 +272,24 @@ class Search {
         }
       }
     }
-    // The time-optimal cut first (shared by every schedule with K stages); when it fits
-    // the capacity it is also the optimum under it.
-    std::string tkey = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) + "/" +
-                       std::to_string(K);
-    std::vector<CutStage> free_stages = stages;
-    for (auto& cs : free_stages) cs.capacity = 0;
-    auto tc = time_cuts_.find(tkey);
-    if (tc == time_cuts_.end() || !o_.layers_per_stage.empty())
-      tc = time_cuts_.insert_or_assign(tkey, Cutter({costs}, free_stages).solve()).first;
-    CutResult cut = tc->second;
-    if (!cut.feasible) return;
+    // The time-optimal cut first; when it fits the capacity it is also the optimum under it.
+    CutResult cut = time_cut(tp, b, rc, K, costs);
     Cutter cutter({costs}, stages);
     bool fits = true;
-    for (int k = 0; k < K; ++k) fits = fits && cutter.fits_memory(k, cut.bounds[size_t(k)], cut.bounds[size_t(k + 1)]);
+    for (int k = 0; k < K; ++k)
+      fits = fits && cutter.fits_memory(k, cut.bounds[size_t(k)], cut.bounds[size_t(k + 1)]);
     CutResult time_only = cut;
-    if (!fits) cut = cutter.solve();
+    auto t0 = std::chrono::steady_clock::now();
+    if (!fits) {
+      cut = cutter.solve(time_only.bottleneck);
+      ++memory_cuts_;
+    }
+    phase_[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
     result_.evaluated++;
-    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only, table);
+    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only,
+                                 table, *costs);
+    phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!cut.feasible || (o_.device_memory > 0 && c.peak > o_.device_memory)) {
       c.fits = false;
       c.over = o_.device_memory > 0 ? double(c.peak) / double(o_.device_memory) : 0;
@@ -219,8 +300,9 @@ class Search {
     fitting_.push_back(std::move(c));
   }
 
-  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc,
-                           const schedule::Schedule& s, const CutResult& cut, const CostTable& table) {
+  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name,
+                           bool rc, const schedule::Schedule& s, const CutResult& cut,
+                           const CostTable& table, const PreparedCosts& costs) {
     Candidate c;
     Plan& p = c.plan;
     p.model_path = o_.model_path;
@@ -250,12 +332,12 @@ class Search {
       p.stages.push_back(st);
       r.chunk_first.push_back(st.first_layer);
       r.chunk_last.push_back(st.last_layer);
-      std::set<int> layers;
-      if (rc)
-        for (int l = st.first_layer; l < st.last_layer; ++l) layers.insert(l);
-      r.recompute.push_back(layers);
+      // Recompute is added to the times below from prefix sums: a set of every layer of
+      // a 10,000-layer model per candidate costs more than the rest of the candidate.
+      r.recompute.emplace_back();
     }
-    for (int st = 0; st < s.num_stages(); ++st) r.chunk_of_stage.push_back(schedule::stage_chunk(s, st));
+    for (int st = 0; st < s.num_stages(); ++st)
+      r.chunk_of_stage.push_back(schedule::stage_chunk(s, st));
     for (int k = 0; k < K; ++k) {
       std::set<int> ranks;
       for (int st = 0; st < s.num_stages(); ++st)
@@ -264,12 +346,15 @@ class Search {
     }
     r.plan = p;
     // Memory per rank: each chunk composed from its layers, walked over the rank's actions.
-    std::vector<StageMemory> mem;
-    for (int st = 0; st < s.num_stages(); ++st) {
-      int k = r.chunk_of_stage[size_t(st)];
-      mem.push_back(compose_stage_memory(table, r.chunk_first[size_t(k)], r.chunk_last[size_t(k)],
-                                         r.recompute[size_t(k)], opt_states_));
+    std::vector<StageMemory> chunk_mem(static_cast<size_t>(K)), mem;
+    for (int k = 0; k < K; ++k) {
+      int a = r.chunk_first[size_t(k)], e = r.chunk_last[size_t(k)];
+      StageMemory& sm = chunk_mem[size_t(k)];
+      sm.params = costs.persistent(a, e);  // parameters, gradients and state together
+      sm.mb = costs.micro_batch(a, e);
     }
+    for (int st = 0; st < s.num_stages(); ++st)
+      mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(st)])]);
     for (int rank = 0; rank < pp; ++rank) {
       int64_t peak = rank_peak(s, rank, mem);
       if (peak > c.peak) {
@@ -277,14 +362,23 @@ class Search {
         c.peak_rank = rank;
       }
     }
-    schedule::Costs costs = schedule_costs(r, table, model_.machine());
-    const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(costs);
+    schedule::Costs sc = schedule_costs(r, table, model_.machine(), mem);
+    if (rc)
+      for (int st = 0; st < s.num_stages(); ++st) {
+        int k = r.chunk_of_stage[size_t(st)];
+        sc.backward_input[size_t(st)] +=
+            table.pf[size_t(r.chunk_last[size_t(k)])] - table.pf[size_t(r.chunk_first[size_t(k)])];
+      }
+    const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(sc);
     c.step_time = sim.makespan;
     c.bubble = sim.bubble;
     const stages::Value& tokens = g_->values[size_t(g_->inputs.front())];
-    double tokens_per_step = double(o_.global_batch) * double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
+    double tokens_per_step = double(o_.global_batch) *
+                             double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
     c.tokens_per_second = c.step_time > 0 ? tokens_per_step / c.step_time : 0;
-    c.plan.predicted = {{"step_time_s", c.step_time}, {"bubble", c.bubble}, {"tokens_per_s", c.tokens_per_second},
+    c.plan.predicted = {{"step_time_s", c.step_time},
+                        {"bubble", c.bubble},
+                        {"tokens_per_s", c.tokens_per_second},
                         {"time_model", model_.measured() ? "measured" : "analytic"}};
     return c;
   }
@@ -300,13 +394,18 @@ class Search {
   std::map<std::string, std::unique_ptr<schedule::Simulator>> sims_;
   std::map<std::string, std::shared_ptr<const PreparedCosts>> prepared_;
   std::map<std::string, CutResult> time_cuts_;
+  std::vector<Pending> pending_;
+  double phase_[4] = {0, 0, 0, 0};  // tables, time cuts, memory cuts, memory + simulation
+  int memory_cuts_ = 0;
   std::set<std::string> noted_;
 };
 
 }  // namespace
 
-SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model, const SearchOptions& options) {
-  if (options.devices < 1) throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
+SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
+                          const SearchOptions& options) {
+  if (options.devices < 1)
+    throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
   return Search(std::move(graph), model, options).run();
 }
 

@@ -28,7 +28,7 @@ struct SearchOptions {
   int recompute = -1;                  // -1: searched, 0: off, 1: every layer
   std::vector<int> layers_per_stage;   // user's layer counts per model chunk (empty: cut)
   std::string optimizer = "adamw";
-  int keep = 5;                        // the best and up to keep - 1 runners-up
+  int keep = 5;  // the best and up to keep - 1 runners-up
   SplitOverrides splits;
   // What the plans written from the result reference.
   std::string model_path;
@@ -38,20 +38,21 @@ struct SearchOptions {
 struct Candidate {
   Plan plan;
   double step_time = 0, bubble = 0, tokens_per_second = 0;
-  int64_t peak = 0;          // the largest rank's estimated peak
-  int peak_rank = 0;         // its pipeline rank
+  int64_t peak = 0;   // the largest rank's estimated peak
+  int peak_rank = 0;  // its pipeline rank
   bool fits = true;
-  double over = 0;           // peak / capacity when it does not fit
+  double over = 0;  // peak / capacity when it does not fit
   std::string describe() const;
 };
 
 struct SearchResult {
-  std::vector<Candidate> ranked;      // fitting candidates, fastest first (at most keep)
-  std::optional<Candidate> closest;   // when nothing fits: the least over its capacity
-  int evaluated = 0;                  // candidates simulated
-  int rejected = 0;                   // over capacity
-  std::vector<std::string> skipped;   // degrees or schedules that do not apply, and why
-  double seconds = 0;                 // time the search took
+  std::vector<Candidate> ranked;     // fitting candidates, fastest first (at most keep)
+  std::optional<Candidate> closest;  // when nothing fits: the least over its capacity
+  int evaluated = 0;                 // candidates cut under memory and simulated
+  int pruned = 0;                    // skipped: their lower bound beat by `keep` plans
+  int rejected = 0;                  // over capacity
+  std::vector<std::string> skipped;  // degrees or schedules that do not apply, and why
+  double seconds = 0;                // time the search took
 };
 
 // What the cut needs from a cost table: per-layer times in ticks (the total scaled to

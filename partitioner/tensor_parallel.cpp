@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 
 #include "memory/error.h"
 #include "partitioner/detail/graph_builder.h"
@@ -19,10 +20,35 @@ int64_t SplitPattern::local_size(int t) const {
 
 namespace {
 
-bool is_one_of(const std::string& op, std::initializer_list<const char*> ops) {
-  for (const char* o : ops)
-    if (op == o) return true;
-  return false;
+// The op types the pass treats specially, looked up once per node.
+enum class OpKind : uint8_t {
+  other,
+  linear,
+  attention,
+  embedding,
+  cross_entropy,
+  add,
+  unary,
+  dropout,
+  comm
+};
+
+OpKind kind_of(const std::string& op) {
+  static const std::map<std::string, OpKind, std::less<>> table = {
+      {"linear", OpKind::linear},
+      {"attention", OpKind::attention},
+      {"embedding", OpKind::embedding},
+      {"cross_entropy", OpKind::cross_entropy},
+      {"add", OpKind::add},
+      {"gelu", OpKind::unary},
+      {"relu", OpKind::unary},
+      {"dropout", OpKind::dropout},
+      {"tp_copy", OpKind::comm},
+      {"tp_reduce", OpKind::comm},
+      {"tp_gather", OpKind::comm},
+      {"vocab_parallel_cross_entropy", OpKind::comm}};
+  auto it = table.find(op);
+  return it == table.end() ? OpKind::other : it->second;
 }
 
 double attr_double(const Node& n, const char* key, double dflt) {
@@ -38,9 +64,9 @@ bool linear_in_out(const Node& n) {
   return it != n.attrs.end() && it->get<std::string>() == "in_out";
 }
 // Ops that pass a split last dimension through unchanged.
-bool passes_split(const Node& n) {
-  if (n.op == "gelu" || n.op == "relu") return true;
-  return n.op == "dropout" && attr_double(n, "p", 0.0) == 0.0;
+bool passes_split(const Node& n, OpKind k) {
+  if (k == OpKind::unary) return true;
+  return k == OpKind::dropout && attr_double(n, "p", 0.0) == 0.0;
 }
 
 class ShardingPass {
@@ -52,6 +78,8 @@ class ShardingPass {
     s_.nodes.resize(g.nodes.size());
     s_.values.resize(g.values.size());
     s_.params.resize(g.params.size());
+    kinds_.reserve(g.nodes.size());
+    for (const Node& n : g.nodes) kinds_.push_back(kind_of(n.op));
   }
 
   Sharding run() {
@@ -71,6 +99,7 @@ class ShardingPass {
     return n.op + " node '" + n.name + "' (layer " + layer_name(node) + ")";
   }
   const SplitKind* override_of(int node) const {
+    if (ov_.kinds.empty()) return nullptr;
     auto it = ov_.kinds.find(g_.nodes[size_t(node)].name);
     return it == ov_.kinds.end() ? nullptr : &it->second;
   }
@@ -79,8 +108,9 @@ class ShardingPass {
     return it == ov_.where.end() ? where_ : it->second;
   }
   [[noreturn]] void divide_error(int node, int t, const std::string& what, int64_t n) const {
-    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) + " does not divide " +
-                     what + " = " + std::to_string(n) + " of " + node_ref(node));
+    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) +
+                     " does not divide " + what + " = " + std::to_string(n) + " of " +
+                     node_ref(node));
   }
   [[noreturn]] void override_error(int node, const std::string& msg) const {
     throw InputError(override_where(node) + ": " + msg);
@@ -124,11 +154,12 @@ class ShardingPass {
       if (tp_of(c) != t) return false;
       const SplitKind* o = override_of(c);
       bool ok = false;
-      if (n.op == "linear")
+      const OpKind k = kinds_[size_t(c)];
+      if (k == OpKind::linear)
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
-      else if (n.op == "cross_entropy")
+      else if (k == OpKind::cross_entropy)
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
-      else if (passes_split(n))
+      else if (passes_split(n, k))
         ok = accepts_split(n.outputs[0], t, depth + 1);
       if (!ok) return false;
     }
@@ -139,7 +170,7 @@ class ShardingPass {
     if (cons.empty()) return false;
     for (int c : cons) {
       const SplitKind* o = override_of(c);
-      if (g_.nodes[size_t(c)].op != "attention" || tp_of(c) != t ||
+      if (kinds_[size_t(c)] != OpKind::attention || tp_of(c) != t ||
           (o != nullptr && *o == SplitKind::none))
         return false;
     }
@@ -159,9 +190,10 @@ class ShardingPass {
     if (!vs.split) return;
     const stages::Value& val = g_.values[size_t(v)];
     if (vs.t != tp_of(node))
-      throw InputError(where_ + ": value '" + val.name + "' is split over a tensor-parallel group of " +
-                       std::to_string(vs.t) + " ranks and consumed by " + node_ref(node) +
-                       " in a group of " + std::to_string(tp_of(node)) +
+      throw InputError(where_ + ": value '" + val.name +
+                       "' is split over a tensor-parallel group of " + std::to_string(vs.t) +
+                       " ranks and consumed by " + node_ref(node) + " in a group of " +
+                       std::to_string(tp_of(node)) +
                        ": where the degree changes between pipeline stages, the values crossing "
                        "the cut must be replicated (cut elsewhere)");
     if (!vs.pattern.whole(val.type.shape.back()))
@@ -174,6 +206,11 @@ class ShardingPass {
   void set_param(int node, int slot, int dim, int t, const SplitPattern& pattern) {
     int p = g_.nodes[size_t(node)].params[size_t(slot)];
     if (p < 0) return;
+    ParamShard& current = s_.params[size_t(p)];
+    if (dim < 0 && current.first_user < 0) {  // the common case: a replicated first use
+      current.first_user = node;
+      return;
+    }
     ParamShard want;
     want.dim = dim;
     want.t = dim < 0 ? 1 : t;
@@ -190,9 +227,9 @@ class ShardingPass {
                          : "split along dimension " + std::to_string(s.dim) + " over " +
                                std::to_string(s.t) + " ranks";
       };
-      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " +
-                       desc(have) + " by " + node_ref(have.first_user) + " but " + desc(want) +
-                       " by " + node_ref(node) +
+      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " + desc(have) +
+                       " by " + node_ref(have.first_user) + " but " + desc(want) + " by " +
+                       node_ref(node) +
                        "; nodes sharing a parameter need the same split (and the same degree)");
     }
   }
@@ -201,7 +238,9 @@ class ShardingPass {
     for (size_t k = 0; k < n.params.size(); ++k) set_param(node, int(k), -1, 1, {});
   }
   void out_replicated(int node) {
-    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{};
+    // Values start replicated; only a value already marked split needs resetting.
+    for (int v : g_.nodes[size_t(node)].outputs)
+      if (s_.values[size_t(v)].split) s_.values[size_t(v)] = ValueShard{};
   }
   void out_split(int node, int t, SplitPattern p) {
     for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p};
@@ -212,7 +251,8 @@ class ShardingPass {
     NodeShard& ns = s_.nodes[size_t(node)];
     int t = tp_of(node);
     ns.t = t;
-    if (is_one_of(n.op, {"tp_copy", "tp_reduce", "tp_gather", "vocab_parallel_cross_entropy"}))
+    const OpKind k = kinds_[size_t(node)];
+    if (k == OpKind::comm)
       throw InputError(where_ + ": " + node_ref(node) +
                        " is a communication op: the partitioner takes a logical graph");
     if (t == 1) {
@@ -222,15 +262,15 @@ class ShardingPass {
       return;
     }
     const SplitKind* o = override_of(node);
-    if (n.op == "linear") return visit_linear(node, o);
-    if (n.op == "attention") return visit_attention(node, o);
-    if (n.op == "embedding") return visit_embedding(node, o);
-    if (n.op == "cross_entropy") return visit_cross_entropy(node, o);
-    if (passes_split(n) && split_here(node, 0)) {
+    if (k == OpKind::linear) return visit_linear(node, o);
+    if (k == OpKind::attention) return visit_attention(node, o);
+    if (k == OpKind::embedding) return visit_embedding(node, o);
+    if (k == OpKind::cross_entropy) return visit_cross_entropy(node, o);
+    if (passes_split(n, k) && split_here(node, 0)) {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
     }
-    if (n.op == "add" && split_here(node, 0) && split_here(node, 1) &&
+    if (k == OpKind::add && split_here(node, 0) && split_here(node, 1) &&
         s_.values[size_t(n.inputs[0])].pattern == s_.values[size_t(n.inputs[1])].pattern) {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
@@ -281,7 +321,8 @@ class ShardingPass {
       SplitPattern p;
       if (feeds_attention(n.outputs[0], t)) {
         // Split by heads: the local queries, keys and values of the rank's heads.
-        int64_t heads = attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
+        int64_t heads =
+            attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
         if (heads % t != 0)
           divide_error(g_.values[size_t(n.outputs[0])].consumers[0], t, "n_head", heads);
         int64_t c = out_features / 3;
@@ -318,8 +359,9 @@ class ShardingPass {
                                "by columns)");
     if (heads_in) {
       if (o != nullptr && *o == SplitKind::none)
-        override_error(node, node_ref(node) + " cannot run unsplit: its qkv input is split by heads "
-                                              "(set the split of the linear before it to \"none\")");
+        override_error(node, node_ref(node) +
+                                 " cannot run unsplit: its qkv input is split by heads "
+                                 "(set the split of the linear before it to \"none\")");
       if (heads % t != 0) divide_error(node, t, "n_head", heads);
       ns.kind = SplitKind::heads;
       SplitPattern p;
@@ -354,7 +396,8 @@ class ShardingPass {
     const Node& n = g_.nodes[size_t(node)];
     NodeShard& ns = s_.nodes[size_t(node)];
     const stages::ValueType& logits = g_.values[size_t(n.inputs[0])].type;
-    bool vocab_in = split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern.whole(logits.shape.back());
+    bool vocab_in =
+        split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern.whole(logits.shape.back());
     if (o != nullptr && *o == SplitKind::vocab && !vocab_in)
       override_error(node, "vocabulary-parallel " + node_ref(node) +
                                " needs logits split over the vocabulary (split the LM head by "
@@ -386,6 +429,7 @@ class ShardingPass {
   const SplitOverrides& ov_;
   std::string where_;
   Sharding s_;
+  std::vector<OpKind> kinds_;
 };
 
 // ---- building physical graphs ----
@@ -411,7 +455,8 @@ class PhysicalBuilder {
 
   // The whole model: inputs, every parameter (in logical order), every layer.
   std::shared_ptr<Graph> whole() {
-    for (int v : lg_.inputs) vmap_[size_t(v)] = g_->add_value(lg_.values[size_t(v)].name, lg_.values[size_t(v)].type, -1);
+    for (int v : lg_.inputs)
+      vmap_[size_t(v)] = g_->add_value(lg_.values[size_t(v)].name, lg_.values[size_t(v)].type, -1);
     for (size_t p = 0; p < lg_.params.size(); ++p) {
       const stages::Param& lp = lg_.params[p];
       int r = lp.users.empty() ? 0 : r_[size_t(lg_.nodes[size_t(lp.users.front())].layer)];
@@ -454,7 +499,8 @@ class PhysicalBuilder {
     if (p < 0) return -1;
     if (pmap_[size_t(p)] < 0) {
       BATON_CHECK(standalone_, "parameter missing: " + lg_.params[size_t(p)].name);
-      pmap_[size_t(p)] = g_->add_param(shard_param(lg_.params[size_t(p)], s_.params[size_t(p)], r_now_));
+      pmap_[size_t(p)] =
+          g_->add_param(shard_param(lg_.params[size_t(p)], s_.params[size_t(p)], r_now_));
     }
     return pmap_[size_t(p)];
   }
@@ -491,14 +537,20 @@ class PhysicalBuilder {
         auto it = copies_.find(v);
         if (it == copies_.end()) {
           std::string name = fresh(vname + ".tp_copy");
-          it = copies_.emplace(v, emit(name, "tp_copy", nlohmann::json::object(), {local}, {}, name, layer, n.json_path)).first;
+          it = copies_
+                   .emplace(v, emit(name, "tp_copy", nlohmann::json::object(), {local}, {}, name,
+                                    layer, n.json_path))
+                   .first;
         }
         local = it->second;
       } else if (std::count(ns.gather_inputs.begin(), ns.gather_inputs.end(), int(i))) {
         auto it = gathers_.find(v);
         if (it == gathers_.end()) {
           std::string name = fresh(vname + ".tp_gather");
-          it = gathers_.emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local}, {}, name, layer, n.json_path)).first;
+          it = gathers_
+                   .emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local},
+                                    {}, name, layer, n.json_path))
+                   .first;
         }
         local = it->second;
       }
@@ -541,8 +593,8 @@ class PhysicalBuilder {
     int reduced = emit(out + ".tp_reduce", "tp_reduce", nlohmann::json::object(), {partial}, {},
                        bias >= 0 ? out + ".reduced" : out, layer, n.json_path);
     if (bias >= 0)
-      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias}, out,
-                     layer, n.json_path);
+      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias},
+                     out, layer, n.json_path);
     vmap_[size_t(n.outputs[0])] = reduced;
   }
 

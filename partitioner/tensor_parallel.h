@@ -39,13 +39,15 @@ namespace baton::partitioner {
 struct SplitPattern {
   std::vector<std::pair<int64_t, int64_t>> blocks;
   int64_t local_size(int t) const;
-  bool whole(int64_t n) const { return blocks.size() == 1 && blocks[0].first == 0 && blocks[0].second == n; }
+  bool whole(int64_t n) const {
+    return blocks.size() == 1 && blocks[0].first == 0 && blocks[0].second == n;
+  }
   bool operator==(const SplitPattern&) const = default;
 };
 
 struct ValueShard {
-  bool split = false;  // false: replicated on every rank of the group
-  int t = 1;           // the group's degree (split values)
+  bool split = false;    // false: replicated on every rank of the group
+  int t = 1;             // the group's degree (split values)
   SplitPattern pattern;  // of the last dimension
 };
 
@@ -66,10 +68,10 @@ struct NodeShard {
 };
 
 struct Sharding {
-  std::vector<int> layer_tp;        // degree per layer
-  std::vector<NodeShard> nodes;     // per logical node
-  std::vector<ValueShard> values;   // per logical value, as its producer leaves it
-  std::vector<ParamShard> params;   // per logical parameter
+  std::vector<int> layer_tp;       // degree per layer
+  std::vector<NodeShard> nodes;    // per logical node
+  std::vector<ValueShard> values;  // per logical value, as its producer leaves it
+  std::vector<ParamShard> params;  // per logical parameter
   // Per cut position c (0..layers): every value crossing the cut is replicated.
   std::vector<bool> replicated_cut;
 };

@@ -6,11 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh release
 ./build/release/baton version
-# OpenBLAS 0.3.21 falls back to slow Prescott kernels on AVX-512 CPUs it does not
-# recognise (VMs that mask CPUID); name the core type unless the caller did.
-if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
-  export OPENBLAS_CORETYPE=SkylakeX
-fi
 ./build/release/baton train --model examples/models/tiny-gpt.json \
   --data examples/data/licenses.txt --steps 400 --batch 16 --lr 3e-3 --log-every 25
 # The same model under a plan: PP=2 x TP=2 x DP=2, 8 processes over UCX, with the

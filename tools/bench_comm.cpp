@@ -33,7 +33,8 @@ struct Options {
   int reps = 7;
 };
 
-const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv"};
+const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                       "sendrecv"};
 
 // Iterations per timed batch: many for small messages, a few for large ones.
 int batch_iters(size_t bytes) {
@@ -47,7 +48,9 @@ double bus_factor(const std::string& op, int n) {
   return 1.0;
 }
 
-float value(size_t i, int r) { return float((i * 7 + size_t(r) * 13) % 101); }
+float value(size_t i, int r) {
+  return float((i * 7 + size_t(r) * 13) % 101);
+}
 
 class Bench {
  public:
@@ -158,9 +161,10 @@ void bench_rank(Communicator& c, const Options& o, const std::string& settings) 
     double mc = b.memcpy_gbs(std::min(o.max_bytes, max_elems * sizeof(float)));
     std::printf("# baton bench comm: backend %s, %d ranks, f32, %d batches after warm-up; %s\n",
                 c.backend().c_str(), n, o.reps, settings.c_str());
-    std::printf("# memcpy %s warm buffers, one thread: %.2f GB/s\n", memory::format_bytes(double(o.max_bytes)).c_str(), mc);
-    std::printf("%-15s %12s %12s %10s %10s %10s %9s %9s %7s\n", "op", "size(B)", "count", "time(us)", "min(us)",
-                "max(us)", "algbw", "busbw", "#wrong");
+    std::printf("# memcpy %s warm buffers, one thread: %.2f GB/s\n",
+                memory::format_bytes(double(o.max_bytes)).c_str(), mc);
+    std::printf("%-15s %12s %12s %10s %10s %10s %9s %9s %7s\n", "op", "size(B)", "count",
+                "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong");
     std::fflush(stdout);
   }
   c.barrier()->wait();
@@ -185,11 +189,13 @@ void bench_rank(Communicator& c, const Options& o, const std::string& settings) 
       }
       std::sort(times.begin(), times.end());
       double med = times[times.size() / 2];
-      size_t size = (op == "all_gather" || op == "reduce_scatter") ? count * size_t(n) * 4 : count * 4;
+      size_t size =
+          (op == "all_gather" || op == "reduce_scatter") ? count * size_t(n) * 4 : count * 4;
       double algbw = double(size) / med / 1e9;
       if (c.rank() == 0) {
-        std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7.0f\n", op.c_str(), size, size / 4,
-                    med * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, algbw * bus_factor(op, n), wrong);
+        std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7.0f\n", op.c_str(), size,
+                    size / 4, med * 1e6, times.front() * 1e6, times.back() * 1e6, algbw,
+                    algbw * bus_factor(op, n), wrong);
         std::fflush(stdout);
       }
     }
@@ -215,13 +221,16 @@ std::string env_or(const char* name, const char* fallback) {
 
 int run_comm(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  opts.add_options()("backend", po::value<std::string>(),
-                     "local (ranks as threads) or ucx (ranks as processes; run under baton launch); "
-                     "default: ucx when launched, else local")(
-      "ranks,n", po::value<int>()->default_value(2), "ranks of the local backend")(
-      "op", po::value<std::string>()->default_value("all_reduce,all_gather,reduce_scatter,broadcast,sendrecv"),
-      "operations, comma-separated")(
-      "min-bytes", po::value<std::string>()->default_value("8"), "smallest message (e.g. 8, 4KiB)")(
+  opts.add_options()(
+      "backend", po::value<std::string>(),
+      "local (ranks as threads) or ucx (ranks as processes; run under baton launch); "
+      "default: ucx when launched, else local")("ranks,n", po::value<int>()->default_value(2),
+                                                "ranks of the local backend")(
+      "op",
+      po::value<std::string>()->default_value(
+          "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv"),
+      "operations, comma-separated")("min-bytes", po::value<std::string>()->default_value("8"),
+                                     "smallest message (e.g. 8, 4KiB)")(
       "max-bytes", po::value<std::string>()->default_value("64MiB"), "largest message")(
       "reps", po::value<int>()->default_value(7), "timed batches per size (median, min, max)");
   add_common_options(opts);
@@ -232,8 +241,9 @@ int run_comm(const std::vector<std::string>& args) {
   o.ops = split_list(vm["op"].as<std::string>());
   for (auto& op : o.ops)
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
-      throw InputError("--op: unknown operation '" + op +
-                       "' (expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv)");
+      throw InputError(
+          "--op: unknown operation '" + op +
+          "' (expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv)");
   o.min_bytes = memory::parse_bytes(vm["min-bytes"].as<std::string>());
   o.max_bytes = memory::parse_bytes(vm["max-bytes"].as<std::string>());
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
@@ -269,8 +279,9 @@ int run_comm(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterBenchmark reg{{"comm", "communication: all-reduce, all-gather, reduce-scatter, broadcast, send/recv",
-                             run_comm}};
+const RegisterBenchmark reg{
+    {"comm", "communication: all-reduce, all-gather, reduce-scatter, broadcast, send/recv",
+     run_comm}};
 
 }  // namespace
 }  // namespace baton::tools

@@ -14,7 +14,9 @@ std::vector<Benchmark>& registry() {
 }
 
 void print_benchmarks() {
-  std::printf("usage: baton bench <benchmark> [options]   (baton bench <benchmark> --help)\n\nbenchmarks:\n");
+  std::printf(
+      "usage: baton bench <benchmark> [options]   (baton bench <benchmark> "
+      "--help)\n\nbenchmarks:\n");
   for (const auto& b : registry()) std::printf("  %-12s %s\n", b.name.c_str(), b.summary.c_str());
 }
 
@@ -31,7 +33,11 @@ int run_bench(const std::vector<std::string>& args) {
 const RegisterCommand reg{{"bench", "run a benchmark (baton bench --help lists them)", run_bench}};
 }  // namespace
 
-RegisterBenchmark::RegisterBenchmark(Benchmark b) { registry().push_back(std::move(b)); }
-const std::vector<Benchmark>& benchmarks() { return registry(); }
+RegisterBenchmark::RegisterBenchmark(Benchmark b) {
+  registry().push_back(std::move(b));
+}
+const std::vector<Benchmark>& benchmarks() {
+  return registry();
+}
 
 }  // namespace baton::tools

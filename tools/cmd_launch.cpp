@@ -26,14 +26,16 @@ int run_launch(const std::vector<std::string>& args) {
       "seconds the other ranks get to exit by themselves after one fails")(
       "bind", po::value<std::string>()->default_value("cores"),
       "cores: bind each rank to its share of the cores (when there are enough); none")(
-      "log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warn, error or off");
+      "log-level", po::value<std::string>()->default_value("info"),
+      "trace, debug, info, warn, error or off");
   po::variables_map vm;
   if (!parse_args(ours, "baton launch -n N [options] -- CMD [ARGS...]", opts, vm)) return 0;
   spdlog::set_level(spdlog::level::from_str(vm["log-level"].as<std::string>()));
   if (command.empty()) throw InputError("no command given: baton launch -n N -- CMD [ARGS...]");
   transport::LaunchOptions o;
   o.nprocs = vm["nprocs"].as<int>();
-  if (o.nprocs < 1) throw InputError("--nprocs: expected at least 1, got " + std::to_string(o.nprocs));
+  if (o.nprocs < 1)
+    throw InputError("--nprocs: expected at least 1, got " + std::to_string(o.nprocs));
   std::string rv = vm["rendezvous"].as<std::string>();
   auto colon = rv.rfind(':');
   if (colon == std::string::npos) throw InputError("--rendezvous='" + rv + "': expected host:port");
@@ -48,13 +50,15 @@ int run_launch(const std::vector<std::string>& args) {
   if (grace < 0) throw InputError("--grace: expected a non-negative number of seconds");
   o.grace = std::chrono::milliseconds(int64_t(grace * 1000));
   std::string bind = vm["bind"].as<std::string>();
-  if (bind != "cores" && bind != "none") throw InputError("--bind: expected cores or none, got '" + bind + "'");
+  if (bind != "cores" && bind != "none")
+    throw InputError("--bind: expected cores or none, got '" + bind + "'");
   o.bind = bind == "cores";
   o.command = command;
   return transport::launch(o);
 }
 
-const RegisterCommand reg{{"launch", "start N local ranks of a command, with the rendezvous", run_launch}};
+const RegisterCommand reg{
+    {"launch", "start N local ranks of a command, with the rendezvous", run_launch}};
 
 }  // namespace
 }  // namespace baton::tools

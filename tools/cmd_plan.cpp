@@ -1,11 +1,11 @@
 // `baton plan`: asks the partitioner for a plan (search over the degrees, micro-batches,
 // schedules and recompute left open) or checks one (`--check plan.json`): per rank its
 // layers, parameters, estimated memory and time; what does not fit and by how much.
+#include <spdlog/spdlog.h>
+
+#include <cmath>
 #include <cstdio>
 #include <sstream>
-
-#include <spdlog/spdlog.h>
-#include <cmath>
 
 #include "memory/error.h"
 #include "memory/units.h"
@@ -30,7 +30,8 @@ std::vector<int> parse_counts(const std::string& text, const char* flag) {
       if (used != item.size() || v < 1) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (const std::exception&) {
-      throw InputError(std::string(flag) + ": expected counts >= 1 like 3,4,3, found '" + item + "'");
+      throw InputError(std::string(flag) + ": expected counts >= 1 like 3,4,3, found '" + item +
+                       "'");
     }
   }
   return out;
@@ -45,17 +46,16 @@ std::vector<std::string> parse_names(const std::string& text) {
   return out;
 }
 
-int check(const std::string& path, pt::CostModel* model_in, const pt::Machine& machine,
-          const pt::MeasuredCosts* measured) {
+int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured) {
   pt::Plan plan = pt::read_plan(path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
-  pt::CostModel local(graph, machine, measured);
-  pt::CostModel& model = model_in ? *model_in : local;
+  pt::CostModel model(graph, machine, measured);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
   std::printf("%s: valid plan\n%s", path.c_str(), pt::format_estimate(r, e).c_str());
   if (!e.fits()) {
-    for (const std::string& p : e.problems) std::fprintf(stderr, "baton plan: error: %s: %s\n", path.c_str(), p.c_str());
+    for (const std::string& p : e.problems)
+      std::fprintf(stderr, "baton plan: error: %s: %s\n", path.c_str(), p.c_str());
     return 2;
   }
   return 0;
@@ -63,34 +63,48 @@ int check(const std::string& path, pt::CostModel* model_in, const pt::Machine& m
 
 int run_plan(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  std::string model_path, check_path, out, device_memory, schedules, recompute = "auto", layers, costs;
+  std::string model_path, check_path, out, device_memory, schedules, recompute = "auto", layers,
+                                                                     costs;
   pt::SearchOptions so;
   pt::Machine machine;
   int64_t batch = 0;
-  opts.add_options()
-      ("model", po::value(&model_path), "model JSON (as for baton train)")
-      ("devices", po::value(&so.devices)->default_value(1), "number of devices (ranks)")
-      ("device-memory", po::value(&device_memory), "memory of one device, e.g. 4GiB (default: unlimited)")
-      ("tp", po::value(&so.tp)->default_value(0), "tensor-parallel degree (0: search)")
-      ("pp", po::value(&so.pp)->default_value(0), "pipeline ranks (0: search)")
-      ("dp", po::value(&so.dp)->default_value(0), "data-parallel replicas (0: search)")
-      ("schedule", po::value(&schedules), "schedule name(s), comma-separated (default: every generator)")
-      ("micro-batches", po::value(&so.micro_batches)->default_value(0), "micro-batches per replica and step (0: search)")
-      ("batch", po::value(&batch)->default_value(16), "global batch: samples per step over all replicas")
-      ("recompute", po::value(&recompute), "on, off or auto (search both; default)")
-      ("layers-per-stage", po::value(&layers), "layer counts per model chunk, e.g. 3,4,3 (default: the cut)")
-      ("optimizer", po::value(&so.optimizer)->default_value("adamw"), "adamw, sgd or sgd-momentum (its state's memory)")
-      ("costs", po::value(&costs), "measured op times from baton profile (default: FLOPs at --flops)")
-      ("flops", po::value(&machine.flops)->default_value(machine.flops), "FLOP/s of one device (analytic times)")
-      ("tp-bandwidth", po::value(&machine.tp_bandwidth)->default_value(machine.tp_bandwidth), "bytes/s per rank in a tensor-parallel group")
-      ("p2p-bandwidth", po::value(&machine.p2p_bandwidth)->default_value(machine.p2p_bandwidth), "bytes/s between pipeline ranks")
-      ("dp-bandwidth", po::value(&machine.dp_bandwidth)->default_value(machine.dp_bandwidth), "bytes/s per rank of the data-parallel all-reduce")
-      ("top", po::value(&so.keep)->default_value(5), "how many plans to list (the best and its runners-up)")
-      ("out,o", po::value(&out), "write the best plan here (JSON, docs/formats/plan.md)")
-      ("check", po::value(&check_path), "validate this plan file and print its estimate per rank");
+  opts.add_options()("model", po::value(&model_path), "model JSON (as for baton train)")(
+      "devices", po::value(&so.devices)->default_value(1), "number of devices (ranks)")(
+      "device-memory", po::value(&device_memory),
+      "memory of one device, e.g. 4GiB (default: unlimited)")(
+      "tp", po::value(&so.tp)->default_value(0), "tensor-parallel degree (0: search)")(
+      "pp", po::value(&so.pp)->default_value(0), "pipeline ranks (0: search)")(
+      "dp", po::value(&so.dp)->default_value(0), "data-parallel replicas (0: search)")(
+      "schedule", po::value(&schedules),
+      "schedule name(s), comma-separated (default: every generator)")(
+      "micro-batches", po::value(&so.micro_batches)->default_value(0),
+      "micro-batches per replica and step (0: search)")(
+      "batch", po::value(&batch)->default_value(16),
+      "global batch: samples per step over all replicas")("recompute", po::value(&recompute),
+                                                          "on, off or auto (search both; default)")(
+      "layers-per-stage", po::value(&layers),
+      "layer counts per model chunk, e.g. 3,4,3 (default: the cut)")(
+      "optimizer", po::value(&so.optimizer)->default_value("adamw"),
+      "adamw, sgd or sgd-momentum (its state's memory)")(
+      "costs", po::value(&costs),
+      "measured op times from baton profile (default: FLOPs at --flops)")(
+      "flops", po::value(&machine.flops)->default_value(machine.flops),
+      "FLOP/s of one device (analytic times)")(
+      "tp-bandwidth", po::value(&machine.tp_bandwidth)->default_value(machine.tp_bandwidth),
+      "bytes/s per rank in a tensor-parallel group")(
+      "p2p-bandwidth", po::value(&machine.p2p_bandwidth)->default_value(machine.p2p_bandwidth),
+      "bytes/s between pipeline ranks")(
+      "dp-bandwidth", po::value(&machine.dp_bandwidth)->default_value(machine.dp_bandwidth),
+      "bytes/s per rank of the data-parallel all-reduce")(
+      "top", po::value(&so.keep)->default_value(5),
+      "how many plans to list (the best and its runners-up)")(
+      "out,o", po::value(&out), "write the best plan here (JSON, docs/formats/plan.md)")(
+      "check", po::value(&check_path), "validate this plan file and print its estimate per rank");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton plan --model M --devices N [--device-memory 4GiB] [options] | baton plan --check plan.json",
+  if (!parse_args(args,
+                  "baton plan --model M --devices N [--device-memory 4GiB] [options] | baton plan "
+                  "--check plan.json",
                   opts, vm))
     return 0;
   apply_common_options(vm);
@@ -98,16 +112,20 @@ int run_plan(const std::vector<std::string>& args) {
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   const pt::MeasuredCosts* mp = costs.empty() ? nullptr : &measured;
-  if (!check_path.empty()) return check(check_path, nullptr, machine, mp);
+  if (!check_path.empty()) return check(check_path, machine, mp);
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
   if (!device_memory.empty()) so.device_memory = int64_t(memory::parse_bytes(device_memory));
   so.global_batch = batch;
   so.schedules = parse_names(schedules);
-  if (recompute == "on") so.recompute = 1;
-  else if (recompute == "off") so.recompute = 0;
-  else if (recompute == "auto") so.recompute = -1;
-  else throw InputError("--recompute: expected on, off or auto, found '" + recompute + "'");
+  if (recompute == "on")
+    so.recompute = 1;
+  else if (recompute == "off")
+    so.recompute = 0;
+  else if (recompute == "auto")
+    so.recompute = -1;
+  else
+    throw InputError("--recompute: expected on, off or auto, found '" + recompute + "'");
   if (!layers.empty()) so.layers_per_stage = parse_counts(layers, "--layers-per-stage");
   pt::optimizer_states(so.optimizer);
   so.model_path = model_path;
@@ -115,17 +133,19 @@ int run_plan(const std::vector<std::string>& args) {
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));
   pt::CostModel model(graph, machine, mp);
   pt::SearchResult res = pt::search_plans(graph, model, so);
-  std::printf("searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity)\n", res.evaluated,
-              graph->name.c_str(), so.devices, res.seconds, res.rejected);
+  std::printf("searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity)\n",
+              res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected);
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
   if (res.ranked.empty()) {
     std::string msg = "no plan fits";
-    if (so.device_memory > 0) msg += " in " + memory::format_bytes(double(so.device_memory)) + " per device";
+    if (so.device_memory > 0)
+      msg += " in " + memory::format_bytes(double(so.device_memory)) + " per device";
     if (res.closest) {
       const pt::Candidate& c = *res.closest;
-      msg += "; the closest is " + c.describe() + ": pipeline rank " + std::to_string(c.peak_rank) + " needs " +
-             memory::format_bytes(double(c.peak)) + ", " + memory::format_bytes(double(c.peak - so.device_memory)) +
-             " (" + std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";
+      msg += "; the closest is " + c.describe() + ": pipeline rank " + std::to_string(c.peak_rank) +
+             " needs " + memory::format_bytes(double(c.peak)) + ", " +
+             memory::format_bytes(double(c.peak - so.device_memory)) + " (" +
+             std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";
     } else if (!res.skipped.empty()) {
       msg += " (" + res.skipped.front() + ")";
     }
@@ -136,11 +156,12 @@ int run_plan(const std::vector<std::string>& args) {
   pt::ResolvedPlan r = pt::resolve_plan(best.plan, graph);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
   std::printf("\nbest plan:\n%s", pt::format_estimate(r, e).c_str());
-  std::printf("\n%-4s %-60s %12s %9s %12s\n", "", "candidate", "step time", "bubble", "peak memory");
+  std::printf("\n%-4s %-60s %12s %9s %12s\n", "", "candidate", "step time", "bubble",
+              "peak memory");
   for (size_t i = 0; i < res.ranked.size(); ++i) {
     const pt::Candidate& c = res.ranked[i];
-    std::printf("%-4zu %-60s %10.3fms %8.1f%% %12s\n", i + 1, c.describe().c_str(), 1e3 * c.step_time,
-                100 * c.bubble, memory::format_bytes(double(c.peak)).c_str());
+    std::printf("%-4zu %-60s %10.3fms %8.1f%% %12s\n", i + 1, c.describe().c_str(),
+                1e3 * c.step_time, 100 * c.bubble, memory::format_bytes(double(c.peak)).c_str());
   }
   if (!out.empty()) {
     pt::Plan p = r.plan;
@@ -153,13 +174,16 @@ int run_plan(const std::vector<std::string>& args) {
     std::printf("wrote %s\n", out.c_str());
   }
   if (!e.fits()) {
-    for (const std::string& p : e.problems) std::fprintf(stderr, "baton plan: error: %s\n", p.c_str());
+    for (const std::string& p : e.problems)
+      std::fprintf(stderr, "baton plan: error: %s\n", p.c_str());
     return 2;
   }
   return 0;
 }
 
-const RegisterCommand reg({"plan", "search for a partition plan (or --check one): degrees, cut, schedule, memory", run_plan});
+const RegisterCommand reg(
+    {"plan", "search for a partition plan (or --check one): degrees, cut, schedule, memory",
+     run_plan});
 
 }  // namespace
 }  // namespace baton::tools

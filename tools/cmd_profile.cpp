@@ -18,15 +18,17 @@ int run_profile(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, out;
   pt::ProfileOptions o;
-  opts.add_options()
-      ("model", po::value(&model_path)->required(), "model JSON (as for baton train)")
-      ("batch", po::value(&o.batch)->default_value(1), "samples per micro-batch to time at")
-      ("repeats", po::value(&o.repeats)->default_value(5), "timed runs per op (the median is kept)")
-      ("warmup", po::value(&o.warmup)->default_value(2), "untimed runs per op first")
-      ("out,o", po::value(&out)->required(), "the cost file to write (JSON)");
+  opts.add_options()("model", po::value(&model_path)->required(),
+                     "model JSON (as for baton train)")(
+      "batch", po::value(&o.batch)->default_value(1), "samples per micro-batch to time at")(
+      "repeats", po::value(&o.repeats)->default_value(5), "timed runs per op (the median is kept)")(
+      "warmup", po::value(&o.warmup)->default_value(2), "untimed runs per op first")(
+      "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton profile --model M [--batch b] [--threads t] --out costs.json", opts, vm)) return 0;
+  if (!parse_args(args, "baton profile --model M [--batch b] [--threads t] --out costs.json", opts,
+                  vm))
+    return 0;
   apply_common_options(vm);
   o.threads = vm["threads"].as<int>();
   if (o.threads <= 0) o.threads = 1;
@@ -51,13 +53,14 @@ int run_profile(const std::vector<std::string>& args) {
       r->flops += m.flops;
     }
   }
-  std::printf("%s: %zu ops (%d distinct timed) at batch %lld on %d thread(s), %.2f s\n", g.name.c_str(),
-              g.nodes.size(), summary.distinct_ops, (long long)o.batch, costs.threads, summary.seconds);
+  std::printf("%s: %zu ops (%d distinct timed) at batch %lld on %d thread(s), %.2f s\n",
+              g.name.c_str(), g.nodes.size(), summary.distinct_ops, (long long)o.batch,
+              costs.threads, summary.seconds);
   std::printf("%-30s %6s %12s %12s %12s %10s\n", "op", "count", "F ms", "B ms", "W ms", "GFLOP/s");
   auto line = [](const std::string& name, const Row& r) {
     double t = r.f + r.b + r.w;
-    std::printf("%-30s %6d %12.3f %12.3f %12.3f %10.1f\n", name.c_str(), r.count, 1e3 * r.f, 1e3 * r.b, 1e3 * r.w,
-                t > 0 ? r.flops / t / 1e9 : 0.0);
+    std::printf("%-30s %6d %12.3f %12.3f %12.3f %10.1f\n", name.c_str(), r.count, 1e3 * r.f,
+                1e3 * r.b, 1e3 * r.w, t > 0 ? r.flops / t / 1e9 : 0.0);
   };
   for (const auto& [name, r] : by_type) line(name, r);
   line("total (one micro-batch)", total);
@@ -65,7 +68,9 @@ int run_profile(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg({"profile", "time each op of a model on this machine; write the cost file baton plan uses", run_profile});
+const RegisterCommand reg(
+    {"profile", "time each op of a model on this machine; write the cost file baton plan uses",
+     run_profile});
 
 }  // namespace
 }  // namespace baton::tools

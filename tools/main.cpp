@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "memory/error.h"
 #include "tools/command.h"
 
@@ -22,6 +23,7 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::kernels::select_blas_kernels(argv);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {

@@ -31,8 +31,7 @@ enum class ReduceOp { sum, avg, max };
 
 class PeerError : public RuntimeError {
  public:
-  PeerError(int global_rank, const std::string& what)
-      : RuntimeError(what), peer_(global_rank) {}
+  PeerError(int global_rank, const std::string& what) : RuntimeError(what), peer_(global_rank) {}
   int peer() const { return peer_; }  // the global rank that failed
 
  private:
@@ -68,7 +67,8 @@ class Communicator {
   // counts[r]: the number of elements rank r contributes (all_gather, gather) or receives
   // (reduce_scatter, scatter); empty means equal parts. `out`/`in` on the many-side is
   // the concatenation of the parts in rank order, flattened.
-  virtual WorkPtr all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts = {}) = 0;
+  virtual WorkPtr all_gather(const Tensor& in, Tensor& out,
+                             std::span<const int64_t> counts = {}) = 0;
   virtual WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
                                  std::span<const int64_t> counts = {}) = 0;
   virtual WorkPtr scatter(const Tensor& in, Tensor& out, int root,

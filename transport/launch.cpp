@@ -1,8 +1,5 @@
 #include "transport/launch.h"
 
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>
-
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,13 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/asio.hpp>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "memory/error.h"
+#include "transport/detail/asio.h"
 #include "transport/store.h"
 
 extern char** environ;
@@ -41,12 +38,15 @@ std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     const char* name = sigabbrev_np(sig);
-    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+    return "was killed by signal " + std::to_string(sig) +
+           (name ? std::string(" (SIG") + name + ")" : "");
   }
   return "ended with status " + std::to_string(status);
 }
 
-bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+bool failed(int status) {
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -69,7 +69,8 @@ void write_all(int fd, const std::string& s) {
 
 class Launcher {
  public:
-  explicit Launcher(const LaunchOptions& o) : o_(o), signals_(io_, SIGCHLD), stop_signals_(io_, SIGINT, SIGTERM), grace_(io_) {}
+  explicit Launcher(const LaunchOptions& o)
+      : o_(o), signals_(io_, SIGCHLD), stop_signals_(io_, SIGINT, SIGTERM), grace_(io_) {}
 
   int run() {
     token_ = make_job_token();
@@ -176,7 +177,8 @@ class Launcher {
   // Copies a child's output to ours line by line, each line prefixed with its rank.
   void read_pipe(Rank& rk, asio::posix::stream_descriptor& pipe, std::string& partial, int fd) {
     auto buf = std::make_shared<std::array<char, 65536>>();
-    pipe.async_read_some(asio::buffer(*buf), [this, &rk, &pipe, &partial, fd, buf](boost::system::error_code ec, size_t n) {
+    pipe.async_read_some(asio::buffer(*buf), [this, &rk, &pipe, &partial, fd, buf](
+                                                 boost::system::error_code ec, size_t n) {
       std::string prefix = "[rank " + std::to_string(rk.rank) + "] ";
       if (ec) {
         if (!partial.empty()) write_all(fd, prefix + partial + "\n");
@@ -220,8 +222,8 @@ class Launcher {
         if (failed(status) && !first_failure_) {
           first_failure_ = rk.rank;
           if (!stopping_) {
-            write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " + describe_exit(status) +
-                             "; stopping the other ranks\n");
+            write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " +
+                             describe_exit(status) + "; stopping the other ranks\n");
             begin_stop(o_.grace);
           }
         }
@@ -308,8 +310,10 @@ class Launcher {
 }  // namespace
 
 int launch(const LaunchOptions& options) {
-  if (options.nprocs < 1) throw InputError("launch: -n must be at least 1, got " + std::to_string(options.nprocs));
-  if (options.command.empty()) throw InputError("launch: no command given (baton launch -n N -- CMD ...)");
+  if (options.nprocs < 1)
+    throw InputError("launch: -n must be at least 1, got " + std::to_string(options.nprocs));
+  if (options.command.empty())
+    throw InputError("launch: no command given (baton launch -n N -- CMD ...)");
   return Launcher(options).run();
 }
 

@@ -25,9 +25,11 @@ double env_number(const char* name, double fallback, double lo, double hi) {
 
 CommOptions CommOptions::from_env() {
   CommOptions o;
-  double secs = env_number("BATON_PEER_TIMEOUT", double(o.peer_timeout.count()) / 1000.0, 0.05, 86400);
+  double secs =
+      env_number("BATON_PEER_TIMEOUT", double(o.peer_timeout.count()) / 1000.0, 0.05, 86400);
   o.peer_timeout = std::chrono::milliseconds(int64_t(secs * 1000.0));
-  double connect = env_number("BATON_CONNECT_TIMEOUT", double(o.connect_timeout.count()) / 1000.0, 0.1, 86400);
+  double connect =
+      env_number("BATON_CONNECT_TIMEOUT", double(o.connect_timeout.count()) / 1000.0, 0.1, 86400);
   o.connect_timeout = std::chrono::milliseconds(int64_t(connect * 1000.0));
   double spin = env_number("BATON_SPIN_US", double(o.spin.count()), 0, 1e6);
   o.spin = std::chrono::microseconds(int64_t(spin));

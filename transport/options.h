@@ -14,7 +14,7 @@ struct CommOptions {
   std::chrono::milliseconds peer_timeout{20'000};
   // How long a waiting thread polls for completion before it sleeps. Polling keeps
   // small-message latency low; sleeping keeps idle ranks off the cores.
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{200};
   // How long start-up may wait for the other ranks to reach the rendezvous.
   std::chrono::milliseconds connect_timeout{120'000};
 

@@ -1,10 +1,7 @@
 // The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>
-
-#include <boost/asio.hpp>
 #include <thread>
 
+#include "transport/detail/asio.h"
 #include "transport/detail/store_protocol.h"
 #include "transport/store.h"
 
@@ -120,8 +117,9 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 
 std::string TcpStore::get(const std::string& key, milliseconds timeout) {
   std::lock_guard lock(mu_);
-  std::string reply = call(proto::Writer(proto::kGet).str(key).u32(uint32_t(timeout.count())).frame(),
-                           timeout + milliseconds(10'000));
+  std::string reply =
+      call(proto::Writer(proto::kGet).str(key).u32(uint32_t(timeout.count())).frame(),
+           timeout + milliseconds(10'000));
   proto::Reader in(reply);
   std::string value = in.str();
   in.end();
@@ -139,7 +137,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::lock_guard lock(mu_);
-  std::string reply = call(proto::Writer(proto::kAdd).str(key).i64(delta).frame(), milliseconds(30'000));
+  std::string reply =
+      call(proto::Writer(proto::kAdd).str(key).i64(delta).frame(), milliseconds(30'000));
   proto::Reader in(reply);
   int64_t v = in.i64();
   in.end();

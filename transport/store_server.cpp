@@ -3,16 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>
-
-#include <boost/asio.hpp>
 #include <deque>
 #include <list>
 #include <map>
 #include <random>
 #include <thread>
 
+#include "transport/detail/asio.h"
 #include "transport/detail/store_protocol.h"
 #include "transport/store.h"
 
@@ -103,7 +100,8 @@ struct StoreServer::Impl {
                          if (n == 0 || n > proto::kMaxFrame) {
                            self->s_.refused++;
                            return self->error("message length " + std::to_string(n) +
-                                                  " is outside 1.." + std::to_string(proto::kMaxFrame),
+                                                  " is outside 1.." +
+                                                  std::to_string(proto::kMaxFrame),
                                               true);
                          }
                          self->body_.resize(n);
@@ -130,8 +128,8 @@ struct StoreServer::Impl {
           std::string token = in.str(1024);
           in.end();
           if (version != proto::kVersion)
-            throw proto::ProtocolError("protocol version " + std::to_string(version) + ", expected " +
-                                       std::to_string(proto::kVersion));
+            throw proto::ProtocolError("protocol version " + std::to_string(version) +
+                                       ", expected " + std::to_string(proto::kVersion));
           if (!same_token(token, s_.token)) throw proto::ProtocolError("wrong job token");
           authed_ = true;
           hello_timer_.cancel();
@@ -210,7 +208,8 @@ struct StoreServer::Impl {
 
   void park(std::shared_ptr<Session> session, std::vector<std::string> keys, bool want_value,
             uint32_t ms) {
-    Parked p{std::move(session), std::move(keys), want_value, std::make_shared<asio::steady_timer>(io)};
+    Parked p{std::move(session), std::move(keys), want_value,
+             std::make_shared<asio::steady_timer>(io)};
     if (try_answer(p)) return;
     p.timer->expires_after(std::chrono::milliseconds(ms));
     auto it = parked.insert(parked.end(), std::move(p));
@@ -272,7 +271,8 @@ StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std:
     tcp::resolver resolver(impl_->io);
     auto results = resolver.resolve(bind_host, std::to_string(port), ec);
     if (ec || results.empty())
-      throw InputError("rendezvous: cannot resolve the address '" + bind_host + "': " + ec.message());
+      throw InputError("rendezvous: cannot resolve the address '" + bind_host +
+                       "': " + ec.message());
     addr = results.begin()->endpoint().address();
   }
   tcp::endpoint ep(addr, port);
@@ -280,8 +280,8 @@ StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std:
   impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
   impl_->acceptor.bind(ep, ec);
   if (ec)
-    throw RuntimeError("rendezvous: cannot listen on " + bind_host + ":" + std::to_string(port) + ": " +
-                       ec.message());
+    throw RuntimeError("rendezvous: cannot listen on " + bind_host + ":" + std::to_string(port) +
+                       ": " + ec.message());
   impl_->acceptor.listen();
   impl_->accept();
   impl_->thread = std::thread([this] { impl_->io.run(); });
@@ -292,8 +292,12 @@ StoreServer::~StoreServer() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-uint16_t StoreServer::port() const { return impl_->acceptor.local_endpoint().port(); }
-size_t StoreServer::refused() const { return impl_->refused.load(); }
+uint16_t StoreServer::port() const {
+  return impl_->acceptor.local_endpoint().port();
+}
+size_t StoreServer::refused() const {
+  return impl_->refused.load();
+}
 
 std::string make_job_token() {
   std::random_device rd;
@@ -301,7 +305,8 @@ std::string make_job_token() {
   std::string t;
   for (int i = 0; i < 8; ++i) {
     uint32_t x = rd();
-    for (int j = 0; j < 4; ++j) t.push_back(hex[(x >> (8 * j + 4)) & 0xf]), t.push_back(hex[(x >> (8 * j)) & 0xf]);
+    for (int j = 0; j < 4; ++j)
+      t.push_back(hex[(x >> (8 * j + 4)) & 0xf]), t.push_back(hex[(x >> (8 * j)) & 0xf]);
   }
   return t.substr(0, 32);
 }

@@ -3,7 +3,6 @@
 #include <numeric>
 
 #include "memory/error.h"
-
 #include "transport/detail/group_comm.h"
 #include "transport/detail/tag.h"
 #ifdef BATON_HAVE_UCX

@@ -23,8 +23,8 @@ int env_int(const char* name, int lo, int hi) {
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || x < lo || x > hi)
-    throw InputError(std::string(name) + "='" + v + "': expected an integer from " + std::to_string(lo) +
-                     " to " + std::to_string(hi));
+    throw InputError(std::string(name) + "='" + v + "': expected an integer from " +
+                     std::to_string(lo) + " to " + std::to_string(hi));
   return int(x);
 }
 
@@ -60,7 +60,8 @@ std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const 
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
     throw InputError(what + "='" + text + "': expected host:port");
   std::string host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   std::string port_text = text.substr(colon + 1);
   char* end = nullptr;
   long port = std::strtol(port_text.c_str(), &end, 10);
@@ -74,8 +75,8 @@ LaunchEnv read_launch_env() {
   for (const Source& s : kSources) {
     if (!env(s.rank) && !env(s.size)) continue;
     if (!env(s.rank) || !env(s.size))
-      throw InputError(std::string(s.name) + ": " + (env(s.rank) ? s.size : s.rank) + " is not set but " +
-                       (env(s.rank) ? s.rank : s.size) + " is");
+      throw InputError(std::string(s.name) + ": " + (env(s.rank) ? s.size : s.rank) +
+                       " is not set but " + (env(s.rank) ? s.rank : s.size) + " is");
     e.source = s.name;
     e.size = env_int(s.size, 1, 1 << 20);
     e.rank = env_int(s.rank, 0, e.size - 1);
@@ -88,7 +89,8 @@ LaunchEnv read_launch_env() {
     parse_host_port(e.rendezvous, "BATON_RENDEZVOUS");
   }
   if (const char* t = env("BATON_JOB_TOKEN")) e.token = t;
-  e.store_hosted = env("BATON_STORE_HOSTED") != nullptr && std::string(env("BATON_STORE_HOSTED")) == "1";
+  e.store_hosted =
+      env("BATON_STORE_HOSTED") != nullptr && std::string(env("BATON_STORE_HOSTED")) == "1";
   if (e.size > 1) {
     if (e.rendezvous.empty())
       throw InputError("world of " + std::to_string(e.size) + " ranks (from " + e.source +
@@ -97,9 +99,11 @@ LaunchEnv read_launch_env() {
     if (e.token.empty()) {
       e.token = token_from_job_id();
       if (e.token.empty())
-        throw InputError("BATON_JOB_TOKEN is not set: give every rank the same secret, e.g. "
-                         "`mpirun -x BATON_JOB_TOKEN=$(openssl rand -hex 16) ...`");
-      spdlog::warn("BATON_JOB_TOKEN is not set; using the scheduler's job id as the rendezvous token");
+        throw InputError(
+            "BATON_JOB_TOKEN is not set: give every rank the same secret, e.g. "
+            "`mpirun -x BATON_JOB_TOKEN=$(openssl rand -hex 16) ...`");
+      spdlog::warn(
+          "BATON_JOB_TOKEN is not set; using the scheduler's job id as the rendezvous token");
     }
   }
   return e;

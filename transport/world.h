@@ -19,9 +19,9 @@ struct LaunchEnv {
   int size = 1;
   int local_rank = 0;  // among the ranks on this host
   int local_size = 1;
-  std::string rendezvous;  // "host:port"; empty for a world of one
-  std::string token;       // the job token the rendezvous checks
-  bool store_hosted = false;  // the launcher already runs the store (else rank 0 does)
+  std::string rendezvous;       // "host:port"; empty for a world of one
+  std::string token;            // the job token the rendezvous checks
+  bool store_hosted = false;    // the launcher already runs the store (else rank 0 does)
   std::string source = "none";  // "baton launch", "Open MPI", "PMI", "Slurm", "none"
 };
 

@@ -4,7 +4,10 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <string_view>
 
@@ -40,14 +43,45 @@ void sync_blas_threads() {
   std::call_once(checked, check_blas_core);
 }
 
-void check_blas_core() {
+namespace {
+
+// OpenBLAS 0.3.21 does not recognise some recent CPUs and falls back to its SSE3
+// ("Prescott") kernels: sgemm then runs 2-4x below what the CPU can do. Returns the core
+// type it should use instead, or nullptr when its choice is fine.
+const char* better_blas_core() {
 #if defined(__x86_64__)
-  // OpenBLAS 0.3.21 does not recognise some recent CPUs and falls back to its SSE3
-  // ("Prescott") kernels: sgemm then runs 2-4x below what the CPU can do.
   const std::string_view core = openblas_get_corename();
   const bool old_core = core == "Prescott" || core == "Core2" || core == "Penryn" ||
                         core == "Dunnington" || core == "Nehalem" || core == "Atom";
-  if (old_core && __builtin_cpu_supports("avx2"))
+  if (!old_core) return nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return nullptr;
+}
+
+}  // namespace
+
+void select_blas_kernels(char** argv) {
+  // The user's choice stands; BATON_BLAS_REEXEC marks the re-executed process (no loop).
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("BATON_BLAS_REEXEC") != nullptr)
+    return;
+  const char* core = better_blas_core();
+  if (core == nullptr) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  setenv("BATON_BLAS_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with the slow kernels; check_blas_core() warns.
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
+void check_blas_core() {
+#if defined(__x86_64__)
+  const std::string_view core = openblas_get_corename();
+  const bool old_core = better_blas_core() != nullptr;
+  if (old_core)
     spdlog::warn(
         "OpenBLAS runs its {} kernels on a CPU with {}; GEMMs are several times slower than "
         "they could be. Set OPENBLAS_CORETYPE={} before starting baton.",

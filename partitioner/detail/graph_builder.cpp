@@ -29,7 +29,8 @@ int add_node(stages::Graph& g, const std::string& name, const std::string& op, c
   stages::OpSpec spec{name, nr, nr.at("attrs"), {}, {}, g.float_dtype};
   for (int v : inputs) spec.inputs.push_back(g.values[size_t(v)].type);
   for (int p : params)
-    spec.params.push_back(p >= 0 ? std::optional<stages::Shape>(g.params[size_t(p)].shape) : std::nullopt);
+    spec.params.push_back(p >= 0 ? std::optional<stages::Shape>(g.params[size_t(p)].shape)
+                                 : std::nullopt);
   std::unique_ptr<stages::Op> impl = type->make(spec);
   const auto& types = impl->output_types();
   BATON_CHECK(types.size() == outputs.size(), "output names of " + name);
@@ -43,7 +44,8 @@ int add_node(stages::Graph& g, const std::string& name, const std::string& op, c
   n.layer = layer;
   n.json_path = json_path;
   int id = int(g.nodes.size());
-  for (size_t i = 0; i < types.size(); ++i) n.outputs.push_back(g.add_value(outputs[i], types[i], id));
+  for (size_t i = 0; i < types.size(); ++i)
+    n.outputs.push_back(g.add_value(outputs[i], types[i], id));
   n.impl = std::move(impl);
   return g.add_node(std::move(n));
 }

@@ -2,10 +2,9 @@
 // graphs the partitioner makes (physical graphs, one-layer graphs for the cost model).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "stages/graph.h"
 

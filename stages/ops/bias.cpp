@@ -8,7 +8,11 @@ namespace baton::stages::ops {
 namespace {
 
 const OpSchema& bias_add_schema() {
-  static const OpSchema s{"bias_add", {"x"}, {"y"}, {{"bias", false}}, {},
+  static const OpSchema s{"bias_add",
+                          {"x"},
+                          {"y"},
+                          {{"bias", false}},
+                          {},
                           "y = x + bias over the last dimension (the bias of a row-split "
                           "linear, added once after the tensor-parallel reduction)"};
   return s;
@@ -58,7 +62,8 @@ class BiasAdd final : public OpBase {
 }  // namespace
 
 void add_bias_ops(std::vector<OpType>& table) {
-  table.push_back({bias_add_schema(), [](const OpSpec& s) { return std::make_unique<BiasAdd>(s); }});
+  table.push_back(
+      {bias_add_schema(), [](const OpSpec& s) { return std::make_unique<BiasAdd>(s); }});
 }
 
 }  // namespace baton::stages::ops

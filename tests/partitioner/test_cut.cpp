@@ -17,7 +17,9 @@ struct Problem {
 };
 
 Problem random_problem(std::mt19937_64& rng, int L, int K) {
-  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto uni = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
   Problem p;
   int classes = int(uni(1, 2));
   for (int c = 0; c < classes; ++c) {
@@ -44,7 +46,8 @@ Problem random_problem(std::mt19937_64& rng, int L, int K) {
     s.costs = int(uni(0, classes - 1));
     s.capacity = uni(0, 2) == 0 ? 0 : uni(150, 900);
     int terms = int(uni(1, 3));
-    for (int t = 0; t < terms; ++t) s.terms.push_back({int(uni(0, K - k)), int(uni(0, 2)), int(uni(0, 2))});
+    for (int t = 0; t < terms; ++t)
+      s.terms.push_back({int(uni(0, K - k)), int(uni(0, 2)), int(uni(0, 2))});
     p.stages.push_back(s);
   }
   if (uni(0, 3) == 0) p.stages[size_t(uni(0, K - 1))].fixed_layers = int(uni(1, L - K + 1));
@@ -67,7 +70,8 @@ void brute_force(const Cutter& cut, const Problem& p, bool& feasible, int64_t& b
       for (int s = 0; s < K; ++s) {
         int i = b[size_t(s)], j = b[size_t(s + 1)];
         if (!cut.fits_memory(s, i, j)) return;
-        if (p.stages[size_t(s)].fixed_layers > 0 && j - i != p.stages[size_t(s)].fixed_layers) return;
+        if (p.stages[size_t(s)].fixed_layers > 0 && j - i != p.stages[size_t(s)].fixed_layers)
+          return;
         worst = std::max(worst, cut.time(s, i, j));
       }
       feasible = true;
@@ -106,6 +110,14 @@ TEST(Cut, OptimalAgainstBruteForce) {
     if (!r.feasible) continue;
     ++feasible_cases;
     ASSERT_EQ(r.bottleneck, bf_best) << "seed " << seed << " trial " << trial;
+    // Starting from the optimum without capacities (what the search passes) changes nothing.
+    std::vector<CutStage> free_stages = p.stages;
+    for (auto& s : free_stages) s.capacity = 0;
+    CutResult unlimited = Cutter(p.costs, free_stages, p.allowed).solve();
+    ASSERT_TRUE(unlimited.feasible);
+    ASSERT_LE(unlimited.bottleneck, r.bottleneck);
+    ASSERT_EQ(cut.solve(unlimited.bottleneck).bottleneck, bf_best)
+        << "seed " << seed << " trial " << trial;
     ASSERT_EQ(int(r.bounds.size()), K + 1);
     EXPECT_EQ(r.bounds.front(), 0);
     EXPECT_EQ(r.bounds.back(), L);
@@ -146,7 +158,8 @@ TEST(Cut, MemoryCapMovesLayersOffTheFirstStage) {
   s0.capacity = 100;  // not even one layer
   CutResult none = Cutter({c}, {s0, s1}).solve();
   EXPECT_FALSE(none.feasible);
-  EXPECT_NE(none.reason.find("stage 0 cannot hold even one layer"), std::string::npos) << none.reason;
+  EXPECT_NE(none.reason.find("stage 0 cannot hold even one layer"), std::string::npos)
+      << none.reason;
 }
 
 TEST(Cut, LargeModelIsFast) {
@@ -159,7 +172,8 @@ TEST(Cut, LargeModelIsFast) {
     c.own_bytes.push_back(5000);
   }
   std::vector<CutStage> st;
-  for (int k = 0; k < 64; ++k) st.push_back({0, int64_t(12000000), {{64 - k, 0, 0}, {64 - k - 1, 0, 1}}, 0});
+  for (int k = 0; k < 64; ++k)
+    st.push_back({0, int64_t(12000000), {{64 - k, 0, 0}, {64 - k - 1, 0, 1}}, 0});
   Cutter cut({c}, st);
   CutResult r = cut.solve();
   ASSERT_TRUE(r.feasible) << r.reason;

@@ -10,11 +10,12 @@
 #include "memory/allocator.h"
 #include "partitioner/memory_model.h"
 #include "partitioner/tensor_parallel.h"
-#include "transport/local.h"
 #include "schedule/schedule.h"
+#include "stages/cost.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
 #include "stages/stage.h"
+#include "transport/local.h"
 
 namespace baton::partitioner {
 namespace {
@@ -23,7 +24,8 @@ using memory::Tensor;
 using stages::Graph;
 
 std::shared_ptr<Graph> load(const std::string& name) {
-  return std::make_shared<Graph>(stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
+  return std::make_shared<Graph>(
+      stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
 }
 
 // A one-rank schedule: `order` is a string of F, B, W (one letter per action; micro-batches
@@ -35,9 +37,12 @@ schedule::Schedule one_rank(const std::string& order) {
   s.ranks.resize(1);
   int f = 0, b = 0, w = 0;
   for (char c : order) {
-    if (c == 'F') s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::forward, f++, 0));
-    if (c == 'B') s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::backward_input, b++, 0));
-    if (c == 'W') s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::backward_weight, w++, 0));
+    if (c == 'F')
+      s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::forward, f++, 0));
+    if (c == 'B')
+      s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::backward_input, b++, 0));
+    if (c == 'W')
+      s.ranks[0].push_back(schedule::make_action(schedule::ActionKind::backward_weight, w++, 0));
   }
   s.num_micro_batches = f;
   return s;
@@ -74,7 +79,9 @@ int64_t measured_peak(std::shared_ptr<Graph> g, int first, int last, const std::
           kernels::random_normal(t, 0, 1, 9, uint64_t(f), {});
           in[g->values[size_t(v)].name] = t;
         }
-        for (int v : st.model_inputs()) in[g->values[size_t(v)].name] = random_ids(g->values[size_t(v)].type.with_batch(batch), 256, uint64_t(f));
+        for (int v : st.model_inputs())
+          in[g->values[size_t(v)].name] =
+              random_ids(g->values[size_t(v)].type.with_batch(batch), 256, uint64_t(f));
         stages::MicroBatch mb;
         mb.index = f++;
         mb.samples = batch;
@@ -129,17 +136,23 @@ TEST_P(MemoryEstimate, WithinTenPercentOfTheAllocatorPeak) {
     for (int l = c.first; l < c.last; ++l) rc.insert(l);
   StageMemory est = stage_memory(*g, c.first, c.last, rc, c.batch, 2);
   int64_t estimate = rank_peak(one_rank(c.order), 0, {est});
-  int64_t measured = measured_peak(g, c.first, c.last, rc, c.batch, c.order, world.empty() ? nullptr : world[0].get());
+  int64_t measured = measured_peak(g, c.first, c.last, rc, c.batch, c.order,
+                                   world.empty() ? nullptr : world[0].get());
   double err = double(estimate - measured) / double(measured);
-  std::printf("%s tp %d [%d, %d) recompute %d batch %lld %s: estimate %lld, measured %lld (%+.2f%%); "
-              "persistent %lld, stash %lld, w_stash %lld, F peak %lld, B peak %lld\n",
-              c.model.c_str(), c.tp, c.first, c.last, int(c.recompute), (long long)c.batch, c.order.c_str(),
-              (long long)estimate, (long long)measured, 100 * err, (long long)est.persistent(),
-              (long long)est.mb.stash, (long long)est.mb.w_stash, (long long)est.mb.forward_peak,
-              (long long)est.mb.backward_peak);
+  std::printf(
+      "%s tp %d [%d, %d) recompute %d batch %lld %s: estimate %lld, measured %lld (%+.2f%%); "
+      "persistent %lld, stash %lld, w_stash %lld, F peak %lld, B peak %lld\n",
+      c.model.c_str(), c.tp, c.first, c.last, int(c.recompute), (long long)c.batch, c.order.c_str(),
+      (long long)estimate, (long long)measured, 100 * err, (long long)est.persistent(),
+      (long long)est.mb.stash, (long long)est.mb.w_stash, (long long)est.mb.forward_peak,
+      (long long)est.mb.backward_peak);
   // The engine needs 10%; the model follows Stage's code, so it should be far closer, and
   // a drift past 2% means stages/ changed what it allocates.
   EXPECT_LE(std::abs(err), 0.02);
+  // stages/cost.h counts the stash by the same plan: the two agree.
+  stages::StageCost sc = stages::estimate_stage(*g, c.first, c.last, c.batch, rc, 2);
+  EXPECT_EQ(sc.persistent_bytes(), est.persistent());
+  EXPECT_EQ(sc.stash_bytes + sc.kept_input_bytes, est.mb.stash);
 }
 
 std::vector<MemCase> cases() {
@@ -209,7 +222,8 @@ TEST(ActivationMemory, GptLayerMatchesAdaptedKorthikanti) {
       // (2 x 2 x 4 s b bytes), which the paper leaves out.
       double adapted = 2.0 * (fp16 - masks - attention_matrix) + 4.0 * a * s * b / t + 16.0 * s * b;
       EXPECT_EQ(double(layer.mem.stash), adapted);
-      EXPECT_EQ(double(layer.mem.stash), 4.0 * s * b * h * (4 + 12.0 / t) + s * b * (16 + 4.0 * a / t));
+      EXPECT_EQ(double(layer.mem.stash),
+                4.0 * s * b * h * (4 + 12.0 / t) + s * b * (16 + 4.0 * a / t));
       // Full recompute keeps the layer's input only: their 2 s b h, in f32.
       EXPECT_EQ(double(layer.mem_recompute.stash), 4.0 * s * b * h);
     }
@@ -223,7 +237,8 @@ TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
     CostModel model(g, Machine{});
     const CostTable& table = model.table(t, 2);
     std::vector<int> degrees(size_t(g->num_layers()), t);
-    auto pg = build_physical(*g, plan_sharding(*g, degrees, {}, "test"), std::vector<int>(size_t(g->num_layers()), 0));
+    auto pg = build_physical(*g, plan_sharding(*g, degrees, {}, "test"),
+                             std::vector<int>(size_t(g->num_layers()), 0));
     for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 2}, {1, 4}, {2, 6}, {0, 6}})
       for (bool rc : {false, true}) {
         std::set<int> rcs;
@@ -239,8 +254,8 @@ TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
         EXPECT_EQ(pm.w_stash, comp.mb.w_stash);
         EXPECT_EQ(pm.forward_peak, comp.mb.forward_peak);
         EXPECT_EQ(pm.backward_peak, comp.mb.backward_peak);
-        SCOPED_TRACE("tp " + std::to_string(t) + " [" + std::to_string(first) + ", " + std::to_string(last) + ") rc " +
-                     std::to_string(rc));
+        SCOPED_TRACE("tp " + std::to_string(t) + " [" + std::to_string(first) + ", " +
+                     std::to_string(last) + ") rc " + std::to_string(rc));
         EXPECT_EQ(comp.persistent(), exact.persistent());
         EXPECT_EQ(comp.mb.stash, exact.mb.stash);
         EXPECT_EQ(comp.mb.w_stash, exact.mb.w_stash);

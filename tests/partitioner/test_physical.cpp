@@ -43,7 +43,8 @@ std::shared_ptr<Graph> mlp(DType dtype, std::vector<int64_t> hidden) {
 void expect_same(const RunOutput& want, const RunOutput& got, double tol) {
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i])) << "micro-batch " << i;
+    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
+        << "micro-batch " << i;
   ASSERT_EQ(want.params.size(), got.params.size());
   for (const auto& [name, t] : want.params) {
     ASSERT_TRUE(got.params.count(name)) << name;
@@ -66,7 +67,10 @@ TEST_P(PhysicalGraph, MatchesLogicalGraph) {
   std::vector<Case> cases = {
       {"gpt", [](DType d) { return gpt(d, 0.0); }},
       {"gpt-dropout", [](DType d) { return gpt(d, 0.2); }},
-      {"mlp-2-hidden", [](DType d) { return mlp(d, {16, 16}); }},
+      {"mlp-2-hidden",
+       [](DType d) {
+         return mlp(d, {16, 16});
+       }},
       {"mlp-1-hidden", [](DType d) { return mlp(d, {16}); }},
   };
   const Case& c = cases[size_t(which)];

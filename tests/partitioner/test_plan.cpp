@@ -69,50 +69,82 @@ TEST(Plan, LayerMissingOrTwice) {
   j["stages"] = {{{"layers", {0, 1}}}, {{"layers", {2, 4}}}};
   EXPECT_EQ(error_of(j), "plan.json: $.stages: layer 1 ('h.0') is in no stage");
   j["stages"] = {{{"layers", {0, 2}}}, {{"layers", {1, 4}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages[1].layers: layer 1 ('h.0') is placed twice (also in $.stages[0])");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[1].layers: layer 1 ('h.0') is placed twice (also in $.stages[0])");
   j["stages"] = {{{"layers", {"embed", "h.1"}}}, {{"layers", {"h.0", "head"}}}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.stages[0].layers: a stage holds consecutive layers in model order; layer 2 ('h.1') "
+            "plan.json: $.stages[0].layers: a stage holds consecutive layers in model order; layer "
+            "2 ('h.1') "
             "does not follow layer 0 ('embed')");
   j["stages"] = {{{"layers", {2, 4}}}, {{"layers", {0, 2}}}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.stages[0].layers: stages hold the model's layers in order, but layer 2 ('h.1') comes "
+            "plan.json: $.stages[0].layers: stages hold the model's layers in order, but layer 2 "
+            "('h.1') comes "
             "after layer 1 ('h.0') of a later stage");
   j["stages"] = {{{"layers", {0, 2}}}, {{"layers", {2, 9}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages[1].layers: expected layer indices within the model's 4 layers (last <= 4), found [2, 9]");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[1].layers: expected layer indices within the model's 4 layers "
+            "(last <= 4), found [2, 9]");
   j["stages"] = {{{"layers", {"embed", "h.9"}}}, {{"layers", {2, 4}}}};
   EXPECT_EQ(error_of(j), "plan.json: $.stages[0].layers[1]: no layer named 'h.9' in the model");
   j["stages"] = {{{"layers", {0, 4}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages: expected 2 stages (schedule 1f1b on 2 pipeline ranks holds 2 model chunks), found 1");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages: expected 2 stages (schedule 1f1b on 2 pipeline ranks holds 2 "
+            "model chunks), found 1");
   j["stages"] = {{{"layers", {1, 1}}}, {{"layers", {1, 4}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages[0].layers: expected first < last (a stage holds at least one layer), found [1, 1]");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[0].layers: expected first < last (a stage holds at least one "
+            "layer), found [1, 1]");
 }
 
 TEST(Plan, RanksInconsistentWithDegrees) {
   json j = tiny_plan();
   j["devices"] = 6;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.devices: expected dp x (sum of tp over the pipeline ranks) = 2 x 4 = 8 devices, found 6");
+            "plan.json: $.devices: expected dp x (sum of tp over the pipeline ranks) = 2 x 4 = 8 "
+            "devices, found 6");
   j = tiny_plan();
   j["parallel"]["tp"] = {2, 2, 2};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: expected one tensor-parallel degree per pipeline rank (pp = 2), found 3 values");
+            "plan.json: $.parallel.tp: expected one tensor-parallel degree per pipeline rank (pp = "
+            "2), found 3 values");
   j = tiny_plan();
   j["ranks"] = json::array();
-  for (int r = 0; r < 8; ++r) j["ranks"].push_back({{"rank", r}, {"dp", r / 4}, {"pp", (r / 2) % 2}, {"tp", r % 2}});
+  for (int r = 0; r < 8; ++r)
+    j["ranks"].push_back({{"rank", r}, {"dp", r / 4}, {"pp", (r / 2) % 2}, {"tp", r % 2}});
   EXPECT_EQ(error_of(j), "(no error)");
   j["ranks"][3]["pp"] = 0;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.ranks[3]: expected {rank 3, dp 0, pp 1, tp 1} (rank = (dp * PP + pp) * TP + tp), found "
+            "plan.json: $.ranks[3]: expected {rank 3, dp 0, pp 1, tp 1} (rank = (dp * PP + pp) * "
+            "TP + tp), found "
             "{rank 3, dp 0, pp 0, tp 1}");
   j = tiny_plan();
   j["stages"][1]["pipeline_ranks"] = {0};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.stages[1].pipeline_ranks: expected [1] (the 1f1b placement of model chunk 1), found [0]");
+            "plan.json: $.stages[1].pipeline_ranks: expected [1] (the 1f1b placement of model "
+            "chunk 1), found [0]");
+  j = tiny_plan();
+  j["boundaries"] = {{{"after_stage", 0},
+                      {"from_pipeline_rank", 0},
+                      {"to_pipeline_rank", 1},
+                      {"from_tp", 2},
+                      {"to_tp", 2},
+                      {"pattern", "one-to-one"}}};
+  EXPECT_EQ(error_of(j), "(no error)");
+  j["boundaries"][0]["pattern"] = "gather";
+  EXPECT_EQ(
+      error_of(j),
+      "plan.json: $.boundaries[0]: expected "
+      "{\"after_stage\":0,\"from_pipeline_rank\":0,\"from_tp\":2,"
+      "\"pattern\":\"one-to-one\",\"to_pipeline_rank\":1,\"to_tp\":2} (from the degrees and the "
+      "placement), "
+      "found {\"after_stage\":0,\"from_pipeline_rank\":0,\"from_tp\":2,\"pattern\":\"gather\","
+      "\"to_pipeline_rank\":1,\"to_tp\":2}");
   j = tiny_plan();
   j["batch"]["global"] = 12;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.batch.global: expected dp x micro_batches x micro_batch_size = 2 x 4 x 2 = 16, found 12");
+            "plan.json: $.batch.global: expected dp x micro_batches x micro_batch_size = 2 x 4 x 2 "
+            "= 16, found 12");
 }
 
 TEST(Plan, DegreeMustDivideWhatItSplits) {
@@ -121,26 +153,32 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   j["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 3}};
   j["batch"] = {{"micro_batch_size", 2}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide n_head = 4 of attention node "
+            "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide n_head = 4 of "
+            "attention node "
             "'h.0.attn.attn' (layer h.0)");
   j["model"]["vocab_size"] = 50;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide the vocabulary (table rows) = 50 of "
+            "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide the vocabulary "
+            "(table rows) = 50 of "
             "embedding node 'wte' (layer embed)");
   // The hidden size of an MLP's split linear.
-  j["model"] = {{"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};
+  j["model"] = {
+      {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};
   j["devices"] = 8;
   j["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 4}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: tensor-parallel degree 4 does not divide the output features = 10 of "
+            "plan.json: $.parallel.tp: tensor-parallel degree 4 does not divide the output "
+            "features = 10 of "
             "linear node 'fc0' (layer fc0)");
   // A tied parameter on pipeline ranks of different degrees.
   j = tiny_plan();
   j["devices"] = 12;
   j["parallel"]["tp"] = {2, 4};
-  EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: parameter 'wte.weight' is used by layer 0 ('embed') and layer 3 ('head') on "
-            "pipeline ranks of different tensor-parallel degrees; a tied parameter needs one degree");
+  EXPECT_EQ(
+      error_of(j),
+      "plan.json: $.parallel.tp: parameter 'wte.weight' is used by layer 0 ('embed') and layer 3 "
+      "('head') on "
+      "pipeline ranks of different tensor-parallel degrees; a tied parameter needs one degree");
 }
 
 TEST(Plan, StageOverCapacity) {
@@ -151,7 +189,8 @@ TEST(Plan, StageOverCapacity) {
   PlanEstimate e = evaluate_plan(r, model);
   ASSERT_EQ(e.problems.size(), 2u);  // both pipeline ranks
   const RankEstimate& r0 = e.ranks[0];
-  EXPECT_EQ(e.problems[0], "rank 0 (pp 0, embed .. h.0) needs " + memory::format_bytes(double(r0.peak)) +
+  EXPECT_EQ(e.problems[0], "rank 0 (pp 0, embed .. h.0) needs " +
+                               memory::format_bytes(double(r0.peak)) +
                                ", over its capacity of 256.00 KiB by " +
                                memory::format_bytes(double(r0.peak - (256 << 10))) +
                                " (as do its tensor- and data-parallel peers)");
@@ -165,7 +204,8 @@ TEST(Plan, UnknownScheduleAndFields) {
   json j = tiny_plan();
   j["schedule"]["name"] = "2f2b";
   EXPECT_EQ(error_of(j),
-            "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, interleaved-1f1b, "
+            "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
+            "interleaved-1f1b, "
             "zb-h1, zb-h2, zb-v, dualpipev, dualpipe)");
   j = tiny_plan();
   j["schedule"] = {{"name", "dualpipev"}, {"micro_batches", 2}};
@@ -174,41 +214,57 @@ TEST(Plan, UnknownScheduleAndFields) {
   j = tiny_plan();
   j["tensor_parallel"] = 2;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, model, devices, "
-            "device_memory, parallel, batch, schedule, optimizer, stages, splits, ranks, predicted)");
+            "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
+            "model, devices, "
+            "device_memory, parallel, batch, schedule, optimizer, stages, splits, ranks, "
+            "boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
-            "plan.json: $.stages[0].layer: unknown field 'layer' (allowed here: layers, pipeline_ranks, recompute)");
+            "plan.json: $.stages[0].layer: unknown field 'layer' (allowed here: layers, "
+            "pipeline_ranks, recompute)");
   j = tiny_plan();
   j["version"] = 2;
-  EXPECT_EQ(error_of(j), "plan.json: $.version: expected version 1 (the only plan version baton reads), found 2");
+  EXPECT_EQ(
+      error_of(j),
+      "plan.json: $.version: expected version 1 (the only plan version baton reads), found 2");
   j = tiny_plan();
   j["device_memory"] = "lots";
-  EXPECT_EQ(error_of(j), "plan.json: $.device_memory: expected a size such as \"4GiB\" or a number of bytes, found \"lots\"");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.device_memory: expected a size such as \"4GiB\" or a number of bytes, "
+            "found \"lots\"");
   j = tiny_plan();
   j["optimizer"] = "adam";
-  EXPECT_EQ(error_of(j), "plan.json: $.optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"adam\"");
+  EXPECT_EQ(
+      error_of(j),
+      "plan.json: $.optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"adam\"");
 }
 
 TEST(Plan, SplitOverridesAndRecompute) {
   json j = tiny_plan();
   j["splits"] = {{"h.0.mlp.c_fc", "row"}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.splits.h.0.mlp.c_fc: row split of linear node 'h.0.mlp.c_fc' (layer h.0) needs its input "
-            "split over the last dimension, but 'h.0.ln_2' is replicated (split the linear before it by columns)");
+            "plan.json: $.splits.h.0.mlp.c_fc: row split of linear node 'h.0.mlp.c_fc' (layer h.0) "
+            "needs its input "
+            "split over the last dimension, but 'h.0.ln_2' is replicated (split the linear before "
+            "it by columns)");
   j["splits"] = {{"h.0.ln_1", "column"}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.splits.h.0.ln_1: node 'h.0.ln_1' (op layernorm) cannot be split; only linear, embedding, "
+            "plan.json: $.splits.h.0.ln_1: node 'h.0.ln_1' (op layernorm) cannot be split; only "
+            "linear, embedding, "
             "attention and cross_entropy nodes take a split");
   j["splits"] = {{"h.0.attn.attn", "column"}};
-  EXPECT_EQ(error_of(j), "plan.json: $.splits.h.0.attn.attn: expected \"heads\" or \"none\" for attention node 'h.0.attn.attn', found \"column\"");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.splits.h.0.attn.attn: expected \"heads\" or \"none\" for attention node "
+            "'h.0.attn.attn', found \"column\"");
   j["splits"] = {{"nope", "none"}};
   EXPECT_EQ(error_of(j), "plan.json: $.splits.nope: no node named 'nope' in the model");
   j["splits"] = {{"lm_head", "none"}};
   EXPECT_EQ(error_of(j),
-            "plan.json: $.parallel.tp: parameter 'wte.weight' is split along dimension 0 over 2 ranks by embedding node "
-            "'wte' (layer embed) but replicated by linear node 'lm_head' (layer head); nodes sharing a parameter need "
+            "plan.json: $.parallel.tp: parameter 'wte.weight' is split along dimension 0 over 2 "
+            "ranks by embedding node "
+            "'wte' (layer embed) but replicated by linear node 'lm_head' (layer head); nodes "
+            "sharing a parameter need "
             "the same split (and the same degree)");
   j["splits"] = {{"lm_head", "none"}, {"wte", "none"}, {"h.1.mlp.c_fc", "none"}};
   ResolvedPlan r = check(j);
@@ -225,7 +281,9 @@ TEST(Plan, SplitOverridesAndRecompute) {
   EXPECT_EQ(kind_of("wte"), SplitKind::none);
   j = tiny_plan();
   j["stages"][1]["recompute"] = {"h.0"};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages[1].recompute[0]: expected a layer of this stage (h.1 .. head), found 'h.0'");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[1].recompute[0]: expected a layer of this stage (h.1 .. head), "
+            "found 'h.0'");
   j["stages"][1]["recompute"] = {"h.1"};
   ResolvedPlan r2 = check(j);
   EXPECT_EQ(r2.recompute[1], (std::set<int>{2}));

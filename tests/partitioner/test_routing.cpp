@@ -16,8 +16,9 @@ using nlohmann::json;
 using namespace testing;
 
 json gpt_model() {
-  return {{"type", "gpt2"}, {"name", "tiny"}, {"n_layer", 2}, {"n_head", 4}, {"n_embd", 16},
-          {"n_positions", 8}, {"context", 5}, {"vocab_size", 12}, {"resid_pdrop", 0.1}, {"attn_pdrop", 0.1}};
+  return {{"type", "gpt2"},     {"name", "tiny"},   {"n_layer", 2}, {"n_head", 4},
+          {"n_embd", 16},       {"n_positions", 8}, {"context", 5}, {"vocab_size", 12},
+          {"resid_pdrop", 0.1}, {"attn_pdrop", 0.1}};
 }
 json mlp_model() {
   return {{"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {16, 16}}};
@@ -43,7 +44,8 @@ ResolvedPlan plan_of(json model, int dp, json tp, const std::string& schedule, i
 }
 
 TEST(Groups, TinyGptPp2Tp2Dp2) {
-  ResolvedPlan r = plan_of(gpt_model(), 2, {2, 2}, "1f1b", 4, 2, {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
+  ResolvedPlan r =
+      plan_of(gpt_model(), 2, {2, 2}, "1f1b", 4, 2, {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
   RankView v = rank_view(r, 3);  // dp 0, pp 1, tp 1
   EXPECT_EQ(v.coord, (RankCoord{0, 1, 1}));
   EXPECT_EQ(v.tp_group, (std::vector<int>{2, 3}));
@@ -69,21 +71,25 @@ TEST(Routing, BroadcastAndGatherBetweenDegrees) {
     std::vector<std::string> out;
     for (const Transfer& t : boundary_transfers(r, rank, stage))
       out.push_back(std::string(t.kind == Transfer::Kind::send ? "send " : "recv ") +
-                    (t.phase == Transfer::Phase::activation ? "act " : "grad ") + std::to_string(t.peer) + " " +
-                    t.value + " " + std::to_string(t.part) + "/" + std::to_string(t.parts));
+                    (t.phase == Transfer::Phase::activation ? "act " : "grad ") +
+                    std::to_string(t.peer) + " " + t.value + " " + std::to_string(t.part) + "/" +
+                    std::to_string(t.parts));
     return out;
   };
   // 2 -> 4, broadcast: receiver j from sender j mod 2; gradients back: gather 4 -> 2.
-  EXPECT_EQ(list(0, 0), (std::vector<std::string>{"send act 2 h.0.add_2 0/1", "send act 4 h.0.add_2 0/1",
-                                                  "recv grad 2 h.0.add_2 0/2", "recv grad 4 h.0.add_2 1/2"}));
-  EXPECT_EQ(list(5, 0), (std::vector<std::string>{"recv act 1 h.0.add_2 0/1", "send grad 1 h.0.add_2 1/2"}));
+  EXPECT_EQ(list(0, 0),
+            (std::vector<std::string>{"send act 2 h.0.add_2 0/1", "send act 4 h.0.add_2 0/1",
+                                      "recv grad 2 h.0.add_2 0/2", "recv grad 4 h.0.add_2 1/2"}));
+  EXPECT_EQ(list(5, 0),
+            (std::vector<std::string>{"recv act 1 h.0.add_2 0/1", "send grad 1 h.0.add_2 1/2"}));
   // 4 -> 2, gather: receiver j from senders j, j + 2, in parts.
-  EXPECT_EQ(list(7, 1), (std::vector<std::string>{"recv act 3 h.1.add_2 0/2", "recv act 5 h.1.add_2 1/2",
-                                                  "send grad 3 h.1.add_2 0/1", "send grad 5 h.1.add_2 0/1"}));
+  EXPECT_EQ(list(7, 1),
+            (std::vector<std::string>{"recv act 3 h.1.add_2 0/2", "recv act 5 h.1.add_2 1/2",
+                                      "send grad 3 h.1.add_2 0/1", "send grad 5 h.1.add_2 0/1"}));
   EXPECT_TRUE(list(0, 1).empty());
   EXPECT_TRUE(list(6, 2).empty());  // the last stage hands on nothing
   EXPECT_EQ(part_range(10 * 4, 4, 1, 3), (std::pair<int64_t, int64_t>{12, 24}));  // whole rows
-  EXPECT_EQ(part_range(7, 7, 1, 2), (std::pair<int64_t, int64_t>{3, 7}));       // fewer rows than parts
+  EXPECT_EQ(part_range(7, 7, 1, 2), (std::pair<int64_t, int64_t>{3, 7}));  // fewer rows than parts
 }
 
 TEST(Routing, SplitValueCannotCrossADegreeChange) {
@@ -100,8 +106,10 @@ TEST(Routing, SplitValueCannotCrossADegreeChange) {
     FAIL() << "expected an error";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "plan.json: $.parallel.tp: value 'fc0.act' is split over a tensor-parallel group of 2 ranks and "
-              "consumed by linear node 'fc1' (layer fc1) in a group of 1: where the degree changes between "
+              "plan.json: $.parallel.tp: value 'fc0.act' is split over a tensor-parallel group of "
+              "2 ranks and "
+              "consumed by linear node 'fc1' (layer fc1) in a group of 1: where the degree changes "
+              "between "
               "pipeline stages, the values crossing the cut must be replicated (cut elsewhere)");
   }
 }
@@ -123,7 +131,8 @@ TEST_P(WholePlan, MatchesLogicalGraph) {
   RunOutput want = run_logical(r.graph, logical);
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << "micro-batch " << i;
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
+        << "micro-batch " << i;
   for (const auto& [name, t] : want.params) {
     ASSERT_TRUE(got.grads.count(name)) << name;
     EXPECT_EQ(rel_diff(got.params.at(name), t), 0.0) << "initial " << name;
@@ -134,35 +143,55 @@ TEST_P(WholePlan, MatchesLogicalGraph) {
 
 INSTANTIATE_TEST_SUITE_P(
     Plans, WholePlan,
-    ::testing::Values(
-        PlanCase{"gpt_tp_2_4_2", [] {
-                   return plan_of(gpt_model(), 1, {2, 4, 2}, "1f1b", 3, 2,
-                                  {{{"layers", {0, 2}}}, {{"layers", {2, 3}}}, {{"layers", {3, 4}}}});
-                 }},
-        PlanCase{"gpt_pp2_tp2_dp2", [] {
-                   return plan_of(gpt_model(), 2, {2, 2}, "1f1b", 2, 2, {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
-                 }},
-        PlanCase{"mlp_tp_2_1_dp2", [] {
-                   return plan_of(mlp_model(), 2, {2, 1}, "gpipe", 2, 3, {{{"layers", {0, 1}}}, {{"layers", {1, 4}}}});
-                 }},
-        PlanCase{"mlp_tp2_split_cut", [] {
-                   return plan_of(mlp_model(), 1, {2, 2}, "1f1b", 2, 2, {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
-                 }},
-        PlanCase{"mlp_tp_1_4", [] {
-                   return plan_of(mlp_model(), 1, {1, 4}, "1f1b", 2, 2, {{{"layers", {0, 1}}}, {{"layers", {1, 4}}}});
-                 }},
-        PlanCase{"gpt_interleaved", [] {
-                   return plan_of(gpt_model(), 1, {1, 1}, "interleaved-1f1b", 2, 2,
-                                  {{{"layers", {0, 1}}}, {{"layers", {1, 2}}}, {{"layers", {2, 3}}}, {{"layers", {3, 4}}}},
-                                  2);
-                 }},
-        PlanCase{"gpt_zb_v_tp2", [] {
-                   return plan_of(gpt_model(), 1, {2, 2}, "zb-v", 2, 2,
-                                  {{{"layers", {0, 1}}}, {{"layers", {1, 2}}}, {{"layers", {2, 3}}}, {{"layers", {3, 4}}}});
-                 }},
-        PlanCase{"gpt_dualpipe", [] {
-                   return plan_of(gpt_model(), 1, {1, 1}, "dualpipe", 4, 1, {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
-                 }}),
+    ::testing::Values(PlanCase{"gpt_tp_2_4_2",
+                               [] {
+                                 return plan_of(gpt_model(), 1, {2, 4, 2}, "1f1b", 3, 2,
+                                                {{{"layers", {0, 2}}},
+                                                 {{"layers", {2, 3}}},
+                                                 {{"layers", {3, 4}}}});
+                               }},
+                      PlanCase{"gpt_pp2_tp2_dp2",
+                               [] {
+                                 return plan_of(gpt_model(), 2, {2, 2}, "1f1b", 2, 2,
+                                                {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
+                               }},
+                      PlanCase{"mlp_tp_2_1_dp2",
+                               [] {
+                                 return plan_of(mlp_model(), 2, {2, 1}, "gpipe", 2, 3,
+                                                {{{"layers", {0, 1}}}, {{"layers", {1, 4}}}});
+                               }},
+                      PlanCase{"mlp_tp2_split_cut",
+                               [] {
+                                 return plan_of(mlp_model(), 1, {2, 2}, "1f1b", 2, 2,
+                                                {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
+                               }},
+                      PlanCase{"mlp_tp_1_4",
+                               [] {
+                                 return plan_of(mlp_model(), 1, {1, 4}, "1f1b", 2, 2,
+                                                {{{"layers", {0, 1}}}, {{"layers", {1, 4}}}});
+                               }},
+                      PlanCase{"gpt_interleaved",
+                               [] {
+                                 return plan_of(gpt_model(), 1, {1, 1}, "interleaved-1f1b", 2, 2,
+                                                {{{"layers", {0, 1}}},
+                                                 {{"layers", {1, 2}}},
+                                                 {{"layers", {2, 3}}},
+                                                 {{"layers", {3, 4}}}},
+                                                2);
+                               }},
+                      PlanCase{"gpt_zb_v_tp2",
+                               [] {
+                                 return plan_of(gpt_model(), 1, {2, 2}, "zb-v", 2, 2,
+                                                {{{"layers", {0, 1}}},
+                                                 {{"layers", {1, 2}}},
+                                                 {{"layers", {2, 3}}},
+                                                 {{"layers", {3, 4}}}});
+                               }},
+                      PlanCase{"gpt_dualpipe",
+                               [] {
+                                 return plan_of(gpt_model(), 1, {1, 1}, "dualpipe", 4, 1,
+                                                {{{"layers", {0, 2}}}, {{"layers", {2, 4}}}});
+                               }}),
     [](const ::testing::TestParamInfo<PlanCase>& i) { return i.param.name; });
 
 }  // namespace

@@ -47,13 +47,16 @@ MicroBatch micro_batch(const RunSpec& spec, int mb, const Graph& g) {
   m.samples = spec.samples;
   m.sample_offset = mb * spec.samples;
   m.global_batch = spec.samples * spec.micro_batches;
-  const stages::Value& targets = g.values[size_t(g.nodes[size_t(g.values[size_t(g.loss)].producer)].inputs[1])];
+  const stages::Value& targets =
+      g.values[size_t(g.nodes[size_t(g.values[size_t(g.loss)].producer)].inputs[1])];
   m.loss_tokens = double(m.global_batch * memory::shape_numel(targets.type.shape));
   m.step = 3;
   return m;
 }
 
-Tensor to_f64(const Tensor& t) { return t.to(memory::DType::f64).contiguous(); }
+Tensor to_f64(const Tensor& t) {
+  return t.to(memory::DType::f64).contiguous();
+}
 
 // Runs the micro-batches (F, B, W each) on a stage; returns the losses.
 std::vector<double> train(Stage& st, const Graph& g, const Graph& logical, const RunSpec& spec) {
@@ -61,7 +64,8 @@ std::vector<double> train(Stage& st, const Graph& g, const Graph& logical, const
   st.zero_grad();
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     TensorMap out = st.forward(micro_batch(spec, mb, logical), make_inputs(logical, spec, mb));
-    losses.push_back(out.at(g.values[size_t(g.loss)].name).to(memory::DType::f64).to_vector<double>()[0]);
+    losses.push_back(
+        out.at(g.values[size_t(g.loss)].name).to(memory::DType::f64).to_vector<double>()[0]);
     st.backward(mb);
   }
   st.finish_grads();
@@ -110,8 +114,8 @@ RunOutput run_logical(std::shared_ptr<const Graph> g, const RunSpec& spec) {
   return out;
 }
 
-RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp, const SplitOverrides& overrides,
-                              const RunSpec& spec) {
+RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp,
+                              const SplitOverrides& overrides, const RunSpec& spec) {
   kernels::set_num_threads(1);
   std::vector<int> layer_tp(size_t(g->num_layers()), tp);
   Sharding sh = plan_sharding(*g, layer_tp, overrides, "test");
@@ -140,10 +144,12 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp, const Spli
             auto& dst = which == 0 ? out.params : out.grads;
             const Tensor& local = which == 0 ? params.at(p.name) : st.grad(id);
             if (!p.is_shard() && dst.count(p.name)) {
-              out.replica_mismatch = std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
+              out.replica_mismatch =
+                  std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
               continue;
             }
-            if (!dst.count(p.name)) dst[p.name] = Tensor::zeros(p.logical_shape, memory::DType::f64);
+            if (!dst.count(p.name))
+              dst[p.name] = Tensor::zeros(p.logical_shape, memory::DType::f64);
             place(dst.at(p.name), p, local);
           }
         }
@@ -157,7 +163,8 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp, const Spli
   if (error) std::rethrow_exception(error);
   for (int r = 1; r < tp; ++r)
     for (size_t i = 0; i < losses[0].size(); ++i)
-      out.replica_mismatch = std::max(out.replica_mismatch, std::abs(losses[size_t(r)][i] - losses[0][i]));
+      out.replica_mismatch =
+          std::max(out.replica_mismatch, std::abs(losses[size_t(r)][i] - losses[0][i]));
   out.losses = losses[0];
   return out;
 }
@@ -175,7 +182,8 @@ namespace {
 
 uint64_t transfer_tag(int64_t mb, int stage, const Transfer& t, int value_index) {
   uint64_t phase = t.phase == Transfer::Phase::activation ? 0 : 1;
-  return ((((uint64_t(mb) * 32 + uint64_t(stage)) * 2 + phase) * 8 + uint64_t(value_index)) * 16) + uint64_t(t.part);
+  return ((((uint64_t(mb) * 32 + uint64_t(stage)) * 2 + phase) * 8 + uint64_t(value_index)) * 16) +
+         uint64_t(t.part);
 }
 
 class RankRunner {
@@ -202,7 +210,8 @@ class RankRunner {
     global.samples = r_.plan.micro_batch_size;
     // A bidirectional schedule sends micro-batch i down the stages of its direction only.
     auto runs = [&](int s, int i) {
-      return schedule::stage_direction(r_.schedule, s) == schedule::micro_batch_direction(r_.schedule, i);
+      return schedule::stage_direction(r_.schedule, s) ==
+             schedule::micro_batch_direction(r_.schedule, i);
     };
     for (int i = 0; i < M; ++i) {
       int64_t mb = int64_t(d) * M + i;
@@ -250,7 +259,8 @@ class RankRunner {
       Tensor& full = in[t.value];
       auto [b, e] = part_range(full.numel(), full.size(-1), t.part, t.parts);
       slices.push_back(full.view({full.numel()}).narrow(0, b, e - b));
-      works.push_back(world_.irecv(slices.back(), t.peer, transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
+      works.push_back(world_.irecv(slices.back(), t.peer,
+                                   transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
     }
     for (auto& w : works) w->wait();
     return in;
@@ -263,7 +273,8 @@ class RankRunner {
       auto [b, e] = part_range(full.numel(), full.size(-1), t.part, t.parts);
       Tensor slice = full.contiguous().view({full.numel()}).narrow(0, b, e - b);
       keep_.push_back(slice);
-      pending_.push_back(world_.isend(slice, t.peer, transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
+      pending_.push_back(world_.isend(
+          slice, t.peer, transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
     }
   }
 
@@ -271,14 +282,17 @@ class RankRunner {
     TensorMap in = make_inputs(*r_.graph, global, int(mb));
     int prev = prev_of(s);
     if (prev >= 0) {
-      TensorMap got = is_mine(prev) ? local_out_.at({prev, mb}) : receive(prev, Transfer::Phase::activation, mb);
+      TensorMap got = is_mine(prev) ? local_out_.at({prev, mb})
+                                    : receive(prev, Transfer::Phase::activation, mb);
       in.insert(got.begin(), got.end());
     }
     TensorMap out = st.forward(micro_batch(global, int(mb), *r_.graph), in);
     int next = next_of(s);
     if (next < 0) {
       if (rank_ == r_.layout.rank(r_.layout.coord(rank_).dp, r_.layout.coord(rank_).pp, 0))
-        losses[size_t(mb)] = out.at(r_.graph->values[size_t(r_.graph->loss)].name).to(memory::DType::f64).to_vector<double>()[0];
+        losses[size_t(mb)] = out.at(r_.graph->values[size_t(r_.graph->loss)].name)
+                                 .to(memory::DType::f64)
+                                 .to_vector<double>()[0];
       return;
     }
     if (is_mine(next))
@@ -290,7 +304,8 @@ class RankRunner {
   void backward(int s, Stage& st, int64_t mb) {
     TensorMap grads;
     int next = next_of(s);
-    if (next >= 0) grads = is_mine(next) ? local_grad_.at({s, mb}) : receive(s, Transfer::Phase::gradient, mb);
+    if (next >= 0)
+      grads = is_mine(next) ? local_grad_.at({s, mb}) : receive(s, Transfer::Phase::gradient, mb);
     TensorMap gin = st.backward(mb, grads);
     int prev = prev_of(s);
     if (prev < 0) return;
@@ -308,8 +323,10 @@ class RankRunner {
       Tensor total;
       for (int s : gg.local_stages) {
         const Tensor& g = stages_.at(s)->grad(id);
-        if (!total.defined()) total = g.clone();
-        else kernels::add_inplace(total, g);
+        if (!total.defined())
+          total = g.clone();
+        else
+          kernels::add_inplace(total, g);
       }
       if (gg.ranks.size() > 1) {
         auto it = comms.find(gg.ranks);

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,7 +17,7 @@
 namespace baton::partitioner::testing {
 
 struct RunOutput {
-  std::vector<double> losses;                  // per micro-batch
+  std::vector<double> losses;                    // per micro-batch
   std::map<std::string, memory::Tensor> params;  // logical name -> whole parameter (f64)
   std::map<std::string, memory::Tensor> grads;   // logical name -> whole gradient (f64)
   double replica_mismatch = 0;  // largest difference between ranks of a replicated tensor

@@ -32,7 +32,9 @@ int g_rank = -1;
   std::exit(1);
 }
 
-double value(int rank, int64_t i) { return double(int64_t((uint64_t(i) * 7 + uint64_t(rank) * 13) % 17) - 8); }
+double value(int rank, int64_t i) {
+  return double(int64_t((uint64_t(i) * 7 + uint64_t(rank) * 13) % 17) - 8);
+}
 
 Tensor input(int rank, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -55,7 +57,8 @@ void check(Communicator& c) {
       const float* p = t.data<float>();
       for (int64_t i = 0; i < count; ++i) {
         double want = op == ReduceOp::max ? -1e9 : 0;
-        for (int q = 0; q < n; ++q) want = op == ReduceOp::max ? std::max(want, value(q, i)) : want + value(q, i);
+        for (int q = 0; q < n; ++q)
+          want = op == ReduceOp::max ? std::max(want, value(q, i)) : want + value(q, i);
         if (p[i] != float(want)) fail("all_reduce element " + std::to_string(i) + at);
       }
     }
@@ -72,7 +75,8 @@ void check(Communicator& c) {
     int64_t off = 0;
     for (int q = 0; q < n; ++q) {
       for (int64_t i = 0; i < parts[size_t(q)]; ++i)
-        if (gathered.data<float>()[off + i] != float(value(q, i))) fail("all_gather from rank " + std::to_string(q) + at);
+        if (gathered.data<float>()[off + i] != float(value(q, i)))
+          fail("all_gather from rank " + std::to_string(q) + at);
       off += parts[size_t(q)];
     }
     Tensor full = input(r, total);
@@ -83,7 +87,8 @@ void check(Communicator& c) {
     for (int64_t i = 0; i < parts[size_t(r)]; ++i) {
       double want = 0;
       for (int q = 0; q < n; ++q) want += value(q, base + i);
-      if (part.data<float>()[i] != float(want)) fail("reduce_scatter element " + std::to_string(i) + at);
+      if (part.data<float>()[i] != float(want))
+        fail("reduce_scatter element " + std::to_string(i) + at);
     }
     // broadcast from the last rank
     Tensor b = r == n - 1 ? input(n - 1, count) : Tensor::zeros({count});
@@ -126,11 +131,13 @@ int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
   try {
     for (long k = 0;; ++k) {
       c.all_reduce(t, ReduceOp::avg)->wait();
-      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) fail("no failure seen in 60 s");
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60))
+        fail("no failure seen in 60 s");
     }
   } catch (const PeerError& e) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs, e.what());
+    std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs,
+                e.what());
     std::fflush(stdout);
     return 3;
   }
@@ -149,8 +156,8 @@ int main(int argc, char** argv) {
     g_rank = w.comm->rank();
     if (scenario == "check") {
       check(*w.comm);
-      std::printf("rank %d of %d ok (%s, %s)\n", w.comm->rank(), w.comm->size(), w.comm->backend().c_str(),
-                  w.env.source.c_str());
+      std::printf("rank %d of %d ok (%s, %s)\n", w.comm->rank(), w.comm->size(),
+                  w.comm->backend().c_str(), w.env.source.c_str());
       return 0;
     }
     if ((scenario == "kill" || scenario == "hang") && argc == 4)

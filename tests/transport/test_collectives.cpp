@@ -39,12 +39,17 @@ double reference(int nranks, int64_t i, ReduceOp op, DType dt) {
   }
   if (op != ReduceOp::avg) return acc;
   switch (dt) {
-    case DType::f64: return acc / nranks;
+    case DType::f64:
+      return acc / nranks;
     case DType::i32:
-    case DType::i64: return double(int64_t(acc) / nranks);
-    case DType::f32: return double(float(acc) / float(nranks));
-    case DType::bf16: return memory::bf16_to_float(memory::float_to_bf16(float(acc) / float(nranks)));
-    case DType::f16: return memory::f16_to_float(memory::float_to_f16(float(acc) / float(nranks)));
+    case DType::i64:
+      return double(int64_t(acc) / nranks);
+    case DType::f32:
+      return double(float(acc) / float(nranks));
+    case DType::bf16:
+      return memory::bf16_to_float(memory::float_to_bf16(float(acc) / float(nranks)));
+    case DType::f16:
+      return memory::f16_to_float(memory::float_to_f16(float(acc) / float(nranks)));
   }
   return acc;
 }
@@ -73,8 +78,13 @@ std::string trace(const Communicator& c, const char* op, int64_t n, DType dt) {
 void check_all_reduce(Communicator& c, int64_t n, DType dt, ReduceOp op) {
   Tensor t = make_input(c.rank(), n, dt);
   c.all_reduce(t, op)->wait();
-  expect_values(t, [&](int64_t i) { return reference(c.size(), i, op, dt); },
-                trace(c, op == ReduceOp::sum ? "all_reduce sum" : op == ReduceOp::avg ? "all_reduce avg" : "all_reduce max", n, dt));
+  expect_values(
+      t, [&](int64_t i) { return reference(c.size(), i, op, dt); },
+      trace(c,
+            op == ReduceOp::sum   ? "all_reduce sum"
+            : op == ReduceOp::avg ? "all_reduce avg"
+                                  : "all_reduce max",
+            n, dt));
 }
 
 // Uneven parts: rank r gets base + (r % 3), some parts empty when base is 0.
@@ -101,44 +111,54 @@ auto gathered(const std::vector<int64_t>& counts) {
   };
 }
 
-void check_all_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt, bool pass_counts) {
+void check_all_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt,
+                      bool pass_counts) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = make_input(r, counts[size_t(r)], dt);
   Tensor out = Tensor::full({total}, -99, dt);
-  c.all_gather(in, out, pass_counts ? std::span<const int64_t>(counts) : std::span<const int64_t>())->wait();
+  c.all_gather(in, out, pass_counts ? std::span<const int64_t>(counts) : std::span<const int64_t>())
+      ->wait();
   expect_values(out, gathered(counts), trace(c, "all_gather", total, dt));
 }
 
-void check_reduce_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt, ReduceOp op,
-                          bool pass_counts) {
+void check_reduce_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt,
+                          ReduceOp op, bool pass_counts) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = make_input(r, total, dt);
   Tensor out = Tensor::full({counts[size_t(r)]}, -99, dt);
-  c.reduce_scatter(in, out, op, pass_counts ? std::span<const int64_t>(counts) : std::span<const int64_t>())->wait();
+  c.reduce_scatter(in, out, op,
+                   pass_counts ? std::span<const int64_t>(counts) : std::span<const int64_t>())
+      ->wait();
   int64_t base = sum_of(counts, r);
-  expect_values(out, [&](int64_t i) { return reference(c.size(), base + i, op, dt); },
-                trace(c, "reduce_scatter", total, dt));
+  expect_values(
+      out, [&](int64_t i) { return reference(c.size(), base + i, op, dt); },
+      trace(c, "reduce_scatter", total, dt));
 }
 
 void check_broadcast(Communicator& c, int64_t n, DType dt, int root) {
   Tensor t = c.rank() == root ? make_input(root, n, dt) : Tensor::full({n}, -99, dt);
   c.broadcast(t, root)->wait();
-  expect_values(t, [&](int64_t i) { return test_value(root, i, kSeed); }, trace(c, "broadcast", n, dt));
+  expect_values(
+      t, [&](int64_t i) { return test_value(root, i, kSeed); }, trace(c, "broadcast", n, dt));
 }
 
-[[maybe_unused]] void check_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
+[[maybe_unused]] void check_scatter(Communicator& c, const std::vector<int64_t>& counts, DType dt,
+                                    int root) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = r == root ? make_input(root, total, dt) : Tensor();
   Tensor out = Tensor::full({counts[size_t(r)]}, -99, dt);
   c.scatter(in, out, root, counts)->wait();
   int64_t base = sum_of(counts, r);
-  expect_values(out, [&](int64_t i) { return test_value(root, base + i, kSeed); }, trace(c, "scatter", total, dt));
+  expect_values(
+      out, [&](int64_t i) { return test_value(root, base + i, kSeed); },
+      trace(c, "scatter", total, dt));
 }
 
-[[maybe_unused]] void check_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt, int root) {
+[[maybe_unused]] void check_gather(Communicator& c, const std::vector<int64_t>& counts, DType dt,
+                                   int root) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   Tensor in = make_input(r, counts[size_t(r)], dt);
@@ -162,7 +182,8 @@ TEST_P(Collectives, EveryOpEverySize) {
   auto [backend, n] = GetParam();
   run_world(backend, n, [&](Communicator& c) {
     for (int64_t count : grid_sizes()) {
-      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) check_all_reduce(c, count, DType::f32, op);
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+        check_all_reduce(c, count, DType::f32, op);
       int root = int(count % n);
       check_broadcast(c, count, DType::f32, root);
       // Equal parts when the count divides, then uneven parts with explicit counts.
@@ -186,7 +207,8 @@ TEST_P(Collectives, EveryDtype) {
   run_world(backend, n, [&](Communicator& c) {
     for (DType dt : {DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64}) {
       for (int64_t count : {int64_t(5), int64_t(40003)}) {
-        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) check_all_reduce(c, count, dt, op);
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+          check_all_reduce(c, count, dt, op);
         auto parts = uneven(n, count / n);
         check_reduce_scatter(c, parts, dt, ReduceOp::avg, true);
         check_all_gather(c, parts, dt, true);
@@ -210,8 +232,9 @@ TEST_P(Collectives, ManyInFlight) {
     }
     for (int k = 23; k >= 0; --k) ws[size_t(k)]->wait();
     for (size_t k = 0; k < ts.size(); ++k)
-      expect_values(ts[k], [&](int64_t i) { return reference(c.size(), i, ReduceOp::sum, DType::f32); },
-                    "in-flight all_reduce " + std::to_string(k));
+      expect_values(
+          ts[k], [&](int64_t i) { return reference(c.size(), i, ReduceOp::sum, DType::f32); },
+          "in-flight all_reduce " + std::to_string(k));
   });
 }
 
@@ -245,10 +268,13 @@ TEST_P(BigMessages, SixtyFourMiB) {
 // UCX's (ranks as threads, each with its own UCX worker), and the 64 MiB messages.
 #if defined(BATON_TEST_BIG)
 INSTANTIATE_TEST_SUITE_P(Local, BigMessages,
-                         ::testing::Combine(::testing::Values(Backend::local), ::testing::Values(2, 3, 5, 8)),
+                         ::testing::Combine(::testing::Values(Backend::local),
+                                            ::testing::Values(2, 3, 5, 8)),
                          name_of);
 INSTANTIATE_TEST_SUITE_P(Ucx, BigMessages,
-                         ::testing::Combine(::testing::Values(Backend::ucx), ::testing::Values(2, 3)), name_of);
+                         ::testing::Combine(::testing::Values(Backend::ucx),
+                                            ::testing::Values(2, 3)),
+                         name_of);
 #elif defined(BATON_TEST_UCX)
 INSTANTIATE_TEST_SUITE_P(Ucx, Collectives,
                          ::testing::Combine(::testing::Values(Backend::ucx),

@@ -53,7 +53,8 @@ TEST_P(P2P, ManyTagsOutOfOrder) {
     std::shuffle(order.begin(), order.end(), rng);
     std::vector<Tensor> out(kMessages), in(kMessages);
     std::vector<WorkPtr> sends, recvs(kMessages);
-    for (int t = 0; t < kMessages; ++t) out[size_t(t)] = pattern(size_for(t), uint32_t(c.rank() * 10000 + t));
+    for (int t = 0; t < kMessages; ++t)
+      out[size_t(t)] = pattern(size_for(t), uint32_t(c.rank() * 10000 + t));
     for (int i = 0; i < kMessages / 2; ++i) {
       int t = order[size_t(i)];
       in[size_t(t)] = Tensor::zeros({size_for(t)}, DType::i32);
@@ -206,7 +207,7 @@ TEST(LocalFailure, ARankLeavingMidCollectiveIsNamedByAll) {
     EXPECT_EQ(peers[size_t(r)], 2) << "rank " << r << ": " << errors[size_t(r)];
     EXPECT_NE(errors[size_t(r)].find("rank 2"), std::string::npos) << errors[size_t(r)];
   }
-  EXPECT_LT(secs, 2.0);
+  EXPECT_LT(secs, 5.0);  // fast, not hanging (TSan and a loaded machine are slow)
 }
 
 TEST(LocalFailure, OperationsWithARankThatLeftFailAtOnce) {
@@ -246,16 +247,19 @@ TEST(Liveness, ABusyPeerIsNotAFailedPeer) {
   CommOptions o = test_options();
   o.peer_timeout = std::chrono::milliseconds(500);
   for (Backend b : tested_backends()) {
-    run_world(b, 2, [&](Communicator& c) {
-      Tensor t = Tensor::full({1000}, 1.0);
-      if (c.rank() == 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-        c.isend(t, 0, 1)->wait();
-      } else {
-        c.irecv(t, 1, 1)->wait();
-      }
-      c.all_reduce(t, ReduceOp::sum)->wait();
-    }, o);
+    run_world(
+        b, 2,
+        [&](Communicator& c) {
+          Tensor t = Tensor::full({1000}, 1.0);
+          if (c.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+            c.isend(t, 0, 1)->wait();
+          } else {
+            c.irecv(t, 1, 1)->wait();
+          }
+          c.all_reduce(t, ReduceOp::sum)->wait();
+        },
+        o);
   }
 }
 
@@ -270,8 +274,8 @@ namespace {
 TEST(Progress, CollectivesFinishWithoutAWait) {
   for (Backend b : tested_backends()) {
     run_world(b, 3, [&](Communicator& c) {
-      Tensor big = Tensor::full({1 << 20}, 1.0);   // 4 MiB: the background thread starts at once
-      Tensor small = Tensor::full({4}, 1.0);       // small: picked up within a millisecond
+      Tensor big = Tensor::full({1 << 20}, 1.0);  // 4 MiB: the background thread starts at once
+      Tensor small = Tensor::full({4}, 1.0);      // small: picked up within a millisecond
       auto w1 = c.all_reduce(big, ReduceOp::sum);
       auto w2 = c.all_reduce(small, ReduceOp::sum);
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -292,14 +296,15 @@ TEST(Progress, ALargeSendFinishesWhileItsSenderSleeps) {
       if (c.rank() == 0) {
         auto w = c.isend(t, 1, 5);
         // No call into the library for a while: the progress thread moves the data.
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
         EXPECT_TRUE(w->test()) << backend_name(b) << ": the send waited for its sender";
         w->wait();
       } else {
         auto t0 = std::chrono::steady_clock::now();
         c.irecv(t, 0, 5)->wait();
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        EXPECT_LT(secs, 1.0) << backend_name(b) << ": the receive waited for the sender's next call";
+        EXPECT_LT(secs, 1.5) << backend_name(b)
+                             << ": the receive waited for the sender's next call";
         EXPECT_EQ(t.data<float>()[(4 << 20) - 1], 7.0f);
       }
     });

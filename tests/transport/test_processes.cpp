@@ -36,11 +36,13 @@ Result run(const std::string& cmd, int limit = 60) {
 }
 
 std::string launch(int n, const std::string& args, const std::string& extra = "") {
-  return std::string("BATON_PEER_TIMEOUT=2 ") + BATON_BINARY + " launch -n " + std::to_string(n) + " " +
-         extra + " -- " + COMM_WORKER + " " + args;
+  return std::string("BATON_PEER_TIMEOUT=2 ") + BATON_BINARY + " launch -n " + std::to_string(n) +
+         " " + extra + " -- " + COMM_WORKER + " " + args;
 }
 
-bool has(const std::string& out, const std::string& s) { return out.find(s) != std::string::npos; }
+bool has(const std::string& out, const std::string& s) {
+  return out.find(s) != std::string::npos;
+}
 
 uint16_t free_port() {
   int s = socket(AF_INET, SOCK_STREAM, 0);
@@ -79,12 +81,13 @@ TEST(Processes, SchedulerEnvironmentsWithAGivenRendezvous) {
     const char* size;
     const char* name;
   };
-  for (Style s : {Style{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
-                  Style{"PMI_RANK", "PMI_SIZE", "PMI"}, Style{"SLURM_PROCID", "SLURM_NTASKS", "Slurm"}}) {
+  for (Style s :
+       {Style{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
+        Style{"PMI_RANK", "PMI_SIZE", "PMI"}, Style{"SLURM_PROCID", "SLURM_NTASKS", "Slurm"}}) {
     std::string common = "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
                          " BATON_JOB_TOKEN=t0ken BATON_PEER_TIMEOUT=2 " + s.size + "=2 ";
-    std::string cmd = common + s.rank + "=1 " + COMM_WORKER + " check & " + common + s.rank + "=0 " +
-                      COMM_WORKER + " check; a=$?; wait $!; b=$?; exit $((a + b))";
+    std::string cmd = common + s.rank + "=1 " + COMM_WORKER + " check & " + common + s.rank +
+                      "=0 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; exit $((a + b))";
     Result r = run(cmd);
     EXPECT_EQ(r.code, 0) << s.name << ":\n" << r.out;
     EXPECT_TRUE(has(r.out, std::string("rank 1 of 2 ok (ucx, ") + s.name + ")")) << r.out;
@@ -94,8 +97,9 @@ TEST(Processes, SchedulerEnvironmentsWithAGivenRendezvous) {
 TEST(Processes, AWrongTokenIsRefused) {
   std::string at = "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
                    " BATON_WORLD_SIZE=2 BATON_CONNECT_TIMEOUT=2 ";
-  std::string cmd = at + "BATON_JOB_TOKEN=right BATON_RANK=0 " + COMM_WORKER + " check & sleep 0.3; " + at +
-                    "BATON_JOB_TOKEN=wrong BATON_RANK=1 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
+  std::string cmd = at + "BATON_JOB_TOKEN=right BATON_RANK=0 " + COMM_WORKER +
+                    " check & sleep 0.3; " + at + "BATON_JOB_TOKEN=wrong BATON_RANK=1 " +
+                    COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
   Result r = run(cmd);
   EXPECT_TRUE(has(r.out, "wrong job token")) << r.out;
   EXPECT_TRUE(has(r.out, "codes 1 1")) << r.out;  // the intruder is refused, rank 0 gives up
@@ -109,7 +113,8 @@ TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {
   Result r = run(cmd);
   EXPECT_EQ(r.code, 7) << r.out;
   EXPECT_TRUE(has(r.out, "[rank 2] up 2")) << r.out;
-  EXPECT_TRUE(has(r.out, "the job failed: rank 1 exited with code 7; stopped rank(s) 0, 2")) << r.out;
+  EXPECT_TRUE(has(r.out, "the job failed: rank 1 exited with code 7; stopped rank(s) 0, 2"))
+      << r.out;
   EXPECT_LT(r.secs, 10.0);
 }
 
@@ -117,7 +122,8 @@ TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {
 void expect_survivors_name(const Result& r, int n, int victim, double kill_at, double bound) {
   std::regex line(R"((?:\[rank \d+\] )?rank (\d+): PeerError peer=(\d+) after ([0-9.]+) s: (.*))");
   int seen = 0;
-  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line);
+       it != std::sregex_iterator(); ++it) {
     int who = std::stoi((*it)[1]);
     int peer = std::stoi((*it)[2]);
     double after = std::stod((*it)[3]);
@@ -167,12 +173,13 @@ class NetnsHosts : public ::testing::Test {
     if (probe.code != 0) GTEST_SKIP() << "cannot create a network namespace here: " << probe.out;
     created_ = true;
     std::string va = "vbt" + tag_ + "a", vb = "vbt" + tag_ + "b";
-    std::string setup = "set -e; ip netns add " + b_ + "; ip link add " + va + " type veth peer name " + vb +
-                        "; ip link set " + va + " netns " + a_ + "; ip link set " + vb + " netns " + b_ +
-                        "; ip -n " + a_ + " addr add 10.231.7.1/24 dev " + va + "; ip -n " + b_ +
+    std::string setup = "set -e; ip netns add " + b_ + "; ip link add " + va +
+                        " type veth peer name " + vb + "; ip link set " + va + " netns " + a_ +
+                        "; ip link set " + vb + " netns " + b_ + "; ip -n " + a_ +
+                        " addr add 10.231.7.1/24 dev " + va + "; ip -n " + b_ +
                         " addr add 10.231.7.2/24 dev " + vb + "; ip -n " + a_ + " link set " + va +
-                        " up; ip -n " + b_ + " link set " + vb + " up; ip -n " + a_ + " link set lo up; ip -n " +
-                        b_ + " link set lo up";
+                        " up; ip -n " + b_ + " link set " + vb + " up; ip -n " + a_ +
+                        " link set lo up; ip -n " + b_ + " link set lo up";
     Result r = run(setup);
     ASSERT_EQ(r.code, 0) << r.out;
     va_ = va;
@@ -188,11 +195,13 @@ class NetnsHosts : public ::testing::Test {
 };
 
 TEST_F(NetnsHosts, RanksOnTwoHostsTalkOverTcp) {
-  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29517 BATON_JOB_TOKEN=netns-" + tag_ +
-                       " BATON_PEER_TIMEOUT=5 UCX_TLS=tcp ";
-  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
-                    COMM_WORKER + " check & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" + vb_ +
-                    " BATON_RANK=1 " + COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
+  std::string common =
+      "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29517 BATON_JOB_TOKEN=netns-" + tag_ +
+      " BATON_PEER_TIMEOUT=5 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ +
+                    " BATON_RANK=0 " + COMM_WORKER + " check & ip netns exec " + b_ + " env " +
+                    common + "UCX_NET_DEVICES=" + vb_ + " BATON_RANK=1 " + COMM_WORKER +
+                    " check; a=$?; wait $!; b=$?; echo codes $a $b";
   Result r = run(cmd, 90);
   EXPECT_TRUE(has(r.out, "codes 0 0")) << r.out;
   EXPECT_TRUE(has(r.out, "rank 0 of 2 ok (ucx, baton launch)")) << r.out;
@@ -205,11 +214,13 @@ TEST_F(NetnsHosts, RanksOnTwoHostsTalkOverTcp) {
 namespace {
 
 TEST_F(NetnsHosts, AKilledRankOnTheOtherHostIsNamed) {
-  std::string common = "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29518 BATON_JOB_TOKEN=netns-" + tag_ +
-                       " BATON_PEER_TIMEOUT=2 UCX_TLS=tcp ";
-  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ + " BATON_RANK=0 " +
-                    COMM_WORKER + " kill 1 1000 & ip netns exec " + b_ + " env " + common + "UCX_NET_DEVICES=" +
-                    vb_ + " BATON_RANK=1 " + COMM_WORKER + " kill 1 1000; wait $!; echo code0 $?";
+  std::string common =
+      "BATON_WORLD_SIZE=2 BATON_RENDEZVOUS=10.231.7.1:29518 BATON_JOB_TOKEN=netns-" + tag_ +
+      " BATON_PEER_TIMEOUT=2 UCX_TLS=tcp ";
+  std::string cmd = "ip netns exec " + a_ + " env " + common + "UCX_NET_DEVICES=" + va_ +
+                    " BATON_RANK=0 " + COMM_WORKER + " kill 1 1000 & ip netns exec " + b_ +
+                    " env " + common + "UCX_NET_DEVICES=" + vb_ + " BATON_RANK=1 " + COMM_WORKER +
+                    " kill 1 1000; wait $!; echo code0 $?";
   Result r = run(cmd, 90);
   EXPECT_TRUE(has(r.out, "code0 3")) << r.out;
   expect_survivors_name(r, 2, 1, 1.0, 2.5 + 1.0);

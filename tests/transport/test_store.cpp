@@ -2,14 +2,11 @@
 // token, and messages that are malformed or too long.
 #include <gtest/gtest.h>
 
-// Boost 1.74's Asio uses std::exchange without including <utility> under C++20.
-#include <utility>
-
-#include <boost/asio.hpp>
 #include <chrono>
 #include <thread>
 
 #include "memory/error.h"
+#include "transport/detail/asio.h"
 #include "transport/store.h"
 
 namespace baton::transport {
@@ -144,7 +141,10 @@ TEST(Store, OversizedAndMalformedMessagesAreRefused) {
 TEST(Store, ConnectRetriesUntilTheServerStarts) {
   // Find a free port, then start the server on it a little after the client tries.
   uint16_t port;
-  { StoreServer probe("127.0.0.1", 0, "tok"); port = probe.port(); }
+  {
+    StoreServer probe("127.0.0.1", 0, "tok");
+    port = probe.port();
+  }
   std::unique_ptr<StoreServer> server;
   std::thread starter([&] {
     std::this_thread::sleep_for(200ms);

@@ -12,7 +12,9 @@
 
 namespace baton::transport::testing {
 
-std::string backend_name(Backend b) { return b == Backend::local ? "local" : "ucx"; }
+std::string backend_name(Backend b) {
+  return b == Backend::local ? "local" : "ucx";
+}
 
 CommOptions test_options() {
   CommOptions o;

@@ -24,7 +24,9 @@ size_t env_size(const char* name, size_t fallback) {
   return size_t(x);
 }
 
-int mod(int x, int n) { return ((x % n) + n) % n; }
+int mod(int x, int n) {
+  return ((x % n) + n) % n;
+}
 
 int largest_power_of_two_at_most(int n) {
   int p = 1;
@@ -107,7 +109,8 @@ void reduce_scatter_direct(const GroupView& g, const char* in, char* out,
   std::memcpy(tmp.data() + size_t(r) * mine * es, in + off[size_t(r)] * es, mine * es);
   if (mine > 0) {
     std::memcpy(out, tmp.data(), mine * es);
-    for (int q = 1; q < n; ++q) reduce(out, out, tmp.data() + size_t(q) * mine * es, mine, dtype, op);
+    for (int q = 1; q < n; ++q)
+      reduce(out, out, tmp.data() + size_t(q) * mine * es, mine, dtype, op);
     if (op == ReduceOp::avg) divide(out, mine, dtype, n);
   }
 }
@@ -120,10 +123,12 @@ void all_gather_direct(const GroupView& g, const char* in, char* out,
   auto off = offsets_of(counts);
   std::vector<RequestPtr> reqs;
   for (int q = 0; q < n; ++q)
-    if (q != r) reqs.push_back(g.recv(out + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+    if (q != r)
+      reqs.push_back(g.recv(out + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
   for (int i = 1; i < n; ++i)
     reqs.push_back(g.send(in, size_t(counts[size_t(r)]) * es, mod(r + i, n), 0));
-  if (counts[size_t(r)] > 0) std::memcpy(out + off[size_t(r)] * es, in, size_t(counts[size_t(r)]) * es);
+  if (counts[size_t(r)] > 0)
+    std::memcpy(out + off[size_t(r)] * es, in, size_t(counts[size_t(r)]) * es);
   g.wait_all(reqs);
 }
 
@@ -162,7 +167,8 @@ void broadcast_chain(const GroupView& g, char* buf, size_t bytes, int root) {
       sends.push_back(g.send(buf + k * C, std::min(C, bytes - k * C), next, k));
   } else {
     std::vector<RequestPtr> recvs(nc);
-    for (size_t k = 0; k < nc; ++k) recvs[k] = g.recv(buf + k * C, std::min(C, bytes - k * C), prev, k);
+    for (size_t k = 0; k < nc; ++k)
+      recvs[k] = g.recv(buf + k * C, std::min(C, bytes - k * C), prev, k);
     for (size_t k = 0; k < nc; ++k) {
       g.wait(recvs[k]);
       if (vr + 1 < n) sends.push_back(g.send(buf + k * C, std::min(C, bytes - k * C), next, k));
@@ -227,7 +233,8 @@ void reduce_scatter(const GroupView& g, const void* in, void* out, std::span<con
     return;
   }
   if (total * es <= AlgoTuning::get().small_bytes) {
-    reduce_scatter_direct(g, static_cast<const char*>(in), static_cast<char*>(out), counts, dtype, op);
+    reduce_scatter_direct(g, static_cast<const char*>(in), static_cast<char*>(out), counts, dtype,
+                          op);
     return;
   }
   RingJob job;
@@ -303,7 +310,8 @@ void gather(const GroupView& g, const void* in, void* out, std::span<const int64
   char* dst = static_cast<char*>(out);
   std::vector<RequestPtr> recvs;
   for (int q = 0; q < g.size; ++q)
-    if (q != r) recvs.push_back(g.recv(dst + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
+    if (q != r)
+      recvs.push_back(g.recv(dst + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
   if (mine > 0) std::memmove(dst + off[size_t(r)] * es, in, mine);
   g.wait_all(recvs);
 }

@@ -19,7 +19,7 @@ namespace baton::transport::detail {
 // Tunables, read once from the environment (BATON_RING_CHUNK, BATON_RING_WINDOW,
 // BATON_SMALL_BYTES) so that benchmarks can sweep them.
 struct AlgoTuning {
-  size_t small_bytes = 64 << 10;  // at most this: latency-bound algorithms
+  size_t small_bytes = 32 << 10;   // at most this: latency-bound algorithms (eager messages)
   size_t chunk_bytes = 512 << 10;  // pipelining unit of rings and chains
   int window = 2;                  // ring chunks received ahead (more only thrashes caches)
   static const AlgoTuning& get();

@@ -15,12 +15,14 @@ std::chrono::nanoseconds coarse_now() {
 }
 }  // namespace
 
-Executor::~Executor() { shutdown(); }
+Executor::~Executor() {
+  shutdown();
+}
 
 void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
   std::unique_lock lock(mu_);
   if (stop_) {
-    job->error = std::make_exception_ptr(RuntimeError("collective issued on a closed communicator"));
+    job->error.what = "collective issued on a closed communicator";
     job->state.store(Job::kFailed);
     return;
   }
@@ -36,23 +38,27 @@ void Executor::submit(const std::shared_ptr<Job>& job, bool urgent) {
 void Executor::run(Job& job) {
   job.state.store(Job::kRunning, std::memory_order_release);
   job.state.notify_all();
-  std::exception_ptr broken;
+  std::optional<ErrorInfo> broken;
   {
     std::lock_guard lock(mu_);
     broken = broken_;
   }
-  try {
-    if (broken) std::rethrow_exception(broken);
-    job.run();
-    job.state.store(Job::kDone, std::memory_order_release);
-  } catch (...) {
-    job.error = std::current_exception();
-    {
-      // Peers are now out of step with this rank; every later collective fails too.
-      std::lock_guard lock(mu_);
-      if (!broken_) broken_ = job.error;
-    }
+  if (broken) {
+    job.error = *broken;
     job.state.store(Job::kFailed, std::memory_order_release);
+  } else {
+    try {
+      job.run();
+      job.state.store(Job::kDone, std::memory_order_release);
+    } catch (...) {
+      job.error = ErrorInfo::of(std::current_exception());
+      {
+        // Peers are now out of step with this rank; every later collective fails too.
+        std::lock_guard lock(mu_);
+        if (!broken_) broken_ = job.error;
+      }
+      job.state.store(Job::kFailed, std::memory_order_release);
+    }
   }
   job.state.notify_all();
 }
@@ -92,7 +98,7 @@ void Executor::loop() {
 
 bool Executor::test(Job& job) {
   int s = job.state.load(std::memory_order_acquire);
-  if (s == Job::kFailed) std::rethrow_exception(job.error);
+  if (s == Job::kFailed) job.error.raise();
   return s == Job::kDone;
 }
 
@@ -100,7 +106,7 @@ void Executor::wait(Job& job) {
   while (true) {
     int s = job.state.load(std::memory_order_acquire);
     if (s == Job::kDone) return;
-    if (s == Job::kFailed) std::rethrow_exception(job.error);
+    if (s == Job::kFailed) job.error.raise();
     if (s == Job::kQueued) {
       std::unique_lock lock(mu_);
       if (!running_ && job.state.load(std::memory_order_acquire) == Job::kQueued) {
@@ -127,8 +133,7 @@ void Executor::shutdown() {
     cv_.notify_all();
   }
   for (auto& job : dropped) {
-    job->error = std::make_exception_ptr(
-        RuntimeError("the communicator was closed before this collective started"));
+    job->error.what = "the communicator was closed before this collective started";
     job->state.store(Job::kFailed, std::memory_order_release);
     job->state.notify_all();
   }

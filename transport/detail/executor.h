@@ -12,7 +12,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include "transport/detail/fabric.h"
 
 namespace baton::transport::detail {
 
@@ -23,7 +26,7 @@ struct Job {
   virtual ~Job() = default;
   virtual void run() = 0;
   std::atomic<int> state{kQueued};
-  std::exception_ptr error;
+  ErrorInfo error;  // written before state becomes kFailed
 };
 
 class Executor {
@@ -33,8 +36,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Queues a job. `urgent` wakes the background thread at once (large jobs, where a
-  // wake-up costs nothing next to the work); other jobs start within kPickup, or at
+  // Queues a job. `urgent` wakes the background thread at once (long jobs, where a
+  // wake-up costs little next to the work); other jobs start within kPickup, or at
   // once when their caller waits.
   void submit(const std::shared_ptr<Job>& job, bool urgent);
   // Blocks until the job is done; rethrows its error.
@@ -61,7 +64,7 @@ class Executor {
   bool stop_ = false;
   bool deep_sleep_ = false;
   bool started_ = false;
-  std::exception_ptr broken_;  // the first failure: later jobs fail with it
+  std::optional<ErrorInfo> broken_;         // the first failure: later jobs fail with it
   std::chrono::nanoseconds last_active_{};  // coarse monotonic clock
   std::thread thread_;
 };

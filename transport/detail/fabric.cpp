@@ -1,6 +1,7 @@
 #include "transport/detail/fabric.h"
 
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "transport/detail/tag.h"
@@ -35,9 +36,40 @@ void Fabric::complete(Request& r) {
   if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
 }
 
+ErrorInfo ErrorInfo::of(const std::exception_ptr& e) {
+  ErrorInfo info;
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerError& p) {
+    info.kind = kPeer;
+    info.rank = p.peer();
+    info.what = p.what();
+  } catch (const std::logic_error& l) {
+    info.kind = kLogic;
+    info.what = l.what();
+  } catch (const std::exception& x) {
+    info.what = x.what();
+  } catch (...) {
+    info.what = "unknown error";
+  }
+  return info;
+}
+
+void ErrorInfo::raise() const {
+  switch (kind) {
+    case kPeer:
+      throw PeerError(rank, what);
+    case kLogic:
+      throw std::logic_error(what);
+    case kRuntime:
+      break;
+  }
+  throw RuntimeError(what);
+}
+
 void Fabric::fail(Request& r, std::exception_ptr error) {
   Fabric* f = r.owner;
-  r.error = std::move(error);
+  r.error = ErrorInfo::of(error);
   r.state.store(Request::kFailed, std::memory_order_seq_cst);
   if (f->sleepers_.load(std::memory_order_seq_cst) > 0) f->wake_waiters();
 }
@@ -58,7 +90,7 @@ bool Fabric::poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch) 
     seen_epoch = epoch;
     check_scope(scope);
   }
-  if (s == Request::kFailed) std::rethrow_exception(r.error);
+  if (s == Request::kFailed) r.error.raise();
   return false;
 }
 
@@ -115,15 +147,24 @@ void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
   size_t hit = fail_pending(peer, peer_error(peer));
-  if (left && hit > 0) {
-    // It left while we still waited on it: for us, that is a failure.
-    std::lock_guard lock(failed_mu_);
-    Failed& f = failed_.at(peer);
-    f.left = false;
-    f.reason += " while rank " + std::to_string(rank_) + " still waited on it";
-    failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
-  }
+  if (left && hit > 0) mark_needed(peer);  // it left while we still waited on it
   wake_waiters();
+}
+
+bool Fabric::mark_needed(int peer) {
+  std::lock_guard lock(failed_mu_);
+  auto it = failed_.find(peer);
+  if (it == failed_.end() || !it->second.left) return false;
+  it->second.left = false;
+  it->second.reason += " while rank " + std::to_string(rank_) + " still needed it";
+  failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+void Fabric::fail_gone(Request& r, int peer) {
+  bool changed = mark_needed(peer);
+  fail(r, std::make_exception_ptr(peer_error(peer)));
+  if (changed) wake_waiters();
 }
 
 std::optional<std::string> Fabric::failure_of(int peer) const {
@@ -145,8 +186,8 @@ std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
 
 PeerError Fabric::peer_error(int peer) const {
   auto reason = failure_of(peer);
-  return PeerError(peer, "rank " + std::to_string(peer) + " failed: " +
-                             (reason ? *reason : std::string("unknown reason")) +
+  return PeerError(peer, "rank " + std::to_string(peer) +
+                             " failed: " + (reason ? *reason : std::string("unknown reason")) +
                              " (seen by rank " + std::to_string(rank_) + ")");
 }
 
@@ -163,8 +204,9 @@ void Fabric::check_scope(std::span<const int> scope) const {
     }
   }
   if (first >= 0)
-    throw PeerError(first, "rank " + std::to_string(first) + " failed: " + failed_.at(first).reason +
-                               " (seen by rank " + std::to_string(rank_) + ")");
+    throw PeerError(first, "rank " + std::to_string(first) +
+                               " failed: " + failed_.at(first).reason + " (seen by rank " +
+                               std::to_string(rank_) + ")");
 }
 
 void Fabric::reserve_context(uint16_t id) {

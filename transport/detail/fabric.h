@@ -20,15 +20,28 @@
 
 namespace baton::transport::detail {
 
+// A failure as plain data. Every thread that waits on a failed operation throws its
+// own exception made from it: one exception object shared between threads would be
+// released by whichever thread drops it last, through reference counts inside
+// libstdc++ that ThreadSanitizer cannot see.
+struct ErrorInfo {
+  enum Kind : uint8_t { kRuntime, kPeer, kLogic } kind = kRuntime;
+  int rank = -1;  // the failed peer, for kPeer
+  std::string what;
+
+  static ErrorInfo of(const std::exception_ptr& e);  // classifies a thrown exception
+  [[noreturn]] void raise() const;                   // throws PeerError, RuntimeError, ...
+};
+
 // A pending send or receive. The backend completes or fails it exactly once.
 struct Request {
   enum : int { kPending = 0, kDone = 1, kFailed = 2 };
   std::atomic<int> state{kPending};
-  std::exception_ptr error;  // written before state becomes kFailed
-  int peer = -1;             // global rank on the other side
+  ErrorInfo error;  // written before state becomes kFailed
+  int peer = -1;    // global rank on the other side
   bool is_send = false;
   size_t bytes = 0;
-  void* backend = nullptr;   // the backend's own handle (a UCX request, a mailbox entry)
+  void* backend = nullptr;        // the backend's own handle (a UCX request, a mailbox entry)
   class Fabric* owner = nullptr;  // whose waiters sleep on it (set by the backend)
 
   bool done() const { return state.load(std::memory_order_acquire) != kPending; }
@@ -82,6 +95,10 @@ class Fabric {
   void reserve_context(uint16_t id);
 
  protected:
+  // Fails a new request to or from a peer that already failed or left. A peer that
+  // left while this rank still needs it counts as failed from now on (it left a
+  // collective or an exchange unfinished).
+  void fail_gone(Request& r, int peer);
   // Called by backends, from any thread and for any fabric's request: the request's
   // owner wakes its own waiters.
   static void complete(Request& r);
@@ -101,6 +118,7 @@ class Fabric {
 
  private:
   void wake_waiters();
+  bool mark_needed(int peer);  // a peer that left is now a failure; true if it changed
   bool poll(Request& r, std::span<const int> scope, uint64_t& seen_epoch);
 
   const int rank_;

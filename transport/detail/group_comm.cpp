@@ -15,7 +15,8 @@ namespace {
 
 class P2PWork final : public Work {
  public:
-  P2PWork(std::shared_ptr<Fabric> fabric, RequestPtr req, int peer, std::shared_ptr<memory::Storage> keep)
+  P2PWork(std::shared_ptr<Fabric> fabric, RequestPtr req, int peer,
+          std::shared_ptr<memory::Storage> keep)
       : fabric_(std::move(fabric)), req_(std::move(req)), peer_(peer), keep_(std::move(keep)) {}
   bool test() override { return fabric_->test(*req_, {&peer_, 1}); }
   void wait() override { fabric_->wait(*req_, {&peer_, 1}); }
@@ -24,7 +25,8 @@ class P2PWork final : public Work {
   std::shared_ptr<Fabric> fabric_;
   RequestPtr req_;
   int peer_;
-  std::shared_ptr<memory::Storage> keep_;  // the bytes stay alive while the operation may touch them
+  std::shared_ptr<memory::Storage>
+      keep_;  // the bytes stay alive while the operation may touch them
 };
 
 // A collective's Work and its Job in one object: the executor's queue holds it
@@ -48,7 +50,9 @@ class CollectiveWork final : public Work {
   FnJob job_;
 };
 
-[[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
+[[noreturn]] void bad(const std::string& what) {
+  throw std::invalid_argument(what);
+}
 
 void check_tensor(const Tensor& t, const char* op, const char* name) {
   if (!t.defined()) bad(std::string(op) + ": " + name + " is an undefined tensor");
@@ -75,7 +79,9 @@ GroupComm::GroupComm(std::shared_ptr<Fabric> fabric, uint16_t context, std::vect
   rank_ = int(it - globals_.begin());
 }
 
-GroupComm::~GroupComm() { executor_->shutdown(); }
+GroupComm::~GroupComm() {
+  executor_->shutdown();
+}
 
 int GroupComm::global_rank(int group_rank) const {
   check_rank(group_rank, "global_rank");
@@ -98,10 +104,11 @@ WorkPtr GroupComm::isend(const Tensor& t, int dst, uint64_t tag) {
   check_tensor(t, "isend", "tensor");
   check_rank(dst, "isend");
   if (tag > kMaxUserTag)
-    bad("isend: tag " + std::to_string(tag) + " exceeds the largest tag " + std::to_string(kMaxUserTag));
+    bad("isend: tag " + std::to_string(tag) + " exceeds the largest tag " +
+        std::to_string(kMaxUserTag));
   int g = globals_[size_t(dst)];
-  auto req = fabric_->isend(t.raw_data(), t.nbytes(), g,
-                            make_tag(context_, fabric_->rank(), false, tag));
+  auto req =
+      fabric_->isend(t.raw_data(), t.nbytes(), g, make_tag(context_, fabric_->rank(), false, tag));
   return std::make_shared<P2PWork>(fabric_, std::move(req), g, t.storage());
 }
 
@@ -109,13 +116,17 @@ WorkPtr GroupComm::irecv(Tensor& t, int src, uint64_t tag) {
   check_tensor(t, "irecv", "tensor");
   check_rank(src, "irecv");
   if (tag > kMaxUserTag)
-    bad("irecv: tag " + std::to_string(tag) + " exceeds the largest tag " + std::to_string(kMaxUserTag));
+    bad("irecv: tag " + std::to_string(tag) + " exceeds the largest tag " +
+        std::to_string(kMaxUserTag));
   int g = globals_[size_t(src)];
   auto req = fabric_->irecv(t.raw_data(), t.nbytes(), g, make_tag(context_, g, false, tag));
   return std::make_shared<P2PWork>(fabric_, std::move(req), g, t.storage());
 }
 
 // ---- collectives ----
+
+// Collectives at least this large wake the background thread when issued.
+constexpr size_t kWakeBytes = size_t(4) << 20;
 
 template <class Fn>
 WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
@@ -129,7 +140,10 @@ WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
     fn(v);
   };
   auto work = std::make_shared<CollectiveWork<decltype(body)>>(executor_, std::move(body));
-  executor_->submit(std::shared_ptr<Job>(work, &work->job()), bytes > AlgoTuning::get().small_bytes);
+  // Only collectives that take milliseconds wake the background thread at once: for
+  // the others its pickup delay is harmless, and a caller that waits runs them itself,
+  // without the thread switch (a rank's threads share its cores).
+  executor_->submit(std::shared_ptr<Job>(work, &work->job()), bytes >= kWakeBytes);
   return work;
 }
 
@@ -154,9 +168,8 @@ WorkPtr GroupComm::broadcast(Tensor& t, int root) {
   check_rank(root, "broadcast");
   size_t bytes = t.nbytes();
   void* p = t.raw_data();
-  return submit(bytes, {t.storage()}, [p, bytes, root](const GroupView& g) {
-    detail::broadcast(g, p, bytes, root);
-  });
+  return submit(bytes, {t.storage()},
+                [p, bytes, root](const GroupView& g) { detail::broadcast(g, p, bytes, root); });
 }
 
 WorkPtr GroupComm::all_reduce(Tensor& t, ReduceOp op) {
@@ -164,9 +177,8 @@ WorkPtr GroupComm::all_reduce(Tensor& t, ReduceOp op) {
   size_t n = size_t(t.numel());
   DType dt = t.dtype();
   void* p = t.raw_data();
-  return submit(t.nbytes(), {t.storage()}, [p, n, dt, op](const GroupView& g) {
-    detail::all_reduce(g, p, n, dt, op);
-  });
+  return submit(t.nbytes(), {t.storage()},
+                [p, n, dt, op](const GroupView& g) { detail::all_reduce(g, p, n, dt, op); });
 }
 
 WorkPtr GroupComm::all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts) {
@@ -180,14 +192,13 @@ WorkPtr GroupComm::all_gather(const Tensor& in, Tensor& out, std::span<const int
     bad("all_gather: counts add up to " + std::to_string(total) + " but the output " + out.str() +
         " has " + std::to_string(out.numel()) + " elements");
   if (in.numel() != c[size_t(rank_)])
-    bad("all_gather: the input " + in.str() + " of rank " + std::to_string(rank_) + " should have " +
-        std::to_string(c[size_t(rank_)]) + " elements");
+    bad("all_gather: the input " + in.str() + " of rank " + std::to_string(rank_) +
+        " should have " + std::to_string(c[size_t(rank_)]) + " elements");
   size_t es = memory::dtype_size(in.dtype());
   const void* ip = in.raw_data();
   void* op = out.raw_data();
-  return submit(out.nbytes(), {in.storage(), out.storage()}, [ip, op, c, es](const GroupView& g) {
-    detail::all_gather(g, ip, op, c, es);
-  });
+  return submit(out.nbytes(), {in.storage(), out.storage()},
+                [ip, op, c, es](const GroupView& g) { detail::all_gather(g, ip, op, c, es); });
 }
 
 WorkPtr GroupComm::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp rop,
@@ -207,12 +218,13 @@ WorkPtr GroupComm::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp rop,
   DType dt = in.dtype();
   const void* ip = in.raw_data();
   void* op = out.raw_data();
-  return submit(in.nbytes(), {in.storage(), out.storage()}, [ip, op, c, dt, rop](const GroupView& g) {
-    detail::reduce_scatter(g, ip, op, c, dt, rop);
-  });
+  return submit(
+      in.nbytes(), {in.storage(), out.storage()},
+      [ip, op, c, dt, rop](const GroupView& g) { detail::reduce_scatter(g, ip, op, c, dt, rop); });
 }
 
-WorkPtr GroupComm::scatter(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) {
+WorkPtr GroupComm::scatter(const Tensor& in, Tensor& out, int root,
+                           std::span<const int64_t> counts) {
   check_rank(root, "scatter");
   check_tensor(out, "scatter", "output");
   const bool is_root = rank_ == root;
@@ -241,12 +253,13 @@ WorkPtr GroupComm::scatter(const Tensor& in, Tensor& out, int root, std::span<co
   const void* ip = is_root ? in.raw_data() : nullptr;
   void* op = out.raw_data();
   Keep keep{out.storage(), is_root ? in.storage() : nullptr};
-  return submit(out.nbytes() * size_t(size()), std::move(keep), [ip, op, c, es, root](const GroupView& g) {
-    detail::scatter(g, ip, op, c, es, root);
-  });
+  return submit(
+      out.nbytes() * size_t(size()), std::move(keep),
+      [ip, op, c, es, root](const GroupView& g) { detail::scatter(g, ip, op, c, es, root); });
 }
 
-WorkPtr GroupComm::gather(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) {
+WorkPtr GroupComm::gather(const Tensor& in, Tensor& out, int root,
+                          std::span<const int64_t> counts) {
   check_rank(root, "gather");
   check_tensor(in, "gather", "input");
   const bool is_root = rank_ == root;
@@ -273,9 +286,9 @@ WorkPtr GroupComm::gather(const Tensor& in, Tensor& out, int root, std::span<con
   const void* ip = in.raw_data();
   void* op = is_root ? out.raw_data() : nullptr;
   Keep keep{in.storage(), is_root ? out.storage() : nullptr};
-  return submit(in.nbytes() * size_t(size()), std::move(keep), [ip, op, c, es, root](const GroupView& g) {
-    detail::gather(g, ip, op, c, es, root);
-  });
+  return submit(
+      in.nbytes() * size_t(size()), std::move(keep),
+      [ip, op, c, es, root](const GroupView& g) { detail::gather(g, ip, op, c, es, root); });
 }
 
 WorkPtr GroupComm::barrier() {
@@ -291,7 +304,8 @@ std::shared_ptr<Communicator> GroupComm::split(const std::vector<int>& ranks) {
   int my_index = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
     check_rank(ranks[i], "split");
-    if (!seen.insert(ranks[i]).second) bad("split: rank " + std::to_string(ranks[i]) + " is listed twice");
+    if (!seen.insert(ranks[i]).second)
+      bad("split: rank " + std::to_string(ranks[i]) + " is listed twice");
     if (ranks[i] == rank_) my_index = int(i);
     members.push_back(globals_[size_t(ranks[i])]);
   }

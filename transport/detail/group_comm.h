@@ -36,7 +36,8 @@ class GroupComm final : public Communicator {
   WorkPtr all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts) override;
   WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
                          std::span<const int64_t> counts) override;
-  WorkPtr scatter(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override;
+  WorkPtr scatter(const Tensor& in, Tensor& out, int root,
+                  std::span<const int64_t> counts) override;
   WorkPtr gather(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override;
   WorkPtr barrier() override;
 

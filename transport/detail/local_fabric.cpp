@@ -1,6 +1,7 @@
 #include "transport/detail/local_fabric.h"
 
 #include <cstring>
+#include <thread>
 
 #include "transport/detail/tag.h"
 
@@ -8,7 +9,7 @@ namespace baton::transport::detail {
 
 // ---- LocalHub ----
 
-LocalHub::LocalHub(int size) : fabrics_(size_t(size), nullptr), gone_(size_t(size), false) {
+LocalHub::LocalHub(int size) : fabrics_(size_t(size), nullptr), inflight_(size_t(size)) {
   for (int i = 0; i < size; ++i) boxes_.push_back(std::make_unique<Mailbox>());
 }
 
@@ -17,16 +18,10 @@ void LocalHub::attach(int rank, LocalFabric* f) {
   fabrics_[size_t(rank)] = f;
 }
 
-bool LocalHub::attached(int rank) {
-  std::lock_guard lock(mu_);
-  return !gone_[size_t(rank)];
-}
-
 void LocalHub::detach(int rank, std::optional<std::pair<int, std::string>> first) {
   {
     std::lock_guard lock(mu_);
     fabrics_[size_t(rank)] = nullptr;
-    gone_[size_t(rank)] = true;
   }
   // Large sends the closing rank left unmatched point into its memory: drop them.
   // Eager ones were copied and stay deliverable, as on a network.
@@ -46,6 +41,8 @@ void LocalHub::detach(int rank, std::optional<std::pair<int, std::string>> first
     std::lock_guard lock(mine.mu);
     mine.posted.clear();
   }
+  // Copies already matched may still touch this rank's buffers and requests.
+  while (inflight_[size_t(rank)].load(std::memory_order_acquire) > 0) std::this_thread::yield();
   // Tell every other rank, under the hub lock: a rank that is closing at the same time
   // waits for it in its own detach(), so its fabric is still alive here. A rank that
   // closes because another failed passes that failure on first, as UCX ranks do.
@@ -53,7 +50,8 @@ void LocalHub::detach(int rank, std::optional<std::pair<int, std::string>> first
   for (auto* f : fabrics_) {
     if (f == nullptr) continue;
     if (first.has_value() && first->first != f->rank())
-      f->declare_failed(first->first, first->second + " (reported by rank " + std::to_string(rank) + ")");
+      f->declare_failed(first->first,
+                        first->second + " (reported by rank " + std::to_string(rank) + ")");
     f->declare_failed(rank, "it left the job (closed its communicator)", /*left=*/true);
   }
 }
@@ -65,7 +63,9 @@ LocalFabric::LocalFabric(std::shared_ptr<LocalHub> hub, int rank, CommOptions op
   hub_->attach(rank, this);
 }
 
-LocalFabric::~LocalFabric() { hub_->detach(rank(), first_failure()); }
+LocalFabric::~LocalFabric() {
+  hub_->detach(rank(), first_failure());
+}
 
 RequestPtr LocalFabric::make_request(int peer, bool is_send, size_t bytes) {
   auto r = std::make_shared<Request>();
@@ -89,7 +89,7 @@ RequestPtr LocalFabric::isend(const void* data, size_t bytes, int dst, uint64_t 
     // Checked under the mailbox lock, which fail_pending() also takes: a send queued
     // here is either seen by it or sees the failure.
     if (failure_of(dst)) {
-      fail(*req, std::make_exception_ptr(peer_error(dst)));
+      fail_gone(*req, dst);
       return req;
     }
     auto it = box.posted.find(tag);
@@ -98,6 +98,7 @@ RequestPtr LocalFabric::isend(const void* data, size_t bytes, int dst, uint64_t 
       it->second.pop_front();
       if (it->second.empty()) box.posted.erase(it);
       matched = true;
+      hub_->begin_delivery(rank(), dst);
     } else if (bytes <= kEagerLimit) {
       s.eager.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
       s.data = nullptr;
@@ -111,6 +112,7 @@ RequestPtr LocalFabric::isend(const void* data, size_t bytes, int dst, uint64_t 
   if (matched) {
     s.req = req;
     deliver(s, r, rank(), dst);
+    hub_->end_delivery(rank(), dst);
   } else {
     complete(*req);  // eager: the bytes are copied
   }
@@ -128,7 +130,7 @@ RequestPtr LocalFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
     if (it == box.unexpected.end()) {
       // A sender known to be gone can never send it.
       if (failure_of(src)) {
-        fail(*req, std::make_exception_ptr(peer_error(src)));
+        fail_gone(*req, src);
         return req;
       }
       box.posted[tag].push_back(std::move(r));
@@ -137,17 +139,19 @@ RequestPtr LocalFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
     s = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) box.unexpected.erase(it);
+    hub_->begin_delivery(src, rank());
   }
   deliver(s, r, src, rank());
+  hub_->end_delivery(src, rank());
   return req;
 }
 
 void LocalFabric::deliver(LocalHub::Send& s, LocalHub::Recv& r, int src, int dst) {
   if (s.bytes != r.bytes) {
-    auto e = std::make_exception_ptr(RuntimeError(
-        "message size mismatch from rank " + std::to_string(src) + " to rank " +
-        std::to_string(dst) + ": sent " + std::to_string(s.bytes) + " bytes, receive expects " +
-        std::to_string(r.bytes)));
+    auto e = std::make_exception_ptr(
+        RuntimeError("message size mismatch from rank " + std::to_string(src) + " to rank " +
+                     std::to_string(dst) + ": sent " + std::to_string(s.bytes) +
+                     " bytes, receive expects " + std::to_string(r.bytes)));
     // As on a network, the send is done (its bytes went out); the receive reports it.
     if (s.req) complete(*s.req);
     fail(*r.req, e);

@@ -3,6 +3,7 @@
 // their receive and are copied once, straight from the sender's buffer.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -23,9 +24,9 @@ class LocalHub {
   explicit LocalHub(int size);
 
   struct Send {
-    RequestPtr req;             // null for an eager send that already completed
+    RequestPtr req;  // null for an eager send that already completed
     const void* data = nullptr;
-    std::vector<char> eager;    // the copied bytes of an eager send
+    std::vector<char> eager;  // the copied bytes of an eager send
     size_t bytes = 0;
   };
   struct Recv {
@@ -44,16 +45,26 @@ class LocalHub {
   Mailbox& box(int rank) { return *boxes_[size_t(rank)]; }
 
   void attach(int rank, LocalFabric* f);
+  // A matched message being copied involves its sender's and receiver's memory and
+  // requests: counted (under the mailbox lock that matched it) so that neither rank's
+  // fabric goes away in the middle.
+  void begin_delivery(int src, int dst) {
+    inflight_[size_t(src)].fetch_add(1, std::memory_order_relaxed);
+    inflight_[size_t(dst)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void end_delivery(int src, int dst) {
+    inflight_[size_t(src)].fetch_sub(1, std::memory_order_release);
+    inflight_[size_t(dst)].fetch_sub(1, std::memory_order_release);
+  }
   // Detaches a rank whose fabric is closing and tells the others it left (and which
   // failure made it leave, if one did).
   void detach(int rank, std::optional<std::pair<int, std::string>> first);
-  bool attached(int rank);
 
  private:
   std::vector<std::unique_ptr<Mailbox>> boxes_;
   std::mutex mu_;
   std::vector<LocalFabric*> fabrics_;
-  std::vector<bool> gone_;
+  std::deque<std::atomic<int>> inflight_;  // deliveries under way, per rank
 };
 
 class LocalFabric final : public Fabric {

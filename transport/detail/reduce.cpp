@@ -57,7 +57,7 @@ void f16_scalar(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
 // memory::float_to_f16.
 template <bool kMax>
 __attribute__((target("avx,f16c"))) void f16_f16c(uint16_t* dst, const uint16_t* a,
-                                                   const uint16_t* b, size_t n) {
+                                                  const uint16_t* b, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
@@ -65,7 +65,8 @@ __attribute__((target("avx,f16c"))) void f16_f16c(uint16_t* dst, const uint16_t*
     __m256 r;
     if constexpr (kMax) {
       // max(x, y) with NaN propagation: pick x where x > y or x is NaN.
-      __m256 pick_x = _mm256_or_ps(_mm256_cmp_ps(x, y, _CMP_GT_OQ), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      __m256 pick_x =
+          _mm256_or_ps(_mm256_cmp_ps(x, y, _CMP_GT_OQ), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
       r = _mm256_blendv_ps(y, x, pick_x);
     } else {
       r = _mm256_add_ps(x, y);
@@ -108,10 +109,14 @@ void typed(void* dst, const void* a, const void* b, size_t n, bool is_max) {
 void reduce(void* dst, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
   bool is_max = op == ReduceOp::max;
   switch (dtype) {
-    case DType::f32: return typed<float>(dst, a, b, n, is_max);
-    case DType::f64: return typed<double>(dst, a, b, n, is_max);
-    case DType::i32: return typed<int32_t>(dst, a, b, n, is_max);
-    case DType::i64: return typed<int64_t>(dst, a, b, n, is_max);
+    case DType::f32:
+      return typed<float>(dst, a, b, n, is_max);
+    case DType::f64:
+      return typed<double>(dst, a, b, n, is_max);
+    case DType::i32:
+      return typed<int32_t>(dst, a, b, n, is_max);
+    case DType::i64:
+      return typed<int64_t>(dst, a, b, n, is_max);
     case DType::bf16: {
       auto* d = static_cast<uint16_t*>(dst);
       auto* x = static_cast<const uint16_t*>(a);
@@ -155,8 +160,7 @@ void divide(void* p, size_t n, DType dtype, int count) {
     case DType::bf16: {
       auto* x = static_cast<uint16_t*>(p);
       float c = float(count);
-      for (size_t i = 0; i < n; ++i)
-        x[i] = memory::float_to_bf16(memory::bf16_to_float(x[i]) / c);
+      for (size_t i = 0; i < n; ++i) x[i] = memory::float_to_bf16(memory::bf16_to_float(x[i]) / c);
       return;
     }
     case DType::f16: {

@@ -86,14 +86,20 @@ void run_ring(const GroupView& g, const RingJob& job) {
   size_t next_recv = 0;
   size_t next_first = 0;
   for (; next_first < std::min(lead, n0); ++next_first) post_first_send(next_first);
-  if (!job.reduce && job.own != nullptr && job.len[size_t(r)] > 0)
-    std::memcpy(job.buf + job.off[size_t(r)] * es, job.own, job.len[size_t(r)] * es);
+  // An all-gather also copies its own block into place: a chunk per row, while that
+  // row's transfers are under way, rather than all of it before the first wait.
+  const bool copy_own = !job.reduce && job.own != nullptr;
+  size_t next_copy = 0;
+  auto copy_own_chunk = [&](size_t k) {
+    std::memcpy(job.buf + (job.off[size_t(r)] + k * C) * es, job.own + k * C * es, chunk_len(r, k) * es);
+  };
 
   // Chunk k of step t is sent at step t+1 from where unit (t, k) left its result.
   for (size_t i = 0; i < units.size(); ++i) {
     while (next_recv < units.size() && next_recv < i + size_t(W)) post_recv(next_recv++);
     const Unit& u = units[i];
     while (next_first < n0 && next_first < u.chunk + lead) post_first_send(next_first++);
+    if (copy_own && next_copy < n0 && next_copy <= u.chunk) copy_own_chunk(next_copy++);
     g.wait(recvs[i]);
     size_t len = chunk_len(u.block, u.chunk);
     size_t at = (job.off[size_t(u.block)] + u.chunk * C) * es;
@@ -120,6 +126,7 @@ void run_ring(const GroupView& g, const RingJob& job) {
     }
   }
   while (next_first < n0) post_first_send(next_first++);
+  while (copy_own && next_copy < n0) copy_own_chunk(next_copy++);
   g.wait_all(sends);
 }
 

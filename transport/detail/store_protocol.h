@@ -90,7 +90,9 @@ class Reader {
   }
   std::string str(uint32_t max = kMaxFrame) {
     uint32_t n = u32();
-    if (n > max) throw ProtocolError("string of " + std::to_string(n) + " bytes exceeds " + std::to_string(max));
+    if (n > max)
+      throw ProtocolError("string of " + std::to_string(n) + " bytes exceeds " +
+                          std::to_string(max));
     return std::string(take(n));
   }
   void end() const {

@@ -30,8 +30,12 @@ constexpr uint64_t make_tag(uint16_t context, int source, bool internal, uint64_
   return (uint64_t(context) << kContextShift) | (uint64_t(source) << kSourceShift) |
          (internal ? kInternalBit : 0) | (tag & kMaxUserTag);
 }
-constexpr int tag_source(uint64_t tag) { return int((tag & kSourceMask) >> kSourceShift); }
-constexpr uint16_t tag_context(uint64_t tag) { return uint16_t(tag >> kContextShift); }
+constexpr int tag_source(uint64_t tag) {
+  return int((tag & kSourceMask) >> kSourceShift);
+}
+constexpr uint16_t tag_context(uint64_t tag) {
+  return uint16_t(tag >> kContextShift);
+}
 
 // Internal tags of collectives: a per-group sequence number (so consecutive collectives
 // never match each other's messages) and a step within the collective. Steps wrap

@@ -55,7 +55,7 @@ class UcxFabric final : public Fabric {
   struct Failure {
     int peer;
     std::string reason;
-    bool tell_others;  // detected here (not reported by a peer): pass it on
+    bool tell_others;   // detected here (not reported by a peer): pass it on
     bool left = false;  // said goodbye: fails only what involves it directly
   };
   struct PeerState {
@@ -65,6 +65,8 @@ class UcxFabric final : public Fabric {
     bool left = false;  // said goodbye
   };
 
+  // The worker, the address exchange and the progress thread (the constructor's body).
+  void start(Store& store, const std::string& prefix);
   // Everything below with _locked runs with mu_ held.
   ucp_ep_h ep_locked(int peer);
   bool progress_locked();
@@ -81,8 +83,10 @@ class UcxFabric final : public Fabric {
   void shutdown();
 
   static void send_cb(void* request, ucs_status_t status, void* user);
-  static void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
-  static void control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                      void* user);
+  static void control_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                         void* user);
   static void control_send_cb(void* request, ucs_status_t status, void* user);
   static void ep_error_cb(void* arg, ucp_ep_h ep, ucs_status_t status);
   void complete_recv_locked(UcxRequest* r, ucs_status_t status, const ucp_tag_recv_info_t* info);
@@ -98,7 +102,7 @@ class UcxFabric final : public Fabric {
   std::vector<ucp_ep_h> eps_;
   std::vector<std::unique_ptr<EpArg>> ep_args_;
   std::vector<bool> ep_dead_;
-  std::vector<bool> peer_mode_;  // UCX peer-failure mode for this peer's endpoint
+  std::vector<bool> peer_mode_;    // UCX peer-failure mode for this peer's endpoint
   UcxRequest* pending_ = nullptr;  // head of the list of requests UCX holds
   std::vector<int> pending_per_peer_;
   int sends_in_flight_ = 0;
