@@ -297,14 +297,25 @@ void begin_checkpoint(const std::string& step_dir) {
 
 std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Stage& stage,
                                           int rank, const std::function<bool(int)>& owns) {
-  const Graph& g = stage.graph();
+  std::function<bool(size_t, int)> own;
+  if (owns) own = [&](size_t, int id) { return owns(id); };
+  return write_rank_shards(step_dir, {&stage}, rank, own);
+}
+
+std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
+                                         const std::vector<const Stage*>& stages, int rank,
+                                         const std::function<bool(size_t, int)>& owns) {
   std::vector<Stored> model, optim;
-  for (int id : stage.param_ids()) {
-    if (owns && !owns(id)) continue;
-    const Param& p = g.params[size_t(id)];
-    add_pieces(model, p.name, p, stage.param(id));
-    for (const auto& [state_name, t] : stage.optimizer_state(id))
-      add_pieces(optim, p.name + ":" + state_name, p, t);
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const Stage& stage = *stages[k];
+    const Graph& g = stage.graph();
+    for (int id : stage.param_ids()) {
+      if (owns && !owns(k, id)) continue;
+      const Param& p = g.params[size_t(id)];
+      add_pieces(model, p.name, p, stage.param(id));
+      for (const auto& [state_name, t] : stage.optimizer_state(id))
+        add_pieces(optim, p.name + ":" + state_name, p, t);
+    }
   }
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-rank%05d.safetensors", rank);

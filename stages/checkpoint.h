@@ -54,6 +54,11 @@ std::string checkpoint_dir(const std::string& root, int64_t step);
 std::vector<ShardFile> write_stage_shards(
     const std::string& step_dir, const Stage& stage, int rank,
     const std::function<bool(int)>& owns = {});
+// The same for several stages of one rank (interleaved and V schedules) into one pair of
+// files; `owns(k, param_id)` selects what stages[k] writes.
+std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
+                                         const std::vector<const Stage*>& stages, int rank,
+                                         const std::function<bool(size_t, int)>& owns = {});
 // Writes manifest.json last, atomically.
 void write_manifest(const std::string& step_dir, const Manifest& m);
 // Removes a step directory's manifest first (so a crash while rewriting it leaves it

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "stages/json_reader.h"
 #include "stages/stash_plan.h"
@@ -426,8 +427,20 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
 
 // ---- W ----
 
-void Stage::backward_weight(int64_t mb_index) {
+void Stage::backward_weight(int64_t mb_index) { backward_weight(mb_index, ParamReadyFn{}); }
+
+void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
   const Graph& g = *graph_;
+  // With `ready`: the W node after which each parameter has no user left to run.
+  std::map<int, std::vector<int>> done_after;
+  std::set<int> told;
+  if (ready) {
+    std::map<int, int> last_user;  // param -> its last node in reverse order
+    for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit)
+      for (int id : g.nodes[size_t(*nit)].params)
+        if (id >= 0) last_user[id] = *nit;
+    for (const auto& [id, n] : last_user) done_after[n].push_back(id);
+  }
   auto it = stash_.find(mb_index);
   if (it == stash_.end() || !it->second->b_done)
     throw RuntimeError("W of micro-batch " + std::to_string(mb_index) + " before its B");
@@ -455,14 +468,37 @@ void Stage::backward_weight(int64_t mb_index) {
       node.impl->backward_weight(call);
     }
     s.w.erase(wit);
+    if (ready)
+      if (auto d = done_after.find(n); d != done_after.end())
+        for (int id : d->second) {
+          fold_grad(state_of(id));
+          told.insert(id);
+          ready(id);
+        }
   }
   stash_.erase(it);
+  if (ready) {
+    // Parameters no W node of this micro-batch touched (none in practice) finish too.
+    for (auto& ps : params_)
+      if (!told.count(ps->id)) {
+        fold_grad(*ps);
+        ready(ps->id);
+      }
+    grads_finished_ = true;
+    return;
+  }
   grads_finished_ = false;
 }
 
 TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
   TensorMap out = backward_input(mb_index, grad_outputs);
   backward_weight(mb_index);
+  return out;
+}
+
+TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs, const ParamReadyFn& ready) {
+  TensorMap out = backward_input(mb_index, grad_outputs);
+  backward_weight(mb_index, ready);
   return out;
 }
 
@@ -473,24 +509,26 @@ void Stage::zero_grad() {
   for (auto& ps : params_) std::fill(ps->has.begin(), ps->has.end(), false);
 }
 
+void Stage::fold_grad(ParamState& ps) {
+  if (ps.grads.size() == 1) {
+    if (!ps.has[0]) ps.grads[0].zero_();
+    return;
+  }
+  bool any = false;
+  for (size_t k = 0; k < ps.grads.size(); ++k) {
+    if (!ps.has[k]) continue;
+    if (!any)
+      ps.grad.copy_from(ps.grads[k]);
+    else
+      kernels::add_inplace(ps.grad, ps.grads[k]);
+    any = true;
+  }
+  if (!any) ps.grad.zero_();
+}
+
 void Stage::finish_grads() {
   grads_finished_ = true;
-  for (auto& ps : params_) {
-    if (ps->grads.size() == 1) {
-      if (!ps->has[0]) ps->grads[0].zero_();
-      continue;
-    }
-    bool any = false;
-    for (size_t k = 0; k < ps->grads.size(); ++k) {
-      if (!ps->has[k]) continue;
-      if (!any)
-        ps->grad.copy_from(ps->grads[k]);
-      else
-        kernels::add_inplace(ps->grad, ps->grads[k]);
-      any = true;
-    }
-    if (!any) ps->grad.zero_();
-  }
+  for (auto& ps : params_) fold_grad(*ps);
 }
 
 std::vector<double> Stage::grad_sum_squares_by_layer() const {

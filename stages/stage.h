@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -103,6 +104,15 @@ class Stage {
   void backward_weight(int64_t mb_index);
   // B then W.
   TensorMap backward(int64_t mb_index, const TensorMap& grad_outputs = {});
+  // The step's LAST W of this stage (or its last B+W), for an engine that reduces
+  // gradients while backward still runs: each parameter's gradient is finished (as by
+  // finish_grads()) as soon as its last user's W is done, and `ready(id)` is called with
+  // the gradient final, in the order the parameters complete (reverse node order). The
+  // stage then counts as finished: step() does not fold again, so grad(id) may be
+  // reduced in place from the callback on.
+  using ParamReadyFn = std::function<void(int param_id)>;
+  void backward_weight(int64_t mb_index, const ParamReadyFn& ready);
+  TensorMap backward(int64_t mb_index, const TensorMap& grad_outputs, const ParamReadyFn& ready);
   // Drops a forwarded micro-batch's stash without backward (evaluation, probing).
   void discard(int64_t mb_index);
   // Micro-batches forwarded and not yet through W.
@@ -143,6 +153,7 @@ class Stage {
   void run_node_forward(MbState& s, int node, bool keep_for_backward);
   void recompute_layer(MbState& s, int layer);
   void release_after_backward(MbState& s, int node);
+  void fold_grad(ParamState& ps);
   ParamState& state_of(int id);
   const ParamState& state_of(int id) const;
 

@@ -1,14 +1,21 @@
-// `baton train`: trains a model on one process from byte-level text data.
+// `baton train`: trains a model from byte-level text data, on one process, or under a
+// plan (--plan) as one rank of a job that `baton launch` (or mpirun, srun) started.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "kernels/ops.h"
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/plan.h"
+#include "partitioner/plan_trainer.h"
 #include "stages/trainer.h"
 #include "tools/command.h"
+#include "transport/world.h"
 
 namespace baton::tools {
 namespace {
@@ -34,7 +41,9 @@ std::set<int> parse_layers(const std::string& text) {
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
   stages::TrainOptions o;
-  std::string optimizer, device_memory, recompute;
+  std::string optimizer, device_memory, recompute, plan, schedule_file, trace;
+  int64_t trace_steps = 1;
+  double bucket_mib = 4;
   double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
   opts.add_options()
       ("model", po::value(&o.model_path), "model JSON (general graph, gpt2 or mlp shorthand, or a Hugging Face config.json)")
@@ -58,12 +67,27 @@ int run_train(const std::vector<std::string>& args) {
       ("device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")
       ("recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")
       ("log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")
-      ("loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here");
+      ("loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")
+      ("plan", po::value(&plan), "train under this plan (one process per rank: run under baton launch)")
+      ("schedule", po::value(&schedule_file), "with --plan: a schedule file to run instead of the plan's generator")
+      ("trace", po::value(&trace), "with --plan: write the measured timeline of the last steps (Chrome trace JSON)")
+      ("trace-steps", po::value(&trace_steps)->default_value(1), "with --trace: how many of the last steps")
+      ("bucket-mib", po::value(&bucket_mib)->default_value(4.0), "with --plan: gradient all-reduce bucket size in MiB");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton train --model M --data FILE [options]", opts, vm)) return 0;
+  if (!parse_args(args, "baton train --model M --data FILE [options]\n"
+                        "       baton launch -n N -- baton train --plan plan.json --data FILE [options]",
+                  opts, vm))
+    return 0;
   apply_common_options(vm);
-  if (int t = vm["threads"].as<int>(); t > 0) kernels::set_num_threads(t);
+  const transport::LaunchEnv env = transport::read_launch_env();
+  if (int t = vm["threads"].as<int>(); t > 0) {
+    kernels::set_num_threads(t);
+  } else if (!plan.empty() || env.local_size > 1) {
+    // Ranks on one host share its cores: never more busy threads than cores.
+    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    kernels::set_num_threads(std::max(1, cores / std::max(1, env.local_size)));
+  }
 
   if (optimizer == "adamw") {
     o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
@@ -78,11 +102,50 @@ int run_train(const std::vector<std::string>& args) {
   if (!device_memory.empty())
     memory::allocator_for(memory::Device::cpu()).set_capacity(memory::parse_bytes(device_memory));
   o.recompute_layers = parse_layers(recompute);
-  stages::run_training(o);
+  if (plan.empty()) {
+    for (const char* flag : {"schedule", "trace", "bucket-mib"})
+      if (!vm[flag].defaulted() && vm.count(flag)) throw InputError(std::string("--") + flag + " needs --plan");
+    stages::run_training(o);
+    return 0;
+  }
+  for (const char* flag : {"model", "init-from", "recompute"})
+    if (vm.count(flag))
+      throw InputError(std::string("--") + flag + " does not go with --plan (the plan names the model and its recompute)");
+  if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
+    throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
+  if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
+  if (device_memory.empty()) {
+    // The plan's device memory caps each rank, as its estimate assumed.
+    int64_t cap = partitioner::read_plan(plan).device_memory;
+    if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
+  }
+  partitioner::PlanTrainOptions po;
+  po.plan_path = plan;
+  po.schedule_path = schedule_file;
+  po.data_path = o.data_path;
+  po.steps = o.steps;
+  po.optimizer = o.optimizer;
+  po.grad_clip = o.grad_clip;
+  po.seed = o.seed;
+  po.checkpoint_dir = o.checkpoint_dir;
+  po.checkpoint_every = o.checkpoint_every;
+  po.keep_checkpoints = o.keep_checkpoints;
+  po.resume = o.resume;
+  po.log_every = o.log_every;
+  po.loss_log = o.loss_log;
+  po.trace_path = trace;
+  po.trace_steps = trace_steps;
+  po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);
+  transport::WorldOptions wo;
+  // A training job notices a dead peer well within 10 s unless the user says otherwise
+  // (the transport's own default, 20 s, suits long collectives of very large jobs).
+  if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
+  transport::World world = transport::init_world(wo);
+  partitioner::train_plan(po, world.comm);
   return 0;
 }
 
-const RegisterCommand reg{{"train", "train a model on one process from byte-level text", run_train}};
+const RegisterCommand reg{{"train", "train a model from byte-level text (one process, or a plan's ranks)", run_train}};
 
 }  // namespace
 }  // namespace baton::tools

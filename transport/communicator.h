@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -79,6 +80,12 @@ class Communicator {
   // A sub-group of this group's ranks (in the given order). Called by the members only,
   // each with the same list; the sub-group's traffic never mixes with its parent's.
   virtual std::shared_ptr<Communicator> split(const std::vector<int>& ranks) = 0;
+
+  // The first peer failure this process has learnt of, in any group (global rank and
+  // reason), if any; peers that merely left do not count. A PeerError names the failure
+  // in its own operation's scope ("rank 3 left the job" when rank 3 gave up because rank
+  // 2 died); this names the root cause, for the message a user reads.
+  virtual std::optional<std::pair<int, std::string>> first_failure() const { return std::nullopt; }
 };
 
 using CommPtr = std::shared_ptr<Communicator>;

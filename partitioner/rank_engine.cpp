@@ -1,0 +1,157 @@
+#include "partitioner/rank_engine.h"
+
+#include <algorithm>
+#include <set>
+
+#include "memory/error.h"
+#include "partitioner/routing.h"
+#include "schedule/lower.h"
+#include "schedule/schedule_io.h"
+#include "schedule/validate.h"
+
+namespace baton::partitioner {
+
+using schedule::Schedule;
+
+void use_schedule(ResolvedPlan& r, const Schedule& s, const std::string& source) {
+  const Schedule& want = r.schedule;
+  auto fail = [&](const std::string& what, const std::string& expected, const std::string& found) {
+    throw InputError(source + ": " + what + ": the plan needs " + expected + ", the schedule has " + found);
+  };
+  auto list = [](const std::vector<int>& v) {
+    std::string t;
+    for (int x : v) t += (t.empty() ? "" : " ") + std::to_string(x);
+    return "[" + t + "]";
+  };
+  if (s.num_ranks != want.num_ranks)
+    fail("ranks", std::to_string(want.num_ranks) + " (pipeline ranks)", std::to_string(s.num_ranks));
+  if (s.num_micro_batches != want.num_micro_batches)
+    fail("micro_batches", std::to_string(want.num_micro_batches), std::to_string(s.num_micro_batches));
+  if (s.num_directions != want.num_directions)
+    fail("directions", std::to_string(want.num_directions), std::to_string(s.num_directions));
+  if (s.placement != want.placement) fail("placement", list(want.placement), list(s.placement));
+  schedule::check_valid(s, source);
+  r.schedule = s;
+  if (r.schedule.name.empty()) r.schedule.name = source;
+}
+
+namespace {
+
+// Index of a value among the values crossing a cut (the same on both sides).
+int value_index(const stages::Graph& g, int cut, const std::string& name) {
+  std::vector<int> cut_values = g.cut_values(cut);
+  for (size_t i = 0; i < cut_values.size(); ++i)
+    if (g.values[size_t(cut_values[i])].name == name) return int(i);
+  throw std::logic_error("routing names value '" + name + "' that does not cross cut " + std::to_string(cut));
+}
+
+}  // namespace
+
+RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
+                       RankEngineOptions options)
+    : plan_(std::move(plan)), world_(std::move(world)) {
+  const ResolvedPlan& r = *plan_;
+  if (world_->size() != r.layout.world())
+    throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.layout.world()) +
+                     " ranks, the job " + std::to_string(world_->size()));
+  const int rank = world_->rank();
+  view_ = rank_view(r, rank);
+  graph_ = physical_graph(r, rank);
+  const stages::Graph& g = *graph_;
+
+  // ---- groups: the tensor-parallel group and every gradient group, made in one global
+  // order (sorted member lists) so that no two ranks wait for each other's split.
+  std::vector<GradientGroup> ggroups = gradient_groups(r, rank);
+  std::set<std::vector<int>> sets;
+  if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
+  for (const GradientGroup& gg : ggroups)
+    if (gg.ranks.size() > 1) sets.insert(gg.ranks);
+  for (const std::vector<int>& members : sets) groups_[members] = world_->split(members);
+  transport::Communicator* tp = view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
+
+  // ---- stages
+  for (const RankStage& rs : view_.stages) {
+    stages::StageOptions so;
+    so.seed = options.seed;
+    so.recompute_layers = rs.recompute;
+    so.tp = tp;
+    so.profile = options.profile;
+    auto st = std::make_unique<stages::Stage>(graph_, rs.first_layer, rs.last_layer, so);
+    st->set_optimizer(options.optimizer);
+    stages_[rs.stage] = std::move(st);
+  }
+
+  // ---- the executor
+  schedule::ExecutorConfig c;
+  schedule::LowerOptions lo;
+  c.schedule = schedule::lower(r.schedule, lo);
+  c.rank = view_.coord.pp;
+  for (auto& [s, st] : stages_) c.stages[s] = st.get();
+  c.p2p = world_.get();
+  for (int b = 0; b < r.schedule.num_stages(); ++b) {
+    const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(b)])];
+    for (const Transfer& t : boundary_transfers(r, rank, b)) {
+      schedule::Route route;
+      route.send = t.kind == Transfer::Kind::send;
+      route.phase = t.phase == Transfer::Phase::activation ? schedule::Route::Phase::activation
+                                                           : schedule::Route::Phase::gradient;
+      route.peer = t.peer;
+      route.value = t.value;
+      route.value_index = value_index(*r.graph, cut, t.value);
+      route.part = t.part;
+      route.parts = t.parts;
+      c.routes[b].push_back(route);
+    }
+  }
+  std::map<std::vector<int>, schedule::GradGroup> by_members;
+  for (const GradientGroup& gg : ggroups) {
+    if (gg.ranks.size() <= 1 && gg.local_stages.size() <= 1) continue;
+    schedule::GradGroup& out = by_members[gg.ranks];
+    if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
+    int id = g.find_param(gg.name);
+    BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
+    out.params.push_back(id);
+  }
+  for (auto& [members, gg] : by_members) c.grad_groups.push_back(gg);
+  c.bucket_bytes = options.bucket_bytes;
+  c.micro_batch_size = r.plan.micro_batch_size;
+  c.first_micro_batch = int64_t(view_.coord.dp) * r.plan.micro_batches;
+  c.global_batch = r.plan.global_batch > 0 ? r.plan.global_batch
+                                           : int64_t(r.plan.dp) * r.plan.micro_batches * r.plan.micro_batch_size;
+  // The loss counts every target of the global batch (cross-entropy's targets per sample).
+  const stages::Graph& lg = *r.graph;
+  const stages::Node& ce = lg.nodes[size_t(lg.values[size_t(lg.loss)].producer)];
+  const stages::Value& targets = lg.values[size_t(ce.inputs[1])];
+  c.loss_tokens = double(c.global_batch * memory::shape_numel(targets.type.shape));
+  c.inputs = options.inputs;
+  c.input_ahead = options.input_ahead;
+  c.recv_ahead = options.recv_ahead;
+  c.step_comm = world_.get();
+  c.num_layers = g.num_layers();
+  c.loss_slots = int64_t(r.plan.dp) * r.plan.micro_batches;
+  c.contribute_norm = view_.coord.dp == 0;
+  const bool first_tp = view_.coord.tp == 0;
+  c.norm_counts = [graph = graph_, first_tp](int id) { return first_tp || graph->params[size_t(id)].is_shard(); };
+  c.contribute_loss = first_tp;
+  c.grad_clip = options.grad_clip;
+  c.timeline_rank = rank;
+  executor_ = std::make_unique<schedule::Executor>(std::move(c));
+}
+
+RankEngine::~RankEngine() {
+  // The executor (its loader thread, pending work) goes before the stages it runs.
+  executor_.reset();
+}
+
+bool RankEngine::writes(int stage, int param) const {
+  const ResolvedPlan& r = *plan_;
+  if (view_.coord.dp != 0) return false;
+  if (schedule::stage_direction(r.schedule, stage) != 0) return false;
+  const stages::Param& p = graph_->params[size_t(param)];
+  if (!p.is_shard() && view_.coord.tp != 0) return false;
+  const stages::Stage& st = *stages_.at(stage);
+  int owner = p.layers.empty() ? 0 : p.layers.front();
+  return owner >= st.first_layer() && owner < st.last_layer();
+}
+
+}  // namespace baton::partitioner

@@ -1,0 +1,92 @@
+#include "schedule/detail/input_loader.h"
+
+#include "memory/error.h"
+
+namespace baton::schedule::detail {
+
+InputLoader::InputLoader(InputFn fn, std::vector<std::string> names, int ahead)
+    : fn_(std::move(fn)), names_(std::move(names)), ahead_(std::max(1, ahead)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+InputLoader::~InputLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void InputLoader::enqueue(const stages::MicroBatch& mb, int uses) {
+  if (uses <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Item it;
+    it.mb = mb;
+    it.uses = uses;
+    items_.push_back(std::move(it));
+  }
+  cv_.notify_all();
+}
+
+stages::TensorMap InputLoader::take(int64_t step, int64_t index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (error_) std::rethrow_exception(error_);
+    for (size_t i = 0; i < items_.size(); ++i) {
+      Item& it = items_[i];
+      if (it.mb.step != step || it.mb.index != index) continue;
+      if (!it.ready) break;
+      stages::TensorMap out = it.tensors;
+      if (!it.taken) {
+        it.taken = true;
+        --unused_;
+        cv_.notify_all();  // room for the loader to run ahead again
+      }
+      if (--it.uses == 0) {
+        items_.erase(items_.begin() + std::ptrdiff_t(i));
+        --made_;
+      }
+      return out;
+    }
+    bool queued = false;
+    for (const Item& it : items_) queued |= it.mb.step == step && it.mb.index == index;
+    if (!queued)
+      throw std::logic_error("input loader: micro-batch " + std::to_string(index) + " of step " +
+                             std::to_string(step) + " was never queued");
+    cv_.wait(lock);
+  }
+}
+
+void InputLoader::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || (made_ < items_.size() && unused_ < size_t(ahead_)); });
+    if (stop_) return;
+    stages::MicroBatch mb = items_[made_].mb;
+    lock.unlock();
+    stages::TensorMap out;
+    std::exception_ptr err;
+    try {
+      fn_(mb, names_, out);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    if (err) {
+      error_ = err;
+      cv_.notify_all();
+      return;
+    }
+    // The item is still at position made_: take() removes only ready items, which sit
+    // before it.
+    items_[made_].tensors = std::move(out);
+    items_[made_].ready = true;
+    ++made_;
+    ++unused_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace baton::schedule::detail

@@ -1,0 +1,57 @@
+// The executor's input loader: a background thread that makes the model inputs (token
+// ids, targets) of the micro-batches a rank will need, in the order it will need them,
+// a few micro-batches ahead, so that a forward never waits for data it could have had.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "schedule/executor.h"
+
+namespace baton::schedule::detail {
+
+class InputLoader {
+ public:
+  InputLoader(InputFn fn, std::vector<std::string> names, int ahead);
+  ~InputLoader();  // stops the thread (work in progress finishes first)
+  InputLoader(const InputLoader&) = delete;
+  InputLoader& operator=(const InputLoader&) = delete;
+
+  // Queues a micro-batch; `uses`: how many take() calls will ask for it.
+  void enqueue(const stages::MicroBatch& mb, int uses);
+  // The inputs of (step, micro-batch index), waiting until they are made. Rethrows what
+  // the input function threw (on any later call too).
+  stages::TensorMap take(int64_t step, int64_t index);
+
+ private:
+  struct Item {
+    stages::MicroBatch mb;
+    int uses = 0;
+    bool taken = false;  // used at least once (later uses may come much later: a V's
+                         // last stage reads the targets of a micro-batch whose tokens
+                         // the first stage read long before)
+    bool ready = false;
+    stages::TensorMap tensors;
+  };
+  void loop();
+
+  InputFn fn_;
+  std::vector<std::string> names_;
+  int ahead_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;  // in order of first use; ready ones first
+  size_t made_ = 0;         // items_[0, made_) are ready
+  size_t unused_ = 0;       // ready items not taken yet: the loader keeps ahead_ of them
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace baton::schedule::detail

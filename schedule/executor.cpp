@@ -1,0 +1,459 @@
+#include "schedule/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "kernels/ops.h"
+#include "memory/error.h"
+#include "schedule/detail/grad_reducer.h"
+#include "schedule/detail/input_loader.h"
+#include "schedule/validate.h"
+
+namespace baton::schedule {
+
+using memory::Tensor;
+using stages::TensorMap;
+using K = ActionKind;
+
+namespace {
+
+constexpr int kMaxValues = 8;   // values per boundary in a message tag
+constexpr int kMaxParts = 16;   // parts per value in a message tag
+constexpr uint64_t kMaxTag = (uint64_t(1) << 27) - 1;  // the transport's user tags
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+}  // namespace
+
+std::pair<int64_t, int64_t> route_part_range(int64_t numel, int64_t row, int part, int parts) {
+  BATON_CHECK(parts >= 1 && part >= 0 && part < parts, "part out of range");
+  if (row > 0 && numel % row == 0 && numel / row >= parts) {
+    int64_t rows = numel / row;
+    return {rows * part / parts * row, rows * (part + 1) / parts * row};
+  }
+  return {numel * part / parts, numel * (part + 1) / parts};
+}
+
+// What is in flight or handed over between actions of one step.
+struct Executor::Pending {
+  struct Recv {
+    TensorMap tensors;
+    std::vector<transport::WorkPtr> works;
+    bool posted = false;
+  };
+  struct Send {
+    transport::WorkPtr work;
+    Tensor keep;  // the buffer must outlive the send
+    Action action;
+    double start = 0;
+  };
+  std::map<size_t, Recv> recvs;  // by action index
+  size_t next_post = 0;          // index into recv_positions_
+  size_t first_open = 0;         // first RECV not yet executed (index into recv_positions_)
+  std::map<Key, TensorMap> act_in, grad_in;    // waiting for the F / B that consumes them
+  std::map<Key, TensorMap> act_out, grad_out;  // waiting for their SEND
+  std::vector<Send> sends;
+  std::map<int, double> reduce_start;  // stage -> when its REDUCE ran
+  void clear() {
+    recvs.clear();
+    next_post = first_open = 0;
+    act_in.clear();
+    grad_in.clear();
+    act_out.clear();
+    grad_out.clear();
+    reduce_start.clear();
+  }
+};
+
+Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(std::make_unique<Pending>()) {
+  t_origin_ = steady_ns();
+  const Schedule& s = cfg_.schedule;
+  check_valid(s, "executor schedule");
+  if (!has_transfers(s) && s.num_ranks > 1)
+    for (const auto& r : s.ranks)
+      for (const Action& a : r)
+        if (is_compute(a.kind)) {
+          // A compute-only schedule of several ranks cannot move activations: lower it.
+          bool cross = false;
+          int prev = prev_stage(s, a.stage), next = next_stage(s, a.stage);
+          cross |= prev >= 0 && s.placement[size_t(prev)] != s.placement[size_t(a.stage)];
+          cross |= next >= 0 && s.placement[size_t(next)] != s.placement[size_t(a.stage)];
+          if (cross) throw InputError("executor schedule: not lowered (no SEND/RECV actions); call lower() first");
+        }
+  if (cfg_.rank < 0 || cfg_.rank >= s.num_ranks)
+    throw InputError("executor: rank " + std::to_string(cfg_.rank) + " outside the schedule's " +
+                     std::to_string(s.num_ranks) + " ranks");
+  actions_ = s.ranks[size_t(cfg_.rank)];
+  bool has_step = false;
+  for (const Action& a : actions_) has_step |= a.kind == K::optimizer_step;
+  if (!has_step) throw InputError("executor schedule: rank " + std::to_string(cfg_.rank) + " has no STEP (lower() adds it)");
+  const stages::Graph* graph = nullptr;
+  for (int st : stages_of_rank(s, cfg_.rank)) {
+    auto it = cfg_.stages.find(st);
+    if (it == cfg_.stages.end() || !it->second)
+      throw InputError("executor: no Stage for schedule stage " + std::to_string(st) + " of rank " +
+                       std::to_string(cfg_.rank));
+    if (graph && graph != &it->second->graph())
+      throw InputError("executor: the stages of a rank must share one graph");
+    graph = &it->second->graph();
+  }
+  if (cfg_.stages.size() != stages_of_rank(s, cfg_.rank).size())
+    throw InputError("executor: Stages given for schedule stages the rank does not hold");
+  if (cfg_.recv_ahead < 1) cfg_.recv_ahead = 1;
+  if (cfg_.loss_slots <= 0) cfg_.loss_slots = cfg_.first_micro_batch + s.num_micro_batches;
+  if (cfg_.num_layers <= 0) cfg_.num_layers = graph->num_layers();
+  if (cfg_.global_batch <= 0) cfg_.global_batch = cfg_.loss_slots * cfg_.micro_batch_size;
+  for (const auto& [b, routes] : cfg_.routes)
+    for (const Route& r : routes)
+      if (r.value_index < 0 || r.value_index >= kMaxValues || r.parts < 1 || r.parts > kMaxParts ||
+          r.part < 0 || r.part >= r.parts || !cfg_.p2p || r.peer < 0 || r.peer >= cfg_.p2p->size())
+        throw InputError("executor: bad route of boundary " + std::to_string(b) + " for value '" + r.value + "'");
+  uint64_t max_base = (uint64_t(s.num_micro_batches) * uint64_t(s.num_stages()) + uint64_t(s.num_stages())) * 2;
+  if (max_base * kMaxValues * kMaxParts > kMaxTag)
+    throw InputError("executor: " + std::to_string(s.num_micro_batches) + " micro-batches x " +
+                     std::to_string(s.num_stages()) + " stages need more message tags than the transport has");
+
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const Action& a = actions_[i];
+    if (is_recv(a.kind)) recv_positions_.push_back(i);
+    if (a.kind == K::backward_weight || a.kind == K::full_backward) last_weight_[a.stage] = i;
+  }
+  std::set<std::string> names;
+  for (const auto& [st, stage] : cfg_.stages)
+    for (int v : stage->model_inputs()) names.insert(stage->graph().values[size_t(v)].name);
+  input_names_.assign(names.begin(), names.end());
+  if (!input_names_.empty()) {
+    if (!cfg_.inputs) throw InputError("executor: the stages read model inputs but no input function was given");
+    loader_ = std::make_unique<detail::InputLoader>(cfg_.inputs, input_names_, cfg_.input_ahead);
+  }
+  reducer_ = std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
+}
+
+Executor::~Executor() = default;
+
+double Executor::now() const { return double(steady_ns() - t_origin_) * 1e-9; }
+
+stages::MicroBatch Executor::micro_batch(int mb, int64_t step) const {
+  stages::MicroBatch m;
+  m.index = mb;
+  m.sample_offset = (cfg_.first_micro_batch + mb) * cfg_.micro_batch_size;
+  m.samples = cfg_.micro_batch_size;
+  m.global_batch = cfg_.global_batch;
+  m.loss_tokens = cfg_.loss_tokens;
+  m.step = step;
+  return m;
+}
+
+void Executor::record(const Action& a, int lane, double start, double end, int peer) {
+  if (!recording_) return;
+  TimelineEvent e;
+  e.rank = cfg_.timeline_rank;
+  e.lane = lane;
+  e.kind = a.kind;
+  e.micro_batch = a.micro_batch;
+  e.stage = a.stage;
+  e.peer = peer;
+  e.start = start;
+  e.end = end;
+  events_.push_back(e);
+}
+
+// ---- transfers ----
+
+namespace {
+
+// The boundary a transfer crosses and its direction.
+struct Crossing {
+  int boundary;
+  Route::Phase phase;
+};
+Crossing crossing(const Schedule& s, const Action& a) {
+  switch (a.kind) {
+    case K::send_activation: return {a.stage, Route::Phase::activation};
+    case K::recv_activation: return {prev_stage(s, a.stage), Route::Phase::activation};
+    case K::send_gradient: return {prev_stage(s, a.stage), Route::Phase::gradient};
+    case K::recv_gradient: return {a.stage, Route::Phase::gradient};
+    default: return {-1, Route::Phase::activation};
+  }
+}
+
+uint64_t message_tag(const Schedule& s, int mb, const Crossing& c, const Route& r) {
+  uint64_t base = (uint64_t(mb) * uint64_t(s.num_stages()) + uint64_t(c.boundary)) * 2 +
+                  (c.phase == Route::Phase::gradient ? 1 : 0);
+  return (base * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
+}
+
+}  // namespace
+
+void Executor::post_recv(size_t index, int64_t) {
+  const Action& a = actions_[index];
+  Pending::Recv& rv = pending_->recvs[index];
+  if (rv.posted) return;
+  rv.posted = true;
+  const Crossing c = crossing(cfg_.schedule, a);
+  auto it = cfg_.routes.find(c.boundary);
+  if (it == cfg_.routes.end()) return;
+  const stages::Stage& st = *cfg_.stages.at(a.stage);
+  for (const Route& r : it->second) {
+    if (r.send || r.phase != c.phase) continue;
+    Tensor& full = rv.tensors[r.value];
+    if (!full.defined()) {
+      const stages::Value& v = st.graph().value(r.value);
+      full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype);
+    }
+    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
+    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r)));
+  }
+}
+
+void Executor::wait_recv(size_t index) {
+  const Action& a = actions_[index];
+  double t0 = now();
+  post_recv(index, 0);
+  Pending::Recv rv = std::move(pending_->recvs.at(index));
+  pending_->recvs.erase(index);
+  for (auto& w : rv.works) w->wait();
+  Key key{a.stage, a.micro_batch};
+  TensorMap& dst = a.kind == K::recv_activation ? pending_->act_in[key] : pending_->grad_in[key];
+  for (auto& [name, t] : rv.tensors) dst[name] = std::move(t);
+  record(a, 1, t0, now(), a.peer);
+}
+
+void Executor::do_send(const Action& a, double t0) {
+  const Crossing c = crossing(cfg_.schedule, a);
+  Key key{a.stage, a.micro_batch};
+  auto& src_map = a.kind == K::send_activation ? pending_->act_out : pending_->grad_out;
+  auto found = src_map.find(key);
+  if (found == src_map.end())
+    throw std::logic_error("executor: " + to_token(a) + " has nothing to send");
+  TensorMap values = std::move(found->second);
+  src_map.erase(found);
+  auto it = cfg_.routes.find(c.boundary);
+  if (it == cfg_.routes.end()) return;
+  for (const Route& r : it->second) {
+    if (!r.send || r.phase != c.phase) continue;
+    auto v = values.find(r.value);
+    if (v == values.end())
+      throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value + "' to send");
+    Tensor full = v->second.contiguous();
+    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
+    Pending::Send snd;
+    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r));
+    snd.keep = slice;
+    snd.action = a;
+    snd.action.peer = r.peer;
+    snd.start = t0;
+    pending_->sends.push_back(std::move(snd));
+  }
+}
+
+void Executor::poll_sends() {
+  auto& sends = pending_->sends;
+  size_t kept = 0;
+  for (size_t i = 0; i < sends.size(); ++i) {
+    if (sends[i].work->test()) {
+      record(sends[i].action, 1, sends[i].start, now(), sends[i].action.peer);
+      continue;
+    }
+    if (kept != i) sends[kept] = std::move(sends[i]);
+    ++kept;
+  }
+  sends.resize(kept);
+}
+
+// ---- compute ----
+
+void Executor::compute(const Action& a, size_t index, int64_t step) {
+  const Schedule& s = cfg_.schedule;
+  stages::Stage& st = *cfg_.stages.at(a.stage);
+  const int prev = prev_stage(s, a.stage), next = next_stage(s, a.stage);
+  const bool last_w = last_weight_.count(a.stage) && last_weight_.at(a.stage) == index;
+  const int stage_id = a.stage;
+  stages::Stage::ParamReadyFn ready;
+  if (last_w) ready = [this, stage_id](int id) { reducer_->ready(stage_id, id); };
+  const Key key{a.stage, a.micro_batch};
+  switch (a.kind) {
+    case K::forward: {
+      TensorMap in;
+      if (!st.model_inputs().empty()) {
+        TensorMap x = loader_->take(step, a.micro_batch);
+        for (int v : st.model_inputs()) {
+          const std::string& name = st.graph().values[size_t(v)].name;
+          in[name] = x.at(name);
+        }
+      }
+      if (prev >= 0) {
+        auto it = pending_->act_in.find(key);
+        if (it == pending_->act_in.end())
+          throw std::logic_error("executor: " + to_token(a) + " before its input arrived");
+        for (auto& [name, t] : it->second) in[name] = std::move(t);
+        pending_->act_in.erase(it);
+      }
+      TensorMap out = st.forward(micro_batch(a.micro_batch, step), in);
+      if (next < 0) {
+        const stages::Graph& g = st.graph();
+        losses_[size_t(a.micro_batch)] =
+            out.at(g.values[size_t(g.loss)].name).to(memory::DType::f64).to_vector<double>()[0];
+        has_loss_[size_t(a.micro_batch)] = true;
+      } else if (s.placement[size_t(next)] == cfg_.rank) {
+        pending_->act_in[{next, a.micro_batch}] = std::move(out);
+      } else {
+        pending_->act_out[key] = std::move(out);
+      }
+      return;
+    }
+    case K::backward_input:
+    case K::full_backward: {
+      TensorMap grads;
+      if (next >= 0) {
+        auto it = pending_->grad_in.find(key);
+        if (it == pending_->grad_in.end())
+          throw std::logic_error("executor: " + to_token(a) + " before its output gradient arrived");
+        grads = std::move(it->second);
+        pending_->grad_in.erase(it);
+      }
+      TensorMap gin;
+      if (a.kind == K::backward_input)
+        gin = st.backward_input(a.micro_batch, grads);
+      else if (ready)
+        gin = st.backward(a.micro_batch, grads, ready);
+      else
+        gin = st.backward(a.micro_batch, grads);
+      if (prev >= 0) {
+        if (s.placement[size_t(prev)] == cfg_.rank)
+          pending_->grad_in[{prev, a.micro_batch}] = std::move(gin);
+        else
+          pending_->grad_out[key] = std::move(gin);
+      }
+      return;
+    }
+    case K::backward_weight:
+      if (ready)
+        st.backward_weight(a.micro_batch, ready);
+      else
+        st.backward_weight(a.micro_batch);
+      return;
+    default:
+      throw std::logic_error("executor: not a compute action: " + to_token(a));
+  }
+}
+
+// ---- the step ----
+
+StepStats Executor::run_step(int64_t step, int64_t next_step) {
+  const double t0 = now();
+  const Schedule& s = cfg_.schedule;
+  pending_->clear();
+  for (auto& [id, st] : cfg_.stages) st->zero_grad();
+  reducer_->begin_step();
+  losses_.assign(size_t(s.num_micro_batches), 0.0);
+  has_loss_.assign(size_t(s.num_micro_batches), false);
+
+  if (loader_) {
+    // The micro-batches in the order this rank's forwards read them, with their counts.
+    auto queue = [&](int64_t st) {
+      std::vector<int> order;
+      std::map<int, int> uses;
+      for (const Action& a : actions_)
+        if (a.kind == K::forward && !cfg_.stages.at(a.stage)->model_inputs().empty())
+          if (uses[a.micro_batch]++ == 0) order.push_back(a.micro_batch);
+      for (int mb : order) loader_->enqueue(micro_batch(mb, st), uses[mb]);
+    };
+    if (step != queued_step_) queue(step);
+    queued_step_ = step;
+    if (next_step >= 0 && next_step != step) {
+      queue(next_step);
+      queued_step_ = next_step;
+    }
+  }
+
+  StepStats stats;
+  stats.step = step;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    // Receives: the next recv_ahead ones are posted before anything else runs.
+    auto& P = *pending_;
+    while (P.first_open < recv_positions_.size() && recv_positions_[P.first_open] < i) ++P.first_open;
+    while (P.next_post < recv_positions_.size() && P.next_post < P.first_open + size_t(cfg_.recv_ahead))
+      post_recv(recv_positions_[P.next_post++], step);
+
+    const Action& a = actions_[i];
+    const double ta = now();
+    if (is_compute(a.kind)) {
+      compute(a, i, step);
+      record(a, 0, ta, now());
+    } else if (is_recv(a.kind)) {
+      wait_recv(i);
+    } else if (is_send(a.kind)) {
+      do_send(a, ta);
+    } else if (a.kind == K::reduce_gradients) {
+      reducer_->start_ready();
+      pending_->reduce_start[a.stage] = ta;
+    } else if (a.kind == K::optimizer_step) {
+      finish_step(stats, ta);
+    }
+    poll_sends();
+  }
+  stats.seconds = now() - t0;
+  return stats;
+}
+
+void Executor::finish_step(StepStats& stats, double t0) {
+  const Schedule& s = cfg_.schedule;
+  reducer_->finish();
+  const double reduced = now();
+  for (const auto& [stage, start] : pending_->reduce_start)
+    record(make_action(K::reduce_gradients, -1, stage), 1, start, reduced);
+
+  // Norm pieces per graph layer (a parameter counts in the first layer using it, on the
+  // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
+  const size_t L = size_t(cfg_.num_layers);
+  std::vector<double> v(L + size_t(cfg_.loss_slots), 0.0);
+  if (cfg_.contribute_norm) {
+    for (const auto& [stage, st] : cfg_.stages) {
+      if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
+      const stages::Graph& g = st->graph();
+      for (int id : st->param_ids()) {
+        const stages::Param& p = g.params[size_t(id)];
+        int owner = p.layers.empty() ? 0 : p.layers.front();
+        if (owner < st->first_layer() || owner >= st->last_layer()) continue;
+        if (cfg_.norm_counts && !cfg_.norm_counts(id)) continue;
+        v[size_t(owner)] += kernels::sum_squares(st->grad(id));
+      }
+    }
+  }
+  if (cfg_.contribute_loss)
+    for (int mb = 0; mb < s.num_micro_batches; ++mb)
+      if (has_loss_[size_t(mb)]) v[L + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+  if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+    cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();
+    v = t.to_vector<double>();
+  }
+  double norm2 = 0, loss = 0;
+  for (size_t l = 0; l < L; ++l) norm2 += v[l];
+  for (size_t k = L; k < v.size(); ++k) loss += v[k];
+  stats.loss = loss;
+  stats.grad_norm = std::sqrt(norm2);
+  const double scale =
+      (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / stats.grad_norm : 1.0;
+  for (auto& [id, st] : cfg_.stages) st->step(scale);
+  // Every send of the step completes before the next one reuses anything.
+  for (auto& snd : pending_->sends) {
+    snd.work->wait();
+    record(snd.action, 1, snd.start, now(), snd.action.peer);
+  }
+  pending_->sends.clear();
+  record(make_action(K::optimizer_step, -1, -1), 0, t0, now());
+}
+
+}  // namespace baton::schedule

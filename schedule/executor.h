@@ -1,0 +1,157 @@
+// The executor: runs one rank's lowered action list (F, B, W, BW, SEND/RECV, REDUCE, STEP)
+// on the Stages the rank holds (one per schedule stage), over its communicators, one
+// training step at a time. Receives are posted ahead of the actions that need them,
+// sends are asynchronous, the model inputs of the next micro-batches are prepared by a
+// background thread, and data-parallel (and tied-parameter) gradient reductions start
+// bucket by bucket while the backward pass still runs. Every action's start and end can
+// be recorded as a timeline in the simulator's form (schedule/timeline.h).
+//
+// The executor knows nothing of plans: what crosses each pipeline boundary (routes),
+// which gradients are summed over which group, and how the loss and the gradient norm
+// are combined across ranks come in as plain data (partitioner/rank_engine.h fills them
+// from a plan).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+#include "schedule/timeline.h"
+#include "stages/stage.h"
+#include "transport/communicator.h"
+
+namespace baton::schedule {
+
+namespace detail {
+class InputLoader;
+class GradReducer;
+}  // namespace detail
+
+// One point-to-point transfer of a boundary value, or of one part of it, for every
+// micro-batch: part `part` of `parts` equal parts of the flattened tensor (cut at rows of
+// the last dimension when it can be), to or from `peer`.
+struct Route {
+  enum class Phase { activation, gradient };
+  bool send = true;
+  Phase phase = Phase::activation;
+  int peer = -1;           // rank in ExecutorConfig::p2p
+  std::string value;       // value name (the same in both stages' graphs)
+  int value_index = 0;     // distinguishes the boundary's values in message tags (< 8)
+  int part = 0, parts = 1;  // parts <= 16
+};
+
+// Elements [begin, end) of part `part` of `parts` of a tensor of `numel` elements whose
+// last dimension has `row` elements: whole rows when there are at least `parts` rows.
+std::pair<int64_t, int64_t> route_part_range(int64_t numel, int64_t row, int part, int parts);
+
+// Parameters whose gradients are summed over a group of ranks (data-parallel replicas;
+// the pipeline ranks that hold a tied parameter such as GPT-2's wte; DualPipe's two
+// replicas of a chunk). A parameter held by several of this rank's stages is summed over
+// them first (in ascending stage order), then over the group.
+struct GradGroup {
+  transport::Communicator* comm = nullptr;  // null or size 1: the local sum only
+  std::vector<int> params;                  // parameter ids of the rank's graph
+};
+
+// Makes the model inputs (token ids, targets) of one micro-batch: fills `out` with the
+// tensors named in `names`. Runs on the executor's loader thread.
+using InputFn = std::function<void(const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                                   stages::TensorMap& out)>;
+
+struct ExecutorConfig {
+  Schedule schedule;  // lowered: transfers, REDUCE and STEP included (lower() it first)
+  int rank = 0;       // which of the schedule's ranks this is
+  std::map<int, stages::Stage*> stages;  // schedule stage -> the Stage that runs it
+  transport::Communicator* p2p = nullptr;  // carries the routes (the world)
+  std::map<int, std::vector<Route>> routes;  // by boundary b (between stages b and b + 1)
+  std::vector<GradGroup> grad_groups;
+  size_t bucket_bytes = size_t(4) << 20;  // gradient bucket size (one all-reduce each)
+
+  // Micro-batches: schedule micro-batch i of this rank is global micro-batch
+  // first_micro_batch + i of the step (its samples follow from micro_batch_size).
+  int64_t micro_batch_size = 1;
+  int64_t first_micro_batch = 0;
+  int64_t global_batch = 0;       // samples per step over every replica
+  double loss_tokens = 0;         // targets the loss counts per step (MicroBatch::loss_tokens)
+  InputFn inputs;
+  int input_ahead = 4;  // micro-batches the loader prepares ahead
+  int recv_ahead = 2;   // receives posted ahead of the current action (at least 1)
+
+  // The loss and the gradient norm of the step, combined over `step_comm` (every rank of
+  // the job, so every rank reports the same numbers): a vector of the per-layer sums of
+  // squares (graph layers) and the per-micro-batch losses (global micro-batches) is
+  // summed, each entry having exactly one contributor (or, for the norm, the blocks of a
+  // tensor-parallel group), then added up in order.
+  transport::Communicator* step_comm = nullptr;  // null: this rank alone
+  int num_layers = 0;              // of the graph: norm pieces
+  int64_t loss_slots = 0;          // micro-batches per step over every replica
+  bool contribute_norm = true;     // false on data-parallel replicas other than the first
+  std::function<bool(int param)> norm_counts;  // empty: every parameter counts
+  bool contribute_loss = true;     // false on tensor-parallel ranks other than the first
+  double grad_clip = 0;            // max global norm; 0: no clipping
+
+  int timeline_rank = 0;  // the rank events are recorded under (the global rank)
+};
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;       // summed over the step's micro-batches (the mean over its tokens)
+  double grad_norm = 0;  // before clipping
+  double seconds = 0;
+};
+
+class Executor {
+ public:
+  // Validates the schedule (it must be lowered) and the config against the stages.
+  explicit Executor(ExecutorConfig config);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs one training step: zero_grad, the rank's action list, the reductions, clipping
+  // and the optimizer step. `next_step` (>= 0) lets the loader start on the next step's
+  // inputs while this one runs.
+  StepStats run_step(int64_t step, int64_t next_step = -1);
+
+  // Timeline recording (off by default): every action's start and end, in seconds since
+  // the executor was made, compute on lane 0 and communication on lane 1.
+  void set_recording(bool on) { recording_ = on; }
+  const std::vector<TimelineEvent>& events() const { return events_; }
+  void clear_events() { events_.clear(); }
+  // Seconds since the executor was made (the events' clock).
+  double now() const;
+
+  const ExecutorConfig& config() const { return cfg_; }
+
+ private:
+  struct Pending;
+  void post_recv(size_t index, int64_t step);
+  void wait_recv(size_t index);
+  void do_send(const Action& a, double t0);
+  void compute(const Action& a, size_t index, int64_t step);
+  void finish_step(StepStats& stats, double t0);
+  stages::MicroBatch micro_batch(int mb, int64_t step) const;
+  void poll_sends();
+  void record(const Action& a, int lane, double start, double end, int peer = -1);
+
+  ExecutorConfig cfg_;
+  std::vector<Action> actions_;
+  std::vector<size_t> recv_positions_;      // indices of RECV actions in actions_
+  std::map<int, size_t> last_weight_;        // stage -> index of its last W or BW
+  std::vector<std::string> input_names_;     // model inputs any of the stages reads
+  std::unique_ptr<detail::InputLoader> loader_;
+  std::unique_ptr<detail::GradReducer> reducer_;
+  std::unique_ptr<Pending> pending_;
+  int64_t queued_step_ = -1;                 // the last step whose inputs were queued
+  std::vector<double> losses_;               // per local micro-batch, this step
+  std::vector<bool> has_loss_;
+  bool recording_ = false;
+  std::vector<TimelineEvent> events_;
+  int64_t t_origin_ = 0;  // steady clock at construction, ns
+};
+
+}  // namespace baton::schedule

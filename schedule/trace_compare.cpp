@@ -1,0 +1,158 @@
+#include "schedule/trace_compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+namespace baton::schedule {
+
+namespace {
+
+using Key = std::tuple<int, int, int>;  // kind, micro-batch, stage (STEP: stage = -1 - rank)
+
+bool compared(ActionKind k) { return is_compute(k) || k == ActionKind::optimizer_step; }
+
+Key key_of(const TimelineEvent& e, int rank) {
+  return {int(e.kind), e.micro_batch, e.kind == ActionKind::optimizer_step ? -1 - rank : e.stage};
+}
+
+std::string fmt(const char* f, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, a);
+  return buf;
+}
+
+}  // namespace
+
+TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted) {
+  TraceComparison c;
+  // Measured: the first occurrence of each key on the lowest rank that ran it. STEP has
+  // no stage: the pipeline rank of a measured STEP is the rank of the stages it ran
+  // (measured rank r's first stage's predicted rank).
+  std::map<int, int> stage_rank;  // stage -> predicted rank
+  for (const TimelineEvent& e : predicted.events)
+    if (e.stage >= 0 && is_compute(e.kind)) stage_rank[e.stage] = e.rank;
+  std::map<int, int> measured_pp;  // measured rank -> predicted rank
+  for (const TimelineEvent& e : measured.events)
+    if (e.stage >= 0 && is_compute(e.kind) && !measured_pp.count(e.rank) && stage_rank.count(e.stage))
+      measured_pp[e.rank] = stage_rank[e.stage];
+  std::vector<TimelineEvent> m = measured.events;
+  std::sort(m.begin(), m.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
+    return std::tie(a.rank, a.start) < std::tie(b.rank, b.start);
+  });
+  std::map<Key, TimelineEvent> first;
+  double m0 = 1e300, m1 = -1e300;
+  for (const TimelineEvent& e : m) {
+    if (!compared(e.kind)) continue;
+    int pp = measured_pp.count(e.rank) ? measured_pp[e.rank] : e.rank;
+    Key k = key_of(e, pp);
+    auto it = first.find(k);
+    if (it == first.end() || e.rank < it->second.rank) first[k] = e;
+  }
+  for (const auto& [k, e] : first) {
+    m0 = std::min(m0, e.start * measured.seconds_per_unit);
+    m1 = std::max(m1, e.end * measured.seconds_per_unit);
+  }
+  // Every measured event of the kept ranks in the first step ends by m1; the makespan of
+  // the step is measured from its first action.
+  c.measured_makespan = first.empty() ? 0 : m1 - m0;
+  const double pu = predicted.seconds_per_unit, mu = measured.seconds_per_unit;
+  std::vector<TimelineEvent> p = predicted.events;
+  std::sort(p.begin(), p.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
+    return std::tie(a.rank, a.start) < std::tie(b.rank, b.start);
+  });
+  double p1 = 0;
+  std::map<int, KindSummary> kinds;
+  double sum_start = 0, sum_dur = 0;
+  int n = 0;
+  std::map<Key, bool> used;
+  for (const TimelineEvent& e : p) {
+    if (!compared(e.kind)) continue;
+    p1 = std::max(p1, e.end * pu);
+    ActionDiff d;
+    d.kind = e.kind;
+    d.micro_batch = e.micro_batch;
+    d.stage = e.stage;
+    d.predicted_rank = e.rank;
+    d.predicted_start = e.start * pu;
+    d.predicted_end = e.end * pu;
+    Key k = key_of(e, e.rank);
+    auto it = first.find(k);
+    if (it != first.end()) {
+      d.matched = true;
+      used[k] = true;
+      d.measured_rank = it->second.rank;
+      d.measured_start = it->second.start * mu - m0;
+      d.measured_end = it->second.end * mu - m0;
+      KindSummary& ks = kinds[int(e.kind)];
+      ks.kind = e.kind;
+      ks.count++;
+      ks.measured_mean += d.measured_end - d.measured_start;
+      ks.predicted_mean += d.predicted_end - d.predicted_start;
+      if (is_compute(e.kind)) {
+        sum_start += std::abs(d.measured_start - d.predicted_start);
+        sum_dur += std::abs((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start));
+        ++n;
+      }
+    } else {
+      c.unmatched_predicted++;
+    }
+    c.actions.push_back(d);
+  }
+  for (const auto& [k, e] : first)
+    if (!used.count(k)) c.unmatched_measured++;
+  c.predicted_makespan = p1;
+  for (auto& [k, ks] : kinds) {
+    ks.measured_mean /= ks.count;
+    ks.predicted_mean /= ks.count;
+    c.kinds.push_back(ks);
+  }
+  if (n > 0) {
+    c.mean_abs_start_diff = sum_start / n;
+    c.mean_abs_duration_diff = sum_dur / n;
+  }
+  return c;
+}
+
+std::string format_comparison(const TraceComparison& c, bool actions) {
+  std::string out;
+  auto ms = [](double s) { return fmt("%.3f", s * 1e3); };
+  const double diff = c.measured_makespan - c.predicted_makespan;
+  out += "makespan: measured " + ms(c.measured_makespan) + " ms, predicted " + ms(c.predicted_makespan) +
+         " ms, difference " + ms(diff) + " ms (" +
+         fmt("%+.1f", c.predicted_makespan > 0 ? 100 * diff / c.predicted_makespan : 0.0) + "% of the prediction)\n";
+  out += "matched compute actions: mean |start difference| " + ms(c.mean_abs_start_diff) +
+         " ms, mean |duration difference| " + ms(c.mean_abs_duration_diff) + " ms";
+  if (c.unmatched_measured || c.unmatched_predicted)
+    out += "; unmatched: " + std::to_string(c.unmatched_measured) + " measured, " +
+           std::to_string(c.unmatched_predicted) + " predicted";
+  out += "\n\nkind    count  measured mean ms  predicted mean ms  difference\n";
+  for (const KindSummary& k : c.kinds) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%-6s %6d %17.3f %18.3f %10.1f%%\n", std::string(kind_code(k.kind)).c_str(),
+                  k.count, k.measured_mean * 1e3, k.predicted_mean * 1e3,
+                  k.predicted_mean > 0 ? 100 * (k.measured_mean - k.predicted_mean) / k.predicted_mean : 0.0);
+    out += line;
+  }
+  if (!actions) return out;
+  out += "\naction      rank  measured start..end ms  predicted start..end ms  start diff  duration diff\n";
+  for (const ActionDiff& d : c.actions) {
+    Action a{d.kind, d.micro_batch, d.stage, -1};
+    char line[200];
+    if (!d.matched) {
+      std::snprintf(line, sizeof line, "%-10s %5d  %22s  %9.3f..%-9.3f  (not measured)\n", to_token(a).c_str(),
+                    d.predicted_rank, "-", d.predicted_start * 1e3, d.predicted_end * 1e3);
+    } else {
+      std::snprintf(line, sizeof line, "%-10s %5d  %10.3f..%-10.3f  %10.3f..%-10.3f  %+10.3f  %+13.3f\n",
+                    to_token(a).c_str(), d.predicted_rank, d.measured_start * 1e3, d.measured_end * 1e3,
+                    d.predicted_start * 1e3, d.predicted_end * 1e3, (d.measured_start - d.predicted_start) * 1e3,
+                    ((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start)) * 1e3);
+    }
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace baton::schedule

@@ -1,0 +1,44 @@
+// Comparing a measured timeline (the executor's) with a predicted one (the simulator's):
+// per action, the start, duration and end of both, and their difference; per kind, the
+// mean durations; and the makespan of each. Actions are matched by (kind, micro-batch,
+// stage); a measured run of several tensor-parallel or data-parallel ranks per pipeline
+// rank contributes its lowest rank's events (the others run the same actions), and of
+// several steps only the first.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "schedule/timeline.h"
+
+namespace baton::schedule {
+
+struct ActionDiff {
+  ActionKind kind = ActionKind::forward;
+  int micro_batch = -1, stage = -1;
+  int measured_rank = -1, predicted_rank = -1;
+  double measured_start = 0, measured_end = 0;    // seconds
+  double predicted_start = 0, predicted_end = 0;  // seconds
+  bool matched = false;                           // found in both
+};
+
+struct KindSummary {
+  ActionKind kind = ActionKind::forward;
+  int count = 0;
+  double measured_mean = 0, predicted_mean = 0;  // mean duration, seconds
+};
+
+struct TraceComparison {
+  std::vector<ActionDiff> actions;  // in predicted order (rank, start)
+  std::vector<KindSummary> kinds;
+  double measured_makespan = 0, predicted_makespan = 0;  // seconds
+  int unmatched_measured = 0, unmatched_predicted = 0;
+  double mean_abs_start_diff = 0, mean_abs_duration_diff = 0;  // over matched compute actions
+};
+
+TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted);
+
+// A text report: the summary, the kinds, and (with `actions`) one line per action.
+std::string format_comparison(const TraceComparison& c, bool actions);
+
+}  // namespace baton::schedule

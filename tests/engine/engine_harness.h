@@ -1,0 +1,71 @@
+// Shared by the engine tests: tiny models and plans built in memory, a run of a plan with
+// every rank a thread over the local transport (train_plan on each), and the reference
+// run of the one-process trainer with the same model, seed, data and global batch.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "partitioner/evaluate.h"
+#include "partitioner/plan_trainer.h"
+#include "stages/trainer.h"
+
+namespace baton::engine_testing {
+
+using nlohmann::json;
+
+// A GPT small enough for dozens of 20-step runs: n_layer blocks of width 32 (4 heads),
+// context 16, vocabulary 256 (byte data): n_layer + 2 layers (embed, blocks, head).
+json tiny_gpt_json(int n_layer = 6, double dropout = 0.0);
+// The MLP shorthand: context 8, embedding 16, hidden layers of the given widths.
+json tiny_mlp_json(std::vector<int> hidden = {64, 64, 64, 64, 64, 64});
+
+// A scratch directory (removed at exit) with the model written to model.json.
+struct Workspace {
+  explicit Workspace(const std::string& name);
+  ~Workspace();
+  std::string dir;
+  std::string path(const std::string& file) const { return dir + "/" + file; }
+};
+
+struct PlanSpec {
+  json model;
+  int dp = 1;
+  std::vector<int> tp = {1};  // one per pipeline rank
+  std::string schedule = "1f1b";
+  int micro_batches = 4;      // per replica
+  int64_t micro_batch_size = 2;
+  int chunks = 0;
+  std::vector<int> layers_per_stage;  // empty: as even as possible
+  std::string describe() const;
+};
+
+// The plan JSON (model embedded as a file path in `ws`).
+json plan_json(const PlanSpec& p, const Workspace& ws);
+std::shared_ptr<const partitioner::ResolvedPlan> resolve(const PlanSpec& p, const Workspace& ws);
+
+// The settings both runs share.
+struct RunSettings {
+  int64_t steps = 20;
+  uint64_t seed = 3;
+  double lr = 3e-3;
+  double grad_clip = 1.0;
+  std::string data;  // default: examples/data/licenses.txt
+};
+
+std::vector<stages::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s);
+// Runs every rank as a thread; returns rank 0's records and checks every rank reported
+// the same ones (EXPECT).
+std::vector<stages::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
+                                            const partitioner::PlanTrainOptions& o);
+partitioner::PlanTrainOptions train_options(const Workspace& ws, const RunSettings& s);
+
+// True when every stage of the schedule runs its weight gradients in ascending
+// micro-batch order and each chunk has one replica: the accumulation order of the
+// one-process trainer, so pure pipeline parallelism must match it bit for bit.
+bool same_accumulation_order(const schedule::Schedule& s);
+
+}  // namespace baton::engine_testing

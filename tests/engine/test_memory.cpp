@@ -1,0 +1,91 @@
+// Beyond one device's memory: with a device capacity the model cannot train within on
+// one process (that run stops with the out-of-memory error), planned runs over several
+// processes train, and each rank's measured peak (its allocator's) is within 10% of the
+// partitioner's estimate.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "engine_harness.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
+#include "process_helpers.h"
+
+namespace baton::engine_testing {
+namespace {
+
+json model() {
+  return {{"type", "gpt2"}, {"name", "mem-gpt"}, {"n_layer", 8},  {"n_head", 4},
+          {"n_embd", 256},  {"n_positions", 64}, {"vocab_size", 256}};
+}
+
+// Every rank's peak from rank 0's last line ("every rank's peak in bytes: a b c").
+std::vector<int64_t> peaks_of(const std::string& out) {
+  const std::string key = "every rank's peak in bytes: ";
+  size_t at = out.rfind(key);
+  std::vector<int64_t> v;
+  if (at == std::string::npos) return v;
+  std::istringstream in(out.substr(at + key.size(), out.find('\n', at) - at - key.size()));
+  int64_t b;
+  while (in >> b) v.push_back(b);
+  return v;
+}
+
+void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
+  SCOPED_TRACE(plan.dump());
+  std::ofstream(ws.path("plan.json")) << plan.dump(2);
+  partitioner::Plan p = partitioner::read_plan(ws.path("plan.json"));
+  auto graph = partitioner::load_plan_model(p);
+  partitioner::ResolvedPlan r = partitioner::resolve_plan(p, graph);
+  partitioner::CostModel cm(graph, partitioner::Machine{});
+  partitioner::PlanEstimate e = partitioner::evaluate_plan(r, cm);
+  ASSERT_TRUE(e.fits());
+  std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() + " train --plan " +
+                    ws.path("plan.json") + " --data " + data_file() + " --steps 3 --threads 1 --log-every 0";
+  ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
+  std::vector<int64_t> measured = peaks_of(slurp(ws.path("plan.out")));
+  ASSERT_EQ(int(measured.size()), ranks) << slurp(ws.path("plan.out"));
+  for (int k = 0; k < ranks; ++k) {
+    const double est = double(e.ranks[size_t(k)].peak), got = double(measured[size_t(k)]);
+    std::printf("rank %d: measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", k, got / 1048576, est / 1048576,
+                100 * (got - est) / est);
+    EXPECT_LE(std::abs(got - est), 0.10 * est) << "rank " << k;
+    EXPECT_LE(got, double(p.device_memory));
+  }
+}
+
+TEST(Memory, BeyondOneDevice) {
+  Workspace ws("memory");
+  std::ofstream(ws.path("model.json")) << model().dump(2);
+  // One process, same batch: out of memory.
+  std::string cmd = baton() + " train --model " + ws.path("model.json") + " --data " + data_file() +
+                    " --steps 2 --batch 8 --micro-batches 4 --device-memory 96MiB --threads 1";
+  EXPECT_EQ(run(cmd, ws.path("one.out")), 1);
+  std::string one = slurp(ws.path("one.out"));
+  std::printf("one process: %s", one.substr(one.rfind("baton train")).c_str());
+  EXPECT_NE(one.find("out of memory on cpu"), std::string::npos) << one;
+
+  json base = {{"version", 1},
+               {"model", "model.json"},
+               {"device_memory", "96MiB"},
+               {"batch", {{"micro_batch_size", 2}, {"global", 8}}}};
+  json pp2 = base;
+  pp2["devices"] = 2;
+  pp2["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 1}};
+  pp2["schedule"] = {{"name", "1f1b"}, {"micro_batches", 4}};
+  pp2["stages"] = {{{"layers", {0, 5}}}, {{"layers", {5, 10}}}};
+  planned_run_fits(ws, pp2, 2);
+
+  json tp2 = base;
+  tp2["devices"] = 4;
+  tp2["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 2}};
+  tp2["schedule"] = {{"name", "zb-v"}, {"micro_batches", 4}};
+  tp2["stages"] = {{{"layers", {0, 3}}}, {{"layers", {3, 5}}}, {{"layers", {5, 8}}}, {{"layers", {8, 10}}}};
+  planned_run_fits(ws, tp2, 4);
+}
+
+}  // namespace
+}  // namespace baton::engine_testing

@@ -1,0 +1,312 @@
+// Real processes: `baton launch -n N -- baton train --plan ...` over UCX against
+// `baton train` on one process, comparing the --loss-log files line by line: PP2 x TP2 x
+// DP2 GPT under 1F1B and ZB-V, PP4 GPT interleaved, the MLP under DualPipeV with data
+// parallelism, a hand-written schedule file from examples/ (pure pipeline: bit for bit),
+// and a plan made by `baton plan`.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "engine_harness.h"
+#include "process_helpers.h"
+
+namespace baton::engine_testing {
+namespace {
+
+struct LossLine {
+  int64_t step;
+  double loss, grad_norm;
+};
+
+std::vector<LossLine> read_loss_log(const std::string& path) {
+  std::vector<LossLine> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);  // a line being written may be partial
+    if (j.is_discarded() || !j.is_object()) continue;
+    out.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
+  }
+  return out;
+}
+
+void compare(const std::string& got_path, const std::string& want_path, bool bitwise, int64_t steps) {
+  std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
+  ASSERT_EQ(int64_t(want.size()), steps);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].step, want[i].step);
+    if (bitwise) {
+      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
+      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
+    } else {
+      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i + 1;
+    }
+  }
+}
+
+// The one-process run of the same model, seed, data and global batch.
+void reference(const Workspace& ws, int64_t batch, int64_t micro_batches, int64_t steps, const std::string& log) {
+  std::string cmd = baton() + " train --model " + ws.path("model.json") + " --data " + data_file() +
+                    " --steps " + std::to_string(steps) + " --batch " + std::to_string(batch) +
+                    " --micro-batches " + std::to_string(micro_batches) + common_flags() + " --loss-log " + log;
+  ASSERT_EQ(run(cmd, ws.path("reference.out")), 0) << slurp(ws.path("reference.out"));
+}
+
+void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, bool bitwise, int64_t steps = 20) {
+  SCOPED_TRACE(p.describe() + extra);
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  int n = 0;
+  for (int t : p.tp) n += t * p.dp;
+  std::string cmd = baton() + " launch -n " + std::to_string(n) + " -- " + baton() + " train --plan " +
+                    ws.path("plan.json") + " --data " + data_file() + " --steps " + std::to_string(steps) +
+                    common_flags() + " --loss-log " + ws.path("plan.jsonl") + extra;
+  ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
+  reference(ws, int64_t(p.dp) * p.micro_batches * p.micro_batch_size, int64_t(p.dp) * p.micro_batches, steps,
+            ws.path("reference.jsonl"));
+  compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
+}
+
+TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  plan_run(ws, p, "", false);
+}
+
+TEST(Processes, GptPp2Tp2Dp2ZeroBubbleV) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "zb-v";
+  plan_run(ws, p, "", false);
+}
+
+TEST(Processes, GptPp4Interleaved) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_gpt_json(6);
+  p.tp = {1, 1, 1, 1};
+  p.schedule = "interleaved-1f1b";
+  p.micro_batches = 8;
+  p.micro_batch_size = 1;
+  plan_run(ws, p, "", true);
+}
+
+TEST(Processes, MlpDualPipeVWithDataParallelism) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_mlp_json();
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.schedule = "dualpipev";
+  plan_run(ws, p, "", false);
+}
+
+// examples/schedules/1f1b_p4_m8.txt replaces the plan's generator: pure pipeline
+// parallelism in the one-process trainer's accumulation order, so bit for bit.
+TEST(Processes, HandWrittenScheduleFile) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_gpt_json(6);
+  p.tp = {1, 1, 1, 1};
+  p.schedule = "1f1b";
+  p.micro_batches = 8;
+  p.micro_batch_size = 1;
+  plan_run(ws, p, " --schedule " + source_dir() + "/examples/schedules/1f1b_p4_m8.txt", true);
+}
+
+// A plan `baton plan` chose for 4 devices.
+TEST(Processes, PlanFromBatonPlan) {
+  Workspace ws("proc");
+  std::ofstream(ws.path("model.json")) << tiny_gpt_json(2).dump(2);
+  std::string cmd = baton() + " plan --model " + ws.path("model.json") + " --devices 4 --batch 8 -o " +
+                    ws.path("plan.json");
+  ASSERT_EQ(run(cmd, ws.path("plan-search.out")), 0) << slurp(ws.path("plan-search.out"));
+  json plan = json::parse(slurp(ws.path("plan.json")));
+  std::printf("baton plan chose: parallel %s, schedule %s, batch %s\n", plan["parallel"].dump().c_str(),
+              plan["schedule"].dump().c_str(), plan["batch"].dump().c_str());
+  const int64_t dp = plan["parallel"].value("dp", 1);
+  const int64_t m = plan["schedule"]["micro_batches"].get<int64_t>();
+  const int64_t b = plan["batch"]["micro_batch_size"].get<int64_t>();
+  cmd = baton() + " launch -n 4 -- " + baton() + " train --plan " + ws.path("plan.json") + " --data " +
+        data_file() + " --steps 20" + common_flags() + " --loss-log " + ws.path("plan.jsonl");
+  ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
+  reference(ws, dp * m * b, dp * m, 20, ws.path("reference.jsonl"));
+  compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
+}
+
+// ---- kill -9 of the whole job, then --resume ----
+
+// Starts argv with stdout and stderr into `out`; returns the child's pid.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The processes `pid` started (its threads' children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+  }
+  return out;
+}
+
+TEST(Processes, KillNineAtARandomMomentThenResume) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("kill -9 test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Workspace ws("kill");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
+    std::vector<std::string> a = {baton(), "launch", "-n", "8", "--", baton(), "train", "--plan", ws.path("plan.json"),
+                                  "--data", data_file(), "--steps", "40", "--seed", "3", "--lr", "3e-3",
+                                  "--weight-decay", "0.01", "--threads", "1", "--log-every", "0",
+                                  "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2",
+                                  "--loss-log", log};
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  // The uninterrupted run, timed.
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl"), false), ws.path("full.out"));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("full.out"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // The same job killed (launcher and every rank at once) at a random moment: after a
+  // random number of steps has been logged, plus a random fraction of a step.
+  const size_t after_lines = std::uniform_int_distribution<size_t>(1, 37)(rng);
+  const double extra = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * seconds / 40;
+  std::printf("killing the whole job %.4f s after step %zu is logged (a run takes about %.3f s)\n", extra,
+              after_lines, seconds);
+  pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), false), ws.path("killed.out"));
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("killed.jsonl")).size() < after_lines; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  std::vector<pid_t> ranks = children_of(pid);
+  for (pid_t c : ranks) kill(c, SIGKILL);
+  kill(pid, SIGKILL);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::printf("killed %zu ranks; loss log had %zu lines\n", ranks.size(), read_loss_log(ws.path("killed.jsonl")).size());
+  // Wait until every rank is gone (dead or a zombie nobody reaps).
+  auto alive = [](pid_t c) {
+    std::ifstream stat("/proc/" + std::to_string(c) + "/stat");
+    std::string pid_s, comm, state;
+    if (!(stat >> pid_s >> comm >> state)) return false;
+    return state != "Z" && state != "X";
+  };
+  for (pid_t c : ranks)
+    for (int i = 0; i < 500 && alive(c); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+
+  auto t1 = std::chrono::steady_clock::now();
+  pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), true), ws.path("resumed.out"));
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("resumed.out"));
+  std::printf("resumed run: %.3f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+  std::string out = slurp(ws.path("resumed.out"));
+  std::printf("%s\n", out.find("resumed from") != std::string::npos ? "resumed from a checkpoint"
+                                                                     : "no complete checkpoint: started over");
+  compare(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
+}
+
+// ---- a rank dies in the middle of a step ----
+
+TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("failure test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Workspace ws("fail");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
+  // stop by themselves (the requirement is 10 s).
+  std::vector<std::string> argv = {baton(), "launch", "-n", "8", "--grace", "15", "--", baton(), "train",
+                                   "--plan", ws.path("plan.json"), "--data", data_file(), "--steps", "1000000",
+                                   "--threads", "1", "--log-every", "0", "--loss-log", ws.path("loss.jsonl")};
+  pid_t pid = spawn(argv, ws.path("job.out"));
+  const size_t after = std::uniform_int_distribution<size_t>(2, 20)(rng);
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
+  std::vector<pid_t> ranks = children_of(pid);
+  ASSERT_EQ(ranks.size(), 8u) << slurp(ws.path("job.out"));
+  // Which child is which rank: BATON_RANK in its environment.
+  const int victim = std::uniform_int_distribution<int>(0, 7)(rng);
+  pid_t victim_pid = -1;
+  for (pid_t c : ranks) {
+    std::ifstream env("/proc/" + std::to_string(c) + "/environ");
+    std::string var;
+    while (std::getline(env, var, '\0'))
+      if (var == "BATON_RANK=" + std::to_string(victim)) victim_pid = c;
+  }
+  ASSERT_GT(victim_pid, 0);
+  std::printf("killing rank %d after step %zu\n", victim, after);
+  auto t0 = std::chrono::steady_clock::now();
+  kill(victim_pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string out = slurp(ws.path("job.out"));
+  std::printf("the job ended %.2f s after the kill\n%s", seconds, out.c_str());
+  EXPECT_LT(seconds, 10.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  // The launcher names the rank and stopped nobody: the others exited on their own ...
+  EXPECT_NE(out.find("the job failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos);
+  EXPECT_EQ(out.find("stopped rank(s)"), std::string::npos);
+  // ... each with an error naming the dead rank.
+  for (int r = 0; r < 8; ++r) {
+    if (r == victim) continue;
+    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
+    size_t at = out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
+  }
+}
+
+}  // namespace
+}  // namespace baton::engine_testing

@@ -1,0 +1,106 @@
+// Measured timelines: a run under a plan writes one Chrome trace (every rank a process
+// row, compute and communication threads) in the simulator's format; every compute
+// action of the schedule appears once, on the rank that ran it, in the schedule's order;
+// and `compare_timelines` matches it action for action with the prediction.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "engine_harness.h"
+#include "partitioner/predict.h"
+#include "schedule/lower.h"
+#include "schedule/schedule_io.h"
+#include "schedule/trace_compare.h"
+
+namespace baton::engine_testing {
+namespace {
+
+using schedule::ActionKind;
+
+TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
+  for (std::string name : {"zb-v", "1f1b"}) {
+    Workspace ws("timeline");
+    PlanSpec p;
+    p.model = tiny_gpt_json();
+    p.tp = {2, 2};
+    p.dp = 1;
+    p.schedule = name;
+    auto plan = resolve(p, ws);
+    RunSettings s;
+    s.steps = 3;
+    partitioner::PlanTrainOptions o = train_options(ws, s);
+    o.trace_path = ws.path("trace.json");
+    o.trace_steps = 1;
+    run_threads(plan, o);
+    schedule::Timeline t = schedule::from_chrome_trace(schedule::read_file(o.trace_path), o.trace_path);
+    ASSERT_EQ(t.num_ranks, 4);
+    const schedule::Schedule lowered = schedule::lower(plan->schedule);
+    for (int rank = 0; rank < 4; ++rank) {
+      const int pp = plan->layout.coord(rank).pp;
+      std::vector<std::string> want, got;
+      for (const schedule::Action& a : lowered.ranks[size_t(pp)])
+        if (schedule::is_compute(a.kind) || a.kind == ActionKind::optimizer_step) want.push_back(schedule::to_token(a));
+      std::vector<schedule::TimelineEvent> mine;
+      for (const auto& e : t.events)
+        if (e.rank == rank && e.lane == 0) mine.push_back(e);
+      std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+      for (const auto& e : mine) {
+        got.push_back(schedule::to_token(schedule::Action{e.kind, e.micro_batch, e.stage, -1}));
+        EXPECT_LE(e.start, e.end);
+        EXPECT_GE(e.start, -1e-3);  // the traced step starts at a barrier: time 0
+      }
+      EXPECT_EQ(got, want) << name << " rank " << rank;
+      // Communication: a REDUCE per stage (gradients summed over tied wte's group), and
+      // transfers on the communication lane.
+      int reduces = 0, transfers = 0;
+      for (const auto& e : t.events)
+        if (e.rank == rank && e.lane == 1) {
+          reduces += e.kind == ActionKind::reduce_gradients;
+          transfers += schedule::is_transfer(e.kind);
+        }
+      EXPECT_GT(transfers, 0) << "rank " << rank;
+      EXPECT_EQ(reduces, int(plan->stages_of(pp).size())) << "rank " << rank;
+    }
+    // Compared with the prediction, every compute action matches.
+    partitioner::CostModel model(plan->graph, partitioner::Machine{});
+    partitioner::Prediction pred = partitioner::predict_step(*plan, model);
+    schedule::TraceComparison c = schedule::compare_timelines(t, pred.timeline);
+    EXPECT_EQ(c.unmatched_measured, 0);
+    EXPECT_EQ(c.unmatched_predicted, 0);
+    EXPECT_GT(c.measured_makespan, 0);
+    EXPECT_GT(c.predicted_makespan, 0);
+    std::printf("%s", schedule::format_comparison(c, false).c_str());
+  }
+}
+
+TEST(Timeline, CompareMatchesByActionAndFirstRank) {
+  using schedule::TimelineEvent;
+  schedule::Timeline pred{"p", 2, 1e-3, {}};
+  pred.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0, 10});
+  pred.events.push_back({1, 0, ActionKind::forward, 0, 1, -1, 12, 22});
+  pred.events.push_back({1, 0, ActionKind::full_backward, 0, 1, -1, 22, 42});
+  schedule::Timeline meas{"m", 4, 1.0, {}};
+  // Two tensor-parallel ranks per pipeline rank: ranks 0, 1 run stage 0; 2, 3 stage 1.
+  meas.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.000, 0.012});
+  meas.events.push_back({1, 0, ActionKind::forward, 0, 0, -1, 0.000, 0.013});
+  meas.events.push_back({2, 0, ActionKind::forward, 0, 1, -1, 0.013, 0.023});
+  meas.events.push_back({3, 0, ActionKind::forward, 0, 1, -1, 0.013, 0.024});
+  meas.events.push_back({2, 0, ActionKind::full_backward, 0, 1, -1, 0.023, 0.050});
+  schedule::TraceComparison c = schedule::compare_timelines(meas, pred);
+  ASSERT_EQ(c.actions.size(), 3u);
+  for (const auto& d : c.actions) EXPECT_TRUE(d.matched);
+  EXPECT_EQ(c.actions[0].measured_rank, 0);
+  EXPECT_EQ(c.actions[1].measured_rank, 2);
+  EXPECT_NEAR(c.actions[0].measured_end - c.actions[0].measured_start, 0.012, 1e-12);
+  EXPECT_NEAR(c.predicted_makespan, 0.042, 1e-12);
+  EXPECT_NEAR(c.measured_makespan, 0.050, 1e-12);
+  EXPECT_EQ(c.unmatched_measured, 0);
+  // A predicted action the run never did is reported, not matched.
+  pred.events.push_back({0, 0, ActionKind::full_backward, 0, 0, -1, 42, 60});
+  c = schedule::compare_timelines(meas, pred);
+  EXPECT_EQ(c.unmatched_predicted, 1);
+}
+
+}  // namespace
+}  // namespace baton::engine_testing
