@@ -4,6 +4,7 @@
 // per-layer formula adapted to baton (docs/partitioner.md, "Activation memory").
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <random>
 
 #include "kernels/ops.h"
@@ -172,7 +173,18 @@ std::vector<MemCase> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, MemoryEstimate, ::testing::ValuesIn(cases()));
+// Readable test names: model, layers, recompute, batch, order, tensor-parallel degree.
+std::string case_name(const ::testing::TestParamInfo<MemCase>& info) {
+  const MemCase& c = info.param;
+  std::string model = c.model.substr(0, c.model.find('.'));
+  for (char& ch : model)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return model + "_L" + std::to_string(c.first) + "_" + std::to_string(c.last) +
+         (c.recompute ? "_recompute" : "") + "_b" + std::to_string(c.batch) + "_" + c.order +
+         "_tp" + std::to_string(c.tp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, MemoryEstimate, ::testing::ValuesIn(cases()), case_name);
 
 }  // namespace
 }  // namespace baton::partitioner
