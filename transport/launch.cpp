@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "memory/error.h"
 #include "transport/detail/asio.h"
@@ -219,6 +220,7 @@ class Launcher {
         rk.running = false;
         rk.status = status;
         --running_;
+        if (failed(status)) failures_.push_back(rk.rank);
         if (failed(status) && !first_failure_) {
           first_failure_ = rk.rank;
           if (!stopping_) {
@@ -276,9 +278,19 @@ class Launcher {
     }
   }
 
+  // The rank the job failed because of. The first exit seen is not always it: when a rank
+  // is killed, its peers see the broken connections and exit (non-zero, naming it) while
+  // the kernel is still tearing the victim down, so their exits can be reaped first. A
+  // rank that died of a signal we did not send is the cause ahead of any that exited.
+  int root_cause() const {
+    for (int r : failures_)
+      if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
+    return *first_failure_;
+  }
+
   int finish() {
     if (first_failure_) {
-      const Rank& rk = ranks_[size_t(*first_failure_)];
+      const Rank& rk = ranks_[size_t(root_cause())];
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
       write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " +
@@ -304,6 +316,7 @@ class Launcher {
   bool stopping_ = false;
   bool interrupted_ = false;
   std::optional<int> first_failure_;
+  std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
 };
 
