@@ -12,7 +12,6 @@ Prints one line per (config, threads): "torch <config> <threads> <median ms> <mi
 <max ms> <tokens/s> <GFLOP/s> <variant>".
 """
 import argparse
-import math
 import statistics
 import time
 
@@ -20,28 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONFIGS = {"A": dict(layers=4, heads=4, embd=256, ctx=128, batch=8, vocab=256),
-           "B": dict(layers=8, heads=8, embd=512, ctx=256, batch=8, vocab=256)}
-
-
-class Block(nn.Module):
-    def __init__(self, c, h):
-        super().__init__()
-        self.h = h
-        self.ln_1 = nn.LayerNorm(c)
-        self.c_attn = nn.Linear(c, 3 * c)
-        self.c_proj = nn.Linear(c, c)
-        self.ln_2 = nn.LayerNorm(c)
-        self.c_fc = nn.Linear(c, 4 * c)
-        self.mlp_proj = nn.Linear(4 * c, c)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+from torch_gpt import CONFIGS, Block, adamw
 
 
 class GPT(nn.Module):
@@ -70,19 +48,12 @@ def flops(cfg):
     return 6 * n * t + 12 * cfg["layers"] * cfg["ctx"] * cfg["embd"] * t
 
 
-def make_optimizer(model):
-    try:
-        return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True), "fused AdamW"
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True), "foreach AdamW"
-
-
 def bench(name, threads, steps, warmup, compile_model):
     cfg = CONFIGS[name]
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = GPT(cfg["layers"], cfg["heads"], cfg["embd"], cfg["ctx"], cfg["vocab"])
-    opt, opt_name = make_optimizer(model)
+    opt, opt_name = adamw(model.parameters(), lr=1e-4)
     fwd = torch.compile(model) if compile_model else model
     idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]))
     tgt = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["ctx"]))

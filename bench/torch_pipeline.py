@@ -25,28 +25,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONFIGS = {"A": dict(layers=4, heads=4, embd=256, ctx=128, batch=8, vocab=256),
-           "B": dict(layers=8, heads=8, embd=512, ctx=256, batch=8, vocab=256)}
-
-
-class Block(nn.Module):
-    def __init__(self, c, h):
-        super().__init__()
-        self.h = h
-        self.ln_1 = nn.LayerNorm(c)
-        self.c_attn = nn.Linear(c, 3 * c)
-        self.c_proj = nn.Linear(c, c)
-        self.ln_2 = nn.LayerNorm(c)
-        self.c_fc = nn.Linear(c, 4 * c)
-        self.mlp_proj = nn.Linear(4 * c, c)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+from torch_gpt import CONFIGS, Block, adamw
 
 
 class First(nn.Module):  # embed + the first half of the blocks
@@ -83,13 +62,6 @@ def init(module):
             nn.init.normal_(p, std=0.02)
 
 
-def optimizer(params):
-    try:
-        return torch.optim.AdamW(params, lr=1e-4, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
-
-
 def worker(rank, a):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     os.sched_setaffinity(0, {rank % os.cpu_count()})
@@ -115,7 +87,7 @@ def worker(rank, a):
 
     kind = Schedule1F1B if a.schedule == "1f1b" else ScheduleGPipe
     sched = kind(stage, n_microbatches=a.micro_batches, loss_fn=loss_fn)
-    opt = optimizer(mod.parameters())
+    opt, _ = adamw(mod.parameters(), lr=1e-4)
     idx = torch.randint(0, vocab, (cfg["batch"], cfg["ctx"]))
     tgt = torch.randint(0, vocab, (cfg["batch"], cfg["ctx"]))
     times = []

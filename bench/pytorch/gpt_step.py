@@ -7,6 +7,7 @@ torch.compile. Prints the same lines and a RESULT line that tools/gpu-check.sh r
 """
 import argparse
 import math
+import os
 import statistics
 import sys
 
@@ -14,25 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, c, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln_1 = nn.LayerNorm(c)
-        self.c_attn = nn.Linear(c, 3 * c)
-        self.c_proj = nn.Linear(c, c)
-        self.ln_2 = nn.LayerNorm(c)
-        self.c_fc = nn.Linear(c, 4 * c)
-        self.mlp_proj = nn.Linear(4 * c, c)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_gpt import Block  # noqa: E402  (the shared block; this file runs from anywhere)
 
 
 class Gpt(nn.Module):
