@@ -11,15 +11,10 @@
 
 namespace baton::kernels::cpu {
 
-namespace {
-int64_t row_grain(int64_t vocab) {
-  return std::max<int64_t>(1, kElementwiseGrain / 4 / std::max<int64_t>(vocab, 1));
-}
-}  // namespace
-
+// Rows cost about four element-steps per logit (exp and the passes around it).
 template <class T>
 void ce_row_max(const T* logits, T* row_max, int64_t rows, int64_t vocab) {
-  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, row_grain(4 * vocab), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* l = logits + r * vocab;
       row_max[r] = reduce_max(l, vocab);
@@ -30,7 +25,7 @@ void ce_row_max(const T* logits, T* row_max, int64_t rows, int64_t vocab) {
 template <class T, class I>
 void ce_sum_exp(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
                 T* sum_exp, T* target_logit, int64_t rows, int64_t vocab) {
-  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, row_grain(4 * vocab), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* l = logits + r * vocab;
       const T mx = row_max[r];
@@ -45,7 +40,7 @@ template <class T, class I>
 void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
                const T* sum_exp, const T* target_logit, double grad_scale, T* losses, T* dlogits,
                int64_t rows, int64_t vocab) {
-  parallel_for(rows, row_grain(vocab), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, row_grain(4 * vocab), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const bool ignored = targets[r] < 0;
       const T mx = row_max[r];

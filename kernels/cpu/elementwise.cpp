@@ -32,21 +32,20 @@ void scale_inplace(T* t, T s, int64_t n) {
 
 template <class T>
 void bias_add_inplace(T* y, const T* bias, int64_t rows, int64_t cols) {
-  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)),
-               [&](int64_t r0, int64_t r1) {
-                 for (int64_t r = r0; r < r1; ++r) {
-                   T* row = y + r * cols;
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* row = y + r * cols;
 #pragma GCC ivdep
-                   for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
-                 }
-               });
+      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    }
+  });
 }
 
 // Column sums. Threads split the columns, and each column is summed over rows in order,
 // so the result does not depend on the thread count.
 template <class T>
 void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t grain = std::max<int64_t>(16, kElementwiseGrain / std::max<int64_t>(rows, 1));
+  const int64_t grain = row_grain(rows, 16);
   parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
     T* acc = dbias + c0;
     const int64_t w = c1 - c0;

@@ -10,24 +10,23 @@ namespace baton::kernels::cpu {
 template <class T, class I>
 void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t row_offset, T* out,
                        int64_t n, int64_t cols, bool accumulate) {
-  parallel_for(n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)),
-               [&](int64_t i0, int64_t i1) {
-                 for (int64_t i = i0; i < i1; ++i) {
-                   const int64_t r = int64_t(ids[i]) - row_offset;
-                   T* o = out + i * cols;
-                   if (r >= 0 && r < table_rows) {
-                     const T* src = table + r * cols;
-                     if (accumulate) {
+  parallel_for(n, row_grain(cols), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = int64_t(ids[i]) - row_offset;
+      T* o = out + i * cols;
+      if (r >= 0 && r < table_rows) {
+        const T* src = table + r * cols;
+        if (accumulate) {
 #pragma GCC ivdep
-                       for (int64_t c = 0; c < cols; ++c) o[c] += src[c];
-                     } else {
-                       std::copy(src, src + cols, o);
-                     }
-                   } else if (!accumulate) {
-                     std::fill(o, o + cols, T(0));
-                   }
-                 }
-               });
+          for (int64_t c = 0; c < cols; ++c) o[c] += src[c];
+        } else {
+          std::copy(src, src + cols, o);
+        }
+      } else if (!accumulate) {
+        std::fill(o, o + cols, T(0));
+      }
+    }
+  });
 }
 
 // Rows repeat among the ids, so threads split the columns instead of the ids: no races,
@@ -35,7 +34,7 @@ void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t
 template <class T, class I>
 void embedding_backward(const I* ids, const T* dout, int64_t table_rows, int64_t row_offset,
                         T* dtable, int64_t n, int64_t cols) {
-  const int64_t grain = std::max<int64_t>(16, kElementwiseGrain / std::max<int64_t>(n, 1));
+  const int64_t grain = row_grain(n, 16);
   parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
     const int64_t w = c1 - c0;
     for (int64_t i = 0; i < n; ++i) {

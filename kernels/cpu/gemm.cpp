@@ -57,10 +57,9 @@ void linear_forward(const T* x, const T* w, const T* bias, bool in_out, T* y, in
   // With a bias, y starts as the bias and the GEMM adds into it (beta = 1): OpenBLAS
   // would otherwise make a pass to zero y first, then we would make one to add the bias.
   if (bias != nullptr)
-    parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(out, 1)),
-                 [&](int64_t r0, int64_t r1) {
-                   for (int64_t r = r0; r < r1; ++r) std::copy(bias, bias + out, y + r * out);
-                 });
+    parallel_for(rows, row_grain(out), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::copy(bias, bias + out, y + r * out);
+    });
   const T beta = bias != nullptr ? T(1) : T(0);
   if (in_out)  // w: [in, out]
     gemm(false, false, rows, out, in, T(1), x, in, w, out, beta, y, out);

@@ -9,12 +9,6 @@
 
 namespace baton::kernels::cpu {
 
-namespace {
-int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1));
-}
-}  // namespace
-
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* rstd,
                        int64_t rows, int64_t cols) {
@@ -67,7 +61,7 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
 template <class T>
 void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t grain = std::max<int64_t>(16, kElementwiseGrain / std::max<int64_t>(rows, 1));
+  const int64_t grain = row_grain(rows, 16);
   parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
     const int64_t n = c1 - c0;
     if (!accumulate) {

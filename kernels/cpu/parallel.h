@@ -14,6 +14,13 @@ namespace baton::kernels::cpu {
 // a few microseconds, about what one thread streams through 32K floats.
 constexpr int64_t kElementwiseGrain = 1 << 15;
 
+// The grain, in rows, of a row-wise loop whose rows cost `row_cost` element-steps each
+// (heavier elements, such as an exp, count several): rows enough for kElementwiseGrain
+// steps per thread, and at least `min_rows`.
+inline int64_t row_grain(int64_t row_cost, int64_t min_rows = 1) {
+  return std::max<int64_t>(min_rows, kElementwiseGrain / std::max<int64_t>(row_cost, 1));
+}
+
 // The process-wide thread count (kernels::num_threads()). Until set_thread_count is
 // called it is OpenMP's default (OMP_NUM_THREADS, else the number of cores).
 int thread_count();

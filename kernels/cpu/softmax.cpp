@@ -8,15 +8,10 @@
 
 namespace baton::kernels::cpu {
 
-namespace {
-int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, kElementwiseGrain / 4 / std::max<int64_t>(cols, 1));
-}
-}  // namespace
-
+// Rows cost about four element-steps per column (exp and the passes around it).
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
-  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, row_grain(4 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
@@ -30,7 +25,7 @@ void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
 // dx = y (dy - sum(dy y)).
 template <class T>
 void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool accumulate) {
-  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, row_grain(4 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* yr = y + r * cols;
       const T* dyr = dy + r * cols;

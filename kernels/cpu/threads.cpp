@@ -3,7 +3,6 @@
 #include <cblas.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <atomic>

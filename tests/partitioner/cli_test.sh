@@ -8,20 +8,7 @@ root="$2"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-
-expect() {
-  local want="$1"; shift
-  "$@" >"$tmp/out" 2>&1
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL (exit $got, expected $want): $*"; cat "$tmp/out"; fails=$((fails + 1))
-  fi
-}
-contains() {
-  if ! grep -qF -- "$1" "$tmp/out"; then
-    echo "FAIL: output lacks '$1':"; cat "$tmp/out"; fails=$((fails + 1))
-  fi
-}
+. "$(dirname "$0")/../cli_helpers.sh"
 
 for f in "$root"/examples/plans/*.json; do
   expect 0 "$baton" plan --check "$f"

@@ -7,22 +7,7 @@ examples="$2"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fails=0
-
-# expect RC CMD...: runs CMD, checks its exit code; its output is in $tmp/out.
-expect() {
-  local want="$1"; shift
-  "$@" >"$tmp/out" 2>&1
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL (exit $got, expected $want): $*"; cat "$tmp/out"; fails=$((fails + 1))
-  fi
-}
-# contains TEXT: the last command's output holds TEXT.
-contains() {
-  if ! grep -qF -- "$1" "$tmp/out"; then
-    echo "FAIL: output lacks '$1':"; cat "$tmp/out"; fails=$((fails + 1))
-  fi
-}
+. "$(dirname "$0")/../cli_helpers.sh"
 
 expect 0 "$baton" simulate --schedule 1f1b --stages 4 --micro-batches 8
 contains "makespan 33"
