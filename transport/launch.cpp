@@ -9,7 +9,6 @@
 
 #include <cstring>
 #include <map>
-#include <optional>
 #include <set>
 #include <vector>
 
@@ -220,14 +219,12 @@ class Launcher {
         rk.running = false;
         rk.status = status;
         --running_;
-        if (failed(status)) failures_.push_back(rk.rank);
-        if (failed(status) && !first_failure_) {
-          first_failure_ = rk.rank;
-          if (!stopping_) {
-            write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " +
-                             describe_exit(status) + "; stopping the other ranks\n");
-            begin_stop(o_.grace);
-          }
+        if (!failed(status)) continue;
+        failures_.push_back(rk.rank);
+        if (failures_.size() == 1 && !stopping_) {
+          write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " +
+                           describe_exit(status) + "; stopping the other ranks\n");
+          begin_stop(o_.grace);
         }
       }
     }
@@ -285,11 +282,11 @@ class Launcher {
   int root_cause() const {
     for (int r : failures_)
       if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
-    return *first_failure_;
+    return failures_.front();
   }
 
   int finish() {
-    if (first_failure_) {
+    if (!failures_.empty()) {
       const Rank& rk = ranks_[size_t(root_cause())];
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
@@ -315,7 +312,6 @@ class Launcher {
   int open_pipes_ = 0;
   bool stopping_ = false;
   bool interrupted_ = false;
-  std::optional<int> first_failure_;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
 };
