@@ -6,7 +6,8 @@
 #   3. the simulator's prediction of both from the op costs `baton profile` measures
 #   4. torch.distributed.pipelining over gloo, same model, cut, schedule, micro-batches
 # in one run, and prints one table (median, min, max after warm-up).
-#   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule 1f1b|gpipe]
+#   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule S]   (any generator; the torch
+#   peer runs for 1f1b and gpipe)
 # Needs build/release/baton and a Python with torch (.venv/bin/python by default,
 # PYTHON=... to choose; python3 -m venv .venv && .venv/bin/pip install torch).
 set -euo pipefail
@@ -80,11 +81,13 @@ pred1=$("$baton" trace predict --plan "$tmp/pp1.json" --costs "$tmp/profile.json
 
 # 4. torch.distributed.pipelining over gloo
 torch_line=""
-if "$python" -c "import torch.distributed.pipelining" 2>/dev/null; then
+if [ "$schedule" != 1f1b ] && [ "$schedule" != gpipe ]; then
+  echo "# no torch peer for $schedule (bench/torch_pipeline.py runs 1f1b and gpipe)"
+elif "$python" -c "import torch.distributed.pipelining" 2>/dev/null; then
   GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:glibc.malloc.top_pad=1073741824 \
     "$python" bench/torch_pipeline.py --schedule "$schedule" --steps "$steps" --warmup "$warmup" > "$tmp/torch.out" 2>&1 || true
   grep '^#' "$tmp/torch.out" || true
-  torch_line=$(grep '^torch-pipelining' "$tmp/torch.out" | awk '{print $3, $4, $5}')
+  torch_line=$(grep '^torch-pipelining' "$tmp/torch.out" | awk '{print $3, $4, $5}' || true)
   [ -n "$torch_line" ] || { echo "torch pipelining failed:"; tail -5 "$tmp/torch.out"; }
 else
   echo "# $python has no torch.distributed.pipelining: no peer"
