@@ -51,6 +51,17 @@ struct Dropout {
   uint64_t row_base(int64_t b, int64_t h, int64_t i, int64_t T) const {
     return uint64_t((((b + batch_offset) * global_heads + (h + head_offset)) * T + i) * T);
   }
+  // dst[j] = src[j] * scale where score (i, c0 + j) of head h in batch b is kept, else 0,
+  // for j < n <= kChunkK (dst may be src): the mask of a logical score, whatever the
+  // partition, the block or the kernel variant that asks.
+  template <class V>
+  void apply(int64_t b, int64_t h, int64_t i, int64_t T, int64_t c0, const V* src, V* dst,
+             int64_t n) const {
+    uint32_t bits[kChunkK];
+    random_bits_fill(seed, stream, row_base(b, h, i, T) + uint64_t(c0), n, bits);
+    const V ds = V(scale);
+    for (int64_t j = 0; j < n; ++j) dst[j] = (bits[j] >> 8) >= threshold ? src[j] * ds : V(0);
+  }
 };
 
 Dropout make_dropout(const AttentionOptions& opt, int64_t heads) {
@@ -81,7 +92,6 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
   T* s = scratch<T>(size_t(kBlockQ * kChunkK), 0);
   T* m = scratch<T>(size_t(kBlockQ), 1);
   T* l = scratch<T>(size_t(kBlockQ), 2);
-  uint32_t* bits = scratch<uint32_t>(size_t(kChunkK), 3);
   std::fill(m, m + rows, -std::numeric_limits<T>::infinity());
   std::fill(l, l + rows, T(0));
   for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
@@ -103,12 +113,7 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
       }
       m[r] = mx;
       l[r] += sum;
-      if (dr.on && n > 0) {
-        random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
-                         bits);
-        const T ds = T(dr.scale);
-        for (int64_t j = 0; j < n; ++j) sr[j] = (bits[j] >> 8) >= dr.threshold ? sr[j] * ds : T(0);
-      }
+      if (dr.on && n > 0) dr.apply(b, h, i0 + r, g.T, c0, sr, sr, n);
     }
     // The first chunk overwrites the output block (beta 0), later ones add to it.
     gemm<T>(false, false, rows, D, kc, T(1), s, kc, v, ld, c0 == 0 ? T(0) : T(1), o, g.ldo);
@@ -165,12 +170,7 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
         std::fill(pr + n, pr + kc, T(0));
         if (dr.on) {
           T* pdr = pd + r * kc;
-          uint32_t bits[kChunkK];
-          random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
-                           bits);
-          const T ds = T(dr.scale);
-          for (int64_t j = 0; j < n; ++j)
-            pdr[j] = (bits[j] >> 8) >= dr.threshold ? pr[j] * ds : T(0);
+          dr.apply(b, h, i0 + r, g.T, c0, pr, pdr, n);
           std::fill(pdr + n, pdr + kc, T(0));
         }
       }
@@ -240,7 +240,6 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
   float* s = scratch<float>(size_t(kBlockQ * kChunkK), 0);
   float* m = scratch<float>(size_t(kBlockQ), 1);
   float* l = scratch<float>(size_t(kBlockQ), 2);
-  uint32_t* bits = scratch<uint32_t>(size_t(kChunkK), 3);
   std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
   std::fill(l, l + rows, 0.0f);
   for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
@@ -261,13 +260,7 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
       }
       m[r] = mx;
       l[r] += sum;
-      if (dr.on && n > 0) {
-        random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
-                         bits);
-        const float ds = float(dr.scale);
-        const uint32_t thr = dr.threshold;
-        for (int64_t j = 0; j < n; ++j) sr[j] = (bits[j] >> 8) >= thr ? sr[j] * ds : 0.0f;
-      }
+      if (dr.on && n > 0) dr.apply(b, h, i0 + r, g.T, c0, sr, sr, n);
     }
     // O (+)= P V; each row only needs the keys it sees.
     tiles::rows_product<W>(
@@ -330,12 +323,7 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         zero_row_tail(pr, padded, kc);
         if (dr.on) {
           float* pdr = pd + r * kcp;
-          uint32_t bits[kChunkK];
-          random_bits_fill(dr.seed, dr.stream, dr.row_base(b, h, i0 + r, g.T) + uint64_t(c0), n,
-                           bits);
-          const float ds = float(dr.scale);
-          const uint32_t thr = dr.threshold;
-          for (int64_t j = 0; j < n; ++j) pdr[j] = (bits[j] >> 8) >= thr ? pr[j] * ds : 0.0f;
+          dr.apply(b, h, i0 + r, g.T, c0, pr, pdr, n);
           std::fill(pdr + n, pdr + padded, 0.0f);
           zero_row_tail(pdr, padded, kc);
         }
