@@ -18,7 +18,7 @@ build=build/gpu-check
 out=$build/out
 rm -rf "$out"
 mkdir -p "$out"
-log() { echo "== $* ($(( $(date +%s) - t_start ))s)"; }
+. tools/gpu-check-lib.sh  # log, step, bench, skip; gc_status
 die() { echo "gpu-check: $*" >&2; exit 1; }
 
 # ---- what the machine has ----
@@ -67,39 +67,37 @@ cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_mixed_precis
   >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; die "build failed ($out/build.log)"; }
 
 # ---- correctness ----
-status=0
+: >"$out/steps.txt"
 for t in test_cuda_memory test_mixed_precision test_cuda_ops test_nccl; do
-  log "$t"
-  timeout 300 "$build/tests/cuda/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
-  [ $rc -eq 0 ] || { echo "gpu-check: $t FAILED"; status=1; }
+  step "$t" 300 "$build/tests/cuda/$t" --gtest_brief=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f16|f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
 done
 
 if [ $gpu = 0 ]; then
-  log "done without a GPU: status $status (3: nothing ran on a GPU)"
-  exit 3
+  cat "$out/steps.txt"
+  log "done without a GPU: status $gc_status (1: a step failed; 3: all passed, nothing ran on a GPU)"
+  [ $gc_status = 0 ] && exit 3
+  exit 1
 fi
 
 # ---- the GPT training step: baton and PyTorch, same model, precision and batch ----
 model=${GPU_CHECK_MODEL:-"--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"}
 small="--layers 8 --hidden 512 --heads 8 --ctx 256 --batch 8 --vocab 256"
-bench() {  # name args...
-  local name=$1; shift
-  log "$name"
-  timeout 240 "$@" 2>&1 | tee "$out/$name.log" | grep -v "^RESULT"
-  grep "^RESULT" "$out/$name.log" | sed "s/^RESULT/$name/" >>"$out/results.txt"
-}
 : >"$out/results.txt"
-bench baton-bf16 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5 || status=1
-bench baton-bf16-cublas-attn "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas || status=1
-bench baton-bf16-small "$build/bench/cuda/gpt_step" $small --dtype bf16 --steps 50 --warmup 10 || status=1
-bench baton-f32 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5 || status=1
+# Each bench's status counts (gc_status): a failing benchmark fails the check.
+bench baton-bf16 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5
+bench baton-bf16-cublas-attn 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas
+bench baton-bf16-small 240 "$build/bench/cuda/gpt_step" $small --dtype bf16 --steps 50 --warmup 10
+bench baton-f32 240 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5
 if [[ "$torch_info" == *True ]]; then
-  bench pytorch-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
-  bench pytorch-bf16-small "$py" bench/pytorch/gpt_step.py $small --dtype bf16 --steps 50 --warmup 10
-  bench pytorch-f32 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
-  [ "${GPU_CHECK_COMPILE:-0}" = 1 ] && bench pytorch-compile-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 20 --warmup 10
+  bench pytorch-bf16 240 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
+  bench pytorch-bf16-small 240 "$py" bench/pytorch/gpt_step.py $small --dtype bf16 --steps 50 --warmup 10
+  bench pytorch-f32 240 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
+  if [ "${GPU_CHECK_COMPILE:-0}" = 1 ]; then
+    bench pytorch-compile-bf16 240 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 20 --warmup 10
+  fi
+else
+  skip pytorch "torch cannot be imported or sees no GPU: $torch_info"
 fi
 
 log "summary (MFU: model FLOPs / 989 TFLOP/s, the H200's dense bf16 peak, for every row)"
@@ -114,7 +112,9 @@ awk '{ r[$1] = $5; ms[$1] = $7; mfu[$1] = $9; order[n++] = $1 }
   }' "$out/results.txt" | tee "$out/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   cp "$out/summary.txt" "$OUT/gpu-check-summary.txt"
+  cp "$out/steps.txt" "$OUT/gpu-check-steps.txt"
   tar -C "$build" -czf "$OUT/gpu-check-logs.tar.gz" out
 fi
-log "done: status $status"
-exit $status
+cat "$out/steps.txt"
+log "done: status $gc_status"
+exit $gc_status
