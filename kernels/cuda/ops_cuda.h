@@ -32,6 +32,15 @@ namespace baton::kernels::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// How linear_forward with a bias has run in this process: through cuBLASLt's bias
+// epilogue (one pass; the path for whole, 256-byte aligned tensors) or as a GEMM and a
+// bias kernel. For tests and the GPU check, which assert the fast path is taken.
+struct LinearBiasPaths {
+  uint64_t lt_epilogue = 0;
+  uint64_t gemm_then_bias = 0;
+};
+LinearBiasPaths linear_bias_paths();
+
 // ---- GEMM ----
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             double alpha, double beta);
