@@ -282,12 +282,17 @@ TEST_P(CudaOps, Attention) {
   };
   const std::vector<Case> cases{{2, 37, 3, 16}, {2, 150, 2, 32}, {1, 129, 2, 64}, {1, 70, 1, 128}};
   using kernels::cuda::AttentionImpl;
-  for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash}) {
-    // Forced, not `automatic`: the flash rows test the fused kernels or fail.
-    const bool flash = impl == AttentionImpl::flash;
-    if (flash && dt() == DType::f32) continue;  // the fused kernels are 16-bit only
+  for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash, AttentionImpl::cudnn}) {
+    // Forced, not `automatic`: the flash rows test the fused kernels or fail, the cudnn
+    // rows cuDNN's fused forward (then our backward on its lse).
+    const bool flash = impl == AttentionImpl::flash, cudnn = impl == AttentionImpl::cudnn;
+    if ((flash || cudnn) && dt() == DType::f32) continue;  // the fused kernels are 16-bit only
+    if (cudnn && !kernels::cuda::cudnn_built()) {
+      std::printf("[ note     ] attention cudnn: built without cuDNN, not tested\n");
+      continue;
+    }
     kernels::cuda::set_attention_impl(impl);
-    const std::string name = flash ? "attention flash" : "attention cublas";
+    const std::string name = flash ? "attention flash" : cudnn ? "attention cudnn" : "attention cublas";
     for (const Case& k : cases) {
       if (flash && k.D == 16) {  // not covered by the fused kernels: forced, they say so
         AttentionOptions opt;
@@ -298,6 +303,7 @@ TEST_P(CudaOps, Attention) {
         continue;
       }
       for (double p : {0.0, 0.2}) {
+        if (cudnn && p > 0) continue;  // the cuDNN graph has no dropout
         AttentionOptions opt;
         opt.heads = k.H;
         opt.dropout = p;
