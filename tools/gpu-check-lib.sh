@@ -4,9 +4,20 @@
 # that every failing step fails the script. Sourced by gpu-check.sh and by
 # tests/tools/gpu_check_lib_test.sh (which runs it without a GPU).
 #
-# Needs: $out (a folder), $t_start (seconds since the epoch at the start).
+# Needs: $out (a folder), $t_start (seconds since the epoch at the start). Optional:
+# $gc_budget (seconds the whole check may take: a step gets at most what is left, and
+# one that cannot start in time fails as "not run"), $OUT (the device tool's folder:
+# steps.txt and results.txt are copied there after every step).
 
 gc_status=0  # 0 while every step passed; 1 once one failed
+
+# Copies what is known so far to $OUT, so that a time-out of the whole run loses nothing.
+publish() {
+  [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] || return 0
+  [ -f "$out/steps.txt" ] && cp "$out/steps.txt" "$OUT/gpu-check-steps.txt"
+  [ -f "$out/results.txt" ] && cp "$out/results.txt" "$OUT/gpu-check-results.txt"
+  return 0
+}
 
 log() { echo "== $* ($(($(date +%s) - t_start))s)"; }
 
@@ -15,6 +26,17 @@ log() { echo "== $* ($(($(date +%s) - t_start))s)"; }
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "${gc_budget:-}" ]; then
+    local left=$((gc_budget - ($(date +%s) - t_start)))
+    if [ "$left" -lt 2 ]; then
+      echo "$name FAILED (not run: the ${gc_budget}s budget is spent)" >>"$out/steps.txt"
+      log "$name not run: the ${gc_budget}s budget is spent"
+      gc_status=1
+      publish
+      return 125
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   log "$name"
   local t0=$SECONDS rc=0
   timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
@@ -26,6 +48,7 @@ step() {
     tail -20 "$out/$name.log"
     gc_status=1
   fi
+  publish
   return "$rc"
 }
 
@@ -33,6 +56,7 @@ step() {
 skip() {
   echo "$1 skipped: $2" >>"$out/steps.txt"
   log "$1 skipped: $2"
+  publish
 }
 
 # bench NAME SECONDS CMD...: a step whose output must hold a line "RESULT ..."; the
@@ -44,8 +68,10 @@ bench() {
     echo "$name FAILED (no RESULT line)" >>"$out/steps.txt"
     echo "gpu-check: $name printed no RESULT line"
     gc_status=1
+    publish
     return 1
   fi
   grep "^RESULT" "$out/$name.log" | sed "s/^RESULT/$name/" >>"$out/results.txt"
+  publish
   grep -v "^RESULT" "$out/$name.log" | tail -5
 }
