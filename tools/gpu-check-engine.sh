@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154,SC2034  # sourced: $out, $t_start, ... are the caller's
 # The engine steps of tools/gpu-check.sh (sourced; uses its $out, $py, $gpu and the
 # step functions of tools/gpu-check-lib.sh). Written against `baton train --device
 # cuda[:N] --precision f32|tf32|bf16|fp16` and the plan fields "device" and "transport"

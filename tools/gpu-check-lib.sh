@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154,SC2034  # sourced: $out, $t_start, ... are the caller's
 # The steps of tools/gpu-check.sh: each runs one command with a time limit, keeps its
 # whole output in $out/<name>.log, appends one line to $out/steps.txt at once (so a
 # time-out of the whole script loses nothing), and returns the command's status, so

@@ -73,7 +73,7 @@ cmp_losses "$out/nothing.jsonl" "$out/a.jsonl" --tol 1
 # each listed as skipped with the reason, none failed.
 gc_status=0
 gc_budget=
-(cd "$src" && . tools/gpu-check-engine.sh && GPU_CHECK_BATON= engine_steps >/dev/null)
+(cd "$src" && . tools/gpu-check-engine.sh && GPU_CHECK_BATON='' engine_steps >/dev/null)
 [ "$(grep -c "skipped: no baton binary" "$out/steps.txt")" = 7 ] || fail "the engine steps were not all skipped without a binary"
 printf '#!/bin/sh\necho "usage: baton train --model M --data D"\n' >"$out/old-baton"
 chmod +x "$out/old-baton"
