@@ -1,11 +1,14 @@
 #include "memory/caching_allocator.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace baton::memory {
 
 CachingAllocator::CachingAllocator(Device device, std::unique_ptr<RawMemory> raw)
-    : device_(device), raw_(std::move(raw)) {}
+    : device_(device), raw_(std::move(raw)) {
+  home_ = raw_->home_stream();
+}
 
 CachingAllocator::~CachingAllocator() {
   // Live blocks belong to tensors that may outlive the allocator only at process exit;
@@ -27,6 +30,7 @@ void* CachingAllocator::allocate(size_t bytes) {
   size_t cls = size_class(need);
   std::lock_guard lock(mu_);
   account_allocate(need);
+  if (!pending_.empty()) collect_pending_locked(false);
   auto it = free_.find(cls);
   if (it != free_.end() && !it->second.empty()) {
     void* p = it->second.back();
@@ -51,7 +55,7 @@ void* CachingAllocator::allocate(size_t bytes) {
     throw OutOfMemoryError(device_, need, total, total - free);
   }
   stats_.fresh++;
-  block_size_.emplace(p, cls);
+  blocks_.emplace(p, Block{cls, {}});
   return p;
 }
 
@@ -59,9 +63,55 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
   std::lock_guard lock(mu_);
   account_free(rounded(bytes == 0 ? 1 : bytes));
-  size_t cls = block_size_.at(ptr);
-  free_[cls].push_back(ptr);
-  stats_.cached += cls;
+  Block& b = blocks_.at(ptr);
+  stats_.cached += b.cls;
+  if (b.streams.empty()) {
+    free_[b.cls].push_back(ptr);
+    return;
+  }
+  // Used on other streams: reusable once their work queued until now has finished.
+  Pending p{ptr, b.cls, {}};
+  for (void* s : b.streams)
+    if (void* e = raw_->record_event(s)) p.events.push_back(e);
+  b.streams.clear();
+  if (p.events.empty())
+    free_[p.cls].push_back(ptr);
+  else
+    pending_.push_back(std::move(p));
+}
+
+bool CachingAllocator::record_stream(void* ptr, void* stream) {
+  std::lock_guard lock(mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) return false;
+  if (stream == home_ && home_ != nullptr) return true;
+  auto& streams = it->second.streams;
+  if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
+  return true;
+}
+
+size_t CachingAllocator::pending_blocks() const {
+  std::lock_guard lock(mu_);
+  return pending_.size();
+}
+
+void CachingAllocator::collect_pending_locked(bool all) {
+  auto done = [&](const Pending& p) {
+    if (all) return true;
+    for (void* e : p.events)
+      if (!raw_->event_done(e)) return false;
+    return true;
+  };
+  std::vector<Pending> still;
+  for (Pending& p : pending_) {
+    if (!done(p)) {
+      still.push_back(std::move(p));
+      continue;
+    }
+    for (void* e : p.events) raw_->destroy_event(e);
+    free_[p.cls].push_back(p.ptr);
+  }
+  pending_ = std::move(still);
 }
 
 void CachingAllocator::release_cached() {
@@ -71,10 +121,11 @@ void CachingAllocator::release_cached() {
 
 void CachingAllocator::release_cached_locked() {
   if (stats_.cached == 0) return;
-  raw_->synchronize();
+  raw_->synchronize();  // every stream's work is done: pending blocks are free too
+  collect_pending_locked(true);
   for (auto& [cls, blocks] : free_) {
     for (void* p : blocks) {
-      block_size_.erase(p);
+      blocks_.erase(p);
       raw_->free(p);
     }
   }

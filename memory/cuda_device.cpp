@@ -68,6 +68,36 @@ cudaStream_t make_stream(int device, bool high_priority) {
 
 thread_local std::array<cudaStream_t, kMaxDevices> t_current{};
 
+// The device a stream belongs to (events must be made on it).
+int stream_device(cudaStream_t s) {
+  int d = -1;
+#if CUDART_VERSION >= 12080
+  BATON_CUDA_CHECK(cudaStreamGetDevice(s, &d));
+#else
+  (void)s;
+  BATON_CUDA_CHECK(cudaGetDevice(&d));
+#endif
+  return d;
+}
+
+// The events of the caching allocators' stream bookkeeping.
+void* record_on(cudaStream_t s) {
+  DeviceGuard guard(stream_device(s));
+  cudaEvent_t e = nullptr;
+  BATON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  BATON_CUDA_CHECK(cudaEventRecord(e, s));
+  return e;
+}
+bool event_finished(void* e) {
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  BATON_CUDA_CHECK(err);
+  return true;
+}
+
 // ---- raw memory sources of the caching allocators ----
 
 class DeviceMemory final : public RawMemory {
@@ -92,6 +122,10 @@ class DeviceMemory final : public RawMemory {
     DeviceGuard guard(device_);
     BATON_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  void* home_stream() override { return compute_stream(device_); }
+  void* record_event(void* stream) override { return record_on(static_cast<cudaStream_t>(stream)); }
+  bool event_done(void* e) override { return event_finished(e); }
+  void destroy_event(void* e) override { (void)cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
   std::pair<size_t, size_t> total_and_free() const override {
     DeviceGuard guard(device_);
     size_t free = 0, total = 0;
@@ -119,6 +153,10 @@ class PinnedMemory final : public RawMemory {
     return p;
   }
   void free(void* ptr) override { BATON_CUDA_CHECK(cudaFreeHost(ptr)); }
+  // No home stream: the host reuses a buffer at once, so every DMA's stream is recorded.
+  void* record_event(void* stream) override { return record_on(static_cast<cudaStream_t>(stream)); }
+  bool event_done(void* e) override { return event_finished(e); }
+  void destroy_event(void* e) override { (void)cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
   void synchronize() override {
     for (int d = 0; d < device_count(); ++d) {
       DeviceGuard guard(d);
@@ -192,6 +230,21 @@ StreamHandle current_stream(int device) {
   check_device(device);
   cudaStream_t s = t_current[size_t(device)];
   return s != nullptr ? s : compute_stream(device);
+}
+
+Stream::Stream(int device, bool high_priority) : device_(device) {
+  check_device(device);
+  stream_ = make_stream(device, high_priority);
+}
+
+Stream::~Stream() {
+  if (stream_ == nullptr) return;
+  int previous = -1;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device_);
+  (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (previous >= 0) (void)cudaSetDevice(previous);
 }
 
 StreamGuard::StreamGuard(int device, StreamHandle stream)
@@ -284,6 +337,32 @@ void copy_async(Tensor& dst, const Tensor& src, StreamHandle stream) {
   DeviceGuard guard(d.index);
   BATON_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault,
                                    static_cast<cudaStream_t>(stream)));
+  // Neither buffer goes back to its pool before the copy has passed.
+  record_stream(dst, stream);
+  record_stream(src, stream);
+}
+
+void record_stream(const Tensor& t, StreamHandle stream) {
+  if (!t.defined() || t.storage() == nullptr) return;
+  void* base = t.storage()->data();
+  // Both pools are CachingAllocators (make_device_allocator, pinned_allocator).
+  Allocator& a = t.device().is_cuda() ? allocator_for(t.device()) : pinned_allocator();
+  if (auto* c = dynamic_cast<CachingAllocator*>(&a)) (void)c->record_stream(base, stream);
+}
+
+std::pair<size_t, size_t> memory_info(int device) {
+  check_device(device);
+  DeviceGuard guard(device);
+  size_t free = 0, total = 0;
+  BATON_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {total, free};
+}
+
+std::string device_name(int device) {
+  check_device(device);
+  cudaDeviceProp prop{};
+  BATON_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
 }
 
 }  // namespace baton::memory::cuda
@@ -305,6 +384,8 @@ void ensure_registered() {}
 StreamHandle compute_stream(int) { no_cuda("compute_stream"); }
 StreamHandle comm_stream(int) { no_cuda("comm_stream"); }
 StreamHandle current_stream(int) { no_cuda("current_stream"); }
+Stream::Stream(int, bool) : device_(0) { no_cuda("Stream"); }
+Stream::~Stream() = default;
 StreamGuard::StreamGuard(int, StreamHandle) : device_(0), previous_(nullptr) { no_cuda("StreamGuard"); }
 StreamGuard::~StreamGuard() = default;
 DeviceGuard::DeviceGuard(int) { no_cuda("DeviceGuard"); }
@@ -320,6 +401,9 @@ float Event::elapsed_ms(const Event&, const Event&) { no_cuda("Event::elapsed_ms
 Allocator& pinned_allocator() { no_cuda("pinned_allocator"); }
 Tensor pinned_empty(const Shape&, DType) { no_cuda("pinned_empty"); }
 void copy_async(Tensor&, const Tensor&, StreamHandle) { no_cuda("copy_async"); }
+void record_stream(const Tensor&, StreamHandle) { no_cuda("record_stream"); }
+std::pair<size_t, size_t> memory_info(int) { no_cuda("memory_info"); }
+std::string device_name(int) { no_cuda("device_name"); }
 
 }  // namespace baton::memory::cuda
 

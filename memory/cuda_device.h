@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "memory/allocator.h"
 #include "memory/tensor.h"
@@ -34,6 +35,22 @@ StreamHandle compute_stream(int device);
 StreamHandle comm_stream(int device);
 // The stream kernels on this device run on, for the calling thread.
 StreamHandle current_stream(int device);
+
+// A stream of its owner's own (each NCCL communicator's, the input copy stream),
+// non-blocking, destroyed with the object after the work queued on it has finished.
+class Stream {
+ public:
+  Stream(int device, bool high_priority);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  StreamHandle handle() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  StreamHandle stream_ = nullptr;
+};
 
 // Makes `stream` the calling thread's current stream on `device` for its lifetime.
 class StreamGuard {
@@ -92,7 +109,18 @@ Allocator& pinned_allocator();
 // A CPU tensor in pinned memory, returned to the pinned pool when its last view goes.
 Tensor pinned_empty(const Shape& shape, DType dtype);
 // Copies contiguous tensors of equal size between any devices on `stream`, without
-// waiting on the host: the caller keeps both alive until the stream has passed it.
+// waiting on the host. Both tensors' blocks are recorded on `stream` (record_stream), so
+// the caller may drop them at once: their pools hand them out only after the copy.
 void copy_async(Tensor& dst, const Tensor& src, StreamHandle stream);
+
+// The tensor's block (device memory or a pinned buffer) is used on `stream`: when freed,
+// its pool reuses it only after the work queued on `stream` until then has finished
+// (CachingAllocator::record_stream). Needed for any stream but the device's compute
+// stream; tensors not from baton's pools are left alone.
+void record_stream(const Tensor& t, StreamHandle stream);
+
+// A device's total and free bytes now (cudaMemGetInfo), and its name.
+std::pair<size_t, size_t> memory_info(int device);
+std::string device_name(int device);
 
 }  // namespace baton::memory::cuda

@@ -2,12 +2,19 @@
 # The GPU check, in one go on a machine with one CUDA GPU (designed for one H200 inside
 # 8 minutes, build included): builds the CUDA backend from the source tree and the
 # bundle (tools/make-gpu-bundle.sh), runs every CUDA op against the CPU backend (f32
-# within 1e-4, bf16 within 1e-2 of the largest reference value), the memory and NCCL
-# tests, then trains the GPT for a fixed number of steps with baton and with PyTorch
-# eager (same model, precision and batch) and prints tokens/s and MFU side by side.
+# within 1e-4, bf16 and f16 within 1e-2 of the largest reference value), the memory and
+# NCCL tests, then trains GPT-2 124M for a fixed number of steps with baton and with
+# PyTorch eager and torch.compile (same model, precision and batch) and prints tokens/s
+# and MFU side by side; then the engine steps (baton train on the GPU against the CPU,
+# GPT-2 124M through baton train, PP=2 on one GPU over UCX, the NCCL plans on 2+ GPUs)
+# when a full baton binary with --device is at hand (GPU_CHECK_BATON), else they are
+# listed as skipped with the reason. Every step's line goes to steps.txt as it ends
+# (and to $OUT); the exit status is 0 only when every step that ran passed.
 #
 #   tools/gpu-check.sh            # everything
-#   GPU_CHECK_COMPILE=1 ...       # also torch.compile (adds about a minute)
+#   GPU_CHECK_COMPILE=0 ...       # without torch.compile (saves about a minute)
+#   GPU_CHECK_BATON=build/release/baton  # the engine steps with this binary
+#   GPU_CHECK_BUDGET=470          # seconds for the whole check (steps past it fail as not run)
 #   GPU_CHECK_MODEL="--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"
 # Logs and a summary go to build/gpu-check/out; with the device tool's $OUT set, the
 # summary and a tarball of the logs are copied there too (it returns at most 8 files).
@@ -18,14 +25,16 @@ build=build/gpu-check
 out=$build/out
 rm -rf "$out"
 mkdir -p "$out"
-log() { echo "== $* ($(( $(date +%s) - t_start ))s)"; }
+. tools/gpu-check-lib.sh  # log, step, bench, skip, publish; gc_status
+gc_budget=${GPU_CHECK_BUDGET:-470}
 die() { echo "gpu-check: $*" >&2; exit 1; }
 
 # ---- what the machine has ----
 log "machine"
-gpu=1
-if ! nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null; then
-  gpu=0
+gpu=0  # how many GPUs
+if nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c .)
+else
   echo "gpu-check: NO GPU here: the build and the CPU-side tests run, the GPU tests skip, the benchmarks do not run"
 fi
 nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -50,6 +59,13 @@ if [ -z "${NCCL_HOME:-}" ] && ! ls "$cuda_root"/lib64/libnccl.so* >/dev/null 2>&
   nccl_pip=$("$py" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null)
   [ -n "$nccl_pip" ] && export NCCL_HOME=$nccl_pip && echo "NCCL from $NCCL_HOME"
 fi
+# cuDNN (its fused attention is one of the implementations compared): the toolkit's,
+# else pip's nvidia.cudnn beside PyTorch; without it the cudnn rows say "not built".
+if [ -z "${CUDNN_HOME:-}" ] && ! ls "$cuda_root"/include/cudnn_graph.h >/dev/null 2>&1; then
+  cudnn_pip=$("$py" -c "import nvidia.cudnn, os; print(list(nvidia.cudnn.__path__)[0])" 2>/dev/null)
+  [ -n "$cudnn_pip" ] && export CUDNN_HOME=$cudnn_pip && echo "cuDNN from $CUDNN_HOME"
+  [ -n "${CUDNN_HOME:-}" ] && export LD_LIBRARY_PATH="$CUDNN_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 # The bundled OpenBLAS and its Fortran runtime (the binaries' RPATH names them too).
 export LD_LIBRARY_PATH="$PWD/.gpu-bundle/openblas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -63,58 +79,76 @@ cmake -S . -B "$build" "${gen[@]}" -DBATON_GPU_CHECK=ON -DBATON_CUDA=ON -DCMAKE_
   >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
 grep -E "baton:" "$out/configure.log"
 log "build"
-cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_mixed_precision test_cuda_ops test_nccl gpt_step \
+cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl gpt_step \
   >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; die "build failed ($out/build.log)"; }
 
 # ---- correctness ----
-status=0
-for t in test_cuda_memory test_mixed_precision test_cuda_ops test_nccl; do
-  log "$t"
-  timeout 300 "$build/tests/cuda/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
-  [ $rc -eq 0 ] || { echo "gpu-check: $t FAILED"; status=1; }
+: >"$out/steps.txt"
+for t in test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl; do
+  step "$t" 300 "$build/tests/cuda/$t" --gtest_brief=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f16|f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
 done
 
 if [ $gpu = 0 ]; then
-  log "done without a GPU: status $status (3: nothing ran on a GPU)"
-  exit 3
+  cat "$out/steps.txt"
+  log "done without a GPU: status $gc_status (1: a step failed; 3: all passed, nothing ran on a GPU)"
+  [ $gc_status = 0 ] && exit 3
+  exit 1
 fi
 
-# ---- the GPT training step: baton and PyTorch, same model, precision and batch ----
+# ---- GPT-2 124M, one training step: baton and PyTorch, same model, precision and batch ----
+# The most important rows first: the budget cuts from the end.
 model=${GPU_CHECK_MODEL:-"--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"}
 small="--layers 8 --hidden 512 --heads 8 --ctx 256 --batch 8 --vocab 256"
-bench() {  # name args...
-  local name=$1; shift
-  log "$name"
-  timeout 240 "$@" 2>&1 | tee "$out/$name.log" | grep -v "^RESULT"
-  grep "^RESULT" "$out/$name.log" | sed "s/^RESULT/$name/" >>"$out/results.txt"
-}
 : >"$out/results.txt"
-bench baton-bf16 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5 || status=1
-bench baton-bf16-cublas-attn "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas || status=1
-bench baton-bf16-small "$build/bench/cuda/gpt_step" $small --dtype bf16 --steps 50 --warmup 10 || status=1
-bench baton-f32 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5 || status=1
-if [[ "$torch_info" == *True ]]; then
-  bench pytorch-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
-  bench pytorch-bf16-small "$py" bench/pytorch/gpt_step.py $small --dtype bf16 --steps 50 --warmup 10
-  bench pytorch-f32 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
-  [ "${GPU_CHECK_COMPILE:-0}" = 1 ] && bench pytorch-compile-bf16 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 20 --warmup 10
+have_torch=0
+[[ "$torch_info" == *True ]] && have_torch=1
+# Each bench's status counts (gc_status): a failing benchmark fails the check.
+bench baton-bf16 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5
+if [ $have_torch = 1 ]; then
+  bench pytorch-bf16 240 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
+  if [ "${GPU_CHECK_COMPILE:-1}" = 1 ]; then
+    bench pytorch-compile-bf16 300 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 20 --warmup 10
+  else
+    skip pytorch-compile-bf16 "GPU_CHECK_COMPILE=0"
+  fi
+else
+  skip pytorch "torch cannot be imported or sees no GPU: $torch_info"
 fi
+bench baton-bf16-cublas-attn 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas
+# cuDNN's fused attention forward against our flash kernels (baton-bf16): the measurement
+# that decides whether `automatic` should prefer it (docs/cuda.md).
+if grep -q "cuDNN /" "$out/configure.log"; then
+  bench baton-bf16-cudnn-attn 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cudnn
+else
+  skip baton-bf16-cudnn-attn "built without cuDNN (set CUDNN_HOME)"
+fi
+bench baton-f32 240 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5
+[ $have_torch = 1 ] && bench pytorch-f32 240 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
+
+# ---- the engine on the GPU: baton train, baton launch ----
+# Needs a full baton binary (the GPU-check build above makes only the CUDA tests and the
+# benchmark: the bundle has no Boost, UCX, nlohmann, ...) whose train command has
+# --device and --precision (issue 12, item 4). Written against those flags.
+. tools/gpu-check-engine.sh
+engine_steps
 
 log "summary (MFU: model FLOPs / 989 TFLOP/s, the H200's dense bf16 peak, for every row)"
+# pytorch-compile-bf16 is the peer of no baton row; baton-bf16 is compared with eager.
 awk '{ r[$1] = $5; ms[$1] = $7; mfu[$1] = $9; order[n++] = $1 }
+  function ratio(k, peer) { return (k ~ /^baton/ && (peer in r) && r[peer] > 0) ? sprintf("%.2fx", r[k] / r[peer]) : "" }
   END {
-    printf "%-22s %14s %10s %8s %18s\n", "run", "tokens/s", "step ms", "MFU", "baton / pytorch"
+    printf "%-24s %14s %10s %8s %16s %16s\n", "run", "tokens/s", "step ms", "MFU", "baton / eager", "baton / compile"
     for (i = 0; i < n; i++) {
-      k = order[i]; peer = k; sub(/^baton/, "pytorch", peer)
-      ratio = (k ~ /^baton/ && (peer in r) && r[peer] > 0) ? sprintf("%.2fx", r[k] / r[peer]) : ""
-      printf "%-22s %14.0f %10.3f %7.1f%% %18s\n", k, r[k], ms[k], 100 * mfu[k], ratio
+      k = order[i]; eager = k; sub(/^baton/, "pytorch", eager); comp = k; sub(/^baton/, "pytorch-compile", comp)
+      printf "%-24s %14.0f %10.3f %7.1f%% %16s %16s\n", k, r[k], ms[k], 100 * mfu[k], ratio(k, eager), ratio(k, comp)
     }
   }' "$out/results.txt" | tee "$out/summary.txt"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
   cp "$out/summary.txt" "$OUT/gpu-check-summary.txt"
+  cp "$out/steps.txt" "$OUT/gpu-check-steps.txt"
   tar -C "$build" -czf "$OUT/gpu-check-logs.tar.gz" out
 fi
-log "done: status $status"
-exit $status
+cat "$out/steps.txt"
+log "done: status $gc_status"
+exit $gc_status

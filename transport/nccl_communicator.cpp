@@ -6,27 +6,33 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "memory/cuda_check.h"
 #include "memory/cuda_device.h"
+#include "transport/detail/nccl_rendezvous.h"
+#include "transport/detail/nccl_watchdog.h"
 
-#define BATON_NCCL_CHECK(call)                                                               \
-  do {                                                                                       \
-    ncclResult_t baton_nccl_res_ = (call);                                                   \
-    if (baton_nccl_res_ != ncclSuccess)                                                      \
-      ::baton::transport::throw_nccl_error(baton_nccl_res_, #call, __FILE__, __LINE__);      \
+// The communicators are nonblocking (so that a hung initialisation or launch can be
+// aborted): a call may return ncclInProgress, and settle() waits for it to complete.
+#define BATON_NCCL_CHECK(call)                                                          \
+  do {                                                                                  \
+    ncclResult_t baton_nccl_res_ = (call);                                              \
+    if (baton_nccl_res_ != ncclSuccess && baton_nccl_res_ != ncclInProgress)            \
+      ::baton::transport::throw_nccl_error(baton_nccl_res_, #call, __FILE__, __LINE__); \
   } while (0)
 
 namespace baton::transport {
 
 [[noreturn]] void throw_nccl_error(ncclResult_t res, const char* call, const char* file, int line) {
-  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                     ncclGetErrorString(res));
+  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                     " failed: " + ncclGetErrorString(res));
 }
 
 namespace {
@@ -36,116 +42,51 @@ using memory::DType;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
   }
   throw std::logic_error("nccl: unknown dtype");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
   }
   throw std::logic_error("nccl: unknown reduce op");
 }
 
-// Watches a communicator's operations. One that has not finished `timeout` after its
-// launch began means a peer is gone or stuck (NCCL itself would wait forever): the
-// communicator is aborted, which makes NCCL's kernels and any blocked NCCL call return,
-// and every later test() or wait() throws PeerError.
-class Watchdog {
- public:
-  using Clock = std::chrono::steady_clock;
-  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, std::string group)
-      : comm_(comm), timeout_(timeout), group_(std::move(group)), thread_([this] { run(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+// The NCCL handle, shared with the watchdog's abort. Every NCCL call on it is made with
+// `mu` held; as the communicator is nonblocking no call blocks, so the abort (which takes
+// `mu` too) never waits long, and no call ever sees a handle the abort has freed.
+struct CommHandle {
+  std::mutex mu;
+  ncclComm_t comm = nullptr;  // null once aborted or destroyed
+  void abort() {
+    std::lock_guard lock(mu);
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    comm = nullptr;
   }
+};
 
-  // Host-blocking NCCL calls (connection set-up waits for the peer) are watched too.
-  void launch_begin(int peer) {
-    std::lock_guard lock(mu_);
-    launch_start_ = Clock::now();
-    launch_peer_ = peer;
-    launching_ = true;
-  }
-  void launch_end(std::shared_ptr<mc::Event> done) {
-    std::lock_guard lock(mu_);
-    launching_ = false;
-    items_.push_back({std::move(done), launch_start_, launch_peer_});
-  }
-  bool aborted() const { return aborted_.load(); }
-  void check() const {
-    if (!aborted_.load()) return;
-    std::lock_guard lock(mu_);
-    throw PeerError(failed_peer_, failed_what_);
-  }
-
- private:
-  struct Item {
-    std::shared_ptr<mc::Event> done;
-    Clock::time_point start;
-    int peer;
-  };
-
-  void run() {
-    std::unique_lock lock(mu_);
-    while (!stop_ && !aborted_.load()) {
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
-      const auto now = Clock::now();
-      int late_peer = -2;
-      if (launching_ && now - launch_start_ > timeout_) late_peer = launch_peer_;
-      for (auto it = items_.begin(); it != items_.end() && late_peer == -2;) {
-        bool done = false;
-        try {
-          done = it->done->query();
-        } catch (const std::exception&) {
-          done = true;  // the error surfaces through NCCL's asynchronous error
-        }
-        if (done) {
-          it = items_.erase(it);
-        } else if (now - it->start > timeout_) {
-          late_peer = it->peer;
-        } else {
-          ++it;
-        }
-      }
-      if (late_peer == -2) continue;
-      failed_peer_ = late_peer;
-      failed_what_ = "nccl: an operation of the group " + group_ + " did not finish within " +
-                     std::to_string(timeout_.count()) + " ms" +
-                     (late_peer >= 0 ? " (waiting on rank " + std::to_string(late_peer) + ")" : "") +
-                     "; the communicator was aborted";
-      (void)ncclCommAbort(comm_);
-      aborted_.store(true);
-    }
-  }
-
-  ncclComm_t comm_;
-  std::chrono::milliseconds timeout_;
-  std::string group_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool launching_ = false;
-  Clock::time_point launch_start_{};
-  int launch_peer_ = -1;
-  std::vector<Item> items_;
-  std::atomic<bool> aborted_{false};
-  int failed_peer_ = -1;
-  std::string failed_what_;
-  std::thread thread_;  // last: starts once everything above exists
+// What a timed-out initialisation says: the missing peer (-1: unknown or several) and why.
+struct Missing {
+  int peer = -1;
+  std::string what;
 };
 
 class NcclCommunicator;
@@ -167,25 +108,52 @@ class NcclWork final : public Work {
   bool waited_ = false;
 };
 
-class NcclCommunicator final : public Communicator, public std::enable_shared_from_this<NcclCommunicator> {
+class NcclCommunicator final : public Communicator,
+                               public std::enable_shared_from_this<NcclCommunicator> {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::vector<int> global,
-                   std::chrono::milliseconds timeout)
-      : comm_(comm), rank_(rank), size_(size), device_(device), global_(std::move(global)),
-        stream_(static_cast<cudaStream_t>(mc::comm_stream(device))), timeout_(timeout),
-        dog_(std::make_unique<Watchdog>(comm, timeout, group_str(global_))) {}
-  // Destructors do not throw: failures here are ignored on purpose. Queued operations are
-  // waited for first (a communicator must not be destroyed under running NCCL kernels);
-  // an aborted communicator is already gone.
+  // Each communicator has a stream of its own (a split group's collectives overlap its
+  // parent's), high priority so that a transfer on the critical path is not queued
+  // behind compute.
+  NcclCommunicator(std::shared_ptr<CommHandle> handle, int rank, int size, int device,
+                   std::vector<int> global, std::chrono::milliseconds timeout,
+                   std::unique_ptr<detail::Watchdog> dog)
+      : h_(std::move(handle)),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        global_(std::move(global)),
+        own_stream_(std::make_unique<mc::Stream>(device, true)),
+        stream_(static_cast<cudaStream_t>(own_stream_->handle())),
+        timeout_(timeout),
+        dog_(std::move(dog)) {}
+  // Destructors do not throw: failures here are ignored on purpose. The watchdog stops
+  // first (after that nothing aborts the handle behind our back); queued operations are
+  // waited for (a communicator must not be destroyed under running NCCL kernels); an
+  // aborted communicator is already gone.
   ~NcclCommunicator() override {
-    const bool aborted = dog_->aborted();
-    dog_.reset();
-    if (comm_ == nullptr || aborted) return;
+    dog_->stop();
+    std::lock_guard lock(h_->mu);
+    if (h_->comm == nullptr) return;
     int previous = -1;
     (void)cudaGetDevice(&previous);
     (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(stream_);
-    (void)ncclCommDestroy(comm_);
+    // Nonblocking: finalize, wait for it (bounded), then destroy; abort when it hangs.
+    bool finalized = ncclCommFinalize(h_->comm) == ncclSuccess;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (ncclResult_t st = ncclInProgress; !finalized;) {
+      if (ncclCommGetAsyncError(h_->comm, &st) != ncclSuccess ||
+          (st != ncclInProgress && st != ncclSuccess) ||
+          std::chrono::steady_clock::now() > deadline)
+        break;
+      finalized = st == ncclSuccess;
+      if (!finalized) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (finalized)
+      (void)ncclCommDestroy(h_->comm);
+    else
+      (void)ncclCommAbort(h_->comm);
+    h_->comm = nullptr;
     if (previous >= 0) (void)cudaSetDevice(previous);
   }
 
@@ -214,17 +182,17 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
   WorkPtr broadcast(Tensor& t, int root) override {
     check(t, "broadcast");
     check_peer(root, "broadcast");
-    return collective({t}, false, [&] {
-      BATON_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()),
-                                     root, comm_, stream_));
+    return collective({t}, false, [&](ncclComm_t c) {
+      BATON_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()),
+                                     nccl_type(t.dtype()), root, c, stream_));
     });
   }
 
   WorkPtr all_reduce(Tensor& t, ReduceOp op) override {
     check(t, "all_reduce");
-    return collective({t}, false, [&] {
-      BATON_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()),
-                                     nccl_op(op), comm_, stream_));
+    return collective({t}, false, [&](ncclComm_t c) {
+      BATON_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()),
+                                     nccl_type(t.dtype()), nccl_op(op), c, stream_));
     });
   }
 
@@ -234,44 +202,47 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     auto [cnt, off] = parts(counts, in.numel(), out.numel(), "all_gather", in.numel());
     const size_t es = memory::dtype_size(in.dtype());
     const ncclDataType_t ty = nccl_type(in.dtype());
-    return collective({in, out}, false, [&] {
+    return collective({in, out}, false, [&](ncclComm_t c) {
       if (equal(cnt)) {
-        BATON_NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), size_t(cnt[0]), ty, comm_, stream_));
+        BATON_NCCL_CHECK(
+            ncclAllGather(in.raw_data(), out.raw_data(), size_t(cnt[0]), ty, c, stream_));
         return;
       }
       BATON_NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; ++r) {
         char* dst = static_cast<char*>(out.raw_data()) + size_t(off[size_t(r)]) * es;
-        BATON_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw_data() : dst, dst, size_t(cnt[size_t(r)]), ty, r,
-                                       comm_, stream_));
+        BATON_NCCL_CHECK(ncclBroadcast(r == rank_ ? in.raw_data() : dst, dst,
+                                       size_t(cnt[size_t(r)]), ty, r, c, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());
     });
   }
 
-  WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, std::span<const int64_t> counts) override {
+  WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
+                         std::span<const int64_t> counts) override {
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
     auto [cnt, off] = parts(counts, out.numel(), in.numel(), "reduce_scatter", out.numel());
     const size_t es = memory::dtype_size(in.dtype());
     const ncclDataType_t ty = nccl_type(in.dtype());
-    return collective({in, out}, false, [&] {
+    return collective({in, out}, false, [&](ncclComm_t c) {
       if (equal(cnt)) {
-        BATON_NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(cnt[0]), ty, nccl_op(op), comm_,
-                                           stream_));
+        BATON_NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(cnt[0]), ty,
+                                           nccl_op(op), c, stream_));
         return;
       }
       BATON_NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; ++r) {
         const char* src = static_cast<const char*>(in.raw_data()) + size_t(off[size_t(r)]) * es;
-        BATON_NCCL_CHECK(ncclReduce(src, out.raw_data() /* written on root r only */, size_t(cnt[size_t(r)]), ty,
-                                    nccl_op(op), r, comm_, stream_));
+        BATON_NCCL_CHECK(ncclReduce(src, out.raw_data() /* written on root r only */,
+                                    size_t(cnt[size_t(r)]), ty, nccl_op(op), r, c, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());
     });
   }
 
-  WorkPtr scatter(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override {
+  WorkPtr scatter(const Tensor& in, Tensor& out, int root,
+                  std::span<const int64_t> counts) override {
     check(out, "scatter");
     check_peer(root, "scatter");
     if (rank_ == root) check(in, "scatter");
@@ -281,7 +252,7 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     const ncclDataType_t ty = nccl_type(out.dtype());
     std::vector<Tensor> keep{out};
     if (rank_ == root) keep.push_back(in);
-    return collective(std::move(keep), false, [&] {
+    return collective(std::move(keep), false, [&](ncclComm_t c) {
       BATON_NCCL_CHECK(ncclGroupStart());
       if (rank_ == root) {
         for (int r = 0; r < size_; ++r) {
@@ -290,16 +261,17 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
             BATON_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), src, size_t(cnt[size_t(r)]) * es,
                                              cudaMemcpyDeviceToDevice, stream_));
           else
-            BATON_NCCL_CHECK(ncclSend(src, size_t(cnt[size_t(r)]), ty, r, comm_, stream_));
+            BATON_NCCL_CHECK(ncclSend(src, size_t(cnt[size_t(r)]), ty, r, c, stream_));
         }
       } else {
-        BATON_NCCL_CHECK(ncclRecv(out.raw_data(), size_t(out.numel()), ty, root, comm_, stream_));
+        BATON_NCCL_CHECK(ncclRecv(out.raw_data(), size_t(out.numel()), ty, root, c, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());
     });
   }
 
-  WorkPtr gather(const Tensor& in, Tensor& out, int root, std::span<const int64_t> counts) override {
+  WorkPtr gather(const Tensor& in, Tensor& out, int root,
+                 std::span<const int64_t> counts) override {
     check(in, "gather");
     check_peer(root, "gather");
     if (rank_ == root) check(out, "gather");
@@ -309,7 +281,7 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     const ncclDataType_t ty = nccl_type(in.dtype());
     std::vector<Tensor> keep{in};
     if (rank_ == root) keep.push_back(out);
-    return collective(std::move(keep), false, [&] {
+    return collective(std::move(keep), false, [&](ncclComm_t c) {
       BATON_NCCL_CHECK(ncclGroupStart());
       if (rank_ == root) {
         for (int r = 0; r < size_; ++r) {
@@ -318,10 +290,10 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
             BATON_CUDA_CHECK(cudaMemcpyAsync(dst, in.raw_data(), size_t(cnt[size_t(r)]) * es,
                                              cudaMemcpyDeviceToDevice, stream_));
           else
-            BATON_NCCL_CHECK(ncclRecv(dst, size_t(cnt[size_t(r)]), ty, r, comm_, stream_));
+            BATON_NCCL_CHECK(ncclRecv(dst, size_t(cnt[size_t(r)]), ty, r, c, stream_));
         }
       } else {
-        BATON_NCCL_CHECK(ncclSend(in.raw_data(), size_t(in.numel()), ty, root, comm_, stream_));
+        BATON_NCCL_CHECK(ncclSend(in.raw_data(), size_t(in.numel()), ty, root, c, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());
     });
@@ -329,8 +301,9 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
 
   WorkPtr barrier() override {
     Tensor one = Tensor::empty({1}, DType::f32, memory::Device::cuda(device_));
-    return collective({one}, true, [&] {
-      BATON_NCCL_CHECK(ncclAllReduce(one.raw_data(), one.raw_data(), 1, ncclFloat32, ncclSum, comm_, stream_));
+    return collective({one}, true, [&](ncclComm_t c) {
+      BATON_NCCL_CHECK(
+          ncclAllReduce(one.raw_data(), one.raw_data(), 1, ncclFloat32, ncclSum, c, stream_));
     });
   }
 
@@ -338,13 +311,15 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     // Members only: the first member makes an id and sends it to the others over this
     // communicator (ncclCommSplit would need every rank of this group to call).
     auto me = std::find(ranks.begin(), ranks.end(), rank_);
-    if (me == ranks.end()) throw std::logic_error("nccl split: rank " + std::to_string(rank_) + " is not in the list");
+    if (me == ranks.end())
+      throw std::logic_error("nccl split: rank " + std::to_string(rank_) + " is not in the list");
     const int sub_rank = int(me - ranks.begin()), sub_size = int(ranks.size());
     NcclId id{};
     Tensor dev = Tensor::empty({int64_t(sizeof id / 4)}, DType::i32, memory::Device::cuda(device_));
     if (sub_rank == 0) {
       id = nccl_unique_id();
-      Tensor host = Tensor::from_blob(id.data(), {int64_t(sizeof id / 4)}, DType::i32, memory::Device::cpu());
+      Tensor host =
+          Tensor::from_blob(id.data(), {int64_t(sizeof id / 4)}, DType::i32, memory::Device::cpu());
       dev.copy_from(host);
       std::vector<WorkPtr> works;
       for (int i = 1; i < sub_size; ++i) works.push_back(isend(dev, ranks[size_t(i)], 0));
@@ -360,42 +335,93 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     return create(id, sub_rank, sub_size, device_, std::move(global), timeout_);
   }
 
+  // Initialisation is nonblocking and watched like any launch: when a rank never joins,
+  // the communicator is aborted after `timeout` and PeerError names the missing rank
+  // (`missing` asks the rendezvous store who did not arrive; without a store, the peer
+  // of a pair, else -1).
   static std::shared_ptr<NcclCommunicator> create(const NcclId& id, int rank, int size, int device,
-                                                  std::vector<int> global, std::chrono::milliseconds timeout) {
-    if (rank < 0 || rank >= size) throw std::logic_error("nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
+                                                  std::vector<int> global,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::function<Missing()>& missing = {}) {
+    if (rank < 0 || rank >= size)
+      throw std::logic_error("nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
     mc::DeviceGuard guard(device);
     ncclUniqueId uid;
     static_assert(sizeof uid == sizeof(NcclId));
     std::memcpy(&uid, id.data(), sizeof uid);
-    ncclComm_t comm = nullptr;
-    BATON_NCCL_CHECK(ncclCommInitRank(&comm, size, uid, rank));
-    return std::make_shared<NcclCommunicator>(comm, rank, size, device, std::move(global), timeout);
+    const std::string group = group_str(global);
+    auto h = std::make_shared<CommHandle>();
+    auto dog = std::make_unique<detail::Watchdog>(timeout, group, [h] { h->abort(); });
+    dog->launch_begin(-1, "joining");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    {
+      std::lock_guard lock(h->mu);
+      ncclComm_t comm = nullptr;
+      BATON_NCCL_CHECK(ncclCommInitRankConfig(&comm, size, uid, rank, &config));
+      h->comm = comm;
+    }
+    for (;;) {
+      ncclResult_t st = ncclInProgress;
+      std::string last;
+      bool gone = false;
+      {
+        std::lock_guard lock(h->mu);
+        gone = h->comm == nullptr;
+        if (!gone && ncclCommGetAsyncError(h->comm, &st) != ncclSuccess) st = ncclInternalError;
+        if (!gone && st != ncclSuccess && st != ncclInProgress) last = ncclGetLastError(h->comm);
+      }
+      if (st == ncclSuccess && !gone) break;
+      if (dog->aborted() || gone) {
+        dog->stop();
+        h->abort();
+        Missing m = missing ? missing() : Missing{};
+        if (!missing && size == 2) m.peer = global.at(size_t(1 - rank));
+        if (m.what.empty())
+          m.what = size == 2
+                       ? "rank " + std::to_string(m.peer) + " never joined"
+                       : "not every rank joined (start them all, or ask the rendezvous store)";
+        throw PeerError(
+            m.peer, "nccl: rank " + std::to_string(global.at(size_t(rank))) + " of the group " +
+                        group + " waited " + std::to_string(timeout.count()) +
+                        " ms for the others to join: " + m.what + "; the communicator was aborted");
+      }
+      if (st != ncclInProgress) {
+        dog->stop();
+        h->abort();
+        throw RuntimeError("nccl: initialising rank " + std::to_string(rank) + " of the group " +
+                           group + " failed: " + ncclGetErrorString(st) + " (" + last + ")");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    dog->launch_cancel();
+    return std::make_shared<NcclCommunicator>(std::move(h), rank, size, device, std::move(global),
+                                              timeout, std::move(dog));
   }
 
   // Launches the queued point-to-point operations as one group; with mu_ held.
   void flush_locked() {
     if (pending_.empty()) return;
-    mc::DeviceGuard guard(device_);
-    order_after_caller();
-    dog_->check();
     // The peer the watchdog names if this group hangs: the only one, or none.
     int peer = global_rank(pending_.front().peer);
     for (auto& p : pending_)
       if (global_rank(p.peer) != peer) peer = -1;
-    dog_->launch_begin(peer);
-    watched([&] {
+    std::vector<Tensor> keep;
+    for (auto& p : pending_) keep.push_back(p.t);
+    auto done = launch_watched(peer, std::move(keep), [&](ncclComm_t c) {
       BATON_NCCL_CHECK(ncclGroupStart());
       for (auto& p : pending_) {
         if (p.send)
-          BATON_NCCL_CHECK(ncclSend(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
+          BATON_NCCL_CHECK(ncclSend(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()),
+                                    p.peer, c, stream_));
         else
-          BATON_NCCL_CHECK(ncclRecv(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()), p.peer, comm_, stream_));
+          BATON_NCCL_CHECK(ncclRecv(p.t.raw_data(), size_t(p.t.numel()), nccl_type(p.t.dtype()),
+                                    p.peer, c, stream_));
       }
       BATON_NCCL_CHECK(ncclGroupEnd());
     });
-    auto done = std::make_shared<mc::Event>(device_);
-    done->record(stream_);
-    dog_->launch_end(done);
+    // A work dropped before this flush has no one to hand the event to: its tensors
+    // are kept by the watchdog until the event completes all the same.
     for (auto& p : pending_)
       if (auto w = p.work.lock()) w->set_done(done);
     pending_.clear();
@@ -406,13 +432,11 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     flush_locked();
   }
 
+  // Throws PeerError after an abort, RuntimeError for NCCL's asynchronous errors.
   void check_async_error() {
     dog_->check();
-    ncclResult_t async = ncclSuccess;
-    BATON_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    if (async != ncclSuccess && async != ncclInProgress)
-      throw RuntimeError(std::string("nccl: communication failed: ") + ncclGetErrorString(async) + " (" +
-                         ncclGetLastError(comm_) + ")");
+    dog_->reap();
+    (void)async_state();
   }
 
   int device() const { return device_; }
@@ -432,18 +456,21 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
   }
   void check_peer(int r, const char* op) const {
     if (r < 0 || r >= size_)
-      throw std::logic_error(std::string("nccl ") + op + ": rank " + std::to_string(r) + " outside a group of " +
-                             std::to_string(size_));
+      throw std::logic_error(std::string("nccl ") + op + ": rank " + std::to_string(r) +
+                             " outside a group of " + std::to_string(size_));
   }
   static bool equal(const std::vector<int64_t>& c) {
     return std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; });
   }
   // Part sizes and offsets; `mine` must equal this rank's part, `total` (if >= 0) their sum.
-  std::pair<std::vector<int64_t>, std::vector<int64_t>> parts(std::span<const int64_t> counts, int64_t mine,
-                                                              int64_t total, const char* op, int64_t equal_part) const {
+  std::pair<std::vector<int64_t>, std::vector<int64_t>> parts(std::span<const int64_t> counts,
+                                                              int64_t mine, int64_t total,
+                                                              const char* op,
+                                                              int64_t equal_part) const {
     std::vector<int64_t> c(counts.begin(), counts.end());
     if (c.empty()) c.assign(size_t(size_), equal_part);
-    if (int(c.size()) != size_) throw std::logic_error(std::string("nccl ") + op + ": counts needs one entry per rank");
+    if (int(c.size()) != size_)
+      throw std::logic_error(std::string("nccl ") + op + ": counts needs one entry per rank");
     std::vector<int64_t> off(c.size(), 0);
     for (size_t r = 1; r < c.size(); ++r) off[r] = off[r - 1] + c[r - 1];
     const int64_t sum = off.back() + c.back();
@@ -461,29 +488,72 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
   WorkPtr collective(std::vector<Tensor> keep, bool host_blocking, F&& launch) {
     std::lock_guard lock(mu_);
     flush_locked();  // earlier point-to-point first: NCCL runs a communicator's calls in order
-    mc::DeviceGuard guard(device_);
-    order_after_caller();
-    dog_->check();
-    dog_->launch_begin(-1);
-    watched(launch);
-    auto done = std::make_shared<mc::Event>(device_);
-    done->record(stream_);
-    dog_->launch_end(done);
-    auto w = std::make_shared<NcclWork>(this, std::move(keep), host_blocking);
-    w->set_done(std::move(done));
+    auto w = std::make_shared<NcclWork>(this, keep, host_blocking);
+    w->set_done(launch_watched(-1, std::move(keep), launch));
     return w;
   }
 
-  // Runs NCCL calls that may block on the host; when the watchdog aborted the
-  // communicator to free them, the failure is the peer's (PeerError), not NCCL's.
+  // Runs `calls(comm)` (NCCL calls) under the watchdog: ordered after the caller's
+  // stream, settled (nonblocking calls complete), an event recorded after them. The
+  // watchdog keeps `keep` until that event has completed, whatever becomes of the Work,
+  // so no tensor returns to the pool while the stream may still use it. A failure after
+  // the watchdog aborted is the peer's (PeerError), not NCCL's.
   template <class F>
-  void watched(F&& calls) {
+  std::shared_ptr<mc::Event> launch_watched(int peer, std::vector<Tensor> keep, F&& calls) {
+    mc::DeviceGuard guard(device_);
+    order_after_caller();
+    dog_->check();
+    dog_->reap();
+    dog_->launch_begin(peer);
     try {
-      calls();
+      with_comm(calls);
+      settle();
     } catch (const RuntimeError&) {
+      dog_->launch_cancel();
       dog_->check();
       throw;
     }
+    auto done = std::make_shared<mc::Event>(device_);
+    done->record(stream_);
+    dog_->launch_end([done] { return done->query(); }, std::move(keep));
+    return done;
+  }
+
+  // Calls f(comm) with the handle locked; throws once the handle is gone (aborted).
+  template <class F>
+  void with_comm(F&& f) {
+    {
+      std::lock_guard lock(h_->mu);
+      if (h_->comm != nullptr) {
+        f(h_->comm);
+        return;
+      }
+    }
+    dog_->check();
+    throw RuntimeError("nccl: the communicator of the group " + group_str(global_) + " is gone");
+  }
+
+  // NCCL's asynchronous state: ncclSuccess or ncclInProgress; throws for an error.
+  ncclResult_t async_state() {
+    ncclResult_t st = ncclSuccess;
+    std::string last;
+    with_comm([&](ncclComm_t c) {
+      BATON_NCCL_CHECK(ncclCommGetAsyncError(c, &st));
+      if (st != ncclSuccess && st != ncclInProgress) last = ncclGetLastError(c);
+    });
+    if (st != ncclSuccess && st != ncclInProgress) {
+      dog_->check();
+      throw RuntimeError(std::string("nccl: communication failed: ") + ncclGetErrorString(st) +
+                         " (" + last + ")");
+    }
+    return st;
+  }
+
+  // Waits until the nonblocking calls just made have been queued on the stream (the
+  // watchdog's time-out covers the wait: its abort ends it with PeerError).
+  void settle() {
+    while (async_state() == ncclInProgress)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 
   static std::string group_str(const std::vector<int>& g) {
@@ -492,26 +562,21 @@ class NcclCommunicator final : public Communicator, public std::enable_shared_fr
     return s + "]";
   }
 
-  ncclComm_t comm_;
+  std::shared_ptr<CommHandle> h_;
   int rank_, size_, device_;
   std::vector<int> global_;
+  std::unique_ptr<mc::Stream> own_stream_;
   cudaStream_t stream_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::vector<Pending> pending_;
-  std::unique_ptr<Watchdog> dog_;
+  std::unique_ptr<detail::Watchdog> dog_;
 };
 
-NcclWork::~NcclWork() {
-  // Not waited on: later work on the device's compute stream (which reuses freed
-  // blocks of the caching allocator) must still come after NCCL is done with ours.
-  if (!waited_ && done_) {
-    try {
-      done_->block(mc::compute_stream(done_->device()));
-    } catch (...) {
-    }
-  }
-}
+// Dropping a Work needs nothing: the watchdog keeps its tensors until its event has
+// completed (so the pool does not hand them out while the communication stream still
+// reads or writes them), and a result nobody waited for is not to be read.
+NcclWork::~NcclWork() = default;
 
 bool NcclWork::test() {
   if (!done_) comm_->flush();
@@ -533,7 +598,9 @@ void NcclWork::wait() {
 
 }  // namespace
 
-bool nccl_available() { return true; }
+bool nccl_available() {
+  return true;
+}
 
 NcclId nccl_unique_id() {
   ncclUniqueId uid;
@@ -551,31 +618,46 @@ CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
 }
 
 CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
-                               std::chrono::milliseconds timeout, std::chrono::milliseconds peer_timeout) {
+                               std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds peer_timeout) {
+  // A key of this initialisation's own: a second communicator under `key` (or a
+  // restarted job whose store lives on) never reads an old id.
+  const std::string init_key = detail::nccl_init_key(store, key, size);
   NcclId id{};
   if (rank == 0) {
     id = nccl_unique_id();
-    store.set(key, std::string(id.data(), id.size()));
+    store.set(init_key, std::string(id.data(), id.size()));
   } else {
-    const std::string v = store.get(key, timeout);
+    const std::string v = store.get(init_key, timeout);
     if (v.size() != id.size())
-      throw RuntimeError("nccl: the id under '" + key + "' has " + std::to_string(v.size()) + " bytes, expected " +
-                         std::to_string(id.size()));
+      throw RuntimeError("nccl: the id under '" + init_key + "' has " + std::to_string(v.size()) +
+                         " bytes, expected " + std::to_string(id.size()));
     std::memcpy(id.data(), v.data(), id.size());
   }
-  return make_nccl_communicator(id, rank, size, device, peer_timeout);
+  detail::mark_joined(store, init_key, rank);
+  std::vector<int> global(static_cast<size_t>(size));
+  std::iota(global.begin(), global.end(), 0);
+  // When the initialisation times out, the store says who never arrived.
+  auto missing = [&store, &init_key, &global, size] {
+    const std::vector<int> m = detail::missing_ranks(store, init_key, size);
+    return Missing{m.size() == 1 ? global[size_t(m[0])] : -1, detail::describe_missing(m, global)};
+  };
+  return NcclCommunicator::create(id, rank, size, device, global, peer_timeout, missing);
 }
 
 CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& prefix,
                         std::chrono::milliseconds peer_timeout) {
   const int gpus = mc::device_count();
   if (env.local_rank >= gpus)
-    throw RuntimeError("nccl: rank " + std::to_string(env.rank) + " is local rank " + std::to_string(env.local_rank) +
-                       " but this host has " + std::to_string(gpus) + " CUDA devices" +
+    throw RuntimeError("nccl: rank " + std::to_string(env.rank) + " is local rank " +
+                       std::to_string(env.local_rank) + " but this host has " +
+                       std::to_string(gpus) + " CUDA devices" +
                        (gpus == 0 ? " (" + mc::unavailable_reason() + ")" : ""));
-  if (env.size == 1) return make_nccl_communicator(nccl_unique_id(), 0, 1, env.local_rank, peer_timeout);
+  if (env.size == 1)
+    return make_nccl_communicator(nccl_unique_id(), 0, 1, env.local_rank, peer_timeout);
   if (store == nullptr)
-    throw std::logic_error("nccl: a world of " + std::to_string(env.size) + " ranks without a store");
+    throw std::logic_error("nccl: a world of " + std::to_string(env.size) +
+                           " ranks without a store");
   return make_nccl_communicator(*store, prefix + "/nccl/world", env.rank, env.size, env.local_rank,
                                 std::chrono::milliseconds(60'000), peer_timeout);
 }
@@ -587,17 +669,27 @@ CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& p
 namespace baton::transport {
 
 namespace {
-[[noreturn]] void no_nccl() { throw RuntimeError("baton was built without NCCL (needs CUDA and NCCL at build time)"); }
+[[noreturn]] void no_nccl() {
+  throw RuntimeError("baton was built without NCCL (needs CUDA and NCCL at build time)");
+}
 }  // namespace
 
-bool nccl_available() { return false; }
-NcclId nccl_unique_id() { no_nccl(); }
-CommPtr make_nccl_communicator(const NcclId&, int, int, int, std::chrono::milliseconds) { no_nccl(); }
+bool nccl_available() {
+  return false;
+}
+NcclId nccl_unique_id() {
+  no_nccl();
+}
+CommPtr make_nccl_communicator(const NcclId&, int, int, int, std::chrono::milliseconds) {
+  no_nccl();
+}
 CommPtr make_nccl_communicator(Store&, const std::string&, int, int, int, std::chrono::milliseconds,
                                std::chrono::milliseconds) {
   no_nccl();
 }
-CommPtr make_nccl_world(const LaunchEnv&, Store*, const std::string&, std::chrono::milliseconds) { no_nccl(); }
+CommPtr make_nccl_world(const LaunchEnv&, Store*, const std::string&, std::chrono::milliseconds) {
+  no_nccl();
+}
 
 }  // namespace baton::transport
 

@@ -42,13 +42,17 @@ using NcclId = std::array<char, 128>;  // an ncclUniqueId's bytes
 NcclId nccl_unique_id();
 
 // The communicator of `size` ranks on this process's CUDA `device`; every rank calls it
-// with the same id. Blocks until all ranks have joined.
+// with the same id. Blocks until all ranks have joined, at most `peer_timeout` (then
+// PeerError: the other rank of a pair, -1 for larger groups).
 CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
                                std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 
 // The communicator of a job's ranks, the id exchanged through the rendezvous store
 // (World::store of transport/world.h): rank 0 makes the id and sets `key`, the others
-// wait for it up to `timeout`. `key` must be new for each communicator made this way.
+// wait for it up to `timeout`. Every initialisation gets a key of its own under `key`
+// (`key`/<n> for the n-th, counted in the store), so `key` may be used again. The
+// initialisation is watched with `peer_timeout`: a rank that never joins makes the
+// others throw PeerError naming it (the store knows who arrived).
 CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
                                std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
@@ -56,7 +60,7 @@ CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, i
 // The NCCL world of a job that init_world() set up, called as
 // make_nccl_world(world.env, world.store.get()): one process per GPU, the device being the
 // process's local rank, the id exchanged through the store under "<prefix>/nccl/world"
-// (no store is needed for a world of one). Throws RuntimeError when this host has too
+// (no store is needed for a world of one; each call a key of its own). Throws RuntimeError when this host has too
 // few GPUs.
 CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& prefix = "baton",
                         std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));

@@ -5,7 +5,7 @@
 //
 //   gpt_step [--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304
 //             --steps 20 --warmup 5 --dtype bf16|f32 --tf32 0|1 --peak-tflops 989
-//             --attention auto|flash|cublas]
+//             --attention auto|flash|cublas|cudnn]
 //
 // bf16 is mixed precision: f32 master weights, Adam moments and gradients; bf16 working
 // copies of the matrices, bf16 activations, f32 LayerNorm statistics and log-sum-exps.
@@ -68,8 +68,10 @@ Config parse(int argc, char** argv) {
       c.attention = kernels::cuda::AttentionImpl::flash;
     else if (it->second == "cublas")
       c.attention = kernels::cuda::AttentionImpl::cublas;
+    else if (it->second == "cudnn")  // cuDNN's fused forward, our backward
+      c.attention = kernels::cuda::AttentionImpl::cudnn;
     else if (it->second != "auto")
-      std::fprintf(stderr, "gpt_step: --attention auto|flash|cublas\n"), std::exit(2);
+      std::fprintf(stderr, "gpt_step: --attention auto|flash|cublas|cudnn\n"), std::exit(2);
     kv.erase(it);
   }
   if (auto it = kv.find("peak-tflops"); it != kv.end()) c.peak_tflops = std::stod(it->second), kv.erase(it);
@@ -300,6 +302,7 @@ int main(int argc, char** argv) {
     const auto alloc = memory::allocator_for(kGpu).stats();
     const char* attn = c.attention == kernels::cuda::AttentionImpl::flash    ? "flash"
                        : c.attention == kernels::cuda::AttentionImpl::cublas ? "cublas"
+                       : c.attention == kernels::cuda::AttentionImpl::cudnn  ? "cudnn"
                                                                              : "auto";
     std::printf("baton gpt_step: layers %lld hidden %lld heads %lld ctx %lld batch %lld vocab %lld dtype %s tf32 %d "
                 "attention %s\n",

@@ -132,6 +132,15 @@ void scores(const void* qkv, DType dt, const Geometry& g, int64_t b, float scale
 void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
 AttentionImpl attention_impl() { return g_impl.load(); }
 
+AttentionImpl attention_impl_from_name(std::string_view name) {
+  if (name == "automatic") return AttentionImpl::automatic;
+  if (name == "flash") return AttentionImpl::flash;
+  if (name == "cublas") return AttentionImpl::cublas;
+  if (name == "cudnn") return AttentionImpl::cudnn;
+  throw std::invalid_argument("attention implementation '" + std::string(name) +
+                              "': expected automatic, flash, cublas or cudnn");
+}
+
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
   const Geometry g = check(op, qkv, opt, out, lse);
@@ -139,8 +148,15 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   Launch l(out);
   const float scale = opt.scale != 0 ? float(opt.scale) : float(1.0 / std::sqrt(double(g.D)));
   const DropoutSpec dr = attn_dropout(opt, g.H);
-  if (g_impl.load() != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l)) return;
-  require(g_impl.load() != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
+  const AttentionImpl impl = g_impl.load();
+  if (impl == AttentionImpl::cudnn) {
+    require(cudnn_attention_forward(qkv, g, scale, dr, out, lse, l), op,
+            cudnn_built() ? "cuDNN's fused attention does not cover " + qkv.str() + (dr.on ? " with dropout" : "")
+                          : std::string("baton was built without cuDNN"));
+    return;
+  }
+  if (impl != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l)) return;
+  require(impl != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
@@ -181,10 +197,12 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   const DropoutSpec dr = attn_dropout(opt, g.H);
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
-  if (g_impl.load() != AttentionImpl::cublas &&
+  // cudnn: the forward only; its lse is ours, so the backward runs on our kernels.
+  const AttentionImpl impl = g_impl.load();
+  if (impl != AttentionImpl::cublas &&
       flash_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, accumulate, l))
     return;
-  require(g_impl.load() != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
+  require(impl != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
   const float beta = accumulate ? 1.f : 0.f;
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
   Tensor dpd = scratch({g.H, g.T, g.T}, DType::f32, l.device);

@@ -52,4 +52,11 @@ bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
                               const AttnGeometry& g, float scale, const AttnDropout& dr, Tensor& dqkv,
                               bool accumulate, const Launch& l);
 
+// cuDNN's fused attention forward (cudnn_attention.cu, its graph API): 16-bit qkv, f32
+// lse, causal, no dropout; returns false (nothing done) for a case it does not take,
+// when cuDNN finds no engine for it, or when baton was built without cuDNN. Its lse is
+// the one our kernels write, so the backward runs on them.
+bool cudnn_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale, const AttnDropout& dr,
+                             Tensor& out, Tensor& lse, const Launch& l);
+
 }  // namespace baton::kernels::cuda

@@ -3,7 +3,9 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -16,6 +18,8 @@ std::atomic<bool> g_allow_tf32{false};
 constexpr int kMaxDevices = 64;
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 
+std::atomic<uint64_t> g_lt_bias{0}, g_gemm_bias{0};
+
 // One handle per thread and device: handles are not to be shared by threads that set
 // different streams, and one thread per device is the common case.
 // Never destroyed: at process exit the CUDA context may already be gone, and a destroy
@@ -23,23 +27,34 @@ constexpr size_t kLtWorkspace = size_t(32) << 20;
 struct Handles {
   std::array<cublasHandle_t, kMaxDevices> blas{};
   std::array<cublasLtHandle_t, kMaxDevices> lt{};
-  std::array<void*, kMaxDevices> lt_workspace{};
 };
 thread_local Handles t_handles;
+
+// One workspace per stream (and so per device): two streams running GEMMs at once must
+// not share scratch memory, while the GEMMs of one stream run in order and can. Shared
+// by every thread, kept for the process (a stream created later at the same address is
+// the only one using it then).
+void* stream_workspace(const Launch& l) {
+  static std::mutex mu;
+  static auto* spaces = new std::map<std::pair<int, cudaStream_t>, void*>();
+  std::lock_guard lock(mu);
+  void*& w = (*spaces)[{l.device, l.stream}];
+  if (w == nullptr) BATON_CUDA_CHECK(cudaMalloc(&w, kLtWorkspace));
+  return w;
+}
 
 cublasHandle_t blas_handle(const Launch& l) {
   cublasHandle_t& h = t_handles.blas.at(size_t(l.device));
   if (h == nullptr) BATON_CUBLAS_CHECK(cublasCreate(&h));
+  // cublasSetStream resets the workspace to cuBLAS's default: the stream's own follows.
   BATON_CUBLAS_CHECK(cublasSetStream(h, l.stream));
+  BATON_CUBLAS_CHECK(cublasSetWorkspace(h, stream_workspace(l), kLtWorkspace));
   return h;
 }
 
 cublasLtHandle_t lt_handle(const Launch& l) {
   cublasLtHandle_t& h = t_handles.lt.at(size_t(l.device));
-  if (h == nullptr) {
-    BATON_CUBLAS_CHECK(cublasLtCreate(&h));
-    BATON_CUDA_CHECK(cudaMalloc(&t_handles.lt_workspace[size_t(l.device)], kLtWorkspace));
-  }
+  if (h == nullptr) BATON_CUBLAS_CHECK(cublasLtCreate(&h));
   return h;
 }
 
@@ -79,6 +94,8 @@ cudaDataType_t cuda_type(DType t, const char* op) {
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
+
+LinearBiasPaths linear_bias_paths() { return {g_lt_bias.load(), g_gemm_bias.load()}; }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first.
 void gemm(const Gemm& g, const Launch& l, const char* op) {
@@ -125,7 +142,10 @@ namespace {
 
 // cuBLASLt: y = x op(W) + bias with the bias added in the GEMM's epilogue. Returns false
 // when Lt has no algorithm for the case (the caller falls back to GEMM + bias kernel).
+// Per device: a heuristic's algorithm is chosen for one device's architecture and
+// memory, and one thread may drive several devices.
 struct LtKey {
+  int device;
   int64_t m, n, k;
   bool trans_a;
   int ab, c, compute;
@@ -168,7 +188,7 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
   BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, uint64_t(in), uint64_t(rows), in));
   BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, ct, uint64_t(out), uint64_t(rows), out));
 
-  LtKey key{out, rows, in, in_out, int(ab), int(ct), int(comp)};
+  LtKey key{l.device, out, rows, in, in_out, int(ab), int(ct), int(comp)};
   auto it = t_lt_algos.find(key);
   if (it == t_lt_algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -187,7 +207,8 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
   const float alpha = 1.f, beta = 0.f;
   BATON_CUBLAS_CHECK(cublasLtMatmul(h, d.op, &alpha, w.raw_data(), d.a, x.raw_data(), d.b, &beta,
                                     y.raw_data(), d.c, y.raw_data(), d.c, &it->second.second,
-                                    t_handles.lt_workspace[size_t(l.device)], kLtWorkspace, l.stream));
+                                    stream_workspace(l), kLtWorkspace, l.stream));
+  g_lt_bias++;
   return true;
 }
 
@@ -234,7 +255,10 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   g.c = y.raw_data(), g.ldc = out;
   g.ab_type = x.dtype(), g.c_type = y.dtype();
   gemm(g, l, op);
-  if (bias.defined()) bias_add_inplace(y, bias);
+  if (bias.defined()) {
+    bias_add_inplace(y, bias);
+    g_gemm_bias++;
+  }
 }
 
 void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layout, Tensor& dx,

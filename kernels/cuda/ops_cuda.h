@@ -32,6 +32,15 @@ namespace baton::kernels::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// How linear_forward with a bias has run in this process: through cuBLASLt's bias
+// epilogue (one pass; the path for whole, 256-byte aligned tensors) or as a GEMM and a
+// bias kernel. For tests and the GPU check, which assert the fast path is taken.
+struct LinearBiasPaths {
+  uint64_t lt_epilogue = 0;
+  uint64_t gemm_then_bias = 0;
+};
+LinearBiasPaths linear_bias_paths();
+
 // ---- GEMM ----
 void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
             double alpha, double beta);
@@ -69,11 +78,18 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumu
 
 // ---- attention ----
 // automatic: the fused flash kernels for bf16/f16 (f32 lse) with head size 32, 64 or 128, cuBLAS
-// GEMMs with a softmax kernel otherwise; flash / cublas force one (flash throws for a case
-// it does not cover). Process-wide; for tests and comparisons.
-enum class AttentionImpl { automatic, flash, cublas };
+// GEMMs with a softmax kernel otherwise; flash / cublas / cudnn force one (flash and cudnn
+// throw for a case they do not cover). cudnn: the forward through cuDNN's fused attention
+// (its graph API: 16-bit, causal, no dropout, head size a multiple of 8 up to 256; only
+// when built with cuDNN: cudnn_built()), the backward on our kernels (same lse); whether
+// `automatic` should prefer it is for a measurement on a GPU to say (docs/cuda.md).
+// Process-wide; for tests and comparisons.
+enum class AttentionImpl { automatic, flash, cublas, cudnn };
 void set_attention_impl(AttentionImpl impl);
 AttentionImpl attention_impl();
+// "automatic", "flash", "cublas", "cudnn"; throws std::invalid_argument for another name.
+AttentionImpl attention_impl_from_name(std::string_view name);
+bool cudnn_built();
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                         const AttentionOptions& opt, Tensor& dqkv, bool accumulate);

@@ -1,5 +1,5 @@
 // Every op of the CUDA backend against the CPU backend on the same inputs, in f32
-// (max error under 1e-4 of the reference's largest magnitude) and in bf16 (under 1e-2),
+// (max error under 1e-4 of the reference's largest magnitude) and in bf16 and f16 (under 1e-2),
 // the bf16 runs also exercising the mixed-precision pairs (f32 statistics, master
 // weights and gradient accumulators). The CPU reference runs in f32 on the inputs
 // rounded to the GPU's type. Skipped without a GPU. At the end a table of the errors
@@ -39,7 +39,7 @@ class PrintTable : public ::testing::Environment {
     std::printf("\n%-40s %12s %10s\n", "op (dtype)", "max rel err", "tolerance");
     for (auto& [name, err] : error_table())
       std::printf("%-40s %12.3e %10s\n", name.c_str(), err,
-                  name.find("bf16") != std::string::npos ? "1e-2" : "1e-4");
+                  name.find("f16") != std::string::npos ? "1e-2" : "1e-4");
   }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new PrintTable);
@@ -129,9 +129,25 @@ TEST_P(CudaOps, Linear) {
     Tensor dx_ = dev(x, dt()), dw_ = dev(w, dt()), db_ = dev(bias, dt()), ddy = dev(dy, dt());
     for (bool with_bias : {true, false}) {
       Tensor ry = Tensor::empty({N, out}), gy = Tensor::empty({N, out}, dt(), kGpu);
+      const auto before = kernels::cuda::linear_bias_paths();
       kernels::linear_forward(rx, rw, with_bias ? rb : Tensor(), layout, ry);
       kernels::linear_forward(dx_, dw_, with_bias ? db_ : Tensor(), layout, gy);
       expect_close(with_bias ? "linear_forward+bias" : "linear_forward", dt(), gy, ry);
+      // Whole tensors from the caching allocator are aligned: the bias goes through
+      // cuBLASLt's epilogue, not a GEMM and a second pass.
+      const auto after = kernels::cuda::linear_bias_paths();
+      EXPECT_EQ(after.lt_epilogue - before.lt_epilogue, with_bias ? 1u : 0u) << "the bias GEMM did not take cuBLASLt";
+      EXPECT_EQ(after.gemm_then_bias, before.gemm_then_bias);
+    }
+    {  // A view 4 elements in is not 256-byte aligned: GEMM + bias kernel, same result.
+      Tensor big = dev(randn({N * out + 4}, rng_), dt());
+      Tensor gy = big.narrow(0, 4, N * out).view({N, out});
+      Tensor ry = Tensor::empty({N, out});
+      const auto before = kernels::cuda::linear_bias_paths();
+      kernels::linear_forward(rx, rw, rb, layout, ry);
+      kernels::linear_forward(dx_, dw_, db_, layout, gy);
+      expect_close("linear_forward+bias unaligned", dt(), gy, ry);
+      EXPECT_EQ(kernels::cuda::linear_bias_paths().gemm_then_bias - before.gemm_then_bias, 1u);
     }
     Tensor prev = randn({N, in}, rng_);
     Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
@@ -265,13 +281,29 @@ TEST_P(CudaOps, Attention) {
     int64_t B, T, H, D;
   };
   const std::vector<Case> cases{{2, 37, 3, 16}, {2, 150, 2, 32}, {1, 129, 2, 64}, {1, 70, 1, 128}};
-  for (auto impl : {kernels::cuda::AttentionImpl::cublas, kernels::cuda::AttentionImpl::automatic}) {
+  using kernels::cuda::AttentionImpl;
+  for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash, AttentionImpl::cudnn}) {
+    // Forced, not `automatic`: the flash rows test the fused kernels or fail, the cudnn
+    // rows cuDNN's fused forward (then our backward on its lse).
+    const bool flash = impl == AttentionImpl::flash, cudnn = impl == AttentionImpl::cudnn;
+    if ((flash || cudnn) && dt() == DType::f32) continue;  // the fused kernels are 16-bit only
+    if (cudnn && !kernels::cuda::cudnn_built()) {
+      std::printf("[ note     ] attention cudnn: built without cuDNN, not tested\n");
+      continue;
+    }
     kernels::cuda::set_attention_impl(impl);
-    const bool flash = impl == kernels::cuda::AttentionImpl::automatic && dt() != DType::f32;
-    const std::string name = flash ? "attention flash" : "attention cublas";
+    const std::string name = flash ? "attention flash" : cudnn ? "attention cudnn" : "attention cublas";
     for (const Case& k : cases) {
-      if (flash && k.D == 16) continue;  // not covered by the fused kernels
+      if (flash && k.D == 16) {  // not covered by the fused kernels: forced, they say so
+        AttentionOptions opt;
+        opt.heads = k.H;
+        Tensor gq = dev(randn({k.B, k.T, 3 * k.H * k.D}, rng_), dt());
+        Tensor go = Tensor::empty({k.B, k.T, k.H * k.D}, dt(), kGpu), gl = Tensor::empty({k.B, k.H, k.T}, DType::f32, kGpu);
+        EXPECT_THROW(kernels::attention_forward(gq, opt, go, gl), std::exception);
+        continue;
+      }
       for (double p : {0.0, 0.2}) {
+        if (cudnn && p > 0) continue;  // the cuDNN graph has no dropout
         AttentionOptions opt;
         opt.heads = k.H;
         opt.dropout = p;
@@ -301,7 +333,7 @@ TEST_P(CudaOps, Attention) {
       }
     }
   }
-  kernels::cuda::set_attention_impl(kernels::cuda::AttentionImpl::automatic);
+  kernels::cuda::set_attention_impl(AttentionImpl::automatic);
 }
 
 TEST_P(CudaOps, Embedding) {
@@ -411,5 +443,5 @@ TEST_P(CudaOps, CastAndUnscale) {
   EXPECT_EQ(host(found).to_vector<float>()[0], 1.f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::f32, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::f32, DType::bf16, DType::f16),
                          [](const auto& p) { return std::string(memory::dtype_name(p.param)); });

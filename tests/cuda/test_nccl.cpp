@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "memory/cuda_device.h"
+#include "memory_store.h"
 #include "transport/nccl_communicator.h"
 
 using namespace baton;
@@ -62,43 +63,11 @@ class NcclWorld : public ::testing::TestWithParam<int> {
   }
 };
 
-// A store in memory, standing in for the TCP rendezvous store (tested in tests/transport)
-// so that this test runs where UCX is not built.
-class MemoryStore final : public transport::Store {
- public:
-  void set(const std::string& key, const std::string& value) override {
-    std::lock_guard lock(mu_);
-    kv_[key] = value;
-    cv_.notify_all();
-  }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return kv_.count(key) > 0; }))
-      throw RuntimeError("MemoryStore: no key " + key);
-    return kv_[key];
-  }
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    for (const auto& k : keys) get(k, timeout);
-  }
-  int64_t add(const std::string& key, int64_t delta) override {
-    std::lock_guard lock(mu_);
-    int64_t v = (kv_.count(key) ? std::stoll(kv_[key]) : 0) + delta;
-    kv_[key] = std::to_string(v);
-    cv_.notify_all();
-    return v;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-};
-
 }  // namespace
 
 TEST_P(NcclWorld, IdExchangedThroughTheRendezvousStore) {
   const int n = GetParam();
-  MemoryStore store;
+  test::MemoryStore store;
   std::vector<std::thread> threads;
   std::vector<float> sums(static_cast<size_t>(n), 0.f);
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -273,6 +242,45 @@ TEST(Nccl, APeerThatNeverAnswersBecomesAPeerError) {
   done.store(true);
   silent.join();
   EXPECT_TRUE(peer_error) << error;
+}
+
+// Initialisation is watched too: rank 1 never comes, rank 0 (one GPU is enough) gives up
+// after the peer timeout with PeerError naming rank 1, instead of hanging in NCCL.
+TEST(Nccl, ARankThatNeverJoinsBecomesAPeerErrorNamingIt) {
+  if (!transport::nccl_available() || memory::cuda::device_count() == 0)
+    GTEST_SKIP() << "no CUDA device or NCCL";
+  test::MemoryStore store;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    transport::make_nccl_communicator(store, "lonely", 0, 2, 0, std::chrono::milliseconds(1000),
+                                      std::chrono::milliseconds(2000));
+    FAIL() << "a communicator of two was made with one rank";
+  } catch (const transport::PeerError& e) {
+    EXPECT_EQ(e.peer(), 1) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 (global 1) never joined"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Two communicators under one key in one job: each initialisation gets its own id.
+TEST(Nccl, TwoWorldsUnderOneKeyAreIndependent) {
+  if (!transport::nccl_available() || memory::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  test::MemoryStore store;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::thread> ts;
+    std::vector<float> got(2);
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        memory::cuda::DeviceGuard g(r);
+        CommPtr c = transport::make_nccl_communicator(store, "baton/nccl/world", r, 2, r);
+        Tensor t = dev_tensor({float(r + 1)}, r);
+        c->all_reduce(t, ReduceOp::sum)->wait();
+        got[size_t(r)] = host(t)[0];
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(got, (std::vector<float>{3.f, 3.f})) << "round " << round;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclWorld, ::testing::Values(1, 2, 4, 8),

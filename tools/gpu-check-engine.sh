@@ -1,0 +1,88 @@
+# shellcheck shell=bash disable=SC2154,SC2034  # sourced: $out, $t_start, ... are the caller's
+# The engine steps of tools/gpu-check.sh (sourced; uses its $out, $py, $gpu and the
+# step functions of tools/gpu-check-lib.sh). Written against `baton train --device
+# cuda[:N] --precision f32|tf32|bf16|fp16` and the plan fields "device" and "transport"
+# (issue 12, item 4): until a baton with those flags is at hand they are listed as
+# skipped with the reason, which the summary shows.
+#
+#   train-cpu, train-gpu       the same 20 steps of tiny-gpt in f32 on both; losses within 1e-4
+#   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
+#                              from its --summary), beside the benchmark rows above
+#   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX; losses within bf16
+#                              tolerance (2e-2 relative) of one GPU's bf16 run
+#   nccl-pp2, nccl-tp2, nccl-dp2   the NCCL plans on 2 GPUs against one GPU (f32, 1e-4)
+
+engine_steps() {
+  local baton=${GPU_CHECK_BATON:-}
+  local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
+  local names="train-cpu train-gpu train-gpt2-bf16 launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  if [ -z "$baton" ] || [ ! -x "$baton" ]; then
+    for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
+    return 0
+  fi
+  if ! "$baton" train --help 2>&1 | grep -q -- "--device"; then
+    for n in $names; do skip "$n" "$baton train has no --device yet (issue 12, item 4)"; done
+    return 0
+  fi
+  local e=$out/engine
+  mkdir -p "$e"
+  local tiny=examples/models/tiny-gpt.json
+  local common=(--model "$tiny" --data "$corpus" --steps 20 --batch 8 --seed 3 --log-every 5)
+
+  # One GPU against the CPU, f32, same seed: the losses of 20 steps within 1e-4.
+  step train-cpu 120 "$baton" train "${common[@]}" --device cpu --precision f32 --loss-log "$e/cpu.jsonl"
+  step train-gpu 120 "$baton" train "${common[@]}" --device cuda --precision f32 --loss-log "$e/gpu.jsonl" &&
+    step train-gpu-vs-cpu 30 "$py" "$cmp" "$e/cpu.jsonl" "$e/gpu.jsonl" --tol 1e-4 --steps 20
+
+  # GPT-2 124M through the engine, bf16 mixed precision. --summary (issue 11) writes a
+  # JSON object; its tokens_per_s and mfu become a RESULT row like the benchmark's.
+  cat >"$e/gpt2-124m.json" <<'JSON'
+{"type": "gpt2", "name": "gpt2-124m", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304}
+JSON
+  if step train-gpt2-bf16 240 "$baton" train --model "$e/gpt2-124m.json" --data "$corpus" --steps 30 --batch 8 \
+      --device cuda --precision bf16 --log-every 10 --summary "$e/gpt2-summary.json"; then
+    "$py" - "$e/gpt2-summary.json" >>"$out/results.txt" <<'PY' || { echo "train-gpt2-bf16 FAILED (no tokens_per_s in --summary)" >>"$out/steps.txt"; gc_status=1; }
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"baton-train-bf16 baton bf16 tokens_per_s {s['tokens_per_s']:.0f} step_ms {s['step_ms']:.3f} mfu {s['mfu']:.4f}")
+PY
+    publish
+  fi
+
+  # PP=2 on one GPU, both ranks on cuda:0, UCX between them: bf16 losses as one GPU's.
+  cat >"$e/pp2-ucx.json" <<JSON
+{"version": 1, "model": "$PWD/$tiny", "devices": 2, "device": "cuda", "transport": "ucx",
+ "parallel": {"dp": 1, "pp": 2, "tp": 1}, "batch": {"micro_batch_size": 2, "global": 8},
+ "schedule": {"name": "1f1b", "micro_batches": 4}, "optimizer": "adamw",
+ "stages": [{"layers": ["embed", "h.0"], "pipeline_ranks": [0]}, {"layers": ["h.1", "head"], "pipeline_ranks": [1]}]}
+JSON
+  step train-gpu-bf16 120 "$baton" train "${common[@]}" --device cuda --precision bf16 --loss-log "$e/gpu-bf16.jsonl"
+  # Both ranks take cuda:0 (one GPU): the plan's device is per local rank modulo the GPUs.
+  step launch-pp2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/pp2-ucx.json" --data "$corpus" \
+      --steps 20 --seed 3 --precision bf16 --loss-log "$e/pp2.jsonl" &&
+    step launch-pp2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu-bf16.jsonl" "$e/pp2.jsonl" --tol 2e-2 --relative --steps 20
+
+  # The NCCL plans on two GPUs against one GPU, f32.
+  if [ "$gpu" -lt 2 ]; then
+    for n in nccl-pp2 nccl-tp2 nccl-dp2; do skip "$n" "needs 2 GPUs, this machine has $gpu"; done
+    return 0
+  fi
+  local kind
+  for kind in pp tp dp; do
+    local par='"dp": 1, "pp": 1, "tp": 1' stages='[{"layers": ["embed", "h.0", "h.1", "head"], "pipeline_ranks": [0]}]'
+    case $kind in
+      pp) par='"dp": 1, "pp": 2, "tp": 1'
+          stages='[{"layers": ["embed", "h.0"], "pipeline_ranks": [0]}, {"layers": ["h.1", "head"], "pipeline_ranks": [1]}]' ;;
+      tp) par='"dp": 1, "pp": 1, "tp": 2' ;;
+      dp) par='"dp": 2, "pp": 1, "tp": 1' ;;
+    esac
+    cat >"$e/nccl-$kind.json" <<JSON
+{"version": 1, "model": "$PWD/$tiny", "devices": 2, "device": "cuda", "transport": "nccl",
+ "parallel": {$par}, "batch": {"micro_batch_size": 2, "global": 8},
+ "schedule": {"name": "1f1b", "micro_batches": 4}, "optimizer": "adamw", "stages": $stages}
+JSON
+    step "nccl-${kind}2" 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/nccl-$kind.json" --data "$corpus" \
+        --steps 20 --seed 3 --precision f32 --loss-log "$e/nccl-$kind.jsonl" &&
+      step "nccl-${kind}2-vs-one-gpu" 30 "$py" "$cmp" "$e/gpu.jsonl" "$e/nccl-$kind.jsonl" --tol 1e-4 --steps 20
+  done
+}
