@@ -56,25 +56,27 @@ template <class T>
 int64_t first_outside(const T* p, int64_t n, int64_t vocab) {
   constexpr int64_t kBlock = 4096;
   for (int64_t b = 0; b < n; b += kBlock) {
-    int64_t e = std::min(n, b + kBlock);
+    const int64_t m = std::min(kBlock, n - b);
+    const T* q = p + b;
     bool bad = false;
     if constexpr (std::is_floating_point_v<T>) {
-      for (int64_t i = b; i < e; ++i) {
-        T v = p[i];
+      for (int64_t i = 0; i < m; ++i) {
+        T v = q[i];
         bad |= !(v >= 0 && v < T(vocab) && v == std::floor(v));
       }
     } else {
-      T lo = p[b], hi = p[b];
-      for (int64_t i = b; i < e; ++i) {
-        lo = std::min(lo, p[i]);
-        hi = std::max(hi, p[i]);
+      T lo = q[0], hi = q[0];
+      for (int64_t i = 0; i < m; ++i) {  // branch-free: vectorised
+        T v = q[i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
       }
       bad = (std::is_signed_v<T> && lo < 0) || uint64_t(hi) >= uint64_t(vocab);
     }
     if (!bad) continue;
-    for (int64_t i = b; i < e; ++i) {
-      double v = double(p[i]);
-      if (!(v >= 0 && v < double(vocab) && v == std::floor(v))) return i;
+    for (int64_t i = 0; i < m; ++i) {
+      double v = double(q[i]);
+      if (!(v >= 0 && v < double(vocab) && v == std::floor(v))) return b + i;
     }
   }
   return -1;
@@ -364,9 +366,10 @@ std::pair<double, double> TokenStore::token_range() const {
       if (reinterpret_cast<uintptr_t>(s.bytes) % alignof(T) == 0) {
         const T* p = reinterpret_cast<const T*>(s.bytes);
         T a = p[0], b = p[0];
-        for (int64_t i = 0; i < s.n; ++i) {  // vectorised
-          a = std::min(a, p[i]);
-          b = std::max(b, p[i]);
+        for (int64_t i = 0; i < s.n; ++i) {  // branch-free: vectorised
+          T v = p[i];
+          a = v < a ? v : a;
+          b = v > b ? v : b;
         }
         lo = std::min(lo, double(a));
         hi = std::max(hi, double(b));
