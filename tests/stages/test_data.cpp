@@ -186,6 +186,8 @@ TEST(Megatron, SequencesOutOfFileOrderAndModes) {
 
 TEST(Megatron, LibraryWriterRoundTrips) {
   const std::string prefix = tmp("writer");
+  fs::remove(prefix + ".bin");
+  fs::remove(prefix + ".idx");
   std::vector<std::vector<int64_t>> docs = {{1, 2, 3}, {}, {65000, 7}, {9}};
   {
     IndexedDatasetWriter w(prefix, TokenType::u16);
