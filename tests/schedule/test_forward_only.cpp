@@ -19,9 +19,8 @@ TEST(ForwardOnly, ValidLoweredAndSimulated) {
       Schedule s = generate("forward-only", p, m);
       ASSERT_TRUE(is_forward_only(s));
       ASSERT_TRUE(validate(s).ok) << validate(s).to_string();
-      LowerOptions lo;
-      lo.reduce = lo.step = false;
-      Schedule l = lower(s, lo);
+      Schedule l = lower(s);  // transfers only: no REDUCE or STEP for an evaluation pass
+      ASSERT_TRUE(is_forward_only(l));
       ValidationReport r = validate(l);
       ASSERT_TRUE(r.ok) << "p=" << p << " m=" << m << "\n" << r.to_string();
       size_t sends = 0;
