@@ -1,6 +1,8 @@
 // GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, and the generate() dispatcher.
 #include "schedule/generators.h"
 
+#include "schedule/forward_only.h"
+
 #include <algorithm>
 
 #include "memory/error.h"
@@ -104,6 +106,38 @@ Schedule zb_h2(int p, int m) {
   return s;
 }
 
+bool is_forward_only(const Schedule& s) {
+  bool forward = false;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list) {
+      if (a.kind == K::forward) forward = true;
+      if (a.kind == K::backward_input || a.kind == K::backward_weight || a.kind == K::full_backward ||
+          a.kind == K::reduce_gradients || a.kind == K::optimizer_step)
+        return false;
+    }
+  return forward;
+}
+
+Schedule forward_only_like(const Schedule& t) {
+  Schedule s = skeleton("forward-only", t.num_ranks, t.num_micro_batches, t.placement);
+  s.num_directions = t.num_directions;
+  const int per = s.micro_batches_per_direction();
+  for (int r = 0; r < s.num_ranks; ++r)
+    for (int stage : stages_of_rank(s, r)) {
+      const int d = stage_direction(s, stage);
+      for (int b = d * per; b < (d + 1) * per; ++b) s.ranks[size_t(r)].push_back(make_action(K::forward, b, stage));
+    }
+  return s;
+}
+
+Schedule forward_only(int p, int m) {
+  check_common("forward-only", p, m, 1);
+  Schedule s = skeleton("forward-only", p, m, loop_placement(p, 1));
+  for (int r = 0; r < p; ++r)
+    for (int b = 0; b < m; ++b) s.ranks[size_t(r)].push_back(make_action(K::forward, b, r));
+  return s;
+}
+
 Schedule interleaved_1f1b(int p, int m, int v) {
   const std::string name = "interleaved-1f1b";
   check_range(name, "chunks", v, 1, 64);
@@ -152,10 +186,12 @@ std::string canonical_schedule_name(const std::string& name_in) {
                  [](unsigned char c) { return char(std::tolower(c)); });
   if (name == "interleaved") name = "interleaved-1f1b";
   if (name == "dualpipe-v") name = "dualpipev";
+  if (name == "forward-only") return name;
   for (const auto& n : schedule_names())
     if (n == name) return name;
   std::string known;
   for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+  known += ", forward-only (evaluation)";
   throw InputError("unknown schedule '" + name_in + "' (expected one of " + known + ")");
 }
 
@@ -167,6 +203,10 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
                        " (the schedule's own), found " + std::to_string(v));
   };
   if (name == "interleaved-1f1b") return interleaved_1f1b(p, m, v == 0 ? 2 : v);
+  if (name == "forward-only") {
+    only(1);
+    return forward_only(p, m);
+  }
   using Gen = Schedule (*)(int, int);
   struct Entry {
     const char* name;

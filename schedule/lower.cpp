@@ -1,6 +1,7 @@
 #include "schedule/lower.h"
 
 #include "memory/error.h"
+#include "schedule/forward_only.h"
 
 namespace baton::schedule {
 
@@ -138,8 +139,10 @@ Schedule compute_only(const Schedule& s) {
 Schedule lower(const Schedule& s, const LowerOptions& o) {
   Schedule out = o.merge_backward ? merge_backward(s) : s;
   if (o.transfers && !has_transfers(out)) out = add_transfers(out);
-  const bool want_reduce = o.reduce && !contains(out, is_reduce);
-  const bool want_step = o.step && !contains(out, is_step);
+  // An evaluation pass has no gradients to reduce and no optimizer step.
+  const bool eval = is_forward_only(out);
+  const bool want_reduce = o.reduce && !eval && !contains(out, is_reduce);
+  const bool want_step = o.step && !eval && !contains(out, is_step);
   if (want_reduce) {
     if (contains(out, is_step))
       throw InputError("lower: cannot add REDUCE to a schedule that already has STEP");

@@ -6,6 +6,7 @@
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
+#include "schedule/forward_only.h"
 #include "schedule/validate.h"
 
 namespace baton::schedule {
@@ -143,6 +144,11 @@ const SimResult& Simulator::run(const Costs& c) {
     r.start = kInf;
   }
   double makespan = 0.0;
+  // An evaluation schedule's forwards keep nothing. (A training schedule's first backward
+  // comes a few positions in, so this look costs next to nothing.)
+  const bool forward_only = std::none_of(kind_.begin(), kind_.end(), [](K k) {
+    return k == K::backward_input || k == K::backward_weight || k == K::full_backward;
+  });
   const double* const times[2] = {end_.data(), avail_.data()};
 
   const size_t n = rank_.size();
@@ -161,11 +167,11 @@ const SimResult& Simulator::run(const Costs& c) {
       case K::forward:
         dur = fwd[st];
         if (act) {
-          mem_[size_t(r)] += act[st];
-          rs.peak_bytes = std::max(rs.peak_bytes, mem_[size_t(r)]);
+          rs.peak_bytes = std::max(rs.peak_bytes, mem_[size_t(r)] + act[st]);
+          if (!forward_only) mem_[size_t(r)] += act[st];
         }
-        ++live_[size_t(r)];
-        rs.peak_micro_batches = std::max(rs.peak_micro_batches, double(live_[size_t(r)]));
+        rs.peak_micro_batches = std::max(rs.peak_micro_batches, double(live_[size_t(r)] + 1));
+        if (!forward_only) ++live_[size_t(r)];  // an evaluation forward keeps nothing
         break;
       case K::backward_input:
         dur = bin[st];

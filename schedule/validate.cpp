@@ -6,6 +6,7 @@
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
+#include "schedule/forward_only.h"
 
 namespace baton::schedule {
 
@@ -19,7 +20,8 @@ std::string str(int v) {
 
 class Checker {
  public:
-  explicit Checker(const Schedule& s, const DependencyGraph* g = nullptr) : s_(s), g_(g) {}
+  explicit Checker(const Schedule& s, const DependencyGraph* g = nullptr)
+      : s_(s), g_(g), forward_only_(is_forward_only(s)) {}
 
   ValidationReport run(Progress* progress);
 
@@ -59,6 +61,7 @@ class Checker {
   const Schedule& s_;
   const DependencyGraph* g_;
   std::unique_ptr<DependencyGraph> owned_;
+  bool forward_only_ = false;  // an evaluation schedule: F without backward is complete
   mutable Progress progress_;
 };
 
@@ -192,6 +195,8 @@ std::optional<ValidationReport> Checker::check_pair(int r, int stage, int mb) co
   auto index_of = [&](int n) { return n >= 0 ? g_->ref(n).index : -1; };
   if (f >= 0 && ((bw >= 0 && b < 0 && w < 0) || (bw < 0 && b >= 0 && w >= 0)))
     return check_transfers(r, stage, mb);
+  // An evaluation schedule: one F per (micro-batch, stage) and the activations' transfers.
+  if (f >= 0 && forward_only_) return check_transfers(r, stage, mb);
   const std::string what = "micro-batch " + str(mb) + " of " + where_stage(stage);
   if (f < 0) {
     int near = b >= 0 ? b : bw >= 0 ? bw : w;
@@ -226,6 +231,7 @@ std::optional<ValidationReport> Checker::check_transfers(int r, int stage, int m
   const int next = next_stage(s_, stage);
   if (next < 0 || s_.placement[size_t(next)] == r) return std::nullopt;
   if (auto rep = check_transfer(mb, stage, next, true)) return rep;
+  if (forward_only_) return std::nullopt;  // no gradients flow back
   return check_transfer(mb, stage, next, false);
 }
 

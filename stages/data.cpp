@@ -1,7 +1,14 @@
 #include "stages/data.h"
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <tuple>
+
 #include "memory/error.h"
-#include "stages/json_reader.h"
+#include "stages/graph.h"
+#include "stages/op.h"
 
 namespace baton::stages {
 
@@ -13,60 +20,378 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The hash every sample position comes from (the byte-level loader's since the start, so
+// a text file's samples are unchanged).
+uint64_t sample_hash(uint64_t seed, int64_t step, int64_t index) {
+  return mix(mix(seed ^ 0x5DEECE66Dull) ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull) ^
+             (uint64_t(index) * 0xD1B54A32D192ED03ull));
+}
+
 template <class T>
-void fill_typed(const std::string& bytes, const std::vector<int64_t>& starts, int64_t window,
-                memory::Tensor& tokens, memory::Tensor& targets) {
+void fill_typed(const std::vector<int64_t>& w, int64_t n, int64_t window, memory::Tensor& tokens,
+                memory::Tensor& targets) {
   T* tok = tokens.data<T>();
   T* tgt = targets.data<T>();
-  bool per_position = targets.dim() == 2;
-  for (size_t s = 0; s < starts.size(); ++s) {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(bytes.data()) + starts[s];
-    for (int64_t t = 0; t < window; ++t) tok[int64_t(s) * window + t] = T(p[t]);
+  const bool per_position = targets.dim() == 2;
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t* p = w.data() + s * (window + 1);
+    for (int64_t t = 0; t < window; ++t) tok[s * window + t] = T(p[t]);
     if (per_position)
-      for (int64_t t = 0; t < window; ++t) tgt[int64_t(s) * window + t] = T(p[t + 1]);
+      for (int64_t t = 0; t < window; ++t) tgt[s * window + t] = T(p[t + 1]);
     else
       tgt[s] = T(p[window]);
   }
 }
 
+std::string count_str(int64_t n, const std::string& what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
 }  // namespace
 
-ByteDataset::ByteDataset(const std::string& path, int64_t min_window)
-    : path_(path), bytes_(read_text_file(path)) {
-  if (int64_t(bytes_.size()) < min_window + 1)
-    throw InputError(path + ": " + std::to_string(bytes_.size()) +
-                     " bytes of data, expected at least " + std::to_string(min_window + 1) +
-                     " (one window of " + std::to_string(min_window) + " tokens and its target)");
-}
+// ---- Dataset ----
 
-ByteDataset::ByteDataset(std::string bytes, std::string name)
-    : path_(std::move(name)), bytes_(std::move(bytes)) {}
-
-int64_t ByteDataset::sample_start(uint64_t seed, int64_t step, int64_t index,
-                                  int64_t window) const {
-  int64_t positions = size() - window;  // starts leaving room for the window and its target
-  BATON_CHECK(positions > 0, "dataset shorter than a window");
-  uint64_t h = mix(mix(seed ^ 0x5DEECE66Dull) ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull) ^
-                   (uint64_t(index) * 0xD1B54A32D192ED03ull));
-  return int64_t(h % uint64_t(positions));
-}
-
-void ByteDataset::fill(uint64_t seed, int64_t step, int64_t first, int64_t n,
-                       memory::Tensor& tokens, memory::Tensor& targets) const {
+void Dataset::fill(uint64_t seed, int64_t step, int64_t first, int64_t n, memory::Tensor& tokens,
+                   memory::Tensor& targets) const {
   BATON_CHECK(tokens.dim() == 2 && tokens.size(0) == n, "tokens must be [n, T]");
-  int64_t window = tokens.size(1);
+  const int64_t window = tokens.size(1);
   BATON_CHECK((targets.dim() == 2 && targets.size(0) == n && targets.size(1) == window) ||
                   (targets.dim() == 1 && targets.size(0) == n),
               "targets must be [n, T] or [n]");
   BATON_CHECK(tokens.dtype() == targets.dtype(), "tokens and targets of one dtype");
-  std::vector<int64_t> starts;
-  for (int64_t i = 0; i < n; ++i) starts.push_back(sample_start(seed, step, first + i, window));
+  std::vector<int64_t> w(size_t(n * (window + 1)));
+  for (int64_t i = 0; i < n; ++i)
+    sample(seed, step, first + i, window, w.data() + i * (window + 1));
   if (tokens.dtype() == memory::DType::i32)
-    fill_typed<int32_t>(bytes_, starts, window, tokens, targets);
+    fill_typed<int32_t>(w, n, window, tokens, targets);
   else if (tokens.dtype() == memory::DType::i64)
-    fill_typed<int64_t>(bytes_, starts, window, tokens, targets);
+    fill_typed<int64_t>(w, n, window, tokens, targets);
   else
     BATON_CHECK(false, "token ids must be i32 or i64");
+}
+
+// ---- TokenDataset ----
+
+TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t window,
+                           bool cross_documents)
+    : TokenDataset(store, 0, store->num_tokens(), window, cross_documents) {}
+
+TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begin, int64_t end,
+                           int64_t window, bool cross_documents)
+    : store_(std::move(store)), begin_(begin), end_(end), window_(window), cross_(cross_documents) {
+  BATON_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= store_->num_tokens(), "range of the store");
+  const std::string unit = store_->format() == "text" ? "byte" : "token";
+  if (cross_) {
+    if (end_ - begin_ < window_ + 1)
+      throw InputError(store_->name() + ": " + count_str(end_ - begin_, unit) +
+                       " of data, expected at least " + std::to_string(window_ + 1) +
+                       " (one window of " + std::to_string(window_) + " tokens and its target)");
+    return;
+  }
+  // Windows inside one document: each document of more than T tokens offers len - T
+  // starts; a sample draws one of all of them uniformly.
+  const auto& ds = store_->document_starts();
+  int64_t total = 0;
+  cum_starts_.push_back(0);
+  for (size_t d = 0; d + 1 < ds.size(); ++d) {
+    const int64_t lo = std::max(begin_, ds[d]), hi = std::min(end_, ds[d + 1]);
+    if (hi - lo <= window_) continue;
+    total += hi - lo - window_;
+    doc_begin_.push_back(lo);
+    cum_starts_.push_back(total);
+  }
+  if (total == 0)
+    throw InputError(store_->name() + ": no document has more than " + std::to_string(window_) +
+                     " tokens (one window and its target) and --no-cross-documents keeps windows "
+                     "inside one document");
+}
+
+int64_t TokenDataset::num_documents() const {
+  const auto& ds = store_->document_starts();
+  auto lo = std::upper_bound(ds.begin(), ds.end(), begin_) - 1;
+  auto hi = std::lower_bound(ds.begin(), ds.end(), end_);
+  return std::max<int64_t>(1, int64_t(hi - lo));
+}
+
+int64_t TokenDataset::sample_start(uint64_t seed, int64_t step, int64_t index) const {
+  const uint64_t h = sample_hash(seed, step, index);
+  if (cross_) return begin_ + int64_t(h % uint64_t(end_ - begin_ - window_));
+  const int64_t r = int64_t(h % uint64_t(cum_starts_.back()));
+  const size_t d =
+      size_t(std::upper_bound(cum_starts_.begin(), cum_starts_.end(), r) - cum_starts_.begin()) - 1;
+  return doc_begin_[d] + (r - cum_starts_[d]);
+}
+
+void TokenDataset::sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
+                          int64_t* out) const {
+  BATON_CHECK(window == window_, "a window other than the dataset's");
+  store_->read(sample_start(seed, step, index), window + 1, out);
+}
+
+std::string TokenDataset::describe() const {
+  std::string s = store_->name() + " (" + store_->format();
+  if (store_->format() != "text") s += " " + token_type_name(store_->type());
+  s += ", " + count_str(num_tokens(), "token");
+  if (store_->num_documents() > 1) s += " in " + count_str(num_documents(), "document");
+  if (begin_ != 0 || end_ != store_->num_tokens())
+    s += ", positions " + std::to_string(begin_) + ".." + std::to_string(end_);
+  return s + ")";
+}
+
+nlohmann::json TokenDataset::to_json() const {
+  return {{"file", store_->name()},
+          {"format", store_->format()},
+          {"dtype", token_type_name(store_->type())},
+          {"tokens", num_tokens()},
+          {"begin", begin_},
+          {"end", end_},
+          {"cross_documents", cross_}};
+}
+
+std::pair<DatasetPtr, DatasetPtr> TokenDataset::split(double fraction) const {
+  BATON_CHECK(fraction > 0 && fraction < 1, "split fraction in (0, 1)");
+  const auto& ds = store_->document_starts();
+  std::vector<int64_t> inner;  // document starts strictly inside the range
+  for (int64_t s : ds)
+    if (s > begin_ && s < end_) inner.push_back(s);
+  int64_t cut;
+  if (inner.empty()) {
+    cut = end_ - std::max<int64_t>(1, int64_t(std::llround(fraction * double(end_ - begin_))));
+  } else {
+    const int64_t docs = int64_t(inner.size()) + 1;
+    const int64_t held =
+        std::clamp<int64_t>(int64_t(std::llround(fraction * double(docs))), 1, docs - 1);
+    cut = inner[size_t(docs - 1 - held)];
+  }
+  return {std::make_shared<TokenDataset>(store_, begin_, cut, window_, cross_),
+          std::make_shared<TokenDataset>(store_, cut, end_, window_, cross_)};
+}
+
+// ---- ByteDataset ----
+
+ByteDataset::ByteDataset(const std::string& path, int64_t min_window)
+    : TokenDataset(TokenStore::open_text(path), min_window, true) {}
+
+ByteDataset::ByteDataset(std::string bytes, std::string name, int64_t min_window)
+    : TokenDataset(TokenStore::from_bytes(std::move(bytes), std::move(name)), min_window, true) {}
+
+// ---- BlendedDataset ----
+
+BlendedDataset::BlendedDataset(std::vector<double> weights, std::vector<DatasetPtr> parts)
+    : parts_(std::move(parts)) {
+  BATON_CHECK(weights.size() == parts_.size() && !parts_.empty(), "one weight per dataset");
+  double sum = 0;
+  for (double w : weights) sum += w;
+  for (double w : weights) weights_.push_back(w / sum);
+  double c = 0;
+  for (double w : weights_) cum_.push_back(c += w);
+  cum_.back() = 1.0;
+}
+
+size_t BlendedDataset::choose(uint64_t seed, int64_t step, int64_t index) const {
+  constexpr double kGolden = 0.61803398874989484820;  // frac of the golden ratio
+  const double offset = double(mix(mix(seed ^ 0xB1E9D) ^ uint64_t(step)) >> 11) * 0x1.0p-53;
+  double u = offset + double(index) * kGolden;
+  u -= std::floor(u);
+  return std::min(size_t(std::upper_bound(cum_.begin(), cum_.end(), u) - cum_.begin()),
+                  parts_.size() - 1);
+}
+
+void BlendedDataset::sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
+                            int64_t* out) const {
+  const size_t k = choose(seed, step, index);
+  // Each part draws its windows from its own stream of (seed, step, index).
+  parts_[k]->sample(mix(seed + 0x632BE59BD9B4E019ull * (k + 1)), step, index, window, out);
+}
+
+int64_t BlendedDataset::num_tokens() const {
+  int64_t n = 0;
+  for (const auto& p : parts_) n += p->num_tokens();
+  return n;
+}
+
+int64_t BlendedDataset::num_documents() const {
+  int64_t n = 0;
+  for (const auto& p : parts_) n += p->num_documents();
+  return n;
+}
+
+std::string BlendedDataset::describe() const {
+  std::string s = "a blend of";
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    char w[32];
+    std::snprintf(w, sizeof w, "%.3g", weights_[k]);
+    s += std::string(k ? "," : "") + " " + w + " x " + parts_[k]->describe();
+  }
+  return s;
+}
+
+nlohmann::json BlendedDataset::to_json() const {
+  nlohmann::json parts = nlohmann::json::array();
+  for (size_t k = 0; k < parts_.size(); ++k)
+    parts.push_back({{"weight", weights_[k]}, {"data", parts_[k]->to_json()}});
+  return {{"blend", parts}};
+}
+
+std::pair<DatasetPtr, DatasetPtr> BlendedDataset::split(double fraction) const {
+  std::vector<DatasetPtr> a, b;
+  for (const auto& p : parts_) {
+    auto [x, y] = p->split(fraction);
+    a.push_back(x);
+    b.push_back(y);
+  }
+  return {std::make_shared<BlendedDataset>(weights_, a),
+          std::make_shared<BlendedDataset>(weights_, b)};
+}
+
+// ---- opening ----
+
+std::vector<DataSpec> parse_data_specs(const std::vector<std::string>& args,
+                                       const std::string& flag) {
+  std::vector<DataSpec> out;
+  for (const std::string& a : args) {
+    DataSpec s;
+    s.path = a;
+    const size_t colon = a.find(':');
+    if (colon != std::string::npos && colon > 0) {
+      const std::string w = a.substr(0, colon);
+      char* end = nullptr;
+      const double v = std::strtod(w.c_str(), &end);
+      if (end == w.c_str() + w.size()) {
+        if (!(v > 0) || !std::isfinite(v))
+          throw InputError(flag + ": '" + a + "': expected a positive weight before ':', found '" +
+                           w + "'");
+        s.weight = v;
+        s.weighted = true;
+        s.path = a.substr(colon + 1);
+      }
+    }
+    if (s.path.empty()) throw InputError(flag + ": '" + a + "': no path");
+    out.push_back(s);
+  }
+  if (out.empty()) throw InputError(flag + ": expected a dataset");
+  if (out.size() > 1)
+    for (const auto& s : out)
+      if (!s.weighted)
+        throw InputError(flag +
+                         ": several datasets need a weight each (WEIGHT:PATH, e.g. 0.7:a 0.3:b), "
+                         "found '" +
+                         s.path + "' without one");
+  return out;
+}
+
+namespace {
+bool is_file(const std::string& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec);
+}
+bool has_magic(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  char m[9] = {};
+  in.read(m, 9);
+  return in.gcount() == 9 && std::string(m, 9) == std::string("MMIDIDX\0\0", 9);
+}
+bool ends_with(const std::string& s, const std::string& e) {
+  return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+}
+}  // namespace
+
+std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
+                                                   const std::string& format,
+                                                   const std::string& token_dtype) {
+  std::string prefix = path;
+  if (ends_with(path, ".bin") || ends_with(path, ".idx")) prefix = path.substr(0, path.size() - 4);
+  std::string f = format;
+  if (f == "auto") {
+    if (is_file(prefix + ".idx") && (is_file(prefix + ".bin") || has_magic(prefix + ".idx")) &&
+        (path == prefix || ends_with(path, ".bin") || ends_with(path, ".idx")))
+      f = "megatron";
+    else if (ends_with(path, ".bin"))
+      f = "tokens";
+    else
+      f = "text";
+  }
+  if (!token_dtype.empty() && f != "tokens")
+    throw InputError("--token-dtype: only flat token files take a token type; " + path +
+                     " is read as " + f + " (its own header names the type of a Megatron dataset)");
+  if (f == "megatron") {
+    if (!is_file(prefix + ".idx") && !is_file(prefix + ".bin"))
+      throw InputError(path + ": no Megatron dataset there (expected " + prefix + ".bin and " +
+                       prefix + ".idx)");
+    return TokenStore::open_megatron(prefix);
+  }
+  if (f == "tokens")
+    return TokenStore::open_flat(path, token_dtype.empty()
+                                           ? TokenType::u16
+                                           : parse_token_type(token_dtype, "--token-dtype"));
+  if (f == "text") return TokenStore::open_text(path);
+  throw InputError("--data-format: expected auto, megatron, tokens or text, found '" + format +
+                   "'");
+}
+
+DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions& o,
+                        const std::string& flag) {
+  std::vector<DataSpec> specs = parse_data_specs(args, flag);
+  std::vector<DatasetPtr> parts;
+  std::vector<double> weights;
+  for (const DataSpec& s : specs) {
+    auto store = open_token_store(s.path, o.format, o.token_dtype);
+    if (o.vocab > 0) store->check_vocabulary(o.vocab);
+    parts.push_back(std::make_shared<TokenDataset>(store, o.window, o.cross_documents));
+    weights.push_back(s.weight);
+  }
+  if (parts.size() == 1) return parts[0];
+  return std::make_shared<BlendedDataset>(weights, parts);
+}
+
+TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string& model_source) {
+  DataOptions o;
+  o.vocab = token_vocabulary(g, model_source);
+  o.window = g.value("tokens").type.shape[0];
+  o.format = f.format;
+  o.token_dtype = f.token_dtype;
+  o.cross_documents = f.cross_documents;
+  TrainData d;
+  d.train = open_dataset(f.data, o, "--data");
+  if (!f.eval_data.empty() && f.eval_fraction > 0)
+    throw InputError("--eval-data and --eval-fraction: expected one of them, found both");
+  if (!f.eval_data.empty()) d.eval = open_dataset(f.eval_data, o, "--eval-data");
+  if (f.eval_fraction > 0) {
+    if (!(f.eval_fraction < 1))
+      throw InputError("--eval-fraction: expected a share in (0, 1), found " +
+                       std::to_string(f.eval_fraction));
+    std::tie(d.train, d.eval) = d.train->split(f.eval_fraction);
+  }
+  return d;
+}
+
+uint64_t evaluation_seed(uint64_t seed) {
+  return mix(seed ^ 0xE7A1E7A1ull);
+}
+
+int64_t token_vocabulary(const Graph& g, const std::string& source) {
+  int tok = g.find_value("tokens"), tgt = g.find_value("targets");
+  if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
+    throw InputError(source +
+                     ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
+                     "(token data), found " +
+                     std::to_string(g.inputs.size()) + " input(s)");
+  const ValueType& t = g.values[size_t(tok)].type;
+  const ValueType& y = g.values[size_t(tgt)].type;
+  const bool ints = !memory::is_floating(t.dtype) && !memory::is_floating(y.dtype);
+  if (!ints || t.shape.size() != 1 || !(y.shape == t.shape || y.shape.empty()))
+    throw InputError(source +
+                     ": $.inputs: expected tokens [T] and targets [T] or [] of integer "
+                     "type, found tokens " +
+                     type_str(t) + " and targets " + type_str(y));
+  int64_t vocab = 0;
+  auto narrow = [&](int64_t v) { vocab = vocab == 0 ? v : std::min(vocab, v); };
+  for (const Node& n : g.nodes) {
+    if (n.op == "embedding" && n.inputs[0] == tok)
+      narrow(g.params[size_t(n.params[0])].logical_shape[0]);
+    if (n.op == "cross_entropy") narrow(g.values[size_t(n.inputs[0])].type.shape.back());
+  }
+  return vocab;
 }
 
 }  // namespace baton::stages

@@ -1,0 +1,84 @@
+#include "stages/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "memory/error.h"
+
+namespace baton::stages {
+
+int64_t LrSchedule::decay_steps() const {
+  if (decay > 0) return decay;
+  if (kind == Kind::wsd)
+    return std::max<int64_t>(1, int64_t(std::ceil(decay_fraction * double(total))));
+  return std::max<int64_t>(1, total - warmup);
+}
+
+double LrSchedule::at(int64_t s) const {
+  if (warmup > 0 && s <= warmup) return lr * double(s) / double(warmup);
+  const double D = double(decay_steps());
+  switch (kind) {
+    case Kind::constant:
+      return lr;
+    case Kind::cosine: {
+      const double x = std::min(1.0, double(s - warmup) / D);
+      return min_lr + (lr - min_lr) * (1 + std::cos(std::numbers::pi * x)) / 2;
+    }
+    case Kind::linear: {
+      const double x = std::min(1.0, double(s - warmup) / D);
+      return min_lr + (lr - min_lr) * (1 - x);
+    }
+    case Kind::wsd: {
+      const double start = double(total) - D;  // the decay's steps: (start, total]
+      if (double(s) <= start) return lr;
+      const double x = std::min(1.0, (double(s) - start) / D);
+      return min_lr + (lr - min_lr) * (1 - x);
+    }
+  }
+  return lr;
+}
+
+void LrSchedule::validate() const {
+  if (!(lr > 0)) throw InputError("--lr: expected a positive number");
+  if (warmup < 0)
+    throw InputError("--warmup-steps: expected >= 0, found " + std::to_string(warmup));
+  if (decay < 0) throw InputError("--decay-steps: expected >= 0, found " + std::to_string(decay));
+  if (!(min_lr >= 0) || min_lr > lr)
+    throw InputError("--min-lr: expected a rate in [0, --lr], found " + std::to_string(min_lr));
+  if (!(decay_fraction > 0 && decay_fraction <= 1))
+    throw InputError("--decay-fraction: expected a fraction in (0, 1], found " +
+                     std::to_string(decay_fraction));
+  if (kind == Kind::wsd && total > 0 && warmup + decay_steps() > total)
+    throw InputError("--lr-schedule wsd: warm-up (" + std::to_string(warmup) + ") and decay (" +
+                     std::to_string(decay_steps()) + ") steps exceed the run's " +
+                     std::to_string(total) + " steps");
+}
+
+nlohmann::json LrSchedule::to_json() const {
+  return {{"kind", lr_schedule_name(kind)}, {"lr", lr},      {"min_lr", min_lr}, {"warmup", warmup},
+          {"decay", decay_steps()},         {"total", total}};
+}
+
+std::string lr_schedule_name(LrSchedule::Kind k) {
+  switch (k) {
+    case LrSchedule::Kind::constant:
+      return "constant";
+    case LrSchedule::Kind::cosine:
+      return "cosine";
+    case LrSchedule::Kind::linear:
+      return "linear";
+    case LrSchedule::Kind::wsd:
+      return "wsd";
+  }
+  return "?";
+}
+
+LrSchedule::Kind parse_lr_schedule(const std::string& name) {
+  for (auto k : {LrSchedule::Kind::constant, LrSchedule::Kind::cosine, LrSchedule::Kind::linear,
+                 LrSchedule::Kind::wsd})
+    if (lr_schedule_name(k) == name) return k;
+  throw InputError("--lr-schedule: expected constant, cosine, linear or wsd, found '" + name + "'");
+}
+
+}  // namespace baton::stages

@@ -1,0 +1,463 @@
+// Datasets: Megatron-LM indexed datasets written by this test's own writer (every dtype
+// code, sequences out of file order, multimodal indices) and by megatron-core itself (the
+// committed fixture) read back the same tokens; flat token files and text; windows inside
+// documents; blends hold their proportions; held-out splits; every bad file is an
+// InputError naming the file and the reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "memory/error.h"
+#include "stages/data.h"
+#include "stages/token_store.h"
+
+namespace baton::stages {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string tmp(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "/baton_data";
+  fs::create_directories(dir);
+  return dir + "/" + name;
+}
+
+// This test's own writer of Megatron's layout (independent of IndexedDatasetWriter):
+// header "MMIDIDX\0\0", u64 version, u8 dtype code, u64 sequence count, u64 document-index
+// count, i32 lengths, i64 byte offsets, i64 document indices (sequence numbers, from 0).
+struct Doc {
+  std::vector<std::vector<double>> sequences;
+};
+struct WriteOptions {
+  uint8_t code = 8;
+  uint64_t version = 1;
+  bool reverse_order = false;  // sequences stored in the .bin back to front
+  bool modes = false;
+  std::string magic = std::string("MMIDIDX\0\0", 9);
+};
+
+void put_token(std::string& out, uint8_t code, double v) {
+  auto put = [&](auto x) { out.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  switch (code) {
+    case 1:
+      put(uint8_t(v));
+      break;
+    case 2:
+      put(int8_t(v));
+      break;
+    case 3:
+      put(int16_t(v));
+      break;
+    case 4:
+      put(int32_t(v));
+      break;
+    case 5:
+      put(int64_t(v));
+      break;
+    case 6:
+      put(double(v));
+      break;
+    case 7:
+      put(float(v));
+      break;
+    case 8:
+      put(uint16_t(v));
+      break;
+  }
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+void write_megatron(const std::string& prefix, const std::vector<Doc>& docs,
+                    const WriteOptions& w = {}) {
+  std::vector<const std::vector<double>*> seqs;
+  std::vector<int64_t> doc_index{0};
+  for (const Doc& d : docs) {
+    for (const auto& s : d.sequences) seqs.push_back(&s);
+    doc_index.push_back(int64_t(seqs.size()));
+  }
+  std::vector<int64_t> ptr(seqs.size());
+  std::string bin;
+  std::vector<size_t> order(seqs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = w.reverse_order ? order.size() - 1 - i : i;
+  for (size_t i : order) {
+    ptr[i] = int64_t(bin.size());
+    for (double v : *seqs[i]) put_token(bin, w.code, v);
+  }
+  std::string idx = w.magic;
+  put(idx, w.version);
+  put(idx, w.code);
+  put(idx, uint64_t(seqs.size()));
+  put(idx, uint64_t(doc_index.size()));
+  for (auto* s : seqs) put(idx, int32_t(s->size()));
+  for (int64_t p : ptr) put(idx, p);
+  for (int64_t d : doc_index) put(idx, d);
+  if (w.modes)
+    for (size_t i = 0; i < seqs.size(); ++i) put(idx, int8_t(0));
+  std::ofstream(prefix + ".bin", std::ios::binary) << bin;
+  std::ofstream(prefix + ".idx", std::ios::binary) << idx;
+}
+
+std::vector<Doc> some_docs(uint32_t seed, int n_docs, int64_t max_token) {
+  std::mt19937 rng(seed);
+  std::vector<Doc> docs(static_cast<size_t>(n_docs));
+  for (Doc& d : docs) {
+    int n_seq = 1 + int(rng() % 3);
+    for (int s = 0; s < n_seq; ++s) {
+      std::vector<double> seq(rng() % 40);  // empty sequences too
+      for (double& v : seq) v = double(rng() % uint32_t(max_token));
+      d.sequences.push_back(seq);
+    }
+  }
+  return docs;
+}
+
+std::vector<int64_t> flatten(const std::vector<Doc>& docs,
+                             std::vector<int64_t>* doc_starts = nullptr) {
+  std::vector<int64_t> all;
+  if (doc_starts) doc_starts->assign(1, 0);
+  for (const Doc& d : docs) {
+    for (const auto& s : d.sequences)
+      for (double v : s) all.push_back(int64_t(v));
+    if (doc_starts) doc_starts->push_back(int64_t(all.size()));
+  }
+  return all;
+}
+
+std::vector<int64_t> read_all(const TokenStore& s) {
+  std::vector<int64_t> out(size_t(s.num_tokens()));
+  s.read(0, s.num_tokens(), out.data());
+  return out;
+}
+
+void expect_input_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no InputError; expected one saying " << *parts.begin();
+  } catch (const InputError& e) {
+    std::string m = e.what();
+    for (const std::string& p : parts)
+      EXPECT_NE(m.find(p), std::string::npos) << m << "\n  lacks: " << p;
+  }
+}
+
+TEST(Megatron, EveryDtypeCodeRoundTrips) {
+  for (uint8_t code = 1; code <= 8; ++code) {
+    SCOPED_TRACE("dtype code " + std::to_string(code));
+    const int64_t max_token = code == 1 || code == 2 ? 100 : 30000;
+    auto docs = some_docs(code, 12, max_token);
+    const std::string prefix = tmp("every_" + std::to_string(code));
+    write_megatron(prefix, docs, {.code = code});
+    std::vector<int64_t> starts;
+    std::vector<int64_t> want = flatten(docs, &starts);
+    for (const std::string& path : {prefix, prefix + ".bin", prefix + ".idx"}) {
+      auto s = open_token_store(path, "auto", "");
+      EXPECT_EQ(s->format(), "megatron");
+      EXPECT_EQ(megatron_code(s->type()), code);
+      EXPECT_EQ(s->num_documents(), 12);
+      EXPECT_EQ(s->document_starts(), starts);
+      EXPECT_EQ(read_all(*s), want);
+      s->check_vocabulary(max_token);
+    }
+  }
+}
+
+TEST(Megatron, SequencesOutOfFileOrderAndModes) {
+  auto docs = some_docs(7, 9, 500);
+  const std::string prefix = tmp("reversed");
+  write_megatron(prefix, docs, {.code = 4, .reverse_order = true, .modes = true});
+  auto s = TokenStore::open_megatron(prefix);
+  std::vector<int64_t> want = flatten(docs);
+  EXPECT_EQ(read_all(*s), want);
+  // Windows that cross sequences read the same tokens in pieces.
+  for (int64_t p = 0; p + 10 <= s->num_tokens(); p += 7) {
+    std::vector<int64_t> w(10);
+    s->read(p, 10, w.data());
+    EXPECT_EQ(w, std::vector<int64_t>(want.begin() + p, want.begin() + p + 10)) << p;
+  }
+}
+
+TEST(Megatron, LibraryWriterRoundTrips) {
+  const std::string prefix = tmp("writer");
+  fs::remove(prefix + ".bin");
+  fs::remove(prefix + ".idx");
+  std::vector<std::vector<int64_t>> docs = {{1, 2, 3}, {}, {65000, 7}, {9}};
+  {
+    IndexedDatasetWriter w(prefix, TokenType::u16);
+    for (const auto& d : docs) w.add_document(d);
+    EXPECT_FALSE(fs::exists(prefix + ".idx"));  // nothing under the final names before finish
+    w.finish();
+  }
+  auto s = TokenStore::open_megatron(prefix);
+  EXPECT_EQ(s->type(), TokenType::u16);
+  EXPECT_EQ(s->num_documents(), 4);
+  EXPECT_EQ(read_all(*s), (std::vector<int64_t>{1, 2, 3, 65000, 7, 9}));
+  EXPECT_EQ(s->document_starts(), (std::vector<int64_t>{0, 3, 3, 5, 6}));
+  {
+    IndexedDatasetWriter w(tmp("abandoned"), TokenType::i32);
+    w.add_document({1, 2});
+  }  // no finish: nothing left behind
+  EXPECT_FALSE(fs::exists(tmp("abandoned") + ".bin"));
+  EXPECT_FALSE(fs::exists(tmp("abandoned") + ".bin.tmp"));
+}
+
+// Written by megatron-core's IndexedDatasetBuilder (tests/fixtures/make_megatron_fixture.py).
+TEST(Megatron, FixtureWrittenByMegatronCore) {
+  const std::string dir = std::string(BATON_SOURCE_DIR) + "/tests/fixtures/megatron_tiny";
+  std::ifstream in(dir + "/expected.json");
+  ASSERT_TRUE(in) << dir << "/expected.json";
+  nlohmann::json want = nlohmann::json::parse(in);
+  for (const auto& ds : want["datasets"]) {
+    SCOPED_TRACE(ds["prefix"].get<std::string>());
+    auto s = open_token_store(dir + "/" + ds["prefix"].get<std::string>(), "auto", "");
+    EXPECT_EQ(token_type_name(s->type()), ds["dtype"].get<std::string>());
+    EXPECT_EQ(s->num_documents(), int64_t(ds["documents"].size()));
+    std::vector<int64_t> flat, starts{0};
+    for (const auto& d : ds["documents"]) {
+      for (int64_t v : d.get<std::vector<int64_t>>()) flat.push_back(v);
+      starts.push_back(int64_t(flat.size()));
+    }
+    EXPECT_EQ(read_all(*s), flat);
+    EXPECT_EQ(s->document_starts(), starts);
+  }
+}
+
+TEST(Megatron, BadFiles) {
+  auto docs = some_docs(3, 4, 200);
+  const std::string p = tmp("bad");
+  auto rewrite_idx = [&](const std::function<void(std::string&)>& edit) {
+    write_megatron(p, docs, {.code = 8});
+    std::ifstream in(p + ".idx", std::ios::binary);
+    std::string idx((std::istreambuf_iterator<char>(in)), {});
+    edit(idx);
+    std::ofstream(p + ".idx", std::ios::binary | std::ios::trunc) << idx;
+  };
+  write_megatron(p, docs, {.code = 8, .magic = std::string("MMIDIDY\0\0", 9)});
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "MMIDIDX", "header"});
+  write_megatron(p, docs, {.code = 8, .version = 2});
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "version 2, expected 1"});
+  rewrite_idx([](std::string& s) { s[17] = 9; });
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "dtype code 9"});
+  rewrite_idx([](std::string& s) { s.resize(s.size() - 5); });
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
+  rewrite_idx([](std::string& s) { s.resize(20); });
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
+  // A .bin cut short.
+  write_megatron(p, docs, {.code = 8});
+  fs::resize_file(p + ".bin", fs::file_size(p + ".bin") - 3);
+  expect_input_error([&] { TokenStore::open_megatron(p); },
+                     {p + ".bin: truncated", "the file has"});
+  // An index entry pointing past the .bin (the first sequence's offset).
+  rewrite_idx([](std::string& s) {
+    int64_t far = 1 << 20;
+    uint64_t S;
+    std::memcpy(&S, s.data() + 18, 8);
+    std::memcpy(s.data() + 34 + 4 * S, &far, 8);
+  });
+  expect_input_error([&] { TokenStore::open_megatron(p); },
+                     {p + ".idx", "points past the end of " + p + ".bin"});
+  // Document indices that do not end at the sequence count.
+  rewrite_idx([](std::string& s) {
+    s[s.size() - 8] = 1;
+    s[s.size() - 7] = 1;
+  });
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "document index"});
+  // A missing half.
+  write_megatron(p, docs, {.code = 8});
+  fs::remove(p + ".bin");
+  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".bin", "cannot open"});
+}
+
+TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
+  std::vector<Doc> docs = {{{{1, 2, 3}}}, {{{4, 5}, {6, 99, 7, 100}}}};
+  const std::string p = tmp("vocab");
+  write_megatron(p, docs, {.code = 4});
+  auto s = TokenStore::open_megatron(p);
+  s->check_vocabulary(101);
+  expect_input_error(
+      [&] { s->check_vocabulary(99); },
+      {p + ".bin: token 99 at document 1, token 3 (position 6)", "vocabulary of 99"});
+  write_megatron(p, {{{{1, -2, 3}}}}, {.code = 3});
+  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
+                     {"token -2 at position 1"});
+  write_megatron(p, {{{{1, 2.5}}}}, {.code = 7});
+  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
+                     {"token 2.5 at position 1", "not a whole number"});
+  // A long clean run, then one bad token: the block scan finds exactly it.
+  std::vector<double> many(100000, 5.0);
+  many[77777] = 50;
+  write_megatron(p, {{{many}}}, {.code = 8});
+  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(50); },
+                     {"token 50 at position 77777"});
+}
+
+TEST(TokenStore, FlatTokensAndText) {
+  const std::string u16 = tmp("flat16.bin"), u32 = tmp("flat32.bin"), odd = tmp("odd.bin"),
+                    txt = tmp("t.txt");
+  {
+    std::string b;
+    for (uint16_t v : {1, 2, 60000}) put(b, v);
+    std::ofstream(u16, std::ios::binary) << b;
+    std::string c;
+    for (uint32_t v : {1u, 2u, 100000u}) put(c, v);
+    std::ofstream(u32, std::ios::binary) << c;
+    std::ofstream(odd, std::ios::binary) << "abc";
+    std::ofstream(txt, std::ios::binary) << "hello";
+  }
+  auto a = open_token_store(u16, "auto", "");
+  EXPECT_EQ(a->format(), "tokens");
+  EXPECT_EQ(read_all(*a), (std::vector<int64_t>{1, 2, 60000}));
+  auto b = open_token_store(u32, "auto", "uint32");
+  EXPECT_EQ(read_all(*b), (std::vector<int64_t>{1, 2, 100000}));
+  expect_input_error([&] { open_token_store(odd, "auto", ""); }, {odd + ": truncated", "uint16"});
+  auto t = open_token_store(txt, "auto", "");
+  EXPECT_EQ(t->format(), "text");
+  EXPECT_EQ(read_all(*t), (std::vector<int64_t>{'h', 'e', 'l', 'l', 'o'}));
+  // Forced formats; a text file with a token type is a mistake.
+  EXPECT_EQ(open_token_store(u16, "text", "")->num_tokens(), 6);
+  expect_input_error([&] { open_token_store(txt, "auto", "uint16"); }, {"--token-dtype"});
+  expect_input_error([&] { open_token_store(u16, "tokens", "float16"); },
+                     {"--token-dtype", "float16"});
+  expect_input_error([&] { open_token_store(txt, "parquet", ""); }, {"--data-format", "parquet"});
+  expect_input_error([&] { open_token_store(tmp("nothing"), "megatron", ""); },
+                     {"no Megatron dataset"});
+}
+
+TEST(Sampling, PureFunctionOfSeedStepIndex) {
+  auto docs = some_docs(11, 30, 1000);
+  const std::string p = tmp("pure");
+  write_megatron(p, docs, {.code = 8});
+  DataOptions o;
+  o.window = 8;
+  o.vocab = 1000;
+  DatasetPtr d = open_dataset({p}, o);
+  std::vector<int64_t> flat = flatten(docs);
+  // One fill of 12 samples equals fills of 3 + 4 + 5 (micro-batches, data-parallel ranks).
+  memory::Tensor all_tok = memory::Tensor::empty({12, 8}, memory::DType::i32);
+  memory::Tensor all_tgt = memory::Tensor::empty({12, 8}, memory::DType::i32);
+  d->fill(5, 3, 0, 12, all_tok, all_tgt);
+  std::vector<int32_t> tok = all_tok.to_vector<int32_t>(), tgt = all_tgt.to_vector<int32_t>();
+  int64_t first = 0;
+  for (int64_t n : {3, 4, 5}) {
+    memory::Tensor a = memory::Tensor::empty({n, 8}, memory::DType::i64);
+    memory::Tensor b = memory::Tensor::empty({n}, memory::DType::i64);  // next-token targets
+    d->fill(5, 3, first, n, a, b);
+    auto av = a.to_vector<int64_t>();
+    auto bv = b.to_vector<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t t = 0; t < 8; ++t)
+        EXPECT_EQ(av[size_t(i * 8 + t)], tok[size_t((first + i) * 8 + t)]);
+      EXPECT_EQ(bv[size_t(i)], tgt[size_t((first + i) * 8 + 7)]);
+    }
+    first += n;
+  }
+  // Each window is the data at its start, and targets are the tokens shifted by one.
+  auto* td = dynamic_cast<const TokenDataset*>(d.get());
+  ASSERT_NE(td, nullptr);
+  for (int64_t i = 0; i < 12; ++i) {
+    int64_t s = td->sample_start(5, 3, i);
+    for (int64_t t = 0; t < 8; ++t) {
+      EXPECT_EQ(tok[size_t(i * 8 + t)], flat[size_t(s + t)]);
+      EXPECT_EQ(tgt[size_t(i * 8 + t)], flat[size_t(s + t + 1)]);
+    }
+  }
+}
+
+TEST(Sampling, WindowsStayInsideDocumentsWhenAsked) {
+  auto docs = some_docs(13, 40, 1000);
+  const std::string p = tmp("docs");
+  write_megatron(p, docs, {.code = 8});
+  std::vector<int64_t> starts;
+  flatten(docs, &starts);
+  auto store = TokenStore::open_megatron(p);
+  auto crosses = [&](int64_t s, int64_t len) {
+    auto it = std::upper_bound(starts.begin(), starts.end(), s);
+    return *it < s + len;  // the next document starts inside [s, s + len)
+  };
+  TokenDataset inside(store, 10, false), across(store, 10, true);
+  int crossing = 0;
+  for (int64_t i = 0; i < 2000; ++i) {
+    EXPECT_FALSE(crosses(inside.sample_start(1, 0, i), 11)) << i;
+    crossing += crosses(across.sample_start(1, 0, i), 11);
+  }
+  EXPECT_GT(crossing, 100);  // crossing windows are common when allowed
+  expect_input_error([&] { TokenDataset(store, 100, false); },
+                     {p + ".bin", "no document has more than 100"});
+}
+
+TEST(Sampling, BlendHoldsItsProportions) {
+  // Three flat files of disjoint token ranges, so each window tells where it came from.
+  std::vector<std::string> paths;
+  for (int k = 0; k < 3; ++k) {
+    std::string b;
+    for (int i = 0; i < 5000; ++i) put(b, uint16_t(1000 * k + i % 1000));
+    paths.push_back(tmp("part" + std::to_string(k) + ".bin"));
+    std::ofstream(paths.back(), std::ios::binary) << b;
+  }
+  DataOptions o;
+  o.window = 4;
+  o.vocab = 3000;
+  for (auto weights : std::vector<std::vector<double>>{{0.7, 0.3}, {0.5, 0.3, 0.2}, {0.95, 0.05}}) {
+    std::vector<std::string> args;
+    for (size_t k = 0; k < weights.size(); ++k)
+      args.push_back(std::to_string(weights[k]) + ":" + paths[k]);
+    DatasetPtr d = open_dataset(args, o);
+    std::vector<int> count(weights.size(), 0);
+    std::vector<int64_t> w(5);
+    for (int64_t step = 0; step < 625; ++step)  // 10,000 samples in steps of 16
+      for (int64_t i = 0; i < 16; ++i) {
+        d->sample(9, step, i, 4, w.data());
+        size_t k = size_t(w[0] / 1000);
+        EXPECT_EQ(k, size_t(w[4] / 1000));
+        ++count[k];
+      }
+    for (size_t k = 0; k < weights.size(); ++k)
+      EXPECT_NEAR(count[k] / 10000.0, weights[k], 0.01) << "dataset " << k;
+  }
+  // Deterministic: the same (seed, step, index) gives the same window.
+  DatasetPtr d = open_dataset({"0.7:" + paths[0], "0.3:" + paths[1]}, o);
+  std::vector<int64_t> a(5), b(5);
+  d->sample(2, 17, 5, 4, a.data());
+  d->sample(2, 17, 5, 4, b.data());
+  EXPECT_EQ(a, b);
+  expect_input_error([&] { open_dataset({paths[0], paths[1]}, o); }, {"--data", "weight"});
+  expect_input_error([&] { open_dataset({"-1:" + paths[0]}, o); }, {"--data", "positive weight"});
+}
+
+TEST(Sampling, HeldOutSplitKeepsWholeDocuments) {
+  auto docs = some_docs(17, 20, 1000);
+  const std::string p = tmp("split");
+  write_megatron(p, docs, {.code = 8});
+  std::vector<int64_t> starts;
+  flatten(docs, &starts);
+  DataOptions o;
+  o.window = 4;
+  DatasetPtr d = open_dataset({p}, o);
+  auto [train, eval] = d->split(0.1);
+  EXPECT_EQ(eval->num_documents(), 2);
+  EXPECT_EQ(train->num_documents(), 18);
+  EXPECT_EQ(train->num_tokens() + eval->num_tokens(), d->num_tokens());
+  EXPECT_EQ(train->num_tokens(), starts[18]);
+  auto* te = dynamic_cast<const TokenDataset*>(eval.get());
+  for (int64_t i = 0; i < 200; ++i) EXPECT_GE(te->sample_start(1, 0, i), starts[18]);
+  // A one-document file splits its tokens.
+  auto text = std::make_shared<ByteDataset>(std::string(1000, 'x'), "x.txt", 4);
+  auto [a, b] = text->split(0.25);
+  EXPECT_EQ(a->num_tokens(), 750);
+  EXPECT_EQ(b->num_tokens(), 250);
+}
+
+TEST(TextData, TooShortNamesTheFile) {
+  expect_input_error([] { ByteDataset(std::string("short"), "small.txt", 16); },
+                     {"small.txt: 5 bytes of data", "at least 17"});
+}
+
+}  // namespace
+}  // namespace baton::stages

@@ -1,0 +1,282 @@
+// `baton data`: datasets for `baton train --data`.
+//   inspect PATH            what a dataset holds (format, dtype, documents, tokens, the
+//                           smallest and largest token, a few samples, decoded with
+//                           --tokenizer)
+//   prepare                 tokenizes a corpus (one document per line of a text file or
+//                           per JSON record of a .jsonl) with a SentencePiece model into
+//                           Megatron-LM's indexed format
+//   train-tokenizer         trains a SentencePiece model on a corpus
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+#include "stages/data.h"
+#include "stages/token_store.h"
+#include "tools/command.h"
+
+#ifdef BATON_HAVE_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#endif
+
+namespace baton::tools {
+namespace {
+
+using stages::TokenStore;
+
+#ifdef BATON_HAVE_SENTENCEPIECE
+std::unique_ptr<sentencepiece::SentencePieceProcessor> load_tokenizer(const std::string& path) {
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  auto st = sp->Load(path);
+  if (!st.ok())
+    throw InputError(path + ": not a SentencePiece model (--tokenizer): " + st.ToString());
+  return sp;
+}
+#endif
+
+#ifndef BATON_HAVE_SENTENCEPIECE
+[[noreturn]] void no_sentencepiece(const std::string& what) {
+  throw InputError(what +
+                   " needs SentencePiece, and this baton was built without libsentencepiece-dev");
+}
+#endif
+
+// ---- inspect ----
+
+int run_inspect(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  std::string path, format, token_dtype, tokenizer;
+  int64_t samples = 3, show = 48, vocab = 0;
+  opts.add_options()("path", po::value(&path)->required(),
+                     "the dataset (as for baton train --data)")(
+      "data-format", po::value(&format)->default_value("auto"), "auto, megatron, tokens or text")(
+      "token-dtype", po::value(&token_dtype), "flat token files: uint16 (default) or uint32")(
+      "tokenizer", po::value(&tokenizer), "a SentencePiece model to decode the samples with")(
+      "vocab", po::value(&vocab)->default_value(0),
+      "check every token against a vocabulary of this size")(
+      "samples", po::value(&samples)->default_value(3), "documents to show")(
+      "show-tokens", po::value(&show)->default_value(48), "tokens to show of each");
+  po::positional_options_description pos;
+  pos.add("path", 1);
+  po::variables_map vm;
+  if (!parse_args(args, "baton data inspect PATH [--tokenizer FILE.model]", opts, vm, &pos))
+    return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = stages::open_token_store(path, format, token_dtype);
+  if (vocab > 0) s->check_vocabulary(vocab);
+  spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
+               vocab > 0 ? ", every token checked against the vocabulary" : "",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  auto [lo, hi] = s->token_range();
+  std::printf("file       %s\n", s->name().c_str());
+  std::printf("format     %s\n", s->format().c_str());
+  std::printf("dtype      %s\n", stages::token_type_name(s->type()).c_str());
+  std::printf("documents  %lld\n", static_cast<long long>(s->num_documents()));
+  if (s->format() == "megatron")
+    std::printf("sequences  %lld\n", static_cast<long long>(s->num_sequences()));
+  std::printf("tokens     %lld\n", static_cast<long long>(s->num_tokens()));
+  if (s->num_tokens() > 0) std::printf("token ids  %.0f .. %.0f\n", lo, hi);
+#ifdef BATON_HAVE_SENTENCEPIECE
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
+  if (!tokenizer.empty()) {
+    sp = load_tokenizer(tokenizer);
+    if (s->num_tokens() > 0 && hi >= sp->GetPieceSize())
+      throw InputError(s->name() + ": token " + std::to_string(int64_t(hi)) + " is outside " +
+                       tokenizer + "'s vocabulary of " + std::to_string(sp->GetPieceSize()));
+  }
+#else
+  if (!tokenizer.empty()) no_sentencepiece("--tokenizer");
+#endif
+  for (int64_t d = 0, shown = 0; d < s->num_documents() && shown < samples; ++d) {
+    const int64_t b = s->document_start(d), n = std::min(show, s->document_start(d + 1) - b);
+    if (n == 0) continue;
+    ++shown;
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    s->read(b, n, ids.data());
+    std::string text;
+    if (s->format() == "text") text.assign(ids.begin(), ids.end());
+#ifdef BATON_HAVE_SENTENCEPIECE
+    if (sp) {
+      std::vector<int> v(ids.begin(), ids.end());
+      if (auto st = sp->Decode(v, &text); !st.ok())
+        throw InputError(tokenizer + ": " + st.ToString());
+    }
+#endif
+    std::string list;
+    for (int64_t id : ids) list += (list.empty() ? "" : " ") + std::to_string(id);
+    std::printf("\ndocument %lld (%lld tokens): %s%s\n", static_cast<long long>(d),
+                static_cast<long long>(s->document_start(d + 1) - b), list.c_str(),
+                n < s->document_start(d + 1) - b ? " ..." : "");
+    if (!text.empty()) std::printf("  %s\n", nlohmann::json(text).dump().c_str());
+  }
+  return 0;
+}
+
+// ---- prepare ----
+
+int run_prepare(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  std::string tokenizer, input, out, key, dtype;
+  bool eod = false;
+  opts.add_options()("tokenizer", po::value(&tokenizer)->required(),
+                     "SentencePiece model (FILE.model)")(
+      "input", po::value(&input)->required(),
+      "corpus: text (a document per line) or .jsonl (one per record)")(
+      "out", po::value(&out)->required(), "output prefix: writes PREFIX.bin and PREFIX.idx")(
+      "json-key", po::value(&key)->default_value("text"), ".jsonl: the field holding the text")(
+      "dtype", po::value(&dtype)->default_value("auto"),
+      "token type (auto: uint16 below 65500 ids, else int32)")(
+      "append-eod", po::bool_switch(&eod),
+      "end every document with the tokenizer's end-of-document id");
+  po::variables_map vm;
+  if (!parse_args(
+          args,
+          "baton data prepare --tokenizer FILE.model --input corpus.txt|corpus.jsonl --out PREFIX",
+          opts, vm))
+    return 0;
+#ifndef BATON_HAVE_SENTENCEPIECE
+  no_sentencepiece("baton data prepare");
+#else
+  auto sp = load_tokenizer(tokenizer);
+  const int vocab = sp->GetPieceSize();
+  const stages::TokenType type =
+      dtype == "auto" ? (vocab < 65500 ? stages::TokenType::u16 : stages::TokenType::i32)
+                      : stages::parse_token_type(dtype, "--dtype");
+  if (type == stages::TokenType::u32 || type == stages::TokenType::f32 ||
+      type == stages::TokenType::f64)
+    throw InputError(
+        "--dtype: expected an integer type Megatron's format defines (uint16, int32, ...), found "
+        "'" +
+        dtype + "'");
+  const double type_max = type == stages::TokenType::u8    ? 255
+                          : type == stages::TokenType::i8  ? 127
+                          : type == stages::TokenType::i16 ? 32767
+                          : type == stages::TokenType::u16 ? 65535
+                                                           : 2147483647.0;
+  if (vocab - 1 > type_max)
+    throw InputError("--dtype " + stages::token_type_name(type) + " cannot hold " + tokenizer +
+                     "'s " + std::to_string(vocab) + " token ids");
+  if (eod && sp->eos_id() < 0)
+    throw InputError(tokenizer + ": no end-of-document piece (</s>) for --append-eod");
+  std::ifstream in(input, std::ios::binary);
+  if (!in) throw InputError(input + ": cannot open file (missing or unreadable)");
+  const bool jsonl = input.size() >= 6 && (input.ends_with(".jsonl") || input.ends_with(".json"));
+  stages::IndexedDatasetWriter w(out, type);
+  std::string line;
+  int64_t line_no = 0, skipped = 0;
+  std::vector<int> ids;
+  while (std::getline(in, line)) {
+    ++line_no;
+    std::string text = line;
+    if (jsonl) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object())
+        throw InputError(input + ":" + std::to_string(line_no) +
+                         ": expected a JSON object per line");
+      if (!j.contains(key) || !j[key].is_string())
+        throw InputError(input + ":" + std::to_string(line_no) + ": $." + key +
+                         ": expected a string (--json-key)");
+      text = j[key].get<std::string>();
+    }
+    if (text.empty()) {
+      ++skipped;
+      continue;
+    }
+    if (auto st = sp->Encode(text, &ids); !st.ok())
+      throw InputError(input + ":" + std::to_string(line_no) + ": " + st.ToString());
+    std::vector<int64_t> doc(ids.begin(), ids.end());
+    if (eod) doc.push_back(sp->eos_id());
+    if (doc.empty()) {
+      ++skipped;
+      continue;
+    }
+    w.add_document(doc);
+  }
+  if (in.bad()) throw InputError(input + ": read error");
+  if (w.documents() == 0) throw InputError(input + ": no documents (every line empty)");
+  w.finish();
+  spdlog::info("{}.bin, {}.idx: {} documents, {} tokens ({}, vocabulary {}){}", out, out,
+               w.documents(), w.tokens(), stages::token_type_name(type), vocab,
+               skipped ? fmt::format("; {} empty lines skipped", skipped) : std::string());
+  return 0;
+#endif
+}
+
+// ---- train-tokenizer ----
+
+int run_train_tokenizer(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  std::string input, out, model_type;
+  int64_t vocab = 0, max_lines = 0;
+  double coverage = 1.0;
+  opts.add_options()("input", po::value(&input)->required(),
+                     "corpus: text, one sentence or document per line")(
+      "out", po::value(&out)->required(), "output prefix: writes PREFIX.model and PREFIX.vocab")(
+      "vocab-size", po::value(&vocab)->default_value(1024), "vocabulary size")(
+      "model-type", po::value(&model_type)->default_value("bpe"), "bpe, unigram, char or word")(
+      "character-coverage", po::value(&coverage)->default_value(1.0),
+      "share of characters the vocabulary covers")("max-lines",
+                                                   po::value(&max_lines)->default_value(0),
+                                                   "train on at most this many lines (0: all)");
+  po::variables_map vm;
+  if (!parse_args(args,
+                  "baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]",
+                  opts, vm))
+    return 0;
+#ifndef BATON_HAVE_SENTENCEPIECE
+  no_sentencepiece("baton data train-tokenizer");
+#else
+  if (vocab < 8)
+    throw InputError("--vocab-size: expected at least 8, found " + std::to_string(vocab));
+  if (std::ifstream probe(input); !probe)
+    throw InputError(input + ": cannot open file (missing or unreadable)");
+  std::unordered_map<std::string, std::string> kw = {
+      {"input", input},
+      {"model_prefix", out},
+      {"vocab_size", std::to_string(vocab)},
+      {"model_type", model_type},
+      {"character_coverage", std::to_string(coverage)},
+      {"num_threads", "1"},
+      {"minloglevel", "1"},
+      // A fixed order of the input lines: the same corpus gives the same model.
+      {"shuffle_input_sentence", "false"},
+  };
+  if (max_lines > 0) kw["input_sentence_size"] = std::to_string(max_lines);
+  auto st = sentencepiece::SentencePieceTrainer::Train(kw);
+  if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
+  spdlog::info("{}.model, {}.vocab: {} pieces ({})", out, out, vocab, model_type);
+  return 0;
+#endif
+}
+
+int run_data(const std::vector<std::string>& args) {
+  const std::string usage =
+      "usage: baton data inspect PATH [--tokenizer FILE.model]\n"
+      "       baton data prepare --tokenizer FILE.model --input corpus.txt|corpus.jsonl --out "
+      "PREFIX "
+      "[--append-eod]\n"
+      "       baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]\n";
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("%s", usage.c_str());
+    return args.empty() ? 2 : 0;
+  }
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "inspect") return run_inspect(rest);
+  if (args[0] == "prepare") return run_prepare(rest);
+  if (args[0] == "train-tokenizer") return run_train_tokenizer(rest);
+  throw InputError("baton data: expected inspect, prepare or train-tokenizer, found '" + args[0] +
+                   "'\n" + usage);
+}
+
+const RegisterCommand reg{
+    {"data", "inspect, prepare (tokenize) and train tokenizers for datasets", run_data}};
+
+}  // namespace
+}  // namespace baton::tools
