@@ -618,6 +618,7 @@ stages::Param shard_param(const stages::Param& lp, const ParamShard& sh, int r) 
   p.dtype = lp.dtype;
   p.init = lp.init;
   p.weight_decay = lp.weight_decay;
+  p.trainable = lp.trainable;
   if (sh.dim < 0 || sh.t <= 1) return p;
   size_t d = size_t(sh.dim);
   p.shape[d] = sh.pattern.local_size(sh.t);

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev
+  libdnnl-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev
   libboost-dev libboost-program-options-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev

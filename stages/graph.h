@@ -52,6 +52,9 @@ struct Param {
   DType dtype = DType::f32;
   InitRule init;
   bool weight_decay = true;         // AdamW/SGD decay applies (matrices, not biases/norms)
+  // false: a buffer an op updates itself (batch norm's running statistics): no gradient,
+  // no optimizer step, saved in checkpoints like any parameter.
+  bool trainable = true;
   std::vector<ParamPiece> pieces;   // empty: the whole logical parameter
   std::vector<int> layers;          // layers whose nodes use it, ascending
   std::vector<int> users;           // nodes that use it

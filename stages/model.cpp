@@ -3,6 +3,7 @@
 #include <set>
 
 #include "stages/json_reader.h"
+#include "stages/resnet.h"
 #include "stages/shorthands.h"
 
 namespace baton::stages {
@@ -74,7 +75,7 @@ void load_inputs(Graph& g, const JsonReader& list, DType float_dtype) {
 
 void load_params(Graph& g, const JsonReader& list, DType float_dtype) {
   for (const JsonReader& p : list.items()) {
-    p.expect_only({"name", "shape", "init", "weight_decay"});
+    p.expect_only({"name", "shape", "init", "weight_decay", "trainable"});
     Param param;
     param.name = p.at("name").as_string();
     check_name(p.at("name"), param.name);
@@ -84,7 +85,8 @@ void load_params(Graph& g, const JsonReader& list, DType float_dtype) {
     param.logical_shape = param.shape;
     param.dtype = float_dtype;
     param.init = parse_init(p.at("init"));
-    param.weight_decay = p.get_bool("weight_decay", param.shape.size() >= 2);
+    param.trainable = p.get_bool("trainable", true);
+    param.weight_decay = p.get_bool("weight_decay", param.shape.size() >= 2 && param.trainable);
     g.add_param(std::move(param));
   }
 }
@@ -233,7 +235,8 @@ json expand_model_json(const json& model, const std::string& source) {
   if (type == "graph") return model;
   if (type == "gpt2") return gpt2_graph_json(parse_gpt2_shorthand(r));
   if (type == "mlp") return mlp_graph_json(parse_mlp_shorthand(r));
-  r.at("type").fail("\"graph\", \"gpt2\" or \"mlp\"");
+  if (type == "resnet") return resnet_graph_json(parse_resnet_shorthand(r));
+  r.at("type").fail("\"graph\", \"gpt2\", \"mlp\" or \"resnet\"");
 }
 
 Graph load_model_json(const json& model, const std::string& source, const LoadOptions& opt) {

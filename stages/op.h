@@ -85,6 +85,7 @@ struct OpCost {
 struct OpContext {
   MicroBatch mb;
   bool training = true;      // false: no dropout, no loss gradient
+  bool recompute = false;    // a layer's forward run again before its B: update no buffers
   uint64_t seed = 0;         // the run's seed; dropout streams mix in the step and node name
   memory::Device device = memory::Device::cpu();
   transport::Communicator* tp = nullptr;  // the tensor-parallel group (communication ops)

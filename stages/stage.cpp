@@ -319,7 +319,9 @@ void Stage::recompute_layer(MbState& s, int layer) {
       if (node.params[k] >= 0) ps[k] = state_of(node.params[k]).value;
     std::vector<Tensor> outs(node.outputs.size());
     std::vector<Tensor> saved;
-    ForwardCall call{s.ctx, ins, ps, outs, saved, 0};
+    OpContext rctx = s.ctx;
+    rctx.recompute = true;
+    ForwardCall call{rctx, ins, ps, outs, saved, 0};
     node.impl->forward(call);
     for (size_t j = 0; j < node.outputs.size(); ++j) s.values[size_t(node.outputs[j])] = outs[j];
     s.saved[size_t(n)] = std::move(saved);
@@ -456,6 +458,7 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
       if (node.params[k] < 0) continue;
       ParamState& st = state_of(node.params[k]);
       ps[k] = st.value;
+      if (!g.params[size_t(node.params[k])].trainable) continue;  // a buffer: no gradient
       size_t li = size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
       pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
       st.has[li] = true;
@@ -569,6 +572,7 @@ void Stage::step(double grad_scale) {
   if (t) t->calls++;
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
+    if (!p.trainable) continue;  // a buffer its op updates
     if (opt_.kind == OptimizerConfig::Kind::adamw) {
       kernels::AdamW cfg = opt_.adamw;
       if (!p.weight_decay) cfg.weight_decay = 0;

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "memory/units.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
+#include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/model.h"
 
@@ -84,17 +86,24 @@ TrainSummary run_training(const TrainOptions& o,
   LoadOptions lo;
   lo.float_dtype = o.float_dtype;
   auto graph = std::make_shared<Graph>(load_model_json(model_json, model_source, lo));
-  check_byte_model(*graph, model_source);
+  // A directory with images.npy is image data (images + labels); any file is byte tokens.
+  std::optional<ImageDataset> images;
+  if (is_image_dataset(o.data_path)) {
+    images.emplace(o.data_path);
+    images->check_model(*graph, model_source);
+  } else {
+    check_byte_model(*graph, model_source);
+  }
   for (int l : o.recompute_layers)
     if (l >= graph->num_layers())
       throw InputError("--recompute: layer " + std::to_string(l) + " does not exist (the model has " +
                        std::to_string(graph->num_layers()) + " layers)");
-  const ValueType& tok_type = graph->value("tokens").type;
-  const ValueType& tgt_type = graph->value("targets").type;
-  const int64_t T = tok_type.shape[0];
-  const bool per_position = !tgt_type.shape.empty();
+  const ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
+  const ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
+  const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
+  const bool per_position = !images && !tgt_type.shape.empty();
 
-  ByteDataset data(o.data_path, T);
+  ByteDataset data = images ? ByteDataset(std::string(), o.data_path) : ByteDataset(o.data_path, T);
   auto& alloc = memory::allocator_for(memory::Device::cpu());
   alloc.reset_peak();
 
@@ -145,14 +154,16 @@ TrainSummary run_training(const TrainOptions& o,
     for (const std::string& line : keep) loss_log << line << "\n";
     if (!loss_log) throw InputError(o.loss_log + ": cannot open for writing (--loss-log)");
   }
-  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} bytes); batch {} x {} "
-               "tokens in {} micro-batch(es); {} steps",
+  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} {}); batch {} x {} "
+               "{} in {} micro-batch(es); {} steps",
                graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6,
-               o.data_path, data.size(), o.batch, T, o.micro_batches, o.steps);
+               o.data_path, images ? images->size() : data.size(), images ? "images" : "bytes",
+               o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
 
   const int64_t mb_size = o.batch / o.micro_batches;
   const double loss_tokens = double(o.batch * (per_position ? T : 1));
-  Tensor tokens = Tensor::empty({mb_size, T}, tok_type.dtype);
+  Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
+                         : Tensor::empty({mb_size, T}, tok_type.dtype);
   Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype)
                                 : Tensor::empty({mb_size}, tgt_type.dtype);
   double ema_step = 0;
@@ -162,6 +173,7 @@ TrainSummary run_training(const TrainOptions& o,
     m.seed = o.seed;
     m.model = model_json;
     m.data = {{"position", step}, {"file", o.data_path}, {"bytes", data.size()}};
+    if (images) m.data = {{"position", step}, {"dir", o.data_path}, {"images", images->size()}};
     m.train = {{"batch", o.batch}, {"micro_batches", o.micro_batches}, {"grad_clip", o.grad_clip},
                {"steps", o.steps}};
     return m;
@@ -173,8 +185,13 @@ TrainSummary run_training(const TrainOptions& o,
     double loss = 0;
     for (int64_t k = 0; k < o.micro_batches; ++k) {
       MicroBatch mb{k, k * mb_size, mb_size, o.batch, loss_tokens, step};
-      data.fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
-      TensorMap out = stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
+      if (images) {
+        images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      } else {
+        data.fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      }
+      TensorMap out = images ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
+                             : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
       loss += out.at("loss").to_vector<double>()[0];
       stage.backward(k);
     }

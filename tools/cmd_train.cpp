@@ -46,8 +46,8 @@ int run_train(const std::vector<std::string>& args) {
   double bucket_mib = 4;
   double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
   opts.add_options()
-      ("model", po::value(&o.model_path), "model JSON (general graph, gpt2 or mlp shorthand, or a Hugging Face config.json)")
-      ("data", po::value(&o.data_path)->required(), "training text: any file, one token per byte")
+      ("model", po::value(&o.model_path), "model JSON (general graph, gpt2, mlp or resnet shorthand, or a Hugging Face config.json)")
+      ("data", po::value(&o.data_path)->required(), "training data: any file (one token per byte), or a directory with images.npy and labels.npy")
       ("steps", po::value(&o.steps)->default_value(100), "total training steps")
       ("batch", po::value(&o.batch)->default_value(8), "samples per step")
       ("micro-batches", po::value(&o.micro_batches)->default_value(1), "micro-batches per step (divides --batch)")

@@ -1,0 +1,272 @@
+#include "stages/image_data.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "memory/error.h"
+#include "stages/json_reader.h"
+
+namespace baton::stages {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& path, const std::string& what) {
+  throw InputError(path + ": " + what);
+}
+
+// The value text after 'key': in a NumPy header dict.
+std::string header_field(const std::string& path, const std::string& header,
+                         const std::string& key) {
+  const std::string k = "'" + key + "'";
+  size_t at = header.find(k);
+  if (at == std::string::npos) bad(path, "the .npy header has no '" + key + "': " + header);
+  at = header.find(':', at + k.size());
+  if (at == std::string::npos) bad(path, "malformed .npy header: " + header);
+  ++at;
+  while (at < header.size() && header[at] == ' ') ++at;
+  return header.substr(at);
+}
+
+int64_t element_size(const std::string& path, const std::string& descr) {
+  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|'))
+    bad(path,
+        "expected a little-endian array ('<' or '|' byte order), found dtype '" + descr + "'");
+  const char kind = descr[1];
+  if (kind != 'f' && kind != 'i' && kind != 'u')
+    bad(path, "expected a numeric array (float, int, uint), found dtype '" + descr + "'");
+  const int64_t size = std::atoll(descr.c_str() + 2);
+  if (size != 1 && size != 2 && size != 4 && size != 8)
+    bad(path, "unsupported element size in dtype '" + descr + "'");
+  return size;
+}
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Element k of a numeric .npy array as a double.
+double element(const NpyArray& a, int64_t k, int64_t esize) {
+  const char* p = a.bytes.data() + k * esize;
+  const char kind = a.descr[1];
+  auto get = [&]<class T>(T) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return double(v);
+  };
+  if (kind == 'f') return esize == 4 ? get(float{}) : esize == 8 ? get(double{}) : NAN;
+  if (kind == 'i') switch (esize) {
+      case 1:
+        return get(int8_t{});
+      case 2:
+        return get(int16_t{});
+      case 4:
+        return get(int32_t{});
+      default:
+        return get(int64_t{});
+    }
+  switch (esize) {
+    case 1:
+      return get(uint8_t{});
+    case 2:
+      return get(uint16_t{});
+    case 4:
+      return get(uint32_t{});
+    default:
+      return get(uint64_t{});
+  }
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::string& path) {
+  const std::string data = read_text_file(path);
+  if (data.size() < 10 || std::memcmp(data.data(), "\x93NUMPY", 6) != 0)
+    bad(path, "not a NumPy .npy file (no \\x93NUMPY magic)");
+  const int major = static_cast<unsigned char>(data[6]);
+  size_t header_len = 0, start = 0;
+  if (major == 1) {
+    header_len = size_t(static_cast<unsigned char>(data[8])) |
+                 size_t(static_cast<unsigned char>(data[9])) << 8;
+    start = 10;
+  } else if (major == 2 || major == 3) {
+    if (data.size() < 12) bad(path, "truncated .npy header");
+    for (int i = 0; i < 4; ++i)
+      header_len |= size_t(static_cast<unsigned char>(data[8 + size_t(i)])) << (8 * i);
+    start = 12;
+  } else {
+    bad(path, "expected .npy format version 1, 2 or 3, found " + std::to_string(major));
+  }
+  if (data.size() < start + header_len) bad(path, "truncated .npy header");
+  const std::string header = data.substr(start, header_len);
+  NpyArray a;
+  std::string descr = header_field(path, header, "descr");
+  if (descr.empty() || descr[0] != '\'' || descr.find('\'', 1) == std::string::npos)
+    bad(path, "expected a simple dtype string in the .npy header, found " + header);
+  a.descr = descr.substr(1, descr.find('\'', 1) - 1);
+  if (header_field(path, header, "fortran_order").rfind("False", 0) != 0)
+    bad(path, "expected a C-order array (fortran_order False); save it with np.ascontiguousarray");
+  std::string shape = header_field(path, header, "shape");
+  if (shape.empty() || shape[0] != '(' || shape.find(')') == std::string::npos)
+    bad(path, "malformed shape in the .npy header: " + header);
+  shape = shape.substr(1, shape.find(')') - 1);
+  size_t pos = 0;
+  while (pos < shape.size()) {
+    while (pos < shape.size() && (shape[pos] == ' ' || shape[pos] == ',')) ++pos;
+    if (pos >= shape.size()) break;
+    size_t end = pos;
+    while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
+    if (end == pos) bad(path, "malformed shape in the .npy header: " + header);
+    a.shape.push_back(std::stoll(shape.substr(pos, end - pos)));
+    pos = end;
+  }
+  const int64_t esize = element_size(path, a.descr);
+  const size_t want = size_t(memory::shape_numel(a.shape) * esize);
+  const size_t have = data.size() - start - header_len;
+  if (have != want)
+    bad(path, "expected " + std::to_string(want) + " bytes of data for shape " +
+                  memory::shape_str(a.shape) + " of '" + a.descr + "', found " +
+                  std::to_string(have));
+  a.bytes = data.substr(start + header_len);
+  return a;
+}
+
+void write_npy(const std::string& path, const memory::Tensor& t) {
+  const char* descr = nullptr;
+  switch (t.dtype()) {
+    case DType::f32:
+      descr = "<f4";
+      break;
+    case DType::f64:
+      descr = "<f8";
+      break;
+    case DType::i32:
+      descr = "<i4";
+      break;
+    case DType::i64:
+      descr = "<i8";
+      break;
+    default:
+      throw RuntimeError("write_npy: unsupported dtype " +
+                         std::string(memory::dtype_name(t.dtype())));
+  }
+  std::string shape = "(";
+  for (int64_t d = 0; d < t.dim(); ++d)
+    shape += std::to_string(t.size(d)) + (t.dim() == 1 ? "," : d + 1 < t.dim() ? ", " : "");
+  shape += ")";
+  std::string header =
+      "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // Magic, version, length, then the header padded with spaces to a multiple of 64 bytes.
+  const size_t total = ((10 + header.size() + 1 + 63) / 64) * 64;
+  header.append(total - 10 - header.size() - 1, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write("\x93NUMPY\x01\x00", 8);
+  const uint16_t len = uint16_t(header.size());
+  const char le[2] = {char(len & 0xff), char(len >> 8)};
+  f.write(le, 2);
+  f.write(header.data(), std::streamsize(header.size()));
+  memory::Tensor c = t.to(memory::Device::cpu());
+  f.write(static_cast<const char*>(c.raw_data()), std::streamsize(c.nbytes()));
+  if (!f) throw RuntimeError(path + ": cannot write");
+}
+
+bool is_image_dataset(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec) &&
+         std::filesystem::exists(std::filesystem::path(path) / "images.npy", ec);
+}
+
+ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
+  const std::string ip = (std::filesystem::path(dir) / "images.npy").string();
+  const std::string lp = (std::filesystem::path(dir) / "labels.npy").string();
+  NpyArray im = read_npy(ip);
+  NpyArray lb = read_npy(lp);
+  if (im.shape.size() == 3) im.shape.insert(im.shape.begin() + 1, 1);  // [N, H, W]: one channel
+  if (im.shape.size() != 4)
+    bad(ip,
+        "expected images of shape [N, C, H, W] or [N, H, W], found " + memory::shape_str(im.shape));
+  if (im.descr[1] != 'f' && im.descr != "|u1" && im.descr != "<u1")
+    bad(ip, "expected float32, float64 or uint8 images, found dtype '" + im.descr + "'");
+  if (lb.descr[1] == 'f') bad(lp, "expected integer labels, found dtype '" + lb.descr + "'");
+  if (lb.shape.size() != 1 || lb.shape[0] != im.shape[0])
+    bad(lp, "expected labels of shape [" + std::to_string(im.shape[0]) + "] (one per image of " +
+                ip + "), found " + memory::shape_str(lb.shape));
+  n_ = im.shape[0];
+  if (n_ == 0) bad(ip, "no images");
+  shape_ = {im.shape[1], im.shape[2], im.shape[3]};
+  const int64_t ie = element_size(ip, im.descr), le = element_size(lp, lb.descr);
+  const double scale = im.descr[1] == 'u' ? 1.0 / 255.0 : 1.0;
+  const int64_t total = memory::shape_numel(im.shape);
+  images_.resize(size_t(total));
+  for (int64_t k = 0; k < total; ++k) images_[size_t(k)] = float(element(im, k, ie) * scale);
+  labels_.resize(size_t(n_));
+  for (int64_t k = 0; k < n_; ++k) {
+    const double v = element(lb, k, le);
+    if (v < 0)
+      bad(lp, "label " + std::to_string(k) + " is negative (" + std::to_string(int64_t(v)) + ")");
+    labels_[size_t(k)] = int64_t(v);
+    classes_ = std::max(classes_, int64_t(v) + 1);
+  }
+}
+
+int64_t ImageDataset::sample_index(uint64_t seed, int64_t step, int64_t index) const {
+  const uint64_t h = mix(mix(seed ^ 0x1B873593ull) ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull) ^
+                         (uint64_t(index) * 0xD1B54A32D192ED03ull));
+  return int64_t(h % uint64_t(n_));
+}
+
+void ImageDataset::fill(uint64_t seed, int64_t step, int64_t first, int64_t n,
+                        memory::Tensor& images, memory::Tensor& labels) const {
+  memory::Shape want{n};
+  want.insert(want.end(), shape_.begin(), shape_.end());
+  BATON_CHECK(images.shape() == want, "images must be " + memory::shape_str(want));
+  BATON_CHECK(labels.dim() == 1 && labels.size(0) == n, "labels must be [n]");
+  const int64_t per = memory::shape_numel(shape_);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = sample_index(seed, step, first + i);
+    const float* src = images_.data() + k * per;
+    if (images.dtype() == DType::f32)
+      std::memcpy(images.data<float>() + i * per, src, size_t(per) * sizeof(float));
+    else if (images.dtype() == DType::f64)
+      for (int64_t e = 0; e < per; ++e) images.data<double>()[i * per + e] = double(src[e]);
+    else
+      BATON_CHECK(false, "images must be f32 or f64");
+    if (labels.dtype() == DType::i32)
+      labels.data<int32_t>()[i] = int32_t(labels_[size_t(k)]);
+    else if (labels.dtype() == DType::i64)
+      labels.data<int64_t>()[i] = labels_[size_t(k)];
+    else
+      BATON_CHECK(false, "labels must be i32 or i64");
+  }
+}
+
+void ImageDataset::check_model(const Graph& g, const std::string& source) const {
+  const int im = g.find_value("images"), lb = g.find_value("labels");
+  if (im < 0 || lb < 0 || g.inputs.size() != 2)
+    throw InputError(source +
+                     ": $.inputs: expected exactly the inputs 'images' and 'labels' "
+                     "(image data " +
+                     dir_ + "), found " + std::to_string(g.inputs.size()) + " input(s)");
+  const ValueType& it = g.values[size_t(im)].type;
+  const ValueType& lt = g.values[size_t(lb)].type;
+  if (!memory::is_floating(it.dtype) || it.shape != shape_)
+    throw InputError(source + ": $.inputs: expected images of type " +
+                     type_str({shape_, g.float_dtype}) + " (the data " + dir_ + "), found " +
+                     type_str(it));
+  if (memory::is_floating(lt.dtype) || !lt.shape.empty())
+    throw InputError(source +
+                     ": $.inputs: expected integer labels [] (one class per image), found " +
+                     type_str(lt));
+  for (const Node& n : g.nodes)
+    if (n.op == "cross_entropy" && n.inputs[1] == lb) {
+      const int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();
+      if (v < classes_)
+        throw InputError(source + ": " + n.json_path + ": the data " + dir_ + " has " +
+                         std::to_string(classes_) + " classes, the logits " + std::to_string(v));
+    }
+}
+
+}  // namespace baton::stages

@@ -1,0 +1,394 @@
+// The ops of convolutional networks on per-sample [C, H, W] images (NCHW with the batch):
+// conv2d, batchnorm2d (batch statistics while training, running statistics in evaluation,
+// the running statistics kept as non-trainable parameters the op updates), maxpool2d,
+// avgpool2d and global_avgpool. The residual network's other ops are add, relu, linear.
+#include "kernels/vision.h"
+
+#include <array>
+
+#include "stages/ops/common.h"
+#include "stages/ops/registry.h"
+
+namespace baton::stages::ops {
+namespace {
+
+// An attribute that is one integer for both dimensions or [h, w].
+std::array<int64_t, 2> pair_attr(const OpSpec& spec, const char* name, std::array<int64_t, 2> dflt,
+                                 int64_t min) {
+  auto a = spec.attrs.get(name);
+  if (!a) return dflt;
+  if (a->is_array()) {
+    if (a->size() != 2)
+      a->fail("an integer or a pair [h, w] of integers >= " + std::to_string(min),
+              json_brief(a->raw()));
+    return {a->at(size_t(0)).as_int(min, int64_t(1) << 20),
+            a->at(size_t(1)).as_int(min, int64_t(1) << 20)};
+  }
+  const int64_t v = a->as_int(min, int64_t(1) << 20);
+  return {v, v};
+}
+
+// The per-sample input must be [C, H, W].
+void expect_image(const OpSpec& spec, size_t i) {
+  expect_float_input(spec, i, 3);
+  if (spec.inputs[i].shape.size() != 3)
+    input_json(spec, i).fail("an image [C, H, W] per sample", type_str(spec.inputs[i]));
+}
+
+// ---- conv2d ----
+
+const OpSchema& conv2d_schema() {
+  static const OpSchema s{"conv2d",
+                          {"x"},
+                          {"y"},
+                          {{"weight", false}, {"bias", true}},
+                          {"stride", "padding", "dilation", "groups"},
+                          "2-D convolution of x [C, H, W] with weight [O, C / groups, KH, KW] "
+                          "(+ bias [O]); stride, padding, dilation: an integer or [h, w]"};
+  return s;
+}
+
+class Conv2d final : public OpBase {
+ public:
+  explicit Conv2d(const OpSpec& spec) : OpBase(conv2d_schema(), spec) {
+    expect_image(spec, 0);
+    const auto stride = pair_attr(spec, "stride", {1, 1}, 1);
+    const auto pad = pair_attr(spec, "padding", {0, 0}, 0);
+    const auto dil = pair_attr(spec, "dilation", {1, 1}, 1);
+    const int64_t groups = spec.attrs.get_int("groups", 1, 1, int64_t(1) << 20);
+    opt_ = kernels::Conv2dOptions::symmetric(stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
+                                             groups);
+    const Shape& x = spec.inputs[0].shape;
+    const Shape& w = *spec.params[0];
+    if (w.size() != 4)
+      param_json(spec, "weight")
+          .fail("a weight [O, C / groups, KH, KW]", "one of shape " + memory::shape_str(w));
+    if (x[0] % groups != 0 || w[0] % groups != 0)
+      spec.attrs.at("groups").fail("a divisor of the input channels " + std::to_string(x[0]) +
+                                       " and the output channels " + std::to_string(w[0]),
+                                   std::to_string(groups));
+    if (w[1] != x[0] / groups)
+      param_json(spec, "weight")
+          .fail("a weight with C / groups = " + std::to_string(x[0] / groups) +
+                    " input channels (the input is " + type_str(spec.inputs[0]) + ")",
+                "one of shape " + memory::shape_str(w));
+    o_ = w[0];
+    c_ = x[0];
+    k_ = w[2] * w[3] * w[1];
+    expect_param_shape(spec, schema_, 1, {o_});
+    has_bias_ = spec.params[1].has_value();
+    const int64_t oh = kernels::conv_output_size(x[1], w[2], stride[0], pad[0], pad[0], dil[0]);
+    const int64_t ow = kernels::conv_output_size(x[2], w[3], stride[1], pad[1], pad[1], dil[1]);
+    if (oh < 1 || ow < 1)
+      input_json(spec, 0).fail(
+          "an image the kernel " + std::to_string(w[2]) + "x" + std::to_string(w[3]) +
+              " (dilation " + std::to_string(dil[0]) + "x" + std::to_string(dil[1]) + ", padding " +
+              std::to_string(pad[0]) + "x" + std::to_string(pad[1]) + ") fits in",
+          type_str(spec.inputs[0]));
+    in_ = x;
+    out_.push_back({{o_, oh, ow}, dtype_, true});
+  }
+
+  bool saves_input(size_t) const override { return true; }
+  bool weight_needs_input(size_t) const override { return true; }
+  bool weight_needs_grad_outputs() const override { return true; }
+
+  void forward(ForwardCall& c) const override {
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    kernels::conv2d_forward(c.inputs[0], c.params[0], c.params[1], opt_, y);
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    auto t = c.grad_inputs[0].target();
+    kernels::conv2d_backward_input(c.grad_outputs[0], c.params[0], opt_, t.tensor, t.accumulate);
+  }
+
+  void backward_weight(WeightCall& c) const override {
+    if (!c.grad_outputs[0].defined()) return;
+    ParamGrad& gw = c.grad_params[0];
+    ParamGrad& gb = c.grad_params[1];
+    Tensor none;
+    if (gw.tensor.defined() && gb.tensor.defined() && gw.accumulate == gb.accumulate) {
+      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], opt_, gw.tensor, gb.tensor,
+                                      gw.accumulate);
+      return;
+    }
+    if (gw.tensor.defined())
+      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], opt_, gw.tensor, none,
+                                      gw.accumulate);
+    if (gb.tensor.defined()) {
+      // The bias alone: the sum of dy over the output plane (mean times its size), then
+      // over the batch.
+      const Shape& y = out_[0].shape;
+      Tensor sums = Tensor::empty({c.ctx.batch(), o_}, dtype_, c.ctx.device);
+      kernels::global_avgpool_forward(c.grad_outputs[0], sums);
+      kernels::scale_inplace(sums, double(y[1] * y[2]));
+      kernels::bias_backward(sums, gb.tensor, gb.accumulate);
+    }
+  }
+
+  OpCost cost(int64_t batch) const override {
+    const Shape& y = out_[0].shape;
+    const double outs = double(batch * o_ * y[1] * y[2]);
+    const double mm = 2.0 * outs * double(k_);
+    OpCost k;
+    k.forward_flops = mm + (has_bias_ ? outs : 0);
+    k.backward_input_flops = mm;
+    k.backward_weight_flops = mm + (has_bias_ ? outs : 0);
+    return k;
+  }
+
+ private:
+  kernels::Conv2dOptions opt_;
+  Shape in_;
+  int64_t o_ = 0, c_ = 0, k_ = 0;
+  bool has_bias_ = false;
+};
+
+// ---- batchnorm2d ----
+
+const OpSchema& batchnorm_schema() {
+  static const OpSchema s{
+      "batchnorm2d",
+      {"x"},
+      {"y"},
+      {{"weight", false}, {"bias", false}, {"running_mean", true}, {"running_var", true}},
+      {"eps", "momentum"},
+      "batch normalisation of x [C, H, W] per channel over the micro-batch "
+      "and the plane while training (the running statistics, parameters "
+      "with \"trainable\": false, move by momentum); in evaluation the "
+      "running statistics normalise"};
+  return s;
+}
+
+class BatchNorm2d final : public OpBase {
+ public:
+  explicit BatchNorm2d(const OpSpec& spec) : OpBase(batchnorm_schema(), spec) {
+    expect_image(spec, 0);
+    eps_ = spec.attrs.get_double("eps", 1e-5, 1e-12, 1.0);
+    momentum_ = spec.attrs.get_double("momentum", 0.1, 0.0, 1.0);
+    c_ = spec.inputs[0].shape[0];
+    for (size_t k = 0; k < 4; ++k) expect_param_shape(spec, schema_, k, {c_});
+    running_ = spec.params[2].has_value();
+    if (running_ != spec.params[3].has_value())
+      param_json(spec, running_ ? "running_var" : "running_mean")
+          .fail("running_mean and running_var together (or neither)");
+    elems_ = numel_of(spec.inputs[0].shape);
+    out_.push_back(spec.inputs[0]);
+  }
+
+  bool saves_input(size_t) const override { return true; }
+  bool weight_needs_input(size_t) const override { return true; }
+  bool weight_needs_grad_outputs() const override { return true; }
+  bool weight_needs_saved() const override { return true; }
+
+  void forward(ForwardCall& c) const override {
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    if (!c.ctx.training && running_) {
+      kernels::batchnorm_forward_eval(c.inputs[0], c.params[0], c.params[1], c.params[2],
+                                      c.params[3], eps_, y);
+      c.outputs[0] = y;
+      return;
+    }
+    Tensor mean = c.alloc({c_}, dtype_), rstd = c.alloc({c_}, dtype_);
+    // The running statistics move once per training forward (not again when a recomputed
+    // layer runs its forward a second time, nor in evaluation without them).
+    Tensor rm, rv;
+    if (running_ && c.ctx.training && !c.ctx.recompute) {
+      rm = c.params[2];
+      rv = c.params[3];
+    }
+    kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, momentum_, y,
+                                     mean, rstd, rm, rv);
+    c.outputs[0] = y;
+    c.saved.push_back(mean);
+    c.saved.push_back(rstd);
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    auto t = c.grad_inputs[0].target();
+    kernels::batchnorm_backward_input(c.grad_outputs[0], c.inputs[0], c.params[0], c.saved[0],
+                                      c.saved[1], t.tensor, t.accumulate);
+  }
+
+  void backward_weight(WeightCall& c) const override {
+    if (!c.grad_outputs[0].defined()) return;
+    ParamGrad& gw = c.grad_params[0];
+    ParamGrad& gb = c.grad_params[1];
+    // Running statistics declared trainable get a zero gradient (they are not a function
+    // the loss differentiates); the Stage gives buffers none.
+    for (size_t k = 2; k < 4; ++k)
+      if (c.grad_params[k].tensor.defined() && !c.grad_params[k].accumulate)
+        c.grad_params[k].tensor.fill_(0.0);
+    Tensor none;
+    if (gw.tensor.defined() && gb.tensor.defined() && gw.accumulate == gb.accumulate) {
+      kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
+                                         gw.tensor, gb.tensor, gw.accumulate);
+      return;
+    }
+    if (gw.tensor.defined())
+      kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
+                                         gw.tensor, none, gw.accumulate);
+    if (gb.tensor.defined())
+      kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
+                                         none, gb.tensor, gb.accumulate);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    const double e = double(batch * elems_);
+    OpCost k;
+    k.forward_flops = 7 * e;  // mean, centred variance, normalise, scale and shift
+    k.backward_input_flops = 9 * e;
+    k.backward_weight_flops = 4 * e;
+    k.extra_saved_bytes = 2 * alloc_bytes(c_, dtype_);
+    return k;
+  }
+
+ private:
+  double eps_ = 1e-5, momentum_ = 0.1;
+  int64_t c_ = 0, elems_ = 0;
+  bool running_ = false;
+};
+
+// ---- pooling ----
+
+const OpSchema& maxpool_schema() {
+  static const OpSchema s{"maxpool2d",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {"kernel", "stride", "padding"},
+                          "max pooling of x [C, H, W]; kernel (required), stride (default: "
+                          "the kernel), padding (0, counts as -inf): an integer or [h, w]"};
+  return s;
+}
+const OpSchema& avgpool_schema() {
+  static const OpSchema s{"avgpool2d",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {"kernel", "stride", "padding", "count_include_pad"},
+                          "average pooling of x [C, H, W]; kernel (required), stride (default: "
+                          "the kernel), padding (0); count_include_pad (true) divides by the "
+                          "whole window as torch does"};
+  return s;
+}
+
+template <bool kMax>
+class Pool2d final : public OpBase {
+ public:
+  explicit Pool2d(const OpSpec& spec) : OpBase(kMax ? maxpool_schema() : avgpool_schema(), spec) {
+    expect_image(spec, 0);
+    if (!spec.attrs.has("kernel")) spec.attrs.fail("an object with \"kernel\"");
+    const auto k = pair_attr(spec, "kernel", {1, 1}, 1);
+    const auto s = pair_attr(spec, "stride", k, 1);
+    const auto p = pair_attr(spec, "padding", {0, 0}, 0);
+    if (2 * p[0] > k[0] || 2 * p[1] > k[1])
+      spec.attrs.at("padding").fail(
+          "at most half the kernel " + std::to_string(k[0]) + "x" + std::to_string(k[1]),
+          json_brief(spec.attrs.at("padding").raw()));
+    opt_ = kernels::Pool2dOptions{k[0], k[1], s[0], s[1], p[0], p[1], true};
+    if (!kMax) opt_.count_include_pad = spec.attrs.get_bool("count_include_pad", true);
+    const Shape& x = spec.inputs[0].shape;
+    const int64_t oh = kernels::conv_output_size(x[1], k[0], s[0], p[0], p[0], 1);
+    const int64_t ow = kernels::conv_output_size(x[2], k[1], s[1], p[1], p[1], 1);
+    if (oh < 1 || ow < 1)
+      input_json(spec, 0).fail(
+          "an image a window of " + std::to_string(k[0]) + "x" + std::to_string(k[1]) + " fits in",
+          type_str(spec.inputs[0]));
+    out_.push_back({{x[0], oh, ow}, dtype_, true});
+    in_ = x;
+    window_ = k[0] * k[1];
+  }
+
+  void forward(ForwardCall& c) const override {
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    if (kMax) {
+      Tensor idx = c.alloc(y.shape(), DType::i32);
+      kernels::maxpool2d_forward(c.inputs[0], opt_, y, idx);
+      c.saved.push_back(idx);
+    } else {
+      kernels::avgpool2d_forward(c.inputs[0], opt_, y);
+    }
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    auto t = c.grad_inputs[0].target();
+    if (kMax)
+      kernels::maxpool2d_backward(c.grad_outputs[0], c.saved[0], t.tensor, t.accumulate);
+    else
+      kernels::avgpool2d_backward(c.grad_outputs[0], opt_, t.tensor, t.accumulate);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    const double outs = double(batch * numel_of(out_[0].shape));
+    OpCost k;
+    k.forward_flops = outs * double(window_);
+    k.backward_input_flops = kMax ? outs : outs * double(window_);
+    if (kMax) k.extra_saved_bytes = alloc_bytes(batch * numel_of(out_[0].shape), DType::i32);
+    return k;
+  }
+
+ private:
+  kernels::Pool2dOptions opt_;
+  Shape in_;
+  int64_t window_ = 1;
+};
+
+const OpSchema& global_avgpool_schema() {
+  static const OpSchema s{
+      "global_avgpool", {"x"}, {"y"}, {}, {}, "the mean of x [C, H, W] over H and W: y [C]"};
+  return s;
+}
+
+class GlobalAvgPool final : public OpBase {
+ public:
+  explicit GlobalAvgPool(const OpSpec& spec) : OpBase(global_avgpool_schema(), spec) {
+    expect_image(spec, 0);
+    in_ = spec.inputs[0].shape;
+    out_.push_back({{in_[0]}, dtype_, true});
+  }
+
+  void forward(ForwardCall& c) const override {
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    kernels::global_avgpool_forward(c.inputs[0], y);
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    auto t = c.grad_inputs[0].target();
+    kernels::global_avgpool_backward(c.grad_outputs[0], t.tensor, t.accumulate);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    OpCost k;
+    k.forward_flops = double(batch * numel_of(in_));
+    k.backward_input_flops = k.forward_flops;
+    return k;
+  }
+
+ private:
+  Shape in_;
+};
+
+}  // namespace
+
+void add_vision_ops(std::vector<OpType>& table) {
+  table.push_back({conv2d_schema(), [](const OpSpec& s) { return std::make_unique<Conv2d>(s); }});
+  table.push_back(
+      {batchnorm_schema(), [](const OpSpec& s) { return std::make_unique<BatchNorm2d>(s); }});
+  table.push_back(
+      {maxpool_schema(), [](const OpSpec& s) { return std::make_unique<Pool2d<true>>(s); }});
+  table.push_back(
+      {avgpool_schema(), [](const OpSpec& s) { return std::make_unique<Pool2d<false>>(s); }});
+  table.push_back({global_avgpool_schema(),
+                   [](const OpSpec& s) { return std::make_unique<GlobalAvgPool>(s); }});
+}
+
+}  // namespace baton::stages::ops
