@@ -7,13 +7,13 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/plan_trainer.h"
+#include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
 #include "partitioner/plan.h"
-#include "partitioner/plan_trainer.h"
-#include "stages/trainer.h"
 #include "tools/command.h"
 #include "transport/world.h"
 
@@ -40,7 +40,7 @@ std::set<int> parse_layers(const std::string& text) {
 
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  stages::TrainOptions o;
+  engine::TrainOptions o;
   std::string optimizer, device_memory, recompute, plan, schedule_file, trace;
   int64_t trace_steps = 1;
   double bucket_mib = 4;
@@ -105,7 +105,7 @@ int run_train(const std::vector<std::string>& args) {
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
       if (!vm[flag].defaulted() && vm.count(flag)) throw InputError(std::string("--") + flag + " needs --plan");
-    stages::run_training(o);
+    engine::run_training(o);
     return 0;
   }
   for (const char* flag : {"model", "init-from", "recompute"})
@@ -119,7 +119,7 @@ int run_train(const std::vector<std::string>& args) {
     int64_t cap = partitioner::read_plan(plan).device_memory;
     if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
   }
-  partitioner::PlanTrainOptions po;
+  engine::PlanTrainOptions po;
   po.plan_path = plan;
   po.schedule_path = schedule_file;
   po.data_path = o.data_path;
@@ -141,7 +141,7 @@ int run_train(const std::vector<std::string>& args) {
   // (the transport's own default, 20 s, suits long collectives of very large jobs).
   if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
   transport::World world = transport::init_world(wo);
-  partitioner::train_plan(po, world.comm);
+  engine::train_plan(po, world.comm);
   return 0;
 }
 

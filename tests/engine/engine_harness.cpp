@@ -117,8 +117,8 @@ stages::OptimizerConfig optimizer(const RunSettings& s) {
 
 }  // namespace
 
-partitioner::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
-  partitioner::PlanTrainOptions o;
+engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
+  engine::PlanTrainOptions o;
   o.data_path = s.data.empty() ? default_data() : s.data;
   o.steps = s.steps;
   o.optimizer = optimizer(s);
@@ -128,10 +128,10 @@ partitioner::PlanTrainOptions train_options(const Workspace&, const RunSettings&
   return o;
 }
 
-std::vector<stages::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
+std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
   kernels::set_num_threads(1);
   plan_json(p, ws);  // writes model.json
-  stages::TrainOptions o;
+  engine::TrainOptions o;
   o.model_path = ws.path("model.json");
   o.data_path = s.data.empty() ? default_data() : s.data;
   o.steps = s.steps;
@@ -141,22 +141,22 @@ std::vector<stages::StepRecord> run_reference(const PlanSpec& p, const Workspace
   o.grad_clip = s.grad_clip;
   o.seed = s.seed;
   o.log_every = 0;
-  return stages::run_training(o).records;
+  return engine::run_training(o).records;
 }
 
-std::vector<stages::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
-                                            const partitioner::PlanTrainOptions& o) {
+std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
+                                            const engine::PlanTrainOptions& o) {
   kernels::set_num_threads(1);
   const int n = plan->layout.world();
   std::vector<transport::CommPtr> world = transport::make_local_world(n);
-  std::vector<std::vector<stages::StepRecord>> records(static_cast<size_t>(n), std::vector<stages::StepRecord>{});
+  std::vector<std::vector<engine::StepRecord>> records(static_cast<size_t>(n), std::vector<engine::StepRecord>{});
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        records[size_t(r)] = partitioner::train_plan(plan, o, world[size_t(r)]).records;
+        records[size_t(r)] = engine::train_plan(plan, o, world[size_t(r)]).records;
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();

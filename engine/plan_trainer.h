@@ -9,11 +9,11 @@
 #include <functional>
 #include <string>
 
-#include "partitioner/evaluate.h"
-#include "stages/trainer.h"
+#include "engine/trainer.h"
+#include "partitioner/resolved_plan.h"
 #include "transport/communicator.h"
 
-namespace baton::partitioner {
+namespace baton::engine {
 
 struct PlanTrainOptions {
   std::string plan_path;      // the plan (read by every rank)
@@ -38,12 +38,12 @@ struct PlanTrainOptions {
 
 // Runs the plan's training on this rank; every rank returns the same records. Throws
 // InputError for bad input (plan, files, a world that does not match the plan).
-stages::TrainSummary train_plan(const PlanTrainOptions& options, transport::CommPtr world,
-                                const std::function<void(const stages::StepRecord&)>& on_step = {});
+TrainSummary train_plan(const PlanTrainOptions& options, transport::CommPtr world,
+                                const std::function<void(const StepRecord&)>& on_step = {});
 
 // The same with a plan already resolved (tests build plans in memory).
-stages::TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> plan, const PlanTrainOptions& options,
+TrainSummary train_plan(std::shared_ptr<const partitioner::ResolvedPlan> plan, const PlanTrainOptions& options,
                                 transport::CommPtr world,
-                                const std::function<void(const stages::StepRecord&)>& on_step = {});
+                                const std::function<void(const StepRecord&)>& on_step = {});
 
-}  // namespace baton::partitioner
+}  // namespace baton::engine

@@ -1,4 +1,4 @@
-#include "stages/trainer.h"
+#include "engine/trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,11 +14,12 @@
 #include "stages/json_reader.h"
 #include "stages/model.h"
 
-namespace baton::stages {
+namespace baton::engine {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace stages;  // the Stage, its graph, data and checkpoints
 
 std::string duration_str(double s) {
   char buf[32];
@@ -212,4 +213,4 @@ TrainSummary run_training(const TrainOptions& o,
   return summary;
 }
 
-}  // namespace baton::stages
+}  // namespace baton::engine

@@ -11,7 +11,7 @@
 
 #include "stages/stage.h"
 
-namespace baton::stages {
+namespace baton::engine {
 
 struct TrainOptions {
   std::string model_path;        // model JSON (or empty with init_from: its config.json)
@@ -19,7 +19,7 @@ struct TrainOptions {
   int64_t steps = 100;           // total steps; a resumed run continues up to this
   int64_t batch = 8;             // samples per step (global batch)
   int64_t micro_batches = 1;     // K; batch must be a multiple of K
-  OptimizerConfig optimizer;
+  stages::OptimizerConfig optimizer;
   double grad_clip = 1.0;        // max global gradient norm; 0: no clipping
   uint64_t seed = 1;
   std::string checkpoint_dir;    // empty: no checkpoints
@@ -30,7 +30,7 @@ struct TrainOptions {
   int64_t log_every = 1;
   std::string loss_log;          // JSON lines {"step", "loss", "grad_norm", "lr"}
   std::set<int> recompute_layers;
-  DType float_dtype = DType::f32;
+  memory::DType float_dtype = memory::DType::f32;
 };
 
 struct StepRecord {
@@ -52,4 +52,4 @@ struct TrainSummary {
 TrainSummary run_training(const TrainOptions& options,
                           const std::function<void(const StepRecord&)>& on_step = {});
 
-}  // namespace baton::stages
+}  // namespace baton::engine

@@ -1,4 +1,4 @@
-#include "partitioner/plan_trainer.h"
+#include "engine/plan_trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,19 +7,19 @@
 #include <cstdio>
 #include <fstream>
 
+#include "engine/rank_engine.h"
 #include "memory/units.h"
-#include "partitioner/rank_engine.h"
 #include "schedule/schedule_io.h"
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/json_reader.h"
 
-namespace baton::partitioner {
+namespace baton::engine {
 
 using memory::Tensor;
-using stages::StepRecord;
-using stages::TrainSummary;
+using partitioner::Plan;
+using partitioner::ResolvedPlan;
 using transport::Communicator;
 
 namespace {
@@ -206,10 +206,10 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
 
 TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
                         const std::function<void(const StepRecord&)>& on_step) {
-  Plan plan = read_plan(o.plan_path);
-  auto graph = load_plan_model(plan);
-  auto r = std::make_shared<ResolvedPlan>(resolve_plan(plan, graph));
-  if (!o.schedule_path.empty()) use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
+  Plan plan = partitioner::read_plan(o.plan_path);
+  auto graph = partitioner::load_plan_model(plan);
+  auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
+  if (!o.schedule_path.empty()) partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
   return train_plan(r, o, std::move(world), on_step);
 }
 
@@ -328,7 +328,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       engine.executor().set_recording(true);
     }
     auto t0 = Clock::now();
-    schedule::StepStats st = engine.step(step, step + 1 < o.steps ? step + 1 : -1);
+    StepStats st = engine.step(step, step + 1 < o.steps ? step + 1 : -1);
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
     summary.records.push_back(rec);
@@ -366,4 +366,4 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
 }  // namespace
 
-}  // namespace baton::partitioner
+}  // namespace baton::engine
