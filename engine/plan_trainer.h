@@ -1,35 +1,27 @@
 // Training under a plan: every rank of the job runs train_plan() with its world
 // communicator (UCX processes under `baton launch`, or threads of one process over the
-// local backend in tests). Byte-level data as in the one-process trainer, the same loss
-// log, sharded checkpoints that any other plan (or one process) resumes, and a measured
-// timeline of chosen steps in the simulator's trace format.
+// local backend in tests). Byte-level data as in the one-process trainer, the same loop
+// (engine/loop.h: loss log, progress, checkpoint cadence, summary), sharded checkpoints
+// that any other plan (or one process) resumes, and a measured timeline of chosen steps
+// in the simulator's trace format.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "engine/trainer.h"
+#include "engine/loop.h"
 #include "partitioner/resolved_plan.h"
 #include "transport/communicator.h"
 
 namespace baton::engine {
 
-struct PlanTrainOptions {
+// A rank's options: the shared ones (engine/loop.h; the plan gives the model and batch)
+// and the plan's.
+struct PlanTrainOptions : LoopOptions {
   std::string plan_path;      // the plan (read by every rank)
   std::string schedule_path;  // optional: a schedule file replacing the plan's generator
-  std::string data_path;
-  int64_t steps = 100;
-  stages::OptimizerConfig optimizer;
-  double grad_clip = 1.0;
-  uint64_t seed = 1;
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;  // steps; 0: only at the end
-  int keep_checkpoints = 0;
-  bool resume = false;
-  int64_t log_every = 1;
-  std::string loss_log;          // written by rank 0: JSON lines as the one-process trainer
-  std::string trace_path;        // Chrome trace of the last trace_steps steps (rank 0 writes it)
+  std::string trace_path;     // Chrome trace of the last trace_steps steps (rank 0 writes it)
   int64_t trace_steps = 1;
   size_t bucket_bytes = size_t(4) << 20;
   int recv_ahead = 2;

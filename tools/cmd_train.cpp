@@ -68,6 +68,7 @@ int run_train(const std::vector<std::string>& args) {
       ("recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")
       ("log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")
       ("loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")
+      ("summary", po::value(&o.summary_path), "write the run's summary JSON here at the end (docs/formats/summary.md)")
       ("plan", po::value(&plan), "train under this plan (one process per rank: run under baton launch)")
       ("schedule", po::value(&schedule_file), "with --plan: a schedule file to run instead of the plan's generator")
       ("trace", po::value(&trace), "with --plan: write the measured timeline of the last steps (Chrome trace JSON)")
@@ -120,19 +121,9 @@ int run_train(const std::vector<std::string>& args) {
     if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
   }
   engine::PlanTrainOptions po;
+  static_cast<engine::LoopOptions&>(po) = o;  // the options both loops share
   po.plan_path = plan;
   po.schedule_path = schedule_file;
-  po.data_path = o.data_path;
-  po.steps = o.steps;
-  po.optimizer = o.optimizer;
-  po.grad_clip = o.grad_clip;
-  po.seed = o.seed;
-  po.checkpoint_dir = o.checkpoint_dir;
-  po.checkpoint_every = o.checkpoint_every;
-  po.keep_checkpoints = o.keep_checkpoints;
-  po.resume = o.resume;
-  po.log_every = o.log_every;
-  po.loss_log = o.loss_log;
   po.trace_path = trace;
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);

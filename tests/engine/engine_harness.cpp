@@ -117,8 +117,8 @@ stages::OptimizerConfig optimizer(const RunSettings& s) {
 
 }  // namespace
 
-engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
-  engine::PlanTrainOptions o;
+engine::LoopOptions loop_options(const RunSettings& s) {
+  engine::LoopOptions o;
   o.data_path = s.data.empty() ? default_data() : s.data;
   o.steps = s.steps;
   o.optimizer = optimizer(s);
@@ -128,19 +128,20 @@ engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
   return o;
 }
 
+engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
+  engine::PlanTrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  return o;
+}
+
 std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
   kernels::set_num_threads(1);
   plan_json(p, ws);  // writes model.json
   engine::TrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
   o.model_path = ws.path("model.json");
-  o.data_path = s.data.empty() ? default_data() : s.data;
-  o.steps = s.steps;
   o.batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
   o.micro_batches = int64_t(p.dp) * p.micro_batches;
-  o.optimizer = optimizer(s);
-  o.grad_clip = s.grad_clip;
-  o.seed = s.seed;
-  o.log_every = 0;
   return engine::run_training(o).records;
 }
 

@@ -56,6 +56,8 @@ struct RunSettings {
   std::string data;  // default: examples/data/licenses.txt
 };
 
+// The loop options of both runs (no logging).
+engine::LoopOptions loop_options(const RunSettings& s);
 std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s);
 // Runs every rank as a thread; returns rank 0's records and checks every rank reported
 // the same ones (EXPECT).

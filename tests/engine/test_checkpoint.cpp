@@ -34,15 +34,10 @@ std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const st
     whole.tp = {1};
     plan_json(whole, ws);
     engine::TrainOptions o;
+    static_cast<engine::LoopOptions&>(o) = loop_options(s);
     o.model_path = ws.path("model.json");
-    o.data_path = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
-    o.steps = to;
     o.batch = 8;
     o.micro_batches = 4;
-    o.optimizer.adamw = kernels::AdamW{s.lr, 0.9, 0.999, 1e-8, 0.01};
-    o.grad_clip = s.grad_clip;
-    o.seed = s.seed;
-    o.log_every = 0;
     o.checkpoint_dir = ckpt;
     o.resume = resume;
     return engine::run_training(o).records;
