@@ -1,7 +1,6 @@
-// A plan checked against its model (resolve_plan: every field that needs the model,
-// with errors naming the plan file and JSON path) and what it is predicted to cost
-// (evaluate_plan: per rank its layers, parameters, memory and time; the step time from
-// schedule/'s simulator; what does not fit and by how much).
+// What a plan (resolved against its model: partitioner/resolved_plan.h) is predicted to
+// cost (evaluate_plan: per rank its layers, parameters, memory and time; the step time
+// from schedule/'s simulator; what does not fit and by how much), and its physical graphs.
 #pragma once
 
 #include <memory>
@@ -12,34 +11,13 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/layout.h"
 #include "partitioner/plan.h"
+#include "partitioner/resolved_plan.h"
 #include "partitioner/tensor_parallel.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
 #include "stages/graph.h"
 
 namespace baton::partitioner {
-
-struct ResolvedPlan {
-  Plan plan;
-  std::shared_ptr<const stages::Graph> graph;  // logical
-  Layout layout;
-  schedule::Schedule schedule;               // compute-only, from the generator
-  std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
-  std::vector<int> chunk_of_stage;           // schedule stage -> model chunk
-  std::vector<int> layer_tp;                 // degree per layer
-  std::vector<std::set<int>> recompute;      // per chunk, layer indices
-  Sharding sharding;
-
-  int num_chunks() const { return int(chunk_first.size()); }
-  // Schedule stages held by pipeline rank pp (ascending).
-  std::vector<int> stages_of(int pp) const;
-  std::set<int> recompute_layers() const;  // every chunk's
-};
-
-// Loads the model a plan names (or embeds); InputError naming the plan's field.
-std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan);
-// Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
-ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
 
 struct RankEstimate {
   int rank = 0;

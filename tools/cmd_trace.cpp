@@ -7,7 +7,7 @@
 #include "memory/error.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/predict.h"
-#include "partitioner/rank_engine.h"
+#include "partitioner/resolved_plan.h"
 #include "schedule/schedule_io.h"
 #include "schedule/timeline.h"
 #include "schedule/trace_compare.h"

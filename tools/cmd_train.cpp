@@ -7,13 +7,13 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/plan_trainer.h"
+#include "engine/trainer.h"
 #include "kernels/ops.h"
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
 #include "partitioner/plan.h"
-#include "partitioner/plan_trainer.h"
-#include "stages/trainer.h"
 #include "tools/command.h"
 #include "transport/world.h"
 
@@ -40,7 +40,7 @@ std::set<int> parse_layers(const std::string& text) {
 
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  stages::TrainOptions o;
+  engine::TrainOptions o;
   std::string optimizer, device_memory, recompute, plan, schedule_file, trace;
   int64_t trace_steps = 1;
   double bucket_mib = 4;
@@ -68,6 +68,7 @@ int run_train(const std::vector<std::string>& args) {
       ("recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")
       ("log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")
       ("loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")
+      ("summary", po::value(&o.summary_path), "write the run's summary JSON here at the end (docs/formats/summary.md)")
       ("plan", po::value(&plan), "train under this plan (one process per rank: run under baton launch)")
       ("schedule", po::value(&schedule_file), "with --plan: a schedule file to run instead of the plan's generator")
       ("trace", po::value(&trace), "with --plan: write the measured timeline of the last steps (Chrome trace JSON)")
@@ -105,7 +106,7 @@ int run_train(const std::vector<std::string>& args) {
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
       if (!vm[flag].defaulted() && vm.count(flag)) throw InputError(std::string("--") + flag + " needs --plan");
-    stages::run_training(o);
+    engine::run_training(o);
     return 0;
   }
   for (const char* flag : {"model", "init-from", "recompute"})
@@ -119,20 +120,10 @@ int run_train(const std::vector<std::string>& args) {
     int64_t cap = partitioner::read_plan(plan).device_memory;
     if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
   }
-  partitioner::PlanTrainOptions po;
+  engine::PlanTrainOptions po;
+  static_cast<engine::LoopOptions&>(po) = o;  // the options both loops share
   po.plan_path = plan;
   po.schedule_path = schedule_file;
-  po.data_path = o.data_path;
-  po.steps = o.steps;
-  po.optimizer = o.optimizer;
-  po.grad_clip = o.grad_clip;
-  po.seed = o.seed;
-  po.checkpoint_dir = o.checkpoint_dir;
-  po.checkpoint_every = o.checkpoint_every;
-  po.keep_checkpoints = o.keep_checkpoints;
-  po.resume = o.resume;
-  po.log_every = o.log_every;
-  po.loss_log = o.loss_log;
   po.trace_path = trace;
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);
@@ -141,7 +132,7 @@ int run_train(const std::vector<std::string>& args) {
   // (the transport's own default, 20 s, suits long collectives of very large jobs).
   if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
   transport::World world = transport::init_world(wo);
-  partitioner::train_plan(po, world.comm);
+  engine::train_plan(po, world.comm);
   return 0;
 }
 

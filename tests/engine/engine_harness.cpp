@@ -117,8 +117,8 @@ stages::OptimizerConfig optimizer(const RunSettings& s) {
 
 }  // namespace
 
-partitioner::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
-  partitioner::PlanTrainOptions o;
+engine::LoopOptions loop_options(const RunSettings& s) {
+  engine::LoopOptions o;
   o.data_path = s.data.empty() ? default_data() : s.data;
   o.steps = s.steps;
   o.optimizer = optimizer(s);
@@ -128,35 +128,36 @@ partitioner::PlanTrainOptions train_options(const Workspace&, const RunSettings&
   return o;
 }
 
-std::vector<stages::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
-  kernels::set_num_threads(1);
-  plan_json(p, ws);  // writes model.json
-  stages::TrainOptions o;
-  o.model_path = ws.path("model.json");
-  o.data_path = s.data.empty() ? default_data() : s.data;
-  o.steps = s.steps;
-  o.batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
-  o.micro_batches = int64_t(p.dp) * p.micro_batches;
-  o.optimizer = optimizer(s);
-  o.grad_clip = s.grad_clip;
-  o.seed = s.seed;
-  o.log_every = 0;
-  return stages::run_training(o).records;
+engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
+  engine::PlanTrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  return o;
 }
 
-std::vector<stages::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
-                                            const partitioner::PlanTrainOptions& o) {
+std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
+  kernels::set_num_threads(1);
+  plan_json(p, ws);  // writes model.json
+  engine::TrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  o.model_path = ws.path("model.json");
+  o.batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+  o.micro_batches = int64_t(p.dp) * p.micro_batches;
+  return engine::run_training(o).records;
+}
+
+std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
+                                            const engine::PlanTrainOptions& o) {
   kernels::set_num_threads(1);
   const int n = plan->layout.world();
   std::vector<transport::CommPtr> world = transport::make_local_world(n);
-  std::vector<std::vector<stages::StepRecord>> records(static_cast<size_t>(n), std::vector<stages::StepRecord>{});
+  std::vector<std::vector<engine::StepRecord>> records(static_cast<size_t>(n), std::vector<engine::StepRecord>{});
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        records[size_t(r)] = partitioner::train_plan(plan, o, world[size_t(r)]).records;
+        records[size_t(r)] = engine::train_plan(plan, o, world[size_t(r)]).records;
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();

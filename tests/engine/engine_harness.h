@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan_trainer.h"
+#include "engine/trainer.h"
 #include "partitioner/evaluate.h"
-#include "partitioner/plan_trainer.h"
-#include "stages/trainer.h"
 
 namespace baton::engine_testing {
 
@@ -56,12 +56,14 @@ struct RunSettings {
   std::string data;  // default: examples/data/licenses.txt
 };
 
-std::vector<stages::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s);
+// The loop options of both runs (no logging).
+engine::LoopOptions loop_options(const RunSettings& s);
+std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s);
 // Runs every rank as a thread; returns rank 0's records and checks every rank reported
 // the same ones (EXPECT).
-std::vector<stages::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
-                                            const partitioner::PlanTrainOptions& o);
-partitioner::PlanTrainOptions train_options(const Workspace& ws, const RunSettings& s);
+std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
+                                            const engine::PlanTrainOptions& o);
+engine::PlanTrainOptions train_options(const Workspace& ws, const RunSettings& s);
 
 // True when every stage of the schedule runs its weight gradients in ascending
 // micro-batch order and each chunk has one replica: the accumulation order of the

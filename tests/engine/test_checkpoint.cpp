@@ -25,7 +25,7 @@ PlanSpec gpt_plan(std::vector<int> tp, int dp, const std::string& schedule, int 
 }
 
 // Runs a plan (or, with an empty tp, one process) from `from` (resume) to `to` steps.
-std::vector<stages::StepRecord> train(const PlanSpec& p, Workspace& ws, const std::string& ckpt, int64_t to,
+std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const std::string& ckpt, int64_t to,
                                       bool resume) {
   RunSettings s;
   s.steps = to;
@@ -33,21 +33,16 @@ std::vector<stages::StepRecord> train(const PlanSpec& p, Workspace& ws, const st
     PlanSpec whole = p;
     whole.tp = {1};
     plan_json(whole, ws);
-    stages::TrainOptions o;
+    engine::TrainOptions o;
+    static_cast<engine::LoopOptions&>(o) = loop_options(s);
     o.model_path = ws.path("model.json");
-    o.data_path = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
-    o.steps = to;
     o.batch = 8;
     o.micro_batches = 4;
-    o.optimizer.adamw = kernels::AdamW{s.lr, 0.9, 0.999, 1e-8, 0.01};
-    o.grad_clip = s.grad_clip;
-    o.seed = s.seed;
-    o.log_every = 0;
     o.checkpoint_dir = ckpt;
     o.resume = resume;
-    return stages::run_training(o).records;
+    return engine::run_training(o).records;
   }
-  partitioner::PlanTrainOptions o = train_options(ws, s);
+  engine::PlanTrainOptions o = train_options(ws, s);
   o.checkpoint_dir = ckpt;
   o.checkpoint_every = 5;
   o.resume = resume;
@@ -57,8 +52,8 @@ std::vector<stages::StepRecord> train(const PlanSpec& p, Workspace& ws, const st
 TEST(Checkpoint, SamePlanResumesBitForBit) {
   Workspace ws("ckpt");
   PlanSpec p = gpt_plan({2, 2}, 2, "zb-v", 2);
-  std::vector<stages::StepRecord> whole = train(p, ws, ws.path("a"), 20, false);
-  std::vector<stages::StepRecord> first = train(p, ws, ws.path("b"), 10, false);
+  std::vector<engine::StepRecord> whole = train(p, ws, ws.path("a"), 20, false);
+  std::vector<engine::StepRecord> first = train(p, ws, ws.path("b"), 10, false);
   // Every rank's files are listed in the manifest of the last complete checkpoint.
   auto dir = stages::latest_checkpoint(ws.path("b"));
   ASSERT_TRUE(dir.has_value());
@@ -68,11 +63,11 @@ TEST(Checkpoint, SamePlanResumesBitForBit) {
   for (const auto& s : m.shards) writers.insert(s.rank);
   // Replica 0 writes (ranks 0-3); tensor-parallel rank 1 of each stage holds shards.
   EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
-  std::vector<stages::StepRecord> rest = train(p, ws, ws.path("b"), 20, true);
+  std::vector<engine::StepRecord> rest = train(p, ws, ws.path("b"), 20, true);
   ASSERT_EQ(first.size(), 10u);
   ASSERT_EQ(rest.size(), 10u);
   for (size_t i = 0; i < 20; ++i) {
-    const stages::StepRecord& r = i < 10 ? first[i] : rest[i - 10];
+    const engine::StepRecord& r = i < 10 ? first[i] : rest[i - 10];
     EXPECT_EQ(r.step, whole[i].step);
     EXPECT_EQ(r.loss, whole[i].loss) << "step " << i + 1;
     EXPECT_EQ(r.grad_norm, whole[i].grad_norm) << "step " << i + 1;
@@ -100,13 +95,13 @@ TEST(Checkpoint, ResumesUnderAnotherPlan) {
     SCOPED_TRACE(what);
     std::printf("%s\n", what.c_str());
     RunSettings s;
-    std::vector<stages::StepRecord> want = run_reference(gpt_plan({1}, 1, "1f1b", 4), ws, s);
-    std::vector<stages::StepRecord> a = train(pr.before, ws, ws.path("ckpt"), 10, false);
-    std::vector<stages::StepRecord> b = train(pr.after, ws, ws.path("ckpt"), 20, true);
+    std::vector<engine::StepRecord> want = run_reference(gpt_plan({1}, 1, "1f1b", 4), ws, s);
+    std::vector<engine::StepRecord> a = train(pr.before, ws, ws.path("ckpt"), 10, false);
+    std::vector<engine::StepRecord> b = train(pr.after, ws, ws.path("ckpt"), 20, true);
     ASSERT_EQ(a.size(), 10u);
     ASSERT_EQ(b.size(), 10u);
     for (size_t i = 0; i < 20; ++i) {
-      const stages::StepRecord& r = i < 10 ? a[i] : b[i - 10];
+      const engine::StepRecord& r = i < 10 ? a[i] : b[i - 10];
       EXPECT_EQ(r.step, int64_t(i + 1));
       EXPECT_NEAR(r.loss, want[i].loss, 1e-5 * want[i].loss) << "step " << i + 1;
       EXPECT_NEAR(r.grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i + 1;

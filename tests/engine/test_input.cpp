@@ -3,10 +3,10 @@
 // Errors name the file or field and what was expected.
 #include <gtest/gtest.h>
 
+#include "engine/executor.h"
+#include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "memory/error.h"
-#include "partitioner/rank_engine.h"
-#include "schedule/executor.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "transport/local.h"
@@ -53,24 +53,24 @@ TEST(EngineInput, WorldMustMatchThePlan) {
   Workspace ws("input");
   auto plan = resolve(pp2(), ws);
   auto world = transport::make_local_world(1);
-  partitioner::RankEngineOptions o;
-  std::string msg = message_of([&] { partitioner::RankEngine e(plan, world[0], o); });
+  engine::RankEngineOptions o;
+  std::string msg = message_of([&] { engine::RankEngine e(plan, world[0], o); });
   EXPECT_NE(msg.find("$.devices: the plan has 2 ranks, the job 1"), std::string::npos) << msg;
 }
 
 TEST(EngineInput, ExecutorChecksItsSchedule) {
   Workspace ws("input");
   auto plan = resolve(pp2(), ws);
-  schedule::ExecutorConfig c;
+  engine::ExecutorConfig c;
   c.schedule = plan->schedule;  // compute-only: not lowered
   c.rank = 0;
-  EXPECT_NE(message_of([&] { schedule::Executor e(c); }).find("not lowered"), std::string::npos);
+  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("not lowered"), std::string::npos);
   c.schedule = schedule::lower(plan->schedule);
   c.rank = 5;
-  EXPECT_NE(message_of([&] { schedule::Executor e(c); }).find("rank 5 outside the schedule's 2 ranks"),
+  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("rank 5 outside the schedule's 2 ranks"),
             std::string::npos);
   c.rank = 0;
-  EXPECT_NE(message_of([&] { schedule::Executor e(c); }).find("no Stage for schedule stage 0"), std::string::npos);
+  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("no Stage for schedule stage 0"), std::string::npos);
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "engine_harness.h"
 #include "partitioner/cost_model.h"
@@ -22,18 +21,6 @@ json model() {
           {"n_embd", 256},  {"n_positions", 64}, {"vocab_size", 256}};
 }
 
-// Every rank's peak from rank 0's last line ("every rank's peak in bytes: a b c").
-std::vector<int64_t> peaks_of(const std::string& out) {
-  const std::string key = "every rank's peak in bytes: ";
-  size_t at = out.rfind(key);
-  std::vector<int64_t> v;
-  if (at == std::string::npos) return v;
-  std::istringstream in(out.substr(at + key.size(), out.find('\n', at) - at - key.size()));
-  int64_t b;
-  while (in >> b) v.push_back(b);
-  return v;
-}
-
 void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
   SCOPED_TRACE(plan.dump());
   std::ofstream(ws.path("plan.json")) << plan.dump(2);
@@ -44,12 +31,16 @@ void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
   partitioner::PlanEstimate e = partitioner::evaluate_plan(r, cm);
   ASSERT_TRUE(e.fits());
   std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() + " train --plan " +
-                    ws.path("plan.json") + " --data " + data_file() + " --steps 3 --threads 1 --log-every 0";
+                    ws.path("plan.json") + " --data " + data_file() + " --steps 3 --threads 1 --log-every 0" +
+                    " --summary " + ws.path("summary.json");
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
-  std::vector<int64_t> measured = peaks_of(slurp(ws.path("plan.out")));
-  ASSERT_EQ(int(measured.size()), ranks) << slurp(ws.path("plan.out"));
+  // Every rank's measured peak and the estimate from rank 0's summary.
+  const json summary = json::parse(slurp(ws.path("summary.json")));
+  ASSERT_EQ(int(summary["ranks"].size()), ranks) << summary.dump(2);
   for (int k = 0; k < ranks; ++k) {
-    const double est = double(e.ranks[size_t(k)].peak), got = double(measured[size_t(k)]);
+    const json& rank = summary["ranks"][size_t(k)];
+    EXPECT_EQ(rank["estimated_peak_bytes"].get<int64_t>(), e.ranks[size_t(k)].peak) << "rank " << k;
+    const double est = double(e.ranks[size_t(k)].peak), got = double(rank["peak_bytes"].get<int64_t>());
     std::printf("rank %d: measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", k, got / 1048576, est / 1048576,
                 100 * (got - est) / est);
     EXPECT_LE(std::abs(got - est), 0.10 * est) << "rank " << k;

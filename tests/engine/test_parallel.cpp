@@ -15,7 +15,7 @@
 namespace baton::engine_testing {
 namespace {
 
-void expect_close(const std::vector<stages::StepRecord>& got, const std::vector<stages::StepRecord>& want,
+void expect_close(const std::vector<engine::StepRecord>& got, const std::vector<engine::StepRecord>& want,
                   double tol) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
@@ -33,10 +33,10 @@ void run_case(const PlanSpec& p, size_t bucket_bytes = 0) {
   Workspace ws("parallel");
   RunSettings s;
   auto plan = resolve(p, ws);
-  std::vector<stages::StepRecord> want = run_reference(p, ws, s);
-  partitioner::PlanTrainOptions o = train_options(ws, s);
+  std::vector<engine::StepRecord> want = run_reference(p, ws, s);
+  engine::PlanTrainOptions o = train_options(ws, s);
   if (bucket_bytes > 0) o.bucket_bytes = bucket_bytes;
-  std::vector<stages::StepRecord> got = run_threads(plan, o);
+  std::vector<engine::StepRecord> got = run_threads(plan, o);
   expect_close(got, want, 1e-5);
 }
 

@@ -43,8 +43,8 @@ TEST_P(Pipeline, MatchesOneProcess) {
   RunSettings s;
   auto plan = resolve(p, ws);
   SCOPED_TRACE(p.describe());
-  std::vector<stages::StepRecord> want = run_reference(p, ws, s);
-  std::vector<stages::StepRecord> got = run_threads(plan, train_options(ws, s));
+  std::vector<engine::StepRecord> want = run_reference(p, ws, s);
+  std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
   ASSERT_EQ(got.size(), want.size());
   const bool bitwise = same_accumulation_order(plan->schedule);
   std::printf("%s: %s\n", p.describe().c_str(), bitwise ? "bit for bit" : "within 1e-5 relative");

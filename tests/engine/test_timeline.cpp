@@ -29,7 +29,7 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
     auto plan = resolve(p, ws);
     RunSettings s;
     s.steps = 3;
-    partitioner::PlanTrainOptions o = train_options(ws, s);
+    engine::PlanTrainOptions o = train_options(ws, s);
     o.trace_path = ws.path("trace.json");
     o.trace_steps = 1;
     run_threads(plan, o);

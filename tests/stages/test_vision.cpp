@@ -11,7 +11,7 @@
 #include "stages/checkpoint.h"
 #include "stages/image_data.h"
 #include "stages/resnet.h"
-#include "stages/trainer.h"
+#include "engine/trainer.h"
 #include "tests/stages/helpers.h"
 
 namespace baton::stages {
@@ -439,7 +439,7 @@ TEST(ImageData, RoundTripAndErrors) {
 
 // `baton train`'s loop on the digits with the example model: the loss falls.
 TEST(ImageData, ResnetTinyLearnsDigits) {
-  TrainOptions o;
+  engine::TrainOptions o;
   o.model_path = std::string(BATON_SOURCE_DIR) + "/examples/models/resnet-tiny.json";
   o.data_path = digits_dir();
   o.steps = 30;
@@ -447,7 +447,7 @@ TEST(ImageData, ResnetTinyLearnsDigits) {
   o.micro_batches = 2;
   o.optimizer.adamw.lr = 0.01;
   o.log_every = 0;
-  TrainSummary s = run_training(o);
+  engine::TrainSummary s = engine::run_training(o);
   ASSERT_EQ(s.records.size(), 30u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) {

@@ -1,8 +1,8 @@
-#include "schedule/detail/input_loader.h"
+#include "engine/detail/input_loader.h"
 
 #include "memory/error.h"
 
-namespace baton::schedule::detail {
+namespace baton::engine::detail {
 
 InputLoader::InputLoader(InputFn fn, std::vector<std::string> names, int ahead)
     : fn_(std::move(fn)), names_(std::move(names)), ahead_(std::max(1, ahead)) {
@@ -89,4 +89,4 @@ void InputLoader::loop() {
   }
 }
 
-}  // namespace baton::schedule::detail
+}  // namespace baton::engine::detail

@@ -1,20 +1,24 @@
-#include "schedule/executor.h"
+#include "engine/executor.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
 
+#include "engine/detail/grad_reducer.h"
+#include "engine/detail/input_loader.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
-#include "schedule/detail/grad_reducer.h"
-#include "schedule/detail/input_loader.h"
 #include "schedule/validate.h"
 
-namespace baton::schedule {
+namespace baton::engine {
 
 using memory::Tensor;
 using stages::TensorMap;
+using schedule::Action;
+using schedule::ActionKind;
+using schedule::Schedule;
+using schedule::TimelineEvent;
 using K = ActionKind;
 
 namespace {
@@ -456,4 +460,4 @@ void Executor::finish_step(StepStats& stats, double t0) {
   record(make_action(K::optimizer_step, -1, -1), 0, t0, now());
 }
 
-}  // namespace baton::schedule
+}  // namespace baton::engine

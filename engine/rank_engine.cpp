@@ -1,39 +1,20 @@
-#include "partitioner/rank_engine.h"
+#include "engine/rank_engine.h"
 
 #include <algorithm>
 #include <set>
 
 #include "memory/error.h"
+#include "partitioner/evaluate.h"
 #include "partitioner/routing.h"
 #include "schedule/lower.h"
-#include "schedule/schedule_io.h"
 #include "schedule/validate.h"
 
-namespace baton::partitioner {
+namespace baton::engine {
 
-using schedule::Schedule;
-
-void use_schedule(ResolvedPlan& r, const Schedule& s, const std::string& source) {
-  const Schedule& want = r.schedule;
-  auto fail = [&](const std::string& what, const std::string& expected, const std::string& found) {
-    throw InputError(source + ": " + what + ": the plan needs " + expected + ", the schedule has " + found);
-  };
-  auto list = [](const std::vector<int>& v) {
-    std::string t;
-    for (int x : v) t += (t.empty() ? "" : " ") + std::to_string(x);
-    return "[" + t + "]";
-  };
-  if (s.num_ranks != want.num_ranks)
-    fail("ranks", std::to_string(want.num_ranks) + " (pipeline ranks)", std::to_string(s.num_ranks));
-  if (s.num_micro_batches != want.num_micro_batches)
-    fail("micro_batches", std::to_string(want.num_micro_batches), std::to_string(s.num_micro_batches));
-  if (s.num_directions != want.num_directions)
-    fail("directions", std::to_string(want.num_directions), std::to_string(s.num_directions));
-  if (s.placement != want.placement) fail("placement", list(want.placement), list(s.placement));
-  schedule::check_valid(s, source);
-  r.schedule = s;
-  if (r.schedule.name.empty()) r.schedule.name = source;
-}
+using partitioner::GradientGroup;
+using partitioner::RankStage;
+using partitioner::ResolvedPlan;
+using partitioner::Transfer;
 
 namespace {
 
@@ -82,7 +63,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   }
 
   // ---- the executor
-  schedule::ExecutorConfig c;
+  ExecutorConfig c;
   schedule::LowerOptions lo;
   c.schedule = schedule::lower(r.schedule, lo);
   c.rank = view_.coord.pp;
@@ -91,10 +72,10 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (int b = 0; b < r.schedule.num_stages(); ++b) {
     const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(b)])];
     for (const Transfer& t : boundary_transfers(r, rank, b)) {
-      schedule::Route route;
+      Route route;
       route.send = t.kind == Transfer::Kind::send;
-      route.phase = t.phase == Transfer::Phase::activation ? schedule::Route::Phase::activation
-                                                           : schedule::Route::Phase::gradient;
+      route.phase = t.phase == Transfer::Phase::activation ? Route::Phase::activation
+                                                           : Route::Phase::gradient;
       route.peer = t.peer;
       route.value = t.value;
       route.value_index = value_index(*r.graph, cut, t.value);
@@ -103,10 +84,10 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
       c.routes[b].push_back(route);
     }
   }
-  std::map<std::vector<int>, schedule::GradGroup> by_members;
+  std::map<std::vector<int>, GradGroup> by_members;
   for (const GradientGroup& gg : ggroups) {
     if (gg.ranks.size() <= 1 && gg.local_stages.size() <= 1) continue;
-    schedule::GradGroup& out = by_members[gg.ranks];
+    GradGroup& out = by_members[gg.ranks];
     if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
     int id = g.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
@@ -135,7 +116,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
   c.timeline_rank = rank;
-  executor_ = std::make_unique<schedule::Executor>(std::move(c));
+  executor_ = std::make_unique<Executor>(std::move(c));
 }
 
 RankEngine::~RankEngine() {
@@ -154,4 +135,4 @@ bool RankEngine::writes(int stage, int param) const {
   return owner >= st.first_layer() && owner < st.last_layer();
 }
 
-}  // namespace baton::partitioner
+}  // namespace baton::engine

@@ -1,19 +1,24 @@
 // Training on one process: the loss of a small GPT falls well below what any model that
 // ignores context can reach; two runs give bit-identical losses; a run resumed from a
 // checkpoint continues the loss curve exactly.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "engine/trainer.h"
 #include "stages/checkpoint.h"
 #include "stages/json_reader.h"
-#include "stages/trainer.h"
-#include "tests/stages/helpers.h"
 
-namespace baton::stages {
+namespace baton::engine {
 namespace {
+
+using stages::checkpoint_dir;
+using stages::latest_checkpoint;
+using stages::read_text_file;
 
 const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
@@ -176,4 +181,4 @@ TEST(Training, MlpShorthandTrains) {
 }
 
 }  // namespace
-}  // namespace baton::stages
+}  // namespace baton::engine

@@ -3,7 +3,7 @@
 // sub-communicators of its groups (tensor-parallel, and one per set of ranks that sum a
 // gradient: data-parallel replicas, tied parameters, DualPipe's replicas), the routes of
 // its pipeline boundaries (partitioner/routing.h), and the executor that runs its
-// lowered action list (schedule/executor.h).
+// lowered action list (engine/executor.h).
 #pragma once
 
 #include <cstdint>
@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "partitioner/evaluate.h"
+#include "engine/executor.h"
 #include "partitioner/groups.h"
-#include "schedule/executor.h"
+#include "partitioner/resolved_plan.h"
 #include "stages/stage.h"
 #include "transport/communicator.h"
 
-namespace baton::partitioner {
+namespace baton::engine {
 
 struct RankEngineOptions {
   uint64_t seed = 1;  // parameter init and dropout
@@ -30,34 +30,29 @@ struct RankEngineOptions {
   bool profile = false;  // time every op (Stage::op_times)
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
-  schedule::InputFn inputs;
+  InputFn inputs;
 };
-
-// Replaces a plan's generated schedule by another one over the same stages (a file a
-// user wrote): the same ranks, micro-batches, directions and placement. Compute-only or
-// lowered. InputError naming `source` otherwise.
-void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::string& source);
 
 class RankEngine {
  public:
   // Builds the rank `world->rank()` of the plan. Every rank of the world must construct
   // its engine at the same time: the sub-communicators are made here (collectively over
   // their members, in one global order).
-  RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world, RankEngineOptions options);
+  RankEngine(std::shared_ptr<const partitioner::ResolvedPlan> plan, transport::CommPtr world, RankEngineOptions options);
   ~RankEngine();
   RankEngine(const RankEngine&) = delete;
   RankEngine& operator=(const RankEngine&) = delete;
 
-  // One training step (schedule/executor.h); `next_step` lets the loader start early.
-  schedule::StepStats step(int64_t step, int64_t next_step = -1) { return executor_->run_step(step, next_step); }
+  // One training step (engine/executor.h); `next_step` lets the loader start early.
+  StepStats step(int64_t step, int64_t next_step = -1) { return executor_->run_step(step, next_step); }
 
-  const ResolvedPlan& plan() const { return *plan_; }
-  const RankView& view() const { return view_; }
+  const partitioner::ResolvedPlan& plan() const { return *plan_; }
+  const partitioner::RankView& view() const { return view_; }
   int rank() const { return view_.rank; }
   const stages::Graph& graph() const { return *graph_; }
   // The rank's stages by schedule stage.
   const std::map<int, std::unique_ptr<stages::Stage>>& stages() const { return stages_; }
-  schedule::Executor& executor() { return *executor_; }
+  Executor& executor() { return *executor_; }
   transport::Communicator& world() { return *world_; }
   // The parameters this rank writes to a checkpoint for stage `stage`: one copy of every
   // block (first data-parallel replica, first tensor-parallel rank for replicated
@@ -65,13 +60,13 @@ class RankEngine {
   bool writes(int stage, int param) const;
 
  private:
-  std::shared_ptr<const ResolvedPlan> plan_;
+  std::shared_ptr<const partitioner::ResolvedPlan> plan_;
   transport::CommPtr world_;
-  RankView view_;
+  partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list
   std::map<int, std::unique_ptr<stages::Stage>> stages_;
-  std::unique_ptr<schedule::Executor> executor_;
+  std::unique_ptr<Executor> executor_;
 };
 
-}  // namespace baton::partitioner
+}  // namespace baton::engine

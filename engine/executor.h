@@ -8,7 +8,7 @@
 //
 // The executor knows nothing of plans: what crosses each pipeline boundary (routes),
 // which gradients are summed over which group, and how the loss and the gradient norm
-// are combined across ranks come in as plain data (partitioner/rank_engine.h fills them
+// are combined across ranks come in as plain data (engine/rank_engine.h fills them
 // from a plan).
 #pragma once
 
@@ -24,7 +24,7 @@
 #include "stages/stage.h"
 #include "transport/communicator.h"
 
-namespace baton::schedule {
+namespace baton::engine {
 
 namespace detail {
 class InputLoader;
@@ -63,7 +63,7 @@ using InputFn = std::function<void(const stages::MicroBatch& mb, const std::vect
                                    stages::TensorMap& out)>;
 
 struct ExecutorConfig {
-  Schedule schedule;  // lowered: transfers, REDUCE and STEP included (lower() it first)
+  schedule::Schedule schedule;  // lowered: transfers, REDUCE and STEP included (lower() it first)
   int rank = 0;       // which of the schedule's ranks this is
   std::map<int, stages::Stage*> stages;  // schedule stage -> the Stage that runs it
   transport::Communicator* p2p = nullptr;  // carries the routes (the world)
@@ -120,7 +120,7 @@ class Executor {
   // Timeline recording (off by default): every action's start and end, in seconds since
   // the executor was made, compute on lane 0 and communication on lane 1.
   void set_recording(bool on) { recording_ = on; }
-  const std::vector<TimelineEvent>& events() const { return events_; }
+  const std::vector<schedule::TimelineEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   // Seconds since the executor was made (the events' clock).
   double now() const;
@@ -131,15 +131,15 @@ class Executor {
   struct Pending;
   void post_recv(size_t index, int64_t step);
   void wait_recv(size_t index);
-  void do_send(const Action& a, double t0);
-  void compute(const Action& a, size_t index, int64_t step);
+  void do_send(const schedule::Action& a, double t0);
+  void compute(const schedule::Action& a, size_t index, int64_t step);
   void finish_step(StepStats& stats, double t0);
   stages::MicroBatch micro_batch(int mb, int64_t step) const;
   void poll_sends();
-  void record(const Action& a, int lane, double start, double end, int peer = -1);
+  void record(const schedule::Action& a, int lane, double start, double end, int peer = -1);
 
   ExecutorConfig cfg_;
-  std::vector<Action> actions_;
+  std::vector<schedule::Action> actions_;
   std::vector<size_t> recv_positions_;      // indices of RECV actions in actions_
   std::map<int, size_t> last_weight_;        // stage -> index of its last W or BW
   std::vector<std::string> input_names_;     // model inputs any of the stages reads
@@ -150,8 +150,8 @@ class Executor {
   std::vector<double> losses_;               // per local micro-batch, this step
   std::vector<bool> has_loss_;
   bool recording_ = false;
-  std::vector<TimelineEvent> events_;
+  std::vector<schedule::TimelineEvent> events_;
   int64_t t_origin_ = 0;  // steady clock at construction, ns
 };
 
-}  // namespace baton::schedule
+}  // namespace baton::engine

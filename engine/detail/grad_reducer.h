@@ -14,9 +14,9 @@
 #include <map>
 #include <vector>
 
-#include "schedule/executor.h"
+#include "engine/executor.h"
 
-namespace baton::schedule::detail {
+namespace baton::engine::detail {
 
 class GradReducer {
  public:
@@ -61,4 +61,4 @@ class GradReducer {
   std::map<std::pair<int, int>, std::pair<size_t, size_t>> where_;  // (stage, param) -> (group, param index)
 };
 
-}  // namespace baton::schedule::detail
+}  // namespace baton::engine::detail

@@ -1,11 +1,11 @@
-#include "schedule/detail/grad_reducer.h"
+#include "engine/detail/grad_reducer.h"
 
 #include <algorithm>
 
 #include "kernels/ops.h"
 #include "memory/error.h"
 
-namespace baton::schedule::detail {
+namespace baton::engine::detail {
 
 using memory::Tensor;
 
@@ -143,4 +143,4 @@ void GradReducer::finish() {
   }
 }
 
-}  // namespace baton::schedule::detail
+}  // namespace baton::engine::detail

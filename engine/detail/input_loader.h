@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "schedule/executor.h"
+#include "engine/executor.h"
 
-namespace baton::schedule::detail {
+namespace baton::engine::detail {
 
 class InputLoader {
  public:
@@ -54,4 +54,4 @@ class InputLoader {
   std::thread thread_;
 };
 
-}  // namespace baton::schedule::detail
+}  // namespace baton::engine::detail

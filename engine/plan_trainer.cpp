@@ -1,4 +1,4 @@
-#include "partitioner/plan_trainer.h"
+#include "engine/plan_trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,32 +7,38 @@
 #include <cstdio>
 #include <fstream>
 
+#include "engine/rank_engine.h"
 #include "memory/units.h"
-#include "partitioner/rank_engine.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
 #include "schedule/schedule_io.h"
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/json_reader.h"
 
-namespace baton::partitioner {
+namespace baton::engine {
 
 using memory::Tensor;
-using stages::StepRecord;
-using stages::TrainSummary;
+using partitioner::Plan;
+using partitioner::ResolvedPlan;
 using transport::Communicator;
 
 namespace {
 
 // ---- small collectives over the world ----
 
+// Every rank's number, on every rank.
+std::vector<int64_t> all_gather_int(Communicator& c, int64_t mine) {
+  Tensor one = Tensor::from_vector(std::vector<int64_t>{mine}, {1});
+  Tensor all = Tensor::empty({c.size()}, memory::DType::i64);
+  c.all_gather(one, all)->wait();
+  return all.to_vector<int64_t>();
+}
+
 // Every rank's string, on every rank.
 std::vector<std::string> all_gather_strings(Communicator& c, const std::string& mine) {
-  const int n = c.size();
-  Tensor len = Tensor::from_vector(std::vector<int64_t>{int64_t(mine.size())}, {1});
-  Tensor lens = Tensor::empty({n}, memory::DType::i64);
-  c.all_gather(len, lens)->wait();
-  std::vector<int64_t> counts = lens.to_vector<int64_t>();
+  std::vector<int64_t> counts = all_gather_int(c, int64_t(mine.size()));
   int64_t total = 0;
   for (int64_t x : counts) total += x;
   std::vector<int32_t> chars(mine.begin(), mine.end());
@@ -57,52 +63,10 @@ int64_t broadcast_int(Communicator& c, int64_t v) {
   return t.to_vector<int64_t>()[0];
 }
 
-void check_byte_model(const stages::Graph& g, const std::string& source) {
-  int tok = g.find_value("tokens"), tgt = g.find_value("targets");
-  if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
-    throw InputError(source + ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
-                     "(byte-level data)");
-}
-
 nlohmann::json model_json_of(const Plan& p) {
   if (!p.model_path.empty()) return stages::read_json_file(p.model_path_resolved);
   return p.model_json;
 }
-
-// ---- the loss log: the one-process trainer's format ----
-
-class LossLog {
- public:
-  LossLog(const std::string& path, int64_t start) {
-    if (path.empty()) return;
-    // A resumed run keeps the lines up to its checkpoint and drops any that a crashed
-    // run wrote after it, so the log is the loss curve of one uninterrupted run.
-    std::vector<std::string> keep;
-    if (start > 0) {
-      std::ifstream old(path);
-      std::string line;
-      while (std::getline(old, line)) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-            j["step"].get<int64_t>() <= start)
-          keep.push_back(line);
-      }
-    }
-    out_.open(path, std::ios::trunc);
-    if (!out_) throw InputError(path + ": cannot open for writing (--loss-log)");
-    for (const std::string& line : keep) out_ << line << "\n";
-  }
-  void write(const StepRecord& r, double lr) {
-    if (!out_.is_open()) return;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g}\n",
-                  static_cast<long long>(r.step), r.loss, r.grad_norm, lr);
-    out_ << buf << std::flush;
-  }
-
- private:
-  std::ofstream out_;
-};
 
 // ---- checkpoints ----
 
@@ -170,10 +134,7 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
                              double(e.stage), double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
-  Tensor cnt = Tensor::from_vector(std::vector<int64_t>{int64_t(flat.size())}, {1});
-  Tensor cnts = Tensor::empty({n}, memory::DType::i64);
-  world.all_gather(cnt, cnts)->wait();
-  std::vector<int64_t> counts = cnts.to_vector<int64_t>();
+  std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   Tensor in = Tensor::from_vector(flat, {int64_t(flat.size())});
@@ -206,10 +167,10 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
 
 TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
                         const std::function<void(const StepRecord&)>& on_step) {
-  Plan plan = read_plan(o.plan_path);
-  auto graph = load_plan_model(plan);
-  auto r = std::make_shared<ResolvedPlan>(resolve_plan(plan, graph));
-  if (!o.schedule_path.empty()) use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
+  Plan plan = partitioner::read_plan(o.plan_path);
+  auto graph = partitioner::load_plan_model(plan);
+  auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
+  if (!o.schedule_path.empty()) partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
   return train_plan(r, o, std::move(world), on_step);
 }
 
@@ -237,10 +198,8 @@ namespace {
 
 TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o, transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
-  using Clock = std::chrono::steady_clock;
   const ResolvedPlan& r = *rp;
-  if (o.steps < 0) throw InputError("--steps must be >= 0");
-  if (o.resume && o.checkpoint_dir.empty()) throw InputError("--resume needs --checkpoint-dir");
+  check_loop_options(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");
   check_byte_model(lg, model_source);
@@ -277,29 +236,20 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   int64_t start = 0;
   if (o.resume) {
     int64_t found = agree_on_checkpoint(*world, o.checkpoint_dir);
+    std::optional<std::string> dir;
     if (found >= 0) {
-      const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, found);
-      stages::Manifest m = stages::read_manifest(dir);
-      if (m.model != model_json)
-        throw InputError(dir + "/manifest.json: $.model: the checkpoint was written for another model than " +
-                         model_source);
-      if (m.seed != o.seed)
-        throw InputError(dir + "/manifest.json: $.seed: expected the run's --seed " + std::to_string(o.seed) +
-                         ", found " + std::to_string(m.seed));
+      dir = stages::checkpoint_dir(o.checkpoint_dir, found);
+      stages::Manifest m = stages::read_manifest(*dir);
+      check_resume(m, *dir, model_json, model_source, o.seed);
       for (const auto& [s, st] : engine.stages()) {
-        stages::load_stage(dir, m, *st, true);
+        stages::load_stage(*dir, m, *st, true);
         st->optimizer().set_lr(o.optimizer.lr());  // a resumed run may change the rate
       }
       start = m.step;
-      if (lead) spdlog::info("resumed from {} (step {})", dir, start);
-    } else if (lead) {
-      spdlog::info("no complete checkpoint in {}; starting from step 0", o.checkpoint_dir);
     }
+    if (lead) log_resume(dir, start, o.checkpoint_dir);
   }
 
-  TrainSummary summary;
-  summary.first_step = start;
-  LossLog loss_log(lead ? o.loss_log : std::string(), start);
   if (lead)
     spdlog::info("plan {}: {} ranks (dp {} x pp {} x tp {}), schedule {}, {} micro-batches of {}; model {} "
                  "({:.3f} M parameters); {} steps",
@@ -319,32 +269,23 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
   const int64_t trace_from = o.trace_path.empty() ? o.steps : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
-  const int64_t tokens_per_step = engine.executor().config().global_batch * T;
-  for (int64_t step = start; step < o.steps; ++step) {
+  LoopSteps steps;
+  steps.step = [&](int64_t step) {
     if (step == trace_from) {
       world->barrier()->wait();  // a common time origin for every rank's events
       trace_origin = engine.executor().now();
       engine.executor().clear_events();
       engine.executor().set_recording(true);
     }
-    auto t0 = Clock::now();
-    schedule::StepStats st = engine.step(step, step + 1 < o.steps ? step + 1 : -1);
-    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
-    summary.records.push_back(rec);
-    if (!std::isfinite(st.loss))
-      throw RuntimeError("loss is " + std::to_string(st.loss) + " at step " + std::to_string(step + 1));
-    loss_log.write(rec, o.optimizer.lr());
-    if (lead && o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps || step == start))
-      spdlog::info("step {:>6}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tok/s | {:.1f} ms/step", step + 1,
-                   o.steps, st.loss, st.grad_norm, double(tokens_per_step) / secs, secs * 1e3);
-    if (on_step) on_step(rec);
-    const bool last = step + 1 == o.steps;
-    if (!o.checkpoint_dir.empty() && (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
-      summary.last_checkpoint = save(engine, o, base, step + 1);
-      if (lead) spdlog::info("checkpoint {}", summary.last_checkpoint);
-    }
-  }
+    auto t0 = std::chrono::steady_clock::now();
+    StepStats st = engine.step(step, step + 1 < o.steps ? step + 1 : -1);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return StepRecord{step + 1, st.loss, st.grad_norm, secs};
+  };
+  steps.checkpoint = [&](int64_t done) { return save(engine, o, base, done); };
+  steps.lr = [&] { return o.optimizer.lr(); };
+  const int64_t tokens_per_step = engine.executor().config().global_batch * T;
+  TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
   if (!o.trace_path.empty() && trace_from < o.steps) {
     engine.executor().set_recording(false);
     write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r, o.trace_path);
@@ -352,18 +293,24 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   summary.peak_bytes = alloc.stats().peak;
   // Every rank's peak (one process per rank: its allocator's), for comparison with the
   // partitioner's estimate (`baton plan --check`).
-  Tensor peak = Tensor::from_vector(std::vector<int64_t>{int64_t(summary.peak_bytes)}, {1});
-  Tensor peaks = Tensor::empty({world->size()}, memory::DType::i64);
-  world->all_gather(peak, peaks)->wait();
+  std::vector<int64_t> peaks = all_gather_int(*world, int64_t(summary.peak_bytes));
   if (lead) {
     std::string list;
-    for (int64_t b : peaks.to_vector<int64_t>()) list += (list.empty() ? "" : " ") + std::to_string(b);
+    for (int64_t b : peaks) list += (list.empty() ? "" : " ") + std::to_string(b);
     spdlog::info("peak device memory of rank 0: {}; every rank's peak in bytes: {}",
                  memory::format_bytes(double(summary.peak_bytes)), list);
+  }
+  if (lead && !o.summary_path.empty()) {
+    partitioner::CostModel model(r.graph, partitioner::Machine{});
+    partitioner::PlanEstimate estimate = partitioner::evaluate_plan(r, model);
+    std::vector<RankPeak> ranks;
+    for (int k = 0; k < world->size(); ++k)
+      ranks.push_back({k, peaks[size_t(k)], estimate.ranks[size_t(k)].peak});
+    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step, ranks, r.schedule.name, r.plan.source));
   }
   return summary;
 }
 
 }  // namespace
 
-}  // namespace baton::partitioner
+}  // namespace baton::engine

@@ -1,0 +1,199 @@
+#include "engine/loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "memory/error.h"
+#include "memory/file_io.h"
+
+namespace baton::engine {
+
+namespace {
+
+constexpr const char* kSummaryFormat = "baton-train-summary";
+constexpr int kSummaryVersion = 1;
+
+std::string duration_str(double s) {
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+  return buf;
+}
+
+bool checkpoint_due(const LoopOptions& o, int64_t done) {
+  if (o.checkpoint_dir.empty()) return false;
+  return done == o.steps || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0);
+}
+
+}  // namespace
+
+void check_loop_options(const LoopOptions& o) {
+  if (o.steps < 0) throw InputError("--steps must be >= 0");
+  if (o.resume && o.checkpoint_dir.empty()) throw InputError("--resume needs --checkpoint-dir");
+}
+
+void check_byte_model(const stages::Graph& g, const std::string& source) {
+  int tok = g.find_value("tokens"), tgt = g.find_value("targets");
+  if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
+    throw InputError(source +
+                     ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
+                     "(byte-level data), found " +
+                     std::to_string(g.inputs.size()) + " input(s)");
+  const stages::ValueType& t = g.values[size_t(tok)].type;
+  const stages::ValueType& y = g.values[size_t(tgt)].type;
+  bool ints = !memory::is_floating(t.dtype) && !memory::is_floating(y.dtype);
+  if (!ints || t.shape.size() != 1 || !(y.shape == t.shape || y.shape.empty()))
+    throw InputError(source +
+                     ": $.inputs: expected tokens [T] and targets [T] or [] of integer "
+                     "type, found tokens " +
+                     stages::type_str(t) + " and targets " + stages::type_str(y));
+  for (const stages::Node& n : g.nodes) {
+    if (n.op == "embedding" && n.inputs[0] == tok) {
+      int64_t rows = g.params[size_t(n.params[0])].logical_shape[0];
+      if (rows < 256)
+        throw InputError(source + ": " + n.json_path +
+                         ": byte-level data needs a vocabulary of at "
+                         "least 256, the embedding has " +
+                         std::to_string(rows) + " rows");
+    }
+    if (n.op == "cross_entropy") {
+      int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();
+      if (v < 256)
+        throw InputError(source + ": " + n.json_path +
+                         ": byte-level targets need at least 256 "
+                         "classes, the logits have " +
+                         std::to_string(v));
+    }
+  }
+}
+
+void check_resume(const stages::Manifest& m, const std::string& dir,
+                  const nlohmann::json& model_json, const std::string& model_source,
+                  uint64_t seed) {
+  if (m.model != model_json)
+    throw InputError(dir +
+                     "/manifest.json: $.model: the checkpoint was written for another model than " +
+                     model_source);
+  if (m.seed != seed)
+    throw InputError(dir + "/manifest.json: $.seed: expected the run's --seed " +
+                     std::to_string(seed) + ", found " + std::to_string(m.seed));
+}
+
+LossLog::LossLog(const std::string& path, int64_t start) {
+  if (path.empty()) return;
+  std::vector<std::string> keep;
+  if (start > 0) {
+    std::ifstream old(path);
+    std::string line;
+    while (std::getline(old, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("step") &&
+          j["step"].is_number_integer() && j["step"].get<int64_t>() <= start)
+        keep.push_back(line);
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw InputError(path + ": cannot open for writing (--loss-log)");
+  for (const std::string& line : keep) out_ << line << "\n";
+}
+
+void LossLog::write(const StepRecord& r, double lr) {
+  if (!out_.is_open()) return;
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g}\n",
+                static_cast<long long>(r.step), r.loss, r.grad_norm, lr);
+  out_ << buf << std::flush;
+}
+
+TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
+                      const LoopSteps& steps,
+                      const std::function<void(const StepRecord&)>& on_step) {
+  TrainSummary summary;
+  summary.first_step = start;
+  LossLog loss_log(lead ? o.loss_log : std::string(), start);
+  double ema_step = 0;
+  for (int64_t step = start; step < o.steps; ++step) {
+    StepRecord rec = steps.step(step);
+    summary.records.push_back(rec);
+    if (!std::isfinite(rec.loss))
+      throw RuntimeError("loss is " + std::to_string(rec.loss) + " at step " +
+                         std::to_string(rec.step));
+    loss_log.write(rec, steps.lr());
+    ema_step = ema_step == 0 ? rec.seconds : 0.9 * ema_step + 0.1 * rec.seconds;
+    if (lead && o.log_every > 0 &&
+        (rec.step % o.log_every == 0 || rec.step == o.steps || step == start))
+      spdlog::info(
+          "step {:>6}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tok/s | {:.1f} ms/step | {} "
+          "left",
+          rec.step, o.steps, rec.loss, rec.grad_norm, double(tokens_per_step) / rec.seconds,
+          rec.seconds * 1e3, duration_str(ema_step * double(o.steps - rec.step)));
+    if (on_step) on_step(rec);
+    if (checkpoint_due(o, rec.step)) {
+      summary.last_checkpoint = steps.checkpoint(rec.step);
+      if (lead) spdlog::info("checkpoint {}", summary.last_checkpoint);
+    }
+  }
+  return summary;
+}
+
+void log_resume(const std::optional<std::string>& dir, int64_t step, const std::string& root) {
+  if (dir)
+    spdlog::info("resumed from {} (step {})", *dir, step);
+  else
+    spdlog::info("no complete checkpoint in {}; starting from step 0", root);
+}
+
+nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t tokens_per_step,
+                            const std::vector<RankPeak>& ranks, const std::string& schedule,
+                            const std::string& plan) {
+  using nlohmann::json;
+  auto text_or_null = [](const std::string& t) { return t.empty() ? json(nullptr) : json(t); };
+  json j = json::object();
+  j["format"] = kSummaryFormat;
+  j["version"] = kSummaryVersion;
+  j["first_step"] = s.first_step;
+  j["steps_run"] = int64_t(s.records.size());
+  j["last_step"] = s.first_step + int64_t(s.records.size());
+  j["first_loss"] = s.records.empty() ? json(nullptr) : json(s.records.front().loss);
+  j["last_loss"] = s.records.empty() ? json(nullptr) : json(s.records.back().loss);
+  j["loss_log"] = text_or_null(o.loss_log);
+  j["tokens_per_step"] = tokens_per_step;
+  j["tokens_per_second"] = median_tokens_per_second(s, tokens_per_step);
+  json list = json::array();
+  for (const RankPeak& r : ranks) {
+    json e = {{"rank", r.rank}, {"peak_bytes", r.peak_bytes}};
+    e["estimated_peak_bytes"] =
+        r.estimated_peak_bytes >= 0 ? json(r.estimated_peak_bytes) : json(nullptr);
+    list.push_back(e);
+  }
+  j["ranks"] = list;
+  j["schedule"] = text_or_null(schedule);
+  j["plan"] = text_or_null(plan);
+  j["last_checkpoint"] = text_or_null(s.last_checkpoint);
+  return j;
+}
+
+void write_summary(const std::string& path, const nlohmann::json& summary) {
+  memory::write_file_durably(path, summary.dump(2) + "\n");
+  spdlog::info("summary written to {}", path);
+}
+
+double median_tokens_per_second(const TrainSummary& s, int64_t tokens_per_step) {
+  std::vector<double> rates;
+  for (size_t i = 1; i < s.records.size(); ++i)
+    if (s.records[i].seconds > 0) rates.push_back(double(tokens_per_step) / s.records[i].seconds);
+  if (rates.empty()) return 0;
+  std::sort(rates.begin(), rates.end());
+  const size_t n = rates.size();
+  return n % 2 ? rates[n / 2] : 0.5 * (rates[n / 2 - 1] + rates[n / 2]);
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,120 @@
+// The pieces both training loops share (the one-process reference, engine/trainer.h, and
+// one rank of a plan, engine/plan_trainer.h): the options they have in common, the model
+// checks for byte-level data, the resume checks, the loss log, the progress line, the
+// checkpoint cadence and the run summary (`--summary`, docs/formats/summary.md). The
+// loops differ only in what one step runs; run_loop() is the loop around it.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stages/checkpoint.h"
+#include "stages/graph.h"
+#include "stages/stage.h"
+
+namespace baton::engine {
+
+// What both loops accept; each loop's options derive from it.
+struct LoopOptions {
+  std::string data_path;  // any file: its bytes are the tokens
+  int64_t steps = 100;    // total steps; a resumed run continues up to this
+  stages::OptimizerConfig optimizer;
+  double grad_clip = 1.0;        // max global gradient norm; 0: no clipping
+  uint64_t seed = 1;             // initialisation, data order and dropout
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end
+  int keep_checkpoints = 0;      // keep the newest N complete checkpoints; 0: all
+  bool resume = false;           // continue from the newest complete checkpoint
+  int64_t log_every = 1;         // steps between progress lines; 0: none
+  std::string loss_log;          // JSON lines {"step", "loss", "grad_norm", "lr"}
+  std::string summary_path;      // the run's summary JSON, written at the end
+};
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the step just completed
+  double loss = 0;
+  double grad_norm = 0;
+  double seconds = 0;
+};
+
+struct TrainSummary {
+  int64_t first_step = 0;  // steps already done when this run started (resume)
+  std::vector<StepRecord> records;
+  size_t peak_bytes = 0;  // this process's device allocator's peak during the run
+  std::string last_checkpoint;
+};
+
+// InputError for options that no loop accepts (negative steps, --resume without a
+// checkpoint directory).
+void check_loop_options(const LoopOptions& o);
+
+// The model must read byte tokens and targets that byte-level data can fill: integer
+// inputs `tokens` [T] and `targets` [T] or [], a vocabulary and classes of at least 256.
+// InputError naming `source` and the JSON path otherwise.
+void check_byte_model(const stages::Graph& g, const std::string& source);
+
+// A checkpoint may resume this run when it was written for the same model and seed;
+// InputError naming the manifest's field otherwise.
+void check_resume(const stages::Manifest& m, const std::string& dir,
+                  const nlohmann::json& model_json, const std::string& model_source, uint64_t seed);
+
+// The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
+// checkpoint and drops any that a crashed run wrote after it, so the log is the loss
+// curve of one uninterrupted run. An empty path writes nothing.
+class LossLog {
+ public:
+  LossLog(const std::string& path, int64_t start);
+  void write(const StepRecord& r, double lr);
+
+ private:
+  std::ofstream out_;
+};
+
+// What run_loop needs from a loop.
+struct LoopSteps {
+  // Runs step `step` (0-based) and returns its loss and gradient norm.
+  std::function<StepRecord(int64_t step)> step;
+  // Writes the checkpoint after `done` steps; returns its directory.
+  std::function<std::string(int64_t done)> checkpoint;
+  // The learning rate the loss log records.
+  std::function<double()> lr;
+};
+
+// The loop around the steps from `start` to o.steps: the records, the check for a
+// finite loss (RuntimeError), the loss log, the progress line every o.log_every steps
+// (only where `lead`), `on_step`, and a checkpoint every o.checkpoint_every steps and
+// after the last.
+TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
+                      const LoopSteps& steps,
+                      const std::function<void(const StepRecord&)>& on_step);
+
+// The resume message: where the run continues from, or that it starts over.
+void log_resume(const std::optional<std::string>& dir, int64_t step, const std::string& root);
+
+// One rank's memory for the summary: its allocator's measured peak, and the plan's
+// estimate of it (-1: no estimate, the one-process loop).
+struct RankPeak {
+  int rank = 0;
+  int64_t peak_bytes = 0;
+  int64_t estimated_peak_bytes = -1;
+};
+
+// The run's summary (docs/formats/summary.md): steps, first and last loss, the loss
+// log, tokens per second, every rank's peak memory (and estimate), the schedule and
+// plan (empty: one process).
+nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t tokens_per_step,
+                            const std::vector<RankPeak>& ranks, const std::string& schedule,
+                            const std::string& plan);
+// Writes it durably (memory/file_io.h) to `path`.
+void write_summary(const std::string& path, const nlohmann::json& summary);
+
+// Tokens per second of a run: the median over its steps after the first (the first
+// pays for allocation and warm-up); 0 without such steps.
+double median_tokens_per_second(const TrainSummary& s, int64_t tokens_per_step);
+
+}  // namespace baton::engine

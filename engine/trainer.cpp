@@ -1,0 +1,143 @@
+#include "engine/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "memory/units.h"
+#include "stages/checkpoint.h"
+#include "stages/data.h"
+#include "stages/image_data.h"
+#include "stages/json_reader.h"
+#include "stages/model.h"
+
+namespace baton::engine {
+
+using memory::Tensor;
+
+TrainSummary run_training(const TrainOptions& o, const std::function<void(const StepRecord&)>& on_step) {
+  if (o.batch <= 0 || o.micro_batches <= 0 || o.batch % o.micro_batches != 0)
+    throw InputError("--batch " + std::to_string(o.batch) + " must be a positive multiple of "
+                     "--micro-batches " + std::to_string(o.micro_batches));
+  check_loop_options(o);
+
+  // ---- the model ----
+  nlohmann::json model_json;
+  std::string model_source = o.model_path;
+  if (!o.model_path.empty()) {
+    model_json = stages::read_json_file(o.model_path);
+  } else if (!o.init_from.empty()) {
+    model_json = stages::read_hf_config(o.init_from);
+    model_source = o.init_from + "/config.json";
+  } else {
+    throw InputError("--model is required (or --init-from a Hugging Face directory)");
+  }
+  stages::LoadOptions lo;
+  lo.float_dtype = o.float_dtype;
+  auto graph = std::make_shared<stages::Graph>(stages::load_model_json(model_json, model_source, lo));
+  // A directory with images.npy is image data (images + labels); any file is byte tokens.
+  std::optional<stages::ImageDataset> images;
+  if (stages::is_image_dataset(o.data_path)) {
+    images.emplace(o.data_path);
+    images->check_model(*graph, model_source);
+  } else {
+    check_byte_model(*graph, model_source);
+  }
+  for (int l : o.recompute_layers)
+    if (l >= graph->num_layers())
+      throw InputError("--recompute: layer " + std::to_string(l) + " does not exist (the model has " +
+                       std::to_string(graph->num_layers()) + " layers)");
+  const stages::ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
+  const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
+  const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
+  const bool per_position = !images && !tgt_type.shape.empty();
+
+  stages::ByteDataset data =
+      images ? stages::ByteDataset(std::string(), o.data_path) : stages::ByteDataset(o.data_path, T);
+  auto& alloc = memory::allocator_for(memory::Device::cpu());
+  alloc.reset_peak();
+
+  stages::StageOptions so;
+  so.seed = o.seed;
+  so.recompute_layers = o.recompute_layers;
+  stages::Stage stage(graph, 0, graph->num_layers(), so);
+  stage.set_optimizer(o.optimizer);
+  if (!o.init_from.empty()) stages::load_hf_gpt2(o.init_from, stage);
+
+  int64_t start = 0;
+  if (o.resume) {
+    std::optional<std::string> dir = stages::latest_checkpoint(o.checkpoint_dir);
+    if (dir) {
+      stages::Manifest m = stages::read_manifest(*dir);
+      check_resume(m, *dir, model_json, model_source, o.seed);
+      stages::load_stage(*dir, m, stage, true);
+      stage.optimizer().set_lr(o.optimizer.lr());  // a resumed run may change the rate
+      start = m.step;
+    }
+    log_resume(dir, start, o.checkpoint_dir);
+  }
+  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} {}); batch {} x {} "
+               "{} in {} micro-batch(es); {} steps",
+               graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6, o.data_path,
+               images ? images->size() : data.size(), images ? "images" : "bytes", o.batch, T,
+               images ? "image" : "tokens", o.micro_batches, o.steps);
+
+  const int64_t mb_size = o.batch / o.micro_batches;
+  const double loss_tokens = double(o.batch * (per_position ? T : 1));
+  Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
+                         : Tensor::empty({mb_size, T}, tok_type.dtype);
+  Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype) : Tensor::empty({mb_size}, tgt_type.dtype);
+
+  LoopSteps steps;
+  // The reference step: every micro-batch through the one Stage, then clipping and the
+  // optimizer step.
+  steps.step = [&](int64_t step) {
+    auto t0 = std::chrono::steady_clock::now();
+    stage.zero_grad();
+    double loss = 0;
+    for (int64_t k = 0; k < o.micro_batches; ++k) {
+      stages::MicroBatch mb{k, k * mb_size, mb_size, o.batch, loss_tokens, step};
+      if (images) {
+        images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      } else {
+        data.fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      }
+      stages::TensorMap out = images ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
+                                     : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
+      loss += out.at("loss").to_vector<double>()[0];
+      stage.backward(k);
+    }
+    stage.finish_grads();
+    double norm = std::sqrt(stage.grad_sum_squares());
+    double scale = (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
+    stage.step(scale);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return StepRecord{step + 1, loss, norm, secs};
+  };
+  steps.checkpoint = [&](int64_t done) {
+    stages::Manifest m;
+    m.step = done;
+    m.seed = o.seed;
+    m.model = model_json;
+    m.data = {{"position", done}, {"file", o.data_path}, {"bytes", data.size()}};
+    if (images) m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
+    m.train = {{"batch", o.batch}, {"micro_batches", o.micro_batches}, {"grad_clip", o.grad_clip},
+               {"steps", o.steps}};
+    std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
+    stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
+    return dir;
+  };
+  steps.lr = [&] { return stage.optimizer().lr(); };
+
+  const int64_t tokens_per_step = o.batch * T;
+  TrainSummary summary = run_loop(o, start, tokens_per_step, true, steps, on_step);
+  summary.peak_bytes = alloc.stats().peak;
+  spdlog::info("peak device memory {}", memory::format_bytes(double(summary.peak_bytes)));
+  if (!o.summary_path.empty())
+    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step, {{0, int64_t(summary.peak_bytes), -1}}, "", ""));
+  return summary;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,224 @@
+#include "partitioner/resolved_plan.h"
+
+#include <algorithm>
+
+#include "memory/error.h"
+#include "schedule/generators.h"
+#include "schedule/validate.h"
+#include "stages/model.h"
+
+namespace baton::partitioner {
+
+using stages::Graph;
+
+std::vector<int> ResolvedPlan::stages_of(int pp) const {
+  return schedule::stages_of_rank(schedule, pp);
+}
+
+std::set<int> ResolvedPlan::recompute_layers() const {
+  std::set<int> out;
+  for (const auto& s : recompute) out.insert(s.begin(), s.end());
+  return out;
+}
+
+std::shared_ptr<const Graph> load_plan_model(const Plan& plan) {
+  try {
+    if (!plan.model_path.empty())
+      return std::make_shared<const Graph>(stages::load_model(plan.model_path_resolved));
+    return std::make_shared<const Graph>(
+        stages::load_model_json(plan.model_json, plan.where("$.model")));
+  } catch (const InputError& e) {
+    if (!plan.model_path.empty()) throw InputError(plan.where("$.model") + ": " + e.what());
+    throw;
+  }
+}
+
+namespace {
+
+std::string layer_ref(const Graph& g, int l) {
+  return "layer " + std::to_string(l) + " ('" + g.layers[size_t(l)].name + "')";
+}
+
+std::string list_str(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// "[0 1 2]": the form use_schedule's messages use.
+std::string space_list(const std::vector<int>& v) {
+  std::string t;
+  for (int x : v) t += (t.empty() ? "" : " ") + std::to_string(x);
+  return "[" + t + "]";
+}
+
+void resolve_layers(const Plan& p, const Graph& g, ResolvedPlan& r) {
+  const int L = g.num_layers();
+  std::vector<int> owner(size_t(L), -1);
+  for (size_t k = 0; k < p.stages.size(); ++k) {
+    const PlanStage& st = p.stages[k];
+    std::vector<int> layers;
+    if (st.first_layer >= 0) {
+      if (st.last_layer > L)
+        throw InputError(st.json_path + ".layers: expected layer indices within the model's " +
+                         std::to_string(L) + " layers (last <= " + std::to_string(L) +
+                         "), found [" + std::to_string(st.first_layer) + ", " +
+                         std::to_string(st.last_layer) + "]");
+      for (int l = st.first_layer; l < st.last_layer; ++l) layers.push_back(l);
+    } else {
+      for (size_t i = 0; i < st.layer_names.size(); ++i) {
+        int l = g.find_layer(st.layer_names[i]);
+        if (l < 0)
+          throw InputError(st.json_path + ".layers[" + std::to_string(i) + "]: no layer named '" +
+                           st.layer_names[i] + "' in the model");
+        layers.push_back(l);
+      }
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+      int l = layers[i];
+      if (owner[size_t(l)] >= 0)
+        throw InputError(
+            st.json_path + ".layers: " + layer_ref(g, l) + " is placed twice (also in " +
+            p.stages[size_t(owner[size_t(l)])].json_path.substr(p.where("").size()) + ")");
+      owner[size_t(l)] = int(k);
+      if (i > 0 && l != layers[i - 1] + 1)
+        throw InputError(st.json_path +
+                         ".layers: a stage holds consecutive layers in model order; " +
+                         layer_ref(g, l) + " does not follow " + layer_ref(g, layers[i - 1]));
+    }
+    r.chunk_first.push_back(layers.front());
+    r.chunk_last.push_back(layers.back() + 1);
+  }
+  for (int l = 0; l < L; ++l)
+    if (owner[size_t(l)] < 0)
+      throw InputError(p.where("$.stages") + ": " + layer_ref(g, l) + " is in no stage");
+  for (int l = 1; l < L; ++l)
+    if (owner[size_t(l)] < owner[size_t(l - 1)])
+      throw InputError(p.stages[size_t(owner[size_t(l)])].json_path +
+                       ".layers: stages hold the model's layers in order, but " + layer_ref(g, l) +
+                       " comes after " + layer_ref(g, l - 1) + " of a later stage");
+}
+
+void resolve_recompute(const Plan& p, const Graph& g, ResolvedPlan& r) {
+  r.recompute.assign(p.stages.size(), {});
+  for (size_t k = 0; k < p.stages.size(); ++k) {
+    const PlanStage& st = p.stages[k];
+    if (st.recompute_all)
+      for (int l = r.chunk_first[k]; l < r.chunk_last[k]; ++l) r.recompute[k].insert(l);
+    for (size_t i = 0; i < st.recompute_names.size(); ++i) {
+      int l = g.find_layer(st.recompute_names[i]);
+      if (l < r.chunk_first[k] || l >= r.chunk_last[k])
+        throw InputError(st.json_path + ".recompute[" + std::to_string(i) +
+                         "]: expected a layer of this stage (" +
+                         g.layers[size_t(r.chunk_first[k])].name + " .. " +
+                         g.layers[size_t(r.chunk_last[k] - 1)].name + "), found '" +
+                         st.recompute_names[i] + "'");
+      r.recompute[k].insert(l);
+    }
+  }
+}
+
+}  // namespace
+
+ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
+  ResolvedPlan r;
+  r.plan = p;
+  r.graph = graph;
+  const Graph& g = *graph;
+  r.layout = Layout(p.dp, p.tp);
+  std::string name;
+  try {
+    name = schedule::canonical_schedule_name(p.schedule);
+  } catch (const InputError& e) {
+    throw InputError(p.where("$.schedule.name") + ": " + e.what());
+  }
+  try {
+    r.schedule = schedule::generate(name, p.pp, p.micro_batches, p.chunks);
+  } catch (const InputError& e) {
+    throw InputError(p.where("$.schedule") + ": " + e.what());
+  }
+  const int S = r.schedule.stages_per_direction();
+  if (int(p.stages.size()) != S)
+    throw InputError(p.where("$.stages") + ": expected " + std::to_string(S) +
+                     " stages (schedule " + name + " on " + std::to_string(p.pp) +
+                     " pipeline ranks holds " + std::to_string(S) + " model chunks), found " +
+                     std::to_string(p.stages.size()));
+  if (S > g.num_layers())
+    throw InputError(p.where("$.stages") + ": " + std::to_string(S) + " stages for a model of " +
+                     std::to_string(g.num_layers()) + " layers");
+  resolve_layers(p, g, r);
+
+  // Placement: which pipeline ranks hold each chunk, and the degree of its layers.
+  std::vector<std::set<int>> holders(static_cast<size_t>(S));
+  for (int s = 0; s < r.schedule.num_stages(); ++s) {
+    int k = schedule::stage_chunk(r.schedule, s);
+    r.chunk_of_stage.push_back(k);
+    holders[size_t(k)].insert(r.schedule.placement[size_t(s)]);
+  }
+  r.layer_tp.assign(size_t(g.num_layers()), 1);
+  for (int k = 0; k < S; ++k) {
+    std::vector<int> expect(holders[size_t(k)].begin(), holders[size_t(k)].end());
+    const PlanStage& st = p.stages[size_t(k)];
+    if (!st.pipeline_ranks.empty() && st.pipeline_ranks != expect)
+      throw InputError(st.json_path + ".pipeline_ranks: expected " + list_str(expect) + " (the " +
+                       name + " placement of model chunk " + std::to_string(k) + "), found " +
+                       list_str(st.pipeline_ranks));
+    r.plan.stages[size_t(k)].pipeline_ranks = expect;
+    std::set<int> degrees;
+    for (int pp : expect) degrees.insert(p.tp[size_t(pp)]);
+    if (degrees.size() > 1)
+      throw InputError(p.where("$.parallel.tp") + ": model chunk " + std::to_string(k) +
+                       " runs on pipeline ranks " + list_str(expect) +
+                       " with different tensor-parallel degrees; a chunk needs one degree");
+    for (int l = r.chunk_first[size_t(k)]; l < r.chunk_last[size_t(k)]; ++l)
+      r.layer_tp[size_t(l)] = *degrees.begin();
+  }
+  // A parameter several pipeline ranks hold (tied embeddings) needs the same split there.
+  for (const stages::Param& prm : g.params) {
+    std::set<int> degrees;
+    for (int l : prm.layers) degrees.insert(r.layer_tp[size_t(l)]);
+    if (degrees.size() > 1)
+      throw InputError(p.where("$.parallel.tp") + ": parameter '" + prm.name + "' is used by " +
+                       layer_ref(g, prm.layers.front()) + " and " +
+                       layer_ref(g, prm.layers.back()) +
+                       " on pipeline ranks of different tensor-parallel degrees; a tied parameter "
+                       "needs one degree");
+  }
+  if (!p.boundaries.is_null()) {
+    nlohmann::json want = derive_boundaries(r.plan);
+    for (size_t i = 0; i < std::max(want.size(), p.boundaries.size()); ++i)
+      if (i >= want.size() || i >= p.boundaries.size() || want[i] != p.boundaries[i])
+        throw InputError(
+            p.boundaries_path + "[" + std::to_string(i) + "]: expected " +
+            (i < want.size() ? want[i].dump() : std::string("no entry")) +
+            " (from the degrees and the placement), found " +
+            (i < p.boundaries.size() ? p.boundaries[i].dump() : std::string("no entry")));
+  }
+  resolve_recompute(p, g, r);
+  SplitOverrides ov{p.splits, p.split_paths};
+  r.sharding = plan_sharding(g, r.layer_tp, ov, p.where("$.parallel.tp"));
+  return r;
+}
+
+void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::string& source) {
+  const schedule::Schedule& want = r.schedule;
+  auto fail = [&](const std::string& what, const std::string& expected, const std::string& found) {
+    throw InputError(source + ": " + what + ": the plan needs " + expected + ", the schedule has " +
+                     found);
+  };
+  if (s.num_ranks != want.num_ranks)
+    fail("ranks", std::to_string(want.num_ranks) + " (pipeline ranks)",
+         std::to_string(s.num_ranks));
+  if (s.num_micro_batches != want.num_micro_batches)
+    fail("micro_batches", std::to_string(want.num_micro_batches),
+         std::to_string(s.num_micro_batches));
+  if (s.num_directions != want.num_directions)
+    fail("directions", std::to_string(want.num_directions), std::to_string(s.num_directions));
+  if (s.placement != want.placement)
+    fail("placement", space_list(want.placement), space_list(s.placement));
+  schedule::check_valid(s, source);
+  r.schedule = s;
+  if (r.schedule.name.empty()) r.schedule.name = source;
+}
+
+}  // namespace baton::partitioner

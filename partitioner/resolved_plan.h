@@ -1,0 +1,47 @@
+// A plan checked against its model: resolve_plan runs every check that needs the model
+// (errors name the plan file and the JSON path) and returns the ResolvedPlan everything
+// downstream reads (the cost and memory estimate, the physical graphs, the engine);
+// use_schedule replaces its generated schedule by one a user wrote.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "partitioner/layout.h"
+#include "partitioner/plan.h"
+#include "partitioner/tensor_parallel.h"
+#include "schedule/schedule.h"
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+struct ResolvedPlan {
+  Plan plan;
+  std::shared_ptr<const stages::Graph> graph;  // logical
+  Layout layout;
+  schedule::Schedule schedule;               // compute-only, from the generator
+  std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
+  std::vector<int> chunk_of_stage;           // schedule stage -> model chunk
+  std::vector<int> layer_tp;                 // degree per layer
+  std::vector<std::set<int>> recompute;      // per chunk, layer indices
+  Sharding sharding;
+
+  int num_chunks() const { return int(chunk_first.size()); }
+  // Schedule stages held by pipeline rank pp (ascending).
+  std::vector<int> stages_of(int pp) const;
+  std::set<int> recompute_layers() const;  // every chunk's
+};
+
+// Loads the model a plan names (or embeds); InputError naming the plan's field.
+std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan);
+// Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
+ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
+
+// Replaces a plan's generated schedule by another one over the same stages (a file a
+// user wrote): the same ranks, micro-batches, directions and placement. Compute-only or
+// lowered. InputError naming `source` otherwise.
+void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::string& source);
+
+}  // namespace baton::partitioner

@@ -1,0 +1,77 @@
+// The run summary (`--summary`, docs/formats/summary.md) of both loops: the steps, the
+// first and last loss equal to the records, every rank's peak and (under a plan) its
+// estimate, the schedule.
+#include <gtest/gtest.h>
+
+#include "engine_harness.h"
+#include "memory/file_io.h"
+
+namespace baton::engine_testing {
+namespace {
+
+json read_summary(const std::string& path) {
+  return json::parse(memory::read_file(path));
+}
+
+TEST(Summary, OneProcess) {
+  Workspace ws("summary1");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  RunSettings s;
+  s.steps = 3;
+  plan_json(p, ws);  // writes model.json
+  engine::TrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  o.model_path = ws.path("model.json");
+  o.batch = 4;
+  o.micro_batches = 2;
+  o.loss_log = ws.path("loss.jsonl");
+  o.summary_path = ws.path("summary.json");
+  engine::TrainSummary run = engine::run_training(o);
+  json j = read_summary(o.summary_path);
+  EXPECT_EQ(j["format"], "baton-train-summary");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["first_step"], 0);
+  EXPECT_EQ(j["steps_run"], 3);
+  EXPECT_EQ(j["last_step"], 3);
+  EXPECT_EQ(j["first_loss"].get<double>(), run.records.front().loss);
+  EXPECT_EQ(j["last_loss"].get<double>(), run.records.back().loss);
+  EXPECT_EQ(j["loss_log"], o.loss_log);
+  EXPECT_EQ(j["tokens_per_step"], 4 * 16);
+  EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
+  ASSERT_EQ(j["ranks"].size(), 1u);
+  EXPECT_EQ(j["ranks"][0]["rank"], 0);
+  EXPECT_EQ(j["ranks"][0]["peak_bytes"].get<int64_t>(), int64_t(run.peak_bytes));
+  EXPECT_TRUE(j["ranks"][0]["estimated_peak_bytes"].is_null());
+  EXPECT_TRUE(j["schedule"].is_null());
+  EXPECT_TRUE(j["plan"].is_null());
+}
+
+TEST(Summary, PlanHasEveryRankAndItsEstimate) {
+  Workspace ws("summary2");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.schedule = "zb-h1";
+  RunSettings s;
+  s.steps = 2;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.summary_path = ws.path("summary.json");
+  std::vector<engine::StepRecord> records = run_threads(resolve(p, ws), o);
+  json j = read_summary(o.summary_path);
+  EXPECT_EQ(j["steps_run"], 2);
+  EXPECT_EQ(j["first_loss"].get<double>(), records.front().loss);
+  EXPECT_EQ(j["last_loss"].get<double>(), records.back().loss);
+  EXPECT_TRUE(j["loss_log"].is_null());
+  EXPECT_EQ(j["schedule"], "zb-h1");
+  EXPECT_EQ(j["tokens_per_step"], 4 * 2 * 16);
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(j["ranks"][size_t(k)]["rank"], k);
+    EXPECT_GT(j["ranks"][size_t(k)]["peak_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(j["ranks"][size_t(k)]["estimated_peak_bytes"].get<int64_t>(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace baton::engine_testing
