@@ -16,6 +16,17 @@ function(baton_export_dependency)
   list(JOIN ARGN " " args)
   set_property(GLOBAL APPEND PROPERTY BATON_EXPORT_DEPENDENCIES "find_dependency(${args})")
 endfunction()
+# baton_pkg_check_modules(<prefix> <module> ...): a dependency found through pkg-config,
+# as the imported target PkgConfig::<prefix> (link that); batonConfig.cmake makes the
+# same target again.
+macro(baton_pkg_check_modules _baton_prefix)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(${_baton_prefix} REQUIRED IMPORTED_TARGET ${ARGN})
+  set(_baton_modules ${ARGN})
+  list(JOIN _baton_modules " " _baton_modules)
+  set_property(GLOBAL APPEND PROPERTY BATON_EXPORT_DEPENDENCIES "find_dependency(PkgConfig)"
+    "pkg_check_modules(${_baton_prefix} REQUIRED IMPORTED_TARGET ${_baton_modules})")
+endmacro()
 
 baton_find_package(Threads)
 baton_find_package(OpenMP COMPONENTS CXX)
