@@ -1,38 +1,53 @@
 # Every dependency comes from Debian's packages (scripts/setup.sh installs them), except
 # in the GPU-check build, which takes GoogleTest and OpenBLAS from BATON_BUNDLE_DIR.
-find_package(Threads REQUIRED)
-find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+# baton_find_package(<find_package arguments>): find_package(... REQUIRED) for a
+# dependency that baton's libraries link (and so the projects linking the installed
+# baton too): the installed batonConfig.cmake repeats the same search with
+# find_dependency(). Dependencies of the tests, benchmarks and tools only use a plain
+# find_package().
+macro(baton_find_package)
+  find_package(${ARGN} REQUIRED)
+  baton_export_dependency(${ARGN})
+endmacro()
+# baton_export_dependency(<find_package arguments>): only the find_dependency() line,
+# for a dependency found some other way (an optional one that turned out present).
+function(baton_export_dependency)
+  list(JOIN ARGN " " args)
+  set_property(GLOBAL APPEND PROPERTY BATON_EXPORT_DEPENDENCIES "find_dependency(${args})")
+endfunction()
+# baton_pkg_check_modules(<prefix> <module> ...): a dependency found through pkg-config,
+# as the imported target PkgConfig::<prefix> (link that); batonConfig.cmake makes the
+# same target again.
+macro(baton_pkg_check_modules _baton_prefix)
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(${_baton_prefix} REQUIRED IMPORTED_TARGET ${ARGN})
+  set(_baton_modules ${ARGN})
+  list(JOIN _baton_modules " " _baton_modules)
+  set_property(GLOBAL APPEND PROPERTY BATON_EXPORT_DEPENDENCIES "find_dependency(PkgConfig)"
+    "pkg_check_modules(${_baton_prefix} REQUIRED IMPORTED_TARGET ${_baton_modules})")
+endmacro()
+
+baton_find_package(Threads)
+baton_find_package(OpenMP COMPONENTS CXX)
 if(BATON_GPU_CHECK)
   include(BatonGpuBundle)
 else()
   find_package(PkgConfig REQUIRED)
-  find_package(nlohmann_json 3.10 REQUIRED)
-  find_package(spdlog REQUIRED)
-  find_package(fmt REQUIRED)
-  find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
+  baton_find_package(nlohmann_json 3.10)
+  baton_find_package(fmt)
+  baton_find_package(spdlog)
+  baton_find_package(Boost 1.74 COMPONENTS program_options)
   if(BATON_BUILD_TESTS)
     find_package(GTest REQUIRED)
   endif()
   if(BATON_BUILD_BENCH)
     find_package(benchmark REQUIRED)
   endif()
-
-  # OpenBLAS: the OpenMP build, so that GEMM threads and baton's own parallel loops share
-  # one OpenMP pool and never oversubscribe the cores (the pthread build keeps its own
-  # spinning threads). BATON_BLAS_VARIANT=pthread selects Debian's default build instead.
-  set(BATON_BLAS_VARIANT openmp CACHE STRING "OpenBLAS build to link: openmp or pthread")
-  find_library(BATON_OPENBLAS_LIB openblas
-    PATHS /usr/lib/x86_64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
-          /usr/lib/aarch64-linux-gnu/openblas-${BATON_BLAS_VARIANT}
-    NO_DEFAULT_PATH)
-  if(NOT BATON_OPENBLAS_LIB)
-    find_library(BATON_OPENBLAS_LIB openblas REQUIRED)
-  endif()
-  find_path(BATON_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas REQUIRED)
 endif()  # not BATON_GPU_CHECK
-add_library(baton_openblas INTERFACE)
-target_link_libraries(baton_openblas INTERFACE ${BATON_OPENBLAS_LIB})
-target_include_directories(baton_openblas SYSTEM INTERFACE ${BATON_CBLAS_INCLUDE})
+# OpenBLAS, the OpenMP build by default (FindBatonOpenBLAS.cmake says why).
+set(BATON_BLAS_VARIANT openmp CACHE STRING "OpenBLAS build to link: openmp or pthread")
+baton_find_package(BatonOpenBLAS)
 message(STATUS "baton: OpenBLAS ${BATON_OPENBLAS_LIB}")
 
 # CUDA (optional).
@@ -60,19 +75,13 @@ if(NOT BATON_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
+    baton_export_dependency(CUDAToolkit)
     set(BATON_HAVE_CUDA ON)
-    # NCCL: the toolkit's folders first, then NCCL_HOME (a pip wheel's nvidia/nccl, say).
-    # The GPU-check bundle carries nccl.h for an NCCL installed without its header.
-    find_path(BATON_NCCL_INCLUDE nccl.h
-      HINTS $ENV{NCCL_HOME}/include ${CUDAToolkit_INCLUDE_DIRS}
-      PATHS ${BATON_BUNDLE_DIR}/nccl/include)
-    find_library(BATON_NCCL_LIB NAMES nccl libnccl.so.2
-      HINTS $ENV{NCCL_HOME}/lib ${CUDAToolkit_LIBRARY_DIR})
-    if(BATON_NCCL_INCLUDE AND BATON_NCCL_LIB)
+    # NCCL (FindBatonNCCL.cmake): NCCL_HOME, the toolkit's folders, the GPU-check bundle.
+    find_package(BatonNCCL QUIET)
+    if(BatonNCCL_FOUND)
       set(BATON_HAVE_NCCL ON)
-      add_library(baton_nccl INTERFACE)
-      target_include_directories(baton_nccl SYSTEM INTERFACE ${BATON_NCCL_INCLUDE})
-      target_link_libraries(baton_nccl INTERFACE ${BATON_NCCL_LIB})
+      baton_export_dependency(BatonNCCL)
     elseif(BATON_CUDA STREQUAL "ON")
       message(FATAL_ERROR "BATON_CUDA=ON but NCCL (nccl.h, libnccl) was not found; set NCCL_HOME")
     endif()

@@ -1,7 +1,9 @@
-// `baton version`: the version and the backends this build has.
+// `baton version`: the version, the git commit it was built from and the backends this
+// build has.
 #include <cstdio>
 
 #include "tools/command.h"
+#include "tools/version.h"  // generated at build time (cmake/BatonVersion.cmake)
 
 namespace baton::tools {
 namespace {
@@ -15,11 +17,13 @@ int run_version(const std::vector<std::string>& args) {
 #else
   const char* cuda = "not built";
 #endif
-  std::printf("baton 0.1.0 (CPU backend; CUDA backend %s)\n", cuda);
+  std::printf("baton %s (commit %s; CPU backend; CUDA backend %s)\n", BATON_VERSION,
+              BATON_GIT_COMMIT, cuda);
   return 0;
 }
 
-const RegisterCommand reg{{"version", "print the version and the backends built", run_version}};
+const RegisterCommand reg{
+    {"version", "print the version, the git commit and the backends built", run_version}};
 
 }  // namespace
 }  // namespace baton::tools
