@@ -12,6 +12,7 @@ packages=(
   libucx-dev ucx-utils
   iproute2 procps python3
   openmpi-bin libopenmpi-dev
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 
 missing=()
