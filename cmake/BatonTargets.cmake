@@ -6,6 +6,10 @@ target_include_directories(baton_options INTERFACE ${PROJECT_SOURCE_DIR})
 target_compile_options(baton_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
     -Wno-missing-field-initializers>
+  # The kernels' `#pragma GCC ivdep` and GCC-only warning names are for GCC; clang (the
+  # asan preset) ignores them.
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wno-unknown-pragmas
+    -Wno-unknown-warning-option>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${BATON_WERROR}>>:-Werror>)
 # GCC 12 at -O3 (the Release build type) reports a false -Wrestrict in libstdc++'s
 # char_traits::copy for every `"literal" + std::string(...)` (operator+(const char*,
@@ -20,6 +24,15 @@ if(BATON_SANITIZE)
   target_compile_options(baton_options INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
   target_link_options(baton_options INTERFACE -fsanitize=${_san})
+endif()
+# BATON_FUZZ (clang only; the asan preset): libFuzzer's coverage instrumentation on all of
+# baton's code, and the fuzz targets of tests/fuzz/.
+option(BATON_FUZZ "Build the libFuzzer targets (clang)" OFF)
+if(BATON_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "BATON_FUZZ needs clang (the asan preset uses clang++-14)")
+  endif()
+  target_compile_options(baton_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
 endif()
 if(BATON_HAVE_CUDA)
   target_compile_definitions(baton_options INTERFACE BATON_HAVE_CUDA=1)

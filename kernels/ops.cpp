@@ -139,7 +139,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   check_float(op, "x", x);
   check_like(op, "w", w, "x", x);
   check_like(op, "y", y, "x", x);
-  const auto [in, out] = weight_dims(op, w, layout);
+  // Not a structured binding: clang 14 cannot capture those in the lambdas below.
+  const auto dims = weight_dims(op, w, layout);
+  const int64_t in = dims.first, out = dims.second;
   BATON_NEED(last_dim(op, "x", x) == in, op, "x " + x.str() + " does not match w " + w.str());
   check_leading_then(op, "y", y, "x", x, 1, {out});
   if (bias.defined()) {
@@ -162,7 +164,9 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layou
   check_float(op, "dy", dy);
   check_like(op, "w", w, "dy", dy);
   check_like(op, "dx", dx, "dy", dy);
-  const auto [in, out] = weight_dims(op, w, layout);
+  // Not a structured binding: clang 14 cannot capture those in the lambdas below.
+  const auto dims = weight_dims(op, w, layout);
+  const int64_t in = dims.first, out = dims.second;
   BATON_NEED(last_dim(op, "dy", dy) == out, op, "dy " + dy.str() + " does not match w " + w.str());
   check_leading_then(op, "dx", dx, "dy", dy, 1, {in});
   const int64_t rows = rows_of(dy);
@@ -181,7 +185,9 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   check_float(op, "dy", dy);
   check_like(op, "x", x, "dy", dy);
   check_like(op, "dw", dw, "dy", dy);
-  const auto [in, out] = weight_dims(op, dw, layout);
+  // Not a structured binding: clang 14 cannot capture those in the lambdas below.
+  const auto dims = weight_dims(op, dw, layout);
+  const int64_t in = dims.first, out = dims.second;
   BATON_NEED(last_dim(op, "x", x) == in && last_dim(op, "dy", dy) == out, op,
              "x " + x.str() + " and dy " + dy.str() + " do not match dw " + dw.str());
   check_leading_then(op, "dy", dy, "x", x, 1, {out});

@@ -61,8 +61,9 @@ class StreamGuard {
   StreamGuard& operator=(const StreamGuard&) = delete;
 
  private:
-  int device_;
-  StreamHandle previous_;
+  // Unused in builds without CUDA (clang's -Wunused-private-field).
+  [[maybe_unused]] int device_;
+  [[maybe_unused]] StreamHandle previous_;
 };
 
 // Makes `device` the calling thread's CUDA device for its lifetime.
@@ -74,7 +75,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  [[maybe_unused]] int previous_ = -1;  // unused without CUDA
 };
 
 // Waits on the host until the calling thread's current stream of `device` is idle.
@@ -99,7 +100,7 @@ class Event {
 
  private:
   int device_;
-  void* event_ = nullptr;  // a cudaEvent_t
+  [[maybe_unused]] void* event_ = nullptr;  // a cudaEvent_t (unused without CUDA)
 };
 
 // Page-locked host memory: host<->device copies from and to it run at full PCIe/NVLink

@@ -7,13 +7,14 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev
   libdnnl-dev
-  nlohmann-json3-dev libspdlog-dev libfmt-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev
   libboost-dev libboost-program-options-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils
   iproute2 procps python3
   openmpi-bin libopenmpi-dev
   libsentencepiece-dev
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 
 missing=()

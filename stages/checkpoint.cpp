@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +26,29 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kBlocksKey = "baton.blocks";
+// Each tensor's crc32 (8 hex digits), a JSON string {key: crc}: the manifest's checksum
+// of the whole file says whether it is intact, these say which tensor is not.
+constexpr const char* kCrcKey = "baton.crc32";
+
+// zlib's crc32, continued over a buffer of any size (zlib takes 32-bit lengths).
+uint32_t crc32_of(uint32_t crc, const void* data, size_t n) {
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    uInt chunk = uInt(std::min<size_t>(n, size_t(1) << 30));
+    crc = uint32_t(::crc32(uLong(crc), p, chunk));
+    p += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08" PRIx32, v);
+  return buf;
+}
+
+std::string errno_text() { return std::strerror(errno); }
 
 void fsync_path(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -41,17 +65,36 @@ void rename_durably(const std::string& tmp, const std::string& final_path) {
   fsync_path(fs::path(final_path).parent_path().string(), true);
 }
 
+// Writes text to <path>.tmp, fsyncs and renames it; on any failure (a full disk) the
+// temporary file is removed and the error names the file and the system's reason.
 void write_text_durably(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw RuntimeError(tmp + ": cannot create");
-    out << text;
-    out.flush();
-    if (!out) throw RuntimeError(tmp + ": write error");
+  try {
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw RuntimeError(tmp + ": cannot create: " + errno_text());
+    size_t off = 0;
+    while (off < text.size()) {
+      ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        std::string err = errno_text();
+        ::close(fd);
+        throw RuntimeError(tmp + ": write error: " + err);
+      }
+      off += size_t(w);
+    }
+    if (::fsync(fd) != 0) {
+      std::string err = errno_text();
+      ::close(fd);
+      throw RuntimeError(tmp + ": fsync failed: " + err);
+    }
+    if (::close(fd) != 0) throw RuntimeError(tmp + ": close failed: " + errno_text());
+    rename_durably(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
-  fsync_path(tmp, false);
-  rename_durably(tmp, path);
 }
 
 std::string offsets_str(const Shape& o) {
@@ -86,15 +129,27 @@ void add_pieces(std::vector<Stored>& out, const std::string& logical, const Para
 ShardFile write_shard(const std::string& step_dir, const std::string& file,
                       const std::string& kind, int rank, const std::vector<Stored>& tensors) {
   std::vector<NamedTensor> named;
-  json blocks = json::object();
+  json blocks = json::object(), crcs = json::object();
   for (const Stored& s : tensors) {
-    named.push_back({s.key, s.data});
+    Tensor host = s.data.to(memory::Device::cpu()).contiguous();
+    crcs[s.key] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
+    named.push_back({s.key, host});
     blocks[s.key] = {{"name", s.logical}, {"global_shape", s.global_shape}, {"offsets", s.offsets}};
   }
-  std::map<std::string, std::string> meta{{"format", "pt"}, {kBlocksKey, blocks.dump()}};
+  std::map<std::string, std::string> meta{
+      {"format", "pt"}, {kBlocksKey, blocks.dump()}, {kCrcKey, crcs.dump()}};
   std::string path = step_dir + "/" + file;
-  write_safetensors(path + ".tmp", named, meta);
-  rename_durably(path + ".tmp", path);
+  try {
+    write_safetensors(path + ".tmp", named, meta);
+    rename_durably(path + ".tmp", path);
+  } catch (const std::exception& e) {
+    // A full disk: free what we wrote; the step directory stays without a manifest
+    // (incomplete), and the checkpoints before it are untouched.
+    std::error_code ec;
+    fs::remove(path + ".tmp", ec);
+    throw RuntimeError("checkpoint " + step_dir + ": cannot write " + file + ": " + e.what() +
+                       " (the earlier checkpoints are untouched)");
+  }
   ShardFile sf;
   sf.file = file;
   sf.kind = kind;
@@ -227,13 +282,32 @@ json Manifest::to_json() const {
           {"shards", shard_list}};
 }
 
+namespace {
+
+// Refuses a manifest of a format version this baton does not know, naming it: a newer
+// baton's checkpoint may mean something this one would misread.
+void check_manifest_version(const JsonReader& r) {
+  if (r.at("format").as_string() != "baton-checkpoint") r.at("format").fail("\"baton-checkpoint\"");
+  int64_t v = r.at("version").as_int();
+  if (v > Manifest::kVersion)
+    r.at("version").fail_message("the checkpoint is in format version " + std::to_string(v) +
+                                 ", written by a newer baton; this one reads versions " +
+                                 std::to_string(Manifest::kMinVersion) + " to " +
+                                 std::to_string(Manifest::kVersion));
+  if (v < Manifest::kMinVersion)
+    r.at("version").fail("a format version from " + std::to_string(Manifest::kMinVersion) +
+                             " to " + std::to_string(Manifest::kVersion),
+                         std::to_string(v));
+}
+
+}  // namespace
+
 Manifest Manifest::from_json(const json& j, const std::string& source) {
   JsonReader r(j, source);
+  r.expect_object();
+  check_manifest_version(r);
   r.expect_only({"format", "version", "step", "seed", "optimizer", "rng", "data", "model",
                  "train", "shards"});
-  if (r.at("format").as_string() != "baton-checkpoint") r.at("format").fail("\"baton-checkpoint\"");
-  if (r.at("version").as_int() != kVersion)
-    r.at("version").fail("version " + std::to_string(kVersion));
   Manifest m;
   m.step = r.at("step").as_int(0, INT64_MAX);
   m.seed = uint64_t(r.at("seed").as_int(0, INT64_MAX));
@@ -255,6 +329,9 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     sf.rank = int(s.at("rank").as_int(0, 1 << 30));
     sf.bytes = uint64_t(s.at("bytes").as_int(0, INT64_MAX));
     sf.hash = s.at("hash").as_string();
+    if (sf.hash.rfind("crc32:", 0) != 0 && sf.hash.rfind("fnv1a64:", 0) != 0)
+      s.at("hash").fail("\"crc32:<8 hex digits>\" (or \"fnv1a64:...\" in version 1)",
+                        json_brief(sf.hash));
     m.shards.push_back(sf);
   }
   return m;
@@ -266,19 +343,27 @@ std::string checkpoint_dir(const std::string& root, int64_t step) {
   return (fs::path(root) / buf).string();
 }
 
-std::string hash_file(const std::string& path) {
+std::string hash_file(const std::string& path, const std::string& algorithm) {
+  if (algorithm != "crc32" && algorithm != "fnv1a64")
+    throw InputError(path + ": unknown checksum '" + algorithm + "' (expected crc32 or fnv1a64)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open to hash");
   uint64_t h = 0xcbf29ce484222325ull;
+  uint32_t crc = 0;
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), std::streamsize(buf.size()));
-    std::streamsize n = in.gcount();
-    for (std::streamsize i = 0; i < n; ++i) {
-      h ^= uint64_t(static_cast<unsigned char>(buf[size_t(i)]));
+    size_t n = size_t(in.gcount());
+    if (algorithm == "crc32") {
+      crc = crc32_of(crc, buf.data(), n);
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      h ^= uint64_t(static_cast<unsigned char>(buf[i]));
       h *= 0x100000001b3ull;
     }
   }
+  if (algorithm == "crc32") return "crc32:" + hex32(crc);
   char out[40];
   std::snprintf(out, sizeof out, "fnv1a64:%016" PRIx64, h);
   return out;
@@ -328,7 +413,12 @@ std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
 }
 
 void write_manifest(const std::string& step_dir, const Manifest& m) {
-  write_text_durably(step_dir + "/manifest.json", m.to_json().dump(2) + "\n");
+  try {
+    write_text_durably(step_dir + "/manifest.json", m.to_json().dump(2) + "\n");
+  } catch (const RuntimeError& e) {
+    throw RuntimeError("checkpoint " + step_dir + ": cannot write manifest.json: " + e.what() +
+                       " (the earlier checkpoints are untouched)");
+  }
 }
 
 std::string save_checkpoint(const std::string& root, const Stage& stage, Manifest m) {
@@ -348,16 +438,97 @@ Manifest read_manifest(const std::string& step_dir) {
   return Manifest::from_json(read_json_file(path), path);
 }
 
+namespace {
+
+uint64_t le64(const unsigned char b[8]) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | b[i];
+  return n;
+}
+
+// Why a shard of `size` bytes (shorter than written) is cut: which tensor the end of the
+// file falls in, read from what is left of the header.
+std::string locate_cut(const std::string& path, uint64_t size) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8];
+  if (size < 8 || !in.read(reinterpret_cast<char*>(len), 8)) return "the header length is cut";
+  uint64_t n = le64(len);
+  if (n > size - 8)
+    return "the header is cut (it is " + std::to_string(n) + " bytes, " + std::to_string(size - 8) +
+           " remain)";
+  std::string header(size_t(n), '\0');
+  if (!in.read(header.data(), std::streamsize(n))) return "the header cannot be read";
+  json h = json::parse(header, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return "the header does not parse";
+  const uint64_t data = size - 8 - n;
+  std::string first;
+  uint64_t first_begin = UINT64_MAX, first_end = 0;
+  int cut = 0;
+  for (const auto& [key, e] : h.items()) {
+    if (key == "__metadata__" || !e.is_object() || !e.contains("data_offsets")) continue;
+    const json& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      continue;
+    uint64_t b = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (end <= data) continue;
+    ++cut;
+    if (b < first_begin) first = key, first_begin = b, first_end = end;
+  }
+  if (cut == 0) return "yet every tensor of its header is whole";
+  return "tensor '" + first + "' (data bytes [" + std::to_string(first_begin) + ", " +
+         std::to_string(first_end) + ")) is cut at data byte " + std::to_string(data) +
+         (cut > 1 ? " and " + std::to_string(cut - 1) + " tensor(s) after it are missing" : "");
+}
+
+// Which part of a shard of the right size differs from what was written: the first tensor
+// whose bytes disagree with its recorded crc32, or the header.
+std::string locate_damage(const std::string& path) {
+  try {
+    SafetensorsReader r(path);
+    auto it = r.metadata().find(kCrcKey);
+    if (it == r.metadata().end()) return "the file records no per-tensor checksums";
+    json crcs = json::parse(it->second, nullptr, false);
+    if (!crcs.is_object()) return "its per-tensor checksums do not parse: the header is damaged";
+    if (r.entries().empty()) return "the header is damaged";
+    const uint64_t data_start = r.file_size() - r.entries().back().end;
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> buf;
+    for (const SafetensorsEntry& e : r.entries()) {
+      buf.resize(size_t(e.bytes()));
+      in.seekg(std::streamoff(data_start + e.begin));
+      if (!in.read(buf.data(), std::streamsize(buf.size()))) return "cannot read tensor '" + e.name + "'";
+      std::string got = hex32(crc32_of(0, buf.data(), buf.size()));
+      if (!crcs.contains(e.name) || !crcs[e.name].is_string())
+        return "tensor '" + e.name + "' has no recorded checksum: the header is damaged";
+      if (crcs[e.name].get<std::string>() != got)
+        return "tensor '" + e.name + "' (data bytes [" + std::to_string(e.begin) + ", " +
+               std::to_string(e.end) + ")) is damaged: crc32 " + got + ", written as " +
+               crcs[e.name].get<std::string>();
+    }
+    return "every tensor matches its checksum: the header is damaged";
+  } catch (const InputError& e) {
+    return std::string("the header is damaged: ") + e.what();
+  }
+}
+
+}  // namespace
+
 std::optional<std::string> verify_checkpoint(const std::string& step_dir, const Manifest& m) {
   for (const ShardFile& s : m.shards) {
     std::string path = step_dir + "/" + s.file;
     std::error_code ec;
     uint64_t size = fs::file_size(path, ec);
     if (ec) return path + ": missing";
-    if (size != s.bytes)
-      return path + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(s.bytes);
-    std::string h = hash_file(path);
-    if (h != s.hash) return path + ": hash " + h + ", the manifest says " + s.hash;
+    if (size < s.bytes)
+      return path + ": truncated: " + std::to_string(size) + " bytes, the manifest says " +
+             std::to_string(s.bytes) + "; " + locate_cut(path, size);
+    if (size > s.bytes)
+      return path + ": " + std::to_string(size) + " bytes, the manifest says " +
+             std::to_string(s.bytes) + " (bytes were added)";
+    std::string h = hash_file(path, s.hash.substr(0, s.hash.find(':')));
+    if (h != s.hash)
+      return path + ": checksum " + h + ", the manifest says " + s.hash + "; " + locate_damage(path);
   }
   return std::nullopt;
 }
@@ -375,20 +546,39 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     found.emplace_back(step, e.path().string());
   }
   std::sort(found.rbegin(), found.rend());
+  bool skipped = false;
   for (const auto& [step, dir] : found) {
-    if (!fs::exists(dir + "/manifest.json")) {
-      spdlog::warn("checkpoint {} has no manifest (incomplete); skipped", dir);
+    const std::string path = dir + "/manifest.json";
+    if (!fs::exists(path)) {
+      spdlog::warn("checkpoint {} has no manifest (incomplete); falling back to an older one", dir);
+      skipped = true;
       continue;
     }
+    json j;
     try {
-      Manifest m = read_manifest(dir);
+      j = read_json_file(path);
+    } catch (const InputError& e) {
+      spdlog::warn("checkpoint {} is unreadable ({}); falling back to an older one", dir, e.what());
+      skipped = true;
+      continue;
+    }
+    // A newer format is refused, not skipped: falling back past it would silently resume
+    // from older work and then overwrite the newer checkpoints.
+    if (j.is_object() && j.contains("version") && j["version"].is_number_integer() &&
+        j["version"].get<int64_t>() > Manifest::kVersion)
+      check_manifest_version(JsonReader(j, path));  // throws, naming the version
+    try {
+      Manifest m = Manifest::from_json(j, path);
       if (auto problem = verify_checkpoint(dir, m)) {
-        spdlog::warn("checkpoint {} is damaged ({}); skipped", dir, *problem);
+        spdlog::warn("checkpoint {} is damaged: {}; falling back to an older one", dir, *problem);
+        skipped = true;
         continue;
       }
+      if (skipped) spdlog::warn("using checkpoint {}, the newest complete one", dir);
       return dir;
     } catch (const InputError& e) {
-      spdlog::warn("checkpoint {} is unreadable ({}); skipped", dir, e.what());
+      spdlog::warn("checkpoint {} is unreadable ({}); falling back to an older one", dir, e.what());
+      skipped = true;
     }
   }
   return std::nullopt;

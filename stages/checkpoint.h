@@ -28,11 +28,13 @@ struct ShardFile {
   std::string kind;  // "model" or "optimizer"
   int rank = 0;
   uint64_t bytes = 0;
-  std::string hash;  // "fnv1a64:<16 hex digits>" of the whole file
+  std::string hash;  // "crc32:<8 hex digits>" (zlib's) of the whole file; version 1: "fnv1a64:..."
 };
 
 struct Manifest {
-  static constexpr int kVersion = 1;
+  // 2: crc32 checksums (whole file in the manifest, each tensor in the file's metadata).
+  static constexpr int kVersion = 2;
+  static constexpr int kMinVersion = 1;  // read too (FNV-1a file hashes)
   int64_t step = 0;              // training steps completed
   uint64_t seed = 0;             // the run's seed (init, data order, dropout)
   OptimizerConfig optimizer;
@@ -68,13 +70,16 @@ void begin_checkpoint(const std::string& step_dir);
 // One process, one stage: shards of rank 0 and the manifest. Returns the step directory.
 std::string save_checkpoint(const std::string& root, const Stage& stage, Manifest m);
 
-// Reads and validates <step_dir>/manifest.json; InputError naming the file and field.
+// Reads and validates <step_dir>/manifest.json; InputError naming the file and field (a
+// format version newer than kVersion is refused with the version named).
 Manifest read_manifest(const std::string& step_dir);
-// Checks every shard file of a manifest exists with its size and hash; returns the
-// first problem, or nullopt when the checkpoint is complete.
+// Checks every shard file of a manifest exists with its size and checksum; returns the
+// first problem, or nullopt when the checkpoint is complete. The problem names the file
+// and, for a truncated or damaged one, the tensor (from the per-tensor crc32s).
 std::optional<std::string> verify_checkpoint(const std::string& step_dir, const Manifest& m);
 // The newest complete checkpoint under root (manifest present, shards verified), or
-// nullopt. Incomplete or damaged ones are skipped with a warning.
+// nullopt. Incomplete or damaged ones are skipped with a warning (falling back to the
+// previous one); one of a newer format version is an InputError, never skipped.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
 // Removes all but the newest `keep` complete checkpoints under root (and incomplete ones
@@ -97,7 +102,8 @@ void load_hf_gpt2(const std::string& dir, Stage& stage);
 // that Hugging Face transformers loads.
 void save_hf_gpt2(const std::string& dir, const Stage& stage);
 
-// The 64-bit FNV-1a hash of a file's bytes, as "fnv1a64:<hex>".
-std::string hash_file(const std::string& path);
+// The checksum of a file's bytes as "<algorithm>:<hex>": "crc32" (zlib's, what baton
+// writes) or "fnv1a64" (64-bit FNV-1a, in version-1 checkpoints).
+std::string hash_file(const std::string& path, const std::string& algorithm = "crc32");
 
 }  // namespace baton::stages

@@ -24,6 +24,11 @@ int run_launch(const std::vector<std::string>& args) {
       "host:port the rendezvous listens on (port 0: any free port)")(
       "grace", po::value<double>()->default_value(5.0),
       "seconds the other ranks get to exit by themselves after one fails")(
+      "max-restarts", po::value<int>()->default_value(0),
+      "after a failure, stop the job and start it again up to N times; the ranks get "
+      "BATON_RESUME=1 (baton train resumes from its newest complete checkpoint)")(
+      "restart-backoff", po::value<double>()->default_value(1.0),
+      "seconds to wait before each restart")(
       "bind", po::value<std::string>()->default_value("cores"),
       "cores: bind each rank to its share of the cores (when there are enough); none")(
       "log-level", po::value<std::string>()->default_value("info"),
@@ -53,6 +58,14 @@ int run_launch(const std::vector<std::string>& args) {
   if (bind != "cores" && bind != "none")
     throw InputError("--bind: expected cores or none, got '" + bind + "'");
   o.bind = bind == "cores";
+  o.max_restarts = vm["max-restarts"].as<int>();
+  if (o.max_restarts < 0)
+    throw InputError("--max-restarts: expected a number >= 0, got " +
+                     std::to_string(o.max_restarts));
+  double backoff = vm["restart-backoff"].as<double>();
+  if (!(backoff >= 0) || backoff > 86400)
+    throw InputError("--restart-backoff: expected seconds from 0 to 86400");
+  o.restart_backoff = std::chrono::milliseconds(int64_t(backoff * 1000));
   o.command = command;
   return transport::launch(o);
 }

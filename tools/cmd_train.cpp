@@ -15,6 +15,7 @@
 #include "memory/units.h"
 #include "partitioner/plan.h"
 #include "tools/command.h"
+#include "transport/launch.h"
 #include "transport/world.h"
 
 namespace baton::tools {
@@ -103,6 +104,12 @@ int run_train(const std::vector<std::string>& args) {
   if (!device_memory.empty())
     memory::allocator_for(memory::Device::cpu()).set_capacity(memory::parse_bytes(device_memory));
   o.recompute_layers = parse_layers(recompute);
+  // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
+  if (transport::resume_requested() && !o.resume) {
+    if (o.checkpoint_dir.empty())
+      spdlog::warn("restarted (BATON_RESUME=1) without --checkpoint-dir: starting again from step 0");
+    o.resume = !o.checkpoint_dir.empty();
+  }
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
       if (!vm[flag].defaulted() && vm.count(flag)) throw InputError(std::string("--") + flag + " needs --plan");
@@ -132,7 +139,12 @@ int run_train(const std::vector<std::string>& args) {
   // (the transport's own default, 20 s, suits long collectives of very large jobs).
   if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
   transport::World world = transport::init_world(wo);
-  engine::train_plan(po, world.comm);
+  // Rank 0 tells the launcher's rendezvous how far the job got (it names the step when
+  // a rank fails).
+  std::function<void(const engine::StepRecord&)> progress;
+  if (world.store && world.comm->rank() == 0)
+    progress = [&world](const engine::StepRecord& r) { world.store->set(transport::kProgressKey, std::to_string(r.step)); };
+  engine::train_plan(po, world.comm, progress);
   return 0;
 }
 

@@ -7,8 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -69,8 +72,17 @@ void write_all(int fd, const std::string& s) {
 
 class Launcher {
  public:
-  explicit Launcher(const LaunchOptions& o)
-      : o_(o), signals_(io_, SIGCHLD), stop_signals_(io_, SIGINT, SIGTERM), grace_(io_) {}
+  Launcher(const LaunchOptions& o, int attempt)
+      : o_(o),
+        attempt_(attempt),
+        signals_(io_, SIGCHLD),
+        stop_signals_(io_, SIGINT, SIGTERM),
+        grace_(io_) {}
+
+  bool interrupted() const { return interrupted_; }
+  // The failure, for the restart log: "rank 2 was killed by signal 9 (SIGKILL) at step 12".
+  const std::string& failure() const { return failure_; }
+  int failed_rank_code() const { return failed_code_; }
 
   int run() {
     token_ = make_job_token();
@@ -95,6 +107,8 @@ class Launcher {
         {"BATON_RENDEZVOUS", rendezvous_},
         {"BATON_JOB_TOKEN", token_},
         {"BATON_STORE_HOSTED", "1"},
+        {"BATON_RESUME", attempt_ > 0 ? "1" : "0"},
+        {"BATON_RESTART", std::to_string(attempt_)},
     };
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -221,6 +235,7 @@ class Launcher {
         --running_;
         if (!failed(status)) continue;
         failures_.push_back(rk.rank);
+        if (failures_.size() == 1) step_ = server_->peek(kProgressKey);
         if (failures_.size() == 1 && !stopping_) {
           write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " +
                            describe_exit(status) + "; stopping the other ranks\n");
@@ -290,16 +305,20 @@ class Launcher {
       const Rank& rk = ranks_[size_t(root_cause())];
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+      failure_ = "rank " + std::to_string(rk.rank) + " " + describe_exit(rk.status) +
+                 (step_ ? " after step " + *step_ : std::string());
       write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " +
                        describe_exit(rk.status) +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       int code = exit_code_of(rk.status);
+      failed_code_ = code;
       return code == 0 ? 1 : code;
     }
     return interrupted_ ? 130 : 0;
   }
 
   const LaunchOptions& o_;
+  const int attempt_;  // 0, then 1 for the first restart, ...
   asio::io_context io_;
   asio::signal_set signals_;
   asio::signal_set stop_signals_;
@@ -314,7 +333,27 @@ class Launcher {
   bool interrupted_ = false;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
+  std::optional<std::string> step_;  // the job's progress when the first rank failed
+  std::string failure_;
+  int failed_code_ = 0;
 };
+
+// Sleeps, unless SIGINT or SIGTERM comes first (then false).
+bool sleep_unless_stopped(std::chrono::milliseconds how_long) {
+  asio::io_context io;
+  asio::signal_set stop(io, SIGINT, SIGTERM);
+  asio::steady_timer timer(io);
+  bool stopped = false;
+  stop.async_wait([&](boost::system::error_code ec, int) {
+    if (ec) return;
+    stopped = true;
+    timer.cancel();
+  });
+  timer.expires_after(how_long);
+  timer.async_wait([&](boost::system::error_code) { stop.cancel(); });
+  io.run();
+  return !stopped;
+}
 
 }  // namespace
 
@@ -323,7 +362,58 @@ int launch(const LaunchOptions& options) {
     throw InputError("launch: -n must be at least 1, got " + std::to_string(options.nprocs));
   if (options.command.empty())
     throw InputError("launch: no command given (baton launch -n N -- CMD ...)");
-  return Launcher(options).run();
+  if (options.max_restarts < 0)
+    throw InputError("launch: --max-restarts must be >= 0, got " +
+                     std::to_string(options.max_restarts));
+  std::vector<std::string> failures;
+  for (int attempt = 0;; ++attempt) {
+    int code = 0;
+    std::string failure;
+    bool interrupted = false;
+    int rank_code = 0;
+    {
+      Launcher launcher(options,
+                        attempt);  // its own rendezvous: no key of a failed attempt survives
+      code = launcher.run();
+      failure = launcher.failure();
+      interrupted = launcher.interrupted();
+      rank_code = launcher.failed_rank_code();
+    }
+    if (code == 0 || interrupted || options.max_restarts == 0) return code;
+    failures.push_back(failure);
+    auto list = [&] {
+      std::string s;
+      for (size_t i = 0; i < failures.size(); ++i)
+        s += "  " + std::to_string(i + 1) + ". " + failures[i] + "\n";
+      return s;
+    };
+    if (rank_code == 2) {
+      write_all(2,
+                "baton launch: not restarting: exit code 2 is bad input, which a restart would "
+                "meet again; the failures:\n" +
+                    list());
+      return code;
+    }
+    if (attempt == options.max_restarts) {
+      write_all(2, "baton launch: giving up after " + std::to_string(attempt) +
+                       " restart(s); the failures:\n" + list());
+      return code;
+    }
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.3g", double(options.restart_backoff.count()) / 1000.0);
+    write_all(2, "baton launch: restart " + std::to_string(attempt + 1) + " of " +
+                     std::to_string(options.max_restarts) + " in " + secs + " s after: " + failure +
+                     "; the ranks resume from the newest complete checkpoint (BATON_RESUME=1)\n");
+    if (!sleep_unless_stopped(options.restart_backoff)) {
+      write_all(2, "baton launch: stopped while waiting to restart\n");
+      return 130;
+    }
+  }
+}
+
+bool resume_requested() {
+  const char* v = std::getenv("BATON_RESUME");
+  return v != nullptr && std::string(v) == "1";
 }
 
 }  // namespace baton::transport

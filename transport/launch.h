@@ -24,11 +24,25 @@ struct LaunchOptions {
   // progress thread stays next to its data. Ignored when there are more ranks than
   // cores.
   bool bind = true;
+  // After a failure (a rank that died, or exited non-zero because another hung or died),
+  // the job is stopped as a whole and then started again, up to max_restarts times; the
+  // restarted ranks get BATON_RESUME=1 (`baton train` then resumes from its newest
+  // complete checkpoint, as with --resume). A rank's exit code 2 (bad input) is not
+  // restarted: it would fail again the same way.
+  int max_restarts = 0;
+  std::chrono::milliseconds restart_backoff{1000};  // wait before each restart
 };
+
+// The store key a job's rank 0 sets to the number of steps done (what the launcher
+// reports with a failure).
+inline constexpr const char* kProgressKey = "baton/step";
+
+// Whether this process is a restarted rank that should resume (BATON_RESUME=1).
+bool resume_requested();
 
 // Runs the job and returns the launcher's exit code: 0 when every rank exits 0;
 // otherwise the first failing rank's exit code (128 + signal when it was killed),
-// after a message on stderr that names that rank.
+// after a message on stderr that names that rank (and, after restarts, every failure).
 int launch(const LaunchOptions& options);
 
 }  // namespace baton::transport

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,16 +53,21 @@ class TcpStore final : public Store {
 };
 
 // The server: listens on bind_host:port (port 0 picks a free one) and serves until
-// destroyed. Connections must present `token` first; others are refused and closed.
+// destroyed; a port already in use is a RuntimeError naming it. Connections must present
+// `token` first, within `hello_timeout`; others are refused and closed. One thread
+// serves every connection without blocking, so a client that stalls holds up no one.
 class StoreServer {
  public:
-  StoreServer(const std::string& bind_host, uint16_t port, const std::string& token);
+  StoreServer(const std::string& bind_host, uint16_t port, const std::string& token,
+              milliseconds hello_timeout = milliseconds(10'000));
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   uint16_t port() const;
-  size_t refused() const;  // connections refused so far (bad token, bad message)
+  size_t refused() const;  // connections refused so far (bad token, bad message, silent)
+  // The value at key now, if set (the launcher reads the job's progress this way).
+  std::optional<std::string> peek(const std::string& key) const;
 
   struct Impl;
 

@@ -35,6 +35,13 @@ void run_until(TcpStore::Impl& s, const bool& done, std::chrono::milliseconds ti
   }
 }
 
+// Keys and values the server would refuse are refused here, with the numbers.
+void check_key(const std::string& where, const std::string& key) {
+  if (key.size() > proto::kMaxKey)
+    throw RuntimeError("rendezvous at " + where + ": a key of " + std::to_string(key.size()) +
+                       " bytes; keys are at most " + std::to_string(proto::kMaxKey));
+}
+
 }  // namespace
 
 TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& token,
@@ -111,11 +118,18 @@ std::string TcpStore::call(const std::string& request, milliseconds timeout) {
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
+  check_key(impl_->where, key);
+  if (value.size() > proto::kMaxFrame - proto::kMaxKey - 16)
+    throw RuntimeError("rendezvous at " + impl_->where + ": the value for key '" +
+                       key.substr(0, 200) + "' is " + std::to_string(value.size()) +
+                       " bytes; values are at most " +
+                       std::to_string(proto::kMaxFrame - proto::kMaxKey - 16));
   std::lock_guard lock(mu_);
   call(proto::Writer(proto::kSet).str(key).str(value).frame(), milliseconds(30'000));
 }
 
 std::string TcpStore::get(const std::string& key, milliseconds timeout) {
+  check_key(impl_->where, key);
   std::lock_guard lock(mu_);
   std::string reply =
       call(proto::Writer(proto::kGet).str(key).u32(uint32_t(timeout.count())).frame(),
@@ -127,6 +141,7 @@ std::string TcpStore::get(const std::string& key, milliseconds timeout) {
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  for (const auto& k : keys) check_key(impl_->where, k);
   std::lock_guard lock(mu_);
   proto::Writer w(proto::kWait);
   w.u32(uint32_t(keys.size()));
@@ -136,6 +151,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  check_key(impl_->where, key);
   std::lock_guard lock(mu_);
   std::string reply =
       call(proto::Writer(proto::kAdd).str(key).i64(delta).frame(), milliseconds(30'000));

@@ -6,6 +6,8 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -29,16 +31,17 @@ bool same_token(const std::string& given, const std::string& expected) {
   return diff == 0;
 }
 
-constexpr auto kHelloTimeout = std::chrono::seconds(10);
-
 }  // namespace
 
 struct StoreServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::string token;
+  std::chrono::milliseconds hello_timeout{10'000};
   std::thread thread;
   std::map<std::string, std::string> table;
+  // Only the io thread writes the table; peek() reads it from other threads.
+  std::mutex table_mu;
   std::atomic<size_t> refused{0};
 
   class Session;
@@ -58,9 +61,14 @@ struct StoreServer::Impl {
 
     void start() {
       // A connection that does not introduce itself soon is dropped.
-      hello_timer_.expires_after(kHelloTimeout);
+      hello_timer_.expires_after(s_.hello_timeout);
       hello_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-        if (!ec && !self->authed_) self->close();
+        if (!ec && !self->authed_) {
+          self->s_.refused++;
+          spdlog::warn("rendezvous: dropped a connection from {} that sent no hello within {} ms",
+                       self->peer(), self->s_.hello_timeout.count());
+          self->close();
+        }
       });
       read_header();
     }
@@ -120,64 +128,44 @@ struct StoreServer::Impl {
     // Returns whether to keep reading from this connection.
     bool handle() {
       try {
-        proto::Reader in(body_);
-        uint8_t op = in.op();
-        if (!authed_) {
-          if (op != proto::kHello) throw proto::ProtocolError("the first message must be a hello");
-          uint32_t version = in.u32();
-          std::string token = in.str(1024);
-          in.end();
-          if (version != proto::kVersion)
-            throw proto::ProtocolError("protocol version " + std::to_string(version) +
-                                       ", expected " + std::to_string(proto::kVersion));
-          if (!same_token(token, s_.token)) throw proto::ProtocolError("wrong job token");
-          authed_ = true;
-          hello_timer_.cancel();
-          ok();
-          return true;
-        }
-        switch (op) {
+        proto::Request q = proto::parse_request(body_, authed_);
+        switch (q.op) {
+          case proto::kHello:
+            if (q.version != proto::kVersion)
+              throw proto::ProtocolError("protocol version " + std::to_string(q.version) +
+                                         ", expected " + std::to_string(proto::kVersion));
+            if (!same_token(q.token, s_.token)) throw proto::ProtocolError("wrong job token");
+            authed_ = true;
+            hello_timer_.cancel();
+            ok();
+            return true;
           case proto::kSet: {
-            std::string key = in.str(proto::kMaxKey);
-            std::string value = in.str();
-            in.end();
-            s_.table[key] = std::move(value);
+            std::lock_guard lock(s_.table_mu);
+            s_.table[q.keys[0]] = std::move(q.value);
+          }
             ok();
             s_.release_parked();
             return true;
-          }
-          case proto::kGet: {
-            std::string key = in.str(proto::kMaxKey);
-            uint32_t ms = in.u32();
-            in.end();
-            s_.park(shared_from_this(), {key}, true, ms);
+          case proto::kGet:
+            s_.park(shared_from_this(), std::move(q.keys), true, q.timeout_ms);
             return true;
-          }
-          case proto::kWait: {
-            uint32_t n = in.u32();
-            if (n > proto::kMaxFrame / 4) throw proto::ProtocolError("too many keys");
-            std::vector<std::string> keys;
-            for (uint32_t i = 0; i < n; ++i) keys.push_back(in.str(proto::kMaxKey));
-            uint32_t ms = in.u32();
-            in.end();
-            s_.park(shared_from_this(), std::move(keys), false, ms);
+          case proto::kWait:
+            s_.park(shared_from_this(), std::move(q.keys), false, q.timeout_ms);
             return true;
-          }
           case proto::kAdd: {
-            std::string key = in.str(proto::kMaxKey);
-            int64_t delta = in.i64();
-            in.end();
-            int64_t v = 0;
-            auto it = s_.table.find(key);
-            if (it != s_.table.end()) v = std::stoll(it->second);
-            v += delta;
-            s_.table[key] = std::to_string(v);
+            auto it = s_.table.find(q.keys[0]);
+            int64_t v = proto::add_to_counter(
+                q.keys[0], it == s_.table.end() ? nullptr : &it->second, q.delta);
+            {
+              std::lock_guard lock(s_.table_mu);
+              s_.table[q.keys[0]] = std::to_string(v);
+            }
             send(proto::Writer(proto::kOk).i64(v).frame());
             s_.release_parked();
             return true;
           }
           default:
-            throw proto::ProtocolError("unknown operation " + std::to_string(op));
+            throw proto::ProtocolError("unknown operation " + std::to_string(int(q.op)));
         }
       } catch (const std::exception& e) {
         if (!authed_) {
@@ -260,10 +248,12 @@ struct StoreServer::Impl {
   }
 };
 
-StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std::string& token)
+StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std::string& token,
+                         std::chrono::milliseconds hello_timeout)
     : impl_(std::make_unique<Impl>()) {
   if (token.empty()) throw InputError("rendezvous: the job token is empty");
   impl_->token = token;
+  impl_->hello_timeout = hello_timeout;
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(bind_host, ec);
   if (ec) {
@@ -276,13 +266,31 @@ StoreServer::StoreServer(const std::string& bind_host, uint16_t port, const std:
     addr = results.begin()->endpoint().address();
   }
   tcp::endpoint ep(addr, port);
-  impl_->acceptor.open(ep.protocol());
-  impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
+  const std::string where =
+      (addr.is_v6() ? "[" + bind_host + "]" : bind_host) + ":" + std::to_string(port);
+  auto fail = [&](const char* step) {
+    std::string hint;
+    if (ec == asio::error::address_in_use)
+      hint =
+          " (another process, perhaps another job's rendezvous, holds the port: choose "
+          "another one, or port 0 for any free one)";
+    else if (ec == asio::error::access_denied)
+      hint = " (ports below 1024 need privileges)";
+    else if (ec == boost::system::errc::address_not_available)
+      hint = " (the address is not one of this host's)";
+    throw RuntimeError("rendezvous: cannot listen on " + where + ": " + step + ": " + ec.message() +
+                       hint);
+  };
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (ec) fail("socket");
+  // SO_REUSEADDR lets a restarted job take its port back from connections in TIME_WAIT;
+  // on Linux it never lets two listeners share a port.
+  impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (ec) fail("setsockopt");
   impl_->acceptor.bind(ep, ec);
-  if (ec)
-    throw RuntimeError("rendezvous: cannot listen on " + bind_host + ":" + std::to_string(port) +
-                       ": " + ec.message());
-  impl_->acceptor.listen();
+  if (ec) fail("bind");
+  impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) fail("listen");
   impl_->accept();
   impl_->thread = std::thread([this] { impl_->io.run(); });
 }
@@ -297,6 +305,12 @@ uint16_t StoreServer::port() const {
 }
 size_t StoreServer::refused() const {
   return impl_->refused.load();
+}
+std::optional<std::string> StoreServer::peek(const std::string& key) const {
+  std::lock_guard lock(impl_->table_mu);
+  auto it = impl_->table.find(key);
+  if (it == impl_->table.end()) return std::nullopt;
+  return it->second;
 }
 
 std::string make_job_token() {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cpu/vec_math.h"
 
@@ -112,7 +113,9 @@ inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, K
   }
   if (r0 == rows) return;
   const int n = int(rows - r0);  // the remaining rows, in one narrower tile
-  const auto [k0, k1] = k_range(r0, int64_t(n));
+  // Not a structured binding: clang 14 cannot capture those in the lambda below.
+  const auto kr = k_range(r0, int64_t(n));
+  const int64_t k0 = std::get<0>(kr), k1 = std::get<1>(kr);
   auto tail = [&](auto rn) {
     rows_tile<W, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc,
                                       accumulate);

@@ -1,10 +1,25 @@
 // Checkpoints: parameters and optimizer state round-trip, and a checkpoint written under
 // one partition loads under another (whole <-> tensor-parallel shards with several
 // blocks per tensor), because tensors are stored with their block of the logical tensor.
+// Checkpoints prove themselves: a flipped byte or a cut shard is found and named (file
+// and tensor), --resume falls back past it, a full disk leaves the earlier checkpoints
+// intact, and a newer format version is refused.
+#include <sched.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "stages/checkpoint.h"
+#include "stages/json_reader.h"
 #include "tests/stages/helpers.h"
 
 namespace baton::stages {
@@ -180,6 +195,267 @@ TEST(Checkpoint, ManifestErrorsNameTheField) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("manifest.json: $.step"), std::string::npos) << e.what();
   }
+}
+
+// ---- checkpoints that prove themselves ----
+
+std::string save_scrambled(const std::string& root, int64_t step, uint64_t seed) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  Stage a(g, 0, g->num_layers());
+  a.set_optimizer(OptimizerConfig{});
+  scramble(a, seed);
+  Manifest m;
+  m.step = step;
+  m.model = g->config;
+  return save_checkpoint(root, a, m);
+}
+
+// Byte `at` of the data of tensor `name` in a safetensors file, as a file offset.
+uint64_t data_offset(const std::string& path, const std::string& name, uint64_t at) {
+  SafetensorsReader r(path);
+  const SafetensorsEntry* e = r.find(name);
+  EXPECT_NE(e, nullptr) << name;
+  return r.file_size() - r.entries().back().end + e->begin + at;
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(std::streamoff(offset));
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, ManifestRecordsCrc32OfEveryShard) {
+  std::string dir = save_scrambled(fresh_dir("ckpt_crc"), 1, 1);
+  Manifest m = read_manifest(dir);
+  ASSERT_EQ(m.shards.size(), 2u);
+  for (const ShardFile& s : m.shards) {
+    EXPECT_EQ(s.hash.rfind("crc32:", 0), 0u) << s.hash;
+    EXPECT_EQ(s.hash.size(), 6u + 8u) << s.hash;
+    EXPECT_EQ(hash_file(dir + "/" + s.file), s.hash);
+  }
+  // zlib's crc32 of "123456789" is the standard check value cbf43926.
+  std::string f = ::testing::TempDir() + "/crc_check.txt";
+  std::ofstream(f, std::ios::binary) << "123456789";
+  EXPECT_EQ(hash_file(f), "crc32:cbf43926");
+  EXPECT_EQ(hash_file(f, "fnv1a64"), "fnv1a64:06d5573923c6cdfc");
+  EXPECT_EQ(verify_checkpoint(dir, m), std::nullopt);
+}
+
+TEST(Checkpoint, FlippedByteNamesTheFileAndTheTensor) {
+  std::string dir = save_scrambled(fresh_dir("ckpt_flip"), 1, 2);
+  Manifest m = read_manifest(dir);
+  std::string file = dir + "/model-rank00000.safetensors";
+  flip_byte(file, data_offset(file, "h.0.mlp.c_fc.weight", 13));
+  auto problem = verify_checkpoint(dir, m);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find(file + ": checksum crc32:"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("tensor 'h.0.mlp.c_fc.weight'"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("is damaged"), std::string::npos) << *problem;
+  // The optimizer file names its tensor the same way.
+  std::string opt = dir + "/optimizer-rank00000.safetensors";
+  std::string dir2 = save_scrambled(fresh_dir("ckpt_flip2"), 1, 2);
+  opt = dir2 + "/optimizer-rank00000.safetensors";
+  flip_byte(opt, data_offset(opt, "wte.weight:exp_avg_sq", 0));
+  problem = verify_checkpoint(dir2, read_manifest(dir2));
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("tensor 'wte.weight:exp_avg_sq'"), std::string::npos) << *problem;
+  // A flipped byte in the header: the header is named.
+  std::string dir3 = save_scrambled(fresh_dir("ckpt_flip3"), 1, 2);
+  flip_byte(dir3 + "/model-rank00000.safetensors", 8);
+  problem = verify_checkpoint(dir3, read_manifest(dir3));
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("header"), std::string::npos) << *problem;
+}
+
+TEST(Checkpoint, TruncatedShardNamesTheTensorItEndsIn) {
+  std::string dir = save_scrambled(fresh_dir("ckpt_cut"), 1, 3);
+  Manifest m = read_manifest(dir);
+  std::string file = dir + "/model-rank00000.safetensors";
+  std::string name;
+  uint64_t cut_at = 0;
+  {
+    SafetensorsReader r(file);
+    // Cut inside the second tensor from the end: it and the last one are lost.
+    const SafetensorsEntry& e = r.entries()[r.entries().size() - 2];
+    name = e.name;
+    cut_at = r.file_size() - r.entries().back().end + e.begin + 2;
+  }
+  std::filesystem::resize_file(file, cut_at);
+  auto problem = verify_checkpoint(dir, m);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find(file + ": truncated: " + std::to_string(cut_at) + " bytes"),
+            std::string::npos) << *problem;
+  EXPECT_NE(problem->find("tensor '" + name + "'"), std::string::npos) << *problem;
+  EXPECT_NE(problem->find("1 tensor(s) after it are missing"), std::string::npos) << *problem;
+  // Cut inside the header.
+  std::filesystem::resize_file(file, 20);
+  problem = verify_checkpoint(dir, m);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("the header is cut"), std::string::npos) << *problem;
+  std::filesystem::remove(file);
+  EXPECT_EQ(verify_checkpoint(dir, m), file + ": missing");
+}
+
+TEST(Checkpoint, ResumeFallsBackToThePreviousCompleteOneWithAWarning) {
+  std::string root = fresh_dir("ckpt_fallback");
+  std::string older = save_scrambled(root, 4, 5);
+  std::string newer = save_scrambled(root, 8, 6);
+  EXPECT_EQ(latest_checkpoint(root), newer);
+  std::string file = newer + "/optimizer-rank00000.safetensors";
+  flip_byte(file, data_offset(file, "h.0.ln_1.weight:exp_avg", 1));
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  auto found = latest_checkpoint(root);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(found, older);
+  std::string text = log.str();
+  EXPECT_NE(text.find("checkpoint " + newer + " is damaged"), std::string::npos) << text;
+  EXPECT_NE(text.find("tensor 'h.0.ln_1.weight:exp_avg'"), std::string::npos) << text;
+  EXPECT_NE(text.find("falling back"), std::string::npos) << text;
+  EXPECT_NE(text.find("using checkpoint " + older), std::string::npos) << text;
+}
+
+TEST(Checkpoint, NewerFormatVersionIsRefusedWithTheVersionNamed) {
+  std::string root = fresh_dir("ckpt_newer");
+  save_scrambled(root, 2, 7);
+  std::string dir = save_scrambled(root, 3, 7);
+  json j = read_json_file(dir + "/manifest.json");
+  j["version"] = Manifest::kVersion + 1;
+  j["a_field_of_the_future"] = true;
+  std::ofstream(dir + "/manifest.json") << j.dump();
+  std::string want = "format version " + std::to_string(Manifest::kVersion + 1) +
+                     ", written by a newer baton";
+  try {
+    read_manifest(dir);
+    FAIL() << "a newer manifest was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json: $.version: the checkpoint is in " + want),
+              std::string::npos) << e.what();
+  }
+  // --resume does not fall back past it (that would resume older work and overwrite it).
+  try {
+    latest_checkpoint(root);
+    FAIL() << "--resume skipped a newer checkpoint";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, VersionOneManifestsWithFnvHashesStillLoad) {
+  std::string root = fresh_dir("ckpt_v1");
+  std::string dir = save_scrambled(root, 2, 8);
+  json j = read_json_file(dir + "/manifest.json");
+  j["version"] = 1;
+  for (auto& s : j["shards"]) s["hash"] = hash_file(dir + "/" + s["file"].get<std::string>(), "fnv1a64");
+  std::ofstream(dir + "/manifest.json") << j.dump();
+  Manifest m = read_manifest(dir);
+  EXPECT_EQ(m.shards[0].hash.rfind("fnv1a64:", 0), 0u);
+  EXPECT_EQ(verify_checkpoint(dir, m), std::nullopt);
+  EXPECT_EQ(latest_checkpoint(root), dir);
+  flip_byte(dir + "/model-rank00000.safetensors", data_offset(dir + "/model-rank00000.safetensors", "wpe.weight", 0));
+  auto problem = verify_checkpoint(dir, m);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_NE(problem->find("tensor 'wpe.weight'"), std::string::npos) << *problem;
+}
+
+// A disk that fills while a checkpoint is written. The child process mounts a small
+// tmpfs in a mount namespace of its own (root); where that is not allowed, a file size
+// limit (RLIMIT_FSIZE) stands in for the full disk. Returns "" or what went wrong.
+std::string full_disk_scenario(const std::string& root, bool& used_tmpfs) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  Stage a(g, 0, g->num_layers());
+  a.set_optimizer(OptimizerConfig{});
+  scramble(a, 9);
+  Manifest m;
+  m.model = g->config;
+  m.step = 1;
+  std::string first = save_checkpoint(root, a, m);
+  uint64_t used = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.is_regular_file()) used += e.file_size();
+  if (used_tmpfs) {
+    // Someone else fills the disk but for half a checkpoint.
+    struct statvfs st {};
+    statvfs(root.c_str(), &st);
+    uint64_t avail = uint64_t(st.f_bavail) * st.f_bsize;
+    if (avail > used / 2) {
+      std::ofstream ballast(root + "/ballast", std::ios::binary);
+      std::string chunk(avail - used / 2, 'x');
+      ballast.write(chunk.data(), std::streamsize(chunk.size()));
+    }
+  } else {
+    // Files as large as the model shard are allowed, the optimizer's (twice as large)
+    // are not.
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{rlim_t(used / 2), rlim_t(used / 2)};
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  scramble(a, 10);
+  m.step = 2;
+  try {
+    save_checkpoint(root, a, m);
+    return "the second checkpoint was written on a full disk";
+  } catch (const RuntimeError& e) {
+    std::string w = e.what();
+    if (w.find("checkpoint " + checkpoint_dir(root, 2) + ": cannot write") == std::string::npos ||
+        w.find(used_tmpfs ? "No space left on device" : "File too large") == std::string::npos ||
+        w.find("earlier checkpoints are untouched") == std::string::npos)
+      return "unclear error: " + w;
+  }
+  if (latest_checkpoint(root) != first) return "the first checkpoint is no longer the latest";
+  if (auto p = verify_checkpoint(first, read_manifest(first))) return "the first is damaged: " + *p;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root))
+    if (e.path().extension() == ".tmp") return "left behind: " + e.path().string();
+  if (std::filesystem::exists(checkpoint_dir(root, 2) + "/manifest.json"))
+    return "the failed checkpoint has a manifest";
+  Stage b(g, 0, g->num_layers());
+  b.set_optimizer(OptimizerConfig{});
+  load_stage(first, read_manifest(first), b, true);
+  return "";
+}
+
+TEST(Checkpoint, FullDiskLeavesTheEarlierCheckpointIntactAndSaysSo) {
+  std::string root = fresh_dir("ckpt_full");
+  std::filesystem::create_directories(root);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string why;
+    bool tmpfs = unshare(CLONE_NEWNS) == 0 &&
+                 mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+                 mount("tmpfs", root.c_str(), "tmpfs", 0, "size=1m") == 0;
+    try {
+      why = full_disk_scenario(root, tmpfs);
+    } catch (const std::exception& e) {
+      why = std::string("exception: ") + e.what();
+    }
+    std::string report = std::string(tmpfs ? "tmpfs" : "rlimit") + "\n" + why;
+    ssize_t ignored = ::write(fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) report.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  auto nl = report.find('\n');
+  ASSERT_NE(nl, std::string::npos) << report;
+  RecordProperty("full_disk", report.substr(0, nl));
+  std::printf("full disk simulated with: %s\n", report.substr(0, nl).c_str());
+  EXPECT_EQ(report.substr(nl + 1), "");
 }
 
 }  // namespace

@@ -179,7 +179,9 @@ void check_broadcast(Communicator& c, int64_t n, DType dt, int root) {
 class Collectives : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
 
 TEST_P(Collectives, EveryOpEverySize) {
-  auto [backend, n] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
   run_world(backend, n, [&](Communicator& c) {
     for (int64_t count : grid_sizes()) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
@@ -203,7 +205,9 @@ TEST_P(Collectives, EveryOpEverySize) {
 }
 
 TEST_P(Collectives, EveryDtype) {
-  auto [backend, n] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
   run_world(backend, n, [&](Communicator& c) {
     for (DType dt : {DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64}) {
       for (int64_t count : {int64_t(5), int64_t(40003)}) {
@@ -221,7 +225,9 @@ TEST_P(Collectives, EveryDtype) {
 // Collectives issued back to back without waiting in between complete in order and
 // never take each other's messages.
 TEST_P(Collectives, ManyInFlight) {
-  auto [backend, n] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
   run_world(backend, n, [&](Communicator& c) {
     std::vector<Tensor> ts;
     std::vector<WorkPtr> ws;
@@ -250,7 +256,9 @@ std::string name_of(const ::testing::TestParamInfo<std::tuple<Backend, int>>& in
 class BigMessages : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
 
 TEST_P(BigMessages, SixtyFourMiB) {
-  auto [backend, n] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
   const int64_t count = (int64_t(64) << 20) / 4 + 3;
   run_world(backend, n, [&](Communicator& c) {
     check_all_reduce(c, count, DType::f32, ReduceOp::sum);

@@ -30,7 +30,9 @@ void expect_sum(const Tensor& t, const std::vector<int>& globals, const std::str
 class Groups : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
 
 TEST_P(Groups, ParallelismGroups) {
-  auto [backend, n] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
   run_world(backend, n, [&](Communicator& world) {
     const int r = world.rank();
     // rank = dp * TP + tp with TP = 2: tensor-parallel pairs, data-parallel strides.

@@ -159,8 +159,140 @@ TEST(Store, ConnectRetriesUntilTheServerStarts) {
 TEST(Store, ListensOnTheAddressGiven) {
   StoreServer server("127.0.0.1", 0, "tok");
   EXPECT_GT(server.port(), 0);
-  EXPECT_THROW(StoreServer("127.0.0.1", server.port(), "tok"), RuntimeError);  // taken
   EXPECT_THROW(StoreServer("127.0.0.1", 0, ""), InputError);
+}
+
+TEST(Store, APortInUseIsAClearError) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  const std::string port = std::to_string(server.port());
+  try {
+    StoreServer second("127.0.0.1", server.port(), "tok");
+    FAIL() << "two servers listen on one port";
+  } catch (const RuntimeError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("cannot listen on 127.0.0.1:" + port), std::string::npos) << m;
+    EXPECT_NE(m.find("in use"), std::string::npos) << m;
+    EXPECT_NE(m.find("port 0 for any free one"), std::string::npos) << m;
+  }
+  // Any process's listener counts, not only ours: a plain socket holding a port.
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::acceptor other(io, {asio::ip::make_address("127.0.0.1"), 0});
+  try {
+    StoreServer third("127.0.0.1", other.local_endpoint().port(), "tok");
+    FAIL() << "listened on a port another socket holds";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  // The first server is unharmed.
+  TcpStore c("127.0.0.1", server.port(), "tok");
+  c.set("a", "b");
+  EXPECT_EQ(c.get("a", 100ms), "b");
+}
+
+TEST(Store, SilentClientsBlockNoOneAndAreDropped) {
+  StoreServer server("127.0.0.1", 0, "tok", 300ms);
+  namespace asio = boost::asio;
+  asio::io_context io;
+  // One connects and says nothing; one sends half a frame header; one authenticates and
+  // then sends half a frame.
+  asio::ip::tcp::socket silent(io), half(io), stalled(io);
+  silent.connect({asio::ip::make_address("127.0.0.1"), server.port()});
+  half.connect({asio::ip::make_address("127.0.0.1"), server.port()});
+  asio::write(half, asio::buffer(std::string("\x05\x00", 2)));
+  {
+    std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+    stalled.connect({asio::ip::make_address("127.0.0.1"), server.port()});
+    asio::write(stalled, asio::buffer(le32(uint32_t(hello.size())) + hello));
+    char ok[5];
+    asio::read(stalled, asio::buffer(ok));
+    asio::write(stalled, asio::buffer(le32(100) + "abc"));  // 3 of 100 bytes
+  }
+  // Others are served at once meanwhile.
+  auto t0 = std::chrono::steady_clock::now();
+  TcpStore a("127.0.0.1", server.port(), "tok");
+  TcpStore b("127.0.0.1", server.port(), "tok");
+  a.set("k", "v");
+  EXPECT_EQ(b.get("k", 1000ms), "v");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 250ms);
+  // The two that never said hello are closed after the hello timeout.
+  for (auto* s : {&silent, &half}) {
+    char buf[64];
+    boost::system::error_code ec;
+    s->read_some(asio::buffer(buf), ec);
+    EXPECT_EQ(ec, asio::error::eof) << ec.message();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  EXPECT_EQ(server.refused(), 2u);
+  a.set("k", "still");
+  EXPECT_EQ(b.get("k", 100ms), "still");
+}
+
+TEST(Store, OversizedKeysAndValuesAreRefusedWithTheNumbers) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore c("127.0.0.1", server.port(), "tok");
+  try {
+    c.set(std::string(5000, 'k'), "v");
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("a key of 5000 bytes; keys are at most 4096"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    c.set("big", std::string(5u << 20, 'v'));
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("the value for key 'big' is 5242880 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  c.set("small", "fine");  // the connection is still good
+  EXPECT_EQ(c.get("small", 100ms), "fine");
+  // The server checks too: a raw key above the limit after a proper hello.
+  std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+  std::string set = std::string(1, char(2)) + le32(5000) + std::string(5000, 'k') + le32(1) + "v";
+  std::string reply = raw_exchange(
+      server.port(), le32(uint32_t(hello.size())) + hello + le32(uint32_t(set.size())) + set);
+  EXPECT_NE(reply.find("string of 5000 bytes exceeds 4096"), std::string::npos) << reply;
+}
+
+TEST(Store, MalformedRequestsAfterTheHelloAreRefused) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+  auto after_hello = [&](const std::string& body) {
+    return raw_exchange(server.port(),
+                        le32(uint32_t(hello.size())) + hello + le32(uint32_t(body.size())) + body);
+  };
+  EXPECT_NE(after_hello(std::string(1, char(77))).find("unknown operation 77"), std::string::npos);
+  EXPECT_NE(after_hello(std::string(1, char(2)) + le32(1) + "k" + le32(1) + "vX")
+                .find("1 unexpected trailing bytes"),
+            std::string::npos);
+  EXPECT_NE(after_hello(std::string(1, char(4)) + le32(0x10000000)).find("too many keys"),
+            std::string::npos);
+  EXPECT_NE(after_hello(hello).find("a second hello"), std::string::npos);
+  EXPECT_EQ(server.refused(), 0u);  // all of them had said hello
+  // A counter over a value that is not an integer, and one that would overflow.
+  TcpStore c("127.0.0.1", server.port(), "tok");
+  c.set("text", "twelve");
+  try {
+    c.add("text", 1);
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("the value at key 'text' is not a 64-bit decimal integer"),
+              std::string::npos)
+        << e.what();
+  }
+  TcpStore d("127.0.0.1", server.port(), "tok");
+  d.add("n", INT64_MAX);
+  try {
+    d.add("n", 1);
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+  }
+  TcpStore e("127.0.0.1", server.port(), "tok");
+  EXPECT_EQ(e.add("n", -1), INT64_MAX - 1);
 }
 
 }  // namespace

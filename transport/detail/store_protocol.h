@@ -15,10 +15,13 @@
 // is answered with kError and the connection is closed.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "memory/error.h"
 
@@ -115,6 +118,82 @@ inline uint32_t frame_length(const char header[4]) {
   uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n |= uint32_t(uint8_t(header[i])) << (8 * i);
   return n;
+}
+
+// One client request, decoded and checked (what the server acts on).
+struct Request {
+  Op op = kHello;
+  uint32_t version = 0;           // kHello
+  std::string token;              // kHello
+  std::vector<std::string> keys;  // kSet, kGet, kAdd: one; kWait: n
+  std::string value;              // kSet
+  uint32_t timeout_ms = 0;        // kGet, kWait
+  int64_t delta = 0;              // kAdd
+};
+
+// Decodes a request payload; ProtocolError for anything malformed: a short or long
+// message, a key above kMaxKey, too many keys, an unknown operation, or anything but a
+// hello before the connection is authenticated.
+inline Request parse_request(std::string_view payload, bool authed) {
+  Reader in(payload);
+  Request r;
+  uint8_t op = in.op();
+  if (!authed && op != kHello) throw ProtocolError("the first message must be a hello");
+  switch (op) {
+    case kHello:
+      if (authed) throw ProtocolError("a second hello");
+      r.version = in.u32();
+      r.token = in.str(1024);
+      break;
+    case kSet:
+      r.keys.push_back(in.str(kMaxKey));
+      r.value = in.str();
+      break;
+    case kGet:
+      r.keys.push_back(in.str(kMaxKey));
+      r.timeout_ms = in.u32();
+      break;
+    case kWait: {
+      uint32_t n = in.u32();
+      // Every key takes at least its 4-byte length.
+      if (n > payload.size() / 4) throw ProtocolError("too many keys: " + std::to_string(n));
+      for (uint32_t i = 0; i < n; ++i) r.keys.push_back(in.str(kMaxKey));
+      r.timeout_ms = in.u32();
+      break;
+    }
+    case kAdd:
+      r.keys.push_back(in.str(kMaxKey));
+      r.delta = in.i64();
+      break;
+    default:
+      throw ProtocolError("unknown operation " + std::to_string(op));
+  }
+  in.end();
+  r.op = Op(op);
+  return r;
+}
+
+// The counter at a key after adding delta; ProtocolError when the stored value is not
+// a decimal integer or the sum overflows.
+inline int64_t add_to_counter(const std::string& key, const std::string* stored, int64_t delta) {
+  int64_t v = 0;
+  if (stored != nullptr) {
+    const std::string& t = *stored;
+    size_t i = (!t.empty() && (t[0] == '-' || t[0] == '+')) ? 1 : 0;
+    bool digits = i < t.size() && t.size() - i <= 19;
+    for (size_t k = i; k < t.size() && digits; ++k) digits = t[k] >= '0' && t[k] <= '9';
+    errno = 0;
+    char* end = nullptr;
+    long long parsed = digits ? std::strtoll(t.c_str(), &end, 10) : 0;
+    if (!digits || errno == ERANGE)
+      throw ProtocolError("add: the value at key '" + key.substr(0, 200) +
+                          "' is not a 64-bit decimal integer");
+    v = parsed;
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(v, delta, &sum))
+    throw ProtocolError("add: counter '" + key.substr(0, 200) + "' overflows 64 bits");
+  return sum;
 }
 
 }  // namespace baton::transport::detail::store

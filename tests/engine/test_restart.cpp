@@ -1,0 +1,210 @@
+// `baton launch --max-restarts` with `baton train --plan` over UCX: random ranks are
+// SIGKILLed at random moments three times during a run that checkpoints every 3 steps.
+// Each time the job stops as a whole, the launcher logs the failure (rank, signal, step)
+// and starts it again, the ranks resume from the newest complete checkpoint
+// (BATON_RESUME=1), and in the end the loss curve equals the uninterrupted run's, bit for
+// bit.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "engine_harness.h"
+#include "process_helpers.h"
+
+namespace baton::engine_testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct LossLine {
+  int64_t step;
+  double loss, grad_norm;
+};
+
+std::vector<LossLine> read_loss_log(const std::string& path) {
+  std::vector<LossLine> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);  // a line being written may be partial
+    if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
+    out.push_back(
+        {j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
+  }
+  return out;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+  }
+  return out;
+}
+
+int rank_of(pid_t pid) {
+  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+  std::string var;
+  while (std::getline(env, var, '\0'))
+    if (var.rfind("BATON_RANK=", 0) == 0) return std::atoi(var.c_str() + 11);
+  return -1;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(Restart, RanksKilledThreeTimesTheLossCurveIsTheUninterruptedOne) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("restart test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  setenv("BATON_PEER_TIMEOUT", "1", 1);  // the survivors notice within ~1 s
+  Workspace ws("restart");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  const int64_t steps = 40;
+  auto argv = [&](const std::string& ckpt, const std::string& log) {
+    return std::vector<std::string>{baton(),
+                                    "launch",
+                                    "-n",
+                                    "2",
+                                    "--max-restarts",
+                                    "3",
+                                    "--restart-backoff",
+                                    "0.1",
+                                    "--grace",
+                                    "3",
+                                    "--",
+                                    baton(),
+                                    "train",
+                                    "--plan",
+                                    ws.path("plan.json"),
+                                    "--data",
+                                    data_file(),
+                                    "--steps",
+                                    std::to_string(steps),
+                                    "--seed",
+                                    "3",
+                                    "--lr",
+                                    "3e-3",
+                                    "--threads",
+                                    "1",
+                                    "--log-every",
+                                    "0",
+                                    "--checkpoint-dir",
+                                    ckpt,
+                                    "--checkpoint-every",
+                                    "3",
+                                    "--keep-checkpoints",
+                                    "2",
+                                    "--loss-log",
+                                    log};
+  };
+  auto t0 = Clock::now();
+  pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl")), ws.path("full.out"));
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("full.out"));
+  const double step_seconds =
+      std::chrono::duration<double>(Clock::now() - t0).count() / double(steps);
+  std::printf("uninterrupted run: %.2f s\n", step_seconds * double(steps));
+
+  // Three kills, each after a random step (increasing) plus a random part of a step.
+  std::vector<int64_t> after;
+  for (int k = 0; k < 3; ++k)
+    after.push_back(std::uniform_int_distribution<int64_t>(1, steps - 6)(rng));
+  std::sort(after.begin(), after.end());
+  t0 = Clock::now();
+  const std::string out = ws.path("killed.out"), log = ws.path("killed.jsonl");
+  pid = spawn(argv(ws.path("ckpt"), log), out);
+  std::vector<int> victims;
+  for (int k = 0; k < 3; ++k) {
+    // Wait for attempt k to have resumed (or started over), then for its step.
+    auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline &&
+           int(count(slurp(out), "resumed from") + count(slurp(out), "no complete checkpoint")) < k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    while (Clock::now() < deadline) {
+      auto lines = read_loss_log(log);
+      if (!lines.empty() && lines.back().step >= after[size_t(k)]) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        std::uniform_real_distribution<double>(0, 1)(rng) * step_seconds));
+    std::vector<pid_t> ranks;
+    while (Clock::now() < deadline && (ranks = children_of(pid)).size() < 2)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(ranks.size(), 2u) << slurp(out);
+    pid_t victim = ranks[std::uniform_int_distribution<size_t>(0, 1)(rng)];
+    int rank = rank_of(victim);
+    victims.push_back(rank);
+    auto lines = read_loss_log(log);
+    std::printf("kill %d: rank %d, the loss log at step %lld\n", k + 1, rank,
+                static_cast<long long>(lines.empty() ? 0 : lines.back().step));
+    kill(victim, SIGKILL);
+    // The next kill goes to the next attempt's ranks.
+    while (Clock::now() < deadline &&
+           count(slurp(out), "restart " + std::to_string(k + 1) + " of 3") == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::string text = slurp(out);
+  std::printf("run with 3 kills: %.2f s\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  // Each failure and restart is logged, naming the rank that was killed.
+  for (int k = 1; k <= 3; ++k)
+    EXPECT_EQ(count(text, "restart " + std::to_string(k) + " of 3 in 0.1 s after: rank " +
+                              std::to_string(victims[size_t(k - 1)]) +
+                              " was killed by signal 9 (SIGKILL)"),
+              1u)
+        << text;
+  EXPECT_EQ(count(text, "giving up"), 0u) << text;
+  std::vector<LossLine> got = read_loss_log(log), want = read_loss_log(ws.path("full.jsonl"));
+  ASSERT_EQ(int64_t(want.size()), steps);
+  ASSERT_EQ(got.size(), want.size()) << text;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].step, want[i].step);
+    EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
+    EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace baton::engine_testing

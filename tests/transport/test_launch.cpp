@@ -1,0 +1,116 @@
+// `baton launch --max-restarts`: a job that keeps failing is restarted N times with
+// BATON_RESUME=1, each failure and restart is logged, and then the launcher gives up
+// with the list; bad input (exit code 2) is not restarted; a job that succeeds after a
+// restart exits 0. The ranks are shell commands: no transport is involved.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(BATON_BINARY) + " launch " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(Launch, RestartsUpToTheLimitThenGivesUpWithTheList) {
+  Result r =
+      run("-n 2 --max-restarts 2 --restart-backoff 0.05 -- "
+          "sh -c 'echo \"attempt resume=$BATON_RESUME restart=$BATON_RESTART\"; "
+          "[ $BATON_RANK = 1 ] && exit 3; sleep 0.2'");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_EQ(count(r.output, "[rank 0] attempt resume=0 restart=0"), 1u) << r.output;
+  EXPECT_EQ(count(r.output, "[rank 1] attempt resume=1 restart=1"), 1u) << r.output;
+  EXPECT_EQ(count(r.output, "[rank 1] attempt resume=1 restart=2"), 1u) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 2 in 0.05 s after: rank 1 exited with code 3"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("restart 2 of 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restart 3 of"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("giving up after 2 restart(s); the failures:\n"
+                          "  1. rank 1 exited with code 3\n"
+                          "  2. rank 1 exited with code 3\n"
+                          "  3. rank 1 exited with code 3\n"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Launch, ARestartedJobThatSucceedsExitsZero) {
+  std::string marker = ::testing::TempDir() + "/launch_restart_marker";
+  std::filesystem::remove(marker);
+  // Rank 0 is killed by a signal in the first attempt only.
+  Result r = run(
+      "-n 2 --max-restarts 1 --restart-backoff 0 -- sh -c '"
+      "if [ $BATON_RANK = 0 ] && [ ! -e " +
+      marker + " ]; then touch " + marker + "; kill -9 $$; fi; echo done resume=$BATON_RESUME'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1 in 0 s after: rank 0 was killed by signal 9 (SIGKILL)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "done resume=1"), 2u) << r.output;
+}
+
+TEST(Launch, BadInputIsNotRestarted) {
+  Result r = run("-n 1 --max-restarts 5 --restart-backoff 0 -- sh -c 'exit 2'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("not restarting: exit code 2 is bad input"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restart 1 of"), std::string::npos) << r.output;
+  r = run("-n 1 --max-restarts -1 -- true");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--max-restarts: expected a number >= 0, got -1"), std::string::npos)
+      << r.output;
+  r = run("-n 1 --restart-backoff -3 -- true");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--restart-backoff"), std::string::npos) << r.output;
+}
+
+TEST(Launch, ARendezvousPortInUseIsAClearError) {
+  // Another process's listener on the port (here: this test's socket).
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  Result r = run("-n 1 --rendezvous 127.0.0.1:" + port + " -- true");
+  close(fd);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("rendezvous: cannot listen on 127.0.0.1:" + port +
+                          ": bind: Address already in use"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
