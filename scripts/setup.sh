@@ -12,6 +12,7 @@ packages=(
   libucx-dev ucx-utils
   iproute2 procps python3
   openmpi-bin libopenmpi-dev
+  libsentencepiece-dev
 )
 
 missing=()
