@@ -19,6 +19,12 @@
   if ((dev).is_cuda()) detail::no_cuda(__func__, dev)
 #endif
 
+// The ops whose CUDA kernels are not written yet.
+#define BATON_ON_CUDA_LATER(dev, op)                                                      \
+  if ((dev).is_cuda())                                                                    \
+  throw RuntimeError(std::string("kernels::") + (op) + ": no CUDA kernel yet; run it on " \
+                     "the CPU")
+
 namespace baton::kernels {
 
 using namespace detail;
@@ -281,6 +287,56 @@ void check_unary_backward(const char* op, const Tensor& x, const Tensor& dy, con
 }
 }  // namespace
 
+void silu_forward(const Tensor& x, Tensor& y) {
+  check_unary("silu_forward", x, y);
+  const auto dev = common_device("silu_forward", {&x, &y});
+  BATON_ON_CUDA_LATER(dev, "silu_forward");
+  on_float("silu_forward", x.dtype(),
+           [&]<class T>(T) { cpu::silu_forward<T>(x.data<T>(), y.data<T>(), x.numel()); });
+}
+
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate) {
+  check_unary_backward("silu_backward", x, dy, dx);
+  const auto dev = common_device("silu_backward", {&x, &dy, &dx});
+  BATON_ON_CUDA_LATER(dev, "silu_backward");
+  on_float("silu_backward", x.dtype(), [&]<class T>(T) {
+    cpu::silu_backward<T>(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel(), accumulate);
+  });
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
+  const char* op = "swiglu_forward";
+  check_float(op, "gate", gate);
+  check_like(op, "up", up, "gate", gate);
+  check_same_shape(op, "up", up, "gate", gate);
+  check_like(op, "y", y, "gate", gate);
+  check_same_shape(op, "y", y, "gate", gate);
+  const auto dev = common_device(op, {&gate, &up, &y});
+  BATON_ON_CUDA_LATER(dev, "swiglu_forward");
+  on_float(op, gate.dtype(), [&]<class T>(T) {
+    cpu::swiglu_forward<T>(gate.data<T>(), up.data<T>(), y.data<T>(), gate.numel());
+  });
+}
+
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                     Tensor& dup, bool acc_gate, bool acc_up) {
+  const char* op = "swiglu_backward";
+  check_float(op, "gate", gate);
+  for (auto [name, t] : {std::pair{"up", &up}, {"dy", &dy}, {"dgate", &dgate}, {"dup", &dup}}) {
+    if (!t->defined() && (t == &dgate || t == &dup)) continue;
+    check_like(op, name, *t, "gate", gate);
+    check_same_shape(op, name, *t, "gate", gate);
+  }
+  const auto dev = common_device(op, {&gate, &up, &dy, &dgate, &dup});
+  BATON_ON_CUDA_LATER(dev, "swiglu_backward");
+  on_float(op, gate.dtype(), [&]<class T>(T) {
+    cpu::swiglu_backward<T>(gate.data<T>(), up.data<T>(), dy.data<T>(),
+                            dgate.defined() ? dgate.data<T>() : nullptr,
+                            dup.defined() ? dup.data<T>() : nullptr, gate.numel(), acc_gate,
+                            acc_up);
+  });
+}
+
 void gelu_forward(const Tensor& x, Tensor& y) {
   check_unary("gelu_forward", x, y);
   const auto dev = common_device("gelu_forward", {&x, &y});
@@ -424,6 +480,68 @@ void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& 
   });
 }
 
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  check_float(op, "x", x);
+  const int64_t c = last_dim(op, "x", x), rows = rows_of(x);
+  check_like(op, "weight", weight, "x", x);
+  check_dims(op, "weight", weight, {c});
+  check_like(op, "y", y, "x", x);
+  check_same_shape(op, "y", y, "x", x);
+  check_like(op, "rstd", rstd, "x", x);
+  check_numel(op, "rstd", rstd, rows);
+  BATON_NEED(eps >= 0, op, "eps must not be negative");
+  const auto dev = common_device(op, {&x, &weight, &y, &rstd});
+  BATON_ON_CUDA_LATER(dev, "rmsnorm_forward");
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::rmsnorm_forward<T>(x.data<T>(), weight.data<T>(), eps, y.data<T>(), rstd.data<T>(), rows,
+                            c);
+  });
+}
+
+namespace {
+void check_rmsnorm_saved(const char* op, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
+  check_float(op, "x", x);
+  last_dim(op, "x", x);
+  check_like(op, "dy", dy, "x", x);
+  check_same_shape(op, "dy", dy, "x", x);
+  check_like(op, "rstd", rstd, "x", x);
+  check_numel(op, "rstd", rstd, rows_of(x));
+}
+}  // namespace
+
+void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd, Tensor& dx, bool accumulate) {
+  const char* op = "rmsnorm_backward_input";
+  check_rmsnorm_saved(op, dy, x, rstd);
+  const int64_t c = x.size(-1);
+  check_like(op, "weight", weight, "x", x);
+  check_dims(op, "weight", weight, {c});
+  check_like(op, "dx", dx, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  const auto dev = common_device(op, {&dy, &x, &weight, &rstd, &dx});
+  BATON_ON_CUDA_LATER(dev, "rmsnorm_backward_input");
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::rmsnorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), rstd.data<T>(),
+                                   dx.data<T>(), rows_of(x), c, accumulate);
+  });
+}
+
+void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                             Tensor& dweight, bool accumulate) {
+  const char* op = "rmsnorm_backward_weight";
+  check_rmsnorm_saved(op, dy, x, rstd);
+  const int64_t c = x.size(-1);
+  check_like(op, "dweight", dweight, "x", x);
+  check_dims(op, "dweight", dweight, {c});
+  const auto dev = common_device(op, {&dy, &x, &rstd, &dweight});
+  BATON_ON_CUDA_LATER(dev, "rmsnorm_backward_weight");
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::rmsnorm_backward_weight<T>(dy.data<T>(), x.data<T>(), rstd.data<T>(), dweight.data<T>(),
+                                    rows_of(x), c, accumulate);
+  });
+}
+
 void softmax_forward(const Tensor& x, Tensor& y) {
   const char* op = "softmax_forward";
   check_unary(op, x, y);
@@ -453,12 +571,29 @@ namespace {
 cpu::AttentionShape check_attention(const char* op, const Tensor& qkv, const Tensor& out,
                                     const Tensor& lse, const AttentionOptions& opt) {
   check_float(op, "qkv", qkv);
-  BATON_NEED(qkv.dim() == 3, op, "qkv must be [B, T, 3 * H * D], got " + qkv.str());
+  BATON_NEED(qkv.dim() == 3, op, "qkv must be [B, T, (H + 2 KV) * D], got " + qkv.str());
   BATON_NEED(opt.heads >= 1, op, "heads must be at least 1, got " + std::to_string(opt.heads));
-  BATON_NEED(qkv.size(2) % (3 * opt.heads) == 0, op,
-             "qkv's last dimension must be a multiple of 3 * heads = " +
-                 std::to_string(3 * opt.heads) + ", got " + qkv.str());
-  const cpu::AttentionShape s{qkv.size(0), qkv.size(1), opt.heads, qkv.size(2) / (3 * opt.heads)};
+  const int64_t kv = opt.kv_heads > 0 ? opt.kv_heads : opt.heads;
+  const int64_t cols = opt.heads + 2 * kv;
+  BATON_NEED(qkv.size(2) % cols == 0, op,
+             "qkv's last dimension must be a multiple of heads + 2 * kv_heads = " +
+                 std::to_string(cols) + ", got " + qkv.str());
+  const cpu::AttentionShape s{qkv.size(0), qkv.size(1), opt.heads, qkv.size(2) / cols, kv};
+  BATON_NEED(opt.kv_offset >= -1 && opt.group >= 0, op, "kv_offset or group is negative");
+  {
+    BATON_NEED(opt.group > 0 || opt.heads % kv == 0, op,
+               "heads " + std::to_string(opt.heads) + " must be a multiple of kv_heads " +
+                   std::to_string(kv) + " (or give group)");
+    const int64_t group = opt.group > 0 ? opt.group : opt.heads / kv;
+    const int64_t kv0 = opt.kv_offset >= 0 ? opt.kv_offset : opt.head_offset / group;
+    const int64_t first = opt.head_offset / group - kv0;
+    const int64_t last = (opt.head_offset + opt.heads - 1) / group - kv0;
+    BATON_NEED(first >= 0 && last < kv, op,
+               "query heads " + std::to_string(opt.head_offset) + ".. read key/value heads " +
+                   std::to_string(first + kv0) + ".." + std::to_string(last + kv0) +
+                   " outside the local ones " + std::to_string(kv0) + ".." +
+                   std::to_string(kv0 + kv - 1));
+  }
   check_like(op, "out", out, "qkv", qkv);
   check_dims(op, "out", out, {s.batch, s.seq, s.heads * s.head_dim});
   check_like(op, "lse", lse, "qkv", qkv);
@@ -488,6 +623,8 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   const char* op = "attention_forward";
   const auto s = check_attention(op, qkv, out, lse, opt);
   const auto dev = common_device(op, {&qkv, &out, &lse});
+  BATON_NEED(!dev.is_cuda() || s.kv_heads == s.heads, op,
+             "grouped-query attention (kv_heads < heads) has no CUDA kernel yet");
   BATON_ON_CUDA(dev, attention_forward(qkv, opt, out, lse));
   on_float(op, qkv.dtype(), [&]<class T>(T) {
     cpu::attention_forward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), s, opt);
@@ -503,10 +640,95 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   check_like(op, "dqkv", dqkv, "qkv", qkv);
   check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
   const auto dev = common_device(op, {&qkv, &out, &lse, &dout, &dqkv});
+  BATON_NEED(!dev.is_cuda() || s.kv_heads == s.heads, op,
+             "grouped-query attention (kv_heads < heads) has no CUDA kernel yet");
   BATON_ON_CUDA(dev, attention_backward(qkv, out, lse, dout, opt, dqkv, accumulate));
   on_float(op, qkv.dtype(), [&]<class T>(T) {
     cpu::attention_backward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), dout.data<T>(),
                                dqkv.data<T>(), s, opt, accumulate);
+  });
+}
+
+// ---- rotary position embeddings ----
+
+std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& sc) {
+  const char* op = "rope_inv_freq";
+  BATON_NEED(head_dim >= 2 && head_dim % 2 == 0, op,
+             "head_dim must be even and positive, got " + std::to_string(head_dim));
+  BATON_NEED(theta > 0, op, "theta must be positive");
+  BATON_NEED(sc.factor > 0, op, "rope_scaling factor must be positive");
+  const int64_t half = head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    f[size_t(i)] = 1.0 / std::pow(theta, double(2 * i) / double(head_dim));
+  if (sc.kind == RopeScaling::Kind::linear) {
+    for (double& v : f) v /= sc.factor;
+  } else if (sc.kind == RopeScaling::Kind::llama3) {
+    BATON_NEED(sc.high_freq_factor > sc.low_freq_factor && sc.low_freq_factor > 0, op,
+               "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+    const double old_len = sc.original_max_position_embeddings;
+    const double low_wavelen = old_len / sc.low_freq_factor;
+    const double high_wavelen = old_len / sc.high_freq_factor;
+    const double pi = 3.14159265358979323846;
+    for (double& v : f) {
+      const double wavelen = 2 * pi / v;
+      if (wavelen > low_wavelen) {
+        v /= sc.factor;  // low frequencies: scaled
+      } else if (wavelen >= high_wavelen) {  // between: a smooth blend
+        const double smooth = (old_len / wavelen - sc.low_freq_factor) /
+                              (sc.high_freq_factor - sc.low_freq_factor);
+        v = (1 - smooth) * v / sc.factor + smooth * v;
+      }  // high frequencies: kept
+    }
+  }
+  return f;
+}
+
+namespace {
+cpu::RotaryShape check_rotary(const char* op, const Tensor& x, const char* dst_name,
+                              const Tensor& dst, int64_t dst_col, const RotaryOptions& opt) {
+  check_float(op, "x", x);
+  BATON_NEED(x.dim() == 3, op, "x must be [B, T, heads * D], got " + x.str());
+  BATON_NEED(opt.heads >= 1 && x.size(2) % opt.heads == 0, op,
+             "x's last dimension must be a multiple of heads = " + std::to_string(opt.heads) +
+                 ", got " + x.str());
+  const int64_t d = x.size(2) / opt.heads;
+  BATON_NEED(d % 2 == 0, op, "the head size must be even, got " + std::to_string(d));
+  BATON_NEED(opt.inv_freq != nullptr && int64_t(opt.inv_freq->size()) == d / 2, op,
+             "inv_freq must hold head_dim / 2 = " + std::to_string(d / 2) + " values");
+  check_like(op, dst_name, dst, "x", x);
+  BATON_NEED(dst.dim() == 3 && dst.size(0) == x.size(0) && dst.size(1) == x.size(1) &&
+                 dst_col >= 0 && dst_col + x.size(2) <= dst.size(2),
+             op,
+             std::string(dst_name) + " " + dst.str() + " must be [B, T, C] holding columns " +
+                 std::to_string(dst_col) + ".." + std::to_string(dst_col + x.size(2)) +
+                 " beside x " + x.str());
+  BATON_NEED(opt.position_offset >= 0, op, "position_offset must not be negative");
+  BATON_NEED(!overlaps(x, dst), op, "x and the fused tensor overlap");
+  return cpu::RotaryShape{x.size(0), x.size(1), opt.heads, d, dst.size(2), dst_col};
+}
+}  // namespace
+
+void rotary_forward(const Tensor& x, const RotaryOptions& opt, Tensor& dst, int64_t dst_col) {
+  const char* op = "rotary_forward";
+  const auto s = check_rotary(op, x, "dst", dst, dst_col, opt);
+  const auto dev = common_device(op, {&x, &dst});
+  BATON_ON_CUDA_LATER(dev, "rotary_forward");
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::rotary_forward<T>(x.data<T>(), dst.data<T>(), s, opt.inv_freq->data(),
+                           opt.position_offset);
+  });
+}
+
+void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& opt, Tensor& dx,
+                     bool accumulate) {
+  const char* op = "rotary_backward";
+  const auto s = check_rotary(op, dx, "ddst", ddst, dst_col, opt);
+  const auto dev = common_device(op, {&ddst, &dx});
+  BATON_ON_CUDA_LATER(dev, "rotary_backward");
+  on_float(op, dx.dtype(), [&]<class T>(T) {
+    cpu::rotary_backward<T>(ddst.data<T>(), dx.data<T>(), s, opt.inv_freq->data(),
+                            opt.position_offset, accumulate);
   });
 }
 

@@ -85,6 +85,14 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
 
+// SiLU: x sigmoid(x). SwiGLU (LLaMA's gated MLP): y = silu(gate) * up, fused; in
+// swiglu_backward dgate or dup may be undefined (not needed), each with its own flag.
+void silu_forward(const Tensor& x, Tensor& y);
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                     Tensor& dup, bool acc_gate, bool acc_up);
+
 // Inverted dropout: y = x * mask / (1 - p), mask[i] = uniform(seed, stream, i) >= p with i
 // the element's index in the logical tensor that `where` describes.
 void dropout_forward(const Tensor& x, Tensor& y, double p, uint64_t seed, uint64_t stream,
@@ -102,17 +110,32 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
 void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);
 
+// RMSNorm (LLaMA's): y = weight * x / sqrt(mean(x^2) + eps) over the last dimension of
+// x: [N, C]; weight: [C]; rstd: [N] (any shape with N elements) saved for backward.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd, Tensor& dx, bool accumulate);
+void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                             Tensor& dweight, bool accumulate);
+
 // Row-wise softmax over the last dimension of x: [N, C].
 void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
 
 // ---- attention ----
-// Causal multi-head self-attention. qkv: [B, T, 3 * H * D] laid out as Hugging Face GPT-2's
-// c_attn output: all heads' queries, then keys, then values (head h at columns h*D..).
-// out: [B, T, H * D]; lse: [B, H, T] (log-sum-exp of each row's scores, saved so backward
-// recomputes the probabilities instead of storing a T x T matrix).
+// Causal multi-head self-attention. qkv: [B, T, (H + 2 * KV) * D]: all query heads, then
+// the KV key heads, then the KV value heads (head h at columns h*D.. of its part); with
+// KV = H this is Hugging Face GPT-2's c_attn output. KV < H is grouped-query attention
+// (KV = 1: multi-query): query head h reads key/value head (head_offset + h) / group -
+// kv_offset. out: [B, T, H * D]; lse: [B, H, T] (log-sum-exp of each row's scores, saved
+// so backward recomputes the probabilities instead of storing a T x T matrix).
 struct AttentionOptions {
-  int64_t heads = 1;  // H: heads held locally
+  int64_t heads = 1;  // H: query heads held locally
+  // KV: key/value heads held locally (0: H). group: query heads per key/value head in the
+  // logical model (0: H / KV). kv_offset: the logical index of the first local key/value
+  // head (-1: head_offset / group, those of the local query heads; 0 when a tensor-parallel
+  // rank holds all of them, replicated).
+  int64_t kv_heads = 0, group = 0, kv_offset = -1;
   double scale = 0;   // 0: 1/sqrt(D)
   // Dropout on the attention probabilities; the logical tensor is [B_global, H_global, T, T]
   // and the local one starts at (batch_offset, head_offset, 0, 0).
@@ -124,6 +147,34 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
                         bool accumulate);
+
+// ---- rotary position embeddings ----
+// Hugging Face's rope_scaling: none (the default rope), linear (positions divided by
+// factor) or llama3 (low frequencies divided by factor, high ones kept, a smooth blend
+// between, by the wavelengths relative to original_max_position_embeddings).
+struct RopeScaling {
+  enum class Kind { none, linear, llama3 };
+  Kind kind = Kind::none;
+  double factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  double original_max_position_embeddings = 8192;
+};
+// inv_freq[i] = theta^(-2i / head_dim) for i < head_dim / 2, scaled as `scaling` says (the
+// formulas of transformers' rope initialisation functions, in double).
+std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
+
+// Rotate-half convention: in each head of D columns, column i pairs with i + D/2 and the
+// pair turns by (t + position_offset) * inv_freq[i] at position t. x: [B, T, heads * D];
+// dst: [B, T, C] receives the rotated heads in columns [dst_col, dst_col + heads * D)
+// (the query or key part of a fused qkv); its other columns are untouched.
+struct RotaryOptions {
+  int64_t heads = 1;
+  const std::vector<double>* inv_freq = nullptr;  // D / 2 values
+  int64_t position_offset = 0;
+};
+void rotary_forward(const Tensor& x, const RotaryOptions& opt, Tensor& dst, int64_t dst_col);
+// dx = the inverse rotation of columns [dst_col, dst_col + heads * D) of ddst.
+void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& opt, Tensor& dx,
+                     bool accumulate);
 
 // ---- embedding ----
 // out[n, :] = table[ids[n] - row_offset, :] for ids in [row_offset, row_offset + rows);

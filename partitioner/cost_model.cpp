@@ -175,6 +175,11 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
       key.push_back(b.first);
       key.push_back(b.second);
     }
+    key.push_back(int64_t(p.kept.size()));
+    for (const auto& b : p.kept) {
+      key.push_back(b.first);
+      key.push_back(b.second);
+    }
   };
   for (int n : g.layers[size_t(layer)].nodes) {
     const stages::Node& node = g.nodes[size_t(n)];

@@ -15,6 +15,7 @@ using stages::Node;
 int64_t SplitPattern::local_size(int t) const {
   int64_t n = 0;
   for (const auto& b : blocks) n += b.second / t;
+  for (const auto& b : kept) n += b.second;
   return n;
 }
 
@@ -30,6 +31,8 @@ enum class OpKind : uint8_t {
   add,
   unary,
   dropout,
+  gate,    // swiglu: two inputs of one split
+  rotary,  // q, k, v -> qkv
   comm
 };
 
@@ -42,6 +45,9 @@ OpKind kind_of(const std::string& op) {
       {"add", OpKind::add},
       {"gelu", OpKind::unary},
       {"relu", OpKind::unary},
+      {"silu", OpKind::unary},
+      {"swiglu", OpKind::gate},
+      {"rotary", OpKind::rotary},
       {"dropout", OpKind::dropout},
       {"tp_copy", OpKind::comm},
       {"tp_reduce", OpKind::comm},
@@ -159,7 +165,7 @@ class ShardingPass {
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
       else if (k == OpKind::cross_entropy)
         ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
-      else if (passes_split(n, k))
+      else if (passes_split(n, k) || k == OpKind::gate)
         ok = accepts_split(n.outputs[0], t, depth + 1);
       if (!ok) return false;
     }
@@ -175,6 +181,32 @@ class ShardingPass {
         return false;
     }
     return true;
+  }
+
+  // The rotary node (slot) that is the only consumer of `value`, when that rotary feeds
+  // attention in a group of degree t; -1 otherwise.
+  int feeds_rotary(int value, int t, int* slot) const {
+    const auto& cons = g_.values[size_t(value)].consumers;
+    if (cons.size() != 1) return -1;
+    int c = cons[0];
+    if (kinds_[size_t(c)] != OpKind::rotary || tp_of(c) != t) return -1;
+    const Node& n = g_.nodes[size_t(c)];
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.inputs[i] == value) *slot = int(i);
+    if (std::count(n.inputs.begin(), n.inputs.end(), value) != 1) return -1;
+    if (!feeds_attention(n.outputs[0], t)) return -1;
+    return c;
+  }
+  // The query and key/value column blocks of a rotary / attention qkv [(H + 2 KV) D].
+  static SplitPattern qkv_pattern(int64_t h, int64_t kv, int64_t d, bool kv_replicated) {
+    SplitPattern p;
+    if (kv_replicated) {
+      p.blocks = {{0, h * d}};
+      p.kept = {{h * d, 2 * kv * d}};
+    } else {
+      p.blocks = {{0, h * d}, {h * d, kv * d}, {(h + kv) * d, kv * d}};
+    }
+    return p;
   }
 
   // The input in `slot` is used split: is it split over this node's group?
@@ -270,7 +302,8 @@ class ShardingPass {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
     }
-    if (k == OpKind::add && split_here(node, 0) && split_here(node, 1) &&
+    if (k == OpKind::rotary) return visit_rotary(node, o);
+    if ((k == OpKind::add || k == OpKind::gate) && split_here(node, 0) && split_here(node, 1) &&
         s_.values[size_t(n.inputs[0])].pattern == s_.values[size_t(n.inputs[1])].pattern) {
       out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
       return;
@@ -295,6 +328,16 @@ class ShardingPass {
       kind = SplitKind::row;
     } else if (feeds_attention(n.outputs[0], t) || accepts_split(n.outputs[0], t)) {
       kind = SplitKind::column;
+    } else if (int slot = -1, rot = feeds_rotary(n.outputs[0], t, &slot); rot >= 0) {
+      // q is split by heads; k and v too when the degree divides their heads, else they
+      // stay whole (replicated).
+      const Node& rn = g_.nodes[size_t(rot)];
+      const int64_t heads = attr_int(rn, "n_head", 1), kv = attr_int(rn, "n_kv_head", heads);
+      if (slot == 0 && heads % t != 0) divide_error(rot, t, "n_head", heads);
+      const SplitKind* ro = override_of(rot);
+      kind = (ro != nullptr && *ro == SplitKind::none) || (slot > 0 && kv % t != 0)
+                 ? SplitKind::none
+                 : SplitKind::column;
     } else {
       kind = SplitKind::none;
     }
@@ -347,12 +390,13 @@ class ShardingPass {
     const Node& n = g_.nodes[size_t(node)];
     NodeShard& ns = s_.nodes[size_t(node)];
     int t = ns.t;
-    int64_t heads = attr_int(n, "n_head", 1);
+    int64_t heads = attr_int(n, "n_head", 1), kv = attr_int(n, "n_kv_head", heads);
     const stages::ValueType& qkv = g_.values[size_t(n.inputs[0])].type;
-    int64_t c = qkv.shape.back() / 3;
-    SplitPattern by_heads;
-    by_heads.blocks = {{0, c}, {c, c}, {2 * c, c}};
-    bool heads_in = split_here(node, 0) && s_.values[size_t(n.inputs[0])].pattern == by_heads;
+    const int64_t d = qkv.shape.back() / (heads + 2 * kv);
+    const SplitPattern& in = s_.values[size_t(n.inputs[0])].pattern;
+    const bool kv_rep = split_here(node, 0) && in == qkv_pattern(heads, kv, d, true);
+    bool heads_in = split_here(node, 0) && (in == qkv_pattern(heads, kv, d, false) || kv_rep);
+    ns.kv_replicated = kv_rep;
     if (o != nullptr && *o == SplitKind::heads && !heads_in)
       override_error(node, "heads split of " + node_ref(node) +
                                " needs its qkv input split by heads (split the linear before it "
@@ -363,14 +407,47 @@ class ShardingPass {
                                  " cannot run unsplit: its qkv input is split by heads "
                                  "(set the split of the linear before it to \"none\")");
       if (heads % t != 0) divide_error(node, t, "n_head", heads);
+      if (!kv_rep && kv % t != 0) divide_error(node, t, "n_kv_head", kv);
       ns.kind = SplitKind::heads;
       SplitPattern p;
-      p.blocks = {{0, c}};
+      p.blocks = {{0, heads * d}};
       out_split(node, t, p);
       return;
     }
     need_whole(node, 0);
     out_replicated(node);
+  }
+
+  // rotary(q, k, v): split by heads when q is (column split of q_proj); k and v split
+  // with it or replicated.
+  void visit_rotary(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    const int t = ns.t;
+    const int64_t heads = attr_int(n, "n_head", 1), kv = attr_int(n, "n_kv_head", heads);
+    const int64_t d = g_.values[size_t(n.inputs[0])].type.shape.back() / heads;
+    const bool q_split = split_here(node, 0), k_split = split_here(node, 1),
+               v_split = split_here(node, 2);
+    if (o != nullptr && *o == SplitKind::heads && !q_split)
+      override_error(node, "heads split of " + node_ref(node) +
+                               " needs its q input split by columns");
+    if (!q_split || (o != nullptr && *o == SplitKind::none)) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
+      out_replicated(node);
+      return;
+    }
+    if (k_split != v_split)
+      throw InputError(where_ + ": " + node_ref(node) +
+                       " has one of k and v split and the other not; split both or neither");
+    ns.kind = SplitKind::heads;
+    ns.kv_replicated = !k_split;
+    if (ns.kv_replicated) {
+      // Each rank's k and v gradients come from its query heads only: tp_copy sums them.
+      ns.copy_inputs = {1, 2};
+    } else if (kv % t != 0) {
+      divide_error(node, t, "n_kv_head", kv);
+    }
+    out_split(node, t, qkv_pattern(heads, kv, d, ns.kv_replicated));
   }
 
   void visit_embedding(int node, const SplitKind* o) {
@@ -562,9 +639,18 @@ class PhysicalBuilder {
     std::string op = n.op;
     if (ns.kind == SplitKind::heads) {
       int64_t heads = attrs.at("n_head").get<int64_t>();
+      const bool has_kv = attrs.contains("n_kv_head");
+      const int64_t kv = has_kv ? attrs.at("n_kv_head").get<int64_t>() : heads;
       attrs["n_head"] = heads / t;
-      attrs["head_offset"] = int64_t(r) * (heads / t);
-      attrs["global_heads"] = heads;
+      if (has_kv) attrs["n_kv_head"] = ns.kv_replicated ? kv : kv / t;
+      if (n.op == "attention") {
+        attrs["head_offset"] = int64_t(r) * (heads / t);
+        attrs["global_heads"] = heads;
+        if (has_kv) {
+          attrs["kv_group"] = heads / kv;
+          attrs["kv_offset"] = ns.kv_replicated ? int64_t(0) : int64_t(r) * (kv / t);
+        }
+      }
     } else if (ns.kind == SplitKind::vocab && n.op == "embedding") {
       int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
       attrs["vocab_offset"] = int64_t(r) * (rows / t);

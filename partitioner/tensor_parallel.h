@@ -8,7 +8,13 @@
 //                    split); partial outputs summed by tp_reduce (g), then the bias added
 //                    once by bias_add
 //   attention, heads the qkv linear is split by heads (three column blocks: its queries,
-//                    keys and values of the local heads); attention runs its local heads
+//                    keys and values of the local heads); attention runs its local heads.
+//                    The LLaMA family's separate q, k, v linears are split by columns
+//                    (whole heads), rotary packs the local heads; key/value heads are
+//                    split when the degree divides their number and otherwise replicated
+//                    (their linears unsplit, their gradients summed over the group by a
+//                    tp_copy before rotary), attention then reads kv_group query heads
+//                    per key/value head from the local or replicated ones
 //   embedding, vocab rows split over the vocabulary; partial lookups summed by tp_reduce
 //   cross_entropy, vocab   after a column-split LM head: vocab_parallel_cross_entropy
 // Everything else runs replicated. A split value that an op needs whole is all-gathered
@@ -36,11 +42,15 @@ namespace baton::partitioner {
 // blocks (offset, length); each block is cut into t equal parts and rank r holds part r
 // of every block, in block order. Contiguous split: one block (0, n). Head split of
 // GPT-2's qkv [T, 3C]: blocks (0, C), (C, C), (2C, C).
+// `kept`: blocks every rank holds whole after its parts of `blocks` (the key and value
+// heads of a grouped-query attention whose key/value heads are too few to split: they
+// are replicated beside the split query heads).
 struct SplitPattern {
   std::vector<std::pair<int64_t, int64_t>> blocks;
+  std::vector<std::pair<int64_t, int64_t>> kept;
   int64_t local_size(int t) const;
   bool whole(int64_t n) const {
-    return blocks.size() == 1 && blocks[0].first == 0 && blocks[0].second == n;
+    return blocks.size() == 1 && blocks[0].first == 0 && blocks[0].second == n && kept.empty();
   }
   bool operator==(const SplitPattern&) const = default;
 };
@@ -65,6 +75,7 @@ struct NodeShard {
   std::vector<int> gather_inputs;  // input slots all-gathered first
   bool reduce_output = false;      // partial output: tp_reduce after it
   bool bias_after_reduce = false;  // the bias slot moves to a bias_add after the reduce
+  bool kv_replicated = false;      // rotary / attention: key/value heads held whole
 };
 
 struct Sharding {

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 
+#include "stages/hf.h"
 #include "stages/json_reader.h"
 #include "stages/shorthands.h"
 
@@ -635,49 +636,9 @@ void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bo
 
 // ---- Hugging Face ----
 
-json read_hf_config(const std::string& dir) {
-  std::string path = dir + "/config.json";
-  json j = read_json_file(path);
-  parse_hf_gpt2_config(JsonReader(j, path));  // validates
-  return j;
-}
+json read_hf_config(const std::string& dir) { return read_hf_model_config(dir); }
 
-void load_hf_gpt2(const std::string& dir, Stage& stage) {
-  std::string path = dir + "/model.safetensors";
-  SafetensorsReader file(path);
-  const Graph& g = stage.graph();
-  for (int id : stage.param_ids()) {
-    const Param& p = g.params[size_t(id)];
-    const SafetensorsEntry* e = file.find(p.name);
-    if (e == nullptr) e = file.find("transformer." + p.name);
-    if (e == nullptr)
-      throw InputError(path + ": no tensor '" + p.name + "' (nor 'transformer." + p.name +
-                       "'), which the model needs");
-    if (e->shape != p.logical_shape)
-      throw InputError(path + ": tensor '" + e->name + "' has shape " + memory::shape_str(e->shape) +
-                       ", the model's '" + p.name + "' is " + memory::shape_str(p.logical_shape));
-    DType stored;
-    if (!safetensors_dtype(e->dtype, stored) || !memory::is_floating(stored))
-      throw InputError(path + ": tensor '" + e->name + "' has dtype " + e->dtype +
-                       ", expected F32, F16, BF16 or F64");
-    Tensor& local = stage.param(id);
-    auto fill = [&](const Shape& goff, Tensor view) {
-      Tensor tmp = Tensor::empty(view.shape(), stored);
-      file.read_block(*e, goff, tmp);
-      view.copy_from(tmp.to(view.dtype()).to(view.device()));
-    };
-    if (!p.is_shard()) {
-      fill(Shape(p.shape.size(), 0), local);
-    } else {
-      for (const ParamPiece& piece : p.pieces) {
-        Tensor view = local;
-        for (size_t d = 0; d < piece.shape.size(); ++d)
-          view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
-        fill(piece.global_offsets, view);
-      }
-    }
-  }
-}
+void load_hf_gpt2(const std::string& dir, Stage& stage) { load_hf_weights(dir, stage); }
 
 void save_hf_gpt2(const std::string& dir, const Stage& stage) {
   const Graph& g = stage.graph();

@@ -91,12 +91,12 @@ void prune_checkpoints(const std::string& root, int keep);
 // missing or a shape disagrees.
 void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bool optimizer);
 
-// ---- Hugging Face GPT-2 ----
-// Reads <dir>/config.json as a GPT-2 config (the model JSON to use).
+// ---- Hugging Face (stages/hf.h has the general form) ----
+// Reads <dir>/config.json as a GPT-2 or LLaMA-family config (the model JSON to use).
 nlohmann::json read_hf_config(const std::string& dir);
-// Loads <dir>/model.safetensors into the stage's parameters: names with or without the
-// "transformer." prefix; causal-mask buffers and lm_head.weight (tied) are ignored;
-// F32, F16 and BF16 are converted to the stage's dtype.
+// Loads <dir>'s safetensors (one file or sharded) into the stage's parameters: GPT-2
+// names with or without the "transformer." prefix; causal-mask buffers and a tied
+// lm_head.weight are ignored; F32, F16 and BF16 are converted to the stage's dtype.
 void load_hf_gpt2(const std::string& dir, Stage& stage);
 // Writes the stage's parameters (one process) as <dir>/model.safetensors + config.json
 // that Hugging Face transformers loads.

@@ -230,13 +230,23 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
 json expand_model_json(const json& model, const std::string& source) {
   JsonReader r(model, source);
   r.expect_object();
-  if (r.has("model_type")) return gpt2_graph_json(parse_hf_gpt2_config(r));
+  if (r.has("model_type")) {
+    const std::string mt = r.at("model_type").as_string();
+    if (mt == "gpt2") return gpt2_graph_json(parse_hf_gpt2_config(r));
+    if (mt == "llama" || mt == "mistral" || mt == "qwen2")
+      return llama_graph_json(parse_hf_llama_config(r));
+    r.at("model_type")
+        .fail("a Hugging Face model_type baton reads: \"gpt2\", \"llama\", \"mistral\" or "
+              "\"qwen2\"",
+              "\"" + mt + "\"");
+  }
   std::string type = r.at("type").as_string();
   if (type == "graph") return model;
   if (type == "gpt2") return gpt2_graph_json(parse_gpt2_shorthand(r));
+  if (type == "llama") return llama_graph_json(parse_llama_shorthand(r));
   if (type == "mlp") return mlp_graph_json(parse_mlp_shorthand(r));
   if (type == "resnet") return resnet_graph_json(parse_resnet_shorthand(r));
-  r.at("type").fail("\"graph\", \"gpt2\", \"mlp\" or \"resnet\"");
+  r.at("type").fail("\"graph\", \"gpt2\", \"llama\", \"mlp\" or \"resnet\"");
 }
 
 Graph load_model_json(const json& model, const std::string& source, const LoadOptions& opt) {
@@ -244,7 +254,9 @@ Graph load_model_json(const json& model, const std::string& source, const LoadOp
   bool shorthand = &expanded != &model && expanded != model;
   // Errors inside an expanded shorthand point into the expansion, so they say so.
   std::string where = shorthand ? source + " (expanded " +
-                                      JsonReader(model, source).get_string("type", "gpt2") +
+                                      JsonReader(model, source).get_string(
+                                          "type", JsonReader(model, source).get_string(
+                                                      "model_type", "gpt2")) +
                                       " shorthand)"
                                 : source;
   Graph g = load_graph(JsonReader(expanded, where), opt);

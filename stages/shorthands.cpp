@@ -195,6 +195,280 @@ json gpt2_graph_json(const Gpt2Config& c) {
           {"loss", "loss"}};
 }
 
+// ---- LLaMA family ----
+
+namespace {
+
+void check_llama(const LlamaConfig& c, const JsonReader& r) {
+  const int64_t h = c.num_attention_heads, kv = c.kv_heads();
+  if (c.head_dim == 0 && c.hidden_size % h != 0)
+    r.at("hidden_size").fail("a multiple of num_attention_heads = " + std::to_string(h),
+                             std::to_string(c.hidden_size));
+  if (h % kv != 0)
+    r.at("num_key_value_heads")
+        .fail("a divisor of num_attention_heads = " + std::to_string(h), std::to_string(kv));
+  if (c.head_size() % 2 != 0)
+    (r.has("head_dim") ? r.at("head_dim") : r.at("hidden_size"))
+        .fail("an even head size for rotary embeddings", "head size " +
+                                                             std::to_string(c.head_size()));
+  if (c.seq() > c.max_position_embeddings)
+    r.at("context").fail(
+        "at most max_position_embeddings = " + std::to_string(c.max_position_embeddings),
+        std::to_string(c.context));
+}
+
+// A rope scaling object (rope_scaling, or transformers 5's rope_parameters, which also
+// holds rope_theta): null for the default rope, else the object without rope_theta;
+// types baton does not implement are errors (rotary checks it again).
+nlohmann::json read_rope_object(const JsonReader& obj, bool with_theta) {
+  std::optional<JsonReader> s = obj;
+  s->expect_object();
+  if (with_theta) {
+    json j = s->raw();
+    j.erase("rope_theta");
+    std::string type = j.contains("rope_type") ? j["rope_type"].get<std::string>()
+                                               : j.value("type", std::string("default"));
+    if (type == "default") {
+      s->expect_only({"rope_type", "type", "rope_theta"});
+      return nullptr;
+    }
+  }
+  std::string type = s->has("rope_type") ? s->at("rope_type").as_string()
+                                         : s->get_string("type", "default");
+  if (type != "default" && type != "linear" && type != "llama3")
+    (s->has("rope_type") ? s->at("rope_type") : s->at("type"))
+        .fail("\"default\", \"linear\" or \"llama3\" (the rope scalings baton implements)",
+              "\"" + type + "\"");
+  // Only the fields of that type (HF's own validation warns; baton refuses).
+  if (type == "linear") {
+    if (with_theta)
+      s->expect_only({"rope_type", "type", "factor", "rope_theta"});
+    else
+      s->expect_only({"rope_type", "type", "factor"});
+    s->at("factor").as_double(1e-6, 1e6);
+  } else if (type == "llama3") {
+    if (with_theta)
+      s->expect_only({"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings", "rope_theta"});
+    else
+      s->expect_only({"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings"});
+    for (const char* f : {"factor", "low_freq_factor", "high_freq_factor",
+                          "original_max_position_embeddings"})
+      s->at(f).as_double(1e-6, 1e12);
+  } else {
+    s->expect_only({"rope_type", "type"});
+    return nullptr;
+  }
+  json j = s->raw();
+  j.erase("rope_theta");
+  return j;
+}
+
+nlohmann::json read_rope_scaling(const JsonReader& r) {
+  std::optional<JsonReader> s = r.get("rope_scaling");
+  if (!s || s->raw().is_null()) return nullptr;
+  return read_rope_object(*s, false);
+}
+
+void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
+  c.hidden_size = hf ? r.get_int("hidden_size", 4096, 1, kBig) : r.at("hidden_size").as_int(1, kBig);
+  c.intermediate_size =
+      hf ? r.get_int("intermediate_size", 11008, 1, kBig) : r.at("intermediate_size").as_int(1, kBig);
+  c.num_hidden_layers =
+      hf ? r.get_int("num_hidden_layers", 32, 1, kBig) : r.at("num_hidden_layers").as_int(1, kBig);
+  c.num_attention_heads = hf ? r.get_int("num_attention_heads", 32, 1, kBig)
+                             : r.at("num_attention_heads").as_int(1, kBig);
+  if (auto kv = r.get("num_key_value_heads"); kv && !kv->raw().is_null())
+    c.num_key_value_heads = kv->as_int(1, kBig);
+  if (auto hd = r.get("head_dim"); hd && !hd->raw().is_null()) c.head_dim = hd->as_int(1, kBig);
+  c.vocab_size = hf ? r.get_int("vocab_size", 32000, 1, kBig) : r.at("vocab_size").as_int(1, kBig);
+  c.max_position_embeddings = r.get_int("max_position_embeddings", 2048, 1, kBig);
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6, 0.0, 1.0);
+  c.rope_theta = r.get_double("rope_theta", 10000.0, 1e-6, 1e300);
+  c.initializer_range = r.get_double("initializer_range", 0.02, 0.0, 10.0);
+  c.attention_dropout = r.get_double("attention_dropout", 0.0, 0.0, 0.999);
+  c.rope_scaling = read_rope_scaling(r);
+  // transformers 5 writes rope_theta and the scaling together as rope_parameters.
+  if (auto rp = r.get("rope_parameters"); hf && rp && !rp->raw().is_null()) {
+    if (r.has("rope_scaling") && !r.at("rope_scaling").raw().is_null())
+      r.at("rope_scaling").fail("null beside rope_parameters (give one of them)",
+                                json_brief(r.at("rope_scaling").raw()));
+    rp->expect_object();
+    c.rope_theta = rp->get_double("rope_theta", c.rope_theta, 1e-6, 1e300);
+    c.rope_scaling = read_rope_object(*rp, true);
+  }
+  if (auto a = r.get("hidden_act"); a && a->as_string() != "silu")
+    a->fail("\"silu\" (the only LLaMA activation baton implements)");
+  if (auto p = r.get("pretraining_tp"); p && p->as_int() != 1)
+    p->fail("1 (baton computes the projections whole)");
+}
+
+}  // namespace
+
+json LlamaConfig::to_json() const {
+  json j = {{"type", "llama"},
+            {"name", name},
+            {"hidden_size", hidden_size},
+            {"intermediate_size", intermediate_size},
+            {"num_hidden_layers", num_hidden_layers},
+            {"num_attention_heads", num_attention_heads},
+            {"num_key_value_heads", kv_heads()},
+            {"head_dim", head_size()},
+            {"max_position_embeddings", max_position_embeddings},
+            {"vocab_size", vocab_size},
+            {"context", seq()},
+            {"rms_norm_eps", rms_norm_eps},
+            {"rope_theta", rope_theta},
+            {"rope_scaling", rope_scaling},
+            {"initializer_range", initializer_range},
+            {"attention_dropout", attention_dropout},
+            {"tie_word_embeddings", tie_word_embeddings},
+            {"attention_bias", attention_bias},
+            {"mlp_bias", mlp_bias}};
+  if (qkv_bias) j["qkv_bias"] = true;
+  return j;
+}
+
+LlamaConfig parse_llama_shorthand(const JsonReader& r) {
+  r.expect_only({"type", "name", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "max_position_embeddings", "vocab_size", "context", "rms_norm_eps",
+                 "rope_theta", "rope_scaling", "initializer_range", "attention_dropout",
+                 "tie_word_embeddings", "attention_bias", "qkv_bias", "mlp_bias", "hidden_act",
+                 "pretraining_tp"});
+  LlamaConfig c;
+  c.name = r.get_string("name", "llama");
+  read_llama_fields(c, r, false);
+  c.context = r.get_int("context", 0, 1, kBig);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.attention_bias = r.get_bool("attention_bias", false);
+  c.qkv_bias = r.get_bool("qkv_bias", false);
+  c.mlp_bias = r.get_bool("mlp_bias", false);
+  check_llama(c, r);
+  return c;
+}
+
+LlamaConfig parse_hf_llama_config(const JsonReader& r) {
+  r.expect_object();
+  const std::string type = r.get_string("model_type", "");
+  if (type != "llama" && type != "mistral" && type != "qwen2")
+    r.at("model_type").fail("\"llama\", \"mistral\" or \"qwen2\"");
+  LlamaConfig c;
+  c.name = type;
+  read_llama_fields(c, r, true);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  // A sliding window restricts attention to the last W keys: baton attends to all.
+  auto no_window = [&](const char* field) {
+    if (auto w = r.get(field); w && !w->raw().is_null())
+      w->fail("null (baton has no sliding-window attention)", json_brief(w->raw()));
+  };
+  if (type == "llama") {
+    c.attention_bias = r.get_bool("attention_bias", false);
+    c.mlp_bias = r.get_bool("mlp_bias", false);
+  } else if (type == "mistral") {
+    no_window("sliding_window");
+  } else {  // qwen2: q, k, v have biases; the window applies only with use_sliding_window
+    c.qkv_bias = true;
+    if (r.get_bool("use_sliding_window", false))
+      r.at("use_sliding_window").fail("false (baton has no sliding-window attention)", "true");
+    if (auto lt = r.get("layer_types"); lt && !lt->raw().is_null())
+      for (const JsonReader& l : lt->items())
+        if (l.as_string() != "full_attention")
+          l.fail("\"full_attention\" (baton has no sliding-window attention)");
+  }
+  check_llama(c, r);
+  return c;
+}
+
+json llama_graph_json(const LlamaConfig& c) {
+  const int64_t C = c.hidden_size, T = c.seq(), V = c.vocab_size, F = c.intermediate_size;
+  const int64_t H = c.num_attention_heads, KV = c.kv_heads(), D = c.head_size();
+  const double std = c.initializer_range;
+  json params = json::array();
+  params.push_back(param("model.embed_tokens.weight", {V, C}, normal(std)));
+  json layers = json::array();
+  json embed = json::array();
+  embed.push_back(node("model.embed_tokens", "embedding", {"tokens"},
+                       {{"weight", "model.embed_tokens.weight"}}));
+  layers.push_back({{"name", "embed"}, {"nodes", embed}});
+  std::string x = "model.embed_tokens";
+  const json eps = {{"eps", c.rms_norm_eps}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    json nodes = json::array();
+    // A linear `name` from `in` to `out` features, its parameters, its node.
+    auto linear = [&](const std::string& name, const std::string& input, int64_t in, int64_t out,
+                      bool bias) {
+      params.push_back(param(p + name + ".weight", {out, in}, normal(std)));
+      json slots = {{"weight", p + name + ".weight"}};
+      if (bias) {
+        params.push_back(param(p + name + ".bias", {out}, zeros()));
+        slots["bias"] = p + name + ".bias";
+      }
+      nodes.push_back(node(p + name, "linear", {input}, slots));
+      return p + name;
+    };
+    params.push_back(param(p + "input_layernorm.weight", {C}, ones()));
+    nodes.push_back(node(p + "input_layernorm", "rmsnorm", {x},
+                         {{"weight", p + "input_layernorm.weight"}}, eps));
+    const std::string ln1 = p + "input_layernorm";
+    const bool qkv_b = c.attention_bias || c.qkv_bias;
+    std::string q = linear("self_attn.q_proj", ln1, C, H * D, qkv_b);
+    std::string k = linear("self_attn.k_proj", ln1, C, KV * D, qkv_b);
+    std::string v = linear("self_attn.v_proj", ln1, C, KV * D, qkv_b);
+    json rot = {{"n_head", H}, {"n_kv_head", KV}, {"rope_theta", c.rope_theta}};
+    if (!c.rope_scaling.is_null()) rot["rope_scaling"] = c.rope_scaling;
+    nodes.push_back(node(p + "self_attn.rotary", "rotary", {q, k, v}, json::object(), rot));
+    json att = {{"n_head", H}, {"n_kv_head", KV}};
+    if (c.attention_dropout > 0) att["dropout"] = c.attention_dropout;
+    nodes.push_back(
+        node(p + "self_attn.attn", "attention", {p + "self_attn.rotary"}, json::object(), att));
+    std::string o = linear("self_attn.o_proj", p + "self_attn.attn", H * D, C, c.attention_bias);
+    nodes.push_back(node(p + "add_1", "add", {x, o}));
+    params.push_back(param(p + "post_attention_layernorm.weight", {C}, ones()));
+    nodes.push_back(node(p + "post_attention_layernorm", "rmsnorm", {p + "add_1"},
+                         {{"weight", p + "post_attention_layernorm.weight"}}, eps));
+    const std::string ln2 = p + "post_attention_layernorm";
+    std::string gate = linear("mlp.gate_proj", ln2, C, F, c.mlp_bias);
+    std::string up = linear("mlp.up_proj", ln2, C, F, c.mlp_bias);
+    nodes.push_back(node(p + "mlp.act", "swiglu", {gate, up}));
+    std::string down = linear("mlp.down_proj", p + "mlp.act", F, C, c.mlp_bias);
+    nodes.push_back(node(p + "add_2", "add", {p + "add_1", down}));
+    x = p + "add_2";
+    layers.push_back({{"name", "layers." + std::to_string(i)}, {"nodes", nodes}});
+  }
+  params.push_back(param("model.norm.weight", {C}, ones()));
+  json head = json::array();
+  head.push_back(node("model.norm", "rmsnorm", {x}, {{"weight", "model.norm.weight"}}, eps));
+  std::string head_weight = "model.embed_tokens.weight";
+  if (!c.tie_word_embeddings) {
+    head_weight = "lm_head.weight";
+    params.push_back(param(head_weight, {V, C}, normal(std)));
+  }
+  head.push_back(node("lm_head", "linear", {"model.norm"}, {{"weight", head_weight}}));
+  head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
+  layers.push_back({{"name", "head"}, {"nodes", head}});
+  return {{"type", "graph"},
+          {"name", c.name},
+          {"inputs", json::array({{{"name", "tokens"}, {"shape", {T}}, {"dtype", "i32"}},
+                                  {{"name", "targets"}, {"shape", {T}}, {"dtype", "i32"}}})},
+          {"params", params},
+          {"layers", layers},
+          {"loss", "loss"}};
+}
+
+json hf_config_to_shorthand(const JsonReader& r) {
+  r.expect_object();
+  const std::string type = r.has("model_type") ? r.at("model_type").as_string() : "";
+  if (type == "gpt2") return parse_hf_gpt2_config(r).to_json();
+  if (type == "llama" || type == "mistral" || type == "qwen2")
+    return parse_hf_llama_config(r).to_json();
+  (r.has("model_type") ? r.at("model_type") : r)
+      .fail("a Hugging Face model_type baton reads: \"gpt2\", \"llama\", \"mistral\" or \"qwen2\"",
+            r.has("model_type") ? "\"" + type + "\"" : "no model_type");
+}
+
 MlpConfig parse_mlp_shorthand(const JsonReader& r) {
   r.expect_only({"type", "name", "context", "vocab_size", "n_embd", "hidden", "activation",
                  "init_std"});

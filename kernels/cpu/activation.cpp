@@ -1,4 +1,5 @@
-// GELU (GPT-2's tanh form) and ReLU, forward and backward.
+// GELU (GPT-2's tanh form), ReLU, SiLU and the SwiGLU gate (LLaMA's MLP: silu(gate) *
+// up, fused so neither silu(gate) nor its gradient is ever stored), forward and backward.
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -26,7 +27,84 @@ inline V gelu_grad(V x) {
   return s + T(2) * x * s * (T(1) - s) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
 }
 
+// silu(x) = x s, s = sigmoid(x); silu'(x) = s (1 + x (1 - s)).
+template <class V, class T>
+inline V sigmoid_of(V x) {
+  return vrecip(T(1) + vexp(-x));
+}
+template <class V, class T>
+inline V silu_grad(V x) {
+  const V s = sigmoid_of<V, T>(x);
+  return s * (T(1) + x * (T(1) - s));
+}
+
 }  // namespace
+
+template <class T>
+void silu_forward(const T* x, T* y, int64_t n) {
+  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+    constexpr int64_t L = kLanes<T>;
+    int64_t i = s;
+    for (; i + L <= e; i += L) {
+      const vec<T> v = load(x + i);
+      store(y + i, v * sigmoid_of<vec<T>, T>(v));
+    }
+    for (; i < e; ++i) y[i] = x[i] * sigmoid_of<T, T>(x[i]);
+  });
+}
+
+template <class T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
+  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+    constexpr int64_t L = kLanes<T>;
+    int64_t i = s;
+    if (accumulate) {
+      for (; i + L <= e; i += L)
+        store(dx + i, load(dx + i) + silu_grad<vec<T>, T>(load(x + i)) * load(dy + i));
+      for (; i < e; ++i) dx[i] += silu_grad<T, T>(x[i]) * dy[i];
+    } else {
+      for (; i + L <= e; i += L) store(dx + i, silu_grad<vec<T>, T>(load(x + i)) * load(dy + i));
+      for (; i < e; ++i) dx[i] = silu_grad<T, T>(x[i]) * dy[i];
+    }
+  });
+}
+
+template <class T>
+void swiglu_forward(const T* gate, const T* up, T* y, int64_t n) {
+  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+    constexpr int64_t L = kLanes<T>;
+    int64_t i = s;
+    for (; i + L <= e; i += L) {
+      const vec<T> g = load(gate + i);
+      store(y + i, g * sigmoid_of<vec<T>, T>(g) * load(up + i));
+    }
+    for (; i < e; ++i) y[i] = gate[i] * sigmoid_of<T, T>(gate[i]) * up[i];
+  });
+}
+
+// dgate = dy up silu'(gate), dup = dy silu(gate); one pass, one exp per element.
+template <class T>
+void swiglu_backward(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n,
+                     bool acc_gate, bool acc_up) {
+  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+    constexpr int64_t L = kLanes<T>;
+    auto step = [&]<class V>(int64_t i, V g, V u, V d, auto ld, auto st) {
+      const V sg = sigmoid_of<V, T>(g);
+      const V dg = d * u * (sg * (T(1) + g * (T(1) - sg)));
+      const V du = d * g * sg;
+      if (dgate != nullptr) st(dgate + i, acc_gate ? ld(dgate + i) + dg : dg);
+      if (dup != nullptr) st(dup + i, acc_up ? ld(dup + i) + du : du);
+    };
+    auto vld = [](const T* p) { return load(p); };
+    auto vst = [](T* p, vec<T> v) { store(p, v); };
+    auto sld = [](const T* p) { return *p; };
+    auto sst = [](T* p, T v) { *p = v; };
+    int64_t i = s;
+    for (; i + L <= e; i += L)
+      step.template operator()<vec<T>>(i, load(gate + i), load(up + i), load(dy + i), vld, vst);
+    for (; i < e; ++i) step.template operator()<T>(i, gate[i], up[i], dy[i], sld, sst);
+  });
+}
 
 template <class T>
 void gelu_forward(const T* x, T* y, int64_t n) {
@@ -80,7 +158,11 @@ void relu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
   template void gelu_forward<T>(const T*, T*, int64_t);                  \
   template void gelu_backward<T>(const T*, const T*, T*, int64_t, bool); \
   template void relu_forward<T>(const T*, T*, int64_t);                  \
-  template void relu_backward<T>(const T*, const T*, T*, int64_t, bool);
+  template void relu_backward<T>(const T*, const T*, T*, int64_t, bool);             \
+  template void silu_forward<T>(const T*, T*, int64_t);                              \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t, bool);             \
+  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                  \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, bool, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)
 #undef BATON_INSTANTIATE

@@ -34,12 +34,26 @@ T* scratch(size_t n, int which) {
 }
 
 // The attention geometry of one (batch, head) pair, pointers into qkv-shaped buffers.
+// qkv holds H query heads, then KV key heads, then KV value heads (KV < H: grouped-query
+// attention); query head h reads key/value head kv_of(h).
 struct Geometry {
-  int64_t T, H, D, ld, ldo;  // ld: row stride of qkv, ldo: of out
+  int64_t T, H, KV, D, ld, ldo;  // ld: row stride of qkv, ldo: of out
+  int64_t group, head_offset, kv_offset;
+  int64_t kv_of(int64_t h) const { return (head_offset + h) / group - kv_offset; }
   int64_t q_col(int64_t h) const { return h * D; }
-  int64_t k_col(int64_t h) const { return (H + h) * D; }
-  int64_t v_col(int64_t h) const { return (2 * H + h) * D; }
+  int64_t k_col(int64_t h) const { return (H + kv_of(h)) * D; }
+  int64_t v_col(int64_t h) const { return (H + KV + kv_of(h)) * D; }
+  int64_t kv_k_col(int64_t kv) const { return (H + kv) * D; }
+  int64_t kv_v_col(int64_t kv) const { return (H + KV + kv) * D; }
 };
+
+Geometry geometry_of(const AttentionShape& s, const AttentionOptions& opt) {
+  const int64_t kv = s.kv_heads;
+  const int64_t group = opt.group > 0 ? opt.group : s.heads / kv;
+  const int64_t kv_offset = opt.kv_offset >= 0 ? opt.kv_offset : opt.head_offset / group;
+  return Geometry{s.seq,   s.heads,        kv, s.head_dim, (s.heads + 2 * kv) * s.head_dim,
+                  s.heads * s.head_dim, group, opt.head_offset, kv_offset};
+}
 
 struct Dropout {
   bool on = false;
@@ -127,18 +141,21 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
   }
 }
 
+// acc_q: add into dq (else overwrite); acc_kv: the same for this head's dk and dv, which
+// the query heads of one group share.
 template <class T>
 void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
                    const Geometry& g, const Dropout& dr, T scale, int64_t b, int64_t h,
-                   bool accumulate) {
+                   bool acc_q, bool acc_kv) {
   const int64_t D = g.D, ld = g.ld;
-  if (!accumulate)
-    for (int64_t i = 0; i < g.T; ++i) {
-      T* row = dqkv + (b * g.T + i) * ld;
-      std::fill(row + g.q_col(h), row + g.q_col(h) + D, T(0));
+  for (int64_t i = 0; i < g.T; ++i) {
+    T* row = dqkv + (b * g.T + i) * ld;
+    if (!acc_q) std::fill(row + g.q_col(h), row + g.q_col(h) + D, T(0));
+    if (!acc_kv) {
       std::fill(row + g.k_col(h), row + g.k_col(h) + D, T(0));
       std::fill(row + g.v_col(h), row + g.v_col(h) + D, T(0));
     }
+  }
   T* p = scratch<T>(size_t(kBlockQ * kChunkK), 0);
   T* dp = scratch<T>(size_t(kBlockQ * kChunkK), 1);
   T* pd = dr.on ? scratch<T>(size_t(kBlockQ * kChunkK), 2) : p;  // dropped probabilities
@@ -279,19 +296,18 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
   }
 }
 
+// kt, vt: the keys and values of h's key/value head transposed, [D][round_up(T, 32)].
+// acc_q, acc_kv as in backward_head.
 template <int W>
 void backward_head_fast(const float* qkv, const float* out, const float* lse, const float* dout,
                         float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
-                        int64_t h, bool accumulate) {
+                        int64_t h, bool acc_q, bool acc_kv, const float* kt, const float* vt) {
   const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
   float* p = scratch<float>(size_t(kBlockQ * kChunkK), 0);
   float* dp = scratch<float>(size_t(kBlockQ * kChunkK), 1);
   float* pd = dr.on ? scratch<float>(size_t(kBlockQ * kChunkK), 2) : p;
   float* di = scratch<float>(size_t(kBlockQ), 3);
-  float* kt = scratch<float>(size_t(D * Tp), 4);
-  float* vt = scratch<float>(size_t(D * Tp), 5);
-  tiles::transpose_rows(qkv + b * g.T * ld + g.k_col(h), ld, g.T, D, kt, Tp);
-  tiles::transpose_rows(qkv + b * g.T * ld + g.v_col(h), ld, g.T, D, vt, Tp);
+  const bool accumulate = acc_kv;
   const float* lrow = lse + (b * g.H + h) * g.T;
   for (int64_t i0 = 0; i0 < g.T; i0 += kBlockQ) {
     const int64_t i1 = std::min(g.T, i0 + kBlockQ), rows = i1 - i0;
@@ -355,7 +371,7 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       // dQ += scale dS K (its rows are first written at the first chunk);
       // dK += scale dS^T Q.
       tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld,
-                             accumulate || c0 > 0);
+                             acc_q || c0 > 0);
       by_keys(dp, q, ld, scale, dk);
     }
   }
@@ -393,7 +409,7 @@ bool with_tile_width(int64_t head_dim, F&& f) {
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s,
                        const AttentionOptions& opt) {
-  const Geometry g{s.seq, s.heads, s.head_dim, 3 * s.heads * s.head_dim, s.heads * s.head_dim};
+  const Geometry g = geometry_of(s, opt);
   const Dropout dr = make_dropout(opt, s.heads);
   const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
   const int64_t pairs = s.batch * s.heads, blocks = (s.seq + kBlockQ - 1) / kBlockQ;
@@ -442,22 +458,47 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s,
 template <class T>
 void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
                         const AttentionShape& s, const AttentionOptions& opt, bool accumulate) {
-  const Geometry g{s.seq, s.heads, s.head_dim, 3 * s.heads * s.head_dim, s.heads * s.head_dim};
+  const Geometry g = geometry_of(s, opt);
   const Dropout dr = make_dropout(opt, s.heads);
   const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
-  // One (batch, head) pair per task: its dK and dV sum over all query blocks.
+  // One (batch, key/value head) pair per task: its dK and dV sum over all query blocks of
+  // every query head of its group, which run one after the other.
+  auto per_kv = [&](auto head) {
+    parallel_tasks(s.batch * g.KV, [&](int64_t t) {
+      const int64_t b = t / g.KV, kv = t % g.KV;
+      bool first = true;
+      for (int64_t h = 0; h < g.H; ++h) {
+        if (g.kv_of(h) != kv) continue;
+        head(b, h, accumulate, accumulate || !first, first);
+        first = false;
+      }
+      if (first && !accumulate)  // no local query head reads it: its gradient is zero
+        for (int64_t i = 0; i < g.T; ++i) {
+          T* row = dqkv + (b * g.T + i) * g.ld;
+          std::fill(row + g.kv_k_col(kv), row + g.kv_k_col(kv) + g.D, T(0));
+          std::fill(row + g.kv_v_col(kv), row + g.kv_v_col(kv) + g.D, T(0));
+        }
+    });
+  };
   if constexpr (std::is_same_v<T, float>) {
     if (with_tile_width(s.head_dim, [&](auto w) {
-          parallel_tasks(s.batch * s.heads, [&](int64_t bh) {
-            backward_head_fast<decltype(w)::value>(qkv, out, lse, dout, dqkv, g, dr, scale,
-                                                   bh / s.heads, bh % s.heads, accumulate);
+          const int64_t D = g.D, Tp = round_up(g.T, tiles::kScoreCols);
+          per_kv([&](int64_t b, int64_t h, bool acc_q, bool acc_kv, bool first) {
+            // The group's keys and values are transposed once, for its first head.
+            float* kt = scratch<float>(size_t(D * Tp), 4);
+            float* vt = scratch<float>(size_t(D * Tp), 5);
+            if (first) {
+              tiles::transpose_rows(qkv + b * g.T * g.ld + g.k_col(h), g.ld, g.T, D, kt, Tp);
+              tiles::transpose_rows(qkv + b * g.T * g.ld + g.v_col(h), g.ld, g.T, D, vt, Tp);
+            }
+            backward_head_fast<decltype(w)::value>(qkv, out, lse, dout, dqkv, g, dr, scale, b, h,
+                                                   acc_q, acc_kv, kt, vt);
           });
         }))
       return;
   }
-  parallel_tasks(s.batch * s.heads, [&](int64_t bh) {
-    backward_head<T>(qkv, out, lse, dout, dqkv, g, dr, scale, bh / s.heads, bh % s.heads,
-                     accumulate);
+  per_kv([&](int64_t b, int64_t h, bool acc_q, bool acc_kv, bool) {
+    backward_head<T>(qkv, out, lse, dout, dqkv, g, dr, scale, b, h, acc_q, acc_kv);
   });
 }
 

@@ -59,6 +59,17 @@ void relu_forward(const T* x, T* y, int64_t n);
 template <class T>
 void relu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate);
 
+template <class T>
+void silu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void silu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate);
+template <class T>
+void swiglu_forward(const T* gate, const T* up, T* y, int64_t n);
+// dgate or dup may be null.
+template <class T>
+void swiglu_backward(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n,
+                     bool acc_gate, bool acc_up);
+
 // ---- dropout.cpp ----
 template <class T>
 void dropout_forward(const T* x, T* y, double p, uint64_t seed, uint64_t stream,
@@ -86,6 +97,29 @@ template <class T>
 void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t rows, int64_t cols, bool accumulate);
 
+// ---- rmsnorm.cpp ----
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, double eps, T* y, T* rstd, int64_t rows,
+                     int64_t cols);
+template <class T>
+void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
+                            int64_t rows, int64_t cols, bool accumulate);
+template <class T>
+void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t rows,
+                             int64_t cols, bool accumulate);
+
+// ---- rotary.cpp ----
+// x: [batch, seq, heads * head_dim]; dst rows of dst_ld elements, the heads at dst_col.
+struct RotaryShape {
+  int64_t batch, seq, heads, head_dim, dst_ld, dst_col;
+};
+template <class T>
+void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_freq,
+                    int64_t offset);
+template <class T>
+void rotary_backward(const T* ddst, T* dx, const RotaryShape& s, const double* inv_freq,
+                     int64_t offset, bool accumulate);
+
 // ---- softmax.cpp ----
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols);
@@ -94,7 +128,7 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols
 
 // ---- attention.cpp ----
 struct AttentionShape {
-  int64_t batch, seq, heads, head_dim;
+  int64_t batch, seq, heads, head_dim, kv_heads;
 };
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s,

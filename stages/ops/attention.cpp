@@ -1,6 +1,8 @@
 // attention: causal multi-head self-attention over a fused qkv value (GPT-2's c_attn
-// output). Under tensor parallelism a node holds `n_head` of `global_heads` heads
-// starting at `head_offset` (the offsets place its dropout mask in the logical tensor).
+// output, or rotary's for the LLaMA family), grouped-query when n_kv_head < n_head. Under
+// tensor parallelism a node holds `n_head` of `global_heads` query heads starting at
+// `head_offset` (the offsets place its dropout mask in the logical tensor) and `n_kv_head`
+// key/value heads starting at `kv_offset`, each serving `kv_group` query heads.
 #include <algorithm>
 #include <cmath>
 
@@ -12,9 +14,12 @@ namespace {
 
 const OpSchema& attention_schema() {
   static const OpSchema s{
-      "attention", {"qkv"}, {"y"}, {}, {"n_head", "scale", "dropout", "head_offset", "global_heads"},
-      "causal multi-head self-attention; qkv [T, 3 * n_head * D] holds all queries, then all "
-      "keys, then all values; y [T, n_head * D]"};
+      "attention", {"qkv"}, {"y"}, {},
+      {"n_head", "n_kv_head", "scale", "dropout", "head_offset", "global_heads", "kv_offset",
+       "kv_group"},
+      "causal multi-head self-attention; qkv [T, (n_head + 2 * n_kv_head) * D] holds all "
+      "queries, then all keys, then all values; y [T, n_head * D]; n_kv_head (default "
+      "n_head) < n_head is grouped-query attention"};
   return s;
 }
 
@@ -25,14 +30,32 @@ class Attention final : public OpBase {
     global_heads_ = spec.attrs.get_int("global_heads", heads_, heads_, 1 << 20);
     head_offset_ = spec.attrs.get_int("head_offset", 0, 0, global_heads_ - heads_);
     dropout_ = spec.attrs.get_double("dropout", 0.0, 0.0, 0.999);
+    kv_ = spec.attrs.get_int("n_kv_head", heads_, 1, 1 << 20);
+    const bool local_kv = spec.attrs.has("kv_group");  // a tensor-parallel slice
+    if (!local_kv && heads_ % kv_ != 0)
+      spec.attrs.at("n_kv_head").fail("a divisor of n_head = " + std::to_string(heads_),
+                                      std::to_string(kv_));
+    group_ = spec.attrs.get_int("kv_group", heads_ / kv_, 1, 1 << 20);
+    // By default the key/value heads are those of the local query heads.
+    kv_offset_ = spec.attrs.get_int("kv_offset", head_offset_ / group_, 0, 1 << 20);
+    {
+      const int64_t first = head_offset_ / group_ - kv_offset_;
+      const int64_t last = (head_offset_ + heads_ - 1) / group_ - kv_offset_;
+      if (first < 0 || last >= kv_)
+        spec.attrs.fail_message("query heads " + std::to_string(head_offset_) + ".." +
+                                std::to_string(head_offset_ + heads_ - 1) +
+                                " read key/value heads outside the local " +
+                                std::to_string(kv_offset_) + ".." +
+                                std::to_string(kv_offset_ + kv_ - 1));
+    }
     expect_float_input(spec, 0, 2);
     const Shape& s = spec.inputs[0].shape;
-    if (s.size() != 2 || s[1] % (3 * heads_) != 0)
-      input_json(spec, 0).fail("a value [T, 3 * n_head * D] with n_head = " +
-                                   std::to_string(heads_),
+    if (s.size() != 2 || s[1] % (heads_ + 2 * kv_) != 0)
+      input_json(spec, 0).fail("a value [T, (n_head + 2 * n_kv_head) * D] with n_head = " +
+                                   std::to_string(heads_) + ", n_kv_head = " + std::to_string(kv_),
                                type_str(spec.inputs[0]));
     t_ = s[0];
-    d_ = s[1] / (3 * heads_);
+    d_ = s[1] / (heads_ + 2 * kv_);
     scale_ = spec.attrs.get_double("scale", 1.0 / std::sqrt(double(d_)), 0.0, 1e6);
     out_.push_back({{t_, heads_ * d_}, dtype_, true});
   }
@@ -43,6 +66,9 @@ class Attention final : public OpBase {
   kernels::AttentionOptions options(const OpContext& ctx) const {
     kernels::AttentionOptions o;
     o.heads = heads_;
+    o.kv_heads = kv_;
+    o.group = group_;
+    o.kv_offset = kv_offset_;
     o.scale = scale_;
     o.dropout = ctx.training ? dropout_ : 0.0;
     o.seed = step_seed(ctx.seed, ctx.mb.step);
@@ -90,6 +116,7 @@ class Attention final : public OpBase {
 
  private:
   int64_t heads_ = 1, global_heads_ = 1, head_offset_ = 0, t_ = 0, d_ = 0;
+  int64_t kv_ = 1, group_ = 1, kv_offset_ = 0;
   double scale_ = 1, dropout_ = 0;
 };
 

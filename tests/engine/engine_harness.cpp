@@ -58,6 +58,7 @@ namespace {
 
 int num_layers_of(const json& model) {
   if (model.at("type") == "gpt2") return model.at("n_layer").get<int>() + 2;
+  if (model.at("type") == "llama") return model.at("num_hidden_layers").get<int>() + 2;
   return int(model.at("hidden").size()) + 2;  // embedding, hidden layers, head
 }
 

@@ -151,8 +151,47 @@ TEST(GradCheck, MlpF64) {
   check_whole_model(g, in, 3, 3, seed, 12);
 }
 
+// The LLaMA shorthand in float64: grouped-query attention with rotary positions, RMSNorm,
+// SwiGLU; untied with biases everywhere (Qwen2-style q/k/v and mlp_bias), and tied
+// multi-query with llama3 rope scaling and attention dropout.
+std::shared_ptr<Graph> tiny_llama(const nlohmann::json& extra) {
+  nlohmann::json m = {{"type", "llama"},          {"hidden_size", 16},
+                      {"intermediate_size", 24},  {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"vocab_size", 11},         {"max_position_embeddings", 16},
+                      {"context", 6},             {"rope_theta", 100.0}};
+  m.update(extra);
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  return std::make_shared<Graph>(load_model_json(m, "llama", lo));
+}
+
+TEST(GradCheck, LlamaGqaUntiedWithBiasesF64) {
+  const uint64_t seed = 16;
+  auto g = tiny_llama({{"attention_bias", true}, {"mlp_bias", true}});
+  TensorMap in{{"tokens", random_tokens(2, 6, 11, seed)},
+               {"targets", random_tokens(2, 6, 11, seed + 1)}};
+  check_whole_model(g, in, 2, 12, seed, 12);
+}
+
+TEST(GradCheck, LlamaMqaTiedLlama3RopeWithDropoutF64) {
+  const uint64_t seed = 17;
+  auto g = tiny_llama({{"num_key_value_heads", 1},
+                       {"tie_word_embeddings", true},
+                       {"attention_dropout", 0.2},
+                       {"rope_scaling",
+                        {{"rope_type", "llama3"},
+                         {"factor", 4.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8}}}});
+  TensorMap in{{"tokens", random_tokens(2, 6, 11, seed)},
+               {"targets", random_tokens(2, 6, 11, seed + 1)}};
+  check_whole_model(g, in, 2, 12, seed, 12);
+}
+
 // A general graph with the ops the shorthands do not use: matmul (transposed), softmax,
-// gelu, dropout, add, layernorm and a biased torch-layout linear.
+// gelu, silu, dropout, add, layernorm and a biased torch-layout linear.
 TEST(GradCheck, GeneralGraphF64) {
   const uint64_t seed = 15;
   nlohmann::json m = nlohmann::json::parse(R"({
@@ -170,7 +209,8 @@ TEST(GradCheck, GeneralGraphF64) {
         {"name": "sm", "op": "softmax", "inputs": ["h"], "outputs": ["s"]},
         {"name": "mm", "op": "matmul", "inputs": ["s", "h"], "outputs": ["p"], "attrs": {"trans_b": true}}]},
       {"name": "b", "nodes": [
-        {"name": "g", "op": "gelu", "inputs": ["p"], "outputs": ["q"]},
+        {"name": "g0", "op": "gelu", "inputs": ["p"], "outputs": ["q0"]},
+        {"name": "g", "op": "silu", "inputs": ["q0"], "outputs": ["q"]},
         {"name": "d", "op": "dropout", "inputs": ["q"], "outputs": ["dq"], "attrs": {"p": 0.25}},
         {"name": "r", "op": "add", "inputs": ["dq", "p"], "outputs": ["res"]},
         {"name": "mm2", "op": "matmul", "inputs": ["res", "res"], "outputs": ["sq"], "attrs": {"trans_a": true}},

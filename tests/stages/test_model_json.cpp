@@ -101,7 +101,7 @@ TEST(ModelJson, ShorthandErrors) {
                {"$.context", "at most n_positions = 32"});
   expect_error(R"({"type": "gpt2", "n_layer": 2, "activation_function": "relu", )" + base + "}",
                {"$.activation_function", "gelu_new"});
-  expect_error(R"({"type": "gpt3"})", {"$.type", "\"graph\", \"gpt2\", \"mlp\" or \"resnet\"", "found \"gpt3\""});
+  expect_error(R"({"type": "gpt3"})", {"$.type", "\"graph\", \"gpt2\", \"llama\", \"mlp\" or \"resnet\"", "found \"gpt3\""});
   expect_error(R"([1, 2])", {"m.json: $: expected an object"});
   expect_error(R"({"type": "mlp", "context": 4, "vocab_size": 10, "n_embd": 4, "hidden": [8, -1]})",
                {"$.hidden[1]", "expected an integer in [1, ", "found -1"});

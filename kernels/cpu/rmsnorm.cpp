@@ -1,0 +1,81 @@
+// RMSNorm over the last dimension (LLaMA's): y = weight * x / sqrt(mean(x^2) + eps).
+// Forward saves 1/rms per row; backward splits into the input gradient (per row) and the
+// weight gradient (column sums in row order, so it does not depend on the thread count).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace baton::kernels::cpu {
+
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, double eps, T* y, T* rstd, int64_t rows,
+                     int64_t cols) {
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      const T ms = sum_of<T>(cols, [&](int64_t c) { return xr[c] * xr[c]; }) / T(cols);
+      const T rs = T(1) / std::sqrt(ms + T(eps));
+      // Hugging Face's order: weight * (x * rstd).
+#pragma GCC ivdep
+      for (int64_t c = 0; c < cols; ++c) yr[c] = w[c] * (xr[c] * rs);
+      rstd[r] = rs;
+    }
+  });
+}
+
+// dx = rstd (g - x rstd^2 mean(g x)), g = dy w.
+template <class T>
+void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t rows,
+                            int64_t cols, bool accumulate) {
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * cols;
+      const T* dyr = dy + r * cols;
+      T* dxr = dx + r * cols;
+      const T rs = rstd[r];
+      const T mgx = sum_of<T>(cols, [&](int64_t c) { return dyr[c] * w[c] * xr[c]; }) / T(cols);
+      const T k = rs * rs * mgx;
+      if (accumulate) {
+#pragma GCC ivdep
+        for (int64_t c = 0; c < cols; ++c) dxr[c] += rs * (dyr[c] * w[c] - xr[c] * k);
+      } else {
+#pragma GCC ivdep
+        for (int64_t c = 0; c < cols; ++c) dxr[c] = rs * (dyr[c] * w[c] - xr[c] * k);
+      }
+    }
+  });
+}
+
+template <class T>
+void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t rows,
+                             int64_t cols, bool accumulate) {
+  const int64_t grain = row_grain(rows, 16);
+  parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
+    const int64_t n = c1 - c0;
+    T* acc = dw + c0;
+    if (!accumulate) std::fill(acc, acc + n, T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dyr = dy + r * cols + c0;
+      const T* xr = x + r * cols + c0;
+      const T rs = rstd[r];
+#pragma GCC ivdep
+      for (int64_t c = 0; c < n; ++c) acc[c] += dyr[c] * (xr[c] * rs);
+    }
+  });
+}
+
+#define BATON_INSTANTIATE(T)                                                                   \
+  template void rmsnorm_forward<T>(const T*, const T*, double, T*, T*, int64_t, int64_t);      \
+  template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const T*, T*, int64_t, \
+                                          int64_t, bool);                                      \
+  template void rmsnorm_backward_weight<T>(const T*, const T*, const T*, T*, int64_t, int64_t, \
+                                           bool);
+BATON_INSTANTIATE(float)
+BATON_INSTANTIATE(double)
+#undef BATON_INSTANTIATE
+
+}  // namespace baton::kernels::cpu

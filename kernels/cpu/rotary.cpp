@@ -1,0 +1,102 @@
+// Rotary position embeddings in Hugging Face's rotate-half convention: in each head of D
+// columns, pair column i with column i + D/2 (i < D/2) and rotate the pair by the angle
+// (t + position_offset) * inv_freq[i]. The result is written into (or, backward, read
+// from) a column range of a wider tensor: the fused qkv that attention reads.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/ops.h"
+
+namespace baton::kernels::cpu {
+
+namespace {
+
+// cos and sin of every (position, frequency), [T][D/2] each. Float follows Hugging Face's
+// float32 arithmetic (frequency and position rounded to float, their product in float),
+// so logits agree to float round-off; double is exact.
+template <class T>
+void rotary_tables(const RotaryShape& s, const double* inv_freq, int64_t offset, std::vector<T>& cs,
+                   std::vector<T>& sn) {
+  const int64_t half = s.head_dim / 2;
+  cs.resize(size_t(s.seq * half));
+  sn.resize(size_t(s.seq * half));
+  for (int64_t t = 0; t < s.seq; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double pos = double(t + offset);
+      const double angle =
+          std::is_same_v<T, float> ? double(float(inv_freq[i]) * float(pos)) : inv_freq[i] * pos;
+      cs[size_t(t * half + i)] = T(std::cos(angle));
+      sn[size_t(t * half + i)] = T(std::sin(angle));
+    }
+}
+
+}  // namespace
+
+template <class T>
+void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_freq,
+                    int64_t offset) {
+  thread_local std::vector<T> cs, sn;
+  rotary_tables<T>(s, inv_freq, offset, cs, sn);
+  const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
+  parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* c = cs.data() + (r % s.seq) * half;
+      const T* sv = sn.data() + (r % s.seq) * half;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const T* a = x + r * w + h * D;
+        T* o = dst + r * s.dst_ld + s.dst_col + h * D;
+#pragma GCC ivdep
+        for (int64_t i = 0; i < half; ++i) {
+          const T x1 = a[i], x2 = a[i + half];
+          o[i] = x1 * c[i] - x2 * sv[i];
+          o[i + half] = x2 * c[i] + x1 * sv[i];
+        }
+      }
+    }
+  });
+}
+
+// The transpose of the rotation: rotate back by the same angle.
+template <class T>
+void rotary_backward(const T* ddst, T* dx, const RotaryShape& s, const double* inv_freq,
+                     int64_t offset, bool accumulate) {
+  thread_local std::vector<T> cs, sn;
+  rotary_tables<T>(s, inv_freq, offset, cs, sn);
+  const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
+  parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* c = cs.data() + (r % s.seq) * half;
+      const T* sv = sn.data() + (r % s.seq) * half;
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const T* g = ddst + r * s.dst_ld + s.dst_col + h * D;
+        T* o = dx + r * w + h * D;
+        if (accumulate) {
+#pragma GCC ivdep
+          for (int64_t i = 0; i < half; ++i) {
+            const T g1 = g[i], g2 = g[i + half];
+            o[i] += g1 * c[i] + g2 * sv[i];
+            o[i + half] += g2 * c[i] - g1 * sv[i];
+          }
+        } else {
+#pragma GCC ivdep
+          for (int64_t i = 0; i < half; ++i) {
+            const T g1 = g[i], g2 = g[i + half];
+            o[i] = g1 * c[i] + g2 * sv[i];
+            o[i + half] = g2 * c[i] - g1 * sv[i];
+          }
+        }
+      }
+    }
+  });
+}
+
+#define BATON_INSTANTIATE(T)                                                                 \
+  template void rotary_forward<T>(const T*, T*, const RotaryShape&, const double*, int64_t); \
+  template void rotary_backward<T>(const T*, T*, const RotaryShape&, const double*, int64_t, bool);
+BATON_INSTANTIATE(float)
+BATON_INSTANTIATE(double)
+#undef BATON_INSTANTIATE
+
+}  // namespace baton::kernels::cpu

@@ -1,0 +1,304 @@
+#include "stages/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/ops.h"
+#include "memory/error.h"
+#include "stages/json_reader.h"
+#include "stages/shorthands.h"
+
+namespace baton::stages {
+
+using nlohmann::json;
+
+namespace {
+
+// The model's hyper-parameters as the generator needs them.
+struct Spec {
+  bool llama = false;
+  int64_t layers = 0, C = 0, H = 0, KV = 0, D = 0, V = 0, max_pos = 0;
+  double eps = 1e-5;
+  std::vector<double> inv_freq;
+  bool tied = true;
+};
+
+Spec spec_of(const Graph& g) {
+  JsonReader r(g.config, g.source);
+  json sh = g.config.is_object() && g.config.contains("model_type") ? hf_config_to_shorthand(r)
+                                                                    : g.config;
+  const std::string type =
+      sh.is_object() && sh.contains("type") ? sh["type"].get<std::string>() : "";
+  Spec s;
+  if (type == "gpt2") {
+    Gpt2Config c = parse_gpt2_shorthand(JsonReader(sh, g.source));
+    s.layers = c.n_layer;
+    s.C = c.n_embd;
+    s.H = s.KV = c.n_head;
+    s.D = c.n_embd / c.n_head;
+    s.V = c.vocab_size;
+    s.max_pos = c.n_positions;
+    s.eps = c.layer_norm_epsilon;
+    return s;
+  }
+  if (type == "llama") {
+    LlamaConfig c = parse_llama_shorthand(JsonReader(sh, g.source));
+    s.llama = true;
+    s.layers = c.num_hidden_layers;
+    s.C = c.hidden_size;
+    s.H = c.num_attention_heads;
+    s.KV = c.kv_heads();
+    s.D = c.head_size();
+    s.V = c.vocab_size;
+    s.max_pos = c.max_position_embeddings;
+    s.eps = c.rms_norm_eps;
+    s.tied = c.tie_word_embeddings;
+    // The rotary op's frequencies: read from the graph's first rotary node (its attrs
+    // hold rope_theta and rope_scaling exactly as the model trains with).
+    kernels::RopeScaling sc;
+    if (!c.rope_scaling.is_null()) {
+      const json& j = c.rope_scaling;
+      const std::string t = j.contains("rope_type") ? j["rope_type"].get<std::string>()
+                                                    : j.value("type", std::string("default"));
+      if (t == "linear") {
+        sc.kind = kernels::RopeScaling::Kind::linear;
+        sc.factor = j["factor"].get<double>();
+      } else if (t == "llama3") {
+        sc.kind = kernels::RopeScaling::Kind::llama3;
+        sc.factor = j["factor"].get<double>();
+        sc.low_freq_factor = j["low_freq_factor"].get<double>();
+        sc.high_freq_factor = j["high_freq_factor"].get<double>();
+        sc.original_max_position_embeddings = j["original_max_position_embeddings"].get<double>();
+      }
+    }
+    s.inv_freq = kernels::rope_inv_freq(s.D, c.rope_theta, sc);
+    return s;
+  }
+  throw InputError(g.source + ": generation needs a gpt2 or llama model");
+}
+
+}  // namespace
+
+struct Generator::Impl {
+  const Stage& st;
+  Spec s;
+  int64_t cap = 0, pos = 0;
+  std::vector<Tensor> kcache, vcache;  // per layer [cap, KV * D], float
+
+  Impl(const Stage& stage, int64_t max_positions) : st(stage), s(spec_of(stage.graph())) {
+    if (!st.is_first() || !st.is_last())
+      throw RuntimeError("generation needs the whole model in one stage");
+    cap = std::min(max_positions, s.max_pos);
+    for (int64_t l = 0; l < s.layers; ++l) {
+      kcache.push_back(Tensor::zeros({cap, s.KV * s.D}));
+      vcache.push_back(Tensor::zeros({cap, s.KV * s.D}));
+    }
+  }
+
+  Tensor p(const std::string& name) const { return st.param(name).to(memory::DType::f32); }
+  Tensor maybe(const std::string& name) const {
+    return st.graph().find_param(name) >= 0 ? p(name) : Tensor();
+  }
+
+  // y = x W^T (+ b) for x [n, in], W [out, in] (or [in, out] for GPT-2's Conv1D).
+  static Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool in_out) {
+    const int64_t out = in_out ? w.size(1) : w.size(0);
+    Tensor y = Tensor::empty({x.size(0), out});
+    kernels::linear_forward(
+        x, w, b, in_out ? kernels::WeightLayout::in_out : kernels::WeightLayout::out_in, y);
+    return y;
+  }
+
+  // Causal attention of n new queries q [n, H D] at positions pos..pos+n-1 against the
+  // cache (keys and values of positions 0..pos+n-1 already stored); out [n, H D].
+  Tensor attend(const Tensor& q, int64_t l, int64_t n) const {
+    const int64_t H = s.H, KV = s.KV, D = s.D, G = H / KV;
+    Tensor out = Tensor::zeros({n, H * D});
+    const float* qd = q.data<float>();
+    const float* kd = kcache[size_t(l)].data<float>();
+    const float* vd = vcache[size_t(l)].data<float>();
+    float* od = out.data<float>();
+    const double scale = 1.0 / std::sqrt(double(D));
+    std::vector<double> sc(size_t(pos + n));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t last = pos + i, kvh = h / G;
+        double mx = -1e300;
+        for (int64_t j = 0; j <= last; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e)
+            d += double(qd[i * H * D + h * D + e]) * double(kd[j * KV * D + kvh * D + e]);
+          sc[size_t(j)] = d * scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= last; ++j) sum += (sc[size_t(j)] = std::exp(sc[size_t(j)] - mx));
+        for (int64_t j = 0; j <= last; ++j) {
+          const double w = sc[size_t(j)] / sum;
+          for (int64_t e = 0; e < D; ++e)
+            od[i * H * D + h * D + e] += float(w * double(vd[j * KV * D + kvh * D + e]));
+        }
+      }
+    return out;
+  }
+
+  std::vector<float> feed(const std::vector<int32_t>& tokens) {
+    const int64_t n = int64_t(tokens.size());
+    if (n == 0) throw InputError("generation: nothing to feed");
+    if (pos + n > cap)
+      throw InputError("generation: " + std::to_string(pos + n) + " positions exceed the model's " +
+                       std::to_string(cap));
+    for (int32_t t : tokens)
+      if (t < 0 || t >= s.V)
+        throw InputError("generation: token id " + std::to_string(t) +
+                         " outside the vocabulary [0, " + std::to_string(s.V) + ")");
+    const Tensor ids = Tensor::from_vector(std::vector<int32_t>(tokens), {n});
+    const std::string emb = s.llama ? "model.embed_tokens.weight" : "wte.weight";
+    Tensor x = Tensor::empty({n, s.C});
+    kernels::embedding_forward(ids, p(emb), 0, x, false);
+    if (!s.llama) {
+      Tensor wpe = p("wpe.weight").narrow(0, pos, n).contiguous();
+      kernels::add_inplace(x, wpe);
+    }
+    auto norm = [&](const Tensor& in, const std::string& name) {
+      Tensor y = Tensor::empty(in.shape());
+      Tensor rstd = Tensor::empty({in.size(0)}), mean = Tensor::empty({in.size(0)});
+      if (s.llama)
+        kernels::rmsnorm_forward(in, p(name + ".weight"), s.eps, y, rstd);
+      else
+        kernels::layernorm_forward(in, p(name + ".weight"), p(name + ".bias"), s.eps, y, mean,
+                                   rstd);
+      return y;
+    };
+    const int64_t qd = s.H * s.D, kvd = s.KV * s.D;
+    for (int64_t l = 0; l < s.layers; ++l) {
+      Tensor q;
+      Tensor kc = kcache[size_t(l)].narrow(0, pos, n), vc = vcache[size_t(l)].narrow(0, pos, n);
+      if (s.llama) {
+        const std::string pre = "model.layers." + std::to_string(l) + ".";
+        Tensor h = norm(x, pre + "input_layernorm");
+        const std::string at = pre + "self_attn.";
+        Tensor qq = linear(h, p(at + "q_proj.weight"), maybe(at + "q_proj.bias"), false);
+        Tensor kk = linear(h, p(at + "k_proj.weight"), maybe(at + "k_proj.bias"), false);
+        Tensor vv = linear(h, p(at + "v_proj.weight"), maybe(at + "v_proj.bias"), false);
+        Tensor qkv = Tensor::empty({1, n, qd + 2 * kvd});
+        kernels::RotaryOptions ro{s.H, &s.inv_freq, pos};
+        kernels::rotary_forward(qq.view({1, n, qd}), ro, qkv, 0);
+        ro.heads = s.KV;
+        kernels::rotary_forward(kk.view({1, n, kvd}), ro, qkv, qd);
+        q = qkv.view({n, qd + 2 * kvd}).narrow(1, 0, qd).contiguous();
+        kc.copy_from(qkv.view({n, qd + 2 * kvd}).narrow(1, qd, kvd));
+        vc.copy_from(vv);
+        Tensor o = attend(q, l, n);
+        kernels::add_inplace(x,
+                             linear(o, p(at + "o_proj.weight"), maybe(at + "o_proj.bias"), false));
+        Tensor h2 = norm(x, pre + "post_attention_layernorm");
+        const std::string m = pre + "mlp.";
+        Tensor gate = linear(h2, p(m + "gate_proj.weight"), maybe(m + "gate_proj.bias"), false);
+        Tensor up = linear(h2, p(m + "up_proj.weight"), maybe(m + "up_proj.bias"), false);
+        Tensor act = Tensor::empty(gate.shape());
+        kernels::swiglu_forward(gate, up, act);
+        kernels::add_inplace(
+            x, linear(act, p(m + "down_proj.weight"), maybe(m + "down_proj.bias"), false));
+      } else {
+        const std::string pre = "h." + std::to_string(l) + ".";
+        Tensor h = norm(x, pre + "ln_1");
+        Tensor qkv = linear(h, p(pre + "attn.c_attn.weight"), p(pre + "attn.c_attn.bias"), true);
+        q = qkv.narrow(1, 0, qd).contiguous();
+        kc.copy_from(qkv.narrow(1, qd, kvd));
+        vc.copy_from(qkv.narrow(1, qd + kvd, kvd));
+        Tensor o = attend(q, l, n);
+        kernels::add_inplace(
+            x, linear(o, p(pre + "attn.c_proj.weight"), p(pre + "attn.c_proj.bias"), true));
+        Tensor h2 = norm(x, pre + "ln_2");
+        Tensor f = linear(h2, p(pre + "mlp.c_fc.weight"), p(pre + "mlp.c_fc.bias"), true);
+        Tensor act = Tensor::empty(f.shape());
+        kernels::gelu_forward(f, act);
+        kernels::add_inplace(
+            x, linear(act, p(pre + "mlp.c_proj.weight"), p(pre + "mlp.c_proj.bias"), true));
+      }
+    }
+    pos += n;
+    // Only the last position's logits are needed.
+    Tensor last = x.narrow(0, n - 1, 1).contiguous();
+    Tensor hn = norm(last, s.llama ? "model.norm" : "ln_f");
+    const std::string head =
+        s.llama ? (s.tied ? "model.embed_tokens.weight" : "lm_head.weight") : "wte.weight";
+    Tensor logits = linear(hn, p(head), Tensor(), false);
+    return logits.to_vector<float>();
+  }
+};
+
+Generator::Generator(const Stage& stage, int64_t max_positions)
+    : impl_(std::make_unique<Impl>(stage, max_positions)) {}
+Generator::~Generator() = default;
+std::vector<float> Generator::feed(const std::vector<int32_t>& tokens) {
+  return impl_->feed(tokens);
+}
+int64_t Generator::position() const {
+  return impl_->pos;
+}
+int64_t Generator::vocab_size() const {
+  return impl_->s.V;
+}
+
+namespace {
+uint64_t splitmix(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng) {
+  if (opt.temperature <= 0)
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  size_t keep = idx.size();
+  if (opt.top_k > 0) keep = std::min(keep, size_t(opt.top_k));
+  std::vector<double> pr(keep);
+  const double mx = logits[size_t(idx[0])];
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i)
+    sum += (pr[i] = std::exp((double(logits[size_t(idx[i])]) - mx) / opt.temperature));
+  if (opt.top_p < 1) {
+    double acc = 0;
+    size_t n = 0;
+    while (n < keep) {
+      acc += pr[n++] / sum;
+      if (acc >= opt.top_p) break;
+    }
+    keep = n;
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += pr[i];
+  }
+  const double u = double(splitmix(rng) >> 11) * 0x1.0p-53 * sum;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += pr[i];
+    if (u < acc) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
+                              int64_t max_new, const SampleOptions& opt, int32_t stop) {
+  Generator gen(stage, int64_t(prompt.size()) + max_new);
+  uint64_t rng = opt.seed;
+  std::vector<int32_t> out;
+  std::vector<float> logits = gen.feed(prompt);
+  for (int64_t i = 0; i < max_new; ++i) {
+    const int32_t t = sample_token(logits, opt, rng);
+    out.push_back(t);
+    if (t == stop || i + 1 == max_new) break;
+    logits = gen.feed({t});
+  }
+  return out;
+}
+
+}  // namespace baton::stages

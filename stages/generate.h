@@ -1,0 +1,46 @@
+// Autoregressive generation with a key/value cache for the decoder families baton reads
+// (GPT-2 and the LLaMA family), on one process from a whole-model Stage's parameters:
+// the prompt is fed once (prefill), then one token per step attends to the cached keys
+// and values of all earlier positions. Sampling: greedy at temperature 0, otherwise
+// softmax(logits / T) restricted by top-k and top-p, from a seeded generator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "stages/stage.h"
+
+namespace baton::stages {
+
+struct SampleOptions {
+  double temperature = 0;  // 0: greedy (argmax)
+  int64_t top_k = 0;       // 0: all tokens
+  double top_p = 1;        // nucleus: the smallest set with probability >= top_p
+  uint64_t seed = 0;
+};
+
+class Generator {
+ public:
+  // `stage` holds every layer of a gpt2 or llama model (shorthand or Hugging Face config),
+  // unsplit; it must outlive the generator. max_positions bounds prompt + new tokens.
+  Generator(const Stage& stage, int64_t max_positions);
+  ~Generator();
+  // Appends tokens to the sequence and returns the logits (float, [vocab]) after the last.
+  std::vector<float> feed(const std::vector<int32_t>& tokens);
+  int64_t position() const;  // tokens fed so far
+  int64_t vocab_size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The next token from logits under the sampling options (rng state advanced).
+int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng);
+
+// The max_new tokens that follow the prompt (fewer when `stop` >= 0 is drawn).
+std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
+                              int64_t max_new, const SampleOptions& opt, int32_t stop = -1);
+
+}  // namespace baton::stages

@@ -1,0 +1,333 @@
+#include "stages/hf.h"
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "stages/json_reader.h"
+#include "stages/shorthands.h"
+
+namespace baton::stages {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json read_hf_model_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  if (!fs::exists(path))
+    throw InputError(path + ": no such file (a Hugging Face model directory has config.json)");
+  json j = read_json_file(path);
+  hf_config_to_shorthand(JsonReader(j, path));  // validates
+  return j;
+}
+
+HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
+  const std::string single = dir_ + "/model.safetensors";
+  index_path_ = dir_ + "/model.safetensors.index.json";
+  if (fs::exists(index_path_)) {
+    json j = read_json_file(index_path_);
+    JsonReader r(j, index_path_);
+    r.expect_object();
+    JsonReader map = r.at("weight_map");
+    map.expect_object();
+    for (const std::string& name : map.keys()) {
+      std::string file = map.at(name).as_string();
+      if (file.empty() || file.find('/') != std::string::npos || file == "..")
+        map.at(name).fail("a file name inside the directory", "\"" + file + "\"");
+      if (!fs::exists(dir_ + "/" + file))
+        map.at(name).fail_message("tensor '" + name + "' is in " + file +
+                                  ", which does not exist in " + dir_);
+      where_[name] = file;
+    }
+    return;
+  }
+  if (!fs::exists(single))
+    throw InputError(dir_ + ": no model.safetensors and no model.safetensors.index.json");
+  auto f = std::make_unique<SafetensorsReader>(single);
+  for (const SafetensorsEntry& e : f->entries()) where_[e.name] = "model.safetensors";
+  files_["model.safetensors"] = std::move(f);
+}
+
+const SafetensorsEntry* HfCheckpoint::find(const std::string& name,
+                                           const SafetensorsReader** file) {
+  auto it = where_.find(name);
+  if (it == where_.end()) return nullptr;
+  auto& f = files_[it->second];
+  if (!f) f = std::make_unique<SafetensorsReader>(dir_ + "/" + it->second);
+  const SafetensorsEntry* e = f->find(name);
+  if (e == nullptr)
+    throw InputError(index_path_ + ": names " + it->second + " for tensor '" + name +
+                     "', but that file has no such tensor");
+  *file = f.get();
+  return e;
+}
+
+std::vector<std::string> HfCheckpoint::opened() const {
+  std::vector<std::string> v;
+  for (const auto& [name, f] : files_)
+    if (f) v.push_back(name);
+  return v;
+}
+
+std::vector<std::string> HfCheckpoint::names() const {
+  std::vector<std::string> v;
+  for (const auto& [name, f] : where_) v.push_back(name);
+  return v;
+}
+
+namespace {
+bool is_gpt2(const Graph& g) {
+  const json& c = g.config;
+  return c.is_object() && ((c.contains("model_type") && c["model_type"] == "gpt2") ||
+                           (c.contains("type") && c["type"] == "gpt2"));
+}
+}  // namespace
+
+std::string hf_tensor_name(const Graph& g, const std::string& param) {
+  return is_gpt2(g) ? "transformer." + param : param;
+}
+
+void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
+  const Graph& g = stage.graph();
+  for (int id : stage.param_ids()) {
+    const Param& p = g.params[size_t(id)];
+    const SafetensorsReader* file = nullptr;
+    const std::string stored = hf_tensor_name(g, p.name);
+    const SafetensorsEntry* e = ckpt.find(stored, &file);
+    if (e == nullptr && stored != p.name) e = ckpt.find(p.name, &file);
+    if (e == nullptr)
+      throw InputError(ckpt.dir() + ": no tensor '" + stored + "', which the model needs (" +
+                       (fs::exists(ckpt.dir() + "/model.safetensors.index.json")
+                            ? "not in model.safetensors.index.json"
+                            : "not in model.safetensors") +
+                       ")");
+    if (e->shape != p.logical_shape)
+      throw InputError(file->path() + ": tensor '" + e->name + "' has shape " +
+                       memory::shape_str(e->shape) + ", the model's '" + p.name + "' is " +
+                       memory::shape_str(p.logical_shape));
+    DType dt;
+    if (!safetensors_dtype(e->dtype, dt) || !memory::is_floating(dt))
+      throw InputError(file->path() + ": tensor '" + e->name + "' has dtype " + e->dtype +
+                       ", expected F32, F16, BF16 or F64");
+    Tensor& local = stage.param(id);
+    auto fill = [&](const Shape& offsets, Tensor view) {
+      Tensor tmp = Tensor::empty(view.shape(), dt);
+      file->read_block(*e, offsets, tmp);
+      view.copy_from(tmp.to(view.dtype()).to(view.device()));
+    };
+    if (!p.is_shard()) {
+      fill(Shape(p.shape.size(), 0), local);
+      continue;
+    }
+    for (const ParamPiece& piece : p.pieces) {
+      Tensor view = local;
+      for (size_t d = 0; d < piece.shape.size(); ++d)
+        view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
+      fill(piece.global_offsets, view);
+    }
+  }
+}
+
+void load_hf_weights(const std::string& dir, Stage& stage) {
+  HfCheckpoint c(dir);
+  load_hf_weights(c, stage);
+}
+
+// ---- writing ----
+
+json hf_config_of(const Graph& g, DType dtype) {
+  JsonReader r(g.config, g.source);
+  json sh;
+  if (g.config.is_object() && g.config.contains("model_type"))
+    sh = hf_config_to_shorthand(r);
+  else
+    sh = g.config;
+  const std::string type =
+      sh.is_object() && sh.contains("type") ? sh["type"].get<std::string>() : "";
+  const std::string torch_dtype = dtype == DType::bf16  ? "bfloat16"
+                                  : dtype == DType::f16 ? "float16"
+                                                        : "float32";
+  if (type == "gpt2") {
+    Gpt2Config c = parse_gpt2_shorthand(JsonReader(sh, g.source));
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"n_positions", c.n_positions},
+            {"n_ctx", c.n_positions},
+            {"vocab_size", c.vocab_size},
+            {"n_inner", c.n_inner > 0 ? json(c.n_inner) : json(nullptr)},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", c.layer_norm_epsilon},
+            {"initializer_range", c.initializer_range},
+            {"embd_pdrop", c.embd_pdrop},
+            {"resid_pdrop", c.resid_pdrop},
+            {"attn_pdrop", c.attn_pdrop},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", torch_dtype}};
+  }
+  if (type == "llama") {
+    LlamaConfig c = parse_llama_shorthand(JsonReader(sh, g.source));
+    // Biases on q, k, v alone exist only in Qwen2; everything else is a LlamaForCausalLM.
+    const bool qwen = c.qkv_bias && !c.attention_bias;
+    json j = {{"model_type", qwen ? "qwen2" : "llama"},
+              {"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+              {"hidden_size", c.hidden_size},
+              {"intermediate_size", c.intermediate_size},
+              {"num_hidden_layers", c.num_hidden_layers},
+              {"num_attention_heads", c.num_attention_heads},
+              {"num_key_value_heads", c.kv_heads()},
+              {"head_dim", c.head_size()},
+              {"max_position_embeddings", c.max_position_embeddings},
+              {"vocab_size", c.vocab_size},
+              {"rms_norm_eps", c.rms_norm_eps},
+              {"rope_theta", c.rope_theta},
+              {"rope_scaling", c.rope_scaling},
+              {"hidden_act", "silu"},
+              {"initializer_range", c.initializer_range},
+              {"attention_dropout", c.attention_dropout},
+              {"tie_word_embeddings", c.tie_word_embeddings},
+              {"torch_dtype", torch_dtype}};
+    if (qwen) {
+      j["use_sliding_window"] = false;
+    } else {
+      j["attention_bias"] = c.attention_bias;
+      j["mlp_bias"] = c.mlp_bias;
+    }
+    if (qwen && c.mlp_bias)
+      throw InputError(g.source +
+                       ": a model with biases on q, k, v only and on the MLP has no "
+                       "Hugging Face architecture");
+    return j;
+  }
+  throw InputError(g.source +
+                   ": only gpt2 and llama models (shorthands or Hugging Face "
+                   "configs) can be written in the Hugging Face layout");
+}
+
+namespace {
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw RuntimeError(tmp + ": cannot create");
+    out << text;
+    out.flush();
+    if (!out) throw RuntimeError(tmp + ": write error");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+}  // namespace
+
+void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTensor>& tensors,
+              const HfWriteOptions& opt) {
+  if (opt.dtype != DType::f32 && opt.dtype != DType::bf16 && opt.dtype != DType::f16)
+    throw InputError("Hugging Face weights are written as f32, bf16 or f16, not " +
+                     std::string(memory::dtype_name(opt.dtype)));
+  json config = hf_config_of(g, opt.dtype);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw RuntimeError(dir + ": cannot create: " + ec.message());
+  // Stored names and dtype; GPT-2's tied head has no tensor of its own.
+  std::vector<NamedTensor> out;
+  for (const NamedTensor& t : tensors)
+    out.push_back({hf_tensor_name(g, t.name),
+                   t.tensor.dtype() == opt.dtype ? t.tensor : t.tensor.to(opt.dtype)});
+  // Consecutive tensors into shards of at most max_shard_bytes.
+  std::vector<std::vector<NamedTensor>> shards(1);
+  uint64_t used = 0;
+  for (NamedTensor& t : out) {
+    const uint64_t b = t.tensor.nbytes();
+    if (opt.max_shard_bytes > 0 && used > 0 && used + b > opt.max_shard_bytes) {
+      shards.emplace_back();
+      used = 0;
+    }
+    shards.back().push_back(std::move(t));
+    used += b;
+  }
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  // Old weight files first: a directory never mixes two exports' shards.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 12 && name.substr(name.size() - 12) == ".safetensors")
+      fs::remove(e.path(), ec);
+  }
+  fs::remove(dir + "/model.safetensors.index.json", ec);
+  if (shards.size() == 1) {
+    write_safetensors(dir + "/model.safetensors.tmp", shards[0], meta);
+    fs::rename(dir + "/model.safetensors.tmp", dir + "/model.safetensors", ec);
+    if (ec) throw RuntimeError(dir + "/model.safetensors: cannot rename: " + ec.message());
+  } else {
+    json weight_map = json::object();
+    uint64_t total = 0;
+    const size_t n = shards.size();
+    for (size_t i = 0; i < n; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+      const std::string path = dir + "/" + name;
+      write_safetensors(path + ".tmp", shards[i], meta);
+      fs::rename(path + ".tmp", path, ec);
+      if (ec) throw RuntimeError(path + ": cannot rename: " + ec.message());
+      for (const NamedTensor& t : shards[i]) {
+        weight_map[t.name] = name;
+        total += t.tensor.nbytes();
+      }
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
+}
+
+void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& opt) {
+  const Graph& g = stage.graph();
+  BATON_CHECK(stage.is_first() && stage.is_last(), "save_hf needs the whole model");
+  std::vector<NamedTensor> tensors;
+  for (int id : stage.param_ids()) {
+    const stages::Param& p = g.params[size_t(id)];
+    BATON_CHECK(!p.is_shard(), "save_hf of a split parameter " + p.name);
+    tensors.push_back({p.name, stage.param(id)});
+  }
+  write_hf(dir, g, tensors, opt);
+}
+
+uint64_t parse_byte_size(const std::string& text, const std::string& where) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw InputError(where + ": expected a size such as 5GB, 200MB or 1000, found \"" + text +
+                     "\"");
+  }
+  std::string unit = text.substr(pos);
+  for (char& ch : unit) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  double m = 1;
+  if (unit == "" || unit == "B")
+    m = 1;
+  else if (unit == "KB")
+    m = 1e3;
+  else if (unit == "MB")
+    m = 1e6;
+  else if (unit == "GB")
+    m = 1e9;
+  else if (unit == "KIB")
+    m = 1024;
+  else if (unit == "MIB")
+    m = 1024.0 * 1024;
+  else if (unit == "GIB")
+    m = 1024.0 * 1024 * 1024;
+  else
+    throw InputError(where + ": expected a size such as 5GB, 200MB or 1000, found \"" + text +
+                     "\"");
+  if (!(v > 0)) throw InputError(where + ": the size must be positive, found \"" + text + "\"");
+  return uint64_t(v * m);
+}
+
+}  // namespace baton::stages

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Hugging Face both ways and generation from the command line: train a LLaMA from a
+# transformers checkpoint, export it (sharded, bf16), sample from the checkpoint and from
+# the export, greedy ids equal transformers' continuation; bad input exits 2 naming the
+# file.
+set -u
+baton="$1"
+root="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+. "$(dirname "$0")/../cli_helpers.sh"
+fx="$root/tests/fixtures"
+data="$root/examples/data/licenses.txt"
+
+# Greedy from the transformers checkpoint: the fixture's continuation.
+want=$(/usr/bin/python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['greedy'])))" "$fx/llama_gqa/expected.json")
+prompt=$(/usr/bin/python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt'])))" "$fx/llama_gqa/expected.json")
+expect 0 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids "$prompt" --max-new-tokens 10
+contains "tokens/s"
+if [ "$(head -n 1 "$tmp/out")" != "$want" ] && ! grep -qxF "$want" "$tmp/out"; then
+  echo "FAIL: greedy ids differ from transformers' ($want):"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+# A byte-level model takes text.
+expect 0 "$baton" generate --init-from "$fx/qwen2_sharded" --prompt "pipeline st" --max-new-tokens 5 \
+  --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4
+contains "tokens/s"
+
+# Train a few steps from it with checkpoints, export, sample.
+expect 0 "$baton" train --init-from "$fx/llama_gqa" --data "$data" --steps 2 --batch 2 \
+  --checkpoint-dir "$tmp/ckpt" --checkpoint-every 2
+expect 0 "$baton" export --checkpoint "$tmp/ckpt" --out "$tmp/hf" --max-shard-size 40KB --dtype bf16
+test -f "$tmp/hf/model.safetensors.index.json" || { echo "FAIL: no shard index"; fails=$((fails + 1)); }
+test -f "$tmp/hf/config.json" || { echo "FAIL: no config.json"; fails=$((fails + 1)); }
+expect 0 "$baton" generate --checkpoint "$tmp/ckpt" --prompt "baton " --max-new-tokens 4
+contains "tokens/s"
+expect 0 "$baton" generate --init-from "$tmp/hf" --prompt "baton " --max-new-tokens 4
+contains "tokens/s"
+
+# Bad input: exit 2 with the file named.
+expect 2 "$baton" export --checkpoint "$tmp/none" --out "$tmp/x"
+contains "$tmp/none"
+expect 2 "$baton" export --checkpoint "$tmp/ckpt" --out "$tmp/x" --dtype f8
+contains "--dtype"
+cp -r "$fx/qwen2_sharded" "$tmp/bad"
+sed -i 's/model-00002-of-00002.safetensors/model-00009-of-00009.safetensors/' "$tmp/bad/model.safetensors.index.json"
+expect 2 "$baton" generate --init-from "$tmp/bad" --prompt-ids 1,2 --max-new-tokens 2
+contains "model.safetensors.index.json"
+contains "model-00009-of-00009.safetensors"
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,999 --max-new-tokens 2
+contains "999"
+expect 2 "$baton" train --init-from "$tmp/bad" --data "$data" --steps 1
+contains "model-00009-of-00009.safetensors"
+
+if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "all passed"

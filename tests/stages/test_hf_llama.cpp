@@ -1,0 +1,411 @@
+// LLaMA-family models saved by Hugging Face transformers (tests/fixtures/llama_gqa,
+// llama_mqa_tied, qwen2_sharded; made by tests/fixtures/make_llama_fixture.py) load into
+// baton from their config.json and safetensors (one file F32, one file F16, BF16 shards
+// with an index) and give the logits and loss transformers computed (float32, 1e-5
+// relative), the same gradients (float64 within 1e-5, float32 within 1e-4: norms and
+// sampled entries; transformers' float64 keeps float32 rotary angles) and transformers' greedy
+// continuation; export writes the F32 tensors back bit for bit. Bad directories are InputErrors
+// naming the file and the tensor.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "stages/checkpoint.h"
+#include "stages/generate.h"
+#include "stages/hf.h"
+#include "stages/json_reader.h"
+#include "tests/stages/helpers.h"
+
+namespace baton::stages {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(BATON_SOURCE_DIR) + "/tests/fixtures/" + name;
+}
+
+struct Fixture {
+  std::string dir;
+  nlohmann::json expected;
+  Tensor tokens, targets;
+  std::shared_ptr<Graph> graph(DType dtype) const {
+    nlohmann::json cfg = read_hf_model_config(dir);
+    nlohmann::json sh = hf_config_to_shorthand(JsonReader(cfg, dir + "/config.json"));
+    sh["context"] = tokens.size(1);
+    LoadOptions lo;
+    lo.float_dtype = dtype;
+    return std::make_shared<Graph>(load_model_json(sh, dir + "/config.json", lo));
+  }
+};
+
+Fixture load_fixture(const std::string& name) {
+  Fixture f;
+  f.dir = fixture_dir(name);
+  f.expected = read_json_file(f.dir + "/expected.json");
+  auto to_tensor = [](const nlohmann::json& rows) {
+    std::vector<int32_t> v;
+    for (const auto& r : rows)
+      for (const auto& x : r) v.push_back(x.get<int32_t>());
+    return Tensor::from_vector(v, {int64_t(rows.size()), int64_t(rows[0].size())});
+  };
+  f.tokens = to_tensor(f.expected["tokens"]);
+  f.targets = to_tensor(f.expected["targets"]);
+  return f;
+}
+
+// Runs the whole model; returns the loss and keeps the logits (the lm_head value).
+struct Outcome {
+  double loss = 0;
+  Tensor logits;
+};
+
+Outcome run(Stage& st, const Fixture& f, bool backward) {
+  const int64_t b = f.tokens.size(0);
+  MicroBatch mb{0, 0, b, b, double(f.targets.numel()), 0};
+  st.zero_grad();
+  TensorMap out = st.forward(mb, {{"tokens", f.tokens}, {"targets", f.targets}}, backward);
+  Outcome r;
+  r.loss = testing::value_of(out.at("loss"));
+  if (backward) {
+    st.backward(0);
+    st.finish_grads();
+  }
+  return r;
+}
+
+// The logits [B, T, V]: the layers before the head as a stage, then the head's RMSNorm
+// and projection by the kernels, with the head stage's (loaded) parameters.
+Tensor logits_of(const std::shared_ptr<Graph>& g, const Fixture& f) {
+  const int L = g->num_layers();
+  Stage body(g, 0, L - 1), head(g, L - 1, L);
+  load_hf_weights(f.dir, body);
+  load_hf_weights(f.dir, head);
+  const int64_t b = f.tokens.size(0), t = f.tokens.size(1);
+  MicroBatch mb{0, 0, b, b, double(b * t), 0};
+  TensorMap out = body.forward(mb, {{"tokens", f.tokens}}, false);
+  EXPECT_EQ(out.size(), 1u);
+  Tensor x = out.begin()->second;
+  const Tensor& norm = head.param("model.norm.weight");
+  const bool tied = g->find_param("lm_head.weight") < 0;
+  const Tensor& w = head.param(tied ? "model.embed_tokens.weight" : "lm_head.weight");
+  const double eps = g->config["rms_norm_eps"].get<double>();
+  Tensor xn = Tensor::empty(x.shape(), x.dtype()), rstd = Tensor::empty({b * t}, x.dtype());
+  kernels::rmsnorm_forward(x, norm, eps, xn, rstd);
+  Tensor logits = Tensor::empty({b, t, w.size(0)}, x.dtype());
+  Tensor l2 = logits.view({b * t, w.size(0)});
+  kernels::linear_forward(xn.view({b * t, x.size(2)}), w, Tensor(), kernels::WeightLayout::out_in,
+                          l2);
+  return logits;
+}
+
+class HfLlama : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfLlama, LossAndLogitsMatchTransformersF32) {
+  Fixture f = load_fixture(GetParam());
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  double expect = f.expected["loss_f32"].get<double>();
+  Outcome r = run(st, f, false);
+  EXPECT_NEAR(r.loss, expect, 1e-5 * expect);
+  Tensor logits = logits_of(g, f);
+  const auto& want = f.expected["logits_f32"];
+  const auto& pos = f.expected["positions"];
+  const int64_t V = logits.size(2);
+  std::vector<double> got_v, want_v;
+  for (size_t b = 0; b < want.size(); ++b)
+    for (size_t k = 0; k < pos.size(); ++k) {
+      const int64_t t = pos[k].get<int64_t>();
+      const Tensor row = logits.select(0, int64_t(b)).select(0, t).to(DType::f64);
+      const auto rv = row.to_vector<double>();
+      for (int64_t v = 0; v < V; ++v) {
+        got_v.push_back(rv[size_t(v)]);
+        want_v.push_back(want[b][k][size_t(v)].get<double>());
+      }
+    }
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got_v.size(); ++i) {
+    num += (got_v[i] - want_v[i]) * (got_v[i] - want_v[i]);
+    den += want_v[i] * want_v[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  double worst = 0;
+  for (size_t i = 0; i < got_v.size(); ++i)
+    worst = std::max(worst, std::abs(got_v[i] - want_v[i]) / (std::abs(want_v[i]) + 1e-2));
+  EXPECT_LT(worst, 1e-4);
+}
+
+// Each parameter's gradient norm and sampled entries within tol of transformers', relative
+// to the larger of the tensor's norm and `floor` times the largest norm of the model: the
+// key biases' gradients nearly cancel (softmax ignores a shift of all scores; only rotary
+// keeps them off zero), so in float32 they are compared at the model's scale.
+void expect_grads(const Stage& st, const Graph& g, const nlohmann::json& grads, double tol,
+                  double floor) {
+  EXPECT_EQ(grads.size(), st.param_ids().size());
+  double largest = 0;
+  for (const auto& [k, e] : grads.items()) largest = std::max(largest, e["norm"].get<double>());
+  for (int id : st.param_ids()) {
+    const std::string& name = g.params[size_t(id)].name;
+    ASSERT_TRUE(grads.contains(name)) << name;
+    const auto& e = grads[name];
+    const Tensor grad = st.grad(id).to(DType::f64);
+    const auto v = grad.to_vector<double>();
+    const double n = std::sqrt(kernels::sum_squares(grad)), want = e["norm"].get<double>();
+    const double scale = std::max(want, floor * largest);
+    EXPECT_NEAR(n, want, tol * scale) << name;
+    for (size_t k = 0; k < e["index"].size(); ++k) {
+      const size_t i = e["index"][k].get<size_t>();
+      EXPECT_NEAR(v[i], e["value"][k].get<double>(), tol * scale) << name << "[" << i << "]";
+    }
+  }
+}
+
+TEST_P(HfLlama, LossAndGradientsMatchTransformersF64) {
+  Fixture f = load_fixture(GetParam());
+  auto g = f.graph(DType::f64);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  double expect = f.expected["loss_f64"].get<double>();
+  // transformers computes the rotary angles in float32 even in a float64 model (baton's
+  // float64 is exact): that moves the loss by up to about 2e-9 relative and gradients by
+  // up to about 1e-6 of the tensor's norm (rope_theta 1e6, llama3 scaling); the nearly
+  // cancelling key biases more, so they are compared at the model's scale as in float32.
+  EXPECT_NEAR(run(st, f, true).loss, expect, 1e-8 * expect);
+  expect_grads(st, *g, f.expected["grads_f64"], 1e-5, 1e-2);
+}
+
+TEST_P(HfLlama, GradientsInFloat32AgreeWithinTolerance) {
+  Fixture f = load_fixture(GetParam());
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  run(st, f, true);
+  expect_grads(st, *g, f.expected["grads_f64"], 1e-4, 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfLlama,
+                         ::testing::Values("llama_gqa", "llama_mqa_tied", "qwen2_sharded"));
+
+// Greedy decoding with the key/value cache gives transformers' greedy continuation.
+TEST_P(HfLlama, GreedyContinuationIsTransformers) {
+  Fixture f = load_fixture(GetParam());
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  std::vector<int32_t> prompt = f.expected["prompt"].get<std::vector<int32_t>>();
+  std::vector<int32_t> want = f.expected["greedy"].get<std::vector<int32_t>>();
+  EXPECT_EQ(generate(st, prompt, int64_t(want.size()), SampleOptions{}), want);
+}
+
+// The cache gives the logits a full forward pass gives: the last position's logits after
+// feeding a prompt in pieces equal those of the whole sequence at once.
+TEST(HfLlamaGenerate, CachedLogitsEqualAFullPass) {
+  Fixture f = load_fixture("llama_gqa");
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  std::vector<int32_t> seq = f.expected["tokens"][0].get<std::vector<int32_t>>();
+  Generator whole(st, 64), pieces(st, 64);
+  std::vector<float> a = whole.feed(seq);
+  std::vector<float> b = pieces.feed(std::vector<int32_t>(seq.begin(), seq.begin() + 5));
+  for (size_t i = 5; i < seq.size(); ++i) b = pieces.feed({seq[i]});
+  ASSERT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += a[i] * a[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-6);
+  // And the last position of the fixture's recorded logits.
+  const auto& want = f.expected["logits_f32"][0][2];
+  ASSERT_EQ(f.expected["positions"][2].get<size_t>(), seq.size() - 1);
+  double n2 = 0, d2 = 0;
+  for (size_t v = 0; v < a.size(); ++v) {
+    n2 += (a[v] - want[v].get<double>()) * (a[v] - want[v].get<double>());
+    d2 += want[v].get<double>() * want[v].get<double>();
+  }
+  EXPECT_LT(std::sqrt(n2 / d2), 1e-5);
+  // Sampling: a seed repeats its draw; top-k 1 is greedy.
+  SampleOptions hot{1.0, 0, 0.9, 7};
+  std::vector<int32_t> prompt = f.expected["prompt"].get<std::vector<int32_t>>();
+  EXPECT_EQ(generate(st, prompt, 6, hot), generate(st, prompt, 6, hot));
+  SampleOptions k1{1.0, 1, 1.0, 3};
+  EXPECT_EQ(generate(st, prompt, 6, k1), generate(st, prompt, 6, SampleOptions{}));
+}
+
+// Import, a baton checkpoint, export: the F32 tensors come out bit for bit as
+// transformers stored them, in one file or in shards with an index; bf16 export rounds.
+TEST(HfLlamaExport, ImportCheckpointExportIsByteIdentical) {
+  Fixture f = load_fixture("llama_gqa");
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  const std::string root = ::testing::TempDir() + "/baton_hf_export_ckpt";
+  fs::remove_all(root);
+  Manifest m;
+  m.model = g->config;
+  const std::string step = save_checkpoint(root, st, m);
+  Manifest back = read_manifest(step);
+  auto g2 = std::make_shared<Graph>(load_model_json(back.model, step));
+  Stage restored(g2, 0, g2->num_layers(), StageOptions{memory::Device::cpu(), 99});
+  load_stage(step, back, restored, false);
+  SafetensorsReader original(f.dir + "/model.safetensors");
+  for (uint64_t shard : {uint64_t(0), uint64_t(20000)}) {
+    SCOPED_TRACE("max shard " + std::to_string(shard));
+    const std::string out = ::testing::TempDir() + "/baton_hf_export_" + std::to_string(shard);
+    fs::remove_all(out);
+    HfWriteOptions wo;
+    wo.max_shard_bytes = shard;
+    save_hf(out, restored, wo);
+    EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), shard > 0);
+    HfCheckpoint exported(out);
+    EXPECT_EQ(exported.names().size(), original.entries().size());
+    for (const SafetensorsEntry& e : original.entries()) {
+      const SafetensorsReader* file = nullptr;
+      const SafetensorsEntry* x = exported.find(e.name, &file);
+      ASSERT_NE(x, nullptr) << e.name;
+      EXPECT_EQ(x->dtype, "F32");
+      Tensor a = original.read(e.name), b = file->read(e.name);
+      ASSERT_EQ(a.nbytes(), b.nbytes()) << e.name;
+      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << e.name;
+    }
+    if (shard > 0) {
+      EXPECT_GE(exported.opened().size(), 2u);
+    }
+    // The exported config reads back as the same model.
+    nlohmann::json cfg = read_hf_model_config(out);
+    EXPECT_EQ(cfg["model_type"], "llama");
+    EXPECT_EQ(cfg["num_key_value_heads"], 2);
+    EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  }
+  const std::string bf = ::testing::TempDir() + "/baton_hf_export_bf16";
+  fs::remove_all(bf);
+  HfWriteOptions wo;
+  wo.dtype = DType::bf16;
+  save_hf(bf, restored, wo);
+  SafetensorsReader b16(bf + "/model.safetensors");
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  EXPECT_EQ(b16.find(name)->dtype, "BF16");
+  EXPECT_EQ(b16.read(name).to(DType::f32).to_vector<float>(),
+            original.read(name).to(DType::bf16).to(DType::f32).to_vector<float>());
+  EXPECT_EQ(read_hf_model_config(bf)["torch_dtype"], "bfloat16");
+}
+
+TEST(HfLlamaInput, ShardedCheckpointOpensOnlyTheFilesOfTheStage) {
+  Fixture f = load_fixture("qwen2_sharded");
+  auto g = f.graph(DType::f32);
+  HfCheckpoint all(f.dir);
+  Stage whole(g, 0, g->num_layers());
+  load_hf_weights(all, whole);
+  std::set<std::string> files;
+  {
+    nlohmann::json idx = read_json_file(f.dir + "/model.safetensors.index.json");
+    for (auto& [k, v] : idx["weight_map"].items()) files.insert(v.get<std::string>());
+  }
+  ASSERT_GE(files.size(), 2u) << "the fixture is meant to be sharded";
+  EXPECT_EQ(all.opened().size(), files.size());
+  // The embedding layer alone needs one tensor, in one file.
+  HfCheckpoint part(f.dir);
+  Stage embed(g, 0, 1);
+  load_hf_weights(part, embed);
+  EXPECT_EQ(part.opened().size(), 1u);
+}
+
+// A copy of a fixture directory to break.
+std::string copy_fixture(const std::string& name, const std::string& tag) {
+  const std::string dst = ::testing::TempDir() + "/baton_hf_" + tag;
+  fs::remove_all(dst);
+  fs::copy(fixture_dir(name), dst);
+  return dst;
+}
+
+template <class F>
+void expect_input_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
+  const std::string dir = copy_fixture("llama_gqa", "badcfg");
+  const std::string path = dir + "/config.json";
+  nlohmann::json cfg = read_json_file(path);
+  auto with = [&](const char* key, nlohmann::json v) {
+    nlohmann::json c = cfg;
+    c[key] = std::move(v);
+    std::ofstream(path) << c.dump();
+  };
+  with("num_key_value_heads", 3);
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "num_key_value_heads"});
+  with("hidden_act", "gelu");
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_act"});
+  with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}});
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_type", "yarn"});
+  with("model_type", "mistral");
+  {
+    nlohmann::json c = cfg;
+    c["model_type"] = "mistral";
+    c["sliding_window"] = 4096;
+    std::ofstream(path) << c.dump();
+  }
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "sliding_window"});
+  with("model_type", "falcon");
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "model_type", "falcon"});
+  {  // without head_dim, the hidden size must split into the heads
+    nlohmann::json c = cfg;
+    c.erase("head_dim");
+    c["num_attention_heads"] = 6;
+    c["num_key_value_heads"] = 2;
+    std::ofstream(path) << c.dump();
+  }
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_size", "6"});
+  {  // transformers 5's rope_parameters: an unknown type is refused there too
+    nlohmann::json c = cfg;
+    c["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 2.0}};
+    std::ofstream(path) << c.dump();
+  }
+  expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_parameters", "dynamic"});
+}
+
+TEST(HfLlamaInput, BadCheckpointsAreInputErrorsNamingFileAndTensor) {
+  // A model with a third layer needs tensors the file does not have.
+  Fixture f = load_fixture("llama_gqa");
+  nlohmann::json cfg = read_hf_model_config(f.dir);
+  cfg["num_hidden_layers"] = 3;
+  auto g3 = std::make_shared<Graph>(load_model_json(cfg, f.dir + "/config.json"));
+  Stage st3(g3, 0, g3->num_layers());
+  expect_input_error([&] { load_hf_weights(f.dir, st3); },
+                     {"model.layers.2.input_layernorm.weight", "model.safetensors"});
+  // A wider MLP: shapes disagree.
+  cfg["num_hidden_layers"] = 2;
+  cfg["intermediate_size"] = 64;
+  auto gw = std::make_shared<Graph>(load_model_json(cfg, f.dir + "/config.json"));
+  Stage stw(gw, 0, gw->num_layers());
+  expect_input_error([&] { load_hf_weights(f.dir, stw); },
+                     {"model.safetensors", "model.layers.0.mlp.gate_proj.weight", "[48, 32]"});
+  // A shard index naming a file that is not there.
+  const std::string dir = copy_fixture("qwen2_sharded", "badindex");
+  nlohmann::json idx = read_json_file(dir + "/model.safetensors.index.json");
+  std::string victim;
+  for (auto& [k, v] : idx["weight_map"].items()) {
+    victim = k;
+    v = "model-99-of-99.safetensors";
+    break;
+  }
+  std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
+  expect_input_error([&] { HfCheckpoint c(dir); },
+                     {"model.safetensors.index.json", victim, "model-99-of-99.safetensors"});
+  // No weights at all.
+  fs::remove(dir + "/model.safetensors.index.json");
+  expect_input_error([&] { HfCheckpoint c(dir); }, {dir, "model.safetensors"});
+}
+
+}  // namespace
+}  // namespace baton::stages

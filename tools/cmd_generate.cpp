@@ -1,0 +1,177 @@
+// `baton generate`: samples a continuation from a trained checkpoint or a Hugging Face
+// model on one process with a key/value cache; greedy at temperature 0. Prompts and
+// output are text for byte-level models (vocabulary 256) and for SentencePiece
+// tokenizers (--tokenizer), token ids otherwise (and whenever the prompt is given as ids).
+// Prints tokens/s at the end.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#ifdef BATON_HAVE_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#endif
+
+#include "memory/error.h"
+#include "stages/checkpoint.h"
+#include "stages/generate.h"
+#include "stages/hf.h"
+#include "stages/json_reader.h"
+#include "stages/model.h"
+#include "tools/command.h"
+
+namespace baton::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      out.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      throw InputError("--prompt-ids: expected token ids like 1,2,3, found '" + item + "'");
+    }
+  }
+  if (out.empty()) throw InputError("--prompt-ids: no token ids");
+  return out;
+}
+
+int run_generate(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer;
+  int64_t max_new = 32, top_k = 0;
+  double temperature = 0, top_p = 1;
+  uint64_t seed = 0;
+  opts.add_options()
+      ("model", po::value(&model), "model JSON (default: the checkpoint's, or --init-from's config.json)")
+      ("checkpoint", po::value(&checkpoint), "a checkpoint directory (its newest complete checkpoint) or one step-* directory")
+      ("init-from", po::value(&init_from), "a Hugging Face model directory (config.json + safetensors)")
+      ("prompt", po::value(&prompt), "prompt text (byte-level models, or with --tokenizer)")
+      ("prompt-ids", po::value(&prompt_ids), "prompt as token ids: 1,2,3")
+      ("max-new-tokens", po::value(&max_new)->default_value(32), "tokens to generate")
+      ("temperature", po::value(&temperature)->default_value(0.0), "0: greedy; otherwise sample from softmax(logits / T)")
+      ("top-k", po::value(&top_k)->default_value(0), "sample among the k most likely tokens (0: all)")
+      ("top-p", po::value(&top_p)->default_value(1.0), "sample among the most likely tokens whose probability reaches p")
+      ("seed", po::value(&seed)->default_value(0), "sampling seed")
+      ("tokenizer", po::value(&tokenizer), "a SentencePiece model file (tokenizer.model) for text prompts and output");
+  add_common_options(opts);
+  po::variables_map vm;
+  if (!parse_args(args, "baton generate (--checkpoint DIR | --init-from HF_DIR) (--prompt TEXT | --prompt-ids 1,2,3) [options]",
+                  opts, vm))
+    return 0;
+  apply_common_options(vm);
+  if (checkpoint.empty() == init_from.empty())
+    throw InputError("give exactly one of --checkpoint and --init-from");
+  if (prompt.empty() == prompt_ids.empty())
+    throw InputError("give exactly one of --prompt and --prompt-ids");
+  if (max_new < 1) throw InputError("--max-new-tokens: expected at least 1");
+  if (temperature < 0) throw InputError("--temperature: expected a value >= 0");
+  if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
+  if (!(top_p > 0 && top_p <= 1)) throw InputError("--top-p: expected a value in (0, 1]");
+
+  nlohmann::json model_json;
+  std::string source, step_dir;
+  stages::Manifest manifest;
+  if (!checkpoint.empty()) {
+    if (!fs::exists(checkpoint)) throw InputError(checkpoint + ": no such checkpoint directory");
+    if (fs::exists(checkpoint + "/manifest.json")) {
+      step_dir = checkpoint;
+    } else if (auto latest = stages::latest_checkpoint(checkpoint)) {
+      step_dir = *latest;
+    } else {
+      throw InputError(checkpoint + ": no complete checkpoint in it");
+    }
+    manifest = stages::read_manifest(step_dir);
+    model_json = manifest.model;
+    source = step_dir + "/manifest.json: $.model";
+  } else {
+    model_json = stages::read_hf_model_config(init_from);
+    source = init_from + "/config.json";
+  }
+  if (!model.empty()) {
+    model_json = stages::read_json_file(model);
+    source = model;
+  }
+  auto g = std::make_shared<stages::Graph>(stages::load_model_json(model_json, source));
+  stages::Stage stage(g, 0, g->num_layers());
+  if (!step_dir.empty())
+    stages::load_stage(step_dir, manifest, stage, false);
+  else
+    stages::load_hf_weights(init_from, stage);
+
+  std::vector<int32_t> ids;
+#ifdef BATON_HAVE_SENTENCEPIECE
+  sentencepiece::SentencePieceProcessor sp;
+#endif
+  bool have_sp = false;
+  if (!tokenizer.empty()) {
+#ifdef BATON_HAVE_SENTENCEPIECE
+    auto status = sp.Load(tokenizer);
+    if (!status.ok()) throw InputError(tokenizer + ": not a SentencePiece model: " + status.ToString());
+    have_sp = true;
+#else
+    throw InputError("--tokenizer: this build of baton has no SentencePiece (libsentencepiece-dev)");
+#endif
+  }
+  stages::Generator probe_vocab(stage, 1);
+  const int64_t vocab = probe_vocab.vocab_size();
+  const bool bytes = !have_sp && vocab == 256;
+  if (!prompt_ids.empty()) {
+    ids = parse_ids(prompt_ids);
+  } else if (have_sp) {
+#ifdef BATON_HAVE_SENTENCEPIECE
+    std::vector<int> v;
+    sp.Encode(prompt, &v);
+    if (sp.bos_id() >= 0) ids.push_back(sp.bos_id());
+    for (int t : v) ids.push_back(int32_t(t));
+#endif
+  } else if (bytes) {
+    for (unsigned char ch : prompt) ids.push_back(int32_t(ch));
+  } else {
+    throw InputError("--prompt needs a byte-level model (vocabulary 256) or --tokenizer; this "
+                     "model's vocabulary is " + std::to_string(vocab) + ": give --prompt-ids");
+  }
+
+  stages::SampleOptions so{temperature, top_k, top_p, seed};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> out = stages::generate(stage, ids, max_new, so);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Text in, text out; ids in, ids out.
+  if (bytes && !prompt.empty()) {
+    std::string text;
+    for (int32_t t : out) text.push_back(char(t));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
+  } else if (have_sp && !prompt.empty()) {
+#ifdef BATON_HAVE_SENTENCEPIECE
+    std::vector<int> v(out.begin(), out.end());
+    std::string text;
+    sp.Decode(v, &text);
+    std::printf("%s\n", text.c_str());
+#endif
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "%zu prompt + %zu new tokens in %.3f s: %.1f tokens/s\n", ids.size(),
+               out.size(), secs, secs > 0 ? double(out.size()) / secs : 0.0);
+  return 0;
+}
+
+const RegisterCommand reg{
+    {"generate", "sample a continuation from a checkpoint or a Hugging Face model", run_generate}};
+
+}  // namespace
+}  // namespace baton::tools
