@@ -191,7 +191,7 @@ int run_simulate(const std::vector<std::string>& args) {
   opts.add_options()(
       "schedule,s", po::value(&names),
       "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
-      "dualpipev, dualpipe, auto, or all; more than one compares them")(
+      "dualpipev, dualpipe, v-min, v-half, auto, or all; more than one compares them")(
       "file,f", po::value(&o.file),
       "a schedule file (text, JSON or PyTorch CSV form) instead of --schedule")(
       "dialect", po::value(&o.dialect),
@@ -236,7 +236,7 @@ int run_simulate(const std::vector<std::string>& args) {
         "--memory-limit in bytes needs activation_bytes in the cost file (or give it in "
         "micro-batches)");
 
-  if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::schedule_names();
+  if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
   for (const std::string& name : o.names)  // unknown names are errors even when comparing
     if (name != "auto") sc::canonical_schedule_name(name);
   const bool compare = o.names.size() > 1;
