@@ -71,7 +71,7 @@ class Search {
     if (o_.global_batch <= 0)
       throw InputError("--batch: expected a global batch of at least 1 sample");
     std::vector<std::string> names = o_.schedules;
-    if (names.empty()) names = schedule::schedule_names();
+    if (names.empty()) names = schedule::all_schedule_names();
     for (auto& n : names) n = schedule::canonical_schedule_name(n);
     const int N = o_.devices, L = g_->num_layers();
     for (int tp : divisors(N)) {

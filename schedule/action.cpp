@@ -51,6 +51,10 @@ std::string to_token(const Action& a) {
   return s;
 }
 
+std::string composite_token(const Action& forward, const Action& backward) {
+  return "(" + to_token(forward) + ";" + to_token(backward) + ")";
+}
+
 Action parse_token(std::string_view token, const std::string& where) {
   auto fail = [&](const std::string& why) -> Action {
     throw InputError(where + ": bad action '" + std::string(token) + "': " + why +

@@ -24,16 +24,24 @@ enum class ActionKind : uint8_t {
 };
 inline constexpr int kNumActionKinds = 10;
 
-// A plain 16-byte value the executor switches on. `stage` is the global stage (chunk)
+// A plain value the executor switches on. `stage` is the global stage (chunk)
 // index, 0 <= stage < Schedule::num_stages(); a send or receive names the stage on the
 // acting rank (SEND_F of stage s carries s's output to stage s+1, RECV_F of stage s its
 // input from stage s-1). `peer` is the other rank of a transfer and always equals what
 // the placement implies (the parsers and passes fill it in); -1 elsewhere.
+//
+// A composite OVERLAP_F_B (DualPipe's forward of one micro-batch run beside the
+// backward of another, PyTorch's "(0F7;7B3)OVERLAP_F_B") is two adjacent actions of one
+// rank's list: an F with `overlap` set, then its partner B or BW. Each half is an
+// ordinary action to the validator (both must be valid and in order); the pair starts
+// when both halves' inputs are there and takes the cost file's `overlap_f_b` time; the
+// executor runs the forward, then the backward.
 struct Action {
   ActionKind kind = ActionKind::forward;
   int32_t micro_batch = -1;  // -1 for REDUCE and STEP
   int32_t stage = -1;        // -1 for STEP
   int32_t peer = -1;
+  bool overlap = false;  // an F that starts together with the next action (OVERLAP_F_B)
 
   friend bool operator==(const Action&, const Action&) = default;
 };
@@ -63,6 +71,8 @@ std::string_view kind_words(ActionKind k);
 
 // "<stage><code><micro-batch>" ("1F3", "0SEND_F2"), "<stage>REDUCE", "STEP".
 std::string to_token(const Action& a);
+// The text form of a composite: "(0F7;7BW3)" for an overlapped F and its partner.
+std::string composite_token(const Action& forward, const Action& backward);
 // The inverse of to_token; peer stays -1. Throws InputError naming `where` and what was
 // expected.
 Action parse_token(std::string_view token, const std::string& where);

@@ -458,7 +458,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
 
   if (o.include_fixed) {
     for (const std::string name :
-         {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev"}) {
+         {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev", "v-min",
+          "v-half"}) {
       AutoCandidate cand;
       cand.name = name;
       try {

@@ -81,6 +81,7 @@ void Costs::check(int stages) const {
   check_vector(activation_bytes_after_b, "activation_bytes_after_b", stages, true);
   check_vector(message_bytes, "message_bytes", stages, true);
   check_vector(reduce, "reduce", stages, true);
+  check_vector(overlap_f_b, "overlap_f_b", stages, true);
   for (auto [v, name] : {std::pair{latency, "latency"},
                          {bandwidth, "bandwidth"},
                          {optimizer_step, "optimizer_step"}})
@@ -119,7 +120,8 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
                           {"activation_bytes", &c.activation_bytes, true},
                           {"activation_bytes_after_b", &c.activation_bytes_after_b, true},
                           {"message_bytes", &c.message_bytes, true},
-                          {"reduce", &c.reduce, false}};
+                          {"reduce", &c.reduce, false},
+                          {"overlap_f_b", &c.overlap_f_b, false}};
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& key = it.key();
       bool done = false;
@@ -163,7 +165,7 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         throw InputError(key +
                          ": unknown field (expected forward, backward_input, backward_weight, "
                          "activation_bytes, activation_bytes_after_b, message_bytes, reduce, "
-                         "optimizer_step, p2p, time_unit, comment)");
+                         "overlap_f_b, optimizer_step, p2p, time_unit, comment)");
       }
     }
     for (const char* k : {"forward", "backward_input", "backward_weight"})
@@ -203,6 +205,7 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
       expand(spec.activation_bytes_after_b, "activation_bytes_after_b", true);
   c.message_bytes = expand(spec.message_bytes, "message_bytes", false);
   c.reduce = expand(spec.reduce, "reduce", true);
+  c.overlap_f_b = expand(spec.overlap_f_b, "overlap_f_b", true);
   c.latency = spec.latency;
   c.bandwidth = spec.bandwidth;
   c.optimizer_step = spec.optimizer_step;

@@ -29,6 +29,10 @@ struct Costs {
   std::vector<double> message_bytes;
   // Data-parallel reduction of the stage's gradients, started by REDUCE. Empty: 0.
   std::vector<double> reduce;
+  // A composite OVERLAP_F_B whose forward is on this stage (its backward half of the
+  // kind it is, B or BW), start to end. Empty: the forward's time plus the backward's
+  // (no gain from the overlap).
+  std::vector<double> overlap_f_b;
   double latency = 0.0;    // per point-to-point message
   double bandwidth = 0.0;  // bytes per time unit of one link; 0 means infinite
   double optimizer_step = 0.0;
@@ -51,7 +55,7 @@ struct CostSpec {
     bool given = false;
   };
   Field forward, backward_input, backward_weight, activation_bytes, activation_bytes_after_b,
-      message_bytes, reduce;
+      message_bytes, reduce, overlap_f_b;
   double latency = 0.0, bandwidth = 0.0, optimizer_step = 0.0;
   double seconds_per_unit = 1.0;  // from "time_unit": s, ms, us or ns
   std::string comment;

@@ -170,24 +170,31 @@ Progress run_in_order(const DependencyGraph& g) {
     int& pos = out.position[size_t(r)];
     while (pos < size) {
       const int node_id = g.node(r, pos);
+      // A composite (an overlapped F and the backward after it) starts as one: it waits
+      // until both halves' inputs are there.
+      const int width = is_composite(s.ranks[size_t(r)], size_t(pos)) ? 2 : 1;
       int blocker = -1;
-      for (int d : g.dependencies(node_id))
-        if (!done[size_t(d)]) {
-          blocker = d;
-          break;
-        }
+      for (int k = 0; k < width && blocker < 0; ++k)
+        for (int d : g.dependencies(node_id + k))
+          if (!done[size_t(d)] && d != node_id) {
+            blocker = d;
+            break;
+          }
       if (blocker >= 0) {
         out.waiting_for[size_t(r)] = blocker;
         next_waiter[size_t(r)] = wait_head[size_t(blocker)];
         wait_head[size_t(blocker)] = r;
         break;
       }
-      done[size_t(node_id)] = 1;
-      out.order.push_back(node_id);
-      ++pos;
-      for (int w = wait_head[size_t(node_id)]; w >= 0; w = next_waiter[size_t(w)])
-        work.push_back(w);
-      wait_head[size_t(node_id)] = -1;
+      for (int k = 0; k < width; ++k) {
+        const int done_id = node_id + k;
+        done[size_t(done_id)] = 1;
+        out.order.push_back(done_id);
+        ++pos;
+        for (int w = wait_head[size_t(done_id)]; w >= 0; w = next_waiter[size_t(w)])
+          work.push_back(w);
+        wait_head[size_t(done_id)] = -1;
+      }
     }
   }
   out.complete = int(out.order.size()) == n;

@@ -99,6 +99,14 @@ class DependencyGraph {
   std::vector<std::pair<int, int>> duplicates_;
 };
 
+// True when list[i] is the forward half of a composite OVERLAP_F_B: an F with `overlap`
+// set, followed by a B or BW (its backward half). The two start together.
+inline bool is_composite(const std::vector<Action>& list, size_t i) {
+  return list[i].overlap && list[i].kind == ActionKind::forward && i + 1 < list.size() &&
+         (list[i + 1].kind == ActionKind::backward_input ||
+          list[i + 1].kind == ActionKind::full_backward);
+}
+
 // The result of running the ranks' lists in order under the communication model.
 struct Progress {
   bool complete = false;

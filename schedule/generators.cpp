@@ -180,6 +180,15 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+const std::vector<std::string>& all_schedule_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = schedule_names();
+    for (const char* n : {"v-min", "v-half"}) all.push_back(n);
+    return all;
+  }();
+  return names;
+}
+
 std::string canonical_schedule_name(const std::string& name_in) {
   std::string name = name_in;
   std::transform(name.begin(), name.end(), name.begin(),
@@ -187,10 +196,10 @@ std::string canonical_schedule_name(const std::string& name_in) {
   if (name == "interleaved") name = "interleaved-1f1b";
   if (name == "dualpipe-v") name = "dualpipev";
   if (name == "forward-only") return name;
-  for (const auto& n : schedule_names())
+  for (const auto& n : all_schedule_names())
     if (n == name) return name;
   std::string known;
-  for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+  for (const auto& n : all_schedule_names()) known += (known.empty() ? "" : ", ") + n;
   known += ", forward-only (evaluation)";
   throw InputError("unknown schedule '" + name_in + "' (expected one of " + known + ")");
 }
@@ -216,7 +225,8 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
   static constexpr Entry entries[] = {{"gpipe", 1, gpipe},      {"1f1b", 1, one_f_one_b},
                                       {"zb-h1", 1, zb_h1},      {"zb-h2", 1, zb_h2},
                                       {"zb-v", 2, zb_v},        {"dualpipev", 2, dualpipe_v},
-                                      {"dualpipe", 2, dualpipe}};
+                                      {"dualpipe", 2, dualpipe},    {"v-min", 2, v_min},
+                                      {"v-half", 2, v_half}};
   for (const Entry& e : entries)
     if (name == e.name) {
       only(e.chunks);

@@ -11,8 +11,11 @@
 
 namespace baton::schedule {
 
-// The names generate() accepts (aliases "interleaved", "dualpipe-v" too).
+// The generators of the literature's fixed schedules (what the engine's tests run).
 const std::vector<std::string>& schedule_names();
+// Every name generate() accepts (aliases "interleaved", "dualpipe-v" too): the above and
+// the building-block family v-min, v-half.
+const std::vector<std::string>& all_schedule_names();
 // The canonical name ("interleaved" -> "interleaved-1f1b"); InputError listing the
 // known names when `name` is none of them.
 std::string canonical_schedule_name(const std::string& name);
@@ -42,6 +45,28 @@ Schedule dualpipe_v(int ranks, int micro_batches);
 // DualPipe (DeepSeek-V3): two model replicas fed from both ends (two directions);
 // p even, m even, m >= 2p; micro-batches [0, m/2) flow down, [m/2, m) up.
 Schedule dualpipe(int ranks, int micro_batches);
+
+// A building block (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"):
+// per rank r and chunk c (the rank's c-th stage, chunk_stage[r][c]), the time slot
+// within a period of `period` slots in which micro-batch 0's F, B and W run; micro-batch
+// k's run k periods later. `weight` empty: each W takes the first free slot after its B
+// (oldest first). block_schedule() lays the block out for m micro-batches: each rank's
+// actions in slot order, the warm-up and cool-down being the slots of micro-batches
+// that exist. When every dependency of the block lies in an earlier slot, the schedule
+// is valid for any costs.
+struct BuildingBlock {
+  int period = 6;
+  std::vector<std::vector<int>> chunk_stage;               // [rank][chunk] -> stage
+  std::vector<std::vector<int>> forward, backward, weight;  // [rank][chunk] -> slot
+};
+Schedule block_schedule(const std::string& name, int ranks, int micro_batches,
+                        const BuildingBlock& block);
+// The named blocks on the V placement (two chunks per rank, period 6): "v-min" (about
+// a third of 1F1B's activation memory) and "v-half" (a half). docs/schedules.md gives
+// their memory and bubble.
+BuildingBlock v_block(const std::string& kind, int ranks);
+Schedule v_min(int ranks, int micro_batches);
+Schedule v_half(int ranks, int micro_batches);
 
 // The checks every generator makes: ranks and micro-batches in range, and ranks x
 // chunks x micro-batches within what the tools index.

@@ -9,6 +9,7 @@
 
 #include "memory/error.h"
 #include "schedule/schedule_io.h"
+#include "schedule/torch_csv.h"
 
 namespace baton::schedule {
 
@@ -60,12 +61,13 @@ json action_json(const Action& a) {
   if (a.kind != ActionKind::optimizer_step) o["stage"] = a.stage;
   if (has_micro_batch(a.kind)) o["micro_batch"] = a.micro_batch;
   if (is_transfer(a.kind)) o["peer"] = a.peer;
+  if (a.overlap) o["overlap"] = true;
   return o;
 }
 
 Action parse_action(const json& j, const std::string& path) {
   if (!j.is_object()) throw InputError(path + ": expected an action object, found " + found(j));
-  check_fields(j, path, {"kind", "stage", "micro_batch", "peer"});
+  check_fields(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
   if (!j.contains("kind")) throw InputError(path + ".kind: missing (expected e.g. \"F\")");
   const json& k = j["kind"];
   auto kind = k.is_string() ? kind_from_code(k.get<std::string>()) : std::nullopt;
@@ -94,6 +96,11 @@ Action parse_action(const json& j, const std::string& path) {
   if (j.contains("peer")) {
     if (!is_transfer(*kind)) throw InputError(path + ".peer: only sends and receives have a peer");
     a.peer = get_int(j["peer"], path + ".peer", -1, kBig);
+  }
+  if (j.contains("overlap")) {
+    if (!j["overlap"].is_boolean())
+      throw InputError(path + ".overlap: expected true or false, found " + found(j["overlap"]));
+    a.overlap = j["overlap"].get<bool>();
   }
   return a;
 }
@@ -221,6 +228,7 @@ std::string read_file(const std::string& path) {
 }
 
 Schedule load_schedule(const std::string& path) {
+  if (is_csv_path(path)) return load_torch_csv(path).schedule;
   std::string text = read_file(path);
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
@@ -253,6 +261,7 @@ void write_file_atomically(const std::string& path, std::string_view content) {
 
 void save_schedule(const Schedule& s, const std::string& path) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (is_csv_path(path)) return write_file_atomically(path, to_torch_csv(s));
   write_file_atomically(path, is_json ? to_json_text(s) : to_text(s));
 }
 

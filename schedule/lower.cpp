@@ -39,28 +39,44 @@ Schedule add_transfers(const Schedule& s) {
   auto crosses = [&](int from, int to) {
     return to >= 0 && s.placement[size_t(to)] != s.placement[size_t(from)];
   };
+  // The receive a compute action needs before it and the send it makes after it.
+  auto recv_of = [&](const Action& a, std::vector<Action>& dst) {
+    if (a.stage < 0 || a.stage >= s.num_stages()) return;
+    if (a.kind == K::forward && crosses(a.stage, prev_stage(s, a.stage)))
+      dst.push_back(make_action(K::recv_activation, a.micro_batch, a.stage));
+    if ((a.kind == K::backward_input || a.kind == K::full_backward) &&
+        crosses(a.stage, next_stage(s, a.stage)))
+      dst.push_back(make_action(K::recv_gradient, a.micro_batch, a.stage));
+  };
+  auto send_of = [&](const Action& a, std::vector<Action>& dst) {
+    if (a.stage < 0 || a.stage >= s.num_stages()) return;
+    if (a.kind == K::forward && crosses(a.stage, next_stage(s, a.stage)))
+      dst.push_back(make_action(K::send_activation, a.micro_batch, a.stage));
+    if ((a.kind == K::backward_input || a.kind == K::full_backward) &&
+        crosses(a.stage, prev_stage(s, a.stage)))
+      dst.push_back(make_action(K::send_gradient, a.micro_batch, a.stage));
+  };
   for (size_t r = 0; r < s.ranks.size(); ++r) {
     auto& dst = out.ranks[r];
-    dst.reserve(s.ranks[r].size() * 2);
-    for (const Action& a : s.ranks[r]) {
-      const int st = a.stage, mb = a.micro_batch;
-      const bool in_range = st >= 0 && st < s.num_stages();
-      const int prev = in_range ? prev_stage(s, st) : -1, next = in_range ? next_stage(s, st) : -1;
-      switch (a.kind) {
-        case K::forward:
-          if (crosses(st, prev)) dst.push_back(make_action(K::recv_activation, mb, st));
-          dst.push_back(a);
-          if (crosses(st, next)) dst.push_back(make_action(K::send_activation, mb, st));
-          break;
-        case K::backward_input:
-        case K::full_backward:
-          if (crosses(st, next)) dst.push_back(make_action(K::recv_gradient, mb, st));
-          dst.push_back(a);
-          if (crosses(st, prev)) dst.push_back(make_action(K::send_gradient, mb, st));
-          break;
-        default:
-          dst.push_back(a);
+    const auto& src = s.ranks[r];
+    dst.reserve(src.size() * 2);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const Action& a = src[i];
+      if (a.overlap && i + 1 < src.size()) {
+        // A composite stays adjacent: both receives before it, both sends after it.
+        const Action& b = src[i + 1];
+        recv_of(a, dst);
+        recv_of(b, dst);
+        dst.push_back(a);
+        dst.push_back(b);
+        send_of(a, dst);
+        send_of(b, dst);
+        ++i;
+        continue;
       }
+      recv_of(a, dst);
+      dst.push_back(a);
+      send_of(a, dst);
     }
   }
   assign_peers(out);

@@ -32,9 +32,11 @@ std::string to_json_text(const Schedule& s);
 Schedule from_json(const nlohmann::json& j, const std::string& source);
 Schedule parse_json(std::string_view text, const std::string& source);
 
-// Reads a file in either form (JSON when its first non-blank character is '{').
+// Reads a file in any form: PyTorch's CSV for "*.csv" (torch_csv.h, dialect detected),
+// JSON when its first non-blank character is '{', text otherwise.
 Schedule load_schedule(const std::string& path);
-// Writes JSON when the name ends in ".json", text otherwise; atomically (a temporary
+// Writes JSON when the name ends in ".json", PyTorch's current CSV for ".csv", text
+// otherwise; atomically (a temporary
 // file renamed into place), so a failure leaves no half-written file.
 void save_schedule(const Schedule& s, const std::string& path);
 

@@ -42,6 +42,7 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
     rank_.resize(size_t(n));
     stage_.resize(size_t(n));
     kind_.resize(size_t(n));
+    composite_.assign(size_t(n), 0);
     link_.assign(size_t(n), -1);
     dep_begin_.resize(size_t(n) + 1);
     size_t edges = 0;
@@ -57,6 +58,11 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       rank_[size_t(i)] = ref.rank;
       stage_[size_t(i)] = a.stage;
       kind_[size_t(i)] = a.kind;
+      if (is_composite(s_.ranks[size_t(ref.rank)], size_t(ref.index))) {
+        // run_in_order issues the two halves one after the other.
+        composite_[size_t(i)] = 1;
+        composite_[size_t(i) + 1] = 2;
+      }
       dep_begin_[size_t(i)] = int(k);
       for (int d : graph.dependencies(node)) {
         const bool far =
@@ -98,7 +104,18 @@ const Action& Simulator::action_at(size_t pos) const {
   return s_.ranks[size_t(r)][size_t(node - offset_[size_t(r)])];
 }
 
+double Simulator::composite_duration(size_t f) const {
+  const int st = stage_[f];
+  if (!costs_.overlap_f_b.empty()) return costs_.overlap_f_b[size_t(st)];
+  const int sb = stage_[f + 1];
+  double b = costs_.backward_input[size_t(sb)];
+  if (kind_[f + 1] == K::full_backward) b += costs_.backward_weight[size_t(sb)];
+  return costs_.forward[size_t(st)] + b;
+}
+
 double Simulator::duration(size_t pos) const {
+  if (composite_[pos] == 1) return composite_duration(pos);
+  if (composite_[pos] == 2) return composite_duration(pos - 1);
   const int st = stage_[pos];
   switch (kind_[pos]) {
     case K::forward:
@@ -150,6 +167,8 @@ const SimResult& Simulator::run(const Costs& c) {
     return k == K::backward_input || k == K::backward_weight || k == K::full_backward;
   });
   const double* const times[2] = {end_.data(), avail_.data()};
+  const double* ovl = c.overlap_f_b.empty() ? nullptr : c.overlap_f_b.data();
+  double composite_start = 0.0;  // of the composite whose backward half comes next
 
   const size_t n = rank_.size();
   for (size_t u = 0; u < n; ++u) {
@@ -159,6 +178,17 @@ const SimResult& Simulator::run(const Costs& c) {
       const int d = deps_[size_t(k)];
       const double ready = times[d & 1][d >> 1];
       t = ready > t ? ready : t;
+    }
+    const uint8_t comp = composite_[u];
+    if (comp == 1) {  // both halves' inputs must be there
+      for (int k = dep_begin_[u + 1]; k < dep_begin_[u + 2]; ++k) {
+        const int d = deps_[size_t(k)];
+        const double ready = times[d & 1][d >> 1];
+        t = ready > t ? ready : t;
+      }
+      composite_start = t;
+    } else if (comp == 2) {
+      t = composite_start;
     }
     double dur = 0.0;
     RankStats& rs = result_.ranks[size_t(r)];
@@ -193,10 +223,20 @@ const SimResult& Simulator::run(const Costs& c) {
       default:
         break;
     }
+    if (comp == 1) {
+      const int sb = stage_[u + 1];
+      dur = ovl ? ovl[st]
+                : fwd[st] + bin[sb] + (kind_[u + 1] == K::full_backward ? bwt[sb] : 0.0);
+    } else if (comp == 2) {
+      dur = end_[u - 1] - t;  // ends with its forward half; its time is counted there
+      rs.start = std::min(rs.start, t);
+    }
     const double e = t + dur;
     end_[u] = e;
     free_[size_t(r)] = e;
-    if (dur > 0 || is_compute(kind) || kind == K::optimizer_step) {
+    if (comp == 2) {
+      // busy already holds the composite's time
+    } else if (dur > 0 || is_compute(kind) || kind == K::optimizer_step) {
       rs.busy += dur;
       rs.start = std::min(rs.start, t);
       rs.end = std::max(rs.end, e);

@@ -66,6 +66,7 @@ class Simulator {
     return size_t(pos_of_[size_t(offset_[size_t(rank)] + index)]);
   }
   double duration(size_t pos) const;
+  double composite_duration(size_t forward_pos) const;
   const Action& action_at(size_t pos) const;
 
   Schedule s_;
@@ -76,6 +77,9 @@ class Simulator {
   std::vector<int> pos_of_, node_at_;  // node -> position, position -> node
   std::vector<int32_t> rank_, stage_, link_;
   std::vector<ActionKind> kind_;
+  // 1: the forward half of a composite OVERLAP_F_B, 2: its backward half (the next
+  // position); 0 otherwise.
+  std::vector<uint8_t> composite_;
   // Dependencies as (position << 1) | 1 when the time that counts is avail_ (a message
   // from another rank, or a REDUCE's completion) rather than end_.
   std::vector<int> dep_begin_, deps_;

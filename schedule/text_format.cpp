@@ -69,7 +69,15 @@ std::string to_text(const Schedule& s) {
   out += "\n";
   for (size_t r = 0; r < s.ranks.size(); ++r) {
     out += std::to_string(r) + ":";
-    for (const Action& a : s.ranks[r]) out += " " + to_token(a);
+    const auto& list = s.ranks[r];
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].overlap && i + 1 < list.size()) {
+        out += " " + composite_token(list[i], list[i + 1]);
+        ++i;
+      } else {
+        out += " " + to_token(list[i]);
+      }
+    }
     out += "\n";
   }
   return out;
@@ -142,9 +150,25 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     auto tokens = split_tokens(rest);
     std::vector<Action> list;
     list.reserve(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i)
-      list.push_back(parse_token(tokens[i], where + " (rank " + std::to_string(s.ranks.size()) +
-                                                ", action " + std::to_string(i) + ")"));
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const std::string at = where + " (rank " + std::to_string(s.ranks.size()) + ", action " +
+                             std::to_string(list.size()) + ")";
+      if (!tokens[i].empty() && tokens[i].front() == '(') {
+        // A composite "(0F7;7BW3)": the forward, overlapped with the backward after it.
+        std::string_view t = tokens[i];
+        const size_t semi = t.find(';'), close = t.find(')');
+        if (semi == std::string_view::npos || close != t.size() - 1 || semi > close)
+          throw InputError(at + ": bad composite '" + std::string(t) +
+                           "' (expected (<forward>;<backward>) such as (0F7;7BW3))");
+        Action f = parse_token(t.substr(1, semi - 1), at);
+        Action b = parse_token(t.substr(semi + 1, close - semi - 1), at);
+        f.overlap = true;
+        list.push_back(f);
+        list.push_back(b);
+        continue;
+      }
+      list.push_back(parse_token(tokens[i], at));
+    }
     s.ranks.push_back(std::move(list));
   }
 

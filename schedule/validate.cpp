@@ -104,6 +104,19 @@ std::optional<ValidationReport> Checker::check_actions() const {
             at(r, i) +
                 ": fields that this kind does not have must be -1 (STEP: stage, micro-batch; "
                 "REDUCE: micro-batch; all but transfers: peer)");
+      if (a.overlap) {
+        const Action* b = i + 1 < int(list.size()) ? &list[size_t(i) + 1] : nullptr;
+        if (a.kind != K::forward)
+          return fail(r, i,
+                      at(r, i) +
+                          ": only a forward can be the first half of a composite OVERLAP_F_B "
+                          "(expected (F;B) or (F;BW))");
+        if (!b || (b->kind != K::backward_input && b->kind != K::full_backward) || b->overlap)
+          return fail(r, i,
+                      at(r, i) + " is overlapped (OVERLAP_F_B) with " +
+                          (b ? "'" + to_token(*b) + "'" : std::string("nothing (end of list)")) +
+                          ", expected a B or BW right after it as the second half");
+      }
       if (a.kind == K::optimizer_step) continue;
       if (a.stage < 0 || a.stage >= S)
         return fail(r, i,
@@ -291,7 +304,15 @@ std::string Checker::order_message(int node, int dep) const {
 std::optional<ValidationReport> Checker::check_order() const {
   for (int n = 0; n < g_->num_nodes(); ++n) {
     const ActionRef me = g_->ref(n);
+    const auto& list = s_.ranks[size_t(me.rank)];
+    const bool second_half = me.index > 0 && is_composite(list, size_t(me.index) - 1);
     for (int d : g_->dependencies(n)) {
+      if (second_half && d == n - 1)
+        return fail(me.rank, me.index,
+                    "composite " + composite_token(list[size_t(me.index) - 1], g_->action(n)) +
+                        " at rank " + str(me.rank) + ", action " + str(me.index - 1) + ": " +
+                        to_token(g_->action(n)) + " needs " + to_token(g_->action(d)) +
+                        ", so the two halves cannot start together");
       const ActionRef dep = g_->ref(d);
       if (dep.rank == me.rank && dep.index > me.index)
         return fail(me.rank, me.index, order_message(n, d));

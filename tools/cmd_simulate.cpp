@@ -18,6 +18,7 @@
 #include "schedule/schedule_io.h"
 #include "schedule/simulate.h"
 #include "schedule/timeline.h"
+#include "schedule/torch_csv.h"
 #include "schedule/validate.h"
 #include "tools/command.h"
 
@@ -28,7 +29,7 @@ namespace sc = baton::schedule;
 
 struct Options {
   std::vector<std::string> names;
-  std::string file, costs_file, svg, trace, output, memory_limit;
+  std::string file, costs_file, svg, trace, output, memory_limit, dialect = "detect";
   int ranks = 0, micro_batches = 0, chunks = 0, repeat = 0;
   bool lower = false, show = false;
 };
@@ -190,8 +191,11 @@ int run_simulate(const std::vector<std::string>& args) {
   opts.add_options()(
       "schedule,s", po::value(&names),
       "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
-      "dualpipev, dualpipe, auto, or all; more than one compares them")(
-      "file,f", po::value(&o.file), "a schedule file (text or JSON form) instead of --schedule")(
+      "dualpipev, dualpipe, v-min, v-half, auto, or all; more than one compares them")(
+      "file,f", po::value(&o.file),
+      "a schedule file (text, JSON or PyTorch CSV form) instead of --schedule")(
+      "dialect", po::value(&o.dialect),
+      "PyTorch CSV dialect of --file: legacy, current or detect (default)")(
       "stages,p", po::value(&o.ranks), "pipeline ranks (p)")(
       "micro-batches,m", po::value(&o.micro_batches), "micro-batches per iteration (m)")(
       "chunks,v", po::value(&o.chunks), "stages per rank for interleaved-1f1b (default 2)")(
@@ -202,7 +206,8 @@ int run_simulate(const std::vector<std::string>& args) {
       "lower", po::bool_switch(&o.lower),
       "insert transfers, REDUCE and STEP before simulating and saving")(
       "show", po::bool_switch(&o.show), "print the schedule in text form")(
-      "output,o", po::value(&o.output), "save the schedule (.json: JSON form, else text)")(
+      "output,o", po::value(&o.output),
+      "save the schedule (.json: JSON form, .csv: PyTorch CSV, else text)")(
       "svg", po::value(&o.svg), "write the timeline as SVG")(
       "trace", po::value(&o.trace), "write the timeline as Chrome trace JSON")(
       "repeat", po::value(&o.repeat), "timing mode: run the simulator N times and print the times");
@@ -231,7 +236,7 @@ int run_simulate(const std::vector<std::string>& args) {
         "--memory-limit in bytes needs activation_bytes in the cost file (or give it in "
         "micro-batches)");
 
-  if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::schedule_names();
+  if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
   for (const std::string& name : o.names)  // unknown names are errors even when comparing
     if (name != "auto") sc::canonical_schedule_name(name);
   const bool compare = o.names.size() > 1;
@@ -277,7 +282,8 @@ int run_simulate(const std::vector<std::string>& args) {
   sc::Schedule s;
   std::string source;
   if (!o.file.empty()) {
-    s = sc::load_schedule(o.file);
+    s = sc::is_csv_path(o.file) ? sc::load_torch_csv(o.file, sc::parse_dialect(o.dialect)).schedule
+                                : sc::load_schedule(o.file);
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();

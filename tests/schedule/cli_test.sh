@@ -29,8 +29,19 @@ grep -q "<svg" "$tmp/t.svg" || { echo "FAIL: no SVG"; fails=$((fails + 1)); }
 grep -q "traceEvents" "$tmp/t.json" || { echo "FAIL: no trace"; fails=$((fails + 1)); }
 expect 0 "$baton" simulate --file "$tmp/s.json"
 contains "(with transfers)"
+# PyTorch's CSV: read (dialect detected or given), simulated, written.
+torch_csv="$examples/../../tests/fixtures/torch_schedules"
+expect 0 "$baton" simulate --file "$torch_csv/dualpipev_p4_m8.csv" -o "$tmp/d.csv"
+contains "valid"
+grep -q "OVERLAP_F_B" "$tmp/d.csv" || { echo "FAIL: no composite in the CSV written"; fails=$((fails + 1)); }
+expect 0 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect current
+expect 0 "$baton" simulate --schedule v-half -p 4 -m 8
 
 # Bad input: exit code 2 and a message that says what is wrong.
+expect 2 "$baton" simulate --file "$torch_csv/zbv_p2_m4_comms.csv"
+contains "UNSHARD/RESHARD"
+expect 2 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect legacy
+contains "'I' (input gradient) is current"
 expect 2 "$baton" simulate --schedule nope -p 4 -m 8
 contains "unknown schedule 'nope'"
 expect 2 "$baton" simulate --schedule dualpipev -p 4 -m 3

@@ -1,0 +1,421 @@
+// PyTorch's schedule CSV, both dialects (see torch_csv.h and docs/schedules.md).
+#include "schedule/torch_csv.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "memory/error.h"
+#include "schedule/schedule_io.h"
+#include "schedule/validate.h"
+
+namespace baton::schedule {
+
+namespace {
+
+using K = ActionKind;
+
+std::string str(long v) {
+  return std::to_string(v);
+}
+
+// One cell's action before the dialect gives "B" its meaning.
+struct Raw {
+  std::string code;  // PyTorch's computation type: "F", "I", "B", "W", "SEND_F", ...
+  int stage = -1;
+  int micro_batch = -1;  // -1: none written
+  bool overlap = false;  // the forward half of a composite; the next Raw is its partner
+  int cell = 0;
+};
+
+struct Row {
+  std::vector<Raw> actions;
+  std::vector<KeptCell> kept;
+};
+
+// Splits one line into cells as Python's csv module reads them (',' separated, '"'
+// quoting with "" for a quote). An empty line has no cells.
+std::vector<std::string> split_cells(std::string_view line, const std::string& where) {
+  std::vector<std::string> cells;
+  if (line.empty()) return cells;
+  size_t i = 0;
+  while (true) {
+    std::string cell;
+    if (i < line.size() && line[i] == '"') {
+      ++i;
+      while (true) {
+        if (i >= line.size()) throw InputError(where + ": a quoted cell is not closed");
+        if (line[i] == '"') {
+          if (i + 1 < line.size() && line[i + 1] == '"') {
+            cell += '"';
+            i += 2;
+            continue;
+          }
+          ++i;
+          break;
+        }
+        cell += line[i++];
+      }
+      if (i < line.size() && line[i] != ',')
+        throw InputError(where + ": text after a quoted cell (expected ',')");
+    } else {
+      while (i < line.size() && line[i] != ',') cell += line[i++];
+    }
+    cells.push_back(std::move(cell));
+    if (i >= line.size()) break;
+    ++i;  // the ','
+    if (i == line.size()) {
+      cells.emplace_back();  // a trailing ',' ends with an empty cell
+      break;
+    }
+  }
+  return cells;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::optional<int> parse_number(std::string_view t) {
+  if (t.empty() || t.size() > 9) return std::nullopt;
+  int v = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc() || p != t.data() + t.size()) return std::nullopt;
+  return v;
+}
+
+const char* const kCodes[] = {"F",           "I",
+                              "B",           "W",
+                              "SEND_F",      "RECV_F",
+                              "SEND_B",      "RECV_B",
+                              "UNSHARD",     "RESHARD",
+                              "REDUCE_GRAD", "WAIT_SEND_F",
+                              "WAIT_SEND_B", "WAIT_REDUCE_GRAD"};
+
+// "<stage><type><micro-batch>", as PyTorch's _Action.from_str reads it.
+Raw parse_simple(std::string_view t, const std::string& where) {
+  auto fail = [&](const std::string& why) -> Raw {
+    throw InputError(where + ": bad action '" + std::string(t) + "': " + why +
+                     " (expected <stage><type><micro-batch> with type F, I, B, W, SEND_F, "
+                     "RECV_F, SEND_B, RECV_B, REDUCE_GRAD; or (<action>;<action>)OVERLAP_F_B)");
+  };
+  size_t i = 0;
+  while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i;
+  size_t j = i;
+  while (j < t.size() && (std::isupper(static_cast<unsigned char>(t[j])) || t[j] == '_')) ++j;
+  Raw r;
+  auto stage = parse_number(t.substr(0, i));
+  if (!stage) return fail("it does not start with a stage number");
+  r.stage = *stage;
+  r.code = std::string(t.substr(i, j - i));
+  if (std::find(std::begin(kCodes), std::end(kCodes), r.code) == std::end(kCodes))
+    return fail("unknown type '" + r.code + "'");
+  std::string_view mb = t.substr(j);
+  if (!mb.empty()) {
+    auto v = parse_number(mb);
+    if (!v) return fail("'" + std::string(mb) + "' is not a micro-batch number");
+    r.micro_batch = *v;
+  }
+  const bool takes_mb = r.code != "UNSHARD" && r.code != "RESHARD" && r.code != "REDUCE_GRAD" &&
+                        r.code != "WAIT_REDUCE_GRAD";
+  if (takes_mb && r.micro_batch < 0) return fail("the micro-batch number is missing");
+  if (!takes_mb && r.micro_batch >= 0) return fail(r.code + " takes no micro-batch");
+  return r;
+}
+
+std::string torch_token(const Action& a, TorchDialect d, const std::string& where) {
+  std::string code;
+  switch (a.kind) {
+    case K::forward:
+      code = "F";
+      break;
+    case K::backward_input:
+      code = d == TorchDialect::legacy ? "B" : "I";
+      break;
+    case K::backward_weight:
+      code = "W";
+      break;
+    case K::full_backward:
+      code = "B";
+      break;
+    case K::reduce_gradients:
+      return str(a.stage) + "REDUCE_GRAD";
+    case K::optimizer_step:
+      throw InputError(where +
+                       ": STEP has no PyTorch form (PyTorch's runtime steps the optimizer "
+                       "outside the schedule); lower without the step");
+    default:
+      code = std::string(kind_code(a.kind));  // SEND_F, RECV_F, SEND_B, RECV_B
+  }
+  return str(a.stage) + code + str(a.micro_batch);
+}
+
+}  // namespace
+
+std::string_view dialect_name(TorchDialect d) {
+  switch (d) {
+    case TorchDialect::legacy:
+      return "legacy";
+    case TorchDialect::current:
+      return "current";
+    default:
+      return "detect";
+  }
+}
+
+TorchDialect parse_dialect(std::string_view name) {
+  if (name == "legacy") return TorchDialect::legacy;
+  if (name == "current") return TorchDialect::current;
+  if (name == "detect" || name == "auto") return TorchDialect::detect;
+  throw InputError("PyTorch CSV dialect: expected legacy, current or detect, found '" +
+                   std::string(name) + "'");
+}
+
+bool is_csv_path(const std::string& path) {
+  return path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+}
+
+TorchCsv parse_torch_csv(std::string_view text, const std::string& source, TorchDialect dialect,
+                         const std::string& name) {
+  // Rows: one per line ("\r\n" or "\n"); the last line break ends the last row.
+  std::vector<Row> rows;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    std::string_view line = text.substr(pos, nl == std::string_view::npos ? nl : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() : nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const int rank = int(rows.size());
+    const std::string where = source + ": row " + str(rank + 1) + " (rank " + str(rank) + ")";
+    Row row;
+    const auto cells = split_cells(line, where);
+    for (size_t c = 0; c < cells.size(); ++c) {
+      const std::string at = where + ", cell " + str(long(c) + 1);
+      std::string_view t = trim(cells[c]);
+      if (t.empty()) {
+        row.kept.push_back({int(c), cells[c]});
+        continue;
+      }
+      if (t.front() == '(') {
+        const size_t close = t.find(')');
+        if (close == std::string_view::npos)
+          throw InputError(at + ": bad composite '" + std::string(t) + "': no ')'");
+        const std::string_view inner = t.substr(1, close - 1), type = t.substr(close + 1);
+        if (type != "OVERLAP_F_B")
+          throw InputError(at + ": composite '" + std::string(t) + "' of type '" +
+                           std::string(type) + "' (baton knows OVERLAP_F_B only)");
+        const size_t semi = inner.find(';');
+        if (semi == std::string_view::npos || inner.find(';', semi + 1) != std::string_view::npos)
+          throw InputError(at + ": composite '" + std::string(t) +
+                           "': expected two actions, (<forward>;<backward>)");
+        Raw f = parse_simple(trim(inner.substr(0, semi)), at);
+        Raw b = parse_simple(trim(inner.substr(semi + 1)), at);
+        if (f.code != "F" || (b.code != "B" && b.code != "I"))
+          throw InputError(at + ": composite '" + std::string(t) +
+                           "': expected a forward then a backward (F;B) or (F;I)");
+        f.overlap = true;
+        f.cell = b.cell = int(c);
+        row.actions.push_back(f);
+        row.actions.push_back(b);
+        continue;
+      }
+      Raw r = parse_simple(t, at);
+      if (r.code.rfind("WAIT_", 0) == 0) {
+        row.kept.push_back({int(c), cells[c]});
+        continue;
+      }
+      if (r.code == "UNSHARD" || r.code == "RESHARD")
+        throw InputError(at + ": '" + std::string(t) +
+                         "': UNSHARD/RESHARD (FSDP's gathering and freeing of a stage's "
+                         "parameters) have no baton form: baton keeps every stage's parameters "
+                         "on its rank. Dump the schedule compute-only (format=\"compute_only\") "
+                         "or without FSDP");
+      r.cell = int(c);
+      row.actions.push_back(r);
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty())
+    throw InputError(source + ": empty file (expected one row of actions per rank)");
+
+  // The dialect.
+  bool has_i = false, has_w = false, has_overlap = false;
+  for (const Row& row : rows)
+    for (const Raw& r : row.actions) {
+      has_i = has_i || r.code == "I";
+      has_w = has_w || r.code == "W";
+      has_overlap = has_overlap || r.overlap;
+    }
+  if (dialect == TorchDialect::detect)
+    dialect = has_i || has_overlap ? TorchDialect::current
+              : has_w              ? TorchDialect::legacy
+                                   : TorchDialect::current;
+  // Legacy: a B of a pair with a W is the input gradient, of one without the full backward.
+  std::set<std::pair<int, int>> with_w;
+  if (dialect == TorchDialect::legacy)
+    for (const Row& row : rows)
+      for (const Raw& r : row.actions)
+        if (r.code == "W") with_w.insert({r.stage, r.micro_batch});
+
+  TorchCsv out;
+  out.dialect = dialect;
+  Schedule& s = out.schedule;
+  s.name = name;
+  s.num_ranks = int(rows.size());
+  std::map<int, int> stage_rank;  // stage -> the rank that first named it
+  std::map<int, std::string> stage_where;
+  int max_stage = -1, max_mb = -1;
+  for (int rank = 0; rank < int(rows.size()); ++rank) {
+    std::vector<Action> list;
+    for (const Raw& r : rows[size_t(rank)].actions) {
+      const std::string at =
+          source + ": row " + str(rank + 1) + " (rank " + str(rank) + "), cell " + str(r.cell + 1);
+      Action a;
+      a.stage = r.stage;
+      a.micro_batch = r.micro_batch;
+      a.overlap = r.overlap;
+      if (r.code == "F") {
+        a.kind = K::forward;
+      } else if (r.code == "I") {
+        if (dialect == TorchDialect::legacy)
+          throw InputError(at +
+                           ": 'I' (input gradient) is current PyTorch's; the legacy dialect "
+                           "writes it 'B' (read with the current dialect)");
+        a.kind = K::backward_input;
+      } else if (r.code == "B") {
+        a.kind = dialect == TorchDialect::current         ? K::full_backward
+                 : with_w.count({r.stage, r.micro_batch}) ? K::backward_input
+                                                          : K::full_backward;
+      } else if (r.code == "W") {
+        a.kind = K::backward_weight;
+      } else if (r.code == "REDUCE_GRAD") {
+        a.kind = K::reduce_gradients;
+      } else {
+        a.kind = *kind_from_code(r.code);  // the four transfers
+      }
+      if (r.overlap && dialect == TorchDialect::legacy)
+        throw InputError(at + ": OVERLAP_F_B is current PyTorch's (read with the current dialect)");
+      if (!is_transfer(a.kind)) {
+        auto [it, fresh] = stage_rank.try_emplace(a.stage, rank);
+        if (fresh) stage_where[a.stage] = at;
+        if (it->second != rank)
+          throw InputError(at + ": stage " + str(a.stage) + " is on rank " + str(rank) +
+                           " here but on rank " + str(it->second) + " at " + stage_where[a.stage] +
+                           " (a stage lives on one rank)");
+      }
+      max_stage = std::max(max_stage, a.stage);
+      max_mb = std::max(max_mb, a.micro_batch);
+      list.push_back(a);
+    }
+    s.ranks.push_back(std::move(list));
+    out.kept.push_back(rows[size_t(rank)].kept);
+  }
+  for (int st = 0; st <= max_stage; ++st)
+    if (!stage_rank.count(st))
+      throw InputError(source + ": stage " + str(st) + " is named by no rank's compute (stages " +
+                       "0 to " + str(max_stage) + " are used; each must live on some rank)");
+  if (max_stage < 0) throw InputError(source + ": no compute actions");
+  s.placement.resize(size_t(max_stage) + 1);
+  for (auto [st, rank] : stage_rank) s.placement[size_t(st)] = rank;
+  s.num_micro_batches = std::max(1, max_mb + 1);
+  check_header(s, source);
+  assign_peers(s);
+  return out;
+}
+
+int torch_cell(const TorchCsv& csv, int rank, int index) {
+  if (rank < 0 || rank >= int(csv.schedule.ranks.size())) return -1;
+  const auto& list = csv.schedule.ranks[size_t(rank)];
+  if (index < 0 || index >= int(list.size())) return -1;
+  const std::vector<KeptCell>* kept =
+      rank < int(csv.kept.size()) ? &csv.kept[size_t(rank)] : nullptr;
+  int cell = 0;
+  size_t e = 0;
+  auto skip_empty = [&] {
+    while (kept && e < kept->size() && (*kept)[e].cell == cell) {
+      ++cell;
+      ++e;
+    }
+  };
+  for (int i = 0;; ++i) {
+    skip_empty();
+    if (i == index) return cell;
+    if (list[size_t(i)].overlap && i + 1 < int(list.size())) {
+      if (i + 1 == index) return cell;
+      ++i;
+    }
+    ++cell;
+  }
+}
+
+void check_torch_csv(const TorchCsv& csv, const std::string& source) {
+  const ValidationReport r = validate(csv.schedule);
+  if (r.ok) return;
+  std::string where;
+  if (const int cell = torch_cell(csv, r.rank, r.index); cell >= 0)
+    where = " (CSV row " + str(r.rank + 1) + ", cell " + str(cell + 1) + ")";
+  else if (r.rank >= 0)
+    where = " (CSV row " + str(r.rank + 1) + ")";
+  throw InputError(source + ": invalid schedule" + where + ": " + r.to_string());
+}
+
+TorchCsv load_torch_csv(const std::string& path, TorchDialect dialect) {
+  std::string name = path;
+  if (size_t slash = name.find_last_of('/'); slash != std::string::npos)
+    name = name.substr(slash + 1);
+  if (is_csv_path(name)) name.resize(name.size() - 4);
+  return parse_torch_csv(read_file(path), path, dialect, name);
+}
+
+std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCells* kept) {
+  if (dialect == TorchDialect::detect) dialect = TorchDialect::current;
+  if (s.num_directions != 1)
+    throw InputError("PyTorch CSV: a schedule of " + str(s.num_directions) +
+                     " directions has no PyTorch form (its stages hold model replicas)");
+  if (kept && kept->size() != s.ranks.size())
+    throw InputError("PyTorch CSV: kept cells given for " + str(long(kept->size())) +
+                     " ranks, the schedule has " + str(long(s.ranks.size())));
+  std::string out;
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const auto& list = s.ranks[r];
+    const std::vector<KeptCell> none;
+    const std::vector<KeptCell>& empty = kept ? (*kept)[r] : none;
+    std::vector<std::string> cells;
+    size_t i = 0, e = 0;
+    while (i < list.size() || e < empty.size()) {
+      if (e < empty.size() && (empty[e].cell <= int(cells.size()) || i >= list.size())) {
+        cells.push_back(empty[e].text);
+        ++e;
+        continue;
+      }
+      const std::string where = "PyTorch CSV: rank " + str(long(r)) + ", action " + str(long(i)) +
+                                " (" + to_token(list[i]) + ")";
+      if (list[i].overlap && i + 1 < list.size()) {
+        if (dialect == TorchDialect::legacy)
+          throw InputError(where +
+                           ": a composite OVERLAP_F_B has no legacy form (write the "
+                           "current dialect)");
+        cells.push_back("(" + torch_token(list[i], dialect, where) + ";" +
+                        torch_token(list[i + 1], dialect, where) + ")OVERLAP_F_B");
+        i += 2;
+        continue;
+      }
+      cells.push_back(torch_token(list[i], dialect, where));
+      ++i;
+    }
+    if (cells.size() == 1 && cells[0].empty()) {
+      out += "\"\"";
+    } else {
+      for (size_t c = 0; c < cells.size(); ++c) out += (c ? "," : "") + cells[c];
+    }
+    out += "\r\n";
+  }
+  return out;
+}
+
+}  // namespace baton::schedule

@@ -1,0 +1,634 @@
+// The Python module `baton`: thin pybind11 bindings of the schedule IR, its file forms
+// (text, JSON, PyTorch CSV), the generators, the validator, the lowering passes, the
+// simulator, the automatic scheduler, timelines and the partitioner's planning
+// (docs/schedules.md, "Python"). Long calls release the GIL; the simulator's per-action
+// times come back as numpy arrays that own the C++ buffers (no copy).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+#include "schedule/auto_schedule.h"
+#include "schedule/costs.h"
+#include "schedule/generators.h"
+#include "schedule/lower.h"
+#include "schedule/schedule_io.h"
+#include "schedule/simulate.h"
+#include "schedule/timeline.h"
+#include "schedule/torch_csv.h"
+#include "schedule/trace_compare.h"
+#include "schedule/validate.h"
+#include "tools/python/planning.h"
+
+namespace py = pybind11;
+using namespace baton::schedule;
+using baton::InputError;
+
+namespace baton::python {
+
+namespace {
+
+// ---- conversions ----------------------------------------------------------------------
+
+// A Python value (number, str, list, tuple, numpy array, dict) as JSON.
+nlohmann::json to_json_value(const py::handle& h, const std::string& path) {
+  if (h.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+  if (py::isinstance<py::int_>(h)) return h.cast<long long>();
+  if (py::isinstance<py::float_>(h)) return h.cast<double>();
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::array>(h)) {
+    auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(h);
+    if (!a || a.ndim() != 1) throw InputError(path + ": expected a one-dimensional array");
+    nlohmann::json j = nlohmann::json::array();
+    const double* d = a.data();
+    for (py::ssize_t i = 0; i < a.size(); ++i) j.push_back(d[i]);
+    return j;
+  }
+  if (py::isinstance<py::dict>(h)) {
+    nlohmann::json j = nlohmann::json::object();
+    for (auto [k, v] : h.cast<py::dict>()) {
+      const std::string key = py::str(k);
+      j[key] = to_json_value(v, path + "." + key);
+    }
+    return j;
+  }
+  if (py::isinstance<py::sequence>(h)) {
+    nlohmann::json j = nlohmann::json::array();
+    size_t i = 0;
+    for (auto v : h.cast<py::sequence>())
+      j.push_back(to_json_value(v, path + "[" + std::to_string(i++) + "]"));
+    return j;
+  }
+  if (py::hasattr(h, "__float__")) return h.cast<double>();  // numpy scalars
+  throw InputError(path + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
+                   " here");
+}
+
+// The costs of a call: a CostSpec from a dict of cost-file fields (values: numbers,
+// lists or numpy arrays, one per stage), or None for F = B = W = 1.
+CostSpec cost_spec(const py::object& costs) {
+  if (costs.is_none()) return CostSpec::unit();
+  if (py::isinstance<CostSpec>(costs)) return costs.cast<CostSpec>();
+  if (!py::isinstance<py::dict>(costs))
+    throw InputError(
+        "costs: expected a dict of cost-file fields (forward, backward_input, ...), "
+        "a baton.CostSpec or None");
+  return parse_costs(to_json_value(costs, "costs").dump(), "costs");
+}
+
+std::vector<double> as_vector(const py::object& o, const std::string& what) {
+  if (py::isinstance<py::float_>(o) || py::isinstance<py::int_>(o)) return {o.cast<double>()};
+  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(o);
+  if (!a || a.ndim() != 1) throw InputError(what + ": expected a number or a list of numbers");
+  return std::vector<double>(a.data(), a.data() + a.size());
+}
+
+// A numpy array that owns `v` (moved, not copied).
+py::array_t<double> owned_array(std::vector<double>&& v) {
+  auto* heap = new std::vector<double>(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<double>*>(p); });
+  return py::array_t<double>({py::ssize_t(heap->size())}, {sizeof(double)}, heap->data(), owner);
+}
+
+Action action_from(const py::handle& h, const std::string& where) {
+  if (py::isinstance<Action>(h)) return h.cast<Action>();
+  if (py::isinstance<py::str>(h)) return parse_token(h.cast<std::string>(), where);
+  if (py::isinstance<py::tuple>(h) || py::isinstance<py::list>(h)) {
+    auto t = h.cast<py::sequence>();
+    if (t.size() < 2 || t.size() > 3)
+      throw InputError(where + ": expected (kind, micro_batch, stage) or a token such as '1F3'");
+    auto kind = kind_from_code(py::str(t[0]).cast<std::string>());
+    if (!kind)
+      throw InputError(where + ": unknown kind '" + py::str(t[0]).cast<std::string>() + "'");
+    Action a;
+    a.kind = *kind;
+    a.micro_batch = t[1].is_none() ? -1 : t[1].cast<int>();
+    a.stage = t.size() > 2 && !t[2].is_none() ? t[2].cast<int>() : -1;
+    return a;
+  }
+  throw InputError(where + ": expected a baton.Action, a token such as '1F3' or a tuple");
+}
+
+// ---- the result of a simulation, as Python sees it -------------------------------------
+
+struct PySimResult {
+  SimResult sim;
+  py::array_t<double> start, end;  // per action, rank by rank (offsets give each rank's slice)
+  std::vector<int> offsets;
+  std::shared_ptr<Timeline> timeline;  // when asked for
+};
+
+std::shared_ptr<PySimResult> run_simulation(const Schedule& s, const CostSpec& spec,
+                                            bool keep_timeline) {
+  auto out = std::make_shared<PySimResult>();
+  std::vector<double> start, end;
+  {
+    py::gil_scoped_release release;
+    Simulator sim(s, "schedule");
+    Costs c = resolve(spec, s);
+    out->sim = sim.run(c);
+    size_t n = s.num_actions();
+    start.resize(n);
+    end.resize(n);
+    out->offsets.reserve(s.ranks.size() + 1);
+    size_t k = 0;
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      out->offsets.push_back(int(k));
+      for (size_t i = 0; i < s.ranks[r].size(); ++i, ++k) {
+        start[k] = sim.start_time(int(r), int(i));
+        end[k] = sim.end_time(int(r), int(i));
+      }
+    }
+    out->offsets.push_back(int(k));
+    if (keep_timeline)
+      out->timeline = std::make_shared<Timeline>(sim.timeline(spec.seconds_per_unit));
+  }
+  out->start = owned_array(std::move(start));
+  out->end = owned_array(std::move(end));
+  return out;
+}
+
+py::array_t<double> per_rank(const SimResult& r, double RankStats::*field) {
+  std::vector<double> v;
+  v.reserve(r.ranks.size());
+  for (const RankStats& s : r.ranks) v.push_back(s.*field);
+  return owned_array(std::move(v));
+}
+
+py::dict auto_candidate(const AutoCandidate& c) {
+  py::dict d;
+  d["name"] = c.name;
+  d["defined"] = c.defined;
+  d["fits"] = c.fits;
+  d["note"] = c.note;
+  d["makespan"] = c.makespan;
+  d["bubble"] = c.bubble;
+  d["span_bubble"] = c.span_bubble;
+  d["peak_micro_batches"] = c.peak_micro_batches;
+  d["peak_bytes"] = c.peak_bytes;
+  return d;
+}
+
+py::dict comparison_dict(const TraceComparison& c) {
+  py::dict d;
+  d["measured_makespan"] = c.measured_makespan;
+  d["predicted_makespan"] = c.predicted_makespan;
+  d["unmatched_measured"] = c.unmatched_measured;
+  d["unmatched_predicted"] = c.unmatched_predicted;
+  d["mean_abs_start_diff"] = c.mean_abs_start_diff;
+  d["mean_abs_duration_diff"] = c.mean_abs_duration_diff;
+  py::list kinds;
+  for (const KindSummary& k : c.kinds) {
+    py::dict e;
+    e["kind"] = std::string(kind_code(k.kind));
+    e["count"] = k.count;
+    e["measured_mean"] = k.measured_mean;
+    e["predicted_mean"] = k.predicted_mean;
+    kinds.append(e);
+  }
+  d["kinds"] = kinds;
+  py::list actions;
+  for (const ActionDiff& a : c.actions) {
+    py::dict e;
+    e["action"] = to_token(make_action(a.kind, a.micro_batch, a.stage));
+    e["matched"] = a.matched;
+    e["measured_rank"] = a.measured_rank;
+    e["predicted_rank"] = a.predicted_rank;
+    e["measured_start"] = a.measured_start;
+    e["measured_end"] = a.measured_end;
+    e["predicted_start"] = a.predicted_start;
+    e["predicted_end"] = a.predicted_end;
+    actions.append(e);
+  }
+  d["actions"] = actions;
+  d["report"] = format_comparison(c, false);
+  return d;
+}
+
+}  // namespace
+
+}  // namespace baton::python
+
+PYBIND11_MODULE(baton, m) {
+  using namespace baton::python;
+  m.doc() =
+      "baton's pipeline schedules from Python: the IR, its file forms (text, JSON, PyTorch "
+      "CSV), generators, validator, lowering, simulator, automatic scheduler, timelines and "
+      "planning. See docs/schedules.md.";
+
+  // InputError (bad input anywhere) -> baton.InputError (a ValueError); an invalid
+  // schedule -> baton.ScheduleError, a subclass carrying where and what.
+  auto input_error = py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
+  py::object schedule_error =
+      py::module_::import("builtins")
+          .attr("type")("ScheduleError", py::make_tuple(py::handle(input_error.ptr())), py::dict());
+  schedule_error.attr("__module__") = "baton";
+  schedule_error.attr("__doc__") =
+      "An invalid schedule. Attributes: rank, index (the action's position, -1: none), "
+      "action (its token, or None), message, grid (the actions around it, one column per "
+      "rank).";
+  m.attr("ScheduleError") = schedule_error;
+
+  // ---- actions ---------------------------------------------------------------------------
+  py::class_<Action>(m, "Action", "One action of one rank: kind code, micro-batch, stage, peer.")
+      .def(py::init([](const std::string& kind, int micro_batch, int stage, bool overlap) {
+             auto k = kind_from_code(kind);
+             if (!k) throw InputError("Action: unknown kind '" + kind + "'");
+             Action a;
+             a.kind = *k;
+             a.micro_batch = micro_batch;
+             a.stage = stage;
+             a.overlap = overlap;
+             return a;
+           }),
+           py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
+           py::arg("overlap") = false)
+      .def_static(
+          "parse", [](const std::string& t) { return parse_token(t, "token"); }, py::arg("token"))
+      .def_property_readonly("kind", [](const Action& a) { return std::string(kind_code(a.kind)); })
+      .def_readonly("micro_batch", &Action::micro_batch)
+      .def_readonly("stage", &Action::stage)
+      .def_readonly("peer", &Action::peer)
+      .def_readonly("overlap", &Action::overlap,
+                    "an F that starts together with the next action (OVERLAP_F_B)")
+      .def_property_readonly("token", [](const Action& a) { return to_token(a); })
+      .def("__eq__", [](const Action& a, const Action& b) { return a == b; })
+      .def(
+          "__hash__",
+          [](const Action& a) {
+            return py::hash(py::make_tuple(int(a.kind), a.micro_batch, a.stage, a.peer, a.overlap));
+          })
+      .def("__repr__", [](const Action& a) { return "Action('" + to_token(a) + "')"; });
+
+  // ---- schedules -------------------------------------------------------------------------
+  py::class_<Schedule>(m, "Schedule",
+                       "A schedule: per rank an ordered list of actions, and the placement "
+                       "of stages on ranks.")
+      .def(py::init([](const py::sequence& ranks, std::optional<std::vector<int>> placement,
+                       std::optional<int> micro_batches, int directions, const std::string& name) {
+             Schedule s;
+             s.name = name;
+             s.num_directions = directions;
+             int max_stage = -1, max_mb = -1;
+             for (size_t r = 0; r < ranks.size(); ++r) {
+               std::vector<Action> list;
+               size_t i = 0;
+               for (auto h : ranks[r].cast<py::sequence>()) {
+                 const std::string where =
+                     "rank " + std::to_string(r) + ", action " + std::to_string(i++);
+                 if (py::isinstance<py::str>(h) && !h.cast<std::string>().empty() &&
+                     h.cast<std::string>().front() == '(') {
+                   Schedule one = parse_text("0: " + h.cast<std::string>(), where);
+                   for (const Action& a : one.ranks[0]) list.push_back(a);
+                   continue;
+                 }
+                 list.push_back(action_from(h, where));
+               }
+               for (const Action& a : list) {
+                 max_stage = std::max(max_stage, a.stage);
+                 max_mb = std::max(max_mb, a.micro_batch);
+               }
+               s.ranks.push_back(std::move(list));
+             }
+             s.num_ranks = int(s.ranks.size());
+             const int p = std::max(1, s.num_ranks);
+             s.placement =
+                 placement ? *placement : loop_placement(p, std::max(1, (max_stage + p) / p));
+             const int d = std::max(1, directions);
+             s.num_micro_batches =
+                 micro_batches ? *micro_batches : std::max(1, (max_mb + d) / d * d);
+             check_header(s, "Schedule");
+             assign_peers(s);
+             return s;
+           }),
+           py::arg("ranks"), py::arg("placement") = py::none(),
+           py::arg("micro_batches") = py::none(), py::arg("directions") = 1, py::arg("name") = "",
+           "Builds a schedule from per-rank lists of tokens ('1F3', '(0F7;7BW3)'), "
+           "baton.Action objects or (kind, micro_batch, stage) tuples.")
+      .def_readwrite("name", &Schedule::name)
+      .def_readonly("num_ranks", &Schedule::num_ranks)
+      .def_readonly("num_micro_batches", &Schedule::num_micro_batches)
+      .def_readonly("num_directions", &Schedule::num_directions)
+      .def_readonly("placement", &Schedule::placement)
+      .def_property_readonly("num_stages", &Schedule::num_stages)
+      .def_property_readonly("num_actions", &Schedule::num_actions)
+      .def_property_readonly(
+          "ranks", [](const Schedule& s) { return s.ranks; }, "per rank, its actions (a copy)")
+      .def(
+          "actions", [](const Schedule& s, int r) { return s.ranks.at(size_t(r)); },
+          py::arg("rank"))
+      .def(
+          "tokens",
+          [](const Schedule& s) {
+            std::vector<std::vector<std::string>> out;
+            for (const auto& list : s.ranks) {
+              out.emplace_back();
+              for (const Action& a : list) out.back().push_back(to_token(a));
+            }
+            return out;
+          },
+          "per rank, its actions' tokens")
+      .def("__iter__",
+           [](const Schedule& s) {
+             py::list items;
+             for (size_t r = 0; r < s.ranks.size(); ++r)
+               for (size_t i = 0; i < s.ranks[r].size(); ++i)
+                 items.append(py::make_tuple(r, i, s.ranks[r][i]));
+             return py::iter(items);
+           })
+      .def("__len__", &Schedule::num_actions)
+      .def("__eq__", [](const Schedule& a, const Schedule& b) { return a == b; })
+      .def("__repr__",
+           [](const Schedule& s) {
+             return "<baton.Schedule '" + s.name + "' ranks=" + std::to_string(s.num_ranks) +
+                    " micro_batches=" + std::to_string(s.num_micro_batches) +
+                    " stages=" + std::to_string(s.num_stages()) + ">";
+           })
+      .def("to_text", &to_text)
+      .def("to_json", &to_json_text)
+      .def(
+          "to_csv",
+          [](const Schedule& s, const std::string& dialect) {
+            return to_torch_csv(s, parse_dialect(dialect));
+          },
+          py::arg("dialect") = "current", "PyTorch's CSV ('current' or 'legacy' dialect)")
+      .def(
+          "save", [](const Schedule& s, const std::string& path) { save_schedule(s, path); },
+          py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
+
+  m.def(
+      "parse_text", [](const std::string& t, const std::string& src) { return parse_text(t, src); },
+      py::arg("text"), py::arg("source") = "text");
+  m.def(
+      "parse_json", [](const std::string& t, const std::string& src) { return parse_json(t, src); },
+      py::arg("text"), py::arg("source") = "json");
+  m.def(
+      "parse_csv",
+      [](const std::string& t, const std::string& dialect, const std::string& src) {
+        TorchCsv csv = parse_torch_csv(t, src, parse_dialect(dialect));
+        py::list kept;
+        for (const auto& row : csv.kept) {
+          py::list cells;
+          for (const KeptCell& k : row) cells.append(py::make_tuple(k.cell, k.text));
+          kept.append(cells);
+        }
+        return py::make_tuple(csv.schedule, std::string(dialect_name(csv.dialect)), kept);
+      },
+      py::arg("text"), py::arg("dialect") = "detect", py::arg("source") = "csv",
+      "PyTorch's CSV: returns (schedule, dialect read, kept cells: per rank the (cell, text) "
+      "of the idle steps and waits, for to_csv to put back)");
+  m.def(
+      "to_csv",
+      [](const Schedule& s, const std::string& dialect,
+         std::optional<std::vector<std::vector<std::pair<int, std::string>>>> kept) {
+        KeptCells k;
+        if (kept)
+          for (const auto& row : *kept) {
+            k.emplace_back();
+            for (const auto& [cell, text] : row) k.back().push_back({cell, text});
+          }
+        return to_torch_csv(s, parse_dialect(dialect), kept ? &k : nullptr);
+      },
+      py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none());
+  m.def("load", &load_schedule, py::arg("path"), "text, JSON or PyTorch CSV (by the name)");
+  m.def("schedule_names", &all_schedule_names);
+  m.def(
+      "generate",
+      [](const std::string& name, int p, int mb, int v) {
+        py::gil_scoped_release release;
+        return generate(name, p, mb, v);
+      },
+      py::arg("name"), py::arg("ranks"), py::arg("micro_batches"), py::arg("chunks") = 0,
+      "one of schedule_names() for p ranks and m micro-batches (chunks: stages per rank)");
+
+  // ---- validation and lowering -----------------------------------------------------------
+  m.def(
+      "validate",
+      [](const Schedule& s) {
+        ValidationReport r;
+        {
+          py::gil_scoped_release release;
+          r = validate(s);
+        }
+        if (r.ok) return;
+        py::object error_type = py::module_::import("baton").attr("ScheduleError");
+        py::object e = error_type(r.message + "\n" + r.grid);
+        e.attr("rank") = r.rank;
+        e.attr("index") = r.index;
+        const bool has = r.rank >= 0 && r.index >= 0 && size_t(r.rank) < s.ranks.size() &&
+                         size_t(r.index) < s.ranks[size_t(r.rank)].size();
+        e.attr("action") =
+            has ? py::cast(to_token(s.ranks[size_t(r.rank)][size_t(r.index)])) : py::none();
+        e.attr("message") = r.message;
+        e.attr("grid") = r.grid;
+        PyErr_SetObject(error_type.ptr(), e.ptr());
+        throw py::error_already_set();
+      },
+      py::arg("schedule"), "raises baton.ScheduleError unless the schedule is valid");
+  m.def(
+      "is_valid", [](const Schedule& s) { return validate(s).ok; }, py::arg("schedule"));
+  m.def(
+      "lower",
+      [](const Schedule& s, bool merge, bool transfers, bool reduce, bool step) {
+        LowerOptions o;
+        o.merge_backward = merge;
+        o.transfers = transfers;
+        o.reduce = reduce;
+        o.step = step;
+        return lower(s, o);
+      },
+      py::arg("schedule"), py::arg("merge_backward") = false, py::arg("transfers") = true,
+      py::arg("reduce") = true, py::arg("step") = true);
+  m.def("split_backward", &split_backward, py::arg("schedule"));
+  m.def("merge_backward", &merge_backward, py::arg("schedule"));
+  m.def("compute_only", &compute_only, py::arg("schedule"));
+
+  // ---- costs and simulation --------------------------------------------------------------
+  py::class_<CostSpec>(m, "CostSpec", "A parsed cost file (see docs/schedules.md, Costs).")
+      .def(py::init([](const py::dict& d) { return cost_spec(d); }), py::arg("fields"))
+      .def_static("load", &load_costs, py::arg("path"))
+      .def_static(
+          "parse", [](const std::string& t) { return parse_costs(t, "costs"); }, py::arg("json"))
+      .def_static("unit", &CostSpec::unit)
+      .def_readonly("seconds_per_unit", &CostSpec::seconds_per_unit);
+
+  py::class_<PySimResult, std::shared_ptr<PySimResult>>(
+      m, "SimResult",
+      "A simulation: makespan, bubble, span_bubble, peaks; per rank (numpy arrays) busy, "
+      "idle, bubbles, peak memory; per action start and end (rank by rank: "
+      "start[offsets[r]:offsets[r+1]] are rank r's).")
+      .def_property_readonly("makespan", [](const PySimResult& r) { return r.sim.makespan; })
+      .def_property_readonly("bubble", [](const PySimResult& r) { return r.sim.bubble; })
+      .def_property_readonly("span_bubble", [](const PySimResult& r) { return r.sim.span_bubble; })
+      .def_property_readonly("peak_micro_batches",
+                             [](const PySimResult& r) { return r.sim.peak_micro_batches; })
+      .def_property_readonly("peak_bytes", [](const PySimResult& r) { return r.sim.peak_bytes; })
+      .def_property_readonly("busy",
+                             [](const PySimResult& r) { return per_rank(r.sim, &RankStats::busy); })
+      .def_property_readonly("idle",
+                             [](const PySimResult& r) {
+                               std::vector<double> v;
+                               for (const RankStats& s : r.sim.ranks)
+                                 v.push_back(r.sim.makespan - s.busy);
+                               return owned_array(std::move(v));
+                             })
+      .def_property_readonly(
+          "rank_start", [](const PySimResult& r) { return per_rank(r.sim, &RankStats::start); })
+      .def_property_readonly("rank_end",
+                             [](const PySimResult& r) { return per_rank(r.sim, &RankStats::end); })
+      .def_property_readonly(
+          "rank_bubble", [](const PySimResult& r) { return per_rank(r.sim, &RankStats::bubble); })
+      .def_property_readonly(
+          "rank_span_bubble",
+          [](const PySimResult& r) { return per_rank(r.sim, &RankStats::span_bubble); })
+      .def_property_readonly(
+          "peak_memory",
+          [](const PySimResult& r) { return per_rank(r.sim, &RankStats::peak_micro_batches); },
+          "per rank, peak live micro-batches")
+      .def_property_readonly(
+          "peak_memory_bytes",
+          [](const PySimResult& r) { return per_rank(r.sim, &RankStats::peak_bytes); })
+      .def_readonly("start", &PySimResult::start)
+      .def_readonly("end", &PySimResult::end)
+      .def_readonly("offsets", &PySimResult::offsets)
+      .def_readonly("timeline", &PySimResult::timeline,
+                    "the timeline (simulate(..., timeline=True); else None)")
+      .def("__repr__", [](const PySimResult& r) {
+        return "<baton.SimResult makespan=" + std::to_string(r.sim.makespan) +
+               " bubble=" + std::to_string(r.sim.bubble) +
+               " span_bubble=" + std::to_string(r.sim.span_bubble) + ">";
+      });
+
+  m.def(
+      "simulate",
+      [](const Schedule& s, const py::object& costs, bool timeline) {
+        return run_simulation(s, cost_spec(costs), timeline);
+      },
+      py::arg("schedule"), py::arg("costs") = py::none(), py::arg("timeline") = false,
+      "costs: a dict of cost-file fields (numbers, or per-stage lists / numpy arrays), a "
+      "baton.CostSpec, or None for F = B = W = 1 per rank's share");
+
+  // The search-loop form: a simulator built once, run on many costs.
+  py::class_<Simulator, std::shared_ptr<Simulator>>(
+      m, "Simulator", "Validates and indexes a schedule once; run() it on many costs.")
+      .def(py::init([](const Schedule& s) {
+             py::gil_scoped_release release;
+             return std::make_shared<Simulator>(s, "schedule");
+           }),
+           py::arg("schedule"))
+      .def(
+          "run",
+          [](Simulator& sim, const py::object& costs) {
+            CostSpec spec = cost_spec(costs);
+            py::gil_scoped_release release;
+            const SimResult& r = sim.run(resolve(spec, sim.schedule()));
+            return std::make_tuple(r.makespan, r.bubble, r.span_bubble, r.peak_micro_batches);
+          },
+          py::arg("costs") = py::none(),
+          "returns (makespan, bubble, span_bubble, peak_micro_batches)")
+      .def(
+          "run_stages",
+          [](Simulator& sim, const py::object& f, const py::object& b, const py::object& w) {
+            const int S = sim.schedule().num_stages();
+            Costs c;
+            auto fill = [&](const py::object& o, std::vector<double>& v, const char* what) {
+              v = as_vector(o, what);
+              if (v.size() == 1) v.assign(size_t(S), v[0]);
+            };
+            fill(f, c.forward, "forward");
+            fill(b, c.backward_input, "backward_input");
+            fill(w, c.backward_weight, "backward_weight");
+            py::gil_scoped_release release;
+            const SimResult& r = sim.run(c);
+            return std::make_tuple(r.makespan, r.bubble, r.span_bubble, r.peak_micro_batches);
+          },
+          py::arg("forward"), py::arg("backward_input"), py::arg("backward_weight"),
+          "per-stage F, B, W (numbers, lists or numpy arrays; no cost-file scaling)");
+
+  m.def(
+      "auto_schedule",
+      [](int p, int mb, const py::object& costs, const py::object& memory_limit, bool in_bytes) {
+        AutoOptions o;
+        o.num_ranks = p;
+        o.num_micro_batches = mb;
+        if (!memory_limit.is_none()) o.memory_limit = as_vector(memory_limit, "memory_limit");
+        o.limit_in_bytes = in_bytes;
+        CostSpec spec = cost_spec(costs);
+        AutoResult r;
+        {
+          py::gil_scoped_release release;
+          r = auto_schedule(spec, o);
+        }
+        py::dict info;
+        info["chosen"] = r.chosen;
+        info["makespan"] = r.sim.makespan;
+        info["bubble"] = r.sim.bubble;
+        info["span_bubble"] = r.sim.span_bubble;
+        info["peak_micro_batches"] = r.sim.peak_micro_batches;
+        info["peak_bytes"] = r.sim.peak_bytes;
+        info["greedy_runs"] = r.greedy_runs;
+        info["best_greedy"] = auto_candidate(r.best_greedy);
+        py::list fixed;
+        for (const AutoCandidate& c : r.fixed) fixed.append(auto_candidate(c));
+        info["fixed"] = fixed;
+        return py::make_tuple(r.schedule, info);
+      },
+      py::arg("ranks"), py::arg("micro_batches"), py::arg("costs") = py::none(),
+      py::arg("memory_limit") = py::none(), py::arg("limit_in_bytes") = false,
+      "the fastest schedule found within the memory limit (micro-batches, or bytes): "
+      "returns (schedule, info)");
+
+  // ---- timelines -------------------------------------------------------------------------
+  py::class_<Timeline, std::shared_ptr<Timeline>>(m, "Timeline",
+                                                  "What ran where and when, one row per rank.")
+      .def_readonly("name", &Timeline::name)
+      .def_readonly("num_ranks", &Timeline::num_ranks)
+      .def_readonly("seconds_per_unit", &Timeline::seconds_per_unit)
+      .def_property_readonly("end_time", &Timeline::end_time)
+      .def(
+          "svg",
+          [](const Timeline& t, int width) {
+            SvgOptions o;
+            o.width = width;
+            return to_svg(t, o);
+          },
+          py::arg("width") = 1400)
+      .def("chrome_trace", &to_chrome_trace)
+      .def("events", [](const Timeline& t) {
+        py::list out;
+        for (const TimelineEvent& e : t.events) {
+          py::dict d;
+          d["rank"] = e.rank;
+          d["lane"] = e.lane;
+          d["kind"] = std::string(kind_code(e.kind));
+          d["micro_batch"] = e.micro_batch;
+          d["stage"] = e.stage;
+          d["peer"] = e.peer;
+          d["start"] = e.start;
+          d["end"] = e.end;
+          out.append(d);
+        }
+        return out;
+      });
+  m.def(
+      "read_chrome_trace",
+      [](const std::string& text) {
+        return std::make_shared<Timeline>(from_chrome_trace(text, "trace"));
+      },
+      py::arg("text"), "a timeline from Chrome trace JSON (the executor's or the simulator's)");
+  m.def(
+      "compare_traces",
+      [](const Timeline& measured, const Timeline& predicted) {
+        return comparison_dict(compare_timelines(measured, predicted));
+      },
+      py::arg("measured"), py::arg("predicted"),
+      "per action and per kind, the measured against the predicted times");
+
+  // ---- planning (partitioner/) -----------------------------------------------------------
+  register_planning(m);
+}

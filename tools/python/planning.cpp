@@ -1,0 +1,236 @@
+#include "tools/python/planning.h"
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "memory/error.h"
+#include "memory/units.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
+#include "partitioner/plan.h"
+#include "partitioner/search.h"
+#include "stages/model.h"
+
+namespace py = pybind11;
+namespace pt = baton::partitioner;
+
+namespace baton::python {
+
+namespace {
+
+using GraphPtr = std::shared_ptr<const stages::Graph>;
+
+// JSON <-> Python through the json module (plans are small).
+py::object to_python(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+nlohmann::json from_python(const py::handle& o) {
+  return nlohmann::json::parse(py::module_::import("json").attr("dumps")(o).cast<std::string>());
+}
+
+pt::Machine machine_from(const py::dict& d) {
+  pt::Machine m;
+  for (auto [k, v] : d) {
+    const std::string key = py::str(k);
+    double x = v.cast<double>();
+    if (key == "flops")
+      m.flops = x;
+    else if (key == "memory_bandwidth")
+      m.memory_bandwidth = x;
+    else if (key == "tp_bandwidth")
+      m.tp_bandwidth = x;
+    else if (key == "tp_latency")
+      m.tp_latency = x;
+    else if (key == "p2p_bandwidth")
+      m.p2p_bandwidth = x;
+    else if (key == "p2p_latency")
+      m.p2p_latency = x;
+    else if (key == "dp_bandwidth")
+      m.dp_bandwidth = x;
+    else if (key == "dp_latency")
+      m.dp_latency = x;
+    else
+      throw InputError("machine." + key +
+                       ": unknown field (expected flops, memory_bandwidth, tp_bandwidth, "
+                       "tp_latency, p2p_bandwidth, p2p_latency, dp_bandwidth, dp_latency)");
+  }
+  return m;
+}
+
+int64_t bytes_of(const py::object& o, const char* what) {
+  if (o.is_none()) return 0;
+  if (py::isinstance<py::str>(o)) return int64_t(memory::parse_bytes(o.cast<std::string>()));
+  double v = o.cast<double>();
+  if (v < 0) throw InputError(std::string(what) + ": expected a size >= 0");
+  return int64_t(v);
+}
+
+py::dict estimate_dict(const pt::ResolvedPlan& r, const pt::PlanEstimate& e) {
+  py::dict d;
+  d["step_time"] = e.step_time;
+  d["bubble"] = e.bubble;
+  d["tokens_per_second"] = e.tokens_per_second;
+  d["tokens_per_step"] = e.tokens_per_step;
+  d["fits"] = e.fits();
+  d["problems"] = e.problems;
+  d["max_peak"] = e.max_peak();
+  py::list ranks;
+  for (const pt::RankEstimate& re : e.ranks) {
+    py::dict x;
+    x["rank"] = re.rank;
+    x["dp"] = re.coord.dp;
+    x["pp"] = re.coord.pp;
+    x["tp"] = re.coord.tp;
+    x["stages"] = re.stages;
+    x["layers"] = re.layers;
+    x["parameters"] = re.parameters;
+    x["param_bytes"] = re.param_bytes;
+    x["grad_bytes"] = re.grad_bytes;
+    x["optimizer_bytes"] = re.optimizer_bytes;
+    x["activation_peak"] = re.activation_peak;
+    x["peak"] = re.peak;
+    x["compute_time"] = re.compute_time;
+    x["busy_fraction"] = re.busy_fraction;
+    ranks.append(x);
+  }
+  d["ranks"] = ranks;
+  d["table"] = pt::format_estimate(r, e);
+  return d;
+}
+
+}  // namespace
+
+void register_planning(py::module_& m) {
+  py::class_<stages::Graph, std::shared_ptr<stages::Graph>>(m, "Model",
+                                                            "A model graph (baton's model JSON).")
+      .def_readonly("name", &stages::Graph::name)
+      .def_property_readonly("num_layers", &stages::Graph::num_layers)
+      .def_property_readonly("layers",
+                             [](const stages::Graph& g) {
+                               std::vector<std::string> out;
+                               for (const auto& l : g.layers) out.push_back(l.name);
+                               return out;
+                             })
+      .def("__repr__", [](const stages::Graph& g) {
+        return "<baton.Model '" + g.name + "' layers=" + std::to_string(g.num_layers()) + ">";
+      });
+
+  m.def(
+      "load_model",
+      [](const std::string& path) {
+        py::gil_scoped_release release;
+        return std::make_shared<stages::Graph>(stages::load_model(path));
+      },
+      py::arg("path"));
+
+  m.def(
+      "layer_costs",
+      [](const std::shared_ptr<stages::Graph>& g, int tp, int64_t batch, const py::dict& machine) {
+        pt::CostModel model(g, machine_from(machine));
+        const pt::CostTable& t = model.table(tp, batch);
+        py::list out;
+        for (size_t i = 0; i < t.layers.size(); ++i) {
+          const pt::LayerCost& l = t.layers[i];
+          py::dict d;
+          d["layer"] = g->layers[i].name;
+          d["forward"] = l.f;
+          d["backward_input"] = l.b;
+          d["backward_weight"] = l.w;
+          d["forward_flops"] = l.f_flops;
+          d["backward_input_flops"] = l.b_flops;
+          d["backward_weight_flops"] = l.w_flops;
+          d["param_bytes"] = t.own_param_bytes[i];
+          d["stash_bytes"] = l.mem.stash;
+          d["w_stash_bytes"] = l.mem.w_stash;
+          d["stash_bytes_recompute"] = l.mem_recompute.stash;
+          d["cut_bytes"] = t.cut_bytes[i + 1];
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("model"), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("machine") = py::dict(),
+      "the cost model's numbers per layer at a tensor-parallel degree and micro-batch size "
+      "(seconds, FLOPs, bytes)");
+
+  m.def(
+      "plan",
+      [](const std::shared_ptr<stages::Graph>& g, int devices, const py::object& device_memory,
+         int64_t batch, int tp, int pp, int dp, std::vector<std::string> schedules,
+         int micro_batches, std::optional<bool> recompute, const std::string& optimizer, int top,
+         const std::string& model_path, const py::dict& machine) {
+        pt::SearchOptions so;
+        so.devices = devices;
+        so.device_memory = bytes_of(device_memory, "device_memory");
+        so.global_batch = batch;
+        so.tp = tp;
+        so.pp = pp;
+        so.dp = dp;
+        so.schedules = std::move(schedules);
+        so.micro_batches = micro_batches;
+        so.recompute = recompute ? int(*recompute) : -1;
+        so.optimizer = optimizer;
+        so.keep = top;
+        so.model_path = model_path.empty() ? g->source : model_path;
+        if (so.model_path.empty()) so.model_json = g->config;
+        pt::optimizer_states(so.optimizer);
+        const pt::Machine mach = machine_from(machine);
+        pt::SearchResult res;
+        {
+          py::gil_scoped_release release;
+          pt::CostModel model(g, mach);
+          res = pt::search_plans(g, model, so);
+        }
+        py::dict out;
+        py::list ranked;
+        for (const pt::Candidate& c : res.ranked) {
+          py::dict d;
+          d["plan"] = to_python(pt::plan_to_json(c.plan));
+          d["describe"] = c.describe();
+          d["step_time"] = c.step_time;
+          d["bubble"] = c.bubble;
+          d["tokens_per_second"] = c.tokens_per_second;
+          d["peak"] = c.peak;
+          d["peak_rank"] = c.peak_rank;
+          ranked.append(d);
+        }
+        out["plans"] = ranked;
+        out["best"] = res.ranked.empty() ? py::object(py::none()) : ranked[0]["plan"];
+        out["evaluated"] = res.evaluated;
+        out["rejected"] = res.rejected;
+        out["seconds"] = res.seconds;
+        out["skipped"] = res.skipped;
+        return out;
+      },
+      py::arg("model"), py::arg("devices"), py::arg("device_memory") = py::none(),
+      py::arg("batch") = 16, py::arg("tp") = 0, py::arg("pp") = 0, py::arg("dp") = 0,
+      py::arg("schedules") = std::vector<std::string>{}, py::arg("micro_batches") = 0,
+      py::arg("recompute") = py::none(), py::arg("optimizer") = "adamw", py::arg("top") = 5,
+      py::arg("model_path") = "", py::arg("machine") = py::dict(),
+      "searches partition plans: returns {'best': plan dict, 'plans': [...], ...}");
+
+  m.def(
+      "check",
+      [](const py::object& plan, const std::string& base_dir, const py::dict& machine) {
+        pt::Plan p = py::isinstance<py::str>(plan)
+                         ? pt::read_plan(plan.cast<std::string>())
+                         : pt::parse_plan(from_python(plan), "plan", base_dir);
+        const pt::Machine mach = machine_from(machine);
+        std::unique_ptr<pt::ResolvedPlan> r;
+        pt::PlanEstimate e;
+        {
+          py::gil_scoped_release release;
+          auto graph = pt::load_plan_model(p);
+          r = std::make_unique<pt::ResolvedPlan>(pt::resolve_plan(p, graph));
+          pt::CostModel model(graph, mach);
+          e = pt::evaluate_plan(*r, model);
+        }
+        return estimate_dict(*r, e);
+      },
+      py::arg("plan"), py::arg("base_dir") = ".", py::arg("machine") = py::dict(),
+      "checks a plan (a dict as plan() returns, or a plan file's path): its estimate, with "
+      "one dict per rank and the text table `baton plan --check` prints");
+}
+
+}  // namespace baton::python
