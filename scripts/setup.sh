@@ -11,7 +11,7 @@ packages=(
   libboost-dev libboost-program-options-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils
-  iproute2 procps python3
+  iproute2 procps python3 python3-dev python3-numpy pybind11-dev
   openmpi-bin libopenmpi-dev
   libsentencepiece-dev
   clang-14 libclang-rt-14-dev libomp-14-dev
