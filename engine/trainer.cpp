@@ -54,8 +54,8 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
   const bool per_position = !images && !tgt_type.shape.empty();
 
-  stages::ByteDataset data =
-      images ? stages::ByteDataset(std::string(), o.data_path) : stages::ByteDataset(o.data_path, T);
+  std::optional<stages::ByteDataset> data;
+  if (!images) data.emplace(o.data_path, T);
   auto& alloc = memory::allocator_for(memory::Device::cpu());
   alloc.reset_peak();
 
@@ -81,7 +81,7 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} {}); batch {} x {} "
                "{} in {} micro-batch(es); {} steps",
                graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6, o.data_path,
-               images ? images->size() : data.size(), images ? "images" : "bytes", o.batch, T,
+               images ? images->size() : data->size(), images ? "images" : "bytes", o.batch, T,
                images ? "image" : "tokens", o.micro_batches, o.steps);
 
   const int64_t mb_size = o.batch / o.micro_batches;
@@ -102,7 +102,7 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
       if (images) {
         images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       } else {
-        data.fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+        data->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       }
       stages::TensorMap out = images ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
                                      : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
@@ -121,8 +121,10 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
     m.step = done;
     m.seed = o.seed;
     m.model = model_json;
-    m.data = {{"position", done}, {"file", o.data_path}, {"bytes", data.size()}};
-    if (images) m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
+    if (images)
+      m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
+    else
+      m.data = {{"position", done}, {"file", o.data_path}, {"bytes", data->size()}};
     m.train = {{"batch", o.batch}, {"micro_batches", o.micro_batches}, {"grad_clip", o.grad_clip},
                {"steps", o.steps}};
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);

@@ -42,8 +42,8 @@ TEST_P(LlamaPlans, MatchesOneProcess) {
   RunSettings s;
   s.steps = 6;
   auto plan = resolve(p, ws);
-  std::vector<stages::StepRecord> want = run_reference(p, ws, s);
-  std::vector<stages::StepRecord> got = run_threads(plan, train_options(ws, s));
+  std::vector<engine::StepRecord> want = run_reference(p, ws, s);
+  std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
   ASSERT_EQ(got.size(), want.size());
   const bool exact = c.tp == 1 && c.dp == 1;
   for (size_t i = 0; i < want.size(); ++i) {
