@@ -172,7 +172,7 @@ TEST(ModelJson, AttentionHeadsMustDivide) {
       "layers": [{"name": "l", "nodes": [
         {"op": "attention", "inputs": ["x"], "outputs": ["h"], "attrs": {"n_head": 2}},
         {"op": "cross_entropy", "inputs": ["h", "y"], "outputs": ["loss"]}]}], "loss": "loss"})";
-  expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "3 * n_head * D", "n_head = 2", "f32[batch, 4, 9]"});
+  expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "(n_head + 2 * n_kv_head) * D", "n_head = 2", "f32[batch, 4, 9]"});
 }
 
 }  // namespace
