@@ -30,6 +30,10 @@ struct StreamMemory final : RawMemory {
     uint64_t target;
   };
 
+  // Blocks a test leaves allocated go with the stand-in (the allocator owns it).
+  ~StreamMemory() override {
+    for (auto& [p, n] : sizes) std::free(p);
+  }
   static void* stream(uintptr_t n) { return reinterpret_cast<void*>(n); }
   void queue(uintptr_t s) { queued[s]++; }
   void complete(uintptr_t s) { completed[s] = queued[s]; }
