@@ -459,7 +459,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   if (o.include_fixed) {
     for (const std::string name :
          {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev", "v-min",
-          "v-half"}) {
+          "v-half", "v-zb"}) {
       AutoCandidate cand;
       cand.name = name;
       try {

@@ -24,6 +24,94 @@ struct Slotted {
   Action a;
 };
 
+// The reorder pass (the paper's "squeeze" and "reorder" of the warm-up and cool-down):
+// the block's actions run in unit time, each rank at every step taking, among its F's
+// and B's whose dependencies are done, the one of the earliest slot (an F only if the
+// rank's chunk activations stay within `cap`), and a W (oldest first) only when no F or
+// B can run. Each rank's list is the order it ran them in: its peak activation memory
+// depends on that order alone, so it holds for any costs, and an order that completes
+// here has no cycle, so it is valid for any costs. With `reserve`, a micro-batch
+// entering a rank also needs room for its later chunks there, which makes the pass
+// deadlock-free (F's then enter every rank in micro-batch order, so the oldest
+// unfinished micro-batch always finds room); without it the pass may stall, and returns
+// false. A rank's chunks are in increasing stage order (checked by the caller).
+bool reorder_pass(int p, int m, const BuildingBlock& block, int cap, bool reserve,
+                  std::vector<std::vector<Action>>& out, long long* steps = nullptr) {
+  const int v = int(block.chunk_stage[0].size());
+  const int S = p * v;
+  auto idx = [&](int stage, int k) { return size_t(stage) * size_t(m) + size_t(k); };
+  std::vector<char> f_done(size_t(S) * size_t(m), 0), b_done(size_t(S) * size_t(m), 0);
+  struct RankState {
+    std::vector<int> next_f, next_b;  // per chunk: the next micro-batch
+    std::deque<Action> ws;            // B done, W pending (oldest first)
+    int live = 0;                     // chunk activations held (F done, W not)
+  };
+  std::vector<RankState> st(static_cast<size_t>(p));
+  for (auto& rs : st) {
+    rs.next_f.assign(size_t(v), 0);
+    rs.next_b.assign(size_t(v), 0);
+  }
+  out.assign(size_t(p), {});
+  for (auto& list : out) list.reserve(size_t(3 * v * m));
+  const long long total = 3LL * S * m;
+  long long done = 0;
+  std::vector<std::pair<char*, size_t>> finished;  // marked done after the step
+  while (done < total) {
+    finished.clear();
+    long long ran = 0;
+    for (int r = 0; r < p; ++r) {
+      RankState& rs = st[size_t(r)];
+      const auto& stages = block.chunk_stage[size_t(r)];
+      long long best = -1;
+      int best_c = -1;
+      bool best_f = false;
+      for (int c = 0; c < v; ++c) {
+        const int stage = stages[size_t(c)];
+        if (int k = rs.next_f[size_t(c)]; k < m && (stage == 0 || f_done[idx(stage - 1, k)])) {
+          // Room for this chunk, and with `reserve` for the later chunks of every
+          // micro-batch that has entered the rank (this one included).
+          int need = rs.live + 1;
+          if (reserve)
+            for (int c2 = 1; c2 < v; ++c2)
+              need += rs.next_f[0] + (c == 0) - rs.next_f[size_t(c2)] - (c2 == c);
+          const long long key = 1LL * k * block.period + block.forward[size_t(r)][size_t(c)];
+          if (need <= cap && (best < 0 || key < best)) best = key, best_c = c, best_f = true;
+        }
+        if (int k = rs.next_b[size_t(c)];
+            k < m && f_done[idx(stage, k)] && (stage + 1 == S || b_done[idx(stage + 1, k)])) {
+          const long long key = 1LL * k * block.period + block.backward[size_t(r)][size_t(c)];
+          if (best < 0 || key < best) best = key, best_c = c, best_f = false;
+        }
+      }
+      auto& list = out[size_t(r)];
+      if (best_c >= 0) {
+        const int stage = stages[size_t(best_c)];
+        if (best_f) {
+          const int k = rs.next_f[size_t(best_c)]++;
+          ++rs.live;
+          list.push_back(make_action(K::forward, k, stage));
+          finished.push_back({f_done.data(), idx(stage, k)});
+        } else {
+          const int k = rs.next_b[size_t(best_c)]++;
+          list.push_back(make_action(K::backward_input, k, stage));
+          rs.ws.push_back(make_action(K::backward_weight, k, stage));
+          finished.push_back({b_done.data(), idx(stage, k)});
+        }
+        ++ran;
+      } else if (!rs.ws.empty()) {
+        list.push_back(rs.ws.front());
+        rs.ws.pop_front();
+        --rs.live;
+        ++ran;
+      }
+    }
+    if (ran == 0) return false;  // stalled: every rank waits on memory
+    done += ran;
+    for (auto [base, i] : finished) base[i] = 1;
+    if (steps) ++*steps;
+  }
+  return true;
+}
 }  // namespace
 
 Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlock& block) {
@@ -56,6 +144,20 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
     }
   }
   s.ranks.resize(size_t(p));
+  if (block.memory_limit > 0) {
+    const int cap = int(block.memory_limit * v + 1e-9);
+    if (cap < v)
+      bad("memory_limit: expected at least 1 micro-batch (one activation per chunk), found " +
+          std::to_string(block.memory_limit));
+    for (int r = 0; r < p; ++r)
+      if (!std::is_sorted(block.chunk_stage[size_t(r)].begin(), block.chunk_stage[size_t(r)].end()))
+        bad("rank " + std::to_string(r) +
+            ": with a memory_limit, chunks in increasing stage order");
+    if (!reorder_pass(p, m, block, cap, false, s.ranks) &&
+        !reorder_pass(p, m, block, cap, true, s.ranks))
+      throw std::logic_error(name + ": the reorder pass stalled with reservations");
+    return s;
+  }
   std::vector<Slotted> items;
   for (int r = 0; r < p; ++r) {
     items.clear();
@@ -129,8 +231,12 @@ BuildingBlock v_block(const std::string& kind, int p) {
       return L;
     };
     int f0, f1, b1, b0;
-    if (kind == "v-min") {
-      const int L = lag(0);
+    if (kind == "v-min" || kind == "v-zb") {
+      // V-ZB: the same shape with a lag of about 4p, so that a micro-batch lives 12p
+      // slots on rank 0 (p micro-batches, 1F1B's), laid out by the reorder pass at that
+      // limit: the long lag ranks the warm-up's forwards before the first backwards,
+      // and the pass fills the warm-up with them and the cool-down with W's.
+      const int L = lag(kind == "v-zb" ? 4 * p : 0);
       f0 = r;
       f1 = 2 * p - 1 - r;
       b1 = 2 * p + L + r;
@@ -144,11 +250,12 @@ BuildingBlock v_block(const std::string& kind, int p) {
       b1 = 3 * p + gap - 1 + 2 * r;
       b0 = 6 * p + gap - 2 - r;
     } else {
-      throw InputError("building block '" + kind + "': expected v-min or v-half");
+      throw InputError("building block '" + kind + "': expected v-min, v-half or v-zb");
     }
     b.forward[size_t(r)] = {f0, f1};
     b.backward[size_t(r)] = {b0, b1};
   }
+  if (kind == "v-zb") b.memory_limit = p;
   return b;
 }
 
@@ -157,6 +264,36 @@ Schedule v_min(int p, int m) {
 }
 Schedule v_half(int p, int m) {
   return block_schedule("v-half", p, m, v_block("v-half", p));
+}
+// V-ZB: the reorder pass at p micro-batches over V-Min's shape for a few lags, keeping
+// the order that finishes first in unit time (ties: the longest lag, the block whose
+// lifetimes are 1F1B's). The lag sets how long forwards outrank the first backwards;
+// at m between p and 2p the best one varies (tests/schedule/test_blocks.cpp).
+Schedule v_zb(int p, int m) {
+  check_common("v-zb", p, m, 2);
+  Schedule best;
+  long long best_steps = -1;
+  int last_lag = -1;
+  for (int want : {4 * p, 3 * p, 2 * p, p, p / 2, 2, 0}) {
+    int L = want + want % 2;
+    while ((p + L / 2) % 3 == 0) L += 2;
+    if (L == last_lag) continue;
+    last_lag = L;
+    BuildingBlock b = v_block("v-zb", p);
+    for (int r = 0; r < p; ++r) {
+      b.backward[size_t(r)][1] = 2 * p + L + r;
+      b.backward[size_t(r)][0] = 4 * p + L - 1 - r;
+    }
+    std::vector<std::vector<Action>> ranks;
+    long long steps = 0;
+    if (!reorder_pass(p, m, b, 2 * p, false, ranks, &steps)) continue;
+    if (best_steps < 0 || steps < best_steps) {
+      best_steps = steps;
+      best = block_schedule("v-zb", p, m, b);
+    }
+  }
+  if (best_steps < 0) best = block_schedule("v-zb", p, m, v_block("v-zb", p));
+  return best;
 }
 
 }  // namespace baton::schedule

@@ -183,7 +183,7 @@ const std::vector<std::string>& schedule_names() {
 const std::vector<std::string>& all_schedule_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all = schedule_names();
-    for (const char* n : {"v-min", "v-half"}) all.push_back(n);
+    for (const char* n : {"v-min", "v-half", "v-zb"}) all.push_back(n);
     return all;
   }();
   return names;
@@ -226,7 +226,7 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
                                       {"zb-h1", 1, zb_h1},      {"zb-h2", 1, zb_h2},
                                       {"zb-v", 2, zb_v},        {"dualpipev", 2, dualpipe_v},
                                       {"dualpipe", 2, dualpipe},    {"v-min", 2, v_min},
-                                      {"v-half", 2, v_half}};
+                                      {"v-half", 2, v_half},     {"v-zb", 2, v_zb}};
   for (const Entry& e : entries)
     if (name == e.name) {
       only(e.chunks);

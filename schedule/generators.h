@@ -14,7 +14,7 @@ namespace baton::schedule {
 // The generators of the literature's fixed schedules (what the engine's tests run).
 const std::vector<std::string>& schedule_names();
 // Every name generate() accepts (aliases "interleaved", "dualpipe-v" too): the above and
-// the building-block family v-min, v-half.
+// the building-block family v-min, v-half, v-zb.
 const std::vector<std::string>& all_schedule_names();
 // The canonical name ("interleaved" -> "interleaved-1f1b"); InputError listing the
 // known names when `name` is none of them.
@@ -54,19 +54,30 @@ Schedule dualpipe(int ranks, int micro_batches);
 // actions in slot order, the warm-up and cool-down being the slots of micro-batches
 // that exist. When every dependency of the block lies in an earlier slot, the schedule
 // is valid for any costs.
+//
+// `memory_limit` > 0 (micro-batches of activations per rank, a chunk's being 1/v of
+// one) replaces the plain layout by the reorder pass (the paper's squeeze and reorder):
+// the actions run in unit time, each rank taking the ready F or B of the earliest slot
+// (an F only within the limit), a W when none can run; each rank's list is the order
+// they ran in. The result is valid, never above the limit on any rank for any costs,
+// and busy wherever the limit allows (warm-up and cool-down filled); `weight` is then
+// unused. A rank's chunks must be in increasing stage order.
 struct BuildingBlock {
   int period = 6;
   std::vector<std::vector<int>> chunk_stage;               // [rank][chunk] -> stage
   std::vector<std::vector<int>> forward, backward, weight;  // [rank][chunk] -> slot
+  double memory_limit = 0;
 };
 Schedule block_schedule(const std::string& name, int ranks, int micro_batches,
                         const BuildingBlock& block);
 // The named blocks on the V placement (two chunks per rank, period 6): "v-min" (about
-// a third of 1F1B's activation memory) and "v-half" (a half). docs/schedules.md gives
-// their memory and bubble.
+// a third of 1F1B's activation memory), "v-half" (a half) and "v-zb" (1F1B's p
+// micro-batches, with the reorder pass at that limit: zero bubble when F = B = W).
+// docs/schedules.md gives their memory and bubble.
 BuildingBlock v_block(const std::string& kind, int ranks);
 Schedule v_min(int ranks, int micro_batches);
 Schedule v_half(int ranks, int micro_batches);
+Schedule v_zb(int ranks, int micro_batches);
 
 // The checks every generator makes: ranks and micro-batches in range, and ranks x
 // chunks x micro-batches within what the tools index.

@@ -191,7 +191,7 @@ int run_simulate(const std::vector<std::string>& args) {
   opts.add_options()(
       "schedule,s", po::value(&names),
       "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
-      "dualpipev, dualpipe, v-min, v-half, auto, or all; more than one compares them")(
+      "dualpipev, dualpipe, v-min, v-half, v-zb, auto, or all; more than one compares them")(
       "file,f", po::value(&o.file),
       "a schedule file (text, JSON or PyTorch CSV form) instead of --schedule")(
       "dialect", po::value(&o.dialect),

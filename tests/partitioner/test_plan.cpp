@@ -206,7 +206,7 @@ TEST(Plan, UnknownScheduleAndFields) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
             "interleaved-1f1b, "
-            "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, forward-only (evaluation))");
+            "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation))");
   j = tiny_plan();
   j["schedule"] = {{"name", "dualpipev"}, {"micro_batches", 2}};
   j["batch"].erase("global");
