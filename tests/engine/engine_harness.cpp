@@ -73,7 +73,7 @@ json plan_json(const PlanSpec& p, const Workspace& ws) {
   int chunks = p.chunks;
   if (chunks == 0)
     chunks = (p.schedule == "interleaved-1f1b" || p.schedule == "zb-v" || p.schedule == "dualpipev" ||
-              p.schedule == "dualpipe")
+              p.schedule == "dualpipe" || p.schedule.rfind("v-", 0) == 0)
                  ? 2
                  : 1;
   int S = p.schedule == "dualpipe" ? pp : pp * chunks;
