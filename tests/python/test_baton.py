@@ -32,6 +32,32 @@ class Schedules(unittest.TestCase):
             baton.generate("no-such", 4, 8)
         self.assertIn("1f1b", str(e.exception))
 
+    def test_building_blocks(self):
+        # V-ZB: the reorder pass at 1F1B's memory reaches the V's bound 3m + (p-1)/2.
+        for p, m in ((4, 8), (8, 8), (8, 32)):
+            r = baton.simulate(baton.generate("v-zb", p, m), {"forward": 1, "backward_input": 1, "backward_weight": 1})
+            self.assertAlmostEqual(r.makespan, 3 * m + (p - 1) / 2)
+            self.assertAlmostEqual(r.peak_micro_batches, p)
+        # A named block rebuilt from its dict gives the generator's schedule.
+        b = baton.v_block("v-half", 4)
+        self.assertEqual(b["period"], 6)
+        s = baton.block_schedule("v-half", 4, 8, **b)
+        self.assertEqual(s, baton.generate("v-half", 4, 8))
+        # The same block under the reorder pass at 2 micro-batches of memory.
+        b["memory_limit"] = 2
+        tight = baton.block_schedule("v-half-2", 4, 8, **b)
+        baton.validate(tight)
+        self.assertLessEqual(baton.simulate(tight, {"forward": 1, "backward_input": 1, "backward_weight": 1}).peak_micro_batches, 2)
+        # 1F1B written as a block by hand; a stage held twice is refused.
+        p = 4
+        one = baton.block_schedule("mine", p, 8, period=3, chunk_stage=[[r] for r in range(p)],
+                                   forward=[[r] for r in range(p)], backward=[[2 * p - 1 - r] for r in range(p)])
+        baton.validate(one)
+        with self.assertRaises(baton.InputError) as e:
+            baton.block_schedule("bad", p, 8, period=3, chunk_stage=[[0]] * p,
+                                 forward=[[r] for r in range(p)], backward=[[2 * p - 1 - r] for r in range(p)])
+        self.assertIn("held twice", str(e.exception))
+
     def test_file_forms_round_trip(self):
         s = baton.lower(baton.generate("zb-h1", 3, 5))
         self.assertEqual(baton.parse_text(s.to_text()), s)

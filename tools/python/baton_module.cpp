@@ -405,6 +405,41 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("name"), py::arg("ranks"), py::arg("micro_batches"), py::arg("chunks") = 0,
       "one of schedule_names() for p ranks and m micro-batches (chunks: stages per rank)");
+  m.def(
+      "v_block",
+      [](const std::string& kind, int p) {
+        const BuildingBlock b = v_block(kind, p);
+        py::dict d;
+        d["period"] = b.period;
+        d["chunk_stage"] = b.chunk_stage;
+        d["forward"] = b.forward;
+        d["backward"] = b.backward;
+        d["memory_limit"] = b.memory_limit;
+        return d;
+      },
+      py::arg("kind"), py::arg("ranks"),
+      "the named building block (v-min, v-half, v-zb) as a dict block_schedule takes");
+  m.def(
+      "block_schedule",
+      [](const std::string& name, int p, int mb, int period,
+         std::vector<std::vector<int>> chunk_stage, std::vector<std::vector<int>> forward,
+         std::vector<std::vector<int>> backward, std::vector<std::vector<int>> weight,
+         double memory_limit) {
+        BuildingBlock b;
+        b.period = period;
+        b.chunk_stage = std::move(chunk_stage);
+        b.forward = std::move(forward);
+        b.backward = std::move(backward);
+        b.weight = std::move(weight);
+        b.memory_limit = memory_limit;
+        py::gil_scoped_release release;
+        return block_schedule(name, p, mb, b);
+      },
+      py::arg("name"), py::arg("ranks"), py::arg("micro_batches"), py::arg("period"),
+      py::arg("chunk_stage"), py::arg("forward"), py::arg("backward"),
+      py::arg("weight") = std::vector<std::vector<int>>{}, py::arg("memory_limit") = 0.0,
+      "a schedule from a repeated building block: per rank and chunk the stage and the slots "
+      "of F, B (and W) within the period; memory_limit > 0 lays it out by the reorder pass");
 
   // ---- validation and lowering -----------------------------------------------------------
   m.def(
