@@ -476,6 +476,29 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     }
   }
 
+  // The V block under the reorder pass timed with the real costs, at the limit (and at
+  // 1F1B's p when the limit is larger: the pass fills up to its limit, which is not
+  // always faster): V-ZB's construction for these costs.
+  if (!o.limit_in_bytes) {
+    double lim = kInf;
+    for (double l : o.memory_limit) lim = std::min(lim, l);
+    std::vector<double> withins = {std::min(lim, 4.0 * p)};
+    if (withins[0] > p) withins.push_back(p);
+    for (double within : withins) {
+      if (within < 1) break;
+      Costs costs;
+      try {
+        costs = resolve(spec, p, 2 * p, 1);
+      } catch (const InputError&) {
+        break;  // per-stage costs for another stage count
+      }
+      const std::string name = "v-block within " + number(std::floor(within * 2) / 2);
+      Schedule s = v_shape_within(name, p, m, costs, within);
+      Simulator sim(s, name);
+      consider(std::move(s), sim.run(costs), name);
+    }
+  }
+
   // The list scheduler's grid, thinned for big problems (each run is linear in actions).
   struct Shape {
     const char* placement;

@@ -8,6 +8,7 @@
 // for any costs. V-Min and V-Half are two such blocks on the V placement.
 #include <algorithm>
 #include <deque>
+#include <limits>
 
 #include "memory/error.h"
 #include "schedule/generators.h"
@@ -25,49 +26,69 @@ struct Slotted {
 };
 
 // The reorder pass (the paper's "squeeze" and "reorder" of the warm-up and cool-down):
-// the block's actions run in unit time, each rank at every step taking, among its F's
-// and B's whose dependencies are done, the one of the earliest slot (an F only if the
-// rank's chunk activations stay within `cap`), and a W (oldest first) only when no F or
-// B can run. Each rank's list is the order it ran them in: its peak activation memory
-// depends on that order alone, so it holds for any costs, and an order that completes
-// here has no cycle, so it is valid for any costs. With `reserve`, a micro-batch
+// the block's actions run as soon as they can under `costs` (F, B, W per stage; a
+// message between ranks takes `latency`), each rank, whenever it is free, taking among
+// its F's and B's whose inputs are there the one of the earliest block slot (an F only
+// if the rank's chunk activations stay within `cap`), and a W (oldest first) only when
+// no F or B can start. Each rank's list is the order it ran them in: its peak activation
+// memory depends on that order alone, so it holds for any costs, and an order the pass
+// completed has no cycle, so it is valid for any costs. With `reserve`, a micro-batch
 // entering a rank also needs room for its later chunks there, which makes the pass
 // deadlock-free (F's then enter every rank in micro-batch order, so the oldest
 // unfinished micro-batch always finds room); without it the pass may stall, and returns
 // false. A rank's chunks are in increasing stage order (checked by the caller).
-bool reorder_pass(int p, int m, const BuildingBlock& block, int cap, bool reserve,
-                  std::vector<std::vector<Action>>& out, long long* steps = nullptr) {
+// `makespan`: when the last action ends.
+bool reorder_pass(int p, int m, const BuildingBlock& block, const Costs& costs, int cap,
+                  bool reserve, std::vector<std::vector<Action>>& out, double* makespan) {
   const int v = int(block.chunk_stage[0].size());
   const int S = p * v;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
   auto idx = [&](int stage, int k) { return size_t(stage) * size_t(m) + size_t(k); };
-  std::vector<char> f_done(size_t(S) * size_t(m), 0), b_done(size_t(S) * size_t(m), 0);
+  // When each F / B ends (kNever: not run yet).
+  std::vector<double> f_end(size_t(S) * size_t(m), kNever), b_end(size_t(S) * size_t(m), kNever);
+  struct Pending {
+    Action w;
+    double ready;
+  };
   struct RankState {
     std::vector<int> next_f, next_b;  // per chunk: the next micro-batch
-    std::deque<Action> ws;            // B done, W pending (oldest first)
-    int live = 0;                     // chunk activations held (F done, W not)
+    std::deque<Pending> ws;           // B run, W not (oldest first)
+    int live = 0;                     // chunk activations held (F run, W not)
+    double free = 0;                  // when the rank is next free
   };
   std::vector<RankState> st(static_cast<size_t>(p));
   for (auto& rs : st) {
     rs.next_f.assign(size_t(v), 0);
     rs.next_b.assign(size_t(v), 0);
   }
+  std::vector<int> owner(static_cast<size_t>(S), -1);
+  for (int r = 0; r < p; ++r)
+    for (int stage : block.chunk_stage[size_t(r)]) owner[size_t(stage)] = r;
+  auto arrival = [&](double end, int from_stage, int to_stage) {
+    if (end == kNever) return kNever;
+    return owner[size_t(from_stage)] != owner[size_t(to_stage)] ? end + costs.latency : end;
+  };
   out.assign(size_t(p), {});
   for (auto& list : out) list.reserve(size_t(3 * v * m));
   const long long total = 3LL * S * m;
   long long done = 0;
-  std::vector<std::pair<char*, size_t>> finished;  // marked done after the step
+  double t = 0, last_end = 0;
   while (done < total) {
-    finished.clear();
-    long long ran = 0;
+    double next_t = kNever;
     for (int r = 0; r < p; ++r) {
       RankState& rs = st[size_t(r)];
+      if (rs.free > t) {
+        next_t = std::min(next_t, rs.free);
+        continue;
+      }
       const auto& stages = block.chunk_stage[size_t(r)];
       long long best = -1;
       int best_c = -1;
       bool best_f = false;
       for (int c = 0; c < v; ++c) {
         const int stage = stages[size_t(c)];
-        if (int k = rs.next_f[size_t(c)]; k < m && (stage == 0 || f_done[idx(stage - 1, k)])) {
+        if (int k = rs.next_f[size_t(c)]; k < m) {
+          const double ready = stage == 0 ? 0 : arrival(f_end[idx(stage - 1, k)], stage - 1, stage);
           // Room for this chunk, and with `reserve` for the later chunks of every
           // micro-batch that has entered the rank (this one included).
           int need = rs.live + 1;
@@ -75,12 +96,20 @@ bool reorder_pass(int p, int m, const BuildingBlock& block, int cap, bool reserv
             for (int c2 = 1; c2 < v; ++c2)
               need += rs.next_f[0] + (c == 0) - rs.next_f[size_t(c2)] - (c2 == c);
           const long long key = 1LL * k * block.period + block.forward[size_t(r)][size_t(c)];
-          if (need <= cap && (best < 0 || key < best)) best = key, best_c = c, best_f = true;
+          if (ready <= t && need <= cap && (best < 0 || key < best))
+            best = key, best_c = c, best_f = true;
+          else if (ready > t && ready < kNever)
+            next_t = std::min(next_t, ready);
         }
-        if (int k = rs.next_b[size_t(c)];
-            k < m && f_done[idx(stage, k)] && (stage + 1 == S || b_done[idx(stage + 1, k)])) {
+        if (int k = rs.next_b[size_t(c)]; k < m) {
+          const double ready =
+              std::max(f_end[idx(stage, k)],
+                       stage + 1 == S ? 0.0 : arrival(b_end[idx(stage + 1, k)], stage + 1, stage));
           const long long key = 1LL * k * block.period + block.backward[size_t(r)][size_t(c)];
-          if (best < 0 || key < best) best = key, best_c = c, best_f = false;
+          if (ready <= t && (best < 0 || key < best))
+            best = key, best_c = c, best_f = false;
+          else if (ready > t && ready < kNever)
+            next_t = std::min(next_t, ready);
         }
       }
       auto& list = out[size_t(r)];
@@ -90,31 +119,43 @@ bool reorder_pass(int p, int m, const BuildingBlock& block, int cap, bool reserv
           const int k = rs.next_f[size_t(best_c)]++;
           ++rs.live;
           list.push_back(make_action(K::forward, k, stage));
-          finished.push_back({f_done.data(), idx(stage, k)});
+          rs.free = f_end[idx(stage, k)] = t + costs.forward[size_t(stage)];
         } else {
           const int k = rs.next_b[size_t(best_c)]++;
           list.push_back(make_action(K::backward_input, k, stage));
-          rs.ws.push_back(make_action(K::backward_weight, k, stage));
-          finished.push_back({b_done.data(), idx(stage, k)});
+          rs.free = b_end[idx(stage, k)] = t + costs.backward_input[size_t(stage)];
+          rs.ws.push_back({make_action(K::backward_weight, k, stage), rs.free});
         }
-        ++ran;
-      } else if (!rs.ws.empty()) {
-        list.push_back(rs.ws.front());
+      } else if (!rs.ws.empty() && rs.ws.front().ready <= t) {
+        const Action w = rs.ws.front().w;
         rs.ws.pop_front();
+        list.push_back(w);
         --rs.live;
-        ++ran;
+        rs.free = t + costs.backward_weight[size_t(w.stage)];
+      } else {
+        if (!rs.ws.empty()) next_t = std::min(next_t, rs.ws.front().ready);
+        continue;
       }
+      ++done;
+      last_end = std::max(last_end, rs.free);
+      next_t = std::min(next_t, rs.free);
     }
-    if (ran == 0) return false;  // stalled: every rank waits on memory
-    done += ran;
-    for (auto [base, i] : finished) base[i] = 1;
-    if (steps) ++*steps;
+    if (done < total && next_t == kNever) return false;  // stalled: every rank waits on memory
+    // Zero-cost actions end when they start: look again at the same time.
+    t = std::max(t, next_t);
   }
+  if (makespan) *makespan = last_end;
   return true;
+}
+
+// Unit time per action (F = B = W = 1 per stage, free messages): the block's own clock.
+Costs unit_costs(int stages) {
+  return Costs::uniform(stages, 1, 1, 1);
 }
 }  // namespace
 
-Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlock& block) {
+Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlock& block,
+                        const Costs* costs) {
   const int v = int(block.chunk_stage.empty() ? 0 : block.chunk_stage[0].size());
   check_common(name, p, m, std::max(v, 1));
   auto bad = [&](const std::string& why) { throw InputError(name + ": building block: " + why); };
@@ -153,8 +194,11 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
       if (!std::is_sorted(block.chunk_stage[size_t(r)].begin(), block.chunk_stage[size_t(r)].end()))
         bad("rank " + std::to_string(r) +
             ": with a memory_limit, chunks in increasing stage order");
-    if (!reorder_pass(p, m, block, cap, false, s.ranks) &&
-        !reorder_pass(p, m, block, cap, true, s.ranks))
+    const Costs unit = unit_costs(p * v);
+    const Costs& use = costs ? *costs : unit;
+    if (costs) use.check(p * v);
+    if (!reorder_pass(p, m, block, use, cap, false, s.ranks, nullptr) &&
+        !reorder_pass(p, m, block, use, cap, true, s.ranks, nullptr))
       throw std::logic_error(name + ": the reorder pass stalled with reservations");
     return s;
   }
@@ -266,13 +310,23 @@ Schedule v_half(int p, int m) {
   return block_schedule("v-half", p, m, v_block("v-half", p));
 }
 // V-ZB: the reorder pass at p micro-batches over V-Min's shape for a few lags, keeping
-// the order that finishes first in unit time (ties: the longest lag, the block whose
-// lifetimes are 1F1B's). The lag sets how long forwards outrank the first backwards;
-// at m between p and 2p the best one varies (tests/schedule/test_blocks.cpp).
+// the order that finishes first (ties: the longest lag, the block whose lifetimes are
+// 1F1B's). The lag sets how long forwards outrank the first backwards; at m between p
+// and 2p the best one varies (tests/schedule/test_blocks.cpp).
 Schedule v_zb(int p, int m) {
-  check_common("v-zb", p, m, 2);
-  Schedule best;
-  long long best_steps = -1;
+  return v_shape_within("v-zb", p, m, Costs::uniform(2 * p, 1, 1, 1), p);
+}
+
+Schedule v_shape_within(const std::string& name, int p, int m, const Costs& costs,
+                        double memory_limit) {
+  check_common(name, p, m, 2);
+  costs.check(2 * p);
+  const int cap = int(memory_limit * 2 + 1e-9);
+  if (cap < 2)
+    throw InputError(name + ": memory limit: expected at least 1 micro-batch, found " +
+                     std::to_string(memory_limit));
+  BuildingBlock best;
+  double best_time = -1;
   int last_lag = -1;
   for (int want : {4 * p, 3 * p, 2 * p, p, p / 2, 2, 0}) {
     int L = want + want % 2;
@@ -280,20 +334,24 @@ Schedule v_zb(int p, int m) {
     if (L == last_lag) continue;
     last_lag = L;
     BuildingBlock b = v_block("v-zb", p);
+    b.memory_limit = cap / 2.0;
     for (int r = 0; r < p; ++r) {
       b.backward[size_t(r)][1] = 2 * p + L + r;
       b.backward[size_t(r)][0] = 4 * p + L - 1 - r;
     }
     std::vector<std::vector<Action>> ranks;
-    long long steps = 0;
-    if (!reorder_pass(p, m, b, 2 * p, false, ranks, &steps)) continue;
-    if (best_steps < 0 || steps < best_steps) {
-      best_steps = steps;
-      best = block_schedule("v-zb", p, m, b);
+    double time = 0;
+    if (!reorder_pass(p, m, b, costs, cap, false, ranks, &time)) continue;
+    if (best_time < 0 || time < best_time * (1 - 1e-12)) {
+      best_time = time;
+      best = b;
     }
   }
-  if (best_steps < 0) best = block_schedule("v-zb", p, m, v_block("v-zb", p));
-  return best;
+  if (best_time < 0) {  // every lag stalled without reservations: the pass with them
+    best = v_block("v-zb", p);
+    best.memory_limit = cap / 2.0;
+  }
+  return block_schedule(name, p, m, best, &costs);
 }
 
 }  // namespace baton::schedule

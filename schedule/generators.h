@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "schedule/costs.h"
 #include "schedule/schedule.h"
 
 namespace baton::schedule {
@@ -68,8 +69,10 @@ struct BuildingBlock {
   std::vector<std::vector<int>> forward, backward, weight;  // [rank][chunk] -> slot
   double memory_limit = 0;
 };
+// `costs` (with a memory_limit): the reorder pass times the actions with these per-stage
+// F, B, W and message latency instead of one unit each.
 Schedule block_schedule(const std::string& name, int ranks, int micro_batches,
-                        const BuildingBlock& block);
+                        const BuildingBlock& block, const Costs* costs = nullptr);
 // The named blocks on the V placement (two chunks per rank, period 6): "v-min" (about
 // a third of 1F1B's activation memory), "v-half" (a half) and "v-zb" (1F1B's p
 // micro-batches, with the reorder pass at that limit: zero bubble when F = B = W).
@@ -78,6 +81,11 @@ BuildingBlock v_block(const std::string& kind, int ranks);
 Schedule v_min(int ranks, int micro_batches);
 Schedule v_half(int ranks, int micro_batches);
 Schedule v_zb(int ranks, int micro_batches);
+// V-ZB's construction for given costs (2p stages) and any memory limit (micro-batches
+// per rank, at least 1): the V block under the reorder pass timed with `costs`; the
+// automatic scheduler's V-family candidates. v_zb(p, m) is this at unit costs and p.
+Schedule v_shape_within(const std::string& name, int ranks, int micro_batches,
+                        const Costs& costs, double memory_limit);
 
 // The checks every generator makes: ranks and micro-batches in range, and ranks x
 // chunks x micro-batches within what the tools index.

@@ -148,3 +148,48 @@ TEST(LocalSearch, FindsZeroBubbleQualityFrom1F1B) {
   EXPECT_LE(r.makespan, zb_h1 + 1e-9);
   EXPECT_LE(r.peak_micro_batches, 4 + 1e-9);
 }
+
+namespace {
+
+CostSpec fbw(double f, double b, double w, double hop) {
+  CostSpec c = CostSpec::unit();
+  c.forward.values = {f};
+  c.backward_input.values = {b};
+  c.backward_weight.values = {w};
+  c.latency = hop;
+  return c;
+}
+
+// The automatic schedule over a ladder of memory limits: each result within its limit,
+// and a larger limit never slower (the candidates that fit a limit fit every larger
+// one, but the list scheduler and the local search depend on the limit, so this is a
+// property of the search, not of its construction).
+void expect_monotone(const CostSpec& c, int p, int m, const std::vector<double>& limits) {
+  double prev = std::numeric_limits<double>::infinity();
+  for (double limit : limits) {
+    AutoOptions o;
+    o.num_ranks = p;
+    o.num_micro_batches = m;
+    o.memory_limit = {limit};
+    AutoResult r;
+    try {
+      r = auto_schedule(c, o);
+    } catch (const baton::InputError&) {
+      continue;  // nothing fits this one
+    }
+    SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                 " limit=" + std::to_string(limit) + " chosen " + r.chosen);
+    EXPECT_LE(r.sim.peak_micro_batches, limit + 1e-9);
+    EXPECT_LE(r.sim.makespan, prev * (1 + 1e-12));
+    EXPECT_LE(r.sim.makespan, best_fixed_that_fits(c, p, m, limit, false) * (1 + 1e-12));
+    prev = std::min(prev, r.sim.makespan);
+  }
+}
+
+}  // namespace
+
+TEST(AutoSchedule, LargerMemoryLimitNeverSlower) {
+  // Uneven costs with a hop, and the F = B = W case the V blocks are built for.
+  for (const CostSpec& c : {fbw(1, 1.3, 0.6, 0.05), fbw(1, 1, 1, 0)})
+    expect_monotone(c, 4, 12, {2, 4, 6, 8, 12, std::numeric_limits<double>::infinity()});
+}
