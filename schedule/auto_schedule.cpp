@@ -431,6 +431,19 @@ Schedule list_schedule(int ranks, int micro_batches, const Costs& costs,
   return ListScheduler(ranks, micro_batches, costs, limit, limit_in_bytes, policy).run();
 }
 
+double objective_value(const SimResult& r, AutoOptions::Objective objective) {
+  if (objective == AutoOptions::Objective::makespan) return r.makespan;
+  double span = 0;
+  for (const RankStats& rs : r.ranks) span = std::max(span, rs.end - rs.start);
+  return span;
+}
+
+AutoOptions::Objective parse_objective(const std::string& text, const std::string& where) {
+  if (text == "makespan") return AutoOptions::Objective::makespan;
+  if (text == "span") return AutoOptions::Objective::span;
+  throw InputError(where + ": expected makespan or span, found '" + text + "'");
+}
+
 AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   const int p = o.num_ranks, m = o.num_micro_batches;
   check_common("auto", p, m, 2);
@@ -442,10 +455,12 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
 
   AutoResult out;
   bool have = false;
+  auto value = [&](const SimResult& r) { return objective_value(r, o.objective); };
   auto consider = [&](Schedule s, const SimResult& r, const std::string& name) {
     if (!fits(r, o.memory_limit, o.limit_in_bytes)) return;
-    const bool better = !have || r.makespan < out.sim.makespan * (1 - 1e-12) ||
-                        (r.makespan <= out.sim.makespan * (1 + 1e-12) &&
+    const double v = value(r), best = have ? value(out.sim) : 0;
+    const bool better = !have || v < best * (1 - 1e-12) ||
+                        (v <= best * (1 + 1e-12) &&
                          (o.limit_in_bytes ? r.peak_bytes < out.sim.peak_bytes
                                            : r.peak_micro_batches < out.sim.peak_micro_batches));
     if (!better) return;
@@ -557,8 +572,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     Simulator sim(s, name);
     const SimResult& r = sim.run(costs);
     const bool fit = fits(r, o.memory_limit, o.limit_in_bytes);
-    if (fit && r.makespan < best_greedy) {
-      best_greedy = r.makespan;
+    if (fit && value(r) < best_greedy) {
+      best_greedy = value(r);
       out.best_greedy = describe(name, r, fit);
     }
     consider(std::move(s), r, name);
@@ -576,7 +591,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       const SimResult& r = sim.run(costs);
       const std::string name = out.chosen + " + local search";
       if (fits(r, o.memory_limit, o.limit_in_bytes) &&
-          r.makespan < out.sim.makespan * (1 - 1e-12)) {
+          value(r) < value(out.sim) * (1 - 1e-12)) {
         out.schedule = std::move(refined);
         out.schedule.name = "auto";
         out.sim = r;

@@ -37,7 +37,16 @@ struct AutoOptions {
   // At most this many list-scheduler runs (the policy grid is cut to fit); big
   // problems take time per run.
   int max_greedy_runs = 128;
+  // What "fastest" means: the makespan of one iteration, or the longest rank span (from
+  // a rank's first action to its last: the iteration time when iterations follow each
+  // other without a barrier, the Zero Bubble paper's bubble rate). Ties: the lower peak.
+  enum class Objective { makespan, span } objective = Objective::makespan;
 };
+
+// The objective's value of a simulation.
+double objective_value(const SimResult& r, AutoOptions::Objective objective);
+// "makespan" or "span"; InputError naming `where` otherwise.
+AutoOptions::Objective parse_objective(const std::string& text, const std::string& where);
 
 struct AutoCandidate {
   std::string name;     // "zb-h1", "greedy v-shape cap=p w-gap=0.5 B-first"

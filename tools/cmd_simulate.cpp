@@ -30,6 +30,7 @@ namespace sc = baton::schedule;
 struct Options {
   std::vector<std::string> names;
   std::string file, costs_file, svg, trace, output, memory_limit, dialect = "detect";
+  std::string objective = "makespan";
   int ranks = 0, micro_batches = 0, chunks = 0, repeat = 0;
   bool lower = false, show = false;
 };
@@ -203,6 +204,8 @@ int run_simulate(const std::vector<std::string>& args) {
       "cost file (JSON, docs/schedules.md); default F = B = W = 1")(
       "memory-limit", po::value(&o.memory_limit),
       "activation memory limit per rank for auto: micro-batches (4) or bytes (2GiB)")(
+      "objective", po::value(&o.objective),
+      "what auto minimises: makespan (default) or span (the longest rank span)")(
       "lower", po::bool_switch(&o.lower),
       "insert transfers, REDUCE and STEP before simulating and saving")(
       "show", po::bool_switch(&o.show), "print the schedule in text form")(
@@ -251,6 +254,7 @@ int run_simulate(const std::vector<std::string>& args) {
     ao.num_micro_batches = o.micro_batches;
     ao.memory_limit = {limit.value};
     ao.limit_in_bytes = limit.bytes;
+    ao.objective = sc::parse_objective(o.objective, "--objective");
     return sc::auto_schedule(spec, ao);
   };
 

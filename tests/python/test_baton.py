@@ -159,6 +159,12 @@ class Simulation(unittest.TestCase):
         fixed = {c["name"]: c for c in info["fixed"]}
         self.assertLessEqual(info["makespan"], fixed["zb-h1"]["makespan"] + 1e-9)
         self.assertAlmostEqual(baton.simulate(s, costs).makespan, info["makespan"])
+        # By the longest rank span instead: never a longer span than the makespan choice.
+        t, by_span = baton.auto_schedule(4, 8, costs, memory_limit=4, objective="span")
+        baton.validate(t)
+        self.assertLessEqual(by_span["span"], info["span"] + 1e-9)
+        with self.assertRaises(baton.InputError):
+            baton.auto_schedule(4, 8, costs, objective="fastest")
 
     def test_speed(self):
         # 1,000 simulations of p = 8, m = 32 well under a second (the bound; the

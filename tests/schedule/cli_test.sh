@@ -36,6 +36,7 @@ contains "valid"
 grep -q "OVERLAP_F_B" "$tmp/d.csv" || { echo "FAIL: no composite in the CSV written"; fails=$((fails + 1)); }
 expect 0 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect current
 expect 0 "$baton" simulate --schedule v-half -p 4 -m 8
+expect 0 "$baton" simulate --schedule v-zb,auto -p 4 -m 8 --memory-limit 4 --objective span
 
 # Bad input: exit code 2 and a message that says what is wrong.
 expect 2 "$baton" simulate --file "$torch_csv/zbv_p2_m4_comms.csv"
@@ -44,6 +45,8 @@ expect 2 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect legacy
 contains "'I' (input gradient) is current"
 expect 2 "$baton" simulate --schedule nope -p 4 -m 8
 contains "unknown schedule 'nope'"
+expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --objective fastest
+contains "--objective: expected makespan or span"
 expect 2 "$baton" simulate --schedule dualpipev -p 4 -m 3
 contains "at least 2 x ranks = 8, found 3"
 expect 2 "$baton" simulate --schedule 1f1b -p 4

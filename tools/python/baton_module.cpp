@@ -587,12 +587,14 @@ PYBIND11_MODULE(baton, m) {
 
   m.def(
       "auto_schedule",
-      [](int p, int mb, const py::object& costs, const py::object& memory_limit, bool in_bytes) {
+      [](int p, int mb, const py::object& costs, const py::object& memory_limit, bool in_bytes,
+         const std::string& objective) {
         AutoOptions o;
         o.num_ranks = p;
         o.num_micro_batches = mb;
         if (!memory_limit.is_none()) o.memory_limit = as_vector(memory_limit, "memory_limit");
         o.limit_in_bytes = in_bytes;
+        o.objective = parse_objective(objective, "objective");
         CostSpec spec = cost_spec(costs);
         AutoResult r;
         {
@@ -602,6 +604,7 @@ PYBIND11_MODULE(baton, m) {
         py::dict info;
         info["chosen"] = r.chosen;
         info["makespan"] = r.sim.makespan;
+        info["span"] = objective_value(r.sim, AutoOptions::Objective::span);
         info["bubble"] = r.sim.bubble;
         info["span_bubble"] = r.sim.span_bubble;
         info["peak_micro_batches"] = r.sim.peak_micro_batches;
@@ -615,8 +618,9 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("ranks"), py::arg("micro_batches"), py::arg("costs") = py::none(),
       py::arg("memory_limit") = py::none(), py::arg("limit_in_bytes") = false,
-      "the fastest schedule found within the memory limit (micro-batches, or bytes): "
-      "returns (schedule, info)");
+      py::arg("objective") = "makespan",
+      "the fastest schedule found within the memory limit (micro-batches, or bytes), by "
+      "makespan or by the longest rank span (objective='span'): returns (schedule, info)");
 
   // ---- timelines -------------------------------------------------------------------------
   py::class_<Timeline, std::shared_ptr<Timeline>>(m, "Timeline",
