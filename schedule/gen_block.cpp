@@ -5,7 +5,9 @@
 // the warm-up and the cool-down; W's without a slot fill the free slots after their B.
 // Each rank's list is its actions in slot order, so when the block is a valid timetable
 // for unit-time actions (every dependency in an earlier slot), the schedule is valid
-// for any costs. V-Min and V-Half are two such blocks on the V placement.
+// for any costs. V-Min and V-Half are two such blocks on the V placement. A block with
+// a memory limit is laid out by the reorder pass instead (the paper's squeeze and
+// reorder), which V-ZB uses; v_shape_within runs it timed with real costs.
 #include <algorithm>
 #include <deque>
 #include <limits>

@@ -191,7 +191,7 @@ void expect_monotone(const CostSpec& c, int p, int m, const std::vector<double>&
 TEST(AutoSchedule, LargerMemoryLimitNeverSlower) {
   // Uneven costs with a hop, and the F = B = W case the V blocks are built for.
   for (const CostSpec& c : {fbw(1, 1.3, 0.6, 0.05), fbw(1, 1, 1, 0)})
-    expect_monotone(c, 4, 12, {2, 4, 8, std::numeric_limits<double>::infinity()});
+    expect_monotone(c, 4, 8, {2, 4, 8, std::numeric_limits<double>::infinity()});
 }
 
 // By the longest rank span (the Zero Bubble paper's measure): within the limit, never a
@@ -199,19 +199,19 @@ TEST(AutoSchedule, LargerMemoryLimitNeverSlower) {
 TEST(AutoSchedule, SpanObjective) {
   const CostSpec c = fbw(18.5, 18.1, 9.3, 0.6);
   AutoOptions o;
-  o.num_ranks = 6;
-  o.num_micro_batches = 12;
-  o.memory_limit = {12};
+  o.num_ranks = 4;
+  o.num_micro_batches = 8;
+  o.memory_limit = {8};
   const AutoResult by_makespan = auto_schedule(c, o);
   o.objective = AutoOptions::Objective::span;
   const AutoResult by_span = auto_schedule(c, o);
   const double span = objective_value(by_span.sim, o.objective);
   EXPECT_LE(span, objective_value(by_makespan.sim, o.objective) * (1 + 1e-12));
-  EXPECT_LE(by_span.sim.peak_micro_batches, 12 + 1e-9);
+  EXPECT_LE(by_span.sim.peak_micro_batches, 8 + 1e-9);
   for (const char* name : {"1f1b", "zb-h1", "zb-h2", "zb-v"}) {
-    Schedule s = split_backward(generate(name, 6, 12));
+    Schedule s = split_backward(generate(name, 4, 8));
     const SimResult r = simulate(s, resolve(c, s));
-    if (r.peak_micro_batches <= 12) {
+    if (r.peak_micro_batches <= 8) {
       EXPECT_LE(span, objective_value(r, o.objective) * (1 + 1e-12)) << name;
     }
   }

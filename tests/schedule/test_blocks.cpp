@@ -163,6 +163,12 @@ TEST(BuildingBlocks, ReorderPassHoldsForAnyCosts) {
   Schedule tight = block_schedule("v-half-2", p, m, b);
   ASSERT_TRUE(validate(tight).ok) << validate(tight).to_string();
   for (const RankStats& rr : unit_sim(tight).ranks) EXPECT_LE(rr.peak_micro_batches, 2 + 1e-9);
+  // At one micro-batch the pass without reservations stalls (every rank full of first
+  // chunks); with them it completes, one micro-batch per rank at a time.
+  b.memory_limit = 1;
+  Schedule one = block_schedule("v-half-1", p, m, b);
+  ASSERT_TRUE(validate(one).ok) << validate(one).to_string();
+  for (const RankStats& rr : unit_sim(one).ranks) EXPECT_LE(rr.peak_micro_batches, 1 + 1e-9);
   b.memory_limit = 0.4;  // not even one micro-batch
   EXPECT_THROW(block_schedule("bad", p, m, b), InputError);
   b = v_block("v-half", p);
