@@ -1,9 +1,9 @@
 // Token datasets, learning-rate schedules and evaluation in both training loops: a run
 // interrupted mid-warm-up or mid-decay and resumed gives the uninterrupted run's loss, rate
 // and held-out loss curve bit for bit (and its loss log); a Megatron-format dataset with
-// held-out documents trains under plans of the equivalence grid (PP2, TP2xDP2,
-// PP2xTP2xDP2, each rank a thread) with the one-process loss curve, the same rates, and
-// the held-out loss of a forward-only pass through the pipeline within 1e-6 of one
+// held-out documents trains under plans of the equivalence grid (PP2 with 1F1B, ZB-V
+// and DualPipe, TP2xDP2, PP2xTP2xDP2, each rank a thread) with the one-process loss curve, the same
+// rates, and the held-out loss of a forward-only pass through the pipeline within 1e-6 of one
 // process's; a plan's run resumed mid-decay repeats its last steps bit for bit.
 #include <gtest/gtest.h>
 
@@ -169,13 +169,14 @@ TEST(DataLoop, TokenDatasetUnderPlansMatchesOneProcess) {
     int pp, tp, dp;
     std::string schedule;
   };
-  for (const Case& c : {Case{2, 1, 1, "1f1b"}, Case{1, 2, 2, "gpipe"}, Case{2, 2, 2, "1f1b"}}) {
+  for (const Case& c : {Case{2, 1, 1, "1f1b"}, Case{2, 1, 1, "zb-v"}, Case{2, 1, 1, "dualpipe"},
+                        Case{1, 2, 2, "gpipe"}, Case{2, 2, 2, "1f1b"}}) {
     PlanSpec p;
     p.model = tiny_gpt_json(2);
     p.tp.assign(size_t(c.pp), c.tp);
     p.dp = c.dp;
     p.schedule = c.schedule;
-    p.micro_batches = 2;
+    p.micro_batches = c.schedule == "dualpipe" ? 4 : 2;  // DualPipe: both directions
     p.micro_batch_size = 4 / (p.micro_batches * c.dp);
     SCOPED_TRACE(p.describe());
     std::printf("%s\n", p.describe().c_str());
