@@ -88,8 +88,8 @@ nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
 }
 
 void check_resume(const stages::Manifest& m, const std::string& dir,
-                  const nlohmann::json& model_json, const std::string& model_source, uint64_t seed,
-                  const LoopOptions& o) {
+                  const nlohmann::json& model_json, const std::string& model_source,
+                  uint64_t seed) {
   if (m.model != model_json)
     throw InputError(dir +
                      "/manifest.json: $.model: the checkpoint was written for another model than " +
@@ -97,12 +97,30 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
   if (m.seed != seed)
     throw InputError(dir + "/manifest.json: $.seed: expected the run's --seed " +
                      std::to_string(seed) + ", found " + std::to_string(m.seed));
+}
+
+void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
+                         const nlohmann::json& data, const LoopOptions& o) {
+  // A constant rate (after its warm-up) does not depend on the run's length.
+  auto curve = [](nlohmann::json j) {
+    if (j.is_object() && j.value("kind", "") == "constant") {
+      j.erase("total");
+      j.erase("decay");
+    }
+    return j;
+  };
   const nlohmann::json mine = lr_schedule_of(o).to_json();
-  if (m.train.is_object() && m.train.contains("lr_schedule") && m.train["lr_schedule"] != mine)
+  if (m.train.is_object() && m.train.contains("lr_schedule") &&
+      curve(m.train["lr_schedule"]) != curve(mine))
     spdlog::warn(
-        "{}/manifest.json: $.train.lr_schedule: the checkpoint's schedule was {}; "
-        "continuing under {}",
+        "{}/manifest.json: $.train.lr_schedule: the checkpoint's schedule was {}; continuing "
+        "under {}",
         dir, m.train["lr_schedule"].dump(), mine.dump());
+  // The training data (held-out data does not change the training curve).
+  if (m.data.is_object() && m.data.contains("train") && m.data["train"] != data["train"])
+    spdlog::warn(
+        "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
+        dir, m.data["train"].dump(), data["train"].dump());
 }
 
 LossLog::LossLog(const std::string& path, int64_t start) {

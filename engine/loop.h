@@ -84,11 +84,17 @@ bool image_data(const LoopOptions& o);
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position);
 
 // A checkpoint may resume this run when it was written for the same model and seed;
-// InputError naming the manifest's field otherwise. A learning-rate schedule other than
-// the checkpoint's is taken (a resumed run may change it) with a warning.
+// InputError naming the manifest's field otherwise.
 void check_resume(const stages::Manifest& m, const std::string& dir,
-                  const nlohmann::json& model_json, const std::string& model_source, uint64_t seed,
-                  const LoopOptions& o);
+                  const nlohmann::json& model_json, const std::string& model_source, uint64_t seed);
+
+// Warnings (a resumed run may change these; the lead rank logs them) when the checkpoint
+// was written for other training data (`data`: data_manifest() of this run; the run
+// continues at the checkpoint's position in the data it has now) or under a
+// learning-rate schedule whose rates differ from this run's (a constant rate's run may
+// be lengthened).
+void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
+                         const nlohmann::json& data, const LoopOptions& o);
 
 // The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
 // checkpoint and drops any that a crashed run wrote after it, so the log is the loss

@@ -244,7 +244,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     if (found >= 0) {
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);
       stages::Manifest m = stages::read_manifest(*dir);
-      check_resume(m, *dir, model_json, model_source, o.seed, o);
+      check_resume(m, *dir, model_json, model_source, o.seed);
+      if (lead) warn_resume_changes(m, *dir, data_manifest(data, m.step), o);
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       start = m.step;

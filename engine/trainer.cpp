@@ -74,7 +74,8 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
     std::optional<std::string> dir = stages::latest_checkpoint(o.checkpoint_dir);
     if (dir) {
       stages::Manifest m = stages::read_manifest(*dir);
-      check_resume(m, *dir, model_json, model_source, o.seed, o);
+      check_resume(m, *dir, model_json, model_source, o.seed);
+      warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
     }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -125,7 +126,8 @@ TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
   std::string log = ::testing::TempDir() + "/blend_loss.jsonl";
   Result r = run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
                  " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
-                 " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " + log);
+                 " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " + log +
+                 " --summary " + log + ".summary.json");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| lr 5.000e-04 |"), std::string::npos) << r.output;  // step 1: lr/2
@@ -139,6 +141,14 @@ TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
   }
   EXPECT_EQ(lines, 4);
   EXPECT_EQ(evals, 2);
+  std::ifstream sf(log + ".summary.json");
+  nlohmann::json summary = nlohmann::json::parse(sf);
+  EXPECT_EQ(summary["lr_schedule"]["kind"], "cosine");
+  EXPECT_EQ(summary["lr_schedule"]["warmup"], 2);
+  EXPECT_DOUBLE_EQ(summary["last_lr"].get<double>(), 1e-5);  // the decay's end
+  ASSERT_EQ(summary["evaluations"].size(), 2u);
+  EXPECT_EQ(summary["evaluations"][1]["step"], 4);
+  EXPECT_EQ(summary["last_eval_loss"], summary["evaluations"][1]["loss"]);
 }
 
 TEST(Cli, TruncatedAndLyingSafetensors) {
