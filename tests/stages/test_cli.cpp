@@ -3,6 +3,7 @@
 // and exit code 2, never a crash; a good run trains and writes its loss log.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -36,7 +37,8 @@ Result run(const std::string& args) {
 }
 
 std::string temp_file(const std::string& name, const std::string& content) {
-  std::string path = ::testing::TempDir() + "/" + name;
+  // Per process: /tmp is shared with other runs of the suite.
+  std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }
@@ -123,7 +125,7 @@ TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
   }
   std::string bin = temp_file("corpus_u16.bin", flat);
   std::string model = temp_file("tiny_blend.json", kTiny);
-  std::string log = ::testing::TempDir() + "/blend_loss.jsonl";
+  std::string log = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-blend_loss.jsonl";
   Result r = run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
                  " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
                  " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " + log +
