@@ -9,6 +9,7 @@
 #include "engine/detail/input_loader.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "schedule/forward_only.h"
 #include "schedule/validate.h"
 
 namespace baton::engine {
@@ -98,7 +99,12 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
   actions_ = s.ranks[size_t(cfg_.rank)];
   bool has_step = false;
   for (const Action& a : actions_) has_step |= a.kind == K::optimizer_step;
-  if (!has_step) throw InputError("executor schedule: rank " + std::to_string(cfg_.rank) + " has no STEP (lower() adds it)");
+  if (cfg_.evaluation) {
+    if (!schedule::is_forward_only(s) || !cfg_.grad_groups.empty())
+      throw InputError("executor: an evaluation executor runs a forward-only schedule and reduces no gradient");
+  } else if (!has_step) {
+    throw InputError("executor schedule: rank " + std::to_string(cfg_.rank) + " has no STEP (lower() adds it)");
+  }
   const stages::Graph* graph = nullptr;
   for (int st : stages_of_rank(s, cfg_.rank)) {
     auto it = cfg_.stages.find(st);
@@ -303,7 +309,7 @@ void Executor::compute(const Action& a, size_t index, int64_t step) {
         for (auto& [name, t] : it->second) in[name] = std::move(t);
         pending_->act_in.erase(it);
       }
-      TensorMap out = st.forward(micro_batch(a.micro_batch, step), in);
+      TensorMap out = st.forward(micro_batch(a.micro_batch, step), in, !cfg_.evaluation);
       if (next < 0) {
         const stages::Graph& g = st.graph();
         losses_[size_t(a.micro_batch)] =
@@ -358,8 +364,10 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
   const double t0 = now();
   const Schedule& s = cfg_.schedule;
   pending_->clear();
-  for (auto& [id, st] : cfg_.stages) st->zero_grad();
-  reducer_->begin_step();
+  if (!cfg_.evaluation) {
+    for (auto& [id, st] : cfg_.stages) st->zero_grad();
+    reducer_->begin_step();
+  }
   losses_.assign(size_t(s.num_micro_batches), 0.0);
   has_loss_.assign(size_t(s.num_micro_batches), false);
 
@@ -407,8 +415,30 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     }
     poll_sends();
   }
+  if (cfg_.evaluation) finish_evaluation(stats);
+  if (next_step < 0) queued_step_ = -1;  // this step's inputs are consumed: none queued
   stats.seconds = now() - t0;
   return stats;
+}
+
+void Executor::finish_evaluation(StepStats& stats) {
+  // The micro-batches' losses, one contributor each, summed over the job in order (as
+  // finish_step does, without the norm).
+  const Schedule& s = cfg_.schedule;
+  std::vector<double> v(size_t(cfg_.loss_slots), 0.0);
+  if (cfg_.contribute_loss)
+    for (int mb = 0; mb < s.num_micro_batches; ++mb)
+      if (has_loss_[size_t(mb)]) v[size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+  if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+    cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();
+    v = t.to_vector<double>();
+  }
+  stats.loss = 0;
+  for (double x : v) stats.loss += x;
+  stats.grad_norm = 0;
+  for (auto& snd : pending_->sends) snd.work->wait();
+  pending_->sends.clear();
 }
 
 void Executor::finish_step(StepStats& stats, double t0) {

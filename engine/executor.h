@@ -95,6 +95,13 @@ struct ExecutorConfig {
   double grad_clip = 0;            // max global norm; 0: no clipping
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
+
+  // An evaluation executor: the schedule is forward-only (schedule/forward_only.h, lowered:
+  // transfers and nothing else), its forwards keep nothing for backward and use no
+  // dropout, and run_step() combines the loss over step_comm as a training step does but
+  // touches no gradient and no optimizer (grad_groups must be empty). Another executor
+  // over the same Stages, run between training steps.
+  bool evaluation = false;
 };
 
 struct StepStats {
@@ -114,7 +121,8 @@ class Executor {
 
   // Runs one training step: zero_grad, the rank's action list, the reductions, clipping
   // and the optimizer step. `next_step` (>= 0) lets the loader start on the next step's
-  // inputs while this one runs.
+  // inputs while this one runs. An evaluation executor runs its forwards and returns the
+  // loss (grad_norm 0).
   StepStats run_step(int64_t step, int64_t next_step = -1);
 
   // Timeline recording (off by default): every action's start and end, in seconds since
@@ -134,6 +142,7 @@ class Executor {
   void do_send(const schedule::Action& a, double t0);
   void compute(const schedule::Action& a, size_t index, int64_t step);
   void finish_step(StepStats& stats, double t0);
+  void finish_evaluation(StepStats& stats);
   stages::MicroBatch micro_batch(int mb, int64_t step) const;
   void poll_sends();
   void record(const schedule::Action& a, int lane, double start, double end, int peer = -1);

@@ -8,6 +8,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "stages/image_data.h"
 
 namespace baton::engine {
 
@@ -27,6 +28,10 @@ std::string duration_str(double s) {
   return buf;
 }
 
+bool eval_due(const LoopOptions& o, int64_t done) {
+  return done == o.steps || (o.eval_every > 0 && done % o.eval_every == 0);
+}
+
 bool checkpoint_due(const LoopOptions& o, int64_t done) {
   if (o.checkpoint_dir.empty()) return false;
   return done == o.steps || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0);
@@ -37,41 +42,49 @@ bool checkpoint_due(const LoopOptions& o, int64_t done) {
 void check_loop_options(const LoopOptions& o) {
   if (o.steps < 0) throw InputError("--steps must be >= 0");
   if (o.resume && o.checkpoint_dir.empty()) throw InputError("--resume needs --checkpoint-dir");
+  lr_schedule_of(o).validate();
+  if (o.eval_every < 0)
+    throw InputError("--eval-every: expected >= 0, found " + std::to_string(o.eval_every));
+  if (o.eval_batches <= 0)
+    throw InputError("--eval-batches: expected >= 1, found " + std::to_string(o.eval_batches));
+  const bool held_out = !o.data.eval_data.empty() || o.data.eval_fraction > 0;
+  if (o.eval_every > 0 && !held_out)
+    throw InputError("--eval-every needs held-out data (--eval-data PATH or --eval-fraction F)");
 }
 
-void check_byte_model(const stages::Graph& g, const std::string& source) {
-  int tok = g.find_value("tokens"), tgt = g.find_value("targets");
-  if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
-    throw InputError(source +
-                     ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
-                     "(byte-level data), found " +
-                     std::to_string(g.inputs.size()) + " input(s)");
-  const stages::ValueType& t = g.values[size_t(tok)].type;
-  const stages::ValueType& y = g.values[size_t(tgt)].type;
-  bool ints = !memory::is_floating(t.dtype) && !memory::is_floating(y.dtype);
-  if (!ints || t.shape.size() != 1 || !(y.shape == t.shape || y.shape.empty()))
-    throw InputError(source +
-                     ": $.inputs: expected tokens [T] and targets [T] or [] of integer "
-                     "type, found tokens " +
-                     stages::type_str(t) + " and targets " + stages::type_str(y));
-  for (const stages::Node& n : g.nodes) {
-    if (n.op == "embedding" && n.inputs[0] == tok) {
-      int64_t rows = g.params[size_t(n.params[0])].logical_shape[0];
-      if (rows < 256)
-        throw InputError(source + ": " + n.json_path +
-                         ": byte-level data needs a vocabulary of at "
-                         "least 256, the embedding has " +
-                         std::to_string(rows) + " rows");
-    }
-    if (n.op == "cross_entropy") {
-      int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();
-      if (v < 256)
-        throw InputError(source + ": " + n.json_path +
-                         ": byte-level targets need at least 256 "
-                         "classes, the logits have " +
-                         std::to_string(v));
-    }
+stages::LrSchedule lr_schedule_of(const LoopOptions& o) {
+  stages::LrSchedule s = o.lr_schedule;
+  s.lr = o.optimizer.lr();
+  s.total = o.steps;
+  return s;
+}
+
+stages::DataFlags data_flags(const LoopOptions& o) {
+  stages::DataFlags f = o.data;
+  if (f.data.empty()) {
+    if (o.data_path.empty()) throw InputError("--data is required");
+    f.data = {o.data_path};
   }
+  return f;
+}
+
+bool image_data(const LoopOptions& o) {
+  if (!o.data.data.empty() && o.data.data.size() != 1) return false;
+  const std::string& path = o.data.data.empty() ? o.data_path : o.data.data[0];
+  if (path.empty() || !stages::is_image_dataset(path)) return false;
+  const stages::DataFlags& f = o.data;
+  if (f.format != "auto" || !f.token_dtype.empty() || !f.cross_documents || !f.eval_data.empty() ||
+      f.eval_fraction > 0)
+    throw InputError(path +
+                     ": an image directory; --data-format, --token-dtype, --no-cross-documents, "
+                     "--eval-data and --eval-fraction are for token data");
+  return true;
+}
+
+nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
+  nlohmann::json j = {{"position", position}, {"train", d.train->to_json()}};
+  if (d.eval) j["eval"] = d.eval->to_json();
+  return j;
 }
 
 void check_resume(const stages::Manifest& m, const std::string& dir,
@@ -84,6 +97,30 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
   if (m.seed != seed)
     throw InputError(dir + "/manifest.json: $.seed: expected the run's --seed " +
                      std::to_string(seed) + ", found " + std::to_string(m.seed));
+}
+
+void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
+                         const nlohmann::json& data, const LoopOptions& o) {
+  // A constant rate (after its warm-up) does not depend on the run's length.
+  auto curve = [](nlohmann::json j) {
+    if (j.is_object() && j.value("kind", "") == "constant") {
+      j.erase("total");
+      j.erase("decay");
+    }
+    return j;
+  };
+  const nlohmann::json mine = lr_schedule_of(o).to_json();
+  if (m.train.is_object() && m.train.contains("lr_schedule") &&
+      curve(m.train["lr_schedule"]) != curve(mine))
+    spdlog::warn(
+        "{}/manifest.json: $.train.lr_schedule: the checkpoint's schedule was {}; continuing "
+        "under {}",
+        dir, m.train["lr_schedule"].dump(), mine.dump());
+  // The training data (held-out data does not change the training curve).
+  if (m.data.is_object() && m.data.contains("train") && m.data["train"] != data["train"])
+    spdlog::warn(
+        "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
+        dir, m.data["train"].dump(), data["train"].dump());
 }
 
 LossLog::LossLog(const std::string& path, int64_t start) {
@@ -104,13 +141,15 @@ LossLog::LossLog(const std::string& path, int64_t start) {
   for (const std::string& line : keep) out_ << line << "\n";
 }
 
-void LossLog::write(const StepRecord& r, double lr) {
+void LossLog::write(const StepRecord& r) {
   if (!out_.is_open()) return;
-  char buf[160];
-  std::snprintf(buf, sizeof buf,
-                "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g}\n",
-                static_cast<long long>(r.step), r.loss, r.grad_norm, lr);
-  out_ << buf << std::flush;
+  char buf[224];
+  int n = std::snprintf(buf, sizeof buf,
+                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g",
+                        static_cast<long long>(r.step), r.loss, r.grad_norm, r.lr);
+  if (r.eval_loss)
+    std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
+  out_ << buf << "}\n" << std::flush;
 }
 
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
@@ -119,22 +158,32 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   TrainSummary summary;
   summary.first_step = start;
   LossLog loss_log(lead ? o.loss_log : std::string(), start);
+  const stages::LrSchedule schedule = lr_schedule_of(o);
   double ema_step = 0;
   for (int64_t step = start; step < o.steps; ++step) {
+    // The rate is a pure function of the step: a resumed run continues the curve.
+    const double lr = schedule.at(step + 1);
+    if (steps.set_lr) steps.set_lr(lr);
     StepRecord rec = steps.step(step);
-    summary.records.push_back(rec);
+    rec.lr = lr;
     if (!std::isfinite(rec.loss))
       throw RuntimeError("loss is " + std::to_string(rec.loss) + " at step " +
                          std::to_string(rec.step));
-    loss_log.write(rec, steps.lr());
+    const bool eval = steps.evaluate && eval_due(o, rec.step);
+    if (eval) rec.eval_loss = steps.evaluate();
+    summary.records.push_back(rec);
+    loss_log.write(rec);
     ema_step = ema_step == 0 ? rec.seconds : 0.9 * ema_step + 0.1 * rec.seconds;
-    if (lead && o.log_every > 0 &&
-        (rec.step % o.log_every == 0 || rec.step == o.steps || step == start))
+    if (lead && ((o.log_every > 0 &&
+                  (rec.step % o.log_every == 0 || rec.step == o.steps || step == start)) ||
+                 eval))
       spdlog::info(
-          "step {:>6}/{} | loss {:.4f} | grad norm {:.3f} | {:>8.0f} tok/s | {:.1f} ms/step | {} "
-          "left",
-          rec.step, o.steps, rec.loss, rec.grad_norm, double(tokens_per_step) / rec.seconds,
-          rec.seconds * 1e3, duration_str(ema_step * double(o.steps - rec.step)));
+          "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | {:.1f} "
+          "ms/step | {} left",
+          rec.step, o.steps, rec.loss,
+          rec.eval_loss ? fmt::format(" | val loss {:.4f}", *rec.eval_loss) : std::string(), lr,
+          rec.grad_norm, double(tokens_per_step) / rec.seconds, rec.seconds * 1e3,
+          duration_str(ema_step * double(o.steps - rec.step)));
     if (on_step) on_step(rec);
     if (checkpoint_due(o, rec.step)) {
       summary.last_checkpoint = steps.checkpoint(rec.step);
@@ -165,6 +214,13 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
   j["first_loss"] = s.records.empty() ? json(nullptr) : json(s.records.front().loss);
   j["last_loss"] = s.records.empty() ? json(nullptr) : json(s.records.back().loss);
   j["loss_log"] = text_or_null(o.loss_log);
+  j["lr_schedule"] = lr_schedule_of(o).to_json();
+  j["last_lr"] = s.records.empty() ? json(nullptr) : json(s.records.back().lr);
+  json evals = json::array();
+  for (const StepRecord& r : s.records)
+    if (r.eval_loss) evals.push_back({{"step", r.step}, {"loss", *r.eval_loss}});
+  j["evaluations"] = evals;
+  j["last_eval_loss"] = evals.empty() ? json(nullptr) : evals.back()["loss"];
   j["tokens_per_step"] = tokens_per_step;
   j["tokens_per_second"] = median_tokens_per_second(s, tokens_per_step);
   json list = json::array();

@@ -1,8 +1,9 @@
 // The pieces both training loops share (the one-process reference, engine/trainer.h, and
-// one rank of a plan, engine/plan_trainer.h): the options they have in common, the model
-// checks for byte-level data, the resume checks, the loss log, the progress line, the
-// checkpoint cadence and the run summary (`--summary`, docs/formats/summary.md). The
-// loops differ only in what one step runs; run_loop() is the loop around it.
+// one rank of a plan, engine/plan_trainer.h): the options they have in common (data,
+// learning-rate schedule, evaluation), the resume checks, the loss log, the progress
+// line, the checkpoint and evaluation cadence and the run summary (`--summary`,
+// docs/formats/summary.md). The loops differ only in what one step and one evaluation
+// run; run_loop() is the loop around them.
 #pragma once
 
 #include <cstdint>
@@ -14,15 +15,27 @@
 #include <vector>
 
 #include "stages/checkpoint.h"
+#include "stages/data.h"
 #include "stages/graph.h"
+#include "stages/lr_schedule.h"
 #include "stages/stage.h"
 
 namespace baton::engine {
 
 // What both loops accept; each loop's options derive from it.
 struct LoopOptions {
-  std::string data_path;  // any file: its bytes are the tokens
-  int64_t steps = 100;    // total steps; a resumed run continues up to this
+  // One --data argument: a token dataset (stages/data.h), a text file or an image
+  // directory; data.data (several, or weighted ones: a blend) replaces it when not empty.
+  std::string data_path;
+  // The other data flags (--data-format, --token-dtype, --no-cross-documents,
+  // --eval-data, --eval-fraction); docs/formats/data.md.
+  stages::DataFlags data;
+  // --lr-schedule and its steps; its peak rate is the optimizer's and its total o.steps
+  // (lr_schedule_of()).
+  stages::LrSchedule lr_schedule;
+  int64_t eval_every = 0;    // steps between evaluations of the held-out data; 0: after the last
+  int64_t eval_batches = 1;  // K: the held-out loss is the mean over the same K batches
+  int64_t steps = 100;       // total steps; a resumed run continues up to this
   stages::OptimizerConfig optimizer;
   double grad_clip = 1.0;        // max global gradient norm; 0: no clipping
   uint64_t seed = 1;             // initialisation, data order and dropout
@@ -40,6 +53,8 @@ struct StepRecord {
   double loss = 0;
   double grad_norm = 0;
   double seconds = 0;
+  double lr = 0;                    // the rate this step's update used
+  std::optional<double> eval_loss;  // the held-out loss after this step, when evaluated
 };
 
 struct TrainSummary {
@@ -50,18 +65,36 @@ struct TrainSummary {
 };
 
 // InputError for options that no loop accepts (negative steps, --resume without a
-// checkpoint directory).
+// checkpoint directory, a schedule that does not fit the run, evaluation flags without
+// held-out data).
 void check_loop_options(const LoopOptions& o);
 
-// The model must read byte tokens and targets that byte-level data can fill: integer
-// inputs `tokens` [T] and `targets` [T] or [], a vocabulary and classes of at least 256.
-// InputError naming `source` and the JSON path otherwise.
-void check_byte_model(const stages::Graph& g, const std::string& source);
+// The run's learning-rate schedule: o.lr_schedule with the optimizer's rate as its peak
+// and o.steps as its total.
+stages::LrSchedule lr_schedule_of(const LoopOptions& o);
+
+// The data flags of the run, with data_path as the one --data when data.data is empty.
+stages::DataFlags data_flags(const LoopOptions& o);
+// True when the run reads images (an image directory); the token flags do not apply then
+// (InputError when one was given).
+bool image_data(const LoopOptions& o);
+
+// What a checkpoint's manifest records of the data: the dataset (and held-out dataset)
+// and the position (steps done: the next step's samples follow from it).
+nlohmann::json data_manifest(const stages::TrainData& d, int64_t position);
 
 // A checkpoint may resume this run when it was written for the same model and seed;
 // InputError naming the manifest's field otherwise.
 void check_resume(const stages::Manifest& m, const std::string& dir,
                   const nlohmann::json& model_json, const std::string& model_source, uint64_t seed);
+
+// Warnings (a resumed run may change these; the lead rank logs them) when the checkpoint
+// was written for other training data (`data`: data_manifest() of this run; the run
+// continues at the checkpoint's position in the data it has now) or under a
+// learning-rate schedule whose rates differ from this run's (a constant rate's run may
+// be lengthened).
+void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
+                         const nlohmann::json& data, const LoopOptions& o);
 
 // The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
 // checkpoint and drops any that a crashed run wrote after it, so the log is the loss
@@ -69,7 +102,8 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
 class LossLog {
  public:
   LossLog(const std::string& path, int64_t start);
-  void write(const StepRecord& r, double lr);
+  // {"step", "loss", "grad_norm", "lr"} and "eval_loss" when the step evaluated.
+  void write(const StepRecord& r);
 
  private:
   std::ofstream out_;
@@ -81,14 +115,17 @@ struct LoopSteps {
   std::function<StepRecord(int64_t step)> step;
   // Writes the checkpoint after `done` steps; returns its directory.
   std::function<std::string(int64_t done)> checkpoint;
-  // The learning rate the loss log records.
-  std::function<double()> lr;
+  // Sets the learning rate of the next step (every optimizer the loop steps).
+  std::function<void(double lr)> set_lr;
+  // The held-out loss of the model as it is now (empty: no held-out data).
+  std::function<double()> evaluate;
 };
 
-// The loop around the steps from `start` to o.steps: the records, the check for a
-// finite loss (RuntimeError), the loss log, the progress line every o.log_every steps
-// (only where `lead`), `on_step`, and a checkpoint every o.checkpoint_every steps and
-// after the last.
+// The loop around the steps from `start` to o.steps: the schedule's rate of each step,
+// the records, the check for a finite loss (RuntimeError), an evaluation every
+// o.eval_every steps and after the last, the loss log, the progress line every
+// o.log_every steps and at each evaluation (only where `lead`), `on_step`, and a
+// checkpoint every o.checkpoint_every steps and after the last.
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
                       const LoopSteps& steps,
                       const std::function<void(const StepRecord&)>& on_step);

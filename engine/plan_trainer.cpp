@@ -202,12 +202,12 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   check_loop_options(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");
-  check_byte_model(lg, model_source);
+  // The token dataset (and held-out data), checked against the logical model's vocabulary.
+  const stages::TrainData data = stages::open_train_data(data_flags(o), lg, model_source);
   const stages::ValueType& tok_type = lg.value("tokens").type;
   const stages::ValueType& tgt_type = lg.value("targets").type;
   const int64_t T = tok_type.shape[0];
   const bool per_position = !tgt_type.shape.empty();
-  auto data = std::make_shared<stages::ByteDataset>(o.data_path, T);
   const bool lead = world->rank() == 0;
   auto& alloc = memory::allocator_for(memory::Device::cpu());
   alloc.reset_peak();
@@ -219,16 +219,20 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   eo.bucket_bytes = o.bucket_bytes;
   eo.recv_ahead = o.recv_ahead;
   eo.profile = o.profile;
-  const uint64_t seed = o.seed;
-  eo.inputs = [data, seed, T, per_position, tok_type, tgt_type](const stages::MicroBatch& mb,
-                                                                  const std::vector<std::string>& names,
-                                                                  stages::TensorMap& out) {
-    Tensor tokens = Tensor::empty({mb.samples, T}, tok_type.dtype);
-    Tensor targets = per_position ? Tensor::empty({mb.samples, T}, tgt_type.dtype)
-                                  : Tensor::empty({mb.samples}, tgt_type.dtype);
-    data->fill(seed, mb.step, mb.sample_offset, mb.samples, tokens, targets);
-    for (const std::string& n : names) out[n] = n == "tokens" ? tokens : targets;
+  // Sample i of step s (of evaluation batch k: "step" k under the evaluation seed).
+  auto inputs_of = [T, per_position, tok_type, tgt_type](stages::DatasetPtr d, uint64_t seed) -> InputFn {
+    return [d, seed, T, per_position, tok_type, tgt_type](const stages::MicroBatch& mb,
+                                                          const std::vector<std::string>& names,
+                                                          stages::TensorMap& out) {
+      Tensor tokens = Tensor::empty({mb.samples, T}, tok_type.dtype);
+      Tensor targets = per_position ? Tensor::empty({mb.samples, T}, tgt_type.dtype)
+                                    : Tensor::empty({mb.samples}, tgt_type.dtype);
+      d->fill(seed, mb.step, mb.sample_offset, mb.samples, tokens, targets);
+      for (const std::string& n : names) out[n] = n == "tokens" ? tokens : targets;
+    };
   };
+  eo.inputs = inputs_of(data.train, o.seed);
+  if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
   RankEngine engine(rp, world, eo);
 
   // ---- resume
@@ -241,10 +245,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      for (const auto& [s, st] : engine.stages()) {
-        stages::load_stage(*dir, m, *st, true);
-        st->optimizer().set_lr(o.optimizer.lr());  // a resumed run may change the rate
-      }
+      if (lead) warn_resume_changes(m, *dir, data_manifest(data, m.step), o);
+      for (const auto& [s, st] : engine.stages())
+        stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       start = m.step;
     }
     if (lead) log_resume(dir, start, o.checkpoint_dir);
@@ -256,16 +259,21 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                  r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
                  r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"), r.schedule.name,
                  r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6, o.steps);
+  if (lead) {
+    spdlog::info("data {}", data.train->describe());
+    if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
+  }
 
   stages::Manifest base;
   base.seed = o.seed;
   base.model = model_json;
-  base.data = {{"position", 0}, {"file", o.data_path}, {"bytes", data->size()}};
+  base.data = data_manifest(data, 0);
   base.train = {{"batch", engine.executor().config().global_batch},
                 {"micro_batches", int64_t(r.plan.dp) * r.plan.micro_batches},
                 {"grad_clip", o.grad_clip},
                 {"steps", o.steps},
-                {"plan", r.plan.source}};
+                {"plan", r.plan.source},
+                {"lr_schedule", lr_schedule_of(o).to_json()}};
 
   const int64_t trace_from = o.trace_path.empty() ? o.steps : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
@@ -283,7 +291,10 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     return StepRecord{step + 1, st.loss, st.grad_norm, secs};
   };
   steps.checkpoint = [&](int64_t done) { return save(engine, o, base, done); };
-  steps.lr = [&] { return o.optimizer.lr(); };
+  steps.set_lr = [&](double lr) {
+    for (const auto& [s, st] : engine.stages()) st->optimizer().set_lr(lr);
+  };
+  if (data.eval) steps.evaluate = [&] { return engine.evaluate(o.eval_batches); };
   const int64_t tokens_per_step = engine.executor().config().global_batch * T;
   TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
   if (!o.trace_path.empty() && trace_from < o.steps) {

@@ -6,6 +6,7 @@
 #include "memory/error.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/routing.h"
+#include "schedule/forward_only.h"
 #include "schedule/lower.h"
 #include "schedule/validate.h"
 
@@ -116,12 +117,31 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
   c.timeline_rank = rank;
+  if (options.eval_inputs) {
+    // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.
+    ExecutorConfig e = c;
+    e.schedule = schedule::lower(schedule::forward_only_like(r.schedule), lo);
+    e.evaluation = true;
+    e.grad_groups.clear();
+    e.inputs = options.eval_inputs;
+    e.grad_clip = 0;
+    eval_executor_ = std::make_unique<Executor>(std::move(e));
+  }
   executor_ = std::make_unique<Executor>(std::move(c));
 }
 
 RankEngine::~RankEngine() {
-  // The executor (its loader thread, pending work) goes before the stages it runs.
+  // The executors (their loader threads, pending work) go before the stages they run.
+  eval_executor_.reset();
   executor_.reset();
+}
+
+double RankEngine::evaluate(int64_t batches) {
+  BATON_CHECK(eval_executor_ != nullptr, "evaluate() needs RankEngineOptions::eval_inputs");
+  BATON_CHECK(batches > 0, "evaluation batches");
+  double sum = 0;
+  for (int64_t k = 0; k < batches; ++k) sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
+  return sum / double(batches);
 }
 
 bool RankEngine::writes(int stage, int param) const {

@@ -31,6 +31,9 @@ struct RankEngineOptions {
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
   InputFn inputs;
+  // The held-out data's inputs (MicroBatch::step: the evaluation batch); given, the
+  // engine also builds an evaluation executor (evaluate()).
+  InputFn eval_inputs;
 };
 
 class RankEngine {
@@ -45,6 +48,11 @@ class RankEngine {
 
   // One training step (engine/executor.h); `next_step` lets the loader start early.
   StepStats step(int64_t step, int64_t next_step = -1) { return executor_->run_step(step, next_step); }
+  // The held-out loss: the mean over evaluation batches 0..batches-1 of each batch's loss,
+  // each batch (the training's global batch) a forward-only pass of the plan's schedule
+  // (schedule::forward_only_like) through the same Stages; the same on every rank. Every
+  // rank calls it together, between steps. Needs RankEngineOptions::eval_inputs.
+  double evaluate(int64_t batches);
 
   const partitioner::ResolvedPlan& plan() const { return *plan_; }
   const partitioner::RankView& view() const { return view_; }
@@ -67,6 +75,7 @@ class RankEngine {
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list
   std::map<int, std::unique_ptr<stages::Stage>> stages_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Executor> eval_executor_;  // with eval_inputs
 };
 
 }  // namespace baton::engine

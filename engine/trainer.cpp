@@ -9,6 +9,7 @@
 #include "memory/units.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
+#include "stages/evaluation.h"
 #include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/model.h"
@@ -37,13 +38,17 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   stages::LoadOptions lo;
   lo.float_dtype = o.float_dtype;
   auto graph = std::make_shared<stages::Graph>(stages::load_model_json(model_json, model_source, lo));
-  // A directory with images.npy is image data (images + labels); any file is byte tokens.
+  // A directory with images.npy is image data (images + labels); anything else is a token
+  // dataset (stages/data.h: Megatron, flat tokens, text, blends), checked against the
+  // model's vocabulary.
   std::optional<stages::ImageDataset> images;
-  if (stages::is_image_dataset(o.data_path)) {
+  stages::TrainData data;
+  if (image_data(o)) {
+    if (o.eval_every > 0) throw InputError("--eval-every: evaluation is for token data");
     images.emplace(o.data_path);
     images->check_model(*graph, model_source);
   } else {
-    check_byte_model(*graph, model_source);
+    data = stages::open_train_data(data_flags(o), *graph, model_source);
   }
   for (int l : o.recompute_layers)
     if (l >= graph->num_layers())
@@ -54,8 +59,6 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
   const bool per_position = !images && !tgt_type.shape.empty();
 
-  std::optional<stages::ByteDataset> data;
-  if (!images) data.emplace(o.data_path, T);
   auto& alloc = memory::allocator_for(memory::Device::cpu());
   alloc.reset_peak();
 
@@ -72,17 +75,18 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
     if (dir) {
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      stages::load_stage(*dir, m, stage, true);
-      stage.optimizer().set_lr(o.optimizer.lr());  // a resumed run may change the rate
+      warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+      stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
     }
     log_resume(dir, start, o.checkpoint_dir);
   }
-  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {} ({} {}); batch {} x {} "
+  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {}; batch {} x {} "
                "{} in {} micro-batch(es); {} steps",
-               graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6, o.data_path,
-               images ? images->size() : data->size(), images ? "images" : "bytes", o.batch, T,
-               images ? "image" : "tokens", o.micro_batches, o.steps);
+               graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6,
+               images ? o.data_path + " (" + std::to_string(images->size()) + " images)" : data.train->describe(),
+               o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
+  if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
 
   const int64_t mb_size = o.batch / o.micro_batches;
   const double loss_tokens = double(o.batch * (per_position ? T : 1));
@@ -102,7 +106,7 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
       if (images) {
         images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       } else {
-        data->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+        data.train->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       }
       stages::TensorMap out = images ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
                                      : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
@@ -124,14 +128,18 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
     if (images)
       m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
     else
-      m.data = {{"position", done}, {"file", o.data_path}, {"bytes", data->size()}};
+      m.data = data_manifest(data, done);
     m.train = {{"batch", o.batch}, {"micro_batches", o.micro_batches}, {"grad_clip", o.grad_clip},
-               {"steps", o.steps}};
+               {"steps", o.steps}, {"lr_schedule", lr_schedule_of(o).to_json()}};
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
     return dir;
   };
-  steps.lr = [&] { return stage.optimizer().lr(); };
+  steps.set_lr = [&](double lr) { stage.optimizer().set_lr(lr); };
+  if (data.eval)
+    steps.evaluate = [&] {
+      return stages::evaluate_loss(stage, *data.eval, {o.eval_batches, o.batch, o.micro_batches, o.seed});
+    };
 
   const int64_t tokens_per_step = o.batch * T;
   TrainSummary summary = run_loop(o, start, tokens_per_step, true, steps, on_step);

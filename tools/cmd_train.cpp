@@ -1,5 +1,7 @@
-// `baton train`: trains a model from byte-level text data, on one process, or under a
-// plan (--plan) as one rank of a job that `baton launch` (or mpirun, srun) started.
+// `baton train`: trains a model from a token dataset (Megatron's indexed format, flat
+// token files, byte-level text, weighted blends) or image data, on one process, or under
+// a plan (--plan) as one rank of a job that `baton launch` (or mpirun, srun) started; with
+// a learning-rate schedule and evaluation on held-out data.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -43,16 +45,31 @@ int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
   engine::TrainOptions o;
   std::string optimizer, device_memory, recompute, plan, schedule_file, trace;
+  std::vector<std::string> data;
+  std::string lr_schedule;
+  bool no_cross_documents = false;
   int64_t trace_steps = 1;
   double bucket_mib = 4;
   double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
   opts.add_options()
       ("model", po::value(&o.model_path), "model JSON (general graph, gpt2, mlp or resnet shorthand, or a Hugging Face config.json)")
-      ("data", po::value(&o.data_path)->required(), "training data: any file (one token per byte), or a directory with images.npy and labels.npy")
+      ("data", po::value(&data)->multitoken()->required(), "training data: a Megatron dataset (PREFIX, PREFIX.bin or PREFIX.idx), a flat token file (.bin), any other file (one token per byte), a blend 0.7:a 0.3:b, or a directory with images.npy and labels.npy")
+      ("data-format", po::value(&o.data.format)->default_value("auto"), "auto, megatron, tokens or text")
+      ("token-dtype", po::value(&o.data.token_dtype), "flat token files: uint16 (default) or uint32")
+      ("no-cross-documents", po::bool_switch(&no_cross_documents), "keep every sample window inside one document")
+      ("eval-data", po::value(&o.data.eval_data)->multitoken(), "held-out data (same formats and blends as --data)")
+      ("eval-fraction", po::value(&o.data.eval_fraction)->default_value(0.0), "hold out this share of --data's documents")
+      ("eval-every", po::value(&o.eval_every)->default_value(0), "steps between evaluations of the held-out data (0: after the last step)")
+      ("eval-batches", po::value(&o.eval_batches)->default_value(1), "batches the held-out loss averages (the same ones every time)")
       ("steps", po::value(&o.steps)->default_value(100), "total training steps")
       ("batch", po::value(&o.batch)->default_value(8), "samples per step")
       ("micro-batches", po::value(&o.micro_batches)->default_value(1), "micro-batches per step (divides --batch)")
-      ("lr", po::value(&lr)->default_value(1e-3), "learning rate")
+      ("lr", po::value(&lr)->default_value(1e-3), "learning rate (the peak of --lr-schedule)")
+      ("lr-schedule", po::value(&lr_schedule)->default_value("constant"), "constant, cosine, linear or wsd (warm-up, stable, decay)")
+      ("warmup-steps", po::value(&o.lr_schedule.warmup)->default_value(0), "steps of linear warm-up to --lr")
+      ("decay-steps", po::value(&o.lr_schedule.decay)->default_value(0), "steps of decay after warm-up (0: the remaining steps; wsd: --decay-fraction)")
+      ("min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0), "the rate the decay ends at")
+      ("decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1), "wsd: the last share of the steps that decays")
       ("weight-decay", po::value(&weight_decay)->default_value(0.0), "decoupled weight decay (matrices only)")
       ("optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")
       ("beta1", po::value(&beta1)->default_value(0.9), "AdamW beta1")
@@ -77,11 +94,18 @@ int run_train(const std::vector<std::string>& args) {
       ("bucket-mib", po::value(&bucket_mib)->default_value(4.0), "with --plan: gradient all-reduce bucket size in MiB");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton train --model M --data FILE [options]\n"
-                        "       baton launch -n N -- baton train --plan plan.json --data FILE [options]",
+  if (!parse_args(args, "baton train --model M --data PATH [options]\n"
+                        "       baton launch -n N -- baton train --plan plan.json --data PATH [options]",
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  // One --data is data_path (an image directory, too); several (a blend) are o.data.data.
+  if (data.size() == 1)
+    o.data_path = data[0];
+  else
+    o.data.data = data;
+  o.data.cross_documents = !no_cross_documents;
+  o.lr_schedule.kind = stages::parse_lr_schedule(lr_schedule);
   const transport::LaunchEnv env = transport::read_launch_env();
   if (int t = vm["threads"].as<int>(); t > 0) {
     kernels::set_num_threads(t);
@@ -148,7 +172,7 @@ int run_train(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{{"train", "train a model from byte-level text (one process, or a plan's ranks)", run_train}};
+const RegisterCommand reg{{"train", "train a model from a token dataset or text (one process, or a plan's ranks)", run_train}};
 
 }  // namespace
 }  // namespace baton::tools

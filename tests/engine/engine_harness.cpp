@@ -126,6 +126,7 @@ engine::LoopOptions loop_options(const RunSettings& s) {
   o.grad_clip = s.grad_clip;
   o.seed = s.seed;
   o.log_every = 0;
+  if (s.configure) s.configure(o);
   return o;
 }
 

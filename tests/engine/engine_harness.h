@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ struct RunSettings {
   double lr = 3e-3;
   double grad_clip = 1.0;
   std::string data;  // default: examples/data/licenses.txt
+  // Further changes to both runs' loop options (data flags, schedule, evaluation).
+  std::function<void(engine::LoopOptions&)> configure;
 };
 
 // The loop options of both runs (no logging).

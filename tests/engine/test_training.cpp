@@ -9,6 +9,8 @@
 #include <fstream>
 #include <map>
 
+#include <unistd.h>
+
 #include "engine/trainer.h"
 #include "stages/checkpoint.h"
 #include "stages/json_reader.h"
@@ -22,8 +24,13 @@ using stages::read_text_file;
 
 const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
+// A scratch path of this process (/tmp is shared with other runs of the suite).
+std::string scratch(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());
+}
+
 std::string write_model(const std::string& name, const nlohmann::json& j) {
-  std::string path = ::testing::TempDir() + "/" + name;
+  std::string path = scratch(name);
   std::ofstream(path) << j.dump();
   return path;
 }
@@ -94,7 +101,7 @@ TEST(Training, TwoRunsGiveBitIdenticalLosses) {
 
 TEST(Training, ResumeContinuesTheLossCurveExactly) {
   std::string model = write_model("small_gpt_resume.json", small_gpt(0.1));
-  std::string dir = ::testing::TempDir() + "/baton_resume_test";
+  std::string dir = scratch("baton_resume_test");
   std::filesystem::remove_all(dir);
   TrainOptions straight = options(model, 20);
   straight.micro_batches = 2;
@@ -134,7 +141,7 @@ TEST(Training, ResumeContinuesTheLossCurveExactly) {
 
 TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
   std::string model = write_model("small_gpt_ckpt.json", small_gpt());
-  std::string dir = ::testing::TempDir() + "/baton_ckpt_skip";
+  std::string dir = scratch("baton_ckpt_skip");
   std::filesystem::remove_all(dir);
   TrainOptions o = options(model, 6);
   o.checkpoint_dir = dir;
@@ -156,7 +163,7 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
 
 TEST(Training, KeepCheckpointsPrunesTheOldest) {
   std::string model = write_model("small_gpt_keep.json", small_gpt());
-  std::string dir = ::testing::TempDir() + "/baton_ckpt_keep";
+  std::string dir = scratch("baton_ckpt_keep");
   std::filesystem::remove_all(dir);
   TrainOptions o = options(model, 6);
   o.checkpoint_dir = dir;

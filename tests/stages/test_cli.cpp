@@ -3,11 +3,14 @@
 // and exit code 2, never a crash; a good run trains and writes its loss log.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -34,7 +37,8 @@ Result run(const std::string& args) {
 }
 
 std::string temp_file(const std::string& name, const std::string& content) {
-  std::string path = ::testing::TempDir() + "/" + name;
+  // Per process: /tmp is shared with other runs of the suite.
+  std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }
@@ -75,6 +79,78 @@ TEST(Cli, BadDataAndFlags) {
   expect_input_error("--model " + model + " --data " + kCorpus + " --recompute 7", {"--recompute: layer 7"});
   expect_input_error("--model " + model + " --data " + kCorpus + " --frobnicate", {"frobnicate"});
   expect_input_error("--model " + model + " --data " + kCorpus + " --resume", {"--resume needs --checkpoint-dir"});
+}
+
+// The token dataset flags, the learning-rate schedule and evaluation: each bad value is
+// exit 2 naming the flag (or the file and the first offending token).
+TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
+  std::string model = temp_file("tiny_flags.json", kTiny);
+  const std::string base = "--model " + model + " --data " + kCorpus + " --steps 10 ";
+  expect_input_error(base + "--lr-schedule step", {"--lr-schedule: expected constant, cosine, linear or wsd", "'step'"});
+  expect_input_error(base + "--lr-schedule cosine --warmup-steps -1", {"--warmup-steps: expected >= 0"});
+  expect_input_error(base + "--lr-schedule linear --decay-steps -2", {"--decay-steps: expected >= 0"});
+  expect_input_error(base + "--lr-schedule cosine --lr 1e-3 --min-lr 0.01", {"--min-lr: expected a rate in [0, --lr]"});
+  expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.5", {"--decay-fraction: expected a fraction in (0, 1]"});
+  expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5", {"--lr-schedule wsd", "exceed the run's 10 steps"});
+  expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
+  expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0", {"--eval-batches: expected >= 1"});
+  expect_input_error(base + "--eval-fraction 1.5", {"--eval-fraction: expected a share in (0, 1)"});
+  expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCorpus, {"--eval-data and --eval-fraction"});
+  expect_input_error(base + "--eval-data /nonexistent.bin", {"/nonexistent.bin"});
+  expect_input_error(base + "--data-format parquet", {"--data-format: expected auto, megatron, tokens or text", "parquet"});
+  expect_input_error(base + "--token-dtype uint32", {"--token-dtype: only flat token files"});
+  expect_input_error("--model " + model + " --steps 1 --data 0.7:" + kCorpus + " " + kCorpus,
+                     {"--data: several datasets need a weight each"});
+  // A flat uint16 token file with a token beyond the model's vocabulary of 256.
+  std::string tokens(128, '\0');  // 64 tokens
+  tokens[2 * 40] = char(0x2c);  // token 40: 0x012c = 300
+  tokens[2 * 40 + 1] = char(0x01);
+  std::string bad = temp_file("oov.bin", tokens);
+  expect_input_error("--model " + model + " --steps 1 --data " + bad, {bad, "position 40"});
+  // A truncated flat file (an odd number of bytes for uint16).
+  std::string odd = temp_file("odd.bin", std::string(65, 'a'));
+  expect_input_error("--model " + model + " --steps 1 --data " + odd, {odd});
+}
+
+// A blend of the corpus as a flat token file and as text, with warm-up, cosine decay and
+// evaluation every 2 steps: the progress line and the loss log carry the rate and the
+// held-out loss.
+TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
+  std::ifstream in(kCorpus, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string flat;
+  for (char c : text.substr(0, 20000)) {
+    flat.push_back(c);
+    flat.push_back('\0');
+  }
+  std::string bin = temp_file("corpus_u16.bin", flat);
+  std::string model = temp_file("tiny_blend.json", kTiny);
+  std::string log = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-blend_loss.jsonl";
+  Result r = run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
+                 " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
+                 " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " + log +
+                 " --summary " + log + ".summary.json");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| lr 5.000e-04 |"), std::string::npos) << r.output;  // step 1: lr/2
+  std::ifstream lf(log);
+  std::string line;
+  int lines = 0, evals = 0;
+  while (std::getline(lf, line)) {
+    ++lines;
+    EXPECT_NE(line.find("\"lr\": "), std::string::npos) << line;
+    evals += line.find("\"eval_loss\": ") != std::string::npos;
+  }
+  EXPECT_EQ(lines, 4);
+  EXPECT_EQ(evals, 2);
+  std::ifstream sf(log + ".summary.json");
+  nlohmann::json summary = nlohmann::json::parse(sf);
+  EXPECT_EQ(summary["lr_schedule"]["kind"], "cosine");
+  EXPECT_EQ(summary["lr_schedule"]["warmup"], 2);
+  EXPECT_DOUBLE_EQ(summary["last_lr"].get<double>(), 1e-5);  // the decay's end
+  ASSERT_EQ(summary["evaluations"].size(), 2u);
+  EXPECT_EQ(summary["evaluations"][1]["step"], 4);
+  EXPECT_EQ(summary["last_eval_loss"], summary["evaluations"][1]["loss"]);
 }
 
 TEST(Cli, TruncatedAndLyingSafetensors) {

@@ -3,6 +3,7 @@
 // read back, `inspect` decoding it; bad input gives exit code 2 and a message naming it.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -37,7 +38,8 @@ Result baton(const std::string& args) {
 }
 
 std::string dir() {
-  std::string d = ::testing::TempDir() + "/baton_data_cli";
+  // One directory per process: ctest runs each test case as its own process, in parallel.
+  std::string d = ::testing::TempDir() + "/baton_data_cli_" + std::to_string(getpid());
   std::filesystem::create_directories(d);
   return d;
 }

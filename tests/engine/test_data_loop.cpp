@@ -1,0 +1,231 @@
+// Token datasets, learning-rate schedules and evaluation in both training loops: a run
+// interrupted mid-warm-up or mid-decay and resumed gives the uninterrupted run's loss, rate
+// and held-out loss curve bit for bit (and its loss log); a Megatron-format dataset with
+// held-out documents trains under plans of the equivalence grid (PP2 with 1F1B, ZB-V
+// and DualPipe, TP2xDP2, PP2xTP2xDP2, each rank a thread) with the one-process loss curve, the same
+// rates, and the held-out loss of a forward-only pass through the pipeline within 1e-6 of one
+// process's; a plan's run resumed mid-decay repeats its last steps bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine_harness.h"
+#include "kernels/ops.h"
+#include "stages/checkpoint.h"
+#include "stages/token_store.h"
+
+namespace baton::engine_testing {
+namespace {
+
+// The shipped corpus as a Megatron dataset (uint16 byte values), one document per
+// paragraph (blank-line separated), written by the tests' own writer.
+std::string write_corpus_dataset(const Workspace& ws) {
+  std::ifstream in(std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const std::string prefix = ws.path("corpus");
+  stages::IndexedDatasetWriter w(prefix, stages::TokenType::u16);
+  std::vector<int64_t> doc;
+  for (size_t i = 0; i < text.size(); ++i) {
+    doc.push_back(static_cast<unsigned char>(text[i]));
+    const bool paragraph_end = text[i] == '\n' && i + 1 < text.size() && text[i + 1] == '\n';
+    if (paragraph_end || i + 1 == text.size()) {
+      w.add_document(doc);
+      doc.clear();
+    }
+  }
+  w.finish();
+  return prefix;
+}
+
+// The run's data, schedule and evaluation.
+void token_run(engine::LoopOptions& o, const std::string& prefix) {
+  o.data_path = prefix;
+  o.data.eval_fraction = 0.1;
+  o.data.cross_documents = false;
+  o.lr_schedule.kind = stages::LrSchedule::Kind::cosine;
+  o.lr_schedule.warmup = 4;
+  o.lr_schedule.min_lr = 1e-4;
+  o.eval_every = 3;
+  o.eval_batches = 2;
+}
+
+struct Interrupted : std::runtime_error {
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One process, 12 steps (warm-up 1..4, cosine decay 5..12), a checkpoint every 3 steps;
+// `crash_at` > 0: the run stops after that step (its newest checkpoint is older).
+std::vector<engine::StepRecord> one_process(const Workspace& ws, const std::string& prefix,
+                                            const std::string& ckpt, bool resume,
+                                            int64_t crash_at) {
+  RunSettings s;
+  s.steps = 12;
+  s.configure = [&](engine::LoopOptions& o) { token_run(o, prefix); };
+  kernels::set_num_threads(1);
+  engine::TrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  o.model_path = ws.path("model.json");
+  o.batch = 4;
+  o.micro_batches = 2;
+  o.checkpoint_dir = ckpt;
+  o.checkpoint_every = 3;
+  o.resume = resume;
+  o.loss_log = ckpt + ".jsonl";
+  return engine::run_training(o,
+                              [crash_at](const engine::StepRecord& r) {
+                                if (r.step == crash_at) throw Interrupted();
+                              })
+      .records;
+}
+
+void expect_same(const std::vector<engine::StepRecord>& got,
+                 const std::vector<engine::StepRecord>& whole) {
+  ASSERT_LE(got.size(), whole.size());
+  const size_t off = whole.size() - got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const engine::StepRecord& w = whole[off + i];
+    EXPECT_EQ(got[i].step, w.step);
+    EXPECT_EQ(got[i].loss, w.loss) << "step " << w.step;
+    EXPECT_EQ(got[i].grad_norm, w.grad_norm) << "step " << w.step;
+    EXPECT_EQ(got[i].lr, w.lr) << "step " << w.step;
+    ASSERT_EQ(got[i].eval_loss.has_value(), w.eval_loss.has_value()) << "step " << w.step;
+    if (w.eval_loss) {
+      EXPECT_EQ(*got[i].eval_loss, *w.eval_loss) << "step " << w.step;
+    }
+  }
+}
+
+TEST(DataLoop, ResumeMidWarmupAndMidDecayContinuesTheCurve) {
+  Workspace ws("data_loop_resume");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  plan_json(p, ws);  // writes model.json
+  const std::string prefix = write_corpus_dataset(ws);
+
+  std::vector<engine::StepRecord> whole = one_process(ws, prefix, ws.path("whole"), false, 0);
+  ASSERT_EQ(whole.size(), 12u);
+  // The schedule's rates: warm-up lr·s/W, then cosine from lr to min_lr over 8 steps.
+  const double lr = 3e-3, min_lr = 1e-4;
+  for (int64_t s = 1; s <= 12; ++s) {
+    const double want = s <= 4
+                            ? lr * double(s) / 4
+                            : min_lr + (lr - min_lr) * (1 + std::cos(M_PI * double(s - 4) / 8)) / 2;
+    EXPECT_NEAR(whole[size_t(s - 1)].lr, want, 1e-15) << "step " << s;
+  }
+  for (int64_t s : {3, 6, 9, 12}) EXPECT_TRUE(whole[size_t(s - 1)].eval_loss.has_value()) << s;
+  EXPECT_FALSE(whole[0].eval_loss.has_value());
+  EXPECT_LT(*whole[11].eval_loss, *whole[2].eval_loss);  // the held-out loss falls
+
+  // Stopped after step 5 (checkpoint at 3: mid-warm-up) and after step 8 (checkpoint at 6:
+  // mid-decay), then resumed.
+  for (int64_t crash : {5, 8}) {
+    SCOPED_TRACE("interrupted after step " + std::to_string(crash));
+    const std::string ckpt = ws.path("crash" + std::to_string(crash));
+    EXPECT_THROW(one_process(ws, prefix, ckpt, false, crash), Interrupted);
+    std::vector<engine::StepRecord> rest = one_process(ws, prefix, ckpt, true, 0);
+    EXPECT_EQ(rest.size(), size_t(12 - (crash / 3) * 3));
+    expect_same(rest, whole);
+    // The loss log is the uninterrupted run's, line for line.
+    EXPECT_EQ(read_text(ckpt + ".jsonl"), read_text(ws.path("whole") + ".jsonl"));
+  }
+}
+
+void expect_close(const std::vector<engine::StepRecord>& got,
+                  const std::vector<engine::StepRecord>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst_eval = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
+        << "step " << i + 1;
+    EXPECT_EQ(got[i].lr, want[i].lr) << "step " << i + 1;
+    ASSERT_EQ(got[i].eval_loss.has_value(), want[i].eval_loss.has_value()) << "step " << i + 1;
+    if (want[i].eval_loss) {
+      EXPECT_NEAR(*got[i].eval_loss, *want[i].eval_loss, 1e-6) << "step " << i + 1;
+      worst_eval = std::max(worst_eval, std::abs(*got[i].eval_loss - *want[i].eval_loss));
+    }
+  }
+  std::printf("  worst held-out loss difference: %.2e\n", worst_eval);
+}
+
+TEST(DataLoop, TokenDatasetUnderPlansMatchesOneProcess) {
+  Workspace ws("data_loop_plans");
+  const std::string prefix = write_corpus_dataset(ws);
+  struct Case {
+    int pp, tp, dp;
+    std::string schedule;
+  };
+  for (const Case& c : {Case{2, 1, 1, "1f1b"}, Case{2, 1, 1, "zb-v"}, Case{2, 1, 1, "dualpipe"},
+                        Case{1, 2, 2, "gpipe"}, Case{2, 2, 2, "1f1b"}}) {
+    PlanSpec p;
+    p.model = tiny_gpt_json(2);
+    p.tp.assign(size_t(c.pp), c.tp);
+    p.dp = c.dp;
+    p.schedule = c.schedule;
+    p.micro_batches = c.schedule == "dualpipe" ? 4 : 2;  // DualPipe: both directions
+    p.micro_batch_size = 4 / (p.micro_batches * c.dp);
+    SCOPED_TRACE(p.describe());
+    std::printf("%s\n", p.describe().c_str());
+    RunSettings s;
+    s.steps = 4;
+    s.configure = [&](engine::LoopOptions& o) {
+      token_run(o, prefix);
+      o.lr_schedule.warmup = 2;  // steps 3 and 4 decay
+      o.eval_every = 1;
+    };
+    auto plan = resolve(p, ws);
+    std::vector<engine::StepRecord> want = run_reference(p, ws, s);
+    std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
+    expect_close(got, want);
+  }
+}
+
+// Under a plan (PP2 x DP2): the newest checkpoint of a finished run removed, the run
+// resumes mid-decay from the one before and repeats the last steps bit for bit.
+TEST(DataLoop, PlanResumesMidDecay) {
+  Workspace ws("data_loop_plan_resume");
+  const std::string prefix = write_corpus_dataset(ws);
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.micro_batches = 2;
+  p.micro_batch_size = 1;
+  RunSettings s;
+  s.steps = 6;
+  s.configure = [&](engine::LoopOptions& o) {
+    token_run(o, prefix);
+    o.lr_schedule.warmup = 2;
+    o.eval_every = 2;
+  };
+  auto plan = resolve(p, ws);
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.checkpoint_dir = ws.path("ckpt");
+  o.checkpoint_every = 2;
+  o.loss_log = ws.path("loss.jsonl");
+  std::vector<engine::StepRecord> whole = run_threads(plan, o);
+  const std::string log = read_text(o.loss_log);
+  std::filesystem::remove_all(stages::checkpoint_dir(o.checkpoint_dir, 6));
+  o.resume = true;
+  std::vector<engine::StepRecord> rest = run_threads(plan, o);
+  ASSERT_EQ(rest.size(), 2u);
+  expect_same(rest, whole);
+  EXPECT_EQ(read_text(o.loss_log), log);
+}
+
+}  // namespace
+}  // namespace baton::engine_testing
