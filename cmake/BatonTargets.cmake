@@ -56,6 +56,20 @@ function(baton_library name)
   baton_install_library(${name})
 endfunction()
 
+# tests_asan, tests_tsan: the programs of the tests a sanitizer preset runs (its build
+# preset builds only these and what they link, not the whole tree).
+foreach(_label asan tsan)
+  add_custom_target(tests_${_label})
+endforeach()
+# baton_label_target(TARGET LABELS ...): TARGET is built by the presets of its labels.
+function(baton_label_target target)
+  foreach(label IN LISTS ARGN)
+    if(TARGET tests_${label})
+      add_dependencies(tests_${label} ${target})
+    endif()
+  endforeach()
+endfunction()
+
 # baton_test(NAME SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s]): a GoogleTest program
 # whose tests ctest discovers one by one.
 function(baton_test name)
@@ -71,6 +85,7 @@ function(baton_test name)
     # comma-joined label; the presets select tests with a regex on it.
     string(REPLACE ";" "," labels "${ARG_LABELS}")
     list(APPEND props LABELS "${labels}")
+    baton_label_target(${name} ${ARG_LABELS})
   endif()
   gtest_discover_tests(${name} PROPERTIES ${props} DISCOVERY_TIMEOUT 60)
 endfunction()

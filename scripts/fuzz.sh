@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (the fuzz preset: clang 14, ASan + UBSan) and fuzzes each
+# Builds the libFuzzer targets (the asan preset: clang 14, ASan + UBSan) and fuzzes each
 # for SECONDS (default 60), one after another. Each grows its corpus in
-# build/fuzz/fuzz-corpus/<target>/ from the seeds in tests/fuzz/corpus/<target>/ (left as
-# they are); its log, with libFuzzer's final stats, goes to build/fuzz/fuzz-<target>.log.
-# A crash leaves its input in build/fuzz/fuzz-artifacts/: fix the parser and add the
+# build/asan/fuzz-corpus/<target>/ from the seeds in tests/fuzz/corpus/<target>/ (left as
+# they are); its log, with libFuzzer's final stats, goes to build/asan/fuzz-<target>.log.
+# A crash leaves its input in build/asan/fuzz-artifacts/: fix the parser and add the
 # input to tests/fuzz/corpus/<target>/ as a regression test. BATON_FUZZ_BUILD=DIR uses
 # another build folder configured with BATON_FUZZ=ON.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     e.g. scripts/fuzz.sh 600 safetensors plan
@@ -15,8 +15,8 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for d in tests/fuzz/corpus/*/; do targets+=("$(basename "$d")"); done
 fi
-out="${BATON_FUZZ_BUILD:-build/fuzz}"
-if [ -z "${BATON_FUZZ_BUILD:-}" ]; then cmake --preset fuzz >/dev/null || exit 1; fi
+out="${BATON_FUZZ_BUILD:-build/asan}"
+if [ -z "${BATON_FUZZ_BUILD:-}" ]; then cmake --preset asan >/dev/null || exit 1; fi
 cmake --build "$out" -j2 --target "${targets[@]/#/fuzz_}" || exit 1
 mkdir -p "$out/fuzz-artifacts"
 failed=()

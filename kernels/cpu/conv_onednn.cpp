@@ -223,9 +223,11 @@ void run(const char* op, const Key& k, std::initializer_list<const float*> ins,
     stream.wait();
     if (!accumulate) return;
     i = 0;
-    for (auto [p, n] : outs) {
+    for (const auto& out : outs) {
+      // Named copies: clang 14 cannot capture structured bindings in a lambda.
+      float* p = out.first;
       const float* t = land[i++];
-      parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t u) {
+      parallel_for(out.second, kElementwiseGrain, [&](int64_t s, int64_t u) {
         for (int64_t j = s; j < u; ++j) p[j] += t[j];
       });
     }
