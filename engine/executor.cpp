@@ -9,6 +9,7 @@
 #include "engine/detail/input_loader.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "partitioner/routing.h"
 #include "schedule/validate.h"
 
 namespace baton::engine {
@@ -36,15 +37,6 @@ int64_t steady_ns() {
 using Key = std::pair<int, int>;  // (stage, micro-batch)
 
 }  // namespace
-
-std::pair<int64_t, int64_t> route_part_range(int64_t numel, int64_t row, int part, int parts) {
-  BATON_CHECK(parts >= 1 && part >= 0 && part < parts, "part out of range");
-  if (row > 0 && numel % row == 0 && numel / row >= parts) {
-    int64_t rows = numel / row;
-    return {rows * part / parts * row, rows * (part + 1) / parts * row};
-  }
-  return {numel * part / parts, numel * (part + 1) / parts};
-}
 
 // What is in flight or handed over between actions of one step.
 struct Executor::Pending {
@@ -189,10 +181,12 @@ Crossing crossing(const Schedule& s, const Action& a) {
   }
 }
 
-uint64_t message_tag(const Schedule& s, int mb, const Crossing& c, const Route& r) {
-  uint64_t base = (uint64_t(mb) * uint64_t(s.num_stages()) + uint64_t(c.boundary)) * 2 +
-                  (c.phase == Route::Phase::gradient ? 1 : 0);
-  return (base * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
+// The schedule's tag of the transfer (equal for a SEND and its RECV), widened by the
+// route's value and part.
+uint64_t message_tag(const Schedule& s, const Action& a, const Route& r) {
+  const int64_t base = schedule::transfer_tag(s, a);
+  BATON_CHECK(base >= 0, "message_tag of an action that is no transfer");
+  return (uint64_t(base) * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
 }
 
 }  // namespace
@@ -213,9 +207,9 @@ void Executor::post_recv(size_t index, int64_t) {
       const stages::Value& v = st.graph().value(r.value);
       full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype);
     }
-    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
-    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r)));
+    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a, r)));
   }
 }
 
@@ -249,10 +243,10 @@ void Executor::do_send(const Action& a, double t0) {
     if (v == values.end())
       throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value + "' to send");
     Tensor full = v->second.contiguous();
-    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
     Pending::Send snd;
-    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r));
+    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a, r));
     snd.keep = slice;
     snd.action = a;
     snd.action.peer = r.peer;
