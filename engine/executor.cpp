@@ -44,6 +44,7 @@ struct Executor::Pending {
     TensorMap tensors;
     std::vector<transport::WorkPtr> works;
     bool posted = false;
+    int peer = -1;  // world rank of the first sender (the timeline's peer)
   };
   struct Send {
     transport::WorkPtr work;
@@ -209,6 +210,7 @@ void Executor::post_recv(size_t index, int64_t) {
     }
     auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
+    if (rv.peer < 0) rv.peer = r.peer;
     rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a, r)));
   }
 }
@@ -223,7 +225,7 @@ void Executor::wait_recv(size_t index) {
   Key key{a.stage, a.micro_batch};
   TensorMap& dst = a.kind == K::recv_activation ? pending_->act_in[key] : pending_->grad_in[key];
   for (auto& [name, t] : rv.tensors) dst[name] = std::move(t);
-  record(a, 1, t0, now(), a.peer);
+  record(a, 1, t0, now(), rv.peer);  // a world rank, like a send's (a.peer is the pipeline rank)
 }
 
 void Executor::do_send(const Action& a, double t0) {
