@@ -11,6 +11,7 @@
 #include "memory/error.h"
 #include "partitioner/routing.h"
 #include "schedule/validate.h"
+#include "stages/param_owner.h"
 
 namespace baton::engine {
 
@@ -423,11 +424,9 @@ void Executor::finish_step(StepStats& stats, double t0) {
       if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
       const stages::Graph& g = st->graph();
       for (int id : st->param_ids()) {
-        const stages::Param& p = g.params[size_t(id)];
-        int owner = p.layers.empty() ? 0 : p.layers.front();
-        if (owner < st->first_layer() || owner >= st->last_layer()) continue;
+        if (!stages::owns_param(*st, id)) continue;
         if (cfg_.norm_counts && !cfg_.norm_counts(id)) continue;
-        v[size_t(owner)] += kernels::sum_squares(st->grad(id));
+        v[size_t(stages::owner_layer(g.params[size_t(id)]))] += kernels::sum_squares(st->grad(id));
       }
     }
   }
