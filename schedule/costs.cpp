@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "schedule/schedule_io.h"
 
@@ -177,7 +178,7 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
 }
 
 CostSpec load_costs(const std::string& path) {
-  return parse_costs(read_file(path), path);
+  return parse_costs(memory::read_file(path), path);
 }
 
 Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_directions) {

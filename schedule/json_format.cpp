@@ -1,13 +1,11 @@
 // The JSON form of a schedule, file loading and saving (see schedule_io.h).
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "schedule/schedule_io.h"
 #include "schedule/torch_csv.h"
 
@@ -218,51 +216,18 @@ Schedule parse_json(std::string_view text, const std::string& source) {
   return from_json(j, source);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read failed");
-  return ss.str();
-}
-
 Schedule load_schedule(const std::string& path) {
   if (is_csv_path(path)) return load_torch_csv(path).schedule;
-  std::string text = read_file(path);
+  std::string text = memory::read_file(path);
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
   return parse_text(text, path);
 }
 
-void write_file_atomically(const std::string& path, std::string_view content) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path tmp = target;
-  tmp += ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot open for writing");
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw InputError(path + ": write failed");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw InputError(path + ": cannot write: " + ec.message());
-  }
-}
-
 void save_schedule(const Schedule& s, const std::string& path) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  if (is_csv_path(path)) return write_file_atomically(path, to_torch_csv(s));
-  write_file_atomically(path, is_json ? to_json_text(s) : to_text(s));
+  if (is_csv_path(path)) return memory::write_file_durably(path, to_torch_csv(s));
+  memory::write_file_durably(path, is_json ? to_json_text(s) : to_text(s));
 }
 
 }  // namespace baton::schedule

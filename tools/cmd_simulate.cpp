@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "schedule/auto_schedule.h"
 #include "schedule/costs.h"
@@ -152,11 +153,11 @@ void write_outputs(const Options& o, const sc::Simulator& sim, const sc::CostSpe
   if (o.trace.empty() && o.svg.empty()) return;
   sc::Timeline t = sim.timeline(spec.seconds_per_unit);
   if (!o.trace.empty()) {
-    sc::write_file_atomically(o.trace, sc::to_chrome_trace(t));
+    memory::write_file_durably(o.trace, sc::to_chrome_trace(t));
     std::printf("wrote %s (Chrome trace; open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (!o.svg.empty()) {
-    sc::write_file_atomically(o.svg, sc::to_svg(t));
+    memory::write_file_durably(o.svg, sc::to_svg(t));
     std::printf("wrote %s\n", o.svg.c_str());
   }
 }

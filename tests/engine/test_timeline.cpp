@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine_harness.h"
+#include "memory/file_io.h"
 #include "partitioner/predict.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
@@ -33,7 +34,8 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
     o.trace_path = ws.path("trace.json");
     o.trace_steps = 1;
     run_threads(plan, o);
-    schedule::Timeline t = schedule::from_chrome_trace(schedule::read_file(o.trace_path), o.trace_path);
+    schedule::Timeline t =
+        schedule::from_chrome_trace(memory::read_file(o.trace_path), o.trace_path);
     ASSERT_EQ(t.num_ranks, 4);
     const schedule::Schedule lowered = schedule::lower(plan->schedule);
     for (int rank = 0; rank < 4; ++rank) {
