@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "memory/file_io.h"
+
 namespace baton::stages {
 
 json parse_json_text(const std::string& text, const std::string& file) {
@@ -19,15 +21,12 @@ json parse_json_text(const std::string& text, const std::string& file) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open file (missing or unreadable)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return ss.str();
+  return memory::read_file(path);
 }
 
-json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
+json read_json_file(const std::string& path) {
+  return parse_json_text(memory::read_file(path), path);
+}
 
 std::string json_brief(const json& j) {
   std::string s;
