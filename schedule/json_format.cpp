@@ -6,6 +6,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "schedule/schedule_io.h"
 #include "schedule/torch_csv.h"
 
@@ -39,20 +40,6 @@ int get_int(const json& j, const std::string& path, int lo, int hi) {
   return static_cast<int>(v);
 }
 
-void check_fields(const json& obj, const std::string& path,
-                  std::initializer_list<const char*> known) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    bool ok = false;
-    for (const char* k : known) ok = ok || it.key() == k;
-    if (!ok) {
-      std::string list;
-      for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
-      throw InputError(path + (path.empty() ? "" : ".") + it.key() +
-                       ": unknown field (expected one of " + list + ")");
-    }
-  }
-}
-
 json action_json(const Action& a) {
   json o = json::object();
   o["kind"] = std::string(kind_code(a.kind));
@@ -65,7 +52,7 @@ json action_json(const Action& a) {
 
 Action parse_action(const json& j, const std::string& path) {
   if (!j.is_object()) throw InputError(path + ": expected an action object, found " + found(j));
-  check_fields(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
+  memory::expect_json_object(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
   if (!j.contains("kind")) throw InputError(path + ".kind: missing (expected e.g. \"F\")");
   const json& k = j["kind"];
   auto kind = k.is_string() ? kind_from_code(k.get<std::string>()) : std::nullopt;
@@ -150,9 +137,9 @@ Schedule from_json(const json& j, const std::string& source) {
   const std::string at = source + ": ";
   if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + found(j));
   try {
-    check_fields(j, "",
-                 {"format", "version", "name", "ranks", "micro_batches", "directions", "placement",
-                  "actions"});
+    memory::expect_json_object(j, "",
+                               {"format", "version", "name", "ranks", "micro_batches", "directions",
+                                "placement", "actions"});
     if (j.contains("format") && j["format"] != kFormat)
       throw InputError("format: expected \"" + std::string(kFormat) + "\", found " +
                        found(j["format"]));

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "memory/file_io.h"
+#include "memory/json_object.h"
 
 namespace baton::stages {
 
@@ -89,16 +90,7 @@ std::vector<std::string> JsonReader::keys() const {
 
 void JsonReader::expect_only(std::initializer_list<std::string_view> allowed) const {
   expect_object();
-  for (auto it = j_->begin(); it != j_->end(); ++it) {
-    bool ok = false;
-    for (std::string_view a : allowed) ok = ok || it.key() == a;
-    if (!ok) {
-      std::string list;
-      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      JsonReader(*it, file_, path_ + "." + it.key())
-          .fail_message("unknown field '" + it.key() + "' (allowed here: " + list + ")");
-    }
-  }
+  memory::expect_json_object(*j_, where(), allowed);
 }
 
 void JsonReader::expect_object() const {
