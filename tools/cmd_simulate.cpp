@@ -35,18 +35,6 @@ struct Options {
   bool lower = false, show = false;
 };
 
-std::vector<std::string> split_names(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 std::string pct(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f%%", 100 * v);
@@ -220,7 +208,7 @@ int run_simulate(const std::vector<std::string>& args) {
           opts, vm))
     return 0;
   apply_common_options(vm);
-  o.names = split_names(names);
+  o.names = split_comma_list(names);
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
   if (o.repeat < 0)
