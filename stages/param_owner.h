@@ -9,7 +9,9 @@
 
 namespace baton::stages {
 
-inline int owner_layer(const Param& p) { return p.layers.empty() ? 0 : p.layers.front(); }
+inline int owner_layer(const Param& p) {
+  return p.layers.empty() ? 0 : p.layers.front();
+}
 
 // Whether parameter `id` of the stage's graph belongs to `stage` (it holds the owner layer).
 inline bool owns_param(const Stage& stage, int id) {
