@@ -9,8 +9,10 @@
 #include "engine/detail/input_loader.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "partitioner/routing.h"
 #include "schedule/forward_only.h"
 #include "schedule/validate.h"
+#include "stages/param_owner.h"
 
 namespace baton::engine {
 
@@ -38,21 +40,13 @@ using Key = std::pair<int, int>;  // (stage, micro-batch)
 
 }  // namespace
 
-std::pair<int64_t, int64_t> route_part_range(int64_t numel, int64_t row, int part, int parts) {
-  BATON_CHECK(parts >= 1 && part >= 0 && part < parts, "part out of range");
-  if (row > 0 && numel % row == 0 && numel / row >= parts) {
-    int64_t rows = numel / row;
-    return {rows * part / parts * row, rows * (part + 1) / parts * row};
-  }
-  return {numel * part / parts, numel * (part + 1) / parts};
-}
-
 // What is in flight or handed over between actions of one step.
 struct Executor::Pending {
   struct Recv {
     TensorMap tensors;
     std::vector<transport::WorkPtr> works;
     bool posted = false;
+    int peer = -1;  // world rank of the first sender (the timeline's peer)
   };
   struct Send {
     transport::WorkPtr work;
@@ -195,10 +189,12 @@ Crossing crossing(const Schedule& s, const Action& a) {
   }
 }
 
-uint64_t message_tag(const Schedule& s, int mb, const Crossing& c, const Route& r) {
-  uint64_t base = (uint64_t(mb) * uint64_t(s.num_stages()) + uint64_t(c.boundary)) * 2 +
-                  (c.phase == Route::Phase::gradient ? 1 : 0);
-  return (base * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
+// The schedule's tag of the transfer (equal for a SEND and its RECV), widened by the
+// route's value and part.
+uint64_t message_tag(const Schedule& s, const Action& a, const Route& r) {
+  const int64_t base = schedule::transfer_tag(s, a);
+  BATON_CHECK(base >= 0, "message_tag of an action that is no transfer");
+  return (uint64_t(base) * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
 }
 
 }  // namespace
@@ -219,9 +215,10 @@ void Executor::post_recv(size_t index, int64_t) {
       const stages::Value& v = st.graph().value(r.value);
       full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype);
     }
-    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
-    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r)));
+    if (rv.peer < 0) rv.peer = r.peer;
+    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a, r)));
   }
 }
 
@@ -235,7 +232,7 @@ void Executor::wait_recv(size_t index) {
   Key key{a.stage, a.micro_batch};
   TensorMap& dst = a.kind == K::recv_activation ? pending_->act_in[key] : pending_->grad_in[key];
   for (auto& [name, t] : rv.tensors) dst[name] = std::move(t);
-  record(a, 1, t0, now(), a.peer);
+  record(a, 1, t0, now(), rv.peer);  // a world rank, like a send's (a.peer is the pipeline rank)
 }
 
 void Executor::do_send(const Action& a, double t0) {
@@ -255,10 +252,10 @@ void Executor::do_send(const Action& a, double t0) {
     if (v == values.end())
       throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value + "' to send");
     Tensor full = v->second.contiguous();
-    auto [b, e] = route_part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
     Pending::Send snd;
-    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a.micro_batch, c, r));
+    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a, r));
     snd.keep = slice;
     snd.action = a;
     snd.action.peer = r.peer;
@@ -457,11 +454,9 @@ void Executor::finish_step(StepStats& stats, double t0) {
       if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
       const stages::Graph& g = st->graph();
       for (int id : st->param_ids()) {
-        const stages::Param& p = g.params[size_t(id)];
-        int owner = p.layers.empty() ? 0 : p.layers.front();
-        if (owner < st->first_layer() || owner >= st->last_layer()) continue;
+        if (!stages::owns_param(*st, id)) continue;
         if (cfg_.norm_counts && !cfg_.norm_counts(id)) continue;
-        v[size_t(owner)] += kernels::sum_squares(st->grad(id));
+        v[size_t(stages::owner_layer(g.params[size_t(id)]))] += kernels::sum_squares(st->grad(id));
       }
     }
   }

@@ -32,8 +32,8 @@ class GradReducer;
 }  // namespace detail
 
 // One point-to-point transfer of a boundary value, or of one part of it, for every
-// micro-batch: part `part` of `parts` equal parts of the flattened tensor (cut at rows of
-// the last dimension when it can be), to or from `peer`.
+// micro-batch: part `part` of `parts` equal parts of the flattened tensor (the elements
+// partitioner::part_range gives), to or from `peer`.
 struct Route {
   enum class Phase { activation, gradient };
   bool send = true;
@@ -43,10 +43,6 @@ struct Route {
   int value_index = 0;     // distinguishes the boundary's values in message tags (< 8)
   int part = 0, parts = 1;  // parts <= 16
 };
-
-// Elements [begin, end) of part `part` of `parts` of a tensor of `numel` elements whose
-// last dimension has `row` elements: whole rows when there are at least `parts` rows.
-std::pair<int64_t, int64_t> route_part_range(int64_t numel, int64_t row, int part, int parts);
 
 // Parameters whose gradients are summed over a group of ranks (data-parallel replicas;
 // the pipeline ranks that hold a tied parameter such as GPT-2's wte; DualPipe's two

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "engine/rank_engine.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/evaluate.h"
@@ -159,7 +160,7 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
     e.end = all[i + 7];
     t.events.push_back(e);
   }
-  schedule::write_file_atomically(path, schedule::to_chrome_trace(t));
+  memory::write_file_durably(path, schedule::to_chrome_trace(t));
   spdlog::info("timeline of {} step(s) written to {}", steps, path);
 }
 

@@ -9,6 +9,7 @@
 #include "schedule/forward_only.h"
 #include "schedule/lower.h"
 #include "schedule/validate.h"
+#include "stages/param_owner.h"
 
 namespace baton::engine {
 
@@ -150,9 +151,7 @@ bool RankEngine::writes(int stage, int param) const {
   if (schedule::stage_direction(r.schedule, stage) != 0) return false;
   const stages::Param& p = graph_->params[size_t(param)];
   if (!p.is_shard() && view_.coord.tp != 0) return false;
-  const stages::Stage& st = *stages_.at(stage);
-  int owner = p.layers.empty() ? 0 : p.layers.front();
-  return owner >= st.first_layer() && owner < st.last_layer();
+  return stages::owns_param(*stages_.at(stage), param);
 }
 
 }  // namespace baton::engine

@@ -5,6 +5,7 @@
 
 #include "memory/allocator.h"
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "schedule/schedule_io.h"
 #include "stages/json_reader.h"
 
@@ -62,7 +63,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                  {"flops", o.flops}};
   nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"ops", ops}};
-  schedule::write_file_atomically(path, j.dump(1) + "\n");
+  memory::write_file_durably(path, j.dump(1) + "\n");
 }
 
 // ---- tables ----

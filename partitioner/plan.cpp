@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "partitioner/layout.h"
 #include "schedule/schedule_io.h"
@@ -342,7 +343,7 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
 }
 
 void write_plan(const Plan& p, const std::string& path) {
-  schedule::write_file_atomically(path, plan_to_json(p, file_dir(path)).dump(2) + "\n");
+  memory::write_file_durably(path, plan_to_json(p, file_dir(path)).dump(2) + "\n");
 }
 
 }  // namespace baton::partitioner

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "memory/units.h"
 #include "schedule/schedule_io.h"
 
@@ -108,6 +110,10 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
   }
   try {
     if (!j.is_object()) throw InputError("expected a JSON object, found " + found(j));
+    memory::expect_json_object(j, "",
+                               {"forward", "backward_input", "backward_weight", "activation_bytes",
+                                "activation_bytes_after_b", "message_bytes", "reduce",
+                                "overlap_f_b", "optimizer_step", "p2p", "time_unit", "comment"});
     CostSpec c;
     struct Slot {
       const char* name;
@@ -153,19 +159,10 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         if (!it->is_object())
           throw InputError("p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
                            found(*it));
-        for (auto p = it->begin(); p != it->end(); ++p) {
-          if (p.key() == "latency")
-            c.latency = number(*p, "p2p.latency", false);
-          else if (p.key() == "bandwidth")
-            c.bandwidth = number(*p, "p2p.bandwidth", true);
-          else
-            throw InputError("p2p." + p.key() + ": unknown field (expected latency, bandwidth)");
-        }
-      } else {
-        throw InputError(key +
-                         ": unknown field (expected forward, backward_input, backward_weight, "
-                         "activation_bytes, activation_bytes_after_b, message_bytes, reduce, "
-                         "overlap_f_b, optimizer_step, p2p, time_unit, comment)");
+        memory::expect_json_object(*it, "p2p", {"latency", "bandwidth"});
+        if (it->contains("latency")) c.latency = number(it->at("latency"), "p2p.latency", false);
+        if (it->contains("bandwidth"))
+          c.bandwidth = number(it->at("bandwidth"), "p2p.bandwidth", true);
       }
     }
     for (const char* k : {"forward", "backward_input", "backward_weight"})
@@ -177,7 +174,7 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
 }
 
 CostSpec load_costs(const std::string& path) {
-  return parse_costs(read_file(path), path);
+  return parse_costs(memory::read_file(path), path);
 }
 
 Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_directions) {

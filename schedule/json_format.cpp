@@ -1,13 +1,12 @@
 // The JSON form of a schedule, file loading and saving (see schedule_io.h).
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "schedule/schedule_io.h"
 #include "schedule/torch_csv.h"
 
@@ -41,20 +40,6 @@ int get_int(const json& j, const std::string& path, int lo, int hi) {
   return static_cast<int>(v);
 }
 
-void check_fields(const json& obj, const std::string& path,
-                  std::initializer_list<const char*> known) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    bool ok = false;
-    for (const char* k : known) ok = ok || it.key() == k;
-    if (!ok) {
-      std::string list;
-      for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
-      throw InputError(path + (path.empty() ? "" : ".") + it.key() +
-                       ": unknown field (expected one of " + list + ")");
-    }
-  }
-}
-
 json action_json(const Action& a) {
   json o = json::object();
   o["kind"] = std::string(kind_code(a.kind));
@@ -67,7 +52,7 @@ json action_json(const Action& a) {
 
 Action parse_action(const json& j, const std::string& path) {
   if (!j.is_object()) throw InputError(path + ": expected an action object, found " + found(j));
-  check_fields(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
+  memory::expect_json_object(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
   if (!j.contains("kind")) throw InputError(path + ".kind: missing (expected e.g. \"F\")");
   const json& k = j["kind"];
   auto kind = k.is_string() ? kind_from_code(k.get<std::string>()) : std::nullopt;
@@ -152,9 +137,9 @@ Schedule from_json(const json& j, const std::string& source) {
   const std::string at = source + ": ";
   if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + found(j));
   try {
-    check_fields(j, "",
-                 {"format", "version", "name", "ranks", "micro_batches", "directions", "placement",
-                  "actions"});
+    memory::expect_json_object(j, "",
+                               {"format", "version", "name", "ranks", "micro_batches", "directions",
+                                "placement", "actions"});
     if (j.contains("format") && j["format"] != kFormat)
       throw InputError("format: expected \"" + std::string(kFormat) + "\", found " +
                        found(j["format"]));
@@ -218,51 +203,18 @@ Schedule parse_json(std::string_view text, const std::string& source) {
   return from_json(j, source);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read failed");
-  return ss.str();
-}
-
 Schedule load_schedule(const std::string& path) {
   if (is_csv_path(path)) return load_torch_csv(path).schedule;
-  std::string text = read_file(path);
+  std::string text = memory::read_file(path);
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
   return parse_text(text, path);
 }
 
-void write_file_atomically(const std::string& path, std::string_view content) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path tmp = target;
-  tmp += ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(path + ": cannot open for writing");
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw InputError(path + ": write failed");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw InputError(path + ": cannot write: " + ec.message());
-  }
-}
-
 void save_schedule(const Schedule& s, const std::string& path) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  if (is_csv_path(path)) return write_file_atomically(path, to_torch_csv(s));
-  write_file_atomically(path, is_json ? to_json_text(s) : to_text(s));
+  if (is_csv_path(path)) return memory::write_file_durably(path, to_torch_csv(s));
+  memory::write_file_durably(path, is_json ? to_json_text(s) : to_text(s));
 }
 
 }  // namespace baton::schedule

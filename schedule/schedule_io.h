@@ -36,15 +36,8 @@ Schedule parse_json(std::string_view text, const std::string& source);
 // JSON when its first non-blank character is '{', text otherwise.
 Schedule load_schedule(const std::string& path);
 // Writes JSON when the name ends in ".json", PyTorch's current CSV for ".csv", text
-// otherwise; atomically (a temporary
-// file renamed into place), so a failure leaves no half-written file.
+// otherwise; durably and atomically (memory::write_file_durably), so a failure leaves no
+// half-written file.
 void save_schedule(const Schedule& s, const std::string& path);
-
-// Writes `content` to `path` through a temporary file renamed into place (the tools use
-// it for every output: schedules, traces, pictures). Throws InputError when the
-// directory cannot be written.
-void write_file_atomically(const std::string& path, std::string_view content);
-// Reads a whole file; throws InputError naming the path when it cannot.
-std::string read_file(const std::string& path);
 
 }  // namespace baton::schedule

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "schedule/schedule_io.h"
 #include "schedule/validate.h"
 
@@ -369,7 +370,7 @@ TorchCsv load_torch_csv(const std::string& path, TorchDialect dialect) {
   if (size_t slash = name.find_last_of('/'); slash != std::string::npos)
     name = name.substr(slash + 1);
   if (is_csv_path(name)) name.resize(name.size() - 4);
-  return parse_torch_csv(read_file(path), path, dialect, name);
+  return parse_torch_csv(memory::read_file(path), path, dialect, name);
 }
 
 std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCells* kept) {

@@ -1,9 +1,8 @@
 #include "stages/checkpoint.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include "memory/file_io.h"
 #include "stages/hf.h"
 #include "stages/json_reader.h"
 #include "stages/shorthands.h"
@@ -47,55 +47,6 @@ std::string hex32(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08" PRIx32, v);
   return buf;
-}
-
-std::string errno_text() { return std::strerror(errno); }
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw RuntimeError(path + ": cannot open to fsync: " + std::strerror(errno));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw RuntimeError(path + ": fsync failed: " + std::strerror(errno));
-}
-
-void rename_durably(const std::string& tmp, const std::string& final_path) {
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  if (ec) throw RuntimeError("cannot rename " + tmp + " to " + final_path + ": " + ec.message());
-  fsync_path(fs::path(final_path).parent_path().string(), true);
-}
-
-// Writes text to <path>.tmp, fsyncs and renames it; on any failure (a full disk) the
-// temporary file is removed and the error names the file and the system's reason.
-void write_text_durably(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  try {
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw RuntimeError(tmp + ": cannot create: " + errno_text());
-    size_t off = 0;
-    while (off < text.size()) {
-      ssize_t w = ::write(fd, text.data() + off, text.size() - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        std::string err = errno_text();
-        ::close(fd);
-        throw RuntimeError(tmp + ": write error: " + err);
-      }
-      off += size_t(w);
-    }
-    if (::fsync(fd) != 0) {
-      std::string err = errno_text();
-      ::close(fd);
-      throw RuntimeError(tmp + ": fsync failed: " + err);
-    }
-    if (::close(fd) != 0) throw RuntimeError(tmp + ": close failed: " + errno_text());
-    rename_durably(tmp, path);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
 }
 
 std::string offsets_str(const Shape& o) {
@@ -141,8 +92,7 @@ ShardFile write_shard(const std::string& step_dir, const std::string& file,
       {"format", "pt"}, {kBlocksKey, blocks.dump()}, {kCrcKey, crcs.dump()}};
   std::string path = step_dir + "/" + file;
   try {
-    write_safetensors(path + ".tmp", named, meta);
-    rename_durably(path + ".tmp", path);
+    write_safetensors(path, named, meta);
   } catch (const std::exception& e) {
     // A full disk: free what we wrote; the step directory stays without a manifest
     // (incomplete), and the checkpoints before it are untouched.
@@ -377,8 +327,8 @@ void begin_checkpoint(const std::string& step_dir) {
   fs::create_directories(step_dir, ec);
   if (ec) throw RuntimeError(step_dir + ": cannot create: " + ec.message());
   fs::remove(fs::path(step_dir) / "manifest.json", ec);
-  fsync_path(step_dir, true);
-  fsync_path(fs::path(step_dir).parent_path().string(), true);
+  memory::fsync_path(step_dir, true);
+  memory::fsync_path(fs::path(step_dir).parent_path().string(), true);
 }
 
 std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Stage& stage,
@@ -415,7 +365,7 @@ std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
 
 void write_manifest(const std::string& step_dir, const Manifest& m) {
   try {
-    write_text_durably(step_dir + "/manifest.json", m.to_json().dump(2) + "\n");
+    memory::write_file_durably(step_dir + "/manifest.json", m.to_json().dump(2) + "\n");
   } catch (const RuntimeError& e) {
     throw RuntimeError("checkpoint " + step_dir + ": cannot write manifest.json: " + e.what() +
                        " (the earlier checkpoints are untouched)");
@@ -650,8 +600,7 @@ void save_hf_gpt2(const std::string& dir, const Stage& stage) {
   std::vector<NamedTensor> tensors;
   for (int id : stage.param_ids())
     tensors.push_back({g.params[size_t(id)].name, stage.param(id).to(DType::f32)});
-  write_safetensors(dir + "/model.safetensors.tmp", tensors, {{"format", "pt"}});
-  rename_durably(dir + "/model.safetensors.tmp", dir + "/model.safetensors");
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   json hf = {{"model_type", "gpt2"},
              {"architectures", {"GPT2LMHeadModel"}},
              {"n_layer", c.n_layer},
@@ -668,7 +617,7 @@ void save_hf_gpt2(const std::string& dir, const Stage& stage) {
              {"resid_pdrop", c.resid_pdrop},
              {"attn_pdrop", c.attn_pdrop},
              {"tie_word_embeddings", true}};
-  write_text_durably(dir + "/config.json", hf.dump(2) + "\n");
+  memory::write_file_durably(dir + "/config.json", hf.dump(2) + "\n");
 }
 
 }  // namespace baton::stages

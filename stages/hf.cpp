@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "memory/file_io.h"
 #include "stages/json_reader.h"
 #include "stages/shorthands.h"
 
@@ -207,24 +208,6 @@ json hf_config_of(const Graph& g, DType dtype) {
                    "configs) can be written in the Hugging Face layout");
 }
 
-namespace {
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw RuntimeError(tmp + ": cannot create");
-    out << text;
-    out.flush();
-    if (!out) throw RuntimeError(tmp + ": write error");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + ec.message());
-}
-
-}  // namespace
-
 void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTensor>& tensors,
               const HfWriteOptions& opt) {
   if (opt.dtype != DType::f32 && opt.dtype != DType::bf16 && opt.dtype != DType::f16)
@@ -260,9 +243,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   }
   fs::remove(dir + "/model.safetensors.index.json", ec);
   if (shards.size() == 1) {
-    write_safetensors(dir + "/model.safetensors.tmp", shards[0], meta);
-    fs::rename(dir + "/model.safetensors.tmp", dir + "/model.safetensors", ec);
-    if (ec) throw RuntimeError(dir + "/model.safetensors: cannot rename: " + ec.message());
+    write_safetensors(dir + "/model.safetensors", shards[0], meta);
   } else {
     json weight_map = json::object();
     uint64_t total = 0;
@@ -271,18 +252,16 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
       char name[64];
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
       const std::string path = dir + "/" + name;
-      write_safetensors(path + ".tmp", shards[i], meta);
-      fs::rename(path + ".tmp", path, ec);
-      if (ec) throw RuntimeError(path + ": cannot rename: " + ec.message());
+      write_safetensors(path, shards[i], meta);
       for (const NamedTensor& t : shards[i]) {
         weight_map[t.name] = name;
         total += t.tensor.nbytes();
       }
     }
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+    memory::write_file_durably(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
+  memory::write_file_durably(dir + "/config.json", config.dump(2) + "\n");
 }
 
 void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& opt) {

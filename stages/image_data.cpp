@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "stages/json_reader.h"
 
 namespace baton::stages {
@@ -82,7 +83,7 @@ double element(const NpyArray& a, int64_t k, int64_t esize) {
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
-  const std::string data = read_text_file(path);
+  const std::string data = memory::read_file(path);
   if (data.size() < 10 || std::memcmp(data.data(), "\x93NUMPY", 6) != 0)
     bad(path, "not a NumPy .npy file (no \\x93NUMPY magic)");
   const int major = static_cast<unsigned char>(data[6]);
@@ -162,15 +163,15 @@ void write_npy(const std::string& path, const memory::Tensor& t) {
   const size_t total = ((10 + header.size() + 1 + 63) / 64) * 64;
   header.append(total - 10 - header.size() - 1, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write("\x93NUMPY\x01\x00", 8);
   const uint16_t len = uint16_t(header.size());
   const char le[2] = {char(len & 0xff), char(len >> 8)};
-  f.write(le, 2);
-  f.write(header.data(), std::streamsize(header.size()));
   memory::Tensor c = t.to(memory::Device::cpu());
-  f.write(static_cast<const char*>(c.raw_data()), std::streamsize(c.nbytes()));
-  if (!f) throw RuntimeError(path + ": cannot write");
+  memory::write_file_durably(path, [&](memory::FileSink& f) {
+    f.write("\x93NUMPY\x01\x00", 8);
+    f.write(le, 2);
+    f.write(header);
+    f.write(c.raw_data(), c.nbytes());
+  });
 }
 
 bool is_image_dataset(const std::string& path) {

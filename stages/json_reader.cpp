@@ -4,6 +4,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "memory/file_io.h"
+#include "memory/json_object.h"
+
 namespace baton::stages {
 
 json parse_json_text(const std::string& text, const std::string& file) {
@@ -19,15 +22,12 @@ json parse_json_text(const std::string& text, const std::string& file) {
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open file (missing or unreadable)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return ss.str();
+  return memory::read_file(path);
 }
 
-json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
+json read_json_file(const std::string& path) {
+  return parse_json_text(memory::read_file(path), path);
+}
 
 std::string json_brief(const json& j) {
   std::string s;
@@ -90,16 +90,7 @@ std::vector<std::string> JsonReader::keys() const {
 
 void JsonReader::expect_only(std::initializer_list<std::string_view> allowed) const {
   expect_object();
-  for (auto it = j_->begin(); it != j_->end(); ++it) {
-    bool ok = false;
-    for (std::string_view a : allowed) ok = ok || it.key() == a;
-    if (!ok) {
-      std::string list;
-      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      JsonReader(*it, file_, path_ + "." + it.key())
-          .fail_message("unknown field '" + it.key() + "' (allowed here: " + list + ")");
-    }
-  }
+  memory::expect_json_object(*j_, where(), allowed);
 }
 
 void JsonReader::expect_object() const {

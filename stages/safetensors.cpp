@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "stages/json_reader.h"
 
 namespace baton::stages {
@@ -221,6 +222,8 @@ void SafetensorsReader::read_block(const SafetensorsEntry& e, const Shape& offse
   }
 }
 
+// Durably and atomically (memory::write_file_durably): a reader sees the old file or the
+// whole new one, so callers need no temporary name of their own.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -240,34 +243,14 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   }
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw RuntimeError(path + ": cannot create: " + errno_text());
-  auto write_all = [&](const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t w = ::write(fd, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        std::string err = errno_text();
-        ::close(fd);
-        throw RuntimeError(path + ": write error: " + err);
-      }
-      p += w;
-      n -= size_t(w);
-    }
-  };
-  unsigned char len[8];
-  uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
-  write_all(len, 8);
-  write_all(text.data(), text.size());
-  for (const Tensor& t : host) write_all(t.raw_data(), t.nbytes());
-  if (::fsync(fd) != 0) {
-    std::string err = errno_text();
-    ::close(fd);
-    throw RuntimeError(path + ": fsync failed: " + err);
-  }
-  if (::close(fd) != 0) throw RuntimeError(path + ": close failed: " + errno_text());
+  memory::write_file_durably(path, [&](memory::FileSink& out) {
+    unsigned char len[8];
+    uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
+    out.write(len, 8);
+    out.write(text);
+    for (const Tensor& t : host) out.write(t.raw_data(), t.nbytes());
+  });
 }
 
 }  // namespace baton::stages

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "stages/json_reader.h"
+#include "stages/param_owner.h"
 #include "stages/stash_plan.h"
 
 namespace baton::stages {
@@ -160,7 +161,7 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
     const Param& p = g.params[size_t(id)];
     auto ps = std::make_unique<ParamState>();
     ps->id = id;
-    ps->owner_layer = p.layers.empty() ? 0 : p.layers.front();
+    ps->owner_layer = stages::owner_layer(p);
     for (int l : p.layers)
       if (l >= first_ && l < last_) ps->layers.push_back(l);
     ps->value = Tensor::empty(p.shape, p.dtype, opt_options_.device);

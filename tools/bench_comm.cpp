@@ -202,18 +202,6 @@ void bench_rank(Communicator& c, const Options& o, const std::string& settings) 
   }
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v && *v ? v : fallback;
@@ -238,7 +226,7 @@ int run_comm(const std::vector<std::string>& args) {
   if (!parse_args(args, "baton bench comm [options]", opts, vm)) return 0;
   apply_common_options(vm);
   Options o;
-  o.ops = split_list(vm["op"].as<std::string>());
+  o.ops = split_comma_list(vm["op"].as<std::string>());
   for (auto& op : o.ops)
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
       throw InputError(

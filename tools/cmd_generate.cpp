@@ -28,24 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      long v = std::stol(item, &used);
-      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
-      out.push_back(int32_t(v));
-    } catch (const std::exception&) {
-      throw InputError("--prompt-ids: expected token ids like 1,2,3, found '" + item + "'");
-    }
-  }
-  if (out.empty()) throw InputError("--prompt-ids: no token ids");
-  return out;
-}
-
 int run_generate(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer;
@@ -127,7 +109,10 @@ int run_generate(const std::vector<std::string>& args) {
   const int64_t vocab = probe_vocab.vocab_size();
   const bool bytes = !have_sp && vocab == 256;
   if (!prompt_ids.empty()) {
-    ids = parse_ids(prompt_ids);
+    for (int64_t id :
+         parse_int_list(prompt_ids, "--prompt-ids", 0, INT32_MAX, "token ids like 1,2,3"))
+      ids.push_back(int32_t(id));
+    if (ids.empty()) throw InputError("--prompt-ids: no token ids");
   } else if (have_sp) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     std::vector<int> v;

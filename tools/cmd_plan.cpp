@@ -19,33 +19,6 @@ namespace {
 
 namespace pt = baton::partitioner;
 
-std::vector<int> parse_counts(const std::string& text, const char* flag) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      int v = std::stoi(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw InputError(std::string(flag) + ": expected counts >= 1 like 3,4,3, found '" + item +
-                       "'");
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> parse_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured) {
   pt::Plan plan = pt::read_plan(path);
   auto graph = pt::load_plan_model(plan);
@@ -117,7 +90,7 @@ int run_plan(const std::vector<std::string>& args) {
 
   if (!device_memory.empty()) so.device_memory = int64_t(memory::parse_bytes(device_memory));
   so.global_batch = batch;
-  so.schedules = parse_names(schedules);
+  so.schedules = split_comma_list(schedules);
   if (recompute == "on")
     so.recompute = 1;
   else if (recompute == "off")
@@ -126,7 +99,10 @@ int run_plan(const std::vector<std::string>& args) {
     so.recompute = -1;
   else
     throw InputError("--recompute: expected on, off or auto, found '" + recompute + "'");
-  if (!layers.empty()) so.layers_per_stage = parse_counts(layers, "--layers-per-stage");
+  if (!layers.empty())
+    for (int64_t n :
+         parse_int_list(layers, "--layers-per-stage", 1, INT32_MAX, "counts >= 1 like 3,4,3"))
+      so.layers_per_stage.push_back(int(n));
   pt::optimizer_states(so.optimizer);
   so.model_path = model_path;
 

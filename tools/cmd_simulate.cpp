@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "schedule/auto_schedule.h"
 #include "schedule/costs.h"
@@ -34,18 +35,6 @@ struct Options {
   int ranks = 0, micro_batches = 0, chunks = 0, repeat = 0;
   bool lower = false, show = false;
 };
-
-std::vector<std::string> split_names(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
 
 std::string pct(double v) {
   char b[32];
@@ -153,11 +142,11 @@ void write_outputs(const Options& o, const sc::Simulator& sim, const sc::CostSpe
   if (o.trace.empty() && o.svg.empty()) return;
   sc::Timeline t = sim.timeline(spec.seconds_per_unit);
   if (!o.trace.empty()) {
-    sc::write_file_atomically(o.trace, sc::to_chrome_trace(t));
+    memory::write_file_durably(o.trace, sc::to_chrome_trace(t));
     std::printf("wrote %s (Chrome trace; open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (!o.svg.empty()) {
-    sc::write_file_atomically(o.svg, sc::to_svg(t));
+    memory::write_file_durably(o.svg, sc::to_svg(t));
     std::printf("wrote %s\n", o.svg.c_str());
   }
 }
@@ -222,7 +211,7 @@ int run_simulate(const std::vector<std::string>& args) {
           opts, vm))
     return 0;
   apply_common_options(vm);
-  o.names = split_names(names);
+  o.names = split_comma_list(names);
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
   if (o.repeat < 0)

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/predict.h"
 #include "partitioner/resolved_plan.h"
@@ -45,8 +46,8 @@ int predict(const std::vector<std::string>& args) {
   std::printf("predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, %s\n", p.step_time * 1e3,
               p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
               costs.empty() ? "costs from FLOPs" : ("measured op costs " + costs).c_str());
-  if (!out.empty()) schedule::write_file_atomically(out, schedule::to_chrome_trace(p.timeline));
-  if (!svg.empty()) schedule::write_file_atomically(svg, schedule::to_svg(p.timeline));
+  if (!out.empty()) memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
+  if (!svg.empty()) memory::write_file_durably(svg, schedule::to_svg(p.timeline));
   return 0;
 }
 
@@ -61,8 +62,8 @@ int compare(const std::vector<std::string>& args) {
   pos.add("measured", 1).add("predicted", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton trace compare MEASURED.json PREDICTED.json [--actions]", opts, vm, &pos)) return 0;
-  schedule::Timeline m = schedule::from_chrome_trace(schedule::read_file(measured), measured);
-  schedule::Timeline p = schedule::from_chrome_trace(schedule::read_file(predicted), predicted);
+  schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
+  schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
   schedule::TraceComparison c = schedule::compare_timelines(m, p);
   std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), m.name.c_str(), predicted.c_str(), p.name.c_str(),
               schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
@@ -78,8 +79,8 @@ int svg(const std::vector<std::string>& args) {
   pos.add("trace", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton trace svg TRACE.json -o out.svg", opts, vm, &pos)) return 0;
-  schedule::Timeline t = schedule::from_chrome_trace(schedule::read_file(in), in);
-  schedule::write_file_atomically(out, schedule::to_svg(t));
+  schedule::Timeline t = schedule::from_chrome_trace(memory::read_file(in), in);
+  memory::write_file_durably(out, schedule::to_svg(t));
   return 0;
 }
 

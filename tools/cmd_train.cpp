@@ -23,24 +23,6 @@
 namespace baton::tools {
 namespace {
 
-std::set<int> parse_layers(const std::string& text) {
-  std::set<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    try {
-      size_t used = 0;
-      int v = std::stoi(item, &used);
-      if (used != item.size() || v < 0) throw std::invalid_argument(item);
-      out.insert(v);
-    } catch (const std::exception&) {
-      throw InputError("--recompute: expected layer indices like 1,2,3, found '" + item + "'");
-    }
-  }
-  return out;
-}
-
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
   engine::TrainOptions o;
@@ -127,7 +109,9 @@ int run_train(const std::vector<std::string>& args) {
   if (!(lr > 0)) throw InputError("--lr: expected a positive number");
   if (!device_memory.empty())
     memory::allocator_for(memory::Device::cpu()).set_capacity(memory::parse_bytes(device_memory));
-  o.recompute_layers = parse_layers(recompute);
+  for (int64_t l :
+       parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
+    o.recompute_layers.insert(int(l));
   // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
   if (transport::resume_requested() && !o.resume) {
     if (o.checkpoint_dir.empty())

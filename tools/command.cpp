@@ -39,6 +39,36 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
   return true;
 }
 
+std::vector<std::string> split_comma_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > pos) out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
+                                    int64_t max, const std::string& expected) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split_comma_list(text)) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;  // not a number, or out of long long's range
+    }
+    if (used == 0 || used != item.size() || v < min || v > max)
+      throw InputError(flag + ": expected " + expected + ", found '" + item + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
 void add_common_options(po::options_description& opts) {
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      "compute threads of this process (0: the cores divided among local ranks)")(

@@ -1,10 +1,10 @@
 // The `baton` command's sub-commands register themselves here; main() dispatches.
 #pragma once
 
+#include <boost/program_options.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
-
-#include <boost/program_options.hpp>
 
 namespace baton::tools {
 
@@ -28,6 +28,14 @@ namespace po = boost::program_options;
 bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 po::options_description& opts, po::variables_map& vm,
                 const po::positional_options_description* positional = nullptr);
+
+// Comma-separated lists on the command line ("gpipe,1f1b", "3,4,3"), one parser for every
+// flag: the items in order, empty ones ("a,,b", a trailing comma) skipped.
+std::vector<std::string> split_comma_list(const std::string& text);
+// The integers of such a list, each in [min, max]; InputError
+// "<flag>: expected <expected>, found '<item>'" for any other item.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
+                                    int64_t max, const std::string& expected);
 
 // Options every command that computes shares: --threads, --log-level.
 void add_common_options(po::options_description& opts);

@@ -48,6 +48,15 @@ Tensor as_rows(const Tensor& t) {
 
 int64_t numel_of(const Shape& s) { return memory::shape_numel(s); }
 
+RowNormOp::RowNormOp(const OpSchema& schema, const OpSpec& spec, double default_eps)
+    : OpBase(schema, spec), eps_(spec.attrs.get_double("eps", default_eps, 0.0, 1.0)) {
+  expect_float_input(spec, 0);
+  c_ = spec.inputs[0].shape.back();
+  rows_ = rows_per_sample(spec.inputs[0].shape);
+  for (size_t k = 0; k < schema_.params.size(); ++k) expect_param_shape(spec, schema_, k, {c_});
+  out_.push_back(spec.inputs[0]);
+}
+
 int64_t rows_per_sample(const Shape& s) {
   int64_t n = 1;
   for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];

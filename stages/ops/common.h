@@ -22,6 +22,23 @@ class OpBase : public Op {
   std::vector<ValueType> out_;
 };
 
+// A normalisation over the last dimension of one float input (layernorm, rmsnorm): the
+// output has the input's type, every parameter slot is per channel ([C]), and both
+// backward passes read the input, the output gradient and the row statistics forward
+// saved. The ops add their kernels and costs.
+class RowNormOp : public OpBase {
+ public:
+  RowNormOp(const OpSchema& schema, const OpSpec& spec, double default_eps);
+  bool saves_input(size_t) const override { return true; }
+  bool weight_needs_input(size_t) const override { return true; }
+  bool weight_needs_grad_outputs() const override { return true; }
+  bool weight_needs_saved() const override { return true; }
+
+ protected:
+  double eps_;
+  int64_t c_ = 0, rows_ = 0;  // channels (the last dimension); rows per sample
+};
+
 // The JSON of input i of a node (for errors): $.layers[..].nodes[..].inputs[i].
 JsonReader input_json(const OpSpec& spec, size_t i);
 // The JSON of a parameter slot (for errors): $.layers[..].nodes[..].params.<slot>.

@@ -20,21 +20,9 @@ const OpSchema& rmsnorm_schema() {
   return s;
 }
 
-class RmsNorm final : public OpBase {
+class RmsNorm final : public RowNormOp {
  public:
-  explicit RmsNorm(const OpSpec& spec) : OpBase(rmsnorm_schema(), spec) {
-    eps_ = spec.attrs.get_double("eps", 1e-6, 0.0, 1.0);
-    expect_float_input(spec, 0);
-    c_ = spec.inputs[0].shape.back();
-    rows_ = rows_per_sample(spec.inputs[0].shape);
-    expect_param_shape(spec, schema_, 0, {c_});
-    out_.push_back(spec.inputs[0]);
-  }
-
-  bool saves_input(size_t) const override { return true; }
-  bool weight_needs_input(size_t) const override { return true; }
-  bool weight_needs_grad_outputs() const override { return true; }
-  bool weight_needs_saved() const override { return true; }
+  explicit RmsNorm(const OpSpec& spec) : RowNormOp(rmsnorm_schema(), spec, 1e-6) {}
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
@@ -71,10 +59,6 @@ class RmsNorm final : public OpBase {
     k.extra_saved_bytes = alloc_bytes(batch * rows_, dtype_);
     return k;
   }
-
- private:
-  double eps_ = 1e-6;
-  int64_t c_ = 0, rows_ = 0;
 };
 
 const OpSchema& silu_schema() {

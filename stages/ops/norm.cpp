@@ -13,22 +13,9 @@ const OpSchema& layernorm_schema() {
   return s;
 }
 
-class LayerNorm final : public OpBase {
+class LayerNorm final : public RowNormOp {
  public:
-  explicit LayerNorm(const OpSpec& spec) : OpBase(layernorm_schema(), spec) {
-    eps_ = spec.attrs.get_double("eps", 1e-5, 0.0, 1.0);
-    expect_float_input(spec, 0);
-    c_ = spec.inputs[0].shape.back();
-    rows_ = rows_per_sample(spec.inputs[0].shape);
-    expect_param_shape(spec, schema_, 0, {c_});
-    expect_param_shape(spec, schema_, 1, {c_});
-    out_.push_back(spec.inputs[0]);
-  }
-
-  bool saves_input(size_t) const override { return true; }
-  bool weight_needs_input(size_t) const override { return true; }
-  bool weight_needs_grad_outputs() const override { return true; }
-  bool weight_needs_saved() const override { return true; }
+  explicit LayerNorm(const OpSpec& spec) : RowNormOp(layernorm_schema(), spec, 1e-5) {}
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
@@ -71,10 +58,6 @@ class LayerNorm final : public OpBase {
     k.extra_saved_bytes = 2 * alloc_bytes(batch * rows_, dtype_);
     return k;
   }
-
- private:
-  double eps_ = 1e-5;
-  int64_t c_ = 0, rows_ = 0;
 };
 
 const OpSchema& softmax_schema() {

@@ -1,11 +1,20 @@
-// Running the baton binary from tests: commands with their output captured in a file.
+// Running the baton binary from tests: commands with their output captured in a file,
+// processes started and found by pid, and the loss logs they write.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace baton::engine_testing {
 
@@ -30,6 +39,58 @@ inline int run(const std::string& cmd, const std::string& out) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return -1;
+}
+
+// One line of a --loss-log file.
+struct LossLine {
+  int64_t step;
+  double loss, grad_norm;
+};
+
+// The lines of a loss log; a line still being written (partial) or without a step is
+// passed over.
+inline std::vector<LossLine> read_loss_log(const std::string& path) {
+  std::vector<LossLine> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
+    out.push_back(
+        {j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
+  }
+  return out;
+}
+
+// Starts argv (argv[0] a path) with stdout and stderr into `out`; returns the child's pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The processes `pid` started (the children of its threads).
+inline std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace baton::engine_testing

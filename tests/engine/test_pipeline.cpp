@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "engine_harness.h"
 #include "schedule/generators.h"
@@ -29,6 +31,13 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
+// Which schedules must equal the one-process trainer bit for bit: all whose stages sum
+// their micro-batches' gradients in ascending order. DualPipe's two replicas each sum
+// half of the micro-batches, so it is held to 1e-5 relative.
+const std::map<std::string, bool> kBitForBit = {
+    {"gpipe", true}, {"1f1b", true}, {"interleaved-1f1b", true}, {"zb-h1", true},
+    {"zb-h2", true}, {"zb-v", true}, {"dualpipev", true},        {"dualpipe", false}};
+
 class Pipeline : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Pipeline, MatchesOneProcess) {
@@ -46,7 +55,12 @@ TEST_P(Pipeline, MatchesOneProcess) {
   std::vector<engine::StepRecord> want = run_reference(p, ws, s);
   std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
   ASSERT_EQ(got.size(), want.size());
-  const bool bitwise = same_accumulation_order(plan->schedule);
+  const auto it = kBitForBit.find(c.schedule);
+  ASSERT_NE(it, kBitForBit.end()) << "state in kBitForBit whether " << c.schedule
+                                  << " must match bit for bit";
+  const bool bitwise = it->second;
+  // The stated list agrees with the schedule's own accumulation order.
+  EXPECT_EQ(same_accumulation_order(plan->schedule), bitwise);
   std::printf("%s: %s\n", p.describe().c_str(), bitwise ? "bit for bit" : "within 1e-5 relative");
   for (size_t i = 0; i < want.size(); ++i) {
     if (bitwise) {

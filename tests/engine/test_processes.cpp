@@ -23,23 +23,6 @@
 namespace baton::engine_testing {
 namespace {
 
-struct LossLine {
-  int64_t step;
-  double loss, grad_norm;
-};
-
-std::vector<LossLine> read_loss_log(const std::string& path) {
-  std::vector<LossLine> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);  // a line being written may be partial
-    if (j.is_discarded() || !j.is_object()) continue;
-    out.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
-  }
-  return out;
-}
-
 void compare(const std::string& got_path, const std::string& want_path, bool bitwise, int64_t steps) {
   std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
   ASSERT_EQ(int64_t(want.size()), steps);
@@ -153,36 +136,6 @@ TEST(Processes, PlanFromBatonPlan) {
 }
 
 // ---- kill -9 of the whole job, then --resume ----
-
-// Starts argv with stdout and stderr into `out`; returns the child's pid.
-pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(out.c_str(), "w");
-    if (f) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// The processes `pid` started (its threads' children).
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream in(task.path() / "children");
-    pid_t c;
-    while (in >> c) out.push_back(c);
-  }
-  return out;
-}
 
 TEST(Processes, KillNineAtARandomMomentThenResume) {
   const uint64_t seed = std::random_device{}();

@@ -26,53 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct LossLine {
-  int64_t step;
-  double loss, grad_norm;
-};
-
-std::vector<LossLine> read_loss_log(const std::string& path) {
-  std::vector<LossLine> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);  // a line being written may be partial
-    if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
-    out.push_back(
-        {j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
-  }
-  return out;
-}
-
-pid_t spawn(const std::vector<std::string>& argv, const std::string& out) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(out.c_str(), "w");
-    if (f) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& task :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream in(task.path() / "children");
-    pid_t c;
-    while (in >> c) out.push_back(c);
-  }
-  return out;
-}
-
 int rank_of(pid_t pid) {
   std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
   std::string var;

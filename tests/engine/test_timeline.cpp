@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine_harness.h"
+#include "memory/file_io.h"
 #include "partitioner/predict.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
@@ -33,7 +34,8 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
     o.trace_path = ws.path("trace.json");
     o.trace_steps = 1;
     run_threads(plan, o);
-    schedule::Timeline t = schedule::from_chrome_trace(schedule::read_file(o.trace_path), o.trace_path);
+    schedule::Timeline t =
+        schedule::from_chrome_trace(memory::read_file(o.trace_path), o.trace_path);
     ASSERT_EQ(t.num_ranks, 4);
     const schedule::Schedule lowered = schedule::lower(plan->schedule);
     for (int rank = 0; rank < 4; ++rank) {
@@ -53,12 +55,25 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
       EXPECT_EQ(got, want) << name << " rank " << rank;
       // Communication: a REDUCE per stage (gradients summed over tied wte's group), and
       // transfers on the communication lane.
-      int reduces = 0, transfers = 0;
+      int reduces = 0, transfers = 0, sends = 0, recvs = 0;
       for (const auto& e : t.events)
         if (e.rank == rank && e.lane == 1) {
           reduces += e.kind == ActionKind::reduce_gradients;
           transfers += schedule::is_transfer(e.kind);
+          if (!schedule::is_transfer(e.kind)) continue;
+          // Sends and receives both name the world rank on the other side: TP 2 to TP 2
+          // is one to one, so the peer is the same tensor-parallel rank of the other
+          // pipeline rank (a receive recorded the pipeline rank before).
+          ASSERT_GE(e.peer, 0) << schedule::to_token(
+              schedule::Action{e.kind, e.micro_batch, e.stage, -1});
+          ASSERT_LT(e.peer, 4);
+          EXPECT_NE(plan->layout.coord(e.peer).pp, pp) << "rank " << rank << " peer " << e.peer;
+          EXPECT_EQ(plan->layout.coord(e.peer).tp, plan->layout.coord(rank).tp)
+              << "rank " << rank << " peer " << e.peer;
+          (schedule::is_recv(e.kind) ? recvs : sends) += 1;
         }
+      EXPECT_GT(sends, 0) << "rank " << rank;
+      EXPECT_GT(recvs, 0) << "rank " << rank;
       EXPECT_GT(transfers, 0) << "rank " << rank;
       EXPECT_EQ(reduces, int(plan->stages_of(pp).size())) << "rank " << rank;
     }

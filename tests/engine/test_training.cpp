@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "engine/trainer.h"
+#include "memory/file_io.h"
 #include "stages/checkpoint.h"
 #include "stages/json_reader.h"
 
@@ -20,7 +21,6 @@ namespace {
 
 using stages::checkpoint_dir;
 using stages::latest_checkpoint;
-using stages::read_text_file;
 
 const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
@@ -55,7 +55,7 @@ TrainOptions options(const std::string& model, int64_t steps) {
 // Entropy (nats) of the corpus's byte frequencies: the best loss of any model that
 // predicts a byte without looking at the bytes before it.
 double unigram_entropy(const std::string& path) {
-  std::string d = read_text_file(path);
+  std::string d = memory::read_file(path);
   std::map<unsigned char, double> count;
   for (char c : d) count[static_cast<unsigned char>(c)] += 1;
   double h = 0, n = double(d.size());

@@ -76,7 +76,12 @@ TEST(Generators, DomainsAndClearErrors) {
             std::string::npos);
   EXPECT_NE(msg([] { generate("zb-v", 4, 8, 3); }).find("zb-v: chunks: expected 2"),
             std::string::npos);
-  EXPECT_NE(msg([] { generate("interleaved", 4, 8, 0); }), "x");
+  EXPECT_EQ(msg([] { generate("interleaved", 4, 8, 0); }), "");  // 0: its own two chunks
+  EXPECT_EQ(generate("interleaved", 4, 8, 0).num_stages(), 8);
+  EXPECT_NE(msg([] {
+              generate("interleaved", 4, 8, 65);
+            }).find("interleaved-1f1b: chunks: expected 1 to 64, found 65"),
+            std::string::npos);
   EXPECT_NE(msg([] { generate("dualpipev", 4, 7); }).find("at least 2 x ranks = 8, found 7"),
             std::string::npos);
   EXPECT_NE(msg([] { generate("dualpipe", 3, 12); }).find("ranks: expected an even number"),

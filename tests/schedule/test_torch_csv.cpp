@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "schedule/costs.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
@@ -64,7 +65,7 @@ TEST(TorchCsv, FixturesValidateSimulateAndRoundTripByteForByte) {
   int composites = 0, legacy = 0, lowered = 0;
   for (const std::string& path : files) {
     SCOPED_TRACE(path);
-    const std::string text = read_file(path);
+    const std::string text = baton::memory::read_file(path);
     TorchCsv csv = load_torch_csv(path);
     const ValidationReport rep = validate(csv.schedule);
     ASSERT_TRUE(rep.ok) << rep.to_string();
@@ -96,7 +97,7 @@ TEST(TorchCsv, FixturesBatonRefuses) {
       ++comms;
     } else if (is_torch_1f1b(path)) {
       const TorchCsv csv = load_torch_csv(path);
-      EXPECT_EQ(to_torch_csv(csv.schedule, csv.dialect, &csv.kept), read_file(path));
+      EXPECT_EQ(to_torch_csv(csv.schedule, csv.dialect, &csv.kept), baton::memory::read_file(path));
       const std::string last = std::to_string(csv.schedule.num_ranks - 1);
       const std::string err = error_of([&] { check_torch_csv(csv, path); });
       EXPECT_NE(err.find("invalid schedule (CSV row "), std::string::npos) << err;
@@ -128,7 +129,7 @@ std::string join(const std::vector<std::string>& cells) {
 TEST(TorchCsv, MutatedFixturesAreRefusedWithThePosition) {
   for (const std::string& path : fixtures()) {
     SCOPED_TRACE(path);
-    const std::string text = read_file(path);
+    const std::string text = baton::memory::read_file(path);
     const size_t eol = text.find("\r\n");
     const std::string rest = text.substr(eol);
     const auto cells = cells_of(text.substr(0, eol));

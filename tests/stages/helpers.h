@@ -7,6 +7,9 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
 #include "stages/model.h"
@@ -29,6 +32,15 @@ inline std::shared_ptr<Graph> tiny_gpt(DType dtype, int64_t n_layer = 2, int64_t
   LoadOptions opt;
   opt.float_dtype = dtype;
   return std::make_shared<Graph>(load_model_json(c.to_json(), "tiny-gpt", opt));
+}
+
+// A JSON array of equal-length rows of integers (a fixture's token ids) as an i32 tensor
+// [rows, columns].
+inline Tensor int_rows(const nlohmann::json& rows) {
+  std::vector<int32_t> v;
+  for (const auto& r : rows)
+    for (const auto& x : r) v.push_back(x.get<int32_t>());
+  return Tensor::from_vector(v, {int64_t(rows.size()), int64_t(rows[0].size())});
 }
 
 // Token ids in [0, vocab) for `samples` samples of `t` tokens, from a printed seed.

@@ -12,28 +12,18 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "tests/command_runner.h"
+
 namespace {
 
 const std::string kBaton = BATON_BINARY;
 const std::string kSrc = BATON_SOURCE_DIR;
 const std::string kCorpus = kSrc + "/examples/data/licenses.txt";
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
+using Result = baton::cli_testing::CommandResult;
 
 Result run(const std::string& args) {
-  std::string cmd = kBaton + " train " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return baton::cli_testing::run_command(kBaton + " train " + args);
 }
 
 std::string temp_file(const std::string& name, const std::string& content) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "stages/token_store.h"
+#include "tests/command_runner.h"
 
 namespace baton::stages {
 namespace {
@@ -19,22 +20,10 @@ namespace {
 const std::string kBaton = BATON_BINARY;
 const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
+using Result = baton::cli_testing::CommandResult;
 
 Result baton(const std::string& args) {
-  std::string cmd = kBaton + " data " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return baton::cli_testing::run_command(kBaton + " data " + args);
 }
 
 std::string dir() {

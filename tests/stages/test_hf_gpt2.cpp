@@ -29,14 +29,8 @@ struct Fixture {
 Fixture load_fixture() {
   Fixture f;
   f.expected = read_json_file(kDir + "/expected.json");
-  auto to_tensor = [](const nlohmann::json& rows) {
-    std::vector<int32_t> v;
-    for (const auto& r : rows)
-      for (const auto& x : r) v.push_back(x.get<int32_t>());
-    return Tensor::from_vector(v, {int64_t(rows.size()), int64_t(rows[0].size())});
-  };
-  f.tokens = to_tensor(f.expected["tokens"]);
-  f.targets = to_tensor(f.expected["targets"]);
+  f.tokens = testing::int_rows(f.expected["tokens"]);
+  f.targets = testing::int_rows(f.expected["targets"]);
   return f;
 }
 

@@ -8,10 +8,11 @@
 #include <fstream>
 #include <functional>
 
+#include "engine/trainer.h"
+#include "memory/file_io.h"
 #include "stages/checkpoint.h"
 #include "stages/image_data.h"
 #include "stages/resnet.h"
-#include "engine/trainer.h"
 #include "tests/stages/helpers.h"
 
 namespace baton::stages {
@@ -414,7 +415,7 @@ TEST(ImageData, RoundTripAndErrors) {
   write_npy(dir + "/labels.npy", Tensor::from_vector(std::vector<int64_t>{0, 1, -2, 0, 1}, {5}));
   EXPECT_NE(error_of_dir().find("is negative"), std::string::npos) << error_of_dir();
   {
-    std::string bytes = read_text_file(dir + "/images.npy");
+    std::string bytes = memory::read_file(dir + "/images.npy");
     std::ofstream(dir + "/images.npy", std::ios::binary) << bytes.substr(0, bytes.size() - 4);
   }
   EXPECT_NE(error_of_dir().find("images.npy: expected 480 bytes of data"), std::string::npos)

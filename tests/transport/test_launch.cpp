@@ -14,24 +14,14 @@
 #include <filesystem>
 #include <string>
 
+#include "tests/command_runner.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
+using Result = baton::cli_testing::CommandResult;
 
 Result run(const std::string& args) {
-  std::string cmd = std::string(BATON_BINARY) + " launch " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return baton::cli_testing::run_command(std::string(BATON_BINARY) + " launch " + args);
 }
 
 size_t count(const std::string& text, const std::string& what) {

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Style checks: clang-format (the root .clang-format) and clang-tidy (the root .clang-tidy)
+# over baton's C++ files. Exits 1 when a file is not formatted or a check fires, 2 on bad
+# usage. CI calls it from scripts/test.sh (docs/development.md, "Lint").
+#
+#   scripts/lint.sh                  both checks on every C++ file git tracks
+#   scripts/lint.sh --since REV      both checks on the C++ files changed since REV
+#                                    (committed, staged or not; added files included)
+#   scripts/lint.sh --format-only    only clang-format (seconds)
+#   scripts/lint.sh --tidy-only      only clang-tidy
+#   scripts/lint.sh --build DIR      the build folder whose compile_commands.json clang-tidy
+#                                    reads (default build/release; configure it first)
+#   scripts/lint.sh [...] FILE...    both checks (or the one asked for) on the files named
+#
+# clang-tidy reads only the files the build compiles (CUDA sources and files of options
+# that are off are skipped); it runs on all cores (-j N to choose).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+since="" build="build/release" do_format=1 do_tidy=1 jobs="$(nproc)" named=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --since) since="${2:?--since needs a revision}"; shift 2 ;;
+    --build) build="${2:?--build needs a folder}"; shift 2 ;;
+    -j) jobs="${2:?-j needs a number}"; shift 2 ;;
+    --format-only) do_tidy=0; shift ;;
+    --tidy-only) do_format=0; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -*) echo "lint.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    *) [ -f "$1" ] || { echo "lint.sh: no file '$1'" >&2; exit 2; }; named+=("$1"); shift ;;
+  esac
+done
+
+find_tool() {  # the unversioned name, else the newest versioned one
+  local name="$1" v
+  if command -v "$name" >/dev/null; then echo "$name"; return; fi
+  for v in 19 18 17 16 15 14; do
+    if command -v "$name-$v" >/dev/null; then echo "$name-$v"; return; fi
+  done
+  echo "lint.sh: $name not found (scripts/setup.sh installs it)" >&2
+  exit 2
+}
+
+cxx_pattern='\.(cpp|cc|h|hpp|cu|cuh)$'
+if [ ${#named[@]} -gt 0 ]; then
+  files=("${named[@]}")
+elif [ -n "$since" ]; then
+  git rev-parse --verify --quiet "$since^{commit}" >/dev/null ||
+    { echo "lint.sh: --since: no revision '$since'" >&2; exit 2; }
+  mapfile -t files < <({ git diff --name-only --diff-filter=ACMR "$since" --
+                         git ls-files --others --exclude-standard; } |
+                       grep -E "$cxx_pattern" | sort -u | while read -r f; do
+                         [ -f "$f" ] && echo "$f"; done)
+else
+  mapfile -t files < <(git ls-files | grep -E "$cxx_pattern")
+fi
+if [ ${#files[@]} -eq 0 ]; then
+  echo "lint.sh: no C++ files to check"
+  exit 0
+fi
+
+status=0
+if [ "$do_format" = 1 ]; then
+  format="$(find_tool clang-format)"
+  echo "== clang-format: ${#files[@]} files"
+  if ! printf '%s\0' "${files[@]}" | xargs -0 -n 32 -P "$jobs" "$format" --dry-run -Werror; then
+    echo "lint.sh: clang-format: the files above are not formatted (fix: $format -i FILE)" >&2
+    status=1
+  fi
+fi
+
+if [ "$do_tidy" = 1 ]; then
+  tidy="$(find_tool clang-tidy)"
+  db="$build/compile_commands.json"
+  [ -f "$db" ] || { echo "lint.sh: $db missing: configure first (cmake --preset release)" >&2; exit 2; }
+  # Only translation units the build compiles; headers are checked through them.
+  mapfile -t units < <(python3 - "$db" "${files[@]}" <<'PY'
+import json, os, sys
+compiled = {os.path.realpath(e["file"]) for e in json.load(open(sys.argv[1]))}
+for f in sys.argv[2:]:
+    if os.path.realpath(f) in compiled:
+        print(f)
+PY
+  )
+  echo "== clang-tidy: ${#units[@]} of the files are compiled translation units"
+  if [ ${#units[@]} -gt 0 ]; then
+    # GCC-only warning flags in the compile commands are not clang-tidy's business.
+    if ! printf '%s\0' "${units[@]}" |
+        xargs -0 -n 1 -P "$jobs" "$tidy" -p "$build" --quiet \
+          --extra-arg=-Wno-unknown-warning-option 2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2); then
+      echo "lint.sh: clang-tidy: the checks above fired (.clang-tidy lists them)" >&2
+      status=1
+    fi
+  fi
+fi
+exit "$status"

@@ -1,0 +1,40 @@
+// memory::expect_json_object: the strict-object rule the file parsers share.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "memory/error.h"
+#include "memory/json_object.h"
+
+namespace baton::memory {
+namespace {
+
+std::string error_of(const nlohmann::json& j, const std::string& where) {
+  try {
+    expect_json_object(j, where, {"ranks", "placement"});
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(JsonObject, KnownFieldsPass) {
+  EXPECT_EQ(error_of(nlohmann::json::parse(R"({"ranks": 2, "placement": [0, 1]})"), "$"), "");
+  EXPECT_EQ(error_of(nlohmann::json::object(), ""), "");
+}
+
+TEST(JsonObject, UnknownFieldNamesItsPathAndTheAllowedOnes) {
+  const auto j = nlohmann::json::parse(R"({"ranks": 2, "rank": 2})");
+  EXPECT_EQ(error_of(j, "s.json: $.stages[1]"),
+            "s.json: $.stages[1].rank: unknown field 'rank' (allowed here: ranks, placement)");
+  EXPECT_EQ(error_of(j, ""), "rank: unknown field 'rank' (allowed here: ranks, placement)");
+}
+
+TEST(JsonObject, WrongTypeIsAnError) {
+  EXPECT_EQ(error_of(nlohmann::json::array({1, 2}), "p2p"), "p2p: expected an object, found array");
+  EXPECT_EQ(error_of(nlohmann::json("x"), "$.machine"),
+            "$.machine: expected an object, found string");
+}
+
+}  // namespace
+}  // namespace baton::memory
