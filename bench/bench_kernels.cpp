@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fused.h"
 #include "kernels/ops.h"
 
 namespace {

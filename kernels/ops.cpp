@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/detail/check.h"
+#include "kernels/fused.h"
 #include "kernels/random.h"
 
 #ifdef BATON_KERNELS_CUDA

@@ -82,10 +82,6 @@ void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate);  // sum ov
 // GELU in GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
-// Bias with GELU fused (the MLP's c_fc after a bias-free GEMM): h = x + bias (x: [N, C],
-// bias: [C]; h may be x itself), y = gelu(h), one pass. Backward needs no fused kernel:
-// gelu_backward(h, dy, dx) then bias_backward(dx, dbias).
-void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y);
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
 
@@ -113,17 +109,6 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate);
 void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);
-// The residual add fused with the LayerNorm that reads its sum (a GPT block's add_1 and
-// ln_2): s = a + b, y = LayerNorm(s), one pass per row; the same bits as add then
-// layernorm_forward. Backward: dx = ds + LayerNorm's input gradient (ds, the gradient s
-// gets from its other readers, may be undefined), the gradient of both a and b; the
-// weight gradients are layernorm_backward_weight's over s.
-void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight,
-                           const Tensor& bias, double eps, Tensor& s, Tensor& y, Tensor& mean,
-                           Tensor& rstd);
-void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                  Tensor& dx, bool accumulate);
 
 // RMSNorm (LLaMA's): y = weight * x / sqrt(mean(x^2) + eps) over the last dimension of
 // x: [N, C]; weight: [C]; rstd: [N] (any shape with N elements) saved for backward.

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "kernels/ops.h"
+#include "kernels/fused.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace baton::kernels::test {
