@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fused.h"
 #include "kernels/ops.h"
 
 namespace {
@@ -258,6 +259,10 @@ void bench_config(Bench& b, const Config& c) {
     b.mem_row(c, "bias_backward", shape, 1.0 * act, [&] { k::bias_backward(dy, db, false); });
     b.mem_row(c, "layernorm_fwd", shape, 2.0 * act,
               [&] { k::layernorm_forward(x, w, bias, 1e-5, y, mean, rstd); });
+    // Fused with the residual add: reads a and b, writes s and y.
+    Tensor s2 = Tensor::empty({N, C});
+    b.mem_row(c, "add_layernorm_fwd", shape, 4.0 * act,
+              [&] { k::add_layernorm_forward(x, y0, w, bias, 1e-5, s2, y, mean, rstd); });
     b.mem_row(c, "layernorm_bwd_in", shape, 3.0 * act,
               [&] { k::layernorm_backward_input(dy, x, w, mean, rstd, dx, false); });
     b.mem_row(c, "layernorm_bwd_w", shape, 2.0 * act,
@@ -272,6 +277,10 @@ void bench_config(Bench& b, const Config& c) {
     Tensor y = Tensor::empty({N, 4 * C}), dx = Tensor::empty({N, 4 * C});
     const std::string shape = dims({N, 4 * C});
     b.mem_row(c, "gelu_fwd", shape, 2.0 * act4, [&] { k::gelu_forward(x, y); });
+    // Fused with the bias (after a bias-free GEMM): reads x, writes h and y.
+    const Tensor bias4 = randn({4 * C}, rng);
+    Tensor h = Tensor::empty({N, 4 * C});
+    b.mem_row(c, "bias_gelu_fwd", shape, 3.0 * act4, [&] { k::bias_gelu_forward(x, bias4, h, y); });
     b.mem_row(c, "gelu_bwd", shape, 3.0 * act4, [&] { k::gelu_backward(x, dy, dx, false); });
     b.mem_row(c, "relu_fwd", shape, 2.0 * act4, [&] { k::relu_forward(x, y); });
   }

@@ -314,7 +314,10 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   }
   if (lead && !o.summary_path.empty()) {
     partitioner::CostModel model(r.graph, partitioner::Machine{});
-    partitioner::PlanEstimate estimate = partitioner::evaluate_plan(r, model);
+    partitioner::EvaluateOptions eval;
+    eval.bucket_bytes = o.bucket_bytes;
+    eval.recv_ahead = o.recv_ahead;
+    partitioner::PlanEstimate estimate = partitioner::evaluate_plan(r, model, eval);
     std::vector<RankPeak> ranks;
     for (int k = 0; k < world->size(); ++k)
       ranks.push_back({k, peaks[size_t(k)], estimate.ranks[size_t(k)].peak});

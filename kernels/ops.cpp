@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/detail/check.h"
+#include "kernels/fused.h"
 #include "kernels/random.h"
 
 #ifdef BATON_KERNELS_CUDA
@@ -354,6 +355,23 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
   });
 }
 
+void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y) {
+  const char* op = "bias_gelu_forward";
+  check_float(op, "x", x);
+  check_like(op, "bias", bias, "x", x);
+  check_dims(op, "bias", bias, {last_dim(op, "x", x)});
+  for (auto [name, t] : {std::pair{"h", &h}, {"y", &y}}) {
+    check_like(op, name, *t, "x", x);
+    check_same_shape(op, name, *t, "x", x);
+  }
+  const auto dev = common_device(op, {&x, &bias, &h, &y});
+  BATON_ON_CUDA_LATER(dev, "bias_gelu_forward");
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::bias_gelu_forward<T>(x.data<T>(), bias.data<T>(), h.data<T>(), y.data<T>(), rows_of(x),
+                              x.size(-1));
+  });
+}
+
 void relu_forward(const Tensor& x, Tensor& y) {
   check_unary("relu_forward", x, y);
   const auto dev = common_device("relu_forward", {&x, &y});
@@ -455,6 +473,57 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::layernorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
                                      rstd.data<T>(), dx.data<T>(), rows_of(x), c, accumulate);
+  });
+}
+
+void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight,
+                           const Tensor& bias, double eps, Tensor& s, Tensor& y, Tensor& mean,
+                           Tensor& rstd) {
+  const char* op = "add_layernorm_forward";
+  check_float(op, "a", a);
+  const int64_t c = last_dim(op, "a", a), rows = rows_of(a);
+  for (auto [name, t] : {std::pair{"b", &b}, {"s", &s}, {"y", &y}}) {
+    check_like(op, name, *t, "a", a);
+    check_same_shape(op, name, *t, "a", a);
+  }
+  for (auto [name, t] : {std::pair{"weight", &weight}, {"bias", &bias}}) {
+    check_like(op, name, *t, "a", a);
+    check_dims(op, name, *t, {c});
+  }
+  for (auto [name, t] : {std::pair{"mean", &mean}, {"rstd", &rstd}}) {
+    check_like(op, name, *t, "a", a);
+    check_numel(op, name, *t, rows);
+  }
+  BATON_NEED(eps >= 0, op, "eps must not be negative");
+  const auto dev = common_device(op, {&a, &b, &weight, &bias, &s, &y, &mean, &rstd});
+  BATON_ON_CUDA_LATER(dev, "add_layernorm_forward");
+  on_float(op, a.dtype(), [&]<class T>(T) {
+    cpu::add_layernorm_forward<T>(a.data<T>(), b.data<T>(), weight.data<T>(), bias.data<T>(), eps,
+                                  s.data<T>(), y.data<T>(), mean.data<T>(), rstd.data<T>(), rows,
+                                  c);
+  });
+}
+
+void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                  Tensor& dx, bool accumulate) {
+  const char* op = "add_layernorm_backward_input";
+  check_layernorm_saved(op, dy, s, mean, rstd);
+  const int64_t c = last_dim(op, "x", s);
+  check_like(op, "weight", weight, "x", s);
+  check_dims(op, "weight", weight, {c});
+  check_like(op, "dx", dx, "x", s);
+  check_same_shape(op, "dx", dx, "x", s);
+  if (ds.defined()) {
+    check_like(op, "ds", ds, "x", s);
+    check_same_shape(op, "ds", ds, "x", s);
+  }
+  const auto dev = common_device(op, {&dy, &s, &weight, &mean, &rstd, &dx});
+  BATON_ON_CUDA_LATER(dev, "add_layernorm_backward_input");
+  on_float(op, s.dtype(), [&]<class T>(T) {
+    cpu::add_layernorm_backward_input<T>(dy.data<T>(), ds.defined() ? ds.data<T>() : nullptr,
+                                         s.data<T>(), weight.data<T>(), mean.data<T>(),
+                                         rstd.data<T>(), dx.data<T>(), rows_of(s), c, accumulate);
   });
 }
 

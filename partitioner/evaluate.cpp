@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 
+#include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/groups.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "stages/model.h"
+#include "transport/collective_memory.h"
 
 namespace baton::partitioner {
 
@@ -72,6 +76,129 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   return c;
 }
 
+namespace {
+
+int64_t rounded(int64_t bytes) {
+  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
+}
+
+// The allocator bytes of values `vs` of a micro-batch, each its own tensor.
+int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, int skip = -1) {
+  int64_t b = 0;
+  for (int v : vs)
+    if (v != skip) b += rounded(g.values[size_t(v)].type.bytes(batch));
+  return b;
+}
+
+}  // namespace
+
+RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
+                         const EvaluateOptions& o) {
+  using schedule::ActionKind;
+  RankBuffers out;
+  const Plan& p = r.plan;
+  const int64_t batch = p.micro_batch_size;
+  const RankCoord coord = r.layout.coord(rank);
+  const int pp = coord.pp;
+  auto chunk = [&](int stage) {
+    int k = r.chunk_of_stage[size_t(stage)];
+    return std::pair{r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]};
+  };
+
+  // The input loader (engine/detail/input_loader.cpp): input_ahead micro-batches made and
+  // not yet taken, each with the model inputs this rank's stages read.
+  std::set<int> inputs;
+  for (int s : r.stages_of(pp)) {
+    auto [a, b] = chunk(s);
+    for (int v : pg.inputs_used(a, b)) inputs.insert(v);
+  }
+  out.loader = int64_t(std::max(1, o.input_ahead)) *
+               values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
+
+  // Receives posted ahead (Executor::run_step): at each action, the next recv_ahead
+  // receives of the lowered list, each the full tensors of its boundary.
+  schedule::Schedule lowered = schedule::lower(r.schedule);
+  const auto& acts = lowered.ranks[size_t(pp)];
+  std::vector<size_t> recvs;
+  for (size_t i = 0; i < acts.size(); ++i)
+    if (acts[i].kind == ActionKind::recv_activation || acts[i].kind == ActionKind::recv_gradient)
+      recvs.push_back(i);
+  auto recv_bytes = [&](const schedule::Action& a) {
+    auto [first, last] = chunk(a.stage);
+    return a.kind == ActionKind::recv_activation
+               ? values_bytes(pg, pg.cut_values(first), batch)
+               : values_bytes(pg, pg.cut_values(last), batch, pg.loss);
+  };
+  const size_t ahead = size_t(std::max(1, o.recv_ahead));
+  size_t first_open = 0;
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const ActionKind k = acts[i].kind;
+    if (k != ActionKind::forward && k != ActionKind::backward_input &&
+        k != ActionKind::backward_weight && k != ActionKind::full_backward)
+      continue;
+    while (first_open < recvs.size() && recvs[first_open] < i) ++first_open;
+    int64_t posted = 0;
+    for (size_t j = first_open; j < recvs.size() && j < first_open + ahead; ++j)
+      posted += recv_bytes(acts[recvs[j]]);
+    out.posted.push_back(posted);  // compute actions keep their order in the lowered list
+  }
+
+  // Gradient reduction (engine/detail/grad_reducer.cpp): per group of ranks, its
+  // parameters in descending id order cut into buckets of up to bucket_bytes; a bucket
+  // of several parameters all-reduces a flat copy, held until the step's end; one
+  // all-reduce at a time per group, each with its scratch.
+  std::map<std::vector<int>, std::vector<int>> groups;
+  for (const GradientGroup& gg : gradient_groups(r, rank)) {
+    if (gg.ranks.size() <= 1) continue;  // a sum of local stages only: in place
+    int id = pg.find_param(gg.name);
+    BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
+    groups[gg.ranks].push_back(id);
+  }
+  int64_t flats = 0, scratch = 0;
+  for (auto& [members, ids] : groups) {
+    std::sort(ids.rbegin(), ids.rend());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const int n = int(members.size());
+    int64_t group_scratch = 0;
+    auto close = [&](int params, int64_t elements, memory::DType dt) {
+      if (params == 0) return;
+      const size_t es = memory::dtype_size(dt);
+      if (params > 1) flats += rounded(elements * int64_t(es));
+      group_scratch =
+          std::max(group_scratch, int64_t(transport::collective_scratch_bytes(
+                                      transport::Collective::all_reduce, size_t(elements), es, n)));
+    };
+    int params = 0;
+    int64_t elements = 0, bytes = 0;
+    memory::DType dtype = memory::DType::f32;
+    for (int id : ids) {
+      const stages::Param& prm = pg.params[size_t(id)];
+      const int64_t e = memory::shape_numel(prm.shape),
+                    nb = e * int64_t(memory::dtype_size(prm.dtype));
+      if (params > 0 && (bytes + nb > int64_t(o.bucket_bytes) || prm.dtype != dtype)) {
+        close(params, elements, dtype);
+        params = 0;
+        elements = bytes = 0;
+      }
+      dtype = prm.dtype;
+      ++params;
+      elements += e;
+      bytes += nb;
+    }
+    close(params, elements, dtype);
+    scratch += group_scratch;
+  }
+  out.reduction = flats + scratch;
+
+  // STEP (Executor::finish_step): the per-layer norm pieces and the losses, all-reduced
+  // over the world.
+  const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
+  out.step = rounded(slots * 8) +
+             int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
+                                                         size_t(slots), 8, r.layout.world()));
+  return out;
+}
+
 PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                            const EvaluateOptions& options) {
   const Graph& g = *r.graph;
@@ -87,10 +214,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     pg = build_physical(g, r.sharding, std::vector<int>(size_t(g.num_layers()), 0));
   for (int k = 0; k < K; ++k) {
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
-    chunk_mem[size_t(k)] =
-        options.exact_memory
-            ? stage_memory(*pg, a, b, r.recompute[size_t(k)], p.micro_batch_size, opt)
-            : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
+    chunk_mem[size_t(k)] = options.exact_memory
+                               ? stage_memory(*pg, a, b, r.recompute[size_t(k)], p.micro_batch_size,
+                                              opt, r.layer_tp[size_t(a)])
+                               : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
   }
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
@@ -139,7 +266,9 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         n = n / prm.logical_shape[size_t(sh.dim)] * sh.pattern.local_size(sh.t);
       re.parameters += n;
     }
-    re.peak = rank_peak(r.schedule, re.coord.pp, stage_mem);
+    re.peak = options.exact_memory ? rank_peak(r.schedule, re.coord.pp, stage_mem,
+                                               rank_buffers(r, rank, *pg, options))
+                                   : rank_peak(r.schedule, re.coord.pp, stage_mem);
     re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
     re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
     if (p.device_memory > 0 && re.peak > p.device_memory && re.coord.dp == 0 && re.coord.tp == 0)

@@ -47,6 +47,11 @@ struct EvaluateOptions {
   // Exact memory from walking each stage of the physical graph (true), or composed from
   // per-layer figures (false: what the search uses; an upper bound of the exact one).
   bool exact_memory = true;
+  // The executor's settings that size its buffers (engine/executor.h's defaults; `baton
+  // train --plan` passes its own).
+  size_t bucket_bytes = size_t(4) << 20;  // gradient bucket size
+  int recv_ahead = 2;                     // receives posted ahead
+  int input_ahead = 4;                    // micro-batches the input loader makes ahead
 };
 
 PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
@@ -56,6 +61,13 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
 // index (and other layers for that index modulo their degree, so tied parameters and cut
 // values have their local types).
 std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank);
+
+// What rank `rank`'s executor holds besides its stages (memory_model.h's RankBuffers):
+// the loader's staged inputs, the receives posted ahead, the gradient buckets' flat
+// copies and the collectives' scratch, as engine/ allocates them. `physical`: the rank's
+// physical graph (or one of its pipeline rank's: shards have equal sizes).
+RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const stages::Graph& physical,
+                         const EvaluateOptions& options = {});
 
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);

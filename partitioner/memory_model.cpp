@@ -7,6 +7,7 @@
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "stages/stash_plan.h"
+#include "transport/collective_memory.h"
 
 namespace baton::partitioner {
 
@@ -112,6 +113,17 @@ class Walker {
   }
   int64_t dsize() const { return int64_t(memory::dtype_size(g_.float_dtype)); }
   bool is_out(int v) const { return out_set_.count(v) > 0; }
+  int64_t numel(int v) const {
+    return bytes(v) / int64_t(memory::dtype_size(g_.values[size_t(v)].type.dtype));
+  }
+  // A collective of the tensor-parallel group: its scratch, live while it runs.
+  void collective(transport::Collective c, int64_t count) {
+    int64_t b =
+        int64_t(transport::collective_scratch_bytes(c, size_t(count), size_t(dsize()), w_.tp));
+    if (b == 0) return;
+    int id = heap_.alloc(b);
+    heap_.unref(id);
+  }
 
   // ---- what Stage's constructor works out: the same StashPlan it runs by ----
   void setup() {
@@ -170,8 +182,10 @@ class Walker {
         alias(0);
       else
         fresh();
+      if (op == "tp_reduce") collective(transport::Collective::all_reduce, numel(out));
     } else if (op == "tp_gather") {
       int parts = heap_.alloc(bytes(out));
+      collective(transport::Collective::all_gather, numel(out));
       fresh();
       heap_.unref(parts);
     } else if (op == "cross_entropy" || op == "vocab_parallel_cross_entropy") {
@@ -184,6 +198,8 @@ class Walker {
         tmp.push_back(heap_.alloc(n_rows * dsize()));      // row_max
         tmp.push_back(heap_.alloc(n_rows * dsize()));      // losses
         tmp.push_back(heap_.alloc(2 * n_rows * dsize()));  // sum_exp, target_logit
+        collective(transport::Collective::all_reduce, n_rows);      // row_max
+        collective(transport::Collective::all_reduce, 2 * n_rows);  // sum_exp, target_logit
       }
       saved.push_back(may(0) ? heap_.ref(ins[0]) : heap_.alloc(bytes(logits)));  // dlogits
       // sum_losses: the losses in f64 (a copy unless they are f64), then the scalar.
@@ -295,6 +311,7 @@ class Walker {
     } else if (op == "tp_copy" || op == "tp_gather") {
       if (needed(0)) {
         int g = heap_.alloc(bytes(node.inputs[0]));
+        if (op == "tp_copy") collective(transport::Collective::all_reduce, numel(node.inputs[0]));
         give(node.inputs[0], g);
         heap_.unref(g);
       }
@@ -425,7 +442,7 @@ class Walker {
 }  // namespace
 
 WalkSpec stage_walk_spec(const Graph& g, int first, int last, const std::set<int>& recompute,
-                         int64_t batch) {
+                         int64_t batch, int tp) {
   WalkSpec w;
   w.graph = &g;
   w.first = first;
@@ -435,6 +452,7 @@ WalkSpec stage_walk_spec(const Graph& g, int first, int last, const std::set<int
   w.model_in = g.inputs_used(first, last);
   w.recompute = recompute;
   w.batch = batch;
+  w.tp = tp;
   return w;
 }
 
@@ -457,10 +475,10 @@ void persistent_memory(const Graph& g, int first, int last, int optimizer_states
 }
 
 StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int>& recompute,
-                         int64_t batch, int optimizer_states) {
+                         int64_t batch, int optimizer_states, int tp) {
   StageMemory m;
   persistent_memory(g, first, last, optimizer_states, m);
-  m.mb = walk_micro_batch(stage_walk_spec(g, first, last, recompute, batch));
+  m.mb = walk_micro_batch(stage_walk_spec(g, first, last, recompute, batch, tp));
   return m;
 }
 
@@ -468,14 +486,20 @@ StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int
 
 namespace {
 
-// Walks a rank's compute actions, calling visit(stage, kind, held_by_stage) at each.
-// held[k] = {micro-batches between F and B, between B and W} of stage k.
+// Walks a rank's compute actions, calling visit(pos, stage, kind, held_by_stage) at each
+// (pos: the action's position in s.ranks[rank]). held[k] = {micro-batches between F and
+// B, between B and W} of stage k.
 template <class Visit>
-void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
+void walk_rank_at(const schedule::Schedule& s, int rank, Visit visit_at) {
   using schedule::ActionKind;
   std::map<int, std::pair<int, int>> held;
   for (int k : schedule::stages_of_rank(s, rank)) held[k] = {0, 0};
-  for (const schedule::Action& a : s.ranks[size_t(rank)]) {
+  const auto& actions = s.ranks[size_t(rank)];
+  for (size_t pos = 0; pos < actions.size(); ++pos) {
+    const schedule::Action& a = actions[pos];
+    auto visit = [&](int stage, int kind, const std::map<int, std::pair<int, int>>& h) {
+      visit_at(pos, stage, kind, h);
+    };
     auto& h = held[a.stage];
     switch (a.kind) {
       case ActionKind::forward:
@@ -502,21 +526,37 @@ void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
   }
 }
 
+// The same without the position.
+template <class Visit>
+void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
+  walk_rank_at(s, rank,
+               [&](size_t, int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
+                 visit(stage, kind, held);
+               });
+}
+
 }  // namespace
 
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages) {
+  return rank_peak(s, rank, stages, RankBuffers{});
+}
+
+int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages,
+                  const RankBuffers& buffers) {
   int64_t persistent = 0;
   for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
-  int64_t peak = 0;
-  walk_rank(s, rank, [&](int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
-    int64_t m = 0;
-    for (const auto& [k, h] : held)
-      m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
-    const MicroBatchMemory& own = stages[size_t(stage)].mb;
-    m += kind == 0 ? own.forward_peak : kind == 1 ? own.backward_peak : own.weight_peak;
-    peak = std::max(peak, m);
-  });
-  return persistent + peak;
+  int64_t peak = std::max(buffers.reduction, buffers.step);
+  walk_rank_at(
+      s, rank,
+      [&](size_t pos, int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
+        int64_t m = pos < buffers.posted.size() ? buffers.posted[pos] : 0;
+        for (const auto& [k, h] : held)
+          m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
+        const MicroBatchMemory& own = stages[size_t(stage)].mb;
+        m += kind == 0 ? own.forward_peak : kind == 1 ? own.backward_peak : own.weight_peak;
+        peak = std::max(peak, m);
+      });
+  return persistent + buffers.loader + peak;
 }
 
 namespace {

@@ -49,10 +49,11 @@ struct WalkSpec {
   std::vector<int> model_in;      // other inputs read (token ids): given, no gradients
   std::set<int> recompute;        // recomputed layers
   int64_t batch = 1;              // samples per micro-batch
+  int tp = 1;                     // the tensor-parallel group its comm ops run over
 };
 // The spec of a Stage over layers [first, last) of g.
 WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
-                         const std::set<int>& recompute, int64_t batch);
+                         const std::set<int>& recompute, int64_t batch, int tp = 1);
 
 MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
 // Parameters, gradients and optimizer state (`optimizer_states` tensors per parameter)
@@ -60,7 +61,8 @@ MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
 void persistent_memory(const stages::Graph& g, int first, int last, int optimizer_states,
                        StageMemory& out);
 StageMemory stage_memory(const stages::Graph& g, int first, int last,
-                         const std::set<int>& recompute, int64_t batch, int optimizer_states);
+                         const std::set<int>& recompute, int64_t batch, int optimizer_states,
+                         int tp = 1);
 
 // ---- a rank over a schedule ----
 
@@ -69,6 +71,22 @@ StageMemory stage_memory(const stages::Graph& g, int first, int last,
 // micro-batches in flight and the running action's own peak. `stages[k]` is the memory of
 // schedule stage k (only the rank's stages are read).
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages);
+
+// What a rank's executor holds besides its stages' tensors (engine/executor.cpp and
+// engine/detail/), in allocator bytes.
+struct RankBuffers {
+  int64_t loader = 0;     // the input loader's micro-batches made ahead: held all the time
+  int64_t reduction = 0;  // at the step's end: the gradient buckets' flat copies and the
+                          // all-reduces' scratch
+  int64_t step = 0;       // STEP's norm and loss vector (and its all-reduce's scratch)
+  // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
+  // posted ahead of it and not yet waited for.
+  std::vector<int64_t> posted;
+};
+// rank_peak with the executor's buffers: the walk's peak plus the loader's and the
+// posted receives' bytes at each action, or the step's end if that is higher.
+int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages,
+                  const RankBuffers& buffers);
 
 // The same peak as a function of the memory figures of a rank holding ONE stage: the
 // maximum over terms a*stash + b*w_stash + (forward|backward|weight peak of the running

@@ -14,6 +14,7 @@
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/simulate.h"
+#include "transport/collective_memory.h"
 
 namespace baton::partitioner {
 
@@ -355,8 +356,33 @@ class Search {
     }
     for (int st = 0; st < s.num_stages(); ++st)
       mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(st)])]);
+    // The executor's buffers (evaluate.h's rank_buffers), bounded from the table without
+    // a physical graph, so that a candidate's peak still bounds its exact evaluation:
+    // staged inputs, posted receives, the TP collectives' and the reduction's scratch,
+    // the buckets' flat copies (at most the rank's gradients) and STEP's vector.
+    const EvaluateOptions eo;
+    const int64_t window = int64_t(transport::collective_scratch_bytes(
+        transport::Collective::all_reduce, size_t(1) << 30, 4, 2));
+    int64_t inputs = 0, max_cut = 0;
+    for (int64_t x : table.input_bytes) inputs += x + 128;
+    for (double x : table.cut_bytes) max_cut = std::max(max_cut, int64_t(x) + 256);
+    const bool reduces = dp > 1 || s.num_directions > 1 || (pp > 1 && !table.shared_params.empty());
+    const int64_t slots = int64_t(g_->num_layers()) + int64_t(dp) * m;
+    auto buffers = [&](int rank) {
+      int64_t held = eo.input_ahead * inputs + eo.recv_ahead * max_cut + (tp > 1 ? window : 0) +
+                     2 * (slots * 8 + 64);
+      if (reduces) {
+        int64_t grads = 0;
+        for (int st : schedule::stages_of_rank(s, rank)) {
+          int k = r.chunk_of_stage[size_t(st)];
+          grads += table.param_bytes(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]);
+        }
+        held += grads + grads / 64 + 4096 + 2 * window;
+      }
+      return held;
+    };
     for (int rank = 0; rank < pp; ++rank) {
-      int64_t peak = rank_peak(s, rank, mem);
+      int64_t peak = rank_peak(s, rank, mem) + buffers(rank);
       if (peak > c.peak) {
         c.peak = peak;
         c.peak_rank = rank;

@@ -54,6 +54,9 @@ template <class T>
 void gelu_forward(const T* x, T* y, int64_t n);
 template <class T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate);
+// h = x + bias (rows x cols; h may be x), y = gelu(h).
+template <class T>
+void bias_gelu_forward(const T* x, const T* bias, T* h, T* y, int64_t rows, int64_t cols);
 template <class T>
 void relu_forward(const T* x, T* y, int64_t n);
 template <class T>
@@ -96,6 +99,14 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
 template <class T>
 void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t rows, int64_t cols, bool accumulate);
+// s = a + b, y = LayerNorm(s); backward: dx = ds (may be null) + LayerNorm's input gradient.
+template <class T>
+void add_layernorm_forward(const T* a, const T* b, const T* w, const T* bias, double eps, T* s,
+                           T* y, T* mean, T* rstd, int64_t rows, int64_t cols);
+template <class T>
+void add_layernorm_backward_input(const T* dy, const T* ds, const T* s, const T* w, const T* mean,
+                                  const T* rstd, T* dx, int64_t rows, int64_t cols,
+                                  bool accumulate);
 
 // ---- rmsnorm.cpp ----
 template <class T>

@@ -1,5 +1,6 @@
 // LayerNorm over the last dimension: forward saves mean and 1/std per row; backward
 // splits into the input gradient (per row) and the weight/bias gradients (column sums).
+// The residual-fused form (add_layernorm_*) adds first and runs the same row code.
 #include <algorithm>
 #include <cmath>
 
@@ -9,21 +10,67 @@
 
 namespace baton::kernels::cpu {
 
+namespace {
+
+// One row: mean, 1/std and y; shared by the plain and the residual-fused forward, so
+// both give the same bits.
+template <class T>
+inline void layernorm_row(const T* xr, const T* w, const T* b, double eps, T* yr, T* mean, T* rstd,
+                          int64_t cols) {
+  const T mu = sum_of<T>(cols, [&](int64_t c) { return xr[c]; }) / T(cols);
+  // Two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2.
+  const T v = sum_of<T>(cols, [&](int64_t c) { return (xr[c] - mu) * (xr[c] - mu); });
+  const T rs = T(1) / std::sqrt(v / T(cols) + T(eps));
+#pragma GCC ivdep
+  for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
+  *mean = mu;
+  *rstd = rs;
+}
+
+// One row of the input gradient: dx = base + rstd (g - mean(g) - xhat mean(g xhat)),
+// base = dx itself (accumulate), another gradient (the residual's) or nothing.
+template <class T>
+inline void layernorm_backward_row(const T* dyr, const T* xr, const T* w, T mu, T rs, const T* base,
+                                   T* dxr, int64_t cols) {
+  const auto [sg, sgx] = sum2_of<T>(cols, [&](int64_t c) {
+    const T g = dyr[c] * w[c];
+    return std::pair<T, T>{g, g * (xr[c] - mu) * rs};
+  });
+  const T mg = sg / T(cols), mgx = sgx / T(cols);
+  if (base != nullptr) {
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c)
+      dxr[c] = base[c] + rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
+  } else {
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c) dxr[c] = rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
+  }
+}
+
+}  // namespace
+
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* rstd,
                        int64_t rows, int64_t cols) {
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      layernorm_row(x + r * cols, w, b, eps, y + r * cols, mean + r, rstd + r, cols);
+  });
+}
+
+// s = a + b, then LayerNorm of s: the residual add and the norm in one pass per row (the
+// row is still in L1 when the norm reads it).
+template <class T>
+void add_layernorm_forward(const T* a, const T* b, const T* w, const T* bias, double eps, T* s,
+                           T* y, T* mean, T* rstd, int64_t rows, int64_t cols) {
+  parallel_for(rows, row_grain(2 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      const T mu = sum_of<T>(cols, [&](int64_t c) { return xr[c]; }) / T(cols);
-      // Two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2.
-      const T v = sum_of<T>(cols, [&](int64_t c) { return (xr[c] - mu) * (xr[c] - mu); });
-      const T rs = T(1) / std::sqrt(v / T(cols) + T(eps));
+      const T* ar = a + r * cols;
+      const T* br = b + r * cols;
+      T* sr = s + r * cols;
 #pragma GCC ivdep
-      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
-      mean[r] = mu;
-      rstd[r] = rs;
+      for (int64_t c = 0; c < cols; ++c) sr[c] = ar[c] + br[c];
+      layernorm_row(sr, w, bias, eps, y + r * cols, mean + r, rstd + r, cols);
     }
   });
 }
@@ -34,24 +81,29 @@ void layernorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
                               T* dx, int64_t rows, int64_t cols, bool accumulate) {
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * cols;
-      const T* dyr = dy + r * cols;
       T* dxr = dx + r * cols;
-      const T mu = mean[r], rs = rstd[r];
-      const auto [sg, sgx] = sum2_of<T>(cols, [&](int64_t c) {
-        const T g = dyr[c] * w[c];
-        return std::pair<T, T>{g, g * (xr[c] - mu) * rs};
-      });
-      const T mg = sg / T(cols), mgx = sgx / T(cols);
-      if (accumulate) {
+      layernorm_backward_row(dy + r * cols, x + r * cols, w, mean[r], rstd[r],
+                             accumulate ? dxr : nullptr, dxr, cols);
+    }
+  });
+}
+
+// The gradient of s = a + b (both inputs get it): ds (the residual's gradient, or null)
+// plus LayerNorm's, in one pass.
+template <class T>
+void add_layernorm_backward_input(const T* dy, const T* ds, const T* s, const T* w, const T* mean,
+                                  const T* rstd, T* dx, int64_t rows, int64_t cols,
+                                  bool accumulate) {
+  parallel_for(rows, row_grain(2 * cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* dxr = dx + r * cols;
+      const T* dsr = ds != nullptr ? ds + r * cols : nullptr;
+      if (accumulate && dsr != nullptr) {
 #pragma GCC ivdep
-        for (int64_t c = 0; c < cols; ++c)
-          dxr[c] += rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
-      } else {
-#pragma GCC ivdep
-        for (int64_t c = 0; c < cols; ++c)
-          dxr[c] = rs * (dyr[c] * w[c] - mg - (xr[c] - mu) * rs * mgx);
+        for (int64_t c = 0; c < cols; ++c) dxr[c] += dsr[c];
       }
+      layernorm_backward_row(dy + r * cols, s + r * cols, w, mean[r], rstd[r],
+                             accumulate ? dxr : dsr, dxr, cols);
     }
   });
 }
@@ -92,7 +144,11 @@ void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* 
   template void layernorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*, T*, \
                                             int64_t, int64_t, bool);                              \
   template void layernorm_backward_weight<T>(const T*, const T*, const T*, const T*, T*, T*,      \
-                                             int64_t, int64_t, bool);
+                                             int64_t, int64_t, bool);                             \
+  template void add_layernorm_forward<T>(const T*, const T*, const T*, const T*, double, T*, T*,  \
+                                         T*, T*, int64_t, int64_t);                               \
+  template void add_layernorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*, \
+                                                const T*, T*, int64_t, int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)
 #undef BATON_INSTANTIATE

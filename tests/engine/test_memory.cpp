@@ -1,6 +1,6 @@
 // Beyond one device's memory: with a device capacity the model cannot train within on
 // one process (that run stops with the out-of-memory error), planned runs over several
-// processes train, and each rank's measured peak (its allocator's) is within 10% of the
+// processes train, and each rank's measured peak (its allocator's) is within 3% of the
 // partitioner's estimate.
 #include <gtest/gtest.h>
 
@@ -43,7 +43,7 @@ void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
     const double est = double(e.ranks[size_t(k)].peak), got = double(rank["peak_bytes"].get<int64_t>());
     std::printf("rank %d: measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", k, got / 1048576, est / 1048576,
                 100 * (got - est) / est);
-    EXPECT_LE(std::abs(got - est), 0.10 * est) << "rank " << k;
+    EXPECT_LE(std::abs(got - est), 0.03 * got) << "rank " << k;
     EXPECT_LE(got, double(p.device_memory));
   }
 }

@@ -1,10 +1,13 @@
 #include "transport/detail/collectives.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "memory/allocator.h"
 #include "memory/error.h"
+#include "transport/collective_memory.h"
 #include "transport/detail/reduce.h"
 #include "transport/detail/ring.h"
 
@@ -330,3 +333,36 @@ void barrier(const GroupView& g) {
 }
 
 }  // namespace baton::transport::detail
+
+namespace baton::transport {
+
+size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
+                                size_t part) {
+  using detail::AlgoTuning;
+  using detail::Scratch;
+  const AlgoTuning& tune = AlgoTuning::get();
+  auto held = [](size_t bytes) {
+    return bytes > Scratch::kInline ? memory::Allocator::rounded(bytes) : 0;
+  };
+  // run_ring's window of receive slots (and of accumulators when it reduces into a
+  // separate output).
+  auto ring = [&](bool acc) {
+    const size_t chunk = std::max<size_t>(1, tune.chunk_bytes / esize);
+    return held(size_t(std::max(1, tune.window)) * chunk * esize * (acc ? 2 : 1));
+  };
+  if (group_size <= 1 || count == 0) return 0;
+  const size_t bytes = count * esize;
+  switch (c) {
+    case Collective::all_reduce:
+      if (bytes <= tune.small_bytes || count < size_t(group_size)) return held(bytes);
+      return ring(false);
+    case Collective::reduce_scatter:
+      if (bytes <= tune.small_bytes) return held(part * esize * size_t(group_size));
+      return ring(true);
+    case Collective::all_gather:
+      return bytes <= tune.small_bytes ? 0 : ring(false);
+  }
+  return 0;
+}
+
+}  // namespace baton::transport

@@ -1,0 +1,81 @@
+// The memory estimate against the measured peak: small plans run as one process per rank
+// (`baton launch`, so that each rank's peak is its own allocator's), and each rank's
+// `peak_bytes` in the run's summary is within 3% of its `estimated_peak_bytes` (`baton
+// plan --check`'s figure) and never above it by more than 3%. The plans cover what the
+// estimate must count beyond the stages' tensors: data-parallel gradient buckets and
+// the all-reduces' scratch, DualPipe's replicated chunks, tensor-parallel collectives
+// inside ops, receives posted ahead and the input loader's staged micro-batches.
+// (The whole equivalence grid and configs A and B were measured the same way:
+// docs/partitioner.md, "Memory accuracy".)
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "engine_harness.h"
+#include "process_helpers.h"
+
+namespace baton::engine_testing {
+namespace {
+
+void expect_accurate(const PlanSpec& spec) {
+  SCOPED_TRACE(spec.describe());
+  Workspace ws("memacc");
+  json plan = plan_json(spec, ws);
+  std::ofstream(ws.path("plan.json")) << plan.dump(2);
+  const int ranks = plan["devices"].get<int>();
+  std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() +
+                    " train --plan " + ws.path("plan.json") + " --data " + data_file() +
+                    " --steps 2 --threads 1 --log-every 0" + " --summary " +
+                    ws.path("summary.json");
+  ASSERT_EQ(run(cmd, ws.path("run.out")), 0) << slurp(ws.path("run.out"));
+  const json summary = json::parse(slurp(ws.path("summary.json")));
+  ASSERT_EQ(int(summary["ranks"].size()), ranks) << summary.dump(2);
+  std::printf("%s\n", spec.describe().c_str());
+  for (const json& r : summary["ranks"]) {
+    const double got = double(r["peak_bytes"].get<int64_t>());
+    const double est = double(r["estimated_peak_bytes"].get<int64_t>());
+    std::printf("  rank %d: measured %.0f, estimated %.0f (%+.2f%%)\n", r["rank"].get<int>(), got,
+                est, 100 * (est - got) / got);
+    EXPECT_LE(std::abs(est - got), 0.03 * got) << "rank " << r["rank"];
+  }
+}
+
+PlanSpec gpt(std::vector<int> tp, int dp, const std::string& schedule) {
+  PlanSpec p;
+  p.model = tiny_gpt_json();
+  p.tp = std::move(tp);
+  p.dp = dp;
+  p.schedule = schedule;
+  return p;
+}
+
+// Data parallelism: the bucket's flat copy and the ring all-reduce's window (here most
+// of a tiny model's peak).
+TEST(MemoryAccuracy, DataParallelBuckets) {
+  expect_accurate(gpt({1, 1}, 2, "1f1b"));
+}
+
+// Every kind at once: TP collectives in the ops, buckets over DP, a V schedule's two
+// chunks per rank.
+TEST(MemoryAccuracy, PipelineTensorDataParallel) {
+  expect_accurate(gpt({2, 2}, 2, "zb-v"));
+}
+
+// DualPipe: every chunk on two ranks, reduced like data parallelism.
+TEST(MemoryAccuracy, DualPipeReplicas) {
+  expect_accurate(gpt({1, 1}, 1, "dualpipe"));
+}
+
+// The MLP with TP and four pipeline ranks: receives posted ahead, tied-free reductions.
+TEST(MemoryAccuracy, MlpFourStages) {
+  PlanSpec p;
+  p.model = tiny_mlp_json();
+  p.tp = {2, 2, 1, 1};
+  p.micro_batches = 8;
+  p.micro_batch_size = 1;
+  expect_accurate(p);
+}
+
+}  // namespace
+}  // namespace baton::engine_testing

@@ -1,0 +1,67 @@
+// The scratch a collective takes from the allocator (transport/collective_memory.h, what
+// partitioner/'s memory model counts) against the allocator's measured peak: two local
+// ranks (threads sharing one allocator, so the peak holds both ranks' scratch) run one
+// collective on buffers allocated beforehand, for each algorithm: a message small enough
+// for the stack, recursive doubling, the ring's window, and the ring all-gather.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "memory/allocator.h"
+#include "memory/tensor.h"
+#include "tests/transport/world_harness.h"
+#include "transport/collective_memory.h"
+#include "transport/local.h"
+
+namespace baton::transport::testing {
+namespace {
+
+using memory::Tensor;
+
+int64_t measured_extra(const std::function<void(Communicator&, Tensor&, Tensor&)>& run,
+                       int64_t count, int64_t out_count) {
+  auto world = make_local_world(2, test_options());
+  std::vector<Tensor> in, out;
+  for (int r = 0; r < 2; ++r) {
+    in.push_back(Tensor::full({count}, 1.0, memory::DType::f32));
+    out.push_back(Tensor::full({out_count}, 0.0, memory::DType::f32));
+  }
+  auto& alloc = memory::allocator_for(memory::Device::cpu());
+  const size_t before = alloc.stats().in_use;
+  alloc.reset_peak();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] { run(*world[size_t(r)], in[size_t(r)], out[size_t(r)]); });
+  for (auto& t : threads) t.join();
+  return int64_t(alloc.stats().peak - before);
+}
+
+TEST(CollectiveScratch, AllReduceMatchesTheAllocatorPeak) {
+  auto all_reduce = [](Communicator& c, Tensor& t, Tensor&) {
+    c.all_reduce(t, ReduceOp::sum)->wait();
+  };
+  for (int64_t count : {int64_t(100), int64_t(4000), int64_t(100000)}) {
+    SCOPED_TRACE(count);
+    const int64_t want =
+        2 * int64_t(collective_scratch_bytes(Collective::all_reduce, size_t(count), 4, 2));
+    EXPECT_EQ(measured_extra(all_reduce, count, 1), want);
+  }
+  // The three cases are the three regimes: none, one message, the ring's window.
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 100, 4, 2), 0u);
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 4000, 4, 2), 16000u);
+  EXPECT_GT(collective_scratch_bytes(Collective::all_reduce, 100000, 4, 2), 400000u);
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 100000, 4, 1), 0u);
+}
+
+TEST(CollectiveScratch, AllGatherMatchesTheAllocatorPeak) {
+  auto all_gather = [](Communicator& c, Tensor& in, Tensor& out) { c.all_gather(in, out)->wait(); };
+  for (int64_t count : {int64_t(1000), int64_t(50000)}) {
+    SCOPED_TRACE(count);
+    const int64_t want =
+        2 * int64_t(collective_scratch_bytes(Collective::all_gather, size_t(2 * count), 4, 2));
+    EXPECT_EQ(measured_extra(all_gather, count, 2 * count), want);
+  }
+}
+
+}  // namespace
+}  // namespace baton::transport::testing
