@@ -65,6 +65,7 @@ int run_plan(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, check_path, out, device_memory, schedules, recompute = "auto", layers,
                                                                      costs;
+  std::string sharding;
   pt::SearchOptions so;
   pt::Machine machine;
   int64_t batch = 0;
@@ -86,6 +87,8 @@ int run_plan(const std::vector<std::string>& args) {
       "layer counts per model chunk, e.g. 3,4,3 (default: the cut)")(
       "optimizer", po::value(&so.optimizer)->default_value("adamw"),
       "adamw, sgd or sgd-momentum (its state's memory)")(
+      "optimizer-sharding", po::value(&sharding)->default_value("none"),
+      "none or zero1: shard the optimizer state over the data-parallel replicas")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
       "flops", po::value(&machine.flops)->default_value(machine.flops),
@@ -128,6 +131,11 @@ int run_plan(const std::vector<std::string>& args) {
     throw InputError("--recompute: expected on, off or auto, found '" + recompute + "'");
   if (!layers.empty()) so.layers_per_stage = parse_counts(layers, "--layers-per-stage");
   pt::optimizer_states(so.optimizer);
+  if (sharding == "none" || sharding == "zero1")
+    so.optimizer_sharding = sharding == "none" ? pt::OptimizerSharding::none : pt::OptimizerSharding::zero1;
+  else
+    throw InputError("--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
+                     sharding + "'");
   so.model_path = model_path;
 
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));
