@@ -281,6 +281,7 @@ TEST_P(BigMessages, SixtyFourMiB) {
     auto parts = uneven(n, count / n);
     check_all_gather(c, parts, DType::f32, true);
     check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
+    check_reduce_scatter_in_place(c, parts, DType::f32, ReduceOp::sum);
     c.barrier()->wait();
   });
 }
