@@ -143,6 +143,10 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
 
 Executor::~Executor() = default;
 
+bool Executor::optimizer_sharded(int stage, int param) const {
+  return reducer_->shard_of(stage, param).has_value();
+}
+
 double Executor::now() const { return double(steady_ns() - t_origin_) * 1e-9; }
 
 stages::MicroBatch Executor::micro_batch(int mb, int64_t step) const {
@@ -449,14 +453,22 @@ void Executor::finish_step(StepStats& stats, double t0) {
   // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
   const size_t L = size_t(cfg_.num_layers);
   std::vector<double> v(L + size_t(cfg_.loss_slots), 0.0);
-  if (cfg_.contribute_norm) {
-    for (const auto& [stage, st] : cfg_.stages) {
-      if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
-      const stages::Graph& g = st->graph();
-      for (int id : st->param_ids()) {
-        if (!stages::owns_param(*st, id)) continue;
-        if (cfg_.norm_counts && !cfg_.norm_counts(id)) continue;
-        v[size_t(stages::owner_layer(g.params[size_t(id)]))] += kernels::sum_squares(st->grad(id));
+  // A sharded parameter (ZeRO) counts on every replica, each with the part it reduced.
+  for (const auto& [stage, st] : cfg_.stages) {
+    if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
+    const stages::Graph& g = st->graph();
+    for (int id : st->param_ids()) {
+      if (!stages::owns_param(*st, id)) continue;
+      if (cfg_.norm_counts && !cfg_.norm_counts(id)) continue;
+      const size_t owner = size_t(stages::owner_layer(g.params[size_t(id)]));
+      if (auto part = reducer_->shard_of(stage, id)) {
+        if (part->second > part->first) {
+          const Tensor& gr = st->grad(id);
+          v[owner] += kernels::sum_squares(
+              gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
+        }
+      } else if (cfg_.contribute_norm) {
+        v[owner] += kernels::sum_squares(st->grad(id));
       }
     }
   }
@@ -476,6 +488,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
   const double scale =
       (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / stats.grad_norm : 1.0;
   for (auto& [id, st] : cfg_.stages) st->step(scale);
+  reducer_->gather_params();
   // Every send of the step completes before the next one reuses anything.
   for (auto& snd : pending_->sends) {
     snd.work->wait();

@@ -48,9 +48,15 @@ struct Route {
 // the pipeline ranks that hold a tied parameter such as GPT-2's wte; DualPipe's two
 // replicas of a chunk). A parameter held by several of this rank's stages is summed over
 // them first (in ascending stage order), then over the group.
+//
+// A sharded group (ZeRO, `shard`): the data-parallel replicas of the parameters. Each
+// bucket is reduce-scattered instead of all-reduced (equal parts of the flattened bucket,
+// the all-reduce's own partition, in rank order); each member then updates only its part
+// (Stage::set_optimizer_shard) and the parameters are all-gathered after the step.
 struct GradGroup {
   transport::Communicator* comm = nullptr;  // null or size 1: the local sum only
   std::vector<int> params;                  // parameter ids of the rank's graph
+  bool shard = false;
 };
 
 // Makes the model inputs (token ids, targets) of one micro-batch: fills `out` with the
@@ -130,6 +136,9 @@ class Executor {
   double now() const;
 
   const ExecutorConfig& config() const { return cfg_; }
+  // Is the optimizer state of `param` of stage `stage` sharded over its data-parallel
+  // group (GradGroup::shard)?
+  bool optimizer_sharded(int stage, int param) const;
 
  private:
   struct Pending;

@@ -82,12 +82,13 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
   for (const auto& [s, st] : e.stages()) {
     list.push_back(st.get());
     ids.push_back(s);
-    for (int p : st->param_ids()) any |= e.writes(s, p);
+    for (int p : st->param_ids()) any |= e.writes(s, p) || e.writes_state_part(s, p);
   }
   std::vector<stages::ShardFile> files;
   if (any)
-    files = stages::write_rank_shards(dir, list, world.rank(),
-                                      [&](size_t k, int p) { return e.writes(ids[k], p); });
+    files = stages::write_rank_shards(
+        dir, list, world.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
+        [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
     mine.push_back({{"file", f.file}, {"kind", f.kind}, {"rank", f.rank}, {"bytes", f.bytes}, {"hash", f.hash}});

@@ -60,7 +60,6 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     so.tp = tp;
     so.profile = options.profile;
     auto st = std::make_unique<stages::Stage>(graph_, rs.first_layer, rs.last_layer, so);
-    st->set_optimizer(options.optimizer);
     stages_[rs.stage] = std::move(st);
   }
 
@@ -86,13 +85,16 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
       c.routes[b].push_back(route);
     }
   }
-  std::map<std::vector<int>, GradGroup> by_members;
+  // ZeRO: which parameters have their optimizer state sharded (partitioner/groups.h).
+  std::map<std::pair<std::vector<int>, bool>, GradGroup> by_members;
   for (const GradientGroup& gg : ggroups) {
     if (gg.ranks.size() <= 1 && gg.local_stages.size() <= 1) continue;
-    GradGroup& out = by_members[gg.ranks];
-    if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
     int id = g.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
+    const bool shard = partitioner::optimizer_sharded(r, rank, gg);
+    GradGroup& out = by_members[{gg.ranks, shard}];
+    if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
+    out.shard = shard;
     out.params.push_back(id);
   }
   for (auto& [members, gg] : by_members) c.grad_groups.push_back(gg);
@@ -129,6 +131,9 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));
+  // The optimizer state after the executor: its reducer has set the shards (ZeRO), so
+  // only they are allocated.
+  for (auto& [s, st] : stages_) st->set_optimizer(options.optimizer);
 }
 
 RankEngine::~RankEngine() {
@@ -146,8 +151,16 @@ double RankEngine::evaluate(int64_t batches) {
 }
 
 bool RankEngine::writes(int stage, int param) const {
-  const ResolvedPlan& r = *plan_;
   if (view_.coord.dp != 0) return false;
+  return writes_block(stage, param);
+}
+
+bool RankEngine::writes_state_part(int stage, int param) const {
+  return executor_->optimizer_sharded(stage, param) && writes_block(stage, param);
+}
+
+bool RankEngine::writes_block(int stage, int param) const {
+  const ResolvedPlan& r = *plan_;
   if (schedule::stage_direction(r.schedule, stage) != 0) return false;
   const stages::Param& p = graph_->params[size_t(param)];
   if (!p.is_shard() && view_.coord.tp != 0) return false;

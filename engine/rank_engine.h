@@ -66,8 +66,15 @@ class RankEngine {
   // block (first data-parallel replica, first tensor-parallel rank for replicated
   // parameters, the stage holding the first layer that uses a tied parameter).
   bool writes(int stage, int param) const;
+  // The parameters whose optimizer state this rank writes although another replica writes
+  // the parameter: its part of a sharded optimizer (ZeRO), on every data-parallel rank.
+  bool writes_state_part(int stage, int param) const;
 
  private:
+  // One replica's copy of a block: first tensor-parallel rank for replicated
+  // parameters, the stage holding the first layer using a tied one (any dp).
+  bool writes_block(int stage, int param) const;
+
   std::shared_ptr<const partitioner::ResolvedPlan> plan_;
   transport::CommPtr world_;
   partitioner::RankView view_;

@@ -7,6 +7,7 @@
 
 #include "memory/allocator.h"
 #include "memory/error.h"
+#include "partitioner/groups.h"
 #include "memory/units.h"
 #include "partitioner/groups.h"
 #include "schedule/generators.h"
@@ -40,8 +41,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   c.backward_input = c.backward_weight = c.activation_bytes = c.activation_bytes_after_b =
       c.message_bytes = c.reduce = c.forward;
   const int opt = optimizer_states(r.plan.optimizer);
-  double max_state = 0;
-  std::map<int, double> rank_state;
+  std::map<int, double> rank_state, rank_gather;
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -65,12 +65,27 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       if (here && elsewhere)
         reduce += all_reduce_time(double(u.bytes), 2 * r.plan.dp, m.dp_bandwidth, m.dp_latency);
     }
-    reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+    // The sharded optimizer (ZeRO): a reduce-scatter (half an all-reduce's traffic)
+    // while the backward runs, each replica updates 1/dp of the state, and the parameters
+    // are all-gathered (the other half) after the step, not overlapped. (DualPipe's
+    // chunks live on two pipeline ranks: not sharded.)
+    const bool zero = r.plan.optimizer_sharding != OptimizerSharding::none && r.plan.dp > 1 &&
+                      r.schedule.name != "dualpipe";
+    const int rank_of = r.schedule.placement[size_t(s)];
+    if (zero) {
+      reduce += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      rank_gather[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      rank_state[rank_of] += grads * (2 + 1) + grads * 2 * opt / r.plan.dp;
+    } else {
+      reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      rank_state[rank_of] += grads * (2 + 2 * opt + 1);
+    }
     c.reduce[size_t(s)] = reduce;
-    rank_state[r.schedule.placement[size_t(s)]] += grads * (2 + 2 * opt + 1);
   }
-  for (const auto& [rank, bytes] : rank_state) max_state = std::max(max_state, bytes);
-  c.optimizer_step = max_state / m.memory_bandwidth;
+  double max_after = 0;
+  for (const auto& [rank, bytes] : rank_state)
+    max_after = std::max(max_after, bytes / m.memory_bandwidth + rank_gather[rank]);
+  c.optimizer_step = max_after;
   c.latency = m.p2p_latency;
   c.bandwidth = m.p2p_bandwidth;
   return c;
@@ -219,6 +234,24 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                                               opt, r.layer_tp[size_t(a)])
                                : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
   }
+  // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
+  if (p.optimizer_sharding != OptimizerSharding::none && p.dp > 1 && opt > 0) {
+    const Graph& mg = pg ? *pg : g;
+    for (int k = 0; k < K; ++k) {
+      int stage = 0;
+      while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
+      const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
+      std::set<std::string> sharded;
+      for (const GradientGroup& gg : gradient_groups(r, rank))
+        if (optimizer_sharded(r, rank, gg)) sharded.insert(gg.name);
+      for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
+        const stages::Param& prm = mg.params[size_t(id)];
+        if (!sharded.count(prm.name)) continue;
+        chunk_mem[size_t(k)].optimizer_sharding_saved +=
+            zero_optimizer_saving(memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
+      }
+    }
+  }
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -253,7 +286,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       const StageMemory& m = chunk_mem[size_t(k)];
       re.param_bytes += m.params;
       re.grad_bytes += m.grads;
-      re.optimizer_bytes += m.optimizer;
+      re.optimizer_bytes += m.optimizer - m.optimizer_sharding_saved;
       re.compute_time += p.micro_batches / r.schedule.num_directions *
                          (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
                           costs.backward_weight[size_t(s)]);
@@ -303,6 +336,11 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       tp.c_str(), r.schedule.name.c_str(), p.micro_batches, (long long)p.micro_batch_size,
       (long long)p.global_batch, p.optimizer.c_str());
   out += line;
+  if (p.optimizer_sharding != OptimizerSharding::none) {
+    out.pop_back();
+    out += ", its state sharded over the data-parallel replicas (" +
+           std::string(sharding_name(p.optimizer_sharding)) + ")\n";
+  }
   std::snprintf(line, sizeof line, "%-5s %-3s %-3s %-3s %-24s %12s %12s %12s %12s %12s %10s %6s\n",
                 "rank", "dp", "pp", "tp", "layers", "parameters", "weights", "grads+optim",
                 "activations", "peak", "compute", "busy");

@@ -48,4 +48,10 @@ struct GradientGroup {
 };
 std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank);
 
+// The sharded optimizer (plan field optimizer_sharding, ZeRO): is the optimizer state of
+// gradient group `gg` of rank `rank` sharded over its data-parallel group? Yes when the
+// plan shards, dp > 1, the parameter is trainable and only this rank's data-parallel
+// group sums it (a tied parameter summed with other pipeline ranks keeps its whole state).
+bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg);
+
 }  // namespace baton::partitioner

@@ -474,6 +474,17 @@ void persistent_memory(const Graph& g, int first, int last, int optimizer_states
   }
 }
 
+int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optimizer_states) {
+  if (dp <= 1) return rounded(numel * dtype_size) * optimizer_states;
+  const int64_t part = (numel + dp - 1) / dp;
+  return part == 0 ? 0 : rounded(part * dtype_size) * optimizer_states;
+}
+
+int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states) {
+  return rounded(numel * dtype_size) * optimizer_states -
+         sharded_optimizer_bytes(numel, dtype_size, dp, optimizer_states);
+}
+
 StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int>& recompute,
                          int64_t batch, int optimizer_states, int tp) {
   StageMemory m;

@@ -36,8 +36,11 @@ struct MicroBatchMemory {
 
 struct StageMemory {
   int64_t params = 0, grads = 0, optimizer = 0;
+  // The sharded optimizer (plan field optimizer_sharding, ZeRO): the part of `optimizer`
+  // this rank does not hold because its data-parallel peers hold it (zero_optimizer_saving).
+  int64_t optimizer_sharding_saved = 0;
   MicroBatchMemory mb;
-  int64_t persistent() const { return params + grads + optimizer; }
+  int64_t persistent() const { return params + grads + optimizer - optimizer_sharding_saved; }
 };
 
 // What a walk needs: a graph, a layer range and what crosses its ends.
@@ -63,6 +66,18 @@ void persistent_memory(const stages::Graph& g, int first, int last, int optimize
 StageMemory stage_memory(const stages::Graph& g, int first, int last,
                          const std::set<int>& recompute, int64_t batch, int optimizer_states,
                          int tp = 1);
+
+// ---- the sharded optimizer (ZeRO) ----
+
+// Optimizer-state bytes a data-parallel rank holds for a parameter of `numel` elements of
+// `dtype_size` bytes when the state is sharded over `dp` replicas: `optimizer_states`
+// tensors of its part, about numel / dp elements, each rounded as the allocator does.
+// The engine cuts each gradient bucket rather than each parameter into equal parts
+// (engine/detail/grad_reducer.h), so a rank's real total differs from the sum of these
+// by less than a bucket's part boundaries' few elements and the rounding of each tensor.
+int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optimizer_states);
+// What sharding saves on one parameter: its whole state less sharded_optimizer_bytes.
+int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
 
 // ---- a rank over a schedule ----
 

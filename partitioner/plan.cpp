@@ -41,6 +41,18 @@ SplitKind parse_split(std::string_view name, const std::string& where) {
                    std::string(name) + "\"");
 }
 
+std::string_view sharding_name(OptimizerSharding s) {
+  switch (s) {
+    case OptimizerSharding::none:
+      return "none";
+    case OptimizerSharding::zero1:
+      return "zero1";
+    case OptimizerSharding::zero2:
+      return "zero2";
+  }
+  return "?";
+}
+
 bool Plan::uniform_tp() const {
   for (int t : tp)
     if (t != tp.front()) return false;
@@ -181,7 +193,7 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "stages", "splits", "ranks", "boundaries", "predicted"});
+                 "optimizer", "optimizer_sharding", "stages", "splits", "ranks", "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -241,6 +253,24 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.optimizer = o->as_string();
     if (p.optimizer != "adamw" && p.optimizer != "sgd" && p.optimizer != "sgd-momentum")
       o->fail("\"adamw\", \"sgd\" or \"sgd-momentum\"", "\"" + p.optimizer + "\"");
+  }
+  if (auto z = r.get("optimizer_sharding")) {
+    if (!z->is_string()) z->fail("\"none\", \"zero1\" or \"zero2\"", stages::json_brief(z->raw()));
+    const std::string name = z->as_string();
+    bool known = false;
+    for (OptimizerSharding s :
+         {OptimizerSharding::none, OptimizerSharding::zero1, OptimizerSharding::zero2})
+      if (sharding_name(s) == name) {
+        p.optimizer_sharding = s;
+        known = true;
+      }
+    if (!known) z->fail("\"none\", \"zero1\" or \"zero2\"", "\"" + name + "\"");
+    // zero2 needs gradients reduce-scattered per micro-batch into part-sized accumulators
+    // (the Stage accumulates whole gradients over a step today): refused, not faked.
+    if (p.optimizer_sharding == OptimizerSharding::zero2)
+      throw InputError(z->where() +
+                       ": \"zero2\" (gradients kept only for the replica's part) is not implemented yet; "
+                       "\"zero1\" shards the optimizer state");
   }
 
   JsonReader st = r.at("stages");
@@ -307,6 +337,8 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
   if (p.chunks > 0) sched["chunks"] = p.chunks;
   j["schedule"] = sched;
   j["optimizer"] = p.optimizer;
+  if (p.optimizer_sharding != OptimizerSharding::none)
+    j["optimizer_sharding"] = std::string(sharding_name(p.optimizer_sharding));
   json stages = json::array();
   for (const PlanStage& s : p.stages) {
     json e;

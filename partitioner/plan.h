@@ -27,6 +27,14 @@ std::string_view split_name(SplitKind k);
 // Throws InputError naming `where` unless `name` is one of the names above.
 SplitKind parse_split(std::string_view name, const std::string& where);
 
+// How data-parallel replicas hold the optimizer state (docs/formats/plan.md):
+//   none   every replica holds all of it (and every gradient, all-reduced)
+//   zero1  optimizer state sharded over the replicas: gradient buckets reduce-scattered,
+//          each replica updates its shard of the parameters, which are then all-gathered
+//   zero2  zero1, and a replica keeps only its shard of the reduced gradients
+enum class OptimizerSharding { none, zero1, zero2 };
+std::string_view sharding_name(OptimizerSharding s);
+
 // One model chunk (a schedule stage of direction 0): a contiguous range of layers.
 struct PlanStage {
   // Either a half-open range of layer indices ...
@@ -63,6 +71,7 @@ struct Plan {
   int64_t micro_batch_size = 1;     // samples per micro-batch
   int64_t global_batch = 0;         // dp * micro_batches * micro_batch_size
   std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
+  OptimizerSharding optimizer_sharding = OptimizerSharding::none;
 
   std::vector<PlanStage> stages;                   // model chunks in model order
   std::map<std::string, SplitKind> splits;         // node name -> override

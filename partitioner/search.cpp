@@ -35,7 +35,7 @@ std::string Candidate::describe() const {
   return b;
 }
 
-LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
+LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states, int shard_over) {
   LayerCosts c;
   c.optimizer_states = optimizer_states;
   double total = std::max(t.total_time(rc), 1e-30);
@@ -48,7 +48,8 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
   }
   c.input_bytes = t.input_bytes;
   for (size_t l = 0; l < t.layers.size(); ++l)
-    c.own_bytes[l] = t.own_param_bytes[l] * (2 + optimizer_states);
+    c.own_bytes[l] = t.own_param_bytes[l] * 2 +
+                     (t.own_param_bytes[l] * optimizer_states + shard_over - 1) / std::max(1, shard_over);
   for (const ParamUse& u : t.shared_params) c.shared.push_back({u.bytes, u.layers});
   return c;
 }
@@ -168,11 +169,18 @@ class Search {
   }
 
   // Per-layer costs for the cut (times in ticks), shared by every cut at (tp, b, rc).
-  std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t) {
-    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc);
+  // The replicas a candidate's optimizer state is sharded over (1: not sharded; DualPipe
+  // holds each chunk on two pipeline ranks, whose parameters keep their whole state).
+  int shard_over(int dp, const std::string& schedule) const {
+    return o_.optimizer_sharding != OptimizerSharding::none && schedule != "dualpipe" ? dp : 1;
+  }
+
+  std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t, int shard = 1) {
+    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) + "/z" +
+                      std::to_string(shard);
     auto it = prepared_.find(key);
     if (it != prepared_.end()) return it->second;
-    LayerCosts c = layer_costs(t, rc, opt_states_);
+    LayerCosts c = layer_costs(t, rc, opt_states_, shard);
     auto p = std::make_shared<const PreparedCosts>(std::move(c));
     prepared_[key] = p;
     return p;
@@ -190,9 +198,9 @@ class Search {
   // micro-batch size and recompute choice): a bound for the candidate and the cut itself
   // when it fits the memory.
   const CutResult& time_cut(int tp, int64_t b, bool rc, int K,
-                            const std::shared_ptr<const PreparedCosts>& costs) {
+                            const std::shared_ptr<const PreparedCosts>& costs, int shard = 1) {
     std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
-                      "/" + std::to_string(K);
+                      "/" + std::to_string(K) + "/z" + std::to_string(shard);
     auto it = time_cuts_.find(key);
     if (it != time_cuts_.end()) return it->second;
     std::vector<CutStage> st(static_cast<size_t>(K));
@@ -217,9 +225,9 @@ class Search {
     }
     auto t0 = std::chrono::steady_clock::now();
     const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
-    auto costs = prepared(tp, b, rc, table);
+    auto costs = prepared(tp, b, rc, table, shard_over(dp, name));
     auto t1 = std::chrono::steady_clock::now();
-    const CutResult& cut = time_cut(tp, b, rc, K, costs);
+    const CutResult& cut = time_cut(tp, b, rc, K, costs, shard_over(dp, name));
     auto t2 = std::chrono::steady_clock::now();
     phase_[0] += std::chrono::duration<double>(t1 - t0).count();
     phase_[1] += std::chrono::duration<double>(t2 - t1).count();
@@ -248,7 +256,7 @@ class Search {
       return;
     }
     const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
-    auto costs = prepared(tp, b, rc, table);
+    auto costs = prepared(tp, b, rc, table, shard_over(dp, name));
 
     // Stage constraints: one stage per rank and direction gives the rank's exact peak
     // terms; several stages per rank (interleaved, V, DualPipe) split the capacity
@@ -319,6 +327,7 @@ class Search {
     p.micro_batch_size = b;
     p.global_batch = o_.global_batch;
     p.optimizer = o_.optimizer;
+    p.optimizer_sharding = dp > 1 ? o_.optimizer_sharding : OptimizerSharding::none;
     p.splits = o_.splits.kinds;
     const int K = s.stages_per_direction();
     ResolvedPlan r;

@@ -28,6 +28,9 @@ struct SearchOptions {
   int recompute = -1;                  // -1: searched, 0: off, 1: every layer
   std::vector<int> layers_per_stage;   // user's layer counts per model chunk (empty: cut)
   std::string optimizer = "adamw";
+  // ZeRO: the plans found shard their optimizer state over their data-parallel replicas
+  // (a parameter used by one layer holds 1/dp of its state; tied ones are counted whole).
+  OptimizerSharding optimizer_sharding = OptimizerSharding::none;
   int keep = 5;  // the best and up to keep - 1 runners-up
   SplitOverrides splits;
   // What the plans written from the result reference.
@@ -58,7 +61,9 @@ struct SearchResult {
 // What the cut needs from a cost table: per-layer times in ticks (the total scaled to
 // 2^50, so sums are exact integers), per-layer memory with or without recompute, and the
 // persistent bytes of parameters used by one layer (own) or several (shared).
-LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states);
+// `shard_over` > 1: the optimizer state of the parameters used by one layer is sharded
+// over that many data-parallel replicas (optimizer_sharding zero1).
+LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states, int shard_over = 1);
 
 SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
                           const SearchOptions& options);

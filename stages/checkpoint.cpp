@@ -78,6 +78,102 @@ void add_pieces(std::vector<Stored>& out, const std::string& logical, const Para
   }
 }
 
+// ---- a sharded optimizer's part (ZeRO): a flat element range of a local tensor ----
+
+// A rectangular block of a tensor: offsets and sizes per dimension.
+struct Rect {
+  Shape offsets, sizes;
+};
+
+// Cuts the row-major element range [lo, hi) of a tensor of `shape` into rectangular
+// blocks (a partial row at each end, whole rows between, recursively): at most two per
+// dimension.
+void flat_rects(const Shape& shape, size_t d, Shape prefix, int64_t lo, int64_t hi, std::vector<Rect>& out) {
+  if (lo >= hi) return;
+  const size_t n = shape.size();
+  if (n == 0) {
+    out.push_back({{}, {}});
+    return;
+  }
+  if (d + 1 == n) {
+    Shape off = prefix, sz(d, 1);
+    off.push_back(lo);
+    sz.push_back(hi - lo);
+    out.push_back({off, sz});
+    return;
+  }
+  int64_t row = 1;
+  for (size_t k = d + 1; k < n; ++k) row *= shape[k];
+  auto sub = [&](int64_t r, int64_t a, int64_t b) {
+    Shape p = prefix;
+    p.push_back(r);
+    flat_rects(shape, d + 1, p, a, b, out);
+  };
+  if (lo % row != 0) {
+    const int64_t r = lo / row, end = std::min(hi, (r + 1) * row);
+    sub(r, lo - r * row, end - r * row);
+    lo = end;
+  }
+  if (lo >= hi) return;
+  if (hi / row > lo / row) {
+    Shape off = prefix, sz(d, 1);
+    off.push_back(lo / row);
+    sz.push_back(hi / row - lo / row);
+    for (size_t k = d + 1; k < n; ++k) {
+      off.push_back(0);
+      sz.push_back(shape[k]);
+    }
+    out.push_back({off, sz});
+  }
+  if (hi % row != 0) sub(hi / row, 0, hi - (hi / row) * row);
+}
+
+// The blocks of the logical tensor that the elements [lo, hi) of the local tensor of `p`
+// cover: each rectangle of the range intersected with each local piece, as (local block,
+// global offsets).
+std::vector<std::pair<Rect, Shape>> part_blocks(const Param& p, int64_t lo, int64_t hi) {
+  std::vector<Rect> rects;
+  flat_rects(p.shape, 0, {}, lo, hi, rects);
+  std::vector<std::pair<Rect, Shape>> out;
+  for (const Rect& r : rects) {
+    if (!p.is_shard()) {
+      out.push_back({r, r.offsets});
+      continue;
+    }
+    for (const ParamPiece& piece : p.pieces) {
+      Rect x{Shape(r.offsets.size()), Shape(r.offsets.size())};
+      Shape global(r.offsets.size());
+      bool any = true;
+      for (size_t d = 0; d < r.offsets.size(); ++d) {
+        const int64_t a = std::max(r.offsets[d], piece.local_offsets[d]);
+        const int64_t e = std::min(r.offsets[d] + r.sizes[d], piece.local_offsets[d] + piece.shape[d]);
+        any = any && e > a;
+        x.offsets[d] = a;
+        x.sizes[d] = e - a;
+        global[d] = a - piece.local_offsets[d] + piece.global_offsets[d];
+      }
+      if (any) out.push_back({x, global});
+    }
+  }
+  return out;
+}
+
+Tensor narrow_to(Tensor t, const Rect& r) {
+  for (size_t d = 0; d < r.offsets.size(); ++d) t = t.narrow(int64_t(d), r.offsets[d], r.sizes[d]);
+  return t;
+}
+
+// The stored blocks of an optimizer state `part` holding elements [lo, hi) of the local
+// tensor of `p` (a 1-D tensor of hi - lo elements).
+void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const Param& p, const Tensor& part,
+                     int64_t lo, int64_t hi) {
+  Tensor full = Tensor::zeros(p.shape, part.dtype(), part.device());
+  full.view({full.numel()}).narrow(0, lo, hi - lo).copy_from(part);
+  for (const auto& [rect, global] : part_blocks(p, lo, hi))
+    out.push_back({logical + "@" + offsets_str(global), logical, narrow_to(full, rect).contiguous(),
+                   p.logical_shape, global});
+}
+
 ShardFile write_shard(const std::string& step_dir, const std::string& file,
                       const std::string& kind, int rank, const std::vector<Stored>& tensors) {
   std::vector<NamedTensor> named;
@@ -340,7 +436,8 @@ std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Sta
 
 std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
                                          const std::vector<const Stage*>& stages, int rank,
-                                         const std::function<bool(size_t, int)>& owns) {
+                                         const std::function<bool(size_t, int)>& owns,
+                                         const std::function<bool(size_t, int)>& owns_state) {
   std::vector<Stored> model, optim;
   for (size_t k = 0; k < stages.size(); ++k) {
     const Stage& stage = *stages[k];
@@ -349,8 +446,20 @@ std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
       if (owns && !owns(k, id)) continue;
       const Param& p = g.params[size_t(id)];
       add_pieces(model, p.name, p, stage.param(id));
+      if (owns_state && owns_state(k, id)) continue;  // written below
       for (const auto& [state_name, t] : stage.optimizer_state(id))
         add_pieces(optim, p.name + ":" + state_name, p, t);
+    }
+    // A sharded optimizer's state: the part this rank holds, as the blocks it covers.
+    for (int id : stage.param_ids()) {
+      if (!owns_state || !owns_state(k, id)) continue;
+      const Param& p = g.params[size_t(id)];
+      auto [lo, hi] = stage.optimizer_shard(id);
+      for (const auto& [state_name, t] : stage.optimizer_state(id))
+        if (lo == 0 && hi == stage.param(id).numel())
+          add_pieces(optim, p.name + ":" + state_name, p, t);
+        else
+          add_part_pieces(optim, p.name + ":" + state_name, p, t, lo, hi);
     }
   }
   char buf[64];
@@ -577,9 +686,20 @@ void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bo
   BlockIndex optim(step_dir, m, "optimizer");
   for (int id : stage.param_ids()) {
     const Param& p = g.params[size_t(id)];
+    auto [lo, hi] = stage.optimizer_shard(id);
+    const bool part = !(lo == 0 && hi == stage.param(id).numel());
     for (auto& [state_name, t] : stage.optimizer_state(id)) {
       Tensor local = t;
-      load_tensor(optim, p.name + ":" + state_name, p, local, step_dir);
+      if (!part) {
+        load_tensor(optim, p.name + ":" + state_name, p, local, step_dir);
+        continue;
+      }
+      // A sharded optimizer's part: the blocks its elements cover, read into a
+      // whole-tensor buffer, then its elements.
+      Tensor full = Tensor::zeros(p.shape, t.dtype(), t.device());
+      for (const auto& [rect, global] : part_blocks(p, lo, hi))
+        fill_region(optim, p.name + ":" + state_name, p.logical_shape, global, narrow_to(full, rect), step_dir);
+      local.copy_from(full.view({full.numel()}).narrow(0, lo, hi - lo));
     }
   }
 }

@@ -57,10 +57,14 @@ std::vector<ShardFile> write_stage_shards(
     const std::string& step_dir, const Stage& stage, int rank,
     const std::function<bool(int)>& owns = {});
 // The same for several stages of one rank (interleaved and V schedules) into one pair of
-// files; `owns(k, param_id)` selects what stages[k] writes.
+// files; `owns(k, param_id)` selects what stages[k] writes. `owns_state(k, param_id)`
+// selects parameters whose optimizer state this rank writes although it may not write
+// the parameter: a sharded optimizer's part (Stage::optimizer_shard), stored as the
+// blocks of the logical tensor its elements cover, so any plan and sharding reads it.
 std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
                                          const std::vector<const Stage*>& stages, int rank,
-                                         const std::function<bool(size_t, int)>& owns = {});
+                                         const std::function<bool(size_t, int)>& owns = {},
+                                         const std::function<bool(size_t, int)>& owns_state = {});
 // Writes manifest.json last, atomically.
 void write_manifest(const std::string& step_dir, const Manifest& m);
 // Removes a step directory's manifest first (so a crash while rewriting it leaves it

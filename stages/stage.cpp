@@ -65,6 +65,7 @@ struct Stage::ParamState {
   std::vector<bool> has;      // has that accumulator received a gradient since zero_grad
   Tensor grad;                // the total (grads[0] itself when one layer uses it)
   Tensor m, v;                // optimizer state (AdamW moments or SGD momentum in m)
+  int64_t shard_begin = 0, shard_end = -1;  // elements updated; -1: all (not sharded)
   int owner_layer = 0;        // the first graph layer that uses it (grad norm pieces)
 };
 
@@ -550,14 +551,38 @@ double Stage::grad_sum_squares() const {
   return s;
 }
 
+void Stage::set_optimizer_shard(int id, int64_t begin, int64_t end) {
+  ParamState& ps = state_of(id);
+  const int64_t n = ps.value.numel();
+  BATON_CHECK(0 <= begin && begin <= end && end <= n, "optimizer shard out of range");
+  if (begin == 0 && end == n) begin = 0, end = -1;
+  if (ps.shard_begin == begin && ps.shard_end == end) return;
+  ps.shard_begin = begin;
+  ps.shard_end = end;
+  ps.m = Tensor();
+  ps.v = Tensor();
+  if (opt_ready_) set_optimizer(opt_);
+}
+
+std::pair<int64_t, int64_t> Stage::optimizer_shard(int id) const {
+  const ParamState& ps = state_of(id);
+  if (ps.shard_end < 0) return {0, ps.value.numel()};
+  return {ps.shard_begin, ps.shard_end};
+}
+
 void Stage::set_optimizer(const OptimizerConfig& config) {
   opt_ = config;
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
     bool need_m = config.kind == OptimizerConfig::Kind::adamw || config.sgd.momentum > 0;
     bool need_v = config.kind == OptimizerConfig::Kind::adamw;
-    if (need_m && !ps->m.defined()) ps->m = Tensor::zeros(p.shape, p.dtype, opt_options_.device);
-    if (need_v && !ps->v.defined()) ps->v = Tensor::zeros(p.shape, p.dtype, opt_options_.device);
+    Shape shape = p.shape;
+    if (ps->shard_end >= 0) {
+      shape = {ps->shard_end - ps->shard_begin};
+      if (shape[0] == 0) need_m = need_v = false;
+    }
+    if (need_m && !ps->m.defined()) ps->m = Tensor::zeros(shape, p.dtype, opt_options_.device);
+    if (need_v && !ps->v.defined()) ps->v = Tensor::zeros(shape, p.dtype, opt_options_.device);
     if (!need_m) ps->m = Tensor();
     if (!need_v) ps->v = Tensor();
   }
@@ -574,14 +599,21 @@ void Stage::step(double grad_scale) {
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
     if (!p.trainable) continue;  // a buffer its op updates
+    Tensor value = ps->value, grad = ps->grad;
+    if (ps->shard_end >= 0) {  // a sharded optimizer: this stage's elements only
+      const int64_t len = ps->shard_end - ps->shard_begin;
+      if (len == 0) continue;
+      value = value.view({value.numel()}).narrow(0, ps->shard_begin, len);
+      grad = grad.view({grad.numel()}).narrow(0, ps->shard_begin, len);
+    }
     if (opt_.kind == OptimizerConfig::Kind::adamw) {
       kernels::AdamW cfg = opt_.adamw;
       if (!p.weight_decay) cfg.weight_decay = 0;
-      kernels::adamw_step(ps->value, ps->grad, ps->m, ps->v, cfg, opt_steps_, grad_scale);
+      kernels::adamw_step(value, grad, ps->m, ps->v, cfg, opt_steps_, grad_scale);
     } else {
       kernels::Sgd cfg = opt_.sgd;
       if (!p.weight_decay) cfg.weight_decay = 0;
-      kernels::sgd_step(ps->value, ps->grad, ps->m, cfg, grad_scale);
+      kernels::sgd_step(value, grad, ps->m, cfg, grad_scale);
     }
   }
 }

@@ -129,6 +129,13 @@ class Stage {
   std::vector<double> grad_sum_squares_by_layer() const;
   double grad_sum_squares() const;  // the pieces above, added in layer order
   void set_optimizer(const OptimizerConfig& config);  // allocates its state
+  // A sharded optimizer (ZeRO, engine/detail/grad_reducer.h): the stage updates only the
+  // elements [begin, end) of the flattened parameter `id` and holds optimizer state for
+  // them alone (none when begin == end); the rest of the parameter is written by others.
+  // Call before set_optimizer(), or its state for `id` is reallocated (zeroed).
+  void set_optimizer_shard(int id, int64_t begin, int64_t end);
+  // The elements of `id` this stage updates: [0, numel) unless sharded.
+  std::pair<int64_t, int64_t> optimizer_shard(int id) const;
   const OptimizerConfig& optimizer() const { return opt_; }
   OptimizerConfig& optimizer() { return opt_; }
   // One optimizer step on grad * grad_scale (grad_scale folds in clipping). Runs
@@ -137,7 +144,8 @@ class Stage {
   int64_t optimizer_steps() const { return opt_steps_; }
   void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
   // Optimizer state tensors of a parameter: AdamW {exp_avg, exp_avg_sq}, SGD with
-  // momentum {momentum_buffer}; names are torch's.
+  // momentum {momentum_buffer}; names are torch's. Sharded: 1-D tensors of the shard's
+  // elements (optimizer_shard()); none for an empty shard.
   std::vector<std::pair<std::string, Tensor>> optimizer_state(int id) const;
 
   // Time per op type ("optimizer" for step()) since the last reset (profile on).

@@ -38,6 +38,7 @@ int run_plan(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, check_path, out, device_memory, schedules, recompute = "auto", layers,
                                                                      costs;
+  std::string sharding;
   pt::SearchOptions so;
   pt::Machine machine;
   int64_t batch = 0;
@@ -59,6 +60,8 @@ int run_plan(const std::vector<std::string>& args) {
       "layer counts per model chunk, e.g. 3,4,3 (default: the cut)")(
       "optimizer", po::value(&so.optimizer)->default_value("adamw"),
       "adamw, sgd or sgd-momentum (its state's memory)")(
+      "optimizer-sharding", po::value(&sharding)->default_value("none"),
+      "none or zero1: shard the optimizer state over the data-parallel replicas")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
       "flops", po::value(&machine.flops)->default_value(machine.flops),
@@ -104,6 +107,11 @@ int run_plan(const std::vector<std::string>& args) {
          parse_int_list(layers, "--layers-per-stage", 1, INT32_MAX, "counts >= 1 like 3,4,3"))
       so.layers_per_stage.push_back(int(n));
   pt::optimizer_states(so.optimizer);
+  if (sharding == "none" || sharding == "zero1")
+    so.optimizer_sharding = sharding == "none" ? pt::OptimizerSharding::none : pt::OptimizerSharding::zero1;
+  else
+    throw InputError("--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
+                     sharding + "'");
   so.model_path = model_path;
 
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));

@@ -69,6 +69,9 @@ class Communicator {
   // the concatenation of the parts in rank order, flattened.
   virtual WorkPtr all_gather(const Tensor& in, Tensor& out,
                              std::span<const int64_t> counts = {}) = 0;
+  // reduce_scatter may run in place: `out` a view of this rank's own part of `in`; the
+  // other parts of `in` then hold partial sums afterwards (its contents are spent), and
+  // no staging beyond the all-reduce's is needed (the sharded optimizer uses this).
   virtual WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
                                  std::span<const int64_t> counts = {}) = 0;
   virtual WorkPtr scatter(const Tensor& in, Tensor& out, int root,

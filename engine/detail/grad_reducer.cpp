@@ -14,6 +14,7 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
   for (const GradGroup& gg : groups) {
     Group g;
     g.comm = gg.comm && gg.comm->size() > 1 ? gg.comm : nullptr;
+    g.shard = gg.shard && g.comm;
     std::vector<int> ids = gg.params;
     std::sort(ids.rbegin(), ids.rend());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -47,10 +48,28 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
       }
       dtype = t.dtype();
       cur.params.push_back(i);
+      cur.offsets.push_back(cur.elements);
       cur.elements += t.numel();
       bytes += t.nbytes();
     }
     g.buckets.push_back(std::move(cur));
+    if (g.shard) {
+      // The all-reduce's partition (transport/detail/collectives.cpp: equal_parts).
+      const int n = g.comm->size(), me = g.comm->rank();
+      for (Bucket& b : g.buckets) {
+        b.counts.assign(size_t(n), b.elements / n);
+        for (int64_t k = 0; k < b.elements % n; ++k) b.counts[size_t(k)] += 1;
+        for (int k = 0; k < me; ++k) b.part_begin += b.counts[size_t(k)];
+        b.part_end = b.part_begin + b.counts[size_t(me)];
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const Param& p = g.params[b.params[j]];
+          const int64_t first = b.offsets[j], n_el = p.holders[0]->grad(p.id).numel();
+          const int64_t lo = std::clamp(b.part_begin - first, int64_t(0), n_el);
+          const int64_t hi = std::clamp(b.part_end - first, lo, n_el);
+          for (stages::Stage* st : p.holders) st->set_optimizer_shard(p.id, lo, hi);
+        }
+      }
+    }
     size_t gi = groups_.size();
     for (size_t i = 0; i < g.params.size(); ++i)
       for (int s : g.params[i].holder_stages) where_[{s, g.params[i].id}] = {gi, i};
@@ -97,24 +116,127 @@ void GradReducer::start(Group& g, Bucket& b) {
   for (size_t i : b.params) {
     Param& p = g.params[i];
     Tensor& total = p.holders[0]->grad(p.id);
-    for (size_t k = 1; k < p.holders.size(); ++k) kernels::add_inplace(total, p.holders[k]->grad(p.id));
+    for (size_t k = 1; k < p.holders.size(); ++k)
+      kernels::add_inplace(total, p.holders[k]->grad(p.id));
   }
   b.started = true;
   if (!g.comm) return;
+  if (g.shard) {
+    // Reduce-scattered in place: the output is the rank's own part of the input (the
+    // transport reads each element of that part before writing its sum there), so the
+    // sharded reduction needs no buffer beyond the all-reduce's.
+    const int64_t len = b.part_end - b.part_begin;
+    if (b.params.size() == 1) {
+      Tensor& t = first_grad(g, b);
+      Tensor whole = t.view({t.numel()});
+      b.part = whole.narrow(0, b.part_begin, len);
+      b.work = g.comm->reduce_scatter(whole, b.part, transport::ReduceOp::sum, b.counts);
+      return;
+    }
+    pack(g, b);
+    b.part = b.flat.narrow(0, b.part_begin, len);
+    b.work = g.comm->reduce_scatter(b.flat, b.part, transport::ReduceOp::sum, b.counts);
+    return;
+  }
   if (b.params.size() == 1) {
     b.work = g.comm->all_reduce(g.params[b.params[0]].holders[0]->grad(g.params[b.params[0]].id),
                                 transport::ReduceOp::sum);
     return;
   }
-  const Tensor& first = g.params[b.params[0]].holders[0]->grad(g.params[b.params[0]].id);
-  b.flat = Tensor::empty({b.elements}, first.dtype(), first.device());
-  int64_t off = 0;
-  for (size_t i : b.params) {
-    const Tensor& t = g.params[i].holders[0]->grad(g.params[i].id);
-    b.flat.narrow(0, off, t.numel()).copy_from(t.view({t.numel()}));
-    off += t.numel();
-  }
+  pack(g, b);
   b.work = g.comm->all_reduce(b.flat, transport::ReduceOp::sum);
+}
+
+Tensor& GradReducer::first_grad(Group& g, Bucket& b) {
+  return g.params[b.params[0]].holders[0]->grad(g.params[b.params[0]].id);
+}
+
+void GradReducer::pack(Group& g, Bucket& b) {
+  const Tensor& first = first_grad(g, b);
+  b.flat = Tensor::empty({b.elements}, first.dtype(), first.device());
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const Tensor& t = g.params[b.params[j]].holders[0]->grad(g.params[b.params[j]].id);
+    b.flat.narrow(0, b.offsets[j], t.numel()).copy_from(t.view({t.numel()}));
+  }
+}
+
+// Calls fn(param index j of the bucket, element range [lo, hi) of the parameter, the
+// same range's start in the rank's part) for each parameter overlapping the rank's part.
+template <class Fn>
+void GradReducer::for_part(const Group& g, const Bucket& b, Fn&& fn) {
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const Param& p = g.params[b.params[j]];
+    auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
+    if (hi > lo) fn(j, lo, hi, b.offsets[j] + lo - b.part_begin);
+  }
+}
+
+std::optional<std::pair<int64_t, int64_t>> GradReducer::shard_of(int stage, int param) const {
+  auto it = where_.find({stage, param});
+  if (it == where_.end() || !groups_[it->second.first].shard) return std::nullopt;
+  const Param& p = groups_[it->second.first].params[it->second.second];
+  return p.holders[0]->optimizer_shard(p.id);
+}
+
+std::pair<int64_t, int64_t> GradReducer::sharded_elements() const {
+  int64_t mine = 0, all = 0;
+  for (const Group& g : groups_) {
+    if (!g.shard) continue;
+    for (const Param& p : g.params) {
+      auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
+      mine += (hi - lo) * int64_t(p.holders.size());
+      all += p.holders[0]->grad(p.id).numel() * int64_t(p.holders.size());
+    }
+  }
+  return {mine, all};
+}
+
+void GradReducer::gather_params() {
+  // One all-gather per parameter, straight into the parameter: each rank contributes the
+  // elements of it in its part, staged in the same elements of the gradient (no longer
+  // needed after the step), so the gather needs no buffer.
+  struct Gather {
+    Param* p;
+    std::vector<int64_t> counts;
+    Tensor in, out;
+    transport::WorkPtr work;
+  };
+  std::vector<Gather> gathers;
+  for (Group& g : groups_) {
+    if (!g.shard) continue;
+    const int n = g.comm->size();
+    for (Bucket& b : g.buckets) {
+      int64_t begin = 0;  // rank q's part of the bucket: [begin, begin + counts[q])
+      std::vector<int64_t> starts(static_cast<size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        starts[size_t(q)] = begin;
+        begin += b.counts[size_t(q)];
+      }
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        Param& p = g.params[b.params[j]];
+        Tensor& v = p.holders[0]->param(p.id);
+        const int64_t first = b.offsets[j], numel = v.numel();
+        Gather x{&p, std::vector<int64_t>(size_t(n)), {}, {}, {}};
+        for (int q = 0; q < n; ++q) {
+          const int64_t lo = std::clamp(starts[size_t(q)] - first, int64_t(0), numel);
+          const int64_t hi = std::clamp(starts[size_t(q)] + b.counts[size_t(q)] - first, lo, numel);
+          x.counts[size_t(q)] = hi - lo;
+        }
+        auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
+        Tensor& grad = p.holders[0]->grad(p.id);
+        x.in = grad.view({grad.numel()}).narrow(0, lo, hi - lo);
+        x.in.copy_from(v.view({numel}).narrow(0, lo, hi - lo));
+        x.out = v.view({numel});
+        x.work = g.comm->all_gather(x.in, x.out, x.counts);
+        gathers.push_back(std::move(x));
+      }
+    }
+  }
+  for (Gather& x : gathers) {
+    x.work->wait();
+    Param& p = *x.p;
+    for (size_t k = 1; k < p.holders.size(); ++k) p.holders[k]->param(p.id).copy_from(p.holders[0]->param(p.id));
+  }
 }
 
 void GradReducer::finish() {
@@ -125,6 +247,21 @@ void GradReducer::finish() {
       if (b.work) {
         b.work->wait();
         b.work.reset();
+      }
+      if (g.shard) {
+        // The rank's reduced part into the gradients it covers (every holder; in place
+        // already for a bucket of one parameter).
+        for_part(g, b, [&](size_t j, int64_t lo, int64_t hi, int64_t at) {
+          Param& p = g.params[b.params[j]];
+          for (size_t k = 0; k < p.holders.size(); ++k) {
+            if (k == 0 && !b.flat.defined()) continue;
+            Tensor& t = p.holders[k]->grad(p.id);
+            t.view({t.numel()}).narrow(0, lo, hi - lo).copy_from(b.part.narrow(0, at, hi - lo));
+          }
+        });
+        b.part = Tensor();
+        b.flat = Tensor();
+        continue;
       }
       if (b.flat.defined()) {
         int64_t off = 0;
@@ -137,7 +274,8 @@ void GradReducer::finish() {
       }
       for (size_t i : b.params) {
         Param& p = g.params[i];
-        for (size_t k = 1; k < p.holders.size(); ++k) p.holders[k]->grad(p.id).copy_from(p.holders[0]->grad(p.id));
+        for (size_t k = 1; k < p.holders.size(); ++k)
+          p.holders[k]->grad(p.id).copy_from(p.holders[0]->grad(p.id));
       }
     }
   }

@@ -8,10 +8,23 @@
 // descending id order, cut at bucket_bytes) and started in that order on every member,
 // so every member issues the same collectives in the same order and the sums have the
 // same bits on every run.
+//
+// Sharded groups (ZeRO, GradGroup::shard): a bucket of E elements is cut into the equal
+// parts the transport's all-reduce uses (E / n, the first E % n one more) and
+// reduce-scattered, so member r receives the sum of part r with the bits the all-reduce
+// would have given it whenever both take the same algorithm (always for two members:
+// two addends commute). The reducer tells each holding stage the elements of each
+// parameter that fall in its part (Stage::set_optimizer_shard) at construction; after
+// the optimizer step, gather_params() all-gathers the parts, one parameter at a time
+// straight into it. Neither needs a buffer beyond the all-reduce's: the reduce-scatter
+// writes into the rank's own part of its input, and the gather's input is staged in the
+// spent gradient.
 #pragma once
 
 #include <cstddef>
 #include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "engine/executor.h"
@@ -33,32 +46,52 @@ class GradReducer {
   void finish();
   // True when this rank reduces nothing (no group, no parameter held twice).
   bool empty() const { return groups_.empty(); }
+  // A sharded parameter of stage `stage`: the elements [begin, end) of its flattened
+  // gradient that are reduced here (and that this rank updates); nullopt when not sharded.
+  std::optional<std::pair<int64_t, int64_t>> shard_of(int stage, int param) const;
+  // After the optimizer step: all-gathers the updated parts of every sharded parameter
+  // into every local holder, and waits.
+  void gather_params();
+  // Bytes of the elements this rank holds optimizer state for, over all sharded
+  // parameters, and of those parameters in full (the state saved is their difference).
+  std::pair<int64_t, int64_t> sharded_elements() const;
 
  private:
   struct Param {
     int id = -1;
     std::vector<stages::Stage*> holders;  // local stages holding it, ascending stage
     std::vector<int> holder_stages;
-    int waiting = 0;                      // holders not yet final this step
+    int waiting = 0;  // holders not yet final this step
   };
   struct Bucket {
-    std::vector<size_t> params;  // indices into Group::params
+    std::vector<size_t> params;    // indices into Group::params
+    std::vector<int64_t> offsets;  // each parameter's first element in the bucket
     int64_t elements = 0;
-    memory::Tensor flat;         // several parameters: their gradients side by side
+    memory::Tensor flat;  // several parameters: their gradients side by side
     transport::WorkPtr work;
     bool started = false;
+    // Sharded: the parts of the members (elements) and this rank's [part_begin, part_end).
+    std::vector<int64_t> counts;
+    int64_t part_begin = 0, part_end = 0;
+    memory::Tensor part;  // this rank's reduced part: a view of its part of the input
   };
   struct Group {
     transport::Communicator* comm = nullptr;
+    bool shard = false;
     std::vector<Param> params;
     std::vector<Bucket> buckets;
     size_t next = 0;  // the first bucket not started
   };
   void try_start(Group& g);
   void start(Group& g, Bucket& b);
+  static memory::Tensor& first_grad(Group& g, Bucket& b);
+  static void pack(Group& g, Bucket& b);
+  template <class Fn>
+  static void for_part(const Group& g, const Bucket& b, Fn&& fn);
 
   std::vector<Group> groups_;
-  std::map<std::pair<int, int>, std::pair<size_t, size_t>> where_;  // (stage, param) -> (group, param index)
+  std::map<std::pair<int, int>, std::pair<size_t, size_t>>
+      where_;  // (stage, param) -> (group, param index)
 };
 
 }  // namespace baton::engine::detail

@@ -95,6 +95,7 @@ json plan_json(const PlanSpec& p, const Workspace& ws) {
             {"schedule", {{"name", p.schedule}, {"micro_batches", p.micro_batches}}},
             {"stages", stages}};
   if (p.chunks > 0) j["schedule"]["chunks"] = p.chunks;
+  if (!p.optimizer_sharding.empty()) j["optimizer_sharding"] = p.optimizer_sharding;
   return j;
 }
 

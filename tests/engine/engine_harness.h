@@ -41,6 +41,7 @@ struct PlanSpec {
   int64_t micro_batch_size = 2;
   int chunks = 0;
   std::vector<int> layers_per_stage;  // empty: as even as possible
+  std::string optimizer_sharding;     // empty: not written (none)
   std::string describe() const;
 };
 

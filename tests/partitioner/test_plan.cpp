@@ -216,8 +216,8 @@ TEST(Plan, UnknownScheduleAndFields) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
-            "device_memory, parallel, batch, schedule, optimizer, stages, splits, ranks, "
-            "boundaries, predicted)");
+            "device_memory, parallel, batch, schedule, optimizer, optimizer_sharding, stages, "
+            "splits, ranks, boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
@@ -238,6 +238,54 @@ TEST(Plan, UnknownScheduleAndFields) {
   EXPECT_EQ(
       error_of(j),
       "plan.json: $.optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"adam\"");
+}
+
+// optimizer_sharding: none (the default, not written back) or zero1; zero2 is refused
+// as not implemented yet; anything else is an error naming the field.
+TEST(Plan, OptimizerSharding) {
+  json j = tiny_plan();
+  EXPECT_EQ(check(j).plan.optimizer_sharding, OptimizerSharding::none);
+  EXPECT_FALSE(plan_to_json(check(j).plan).contains("optimizer_sharding"));
+  for (auto [name, want] :
+       {std::pair{"none", OptimizerSharding::none}, std::pair{"zero1", OptimizerSharding::zero1}}) {
+    j["optimizer_sharding"] = name;
+    Plan p = check(j).plan;
+    EXPECT_EQ(p.optimizer_sharding, want) << name;
+    EXPECT_EQ(parse_plan(plan_to_json(p), "again.json", kDir).optimizer_sharding, want) << name;
+  }
+  j["optimizer_sharding"] = "zero2";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.optimizer_sharding: \"zero2\" (gradients kept only for the replica's part) is not "
+            "implemented yet; \"zero1\" shards the optimizer state");
+  j["optimizer_sharding"] = "zero3";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.optimizer_sharding: expected \"none\", \"zero1\" or \"zero2\", found "
+            "\"zero3\"");
+  j["optimizer_sharding"] = 1;
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.optimizer_sharding: expected \"none\", \"zero1\" or \"zero2\", found 1");
+}
+
+// The estimate under zero1: every rank holds half the optimizer state of every parameter
+// but the tied wte (summed with the other pipeline rank: whole), and its peak is lower by
+// exactly what its optimizer bytes are.
+TEST(Plan, OptimizerShardingInTheEstimate) {
+  json j = tiny_plan();
+  ResolvedPlan none = check(j);
+  j["optimizer_sharding"] = "zero1";
+  ResolvedPlan zero = check(j);
+  CostModel model(none.graph, Machine{});
+  PlanEstimate a = evaluate_plan(none, model), b = evaluate_plan(zero, model);
+  const stages::Param& wte = none.graph->params[size_t(none.graph->find_param("wte.weight"))];
+  const int64_t wte_state = 2 * memory::shape_numel(wte.logical_shape) / 2 * 4;  // vocab split over tp 2
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (size_t k = 0; k < a.ranks.size(); ++k) {
+    const int64_t saved = a.ranks[k].optimizer_bytes - b.ranks[k].optimizer_bytes;
+    EXPECT_EQ(a.ranks[k].peak - b.ranks[k].peak, saved) << "rank " << k;
+    const double half_of_the_rest = double(a.ranks[k].optimizer_bytes - wte_state) / 2;
+    EXPECT_NEAR(double(saved), half_of_the_rest, 0.01 * half_of_the_rest) << "rank " << k;
+  }
+  EXPECT_NE(format_estimate(zero, b).find("sharded over the data-parallel replicas (zero1)"), std::string::npos);
 }
 
 TEST(Plan, SplitOverridesAndRecompute) {

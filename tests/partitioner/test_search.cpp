@@ -21,6 +21,35 @@ std::shared_ptr<const Graph> load(const std::string& name) {
       stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
 }
 
+// With optimizer_sharding zero1 the search's data-parallel plans carry the field, and
+// their peaks (the search's own, and the exact evaluation's) are lower than unsharded.
+TEST(Search, KnowsTheShardedOptimizer) {
+  auto g = load("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 2;
+  o.dp = 2;
+  o.pp = 1;
+  o.tp = 1;
+  o.schedules = {"1f1b"};
+  o.micro_batches = 2;
+  o.recompute = 0;
+  o.global_batch = 8;
+  Candidate none = search_plans(g, model, o).ranked.at(0);
+  o.optimizer_sharding = OptimizerSharding::zero1;
+  Candidate zero = search_plans(g, model, o).ranked.at(0);
+  EXPECT_EQ(zero.plan.optimizer_sharding, OptimizerSharding::zero1);
+  EXPECT_EQ(none.plan.optimizer_sharding, OptimizerSharding::none);
+  EXPECT_LT(zero.peak, none.peak);
+  PlanEstimate en = evaluate_plan(resolve_plan(none.plan, g), model);
+  PlanEstimate ez = evaluate_plan(resolve_plan(zero.plan, g), model);
+  EXPECT_LT(ez.max_peak(), en.max_peak());
+  // The search's saving (state of parameters used by one layer / dp) is within a few
+  // percent of the exact one (it counts tied parameters whole).
+  const double exact = double(en.max_peak() - ez.max_peak()), searched = double(none.peak - zero.peak);
+  EXPECT_NEAR(searched, exact, 0.1 * exact);
+}
+
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
   auto g = load("gpt-config-a.json");
   CostModel model(g, Machine{});

@@ -137,6 +137,19 @@ void check_reduce_scatter(Communicator& c, const std::vector<int64_t>& counts, D
       trace(c, "reduce_scatter", total, dt));
 }
 
+// In place: the output is a view of this rank's own part of the input.
+void check_reduce_scatter_in_place(Communicator& c, const std::vector<int64_t>& counts, DType dt, ReduceOp op) {
+  const int r = c.rank();
+  int64_t total = sum_of(counts, c.size());
+  int64_t base = sum_of(counts, r);
+  Tensor in = make_input(r, total, dt);
+  Tensor out = in.narrow(0, base, counts[size_t(r)]);
+  c.reduce_scatter(in, out, op, counts)->wait();
+  expect_values(
+      out, [&](int64_t i) { return reference(c.size(), base + i, op, dt); },
+      trace(c, "reduce_scatter in place", total, dt));
+}
+
 void check_broadcast(Communicator& c, int64_t n, DType dt, int root) {
   Tensor t = c.rank() == root ? make_input(root, n, dt) : Tensor::full({n}, -99, dt);
   c.broadcast(t, root)->wait();
@@ -197,6 +210,7 @@ TEST_P(Collectives, EveryOpEverySize) {
       check_all_gather(c, parts, DType::f32, true);
       check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
       check_reduce_scatter(c, parts, DType::f32, ReduceOp::avg, true);
+      check_reduce_scatter_in_place(c, parts, DType::f32, ReduceOp::sum);
       check_scatter(c, parts, DType::f32, root);
       check_gather(c, parts, DType::f32, (root + 1) % n);
       c.barrier()->wait();
@@ -267,6 +281,7 @@ TEST_P(BigMessages, SixtyFourMiB) {
     auto parts = uneven(n, count / n);
     check_all_gather(c, parts, DType::f32, true);
     check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
+    check_reduce_scatter_in_place(c, parts, DType::f32, ReduceOp::sum);
     c.barrier()->wait();
   });
 }

@@ -249,6 +249,10 @@ void reduce_scatter(const GroupView& g, const void* in, void* out, std::span<con
   job.reduce = true;
   job.in = static_cast<const char*>(in);
   job.out = static_cast<char*>(out);
+  // In place (the output is this rank's own part of the input): the partial sums go
+  // into the input, as an all-reduce's do, and no accumulator slots are needed.
+  char* own = static_cast<char*>(out);
+  if (own == job.in + off[size_t(g.rank)] * es) job.buf = own - off[size_t(g.rank)] * es;
   run_ring(g, job);
 }
 

@@ -52,7 +52,7 @@ void run_ring(const GroupView& g, const RingJob& job) {
 
   // Receive slots for reduce steps; accumulator slots when the partial sums cannot live
   // in the caller's buffer (reduce-scatter into a separate output).
-  const bool acc_in_scratch = job.reduce && !job.gather;
+  const bool acc_in_scratch = job.reduce && !job.gather && job.buf == nullptr;
   Scratch slots(size_t(W) * C * es * (acc_in_scratch ? 2 : 1));
   char* recv_slots = slots.data();
   char* acc_slots = acc_in_scratch ? slots.data() + size_t(W) * C * es : nullptr;

@@ -23,7 +23,9 @@ struct RingJob {
   const char* in = nullptr;
   // The buffer that holds every block at the end (all-reduce, all-gather).
   char* buf = nullptr;
-  // Reduce-scatter without gather: where this rank's reduced block goes.
+  // Reduce-scatter without gather: where this rank's reduced block goes. With buf set
+  // as well (in place: buf == in and out == buf + off[rank]), the partial sums are kept
+  // in buf and the result lands in out there.
   char* out = nullptr;
   // All-gather alone: this rank's block, sent from here before it is copied into buf.
   const char* own = nullptr;
