@@ -223,7 +223,8 @@ void run(const char* op, const Key& k, std::initializer_list<const float*> ins,
     stream.wait();
     if (!accumulate) return;
     i = 0;
-    for (auto [p, n] : outs) {
+    for (auto [out, n] : outs) {
+      float* p = out;  // clang 14: a lambda cannot capture a structured binding
       const float* t = land[i++];
       parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t u) {
         for (int64_t j = s; j < u; ++j) p[j] += t[j];

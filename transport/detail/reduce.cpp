@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -78,7 +79,10 @@ __attribute__((target("avx,f16c"))) void f16_f16c(uint16_t* dst, const uint16_t*
 }
 
 bool have_f16c() {
-  static const bool ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  static const bool ok = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 &&
+                         __builtin_cpu_supports("avx");
   return ok;
 }
 #endif
