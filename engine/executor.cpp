@@ -1,9 +1,14 @@
 #include "engine/executor.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
+#include <string>
 
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/input_loader.h"
@@ -37,6 +42,34 @@ int64_t steady_ns() {
 }
 
 using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+// Fault injection for the hang tests (tests/engine/test_processes.cpp; docs/engine.md,
+// "Failures"): BATON_TEST_STOP="<rank>:<point>:<step>" makes the process whose BATON_RANK
+// is <rank> stop itself (SIGSTOP: alive but silent) once, in step <step> (from 0), at
+// <point>: "reduce" just after its first gradient reduction of the step is posted (the
+// others wait inside that collective), "optimizer" inside the optimizer step (the loss
+// and norm reduced, no parameter updated yet). Unset (always, outside those tests):
+// nothing happens.
+void stop_here_if_asked(const char* point, int64_t step) {
+  struct Stop {
+    int rank = -1;
+    char point[16] = {};
+    long long step = -1;
+  };
+  static const Stop want = [] {
+    Stop w;
+    const char* v = std::getenv("BATON_TEST_STOP");
+    const char* r = std::getenv("BATON_RANK");
+    if (v == nullptr || r == nullptr || std::atoi(r) < 0) return w;
+    if (std::sscanf(v, "%d:%15[a-z]:%lld", &w.rank, w.point, &w.step) != 3 || w.rank != std::atoi(r))
+      w.rank = -1;
+    return w;
+  }();
+  static bool done = false;
+  if (want.rank < 0 || done || want.step != step || std::string(want.point) != point) return;
+  done = true;
+  ::raise(SIGSTOP);
+}
 
 }  // namespace
 
@@ -411,6 +444,7 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     } else if (a.kind == K::reduce_gradients) {
       reducer_->start_ready();
       pending_->reduce_start[a.stage] = ta;
+      stop_here_if_asked("reduce", step);
     } else if (a.kind == K::optimizer_step) {
       finish_step(stats, ta);
     }
@@ -487,6 +521,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
   stats.grad_norm = std::sqrt(norm2);
   const double scale =
       (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / stats.grad_norm : 1.0;
+  stop_here_if_asked("optimizer", stats.step);
   for (auto& [id, st] : cfg_.stages) st->step(scale);
   reducer_->gather_params();
   // Every send of the step completes before the next one reuses anything.

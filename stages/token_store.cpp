@@ -187,18 +187,21 @@ std::shared_ptr<const TokenStore> TokenStore::open_megatron(const std::string& p
     if (len < 0)
       throw InputError(idx_path + ": sequence " + std::to_string(i) + " has length " +
                        std::to_string(len) + ", expected >= 0");
-    const int64_t end = ptr + len * int64_t(k);
-    if (ptr < 0 || end > bin_size) {
+    const int64_t bytes = len * int64_t(k);  // len < 2^31, k <= 8: no overflow
+    if (ptr < 0 || ptr > bin_size || bytes > bin_size - ptr) {
+      // ptr + bytes may not fit in int64 (a corrupt offset near 2^63): said so.
+      const std::string end =
+          ptr > INT64_MAX - bytes ? "past 2^63" : std::to_string(ptr + bytes);
       bool truncated = ptr == expect_ptr && ptr <= bin_size;
       throw InputError(
           (truncated ? bin_path + ": truncated: "
                      : idx_path + ": the index points past the end of " + bin_path + ": ") +
           "sequence " + std::to_string(i) + " (" + std::to_string(len) + " tokens of " +
-          std::to_string(k) + " bytes at byte " + std::to_string(ptr) + ") ends at byte " +
-          std::to_string(end) + ", the file has " + std::to_string(bin_size) + " bytes");
+          std::to_string(k) + " bytes at byte " + std::to_string(ptr) + ") ends at byte " + end +
+          ", the file has " + std::to_string(bin_size) + " bytes");
     }
     contiguous &= ptr == expect_ptr;
-    expect_ptr = end;
+    expect_ptr = ptr + bytes;
     seq_start[i + 1] = seq_start[i] + len;
     seq_ptr[i] = ptr;
   }

@@ -261,5 +261,109 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
   }
 }
 
+// ---- a rank stops (SIGSTOP): alive but silent ----
+
+// The state letter of process `pid` in /proc ('T' stopped, 'Z' a zombie), 0 when gone.
+char proc_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_s, comm, state;
+  if (!(stat >> pid_s >> comm >> state) || state.empty()) return 0;
+  return state[0];
+}
+
+// PP2 x DP2 GPT (4 ranks, pipeline sends, the gradient reductions, the step's
+// all-reduce) with a 2 s peer timeout. Rank `victim` is stopped: by this test after a few
+// steps (`stop_at` empty: at a random moment inside a step) or by itself at the point
+// BATON_TEST_STOP names (engine/executor.cpp). The liveness pings must find it: every
+// other rank exits within the timeout (plus the time to unwind and exit on a loaded
+// machine) with an error naming it.
+void stopped_rank(int victim, const std::string& stop_at) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("stopped-rank test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Workspace ws("stop");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  const double timeout = 2.0;
+  std::vector<std::string> argv = {"/usr/bin/env", "BATON_PEER_TIMEOUT=2", "BATON_TEST_STOP=" + stop_at,
+                                   baton(), "launch", "-n", "4", "--grace", "1", "--", baton(), "train",
+                                   "--plan", ws.path("plan.json"), "--data", data_file(), "--steps", "1000000",
+                                   "--threads", "1", "--log-every", "0", "--loss-log", ws.path("loss.jsonl")};
+  pid_t pid = spawn(argv, ws.path("job.out"));
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 20000 && ranks.size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ranks = children_of(pid);
+  }
+  ASSERT_EQ(ranks.size(), 4u) << slurp(ws.path("job.out"));
+  pid_t victim_pid = -1;
+  std::vector<pid_t> others;
+  for (int i = 0; i < 2000 && victim_pid < 0; ++i) {  // BATON_RANK is set before exec
+    others.clear();
+    for (pid_t c : ranks) {
+      std::ifstream env("/proc/" + std::to_string(c) + "/environ");
+      std::string var;
+      bool is_victim = false;
+      while (std::getline(env, var, '\0')) is_victim |= var == "BATON_RANK=" + std::to_string(victim);
+      if (is_victim)
+        victim_pid = c;
+      else
+        others.push_back(c);
+    }
+    if (victim_pid < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(victim_pid, 0);
+  if (stop_at.empty()) {
+    const size_t after = std::uniform_int_distribution<size_t>(2, 6)(rng);
+    for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
+    std::printf("stopping rank %d after step %zu\n", victim, after);
+    kill(victim_pid, SIGSTOP);
+  }
+  // The moment it is stopped (by itself or by us).
+  for (int i = 0; i < 60000 && proc_state(victim_pid) != 'T'; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(proc_state(victim_pid), 'T') << "rank " << victim << " never stopped\n" << slurp(ws.path("job.out"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t steps_done = read_loss_log(ws.path("loss.jsonl")).size();
+  auto alive = [](pid_t c) {
+    char st = proc_state(c);
+    return st != 0 && st != 'Z' && st != 'X';
+  };
+  for (pid_t c : others)
+    for (int i = 0; i < 30000 && alive(c); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  std::string out = slurp(ws.path("job.out"));
+  std::printf("rank %d stopped (%s) after %zu logged steps; the others were gone %.2f s later\n%s", victim,
+              stop_at.empty() ? "from outside" : stop_at.c_str(), steps_done, seconds, out.c_str());
+  EXPECT_GE(seconds, timeout - 0.5);  // found by the timeout, not by something else
+  EXPECT_LT(seconds, timeout + 3.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) continue;
+    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
+    size_t at = out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
+  }
+}
+
+TEST(Processes, RankStoppedInsideAStepIsNamedByEveryOther) { stopped_rank(1, ""); }
+
+// Stopped just after posting its gradient reduction: its DP partner waits inside it.
+TEST(Processes, RankStoppedInsideTheGradientReductionIsNamedByEveryOther) { stopped_rank(2, "2:reduce:2"); }
+
+// Stopped inside the optimizer step (after the step's all-reduce, before the update).
+TEST(Processes, RankStoppedInsideTheOptimizerStepIsNamedByEveryOther) { stopped_rank(3, "3:optimizer:2"); }
+
 }  // namespace
 }  // namespace baton::engine_testing

@@ -9,6 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -43,6 +46,35 @@ class MemFile {
 
  private:
   int fd_ = -1;
+  std::string path_;
+};
+
+// A directory of this process's own (under TMPDIR), for parsers that take a prefix or a
+// directory rather than one file; removed when this object goes.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "baton-fuzz-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  // Writes `size` bytes as the file `name` in this directory (replacing it); its path.
+  std::string write(const std::string& name, const void* data, size_t size) const {
+    std::string p = path_ + "/" + name;
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(data), std::streamsize(size));
+    if (!out.flush()) throw std::runtime_error("cannot write " + p);
+    return p;
+  }
+
+ private:
   std::string path_;
 };
 
