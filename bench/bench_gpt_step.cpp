@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +18,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <boost/program_options.hpp>
 
 #include "kernels/ops.h"
 #include "memory/allocator.h"
@@ -59,8 +58,8 @@ double sgemm_rate(int reps) {
   std::vector<double> ts;
   for (int i = 0; i < reps + 2; ++i) {
     auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
-                n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
     double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (i >= 2) ts.push_back(s);
   }
@@ -99,10 +98,10 @@ int main(int argc, char** argv) {
 
   const char* core = std::getenv("OPENBLAS_CORETYPE");
   std::printf("# bench_gpt_step: forward + backward + AdamW, f32, one process\n");
-  std::printf("# OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n", core ? core : "(autodetect)",
-              steps, warmup);
-  std::printf("%-6s %7s %10s %10s %10s %10s %9s %9s %8s\n", "config", "threads", "ms/step",
-              "min", "max", "tok/s", "GFLOP/s", "sgemm", "of sgemm");
+  std::printf("# OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n",
+              core ? core : "(autodetect)", steps, warmup);
+  std::printf("%-6s %7s %10s %10s %10s %10s %9s %9s %8s\n", "config", "threads", "ms/step", "min",
+              "max", "tok/s", "GFLOP/s", "sgemm", "of sgemm");
   for (const Config& c : configs) {
     st::Gpt2Config g;
     g.name = "config-" + c.name;

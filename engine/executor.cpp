@@ -22,17 +22,17 @@
 namespace baton::engine {
 
 using memory::Tensor;
-using stages::TensorMap;
 using schedule::Action;
 using schedule::ActionKind;
 using schedule::Schedule;
 using schedule::TimelineEvent;
+using stages::TensorMap;
 using K = ActionKind;
 
 namespace {
 
-constexpr int kMaxValues = 8;   // values per boundary in a message tag
-constexpr int kMaxParts = 16;   // parts per value in a message tag
+constexpr int kMaxValues = 8;                          // values per boundary in a message tag
+constexpr int kMaxParts = 16;                          // parts per value in a message tag
 constexpr uint64_t kMaxTag = (uint64_t(1) << 27) - 1;  // the transport's user tags
 
 int64_t steady_ns() {
@@ -61,7 +61,8 @@ void stop_here_if_asked(const char* point, int64_t step) {
     const char* v = std::getenv("BATON_TEST_STOP");
     const char* r = std::getenv("BATON_RANK");
     if (v == nullptr || r == nullptr || std::atoi(r) < 0) return w;
-    if (std::sscanf(v, "%d:%15[a-z]:%lld", &w.rank, w.point, &w.step) != 3 || w.rank != std::atoi(r))
+    if (std::sscanf(v, "%d:%15[a-z]:%lld", &w.rank, w.point, &w.step) != 3 ||
+        w.rank != std::atoi(r))
       w.rank = -1;
     return w;
   }();
@@ -105,7 +106,8 @@ struct Executor::Pending {
   }
 };
 
-Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(std::make_unique<Pending>()) {
+Executor::Executor(ExecutorConfig config)
+    : cfg_(std::move(config)), pending_(std::make_unique<Pending>()) {
   t_origin_ = steady_ns();
   const Schedule& s = cfg_.schedule;
   check_valid(s, "executor schedule");
@@ -118,7 +120,9 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
           int prev = prev_stage(s, a.stage), next = next_stage(s, a.stage);
           cross |= prev >= 0 && s.placement[size_t(prev)] != s.placement[size_t(a.stage)];
           cross |= next >= 0 && s.placement[size_t(next)] != s.placement[size_t(a.stage)];
-          if (cross) throw InputError("executor schedule: not lowered (no SEND/RECV actions); call lower() first");
+          if (cross)
+            throw InputError(
+                "executor schedule: not lowered (no SEND/RECV actions); call lower() first");
         }
   if (cfg_.rank < 0 || cfg_.rank >= s.num_ranks)
     throw InputError("executor: rank " + std::to_string(cfg_.rank) + " outside the schedule's " +
@@ -128,9 +132,11 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
   for (const Action& a : actions_) has_step |= a.kind == K::optimizer_step;
   if (cfg_.evaluation) {
     if (!schedule::is_forward_only(s) || !cfg_.grad_groups.empty())
-      throw InputError("executor: an evaluation executor runs a forward-only schedule and reduces no gradient");
+      throw InputError(
+          "executor: an evaluation executor runs a forward-only schedule and reduces no gradient");
   } else if (!has_step) {
-    throw InputError("executor schedule: rank " + std::to_string(cfg_.rank) + " has no STEP (lower() adds it)");
+    throw InputError("executor schedule: rank " + std::to_string(cfg_.rank) +
+                     " has no STEP (lower() adds it)");
   }
   const stages::Graph* graph = nullptr;
   for (int st : stages_of_rank(s, cfg_.rank)) {
@@ -152,11 +158,14 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
     for (const Route& r : routes)
       if (r.value_index < 0 || r.value_index >= kMaxValues || r.parts < 1 || r.parts > kMaxParts ||
           r.part < 0 || r.part >= r.parts || !cfg_.p2p || r.peer < 0 || r.peer >= cfg_.p2p->size())
-        throw InputError("executor: bad route of boundary " + std::to_string(b) + " for value '" + r.value + "'");
-  uint64_t max_base = (uint64_t(s.num_micro_batches) * uint64_t(s.num_stages()) + uint64_t(s.num_stages())) * 2;
+        throw InputError("executor: bad route of boundary " + std::to_string(b) + " for value '" +
+                         r.value + "'");
+  uint64_t max_base =
+      (uint64_t(s.num_micro_batches) * uint64_t(s.num_stages()) + uint64_t(s.num_stages())) * 2;
   if (max_base * kMaxValues * kMaxParts > kMaxTag)
     throw InputError("executor: " + std::to_string(s.num_micro_batches) + " micro-batches x " +
-                     std::to_string(s.num_stages()) + " stages need more message tags than the transport has");
+                     std::to_string(s.num_stages()) +
+                     " stages need more message tags than the transport has");
 
   for (size_t i = 0; i < actions_.size(); ++i) {
     const Action& a = actions_[i];
@@ -168,10 +177,12 @@ Executor::Executor(ExecutorConfig config) : cfg_(std::move(config)), pending_(st
     for (int v : stage->model_inputs()) names.insert(stage->graph().values[size_t(v)].name);
   input_names_.assign(names.begin(), names.end());
   if (!input_names_.empty()) {
-    if (!cfg_.inputs) throw InputError("executor: the stages read model inputs but no input function was given");
+    if (!cfg_.inputs)
+      throw InputError("executor: the stages read model inputs but no input function was given");
     loader_ = std::make_unique<detail::InputLoader>(cfg_.inputs, input_names_, cfg_.input_ahead);
   }
-  reducer_ = std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
+  reducer_ =
+      std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
 }
 
 Executor::~Executor() = default;
@@ -180,7 +191,9 @@ bool Executor::optimizer_sharded(int stage, int param) const {
   return reducer_->shard_of(stage, param).has_value();
 }
 
-double Executor::now() const { return double(steady_ns() - t_origin_) * 1e-9; }
+double Executor::now() const {
+  return double(steady_ns() - t_origin_) * 1e-9;
+}
 
 stages::MicroBatch Executor::micro_batch(int mb, int64_t step) const {
   stages::MicroBatch m;
@@ -218,11 +231,16 @@ struct Crossing {
 };
 Crossing crossing(const Schedule& s, const Action& a) {
   switch (a.kind) {
-    case K::send_activation: return {a.stage, Route::Phase::activation};
-    case K::recv_activation: return {prev_stage(s, a.stage), Route::Phase::activation};
-    case K::send_gradient: return {prev_stage(s, a.stage), Route::Phase::gradient};
-    case K::recv_gradient: return {a.stage, Route::Phase::gradient};
-    default: return {-1, Route::Phase::activation};
+    case K::send_activation:
+      return {a.stage, Route::Phase::activation};
+    case K::recv_activation:
+      return {prev_stage(s, a.stage), Route::Phase::activation};
+    case K::send_gradient:
+      return {prev_stage(s, a.stage), Route::Phase::gradient};
+    case K::recv_gradient:
+      return {a.stage, Route::Phase::gradient};
+    default:
+      return {-1, Route::Phase::activation};
   }
 }
 
@@ -287,7 +305,8 @@ void Executor::do_send(const Action& a, double t0) {
     if (!r.send || r.phase != c.phase) continue;
     auto v = values.find(r.value);
     if (v == values.end())
-      throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value + "' to send");
+      throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value +
+                             "' to send");
     Tensor full = v->second.contiguous();
     auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
@@ -362,7 +381,8 @@ void Executor::compute(const Action& a, size_t index, int64_t step) {
       if (next >= 0) {
         auto it = pending_->grad_in.find(key);
         if (it == pending_->grad_in.end())
-          throw std::logic_error("executor: " + to_token(a) + " before its output gradient arrived");
+          throw std::logic_error("executor: " + to_token(a) +
+                                 " before its output gradient arrived");
         grads = std::move(it->second);
         pending_->grad_in.erase(it);
       }
@@ -428,8 +448,10 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
   for (size_t i = 0; i < actions_.size(); ++i) {
     // Receives: the next recv_ahead ones are posted before anything else runs.
     auto& P = *pending_;
-    while (P.first_open < recv_positions_.size() && recv_positions_[P.first_open] < i) ++P.first_open;
-    while (P.next_post < recv_positions_.size() && P.next_post < P.first_open + size_t(cfg_.recv_ahead))
+    while (P.first_open < recv_positions_.size() && recv_positions_[P.first_open] < i)
+      ++P.first_open;
+    while (P.next_post < recv_positions_.size() &&
+           P.next_post < P.first_open + size_t(cfg_.recv_ahead))
       post_recv(recv_positions_[P.next_post++], step);
 
     const Action& a = actions_[i];
@@ -519,8 +541,9 @@ void Executor::finish_step(StepStats& stats, double t0) {
   for (size_t k = L; k < v.size(); ++k) loss += v[k];
   stats.loss = loss;
   stats.grad_norm = std::sqrt(norm2);
-  const double scale =
-      (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / stats.grad_norm : 1.0;
+  const double scale = (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip)
+                           ? cfg_.grad_clip / stats.grad_norm
+                           : 1.0;
   stop_here_if_asked("optimizer", stats.step);
   for (auto& [id, st] : cfg_.stages) st->step(scale);
   reducer_->gather_params();

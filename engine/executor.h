@@ -38,9 +38,9 @@ struct Route {
   enum class Phase { activation, gradient };
   bool send = true;
   Phase phase = Phase::activation;
-  int peer = -1;           // rank in ExecutorConfig::p2p
-  std::string value;       // value name (the same in both stages' graphs)
-  int value_index = 0;     // distinguishes the boundary's values in message tags (< 8)
+  int peer = -1;            // rank in ExecutorConfig::p2p
+  std::string value;        // value name (the same in both stages' graphs)
+  int value_index = 0;      // distinguishes the boundary's values in message tags (< 8)
   int part = 0, parts = 1;  // parts <= 16
 };
 
@@ -61,14 +61,14 @@ struct GradGroup {
 
 // Makes the model inputs (token ids, targets) of one micro-batch: fills `out` with the
 // tensors named in `names`. Runs on the executor's loader thread.
-using InputFn = std::function<void(const stages::MicroBatch& mb, const std::vector<std::string>& names,
-                                   stages::TensorMap& out)>;
+using InputFn = std::function<void(const stages::MicroBatch& mb,
+                                   const std::vector<std::string>& names, stages::TensorMap& out)>;
 
 struct ExecutorConfig {
   schedule::Schedule schedule;  // lowered: transfers, REDUCE and STEP included (lower() it first)
-  int rank = 0;       // which of the schedule's ranks this is
-  std::map<int, stages::Stage*> stages;  // schedule stage -> the Stage that runs it
-  transport::Communicator* p2p = nullptr;  // carries the routes (the world)
+  int rank = 0;                 // which of the schedule's ranks this is
+  std::map<int, stages::Stage*> stages;      // schedule stage -> the Stage that runs it
+  transport::Communicator* p2p = nullptr;    // carries the routes (the world)
   std::map<int, std::vector<Route>> routes;  // by boundary b (between stages b and b + 1)
   std::vector<GradGroup> grad_groups;
   size_t bucket_bytes = size_t(4) << 20;  // gradient bucket size (one all-reduce each)
@@ -77,8 +77,8 @@ struct ExecutorConfig {
   // first_micro_batch + i of the step (its samples follow from micro_batch_size).
   int64_t micro_batch_size = 1;
   int64_t first_micro_batch = 0;
-  int64_t global_batch = 0;       // samples per step over every replica
-  double loss_tokens = 0;         // targets the loss counts per step (MicroBatch::loss_tokens)
+  int64_t global_batch = 0;  // samples per step over every replica
+  double loss_tokens = 0;    // targets the loss counts per step (MicroBatch::loss_tokens)
   InputFn inputs;
   int input_ahead = 4;  // micro-batches the loader prepares ahead
   int recv_ahead = 2;   // receives posted ahead of the current action (at least 1)
@@ -89,12 +89,12 @@ struct ExecutorConfig {
   // summed, each entry having exactly one contributor (or, for the norm, the blocks of a
   // tensor-parallel group), then added up in order.
   transport::Communicator* step_comm = nullptr;  // null: this rank alone
-  int num_layers = 0;              // of the graph: norm pieces
-  int64_t loss_slots = 0;          // micro-batches per step over every replica
-  bool contribute_norm = true;     // false on data-parallel replicas other than the first
+  int num_layers = 0;                            // of the graph: norm pieces
+  int64_t loss_slots = 0;                        // micro-batches per step over every replica
+  bool contribute_norm = true;  // false on data-parallel replicas other than the first
   std::function<bool(int param)> norm_counts;  // empty: every parameter counts
-  bool contribute_loss = true;     // false on tensor-parallel ranks other than the first
-  double grad_clip = 0;            // max global norm; 0: no clipping
+  bool contribute_loss = true;  // false on tensor-parallel ranks other than the first
+  double grad_clip = 0;         // max global norm; 0: no clipping
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
 
@@ -154,14 +154,14 @@ class Executor {
 
   ExecutorConfig cfg_;
   std::vector<schedule::Action> actions_;
-  std::vector<size_t> recv_positions_;      // indices of RECV actions in actions_
-  std::map<int, size_t> last_weight_;        // stage -> index of its last W or BW
-  std::vector<std::string> input_names_;     // model inputs any of the stages reads
+  std::vector<size_t> recv_positions_;    // indices of RECV actions in actions_
+  std::map<int, size_t> last_weight_;     // stage -> index of its last W or BW
+  std::vector<std::string> input_names_;  // model inputs any of the stages reads
   std::unique_ptr<detail::InputLoader> loader_;
   std::unique_ptr<detail::GradReducer> reducer_;
   std::unique_ptr<Pending> pending_;
-  int64_t queued_step_ = -1;                 // the last step whose inputs were queued
-  std::vector<double> losses_;               // per local micro-batch, this step
+  int64_t queued_step_ = -1;    // the last step whose inputs were queued
+  std::vector<double> losses_;  // per local micro-batch, this step
   std::vector<bool> has_loss_;
   bool recording_ = false;
   std::vector<schedule::TimelineEvent> events_;

@@ -71,7 +71,8 @@ nlohmann::json model_json_of(const Plan& p) {
 
 // ---- checkpoints ----
 
-std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base, int64_t step) {
+std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base,
+                 int64_t step) {
   Communicator& world = e.world();
   const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, step);
   if (world.rank() == 0) stages::begin_checkpoint(dir);
@@ -91,7 +92,11 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
         [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
-    mine.push_back({{"file", f.file}, {"kind", f.kind}, {"rank", f.rank}, {"bytes", f.bytes}, {"hash", f.hash}});
+    mine.push_back({{"file", f.file},
+                    {"kind", f.kind},
+                    {"rank", f.rank},
+                    {"bytes", f.bytes},
+                    {"hash", f.hash}});
   // Each rank's files are durable (fsynced, renamed) before it reports them, so the
   // manifest written after the exchange names only complete files.
   std::vector<std::string> all = all_gather_strings(world, mine.dump());
@@ -128,12 +133,13 @@ int64_t agree_on_checkpoint(Communicator& world, const std::string& root) {
 
 // ---- timelines ----
 
-void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>& events, double origin,
-                 int64_t steps, const ResolvedPlan& r, const std::string& path) {
+void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>& events,
+                 double origin, int64_t steps, const ResolvedPlan& r, const std::string& path) {
   std::vector<double> flat;
   for (const auto& e : events) {
-    flat.insert(flat.end(), {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
-                             double(e.stage), double(e.peer), e.start - origin, e.end - origin});
+    flat.insert(flat.end(),
+                {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
+                 double(e.stage), double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
   std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
@@ -146,7 +152,8 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
   if (world.rank() != 0) return;
   std::vector<double> all = out_view.to_vector<double>();
   schedule::Timeline t;
-  t.name = "measured: " + r.schedule.name + " (" + std::to_string(steps) + " step" + (steps > 1 ? "s" : "") + ")";
+  t.name = "measured: " + r.schedule.name + " (" + std::to_string(steps) + " step" +
+           (steps > 1 ? "s" : "") + ")";
   t.num_ranks = n;
   t.seconds_per_unit = 1.0;
   for (size_t i = 0; i + 8 <= all.size(); i += 8) {
@@ -172,17 +179,19 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   Plan plan = partitioner::read_plan(o.plan_path);
   auto graph = partitioner::load_plan_model(plan);
   auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
-  if (!o.schedule_path.empty()) partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
+  if (!o.schedule_path.empty())
+    partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
   return train_plan(r, o, std::move(world), on_step);
 }
 
 namespace {
-TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o, transport::CommPtr world,
-                   const std::function<void(const StepRecord&)>& on_step);
+TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
+                   transport::CommPtr world, const std::function<void(const StepRecord&)>& on_step);
 }
 
 TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
-                        transport::CommPtr world, const std::function<void(const StepRecord&)>& on_step) {
+                        transport::CommPtr world,
+                        const std::function<void(const StepRecord&)>& on_step) {
   try {
     return train(std::move(rp), o, world, on_step);
   } catch (const transport::PeerError& e) {
@@ -190,7 +199,8 @@ TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainO
     // because of an earlier failure); name the first failure the process learnt of.
     auto first = world->first_failure();
     if (first && first->first != e.peer())
-      throw transport::PeerError(first->first, "rank " + std::to_string(first->first) + " failed: " + first->second +
+      throw transport::PeerError(first->first, "rank " + std::to_string(first->first) +
+                                                   " failed: " + first->second +
                                                    "; this rank stopped at: " + e.what());
     throw;
   }
@@ -198,7 +208,8 @@ TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainO
 
 namespace {
 
-TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o, transport::CommPtr world,
+TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
+                   transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
   check_loop_options(o);
@@ -222,7 +233,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   eo.recv_ahead = o.recv_ahead;
   eo.profile = o.profile;
   // Sample i of step s (of evaluation batch k: "step" k under the evaluation seed).
-  auto inputs_of = [T, per_position, tok_type, tgt_type](stages::DatasetPtr d, uint64_t seed) -> InputFn {
+  auto inputs_of = [T, per_position, tok_type, tgt_type](stages::DatasetPtr d,
+                                                         uint64_t seed) -> InputFn {
     return [d, seed, T, per_position, tok_type, tgt_type](const stages::MicroBatch& mb,
                                                           const std::vector<std::string>& names,
                                                           stages::TensorMap& out) {
@@ -256,11 +268,13 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   }
 
   if (lead)
-    spdlog::info("plan {}: {} ranks (dp {} x pp {} x tp {}), schedule {}, {} micro-batches of {}; model {} "
-                 "({:.3f} M parameters); {} steps",
-                 r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
-                 r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"), r.schedule.name,
-                 r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6, o.steps);
+    spdlog::info(
+        "plan {}: {} ranks (dp {} x pp {} x tp {}), schedule {}, {} micro-batches of {}; model {} "
+        "({:.3f} M parameters); {} steps",
+        r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
+        r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"), r.schedule.name,
+        r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6,
+        o.steps);
   if (lead) {
     spdlog::info("data {}", data.train->describe());
     if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
@@ -277,7 +291,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
 
-  const int64_t trace_from = o.trace_path.empty() ? o.steps : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
+  const int64_t trace_from = o.trace_path.empty()
+                                 ? o.steps
+                                 : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
   LoopSteps steps;
   steps.step = [&](int64_t step) {
@@ -301,7 +317,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
   if (!o.trace_path.empty() && trace_from < o.steps) {
     engine.executor().set_recording(false);
-    write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r, o.trace_path);
+    write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r,
+                o.trace_path);
   }
   summary.peak_bytes = alloc.stats().peak;
   // Every rank's peak (one process per rank: its allocator's), for comparison with the
@@ -322,7 +339,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     std::vector<RankPeak> ranks;
     for (int k = 0; k < world->size(); ++k)
       ranks.push_back({k, peaks[size_t(k)], estimate.ranks[size_t(k)].peak});
-    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step, ranks, r.schedule.name, r.plan.source));
+    write_summary(o.summary_path,
+                  summary_json(o, summary, tokens_per_step, ranks, r.schedule.name, r.plan.source));
   }
   return summary;
 }

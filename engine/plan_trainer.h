@@ -31,11 +31,11 @@ struct PlanTrainOptions : LoopOptions {
 // Runs the plan's training on this rank; every rank returns the same records. Throws
 // InputError for bad input (plan, files, a world that does not match the plan).
 TrainSummary train_plan(const PlanTrainOptions& options, transport::CommPtr world,
-                                const std::function<void(const StepRecord&)>& on_step = {});
+                        const std::function<void(const StepRecord&)>& on_step = {});
 
 // The same with a plan already resolved (tests build plans in memory).
-TrainSummary train_plan(std::shared_ptr<const partitioner::ResolvedPlan> plan, const PlanTrainOptions& options,
-                                transport::CommPtr world,
-                                const std::function<void(const StepRecord&)>& on_step = {});
+TrainSummary train_plan(std::shared_ptr<const partitioner::ResolvedPlan> plan,
+                        const PlanTrainOptions& options, transport::CommPtr world,
+                        const std::function<void(const StepRecord&)>& on_step = {});
 
 }  // namespace baton::engine

@@ -25,7 +25,8 @@ int value_index(const stages::Graph& g, int cut, const std::string& name) {
   std::vector<int> cut_values = g.cut_values(cut);
   for (size_t i = 0; i < cut_values.size(); ++i)
     if (g.values[size_t(cut_values[i])].name == name) return int(i);
-  throw std::logic_error("routing names value '" + name + "' that does not cross cut " + std::to_string(cut));
+  throw std::logic_error("routing names value '" + name + "' that does not cross cut " +
+                         std::to_string(cut));
 }
 
 }  // namespace
@@ -35,8 +36,9 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     : plan_(std::move(plan)), world_(std::move(world)) {
   const ResolvedPlan& r = *plan_;
   if (world_->size() != r.layout.world())
-    throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.layout.world()) +
-                     " ranks, the job " + std::to_string(world_->size()));
+    throw InputError(r.plan.where("$.devices") + ": the plan has " +
+                     std::to_string(r.layout.world()) + " ranks, the job " +
+                     std::to_string(world_->size()));
   const int rank = world_->rank();
   view_ = rank_view(r, rank);
   graph_ = physical_graph(r, rank);
@@ -50,7 +52,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(gg.ranks);
   for (const std::vector<int>& members : sets) groups_[members] = world_->split(members);
-  transport::Communicator* tp = view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
+  transport::Communicator* tp =
+      view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
 
   // ---- stages
   for (const RankStage& rs : view_.stages) {
@@ -101,8 +104,9 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.bucket_bytes = options.bucket_bytes;
   c.micro_batch_size = r.plan.micro_batch_size;
   c.first_micro_batch = int64_t(view_.coord.dp) * r.plan.micro_batches;
-  c.global_batch = r.plan.global_batch > 0 ? r.plan.global_batch
-                                           : int64_t(r.plan.dp) * r.plan.micro_batches * r.plan.micro_batch_size;
+  c.global_batch = r.plan.global_batch > 0
+                       ? r.plan.global_batch
+                       : int64_t(r.plan.dp) * r.plan.micro_batches * r.plan.micro_batch_size;
   // The loss counts every target of the global batch (cross-entropy's targets per sample).
   const stages::Graph& lg = *r.graph;
   const stages::Node& ce = lg.nodes[size_t(lg.values[size_t(lg.loss)].producer)];
@@ -116,7 +120,9 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.loss_slots = int64_t(r.plan.dp) * r.plan.micro_batches;
   c.contribute_norm = view_.coord.dp == 0;
   const bool first_tp = view_.coord.tp == 0;
-  c.norm_counts = [graph = graph_, first_tp](int id) { return first_tp || graph->params[size_t(id)].is_shard(); };
+  c.norm_counts = [graph = graph_, first_tp](int id) {
+    return first_tp || graph->params[size_t(id)].is_shard();
+  };
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
   c.timeline_rank = rank;
@@ -146,7 +152,8 @@ double RankEngine::evaluate(int64_t batches) {
   BATON_CHECK(eval_executor_ != nullptr, "evaluate() needs RankEngineOptions::eval_inputs");
   BATON_CHECK(batches > 0, "evaluation batches");
   double sum = 0;
-  for (int64_t k = 0; k < batches; ++k) sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
+  for (int64_t k = 0; k < batches; ++k)
+    sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
   return sum / double(batches);
 }
 

@@ -41,13 +41,16 @@ class RankEngine {
   // Builds the rank `world->rank()` of the plan. Every rank of the world must construct
   // its engine at the same time: the sub-communicators are made here (collectively over
   // their members, in one global order).
-  RankEngine(std::shared_ptr<const partitioner::ResolvedPlan> plan, transport::CommPtr world, RankEngineOptions options);
+  RankEngine(std::shared_ptr<const partitioner::ResolvedPlan> plan, transport::CommPtr world,
+             RankEngineOptions options);
   ~RankEngine();
   RankEngine(const RankEngine&) = delete;
   RankEngine& operator=(const RankEngine&) = delete;
 
   // One training step (engine/executor.h); `next_step` lets the loader start early.
-  StepStats step(int64_t step, int64_t next_step = -1) { return executor_->run_step(step, next_step); }
+  StepStats step(int64_t step, int64_t next_step = -1) {
+    return executor_->run_step(step, next_step);
+  }
   // The held-out loss: the mean over evaluation batches 0..batches-1 of each batch's loss,
   // each batch (the training's global batch) a forward-only pass of the plan's schedule
   // (schedule::forward_only_like) through the same Stages; the same on every rank. Every

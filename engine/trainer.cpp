@@ -18,10 +18,13 @@ namespace baton::engine {
 
 using memory::Tensor;
 
-TrainSummary run_training(const TrainOptions& o, const std::function<void(const StepRecord&)>& on_step) {
+TrainSummary run_training(const TrainOptions& o,
+                          const std::function<void(const StepRecord&)>& on_step) {
   if (o.batch <= 0 || o.micro_batches <= 0 || o.batch % o.micro_batches != 0)
-    throw InputError("--batch " + std::to_string(o.batch) + " must be a positive multiple of "
-                     "--micro-batches " + std::to_string(o.micro_batches));
+    throw InputError("--batch " + std::to_string(o.batch) +
+                     " must be a positive multiple of "
+                     "--micro-batches " +
+                     std::to_string(o.micro_batches));
   check_loop_options(o);
 
   // ---- the model ----
@@ -37,7 +40,8 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   }
   stages::LoadOptions lo;
   lo.float_dtype = o.float_dtype;
-  auto graph = std::make_shared<stages::Graph>(stages::load_model_json(model_json, model_source, lo));
+  auto graph =
+      std::make_shared<stages::Graph>(stages::load_model_json(model_json, model_source, lo));
   // A directory with images.npy is image data (images + labels); anything else is a token
   // dataset (stages/data.h: Megatron, flat tokens, text, blends), checked against the
   // model's vocabulary.
@@ -52,8 +56,9 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   }
   for (int l : o.recompute_layers)
     if (l >= graph->num_layers())
-      throw InputError("--recompute: layer " + std::to_string(l) + " does not exist (the model has " +
-                       std::to_string(graph->num_layers()) + " layers)");
+      throw InputError("--recompute: layer " + std::to_string(l) +
+                       " does not exist (the model has " + std::to_string(graph->num_layers()) +
+                       " layers)");
   const stages::ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
   const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
@@ -81,18 +86,21 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
     }
     log_resume(dir, start, o.checkpoint_dir);
   }
-  spdlog::info("model {}: {} layers, {:.3f} M parameters; data {}; batch {} x {} "
-               "{} in {} micro-batch(es); {} steps",
-               graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6,
-               images ? o.data_path + " (" + std::to_string(images->size()) + " images)" : data.train->describe(),
-               o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
+  spdlog::info(
+      "model {}: {} layers, {:.3f} M parameters; data {}; batch {} x {} "
+      "{} in {} micro-batch(es); {} steps",
+      graph->name, graph->num_layers(), double(graph->num_parameters()) / 1e6,
+      images ? o.data_path + " (" + std::to_string(images->size()) + " images)"
+             : data.train->describe(),
+      o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
   if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
 
   const int64_t mb_size = o.batch / o.micro_batches;
   const double loss_tokens = double(o.batch * (per_position ? T : 1));
   Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
                          : Tensor::empty({mb_size, T}, tok_type.dtype);
-  Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype) : Tensor::empty({mb_size}, tgt_type.dtype);
+  Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype)
+                                : Tensor::empty({mb_size}, tgt_type.dtype);
 
   LoopSteps steps;
   // The reference step: every micro-batch through the one Stage, then clipping and the
@@ -108,8 +116,9 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
       } else {
         data.train->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       }
-      stages::TensorMap out = images ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
-                                     : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
+      stages::TensorMap out = images
+                                  ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
+                                  : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
       loss += out.at("loss").to_vector<double>()[0];
       stage.backward(k);
     }
@@ -129,8 +138,11 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
       m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
     else
       m.data = data_manifest(data, done);
-    m.train = {{"batch", o.batch}, {"micro_batches", o.micro_batches}, {"grad_clip", o.grad_clip},
-               {"steps", o.steps}, {"lr_schedule", lr_schedule_of(o).to_json()}};
+    m.train = {{"batch", o.batch},
+               {"micro_batches", o.micro_batches},
+               {"grad_clip", o.grad_clip},
+               {"steps", o.steps},
+               {"lr_schedule", lr_schedule_of(o).to_json()}};
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
     return dir;
@@ -138,7 +150,8 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   steps.set_lr = [&](double lr) { stage.optimizer().set_lr(lr); };
   if (data.eval)
     steps.evaluate = [&] {
-      return stages::evaluate_loss(stage, *data.eval, {o.eval_batches, o.batch, o.micro_batches, o.seed});
+      return stages::evaluate_loss(stage, *data.eval,
+                                   {o.eval_batches, o.batch, o.micro_batches, o.seed});
     };
 
   const int64_t tokens_per_step = o.batch * T;
@@ -146,7 +159,8 @@ TrainSummary run_training(const TrainOptions& o, const std::function<void(const 
   summary.peak_bytes = alloc.stats().peak;
   spdlog::info("peak device memory {}", memory::format_bytes(double(summary.peak_bytes)));
   if (!o.summary_path.empty())
-    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step, {{0, int64_t(summary.peak_bytes), -1}}, "", ""));
+    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step,
+                                               {{0, int64_t(summary.peak_bytes), -1}}, "", ""));
   return summary;
 }
 

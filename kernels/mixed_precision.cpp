@@ -12,13 +12,16 @@ namespace baton::kernels {
 namespace {
 
 void need_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.device() != b.device() || !a.is_contiguous() || !b.is_contiguous())
-    throw std::invalid_argument(std::string("kernels::") + op + ": contiguous tensors on one device expected, got " +
-                                a.str() + " and " + b.str());
+  if (!a.defined() || !b.defined() || a.device() != b.device() || !a.is_contiguous() ||
+      !b.is_contiguous())
+    throw std::invalid_argument(std::string("kernels::") + op +
+                                ": contiguous tensors on one device expected, got " + a.str() +
+                                " and " + b.str());
 }
 
 [[maybe_unused]] [[noreturn]] void no_cuda(const char* op) {
-  throw RuntimeError(std::string("kernels::") + op + ": CUDA tensors but this build has no CUDA kernels");
+  throw RuntimeError(std::string("kernels::") + op +
+                     ": CUDA tensors but this build has no CUDA kernels");
 }
 
 template <class T>
@@ -34,7 +37,8 @@ void unscale_host(T* p, int64_t n, double inv_scale, float* flag) {
 void cast(const Tensor& src, Tensor& dst) {
   need_same_device("cast", src, dst);
   if (src.numel() != dst.numel())
-    throw std::invalid_argument("kernels::cast: " + src.str() + " into " + dst.str() + " differ in size");
+    throw std::invalid_argument("kernels::cast: " + src.str() + " into " + dst.str() +
+                                " differ in size");
   if (src.device().is_cuda()) {
 #ifdef BATON_KERNELS_CUDA
     return cuda::cast(src, dst);
@@ -48,7 +52,8 @@ void cast(const Tensor& src, Tensor& dst) {
 void unscale_check(Tensor& t, double inv_scale, Tensor& found_inf) {
   need_same_device("unscale_check", t, found_inf);
   if (found_inf.dtype() != memory::DType::f32 || found_inf.numel() != 1)
-    throw std::invalid_argument("kernels::unscale_check: found_inf must be f32 [1], got " + found_inf.str());
+    throw std::invalid_argument("kernels::unscale_check: found_inf must be f32 [1], got " +
+                                found_inf.str());
   if (t.device().is_cuda()) {
 #ifdef BATON_KERNELS_CUDA
     return cuda::unscale_check(t, inv_scale, found_inf);
@@ -58,9 +63,13 @@ void unscale_check(Tensor& t, double inv_scale, Tensor& found_inf) {
   }
   float* flag = found_inf.data<float>();
   switch (t.dtype()) {
-    case memory::DType::f32: return unscale_host(t.data<float>(), t.numel(), inv_scale, flag);
-    case memory::DType::f64: return unscale_host(t.data<double>(), t.numel(), inv_scale, flag);
-    default: throw std::invalid_argument("kernels::unscale_check: CPU tensors must be f32 or f64, got " + t.str());
+    case memory::DType::f32:
+      return unscale_host(t.data<float>(), t.numel(), inv_scale, flag);
+    case memory::DType::f64:
+      return unscale_host(t.data<double>(), t.numel(), inv_scale, flag);
+    default:
+      throw std::invalid_argument("kernels::unscale_check: CPU tensors must be f32 or f64, got " +
+                                  t.str());
   }
 }
 

@@ -21,9 +21,10 @@
 #endif
 
 // The ops whose CUDA kernels are not written yet.
-#define BATON_ON_CUDA_LATER(dev, op)                                                      \
-  if ((dev).is_cuda())                                                                    \
-  throw RuntimeError(std::string("kernels::") + (op) + ": no CUDA kernel yet; run it on " \
+#define BATON_ON_CUDA_LATER(dev, op)                    \
+  if ((dev).is_cuda())                                  \
+  throw RuntimeError(std::string("kernels::") + (op) +  \
+                     ": no CUDA kernel yet; run it on " \
                      "the CPU")
 
 namespace baton::kernels {
@@ -80,7 +81,9 @@ void set_num_threads(int n) {
   cpu::set_thread_count(n);
 }
 
-void select_blas_kernels(char** argv) { cpu::select_blas_kernels(argv); }
+void select_blas_kernels(char** argv) {
+  cpu::select_blas_kernels(argv);
+}
 
 int num_threads() {
   return cpu::thread_count();
@@ -331,10 +334,9 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Ten
   const auto dev = common_device(op, {&gate, &up, &dy, &dgate, &dup});
   BATON_ON_CUDA_LATER(dev, "swiglu_backward");
   on_float(op, gate.dtype(), [&]<class T>(T) {
-    cpu::swiglu_backward<T>(gate.data<T>(), up.data<T>(), dy.data<T>(),
-                            dgate.defined() ? dgate.data<T>() : nullptr,
-                            dup.defined() ? dup.data<T>() : nullptr, gate.numel(), acc_gate,
-                            acc_up);
+    cpu::swiglu_backward<T>(
+        gate.data<T>(), up.data<T>(), dy.data<T>(), dgate.defined() ? dgate.data<T>() : nullptr,
+        dup.defined() ? dup.data<T>() : nullptr, gate.numel(), acc_gate, acc_up);
   });
 }
 
@@ -596,8 +598,8 @@ void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& wei
   });
 }
 
-void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd,
-                             Tensor& dweight, bool accumulate) {
+void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dweight,
+                             bool accumulate) {
   const char* op = "rmsnorm_backward_weight";
   check_rmsnorm_saved(op, dy, x, rstd);
   const int64_t c = x.size(-1);
@@ -742,10 +744,10 @@ std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScal
     for (double& v : f) {
       const double wavelen = 2 * pi / v;
       if (wavelen > low_wavelen) {
-        v /= sc.factor;  // low frequencies: scaled
+        v /= sc.factor;                      // low frequencies: scaled
       } else if (wavelen >= high_wavelen) {  // between: a smooth blend
-        const double smooth = (old_len / wavelen - sc.low_freq_factor) /
-                              (sc.high_freq_factor - sc.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor);
         v = (1 - smooth) * v / sc.factor + smooth * v;
       }  // high frequencies: kept
     }

@@ -73,10 +73,10 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
                             Tensor& dbias, bool accumulate);
 
 // ---- elementwise ----
-void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (residual)
-void add_inplace(Tensor& acc, const Tensor& x);            // acc += x
-void scale_inplace(Tensor& t, double s);                   // t *= s
-void bias_add_inplace(Tensor& y, const Tensor& bias);      // y[n, :] += bias
+void add(const Tensor& a, const Tensor& b, Tensor& out);               // out = a + b (residual)
+void add_inplace(Tensor& acc, const Tensor& x);                        // acc += x
+void scale_inplace(Tensor& t, double s);                               // t *= s
+void bias_add_inplace(Tensor& y, const Tensor& bias);                  // y[n, :] += bias
 void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate);  // sum over rows
 
 // GELU in GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -115,8 +115,8 @@ void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
 void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
                             const Tensor& rstd, Tensor& dx, bool accumulate);
-void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd,
-                             Tensor& dweight, bool accumulate);
+void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dweight,
+                             bool accumulate);
 
 // Row-wise softmax over the last dimension of x: [N, C].
 void softmax_forward(const Tensor& x, Tensor& y);
@@ -136,7 +136,7 @@ struct AttentionOptions {
   // head (-1: head_offset / group, those of the local query heads; 0 when a tensor-parallel
   // rank holds all of them, replicated).
   int64_t kv_heads = 0, group = 0, kv_offset = -1;
-  double scale = 0;   // 0: 1/sqrt(D)
+  double scale = 0;  // 0: 1/sqrt(D)
   // Dropout on the attention probabilities; the logical tensor is [B_global, H_global, T, T]
   // and the local one starts at (batch_offset, head_offset, 0, 0).
   double dropout = 0;
@@ -144,9 +144,8 @@ struct AttentionOptions {
   int64_t batch_offset = 0, head_offset = 0, global_batch = 0, global_heads = 0;
 };
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const AttentionOptions& opt, Tensor& dqkv,
-                        bool accumulate);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const AttentionOptions& opt, Tensor& dqkv, bool accumulate);
 
 // ---- rotary position embeddings ----
 // Hugging Face's rope_scaling: none (the default rope), linear (positions divided by
@@ -201,8 +200,8 @@ void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offse
 // losses only); dlogits may be the logits tensor itself (overwritten in place to save
 // memory).
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
-               const Tensor& row_max, const Tensor& sum_exp,
-               const Tensor& target_logit, double grad_scale, Tensor& losses, Tensor& dlogits);
+               const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+               double grad_scale, Tensor& losses, Tensor& dlogits);
 
 // ---- random initialisation ----
 // Fills out with normal(mean, std) numbers from (seed, stream) and the element's index in

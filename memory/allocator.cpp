@@ -10,8 +10,7 @@
 
 namespace baton::memory {
 
-OutOfMemoryError::OutOfMemoryError(Device device, size_t requested, size_t capacity,
-                                   size_t in_use)
+OutOfMemoryError::OutOfMemoryError(Device device, size_t requested, size_t capacity, size_t in_use)
     : RuntimeError("out of memory on " + device.str() + ": tried to allocate " +
                    format_bytes(double(requested)) + " with " + format_bytes(double(in_use)) +
                    " in use of a capacity of " + format_bytes(double(capacity)) + " (" +
@@ -42,7 +41,9 @@ void Allocator::account_allocate(size_t rounded_bytes) {
   if (stats_.in_use > stats_.peak) stats_.peak = stats_.in_use;
 }
 
-void Allocator::account_free(size_t rounded_bytes) { stats_.in_use -= rounded_bytes; }
+void Allocator::account_free(size_t rounded_bytes) {
+  stats_.in_use -= rounded_bytes;
+}
 
 namespace {
 
@@ -79,9 +80,9 @@ Allocator& allocator_for(Device device) {
     a = f(device.index);
   }
   if (a == nullptr)
-    throw RuntimeError("no allocator for device " + device.str() +
-                       (device.is_cuda() ? ": baton was built without CUDA or the device is absent"
-                                         : ""));
+    throw RuntimeError(
+        "no allocator for device " + device.str() +
+        (device.is_cuda() ? ": baton was built without CUDA or the device is absent" : ""));
   r.allocators.emplace(device, std::unique_ptr<Allocator>(a));
   return *a;
 }

@@ -24,10 +24,10 @@ class OutOfMemoryError : public RuntimeError {
 };
 
 struct MemoryStats {
-  size_t in_use = 0;    // bytes handed out and not yet returned (rounded to the alignment)
-  size_t peak = 0;      // the most in_use has been since the last reset_peak()
-  size_t capacity = 0;  // 0: unlimited
-  size_t cached = 0;    // bytes held by the pool for reuse, not counted in in_use
+  size_t in_use = 0;       // bytes handed out and not yet returned (rounded to the alignment)
+  size_t peak = 0;         // the most in_use has been since the last reset_peak()
+  size_t capacity = 0;     // 0: unlimited
+  size_t cached = 0;       // bytes held by the pool for reuse, not counted in in_use
   size_t allocations = 0;  // number of allocate() calls
   size_t fresh = 0;        // of those, how many needed new memory from the system
 };
@@ -46,7 +46,9 @@ class Allocator {
   void set_capacity(size_t bytes);  // 0 lifts the cap
   void reset_peak();
   static constexpr size_t alignment() { return 64; }
-  static size_t rounded(size_t bytes) { return (bytes + alignment() - 1) / alignment() * alignment(); }
+  static size_t rounded(size_t bytes) {
+    return (bytes + alignment() - 1) / alignment() * alignment();
+  }
 
  protected:
   // Accounting shared by every allocator; both throw or update under mu_.

@@ -12,16 +12,16 @@ namespace baton::memory::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* call, const char* file,
                                           int line) {
-  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                     cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                     " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace baton::memory::cuda
 
-#define BATON_CUDA_CHECK(call)                                                      \
-  do {                                                                              \
-    cudaError_t baton_cuda_err_ = (call);                                           \
-    if (baton_cuda_err_ != cudaSuccess)                                             \
+#define BATON_CUDA_CHECK(call)                                                             \
+  do {                                                                                     \
+    cudaError_t baton_cuda_err_ = (call);                                                  \
+    if (baton_cuda_err_ != cudaSuccess)                                                    \
       ::baton::memory::cuda::throw_cuda_error(baton_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 

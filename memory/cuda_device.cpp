@@ -196,9 +196,15 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
 
 }  // namespace
 
-bool built() { return true; }
-int device_count() { return device_info().count; }
-std::string unavailable_reason() { return device_info().reason; }
+bool built() {
+  return true;
+}
+int device_count() {
+  return device_info().count;
+}
+std::string unavailable_reason() {
+  return device_info().reason;
+}
 
 void ensure_registered() {
   static std::once_flag once;
@@ -252,7 +258,9 @@ StreamGuard::StreamGuard(int device, StreamHandle stream)
   t_current[size_t(device)] = static_cast<cudaStream_t>(stream);
 }
 
-StreamGuard::~StreamGuard() { t_current[size_t(device_)] = static_cast<cudaStream_t>(previous_); }
+StreamGuard::~StreamGuard() {
+  t_current[size_t(device_)] = static_cast<cudaStream_t>(previous_);
+}
 
 DeviceGuard::DeviceGuard(int device) {
   BATON_CUDA_CHECK(cudaGetDevice(&previous_));
@@ -273,7 +281,8 @@ Event::Event(int device, bool timing) : device_(device) {
   check_device(device);
   DeviceGuard guard(device);
   cudaEvent_t e = nullptr;
-  BATON_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  BATON_CUDA_CHECK(
+      cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
   event_ = e;
 }
 
@@ -283,12 +292,13 @@ Event::~Event() {
 
 void Event::record(StreamHandle stream) {
   DeviceGuard guard(device_);
-  BATON_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)));
+  BATON_CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(stream)));
 }
 
 void Event::block(StreamHandle stream) const {
-  BATON_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                       static_cast<cudaEvent_t>(event_), 0));
+  BATON_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0));
 }
 
 bool Event::query() const {
@@ -301,7 +311,9 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const { BATON_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+void Event::synchronize() const {
+  BATON_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+}
 
 float Event::elapsed_ms(const Event& start, const Event& end) {
   float ms = 0;
@@ -377,33 +389,77 @@ namespace {
 }
 }  // namespace
 
-bool built() { return false; }
-int device_count() { return 0; }
-std::string unavailable_reason() { return "baton was built without its CUDA backend"; }
+bool built() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string unavailable_reason() {
+  return "baton was built without its CUDA backend";
+}
 void ensure_registered() {}
-StreamHandle compute_stream(int) { no_cuda("compute_stream"); }
-StreamHandle comm_stream(int) { no_cuda("comm_stream"); }
-StreamHandle current_stream(int) { no_cuda("current_stream"); }
-Stream::Stream(int, bool) : device_(0) { no_cuda("Stream"); }
+StreamHandle compute_stream(int) {
+  no_cuda("compute_stream");
+}
+StreamHandle comm_stream(int) {
+  no_cuda("comm_stream");
+}
+StreamHandle current_stream(int) {
+  no_cuda("current_stream");
+}
+Stream::Stream(int, bool) : device_(0) {
+  no_cuda("Stream");
+}
 Stream::~Stream() = default;
-StreamGuard::StreamGuard(int, StreamHandle) : device_(0), previous_(nullptr) { no_cuda("StreamGuard"); }
+StreamGuard::StreamGuard(int, StreamHandle) : device_(0), previous_(nullptr) {
+  no_cuda("StreamGuard");
+}
 StreamGuard::~StreamGuard() = default;
-DeviceGuard::DeviceGuard(int) { no_cuda("DeviceGuard"); }
+DeviceGuard::DeviceGuard(int) {
+  no_cuda("DeviceGuard");
+}
 DeviceGuard::~DeviceGuard() = default;
-void synchronize(int) { no_cuda("synchronize"); }
-Event::Event(int, bool) : device_(0) { no_cuda("Event"); }
+void synchronize(int) {
+  no_cuda("synchronize");
+}
+Event::Event(int, bool) : device_(0) {
+  no_cuda("Event");
+}
 Event::~Event() = default;
-void Event::record(StreamHandle) { no_cuda("Event::record"); }
-void Event::block(StreamHandle) const { no_cuda("Event::block"); }
-bool Event::query() const { no_cuda("Event::query"); }
-void Event::synchronize() const { no_cuda("Event::synchronize"); }
-float Event::elapsed_ms(const Event&, const Event&) { no_cuda("Event::elapsed_ms"); }
-Allocator& pinned_allocator() { no_cuda("pinned_allocator"); }
-Tensor pinned_empty(const Shape&, DType) { no_cuda("pinned_empty"); }
-void copy_async(Tensor&, const Tensor&, StreamHandle) { no_cuda("copy_async"); }
-void record_stream(const Tensor&, StreamHandle) { no_cuda("record_stream"); }
-std::pair<size_t, size_t> memory_info(int) { no_cuda("memory_info"); }
-std::string device_name(int) { no_cuda("device_name"); }
+void Event::record(StreamHandle) {
+  no_cuda("Event::record");
+}
+void Event::block(StreamHandle) const {
+  no_cuda("Event::block");
+}
+bool Event::query() const {
+  no_cuda("Event::query");
+}
+void Event::synchronize() const {
+  no_cuda("Event::synchronize");
+}
+float Event::elapsed_ms(const Event&, const Event&) {
+  no_cuda("Event::elapsed_ms");
+}
+Allocator& pinned_allocator() {
+  no_cuda("pinned_allocator");
+}
+Tensor pinned_empty(const Shape&, DType) {
+  no_cuda("pinned_empty");
+}
+void copy_async(Tensor&, const Tensor&, StreamHandle) {
+  no_cuda("copy_async");
+}
+void record_stream(const Tensor&, StreamHandle) {
+  no_cuda("record_stream");
+}
+std::pair<size_t, size_t> memory_info(int) {
+  no_cuda("memory_info");
+}
+std::string device_name(int) {
+  no_cuda("device_name");
+}
 
 }  // namespace baton::memory::cuda
 

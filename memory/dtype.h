@@ -22,10 +22,22 @@ bool is_floating(DType t);
 
 template <class T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
 
 // bfloat16: the top 16 bits of a float32, rounded to nearest even; NaN stays NaN.
 inline uint16_t float_to_bf16(float f) {
@@ -34,7 +46,9 @@ inline uint16_t float_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-inline float bf16_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+inline float bf16_to_float(uint16_t h) {
+  return std::bit_cast<float>(uint32_t(h) << 16);
+}
 
 // IEEE half precision, round to nearest even; overflow goes to infinity.
 uint16_t float_to_f16(float f);

@@ -22,11 +22,11 @@ class RuntimeError : public std::runtime_error {
 };
 
 // Internal invariant violated: a bug in baton.
-#define BATON_CHECK(cond, msg)                                                        \
-  do {                                                                                \
-    if (!(cond))                                                                      \
+#define BATON_CHECK(cond, msg)                                                          \
+  do {                                                                                  \
+    if (!(cond))                                                                        \
       throw ::std::logic_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                               ": check failed: " #cond ": " + (msg));               \
+                               ": check failed: " #cond ": " + (msg));                  \
   } while (0)
 
 }  // namespace baton

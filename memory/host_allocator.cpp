@@ -22,7 +22,9 @@ void* system_alloc(size_t bytes) {
 
 }  // namespace
 
-HostAllocator::~HostAllocator() { release_cached(); }
+HostAllocator::~HostAllocator() {
+  release_cached();
+}
 
 void* HostAllocator::allocate(size_t bytes) {
   size_t need = rounded(bytes == 0 ? 1 : bytes);

@@ -57,7 +57,9 @@ namespace {
 std::atomic<CopyFn> g_copy{nullptr};
 }
 
-void register_copy(CopyFn fn) { g_copy.store(fn); }
+void register_copy(CopyFn fn) {
+  g_copy.store(fn);
+}
 
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   if (bytes == 0) return;
@@ -119,24 +121,42 @@ void strided_copy(char* dst, const Shape& dst_strides, const char* src, const Sh
 
 double load_as_double(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32: return double(static_cast<const int32_t*>(p)[i]);
-    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f64:
+      return static_cast<const double*>(p)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32:
+      return double(static_cast<const int32_t*>(p)[i]);
+    case DType::i64:
+      return double(static_cast<const int64_t*>(p)[i]);
   }
   return 0;
 }
 
 void store_from_double(void* p, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = float(v); break;
-    case DType::f64: static_cast<double*>(p)[i] = v; break;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = float_to_bf16(float(v)); break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = float_to_f16(float(v)); break;
-    case DType::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case DType::f32:
+      static_cast<float*>(p)[i] = float(v);
+      break;
+    case DType::f64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(float(v));
+      break;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = float_to_f16(float(v));
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(p)[i] = int32_t(v);
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(p)[i] = int64_t(v);
+      break;
   }
 }
 
@@ -176,7 +196,9 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev
   return t;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape_[size_t(wrap_dim(d, dim()))]; }
+int64_t Tensor::size(int64_t d) const {
+  return shape_[size_t(wrap_dim(d, dim()))];
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expect = 1;
@@ -286,7 +308,8 @@ Tensor Tensor::to(DType dtype) const {
   Tensor t = empty(shape_, dtype, device());
   const void* s = src.raw_data();
   void* d = t.raw_data();
-  for (int64_t i = 0, n = numel(); i < n; ++i) store_from_double(d, dtype, i, load_as_double(s, dtype_, i));
+  for (int64_t i = 0, n = numel(); i < n; ++i)
+    store_from_double(d, dtype, i, load_as_double(s, dtype_, i));
   return t;
 }
 
@@ -309,7 +332,9 @@ void Tensor::copy_from(const Tensor& src) {
                src.strides_, shape_, dtype_size(dtype_), 0);
 }
 
-void Tensor::zero_() { fill_(0.0); }
+void Tensor::zero_() {
+  fill_(0.0);
+}
 
 void Tensor::fill_(double value) {
   if (numel() == 0) return;

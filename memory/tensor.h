@@ -80,7 +80,7 @@ class Tensor {
   std::span<T> span() const;  // contiguous CPU tensors
 
   // Views.
-  Tensor view(const Shape& shape) const;  // contiguous only; one dimension may be -1
+  Tensor view(const Shape& shape) const;     // contiguous only; one dimension may be -1
   Tensor reshape(const Shape& shape) const;  // a view where possible, else a copy
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor select(int64_t dim, int64_t index) const;  // drops the dimension
@@ -91,7 +91,7 @@ class Tensor {
   Tensor contiguous() const;  // itself when already contiguous
   Tensor clone() const;
   Tensor to(Device device) const;
-  Tensor to(DType dtype) const;  // converts floats and ints; CPU only
+  Tensor to(DType dtype) const;       // converts floats and ints; CPU only
   void copy_from(const Tensor& src);  // same shape and dtype; any strides and devices
   void zero_();
   void fill_(double value);
@@ -131,8 +131,8 @@ std::span<T> Tensor::span() const {
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   if (int64_t(values.size()) != shape_numel(shape))
-    throw std::logic_error("from_vector: " + std::to_string(values.size()) +
-                           " values for shape " + shape_str(shape));
+    throw std::logic_error("from_vector: " + std::to_string(values.size()) + " values for shape " +
+                           shape_str(shape));
   Tensor t = empty(shape, dtype_of<T>());
   std::copy(values.begin(), values.end(), t.data<T>());
   return t;

@@ -18,13 +18,22 @@ size_t parse_bytes(std::string_view text) {
     std::string_view name;
     double scale;
   };
-  static constexpr Unit units[] = {
-      {"", 1},       {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
-      {"GB", 1e9},   {"TB", 1e12},      {"K", 1024.0},     {"M", 1048576.0},
-      {"G", 1073741824.0}};
+  static constexpr Unit units[] = {{"", 1},
+                                   {"B", 1},
+                                   {"KiB", 1024.0},
+                                   {"MiB", 1048576.0},
+                                   {"GiB", 1073741824.0},
+                                   {"TiB", 1099511627776.0},
+                                   {"KB", 1e3},
+                                   {"MB", 1e6},
+                                   {"GB", 1e9},
+                                   {"TB", 1e12},
+                                   {"K", 1024.0},
+                                   {"M", 1048576.0},
+                                   {"G", 1073741824.0}};
   if (end == s.c_str() || !std::isfinite(value) || value < 0)
-    throw InputError("invalid size '" + s + "': expected a number with an optional unit, e.g. 512MiB");
+    throw InputError("invalid size '" + s +
+                     "': expected a number with an optional unit, e.g. 512MiB");
   for (const Unit& u : units)
     if (suffix == u.name) return static_cast<size_t>(std::llround(value * u.scale));
   throw InputError("invalid size '" + s + "': unknown unit '" + std::string(suffix) +

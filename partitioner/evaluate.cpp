@@ -7,7 +7,6 @@
 
 #include "memory/allocator.h"
 #include "memory/error.h"
-#include "partitioner/groups.h"
 #include "memory/units.h"
 #include "partitioner/groups.h"
 #include "schedule/generators.h"
@@ -24,7 +23,6 @@ int64_t PlanEstimate::max_peak() const {
   for (const RankEstimate& r : ranks) m = std::max(m, r.peak);
   return m;
 }
-
 
 std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   RankCoord c = r.layout.coord(rank);
@@ -247,8 +245,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
         const stages::Param& prm = mg.params[size_t(id)];
         if (!sharded.count(prm.name)) continue;
-        chunk_mem[size_t(k)].optimizer_sharding_saved +=
-            zero_optimizer_saving(memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
+        chunk_mem[size_t(k)].optimizer_sharding_saved += zero_optimizer_saving(
+            memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
       }
     }
   }

@@ -195,9 +195,9 @@ class Walker {
       if (op == "cross_entropy") {
         for (int k = 0; k < 4; ++k) tmp.push_back(heap_.alloc(n_rows * dsize()));
       } else {
-        tmp.push_back(heap_.alloc(n_rows * dsize()));      // row_max
-        tmp.push_back(heap_.alloc(n_rows * dsize()));      // losses
-        tmp.push_back(heap_.alloc(2 * n_rows * dsize()));  // sum_exp, target_logit
+        tmp.push_back(heap_.alloc(n_rows * dsize()));               // row_max
+        tmp.push_back(heap_.alloc(n_rows * dsize()));               // losses
+        tmp.push_back(heap_.alloc(2 * n_rows * dsize()));           // sum_exp, target_logit
         collective(transport::Collective::all_reduce, n_rows);      // row_max
         collective(transport::Collective::all_reduce, 2 * n_rows);  // sum_exp, target_logit
       }

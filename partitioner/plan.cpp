@@ -193,7 +193,8 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "optimizer_sharding", "stages", "splits", "ranks", "boundaries", "predicted"});
+                 "optimizer", "optimizer_sharding", "stages", "splits", "ranks", "boundaries",
+                 "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -268,9 +269,10 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     // zero2 needs gradients reduce-scattered per micro-batch into part-sized accumulators
     // (the Stage accumulates whole gradients over a step today): refused, not faked.
     if (p.optimizer_sharding == OptimizerSharding::zero2)
-      throw InputError(z->where() +
-                       ": \"zero2\" (gradients kept only for the replica's part) is not implemented yet; "
-                       "\"zero1\" shards the optimizer state");
+      throw InputError(
+          z->where() +
+          ": \"zero2\" (gradients kept only for the replica's part) is not implemented yet; "
+          "\"zero1\" shards the optimizer state");
   }
 
   JsonReader st = r.at("stages");

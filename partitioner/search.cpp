@@ -48,8 +48,9 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states, int sh
   }
   c.input_bytes = t.input_bytes;
   for (size_t l = 0; l < t.layers.size(); ++l)
-    c.own_bytes[l] = t.own_param_bytes[l] * 2 +
-                     (t.own_param_bytes[l] * optimizer_states + shard_over - 1) / std::max(1, shard_over);
+    c.own_bytes[l] =
+        t.own_param_bytes[l] * 2 +
+        (t.own_param_bytes[l] * optimizer_states + shard_over - 1) / std::max(1, shard_over);
   for (const ParamUse& u : t.shared_params) c.shared.push_back({u.bytes, u.layers});
   return c;
 }
@@ -175,9 +176,10 @@ class Search {
     return o_.optimizer_sharding != OptimizerSharding::none && schedule != "dualpipe" ? dp : 1;
   }
 
-  std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t, int shard = 1) {
-    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) + "/z" +
-                      std::to_string(shard);
+  std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t,
+                                                int shard = 1) {
+    std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
+                      "/z" + std::to_string(shard);
     auto it = prepared_.find(key);
     if (it != prepared_.end()) return it->second;
     LayerCosts c = layer_costs(t, rc, opt_states_, shard);

@@ -63,7 +63,8 @@ struct SearchResult {
 // persistent bytes of parameters used by one layer (own) or several (shared).
 // `shard_over` > 1: the optimizer state of the parameters used by one layer is sharded
 // over that many data-parallel replicas (optimizer_sharding zero1).
-LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states, int shard_over = 1);
+LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states,
+                       int shard_over = 1);
 
 SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
                           const SearchOptions& options);

@@ -429,8 +429,8 @@ class ShardingPass {
     const bool q_split = split_here(node, 0), k_split = split_here(node, 1),
                v_split = split_here(node, 2);
     if (o != nullptr && *o == SplitKind::heads && !q_split)
-      override_error(node, "heads split of " + node_ref(node) +
-                               " needs its q input split by columns");
+      override_error(node,
+                     "heads split of " + node_ref(node) + " needs its q input split by columns");
     if (!q_split || (o != nullptr && *o == SplitKind::none)) {
       for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
       out_replicated(node);

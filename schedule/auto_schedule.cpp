@@ -472,9 +472,8 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   };
 
   if (o.include_fixed) {
-    for (const std::string name :
-         {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev", "v-min",
-          "v-half", "v-zb"}) {
+    for (const std::string name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
+                                   "dualpipev", "v-min", "v-half", "v-zb"}) {
       AutoCandidate cand;
       cand.name = name;
       try {
@@ -590,8 +589,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       Simulator sim(refined, "refined");
       const SimResult& r = sim.run(costs);
       const std::string name = out.chosen + " + local search";
-      if (fits(r, o.memory_limit, o.limit_in_bytes) &&
-          value(r) < value(out.sim) * (1 - 1e-12)) {
+      if (fits(r, o.memory_limit, o.limit_in_bytes) && value(r) < value(out.sim) * (1 - 1e-12)) {
         out.schedule = std::move(refined);
         out.schedule.name = "auto";
         out.sim = r;

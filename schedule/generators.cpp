@@ -1,11 +1,10 @@
 // GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, and the generate() dispatcher.
 #include "schedule/generators.h"
 
-#include "schedule/forward_only.h"
-
 #include <algorithm>
 
 #include "memory/error.h"
+#include "schedule/forward_only.h"
 
 namespace baton::schedule {
 
@@ -111,8 +110,9 @@ bool is_forward_only(const Schedule& s) {
   for (const auto& list : s.ranks)
     for (const Action& a : list) {
       if (a.kind == K::forward) forward = true;
-      if (a.kind == K::backward_input || a.kind == K::backward_weight || a.kind == K::full_backward ||
-          a.kind == K::reduce_gradients || a.kind == K::optimizer_step)
+      if (a.kind == K::backward_input || a.kind == K::backward_weight ||
+          a.kind == K::full_backward || a.kind == K::reduce_gradients ||
+          a.kind == K::optimizer_step)
         return false;
     }
   return forward;
@@ -125,7 +125,8 @@ Schedule forward_only_like(const Schedule& t) {
   for (int r = 0; r < s.num_ranks; ++r)
     for (int stage : stages_of_rank(s, r)) {
       const int d = stage_direction(s, stage);
-      for (int b = d * per; b < (d + 1) * per; ++b) s.ranks[size_t(r)].push_back(make_action(K::forward, b, stage));
+      for (int b = d * per; b < (d + 1) * per; ++b)
+        s.ranks[size_t(r)].push_back(make_action(K::forward, b, stage));
     }
   return s;
 }
@@ -222,10 +223,10 @@ Schedule generate(const std::string& name_in, int p, int m, int v) {
     int chunks;
     Gen gen;
   };
-  static constexpr Entry entries[] = {{"gpipe", 1, gpipe},      {"1f1b", 1, one_f_one_b},
-                                      {"zb-h1", 1, zb_h1},      {"zb-h2", 1, zb_h2},
-                                      {"zb-v", 2, zb_v},        {"dualpipev", 2, dualpipe_v},
-                                      {"dualpipe", 2, dualpipe},    {"v-min", 2, v_min},
+  static constexpr Entry entries[] = {{"gpipe", 1, gpipe},       {"1f1b", 1, one_f_one_b},
+                                      {"zb-h1", 1, zb_h1},       {"zb-h2", 1, zb_h2},
+                                      {"zb-v", 2, zb_v},         {"dualpipev", 2, dualpipe_v},
+                                      {"dualpipe", 2, dualpipe}, {"v-min", 2, v_min},
                                       {"v-half", 2, v_half},     {"v-zb", 2, v_zb}};
   for (const Entry& e : entries)
     if (name == e.name) {

@@ -65,7 +65,7 @@ Schedule dualpipe(int ranks, int micro_batches);
 // unused. A rank's chunks must be in increasing stage order.
 struct BuildingBlock {
   int period = 6;
-  std::vector<std::vector<int>> chunk_stage;               // [rank][chunk] -> stage
+  std::vector<std::vector<int>> chunk_stage;                // [rank][chunk] -> stage
   std::vector<std::vector<int>> forward, backward, weight;  // [rank][chunk] -> slot
   double memory_limit = 0;
 };
@@ -84,8 +84,8 @@ Schedule v_zb(int ranks, int micro_batches);
 // V-ZB's construction for given costs (2p stages) and any memory limit (micro-batches
 // per rank, at least 1): the V block under the reorder pass timed with `costs`; the
 // automatic scheduler's V-family candidates. v_zb(p, m) is this at unit costs and p.
-Schedule v_shape_within(const std::string& name, int ranks, int micro_batches,
-                        const Costs& costs, double memory_limit);
+Schedule v_shape_within(const std::string& name, int ranks, int micro_batches, const Costs& costs,
+                        double memory_limit);
 
 // The checks every generator makes: ranks and micro-batches in range, and ranks x
 // chunks x micro-batches within what the tools index.

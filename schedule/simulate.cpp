@@ -225,8 +225,7 @@ const SimResult& Simulator::run(const Costs& c) {
     }
     if (comp == 1) {
       const int sb = stage_[u + 1];
-      dur = ovl ? ovl[st]
-                : fwd[st] + bin[sb] + (kind_[u + 1] == K::full_backward ? bwt[sb] : 0.0);
+      dur = ovl ? ovl[st] : fwd[st] + bin[sb] + (kind_[u + 1] == K::full_backward ? bwt[sb] : 0.0);
     } else if (comp == 2) {
       dur = end_[u - 1] - t;  // ends with its forward half; its time is counted there
       rs.start = std::min(rs.start, t);

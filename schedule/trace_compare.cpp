@@ -12,7 +12,9 @@ namespace {
 
 using Key = std::tuple<int, int, int>;  // kind, micro-batch, stage (STEP: stage = -1 - rank)
 
-bool compared(ActionKind k) { return is_compute(k) || k == ActionKind::optimizer_step; }
+bool compared(ActionKind k) {
+  return is_compute(k) || k == ActionKind::optimizer_step;
+}
 
 Key key_of(const TimelineEvent& e, int rank) {
   return {int(e.kind), e.micro_batch, e.kind == ActionKind::optimizer_step ? -1 - rank : e.stage};
@@ -36,7 +38,8 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
     if (e.stage >= 0 && is_compute(e.kind)) stage_rank[e.stage] = e.rank;
   std::map<int, int> measured_pp;  // measured rank -> predicted rank
   for (const TimelineEvent& e : measured.events)
-    if (e.stage >= 0 && is_compute(e.kind) && !measured_pp.count(e.rank) && stage_rank.count(e.stage))
+    if (e.stage >= 0 && is_compute(e.kind) && !measured_pp.count(e.rank) &&
+        stage_rank.count(e.stage))
       measured_pp[e.rank] = stage_rank[e.stage];
   std::vector<TimelineEvent> m = measured.events;
   std::sort(m.begin(), m.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
@@ -93,7 +96,8 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
       ks.predicted_mean += d.predicted_end - d.predicted_start;
       if (is_compute(e.kind)) {
         sum_start += std::abs(d.measured_start - d.predicted_start);
-        sum_dur += std::abs((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start));
+        sum_dur +=
+            std::abs((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start));
         ++n;
       }
     } else {
@@ -120,9 +124,10 @@ std::string format_comparison(const TraceComparison& c, bool actions) {
   std::string out;
   auto ms = [](double s) { return fmt("%.3f", s * 1e3); };
   const double diff = c.measured_makespan - c.predicted_makespan;
-  out += "makespan: measured " + ms(c.measured_makespan) + " ms, predicted " + ms(c.predicted_makespan) +
-         " ms, difference " + ms(diff) + " ms (" +
-         fmt("%+.1f", c.predicted_makespan > 0 ? 100 * diff / c.predicted_makespan : 0.0) + "% of the prediction)\n";
+  out += "makespan: measured " + ms(c.measured_makespan) + " ms, predicted " +
+         ms(c.predicted_makespan) + " ms, difference " + ms(diff) + " ms (" +
+         fmt("%+.1f", c.predicted_makespan > 0 ? 100 * diff / c.predicted_makespan : 0.0) +
+         "% of the prediction)\n";
   out += "matched compute actions: mean |start difference| " + ms(c.mean_abs_start_diff) +
          " ms, mean |duration difference| " + ms(c.mean_abs_duration_diff) + " ms";
   if (c.unmatched_measured || c.unmatched_predicted)
@@ -131,24 +136,31 @@ std::string format_comparison(const TraceComparison& c, bool actions) {
   out += "\n\nkind    count  measured mean ms  predicted mean ms  difference\n";
   for (const KindSummary& k : c.kinds) {
     char line[160];
-    std::snprintf(line, sizeof line, "%-6s %6d %17.3f %18.3f %10.1f%%\n", std::string(kind_code(k.kind)).c_str(),
-                  k.count, k.measured_mean * 1e3, k.predicted_mean * 1e3,
-                  k.predicted_mean > 0 ? 100 * (k.measured_mean - k.predicted_mean) / k.predicted_mean : 0.0);
+    std::snprintf(
+        line, sizeof line, "%-6s %6d %17.3f %18.3f %10.1f%%\n",
+        std::string(kind_code(k.kind)).c_str(), k.count, k.measured_mean * 1e3,
+        k.predicted_mean * 1e3,
+        k.predicted_mean > 0 ? 100 * (k.measured_mean - k.predicted_mean) / k.predicted_mean : 0.0);
     out += line;
   }
   if (!actions) return out;
-  out += "\naction      rank  measured start..end ms  predicted start..end ms  start diff  duration diff\n";
+  out +=
+      "\naction      rank  measured start..end ms  predicted start..end ms  start diff  duration "
+      "diff\n";
   for (const ActionDiff& d : c.actions) {
     Action a{d.kind, d.micro_batch, d.stage, -1};
     char line[200];
     if (!d.matched) {
-      std::snprintf(line, sizeof line, "%-10s %5d  %22s  %9.3f..%-9.3f  (not measured)\n", to_token(a).c_str(),
-                    d.predicted_rank, "-", d.predicted_start * 1e3, d.predicted_end * 1e3);
+      std::snprintf(line, sizeof line, "%-10s %5d  %22s  %9.3f..%-9.3f  (not measured)\n",
+                    to_token(a).c_str(), d.predicted_rank, "-", d.predicted_start * 1e3,
+                    d.predicted_end * 1e3);
     } else {
-      std::snprintf(line, sizeof line, "%-10s %5d  %10.3f..%-10.3f  %10.3f..%-10.3f  %+10.3f  %+13.3f\n",
-                    to_token(a).c_str(), d.predicted_rank, d.measured_start * 1e3, d.measured_end * 1e3,
-                    d.predicted_start * 1e3, d.predicted_end * 1e3, (d.measured_start - d.predicted_start) * 1e3,
-                    ((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start)) * 1e3);
+      std::snprintf(
+          line, sizeof line, "%-10s %5d  %10.3f..%-10.3f  %10.3f..%-10.3f  %+10.3f  %+13.3f\n",
+          to_token(a).c_str(), d.predicted_rank, d.measured_start * 1e3, d.measured_end * 1e3,
+          d.predicted_start * 1e3, d.predicted_end * 1e3,
+          (d.measured_start - d.predicted_start) * 1e3,
+          ((d.measured_end - d.measured_start) - (d.predicted_end - d.predicted_start)) * 1e3);
     }
     out += line;
   }

@@ -88,7 +88,8 @@ struct Rect {
 // Cuts the row-major element range [lo, hi) of a tensor of `shape` into rectangular
 // blocks (a partial row at each end, whole rows between, recursively): at most two per
 // dimension.
-void flat_rects(const Shape& shape, size_t d, Shape prefix, int64_t lo, int64_t hi, std::vector<Rect>& out) {
+void flat_rects(const Shape& shape, size_t d, Shape prefix, int64_t lo, int64_t hi,
+                std::vector<Rect>& out) {
   if (lo >= hi) return;
   const size_t n = shape.size();
   if (n == 0) {
@@ -146,7 +147,8 @@ std::vector<std::pair<Rect, Shape>> part_blocks(const Param& p, int64_t lo, int6
       bool any = true;
       for (size_t d = 0; d < r.offsets.size(); ++d) {
         const int64_t a = std::max(r.offsets[d], piece.local_offsets[d]);
-        const int64_t e = std::min(r.offsets[d] + r.sizes[d], piece.local_offsets[d] + piece.shape[d]);
+        const int64_t e =
+            std::min(r.offsets[d] + r.sizes[d], piece.local_offsets[d] + piece.shape[d]);
         any = any && e > a;
         x.offsets[d] = a;
         x.sizes[d] = e - a;
@@ -165,8 +167,8 @@ Tensor narrow_to(Tensor t, const Rect& r) {
 
 // The stored blocks of an optimizer state `part` holding elements [lo, hi) of the local
 // tensor of `p` (a 1-D tensor of hi - lo elements).
-void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const Param& p, const Tensor& part,
-                     int64_t lo, int64_t hi) {
+void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const Param& p,
+                     const Tensor& part, int64_t lo, int64_t hi) {
   Tensor full = Tensor::zeros(p.shape, part.dtype(), part.device());
   full.view({full.numel()}).narrow(0, lo, hi - lo).copy_from(part);
   for (const auto& [rect, global] : part_blocks(p, lo, hi))
@@ -174,8 +176,8 @@ void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const
                    p.logical_shape, global});
 }
 
-ShardFile write_shard(const std::string& step_dir, const std::string& file,
-                      const std::string& kind, int rank, const std::vector<Stored>& tensors) {
+ShardFile write_shard(const std::string& step_dir, const std::string& file, const std::string& kind,
+                      int rank, const std::vector<Stored>& tensors) {
   std::vector<NamedTensor> named;
   json blocks = json::object(), crcs = json::object();
   for (const Stored& s : tensors) {
@@ -222,8 +224,9 @@ class BlockIndex {
       files_.push_back(std::make_unique<SafetensorsReader>(step_dir + "/" + sf.file));
       const SafetensorsReader& r = *files_.back();
       auto it = r.metadata().find(kBlocksKey);
-      json blocks = it == r.metadata().end() ? json::object()
-                                             : parse_json_text(it->second, r.path() + " (" + kBlocksKey + ")");
+      json blocks = it == r.metadata().end()
+                        ? json::object()
+                        : parse_json_text(it->second, r.path() + " (" + kBlocksKey + ")");
       for (const SafetensorsEntry& e : r.entries()) {
         BlockRef b{&r, &e, e.shape, Shape(e.shape.size(), 0)};
         std::string logical = e.name;
@@ -283,7 +286,8 @@ void fill_region(const BlockIndex& index, const std::string& name, const Shape& 
     for (size_t d = 0; d < goff.size(); ++d) in_block[d] = lo[d] - b.offsets[d];
     b.file->read_block(*b.entry, in_block, tmp);
     Tensor view = dst;
-    for (size_t d = 0; d < goff.size(); ++d) view = view.narrow(int64_t(d), lo[d] - goff[d], len[d]);
+    for (size_t d = 0; d < goff.size(); ++d)
+      view = view.narrow(int64_t(d), lo[d] - goff[d], len[d]);
     view.copy_from(tmp.to(dst.dtype()).to(dst.device()));
     covered += memory::shape_numel(len);
   }
@@ -315,8 +319,11 @@ void load_tensor(const BlockIndex& index, const std::string& name, const Param& 
 json Manifest::to_json() const {
   json shard_list = json::array();
   for (const ShardFile& s : shards)
-    shard_list.push_back({{"file", s.file}, {"kind", s.kind}, {"rank", s.rank},
-                          {"bytes", s.bytes}, {"hash", s.hash}});
+    shard_list.push_back({{"file", s.file},
+                          {"kind", s.kind},
+                          {"rank", s.rank},
+                          {"bytes", s.bytes},
+                          {"hash", s.hash}});
   return {{"format", "baton-checkpoint"},
           {"version", kVersion},
           {"step", step},
@@ -342,8 +349,8 @@ void check_manifest_version(const JsonReader& r) {
                                  std::to_string(Manifest::kMinVersion) + " to " +
                                  std::to_string(Manifest::kVersion));
   if (v < Manifest::kMinVersion)
-    r.at("version").fail("a format version from " + std::to_string(Manifest::kMinVersion) +
-                             " to " + std::to_string(Manifest::kVersion),
+    r.at("version").fail("a format version from " + std::to_string(Manifest::kMinVersion) + " to " +
+                             std::to_string(Manifest::kVersion),
                          std::to_string(v));
 }
 
@@ -353,8 +360,8 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   JsonReader r(j, source);
   r.expect_object();
   check_manifest_version(r);
-  r.expect_only({"format", "version", "step", "seed", "optimizer", "rng", "data", "model",
-                 "train", "shards"});
+  r.expect_only({"format", "version", "step", "seed", "optimizer", "rng", "data", "model", "train",
+                 "shards"});
   Manifest m;
   m.step = r.at("step").as_int(0, INT64_MAX);
   m.seed = uint64_t(r.at("seed").as_int(0, INT64_MAX));
@@ -372,7 +379,8 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     if (sf.file.empty() || sf.file.find('/') != std::string::npos || sf.file[0] == '.')
       s.at("file").fail("a file name inside the checkpoint directory");
     sf.kind = s.at("kind").as_string();
-    if (sf.kind != "model" && sf.kind != "optimizer") s.at("kind").fail("\"model\" or \"optimizer\"");
+    if (sf.kind != "model" && sf.kind != "optimizer")
+      s.at("kind").fail("\"model\" or \"optimizer\"");
     sf.rank = int(s.at("rank").as_int(0, 1 << 30));
     sf.bytes = uint64_t(s.at("bytes").as_int(0, INT64_MAX));
     sf.hash = s.at("hash").as_string();
@@ -427,8 +435,8 @@ void begin_checkpoint(const std::string& step_dir) {
   memory::fsync_path(fs::path(step_dir).parent_path().string(), true);
 }
 
-std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Stage& stage,
-                                          int rank, const std::function<bool(int)>& owns) {
+std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Stage& stage, int rank,
+                                          const std::function<bool(int)>& owns) {
   std::function<bool(size_t, int)> own;
   if (owns) own = [&](size_t, int id) { return owns(id); };
   return write_rank_shards(step_dir, {&stage}, rank, own);
@@ -557,7 +565,8 @@ std::string locate_damage(const std::string& path) {
     for (const SafetensorsEntry& e : r.entries()) {
       buf.resize(size_t(e.bytes()));
       in.seekg(std::streamoff(data_start + e.begin));
-      if (!in.read(buf.data(), std::streamsize(buf.size()))) return "cannot read tensor '" + e.name + "'";
+      if (!in.read(buf.data(), std::streamsize(buf.size())))
+        return "cannot read tensor '" + e.name + "'";
       std::string got = hex32(crc32_of(0, buf.data(), buf.size()));
       if (!crcs.contains(e.name) || !crcs[e.name].is_string())
         return "tensor '" + e.name + "' has no recorded checksum: the header is damaged";
@@ -588,7 +597,8 @@ std::optional<std::string> verify_checkpoint(const std::string& step_dir, const 
              std::to_string(s.bytes) + " (bytes were added)";
     std::string h = hash_file(path, s.hash.substr(0, s.hash.find(':')));
     if (h != s.hash)
-      return path + ": checksum " + h + ", the manifest says " + s.hash + "; " + locate_damage(path);
+      return path + ": checksum " + h + ", the manifest says " + s.hash + "; " +
+             locate_damage(path);
   }
   return std::nullopt;
 }
@@ -698,7 +708,8 @@ void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bo
       // whole-tensor buffer, then its elements.
       Tensor full = Tensor::zeros(p.shape, t.dtype(), t.device());
       for (const auto& [rect, global] : part_blocks(p, lo, hi))
-        fill_region(optim, p.name + ":" + state_name, p.logical_shape, global, narrow_to(full, rect), step_dir);
+        fill_region(optim, p.name + ":" + state_name, p.logical_shape, global,
+                    narrow_to(full, rect), step_dir);
       local.copy_from(full.view({full.numel()}).narrow(0, lo, hi - lo));
     }
   }
@@ -706,9 +717,13 @@ void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bo
 
 // ---- Hugging Face ----
 
-json read_hf_config(const std::string& dir) { return read_hf_model_config(dir); }
+json read_hf_config(const std::string& dir) {
+  return read_hf_model_config(dir);
+}
 
-void load_hf_gpt2(const std::string& dir, Stage& stage) { load_hf_weights(dir, stage); }
+void load_hf_gpt2(const std::string& dir, Stage& stage) {
+  load_hf_weights(dir, stage);
+}
 
 void save_hf_gpt2(const std::string& dir, const Stage& stage) {
   const Graph& g = stage.graph();

@@ -12,11 +12,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "stages/safetensors.h"
 #include "stages/stage.h"
@@ -35,13 +34,13 @@ struct Manifest {
   // 2: crc32 checksums (whole file in the manifest, each tensor in the file's metadata).
   static constexpr int kVersion = 2;
   static constexpr int kMinVersion = 1;  // read too (FNV-1a file hashes)
-  int64_t step = 0;              // training steps completed
-  uint64_t seed = 0;             // the run's seed (init, data order, dropout)
+  int64_t step = 0;                      // training steps completed
+  uint64_t seed = 0;                     // the run's seed (init, data order, dropout)
   OptimizerConfig optimizer;
   int64_t optimizer_steps = 0;
-  nlohmann::json data;           // {"position": next step, "file", "bytes"}
-  nlohmann::json model;          // the model JSON as given
-  nlohmann::json train;          // settings of the run (batch, micro-batches, ...)
+  nlohmann::json data;   // {"position": next step, "file", "bytes"}
+  nlohmann::json model;  // the model JSON as given
+  nlohmann::json train;  // settings of the run (batch, micro-batches, ...)
   std::vector<ShardFile> shards;
   nlohmann::json to_json() const;
   static Manifest from_json(const nlohmann::json& j, const std::string& source);
@@ -53,9 +52,8 @@ std::string checkpoint_dir(const std::string& root, int64_t step);
 // Writes the stage's parameters (and optimizer state, when it has some) as the shard
 // files of `rank` into `step_dir` (created if needed). `owns(param_id)` selects the
 // parameters this rank writes (replicas write nothing twice). Atomic per file.
-std::vector<ShardFile> write_stage_shards(
-    const std::string& step_dir, const Stage& stage, int rank,
-    const std::function<bool(int)>& owns = {});
+std::vector<ShardFile> write_stage_shards(const std::string& step_dir, const Stage& stage, int rank,
+                                          const std::function<bool(int)>& owns = {});
 // The same for several stages of one rank (interleaved and V schedules) into one pair of
 // files; `owns(k, param_id)` selects what stages[k] writes. `owns_state(k, param_id)`
 // selects parameters whose optimizer state this rank writes although it may not write

@@ -9,7 +9,9 @@ namespace baton::stages {
 
 namespace {
 
-int64_t rounded(int64_t bytes) { return int64_t(memory::Allocator::rounded(size_t(bytes))); }
+int64_t rounded(int64_t bytes) {
+  return int64_t(memory::Allocator::rounded(size_t(bytes)));
+}
 
 // The value whose memory v shares (following views), so shared memory counts once.
 int root_of(const Graph& g, int v) {
@@ -63,7 +65,8 @@ StageCost estimate_stage(const Graph& g, int first, int last, int64_t batch,
     for (size_t i = 0; i < node.inputs.size(); ++i)
       if (op.weight_needs_input(i)) weight_roots.insert(root_of(g, node.inputs[i]));
     if (op.weight_needs_grad_outputs())
-      for (int v : node.outputs) c.weight_stash_bytes += rounded(g.values[size_t(v)].type.bytes(batch));
+      for (int v : node.outputs)
+        c.weight_stash_bytes += rounded(g.values[size_t(v)].type.bytes(batch));
     if (op.weight_needs_saved()) c.weight_stash_bytes += k.extra_saved_bytes;
   }
   for (int r : weight_roots) c.weight_stash_bytes += rounded(g.values[size_t(r)].type.bytes(batch));

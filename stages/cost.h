@@ -14,8 +14,8 @@ namespace baton::stages {
 
 struct StageCost {
   double forward_flops = 0, backward_input_flops = 0, backward_weight_flops = 0;
-  int64_t param_bytes = 0;      // parameters held
-  int64_t grad_bytes = 0;       // gradient accumulators (one per using layer, + a total when shared)
+  int64_t param_bytes = 0;  // parameters held
+  int64_t grad_bytes = 0;   // gradient accumulators (one per using layer, + a total when shared)
   int64_t optimizer_bytes = 0;  // optimizer state (optimizer_states tensors per parameter)
   // Per micro-batch in flight between its F and its B:
   int64_t stash_bytes = 0;       // activations the stage allocates and keeps

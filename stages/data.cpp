@@ -337,8 +337,10 @@ DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions&
   for (const DataSpec& s : specs) {
     auto store = open_token_store(s.path, o.format, o.token_dtype);
     if (o.vocab > 0 && o.vocab < 256 && store->format() == "text")
-      throw InputError(s.path + ": byte-level data needs a vocabulary of at least 256 (every byte a "
-                       "token), the model's is " + std::to_string(o.vocab));
+      throw InputError(s.path +
+                       ": byte-level data needs a vocabulary of at least 256 (every byte a "
+                       "token), the model's is " +
+                       std::to_string(o.vocab));
     if (o.vocab > 0) store->check_vocabulary(o.vocab);
     parts.push_back(std::make_shared<TokenDataset>(store, o.window, o.cross_documents));
     weights.push_back(s.weight);

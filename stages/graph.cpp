@@ -7,10 +7,14 @@ namespace baton::stages {
 
 nlohmann::json InitRule::to_json() const {
   switch (kind) {
-    case Kind::normal: return {{"type", "normal"}, {"mean", mean}, {"std", std}};
-    case Kind::zeros: return {{"type", "zeros"}};
-    case Kind::ones: return {{"type", "ones"}};
-    case Kind::constant: return {{"type", "constant"}, {"value", value}};
+    case Kind::normal:
+      return {{"type", "normal"}, {"mean", mean}, {"std", std}};
+    case Kind::zeros:
+      return {{"type", "zeros"}};
+    case Kind::ones:
+      return {{"type", "ones"}};
+    case Kind::constant:
+      return {{"type", "constant"}, {"value", value}};
   }
   return {};
 }

@@ -8,11 +8,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
 #include "stages/op.h"
@@ -40,9 +39,9 @@ struct InitRule {
 // unsplit parameter has no pieces; a column split has one piece; the qkv weight of a
 // head-split attention has three (its query, key and value columns).
 struct ParamPiece {
-  Shape local_offsets;  // where the piece sits in the local tensor
-  Shape shape;          // the piece's shape
-  Shape global_offsets; // where it sits in the logical parameter
+  Shape local_offsets;   // where the piece sits in the local tensor
+  Shape shape;           // the piece's shape
+  Shape global_offsets;  // where it sits in the logical parameter
 };
 
 struct Param {
@@ -51,25 +50,25 @@ struct Param {
   Shape logical_shape;  // the whole parameter (= shape when unsplit)
   DType dtype = DType::f32;
   InitRule init;
-  bool weight_decay = true;         // AdamW/SGD decay applies (matrices, not biases/norms)
+  bool weight_decay = true;  // AdamW/SGD decay applies (matrices, not biases/norms)
   // false: a buffer an op updates itself (batch norm's running statistics): no gradient,
   // no optimizer step, saved in checkpoints like any parameter.
   bool trainable = true;
-  std::vector<ParamPiece> pieces;   // empty: the whole logical parameter
-  std::vector<int> layers;          // layers whose nodes use it, ascending
-  std::vector<int> users;           // nodes that use it
+  std::vector<ParamPiece> pieces;  // empty: the whole logical parameter
+  std::vector<int> layers;         // layers whose nodes use it, ascending
+  std::vector<int> users;          // nodes that use it
   bool is_shard() const { return !pieces.empty(); }
 };
 
 struct Node {
   std::string name;
-  std::string op;          // op type
-  nlohmann::json attrs;    // as given
+  std::string op;        // op type
+  nlohmann::json attrs;  // as given
   std::vector<int> inputs;
   std::vector<int> outputs;
   std::vector<int> params;  // by the op's slots; -1 for an absent optional slot
   int layer = -1;
-  std::string json_path;    // where it came from, for messages
+  std::string json_path;  // where it came from, for messages
   std::shared_ptr<const Op> impl;
 };
 
@@ -82,16 +81,16 @@ class Graph {
  public:
   Graph() = default;
   std::string name;
-  std::string source;       // the file it was loaded from (messages)
+  std::string source;  // the file it was loaded from (messages)
   DType float_dtype = DType::f32;
-  nlohmann::json config;    // the model JSON as given (checkpoints record it)
+  nlohmann::json config;  // the model JSON as given (checkpoints record it)
 
   std::vector<Value> values;
   std::vector<Param> params;
-  std::vector<Node> nodes;    // in execution order: layer by layer
+  std::vector<Node> nodes;  // in execution order: layer by layer
   std::vector<Layer> layers;
-  std::vector<int> inputs;    // model inputs (value ids)
-  int loss = -1;              // the loss value (a scalar, unbatched)
+  std::vector<int> inputs;  // model inputs (value ids)
+  int loss = -1;            // the loss value (a scalar, unbatched)
 
   int find_value(const std::string& name) const;  // -1 when absent
   int find_param(const std::string& name) const;

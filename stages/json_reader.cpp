@@ -180,9 +180,13 @@ bool JsonReader::get_bool(std::string_view key, bool dflt) const {
   return r ? r->as_bool() : dflt;
 }
 
-std::string JsonReader::where() const { return *file_ + ": " + path_; }
+std::string JsonReader::where() const {
+  return *file_ + ": " + path_;
+}
 
-void JsonReader::fail(const std::string& expected) const { fail(expected, json_brief(*j_)); }
+void JsonReader::fail(const std::string& expected) const {
+  fail(expected, json_brief(*j_));
+}
 
 void JsonReader::fail(const std::string& expected, const std::string& found) const {
   throw InputError(where() + ": expected " + expected + ", found " + found);

@@ -103,14 +103,15 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
   node.op = op;
   node.layer = layer;
   node.json_path = n.where();
-  node.name = n.get_string("name", g.layers[size_t(layer)].name + "." + op + "." +
-                                       std::to_string(index));
+  node.name =
+      n.get_string("name", g.layers[size_t(layer)].name + "." + op + "." + std::to_string(index));
   if (!node_names.insert(node.name).second)
     n.at("name").fail("a new node name", "'" + node.name + "' again");
 
   OpSpec spec{node.name, n, n, {}, {}, float_dtype};
   static const json empty_object = json::object();
-  JsonReader attrs = n.has("attrs") ? n.at("attrs") : JsonReader(empty_object, n.file(), n.path() + ".attrs");
+  JsonReader attrs =
+      n.has("attrs") ? n.at("attrs") : JsonReader(empty_object, n.file(), n.path() + ".attrs");
   attrs.expect_object();
   for (const std::string& k : attrs.keys()) {
     bool ok = false;
@@ -118,8 +119,8 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
     if (!ok) {
       std::string list;
       for (const std::string& a : schema.attrs) list += (list.empty() ? "" : ", ") + a;
-      attrs.at(k).fail_message("unknown attribute '" + k + "' of op " + op + " (allowed: " +
-                               (list.empty() ? "none" : list) + ")");
+      attrs.at(k).fail_message("unknown attribute '" + k + "' of op " + op +
+                               " (allowed: " + (list.empty() ? "none" : list) + ")");
     }
   }
   spec.attrs = attrs;
@@ -127,13 +128,15 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
 
   JsonReader inputs = n.at("inputs");
   if (inputs.size() != schema.inputs.size())
-    inputs.fail(std::to_string(schema.inputs.size()) + " input(s) for op " + op + " (" +
-                    [&] {
-                      std::string s;
-                      for (const auto& i : schema.inputs) s += (s.empty() ? "" : ", ") + i;
-                      return s;
-                    }() + ")",
-                std::to_string(inputs.size()));
+    inputs.fail(
+        std::to_string(schema.inputs.size()) + " input(s) for op " + op + " (" +
+            [&] {
+              std::string s;
+              for (const auto& i : schema.inputs) s += (s.empty() ? "" : ", ") + i;
+              return s;
+            }() +
+            ")",
+        std::to_string(inputs.size()));
   for (const JsonReader& in : inputs.items()) {
     std::string name = in.as_string();
     int v = g.find_value(name);
@@ -156,7 +159,8 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
     std::optional<JsonReader> p = params ? params->get(slot.name) : std::nullopt;
     if (!p) {
       if (!slot.optional)
-        (params ? *params : n).fail_message("op " + op + " needs parameter slot '" + slot.name + "'");
+        (params ? *params : n)
+            .fail_message("op " + op + " needs parameter slot '" + slot.name + "'");
       node.params.push_back(-1);
       spec.params.push_back(std::nullopt);
       continue;
@@ -206,7 +210,8 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
     JsonReader nodes = l.at("nodes");
     if (nodes.size() == 0) nodes.fail("at least one node", "an empty array");
     size_t i = 0;
-    for (const JsonReader& n : nodes.items()) load_node(g, layer, n, i++, opt.float_dtype, node_names);
+    for (const JsonReader& n : nodes.items())
+      load_node(g, layer, n, i++, opt.float_dtype, node_names);
   }
   JsonReader loss = r.at("loss");
   std::string lname = loss.as_string();
@@ -216,7 +221,8 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
   if (lval.is_input() || lval.type.batched || !lval.type.shape.empty())
     loss.fail("a scalar loss (the output of cross_entropy)",
               "'" + lname + "' of type " + type_str(lval.type));
-  if (!lval.consumers.empty()) loss.fail("a value no node consumes", "'" + lname + "' used by a node");
+  if (!lval.consumers.empty())
+    loss.fail("a value no node consumes", "'" + lname + "' used by a node");
   g.loss = lv;
   for (size_t p = 0; p < g.params.size(); ++p)
     if (g.params[p].users.empty())
@@ -236,9 +242,10 @@ json expand_model_json(const json& model, const std::string& source) {
     if (mt == "llama" || mt == "mistral" || mt == "qwen2")
       return llama_graph_json(parse_hf_llama_config(r));
     r.at("model_type")
-        .fail("a Hugging Face model_type baton reads: \"gpt2\", \"llama\", \"mistral\" or "
-              "\"qwen2\"",
-              "\"" + mt + "\"");
+        .fail(
+            "a Hugging Face model_type baton reads: \"gpt2\", \"llama\", \"mistral\" or "
+            "\"qwen2\"",
+            "\"" + mt + "\"");
   }
   std::string type = r.at("type").as_string();
   if (type == "graph") return model;
@@ -253,12 +260,13 @@ Graph load_model_json(const json& model, const std::string& source, const LoadOp
   json expanded = expand_model_json(model, source);
   bool shorthand = &expanded != &model && expanded != model;
   // Errors inside an expanded shorthand point into the expansion, so they say so.
-  std::string where = shorthand ? source + " (expanded " +
-                                      JsonReader(model, source).get_string(
-                                          "type", JsonReader(model, source).get_string(
-                                                      "model_type", "gpt2")) +
-                                      " shorthand)"
-                                : source;
+  std::string where =
+      shorthand ? source + " (expanded " +
+                      JsonReader(model, source)
+                          .get_string("type",
+                                      JsonReader(model, source).get_string("model_type", "gpt2")) +
+                      " shorthand)"
+                : source;
   Graph g = load_graph(JsonReader(expanded, where), opt);
   g.source = source;
   g.config = model;

@@ -5,10 +5,9 @@
 // what was expected and what was found.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "stages/graph.h"
 

@@ -84,9 +84,9 @@ struct OpCost {
 // Run-time context shared by every op of a stage for one micro-batch.
 struct OpContext {
   MicroBatch mb;
-  bool training = true;      // false: no dropout, no loss gradient
-  bool recompute = false;    // a layer's forward run again before its B: update no buffers
-  uint64_t seed = 0;         // the run's seed; dropout streams mix in the step and node name
+  bool training = true;    // false: no dropout, no loss gradient
+  bool recompute = false;  // a layer's forward run again before its B: update no buffers
+  uint64_t seed = 0;       // the run's seed; dropout streams mix in the step and node name
   memory::Device device = memory::Device::cpu();
   transport::Communicator* tp = nullptr;  // the tensor-parallel group (communication ops)
   int64_t batch() const { return mb.samples; }
@@ -124,8 +124,8 @@ class GradSlot {
 
 // The gradient buffer of one parameter during W.
 struct ParamGrad {
-  Tensor tensor;     // undefined: not needed (absent optional slot)
-  bool accumulate;   // false: the first contribution since zero_grad, overwrite
+  Tensor tensor;    // undefined: not needed (absent optional slot)
+  bool accumulate;  // false: the first contribution since zero_grad, overwrite
 };
 
 struct ForwardCall {

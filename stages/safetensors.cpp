@@ -23,23 +23,32 @@ struct DtypeInfo {
   const char* name;
   size_t size;
 };
-constexpr DtypeInfo kDtypes[] = {{"BOOL", 1}, {"U8", 1},      {"I8", 1},      {"F8_E4M3", 1},
-                                 {"F8_E5M2", 1}, {"I16", 2},  {"U16", 2},     {"F16", 2},
-                                 {"BF16", 2},  {"I32", 4},    {"U32", 4},     {"F32", 4},
-                                 {"F64", 8},   {"I64", 8},    {"U64", 8}};
+constexpr DtypeInfo kDtypes[] = {{"BOOL", 1},    {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1},
+                                 {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+                                 {"BF16", 2},    {"I32", 4}, {"U32", 4}, {"F32", 4},
+                                 {"F64", 8},     {"I64", 8}, {"U64", 8}};
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
 bool safetensors_dtype(const std::string& name, DType& out) {
-  if (name == "F32") out = DType::f32;
-  else if (name == "F64") out = DType::f64;
-  else if (name == "BF16") out = DType::bf16;
-  else if (name == "F16") out = DType::f16;
-  else if (name == "I32") out = DType::i32;
-  else if (name == "I64") out = DType::i64;
-  else return false;
+  if (name == "F32")
+    out = DType::f32;
+  else if (name == "F64")
+    out = DType::f64;
+  else if (name == "BF16")
+    out = DType::bf16;
+  else if (name == "F16")
+    out = DType::f16;
+  else if (name == "I32")
+    out = DType::i32;
+  else if (name == "I64")
+    out = DType::i64;
+  else
+    return false;
   return true;
 }
 
@@ -102,8 +111,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       entry.begin = uint64_t(off.at(size_t(0)).as_int(0, INT64_MAX));
       entry.end = uint64_t(off.at(size_t(1)).as_int(0, INT64_MAX));
       if (entry.end < entry.begin)
-        off.fail("begin <= end", "[" + std::to_string(entry.begin) + ", " +
-                                     std::to_string(entry.end) + "]");
+        off.fail("begin <= end",
+                 "[" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + "]");
       if (entry.end > data_size)
         throw InputError(path + ": tensor '" + key + "': data_offsets [" +
                          std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
@@ -127,8 +136,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                          std::to_string(e.end) + ") overlaps tensor '" + entries_[i - 1].name +
                          "' (ends at " + std::to_string(pos) + ")");
       if (e.begin > pos)
-        throw InputError(path + ": " + std::to_string(e.begin - pos) +
-                         " bytes before tensor '" + e.name + "' at " + std::to_string(pos) +
+        throw InputError(path + ": " + std::to_string(e.begin - pos) + " bytes before tensor '" +
+                         e.name + "' at " + std::to_string(pos) +
                          " belong to no tensor (safetensors data has no gaps)");
       pos = e.end;
       index_[e.name] = i;
@@ -136,8 +145,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     if (pos != data_size)
       throw InputError(path + ": " + std::to_string(data_size - pos) +
                        " bytes after the last tensor belong to no tensor (data is " +
-                       std::to_string(data_size) + " bytes, tensors end at " +
-                       std::to_string(pos) + ")");
+                       std::to_string(data_size) + " bytes, tensors end at " + std::to_string(pos) +
+                       ")");
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
@@ -162,7 +171,8 @@ void SafetensorsReader::read_bytes(uint64_t off, void* dst, size_t n) const {
       if (errno == EINTR) continue;
       throw InputError(path_ + ": read error: " + errno_text());
     }
-    if (got == 0) throw InputError(path_ + ": unexpected end of file at byte " + std::to_string(off));
+    if (got == 0)
+      throw InputError(path_ + ": unexpected end of file at byte " + std::to_string(off));
     p += got;
     off += uint64_t(got);
     n -= size_t(got);
@@ -195,7 +205,8 @@ void SafetensorsReader::read_block(const SafetensorsEntry& e, const Shape& offse
   size_t rank = e.shape.size();
   size_t inner = rank;  // dims [inner, rank) are read whole
   uint64_t run = e.element_size;
-  while (inner > 0 && offsets[inner - 1] == 0 && out.size(int64_t(inner - 1)) == e.shape[inner - 1]) {
+  while (inner > 0 && offsets[inner - 1] == 0 &&
+         out.size(int64_t(inner - 1)) == e.shape[inner - 1]) {
     run *= uint64_t(e.shape[inner - 1]);
     --inner;
   }
@@ -207,7 +218,8 @@ void SafetensorsReader::read_block(const SafetensorsEntry& e, const Shape& offse
   Shape idx(outer_rank, 0);
   while (true) {
     uint64_t elem = 0;
-    for (size_t d = 0; d < outer_rank; ++d) elem += uint64_t(offsets[d] + idx[d]) * uint64_t(stride[d]);
+    for (size_t d = 0; d < outer_rank; ++d)
+      elem += uint64_t(offsets[d] + idx[d]) * uint64_t(stride[d]);
     if (inner > 0) elem += uint64_t(offsets[inner - 1]) * uint64_t(stride[inner - 1]);
     read_bytes(data_start_ + e.begin + elem * e.element_size, dst, size_t(run));
     dst += run;

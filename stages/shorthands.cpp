@@ -8,9 +8,15 @@ using nlohmann::json;
 
 namespace {
 
-json normal(double std) { return {{"type", "normal"}, {"std", std}}; }
-json zeros() { return {{"type", "zeros"}}; }
-json ones() { return {{"type", "ones"}}; }
+json normal(double std) {
+  return {{"type", "normal"}, {"std", std}};
+}
+json zeros() {
+  return {{"type", "zeros"}};
+}
+json ones() {
+  return {{"type", "ones"}};
+}
 
 json param(const std::string& name, std::vector<int64_t> shape, json init) {
   return {{"name", name}, {"shape", shape}, {"init", std::move(init)}};
@@ -38,13 +44,18 @@ constexpr int64_t kBig = int64_t(1) << 31;
 }  // namespace
 
 json Gpt2Config::to_json() const {
-  json j = {{"type", "gpt2"},          {"name", name},
-            {"n_layer", n_layer},      {"n_head", n_head},
-            {"n_embd", n_embd},        {"n_positions", n_positions},
-            {"vocab_size", vocab_size}, {"context", seq()},
+  json j = {{"type", "gpt2"},
+            {"name", name},
+            {"n_layer", n_layer},
+            {"n_head", n_head},
+            {"n_embd", n_embd},
+            {"n_positions", n_positions},
+            {"vocab_size", vocab_size},
+            {"context", seq()},
             {"layer_norm_epsilon", layer_norm_epsilon},
             {"initializer_range", initializer_range},
-            {"embd_pdrop", embd_pdrop}, {"resid_pdrop", resid_pdrop},
+            {"embd_pdrop", embd_pdrop},
+            {"resid_pdrop", resid_pdrop},
             {"attn_pdrop", attn_pdrop}};
   if (n_inner > 0) j["n_inner"] = n_inner;
   return j;
@@ -78,8 +89,7 @@ Gpt2Config parse_gpt2_shorthand(const JsonReader& r) {
 
 Gpt2Config parse_hf_gpt2_config(const JsonReader& r) {
   r.expect_object();
-  if (r.get_string("model_type", "") != "gpt2")
-    r.at("model_type").fail("\"gpt2\"");
+  if (r.get_string("model_type", "") != "gpt2") r.at("model_type").fail("\"gpt2\"");
   Gpt2Config c;
   c.name = "gpt2";
   c.n_layer = r.get_int("n_layer", 12, 1, kBig);
@@ -155,8 +165,8 @@ json gpt2_graph_json(const Gpt2Config& c) {
     nodes.push_back(node(h + "attn.c_proj", "linear", {h + "attn.attn"}, wb("attn.c_proj"), conv));
     std::string a = h + "attn.c_proj";
     if (c.resid_pdrop > 0) {
-      nodes.push_back(node(h + "attn.resid_dropout", "dropout", {a}, json::object(),
-                           {{"p", c.resid_pdrop}}));
+      nodes.push_back(
+          node(h + "attn.resid_dropout", "dropout", {a}, json::object(), {{"p", c.resid_pdrop}}));
       a = h + "attn.resid_dropout";
     }
     nodes.push_back(node(h + "add_1", "add", {x, a}));
@@ -181,8 +191,8 @@ json gpt2_graph_json(const Gpt2Config& c) {
   head.push_back(node("ln_f", "layernorm", {x}, {{"weight", "ln_f.weight"}, {"bias", "ln_f.bias"}},
                       {{"eps", c.layer_norm_epsilon}}));
   // The LM head is tied to wte [V, C]: logits = ln_f(x) wte^T, the torch layout.
-  head.push_back(node("lm_head", "linear", {"ln_f"}, {{"weight", "wte.weight"}},
-                      {{"layout", "out_in"}}));
+  head.push_back(
+      node("lm_head", "linear", {"ln_f"}, {{"weight", "wte.weight"}}, {{"layout", "out_in"}}));
   head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
   layers.push_back({{"name", "head"}, {"nodes", head}});
 
@@ -202,15 +212,16 @@ namespace {
 void check_llama(const LlamaConfig& c, const JsonReader& r) {
   const int64_t h = c.num_attention_heads, kv = c.kv_heads();
   if (c.head_dim == 0 && c.hidden_size % h != 0)
-    r.at("hidden_size").fail("a multiple of num_attention_heads = " + std::to_string(h),
-                             std::to_string(c.hidden_size));
+    r.at("hidden_size")
+        .fail("a multiple of num_attention_heads = " + std::to_string(h),
+              std::to_string(c.hidden_size));
   if (h % kv != 0)
     r.at("num_key_value_heads")
         .fail("a divisor of num_attention_heads = " + std::to_string(h), std::to_string(kv));
   if (c.head_size() % 2 != 0)
     (r.has("head_dim") ? r.at("head_dim") : r.at("hidden_size"))
-        .fail("an even head size for rotary embeddings", "head size " +
-                                                             std::to_string(c.head_size()));
+        .fail("an even head size for rotary embeddings",
+              "head size " + std::to_string(c.head_size()));
   if (c.seq() > c.max_position_embeddings)
     r.at("context").fail(
         "at most max_position_embeddings = " + std::to_string(c.max_position_embeddings),
@@ -233,8 +244,8 @@ nlohmann::json read_rope_object(const JsonReader& obj, bool with_theta) {
       return nullptr;
     }
   }
-  std::string type = s->has("rope_type") ? s->at("rope_type").as_string()
-                                         : s->get_string("type", "default");
+  std::string type =
+      s->has("rope_type") ? s->at("rope_type").as_string() : s->get_string("type", "default");
   if (type != "default" && type != "linear" && type != "llama3")
     (s->has("rope_type") ? s->at("rope_type") : s->at("type"))
         .fail("\"default\", \"linear\" or \"llama3\" (the rope scalings baton implements)",
@@ -253,8 +264,8 @@ nlohmann::json read_rope_object(const JsonReader& obj, bool with_theta) {
     else
       s->expect_only({"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings"});
-    for (const char* f : {"factor", "low_freq_factor", "high_freq_factor",
-                          "original_max_position_embeddings"})
+    for (const char* f :
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
       s->at(f).as_double(1e-6, 1e12);
   } else {
     s->expect_only({"rope_type", "type"});
@@ -272,9 +283,10 @@ nlohmann::json read_rope_scaling(const JsonReader& r) {
 }
 
 void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
-  c.hidden_size = hf ? r.get_int("hidden_size", 4096, 1, kBig) : r.at("hidden_size").as_int(1, kBig);
-  c.intermediate_size =
-      hf ? r.get_int("intermediate_size", 11008, 1, kBig) : r.at("intermediate_size").as_int(1, kBig);
+  c.hidden_size =
+      hf ? r.get_int("hidden_size", 4096, 1, kBig) : r.at("hidden_size").as_int(1, kBig);
+  c.intermediate_size = hf ? r.get_int("intermediate_size", 11008, 1, kBig)
+                           : r.at("intermediate_size").as_int(1, kBig);
   c.num_hidden_layers =
       hf ? r.get_int("num_hidden_layers", 32, 1, kBig) : r.at("num_hidden_layers").as_int(1, kBig);
   c.num_attention_heads = hf ? r.get_int("num_attention_heads", 32, 1, kBig)
@@ -292,8 +304,9 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
   // transformers 5 writes rope_theta and the scaling together as rope_parameters.
   if (auto rp = r.get("rope_parameters"); hf && rp && !rp->raw().is_null()) {
     if (r.has("rope_scaling") && !r.at("rope_scaling").raw().is_null())
-      r.at("rope_scaling").fail("null beside rope_parameters (give one of them)",
-                                json_brief(r.at("rope_scaling").raw()));
+      r.at("rope_scaling")
+          .fail("null beside rope_parameters (give one of them)",
+                json_brief(r.at("rope_scaling").raw()));
     rp->expect_object();
     c.rope_theta = rp->get_double("rope_theta", c.rope_theta, 1e-6, 1e300);
     c.rope_scaling = read_rope_object(*rp, true);
@@ -331,11 +344,27 @@ json LlamaConfig::to_json() const {
 }
 
 LlamaConfig parse_llama_shorthand(const JsonReader& r) {
-  r.expect_only({"type", "name", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "max_position_embeddings", "vocab_size", "context", "rms_norm_eps",
-                 "rope_theta", "rope_scaling", "initializer_range", "attention_dropout",
-                 "tie_word_embeddings", "attention_bias", "qkv_bias", "mlp_bias", "hidden_act",
+  r.expect_only({"type",
+                 "name",
+                 "hidden_size",
+                 "intermediate_size",
+                 "num_hidden_layers",
+                 "num_attention_heads",
+                 "num_key_value_heads",
+                 "head_dim",
+                 "max_position_embeddings",
+                 "vocab_size",
+                 "context",
+                 "rms_norm_eps",
+                 "rope_theta",
+                 "rope_scaling",
+                 "initializer_range",
+                 "attention_dropout",
+                 "tie_word_embeddings",
+                 "attention_bias",
+                 "qkv_bias",
+                 "mlp_bias",
+                 "hidden_act",
                  "pretraining_tp"});
   LlamaConfig c;
   c.name = r.get_string("name", "llama");
@@ -470,8 +499,8 @@ json hf_config_to_shorthand(const JsonReader& r) {
 }
 
 MlpConfig parse_mlp_shorthand(const JsonReader& r) {
-  r.expect_only({"type", "name", "context", "vocab_size", "n_embd", "hidden", "activation",
-                 "init_std"});
+  r.expect_only(
+      {"type", "name", "context", "vocab_size", "n_embd", "hidden", "activation", "init_std"});
   MlpConfig c;
   c.name = r.get_string("name", "mlp");
   c.context = r.at("context").as_int(1, kBig);
@@ -491,8 +520,8 @@ json mlp_graph_json(const MlpConfig& c) {
   params.push_back(param("wte.weight", {c.vocab_size, c.n_embd}, normal(c.init_std)));
   json embed = json::array();
   embed.push_back(node("wte", "embedding", {"tokens"}, {{"weight", "wte.weight"}}));
-  embed.push_back(node("flat", "reshape", {"wte"}, json::object(),
-                       {{"shape", {c.context * c.n_embd}}}));
+  embed.push_back(
+      node("flat", "reshape", {"wte"}, json::object(), {{"shape", {c.context * c.n_embd}}}));
   layers.push_back({{"name", "embed"}, {"nodes", embed}});
   std::string x = "flat";
   int64_t width = c.context * c.n_embd;
@@ -501,8 +530,7 @@ json mlp_graph_json(const MlpConfig& c) {
     params.push_back(param(fc + ".weight", {c.hidden[i], width}, normal(c.init_std)));
     params.push_back(param(fc + ".bias", {c.hidden[i]}, zeros()));
     json nodes = json::array();
-    nodes.push_back(
-        node(fc, "linear", {x}, {{"weight", fc + ".weight"}, {"bias", fc + ".bias"}}));
+    nodes.push_back(node(fc, "linear", {x}, {{"weight", fc + ".weight"}, {"bias", fc + ".bias"}}));
     nodes.push_back(node(fc + ".act", c.activation, {fc}));
     layers.push_back({{"name", fc}, {"nodes", nodes}});
     x = fc + ".act";
@@ -514,13 +542,14 @@ json mlp_graph_json(const MlpConfig& c) {
   head.push_back(node("out", "linear", {x}, {{"weight", "out.weight"}, {"bias", "out.bias"}}));
   head.push_back(node("loss", "cross_entropy", {"out", "targets"}));
   layers.push_back({{"name", "out"}, {"nodes", head}});
-  return {{"type", "graph"},
-          {"name", c.name},
-          {"inputs", json::array({{{"name", "tokens"}, {"shape", {c.context}}, {"dtype", "i32"}},
-                                  {{"name", "targets"}, {"shape", json::array()}, {"dtype", "i32"}}})},
-          {"params", params},
-          {"layers", layers},
-          {"loss", "loss"}};
+  return {
+      {"type", "graph"},
+      {"name", c.name},
+      {"inputs", json::array({{{"name", "tokens"}, {"shape", {c.context}}, {"dtype", "i32"}},
+                              {{"name", "targets"}, {"shape", json::array()}, {"dtype", "i32"}}})},
+      {"params", params},
+      {"layers", layers},
+      {"loss", "loss"}};
 }
 
 }  // namespace baton::stages

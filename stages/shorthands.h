@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "stages/json_reader.h"
 
@@ -55,7 +54,9 @@ struct LlamaConfig {
   bool mlp_bias = false;
 
   int64_t seq() const { return context > 0 ? context : max_position_embeddings; }
-  int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  int64_t kv_heads() const {
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   nlohmann::json to_json() const;  // the shorthand form
 };

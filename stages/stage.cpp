@@ -16,8 +16,8 @@ namespace baton::stages {
 
 nlohmann::json OptimizerConfig::to_json() const {
   if (kind == Kind::adamw)
-    return {{"type", "adamw"},         {"lr", adamw.lr},   {"beta1", adamw.beta1},
-            {"beta2", adamw.beta2},    {"eps", adamw.eps}, {"weight_decay", adamw.weight_decay}};
+    return {{"type", "adamw"},      {"lr", adamw.lr},   {"beta1", adamw.beta1},
+            {"beta2", adamw.beta2}, {"eps", adamw.eps}, {"weight_decay", adamw.weight_decay}};
   return {{"type", "sgd"},
           {"lr", sgd.lr},
           {"momentum", sgd.momentum},
@@ -66,7 +66,7 @@ struct Stage::ParamState {
   Tensor grad;                // the total (grads[0] itself when one layer uses it)
   Tensor m, v;                // optimizer state (AdamW moments or SGD momentum in m)
   int64_t shard_begin = 0, shard_end = -1;  // elements updated; -1: all (not sharded)
-  int owner_layer = 0;        // the first graph layer that uses it (grad norm pieces)
+  int owner_layer = 0;                      // the first graph layer that uses it (grad norm pieces)
 };
 
 struct Stage::MbState {
@@ -111,10 +111,17 @@ void check_input(const Value& v, const Tensor& t, const MicroBatch& mb) {
 
 void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
   switch (p.init.kind) {
-    case InitRule::Kind::zeros: t.zero_(); return;
-    case InitRule::Kind::ones: t.fill_(1.0); return;
-    case InitRule::Kind::constant: t.fill_(p.init.value); return;
-    case InitRule::Kind::normal: break;
+    case InitRule::Kind::zeros:
+      t.zero_();
+      return;
+    case InitRule::Kind::ones:
+      t.fill_(1.0);
+      return;
+    case InitRule::Kind::constant:
+      t.fill_(p.init.value);
+      return;
+    case InitRule::Kind::normal:
+      break;
   }
   uint64_t stream = kernels::stream_of(p.name);
   if (!p.is_shard()) {
@@ -139,7 +146,9 @@ void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
 
 Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer,
              StageOptions options)
-    : graph_(std::move(graph)), first_(first_layer), last_(last_layer),
+    : graph_(std::move(graph)),
+      first_(first_layer),
+      last_(last_layer),
       opt_options_(std::move(options)) {
   const Graph& g = *graph_;
   if (first_ < 0 || last_ > g.num_layers() || first_ >= last_)
@@ -169,8 +178,8 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
     for (size_t k = 0; k < ps->layers.size(); ++k)
       ps->grads.push_back(Tensor::empty(p.shape, p.dtype, opt_options_.device));
     ps->has.assign(ps->layers.size(), false);
-    ps->grad = ps->grads.size() == 1 ? ps->grads[0]
-                                     : Tensor::empty(p.shape, p.dtype, opt_options_.device);
+    ps->grad =
+        ps->grads.size() == 1 ? ps->grads[0] : Tensor::empty(p.shape, p.dtype, opt_options_.device);
     local_param_[size_t(id)] = int(params_.size());
     params_.push_back(std::move(ps));
   }
@@ -202,15 +211,23 @@ const Stage::ParamState& Stage::state_of(int id) const {
   return const_cast<Stage*>(this)->state_of(id);
 }
 
-const Tensor& Stage::param(int id) const { return state_of(id).value; }
-Tensor& Stage::param(int id) { return state_of(id).value; }
+const Tensor& Stage::param(int id) const {
+  return state_of(id).value;
+}
+Tensor& Stage::param(int id) {
+  return state_of(id).value;
+}
 const Tensor& Stage::param(const std::string& name) const {
   int id = graph_->find_param(name);
   BATON_CHECK(id >= 0, "no parameter named " + name);
   return param(id);
 }
-const Tensor& Stage::grad(int id) const { return state_of(id).grad; }
-Tensor& Stage::grad(int id) { return state_of(id).grad; }
+const Tensor& Stage::grad(int id) const {
+  return state_of(id).grad;
+}
+Tensor& Stage::grad(int id) {
+  return state_of(id).grad;
+}
 
 void Stage::init_params(uint64_t seed) {
   for (auto& ps : params_) init_tensor(ps->value, graph_->params[size_t(ps->id)], seed);
@@ -419,7 +436,8 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
     if (!needs_grad_[size_t(v)]) continue;
     const Value& val = g.values[size_t(v)];
     Tensor t = grads[size_t(v)].tensor;
-    if (!t.defined()) t = Tensor::zeros(val.type.with_batch(batch), val.type.dtype, opt_options_.device);
+    if (!t.defined())
+      t = Tensor::zeros(val.type.with_batch(batch), val.type.dtype, opt_options_.device);
     out[val.name] = t;
   }
   // Everything W reads is referenced from its W stash; the rest goes now.
@@ -431,7 +449,9 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
 
 // ---- W ----
 
-void Stage::backward_weight(int64_t mb_index) { backward_weight(mb_index, ParamReadyFn{}); }
+void Stage::backward_weight(int64_t mb_index) {
+  backward_weight(mb_index, ParamReadyFn{});
+}
 
 void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
   const Graph& g = *graph_;
@@ -461,7 +481,8 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
       ParamState& st = state_of(node.params[k]);
       ps[k] = st.value;
       if (!g.params[size_t(node.params[k])].trainable) continue;  // a buffer: no gradient
-      size_t li = size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
+      size_t li =
+          size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
       pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
       st.has[li] = true;
     }
@@ -501,7 +522,8 @@ TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
   return out;
 }
 
-TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs, const ParamReadyFn& ready) {
+TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs,
+                          const ParamReadyFn& ready) {
   TensorMap out = backward_input(mb_index, grad_outputs);
   backward_weight(mb_index, ready);
   return out;
@@ -633,5 +655,7 @@ std::vector<std::pair<std::string, Tensor>> Stage::optimizer_state(int id) const
 }  // namespace baton::stages
 
 namespace baton::stages {
-void Stage::discard(int64_t mb_index) { stash_.erase(mb_index); }
+void Stage::discard(int64_t mb_index) {
+  stash_.erase(mb_index);
+}
 }  // namespace baton::stages

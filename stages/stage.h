@@ -16,11 +16,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
 #include "stages/graph.h"
@@ -43,8 +42,8 @@ struct OptimizerConfig {
 
 struct StageOptions {
   memory::Device device = memory::Device::cpu();
-  uint64_t seed = 0;                // parameter init and dropout
-  std::set<int> recompute_layers;   // graph layer indices whose activations are recomputed
+  uint64_t seed = 0;                      // parameter init and dropout
+  std::set<int> recompute_layers;         // graph layer indices whose activations are recomputed
   transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
   bool profile = false;  // time every node (op_times()); costs a clock read per node
 };
@@ -127,7 +126,7 @@ class Stage {
   // first layer that uses it), for this stage's layers. A process adds the pieces of all
   // stages in layer order, so the norm has the same bits for any pipeline cut.
   std::vector<double> grad_sum_squares_by_layer() const;
-  double grad_sum_squares() const;  // the pieces above, added in layer order
+  double grad_sum_squares() const;                    // the pieces above, added in layer order
   void set_optimizer(const OptimizerConfig& config);  // allocates its state
   // A sharded optimizer (ZeRO, engine/detail/grad_reducer.h): the stage updates only the
   // elements [begin, end) of the flattened parameter `id` and holds optimizer state for
@@ -174,8 +173,8 @@ class Stage {
   // Per value: does forward keep it for backward (outside recomputed layers); per node:
   // is its layer recomputed; per value: the nodes whose B reads it.
   std::vector<bool> kept_, recompute_node_, needs_grad_;
-  std::vector<int> last_forward_use_;            // last consumer node in the stage
-  std::vector<std::vector<int>> backward_users_; // nodes whose B reads the value
+  std::vector<int> last_forward_use_;             // last consumer node in the stage
+  std::vector<std::vector<int>> backward_users_;  // nodes whose B reads the value
   std::map<int64_t, std::unique_ptr<MbState>> stash_;
   OptimizerConfig opt_;
   bool opt_ready_ = false;

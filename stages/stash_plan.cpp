@@ -47,7 +47,8 @@ StashPlan plan_stash(const Graph& g, int first, int last, const std::set<int>& r
     const Value& val = g.values[v];
     bool floating = memory::is_floating(val.type.dtype) && val.type.batched;
     bool produced_here = !val.is_input() && in_stage[size_t(val.producer)];
-    bool enters = std::find(p.boundary_in.begin(), p.boundary_in.end(), int(v)) != p.boundary_in.end();
+    bool enters =
+        std::find(p.boundary_in.begin(), p.boundary_in.end(), int(v)) != p.boundary_in.end();
     p.needs_grad[v] = floating && (produced_here || enters);
   }
   return p;

@@ -190,8 +190,7 @@ std::shared_ptr<const TokenStore> TokenStore::open_megatron(const std::string& p
     const int64_t bytes = len * int64_t(k);  // len < 2^31, k <= 8: no overflow
     if (ptr < 0 || ptr > bin_size || bytes > bin_size - ptr) {
       // ptr + bytes may not fit in int64 (a corrupt offset near 2^63): said so.
-      const std::string end =
-          ptr > INT64_MAX - bytes ? "past 2^63" : std::to_string(ptr + bytes);
+      const std::string end = ptr > INT64_MAX - bytes ? "past 2^63" : std::to_string(ptr + bytes);
       bool truncated = ptr == expect_ptr && ptr <= bin_size;
       throw InputError(
           (truncated ? bin_path + ": truncated: "

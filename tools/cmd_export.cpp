@@ -20,19 +20,23 @@ std::string resolve_checkpoint(const std::string& dir) {
   if (!fs::exists(dir)) throw InputError(dir + ": no such checkpoint directory");
   if (fs::exists(dir + "/manifest.json")) return dir;
   if (auto latest = stages::latest_checkpoint(dir)) return *latest;
-  throw InputError(dir + ": no complete checkpoint (no manifest.json in it or in a step-* "
-                         "directory under it)");
+  throw InputError(dir +
+                   ": no complete checkpoint (no manifest.json in it or in a step-* "
+                   "directory under it)");
 }
 
 int run_export(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string checkpoint, format, out, max_shard, dtype;
-  opts.add_options()
-      ("checkpoint", po::value(&checkpoint)->required(), "a checkpoint directory (--checkpoint-dir of train: its newest complete checkpoint), or one step-* directory in it")
-      ("format", po::value(&format)->default_value("hf"), "output format: hf (Hugging Face transformers)")
-      ("out", po::value(&out)->required(), "output directory")
-      ("max-shard-size", po::value(&max_shard)->default_value(""), "shard the weights above this size (e.g. 5GB, 200MB), with model.safetensors.index.json")
-      ("dtype", po::value(&dtype)->default_value("f32"), "stored weights: f32, bf16 or f16");
+  opts.add_options()("checkpoint", po::value(&checkpoint)->required(),
+                     "a checkpoint directory (--checkpoint-dir of train: its newest complete "
+                     "checkpoint), or one step-* directory in it")(
+      "format", po::value(&format)->default_value("hf"),
+      "output format: hf (Hugging Face transformers)")("out", po::value(&out)->required(),
+                                                       "output directory")(
+      "max-shard-size", po::value(&max_shard)->default_value(""),
+      "shard the weights above this size (e.g. 5GB, 200MB), with model.safetensors.index.json")(
+      "dtype", po::value(&dtype)->default_value("f32"), "stored weights: f32, bf16 or f16");
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args, "baton export --checkpoint DIR --out OUT [options]", opts, vm)) return 0;
@@ -47,7 +51,8 @@ int run_export(const std::vector<std::string>& args) {
     wo.dtype = memory::DType::f16;
   else
     throw InputError("--dtype: expected f32, bf16 or f16, found '" + dtype + "'");
-  if (!max_shard.empty()) wo.max_shard_bytes = stages::parse_byte_size(max_shard, "--max-shard-size");
+  if (!max_shard.empty())
+    wo.max_shard_bytes = stages::parse_byte_size(max_shard, "--max-shard-size");
 
   const std::string step_dir = resolve_checkpoint(checkpoint);
   stages::Manifest m = stages::read_manifest(step_dir);

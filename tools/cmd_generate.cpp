@@ -34,21 +34,29 @@ int run_generate(const std::vector<std::string>& args) {
   int64_t max_new = 32, top_k = 0;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
-  opts.add_options()
-      ("model", po::value(&model), "model JSON (default: the checkpoint's, or --init-from's config.json)")
-      ("checkpoint", po::value(&checkpoint), "a checkpoint directory (its newest complete checkpoint) or one step-* directory")
-      ("init-from", po::value(&init_from), "a Hugging Face model directory (config.json + safetensors)")
-      ("prompt", po::value(&prompt), "prompt text (byte-level models, or with --tokenizer)")
-      ("prompt-ids", po::value(&prompt_ids), "prompt as token ids: 1,2,3")
-      ("max-new-tokens", po::value(&max_new)->default_value(32), "tokens to generate")
-      ("temperature", po::value(&temperature)->default_value(0.0), "0: greedy; otherwise sample from softmax(logits / T)")
-      ("top-k", po::value(&top_k)->default_value(0), "sample among the k most likely tokens (0: all)")
-      ("top-p", po::value(&top_p)->default_value(1.0), "sample among the most likely tokens whose probability reaches p")
-      ("seed", po::value(&seed)->default_value(0), "sampling seed")
-      ("tokenizer", po::value(&tokenizer), "a SentencePiece model file (tokenizer.model) for text prompts and output");
+  opts.add_options()("model", po::value(&model),
+                     "model JSON (default: the checkpoint's, or --init-from's config.json)")(
+      "checkpoint", po::value(&checkpoint),
+      "a checkpoint directory (its newest complete checkpoint) or one step-* directory")(
+      "init-from", po::value(&init_from),
+      "a Hugging Face model directory (config.json + safetensors)")(
+      "prompt", po::value(&prompt), "prompt text (byte-level models, or with --tokenizer)")(
+      "prompt-ids", po::value(&prompt_ids), "prompt as token ids: 1,2,3")(
+      "max-new-tokens", po::value(&max_new)->default_value(32), "tokens to generate")(
+      "temperature", po::value(&temperature)->default_value(0.0),
+      "0: greedy; otherwise sample from softmax(logits / T)")(
+      "top-k", po::value(&top_k)->default_value(0),
+      "sample among the k most likely tokens (0: all)")(
+      "top-p", po::value(&top_p)->default_value(1.0),
+      "sample among the most likely tokens whose probability reaches p")(
+      "seed", po::value(&seed)->default_value(0), "sampling seed")(
+      "tokenizer", po::value(&tokenizer),
+      "a SentencePiece model file (tokenizer.model) for text prompts and output");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton generate (--checkpoint DIR | --init-from HF_DIR) (--prompt TEXT | --prompt-ids 1,2,3) [options]",
+  if (!parse_args(args,
+                  "baton generate (--checkpoint DIR | --init-from HF_DIR) (--prompt TEXT | "
+                  "--prompt-ids 1,2,3) [options]",
                   opts, vm))
     return 0;
   apply_common_options(vm);
@@ -99,10 +107,12 @@ int run_generate(const std::vector<std::string>& args) {
   if (!tokenizer.empty()) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     auto status = sp.Load(tokenizer);
-    if (!status.ok()) throw InputError(tokenizer + ": not a SentencePiece model: " + status.ToString());
+    if (!status.ok())
+      throw InputError(tokenizer + ": not a SentencePiece model: " + status.ToString());
     have_sp = true;
 #else
-    throw InputError("--tokenizer: this build of baton has no SentencePiece (libsentencepiece-dev)");
+    throw InputError(
+        "--tokenizer: this build of baton has no SentencePiece (libsentencepiece-dev)");
 #endif
   }
   stages::Generator probe_vocab(stage, 1);
@@ -123,8 +133,10 @@ int run_generate(const std::vector<std::string>& args) {
   } else if (bytes) {
     for (unsigned char ch : prompt) ids.push_back(int32_t(ch));
   } else {
-    throw InputError("--prompt needs a byte-level model (vocabulary 256) or --tokenizer; this "
-                     "model's vocabulary is " + std::to_string(vocab) + ": give --prompt-ids");
+    throw InputError(
+        "--prompt needs a byte-level model (vocabulary 256) or --tokenizer; this "
+        "model's vocabulary is " +
+        std::to_string(vocab) + ": give --prompt-ids");
   }
 
   stages::SampleOptions so{temperature, top_k, top_p, seed};

@@ -108,10 +108,12 @@ int run_plan(const std::vector<std::string>& args) {
       so.layers_per_stage.push_back(int(n));
   pt::optimizer_states(so.optimizer);
   if (sharding == "none" || sharding == "zero1")
-    so.optimizer_sharding = sharding == "none" ? pt::OptimizerSharding::none : pt::OptimizerSharding::zero1;
+    so.optimizer_sharding =
+        sharding == "none" ? pt::OptimizerSharding::none : pt::OptimizerSharding::zero1;
   else
-    throw InputError("--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
-                     sharding + "'");
+    throw InputError(
+        "--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
+        sharding + "'");
   so.model_path = model_path;
 
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));

@@ -23,28 +23,32 @@ int predict(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string plan_path, costs, schedule_file, out, svg;
   pt::Machine machine;
-  opts.add_options()
-      ("plan", po::value(&plan_path)->required(), "the plan")
-      ("costs", po::value(&costs), "measured op times from baton profile (default: FLOPs at --flops)")
-      ("flops", po::value(&machine.flops)->default_value(machine.flops), "FLOP/s of one device (analytic times)")
-      ("schedule", po::value(&schedule_file), "a schedule file instead of the plan's generator")
-      ("out,o", po::value(&out), "write the timeline here (Chrome trace JSON)")
-      ("svg", po::value(&svg), "draw it here (SVG)");
+  opts.add_options()("plan", po::value(&plan_path)->required(), "the plan")(
+      "costs", po::value(&costs),
+      "measured op times from baton profile (default: FLOPs at --flops)")(
+      "flops", po::value(&machine.flops)->default_value(machine.flops),
+      "FLOP/s of one device (analytic times)")("schedule", po::value(&schedule_file),
+                                               "a schedule file instead of the plan's generator")(
+      "out,o", po::value(&out), "write the timeline here (Chrome trace JSON)")(
+      "svg", po::value(&svg), "draw it here (SVG)");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton trace predict --plan plan.json [--costs profile.json] -o predicted.json", opts, vm))
+  if (!parse_args(args,
+                  "baton trace predict --plan plan.json [--costs profile.json] -o predicted.json",
+                  opts, vm))
     return 0;
   apply_common_options(vm);
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
-  if (!schedule_file.empty()) pt::use_schedule(r, schedule::load_schedule(schedule_file), schedule_file);
+  if (!schedule_file.empty())
+    pt::use_schedule(r, schedule::load_schedule(schedule_file), schedule_file);
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);
   pt::Prediction p = pt::predict_step(r, model);
-  std::printf("predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, %s\n", p.step_time * 1e3,
-              p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
+  std::printf("predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, %s\n",
+              p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
               costs.empty() ? "costs from FLOPs" : ("measured op costs " + costs).c_str());
   if (!out.empty()) memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
   if (!svg.empty()) memory::write_file_durably(svg, schedule::to_svg(p.timeline));
@@ -54,19 +58,22 @@ int predict(const std::vector<std::string>& args) {
 int compare(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string measured, predicted;
-  opts.add_options()
-      ("measured", po::value(&measured)->required(), "measured timeline (baton train --plan ... --trace)")
-      ("predicted", po::value(&predicted)->required(), "predicted timeline (baton trace predict, baton simulate --trace)")
-      ("actions", po::bool_switch(), "one line per action");
+  opts.add_options()("measured", po::value(&measured)->required(),
+                     "measured timeline (baton train --plan ... --trace)")(
+      "predicted", po::value(&predicted)->required(),
+      "predicted timeline (baton trace predict, baton simulate --trace)")(
+      "actions", po::bool_switch(), "one line per action");
   po::positional_options_description pos;
   pos.add("measured", 1).add("predicted", 1);
   po::variables_map vm;
-  if (!parse_args(args, "baton trace compare MEASURED.json PREDICTED.json [--actions]", opts, vm, &pos)) return 0;
+  if (!parse_args(args, "baton trace compare MEASURED.json PREDICTED.json [--actions]", opts, vm,
+                  &pos))
+    return 0;
   schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
   schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
   schedule::TraceComparison c = schedule::compare_timelines(m, p);
-  std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), m.name.c_str(), predicted.c_str(), p.name.c_str(),
-              schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
+  std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), m.name.c_str(), predicted.c_str(),
+              p.name.c_str(), schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
   return 0;
 }
 
@@ -100,7 +107,8 @@ int run_trace(const std::vector<std::string>& args) {
   throw InputError("baton trace: unknown sub-command '" + args[0] + "' (predict, compare or svg)");
 }
 
-const RegisterCommand reg{{"trace", "predict, compare and draw timelines (measured vs simulated)", run_trace}};
+const RegisterCommand reg{
+    {"trace", "predict, compare and draw timelines (measured vs simulated)", run_trace}};
 
 }  // namespace
 }  // namespace baton::tools

@@ -33,51 +33,78 @@ int run_train(const std::vector<std::string>& args) {
   int64_t trace_steps = 1;
   double bucket_mib = 4;
   double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
-  opts.add_options()
-      ("model", po::value(&o.model_path), "model JSON (general graph, gpt2, mlp or resnet shorthand, or a Hugging Face config.json)")
-      ("data", po::value(&data)->multitoken()->required(), "training data: a Megatron dataset (PREFIX, PREFIX.bin or PREFIX.idx), a flat token file (.bin), any other file (one token per byte), a blend 0.7:a 0.3:b, or a directory with images.npy and labels.npy")
-      ("data-format", po::value(&o.data.format)->default_value("auto"), "auto, megatron, tokens or text")
-      ("token-dtype", po::value(&o.data.token_dtype), "flat token files: uint16 (default) or uint32")
-      ("no-cross-documents", po::bool_switch(&no_cross_documents), "keep every sample window inside one document")
-      ("eval-data", po::value(&o.data.eval_data)->multitoken(), "held-out data (same formats and blends as --data)")
-      ("eval-fraction", po::value(&o.data.eval_fraction)->default_value(0.0), "hold out this share of --data's documents")
-      ("eval-every", po::value(&o.eval_every)->default_value(0), "steps between evaluations of the held-out data (0: after the last step)")
-      ("eval-batches", po::value(&o.eval_batches)->default_value(1), "batches the held-out loss averages (the same ones every time)")
-      ("steps", po::value(&o.steps)->default_value(100), "total training steps")
-      ("batch", po::value(&o.batch)->default_value(8), "samples per step")
-      ("micro-batches", po::value(&o.micro_batches)->default_value(1), "micro-batches per step (divides --batch)")
-      ("lr", po::value(&lr)->default_value(1e-3), "learning rate (the peak of --lr-schedule)")
-      ("lr-schedule", po::value(&lr_schedule)->default_value("constant"), "constant, cosine, linear or wsd (warm-up, stable, decay)")
-      ("warmup-steps", po::value(&o.lr_schedule.warmup)->default_value(0), "steps of linear warm-up to --lr")
-      ("decay-steps", po::value(&o.lr_schedule.decay)->default_value(0), "steps of decay after warm-up (0: the remaining steps; wsd: --decay-fraction)")
-      ("min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0), "the rate the decay ends at")
-      ("decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1), "wsd: the last share of the steps that decays")
-      ("weight-decay", po::value(&weight_decay)->default_value(0.0), "decoupled weight decay (matrices only)")
-      ("optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")
-      ("beta1", po::value(&beta1)->default_value(0.9), "AdamW beta1")
-      ("beta2", po::value(&beta2)->default_value(0.999), "AdamW beta2")
-      ("momentum", po::value(&momentum)->default_value(0.0), "SGD momentum")
-      ("grad-clip", po::value(&o.grad_clip)->default_value(1.0), "max global gradient norm (0: off)")
-      ("seed", po::value(&o.seed)->default_value(1), "seed of initialisation, data order and dropout")
-      ("checkpoint-dir", po::value(&o.checkpoint_dir), "directory for checkpoints")
-      ("checkpoint-every", po::value(&o.checkpoint_every)->default_value(0), "steps between checkpoints (0: at the end)")
-      ("keep-checkpoints", po::value(&o.keep_checkpoints)->default_value(0), "keep only the newest N checkpoints (0: all)")
-      ("resume", po::bool_switch(&o.resume), "continue from the newest complete checkpoint")
-      ("init-from", po::value(&o.init_from), "Hugging Face GPT-2 directory (config.json + model.safetensors) to start from")
-      ("device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")
-      ("recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")
-      ("log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")
-      ("loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")
-      ("summary", po::value(&o.summary_path), "write the run's summary JSON here at the end (docs/formats/summary.md)")
-      ("plan", po::value(&plan), "train under this plan (one process per rank: run under baton launch)")
-      ("schedule", po::value(&schedule_file), "with --plan: a schedule file to run instead of the plan's generator")
-      ("trace", po::value(&trace), "with --plan: write the measured timeline of the last steps (Chrome trace JSON)")
-      ("trace-steps", po::value(&trace_steps)->default_value(1), "with --trace: how many of the last steps")
-      ("bucket-mib", po::value(&bucket_mib)->default_value(4.0), "with --plan: gradient all-reduce bucket size in MiB");
+  opts.add_options()(
+      "model", po::value(&o.model_path),
+      "model JSON (general graph, gpt2, mlp or resnet shorthand, or a Hugging Face config.json)")(
+      "data", po::value(&data)->multitoken()->required(),
+      "training data: a Megatron dataset (PREFIX, PREFIX.bin or PREFIX.idx), a flat token file "
+      "(.bin), any other file (one token per byte), a blend 0.7:a 0.3:b, or a directory with "
+      "images.npy and labels.npy")("data-format", po::value(&o.data.format)->default_value("auto"),
+                                   "auto, megatron, tokens or text")(
+      "token-dtype", po::value(&o.data.token_dtype),
+      "flat token files: uint16 (default) or uint32")(
+      "no-cross-documents", po::bool_switch(&no_cross_documents),
+      "keep every sample window inside one document")(
+      "eval-data", po::value(&o.data.eval_data)->multitoken(),
+      "held-out data (same formats and blends as --data)")(
+      "eval-fraction", po::value(&o.data.eval_fraction)->default_value(0.0),
+      "hold out this share of --data's documents")(
+      "eval-every", po::value(&o.eval_every)->default_value(0),
+      "steps between evaluations of the held-out data (0: after the last step)")(
+      "eval-batches", po::value(&o.eval_batches)->default_value(1),
+      "batches the held-out loss averages (the same ones every time)")(
+      "steps", po::value(&o.steps)->default_value(100), "total training steps")(
+      "batch", po::value(&o.batch)->default_value(8), "samples per step")(
+      "micro-batches", po::value(&o.micro_batches)->default_value(1),
+      "micro-batches per step (divides --batch)")("lr", po::value(&lr)->default_value(1e-3),
+                                                  "learning rate (the peak of --lr-schedule)")(
+      "lr-schedule", po::value(&lr_schedule)->default_value("constant"),
+      "constant, cosine, linear or wsd (warm-up, stable, decay)")(
+      "warmup-steps", po::value(&o.lr_schedule.warmup)->default_value(0),
+      "steps of linear warm-up to --lr")(
+      "decay-steps", po::value(&o.lr_schedule.decay)->default_value(0),
+      "steps of decay after warm-up (0: the remaining steps; wsd: --decay-fraction)")(
+      "min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0), "the rate the decay ends at")(
+      "decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1),
+      "wsd: the last share of the steps that decays")("weight-decay",
+                                                      po::value(&weight_decay)->default_value(0.0),
+                                                      "decoupled weight decay (matrices only)")(
+      "optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")(
+      "beta1", po::value(&beta1)->default_value(0.9), "AdamW beta1")(
+      "beta2", po::value(&beta2)->default_value(0.999), "AdamW beta2")(
+      "momentum", po::value(&momentum)->default_value(0.0), "SGD momentum")(
+      "grad-clip", po::value(&o.grad_clip)->default_value(1.0),
+      "max global gradient norm (0: off)")("seed", po::value(&o.seed)->default_value(1),
+                                           "seed of initialisation, data order and dropout")(
+      "checkpoint-dir", po::value(&o.checkpoint_dir), "directory for checkpoints")(
+      "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
+      "steps between checkpoints (0: at the end)")("keep-checkpoints",
+                                                   po::value(&o.keep_checkpoints)->default_value(0),
+                                                   "keep only the newest N checkpoints (0: all)")(
+      "resume", po::bool_switch(&o.resume), "continue from the newest complete checkpoint")(
+      "init-from", po::value(&o.init_from),
+      "Hugging Face GPT-2 directory (config.json + model.safetensors) to start from")(
+      "device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")(
+      "recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")(
+      "log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")(
+      "loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")(
+      "summary", po::value(&o.summary_path),
+      "write the run's summary JSON here at the end (docs/formats/summary.md)")(
+      "plan", po::value(&plan),
+      "train under this plan (one process per rank: run under baton launch)")(
+      "schedule", po::value(&schedule_file),
+      "with --plan: a schedule file to run instead of the plan's generator")(
+      "trace", po::value(&trace),
+      "with --plan: write the measured timeline of the last steps (Chrome trace JSON)")(
+      "trace-steps", po::value(&trace_steps)->default_value(1),
+      "with --trace: how many of the last steps")(
+      "bucket-mib", po::value(&bucket_mib)->default_value(4.0),
+      "with --plan: gradient all-reduce bucket size in MiB");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton train --model M --data PATH [options]\n"
-                        "       baton launch -n N -- baton train --plan plan.json --data PATH [options]",
+  if (!parse_args(args,
+                  "baton train --model M --data PATH [options]\n"
+                  "       baton launch -n N -- baton train --plan plan.json --data PATH [options]",
                   opts, vm))
     return 0;
   apply_common_options(vm);
@@ -115,18 +142,21 @@ int run_train(const std::vector<std::string>& args) {
   // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
   if (transport::resume_requested() && !o.resume) {
     if (o.checkpoint_dir.empty())
-      spdlog::warn("restarted (BATON_RESUME=1) without --checkpoint-dir: starting again from step 0");
+      spdlog::warn(
+          "restarted (BATON_RESUME=1) without --checkpoint-dir: starting again from step 0");
     o.resume = !o.checkpoint_dir.empty();
   }
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
-      if (!vm[flag].defaulted() && vm.count(flag)) throw InputError(std::string("--") + flag + " needs --plan");
+      if (!vm[flag].defaulted() && vm.count(flag))
+        throw InputError(std::string("--") + flag + " needs --plan");
     engine::run_training(o);
     return 0;
   }
   for (const char* flag : {"model", "init-from", "recompute"})
     if (vm.count(flag))
-      throw InputError(std::string("--") + flag + " does not go with --plan (the plan names the model and its recompute)");
+      throw InputError(std::string("--") + flag +
+                       " does not go with --plan (the plan names the model and its recompute)");
   if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
     throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
   if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
@@ -151,12 +181,16 @@ int run_train(const std::vector<std::string>& args) {
   // a rank fails).
   std::function<void(const engine::StepRecord&)> progress;
   if (world.store && world.comm->rank() == 0)
-    progress = [&world](const engine::StepRecord& r) { world.store->set(transport::kProgressKey, std::to_string(r.step)); };
+    progress = [&world](const engine::StepRecord& r) {
+      world.store->set(transport::kProgressKey, std::to_string(r.step));
+    };
   engine::train_plan(po, world.comm, progress);
   return 0;
 }
 
-const RegisterCommand reg{{"train", "train a model from a token dataset or text (one process, or a plan's ranks)", run_train}};
+const RegisterCommand reg{
+    {"train", "train a model from a token dataset or text (one process, or a plan's ranks)",
+     run_train}};
 
 }  // namespace
 }  // namespace baton::tools

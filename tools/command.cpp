@@ -15,9 +15,13 @@ std::vector<Command>& registry() {
 }
 }  // namespace
 
-RegisterCommand::RegisterCommand(Command c) { registry().push_back(std::move(c)); }
+RegisterCommand::RegisterCommand(Command c) {
+  registry().push_back(std::move(c));
+}
 
-const std::vector<Command>& commands() { return registry(); }
+const std::vector<Command>& commands() {
+  return registry();
+}
 
 bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 po::options_description& opts, po::variables_map& vm,

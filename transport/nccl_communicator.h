@@ -53,15 +53,16 @@ CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
 // (`key`/<n> for the n-th, counted in the store), so `key` may be used again. The
 // initialisation is watched with `peer_timeout`: a rank that never joins makes the
 // others throw PeerError naming it (the store knows who arrived).
-CommPtr make_nccl_communicator(Store& store, const std::string& key, int rank, int size, int device,
-                               std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
-                               std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
+CommPtr make_nccl_communicator(
+    Store& store, const std::string& key, int rank, int size, int device,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
+    std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 
 // The NCCL world of a job that init_world() set up, called as
 // make_nccl_world(world.env, world.store.get()): one process per GPU, the device being the
 // process's local rank, the id exchanged through the store under "<prefix>/nccl/world"
-// (no store is needed for a world of one; each call a key of its own). Throws RuntimeError when this host has too
-// few GPUs.
+// (no store is needed for a world of one; each call a key of its own). Throws RuntimeError when
+// this host has too few GPUs.
 CommPtr make_nccl_world(const LaunchEnv& env, Store* store, const std::string& prefix = "baton",
                         std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
 

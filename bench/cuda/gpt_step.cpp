@@ -62,7 +62,8 @@ Config parse(int argc, char** argv) {
   num("batch", c.batch), num("vocab", c.vocab), num("steps", steps), num("warmup", warmup);
   num("tf32", tf32);
   c.steps = int(steps), c.warmup = int(warmup), c.tf32 = tf32 != 0;
-  if (auto it = kv.find("dtype"); it != kv.end()) c.dtype = memory::parse_dtype(it->second), kv.erase(it);
+  if (auto it = kv.find("dtype"); it != kv.end())
+    c.dtype = memory::parse_dtype(it->second), kv.erase(it);
   if (auto it = kv.find("attention"); it != kv.end()) {
     if (it->second == "flash")
       c.attention = kernels::cuda::AttentionImpl::flash;
@@ -74,7 +75,8 @@ Config parse(int argc, char** argv) {
       std::fprintf(stderr, "gpt_step: --attention auto|flash|cublas|cudnn\n"), std::exit(2);
     kv.erase(it);
   }
-  if (auto it = kv.find("peak-tflops"); it != kv.end()) c.peak_tflops = std::stod(it->second), kv.erase(it);
+  if (auto it = kv.find("peak-tflops"); it != kv.end())
+    c.peak_tflops = std::stod(it->second), kv.erase(it);
   if (!kv.empty()) {
     std::fprintf(stderr, "gpt_step: unknown option --%s\n", kv.begin()->first.c_str());
     std::exit(2);
@@ -172,8 +174,8 @@ class Gpt {
   void for_each_param(F f) {
     f(wte_), f(wpe_), f(lnf_w_), f(lnf_b_);
     for (Layer& L : layers_)
-      for (Param* p : {&L.ln1_w, &L.ln1_b, &L.attn_w, &L.attn_b, &L.proj_w, &L.proj_b, &L.ln2_w, &L.ln2_b,
-                       &L.fc_w, &L.fc_b, &L.fcp_w, &L.fcp_b})
+      for (Param* p : {&L.ln1_w, &L.ln1_b, &L.attn_w, &L.attn_b, &L.proj_w, &L.proj_b, &L.ln2_w,
+                       &L.ln2_b, &L.fc_w, &L.fc_b, &L.fcp_w, &L.fcp_b})
         f(*p);
   }
 
@@ -217,7 +219,8 @@ class Gpt {
     kernels::ce_finish(logits_, targets_, 0, rm_, se_, tl_, 1.0 / double(N), losses_, logits_);
     // ---- backward (logits_ now holds dlogits) ----
     kernels::linear_backward_input(logits_, wte_.work, WeightLayout::out_in, dn_, false);
-    kernels::linear_backward_weight(logits_, lnf_, WeightLayout::out_in, wte_.grad, no_bias_, false);
+    kernels::linear_backward_weight(logits_, lnf_, WeightLayout::out_in, wte_.grad, no_bias_,
+                                    false);
     kernels::layernorm_backward_weight(dn_, xf_, mf_, rf_, lnf_w_.grad, lnf_b_.grad, false);
     kernels::layernorm_backward_input(dn_, xf_, lnf_w_.work, mf_, rf_, dx_, false);
     for (size_t l = layers_.size(); l-- > 0;) {
@@ -232,8 +235,9 @@ class Gpt {
       kernels::linear_backward_weight(dx_, L.att, io, L.proj_w.grad, L.proj_b.grad, false);
       kernels::linear_backward_input(dx_, L.proj_w.work, io, tmp_, false);
       Tensor dqkv3 = dqkv_.view({c_.batch, c_.ctx, 3 * C});
-      kernels::attention_backward(L.qkv.view({c_.batch, c_.ctx, 3 * C}), L.att.view({c_.batch, c_.ctx, C}),
-                                  L.lse, tmp_.view({c_.batch, c_.ctx, C}), opt, dqkv3, false);
+      kernels::attention_backward(L.qkv.view({c_.batch, c_.ctx, 3 * C}),
+                                  L.att.view({c_.batch, c_.ctx, C}), L.lse,
+                                  tmp_.view({c_.batch, c_.ctx, C}), opt, dqkv3, false);
       kernels::linear_backward_weight(dqkv_, L.ln1, io, L.attn_w.grad, L.attn_b.grad, false);
       kernels::linear_backward_input(dqkv_, L.attn_w.work, io, dn_, false);
       kernels::layernorm_backward_weight(dn_, L.x, L.m1, L.r1, L.ln1_w.grad, L.ln1_b.grad, false);
@@ -274,7 +278,8 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const Config c = parse(argc, argv);
   if (memory::cuda::device_count() == 0) {
-    std::fprintf(stderr, "gpt_step: no CUDA device (%s)\n", memory::cuda::unavailable_reason().c_str());
+    std::fprintf(stderr, "gpt_step: no CUDA device (%s)\n",
+                 memory::cuda::unavailable_reason().c_str());
     return 1;
   }
   kernels::cuda::set_allow_tf32(c.tf32);
@@ -282,8 +287,9 @@ int main(int argc, char** argv) {
   try {
     Gpt gpt(c);
     const int64_t tokens = c.batch * c.ctx;
-    const double flops = 6.0 * double(gpt.matrix_weights()) * double(tokens) +
-                         12.0 * double(c.layers) * double(c.ctx) * double(c.hidden) * double(tokens);
+    const double flops =
+        6.0 * double(gpt.matrix_weights()) * double(tokens) +
+        12.0 * double(c.layers) * double(c.ctx) * double(c.hidden) * double(tokens);
     std::vector<double> ms;
     double first_loss = NAN, last_loss = NAN;
     memory::cuda::Event t0(0, true), t1(0, true);
@@ -298,23 +304,32 @@ int main(int argc, char** argv) {
       if (s == c.warmup + c.steps) last_loss = gpt.loss();
     }
     const double med = median(ms);
-    const double mn = *std::min_element(ms.begin(), ms.end()), mx = *std::max_element(ms.begin(), ms.end());
+    const double mn = *std::min_element(ms.begin(), ms.end()),
+                 mx = *std::max_element(ms.begin(), ms.end());
     const auto alloc = memory::allocator_for(kGpu).stats();
     const char* attn = c.attention == kernels::cuda::AttentionImpl::flash    ? "flash"
                        : c.attention == kernels::cuda::AttentionImpl::cublas ? "cublas"
                        : c.attention == kernels::cuda::AttentionImpl::cudnn  ? "cudnn"
                                                                              : "auto";
-    std::printf("baton gpt_step: layers %lld hidden %lld heads %lld ctx %lld batch %lld vocab %lld dtype %s tf32 %d "
-                "attention %s\n",
-                (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.ctx, (long long)c.batch,
-                (long long)c.vocab, std::string(memory::dtype_name(c.dtype)).c_str(), int(c.tf32), attn);
-    std::printf("  step ms: median %.3f min %.3f max %.3f over %d steps after %d warm-up\n", med, mn, mx, c.steps,
-                c.warmup);
-    std::printf("  tokens/s: %.0f (median step)   TFLOP/step %.3f   achieved %.1f TFLOP/s   MFU %.1f%% of %.0f\n",
-                double(tokens) / (med / 1e3), flops / 1e12, flops / (med / 1e3) / 1e12,
-                100.0 * flops / (med / 1e3) / (c.peak_tflops * 1e12), c.peak_tflops);
-    std::printf("  loss: %.4f at step 1, %.4f at step %d   device memory peak %.2f GiB, fresh allocations %zu\n",
-                first_loss, last_loss, c.warmup + c.steps, double(alloc.peak) / double(1ull << 30), alloc.fresh);
+    std::printf(
+        "baton gpt_step: layers %lld hidden %lld heads %lld ctx %lld batch %lld vocab %lld dtype "
+        "%s tf32 %d "
+        "attention %s\n",
+        (long long)c.layers, (long long)c.hidden, (long long)c.heads, (long long)c.ctx,
+        (long long)c.batch, (long long)c.vocab, std::string(memory::dtype_name(c.dtype)).c_str(),
+        int(c.tf32), attn);
+    std::printf("  step ms: median %.3f min %.3f max %.3f over %d steps after %d warm-up\n", med,
+                mn, mx, c.steps, c.warmup);
+    std::printf(
+        "  tokens/s: %.0f (median step)   TFLOP/step %.3f   achieved %.1f TFLOP/s   MFU %.1f%% of "
+        "%.0f\n",
+        double(tokens) / (med / 1e3), flops / 1e12, flops / (med / 1e3) / 1e12,
+        100.0 * flops / (med / 1e3) / (c.peak_tflops * 1e12), c.peak_tflops);
+    std::printf(
+        "  loss: %.4f at step 1, %.4f at step %d   device memory peak %.2f GiB, fresh allocations "
+        "%zu\n",
+        first_loss, last_loss, c.warmup + c.steps, double(alloc.peak) / double(1ull << 30),
+        alloc.fresh);
     std::printf("RESULT baton %s tokens_per_s %.0f step_ms %.3f mfu %.4f\n",
                 std::string(memory::dtype_name(c.dtype)).c_str(), double(tokens) / (med / 1e3), med,
                 flops / (med / 1e3) / (c.peak_tflops * 1e12));

@@ -235,7 +235,8 @@ void GradReducer::gather_params() {
   for (Gather& x : gathers) {
     x.work->wait();
     Param& p = *x.p;
-    for (size_t k = 1; k < p.holders.size(); ++k) p.holders[k]->param(p.id).copy_from(p.holders[0]->param(p.id));
+    for (size_t k = 1; k < p.holders.size(); ++k)
+      p.holders[k]->param(p.id).copy_from(p.holders[0]->param(p.id));
   }
 }
 

@@ -51,8 +51,15 @@ Geometry geometry_of(const AttentionShape& s, const AttentionOptions& opt) {
   const int64_t kv = s.kv_heads;
   const int64_t group = opt.group > 0 ? opt.group : s.heads / kv;
   const int64_t kv_offset = opt.kv_offset >= 0 ? opt.kv_offset : opt.head_offset / group;
-  return Geometry{s.seq,   s.heads,        kv, s.head_dim, (s.heads + 2 * kv) * s.head_dim,
-                  s.heads * s.head_dim, group, opt.head_offset, kv_offset};
+  return Geometry{s.seq,
+                  s.heads,
+                  kv,
+                  s.head_dim,
+                  (s.heads + 2 * kv) * s.head_dim,
+                  s.heads * s.head_dim,
+                  group,
+                  opt.head_offset,
+                  kv_offset};
 }
 
 struct Dropout {
@@ -145,8 +152,8 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
 // the query heads of one group share.
 template <class T>
 void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv,
-                   const Geometry& g, const Dropout& dr, T scale, int64_t b, int64_t h,
-                   bool acc_q, bool acc_kv) {
+                   const Geometry& g, const Dropout& dr, T scale, int64_t b, int64_t h, bool acc_q,
+                   bool acc_kv) {
   const int64_t D = g.D, ld = g.ld;
   for (int64_t i = 0; i < g.T; ++i) {
     T* row = dqkv + (b * g.T + i) * ld;
@@ -370,8 +377,7 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       }
       // dQ += scale dS K (its rows are first written at the first chunk);
       // dK += scale dS^T Q.
-      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld,
-                             acc_q || c0 > 0);
+      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld, acc_q || c0 > 0);
       by_keys(dp, q, ld, scale, dk);
     }
   }

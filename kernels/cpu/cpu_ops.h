@@ -110,11 +110,10 @@ void add_layernorm_backward_input(const T* dy, const T* ds, const T* s, const T*
 
 // ---- rmsnorm.cpp ----
 template <class T>
-void rmsnorm_forward(const T* x, const T* w, double eps, T* y, T* rstd, int64_t rows,
-                     int64_t cols);
+void rmsnorm_forward(const T* x, const T* w, double eps, T* y, T* rstd, int64_t rows, int64_t cols);
 template <class T>
-void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
-                            int64_t rows, int64_t cols, bool accumulate);
+void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t rows,
+                            int64_t cols, bool accumulate);
 template <class T>
 void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t rows,
                              int64_t cols, bool accumulate);

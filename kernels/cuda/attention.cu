@@ -129,8 +129,12 @@ void scores(const void* qkv, DType dt, const Geometry& g, int64_t b, float scale
 
 }  // namespace
 
-void set_attention_impl(AttentionImpl impl) { g_impl.store(impl); }
-AttentionImpl attention_impl() { return g_impl.load(); }
+void set_attention_impl(AttentionImpl impl) {
+  g_impl.store(impl);
+}
+AttentionImpl attention_impl() {
+  return g_impl.load();
+}
 
 AttentionImpl attention_impl_from_name(std::string_view name) {
   if (name == "automatic") return AttentionImpl::automatic;
@@ -151,35 +155,38 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   const AttentionImpl impl = g_impl.load();
   if (impl == AttentionImpl::cudnn) {
     require(cudnn_attention_forward(qkv, g, scale, dr, out, lse, l), op,
-            cudnn_built() ? "cuDNN's fused attention does not cover " + qkv.str() + (dr.on ? " with dropout" : "")
+            cudnn_built() ? "cuDNN's fused attention does not cover " + qkv.str() +
+                                (dr.on ? " with dropout" : "")
                           : std::string("baton was built without cuDNN"));
     return;
   }
-  if (impl != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l)) return;
+  if (impl != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l))
+    return;
   require(impl != AttentionImpl::flash, op, "the fused kernel does not cover " + qkv.str());
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
   Tensor p = scratch({g.H, g.T, g.T}, dt, l.device);
   BATON_CUDA_DISPATCH(op, dt, T, BATON_CUDA_SECOND(op, dt, lse.dtype(), T, L, {
-    for (int64_t b = 0; b < g.B; ++b) {
-      scores(qkv.raw_data(), dt, g, b, scale, s.data<float>(), l);
-      causal_softmax<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
-          s.data<float>(), static_cast<T*>(p.raw_data()), static_cast<L*>(lse.raw_data()), b, g.H,
-          g.T, dr);
-      BATON_CUDA_CHECK_LAUNCH();
-      // O_h = P_h V_h, written into out's columns of head h.
-      Gemm m;
-      m.m = g.T, m.n = g.D, m.k = g.T, m.batch = g.H;
-      m.a = p.raw_data(), m.lda = g.T, m.stride_a = g.T * g.T;
-      m.b = static_cast<const char*>(qkv.raw_data()) + size_t(b * g.T * g.ld() + 2 * g.H * g.D) * es;
-      m.ldb = g.ld(), m.stride_b = g.D;
-      m.c = static_cast<char*>(out.raw_data()) + size_t(b * g.T * g.ldo()) * es;
-      m.ldc = g.ldo(), m.stride_c = g.D;
-      m.ab_type = dt, m.c_type = dt;
-      gemm(m, l, op);
-    }
-  }));
+                        for (int64_t b = 0; b < g.B; ++b) {
+                          scores(qkv.raw_data(), dt, g, b, scale, s.data<float>(), l);
+                          causal_softmax<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
+                              s.data<float>(), static_cast<T*>(p.raw_data()),
+                              static_cast<L*>(lse.raw_data()), b, g.H, g.T, dr);
+                          BATON_CUDA_CHECK_LAUNCH();
+                          // O_h = P_h V_h, written into out's columns of head h.
+                          Gemm m;
+                          m.m = g.T, m.n = g.D, m.k = g.T, m.batch = g.H;
+                          m.a = p.raw_data(), m.lda = g.T, m.stride_a = g.T * g.T;
+                          m.b = static_cast<const char*>(qkv.raw_data()) +
+                                size_t(b * g.T * g.ld() + 2 * g.H * g.D) * es;
+                          m.ldb = g.ld(), m.stride_b = g.D;
+                          m.c = static_cast<char*>(out.raw_data()) + size_t(b * g.T * g.ldo()) * es;
+                          m.ldc = g.ldo(), m.stride_c = g.D;
+                          m.ab_type = dt, m.c_type = dt;
+                          gemm(m, l, op);
+                        }
+                      }));
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -188,8 +195,8 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   const Geometry g = check(op, qkv, opt, out, lse);
   require_cuda(op, "dout", dout);
   require_cuda(op, "dqkv", dqkv);
-  require(dout.numel() == out.numel() && dout.dtype() == out.dtype() && dqkv.numel() == qkv.numel() &&
-              dqkv.dtype() == qkv.dtype(),
+  require(dout.numel() == out.numel() && dout.dtype() == out.dtype() &&
+              dqkv.numel() == qkv.numel() && dqkv.dtype() == qkv.dtype(),
           op, "dout must match out and dqkv qkv");
   if (g.B == 0 || g.T == 0) return;
   Launch l(dqkv);
@@ -207,52 +214,57 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   Tensor s = scratch({g.H, g.T, g.T}, DType::f32, l.device);
   Tensor dpd = scratch({g.H, g.T, g.T}, DType::f32, l.device);
   Tensor p = scratch({g.H, g.T, g.T}, dt, l.device);
-  BATON_CUDA_DISPATCH(op, dt, T, BATON_CUDA_SECOND(op, dt, lse.dtype(), T, L, {
-    for (int64_t b = 0; b < g.B; ++b) {
-      const char* base = static_cast<const char*>(qkv.raw_data()) + size_t(b * g.T * g.ld()) * es;
-      char* dbase = static_cast<char*>(dqkv.raw_data()) + size_t(b * g.T * g.ld()) * es;
-      const char* dob = static_cast<const char*>(dout.raw_data()) + size_t(b * g.T * g.ldo()) * es;
-      const char *q = base, *k = base + size_t(g.H * g.D) * es, *v = base + size_t(2 * g.H * g.D) * es;
-      char *dq = dbase, *dk = dbase + size_t(g.H * g.D) * es, *dv = dbase + size_t(2 * g.H * g.D) * es;
-      const L* lse_p = static_cast<const L*>(lse.raw_data());
-      scores(qkv.raw_data(), dt, g, b, scale, s.data<float>(), l);
-      causal_probs<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
-          s.data<float>(), lse_p, static_cast<T*>(p.raw_data()), b, g.H, g.T, dr);
-      BATON_CUDA_CHECK_LAUNCH();
-      Gemm m;  // dV_h = P'_h^T dO_h
-      m.trans_a = true;
-      m.m = g.T, m.n = g.D, m.k = g.T, m.batch = g.H;
-      m.a = p.raw_data(), m.lda = g.T, m.stride_a = g.T * g.T;
-      m.b = dob, m.ldb = g.ldo(), m.stride_b = g.D;
-      m.c = dv, m.ldc = g.ld(), m.stride_c = g.D;
-      m.ab_type = dt, m.c_type = dt, m.beta = beta;
-      gemm(m, l, op);
-      Gemm n;  // dP'_h = dO_h V_h^T (f32)
-      n.trans_b = true;
-      n.m = g.T, n.n = g.T, n.k = g.D, n.batch = g.H;
-      n.a = dob, n.lda = g.ldo(), n.stride_a = g.D;
-      n.b = v, n.ldb = g.ld(), n.stride_b = g.D;
-      n.c = dpd.raw_data(), n.ldc = g.T, n.stride_c = g.T * g.T;
-      n.ab_type = dt, n.c_type = DType::f32;
-      gemm(n, l, op);
-      causal_dscores<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
-          s.data<float>(), lse_p, dpd.data<float>(), static_cast<T*>(p.raw_data()), b, g.H, g.T, dr,
-          scale);
-      BATON_CUDA_CHECK_LAUNCH();
-      Gemm dqm;  // dQ_h = dS_h K_h
-      dqm.m = g.T, dqm.n = g.D, dqm.k = g.T, dqm.batch = g.H;
-      dqm.a = p.raw_data(), dqm.lda = g.T, dqm.stride_a = g.T * g.T;
-      dqm.b = k, dqm.ldb = g.ld(), dqm.stride_b = g.D;
-      dqm.c = dq, dqm.ldc = g.ld(), dqm.stride_c = g.D;
-      dqm.ab_type = dt, dqm.c_type = dt, dqm.beta = beta;
-      gemm(dqm, l, op);
-      Gemm dkm = dqm;  // dK_h = dS_h^T Q_h
-      dkm.trans_a = true;
-      dkm.b = q;
-      dkm.c = dk;
-      gemm(dkm, l, op);
-    }
-  }));
+  BATON_CUDA_DISPATCH(
+      op, dt, T, BATON_CUDA_SECOND(op, dt, lse.dtype(), T, L, {
+        for (int64_t b = 0; b < g.B; ++b) {
+          const char* base =
+              static_cast<const char*>(qkv.raw_data()) + size_t(b * g.T * g.ld()) * es;
+          char* dbase = static_cast<char*>(dqkv.raw_data()) + size_t(b * g.T * g.ld()) * es;
+          const char* dob =
+              static_cast<const char*>(dout.raw_data()) + size_t(b * g.T * g.ldo()) * es;
+          const char *q = base, *k = base + size_t(g.H * g.D) * es,
+                     *v = base + size_t(2 * g.H * g.D) * es;
+          char *dq = dbase, *dk = dbase + size_t(g.H * g.D) * es,
+               *dv = dbase + size_t(2 * g.H * g.D) * es;
+          const L* lse_p = static_cast<const L*>(lse.raw_data());
+          scores(qkv.raw_data(), dt, g, b, scale, s.data<float>(), l);
+          causal_probs<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
+              s.data<float>(), lse_p, static_cast<T*>(p.raw_data()), b, g.H, g.T, dr);
+          BATON_CUDA_CHECK_LAUNCH();
+          Gemm m;  // dV_h = P'_h^T dO_h
+          m.trans_a = true;
+          m.m = g.T, m.n = g.D, m.k = g.T, m.batch = g.H;
+          m.a = p.raw_data(), m.lda = g.T, m.stride_a = g.T * g.T;
+          m.b = dob, m.ldb = g.ldo(), m.stride_b = g.D;
+          m.c = dv, m.ldc = g.ld(), m.stride_c = g.D;
+          m.ab_type = dt, m.c_type = dt, m.beta = beta;
+          gemm(m, l, op);
+          Gemm n;  // dP'_h = dO_h V_h^T (f32)
+          n.trans_b = true;
+          n.m = g.T, n.n = g.T, n.k = g.D, n.batch = g.H;
+          n.a = dob, n.lda = g.ldo(), n.stride_a = g.D;
+          n.b = v, n.ldb = g.ld(), n.stride_b = g.D;
+          n.c = dpd.raw_data(), n.ldc = g.T, n.stride_c = g.T * g.T;
+          n.ab_type = dt, n.c_type = DType::f32;
+          gemm(n, l, op);
+          causal_dscores<T, L><<<unsigned(g.H * g.T), kRowThreads, 0, l.stream>>>(
+              s.data<float>(), lse_p, dpd.data<float>(), static_cast<T*>(p.raw_data()), b, g.H, g.T,
+              dr, scale);
+          BATON_CUDA_CHECK_LAUNCH();
+          Gemm dqm;  // dQ_h = dS_h K_h
+          dqm.m = g.T, dqm.n = g.D, dqm.k = g.T, dqm.batch = g.H;
+          dqm.a = p.raw_data(), dqm.lda = g.T, dqm.stride_a = g.T * g.T;
+          dqm.b = k, dqm.ldb = g.ld(), dqm.stride_b = g.D;
+          dqm.c = dq, dqm.ldc = g.ld(), dqm.stride_c = g.D;
+          dqm.ab_type = dt, dqm.c_type = dt, dqm.beta = beta;
+          gemm(dqm, l, op);
+          Gemm dkm = dqm;  // dK_h = dS_h^T Q_h
+          dkm.trans_a = true;
+          dkm.b = q;
+          dkm.c = dk;
+          gemm(dkm, l, op);
+        }
+      }));
 }
 
 }  // namespace baton::kernels::cuda

@@ -46,17 +46,18 @@ inline AttnDropout attn_dropout(const AttentionOptions& opt, int64_t heads) {
 
 // The fused (flash) kernels take 16-bit qkv, f32 lse, D in {32, 64, 128} and 16-byte
 // aligned rows; they return false (nothing done) otherwise.
-bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale, const AttnDropout& dr,
-                             Tensor& out, Tensor& lse, const Launch& l);
-bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                              const AttnGeometry& g, float scale, const AttnDropout& dr, Tensor& dqkv,
-                              bool accumulate, const Launch& l);
+bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale,
+                             const AttnDropout& dr, Tensor& out, Tensor& lse, const Launch& l);
+bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, const AttnGeometry& g, float scale,
+                              const AttnDropout& dr, Tensor& dqkv, bool accumulate,
+                              const Launch& l);
 
 // cuDNN's fused attention forward (cudnn_attention.cu, its graph API): 16-bit qkv, f32
 // lse, causal, no dropout; returns false (nothing done) for a case it does not take,
 // when cuDNN finds no engine for it, or when baton was built without cuDNN. Its lse is
 // the one our kernels write, so the backward runs on them.
-bool cudnn_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale, const AttnDropout& dr,
-                             Tensor& out, Tensor& lse, const Launch& l);
+bool cudnn_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale,
+                             const AttnDropout& dr, Tensor& out, Tensor& lse, const Launch& l);
 
 }  // namespace baton::kernels::cuda

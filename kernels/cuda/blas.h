@@ -12,10 +12,10 @@ namespace baton::kernels::cuda {
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file,
                                      int line);
 
-#define BATON_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                      \
-    cublasStatus_t baton_cublas_st_ = (call);                                               \
-    if (baton_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                          \
+#define BATON_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                         \
+    cublasStatus_t baton_cublas_st_ = (call);                                                  \
+    if (baton_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                             \
       ::baton::kernels::cuda::throw_cublas_error(baton_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 

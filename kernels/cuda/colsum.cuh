@@ -35,7 +35,8 @@ __global__ void colsum_partial(F f, int64_t rows, int64_t cols, float* partial) 
 }
 
 template <class S>
-__global__ void colsum_finish(const float* partial, int slices, int64_t cols, S* out, bool accumulate) {
+__global__ void colsum_finish(const float* partial, int slices, int64_t cols, S* out,
+                              bool accumulate) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float t = 0;
@@ -64,8 +65,8 @@ template <class S>
 void colsum_store(const Tensor& partial, int index, int slices, int64_t cols, Tensor& out,
                   bool accumulate, const Launch& l) {
   const float* p = partial.data<float>() + int64_t(index) * slices * cols;
-  colsum_finish<S><<<grid_for(cols, 256), 256, 0, l.stream>>>(p, slices, cols,
-                                                              static_cast<S*>(out.raw_data()), accumulate);
+  colsum_finish<S><<<grid_for(cols, 256), 256, 0, l.stream>>>(
+      p, slices, cols, static_cast<S*>(out.raw_data()), accumulate);
   BATON_CUDA_CHECK_LAUNCH();
 }
 

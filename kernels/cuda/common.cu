@@ -8,12 +8,17 @@ void fail(const std::string& op, const std::string& what) {
 
 void require_cuda(const char* op, const char* name, const Tensor& t) {
   if (!t.defined()) fail(op, std::string(name) + " is undefined");
-  if (!t.device().is_cuda()) fail(op, std::string(name) + " is " + t.str() + ", not on a CUDA device");
+  if (!t.device().is_cuda())
+    fail(op, std::string(name) + " is " + t.str() + ", not on a CUDA device");
   if (!t.is_contiguous()) fail(op, std::string(name) + " (" + t.str() + ") is not contiguous");
 }
 
-bool is_float16ish(DType t) { return t == DType::bf16 || t == DType::f16; }
-bool is_cuda_float(DType t) { return t == DType::f32 || is_float16ish(t); }
+bool is_float16ish(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
+bool is_cuda_float(DType t) {
+  return t == DType::f32 || is_float16ish(t);
+}
 
 Launch::Launch(const Tensor& t)
     : guard(t.device().index),

@@ -26,20 +26,32 @@ using f16 = __half;
 template <class T>
 __device__ __forceinline__ float to_f(T v);
 template <>
-__device__ __forceinline__ float to_f<float>(float v) { return v; }
+__device__ __forceinline__ float to_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_f<bf16>(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f<bf16>(bf16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f<f16>(f16 v) { return __half2float(v); }
+__device__ __forceinline__ float to_f<f16>(f16 v) {
+  return __half2float(v);
+}
 
 template <class T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ f16 from_f<f16>(float v) {
+  return __float2half_rn(v);
+}
 
 // ---- checks ----
 [[noreturn]] void fail(const std::string& op, const std::string& what);
@@ -52,42 +64,62 @@ bool is_float16ish(DType t);  // bf16 or f16
 bool is_cuda_float(DType t);  // f32, bf16 or f16
 
 // ---- dtype dispatch: runs the body with T bound to the element type ----
-#define BATON_CUDA_DISPATCH(OP, DTYPE, T, ...)                                      \
-  switch (DTYPE) {                                                                   \
-    case ::baton::memory::DType::f32: { using T = float; __VA_ARGS__; break; }      \
-    case ::baton::memory::DType::bf16: { using T = ::baton::kernels::cuda::bf16; __VA_ARGS__; break; } \
-    case ::baton::memory::DType::f16: { using T = ::baton::kernels::cuda::f16; __VA_ARGS__; break; } \
-    default:                                                                         \
-      ::baton::kernels::cuda::fail(OP, std::string("unsupported dtype ") +          \
+#define BATON_CUDA_DISPATCH(OP, DTYPE, T, ...)                                               \
+  switch (DTYPE) {                                                                           \
+    case ::baton::memory::DType::f32: {                                                      \
+      using T = float;                                                                       \
+      __VA_ARGS__;                                                                           \
+      break;                                                                                 \
+    }                                                                                        \
+    case ::baton::memory::DType::bf16: {                                                     \
+      using T = ::baton::kernels::cuda::bf16;                                                \
+      __VA_ARGS__;                                                                           \
+      break;                                                                                 \
+    }                                                                                        \
+    case ::baton::memory::DType::f16: {                                                      \
+      using T = ::baton::kernels::cuda::f16;                                                 \
+      __VA_ARGS__;                                                                           \
+      break;                                                                                 \
+    }                                                                                        \
+    default:                                                                                 \
+      ::baton::kernels::cuda::fail(OP, std::string("unsupported dtype ") +                   \
                                            std::string(::baton::memory::dtype_name(DTYPE)) + \
-                                           " (CUDA kernels take f32, bf16, f16)");  \
+                                           " (CUDA kernels take f32, bf16, f16)");           \
   }
 
 // A second element type, f32 or the same as T (already bound): statistics, accumulators
 // and master copies kept in f32 beside bf16/f16 activations.
-#define BATON_CUDA_SECOND(OP, DT1, DT2, T, S, ...)                                  \
-  if ((DT2) == ::baton::memory::DType::f32) {                                       \
-    using S = float;                                                                \
-    __VA_ARGS__;                                                                    \
-  } else if ((DT2) == (DT1)) {                                                      \
-    using S = T;                                                                    \
-    __VA_ARGS__;                                                                    \
-  } else {                                                                          \
-    ::baton::kernels::cuda::fail(OP, "dtype " + std::string(::baton::memory::dtype_name(DT2)) + \
-                                         " where f32 or " +                         \
-                                         std::string(::baton::memory::dtype_name(DT1)) + \
-                                         " was expected");                          \
+#define BATON_CUDA_SECOND(OP, DT1, DT2, T, S, ...)                                        \
+  if ((DT2) == ::baton::memory::DType::f32) {                                             \
+    using S = float;                                                                      \
+    __VA_ARGS__;                                                                          \
+  } else if ((DT2) == (DT1)) {                                                            \
+    using S = T;                                                                          \
+    __VA_ARGS__;                                                                          \
+  } else {                                                                                \
+    ::baton::kernels::cuda::fail(                                                         \
+        OP, "dtype " + std::string(::baton::memory::dtype_name(DT2)) + " where f32 or " + \
+                std::string(::baton::memory::dtype_name(DT1)) + " was expected");         \
   }
 
 #define BATON_CUDA_DISPATCH2(OP, DT1, DT2, T, S, ...) \
   BATON_CUDA_DISPATCH(OP, DT1, T, BATON_CUDA_SECOND(OP, DT1, DT2, T, S, __VA_ARGS__))
 
 // Ids: i32 or i64.
-#define BATON_CUDA_DISPATCH_ID(OP, DTYPE, I, ...)                                   \
-  switch (DTYPE) {                                                                   \
-    case ::baton::memory::DType::i32: { using I = int32_t; __VA_ARGS__; break; }    \
-    case ::baton::memory::DType::i64: { using I = int64_t; __VA_ARGS__; break; }    \
-    default: ::baton::kernels::cuda::fail(OP, "ids must be i32 or i64");             \
+#define BATON_CUDA_DISPATCH_ID(OP, DTYPE, I, ...)                 \
+  switch (DTYPE) {                                                \
+    case ::baton::memory::DType::i32: {                           \
+      using I = int32_t;                                          \
+      __VA_ARGS__;                                                \
+      break;                                                      \
+    }                                                             \
+    case ::baton::memory::DType::i64: {                           \
+      using I = int64_t;                                          \
+      __VA_ARGS__;                                                \
+      break;                                                      \
+    }                                                             \
+    default:                                                      \
+      ::baton::kernels::cuda::fail(OP, "ids must be i32 or i64"); \
   }
 
 // ---- launch context ----

@@ -1,7 +1,7 @@
 // Softmax cross-entropy in the three steps of the vocabulary-parallel form (ops.h): one
 // block per row, statistics in f32 whatever the logits' type.
-#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops_cuda.h"
 
 namespace baton::kernels::cuda {
 
@@ -73,7 +73,8 @@ void ce_row_max(const Tensor& logits, Tensor& row_max) {
   Launch l(row_max);
   BATON_CUDA_DISPATCH2(op, logits.dtype(), row_max.dtype(), T, S, {
     row_max_k<T, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
-        static_cast<const T*>(logits.raw_data()), static_cast<S*>(row_max.raw_data()), logits.size(1));
+        static_cast<const T*>(logits.raw_data()), static_cast<S*>(row_max.raw_data()),
+        logits.size(1));
     BATON_CUDA_CHECK_LAUNCH();
   });
 }
@@ -90,13 +91,15 @@ void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offse
           "row_max, sum_exp, target_logit of one dtype");
   if (logits.size(0) == 0) return;
   Launch l(sum_exp);
-  BATON_CUDA_DISPATCH_ID(op, targets.dtype(), I, BATON_CUDA_DISPATCH2(op, logits.dtype(), row_max.dtype(), T, S, {
-    sum_exp_k<T, I, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
-        static_cast<const T*>(logits.raw_data()), static_cast<const I*>(targets.raw_data()), vocab_offset,
-        static_cast<const S*>(row_max.raw_data()), static_cast<S*>(sum_exp.raw_data()),
-        static_cast<S*>(target_logit.raw_data()), logits.size(1));
-    BATON_CUDA_CHECK_LAUNCH();
-  }));
+  BATON_CUDA_DISPATCH_ID(
+      op, targets.dtype(), I, BATON_CUDA_DISPATCH2(op, logits.dtype(), row_max.dtype(), T, S, {
+        sum_exp_k<T, I, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
+            static_cast<const T*>(logits.raw_data()), static_cast<const I*>(targets.raw_data()),
+            vocab_offset, static_cast<const S*>(row_max.raw_data()),
+            static_cast<S*>(sum_exp.raw_data()), static_cast<S*>(target_logit.raw_data()),
+            logits.size(1));
+        BATON_CUDA_CHECK_LAUNCH();
+      }));
 }
 
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
@@ -119,15 +122,17 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
   }
   if (logits.size(0) == 0) return;
   Launch l(losses);
-  BATON_CUDA_DISPATCH_ID(op, targets.dtype(), I, BATON_CUDA_DISPATCH2(op, logits.dtype(), row_max.dtype(), T, S, {
-    finish_k<T, I, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
-        static_cast<const T*>(logits.raw_data()), static_cast<const I*>(targets.raw_data()), vocab_offset,
-        static_cast<const S*>(row_max.raw_data()), static_cast<const S*>(sum_exp.raw_data()),
-        static_cast<const S*>(target_logit.raw_data()), float(grad_scale),
-        static_cast<S*>(losses.raw_data()), dlogits.defined() ? static_cast<T*>(dlogits.raw_data()) : nullptr,
-        logits.size(1));
-    BATON_CUDA_CHECK_LAUNCH();
-  }));
+  BATON_CUDA_DISPATCH_ID(
+      op, targets.dtype(), I, BATON_CUDA_DISPATCH2(op, logits.dtype(), row_max.dtype(), T, S, {
+        finish_k<T, I, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
+            static_cast<const T*>(logits.raw_data()), static_cast<const I*>(targets.raw_data()),
+            vocab_offset, static_cast<const S*>(row_max.raw_data()),
+            static_cast<const S*>(sum_exp.raw_data()),
+            static_cast<const S*>(target_logit.raw_data()), float(grad_scale),
+            static_cast<S*>(losses.raw_data()),
+            dlogits.defined() ? static_cast<T*>(dlogits.raw_data()) : nullptr, logits.size(1));
+        BATON_CUDA_CHECK_LAUNCH();
+      }));
 }
 
 }  // namespace baton::kernels::cuda

@@ -28,7 +28,8 @@ void same(const char* op, const Tensor& a, const char* an, const Tensor& b, cons
   require_cuda(op, an, a);
   require_cuda(op, bn, b);
   require(a.dtype() == b.dtype(), op, std::string(an) + " and " + bn + " must have one dtype");
-  require(a.numel() == b.numel(), op, std::string(an) + " " + a.str() + " and " + bn + " " + b.str() + " differ in size");
+  require(a.numel() == b.numel(), op,
+          std::string(an) + " " + a.str() + " and " + bn + " " + b.str() + " differ in size");
   require(a.device() == b.device(), op, "tensors on different devices");
 }
 
@@ -54,7 +55,8 @@ void dropout(const char* op, const Tensor& in, Tensor& out, double p, uint64_t s
   const uint32_t threshold = random::dropout_threshold(p);
   const float scale = float(1.0 / (1.0 - p));
   launch_each(n, l, [=] __device__(int64_t i) {
-    const bool keep = p <= 0 || random::dropout_keep(random::random_bits(seed, stream, map.logical(i)), threshold);
+    const bool keep = p <= 0 || random::dropout_keep(
+                                    random::random_bits(seed, stream, map.logical(i)), threshold);
     const float v = keep ? to_f(x[i]) * scale : 0.f;
     y[i] = from_f<T>(accumulate ? to_f(y[i]) + v : v);
   });
@@ -70,7 +72,8 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
     const T* x = static_cast<const T*>(a.raw_data());
     const T* y = static_cast<const T*>(b.raw_data());
     T* o = static_cast<T*>(out.raw_data());
-    launch_each(a.numel(), l, [=] __device__(int64_t i) { o[i] = from_f<T>(to_f(x[i]) + to_f(y[i])); });
+    launch_each(a.numel(), l,
+                [=] __device__(int64_t i) { o[i] = from_f<T>(to_f(x[i]) + to_f(y[i])); });
   });
 }
 
@@ -83,7 +86,8 @@ void add_inplace(Tensor& acc, const Tensor& x) {
   BATON_CUDA_DISPATCH2(op, x.dtype(), acc.dtype(), T, S, {
     const T* src = static_cast<const T*>(x.raw_data());
     S* dst = static_cast<S*>(acc.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) { dst[i] = from_f<S>(to_f(dst[i]) + to_f(src[i])); });
+    launch_each(x.numel(), l,
+                [=] __device__(int64_t i) { dst[i] = from_f<S>(to_f(dst[i]) + to_f(src[i])); });
   });
 }
 
@@ -102,12 +106,14 @@ void bias_add_inplace(Tensor& y, const Tensor& bias) {
   require_cuda(op, "y", y);
   require_cuda(op, "bias", bias);
   const int64_t cols = bias.numel();
-  require(cols > 0 && y.numel() % cols == 0 && y.size(-1) == cols, op, "bias must match y's last dimension");
+  require(cols > 0 && y.numel() % cols == 0 && y.size(-1) == cols, op,
+          "bias must match y's last dimension");
   Launch l(y);
   BATON_CUDA_DISPATCH2(op, y.dtype(), bias.dtype(), T, S, {
     T* p = static_cast<T*>(y.raw_data());
     const S* b = static_cast<const S*>(bias.raw_data());
-    launch_each(y.numel(), l, [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) + to_f(b[i % cols])); });
+    launch_each(y.numel(), l,
+                [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) + to_f(b[i % cols])); });
   });
 }
 
@@ -123,8 +129,8 @@ void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate) {
   BATON_CUDA_DISPATCH2(op, dy.dtype(), dbias.dtype(), T, S, {
     const T* g = static_cast<const T*>(dy.raw_data());
     Tensor partial = colsum_run<1>(
-        [=] __device__(int64_t r, int64_t c, float* v) { v[0] = to_f(g[r * cols + c]); }, rows, cols,
-        slices, l);
+        [=] __device__(int64_t r, int64_t c, float* v) { v[0] = to_f(g[r * cols + c]); }, rows,
+        cols, slices, l);
     colsum_store<S>(partial, 0, slices, cols, dbias, accumulate, l);
   });
 }
@@ -163,7 +169,8 @@ void relu_forward(const Tensor& x, Tensor& y) {
   BATON_CUDA_DISPATCH("relu_forward", x.dtype(), T, {
     const T* in = static_cast<const T*>(x.raw_data());
     T* out = static_cast<T*>(y.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) { out[i] = from_f<T>(fmaxf(to_f(in[i]), 0.f)); });
+    launch_each(x.numel(), l,
+                [=] __device__(int64_t i) { out[i] = from_f<T>(fmaxf(to_f(in[i]), 0.f)); });
   });
 }
 
@@ -215,7 +222,8 @@ void unscale_check(Tensor& t, double inv_scale, Tensor& found_inf) {
   const char* op = "unscale_check";
   require_cuda(op, "t", t);
   require_cuda(op, "found_inf", found_inf);
-  require(found_inf.dtype() == DType::f32 && found_inf.numel() == 1, op, "found_inf must be f32 [1]");
+  require(found_inf.dtype() == DType::f32 && found_inf.numel() == 1, op,
+          "found_inf must be f32 [1]");
   Launch l(t);
   const float f = float(inv_scale);
   float* flag = found_inf.data<float>();

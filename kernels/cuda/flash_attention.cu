@@ -16,16 +16,20 @@ namespace {
 
 using namespace nvcuda;
 
-constexpr int kTile = 64;      // queries and keys per tile
-constexpr int kWarps = 4;      // 16 rows each
+constexpr int kTile = 64;  // queries and keys per tile
+constexpr int kWarps = 4;  // 16 rows each
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdS = kTile + 4;  // f32 score rows in shared memory
 constexpr int kLdP = kTile + 8;  // 16-bit probability rows
 
 template <int D>
-constexpr int ld_t() { return D + 8; }  // 16-bit rows of Q, K, V, dO tiles
+constexpr int ld_t() {
+  return D + 8;
+}  // 16-bit rows of Q, K, V, dO tiles
 template <int D>
-constexpr int ld_o() { return D + 4; }  // f32 output rows
+constexpr int ld_o() {
+  return D + 4;
+}  // f32 output rows
 
 template <class T>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
@@ -89,8 +93,8 @@ struct FlashArgs {
   const T* qkv;
   const T* out;
   const T* dout;
-  T* dst;       // forward: out; backward: dqkv
-  L* lse;       // forward writes, backward reads
+  T* dst;              // forward: out; backward: dqkv
+  L* lse;              // forward writes, backward reads
   const float* delta;  // backward: rowsum(dO * O), [B, H, T]
   int64_t T_, H;
   float scale;
@@ -158,27 +162,31 @@ __global__ void __launch_bounds__(kThreads) flash_forward(FlashArgs<T, L, D> a) 
     __syncwarp();
     FragC acc[D / 16];
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) wmma::load_matrix_sync(acc[n], ow + n * 16, ld_o<D>(), wmma::mem_row_major);
+    for (int n = 0; n < D / 16; ++n)
+      wmma::load_matrix_sync(acc[n], ow + n * 16, ld_o<D>(), wmma::mem_row_major);
     accumulate_pv<T, D>(acc, pw, vs);
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(ow + n * 16, acc[n], ld_o<D>(), wmma::mem_row_major);
+    for (int n = 0; n < D / 16; ++n)
+      wmma::store_matrix_sync(ow + n * 16, acc[n], ld_o<D>(), wmma::mem_row_major);
     __syncwarp();
   }
   if (qi < T_) {
     const float inv = 1.f / l;  // l > 0: key 0 is visible to every query
     T* orow = a.dst + (b * T_ + qi) * H * D + h * D;
-    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) orow[d] = from_f<T>(ow[r * ld_o<D>() + d] * inv);
+    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d)
+      orow[d] = from_f<T>(ow[r * ld_o<D>() + d] * inv);
     if (half == 0) a.lse[(b * H + h) * T_ + qi] = from_f<L>(m + __logf(l));
   }
 }
 
 // delta[b, h, i] = sum_d dO[b, i, h, d] O[b, i, h, d]: one warp per (b, i, h).
 template <class T>
-__global__ void attention_delta(const T* out, const T* dout, float* delta, int64_t B, int64_t T_, int64_t H,
-                                int64_t D) {
+__global__ void attention_delta(const T* out, const T* dout, float* delta, int64_t B, int64_t T_,
+                                int64_t H, int64_t D) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < B * T_ * H; w += warps) {
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < B * T_ * H;
+       w += warps) {
     const int64_t h = w % H, i = (w / H) % T_, b = w / (H * T_);
     const T* o = out + (b * T_ + i) * H * D + h * D;
     const T* g = dout + (b * T_ + i) * H * D + h * D;
@@ -194,9 +202,10 @@ __global__ void attention_delta(const T* out, const T* dout, float* delta, int64
 // P' (dropped-out probabilities) and dS = scale P (dP - delta) as 16-bit tiles.
 // `rows_are_keys` says which index the rows carry.
 template <class T, class L>
-__device__ void backward_tile(const float* sw, const float* dpw, T* pw, T* dsw, bool rows_are_keys, int64_t row0,
-                              int64_t col0, int64_t b, int64_t h, int64_t T_, int64_t H, const L* lse,
-                              const float* delta, float scale, const AttnDropout& dr) {
+__device__ void backward_tile(const float* sw, const float* dpw, T* pw, T* dsw, bool rows_are_keys,
+                              int64_t row0, int64_t col0, int64_t b, int64_t h, int64_t T_,
+                              int64_t H, const L* lse, const float* delta, float scale,
+                              const AttnDropout& dr) {
   const int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
 #pragma unroll 4
   for (int j = 0; j < 32; ++j) {
@@ -228,7 +237,8 @@ __device__ void store_rows(FragC (&acc)[D / 16], float* scratch, T* dst, int64_t
                            int64_t stride, bool accumulate) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::store_matrix_sync(scratch + n * 16, acc[n], ld_o<D>(), wmma::mem_row_major);
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(scratch + n * 16, acc[n], ld_o<D>(), wmma::mem_row_major);
   __syncwarp();
   for (int i = lane; i < 16 * D; i += 32) {
     const int r = i / D, d = i % D;
@@ -270,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(FlashArgs<T, L, D>
   FragC dk[D / 16], dv[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
-  const int64_t kw = k0 + warp * 16;  // this warp's first key
+  const int64_t kw = k0 + warp * 16;             // this warp's first key
   for (int64_t q0 = k0; q0 < T_; q0 += kTile) {  // causal: queries from the first key on
     __syncthreads();
     load_tile<T, D>(qs, base + h * D, q0, T_, ld);
@@ -322,7 +332,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(FlashArgs<T, L, D> 
     rows_times_rows_t<T, D>(qs + warp * 16 * ld_t<D>(), ks, sw);    // S = Q K^T
     rows_times_rows_t<T, D>(dos + warp * 16 * ld_t<D>(), vs, dpw);  // dP' = dO V^T
     __syncwarp();
-    backward_tile<T, L>(sw, dpw, nullptr, dsw, false, qw, k0, b, h, T_, H, a.lse, a.delta, a.scale, a.dr);
+    backward_tile<T, L>(sw, dpw, nullptr, dsw, false, qw, k0, b, h, T_, H, a.lse, a.delta, a.scale,
+                        a.dr);
     __syncwarp();
     accumulate_pv<T, D>(dq, dsw, ks);  // dQ += dS K
     __syncwarp();
@@ -338,10 +349,13 @@ constexpr size_t forward_smem() {
 
 template <class K>
 void allow_smem(K kernel, size_t bytes) {
-  BATON_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  BATON_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0; }
+bool aligned16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
+}
 
 // 16-bit qkv, f32 log-sum-exps, a head size of 32, 64 or 128, 16-byte aligned rows.
 bool covered(const Tensor& qkv, const Tensor& lse, const AttnGeometry& g) {
@@ -353,17 +367,24 @@ bool covered(const Tensor& qkv, const Tensor& lse, const AttnGeometry& g) {
 template <class F>
 bool with_head_size(int64_t D, F&& f) {
   switch (D) {
-    case 32: f(std::integral_constant<int, 32>{}); return true;
-    case 64: f(std::integral_constant<int, 64>{}); return true;
-    case 128: f(std::integral_constant<int, 128>{}); return true;
-    default: return false;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
   }
 }
 
 }  // namespace
 
-bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale, const AttnDropout& dr,
-                             Tensor& out, Tensor& lse, const Launch& l) {
+bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale,
+                             const AttnDropout& dr, Tensor& out, Tensor& lse, const Launch& l) {
   if (!covered(qkv, lse, g) || !aligned16(out)) return false;
   const char* op = "attention_forward";
   const dim3 grid(unsigned((g.T + kTile - 1) / kTile), unsigned(g.H), unsigned(g.B));
@@ -372,9 +393,17 @@ bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float sca
     BATON_CUDA_DISPATCH(op, qkv.dtype(), T, {
       using L = float;
       if constexpr (!std::is_same_v<T, float>) {
-        FlashArgs<T, L, D> a{static_cast<const T*>(qkv.raw_data()), nullptr, nullptr,
-                             static_cast<T*>(out.raw_data()), static_cast<L*>(lse.raw_data()), nullptr,
-                             g.T, g.H, scale, dr, false};
+        FlashArgs<T, L, D> a{static_cast<const T*>(qkv.raw_data()),
+                             nullptr,
+                             nullptr,
+                             static_cast<T*>(out.raw_data()),
+                             static_cast<L*>(lse.raw_data()),
+                             nullptr,
+                             g.T,
+                             g.H,
+                             scale,
+                             dr,
+                             false};
         constexpr size_t bytes = forward_smem<T, D>();
         allow_smem(flash_forward<T, L, D>, bytes);
         flash_forward<T, L, D><<<grid, kThreads, bytes, l.stream>>>(a);
@@ -384,10 +413,12 @@ bool flash_attention_forward(const Tensor& qkv, const AttnGeometry& g, float sca
   });
 }
 
-bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                              const AttnGeometry& g, float scale, const AttnDropout& dr, Tensor& dqkv,
-                              bool accumulate, const Launch& l) {
-  if (!covered(qkv, lse, g) || !aligned16(out) || !aligned16(dout) || !aligned16(dqkv)) return false;
+bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, const AttnGeometry& g, float scale,
+                              const AttnDropout& dr, Tensor& dqkv, bool accumulate,
+                              const Launch& l) {
+  if (!covered(qkv, lse, g) || !aligned16(out) || !aligned16(dout) || !aligned16(dqkv))
+    return false;
   const char* op = "attention_backward";
   Tensor delta = scratch({g.B, g.H, g.T}, DType::f32, l.device);
   const dim3 grid(unsigned((g.T + kTile - 1) / kTile), unsigned(g.H), unsigned(g.B));
@@ -398,12 +429,20 @@ bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
       if constexpr (!std::is_same_v<T, float>) {
         const int64_t warps = g.B * g.T * g.H;
         attention_delta<T><<<grid_for(warps * 32, 256), 256, 0, l.stream>>>(
-            static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()), delta.data<float>(), g.B,
-            g.T, g.H, g.D);
+            static_cast<const T*>(out.raw_data()), static_cast<const T*>(dout.raw_data()),
+            delta.data<float>(), g.B, g.T, g.H, g.D);
         BATON_CUDA_CHECK_LAUNCH();
-        FlashArgs<T, L, D> a{static_cast<const T*>(qkv.raw_data()), static_cast<const T*>(out.raw_data()),
-                             static_cast<const T*>(dout.raw_data()), static_cast<T*>(dqkv.raw_data()),
-                             static_cast<L*>(lse.raw_data()), delta.data<float>(), g.T, g.H, scale, dr, accumulate};
+        FlashArgs<T, L, D> a{static_cast<const T*>(qkv.raw_data()),
+                             static_cast<const T*>(out.raw_data()),
+                             static_cast<const T*>(dout.raw_data()),
+                             static_cast<T*>(dqkv.raw_data()),
+                             static_cast<L*>(lse.raw_data()),
+                             delta.data<float>(),
+                             g.T,
+                             g.H,
+                             scale,
+                             dr,
+                             accumulate};
         constexpr size_t bytes = backward_smem<T, D>();
         allow_smem(flash_backward_kv<T, L, D>, bytes);
         allow_smem(flash_backward_q<T, L, D>, bytes);

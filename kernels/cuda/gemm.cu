@@ -59,7 +59,8 @@ cublasLtHandle_t lt_handle(const Launch& l) {
 }
 
 cublasComputeType_t compute_type(DType ab) {
-  if (ab == DType::f32) return g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (ab == DType::f32)
+    return g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   return CUBLAS_COMPUTE_32F;
 }
 
@@ -84,18 +85,29 @@ void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, i
 
 cudaDataType_t cuda_type(DType t, const char* op) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    case DType::f64: return CUDA_R_64F;
-    default: fail(op, "no CUDA data type for " + std::string(memory::dtype_name(t)));
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::f64:
+      return CUDA_R_64F;
+    default:
+      fail(op, "no CUDA data type for " + std::string(memory::dtype_name(t)));
   }
 }
 
-void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
-bool allow_tf32() { return g_allow_tf32.load(); }
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow);
+}
+bool allow_tf32() {
+  return g_allow_tf32.load();
+}
 
-LinearBiasPaths linear_bias_paths() { return {g_lt_bias.load(), g_gemm_bias.load()}; }
+LinearBiasPaths linear_bias_paths() {
+  return {g_lt_bias.load(), g_gemm_bias.load()};
+}
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first.
 void gemm(const Gemm& g, const Launch& l, const char* op) {
@@ -116,15 +128,17 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
   require_cuda(op, "b", b);
   require_cuda(op, "c", c);
   check_gemm_types(op, a.dtype(), b.dtype(), c.dtype());
-  require(a.dim() >= 2 && b.dim() >= 2 && c.dim() == a.dim(), op, "a, c: [..., rows, cols]; b 2-D or batched like a");
+  require(a.dim() >= 2 && b.dim() >= 2 && c.dim() == a.dim(), op,
+          "a, c: [..., rows, cols]; b 2-D or batched like a");
   const int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
   const int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
   const int64_t batch = batch_of(a);
   const bool b_shared = b.dim() == 2;
   require(k == kb && c.size(-2) == m && c.size(-1) == n && batch_of(c) == batch &&
               (b_shared || batch_of(b) == batch),
-          op, "shapes " + a.str() + (trans_a ? "^T" : "") + " x " + b.str() + (trans_b ? "^T" : "") +
-                  " -> " + c.str() + " do not match");
+          op,
+          "shapes " + a.str() + (trans_a ? "^T" : "") + " x " + b.str() + (trans_b ? "^T" : "") +
+              " -> " + c.str() + " do not match");
   Launch l(c);
   Gemm g;
   g.trans_a = trans_a;
@@ -174,13 +188,16 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
   LtDesc d;
   BATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, comp, CUDA_R_32F));
   const cublasOperation_t ta = in_out ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  BATON_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  BATON_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  BATON_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   const void* bias_ptr = bias.raw_data();
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                                                    sizeof bias_ptr));
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias_ptr, sizeof bias_ptr));
   if (in_out)
     BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, uint64_t(out), uint64_t(in), out));
   else
@@ -201,7 +218,8 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
         cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, pref, 1, &res, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) BATON_CUBLAS_CHECK(st);
-    it = t_lt_algos.emplace(key, std::make_pair(st == CUBLAS_STATUS_SUCCESS && found > 0, res.algo)).first;
+    it = t_lt_algos.emplace(key, std::make_pair(st == CUBLAS_STATUS_SUCCESS && found > 0, res.algo))
+             .first;
   }
   if (!it->second.first) return false;
   const float alpha = 1.f, beta = 0.f;
@@ -216,11 +234,13 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
 struct LinearDims {
   int64_t rows, in, out;
 };
-LinearDims check_linear(const char* op, const Tensor& x, const Tensor& w, bool in_out, const Tensor& y) {
+LinearDims check_linear(const char* op, const Tensor& x, const Tensor& w, bool in_out,
+                        const Tensor& y) {
   require(x.dim() >= 1 && w.dim() == 2 && y.dim() >= 1, op, "x [..., in], w 2-D, y [..., out]");
   const int64_t in = x.size(-1), out = y.size(-1);
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
-  require(y.numel() == rows * out && w.size(0) == (in_out ? in : out) && w.size(1) == (in_out ? out : in),
+  require(y.numel() == rows * out && w.size(0) == (in_out ? in : out) &&
+              w.size(1) == (in_out ? out : in),
           op, "shapes x " + x.str() + ", w " + w.str() + ", y " + y.str() + " do not match");
   return {rows, in, out};
 }
@@ -242,9 +262,12 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
     require(bias.numel() == out, op, "bias must have y's column count");
     // Lt's heuristics assume 256-byte aligned operands (whole tensors from the caching
     // allocator are); views at other offsets take the GEMM + bias kernel path.
-    const auto al = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 256 == 0; };
+    const auto al = [](const Tensor& t) {
+      return reinterpret_cast<uintptr_t>(t.raw_data()) % 256 == 0;
+    };
     const bool aligned = al(x) && al(w) && al(bias) && al(y);
-    if (aligned && bias.dtype() == y.dtype() && rows > 0 && lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
+    if (aligned && bias.dtype() == y.dtype() && rows > 0 &&
+        lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
       return;
   }
   Gemm g;

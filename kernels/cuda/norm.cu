@@ -9,7 +9,9 @@ namespace {
 
 constexpr int kWarps = 8;  // rows per block of 256 threads
 
-__device__ __forceinline__ int64_t warp_row() { return int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); }
+__device__ __forceinline__ int64_t warp_row() {
+  return int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+}
 
 template <class T, class W, class S>
 __global__ void ln_forward(const T* x, const W* w, const W* b, float eps, T* y, S* mean, S* rstd,
@@ -93,9 +95,12 @@ __global__ void softmax_back_rows(const T* y, const T* dy, T* dx, int64_t rows, 
   }
 }
 
-unsigned row_blocks(int64_t rows) { return unsigned((rows + kWarps - 1) / kWarps); }
+unsigned row_blocks(int64_t rows) {
+  return unsigned((rows + kWarps - 1) / kWarps);
+}
 
-void check_rows(const char* op, const Tensor& x, int64_t cols, const Tensor& stat, const char* name) {
+void check_rows(const char* op, const Tensor& x, int64_t cols, const Tensor& stat,
+                const char* name) {
   require_cuda(op, name, stat);
   require(stat.numel() == x.numel() / cols, op, std::string(name) + " must have one value per row");
 }
@@ -158,7 +163,8 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
 }
 
 void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
-                               const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate) {
+                               const Tensor& rstd, Tensor& dweight, Tensor& dbias,
+                               bool accumulate) {
   const char* op = "layernorm_backward_weight";
   require_cuda(op, "dy", dy);
   require_cuda(op, "x", x);

@@ -42,8 +42,8 @@ struct LinearBiasPaths {
 LinearBiasPaths linear_bias_paths();
 
 // ---- GEMM ----
-void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
-            double alpha, double beta);
+void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
+            double beta);
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout,
                     Tensor& y);
 void linear_backward_input(const Tensor& dy, const Tensor& w, WeightLayout layout, Tensor& dx,

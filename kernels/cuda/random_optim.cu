@@ -1,7 +1,7 @@
 // Random initialisation (the same Philox numbers as the CPU, kernels/random.h), the
 // squared-norm reduction for gradient clipping, and the fused AdamW and SGD steps.
-#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/random.h"
 
 namespace baton::kernels::cuda {
@@ -94,8 +94,8 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
   if (n == 0) return;
   Launch l(out);
   BATON_CUDA_DISPATCH(op, out.dtype(), T, {
-    normal_k<T><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(static_cast<T*>(out.raw_data()), n, mean,
-                                                                 std, seed, stream, map);
+    normal_k<T><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(static_cast<T*>(out.raw_data()),
+                                                                  n, mean, std, seed, stream, map);
     BATON_CUDA_CHECK_LAUNCH();
   });
 }
@@ -116,7 +116,8 @@ double sum_squares(const Tensor& t) {
   sumsq_finish<<<1, 32, 0, l.stream>>>(partial.data<double>(), blocks);
   BATON_CUDA_CHECK_LAUNCH();
   double host = 0;
-  BATON_CUDA_CHECK(cudaMemcpyAsync(&host, partial.data<double>(), sizeof host, cudaMemcpyDeviceToHost, l.stream));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(&host, partial.data<double>(), sizeof host,
+                                   cudaMemcpyDeviceToHost, l.stream));
   BATON_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   return host;
 }
@@ -128,27 +129,34 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   require_cuda(op, "grad", grad);
   require_cuda(op, "m", m);
   require_cuda(op, "v", v);
-  require(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(), op,
-          "param, grad, m, v must have one size");
-  require(m.dtype() == param.dtype() && v.dtype() == param.dtype(), op, "m and v must have param's dtype");
+  require(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+          op, "param, grad, m, v must have one size");
+  require(m.dtype() == param.dtype() && v.dtype() == param.dtype(), op,
+          "m and v must have param's dtype");
   require(step >= 1, op, "step counts from 1");
   const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
   const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
-  const AdamCoeffs c{float(1.0 - cfg.lr * cfg.weight_decay), float(cfg.lr / bc1), float(1.0 / std::sqrt(bc2)),
-                     float(1.0 - cfg.beta1), float(cfg.beta2), float(1.0 - cfg.beta2), float(cfg.eps),
+  const AdamCoeffs c{float(1.0 - cfg.lr * cfg.weight_decay),
+                     float(cfg.lr / bc1),
+                     float(1.0 / std::sqrt(bc2)),
+                     float(1.0 - cfg.beta1),
+                     float(cfg.beta2),
+                     float(1.0 - cfg.beta2),
+                     float(cfg.eps),
                      float(grad_scale)};
   const int64_t n = param.numel();
   if (n == 0) return;
   Launch l(param);
   BATON_CUDA_DISPATCH2(op, grad.dtype(), param.dtype(), G, P, {
     adamw_k<G, P><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(
-        static_cast<P*>(param.raw_data()), static_cast<const G*>(grad.raw_data()), static_cast<P*>(m.raw_data()),
-        static_cast<P*>(v.raw_data()), n, c);
+        static_cast<P*>(param.raw_data()), static_cast<const G*>(grad.raw_data()),
+        static_cast<P*>(m.raw_data()), static_cast<P*>(v.raw_data()), n, c);
     BATON_CUDA_CHECK_LAUNCH();
   });
 }
 
-void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg, double grad_scale) {
+void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,
+              double grad_scale) {
   const char* op = "sgd_step";
   require_cuda(op, "param", param);
   require_cuda(op, "grad", grad);
@@ -165,8 +173,8 @@ void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd
   BATON_CUDA_DISPATCH2(op, grad.dtype(), param.dtype(), G, P, {
     sgd_k<G, P><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(
         static_cast<P*>(param.raw_data()), static_cast<const G*>(grad.raw_data()),
-        use_buf ? static_cast<P*>(momentum_buf.raw_data()) : nullptr, n, float(cfg.lr), float(cfg.weight_decay),
-        float(cfg.momentum), cfg.nesterov, float(grad_scale));
+        use_buf ? static_cast<P*>(momentum_buf.raw_data()) : nullptr, n, float(cfg.lr),
+        float(cfg.weight_decay), float(cfg.momentum), cfg.nesterov, float(grad_scale));
     BATON_CUDA_CHECK_LAUNCH();
   });
 }

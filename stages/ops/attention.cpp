@@ -14,7 +14,10 @@ namespace {
 
 const OpSchema& attention_schema() {
   static const OpSchema s{
-      "attention", {"qkv"}, {"y"}, {},
+      "attention",
+      {"qkv"},
+      {"y"},
+      {},
       {"n_head", "n_kv_head", "scale", "dropout", "head_offset", "global_heads", "kv_offset",
        "kv_group"},
       "causal multi-head self-attention; qkv [T, (n_head + 2 * n_kv_head) * D] holds all "
@@ -33,8 +36,8 @@ class Attention final : public OpBase {
     kv_ = spec.attrs.get_int("n_kv_head", heads_, 1, 1 << 20);
     const bool local_kv = spec.attrs.has("kv_group");  // a tensor-parallel slice
     if (!local_kv && heads_ % kv_ != 0)
-      spec.attrs.at("n_kv_head").fail("a divisor of n_head = " + std::to_string(heads_),
-                                      std::to_string(kv_));
+      spec.attrs.at("n_kv_head")
+          .fail("a divisor of n_head = " + std::to_string(heads_), std::to_string(kv_));
     group_ = spec.attrs.get_int("kv_group", heads_ / kv_, 1, 1 << 20);
     // By default the key/value heads are those of the local query heads.
     kv_offset_ = spec.attrs.get_int("kv_offset", head_offset_ / group_, 0, 1 << 20);
@@ -42,11 +45,10 @@ class Attention final : public OpBase {
       const int64_t first = head_offset_ / group_ - kv_offset_;
       const int64_t last = (head_offset_ + heads_ - 1) / group_ - kv_offset_;
       if (first < 0 || last >= kv_)
-        spec.attrs.fail_message("query heads " + std::to_string(head_offset_) + ".." +
-                                std::to_string(head_offset_ + heads_ - 1) +
-                                " read key/value heads outside the local " +
-                                std::to_string(kv_offset_) + ".." +
-                                std::to_string(kv_offset_ + kv_ - 1));
+        spec.attrs.fail_message(
+            "query heads " + std::to_string(head_offset_) + ".." +
+            std::to_string(head_offset_ + heads_ - 1) + " read key/value heads outside the local " +
+            std::to_string(kv_offset_) + ".." + std::to_string(kv_offset_ + kv_ - 1));
     }
     expect_float_input(spec, 0, 2);
     const Shape& s = spec.inputs[0].shape;

@@ -22,13 +22,21 @@ transport::Communicator& tp_of(const OpContext& ctx, const std::string& node) {
 }
 
 const OpSchema& copy_schema() {
-  static const OpSchema s{"tp_copy", {"x"}, {"y"}, {}, {},
+  static const OpSchema s{"tp_copy",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {},
                           "identity forward; all-reduce (sum) of the gradient over the "
                           "tensor-parallel group backward (before a column-split layer)"};
   return s;
 }
 const OpSchema& reduce_schema() {
-  static const OpSchema s{"tp_reduce", {"x"}, {"y"}, {}, {},
+  static const OpSchema s{"tp_reduce",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {},
                           "all-reduce (sum) over the tensor-parallel group forward; identity "
                           "backward (after a row-split layer)"};
   return s;
@@ -79,7 +87,11 @@ class TpAllReduce final : public OpBase {
 };
 
 const OpSchema& gather_schema() {
-  static const OpSchema s{"tp_gather", {"x"}, {"y"}, {}, {"parts"},
+  static const OpSchema s{"tp_gather",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {"parts"},
                           "all-gather of the last dimension over the tensor-parallel group "
                           "(parts ranks, in rank order); backward keeps this rank's slice"};
   return s;
@@ -131,7 +143,10 @@ class TpGather final : public OpBase {
 
 const OpSchema& vpce_schema() {
   static const OpSchema s{
-      "vocab_parallel_cross_entropy", {"logits", "targets"}, {"loss"}, {},
+      "vocab_parallel_cross_entropy",
+      {"logits", "targets"},
+      {"loss"},
+      {},
       {"vocab_offset", "vocab_size"},
       "cross_entropy over logits holding vocabulary columns [vocab_offset, vocab_offset + "
       "V_local) of vocab_size; every rank of the group gets the same loss"};
@@ -203,9 +218,8 @@ void add_comm_ops(std::vector<OpType>& table) {
   table.push_back(
       {reduce_schema(), [](const OpSpec& s) { return std::make_unique<TpAllReduce<true>>(s); }});
   table.push_back({gather_schema(), [](const OpSpec& s) { return std::make_unique<TpGather>(s); }});
-  table.push_back({vpce_schema(), [](const OpSpec& s) {
-                     return std::make_unique<VocabParallelCrossEntropy>(s);
-                   }});
+  table.push_back({vpce_schema(),
+                   [](const OpSpec& s) { return std::make_unique<VocabParallelCrossEntropy>(s); }});
 }
 
 }  // namespace baton::stages::ops

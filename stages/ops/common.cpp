@@ -46,7 +46,9 @@ Tensor as_rows(const Tensor& t) {
   return t.view({c == 0 ? 0 : t.numel() / c, c});
 }
 
-int64_t numel_of(const Shape& s) { return memory::shape_numel(s); }
+int64_t numel_of(const Shape& s) {
+  return memory::shape_numel(s);
+}
 
 RowNormOp::RowNormOp(const OpSchema& schema, const OpSpec& spec, double default_eps)
     : OpBase(schema, spec), eps_(spec.attrs.get_double("eps", default_eps, 0.0, 1.0)) {
@@ -69,7 +71,9 @@ Shape batched(const OpContext& ctx, const Shape& per_sample) {
   return s;
 }
 
-int64_t dsize(DType t) { return int64_t(memory::dtype_size(t)); }
+int64_t dsize(DType t) {
+  return int64_t(memory::dtype_size(t));
+}
 
 int64_t alloc_bytes(int64_t elems, DType t) {
   return int64_t(memory::Allocator::rounded(size_t(elems) * memory::dtype_size(t)));

@@ -8,8 +8,8 @@ namespace baton::stages::ops {
 namespace {
 
 const OpSchema& gelu_schema() {
-  static const OpSchema s{"gelu", {"x"}, {"y"}, {}, {},
-                          "GELU, tanh approximation (Hugging Face's gelu_new)"};
+  static const OpSchema s{"gelu", {"x"}, {"y"},
+                          {},     {},    "GELU, tanh approximation (Hugging Face's gelu_new)"};
   return s;
 }
 const OpSchema& relu_schema() {
@@ -98,7 +98,11 @@ class Add final : public OpBase {
 };
 
 const OpSchema& dropout_schema() {
-  static const OpSchema s{"dropout", {"x"}, {"y"}, {}, {"p"},
+  static const OpSchema s{"dropout",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {"p"},
                           "inverted dropout with probability p while training; the mask of "
                           "an element depends on (seed, step, node name, its global index)"};
   return s;
@@ -142,9 +146,8 @@ class Dropout final : public OpBase {
       return;
     }
     auto t = c.grad_inputs[0].target();
-    kernels::dropout_backward(c.grad_outputs[0], t.tensor, p_,
-                              step_seed(c.ctx.seed, c.ctx.mb.step), kernels::stream_of(name_),
-                              where(c.ctx), t.accumulate);
+    kernels::dropout_backward(c.grad_outputs[0], t.tensor, p_, step_seed(c.ctx.seed, c.ctx.mb.step),
+                              kernels::stream_of(name_), where(c.ctx), t.accumulate);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -162,8 +165,9 @@ class Dropout final : public OpBase {
 };
 
 const OpSchema& reshape_schema() {
-  static const OpSchema s{"reshape", {"x"}, {"y"}, {}, {"shape"},
-                          "a view with another per-sample shape (one dimension may be -1)"};
+  static const OpSchema s{
+      "reshape", {"x"},     {"y"},
+      {},        {"shape"}, "a view with another per-sample shape (one dimension may be -1)"};
   return s;
 }
 

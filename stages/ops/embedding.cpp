@@ -8,7 +8,11 @@ namespace baton::stages::ops {
 namespace {
 
 const OpSchema& embedding_schema() {
-  static const OpSchema s{"embedding", {"ids"}, {"y"}, {{"weight", false}}, {"vocab_offset"},
+  static const OpSchema s{"embedding",
+                          {"ids"},
+                          {"y"},
+                          {{"weight", false}},
+                          {"vocab_offset"},
                           "y[..., :] = weight[ids[...] - vocab_offset, :] (zeros for ids "
                           "outside the rows held)"};
   return s;
@@ -46,8 +50,8 @@ class Embedding final : public OpBase {
     if (!c.grad_outputs[0].defined()) return;
     ParamGrad& g = c.grad_params[0];
     if (!g.accumulate) g.tensor.zero_();
-    kernels::embedding_backward(c.inputs[0].view({-1}), c.grad_outputs[0].view({-1, c_}),
-                                offset_, g.tensor);
+    kernels::embedding_backward(c.inputs[0].view({-1}), c.grad_outputs[0].view({-1, c_}), offset_,
+                                g.tensor);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -61,7 +65,11 @@ class Embedding final : public OpBase {
 };
 
 const OpSchema& position_schema() {
-  static const OpSchema s{"position_embedding", {"x"}, {"y"}, {{"weight", false}}, {},
+  static const OpSchema s{"position_embedding",
+                          {"x"},
+                          {"y"},
+                          {{"weight", false}},
+                          {},
                           "y[t, :] = x[t, :] + weight[t, :] for x [T, C], weight [P, C], "
                           "T <= P"};
   return s;
@@ -105,7 +113,8 @@ class PositionEmbedding final : public OpBase {
     ParamGrad& g = c.grad_params[0];
     if (!g.accumulate) g.tensor.zero_();
     Tensor rows = g.tensor.narrow(0, 0, t_);
-    for (int64_t b = 0; b < c.ctx.batch(); ++b) kernels::add_inplace(rows, c.grad_outputs[0].select(0, b));
+    for (int64_t b = 0; b < c.ctx.batch(); ++b)
+      kernels::add_inplace(rows, c.grad_outputs[0].select(0, b));
   }
 
   OpCost cost(int64_t batch) const override {

@@ -7,7 +7,10 @@ namespace baton::stages::ops {
 namespace {
 
 const OpSchema& linear_schema() {
-  static const OpSchema s{"linear", {"x"}, {"y"}, {{"weight", false}, {"bias", true}},
+  static const OpSchema s{"linear",
+                          {"x"},
+                          {"y"},
+                          {{"weight", false}, {"bias", true}},
                           {"layout"},
                           "y = x W + b over the last dimension; layout out_in (torch, W "
                           "[out, in], the default) or in_out (GPT-2 Conv1D, W [in, out])"};
@@ -96,7 +99,11 @@ class Linear final : public OpBase {
 };
 
 const OpSchema& matmul_schema() {
-  static const OpSchema s{"matmul", {"a", "b"}, {"y"}, {}, {"trans_a", "trans_b"},
+  static const OpSchema s{"matmul",
+                          {"a", "b"},
+                          {"y"},
+                          {},
+                          {"trans_a", "trans_b"},
                           "y = op(a) op(b) of two activations over their last two "
                           "dimensions (leading dimensions are batch dimensions)"};
   return s;
@@ -112,9 +119,9 @@ class Matmul final : public OpBase {
     const Shape& a = spec.inputs[0].shape;
     const Shape& b = spec.inputs[1].shape;
     if (a.size() != b.size() || !std::equal(a.begin(), a.end() - 2, b.begin()))
-      input_json(spec, 1).fail("a value with a's leading dimensions " +
-                                   memory::shape_str(Shape(a.begin(), a.end() - 2)),
-                               type_str(spec.inputs[1]));
+      input_json(spec, 1).fail(
+          "a value with a's leading dimensions " + memory::shape_str(Shape(a.begin(), a.end() - 2)),
+          type_str(spec.inputs[1]));
     m_ = ta_ ? a[a.size() - 1] : a[a.size() - 2];
     k_ = ta_ ? a[a.size() - 2] : a[a.size() - 1];
     int64_t kb = tb_ ? b[b.size() - 1] : b[b.size() - 2];

@@ -31,7 +31,11 @@ Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
 namespace {
 
 const OpSchema& ce_schema() {
-  static const OpSchema s{"cross_entropy", {"logits", "targets"}, {"loss"}, {}, {},
+  static const OpSchema s{"cross_entropy",
+                          {"logits", "targets"},
+                          {"loss"},
+                          {},
+                          {},
                           "softmax cross-entropy of logits [..., V] against targets [...] "
                           "(negative targets ignored); the loss is a scalar"};
   return s;

@@ -6,7 +6,10 @@ namespace baton::stages::ops {
 namespace {
 
 const OpSchema& layernorm_schema() {
-  static const OpSchema s{"layernorm", {"x"}, {"y"}, {{"weight", false}, {"bias", false}},
+  static const OpSchema s{"layernorm",
+                          {"x"},
+                          {"y"},
+                          {{"weight", false}, {"bias", false}},
                           {"eps"},
                           "layer normalisation over the last dimension with a scale and a "
                           "shift; eps (default 1e-5) is added to the variance"};
@@ -33,8 +36,8 @@ class LayerNorm final : public RowNormOp {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
     auto t = c.grad_inputs[0].target();
     Tensor dx = as_rows(t.tensor);
-    kernels::layernorm_backward_input(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]),
-                                      c.params[0], c.saved[0], c.saved[1], dx, t.accumulate);
+    kernels::layernorm_backward_input(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]), c.params[0],
+                                      c.saved[0], c.saved[1], dx, t.accumulate);
   }
 
   void backward_weight(WeightCall& c) const override {
@@ -42,9 +45,8 @@ class LayerNorm final : public RowNormOp {
     ParamGrad& gw = c.grad_params[0];
     ParamGrad& gb = c.grad_params[1];
     BATON_CHECK(gw.accumulate == gb.accumulate, "layernorm weight and bias accumulate apart");
-    kernels::layernorm_backward_weight(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]),
-                                       c.saved[0], c.saved[1], gw.tensor, gb.tensor,
-                                       gw.accumulate);
+    kernels::layernorm_backward_weight(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]), c.saved[0],
+                                       c.saved[1], gw.tensor, gb.tensor, gw.accumulate);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -85,8 +87,7 @@ class Softmax final : public OpBase {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
     auto t = c.grad_inputs[0].target();
     Tensor dx = as_rows(t.tensor);
-    kernels::softmax_backward(as_rows(c.outputs[0]), as_rows(c.grad_outputs[0]), dx,
-                              t.accumulate);
+    kernels::softmax_backward(as_rows(c.outputs[0]), as_rows(c.grad_outputs[0]), dx, t.accumulate);
   }
 
   OpCost cost(int64_t batch) const override {

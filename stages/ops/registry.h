@@ -15,7 +15,7 @@ void add_embedding_ops(std::vector<OpType>& table);    // embedding, position_em
 void add_loss_ops(std::vector<OpType>& table);         // cross_entropy
 void add_comm_ops(std::vector<OpType>& table);         // tensor-parallel communication
 void add_bias_ops(std::vector<OpType>& table);         // bias_add (row-split linears)
-void add_vision_ops(std::vector<OpType>& table);  // conv2d, batchnorm2d, pooling
+void add_vision_ops(std::vector<OpType>& table);       // conv2d, batchnorm2d, pooling
 void add_llama_ops(std::vector<OpType>& table);        // rmsnorm, silu, swiglu, rotary
 
 }  // namespace baton::stages::ops

@@ -54,7 +54,8 @@ TEST(CachingAllocator, SizeClassesWasteAtMostAnEighth) {
   EXPECT_EQ(CachingAllocator::size_class(4096), 4096u);
   EXPECT_EQ(CachingAllocator::size_class(4097), 4608u);
   EXPECT_EQ(CachingAllocator::size_class(size_t(1) << 20), size_t(1) << 20);
-  EXPECT_EQ(CachingAllocator::size_class((size_t(1) << 20) + 1), (size_t(1) << 20) + (size_t(1) << 17));
+  EXPECT_EQ(CachingAllocator::size_class((size_t(1) << 20) + 1),
+            (size_t(1) << 20) + (size_t(1) << 17));
   for (size_t b = 1; b < (size_t(1) << 24); b = b * 3 / 2 + 7) {
     size_t c = CachingAllocator::size_class(b);
     EXPECT_GE(c, b);
@@ -112,7 +113,7 @@ TEST(CachingAllocator, SourceExhaustedReleasesTheCacheAndRetries) {
   Fixture f;
   f.raw->limit = 3 << 20;
   void* a = f.alloc.allocate(2 << 20);
-  f.alloc.deallocate(a, 2 << 20);  // cached, 2 MiB of the 3 the source has
+  f.alloc.deallocate(a, 2 << 20);       // cached, 2 MiB of the 3 the source has
   void* b = f.alloc.allocate(3 << 19);  // another class: the cache is released, then it fits
   EXPECT_NE(b, nullptr);
   EXPECT_EQ(f.raw->frees, 1u);

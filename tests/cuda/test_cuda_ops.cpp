@@ -44,7 +44,9 @@ class PrintTable : public ::testing::Environment {
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new PrintTable);
 
-double tol(DType dt) { return dt == DType::f32 ? 1e-4 : 1e-2; }
+double tol(DType dt) {
+  return dt == DType::f32 ? 1e-4 : 1e-2;
+}
 
 Tensor randn(const Shape& s, std::mt19937_64& rng, double scale = 1.0) {
   std::normal_distribution<float> d(0.f, float(scale));
@@ -53,8 +55,12 @@ Tensor randn(const Shape& s, std::mt19937_64& rng, double scale = 1.0) {
   return t;
 }
 // The CPU's copy of an input as the GPU sees it (rounded to dt), in f32.
-Tensor rounded(const Tensor& t, DType dt) { return dt == DType::f32 ? t.clone() : t.to(dt).to(DType::f32); }
-Tensor dev(const Tensor& t, DType dt) { return t.to(dt).to(kGpu); }
+Tensor rounded(const Tensor& t, DType dt) {
+  return dt == DType::f32 ? t.clone() : t.to(dt).to(DType::f32);
+}
+Tensor dev(const Tensor& t, DType dt) {
+  return t.to(dt).to(kGpu);
+}
 Tensor host(const Tensor& d) {
   memory::cuda::synchronize(0);
   Tensor h = d.to(Device::cpu());
@@ -104,7 +110,9 @@ TEST_P(CudaOps, Matmul) {
       for (bool shared : {false, true}) {
         const int64_t B = 3, M = 33, N = 29, K = 47;
         Tensor a = randn(ta ? Shape{B, K, M} : Shape{B, M, K}, rng_);
-        Tensor b = randn(shared ? (tb ? Shape{N, K} : Shape{K, N}) : (tb ? Shape{B, N, K} : Shape{B, K, N}), rng_);
+        Tensor b = randn(
+            shared ? (tb ? Shape{N, K} : Shape{K, N}) : (tb ? Shape{B, N, K} : Shape{B, K, N}),
+            rng_);
         Tensor c = randn({B, M, N}, rng_);
         Tensor ra = rounded(a, dt()), rb = rounded(b, dt()), rc = rounded(c, dt());
         Tensor da = dev(a, dt()), db = dev(b, dt()), dc = dev(c, dt());
@@ -125,7 +133,8 @@ TEST_P(CudaOps, Linear) {
     const bool io = layout == WeightLayout::in_out;
     Tensor x = randn({N, in}, rng_), w = randn(io ? Shape{in, out} : Shape{out, in}, rng_, 0.2);
     Tensor bias = randn({out}, rng_), dy = randn({N, out}, rng_);
-    Tensor rx = rounded(x, dt()), rw = rounded(w, dt()), rb = rounded(bias, dt()), rdy = rounded(dy, dt());
+    Tensor rx = rounded(x, dt()), rw = rounded(w, dt()), rb = rounded(bias, dt()),
+           rdy = rounded(dy, dt());
     Tensor dx_ = dev(x, dt()), dw_ = dev(w, dt()), db_ = dev(bias, dt()), ddy = dev(dy, dt());
     for (bool with_bias : {true, false}) {
       Tensor ry = Tensor::empty({N, out}), gy = Tensor::empty({N, out}, dt(), kGpu);
@@ -136,7 +145,8 @@ TEST_P(CudaOps, Linear) {
       // Whole tensors from the caching allocator are aligned: the bias goes through
       // cuBLASLt's epilogue, not a GEMM and a second pass.
       const auto after = kernels::cuda::linear_bias_paths();
-      EXPECT_EQ(after.lt_epilogue - before.lt_epilogue, with_bias ? 1u : 0u) << "the bias GEMM did not take cuBLASLt";
+      EXPECT_EQ(after.lt_epilogue - before.lt_epilogue, with_bias ? 1u : 0u)
+          << "the bias GEMM did not take cuBLASLt";
       EXPECT_EQ(after.gemm_then_bias, before.gemm_then_bias);
     }
     {  // A view 4 elements in is not 256-byte aligned: GEMM + bias kernel, same result.
@@ -239,7 +249,8 @@ TEST_P(CudaOps, DropoutMasksMatchTheCpuBitForBit) {
 
 TEST_P(CudaOps, LayerNorm) {
   const int64_t N = 67, C = 300;
-  Tensor x = randn({N, C}, rng_, 3.0), w = randn({C}, rng_), b = randn({C}, rng_), dy = randn({N, C}, rng_);
+  Tensor x = randn({N, C}, rng_, 3.0), w = randn({C}, rng_), b = randn({C}, rng_),
+         dy = randn({N, C}, rng_);
   Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
   Tensor gx = dev(x, dt()), gdy = dev(dy, dt()), gw = dev(w, wide()), gb = dev(b, wide());
   Tensor ry = Tensor::empty({N, C}), rm = Tensor::empty({N}), rr = Tensor::empty({N});
@@ -292,13 +303,16 @@ TEST_P(CudaOps, Attention) {
       continue;
     }
     kernels::cuda::set_attention_impl(impl);
-    const std::string name = flash ? "attention flash" : cudnn ? "attention cudnn" : "attention cublas";
+    const std::string name = flash   ? "attention flash"
+                             : cudnn ? "attention cudnn"
+                                     : "attention cublas";
     for (const Case& k : cases) {
       if (flash && k.D == 16) {  // not covered by the fused kernels: forced, they say so
         AttentionOptions opt;
         opt.heads = k.H;
         Tensor gq = dev(randn({k.B, k.T, 3 * k.H * k.D}, rng_), dt());
-        Tensor go = Tensor::empty({k.B, k.T, k.H * k.D}, dt(), kGpu), gl = Tensor::empty({k.B, k.H, k.T}, DType::f32, kGpu);
+        Tensor go = Tensor::empty({k.B, k.T, k.H * k.D}, dt(), kGpu),
+               gl = Tensor::empty({k.B, k.H, k.T}, DType::f32, kGpu);
         EXPECT_THROW(kernels::attention_forward(gq, opt, go, gl), std::exception);
         continue;
       }
@@ -313,7 +327,8 @@ TEST_P(CudaOps, Attention) {
         Tensor qkv = randn({B, T, 3 * H * D}, rng_), dout = randn({B, T, H * D}, rng_);
         Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
         Tensor ro = Tensor::empty({B, T, H * D}), rl = Tensor::empty({B, H, T});
-        Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu), gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
+        Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu),
+               gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
         kernels::attention_forward(rq, opt, ro, rl);
         kernels::attention_forward(gq, opt, go, gl);
         const std::string tag = name + (p > 0 ? " dropout" : "");
@@ -322,7 +337,8 @@ TEST_P(CudaOps, Attention) {
         // Backward from the GPU's own forward output, rounded for the CPU.
         Tensor rd = Tensor::empty(qkv.shape()), gd = dev(randn(qkv.shape(), rng_), dt());
         Tensor prev = host(gd);
-        kernels::attention_backward(rq, rounded(host(go), dt()), rl, rounded(dout, dt()), opt, rd, false);
+        kernels::attention_backward(rq, rounded(host(go), dt()), rl, rounded(dout, dt()), opt, rd,
+                                    false);
         kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
         expect_close(tag + " backward", dt(), gd, rd);
         // accumulate = true adds to what dqkv held.
@@ -370,7 +386,9 @@ TEST_P(CudaOps, CrossEntropyThreeSteps) {
   tg[3] = -100;  // ignored
   Tensor rt = Tensor::from_vector(tg, {N}), gt = rt.to(kGpu);
   Tensor rl = rounded(logits, dt()), gl = dev(logits, dt());
-  auto stat = [&](bool gpu) { return gpu ? Tensor::empty({N}, DType::f32, kGpu) : Tensor::empty({N}); };
+  auto stat = [&](bool gpu) {
+    return gpu ? Tensor::empty({N}, DType::f32, kGpu) : Tensor::empty({N});
+  };
   Tensor rm = stat(false), rs = stat(false), rtl = stat(false), rloss = stat(false);
   Tensor gm = stat(true), gs = stat(true), gtl = stat(true), gloss = stat(true);
   kernels::ce_row_max(rl, rm);
@@ -400,7 +418,8 @@ TEST_P(CudaOps, SumSquaresAndOptimizers) {
   Tensor t = randn({10001}, rng_);
   const double want = kernels::sum_squares(rounded(t, dt()));
   const double got = kernels::sum_squares(dev(t, dt()));
-  const std::string key = std::string("sum_squares (") + std::string(memory::dtype_name(dt())) + ")";
+  const std::string key =
+      std::string("sum_squares (") + std::string(memory::dtype_name(dt())) + ")";
   error_table()[key] = std::fabs(got - want) / want;
   EXPECT_LT(std::fabs(got - want) / want, 1e-6);
 
@@ -416,7 +435,8 @@ TEST_P(CudaOps, SumSquaresAndOptimizers) {
     kernels::adamw_step(gp, gg, gm, gv, cfg, step, 0.5);
   }
   expect_close("adamw_step", dt(), gp, rp);
-  Tensor sp = p.clone(), sb = Tensor::zeros({4097}), gsp = dev(p, wide()), gsb = Tensor::zeros({4097}, DType::f32, kGpu);
+  Tensor sp = p.clone(), sb = Tensor::zeros({4097}), gsp = dev(p, wide()),
+         gsb = Tensor::zeros({4097}, DType::f32, kGpu);
   Sgd sgd{0.1, 0.9, 0.01, true};
   for (int i = 0; i < 3; ++i) {
     kernels::sgd_step(sp, rg, sb, sgd, 2.0);

@@ -62,7 +62,8 @@ TEST(MixedPrecision, CastAndUnscaleCheckOnTheCpu) {
 // the GPU's __float2half_rn does), and an overflowing fp16 gradient raises the flag, which
 // is what the loss scaler's skipped step relies on.
 TEST(MixedPrecision, Fp16CastRoundsAndOverflowsAsTheGpuDoes) {
-  Tensor a = Tensor::from_vector(std::vector<float>{1.0f, 1.0f + 1.0f / 4096, 65504.f, 70000.f, -1.0e-8f}, {5});
+  Tensor a = Tensor::from_vector(
+      std::vector<float>{1.0f, 1.0f + 1.0f / 4096, 65504.f, 70000.f, -1.0e-8f}, {5});
   Tensor h = Tensor::empty({5}, DType::f16);
   kernels::cast(a, h);
   Tensor back = Tensor::empty({5}, DType::f32);
@@ -91,6 +92,7 @@ TEST(Precision, NamesAsTheFlagTakesThem) {
     kernels::parse_precision("half", "plan.json: $.precision");
     FAIL() << "'half' was accepted";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "plan.json: $.precision: expected f32, tf32, bf16 or fp16, found 'half'");
+    EXPECT_STREQ(e.what(),
+                 "plan.json: $.precision: expected f32, tf32, bf16 or fp16, found 'half'");
   }
 }

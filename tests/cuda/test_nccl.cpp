@@ -257,7 +257,8 @@ TEST(Nccl, ARankThatNeverJoinsBecomesAPeerErrorNamingIt) {
     FAIL() << "a communicator of two was made with one rank";
   } catch (const transport::PeerError& e) {
     EXPECT_EQ(e.peer(), 1) << e.what();
-    EXPECT_NE(std::string(e.what()).find("rank 1 (global 1) never joined"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 (global 1) never joined"), std::string::npos)
+        << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 json tiny_gpt_json(int n_layer, double dropout) {
   json j = {{"type", "gpt2"}, {"name", "tiny-gpt"}, {"n_layer", n_layer}, {"n_head", 4},
-            {"n_embd", 32},   {"n_positions", 16},   {"vocab_size", 256}};
+            {"n_embd", 32},   {"n_positions", 16},  {"vocab_size", 256}};
   if (dropout > 0) {
     j["resid_pdrop"] = dropout;
     j["attn_pdrop"] = dropout;
@@ -29,7 +29,7 @@ json tiny_gpt_json(int n_layer, double dropout) {
 }
 
 json tiny_mlp_json(std::vector<int> hidden) {
-  return {{"type", "mlp"}, {"name", "tiny-mlp"}, {"context", 8}, {"vocab_size", 256},
+  return {{"type", "mlp"}, {"name", "tiny-mlp"}, {"context", 8},        {"vocab_size", 256},
           {"n_embd", 16},  {"hidden", hidden},   {"activation", "relu"}};
 }
 
@@ -49,9 +49,10 @@ Workspace::~Workspace() {
 std::string PlanSpec::describe() const {
   std::string t;
   for (int x : tp) t += (t.empty() ? "" : ",") + std::to_string(x);
-  return std::string(model.value("type", "?")) + " dp" + std::to_string(dp) + " pp" + std::to_string(tp.size()) +
-         " tp[" + t + "] " + schedule + (chunks ? " v" + std::to_string(chunks) : "") + " m" +
-         std::to_string(micro_batches) + " b" + std::to_string(micro_batch_size);
+  return std::string(model.value("type", "?")) + " dp" + std::to_string(dp) + " pp" +
+         std::to_string(tp.size()) + " tp[" + t + "] " + schedule +
+         (chunks ? " v" + std::to_string(chunks) : "") + " m" + std::to_string(micro_batches) +
+         " b" + std::to_string(micro_batch_size);
 }
 
 namespace {
@@ -72,10 +73,11 @@ json plan_json(const PlanSpec& p, const Workspace& ws) {
   // The number of model chunks: what the schedule's generator makes.
   int chunks = p.chunks;
   if (chunks == 0)
-    chunks = (p.schedule == "interleaved-1f1b" || p.schedule == "zb-v" || p.schedule == "dualpipev" ||
-              p.schedule == "dualpipe" || p.schedule.rfind("v-", 0) == 0)
-                 ? 2
-                 : 1;
+    chunks =
+        (p.schedule == "interleaved-1f1b" || p.schedule == "zb-v" || p.schedule == "dualpipev" ||
+         p.schedule == "dualpipe" || p.schedule.rfind("v-", 0) == 0)
+            ? 2
+            : 1;
   int S = p.schedule == "dualpipe" ? pp : pp * chunks;
   const int L = num_layers_of(p.model);
   std::vector<int> counts = p.layers_per_stage;
@@ -108,7 +110,9 @@ std::shared_ptr<const partitioner::ResolvedPlan> resolve(const PlanSpec& p, cons
 
 namespace {
 
-std::string default_data() { return std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt"; }
+std::string default_data() {
+  return std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+}
 
 stages::OptimizerConfig optimizer(const RunSettings& s) {
   stages::OptimizerConfig c;
@@ -137,7 +141,8 @@ engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
   return o;
 }
 
-std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s) {
+std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws,
+                                              const RunSettings& s) {
   kernels::set_num_threads(1);
   plan_json(p, ws);  // writes model.json
   engine::TrainOptions o;
@@ -153,7 +158,8 @@ std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::R
   kernels::set_num_threads(1);
   const int n = plan->layout.world();
   std::vector<transport::CommPtr> world = transport::make_local_world(n);
-  std::vector<std::vector<engine::StepRecord>> records(static_cast<size_t>(n), std::vector<engine::StepRecord>{});
+  std::vector<std::vector<engine::StepRecord>> records(static_cast<size_t>(n),
+                                                       std::vector<engine::StepRecord>{});
   std::mutex mu;
   std::exception_ptr error;
   std::vector<std::thread> threads;
@@ -172,8 +178,10 @@ std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::R
   for (int r = 1; r < n; ++r) {
     EXPECT_EQ(records[size_t(r)].size(), records[0].size()) << "rank " << r;
     for (size_t i = 0; i < std::min(records[0].size(), records[size_t(r)].size()); ++i) {
-      EXPECT_EQ(records[size_t(r)][i].loss, records[0][i].loss) << "rank " << r << " step " << i + 1;
-      EXPECT_EQ(records[size_t(r)][i].grad_norm, records[0][i].grad_norm) << "rank " << r << " step " << i + 1;
+      EXPECT_EQ(records[size_t(r)][i].loss, records[0][i].loss)
+          << "rank " << r << " step " << i + 1;
+      EXPECT_EQ(records[size_t(r)][i].grad_norm, records[0][i].grad_norm)
+          << "rank " << r << " step " << i + 1;
     }
   }
   return records[0];
@@ -184,7 +192,8 @@ bool same_accumulation_order(const schedule::Schedule& s) {
   for (const auto& actions : s.ranks) {
     std::map<int, int> last;
     for (const schedule::Action& a : actions)
-      if (a.kind == schedule::ActionKind::backward_weight || a.kind == schedule::ActionKind::full_backward) {
+      if (a.kind == schedule::ActionKind::backward_weight ||
+          a.kind == schedule::ActionKind::full_backward) {
         auto it = last.find(a.stage);
         if (it != last.end() && it->second > a.micro_batch) return false;
         last[a.stage] = a.micro_batch;

@@ -3,10 +3,9 @@
 // run of the one-process trainer with the same model, seed, data and global batch.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -37,7 +36,7 @@ struct PlanSpec {
   int dp = 1;
   std::vector<int> tp = {1};  // one per pipeline rank
   std::string schedule = "1f1b";
-  int micro_batches = 4;      // per replica
+  int micro_batches = 4;  // per replica
   int64_t micro_batch_size = 2;
   int chunks = 0;
   std::vector<int> layers_per_stage;  // empty: as even as possible
@@ -62,7 +61,8 @@ struct RunSettings {
 
 // The loop options of both runs (no logging).
 engine::LoopOptions loop_options(const RunSettings& s);
-std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws, const RunSettings& s);
+std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws,
+                                              const RunSettings& s);
 // Runs every rank as a thread; returns rank 0's records and checks every rank reported
 // the same ones (EXPECT).
 std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,

@@ -10,19 +10,26 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace baton::engine_testing {
 
-inline std::string baton() { return BATON_BINARY; }
-inline std::string source_dir() { return BATON_SOURCE_DIR; }
-inline std::string data_file() { return source_dir() + "/examples/data/licenses.txt"; }
+inline std::string baton() {
+  return BATON_BINARY;
+}
+inline std::string source_dir() {
+  return BATON_SOURCE_DIR;
+}
+inline std::string data_file() {
+  return source_dir() + "/examples/data/licenses.txt";
+}
 // Settings every process test shares (both sides of a comparison).
-inline std::string common_flags() { return " --seed 3 --lr 3e-3 --weight-decay 0.01 --threads 1 --log-every 0"; }
+inline std::string common_flags() {
+  return " --seed 3 --lr 3e-3 --weight-decay 0.01 --threads 1 --log-every 0";
+}
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path);

@@ -25,8 +25,8 @@ PlanSpec gpt_plan(std::vector<int> tp, int dp, const std::string& schedule, int 
 }
 
 // Runs a plan (or, with an empty tp, one process) from `from` (resume) to `to` steps.
-std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const std::string& ckpt, int64_t to,
-                                      bool resume) {
+std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const std::string& ckpt,
+                                      int64_t to, bool resume) {
   RunSettings s;
   s.steps = to;
   if (p.tp.empty()) {
@@ -90,7 +90,8 @@ TEST(Checkpoint, ResumesUnderAnotherPlan) {
   };
   for (const Pair& pr : pairs) {
     Workspace ws("ckpt");
-    std::string what = (pr.before.tp.empty() ? std::string("one process") : pr.before.describe()) + " -> " +
+    std::string what = (pr.before.tp.empty() ? std::string("one process") : pr.before.describe()) +
+                       " -> " +
                        (pr.after.tp.empty() ? std::string("one process") : pr.after.describe());
     SCOPED_TRACE(what);
     std::printf("%s\n", what.c_str());

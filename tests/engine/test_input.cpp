@@ -67,10 +67,12 @@ TEST(EngineInput, ExecutorChecksItsSchedule) {
   EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("not lowered"), std::string::npos);
   c.schedule = schedule::lower(plan->schedule);
   c.rank = 5;
-  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("rank 5 outside the schedule's 2 ranks"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { engine::Executor e(c); }).find("rank 5 outside the schedule's 2 ranks"),
+      std::string::npos);
   c.rank = 0;
-  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("no Stage for schedule stage 0"), std::string::npos);
+  EXPECT_NE(message_of([&] { engine::Executor e(c); }).find("no Stage for schedule stage 0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,11 +14,16 @@ namespace baton::engine_testing {
 namespace {
 
 json tiny_llama_json(int64_t kv) {
-  return {{"type", "llama"},          {"name", "tiny-llama"},
-          {"hidden_size", 32},        {"intermediate_size", 48},
-          {"num_hidden_layers", 4},   {"num_attention_heads", 4},
-          {"num_key_value_heads", kv}, {"vocab_size", 256},
-          {"max_position_embeddings", 16}, {"context", 16},
+  return {{"type", "llama"},
+          {"name", "tiny-llama"},
+          {"hidden_size", 32},
+          {"intermediate_size", 48},
+          {"num_hidden_layers", 4},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", kv},
+          {"vocab_size", 256},
+          {"max_position_embeddings", 16},
+          {"context", 16},
           {"rope_theta", 10000.0}};
 }
 

@@ -17,7 +17,7 @@ namespace baton::engine_testing {
 namespace {
 
 json model() {
-  return {{"type", "gpt2"}, {"name", "mem-gpt"}, {"n_layer", 8},  {"n_head", 4},
+  return {{"type", "gpt2"}, {"name", "mem-gpt"}, {"n_layer", 8},     {"n_head", 4},
           {"n_embd", 256},  {"n_positions", 64}, {"vocab_size", 256}};
 }
 
@@ -30,9 +30,10 @@ void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
   partitioner::CostModel cm(graph, partitioner::Machine{});
   partitioner::PlanEstimate e = partitioner::evaluate_plan(r, cm);
   ASSERT_TRUE(e.fits());
-  std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() + " train --plan " +
-                    ws.path("plan.json") + " --data " + data_file() + " --steps 3 --threads 1 --log-every 0" +
-                    " --summary " + ws.path("summary.json");
+  std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() +
+                    " train --plan " + ws.path("plan.json") + " --data " + data_file() +
+                    " --steps 3 --threads 1 --log-every 0" + " --summary " +
+                    ws.path("summary.json");
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   // Every rank's measured peak and the estimate from rank 0's summary.
   const json summary = json::parse(slurp(ws.path("summary.json")));
@@ -40,9 +41,10 @@ void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
   for (int k = 0; k < ranks; ++k) {
     const json& rank = summary["ranks"][size_t(k)];
     EXPECT_EQ(rank["estimated_peak_bytes"].get<int64_t>(), e.ranks[size_t(k)].peak) << "rank " << k;
-    const double est = double(e.ranks[size_t(k)].peak), got = double(rank["peak_bytes"].get<int64_t>());
-    std::printf("rank %d: measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", k, got / 1048576, est / 1048576,
-                100 * (got - est) / est);
+    const double est = double(e.ranks[size_t(k)].peak),
+                 got = double(rank["peak_bytes"].get<int64_t>());
+    std::printf("rank %d: measured peak %.2f MiB, estimated %.2f MiB (%+.1f%%)\n", k, got / 1048576,
+                est / 1048576, 100 * (got - est) / est);
     EXPECT_LE(std::abs(got - est), 0.03 * got) << "rank " << k;
     EXPECT_LE(got, double(p.device_memory));
   }
@@ -74,7 +76,8 @@ TEST(Memory, BeyondOneDevice) {
   tp2["devices"] = 4;
   tp2["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 2}};
   tp2["schedule"] = {{"name", "zb-v"}, {"micro_batches", 4}};
-  tp2["stages"] = {{{"layers", {0, 3}}}, {{"layers", {3, 5}}}, {{"layers", {5, 8}}}, {{"layers", {8, 10}}}};
+  tp2["stages"] = {
+      {{"layers", {0, 3}}}, {{"layers", {3, 5}}}, {{"layers", {5, 8}}}, {{"layers", {8, 10}}}};
   planned_run_fits(ws, tp2, 4);
 }
 

@@ -15,13 +15,14 @@
 namespace baton::engine_testing {
 namespace {
 
-void expect_close(const std::vector<engine::StepRecord>& got, const std::vector<engine::StepRecord>& want,
-                  double tol) {
+void expect_close(const std::vector<engine::StepRecord>& got,
+                  const std::vector<engine::StepRecord>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i].loss, want[i].loss, tol * std::abs(want[i].loss)) << "step " << i + 1;
-    EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, tol * std::abs(want[i].grad_norm)) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, tol * std::abs(want[i].grad_norm))
+        << "step " << i + 1;
     worst = std::max(worst, std::abs(got[i].loss - want[i].loss) / std::abs(want[i].loss));
   }
   std::printf("  worst relative loss difference over %zu steps: %.2e\n", want.size(), worst);
@@ -94,8 +95,8 @@ TEST(MixedDegrees, BroadcastAndGatherAtBoundaries) {
     bool gpt;
     std::vector<int> tp;
   };
-  for (const Mixed& m : {Mixed{true, {2, 1, 2}}, Mixed{true, {1, 2, 1}}, Mixed{false, {1, 2}}, Mixed{false, {2, 1}},
-                         Mixed{false, {2, 1, 2, 1}}}) {
+  for (const Mixed& m : {Mixed{true, {2, 1, 2}}, Mixed{true, {1, 2, 1}}, Mixed{false, {1, 2}},
+                         Mixed{false, {2, 1}}, Mixed{false, {2, 1, 2, 1}}}) {
     for (int dp : {1, 2}) {
       PlanSpec p;
       p.model = m.gpt ? tiny_gpt_json() : tiny_mlp_json();

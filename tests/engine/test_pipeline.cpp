@@ -68,7 +68,8 @@ TEST_P(Pipeline, MatchesOneProcess) {
       EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
     } else {
       EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm)) << "step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
+          << "step " << i + 1;
     }
   }
 }

@@ -4,7 +4,6 @@
 // parallelism, a hand-written schedule file from examples/ (pure pipeline: bit for bit),
 // and a plan made by `baton plan`.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +22,8 @@
 namespace baton::engine_testing {
 namespace {
 
-void compare(const std::string& got_path, const std::string& want_path, bool bitwise, int64_t steps) {
+void compare(const std::string& got_path, const std::string& want_path, bool bitwise,
+             int64_t steps) {
   std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
   ASSERT_EQ(int64_t(want.size()), steps);
   ASSERT_EQ(got.size(), want.size());
@@ -34,30 +34,35 @@ void compare(const std::string& got_path, const std::string& want_path, bool bit
       EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
     } else {
       EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm)
+          << "step " << i + 1;
     }
   }
 }
 
 // The one-process run of the same model, seed, data and global batch.
-void reference(const Workspace& ws, int64_t batch, int64_t micro_batches, int64_t steps, const std::string& log) {
+void reference(const Workspace& ws, int64_t batch, int64_t micro_batches, int64_t steps,
+               const std::string& log) {
   std::string cmd = baton() + " train --model " + ws.path("model.json") + " --data " + data_file() +
                     " --steps " + std::to_string(steps) + " --batch " + std::to_string(batch) +
-                    " --micro-batches " + std::to_string(micro_batches) + common_flags() + " --loss-log " + log;
+                    " --micro-batches " + std::to_string(micro_batches) + common_flags() +
+                    " --loss-log " + log;
   ASSERT_EQ(run(cmd, ws.path("reference.out")), 0) << slurp(ws.path("reference.out"));
 }
 
-void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, bool bitwise, int64_t steps = 20) {
+void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, bool bitwise,
+              int64_t steps = 20) {
   SCOPED_TRACE(p.describe() + extra);
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   int n = 0;
   for (int t : p.tp) n += t * p.dp;
-  std::string cmd = baton() + " launch -n " + std::to_string(n) + " -- " + baton() + " train --plan " +
-                    ws.path("plan.json") + " --data " + data_file() + " --steps " + std::to_string(steps) +
-                    common_flags() + " --loss-log " + ws.path("plan.jsonl") + extra;
+  std::string cmd = baton() + " launch -n " + std::to_string(n) + " -- " + baton() +
+                    " train --plan " + ws.path("plan.json") + " --data " + data_file() +
+                    " --steps " + std::to_string(steps) + common_flags() + " --loss-log " +
+                    ws.path("plan.jsonl") + extra;
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
-  reference(ws, int64_t(p.dp) * p.micro_batches * p.micro_batch_size, int64_t(p.dp) * p.micro_batches, steps,
-            ws.path("reference.jsonl"));
+  reference(ws, int64_t(p.dp) * p.micro_batches * p.micro_batch_size,
+            int64_t(p.dp) * p.micro_batches, steps, ws.path("reference.jsonl"));
   compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
 }
 
@@ -119,17 +124,19 @@ TEST(Processes, HandWrittenScheduleFile) {
 TEST(Processes, PlanFromBatonPlan) {
   Workspace ws("proc");
   std::ofstream(ws.path("model.json")) << tiny_gpt_json(2).dump(2);
-  std::string cmd = baton() + " plan --model " + ws.path("model.json") + " --devices 4 --batch 8 -o " +
-                    ws.path("plan.json");
+  std::string cmd = baton() + " plan --model " + ws.path("model.json") +
+                    " --devices 4 --batch 8 -o " + ws.path("plan.json");
   ASSERT_EQ(run(cmd, ws.path("plan-search.out")), 0) << slurp(ws.path("plan-search.out"));
   json plan = json::parse(slurp(ws.path("plan.json")));
-  std::printf("baton plan chose: parallel %s, schedule %s, batch %s\n", plan["parallel"].dump().c_str(),
-              plan["schedule"].dump().c_str(), plan["batch"].dump().c_str());
+  std::printf("baton plan chose: parallel %s, schedule %s, batch %s\n",
+              plan["parallel"].dump().c_str(), plan["schedule"].dump().c_str(),
+              plan["batch"].dump().c_str());
   const int64_t dp = plan["parallel"].value("dp", 1);
   const int64_t m = plan["schedule"]["micro_batches"].get<int64_t>();
   const int64_t b = plan["batch"]["micro_batch_size"].get<int64_t>();
-  cmd = baton() + " launch -n 4 -- " + baton() + " train --plan " + ws.path("plan.json") + " --data " +
-        data_file() + " --steps 20" + common_flags() + " --loss-log " + ws.path("plan.jsonl");
+  cmd = baton() + " launch -n 4 -- " + baton() + " train --plan " + ws.path("plan.json") +
+        " --data " + data_file() + " --steps 20" + common_flags() + " --loss-log " +
+        ws.path("plan.jsonl");
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   reference(ws, dp * m * b, dp * m, 20, ws.path("reference.jsonl"));
   compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
@@ -149,11 +156,37 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
-    std::vector<std::string> a = {baton(), "launch", "-n", "8", "--", baton(), "train", "--plan", ws.path("plan.json"),
-                                  "--data", data_file(), "--steps", "40", "--seed", "3", "--lr", "3e-3",
-                                  "--weight-decay", "0.01", "--threads", "1", "--log-every", "0",
-                                  "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2",
-                                  "--loss-log", log};
+    std::vector<std::string> a = {baton(),
+                                  "launch",
+                                  "-n",
+                                  "8",
+                                  "--",
+                                  baton(),
+                                  "train",
+                                  "--plan",
+                                  ws.path("plan.json"),
+                                  "--data",
+                                  data_file(),
+                                  "--steps",
+                                  "40",
+                                  "--seed",
+                                  "3",
+                                  "--lr",
+                                  "3e-3",
+                                  "--weight-decay",
+                                  "0.01",
+                                  "--threads",
+                                  "1",
+                                  "--log-every",
+                                  "0",
+                                  "--checkpoint-dir",
+                                  ckpt,
+                                  "--checkpoint-every",
+                                  "3",
+                                  "--keep-checkpoints",
+                                  "2",
+                                  "--loss-log",
+                                  log};
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -163,14 +196,15 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("full.out"));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // The same job killed (launcher and every rank at once) at a random moment: after a
   // random number of steps has been logged, plus a random fraction of a step.
   const size_t after_lines = std::uniform_int_distribution<size_t>(1, 37)(rng);
   const double extra = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * seconds / 40;
-  std::printf("killing the whole job %.4f s after step %zu is logged (a run takes about %.3f s)\n", extra,
-              after_lines, seconds);
+  std::printf("killing the whole job %.4f s after step %zu is logged (a run takes about %.3f s)\n",
+              extra, after_lines, seconds);
   pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), false), ws.path("killed.out"));
   for (int i = 0; i < 60000 && read_loss_log(ws.path("killed.jsonl")).size() < after_lines; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -179,7 +213,8 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   for (pid_t c : ranks) kill(c, SIGKILL);
   kill(pid, SIGKILL);
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  std::printf("killed %zu ranks; loss log had %zu lines\n", ranks.size(), read_loss_log(ws.path("killed.jsonl")).size());
+  std::printf("killed %zu ranks; loss log had %zu lines\n", ranks.size(),
+              read_loss_log(ws.path("killed.jsonl")).size());
   // Wait until every rank is gone (dead or a zombie nobody reaps).
   auto alive = [](pid_t c) {
     std::ifstream stat("/proc/" + std::to_string(c) + "/stat");
@@ -188,16 +223,19 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
     return state != "Z" && state != "X";
   };
   for (pid_t c : ranks)
-    for (int i = 0; i < 500 && alive(c); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 500 && alive(c); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
 
   auto t1 = std::chrono::steady_clock::now();
   pid = spawn(argv(ws.path("ckpt"), ws.path("killed.jsonl"), true), ws.path("resumed.out"));
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("resumed.out"));
-  std::printf("resumed run: %.3f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+  std::printf("resumed run: %.3f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
   std::string out = slurp(ws.path("resumed.out"));
-  std::printf("%s\n", out.find("resumed from") != std::string::npos ? "resumed from a checkpoint"
-                                                                     : "no complete checkpoint: started over");
+  std::printf("%s\n", out.find("resumed from") != std::string::npos
+                          ? "resumed from a checkpoint"
+                          : "no complete checkpoint: started over");
   compare(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
 }
 
@@ -216,14 +254,33 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
   // stop by themselves (the requirement is 10 s).
-  std::vector<std::string> argv = {baton(), "launch", "-n", "8", "--grace", "15", "--", baton(), "train",
-                                   "--plan", ws.path("plan.json"), "--data", data_file(), "--steps", "1000000",
-                                   "--threads", "1", "--log-every", "0", "--loss-log", ws.path("loss.jsonl")};
+  std::vector<std::string> argv = {baton(),
+                                   "launch",
+                                   "-n",
+                                   "8",
+                                   "--grace",
+                                   "15",
+                                   "--",
+                                   baton(),
+                                   "train",
+                                   "--plan",
+                                   ws.path("plan.json"),
+                                   "--data",
+                                   data_file(),
+                                   "--steps",
+                                   "1000000",
+                                   "--threads",
+                                   "1",
+                                   "--log-every",
+                                   "0",
+                                   "--loss-log",
+                                   ws.path("loss.jsonl")};
   pid_t pid = spawn(argv, ws.path("job.out"));
   const size_t after = std::uniform_int_distribution<size_t>(2, 20)(rng);
   for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
+  std::this_thread::sleep_for(
+      std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
   std::vector<pid_t> ranks = children_of(pid);
   ASSERT_EQ(ranks.size(), 8u) << slurp(ws.path("job.out"));
   // Which child is which rank: BATON_RANK in its environment.
@@ -241,14 +298,16 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
   kill(victim_pid, SIGKILL);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string out = slurp(ws.path("job.out"));
   std::printf("the job ended %.2f s after the kill\n%s", seconds, out.c_str());
   EXPECT_LT(seconds, 10.0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_NE(WEXITSTATUS(status), 0);
   // The launcher names the rank and stopped nobody: the others exited on their own ...
-  EXPECT_NE(out.find("the job failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos);
+  EXPECT_NE(out.find("the job failed: rank " + std::to_string(victim) + " was killed by signal 9"),
+            std::string::npos);
   EXPECT_EQ(out.find("stopped rank(s)"), std::string::npos);
   // ... each with an error naming the dead rank.
   for (int r = 0; r < 8; ++r) {
@@ -289,10 +348,30 @@ void stopped_rank(int victim, const std::string& stop_at) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   const double timeout = 2.0;
-  std::vector<std::string> argv = {"/usr/bin/env", "BATON_PEER_TIMEOUT=2", "BATON_TEST_STOP=" + stop_at,
-                                   baton(), "launch", "-n", "4", "--grace", "1", "--", baton(), "train",
-                                   "--plan", ws.path("plan.json"), "--data", data_file(), "--steps", "1000000",
-                                   "--threads", "1", "--log-every", "0", "--loss-log", ws.path("loss.jsonl")};
+  std::vector<std::string> argv = {"/usr/bin/env",
+                                   "BATON_PEER_TIMEOUT=2",
+                                   "BATON_TEST_STOP=" + stop_at,
+                                   baton(),
+                                   "launch",
+                                   "-n",
+                                   "4",
+                                   "--grace",
+                                   "1",
+                                   "--",
+                                   baton(),
+                                   "train",
+                                   "--plan",
+                                   ws.path("plan.json"),
+                                   "--data",
+                                   data_file(),
+                                   "--steps",
+                                   "1000000",
+                                   "--threads",
+                                   "1",
+                                   "--log-every",
+                                   "0",
+                                   "--loss-log",
+                                   ws.path("loss.jsonl")};
   pid_t pid = spawn(argv, ws.path("job.out"));
   std::vector<pid_t> ranks;
   for (int i = 0; i < 20000 && ranks.size() < 4; ++i) {
@@ -308,7 +387,8 @@ void stopped_rank(int victim, const std::string& stop_at) {
       std::ifstream env("/proc/" + std::to_string(c) + "/environ");
       std::string var;
       bool is_victim = false;
-      while (std::getline(env, var, '\0')) is_victim |= var == "BATON_RANK=" + std::to_string(victim);
+      while (std::getline(env, var, '\0'))
+        is_victim |= var == "BATON_RANK=" + std::to_string(victim);
       if (is_victim)
         victim_pid = c;
       else
@@ -321,14 +401,16 @@ void stopped_rank(int victim, const std::string& stop_at) {
     const size_t after = std::uniform_int_distribution<size_t>(2, 6)(rng);
     for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 5000)(rng)));
     std::printf("stopping rank %d after step %zu\n", victim, after);
     kill(victim_pid, SIGSTOP);
   }
   // The moment it is stopped (by itself or by us).
   for (int i = 0; i < 60000 && proc_state(victim_pid) != 'T'; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_EQ(proc_state(victim_pid), 'T') << "rank " << victim << " never stopped\n" << slurp(ws.path("job.out"));
+  ASSERT_EQ(proc_state(victim_pid), 'T') << "rank " << victim << " never stopped\n"
+                                         << slurp(ws.path("job.out"));
   const auto t0 = std::chrono::steady_clock::now();
   const size_t steps_done = read_loss_log(ws.path("loss.jsonl")).size();
   auto alive = [](pid_t c) {
@@ -336,13 +418,16 @@ void stopped_rank(int victim, const std::string& stop_at) {
     return st != 0 && st != 'Z' && st != 'X';
   };
   for (pid_t c : others)
-    for (int i = 0; i < 30000 && alive(c); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int i = 0; i < 30000 && alive(c); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   std::string out = slurp(ws.path("job.out"));
-  std::printf("rank %d stopped (%s) after %zu logged steps; the others were gone %.2f s later\n%s", victim,
-              stop_at.empty() ? "from outside" : stop_at.c_str(), steps_done, seconds, out.c_str());
+  std::printf("rank %d stopped (%s) after %zu logged steps; the others were gone %.2f s later\n%s",
+              victim, stop_at.empty() ? "from outside" : stop_at.c_str(), steps_done, seconds,
+              out.c_str());
   EXPECT_GE(seconds, timeout - 0.5);  // found by the timeout, not by something else
   EXPECT_LT(seconds, timeout + 3.0);
   ASSERT_TRUE(WIFEXITED(status));
@@ -357,13 +442,19 @@ void stopped_rank(int victim, const std::string& stop_at) {
   }
 }
 
-TEST(Processes, RankStoppedInsideAStepIsNamedByEveryOther) { stopped_rank(1, ""); }
+TEST(Processes, RankStoppedInsideAStepIsNamedByEveryOther) {
+  stopped_rank(1, "");
+}
 
 // Stopped just after posting its gradient reduction: its DP partner waits inside it.
-TEST(Processes, RankStoppedInsideTheGradientReductionIsNamedByEveryOther) { stopped_rank(2, "2:reduce:2"); }
+TEST(Processes, RankStoppedInsideTheGradientReductionIsNamedByEveryOther) {
+  stopped_rank(2, "2:reduce:2");
+}
 
 // Stopped inside the optimizer step (after the step's all-reduce, before the update).
-TEST(Processes, RankStoppedInsideTheOptimizerStepIsNamedByEveryOther) { stopped_rank(3, "3:optimizer:2"); }
+TEST(Processes, RankStoppedInsideTheOptimizerStepIsNamedByEveryOther) {
+  stopped_rank(3, "3:optimizer:2");
+}
 
 }  // namespace
 }  // namespace baton::engine_testing

@@ -42,11 +42,13 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
       const int pp = plan->layout.coord(rank).pp;
       std::vector<std::string> want, got;
       for (const schedule::Action& a : lowered.ranks[size_t(pp)])
-        if (schedule::is_compute(a.kind) || a.kind == ActionKind::optimizer_step) want.push_back(schedule::to_token(a));
+        if (schedule::is_compute(a.kind) || a.kind == ActionKind::optimizer_step)
+          want.push_back(schedule::to_token(a));
       std::vector<schedule::TimelineEvent> mine;
       for (const auto& e : t.events)
         if (e.rank == rank && e.lane == 0) mine.push_back(e);
-      std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+      std::sort(mine.begin(), mine.end(),
+                [](const auto& a, const auto& b) { return a.start < b.start; });
       for (const auto& e : mine) {
         got.push_back(schedule::to_token(schedule::Action{e.kind, e.micro_batch, e.stage, -1}));
         EXPECT_LE(e.start, e.end);

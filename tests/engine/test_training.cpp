@@ -2,14 +2,13 @@
 // ignores context can reach; two runs give bit-identical losses; a run resumed from a
 // checkpoint continues the loss curve exactly.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-
-#include <unistd.h>
 
 #include "engine/trainer.h"
 #include "memory/file_io.h"
@@ -36,7 +35,7 @@ std::string write_model(const std::string& name, const nlohmann::json& j) {
 }
 
 nlohmann::json small_gpt(double pdrop = 0.0) {
-  return {{"type", "gpt2"}, {"n_layer", 2},   {"n_head", 2},         {"n_embd", 32},
+  return {{"type", "gpt2"},    {"n_layer", 2},      {"n_head", 2},          {"n_embd", 32},
           {"n_positions", 32}, {"vocab_size", 256}, {"resid_pdrop", pdrop}, {"attn_pdrop", pdrop}};
 }
 
@@ -179,8 +178,9 @@ TEST(Training, KeepCheckpointsPrunesTheOldest) {
 }
 
 TEST(Training, MlpShorthandTrains) {
-  std::string model = write_model("mlp.json", {{"type", "mlp"}, {"context", 4}, {"vocab_size", 256},
-                                               {"n_embd", 8}, {"hidden", {64}}});
+  std::string model = write_model(
+      "mlp.json",
+      {{"type", "mlp"}, {"context", 4}, {"vocab_size", 256}, {"n_embd", 8}, {"hidden", {64}}});
   TrainOptions o = options(model, 60);
   o.batch = 32;
   TrainSummary s = run_training(o);

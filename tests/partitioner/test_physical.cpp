@@ -44,12 +44,18 @@ std::shared_ptr<Graph> mlp(DType dtype, std::vector<int64_t> hidden) {
 // A tiny LLaMA: 4 query heads over `kv` key/value heads (split when TP divides them,
 // replicated otherwise), rotary, SwiGLU, tied or untied head, optional biases.
 std::shared_ptr<Graph> llama(DType dtype, int64_t kv, bool tied, bool bias) {
-  nlohmann::json m = {{"type", "llama"},          {"hidden_size", 16},
-                      {"intermediate_size", 24},  {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", kv},
-                      {"vocab_size", 12},         {"max_position_embeddings", 8},
-                      {"context", 5},             {"rope_theta", 100.0},
-                      {"tie_word_embeddings", tied}, {"attention_bias", bias}};
+  nlohmann::json m = {{"type", "llama"},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 24},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", kv},
+                      {"vocab_size", 12},
+                      {"max_position_embeddings", 8},
+                      {"context", 5},
+                      {"rope_theta", 100.0},
+                      {"tie_word_embeddings", tied},
+                      {"attention_bias", bias}};
   stages::LoadOptions o;
   o.float_dtype = dtype;
   return std::make_shared<Graph>(stages::load_model_json(m, "tiny-llama", o));
@@ -146,10 +152,10 @@ TEST(PhysicalLlama, SplitsWhatMegatronSplits) {
     EXPECT_EQ(kind("loss"), SplitKind::vocab);
   }
   // Query heads the degree does not divide: an error naming the node.
-  nlohmann::json m = {{"type", "llama"}, {"hidden_size", 12}, {"intermediate_size", 8},
-                      {"num_hidden_layers", 1}, {"num_attention_heads", 3},
-                      {"num_key_value_heads", 1}, {"vocab_size", 8},
-                      {"max_position_embeddings", 4}};
+  nlohmann::json m = {{"type", "llama"},          {"hidden_size", 12},
+                      {"intermediate_size", 8},   {"num_hidden_layers", 1},
+                      {"num_attention_heads", 3}, {"num_key_value_heads", 1},
+                      {"vocab_size", 8},          {"max_position_embeddings", 4}};
   auto g3 = std::make_shared<Graph>(stages::load_model_json(m, "m"));
   try {
     plan_sharding(*g3, std::vector<int>(size_t(g3->num_layers()), 2), {}, "plan.json: $.tp");

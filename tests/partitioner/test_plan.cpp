@@ -203,10 +203,11 @@ TEST(Plan, StageOverCapacity) {
 TEST(Plan, UnknownScheduleAndFields) {
   json j = tiny_plan();
   j["schedule"]["name"] = "2f2b";
-  EXPECT_EQ(error_of(j),
-            "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
-            "interleaved-1f1b, "
-            "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation))");
+  EXPECT_EQ(
+      error_of(j),
+      "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
+      "interleaved-1f1b, "
+      "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation))");
   j = tiny_plan();
   j["schedule"] = {{"name", "dualpipev"}, {"micro_batches", 2}};
   j["batch"].erase("global");
@@ -255,7 +256,8 @@ TEST(Plan, OptimizerSharding) {
   }
   j["optimizer_sharding"] = "zero2";
   EXPECT_EQ(error_of(j),
-            "plan.json: $.optimizer_sharding: \"zero2\" (gradients kept only for the replica's part) is not "
+            "plan.json: $.optimizer_sharding: \"zero2\" (gradients kept only for the replica's "
+            "part) is not "
             "implemented yet; \"zero1\" shards the optimizer state");
   j["optimizer_sharding"] = "zero3";
   EXPECT_EQ(error_of(j),
@@ -277,7 +279,8 @@ TEST(Plan, OptimizerShardingInTheEstimate) {
   CostModel model(none.graph, Machine{});
   PlanEstimate a = evaluate_plan(none, model), b = evaluate_plan(zero, model);
   const stages::Param& wte = none.graph->params[size_t(none.graph->find_param("wte.weight"))];
-  const int64_t wte_state = 2 * memory::shape_numel(wte.logical_shape) / 2 * 4;  // vocab split over tp 2
+  const int64_t wte_state =
+      2 * memory::shape_numel(wte.logical_shape) / 2 * 4;  // vocab split over tp 2
   ASSERT_EQ(a.ranks.size(), b.ranks.size());
   for (size_t k = 0; k < a.ranks.size(); ++k) {
     const int64_t saved = a.ranks[k].optimizer_bytes - b.ranks[k].optimizer_bytes;
@@ -285,7 +288,8 @@ TEST(Plan, OptimizerShardingInTheEstimate) {
     const double half_of_the_rest = double(a.ranks[k].optimizer_bytes - wte_state) / 2;
     EXPECT_NEAR(double(saved), half_of_the_rest, 0.01 * half_of_the_rest) << "rank " << k;
   }
-  EXPECT_NE(format_estimate(zero, b).find("sharded over the data-parallel replicas (zero1)"), std::string::npos);
+  EXPECT_NE(format_estimate(zero, b).find("sharded over the data-parallel replicas (zero1)"),
+            std::string::npos);
 }
 
 TEST(Plan, SplitOverridesAndRecompute) {

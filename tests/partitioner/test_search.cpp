@@ -46,7 +46,8 @@ TEST(Search, KnowsTheShardedOptimizer) {
   EXPECT_LT(ez.max_peak(), en.max_peak());
   // The search's saving (state of parameters used by one layer / dp) is within a few
   // percent of the exact one (it counts tied parameters whole).
-  const double exact = double(en.max_peak() - ez.max_peak()), searched = double(none.peak - zero.peak);
+  const double exact = double(en.max_peak() - ez.max_peak()),
+               searched = double(none.peak - zero.peak);
   EXPECT_NEAR(searched, exact, 0.1 * exact);
 }
 

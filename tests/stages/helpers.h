@@ -5,11 +5,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
 #include "stages/model.h"
@@ -19,8 +18,8 @@
 namespace baton::stages::testing {
 
 inline std::shared_ptr<Graph> tiny_gpt(DType dtype, int64_t n_layer = 2, int64_t n_head = 2,
-                                       int64_t n_embd = 8, int64_t context = 5,
-                                       int64_t vocab = 11, double pdrop = 0.0) {
+                                       int64_t n_embd = 8, int64_t context = 5, int64_t vocab = 11,
+                                       double pdrop = 0.0) {
   Gpt2Config c;
   c.n_layer = n_layer;
   c.n_head = n_head;
@@ -58,9 +57,13 @@ inline Tensor random_like(const memory::Shape& shape, DType dtype, double std, u
 }
 
 // Rows [first, first + n) of a [B, ...] tensor, as a new contiguous tensor.
-inline Tensor rows(const Tensor& t, int64_t first, int64_t n) { return t.narrow(0, first, n).clone(); }
+inline Tensor rows(const Tensor& t, int64_t first, int64_t n) {
+  return t.narrow(0, first, n).clone();
+}
 
-inline double value_of(const Tensor& scalar) { return scalar.to(DType::f64).to_vector<double>()[0]; }
+inline double value_of(const Tensor& scalar) {
+  return scalar.to(DType::f64).to_vector<double>()[0];
+}
 
 }  // namespace baton::stages::testing
 

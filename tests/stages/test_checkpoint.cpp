@@ -39,7 +39,8 @@ std::shared_ptr<Graph> sharded(const Graph& g, int r) {
       ParamPiece piece;
       piece.local_offsets = matrix ? memory::Shape{0, j * h} : memory::Shape{j * h};
       piece.shape = matrix ? memory::Shape{rows, h} : memory::Shape{h};
-      piece.global_offsets = matrix ? memory::Shape{0, j * c + r * h} : memory::Shape{j * c + r * h};
+      piece.global_offsets =
+          matrix ? memory::Shape{0, j * c + r * h} : memory::Shape{j * c + r * h};
       p.pieces.push_back(piece);
     }
   };
@@ -188,7 +189,8 @@ TEST(Checkpoint, ShardedCheckpointLoadsWhole) {
 TEST(Checkpoint, ManifestErrorsNameTheField) {
   std::string dir = fresh_dir("ckpt_bad_manifest");
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/manifest.json") << R"({"format": "baton-checkpoint", "version": 1, "step": -1})";
+  std::ofstream(dir + "/manifest.json")
+      << R"({"format": "baton-checkpoint", "version": 1, "step": -1})";
   try {
     read_manifest(dir);
     FAIL();
@@ -288,7 +290,8 @@ TEST(Checkpoint, TruncatedShardNamesTheTensorItEndsIn) {
   auto problem = verify_checkpoint(dir, m);
   ASSERT_TRUE(problem.has_value());
   EXPECT_NE(problem->find(file + ": truncated: " + std::to_string(cut_at) + " bytes"),
-            std::string::npos) << *problem;
+            std::string::npos)
+      << *problem;
   EXPECT_NE(problem->find("tensor '" + name + "'"), std::string::npos) << *problem;
   EXPECT_NE(problem->find("1 tensor(s) after it are missing"), std::string::npos) << *problem;
   // Cut inside the header.
@@ -328,14 +331,15 @@ TEST(Checkpoint, NewerFormatVersionIsRefusedWithTheVersionNamed) {
   j["version"] = Manifest::kVersion + 1;
   j["a_field_of_the_future"] = true;
   std::ofstream(dir + "/manifest.json") << j.dump();
-  std::string want = "format version " + std::to_string(Manifest::kVersion + 1) +
-                     ", written by a newer baton";
+  std::string want =
+      "format version " + std::to_string(Manifest::kVersion + 1) + ", written by a newer baton";
   try {
     read_manifest(dir);
     FAIL() << "a newer manifest was read";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("manifest.json: $.version: the checkpoint is in " + want),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   // --resume does not fall back past it (that would resume older work and overwrite it).
   try {
@@ -351,13 +355,15 @@ TEST(Checkpoint, VersionOneManifestsWithFnvHashesStillLoad) {
   std::string dir = save_scrambled(root, 2, 8);
   json j = read_json_file(dir + "/manifest.json");
   j["version"] = 1;
-  for (auto& s : j["shards"]) s["hash"] = hash_file(dir + "/" + s["file"].get<std::string>(), "fnv1a64");
+  for (auto& s : j["shards"])
+    s["hash"] = hash_file(dir + "/" + s["file"].get<std::string>(), "fnv1a64");
   std::ofstream(dir + "/manifest.json") << j.dump();
   Manifest m = read_manifest(dir);
   EXPECT_EQ(m.shards[0].hash.rfind("fnv1a64:", 0), 0u);
   EXPECT_EQ(verify_checkpoint(dir, m), std::nullopt);
   EXPECT_EQ(latest_checkpoint(root), dir);
-  flip_byte(dir + "/model-rank00000.safetensors", data_offset(dir + "/model-rank00000.safetensors", "wpe.weight", 0));
+  flip_byte(dir + "/model-rank00000.safetensors",
+            data_offset(dir + "/model-rank00000.safetensors", "wpe.weight", 0));
   auto problem = verify_checkpoint(dir, m);
   ASSERT_TRUE(problem.has_value());
   EXPECT_NE(problem->find("tensor 'wpe.weight'"), std::string::npos) << *problem;

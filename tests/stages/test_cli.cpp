@@ -48,27 +48,40 @@ TEST(Cli, BadModelFiles) {
                      {"/nonexistent.json: cannot open file"});
   std::string bad = temp_file("bad.json", R"({"type": "gpt2", "n_layer": 2,)");
   expect_input_error("--model " + bad + " --data " + kCorpus, {bad + ": not valid JSON"});
-  std::string op = temp_file("op.json", R"({"type": "graph", "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"}],
+  std::string op = temp_file(
+      "op.json", R"({"type": "graph", "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"}],
     "params": [], "layers": [{"name": "l", "nodes": [{"op": "conv", "inputs": ["tokens"], "outputs": ["y"]}]}], "loss": "y"})");
-  expect_input_error("--model " + op + " --data " + kCorpus, {op + ": $.layers[0].nodes[0].op", "found \"conv\""});
-  std::string shape = temp_file("shape.json", R"({"type": "gpt2", "n_layer": 1, "n_head": 3, "n_embd": 16, "n_positions": 16, "vocab_size": 256})");
-  expect_input_error("--model " + shape + " --data " + kCorpus, {shape + ": $.n_embd", "multiple of n_head = 3"});
-  std::string vocab = temp_file("vocab.json", R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 100})");
+  expect_input_error("--model " + op + " --data " + kCorpus,
+                     {op + ": $.layers[0].nodes[0].op", "found \"conv\""});
+  std::string shape = temp_file(
+      "shape.json",
+      R"({"type": "gpt2", "n_layer": 1, "n_head": 3, "n_embd": 16, "n_positions": 16, "vocab_size": 256})");
+  expect_input_error("--model " + shape + " --data " + kCorpus,
+                     {shape + ": $.n_embd", "multiple of n_head = 3"});
+  std::string vocab = temp_file(
+      "vocab.json",
+      R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 100})");
   expect_input_error("--model " + vocab + " --data " + kCorpus, {"vocabulary of at least 256"});
 }
 
 TEST(Cli, BadDataAndFlags) {
   std::string model = temp_file("tiny.json", kTiny);
-  expect_input_error("--model " + model + " --data /nonexistent.txt", {"/nonexistent.txt: cannot open file"});
+  expect_input_error("--model " + model + " --data /nonexistent.txt",
+                     {"/nonexistent.txt: cannot open file"});
   std::string small = temp_file("small.txt", "short");
-  expect_input_error("--model " + model + " --data " + small, {small + ": 5 bytes of data", "at least 17"});
+  expect_input_error("--model " + model + " --data " + small,
+                     {small + ": 5 bytes of data", "at least 17"});
   expect_input_error("--model " + model + " --data " + kCorpus + " --batch 6 --micro-batches 4",
                      {"--batch 6 must be a positive multiple of --micro-batches 4"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --optimizer lion", {"--optimizer", "lion"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --device-memory 12XB", {"invalid size '12XB'"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --recompute 7", {"--recompute: layer 7"});
+  expect_input_error("--model " + model + " --data " + kCorpus + " --optimizer lion",
+                     {"--optimizer", "lion"});
+  expect_input_error("--model " + model + " --data " + kCorpus + " --device-memory 12XB",
+                     {"invalid size '12XB'"});
+  expect_input_error("--model " + model + " --data " + kCorpus + " --recompute 7",
+                     {"--recompute: layer 7"});
   expect_input_error("--model " + model + " --data " + kCorpus + " --frobnicate", {"frobnicate"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --resume", {"--resume needs --checkpoint-dir"});
+  expect_input_error("--model " + model + " --data " + kCorpus + " --resume",
+                     {"--resume needs --checkpoint-dir"});
 }
 
 // The token dataset flags, the learning-rate schedule and evaluation: each bad value is
@@ -76,24 +89,33 @@ TEST(Cli, BadDataAndFlags) {
 TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
   std::string model = temp_file("tiny_flags.json", kTiny);
   const std::string base = "--model " + model + " --data " + kCorpus + " --steps 10 ";
-  expect_input_error(base + "--lr-schedule step", {"--lr-schedule: expected constant, cosine, linear or wsd", "'step'"});
-  expect_input_error(base + "--lr-schedule cosine --warmup-steps -1", {"--warmup-steps: expected >= 0"});
-  expect_input_error(base + "--lr-schedule linear --decay-steps -2", {"--decay-steps: expected >= 0"});
-  expect_input_error(base + "--lr-schedule cosine --lr 1e-3 --min-lr 0.01", {"--min-lr: expected a rate in [0, --lr]"});
-  expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.5", {"--decay-fraction: expected a fraction in (0, 1]"});
-  expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5", {"--lr-schedule wsd", "exceed the run's 10 steps"});
+  expect_input_error(base + "--lr-schedule step",
+                     {"--lr-schedule: expected constant, cosine, linear or wsd", "'step'"});
+  expect_input_error(base + "--lr-schedule cosine --warmup-steps -1",
+                     {"--warmup-steps: expected >= 0"});
+  expect_input_error(base + "--lr-schedule linear --decay-steps -2",
+                     {"--decay-steps: expected >= 0"});
+  expect_input_error(base + "--lr-schedule cosine --lr 1e-3 --min-lr 0.01",
+                     {"--min-lr: expected a rate in [0, --lr]"});
+  expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.5",
+                     {"--decay-fraction: expected a fraction in (0, 1]"});
+  expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5",
+                     {"--lr-schedule wsd", "exceed the run's 10 steps"});
   expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
-  expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0", {"--eval-batches: expected >= 1"});
+  expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0",
+                     {"--eval-batches: expected >= 1"});
   expect_input_error(base + "--eval-fraction 1.5", {"--eval-fraction: expected a share in (0, 1)"});
-  expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCorpus, {"--eval-data and --eval-fraction"});
+  expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCorpus,
+                     {"--eval-data and --eval-fraction"});
   expect_input_error(base + "--eval-data /nonexistent.bin", {"/nonexistent.bin"});
-  expect_input_error(base + "--data-format parquet", {"--data-format: expected auto, megatron, tokens or text", "parquet"});
+  expect_input_error(base + "--data-format parquet",
+                     {"--data-format: expected auto, megatron, tokens or text", "parquet"});
   expect_input_error(base + "--token-dtype uint32", {"--token-dtype: only flat token files"});
   expect_input_error("--model " + model + " --steps 1 --data 0.7:" + kCorpus + " " + kCorpus,
                      {"--data: several datasets need a weight each"});
   // A flat uint16 token file with a token beyond the model's vocabulary of 256.
   std::string tokens(128, '\0');  // 64 tokens
-  tokens[2 * 40] = char(0x2c);  // token 40: 0x012c = 300
+  tokens[2 * 40] = char(0x2c);    // token 40: 0x012c = 300
   tokens[2 * 40 + 1] = char(0x01);
   std::string bad = temp_file("oov.bin", tokens);
   expect_input_error("--model " + model + " --steps 1 --data " + bad, {bad, "position 40"});
@@ -116,10 +138,11 @@ TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
   std::string bin = temp_file("corpus_u16.bin", flat);
   std::string model = temp_file("tiny_blend.json", kTiny);
   std::string log = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-blend_loss.jsonl";
-  Result r = run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
-                 " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
-                 " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " + log +
-                 " --summary " + log + ".summary.json");
+  Result r =
+      run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
+          " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
+          " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " +
+          log + " --summary " + log + ".summary.json");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| lr 5.000e-04 |"), std::string::npos) << r.output;  // step 1: lr/2
@@ -170,8 +193,10 @@ TEST(Cli, TruncatedAndLyingSafetensors) {
 TEST(Cli, TrainsAndWritesTheLossLog) {
   std::string model = temp_file("tiny_ok.json", kTiny);
   std::string log = ::testing::TempDir() + "/loss.jsonl";
-  Result r = run("--model " + model + " --data " + kCorpus + " --steps 3 --batch 4 --micro-batches 2 "
-              "--threads 1 --device-memory 256MiB --loss-log " + log);
+  Result r = run("--model " + model + " --data " + kCorpus +
+                 " --steps 3 --batch 4 --micro-batches 2 "
+                 "--threads 1 --device-memory 256MiB --loss-log " +
+                 log);
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("step      3/3 | loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;

@@ -9,7 +9,9 @@
 namespace baton::stages {
 namespace {
 
-int64_t in_use() { return int64_t(memory::allocator_for(memory::Device::cpu()).stats().in_use); }
+int64_t in_use() {
+  return int64_t(memory::allocator_for(memory::Device::cpu()).stats().in_use);
+}
 
 struct Measured {
   int64_t persistent, stash, kept_inputs, weight_stash;
@@ -41,7 +43,8 @@ Measured measure(const std::shared_ptr<Graph>& g, int first, int last, int64_t b
   m.kept_inputs = in_use() - base - m.stash;
   TensorMap grads;
   for (int v : st.boundary_outputs())
-    if (v != g->loss) grads[g->values[size_t(v)].name] = testing::random_like({batch, t, c}, DType::f32, 1.0, 4);
+    if (v != g->loss)
+      grads[g->values[size_t(v)].name] = testing::random_like({batch, t, c}, DType::f32, 1.0, 4);
   int64_t before_b = in_use();
   st.backward_input(0, grads);
   grads.clear();
@@ -81,7 +84,8 @@ TEST(Cost, StashBytesEqualTheMeasuredGrowth) {
     SCOPED_TRACE("middle stage, recomputed");
     check(g, 1, 3, 2, {1, 2});
   }
-  EXPECT_LT(estimate_stage(*g, 0, L, 4, {1, 2, 3}).stash_bytes, estimate_stage(*g, 0, L, 4).stash_bytes);
+  EXPECT_LT(estimate_stage(*g, 0, L, 4, {1, 2, 3}).stash_bytes,
+            estimate_stage(*g, 0, L, 4).stash_bytes);
 }
 
 TEST(Cost, LinearFlopsAreTwoNT) {
@@ -90,8 +94,10 @@ TEST(Cost, LinearFlopsAreTwoNT) {
   double expect = 0;
   for (const Node& n : g->nodes) {
     if (n.op != "linear") continue;
-    expect += 2.0 * double(tokens) * double(memory::shape_numel(g->params[size_t(n.params[0])].shape));
-    if (n.params[1] >= 0) expect += double(tokens) * double(g->params[size_t(n.params[1])].shape[0]);
+    expect +=
+        2.0 * double(tokens) * double(memory::shape_numel(g->params[size_t(n.params[0])].shape));
+    if (n.params[1] >= 0)
+      expect += double(tokens) * double(g->params[size_t(n.params[1])].shape[0]);
   }
   double got = 0;
   for (const Node& n : g->nodes)

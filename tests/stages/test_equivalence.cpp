@@ -39,8 +39,8 @@ TensorMap data_of(const Batch& b, const MicroBatch& mb) {
 }
 
 // One step's forward and backward on one stage holding every layer.
-Result run_single(const std::shared_ptr<Graph>& g, const Batch& b, int64_t parts,
-                  StageOptions so, bool defer_w = false) {
+Result run_single(const std::shared_ptr<Graph>& g, const Batch& b, int64_t parts, StageOptions so,
+                  bool defer_w = false) {
   Stage st(g, 0, g->num_layers(), so);
   st.zero_grad();
   Result r;

@@ -142,10 +142,13 @@ TEST(GradCheck, MlpF64) {
   c.hidden = {6, 5};
   LoadOptions lo;
   lo.float_dtype = DType::f64;
-  auto g = std::make_shared<Graph>(load_model_json(
-      nlohmann::json{{"type", "mlp"}, {"context", 3}, {"vocab_size", 7}, {"n_embd", 4},
-                     {"hidden", {6, 5}}, {"activation", "relu"}},
-      "mlp", lo));
+  auto g = std::make_shared<Graph>(load_model_json(nlohmann::json{{"type", "mlp"},
+                                                                  {"context", 3},
+                                                                  {"vocab_size", 7},
+                                                                  {"n_embd", 4},
+                                                                  {"hidden", {6, 5}},
+                                                                  {"activation", "relu"}},
+                                                   "mlp", lo));
   TensorMap in{{"tokens", random_tokens(3, 3, 7, seed)},
                {"targets", random_tokens(3, 1, 7, seed + 1).view({3})}};
   check_whole_model(g, in, 3, 3, seed, 12);
@@ -155,11 +158,16 @@ TEST(GradCheck, MlpF64) {
 // SwiGLU; untied with biases everywhere (Qwen2-style q/k/v and mlp_bias), and tied
 // multi-query with llama3 rope scaling and attention dropout.
 std::shared_ptr<Graph> tiny_llama(const nlohmann::json& extra) {
-  nlohmann::json m = {{"type", "llama"},          {"hidden_size", 16},
-                      {"intermediate_size", 24},  {"num_hidden_layers", 2},
-                      {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                      {"vocab_size", 11},         {"max_position_embeddings", 16},
-                      {"context", 6},             {"rope_theta", 100.0}};
+  nlohmann::json m = {{"type", "llama"},
+                      {"hidden_size", 16},
+                      {"intermediate_size", 24},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"vocab_size", 11},
+                      {"max_position_embeddings", 16},
+                      {"context", 6},
+                      {"rope_theta", 100.0}};
   m.update(extra);
   LoadOptions lo;
   lo.float_dtype = DType::f64;

@@ -25,7 +25,8 @@ std::string error_of(const std::string& text) {
 void expect_error(const std::string& text, std::initializer_list<std::string> parts) {
   std::string msg = error_of(text);
   ASSERT_FALSE(msg.empty()) << "loaded: " << text;
-  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg << "\n  lacks: " << p;
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << msg << "\n  lacks: " << p;
 }
 
 // A valid general graph with placeholders for one node's fields.
@@ -34,16 +35,21 @@ std::string graph_with(const std::string& node, const std::string& params = "") 
                                          {"name": "y", "shape": [3], "dtype": "i32"}],
             "params": [{"name": "w", "shape": [5, 4], "init": {"type": "normal", "std": 0.1}})" +
          params + R"(],
-            "layers": [{"name": "l", "nodes": [)" + node + R"(,
+            "layers": [{"name": "l", "nodes": [)" +
+         node + R"(,
               {"op": "cross_entropy", "inputs": ["h", "y"], "outputs": ["loss"]}]}],
             "loss": "loss"})";
 }
 
 TEST(ModelJson, Gpt2ShorthandShapes) {
-  Graph g = load_model_json(
-      json{{"type", "gpt2"}, {"n_layer", 3}, {"n_head", 4}, {"n_embd", 64}, {"n_positions", 128},
-           {"vocab_size", 256}, {"context", 32}},
-      "gpt.json");
+  Graph g = load_model_json(json{{"type", "gpt2"},
+                                 {"n_layer", 3},
+                                 {"n_head", 4},
+                                 {"n_embd", 64},
+                                 {"n_positions", 128},
+                                 {"vocab_size", 256},
+                                 {"context", 32}},
+                            "gpt.json");
   EXPECT_EQ(g.num_layers(), 5);  // embed, 3 blocks, head
   EXPECT_EQ(g.layers[0].name, "embed");
   EXPECT_EQ(g.layers[4].name, "head");
@@ -61,9 +67,14 @@ TEST(ModelJson, Gpt2ShorthandShapes) {
 }
 
 TEST(ModelJson, HfConfigLoadsAsGpt2) {
-  Graph g = load_model_json(json{{"model_type", "gpt2"}, {"n_layer", 1}, {"n_head", 2},
-                                 {"n_embd", 8}, {"n_positions", 16}, {"vocab_size", 10},
-                                 {"bos_token_id", 0}, {"transformers_version", "5"}},
+  Graph g = load_model_json(json{{"model_type", "gpt2"},
+                                 {"n_layer", 1},
+                                 {"n_head", 2},
+                                 {"n_embd", 8},
+                                 {"n_positions", 16},
+                                 {"vocab_size", 10},
+                                 {"bos_token_id", 0},
+                                 {"transformers_version", "5"}},
                             "config.json");
   EXPECT_EQ(g.value("tokens").type.shape, (memory::Shape{16}));
 }
@@ -84,7 +95,8 @@ TEST(ModelJson, MissingFile) {
     load_model("/nonexistent/model.json");
     FAIL();
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/model.json: cannot open"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/model.json: cannot open"),
+              std::string::npos);
   }
 }
 
@@ -94,74 +106,107 @@ TEST(ModelJson, ShorthandErrors) {
                {"m.json: $.n_layers", "unknown field 'n_layers'"});
   expect_error(R"({"type": "gpt2", "n_layer": "two", )" + base + "}",
                {"$.n_layer", "expected an integer", "found \"two\""});
-  expect_error(R"({"type": "gpt2", "n_layer": 0, )" + base + "}", {"$.n_layer", "expected an integer in [1, ", "found 0"});
-  expect_error(R"({"type": "gpt2", "n_layer": 2, "n_head": 5, "n_embd": 64, "n_positions": 32, "vocab_size": 256})",
-               {"$.n_embd", "expected a multiple of n_head = 5", "found 64"});
+  expect_error(R"({"type": "gpt2", "n_layer": 0, )" + base + "}",
+               {"$.n_layer", "expected an integer in [1, ", "found 0"});
+  expect_error(
+      R"({"type": "gpt2", "n_layer": 2, "n_head": 5, "n_embd": 64, "n_positions": 32, "vocab_size": 256})",
+      {"$.n_embd", "expected a multiple of n_head = 5", "found 64"});
   expect_error(R"({"type": "gpt2", "n_layer": 2, "context": 64, )" + base + "}",
                {"$.context", "at most n_positions = 32"});
   expect_error(R"({"type": "gpt2", "n_layer": 2, "activation_function": "relu", )" + base + "}",
                {"$.activation_function", "gelu_new"});
-  expect_error(R"({"type": "gpt3"})", {"$.type", "\"graph\", \"gpt2\", \"llama\", \"mlp\" or \"resnet\"", "found \"gpt3\""});
+  expect_error(
+      R"({"type": "gpt3"})",
+      {"$.type", "\"graph\", \"gpt2\", \"llama\", \"mlp\" or \"resnet\"", "found \"gpt3\""});
   expect_error(R"([1, 2])", {"m.json: $: expected an object"});
   expect_error(R"({"type": "mlp", "context": 4, "vocab_size": 10, "n_embd": 4, "hidden": [8, -1]})",
                {"$.hidden[1]", "expected an integer in [1, ", "found -1"});
 }
 
 TEST(ModelJson, GeneralGraphLoads) {
-  std::string ok = graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
+  std::string ok = graph_with(
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
   ASSERT_EQ(error_of(ok), "");
   Graph g = load_model_json(parse_json_text(ok, "m.json"), "m.json");
   EXPECT_EQ(g.value("h").type.shape, (memory::Shape{3, 5}));
 }
 
 TEST(ModelJson, UnknownOp) {
-  expect_error(graph_with(R"({"op": "convolution", "inputs": ["x"], "outputs": ["h"]})"),
-               {"$.layers[0].nodes[0].op", "expected a known op (", "linear", "found \"convolution\""});
+  expect_error(
+      graph_with(R"({"op": "convolution", "inputs": ["x"], "outputs": ["h"]})"),
+      {"$.layers[0].nodes[0].op", "expected a known op (", "linear", "found \"convolution\""});
 }
 
 TEST(ModelJson, ShapeMismatch) {
   // w is [5, 4]: torch layout [out, in] takes x [..., 4]; in_out layout wants x [..., 5].
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"},
+  expect_error(
+      graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"},
                               "attrs": {"layout": "in_out"}})"),
-               {"$.layers[0].nodes[0].inputs[0]", "input size 5", "found f32[batch, 3, 4]"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "bias": "b"}})",
-                          R"(, {"name": "b", "shape": [4], "init": {"type": "zeros"}})"),
-               {"$.layers[0].nodes[0].params.bias", "expected a parameter of shape [5]", "found one of shape [4]"});
+      {"$.layers[0].nodes[0].inputs[0]", "input size 5", "found f32[batch, 3, 4]"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "bias": "b"}})",
+          R"(, {"name": "b", "shape": [4], "init": {"type": "zeros"}})"),
+      {"$.layers[0].nodes[0].params.bias", "expected a parameter of shape [5]",
+       "found one of shape [4]"});
   expect_error(graph_with(R"({"op": "add", "inputs": ["x", "y"], "outputs": ["h"]})"),
                {"$.layers[0].nodes[0].inputs[1]", "f32[batch, 3, 4]", "found i32[batch, 3]"});
 }
 
 TEST(ModelJson, InconsistentGraphs) {
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["z"], "outputs": ["h"], "params": {"weight": "w"}})"),
-               {"$.layers[0].nodes[0].inputs[0]", "found 'z'"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["z"], "outputs": ["h"], "params": {"weight": "w"}})"),
+      {"$.layers[0].nodes[0].inputs[0]", "found 'z'"});
   expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"]})"),
                {"$.layers[0].nodes[0]", "needs parameter slot 'weight'"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "nope"}})"),
-               {"$.layers[0].nodes[0].params.weight", "found 'nope'"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "scale": "w"}})"),
-               {"$.layers[0].nodes[0].params.scale", "unknown parameter slot 'scale'"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["x"], "params": {"weight": "w"}})"),
-               {"$.layers[0].nodes[0].outputs[0]", "expected a new value name"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x", "x"], "outputs": ["h"], "params": {"weight": "w"}})"),
-               {"$.layers[0].nodes[0].inputs", "expected 1 input(s) for op linear", "found 2"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "attrs": {"layot": "in_out"}})"),
-               {"$.layers[0].nodes[0].attrs.layot", "unknown attribute 'layot'", "allowed: layout"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "colour": 1})"),
-               {"$.layers[0].nodes[0].colour", "unknown field"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
-                          R"(, {"name": "unused", "shape": [2], "init": {"type": "zeros"}})"),
-               {"$.params[1]", "'unused' is not used by any node"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
-                          R"(, {"name": "w", "shape": [2], "init": {"type": "zeros"}})"),
-               {"$.params[1].name", "found 'w' again"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
-                          R"(, {"name": "v", "shape": [2, 0], "init": {"type": "zeros"}})"),
-               {"$.params[1].shape[1]", "expected a positive dimension"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
-                          R"(, {"name": "v", "shape": [2], "init": {"type": "xavier"}})"),
-               {"$.params[1].init.type", "\"normal\", \"zeros\", \"ones\" or \"constant\""});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "nope"}})"),
+      {"$.layers[0].nodes[0].params.weight", "found 'nope'"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "scale": "w"}})"),
+      {"$.layers[0].nodes[0].params.scale", "unknown parameter slot 'scale'"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["x"], "params": {"weight": "w"}})"),
+      {"$.layers[0].nodes[0].outputs[0]", "expected a new value name"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x", "x"], "outputs": ["h"], "params": {"weight": "w"}})"),
+      {"$.layers[0].nodes[0].inputs", "expected 1 input(s) for op linear", "found 2"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "attrs": {"layot": "in_out"}})"),
+      {"$.layers[0].nodes[0].attrs.layot", "unknown attribute 'layot'", "allowed: layout"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "colour": 1})"),
+      {"$.layers[0].nodes[0].colour", "unknown field"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
+          R"(, {"name": "unused", "shape": [2], "init": {"type": "zeros"}})"),
+      {"$.params[1]", "'unused' is not used by any node"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
+          R"(, {"name": "w", "shape": [2], "init": {"type": "zeros"}})"),
+      {"$.params[1].name", "found 'w' again"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
+          R"(, {"name": "v", "shape": [2, 0], "init": {"type": "zeros"}})"),
+      {"$.params[1].shape[1]", "expected a positive dimension"});
+  expect_error(
+      graph_with(
+          R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
+          R"(, {"name": "v", "shape": [2], "init": {"type": "xavier"}})"),
+      {"$.params[1].init.type", "\"normal\", \"zeros\", \"ones\" or \"constant\""});
   // The loss must be a scalar.
-  std::string bad_loss = graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
+  std::string bad_loss = graph_with(
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
   bad_loss.replace(bad_loss.find(R"("loss": "loss")"), 14, R"("loss": "h")");
   expect_error(bad_loss, {"$.loss", "expected a scalar loss", "f32[batch, 3, 5]"});
 }
@@ -172,7 +217,8 @@ TEST(ModelJson, AttentionHeadsMustDivide) {
       "layers": [{"name": "l", "nodes": [
         {"op": "attention", "inputs": ["x"], "outputs": ["h"], "attrs": {"n_head": 2}},
         {"op": "cross_entropy", "inputs": ["h", "y"], "outputs": ["loss"]}]}], "loss": "loss"})";
-  expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "(n_head + 2 * n_kv_head) * D", "n_head = 2", "f32[batch, 4, 9]"});
+  expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "(n_head + 2 * n_kv_head) * D",
+                      "n_head = 2", "f32[batch, 4, 9]"});
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 namespace baton::stages {
 namespace {
 
-std::string temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string temp(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
 
 void write_raw(const std::string& path, const std::string& header, const std::string& data,
                int64_t length_override = -1) {
@@ -36,7 +38,8 @@ void expect_error(const std::string& name, const std::string& header, const std:
   std::string msg = error_of(path);
   ASSERT_FALSE(msg.empty()) << name << " was accepted";
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
-  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg << "\n  lacks: " << p;
+  for (const std::string& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << msg << "\n  lacks: " << p;
 }
 
 TEST(Safetensors, RoundTrip) {
@@ -95,7 +98,8 @@ TEST(Safetensors, TruncatedFiles) {
   expect_error("len.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "",
                {"header length 1000 bytes runs past the end of the file"}, 1000);
   expect_error("data.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
-               std::string(8, '\0'), {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
+               std::string(8, '\0'),
+               {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
   EXPECT_NE(error_of("/nonexistent.safetensors").find("cannot open"), std::string::npos);
 }
 
@@ -104,35 +108,29 @@ TEST(Safetensors, LyingHeaders) {
   expect_error("huge.safetensors", "{}", "", {"above the 100 MB limit"}, int64_t(1) << 40);
   expect_error("notjson.safetensors", "{not json", "", {"not valid JSON"});
   expect_error("brace.safetensors", "[1,2]", "", {"does not start with '{'"});
-  expect_error("overlap.safetensors",
-               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-               d8, {"overlaps tensor"});
-  expect_error("gap.safetensors",
-               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8,
+  expect_error(
+      "overlap.safetensors",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      d8, {"overlaps tensor"});
+  expect_error("gap.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8,
                {"4 bytes before tensor 'a'", "belong to no tensor"});
-  expect_error("trailing.safetensors",
-               R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8,
-               {"4 bytes after the last tensor"});
-  expect_error("size.safetensors",
-               R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8,
+  expect_error("trailing.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+               d8, {"4 bytes after the last tensor"});
+  expect_error("size.safetensors", R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8,
                {"F64 [2] needs 16 bytes but data_offsets span 8"});
-  expect_error("dtype.safetensors",
-               R"({"a":{"dtype":"F42","shape":[2],"data_offsets":[0,8]}})", d8,
+  expect_error("dtype.safetensors", R"({"a":{"dtype":"F42","shape":[2],"data_offsets":[0,8]}})", d8,
                {"$.a.dtype", "expected a safetensors dtype", "found \"F42\""});
-  expect_error("reversed.safetensors",
-               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d8,
-               {"$.a.data_offsets", "begin <= end"});
+  expect_error("reversed.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
+               d8, {"$.a.data_offsets", "begin <= end"});
   expect_error("field.safetensors",
                R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", d8,
                {"$.a.extra", "unknown field"});
-  expect_error("shape.safetensors",
-               R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8,
-               {"$.a.shape[0]"});
+  expect_error("shape.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
+               d8, {"$.a.shape[0]"});
   expect_error("meta.safetensors",
-               R"({"__metadata__":{"k":3},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d8,
-               {"$.__metadata__.k", "expected a string"});
-  expect_error("offsets.safetensors",
-               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8,
+               R"({"__metadata__":{"k":3},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+               d8, {"$.__metadata__.k", "expected a string"});
+  expect_error("offsets.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8,
                {"$.a.data_offsets", "[begin, end]"});
 }
 

@@ -138,7 +138,8 @@ void check_reduce_scatter(Communicator& c, const std::vector<int64_t>& counts, D
 }
 
 // In place: the output is a view of this rank's own part of the input.
-void check_reduce_scatter_in_place(Communicator& c, const std::vector<int64_t>& counts, DType dt, ReduceOp op) {
+void check_reduce_scatter_in_place(Communicator& c, const std::vector<int64_t>& counts, DType dt,
+                                   ReduceOp op) {
   const int r = c.rank();
   int64_t total = sum_of(counts, c.size());
   int64_t base = sum_of(counts, r);

@@ -26,7 +26,9 @@ class GroupComm final : public Communicator {
   int size() const override { return int(globals_.size()); }
   int global_rank(int group_rank) const override;
   std::string backend() const override { return fabric_->backend(); }
-  std::optional<std::pair<int, std::string>> first_failure() const override { return fabric_->first_failure(); }
+  std::optional<std::pair<int, std::string>> first_failure() const override {
+    return fabric_->first_failure();
+  }
 
   WorkPtr isend(const Tensor& t, int dst, uint64_t tag) override;
   WorkPtr irecv(Tensor& t, int src, uint64_t tag) override;

@@ -91,7 +91,8 @@ void run_ring(const GroupView& g, const RingJob& job) {
   const bool copy_own = !job.reduce && job.own != nullptr;
   size_t next_copy = 0;
   auto copy_own_chunk = [&](size_t k) {
-    std::memcpy(job.buf + (job.off[size_t(r)] + k * C) * es, job.own + k * C * es, chunk_len(r, k) * es);
+    std::memcpy(job.buf + (job.off[size_t(r)] + k * C) * es, job.own + k * C * es,
+                chunk_len(r, k) * es);
   };
 
   // Chunk k of step t is sent at step t+1 from where unit (t, k) left its result.
