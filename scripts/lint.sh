@@ -31,13 +31,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-find_tool() {  # the unversioned name, else the newest versioned one
-  local name="$1" v
-  if command -v "$name" >/dev/null; then echo "$name"; return; fi
-  for v in 19 18 17 16 15 14; do
-    if command -v "$name-$v" >/dev/null; then echo "$name-$v"; return; fi
-  done
-  echo "lint.sh: $name not found (scripts/setup.sh installs it)" >&2
+find_tool() {  # version 14, the one the tree is formatted and checked with (setup.sh)
+  local name="$1"
+  if command -v "$name-14" >/dev/null; then echo "$name-14"; return; fi
+  echo "lint.sh: $name-14 not found (scripts/setup.sh installs it)" >&2
   exit 2
 }
 
