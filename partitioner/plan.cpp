@@ -131,7 +131,7 @@ void parse_parallel(Plan& p, const JsonReader& r) {
   }
 }
 
-void parse_stage(PlanStage& s, const JsonReader& r) {
+void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
   r.expect_only({"layers", "pipeline_ranks", "recompute"});
   s.json_path = r.where();
   JsonReader layers = r.at("layers");
@@ -151,7 +151,7 @@ void parse_stage(PlanStage& s, const JsonReader& r) {
   }
   if (auto pr = r.get("pipeline_ranks")) {
     pr->expect_array();
-    for (const JsonReader& x : pr->items()) s.pipeline_ranks.push_back(int(x.as_int(0, kMaxCount)));
+    for (const JsonReader& x : pr->items()) s.pipeline_ranks.push_back(int(x.as_int(0, pp - 1)));
   }
   if (auto rc = r.get("recompute")) {
     if (rc->raw().is_boolean()) {
@@ -280,7 +280,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   if (st.size() == 0) st.fail("at least one stage", "[]");
   for (const JsonReader& s : st.items()) {
     PlanStage ps;
-    parse_stage(ps, s);
+    parse_stage(ps, s, p.pp);
     p.stages.push_back(std::move(ps));
   }
 

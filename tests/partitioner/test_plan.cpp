@@ -123,6 +123,9 @@ TEST(Plan, RanksInconsistentWithDegrees) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.stages[1].pipeline_ranks: expected [1] (the 1f1b placement of model "
             "chunk 1), found [0]");
+  j["stages"][1]["pipeline_ranks"] = {2};  // a pipeline rank the plan does not have
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[1].pipeline_ranks[0]: expected an integer in [0, 1], found 2");
   j = tiny_plan();
   j["boundaries"] = {{{"after_stage", 0},
                       {"from_pipeline_rank", 0},
