@@ -31,19 +31,20 @@ struct Rank {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0;  // waitpid status once exited
+  int status = 0;       // waitpid status once exited
+  int stop_signal = 0;  // the signal that stopped (suspended) it, 0 while it runs
   std::unique_ptr<asio::posix::stream_descriptor> out, err;
   std::string out_partial, err_partial;
 };
 
+std::string describe_signal(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return "signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+}
+
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    const char* name = sigabbrev_np(sig);
-    return "was killed by signal " + std::to_string(sig) +
-           (name ? std::string(" (SIG") + name + ")" : "");
-  }
+  if (WIFSIGNALED(status)) return "was killed by " + describe_signal(WTERMSIG(status));
   return "ended with status " + std::to_string(status);
 }
 
@@ -226,16 +227,30 @@ class Launcher {
   void reap() {
     while (true) {
       int status = 0;
-      pid_t pid = waitpid(-1, &status, WNOHANG);
+      // Stops too: a suspended rank is a hung one, and its peers' timeouts will make them
+      // exit first; it, not they, is why the job fails.
+      pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
       if (pid <= 0) return;
       for (auto& rk : ranks_) {
         if (rk.pid != pid || !rk.running) continue;
+        if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+          rk.stop_signal = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
+          if (rk.stop_signal && !stopping_)
+            write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " was stopped by " +
+                             describe_signal(rk.stop_signal) + "\n");
+          continue;
+        }
         rk.running = false;
         rk.status = status;
         --running_;
         if (!failed(status)) continue;
         failures_.push_back(rk.rank);
-        if (failures_.size() == 1) step_ = server_->peek(kProgressKey);
+        if (failures_.size() == 1) {
+          step_ = server_->peek(kProgressKey);
+          for (const Rank& other : ranks_)
+            if (other.running && other.stop_signal && !hung_)
+              hung_ = std::pair(other.rank, other.stop_signal);
+        }
         if (failures_.size() == 1 && !stopping_) {
           write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " " +
                            describe_exit(status) + "; stopping the other ranks\n");
@@ -293,10 +308,12 @@ class Launcher {
   // The rank the job failed because of. The first exit seen is not always it: when a rank
   // is killed, its peers see the broken connections and exit (non-zero, naming it) while
   // the kernel is still tearing the victim down, so their exits can be reaped first. A
-  // rank that died of a signal we did not send is the cause ahead of any that exited.
+  // rank that died of a signal we did not send is the cause ahead of any that exited, and
+  // then one that was suspended when the first failure came (the others timed out on it).
   int root_cause() const {
     for (int r : failures_)
       if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
+    if (hung_) return hung_->first;
     return failures_.front();
   }
 
@@ -305,10 +322,13 @@ class Launcher {
       const Rank& rk = ranks_[size_t(root_cause())];
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
-      failure_ = "rank " + std::to_string(rk.rank) + " " + describe_exit(rk.status) +
+      const std::string how = hung_ && hung_->first == rk.rank
+                                  ? "was stopped by " + describe_signal(hung_->second) +
+                                        " and its peers timed out on it"
+                                  : describe_exit(rk.status);
+      failure_ = "rank " + std::to_string(rk.rank) + " " + how +
                  (step_ ? " after step " + *step_ : std::string());
-      write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " +
-                       describe_exit(rk.status) +
+      write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " + how +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       int code = exit_code_of(rk.status);
       failed_code_ = code;
@@ -333,7 +353,8 @@ class Launcher {
   bool interrupted_ = false;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
-  std::optional<std::string> step_;  // the job's progress when the first rank failed
+  std::optional<std::pair<int, int>> hung_;  // a rank suspended at the first failure, its signal
+  std::optional<std::string> step_;          // the job's progress when the first rank failed
   std::string failure_;
   int failed_code_ = 0;
 };
