@@ -21,10 +21,6 @@ json parse_json_text(const std::string& text, const std::string& file) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
-  return memory::read_file(path);
-}
-
 json read_json_file(const std::string& path) {
   return parse_json_text(memory::read_file(path), path);
 }

@@ -23,8 +23,6 @@ using nlohmann::json;
 json parse_json_text(const std::string& text, const std::string& file);
 // Reads and parses a file; a missing or unreadable file is an InputError.
 json read_json_file(const std::string& path);
-// Reads a whole file as bytes; InputError naming the file when it cannot be read.
-std::string read_text_file(const std::string& path);
 
 // A short rendering of a JSON value for messages: strings quoted, long values cut.
 std::string json_brief(const json& j);

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 
 namespace baton::stages {
 
@@ -401,7 +402,6 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   if (bin_ != nullptr) std::fclose(bin_);
   std::error_code ec;
   std::filesystem::remove(prefix_ + ".bin.tmp", ec);
-  std::filesystem::remove(prefix_ + ".idx.tmp", ec);
 }
 
 void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
@@ -431,15 +431,16 @@ void IndexedDatasetWriter::finish() {
   BATON_CHECK(!done_, "finish twice");
   std::FILE* bin = std::exchange(bin_, nullptr);
   close_durably(bin, prefix_ + ".bin");
-  std::FILE* idx = std::fopen((prefix_ + ".idx.tmp").c_str(), "wb");
-  if (idx == nullptr) throw InputError(prefix_ + ".idx: cannot open for writing");
   const uint64_t S = lengths_.size(), D = S + 1, version = 1;
   const uint8_t code = megatron_code(type_);
-  std::string head(kMagic, 9);
-  head.append(reinterpret_cast<const char*>(&version), 8);
-  head.push_back(char(code));
-  head.append(reinterpret_cast<const char*>(&S), 8);
-  head.append(reinterpret_cast<const char*>(&D), 8);
+  std::string idx(kMagic, 9);
+  auto append = [&idx](const void* p, size_t n) {
+    if (n > 0) idx.append(reinterpret_cast<const char*>(p), n);  // data() may be null
+  };
+  append(&version, 8);
+  idx.push_back(char(code));
+  append(&S, 8);
+  append(&D, 8);
   std::vector<int64_t> pointers(S), docs(D);
   int64_t at = 0;
   for (uint64_t i = 0; i < S; ++i) {
@@ -447,18 +448,14 @@ void IndexedDatasetWriter::finish() {
     at += int64_t(lengths_[i]) * int64_t(token_size(type_));
     docs[i + 1] = int64_t(i + 1);
   }
-  bool ok = std::fwrite(head.data(), 1, head.size(), idx) == head.size();
-  ok &= S == 0 || std::fwrite(lengths_.data(), 4, S, idx) == S;
-  ok &= S == 0 || std::fwrite(pointers.data(), 8, S, idx) == S;
-  ok &= std::fwrite(docs.data(), 8, D, idx) == D;
-  if (!ok) {
-    std::fclose(idx);
-    throw RuntimeError(prefix_ + ".idx: write failed");
-  }
-  close_durably(idx, prefix_ + ".idx");
-  // The .bin first: a reader finds the pair only once the index (the second) is there.
+  append(lengths_.data(), 4 * S);
+  append(pointers.data(), 8 * S);
+  append(docs.data(), 8 * D);
+  // The .bin streams to its own temporary file (documents arrive one at a time); it is
+  // renamed first (the index's write fsyncs the directory after both), and a reader finds
+  // the pair only once the index is there.
   std::filesystem::rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
-  std::filesystem::rename(prefix_ + ".idx.tmp", prefix_ + ".idx");
+  memory::write_file_durably(prefix_ + ".idx", idx);
   done_ = true;
 }
 
