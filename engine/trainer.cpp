@@ -125,7 +125,12 @@ TrainSummary run_training(const TrainOptions& o,
     stage.finish_grads();
     double norm = std::sqrt(stage.grad_sum_squares());
     double scale = (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
-    stage.step(scale);
+    // A gradient that is not finite (an overflow) skips the step, as a plan's STEP does.
+    if (std::isfinite(norm))
+      stage.step(scale);
+    else
+      spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
+                   norm);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return StepRecord{step + 1, loss, norm, secs};
   };
