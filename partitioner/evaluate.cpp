@@ -8,6 +8,7 @@
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/fusion.h"
 #include "partitioner/groups.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
@@ -28,7 +29,8 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   RankCoord c = r.layout.coord(rank);
   std::vector<int> index(size_t(r.graph->num_layers()));
   for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = c.tp % r.layer_tp[size_t(l)];
-  return build_physical(*r.graph, r.sharding, index);
+  // The fused kernels where the rank's split leaves their pairs intact (partitioner/fusion.h).
+  return fuse_kernels(*build_physical(*r.graph, r.sharding, index));
 }
 
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
