@@ -498,12 +498,55 @@ void Executor::finish_evaluation(StepStats& stats) {
   pending_->sends.clear();
 }
 
+// What an optimizer update overwrites on one stage: the elements of every trainable
+// parameter it updates (its shard under ZeRO), their optimizer state and the stage's
+// step count (AdamW's bias correction).
+struct Executor::Backup {
+  stages::Stage* stage = nullptr;
+  int64_t steps = 0;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (the live tensor or slice, its copy)
+};
+
+std::vector<Executor::Backup> Executor::save_update_point() {
+  std::vector<Backup> out;
+  for (auto& [id, st] : cfg_.stages) {
+    st->set_optimizer(st->optimizer());  // allocates missing state now; keeps what exists
+    Backup b;
+    b.stage = st;
+    b.steps = st->optimizer_steps();
+    for (int p : st->param_ids()) {
+      if (!st->graph().params[size_t(p)].trainable) continue;
+      const auto [begin, end] = st->optimizer_shard(p);
+      if (end <= begin) continue;
+      Tensor& value = st->param(p);
+      Tensor live = value.view({value.numel()}).narrow(0, begin, end - begin);
+      b.copies.emplace_back(live, live.clone());
+      for (auto& [name, t] : st->optimizer_state(p)) b.copies.emplace_back(t, t.clone());
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+void Executor::restore_update_point(std::vector<Backup>& saved) {
+  for (Backup& b : saved) {
+    for (auto& [live, copy] : b.copies) live.copy_from(copy);
+    b.stage->set_optimizer_steps(b.steps);
+  }
+}
+
+void Executor::update(double scale, double start, bool post_validated) {
+  for (auto& [id, st] : cfg_.stages) st->step(scale);
+  if (post_validated) record(make_action(K::optimizer_step, -1, -1), 0, start, now());
+}
+
 void Executor::finish_step(StepStats& stats, double t0) {
   const Schedule& s = cfg_.schedule;
   reducer_->finish();
   const double reduced = now();
   for (const auto& [stage, start] : pending_->reduce_start)
     record(make_action(K::reduce_gradients, -1, stage), 1, start, reduced);
+  if (before_optimizer_) before_optimizer_(stats.step);
 
   // Norm pieces per graph layer (a parameter counts in the first layer using it, on the
   // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
@@ -531,21 +574,44 @@ void Executor::finish_step(StepStats& stats, double t0) {
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
       if (has_loss_[size_t(mb)]) v[L + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+  Tensor combined;
+  transport::WorkPtr combining;
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
-    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
-    cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();
-    v = t.to_vector<double>();
+    combined = Tensor::from_vector(v, {int64_t(v.size())});
+    combining = cfg_.step_comm->all_reduce(combined, transport::ReduceOp::sum);
+  }
+  // Post-validated: update now, unclipped, while the other ranks' pieces are on their way.
+  std::vector<Backup> saved;
+  if (cfg_.post_validated) {
+    saved = save_update_point();
+    update(1.0, t0, true);
+  }
+  if (combining) {
+    combining->wait();
+    v = combined.to_vector<double>();
   }
   double norm2 = 0, loss = 0;
   for (size_t l = 0; l < L; ++l) norm2 += v[l];
   for (size_t k = L; k < v.size(); ++k) loss += v[k];
   stats.loss = loss;
   stats.grad_norm = std::sqrt(norm2);
+  stats.skipped = !std::isfinite(stats.grad_norm);
   const double scale = (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip)
                            ? cfg_.grad_clip / stats.grad_norm
                            : 1.0;
   stop_here_if_asked("optimizer", stats.step);
-  for (auto& [id, st] : cfg_.stages) st->step(scale);
+  if (cfg_.post_validated) {
+    // Validation: the update stands unless the global norm asks for another one.
+    if (stats.skipped || scale != 1.0) {
+      const double tr = now();
+      restore_update_point(saved);
+      stats.rolled_back = true;
+      if (!stats.skipped) update(scale, tr, true);
+    }
+    saved.clear();
+  } else if (!stats.skipped) {
+    update(scale, t0, false);
+  }
   reducer_->gather_params();
   // Every send of the step completes before the next one reuses anything.
   for (auto& snd : pending_->sends) {
@@ -553,7 +619,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
     record(snd.action, 1, snd.start, now(), snd.action.peer);
   }
   pending_->sends.clear();
-  record(make_action(K::optimizer_step, -1, -1), 0, t0, now());
+  if (!cfg_.post_validated) record(make_action(K::optimizer_step, -1, -1), 0, t0, now());
 }
 
 }  // namespace baton::engine

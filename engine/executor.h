@@ -95,6 +95,15 @@ struct ExecutorConfig {
   std::function<bool(int param)> norm_counts;  // empty: every parameter counts
   bool contribute_loss = true;  // false on tensor-parallel ranks other than the first
   double grad_clip = 0;         // max global norm; 0: no clipping
+  // The optimizer step (plan field `optimizer_step`; docs/engine.md, "Post-validated
+  // optimizer steps"). Synchronous (false): STEP waits for the global norm, then clips
+  // and updates. Post-validated (true): STEP updates as soon as this rank's own gradients
+  // are reduced (unclipped), keeping a copy of what the update overwrites, while the
+  // loss and norm all-reduce is in flight; when it arrives the step is validated: kept
+  // (the synchronous step's bits), or rolled back and redone clipped when the clip
+  // triggers, or rolled back (skipped) when the norm is not finite. Either way a step
+  // whose global norm is not finite is skipped.
+  bool post_validated = false;
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
 
@@ -111,6 +120,8 @@ struct StepStats {
   double loss = 0;       // summed over the step's micro-batches (the mean over its tokens)
   double grad_norm = 0;  // before clipping
   double seconds = 0;
+  bool skipped = false;      // the norm was not finite: no parameter changed
+  bool rolled_back = false;  // post-validated: the update was undone (redone clipped, or skipped)
 };
 
 class Executor {
@@ -136,6 +147,11 @@ class Executor {
   double now() const;
 
   const ExecutorConfig& config() const { return cfg_; }
+  // Runs at every STEP after the gradient reductions, before the norm is taken (tests
+  // inject a non-finite gradient with it). Empty: nothing runs.
+  void set_before_optimizer(std::function<void(int64_t step)> fn) {
+    before_optimizer_ = std::move(fn);
+  }
   // Is the optimizer state of `param` of stage `stage` sharded over its data-parallel
   // group (GradGroup::shard)?
   bool optimizer_sharded(int stage, int param) const;
@@ -148,6 +164,10 @@ class Executor {
   void compute(const schedule::Action& a, size_t index, int64_t step);
   void finish_step(StepStats& stats, double t0);
   void finish_evaluation(StepStats& stats);
+  struct Backup;
+  std::vector<Backup> save_update_point();
+  void restore_update_point(std::vector<Backup>& saved);
+  void update(double scale, double start, bool post_validated);
   stages::MicroBatch micro_batch(int mb, int64_t step) const;
   void poll_sends();
   void record(const schedule::Action& a, int lane, double start, double end, int peer = -1);
@@ -166,6 +186,7 @@ class Executor {
   bool recording_ = false;
   std::vector<schedule::TimelineEvent> events_;
   int64_t t_origin_ = 0;  // steady clock at construction, ns
+  std::function<void(int64_t)> before_optimizer_;
 };
 
 }  // namespace baton::engine

@@ -125,6 +125,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   };
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
+  c.post_validated = r.plan.post_validated_step;
   c.timeline_rank = rank;
   if (options.eval_inputs) {
     // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.

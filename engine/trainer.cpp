@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "memory/units.h"
+#include "partitioner/fusion.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/evaluation.h"
@@ -40,8 +41,9 @@ TrainSummary run_training(const TrainOptions& o,
   }
   stages::LoadOptions lo;
   lo.float_dtype = o.float_dtype;
-  auto graph =
-      std::make_shared<stages::Graph>(stages::load_model_json(model_json, model_source, lo));
+  // With the fused kernels (partitioner/fusion.h), as a plan's ranks run it.
+  std::shared_ptr<stages::Graph> graph =
+      partitioner::fuse_kernels(stages::load_model_json(model_json, model_source, lo));
   // A directory with images.npy is image data (images + labels); anything else is a token
   // dataset (stages/data.h: Megatron, flat tokens, text, blends), checked against the
   // model's vocabulary.
@@ -125,7 +127,12 @@ TrainSummary run_training(const TrainOptions& o,
     stage.finish_grads();
     double norm = std::sqrt(stage.grad_sum_squares());
     double scale = (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
-    stage.step(scale);
+    // A gradient that is not finite (an overflow) skips the step, as a plan's STEP does.
+    if (std::isfinite(norm))
+      stage.step(scale);
+    else
+      spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
+                   norm);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return StepRecord{step + 1, loss, norm, secs};
   };

@@ -8,6 +8,7 @@
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/fusion.h"
 #include "partitioner/groups.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
@@ -28,7 +29,8 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   RankCoord c = r.layout.coord(rank);
   std::vector<int> index(size_t(r.graph->num_layers()));
   for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = c.tp % r.layer_tp[size_t(l)];
-  return build_physical(*r.graph, r.sharding, index);
+  // The fused kernels where the rank's split leaves their pairs intact (partitioner/fusion.h).
+  return fuse_kernels(*build_physical(*r.graph, r.sharding, index));
 }
 
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
@@ -39,7 +41,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   c.backward_input = c.backward_weight = c.activation_bytes = c.activation_bytes_after_b =
       c.message_bytes = c.reduce = c.forward;
   const int opt = optimizer_states(r.plan.optimizer);
-  std::map<int, double> rank_state, rank_gather;
+  std::map<int, double> rank_state, rank_gather, rank_copy;
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -74,9 +76,11 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       reduce += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_gather[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 1) + grads * 2 * opt / r.plan.dp;
+      rank_copy[rank_of] += grads * (1 + opt) / r.plan.dp;
     } else {
       reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 2 * opt + 1);
+      rank_copy[rank_of] += grads * (1 + opt);
     }
     c.reduce[size_t(s)] = reduce;
   }
@@ -84,6 +88,13 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   for (const auto& [rank, bytes] : rank_state)
     max_after = std::max(max_after, bytes / m.memory_bandwidth + rank_gather[rank]);
   c.optimizer_step = max_after;
+  // Post-validated: the update first copies what it overwrites (parameters and state).
+  c.post_validated_step = r.plan.post_validated_step;
+  if (c.post_validated_step) {
+    double copy = 0;
+    for (const auto& [rank, bytes] : rank_copy) copy = std::max(copy, bytes);
+    c.optimizer_step += 2 * copy / m.memory_bandwidth;  // read and write
+  }
   c.latency = m.p2p_latency;
   c.bandwidth = m.p2p_bandwidth;
   return c;
@@ -209,6 +220,23 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   out.step = rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                          size_t(slots), 8, r.layout.world()));
+  // A post-validated step copies what its update overwrites first: the elements of each
+  // trainable parameter it updates and their optimizer state (Executor::save_update_point),
+  // one tensor each. Under ZeRO, the replica's part (taken as 1/dp of every parameter).
+  if (p.post_validated_step) {
+    const int states = optimizer_states(p.optimizer);
+    const bool zero = p.optimizer_sharding != OptimizerSharding::none && p.dp > 1;
+    for (int s : r.stages_of(pp)) {
+      auto [a, b] = chunk(s);
+      for (int id : pg.params_used(a, b)) {
+        const stages::Param& prm = pg.params[size_t(id)];
+        if (!prm.trainable) continue;
+        int64_t n = memory::shape_numel(prm.shape);
+        if (zero) n = (n + p.dp - 1) / p.dp;
+        out.step += int64_t(1 + states) * rounded(n * int64_t(memory::dtype_size(prm.dtype)));
+      }
+    }
+  }
   return out;
 }
 

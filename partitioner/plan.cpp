@@ -193,8 +193,8 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "optimizer_sharding", "stages", "splits", "ranks", "boundaries",
-                 "predicted"});
+                 "optimizer", "optimizer_sharding", "optimizer_step", "stages", "splits", "ranks",
+                 "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -275,6 +275,14 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
           "\"zero1\" shards the optimizer state");
   }
 
+  if (auto os = r.get("optimizer_step")) {
+    const std::string name = os->is_string() ? os->as_string() : std::string();
+    if (name != "synchronous" && name != "post-validated")
+      os->fail("\"synchronous\" or \"post-validated\"",
+               os->is_string() ? "\"" + name + "\"" : stages::json_brief(os->raw()));
+    p.post_validated_step = name == "post-validated";
+  }
+
   JsonReader st = r.at("stages");
   st.expect_array();
   if (st.size() == 0) st.fail("at least one stage", "[]");
@@ -341,6 +349,7 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
   j["optimizer"] = p.optimizer;
   if (p.optimizer_sharding != OptimizerSharding::none)
     j["optimizer_sharding"] = std::string(sharding_name(p.optimizer_sharding));
+  if (p.post_validated_step) j["optimizer_step"] = "post-validated";
   json stages = json::array();
   for (const PlanStage& s : p.stages) {
     json e;

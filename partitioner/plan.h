@@ -72,6 +72,9 @@ struct Plan {
   int64_t global_batch = 0;         // dp * micro_batches * micro_batch_size
   std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
   OptimizerSharding optimizer_sharding = OptimizerSharding::none;
+  // How STEP meets the global gradient norm (docs/engine.md): "synchronous" waits for it
+  // before updating; "post-validated" updates at once and rolls back when it must.
+  bool post_validated_step = false;
 
   std::vector<PlanStage> stages;                   // model chunks in model order
   std::map<std::string, SplitKind> splits;         // node name -> override

@@ -110,10 +110,11 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
   }
   try {
     if (!j.is_object()) throw InputError("expected a JSON object, found " + found(j));
-    memory::expect_json_object(j, "",
-                               {"forward", "backward_input", "backward_weight", "activation_bytes",
-                                "activation_bytes_after_b", "message_bytes", "reduce",
-                                "overlap_f_b", "optimizer_step", "p2p", "time_unit", "comment"});
+    memory::expect_json_object(
+        j, "",
+        {"forward", "backward_input", "backward_weight", "activation_bytes",
+         "activation_bytes_after_b", "message_bytes", "reduce", "overlap_f_b", "optimizer_step",
+         "optimizer_step_mode", "p2p", "time_unit", "comment"});
     CostSpec c;
     struct Slot {
       const char* name;
@@ -139,6 +140,13 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
       if (done) continue;
       if (key == "optimizer_step") {
         c.optimizer_step = number(*it, key, false);
+      } else if (key == "optimizer_step_mode") {
+        const std::string m = it->is_string() ? it->get<std::string>() : "";
+        if (m != "synchronous" && m != "post-validated")
+          throw InputError(
+              "optimizer_step_mode: expected \"synchronous\" or \"post-validated\", found " +
+              found(*it));
+        c.post_validated_step = m == "post-validated";
       } else if (key == "comment") {
         if (!it->is_string()) throw InputError("comment: expected a string, found " + found(*it));
         c.comment = it->get<std::string>();
@@ -206,6 +214,7 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
   c.latency = spec.latency;
   c.bandwidth = spec.bandwidth;
   c.optimizer_step = spec.optimizer_step;
+  c.post_validated_step = spec.post_validated_step;
   c.check(num_stages);
   return c;
 }

@@ -36,6 +36,12 @@ struct Costs {
   double latency = 0.0;    // per point-to-point message
   double bandwidth = 0.0;  // bytes per time unit of one link; 0 means infinite
   double optimizer_step = 0.0;
+  // How STEP meets the global gradient norm (the plan's optimizer_step). Synchronous
+  // (false): every rank's STEP starts when the last rank reaches its STEP, plus one
+  // latency (the norm's all-reduce). Post-validated (true): each STEP starts when its own
+  // rank is ready; the step still ends (makespan) no earlier than that all-reduce, which
+  // validates the updates. Applies when STEP is every rank's last action (lower()'s).
+  bool post_validated_step = false;
 
   // The same F, B, W on each of `stages` stages; nothing else costs anything.
   static Costs uniform(int stages, double f, double b, double w);
@@ -57,7 +63,8 @@ struct CostSpec {
   Field forward, backward_input, backward_weight, activation_bytes, activation_bytes_after_b,
       message_bytes, reduce, overlap_f_b;
   double latency = 0.0, bandwidth = 0.0, optimizer_step = 0.0;
-  double seconds_per_unit = 1.0;  // from "time_unit": s, ms, us or ns
+  bool post_validated_step = false;  // "optimizer_step_mode": "post-validated"
+  double seconds_per_unit = 1.0;     // from "time_unit": s, ms, us or ns
   std::string comment;
 
   // F = B = W = 1 per rank share, nothing else: the unit costs of the literature.

@@ -89,6 +89,16 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       }
     }
     dep_begin_[size_t(n)] = int(k);
+    bool steps_last = true;
+    for (int r = 0; r < s_.num_ranks; ++r) {
+      const auto& list = s_.ranks[size_t(r)];
+      for (size_t i = 0; i < list.size(); ++i)
+        if (list[i].kind == K::optimizer_step) {
+          if (i + 1 != list.size()) steps_last = false;
+          step_pos_.push_back(pos_of_[size_t(offset_[size_t(r)] + int(i))]);
+        }
+    }
+    if (!steps_last) step_pos_.clear();
   }
   end_.resize(size_t(n));
   avail_.resize(size_t(n));
@@ -253,6 +263,26 @@ const SimResult& Simulator::run(const Costs& c) {
     }
     avail_[u] = avail;
     makespan = std::max(makespan, kind == K::reduce_gradients ? avail : e);
+  }
+
+  // The global norm: its all-reduce completes one latency after the last rank reached
+  // STEP. A synchronous STEP starts then; a post-validated one has run already, and the
+  // step ends no earlier than the validation.
+  if (!step_pos_.empty()) {
+    double reached = 0.0;
+    for (int u : step_pos_) reached = std::max(reached, end_[size_t(u)] - c.optimizer_step);
+    const double norm_known = reached + c.latency;
+    for (int u : step_pos_) {
+      if (!c.post_validated_step) {
+        const double e = norm_known + c.optimizer_step;
+        end_[size_t(u)] = avail_[size_t(u)] = e;
+        free_[size_t(rank_[size_t(u)])] = e;
+        RankStats& rs = result_.ranks[size_t(rank_[size_t(u)])];
+        rs.end = std::max(rs.end, e);
+        makespan = std::max(makespan, e);
+      }
+    }
+    makespan = std::max(makespan, norm_known);
   }
 
   result_.makespan = makespan;

@@ -10,7 +10,9 @@
 // ordered pair of ranks, first come first served) is free, takes bytes / bandwidth on
 // it, and arrives latency later. A receive waits for the arrival. A compute-only
 // schedule moves the same messages implicitly, sent when the producer ends. REDUCE
-// costs the rank nothing and completes `reduce` later, before STEP. Activation memory
+// costs the rank nothing and completes `reduce` later, before STEP. STEP waits for every
+// rank to reach its STEP (the global gradient norm) unless the optimizer step is
+// post-validated (Costs::post_validated_step). Activation memory
 // of a (micro-batch, stage) is taken when its F starts, partly released when its B ends
 // and fully when its W (or BW) ends.
 #pragma once
@@ -84,6 +86,7 @@ class Simulator {
   // from another rank, or a REDUCE's completion) rather than end_.
   std::vector<int> dep_begin_, deps_;
   std::vector<int> link_dst_;
+  std::vector<int> step_pos_;  // positions of the STEP actions when each is its rank's last
   // Per run.
   Costs costs_;                      // a copy of the last costs (for timeline())
   std::vector<double> end_, avail_;  // when an action ends; when its result reaches others

@@ -82,6 +82,7 @@ const std::vector<OpType>& op_types() {
     ops::add_bias_ops(t);
     ops::add_vision_ops(t);
     ops::add_llama_ops(t);
+    ops::add_fused_ops(t);
     return t;
   }();
   return table;

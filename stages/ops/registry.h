@@ -17,5 +17,6 @@ void add_comm_ops(std::vector<OpType>& table);         // tensor-parallel commun
 void add_bias_ops(std::vector<OpType>& table);         // bias_add (row-split linears)
 void add_vision_ops(std::vector<OpType>& table);       // conv2d, batchnorm2d, pooling
 void add_llama_ops(std::vector<OpType>& table);        // rmsnorm, silu, swiglu, rotary
+void add_fused_ops(std::vector<OpType>& table);        // add_layernorm, bias_gelu
 
 }  // namespace baton::stages::ops

@@ -18,10 +18,11 @@
 namespace baton::engine_testing {
 namespace {
 
-void expect_accurate(const PlanSpec& spec) {
-  SCOPED_TRACE(spec.describe());
+void expect_accurate(const PlanSpec& spec, const json& extra = json::object()) {
+  SCOPED_TRACE(spec.describe() + " " + extra.dump());
   Workspace ws("memacc");
   json plan = plan_json(spec, ws);
+  plan.update(extra);
   std::ofstream(ws.path("plan.json")) << plan.dump(2);
   const int ranks = plan["devices"].get<int>();
   std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() +
@@ -60,6 +61,12 @@ TEST(MemoryAccuracy, DataParallelBuckets) {
 // chunks per rank.
 TEST(MemoryAccuracy, PipelineTensorDataParallel) {
   expect_accurate(gpt({2, 2}, 2, "zb-v"));
+}
+
+// A post-validated optimizer step: the copy of the parameters and optimizer state it
+// takes before updating (docs/engine.md), here above the tied wte's bucket.
+TEST(MemoryAccuracy, PostValidatedStep) {
+  expect_accurate(gpt({1, 1}, 1, "1f1b"), {{"optimizer_step", "post-validated"}});
 }
 
 // DualPipe: every chunk on two ranks, reduced like data parallelism.

@@ -220,8 +220,8 @@ TEST(Plan, UnknownScheduleAndFields) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
-            "device_memory, parallel, batch, schedule, optimizer, optimizer_sharding, stages, "
-            "splits, ranks, boundaries, predicted)");
+            "device_memory, parallel, batch, schedule, optimizer, optimizer_sharding, "
+            "optimizer_step, stages, splits, ranks, boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),

@@ -3,6 +3,7 @@
 // reductions, speed, and timelines.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -232,6 +233,55 @@ TEST(Simulate, ReductionAndOptimizerStep) {
   // Without STEP the reduction still ends the iteration.
   SimResult q = sim(lower(generate("gpipe", 1, 1), {.step = false}), c);
   EXPECT_DOUBLE_EQ(q.makespan, 8);
+}
+
+// STEP and the global gradient norm: synchronous, every rank's STEP starts when the last
+// rank reached its STEP plus one latency (the norm's all-reduce); post-validated, each
+// STEP starts when its rank is ready and the step ends no earlier than that all-reduce.
+TEST(Simulate, SynchronousAndPostValidatedSteps) {
+  Schedule s = lower(generate("1f1b", 4, 8));
+  Costs c = resolve(spec_fbw(1, 1, 1), s);
+  c.optimizer_step = 2;
+  c.latency = 0.5;
+  Simulator simr(s);
+  c.post_validated_step = true;
+  const SimResult post = simr.run(c);
+  std::vector<double> reached;
+  for (int r = 0; r < 4; ++r)
+    reached.push_back(simr.start_time(r, int(s.ranks[size_t(r)].size()) - 1));
+  const double last = *std::max_element(reached.begin(), reached.end());
+  // 1F1B: the first rank runs the last backward; the others reach STEP earlier.
+  EXPECT_DOUBLE_EQ(reached[0], last);
+  EXPECT_LT(reached[3], reached[0] - 1);
+  EXPECT_DOUBLE_EQ(post.makespan, last + 2);  // the latency hides under rank 0's own step
+  EXPECT_DOUBLE_EQ(post.ranks[3].end, reached[3] + 2);
+  c.post_validated_step = false;
+  const SimResult sync = simr.run(c);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_DOUBLE_EQ(simr.start_time(r, int(s.ranks[size_t(r)].size()) - 1), last + 0.5);
+    EXPECT_DOUBLE_EQ(sync.ranks[size_t(r)].end, last + 2.5);
+    EXPECT_DOUBLE_EQ(sync.ranks[size_t(r)].busy, post.ranks[size_t(r)].busy);
+  }
+  EXPECT_DOUBLE_EQ(sync.makespan, last + 2.5);
+  // The last rank no longer idles until the others are done: a smaller span bubble.
+  EXPECT_LT(post.ranks[3].span_bubble, sync.ranks[3].span_bubble);
+  // A latency longer than the step: the post-validated step ends with the validation.
+  c.latency = 5;
+  c.post_validated_step = true;
+  const double slow = simr.run(c).makespan;
+  double reached_slow = 0;
+  for (int r = 0; r < 4; ++r)
+    reached_slow = std::max(reached_slow, simr.start_time(r, int(s.ranks[size_t(r)].size()) - 1));
+  EXPECT_DOUBLE_EQ(slow, reached_slow + 5);
+  // The cost file's key.
+  CostSpec f = parse_costs(R"({"forward": 1, "backward_input": 1, "backward_weight": 1,
+      "optimizer_step_mode": "post-validated"})",
+                           "c.json");
+  EXPECT_TRUE(resolve(f, s).post_validated_step);
+  EXPECT_THROW(parse_costs(R"({"forward": 1, "backward_input": 1, "backward_weight": 1,
+      "optimizer_step_mode": "later"})",
+                           "c.json"),
+               InputError);
 }
 
 TEST(Simulate, ReusedWithNewCostsAndCheckedInput) {
