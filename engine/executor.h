@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mixed_precision.h"
 #include "schedule/schedule.h"
 #include "schedule/timeline.h"
 #include "stages/stage.h"
@@ -95,6 +96,10 @@ struct ExecutorConfig {
   std::function<bool(int param)> norm_counts;  // empty: every parameter counts
   bool contribute_loss = true;  // false on tensor-parallel ranks other than the first
   double grad_clip = 0;         // max global norm; 0: no clipping
+  // Dynamic loss scaling (fp16; engine/loop.h's decide_update): the micro-batches' loss
+  // scale, the step skipped on overflow. Every rank's scaler sees the same norms, so all
+  // skip together. Null: none.
+  kernels::LossScaler* loss_scaler = nullptr;
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
 
@@ -108,8 +113,10 @@ struct ExecutorConfig {
 
 struct StepStats {
   int64_t step = 0;
-  double loss = 0;       // summed over the step's micro-batches (the mean over its tokens)
-  double grad_norm = 0;  // before clipping
+  double loss = 0;        // summed over the step's micro-batches (the mean over its tokens)
+  double grad_norm = 0;   // before clipping
+  double loss_scale = 0;  // the step's loss scale (0: no loss scaling)
+  bool skipped = false;   // a gradient overflowed: no optimizer step
   double seconds = 0;
 };
 
