@@ -149,9 +149,12 @@ LossLog::LossLog(const std::string& path, int64_t start) {
 void LossLog::write(const StepRecord& r) {
   if (!out_.is_open()) return;
   char buf[320];
+  // A skipped step's norm is inf or NaN, which JSON cannot say: null.
+  char norm[32] = "null";
+  if (std::isfinite(r.grad_norm)) std::snprintf(norm, sizeof norm, "%.17g", r.grad_norm);
   int n = std::snprintf(buf, sizeof buf,
-                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g",
-                        static_cast<long long>(r.step), r.loss, r.grad_norm, r.lr);
+                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %s, \"lr\": %.17g",
+                        static_cast<long long>(r.step), r.loss, norm, r.lr);
   if (r.eval_loss)
     n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
   if (r.loss_scale > 0)
