@@ -12,6 +12,7 @@
 
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/input_loader.h"
+#include "engine/loop.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "partitioner/routing.h"
@@ -203,6 +204,7 @@ stages::MicroBatch Executor::micro_batch(int mb, int64_t step) const {
   m.global_batch = cfg_.global_batch;
   m.loss_tokens = cfg_.loss_tokens;
   m.step = step;
+  if (cfg_.loss_scaler) m.loss_scale = cfg_.loss_scaler->scale();
   return m;
 }
 
@@ -268,7 +270,7 @@ void Executor::post_recv(size_t index, int64_t) {
     Tensor& full = rv.tensors[r.value];
     if (!full.defined()) {
       const stages::Value& v = st.graph().value(r.value);
-      full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype);
+      full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype, st.device());
     }
     auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
@@ -365,8 +367,10 @@ void Executor::compute(const Action& a, size_t index, int64_t step) {
       TensorMap out = st.forward(micro_batch(a.micro_batch, step), in, !cfg_.evaluation);
       if (next < 0) {
         const stages::Graph& g = st.graph();
-        losses_[size_t(a.micro_batch)] =
-            out.at(g.values[size_t(g.loss)].name).to(memory::DType::f64).to_vector<double>()[0];
+        losses_[size_t(a.micro_batch)] = out.at(g.values[size_t(g.loss)].name)
+                                             .to(memory::Device::cpu())
+                                             .to(memory::DType::f64)
+                                             .to_vector<double>()[0];
         has_loss_[size_t(a.micro_batch)] = true;
       } else if (s.placement[size_t(next)] == cfg_.rank) {
         pending_->act_in[{next, a.micro_batch}] = std::move(out);
@@ -581,10 +585,13 @@ void Executor::finish_step(StepStats& stats, double t0) {
     combining = cfg_.step_comm->all_reduce(combined, transport::ReduceOp::sum);
   }
   // Post-validated: update now, unclipped, while the other ranks' pieces are on their way.
+  // With loss scaling the early update unscales by the scale the gradients carry (what
+  // decide_update gives when the clip does not trigger).
   std::vector<Backup> saved;
+  const double early = cfg_.loss_scaler ? 1.0 / cfg_.loss_scaler->scale() : 1.0;
   if (cfg_.post_validated) {
     saved = save_update_point();
-    update(1.0, t0, true);
+    update(early, t0, true);
   }
   if (combining) {
     combining->wait();
@@ -594,23 +601,22 @@ void Executor::finish_step(StepStats& stats, double t0) {
   for (size_t l = 0; l < L; ++l) norm2 += v[l];
   for (size_t k = L; k < v.size(); ++k) loss += v[k];
   stats.loss = loss;
-  stats.grad_norm = std::sqrt(norm2);
-  stats.skipped = !std::isfinite(stats.grad_norm);
-  const double scale = (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip)
-                           ? cfg_.grad_clip / stats.grad_norm
-                           : 1.0;
+  const UpdateDecision d = decide_update(norm2, cfg_.grad_clip, cfg_.loss_scaler);
+  stats.grad_norm = d.grad_norm;
+  stats.loss_scale = d.loss_scale;
+  stats.skipped = !d.apply;
   stop_here_if_asked("optimizer", stats.step);
   if (cfg_.post_validated) {
     // Validation: the update stands unless the global norm asks for another one.
-    if (stats.skipped || scale != 1.0) {
+    if (!d.apply || d.grad_scale != early) {
       const double tr = now();
       restore_update_point(saved);
       stats.rolled_back = true;
-      if (!stats.skipped) update(scale, tr, true);
+      if (d.apply) update(d.grad_scale, tr, true);
     }
     saved.clear();
-  } else if (!stats.skipped) {
-    update(scale, t0, false);
+  } else if (d.apply) {
+    update(d.grad_scale, t0, false);
   }
   reducer_->gather_params();
   // Every send of the step completes before the next one reuses anything.

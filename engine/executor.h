@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mixed_precision.h"
 #include "schedule/schedule.h"
 #include "schedule/timeline.h"
 #include "stages/stage.h"
@@ -104,6 +105,10 @@ struct ExecutorConfig {
   // triggers, or rolled back (skipped) when the norm is not finite. Either way a step
   // whose global norm is not finite is skipped.
   bool post_validated = false;
+  // Dynamic loss scaling (fp16; engine/loop.h's decide_update): the micro-batches' loss
+  // scale, the step skipped on overflow. Every rank's scaler sees the same norms, so all
+  // skip together. Null: none.
+  kernels::LossScaler* loss_scaler = nullptr;
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
 
@@ -117,10 +122,11 @@ struct ExecutorConfig {
 
 struct StepStats {
   int64_t step = 0;
-  double loss = 0;       // summed over the step's micro-batches (the mean over its tokens)
-  double grad_norm = 0;  // before clipping
+  double loss = 0;        // summed over the step's micro-batches (the mean over its tokens)
+  double grad_norm = 0;   // before clipping
+  double loss_scale = 0;  // the step's loss scale (0: no loss scaling)
+  bool skipped = false;   // the norm was not finite (an overflow): no parameter changed
   double seconds = 0;
-  bool skipped = false;      // the norm was not finite: no parameter changed
   bool rolled_back = false;  // post-validated: the update was undone (redone clipped, or skipped)
 };
 

@@ -6,9 +6,14 @@
 #include <cmath>
 #include <cstdio>
 
+#include "memory/cuda_device.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "stages/image_data.h"
+
+#ifdef BATON_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 namespace baton::engine {
 
@@ -143,12 +148,18 @@ LossLog::LossLog(const std::string& path, int64_t start) {
 
 void LossLog::write(const StepRecord& r) {
   if (!out_.is_open()) return;
-  char buf[224];
+  char buf[320];
+  // A skipped step's norm is inf or NaN, which JSON cannot say: null.
+  char norm[32] = "null";
+  if (std::isfinite(r.grad_norm)) std::snprintf(norm, sizeof norm, "%.17g", r.grad_norm);
   int n = std::snprintf(buf, sizeof buf,
-                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g",
-                        static_cast<long long>(r.step), r.loss, r.grad_norm, r.lr);
+                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %s, \"lr\": %.17g",
+                        static_cast<long long>(r.step), r.loss, norm, r.lr);
   if (r.eval_loss)
-    std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
+    n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
+  if (r.loss_scale > 0)
+    std::snprintf(buf + n, sizeof buf - size_t(n), ", \"loss_scale\": %.17g, \"skipped\": %s",
+                  r.loss_scale, r.skipped ? "true" : "false");
   out_ << buf << "}\n" << std::flush;
 }
 
@@ -178,11 +189,15 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                   (rec.step % o.log_every == 0 || rec.step == o.steps || step == start)) ||
                  eval))
       spdlog::info(
-          "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | {:.1f} "
-          "ms/step | {} left",
+          "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} tok/s | "
+          "{:.1f} ms/step | {} left",
           rec.step, o.steps, rec.loss,
           rec.eval_loss ? fmt::format(" | val loss {:.4f}", *rec.eval_loss) : std::string(), lr,
-          rec.grad_norm, double(tokens_per_step) / rec.seconds, rec.seconds * 1e3,
+          rec.grad_norm,
+          rec.loss_scale > 0 ? fmt::format(" | loss scale {:g}{}", rec.loss_scale,
+                                           rec.skipped ? " | SKIPPED (gradient overflow)" : "")
+                             : std::string(),
+          double(tokens_per_step) / rec.seconds, rec.seconds * 1e3,
           duration_str(ema_step * double(o.steps - rec.step)));
     if (on_step) on_step(rec);
     if (checkpoint_due(o, rec.step)) {
@@ -191,6 +206,59 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     }
   }
   return summary;
+}
+
+void prepare_device(const LoopOptions& o) {
+  memory::cuda::require_device(o.device);
+  kernels::check_precision(o.precision, o.device);
+#ifdef BATON_HAVE_CUDA
+  if (o.device.is_cuda()) kernels::cuda::set_allow_tf32(o.precision == kernels::Precision::tf32);
+#endif
+}
+
+std::unique_ptr<kernels::LossScaler> make_loss_scaler(const LoopOptions& o) {
+  if (o.loss_scaling) return std::make_unique<kernels::LossScaler>(*o.loss_scaling);
+  if (kernels::needs_loss_scaling(o.precision)) return std::make_unique<kernels::LossScaler>();
+  return nullptr;
+}
+
+UpdateDecision decide_update(double sum_squares, double grad_clip, kernels::LossScaler* scaler) {
+  UpdateDecision d;
+  d.grad_norm = std::sqrt(sum_squares);
+  // inf or NaN anywhere in a gradient makes the sum of squares inf or NaN: the step is
+  // skipped, with or without a scaler (without one it would poison the parameters).
+  const bool overflow = !std::isfinite(d.grad_norm);
+  if (scaler) {
+    d.loss_scale = scaler->scale();
+    scaler->update(overflow);
+  }
+  if (overflow) {
+    d.apply = false;
+    d.grad_scale = 0;
+    return d;
+  }
+  if (scaler) d.grad_norm /= d.loss_scale;
+  const double clip = (grad_clip > 0 && d.grad_norm > grad_clip) ? grad_clip / d.grad_norm : 1.0;
+  d.grad_scale = scaler ? clip / d.loss_scale : clip;
+  return d;
+}
+
+void save_loss_scale(stages::Manifest& m, const kernels::LossScaler* scaler) {
+  if (!scaler) return;
+  m.train["loss_scale"] = {{"scale", scaler->scale()}, {"good_steps", scaler->good_steps()}};
+}
+
+void restore_loss_scale(const stages::Manifest& m, kernels::LossScaler* scaler) {
+  if (!scaler || !m.train.is_object() || !m.train.contains("loss_scale")) return;
+  const nlohmann::json& j = m.train.at("loss_scale");
+  if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() ||
+      !(j["scale"].get<double>() > 0) || !j.contains("good_steps") ||
+      !j["good_steps"].is_number_integer())
+    throw InputError(
+        "checkpoint manifest: $.train.loss_scale: expected {\"scale\": a positive "
+        "number, \"good_steps\": an integer}, found " +
+        j.dump());
+  scaler->restore(j["scale"].get<double>(), j["good_steps"].get<int64_t>());
 }
 
 void log_resume(const std::optional<std::string>& dir, int64_t step, const std::string& root) {
@@ -234,6 +302,11 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
   j["schedule"] = text_or_null(schedule);
   j["plan"] = text_or_null(plan);
   j["last_checkpoint"] = text_or_null(s.last_checkpoint);
+  j["device"] = o.device.str();
+  j["precision"] = std::string(kernels::precision_name(o.precision));
+  int64_t skipped = 0;
+  for (const StepRecord& r : s.records) skipped += r.skipped ? 1 : 0;
+  j["skipped_steps"] = skipped;
   return j;
 }
 

@@ -9,11 +9,15 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/mixed_precision.h"
+#include "kernels/precision.h"
+#include "memory/device.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/graph.h"
@@ -46,7 +50,42 @@ struct LoopOptions {
   int64_t log_every = 1;         // steps between progress lines; 0: none
   std::string loss_log;          // JSON lines {"step", "loss", "grad_norm", "lr"}
   std::string summary_path;      // the run's summary JSON, written at the end
+  // Where the stages live (--device; a plan's "device": every rank its local GPU) and
+  // the numeric precision (--precision: f32, tf32, bf16 or fp16; kernels/precision.h).
+  memory::Device device = memory::Device::cpu();
+  kernels::Precision precision = kernels::Precision::f32;
+  // Dynamic loss scaling: fp16 runs get the scaler's defaults; set, any run scales (the
+  // CPU tests scale an f32 run, where a power-of-two scale changes no bit).
+  std::optional<kernels::LossScaler::Options> loss_scaling;
 };
+
+// The device and precision of a run checked before anything is built: RuntimeError for a
+// CUDA device this process does not have ("no CUDA device" and the driver's reason: exit
+// 1), InputError for a precision the device cannot run (naming both); tf32 turns on the
+// CUDA GEMMs' TF32 tensor cores.
+void prepare_device(const LoopOptions& o);
+// The loss scaler of the run (null: no loss scaling).
+std::unique_ptr<kernels::LossScaler> make_loss_scaler(const LoopOptions& o);
+
+// What the optimizer does with a step's gradients, from their global sum of squares as
+// the backward left them (multiplied by the loss scale when scaling): the unscaled norm,
+// whether the step runs (not when a gradient overflowed: inf or NaN, the step is skipped
+// and the scale backs off) and the factor the optimizer multiplies the gradients by
+// (clipping to grad_clip, and 1 / loss scale). Updates the scaler; null: no scaling.
+struct UpdateDecision {
+  double grad_norm = 0;
+  bool apply = true;
+  double grad_scale = 1;
+  double loss_scale = 0;  // the scale this step's gradients carried; 0: no scaling
+};
+UpdateDecision decide_update(double sum_squares, double grad_clip, kernels::LossScaler* scaler);
+
+// The scaler's state in a checkpoint's manifest (train.loss_scale: {scale, good_steps}),
+// so a resumed fp16 run continues with the same scale; nothing without a scaler. A
+// resumed run with a scaler whose checkpoint has none (written in another precision)
+// starts from the scaler's initial scale.
+void save_loss_scale(stages::Manifest& m, const kernels::LossScaler* scaler);
+void restore_loss_scale(const stages::Manifest& m, kernels::LossScaler* scaler);
 
 struct StepRecord {
   int64_t step = 0;  // 1-based: the step just completed
@@ -55,6 +94,8 @@ struct StepRecord {
   double seconds = 0;
   double lr = 0;                    // the rate this step's update used
   std::optional<double> eval_loss;  // the held-out loss after this step, when evaluated
+  double loss_scale = 0;            // the loss scale of the step (0: no loss scaling)
+  bool skipped = false;             // a gradient overflowed: no optimizer step
 };
 
 struct TrainSummary {

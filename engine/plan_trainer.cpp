@@ -177,7 +177,9 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
 TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
                         const std::function<void(const StepRecord&)>& on_step) {
   Plan plan = partitioner::read_plan(o.plan_path);
-  auto graph = partitioner::load_plan_model(plan);
+  stages::LoadOptions lo;
+  lo.float_dtype = kernels::compute_dtype(o.precision);  // 16-bit under mixed precision
+  auto graph = partitioner::load_plan_model(plan, lo);
   auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
   if (!o.schedule_path.empty())
     partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
@@ -213,6 +215,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
   check_loop_options(o);
+  prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");
   // The token dataset (and held-out data), checked against the logical model's vocabulary.
@@ -222,11 +225,16 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = tok_type.shape[0];
   const bool per_position = !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
-  auto& alloc = memory::allocator_for(memory::Device::cpu());
+  auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
 
+  std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
   RankEngineOptions eo;
   eo.seed = o.seed;
+  eo.device = o.device;
+  if (lg.float_dtype != memory::DType::f32) eo.master_dtype = memory::DType::f32;
+  eo.loss_scaler = scaler.get();
+  eo.device_world = o.device_world;
   eo.optimizer = o.optimizer;
   eo.grad_clip = o.grad_clip;
   eo.bucket_bytes = o.bucket_bytes;
@@ -263,6 +271,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       start = m.step;
+      restore_loss_scale(m, scaler.get());
     }
     if (lead) log_resume(dir, start, o.checkpoint_dir);
   }
@@ -309,9 +318,16 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
                    st.grad_norm);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return StepRecord{step + 1, st.loss, st.grad_norm, secs};
+    StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
+    rec.loss_scale = st.loss_scale;
+    rec.skipped = st.skipped;
+    return rec;
   };
-  steps.checkpoint = [&](int64_t done) { return save(engine, o, base, done); };
+  steps.checkpoint = [&](int64_t done) {
+    stages::Manifest m = base;
+    save_loss_scale(m, scaler.get());  // the same on every rank
+    return save(engine, o, m, done);
+  };
   steps.set_lr = [&](double lr) {
     for (const auto& [s, st] : engine.stages()) st->optimizer().set_lr(lr);
   };

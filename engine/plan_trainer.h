@@ -26,6 +26,9 @@ struct PlanTrainOptions : LoopOptions {
   size_t bucket_bytes = size_t(4) << 20;
   int recv_ahead = 2;
   bool profile = false;
+  // The communicator of device tensors (the NCCL world of a "device": "cuda" plan;
+  // RankEngineOptions::device_world); null: the world carries everything.
+  transport::CommPtr device_world;
 };
 
 // Runs the plan's training on this rank; every rank returns the same records. Throws

@@ -51,7 +51,14 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(gg.ranks);
-  for (const std::vector<int>& members : sets) groups_[members] = world_->split(members);
+  device_world_ = options.device_world;
+  transport::Communicator& data_comm = device_world_ ? *device_world_ : *world_;
+  if (device_world_ && (device_world_->size() != world_->size() || device_world_->rank() != rank))
+    throw RuntimeError("the device communicator's rank " + std::to_string(device_world_->rank()) +
+                       " of " + std::to_string(device_world_->size()) +
+                       " is not the world's rank " + std::to_string(rank) + " of " +
+                       std::to_string(world_->size()));
+  for (const std::vector<int>& members : sets) groups_[members] = data_comm.split(members);
   transport::Communicator* tp =
       view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
 
@@ -59,6 +66,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (const RankStage& rs : view_.stages) {
     stages::StageOptions so;
     so.seed = options.seed;
+    so.device = options.device;
+    so.master_dtype = options.master_dtype;
     so.recompute_layers = rs.recompute;
     so.tp = tp;
     so.profile = options.profile;
@@ -72,7 +81,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.schedule = schedule::lower(r.schedule, lo);
   c.rank = view_.coord.pp;
   for (auto& [s, st] : stages_) c.stages[s] = st.get();
-  c.p2p = world_.get();
+  c.p2p = &data_comm;
   for (int b = 0; b < r.schedule.num_stages(); ++b) {
     const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(b)])];
     for (const Transfer& t : boundary_transfers(r, rank, b)) {
@@ -126,6 +135,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
   c.post_validated = r.plan.post_validated_step;
+  c.loss_scaler = options.loss_scaler;
   c.timeline_rank = rank;
   if (options.eval_inputs) {
     // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.
@@ -135,6 +145,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.grad_groups.clear();
     e.inputs = options.eval_inputs;
     e.grad_clip = 0;
+    e.loss_scaler = nullptr;
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct RankEngineOptions {
   int recv_ahead = 2;
   int input_ahead = 4;
   bool profile = false;  // time every op (Stage::op_times)
+  // Where the stages live, their master dtype under mixed precision (StageOptions), and
+  // the loss scaler (ExecutorConfig; null: none).
+  memory::Device device = memory::Device::cpu();
+  std::optional<memory::DType> master_dtype;
+  kernels::LossScaler* loss_scaler = nullptr;
+  // The communicator of device tensors (NCCL on GPUs: pipeline sends and receives, the
+  // tensor-parallel and gradient groups split from it); null: the world carries them.
+  // The world then carries only the host's values (the step's loss and norm pieces).
+  transport::CommPtr device_world;
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
   InputFn inputs;
@@ -80,6 +90,7 @@ class RankEngine {
 
   std::shared_ptr<const partitioner::ResolvedPlan> plan_;
   transport::CommPtr world_;
+  transport::CommPtr device_world_;  // RankEngineOptions::device_world (kept alive)
   partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list

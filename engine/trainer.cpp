@@ -27,6 +27,7 @@ TrainSummary run_training(const TrainOptions& o,
                      "--micro-batches " +
                      std::to_string(o.micro_batches));
   check_loop_options(o);
+  prepare_device(o);
 
   // ---- the model ----
   nlohmann::json model_json;
@@ -40,7 +41,13 @@ TrainSummary run_training(const TrainOptions& o,
     throw InputError("--model is required (or --init-from a Hugging Face directory)");
   }
   stages::LoadOptions lo;
-  lo.float_dtype = o.float_dtype;
+  // Mixed precision: the model's floating values (activations, working weights) in the
+  // precision's 16-bit type, the masters and optimizer state in f32 (StageOptions).
+  const memory::DType compute = kernels::compute_dtype(o.precision);
+  if (compute != memory::DType::f32 && o.float_dtype != memory::DType::f32)
+    throw InputError("--precision " + std::string(kernels::precision_name(o.precision)) +
+                     " needs an f32 model");
+  lo.float_dtype = compute != memory::DType::f32 ? compute : o.float_dtype;
   // With the fused kernels (partitioner/fusion.h), as a plan's ranks run it.
   std::shared_ptr<stages::Graph> graph =
       partitioner::fuse_kernels(stages::load_model_json(model_json, model_source, lo));
@@ -66,16 +73,19 @@ TrainSummary run_training(const TrainOptions& o,
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
   const bool per_position = !images && !tgt_type.shape.empty();
 
-  auto& alloc = memory::allocator_for(memory::Device::cpu());
+  auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
 
   stages::StageOptions so;
+  so.device = o.device;
   so.seed = o.seed;
+  if (compute != memory::DType::f32) so.master_dtype = memory::DType::f32;
   so.recompute_layers = o.recompute_layers;
   stages::Stage stage(graph, 0, graph->num_layers(), so);
   stage.set_optimizer(o.optimizer);
   if (!o.init_from.empty()) stages::load_hf_gpt2(o.init_from, stage);
 
+  std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
   int64_t start = 0;
   if (o.resume) {
     std::optional<std::string> dir = stages::latest_checkpoint(o.checkpoint_dir);
@@ -85,6 +95,7 @@ TrainSummary run_training(const TrainOptions& o,
       warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
+      restore_loss_scale(m, scaler.get());
     }
     log_resume(dir, start, o.checkpoint_dir);
   }
@@ -97,6 +108,9 @@ TrainSummary run_training(const TrainOptions& o,
       o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
   if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
 
+  if (o.device.is_cuda() || o.precision != kernels::Precision::f32)
+    spdlog::info("device {}, precision {}{}", o.device.str(), kernels::precision_name(o.precision),
+                 scaler ? fmt::format(", loss scale {:g}", scaler->scale()) : std::string());
   const int64_t mb_size = o.batch / o.micro_batches;
   const double loss_tokens = double(o.batch * (per_position ? T : 1));
   Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
@@ -111,8 +125,9 @@ TrainSummary run_training(const TrainOptions& o,
     auto t0 = std::chrono::steady_clock::now();
     stage.zero_grad();
     double loss = 0;
+    const double loss_scale = scaler ? scaler->scale() : 1.0;
     for (int64_t k = 0; k < o.micro_batches; ++k) {
-      stages::MicroBatch mb{k, k * mb_size, mb_size, o.batch, loss_tokens, step};
+      stages::MicroBatch mb{k, k * mb_size, mb_size, o.batch, loss_tokens, step, loss_scale};
       if (images) {
         images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
       } else {
@@ -121,20 +136,23 @@ TrainSummary run_training(const TrainOptions& o,
       stages::TensorMap out = images
                                   ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
                                   : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
-      loss += out.at("loss").to_vector<double>()[0];
+      // The loss: one f64 scalar from the device per micro-batch (the stage moved the
+      // inputs there).
+      loss += out.at("loss").to(memory::Device::cpu()).to_vector<double>()[0];
       stage.backward(k);
     }
     stage.finish_grads();
-    double norm = std::sqrt(stage.grad_sum_squares());
-    double scale = (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
-    // A gradient that is not finite (an overflow) skips the step, as a plan's STEP does.
-    if (std::isfinite(norm))
-      stage.step(scale);
-    else
+    const UpdateDecision d = decide_update(stage.grad_sum_squares(), o.grad_clip, scaler.get());
+    if (d.apply)
+      stage.step(d.grad_scale);  // a skipped step leaves parameters and state
+    else if (!scaler)            // a plain overflow (a scaler's skips are its normal working)
       spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
-                   norm);
+                   d.grad_norm);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return StepRecord{step + 1, loss, norm, secs};
+    StepRecord r{step + 1, loss, d.grad_norm, secs};
+    r.loss_scale = d.loss_scale;
+    r.skipped = !d.apply;
+    return r;
   };
   steps.checkpoint = [&](int64_t done) {
     stages::Manifest m;
@@ -150,6 +168,7 @@ TrainSummary run_training(const TrainOptions& o,
                {"grad_clip", o.grad_clip},
                {"steps", o.steps},
                {"lr_schedule", lr_schedule_of(o).to_json()}};
+    save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
     return dir;

@@ -47,6 +47,13 @@ class LossScaler {
   // Adjusts the scale after a step; unscale() calls it.
   void update(bool found_inf);
   int64_t skipped_steps() const { return skipped_; }
+  // Clean steps since the scale last changed (growth after growth_interval of them).
+  int64_t good_steps() const { return good_steps_; }
+  // Continues from a checkpoint: the scale and the clean steps it had reached.
+  void restore(double scale, int64_t good_steps) {
+    scale_ = scale;
+    good_steps_ = good_steps;
+  }
 
  private:
   Options opt_;

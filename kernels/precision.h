@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "memory/device.h"
 #include "memory/dtype.h"
 #include "memory/error.h"
 
@@ -48,6 +49,18 @@ inline memory::DType compute_dtype(Precision p) {
 // Whether the run needs a loss scaler (fp16's five exponent bits underflow small gradients).
 inline bool needs_loss_scaling(Precision p) {
   return p == Precision::fp16;
+}
+
+// InputError naming the precision and the device when `device` cannot run it: the CPU
+// backend computes in f32 (its ops take one dtype per op, so no f32 master beside a
+// 16-bit working copy, and no tensor cores for tf32), so tf32, bf16 and fp16 need a
+// CUDA device. `what` names where the precision came from (the flag or the JSON path).
+inline void check_precision(Precision p, memory::Device device,
+                            std::string_view what = "--precision") {
+  if (p == Precision::f32 || device.is_cuda()) return;
+  throw InputError(std::string(what) + " " + std::string(precision_name(p)) +
+                   ": needs a CUDA device (" + device.str() +
+                   " computes in f32 only; use --precision f32 or --device cuda)");
 }
 
 }  // namespace baton::kernels

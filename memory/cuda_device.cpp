@@ -464,3 +464,17 @@ std::string device_name(int) {
 }  // namespace baton::memory::cuda
 
 #endif
+
+namespace baton::memory::cuda {
+
+void require_device(Device device) {
+  if (device.is_cpu()) return;
+  const int n = device_count();
+  if (n == 0)
+    throw RuntimeError("no CUDA device for " + device.str() + ": " + unavailable_reason());
+  if (device.index >= n)
+    throw RuntimeError(device.str() + ": no such CUDA device (" + std::to_string(n) +
+                       " present, cuda:0 to cuda:" + std::to_string(n - 1) + ")");
+}
+
+}  // namespace baton::memory::cuda

@@ -24,6 +24,10 @@ bool built();
 int device_count();
 // Why device_count() is 0, in words ("" when it is not).
 std::string unavailable_reason();
+// Throws RuntimeError unless `device` can hold tensors in this process: the CPU always;
+// cuda:N when N < device_count(). Without a device the message starts "no CUDA device"
+// and gives the driver's reason (unavailable_reason()).
+void require_device(Device device);
 
 // Installs the CUDA allocator factory and the host<->device copy (memory/tensor.h).
 // Idempotent; allocator_for() calls it on the first CUDA device it meets.

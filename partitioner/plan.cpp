@@ -192,9 +192,9 @@ std::string file_dir(const std::string& path) {
 
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
-  r.expect_only({"version", "model", "devices", "device_memory", "parallel", "batch", "schedule",
-                 "optimizer", "optimizer_sharding", "optimizer_step", "stages", "splits", "ranks",
-                 "boundaries", "predicted"});
+  r.expect_only({"version", "model", "devices", "device_memory", "device", "transport", "parallel",
+                 "batch", "schedule", "optimizer", "optimizer_sharding", "optimizer_step", "stages",
+                 "splits", "ranks", "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -229,6 +229,20 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
                      std::to_string(p.dp * p.replica_size()) + " devices",
                  std::to_string(p.devices));
   if (auto m = r.get("device_memory")) p.device_memory = parse_memory(*m);
+  if (auto d = r.get("device")) {
+    if (!d->is_string() || (d->as_string() != "cpu" && d->as_string() != "cuda"))
+      d->fail("\"cpu\" or \"cuda\" (each rank takes the GPU of its local rank)",
+              stages::json_brief(d->raw()));
+    p.device = d->as_string();
+  }
+  if (auto t = r.get("transport")) {
+    if (!t->is_string() || (t->as_string() != "ucx" && t->as_string() != "nccl"))
+      t->fail("\"ucx\" or \"nccl\"", stages::json_brief(t->raw()));
+    p.transport = t->as_string();
+    if (p.transport == "nccl" && p.device != "cuda")
+      t->fail("\"ucx\" (NCCL moves CUDA tensors only: \"nccl\" needs \"device\": \"cuda\")",
+              "\"nccl\" with \"device\": \"" + p.device + "\"");
+  }
 
   JsonReader sched = r.at("schedule");
   sched.expect_only({"name", "micro_batches", "chunks"});
@@ -336,6 +350,8 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
   }
   j["devices"] = p.devices;
   if (p.device_memory > 0) j["device_memory"] = memory::format_bytes(double(p.device_memory));
+  if (p.device != "cpu") j["device"] = p.device;
+  if (!p.transport.empty()) j["transport"] = p.transport;
   json par = {{"dp", p.dp}, {"pp", p.pp}};
   if (p.uniform_tp())
     par["tp"] = p.tp.front();

@@ -62,6 +62,14 @@ struct Plan {
 
   int devices = 0;
   int64_t device_memory = 0;  // bytes per device; 0: unlimited
+  // What the ranks run on: "cpu" (default) or "cuda" (each rank the GPU of its local
+  // rank), and how they talk: "ucx" (the default on the CPU) or "nccl" (the default on
+  // GPUs; needs "cuda"). docs/formats/plan.md.
+  std::string device = "cpu";
+  std::string transport;  // "" as written absent: the device's default (transport_of())
+  std::string transport_of() const {
+    return transport.empty() ? (device == "cuda" ? "nccl" : "ucx") : transport;
+  }
   int dp = 1, pp = 1;
   std::vector<int> tp;  // tensor-parallel degree per pipeline rank (size pp)
 

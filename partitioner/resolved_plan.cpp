@@ -21,12 +21,12 @@ std::set<int> ResolvedPlan::recompute_layers() const {
   return out;
 }
 
-std::shared_ptr<const Graph> load_plan_model(const Plan& plan) {
+std::shared_ptr<const Graph> load_plan_model(const Plan& plan, const stages::LoadOptions& options) {
   try {
     if (!plan.model_path.empty())
-      return std::make_shared<const Graph>(stages::load_model(plan.model_path_resolved));
+      return std::make_shared<const Graph>(stages::load_model(plan.model_path_resolved, options));
     return std::make_shared<const Graph>(
-        stages::load_model_json(plan.model_json, plan.where("$.model")));
+        stages::load_model_json(plan.model_json, plan.where("$.model"), options));
   } catch (const InputError& e) {
     if (!plan.model_path.empty()) throw InputError(plan.where("$.model") + ": " + e.what());
     throw;

@@ -14,6 +14,7 @@
 #include "partitioner/tensor_parallel.h"
 #include "schedule/schedule.h"
 #include "stages/graph.h"
+#include "stages/model.h"
 
 namespace baton::partitioner {
 
@@ -35,7 +36,9 @@ struct ResolvedPlan {
 };
 
 // Loads the model a plan names (or embeds); InputError naming the plan's field.
-std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan);
+// `options`: the model's floating dtype (mixed precision loads the 16-bit one).
+std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan,
+                                                     const stages::LoadOptions& options = {});
 // Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
 ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
 

@@ -26,7 +26,8 @@ double evaluate_loss(Stage& stage, const Dataset& data, const EvalSpec& e) {
       data.fill(seed, k, mb.sample_offset, n, tokens, targets);
       TensorMap out =
           stage.forward(mb, {{"tokens", tokens}, {"targets", targets}}, /*training=*/false);
-      batch_loss += out.at(loss_name).to(memory::DType::f64).to_vector<double>()[0];
+      batch_loss +=
+          out.at(loss_name).to(memory::Device::cpu()).to(memory::DType::f64).to_vector<double>()[0];
     }
     sum += batch_loss;
   }

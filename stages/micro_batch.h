@@ -18,6 +18,10 @@ struct MicroBatch {
   // so do their gradients. 0: count this micro-batch's own targets (evaluation).
   double loss_tokens = 0;
   int64_t step = 0;  // the training step: dropout masks differ from step to step
+  // Dynamic loss scaling (fp16; kernels/mixed_precision.h's LossScaler): the loss's
+  // gradient is multiplied by this, so every gradient of the step is; the loss value
+  // itself is not. The optimizer step divides it out again.
+  double loss_scale = 1.0;
 };
 
 }  // namespace baton::stages

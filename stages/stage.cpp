@@ -6,6 +6,7 @@
 #include <chrono>
 #include <set>
 
+#include "kernels/mixed_precision.h"
 #include "stages/json_reader.h"
 #include "stages/param_owner.h"
 #include "stages/stash_plan.h"
@@ -60,6 +61,7 @@ void OptimizerConfig::set_lr(double lr) {
 struct Stage::ParamState {
   int id = -1;
   Tensor value;
+  Tensor master;              // mixed precision: the f32 master (value is cast from it)
   std::vector<int> layers;    // graph layers of this stage that use it, ascending
   std::vector<Tensor> grads;  // one accumulator per such layer
   std::vector<bool> has;      // has that accumulator received a gradient since zero_grad
@@ -175,6 +177,8 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
     for (int l : p.layers)
       if (l >= first_ && l < last_) ps->layers.push_back(l);
     ps->value = Tensor::empty(p.shape, p.dtype, opt_options_.device);
+    if (opt_options_.master_dtype && *opt_options_.master_dtype != p.dtype && p.trainable)
+      ps->master = Tensor::empty(p.shape, *opt_options_.master_dtype, opt_options_.device);
     for (size_t k = 0; k < ps->layers.size(); ++k)
       ps->grads.push_back(Tensor::empty(p.shape, p.dtype, opt_options_.device));
     ps->has.assign(ps->layers.size(), false);
@@ -212,10 +216,22 @@ const Stage::ParamState& Stage::state_of(int id) const {
 }
 
 const Tensor& Stage::param(int id) const {
-  return state_of(id).value;
+  const ParamState& ps = state_of(id);
+  return ps.master.defined() ? ps.master : ps.value;
 }
 Tensor& Stage::param(int id) {
+  ParamState& ps = state_of(id);
+  if (!ps.master.defined()) return ps.value;
+  working_stale_ = true;
+  return ps.master;
+}
+const Tensor& Stage::working_param(int id) const {
   return state_of(id).value;
+}
+void Stage::refresh_working() {
+  for (auto& ps : params_)
+    if (ps->master.defined()) kernels::cast(ps->master, ps->value);
+  working_stale_ = false;
 }
 const Tensor& Stage::param(const std::string& name) const {
   int id = graph_->find_param(name);
@@ -230,13 +246,19 @@ Tensor& Stage::grad(int id) {
 }
 
 void Stage::init_params(uint64_t seed) {
-  for (auto& ps : params_) init_tensor(ps->value, graph_->params[size_t(ps->id)], seed);
+  // Under mixed precision the master is initialised (the same bits as an f32 run's
+  // parameter) and the working copy cast from it.
+  for (auto& ps : params_)
+    init_tensor(ps->master.defined() ? ps->master : ps->value, graph_->params[size_t(ps->id)],
+                seed);
+  refresh_working();
 }
 
 int64_t Stage::persistent_bytes() const {
   int64_t b = 0;
   for (const auto& ps : params_) {
     b += int64_t(ps->value.nbytes()) * int64_t(1 + ps->grads.size() + (ps->grads.size() > 1));
+    if (ps->master.defined()) b += int64_t(ps->master.nbytes());
     if (ps->m.defined()) b += int64_t(ps->m.nbytes());
     if (ps->v.defined()) b += int64_t(ps->v.nbytes());
   }
@@ -288,6 +310,7 @@ TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool tra
   if (training && stash_.count(mb.index))
     throw RuntimeError("micro-batch " + std::to_string(mb.index) +
                        " is forwarded twice before its backward");
+  if (working_stale_) refresh_working();
   OpContext ctx;
   ctx.mb = mb;
   if (ctx.mb.global_batch <= 0) ctx.mb.global_batch = mb.samples;
@@ -305,7 +328,9 @@ TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool tra
       throw RuntimeError("stage [" + std::to_string(first_) + ", " + std::to_string(last_) +
                          ") needs input '" + val.name + "'");
     check_input(val, it->second, mb);
-    s->values[size_t(v)] = it->second;
+    // Inputs read on the host (tokens, targets) move to the stage's device.
+    const memory::Device dev = opt_options_.device;
+    s->values[size_t(v)] = it->second.device() == dev ? it->second : it->second.to(dev);
   };
   for (int v : boundary_in_) take(v);
   for (int v : model_in_) take(v);
@@ -603,8 +628,10 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
       shape = {ps->shard_end - ps->shard_begin};
       if (shape[0] == 0) need_m = need_v = false;
     }
-    if (need_m && !ps->m.defined()) ps->m = Tensor::zeros(shape, p.dtype, opt_options_.device);
-    if (need_v && !ps->v.defined()) ps->v = Tensor::zeros(shape, p.dtype, opt_options_.device);
+    // Under mixed precision the state has the master's dtype (f32).
+    const memory::DType dt = ps->master.defined() ? ps->master.dtype() : p.dtype;
+    if (need_m && !ps->m.defined()) ps->m = Tensor::zeros(shape, dt, opt_options_.device);
+    if (need_v && !ps->v.defined()) ps->v = Tensor::zeros(shape, dt, opt_options_.device);
     if (!need_m) ps->m = Tensor();
     if (!need_v) ps->v = Tensor();
   }
@@ -621,7 +648,12 @@ void Stage::step(double grad_scale) {
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
     if (!p.trainable) continue;  // a buffer its op updates
-    Tensor value = ps->value, grad = ps->grad;
+    Tensor value = ps->master.defined() ? ps->master : ps->value, grad = ps->grad;
+    if (grad.dtype() != value.dtype()) {  // mixed precision: the update in the master's dtype
+      Tensor wide = Tensor::empty(grad.shape(), value.dtype(), grad.device());
+      kernels::cast(grad, wide);
+      grad = wide;
+    }
     if (ps->shard_end >= 0) {  // a sharded optimizer: this stage's elements only
       const int64_t len = ps->shard_end - ps->shard_begin;
       if (len == 0) continue;
@@ -638,6 +670,9 @@ void Stage::step(double grad_scale) {
       kernels::sgd_step(value, grad, ps->m, cfg, grad_scale);
     }
   }
+  // The working copies follow their masters (a sharded optimizer's other parts arrive
+  // through param() and are cast at the next forward).
+  refresh_working();
 }
 
 std::vector<std::pair<std::string, Tensor>> Stage::optimizer_state(int id) const {

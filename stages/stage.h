@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ struct StageOptions {
   std::set<int> recompute_layers;         // graph layer indices whose activations are recomputed
   transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
   bool profile = false;  // time every node (op_times()); costs a clock read per node
+  // Mixed precision: when set and different from a trainable parameter's dtype (the
+  // graph's 16-bit float dtype), the stage keeps a master copy of it in this dtype (f32),
+  // with the optimizer state in it too; the optimizer updates the master and the ops
+  // read a working copy cast from it after every update. param() is the master, so
+  // checkpoints hold it and a run resumes in another precision.
+  std::optional<memory::DType> master_dtype;
 };
 
 // Seconds spent per op type (with profile on), summed over calls.
@@ -67,6 +74,7 @@ class Stage {
   // ---- structure ----
   const Graph& graph() const { return *graph_; }
   int first_layer() const { return first_; }
+  memory::Device device() const { return opt_options_.device; }  // where its tensors live
   int last_layer() const { return last_; }
   bool is_first() const { return first_ == 0; }
   bool is_last() const { return last_ == graph_->num_layers(); }
@@ -83,8 +91,14 @@ class Stage {
   std::vector<int> shared_params() const;
 
   // ---- parameters, gradients, optimizer state ----
+  // The parameter as the optimizer and checkpoints see it: its master copy under mixed
+  // precision (StageOptions::master_dtype), else the tensor the ops read. Writing
+  // through the non-const form (loading, gathering) is seen by the next forward, which
+  // casts the masters into the working copies again.
   const Tensor& param(int id) const;
   Tensor& param(int id);
+  // The tensor the ops read (the 16-bit working copy under mixed precision).
+  const Tensor& working_param(int id) const;
   const Tensor& param(const std::string& name) const;
   // The gradient accumulated since zero_grad (valid after finish_grads()).
   const Tensor& grad(int id) const;
@@ -181,6 +195,8 @@ class Stage {
   int64_t opt_steps_ = 0;
   std::map<std::string, OpTimes> times_;
   bool grads_finished_ = false;  // finish_grads() ran since the last W
+  bool working_stale_ = false;   // a master may have changed since the last cast
+  void refresh_working();        // working copies = masters (mixed precision)
 };
 
 }  // namespace baton::stages

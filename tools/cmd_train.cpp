@@ -6,18 +6,23 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "engine/plan_trainer.h"
 #include "engine/trainer.h"
 #include "kernels/ops.h"
+#include "kernels/precision.h"
 #include "memory/allocator.h"
+#include "memory/cuda_device.h"
+#include "memory/device_budget.h"
 #include "memory/error.h"
 #include "memory/units.h"
 #include "partitioner/plan.h"
 #include "tools/command.h"
 #include "transport/launch.h"
+#include "transport/nccl_communicator.h"
 #include "transport/world.h"
 
 namespace baton::tools {
@@ -26,7 +31,7 @@ namespace {
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
   engine::TrainOptions o;
-  std::string optimizer, device_memory, recompute, plan, schedule_file, trace;
+  std::string optimizer, device_memory, recompute, plan, schedule_file, trace, device, precision;
   std::vector<std::string> data;
   std::string lr_schedule;
   bool no_cross_documents = false;
@@ -84,6 +89,11 @@ int run_train(const std::vector<std::string>& args) {
       "resume", po::bool_switch(&o.resume), "continue from the newest complete checkpoint")(
       "init-from", po::value(&o.init_from),
       "Hugging Face GPT-2 directory (config.json + model.safetensors) to start from")(
+      "device", po::value(&device)->default_value("cpu"),
+      "cpu, cuda or cuda:N (a plan names its own: its \"device\" field)")(
+      "precision", po::value(&precision)->default_value("f32"),
+      "f32, tf32, bf16 or fp16 (bf16/fp16: f32 master weights and optimizer state, fp16 with "
+      "dynamic loss scaling; tf32, bf16 and fp16 need a CUDA device)")(
       "device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")(
       "recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")(
       "log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")(
@@ -134,8 +144,36 @@ int run_train(const std::vector<std::string>& args) {
     throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
   }
   if (!(lr > 0)) throw InputError("--lr: expected a positive number");
-  if (!device_memory.empty())
-    memory::allocator_for(memory::Device::cpu()).set_capacity(memory::parse_bytes(device_memory));
+  o.precision = kernels::parse_precision(precision);
+  // The device: the flag's for one process; a plan's "device" field (each rank the GPU of
+  // its local rank). A CUDA device this process lacks fails here (exit 1), before any
+  // file is read or rank is joined.
+  std::optional<partitioner::Plan> plan_doc;
+  if (plan.empty()) {
+    o.device = memory::parse_device(device);
+  } else {
+    if (!vm["device"].defaulted())
+      throw InputError(
+          "--device does not go with --plan (the plan's \"device\" field: \"cpu\" or "
+          "\"cuda\", each rank the GPU of its local rank)");
+    plan_doc = partitioner::read_plan(plan);
+    if (plan_doc->device == "cuda") o.device = memory::Device::cuda(env.local_rank);
+    if (plan_doc->device == "cuda" && plan_doc->transport_of() == "ucx")
+      throw InputError(plan_doc->where("$.transport") +
+                       ": \"ucx\" with \"device\": \"cuda\" is not implemented yet (UCX's "
+                       "CUDA transports or staging through pinned memory); use \"nccl\"");
+  }
+  memory::cuda::require_device(o.device);
+  kernels::check_precision(o.precision, o.device);
+  // The cap: --device-memory, or the plan's device memory (each rank, as its estimate
+  // assumed); on a GPU checked against its free memory first.
+  size_t cap = device_memory.empty() ? (plan_doc ? size_t(plan_doc->device_memory) : 0)
+                                     : memory::parse_bytes(device_memory);
+  if (o.device.is_cuda())
+    memory::reserve_device_memory(
+        o.device, cap, device_memory.empty() ? "the plan's device_memory" : "--device-memory");
+  else if (cap > 0)
+    memory::allocator_for(o.device).set_capacity(cap);
   for (int64_t l :
        parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
     o.recompute_layers.insert(int(l));
@@ -160,11 +198,6 @@ int run_train(const std::vector<std::string>& args) {
   if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
     throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
   if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
-  if (device_memory.empty()) {
-    // The plan's device memory caps each rank, as its estimate assumed.
-    int64_t cap = partitioner::read_plan(plan).device_memory;
-    if (cap > 0) memory::allocator_for(memory::Device::cpu()).set_capacity(size_t(cap));
-  }
   engine::PlanTrainOptions po;
   static_cast<engine::LoopOptions&>(po) = o;  // the options both loops share
   po.plan_path = plan;
@@ -177,6 +210,10 @@ int run_train(const std::vector<std::string>& args) {
   // (the transport's own default, 20 s, suits long collectives of very large jobs).
   if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
   transport::World world = transport::init_world(wo);
+  // GPUs: NCCL carries the device tensors (pipeline transfers, tensor-parallel and
+  // gradient groups); the world (UCX) keeps the host's values.
+  if (o.device.is_cuda())
+    po.device_world = transport::make_nccl_world(world.env, world.store.get());
   // Rank 0 tells the launcher's rendezvous how far the job got (it names the step when
   // a rank fails).
   std::function<void(const engine::StepRecord&)> progress;

@@ -187,8 +187,8 @@ class VocabParallelCrossEntropy final : public OpBase {
     if (c.ctx.training)
       dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
     Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
-    kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit, 1.0 / denom,
-                       losses, dl2);
+    kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit,
+                       c.ctx.mb.loss_scale / denom, losses, dl2);
     c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
     if (c.ctx.training) c.saved.push_back(dlogits);
   }

@@ -12,7 +12,7 @@ namespace baton::stages::ops {
 double loss_denominator(const OpContext& ctx, const Tensor& targets) {
   if (ctx.mb.loss_tokens > 0) return ctx.mb.loss_tokens;
   // Evaluation without a global count: this micro-batch's own non-ignored targets.
-  Tensor t = targets.to(DType::i64);
+  Tensor t = targets.to(memory::Device::cpu()).to(DType::i64);
   double n = 0;
   for (int64_t v : t.span<int64_t>()) n += v >= 0 ? 1 : 0;
   return n > 0 ? n : 1;
@@ -20,7 +20,7 @@ double loss_denominator(const OpContext& ctx, const Tensor& targets) {
 
 Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
   // Summed in double in row order: the same bits whatever the thread count or the plan.
-  std::vector<double> rows = losses.to(DType::f64).to(memory::Device::cpu()).to_vector<double>();
+  std::vector<double> rows = losses.to(memory::Device::cpu()).to(DType::f64).to_vector<double>();
   double sum = 0;
   for (double r : rows) sum += r;
   Tensor out = Tensor::empty({}, DType::f64, memory::Device::cpu());
@@ -71,8 +71,8 @@ class CrossEntropy final : public OpBase {
     if (c.ctx.training)
       dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
     Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
-    kernels::ce_finish(logits, targets, 0, row_max, sum_exp, target_logit, 1.0 / denom, losses,
-                       dl2);
+    kernels::ce_finish(logits, targets, 0, row_max, sum_exp, target_logit,
+                       c.ctx.mb.loss_scale / denom, losses, dl2);
     c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
     if (c.ctx.training) c.saved.push_back(dlogits);
   }

@@ -220,8 +220,8 @@ TEST(Plan, UnknownScheduleAndFields) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
-            "device_memory, parallel, batch, schedule, optimizer, optimizer_sharding, "
-            "optimizer_step, stages, splits, ranks, boundaries, predicted)");
+            "device_memory, device, transport, parallel, batch, schedule, optimizer, "
+            "optimizer_sharding, optimizer_step, stages, splits, ranks, boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
@@ -269,6 +269,40 @@ TEST(Plan, OptimizerSharding) {
   j["optimizer_sharding"] = 1;
   EXPECT_EQ(error_of(j),
             "plan.json: $.optimizer_sharding: expected \"none\", \"zero1\" or \"zero2\", found 1");
+}
+
+// device: "cpu" (the default, not written back) or "cuda"; transport: "ucx" or "nccl"
+// (absent: the device's default, NCCL on GPUs), "nccl" only with "cuda".
+TEST(Plan, DeviceAndTransport) {
+  json j = tiny_plan();
+  Plan p = check(j).plan;
+  EXPECT_EQ(p.device, "cpu");
+  EXPECT_EQ(p.transport_of(), "ucx");
+  EXPECT_FALSE(plan_to_json(p).contains("device"));
+  EXPECT_FALSE(plan_to_json(p).contains("transport"));
+  j["device"] = "cuda";
+  p = check(j).plan;
+  EXPECT_EQ(p.transport_of(), "nccl");
+  for (const char* t : {"nccl", "ucx"}) {
+    j["transport"] = t;
+    p = check(j).plan;
+    Plan again = parse_plan(plan_to_json(p), "again.json", kDir);
+    EXPECT_EQ(again.device, "cuda") << t;
+    EXPECT_EQ(again.transport_of(), t);
+  }
+  j["device"] = "gpu";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.device: expected \"cpu\" or \"cuda\" (each rank takes the GPU of its "
+            "local rank), found \"gpu\"");
+  j["device"] = 0;
+  EXPECT_EQ(error_of(j).substr(0, 34), "plan.json: $.device: expected \"cpu");
+  j["device"] = "cpu";
+  j["transport"] = "tcp";
+  EXPECT_EQ(error_of(j), "plan.json: $.transport: expected \"ucx\" or \"nccl\", found \"tcp\"");
+  j["transport"] = "nccl";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.transport: expected \"ucx\" (NCCL moves CUDA tensors only: \"nccl\" "
+            "needs \"device\": \"cuda\"), found \"nccl\" with \"device\": \"cpu\"");
 }
 
 // The estimate under zero1: every rank holds half the optimizer state of every parameter

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "memory/cuda_device.h"
 #include "tests/command_runner.h"
 
 namespace {
@@ -215,6 +216,59 @@ TEST(Cli, DeviceMemoryCapIsARuntimeFailure) {
   Result r = run("--model " + model + " --data " + kCorpus + " --steps 1 --device-memory 64KiB");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("out of memory on cpu"), std::string::npos) << r.output;
+}
+
+// --device and --precision: a bad value is exit 2 naming the flag; a precision the
+// device cannot run is exit 2 naming both; a CUDA device this machine lacks is exit 1
+// with "no CUDA device" and the driver's reason (on a machine with a GPU that part
+// checks a device index beyond the ones present instead).
+TEST(Cli, DeviceAndPrecisionFlags) {
+  std::string model = temp_file("tiny_dev.json", kTiny);
+  const std::string base = "--model " + model + " --data " + kCorpus + " --steps 1 ";
+  expect_input_error(base + "--device gpu", {"unknown device 'gpu'", "cpu, cuda or cuda:N"});
+  expect_input_error(base + "--device cuda:x", {"unknown device 'cuda:x'"});
+  expect_input_error(base + "--precision f8",
+                     {"--precision: expected f32, tf32, bf16 or fp16, found 'f8'"});
+  for (const char* p : {"tf32", "bf16", "fp16"})
+    expect_input_error(
+        base + "--precision " + p,
+        {std::string("--precision ") + p + ": needs a CUDA device", "cpu computes in f32 only"});
+  const int n = baton::memory::cuda::device_count();
+  if (n == 0) {
+    const std::string reason = baton::memory::cuda::unavailable_reason();
+    ASSERT_FALSE(reason.empty());
+    for (const char* d : {"cuda", "cuda:1"}) {
+      // The device is checked before the precision and before any file is read.
+      Result r = run(base + "--device " + d + " --precision bf16");
+      EXPECT_EQ(r.code, 1) << r.output;
+      EXPECT_NE(r.output.find("no CUDA device for cuda:"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(reason), std::string::npos) << r.output << "\n  lacks: " << reason;
+    }
+  } else {
+    Result r = run(base + "--device cuda:" + std::to_string(n));
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("no such CUDA device"), std::string::npos) << r.output;
+  }
+  // One process on the CPU in f32, said explicitly: trains as without the flags.
+  Result ok = run(base + "--device cpu --precision f32 --threads 1");
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  // A plan names its device itself.
+  std::string plan = temp_file("dev_plan.json", R"({"version": 1, "model": ")" + model +
+                                                    R"(", "devices": 1, "device": "cuda",
+      "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [{"layers": [0, 3]}]})");
+  expect_input_error("--plan " + plan + " --data " + kCorpus + " --device cuda",
+                     {"--device does not go with --plan", "\"device\" field"});
+  if (n == 0) {
+    Result r = run("--plan " + plan + " --data " + kCorpus + " --steps 1");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("no CUDA device for cuda:0"), std::string::npos) << r.output;
+  }
+  std::string ucx = temp_file("ucx_plan.json", R"({"version": 1, "model": ")" + model +
+                                                   R"(", "devices": 1, "device": "cuda",
+      "transport": "ucx", "schedule": {"name": "1f1b", "micro_batches": 1},
+      "stages": [{"layers": [0, 3]}]})");
+  expect_input_error("--plan " + ucx + " --data " + kCorpus,
+                     {"$.transport", "\"ucx\" with \"device\": \"cuda\" is not implemented yet"});
 }
 
 }  // namespace
