@@ -35,6 +35,31 @@ SplitKind parse_split(std::string_view name, const std::string& where);
 enum class OptimizerSharding { none, zero1, zero2 };
 std::string_view sharding_name(OptimizerSharding s);
 
+// How data-parallel replicas agree on the parameters (plan field dp_sync,
+// docs/formats/plan.md):
+//   allreduce  gradients summed over the replicas every step (the default)
+//   local-sgd  each replica trains sync_every steps on its own gradients, then the
+//              replicas average their parameter deltas since the last sync and apply the
+//              outer optimizer: `average` (the mean of the replicas' parameters) or
+//              `nesterov` (Nesterov momentum on the averaged delta: DiLoCo)
+struct DpSync {
+  enum class Mode { allreduce, local_sgd };
+  enum class Outer { average, nesterov };
+  Mode mode = Mode::allreduce;
+  int sync_every = 1;  // H (local-sgd)
+  Outer outer = Outer::average;
+  double outer_lr = 0.7;        // nesterov (DiLoCo's values)
+  double outer_momentum = 0.9;  // nesterov
+  std::string json_path;        // "plan.json: $.dp_sync" (messages; "" when not written)
+  bool local() const { return mode == Mode::local_sgd; }
+};
+std::string_view dp_sync_name(DpSync::Mode m);
+std::string_view outer_optimizer_name(DpSync::Outer o);
+nlohmann::json dp_sync_to_json(const DpSync& s);
+// Reads a dp_sync value (the plan field's form; `source` names it in errors, such as
+// "--dp-sync"); InputError naming the path, what was expected and what was found.
+DpSync parse_dp_sync(const nlohmann::json& j, const std::string& source);
+
 // One model chunk (a schedule stage of direction 0): a contiguous range of layers.
 struct PlanStage {
   // Either a half-open range of layer indices ...
@@ -72,6 +97,7 @@ struct Plan {
   int64_t global_batch = 0;         // dp * micro_batches * micro_batch_size
   std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
   OptimizerSharding optimizer_sharding = OptimizerSharding::none;
+  DpSync dp_sync;
 
   std::vector<PlanStage> stages;                   // model chunks in model order
   std::map<std::string, SplitKind> splits;         // node name -> override
