@@ -12,6 +12,7 @@
 
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/input_loader.h"
+#include "engine/detail/local_sgd.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "partitioner/routing.h"
@@ -183,6 +184,12 @@ Executor::Executor(ExecutorConfig config)
   }
   reducer_ =
       std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
+  if (cfg_.dp_sync.local && !cfg_.evaluation) {
+    if (cfg_.dp_sync.replica < 0 || cfg_.dp_sync.replica >= cfg_.dp_sync.replicas)
+      throw InputError("executor: local SGD replica " + std::to_string(cfg_.dp_sync.replica) +
+                       " of " + std::to_string(cfg_.dp_sync.replicas));
+    local_sgd_ = std::make_unique<detail::LocalSgd>(cfg_.dp_sync, cfg_.stages);
+  }
 }
 
 Executor::~Executor() = default;
@@ -421,6 +428,7 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
   if (!cfg_.evaluation) {
     for (auto& [id, st] : cfg_.stages) st->zero_grad();
     reducer_->begin_step();
+    if (local_sgd_) local_sgd_->begin_step();
   }
   losses_.assign(size_t(s.num_micro_batches), 0.0);
   has_loss_.assign(size_t(s.num_micro_batches), false);
@@ -507,8 +515,12 @@ void Executor::finish_step(StepStats& stats, double t0) {
 
   // Norm pieces per graph layer (a parameter counts in the first layer using it, on the
   // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
+  // Local SGD: every replica its own block of norm pieces (its own norm clips it).
   const size_t L = size_t(cfg_.num_layers);
-  std::vector<double> v(L + size_t(cfg_.loss_slots), 0.0);
+  const bool local = local_sgd_ != nullptr;
+  const size_t blocks = local ? size_t(cfg_.dp_sync.replicas) : 1;
+  const size_t mine = local ? size_t(cfg_.dp_sync.replica) * L : 0;
+  std::vector<double> v(L * blocks + size_t(cfg_.loss_slots), 0.0);
   // A sharded parameter (ZeRO) counts on every replica, each with the part it reduced.
   for (const auto& [stage, st] : cfg_.stages) {
     if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
@@ -520,33 +532,40 @@ void Executor::finish_step(StepStats& stats, double t0) {
       if (auto part = reducer_->shard_of(stage, id)) {
         if (part->second > part->first) {
           const Tensor& gr = st->grad(id);
-          v[owner] += kernels::sum_squares(
+          v[mine + owner] += kernels::sum_squares(
               gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
         }
-      } else if (cfg_.contribute_norm) {
-        v[owner] += kernels::sum_squares(st->grad(id));
+      } else if (cfg_.contribute_norm || local) {
+        v[mine + owner] += kernels::sum_squares(st->grad(id));
       }
     }
   }
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
-      if (has_loss_[size_t(mb)]) v[L + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+      if (has_loss_[size_t(mb)])
+        v[L * blocks + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
     Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
     cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();
     v = t.to_vector<double>();
   }
-  double norm2 = 0, loss = 0;
-  for (size_t l = 0; l < L; ++l) norm2 += v[l];
-  for (size_t k = L; k < v.size(); ++k) loss += v[k];
+  double norm2 = 0, loss = 0, all2 = 0;
+  for (size_t l = 0; l < L; ++l) norm2 += v[mine + l];
+  for (size_t l = 0; l < L * blocks; ++l) all2 += v[l];
+  for (size_t k = L * blocks; k < v.size(); ++k) loss += v[k];
+  // Local SGD: the replica's gradient is the mean over its own samples, `replicas` times
+  // what the loss (over the whole job's targets) gave it; its own norm clips it, and the
+  // step reports the root mean square of the replicas' norms (the same on every rank).
+  const double local_scale = local ? double(cfg_.dp_sync.replicas) : 1.0;
+  const double own_norm = std::sqrt(norm2) * local_scale;
   stats.loss = loss;
-  stats.grad_norm = std::sqrt(norm2);
-  const double scale = (cfg_.grad_clip > 0 && stats.grad_norm > cfg_.grad_clip)
-                           ? cfg_.grad_clip / stats.grad_norm
-                           : 1.0;
+  stats.grad_norm = local ? std::sqrt(all2 / double(blocks)) * local_scale : own_norm;
+  const double scale =
+      (cfg_.grad_clip > 0 && own_norm > cfg_.grad_clip) ? cfg_.grad_clip / own_norm : 1.0;
   stop_here_if_asked("optimizer", stats.step);
-  for (auto& [id, st] : cfg_.stages) st->step(scale);
+  for (auto& [id, st] : cfg_.stages) st->step(scale * local_scale);
   reducer_->gather_params();
+  if (local_sgd_) local_sgd_->after_step(stats.step);
   // Every send of the step completes before the next one reuses anything.
   for (auto& snd : pending_->sends) {
     snd.work->wait();

@@ -47,8 +47,16 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   // ---- groups: the tensor-parallel group and every gradient group, made in one global
   // order (sorted member lists) so that no two ranks wait for each other's split.
   std::vector<GradientGroup> ggroups = gradient_groups(r, rank);
+  const partitioner::DpSync& sync = r.plan.dp_sync;
+  if (sync.local()) {
+    // Local SGD: gradients are summed only inside the replica (tied parameters); the
+    // replicas meet in the parameter sync instead (the data-parallel group).
+    for (GradientGroup& gg : ggroups)
+      std::erase_if(gg.ranks, [&](int q) { return r.layout.coord(q).dp != view_.coord.dp; });
+  }
   std::set<std::vector<int>> sets;
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
+  if (sync.local() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(gg.ranks);
   for (const std::vector<int>& members : sets) groups_[members] = world_->split(members);
@@ -125,6 +133,16 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   };
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
+  if (sync.local()) {
+    c.dp_sync.local = true;
+    c.dp_sync.sync_every = sync.sync_every;
+    c.dp_sync.nesterov = sync.outer == partitioner::DpSync::Outer::nesterov;
+    c.dp_sync.outer_lr = sync.outer_lr;
+    c.dp_sync.outer_momentum = sync.outer_momentum;
+    c.dp_sync.replica_comm = view_.dp_group.size() > 1 ? groups_.at(view_.dp_group).get() : nullptr;
+    c.dp_sync.replicas = r.plan.dp;
+    c.dp_sync.replica = view_.coord.dp;
+  }
   c.timeline_rank = rank;
   if (options.eval_inputs) {
     // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.
@@ -134,6 +152,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.grad_groups.clear();
     e.inputs = options.eval_inputs;
     e.grad_clip = 0;
+    e.dp_sync = DpSyncConfig{};
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));
