@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "engine/detail/gossip.h"
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/input_loader.h"
 #include "engine/detail/local_sgd.h"
@@ -188,7 +189,10 @@ Executor::Executor(ExecutorConfig config)
     if (cfg_.dp_sync.replica < 0 || cfg_.dp_sync.replica >= cfg_.dp_sync.replicas)
       throw InputError("executor: local SGD replica " + std::to_string(cfg_.dp_sync.replica) +
                        " of " + std::to_string(cfg_.dp_sync.replicas));
-    local_sgd_ = std::make_unique<detail::LocalSgd>(cfg_.dp_sync, cfg_.stages);
+    if (cfg_.dp_sync.gossip)
+      gossip_ = std::make_unique<detail::Gossip>(cfg_.dp_sync, cfg_.stages);
+    else
+      local_sgd_ = std::make_unique<detail::LocalSgd>(cfg_.dp_sync, cfg_.stages);
   }
 }
 
@@ -517,7 +521,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
   // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
   // Local SGD: every replica its own block of norm pieces (its own norm clips it).
   const size_t L = size_t(cfg_.num_layers);
-  const bool local = local_sgd_ != nullptr;
+  const bool local = local_sgd_ != nullptr || gossip_ != nullptr;
   const size_t blocks = local ? size_t(cfg_.dp_sync.replicas) : 1;
   const size_t mine = local ? size_t(cfg_.dp_sync.replica) * L : 0;
   std::vector<double> v(L * blocks + size_t(cfg_.loss_slots), 0.0);
@@ -566,6 +570,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
   for (auto& [id, st] : cfg_.stages) st->step(scale * local_scale);
   reducer_->gather_params();
   if (local_sgd_) local_sgd_->after_step(stats.step);
+  if (gossip_) gossip_->after_step(stats.step);
   // Every send of the step completes before the next one reuses anything.
   for (auto& snd : pending_->sends) {
     snd.work->wait();

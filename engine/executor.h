@@ -30,6 +30,7 @@ namespace detail {
 class InputLoader;
 class GradReducer;
 class LocalSgd;
+class Gossip;
 }  // namespace detail
 
 // One point-to-point transfer of a boundary value, or of one part of it, for every
@@ -67,11 +68,18 @@ struct GradGroup {
 // after every sync_every-th step the replicas average their parameter deltas since the
 // last sync over `replica_comm` and apply the outer optimizer (plain average, or
 // Nesterov momentum with outer_lr and outer_momentum: DiLoCo).
+//
+// `gossip` (with `local`): instead of local SGD's periodic sync, after every step `peers`
+// rounds of pairwise averaging with partners drawn from (seed, step)
+// (engine/detail/gossip.h).
 struct DpSyncConfig {
   bool local = false;
   int sync_every = 1;
   bool nesterov = false;
   double outer_lr = 0.7, outer_momentum = 0.9;
+  bool gossip = false;
+  int peers = 1;
+  uint64_t seed = 1;
   transport::Communicator* replica_comm = nullptr;  // the rank's data-parallel group
   int replicas = 1;                                 // its size (dp)
   int replica = 0;                                  // the rank's index in it
@@ -181,6 +189,7 @@ class Executor {
   std::unique_ptr<detail::InputLoader> loader_;
   std::unique_ptr<detail::GradReducer> reducer_;
   std::unique_ptr<detail::LocalSgd> local_sgd_;
+  std::unique_ptr<detail::Gossip> gossip_;
   std::unique_ptr<Pending> pending_;
   int64_t queued_step_ = -1;    // the last step whose inputs were queued
   std::vector<double> losses_;  // per local micro-batch, this step

@@ -74,8 +74,9 @@ nlohmann::json model_json_of(const Plan& p) {
 
 // ---- checkpoints ----
 
-// Local SGD's own state (docs/formats/checkpoint.md, kind "local-sgd"): one file per rank
-// with the anchor and momentum of each of its parameters and, on replicas other than the
+// The independent replicas' state (local SGD, gossip; docs/formats/checkpoint.md, kind
+// "local-sgd"): one file per rank with local SGD's anchor and momentum of each of its
+// parameters and, on replicas other than the
 // first (whose parameters and optimizer state the model and optimizer files hold), its
 // own parameters and optimizer state, which differ between syncs. Keys
 // "<what>/<stage>/<parameter>[/<state>]"; read back only under the same layout.
@@ -93,13 +94,13 @@ nlohmann::json local_sgd_layout(const ResolvedPlan& r) {
 }
 
 stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
-  detail::LocalSgd& ls = *e.executor().local_sgd();
   std::vector<stages::NamedTensor> t;
-  for (const detail::LocalSgd::Entry& en : ls.entries()) {
-    const std::string key = local_key(e, en.stage, en.param);
-    if (en.anchor.defined()) t.push_back({"anchor/" + key, en.anchor});
-    if (en.momentum.defined()) t.push_back({"momentum/" + key, en.momentum});
-  }
+  if (detail::LocalSgd* ls = e.executor().local_sgd())
+    for (const detail::LocalSgd::Entry& en : ls->entries()) {
+      const std::string key = local_key(e, en.stage, en.param);
+      if (en.anchor.defined()) t.push_back({"anchor/" + key, en.anchor});
+      if (en.momentum.defined()) t.push_back({"momentum/" + key, en.momentum});
+    }
   if (e.view().coord.dp > 0)
     for (const auto& [s, st] : e.stages())
       for (int id : st->param_ids()) {
@@ -125,7 +126,7 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
 // same layout; otherwise every replica starts from the checkpoint's parameters (the
 // first replica's) as its anchor, with no momentum.
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
-  detail::LocalSgd& ls = *e.executor().local_sgd();
+  detail::LocalSgd* ls = e.executor().local_sgd();
   const nlohmann::json want = local_sgd_layout(e.plan());
   const bool same =
       m.train.is_object() && m.train.contains("local_sgd") && m.train["local_sgd"] == want;
@@ -141,18 +142,19 @@ void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifes
     return;
   }
   stages::SafetensorsReader f(dir + "/" + mine->file);
+  std::vector<detail::LocalSgd::Entry> no_entries;
   auto read_into = [&](const std::string& name, Tensor& out) {
     Tensor x = f.read(name);
     if (x.shape() != out.shape())
       throw InputError(f.path() + ": " + name + " has the wrong shape for this plan");
     out.copy_from(x.to(out.dtype()).to(out.device()));
   };
-  for (detail::LocalSgd::Entry& en : ls.entries()) {
+  for (detail::LocalSgd::Entry& en : ls ? ls->entries() : no_entries) {
     const std::string key = local_key(e, en.stage, en.param);
     const Tensor& p = e.stages().at(en.stage)->param(en.param);
     en.anchor = Tensor::empty(p.shape(), p.dtype(), p.device());
     read_into("anchor/" + key, en.anchor);
-    if (ls.config().nesterov && f.find("momentum/" + key)) {
+    if (ls->config().nesterov && f.find("momentum/" + key)) {
       en.momentum = Tensor::empty(p.shape(), p.dtype(), p.device());
       read_into("momentum/" + key, en.momentum);
     }
@@ -164,7 +166,7 @@ void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifes
         read_into("param/" + key, st->param(id));
         for (auto& [name, x] : st->optimizer_state(id)) read_into("state/" + key + "/" + name, x);
       }
-  ls.mark_anchored();
+  if (ls) ls->mark_anchored();
 }
 
 std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base,
@@ -186,7 +188,7 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
     files = stages::write_rank_shards(
         dir, list, world.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
         [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
-  if (e.executor().local_sgd()) files.push_back(save_local_sgd(e, dir));
+  if (e.plan().plan.dp_sync.independent()) files.push_back(save_local_sgd(e, dir));
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
     mine.push_back({{"file", f.file},
@@ -359,7 +361,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       if (lead) warn_resume_changes(m, *dir, data_manifest(data, m.step), o);
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
-      if (engine.executor().local_sgd()) load_local_sgd(engine, *dir, m, lead);
+      if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);
       start = m.step;
     }
     if (lead) log_resume(dir, start, o.checkpoint_dir);
@@ -388,7 +390,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"steps", o.steps},
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
-  if (r.plan.dp_sync.local()) base.train["local_sgd"] = local_sgd_layout(r);
+  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = local_sgd_layout(r);
 
   const int64_t trace_from = o.trace_path.empty()
                                  ? o.steps

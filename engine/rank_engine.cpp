@@ -48,15 +48,15 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   // order (sorted member lists) so that no two ranks wait for each other's split.
   std::vector<GradientGroup> ggroups = gradient_groups(r, rank);
   const partitioner::DpSync& sync = r.plan.dp_sync;
-  if (sync.local()) {
-    // Local SGD: gradients are summed only inside the replica (tied parameters); the
+  if (sync.independent()) {
+    // Local SGD, gossip: gradients are summed only inside the replica (tied parameters); the
     // replicas meet in the parameter sync instead (the data-parallel group).
     for (GradientGroup& gg : ggroups)
       std::erase_if(gg.ranks, [&](int q) { return r.layout.coord(q).dp != view_.coord.dp; });
   }
   std::set<std::vector<int>> sets;
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
-  if (sync.local() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
+  if (sync.independent() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(gg.ranks);
   for (const std::vector<int>& members : sets) groups_[members] = world_->split(members);
@@ -133,8 +133,11 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   };
   c.contribute_loss = first_tp;
   c.grad_clip = options.grad_clip;
-  if (sync.local()) {
+  if (sync.independent()) {
     c.dp_sync.local = true;
+    c.dp_sync.gossip = sync.mode == partitioner::DpSync::Mode::gossip;
+    c.dp_sync.peers = sync.peers;
+    c.dp_sync.seed = sync.seed;
     c.dp_sync.sync_every = sync.sync_every;
     c.dp_sync.nesterov = sync.outer == partitioner::DpSync::Outer::nesterov;
     c.dp_sync.outer_lr = sync.outer_lr;

@@ -26,12 +26,16 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
 
 double dp_bytes_per_step(const DpSync& s, double bytes, int replicas) {
   if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.mode == DpSync::Mode::gossip) return double(std::min(s.peers, replicas - 1)) * bytes;
   const double ring = 2.0 * (replicas - 1) / replicas * bytes;
   return s.local() ? ring / s.sync_every : ring;
 }
 
 double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
                         double latency) {
+  if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.mode == DpSync::Mode::gossip)  // one exchange with a partner per round
+    return double(std::min(s.peers, replicas - 1)) * (latency + bytes / bandwidth);
   const double t = all_reduce_time(bytes, replicas, bandwidth, latency);
   return s.local() ? t / s.sync_every : t;
 }

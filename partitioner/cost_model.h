@@ -48,7 +48,8 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
 // of gradients over `replicas` ranks under a dp_sync mode: `allreduce` all-reduces the
 // gradients every step, 2 (n - 1) / n * bytes (zero1's reduce-scatter and all-gather
 // together move the same); `local-sgd` all-reduces the parameter deltas (the same size)
-// once every sync_every steps, so 1/H of it per step on average.
+// once every sync_every steps, so 1/H of it per step on average; `gossip` sends the
+// parameters (the same size) to one partner in each of its `peers` rounds.
 double dp_bytes_per_step(const DpSync& s, double bytes, int replicas);
 // The same traffic's time per step on the machine's data-parallel link (local-sgd's sync
 // amortised over its H steps).

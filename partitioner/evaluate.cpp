@@ -40,7 +40,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       c.message_bytes = c.reduce = c.forward;
   const int opt = optimizer_states(r.plan.optimizer);
   std::map<int, double> rank_state, rank_gather;
-  const bool local = r.plan.dp_sync.local();
+  const bool local = r.plan.dp_sync.independent();
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -81,11 +81,13 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       // Local SGD: no gradient all-reduce; every H steps the parameter deltas are
       // all-reduced after the optimizer step (not overlapped), amortised here per step,
       // and the outer step streams the anchor (and the momentum) with the parameters.
+      // Gossip: its exchanges after every step, the averaging streaming the parameters.
       rank_gather[rank_of] +=
           dp_time_per_step(r.plan.dp_sync, grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
-      const bool nesterov = r.plan.dp_sync.outer == DpSync::Outer::nesterov;
-      rank_state[rank_of] +=
-          grads * (2 + 2 * opt + 1) + grads * (nesterov ? 7 : 4) / r.plan.dp_sync.sync_every;
+      const bool nesterov =
+          r.plan.dp_sync.local() && r.plan.dp_sync.outer == DpSync::Outer::nesterov;
+      const int every = r.plan.dp_sync.local() ? r.plan.dp_sync.sync_every : 1;
+      rank_state[rank_of] += grads * (2 + 2 * opt + 1) + grads * (nesterov ? 7 : 4) / every;
     } else {
       reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 2 * opt + 1);
@@ -364,6 +366,8 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     if (p.dp_sync.local())
       mode += " every " + std::to_string(p.dp_sync.sync_every) + " steps, outer optimizer " +
               std::string(outer_optimizer_name(p.dp_sync.outer));
+    else if (p.dp_sync.mode == DpSync::Mode::gossip)
+      mode += " with " + std::to_string(p.dp_sync.peers) + " peer(s) per step";
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
   }

@@ -54,7 +54,15 @@ std::string_view sharding_name(OptimizerSharding s) {
 }
 
 std::string_view dp_sync_name(DpSync::Mode m) {
-  return m == DpSync::Mode::local_sgd ? "local-sgd" : "allreduce";
+  switch (m) {
+    case DpSync::Mode::allreduce:
+      return "allreduce";
+    case DpSync::Mode::local_sgd:
+      return "local-sgd";
+    case DpSync::Mode::gossip:
+      return "gossip";
+  }
+  return "?";
 }
 
 std::string_view outer_optimizer_name(DpSync::Outer o) {
@@ -62,6 +70,8 @@ std::string_view outer_optimizer_name(DpSync::Outer o) {
 }
 
 json dp_sync_to_json(const DpSync& s) {
+  if (s.mode == DpSync::Mode::gossip)
+    return {{"mode", "gossip"}, {"peers", s.peers}, {"seed", s.seed}};
   if (!s.local()) return std::string(dp_sync_name(s.mode));
   json j = {{"mode", std::string(dp_sync_name(s.mode))},
             {"sync_every", s.sync_every},
@@ -207,11 +217,11 @@ void check_ranks_table(const Plan& p, const JsonReader& r) {
 DpSync read_dp_sync(const JsonReader& r) {
   DpSync s;
   s.json_path = r.where();
-  const std::string modes = "\"allreduce\" or \"local-sgd\"";
+  const std::string modes = "\"allreduce\", \"local-sgd\" or \"gossip\"";
   auto mode_of = [&](const JsonReader& m) {
     if (!m.is_string()) m.fail(modes, stages::json_brief(m.raw()));
     const std::string name = m.as_string();
-    for (DpSync::Mode x : {DpSync::Mode::allreduce, DpSync::Mode::local_sgd})
+    for (DpSync::Mode x : {DpSync::Mode::allreduce, DpSync::Mode::local_sgd, DpSync::Mode::gossip})
       if (dp_sync_name(x) == name) return x;
     m.fail(modes, "\"" + name + "\"");
   };
@@ -225,6 +235,12 @@ DpSync read_dp_sync(const JsonReader& r) {
   if (!r.is_object())
     r.fail(modes + ", or an object with \"mode\" and its parameters", stages::json_brief(r.raw()));
   s.mode = mode_of(r.at("mode"));
+  if (s.mode == DpSync::Mode::gossip) {
+    r.expect_only({"mode", "peers", "seed"});
+    s.peers = int(r.get_int("peers", 1, 1, kMaxCount));
+    s.seed = uint64_t(r.get_int("seed", 1, 0, INT64_MAX));
+    return s;
+  }
   if (!s.local()) {
     r.expect_only({"mode"});
     return s;
@@ -347,9 +363,12 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   if (auto d = r.get("dp_sync")) {
     p.dp_sync = read_dp_sync(*d);
     // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
-    if (p.dp_sync.local() && p.optimizer_sharding != OptimizerSharding::none)
-      throw InputError(d->where() +
-                       ": \"local-sgd\" keeps a whole optimizer per replica; it "
+    if (p.dp_sync.mode == DpSync::Mode::gossip && p.dp > 1 && p.dp_sync.peers > p.dp - 1)
+      d->at("peers").fail("at most dp - 1 = " + std::to_string(p.dp - 1) + " peers",
+                          std::to_string(p.dp_sync.peers));
+    if (p.dp_sync.independent() && p.optimizer_sharding != OptimizerSharding::none)
+      throw InputError(d->where() + ": \"" + std::string(dp_sync_name(p.dp_sync.mode)) +
+                       "\" keeps a whole optimizer per replica; it "
                        "cannot be combined with optimizer_sharding \"" +
                        std::string(sharding_name(p.optimizer_sharding)) + "\"");
   }

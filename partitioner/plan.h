@@ -42,16 +42,23 @@ std::string_view sharding_name(OptimizerSharding s);
 //              replicas average their parameter deltas since the last sync and apply the
 //              outer optimizer: `average` (the mean of the replicas' parameters) or
 //              `nesterov` (Nesterov momentum on the averaged delta: DiLoCo)
+//   gossip     each replica steps on its own gradients, then averages its parameters with
+//              a partner in each of `peers` rounds of random pairings drawn from
+//              (seed, step), so runs are reproducible
 struct DpSync {
-  enum class Mode { allreduce, local_sgd };
+  enum class Mode { allreduce, local_sgd, gossip };
   enum class Outer { average, nesterov };
   Mode mode = Mode::allreduce;
   int sync_every = 1;  // H (local-sgd)
   Outer outer = Outer::average;
   double outer_lr = 0.7;        // nesterov (DiLoCo's values)
   double outer_momentum = 0.9;  // nesterov
+  int peers = 1;                // gossip: pairing rounds per step
+  uint64_t seed = 1;            // gossip: the pairings' seed
   std::string json_path;        // "plan.json: $.dp_sync" (messages; "" when not written)
   bool local() const { return mode == Mode::local_sgd; }
+  // Replicas step on their own gradients (no data-parallel gradient reduction).
+  bool independent() const { return mode != Mode::allreduce; }
 };
 std::string_view dp_sync_name(DpSync::Mode m);
 std::string_view outer_optimizer_name(DpSync::Outer o);

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
+#include "engine/detail/gossip.h"
 #include "engine/detail/local_sgd.h"
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
@@ -226,14 +228,13 @@ TEST(DpSync, NesterovOuterStepByHand) {
 // A checkpoint between two syncs (step 3 of H = 2) carries each replica's parameters and
 // optimizer state, the anchors and the outer momentum: resuming gives the uninterrupted
 // run's losses bit for bit.
-TEST(DpSync, LocalSgdResumesBetweenSyncs) {
+// Gossip's replicas differ after every step as well: their own parameters and optimizer
+// state are in the checkpoint too.
+class DpSyncResume : public ::testing::TestWithParam<json> {};
+
+TEST_P(DpSyncResume, ResumesBetweenSyncs) {
   Workspace ws("dp-sync-ckpt");
-  auto plan = resolve(dp2_plan({{"mode", "local-sgd"},
-                                {"sync_every", 2},
-                                {"outer_optimizer", "nesterov"},
-                                {"outer_lr", 0.7},
-                                {"outer_momentum", 0.9}}),
-                      ws);
+  auto plan = resolve(dp2_plan(GetParam()), ws);
   auto run = [&](const std::string& dir, int64_t to, bool resume) {
     RunSettings s;
     s.steps = to;
@@ -254,6 +255,95 @@ TEST(DpSync, LocalSgdResumesBetweenSyncs) {
     EXPECT_EQ(b[i].step, int64_t(i + 4));
     EXPECT_EQ(b[i].loss, want[i + 3].loss) << "step " << i + 4;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DpSyncResume,
+                         ::testing::Values(json{{"mode", "local-sgd"},
+                                                {"sync_every", 2},
+                                                {"outer_optimizer", "nesterov"},
+                                                {"outer_lr", 0.7},
+                                                {"outer_momentum", 0.9}},
+                                           json{{"mode", "gossip"}, {"peers", 1}}),
+                         [](const ::testing::TestParamInfo<json>& mode) {
+                           return mode.param["mode"] == "gossip" ? std::string("gossip")
+                                                                 : std::string("diloco");
+                         });
+
+// ---- gossip ----
+
+// Two replicas, one partner each step: the pair's average every step, so with SGD and no
+// clipping the losses are allreduce's.
+TEST(DpSync, GossipOfTwoReplicasIsAllreduce) {
+  const RunSettings s = sgd_settings(4);
+  Workspace ws("dp-sync-gossip2");
+  auto want = run_threads(resolve(dp2_plan(json()), ws), train_options(ws, s));
+  auto got =
+      run_threads(resolve(dp2_plan({{"mode", "gossip"}, {"peers", 1}}), ws), train_options(ws, s));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss) << "step " << i + 1;
+}
+
+// The pairings: a perfect matching of the replicas (an odd one out when their number is
+// odd), a function of (seed, step, round) alone, not the same every step.
+TEST(DpSync, GossipPairings) {
+  std::set<std::vector<int>> seen;
+  for (int64_t step = 0; step < 20; ++step)
+    for (int n : {2, 4, 5}) {
+      std::vector<int> p = engine::detail::Gossip::pairing(9, step, 0, n);
+      EXPECT_EQ(p, engine::detail::Gossip::pairing(9, step, 0, n));
+      int idle = 0;
+      for (int r = 0; r < n; ++r) {
+        if (p[size_t(r)] < 0) {
+          ++idle;
+          continue;
+        }
+        EXPECT_NE(p[size_t(r)], r);
+        EXPECT_EQ(p[size_t(p[size_t(r)])], r);
+      }
+      EXPECT_EQ(idle, n % 2);
+      if (n == 4) seen.insert(p);
+    }
+  EXPECT_EQ(seen.size(), 3u);  // every matching of four replicas occurs in 20 steps
+}
+
+// Four replicas, one partner per step: after each step each replica holds exactly its
+// partner's parameters, and the replicas stay closer to their mean than replicas that
+// never meet (local-sgd that does not sync within the run).
+TEST(DpSync, GossipReplicasStayNearTheirMean) {
+  Workspace ws("dp-sync-gossip4");
+  auto spec = [](json sync) {
+    PlanSpec p = dp2_plan(std::move(sync));
+    p.dp = 4;
+    p.tp = {1};
+    return p;
+  };
+  const int64_t steps = 6;
+  auto gossip =
+      run_recording(resolve(spec({{"mode", "gossip"}, {"peers", 1}, {"seed", 5}}), ws), steps);
+  auto apart =
+      run_recording(resolve(spec({{"mode", "local-sgd"}, {"sync_every", 1000}}), ws), steps);
+  auto spread = [](const std::vector<Params>& ranks) {
+    double worst = 0;
+    for (const auto& [key, v] : ranks[0])
+      for (size_t i = 0; i < v.size(); ++i) {
+        double mean = 0;
+        for (const Params& r : ranks) mean += r.at(key)[i] / double(ranks.size());
+        for (const Params& r : ranks) worst = std::max(worst, std::abs(r.at(key)[i] - mean));
+      }
+    return worst;
+  };
+  for (int64_t k = 0; k < steps; ++k) {
+    std::vector<int> partner = engine::detail::Gossip::pairing(5, k, 0, 4);
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(gossip[size_t(k)][size_t(r)], gossip[size_t(k)][size_t(partner[size_t(r)])])
+          << "step " << k + 1 << " replica " << r;
+    EXPECT_NE(gossip[size_t(k)][0], gossip[size_t(k)][size_t(partner[0] == 1 ? 2 : 1)]);
+  }
+  const double g = spread(gossip.back()), a = spread(apart.back());
+  std::printf("  spread from the mean after %lld steps: gossip %.3g, never synced %.3g\n",
+              (long long)steps, g, a);
+  EXPECT_LT(g, 0.75 * a);
 }
 
 }  // namespace

@@ -36,8 +36,8 @@ expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
 expect 0 "$baton" plan --check "$tmp/local.json"
 contains "data-parallel sync local-sgd every 8 steps, outer optimizer average"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
-  --dp-sync gossip
-contains "--dp-sync: \$: expected \"allreduce\" or \"local-sgd\", found \"gossip\""
+  --dp-sync ring
+contains "--dp-sync: \$: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""
 
 # Nothing fits: which rank is short and by how much; exit 2.
 expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8

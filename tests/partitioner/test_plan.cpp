@@ -299,9 +299,9 @@ TEST(Plan, DpSync) {
   EXPECT_EQ(again.outer_lr, 0.5);
 
   const std::vector<std::pair<json, std::string>> bad = {
-      {"ring", "$.dp_sync: expected \"allreduce\" or \"local-sgd\", found \"ring\""},
+      {"ring", "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""},
       {3,
-       "$.dp_sync: expected \"allreduce\" or \"local-sgd\", or an object with \"mode\" "
+       "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", or an object with \"mode\" "
        "and its parameters, found 3"},
       {"local-sgd",
        "$.dp_sync: expected an object {\"mode\": \"local-sgd\", \"sync_every\": H} "
@@ -321,6 +321,15 @@ TEST(Plan, DpSync) {
     const std::string got = error_of(j);
     EXPECT_NE(got.find("plan.json: " + want), std::string::npos) << got;
   }
+  j["dp_sync"] = {{"mode", "gossip"}, {"peers", 1}, {"seed", 7}};
+  Plan g = check(j).plan;
+  EXPECT_EQ(g.dp_sync.mode, DpSync::Mode::gossip);
+  EXPECT_EQ(g.dp_sync.seed, 7u);
+  EXPECT_EQ(plan_to_json(g)["dp_sync"], j["dp_sync"]);
+  j["dp_sync"]["peers"] = 2;  // dp 2: one partner at most
+  EXPECT_NE(error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
+            std::string::npos)
+      << error_of(j);
   j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 2}};
   j["optimizer_sharding"] = "zero1";
   EXPECT_NE(error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
@@ -359,6 +368,10 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   h4.sync_every = 4;
   EXPECT_EQ(dp_bytes_per_step(h4, 1000, 4), 375);
   EXPECT_EQ(dp_bytes_per_step(h4, 1000, 1), 0);
+  DpSync gossip;
+  gossip.mode = DpSync::Mode::gossip;
+  gossip.peers = 2;
+  EXPECT_EQ(dp_bytes_per_step(gossip, 1000, 4), 2000);  // the parameters to two partners
 }
 
 // The estimate under zero1: every rank holds half the optimizer state of every parameter
