@@ -10,8 +10,10 @@
 #include <set>
 #include <string>
 
+#include "engine/detail/gossip.h"
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/input_loader.h"
+#include "engine/detail/local_sgd.h"
 #include "engine/loop.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
@@ -184,6 +186,15 @@ Executor::Executor(ExecutorConfig config)
   }
   reducer_ =
       std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
+  if (cfg_.dp_sync.local && !cfg_.evaluation) {
+    if (cfg_.dp_sync.replica < 0 || cfg_.dp_sync.replica >= cfg_.dp_sync.replicas)
+      throw InputError("executor: local SGD replica " + std::to_string(cfg_.dp_sync.replica) +
+                       " of " + std::to_string(cfg_.dp_sync.replicas));
+    if (cfg_.dp_sync.gossip)
+      gossip_ = std::make_unique<detail::Gossip>(cfg_.dp_sync, cfg_.stages);
+    else
+      local_sgd_ = std::make_unique<detail::LocalSgd>(cfg_.dp_sync, cfg_.stages);
+  }
 }
 
 Executor::~Executor() = default;
@@ -425,6 +436,7 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
   if (!cfg_.evaluation) {
     for (auto& [id, st] : cfg_.stages) st->zero_grad();
     reducer_->begin_step();
+    if (local_sgd_) local_sgd_->begin_step();
   }
   losses_.assign(size_t(s.num_micro_batches), 0.0);
   has_loss_.assign(size_t(s.num_micro_batches), false);
@@ -554,8 +566,12 @@ void Executor::finish_step(StepStats& stats, double t0) {
 
   // Norm pieces per graph layer (a parameter counts in the first layer using it, on the
   // stage holding that layer: Stage::grad_sum_squares_by_layer's rule) and the losses.
+  // Local SGD: every replica its own block of norm pieces (its own norm clips it).
   const size_t L = size_t(cfg_.num_layers);
-  std::vector<double> v(L + size_t(cfg_.loss_slots), 0.0);
+  const bool local = local_sgd_ != nullptr || gossip_ != nullptr;
+  const size_t blocks = local ? size_t(cfg_.dp_sync.replicas) : 1;
+  const size_t mine = local ? size_t(cfg_.dp_sync.replica) * L : 0;
+  std::vector<double> v(L * blocks + size_t(cfg_.loss_slots), 0.0);
   // A sharded parameter (ZeRO) counts on every replica, each with the part it reduced.
   for (const auto& [stage, st] : cfg_.stages) {
     if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
@@ -567,17 +583,18 @@ void Executor::finish_step(StepStats& stats, double t0) {
       if (auto part = reducer_->shard_of(stage, id)) {
         if (part->second > part->first) {
           const Tensor& gr = st->grad(id);
-          v[owner] += kernels::sum_squares(
+          v[mine + owner] += kernels::sum_squares(
               gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
         }
-      } else if (cfg_.contribute_norm) {
-        v[owner] += kernels::sum_squares(st->grad(id));
+      } else if (cfg_.contribute_norm || local) {
+        v[mine + owner] += kernels::sum_squares(st->grad(id));
       }
     }
   }
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
-      if (has_loss_[size_t(mb)]) v[L + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+      if (has_loss_[size_t(mb)])
+        v[L * blocks + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
   Tensor combined;
   transport::WorkPtr combining;
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
@@ -597,16 +614,24 @@ void Executor::finish_step(StepStats& stats, double t0) {
     combining->wait();
     v = combined.to_vector<double>();
   }
-  double norm2 = 0, loss = 0;
-  for (size_t l = 0; l < L; ++l) norm2 += v[l];
-  for (size_t k = L; k < v.size(); ++k) loss += v[k];
+  double norm2 = 0, loss = 0, all2 = 0;
+  for (size_t l = 0; l < L; ++l) norm2 += v[mine + l];
+  for (size_t l = 0; l < L * blocks; ++l) all2 += v[l];
+  for (size_t k = L * blocks; k < v.size(); ++k) loss += v[k];
+  // Local SGD: the replica's gradient is the mean over its own samples, `replicas` times
+  // what the loss (over the whole job's targets) gave it; its own norm clips it, and the
+  // step reports the root mean square of the replicas' norms (the same on every rank).
+  const double local_scale = local ? double(cfg_.dp_sync.replicas) : 1.0;
   stats.loss = loss;
-  const UpdateDecision d = decide_update(norm2, cfg_.grad_clip, cfg_.loss_scaler);
-  stats.grad_norm = d.grad_norm;
+  // An overflow on any replica (all2) skips the step everywhere, so scalers stay equal.
+  const double own2 = local && !std::isfinite(all2) ? all2 : norm2 * local_scale * local_scale;
+  const UpdateDecision d = decide_update(own2, cfg_.grad_clip, cfg_.loss_scaler);
+  const double unscale = d.loss_scale > 0 ? d.loss_scale : 1.0;
+  stats.grad_norm = local ? std::sqrt(all2 / double(blocks)) * local_scale / unscale : d.grad_norm;
   stats.loss_scale = d.loss_scale;
   stats.skipped = !d.apply;
   stop_here_if_asked("optimizer", stats.step);
-  if (cfg_.post_validated) {
+  if (cfg_.post_validated) {  // (only with allreduce: local_scale is 1)
     // Validation: the update stands unless the global norm asks for another one.
     if (!d.apply || d.grad_scale != early) {
       const double tr = now();
@@ -616,9 +641,11 @@ void Executor::finish_step(StepStats& stats, double t0) {
     }
     saved.clear();
   } else if (d.apply) {
-    update(d.grad_scale, t0, false);
+    update(d.grad_scale * local_scale, t0, false);
   }
   reducer_->gather_params();
+  if (local_sgd_) local_sgd_->after_step(stats.step);
+  if (gossip_) gossip_->after_step(stats.step);
   // Every send of the step completes before the next one reuses anything.
   for (auto& snd : pending_->sends) {
     snd.work->wait();

@@ -30,6 +30,8 @@ namespace baton::engine {
 namespace detail {
 class InputLoader;
 class GradReducer;
+class LocalSgd;
+class Gossip;
 }  // namespace detail
 
 // One point-to-point transfer of a boundary value, or of one part of it, for every
@@ -58,6 +60,30 @@ struct GradGroup {
   transport::Communicator* comm = nullptr;  // null or size 1: the local sum only
   std::vector<int> params;                  // parameter ids of the rank's graph
   bool shard = false;
+};
+
+// How the data-parallel replicas agree (plan field dp_sync; engine/detail/local_sgd.h).
+// `local`: local SGD. The gradient groups then hold no data-parallel peer: each replica
+// steps on its own gradients (their mean over its own samples: the executor scales them
+// by `replicas`, the loss counting the whole job's targets), clips by its own norm, and
+// after every sync_every-th step the replicas average their parameter deltas since the
+// last sync over `replica_comm` and apply the outer optimizer (plain average, or
+// Nesterov momentum with outer_lr and outer_momentum: DiLoCo).
+//
+// `gossip` (with `local`): instead of local SGD's periodic sync, after every step `peers`
+// rounds of pairwise averaging with partners drawn from (seed, step)
+// (engine/detail/gossip.h).
+struct DpSyncConfig {
+  bool local = false;
+  int sync_every = 1;
+  bool nesterov = false;
+  double outer_lr = 0.7, outer_momentum = 0.9;
+  bool gossip = false;
+  int peers = 1;
+  uint64_t seed = 1;
+  transport::Communicator* replica_comm = nullptr;  // the rank's data-parallel group
+  int replicas = 1;                                 // its size (dp)
+  int replica = 0;                                  // the rank's index in it
 };
 
 // Makes the model inputs (token ids, targets) of one micro-batch: fills `out` with the
@@ -109,6 +135,7 @@ struct ExecutorConfig {
   // scale, the step skipped on overflow. Every rank's scaler sees the same norms, so all
   // skip together. Null: none.
   kernels::LossScaler* loss_scaler = nullptr;
+  DpSyncConfig dp_sync;
 
   int timeline_rank = 0;  // the rank events are recorded under (the global rank)
 
@@ -161,6 +188,8 @@ class Executor {
   // Is the optimizer state of `param` of stage `stage` sharded over its data-parallel
   // group (GradGroup::shard)?
   bool optimizer_sharded(int stage, int param) const;
+  // Local SGD (DpSyncConfig::local): the outer optimizer's state, null otherwise.
+  detail::LocalSgd* local_sgd() { return local_sgd_.get(); }
 
  private:
   struct Pending;
@@ -185,6 +214,8 @@ class Executor {
   std::vector<std::string> input_names_;  // model inputs any of the stages reads
   std::unique_ptr<detail::InputLoader> loader_;
   std::unique_ptr<detail::GradReducer> reducer_;
+  std::unique_ptr<detail::LocalSgd> local_sgd_;
+  std::unique_ptr<detail::Gossip> gossip_;
   std::unique_ptr<Pending> pending_;
   int64_t queued_step_ = -1;    // the last step whose inputs were queued
   std::vector<double> losses_;  // per local micro-batch, this step

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
+#include "engine/detail/local_sgd.h"
 #include "engine/rank_engine.h"
 #include "memory/file_io.h"
 #include "memory/units.h"
@@ -17,6 +19,7 @@
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/json_reader.h"
+#include "stages/safetensors.h"
 
 namespace baton::engine {
 
@@ -71,6 +74,101 @@ nlohmann::json model_json_of(const Plan& p) {
 
 // ---- checkpoints ----
 
+// The independent replicas' state (local SGD, gossip; docs/formats/checkpoint.md, kind
+// "local-sgd"): one file per rank with local SGD's anchor and momentum of each of its
+// parameters and, on replicas other than the
+// first (whose parameters and optimizer state the model and optimizer files hold), its
+// own parameters and optimizer state, which differ between syncs. Keys
+// "<what>/<stage>/<parameter>[/<state>]"; read back only under the same layout.
+std::string local_key(const RankEngine& e, int stage, int param) {
+  return std::to_string(stage) + "/" + e.graph().params[size_t(param)].name;
+}
+
+nlohmann::json local_sgd_layout(const ResolvedPlan& r) {
+  return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
+          {"dp", r.plan.dp},
+          {"tp", r.plan.tp},
+          {"schedule", r.schedule.name},
+          {"chunk_first", r.chunk_first},
+          {"chunk_last", r.chunk_last}};
+}
+
+stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
+  std::vector<stages::NamedTensor> t;
+  if (detail::LocalSgd* ls = e.executor().local_sgd())
+    for (const detail::LocalSgd::Entry& en : ls->entries()) {
+      const std::string key = local_key(e, en.stage, en.param);
+      if (en.anchor.defined()) t.push_back({"anchor/" + key, en.anchor});
+      if (en.momentum.defined()) t.push_back({"momentum/" + key, en.momentum});
+    }
+  if (e.view().coord.dp > 0)
+    for (const auto& [s, st] : e.stages())
+      for (int id : st->param_ids()) {
+        const std::string key = local_key(e, s, id);
+        t.push_back({"param/" + key, st->param(id)});
+        for (const auto& [name, x] : st->optimizer_state(id))
+          t.push_back({"state/" + key + "/" + name, x});
+      }
+  char file[64];
+  std::snprintf(file, sizeof file, "local-sgd-rank-%05d.safetensors", e.rank());
+  const std::string path = dir + "/" + file;
+  stages::write_safetensors(path, t, {{"format", "pt"}});
+  stages::ShardFile sf;
+  sf.file = file;
+  sf.kind = "local-sgd";
+  sf.rank = e.rank();
+  sf.bytes = uint64_t(std::filesystem::file_size(path));
+  sf.hash = stages::hash_file(path);
+  return sf;
+}
+
+// Restores what save_local_sgd wrote for this rank, when the checkpoint has it under the
+// same layout; otherwise every replica starts from the checkpoint's parameters (the
+// first replica's) as its anchor, with no momentum.
+void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
+  detail::LocalSgd* ls = e.executor().local_sgd();
+  const nlohmann::json want = local_sgd_layout(e.plan());
+  const bool same =
+      m.train.is_object() && m.train.contains("local_sgd") && m.train["local_sgd"] == want;
+  const stages::ShardFile* mine = nullptr;
+  for (const stages::ShardFile& f : m.shards)
+    if (f.kind == "local-sgd" && f.rank == e.rank()) mine = &f;
+  if (!same || mine == nullptr) {
+    if (lead)
+      spdlog::warn(
+          "{}/manifest.json: no local SGD state for this plan's layout; every replica resumes "
+          "from the checkpoint's parameters, its anchor, with no outer momentum",
+          dir);
+    return;
+  }
+  stages::SafetensorsReader f(dir + "/" + mine->file);
+  std::vector<detail::LocalSgd::Entry> no_entries;
+  auto read_into = [&](const std::string& name, Tensor& out) {
+    Tensor x = f.read(name);
+    if (x.shape() != out.shape())
+      throw InputError(f.path() + ": " + name + " has the wrong shape for this plan");
+    out.copy_from(x.to(out.dtype()).to(out.device()));
+  };
+  for (detail::LocalSgd::Entry& en : ls ? ls->entries() : no_entries) {
+    const std::string key = local_key(e, en.stage, en.param);
+    const Tensor& p = e.stages().at(en.stage)->param(en.param);
+    en.anchor = Tensor::empty(p.shape(), p.dtype(), p.device());
+    read_into("anchor/" + key, en.anchor);
+    if (ls->config().nesterov && f.find("momentum/" + key)) {
+      en.momentum = Tensor::empty(p.shape(), p.dtype(), p.device());
+      read_into("momentum/" + key, en.momentum);
+    }
+  }
+  if (e.view().coord.dp > 0)
+    for (const auto& [s, st] : e.stages())
+      for (int id : st->param_ids()) {
+        const std::string key = local_key(e, s, id);
+        read_into("param/" + key, st->param(id));
+        for (auto& [name, x] : st->optimizer_state(id)) read_into("state/" + key + "/" + name, x);
+      }
+  if (ls) ls->mark_anchored();
+}
+
 std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base,
                  int64_t step) {
   Communicator& world = e.world();
@@ -90,6 +188,7 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
     files = stages::write_rank_shards(
         dir, list, world.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
         [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
+  if (e.plan().plan.dp_sync.independent()) files.push_back(save_local_sgd(e, dir));
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
     mine.push_back({{"file", f.file},
@@ -270,6 +369,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       if (lead) warn_resume_changes(m, *dir, data_manifest(data, m.step), o);
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
+      if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);
       start = m.step;
       restore_loss_scale(m, scaler.get());
     }
@@ -299,6 +399,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"steps", o.steps},
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
+  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = local_sgd_layout(r);
 
   const int64_t trace_from = o.trace_path.empty()
                                  ? o.steps

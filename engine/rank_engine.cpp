@@ -47,8 +47,16 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   // ---- groups: the tensor-parallel group and every gradient group, made in one global
   // order (sorted member lists) so that no two ranks wait for each other's split.
   std::vector<GradientGroup> ggroups = gradient_groups(r, rank);
+  const partitioner::DpSync& sync = r.plan.dp_sync;
+  if (sync.independent()) {
+    // Local SGD, gossip: gradients are summed only inside the replica (tied parameters); the
+    // replicas meet in the parameter sync instead (the data-parallel group).
+    for (GradientGroup& gg : ggroups)
+      std::erase_if(gg.ranks, [&](int q) { return r.layout.coord(q).dp != view_.coord.dp; });
+  }
   std::set<std::vector<int>> sets;
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
+  if (sync.independent() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(gg.ranks);
   device_world_ = options.device_world;
@@ -136,6 +144,19 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.grad_clip = options.grad_clip;
   c.post_validated = r.plan.post_validated_step;
   c.loss_scaler = options.loss_scaler;
+  if (sync.independent()) {
+    c.dp_sync.local = true;
+    c.dp_sync.gossip = sync.mode == partitioner::DpSync::Mode::gossip;
+    c.dp_sync.peers = sync.peers;
+    c.dp_sync.seed = sync.seed;
+    c.dp_sync.sync_every = sync.sync_every;
+    c.dp_sync.nesterov = sync.outer == partitioner::DpSync::Outer::nesterov;
+    c.dp_sync.outer_lr = sync.outer_lr;
+    c.dp_sync.outer_momentum = sync.outer_momentum;
+    c.dp_sync.replica_comm = view_.dp_group.size() > 1 ? groups_.at(view_.dp_group).get() : nullptr;
+    c.dp_sync.replicas = r.plan.dp;
+    c.dp_sync.replica = view_.coord.dp;
+  }
   c.timeline_rank = rank;
   if (options.eval_inputs) {
     // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.
@@ -146,6 +167,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.inputs = options.eval_inputs;
     e.grad_clip = 0;
     e.loss_scaler = nullptr;
+    e.dp_sync = DpSyncConfig{};
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));

@@ -24,6 +24,22 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
   return (ranks - 1) * latency + double(ranks - 1) / ranks * bytes_out / bandwidth;
 }
 
+double dp_bytes_per_step(const DpSync& s, double bytes, int replicas) {
+  if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.mode == DpSync::Mode::gossip) return double(std::min(s.peers, replicas - 1)) * bytes;
+  const double ring = 2.0 * (replicas - 1) / replicas * bytes;
+  return s.local() ? ring / s.sync_every : ring;
+}
+
+double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
+                        double latency) {
+  if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.mode == DpSync::Mode::gossip)  // one exchange with a partner per round
+    return double(std::min(s.peers, replicas - 1)) * (latency + bytes / bandwidth);
+  const double t = all_reduce_time(bytes, replicas, bandwidth, latency);
+  return s.local() ? t / s.sync_every : t;
+}
+
 // ---- the cost file ----
 
 MeasuredCosts read_measured_costs(const std::string& path) {

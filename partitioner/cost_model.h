@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "partitioner/memory_model.h"
+#include "partitioner/plan.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/graph.h"
 
@@ -42,6 +43,18 @@ struct Machine {
 
 double all_reduce_time(double bytes, int ranks, double bandwidth, double latency);
 double all_gather_time(double bytes_out, int ranks, double bandwidth, double latency);
+
+// Data-parallel traffic of one step per rank (what it sends, the ring model) for `bytes`
+// of gradients over `replicas` ranks under a dp_sync mode: `allreduce` all-reduces the
+// gradients every step, 2 (n - 1) / n * bytes (zero1's reduce-scatter and all-gather
+// together move the same); `local-sgd` all-reduces the parameter deltas (the same size)
+// once every sync_every steps, so 1/H of it per step on average; `gossip` sends the
+// parameters (the same size) to one partner in each of its `peers` rounds.
+double dp_bytes_per_step(const DpSync& s, double bytes, int replicas);
+// The same traffic's time per step on the machine's data-parallel link (local-sgd's sync
+// amortised over its H steps).
+double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
+                        double latency);
 
 // Measured op times (the cost file `baton profile` writes; docs/formats/costs.md).
 struct MeasuredCosts {

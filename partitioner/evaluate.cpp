@@ -42,6 +42,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       c.message_bytes = c.reduce = c.forward;
   const int opt = optimizer_states(r.plan.optimizer);
   std::map<int, double> rank_state, rank_gather, rank_copy;
+  const bool local = r.plan.dp_sync.independent();
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -62,8 +63,10 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     for (const ParamUse& u : t.shared_params) {
       bool here = false, elsewhere = false;
       for (int l : u.layers) (l >= a && l < b ? here : elsewhere) = true;
+      // (Local SGD sums a tied parameter inside the replica only.)
       if (here && elsewhere)
-        reduce += all_reduce_time(double(u.bytes), 2 * r.plan.dp, m.dp_bandwidth, m.dp_latency);
+        reduce += all_reduce_time(double(u.bytes), local ? 2 : 2 * r.plan.dp, m.dp_bandwidth,
+                                  m.dp_latency);
     }
     // The sharded optimizer (ZeRO): a reduce-scatter (half an all-reduce's traffic)
     // while the backward runs, each replica updates 1/dp of the state, and the parameters
@@ -77,6 +80,18 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       rank_gather[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 1) + grads * 2 * opt / r.plan.dp;
       rank_copy[rank_of] += grads * (1 + opt) / r.plan.dp;
+    } else if (local) {
+      // Local SGD: no gradient all-reduce; every H steps the parameter deltas are
+      // all-reduced after the optimizer step (not overlapped), amortised here per step,
+      // and the outer step streams the anchor (and the momentum) with the parameters.
+      // Gossip: its exchanges after every step, the averaging streaming the parameters.
+      rank_gather[rank_of] +=
+          dp_time_per_step(r.plan.dp_sync, grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      const bool nesterov =
+          r.plan.dp_sync.local() && r.plan.dp_sync.outer == DpSync::Outer::nesterov;
+      const int every = r.plan.dp_sync.local() ? r.plan.dp_sync.sync_every : 1;
+      rank_state[rank_of] += grads * (2 + 2 * opt + 1) + grads * (nesterov ? 7 : 4) / every;
+      rank_copy[rank_of] += grads * (1 + opt);
     } else {
       reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 2 * opt + 1);
@@ -278,6 +293,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       }
     }
   }
+  // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)
+  // and, for nesterov, its momentum, counted with the optimizer state.
+  if (p.dp_sync.local()) {
+    const int copies = p.dp_sync.outer == DpSync::Outer::nesterov ? 2 : 1;
+    for (StageMemory& m : chunk_mem) m.optimizer += copies * m.grads;
+  }
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -313,6 +334,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.param_bytes += m.params;
       re.grad_bytes += m.grads;
       re.optimizer_bytes += m.optimizer - m.optimizer_sharding_saved;
+      re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp);
       re.compute_time += p.micro_batches / r.schedule.num_directions *
                          (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
                           costs.backward_weight[size_t(s)]);
@@ -339,6 +361,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                            (p.tp[size_t(re.coord.pp)] > 1 || p.dp > 1
                                 ? " (as do its tensor- and data-parallel peers)"
                                 : ""));
+    e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);
     e.ranks.push_back(re);
   }
   return e;
@@ -366,6 +389,16 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     out.pop_back();
     out += ", its state sharded over the data-parallel replicas (" +
            std::string(sharding_name(p.optimizer_sharding)) + ")\n";
+  }
+  if (p.dp > 1) {
+    std::string mode = std::string(dp_sync_name(p.dp_sync.mode));
+    if (p.dp_sync.local())
+      mode += " every " + std::to_string(p.dp_sync.sync_every) + " steps, outer optimizer " +
+              std::string(outer_optimizer_name(p.dp_sync.outer));
+    else if (p.dp_sync.mode == DpSync::Mode::gossip)
+      mode += " with " + std::to_string(p.dp_sync.peers) + " peer(s) per step";
+    out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
+           " sent per step by the busiest rank\n";
   }
   std::snprintf(line, sizeof line, "%-5s %-3s %-3s %-3s %-24s %12s %12s %12s %12s %12s %10s %6s\n",
                 "rank", "dp", "pp", "tp", "layers", "parameters", "weights", "grads+optim",

@@ -29,7 +29,10 @@ struct RankEstimate {
   int64_t activation_peak = 0;  // stashes in flight + the running action at the peak
   int64_t peak = 0;             // persistent + activation_peak
   double compute_time = 0;      // its F + B + W per step, seconds
-  double busy_fraction = 0;     // compute_time / step time
+  // Bytes it sends per step to its data-parallel peers (cost_model.h's dp_bytes_per_step
+  // of its gradients under the plan's dp_sync; local-sgd's sync averaged over H steps).
+  double dp_bytes = 0;
+  double busy_fraction = 0;  // compute_time / step time
 };
 
 struct PlanEstimate {
@@ -39,6 +42,7 @@ struct PlanEstimate {
   double tokens_per_second = 0;
   int64_t tokens_per_step = 0;
   std::vector<std::string> problems;  // ranks over their capacity: which, by how much
+  double dp_bytes_per_step = 0;       // the most any rank sends to its data-parallel peers
   bool fits() const { return problems.empty(); }
   int64_t max_peak() const;
 };

@@ -53,6 +53,36 @@ std::string_view sharding_name(OptimizerSharding s) {
   return "?";
 }
 
+std::string_view dp_sync_name(DpSync::Mode m) {
+  switch (m) {
+    case DpSync::Mode::allreduce:
+      return "allreduce";
+    case DpSync::Mode::local_sgd:
+      return "local-sgd";
+    case DpSync::Mode::gossip:
+      return "gossip";
+  }
+  return "?";
+}
+
+std::string_view outer_optimizer_name(DpSync::Outer o) {
+  return o == DpSync::Outer::nesterov ? "nesterov" : "average";
+}
+
+json dp_sync_to_json(const DpSync& s) {
+  if (s.mode == DpSync::Mode::gossip)
+    return {{"mode", "gossip"}, {"peers", s.peers}, {"seed", s.seed}};
+  if (!s.local()) return std::string(dp_sync_name(s.mode));
+  json j = {{"mode", std::string(dp_sync_name(s.mode))},
+            {"sync_every", s.sync_every},
+            {"outer_optimizer", std::string(outer_optimizer_name(s.outer))}};
+  if (s.outer == DpSync::Outer::nesterov) {
+    j["outer_lr"] = s.outer_lr;
+    j["outer_momentum"] = s.outer_momentum;
+  }
+  return j;
+}
+
 bool Plan::uniform_tp() const {
   for (int t : tp)
     if (t != tp.front()) return false;
@@ -183,6 +213,61 @@ void check_ranks_table(const Plan& p, const JsonReader& r) {
   }
 }
 
+// dp_sync: "allreduce", or {"mode": ..., its parameters}.
+DpSync read_dp_sync(const JsonReader& r) {
+  DpSync s;
+  s.json_path = r.where();
+  const std::string modes = "\"allreduce\", \"local-sgd\" or \"gossip\"";
+  auto mode_of = [&](const JsonReader& m) {
+    if (!m.is_string()) m.fail(modes, stages::json_brief(m.raw()));
+    const std::string name = m.as_string();
+    for (DpSync::Mode x : {DpSync::Mode::allreduce, DpSync::Mode::local_sgd, DpSync::Mode::gossip})
+      if (dp_sync_name(x) == name) return x;
+    m.fail(modes, "\"" + name + "\"");
+  };
+  if (r.is_string()) {
+    s.mode = mode_of(r);
+    if (s.local())
+      r.fail("an object {\"mode\": \"local-sgd\", \"sync_every\": H} (local-sgd needs H)",
+             "\"local-sgd\"");
+    return s;
+  }
+  if (!r.is_object())
+    r.fail(modes + ", or an object with \"mode\" and its parameters", stages::json_brief(r.raw()));
+  s.mode = mode_of(r.at("mode"));
+  if (s.mode == DpSync::Mode::gossip) {
+    r.expect_only({"mode", "peers", "seed"});
+    s.peers = int(r.get_int("peers", 1, 1, kMaxCount));
+    s.seed = uint64_t(r.get_int("seed", 1, 0, INT64_MAX));
+    return s;
+  }
+  if (!s.local()) {
+    r.expect_only({"mode"});
+    return s;
+  }
+  r.expect_only({"mode", "sync_every", "outer_optimizer", "outer_lr", "outer_momentum"});
+  s.sync_every = int(r.at("sync_every").as_int(1, kMaxCount));
+  if (auto o = r.get("outer_optimizer")) {
+    const std::string outers = "\"average\" or \"nesterov\"";
+    if (!o->is_string()) o->fail(outers, stages::json_brief(o->raw()));
+    const std::string name = o->as_string();
+    if (name == "average")
+      s.outer = DpSync::Outer::average;
+    else if (name == "nesterov")
+      s.outer = DpSync::Outer::nesterov;
+    else
+      o->fail(outers, "\"" + name + "\"");
+  }
+  for (const char* key : {"outer_lr", "outer_momentum"})
+    if (r.has(key) && s.outer != DpSync::Outer::nesterov)
+      r.at(key).fail_message(std::string(key) +
+                             " is a parameter of outer_optimizer \"nesterov\" (the outer "
+                             "optimizer here is \"average\")");
+  s.outer_lr = r.get_double("outer_lr", s.outer_lr, 1e-12, 1e6);
+  s.outer_momentum = r.get_double("outer_momentum", s.outer_momentum, 0.0, 0.999999);
+  return s;
+}
+
 std::string file_dir(const std::string& path) {
   fs::path d = fs::path(path).parent_path();
   return d.empty() ? "." : d.string();
@@ -193,8 +278,8 @@ std::string file_dir(const std::string& path) {
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "device", "transport", "parallel",
-                 "batch", "schedule", "optimizer", "optimizer_sharding", "optimizer_step", "stages",
-                 "splits", "ranks", "boundaries", "predicted"});
+                 "batch", "schedule", "optimizer", "optimizer_sharding", "optimizer_step",
+                 "dp_sync", "stages", "splits", "ranks", "boundaries", "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -297,6 +382,24 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.post_validated_step = name == "post-validated";
   }
 
+  if (auto d = r.get("dp_sync")) {
+    p.dp_sync = read_dp_sync(*d);
+    // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
+    if (p.dp_sync.mode == DpSync::Mode::gossip && p.dp > 1 && p.dp_sync.peers > p.dp - 1)
+      d->at("peers").fail("at most dp - 1 = " + std::to_string(p.dp - 1) + " peers",
+                          std::to_string(p.dp_sync.peers));
+    if (p.dp_sync.independent() && p.optimizer_sharding != OptimizerSharding::none)
+      throw InputError(d->where() + ": \"" + std::string(dp_sync_name(p.dp_sync.mode)) +
+                       "\" keeps a whole optimizer per replica; it "
+                       "cannot be combined with optimizer_sharding \"" +
+                       std::string(sharding_name(p.optimizer_sharding)) + "\"");
+  }
+  // The early update of a post-validated step assumes the summed gradient of allreduce.
+  if (p.post_validated_step && p.dp_sync.independent())
+    throw InputError(p.where("$.optimizer_step") +
+                     ": \"post-validated\" cannot be combined with dp_sync \"" +
+                     std::string(dp_sync_name(p.dp_sync.mode)) + "\" (only with \"allreduce\")");
+
   JsonReader st = r.at("stages");
   st.expect_array();
   if (st.size() == 0) st.fail("at least one stage", "[]");
@@ -328,6 +431,10 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.predicted = pr->raw();
   }
   return p;
+}
+
+DpSync parse_dp_sync(const json& j, const std::string& source) {
+  return read_dp_sync(JsonReader(j, source));
 }
 
 Plan read_plan(const std::string& path) {
@@ -366,6 +473,7 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
   if (p.optimizer_sharding != OptimizerSharding::none)
     j["optimizer_sharding"] = std::string(sharding_name(p.optimizer_sharding));
   if (p.post_validated_step) j["optimizer_step"] = "post-validated";
+  if (p.dp_sync.mode != DpSync::Mode::allreduce) j["dp_sync"] = dp_sync_to_json(p.dp_sync);
   json stages = json::array();
   for (const PlanStage& s : p.stages) {
     json e;

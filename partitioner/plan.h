@@ -35,6 +35,38 @@ SplitKind parse_split(std::string_view name, const std::string& where);
 enum class OptimizerSharding { none, zero1, zero2 };
 std::string_view sharding_name(OptimizerSharding s);
 
+// How data-parallel replicas agree on the parameters (plan field dp_sync,
+// docs/formats/plan.md):
+//   allreduce  gradients summed over the replicas every step (the default)
+//   local-sgd  each replica trains sync_every steps on its own gradients, then the
+//              replicas average their parameter deltas since the last sync and apply the
+//              outer optimizer: `average` (the mean of the replicas' parameters) or
+//              `nesterov` (Nesterov momentum on the averaged delta: DiLoCo)
+//   gossip     each replica steps on its own gradients, then averages its parameters with
+//              a partner in each of `peers` rounds of random pairings drawn from
+//              (seed, step), so runs are reproducible
+struct DpSync {
+  enum class Mode { allreduce, local_sgd, gossip };
+  enum class Outer { average, nesterov };
+  Mode mode = Mode::allreduce;
+  int sync_every = 1;  // H (local-sgd)
+  Outer outer = Outer::average;
+  double outer_lr = 0.7;        // nesterov (DiLoCo's values)
+  double outer_momentum = 0.9;  // nesterov
+  int peers = 1;                // gossip: pairing rounds per step
+  uint64_t seed = 1;            // gossip: the pairings' seed
+  std::string json_path;        // "plan.json: $.dp_sync" (messages; "" when not written)
+  bool local() const { return mode == Mode::local_sgd; }
+  // Replicas step on their own gradients (no data-parallel gradient reduction).
+  bool independent() const { return mode != Mode::allreduce; }
+};
+std::string_view dp_sync_name(DpSync::Mode m);
+std::string_view outer_optimizer_name(DpSync::Outer o);
+nlohmann::json dp_sync_to_json(const DpSync& s);
+// Reads a dp_sync value (the plan field's form; `source` names it in errors, such as
+// "--dp-sync"); InputError naming the path, what was expected and what was found.
+DpSync parse_dp_sync(const nlohmann::json& j, const std::string& source);
+
 // One model chunk (a schedule stage of direction 0): a contiguous range of layers.
 struct PlanStage {
   // Either a half-open range of layer indices ...
@@ -83,6 +115,7 @@ struct Plan {
   // How STEP meets the global gradient norm (docs/engine.md): "synchronous" waits for it
   // before updating; "post-validated" updates at once and rolls back when it must.
   bool post_validated_step = false;
+  DpSync dp_sync;
 
   std::vector<PlanStage> stages;                   // model chunks in model order
   std::map<std::string, SplitKind> splits;         // node name -> override

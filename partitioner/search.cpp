@@ -330,6 +330,7 @@ class Search {
     p.global_batch = o_.global_batch;
     p.optimizer = o_.optimizer;
     p.optimizer_sharding = dp > 1 ? o_.optimizer_sharding : OptimizerSharding::none;
+    p.dp_sync = dp > 1 ? o_.dp_sync : DpSync{};
     p.splits = o_.splits.kinds;
     const int K = s.stages_per_direction();
     ResolvedPlan r;

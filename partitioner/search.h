@@ -31,6 +31,9 @@ struct SearchOptions {
   // ZeRO: the plans found shard their optimizer state over their data-parallel replicas
   // (a parameter used by one layer holds 1/dp of its state; tied ones are counted whole).
   OptimizerSharding optimizer_sharding = OptimizerSharding::none;
+  // How the plans' replicas agree (plan field dp_sync): the step costs its traffic
+  // (local-sgd's sync amortised over its H steps), so the ranking compares modes.
+  DpSync dp_sync;
   int keep = 5;  // the best and up to keep - 1 runners-up
   SplitOverrides splits;
   // What the plans written from the result reference.

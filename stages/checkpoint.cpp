@@ -379,8 +379,10 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     if (sf.file.empty() || sf.file.find('/') != std::string::npos || sf.file[0] == '.')
       s.at("file").fail("a file name inside the checkpoint directory");
     sf.kind = s.at("kind").as_string();
-    if (sf.kind != "model" && sf.kind != "optimizer")
-      s.at("kind").fail("\"model\" or \"optimizer\"");
+    // "local-sgd": a rank's local SGD state (engine/plan_trainer.cpp), verified like the
+    // others and read only by a local SGD run.
+    if (sf.kind != "model" && sf.kind != "optimizer" && sf.kind != "local-sgd")
+      s.at("kind").fail("\"model\", \"optimizer\" or \"local-sgd\"");
     sf.rank = int(s.at("rank").as_int(0, 1 << 30));
     sf.bytes = uint64_t(s.at("bytes").as_int(0, INT64_MAX));
     sf.hash = s.at("hash").as_string();

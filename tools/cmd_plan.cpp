@@ -38,7 +38,7 @@ int run_plan(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, check_path, out, device_memory, schedules, recompute = "auto", layers,
                                                                      costs;
-  std::string sharding;
+  std::string sharding, dp_sync;
   pt::SearchOptions so;
   pt::Machine machine;
   int64_t batch = 0;
@@ -62,6 +62,9 @@ int run_plan(const std::vector<std::string>& args) {
       "adamw, sgd or sgd-momentum (its state's memory)")(
       "optimizer-sharding", po::value(&sharding)->default_value("none"),
       "none or zero1: shard the optimizer state over the data-parallel replicas")(
+      "dp-sync", po::value(&dp_sync),
+      "how replicas agree, the plan field's JSON: allreduce (default) or "
+      "'{\"mode\": \"local-sgd\", \"sync_every\": 8}'")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
       "flops", po::value(&machine.flops)->default_value(machine.flops),
@@ -114,6 +117,16 @@ int run_plan(const std::vector<std::string>& args) {
     throw InputError(
         "--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
         sharding + "'");
+  if (!dp_sync.empty()) {
+    // A bare mode name or the field's JSON form.
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(dp_sync);
+    } catch (const nlohmann::json::exception&) {
+      j = dp_sync;
+    }
+    so.dp_sync = pt::parse_dp_sync(j, "--dp-sync");
+  }
   so.model_path = model_path;
 
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));

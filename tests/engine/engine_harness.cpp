@@ -98,6 +98,7 @@ json plan_json(const PlanSpec& p, const Workspace& ws) {
             {"stages", stages}};
   if (p.chunks > 0) j["schedule"]["chunks"] = p.chunks;
   if (!p.optimizer_sharding.empty()) j["optimizer_sharding"] = p.optimizer_sharding;
+  if (!p.dp_sync.is_null()) j["dp_sync"] = p.dp_sync;
   return j;
 }
 

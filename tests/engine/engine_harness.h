@@ -41,6 +41,7 @@ struct PlanSpec {
   int chunks = 0;
   std::vector<int> layers_per_stage;  // empty: as even as possible
   std::string optimizer_sharding;     // empty: not written (none)
+  json dp_sync;                       // null: not written (allreduce)
   std::string describe() const;
 };
 

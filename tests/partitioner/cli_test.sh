@@ -29,6 +29,16 @@ expect 0 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devic
   --schedule zb-h1 --micro-batches 4 --batch 16 --recompute off
 contains "dp 2 x pp 2 x tp 2; schedule zb-h1, 4 micro-batches of 2 samples"
 
+# dp_sync: the search writes the mode into its plan, --check prints its traffic; a bad
+# value names the flag and what was expected.
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --pp 1 --tp 1 \
+  --batch 8 --dp-sync '{"mode": "local-sgd", "sync_every": 8}' --out "$tmp/local.json"
+expect 0 "$baton" plan --check "$tmp/local.json"
+contains "data-parallel sync local-sgd every 8 steps, outer optimizer average"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
+  --dp-sync ring
+contains "--dp-sync: \$: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""
+
 # Nothing fits: which rank is short and by how much; exit 2.
 expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8
 contains "no plan fits in 4.00 MiB per device; the closest is"

@@ -221,7 +221,8 @@ TEST(Plan, UnknownScheduleAndFields) {
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
             "device_memory, device, transport, parallel, batch, schedule, optimizer, "
-            "optimizer_sharding, optimizer_step, stages, splits, ranks, boundaries, predicted)");
+            "optimizer_sharding, optimizer_step, dp_sync, stages, splits, ranks, boundaries, "
+            "predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
@@ -303,6 +304,112 @@ TEST(Plan, DeviceAndTransport) {
   EXPECT_EQ(error_of(j),
             "plan.json: $.transport: expected \"ucx\" (NCCL moves CUDA tensors only: \"nccl\" "
             "needs \"device\": \"cuda\"), found \"nccl\" with \"device\": \"cpu\"");
+}
+
+// dp_sync: "allreduce" (the default, not written back) or {"mode": "local-sgd",
+// "sync_every": H, "outer_optimizer": ...}; bad forms name the path, expected and found.
+TEST(Plan, DpSync) {
+  json j = tiny_plan();
+  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  EXPECT_FALSE(plan_to_json(check(j).plan).contains("dp_sync"));
+  j["dp_sync"] = "allreduce";
+  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  j["dp_sync"] = {{"mode", "allreduce"}};
+  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 8}};
+  DpSync s = check(j).plan.dp_sync;
+  EXPECT_TRUE(s.local());
+  EXPECT_EQ(s.sync_every, 8);
+  EXPECT_EQ(s.outer, DpSync::Outer::average);
+  j["dp_sync"] = {{"mode", "local-sgd"},
+                  {"sync_every", 4},
+                  {"outer_optimizer", "nesterov"},
+                  {"outer_lr", 0.5},
+                  {"outer_momentum", 0.8}};
+  Plan p = check(j).plan;
+  EXPECT_EQ(p.dp_sync.outer, DpSync::Outer::nesterov);
+  EXPECT_EQ(p.dp_sync.outer_lr, 0.5);
+  EXPECT_EQ(p.dp_sync.outer_momentum, 0.8);
+  json back = plan_to_json(p);
+  EXPECT_EQ(back["dp_sync"], j["dp_sync"]);
+  DpSync again = parse_plan(back, "again.json", kDir).dp_sync;
+  EXPECT_EQ(again.sync_every, 4);
+  EXPECT_EQ(again.outer_lr, 0.5);
+
+  const std::vector<std::pair<json, std::string>> bad = {
+      {"ring", "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""},
+      {3,
+       "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", or an object with \"mode\" "
+       "and its parameters, found 3"},
+      {"local-sgd",
+       "$.dp_sync: expected an object {\"mode\": \"local-sgd\", \"sync_every\": H} "
+       "(local-sgd needs H), found \"local-sgd\""},
+      {{{"sync_every", 2}}, "$.dp_sync: missing required field 'mode'"},
+      {{{"mode", "local-sgd"}}, "$.dp_sync: missing required field 'sync_every'"},
+      {{{"mode", "local-sgd"}, {"sync_every", 0}}, "$.dp_sync.sync_every: expected"},
+      {{{"mode", "local-sgd"}, {"sync_every", 2}, {"outer_optimizer", "adam"}},
+       "$.dp_sync.outer_optimizer: expected \"average\" or \"nesterov\", found \"adam\""},
+      {{{"mode", "local-sgd"}, {"sync_every", 2}, {"outer_lr", 0.7}},
+       "$.dp_sync.outer_lr: outer_lr is a parameter of outer_optimizer \"nesterov\""},
+      {{{"mode", "allreduce"}, {"sync_every", 2}}, "$.dp_sync.sync_every: unknown field"},
+      {{{"mode", "local-sgd"}, {"sync_every", 2}, {"peers", 2}}, "$.dp_sync.peers: unknown field"},
+  };
+  for (const auto& [value, want] : bad) {
+    j["dp_sync"] = value;
+    const std::string got = error_of(j);
+    EXPECT_NE(got.find("plan.json: " + want), std::string::npos) << got;
+  }
+  j["dp_sync"] = {{"mode", "gossip"}, {"peers", 1}, {"seed", 7}};
+  Plan g = check(j).plan;
+  EXPECT_EQ(g.dp_sync.mode, DpSync::Mode::gossip);
+  EXPECT_EQ(g.dp_sync.seed, 7u);
+  EXPECT_EQ(plan_to_json(g)["dp_sync"], j["dp_sync"]);
+  j["dp_sync"]["peers"] = 2;  // dp 2: one partner at most
+  EXPECT_NE(error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
+            std::string::npos)
+      << error_of(j);
+  j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 2}};
+  j["optimizer_sharding"] = "zero1";
+  EXPECT_NE(error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
+            std::string::npos)
+      << error_of(j);
+}
+
+// The data-parallel traffic per step in the estimate: local-sgd with H = 8 sends an
+// eighth of allreduce's bytes (the same all-reduce, of the parameter deltas, once every 8
+// steps); its anchor (and nesterov's momentum) count as optimizer state.
+TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
+  json j = tiny_plan();
+  ResolvedPlan all = check(j);
+  j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 8}};
+  ResolvedPlan local = check(j);
+  j["dp_sync"]["outer_optimizer"] = "nesterov";
+  ResolvedPlan diloco = check(j);
+  CostModel model(all.graph, Machine{});
+  PlanEstimate a = evaluate_plan(all, model), b = evaluate_plan(local, model),
+               c = evaluate_plan(diloco, model);
+  ASSERT_GT(a.dp_bytes_per_step, 0);
+  EXPECT_NEAR(b.dp_bytes_per_step, a.dp_bytes_per_step / 8, 1e-9 * a.dp_bytes_per_step);
+  for (size_t k = 0; k < a.ranks.size(); ++k) {
+    // dp 2: each rank sends (2 - 1) / 2 * 2 = 1 times its gradients' bytes per all-reduce.
+    EXPECT_DOUBLE_EQ(a.ranks[k].dp_bytes, double(a.ranks[k].grad_bytes)) << "rank " << k;
+    EXPECT_DOUBLE_EQ(b.ranks[k].dp_bytes, a.ranks[k].dp_bytes / 8) << "rank " << k;
+    EXPECT_EQ(b.ranks[k].optimizer_bytes - a.ranks[k].optimizer_bytes, a.ranks[k].grad_bytes);
+    EXPECT_EQ(c.ranks[k].optimizer_bytes - a.ranks[k].optimizer_bytes, 2 * a.ranks[k].grad_bytes);
+  }
+  EXPECT_NE(format_estimate(local, b).find("data-parallel sync local-sgd every 8 steps"),
+            std::string::npos)
+      << format_estimate(local, b);
+  EXPECT_EQ(dp_bytes_per_step(DpSync{}, 1000, 4), 1500);
+  DpSync h4;
+  h4.mode = DpSync::Mode::local_sgd;
+  h4.sync_every = 4;
+  EXPECT_EQ(dp_bytes_per_step(h4, 1000, 4), 375);
+  EXPECT_EQ(dp_bytes_per_step(h4, 1000, 1), 0);
+  DpSync gossip;
+  gossip.mode = DpSync::Mode::gossip;
+  gossip.peers = 2;
+  EXPECT_EQ(dp_bytes_per_step(gossip, 1000, 4), 2000);  // the parameters to two partners
 }
 
 // The estimate under zero1: every rank holds half the optimizer state of every parameter

@@ -4,6 +4,8 @@
 // schedule and layer counts a user fixes are kept; measured op times replace FLOPs.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/profile.h"
@@ -49,6 +51,35 @@ TEST(Search, KnowsTheShardedOptimizer) {
   const double exact = double(en.max_peak() - ez.max_peak()),
                searched = double(none.peak - zero.peak);
   EXPECT_NEAR(searched, exact, 0.1 * exact);
+}
+
+// The search costs each dp_sync mode's traffic: on a slow data-parallel link local SGD
+// with H = 8 (its all-reduce once every 8 steps) predicts a shorter step than allreduce,
+// and the plans found carry the field.
+TEST(Search, ComparesDpSyncModesOnASlowLink) {
+  auto g = load("gpt-config-a.json");
+  Machine slow;
+  slow.dp_bandwidth = 1e7;  // 10 MB/s between replicas
+  CostModel model(g, slow);
+  SearchOptions o;
+  o.devices = 2;
+  o.dp = 2;
+  o.pp = 1;
+  o.tp = 1;
+  o.schedules = {"1f1b"};
+  o.micro_batches = 2;
+  o.recompute = 0;
+  o.global_batch = 8;
+  Candidate all = search_plans(g, model, o).ranked.at(0);
+  o.dp_sync.mode = DpSync::Mode::local_sgd;
+  o.dp_sync.sync_every = 8;
+  Candidate local = search_plans(g, model, o).ranked.at(0);
+  EXPECT_FALSE(all.plan.dp_sync.local());
+  ASSERT_TRUE(local.plan.dp_sync.local());
+  EXPECT_EQ(local.plan.dp_sync.sync_every, 8);
+  EXPECT_LT(local.step_time, all.step_time);
+  std::printf("  step time on a 10 MB/s link: allreduce %.3f ms, local-sgd H=8 %.3f ms\n",
+              1e3 * all.step_time, 1e3 * local.step_time);
 }
 
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {

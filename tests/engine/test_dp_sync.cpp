@@ -1,0 +1,350 @@
+// Data-parallel sync modes (plan field dp_sync). local-sgd with sync_every 1 and the
+// `average` outer optimizer is allreduce (with SGD, whose update is linear in the
+// gradient; no clipping, which each replica does by its own norm); with sync_every 4 the
+// replicas' parameters differ between syncs and are bit for bit the same after each;
+// the Nesterov outer step (DiLoCo) against a hand computation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "engine/detail/gossip.h"
+#include "engine/detail/local_sgd.h"
+#include "engine/rank_engine.h"
+#include "engine_harness.h"
+#include "transport/local.h"
+
+namespace baton::engine_testing {
+namespace {
+
+using memory::Tensor;
+
+PlanSpec dp2_plan(json dp_sync) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(4);
+  p.dp = 2;
+  p.tp = {1, 1};  // a two-stage pipeline per replica (the tied wte summed inside it)
+  p.micro_batches = 2;
+  p.micro_batch_size = 2;
+  p.dp_sync = std::move(dp_sync);
+  return p;
+}
+
+RunSettings sgd_settings(int64_t steps) {
+  RunSettings s;
+  s.steps = steps;
+  s.grad_clip = 0;
+  s.configure = [](engine::LoopOptions& o) {
+    o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
+    o.optimizer.sgd = kernels::Sgd{0.05, 0.9, 0.01, false};
+  };
+  return s;
+}
+
+TEST(DpSync, LocalSgdEveryStepAveragedIsAllreduce) {
+  const RunSettings s = sgd_settings(4);
+  Workspace ws("dp-sync");
+  auto want = run_threads(resolve(dp2_plan(json()), ws), train_options(ws, s));
+  auto got = run_threads(
+      resolve(dp2_plan({{"mode", "local-sgd"}, {"sync_every", 1}, {"outer_optimizer", "average"}}),
+              ws),
+      train_options(ws, s));
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss) << "step " << i + 1;
+    worst = std::max(worst, std::abs(got[i].loss - want[i].loss) / want[i].loss);
+  }
+  // Not trivially the same: the last steps' losses differ from the first.
+  EXPECT_NE(want.front().loss, want.back().loss);
+  std::printf("  local-sgd H=1 against allreduce: worst relative loss difference %.2e\n", worst);
+}
+
+// Every rank's parameters after each step, by (stage, name).
+using Params = std::map<std::pair<int, std::string>, std::vector<float>>;
+
+std::vector<std::vector<Params>> run_recording(
+    std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps) {
+  kernels::set_num_threads(1);
+  const int n = plan->layout.world();
+  auto world = transport::make_local_world(n);
+  const stages::ValueType tok = plan->graph->value("tokens").type;
+  const stages::ValueType tgt = plan->graph->value("targets").type;
+  // Deterministic token ids by sample and step (the data's content does not matter here).
+  engine::InputFn inputs = [tok, tgt](const stages::MicroBatch& mb,
+                                      const std::vector<std::string>& names,
+                                      stages::TensorMap& out) {
+    const int64_t T = tok.shape[0];
+    std::vector<int64_t> a, b;
+    for (int64_t i = 0; i < mb.samples; ++i)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t x = (mb.sample_offset + i) * 31 + t * 7 + mb.step * 13;
+        a.push_back(x % 251);
+        b.push_back((x + 5) % 251);
+      }
+    for (const std::string& name : names)
+      out[name] = Tensor::from_vector(name == "tokens" ? a : b, {mb.samples, T})
+                      .to(name == "tokens" ? tok.dtype : tgt.dtype);
+  };
+  std::vector<std::vector<Params>> seen(size_t(steps), std::vector<Params>(static_cast<size_t>(n)));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      engine::RankEngineOptions o;
+      o.inputs = inputs;
+      o.grad_clip = 1.0;
+      engine::RankEngine e(plan, world[size_t(r)], o);
+      for (int64_t k = 0; k < steps; ++k) {
+        e.step(k);
+        for (const auto& [s, st] : e.stages())
+          for (int id : st->param_ids())
+            seen[size_t(k)][size_t(r)][{s, e.graph().params[size_t(id)].name}] =
+                st->param(id).to_vector<float>();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return seen;
+}
+
+TEST(DpSync, LocalSgdReplicasAgreeAfterEachSync) {
+  Workspace ws("dp-sync-h4");
+  auto plan = resolve(dp2_plan({{"mode", "local-sgd"},
+                                {"sync_every", 4},
+                                {"outer_optimizer", "nesterov"},
+                                {"outer_lr", 0.7},
+                                {"outer_momentum", 0.9}}),
+                      ws);
+  auto seen = run_recording(plan, 8);
+  // Ranks 0, 1 are replica 0's pipeline, ranks 2, 3 replica 1's (rank = dp * PP + pp).
+  for (size_t k = 0; k < seen.size(); ++k) {
+    const bool synced = (k + 1) % 4 == 0;
+    for (int pp = 0; pp < 2; ++pp) {
+      const Params &a = seen[k][size_t(pp)], &b = seen[k][size_t(2 + pp)];
+      ASSERT_EQ(a.size(), b.size());
+      int differ = 0;
+      for (const auto& [key, v] : a) differ += v != b.at(key);
+      if (synced)
+        EXPECT_EQ(differ, 0) << "step " << k + 1 << " pipeline rank " << pp;
+      else
+        EXPECT_EQ(differ, int(a.size())) << "step " << k + 1 << " pipeline rank " << pp;
+    }
+  }
+  // The sync moved the parameters: step 4's are not step 3's on either replica.
+  EXPECT_NE(seen[3][0].begin()->second, seen[2][0].begin()->second);
+}
+
+// The Nesterov outer optimizer on real stages of two replicas, every parameter moved by a
+// chosen delta, against the formula computed in double: g = -(mean delta),
+// m = mu m + g, param = anchor - lr (g + mu m), twice (the second with momentum).
+TEST(DpSync, NesterovOuterStepByHand) {
+  Workspace ws("dp-sync-nesterov");
+  PlanSpec p;
+  p.model = tiny_mlp_json({8});
+  p.dp = 2;
+  auto plan = resolve(p, ws);
+  const double lr = 0.7, mu = 0.9;
+  auto world = transport::make_local_world(2);
+  auto outer = transport::make_local_world(2);
+  // Per replica, the parameters after each sync.
+  std::vector<std::vector<Params>> after(2, std::vector<Params>(2));
+  Params start;
+  std::mutex m;
+  std::vector<std::thread> threads;
+  auto delta = [](int round, int r, size_t i) {
+    return round == 0 ? 0.01 * (r + 1) * std::sin(double(i) + 1)
+                      : 0.02 * std::cos(double(i) * (r + 2));
+  };
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      engine::RankEngineOptions o;
+      o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                    stages::TensorMap&) {};
+      engine::RankEngine e(plan, world[size_t(r)], o);
+      std::map<int, stages::Stage*> st;
+      for (const auto& [s, x] : e.stages()) st[s] = x.get();
+      engine::DpSyncConfig c;
+      c.local = true;
+      c.sync_every = 2;
+      c.nesterov = true;
+      c.outer_lr = lr;
+      c.outer_momentum = mu;
+      c.replica_comm = outer[size_t(r)].get();
+      c.replicas = 2;
+      c.replica = r;
+      engine::detail::LocalSgd sync(c, st);
+      sync.begin_step();
+      if (r == 0) {
+        std::lock_guard<std::mutex> lock(m);
+        for (const auto& [s, x] : st)
+          for (int id : x->param_ids())
+            start[{s, x->graph().params[size_t(id)].name}] = x->param(id).to_vector<float>();
+      }
+      for (int round = 0; round < 2; ++round) {
+        for (const auto& [s, x] : st)
+          for (int id : x->param_ids()) {
+            Tensor& t = x->param(id);
+            std::vector<float> v = t.to_vector<float>();
+            for (size_t i = 0; i < v.size(); ++i) v[i] += float(delta(round, r, i));
+            t.copy_from(Tensor::from_vector(v, t.shape()));
+          }
+        EXPECT_FALSE(sync.after_step(2 * round));  // not a sync step: nothing moves
+        EXPECT_TRUE(sync.after_step(2 * round + 1));
+        for (const auto& [s, x] : st)
+          for (int id : x->param_ids())
+            after[size_t(r)][size_t(round)][{s, x->graph().params[size_t(id)].name}] =
+                x->param(id).to_vector<float>();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ASSERT_FALSE(start.empty());
+  double worst = 0;
+  for (const auto& [key, p0] : start) {
+    std::vector<double> anchor(p0.begin(), p0.end()), mom(p0.size(), 0.0);
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < p0.size(); ++i) {
+        // Replica r's parameter is its anchor (float) plus its delta, in float.
+        double mean = 0;
+        for (int r = 0; r < 2; ++r)
+          mean += double(float(float(anchor[i]) + float(delta(round, r, i)))) - anchor[i];
+        const double g = -mean / 2;
+        mom[i] = mu * mom[i] + g;
+        anchor[i] = anchor[i] - lr * (g + mu * mom[i]);
+        const float got0 = after[0][size_t(round)].at(key)[i];
+        const float got1 = after[1][size_t(round)].at(key)[i];
+        EXPECT_EQ(got0, got1) << key.second << "[" << i << "] round " << round;
+        worst = std::max(worst, std::abs(double(got0) - anchor[i]));
+        ASSERT_NEAR(got0, anchor[i], 1e-6) << key.second << "[" << i << "] round " << round;
+        anchor[i] = double(got0);  // the next round starts from the stored float
+      }
+    }
+  }
+  std::printf("  nesterov outer step: worst absolute difference from the formula %.2e\n", worst);
+}
+
+// A checkpoint between two syncs (step 3 of H = 2) carries each replica's parameters and
+// optimizer state, the anchors and the outer momentum: resuming gives the uninterrupted
+// run's losses bit for bit.
+// Gossip's replicas differ after every step as well: their own parameters and optimizer
+// state are in the checkpoint too.
+class DpSyncResume : public ::testing::TestWithParam<json> {};
+
+TEST_P(DpSyncResume, ResumesBetweenSyncs) {
+  Workspace ws("dp-sync-ckpt");
+  auto plan = resolve(dp2_plan(GetParam()), ws);
+  auto run = [&](const std::string& dir, int64_t to, bool resume) {
+    RunSettings s;
+    s.steps = to;
+    engine::PlanTrainOptions o = train_options(ws, s);
+    o.checkpoint_dir = dir;
+    o.checkpoint_every = 3;
+    o.resume = resume;
+    return run_threads(plan, o);
+  };
+  auto want = run(ws.path("whole"), 6, false);
+  auto a = run(ws.path("ckpt"), 3, false);
+  auto b = run(ws.path("ckpt"), 6, true);
+  ASSERT_EQ(want.size(), 6u);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(a[i].loss, want[i].loss) << "step " << i + 1;
+    EXPECT_EQ(b[i].step, int64_t(i + 4));
+    EXPECT_EQ(b[i].loss, want[i + 3].loss) << "step " << i + 4;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DpSyncResume,
+                         ::testing::Values(json{{"mode", "local-sgd"},
+                                                {"sync_every", 2},
+                                                {"outer_optimizer", "nesterov"},
+                                                {"outer_lr", 0.7},
+                                                {"outer_momentum", 0.9}},
+                                           json{{"mode", "gossip"}, {"peers", 1}}),
+                         [](const ::testing::TestParamInfo<json>& mode) {
+                           return mode.param["mode"] == "gossip" ? std::string("gossip")
+                                                                 : std::string("diloco");
+                         });
+
+// ---- gossip ----
+
+// Two replicas, one partner each step: the pair's average every step, so with SGD and no
+// clipping the losses are allreduce's.
+TEST(DpSync, GossipOfTwoReplicasIsAllreduce) {
+  const RunSettings s = sgd_settings(4);
+  Workspace ws("dp-sync-gossip2");
+  auto want = run_threads(resolve(dp2_plan(json()), ws), train_options(ws, s));
+  auto got =
+      run_threads(resolve(dp2_plan({{"mode", "gossip"}, {"peers", 1}}), ws), train_options(ws, s));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss) << "step " << i + 1;
+}
+
+// The pairings: a perfect matching of the replicas (an odd one out when their number is
+// odd), a function of (seed, step, round) alone, not the same every step.
+TEST(DpSync, GossipPairings) {
+  std::set<std::vector<int>> seen;
+  for (int64_t step = 0; step < 20; ++step)
+    for (int n : {2, 4, 5}) {
+      std::vector<int> p = engine::detail::Gossip::pairing(9, step, 0, n);
+      EXPECT_EQ(p, engine::detail::Gossip::pairing(9, step, 0, n));
+      int idle = 0;
+      for (int r = 0; r < n; ++r) {
+        if (p[size_t(r)] < 0) {
+          ++idle;
+          continue;
+        }
+        EXPECT_NE(p[size_t(r)], r);
+        EXPECT_EQ(p[size_t(p[size_t(r)])], r);
+      }
+      EXPECT_EQ(idle, n % 2);
+      if (n == 4) seen.insert(p);
+    }
+  EXPECT_EQ(seen.size(), 3u);  // every matching of four replicas occurs in 20 steps
+}
+
+// Four replicas, one partner per step: after each step each replica holds exactly its
+// partner's parameters, and the replicas stay closer to their mean than replicas that
+// never meet (local-sgd that does not sync within the run).
+TEST(DpSync, GossipReplicasStayNearTheirMean) {
+  Workspace ws("dp-sync-gossip4");
+  auto spec = [](json sync) {
+    PlanSpec p = dp2_plan(std::move(sync));
+    p.dp = 4;
+    p.tp = {1};
+    return p;
+  };
+  const int64_t steps = 6;
+  auto gossip =
+      run_recording(resolve(spec({{"mode", "gossip"}, {"peers", 1}, {"seed", 5}}), ws), steps);
+  auto apart =
+      run_recording(resolve(spec({{"mode", "local-sgd"}, {"sync_every", 1000}}), ws), steps);
+  auto spread = [](const std::vector<Params>& ranks) {
+    double worst = 0;
+    for (const auto& [key, v] : ranks[0])
+      for (size_t i = 0; i < v.size(); ++i) {
+        double mean = 0;
+        for (const Params& r : ranks) mean += r.at(key)[i] / double(ranks.size());
+        for (const Params& r : ranks) worst = std::max(worst, std::abs(r.at(key)[i] - mean));
+      }
+    return worst;
+  };
+  for (int64_t k = 0; k < steps; ++k) {
+    std::vector<int> partner = engine::detail::Gossip::pairing(5, k, 0, 4);
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(gossip[size_t(k)][size_t(r)], gossip[size_t(k)][size_t(partner[size_t(r)])])
+          << "step " << k + 1 << " replica " << r;
+    EXPECT_NE(gossip[size_t(k)][0], gossip[size_t(k)][size_t(partner[0] == 1 ? 2 : 1)]);
+  }
+  const double g = spread(gossip.back()), a = spread(apart.back());
+  std::printf("  spread from the mean after %lld steps: gossip %.3g, never synced %.3g\n",
+              (long long)steps, g, a);
+  EXPECT_LT(g, 0.75 * a);
+}
+
+}  // namespace
+}  // namespace baton::engine_testing
