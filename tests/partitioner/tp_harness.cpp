@@ -34,6 +34,12 @@ TensorMap make_inputs(const Graph& g, const RunSpec& spec, int mb) {
   for (int v : g.inputs) {
     const stages::Value& val = g.values[size_t(v)];
     memory::Shape shape = val.type.with_batch(spec.samples);
+    if (memory::is_floating(val.type.dtype)) {  // images: uniform in [-1, 1)
+      std::vector<double> xs(size_t(memory::shape_numel(shape)));
+      for (auto& x : xs) x = double(rng() >> 11) * 0x1.0p-52 - 1.0;
+      in[val.name] = Tensor::from_vector(xs, shape).to(val.type.dtype);
+      continue;
+    }
     std::vector<int32_t> ids(size_t(memory::shape_numel(shape)));
     for (auto& x : ids) x = int32_t(rng() % uint64_t(vocab));
     in[val.name] = Tensor::from_vector(ids, shape);
@@ -108,9 +114,13 @@ RunOutput run_logical(std::shared_ptr<const Graph> g, const RunSpec& spec) {
   o.recompute_layers = spec.recompute_layers;
   Stage st(g, 0, g->num_layers(), o);
   RunOutput out;
-  for (int id : st.param_ids()) out.params[g->params[size_t(id)].name] = to_f64(st.param(id));
+  for (int id : st.param_ids())
+    out.params[g->params[size_t(id)].name] = to_f64(st.param(id)).clone();
   out.losses = train(st, *g, *g, spec);
-  for (int id : st.param_ids()) out.grads[g->params[size_t(id)].name] = to_f64(st.grad(id));
+  for (int id : st.param_ids()) {
+    out.grads[g->params[size_t(id)].name] = to_f64(st.grad(id));
+    out.final_params[g->params[size_t(id)].name] = to_f64(st.param(id)).clone();
+  }
   return out;
 }
 
@@ -140,9 +150,11 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp,
         std::lock_guard<std::mutex> lock(mu);
         for (int id : st.param_ids()) {
           const stages::Param& p = pg->params[size_t(id)];
-          for (int which = 0; which < 2; ++which) {
-            auto& dst = which == 0 ? out.params : out.grads;
-            const Tensor& local = which == 0 ? params.at(p.name) : st.grad(id);
+          for (int which = 0; which < 3; ++which) {
+            auto& dst = which == 0 ? out.params : which == 1 ? out.grads : out.final_params;
+            const Tensor& local = which == 0   ? params.at(p.name)
+                                  : which == 1 ? st.grad(id)
+                                               : st.param(id);
             if (!p.is_shard() && dst.count(p.name)) {
               out.replica_mismatch =
                   std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));

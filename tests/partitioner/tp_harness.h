@@ -20,6 +20,9 @@ struct RunOutput {
   std::vector<double> losses;                    // per micro-batch
   std::map<std::string, memory::Tensor> params;  // logical name -> whole parameter (f64)
   std::map<std::string, memory::Tensor> grads;   // logical name -> whole gradient (f64)
+  // After the micro-batches (no optimizer step: the buffers a forward updates, such as
+  // batch norm's running statistics, differ from `params`).
+  std::map<std::string, memory::Tensor> final_params;
   double replica_mismatch = 0;  // largest difference between ranks of a replicated tensor
 };
 
