@@ -45,6 +45,7 @@ struct StageOptions {
   uint64_t seed = 0;                      // parameter init and dropout
   std::set<int> recompute_layers;         // graph layer indices whose activations are recomputed
   transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
+  transport::Communicator* spatial = nullptr;  // spatial group (halos, tiled batch norm)
   bool profile = false;  // time every node (op_times()); costs a clock read per node
 };
 

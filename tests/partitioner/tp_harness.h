@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "partitioner/evaluate.h"
+#include "partitioner/spatial.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/graph.h"
 #include "stages/stage.h"
@@ -37,6 +38,10 @@ struct RunSpec {
 RunOutput run_logical(std::shared_ptr<const stages::Graph> g, const RunSpec& spec);
 RunOutput run_tensor_parallel(std::shared_ptr<const stages::Graph> g, int tp,
                               const SplitOverrides& overrides, const RunSpec& spec);
+// The spatial split over `degree` threads: each gets its rows of the images; the
+// gradients of parameters used on tiles are summed over the group (as the engine's
+// gradient reduction would), the others must be equal on every rank.
+RunOutput run_spatial(std::shared_ptr<const stages::Graph> g, int degree, const RunSpec& spec);
 
 // Runs a whole plan with every rank a thread of a local world: each rank builds its
 // physical graph and Stages, moves activations and gradients across pipeline boundaries
