@@ -18,6 +18,7 @@
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
+#include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/safetensors.h"
 
@@ -317,12 +318,23 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");
-  // The token dataset (and held-out data), checked against the logical model's vocabulary.
-  const stages::TrainData data = stages::open_train_data(data_flags(o), lg, model_source);
-  const stages::ValueType& tok_type = lg.value("tokens").type;
-  const stages::ValueType& tgt_type = lg.value("targets").type;
-  const int64_t T = tok_type.shape[0];
-  const bool per_position = !tgt_type.shape.empty();
+  // A directory with images.npy is image data (images + labels, as the one-process
+  // trainer reads it); otherwise the token dataset (and held-out data), checked against
+  // the logical model's vocabulary.
+  std::shared_ptr<const stages::ImageDataset> images;
+  stages::TrainData data;
+  if (image_data(o)) {
+    if (o.eval_every > 0) throw InputError("--eval-every: evaluation is for token data");
+    auto d = std::make_shared<stages::ImageDataset>(o.data_path);
+    d->check_model(lg, model_source);
+    images = d;
+  } else {
+    data = stages::open_train_data(data_flags(o), lg, model_source);
+  }
+  const stages::ValueType& tok_type = lg.value(images ? "images" : "tokens").type;
+  const stages::ValueType& tgt_type = lg.value(images ? "labels" : "targets").type;
+  const int64_t T = images ? 1 : tok_type.shape[0];
+  const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
@@ -352,7 +364,17 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       for (const std::string& n : names) out[n] = n == "tokens" ? tokens : targets;
     };
   };
-  eo.inputs = inputs_of(data.train, o.seed);
+  if (images)
+    eo.inputs = [images, seed = o.seed, tok_type, tgt_type](const stages::MicroBatch& mb,
+                                                            const std::vector<std::string>& names,
+                                                            stages::TensorMap& out) {
+      Tensor x = Tensor::empty(tok_type.with_batch(mb.samples), tok_type.dtype);
+      Tensor y = Tensor::empty({mb.samples}, tgt_type.dtype);
+      images->fill(seed, mb.step, mb.sample_offset, mb.samples, x, y);
+      for (const std::string& n : names) out[n] = n == "images" ? x : y;
+    };
+  else
+    eo.inputs = inputs_of(data.train, o.seed);
   if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
   RankEngine engine(rp, world, eo);
 
@@ -366,7 +388,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      if (lead) warn_resume_changes(m, *dir, data_manifest(data, m.step), o);
+      if (lead) warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);
@@ -385,14 +407,18 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
         r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6,
         o.steps);
   if (lead) {
-    spdlog::info("data {}", data.train->describe());
+    spdlog::info("data {}", images
+                                ? o.data_path + " (" + std::to_string(images->size()) + " images)"
+                                : data.train->describe());
     if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
   }
 
   stages::Manifest base;
   base.seed = o.seed;
   base.model = model_json;
-  base.data = data_manifest(data, 0);
+  base.data =
+      images ? nlohmann::json{{"position", 0}, {"dir", o.data_path}, {"images", images->size()}}
+             : data_manifest(data, 0);
   base.train = {{"batch", engine.executor().config().global_batch},
                 {"micro_batches", int64_t(r.plan.dp) * r.plan.micro_batches},
                 {"grad_clip", o.grad_clip},

@@ -259,6 +259,32 @@ void batchnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
   });
 }
 
+void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xhat, double count, Tensor& dx,
+                                   bool accumulate) {
+  const char* op = "batchnorm_backward_input_sums";
+  BATON_NEED(count > 0, op, "count must be positive");
+  const auto d = check_bn(op, x,
+                          {{"weight", &weight},
+                           {"mean", &mean},
+                           {"rstd", &rstd},
+                           {"sum_dy", &sum_dy},
+                           {"sum_dy_xhat", &sum_dy_xhat}});
+  for (auto [name, t] : {std::pair{"dy", &dy}, {"dx", &dx}}) {
+    check_like(op, name, *t, "x", x);
+    check_same_shape(op, name, *t, "x", x);
+  }
+  const auto dev = common_device(op, {&dy, &x, &weight, &mean, &rstd, &sum_dy, &sum_dy_xhat, &dx});
+  if (dev.is_cuda()) detail::no_cuda(__func__, dev);
+  on_float(op, x.dtype(), [&]<class T>(T) {
+    cpu::batchnorm_backward_input_sums<T>(dy.data<T>(), x.data<T>(), weight.data<T>(),
+                                          mean.data<T>(), rstd.data<T>(), sum_dy.data<T>(),
+                                          sum_dy_xhat.data<T>(), count, dx.data<T>(), d.n, d.c,
+                                          d.plane, accumulate);
+  });
+}
+
 void batchnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias,
                                bool accumulate) {

@@ -62,6 +62,14 @@ void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor&
 // The gradient of the training forward (batch statistics depend on x).
 void batchnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate);
+// The gradient when the statistics came from a larger batch than x (a spatial tile, or
+// replicas synchronising batch norm): sum_dy and sum_dy_xhat [C] are the whole batch's
+// sums (batchnorm_backward_weight's dbias and dweight, reduced), count its elements per
+// channel. CPU only.
+void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xhat, double count, Tensor& dx,
+                                   bool accumulate);
 // dweight = sum dy * xhat, dbias = sum dy per channel; one of them may be undefined.
 void batchnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);

@@ -210,7 +210,10 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
       if (prod >= 0 && g.nodes[size_t(prod)].layer == layer) continue;
       const ValueShard& vs = s.values[size_t(v)];
       key.push_back(-2 - vs.t * int(vs.split));
-      if (vs.split) pattern(vs.pattern);
+      if (vs.split) {
+        key.push_back(vs.dim);
+        pattern(vs.pattern);
+      }
     }
     for (int p : node.params) {
       if (p < 0) continue;
@@ -328,7 +331,8 @@ CostModel::Classes CostModel::classify(const Sharding& s) const {
     const stages::Value& val = g.values[v];
     int64_t numel = memory::shape_numel(val.type.shape);
     const ValueShard& vs = s.values[v];
-    if (vs.split) numel = numel / val.type.shape.back() * vs.pattern.local_size(vs.t);
+    if (vs.split)
+      numel = numel / val.type.shape[vs.dim_index(val.type.shape)] * vs.pattern.local_size(vs.t);
     double bytes = double(numel) * double(memory::dtype_size(val.type.dtype));
     if (val.is_input()) {
       if (!val.consumers.empty())

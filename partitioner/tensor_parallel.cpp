@@ -33,6 +33,10 @@ enum class OpKind : uint8_t {
   dropout,
   gate,    // swiglu: two inputs of one split
   rotary,  // q, k, v -> qkv
+  conv,    // conv2d
+  bnorm,   // batchnorm2d: per-channel, passes a channel split
+  pool,    // maxpool2d, avgpool2d: pass a channel split
+  gpool,   // global_avgpool: a channel split [C/t, H, W] -> [C/t]
   comm
 };
 
@@ -49,6 +53,11 @@ OpKind kind_of(const std::string& op) {
       {"swiglu", OpKind::gate},
       {"rotary", OpKind::rotary},
       {"dropout", OpKind::dropout},
+      {"conv2d", OpKind::conv},
+      {"batchnorm2d", OpKind::bnorm},
+      {"maxpool2d", OpKind::pool},
+      {"avgpool2d", OpKind::pool},
+      {"global_avgpool", OpKind::gpool},
       {"tp_copy", OpKind::comm},
       {"tp_reduce", OpKind::comm},
       {"tp_gather", OpKind::comm},
@@ -131,19 +140,20 @@ class ShardingPass {
       if (found == nullptr) throw InputError(w + ": no node named '" + name + "' in the model");
       const std::string& op = found->op;
       bool ok = kind == SplitKind::none ||
-                (op == "linear" && (kind == SplitKind::column || kind == SplitKind::row)) ||
+                ((op == "linear" || op == "conv2d") &&
+                 (kind == SplitKind::column || kind == SplitKind::row)) ||
                 (op == "embedding" && kind == SplitKind::vocab) ||
                 (op == "attention" && kind == SplitKind::heads) ||
                 (op == "cross_entropy" && kind == SplitKind::vocab);
       if (!ok) {
-        std::string allowed = op == "linear"          ? "\"column\", \"row\" or \"none\""
-                              : op == "embedding"     ? "\"vocab\" or \"none\""
-                              : op == "attention"     ? "\"heads\" or \"none\""
-                              : op == "cross_entropy" ? "\"vocab\" or \"none\""
-                                                      : "";
+        std::string allowed = op == "linear" || op == "conv2d" ? "\"column\", \"row\" or \"none\""
+                              : op == "embedding"              ? "\"vocab\" or \"none\""
+                              : op == "attention"              ? "\"heads\" or \"none\""
+                              : op == "cross_entropy"          ? "\"vocab\" or \"none\""
+                                                               : "";
         if (allowed.empty())
           throw InputError(w + ": node '" + name + "' (op " + op +
-                           ") cannot be split; only linear, embedding, attention and "
+                           ") cannot be split; only linear, conv2d, embedding, attention and "
                            "cross_entropy nodes take a split");
         throw InputError(w + ": expected " + allowed + " for " + op + " node '" + name +
                          "', found \"" + std::string(split_name(kind)) + "\"");
@@ -152,7 +162,9 @@ class ShardingPass {
   }
 
   // Can a split value (of a node in a layer of degree t) feed every consumer usefully?
-  bool accepts_split(int value, int t, int depth = 0) const {
+  // `channels`: the value is an image split along its channels (dimension 0), else along
+  // its last dimension.
+  bool accepts_split(int value, int t, bool channels = false, int depth = 0) const {
     const auto& cons = g_.values[size_t(value)].consumers;
     if (cons.empty() || depth > 64) return false;
     for (int c : cons) {
@@ -162,11 +174,20 @@ class ShardingPass {
       bool ok = false;
       const OpKind k = kinds_[size_t(c)];
       if (k == OpKind::linear)
-        ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
+        ok = !channels && n.inputs[0] == value && (o == nullptr || *o == SplitKind::row);
       else if (k == OpKind::cross_entropy)
-        ok = n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
+        ok = !channels && n.inputs[0] == value && (o == nullptr || *o == SplitKind::vocab);
+      else if (k == OpKind::conv && attr_int(n, "groups", 1) == 1)
+        ok = channels && (o == nullptr || *o == SplitKind::row);
+      else if (k == OpKind::conv)  // grouped: by whole groups, the output split like the input
+        ok = channels && (o == nullptr || *o == SplitKind::column) &&
+             attr_int(n, "groups", 1) % t == 0 && accepts_split(n.outputs[0], t, true, depth + 1);
+      else if (k == OpKind::bnorm || k == OpKind::pool)
+        ok = channels && accepts_split(n.outputs[0], t, true, depth + 1);
+      else if (k == OpKind::gpool)
+        ok = channels && accepts_split(n.outputs[0], t, false, depth + 1);
       else if (passes_split(n, k) || k == OpKind::gate)
-        ok = accepts_split(n.outputs[0], t, depth + 1);
+        ok = accepts_split(n.outputs[0], t, channels, depth + 1);
       if (!ok) return false;
     }
     return true;
@@ -209,10 +230,24 @@ class ShardingPass {
     return p;
   }
 
-  // The input in `slot` is used split: is it split over this node's group?
-  bool split_here(int node, int slot) const {
+  // The input in `slot` is split over this node's group (along any dimension)?
+  bool split_in_group(int node, int slot) const {
     const ValueShard& v = s_.values[size_t(g_.nodes[size_t(node)].inputs[size_t(slot)])];
     return v.split && v.t == tp_of(node);
+  }
+  // ... along its last dimension (what linears, attention and the cross-entropy take)?
+  bool split_here(int node, int slot) const {
+    int v = g_.nodes[size_t(node)].inputs[size_t(slot)];
+    const ValueShard& vs = s_.values[size_t(v)];
+    const auto& shape = g_.values[size_t(v)].type.shape;
+    return split_in_group(node, slot) && vs.dim_index(shape) + 1 == shape.size();
+  }
+  // ... along the channels of an image [C, H, W]?
+  bool split_channels(int node, int slot) const {
+    int v = g_.nodes[size_t(node)].inputs[size_t(slot)];
+    const auto& shape = g_.values[size_t(v)].type.shape;
+    return split_in_group(node, slot) && shape.size() == 3 &&
+           s_.values[size_t(v)].dim_index(shape) == 0;
   }
   // The input in `slot` must be whole: gather it when it is split.
   void need_whole(int node, int slot) {
@@ -228,7 +263,7 @@ class ShardingPass {
                        std::to_string(tp_of(node)) +
                        ": where the degree changes between pipeline stages, the values crossing "
                        "the cut must be replicated (cut elsewhere)");
-    if (!vs.pattern.whole(val.type.shape.back()))
+    if (!vs.pattern.whole(val.type.shape[vs.dim_index(val.type.shape)]))
       throw InputError(where_ + ": value '" + val.name +
                        "' is split in several blocks (by heads) and " + node_ref(node) +
                        " needs it whole; it cannot be gathered (keep its producer unsplit)");
@@ -274,8 +309,8 @@ class ShardingPass {
     for (int v : g_.nodes[size_t(node)].outputs)
       if (s_.values[size_t(v)].split) s_.values[size_t(v)] = ValueShard{};
   }
-  void out_split(int node, int t, SplitPattern p) {
-    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p};
+  void out_split(int node, int t, SplitPattern p, int dim = -1) {
+    for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p, dim};
   }
 
   void visit(int node) {
@@ -298,14 +333,29 @@ class ShardingPass {
     if (k == OpKind::attention) return visit_attention(node, o);
     if (k == OpKind::embedding) return visit_embedding(node, o);
     if (k == OpKind::cross_entropy) return visit_cross_entropy(node, o);
-    if (passes_split(n, k) && split_here(node, 0)) {
-      out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
+    if (k == OpKind::conv) return visit_conv(node, o);
+    if ((k == OpKind::bnorm || k == OpKind::pool) && split_channels(node, 0)) {
+      // Per-channel: the channel split passes on; batchnorm2d's vectors split with it.
+      const ValueShard in = s_.values[size_t(n.inputs[0])];
+      for (size_t p = 0; p < n.params.size(); ++p) set_param(node, int(p), 0, t, in.pattern);
+      out_split(node, t, in.pattern, 0);
+      return;
+    }
+    if (k == OpKind::gpool && split_channels(node, 0)) {
+      out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);  // [C/t]: the last dimension
+      return;
+    }
+    if (passes_split(n, k) && split_in_group(node, 0)) {
+      const ValueShard in = s_.values[size_t(n.inputs[0])];
+      for (int v : n.outputs) s_.values[size_t(v)] = in;
       return;
     }
     if (k == OpKind::rotary) return visit_rotary(node, o);
-    if ((k == OpKind::add || k == OpKind::gate) && split_here(node, 0) && split_here(node, 1) &&
-        s_.values[size_t(n.inputs[0])].pattern == s_.values[size_t(n.inputs[1])].pattern) {
-      out_split(node, t, s_.values[size_t(n.inputs[0])].pattern);
+    if ((k == OpKind::add || k == OpKind::gate) && split_in_group(node, 0) &&
+        split_in_group(node, 1) &&
+        s_.values[size_t(n.inputs[0])] == s_.values[size_t(n.inputs[1])]) {
+      const ValueShard in = s_.values[size_t(n.inputs[0])];
+      for (int v : n.outputs) s_.values[size_t(v)] = in;
       return;
     }
     for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
@@ -379,6 +429,79 @@ class ShardingPass {
       set_param(node, 0, in_out ? 1 : 0, t, p);
       set_param(node, 1, 0, t, p);
       out_split(node, t, p);
+      return;
+    }
+    need_whole(node, 0);
+    replicate_params(node);
+    out_replicated(node);
+  }
+
+  // conv2d: by output channels (column) from a replicated input, by input channels (row)
+  // from a channel-split one, a grouped convolution by whole groups from a channel-split
+  // input; the default pairs them as the linears: column when the output reaches a row.
+  void visit_conv(int node, const SplitKind* o) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    const int t = ns.t;
+    const int64_t groups = attr_int(n, "groups", 1);
+    const int64_t out_ch = g_.params[size_t(n.params[0])].shape[0];
+    const bool in_split = split_channels(node, 0);
+    const int in_v = n.inputs[0];
+    const std::string& in_name = g_.values[size_t(in_v)].name;
+    SplitKind kind;
+    if (o != nullptr)
+      kind = *o;
+    else if (in_split)
+      kind = groups == 1 ? SplitKind::row : SplitKind::column;
+    else if (groups == 1 && accepts_split(n.outputs[0], t, true))
+      kind = SplitKind::column;
+    else
+      kind = SplitKind::none;
+    if (kind == SplitKind::row) {
+      if (groups != 1)
+        override_error(node, "row split of " + node_ref(node) +
+                                 " with groups = " + std::to_string(groups) +
+                                 ": a grouped convolution splits by whole groups (\"column\", "
+                                 "with its input split by channels)");
+      if (!in_split)
+        override_error(node, "row split of " + node_ref(node) +
+                                 " needs its input split by channels, but '" + in_name +
+                                 "' is not (split the convolution before it by columns)");
+      set_param(node, 0, 1, t, s_.values[size_t(in_v)].pattern);
+      ns.kind = SplitKind::row;
+      ns.reduce_output = true;
+      ns.bias_after_reduce = n.params.size() > 1 && n.params[1] >= 0;
+      if (ns.bias_after_reduce) set_param(node, 1, -1, 1, {});
+      out_replicated(node);
+      return;
+    }
+    if (kind == SplitKind::column) {
+      SplitPattern p;
+      p.blocks = {{0, out_ch}};
+      if (groups > 1) {
+        if (!in_split)
+          override_error(node, "column split of " + node_ref(node) +
+                                   " with groups = " + std::to_string(groups) +
+                                   " needs its input split by channels (whole groups per rank), "
+                                   "but '" +
+                                   in_name + "' is not");
+        const ValueShard& in = s_.values[size_t(in_v)];
+        if (!in.pattern.whole(g_.values[size_t(in_v)].type.shape[0]))
+          override_error(node, "column split of grouped " + node_ref(node) +
+                                   " needs its input split in one contiguous block of channels");
+        if (groups % t != 0) divide_error(node, t, "the groups", groups);
+      } else {
+        if (in_split)
+          override_error(node, "column split of " + node_ref(node) +
+                                   " needs a replicated input, but '" + in_name +
+                                   "' is split by channels (split this convolution by rows)");
+        if (out_ch % t != 0) divide_error(node, t, "the output channels", out_ch);
+        ns.copy_inputs.push_back(0);
+      }
+      ns.kind = SplitKind::column;
+      set_param(node, 0, 0, t, p);
+      set_param(node, 1, 0, t, p);
+      out_split(node, t, p, 0);
       return;
     }
     need_whole(node, 0);
@@ -513,7 +636,7 @@ class ShardingPass {
 
 stages::ValueType local_type(const stages::ValueType& logical, const ValueShard& s) {
   stages::ValueType t = logical;
-  if (s.split) t.shape.back() = s.pattern.local_size(s.t);
+  if (s.split) t.shape[s.dim_index(t.shape)] = s.pattern.local_size(s.t);
   return t;
 }
 
@@ -624,9 +747,12 @@ class PhysicalBuilder {
         auto it = gathers_.find(v);
         if (it == gathers_.end()) {
           std::string name = fresh(vname + ".tp_gather");
+          const ValueShard& vs = s_.values[size_t(v)];
+          nlohmann::json ga = {{"parts", vs.t}};
+          const auto& shape = lg_.values[size_t(v)].type.shape;
+          if (vs.dim_index(shape) + 1 != shape.size()) ga["dim"] = int64_t(vs.dim_index(shape));
           it = gathers_
-                   .emplace(v, emit(name, "tp_gather", {{"parts", s_.values[size_t(v)].t}}, {local},
-                                    {}, name, layer, n.json_path))
+                   .emplace(v, emit(name, "tp_gather", ga, {local}, {}, name, layer, n.json_path))
                    .first;
         }
         local = it->second;
@@ -654,6 +780,9 @@ class PhysicalBuilder {
     } else if (ns.kind == SplitKind::vocab && n.op == "embedding") {
       int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
       attrs["vocab_offset"] = int64_t(r) * (rows / t);
+    } else if (ns.kind == SplitKind::column && n.op == "conv2d" && attrs.contains("groups") &&
+               attrs.at("groups").get<int64_t>() > 1) {
+      attrs["groups"] = attrs.at("groups").get<int64_t>() / t;  // whole groups per rank
     } else if (ns.kind == SplitKind::vocab && n.op == "cross_entropy") {
       int64_t v = lg_.values[size_t(n.inputs[0])].type.shape.back();
       op = "vocab_parallel_cross_entropy";
@@ -678,9 +807,11 @@ class PhysicalBuilder {
     int partial = emit(n.name, op, attrs, ins, ps, out + ".partial", layer, n.json_path);
     int reduced = emit(out + ".tp_reduce", "tp_reduce", nlohmann::json::object(), {partial}, {},
                        bias >= 0 ? out + ".reduced" : out, layer, n.json_path);
-    if (bias >= 0)
-      reduced = emit(out + ".bias_add", "bias_add", nlohmann::json::object(), {reduced}, {bias},
-                     out, layer, n.json_path);
+    if (bias >= 0) {
+      // A convolution's bias is per channel: dimension 0 of [O, H, W].
+      nlohmann::json ba = n.op == "conv2d" ? nlohmann::json{{"dim", 0}} : nlohmann::json::object();
+      reduced = emit(out + ".bias_add", "bias_add", ba, {reduced}, {bias}, out, layer, n.json_path);
+    }
     vmap_[size_t(n.outputs[0])] = reduced;
   }
 

@@ -17,6 +17,14 @@
 //                    per key/value head from the local or replicated ones
 //   embedding, vocab rows split over the vocabulary; partial lookups summed by tp_reduce
 //   cross_entropy, vocab   after a column-split LM head: vocab_parallel_cross_entropy
+//   conv2d, column   output channels split (weight dimension 0, bias); the replicated input
+//                    through tp_copy; the output split along the channels (dimension 0 of
+//                    [C, H, W]); batchnorm2d (its four per-channel vectors split the same
+//                    way), relu, pooling and global_avgpool pass a channel split on
+//   conv2d, row      input channels split (weight dimension 1, groups = 1); partial outputs
+//                    summed by tp_reduce, then the bias added once by bias_add (dim 0)
+//   conv2d, grouped  groups > 1 with a channel-split input: whole groups per rank (groups / t
+//                    locally), the output split like the input (kind column, no tp_copy)
 // Everything else runs replicated. A split value that an op needs whole is all-gathered
 // (tp_gather) when it is one contiguous block. A degree must divide what it splits.
 //
@@ -58,7 +66,14 @@ struct SplitPattern {
 struct ValueShard {
   bool split = false;    // false: replicated on every rank of the group
   int t = 1;             // the group's degree (split values)
-  SplitPattern pattern;  // of the last dimension
+  SplitPattern pattern;  // of the split dimension
+  // The split dimension of the per-sample shape; -1: the last one (linears, heads,
+  // vocabulary). Channel splits of an image [C, H, W] are dimension 0.
+  int dim = -1;
+  size_t dim_index(const std::vector<int64_t>& shape) const {
+    return dim < 0 ? shape.size() - 1 : size_t(dim);
+  }
+  bool operator==(const ValueShard&) const = default;
 };
 
 struct ParamShard {

@@ -81,6 +81,7 @@ const std::vector<OpType>& op_types() {
     ops::add_comm_ops(t);
     ops::add_bias_ops(t);
     ops::add_vision_ops(t);
+    ops::add_spatial_ops(t);
     ops::add_llama_ops(t);
     ops::add_fused_ops(t);
     return t;

@@ -89,6 +89,8 @@ struct OpContext {
   uint64_t seed = 0;       // the run's seed; dropout streams mix in the step and node name
   memory::Device device = memory::Device::cpu();
   transport::Communicator* tp = nullptr;  // the tensor-parallel group (communication ops)
+  // The spatial group (halo exchanges, batch-norm statistics over the tiles of an image).
+  transport::Communicator* spatial = nullptr;
   int64_t batch() const { return mb.samples; }
 };
 

@@ -318,6 +318,7 @@ TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool tra
   ctx.seed = opt_options_.seed;
   ctx.device = opt_options_.device;
   ctx.tp = opt_options_.tp;
+  ctx.spatial = opt_options_.spatial;
   auto s = std::make_unique<MbState>(ctx);
   s->values.resize(g.values.size());
   s->saved.resize(g.nodes.size());

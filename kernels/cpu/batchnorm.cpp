@@ -110,6 +110,32 @@ void batchnorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
   });
 }
 
+// The same with the sums over the whole batch given (reduced over a spatial group):
+// dx = w rstd (dy - sum_dy / count - xhat sum_dy_xhat / count).
+template <class T>
+void batchnorm_backward_input_sums(const T* dy, const T* x, const T* w, const T* mean,
+                                   const T* rstd, const T* sum_dy, const T* sum_dy_xhat,
+                                   double count, T* dx, int64_t n, int64_t c, int64_t plane,
+                                   bool accumulate) {
+  parallel_tasks(c, [&](int64_t ch) {
+    const double r = double(rstd[ch]), mu = double(mean[ch]);
+    const T k1 = T(double(w[ch]) * r), k0 = T(double(sum_dy[ch]) / count);
+    const T k2 = T(double(sum_dy_xhat[ch]) / count * r), m = T(mu);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* d = dy + (i * c + ch) * plane;
+      const T* p = x + (i * c + ch) * plane;
+      T* q = dx + (i * c + ch) * plane;
+      if (accumulate) {
+#pragma GCC ivdep
+        for (int64_t k = 0; k < plane; ++k) q[k] += k1 * (d[k] - k0 - (p[k] - m) * k2);
+      } else {
+#pragma GCC ivdep
+        for (int64_t k = 0; k < plane; ++k) q[k] = k1 * (d[k] - k0 - (p[k] - m) * k2);
+      }
+    }
+  });
+}
+
 template <class T>
 void batchnorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t n, int64_t c, int64_t plane, bool accumulate) {
@@ -121,15 +147,18 @@ void batchnorm_backward_weight(const T* dy, const T* x, const T* mean, const T* 
   });
 }
 
-#define BATON_INSTANTIATE(T)                                                                      \
-  template void batchnorm_forward_train<T>(const T*, const T*, const T*, double, double, T*, T*,  \
-                                           T*, T*, T*, int64_t, int64_t, int64_t);                \
-  template void batchnorm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*,       \
-                                          double, T*, int64_t, int64_t, int64_t);                 \
-  template void batchnorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*, T*, \
-                                            int64_t, int64_t, int64_t, bool);                     \
-  template void batchnorm_backward_weight<T>(const T*, const T*, const T*, const T*, T*, T*,      \
-                                             int64_t, int64_t, int64_t, bool);
+#define BATON_INSTANTIATE(T)                                                                       \
+  template void batchnorm_forward_train<T>(const T*, const T*, const T*, double, double, T*, T*,   \
+                                           T*, T*, T*, int64_t, int64_t, int64_t);                 \
+  template void batchnorm_forward_eval<T>(const T*, const T*, const T*, const T*, const T*,        \
+                                          double, T*, int64_t, int64_t, int64_t);                  \
+  template void batchnorm_backward_input<T>(const T*, const T*, const T*, const T*, const T*, T*,  \
+                                            int64_t, int64_t, int64_t, bool);                      \
+  template void batchnorm_backward_weight<T>(const T*, const T*, const T*, const T*, T*, T*,       \
+                                             int64_t, int64_t, int64_t, bool);                     \
+  template void batchnorm_backward_input_sums<T>(const T*, const T*, const T*, const T*, const T*, \
+                                                 const T*, const T*, double, T*, int64_t, int64_t, \
+                                                 int64_t, bool);
 BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)
 #undef BATON_INSTANTIATE

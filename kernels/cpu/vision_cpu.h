@@ -50,6 +50,11 @@ void batchnorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
 template <class T>
 void batchnorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t n, int64_t c, int64_t plane, bool accumulate);
+template <class T>
+void batchnorm_backward_input_sums(const T* dy, const T* x, const T* w, const T* mean,
+                                   const T* rstd, const T* sum_dy, const T* sum_dy_xhat,
+                                   double count, T* dx, int64_t n, int64_t c, int64_t plane,
+                                   bool accumulate);
 
 // ---- pool.cpp: over n * c planes ----
 struct PoolGeometry {

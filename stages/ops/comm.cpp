@@ -2,7 +2,8 @@
 // They talk through OpContext::tp, the communicator of the node's tensor-parallel group:
 //   tp_copy    identity forward, all-reduce (sum) of the gradient backward
 //   tp_reduce  all-reduce (sum) forward, identity backward
-//   tp_gather  all-gather of the last dimension forward, this rank's slice backward
+//   tp_gather  all-gather of the last dimension (or of `dim`: the channels of an image)
+//              forward, this rank's slice backward
 //   vocab_parallel_cross_entropy  cross-entropy over logits split by vocabulary columns:
 //              ce_row_max -> all-reduce max -> ce_sum_exp -> all-reduce sum -> ce_finish
 #include "stages/ops/common.h"
@@ -91,9 +92,10 @@ const OpSchema& gather_schema() {
                           {"x"},
                           {"y"},
                           {},
-                          {"parts"},
-                          "all-gather of the last dimension over the tensor-parallel group "
-                          "(parts ranks, in rank order); backward keeps this rank's slice"};
+                          {"parts", "dim"},
+                          "all-gather of the last dimension (or of the per-sample dimension "
+                          "dim) over the tensor-parallel group (parts ranks, in rank order); "
+                          "backward keeps this rank's slice"};
   return s;
 }
 
@@ -103,8 +105,12 @@ class TpGather final : public OpBase {
     parts_ = spec.attrs.at("parts").as_int(1, 1 << 16);
     expect_float_input(spec, 0, 1);
     Shape y = spec.inputs[0].shape;
-    c_ = y.back();
-    y.back() *= parts_;
+    const int64_t d = spec.attrs.get_int("dim", int64_t(y.size()) - 1, 0, int64_t(y.size()) - 1);
+    c_ = y[size_t(d)];
+    y[size_t(d)] *= parts_;
+    // Per sample: [outer, c, inner] around the gathered dimension.
+    for (size_t i = size_t(d) + 1; i < y.size(); ++i) inner_ *= y[i];
+    for (size_t i = 0; i < size_t(d); ++i) outer_ *= y[i];
     out_.push_back({y, dtype_, true});
     elems_ = numel_of(spec.inputs[0].shape);
   }
@@ -112,21 +118,22 @@ class TpGather final : public OpBase {
   void forward(ForwardCall& c) const override {
     transport::Communicator& comm = tp_of(c.ctx, name_);
     BATON_CHECK(comm.size() == parts_, "tp_gather over a group of another size");
-    Tensor x = as_rows(c.inputs[0]);
-    int64_t n = x.size(0);
-    // The gather concatenates whole per-rank blocks [parts, n, c]; the columns of the
-    // output interleave them: y[n, r * c + j] = part r [n, j].
-    Tensor parts = c.alloc({parts_, n, c_}, dtype_);
+    const int64_t n = c.inputs[0].numel() / (c_ * inner_);
+    Tensor x = c.inputs[0].view({n, c_, inner_});
+    // The gather concatenates whole per-rank blocks [parts, n, c, inner]; the output
+    // interleaves them: y[n, r * c + j, i] = part r [n, j, i].
+    Tensor parts = c.alloc({parts_, n, c_, inner_}, dtype_);
     comm.all_gather(x, parts)->wait();
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
-    y.view({n, parts_, c_}).copy_from(parts.permute({1, 0, 2}));
+    y.view({n, parts_, c_, inner_}).copy_from(parts.permute({1, 0, 2, 3}));
     c.outputs[0] = y;
   }
 
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
     int r = tp_of(c.ctx, name_).rank();
-    Tensor dy = as_rows(c.grad_outputs[0]);
+    const int64_t n = c.grad_outputs[0].numel() / (parts_ * c_ * inner_);
+    Tensor dy = c.grad_outputs[0].view({n, parts_ * c_, inner_});
     Tensor slice = dy.narrow(1, int64_t(r) * c_, c_).contiguous();
     c.grad_inputs[0].give(slice.view(c.grad_inputs[0].shape()));
   }
@@ -138,7 +145,7 @@ class TpGather final : public OpBase {
   }
 
  private:
-  int64_t parts_ = 1, c_ = 0, elems_ = 0;
+  int64_t parts_ = 1, c_ = 0, inner_ = 1, outer_ = 1, elems_ = 0;
 };
 
 const OpSchema& vpce_schema() {

@@ -5,9 +5,12 @@
 #include "kernels/vision.h"
 
 #include <array>
+#include <cmath>
 
+#include "kernels/ops.h"
 #include "stages/ops/common.h"
 #include "stages/ops/registry.h"
+#include "transport/communicator.h"
 
 namespace baton::stages::ops {
 namespace {
@@ -155,11 +158,12 @@ const OpSchema& batchnorm_schema() {
       {"x"},
       {"y"},
       {{"weight", false}, {"bias", false}, {"running_mean", true}, {"running_var", true}},
-      {"eps", "momentum"},
+      {"eps", "momentum", "spatial"},
       "batch normalisation of x [C, H, W] per channel over the micro-batch "
       "and the plane while training (the running statistics, parameters "
       "with \"trainable\": false, move by momentum); in evaluation the "
-      "running statistics normalise"};
+      "running statistics normalise; spatial (false): x is a tile of the image and the "
+      "statistics are reduced over the spatial group"};
   return s;
 }
 
@@ -169,6 +173,7 @@ class BatchNorm2d final : public OpBase {
     expect_image(spec, 0);
     eps_ = spec.attrs.get_double("eps", 1e-5, 1e-12, 1.0);
     momentum_ = spec.attrs.get_double("momentum", 0.1, 0.0, 1.0);
+    spatial_ = spec.attrs.get_bool("spatial", false);
     c_ = spec.inputs[0].shape[0];
     for (size_t k = 0; k < 4; ++k) expect_param_shape(spec, schema_, k, {c_});
     running_ = spec.params[2].has_value();
@@ -200,6 +205,10 @@ class BatchNorm2d final : public OpBase {
       rm = c.params[2];
       rv = c.params[3];
     }
+    if (spatial_) {
+      forward_tiled(c, y, mean, rstd, rm, rv);
+      return;
+    }
     kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, momentum_, y,
                                      mean, rstd, rm, rv);
     c.outputs[0] = y;
@@ -210,6 +219,20 @@ class BatchNorm2d final : public OpBase {
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
     auto t = c.grad_inputs[0].target();
+    if (spatial_) {
+      // The whole image's sums of dy and dy * xhat, then the gradient of this tile.
+      transport::Communicator& g = spatial_group(c.ctx);
+      Tensor sums = Tensor::empty({2, c_}, dtype_, c.ctx.device);
+      Tensor sdyx = sums.select(0, 0), sdy = sums.select(0, 1);
+      kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
+                                         sdyx, sdy, false);
+      g.all_reduce(sums, transport::ReduceOp::sum)->wait();
+      const double count = double(g.size()) * double(c.ctx.batch()) * double(elems_ / c_);
+      kernels::batchnorm_backward_input_sums(c.grad_outputs[0], c.inputs[0], c.params[0],
+                                             c.saved[0], c.saved[1], sdy, sdyx, count, t.tensor,
+                                             t.accumulate);
+      return;
+    }
     kernels::batchnorm_backward_input(c.grad_outputs[0], c.inputs[0], c.params[0], c.saved[0],
                                       c.saved[1], t.tensor, t.accumulate);
   }
@@ -248,9 +271,66 @@ class BatchNorm2d final : public OpBase {
   }
 
  private:
+  transport::Communicator& spatial_group(const OpContext& ctx) const {
+    if (ctx.spatial == nullptr)
+      throw RuntimeError("node '" + name_ +
+                         "' normalises a spatial tile but the stage has no spatial communicator");
+    return *ctx.spatial;
+  }
+
+  // The statistics of the whole image from its tiles: each tile's mean and variance
+  // (the kernel's), combined over the group as Chan et al.'s parallel variance (the sum
+  // of the tiles' squared deviations plus each tile's count times its mean's squared
+  // distance to the global mean: no cancellation), then the eval kernel normalises with
+  // them. Every tile has the same element count.
+  void forward_tiled(ForwardCall& c, Tensor& y, Tensor& mean, Tensor& rstd, Tensor& rm,
+                     Tensor& rv) const {
+    transport::Communicator& g = spatial_group(c.ctx);
+    const double m = double(c.ctx.batch()) * double(elems_ / c_);
+    const double total = m * double(g.size());
+    Tensor none1, none2;
+    kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 0.0, y, mean,
+                                     rstd, none1, none2);
+    const std::vector<double> mu_l = mean.to(DType::f64).to_vector<double>();
+    const std::vector<double> rs_l = rstd.to(DType::f64).to_vector<double>();
+    const size_t nc = static_cast<size_t>(c_);
+    std::vector<double> mu(nc), var(nc);
+    for (size_t k = 0; k < size_t(c_); ++k) mu[k] = mu_l[k] / double(g.size());
+    Tensor sum = Tensor::from_vector(mu, {c_});
+    g.all_reduce(sum, transport::ReduceOp::sum)->wait();
+    mu = sum.to_vector<double>();
+    for (size_t k = 0; k < size_t(c_); ++k) {
+      const double v_l = 1.0 / (rs_l[k] * rs_l[k]) - eps_, d = mu_l[k] - mu[k];
+      var[k] = (v_l + d * d) / double(g.size());
+    }
+    Tensor sq = Tensor::from_vector(var, {c_});
+    g.all_reduce(sq, transport::ReduceOp::sum)->wait();
+    var = sq.to_vector<double>();
+    std::vector<double> rs(nc);
+    for (size_t k = 0; k < size_t(c_); ++k) rs[k] = 1.0 / std::sqrt(var[k] + eps_);
+    mean.copy_from(Tensor::from_vector(mu, {c_}).to(dtype_));
+    rstd.copy_from(Tensor::from_vector(rs, {c_}).to(dtype_));
+    Tensor var_t = Tensor::from_vector(var, {c_}).to(dtype_);
+    kernels::batchnorm_forward_eval(c.inputs[0], c.params[0], c.params[1], mean, var_t, eps_, y);
+    if (rm.defined()) {
+      // torch's update with the unbiased variance of the whole image batch.
+      std::vector<double> a = rm.to(DType::f64).to_vector<double>();
+      std::vector<double> b = rv.to(DType::f64).to_vector<double>();
+      for (size_t k = 0; k < size_t(c_); ++k) {
+        a[k] = (1 - momentum_) * a[k] + momentum_ * mu[k];
+        b[k] = (1 - momentum_) * b[k] + momentum_ * var[k] * total / (total - 1);
+      }
+      rm.copy_from(Tensor::from_vector(a, {c_}).to(dtype_));
+      rv.copy_from(Tensor::from_vector(b, {c_}).to(dtype_));
+    }
+    c.outputs[0] = y;
+    c.saved.push_back(mean);
+    c.saved.push_back(rstd);
+  }
+
   double eps_ = 1e-5, momentum_ = 0.1;
   int64_t c_ = 0, elems_ = 0;
-  bool running_ = false;
+  bool running_ = false, spatial_ = false;
 };
 
 // ---- pooling ----

@@ -60,6 +60,11 @@ namespace {
 int num_layers_of(const json& model) {
   if (model.at("type") == "gpt2") return model.at("n_layer").get<int>() + 2;
   if (model.at("type") == "llama") return model.at("num_hidden_layers").get<int>() + 2;
+  if (model.at("type") == "resnet") {  // stem, one layer per block, head
+    int blocks = 0;
+    for (const auto& d : model.at("depths")) blocks += d.get<int>();
+    return blocks + 2;
+  }
   return int(model.at("hidden").size()) + 2;  // embedding, hidden layers, head
 }
 

@@ -447,7 +447,7 @@ TEST(Plan, SplitOverridesAndRecompute) {
   j["splits"] = {{"h.0.ln_1", "column"}};
   EXPECT_EQ(error_of(j),
             "plan.json: $.splits.h.0.ln_1: node 'h.0.ln_1' (op layernorm) cannot be split; only "
-            "linear, embedding, "
+            "linear, conv2d, embedding, "
             "attention and cross_entropy nodes take a split");
   j["splits"] = {{"h.0.attn.attn", "column"}};
   EXPECT_EQ(error_of(j),

@@ -34,6 +34,12 @@ TensorMap make_inputs(const Graph& g, const RunSpec& spec, int mb) {
   for (int v : g.inputs) {
     const stages::Value& val = g.values[size_t(v)];
     memory::Shape shape = val.type.with_batch(spec.samples);
+    if (memory::is_floating(val.type.dtype)) {  // images: uniform in [-1, 1)
+      std::vector<double> xs(size_t(memory::shape_numel(shape)));
+      for (auto& x : xs) x = double(rng() >> 11) * 0x1.0p-52 - 1.0;
+      in[val.name] = Tensor::from_vector(xs, shape).to(val.type.dtype);
+      continue;
+    }
     std::vector<int32_t> ids(size_t(memory::shape_numel(shape)));
     for (auto& x : ids) x = int32_t(rng() % uint64_t(vocab));
     in[val.name] = Tensor::from_vector(ids, shape);
@@ -108,9 +114,13 @@ RunOutput run_logical(std::shared_ptr<const Graph> g, const RunSpec& spec) {
   o.recompute_layers = spec.recompute_layers;
   Stage st(g, 0, g->num_layers(), o);
   RunOutput out;
-  for (int id : st.param_ids()) out.params[g->params[size_t(id)].name] = to_f64(st.param(id));
+  for (int id : st.param_ids())
+    out.params[g->params[size_t(id)].name] = to_f64(st.param(id)).clone();
   out.losses = train(st, *g, *g, spec);
-  for (int id : st.param_ids()) out.grads[g->params[size_t(id)].name] = to_f64(st.grad(id));
+  for (int id : st.param_ids()) {
+    out.grads[g->params[size_t(id)].name] = to_f64(st.grad(id));
+    out.final_params[g->params[size_t(id)].name] = to_f64(st.param(id)).clone();
+  }
   return out;
 }
 
@@ -140,9 +150,11 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp,
         std::lock_guard<std::mutex> lock(mu);
         for (int id : st.param_ids()) {
           const stages::Param& p = pg->params[size_t(id)];
-          for (int which = 0; which < 2; ++which) {
-            auto& dst = which == 0 ? out.params : out.grads;
-            const Tensor& local = which == 0 ? params.at(p.name) : st.grad(id);
+          for (int which = 0; which < 3; ++which) {
+            auto& dst = which == 0 ? out.params : which == 1 ? out.grads : out.final_params;
+            const Tensor& local = which == 0   ? params.at(p.name)
+                                  : which == 1 ? st.grad(id)
+                                               : st.param(id);
             if (!p.is_shard() && dst.count(p.name)) {
               out.replica_mismatch =
                   std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
@@ -162,6 +174,78 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp,
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
   for (int r = 1; r < tp; ++r)
+    for (size_t i = 0; i < losses[0].size(); ++i)
+      out.replica_mismatch =
+          std::max(out.replica_mismatch, std::abs(losses[size_t(r)][i] - losses[0][i]));
+  out.losses = losses[0];
+  return out;
+}
+
+RunOutput run_spatial(std::shared_ptr<const Graph> g, int degree, const RunSpec& spec) {
+  kernels::set_num_threads(1);
+  SpatialSplit split = plan_spatial(*g, degree, "test");
+  std::vector<transport::CommPtr> world = transport::make_local_world(degree);
+  RunOutput out;
+  std::mutex mu;
+  std::exception_ptr error;
+  std::vector<std::vector<double>> losses{size_t(degree)};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < degree; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = build_spatial(*g, split, r);
+        StageOptions o;
+        o.seed = spec.seed;
+        o.recompute_layers = spec.recompute_layers;
+        o.spatial = world[size_t(r)].get();
+        Stage st(pg, 0, pg->num_layers(), o);
+        std::map<std::string, Tensor> params;
+        for (int id : st.param_ids()) params[pg->params[size_t(id)].name] = st.param(id).clone();
+        st.zero_grad();
+        for (int mb = 0; mb < spec.micro_batches; ++mb) {
+          TensorMap in = make_inputs(*g, spec, mb);
+          for (int v : g->inputs) {
+            if (!split.tiled[size_t(v)]) continue;
+            const std::string& name = g->values[size_t(v)].name;
+            const int64_t h = in.at(name).size(2) / degree;
+            in[name] = in.at(name).narrow(2, int64_t(r) * h, h).contiguous();
+          }
+          TensorMap res = st.forward(micro_batch(spec, mb, *g), in);
+          losses[size_t(r)].push_back(res.at(pg->values[size_t(pg->loss)].name)
+                                          .to(memory::DType::f64)
+                                          .to_vector<double>()[0]);
+          st.backward(mb);
+        }
+        st.finish_grads();
+        std::lock_guard<std::mutex> lock(mu);
+        for (int id : st.param_ids()) {
+          const stages::Param& p = pg->params[size_t(id)];
+          const bool partial = split.partial_grad[size_t(id)];
+          for (int which = 0; which < 3; ++which) {
+            auto& dst = which == 0 ? out.params : which == 1 ? out.grads : out.final_params;
+            Tensor local = to_f64(which == 0   ? params.at(p.name)
+                                  : which == 1 ? st.grad(id)
+                                               : st.param(id));
+            if (!dst.count(p.name)) {
+              dst[p.name] = local.clone();
+            } else if (which == 1 && partial) {
+              Tensor& acc = dst.at(p.name);
+              kernels::add_inplace(acc, local);
+            } else {
+              out.replica_mismatch =
+                  std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
+            }
+          }
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+  for (int r = 1; r < degree; ++r)
     for (size_t i = 0; i < losses[0].size(); ++i)
       out.replica_mismatch =
           std::max(out.replica_mismatch, std::abs(losses[size_t(r)][i] - losses[0][i]));

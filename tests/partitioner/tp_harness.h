@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "partitioner/evaluate.h"
+#include "partitioner/spatial.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/graph.h"
 #include "stages/stage.h"
@@ -20,6 +21,9 @@ struct RunOutput {
   std::vector<double> losses;                    // per micro-batch
   std::map<std::string, memory::Tensor> params;  // logical name -> whole parameter (f64)
   std::map<std::string, memory::Tensor> grads;   // logical name -> whole gradient (f64)
+  // After the micro-batches (no optimizer step: the buffers a forward updates, such as
+  // batch norm's running statistics, differ from `params`).
+  std::map<std::string, memory::Tensor> final_params;
   double replica_mismatch = 0;  // largest difference between ranks of a replicated tensor
 };
 
@@ -34,6 +38,10 @@ struct RunSpec {
 RunOutput run_logical(std::shared_ptr<const stages::Graph> g, const RunSpec& spec);
 RunOutput run_tensor_parallel(std::shared_ptr<const stages::Graph> g, int tp,
                               const SplitOverrides& overrides, const RunSpec& spec);
+// The spatial split over `degree` threads: each gets its rows of the images; the
+// gradients of parameters used on tiles are summed over the group (as the engine's
+// gradient reduction would), the others must be equal on every rank.
+RunOutput run_spatial(std::shared_ptr<const stages::Graph> g, int degree, const RunSpec& spec);
 
 // Runs a whole plan with every rank a thread of a local world: each rank builds its
 // physical graph and Stages, moves activations and gradients across pipeline boundaries

@@ -1,0 +1,47 @@
+// The spatial split of convolutional networks: a spatial group of s ranks, each holding
+// rows [r H/s, (r + 1) H/s) of every image [C, H, W] of the micro-batch (a tile), the
+// parameters replicated. `build_spatial` makes the physical graph of tile r:
+//   conv2d, maxpool2d, avgpool2d   a halo_exchange before it (its top padding's rows
+//       from the tile above, the rows below its tile that its last window reaches from the
+//       tile below; zeros, or -inf for max pooling, at the image's edges), the op itself
+//       without padding along the height; the output a tile of H_out / s rows
+//   batchnorm2d     "spatial": true (statistics reduced over the group)
+//   relu, add, dropout p = 0   pass a tile
+//   global_avgpool  the tile's mean, then spatial_mean: the image's, replicated after it
+// Everything after the image is pooled runs replicated. Parameters used on tiles get
+// partial gradients (summed over the group, as data-parallel replicas' are); the others
+// get complete, equal ones. Refused, naming the node and the sizes: a height or a tile
+// not divisible by the strides below it, a halo taller than a tile, an op that needs a
+// whole image (anything else reading a tile), average pooling with
+// count_include_pad = false and padding along the height.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stages/graph.h"
+
+namespace baton::partitioner {
+
+struct SpatialHalo {
+  int64_t top = 0, bottom = 0;  // rows from the tile above / below
+};
+
+struct SpatialSplit {
+  int degree = 1;
+  std::vector<bool> tiled;         // per logical value: held as tiles
+  std::vector<SpatialHalo> halos;  // per logical node (conv2d and pooling)
+  std::vector<bool> partial_grad;  // per logical parameter: used on tiles
+};
+
+// Decides the tiling for `degree` ranks; InputError naming `where` and the node when the
+// graph cannot be tiled so.
+SpatialSplit plan_spatial(const stages::Graph& g, int degree, const std::string& where);
+
+// The physical graph of tile `index` (same layers, node and value names; halo nodes
+// "<value>.halo" in the consumer's layer).
+std::shared_ptr<stages::Graph> build_spatial(const stages::Graph& logical, const SpatialSplit& s,
+                                             int index);
+
+}  // namespace baton::partitioner

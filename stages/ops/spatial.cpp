@@ -1,0 +1,220 @@
+// Ops of the spatial split (partitioner/spatial.h): a rank of a spatial group holds rows
+// [r h, (r + 1) h) of every image [C, H, W] of its micro-batch (h = H / s). They talk
+// through OpContext::spatial, the group's communicator, in tile order:
+//   halo_exchange  [C, h, W] -> [C, top + h + bottom, W]: the `top` rows above the tile
+//                  from the rank before, the `bottom` rows below it from the rank after;
+//                  at the image's edges rows of `fill` (0: a convolution's or average
+//                  pooling's zero padding; "-inf": max pooling's). Backward: the halo rows'
+//                  gradients go back to the ranks that own them and are added there.
+//   spatial_mean   [C] -> [C]: the mean over the group (the tiles' global_avgpool means
+//                  give the image's); backward dy / s, the value replicated afterwards.
+#include <functional>
+#include <limits>
+
+#include "kernels/ops.h"
+#include "stages/ops/common.h"
+#include "stages/ops/registry.h"
+#include "transport/communicator.h"
+
+namespace baton::stages::ops {
+namespace {
+
+transport::Communicator& spatial_of(const OpContext& ctx, const std::string& node) {
+  if (ctx.spatial == nullptr)
+    throw RuntimeError("node '" + node +
+                       "' is a spatial-split op but the stage has no spatial communicator");
+  return *ctx.spatial;
+}
+
+// Tags of one node's messages for one micro-batch, within the 27 bits every transport
+// takes: 20 of the node name's hash, 5 of the micro-batch, 2 of the direction (messages
+// of one tag between two ranks arrive in order, so the wrap-around is harmless).
+uint64_t halo_tag(const std::string& node, const MicroBatch& mb, int what) {
+  const uint64_t h = std::hash<std::string>{}(node) & ((uint64_t(1) << 20) - 1);
+  return (h << 7) | (uint64_t(mb.index & 0x1f) << 2) | uint64_t(what);
+}
+
+const OpSchema& halo_schema() {
+  static const OpSchema s{"halo_exchange",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {"top", "bottom", "fill"},
+                          "a spatial tile [C, h, W] extended by `top` rows from the rank above "
+                          "and `bottom` rows from the rank below (fill: 0 or \"-inf\" at the "
+                          "image's edges); backward returns the halo gradients to their owners"};
+  return s;
+}
+
+class HaloExchange final : public OpBase {
+ public:
+  explicit HaloExchange(const OpSpec& spec) : OpBase(halo_schema(), spec) {
+    expect_float_input(spec, 0, 3);
+    const Shape& x = spec.inputs[0].shape;
+    if (x.size() != 3)
+      input_json(spec, 0).fail("an image tile [C, h, W] per sample", type_str(spec.inputs[0]));
+    h_ = x[1];
+    top_ = spec.attrs.get_int("top", 0, 0, h_);
+    bottom_ = spec.attrs.get_int("bottom", 0, 0, h_);
+    if (auto f = spec.attrs.get("fill")) {
+      if (f->is_string()) {
+        if (f->as_string() != "-inf") f->fail("0 or \"-inf\"", json_brief(f->raw()));
+        fill_ = -std::numeric_limits<double>::infinity();
+      } else {
+        fill_ = f->as_double(-1e300, 1e300);
+      }
+    }
+    Shape y = x;
+    y[1] = h_ + top_ + bottom_;
+    out_.push_back({y, dtype_, true});
+    row_elems_ = x[0] * x[2];
+  }
+
+  void forward(ForwardCall& c) const override {
+    transport::Communicator& g = spatial_of(c.ctx, name_);
+    const int r = g.rank(), s = g.size();
+    const Tensor& x = c.inputs[0];
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    y.narrow(2, top_, h_).copy_from(x);
+    std::vector<transport::WorkPtr> work;
+    Tensor up, down, from_above, from_below;
+    // My first `bottom` rows are the bottom halo of the rank above; my last `top` rows the
+    // top halo of the rank below.
+    if (r > 0 && bottom_ > 0) {
+      up = x.narrow(2, 0, bottom_).contiguous();
+      work.push_back(g.isend(up, r - 1, halo_tag(name_, c.ctx.mb, 0)));
+    }
+    if (r + 1 < s && top_ > 0) {
+      down = x.narrow(2, h_ - top_, top_).contiguous();
+      work.push_back(g.isend(down, r + 1, halo_tag(name_, c.ctx.mb, 1)));
+    }
+    Shape top_shape = x.shape(), bottom_shape = x.shape();
+    top_shape[2] = top_;
+    bottom_shape[2] = bottom_;
+    if (top_ > 0) {
+      from_above = c.alloc(top_shape, dtype_);
+      if (r > 0)
+        work.push_back(g.irecv(from_above, r - 1, halo_tag(name_, c.ctx.mb, 1)));
+      else
+        from_above.fill_(fill_);
+    }
+    if (bottom_ > 0) {
+      from_below = c.alloc(bottom_shape, dtype_);
+      if (r + 1 < s)
+        work.push_back(g.irecv(from_below, r + 1, halo_tag(name_, c.ctx.mb, 0)));
+      else
+        from_below.fill_(fill_);
+    }
+    for (auto& w : work) w->wait();
+    if (top_ > 0) y.narrow(2, 0, top_).copy_from(from_above);
+    if (bottom_ > 0) y.narrow(2, top_ + h_, bottom_).copy_from(from_below);
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    transport::Communicator& g = spatial_of(c.ctx, name_);
+    const int r = g.rank(), s = g.size();
+    const Tensor& dy = c.grad_outputs[0];
+    Tensor dx = dy.narrow(2, top_, h_).contiguous();
+    std::vector<transport::WorkPtr> work;
+    Tensor to_above, to_below, back_from_above, back_from_below;
+    if (r > 0 && top_ > 0) {  // my top halo came from the rank above
+      to_above = dy.narrow(2, 0, top_).contiguous();
+      work.push_back(g.isend(to_above, r - 1, halo_tag(name_, c.ctx.mb, 2)));
+    }
+    if (r + 1 < s && bottom_ > 0) {
+      to_below = dy.narrow(2, top_ + h_, bottom_).contiguous();
+      work.push_back(g.isend(to_below, r + 1, halo_tag(name_, c.ctx.mb, 3)));
+    }
+    Shape top_shape = dx.shape(), bottom_shape = dx.shape();
+    top_shape[2] = top_;
+    bottom_shape[2] = bottom_;
+    if (r + 1 < s && top_ > 0) {  // my last rows were the top halo of the rank below
+      back_from_below = Tensor::empty(top_shape, dtype_, c.ctx.device);
+      work.push_back(g.irecv(back_from_below, r + 1, halo_tag(name_, c.ctx.mb, 2)));
+    }
+    if (r > 0 && bottom_ > 0) {
+      back_from_above = Tensor::empty(bottom_shape, dtype_, c.ctx.device);
+      work.push_back(g.irecv(back_from_above, r - 1, halo_tag(name_, c.ctx.mb, 3)));
+    }
+    for (auto& w : work) w->wait();
+    if (back_from_below.defined()) {
+      Tensor part = dx.narrow(2, h_ - top_, top_).contiguous();
+      kernels::add_inplace(part, back_from_below);
+      dx.narrow(2, h_ - top_, top_).copy_from(part);
+    }
+    if (back_from_above.defined()) {
+      Tensor part = dx.narrow(2, 0, bottom_).contiguous();
+      kernels::add_inplace(part, back_from_above);
+      dx.narrow(2, 0, bottom_).copy_from(part);
+    }
+    c.grad_inputs[0].give(dx);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    OpCost k;
+    k.forward_comm_bytes = batch * (top_ + bottom_) * row_elems_ * dsize(dtype_);
+    k.backward_comm_bytes = k.forward_comm_bytes;
+    return k;
+  }
+
+ private:
+  int64_t h_ = 0, top_ = 0, bottom_ = 0, row_elems_ = 0;
+  double fill_ = 0;
+};
+
+const OpSchema& mean_schema() {
+  static const OpSchema s{"spatial_mean",
+                          {"x"},
+                          {"y"},
+                          {},
+                          {},
+                          "the mean over the spatial group (of the tiles' global_avgpool "
+                          "outputs); backward dy / group size"};
+  return s;
+}
+
+class SpatialMean final : public OpBase {
+ public:
+  explicit SpatialMean(const OpSpec& spec) : OpBase(mean_schema(), spec) {
+    expect_float_input(spec, 0, 1);
+    out_.push_back(spec.inputs[0]);
+    elems_ = numel_of(spec.inputs[0].shape);
+  }
+
+  void forward(ForwardCall& c) const override {
+    transport::Communicator& g = spatial_of(c.ctx, name_);
+    Tensor y = c.inputs[0].clone();
+    g.all_reduce(y, transport::ReduceOp::sum)->wait();
+    kernels::scale_inplace(y, 1.0 / double(g.size()));
+    c.outputs[0] = y;
+  }
+
+  void backward_input(BackwardCall& c) const override {
+    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    Tensor g = c.grad_outputs[0].clone();
+    kernels::scale_inplace(g, 1.0 / double(spatial_of(c.ctx, name_).size()));
+    c.grad_inputs[0].give(g);
+  }
+
+  OpCost cost(int64_t batch) const override {
+    OpCost k;
+    k.forward_comm_bytes = batch * elems_ * dsize(dtype_);
+    return k;
+  }
+
+ private:
+  int64_t elems_ = 0;
+};
+
+}  // namespace
+
+void add_spatial_ops(std::vector<OpType>& table) {
+  table.push_back(
+      {halo_schema(), [](const OpSpec& s) { return std::make_unique<HaloExchange>(s); }});
+  table.push_back(
+      {mean_schema(), [](const OpSpec& s) { return std::make_unique<SpatialMean>(s); }});
+}
+
+}  // namespace baton::stages::ops
