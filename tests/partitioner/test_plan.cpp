@@ -373,6 +373,11 @@ TEST(Plan, DpSync) {
   EXPECT_NE(error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
             std::string::npos)
       << error_of(j);
+  j.erase("optimizer_sharding");
+  j["optimizer_step"] = "post-validated";
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
+            "\"local-sgd\" (only with \"allreduce\")");
 }
 
 // The data-parallel traffic per step in the estimate: local-sgd with H = 8 sends an
