@@ -79,6 +79,7 @@ function(baton_test name)
   # A test's own code at -O1 in the optimised builds: what it tests is the libraries
   # (still -O3), and at -O3 the test programs were 43% of the release build's CPU.
   target_compile_options(${name} PRIVATE $<$<CONFIG:Release,RelWithDebInfo>:-O1>)
+  set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()

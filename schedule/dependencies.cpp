@@ -6,6 +6,8 @@ namespace baton::schedule {
 
 namespace {
 
+using K = ActionKind;
+
 // Kinds indexed per (stage, micro-batch) pair: F, B, W, BW and the four transfers.
 constexpr int kPairKinds = 8;
 
@@ -23,7 +25,6 @@ bool DependencyGraph::in_range(const Action& a) const {
 
 void required_actions(const Schedule& s, int rank, const Action& a, bool lowered, bool has_reduce,
                       std::vector<Action>& out) {
-  using K = ActionKind;
   const int b = a.micro_batch, st = a.stage;
   auto add = [&](K k, int mb, int stage) { out.push_back(make_action(k, mb, stage)); };
   auto crosses = [&](int other) {

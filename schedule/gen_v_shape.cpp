@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 #include "schedule/generators.h"
 
 namespace baton::schedule {
@@ -10,18 +11,6 @@ namespace baton::schedule {
 namespace {
 
 using K = ActionKind;
-
-Schedule skeleton(const std::string& name, int p, int m, std::vector<int> placement,
-                  int directions = 1) {
-  Schedule s;
-  s.name = name;
-  s.num_ranks = p;
-  s.num_micro_batches = m;
-  s.num_directions = directions;
-  s.placement = std::move(placement);
-  s.ranks.resize(size_t(p));
-  return s;
-}
 
 // ZB-V for rank r of p, M micro-batches: chunk a (stage r) on the way down, chunk c
 // (stage 2p-1-r) on the way up. Warm-up: forwards of a until the first micro-batch
@@ -132,7 +121,7 @@ void dualpipe_rank(std::vector<Action>& out, int P, int h, const Phase (&ph)[2],
 Schedule zb_v(int p, int m) {
   check_common("zb-v", p, m, 2);
   const int M = std::max(m, 2 * p - 1);  // the pattern needs 2p-1; extra ones are dropped
-  Schedule s = skeleton("zb-v", p, M, v_placement(p, 2));
+  Schedule s = detail::skeleton("zb-v", p, M, v_placement(p, 2));
   for (int r = 0; r < p; ++r) zb_v_rank(s.ranks[size_t(r)], p, r, M);
   if (M != m) truncate_micro_batches(s, m);
   return s;
@@ -143,7 +132,7 @@ Schedule dualpipe_v(int p, int m) {
   if (m < 2 * p)
     throw InputError("dualpipev: micro-batches: expected at least 2 x ranks = " +
                      std::to_string(2 * p) + ", found " + std::to_string(m));
-  Schedule s = skeleton("dualpipev", p, m, v_placement(p, 2));
+  Schedule s = detail::skeleton("dualpipev", p, m, v_placement(p, 2));
   for (int r = 0; r < p; ++r) {
     const Phase ph[2] = {{r, 0}, {2 * p - 1 - r, 0}};
     dualpipe_rank(s.ranks[size_t(r)], p, r, ph, m);
@@ -162,7 +151,7 @@ Schedule dualpipe(int p, int m) {
                      std::to_string(2 * p) + ", found " + std::to_string(m));
   // Direction 0: stages 0..p-1 on ranks 0..p-1, micro-batches [0, m/2); direction 1:
   // stages p..2p-1 on ranks p-1..0, micro-batches [m/2, m).
-  Schedule s = skeleton("dualpipe", p, m, bidirectional_placement(p), 2);
+  Schedule s = detail::skeleton("dualpipe", p, m, bidirectional_placement(p), 2);
   const int n = m / 2, half = p / 2;
   for (int r = 0; r < p; ++r) {
     const Phase down{r, 0}, up{2 * p - 1 - r, n};

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 #include "schedule/forward_only.h"
 
 namespace baton::schedule {
@@ -37,16 +38,6 @@ void check_common(const std::string& name, int p, int m, int v) {
 
 namespace {
 
-Schedule skeleton(const std::string& name, int p, int m, std::vector<int> placement) {
-  Schedule s;
-  s.name = name;
-  s.num_ranks = p;
-  s.num_micro_batches = m;
-  s.placement = std::move(placement);
-  s.ranks.resize(size_t(p));
-  return s;
-}
-
 // One rank of a schedule with one stage per rank, written as the "expansion" of its
 // steady state: step x runs F(x), then the backward of micro-batch x - lag_b, then
 // W(x - lag_w), each only when its micro-batch exists. 1F1B is lag_b = p-1-r with BW;
@@ -74,7 +65,7 @@ void truncate_micro_batches(Schedule& s, int m) {
 
 Schedule gpipe(int p, int m) {
   check_common("gpipe", p, m, 1);
-  Schedule s = skeleton("gpipe", p, m, loop_placement(p, 1));
+  Schedule s = detail::skeleton("gpipe", p, m, loop_placement(p, 1));
   for (int r = 0; r < p; ++r) {
     auto& list = s.ranks[size_t(r)];
     for (int b = 0; b < m; ++b) list.push_back(make_action(K::forward, b, r));
@@ -85,21 +76,21 @@ Schedule gpipe(int p, int m) {
 
 Schedule one_f_one_b(int p, int m) {
   check_common("1f1b", p, m, 1);
-  Schedule s = skeleton("1f1b", p, m, loop_placement(p, 1));
+  Schedule s = detail::skeleton("1f1b", p, m, loop_placement(p, 1));
   for (int r = 0; r < p; ++r) expand_rank(s.ranks[size_t(r)], m, r, p - 1 - r, 0, false);
   return s;
 }
 
 Schedule zb_h1(int p, int m) {
   check_common("zb-h1", p, m, 1);
-  Schedule s = skeleton("zb-h1", p, m, loop_placement(p, 1));
+  Schedule s = detail::skeleton("zb-h1", p, m, loop_placement(p, 1));
   for (int r = 0; r < p; ++r) expand_rank(s.ranks[size_t(r)], m, r, p - 1 - r, p - 1, true);
   return s;
 }
 
 Schedule zb_h2(int p, int m) {
   check_common("zb-h2", p, m, 1);
-  Schedule s = skeleton("zb-h2", p, m, loop_placement(p, 1));
+  Schedule s = detail::skeleton("zb-h2", p, m, loop_placement(p, 1));
   for (int r = 0; r < p; ++r)
     expand_rank(s.ranks[size_t(r)], m, r, 2 * (p - 1 - r), 2 * (p - 1), true);
   return s;
@@ -119,7 +110,7 @@ bool is_forward_only(const Schedule& s) {
 }
 
 Schedule forward_only_like(const Schedule& t) {
-  Schedule s = skeleton("forward-only", t.num_ranks, t.num_micro_batches, t.placement);
+  Schedule s = detail::skeleton("forward-only", t.num_ranks, t.num_micro_batches, t.placement);
   s.num_directions = t.num_directions;
   const int per = s.micro_batches_per_direction();
   for (int r = 0; r < s.num_ranks; ++r)
@@ -133,7 +124,7 @@ Schedule forward_only_like(const Schedule& t) {
 
 Schedule forward_only(int p, int m) {
   check_common("forward-only", p, m, 1);
-  Schedule s = skeleton("forward-only", p, m, loop_placement(p, 1));
+  Schedule s = detail::skeleton("forward-only", p, m, loop_placement(p, 1));
   for (int r = 0; r < p; ++r)
     for (int b = 0; b < m; ++b) s.ranks[size_t(r)].push_back(make_action(K::forward, b, r));
   return s;
@@ -146,7 +137,7 @@ Schedule interleaved_1f1b(int p, int m, int v) {
   check_range(name, "ranks", p, 1, kMaxRanks);
   const int m_full = (m + p - 1) / p * p;  // whole groups of p micro-batches
   check_common(name, p, m_full, v);
-  Schedule s = skeleton(name, p, m_full, loop_placement(p, v));
+  Schedule s = detail::skeleton(name, p, m_full, loop_placement(p, v));
   // Virtual step i of a rank works on micro-batch (i / (p v)) p + i % p of chunk
   // (i / p) % v; backward walks the chunks in reverse.
   const int total = m_full * v;

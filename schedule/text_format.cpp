@@ -5,17 +5,12 @@
 #include <optional>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 
 namespace baton::schedule {
 
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 
 // Splits on whitespace and commas, dropping empty pieces.
 std::vector<std::string_view> split_tokens(std::string_view s) {
@@ -43,8 +38,8 @@ int parse_int(std::string_view text, const std::string& where, const std::string
 
 // "rank 3" or "3" before a ':'; nullopt when `head` is not a rank prefix.
 std::optional<std::string_view> rank_prefix(std::string_view head) {
-  head = trim(head);
-  if (head.substr(0, 4) == "rank") head = trim(head.substr(4));
+  head = detail::trim(head);
+  if (head.substr(0, 4) == "rank") head = detail::trim(head.substr(4));
   if (head.empty() || !std::all_of(head.begin(), head.end(), [](char c) {
         return std::isdigit(static_cast<unsigned char>(c));
       }))
@@ -99,7 +94,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     size_t colon = line.find(':');
     std::string_view key =
-        colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
+        colon == std::string_view::npos ? std::string_view() : detail::trim(line.substr(0, colon));
     if (key == "name") {  // the rest of the line verbatim: names may hold '#'
       if (!s.ranks.empty()) throw InputError(where + ": header line 'name:' after the rank lines");
       std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
@@ -108,10 +103,11 @@ Schedule parse_text(std::string_view text, const std::string& source) {
       continue;
     }
     if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
-    line = trim(line);
+    line = detail::trim(line);
     if (line.empty()) continue;
     colon = line.find(':');
-    key = colon == std::string_view::npos ? std::string_view() : trim(line.substr(0, colon));
+    key =
+        colon == std::string_view::npos ? std::string_view() : detail::trim(line.substr(0, colon));
     std::string_view rest = colon == std::string_view::npos ? line : line.substr(colon + 1);
 
     if (key == "ranks" || key == "micro_batches" || key == "micro-batches" || key == "directions" ||

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 
 namespace baton::schedule {
 
@@ -13,12 +14,6 @@ namespace {
 
 using nlohmann::json;
 using K = ActionKind;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 std::string event_token(const TimelineEvent& e) {
   return to_token(Action{e.kind, e.micro_batch, e.stage, e.peer});
@@ -93,7 +88,8 @@ std::string to_chrome_trace(const Timeline& t) {
   out.reserve(t.events.size() * 120 + 1024);
   out += "{\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"baton\": \"timeline\", \"name\": " +
          json(t.name).dump() + ", \"ranks\": " + std::to_string(t.num_ranks) +
-         ", \"seconds_per_unit\": " + fmt("%.17g", t.seconds_per_unit) + "},\n\"traceEvents\": [\n";
+         ", \"seconds_per_unit\": " + detail::format_number("%.17g", t.seconds_per_unit) +
+         "},\n\"traceEvents\": [\n";
   bool first = true;
   auto sep = [&] {
     if (!first) out += ",\n";
@@ -115,8 +111,9 @@ std::string to_chrome_trace(const Timeline& t) {
     sep();
     out += "{\"name\": \"" + event_token(e) + "\", \"cat\": \"" + std::string(kind_code(e.kind)) +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
-           ", \"tid\": " + std::to_string(e.lane) + ", \"ts\": " + fmt("%.6f", e.start * us) +
-           ", \"dur\": " + fmt("%.6f", (e.end - e.start) * us) +
+           ", \"tid\": " + std::to_string(e.lane) +
+           ", \"ts\": " + detail::format_number("%.6f", e.start * us) +
+           ", \"dur\": " + detail::format_number("%.6f", (e.end - e.start) * us) +
            ", \"args\": {\"stage\": " + std::to_string(e.stage) +
            ", \"micro_batch\": " + std::to_string(e.micro_batch);
     if (e.peer >= 0) out += ", \"peer\": " + std::to_string(e.peer);
@@ -196,8 +193,8 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
   out += "<title>" + xml_escape(t.name) +
          "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out += "<text x=\"" + std::to_string(left) + "\" y=\"18\" font-size=\"13\">" +
-         xml_escape(t.name) + (t.name.empty() ? "" : ": ") + "makespan " + fmt("%.6g", end) + " " +
-         unit_name(t.seconds_per_unit) + "</text>\n";
+         xml_escape(t.name) + (t.name.empty() ? "" : ": ") + "makespan " +
+         detail::format_number("%.6g", end) + " " + unit_name(t.seconds_per_unit) + "</text>\n";
   for (int r = 0; r < t.num_ranks; ++r)
     out += "<text x=\"4\" y=\"" + std::to_string(top + r * pitch + row / 2 + font / 2 - 1) +
            "\">rank " + std::to_string(r) + "</text>\n";
@@ -209,15 +206,16 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
     const bool later_chunk = t.num_ranks > 0 && e.stage >= 0 && (e.stage / t.num_ranks) % 2 == 1;
     const std::string colour =
         later_chunk && e.lane == 0 ? lighter(kind_colour(e.kind), 0.45) : kind_colour(e.kind);
-    out += "<rect x=\"" + fmt("%.2f", x) + "\" y=\"" + std::to_string(y) + "\" width=\"" +
-           fmt("%.2f", w) + "\" height=\"" + std::to_string(h) + "\" fill=\"" + colour +
-           "\" stroke=\"white\" stroke-width=\"0.5\"><title>" + event_token(e) + " " +
-           fmt("%.6g", e.start) + "-" + fmt("%.6g", e.end) + "</title></rect>\n";
+    out += "<rect x=\"" + detail::format_number("%.2f", x) + "\" y=\"" + std::to_string(y) +
+           "\" width=\"" + detail::format_number("%.2f", w) + "\" height=\"" + std::to_string(h) +
+           "\" fill=\"" + colour + "\" stroke=\"white\" stroke-width=\"0.5\"><title>" +
+           event_token(e) + " " + detail::format_number("%.6g", e.start) + "-" +
+           detail::format_number("%.6g", e.end) + "</title></rect>\n";
     const std::string label = e.micro_batch >= 0            ? std::to_string(e.micro_batch)
                               : e.kind == K::optimizer_step ? "S"
                                                             : "";
     if (e.lane == 0 && !label.empty() && w >= 0.62 * font * double(label.size()) + 2)
-      out += "<text x=\"" + fmt("%.2f", x + w / 2) + "\" y=\"" +
+      out += "<text x=\"" + detail::format_number("%.2f", x + w / 2) + "\" y=\"" +
              std::to_string(y + row / 2 + font / 2 - 1) +
              "\" text-anchor=\"middle\" fill=\"white\">" + label + "</text>\n";
   }
@@ -231,11 +229,11 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
          "\" stroke=\"black\"/>\n";
   for (int i = 0; i * step <= end * (1 + 1e-9) && i < 1000; ++i) {
     const double x = left + i * step * scale;
-    out += "<line x1=\"" + fmt("%.2f", x) + "\" y1=\"" + std::to_string(axis_y) + "\" x2=\"" +
-           fmt("%.2f", x) + "\" y2=\"" + std::to_string(axis_y + 4) +
-           "\" stroke=\"black\"/><text x=\"" + fmt("%.2f", x) + "\" y=\"" +
-           std::to_string(axis_y + 15) + "\" text-anchor=\"middle\">" + fmt("%.6g", i * step) +
-           "</text>\n";
+    out += "<line x1=\"" + detail::format_number("%.2f", x) + "\" y1=\"" + std::to_string(axis_y) +
+           "\" x2=\"" + detail::format_number("%.2f", x) + "\" y2=\"" + std::to_string(axis_y + 4) +
+           "\" stroke=\"black\"/><text x=\"" + detail::format_number("%.2f", x) + "\" y=\"" +
+           std::to_string(axis_y + 15) + "\" text-anchor=\"middle\">" +
+           detail::format_number("%.6g", i * step) + "</text>\n";
   }
   // Legend.
   const int ly = axis_y + 34;

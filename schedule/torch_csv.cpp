@@ -10,6 +10,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 #include "schedule/validate.h"
 
@@ -76,12 +77,6 @@ std::vector<std::string> split_cells(std::string_view line, const std::string& w
   return cells;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
 std::optional<int> parse_number(std::string_view t) {
   if (t.empty() || t.size() > 9) return std::nullopt;
   int v = 0;
@@ -90,13 +85,13 @@ std::optional<int> parse_number(std::string_view t) {
   return v;
 }
 
-const char* const kCodes[] = {"F",           "I",
-                              "B",           "W",
-                              "SEND_F",      "RECV_F",
-                              "SEND_B",      "RECV_B",
-                              "UNSHARD",     "RESHARD",
-                              "REDUCE_GRAD", "WAIT_SEND_F",
-                              "WAIT_SEND_B", "WAIT_REDUCE_GRAD"};
+const char* const kTorchCodes[] = {"F",           "I",
+                                   "B",           "W",
+                                   "SEND_F",      "RECV_F",
+                                   "SEND_B",      "RECV_B",
+                                   "UNSHARD",     "RESHARD",
+                                   "REDUCE_GRAD", "WAIT_SEND_F",
+                                   "WAIT_SEND_B", "WAIT_REDUCE_GRAD"};
 
 // "<stage><type><micro-batch>", as PyTorch's _Action.from_str reads it.
 Raw parse_simple(std::string_view t, const std::string& where) {
@@ -114,7 +109,7 @@ Raw parse_simple(std::string_view t, const std::string& where) {
   if (!stage) return fail("it does not start with a stage number");
   r.stage = *stage;
   r.code = std::string(t.substr(i, j - i));
-  if (std::find(std::begin(kCodes), std::end(kCodes), r.code) == std::end(kCodes))
+  if (std::find(std::begin(kTorchCodes), std::end(kTorchCodes), r.code) == std::end(kTorchCodes))
     return fail("unknown type '" + r.code + "'");
   std::string_view mb = t.substr(j);
   if (!mb.empty()) {
@@ -197,7 +192,7 @@ TorchCsv parse_torch_csv(std::string_view text, const std::string& source, Torch
     const auto cells = split_cells(line, where);
     for (size_t c = 0; c < cells.size(); ++c) {
       const std::string at = where + ", cell " + str(long(c) + 1);
-      std::string_view t = trim(cells[c]);
+      std::string_view t = detail::trim(cells[c]);
       if (t.empty()) {
         row.kept.push_back({int(c), cells[c]});
         continue;
@@ -214,8 +209,8 @@ TorchCsv parse_torch_csv(std::string_view text, const std::string& source, Torch
         if (semi == std::string_view::npos || inner.find(';', semi + 1) != std::string_view::npos)
           throw InputError(at + ": composite '" + std::string(t) +
                            "': expected two actions, (<forward>;<backward>)");
-        Raw f = parse_simple(trim(inner.substr(0, semi)), at);
-        Raw b = parse_simple(trim(inner.substr(semi + 1)), at);
+        Raw f = parse_simple(detail::trim(inner.substr(0, semi)), at);
+        Raw b = parse_simple(detail::trim(inner.substr(semi + 1)), at);
         if (f.code != "F" || (b.code != "B" && b.code != "I"))
           throw InputError(at + ": composite '" + std::string(t) +
                            "': expected a forward then a backward (F;B) or (F;I)");

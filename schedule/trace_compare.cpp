@@ -6,6 +6,8 @@
 #include <map>
 #include <tuple>
 
+#include "schedule/detail/util.h"
+
 namespace baton::schedule {
 
 namespace {
@@ -18,12 +20,6 @@ bool compared(ActionKind k) {
 
 Key key_of(const TimelineEvent& e, int rank) {
   return {int(e.kind), e.micro_batch, e.kind == ActionKind::optimizer_step ? -1 - rank : e.stage};
-}
-
-std::string fmt(const char* f, double a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, a);
-  return buf;
 }
 
 }  // namespace
@@ -122,11 +118,12 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
 
 std::string format_comparison(const TraceComparison& c, bool actions) {
   std::string out;
-  auto ms = [](double s) { return fmt("%.3f", s * 1e3); };
+  auto ms = [](double s) { return detail::format_number("%.3f", s * 1e3); };
   const double diff = c.measured_makespan - c.predicted_makespan;
   out += "makespan: measured " + ms(c.measured_makespan) + " ms, predicted " +
          ms(c.predicted_makespan) + " ms, difference " + ms(diff) + " ms (" +
-         fmt("%+.1f", c.predicted_makespan > 0 ? 100 * diff / c.predicted_makespan : 0.0) +
+         detail::format_number("%+.1f",
+                               c.predicted_makespan > 0 ? 100 * diff / c.predicted_makespan : 0.0) +
          "% of the prediction)\n";
   out += "matched compute actions: mean |start difference| " + ms(c.mean_abs_start_diff) +
          " ms, mean |duration difference| " + ms(c.mean_abs_duration_diff) + " ms";

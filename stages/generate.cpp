@@ -13,7 +13,9 @@ namespace baton::stages {
 
 using nlohmann::json;
 
-namespace {
+// Named, not anonymous: Generator::Impl (declared in the header) holds a Spec, and in a
+// unity build GCC reports an anonymous-namespace member of an exported class.
+namespace generate_detail {
 
 // The model's hyper-parameters as the generator needs them.
 struct Spec {
@@ -78,7 +80,10 @@ Spec spec_of(const Graph& g) {
   throw InputError(g.source + ": generation needs a gpt2 or llama model");
 }
 
-}  // namespace
+}  // namespace generate_detail
+
+using generate_detail::Spec;
+using generate_detail::spec_of;
 
 struct Generator::Impl {
   const Stage& st;

@@ -26,7 +26,7 @@ using transport::Communicator;
 using transport::ReduceOp;
 using Clock = std::chrono::steady_clock;
 
-struct Options {
+struct CommBenchOptions {
   std::vector<std::string> ops;
   size_t min_bytes = 8;
   size_t max_bytes = size_t(64) << 20;
@@ -153,7 +153,7 @@ class Bench {
   Tensor x_, y_;  // the prepared views
 };
 
-void bench_rank(Communicator& c, const Options& o, const std::string& settings) {
+void bench_rank(Communicator& c, const CommBenchOptions& o, const std::string& settings) {
   const int n = c.size();
   size_t max_elems = o.max_bytes / sizeof(float) * size_t(n) + 16;
   Bench b(c, max_elems);
@@ -225,7 +225,7 @@ int run_comm(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, "baton bench comm [options]", opts, vm)) return 0;
   apply_common_options(vm);
-  Options o;
+  CommBenchOptions o;
   o.ops = split_comma_list(vm["op"].as<std::string>());
   for (auto& op : o.ops)
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
@@ -267,7 +267,7 @@ int run_comm(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterBenchmark reg{
+const RegisterBenchmark register_comm{
     {"comm", "communication: all-reduce, all-gather, reduce-scatter, broadcast, send/recv",
      run_comm}};
 

@@ -275,7 +275,7 @@ int run_data(const std::vector<std::string>& args) {
                    "'\n" + usage);
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_data{
     {"data", "inspect, prepare (tokenize) and train tokenizers for datasets", run_data}};
 
 }  // namespace

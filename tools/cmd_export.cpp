@@ -68,7 +68,7 @@ int run_export(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_export{
     {"export", "write a checkpoint as a Hugging Face model directory", run_export}};
 
 }  // namespace

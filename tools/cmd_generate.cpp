@@ -167,7 +167,7 @@ int run_generate(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_generate{
     {"generate", "sample a continuation from a checkpoint or a Hugging Face model", run_generate}};
 
 }  // namespace

@@ -70,7 +70,7 @@ int run_launch(const std::vector<std::string>& args) {
   return transport::launch(o);
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_launch{
     {"launch", "start N local ranks of a command, with the rendezvous", run_launch}};
 
 }  // namespace

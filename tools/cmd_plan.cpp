@@ -180,7 +180,7 @@ int run_plan(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg(
+const RegisterCommand register_plan(
     {"plan", "search for a partition plan (or --check one): degrees, cut, schedule, memory",
      run_plan});
 

@@ -68,7 +68,7 @@ int run_profile(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg(
+const RegisterCommand register_profile(
     {"profile", "time each op of a model on this machine; write the cost file baton plan uses",
      run_profile});
 

@@ -28,7 +28,7 @@ namespace {
 
 namespace sc = baton::schedule;
 
-struct Options {
+struct SimulateOptions {
   std::vector<std::string> names;
   std::string file, costs_file, svg, trace, output, memory_limit, dialect = "detect";
   std::string objective = "makespan";
@@ -102,7 +102,7 @@ void print_summary(const sc::SimResult& r, bool have_bytes) {
       r.peak_micro_batches, bytes_or_dash(r.peak_bytes, have_bytes).c_str());
 }
 
-sc::Schedule make_schedule(const std::string& name, const Options& o) {
+sc::Schedule make_schedule(const std::string& name, const SimulateOptions& o) {
   if (o.ranks <= 0 || o.micro_batches <= 0)
     throw InputError("--schedule needs --stages (pipeline ranks) and --micro-batches, both >= 1");
   return sc::generate(name, o.ranks, o.micro_batches, o.chunks);
@@ -134,7 +134,7 @@ void print_comparison(std::vector<Row>& rows, bool have_bytes, const Limit& limi
   }
 }
 
-void write_outputs(const Options& o, const sc::Simulator& sim, const sc::CostSpec& spec) {
+void write_outputs(const SimulateOptions& o, const sc::Simulator& sim, const sc::CostSpec& spec) {
   if (!o.output.empty()) {
     sc::save_schedule(sim.schedule(), o.output);
     std::printf("wrote %s\n", o.output.c_str());
@@ -176,7 +176,7 @@ void timing(const sc::Schedule& s, const sc::Costs& c, int repeat) {
 
 int run_simulate(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  Options o;
+  SimulateOptions o;
   std::string names;
   opts.add_options()(
       "schedule,s", po::value(&names),
@@ -348,7 +348,7 @@ int run_simulate(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_simulate{
     {"simulate", "generate, validate and simulate pipeline schedules", run_simulate}};
 
 }  // namespace

@@ -107,7 +107,7 @@ int run_trace(const std::vector<std::string>& args) {
   throw InputError("baton trace: unknown sub-command '" + args[0] + "' (predict, compare or svg)");
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_trace{
     {"trace", "predict, compare and draw timelines (measured vs simulated)", run_trace}};
 
 }  // namespace

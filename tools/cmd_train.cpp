@@ -225,7 +225,7 @@ int run_train(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_train{
     {"train", "train a model from a token dataset or text (one process, or a plan's ranks)",
      run_train}};
 

@@ -22,7 +22,7 @@ int run_version(const std::vector<std::string>& args) {
   return 0;
 }
 
-const RegisterCommand reg{
+const RegisterCommand register_version{
     {"version", "print the version, the git commit and the backends built", run_version}};
 
 }  // namespace

@@ -9,18 +9,18 @@
 namespace baton::tools {
 
 namespace {
-std::vector<Command>& registry() {
+std::vector<Command>& command_table() {
   static std::vector<Command> r;
   return r;
 }
 }  // namespace
 
 RegisterCommand::RegisterCommand(Command c) {
-  registry().push_back(std::move(c));
+  command_table().push_back(std::move(c));
 }
 
 const std::vector<Command>& commands() {
-  return registry();
+  return command_table();
 }
 
 bool parse_args(const std::vector<std::string>& args, const std::string& usage,

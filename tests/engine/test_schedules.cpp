@@ -45,13 +45,13 @@ PlanSpec spec(const std::string& schedule, int pp, int m, bool gpt) {
 }
 
 TEST(Schedules, VFamilyMatchesOneProcess) {
-  struct Case {
+  struct VCase {
     const char* name;
     int pp, m;
     bool gpt;
   };
-  for (const Case& c : {Case{"v-half", 2, 4, true}, Case{"v-half", 4, 8, false},
-                        Case{"v-min", 4, 8, false}, Case{"v-zb", 4, 8, false}}) {
+  for (const VCase& c : {VCase{"v-half", 2, 4, true}, VCase{"v-half", 4, 8, false},
+                        VCase{"v-min", 4, 8, false}, VCase{"v-zb", 4, 8, false}}) {
     PlanSpec p = spec(c.name, c.pp, c.m, c.gpt);
     SCOPED_TRACE(p.describe());
     Workspace ws("vfamily");
@@ -66,13 +66,13 @@ TEST(Schedules, VFamilyMatchesOneProcess) {
 }
 
 TEST(Schedules, TorchDualPipeVCsvMatchesOneProcess) {
-  struct Case {
+  struct CsvCase {
     const char* file;
     int pp, m;
     bool gpt;
   };
-  for (const Case& c :
-       {Case{"dualpipev_p2_m4.csv", 2, 4, true}, Case{"dualpipev_p4_m8.csv", 4, 8, false}}) {
+  for (const CsvCase& c :
+       {CsvCase{"dualpipev_p2_m4.csv", 2, 4, true}, CsvCase{"dualpipev_p4_m8.csv", 4, 8, false}}) {
     const std::string path =
         std::string(BATON_SOURCE_DIR "/tests/fixtures/torch_schedules/") + c.file;
     const schedule::Schedule csv = schedule::load_schedule(path);

@@ -18,7 +18,7 @@ namespace {
 
 using stages::Graph;
 
-std::shared_ptr<const Graph> load(const std::string& name) {
+std::shared_ptr<const Graph> load_search_model(const std::string& name) {
   return std::make_shared<const Graph>(
       stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
 }
@@ -26,7 +26,7 @@ std::shared_ptr<const Graph> load(const std::string& name) {
 // With optimizer_sharding zero1 the search's data-parallel plans carry the field, and
 // their peaks (the search's own, and the exact evaluation's) are lower than unsharded.
 TEST(Search, KnowsTheShardedOptimizer) {
-  auto g = load("gpt-config-a.json");
+  auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
   SearchOptions o;
   o.devices = 2;
@@ -57,7 +57,7 @@ TEST(Search, KnowsTheShardedOptimizer) {
 // with H = 8 (its all-reduce once every 8 steps) predicts a shorter step than allreduce,
 // and the plans found carry the field.
 TEST(Search, ComparesDpSyncModesOnASlowLink) {
-  auto g = load("gpt-config-a.json");
+  auto g = load_search_model("gpt-config-a.json");
   Machine slow;
   slow.dp_bandwidth = 1e7;  // 10 MB/s between replicas
   CostModel model(g, slow);
@@ -83,7 +83,7 @@ TEST(Search, ComparesDpSyncModesOnASlowLink) {
 }
 
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
-  auto g = load("gpt-config-a.json");
+  auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
   SearchOptions o;
   o.devices = 4;
@@ -106,7 +106,7 @@ TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
 }
 
 TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
-  auto g = load("gpt-config-a.json");
+  auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
   SearchOptions o;
   o.devices = 2;
@@ -135,7 +135,7 @@ TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
 }
 
 TEST(Search, KeepsWhatTheUserFixes) {
-  auto g = load("gpt-config-a.json");
+  auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
   SearchOptions o;
   o.devices = 8;
@@ -188,7 +188,7 @@ TEST(Search, CutBalancesEmbeddingAndHeadByTheirCost) {
 }
 
 TEST(Profile, MeasuredTimesReplaceFlops) {
-  auto g = load("tiny-gpt.json");
+  auto g = load_search_model("tiny-gpt.json");
   ProfileOptions po;
   po.batch = 2;
   po.repeats = 1;

@@ -11,22 +11,14 @@
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
+#include "tests/input_error.h"
 
 using namespace baton::schedule;
 using baton::InputError;
 
 namespace {
 
-// The message of the InputError `f` throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using baton::testing_support::input_error_of;
 
 std::vector<Schedule> sample_schedules() {
   std::vector<Schedule> out;
@@ -61,7 +53,7 @@ TEST(ScheduleToken, RoundTripsEveryKind) {
 TEST(ScheduleToken, RejectsMalformedTokensWithWhereAndExpected) {
   for (const char* bad :
        {"F1", "0X1", "0F", "0Fx", "0F-1", "0REDUCE3", "3STEP", "0f1", "0F99999999999"}) {
-    std::string msg = error_of([&] { parse_token(bad, "plan.txt:3"); });
+    std::string msg = input_error_of([&] { parse_token(bad, "plan.txt:3"); });
     EXPECT_NE(msg.find("plan.txt:3"), std::string::npos) << bad << ": " << msg;
     EXPECT_NE(msg.find("expected"), std::string::npos) << bad << ": " << msg;
   }
@@ -133,7 +125,7 @@ TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
       {"micro_batches: 0\n0: 0F0\n", "bad.txt", "micro_batches: expected at least 1"},
   };
   for (const Case& c : cases) {
-    std::string msg = error_of([&] { parse_text(c.text, "bad.txt"); });
+    std::string msg = input_error_of([&] { parse_text(c.text, "bad.txt"); });
     EXPECT_NE(msg.find(c.where), std::string::npos) << c.text << " -> " << msg;
     EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
   }
@@ -175,7 +167,7 @@ TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
        "format: expected \"baton-schedule\""},
   };
   for (const Case& c : cases) {
-    std::string msg = error_of([&] { parse_json(c.text, "s.json"); });
+    std::string msg = input_error_of([&] { parse_json(c.text, "s.json"); });
     EXPECT_EQ(msg.rfind("s.json: ", 0), 0u) << msg;
     EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << "\n-> " << msg;
   }
@@ -193,9 +185,10 @@ TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
   }
   std::ifstream json_file(dir / "s.json");
   EXPECT_EQ(json_file.get(), '{');
-  EXPECT_NE(error_of([&] { load_schedule((dir / "missing.txt").string()); }).find("cannot open"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(
+      input_error_of([&] { load_schedule((dir / "missing.txt").string()); }).find("cannot open"),
+      std::string::npos);
+  EXPECT_NE(input_error_of([&] {
               save_schedule(s, (dir / "no" / "such" / "dir.txt").string());
             }).find("cannot"),
             std::string::npos);
@@ -215,7 +208,7 @@ TEST(CostFile, ParsesScalarsArraysAndUnits) {
   EXPECT_EQ(r.message_bytes, (std::vector<double>(4, 4096.0)));  // message sizes are not divided
   EXPECT_DOUBLE_EQ(r.bandwidth, 1024.0);
   EXPECT_DOUBLE_EQ(r.latency, 0.5);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(input_error_of([&] {
               resolve(c, 2, 6, 1);
             }).find("backward_input: has 4 values but the schedule has 6"),
             std::string::npos);
@@ -244,7 +237,7 @@ TEST(CostFile, ErrorsNameJsonPath) {
        "forward: expected one value per stage"},
   };
   for (const Case& c : cases) {
-    std::string msg = error_of([&] { parse_costs(c.text, "c.json"); });
+    std::string msg = input_error_of([&] { parse_costs(c.text, "c.json"); });
     EXPECT_EQ(msg.rfind("c.json: ", 0), 0u) << msg;
     EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
   }

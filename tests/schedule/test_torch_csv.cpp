@@ -16,21 +16,14 @@
 #include "schedule/simulate.h"
 #include "schedule/torch_csv.h"
 #include "schedule/validate.h"
+#include "tests/input_error.h"
 
 using namespace baton::schedule;
 using baton::InputError;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using baton::testing_support::input_error_of;
 
 // The fixtures baton reads (PyTorch's compute-only dumps), and the ones it refuses.
 bool is_comms(const std::string& path) {
@@ -90,7 +83,7 @@ TEST(TorchCsv, FixturesBatonRefuses) {
     SCOPED_TRACE(path);
     if (is_comms(path)) {
       // The runtime's lowered form names FSDP's UNSHARD first.
-      EXPECT_NE(error_of([&] {
+      EXPECT_NE(input_error_of([&] {
                   load_torch_csv(path);
                 }).find(path + ": row 1 (rank 0), cell 1: '0UNSHARD': UNSHARD/RESHARD"),
                 std::string::npos);
@@ -99,7 +92,7 @@ TEST(TorchCsv, FixturesBatonRefuses) {
       const TorchCsv csv = load_torch_csv(path);
       EXPECT_EQ(to_torch_csv(csv.schedule, csv.dialect, &csv.kept), baton::memory::read_file(path));
       const std::string last = std::to_string(csv.schedule.num_ranks - 1);
-      const std::string err = error_of([&] { check_torch_csv(csv, path); });
+      const std::string err = input_error_of([&] { check_torch_csv(csv, path); });
       EXPECT_NE(err.find("invalid schedule (CSV row "), std::string::npos) << err;
       EXPECT_NE(err.find("rank " + last), std::string::npos) << err;
       ++one_f_one_b;
@@ -141,7 +134,7 @@ TEST(TorchCsv, MutatedFixturesAreRefusedWithThePosition) {
       ASSERT_NE(it, m.end());
       m.erase(it);
       TorchCsv csv = parse_torch_csv(join(m) + rest, "dropped.csv");
-      const std::string err = error_of([&] { check_torch_csv(csv, "dropped.csv"); });
+      const std::string err = input_error_of([&] { check_torch_csv(csv, "dropped.csv"); });
       EXPECT_NE(err.find("dropped.csv: invalid schedule (CSV row "), std::string::npos) << err;
       EXPECT_NE(err.find("rank "), std::string::npos) << err;
     }
@@ -161,7 +154,7 @@ TEST(TorchCsv, MutatedFixturesAreRefusedWithThePosition) {
       const long fi = f - m.begin(), bi = b - m.begin();
       std::iter_swap(f, b);
       TorchCsv csv = parse_torch_csv(join(m) + rest, "swapped.csv");
-      const std::string err = error_of([&] { check_torch_csv(csv, "swapped.csv"); });
+      const std::string err = input_error_of([&] { check_torch_csv(csv, "swapped.csv"); });
       EXPECT_NE(
           err.find("swapped.csv: invalid schedule (CSV row 1, cell " + std::to_string(fi + 1) +
                    "): backward before its forward: rank 0, action "),
@@ -204,7 +197,7 @@ TEST(TorchCsv, Dialects) {
   // then the W is one too many.
   TorchCsv forced = parse_torch_csv("0F0,0B0,0W0\r\n", "f.csv", TorchDialect::current);
   EXPECT_NE(validate(forced.schedule).message.find("both a full backward"), std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               parse_torch_csv("0F0,0I0,0W0\r\n", "l.csv", TorchDialect::legacy);
             }).find("l.csv: row 1 (rank 0), cell 2: 'I' (input gradient) is current"),
             std::string::npos);
@@ -218,26 +211,27 @@ TEST(TorchCsv, Dialects) {
 }
 
 TEST(TorchCsv, RefusesWhatBatonCannotSay) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               parse_torch_csv("0UNSHARD,0F0,0B0,0RESHARD\r\n", "u.csv");
             }).find("u.csv: row 1 (rank 0), cell 1: '0UNSHARD': UNSHARD/RESHARD (FSDP's"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               parse_torch_csv("0F0,0X0\r\n", "x.csv");
             }).find("x.csv: row 1 (rank 0), cell 2: bad action '0X0': unknown type 'X'"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               parse_torch_csv("0F0\r\n0B0\r\n", "two.csv");
             }).find("stage 0 is on rank 1 here but on rank 0"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               parse_torch_csv("(0F1;0W0)OVERLAP_F_B\r\n", "o.csv");
             }).find("expected a forward then a backward"),
             std::string::npos);
   Schedule s = lower(generate("1f1b", 2, 2));
-  EXPECT_NE(error_of([&] { to_torch_csv(s); }).find("STEP has no PyTorch form"), std::string::npos);
+  EXPECT_NE(input_error_of([&] { to_torch_csv(s); }).find("STEP has no PyTorch form"),
+            std::string::npos);
   Schedule d = generate("dualpipe", 2, 4);
-  EXPECT_NE(error_of([&] { to_torch_csv(d); }).find("2 directions"), std::string::npos);
+  EXPECT_NE(input_error_of([&] { to_torch_csv(d); }).find("2 directions"), std::string::npos);
 }
 
 // DualPipeV's composite on two ranks, written in baton's text form.
@@ -301,6 +295,6 @@ TEST(OverlapFB, ValidatorChecksBothHalves) {
   // Each half is checked as an action: a wrong stage in the second half.
   EXPECT_NE(err("placement: 0 1\n0: (0F0;1BW0) 0BW0\n1: 1F0\n").find("stage 1 lives on rank 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_text("0: (0F0 0BW0)\n", "p.txt"); }).find("bad composite"),
+  EXPECT_NE(input_error_of([] { parse_text("0: (0F0 0BW0)\n", "p.txt"); }).find("bad composite"),
             std::string::npos);
 }

@@ -13,7 +13,7 @@ namespace {
 using nlohmann::json;
 
 // Loads `text` as a model and returns the InputError's message ("" when it loads).
-std::string error_of(const std::string& text) {
+std::string model_error_of(const std::string& text) {
   try {
     load_model_json(parse_json_text(text, "m.json"), "m.json");
   } catch (const InputError& e) {
@@ -23,7 +23,7 @@ std::string error_of(const std::string& text) {
 }
 
 void expect_error(const std::string& text, std::initializer_list<std::string> parts) {
-  std::string msg = error_of(text);
+  std::string msg = model_error_of(text);
   ASSERT_FALSE(msg.empty()) << "loaded: " << text;
   for (const std::string& p : parts)
     EXPECT_NE(msg.find(p), std::string::npos) << msg << "\n  lacks: " << p;
@@ -126,7 +126,7 @@ TEST(ModelJson, ShorthandErrors) {
 TEST(ModelJson, GeneralGraphLoads) {
   std::string ok = graph_with(
       R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
-  ASSERT_EQ(error_of(ok), "");
+  ASSERT_EQ(model_error_of(ok), "");
   Graph g = load_model_json(parse_json_text(ok, "m.json"), "m.json");
   EXPECT_EQ(g.value("h").type.shape, (memory::Shape{3, 5}));
 }

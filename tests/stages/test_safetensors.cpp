@@ -22,7 +22,7 @@ void write_raw(const std::string& path, const std::string& header, const std::st
   f << header << data;
 }
 
-std::string error_of(const std::string& path) {
+std::string safetensors_error_of(const std::string& path) {
   try {
     SafetensorsReader r(path);
   } catch (const InputError& e) {
@@ -35,7 +35,7 @@ void expect_error(const std::string& name, const std::string& header, const std:
                   std::initializer_list<std::string> parts, int64_t length_override = -1) {
   std::string path = temp(name);
   write_raw(path, header, data, length_override);
-  std::string msg = error_of(path);
+  std::string msg = safetensors_error_of(path);
   ASSERT_FALSE(msg.empty()) << name << " was accepted";
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   for (const std::string& p : parts)
@@ -92,7 +92,7 @@ TEST(Safetensors, TruncatedFiles) {
   {
     std::string path = temp("tiny.safetensors");
     std::ofstream(path, std::ios::binary) << "abc";
-    std::string msg = error_of(path);
+    std::string msg = safetensors_error_of(path);
     EXPECT_NE(msg.find("truncated safetensors file: 3 bytes"), std::string::npos) << msg;
   }
   expect_error("len.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "",
@@ -100,7 +100,7 @@ TEST(Safetensors, TruncatedFiles) {
   expect_error("data.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
                std::string(8, '\0'),
                {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
-  EXPECT_NE(error_of("/nonexistent.safetensors").find("cannot open"), std::string::npos);
+  EXPECT_NE(safetensors_error_of("/nonexistent.safetensors").find("cannot open"), std::string::npos);
 }
 
 TEST(Safetensors, LyingHeaders) {
