@@ -51,7 +51,7 @@ TEST(Schedules, VFamilyMatchesOneProcess) {
     bool gpt;
   };
   for (const VCase& c : {VCase{"v-half", 2, 4, true}, VCase{"v-half", 4, 8, false},
-                        VCase{"v-min", 4, 8, false}, VCase{"v-zb", 4, 8, false}}) {
+                         VCase{"v-min", 4, 8, false}, VCase{"v-zb", 4, 8, false}}) {
     PlanSpec p = spec(c.name, c.pp, c.m, c.gpt);
     SCOPED_TRACE(p.describe());
     Workspace ws("vfamily");

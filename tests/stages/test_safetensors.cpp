@@ -100,7 +100,8 @@ TEST(Safetensors, TruncatedFiles) {
   expect_error("data.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
                std::string(8, '\0'),
                {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
-  EXPECT_NE(safetensors_error_of("/nonexistent.safetensors").find("cannot open"), std::string::npos);
+  EXPECT_NE(safetensors_error_of("/nonexistent.safetensors").find("cannot open"),
+            std::string::npos);
 }
 
 TEST(Safetensors, LyingHeaders) {
