@@ -98,6 +98,10 @@ make_link() {
     fi
     ip -n "$(ns_a "$id")" link del "$(dev_a "$id")"
   fi
+  if [[ ! -c /dev/net/tun ]]; then
+    echo "two-hosts.sh: the kernel has no netem and there is no /dev/net/tun: cannot shape a link" >&2
+    return 3
+  fi
   echo tun >"$state_root/$id.link"
   : >"$state_root/$id.active"
   setsid chrt -f 10 /usr/bin/python3 "$repo/scripts/link-emulator.py" "$(dev_a "$id")" "$(dev_b "$id")" \
@@ -140,7 +144,13 @@ up() {
     exit 3
   done
   [[ -n "$id" ]] || die "no free id (namespaces baton1a to baton250a all exist: ip netns list)"
-  if ! ip netns add "$(ns_b "$id")" || ! make_link "$id" ||
+  local code=0
+  ip netns add "$(ns_b "$id")" && make_link "$id" || code=$?
+  if [[ $code == 3 ]]; then
+    down "$id"
+    exit 3
+  fi
+  if [[ $code != 0 ]] ||
     ! ip -n "$(ns_a "$id")" link set lo up || ! ip -n "$(ns_b "$id")" link set lo up ||
     ! ip -n "$(ns_a "$id")" link set "$(dev_a "$id")" up ||
     ! ip -n "$(ns_b "$id")" link set "$(dev_b "$id")" up ||
