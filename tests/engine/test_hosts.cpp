@@ -27,11 +27,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string script() {
+std::string two_hosts_script() {
   return source_dir() + "/scripts/two-hosts.sh";
 }
 
-size_t count(const std::string& text, const std::string& what) {
+size_t hosts_count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
@@ -42,7 +42,7 @@ class TwoHosts : public ::testing::Test {
  protected:
   void SetUp() override {
     ws_ = std::make_unique<Workspace>("hosts");
-    const int code = run(script() + " up", ws_->path("up.out"));
+    const int code = run(two_hosts_script() + " up", ws_->path("up.out"));
     const std::string out = slurp(ws_->path("up.out"));
     if (code == 3) GTEST_SKIP() << out;  // not root, or no network namespaces here
     ASSERT_EQ(code, 0) << out;
@@ -56,7 +56,7 @@ class TwoHosts : public ::testing::Test {
   }
 
   std::string hosts(const std::string& what) const {
-    return "BATON=" + baton() + " " + script() + " " + what + " --id " + id_;
+    return "BATON=" + baton() + " " + two_hosts_script() + " " + what + " --id " + id_;
   }
   void shape(const std::string& args) {
     ASSERT_EQ(run(hosts("shape") + " " + args, ws_->path("shape.out")), 0)
@@ -83,8 +83,8 @@ class TwoHosts : public ::testing::Test {
     std::vector<std::string> a = {"/usr/bin/env", "BATON=" + baton()};
     a.insert(a.end(), env.begin(), env.end());
     if (two_hosts) {
-      for (const std::string& s : {script(), std::string("launch"), std::string("--id"), id_,
-                                   std::string("-n"), std::to_string(n)})
+      for (const std::string& s : {two_hosts_script(), std::string("launch"), std::string("--id"),
+                                   id_, std::string("-n"), std::to_string(n)})
         a.push_back(s);
     } else {
       for (const std::string& s :
@@ -116,7 +116,8 @@ class TwoHosts : public ::testing::Test {
   std::string id_, plan_;
 };
 
-void expect_same_losses(const std::string& got_path, const std::string& want_path, int64_t steps) {
+void expect_hosts_losses_equal(const std::string& got_path, const std::string& want_path,
+                               int64_t steps) {
   std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
   ASSERT_EQ(int64_t(want.size()), steps);
   ASSERT_EQ(got.size(), want.size());
@@ -128,7 +129,7 @@ void expect_same_losses(const std::string& got_path, const std::string& want_pat
 }
 
 // The step times rank 0 logged ("... | 12.3 ms/step | ..."), the first step left out.
-std::vector<double> step_ms(const std::string& out) {
+std::vector<double> hosts_step_ms(const std::string& out) {
   std::vector<double> ms;
   std::regex re(R"(\[rank 0\] .*step +\d+/\d+ .*\| ([0-9.]+) ms/step)");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
@@ -138,7 +139,7 @@ std::vector<double> step_ms(const std::string& out) {
   return ms;
 }
 
-double median(std::vector<double> v) {
+double hosts_median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -158,19 +159,19 @@ TEST_F(TwoHosts, DelayAndLossSlowTrainingButLeaveTheLossesBitForBit) {
                    ws_->path("shaped.out")),
             0)
       << slurp(ws_->path("shaped.out"));
-  const std::vector<double> plain = step_ms(slurp(ws_->path("plain.out")));
-  const std::vector<double> shaped = step_ms(slurp(ws_->path("shaped.out")));
+  const std::vector<double> plain = hosts_step_ms(slurp(ws_->path("plain.out")));
+  const std::vector<double> shaped = hosts_step_ms(slurp(ws_->path("shaped.out")));
   ASSERT_EQ(int64_t(plain.size()), steps - 1) << slurp(ws_->path("plain.out"));
   ASSERT_EQ(int64_t(shaped.size()), steps - 1) << slurp(ws_->path("shaped.out"));
   std::printf("median step: %.1f ms unshaped, %.1f ms with 20 ms delay and 2%% loss\n",
-              median(plain), median(shaped));
+              hosts_median(plain), hosts_median(shaped));
   // A step's gradient all-reduce needs at least one crossing each way: 40 ms more.
-  EXPECT_GT(median(shaped), median(plain) + 30.0);
-  expect_same_losses(ws_->path("shaped.jsonl"), ws_->path("plain.jsonl"), steps);
+  EXPECT_GT(hosts_median(shaped), hosts_median(plain) + 30.0);
+  expect_hosts_losses_equal(ws_->path("shaped.jsonl"), ws_->path("plain.jsonl"), steps);
 }
 
 // Waits until the loss log has `lines` lines (false after 60 s).
-bool wait_for_steps(const std::string& log, size_t lines) {
+bool hosts_wait_for_steps(const std::string& log, size_t lines) {
   auto deadline = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < deadline) {
     if (read_loss_log(log).size() >= lines) return true;
@@ -193,7 +194,7 @@ void TwoHosts::cut_mid_step(const std::string& how, bool pipeline) {
                                {"BATON_PEER_TIMEOUT=2"}),
                     out);
   const size_t after = std::uniform_int_distribution<size_t>(2, 5)(rng);
-  ASSERT_TRUE(wait_for_steps(log, after)) << slurp(out);
+  ASSERT_TRUE(hosts_wait_for_steps(log, after)) << slurp(out);
   std::this_thread::sleep_for(
       std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
   const auto t0 = Clock::now();
@@ -207,7 +208,7 @@ void TwoHosts::cut_mid_step(const std::string& how, bool pipeline) {
   EXPECT_LT(seconds, 10.0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_NE(WEXITSTATUS(status), 0);
-  EXPECT_EQ(count(text, "stopped rank(s)"), 0u) << "the launcher had to stop ranks";
+  EXPECT_EQ(hosts_count(text, "stopped rank(s)"), 0u) << "the launcher had to stop ranks";
   for (int r = 0; r < n; ++r) {
     const std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
     const size_t at = text.find(prefix);
@@ -256,11 +257,11 @@ TEST_F(TwoHosts, AJobWhoseLinkComesBackResumesByItselfWithMaxRestarts) {
                  train(ws_->path("ckpt")), true, {"BATON_PEER_TIMEOUT=2"}),
       out);
   const size_t after = std::uniform_int_distribution<size_t>(4, 10)(rng);
-  ASSERT_TRUE(wait_for_steps(log, after)) << slurp(out);
+  ASSERT_TRUE(hosts_wait_for_steps(log, after)) << slurp(out);
   ASSERT_EQ(run(hosts("cut --how down"), ws_->path("cut.out")), 0) << slurp(ws_->path("cut.out"));
   std::printf("link down after step %zu\n", read_loss_log(log).size());
   auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (Clock::now() < deadline && count(slurp(out), "baton launch: restart 1 of 3") == 0)
+  while (Clock::now() < deadline && hosts_count(slurp(out), "baton launch: restart 1 of 3") == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Back at once, before the 0.5 s backoff ends. (Back 1 s later, the restarted ranks
   // meet a dead link and wait for it: host b's rank retries the rendezvous, TCP its
@@ -271,10 +272,10 @@ TEST_F(TwoHosts, AJobWhoseLinkComesBackResumesByItselfWithMaxRestarts) {
   const std::string text = slurp(out);
   std::printf("%s", text.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
-  EXPECT_EQ(count(text, "baton launch: restart 1 of 3"), 1u) << text;
-  EXPECT_GE(count(text, "resumed from"), 1u) << text;
-  EXPECT_EQ(count(text, "giving up"), 0u) << text;
-  expect_same_losses(log, ws_->path("full.jsonl"), steps);
+  EXPECT_EQ(hosts_count(text, "baton launch: restart 1 of 3"), 1u) << text;
+  EXPECT_GE(hosts_count(text, "resumed from"), 1u) << text;
+  EXPECT_EQ(hosts_count(text, "giving up"), 0u) << text;
+  expect_hosts_losses_equal(log, ws_->path("full.jsonl"), steps);
 }
 
 }  // namespace
