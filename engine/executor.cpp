@@ -49,10 +49,11 @@ using Key = std::pair<int, int>;  // (stage, micro-batch)
 // Fault injection for the hang tests (tests/engine/test_processes.cpp; docs/engine.md,
 // "Failures"): BATON_TEST_STOP="<rank>:<point>:<step>" makes the process whose BATON_RANK
 // is <rank> stop itself (SIGSTOP: alive but silent) once, in step <step> (from 0), at
-// <point>: "reduce" just after its first gradient reduction of the step is posted (the
-// others wait inside that collective), "optimizer" inside the optimizer step (the loss
-// and norm reduced, no parameter updated yet). Unset (always, outside those tests):
-// nothing happens.
+// <point>: "forward" just before its first forward of the step (its tensor-parallel
+// peers wait inside the first TP collective of their forward), "reduce" just after its
+// first gradient reduction of the step is posted (the others wait inside that
+// collective), "optimizer" inside the optimizer step (the loss and norm reduced, no
+// parameter updated yet). Unset (always, outside those tests): nothing happens.
 void stop_here_if_asked(const char* point, int64_t step) {
   struct Stop {
     int rank = -1;
@@ -473,6 +474,7 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     const Action& a = actions_[i];
     const double ta = now();
     if (is_compute(a.kind)) {
+      if (a.kind == K::forward) stop_here_if_asked("forward", step);
       compute(a, i, step);
       record(a, 0, ta, now());
     } else if (is_recv(a.kind)) {

@@ -331,22 +331,25 @@ char proc_state(pid_t pid) {
 }
 
 // PP2 x DP2 GPT (4 ranks, pipeline sends, the gradient reductions, the step's
-// all-reduce) with a 2 s peer timeout. Rank `victim` is stopped: by this test after a few
+// all-reduce; or the tensor-parallel degrees `tp` per pipeline rank) with a 2 s peer
+// timeout. Rank `victim` is stopped: by this test after a few
 // steps (`stop_at` empty: at a random moment inside a step) or by itself at the point
 // BATON_TEST_STOP names (engine/executor.cpp). The liveness pings must find it: every
 // other rank exits within the timeout (plus the time to unwind and exit on a loaded
 // machine) with an error naming it.
-void stopped_rank(int victim, const std::string& stop_at) {
+void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = {1, 1}) {
   const uint64_t seed = std::random_device{}();
   std::printf("stopped-rank test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   Workspace ws("stop");
   PlanSpec p;
   p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
+  p.tp = tp;
   p.dp = 2;
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  int n = 0;
+  for (int t : tp) n += 2 * t;
   const double timeout = 2.0;
   std::vector<std::string> argv = {"/usr/bin/env",
                                    "BATON_PEER_TIMEOUT=2",
@@ -354,7 +357,7 @@ void stopped_rank(int victim, const std::string& stop_at) {
                                    baton(),
                                    "launch",
                                    "-n",
-                                   "4",
+                                   std::to_string(n),
                                    "--grace",
                                    "1",
                                    "--",
@@ -374,11 +377,11 @@ void stopped_rank(int victim, const std::string& stop_at) {
                                    ws.path("loss.jsonl")};
   pid_t pid = spawn(argv, ws.path("job.out"));
   std::vector<pid_t> ranks;
-  for (int i = 0; i < 20000 && ranks.size() < 4; ++i) {
+  for (int i = 0; i < 20000 && int(ranks.size()) < n; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ranks = children_of(pid);
   }
-  ASSERT_EQ(ranks.size(), 4u) << slurp(ws.path("job.out"));
+  ASSERT_EQ(int(ranks.size()), n) << slurp(ws.path("job.out"));
   pid_t victim_pid = -1;
   std::vector<pid_t> others;
   for (int i = 0; i < 2000 && victim_pid < 0; ++i) {  // BATON_RANK is set before exec
@@ -437,7 +440,7 @@ void stopped_rank(int victim, const std::string& stop_at) {
   EXPECT_NE(out.find("baton launch: the job failed: rank " + std::to_string(victim) +
                      " was stopped by signal 19 (SIGSTOP)"),
             std::string::npos);
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
     size_t at = out.find(prefix);
@@ -459,6 +462,13 @@ TEST(Processes, RankStoppedInsideTheGradientReductionIsNamedByEveryOther) {
 // Stopped inside the optimizer step (after the step's all-reduce, before the update).
 TEST(Processes, RankStoppedInsideTheOptimizerStepIsNamedByEveryOther) {
   stopped_rank(3, "3:optimizer:2");
+}
+
+// TP2 x DP2: rank 0 stops just before its first forward of step 2, so its tensor-parallel
+// peer (rank 1) waits inside the first TP all-reduce of that forward, and the other
+// replica inside the gradient reduction.
+TEST(Processes, RankStoppedInsideATensorParallelCollectiveIsNamedByEveryOther) {
+  stopped_rank(0, "0:forward:2", {2});
 }
 
 }  // namespace
