@@ -8,6 +8,7 @@
 // trained model computes).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -78,15 +79,21 @@ TEST_P(LlamaPlans, MatchesOneProcess) {
   }
 }
 
-// kv 2: split at TP 2; kv 1: replicated (multi-query).
+// A few plans of the whole grid (test_llama_grid.cpp, labelled slow): pure PP under 1F1B
+// and ZB-V (bit for bit), PP x TP, TP x DP, PP x TP x DP. kv 2: split at TP 2; kv 1:
+// replicated (multi-query).
 INSTANTIATE_TEST_SUITE_P(Plans, LlamaPlans,
-                         ::testing::Values(Case{2, 1, 1, "1f1b", 2}, Case{2, 2, 1, "1f1b", 2},
-                                           Case{1, 2, 2, "gpipe", 1}, Case{2, 2, 2, "1f1b", 1}),
+                         ::testing::Values(Case{2, 1, 1, "1f1b", 2}, Case{2, 1, 1, "zb-v", 2},
+                                           Case{2, 2, 1, "1f1b", 2}, Case{1, 2, 2, "gpipe", 1},
+                                           Case{2, 2, 2, "1f1b", 1}),
                          [](const auto& param_info) {
                            const Case& c = param_info.param;
-                           return "pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) +
-                                  "_dp" + std::to_string(c.dp) + "_" + c.schedule + "_kv" +
-                                  std::to_string(c.kv);
+                           std::string n = "pp" + std::to_string(c.pp) + "_tp" +
+                                           std::to_string(c.tp) + "_dp" + std::to_string(c.dp) +
+                                           "_" + c.schedule + "_kv" + std::to_string(c.kv);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
                          });
 
 // A checkpoint written under PP2 x TP2 (key/value heads split) resumes under TP2 x DP2
