@@ -18,6 +18,7 @@
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
+#include "stages/hf.h"
 #include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/safetensors.h"
@@ -231,6 +232,18 @@ int64_t agree_on_checkpoint(Communicator& world, const std::string& root) {
   return world.size() > 1 ? broadcast_int(world, step) : step;
 }
 
+// --init-from: this rank's stages from the Hugging Face directory, one reader for all of
+// them (each file opened once, only the blocks of its parameters read).
+void init_from_hf(RankEngine& e, const std::string& dir, bool lead) {
+  stages::HfCheckpoint ckpt(dir);
+  for (const auto& [s, st] : e.stages()) stages::load_hf_weights(ckpt, *st);
+  std::string files;
+  for (const std::string& f : ckpt.opened()) files += (files.empty() ? "" : ", ") + f;
+  spdlog::debug("rank {}: initialised from {}: {} bytes of {}", e.rank(), dir, ckpt.bytes_read(),
+                files);
+  if (lead) spdlog::info("initialised from {} (each rank its own blocks)", dir);
+}
+
 // ---- timelines ----
 
 void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>& events,
@@ -376,13 +389,17 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   else
     eo.inputs = inputs_of(data.train, o.seed);
   if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
+  // The plan's model must be the one --init-from's weights were made for (every rank
+  // checks the same files, so all fail together, before any collective).
+  const nlohmann::json model_json = model_json_of(r.plan);
+  if (!o.init_from.empty()) stages::check_hf_model_matches(model_json, model_source, o.init_from);
   RankEngine engine(rp, world, eo);
 
-  // ---- resume
-  const nlohmann::json model_json = model_json_of(r.plan);
+  // ---- resume, or start from --init-from's weights (a checkpoint found replaces them)
+  const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
+  if (!o.init_from.empty() && found < 0) init_from_hf(engine, o.init_from, lead);
   int64_t start = 0;
   if (o.resume) {
-    int64_t found = agree_on_checkpoint(*world, o.checkpoint_dir);
     std::optional<std::string> dir;
     if (found >= 0) {
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);

@@ -26,6 +26,10 @@ struct PlanTrainOptions : LoopOptions {
   size_t bucket_bytes = size_t(4) << 20;
   int recv_ahead = 2;
   bool profile = false;
+  // A Hugging Face directory (config.json + safetensors) to start from: every rank reads
+  // its own stages' parameters from it (its layers, its tensor-parallel blocks: only the
+  // files and bytes that hold them); a resumed run's checkpoint replaces them.
+  std::string init_from;
   // The communicator of device tensors (the NCCL world of a "device": "cuda" plan;
   // RankEngineOptions::device_world); null: the world carries everything.
   transport::CommPtr device_world;

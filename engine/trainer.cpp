@@ -11,6 +11,7 @@
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/evaluation.h"
+#include "stages/hf.h"
 #include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/model.h"
@@ -35,11 +36,13 @@ TrainSummary run_training(const TrainOptions& o,
   if (!o.model_path.empty()) {
     model_json = stages::read_json_file(o.model_path);
   } else if (!o.init_from.empty()) {
-    model_json = stages::read_hf_config(o.init_from);
+    model_json = stages::read_hf_model_config(o.init_from);
     model_source = o.init_from + "/config.json";
   } else {
     throw InputError("--model is required (or --init-from a Hugging Face directory)");
   }
+  if (!o.init_from.empty() && !o.model_path.empty())
+    stages::check_hf_model_matches(model_json, model_source, o.init_from);
   stages::LoadOptions lo;
   // Mixed precision: the model's floating values (activations, working weights) in the
   // precision's 16-bit type, the masters and optimizer state in f32 (StageOptions).
@@ -83,7 +86,7 @@ TrainSummary run_training(const TrainOptions& o,
   so.recompute_layers = o.recompute_layers;
   stages::Stage stage(graph, 0, graph->num_layers(), so);
   stage.set_optimizer(o.optimizer);
-  if (!o.init_from.empty()) stages::load_hf_gpt2(o.init_from, stage);
+  if (!o.init_from.empty()) stages::load_hf_weights(o.init_from, stage);
 
   std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
   int64_t start = 0;

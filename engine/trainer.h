@@ -22,7 +22,7 @@ struct TrainOptions : LoopOptions {
   std::string model_path;     // model JSON (or empty with init_from: its config.json)
   int64_t batch = 8;          // samples per step (global batch)
   int64_t micro_batches = 1;  // K; batch must be a multiple of K
-  std::string init_from;      // Hugging Face GPT-2 directory to load weights from
+  std::string init_from;      // Hugging Face directory (GPT-2, the LLaMA family) to start from
   std::set<int> recompute_layers;
   memory::DType float_dtype = memory::DType::f32;
 };

@@ -6,7 +6,10 @@
 
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "stages/checkpoint.h"
+#include "stages/hf.h"
 #include "stages/json_reader.h"
+#include "stages/model.h"
 #include "stages/shorthands.h"
 
 namespace baton::stages {
@@ -304,6 +307,37 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
     logits = gen.feed({t});
   }
   return out;
+}
+
+GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
+                                      const std::string& model_path) {
+  if (checkpoint.empty() == hf_dir.empty())
+    throw InputError("give exactly one of --checkpoint and --init-from");
+  json model_json;
+  std::string source, step_dir;
+  Manifest manifest;
+  if (!checkpoint.empty()) {
+    step_dir = resolve_checkpoint(checkpoint);
+    manifest = read_manifest(step_dir);
+    model_json = manifest.model;
+    source = step_dir + "/manifest.json: $.model";
+  } else {
+    model_json = read_hf_model_config(hf_dir);
+    source = hf_dir + "/config.json";
+  }
+  if (!model_path.empty()) {
+    model_json = read_json_file(model_path);
+    source = model_path;
+  }
+  GenerationModel m;
+  m.graph = std::make_shared<Graph>(load_model_json(model_json, source));
+  m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers());
+  if (!step_dir.empty())
+    load_stage(step_dir, manifest, *m.stage, false);
+  else
+    load_hf_weights(hf_dir, *m.stage);
+  m.vocab_size = spec_of(*m.graph).V;
+  return m;
 }
 
 }  // namespace baton::stages

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "stages/stage.h"
@@ -35,6 +36,18 @@ class Generator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The whole model to generate from: a baton checkpoint (`checkpoint`: a --checkpoint-dir,
+// whose newest complete checkpoint is taken, or one step directory; written under any
+// plan) or a Hugging Face directory (`hf_dir`), exactly one of them; `model_path`, when
+// given, replaces the model JSON they name. InputError for bad input.
+struct GenerationModel {
+  std::shared_ptr<Graph> graph;
+  std::unique_ptr<Stage> stage;  // every layer, unsplit
+  int64_t vocab_size = 0;
+};
+GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
+                                      const std::string& model_path = "");
 
 // The next token from logits under the sampling options (rng state advanced).
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng);

@@ -7,6 +7,7 @@
 
 #include "memory/file_io.h"
 #include "stages/json_reader.h"
+#include "stages/model.h"
 #include "stages/shorthands.h"
 
 namespace baton::stages {
@@ -75,6 +76,50 @@ std::vector<std::string> HfCheckpoint::names() const {
   std::vector<std::string> v;
   for (const auto& [name, f] : where_) v.push_back(name);
   return v;
+}
+
+uint64_t HfCheckpoint::bytes_read() const {
+  uint64_t n = 0;
+  for (const auto& [name, f] : files_)
+    if (f) n += f->bytes_read();
+  return n;
+}
+
+json hf_math_fields(const json& model, const std::string& source) {
+  if (!model.is_object()) return nullptr;
+  JsonReader r(model, source);
+  json sh;
+  if (model.contains("model_type"))
+    sh = hf_config_to_shorthand(r);
+  else if (model.contains("type") && (model["type"] == "gpt2" || model["type"] == "llama"))
+    sh = model;
+  else
+    return nullptr;
+  JsonReader rs(sh, source);
+  json j = sh["type"] == "gpt2" ? parse_gpt2_shorthand(rs).to_json()
+                                : parse_llama_shorthand(rs).to_json();
+  for (const char* k : {"name", "context", "initializer_range", "embd_pdrop", "resid_pdrop",
+                        "attn_pdrop", "attention_dropout", "max_position_embeddings"})
+    j.erase(k);
+  return j;
+}
+
+void check_hf_model_matches(const json& model, const std::string& source, const std::string& dir) {
+  const json mine = hf_math_fields(model, source);
+  if (mine.is_null()) return;
+  const std::string path = dir + "/config.json";
+  const json theirs = hf_math_fields(read_hf_model_config(dir), path);
+  for (const auto& [key, v] : theirs.items()) {
+    const json have = mine.contains(key) ? mine[key] : json(nullptr);
+    if (have != v)
+      throw InputError(source + ": " + key + " is " + have.dump() + ", but " + path + " has " +
+                       v.dump() + " (the weights of --init-from were made for it)");
+  }
+  for (const auto& [key, v] : mine.items())
+    if (!theirs.contains(key))
+      throw InputError(source + ": " + key + " is " + v.dump() + ", but " + path +
+                       " has no such field (a " + theirs.value("type", std::string("?")) +
+                       " model)");
 }
 
 namespace {
@@ -274,6 +319,31 @@ void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& o
     tensors.push_back({p.name, stage.param(id)});
   }
   write_hf(dir, g, tensors, opt);
+}
+
+std::string resolve_checkpoint(const std::string& dir) {
+  if (!fs::exists(dir)) throw InputError(dir + ": no such checkpoint directory");
+  if (fs::exists(dir + "/manifest.json")) return dir;
+  if (auto latest = latest_checkpoint(dir)) return *latest;
+  throw InputError(dir +
+                   ": no complete checkpoint (no manifest.json in it or in a step-* "
+                   "directory under it)");
+}
+
+WholeModel load_whole_checkpoint(const std::string& step_dir) {
+  WholeModel w;
+  w.manifest = read_manifest(step_dir);
+  w.graph = std::make_shared<Graph>(
+      load_model_json(w.manifest.model, step_dir + "/manifest.json: $.model"));
+  w.stage = std::make_unique<Stage>(w.graph, 0, w.graph->num_layers());
+  load_stage(step_dir, w.manifest, *w.stage, false);
+  return w;
+}
+
+int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt) {
+  WholeModel w = load_whole_checkpoint(step_dir);
+  save_hf(out, *w.stage, opt);
+  return w.manifest.step;
 }
 
 uint64_t parse_byte_size(const std::string& text, const std::string& where) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "stages/checkpoint.h"
 #include "stages/safetensors.h"
 #include "stages/stage.h"
 
@@ -38,12 +39,26 @@ class HfCheckpoint {
   std::vector<std::string> opened() const;
   // The tensor names of the whole checkpoint.
   std::vector<std::string> names() const;
+  // Bytes read from the opened files so far (their headers and the blocks loaded).
+  uint64_t bytes_read() const;
 
  private:
   std::string dir_, index_path_;
   std::map<std::string, std::string> where_;  // tensor -> file (relative)
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
 };
+
+// The fields of a model JSON (a gpt2 or llama shorthand, or a Hugging Face config) that
+// change what its weights compute, in the shorthand form (the sequence length, dropout
+// and initialisation left out: a run may change them); null for other models.
+nlohmann::json hf_math_fields(const nlohmann::json& model, const std::string& source);
+
+// InputError when the model (from `source`) and the Hugging Face directory's config.json
+// disagree in a field that changes what the weights compute, naming the field and both
+// values; nothing for models other than gpt2 and llama (their names and shapes are
+// checked when loading).
+void check_hf_model_matches(const nlohmann::json& model, const std::string& source,
+                            const std::string& dir);
 
 // The stored name of a baton parameter: GPT-2's live under "transformer." in
 // GPT2LMHeadModel (both are accepted when loading), the LLaMA family's as they are.
@@ -73,6 +88,24 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
 
 // A whole model's stage (every layer, unsplit) written as a Hugging Face directory.
 void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& opt = {});
+
+// The checkpoint a user names (--checkpoint DIR of export and generate): DIR itself when
+// it holds a manifest, else the newest complete checkpoint under it (a --checkpoint-dir);
+// InputError when neither.
+std::string resolve_checkpoint(const std::string& dir);
+
+// The whole model of a checkpoint written under any plan (or by one process) as one
+// unsplit Stage: each parameter's blocks read from whichever rank's files hold them.
+struct WholeModel {
+  Manifest manifest;
+  std::shared_ptr<Graph> graph;
+  std::unique_ptr<Stage> stage;
+};
+WholeModel load_whole_checkpoint(const std::string& step_dir);
+
+// `baton export --format hf`: the checkpoint at step_dir (resolve_checkpoint) written as
+// a Hugging Face directory. Returns the checkpoint's step.
+int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt);
 
 // "5GB", "200MB", "64KB", "1000" (bytes); decimal units as transformers reads them.
 uint64_t parse_byte_size(const std::string& text, const std::string& where);

@@ -176,6 +176,7 @@ void SafetensorsReader::read_bytes(uint64_t off, void* dst, size_t n) const {
     p += got;
     off += uint64_t(got);
     n -= size_t(got);
+    bytes_read_ += uint64_t(got);
   }
 }
 

@@ -50,12 +50,16 @@ class SafetensorsReader {
   // contiguous CPU tensor of that shape and of the stored dtype): what a loader that
   // reshards needs. Reads only the rows it needs.
   void read_block(const SafetensorsEntry& e, const Shape& offsets, Tensor& out) const;
+  // Bytes read from the file so far, header included: what tests of "a rank reads only
+  // its blocks" count.
+  uint64_t bytes_read() const { return bytes_read_; }
 
  private:
   void read_bytes(uint64_t file_offset, void* dst, size_t n) const;
   std::string path_;
   int fd_ = -1;
   uint64_t file_size_ = 0, data_start_ = 0;
+  mutable uint64_t bytes_read_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;

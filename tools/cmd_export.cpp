@@ -2,28 +2,12 @@
 // directory: config.json and safetensors, sharded with an index above --max-shard-size.
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
-
 #include "memory/error.h"
-#include "stages/checkpoint.h"
 #include "stages/hf.h"
-#include "stages/model.h"
 #include "tools/command.h"
 
 namespace baton::tools {
 namespace {
-
-namespace fs = std::filesystem;
-
-// DIR itself when it holds a manifest, else the newest complete checkpoint under it.
-std::string resolve_checkpoint(const std::string& dir) {
-  if (!fs::exists(dir)) throw InputError(dir + ": no such checkpoint directory");
-  if (fs::exists(dir + "/manifest.json")) return dir;
-  if (auto latest = stages::latest_checkpoint(dir)) return *latest;
-  throw InputError(dir +
-                   ": no complete checkpoint (no manifest.json in it or in a step-* "
-                   "directory under it)");
-}
 
 int run_export(const std::vector<std::string>& args) {
   po::options_description opts("options");
@@ -54,16 +38,9 @@ int run_export(const std::vector<std::string>& args) {
   if (!max_shard.empty())
     wo.max_shard_bytes = stages::parse_byte_size(max_shard, "--max-shard-size");
 
-  const std::string step_dir = resolve_checkpoint(checkpoint);
-  stages::Manifest m = stages::read_manifest(step_dir);
-  auto g = std::make_shared<stages::Graph>(
-      stages::load_model_json(m.model, step_dir + "/manifest.json: $.model"));
-  // The whole model on one process: load_stage reads each parameter's blocks from
-  // whichever rank's files hold them.
-  stages::Stage stage(g, 0, g->num_layers());
-  stages::load_stage(step_dir, m, stage, false);
-  stages::save_hf(out, stage, wo);
-  spdlog::info("exported {} (step {}) to {} ({}{})", step_dir, m.step, out, dtype,
+  const std::string step_dir = stages::resolve_checkpoint(checkpoint);
+  const int64_t step = stages::export_hf(step_dir, out, wo);
+  spdlog::info("exported {} (step {}) to {} ({}{})", step_dir, step, out, dtype,
                wo.max_shard_bytes > 0 ? ", sharded at " + max_shard : "");
   return 0;
 }

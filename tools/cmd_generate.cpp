@@ -8,25 +8,17 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <sstream>
 
 #ifdef BATON_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>
 #endif
 
 #include "memory/error.h"
-#include "stages/checkpoint.h"
 #include "stages/generate.h"
-#include "stages/hf.h"
-#include "stages/json_reader.h"
-#include "stages/model.h"
 #include "tools/command.h"
 
 namespace baton::tools {
 namespace {
-
-namespace fs = std::filesystem;
 
 int run_generate(const std::vector<std::string>& args) {
   po::options_description opts("options");
@@ -60,8 +52,6 @@ int run_generate(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
-  if (checkpoint.empty() == init_from.empty())
-    throw InputError("give exactly one of --checkpoint and --init-from");
   if (prompt.empty() == prompt_ids.empty())
     throw InputError("give exactly one of --prompt and --prompt-ids");
   if (max_new < 1) throw InputError("--max-new-tokens: expected at least 1");
@@ -69,36 +59,10 @@ int run_generate(const std::vector<std::string>& args) {
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
   if (!(top_p > 0 && top_p <= 1)) throw InputError("--top-p: expected a value in (0, 1]");
 
-  nlohmann::json model_json;
-  std::string source, step_dir;
-  stages::Manifest manifest;
-  if (!checkpoint.empty()) {
-    if (!fs::exists(checkpoint)) throw InputError(checkpoint + ": no such checkpoint directory");
-    if (fs::exists(checkpoint + "/manifest.json")) {
-      step_dir = checkpoint;
-    } else if (auto latest = stages::latest_checkpoint(checkpoint)) {
-      step_dir = *latest;
-    } else {
-      throw InputError(checkpoint + ": no complete checkpoint in it");
-    }
-    manifest = stages::read_manifest(step_dir);
-    model_json = manifest.model;
-    source = step_dir + "/manifest.json: $.model";
-  } else {
-    model_json = stages::read_hf_model_config(init_from);
-    source = init_from + "/config.json";
-  }
-  if (!model.empty()) {
-    model_json = stages::read_json_file(model);
-    source = model;
-  }
-  auto g = std::make_shared<stages::Graph>(stages::load_model_json(model_json, source));
-  stages::Stage stage(g, 0, g->num_layers());
-  if (!step_dir.empty())
-    stages::load_stage(step_dir, manifest, stage, false);
-  else
-    stages::load_hf_weights(init_from, stage);
-
+  // The model (every layer on this process, from a checkpoint of any plan or a Hugging
+  // Face directory); the KV-cache loop and the sampling are stages::generate's.
+  stages::GenerationModel m = stages::load_generation_model(checkpoint, init_from, model);
+  const stages::Stage& stage = *m.stage;
   std::vector<int32_t> ids;
 #ifdef BATON_HAVE_SENTENCEPIECE
   sentencepiece::SentencePieceProcessor sp;
@@ -115,8 +79,7 @@ int run_generate(const std::vector<std::string>& args) {
         "--tokenizer: this build of baton has no SentencePiece (libsentencepiece-dev)");
 #endif
   }
-  stages::Generator probe_vocab(stage, 1);
-  const int64_t vocab = probe_vocab.vocab_size();
+  const int64_t vocab = m.vocab_size;
   const bool bytes = !have_sp && vocab == 256;
   if (!prompt_ids.empty()) {
     for (int64_t id :

@@ -88,7 +88,8 @@ int run_train(const std::vector<std::string>& args) {
                                                    "keep only the newest N checkpoints (0: all)")(
       "resume", po::bool_switch(&o.resume), "continue from the newest complete checkpoint")(
       "init-from", po::value(&o.init_from),
-      "Hugging Face GPT-2 directory (config.json + model.safetensors) to start from")(
+      "a Hugging Face directory (config.json + safetensors: GPT-2, the LLaMA family) to start "
+      "from; with --plan, each rank reads only its own layers and blocks")(
       "device", po::value(&device)->default_value("cpu"),
       "cpu, cuda or cuda:N (a plan names its own: its \"device\" field)")(
       "precision", po::value(&precision)->default_value("f32"),
@@ -191,7 +192,7 @@ int run_train(const std::vector<std::string>& args) {
     engine::run_training(o);
     return 0;
   }
-  for (const char* flag : {"model", "init-from", "recompute"})
+  for (const char* flag : {"model", "recompute"})
     if (vm.count(flag))
       throw InputError(std::string("--") + flag +
                        " does not go with --plan (the plan names the model and its recompute)");
@@ -202,6 +203,7 @@ int run_train(const std::vector<std::string>& args) {
   static_cast<engine::LoopOptions&>(po) = o;  // the options both loops share
   po.plan_path = plan;
   po.schedule_path = schedule_file;
+  po.init_from = o.init_from;
   po.trace_path = trace;
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);

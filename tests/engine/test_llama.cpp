@@ -2,13 +2,29 @@
 // by tensor parallelism, rotary, SwiGLU, untied head) under a few plans, each rank a
 // thread over the local transport: loss and gradient norm within 1e-5 relative of the
 // one-process trainer with the same global batch, and pure pipeline parallelism with the
-// one-process accumulation order bit for bit.
+// one-process accumulation order bit for bit. Hugging Face checkpoints into a plan
+// (--init-from: each rank reads only its blocks, the losses are the one-process run's)
+// and out of one (a PP2xTP2xDP2-trained model exported and read back computes what the
+// trained model computes).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "engine_harness.h"
+#include "partitioner/evaluate.h"
+#include "partitioner/groups.h"
+#include "stages/evaluation.h"
+#include "stages/generate.h"
+#include "stages/hf.h"
+#include "stages/json_reader.h"
+#include "stages/model.h"
+#include "stages/shorthands.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -63,16 +79,258 @@ TEST_P(LlamaPlans, MatchesOneProcess) {
   }
 }
 
-// kv 2: split at TP 2; kv 1: replicated (multi-query).
+// A few plans of the whole grid (test_llama_grid.cpp, labelled slow): pure PP under 1F1B
+// and ZB-V (bit for bit), PP x TP, TP x DP, PP x TP x DP. kv 2: split at TP 2; kv 1:
+// replicated (multi-query).
 INSTANTIATE_TEST_SUITE_P(Plans, LlamaPlans,
-                         ::testing::Values(Case{2, 1, 1, "1f1b", 2}, Case{2, 2, 1, "1f1b", 2},
-                                           Case{1, 2, 2, "gpipe", 1}, Case{2, 2, 2, "1f1b", 1}),
+                         ::testing::Values(Case{2, 1, 1, "1f1b", 2}, Case{2, 1, 1, "zb-v", 2},
+                                           Case{2, 2, 1, "1f1b", 2}, Case{1, 2, 2, "gpipe", 1},
+                                           Case{2, 2, 2, "1f1b", 1}),
                          [](const auto& param_info) {
                            const Case& c = param_info.param;
-                           return "pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) +
-                                  "_dp" + std::to_string(c.dp) + "_" + c.schedule + "_kv" +
-                                  std::to_string(c.kv);
+                           std::string n = "pp" + std::to_string(c.pp) + "_tp" +
+                                           std::to_string(c.tp) + "_dp" + std::to_string(c.dp) +
+                                           "_" + c.schedule + "_kv" + std::to_string(c.kv);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
                          });
+
+// A checkpoint written under PP2 x TP2 (key/value heads split) resumes under TP2 x DP2
+// (GPipe) and under one process: the loss curve of one uninterrupted one-process run.
+TEST(LlamaCheckpoint, ResumesUnderAnotherPlan) {
+  PlanSpec before;
+  before.model = tiny_llama_json(2);
+  before.tp = {2, 2};
+  PlanSpec after = before;
+  after.tp = {2};
+  after.dp = 2;
+  after.schedule = "gpipe";
+  after.micro_batches = 2;
+  Workspace ws("llama-ckpt");
+  RunSettings s;
+  s.steps = 6;
+  const std::vector<engine::StepRecord> want = run_reference(before, ws, s);
+  RunSettings first = s;
+  first.steps = 3;
+  engine::PlanTrainOptions o = train_options(ws, first);
+  o.checkpoint_dir = ws.path("ckpt");
+  const std::vector<engine::StepRecord> a = run_threads(resolve(before, ws), o);
+  // Each resumed run writes its own last checkpoint: the one process resumes from a copy.
+  std::filesystem::copy(ws.path("ckpt"), ws.path("ckpt-one"),
+                        std::filesystem::copy_options::recursive);
+  o = train_options(ws, s);
+  o.checkpoint_dir = ws.path("ckpt");
+  o.resume = true;
+  const std::vector<engine::StepRecord> b = run_threads(resolve(after, ws), o);
+  // And one process from the same checkpoint.
+  engine::TrainOptions one;
+  static_cast<engine::LoopOptions&>(one) = loop_options(s);
+  one.model_path = ws.path("model.json");
+  one.batch = 8;
+  one.micro_batches = 4;
+  one.checkpoint_dir = ws.path("ckpt-one");
+  one.resume = true;
+  const std::vector<engine::StepRecord> c = engine::run_training(one).records;
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < 6; ++i) {
+    for (const auto* run : {&b, &c}) {
+      const engine::StepRecord& r = i < 3 ? a[i] : (*run)[i - 3];
+      EXPECT_EQ(r.step, int64_t(i + 1));
+      EXPECT_NEAR(r.loss, want[i].loss, 1e-5 * want[i].loss) << "step " << i + 1;
+      EXPECT_NEAR(r.grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i + 1;
+    }
+  }
+}
+
+std::string fixture(const std::string& name) {
+  return std::string(BATON_SOURCE_DIR) + "/tests/fixtures/" + name;
+}
+
+// A fixture's config.json as the llama shorthand, trained at context 16.
+json fixture_model(const std::string& name) {
+  const json cfg = stages::read_hf_model_config(fixture(name));
+  json sh = stages::hf_config_to_shorthand(stages::JsonReader(cfg, name + "/config.json"));
+  sh["context"] = 16;
+  return sh;
+}
+
+// The header's bytes (length and JSON) of a safetensors file, and the file's size.
+std::pair<uint64_t, uint64_t> header_and_size(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const uint64_t size = uint64_t(in.tellg());
+  in.seekg(0);
+  unsigned char b[8] = {};
+  in.read(reinterpret_cast<char*>(b), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | b[i];
+  return {8 + n, size};
+}
+
+// PP2 x TP2 over the BF16 shards of qwen2_sharded (shard 1: the embedding, layer 0 and
+// layer 1's attention; shard 2: the rest of layer 1, the final norm and the head): each
+// rank opens only the shards that the index names for its own parameters (the first
+// pipeline stage only shard 1) and reads their headers and exactly the bytes of its own
+// blocks, less than its tensors hold; the two tensor-parallel ranks of a stage together
+// read all of them.
+TEST(LlamaInitFrom, EachRankReadsOnlyItsShardsAndBlocks) {
+  const std::string dir = fixture("qwen2_sharded");
+  const json index = stages::read_json_file(dir + "/model.safetensors.index.json");
+  PlanSpec p;
+  p.model = fixture_model("qwen2_sharded");
+  p.tp = {2, 2};
+  Workspace ws("llama-init-bytes");
+  auto plan = resolve(p, ws);
+  uint64_t pair_blocks[2] = {0, 0}, stage_tensors[2] = {0, 0};
+  for (int rank = 0; rank < plan->layout.world(); ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::shared_ptr<stages::Graph> g = partitioner::physical_graph(*plan, rank);
+    const partitioner::RankView v = partitioner::rank_view(*plan, rank);
+    stages::HfCheckpoint ckpt(dir);
+    uint64_t blocks = 0, tensors = 0;
+    std::set<std::string> files;
+    for (const partitioner::RankStage& rs : v.stages) {
+      stages::Stage st(g, rs.first_layer, rs.last_layer);
+      stages::load_hf_weights(ckpt, st);
+      for (int id : st.param_ids()) {
+        const stages::Param& prm = g->params[size_t(id)];
+        blocks += uint64_t(st.param(id).numel()) * 2;  // BF16
+        tensors += uint64_t(memory::shape_numel(prm.logical_shape)) * 2;
+        files.insert(index.at("weight_map").at(prm.name).get<std::string>());
+      }
+    }
+    uint64_t headers = 0;
+    for (const std::string& f : files) headers += header_and_size(dir + "/" + f).first;
+    const int pp = v.coord.pp;
+    EXPECT_EQ(ckpt.opened(), std::vector<std::string>(files.begin(), files.end()));
+    if (pp == 0) {
+      EXPECT_EQ(files, std::set<std::string>{"model-00001-of-00002.safetensors"});
+    }
+    EXPECT_EQ(ckpt.bytes_read(), headers + blocks);
+    EXPECT_LT(blocks, tensors);
+    pair_blocks[pp] += blocks;
+    stage_tensors[pp] = tensors;
+    std::printf("rank %d (pp %d, tp %d): %zu file(s), %llu of its tensors' %llu bytes\n", rank, pp,
+                v.coord.tp, files.size(), static_cast<unsigned long long>(blocks),
+                static_cast<unsigned long long>(tensors));
+  }
+  for (int pp = 0; pp < 2; ++pp)
+    EXPECT_GE(pair_blocks[pp], stage_tensors[pp]) << "pipeline stage " << pp;
+}
+
+// A PP2 x TP2 run (key/value heads split) from llama_gqa's weights: the losses and
+// gradient norms of the one-process run from the same weights, within 1e-5 relative.
+TEST(LlamaInitFrom, PlanMatchesOneProcess) {
+  const std::string dir = fixture("llama_gqa");
+  PlanSpec p;
+  p.model = fixture_model("llama_gqa");
+  p.tp = {2, 2};
+  Workspace ws("llama-init");
+  RunSettings s;
+  s.steps = 4;
+  auto plan = resolve(p, ws);
+  engine::TrainOptions one;
+  static_cast<engine::LoopOptions&>(one) = loop_options(s);
+  one.model_path = ws.path("model.json");
+  one.batch = p.micro_batches * p.micro_batch_size;
+  one.micro_batches = p.micro_batches;
+  kernels::set_num_threads(1);
+  const std::vector<engine::StepRecord> fresh = engine::run_training(one).records;
+  one.init_from = dir;
+  const std::vector<engine::StepRecord> want = engine::run_training(one).records;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.init_from = dir;
+  const std::vector<engine::StepRecord> got = run_threads(plan, o);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
+        << "step " << i + 1;
+  }
+  // The weights were the fixture's, not a random initialisation.
+  std::printf("first step: grad norm %.6f from the fixture, %.6f from a random start\n",
+              want[0].grad_norm, fresh[0].grad_norm);
+  EXPECT_GT(std::abs(want[0].grad_norm - fresh[0].grad_norm), 1e-3 * fresh[0].grad_norm);
+}
+
+// A plan whose model is not the one the weights were made for: an InputError naming the
+// field, both values and the directory's config.json, before any rank is assembled.
+TEST(LlamaInitFrom, ModelThatDiffersFromTheConfigIsAnError) {
+  const std::string dir = fixture("llama_gqa");
+  PlanSpec p;
+  p.model = fixture_model("llama_gqa");
+  p.model["rope_theta"] = 500000.0;
+  p.tp = {2};
+  Workspace ws("llama-init-bad");
+  auto plan = resolve(p, ws);
+  RunSettings s;
+  s.steps = 1;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.init_from = dir;
+  try {
+    run_threads(plan, o);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    std::printf("%s\n", m.c_str());
+    EXPECT_NE(m.find("rope_theta is 500000"), std::string::npos) << m;
+    EXPECT_NE(m.find(dir + "/config.json has 10000"), std::string::npos) << m;
+  }
+}
+
+// A model trained under PP2 x TP2 x DP2 (every parameter split or replicated somewhere),
+// its checkpoint exported in the Hugging Face layout and read back: every tensor the
+// trained model's bit for bit, the logits at every position of a sequence equal, and the
+// held-out loss the plan measured after its last step within 1e-5 relative.
+TEST(LlamaExport, TrainedUnderPp2Tp2Dp2ReimportsWithTheSameLogits) {
+  PlanSpec p;
+  p.model = tiny_llama_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  Workspace ws("llama-export");
+  RunSettings s;
+  s.steps = 3;
+  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+  s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.checkpoint_dir = ws.path("ckpt");
+  const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_TRUE(got.back().eval_loss.has_value());
+
+  const std::string step_dir = stages::resolve_checkpoint(ws.path("ckpt"));
+  EXPECT_EQ(stages::export_hf(step_dir, ws.path("hf"), {}), 3);
+  stages::WholeModel trained = stages::load_whole_checkpoint(step_dir);
+  const json cfg = stages::read_hf_model_config(ws.path("hf"));
+  auto g =
+      std::make_shared<stages::Graph>(stages::load_model_json(cfg, ws.path("hf") + "/config.json"));
+  stages::Stage back(g, 0, g->num_layers());
+  stages::load_hf_weights(ws.path("hf"), back);
+  ASSERT_EQ(back.param_ids().size(), trained.stage->param_ids().size());
+  for (int id : back.param_ids()) {
+    const std::string& name = g->params[size_t(id)].name;
+    EXPECT_EQ(back.param(id).to_vector<float>(), trained.stage->param(name).to_vector<float>())
+        << name;
+  }
+  stages::Generator a(*trained.stage, 16), b(back, 16);
+  for (int32_t t : {76, 105, 99, 101, 110, 115, 101, 32, 116, 101, 120, 116}) {
+    const std::vector<float> la = a.feed({t}), lb = b.feed({t});
+    ASSERT_EQ(la.size(), 256u);
+    EXPECT_EQ(la, lb) << "position " << a.position();
+  }
+  stages::DataFlags flags;
+  flags.data = {data};
+  flags.eval_data = {data};
+  stages::TrainData d = stages::open_train_data(flags, *g, "export");
+  const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+  const double loss =
+      stages::evaluate_loss(back, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
+  std::printf("held-out loss: %.8f under the plan, %.8f exported and read back\n",
+              *got.back().eval_loss, loss);
+  EXPECT_NEAR(loss, *got.back().eval_loss, 1e-5 * loss);
+}
 
 }  // namespace
 }  // namespace baton::engine_testing

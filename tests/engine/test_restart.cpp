@@ -3,7 +3,8 @@
 // Each time the job stops as a whole, the launcher logs the failure (rank, signal, step)
 // and starts it again, the ranks resume from the newest complete checkpoint
 // (BATON_RESUME=1), and in the end the loss curve equals the uninterrupted run's, bit for
-// bit.
+// bit. For a GPT and for a LLaMA-family model (grouped-query attention, rotary, SwiGLU,
+// RMSNorm, untied head).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -40,18 +41,18 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-TEST(Restart, RanksKilledThreeTimesTheLossCurveIsTheUninterruptedOne) {
+// The run of `model` under PP2 (1F1B) for `steps` steps, its ranks killed three times.
+void killed_three_times(const json& model, int64_t steps) {
   const uint64_t seed = std::random_device{}();
   std::printf("restart test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   setenv("BATON_PEER_TIMEOUT", "1", 1);  // the survivors notice within ~1 s
   Workspace ws("restart");
   PlanSpec p;
-  p.model = tiny_gpt_json(2);
+  p.model = model;
   p.tp = {1, 1};
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
-  const int64_t steps = 40;
   auto argv = [&](const std::string& ckpt, const std::string& log) {
     return std::vector<std::string>{baton(),
                                     "launch",
@@ -157,6 +158,23 @@ TEST(Restart, RanksKilledThreeTimesTheLossCurveIsTheUninterruptedOne) {
     EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
     EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
   }
+}
+
+TEST(Restart, RanksKilledThreeTimesTheLossCurveIsTheUninterruptedOne) {
+  killed_three_times(tiny_gpt_json(2), 40);
+}
+
+TEST(Restart, LlamaRanksKilledThreeTimesTheLossCurveIsTheUninterruptedOne) {
+  killed_three_times({{"type", "llama"},
+                      {"name", "restart-llama"},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"vocab_size", 256},
+                      {"max_position_embeddings", 16}},
+                     30);
 }
 
 }  // namespace

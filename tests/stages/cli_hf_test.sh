@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face both ways and generation from the command line: train a LLaMA from a
-# transformers checkpoint, export it (sharded, bf16), sample from the checkpoint and from
-# the export, greedy ids equal transformers' continuation; bad input exits 2 naming the
-# file.
+# transformers checkpoint (on one process, and under a PP2 x TP2 plan with the same
+# losses), export it (sharded, bf16), sample from the checkpoint and from the export,
+# greedy ids equal transformers' continuation; bad input exits 2 naming the file.
 set -u
 baton="$1"
 root="$2"
@@ -36,6 +36,38 @@ expect 0 "$baton" generate --checkpoint "$tmp/ckpt" --prompt "baton " --max-new-
 contains "tokens/s"
 expect 0 "$baton" generate --init-from "$tmp/hf" --prompt "baton " --max-new-tokens 4
 contains "tokens/s"
+
+# The same start under a PP2 x TP2 plan (four processes): the one-process losses.
+cat > "$tmp/llama.json" <<'JSON'
+{"type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 256,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "context": 16}
+JSON
+expect 0 "$baton" plan --model "$tmp/llama.json" --devices 4 --tp 2 --pp 2 --dp 1 --batch 4 \
+  --micro-batches 2 --schedule 1f1b --out "$tmp/plan.json"
+expect 0 "$baton" train --model "$tmp/llama.json" --init-from "$fx/llama_gqa" --data "$data" \
+  --steps 2 --batch 4 --micro-batches 2 --threads 1 --loss-log "$tmp/one.jsonl"
+expect 0 "$baton" launch -n 4 -- "$baton" train --plan "$tmp/plan.json" --init-from "$fx/llama_gqa" \
+  --data "$data" --steps 2 --threads 1 --loss-log "$tmp/plan.jsonl"
+contains "initialised from $fx/llama_gqa"
+if ! /usr/bin/python3 - "$tmp/one.jsonl" "$tmp/plan.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert len(a) == len(b) == 2, (a, b)
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        assert abs(x[k] - y[k]) <= 1e-5 * abs(x[k]), (k, x, y)
+PY
+then
+  echo "FAIL: the plan's losses from --init-from differ from one process's"; fails=$((fails + 1))
+fi
+# A plan whose model is not the directory's: exit 2 naming the field and config.json.
+sed 's/"rope_theta": 10000.0/"rope_theta": 500000.0/' "$tmp/llama.json" > "$tmp/other.json"
+sed "s|llama.json\"|other.json\"|" "$tmp/plan.json" > "$tmp/other-plan.json"
+expect 2 "$baton" launch -n 4 -- "$baton" train --plan "$tmp/other-plan.json" \
+  --init-from "$fx/llama_gqa" --data "$data" --steps 1 --threads 1
+contains "rope_theta is 500000.0"
+contains "$fx/llama_gqa/config.json has 10000.0"
 
 # Bad input: exit 2 with the file named.
 expect 2 "$baton" export --checkpoint "$tmp/none" --out "$tmp/x"
