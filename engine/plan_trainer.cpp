@@ -310,6 +310,17 @@ TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainO
 
 namespace {
 
+// "2", or "2,1" when the pipeline ranks' spatial degrees differ.
+std::string spatial_degrees(const partitioner::Plan& p) {
+  std::string out;
+  bool same = true;
+  for (int s : p.spatial) same = same && s == p.spatial.front();
+  if (same) return std::to_string(p.spatial.front());
+  for (size_t i = 0; i < p.spatial.size(); ++i)
+    out += (i ? "," : "") + std::to_string(p.spatial[i]);
+  return out;
+}
+
 TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
                    transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
@@ -400,12 +411,14 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
   if (lead)
     spdlog::info(
-        "plan {}: {} ranks (dp {} x pp {} x tp {}), schedule {}, {} micro-batches of {}; model {} "
+        "plan {}: {} ranks (dp {} x pp {} x tp {}{}), schedule {}, {} micro-batches of {}; model "
+        "{} "
         "({:.3f} M parameters); {} steps",
         r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
-        r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"), r.schedule.name,
-        r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6,
-        o.steps);
+        r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"),
+        r.plan.has_spatial() ? " x spatial " + spatial_degrees(r.plan) : std::string(),
+        r.schedule.name, r.plan.micro_batches, r.plan.micro_batch_size, lg.name,
+        double(lg.num_parameters()) / 1e6, o.steps);
   if (lead) {
     spdlog::info("data {}", images
                                 ? o.data_path + " (" + std::to_string(images->size()) + " images)"

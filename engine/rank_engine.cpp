@@ -69,6 +69,13 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (const std::vector<int>& members : sets) groups_[members] = data_comm.split(members);
   transport::Communicator* tp =
       view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
+  // The spatial group (halos, spatial_mean) and the batch-norm group get communicators of
+  // their own, never shared with a gradient group whose buckets are reduced meanwhile:
+  // made after every rank's gradient groups, the spatial ones before the batch-norm ones,
+  // each in one global order (every member's list is the same).
+  if (view_.spatial_group.size() > 1) spatial_comm_ = data_comm.split(view_.spatial_group);
+  if (view_.batchnorm_group.size() > 1 && view_.batchnorm_group != view_.spatial_group)
+    batchnorm_comm_ = data_comm.split(view_.batchnorm_group);
 
   // ---- stages
   for (const RankStage& rs : view_.stages) {
@@ -78,6 +85,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     so.master_dtype = options.master_dtype;
     so.recompute_layers = rs.recompute;
     so.tp = tp;
+    so.spatial = spatial_comm_.get();
+    so.batchnorm = batchnorm_comm_.get();
     so.profile = options.profile;
     auto st = std::make_unique<stages::Stage>(graph_, rs.first_layer, rs.last_layer, so);
     stages_[rs.stage] = std::move(st);
@@ -129,18 +138,19 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   const stages::Node& ce = lg.nodes[size_t(lg.values[size_t(lg.loss)].producer)];
   const stages::Value& targets = lg.values[size_t(ce.inputs[1])];
   c.loss_tokens = double(c.global_batch * memory::shape_numel(targets.type.shape));
-  c.inputs = options.inputs;
+  c.inputs = tile_inputs(options.inputs);
   c.input_ahead = options.input_ahead;
   c.recv_ahead = options.recv_ahead;
   c.step_comm = world_.get();
   c.num_layers = g.num_layers();
   c.loss_slots = int64_t(r.plan.dp) * r.plan.micro_batches;
   c.contribute_norm = view_.coord.dp == 0;
-  const bool first_tp = view_.coord.tp == 0;
-  c.norm_counts = [graph = graph_, first_tp](int id) {
-    return first_tp || graph->params[size_t(id)].is_shard();
+  // A tile's loss and (summed) gradients are its group's: the first tile counts them.
+  const bool first_tp = view_.coord.tp == 0, first_tile = view_.coord.sp == 0;
+  c.norm_counts = [graph = graph_, first_tp, first_tile](int id) {
+    return first_tile && (first_tp || graph->params[size_t(id)].is_shard());
   };
-  c.contribute_loss = first_tp;
+  c.contribute_loss = first_tp && first_tile;
   c.grad_clip = options.grad_clip;
   c.post_validated = r.plan.post_validated_step;
   c.loss_scaler = options.loss_scaler;
@@ -164,7 +174,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.schedule = schedule::lower(schedule::forward_only_like(r.schedule), lo);
     e.evaluation = true;
     e.grad_groups.clear();
-    e.inputs = options.eval_inputs;
+    e.inputs = tile_inputs(options.eval_inputs);
     e.grad_clip = 0;
     e.loss_scaler = nullptr;
     e.dp_sync = DpSyncConfig{};
@@ -174,6 +184,27 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   // The optimizer state after the executor: its reducer has set the shards (ZeRO), so
   // only they are allocated.
   for (auto& [s, st] : stages_) st->set_optimizer(options.optimizer);
+}
+
+InputFn RankEngine::tile_inputs(InputFn inputs) const {
+  const ResolvedPlan& r = *plan_;
+  const int pp = view_.coord.pp, s = r.spatial_of(pp);
+  if (!inputs || s <= 1) return inputs;
+  // The loader reads whole images; the tile keeps its rows [sp h, (sp + 1) h) of the
+  // height (dimension 2 of [B, C, H, W]).
+  std::set<std::string> tiled;
+  for (int v : r.graph->inputs)
+    if (r.tiled(pp, v)) tiled.insert(r.graph->values[size_t(v)].name);
+  const int sp = view_.coord.sp;
+  return [inputs, tiled, s, sp](const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                                stages::TensorMap& out) {
+    inputs(mb, names, out);
+    for (auto& [name, t] : out)
+      if (tiled.count(name)) {
+        const int64_t h = t.size(2) / s;
+        t = t.narrow(2, int64_t(sp) * h, h).contiguous();
+      }
+  };
 }
 
 RankEngine::~RankEngine() {
@@ -205,6 +236,7 @@ bool RankEngine::writes_block(int stage, int param) const {
   if (schedule::stage_direction(r.schedule, stage) != 0) return false;
   const stages::Param& p = graph_->params[size_t(param)];
   if (!p.is_shard() && view_.coord.tp != 0) return false;
+  if (view_.coord.sp != 0) return false;  // tiles hold equal copies
   return stages::owns_param(*stages_.at(stage), param);
 }
 

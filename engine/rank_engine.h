@@ -93,7 +93,11 @@ class RankEngine {
   transport::CommPtr device_world_;  // RankEngineOptions::device_world (kept alive)
   partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
+  // RankEngineOptions::inputs narrowed to this rank's tile (as given without tiles).
+  InputFn tile_inputs(InputFn inputs) const;
+
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list
+  transport::CommPtr spatial_comm_, batchnorm_comm_;       // null: none (or the spatial one)
   std::map<int, std::unique_ptr<stages::Stage>> stages_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Executor> eval_executor_;  // with eval_inputs
