@@ -296,7 +296,7 @@ DpSync read_dp_sync(const JsonReader& r) {
 // The stages' spatial degrees per pipeline rank (through the schedule's placement, which
 // resolve_plan checks again); InputError naming the stage when a pipeline rank would get
 // two degrees or a degree with tensor parallelism.
-void resolve_spatial(Plan& p) {
+void plan_spatial_degrees(Plan& p) {
   bool any = false;
   for (const PlanStage& s : p.stages) any = any || s.spatial > 1;
   if (!any) return;
@@ -479,7 +479,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     parse_stage(ps, s, p.pp);
     p.stages.push_back(std::move(ps));
   }
-  resolve_spatial(p);
+  plan_spatial_degrees(p);
   if (spatial_written && p.devices != p.dp * p.replica_size())
     devices.fail("dp x (sum of tp x spatial over the pipeline ranks) = " + std::to_string(p.dp) +
                      " x " + std::to_string(p.replica_size()) + " = " +

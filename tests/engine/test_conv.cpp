@@ -22,15 +22,15 @@ json tiny_resnet() {
           {"widths", {4, 8}},   {"depths", {1, 1}}, {"strides", {1, 2}}};
 }
 
-RunSettings digits() {
+RunSettings conv_digits() {
   RunSettings s;
   s.data = std::string(BATON_SOURCE_DIR) + "/examples/data/digits";
   return s;
 }
 
 // Within 1e-5 (relative) step by step, or (same = false) at least 1e-4 apart somewhere.
-void expect_close(const std::vector<engine::StepRecord>& got,
-                  const std::vector<engine::StepRecord>& want, bool same = true) {
+void expect_conv_close(const std::vector<engine::StepRecord>& got,
+                       const std::vector<engine::StepRecord>& want, bool same = true) {
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(want.size(), 20u);
   double worst = 0;
@@ -46,20 +46,20 @@ void expect_close(const std::vector<engine::StepRecord>& got,
   }
 }
 
-void run_case(const PlanSpec& p) {
+void run_conv_case(const PlanSpec& p) {
   SCOPED_TRACE(p.describe());
   Workspace ws("conv");
-  RunSettings s = digits();
+  RunSettings s = conv_digits();
   auto plan = resolve(p, ws);
-  expect_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+  expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
 }
 
 // The harness's plan with a spatial degree per stage (and sync_batchnorm), the devices
 // counted again.
-std::shared_ptr<const partitioner::ResolvedPlan> resolve_spatial(const PlanSpec& p,
-                                                                 const Workspace& ws,
-                                                                 std::vector<int> spatial,
-                                                                 bool sync_batchnorm = false) {
+std::shared_ptr<const partitioner::ResolvedPlan> resolve_conv_spatial(const PlanSpec& p,
+                                                                      const Workspace& ws,
+                                                                      std::vector<int> spatial,
+                                                                      bool sync_batchnorm = false) {
   json j = plan_json(p, ws);
   int devices = 0;
   for (size_t k = 0; k < spatial.size(); ++k) {
@@ -73,45 +73,45 @@ std::shared_ptr<const partitioner::ResolvedPlan> resolve_spatial(const PlanSpec&
   return std::make_shared<const partitioner::ResolvedPlan>(partitioner::resolve_plan(plan, graph));
 }
 
-void run_spatial_case(const PlanSpec& p, std::vector<int> spatial) {
+void run_conv_spatial_case(const PlanSpec& p, std::vector<int> spatial) {
   SCOPED_TRACE(p.describe() + " spatial " + std::to_string(spatial.front()));
   Workspace ws("conv-spatial");
-  RunSettings s = digits();
-  auto plan = resolve_spatial(p, ws, spatial);
-  expect_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+  RunSettings s = conv_digits();
+  auto plan = resolve_conv_spatial(p, ws, spatial);
+  expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
 }
 
 TEST(ConvPlans, TensorParallel2) {
   PlanSpec p;
   p.model = tiny_resnet();
   p.tp = {2};
-  run_case(p);
+  run_conv_case(p);
 }
 
 TEST(ConvPlans, Pipeline2TensorParallel2) {
   PlanSpec p;
   p.model = tiny_resnet();
   p.tp = {2, 2};  // stem, layer1.0 | layer2.0, head
-  run_case(p);
+  run_conv_case(p);
 }
 
 TEST(ConvPlans, Spatial2) {
   PlanSpec p;
   p.model = tiny_resnet();
-  run_spatial_case(p, {2});
+  run_conv_spatial_case(p, {2});
 }
 
 TEST(ConvPlans, Spatial4) {
   PlanSpec p;
   p.model = tiny_resnet();  // 8 rows: tiles of 2, then of 1 after layer2's stride 2
-  run_spatial_case(p, {4});
+  run_conv_spatial_case(p, {4});
 }
 
 TEST(ConvPlans, Pipeline2Spatial2) {
   PlanSpec p;
   p.model = tiny_resnet();
   p.tp = {1, 1};  // stem, layer1.0 | layer2.0, head: tiles cross the boundary one to one
-  run_spatial_case(p, {2, 2});
+  run_conv_spatial_case(p, {2, 2});
 }
 
 // Spatial 2 x DP 2, one micro-batch of 2 samples per replica. Without sync_batchnorm each
@@ -126,33 +126,33 @@ TEST(ConvPlans, SpatialDataParallelSyncBatchnorm) {
   PlanSpec whole = p;  // one micro-batch of the global batch
   whole.dp = 1;
   whole.micro_batch_size = 4;
-  RunSettings s = digits();
+  RunSettings s = conv_digits();
   Workspace ws("conv-syncbn");
   std::vector<engine::StepRecord> per_replica = run_reference(p, ws, s);
   std::vector<engine::StepRecord> together = run_reference(whole, ws, s);
   {
     SCOPED_TRACE("without sync_batchnorm");
-    auto got = run_threads(resolve_spatial(p, ws, {2}), train_options(ws, s));
-    expect_close(got, per_replica);
-    expect_close(got, together, false);
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}), train_options(ws, s));
+    expect_conv_close(got, per_replica);
+    expect_conv_close(got, together, false);
   }
   {
     SCOPED_TRACE("with sync_batchnorm");
-    auto got = run_threads(resolve_spatial(p, ws, {2}, true), train_options(ws, s));
-    expect_close(got, together);
-    expect_close(got, per_replica, false);
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}, true), train_options(ws, s));
+    expect_conv_close(got, together);
+    expect_conv_close(got, per_replica, false);
   }
   {
     SCOPED_TRACE("sync_batchnorm without the spatial split");
-    auto got = run_threads(resolve_spatial(p, ws, {1}, true), train_options(ws, s));
-    expect_close(got, together);
+    auto got = run_threads(resolve_conv_spatial(p, ws, {1}, true), train_options(ws, s));
+    expect_conv_close(got, together);
   }
 }
 
-std::string spatial_error(const PlanSpec& p, std::vector<int> spatial) {
+std::string conv_spatial_error(const PlanSpec& p, std::vector<int> spatial) {
   Workspace ws("conv-spatial-bad");
   try {
-    resolve_spatial(p, ws, spatial);
+    resolve_conv_spatial(p, ws, spatial);
   } catch (const InputError& e) {
     return e.what();
   }
@@ -163,7 +163,7 @@ TEST(ConvPlans, SpatialRefused) {
   PlanSpec p;
   p.model = tiny_resnet();
   // 8 rows over 8 tiles: one row each, layer2's stride 2 cannot split it.
-  std::string e = spatial_error(p, {8});
+  std::string e = conv_spatial_error(p, {8});
   EXPECT_NE(e.find("plan.json: $.stages[0].spatial: spatial degree 8: conv2d node "
                    "'layer2.0.conv1'"),
             std::string::npos)
@@ -171,13 +171,13 @@ TEST(ConvPlans, SpatialRefused) {
   EXPECT_NE(e.find("does not divide the tile's 1 rows"), std::string::npos) << e;
   // Tiles would cross from spatial 2 to 1 (the cut before layer2.0 is inside the image).
   p.tp = {1, 1};
-  e = spatial_error(p, {2, 1});
+  e = conv_spatial_error(p, {2, 1});
   EXPECT_NE(e.find("$.stages[1].spatial: 1, but value"), std::string::npos) << e;
   EXPECT_NE(e.find("tiles cross only between stages of one spatial degree"), std::string::npos)
       << e;
   // With tensor parallelism on the same pipeline rank.
   p.tp = {2, 1};
-  e = spatial_error(p, {2, 2});
+  e = conv_spatial_error(p, {2, 2});
   EXPECT_NE(e.find("$.stages[0].spatial: spatial 2 on pipeline rank 0 whose tensor-parallel "
                    "degree is 2"),
             std::string::npos)
@@ -185,7 +185,7 @@ TEST(ConvPlans, SpatialRefused) {
   // A model without images.
   PlanSpec mlp;
   mlp.model = tiny_mlp_json({16});
-  e = spatial_error(mlp, {2});
+  e = conv_spatial_error(mlp, {2});
   EXPECT_NE(e.find("no floating image input"), std::string::npos) << e;
 }
 

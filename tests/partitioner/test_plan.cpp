@@ -492,7 +492,7 @@ TEST(Plan, SplitOverridesAndRecompute) {
 
 // A stage's spatial degree and sync_batchnorm: the layout, the devices they need, the
 // written form, and the refusals that need no engine.
-json resnet_plan() {
+json spatial_resnet_plan() {
   return json::parse(R"({
     "version": 1,
     "model": "../models/resnet-tiny.json",
@@ -506,7 +506,7 @@ json resnet_plan() {
 }
 
 TEST(Plan, SpatialDegreePerStage) {
-  ResolvedPlan r = check(resnet_plan());
+  ResolvedPlan r = check(spatial_resnet_plan());
   EXPECT_EQ(r.plan.spatial, (std::vector<int>{2, 2}));
   EXPECT_TRUE(r.plan.sync_batchnorm);
   EXPECT_EQ(r.layout.world(), 8);
@@ -521,16 +521,16 @@ TEST(Plan, SpatialDegreePerStage) {
   EXPECT_EQ(written["boundaries"][0]["pattern"], "one-to-one");
   EXPECT_EQ(error_of(written), "(no error)");  // the rank table and boundaries check
 
-  json j = resnet_plan();
+  json j = spatial_resnet_plan();
   j["devices"] = 4;
   EXPECT_EQ(error_of(j),
             "plan.json: $.devices: expected dp x (sum of tp x spatial over the pipeline ranks) = "
             "2 x 4 = 8 devices, found 4");
-  j = resnet_plan();
+  j = spatial_resnet_plan();
   j["stages"][0]["spatial"] = 0;
   EXPECT_EQ(error_of(j).substr(0, 35), "plan.json: $.stages[0].spatial: exp");
   // Two chunks of one pipeline rank (interleaved) with different degrees.
-  j = resnet_plan();
+  j = spatial_resnet_plan();
   j["schedule"] = {{"name", "interleaved-1f1b"}, {"micro_batches", 2}, {"chunks", 2}};
   j["stages"] = json::parse(R"([{"layers": [0, 1], "spatial": 2}, {"layers": [1, 2], "spatial": 2},
                                {"layers": [2, 3]}, {"layers": [3, 4], "spatial": 2}])");
@@ -538,7 +538,7 @@ TEST(Plan, SpatialDegreePerStage) {
             "plan.json: $.stages[2].spatial: 1, but pipeline rank 0 also holds $.stages[0] with "
             "spatial 2; the chunks of one pipeline rank share its spatial degree");
   // Strides the tiles cannot keep aligned: 8 rows over 8 tiles.
-  j = resnet_plan();
+  j = spatial_resnet_plan();
   j["stages"][0]["spatial"] = 8;
   j["stages"][1]["spatial"] = 8;
   j["devices"] = 32;
