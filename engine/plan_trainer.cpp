@@ -239,7 +239,11 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
   for (const auto& e : events) {
     flat.insert(flat.end(),
                 {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
-                 double(e.stage), double(e.peer), e.start - origin, e.end - origin});
+                 // A halo receive (label HALO_F / HALO_B, no stage) travels as stage -2 / -3.
+                 double(e.label.empty()       ? e.stage
+                        : e.label == "HALO_F" ? -2
+                                              : -3),
+                 double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
   std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
@@ -263,6 +267,10 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
     e.kind = schedule::ActionKind(int(all[i + 2]));
     e.micro_batch = int(all[i + 3]);
     e.stage = int(all[i + 4]);
+    if (e.stage <= -2) {
+      e.label = e.stage == -2 ? "HALO_F" : "HALO_B";
+      e.stage = -1;
+    }
     e.peer = int(all[i + 5]);
     e.start = all[i + 6];
     e.end = all[i + 7];

@@ -31,6 +31,103 @@ int value_index(const stages::Graph& g, int cut, const std::string& name) {
 
 }  // namespace
 
+// The spatial group's communicator, recording each halo receive (from posting it to its
+// data being there) on the executor's timeline as HALO_F / HALO_B of its micro-batch,
+// so the time the convolutions wait for halos is visible beside the compute. It reads
+// the micro-batch (mod 32) and the direction from the tag the halo_exchange op uses
+// (stages/ops/spatial.cpp: bits 2..6 and 0..1). Everything else passes through.
+class HaloTimelineComm final : public transport::Communicator {
+ public:
+  HaloTimelineComm(transport::CommPtr inner, std::vector<int> world)
+      : in_(std::move(inner)), world_(std::move(world)) {}
+  void set_executor(Executor* e) { exec_ = e; }
+
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  int global_rank(int r) const override { return in_->global_rank(r); }
+  std::string backend() const override { return in_->backend(); }
+  transport::WorkPtr isend(const memory::Tensor& t, int dst, uint64_t tag) override {
+    return in_->isend(t, dst, tag);
+  }
+  transport::WorkPtr irecv(memory::Tensor& t, int src, uint64_t tag) override {
+    transport::WorkPtr w = in_->irecv(t, src, tag);
+    if (exec_ == nullptr) return w;
+    return std::make_shared<Timed>(std::move(w), exec_, exec_->now(), world_[size_t(src)], tag);
+  }
+  transport::WorkPtr broadcast(memory::Tensor& t, int root) override {
+    return in_->broadcast(t, root);
+  }
+  transport::WorkPtr all_reduce(memory::Tensor& t, transport::ReduceOp op) override {
+    return in_->all_reduce(t, op);
+  }
+  transport::WorkPtr all_gather(const memory::Tensor& i, memory::Tensor& o,
+                                std::span<const int64_t> counts) override {
+    return in_->all_gather(i, o, counts);
+  }
+  transport::WorkPtr reduce_scatter(const memory::Tensor& i, memory::Tensor& o,
+                                    transport::ReduceOp op,
+                                    std::span<const int64_t> counts) override {
+    return in_->reduce_scatter(i, o, op, counts);
+  }
+  transport::WorkPtr scatter(const memory::Tensor& i, memory::Tensor& o, int root,
+                             std::span<const int64_t> counts) override {
+    return in_->scatter(i, o, root, counts);
+  }
+  transport::WorkPtr gather(const memory::Tensor& i, memory::Tensor& o, int root,
+                            std::span<const int64_t> counts) override {
+    return in_->gather(i, o, root, counts);
+  }
+  transport::WorkPtr barrier() override { return in_->barrier(); }
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks) override {
+    return in_->split(ranks);
+  }
+  std::optional<std::pair<int, std::string>> first_failure() const override {
+    return in_->first_failure();
+  }
+
+ private:
+  class Timed final : public transport::Work {
+   public:
+    Timed(transport::WorkPtr w, Executor* e, double start, int peer, uint64_t tag)
+        : w_(std::move(w)), exec_(e), start_(start), peer_(peer), tag_(tag) {}
+    bool test() override {
+      const bool done = w_->test();
+      if (done) finish();
+      return done;
+    }
+    void wait() override {
+      w_->wait();
+      finish();
+    }
+
+   private:
+    void finish() {
+      if (recorded_) return;
+      recorded_ = true;
+      schedule::TimelineEvent e;
+      e.lane = 1;
+      e.kind = (tag_ & 3) < 2 ? schedule::ActionKind::recv_activation
+                              : schedule::ActionKind::recv_gradient;
+      e.label = (tag_ & 3) < 2 ? "HALO_F" : "HALO_B";
+      e.micro_batch = int((tag_ >> 2) & 0x1f);
+      e.peer = peer_;
+      e.start = start_;
+      e.end = exec_->now();
+      exec_->add_event(std::move(e));
+    }
+    transport::WorkPtr w_;
+    Executor* exec_;
+    double start_;
+    int peer_;
+    uint64_t tag_;
+    bool recorded_ = false;
+  };
+
+  transport::CommPtr in_;
+  std::vector<int> world_;  // group rank -> world rank
+  Executor* exec_ = nullptr;
+};
+
 RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
                        RankEngineOptions options)
     : plan_(std::move(plan)), world_(std::move(world)) {
@@ -73,7 +170,11 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   // their own, never shared with a gradient group whose buckets are reduced meanwhile:
   // made after every rank's gradient groups, the spatial ones before the batch-norm ones,
   // each in one global order (every member's list is the same).
-  if (view_.spatial_group.size() > 1) spatial_comm_ = data_comm.split(view_.spatial_group);
+  if (view_.spatial_group.size() > 1) {
+    halo_timeline_ = std::make_shared<HaloTimelineComm>(data_comm.split(view_.spatial_group),
+                                                        view_.spatial_group);
+    spatial_comm_ = halo_timeline_;
+  }
   if (view_.batchnorm_group.size() > 1 && view_.batchnorm_group != view_.spatial_group)
     batchnorm_comm_ = data_comm.split(view_.batchnorm_group);
 
@@ -181,6 +282,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));
+  if (halo_timeline_) halo_timeline_->set_executor(executor_.get());
   // The optimizer state after the executor: its reducer has set the shards (ZeRO), so
   // only they are allocated.
   for (auto& [s, st] : stages_) st->set_optimizer(options.optimizer);

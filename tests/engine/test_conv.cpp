@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
 
 #include "engine_harness.h"
 #include "memory/error.h"
@@ -112,6 +115,35 @@ TEST(ConvPlans, Pipeline2Spatial2) {
   p.model = tiny_resnet();
   p.tp = {1, 1};  // stem, layer1.0 | layer2.0, head: tiles cross the boundary one to one
   run_conv_spatial_case(p, {2, 2});
+}
+
+// The measured timeline shows each halo receive as an event of its own (HALO_F, HALO_B
+// of the micro-batch on the communication lane, the neighbouring tile as the peer).
+TEST(ConvPlans, SpatialHalosOnTheTimeline) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  Workspace ws("conv-halo-trace");
+  RunSettings s = conv_digits();
+  s.steps = 2;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 1;
+  run_threads(resolve_conv_spatial(p, ws, {2}), o);
+  const json trace = json::parse(std::ifstream(o.trace_path));
+  std::map<std::pair<int, std::string>, std::set<int>> seen;  // (rank, kind) -> micro-batches
+  for (const json& e : trace["traceEvents"]) {
+    if (e.value("cat", "") != "HALO") continue;
+    const int rank = e["pid"].get<int>();
+    const std::string name = e["name"].get<std::string>();
+    EXPECT_EQ(e["tid"], 1) << name;
+    EXPECT_GE(e["dur"].get<double>(), 0.0) << name;
+    EXPECT_EQ(e["args"]["peer"], 1 - rank) << name;
+    seen[{rank, name.substr(0, 6)}].insert(e["args"]["micro_batch"].get<int>());
+  }
+  for (int rank : {0, 1})
+    for (std::string kind : {"HALO_F", "HALO_B"})
+      EXPECT_EQ(seen[std::make_pair(rank, kind)], (std::set<int>{0, 1, 2, 3}))
+          << "rank " << rank << " " << kind;
 }
 
 // Spatial 2 x DP 2, one micro-batch of 2 samples per replica. Without sync_batchnorm each
