@@ -176,6 +176,13 @@ class Executor {
   void set_recording(bool on) { recording_ = on; }
   const std::vector<schedule::TimelineEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
+  // Adds an event of no action (a halo exchange's receive) when recording; from the
+  // thread that runs the actions.
+  void add_event(schedule::TimelineEvent e) {
+    if (!recording_) return;
+    e.rank = cfg_.timeline_rank;
+    events_.push_back(std::move(e));
+  }
   // Seconds since the executor was made (the events' clock).
   double now() const;
 

@@ -252,7 +252,11 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
   for (const auto& e : events) {
     flat.insert(flat.end(),
                 {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
-                 double(e.stage), double(e.peer), e.start - origin, e.end - origin});
+                 // A halo receive (label HALO_F / HALO_B, no stage) travels as stage -2 / -3.
+                 double(e.label.empty()       ? e.stage
+                        : e.label == "HALO_F" ? -2
+                                              : -3),
+                 double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
   std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
@@ -276,6 +280,10 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
     e.kind = schedule::ActionKind(int(all[i + 2]));
     e.micro_batch = int(all[i + 3]);
     e.stage = int(all[i + 4]);
+    if (e.stage <= -2) {
+      e.label = e.stage == -2 ? "HALO_F" : "HALO_B";
+      e.stage = -1;
+    }
     e.peer = int(all[i + 5]);
     e.start = all[i + 6];
     e.end = all[i + 7];
@@ -322,6 +330,17 @@ TrainSummary train_plan(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainO
 }
 
 namespace {
+
+// "2", or "2,1" when the pipeline ranks' spatial degrees differ.
+std::string spatial_degrees(const partitioner::Plan& p) {
+  std::string out;
+  bool same = true;
+  for (int s : p.spatial) same = same && s == p.spatial.front();
+  if (same) return std::to_string(p.spatial.front());
+  for (size_t i = 0; i < p.spatial.size(); ++i)
+    out += (i ? "," : "") + std::to_string(p.spatial[i]);
+  return out;
+}
 
 TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
                    transport::CommPtr world,
@@ -417,12 +436,14 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
   if (lead)
     spdlog::info(
-        "plan {}: {} ranks (dp {} x pp {} x tp {}), schedule {}, {} micro-batches of {}; model {} "
+        "plan {}: {} ranks (dp {} x pp {} x tp {}{}), schedule {}, {} micro-batches of {}; model "
+        "{} "
         "({:.3f} M parameters); {} steps",
         r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
-        r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"), r.schedule.name,
-        r.plan.micro_batches, r.plan.micro_batch_size, lg.name, double(lg.num_parameters()) / 1e6,
-        o.steps);
+        r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"),
+        r.plan.has_spatial() ? " x spatial " + spatial_degrees(r.plan) : std::string(),
+        r.schedule.name, r.plan.micro_batches, r.plan.micro_batch_size, lg.name,
+        double(lg.num_parameters()) / 1e6, o.steps);
   if (lead) {
     spdlog::info("data {}", images
                                 ? o.data_path + " (" + std::to_string(images->size()) + " images)"

@@ -31,6 +31,103 @@ int value_index(const stages::Graph& g, int cut, const std::string& name) {
 
 }  // namespace
 
+// The spatial group's communicator, recording each halo receive (from posting it to its
+// data being there) on the executor's timeline as HALO_F / HALO_B of its micro-batch,
+// so the time the convolutions wait for halos is visible beside the compute. It reads
+// the micro-batch (mod 32) and the direction from the tag the halo_exchange op uses
+// (stages/ops/spatial.cpp: bits 2..6 and 0..1). Everything else passes through.
+class HaloTimelineComm final : public transport::Communicator {
+ public:
+  HaloTimelineComm(transport::CommPtr inner, std::vector<int> world)
+      : in_(std::move(inner)), world_(std::move(world)) {}
+  void set_executor(Executor* e) { exec_ = e; }
+
+  int rank() const override { return in_->rank(); }
+  int size() const override { return in_->size(); }
+  int global_rank(int r) const override { return in_->global_rank(r); }
+  std::string backend() const override { return in_->backend(); }
+  transport::WorkPtr isend(const memory::Tensor& t, int dst, uint64_t tag) override {
+    return in_->isend(t, dst, tag);
+  }
+  transport::WorkPtr irecv(memory::Tensor& t, int src, uint64_t tag) override {
+    transport::WorkPtr w = in_->irecv(t, src, tag);
+    if (exec_ == nullptr) return w;
+    return std::make_shared<Timed>(std::move(w), exec_, exec_->now(), world_[size_t(src)], tag);
+  }
+  transport::WorkPtr broadcast(memory::Tensor& t, int root) override {
+    return in_->broadcast(t, root);
+  }
+  transport::WorkPtr all_reduce(memory::Tensor& t, transport::ReduceOp op) override {
+    return in_->all_reduce(t, op);
+  }
+  transport::WorkPtr all_gather(const memory::Tensor& i, memory::Tensor& o,
+                                std::span<const int64_t> counts) override {
+    return in_->all_gather(i, o, counts);
+  }
+  transport::WorkPtr reduce_scatter(const memory::Tensor& i, memory::Tensor& o,
+                                    transport::ReduceOp op,
+                                    std::span<const int64_t> counts) override {
+    return in_->reduce_scatter(i, o, op, counts);
+  }
+  transport::WorkPtr scatter(const memory::Tensor& i, memory::Tensor& o, int root,
+                             std::span<const int64_t> counts) override {
+    return in_->scatter(i, o, root, counts);
+  }
+  transport::WorkPtr gather(const memory::Tensor& i, memory::Tensor& o, int root,
+                            std::span<const int64_t> counts) override {
+    return in_->gather(i, o, root, counts);
+  }
+  transport::WorkPtr barrier() override { return in_->barrier(); }
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks) override {
+    return in_->split(ranks);
+  }
+  std::optional<std::pair<int, std::string>> first_failure() const override {
+    return in_->first_failure();
+  }
+
+ private:
+  class Timed final : public transport::Work {
+   public:
+    Timed(transport::WorkPtr w, Executor* e, double start, int peer, uint64_t tag)
+        : w_(std::move(w)), exec_(e), start_(start), peer_(peer), tag_(tag) {}
+    bool test() override {
+      const bool done = w_->test();
+      if (done) finish();
+      return done;
+    }
+    void wait() override {
+      w_->wait();
+      finish();
+    }
+
+   private:
+    void finish() {
+      if (recorded_) return;
+      recorded_ = true;
+      schedule::TimelineEvent e;
+      e.lane = 1;
+      e.kind = (tag_ & 3) < 2 ? schedule::ActionKind::recv_activation
+                              : schedule::ActionKind::recv_gradient;
+      e.label = (tag_ & 3) < 2 ? "HALO_F" : "HALO_B";
+      e.micro_batch = int((tag_ >> 2) & 0x1f);
+      e.peer = peer_;
+      e.start = start_;
+      e.end = exec_->now();
+      exec_->add_event(std::move(e));
+    }
+    transport::WorkPtr w_;
+    Executor* exec_;
+    double start_;
+    int peer_;
+    uint64_t tag_;
+    bool recorded_ = false;
+  };
+
+  transport::CommPtr in_;
+  std::vector<int> world_;  // group rank -> world rank
+  Executor* exec_ = nullptr;
+};
+
 RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
                        RankEngineOptions options)
     : plan_(std::move(plan)), world_(std::move(world)) {
@@ -69,6 +166,17 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (const std::vector<int>& members : sets) groups_[members] = data_comm.split(members);
   transport::Communicator* tp =
       view_.tp_group.size() > 1 ? groups_.at(view_.tp_group).get() : nullptr;
+  // The spatial group (halos, spatial_mean) and the batch-norm group get communicators of
+  // their own, never shared with a gradient group whose buckets are reduced meanwhile:
+  // made after every rank's gradient groups, the spatial ones before the batch-norm ones,
+  // each in one global order (every member's list is the same).
+  if (view_.spatial_group.size() > 1) {
+    halo_timeline_ = std::make_shared<HaloTimelineComm>(data_comm.split(view_.spatial_group),
+                                                        view_.spatial_group);
+    spatial_comm_ = halo_timeline_;
+  }
+  if (view_.batchnorm_group.size() > 1 && view_.batchnorm_group != view_.spatial_group)
+    batchnorm_comm_ = data_comm.split(view_.batchnorm_group);
 
   // ---- stages
   for (const RankStage& rs : view_.stages) {
@@ -78,6 +186,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     so.master_dtype = options.master_dtype;
     so.recompute_layers = rs.recompute;
     so.tp = tp;
+    so.spatial = spatial_comm_.get();
+    so.batchnorm = batchnorm_comm_.get();
     so.profile = options.profile;
     auto st = std::make_unique<stages::Stage>(graph_, rs.first_layer, rs.last_layer, so);
     stages_[rs.stage] = std::move(st);
@@ -129,18 +239,19 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   const stages::Node& ce = lg.nodes[size_t(lg.values[size_t(lg.loss)].producer)];
   const stages::Value& targets = lg.values[size_t(ce.inputs[1])];
   c.loss_tokens = double(c.global_batch * memory::shape_numel(targets.type.shape));
-  c.inputs = options.inputs;
+  c.inputs = tile_inputs(options.inputs);
   c.input_ahead = options.input_ahead;
   c.recv_ahead = options.recv_ahead;
   c.step_comm = world_.get();
   c.num_layers = g.num_layers();
   c.loss_slots = int64_t(r.plan.dp) * r.plan.micro_batches;
   c.contribute_norm = view_.coord.dp == 0;
-  const bool first_tp = view_.coord.tp == 0;
-  c.norm_counts = [graph = graph_, first_tp](int id) {
-    return first_tp || graph->params[size_t(id)].is_shard();
+  // A tile's loss and (summed) gradients are its group's: the first tile counts them.
+  const bool first_tp = view_.coord.tp == 0, first_tile = view_.coord.sp == 0;
+  c.norm_counts = [graph = graph_, first_tp, first_tile](int id) {
+    return first_tile && (first_tp || graph->params[size_t(id)].is_shard());
   };
-  c.contribute_loss = first_tp;
+  c.contribute_loss = first_tp && first_tile;
   c.grad_clip = options.grad_clip;
   c.post_validated = r.plan.post_validated_step;
   c.loss_scaler = options.loss_scaler;
@@ -164,16 +275,38 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.schedule = schedule::lower(schedule::forward_only_like(r.schedule), lo);
     e.evaluation = true;
     e.grad_groups.clear();
-    e.inputs = options.eval_inputs;
+    e.inputs = tile_inputs(options.eval_inputs);
     e.grad_clip = 0;
     e.loss_scaler = nullptr;
     e.dp_sync = DpSyncConfig{};
     eval_executor_ = std::make_unique<Executor>(std::move(e));
   }
   executor_ = std::make_unique<Executor>(std::move(c));
+  if (halo_timeline_) halo_timeline_->set_executor(executor_.get());
   // The optimizer state after the executor: its reducer has set the shards (ZeRO), so
   // only they are allocated.
   for (auto& [s, st] : stages_) st->set_optimizer(options.optimizer);
+}
+
+InputFn RankEngine::tile_inputs(InputFn inputs) const {
+  const ResolvedPlan& r = *plan_;
+  const int pp = view_.coord.pp, s = r.spatial_of(pp);
+  if (!inputs || s <= 1) return inputs;
+  // The loader reads whole images; the tile keeps its rows [sp h, (sp + 1) h) of the
+  // height (dimension 2 of [B, C, H, W]).
+  std::set<std::string> tiled;
+  for (int v : r.graph->inputs)
+    if (r.tiled(pp, v)) tiled.insert(r.graph->values[size_t(v)].name);
+  const int sp = view_.coord.sp;
+  return [inputs, tiled, s, sp](const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                                stages::TensorMap& out) {
+    inputs(mb, names, out);
+    for (auto& [name, t] : out)
+      if (tiled.count(name)) {
+        const int64_t h = t.size(2) / s;
+        t = t.narrow(2, int64_t(sp) * h, h).contiguous();
+      }
+  };
 }
 
 RankEngine::~RankEngine() {
@@ -205,6 +338,7 @@ bool RankEngine::writes_block(int stage, int param) const {
   if (schedule::stage_direction(r.schedule, stage) != 0) return false;
   const stages::Param& p = graph_->params[size_t(param)];
   if (!p.is_shard() && view_.coord.tp != 0) return false;
+  if (view_.coord.sp != 0) return false;  // tiles hold equal copies
   return stages::owns_param(*stages_.at(stage), param);
 }
 

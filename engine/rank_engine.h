@@ -46,6 +46,8 @@ struct RankEngineOptions {
   InputFn eval_inputs;
 };
 
+class HaloTimelineComm;  // rank_engine.cpp: the spatial group's, recording halo receives
+
 class RankEngine {
  public:
   // Builds the rank `world->rank()` of the plan. Every rank of the world must construct
@@ -93,7 +95,12 @@ class RankEngine {
   transport::CommPtr device_world_;  // RankEngineOptions::device_world (kept alive)
   partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
+  // RankEngineOptions::inputs narrowed to this rank's tile (as given without tiles).
+  InputFn tile_inputs(InputFn inputs) const;
+
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list
+  transport::CommPtr spatial_comm_, batchnorm_comm_;       // null: none (or the spatial one)
+  std::shared_ptr<HaloTimelineComm> halo_timeline_;        // wraps spatial_comm_
   std::map<int, std::unique_ptr<stages::Stage>> stages_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Executor> eval_executor_;  // with eval_inputs

@@ -27,10 +27,20 @@ int64_t PlanEstimate::max_peak() const {
 
 std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   RankCoord c = r.layout.coord(rank);
-  std::vector<int> index(size_t(r.graph->num_layers()));
-  for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = c.tp % r.layer_tp[size_t(l)];
+  std::shared_ptr<stages::Graph> g;
+  if (r.spatial_of(c.pp) > 1) {
+    // A tile's graph (no tensor-parallel split beside it: resolve_plan refuses both).
+    g = build_spatial(*r.graph, r.spatial[size_t(c.pp)], c.sp);
+  } else {
+    std::vector<int> index(size_t(r.graph->num_layers()));
+    for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = c.tp % r.layer_tp[size_t(l)];
+    g = build_physical(*r.graph, r.sharding, index);
+  }
+  // Batch-norm statistics over the replicas too: every batchnorm2d reduces over the
+  // rank's batch-norm group (RankView::batchnorm_group).
+  if (r.plan.sync_batchnorm && r.plan.dp > 1) sync_batchnorm(*g);
   // The fused kernels where the rank's split leaves their pairs intact (partitioner/fusion.h).
-  return fuse_kernels(*build_physical(*r.graph, r.sharding, index));
+  return fuse_kernels(*g);
 }
 
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
@@ -52,6 +62,17 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     c.backward_weight[size_t(s)] = t.pw[size_t(b)] - t.pw[size_t(a)];
     for (int l : rc)
       c.backward_input[size_t(s)] += t.layers[size_t(l)].f;  // recompute runs F again
+    // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
+    // small beside them), and exchanges two halos per convolution and pooling per pass.
+    if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {
+      const double halo =
+          spatial_halo_bytes(*r.graph, r.spatial[size_t(r.schedule.placement[size_t(s)])], a, b,
+                             r.plan.micro_batch_size) /
+          std::max(m.tp_bandwidth, 1.0);
+      c.forward[size_t(s)] = c.forward[size_t(s)] / d + halo;
+      c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + halo;
+      c.backward_weight[size_t(s)] /= d;
+    }
     if (!stage_mem.empty()) {
       c.activation_bytes[size_t(s)] = double(stage_mem[size_t(s)].mb.stash);
       c.activation_bytes_after_b[size_t(s)] = double(stage_mem[size_t(s)].mb.w_stash);
@@ -266,14 +287,38 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // Memory per model chunk (the same on every rank holding it, whatever its TP index).
   std::vector<StageMemory> chunk_mem(static_cast<size_t>(K));
   std::shared_ptr<Graph> pg;
+  // A spatial split's tile graph per pipeline rank (partitioner/spatial.h): its values are
+  // tiles of H / s rows, and each halo_exchange's output (the tile with its halo rows,
+  // what the convolution or pooling after it saves) is a value of its own, so the walk
+  // counts the tiles and the halos as the engine allocates them.
+  std::map<int, std::shared_ptr<Graph>> tile_graphs;
+  auto graph_of = [&](int pp) -> const Graph& {
+    if (r.spatial_of(pp) <= 1) return *pg;
+    auto& t = tile_graphs[pp];
+    if (!t) t = build_spatial(g, r.spatial[size_t(pp)], 0);
+    return *t;
+  };
+  std::vector<int> chunk_pp(static_cast<size_t>(K), 0);
+  for (int s = 0; s < r.schedule.num_stages(); ++s)
+    chunk_pp[size_t(r.chunk_of_stage[size_t(s)])] = r.schedule.placement[size_t(s)];
   if (options.exact_memory)
     pg = build_physical(g, r.sharding, std::vector<int>(size_t(g.num_layers()), 0));
   for (int k = 0; k < K; ++k) {
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
-    chunk_mem[size_t(k)] = options.exact_memory
-                               ? stage_memory(*pg, a, b, r.recompute[size_t(k)], p.micro_batch_size,
-                                              opt, r.layer_tp[size_t(a)])
-                               : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
+    chunk_mem[size_t(k)] =
+        options.exact_memory
+            ? stage_memory(graph_of(chunk_pp[size_t(k)]), a, b, r.recompute[size_t(k)],
+                           p.micro_batch_size, opt, r.layer_tp[size_t(a)])
+            : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
+    // Composed from the unsplit layers' figures: a tile stashes 1/s of their activations
+    // (the halos, a few rows per convolution, are left out of this upper-bound estimate).
+    if (!options.exact_memory && r.spatial_of(chunk_pp[size_t(k)]) > 1) {
+      const int64_t d = r.spatial_of(chunk_pp[size_t(k)]);
+      StageMemory& m = chunk_mem[size_t(k)];
+      for (int64_t* x : {&m.mb.stash, &m.mb.w_stash, &m.mb.forward_peak, &m.mb.backward_peak,
+                         &m.mb.weight_peak, &m.mb.held_through_backward})
+        *x /= d;
+    }
   }
   // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
   if (p.optimizer_sharding != OptimizerSharding::none && p.dp > 1 && opt > 0) {
@@ -347,12 +392,14 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         n = n / prm.logical_shape[size_t(sh.dim)] * sh.pattern.local_size(sh.t);
       re.parameters += n;
     }
-    re.peak = options.exact_memory ? rank_peak(r.schedule, re.coord.pp, stage_mem,
-                                               rank_buffers(r, rank, *pg, options))
-                                   : rank_peak(r.schedule, re.coord.pp, stage_mem);
+    re.peak = options.exact_memory
+                  ? rank_peak(r.schedule, re.coord.pp, stage_mem,
+                              rank_buffers(r, rank, graph_of(re.coord.pp), options))
+                  : rank_peak(r.schedule, re.coord.pp, stage_mem);
     re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
     re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
-    if (p.device_memory > 0 && re.peak > p.device_memory && re.coord.dp == 0 && re.coord.tp == 0)
+    if (p.device_memory > 0 && re.peak > p.device_memory && re.coord.dp == 0 && re.coord.tp == 0 &&
+        re.coord.sp == 0)
       e.problems.push_back("rank " + std::to_string(rank) + " (pp " + std::to_string(re.coord.pp) +
                            ", " + re.layers + ") needs " + memory::format_bytes(double(re.peak)) +
                            ", over its capacity of " +
@@ -385,6 +432,25 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       tp.c_str(), r.schedule.name.c_str(), p.micro_batches, (long long)p.micro_batch_size,
       (long long)p.global_batch, p.optimizer.c_str());
   out += line;
+  const bool sp = p.has_spatial();
+  if (sp) {
+    // The tiles per pipeline rank, and the halo rows each tile receives per micro-batch.
+    out += "spatial split (images tiled by rows):";
+    for (int q = 0; q < p.pp; ++q) {
+      out += std::string(q ? "," : "") + " pipeline rank " + std::to_string(q) + ": " +
+             std::to_string(p.spatial_of(q)) + " tile(s)";
+      if (p.spatial_of(q) > 1) {
+        double halo = 0;
+        for (int s : r.stages_of(q)) {
+          const int k = r.chunk_of_stage[size_t(s)];
+          halo += spatial_halo_bytes(g, r.spatial[size_t(q)], r.chunk_first[size_t(k)],
+                                     r.chunk_last[size_t(k)], p.micro_batch_size);
+        }
+        out += ", halos " + memory::format_bytes(halo) + " per micro-batch";
+      }
+    }
+    out += "\n";
+  }
   if (p.optimizer_sharding != OptimizerSharding::none) {
     out.pop_back();
     out += ", its state sharded over the data-parallel replicas (" +
@@ -400,17 +466,23 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
   }
-  std::snprintf(line, sizeof line, "%-5s %-3s %-3s %-3s %-24s %12s %12s %12s %12s %12s %10s %6s\n",
-                "rank", "dp", "pp", "tp", "layers", "parameters", "weights", "grads+optim",
+  std::snprintf(line, sizeof line,
+                "%-5s %-3s %-3s %-3s %s%-24s %12s %12s %12s %12s %12s %10s %6s\n", "rank", "dp",
+                "pp", "tp", sp ? "sp  " : "", "layers", "parameters", "weights", "grads+optim",
                 "activations", "peak", "compute", "busy");
   out += line;
   for (const RankEstimate& re : e.ranks) {
     std::string layers = re.layers.size() > 24 ? re.layers.substr(0, 21) + "..." : re.layers;
     bool over = p.device_memory > 0 && re.peak > p.device_memory;
     std::snprintf(line, sizeof line,
-                  "%-5d %-3d %-3d %-3d %-24s %12lld %12s %12s %12s %12s %8.2fms %5.1f%%%s\n",
-                  re.rank, re.coord.dp, re.coord.pp, re.coord.tp, layers.c_str(),
-                  (long long)re.parameters, memory::format_bytes(double(re.param_bytes)).c_str(),
+                  "%-5d %-3d %-3d %-3d %s%-24s %12lld %12s %12s %12s %12s %8.2fms %5.1f%%%s\n",
+                  re.rank, re.coord.dp, re.coord.pp, re.coord.tp,
+                  sp ? (std::to_string(re.coord.sp) +
+                        std::string(4 - std::to_string(re.coord.sp).size(), ' '))
+                           .c_str()
+                     : "",
+                  layers.c_str(), (long long)re.parameters,
+                  memory::format_bytes(double(re.param_bytes)).c_str(),
                   memory::format_bytes(double(re.grad_bytes + re.optimizer_bytes)).c_str(),
                   memory::format_bytes(double(re.activation_peak)).c_str(),
                   memory::format_bytes(double(re.peak)).c_str(), 1e3 * re.compute_time,

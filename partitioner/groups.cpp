@@ -11,6 +11,7 @@ RankView rank_view(const ResolvedPlan& r, int rank) {
   v.rank = rank;
   v.coord = r.layout.coord(rank);
   v.tp_degree = r.plan.tp[size_t(v.coord.pp)];
+  v.spatial_degree = r.spatial_of(v.coord.pp);
   for (int s : r.stages_of(v.coord.pp)) {
     RankStage st;
     st.stage = s;
@@ -22,6 +23,16 @@ RankView rank_view(const ResolvedPlan& r, int rank) {
   }
   v.tp_group = r.layout.tp_group(rank);
   v.dp_group = r.layout.dp_group(rank);
+  v.spatial_group = r.layout.spatial_group(rank);
+  if (r.plan.sync_batchnorm && r.plan.dp > 1) {
+    for (int d = 0; d < r.plan.dp; ++d)
+      for (int q : v.spatial_group) {
+        RankCoord c = r.layout.coord(q);
+        v.batchnorm_group.push_back(r.layout.rank(d, c.pp, c.tp, c.sp));
+      }
+  } else {
+    v.batchnorm_group = v.spatial_group;
+  }
   std::set<int> peers;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     for (const Transfer& t : boundary_transfers(r, rank, s)) peers.insert(t.peer);
@@ -55,7 +66,13 @@ std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank) {
       if (uses(s)) pps.insert(r.schedule.placement[size_t(s)]);
     std::set<int> ranks;
     for (int d = 0; d < r.plan.dp; ++d)
-      for (int pp : pps) ranks.insert(r.layout.rank(d, pp, me.tp));
+      for (int pp : pps) {
+        if (r.partial_grad(pp, p))
+          for (int sp = 0; sp < r.spatial_of(pp); ++sp)
+            ranks.insert(r.layout.rank(d, pp, me.tp, sp));
+        else
+          ranks.insert(r.layout.rank(d, pp, me.tp, me.sp));
+      }
     gg.ranks.assign(ranks.begin(), ranks.end());
     for (int s : mine)
       if (uses(s)) gg.local_stages.push_back(s);

@@ -26,9 +26,14 @@ struct RankView {
   int rank = 0;
   RankCoord coord;
   int tp_degree = 1;
-  std::vector<RankStage> stages;    // ascending schedule stage
-  std::vector<int> tp_group;        // in tp order (its index in the group = coord.tp)
-  std::vector<int> dp_group;        // in dp order
+  int spatial_degree = 1;
+  std::vector<RankStage> stages;   // ascending schedule stage
+  std::vector<int> tp_group;       // in tp order (its index in the group = coord.tp)
+  std::vector<int> spatial_group;  // in tile order (its index = coord.sp)
+  std::vector<int> dp_group;       // in dp order
+  // The ranks whose batch-norm statistics it shares: its spatial group and, with
+  // sync_batchnorm, those of every data-parallel replica (dp-major, then tile order).
+  std::vector<int> batchnorm_group;
   std::vector<int> pipeline_peers;  // ranks it sends activations to or receives them from
 };
 
@@ -40,6 +45,9 @@ RankView rank_view(const ResolvedPlan& r, int rank);
 // tensor-parallel index. A rank that holds the parameter in several of its own stages
 // (local_stages) adds those first. Tensor-parallel peers never appear: a replicated
 // parameter's gradient is already the same on each of them, a split one is another block.
+// The tiles of a spatial group appear for a parameter used on tiles (each holds a partial
+// gradient: partial_grad in partitioner/spatial.h); one used after the image is pooled has
+// the same complete gradient on every tile, summed over the replicas of its tile only.
 struct GradientGroup {
   int param = -1;  // logical parameter id
   std::string name;

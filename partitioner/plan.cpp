@@ -7,6 +7,7 @@
 #include "memory/file_io.h"
 #include "memory/units.h"
 #include "partitioner/layout.h"
+#include "schedule/generators.h"
 #include "schedule/schedule_io.h"
 #include "stages/json_reader.h"
 
@@ -90,7 +91,19 @@ bool Plan::uniform_tp() const {
 }
 
 int Plan::replica_size() const {
-  return std::accumulate(tp.begin(), tp.end(), 0);
+  int n = 0;
+  for (size_t i = 0; i < tp.size(); ++i) n += tp[i] * spatial_of(int(i));
+  return n;
+}
+
+bool Plan::has_spatial() const {
+  for (int s : spatial)
+    if (s > 1) return true;
+  return false;
+}
+
+Layout plan_layout(const Plan& p) {
+  return Layout(p.dp, p.tp, p.spatial);
 }
 
 std::string Plan::where(const std::string& json_path) const {
@@ -107,13 +120,20 @@ json derive_boundaries(const Plan& p) {
     if (p.stages[k].pipeline_ranks.empty() || p.stages[k + 1].pipeline_ranks.empty()) return json();
     int a = p.stages[k].pipeline_ranks.front(), b = p.stages[k + 1].pipeline_ranks.front();
     int t = p.tp[size_t(a)], u = p.tp[size_t(b)];
-    out.push_back(
-        {{"after_stage", k},
-         {"from_pipeline_rank", a},
-         {"to_pipeline_rank", b},
-         {"from_tp", t},
-         {"to_tp", u},
-         {"pattern", a == b ? std::string("in-memory") : std::string(boundary_pattern(t, u))}});
+    const int sa = p.spatial_of(a), sb = p.spatial_of(b);
+    json e = {{"after_stage", k},
+              {"from_pipeline_rank", a},
+              {"to_pipeline_rank", b},
+              {"from_tp", t},
+              {"to_tp", u}};
+    if (p.has_spatial()) {
+      e["from_spatial"] = sa;
+      e["to_spatial"] = sb;
+    }
+    // Tiles go one to one (equal degrees); replicated values by the groups' widths.
+    e["pattern"] =
+        a == b ? std::string("in-memory") : std::string(boundary_pattern(t * sa, u * sb));
+    out.push_back(e);
   }
   return out;
 }
@@ -162,7 +182,8 @@ void parse_parallel(Plan& p, const JsonReader& r) {
 }
 
 void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
-  r.expect_only({"layers", "pipeline_ranks", "recompute"});
+  r.expect_only({"layers", "pipeline_ranks", "recompute", "spatial"});
+  s.spatial = int(r.get_int("spatial", 1, 1, kMaxCount));
   s.json_path = r.where();
   JsonReader layers = r.at("layers");
   layers.expect_array();
@@ -195,21 +216,25 @@ void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
 
 void check_ranks_table(const Plan& p, const JsonReader& r) {
   r.expect_array();
-  Layout layout(p.dp, p.tp);
+  Layout layout = plan_layout(p);
   if (int(r.size()) != layout.world())
     r.fail(std::to_string(layout.world()) + " entries (one per rank)", std::to_string(r.size()));
   for (size_t i = 0; i < r.size(); ++i) {
     JsonReader e = r.at(i);
-    e.expect_only({"rank", "dp", "pp", "tp"});
+    e.expect_only({"rank", "dp", "pp", "tp", "sp"});
     RankCoord c = layout.coord(int(i));
     int64_t rank = e.at("rank").as_int(0, kMaxCount), dp = e.at("dp").as_int(0, kMaxCount),
-            pp = e.at("pp").as_int(0, kMaxCount), tp = e.at("tp").as_int(0, kMaxCount);
-    if (rank != int64_t(i) || dp != c.dp || pp != c.pp || tp != c.tp)
+            pp = e.at("pp").as_int(0, kMaxCount), tp = e.at("tp").as_int(0, kMaxCount),
+            sp = e.get_int("sp", 0, 0, kMaxCount);
+    auto sp_str = [&](int64_t v) {
+      return layout.has_spatial() || v != 0 ? ", sp " + std::to_string(v) : std::string();
+    };
+    if (rank != int64_t(i) || dp != c.dp || pp != c.pp || tp != c.tp || sp != c.sp)
       e.fail("{rank " + std::to_string(i) + ", dp " + std::to_string(c.dp) + ", pp " +
-                 std::to_string(c.pp) + ", tp " + std::to_string(c.tp) + "} (" + layout.rule() +
-                 ")",
+                 std::to_string(c.pp) + ", tp " + std::to_string(c.tp) + sp_str(c.sp) + "} (" +
+                 layout.rule() + ")",
              "{rank " + std::to_string(rank) + ", dp " + std::to_string(dp) + ", pp " +
-                 std::to_string(pp) + ", tp " + std::to_string(tp) + "}");
+                 std::to_string(pp) + ", tp " + std::to_string(tp) + sp_str(sp) + "}");
   }
 }
 
@@ -268,6 +293,45 @@ DpSync read_dp_sync(const JsonReader& r) {
   return s;
 }
 
+// The stages' spatial degrees per pipeline rank (through the schedule's placement, which
+// resolve_plan checks again); InputError naming the stage when a pipeline rank would get
+// two degrees or a degree with tensor parallelism.
+void plan_spatial_degrees(Plan& p) {
+  bool any = false;
+  for (const PlanStage& s : p.stages) any = any || s.spatial > 1;
+  if (!any) return;
+  schedule::Schedule sched;
+  try {
+    sched = schedule::generate(schedule::canonical_schedule_name(p.schedule), p.pp, p.micro_batches,
+                               p.chunks);
+  } catch (const InputError& e) {
+    throw InputError(p.where("$.schedule") + ": " + e.what());
+  }
+  if (sched.stages_per_direction() != int(p.stages.size()))
+    return;  // resolve_plan reports the stage count
+  p.spatial.assign(size_t(p.pp), 0);
+  std::vector<int> by(size_t(p.pp), -1);  // the stage that set the degree
+  for (int st = 0; st < sched.num_stages(); ++st) {
+    const int k = schedule::stage_chunk(sched, st), pp = sched.placement[size_t(st)];
+    const PlanStage& s = p.stages[size_t(k)];
+    int& d = p.spatial[size_t(pp)];
+    if (d != 0 && d != s.spatial)
+      throw InputError(s.json_path + ".spatial: " + std::to_string(s.spatial) +
+                       ", but pipeline rank " + std::to_string(pp) + " also holds " +
+                       p.stages[size_t(by[size_t(pp)])].json_path.substr(p.where("").size()) +
+                       " with spatial " + std::to_string(d) +
+                       "; the chunks of one pipeline rank share its spatial degree");
+    if (s.spatial > 1 && p.tp[size_t(pp)] > 1)
+      throw InputError(s.json_path + ".spatial: spatial " + std::to_string(s.spatial) +
+                       " on pipeline rank " + std::to_string(pp) +
+                       " whose tensor-parallel degree is " + std::to_string(p.tp[size_t(pp)]) +
+                       ": the spatial split and tensor parallelism in one stage are not "
+                       "supported yet (use one of them per pipeline rank)");
+    d = s.spatial;
+    by[size_t(pp)] = k;
+  }
+}
+
 std::string file_dir(const std::string& path) {
   fs::path d = fs::path(path).parent_path();
   return d.empty() ? "." : d.string();
@@ -279,7 +343,8 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   JsonReader r(j, source);
   r.expect_only({"version", "model", "devices", "device_memory", "device", "transport", "parallel",
                  "batch", "schedule", "optimizer", "optimizer_sharding", "optimizer_step",
-                 "dp_sync", "stages", "splits", "ranks", "boundaries", "predicted"});
+                 "dp_sync", "sync_batchnorm", "stages", "splits", "ranks", "boundaries",
+                 "predicted"});
   Plan p;
   p.source = source;
   JsonReader version = r.at("version");
@@ -308,7 +373,12 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.tp.assign(1, 1);
   JsonReader devices = r.at("devices");
   p.devices = int(devices.as_int(1, kMaxCount));
-  if (p.devices != p.dp * p.replica_size())
+  // With a spatial split the pipeline ranks' widths need the stages (checked below).
+  bool spatial_written = false;
+  if (j.contains("stages") && j["stages"].is_array())
+    for (const json& st : j["stages"])
+      spatial_written = spatial_written || (st.is_object() && st.contains("spatial"));
+  if (!spatial_written && p.devices != p.dp * p.replica_size())
     devices.fail("dp x (sum of tp over the pipeline ranks) = " + std::to_string(p.dp) + " x " +
                      std::to_string(p.replica_size()) + " = " +
                      std::to_string(p.dp * p.replica_size()) + " devices",
@@ -382,6 +452,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.post_validated_step = name == "post-validated";
   }
 
+  if (auto sb = r.get("sync_batchnorm")) p.sync_batchnorm = sb->as_bool();
   if (auto d = r.get("dp_sync")) {
     p.dp_sync = read_dp_sync(*d);
     // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
@@ -408,6 +479,12 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     parse_stage(ps, s, p.pp);
     p.stages.push_back(std::move(ps));
   }
+  plan_spatial_degrees(p);
+  if (spatial_written && p.devices != p.dp * p.replica_size())
+    devices.fail("dp x (sum of tp x spatial over the pipeline ranks) = " + std::to_string(p.dp) +
+                     " x " + std::to_string(p.replica_size()) + " = " +
+                     std::to_string(p.dp * p.replica_size()) + " devices",
+                 std::to_string(p.devices));
 
   if (auto sp = r.get("splits")) {
     sp->expect_object();
@@ -421,8 +498,8 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   if (auto b = r.get("boundaries")) {
     b->expect_array();
     for (const stages::JsonReader& e : b->items())
-      e.expect_only(
-          {"after_stage", "from_pipeline_rank", "to_pipeline_rank", "from_tp", "to_tp", "pattern"});
+      e.expect_only({"after_stage", "from_pipeline_rank", "to_pipeline_rank", "from_tp", "to_tp",
+                     "from_spatial", "to_spatial", "pattern"});
     p.boundaries = b->raw();
     p.boundaries_path = b->where();
   }
@@ -474,6 +551,7 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     j["optimizer_sharding"] = std::string(sharding_name(p.optimizer_sharding));
   if (p.post_validated_step) j["optimizer_step"] = "post-validated";
   if (p.dp_sync.mode != DpSync::Mode::allreduce) j["dp_sync"] = dp_sync_to_json(p.dp_sync);
+  if (p.sync_batchnorm) j["sync_batchnorm"] = true;
   json stages = json::array();
   for (const PlanStage& s : p.stages) {
     json e;
@@ -488,6 +566,7 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
       e["recompute"] = s.recompute_names;
     else
       e["recompute"] = false;
+    if (s.spatial > 1) e["spatial"] = s.spatial;
     stages.push_back(e);
   }
   j["stages"] = stages;
@@ -496,11 +575,13 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     for (const auto& [k, v] : p.splits) sp[k] = std::string(split_name(v));
     j["splits"] = sp;
   }
-  Layout layout(p.dp, p.tp);
+  Layout layout = plan_layout(p);
   json ranks = json::array();
   for (int r = 0; r < layout.world(); ++r) {
     RankCoord c = layout.coord(r);
-    ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}});
+    json e = {{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}};
+    if (layout.has_spatial()) e["sp"] = c.sp;
+    ranks.push_back(e);
   }
   j["ranks"] = ranks;
   json boundaries = derive_boundaries(p);

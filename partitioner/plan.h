@@ -80,6 +80,9 @@ struct PlanStage {
   // The pipeline ranks holding the chunk as written (empty: not written); resolve_plan
   // checks them against the schedule's placement and fills them in.
   std::vector<int> pipeline_ranks;
+  // The spatial split (partitioner/spatial.h): the images' rows tiled over this many
+  // ranks per tensor-parallel rank of the chunk's pipeline ranks (1: none).
+  int spatial = 1;
   std::string json_path;  // "plan.json: $.stages[2]", for messages
 };
 
@@ -104,6 +107,12 @@ struct Plan {
   }
   int dp = 1, pp = 1;
   std::vector<int> tp;  // tensor-parallel degree per pipeline rank (size pp)
+  // Spatial degree per pipeline rank, from the stages' `spatial` and the schedule's
+  // placement (empty: 1 everywhere).
+  std::vector<int> spatial;
+  // Batch-norm statistics reduced over the data-parallel replicas too (plan field
+  // sync_batchnorm), so every replica normalises with the whole global micro-batch's.
+  bool sync_batchnorm = false;
 
   std::string schedule = "1f1b";    // a generator name (schedule/generators.h)
   int micro_batches = 1;            // per step and data-parallel replica
@@ -127,7 +136,9 @@ struct Plan {
   std::string boundaries_path;
 
   bool uniform_tp() const;
-  int replica_size() const;  // ranks per data-parallel replica: the sum of tp
+  int spatial_of(int p) const { return spatial.empty() ? 1 : spatial[size_t(p)]; }
+  bool has_spatial() const;
+  int replica_size() const;  // ranks per data-parallel replica: the sum of tp x spatial
   std::string where(const std::string& json_path) const;  // "plan.json: $.x"
 };
 
@@ -137,6 +148,10 @@ std::string_view boundary_pattern(int t, int u);
 // The boundaries of a plan whose stages have their pipeline ranks filled in: one entry
 // per pair of consecutive model chunks (direction 0 of a bidirectional schedule).
 nlohmann::json derive_boundaries(const Plan& p);
+
+// The plan's rank layout (dp, tp and spatial degrees per pipeline rank).
+class Layout;
+Layout plan_layout(const Plan& p);
 
 // Optimizer state tensors per parameter.
 int optimizer_states(const std::string& optimizer);

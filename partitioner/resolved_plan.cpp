@@ -118,6 +118,66 @@ void resolve_recompute(const Plan& p, const Graph& g, ResolvedPlan& r) {
   }
 }
 
+// The spatial split of every pipeline rank with a degree > 1 (partitioner/spatial.h), and
+// what it needs across stages: tiles cross a boundary only between equal degrees, a tied
+// parameter sits on pipeline ranks of one degree.
+void resolve_spatial_split(ResolvedPlan& r) {
+  const Plan& p = r.plan;
+  const Graph& g = *r.graph;
+  r.spatial.assign(size_t(p.pp), SpatialSplit{});
+  if (!p.has_spatial()) return;
+  const int S = r.num_chunks();
+  // The pipeline rank of each chunk in direction 0 (DualPipe holds a chunk on two, of
+  // one degree), and a chunk of each pipeline rank (for the messages).
+  std::vector<int> chunk_pp(static_cast<size_t>(S), 0), a_chunk(size_t(p.pp), -1);
+  for (int st = 0; st < r.schedule.num_stages(); ++st) {
+    const int k = r.chunk_of_stage[size_t(st)], pp = r.schedule.placement[size_t(st)];
+    if (schedule::stage_direction(r.schedule, st) == 0) chunk_pp[size_t(k)] = pp;
+    if (a_chunk[size_t(pp)] < 0) a_chunk[size_t(pp)] = k;
+  }
+  for (int pp = 0; pp < p.pp; ++pp) {
+    const int d = p.spatial_of(pp);
+    if (d <= 1 || a_chunk[size_t(pp)] < 0) continue;
+    const std::string where =
+        p.stages[size_t(a_chunk[size_t(pp)])].json_path.empty()
+            ? p.where("$.stages[" + std::to_string(a_chunk[size_t(pp)]) + "].spatial")
+            : p.stages[size_t(a_chunk[size_t(pp)])].json_path + ".spatial";
+    r.spatial[size_t(pp)] = plan_spatial(g, d, where);
+    bool any = false;
+    for (bool t : r.spatial[size_t(pp)].tiled) any = any || t;
+    if (!any)
+      throw InputError(where + ": spatial " + std::to_string(d) +
+                       ", but the model has no floating image input [C, H, W] whose rows could "
+                       "be tiled");
+  }
+  for (int k = 0; k + 1 < S; ++k) {
+    const int a = chunk_pp[size_t(k)], b = chunk_pp[size_t(k + 1)];
+    const int sa = p.spatial_of(a), sb = p.spatial_of(b);
+    if (sa == sb) continue;
+    for (int v : g.cut_values(r.chunk_last[size_t(k)]))
+      if (r.tiled(a, v) || r.tiled(b, v))
+        throw InputError(p.where("$.stages[" + std::to_string(k + 1) + "].spatial") + ": " +
+                         std::to_string(sb) + ", but value '" + g.values[size_t(v)].name +
+                         "' crosses the boundary from " + "$.stages[" + std::to_string(k) +
+                         "] (spatial " + std::to_string(sa) +
+                         ") as image tiles; tiles cross only between stages of one spatial "
+                         "degree (or cut after global_avgpool)");
+  }
+  for (const stages::Param& prm : g.params) {
+    std::set<int> degrees;
+    for (int l : prm.layers)
+      for (int k = 0; k < S; ++k)
+        if (l >= r.chunk_first[size_t(k)] && l < r.chunk_last[size_t(k)])
+          degrees.insert(p.spatial_of(chunk_pp[size_t(k)]));
+    if (degrees.size() > 1)
+      throw InputError(p.where("$.stages") + ": parameter '" + prm.name + "' is used by " +
+                       layer_ref(g, prm.layers.front()) + " and " +
+                       layer_ref(g, prm.layers.back()) +
+                       " on pipeline ranks of different spatial degrees; a tied parameter needs "
+                       "one degree");
+  }
+}
+
 }  // namespace
 
 ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
@@ -125,7 +185,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   r.plan = p;
   r.graph = graph;
   const Graph& g = *graph;
-  r.layout = Layout(p.dp, p.tp);
+  r.layout = plan_layout(p);
   std::string name;
   try {
     name = schedule::canonical_schedule_name(p.schedule);
@@ -184,6 +244,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
                        " on pipeline ranks of different tensor-parallel degrees; a tied parameter "
                        "needs one degree");
   }
+  resolve_spatial_split(r);
   if (!p.boundaries.is_null()) {
     nlohmann::json want = derive_boundaries(r.plan);
     for (size_t i = 0; i < std::max(want.size(), p.boundaries.size()); ++i)

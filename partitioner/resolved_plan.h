@@ -11,6 +11,7 @@
 
 #include "partitioner/layout.h"
 #include "partitioner/plan.h"
+#include "partitioner/spatial.h"
 #include "partitioner/tensor_parallel.h"
 #include "schedule/schedule.h"
 #include "stages/graph.h"
@@ -26,10 +27,21 @@ struct ResolvedPlan {
   std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
   std::vector<int> chunk_of_stage;           // schedule stage -> model chunk
   std::vector<int> layer_tp;                 // degree per layer
-  std::vector<std::set<int>> recompute;      // per chunk, layer indices
+  // Per pipeline rank: its spatial split (degree 1 and empty: none).
+  std::vector<SpatialSplit> spatial;
+  std::vector<std::set<int>> recompute;  // per chunk, layer indices
   Sharding sharding;
 
   int num_chunks() const { return int(chunk_first.size()); }
+  int spatial_of(int pp) const { return plan.spatial_of(pp); }
+  // Is logical value v a tile on pipeline rank pp?
+  bool tiled(int pp, int v) const {
+    return spatial_of(pp) > 1 && spatial[size_t(pp)].tiled[size_t(v)];
+  }
+  // Is logical parameter p's gradient partial on pipeline rank pp (summed over its tiles)?
+  bool partial_grad(int pp, int p) const {
+    return spatial_of(pp) > 1 && spatial[size_t(pp)].partial_grad[size_t(p)];
+  }
   // Schedule stages held by pipeline rank pp (ascending).
   std::vector<int> stages_of(int pp) const;
   std::set<int> recompute_layers() const;  // every chunk's

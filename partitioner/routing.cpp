@@ -49,12 +49,14 @@ std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int st
   if (pa == pb) return out;
   const RankCoord me = r.layout.coord(rank);
   if (me.pp != pa && me.pp != pb) return out;
-  const int t = r.plan.tp[size_t(pa)], u = r.plan.tp[size_t(pb)];
+  // Group widths: tensor-parallel ranks times spatial tiles.
+  const int t = r.layout.width(pa), u = r.layout.width(pb);
   const stages::Graph& g = *r.graph;
   const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(stage)])];
   for (int v : g.cut_values(cut)) {
     const stages::Value& val = g.values[size_t(v)];
-    const bool split = r.sharding.values[size_t(v)].split;
+    // Tiles (checked by resolve_plan: equal degrees) go one to one as shards do.
+    const bool split = r.sharding.values[size_t(v)].split || r.tiled(pa, v) || r.tiled(pb, v);
     BATON_CHECK(!split || t == u, "a split value crosses a change of tensor-parallel degree");
     const bool grad = memory::is_floating(val.type.dtype) && val.type.batched;
     for (int phase = 0; phase < (grad ? 2 : 1); ++phase) {
@@ -62,7 +64,8 @@ std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int st
       const int from_pp = phase == 0 ? pa : pb, to_pp = phase == 0 ? pb : pa;
       const int a = phase == 0 ? t : u, b = phase == 0 ? u : t;
       for (const Route& rt : replicated_routes(a, b)) {
-        int src = r.layout.rank(me.dp, from_pp, rt.from), dst = r.layout.rank(me.dp, to_pp, rt.to);
+        int src = r.layout.rank_at(me.dp, from_pp, rt.from),
+            dst = r.layout.rank_at(me.dp, to_pp, rt.to);
         Transfer x;
         x.phase = phase == 0 ? Transfer::Phase::activation : Transfer::Phase::gradient;
         x.value = val.name;

@@ -29,8 +29,10 @@ std::string Candidate::describe() const {
   bool rc = false;
   for (const PlanStage& s : plan.stages) rc = rc || s.recompute_all;
   char b[256];
-  std::snprintf(b, sizeof b, "tp %s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(),
-                plan.pp, plan.dp, plan.schedule.c_str(), plan.micro_batches,
+  const std::string sp =
+      plan.has_spatial() ? " spatial " + std::to_string(plan.stages.front().spatial) : "";
+  std::snprintf(b, sizeof b, "tp %s%s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(),
+                sp.c_str(), plan.pp, plan.dp, plan.schedule.c_str(), plan.micro_batches,
                 (long long)plan.micro_batch_size, rc ? "on" : "off");
   return b;
 }
@@ -85,26 +87,31 @@ class Search {
         result_.skipped.push_back("tp " + std::to_string(tp) + ": " + e.what());
         continue;
       }
-      for (int pp : divisors(N / tp)) {
-        if (o_.pp > 0 && pp != o_.pp) continue;
-        if (pp > L) continue;
-        int dp = N / tp / pp;
-        if (o_.dp > 0 && dp != o_.dp) continue;
-        if (o_.global_batch % dp != 0) {
-          result_.skipped.push_back("dp " + std::to_string(dp) + ": does not divide the batch of " +
-                                    std::to_string(o_.global_batch));
-          continue;
-        }
-        int64_t replica_batch = o_.global_batch / dp;
-        for (int m : divisors(replica_batch)) {
-          if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
-          int64_t b = replica_batch / m;
-          for (const std::string& name : names) {
-            // One pipeline rank: every schedule runs the same F, B, W in order.
-            if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
-            for (int rc : {0, 1}) {
-              if (o_.recompute >= 0 && rc != o_.recompute) continue;
-              enumerate(tp, pp, dp, m, b, name, rc == 1);
+      for (int sp : divisors(N / tp)) {
+        if ((o_.spatial > 0 && sp != o_.spatial) || (sp > 1 && tp > 1)) continue;
+        if (sp > 1 && !spatial_split(sp)) continue;
+        for (int pp : divisors(N / tp / sp)) {
+          if (o_.pp > 0 && pp != o_.pp) continue;
+          if (pp > L) continue;
+          int dp = N / tp / sp / pp;
+          if (o_.dp > 0 && dp != o_.dp) continue;
+          if (o_.global_batch % dp != 0) {
+            result_.skipped.push_back("dp " + std::to_string(dp) +
+                                      ": does not divide the batch of " +
+                                      std::to_string(o_.global_batch));
+            continue;
+          }
+          int64_t replica_batch = o_.global_batch / dp;
+          for (int m : divisors(replica_batch)) {
+            if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
+            int64_t b = replica_batch / m;
+            for (const std::string& name : names) {
+              // One pipeline rank: every schedule runs the same F, B, W in order.
+              if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
+              for (int rc : {0, 1}) {
+                if (o_.recompute >= 0 && rc != o_.recompute) continue;
+                enumerate(tp, sp, pp, dp, m, b, name, rc == 1);
+              }
             }
           }
         }
@@ -176,6 +183,56 @@ class Search {
     return o_.optimizer_sharding != OptimizerSharding::none && schedule != "dualpipe" ? dp : 1;
   }
 
+  // The spatial split at degree sp (cached; null, with the reason noted, when the model
+  // cannot be tiled so: no image input, strides or halos that do not fit the tiles).
+  const SpatialSplit* spatial_split(int sp) {
+    auto it = splits_.find(sp);
+    if (it != splits_.end()) return it->second.get();
+    std::unique_ptr<SpatialSplit> split;
+    try {
+      split = std::make_unique<SpatialSplit>(plan_spatial(*g_, sp, "--spatial"));
+      bool any = false;
+      for (bool t : split->tiled) any = any || t;
+      if (!any) split.reset();  // nothing to tile (no image input): not a candidate
+    } catch (const InputError& e) {
+      if (o_.spatial > 0)
+        result_.skipped.push_back("spatial " + std::to_string(sp) + ": " + e.what());
+    }
+    return splits_.emplace(sp, std::move(split)).first->second.get();
+  }
+
+  // The table of a degree: tensor-parallel tp, or (sp > 1) the unsplit table of a tile:
+  // 1/sp of every layer's time and activations, its halos' transfers added to F and B.
+  const CostTable& table_of(int tp, int sp, int64_t b) {
+    if (sp <= 1) return model_.table(tp, b, o_.splits, "--tp");
+    const std::string key = std::to_string(sp) + "/" + std::to_string(b);
+    auto it = spatial_tables_.find(key);
+    if (it != spatial_tables_.end()) return it->second;
+    CostTable t = model_.table(1, b, o_.splits, "--tp");
+    const SpatialSplit& split = *spatial_split(sp);
+    const double d = double(sp);
+    for (size_t l = 0; l < t.layers.size(); ++l) {
+      LayerCost& lc = t.layers[l];
+      const double halo = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b) /
+                          std::max(model_.machine().tp_bandwidth, 1.0);
+      lc.f = lc.f / d + halo;
+      lc.b = lc.b / d + halo;
+      lc.w /= d;
+      for (MicroBatchMemory* m : {&lc.mem, &lc.mem_recompute})
+        for (int64_t* x : {&m->stash, &m->w_stash, &m->forward_peak, &m->backward_peak,
+                           &m->weight_peak, &m->held_through_backward})
+          *x = (*x + sp - 1) / sp;
+    }
+    for (double& x : t.cut_bytes) x /= d;
+    for (int64_t& x : t.input_bytes) x = (x + sp - 1) / sp;
+    for (size_t l = 0; l < t.layers.size(); ++l) {
+      t.pf[l + 1] = t.pf[l] + t.layers[l].f;
+      t.pb[l + 1] = t.pb[l] + t.layers[l].b;
+      t.pw[l + 1] = t.pw[l] + t.layers[l].w;
+    }
+    return spatial_tables_.emplace(key, std::move(t)).first->second;
+  }
+
   std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t,
                                                 int shard = 1) {
     std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
@@ -189,7 +246,7 @@ class Search {
   }
 
   struct Pending {
-    int tp, pp, dp, m;
+    int tp, sp, pp, dp, m;
     int64_t b;
     std::string name;
     bool rc;
@@ -211,7 +268,11 @@ class Search {
     return time_cuts_.emplace(key, Cutter({costs}, st).solve()).first->second;
   }
 
-  void enumerate(int tp, int pp, int dp, int m, int64_t b, const std::string& name, bool rc) {
+  // The caches' degree: tp, or -sp for a spatial split.
+  static int degree_key(int tp, int sp) { return sp > 1 ? -sp : tp; }
+
+  void enumerate(int tp, int sp, int pp, int dp, int m, int64_t b, const std::string& name,
+                 bool rc) {
     const schedule::Schedule* s = schedule_for(name, pp, m);
     if (s == nullptr) return;
     const int K = s->stages_per_direction();
@@ -226,10 +287,11 @@ class Search {
       return;
     }
     auto t0 = std::chrono::steady_clock::now();
-    const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
-    auto costs = prepared(tp, b, rc, table, shard_over(dp, name));
+    const CostTable& table = table_of(tp, sp, b);
+    const int key = degree_key(tp, sp);
+    auto costs = prepared(key, b, rc, table, shard_over(dp, name));
     auto t1 = std::chrono::steady_clock::now();
-    const CutResult& cut = time_cut(tp, b, rc, K, costs, shard_over(dp, name));
+    const CutResult& cut = time_cut(key, b, rc, K, costs, shard_over(dp, name));
     auto t2 = std::chrono::steady_clock::now();
     phase_[0] += std::chrono::duration<double>(t1 - t0).count();
     phase_[1] += std::chrono::duration<double>(t2 - t1).count();
@@ -238,11 +300,11 @@ class Search {
     // work over the step bounds the step from below (whatever the memory cut does).
     double ticks = double(int64_t(1) << 50) / std::max(table.total_time(rc), 1e-30);
     double bound = double(m / s->num_directions) * double(cut.bottleneck) / ticks;
-    pending_.push_back({tp, pp, dp, m, b, name, rc, bound});
+    pending_.push_back({tp, sp, pp, dp, m, b, name, rc, bound});
   }
 
   void evaluate(const Pending& p) {
-    const int tp = p.tp, pp = p.pp, dp = p.dp, m = p.m;
+    const int tp = p.tp, sp = p.sp, pp = p.pp, dp = p.dp, m = p.m;
     const int64_t b = p.b;
     const std::string& name = p.name;
     const bool rc = p.rc;
@@ -257,8 +319,9 @@ class Search {
       noted_.insert(key);
       return;
     }
-    const CostTable& table = model_.table(tp, b, o_.splits, "--tp");
-    auto costs = prepared(tp, b, rc, table, shard_over(dp, name));
+    const CostTable& table = table_of(tp, sp, b);
+    const int key = degree_key(tp, sp);
+    auto costs = prepared(key, b, rc, table, shard_over(dp, name));
 
     // Stage constraints: one stage per rank and direction gives the rank's exact peak
     // terms; several stages per rank (interleaved, V, DualPipe) split the capacity
@@ -284,7 +347,7 @@ class Search {
       }
     }
     // The time-optimal cut first; when it fits the capacity it is also the optimum under it.
-    CutResult cut = time_cut(tp, b, rc, K, costs);
+    CutResult cut = time_cut(key, b, rc, K, costs);
     Cutter cutter({costs}, stages);
     bool fits = true;
     for (int k = 0; k < K; ++k)
@@ -298,7 +361,7 @@ class Search {
     phase_[2] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
     result_.evaluated++;
-    Candidate c = make_candidate(tp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only,
+    Candidate c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only,
                                  table, *costs);
     phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!cut.feasible || (o_.device_memory > 0 && c.peak > o_.device_memory)) {
@@ -311,9 +374,10 @@ class Search {
     fitting_.push_back(std::move(c));
   }
 
-  Candidate make_candidate(int tp, int pp, int dp, int m, int64_t b, const std::string& name,
-                           bool rc, const schedule::Schedule& s, const CutResult& cut,
-                           const CostTable& table, const PreparedCosts& costs) {
+  Candidate make_candidate(int tp, int sp, int pp, int dp, int m, int64_t b,
+                           const std::string& name, bool rc, const schedule::Schedule& s,
+                           const CutResult& cut, const CostTable& table,
+                           const PreparedCosts& costs) {
     Candidate c;
     Plan& p = c.plan;
     p.model_path = o_.model_path;
@@ -410,6 +474,12 @@ class Search {
     const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(sc);
     c.step_time = sim.makespan;
     c.bubble = sim.bubble;
+    // The spatial degree goes into the plan only now: the tile's table already holds its
+    // 1/sp (schedule_costs would divide again).
+    if (sp > 1) {
+      c.plan.spatial.assign(size_t(pp), sp);
+      for (PlanStage& st : c.plan.stages) st.spatial = sp;
+    }
     const stages::Value& tokens = g_->values[size_t(g_->inputs.front())];
     double tokens_per_step = double(o_.global_batch) *
                              double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
@@ -432,6 +502,8 @@ class Search {
   std::map<std::string, std::unique_ptr<schedule::Simulator>> sims_;
   std::map<std::string, std::shared_ptr<const PreparedCosts>> prepared_;
   std::map<std::string, CutResult> time_cuts_;
+  std::map<int, std::unique_ptr<SpatialSplit>> splits_;
+  std::map<std::string, CostTable> spatial_tables_;
   std::vector<Pending> pending_;
   double phase_[4] = {0, 0, 0, 0};  // tables, time cuts, memory cuts, memory + simulation
   int memory_cuts_ = 0;

@@ -181,4 +181,26 @@ std::shared_ptr<Graph> build_spatial(const Graph& lg, const SpatialSplit& s, int
   return g;
 }
 
+double spatial_halo_bytes(const Graph& g, const SpatialSplit& s, int first, int last,
+                          int64_t batch) {
+  double bytes = 0;
+  for (int l = first; l < last; ++l)
+    for (int id : g.layers[size_t(l)].nodes) {
+      const SpatialHalo& h = s.halos[size_t(id)];
+      if (h.top + h.bottom == 0) continue;
+      const stages::ValueType& in = g.values[size_t(g.nodes[size_t(id)].inputs[0])].type;
+      bytes += double(batch) * double(h.top + h.bottom) * double(in.shape[0] * in.shape[2]) *
+               double(memory::dtype_size(in.dtype));
+    }
+  return bytes;
+}
+
+void sync_batchnorm(Graph& g) {
+  for (Node& n : g.nodes)
+    if (n.op == "batchnorm2d") {
+      if (n.attrs.is_null()) n.attrs = nlohmann::json::object();
+      n.attrs["spatial"] = true;
+    }
+}
+
 }  // namespace baton::partitioner

@@ -44,4 +44,14 @@ SpatialSplit plan_spatial(const stages::Graph& g, int degree, const std::string&
 std::shared_ptr<stages::Graph> build_spatial(const stages::Graph& logical, const SpatialSplit& s,
                                              int index);
 
+// Bytes one tile receives in halos per micro-batch of `batch` samples in layers
+// [first, last) of g (each halo row C x W elements of the convolution's input); the
+// backward returns as many.
+double spatial_halo_bytes(const stages::Graph& g, const SpatialSplit& s, int first, int last,
+                          int64_t batch);
+
+// sync_batchnorm: every batchnorm2d of g reduces its statistics over the stage's
+// batch-norm group ("spatial": true; the group is the spatial group and the replicas).
+void sync_batchnorm(stages::Graph& g);
+
 }  // namespace baton::partitioner

@@ -109,7 +109,10 @@ std::string to_chrome_trace(const Timeline& t) {
   }
   for (const TimelineEvent& e : t.events) {
     sep();
-    out += "{\"name\": \"" + event_token(e) + "\", \"cat\": \"" + std::string(kind_code(e.kind)) +
+    const std::string name =
+        e.label.empty() ? event_token(e) : e.label + std::to_string(e.micro_batch);
+    const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : "HALO";
+    out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
            ", \"tid\": " + std::to_string(e.lane) +
            ", \"ts\": " + detail::format_number("%.6f", e.start * us) +

@@ -20,6 +20,9 @@ struct TimelineEvent {
   int peer = -1;       // transfers: the other rank
   double start = 0.0;  // in the timeline's time unit
   double end = 0.0;
+  // Set: an event of no schedule action, named by it in traces (the spatial split's halo
+  // receives, "HALO_F" and "HALO_B", on lane 1 with the micro-batch number).
+  std::string label;
 };
 
 struct Timeline {

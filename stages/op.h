@@ -91,6 +91,9 @@ struct OpContext {
   transport::Communicator* tp = nullptr;  // the tensor-parallel group (communication ops)
   // The spatial group (halo exchanges, batch-norm statistics over the tiles of an image).
   transport::Communicator* spatial = nullptr;
+  // Whom batchnorm2d with "spatial": true reduces its statistics over (null: `spatial`):
+  // the spatial group and, with sync_batchnorm, the data-parallel replicas.
+  transport::Communicator* batchnorm = nullptr;
   int64_t batch() const { return mb.samples; }
 };
 

@@ -319,6 +319,7 @@ TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool tra
   ctx.device = opt_options_.device;
   ctx.tp = opt_options_.tp;
   ctx.spatial = opt_options_.spatial;
+  ctx.batchnorm = opt_options_.batchnorm;
   auto s = std::make_unique<MbState>(ctx);
   s->values.resize(g.values.size());
   s->saved.resize(g.nodes.size());

@@ -47,6 +47,8 @@ struct StageOptions {
   std::set<int> recompute_layers;         // graph layer indices whose activations are recomputed
   transport::Communicator* tp = nullptr;  // tensor-parallel group (communication ops)
   transport::Communicator* spatial = nullptr;  // spatial group (halos, tiled batch norm)
+  // Batch-norm statistics' group when it is more than `spatial` (sync_batchnorm).
+  transport::Communicator* batchnorm = nullptr;
   bool profile = false;  // time every node (op_times()); costs a clock read per node
   // Mixed precision: when set and different from a trainable parameter's dtype (the
   // graph's 16-bit float dtype), the stage keeps a master copy of it in this dtype (f32),

@@ -48,7 +48,9 @@ int run_plan(const std::vector<std::string>& args) {
       "memory of one device, e.g. 4GiB (default: unlimited)")(
       "tp", po::value(&so.tp)->default_value(0), "tensor-parallel degree (0: search)")(
       "pp", po::value(&so.pp)->default_value(0), "pipeline ranks (0: search)")(
-      "dp", po::value(&so.dp)->default_value(0), "data-parallel replicas (0: search)")(
+      "spatial", po::value(&so.spatial)->default_value(0),
+      "spatial split's degree of every stage (0: search, for models with image inputs; 1: "
+      "none)")("dp", po::value(&so.dp)->default_value(0), "data-parallel replicas (0: search)")(
       "schedule", po::value(&schedules),
       "schedule name(s), comma-separated (default: every generator)")(
       "micro-batches", po::value(&so.micro_batches)->default_value(0),

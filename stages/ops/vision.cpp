@@ -272,6 +272,7 @@ class BatchNorm2d final : public OpBase {
 
  private:
   transport::Communicator& spatial_group(const OpContext& ctx) const {
+    if (ctx.batchnorm != nullptr) return *ctx.batchnorm;
     if (ctx.spatial == nullptr)
       throw RuntimeError("node '" + name_ +
                          "' normalises a spatial tile but the stage has no spatial communicator");

@@ -1,12 +1,20 @@
 // Convolutional networks under a plan: a tiny ResNet on the digits images, tensor
-// parallelism (convolutions split by channels) alone and with pipeline stages, 20 steps
-// within 1e-5 of the one-process trainer (same global batch and micro-batches, so batch
-// norm sees the same samples).
+// parallelism (convolutions split by channels) alone and with pipeline stages, the
+// spatial split (stages' `spatial`: images tiled by rows) alone, with pipeline stages and
+// with data-parallel replicas (with and without sync_batchnorm), 20 steps within 1e-5 of
+// the one-process trainer (same global batch and micro-batches, so batch norm sees the
+// same samples; sync_batchnorm's statistics are those of the replicas' micro-batches
+// together: the one-process run with one micro-batch of all of them).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
 
 #include "engine_harness.h"
+#include "memory/error.h"
+#include "partitioner/plan.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -17,35 +25,200 @@ json tiny_resnet() {
           {"widths", {4, 8}},   {"depths", {1, 1}}, {"strides", {1, 2}}};
 }
 
-void run_case(const PlanSpec& p) {
-  SCOPED_TRACE(p.describe());
-  Workspace ws("conv");
+RunSettings conv_digits() {
   RunSettings s;
   s.data = std::string(BATON_SOURCE_DIR) + "/examples/data/digits";
-  auto plan = resolve(p, ws);
-  std::vector<engine::StepRecord> want = run_reference(p, ws, s);
-  std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
+  return s;
+}
+
+// Within 1e-5 (relative) step by step, or (same = false) at least 1e-4 apart somewhere.
+void expect_conv_close(const std::vector<engine::StepRecord>& got,
+                       const std::vector<engine::StepRecord>& want, bool same = true) {
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(want.size(), 20u);
+  double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i].loss - want[i].loss) / std::abs(want[i].loss));
+    if (!same) continue;
     EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
     EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
         << "step " << i + 1;
   }
+  if (!same) {
+    EXPECT_GT(worst, 1e-4) << "the runs should differ";
+  }
+}
+
+void run_conv_case(const PlanSpec& p) {
+  SCOPED_TRACE(p.describe());
+  Workspace ws("conv");
+  RunSettings s = conv_digits();
+  auto plan = resolve(p, ws);
+  expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+}
+
+// The harness's plan with a spatial degree per stage (and sync_batchnorm), the devices
+// counted again.
+std::shared_ptr<const partitioner::ResolvedPlan> resolve_conv_spatial(const PlanSpec& p,
+                                                                      const Workspace& ws,
+                                                                      std::vector<int> spatial,
+                                                                      bool sync_batchnorm = false) {
+  json j = plan_json(p, ws);
+  int devices = 0;
+  for (size_t k = 0; k < spatial.size(); ++k) {
+    j["stages"][k]["spatial"] = spatial[k];
+    devices += p.tp[k] * spatial[k];
+  }
+  j["devices"] = p.dp * devices;
+  if (sync_batchnorm) j["sync_batchnorm"] = true;
+  partitioner::Plan plan = partitioner::parse_plan(j, ws.path("plan.json"), ws.dir);
+  auto graph = partitioner::load_plan_model(plan);
+  return std::make_shared<const partitioner::ResolvedPlan>(partitioner::resolve_plan(plan, graph));
+}
+
+void run_conv_spatial_case(const PlanSpec& p, std::vector<int> spatial) {
+  SCOPED_TRACE(p.describe() + " spatial " + std::to_string(spatial.front()));
+  Workspace ws("conv-spatial");
+  RunSettings s = conv_digits();
+  auto plan = resolve_conv_spatial(p, ws, spatial);
+  expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
 }
 
 TEST(ConvPlans, TensorParallel2) {
   PlanSpec p;
   p.model = tiny_resnet();
   p.tp = {2};
-  run_case(p);
+  run_conv_case(p);
 }
 
 TEST(ConvPlans, Pipeline2TensorParallel2) {
   PlanSpec p;
   p.model = tiny_resnet();
   p.tp = {2, 2};  // stem, layer1.0 | layer2.0, head
-  run_case(p);
+  run_conv_case(p);
+}
+
+TEST(ConvPlans, Spatial2) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  run_conv_spatial_case(p, {2});
+}
+
+TEST(ConvPlans, Spatial4) {
+  PlanSpec p;
+  p.model = tiny_resnet();  // 8 rows: tiles of 2, then of 1 after layer2's stride 2
+  run_conv_spatial_case(p, {4});
+}
+
+TEST(ConvPlans, Pipeline2Spatial2) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {1, 1};  // stem, layer1.0 | layer2.0, head: tiles cross the boundary one to one
+  run_conv_spatial_case(p, {2, 2});
+}
+
+// The measured timeline shows each halo receive as an event of its own (HALO_F, HALO_B
+// of the micro-batch on the communication lane, the neighbouring tile as the peer).
+TEST(ConvPlans, SpatialHalosOnTheTimeline) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  Workspace ws("conv-halo-trace");
+  RunSettings s = conv_digits();
+  s.steps = 2;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 1;
+  run_threads(resolve_conv_spatial(p, ws, {2}), o);
+  const json trace = json::parse(std::ifstream(o.trace_path));
+  std::map<std::pair<int, std::string>, std::set<int>> seen;  // (rank, kind) -> micro-batches
+  for (const json& e : trace["traceEvents"]) {
+    if (e.value("cat", "") != "HALO") continue;
+    const int rank = e["pid"].get<int>();
+    const std::string name = e["name"].get<std::string>();
+    EXPECT_EQ(e["tid"], 1) << name;
+    EXPECT_GE(e["dur"].get<double>(), 0.0) << name;
+    EXPECT_EQ(e["args"]["peer"], 1 - rank) << name;
+    seen[{rank, name.substr(0, 6)}].insert(e["args"]["micro_batch"].get<int>());
+  }
+  for (int rank : {0, 1})
+    for (std::string kind : {"HALO_F", "HALO_B"})
+      EXPECT_EQ(seen[std::make_pair(rank, kind)], (std::set<int>{0, 1, 2, 3}))
+          << "rank " << rank << " " << kind;
+}
+
+// Spatial 2 x DP 2, one micro-batch of 2 samples per replica. Without sync_batchnorm each
+// replica's statistics are its own micro-batch's: the one-process run with two
+// micro-batches of 2. With it they are the 4 samples': the one-process run with one
+// micro-batch of 4, which the first differs from.
+TEST(ConvPlans, SpatialDataParallelSyncBatchnorm) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.dp = 2;
+  p.micro_batches = 1;
+  PlanSpec whole = p;  // one micro-batch of the global batch
+  whole.dp = 1;
+  whole.micro_batch_size = 4;
+  RunSettings s = conv_digits();
+  Workspace ws("conv-syncbn");
+  std::vector<engine::StepRecord> per_replica = run_reference(p, ws, s);
+  std::vector<engine::StepRecord> together = run_reference(whole, ws, s);
+  {
+    SCOPED_TRACE("without sync_batchnorm");
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}), train_options(ws, s));
+    expect_conv_close(got, per_replica);
+    expect_conv_close(got, together, false);
+  }
+  {
+    SCOPED_TRACE("with sync_batchnorm");
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}, true), train_options(ws, s));
+    expect_conv_close(got, together);
+    expect_conv_close(got, per_replica, false);
+  }
+  {
+    SCOPED_TRACE("sync_batchnorm without the spatial split");
+    auto got = run_threads(resolve_conv_spatial(p, ws, {1}, true), train_options(ws, s));
+    expect_conv_close(got, together);
+  }
+}
+
+std::string conv_spatial_error(const PlanSpec& p, std::vector<int> spatial) {
+  Workspace ws("conv-spatial-bad");
+  try {
+    resolve_conv_spatial(p, ws, spatial);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConvPlans, SpatialRefused) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  // 8 rows over 8 tiles: one row each, layer2's stride 2 cannot split it.
+  std::string e = conv_spatial_error(p, {8});
+  EXPECT_NE(e.find("plan.json: $.stages[0].spatial: spatial degree 8: conv2d node "
+                   "'layer2.0.conv1'"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("does not divide the tile's 1 rows"), std::string::npos) << e;
+  // Tiles would cross from spatial 2 to 1 (the cut before layer2.0 is inside the image).
+  p.tp = {1, 1};
+  e = conv_spatial_error(p, {2, 1});
+  EXPECT_NE(e.find("$.stages[1].spatial: 1, but value"), std::string::npos) << e;
+  EXPECT_NE(e.find("tiles cross only between stages of one spatial degree"), std::string::npos)
+      << e;
+  // With tensor parallelism on the same pipeline rank.
+  p.tp = {2, 1};
+  e = conv_spatial_error(p, {2, 2});
+  EXPECT_NE(e.find("$.stages[0].spatial: spatial 2 on pipeline rank 0 whose tensor-parallel "
+                   "degree is 2"),
+            std::string::npos)
+      << e;
+  // A model without images.
+  PlanSpec mlp;
+  mlp.model = tiny_mlp_json({16});
+  e = conv_spatial_error(mlp, {2});
+  EXPECT_NE(e.find("no floating image input"), std::string::npos) << e;
 }
 
 }  // namespace

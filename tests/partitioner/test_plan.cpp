@@ -221,13 +221,13 @@ TEST(Plan, UnknownScheduleAndFields) {
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
             "device_memory, device, transport, parallel, batch, schedule, optimizer, "
-            "optimizer_sharding, optimizer_step, dp_sync, stages, splits, ranks, boundaries, "
-            "predicted)");
+            "optimizer_sharding, optimizer_step, dp_sync, sync_batchnorm, stages, splits, ranks, "
+            "boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
   EXPECT_EQ(error_of(j),
             "plan.json: $.stages[0].layer: unknown field 'layer' (allowed here: layers, "
-            "pipeline_ranks, recompute)");
+            "pipeline_ranks, recompute, spatial)");
   j = tiny_plan();
   j["version"] = 2;
   EXPECT_EQ(
@@ -488,6 +488,64 @@ TEST(Plan, SplitOverridesAndRecompute) {
   j["stages"][1]["recompute"] = {"h.1"};
   ResolvedPlan r2 = check(j);
   EXPECT_EQ(r2.recompute[1], (std::set<int>{2}));
+}
+
+// A stage's spatial degree and sync_batchnorm: the layout, the devices they need, the
+// written form, and the refusals that need no engine.
+json spatial_resnet_plan() {
+  return json::parse(R"({
+    "version": 1,
+    "model": "../models/resnet-tiny.json",
+    "devices": 8,
+    "parallel": {"dp": 2, "pp": 2},
+    "batch": {"micro_batch_size": 4},
+    "schedule": {"name": "1f1b", "micro_batches": 2},
+    "sync_batchnorm": true,
+    "stages": [{"layers": [0, 2], "spatial": 2}, {"layers": [2, 4], "spatial": 2}]
+  })");
+}
+
+TEST(Plan, SpatialDegreePerStage) {
+  ResolvedPlan r = check(spatial_resnet_plan());
+  EXPECT_EQ(r.plan.spatial, (std::vector<int>{2, 2}));
+  EXPECT_TRUE(r.plan.sync_batchnorm);
+  EXPECT_EQ(r.layout.world(), 8);
+  // rank = dp * 4 + pp * 2 + sp
+  EXPECT_EQ(r.layout.coord(5), (RankCoord{1, 0, 0, 1}));
+  EXPECT_EQ(r.layout.spatial_group(6), (std::vector<int>{6, 7}));
+  EXPECT_EQ(r.layout.dp_group(3), (std::vector<int>{3, 7}));
+  json written = plan_to_json(r.plan, kDir);
+  EXPECT_EQ(written["stages"][1]["spatial"], 2);
+  EXPECT_EQ(written["sync_batchnorm"], true);
+  EXPECT_EQ(written["ranks"][5], json::parse(R"({"rank": 5, "dp": 1, "pp": 0, "tp": 0, "sp": 1})"));
+  EXPECT_EQ(written["boundaries"][0]["pattern"], "one-to-one");
+  EXPECT_EQ(error_of(written), "(no error)");  // the rank table and boundaries check
+
+  json j = spatial_resnet_plan();
+  j["devices"] = 4;
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.devices: expected dp x (sum of tp x spatial over the pipeline ranks) = "
+            "2 x 4 = 8 devices, found 4");
+  j = spatial_resnet_plan();
+  j["stages"][0]["spatial"] = 0;
+  EXPECT_EQ(error_of(j).substr(0, 35), "plan.json: $.stages[0].spatial: exp");
+  // Two chunks of one pipeline rank (interleaved) with different degrees.
+  j = spatial_resnet_plan();
+  j["schedule"] = {{"name", "interleaved-1f1b"}, {"micro_batches", 2}, {"chunks", 2}};
+  j["stages"] = json::parse(R"([{"layers": [0, 1], "spatial": 2}, {"layers": [1, 2], "spatial": 2},
+                               {"layers": [2, 3]}, {"layers": [3, 4], "spatial": 2}])");
+  EXPECT_EQ(error_of(j),
+            "plan.json: $.stages[2].spatial: 1, but pipeline rank 0 also holds $.stages[0] with "
+            "spatial 2; the chunks of one pipeline rank share its spatial degree");
+  // Strides the tiles cannot keep aligned: 8 rows over 8 tiles.
+  j = spatial_resnet_plan();
+  j["stages"][0]["spatial"] = 8;
+  j["stages"][1]["spatial"] = 8;
+  j["devices"] = 32;
+  EXPECT_NE(error_of(j).find("plan.json: $.stages[0].spatial: spatial degree 8: conv2d node "
+                             "'layer2.0.conv1' (layer layer2.0) has stride 2 along the height"),
+            std::string::npos)
+      << error_of(j);
 }
 
 }  // namespace
