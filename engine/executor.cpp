@@ -586,7 +586,9 @@ void Executor::finish_step(StepStats& stats, double t0) {
         if (part->second > part->first) {
           const Tensor& gr = st->grad(id);
           v[mine + owner] += kernels::sum_squares(
-              gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
+              st->grad_sharded(id)
+                  ? gr
+                  : gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
         }
       } else if (cfg_.contribute_norm || local) {
         v[mine + owner] += kernels::sum_squares(st->grad(id));

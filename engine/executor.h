@@ -60,6 +60,10 @@ struct GradGroup {
   transport::Communicator* comm = nullptr;  // null or size 1: the local sum only
   std::vector<int> params;                  // parameter ids of the rank's graph
   bool shard = false;
+  // ZeRO-2 (with `shard`): each micro-batch's gradients reduce-scattered bucket by bucket
+  // during its W into accumulators of the member's part (Stage::set_grad_shard); no
+  // whole gradient is kept between micro-batches.
+  bool shard_grads = false;
 };
 
 // How the data-parallel replicas agree (plan field dp_sync; engine/detail/local_sgd.h).

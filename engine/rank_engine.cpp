@@ -225,6 +225,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     GradGroup& out = by_members[{gg.ranks, shard}];
     if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
     out.shard = shard;
+    out.shard_grads = shard && r.plan.optimizer_sharding == partitioner::OptimizerSharding::zero2;
     out.params.push_back(id);
   }
   for (auto& [members, gg] : by_members) c.grad_groups.push_back(gg);

@@ -97,7 +97,12 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
                       r.schedule.name != "dualpipe";
     const int rank_of = r.schedule.placement[size_t(s)];
     if (zero) {
-      reduce += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      // zero2: the reduce-scatter runs inside every micro-batch's W instead, waited for there.
+      if (r.plan.optimizer_sharding == OptimizerSharding::zero2)
+        c.backward_weight[size_t(s)] +=
+            all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      else
+        reduce += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_gather[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 1) + grads * 2 * opt / r.plan.dp;
       rank_copy[rank_of] += grads * (1 + opt) / r.plan.dp;
@@ -207,11 +212,22 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // parameters in descending id order cut into buckets of up to bucket_bytes; a bucket
   // of several parameters all-reduces a flat copy, held until the step's end; one
   // all-reduce at a time per group, each with its scratch.
+  // zero2: a sharded parameter held by one of the rank's stages is reduced inside each
+  // W (zero2_grad_memory counts that), so nothing of it is held at the step's end.
+  std::map<int, int> holders;
+  if (p.optimizer_sharding == OptimizerSharding::zero2)
+    for (int s : r.stages_of(pp)) {
+      auto [a, b] = chunk(s);
+      for (int id : pg.params_used(a, b)) ++holders[id];
+    }
   std::map<std::vector<int>, std::vector<int>> groups;
   for (const GradientGroup& gg : gradient_groups(r, rank)) {
     if (gg.ranks.size() <= 1) continue;  // a sum of local stages only: in place
     int id = pg.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
+    if (p.optimizer_sharding == OptimizerSharding::zero2 && optimizer_sharded(r, rank, gg) &&
+        holders[id] == 1)
+      continue;
     groups[gg.ranks].push_back(id);
   }
   int64_t flats = 0, scratch = 0;
@@ -321,7 +337,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
   }
   // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
-  if (p.optimizer_sharding != OptimizerSharding::none && p.dp > 1 && opt > 0) {
+  if (p.optimizer_sharding != OptimizerSharding::none && p.dp > 1 &&
+      (opt > 0 || p.optimizer_sharding == OptimizerSharding::zero2)) {
     const Graph& mg = pg ? *pg : g;
     for (int k = 0; k < K; ++k) {
       int stage = 0;
@@ -330,11 +347,29 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       std::set<std::string> sharded;
       for (const GradientGroup& gg : gradient_groups(r, rank))
         if (optimizer_sharded(r, rank, gg)) sharded.insert(gg.name);
-      for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
+      // zero2: parameters held by another stage of the same rank stay as under zero1.
+      std::set<int> elsewhere;
+      for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
+        const int k2 = r.chunk_of_stage[size_t(s2)];
+        if (k2 == k) continue;
+        for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
+          elsewhere.insert(id);
+      }
+      std::vector<int> zero2;
+      const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
+      for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
         if (!sharded.count(prm.name)) continue;
         chunk_mem[size_t(k)].optimizer_sharding_saved += zero_optimizer_saving(
             memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
+        if (p.optimizer_sharding == OptimizerSharding::zero2 && !elsewhere.count(id))
+          zero2.push_back(id);
+      }
+      if (!zero2.empty()) {
+        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, zero2, p.dp, options.bucket_bytes);
+        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
+        MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
+        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + z.bucket) + z.multi;
       }
     }
   }
@@ -377,9 +412,13 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       for (int id : g.params_used(a, b)) params.insert(id);
       const StageMemory& m = chunk_mem[size_t(k)];
       re.param_bytes += m.params;
-      re.grad_bytes += m.grads;
+      re.grad_bytes += m.grads - m.grad_sharding_saved;
       re.optimizer_bytes += m.optimizer - m.optimizer_sharding_saved;
-      re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp);
+      // zero2 reduce-scatters every micro-batch (half an all-reduce each) and all-gathers once.
+      const bool zero2 = p.optimizer_sharding == OptimizerSharding::zero2 && p.dp > 1 &&
+                         r.schedule.name != "dualpipe";
+      re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp) *
+                     (zero2 ? double(p.micro_batches + 1) / 2 : 1.0);
       re.compute_time += p.micro_batches / r.schedule.num_directions *
                          (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
                           costs.backward_weight[size_t(s)]);

@@ -485,6 +485,54 @@ int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimiz
          sharded_optimizer_bytes(numel, dtype_size, dp, optimizer_states);
 }
 
+ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vector<int> ids, int dp,
+                                 size_t bucket_bytes) {
+  ZeroGradMemory z;
+  std::sort(ids.rbegin(), ids.rend());
+  int64_t largest = 0, multi = 0;
+  int64_t grads = 0, elements = 0, bytes = 0;
+  int params = 0;
+  memory::DType dtype = memory::DType::f32;
+  auto close = [&] {
+    if (params == 0) return;
+    const size_t es = memory::dtype_size(dtype);
+    // A bucket of several parameters is packed (its gradients and the flat copy), then its
+    // gradients go and the flat copy is reduce-scattered; one parameter in place.
+    const int64_t scratch = int64_t(
+        transport::collective_scratch_bytes(transport::Collective::reduce_scatter, size_t(elements),
+                                            es, dp, size_t((elements + dp - 1) / dp)));
+    if (params > 1) {
+      const int64_t flat = rounded(elements * int64_t(es));
+      largest = std::max(largest, flat + std::max(grads, scratch));
+    } else {
+      largest = std::max(largest, grads + scratch);
+    }
+  };
+  for (int id : ids) {
+    const stages::Param& p = g.params[size_t(id)];
+    const int64_t n = memory::shape_numel(p.shape), es = int64_t(memory::dtype_size(p.dtype));
+    const int64_t b = rounded(n * es);
+    int64_t layers = 0;
+    for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
+    z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
+    if (layers > 1) multi += b * (layers - 1);  // the later layers' buffers, held to the first's W
+    if (params > 0 && (bytes + n * es > int64_t(bucket_bytes) || p.dtype != dtype)) {
+      close();
+      params = 0;
+      grads = elements = bytes = 0;
+    }
+    dtype = p.dtype;
+    ++params;
+    grads += b;
+    elements += n;
+    bytes += n * es;
+  }
+  close();
+  z.bucket = largest;
+  z.multi = multi;
+  return z;
+}
+
 StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int>& recompute,
                          int64_t batch, int optimizer_states, int tp) {
   StageMemory m;

@@ -39,8 +39,12 @@ struct StageMemory {
   // The sharded optimizer (plan field optimizer_sharding, ZeRO): the part of `optimizer`
   // this rank does not hold because its data-parallel peers hold it (zero_optimizer_saving).
   int64_t optimizer_sharding_saved = 0;
+  // zero2: the part of `grads` it does not hold (ZeroGradMemory::saved).
+  int64_t grad_sharding_saved = 0;
   MicroBatchMemory mb;
-  int64_t persistent() const { return params + grads + optimizer - optimizer_sharding_saved; }
+  int64_t persistent() const {
+    return params + grads + optimizer - optimizer_sharding_saved - grad_sharding_saved;
+  }
 };
 
 // What a walk needs: a graph, a layer range and what crosses its ends.
@@ -78,6 +82,23 @@ StageMemory stage_memory(const stages::Graph& g, int first, int last,
 int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optimizer_states);
 // What sharding saves on one parameter: its whole state less sharded_optimizer_bytes.
 int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
+
+// zero2 (gradients sharded too) for the parameters `ids` of a stage of layers
+// [first, last): `saved`, the persistent gradient bytes it does not hold (the whole
+// gradients and per-layer accumulators less a part-sized accumulator of about numel / dp
+// elements each); what a micro-batch's W holds of them (engine/detail/grad_reducer.h):
+// `bucket`, the largest bucket's transient while it is reduced (one parameter: its
+// gradient and the reduce-scatter's scratch; several: the flat copy and the larger of
+// their gradients, while packing, and the scratch), which the W's own buffers do not
+// overlap but its stash does, and `multi`, for each parameter several layers use, the
+// buffers of all but the first W to run, held through the W. The stage's weight peak
+// becomes max(weight_peak, w_stash + bucket) + multi.
+// Buckets: `ids` in descending order cut at bucket_bytes, as the engine cuts them.
+struct ZeroGradMemory {
+  int64_t saved = 0, bucket = 0, multi = 0;
+};
+ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, std::vector<int> ids,
+                                 int dp, size_t bucket_bytes);
 
 // ---- a rank over a schedule ----
 

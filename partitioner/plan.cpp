@@ -435,13 +435,6 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
         known = true;
       }
     if (!known) z->fail("\"none\", \"zero1\" or \"zero2\"", "\"" + name + "\"");
-    // zero2 needs gradients reduce-scattered per micro-batch into part-sized accumulators
-    // (the Stage accumulates whole gradients over a step today): refused, not faked.
-    if (p.optimizer_sharding == OptimizerSharding::zero2)
-      throw InputError(
-          z->where() +
-          ": \"zero2\" (gradients kept only for the replica's part) is not implemented yet; "
-          "\"zero1\" shards the optimizer state");
   }
 
   if (auto os = r.get("optimizer_step")) {

@@ -69,6 +69,7 @@ struct Stage::ParamState {
   Tensor m, v;                // optimizer state (AdamW moments or SGD momentum in m)
   int64_t shard_begin = 0, shard_end = -1;  // elements updated; -1: all (not sharded)
   int owner_layer = 0;                      // the first graph layer that uses it (grad norm pieces)
+  bool grad_shard = false;  // ZeRO-2: grad is the shard's accumulator, grads live per micro-batch
 };
 
 struct Stage::MbState {
@@ -257,7 +258,10 @@ void Stage::init_params(uint64_t seed) {
 int64_t Stage::persistent_bytes() const {
   int64_t b = 0;
   for (const auto& ps : params_) {
-    b += int64_t(ps->value.nbytes()) * int64_t(1 + ps->grads.size() + (ps->grads.size() > 1));
+    if (ps->grad_shard)
+      b += int64_t(ps->value.nbytes()) + int64_t(ps->grad.nbytes());
+    else
+      b += int64_t(ps->value.nbytes()) * int64_t(1 + ps->grads.size() + (ps->grads.size() > 1));
     if (ps->master.defined()) b += int64_t(ps->master.nbytes());
     if (ps->m.defined()) b += int64_t(ps->m.nbytes());
     if (ps->v.defined()) b += int64_t(ps->v.nbytes());
@@ -484,8 +488,10 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
   const Graph& g = *graph_;
   // With `ready`: the W node after which each parameter has no user left to run.
   std::map<int, std::vector<int>> done_after;
-  std::set<int> told;
-  if (ready) {
+  std::set<int> told, handed;
+  bool any_shard = false;
+  for (const auto& ps : params_) any_shard = any_shard || ps->grad_shard;
+  if (ready || any_shard) {
     std::map<int, int> last_user;  // param -> its last node in reverse order
     for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit)
       for (int id : g.nodes[size_t(*nit)].params)
@@ -510,6 +516,8 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
       if (!g.params[size_t(node.params[k])].trainable) continue;  // a buffer: no gradient
       size_t li =
           size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
+      if (st.grad_shard && !st.grads[li].defined())
+        st.grads[li] = Tensor::empty(st.value.shape(), st.value.dtype(), st.value.device());
       pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
       st.has[li] = true;
     }
@@ -521,15 +529,22 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
       node.impl->backward_weight(call);
     }
     s.w.erase(wit);
-    if (ready)
-      if (auto d = done_after.find(n); d != done_after.end())
-        for (int id : d->second) {
-          fold_grad(state_of(id));
-          told.insert(id);
-          ready(id);
+    if (auto d = done_after.find(n); d != done_after.end())
+      for (int id : d->second) {
+        ParamState& held = state_of(id);
+        if (held.grad_shard) {
+          hand_micro_grad(held);
+          handed.insert(id);
         }
+        if (!ready) continue;
+        fold_grad(held);
+        told.insert(id);
+        ready(id);
+      }
   }
   stash_.erase(it);
+  for (auto& ps : params_)
+    if (ps->grad_shard && !handed.count(ps->id)) hand_micro_grad(*ps);
   if (ready) {
     // Parameters no W node of this micro-batch touched (none in practice) finish too.
     for (auto& ps : params_)
@@ -563,7 +578,28 @@ void Stage::zero_grad() {
   for (auto& ps : params_) std::fill(ps->has.begin(), ps->has.end(), false);
 }
 
+void Stage::hand_micro_grad(ParamState& ps) {
+  // The micro-batch's whole gradient: its layers' buffers added in ascending layer order
+  // (fold_grad's order), handed over, then dropped (the receiver keeps what it needs).
+  Tensor total;
+  for (size_t k = 0; k < ps.grads.size(); ++k) {
+    if (!ps.has[k]) continue;
+    if (!total.defined()) {
+      total = ps.grads.size() == 1 ? ps.grads[k] : ps.grads[k].clone();
+    } else {
+      kernels::add_inplace(total, ps.grads[k]);
+    }
+  }
+  for (size_t k = 0; k < ps.grads.size(); ++k) {
+    ps.grads[k] = Tensor();
+    ps.has[k] = false;
+  }
+  BATON_CHECK(bool(micro_grad_), "a sharded gradient without a receiver (set_micro_grad_fn)");
+  micro_grad_(ps.id, total);
+}
+
 void Stage::fold_grad(ParamState& ps) {
+  if (ps.grad_shard) return;  // the engine's accumulator
   if (ps.grads.size() == 1) {
     if (!ps.has[0]) ps.grads[0].zero_();
     return;
@@ -613,6 +649,22 @@ void Stage::set_optimizer_shard(int id, int64_t begin, int64_t end) {
   if (opt_ready_) set_optimizer(opt_);
 }
 
+void Stage::set_grad_shard(int id) {
+  ParamState& ps = state_of(id);
+  if (ps.grad_shard) return;
+  const auto [begin, end] = optimizer_shard(id);
+  ps.grad_shard = true;
+  for (size_t k = 0; k < ps.grads.size(); ++k) {
+    ps.grads[k] = Tensor();
+    ps.has[k] = false;
+  }
+  ps.grad = Tensor::zeros({end - begin}, ps.value.dtype(), opt_options_.device);
+}
+
+bool Stage::grad_sharded(int id) const {
+  return state_of(id).grad_shard;
+}
+
 std::pair<int64_t, int64_t> Stage::optimizer_shard(int id) const {
   const ParamState& ps = state_of(id);
   if (ps.shard_end < 0) return {0, ps.value.numel()};
@@ -660,7 +712,9 @@ void Stage::step(double grad_scale) {
       const int64_t len = ps->shard_end - ps->shard_begin;
       if (len == 0) continue;
       value = value.view({value.numel()}).narrow(0, ps->shard_begin, len);
-      grad = grad.view({grad.numel()}).narrow(0, ps->shard_begin, len);
+      if (!ps->grad_shard) grad = grad.view({grad.numel()}).narrow(0, ps->shard_begin, len);
+    } else if (ps->grad_shard) {  // a part that covers the whole parameter
+      grad = grad.view(value.shape());
     }
     if (opt_.kind == OptimizerConfig::Kind::adamw) {
       kernels::AdamW cfg = opt_.adamw;

@@ -152,6 +152,16 @@ class Stage {
   void set_optimizer_shard(int id, int64_t begin, int64_t end);
   // The elements of `id` this stage updates: [0, numel) unless sharded.
   std::pair<int64_t, int64_t> optimizer_shard(int id) const;
+  // ZeRO-2 (engine/detail/grad_reducer.h): the stage keeps no whole gradient of `id`
+  // across micro-batches. grad(id) becomes a 1-D accumulator of the shard's elements
+  // (optimizer_shard(id), set first), written by the engine; each micro-batch's W writes
+  // the whole gradient into buffers allocated for it, hands it to the MicroGradFn right
+  // after the parameter's last user in the stage ran, and drops them.
+  void set_grad_shard(int id);
+  bool grad_sharded(int id) const;
+  // (param id, the micro-batch's whole gradient of it; undefined when no W touched it).
+  using MicroGradFn = std::function<void(int param_id, const Tensor& grad)>;
+  void set_micro_grad_fn(MicroGradFn fn) { micro_grad_ = std::move(fn); }
   const OptimizerConfig& optimizer() const { return opt_; }
   OptimizerConfig& optimizer() { return opt_; }
   // One optimizer step on grad * grad_scale (grad_scale folds in clipping). Runs
@@ -198,8 +208,10 @@ class Stage {
   int64_t opt_steps_ = 0;
   std::map<std::string, OpTimes> times_;
   bool grads_finished_ = false;  // finish_grads() ran since the last W
-  bool working_stale_ = false;   // a master may have changed since the last cast
-  void refresh_working();        // working copies = masters (mixed precision)
+  MicroGradFn micro_grad_;       // ZeRO-2: where each micro-batch's sharded gradients go
+  void hand_micro_grad(ParamState& ps);
+  bool working_stale_ = false;  // a master may have changed since the last cast
+  void refresh_working();       // working copies = masters (mixed precision)
 };
 
 }  // namespace baton::stages

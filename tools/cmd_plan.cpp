@@ -63,7 +63,7 @@ int run_plan(const std::vector<std::string>& args) {
       "optimizer", po::value(&so.optimizer)->default_value("adamw"),
       "adamw, sgd or sgd-momentum (its state's memory)")(
       "optimizer-sharding", po::value(&sharding)->default_value("none"),
-      "none or zero1: shard the optimizer state over the data-parallel replicas")(
+      "none, zero1 or zero2: shard the state (zero2: and gradients) over replicas")(
       "dp-sync", po::value(&dp_sync),
       "how replicas agree, the plan field's JSON: allreduce (default) or "
       "'{\"mode\": \"local-sgd\", \"sync_every\": 8}'")(
@@ -112,13 +112,15 @@ int run_plan(const std::vector<std::string>& args) {
          parse_int_list(layers, "--layers-per-stage", 1, INT32_MAX, "counts >= 1 like 3,4,3"))
       so.layers_per_stage.push_back(int(n));
   pt::optimizer_states(so.optimizer);
-  if (sharding == "none" || sharding == "zero1")
-    so.optimizer_sharding =
-        sharding == "none" ? pt::OptimizerSharding::none : pt::OptimizerSharding::zero1;
+  if (sharding == "none")
+    so.optimizer_sharding = pt::OptimizerSharding::none;
+  else if (sharding == "zero1")
+    so.optimizer_sharding = pt::OptimizerSharding::zero1;
+  else if (sharding == "zero2")
+    so.optimizer_sharding = pt::OptimizerSharding::zero2;
   else
-    throw InputError(
-        "--optimizer-sharding: expected none or zero1 (zero2 is not implemented yet), found '" +
-        sharding + "'");
+    throw InputError("--optimizer-sharding: expected none, zero1 or zero2, found '" + sharding +
+                     "'");
   if (!dp_sync.empty()) {
     // A bare mode name or the field's JSON form.
     nlohmann::json j;

@@ -18,6 +18,8 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
     std::vector<int> ids = gg.params;
     std::sort(ids.rbegin(), ids.rend());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    Group whole = g;  // ZeRO-2: the parameters held by several local stages stay zero1
+    if (g.shard && gg.shard_grads) g.shard_grads = true;
     for (int id : ids) {
       Param p;
       p.id = id;
@@ -32,57 +34,125 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
                                           " that no stage of this rank holds");
       // Nothing to do for a parameter held once and reduced with nobody.
       if (!g.comm && p.holders.size() == 1) continue;
-      g.params.push_back(std::move(p));
+      if (g.shard_grads && p.holders.size() > 1)
+        whole.params.push_back(std::move(p));
+      else
+        g.params.push_back(std::move(p));
     }
-    if (g.params.empty()) continue;
-    // Buckets: consecutive parameters of one dtype up to bucket_bytes.
-    Bucket cur;
-    size_t bytes = 0;
-    memory::DType dtype = memory::DType::f32;
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      const Tensor& t = g.params[i].holders[0]->grad(g.params[i].id);
-      if (!cur.params.empty() && (bytes + t.nbytes() > bucket_bytes || t.dtype() != dtype)) {
-        g.buckets.push_back(std::move(cur));
-        cur = Bucket{};
-        bytes = 0;
-      }
-      dtype = t.dtype();
-      cur.params.push_back(i);
-      cur.offsets.push_back(cur.elements);
-      cur.elements += t.numel();
-      bytes += t.nbytes();
+    add_group(std::move(whole), bucket_bytes);
+    add_group(std::move(g), bucket_bytes);
+  }
+}
+
+void GradReducer::add_group(Group g, size_t bucket_bytes) {
+  if (g.params.empty()) return;
+  // Buckets: consecutive parameters of one dtype up to bucket_bytes (under ZeRO-2, of
+  // one stage too: a bucket is reduced within that stage's W).
+  Bucket cur;
+  size_t bytes = 0;
+  memory::DType dtype = memory::DType::f32;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const Tensor& t = g.params[i].holders[0]->grad(g.params[i].id);
+    if (!cur.params.empty() && (bytes + t.nbytes() > bucket_bytes || t.dtype() != dtype ||
+                                (g.shard_grads && g.params[i].holder_stages[0] !=
+                                                      g.params[cur.params[0]].holder_stages[0]))) {
+      g.buckets.push_back(std::move(cur));
+      cur = Bucket{};
+      bytes = 0;
     }
-    g.buckets.push_back(std::move(cur));
-    if (g.shard) {
-      // The all-reduce's partition (transport/detail/collectives.cpp: equal_parts).
-      const int n = g.comm->size(), me = g.comm->rank();
-      for (Bucket& b : g.buckets) {
-        b.counts.assign(size_t(n), b.elements / n);
-        for (int64_t k = 0; k < b.elements % n; ++k) b.counts[size_t(k)] += 1;
-        for (int k = 0; k < me; ++k) b.part_begin += b.counts[size_t(k)];
-        b.part_end = b.part_begin + b.counts[size_t(me)];
-        for (size_t j = 0; j < b.params.size(); ++j) {
-          const Param& p = g.params[b.params[j]];
-          const int64_t first = b.offsets[j], n_el = p.holders[0]->grad(p.id).numel();
-          const int64_t lo = std::clamp(b.part_begin - first, int64_t(0), n_el);
-          const int64_t hi = std::clamp(b.part_end - first, lo, n_el);
-          for (stages::Stage* st : p.holders) st->set_optimizer_shard(p.id, lo, hi);
+    dtype = t.dtype();
+    g.params[i].bucket = g.buckets.size();
+    g.params[i].slot = cur.params.size();
+    cur.params.push_back(i);
+    cur.offsets.push_back(cur.elements);
+    cur.elements += t.numel();
+    bytes += t.nbytes();
+  }
+  g.buckets.push_back(std::move(cur));
+  if (g.shard) {
+    // The all-reduce's partition (transport/detail/collectives.cpp: equal_parts).
+    const int n = g.comm->size(), me = g.comm->rank();
+    for (Bucket& b : g.buckets) {
+      b.counts.assign(size_t(n), b.elements / n);
+      for (int64_t k = 0; k < b.elements % n; ++k) b.counts[size_t(k)] += 1;
+      for (int k = 0; k < me; ++k) b.part_begin += b.counts[size_t(k)];
+      b.part_end = b.part_begin + b.counts[size_t(me)];
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const Param& p = g.params[b.params[j]];
+        const int64_t first = b.offsets[j], n_el = p.holders[0]->grad(p.id).numel();
+        const int64_t lo = std::clamp(b.part_begin - first, int64_t(0), n_el);
+        const int64_t hi = std::clamp(b.part_end - first, lo, n_el);
+        for (stages::Stage* st : p.holders) {
+          st->set_optimizer_shard(p.id, lo, hi);
+          if (g.shard_grads) st->set_grad_shard(p.id);
         }
       }
+      b.micro.assign(b.params.size(), Tensor());
+      b.micro_waiting = b.params.size();
     }
-    size_t gi = groups_.size();
-    for (size_t i = 0; i < g.params.size(); ++i)
-      for (int s : g.params[i].holder_stages) where_[{s, g.params[i].id}] = {gi, i};
-    groups_.push_back(std::move(g));
   }
+  size_t gi = groups_.size();
+  for (size_t i = 0; i < g.params.size(); ++i)
+    for (int s : g.params[i].holder_stages) where_[{s, g.params[i].id}] = {gi, i};
+  if (g.shard_grads)
+    for (const Param& p : g.params) {
+      stages::Stage* st = p.holders[0];
+      const int s = p.holder_stages[0];
+      st->set_micro_grad_fn([this, s](int id, const Tensor& t) { micro(s, id, t); });
+    }
+  groups_.push_back(std::move(g));
+}
+
+void GradReducer::micro(int stage, int param, const Tensor& grad) {
+  auto it = where_.find({stage, param});
+  BATON_CHECK(
+      it != where_.end() && groups_[it->second.first].shard_grads,
+      "a micro-batch gradient of parameter " + std::to_string(param) + " that is not sharded");
+  Group& g = groups_[it->second.first];
+  Param& p = g.params[it->second.second];
+  Bucket& b = g.buckets[p.bucket];
+  BATON_CHECK(b.micro_waiting > 0 && !b.micro[p.slot].defined(),
+              "micro-batch gradient of parameter " + std::to_string(param) + " given twice");
+  b.micro[p.slot] = grad.defined() ? grad
+                                   : Tensor::zeros(p.holders[0]->param(p.id).shape(),
+                                                   p.holders[0]->working_param(p.id).dtype(),
+                                                   p.holders[0]->param(p.id).device());
+  if (--b.micro_waiting == 0) reduce_micro(g, b);
+}
+
+void GradReducer::reduce_micro(Group& g, Bucket& b) {
+  const int64_t len = b.part_end - b.part_begin;
+  Tensor in;
+  if (b.params.size() == 1) {
+    in = b.micro[0].view({b.micro[0].numel()});
+  } else {
+    in = Tensor::empty({b.elements}, b.micro[0].dtype(), b.micro[0].device());
+    for (size_t j = 0; j < b.params.size(); ++j)
+      in.narrow(0, b.offsets[j], b.micro[j].numel())
+          .copy_from(b.micro[j].view({b.micro[j].numel()}));
+    for (Tensor& t : b.micro) t = Tensor();  // only the flat copy from here on
+  }
+  Tensor part = in.narrow(0, b.part_begin, len);
+  g.comm->reduce_scatter(in, part, transport::ReduceOp::sum, b.counts)->wait();
+  for_part(g, b, [&](size_t j, int64_t lo, int64_t hi, int64_t at) {
+    const Param& p = g.params[b.params[j]];
+    kernels::add_inplace(p.holders[0]->grad(p.id), part.narrow(0, at, hi - lo));
+  });
+  for (Tensor& t : b.micro) t = Tensor();
+  b.micro_waiting = b.params.size();
 }
 
 void GradReducer::begin_step() {
   for (Group& g : groups_) {
     g.next = 0;
-    for (Param& p : g.params) p.waiting = int(p.holders.size());
+    for (Param& p : g.params) {
+      p.waiting = int(p.holders.size());
+      if (g.shard_grads) p.holders[0]->grad(p.id).zero_();  // the step's accumulators
+    }
     for (Bucket& b : g.buckets) {
       BATON_CHECK(!b.work, "a gradient reduction of the previous step is still pending");
+      BATON_CHECK(!g.shard_grads || b.micro_waiting == b.params.size(),
+                  "a micro-batch's gradients of the previous step were not all reduced");
       b.started = false;
     }
   }
@@ -102,7 +172,10 @@ void GradReducer::try_start(Group& g) {
     Bucket& b = g.buckets[g.next];
     for (size_t i : b.params)
       if (g.params[i].waiting > 0) return;
-    start(g, b);
+    if (g.shard_grads)
+      b.started = true;  // ZeRO-2: reduced micro-batch by micro-batch already
+    else
+      start(g, b);
     ++g.next;
   }
 }
@@ -185,7 +258,7 @@ std::pair<int64_t, int64_t> GradReducer::sharded_elements() const {
     for (const Param& p : g.params) {
       auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
       mine += (hi - lo) * int64_t(p.holders.size());
-      all += p.holders[0]->grad(p.id).numel() * int64_t(p.holders.size());
+      all += p.holders[0]->param(p.id).numel() * int64_t(p.holders.size());
     }
   }
   return {mine, all};
@@ -224,7 +297,8 @@ void GradReducer::gather_params() {
         }
         auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
         Tensor& grad = p.holders[0]->grad(p.id);
-        x.in = grad.view({grad.numel()}).narrow(0, lo, hi - lo);
+        x.in = g.shard_grads ? grad.view({grad.numel()})  // the spent accumulator
+                             : grad.view({grad.numel()}).narrow(0, lo, hi - lo);
         x.in.copy_from(v.view({numel}).narrow(0, lo, hi - lo));
         x.out = v.view({numel});
         x.work = g.comm->all_gather(x.in, x.out, x.counts);
@@ -249,6 +323,7 @@ void GradReducer::finish() {
         b.work->wait();
         b.work.reset();
       }
+      if (g.shard_grads) continue;  // the accumulators hold the part already
       if (g.shard) {
         // The rank's reduced part into the gradients it covers (every holder; in place
         // already for a bucket of one parameter).

@@ -19,6 +19,18 @@
 // straight into it. Neither needs a buffer beyond the all-reduce's: the reduce-scatter
 // writes into the rank's own part of its input, and the gather's input is staged in the
 // spent gradient.
+//
+// ZeRO-2 (GradGroup::shard_grads): the group's parameters held by one local stage keep
+// no whole gradient across micro-batches. Their buckets never span two stages; each
+// micro-batch's W hands every parameter's gradient over as soon as its last user ran
+// (Stage::set_micro_grad_fn), and once a bucket's are all in it is reduce-scattered (the
+// same parts) and waited for at once, the rank's part added to the parameters'
+// part-sized accumulators (Stage::set_grad_shard) and the whole gradients dropped: a
+// rank holds at most one bucket of whole gradients (and its flat copy) beyond the W's
+// own buffers. The sums are over replicas per micro-batch, then over micro-batches (the
+// unsharded order is the reverse), so losses agree within rounding, not bit for bit.
+// A parameter held by several local stages (tied over a V schedule's chunks) stays as
+// under zero1.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +64,8 @@ class GradReducer {
   // After the optimizer step: all-gathers the updated parts of every sharded parameter
   // into every local holder, and waits.
   void gather_params();
+  // ZeRO-2: stage `stage`'s gradient of `param` for one micro-batch (undefined: zero).
+  void micro(int stage, int param, const memory::Tensor& grad);
   // Bytes of the elements this rank holds optimizer state for, over all sharded
   // parameters, and of those parameters in full (the state saved is their difference).
   std::pair<int64_t, int64_t> sharded_elements() const;
@@ -61,7 +75,8 @@ class GradReducer {
     int id = -1;
     std::vector<stages::Stage*> holders;  // local stages holding it, ascending stage
     std::vector<int> holder_stages;
-    int waiting = 0;  // holders not yet final this step
+    int waiting = 0;              // holders not yet final this step
+    size_t bucket = 0, slot = 0;  // ZeRO-2: its bucket and place in it
   };
   struct Bucket {
     std::vector<size_t> params;    // indices into Group::params
@@ -74,14 +89,20 @@ class GradReducer {
     std::vector<int64_t> counts;
     int64_t part_begin = 0, part_end = 0;
     memory::Tensor part;  // this rank's reduced part: a view of its part of the input
+    // ZeRO-2: the current micro-batch's whole gradients, and how many are still to come.
+    std::vector<memory::Tensor> micro;
+    size_t micro_waiting = 0;
   };
   struct Group {
     transport::Communicator* comm = nullptr;
     bool shard = false;
+    bool shard_grads = false;  // ZeRO-2
     std::vector<Param> params;
     std::vector<Bucket> buckets;
     size_t next = 0;  // the first bucket not started
   };
+  void add_group(Group g, size_t bucket_bytes);
+  void reduce_micro(Group& g, Bucket& b);
   void try_start(Group& g);
   void start(Group& g, Bucket& b);
   static memory::Tensor& first_grad(Group& g, Bucket& b);
