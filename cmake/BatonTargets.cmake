@@ -11,6 +11,13 @@ target_compile_options(baton_options INTERFACE
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wno-unknown-pragmas
     -Wno-unknown-warning-option>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${BATON_WERROR}>>:-Werror>)
+# In a unity build a .cpp is an included file, so GCC's -Wsubobject-linkage (meant for a
+# class in a header using a type of an anonymous namespace) fires for every GoogleTest
+# fixture and pimpl of an anonymous-namespace type; the batch is still one translation
+# unit, so nothing it warns about can happen.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_UNITY_BUILD)
+  target_compile_options(baton_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-subobject-linkage>)
+endif()
 # GCC 12 at -O3 (the Release build type) reports a false -Wrestrict in libstdc++'s
 # char_traits::copy for every `"literal" + std::string(...)` (operator+(const char*,
 # string&&), which inserts at the front): GCC PR 105651 (and PR 105329 for the
@@ -79,7 +86,6 @@ function(baton_test name)
   # A test's own code at -O1 in the optimised builds: what it tests is the libraries
   # (still -O3), and at -O3 the test programs were 43% of the release build's CPU.
   target_compile_options(${name} PRIVATE $<$<CONFIG:Release,RelWithDebInfo>:-O1>)
-  set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()

@@ -16,9 +16,7 @@ namespace baton::stages {
 
 using nlohmann::json;
 
-// Named, not anonymous: Generator::Impl (declared in the header) holds a Spec, and in a
-// unity build GCC reports an anonymous-namespace member of an exported class.
-namespace generate_detail {
+namespace {
 
 // The model's hyper-parameters as the generator needs them.
 struct Spec {
@@ -83,10 +81,7 @@ Spec spec_of(const Graph& g) {
   throw InputError(g.source + ": generation needs a gpt2 or llama model");
 }
 
-}  // namespace generate_detail
-
-using generate_detail::Spec;
-using generate_detail::spec_of;
+}  // namespace
 
 struct Generator::Impl {
   const Stage& st;

@@ -61,7 +61,7 @@ Tensor rounded(const Tensor& t, DType dt) {
 Tensor dev(const Tensor& t, DType dt) {
   return t.to(dt).to(kGpu);
 }
-Tensor host(const Tensor& d) {
+Tensor cuda_ops_host(const Tensor& d) {
   memory::cuda::synchronize(0);
   Tensor h = d.to(Device::cpu());
   return h.dtype() == DType::f32 ? h : h.to(DType::f32);
@@ -69,7 +69,8 @@ Tensor host(const Tensor& d) {
 
 // max |got - want| / max |want|
 double rel_err(const Tensor& got_dev, const Tensor& want) {
-  const std::vector<float> g = host(got_dev).to_vector<float>(), w = want.to_vector<float>();
+  const std::vector<float> g = cuda_ops_host(got_dev).to_vector<float>(),
+                           w = want.to_vector<float>();
   EXPECT_EQ(g.size(), w.size());
   double num = 0, den = 1e-30;
   for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
@@ -233,7 +234,7 @@ TEST_P(CudaOps, DropoutMasksMatchTheCpuBitForBit) {
   kernels::dropout_forward(rx, ry, 0.3, 99, 7, where);
   kernels::dropout_forward(gx, gy, 0.3, 99, 7, where);
   expect_close("dropout_forward", dt(), gy, ry);
-  const std::vector<float> hy = host(gy).to_vector<float>(), cy = ry.to_vector<float>();
+  const std::vector<float> hy = cuda_ops_host(gy).to_vector<float>(), cy = ry.to_vector<float>();
   int dropped = 0;
   for (size_t i = 0; i < hy.size(); ++i) {
     ASSERT_EQ(hy[i] == 0.f, cy[i] == 0.f) << "mask differs at " << i;
@@ -279,7 +280,7 @@ TEST_P(CudaOps, Softmax) {
   kernels::softmax_forward(gx, gy);
   expect_close("softmax_forward", dt(), gy, ry);
   Tensor rdx = Tensor::empty(x.shape()), gdx = Tensor::empty(x.shape(), dt(), kGpu);
-  kernels::softmax_backward(rounded(host(gy), dt()), rounded(dy, dt()), rdx, false);
+  kernels::softmax_backward(rounded(cuda_ops_host(gy), dt()), rounded(dy, dt()), rdx, false);
   kernels::softmax_backward(gy, dev(dy, dt()), gdx, false);
   expect_close("softmax_backward", dt(), gdx, rdx);
 }
@@ -336,9 +337,9 @@ TEST_P(CudaOps, Attention) {
         expect_close(tag + " lse", dt(), gl, rl);
         // Backward from the GPU's own forward output, rounded for the CPU.
         Tensor rd = Tensor::empty(qkv.shape()), gd = dev(randn(qkv.shape(), rng_), dt());
-        Tensor prev = host(gd);
-        kernels::attention_backward(rq, rounded(host(go), dt()), rl, rounded(dout, dt()), opt, rd,
-                                    false);
+        Tensor prev = cuda_ops_host(gd);
+        kernels::attention_backward(rq, rounded(cuda_ops_host(go), dt()), rl, rounded(dout, dt()),
+                                    opt, rd, false);
         kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
         expect_close(tag + " backward", dt(), gd, rd);
         // accumulate = true adds to what dqkv held.
@@ -456,11 +457,11 @@ TEST_P(CudaOps, CastAndUnscale) {
   Tensor half = rounded(x, dt());
   kernels::scale_inplace(half, 0.5);
   expect_close("unscale_check", dt(), g, half);
-  EXPECT_EQ(host(found).to_vector<float>()[0], 0.f);
+  EXPECT_EQ(cuda_ops_host(found).to_vector<float>()[0], 0.f);
   Tensor bad = Tensor::from_vector(std::vector<float>{1.f, INFINITY, 2.f}, {3});
   Tensor gbad = dev(bad, dt());
   kernels::unscale_check(gbad, 1.0, found);
-  EXPECT_EQ(host(found).to_vector<float>()[0], 1.f);
+  EXPECT_EQ(cuda_ops_host(found).to_vector<float>()[0], 1.f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::f32, DType::bf16, DType::f16),

@@ -27,7 +27,7 @@ namespace {
 Tensor dev_tensor(const std::vector<float>& v, int device) {
   return Tensor::from_vector(v, {int64_t(v.size())}).to(Device::cuda(device));
 }
-std::vector<float> host(const Tensor& t) {
+std::vector<float> nccl_host(const Tensor& t) {
   memory::cuda::synchronize(t.device().index);
   return t.to(Device::cpu()).to_vector<float>();
 }
@@ -78,7 +78,7 @@ TEST_P(NcclWorld, IdExchangedThroughTheRendezvousStore) {
         CommPtr c = transport::make_nccl_communicator(store, "nccl/world", r, n, r);
         Tensor t = dev_tensor({1.f}, r);
         c->all_reduce(t, ReduceOp::sum)->wait();
-        sums[size_t(r)] = host(t)[0];
+        sums[size_t(r)] = nccl_host(t)[0];
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
       }
@@ -99,13 +99,13 @@ TEST_P(NcclWorld, AllReduceSumAvgMax) {
     c.all_reduce(s, ReduceOp::sum)->wait();
     float sq = 0;
     for (int i = 0; i < n; ++i) sq += float(i * i);
-    EXPECT_EQ(host(s), (std::vector<float>{float(n * (n - 1) / 2), float(n), sq}));
+    EXPECT_EQ(nccl_host(s), (std::vector<float>{float(n * (n - 1) / 2), float(n), sq}));
     Tensor m = dev_tensor({float(r), -float(r)}, r);
     c.all_reduce(m, ReduceOp::max)->wait();
-    EXPECT_EQ(host(m), (std::vector<float>{float(n - 1), 0.f}));
+    EXPECT_EQ(nccl_host(m), (std::vector<float>{float(n - 1), 0.f}));
     Tensor a = dev_tensor({2.f * float(r)}, r);
     c.all_reduce(a, ReduceOp::avg)->wait();
-    EXPECT_FLOAT_EQ(host(a)[0], float(n - 1));
+    EXPECT_FLOAT_EQ(nccl_host(a)[0], float(n - 1));
   });
 }
 
@@ -114,7 +114,7 @@ TEST_P(NcclWorld, BroadcastScatterGather) {
   run_world(n, [n](transport::Communicator& c, int r) {
     Tensor b = dev_tensor({float(r + 1), 7.f}, r);
     c.broadcast(b, n - 1)->wait();
-    EXPECT_EQ(host(b), (std::vector<float>{float(n), 7.f}));
+    EXPECT_EQ(nccl_host(b), (std::vector<float>{float(n), 7.f}));
     // Unequal parts: rank i gets i + 1 elements.
     std::vector<int64_t> counts(static_cast<size_t>(n));
     std::iota(counts.begin(), counts.end(), 1);
@@ -125,11 +125,11 @@ TEST_P(NcclWorld, BroadcastScatterGather) {
     Tensor part = Tensor::empty({r + 1}, DType::f32, Device::cuda(r));
     c.scatter(in, part, 0, counts)->wait();
     const int64_t off = int64_t(r) * (r + 1) / 2;
-    EXPECT_EQ(host(part), std::vector<float>(all.begin() + off, all.begin() + off + r + 1));
+    EXPECT_EQ(nccl_host(part), std::vector<float>(all.begin() + off, all.begin() + off + r + 1));
     Tensor back = Tensor::zeros({total}, DType::f32, Device::cuda(r));
     c.gather(part, back, 0, counts)->wait();
     if (r == 0) {
-      EXPECT_EQ(host(back), all);
+      EXPECT_EQ(nccl_host(back), all);
     }
   });
 }
@@ -142,7 +142,7 @@ TEST_P(NcclWorld, AllGatherAndReduceScatterEqualAndUnequal) {
     c.all_gather(mine, all)->wait();
     std::vector<float> want;
     for (int i = 0; i < n; ++i) want.insert(want.end(), {float(i), float(i) + 0.5f});
-    EXPECT_EQ(host(all), want);
+    EXPECT_EQ(nccl_host(all), want);
 
     std::vector<int64_t> counts(static_cast<size_t>(n));
     std::iota(counts.begin(), counts.end(), 1);
@@ -152,17 +152,17 @@ TEST_P(NcclWorld, AllGatherAndReduceScatterEqualAndUnequal) {
     c.all_gather(part, cat, counts)->wait();
     std::vector<float> want_cat;
     for (int i = 0; i < n; ++i) want_cat.insert(want_cat.end(), size_t(i + 1), float(i));
-    EXPECT_EQ(host(cat), want_cat);
+    EXPECT_EQ(nccl_host(cat), want_cat);
 
     std::vector<float> ones(size_t(total), 1.f);
     Tensor src = dev_tensor(ones, r);
     Tensor red = Tensor::empty({r + 1}, DType::f32, Device::cuda(r));
     c.reduce_scatter(src, red, ReduceOp::sum, counts)->wait();
-    EXPECT_EQ(host(red), std::vector<float>(size_t(r + 1), float(n)));
+    EXPECT_EQ(nccl_host(red), std::vector<float>(size_t(r + 1), float(n)));
     Tensor src2 = dev_tensor(std::vector<float>(size_t(2 * n), float(r)), r);
     Tensor red2 = Tensor::empty({2}, DType::f32, Device::cuda(r));
     c.reduce_scatter(src2, red2, ReduceOp::max)->wait();
-    EXPECT_EQ(host(red2), std::vector<float>(2, float(n - 1)));
+    EXPECT_EQ(nccl_host(red2), std::vector<float>(2, float(n - 1)));
   });
 }
 
@@ -177,7 +177,7 @@ TEST_P(NcclWorld, SendRecvRingPostedBeforeWaiting) {
     auto q = c.irecv(in, (r + n - 1) % n, 7);
     s->wait();
     q->wait();
-    EXPECT_EQ(host(in), std::vector<float>(1 << 20, float((r + n - 1) % n)));
+    EXPECT_EQ(nccl_host(in), std::vector<float>(1 << 20, float((r + n - 1) % n)));
     EXPECT_TRUE(q->test());
   });
 }
@@ -191,7 +191,7 @@ TEST_P(NcclWorld, SplitMakesIndependentGroups) {
     EXPECT_EQ(sub->global_rank(0), r);
     Tensor t = dev_tensor({3.f}, r);
     sub->all_reduce(t, ReduceOp::sum)->wait();
-    EXPECT_EQ(host(t), std::vector<float>{3.f});
+    EXPECT_EQ(nccl_host(t), std::vector<float>{3.f});
     c.barrier()->wait();
   });
 }
@@ -204,7 +204,7 @@ TEST(Nccl, WorldOfOneOnTheLocalRanksDevice) {
   EXPECT_EQ(c->size(), 1);
   Tensor t = dev_tensor({2.f, 3.f}, 0);
   c->all_reduce(t, ReduceOp::sum)->wait();
-  EXPECT_EQ(host(t), (std::vector<float>{2.f, 3.f}));
+  EXPECT_EQ(nccl_host(t), (std::vector<float>{2.f, 3.f}));
   env.local_rank = memory::cuda::device_count();  // one past the last GPU
   EXPECT_THROW(transport::make_nccl_world(env, nullptr), RuntimeError);
 }
@@ -277,7 +277,7 @@ TEST(Nccl, TwoWorldsUnderOneKeyAreIndependent) {
         CommPtr c = transport::make_nccl_communicator(store, "baton/nccl/world", r, 2, r);
         Tensor t = dev_tensor({float(r + 1)}, r);
         c->all_reduce(t, ReduceOp::sum)->wait();
-        got[size_t(r)] = host(t)[0];
+        got[size_t(r)] = nccl_host(t)[0];
       });
     for (auto& t : ts) t.join();
     EXPECT_EQ(got, (std::vector<float>{3.f, 3.f})) << "round " << round;

@@ -13,7 +13,7 @@
 namespace baton::engine_testing {
 namespace {
 
-PlanSpec gpt_plan(std::vector<int> tp, int dp, const std::string& schedule, int m) {
+PlanSpec checkpoint_gpt_plan(std::vector<int> tp, int dp, const std::string& schedule, int m) {
   PlanSpec p;
   p.model = tiny_gpt_json();
   p.tp = std::move(tp);
@@ -25,8 +25,8 @@ PlanSpec gpt_plan(std::vector<int> tp, int dp, const std::string& schedule, int 
 }
 
 // Runs a plan (or, with an empty tp, one process) from `from` (resume) to `to` steps.
-std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const std::string& ckpt,
-                                      int64_t to, bool resume) {
+std::vector<engine::StepRecord> checkpoint_train(const PlanSpec& p, Workspace& ws,
+                                                 const std::string& ckpt, int64_t to, bool resume) {
   RunSettings s;
   s.steps = to;
   if (p.tp.empty()) {
@@ -51,9 +51,9 @@ std::vector<engine::StepRecord> train(const PlanSpec& p, Workspace& ws, const st
 
 TEST(Checkpoint, SamePlanResumesBitForBit) {
   Workspace ws("ckpt");
-  PlanSpec p = gpt_plan({2, 2}, 2, "zb-v", 2);
-  std::vector<engine::StepRecord> whole = train(p, ws, ws.path("a"), 20, false);
-  std::vector<engine::StepRecord> first = train(p, ws, ws.path("b"), 10, false);
+  PlanSpec p = checkpoint_gpt_plan({2, 2}, 2, "zb-v", 2);
+  std::vector<engine::StepRecord> whole = checkpoint_train(p, ws, ws.path("a"), 20, false);
+  std::vector<engine::StepRecord> first = checkpoint_train(p, ws, ws.path("b"), 10, false);
   // Every rank's files are listed in the manifest of the last complete checkpoint.
   auto dir = stages::latest_checkpoint(ws.path("b"));
   ASSERT_TRUE(dir.has_value());
@@ -63,7 +63,7 @@ TEST(Checkpoint, SamePlanResumesBitForBit) {
   for (const auto& s : m.shards) writers.insert(s.rank);
   // Replica 0 writes (ranks 0-3); tensor-parallel rank 1 of each stage holds shards.
   EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
-  std::vector<engine::StepRecord> rest = train(p, ws, ws.path("b"), 20, true);
+  std::vector<engine::StepRecord> rest = checkpoint_train(p, ws, ws.path("b"), 20, true);
   ASSERT_EQ(first.size(), 10u);
   ASSERT_EQ(rest.size(), 10u);
   for (size_t i = 0; i < 20; ++i) {
@@ -83,10 +83,12 @@ TEST(Checkpoint, ResumesUnderAnotherPlan) {
   one.model = tiny_gpt_json();
   one.tp.clear();
   std::vector<Pair> pairs = {
-      {gpt_plan({2, 2}, 2, "1f1b", 2), gpt_plan({1, 1, 1, 1}, 1, "interleaved-1f1b", 4)},
-      {gpt_plan({1, 1, 1, 1}, 1, "interleaved-1f1b", 4), gpt_plan({2}, 2, "gpipe", 2)},
-      {one, gpt_plan({2, 2}, 1, "zb-v", 4)},
-      {gpt_plan({2, 1, 2}, 1, "1f1b", 4), one},
+      {checkpoint_gpt_plan({2, 2}, 2, "1f1b", 2),
+       checkpoint_gpt_plan({1, 1, 1, 1}, 1, "interleaved-1f1b", 4)},
+      {checkpoint_gpt_plan({1, 1, 1, 1}, 1, "interleaved-1f1b", 4),
+       checkpoint_gpt_plan({2}, 2, "gpipe", 2)},
+      {one, checkpoint_gpt_plan({2, 2}, 1, "zb-v", 4)},
+      {checkpoint_gpt_plan({2, 1, 2}, 1, "1f1b", 4), one},
   };
   for (const Pair& pr : pairs) {
     Workspace ws("ckpt");
@@ -96,9 +98,10 @@ TEST(Checkpoint, ResumesUnderAnotherPlan) {
     SCOPED_TRACE(what);
     std::printf("%s\n", what.c_str());
     RunSettings s;
-    std::vector<engine::StepRecord> want = run_reference(gpt_plan({1}, 1, "1f1b", 4), ws, s);
-    std::vector<engine::StepRecord> a = train(pr.before, ws, ws.path("ckpt"), 10, false);
-    std::vector<engine::StepRecord> b = train(pr.after, ws, ws.path("ckpt"), 20, true);
+    std::vector<engine::StepRecord> want =
+        run_reference(checkpoint_gpt_plan({1}, 1, "1f1b", 4), ws, s);
+    std::vector<engine::StepRecord> a = checkpoint_train(pr.before, ws, ws.path("ckpt"), 10, false);
+    std::vector<engine::StepRecord> b = checkpoint_train(pr.after, ws, ws.path("ckpt"), 20, true);
     ASSERT_EQ(a.size(), 10u);
     ASSERT_EQ(b.size(), 10u);
     for (size_t i = 0; i < 20; ++i) {

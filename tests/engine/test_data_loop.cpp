@@ -69,9 +69,10 @@ std::string read_text(const std::string& path) {
 
 // One process, 12 steps (warm-up 1..4, cosine decay 5..12), a checkpoint every 3 steps;
 // `crash_at` > 0: the run stops after that step (its newest checkpoint is older).
-std::vector<engine::StepRecord> one_process(const Workspace& ws, const std::string& prefix,
-                                            const std::string& ckpt, bool resume,
-                                            int64_t crash_at) {
+std::vector<engine::StepRecord> data_loop_one_process(const Workspace& ws,
+                                                      const std::string& prefix,
+                                                      const std::string& ckpt, bool resume,
+                                                      int64_t crash_at) {
   RunSettings s;
   s.steps = 12;
   s.configure = [&](engine::LoopOptions& o) { token_run(o, prefix); };
@@ -92,8 +93,8 @@ std::vector<engine::StepRecord> one_process(const Workspace& ws, const std::stri
       .records;
 }
 
-void expect_same(const std::vector<engine::StepRecord>& got,
-                 const std::vector<engine::StepRecord>& whole) {
+void data_loop_expect_same(const std::vector<engine::StepRecord>& got,
+                           const std::vector<engine::StepRecord>& whole) {
   ASSERT_LE(got.size(), whole.size());
   const size_t off = whole.size() - got.size();
   for (size_t i = 0; i < got.size(); ++i) {
@@ -116,7 +117,8 @@ TEST(DataLoop, ResumeMidWarmupAndMidDecayContinuesTheCurve) {
   plan_json(p, ws);  // writes model.json
   const std::string prefix = write_corpus_dataset(ws);
 
-  std::vector<engine::StepRecord> whole = one_process(ws, prefix, ws.path("whole"), false, 0);
+  std::vector<engine::StepRecord> whole =
+      data_loop_one_process(ws, prefix, ws.path("whole"), false, 0);
   ASSERT_EQ(whole.size(), 12u);
   // The schedule's rates: warm-up lr·s/W, then cosine from lr to min_lr over 8 steps.
   const double lr = 3e-3, min_lr = 1e-4;
@@ -135,17 +137,17 @@ TEST(DataLoop, ResumeMidWarmupAndMidDecayContinuesTheCurve) {
   for (int64_t crash : {5, 8}) {
     SCOPED_TRACE("interrupted after step " + std::to_string(crash));
     const std::string ckpt = ws.path("crash" + std::to_string(crash));
-    EXPECT_THROW(one_process(ws, prefix, ckpt, false, crash), Interrupted);
-    std::vector<engine::StepRecord> rest = one_process(ws, prefix, ckpt, true, 0);
+    EXPECT_THROW(data_loop_one_process(ws, prefix, ckpt, false, crash), Interrupted);
+    std::vector<engine::StepRecord> rest = data_loop_one_process(ws, prefix, ckpt, true, 0);
     EXPECT_EQ(rest.size(), size_t(12 - (crash / 3) * 3));
-    expect_same(rest, whole);
+    data_loop_expect_same(rest, whole);
     // The loss log is the uninterrupted run's, line for line.
     EXPECT_EQ(read_text(ckpt + ".jsonl"), read_text(ws.path("whole") + ".jsonl"));
   }
 }
 
-void expect_close(const std::vector<engine::StepRecord>& got,
-                  const std::vector<engine::StepRecord>& want) {
+void data_loop_expect_close(const std::vector<engine::StepRecord>& got,
+                            const std::vector<engine::StepRecord>& want) {
   ASSERT_EQ(got.size(), want.size());
   double worst_eval = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -190,7 +192,7 @@ TEST(DataLoop, TokenDatasetUnderPlansMatchesOneProcess) {
     auto plan = resolve(p, ws);
     std::vector<engine::StepRecord> want = run_reference(p, ws, s);
     std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
-    expect_close(got, want);
+    data_loop_expect_close(got, want);
   }
 }
 
@@ -223,7 +225,7 @@ TEST(DataLoop, PlanResumesMidDecay) {
   o.resume = true;
   std::vector<engine::StepRecord> rest = run_threads(plan, o);
   ASSERT_EQ(rest.size(), 2u);
-  expect_same(rest, whole);
+  data_loop_expect_same(rest, whole);
   EXPECT_EQ(read_text(o.loss_log), log);
 }
 

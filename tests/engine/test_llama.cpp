@@ -43,16 +43,16 @@ json tiny_llama_json(int64_t kv) {
           {"rope_theta", 10000.0}};
 }
 
-struct Case {
+struct LlamaCase {
   int pp, tp, dp;
   std::string schedule;
   int64_t kv;
 };
 
-class LlamaPlans : public ::testing::TestWithParam<Case> {};
+class LlamaPlans : public ::testing::TestWithParam<LlamaCase> {};
 
 TEST_P(LlamaPlans, MatchesOneProcess) {
-  const Case c = GetParam();
+  const LlamaCase c = GetParam();
   PlanSpec p;
   p.model = tiny_llama_json(c.kv);
   p.dp = c.dp;
@@ -83,11 +83,13 @@ TEST_P(LlamaPlans, MatchesOneProcess) {
 // and ZB-V (bit for bit), PP x TP, TP x DP, PP x TP x DP. kv 2: split at TP 2; kv 1:
 // replicated (multi-query).
 INSTANTIATE_TEST_SUITE_P(Plans, LlamaPlans,
-                         ::testing::Values(Case{2, 1, 1, "1f1b", 2}, Case{2, 1, 1, "zb-v", 2},
-                                           Case{2, 2, 1, "1f1b", 2}, Case{1, 2, 2, "gpipe", 1},
-                                           Case{2, 2, 2, "1f1b", 1}),
+                         ::testing::Values(LlamaCase{2, 1, 1, "1f1b", 2},
+                                           LlamaCase{2, 1, 1, "zb-v", 2},
+                                           LlamaCase{2, 2, 1, "1f1b", 2},
+                                           LlamaCase{1, 2, 2, "gpipe", 1},
+                                           LlamaCase{2, 2, 2, "1f1b", 1}),
                          [](const auto& param_info) {
-                           const Case& c = param_info.param;
+                           const LlamaCase& c = param_info.param;
                            std::string n = "pp" + std::to_string(c.pp) + "_tp" +
                                            std::to_string(c.tp) + "_dp" + std::to_string(c.dp) +
                                            "_" + c.schedule + "_kv" + std::to_string(c.kv);

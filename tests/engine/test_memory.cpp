@@ -16,7 +16,7 @@
 namespace baton::engine_testing {
 namespace {
 
-json model() {
+json memory_model() {
   return {{"type", "gpt2"}, {"name", "mem-gpt"}, {"n_layer", 8},     {"n_head", 4},
           {"n_embd", 256},  {"n_positions", 64}, {"vocab_size", 256}};
 }
@@ -52,7 +52,7 @@ void planned_run_fits(const Workspace& ws, const json& plan, int ranks) {
 
 TEST(Memory, BeyondOneDevice) {
   Workspace ws("memory");
-  std::ofstream(ws.path("model.json")) << model().dump(2);
+  std::ofstream(ws.path("model.json")) << memory_model().dump(2);
   // One process, same batch: out of memory.
   std::string cmd = baton() + " train --model " + ws.path("model.json") + " --data " + data_file() +
                     " --steps 2 --batch 8 --micro-batches 4 --device-memory 96MiB --threads 1";

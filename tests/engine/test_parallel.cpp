@@ -15,8 +15,8 @@
 namespace baton::engine_testing {
 namespace {
 
-void expect_close(const std::vector<engine::StepRecord>& got,
-                  const std::vector<engine::StepRecord>& want, double tol) {
+void parallel_expect_close(const std::vector<engine::StepRecord>& got,
+                           const std::vector<engine::StepRecord>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -38,17 +38,17 @@ void run_case(const PlanSpec& p, size_t bucket_bytes = 0) {
   engine::PlanTrainOptions o = train_options(ws, s);
   if (bucket_bytes > 0) o.bucket_bytes = bucket_bytes;
   std::vector<engine::StepRecord> got = run_threads(plan, o);
-  expect_close(got, want, 1e-5);
+  parallel_expect_close(got, want, 1e-5);
 }
 
-struct Case {
+struct ParallelCase {
   std::string model;
   int pp, tp, dp;
   std::string schedule;
 };
 
-std::string name_of(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string parallel_name_of(const ::testing::TestParamInfo<ParallelCase>& info) {
+  const ParallelCase& c = info.param;
   std::string s = c.model + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) + "_dp" +
                   std::to_string(c.dp) + "_" + c.schedule;
   for (char& ch : s)
@@ -56,10 +56,10 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
-class Parallel : public ::testing::TestWithParam<Case> {};
+class Parallel : public ::testing::TestWithParam<ParallelCase> {};
 
 TEST_P(Parallel, MatchesOneProcess) {
-  const Case& c = GetParam();
+  const ParallelCase& c = GetParam();
   PlanSpec p;
   p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
   p.tp.assign(size_t(c.pp), c.tp);
@@ -70,8 +70,8 @@ TEST_P(Parallel, MatchesOneProcess) {
   run_case(p);
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> out;
+std::vector<ParallelCase> parallel_cases() {
+  std::vector<ParallelCase> out;
   for (std::string model : {"gpt", "mlp"})
     for (int pp : {1, 2, 4})
       for (int tp : {1, 2})
@@ -85,7 +85,7 @@ std::vector<Case> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, Parallel, ::testing::ValuesIn(cases()), name_of);
+INSTANTIATE_TEST_SUITE_P(Grid, Parallel, ::testing::ValuesIn(parallel_cases()), parallel_name_of);
 
 // Neighbouring stages with different tensor-parallel degrees: activations broadcast
 // (1 -> 2), gathered in parts (2 -> 1), and their gradients the other way. (GPT-2's tied

@@ -16,14 +16,14 @@
 namespace baton::engine_testing {
 namespace {
 
-struct Case {
+struct PipelineCase {
   std::string schedule;
   int pp;
   int m;
   std::string model;  // "gpt" or "mlp"
 };
 
-std::string name_of(const ::testing::TestParamInfo<Case>& info) {
+std::string pipeline_name_of(const ::testing::TestParamInfo<PipelineCase>& info) {
   std::string s = info.param.schedule + "_pp" + std::to_string(info.param.pp) + "_m" +
                   std::to_string(info.param.m) + "_" + info.param.model;
   for (char& c : s)
@@ -38,10 +38,10 @@ const std::map<std::string, bool> kBitForBit = {
     {"gpipe", true}, {"1f1b", true}, {"interleaved-1f1b", true}, {"zb-h1", true},
     {"zb-h2", true}, {"zb-v", true}, {"dualpipev", true},        {"dualpipe", false}};
 
-class Pipeline : public ::testing::TestWithParam<Case> {};
+class Pipeline : public ::testing::TestWithParam<PipelineCase> {};
 
 TEST_P(Pipeline, MatchesOneProcess) {
-  const Case& c = GetParam();
+  const PipelineCase& c = GetParam();
   PlanSpec p;
   p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
   p.tp.assign(size_t(c.pp), 1);
@@ -74,8 +74,8 @@ TEST_P(Pipeline, MatchesOneProcess) {
   }
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> out;
+std::vector<PipelineCase> pipeline_cases() {
+  std::vector<PipelineCase> out;
   for (std::string model : {"gpt", "mlp"})
     for (int pp : {1, 2, 4})
       for (const std::string& name : schedule::schedule_names()) {
@@ -86,7 +86,8 @@ std::vector<Case> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, Pipeline, ::testing::ValuesIn(cases()), name_of);
+INSTANTIATE_TEST_SUITE_P(Schedules, Pipeline, ::testing::ValuesIn(pipeline_cases()),
+                         pipeline_name_of);
 
 }  // namespace
 }  // namespace baton::engine_testing

@@ -34,13 +34,13 @@ std::shared_ptr<const partitioner::ResolvedPlan> resolve_mode(const PlanSpec& p,
   return std::make_shared<const partitioner::ResolvedPlan>(partitioner::resolve_plan(plan, graph));
 }
 
-std::vector<engine::StepRecord> train(const PlanSpec& p, const std::string& mode,
-                                      const RunSettings& s) {
+std::vector<engine::StepRecord> post_validation_train(const PlanSpec& p, const std::string& mode,
+                                                      const RunSettings& s) {
   Workspace ws("post-validation");
   return run_threads(resolve_mode(p, ws, mode), train_options(ws, s));
 }
 
-PlanSpec gpt_plan(int dp, std::vector<int> tp, const std::string& schedule) {
+PlanSpec post_validation_gpt_plan(int dp, std::vector<int> tp, const std::string& schedule) {
   PlanSpec p;
   p.model = tiny_gpt_json(2);
   p.dp = dp;
@@ -51,24 +51,24 @@ PlanSpec gpt_plan(int dp, std::vector<int> tp, const std::string& schedule) {
   return p;
 }
 
-struct Case {
+struct PostValidationCase {
   int dp;
   std::vector<int> tp;
   std::string schedule;
 };
 
-class PostValidation : public ::testing::TestWithParam<Case> {};
+class PostValidation : public ::testing::TestWithParam<PostValidationCase> {};
 
 TEST_P(PostValidation, SameLossesAsSynchronous) {
-  const Case& c = GetParam();
-  PlanSpec p = gpt_plan(c.dp, c.tp, c.schedule);
+  const PostValidationCase& c = GetParam();
+  PlanSpec p = post_validation_gpt_plan(c.dp, c.tp, c.schedule);
   SCOPED_TRACE(p.describe());
   RunSettings s;
   s.steps = 4;
   // No clipping: nothing is rolled back, the update is the synchronous one.
   s.grad_clip = 0;
-  auto want = train(p, "synchronous", s);
-  auto got = train(p, "post-validated", s);
+  auto want = post_validation_train(p, "synchronous", s);
+  auto got = post_validation_train(p, "post-validated", s);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
@@ -76,8 +76,8 @@ TEST_P(PostValidation, SameLossesAsSynchronous) {
   }
   // A clip below every step's norm: every step is rolled back and redone clipped.
   s.grad_clip = 0.05;
-  want = train(p, "synchronous", s);
-  got = train(p, "post-validated", s);
+  want = post_validation_train(p, "synchronous", s);
+  got = post_validation_train(p, "post-validated", s);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_GT(want[i].grad_norm, s.grad_clip) << "the clip must trigger, step " << i + 1;
@@ -87,8 +87,9 @@ TEST_P(PostValidation, SameLossesAsSynchronous) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, PostValidation,
-                         ::testing::Values(Case{1, {1, 1}, "1f1b"}, Case{1, {1, 1}, "zb-h2"},
-                                           Case{2, {2}, "gpipe"}));
+                         ::testing::Values(PostValidationCase{1, {1, 1}, "1f1b"},
+                                           PostValidationCase{1, {1, 1}, "zb-h2"},
+                                           PostValidationCase{2, {2}, "gpipe"}));
 
 // Every rank's parameters, by (rank, stage, parameter id).
 using Snapshot = std::map<std::tuple<int, int, int>, std::vector<float>>;
@@ -101,7 +102,7 @@ struct PoisonedRun {
 // Three steps of a PP2 x DP2 plan as threads (inputs made from the step and sample
 // index); in step 1 rank 0 finds a NaN in one of its gradients.
 PoisonedRun run_poisoned(const std::string& mode) {
-  PlanSpec p = gpt_plan(2, {1, 1}, "1f1b");
+  PlanSpec p = post_validation_gpt_plan(2, {1, 1}, "1f1b");
   Workspace ws("post-validation-nan");
   auto plan = resolve_mode(p, ws, mode);
   const int n = plan->layout.world();
@@ -179,7 +180,7 @@ TEST(PostValidation, NonFiniteGradientSkipsTheStep) {
 
 TEST(PostValidation, PlanFieldIsChecked) {
   Workspace ws("post-validation-bad");
-  json j = plan_json(gpt_plan(1, {1, 1}, "1f1b"), ws);
+  json j = plan_json(post_validation_gpt_plan(1, {1, 1}, "1f1b"), ws);
   j["optimizer_step"] = "eventually";
   try {
     partitioner::parse_plan(j, ws.path("plan.json"), ws.dir);

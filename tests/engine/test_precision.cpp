@@ -23,16 +23,16 @@ namespace {
 
 using memory::Tensor;
 
-const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+const std::string kPrecisionCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
-std::string scratch(const std::string& name) {
+std::string precision_scratch(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());
 }
 
-engine::TrainOptions one_process(const std::string& model_path, int64_t steps) {
+engine::TrainOptions precision_one_process(const std::string& model_path, int64_t steps) {
   engine::TrainOptions o;
   o.model_path = model_path;
-  o.data_path = kCorpus;
+  o.data_path = kPrecisionCorpus;
   o.steps = steps;
   o.batch = 8;
   o.micro_batches = 2;
@@ -43,7 +43,7 @@ engine::TrainOptions one_process(const std::string& model_path, int64_t steps) {
 }
 
 std::string tiny_model(const std::string& name) {
-  std::string path = scratch(name);
+  std::string path = precision_scratch(name);
   std::ofstream(path) << tiny_gpt_json(2).dump();
   return path;
 }
@@ -58,7 +58,7 @@ kernels::LossScaler::Options scaling(double init, int64_t growth_interval = 1000
 TEST(LossScaling, PowerOfTwoScaleChangesNoBitOfAnF32Run) {
   kernels::set_num_threads(1);
   const std::string model = tiny_model("ls-exact.json");
-  engine::TrainOptions plain = one_process(model, 4);
+  engine::TrainOptions plain = precision_one_process(model, 4);
   engine::TrainOptions scaled = plain;
   scaled.loss_scaling = scaling(65536.0);
   auto want = engine::run_training(plain).records;
@@ -76,14 +76,14 @@ TEST(LossScaling, PowerOfTwoScaleChangesNoBitOfAnF32Run) {
 TEST(LossScaling, OverflowSkipsTheStepBacksOffAndIsReported) {
   kernels::set_num_threads(1);
   const std::string model = tiny_model("ls-overflow.json");
-  engine::TrainOptions o = one_process(model, 5);
+  engine::TrainOptions o = precision_one_process(model, 5);
   // Above f32's largest value (3.4e38): the loss gradient itself is inf, whatever the
   // data; the back-off then lands far below any overflow.
   kernels::LossScaler::Options sc = scaling(4e39);
   sc.backoff_factor = std::ldexp(1.0, -100);
   o.loss_scaling = sc;
-  o.loss_log = scratch("ls-overflow.jsonl");
-  o.summary_path = scratch("ls-overflow-summary.json");
+  o.loss_log = precision_scratch("ls-overflow.jsonl");
+  o.summary_path = precision_scratch("ls-overflow-summary.json");
   std::vector<engine::StepRecord> r = engine::run_training(o).records;
   ASSERT_EQ(r.size(), 5u);
   EXPECT_TRUE(r[0].skipped);
@@ -96,7 +96,7 @@ TEST(LossScaling, OverflowSkipsTheStepBacksOffAndIsReported) {
   }
   // The skipped step left the model untouched: steps 1 and 2 see the untrained model,
   // as a run whose updates are far below f32's resolution does (same batches).
-  engine::TrainOptions frozen = one_process(model, 3);
+  engine::TrainOptions frozen = precision_one_process(model, 3);
   frozen.optimizer.adamw.lr = 1e-30;
   std::vector<engine::StepRecord> f = engine::run_training(frozen).records;
   EXPECT_EQ(r[0].loss, f[0].loss);
@@ -126,7 +126,7 @@ TEST(LossScaling, OverflowSkipsTheStepBacksOffAndIsReported) {
 TEST(LossScaling, GrowsAfterItsIntervalAndResumesFromACheckpoint) {
   kernels::set_num_threads(1);
   const std::string model = tiny_model("ls-grow.json");
-  engine::TrainOptions o = one_process(model, 6);
+  engine::TrainOptions o = precision_one_process(model, 6);
   o.loss_scaling = scaling(1024.0, 2);
   std::vector<engine::StepRecord> whole = engine::run_training(o).records;
   const double want[] = {1024, 1024, 2048, 2048, 4096, 4096};
@@ -136,7 +136,7 @@ TEST(LossScaling, GrowsAfterItsIntervalAndResumesFromACheckpoint) {
   }
   // Stopped after 3 steps (one clean step into the 2048 interval) and resumed: the same
   // scales and losses as the uninterrupted run.
-  const std::string dir = scratch("ls-grow-ckpt");
+  const std::string dir = precision_scratch("ls-grow-ckpt");
   std::filesystem::remove_all(dir);
   engine::TrainOptions first = o;
   first.steps = 3;

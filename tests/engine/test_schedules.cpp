@@ -18,8 +18,8 @@
 namespace baton::engine_testing {
 namespace {
 
-void expect_same(const std::vector<engine::StepRecord>& got,
-                 const std::vector<engine::StepRecord>& want, bool bitwise) {
+void schedules_expect_same(const std::vector<engine::StepRecord>& got,
+                           const std::vector<engine::StepRecord>& want, bool bitwise) {
   std::printf("%s\n", bitwise ? "bit for bit" : "within 1e-5 relative");
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -61,7 +61,7 @@ TEST(Schedules, VFamilyMatchesOneProcess) {
     EXPECT_EQ(plan->schedule.name, c.name);
     const auto want = run_reference(p, ws, s);
     const auto got = run_threads(plan, train_options(ws, s));
-    expect_same(got, want, same_accumulation_order(plan->schedule));
+    schedules_expect_same(got, want, same_accumulation_order(plan->schedule));
   }
 }
 
@@ -92,7 +92,7 @@ TEST(Schedules, TorchDualPipeVCsvMatchesOneProcess) {
     EXPECT_EQ(plan->schedule, csv);
     const auto want = run_reference(p, ws, s);
     const auto got = run_threads(plan, train_options(ws, s));
-    expect_same(got, want, same_accumulation_order(csv));
+    schedules_expect_same(got, want, same_accumulation_order(csv));
   }
 }
 

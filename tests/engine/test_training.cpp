@@ -21,15 +21,15 @@ namespace {
 using stages::checkpoint_dir;
 using stages::latest_checkpoint;
 
-const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+const std::string kTrainingCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
 // A scratch path of this process (/tmp is shared with other runs of the suite).
-std::string scratch(const std::string& name) {
+std::string training_scratch(const std::string& name) {
   return ::testing::TempDir() + "/" + name + "-" + std::to_string(getpid());
 }
 
 std::string write_model(const std::string& name, const nlohmann::json& j) {
-  std::string path = scratch(name);
+  std::string path = training_scratch(name);
   std::ofstream(path) << j.dump();
   return path;
 }
@@ -42,7 +42,7 @@ nlohmann::json small_gpt(double pdrop = 0.0) {
 TrainOptions options(const std::string& model, int64_t steps) {
   TrainOptions o;
   o.model_path = model;
-  o.data_path = kCorpus;
+  o.data_path = kTrainingCorpus;
   o.steps = steps;
   o.batch = 16;
   o.optimizer.adamw.lr = 5e-3;
@@ -86,7 +86,7 @@ TEST(Training, LossFallsWellBelowTheUnigramEntropy) {
   TrainSummary s = run_training(options(model, 300));
   ASSERT_EQ(s.records.size(), 300u);
   EXPECT_NEAR(s.records[0].loss, std::log(256.0), 0.1);
-  double h = unigram_entropy(kCorpus), last = 0;
+  double h = unigram_entropy(kTrainingCorpus), last = 0;
   for (size_t i = 280; i < 300; ++i) last += s.records[i].loss / 20;
   EXPECT_LT(last, h - 0.5) << "unigram entropy " << h;
 }
@@ -100,7 +100,7 @@ TEST(Training, TwoRunsGiveBitIdenticalLosses) {
 
 TEST(Training, ResumeContinuesTheLossCurveExactly) {
   std::string model = write_model("small_gpt_resume.json", small_gpt(0.1));
-  std::string dir = scratch("baton_resume_test");
+  std::string dir = training_scratch("baton_resume_test");
   std::filesystem::remove_all(dir);
   TrainOptions straight = options(model, 20);
   straight.micro_batches = 2;
@@ -140,7 +140,7 @@ TEST(Training, ResumeContinuesTheLossCurveExactly) {
 
 TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
   std::string model = write_model("small_gpt_ckpt.json", small_gpt());
-  std::string dir = scratch("baton_ckpt_skip");
+  std::string dir = training_scratch("baton_ckpt_skip");
   std::filesystem::remove_all(dir);
   TrainOptions o = options(model, 6);
   o.checkpoint_dir = dir;
@@ -162,7 +162,7 @@ TEST(Training, ResumeSkipsIncompleteAndDamagedCheckpoints) {
 
 TEST(Training, KeepCheckpointsPrunesTheOldest) {
   std::string model = write_model("small_gpt_keep.json", small_gpt());
-  std::string dir = scratch("baton_ckpt_keep");
+  std::string dir = training_scratch("baton_ckpt_keep");
   std::filesystem::remove_all(dir);
   TrainOptions o = options(model, 6);
   o.checkpoint_dir = dir;

@@ -23,7 +23,7 @@
 namespace baton::engine_testing {
 namespace {
 
-struct Case {
+struct ZeroCase {
   std::string model;
   int dp;
   std::vector<int> tp;
@@ -31,14 +31,14 @@ struct Case {
   bool zero2 = false;  // zero2 too
 };
 
-std::vector<engine::StepRecord> train(PlanSpec p, const std::string& sharding,
-                                      const RunSettings& s) {
+std::vector<engine::StepRecord> zero_train(PlanSpec p, const std::string& sharding,
+                                           const RunSettings& s) {
   p.optimizer_sharding = sharding;
   Workspace ws("zero");
   return run_threads(resolve(p, ws), train_options(ws, s));
 }
 
-PlanSpec spec_of(const Case& c) {
+PlanSpec spec_of(const ZeroCase& c) {
   PlanSpec p;
   p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
   p.dp = c.dp;
@@ -49,8 +49,9 @@ PlanSpec spec_of(const Case& c) {
   return p;
 }
 
-void expect_same(const std::vector<engine::StepRecord>& got,
-                 const std::vector<engine::StepRecord>& want, double tol, const std::string& what) {
+void zero_expect_same(const std::vector<engine::StepRecord>& got,
+                      const std::vector<engine::StepRecord>& want, double tol,
+                      const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -67,25 +68,25 @@ void expect_same(const std::vector<engine::StepRecord>& got,
   std::printf("  %s: worst relative loss difference %.2e\n", what.c_str(), worst);
 }
 
-class Zero : public ::testing::TestWithParam<Case> {};
+class Zero : public ::testing::TestWithParam<ZeroCase> {};
 
 TEST_P(Zero, MatchesUnsharded) {
-  const Case& c = GetParam();
+  const ZeroCase& c = GetParam();
   PlanSpec p = spec_of(c);
   SCOPED_TRACE(p.describe());
   RunSettings s;
   s.steps = 5;
   const bool exact = c.dp == 2;
   // Clipping at 1.0 (it clips here): the norm's order differs, within 1e-6.
-  auto want = train(p, "none", s);
-  for (std::string z : {"zero1"}) expect_same(train(p, z, s), want, 1e-6, z + " clipped");
+  auto want = zero_train(p, "none", s);
+  for (std::string z : {"zero1"}) zero_expect_same(zero_train(p, z, s), want, 1e-6, z + " clipped");
   // zero2 sums over the replicas per micro-batch, then over micro-batches: never bit for
   // bit, within 1e-6 (clipped here; a representative part of the grid, for time).
-  if (c.zero2) expect_same(train(p, "zero2", s), want, 1e-6, "zero2 clipped");
+  if (c.zero2) zero_expect_same(zero_train(p, "zero2", s), want, 1e-6, "zero2 clipped");
   // No clipping: bit for bit with two replicas.
   s.grad_clip = 0;
-  want = train(p, "none", s);
-  for (std::string z : {"zero1"}) expect_same(train(p, z, s), want, exact ? 0 : 1e-6, z);
+  want = zero_train(p, "none", s);
+  for (std::string z : {"zero1"}) zero_expect_same(zero_train(p, z, s), want, exact ? 0 : 1e-6, z);
 }
 
 // The shards: over each data-parallel group, every sharded parameter's elements are
@@ -93,7 +94,7 @@ TEST_P(Zero, MatchesUnsharded) {
 // (summed with the other pipeline rank) and every parameter under `none` keep it whole.
 TEST(Zero, ShardsPartitionEachParameter) {
   for (std::string z : {"none", "zero1", "zero2"}) {
-    PlanSpec p = spec_of(Case{"gpt", 2, {1, 1}, "1f1b"});
+    PlanSpec p = spec_of(ZeroCase{"gpt", 2, {1, 1}, "1f1b"});
     p.optimizer_sharding = z;
     Workspace ws("zero-shards");
     auto plan = resolve(p, ws);
@@ -238,8 +239,8 @@ TEST(ZeroCheckpoint, ResumesUnderAnotherShardingAndDegree) {
   }
 }
 
-std::string name_of(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string zero_name_of(const ::testing::TestParamInfo<ZeroCase>& info) {
+  const ZeroCase& c = info.param;
   std::string t;
   for (int x : c.tp) t += std::to_string(x);
   std::string s = c.model + "_dp" + std::to_string(c.dp) + "_tp" + t + "_" + c.schedule;
@@ -249,13 +250,13 @@ std::string name_of(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, Zero,
-                         ::testing::Values(Case{"gpt", 2, {1}, "1f1b", true},
-                                           Case{"gpt", 2, {1, 1}, "1f1b"},
-                                           Case{"gpt", 2, {2, 2}, "interleaved-1f1b", true},
-                                           Case{"mlp", 2, {1, 1}, "zb-v", true},
-                                           Case{"gpt", 2, {1, 1}, "dualpipe"},
-                                           Case{"mlp", 4, {1}, "1f1b", true}),
-                         name_of);
+                         ::testing::Values(ZeroCase{"gpt", 2, {1}, "1f1b", true},
+                                           ZeroCase{"gpt", 2, {1, 1}, "1f1b"},
+                                           ZeroCase{"gpt", 2, {2, 2}, "interleaved-1f1b", true},
+                                           ZeroCase{"mlp", 2, {1, 1}, "zb-v", true},
+                                           ZeroCase{"gpt", 2, {1, 1}, "dualpipe"},
+                                           ZeroCase{"mlp", 4, {1}, "1f1b", true}),
+                         zero_name_of);
 
 }  // namespace
 }  // namespace baton::engine_testing

@@ -17,7 +17,7 @@ namespace baton::engine_testing {
 namespace {
 
 // Optimizer state dominates: 4 blocks of width 256 (3.3 M parameters), short context.
-json model() {
+json zero_memory_model() {
   return {{"type", "gpt2"}, {"name", "zero-gpt"}, {"n_layer", 4},     {"n_head", 4},
           {"n_embd", 256},  {"n_positions", 16},  {"vocab_size", 256}};
 }
@@ -26,7 +26,7 @@ struct Measured {
   std::vector<int64_t> peak, estimate;
 };
 
-Measured train(const Workspace& ws, const std::string& sharding) {
+Measured zero_memory_train(const Workspace& ws, const std::string& sharding) {
   json plan = {{"version", 1},
                {"model", "model.json"},
                {"devices", 2},
@@ -69,8 +69,9 @@ void expect_saving(const Measured& none, const Measured& zero, const std::string
 
 TEST(ZeroMemory, PeakLowerByThePredictedSaving) {
   Workspace ws("zero-memory");
-  std::ofstream(ws.path("model.json")) << model().dump(2);
-  const Measured none = train(ws, "none"), zero1 = train(ws, "zero1"), zero2 = train(ws, "zero2");
+  std::ofstream(ws.path("model.json")) << zero_memory_model().dump(2);
+  const Measured none = zero_memory_train(ws, "none"), zero1 = zero_memory_train(ws, "zero1"),
+                 zero2 = zero_memory_train(ws, "zero2");
   expect_saving(none, zero1, "zero1");
   // zero2 saves half the gradients more (what a micro-batch's W holds of them is in the
   // model's weight peak), so it saves more than zero1.

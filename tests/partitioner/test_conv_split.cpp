@@ -18,7 +18,7 @@ using stages::DType;
 using stages::Graph;
 using namespace testing;
 
-std::shared_ptr<Graph> load(const json& m, DType dtype) {
+std::shared_ptr<Graph> conv_split_load(const json& m, DType dtype) {
   stages::LoadOptions o;
   o.float_dtype = dtype;
   return std::make_shared<Graph>(stages::load_model_json(m, "model.json", o));
@@ -90,7 +90,7 @@ json general() {
       {"loss", "loss"}};
 }
 
-void expect_same(const RunOutput& want, const RunOutput& got, double tol) {
+void conv_split_expect_same(const RunOutput& want, const RunOutput& got, double tol) {
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
@@ -114,7 +114,7 @@ SplitKind kind_of(const Graph& g, const Sharding& s, const std::string& node) {
   return SplitKind::none;
 }
 
-std::string error_of(const Graph& g, int tp, const SplitOverrides& ov) {
+std::string conv_split_error_of(const Graph& g, int tp, const SplitOverrides& ov) {
   try {
     plan_sharding(g, std::vector<int>(size_t(g.num_layers()), tp), ov, "plan.json: $.parallel.tp");
   } catch (const InputError& e) {
@@ -127,13 +127,13 @@ class ConvSplit : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
 
 TEST_P(ConvSplit, MatchesLogicalGraph) {
   auto [which, dtype, tp] = GetParam();
-  auto g = load(which == 0 ? tiny_resnet() : general(), dtype);
+  auto g = conv_split_load(which == 0 ? tiny_resnet() : general(), dtype);
   SCOPED_TRACE(std::string(which == 0 ? "resnet" : "general") + " tp=" + std::to_string(tp) + " " +
                std::string(memory::dtype_name(dtype)));
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
+  conv_split_expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ConvSplit,
@@ -145,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ConvSplit,
 // (then tp_reduce); the stem and the downsample feed a residual add and stay whole; the
 // classifier takes global_avgpool's channel split by rows.
 TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
-  auto g = load(tiny_resnet(), DType::f32);
+  auto g = conv_split_load(tiny_resnet(), DType::f32);
   Sharding s = plan_sharding(*g, std::vector<int>(size_t(g->num_layers()), 2), {}, "test");
   EXPECT_EQ(kind_of(*g, s, "conv1"), SplitKind::none);
   for (std::string b : {"layer1.0.", "layer2.0."}) {
@@ -169,7 +169,7 @@ TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
   EXPECT_EQ(rm.shape, (std::vector<int64_t>{2}));
 
   // The general graph: a by columns, g by whole groups, b by rows (bias after the reduce).
-  auto h = load(general(), DType::f32);
+  auto h = conv_split_load(general(), DType::f32);
   Sharding t = plan_sharding(*h, std::vector<int>(size_t(h->num_layers()), 2), {}, "test");
   EXPECT_EQ(kind_of(*h, t, "a"), SplitKind::column);
   EXPECT_EQ(kind_of(*h, t, "g"), SplitKind::column);
@@ -180,59 +180,59 @@ TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
 // Overrides: the block kept whole, a channel split gathered (tp_gather along the channels),
 // the classifier by rows after a channel-split global_avgpool.
 TEST(ConvSplit, OverridesMatchLogicalGraph) {
-  auto g = load(tiny_resnet(), DType::f64);
+  auto g = conv_split_load(tiny_resnet(), DType::f64);
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   SplitOverrides ov;
   ov.kinds["layer1.0.conv1"] = SplitKind::none;  // then conv2 runs whole too
   ov.kinds["layer2.0.conv2"] = SplitKind::none;  // conv1's channel split gathered
-  expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
+  conv_split_expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
 
-  auto h = load(general(), DType::f64);
+  auto h = conv_split_load(general(), DType::f64);
   RunOutput want_h = run_logical(h, spec);
   SplitOverrides ov2;
   ov2.kinds["b"] = SplitKind::none;  // the grouped conv's split gathered before b
-  expect_same(want_h, run_tensor_parallel(h, 2, ov2, spec), 1e-11);
+  conv_split_expect_same(want_h, run_tensor_parallel(h, 2, ov2, spec), 1e-11);
   SplitOverrides ov3;
   ov3.kinds["a"] = SplitKind::none;
   ov3.kinds["b"] = SplitKind::column;  // b's split passes maxpool and global_avgpool: fc by rows
   Sharding s3 = plan_sharding(*h, {2, 2}, ov3, "test");
   EXPECT_EQ(kind_of(*h, s3, "fc"), SplitKind::row);
-  expect_same(want_h, run_tensor_parallel(h, 2, ov3, spec), 1e-11);
+  conv_split_expect_same(want_h, run_tensor_parallel(h, 2, ov3, spec), 1e-11);
 }
 
 TEST(ConvSplit, RefusesImpossibleSplits) {
-  auto g = load(tiny_resnet(), DType::f32);
+  auto g = conv_split_load(tiny_resnet(), DType::f32);
   SplitOverrides ov;
   ov.kinds["conv1"] = SplitKind::row;
   ov.where["conv1"] = "plan.json: $.splits.conv1";
-  std::string e = error_of(*g, 2, ov);
+  std::string e = conv_split_error_of(*g, 2, ov);
   EXPECT_NE(e.find("plan.json: $.splits.conv1"), std::string::npos) << e;
   EXPECT_NE(e.find("needs its input split by channels"), std::string::npos) << e;
 
   ov.kinds = {{"layer1.0.bn1", SplitKind::column}};
   ov.where = {{"layer1.0.bn1", "plan.json: $.splits['layer1.0.bn1']"}};
-  e = error_of(*g, 2, ov);
+  e = conv_split_error_of(*g, 2, ov);
   EXPECT_NE(e.find("cannot be split"), std::string::npos) << e;
 
   ov.kinds = {{"layer1.0.conv1", SplitKind::vocab}};
   ov.where = {{"layer1.0.conv1", "plan.json: $.splits['layer1.0.conv1']"}};
-  e = error_of(*g, 2, ov);
+  e = conv_split_error_of(*g, 2, ov);
   EXPECT_NE(e.find("expected \"column\", \"row\" or \"none\" for conv2d"), std::string::npos) << e;
 
   // TP 3 does not divide the block's 4 output channels.
-  e = error_of(*g, 3, {});
+  e = conv_split_error_of(*g, 3, {});
   EXPECT_NE(e.find("does not divide the output channels = 4"), std::string::npos) << e;
   EXPECT_NE(e.find("layer1.0.conv1"), std::string::npos) << e;
 
   // The grouped conv: no row split; TP 8 does not divide its 4 groups.
-  auto h = load(general(), DType::f32);
+  auto h = conv_split_load(general(), DType::f32);
   ov.kinds = {{"g", SplitKind::row}};
   ov.where = {{"g", "plan.json: $.splits.g"}};
-  e = error_of(*h, 2, ov);
+  e = conv_split_error_of(*h, 2, ov);
   EXPECT_NE(e.find("splits by whole groups"), std::string::npos) << e;
   ov.kinds = {{"a", SplitKind::column}};
-  e = error_of(*h, 8, ov);
+  e = conv_split_error_of(*h, 8, ov);
   EXPECT_NE(e.find("does not divide the groups = 4"), std::string::npos) << e;
 }
 

@@ -24,7 +24,7 @@ namespace {
 using memory::Tensor;
 using stages::Graph;
 
-std::shared_ptr<Graph> load(const std::string& name) {
+std::shared_ptr<Graph> memory_load(const std::string& name) {
   return std::make_shared<Graph>(
       stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
 }
@@ -121,7 +121,7 @@ class MemoryEstimate : public ::testing::TestWithParam<MemCase> {};
 TEST_P(MemoryEstimate, WithinTenPercentOfTheAllocatorPeak) {
   const MemCase& c = GetParam();
   kernels::set_num_threads(1);
-  auto g = load(c.model);
+  auto g = memory_load(c.model);
   // A tensor-parallel rank: the physical graph of rank 0 of a group of c.tp. It runs over a
   // one-rank communicator, which allocates exactly what a real group's rank does (the
   // numbers differ, the memory does not).
@@ -195,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, MemoryEstimate, ::testing::ValuesIn(cases()), c
 namespace baton::partitioner {
 namespace {
 
-std::shared_ptr<Graph> gpt(int64_t s, int64_t h, int64_t a, double pdrop, int64_t layers = 3) {
+std::shared_ptr<Graph> memory_gpt(int64_t s, int64_t h, int64_t a, double pdrop,
+                                  int64_t layers = 3) {
   stages::Gpt2Config c;
   c.n_layer = layers;
   c.n_head = a;
@@ -219,7 +220,7 @@ TEST(ActivationMemory, GptLayerMatchesAdaptedKorthikanti) {
   for (double pdrop : {0.0, 0.1})
     for (int t : {1, 2, 4}) {
       SCOPED_TRACE("tp " + std::to_string(t) + " dropout " + std::to_string(pdrop));
-      auto g = gpt(s, h, a, pdrop);
+      auto g = memory_gpt(s, h, a, pdrop);
       CostModel model(g, Machine{});
       const CostTable& table = model.table(t, b);
       const LayerCost& layer = table.layers[size_t(g->find_layer("h.1"))];
@@ -244,7 +245,7 @@ TEST(ActivationMemory, GptLayerMatchesAdaptedKorthikanti) {
 TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
   // The cut composes a stage's memory from its layers walked alone; the evaluation walks
   // the stage. The composition is an upper bound and close to the walk.
-  auto g = load("gpt-config-a.json");
+  auto g = memory_load("gpt-config-a.json");
   for (int t : {1, 2}) {
     CostModel model(g, Machine{});
     const CostTable& table = model.table(t, 2);

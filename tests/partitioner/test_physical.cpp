@@ -16,7 +16,7 @@ using stages::DType;
 using stages::Graph;
 using namespace testing;
 
-std::shared_ptr<Graph> gpt(DType dtype, double pdrop, int64_t heads = 4) {
+std::shared_ptr<Graph> physical_gpt(DType dtype, double pdrop, int64_t heads = 4) {
   stages::Gpt2Config c;
   c.n_layer = 2;
   c.n_head = heads;
@@ -61,7 +61,7 @@ std::shared_ptr<Graph> llama(DType dtype, int64_t kv, bool tied, bool bias) {
   return std::make_shared<Graph>(stages::load_model_json(m, "tiny-llama", o));
 }
 
-void expect_same(const RunOutput& want, const RunOutput& got, double tol) {
+void physical_expect_same(const RunOutput& want, const RunOutput& got, double tol) {
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
@@ -86,8 +86,8 @@ class PhysicalGraph : public ::testing::TestWithParam<std::tuple<int, DType, int
 TEST_P(PhysicalGraph, MatchesLogicalGraph) {
   auto [which, dtype, tp] = GetParam();
   std::vector<Case> cases = {
-      {"gpt", [](DType d) { return gpt(d, 0.0); }},
-      {"gpt-dropout", [](DType d) { return gpt(d, 0.2); }},
+      {"gpt", [](DType d) { return physical_gpt(d, 0.0); }},
+      {"gpt-dropout", [](DType d) { return physical_gpt(d, 0.2); }},
       {"mlp-2-hidden",
        [](DType d) {
          return mlp(d, {16, 16});
@@ -100,7 +100,7 @@ TEST_P(PhysicalGraph, MatchesLogicalGraph) {
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
+  physical_expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
 }
 
 class PhysicalLlama : public ::testing::TestWithParam<std::tuple<int, int>> {};
@@ -122,7 +122,7 @@ TEST_P(PhysicalLlama, MatchesLogicalGraph) {
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  expect_same(want, got, 1e-11);
+  physical_expect_same(want, got, 1e-11);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PhysicalLlama,
@@ -172,7 +172,7 @@ INSTANTIATE_TEST_SUITE_P(Models, PhysicalGraph,
                                             ::testing::Values(2, 4)));
 
 TEST(PhysicalGraph, RecomputeAndOverrides) {
-  auto g = gpt(DType::f64, 0.1);
+  auto g = physical_gpt(DType::f64, 0.1);
   RunSpec spec;
   spec.recompute_layers = {1, 2};
   RunOutput want = run_logical(g, spec);
@@ -180,7 +180,7 @@ TEST(PhysicalGraph, RecomputeAndOverrides) {
   ov.kinds["h.1.mlp.c_fc"] = SplitKind::none;  // then h.1.mlp.c_proj runs replicated too
   ov.kinds["wte"] = SplitKind::none;
   ov.kinds["lm_head"] = SplitKind::none;
-  expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
+  physical_expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
 }
 
 }  // namespace

@@ -33,14 +33,14 @@ json tiny_plan() {
 
 // Parses, loads the model and resolves: the whole check `baton plan --check` makes
 // before estimating.
-ResolvedPlan check(const json& j) {
+ResolvedPlan plan_check(const json& j) {
   Plan p = parse_plan(j, "plan.json", kDir);
   return resolve_plan(p, load_plan_model(p));
 }
 
-std::string error_of(const json& j) {
+std::string plan_error_of(const json& j) {
   try {
-    check(j);
+    plan_check(j);
   } catch (const InputError& e) {
     return e.what();
   }
@@ -67,32 +67,33 @@ TEST(Plan, ExamplesAreValidAndRoundTrip) {
 TEST(Plan, LayerMissingOrTwice) {
   json j = tiny_plan();
   j["stages"] = {{{"layers", {0, 1}}}, {{"layers", {2, 4}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages: layer 1 ('h.0') is in no stage");
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.stages: layer 1 ('h.0') is in no stage");
   j["stages"] = {{{"layers", {0, 2}}}, {{"layers", {1, 4}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[1].layers: layer 1 ('h.0') is placed twice (also in $.stages[0])");
   j["stages"] = {{{"layers", {"embed", "h.1"}}}, {{"layers", {"h.0", "head"}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[0].layers: a stage holds consecutive layers in model order; layer "
             "2 ('h.1') "
             "does not follow layer 0 ('embed')");
   j["stages"] = {{{"layers", {2, 4}}}, {{"layers", {0, 2}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[0].layers: stages hold the model's layers in order, but layer 2 "
             "('h.1') comes "
             "after layer 1 ('h.0') of a later stage");
   j["stages"] = {{{"layers", {0, 2}}}, {{"layers", {2, 9}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[1].layers: expected layer indices within the model's 4 layers "
             "(last <= 4), found [2, 9]");
   j["stages"] = {{{"layers", {"embed", "h.9"}}}, {{"layers", {2, 4}}}};
-  EXPECT_EQ(error_of(j), "plan.json: $.stages[0].layers[1]: no layer named 'h.9' in the model");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages[0].layers[1]: no layer named 'h.9' in the model");
   j["stages"] = {{{"layers", {0, 4}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages: expected 2 stages (schedule 1f1b on 2 pipeline ranks holds 2 "
             "model chunks), found 1");
   j["stages"] = {{{"layers", {1, 1}}}, {{"layers", {1, 4}}}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[0].layers: expected first < last (a stage holds at least one "
             "layer), found [1, 1]");
 }
@@ -100,31 +101,31 @@ TEST(Plan, LayerMissingOrTwice) {
 TEST(Plan, RanksInconsistentWithDegrees) {
   json j = tiny_plan();
   j["devices"] = 6;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.devices: expected dp x (sum of tp over the pipeline ranks) = 2 x 4 = 8 "
             "devices, found 6");
   j = tiny_plan();
   j["parallel"]["tp"] = {2, 2, 2};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: expected one tensor-parallel degree per pipeline rank (pp = "
             "2), found 3 values");
   j = tiny_plan();
   j["ranks"] = json::array();
   for (int r = 0; r < 8; ++r)
     j["ranks"].push_back({{"rank", r}, {"dp", r / 4}, {"pp", (r / 2) % 2}, {"tp", r % 2}});
-  EXPECT_EQ(error_of(j), "(no error)");
+  EXPECT_EQ(plan_error_of(j), "(no error)");
   j["ranks"][3]["pp"] = 0;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.ranks[3]: expected {rank 3, dp 0, pp 1, tp 1} (rank = (dp * PP + pp) * "
             "TP + tp), found "
             "{rank 3, dp 0, pp 0, tp 1}");
   j = tiny_plan();
   j["stages"][1]["pipeline_ranks"] = {0};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[1].pipeline_ranks: expected [1] (the 1f1b placement of model "
             "chunk 1), found [0]");
   j["stages"][1]["pipeline_ranks"] = {2};  // a pipeline rank the plan does not have
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[1].pipeline_ranks[0]: expected an integer in [0, 1], found 2");
   j = tiny_plan();
   j["boundaries"] = {{{"after_stage", 0},
@@ -133,10 +134,10 @@ TEST(Plan, RanksInconsistentWithDegrees) {
                       {"from_tp", 2},
                       {"to_tp", 2},
                       {"pattern", "one-to-one"}}};
-  EXPECT_EQ(error_of(j), "(no error)");
+  EXPECT_EQ(plan_error_of(j), "(no error)");
   j["boundaries"][0]["pattern"] = "gather";
   EXPECT_EQ(
-      error_of(j),
+      plan_error_of(j),
       "plan.json: $.boundaries[0]: expected "
       "{\"after_stage\":0,\"from_pipeline_rank\":0,\"from_tp\":2,"
       "\"pattern\":\"one-to-one\",\"to_pipeline_rank\":1,\"to_tp\":2} (from the degrees and the "
@@ -145,7 +146,7 @@ TEST(Plan, RanksInconsistentWithDegrees) {
       "\"to_pipeline_rank\":1,\"to_tp\":2}");
   j = tiny_plan();
   j["batch"]["global"] = 12;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.batch.global: expected dp x micro_batches x micro_batch_size = 2 x 4 x 2 "
             "= 16, found 12");
 }
@@ -155,12 +156,12 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   j["devices"] = 6;
   j["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 3}};
   j["batch"] = {{"micro_batch_size", 2}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide n_head = 4 of "
             "attention node "
             "'h.0.attn.attn' (layer h.0)");
   j["model"]["vocab_size"] = 50;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide the vocabulary "
             "(table rows) = 50 of "
             "embedding node 'wte' (layer embed)");
@@ -169,7 +170,7 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
       {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};
   j["devices"] = 8;
   j["parallel"] = {{"dp", 1}, {"pp", 2}, {"tp", 4}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 4 does not divide the output "
             "features = 10 of "
             "linear node 'fc0' (layer fc0)");
@@ -178,7 +179,7 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   j["devices"] = 12;
   j["parallel"]["tp"] = {2, 4};
   EXPECT_EQ(
-      error_of(j),
+      plan_error_of(j),
       "plan.json: $.parallel.tp: parameter 'wte.weight' is used by layer 0 ('embed') and layer 3 "
       "('head') on "
       "pipeline ranks of different tensor-parallel degrees; a tied parameter needs one degree");
@@ -187,7 +188,7 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
 TEST(Plan, StageOverCapacity) {
   json j = tiny_plan();
   j["device_memory"] = "256KiB";
-  ResolvedPlan r = check(j);
+  ResolvedPlan r = plan_check(j);
   CostModel model(r.graph, Machine{});
   PlanEstimate e = evaluate_plan(r, model);
   ASSERT_EQ(e.problems.size(), 2u);  // both pipeline ranks
@@ -199,7 +200,7 @@ TEST(Plan, StageOverCapacity) {
                                " (as do its tensor- and data-parallel peers)");
   EXPECT_FALSE(e.fits());
   j["device_memory"] = "64MiB";
-  r = check(j);
+  r = plan_check(j);
   EXPECT_TRUE(evaluate_plan(r, model).fits());
 }
 
@@ -207,17 +208,18 @@ TEST(Plan, UnknownScheduleAndFields) {
   json j = tiny_plan();
   j["schedule"]["name"] = "2f2b";
   EXPECT_EQ(
-      error_of(j),
+      plan_error_of(j),
       "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
       "interleaved-1f1b, "
       "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation))");
   j = tiny_plan();
   j["schedule"] = {{"name", "dualpipev"}, {"micro_batches", 2}};
   j["batch"].erase("global");
-  EXPECT_EQ(error_of(j).substr(0, 57), "plan.json: $.schedule: dualpipev: micro-batches: expected");
+  EXPECT_EQ(plan_error_of(j).substr(0, 57),
+            "plan.json: $.schedule: dualpipev: micro-batches: expected");
   j = tiny_plan();
   j["tensor_parallel"] = 2;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.tensor_parallel: unknown field 'tensor_parallel' (allowed here: version, "
             "model, devices, "
             "device_memory, device, transport, parallel, batch, schedule, optimizer, "
@@ -225,23 +227,23 @@ TEST(Plan, UnknownScheduleAndFields) {
             "boundaries, predicted)");
   j = tiny_plan();
   j["stages"][0]["layer"] = 1;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[0].layer: unknown field 'layer' (allowed here: layers, "
             "pipeline_ranks, recompute, spatial)");
   j = tiny_plan();
   j["version"] = 2;
   EXPECT_EQ(
-      error_of(j),
+      plan_error_of(j),
       "plan.json: $.version: expected version 1 (the only plan version baton reads), found 2");
   j = tiny_plan();
   j["device_memory"] = "lots";
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.device_memory: expected a size such as \"4GiB\" or a number of bytes, "
             "found \"lots\"");
   j = tiny_plan();
   j["optimizer"] = "adam";
   EXPECT_EQ(
-      error_of(j),
+      plan_error_of(j),
       "plan.json: $.optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"adam\"");
 }
 
@@ -249,22 +251,22 @@ TEST(Plan, UnknownScheduleAndFields) {
 // else is an error naming the field.
 TEST(Plan, OptimizerSharding) {
   json j = tiny_plan();
-  EXPECT_EQ(check(j).plan.optimizer_sharding, OptimizerSharding::none);
-  EXPECT_FALSE(plan_to_json(check(j).plan).contains("optimizer_sharding"));
+  EXPECT_EQ(plan_check(j).plan.optimizer_sharding, OptimizerSharding::none);
+  EXPECT_FALSE(plan_to_json(plan_check(j).plan).contains("optimizer_sharding"));
   for (auto [name, want] :
        {std::pair{"none", OptimizerSharding::none}, std::pair{"zero1", OptimizerSharding::zero1},
         std::pair{"zero2", OptimizerSharding::zero2}}) {
     j["optimizer_sharding"] = name;
-    Plan p = check(j).plan;
+    Plan p = plan_check(j).plan;
     EXPECT_EQ(p.optimizer_sharding, want) << name;
     EXPECT_EQ(parse_plan(plan_to_json(p), "again.json", kDir).optimizer_sharding, want) << name;
   }
   j["optimizer_sharding"] = "zero3";
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.optimizer_sharding: expected \"none\", \"zero1\" or \"zero2\", found "
             "\"zero3\"");
   j["optimizer_sharding"] = 1;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.optimizer_sharding: expected \"none\", \"zero1\" or \"zero2\", found 1");
 }
 
@@ -272,32 +274,33 @@ TEST(Plan, OptimizerSharding) {
 // (absent: the device's default, NCCL on GPUs), "nccl" only with "cuda".
 TEST(Plan, DeviceAndTransport) {
   json j = tiny_plan();
-  Plan p = check(j).plan;
+  Plan p = plan_check(j).plan;
   EXPECT_EQ(p.device, "cpu");
   EXPECT_EQ(p.transport_of(), "ucx");
   EXPECT_FALSE(plan_to_json(p).contains("device"));
   EXPECT_FALSE(plan_to_json(p).contains("transport"));
   j["device"] = "cuda";
-  p = check(j).plan;
+  p = plan_check(j).plan;
   EXPECT_EQ(p.transport_of(), "nccl");
   for (const char* t : {"nccl", "ucx"}) {
     j["transport"] = t;
-    p = check(j).plan;
+    p = plan_check(j).plan;
     Plan again = parse_plan(plan_to_json(p), "again.json", kDir);
     EXPECT_EQ(again.device, "cuda") << t;
     EXPECT_EQ(again.transport_of(), t);
   }
   j["device"] = "gpu";
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.device: expected \"cpu\" or \"cuda\" (each rank takes the GPU of its "
             "local rank), found \"gpu\"");
   j["device"] = 0;
-  EXPECT_EQ(error_of(j).substr(0, 34), "plan.json: $.device: expected \"cpu");
+  EXPECT_EQ(plan_error_of(j).substr(0, 34), "plan.json: $.device: expected \"cpu");
   j["device"] = "cpu";
   j["transport"] = "tcp";
-  EXPECT_EQ(error_of(j), "plan.json: $.transport: expected \"ucx\" or \"nccl\", found \"tcp\"");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.transport: expected \"ucx\" or \"nccl\", found \"tcp\"");
   j["transport"] = "nccl";
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.transport: expected \"ucx\" (NCCL moves CUDA tensors only: \"nccl\" "
             "needs \"device\": \"cuda\"), found \"nccl\" with \"device\": \"cpu\"");
 }
@@ -306,14 +309,14 @@ TEST(Plan, DeviceAndTransport) {
 // "sync_every": H, "outer_optimizer": ...}; bad forms name the path, expected and found.
 TEST(Plan, DpSync) {
   json j = tiny_plan();
-  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
-  EXPECT_FALSE(plan_to_json(check(j).plan).contains("dp_sync"));
+  EXPECT_EQ(plan_check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  EXPECT_FALSE(plan_to_json(plan_check(j).plan).contains("dp_sync"));
   j["dp_sync"] = "allreduce";
-  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  EXPECT_EQ(plan_check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
   j["dp_sync"] = {{"mode", "allreduce"}};
-  EXPECT_EQ(check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
+  EXPECT_EQ(plan_check(j).plan.dp_sync.mode, DpSync::Mode::allreduce);
   j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 8}};
-  DpSync s = check(j).plan.dp_sync;
+  DpSync s = plan_check(j).plan.dp_sync;
   EXPECT_TRUE(s.local());
   EXPECT_EQ(s.sync_every, 8);
   EXPECT_EQ(s.outer, DpSync::Outer::average);
@@ -322,7 +325,7 @@ TEST(Plan, DpSync) {
                   {"outer_optimizer", "nesterov"},
                   {"outer_lr", 0.5},
                   {"outer_momentum", 0.8}};
-  Plan p = check(j).plan;
+  Plan p = plan_check(j).plan;
   EXPECT_EQ(p.dp_sync.outer, DpSync::Outer::nesterov);
   EXPECT_EQ(p.dp_sync.outer_lr, 0.5);
   EXPECT_EQ(p.dp_sync.outer_momentum, 0.8);
@@ -352,26 +355,26 @@ TEST(Plan, DpSync) {
   };
   for (const auto& [value, want] : bad) {
     j["dp_sync"] = value;
-    const std::string got = error_of(j);
+    const std::string got = plan_error_of(j);
     EXPECT_NE(got.find("plan.json: " + want), std::string::npos) << got;
   }
   j["dp_sync"] = {{"mode", "gossip"}, {"peers", 1}, {"seed", 7}};
-  Plan g = check(j).plan;
+  Plan g = plan_check(j).plan;
   EXPECT_EQ(g.dp_sync.mode, DpSync::Mode::gossip);
   EXPECT_EQ(g.dp_sync.seed, 7u);
   EXPECT_EQ(plan_to_json(g)["dp_sync"], j["dp_sync"]);
   j["dp_sync"]["peers"] = 2;  // dp 2: one partner at most
-  EXPECT_NE(error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
+  EXPECT_NE(plan_error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
             std::string::npos)
-      << error_of(j);
+      << plan_error_of(j);
   j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 2}};
   j["optimizer_sharding"] = "zero1";
-  EXPECT_NE(error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
+  EXPECT_NE(plan_error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
             std::string::npos)
-      << error_of(j);
+      << plan_error_of(j);
   j.erase("optimizer_sharding");
   j["optimizer_step"] = "post-validated";
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
             "\"local-sgd\" (only with \"allreduce\")");
 }
@@ -381,11 +384,11 @@ TEST(Plan, DpSync) {
 // steps); its anchor (and nesterov's momentum) count as optimizer state.
 TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   json j = tiny_plan();
-  ResolvedPlan all = check(j);
+  ResolvedPlan all = plan_check(j);
   j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 8}};
-  ResolvedPlan local = check(j);
+  ResolvedPlan local = plan_check(j);
   j["dp_sync"]["outer_optimizer"] = "nesterov";
-  ResolvedPlan diloco = check(j);
+  ResolvedPlan diloco = plan_check(j);
   CostModel model(all.graph, Machine{});
   PlanEstimate a = evaluate_plan(all, model), b = evaluate_plan(local, model),
                c = evaluate_plan(diloco, model);
@@ -418,9 +421,9 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
 // exactly what its optimizer bytes are.
 TEST(Plan, OptimizerShardingInTheEstimate) {
   json j = tiny_plan();
-  ResolvedPlan none = check(j);
+  ResolvedPlan none = plan_check(j);
   j["optimizer_sharding"] = "zero1";
-  ResolvedPlan zero = check(j);
+  ResolvedPlan zero = plan_check(j);
   CostModel model(none.graph, Machine{});
   PlanEstimate a = evaluate_plan(none, model), b = evaluate_plan(zero, model);
   const stages::Param& wte = none.graph->params[size_t(none.graph->find_param("wte.weight"))];
@@ -443,9 +446,9 @@ TEST(Plan, OptimizerShardingInTheEstimate) {
 TEST(Plan, Zero2InTheEstimate) {
   json j = tiny_plan();
   j["optimizer_sharding"] = "zero1";
-  ResolvedPlan z1 = check(j);
+  ResolvedPlan z1 = plan_check(j);
   j["optimizer_sharding"] = "zero2";
-  ResolvedPlan z2 = check(j);
+  ResolvedPlan z2 = plan_check(j);
   CostModel model(z1.graph, Machine{});
   PlanEstimate a = evaluate_plan(z1, model), b = evaluate_plan(z2, model);
   const stages::Param& wte = z1.graph->params[size_t(z1.graph->find_param("wte.weight"))];
@@ -477,31 +480,31 @@ TEST(Plan, Zero2InTheEstimate) {
 TEST(Plan, SplitOverridesAndRecompute) {
   json j = tiny_plan();
   j["splits"] = {{"h.0.mlp.c_fc", "row"}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.splits.h.0.mlp.c_fc: row split of linear node 'h.0.mlp.c_fc' (layer h.0) "
             "needs its input "
             "split over the last dimension, but 'h.0.ln_2' is replicated (split the linear before "
             "it by columns)");
   j["splits"] = {{"h.0.ln_1", "column"}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.splits.h.0.ln_1: node 'h.0.ln_1' (op layernorm) cannot be split; only "
             "linear, conv2d, embedding, "
             "attention and cross_entropy nodes take a split");
   j["splits"] = {{"h.0.attn.attn", "column"}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.splits.h.0.attn.attn: expected \"heads\" or \"none\" for attention node "
             "'h.0.attn.attn', found \"column\"");
   j["splits"] = {{"nope", "none"}};
-  EXPECT_EQ(error_of(j), "plan.json: $.splits.nope: no node named 'nope' in the model");
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.splits.nope: no node named 'nope' in the model");
   j["splits"] = {{"lm_head", "none"}};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: parameter 'wte.weight' is split along dimension 0 over 2 "
             "ranks by embedding node "
             "'wte' (layer embed) but replicated by linear node 'lm_head' (layer head); nodes "
             "sharing a parameter need "
             "the same split (and the same degree)");
   j["splits"] = {{"lm_head", "none"}, {"wte", "none"}, {"h.1.mlp.c_fc", "none"}};
-  ResolvedPlan r = check(j);
+  ResolvedPlan r = plan_check(j);
   auto kind_of = [&](const std::string& node) {
     for (size_t n = 0; n < r.graph->nodes.size(); ++n)
       if (r.graph->nodes[n].name == node) return r.sharding.nodes[n].kind;
@@ -515,11 +518,11 @@ TEST(Plan, SplitOverridesAndRecompute) {
   EXPECT_EQ(kind_of("wte"), SplitKind::none);
   j = tiny_plan();
   j["stages"][1]["recompute"] = {"h.0"};
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[1].recompute[0]: expected a layer of this stage (h.1 .. head), "
             "found 'h.0'");
   j["stages"][1]["recompute"] = {"h.1"};
-  ResolvedPlan r2 = check(j);
+  ResolvedPlan r2 = plan_check(j);
   EXPECT_EQ(r2.recompute[1], (std::set<int>{2}));
 }
 
@@ -539,7 +542,7 @@ json spatial_resnet_plan() {
 }
 
 TEST(Plan, SpatialDegreePerStage) {
-  ResolvedPlan r = check(spatial_resnet_plan());
+  ResolvedPlan r = plan_check(spatial_resnet_plan());
   EXPECT_EQ(r.plan.spatial, (std::vector<int>{2, 2}));
   EXPECT_TRUE(r.plan.sync_batchnorm);
   EXPECT_EQ(r.layout.world(), 8);
@@ -552,22 +555,22 @@ TEST(Plan, SpatialDegreePerStage) {
   EXPECT_EQ(written["sync_batchnorm"], true);
   EXPECT_EQ(written["ranks"][5], json::parse(R"({"rank": 5, "dp": 1, "pp": 0, "tp": 0, "sp": 1})"));
   EXPECT_EQ(written["boundaries"][0]["pattern"], "one-to-one");
-  EXPECT_EQ(error_of(written), "(no error)");  // the rank table and boundaries check
+  EXPECT_EQ(plan_error_of(written), "(no error)");  // the rank table and boundaries check
 
   json j = spatial_resnet_plan();
   j["devices"] = 4;
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.devices: expected dp x (sum of tp x spatial over the pipeline ranks) = "
             "2 x 4 = 8 devices, found 4");
   j = spatial_resnet_plan();
   j["stages"][0]["spatial"] = 0;
-  EXPECT_EQ(error_of(j).substr(0, 35), "plan.json: $.stages[0].spatial: exp");
+  EXPECT_EQ(plan_error_of(j).substr(0, 35), "plan.json: $.stages[0].spatial: exp");
   // Two chunks of one pipeline rank (interleaved) with different degrees.
   j = spatial_resnet_plan();
   j["schedule"] = {{"name", "interleaved-1f1b"}, {"micro_batches", 2}, {"chunks", 2}};
   j["stages"] = json::parse(R"([{"layers": [0, 1], "spatial": 2}, {"layers": [1, 2], "spatial": 2},
                                {"layers": [2, 3]}, {"layers": [3, 4], "spatial": 2}])");
-  EXPECT_EQ(error_of(j),
+  EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[2].spatial: 1, but pipeline rank 0 also holds $.stages[0] with "
             "spatial 2; the chunks of one pipeline rank share its spatial degree");
   // Strides the tiles cannot keep aligned: 8 rows over 8 tiles.
@@ -575,10 +578,11 @@ TEST(Plan, SpatialDegreePerStage) {
   j["stages"][0]["spatial"] = 8;
   j["stages"][1]["spatial"] = 8;
   j["devices"] = 32;
-  EXPECT_NE(error_of(j).find("plan.json: $.stages[0].spatial: spatial degree 8: conv2d node "
-                             "'layer2.0.conv1' (layer layer2.0) has stride 2 along the height"),
-            std::string::npos)
-      << error_of(j);
+  EXPECT_NE(
+      plan_error_of(j).find("plan.json: $.stages[0].spatial: spatial degree 8: conv2d node "
+                            "'layer2.0.conv1' (layer layer2.0) has stride 2 along the height"),
+      std::string::npos)
+      << plan_error_of(j);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ using stages::DType;
 using stages::Graph;
 using namespace testing;
 
-std::shared_ptr<Graph> load(const json& m, DType dtype) {
+std::shared_ptr<Graph> spatial_load(const json& m, DType dtype) {
   stages::LoadOptions o;
   o.float_dtype = dtype;
   return std::make_shared<Graph>(stages::load_model_json(m, "model.json", o));
@@ -117,7 +117,7 @@ json chain(int64_t height, const std::vector<Layer>& layers) {
       {"loss", "loss"}};
 }
 
-void expect_same(const RunOutput& want, const RunOutput& got, double tol) {
+void spatial_expect_same(const RunOutput& want, const RunOutput& got, double tol) {
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
@@ -132,37 +132,38 @@ void expect_same(const RunOutput& want, const RunOutput& got, double tol) {
   EXPECT_LE(got.replica_mismatch, tol);
 }
 
-void check(const json& model, int degree) {
+void spatial_check(const json& model, int degree) {
   for (DType d : {DType::f64, DType::f32}) {
     SCOPED_TRACE("spatial " + std::to_string(degree) + " " + std::string(memory::dtype_name(d)));
-    auto g = load(model, d);
+    auto g = spatial_load(model, d);
     RunSpec spec;
-    expect_same(run_logical(g, spec), run_spatial(g, degree, spec), d == DType::f64 ? 1e-11 : 1e-5);
+    spatial_expect_same(run_logical(g, spec), run_spatial(g, degree, spec),
+                        d == DType::f64 ? 1e-11 : 1e-5);
   }
 }
 
 TEST(SpatialHalo, Kernel1) {
-  check(chain(8, {{"conv2d", 1}}), 2);
+  spatial_check(chain(8, {{"conv2d", 1}}), 2);
 }
 TEST(SpatialHalo, Kernel3TilesOfOneRow) {
-  check(chain(4, {{"conv2d", 3}}), 4);
+  spatial_check(chain(4, {{"conv2d", 3}}), 4);
 }
 TEST(SpatialHalo, Kernel5) {
-  check(chain(8, {{"conv2d", 5}}), 4);
+  spatial_check(chain(8, {{"conv2d", 5}}), 4);
 }  // halo 2 = the tile
 TEST(SpatialHalo, Stride2) {
-  check(chain(8, {{"conv2d", 3, 2}, {"conv2d", 1, 2}}), 2);  // then a 1x1 stride-2: no halo
+  spatial_check(chain(8, {{"conv2d", 3, 2}, {"conv2d", 1, 2}}), 2);  // then a 1x1 stride-2: no halo
 }
 TEST(SpatialHalo, Dilation2) {
-  check(chain(8, {{"conv2d", 3, 1, 2}}), 2);
+  spatial_check(chain(8, {{"conv2d", 3, 1, 2}}), 2);
 }
 TEST(SpatialHalo, PoolingAndBatchNorm) {
   // Max pooling pads with -inf, average pooling (count_include_pad) with zeros.
-  check(chain(16, {{"conv2d", 3, 1, 1, -1, true},
-                   {"maxpool2d", 3, 2},
-                   {"avgpool2d", 3, 1},
-                   {"avgpool2d", 2, 2, 1, 0}}),
-        4);
+  spatial_check(chain(16, {{"conv2d", 3, 1, 1, -1, true},
+                           {"maxpool2d", 3, 2},
+                           {"avgpool2d", 3, 1},
+                           {"avgpool2d", 2, 2, 1, 0}}),
+                4);
 }
 
 json resnet16() {
@@ -172,19 +173,19 @@ json resnet16() {
 }
 
 TEST(SpatialResnet, Degree2) {
-  auto g = load(resnet16(), DType::f32);
+  auto g = spatial_load(resnet16(), DType::f32);
   RunSpec spec;
-  expect_same(run_logical(g, spec), run_spatial(g, 2, spec), 1e-5);
+  spatial_expect_same(run_logical(g, spec), run_spatial(g, 2, spec), 1e-5);
 }
 
 TEST(SpatialResnet, Degree4) {
-  auto g = load(resnet16(), DType::f32);
+  auto g = spatial_load(resnet16(), DType::f32);
   RunSpec spec;
-  expect_same(run_logical(g, spec), run_spatial(g, 4, spec), 1e-5);
+  spatial_expect_same(run_logical(g, spec), run_spatial(g, 4, spec), 1e-5);
 }
 
-std::string error_of(const json& model, int degree) {
-  auto g = load(model, DType::f32);
+std::string spatial_error_of(const json& model, int degree) {
+  auto g = spatial_load(model, DType::f32);
   try {
     plan_spatial(*g, degree, "plan.json: $.stages[0].spatial");
   } catch (const InputError& e) {
@@ -194,21 +195,21 @@ std::string error_of(const json& model, int degree) {
 }
 
 TEST(SpatialSplitRefuses, WithTheReason) {
-  std::string e = error_of(chain(8, {{"conv2d", 3}}), 3);
+  std::string e = spatial_error_of(chain(8, {{"conv2d", 3}}), 3);
   EXPECT_NE(e.find("does not divide the height 8 of input 'images'"), std::string::npos) << e;
   EXPECT_NE(e.find("plan.json: $.stages[0].spatial"), std::string::npos) << e;
   // 16 rows over 8 tiles: the stem's pooling (stride 2) leaves 1 row, layer2's stride 2
   // cannot split it.
-  e = error_of(resnet16(), 8);
+  e = spatial_error_of(resnet16(), 8);
   EXPECT_NE(e.find("stride 2 along the height, which does not divide the tile's 1 rows"),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("layer2.0.conv1"), std::string::npos) << e;
   // A 5x5 kernel on tiles of one row: its halo of 2 rows would need two neighbours.
-  e = error_of(chain(4, {{"conv2d", 5}}), 4);
+  e = spatial_error_of(chain(4, {{"conv2d", 5}}), 4);
   EXPECT_NE(e.find("needs a halo of 2 rows, more than a tile's 1"), std::string::npos) << e;
   // Padding that is not "same": the tiles' outputs would not line up.
-  e = error_of(chain(8, {{"conv2d", 3, 1, 1, 0}}), 2);
+  e = spatial_error_of(chain(8, {{"conv2d", 3, 1, 1, 0}}), 2);
   EXPECT_NE(e.find("maps the height 8 to 6"), std::string::npos) << e;
 }
 

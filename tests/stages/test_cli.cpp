@@ -17,14 +17,14 @@
 
 namespace {
 
-const std::string kBaton = BATON_BINARY;
+const std::string kCliBaton = BATON_BINARY;
 const std::string kSrc = BATON_SOURCE_DIR;
-const std::string kCorpus = kSrc + "/examples/data/licenses.txt";
+const std::string kCliCorpus = kSrc + "/examples/data/licenses.txt";
 
 using Result = baton::cli_testing::CommandResult;
 
-Result run(const std::string& args) {
-  return baton::cli_testing::run_command(kBaton + " train " + args);
+Result cli_run(const std::string& args) {
+  return baton::cli_testing::run_command(kCliBaton + " train " + args);
 }
 
 std::string temp_file(const std::string& name, const std::string& content) {
@@ -34,8 +34,8 @@ std::string temp_file(const std::string& name, const std::string& content) {
   return path;
 }
 
-void expect_input_error(const std::string& args, std::initializer_list<std::string> parts) {
-  Result r = run(args);
+void cli_expect_input_error(const std::string& args, std::initializer_list<std::string> parts) {
+  Result r = cli_run(args);
   EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
   for (const std::string& p : parts)
     EXPECT_NE(r.output.find(p), std::string::npos) << r.output << "\n  lacks: " << p;
@@ -45,91 +45,96 @@ const std::string kTiny =
     R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 256})";
 
 TEST(Cli, BadModelFiles) {
-  expect_input_error("--model /nonexistent.json --data " + kCorpus + " --steps 1",
-                     {"/nonexistent.json: cannot open file"});
+  cli_expect_input_error("--model /nonexistent.json --data " + kCliCorpus + " --steps 1",
+                         {"/nonexistent.json: cannot open file"});
   std::string bad = temp_file("bad.json", R"({"type": "gpt2", "n_layer": 2,)");
-  expect_input_error("--model " + bad + " --data " + kCorpus, {bad + ": not valid JSON"});
+  cli_expect_input_error("--model " + bad + " --data " + kCliCorpus, {bad + ": not valid JSON"});
   std::string op = temp_file(
       "op.json", R"({"type": "graph", "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"}],
     "params": [], "layers": [{"name": "l", "nodes": [{"op": "conv", "inputs": ["tokens"], "outputs": ["y"]}]}], "loss": "y"})");
-  expect_input_error("--model " + op + " --data " + kCorpus,
-                     {op + ": $.layers[0].nodes[0].op", "found \"conv\""});
+  cli_expect_input_error("--model " + op + " --data " + kCliCorpus,
+                         {op + ": $.layers[0].nodes[0].op", "found \"conv\""});
   std::string shape = temp_file(
       "shape.json",
       R"({"type": "gpt2", "n_layer": 1, "n_head": 3, "n_embd": 16, "n_positions": 16, "vocab_size": 256})");
-  expect_input_error("--model " + shape + " --data " + kCorpus,
-                     {shape + ": $.n_embd", "multiple of n_head = 3"});
+  cli_expect_input_error("--model " + shape + " --data " + kCliCorpus,
+                         {shape + ": $.n_embd", "multiple of n_head = 3"});
   std::string vocab = temp_file(
       "vocab.json",
       R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 100})");
-  expect_input_error("--model " + vocab + " --data " + kCorpus, {"vocabulary of at least 256"});
+  cli_expect_input_error("--model " + vocab + " --data " + kCliCorpus,
+                         {"vocabulary of at least 256"});
 }
 
 TEST(Cli, BadDataAndFlags) {
   std::string model = temp_file("tiny.json", kTiny);
-  expect_input_error("--model " + model + " --data /nonexistent.txt",
-                     {"/nonexistent.txt: cannot open file"});
+  cli_expect_input_error("--model " + model + " --data /nonexistent.txt",
+                         {"/nonexistent.txt: cannot open file"});
   std::string small = temp_file("small.txt", "short");
-  expect_input_error("--model " + model + " --data " + small,
-                     {small + ": 5 bytes of data", "at least 17"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --batch 6 --micro-batches 4",
-                     {"--batch 6 must be a positive multiple of --micro-batches 4"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --optimizer lion",
-                     {"--optimizer", "lion"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --device-memory 12XB",
-                     {"invalid size '12XB'"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --recompute 7",
-                     {"--recompute: layer 7"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --frobnicate", {"frobnicate"});
-  expect_input_error("--model " + model + " --data " + kCorpus + " --resume",
-                     {"--resume needs --checkpoint-dir"});
+  cli_expect_input_error("--model " + model + " --data " + small,
+                         {small + ": 5 bytes of data", "at least 17"});
+  cli_expect_input_error(
+      "--model " + model + " --data " + kCliCorpus + " --batch 6 --micro-batches 4",
+      {"--batch 6 must be a positive multiple of --micro-batches 4"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --optimizer lion",
+                         {"--optimizer", "lion"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --device-memory 12XB",
+                         {"invalid size '12XB'"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 7",
+                         {"--recompute: layer 7"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --frobnicate",
+                         {"frobnicate"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --resume",
+                         {"--resume needs --checkpoint-dir"});
 }
 
 // The token dataset flags, the learning-rate schedule and evaluation: each bad value is
 // exit 2 naming the flag (or the file and the first offending token).
 TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
   std::string model = temp_file("tiny_flags.json", kTiny);
-  const std::string base = "--model " + model + " --data " + kCorpus + " --steps 10 ";
-  expect_input_error(base + "--lr-schedule step",
-                     {"--lr-schedule: expected constant, cosine, linear or wsd", "'step'"});
-  expect_input_error(base + "--lr-schedule cosine --warmup-steps -1",
-                     {"--warmup-steps: expected >= 0"});
-  expect_input_error(base + "--lr-schedule linear --decay-steps -2",
-                     {"--decay-steps: expected >= 0"});
-  expect_input_error(base + "--lr-schedule cosine --lr 1e-3 --min-lr 0.01",
-                     {"--min-lr: expected a rate in [0, --lr]"});
-  expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.5",
-                     {"--decay-fraction: expected a fraction in (0, 1]"});
-  expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5",
-                     {"--lr-schedule wsd", "exceed the run's 10 steps"});
-  expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
-  expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0",
-                     {"--eval-batches: expected >= 1"});
-  expect_input_error(base + "--eval-fraction 1.5", {"--eval-fraction: expected a share in (0, 1)"});
-  expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCorpus,
-                     {"--eval-data and --eval-fraction"});
-  expect_input_error(base + "--eval-data /nonexistent.bin", {"/nonexistent.bin"});
-  expect_input_error(base + "--data-format parquet",
-                     {"--data-format: expected auto, megatron, tokens or text", "parquet"});
-  expect_input_error(base + "--token-dtype uint32", {"--token-dtype: only flat token files"});
-  expect_input_error("--model " + model + " --steps 1 --data 0.7:" + kCorpus + " " + kCorpus,
-                     {"--data: several datasets need a weight each"});
+  const std::string base = "--model " + model + " --data " + kCliCorpus + " --steps 10 ";
+  cli_expect_input_error(base + "--lr-schedule step",
+                         {"--lr-schedule: expected constant, cosine, linear or wsd", "'step'"});
+  cli_expect_input_error(base + "--lr-schedule cosine --warmup-steps -1",
+                         {"--warmup-steps: expected >= 0"});
+  cli_expect_input_error(base + "--lr-schedule linear --decay-steps -2",
+                         {"--decay-steps: expected >= 0"});
+  cli_expect_input_error(base + "--lr-schedule cosine --lr 1e-3 --min-lr 0.01",
+                         {"--min-lr: expected a rate in [0, --lr]"});
+  cli_expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.5",
+                         {"--decay-fraction: expected a fraction in (0, 1]"});
+  cli_expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5",
+                         {"--lr-schedule wsd", "exceed the run's 10 steps"});
+  cli_expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
+  cli_expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0",
+                         {"--eval-batches: expected >= 1"});
+  cli_expect_input_error(base + "--eval-fraction 1.5",
+                         {"--eval-fraction: expected a share in (0, 1)"});
+  cli_expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCliCorpus,
+                         {"--eval-data and --eval-fraction"});
+  cli_expect_input_error(base + "--eval-data /nonexistent.bin", {"/nonexistent.bin"});
+  cli_expect_input_error(base + "--data-format parquet",
+                         {"--data-format: expected auto, megatron, tokens or text", "parquet"});
+  cli_expect_input_error(base + "--token-dtype uint32", {"--token-dtype: only flat token files"});
+  cli_expect_input_error(
+      "--model " + model + " --steps 1 --data 0.7:" + kCliCorpus + " " + kCliCorpus,
+      {"--data: several datasets need a weight each"});
   // A flat uint16 token file with a token beyond the model's vocabulary of 256.
   std::string tokens(128, '\0');  // 64 tokens
   tokens[2 * 40] = char(0x2c);    // token 40: 0x012c = 300
   tokens[2 * 40 + 1] = char(0x01);
   std::string bad = temp_file("oov.bin", tokens);
-  expect_input_error("--model " + model + " --steps 1 --data " + bad, {bad, "position 40"});
+  cli_expect_input_error("--model " + model + " --steps 1 --data " + bad, {bad, "position 40"});
   // A truncated flat file (an odd number of bytes for uint16).
   std::string odd = temp_file("odd.bin", std::string(65, 'a'));
-  expect_input_error("--model " + model + " --steps 1 --data " + odd, {odd});
+  cli_expect_input_error("--model " + model + " --steps 1 --data " + odd, {odd});
 }
 
 // A blend of the corpus as a flat token file and as text, with warm-up, cosine decay and
 // evaluation every 2 steps: the progress line and the loss log carry the rate and the
 // held-out loss.
 TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
-  std::ifstream in(kCorpus, std::ios::binary);
+  std::ifstream in(kCliCorpus, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::string flat;
   for (char c : text.substr(0, 20000)) {
@@ -140,10 +145,10 @@ TEST(Cli, TrainsOnABlendWithScheduleAndEvaluation) {
   std::string model = temp_file("tiny_blend.json", kTiny);
   std::string log = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-blend_loss.jsonl";
   Result r =
-      run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCorpus +
-          " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
-          " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " +
-          log + " --summary " + log + ".summary.json");
+      cli_run("--model " + model + " --data 0.7:" + bin + " 0.3:" + kCliCorpus +
+              " --eval-fraction 0.1 --eval-every 2 --eval-batches 2 --steps 4 --batch 4 --threads 1"
+              " --lr-schedule cosine --warmup-steps 2 --min-lr 1e-5 --loss-log " +
+              log + " --summary " + log + ".summary.json");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| lr 5.000e-04 |"), std::string::npos) << r.output;  // step 1: lr/2
@@ -180,24 +185,24 @@ TEST(Cli, TruncatedAndLyingSafetensors) {
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
   std::ofstream(dir + "/model.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  expect_input_error("--init-from " + dir + " --data " + kCorpus + " --steps 1",
-                     {dir + "/model.safetensors", "run past the end of the data"});
+  cli_expect_input_error("--init-from " + dir + " --data " + kCliCorpus + " --steps 1",
+                         {dir + "/model.safetensors", "run past the end of the data"});
   std::string lying = bytes;
   lying[0] = char(0xff);  // header length beyond the file
   lying[1] = char(0xff);
   lying[2] = char(0x0f);
   std::ofstream(dir + "/model.safetensors", std::ios::binary | std::ios::trunc) << lying;
-  expect_input_error("--init-from " + dir + " --data " + kCorpus + " --steps 1",
-                     {dir + "/model.safetensors", "header length", "past the end of the file"});
+  cli_expect_input_error("--init-from " + dir + " --data " + kCliCorpus + " --steps 1",
+                         {dir + "/model.safetensors", "header length", "past the end of the file"});
 }
 
 TEST(Cli, TrainsAndWritesTheLossLog) {
   std::string model = temp_file("tiny_ok.json", kTiny);
   std::string log = ::testing::TempDir() + "/loss.jsonl";
-  Result r = run("--model " + model + " --data " + kCorpus +
-                 " --steps 3 --batch 4 --micro-batches 2 "
-                 "--threads 1 --device-memory 256MiB --loss-log " +
-                 log);
+  Result r = cli_run("--model " + model + " --data " + kCliCorpus +
+                     " --steps 3 --batch 4 --micro-batches 2 "
+                     "--threads 1 --device-memory 256MiB --loss-log " +
+                     log);
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("step      3/3 | loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
@@ -213,7 +218,8 @@ TEST(Cli, TrainsAndWritesTheLossLog) {
 
 TEST(Cli, DeviceMemoryCapIsARuntimeFailure) {
   std::string model = temp_file("tiny_cap.json", kTiny);
-  Result r = run("--model " + model + " --data " + kCorpus + " --steps 1 --device-memory 64KiB");
+  Result r =
+      cli_run("--model " + model + " --data " + kCliCorpus + " --steps 1 --device-memory 64KiB");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("out of memory on cpu"), std::string::npos) << r.output;
 }
@@ -224,13 +230,13 @@ TEST(Cli, DeviceMemoryCapIsARuntimeFailure) {
 // checks a device index beyond the ones present instead).
 TEST(Cli, DeviceAndPrecisionFlags) {
   std::string model = temp_file("tiny_dev.json", kTiny);
-  const std::string base = "--model " + model + " --data " + kCorpus + " --steps 1 ";
-  expect_input_error(base + "--device gpu", {"unknown device 'gpu'", "cpu, cuda or cuda:N"});
-  expect_input_error(base + "--device cuda:x", {"unknown device 'cuda:x'"});
-  expect_input_error(base + "--precision f8",
-                     {"--precision: expected f32, tf32, bf16 or fp16, found 'f8'"});
+  const std::string base = "--model " + model + " --data " + kCliCorpus + " --steps 1 ";
+  cli_expect_input_error(base + "--device gpu", {"unknown device 'gpu'", "cpu, cuda or cuda:N"});
+  cli_expect_input_error(base + "--device cuda:x", {"unknown device 'cuda:x'"});
+  cli_expect_input_error(base + "--precision f8",
+                         {"--precision: expected f32, tf32, bf16 or fp16, found 'f8'"});
   for (const char* p : {"tf32", "bf16", "fp16"})
-    expect_input_error(
+    cli_expect_input_error(
         base + "--precision " + p,
         {std::string("--precision ") + p + ": needs a CUDA device", "cpu computes in f32 only"});
   const int n = baton::memory::cuda::device_count();
@@ -239,27 +245,27 @@ TEST(Cli, DeviceAndPrecisionFlags) {
     ASSERT_FALSE(reason.empty());
     for (const char* d : {"cuda", "cuda:1"}) {
       // The device is checked before the precision and before any file is read.
-      Result r = run(base + "--device " + d + " --precision bf16");
+      Result r = cli_run(base + "--device " + d + " --precision bf16");
       EXPECT_EQ(r.code, 1) << r.output;
       EXPECT_NE(r.output.find("no CUDA device for cuda:"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find(reason), std::string::npos) << r.output << "\n  lacks: " << reason;
     }
   } else {
-    Result r = run(base + "--device cuda:" + std::to_string(n));
+    Result r = cli_run(base + "--device cuda:" + std::to_string(n));
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_NE(r.output.find("no such CUDA device"), std::string::npos) << r.output;
   }
   // One process on the CPU in f32, said explicitly: trains as without the flags.
-  Result ok = run(base + "--device cpu --precision f32 --threads 1");
+  Result ok = cli_run(base + "--device cpu --precision f32 --threads 1");
   EXPECT_EQ(ok.code, 0) << ok.output;
   // A plan names its device itself.
   std::string plan = temp_file("dev_plan.json", R"({"version": 1, "model": ")" + model +
                                                     R"(", "devices": 1, "device": "cuda",
       "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [{"layers": [0, 3]}]})");
-  expect_input_error("--plan " + plan + " --data " + kCorpus + " --device cuda",
-                     {"--device does not go with --plan", "\"device\" field"});
+  cli_expect_input_error("--plan " + plan + " --data " + kCliCorpus + " --device cuda",
+                         {"--device does not go with --plan", "\"device\" field"});
   if (n == 0) {
-    Result r = run("--plan " + plan + " --data " + kCorpus + " --steps 1");
+    Result r = cli_run("--plan " + plan + " --data " + kCliCorpus + " --steps 1");
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_NE(r.output.find("no CUDA device for cuda:0"), std::string::npos) << r.output;
   }
@@ -267,8 +273,9 @@ TEST(Cli, DeviceAndPrecisionFlags) {
                                                    R"(", "devices": 1, "device": "cuda",
       "transport": "ucx", "schedule": {"name": "1f1b", "micro_batches": 1},
       "stages": [{"layers": [0, 3]}]})");
-  expect_input_error("--plan " + ucx + " --data " + kCorpus,
-                     {"$.transport", "\"ucx\" with \"device\": \"cuda\" is not implemented yet"});
+  cli_expect_input_error(
+      "--plan " + ucx + " --data " + kCliCorpus,
+      {"$.transport", "\"ucx\" with \"device\": \"cuda\" is not implemented yet"});
 }
 
 }  // namespace

@@ -137,7 +137,8 @@ std::vector<int64_t> read_all(const TokenStore& s) {
   return out;
 }
 
-void expect_input_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+void data_expect_input_error(const std::function<void()>& f,
+                             std::initializer_list<std::string> parts) {
   try {
     f();
     ADD_FAILURE() << "no InputError; expected one saying " << *parts.begin();
@@ -240,20 +241,21 @@ TEST(Megatron, BadFiles) {
     std::ofstream(p + ".idx", std::ios::binary | std::ios::trunc) << idx;
   };
   write_megatron(p, docs, {.code = 8, .magic = std::string("MMIDIDY\0\0", 9)});
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "MMIDIDX", "header"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "MMIDIDX", "header"});
   write_megatron(p, docs, {.code = 8, .version = 2});
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "version 2, expected 1"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); },
+                          {p + ".idx", "version 2, expected 1"});
   rewrite_idx([](std::string& s) { s[17] = 9; });
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "dtype code 9"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "dtype code 9"});
   rewrite_idx([](std::string& s) { s.resize(s.size() - 5); });
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
   rewrite_idx([](std::string& s) { s.resize(20); });
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "truncated"});
   // A .bin cut short.
   write_megatron(p, docs, {.code = 8});
   fs::resize_file(p + ".bin", fs::file_size(p + ".bin") - 3);
-  expect_input_error([&] { TokenStore::open_megatron(p); },
-                     {p + ".bin: truncated", "the file has"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); },
+                          {p + ".bin: truncated", "the file has"});
   // An index entry pointing past the .bin (the first sequence's offset).
   rewrite_idx([](std::string& s) {
     int64_t far = 1 << 20;
@@ -261,18 +263,18 @@ TEST(Megatron, BadFiles) {
     std::memcpy(&S, s.data() + 18, 8);
     std::memcpy(s.data() + 34 + 4 * S, &far, 8);
   });
-  expect_input_error([&] { TokenStore::open_megatron(p); },
-                     {p + ".idx", "points past the end of " + p + ".bin"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); },
+                          {p + ".idx", "points past the end of " + p + ".bin"});
   // Document indices that do not end at the sequence count.
   rewrite_idx([](std::string& s) {
     s[s.size() - 8] = 1;
     s[s.size() - 7] = 1;
   });
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "document index"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".idx", "document index"});
   // A missing half.
   write_megatron(p, docs, {.code = 8});
   fs::remove(p + ".bin");
-  expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".bin", "cannot open"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p); }, {p + ".bin", "cannot open"});
 }
 
 TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
@@ -281,21 +283,21 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
   write_megatron(p, docs, {.code = 4});
   auto s = TokenStore::open_megatron(p);
   s->check_vocabulary(101);
-  expect_input_error(
+  data_expect_input_error(
       [&] { s->check_vocabulary(99); },
       {p + ".bin: token 99 at document 1, token 3 (position 6)", "vocabulary of 99"});
   write_megatron(p, {{{{1, -2, 3}}}}, {.code = 3});
-  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
-                     {"token -2 at position 1"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
+                          {"token -2 at position 1"});
   write_megatron(p, {{{{1, 2.5}}}}, {.code = 7});
-  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
-                     {"token 2.5 at position 1", "not a whole number"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
+                          {"token 2.5 at position 1", "not a whole number"});
   // A long clean run, then one bad token: the block scan finds exactly it.
   std::vector<double> many(100000, 5.0);
   many[77777] = 50;
   write_megatron(p, {{{many}}}, {.code = 8});
-  expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(50); },
-                     {"token 50 at position 77777"});
+  data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(50); },
+                          {"token 50 at position 77777"});
 }
 
 TEST(TokenStore, FlatTokensAndText) {
@@ -316,18 +318,20 @@ TEST(TokenStore, FlatTokensAndText) {
   EXPECT_EQ(read_all(*a), (std::vector<int64_t>{1, 2, 60000}));
   auto b = open_token_store(u32, "auto", "uint32");
   EXPECT_EQ(read_all(*b), (std::vector<int64_t>{1, 2, 100000}));
-  expect_input_error([&] { open_token_store(odd, "auto", ""); }, {odd + ": truncated", "uint16"});
+  data_expect_input_error([&] { open_token_store(odd, "auto", ""); },
+                          {odd + ": truncated", "uint16"});
   auto t = open_token_store(txt, "auto", "");
   EXPECT_EQ(t->format(), "text");
   EXPECT_EQ(read_all(*t), (std::vector<int64_t>{'h', 'e', 'l', 'l', 'o'}));
   // Forced formats; a text file with a token type is a mistake.
   EXPECT_EQ(open_token_store(u16, "text", "")->num_tokens(), 6);
-  expect_input_error([&] { open_token_store(txt, "auto", "uint16"); }, {"--token-dtype"});
-  expect_input_error([&] { open_token_store(u16, "tokens", "float16"); },
-                     {"--token-dtype", "float16"});
-  expect_input_error([&] { open_token_store(txt, "parquet", ""); }, {"--data-format", "parquet"});
-  expect_input_error([&] { open_token_store(tmp("nothing"), "megatron", ""); },
-                     {"no Megatron dataset"});
+  data_expect_input_error([&] { open_token_store(txt, "auto", "uint16"); }, {"--token-dtype"});
+  data_expect_input_error([&] { open_token_store(u16, "tokens", "float16"); },
+                          {"--token-dtype", "float16"});
+  data_expect_input_error([&] { open_token_store(txt, "parquet", ""); },
+                          {"--data-format", "parquet"});
+  data_expect_input_error([&] { open_token_store(tmp("nothing"), "megatron", ""); },
+                          {"no Megatron dataset"});
 }
 
 TEST(Sampling, PureFunctionOfSeedStepIndex) {
@@ -388,8 +392,8 @@ TEST(Sampling, WindowsStayInsideDocumentsWhenAsked) {
     crossing += crosses(across.sample_start(1, 0, i), 11);
   }
   EXPECT_GT(crossing, 100);  // crossing windows are common when allowed
-  expect_input_error([&] { TokenDataset(store, 100, false); },
-                     {p + ".bin", "no document has more than 100"});
+  data_expect_input_error([&] { TokenDataset(store, 100, false); },
+                          {p + ".bin", "no document has more than 100"});
 }
 
 TEST(Sampling, BlendHoldsItsProportions) {
@@ -427,8 +431,9 @@ TEST(Sampling, BlendHoldsItsProportions) {
   d->sample(2, 17, 5, 4, a.data());
   d->sample(2, 17, 5, 4, b.data());
   EXPECT_EQ(a, b);
-  expect_input_error([&] { open_dataset({paths[0], paths[1]}, o); }, {"--data", "weight"});
-  expect_input_error([&] { open_dataset({"-1:" + paths[0]}, o); }, {"--data", "positive weight"});
+  data_expect_input_error([&] { open_dataset({paths[0], paths[1]}, o); }, {"--data", "weight"});
+  data_expect_input_error([&] { open_dataset({"-1:" + paths[0]}, o); },
+                          {"--data", "positive weight"});
 }
 
 TEST(Sampling, HeldOutSplitKeepsWholeDocuments) {
@@ -455,8 +460,8 @@ TEST(Sampling, HeldOutSplitKeepsWholeDocuments) {
 }
 
 TEST(TextData, TooShortNamesTheFile) {
-  expect_input_error([] { ByteDataset(std::string("short"), "small.txt", 16); },
-                     {"small.txt: 5 bytes of data", "at least 17"});
+  data_expect_input_error([] { ByteDataset(std::string("short"), "small.txt", 16); },
+                          {"small.txt: 5 bytes of data", "at least 17"});
 }
 
 }  // namespace

@@ -17,13 +17,13 @@
 namespace baton::stages {
 namespace {
 
-const std::string kBaton = BATON_BINARY;
-const std::string kCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+const std::string kDataCliBaton = BATON_BINARY;
+const std::string kDataCliCorpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
 
 using Result = baton::cli_testing::CommandResult;
 
 Result baton(const std::string& args) {
-  return baton::cli_testing::run_command(kBaton + " data " + args);
+  return baton::cli_testing::run_command(kDataCliBaton + " data " + args);
 }
 
 std::string dir() {
@@ -36,7 +36,7 @@ std::string dir() {
 // The first 20 KB of the corpus (the GPL's start): fast to train on.
 std::string slice() {
   const std::string path = dir() + "/slice.txt";
-  std::ifstream in(kCorpus, std::ios::binary);
+  std::ifstream in(kDataCliCorpus, std::ios::binary);
   std::string text(20000, '\0');
   in.read(text.data(), std::streamsize(text.size()));
   text.resize(text.rfind('\n') + 1);
@@ -97,7 +97,8 @@ TEST(DataCli, BadInput) {
   EXPECT_NE(r.output.find(jsonl + ":2: expected a JSON object"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir() + "/bad.idx"));
   EXPECT_FALSE(std::filesystem::exists(dir() + "/bad.bin.tmp"));
-  r = baton("prepare --tokenizer " + kCorpus + " --input " + jsonl + " --out " + dir() + "/bad");
+  r = baton("prepare --tokenizer " + kDataCliCorpus + " --input " + jsonl + " --out " + dir() +
+            "/bad");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("not a SentencePiece model"), std::string::npos) << r.output;
   r = baton("inspect " + dir() + "/nothing.bin");

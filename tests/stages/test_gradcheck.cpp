@@ -13,7 +13,7 @@ using testing::random_like;
 using testing::random_tokens;
 using testing::value_of;
 
-constexpr double kStep = 1e-5;
+constexpr double kGradcheckStep = 1e-5;
 constexpr double kTolerance = 1e-6;
 
 // Relative error ||a - n|| / max(||a||, ||n||) over sampled elements of one tensor.
@@ -44,12 +44,12 @@ void check_tensor(const std::string& what, Tensor x, const Tensor& grad,
   for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
     int64_t i = samples >= n ? s : int64_t(rng() % uint64_t(n));
     double orig = p[i];
-    p[i] = orig + kStep;
+    p[i] = orig + kGradcheckStep;
     double lp = loss();
-    p[i] = orig - kStep;
+    p[i] = orig - kGradcheckStep;
     double lm = loss();
     p[i] = orig;
-    c.add(g[size_t(i)], (lp - lm) / (2 * kStep));
+    c.add(g[size_t(i)], (lp - lm) / (2 * kGradcheckStep));
   }
   EXPECT_LT(c.rel(), kTolerance) << what << " (seed " << seed << ")";
   EXPECT_GT(c.den_n, 0.0) << what << ": every sampled gradient is zero; the check proves nothing";

@@ -12,7 +12,7 @@ namespace {
 
 const std::string kDir = std::string(BATON_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny";
 
-struct Fixture {
+struct HfGpt2Fixture {
   nlohmann::json expected;
   Tensor tokens, targets;
   std::shared_ptr<Graph> graph(DType dtype) const {
@@ -26,15 +26,15 @@ struct Fixture {
   }
 };
 
-Fixture load_fixture() {
-  Fixture f;
+HfGpt2Fixture hf_gpt2_load_fixture() {
+  HfGpt2Fixture f;
   f.expected = read_json_file(kDir + "/expected.json");
   f.tokens = testing::int_rows(f.expected["tokens"]);
   f.targets = testing::int_rows(f.expected["targets"]);
   return f;
 }
 
-double loss_of(Stage& st, const Fixture& f, bool backward) {
+double loss_of(Stage& st, const HfGpt2Fixture& f, bool backward) {
   int64_t b = f.tokens.size(0);
   MicroBatch mb{0, 0, b, b, double(f.targets.numel()), 0};
   TensorMap out = st.forward(mb, {{"tokens", f.tokens}, {"targets", f.targets}}, backward);
@@ -47,7 +47,7 @@ double loss_of(Stage& st, const Fixture& f, bool backward) {
 }
 
 TEST(HfGpt2, LossMatchesTransformersF32) {
-  Fixture f = load_fixture();
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_gpt2(kDir, st);
@@ -56,7 +56,7 @@ TEST(HfGpt2, LossMatchesTransformersF32) {
 }
 
 TEST(HfGpt2, LossAndGradientsMatchTransformersF64) {
-  Fixture f = load_fixture();
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
   auto g = f.graph(DType::f64);
   Stage st(g, 0, g->num_layers());
   load_hf_gpt2(kDir, st);
@@ -74,7 +74,7 @@ TEST(HfGpt2, LossAndGradientsMatchTransformersF64) {
 }
 
 TEST(HfGpt2, SavedCheckpointLoadsBack) {
-  Fixture f = load_fixture();
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
   auto g = f.graph(DType::f32);
   Stage a(g, 0, g->num_layers());
   load_hf_gpt2(kDir, a);
@@ -89,7 +89,7 @@ TEST(HfGpt2, SavedCheckpointLoadsBack) {
 }
 
 TEST(HfGpt2, MissingTensorIsAnInputError) {
-  Fixture f = load_fixture();
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
   // A model with a third layer needs h.2.* that the file does not have.
   std::string path = kDir + "/config.json";
   nlohmann::json cfg = read_json_file(path);

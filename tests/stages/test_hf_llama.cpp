@@ -27,7 +27,7 @@ std::string fixture_dir(const std::string& name) {
   return std::string(BATON_SOURCE_DIR) + "/tests/fixtures/" + name;
 }
 
-struct Fixture {
+struct HfLlamaFixture {
   std::string dir;
   nlohmann::json expected;
   Tensor tokens, targets;
@@ -41,8 +41,8 @@ struct Fixture {
   }
 };
 
-Fixture load_fixture(const std::string& name) {
-  Fixture f;
+HfLlamaFixture hf_llama_load_fixture(const std::string& name) {
+  HfLlamaFixture f;
   f.dir = fixture_dir(name);
   f.expected = read_json_file(f.dir + "/expected.json");
   f.tokens = testing::int_rows(f.expected["tokens"]);
@@ -56,7 +56,7 @@ struct Outcome {
   Tensor logits;
 };
 
-Outcome run(Stage& st, const Fixture& f, bool backward) {
+Outcome hf_llama_run(Stage& st, const HfLlamaFixture& f, bool backward) {
   const int64_t b = f.tokens.size(0);
   MicroBatch mb{0, 0, b, b, double(f.targets.numel()), 0};
   st.zero_grad();
@@ -72,7 +72,7 @@ Outcome run(Stage& st, const Fixture& f, bool backward) {
 
 // The logits [B, T, V]: the layers before the head as a stage, then the head's RMSNorm
 // and projection by the kernels, with the head stage's (loaded) parameters.
-Tensor logits_of(const std::shared_ptr<Graph>& g, const Fixture& f) {
+Tensor logits_of(const std::shared_ptr<Graph>& g, const HfLlamaFixture& f) {
   const int L = g->num_layers();
   Stage body(g, 0, L - 1), head(g, L - 1, L);
   load_hf_weights(f.dir, body);
@@ -98,12 +98,12 @@ Tensor logits_of(const std::shared_ptr<Graph>& g, const Fixture& f) {
 class HfLlama : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfLlama, LossAndLogitsMatchTransformersF32) {
-  Fixture f = load_fixture(GetParam());
+  HfLlamaFixture f = hf_llama_load_fixture(GetParam());
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
   double expect = f.expected["loss_f32"].get<double>();
-  Outcome r = run(st, f, false);
+  Outcome r = hf_llama_run(st, f, false);
   EXPECT_NEAR(r.loss, expect, 1e-5 * expect);
   Tensor logits = logits_of(g, f);
   const auto& want = f.expected["logits_f32"];
@@ -158,7 +158,7 @@ void expect_grads(const Stage& st, const Graph& g, const nlohmann::json& grads, 
 }
 
 TEST_P(HfLlama, LossAndGradientsMatchTransformersF64) {
-  Fixture f = load_fixture(GetParam());
+  HfLlamaFixture f = hf_llama_load_fixture(GetParam());
   auto g = f.graph(DType::f64);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
@@ -167,16 +167,16 @@ TEST_P(HfLlama, LossAndGradientsMatchTransformersF64) {
   // float64 is exact): that moves the loss by up to about 2e-9 relative and gradients by
   // up to about 1e-6 of the tensor's norm (rope_theta 1e6, llama3 scaling); the nearly
   // cancelling key biases more, so they are compared at the model's scale as in float32.
-  EXPECT_NEAR(run(st, f, true).loss, expect, 1e-8 * expect);
+  EXPECT_NEAR(hf_llama_run(st, f, true).loss, expect, 1e-8 * expect);
   expect_grads(st, *g, f.expected["grads_f64"], 1e-5, 1e-2);
 }
 
 TEST_P(HfLlama, GradientsInFloat32AgreeWithinTolerance) {
-  Fixture f = load_fixture(GetParam());
+  HfLlamaFixture f = hf_llama_load_fixture(GetParam());
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
-  run(st, f, true);
+  hf_llama_run(st, f, true);
   expect_grads(st, *g, f.expected["grads_f64"], 1e-4, 1e-2);
 }
 
@@ -185,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfLlama,
 
 // Greedy decoding with the key/value cache gives transformers' greedy continuation.
 TEST_P(HfLlama, GreedyContinuationIsTransformers) {
-  Fixture f = load_fixture(GetParam());
+  HfLlamaFixture f = hf_llama_load_fixture(GetParam());
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
@@ -197,7 +197,7 @@ TEST_P(HfLlama, GreedyContinuationIsTransformers) {
 // The cache gives the logits a full forward pass gives: the last position's logits after
 // feeding a prompt in pieces equal those of the whole sequence at once.
 TEST(HfLlamaGenerate, CachedLogitsEqualAFullPass) {
-  Fixture f = load_fixture("llama_gqa");
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
@@ -233,7 +233,7 @@ TEST(HfLlamaGenerate, CachedLogitsEqualAFullPass) {
 // Import, a baton checkpoint, export: the F32 tensors come out bit for bit as
 // transformers stored them, in one file or in shards with an index; bf16 export rounds.
 TEST(HfLlamaExport, ImportCheckpointExportIsByteIdentical) {
-  Fixture f = load_fixture("llama_gqa");
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
   auto g = f.graph(DType::f32);
   Stage st(g, 0, g->num_layers());
   load_hf_weights(f.dir, st);
@@ -289,7 +289,7 @@ TEST(HfLlamaExport, ImportCheckpointExportIsByteIdentical) {
 }
 
 TEST(HfLlamaInput, ShardedCheckpointOpensOnlyTheFilesOfTheStage) {
-  Fixture f = load_fixture("qwen2_sharded");
+  HfLlamaFixture f = hf_llama_load_fixture("qwen2_sharded");
   auto g = f.graph(DType::f32);
   HfCheckpoint all(f.dir);
   Stage whole(g, 0, g->num_layers());
@@ -317,7 +317,7 @@ std::string copy_fixture(const std::string& name, const std::string& tag) {
 }
 
 template <class F>
-void expect_input_error(F&& f, std::initializer_list<std::string> parts) {
+void hf_llama_expect_input_error(F&& f, std::initializer_list<std::string> parts) {
   try {
     f();
     FAIL() << "expected an InputError";
@@ -337,11 +337,11 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
     std::ofstream(path) << c.dump();
   };
   with("num_key_value_heads", 3);
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "num_key_value_heads"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "num_key_value_heads"});
   with("hidden_act", "gelu");
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_act"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_act"});
   with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}});
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_type", "yarn"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_type", "yarn"});
   with("model_type", "mistral");
   {
     nlohmann::json c = cfg;
@@ -349,9 +349,9 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
     c["sliding_window"] = 4096;
     std::ofstream(path) << c.dump();
   }
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "sliding_window"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "sliding_window"});
   with("model_type", "falcon");
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "model_type", "falcon"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "model_type", "falcon"});
   {  // without head_dim, the hidden size must split into the heads
     nlohmann::json c = cfg;
     c.erase("head_dim");
@@ -359,31 +359,33 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
     c["num_key_value_heads"] = 2;
     std::ofstream(path) << c.dump();
   }
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_size", "6"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_size", "6"});
   {  // transformers 5's rope_parameters: an unknown type is refused there too
     nlohmann::json c = cfg;
     c["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 10000.0}, {"factor", 2.0}};
     std::ofstream(path) << c.dump();
   }
-  expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_parameters", "dynamic"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
+                              {path, "rope_parameters", "dynamic"});
 }
 
 TEST(HfLlamaInput, BadCheckpointsAreInputErrorsNamingFileAndTensor) {
   // A model with a third layer needs tensors the file does not have.
-  Fixture f = load_fixture("llama_gqa");
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
   nlohmann::json cfg = read_hf_model_config(f.dir);
   cfg["num_hidden_layers"] = 3;
   auto g3 = std::make_shared<Graph>(load_model_json(cfg, f.dir + "/config.json"));
   Stage st3(g3, 0, g3->num_layers());
-  expect_input_error([&] { load_hf_weights(f.dir, st3); },
-                     {"model.layers.2.input_layernorm.weight", "model.safetensors"});
+  hf_llama_expect_input_error([&] { load_hf_weights(f.dir, st3); },
+                              {"model.layers.2.input_layernorm.weight", "model.safetensors"});
   // A wider MLP: shapes disagree.
   cfg["num_hidden_layers"] = 2;
   cfg["intermediate_size"] = 64;
   auto gw = std::make_shared<Graph>(load_model_json(cfg, f.dir + "/config.json"));
   Stage stw(gw, 0, gw->num_layers());
-  expect_input_error([&] { load_hf_weights(f.dir, stw); },
-                     {"model.safetensors", "model.layers.0.mlp.gate_proj.weight", "[48, 32]"});
+  hf_llama_expect_input_error(
+      [&] { load_hf_weights(f.dir, stw); },
+      {"model.safetensors", "model.layers.0.mlp.gate_proj.weight", "[48, 32]"});
   // A shard index naming a file that is not there.
   const std::string dir = copy_fixture("qwen2_sharded", "badindex");
   nlohmann::json idx = read_json_file(dir + "/model.safetensors.index.json");
@@ -394,11 +396,11 @@ TEST(HfLlamaInput, BadCheckpointsAreInputErrorsNamingFileAndTensor) {
     break;
   }
   std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
-  expect_input_error([&] { HfCheckpoint c(dir); },
-                     {"model.safetensors.index.json", victim, "model-99-of-99.safetensors"});
+  hf_llama_expect_input_error([&] { HfCheckpoint c(dir); }, {"model.safetensors.index.json", victim,
+                                                             "model-99-of-99.safetensors"});
   // No weights at all.
   fs::remove(dir + "/model.safetensors.index.json");
-  expect_input_error([&] { HfCheckpoint c(dir); }, {dir, "model.safetensors"});
+  hf_llama_expect_input_error([&] { HfCheckpoint c(dir); }, {dir, "model.safetensors"});
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ std::string model_error_of(const std::string& text) {
   return "";
 }
 
-void expect_error(const std::string& text, std::initializer_list<std::string> parts) {
+void model_json_expect_error(const std::string& text, std::initializer_list<std::string> parts) {
   std::string msg = model_error_of(text);
   ASSERT_FALSE(msg.empty()) << "loaded: " << text;
   for (const std::string& p : parts)
@@ -87,7 +87,7 @@ TEST(ModelJson, ExampleModelsLoad) {
 }
 
 TEST(ModelJson, MalformedJson) {
-  expect_error(R"({"type": "gpt2", "n_layer": )", {"m.json", "not valid JSON"});
+  model_json_expect_error(R"({"type": "gpt2", "n_layer": )", {"m.json", "not valid JSON"});
 }
 
 TEST(ModelJson, MissingFile) {
@@ -102,25 +102,27 @@ TEST(ModelJson, MissingFile) {
 
 TEST(ModelJson, ShorthandErrors) {
   std::string base = R"("n_head": 4, "n_embd": 64, "n_positions": 32, "vocab_size": 256)";
-  expect_error(R"({"type": "gpt2", "n_layers": 2, )" + base + "}",
-               {"m.json: $.n_layers", "unknown field 'n_layers'"});
-  expect_error(R"({"type": "gpt2", "n_layer": "two", )" + base + "}",
-               {"$.n_layer", "expected an integer", "found \"two\""});
-  expect_error(R"({"type": "gpt2", "n_layer": 0, )" + base + "}",
-               {"$.n_layer", "expected an integer in [1, ", "found 0"});
-  expect_error(
+  model_json_expect_error(R"({"type": "gpt2", "n_layers": 2, )" + base + "}",
+                          {"m.json: $.n_layers", "unknown field 'n_layers'"});
+  model_json_expect_error(R"({"type": "gpt2", "n_layer": "two", )" + base + "}",
+                          {"$.n_layer", "expected an integer", "found \"two\""});
+  model_json_expect_error(R"({"type": "gpt2", "n_layer": 0, )" + base + "}",
+                          {"$.n_layer", "expected an integer in [1, ", "found 0"});
+  model_json_expect_error(
       R"({"type": "gpt2", "n_layer": 2, "n_head": 5, "n_embd": 64, "n_positions": 32, "vocab_size": 256})",
       {"$.n_embd", "expected a multiple of n_head = 5", "found 64"});
-  expect_error(R"({"type": "gpt2", "n_layer": 2, "context": 64, )" + base + "}",
-               {"$.context", "at most n_positions = 32"});
-  expect_error(R"({"type": "gpt2", "n_layer": 2, "activation_function": "relu", )" + base + "}",
-               {"$.activation_function", "gelu_new"});
-  expect_error(
+  model_json_expect_error(R"({"type": "gpt2", "n_layer": 2, "context": 64, )" + base + "}",
+                          {"$.context", "at most n_positions = 32"});
+  model_json_expect_error(
+      R"({"type": "gpt2", "n_layer": 2, "activation_function": "relu", )" + base + "}",
+      {"$.activation_function", "gelu_new"});
+  model_json_expect_error(
       R"({"type": "gpt3"})",
       {"$.type", "\"graph\", \"gpt2\", \"llama\", \"mlp\" or \"resnet\"", "found \"gpt3\""});
-  expect_error(R"([1, 2])", {"m.json: $: expected an object"});
-  expect_error(R"({"type": "mlp", "context": 4, "vocab_size": 10, "n_embd": 4, "hidden": [8, -1]})",
-               {"$.hidden[1]", "expected an integer in [1, ", "found -1"});
+  model_json_expect_error(R"([1, 2])", {"m.json: $: expected an object"});
+  model_json_expect_error(
+      R"({"type": "mlp", "context": 4, "vocab_size": 10, "n_embd": 4, "hidden": [8, -1]})",
+      {"$.hidden[1]", "expected an integer in [1, ", "found -1"});
 }
 
 TEST(ModelJson, GeneralGraphLoads) {
@@ -132,74 +134,75 @@ TEST(ModelJson, GeneralGraphLoads) {
 }
 
 TEST(ModelJson, UnknownOp) {
-  expect_error(
+  model_json_expect_error(
       graph_with(R"({"op": "convolution", "inputs": ["x"], "outputs": ["h"]})"),
       {"$.layers[0].nodes[0].op", "expected a known op (", "linear", "found \"convolution\""});
 }
 
 TEST(ModelJson, ShapeMismatch) {
   // w is [5, 4]: torch layout [out, in] takes x [..., 4]; in_out layout wants x [..., 5].
-  expect_error(
+  model_json_expect_error(
       graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"},
                               "attrs": {"layout": "in_out"}})"),
       {"$.layers[0].nodes[0].inputs[0]", "input size 5", "found f32[batch, 3, 4]"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "bias": "b"}})",
           R"(, {"name": "b", "shape": [4], "init": {"type": "zeros"}})"),
       {"$.layers[0].nodes[0].params.bias", "expected a parameter of shape [5]",
        "found one of shape [4]"});
-  expect_error(graph_with(R"({"op": "add", "inputs": ["x", "y"], "outputs": ["h"]})"),
-               {"$.layers[0].nodes[0].inputs[1]", "f32[batch, 3, 4]", "found i32[batch, 3]"});
+  model_json_expect_error(
+      graph_with(R"({"op": "add", "inputs": ["x", "y"], "outputs": ["h"]})"),
+      {"$.layers[0].nodes[0].inputs[1]", "f32[batch, 3, 4]", "found i32[batch, 3]"});
 }
 
 TEST(ModelJson, InconsistentGraphs) {
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["z"], "outputs": ["h"], "params": {"weight": "w"}})"),
       {"$.layers[0].nodes[0].inputs[0]", "found 'z'"});
-  expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"]})"),
-               {"$.layers[0].nodes[0]", "needs parameter slot 'weight'"});
-  expect_error(
+  model_json_expect_error(graph_with(R"({"op": "linear", "inputs": ["x"], "outputs": ["h"]})"),
+                          {"$.layers[0].nodes[0]", "needs parameter slot 'weight'"});
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "nope"}})"),
       {"$.layers[0].nodes[0].params.weight", "found 'nope'"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "scale": "w"}})"),
       {"$.layers[0].nodes[0].params.scale", "unknown parameter slot 'scale'"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["x"], "params": {"weight": "w"}})"),
       {"$.layers[0].nodes[0].outputs[0]", "expected a new value name"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x", "x"], "outputs": ["h"], "params": {"weight": "w"}})"),
       {"$.layers[0].nodes[0].inputs", "expected 1 input(s) for op linear", "found 2"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "attrs": {"layot": "in_out"}})"),
       {"$.layers[0].nodes[0].attrs.layot", "unknown attribute 'layot'", "allowed: layout"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}, "colour": 1})"),
       {"$.layers[0].nodes[0].colour", "unknown field"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
           R"(, {"name": "unused", "shape": [2], "init": {"type": "zeros"}})"),
       {"$.params[1]", "'unused' is not used by any node"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
           R"(, {"name": "w", "shape": [2], "init": {"type": "zeros"}})"),
       {"$.params[1].name", "found 'w' again"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
           R"(, {"name": "v", "shape": [2, 0], "init": {"type": "zeros"}})"),
       {"$.params[1].shape[1]", "expected a positive dimension"});
-  expect_error(
+  model_json_expect_error(
       graph_with(
           R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})",
           R"(, {"name": "v", "shape": [2], "init": {"type": "xavier"}})"),
@@ -208,7 +211,7 @@ TEST(ModelJson, InconsistentGraphs) {
   std::string bad_loss = graph_with(
       R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
   bad_loss.replace(bad_loss.find(R"("loss": "loss")"), 14, R"("loss": "h")");
-  expect_error(bad_loss, {"$.loss", "expected a scalar loss", "f32[batch, 3, 5]"});
+  model_json_expect_error(bad_loss, {"$.loss", "expected a scalar loss", "f32[batch, 3, 5]"});
 }
 
 TEST(ModelJson, AttentionHeadsMustDivide) {
@@ -217,8 +220,8 @@ TEST(ModelJson, AttentionHeadsMustDivide) {
       "layers": [{"name": "l", "nodes": [
         {"op": "attention", "inputs": ["x"], "outputs": ["h"], "attrs": {"n_head": 2}},
         {"op": "cross_entropy", "inputs": ["h", "y"], "outputs": ["loss"]}]}], "loss": "loss"})";
-  expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "(n_head + 2 * n_kv_head) * D",
-                      "n_head = 2", "f32[batch, 4, 9]"});
+  model_json_expect_error(text, {"$.layers[0].nodes[0].inputs[0]", "(n_head + 2 * n_kv_head) * D",
+                                 "n_head = 2", "f32[batch, 4, 9]"});
 }
 
 }  // namespace

@@ -31,8 +31,9 @@ std::string safetensors_error_of(const std::string& path) {
   return "";
 }
 
-void expect_error(const std::string& name, const std::string& header, const std::string& data,
-                  std::initializer_list<std::string> parts, int64_t length_override = -1) {
+void safetensors_expect_error(const std::string& name, const std::string& header,
+                              const std::string& data, std::initializer_list<std::string> parts,
+                              int64_t length_override = -1) {
   std::string path = temp(name);
   write_raw(path, header, data, length_override);
   std::string msg = safetensors_error_of(path);
@@ -88,51 +89,61 @@ TEST(Safetensors, ReadBlock) {
 }
 
 TEST(Safetensors, TruncatedFiles) {
-  expect_error("empty.safetensors", "", "", {"does not start with '{'"});
+  safetensors_expect_error("empty.safetensors", "", "", {"does not start with '{'"});
   {
     std::string path = temp("tiny.safetensors");
     std::ofstream(path, std::ios::binary) << "abc";
     std::string msg = safetensors_error_of(path);
     EXPECT_NE(msg.find("truncated safetensors file: 3 bytes"), std::string::npos) << msg;
   }
-  expect_error("len.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "",
-               {"header length 1000 bytes runs past the end of the file"}, 1000);
-  expect_error("data.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
-               std::string(8, '\0'),
-               {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
+  safetensors_expect_error("len.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "",
+                           {"header length 1000 bytes runs past the end of the file"}, 1000);
+  safetensors_expect_error(
+      "data.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+      std::string(8, '\0'), {"tensor 'a'", "[0, 16) run past the end of the data (8 bytes)"});
   EXPECT_NE(safetensors_error_of("/nonexistent.safetensors").find("cannot open"),
             std::string::npos);
 }
 
 TEST(Safetensors, LyingHeaders) {
   std::string d8(8, '\0');
-  expect_error("huge.safetensors", "{}", "", {"above the 100 MB limit"}, int64_t(1) << 40);
-  expect_error("notjson.safetensors", "{not json", "", {"not valid JSON"});
-  expect_error("brace.safetensors", "[1,2]", "", {"does not start with '{'"});
-  expect_error(
+  safetensors_expect_error("huge.safetensors", "{}", "", {"above the 100 MB limit"},
+                           int64_t(1) << 40);
+  safetensors_expect_error("notjson.safetensors", "{not json", "", {"not valid JSON"});
+  safetensors_expect_error("brace.safetensors", "[1,2]", "", {"does not start with '{'"});
+  safetensors_expect_error(
       "overlap.safetensors",
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
       d8, {"overlaps tensor"});
-  expect_error("gap.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8,
-               {"4 bytes before tensor 'a'", "belong to no tensor"});
-  expect_error("trailing.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-               d8, {"4 bytes after the last tensor"});
-  expect_error("size.safetensors", R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8,
-               {"F64 [2] needs 16 bytes but data_offsets span 8"});
-  expect_error("dtype.safetensors", R"({"a":{"dtype":"F42","shape":[2],"data_offsets":[0,8]}})", d8,
-               {"$.a.dtype", "expected a safetensors dtype", "found \"F42\""});
-  expect_error("reversed.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
-               d8, {"$.a.data_offsets", "begin <= end"});
-  expect_error("field.safetensors",
-               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", d8,
-               {"$.a.extra", "unknown field"});
-  expect_error("shape.safetensors", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
-               d8, {"$.a.shape[0]"});
-  expect_error("meta.safetensors",
-               R"({"__metadata__":{"k":3},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-               d8, {"$.__metadata__.k", "expected a string"});
-  expect_error("offsets.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8,
-               {"$.a.data_offsets", "[begin, end]"});
+  safetensors_expect_error("gap.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8,
+                           {"4 bytes before tensor 'a'", "belong to no tensor"});
+  safetensors_expect_error("trailing.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8,
+                           {"4 bytes after the last tensor"});
+  safetensors_expect_error("size.safetensors",
+                           R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}})", d8,
+                           {"F64 [2] needs 16 bytes but data_offsets span 8"});
+  safetensors_expect_error("dtype.safetensors",
+                           R"({"a":{"dtype":"F42","shape":[2],"data_offsets":[0,8]}})", d8,
+                           {"$.a.dtype", "expected a safetensors dtype", "found \"F42\""});
+  safetensors_expect_error("reversed.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d8,
+                           {"$.a.data_offsets", "begin <= end"});
+  safetensors_expect_error("field.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})",
+                           d8, {"$.a.extra", "unknown field"});
+  safetensors_expect_error("shape.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8,
+                           {"$.a.shape[0]"});
+  safetensors_expect_error(
+      "meta.safetensors",
+      R"({"__metadata__":{"k":3},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d8,
+      {"$.__metadata__.k", "expected a string"});
+  safetensors_expect_error("offsets.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8,
+                           {"$.a.data_offsets", "[begin, end]"});
 }
 
 TEST(Safetensors, UnsupportedDtypeIsAnErrorOnRead) {

@@ -21,7 +21,7 @@ namespace {
 using testing::random_like;
 using testing::value_of;
 
-constexpr double kStep = 1e-5;
+constexpr double kVisionStep = 1e-5;
 
 // ||a - n|| / max(||a||, ||n||) over sampled elements of x.
 void check_grad(const std::string& what, Tensor x, const Tensor& grad,
@@ -35,12 +35,12 @@ void check_grad(const std::string& what, Tensor x, const Tensor& grad,
   for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
     const int64_t i = samples >= n ? s : int64_t(rng() % uint64_t(n));
     const double orig = p[i];
-    p[i] = orig + kStep;
+    p[i] = orig + kVisionStep;
     const double lp = loss();
-    p[i] = orig - kStep;
+    p[i] = orig - kVisionStep;
     const double lm = loss();
     p[i] = orig;
-    const double f = (lp - lm) / (2 * kStep);
+    const double f = (lp - lm) / (2 * kVisionStep);
     num += (g[size_t(i)] - f) * (g[size_t(i)] - f);
     da += g[size_t(i)] * g[size_t(i)];
     dn += f * f;
@@ -304,7 +304,7 @@ std::string error_of(const nlohmann::json& m) {
   return "";
 }
 
-void expect_error(const nlohmann::json& m, std::initializer_list<std::string> parts) {
+void vision_expect_error(const nlohmann::json& m, std::initializer_list<std::string> parts) {
   const std::string msg = error_of(m);
   ASSERT_FALSE(msg.empty()) << "loaded: " << m.dump();
   for (const std::string& p : parts)
@@ -316,41 +316,42 @@ TEST(VisionGraph, Errors) {
   {
     auto m = base;
     m["params"][6]["shape"] = {4, 6, 3, 3};  // c2 with groups 2 needs 3 input channels
-    expect_error(m, {"m.json", "$.layers[1].nodes[0].params.weight", "C / groups = 3",
-                     "one of shape [4, 6, 3, 3]"});
+    vision_expect_error(m, {"m.json", "$.layers[1].nodes[0].params.weight", "C / groups = 3",
+                            "one of shape [4, 6, 3, 3]"});
   }
   {
     auto m = base;
     m["layers"][1]["nodes"][0]["attrs"]["groups"] = 4;
-    expect_error(m, {"$.layers[1].nodes[0].attrs.groups", "a divisor of the input channels 6"});
+    vision_expect_error(m,
+                        {"$.layers[1].nodes[0].attrs.groups", "a divisor of the input channels 6"});
   }
   {
     auto m = base;
     m["layers"][0]["nodes"][3]["attrs"].erase("kernel");
-    expect_error(m, {"$.layers[0].nodes[3].attrs", "\"kernel\""});
+    vision_expect_error(m, {"$.layers[0].nodes[3].attrs", "\"kernel\""});
   }
   {
     auto m = base;
     m["layers"][0]["nodes"][0]["attrs"]["dilation"] = 5;
-    expect_error(m, {"$.layers[0].nodes[0].inputs[0]", "fits in", "f32[batch, 3, 9, 8]"});
+    vision_expect_error(m, {"$.layers[0].nodes[0].inputs[0]", "fits in", "f32[batch, 3, 9, 8]"});
   }
   {
     auto m = base;
     m["layers"][0]["nodes"][0]["attrs"]["stride"] = {1, 2, 3};
-    expect_error(m, {"$.layers[0].nodes[0].attrs.stride", "[h, w]"});
+    vision_expect_error(m, {"$.layers[0].nodes[0].attrs.stride", "[h, w]"});
   }
   {
     auto m = base;
     m["params"][2]["shape"] = {5};
-    expect_error(m, {"$.layers[0].nodes[1].params.weight", "shape [6]"});
+    vision_expect_error(m, {"$.layers[0].nodes[1].params.weight", "shape [6]"});
   }
-  expect_error(tiny_resnet("wide", {4}), {"$.block", "\"basic\" or \"bottleneck\""});
+  vision_expect_error(tiny_resnet("wide", {4}), {"$.block", "\"basic\" or \"bottleneck\""});
   auto strides = tiny_resnet("basic", {4, 8});
   strides["strides"] = {1, 2, 2};
-  expect_error(strides, {"$.strides", "one stride per width (2)", "3 stride(s)"});
+  vision_expect_error(strides, {"$.strides", "one stride per width (2)", "3 stride(s)"});
   auto uneven = tiny_resnet("basic", {4, 8});
   uneven["depths"] = {1};
-  expect_error(uneven, {"$.depths", "one depth per width (2)"});
+  vision_expect_error(uneven, {"$.depths", "one depth per width (2)"});
 }
 
 // ---- image data ----
