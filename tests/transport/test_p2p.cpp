@@ -303,7 +303,9 @@ TEST(Progress, ALargeSendFinishesWhileItsSenderSleeps) {
         auto t0 = std::chrono::steady_clock::now();
         c.irecv(t, 0, 5)->wait();
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        EXPECT_LT(secs, 1.5) << backend_name(b)
+        // Well under the sender's 2.5 s sleep; the margin is for the instrumented copy of
+        // 16 MiB under ThreadSanitizer on a busy machine (1.65 s once).
+        EXPECT_LT(secs, 2.0) << backend_name(b)
                              << ": the receive waited for the sender's next call";
         EXPECT_EQ(t.data<float>()[(4 << 20) - 1], 7.0f);
       }
