@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -157,6 +158,21 @@ std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace
   o.batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
   o.micro_batches = int64_t(p.dp) * p.micro_batches;
   return engine::run_training(o).records;
+}
+
+void expect_steps_match(const std::vector<engine::StepRecord>& got,
+                        const std::vector<engine::StepRecord>& want, bool bitwise) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (bitwise) {
+      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
+      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
+    } else {
+      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
+          << "step " << i + 1;
+    }
+  }
 }
 
 std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,

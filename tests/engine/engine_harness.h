@@ -70,6 +70,11 @@ std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::R
                                             const engine::PlanTrainOptions& o);
 engine::PlanTrainOptions train_options(const Workspace& ws, const RunSettings& s);
 
+// A plan's step records against the one-process run's: loss and gradient norm equal bit
+// for bit, or within 1e-5 relative (EXPECT, naming the step).
+void expect_steps_match(const std::vector<engine::StepRecord>& got,
+                        const std::vector<engine::StepRecord>& want, bool bitwise);
+
 // True when every stage of the schedule runs its weight gradients in ascending
 // micro-batch order and each chunk has one replica: the accumulation order of the
 // one-process trainer, so pure pipeline parallelism must match it bit for bit.

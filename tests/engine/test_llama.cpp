@@ -66,17 +66,7 @@ TEST_P(LlamaPlans, MatchesOneProcess) {
   std::vector<engine::StepRecord> want = run_reference(p, ws, s);
   std::vector<engine::StepRecord> got = run_threads(plan, train_options(ws, s));
   ASSERT_EQ(got.size(), want.size());
-  const bool exact = c.tp == 1 && c.dp == 1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (exact) {
-      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
-      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
-    } else {
-      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
-          << "step " << i + 1;
-    }
-  }
+  expect_steps_match(got, want, /*bitwise=*/c.tp == 1 && c.dp == 1);
 }
 
 // A few plans of the whole grid (test_llama_grid.cpp, labelled slow): pure PP under 1F1B

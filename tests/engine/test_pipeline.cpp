@@ -62,16 +62,7 @@ TEST_P(Pipeline, MatchesOneProcess) {
   // The stated list agrees with the schedule's own accumulation order.
   EXPECT_EQ(same_accumulation_order(plan->schedule), bitwise);
   std::printf("%s: %s\n", p.describe().c_str(), bitwise ? "bit for bit" : "within 1e-5 relative");
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (bitwise) {
-      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
-      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
-    } else {
-      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
-          << "step " << i + 1;
-    }
-  }
+  expect_steps_match(got, want, bitwise);
 }
 
 std::vector<PipelineCase> pipeline_cases() {

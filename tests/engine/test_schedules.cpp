@@ -21,17 +21,7 @@ namespace {
 void schedules_expect_same(const std::vector<engine::StepRecord>& got,
                            const std::vector<engine::StepRecord>& want, bool bitwise) {
   std::printf("%s\n", bitwise ? "bit for bit" : "within 1e-5 relative");
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (bitwise) {
-      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
-      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
-    } else {
-      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * std::abs(want[i].grad_norm))
-          << "step " << i + 1;
-    }
-  }
+  expect_steps_match(got, want, bitwise);
 }
 
 PlanSpec spec(const std::string& schedule, int pp, int m, bool gpt) {
