@@ -105,7 +105,7 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     throw InputError(source + ": not valid JSON: " + e.what());
   }
   try {

@@ -12,7 +12,7 @@ namespace baton::stages {
 json parse_json_text(const std::string& text, const std::string& file) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ..."
     std::string what = e.what();
     auto pos = what.find("] ");

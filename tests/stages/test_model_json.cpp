@@ -90,6 +90,13 @@ TEST(ModelJson, MalformedJson) {
   model_json_expect_error(R"({"type": "gpt2", "n_layer": )", {"m.json", "not valid JSON"});
 }
 
+// nlohmann reports a number beyond double's range as out_of_range, not parse_error (found
+// by fuzz_costs): still bad input, exit code 2.
+TEST(ModelJson, NumberBeyondDoubleIsAnInputError) {
+  model_json_expect_error(R"({"type": "gpt2", "n_layer": 1.14e406})",
+                          {"m.json", "not valid JSON", "number overflow"});
+}
+
 TEST(ModelJson, MissingFile) {
   try {
     load_model("/nonexistent/model.json");
