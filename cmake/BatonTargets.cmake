@@ -26,6 +26,14 @@ endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
   target_compile_options(baton_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
 endif()
+# lld where the toolchain has it (Debian's lld): ld.bfd spent seconds per program on the
+# sanitizer builds' static libraries and debug info, lld a fraction of that. Only links
+# driven by the C++ compiler (nvcc's are left alone).
+include(CheckLinkerFlag)
+check_linker_flag(CXX -fuse-ld=lld BATON_HAVE_LLD)
+if(BATON_HAVE_LLD)
+  target_link_options(baton_options INTERFACE $<$<LINK_LANGUAGE:CXX>:-fuse-ld=lld>)
+endif()
 if(BATON_SANITIZE)
   string(REPLACE ";" "," _san "${BATON_SANITIZE}")
   target_compile_options(baton_options INTERFACE

@@ -28,7 +28,7 @@ for t in "${targets[@]}"; do
     -print_final_stats=1 -artifact_prefix="$out/fuzz-artifacts/$t-" \
     "$out/fuzz-corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
-  done_line=$(grep -E '^#[0-9]+ +DONE' "$log" | tail -1)
+  done_line=$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1)
   cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$done_line")
   corp=$(sed -nE 's/.* corp: ([0-9]+).*/\1/p' <<<"$done_line")
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log")

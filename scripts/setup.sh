@@ -14,7 +14,7 @@ packages=(
   iproute2 procps python3 python3-dev python3-numpy pybind11-dev
   openmpi-bin libopenmpi-dev
   libsentencepiece-dev
-  clang-14 libclang-rt-14-dev libomp-14-dev clang-format-14 clang-tidy-14
+  clang-14 libclang-rt-14-dev libomp-14-dev clang-format-14 clang-tidy-14 lld
 )
 
 missing=()

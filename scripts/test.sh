@@ -4,10 +4,19 @@
 # them (asan: bad input, memory and the fuzz targets; tsan: the threaded backends).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/lint.sh --format-only
+# Each phase's seconds, printed at the end (docs/development.md keeps the figures).
+times=()
+phase() {
+  local name=$1 t0=$SECONDS
+  shift
+  "$@"
+  times+=("$name $((SECONDS - t0)) s")
+}
+phase setup scripts/setup.sh
+phase lint scripts/lint.sh --format-only
 for preset in release asan tsan; do
   echo "== $preset =="
-  scripts/build.sh "$preset"
-  ctest --preset "$preset"
+  phase "$preset build" scripts/build.sh "$preset"
+  phase "$preset tests" ctest --preset "$preset"
 done
+echo "== times: ${times[*]/%/;} total $SECONDS s"
