@@ -183,7 +183,8 @@ Executor::Executor(ExecutorConfig config)
   if (!input_names_.empty()) {
     if (!cfg_.inputs)
       throw InputError("executor: the stages read model inputs but no input function was given");
-    loader_ = std::make_unique<detail::InputLoader>(cfg_.inputs, input_names_, cfg_.input_ahead);
+    loader_ = std::make_unique<detail::InputLoader>(cfg_.inputs, input_names_, cfg_.input_ahead,
+                                                    [this] { return now(); });
   }
   reducer_ =
       std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
@@ -218,6 +219,11 @@ stages::MicroBatch Executor::micro_batch(int mb, int64_t step) const {
   m.step = step;
   if (cfg_.loss_scaler) m.loss_scale = cfg_.loss_scaler->scale();
   return m;
+}
+
+void Executor::set_recording(bool on) {
+  recording_ = on;
+  if (loader_) loader_->set_recording(on);
 }
 
 void Executor::record(const Action& a, int lane, double start, double end, int peer) {
@@ -363,7 +369,20 @@ void Executor::compute(const Action& a, size_t index, int64_t step) {
     case K::forward: {
       TensorMap in;
       if (!st.model_inputs().empty()) {
-        TensorMap x = loader_->take(step, a.micro_batch);
+        bool waited = false;
+        const double asked = now();
+        TensorMap x = loader_->take(step, a.micro_batch, &waited);
+        if (waited && recording_) {
+          compute_began_ = now();
+          TimelineEvent e;
+          e.lane = 0;
+          e.micro_batch = a.micro_batch;
+          e.stage = a.stage;
+          e.start = asked;
+          e.end = compute_began_;
+          e.label = "INPUT_WAIT";
+          add_event(std::move(e));
+        }
         for (int v : st.model_inputs()) {
           const std::string& name = st.graph().values[size_t(v)].name;
           in[name] = x.at(name);
@@ -475,8 +494,9 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     const double ta = now();
     if (is_compute(a.kind)) {
       if (a.kind == K::forward) stop_here_if_asked("forward", step);
+      compute_began_ = ta;
       compute(a, i, step);
-      record(a, 0, ta, now());
+      record(a, 0, compute_began_, now());
     } else if (is_recv(a.kind)) {
       wait_recv(i);
     } else if (is_send(a.kind)) {
@@ -492,6 +512,16 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
   }
   if (cfg_.evaluation) finish_evaluation(stats);
   if (next_step < 0) queued_step_ = -1;  // this step's inputs are consumed: none queued
+  if (recording_ && loader_)
+    for (const detail::InputLoader::Made& m : loader_->drain_made()) {
+      TimelineEvent e;
+      e.lane = 2;
+      e.micro_batch = int(m.index);
+      e.start = m.start;
+      e.end = m.end;
+      e.label = "LOAD";
+      add_event(std::move(e));
+    }
   stats.seconds = now() - t0;
   return stats;
 }

@@ -176,8 +176,10 @@ class Executor {
   StepStats run_step(int64_t step, int64_t next_step = -1);
 
   // Timeline recording (off by default): every action's start and end, in seconds since
-  // the executor was made, compute on lane 0 and communication on lane 1.
-  void set_recording(bool on) { recording_ = on; }
+  // the executor was made, compute on lane 0 and communication on lane 1; the input
+  // loader's work on lane 2 ("LOAD" events), and a forward's wait for inputs the loader
+  // had not made yet on lane 0 ("INPUT_WAIT", the forward then starts when they came).
+  void set_recording(bool on);
   const std::vector<schedule::TimelineEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
   // Adds an event of no action (a halo exchange's receive) when recording; from the
@@ -232,6 +234,7 @@ class Executor {
   std::vector<double> losses_;  // per local micro-batch, this step
   std::vector<bool> has_loss_;
   bool recording_ = false;
+  double compute_began_ = 0;  // the running compute action's start, after any input wait
   std::vector<schedule::TimelineEvent> events_;
   int64_t t_origin_ = 0;  // steady clock at construction, ns
   std::function<void(int64_t)> before_optimizer_;

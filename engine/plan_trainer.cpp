@@ -2,11 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 
 #include "engine/detail/local_sgd.h"
 #include "engine/rank_engine.h"
@@ -248,15 +250,20 @@ void init_from_hf(RankEngine& e, const std::string& dir, bool lead) {
 
 void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>& events,
                  double origin, int64_t steps, const ResolvedPlan& r, const std::string& path) {
+  // An event of no action travels with its label's index k in schedule::event_labels()
+  // as its stage, -2 - k (its own stage, when it has one, is not kept).
+  const std::vector<std::string>& labels = schedule::event_labels();
   std::vector<double> flat;
   for (const auto& e : events) {
+    int stage = e.stage;
+    if (!e.label.empty()) {
+      auto it = std::find(labels.begin(), labels.end(), e.label);
+      if (it == labels.end()) throw std::logic_error("timeline: unknown event label " + e.label);
+      stage = -2 - int(it - labels.begin());
+    }
     flat.insert(flat.end(),
                 {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
-                 // A halo receive (label HALO_F / HALO_B, no stage) travels as stage -2 / -3.
-                 double(e.label.empty()       ? e.stage
-                        : e.label == "HALO_F" ? -2
-                                              : -3),
-                 double(e.peer), e.start - origin, e.end - origin});
+                 double(stage), double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
   std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
@@ -281,7 +288,7 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
     e.micro_batch = int(all[i + 3]);
     e.stage = int(all[i + 4]);
     if (e.stage <= -2) {
-      e.label = e.stage == -2 ? "HALO_F" : "HALO_B";
+      e.label = labels.at(size_t(-2 - e.stage));
       e.stage = -1;
     }
     e.peer = int(all[i + 5]);

@@ -74,7 +74,17 @@ std::string unit_name(double seconds_per_unit) {
   return "units";
 }
 
+// A trace event's name: the action's token ("1F3"), or the label and micro-batch.
+std::string event_name(const TimelineEvent& e) {
+  return e.label.empty() ? event_token(e) : e.label + std::to_string(e.micro_batch);
+}
+
 }  // namespace
+
+const std::vector<std::string>& event_labels() {
+  static const std::vector<std::string> labels = {"HALO_F", "HALO_B", "LOAD", "INPUT_WAIT"};
+  return labels;
+}
 
 double Timeline::end_time() const {
   double t = 0.0;
@@ -105,13 +115,16 @@ std::string to_chrome_trace(const Timeline& t) {
     out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
            ", \"tid\": 0, \"args\": {\"name\": \"compute\"}},\n";
     out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
-           ", \"tid\": 1, \"args\": {\"name\": \"communication\"}}";
+           ", \"tid\": 1, \"args\": {\"name\": \"communication\"}},\n";
+    out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
+           ", \"tid\": 2, \"args\": {\"name\": \"input\"}}";
   }
   for (const TimelineEvent& e : t.events) {
     sep();
-    const std::string name =
-        e.label.empty() ? event_token(e) : e.label + std::to_string(e.micro_batch);
-    const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : "HALO";
+    const std::string name = event_name(e);
+    const std::string cat = e.label.empty()                 ? std::string(kind_code(e.kind))
+                            : e.label.rfind("HALO", 0) == 0 ? "HALO"
+                                                            : "INPUT";
     out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
            ", \"tid\": " + std::to_string(e.lane) +
@@ -202,17 +215,18 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
     out += "<text x=\"4\" y=\"" + std::to_string(top + r * pitch + row / 2 + font / 2 - 1) +
            "\">rank " + std::to_string(r) + "</text>\n";
   for (const TimelineEvent& e : t.events) {
-    if (e.lane != 0 && !o.communication) continue;
+    if (e.lane > 1 || (e.lane != 0 && !o.communication)) continue;
     const double x = left + e.start * scale, w = std::max(0.5, (e.end - e.start) * scale);
     const int y = top + e.rank * pitch + (e.lane == 0 ? 0 : row + 2);
     const int h = e.lane == 0 ? row : strip;
     const bool later_chunk = t.num_ranks > 0 && e.stage >= 0 && (e.stage / t.num_ranks) % 2 == 1;
-    const std::string colour =
-        later_chunk && e.lane == 0 ? lighter(kind_colour(e.kind), 0.45) : kind_colour(e.kind);
+    const std::string colour = !e.label.empty() && e.lane == 0 ? "#9e9e9e"  // INPUT_WAIT
+                               : later_chunk && e.lane == 0    ? lighter(kind_colour(e.kind), 0.45)
+                                                               : kind_colour(e.kind);
     out += "<rect x=\"" + detail::format_number("%.2f", x) + "\" y=\"" + std::to_string(y) +
            "\" width=\"" + detail::format_number("%.2f", w) + "\" height=\"" + std::to_string(h) +
            "\" fill=\"" + colour + "\" stroke=\"white\" stroke-width=\"0.5\"><title>" +
-           event_token(e) + " " + detail::format_number("%.6g", e.start) + "-" +
+           event_name(e) + " " + detail::format_number("%.6g", e.start) + "-" +
            detail::format_number("%.6g", e.end) + "</title></rect>\n";
     const std::string label = e.micro_batch >= 0            ? std::to_string(e.micro_batch)
                               : e.kind == K::optimizer_step ? "S"

@@ -13,17 +13,26 @@ namespace baton::schedule {
 
 struct TimelineEvent {
   int rank = 0;
-  int lane = 0;  // 0: compute (F, B, W, BW, STEP); 1: communication (transfers, REDUCE)
+  // 0: compute (F, B, W, BW, STEP); 1: communication (transfers, REDUCE); 2: input (the
+  // executor's loader making micro-batches)
+  int lane = 0;
   ActionKind kind = ActionKind::forward;
   int micro_batch = -1;
   int stage = -1;
   int peer = -1;       // transfers: the other rank
   double start = 0.0;  // in the timeline's time unit
   double end = 0.0;
-  // Set: an event of no schedule action, named by it in traces (the spatial split's halo
-  // receives, "HALO_F" and "HALO_B", on lane 1 with the micro-batch number).
+  // Set: an event of no schedule action, named by it in traces, one of event_labels():
+  // the spatial split's halo receives ("HALO_F", "HALO_B") on lane 1; the loader making a
+  // micro-batch's inputs ("LOAD") on lane 2; a forward waiting for inputs the loader had
+  // not made yet ("INPUT_WAIT") on lane 0, just before that forward. Each with its
+  // micro-batch number.
   std::string label;
 };
+
+// The labels an event of no action may carry, in a fixed order (measured timelines
+// gathered across ranks send a label as its index here).
+const std::vector<std::string>& event_labels();
 
 struct Timeline {
   std::string name;  // a title: the schedule's name, "measured", ...

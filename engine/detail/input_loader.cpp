@@ -1,11 +1,17 @@
 #include "engine/detail/input_loader.h"
 
+#include <utility>
+
 #include "memory/error.h"
 
 namespace baton::engine::detail {
 
-InputLoader::InputLoader(InputFn fn, std::vector<std::string> names, int ahead)
-    : fn_(std::move(fn)), names_(std::move(names)), ahead_(std::max(1, ahead)) {
+InputLoader::InputLoader(InputFn fn, std::vector<std::string> names, int ahead,
+                         std::function<double()> clock)
+    : fn_(std::move(fn)),
+      names_(std::move(names)),
+      ahead_(std::max(1, ahead)),
+      clock_(std::move(clock)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -30,8 +36,19 @@ void InputLoader::enqueue(const stages::MicroBatch& mb, int uses) {
   cv_.notify_all();
 }
 
-stages::TensorMap InputLoader::take(int64_t step, int64_t index) {
+void InputLoader::set_recording(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_ = on;
+}
+
+std::vector<InputLoader::Made> InputLoader::drain_made() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(made_log_, {});
+}
+
+stages::TensorMap InputLoader::take(int64_t step, int64_t index, bool* waited) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (waited) *waited = false;
   for (;;) {
     if (error_) std::rethrow_exception(error_);
     for (size_t i = 0; i < items_.size(); ++i) {
@@ -55,6 +72,7 @@ stages::TensorMap InputLoader::take(int64_t step, int64_t index) {
     if (!queued)
       throw std::logic_error("input loader: micro-batch " + std::to_string(index) + " of step " +
                              std::to_string(step) + " was never queued");
+    if (waited) *waited = true;
     cv_.wait(lock);
   }
 }
@@ -65,7 +83,9 @@ void InputLoader::loop() {
     cv_.wait(lock, [&] { return stop_ || (made_ < items_.size() && unused_ < size_t(ahead_)); });
     if (stop_) return;
     stages::MicroBatch mb = items_[made_].mb;
+    const bool record = recording_;
     lock.unlock();
+    const double start = record ? clock_() : 0.0;
     stages::TensorMap out;
     std::exception_ptr err;
     try {
@@ -79,6 +99,7 @@ void InputLoader::loop() {
       cv_.notify_all();
       return;
     }
+    if (record) made_log_.push_back({mb.step, mb.index, start, clock_()});
     // The item is still at position made_: take() removes only ready items, which sit
     // before it.
     items_[made_].tensors = std::move(out);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -18,7 +19,8 @@ namespace baton::engine::detail {
 
 class InputLoader {
  public:
-  InputLoader(InputFn fn, std::vector<std::string> names, int ahead);
+  // `clock`: seconds on the executor's timeline clock (the recorded loads' times).
+  InputLoader(InputFn fn, std::vector<std::string> names, int ahead, std::function<double()> clock);
   ~InputLoader();  // stops the thread (work in progress finishes first)
   InputLoader(const InputLoader&) = delete;
   InputLoader& operator=(const InputLoader&) = delete;
@@ -26,8 +28,18 @@ class InputLoader {
   // Queues a micro-batch; `uses`: how many take() calls will ask for it.
   void enqueue(const stages::MicroBatch& mb, int uses);
   // The inputs of (step, micro-batch index), waiting until they are made. Rethrows what
-  // the input function threw (on any later call too).
-  stages::TensorMap take(int64_t step, int64_t index);
+  // the input function threw (on any later call too). `waited`: set when they were not
+  // made yet at the call.
+  stages::TensorMap take(int64_t step, int64_t index, bool* waited = nullptr);
+
+  // Recording: while on, each micro-batch the loader makes is kept as a Made, until
+  // drained.
+  struct Made {
+    int64_t step = 0, index = 0;
+    double start = 0, end = 0;
+  };
+  void set_recording(bool on);
+  std::vector<Made> drain_made();
 
  private:
   struct Item {
@@ -44,6 +56,7 @@ class InputLoader {
   InputFn fn_;
   std::vector<std::string> names_;
   int ahead_;
+  std::function<double()> clock_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;  // in order of first use; ready ones first
@@ -51,6 +64,8 @@ class InputLoader {
   size_t unused_ = 0;       // ready items not taken yet: the loader keeps ahead_ of them
   bool stop_ = false;
   std::exception_ptr error_;
+  bool recording_ = false;
+  std::vector<Made> made_log_;
   std::thread thread_;
 };
 

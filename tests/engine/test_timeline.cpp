@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "engine_harness.h"
@@ -117,6 +119,61 @@ TEST(Timeline, CompareMatchesByActionAndFirstRank) {
   pred.events.push_back({0, 0, ActionKind::full_backward, 0, 0, -1, 42, 60});
   c = schedule::compare_timelines(meas, pred);
   EXPECT_EQ(c.unmatched_predicted, 1);
+}
+
+// The loader's work on its own lane: with the last two steps traced, every rank whose
+// stage reads model inputs (tokens on the first stage, targets on the last) shows a LOAD
+// on the "input" thread for each micro-batch it made while recording, and a forward
+// that waited for its inputs shows the wait (INPUT_WAIT) just before it, not inside it.
+TEST(Timeline, InputLoadsOnTheirOwnLane) {
+  Workspace ws("timeline-input");
+  PlanSpec p;
+  p.model = tiny_gpt_json();
+  p.tp = {1, 1};
+  p.dp = 1;
+  p.schedule = "1f1b";
+  auto plan = resolve(p, ws);
+  RunSettings s;
+  s.steps = 4;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 2;
+  run_threads(plan, o);
+  const nlohmann::json j = nlohmann::json::parse(memory::read_file(o.trace_path));
+  std::map<int, int> loads;  // rank -> LOAD events
+  std::map<int, std::string> input_thread;
+  std::vector<nlohmann::json> waits, forwards;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.value("tid", -1) == 2)
+      input_thread[e.at("pid").get<int>()] = e.at("args").at("name").get<std::string>();
+    if (e.value("ph", "") != "X") continue;
+    const std::string name = e.at("name").get<std::string>();
+    if (name.rfind("LOAD", 0) == 0) {
+      EXPECT_EQ(e.at("cat"), "INPUT");
+      EXPECT_EQ(e.at("tid"), 2);
+      EXPECT_GE(e.at("dur").get<double>(), 0.0);
+      ++loads[e.at("pid").get<int>()];
+    } else if (name.rfind("INPUT_WAIT", 0) == 0) {
+      EXPECT_EQ(e.at("tid"), 0);
+      waits.push_back(e);
+    } else if (e.value("cat", "") == "F") {
+      forwards.push_back(e);
+    }
+  }
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(input_thread[rank], "input") << "rank " << rank;
+    // Two traced steps of 4 micro-batches: the loader made at least the second step's.
+    EXPECT_GE(loads[rank], p.micro_batches) << "rank " << rank;
+  }
+  for (const auto& w : waits) {  // the forward of that micro-batch starts as the wait ends
+    const double end = w.at("ts").get<double>() + w.at("dur").get<double>();
+    bool found = false;
+    for (const auto& f : forwards)
+      if (f.at("pid") == w.at("pid") &&
+          f.at("args").at("micro_batch") == w.at("args").at("micro_batch"))
+        found |= std::abs(f.at("ts").get<double>() - end) < 50.0;  // microseconds
+    EXPECT_TRUE(found) << w.dump();
+  }
 }
 
 }  // namespace
