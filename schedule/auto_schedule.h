@@ -7,7 +7,8 @@
 // (like the zero-bubble paper's heuristic) is run on the costs for several placements
 // (one stage per rank, the V placement, two chunks per rank in a loop) and policies (a
 // cap on in-flight micro-batches per rank, when a W may fill an idle gap, forward or
-// backward first); every fixed generator's schedule, split into B and W, is a candidate
+// backward first); the zero-bubble paper's round-by-round heuristic (zb_greedy_schedule)
+// over its knobs, and every fixed generator's schedule split into B and W, are candidates
 // too. Each candidate is simulated; the fastest whose peak memory fits wins, and a
 // local search (moving single actions of a rank while the makespan drops and
 // memory fits) polishes it. So the result never exceeds the limit and is never slower
