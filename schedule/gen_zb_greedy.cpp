@@ -98,6 +98,12 @@ class ZbGreedyBuilder {
 
   void put(int j, int k) {
     const int i = n_[size_t(j)][size_t(k)];
+    const bool deps = k == kF ? j == 0 || n_[size_t(j - 1)][kF] > i
+                      : k == kB
+                          ? n_[size_t(j)][kF] > i && (j == p_ - 1 || n_[size_t(j + 1)][kB] > i)
+                          : n_[size_t(j)][kB] > i;
+    if (!deps || i >= m_)
+      throw std::logic_error("zero-bubble heuristic: an action placed before its inputs");
     const double start = ready(j, k);
     if (n_[size_t(j)][kF] > 0) idle_[size_t(j)] += start - end_[size_t(j)];
     const double e = start + cost(j, k);
@@ -156,11 +162,13 @@ class ZbGreedyBuilder {
       t = end_[size_t(j)] + k * cost(j, kF);
       last = std::max(t, arrival) + cost(j, kB);
     }
-    // A stage runs fewer warm-up forwards than the one above it (it receives them later).
-    for (int j = 1; j < p_; ++j)
-      while (extra[size_t(j)] > 0 && extra[size_t(j)] >= extra[size_t(j - 1)] &&
-             1 + extra[size_t(j)] < m_)
-        --extra[size_t(j)];
+    // A stage runs no more warm-up forwards than the one above it (it needs their
+    // outputs), and fewer unless that one has run them all.
+    for (int j = 1; j < p_; ++j) {
+      int& k = extra[size_t(j)];
+      const int above = extra[size_t(j - 1)];
+      while (k > 0 && (k > above || (k == above && 1 + k < m_))) --k;
+    }
     for (int j = 0; j < p_; ++j)
       for (int k = 0; k < extra[size_t(j)]; ++k) put(j, kF);
     for (int j = p_ - 1; j >= 0; --j) put(j, kB);
