@@ -577,6 +577,41 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     }
     consider(std::move(s), r, name);
   }
+  // The round-by-round zero-bubble heuristic (one stage per rank) over its knobs: the
+  // paper's automatic schedule, timed with the real costs.
+  {
+    Costs costs;
+    bool have_costs = true;
+    try {
+      costs = resolve(spec, p, p, 1);
+    } catch (const InputError&) {
+      have_costs = false;  // per-stage costs for another stage count
+    }
+    for (int knobs = 0; have_costs && knobs < 8; ++knobs)
+      for (int delta = -2; delta <= 2; ++delta) {
+        ZbGreedyPolicy pol;
+        pol.forwards_fit_before_first_b = knobs & 1;
+        pol.fill_small_waits = knobs & 2;
+        pol.first_stage_drains_w = knobs & 4;
+        pol.warm_up_delta = delta;
+        Schedule s;
+        try {
+          s = zb_greedy_schedule(p, m, costs, o.memory_limit, o.limit_in_bytes, pol);
+        } catch (const InputError&) {
+          have_costs = false;  // the limit cannot hold a micro-batch
+          break;
+        }
+        const std::string name = std::string("zb-greedy") +
+                                 (pol.forwards_fit_before_first_b ? " fit" : "") +
+                                 (pol.fill_small_waits ? "" : " leave-small") +
+                                 (pol.first_stage_drains_w ? "" : " no-drain") +
+                                 (delta != 0 ? " warm-up" + std::string(delta > 0 ? "+" : "") +
+                                                   std::to_string(delta)
+                                             : "");
+        Simulator sim(s, name);
+        consider(std::move(s), sim.run(costs), name);
+      }
+  }
   // Local search from the best candidate, kept only if the full simulator agrees.
   if (have && o.refine) {
     const long long work = std::max<long long>(1, (long long)out.schedule.num_actions());

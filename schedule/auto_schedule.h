@@ -7,7 +7,8 @@
 // (like the zero-bubble paper's heuristic) is run on the costs for several placements
 // (one stage per rank, the V placement, two chunks per rank in a loop) and policies (a
 // cap on in-flight micro-batches per rank, when a W may fill an idle gap, forward or
-// backward first); every fixed generator's schedule, split into B and W, is a candidate
+// backward first); the zero-bubble paper's round-by-round heuristic (zb_greedy_schedule)
+// over its knobs, and every fixed generator's schedule split into B and W, are candidates
 // too. Each candidate is simulated; the fastest whose peak memory fits wins, and a
 // local search (moving single actions of a rank while the makespan drops and
 // memory fits) polishes it. So the result never exceeds the limit and is never slower
@@ -86,6 +87,26 @@ struct GreedyPolicy {
 Schedule list_schedule(int ranks, int micro_batches, const Costs& costs,
                        const std::vector<double>& limit, bool limit_in_bytes,
                        const GreedyPolicy& policy);
+
+// The round-by-round zero-bubble heuristic (one stage per rank; docs/schedules.md,
+// "Automatic schedule"): a warm-up of as many forwards as memory holds and as fit before
+// the first B arrives (`warm_up_delta` more or fewer), then rounds of one F per stage top
+// down and one B per stage bottom up, W passes put where a rank would wait or must free
+// memory. `forwards_fit_before_first_b`: a warm-up forward must end before the first B's
+// gradient arrives (else it may run past it); `fill_small_waits`: a W also fills a wait
+// shorter than the idle time other ranks already have (else that wait stays idle);
+// `first_stage_drains_w`: once rank 0 has run every F, it runs its pending W's before
+// each B. The limit is in the unit of `limit_in_bytes`. Returns a compute-only, B/W-split
+// schedule; throws InputError if the limit cannot hold one micro-batch.
+struct ZbGreedyPolicy {
+  bool forwards_fit_before_first_b = false;
+  bool fill_small_waits = true;
+  bool first_stage_drains_w = true;
+  int warm_up_delta = 0;
+};
+Schedule zb_greedy_schedule(int ranks, int micro_batches, const Costs& costs,
+                            const std::vector<double>& limit, bool limit_in_bytes,
+                            const ZbGreedyPolicy& policy);
 
 // The local search alone: from a compute-only, one-direction schedule, moves single
 // actions of a rank up to six places while the makespan (no link contention) drops, or

@@ -23,6 +23,10 @@ expect 0 "$baton" simulate --schedule all -p 3 -m 4
 contains "dualpipev            not defined"
 expect 0 "$baton" simulate --schedule auto -p 4 -m 8 --memory-limit 3
 contains "chosen:"
+# The Zero Bubble paper's 6.2B row at ZB-2p's memory (its memory model, a limit in bytes),
+# by span: the paper's heuristic wins with the paper's 0.29%.
+expect 0 "$baton" simulate --schedule auto -p 8 -m 24 --costs "$examples/costs_zb_paper_6.2b.json" --memory-limit 4736KiB --objective span
+contains "chosen: zb-greedy"
 expect 0 "$baton" simulate -s zb-v -p 4 -m 8 --lower --svg "$tmp/t.svg" --trace "$tmp/t.json" -o "$tmp/s.json" --repeat 3
 contains "timing:"
 grep -q "<svg" "$tmp/t.svg" || { echo "FAIL: no SVG"; fails=$((fails + 1)); }

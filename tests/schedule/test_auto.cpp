@@ -217,3 +217,56 @@ TEST(AutoSchedule, SpanObjective) {
   }
   EXPECT_THROW(parse_objective("fastest", "--objective"), baton::InputError);
 }
+
+// The zero-bubble heuristic on unit costs: the best of its knobs is ZB-H1 at p
+// micro-batches (bubble (p-1) / (3m + p-1)) and zero bubble at 2p, as the paper's.
+TEST(ZbGreedy, ZbH1AtPAndZeroBubbleAt2pOnUnitCosts) {
+  for (int p : {2, 4, 8})
+    for (int m : {2 * p, 3 * p})
+      for (int k : {1, 2}) {
+        const Costs c = Costs::uniform(p, 1, 1, 1);
+        double best = 1;
+        for (int knobs = 0; knobs < 8; ++knobs)
+          for (int delta = -2; delta <= 2; ++delta) {
+            const ZbGreedyPolicy pol{bool(knobs & 1), bool(knobs & 2), bool(knobs & 4), delta};
+            const SimResult r =
+                simulate(zb_greedy_schedule(p, m, c, {double(k * p)}, false, pol), c);
+            EXPECT_LE(r.peak_micro_batches, k * p + 1e-9);
+            best = std::min(best, r.span_bubble);
+          }
+        SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) +
+                     " limit=" + std::to_string(k) + "p");
+        EXPECT_NEAR(best, k == 1 ? double(p - 1) / (3 * m + p - 1) : 0.0, 1e-9);
+      }
+}
+
+// On random costs and memory (bytes, less held between B and W): every knob setting gives
+// a valid schedule within the limit; a limit below one micro-batch is refused.
+TEST(ZbGreedy, ValidAndWithinLimitOnRandomCosts) {
+  const unsigned seed = 20261202;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(0.2, 2.0), lat(0.0, 0.3), share(0.2, 1.0);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int p = 2 + trial % 5, m = p + trial % 7 * 2;
+    Costs c = Costs::uniform(p, 1, 1, 1);
+    for (int j = 0; j < p; ++j) {
+      c.forward[size_t(j)] = u(rng);
+      c.backward_input[size_t(j)] = u(rng);
+      c.backward_weight[size_t(j)] = u(rng);
+      c.activation_bytes.push_back(100 * u(rng));
+      c.activation_bytes_after_b.push_back(c.activation_bytes.back() * share(rng));
+    }
+    c.latency = lat(rng);
+    const double most = *std::max_element(c.activation_bytes.begin(), c.activation_bytes.end());
+    const double limit = most * std::uniform_real_distribution<double>(1.0, 2.5 * p)(rng);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial));
+    for (int knobs = 0; knobs < 8; ++knobs) {
+      const ZbGreedyPolicy pol{bool(knobs & 1), bool(knobs & 2), bool(knobs & 4), knobs % 3 - 1};
+      const Schedule s = zb_greedy_schedule(p, m, c, {limit}, true, pol);
+      EXPECT_TRUE(validate(s).ok) << validate(s).to_string();
+      const SimResult r = simulate(s, c);
+      for (const RankStats& rs : r.ranks) EXPECT_LE(rs.peak_bytes, limit * (1 + 1e-9));
+    }
+    EXPECT_THROW(zb_greedy_schedule(p, m, c, {most * 0.99}, true, {}), baton::InputError);
+  }
+}
