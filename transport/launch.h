@@ -60,7 +60,7 @@ inline constexpr const char* kFailureReportVariable = "BATON_FAILURE_REPORT";
 // announced them) for report_failure.
 void note_world_hosts(int rank, std::vector<std::string> hosts);
 // Writes the report of `error` to BATON_FAILURE_REPORT, if the launcher set it; the
-// command line calls it for every failure at run time. Never throws (a report that cannot
+// command line calls it for every failure (bad input too). Never throws (a report that cannot
 // be written is only logged).
 void report_failure(const std::exception& error) noexcept;
 // Reads a report; nullopt when the file is missing or is not a report.

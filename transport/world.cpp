@@ -60,7 +60,7 @@ std::string token_from_job_id() {
 // tells hosts apart whose names are the same, as network namespaces on one machine),
 // unless that is loopback. The address is the one routing picks for the rendezvous (a UDP
 // socket's connect sends nothing).
-std::string host_label(const std::string& rendezvous_host, uint16_t port) {
+std::string world_host_label(const std::string& rendezvous_host, uint16_t port) {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   std::string label = name;
@@ -153,7 +153,7 @@ World init_world(const WorldOptions& options) {
   }
   w.store = std::make_shared<TcpStore>(host, port, e.token, options.comm.connect_timeout);
   HostLabels hosts;
-  hosts.mine = host_label(host, port);
+  hosts.mine = world_host_label(host, port);
   w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix, hosts);
   note_world_hosts(e.rank, std::move(hosts.of));
   return w;

@@ -114,6 +114,12 @@ TEST(Launch, TheSummaryNamesWhatTheRanksReported) {
                           "it\n"),
             std::string::npos)
       << r.output;
+  // baton's own commands write the report: bad input, named in the summary.
+  r = run("-n 1 -- " + std::string(BATON_BINARY) + " train --plan /nonexistent/plan.json --data x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 0 exited with code 2: /nonexistent/plan.json"),
+            std::string::npos)
+      << r.output;
   // Both lost the other, on two hosts, and nobody died: the link between them, named.
   r = run("-n 2 --grace 5 -- sh -c 'if [ $BATON_RANK = 0 ]; then " +
           launch_report("1", "a", "b", "no answer") + "; fi; sleep 0.2; " +
