@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "tools/command.h"
+#include "transport/launch.h"
 
 namespace {
 
@@ -37,9 +38,12 @@ int main(int argc, char** argv) {
     try {
       return c.run(args);
     } catch (const baton::InputError& e) {
+      baton::transport::report_failure(e);
       std::fprintf(stderr, "baton %s: error: %s\n", name.c_str(), e.what());
       return 2;
     } catch (const std::exception& e) {
+      // For `baton launch`'s summary: what failed (and which peer was lost, where).
+      baton::transport::report_failure(e);
       std::fprintf(stderr, "baton %s: failed: %s\n", name.c_str(), e.what());
       return 1;
     }

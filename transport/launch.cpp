@@ -3,19 +3,26 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <vector>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
+#include "transport/communicator.h"
 #include "transport/detail/asio.h"
 #include "transport/store.h"
 
@@ -46,6 +53,14 @@ std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "was killed by " + describe_signal(WTERMSIG(status));
   return "ended with status " + std::to_string(status);
+}
+
+// "a", "a and b", "a, b and c".
+std::string launch_join_words(const std::vector<std::string>& words) {
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == words.size() ? " and " : ", ") + words[i];
+  return out;
 }
 
 bool failed(int status) {
@@ -85,7 +100,13 @@ class Launcher {
   const std::string& failure() const { return failure_; }
   int failed_rank_code() const { return failed_code_; }
 
+  ~Launcher() {
+    std::error_code ignored;
+    if (!reports_dir_.empty()) std::filesystem::remove_all(reports_dir_, ignored);
+  }
+
   int run() {
+    reports_dir_ = make_reports_dir();
     token_ = make_job_token();
     server_ = std::make_unique<StoreServer>(o_.host, o_.port, token_);
     rendezvous_ = (o_.host.find(':') != std::string::npos ? "[" + o_.host + "]" : o_.host) + ":" +
@@ -111,6 +132,7 @@ class Launcher {
         {"BATON_RESUME", attempt_ > 0 ? "1" : "0"},
         {"BATON_RESTART", std::to_string(attempt_)},
     };
+    if (!reports_dir_.empty()) add[kFailureReportVariable] = report_path(r);
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv = *e;
@@ -245,6 +267,8 @@ class Launcher {
         --running_;
         if (!failed(status)) continue;
         failures_.push_back(rk.rank);
+        if (!reports_dir_.empty())
+          if (auto report = read_failure_report(report_path(rk.rank))) reports_[rk.rank] = *report;
         if (failures_.size() == 1) {
           step_ = server_->peek(kProgressKey);
           for (const Rank& other : ranks_)
@@ -310,31 +334,143 @@ class Launcher {
   // the kernel is still tearing the victim down, so their exits can be reaped first. A
   // rank that died of a signal we did not send is the cause ahead of any that exited, and
   // then one that was suspended when the first failure came (the others timed out on it).
+  //
+  // Then a rank that failed of its own error (its report names no lost peer, or it left
+  // none: not a baton command, or one that crashed) ahead of the ranks whose reports say
+  // they lost a peer; -1 when every rank that failed lost a peer (none died or hung: the
+  // connections between them broke, a network fault).
   int root_cause() const {
     for (int r : failures_)
       if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
     if (hung_) return hung_->first;
-    return failures_.front();
+    for (int r : failures_)
+      if (!stopped_.count(r) && lost_peer(r) < 0) return r;
+    return -1;
+  }
+
+  int lost_peer(int r) const {
+    auto it = reports_.find(r);
+    return it == reports_.end() ? -1 : it->second.peer;
+  }
+
+  // The host a rank ran on, as its report or a report of one that lost it says.
+  std::string host_of(int r) const {
+    if (auto it = reports_.find(r); it != reports_.end() && !it->second.host.empty())
+      return it->second.host;
+    for (auto& [_, rep] : reports_)
+      if (rep.peer == r && !rep.peer_host.empty()) return rep.peer_host;
+    return {};
+  }
+
+  // Whether the reports name more than one host (on one host, naming it adds nothing).
+  bool several_hosts() const {
+    std::set<std::string> hosts;
+    for (auto& [r, rep] : reports_) {
+      if (!rep.host.empty()) hosts.insert(rep.host);
+      if (rep.peer >= 0 && !rep.peer_host.empty()) hosts.insert(rep.peer_host);
+    }
+    return hosts.size() > 1;
+  }
+
+  std::string who(int r) const {
+    std::string host = several_hosts() ? host_of(r) : std::string();
+    return "rank " + std::to_string(r) + (host.empty() ? "" : " on " + host);
+  }
+
+  // "rank 0 on a lost rank 2 on b, ranks 1 and 3 lost rank 4": the reports of ranks that
+  // lost a peer, grouped by the peer, except those that lost `except`.
+  std::string losses(int except) const {
+    std::map<int, std::set<int>> by_peer;
+    for (int r : failures_)
+      if (int p = lost_peer(r); p >= 0 && p != except) by_peer[p].insert(r);
+    std::string out;
+    for (auto& [peer, ranks] : by_peer) {
+      std::vector<std::string> names;
+      for (int r : ranks) names.push_back(who(r));
+      out += (out.empty() ? "" : ", ") + launch_join_words(names) + " lost " + who(peer);
+    }
+    return out;
+  }
+
+  // The hosts whose ranks lost each other ("a and b"), when every loss crossed hosts.
+  std::string hosts_apart() const {
+    std::set<std::string> hosts;
+    for (auto& [r, rep] : reports_) {
+      if (rep.peer < 0) continue;
+      std::string mine = host_of(r), theirs = host_of(rep.peer);
+      if (mine.empty() || theirs.empty() || mine == theirs) return {};
+      hosts.insert(mine);
+      hosts.insert(theirs);
+    }
+    return launch_join_words({hosts.begin(), hosts.end()});
+  }
+
+  // The cause, in words: "rank 2 was killed by signal 9 (SIGKILL) after step 12; ranks 0,
+  // 1 and 3 lost it".
+  std::string describe_cause(int cause) const {
+    const std::string step = step_ ? " after step " + *step_ : std::string();
+    if (cause < 0) {
+      std::string apart = hosts_apart();
+      return "every rank that failed lost a peer" + step + ": " + losses(-1) +
+             (apart.empty() ? std::string()
+                            : " (no rank died or hung: the network between " + apart + "?)");
+    }
+    const Rank& rk = ranks_[size_t(cause)];
+    std::string how =
+        hung_ && hung_->first == rk.rank
+            ? "was stopped by " + describe_signal(hung_->second) + " and its peers timed out on it"
+            : describe_exit(rk.status);
+    std::string s = who(cause) + " " + how + step;
+    if (auto it = reports_.find(cause); it != reports_.end() && it->second.peer < 0) {
+      std::string error = it->second.error.substr(0, 400);
+      std::replace(error.begin(), error.end(), '\n', ' ');  // the summary is one line
+      s += ": " + error;
+    }
+    std::set<int> lost_it;
+    for (int r : failures_)
+      if (lost_peer(r) == cause) lost_it.insert(r);
+    if (!lost_it.empty()) {
+      std::vector<std::string> names;
+      for (int r : lost_it) names.push_back(std::to_string(r));
+      s += std::string("; rank") + (lost_it.size() > 1 ? "s " : " ") + launch_join_words(names) +
+           " lost it";
+    }
+    std::string others = losses(cause);
+    if (!others.empty()) s += "; " + others;
+    return s;
   }
 
   int finish() {
     if (!failures_.empty()) {
-      const Rank& rk = ranks_[size_t(root_cause())];
+      const int cause = root_cause();
+      const Rank& rk = ranks_[size_t(cause >= 0 ? cause : failures_.front())];
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
-      const std::string how = hung_ && hung_->first == rk.rank
-                                  ? "was stopped by " + describe_signal(hung_->second) +
-                                        " and its peers timed out on it"
-                                  : describe_exit(rk.status);
-      failure_ = "rank " + std::to_string(rk.rank) + " " + how +
-                 (step_ ? " after step " + *step_ : std::string());
-      write_all(2, "baton launch: the job failed: rank " + std::to_string(rk.rank) + " " + how +
+      failure_ = describe_cause(cause);
+      write_all(2, "baton launch: the job failed: " + failure_ +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       int code = exit_code_of(rk.status);
       failed_code_ = code;
       return code == 0 ? 1 : code;
     }
     return interrupted_ ? 130 : 0;
+  }
+
+  std::string report_path(int r) const {
+    return reports_dir_ + "/rank-" + std::to_string(r) + ".json";
+  }
+
+  // A fresh directory for the ranks' failure reports ($TMPDIR, else /tmp); empty (no
+  // reports) when it cannot be made.
+  static std::string make_reports_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/baton-launch.XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      spdlog::warn("launch: cannot make a directory for the ranks' failure reports ({}): {}", tmpl,
+                   std::strerror(errno));
+      return {};
+    }
+    return tmpl;
   }
 
   const LaunchOptions& o_;
@@ -357,6 +493,8 @@ class Launcher {
   std::optional<std::string> step_;          // the job's progress when the first rank failed
   std::string failure_;
   int failed_code_ = 0;
+  std::string reports_dir_;
+  std::map<int, FailureReport> reports_;  // the reports of the ranks that failed
 };
 
 // Sleeps, unless SIGINT or SIGTERM comes first (then false).
@@ -429,6 +567,82 @@ int launch(const LaunchOptions& options) {
       write_all(2, "baton launch: stopped while waiting to restart\n");
       return 130;
     }
+  }
+}
+
+namespace {
+
+struct WorldHosts {
+  std::mutex mu;
+  int rank = -1;
+  std::vector<std::string> hosts;
+};
+
+WorldHosts& world_hosts() {
+  static WorldHosts w;
+  return w;
+}
+
+std::string launch_host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+}  // namespace
+
+void note_world_hosts(int rank, std::vector<std::string> hosts) {
+  WorldHosts& w = world_hosts();
+  std::lock_guard lock(w.mu);
+  w.rank = rank;
+  w.hosts = std::move(hosts);
+}
+
+void report_failure(const std::exception& error) noexcept {
+  const char* path = std::getenv(kFailureReportVariable);
+  if (path == nullptr || *path == '\0') return;
+  try {
+    nlohmann::json j;
+    {
+      WorldHosts& w = world_hosts();
+      std::lock_guard lock(w.mu);
+      int rank = w.rank;
+      if (rank < 0)
+        if (const char* r = std::getenv("BATON_RANK")) rank = std::atoi(r);
+      auto host = [&](int r) {
+        return r >= 0 && size_t(r) < w.hosts.size() && !w.hosts[size_t(r)].empty()
+                   ? w.hosts[size_t(r)]
+                   : std::string();
+      };
+      j["rank"] = rank;
+      j["host"] = host(rank).empty() ? launch_host_name() : host(rank);
+      j["error"] = error.what();
+      if (auto* peer = dynamic_cast<const PeerError*>(&error); peer && peer->peer() >= 0) {
+        j["peer"] = peer->peer();
+        j["peer_host"] = host(peer->peer());
+      }
+    }
+    memory::write_file_durably(path, j.dump() + "\n");
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot write the failure report {}: {}", path, e.what());
+  }
+}
+
+std::optional<FailureReport> read_failure_report(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  try {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    FailureReport r;
+    r.rank = j.at("rank").get<int>();
+    r.host = j.value("host", std::string());
+    r.error = j.value("error", std::string());
+    r.peer = j.value("peer", -1);
+    r.peer_host = j.value("peer_host", std::string());
+    return r;
+  } catch (const std::exception& e) {
+    spdlog::warn("launch: ignoring the failure report {}: {}", path, e.what());
+    return std::nullopt;
   }
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,30 @@ inline constexpr const char* kProgressKey = "baton/step";
 
 // Whether this process is a restarted rank that should resume (BATON_RESUME=1).
 bool resume_requested();
+
+// The failure report: `baton launch` gives each rank a file to leave it in
+// (BATON_FAILURE_REPORT), and reads it when the rank has failed, so that its summary names
+// the cause a rank saw, which an exit code cannot carry: which peer it lost and where that
+// peer ran. A JSON object: {"rank": 0, "host": "...", "error": "...", and for a PeerError
+// "peer": 1, "peer_host": "..."} (docs/transport.md, "Failure reports").
+struct FailureReport {
+  int rank = -1;
+  std::string host;
+  std::string error;
+  int peer = -1;  // the world rank it lost, -1 when its error was not a peer's failure
+  std::string peer_host;
+};
+inline constexpr const char* kFailureReportVariable = "BATON_FAILURE_REPORT";
+
+// init_world notes this process's world rank and every rank's host label (as the ranks
+// announced them) for report_failure.
+void note_world_hosts(int rank, std::vector<std::string> hosts);
+// Writes the report of `error` to BATON_FAILURE_REPORT, if the launcher set it; the
+// command line calls it for every failure (bad input too). Never throws (a report that cannot
+// be written is only logged).
+void report_failure(const std::exception& error) noexcept;
+// Reads a report; nullopt when the file is missing or is not a report.
+std::optional<FailureReport> read_failure_report(const std::string& path);
 
 // Runs the job and returns the launcher's exit code: 0 when every rank exits 0;
 // otherwise the first failing rank's exit code (128 + signal when it was killed),

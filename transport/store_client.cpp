@@ -1,5 +1,7 @@
 // The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
+#include <functional>
 #include <thread>
+#include <vector>
 
 #include "transport/detail/asio.h"
 #include "transport/detail/store_protocol.h"
@@ -42,6 +44,62 @@ void check_key(const std::string& where, const std::string& key) {
                        " bytes; keys are at most " + std::to_string(proto::kMaxKey));
 }
 
+// Connects s.socket to one of `endpoints` by the deadline. The server may not be up yet
+// (under mpirun, rank 0 starts it): a refused attempt is tried again after 50 ms. The
+// network may not be either (a link cut that is coming back, a host still starting): an
+// attempt that hears nothing is not left to TCP's backoff alone, which sends its SYN
+// again after 1, 2, 4, 8 ... s, so a link that returned would wait seconds for the next
+// one; a fresh attempt starts every 500 ms beside the earlier ones (at most 8 at once),
+// so a link that comes back is used within half a second, and a slow link's handshake,
+// longer than that, still completes in the attempt that started it.
+void connect_retrying(TcpStore::Impl& s, const tcp::resolver::results_type& endpoints,
+                      std::chrono::steady_clock::time_point deadline, milliseconds timeout) {
+  constexpr auto kAgain = milliseconds(50), kBeside = milliseconds(500);
+  constexpr size_t kMaxAttempts = 8;
+  std::vector<std::unique_ptr<tcp::socket>> attempts;
+  asio::steady_timer next(s.io);
+  bool connected = false;
+  boost::system::error_code last = asio::error::timed_out;
+  std::function<void()> attempt;
+  auto schedule = [&](milliseconds after) {
+    next.expires_after(after);  // cancels the wait pending, if any
+    next.async_wait([&](boost::system::error_code ec) {
+      if (!ec && !connected) attempt();
+    });
+  };
+  attempt = [&] {
+    if (attempts.size() == kMaxAttempts) attempts.erase(attempts.begin());  // closes it
+    attempts.push_back(std::make_unique<tcp::socket>(s.io));
+    tcp::socket* socket = attempts.back().get();
+    asio::async_connect(*socket, endpoints,
+                        [&, socket](boost::system::error_code ec, const tcp::endpoint&) {
+                          if (connected || ec == asio::error::operation_aborted) return;
+                          if (!ec) {
+                            connected = true;
+                            s.socket = std::move(*socket);
+                            next.cancel();
+                            return;
+                          }
+                          last = ec;
+                          // Refused or unreachable at once: again soon, and this attempt
+                          // is over.
+                          if (next.expiry() - std::chrono::steady_clock::now() > kAgain)
+                            schedule(kAgain);
+                        });
+    schedule(kBeside);
+  };
+  attempt();
+  s.io.restart();
+  while (!connected && std::chrono::steady_clock::now() < deadline) s.io.run_one_until(deadline);
+  next.cancel();
+  attempts.clear();  // closes the others; their handlers run below, and do nothing
+  s.io.restart();
+  s.io.poll();
+  if (!connected)
+    throw RuntimeError("rendezvous: cannot connect to " + s.where + " within " +
+                       std::to_string(timeout.count()) + " ms: " + last.message());
+}
+
 }  // namespace
 
 TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& token,
@@ -53,16 +111,7 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& to
   boost::system::error_code ec;
   auto endpoints = resolver.resolve(host, std::to_string(port), ec);
   if (ec) throw InputError("rendezvous: cannot resolve '" + host + "': " + ec.message());
-  // The server may not be up yet (under mpirun, rank 0 starts it): retry.
-  while (true) {
-    ec.clear();
-    asio::connect(impl_->socket, endpoints, ec);
-    if (!ec) break;
-    if (std::chrono::steady_clock::now() >= deadline)
-      throw RuntimeError("rendezvous: cannot connect to " + impl_->where + " within " +
-                         std::to_string(connect_timeout.count()) + " ms: " + ec.message());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  connect_retrying(*impl_, endpoints, deadline, connect_timeout);
   impl_->socket.set_option(tcp::no_delay(true), ec);
   call(proto::Writer(proto::kHello).u32(proto::kVersion).str(token).frame(), milliseconds(10'000));
 }

@@ -13,11 +13,20 @@ namespace baton::transport {
 
 CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
                        const CommOptions& options, const std::string& prefix) {
+  HostLabels hosts;
+  return make_ucx_world(rank, size, store, options, prefix, hosts);
+}
+
+CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
+                       const CommOptions& options, const std::string& prefix, HostLabels& hosts) {
 #ifndef BATON_HAVE_UCX
-  (void)rank, (void)size, (void)store, (void)options, (void)prefix;
+  (void)rank, (void)size, (void)store, (void)options, (void)prefix, (void)hosts;
   throw RuntimeError("this build has no UCX backend (ThreadSanitizer builds leave it out)");
 #else
-  auto fabric = std::make_shared<detail::UcxFabric>(rank, size, *store, prefix, options);
+  auto fabric =
+      std::make_shared<detail::UcxFabric>(rank, size, *store, prefix, options, hosts.mine);
+  hosts.of.clear();
+  for (int r = 0; r < size; ++r) hosts.of.push_back(fabric->host_of(r));
   std::vector<int> all(static_cast<size_t>(size));
   std::iota(all.begin(), all.end(), 0);
   return std::make_shared<detail::GroupComm>(fabric, detail::kWorldContext, std::move(all));

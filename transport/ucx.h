@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/communicator.h"
 #include "transport/options.h"
@@ -17,5 +18,15 @@ namespace baton::transport {
 CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
                        const CommOptions& options = CommOptions::from_env(),
                        const std::string& prefix = "baton");
+
+// Where the ranks of a UCX world run, for messages and failure reports: `mine` names this
+// rank's host to its peers (empty: the host name); make_ucx_world fills `of` with every
+// rank's, as each announced it.
+struct HostLabels {
+  std::string mine;
+  std::vector<std::string> of;
+};
+CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
+                       const CommOptions& options, const std::string& prefix, HostLabels& hosts);
 
 }  // namespace baton::transport

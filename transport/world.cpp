@@ -1,11 +1,14 @@
 #include "transport/world.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <numeric>
 
 #include "memory/error.h"
+#include "transport/detail/asio.h"
+#include "transport/launch.h"
 #include "transport/local.h"
 #include "transport/ucx.h"
 
@@ -51,6 +54,32 @@ std::string token_from_job_id() {
   for (const char* v : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID"})
     if (const char* x = env(v)) return std::string("job-") + x;
   return {};
+}
+
+// This host in messages: its name, and the address it reaches the rendezvous from (which
+// tells hosts apart whose names are the same, as network namespaces on one machine),
+// unless that is loopback. The address is the one routing picks for the rendezvous (a UDP
+// socket's connect sends nothing).
+std::string world_host_label(const std::string& rendezvous_host, uint16_t port) {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::string label = name;
+  try {
+    namespace asio = boost::asio;
+    asio::io_context io;
+    asio::ip::udp::resolver resolver(io);
+    asio::ip::udp::socket socket(io);
+    boost::system::error_code ec;
+    auto found = resolver.resolve(rendezvous_host, std::to_string(port), ec);
+    if (ec || found.empty()) return label;
+    socket.connect(found.begin()->endpoint(), ec);
+    if (ec) return label;
+    auto address = socket.local_endpoint(ec).address();
+    if (!ec && !address.is_loopback() && !address.is_unspecified())
+      label += " (" + address.to_string() + ")";
+  } catch (const std::exception&) {
+  }
+  return label;
 }
 
 }  // namespace
@@ -123,7 +152,10 @@ World init_world(const WorldOptions& options) {
     spdlog::debug("rank 0: rendezvous listening on {}:{}", host, port);
   }
   w.store = std::make_shared<TcpStore>(host, port, e.token, options.comm.connect_timeout);
-  w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix);
+  HostLabels hosts;
+  hosts.mine = world_host_label(host, port);
+  w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix, hosts);
+  note_world_hosts(e.rank, std::move(hosts.of));
   return w;
 }
 

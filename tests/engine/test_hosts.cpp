@@ -1,7 +1,8 @@
 // Faults between hosts: `baton train --plan` on the two-host test bed of
 // scripts/two-hosts.sh (two network namespaces, the link between them shaped like a
 // slow data-centre link, UCX over TCP, one pipeline replica per host). A link cut in the
-// middle of a step makes every rank fail within 10 s naming a peer on the other host; a
+// middle of a step makes every rank fail within 10 s naming a peer on the other host, and
+// the launcher's summary name which rank lost which peer, on which host; a
 // link with delay and packet loss slows training but leaves the losses bit for bit those
 // of the unshaped link; with `baton launch --max-restarts` a job whose link comes back
 // resumes from its newest checkpoint and ends with the uninterrupted run's loss curve.
@@ -219,6 +220,22 @@ void TwoHosts::cut_mid_step(const std::string& how, bool pipeline) {
       names_the_other_host |= line.find("rank " + std::to_string(o) + " ") != std::string::npos;
     EXPECT_TRUE(names_the_other_host) << line;
   }
+  // The launcher's summary names what the ranks reported: each lost the other, by host
+  // (10.233.K.1 is host a, .2 host b), and no rank died: the link between them.
+  const size_t at = text.find("baton launch: the job failed: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string summary = text.substr(at, text.find('\n', at) - at);
+  const std::string host_a = R"([^ ]+ \(10\.233\.)" + id_ + R"(\.1\))";
+  const std::string host_b = R"([^ ]+ \(10\.233\.)" + id_ + R"(\.2\))";
+  EXPECT_NE(summary.find("every rank that failed lost a peer"), std::string::npos) << summary;
+  EXPECT_TRUE(
+      std::regex_search(summary, std::regex("rank 0 on " + host_a + " lost rank 1 on " + host_b)))
+      << summary;
+  EXPECT_TRUE(
+      std::regex_search(summary, std::regex("rank 1 on " + host_b + " lost rank 0 on " + host_a)))
+      << summary;
+  EXPECT_NE(summary.find("no rank died or hung: the network between"), std::string::npos)
+      << summary;
 }
 
 // One replica per host: the cut hits the gradient all-reduce (or the step's).
@@ -232,8 +249,8 @@ TEST_F(TwoHosts, AllPacketsLostMidStepEveryRankNamesThePeerItLost) {
 }
 
 // The link goes down in the middle of a run that checkpoints every 3 steps, under
-// --max-restarts; it comes back once the launcher has seen the failure. The job must
-// restart by itself, resume from the newest complete checkpoint, and end with the loss
+// --max-restarts; it comes back only after the restarted ranks have started. The job must
+// restart by itself, once, resume from the newest complete checkpoint, and end with the loss
 // curve of a run that was never interrupted, bit for bit.
 TEST_F(TwoHosts, AJobWhoseLinkComesBackResumesByItselfWithMaxRestarts) {
   const uint64_t seed = std::random_device{}();
@@ -263,16 +280,22 @@ TEST_F(TwoHosts, AJobWhoseLinkComesBackResumesByItselfWithMaxRestarts) {
   auto deadline = Clock::now() + std::chrono::seconds(20);
   while (Clock::now() < deadline && hosts_count(slurp(out), "baton launch: restart 1 of 3") == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // Back at once, before the 0.5 s backoff ends. (Back 1 s later, the restarted ranks
-  // meet a dead link and wait for it: host b's rank retries the rendezvous, TCP its
-  // connections; that run took 13.7 s instead of 4.5, so the test does not wait.)
+  // Back only after the restarted ranks have started (0.5 s after the message): they meet
+  // a dead link and must wait for it, not fail again (host a's rank waits for its network
+  // device to come up, host b's keeps trying the rendezvous), and resume as soon as it
+  // is back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   ASSERT_EQ(run(hosts("restore"), ws_->path("restore.out")), 0) << slurp(ws_->path("restore.out"));
+  const auto restored = Clock::now();
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double seconds = std::chrono::duration<double>(Clock::now() - restored).count();
   const std::string text = slurp(out);
   std::printf("%s", text.c_str());
+  std::printf("the job ended %.2f s after the link came back\n", seconds);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
   EXPECT_EQ(hosts_count(text, "baton launch: restart 1 of 3"), 1u) << text;
+  EXPECT_EQ(hosts_count(text, "baton launch: restart 2 of 3"), 0u) << text;
   EXPECT_GE(hosts_count(text, "resumed from"), 1u) << text;
   EXPECT_EQ(hosts_count(text, "giving up"), 0u) << text;
   expect_hosts_losses_equal(log, ws_->path("full.jsonl"), steps);

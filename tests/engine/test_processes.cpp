@@ -309,6 +309,12 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
   EXPECT_NE(out.find("the job failed: rank " + std::to_string(victim) + " was killed by signal 9"),
             std::string::npos);
   EXPECT_EQ(out.find("stopped rank(s)"), std::string::npos);
+  // ... and says who reported losing it (their failure reports), not one of them as the cause.
+  const size_t summary = out.find("baton launch: the job failed: ");
+  ASSERT_NE(summary, std::string::npos) << out;
+  EXPECT_NE(out.substr(summary, out.find('\n', summary) - summary).find(" lost it"),
+            std::string::npos)
+      << out;
   // ... each with an error naming the dead rank.
   for (int r = 0; r < 8; ++r) {
     if (r == victim) continue;

@@ -4,7 +4,8 @@
 //   check               every collective and point-to-point, checked; prints "ok"
 //   kill VICTIM MS      all-reduces in a loop; VICTIM SIGKILLs itself after MS ms
 //   hang VICTIM MS      the same, but VICTIM stops (SIGSTOP): alive, silent
-// A rank that sees a PeerError prints it with the peer and exits 3.
+// A rank that sees a PeerError prints it with the peer, leaves the launcher its failure
+// report, and exits 3.
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "memory/tensor.h"
+#include "transport/launch.h"
 #include "transport/world.h"
 
 using namespace baton;
@@ -139,6 +141,7 @@ int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
     std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs,
                 e.what());
     std::fflush(stdout);
+    report_failure(e);  // as baton's commands do, for the launcher's summary
     return 3;
   }
 }
@@ -166,6 +169,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());
+    report_failure(e);
     return 1;
   }
 }

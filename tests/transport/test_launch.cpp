@@ -82,6 +82,56 @@ TEST(Launch, BadInputIsNotRestarted) {
   EXPECT_NE(r.output.find("--restart-backoff"), std::string::npos) << r.output;
 }
 
+// The failure reports the ranks leave (BATON_FAILURE_REPORT, written here by the shell
+// ranks as baton's commands write them): the launcher's summary names the cause they saw.
+std::string launch_report(const std::string& peer, const std::string& host,
+                          const std::string& peer_host, const std::string& error) {
+  // Inside the single-quoted script of sh -c: printf "{\"rank\": %s, ...}" $BATON_RANK.
+  std::string json =
+      R"({\"rank\": %s, \"host\": \")" + host + R"(\", \"error\": \")" + error + R"(\")";
+  if (!peer.empty())
+    json += R"(, \"peer\": )" + peer + R"(, \"peer_host\": \")" + peer_host + R"(\")";
+  return "printf \"" + json + "}\" $BATON_RANK > \"$BATON_FAILURE_REPORT\"; exit 1";
+}
+
+TEST(Launch, TheSummaryNamesWhatTheRanksReported) {
+  // Rank 2 is killed; the others report losing it (and exit first): the killed rank is the
+  // cause, and the summary says who lost it.
+  Result r = run("-n 3 --grace 5 -- sh -c '[ $BATON_RANK = 2 ] && { sleep 0.3; kill -9 $$; }; " +
+                 launch_report("2", "h", "h", "rank 2 failed: connection lost") + "'");
+  EXPECT_EQ(r.code, 137) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 2 was killed by signal 9 (SIGKILL); ranks 0 and "
+                          "1 lost it\n"),
+            std::string::npos)
+      << r.output;
+  // Rank 1 fails of its own error, rank 0 then loses it: rank 1 is the cause, with its
+  // error, whichever exit the launcher saw first.
+  r = run("-n 2 --grace 5 -- sh -c 'if [ $BATON_RANK = 1 ]; then sleep 0.3; " +
+          launch_report("", "h", "", "out of memory") + "; fi; " +
+          launch_report("1", "h", "h", "rank 1 left the job") + "'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 1 exited with code 1: out of memory; rank 0 lost "
+                          "it\n"),
+            std::string::npos)
+      << r.output;
+  // baton's own commands write the report: bad input, named in the summary.
+  r = run("-n 1 -- " + std::string(BATON_BINARY) + " train --plan /nonexistent/plan.json --data x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 0 exited with code 2: /nonexistent/plan.json"),
+            std::string::npos)
+      << r.output;
+  // Both lost the other, on two hosts, and nobody died: the link between them, named.
+  r = run("-n 2 --grace 5 -- sh -c 'if [ $BATON_RANK = 0 ]; then " +
+          launch_report("1", "a", "b", "no answer") + "; fi; sleep 0.2; " +
+          launch_report("0", "b", "a", "no answer") + "'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("the job failed: every rank that failed lost a peer: rank 1 on b lost "
+                          "rank 0 on a, rank 0 on a lost rank 1 on b (no rank died or hung: the "
+                          "network between a and b?)\n"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Launch, ARendezvousPortInUseIsAClearError) {
   // Another process's listener on the port (here: this test's socket).
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -141,10 +141,38 @@ TEST(Processes, AKilledRankIsNamedByEveryOther) {
   // timeout, the others must fail within 2.5 s of it, naming rank 2.
   Result r = run(launch(4, "kill 2 1500", "--grace 10"));
   EXPECT_EQ(r.code, 128 + 9) << r.out;
-  EXPECT_TRUE(has(r.out, "the job failed: rank 2 was killed by signal 9")) << r.out;
+  // The survivors' reports name it; the launcher names it the cause and says who lost it
+  // (not the survivors, which exited first, as the cause).
+  EXPECT_TRUE(has(r.out,
+                  "the job failed: rank 2 was killed by signal 9 (SIGKILL); ranks 0, 1 "
+                  "and 3 lost it\n"))
+      << r.out;
   expect_survivors_name(r, 4, 2, 1.5, 2.5 + 1.0);
   EXPECT_LT(r.secs, 15.0) << r.out;
   std::printf("%s", r.out.c_str());
+}
+
+TEST(Processes, RanksThatNeverArriveAreNamedByTheOthersAndTheLauncher) {
+  // Ranks 0 and 1 of a world of 4 start; 2 and 3 never do (their host's launcher never
+  // came). Both fail within the connect timeout naming the missing ranks, and the
+  // launcher's summary says it.
+  std::string cmd = std::string("BATON_CONNECT_TIMEOUT=1 ") + BATON_BINARY +
+                    " launch -n 2 --grace 5 -- sh -c \"BATON_WORLD_SIZE=4 exec " + COMM_WORKER +
+                    " check\"";
+  Result r = run(cmd);
+  EXPECT_EQ(r.code, 1) << r.out;
+  for (int rank : {0, 1})
+    EXPECT_TRUE(has(r.out, "rank " + std::to_string(rank) +
+                               ": ranks 2 and 3 of 4 did not reach the rendezvous within 1 s"))
+        << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "the job failed: rank 0 exited with code 1: rank 0: ranks 2 and 3 of 4 "
+                  "did not reach the rendezvous within 1 s (BATON_CONNECT_TIMEOUT)") ||
+              has(r.out,
+                  "the job failed: rank 1 exited with code 1: rank 1: ranks 2 and 3 of 4 "
+                  "did not reach the rendezvous within 1 s (BATON_CONNECT_TIMEOUT)"))
+      << r.out;
+  EXPECT_LT(r.secs, 5.0) << r.out;
 }
 
 TEST(Processes, AStoppedRankIsNamedByEveryOther) {

@@ -1,12 +1,16 @@
 #include "transport/detail/ucx_fabric.h"
 
+#include <net/if.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <ucs/config/global_opts.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +82,87 @@ inline void cpu_relax() {
 #endif
 }
 
+// Of the network devices UCX_NET_DEVICES names, those that exist here but are down (not
+// up and running); empty when any named device is usable, or one is not a network
+// interface of this host (an InfiniBand port, "all", a name UCX itself will refuse).
+std::vector<std::string> net_devices_down() {
+  const char* v = std::getenv("UCX_NET_DEVICES");
+  if (v == nullptr || *v == '\0') return {};
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  std::vector<std::string> down;
+  std::string list = v;
+  bool usable = false;
+  for (size_t at = 0; at <= list.size() && !usable;) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    std::string name = list.substr(at, comma - at);
+    at = comma + 1;
+    ifreq ifr{};
+    if (name.empty() || name.size() >= sizeof ifr.ifr_name || name.find(':') != std::string::npos) {
+      usable = true;
+      break;
+    }
+    std::memcpy(ifr.ifr_name, name.data(), name.size());
+    if (ioctl(fd, SIOCGIFFLAGS, &ifr) != 0 ||
+        (ifr.ifr_flags & IFF_UP && ifr.ifr_flags & IFF_RUNNING))
+      usable = true;
+    else
+      down.push_back(name);
+  }
+  ::close(fd);
+  return usable ? std::vector<std::string>{} : down;
+}
+
+// UCX refuses to start when every device UCX_NET_DEVICES names is down ("no usable
+// transports"): a rank restarted after a link cut would fail at once, again and again,
+// while the link is still down, and its restarts would be spent before it came back.
+// Start-up waits for the other ranks up to the connect timeout; it waits for its network
+// the same way (a device that does not exist still fails at once, in UCX).
+void wait_for_net_devices(std::chrono::milliseconds timeout, int rank) {
+  std::vector<std::string> down = net_devices_down();
+  if (down.empty()) return;
+  std::string names;
+  for (auto& d : down) names += (names.empty() ? "" : ", ") + d;
+  spdlog::warn("ucx: rank {}: network device(s) {} (UCX_NET_DEVICES) down; waiting up to {} s",
+               rank, names, timeout.count() / 1000.0);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!net_devices_down().empty()) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw RuntimeError("ucx: rank " + std::to_string(rank) + ": network device(s) " + names +
+                         " (UCX_NET_DEVICES) still down after " + std::to_string(timeout.count()) +
+                         " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  spdlog::info("ucx: rank {}: network device(s) {} up", rank, names);
+}
+
+// The error of a rendezvous that timed out: which ranks never published their address
+// (asked one by one, without waiting), or the store's own error when it cannot say.
+std::string missing_peers(Store& store, const std::string& prefix, int rank, int size,
+                          std::chrono::milliseconds timeout, const RuntimeError& error) {
+  std::vector<int> missing;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    try {
+      store.get(prefix + "/ucx/" + std::to_string(p), std::chrono::milliseconds(0));
+    } catch (const RuntimeError& e) {
+      if (std::string(e.what()).find("timed out waiting for") == std::string::npos)
+        return error.what();  // the store itself failed
+      missing.push_back(p);
+    }
+  }
+  if (missing.empty()) return error.what();
+  std::string list;
+  for (size_t i = 0; i < missing.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + std::to_string(missing[i]);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", double(timeout.count()) / 1000.0);
+  return "rank " + std::to_string(rank) + ": rank" + (missing.size() > 1 ? "s " : " ") + list +
+         " of " + std::to_string(size) + " did not reach the rendezvous within " + secs +
+         " s (BATON_CONNECT_TIMEOUT): not started, or their host cannot reach the rendezvous's";
+}
+
 }  // namespace
 
 struct UcxFabric::Control {
@@ -91,15 +176,17 @@ struct UcxFabric::Control {
 // ---- set-up and tear-down ----
 
 UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix,
-                     CommOptions options)
+                     CommOptions options, const std::string& host_label)
     : Fabric(rank, size, options),
       addresses_(size_t(size)),
+      hosts_(size_t(size)),
       eps_(size_t(size), nullptr),
       ep_args_(size_t(size)),
       ep_dead_(size_t(size), false),
       peer_mode_(size_t(size), false),
       pending_per_peer_(size_t(size), 0),
       peers_(size_t(size)) {
+  wait_for_net_devices(options.connect_timeout, rank);
   ucp_config_t* config = nullptr;
   BATON_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
   // Eager (copied through the shared FIFO) up to 64 KiB, rendezvous (one copy, by the
@@ -118,7 +205,7 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   ucp_config_release(config);
   BATON_UCX_CHECK(st);
   try {
-    start(store, prefix);
+    start(store, prefix, host_label);
   } catch (...) {
     // A constructor that throws runs no destructor: release what was made.
     if (worker_) ucp_worker_destroy(worker_);
@@ -129,7 +216,7 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   }
 }
 
-void UcxFabric::start(Store& store, const std::string& prefix) {
+void UcxFabric::start(Store& store, const std::string& prefix, const std::string& host_label) {
   const int rank = this->rank();
   const int size = this->size();
   ucp_worker_params_t wp{};
@@ -153,23 +240,38 @@ void UcxFabric::start(Store& store, const std::string& prefix) {
   }
 
   // Publish our host and address, read everyone's. The value is the host id, a NUL,
-  // then the worker address.
+  // the host's label for messages, a NUL, then the worker address.
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
   BATON_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_len));
   const std::string me = host_id();
+  std::string label = host_label;
+  if (label.empty()) label = me.substr(0, me.find('/'));
+  label.erase(std::remove(label.begin(), label.end(), '\0'), label.end());
+  hosts_[size_t(rank)] = label;
   store.set(prefix + "/ucx/" + std::to_string(rank),
-            me + '\0' + std::string(reinterpret_cast<char*>(addr), addr_len));
+            me + '\0' + label + '\0' + std::string(reinterpret_cast<char*>(addr), addr_len));
   ucp_worker_release_address(worker_, addr);
   const std::string mode = err_mode_setting();
+  // Every peer at once: when some never come, the error names them all.
+  std::vector<std::string> keys;
+  for (int p = 0; p < size; ++p)
+    if (p != rank) keys.push_back(prefix + "/ucx/" + std::to_string(p));
+  try {
+    store.wait(keys, options().connect_timeout);
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(missing_peers(store, prefix, rank, size, options().connect_timeout, e));
+  }
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     std::string v = store.get(prefix + "/ucx/" + std::to_string(p), options().connect_timeout);
     size_t nul = v.find('\0');
-    if (nul == std::string::npos)
+    size_t nul2 = nul == std::string::npos ? nul : v.find('\0', nul + 1);
+    if (nul2 == std::string::npos)
       throw RuntimeError("ucx: malformed address of rank " + std::to_string(p));
     bool same_host = v.compare(0, nul, me) == 0;
-    addresses_[size_t(p)] = v.substr(nul + 1);
+    hosts_[size_t(p)] = v.substr(nul + 1, nul2 - nul - 1);
+    addresses_[size_t(p)] = v.substr(nul2 + 1);
     // UCX 1.13's shared-memory transports cannot take part in peer-failure mode, so
     // endpoints to the same host go without it (our liveness protocol covers them);
     // endpoints to other hosts (TCP) get UCX's own failure reports too.
@@ -189,6 +291,10 @@ void UcxFabric::start(Store& store, const std::string& prefix) {
   int64_t t = now_ns();
   for (auto& p : peers_) p.last_heard = t;
   thread_ = std::thread([this] { thread_main(); });
+}
+
+std::string UcxFabric::host_of(int peer) const {
+  return peer >= 0 && peer < size() ? hosts_[size_t(peer)] : std::string();
 }
 
 UcxFabric::~UcxFabric() {

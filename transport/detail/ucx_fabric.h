@@ -22,10 +22,14 @@ namespace baton::transport::detail {
 class UcxFabric final : public Fabric {
  public:
   // Publishes this worker's address under "<prefix>/ucx/<rank>" and reads every peer's.
-  UcxFabric(int rank, int size, Store& store, const std::string& prefix, CommOptions options);
+  // host_label: this rank's host in its peers' messages (empty: the host name).
+  UcxFabric(int rank, int size, Store& store, const std::string& prefix, CommOptions options,
+            const std::string& host_label = {});
   ~UcxFabric() override;
 
   std::string backend() const override { return "ucx"; }
+  // Where a rank runs, as it announced itself (its host label).
+  std::string host_of(int peer) const;
   RequestPtr isend(const void* data, size_t bytes, int dst, uint64_t tag) override;
   RequestPtr irecv(void* data, size_t bytes, int src, uint64_t tag) override;
 
@@ -66,7 +70,7 @@ class UcxFabric final : public Fabric {
   };
 
   // The worker, the address exchange and the progress thread (the constructor's body).
-  void start(Store& store, const std::string& prefix);
+  void start(Store& store, const std::string& prefix, const std::string& host_label);
   // Everything below with _locked runs with mu_ held.
   ucp_ep_h ep_locked(int peer);
   bool progress_locked();
@@ -99,6 +103,7 @@ class UcxFabric final : public Fabric {
 
   std::mutex mu_;
   std::vector<std::string> addresses_;
+  std::vector<std::string> hosts_;  // each rank's host label (written before the thread starts)
   std::vector<ucp_ep_h> eps_;
   std::vector<std::unique_ptr<EpArg>> ep_args_;
   std::vector<bool> ep_dead_;
