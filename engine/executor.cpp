@@ -188,6 +188,14 @@ Executor::Executor(ExecutorConfig config)
   }
   reducer_ =
       std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
+  if (!cfg_.evaluation) {
+    if (cfg_.dp_sync.max_staleness < 0 || (cfg_.dp_sync.max_staleness > 0 && cfg_.dp_sync.local))
+      throw InputError("executor: a parameter server's staleness " +
+                       std::to_string(cfg_.dp_sync.max_staleness) + " with local SGD or below 0");
+    if (cfg_.dp_sync.max_staleness > 0 && cfg_.post_validated)
+      throw InputError("executor: a parameter server's stale pulls with a post-validated step");
+    reducer_->set_staleness(cfg_.dp_sync.max_staleness);
+  }
   if (cfg_.dp_sync.local && !cfg_.evaluation) {
     if (cfg_.dp_sync.replica < 0 || cfg_.dp_sync.replica >= cfg_.dp_sync.replicas)
       throw InputError("executor: local SGD replica " + std::to_string(cfg_.dp_sync.replica) +
@@ -665,7 +673,8 @@ void Executor::finish_step(StepStats& stats, double t0) {
   stats.loss_scale = d.loss_scale;
   stats.skipped = !d.apply;
   stop_here_if_asked("optimizer", stats.step);
-  if (cfg_.post_validated) {  // (only with allreduce: local_scale is 1)
+  reducer_->install_masters();  // a parameter server's latest parts (staleness > 0)
+  if (cfg_.post_validated) {    // (only with allreduce: local_scale is 1)
     // Validation: the update stands unless the global norm asks for another one.
     if (!d.apply || d.grad_scale != early) {
       const double tr = now();

@@ -77,6 +77,10 @@ struct GradGroup {
 // `gossip` (with `local`): instead of local SGD's periodic sync, after every step `peers`
 // rounds of pairwise averaging with partners drawn from (seed, step)
 // (engine/detail/gossip.h).
+//
+// `max_staleness` (a parameter server, not `local`: the sharded gradient groups' parts are
+// its servers' parts): the all-gather of each update's parameters completes that many
+// steps later (engine/detail/grad_reducer.h); 0: synchronous (zero1).
 struct DpSyncConfig {
   bool local = false;
   int sync_every = 1;
@@ -85,6 +89,7 @@ struct DpSyncConfig {
   bool gossip = false;
   int peers = 1;
   uint64_t seed = 1;
+  int max_staleness = 0;
   transport::Communicator* replica_comm = nullptr;  // the rank's data-parallel group
   int replicas = 1;                                 // its size (dp)
   int replica = 0;                                  // the rank's index in it
@@ -203,6 +208,8 @@ class Executor {
   bool optimizer_sharded(int stage, int param) const;
   // Local SGD (DpSyncConfig::local): the outer optimizer's state, null otherwise.
   detail::LocalSgd* local_sgd() { return local_sgd_.get(); }
+  // The gradient reduction (a parameter server's in-flight pulls, for checkpoints).
+  detail::GradReducer& reducer() { return *reducer_; }
 
  private:
   struct Pending;

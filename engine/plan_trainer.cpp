@@ -10,6 +10,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "engine/detail/grad_reducer.h"
 #include "engine/detail/local_sgd.h"
 #include "engine/rank_engine.h"
 #include "memory/file_io.h"
@@ -173,6 +174,85 @@ void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifes
   if (ls) ls->mark_anchored();
 }
 
+// A parameter server's pulls in flight (staleness s > 0; docs/formats/checkpoint.md, kind
+// "parameter-server"): one file per rank with, for each in-flight pull (oldest first),
+// the rank's part of every sharded parameter, keys "pull/<k>/<stage>/<parameter>". The
+// checkpointed parameters are the working (stale) ones; the parts are the newer
+// versions, the last the servers' masters. Read back only under the same layout.
+nlohmann::json parameter_server_layout(const ResolvedPlan& r) {
+  return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
+          {"dp", r.plan.dp},
+          {"tp", r.plan.tp},
+          {"schedule", r.schedule.name},
+          {"chunk_first", r.chunk_first},
+          {"chunk_last", r.chunk_last}};
+}
+
+stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
+  detail::GradReducer& red = e.executor().reducer();
+  const std::vector<std::pair<int, int>> keys = red.stale_params();
+  const std::vector<std::vector<Tensor>> parts = red.stale_parts();
+  std::vector<stages::NamedTensor> t;
+  for (size_t k = 0; k < parts.size(); ++k)
+    for (size_t i = 0; i < keys.size(); ++i)
+      t.push_back({"pull/" + std::to_string(k) + "/" + local_key(e, keys[i].first, keys[i].second),
+                   parts[k][i]});
+  char file[64];
+  std::snprintf(file, sizeof file, "parameter-server-rank-%05d.safetensors", e.rank());
+  const std::string path = dir + "/" + file;
+  stages::write_safetensors(path, t, {{"format", "pt"}, {"pulls", std::to_string(parts.size())}});
+  stages::ShardFile sf;
+  sf.file = file;
+  sf.kind = "parameter-server";
+  sf.rank = e.rank();
+  sf.bytes = uint64_t(std::filesystem::file_size(path));
+  sf.hash = stages::hash_file(path);
+  return sf;
+}
+
+// Posts again the pulls save_parameter_server wrote for this rank, when the checkpoint
+// has them under the same layout; otherwise none is in flight (the parameters read are
+// the masters too), with a warning.
+void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
+                           bool lead) {
+  const nlohmann::json want = parameter_server_layout(e.plan());
+  const bool same = m.train.is_object() && m.train.contains("parameter_server") &&
+                    m.train["parameter_server"] == want;
+  const stages::ShardFile* mine = nullptr;
+  for (const stages::ShardFile& f : m.shards)
+    if (f.kind == "parameter-server" && f.rank == e.rank()) mine = &f;
+  if (!same || mine == nullptr) {
+    if (lead)
+      spdlog::warn(
+          "{}/manifest.json: no parameter-server pulls for this plan's layout; the replicas "
+          "resume with none in flight, the checkpoint's parameters as the servers' masters",
+          dir);
+    return;
+  }
+  stages::SafetensorsReader f(dir + "/" + mine->file);
+  detail::GradReducer& red = e.executor().reducer();
+  const std::vector<std::pair<int, int>> keys = red.stale_params();
+  std::vector<std::vector<Tensor>> parts;
+  for (size_t k = 0;; ++k) {
+    const std::string first = keys.empty() ? std::string()
+                                           : "pull/" + std::to_string(k) + "/" +
+                                                 local_key(e, keys[0].first, keys[0].second);
+    if (keys.empty() || !f.find(first)) break;
+    std::vector<Tensor> pull;
+    for (const auto& [s, id] : keys) {
+      const std::string name = "pull/" + std::to_string(k) + "/" + local_key(e, s, id);
+      const Tensor& p = e.stages().at(s)->param(id);
+      Tensor x = f.read(name);
+      auto [lo, hi] = e.stages().at(s)->optimizer_shard(id);
+      if (x.numel() != hi - lo)
+        throw InputError(f.path() + ": " + name + " has the wrong size for this plan");
+      pull.push_back(x.to(p.dtype()).to(p.device()));
+    }
+    parts.push_back(std::move(pull));
+  }
+  red.restore_stale(parts);
+}
+
 std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base,
                  int64_t step) {
   Communicator& world = e.world();
@@ -193,6 +273,8 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
         dir, list, world.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
         [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
   if (e.plan().plan.dp_sync.independent()) files.push_back(save_local_sgd(e, dir));
+  if (e.plan().plan.dp_sync.parameter_server() && e.plan().plan.dp_sync.max_staleness > 0)
+    files.push_back(save_parameter_server(e, dir));
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
     mine.push_back({{"file", f.file},
@@ -435,6 +517,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);
+      if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
+        load_parameter_server(engine, *dir, m, lead);
       start = m.step;
       restore_loss_scale(m, scaler.get());
     }
@@ -471,6 +555,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
   if (r.plan.dp_sync.independent()) base.train["local_sgd"] = local_sgd_layout(r);
+  if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
+    base.train["parameter_server"] = parameter_server_layout(r);
 
   const int64_t trace_from = o.trace_path.empty()
                                  ? o.steps

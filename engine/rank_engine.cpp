@@ -269,6 +269,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     c.dp_sync.replicas = r.plan.dp;
     c.dp_sync.replica = view_.coord.dp;
   }
+  if (sync.parameter_server()) c.dp_sync.max_staleness = sync.max_staleness;
   c.timeline_rank = rank;
   if (options.eval_inputs) {
     // Evaluation: the same routes, micro-batches and loss slots, a forward-only list.

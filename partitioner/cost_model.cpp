@@ -31,9 +31,18 @@ double dp_bytes_per_step(const DpSync& s, double bytes, int replicas) {
   return s.local() ? ring / s.sync_every : ring;
 }
 
+double ps_pull_exposed(const DpSync& s, double pull, double compute) {
+  if (!s.parameter_server()) return pull;
+  return std::max(0.0, pull - double(s.max_staleness) * std::max(0.0, compute));
+}
+
 double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
-                        double latency) {
+                        double latency, double compute) {
   if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.parameter_server()) {
+    const double half = all_gather_time(bytes, replicas, bandwidth, latency);
+    return half + ps_pull_exposed(s, half, compute);
+  }
   if (s.mode == DpSync::Mode::gossip)  // one exchange with a partner per round
     return double(std::min(s.peers, replicas - 1)) * (latency + bytes / bandwidth);
   const double t = all_reduce_time(bytes, replicas, bandwidth, latency);

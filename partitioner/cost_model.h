@@ -49,12 +49,19 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
 // gradients every step, 2 (n - 1) / n * bytes (zero1's reduce-scatter and all-gather
 // together move the same); `local-sgd` all-reduces the parameter deltas (the same size)
 // once every sync_every steps, so 1/H of it per step on average; `gossip` sends the
-// parameters (the same size) to one partner in each of its `peers` rounds.
+// parameters (the same size) to one partner in each of its `peers` rounds;
+// `parameter-server` pushes the gradient parts to their servers (a reduce-scatter,
+// (n - 1) / n * bytes) and pulls the parameters (an all-gather, the same): allreduce's
+// bytes, whatever the staleness.
 double dp_bytes_per_step(const DpSync& s, double bytes, int replicas);
 // The same traffic's time per step on the machine's data-parallel link (local-sgd's sync
-// amortised over its H steps).
+// amortised over its H steps). parameter-server: the push, and the part of the pull that
+// max_staleness steps of `compute` (seconds of compute per step on the rank) do not hide
+// (the pull of an update completes up to s steps later, overlapped with them).
 double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
-                        double latency);
+                        double latency, double compute = 0);
+// parameter-server: the pull's time left exposed after s steps of `compute` hide it.
+double ps_pull_exposed(const DpSync& s, double pull, double compute);
 
 // Measured op times (the cost file `baton profile` writes; docs/formats/costs.md).
 struct MeasuredCosts {

@@ -51,7 +51,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   c.backward_input = c.backward_weight = c.activation_bytes = c.activation_bytes_after_b =
       c.message_bytes = c.reduce = c.forward;
   const int opt = optimizer_states(r.plan.optimizer);
-  std::map<int, double> rank_state, rank_gather, rank_copy;
+  std::map<int, double> rank_state, rank_gather, rank_copy, rank_pull, rank_compute;
   const bool local = r.plan.dp_sync.independent();
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
@@ -78,6 +78,9 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       c.activation_bytes_after_b[size_t(s)] = double(stage_mem[size_t(s)].mb.w_stash);
     }
     c.message_bytes[size_t(s)] = t.cut_bytes[size_t(b)];
+    rank_compute[r.schedule.placement[size_t(s)]] +=
+        double(r.plan.micro_batches) / r.schedule.num_directions *
+        (c.forward[size_t(s)] + c.backward_input[size_t(s)] + c.backward_weight[size_t(s)]);
     // Gradient reduction: over the data-parallel replicas, and over the other pipeline
     // ranks holding a tied parameter.
     double grads = double(t.param_bytes(a, b)), reduce = 0;
@@ -93,17 +96,18 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     // while the backward runs, each replica updates 1/dp of the state, and the parameters
     // are all-gathered (the other half) after the step, not overlapped. (DualPipe's
     // chunks live on two pipeline ranks: not sharded.)
-    const bool zero = r.plan.optimizer_sharding != OptimizerSharding::none && r.plan.dp > 1 &&
+    const bool zero = r.plan.sharding() != OptimizerSharding::none && r.plan.dp > 1 &&
                       r.schedule.name != "dualpipe";
     const int rank_of = r.schedule.placement[size_t(s)];
     if (zero) {
       // zero2: the reduce-scatter runs inside every micro-batch's W instead, waited for there.
-      if (r.plan.optimizer_sharding == OptimizerSharding::zero2)
+      if (r.plan.sharding() == OptimizerSharding::zero2)
         c.backward_weight[size_t(s)] +=
             all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       else
         reduce += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
-      rank_gather[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      // A parameter server's pull: what its staleness leaves exposed, below.
+      rank_pull[rank_of] += all_gather_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 1) + grads * 2 * opt / r.plan.dp;
       rank_copy[rank_of] += grads * (1 + opt) / r.plan.dp;
     } else if (local) {
@@ -125,6 +129,10 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     }
     c.reduce[size_t(s)] = reduce;
   }
+  // The all-gather after the step (zero1, zero2, a parameter server): waited for at once,
+  // or, with a parameter server's staleness s, behind up to s steps of the rank's compute.
+  for (const auto& [rank, pull] : rank_pull)
+    rank_gather[rank] += ps_pull_exposed(r.plan.dp_sync, pull, rank_compute[rank]);
   double max_after = 0;
   for (const auto& [rank, bytes] : rank_state)
     max_after = std::max(max_after, bytes / m.memory_bandwidth + rank_gather[rank]);
@@ -215,7 +223,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // zero2: a sharded parameter held by one of the rank's stages is reduced inside each
   // W (zero2_grad_memory counts that), so nothing of it is held at the step's end.
   std::map<int, int> holders;
-  if (p.optimizer_sharding == OptimizerSharding::zero2)
+  if (p.sharding() == OptimizerSharding::zero2)
     for (int s : r.stages_of(pp)) {
       auto [a, b] = chunk(s);
       for (int id : pg.params_used(a, b)) ++holders[id];
@@ -225,7 +233,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     if (gg.ranks.size() <= 1) continue;  // a sum of local stages only: in place
     int id = pg.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
-    if (p.optimizer_sharding == OptimizerSharding::zero2 && optimizer_sharded(r, rank, gg) &&
+    if (p.sharding() == OptimizerSharding::zero2 && optimizer_sharded(r, rank, gg) &&
         holders[id] == 1)
       continue;
     groups[gg.ranks].push_back(id);
@@ -277,7 +285,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // one tensor each. Under ZeRO, the replica's part (taken as 1/dp of every parameter).
   if (p.post_validated_step) {
     const int states = optimizer_states(p.optimizer);
-    const bool zero = p.optimizer_sharding != OptimizerSharding::none && p.dp > 1;
+    const bool zero = p.sharding() != OptimizerSharding::none && p.dp > 1;
     for (int s : r.stages_of(pp)) {
       auto [a, b] = chunk(s);
       for (int id : pg.params_used(a, b)) {
@@ -337,8 +345,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
   }
   // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
-  if (p.optimizer_sharding != OptimizerSharding::none && p.dp > 1 &&
-      (opt > 0 || p.optimizer_sharding == OptimizerSharding::zero2)) {
+  if (p.sharding() != OptimizerSharding::none && p.dp > 1 &&
+      (opt > 0 || p.sharding() == OptimizerSharding::zero2)) {
     const Graph& mg = pg ? *pg : g;
     for (int k = 0; k < K; ++k) {
       int stage = 0;
@@ -362,8 +370,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         if (!sharded.count(prm.name)) continue;
         chunk_mem[size_t(k)].optimizer_sharding_saved += zero_optimizer_saving(
             memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
-        if (p.optimizer_sharding == OptimizerSharding::zero2 && !elsewhere.count(id))
-          zero2.push_back(id);
+        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id)) zero2.push_back(id);
       }
       if (!zero2.empty()) {
         const ZeroGradMemory z = zero2_grad_memory(mg, a, b, zero2, p.dp, options.bucket_bytes);
@@ -379,6 +386,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     const int copies = p.dp_sync.outer == DpSync::Outer::nesterov ? 2 : 1;
     for (StageMemory& m : chunk_mem) m.optimizer += copies * m.grads;
   }
+  // A parameter server with staleness s: up to s pulls in flight between steps, each a
+  // parameter-sized buffer and the rank's part (its input), counted with the optimizer
+  // state (engine/detail/grad_reducer.h).
+  if (p.dp_sync.parameter_server() && p.dp > 1 && p.dp_sync.max_staleness > 0)
+    for (StageMemory& m : chunk_mem)
+      m.optimizer += int64_t(p.dp_sync.max_staleness) * (m.params + (m.params + p.dp - 1) / p.dp);
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -415,8 +428,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.grad_bytes += m.grads - m.grad_sharding_saved;
       re.optimizer_bytes += m.optimizer - m.optimizer_sharding_saved;
       // zero2 reduce-scatters every micro-batch (half an all-reduce each) and all-gathers once.
-      const bool zero2 = p.optimizer_sharding == OptimizerSharding::zero2 && p.dp > 1 &&
-                         r.schedule.name != "dualpipe";
+      const bool zero2 =
+          p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
       re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp) *
                      (zero2 ? double(p.micro_batches + 1) / 2 : 1.0);
       re.compute_time += p.micro_batches / r.schedule.num_directions *
@@ -490,10 +503,12 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     }
     out += "\n";
   }
-  if (p.optimizer_sharding != OptimizerSharding::none) {
+  if (p.sharding() != OptimizerSharding::none) {
     out.pop_back();
     out += ", its state sharded over the data-parallel replicas (" +
-           std::string(sharding_name(p.optimizer_sharding)) + ")\n";
+           std::string(p.dp_sync.parameter_server() ? "each serving its part"
+                                                    : sharding_name(p.optimizer_sharding)) +
+           ")\n";
   }
   if (p.dp > 1) {
     std::string mode = std::string(dp_sync_name(p.dp_sync.mode));
@@ -502,6 +517,9 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
               std::string(outer_optimizer_name(p.dp_sync.outer));
     else if (p.dp_sync.mode == DpSync::Mode::gossip)
       mode += " with " + std::to_string(p.dp_sync.peers) + " peer(s) per step";
+    else if (p.dp_sync.parameter_server())
+      mode += " with staleness " + std::to_string(p.dp_sync.max_staleness) +
+              " (the replicas' ranks serve their parts)";
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
   }

@@ -82,7 +82,7 @@ std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank) {
 }
 
 bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg) {
-  if (r.plan.optimizer_sharding == OptimizerSharding::none || r.plan.dp <= 1) return false;
+  if (r.plan.sharding() == OptimizerSharding::none || r.plan.dp <= 1) return false;
   if (!r.graph->params[size_t(gg.param)].trainable) return false;
   std::vector<int> dp = r.layout.dp_group(rank);
   std::sort(dp.begin(), dp.end());

@@ -62,6 +62,8 @@ std::string_view dp_sync_name(DpSync::Mode m) {
       return "local-sgd";
     case DpSync::Mode::gossip:
       return "gossip";
+    case DpSync::Mode::parameter_server:
+      return "parameter-server";
   }
   return "?";
 }
@@ -73,6 +75,9 @@ std::string_view outer_optimizer_name(DpSync::Outer o) {
 json dp_sync_to_json(const DpSync& s) {
   if (s.mode == DpSync::Mode::gossip)
     return {{"mode", "gossip"}, {"peers", s.peers}, {"seed", s.seed}};
+  if (s.parameter_server())
+    return {
+        {"mode", "parameter-server"}, {"max_staleness", s.max_staleness}, {"ps_ranks", s.ps_ranks}};
   if (!s.local()) return std::string(dp_sync_name(s.mode));
   json j = {{"mode", std::string(dp_sync_name(s.mode))},
             {"sync_every", s.sync_every},
@@ -242,11 +247,12 @@ void check_ranks_table(const Plan& p, const JsonReader& r) {
 DpSync read_dp_sync(const JsonReader& r) {
   DpSync s;
   s.json_path = r.where();
-  const std::string modes = "\"allreduce\", \"local-sgd\" or \"gossip\"";
+  const std::string modes = "\"allreduce\", \"local-sgd\", \"gossip\" or \"parameter-server\"";
   auto mode_of = [&](const JsonReader& m) {
     if (!m.is_string()) m.fail(modes, stages::json_brief(m.raw()));
     const std::string name = m.as_string();
-    for (DpSync::Mode x : {DpSync::Mode::allreduce, DpSync::Mode::local_sgd, DpSync::Mode::gossip})
+    for (DpSync::Mode x : {DpSync::Mode::allreduce, DpSync::Mode::local_sgd, DpSync::Mode::gossip,
+                           DpSync::Mode::parameter_server})
       if (dp_sync_name(x) == name) return x;
     m.fail(modes, "\"" + name + "\"");
   };
@@ -255,6 +261,11 @@ DpSync read_dp_sync(const JsonReader& r) {
     if (s.local())
       r.fail("an object {\"mode\": \"local-sgd\", \"sync_every\": H} (local-sgd needs H)",
              "\"local-sgd\"");
+    if (s.parameter_server())
+      r.fail(
+          "an object {\"mode\": \"parameter-server\", \"max_staleness\": s} (parameter-server "
+          "needs its staleness bound)",
+          "\"parameter-server\"");
     return s;
   }
   if (!r.is_object())
@@ -264,6 +275,19 @@ DpSync read_dp_sync(const JsonReader& r) {
     r.expect_only({"mode", "peers", "seed"});
     s.peers = int(r.get_int("peers", 1, 1, kMaxCount));
     s.seed = uint64_t(r.get_int("seed", 1, 0, INT64_MAX));
+    return s;
+  }
+  if (s.parameter_server()) {
+    r.expect_only({"mode", "max_staleness", "ps_ranks"});
+    s.max_staleness = int(r.at("max_staleness").as_int(0, 64));
+    s.ps_ranks = int(r.get_int("ps_ranks", 0, 0, kMaxCount));
+    // Extra serving ranks are not built: the replicas' own ranks serve.
+    if (s.ps_ranks != 0)
+      r.at("ps_ranks")
+          .fail(
+              "0 (the replicas' own ranks serve the parameters; extra server ranks are not "
+              "supported)",
+              std::to_string(s.ps_ranks));
     return s;
   }
   if (!s.local()) {
@@ -452,6 +476,18 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     if (p.dp_sync.mode == DpSync::Mode::gossip && p.dp > 1 && p.dp_sync.peers > p.dp - 1)
       d->at("peers").fail("at most dp - 1 = " + std::to_string(p.dp - 1) + " peers",
                           std::to_string(p.dp_sync.peers));
+    // The servers' parts are zero1's, which DualPipe (each chunk on two pipeline ranks)
+    // does not shard.
+    if (p.dp_sync.parameter_server() && p.schedule == "dualpipe")
+      d->at("mode").fail_message(
+          "\"parameter-server\" needs a schedule whose chunks live on one pipeline rank each; "
+          "expected a schedule other than \"dualpipe\", found \"dualpipe\"");
+    if (p.dp_sync.parameter_server() && p.optimizer_sharding != OptimizerSharding::none)
+      throw InputError(d->where() +
+                       ": \"parameter-server\" shards the optimizer state over "
+                       "its servers itself; expected optimizer_sharding \"none\" (or absent), "
+                       "found \"" +
+                       std::string(sharding_name(p.optimizer_sharding)) + "\"");
     if (p.dp_sync.independent() && p.optimizer_sharding != OptimizerSharding::none)
       throw InputError(d->where() + ": \"" + std::string(dp_sync_name(p.dp_sync.mode)) +
                        "\" keeps a whole optimizer per replica; it "
@@ -459,7 +495,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
                        std::string(sharding_name(p.optimizer_sharding)) + "\"");
   }
   // The early update of a post-validated step assumes the summed gradient of allreduce.
-  if (p.post_validated_step && p.dp_sync.independent())
+  if (p.post_validated_step && p.dp_sync.mode != DpSync::Mode::allreduce)
     throw InputError(p.where("$.optimizer_step") +
                      ": \"post-validated\" cannot be combined with dp_sync \"" +
                      std::string(dp_sync_name(p.dp_sync.mode)) + "\" (only with \"allreduce\")");

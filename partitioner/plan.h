@@ -45,8 +45,15 @@ std::string_view sharding_name(OptimizerSharding s);
 //   gossip     each replica steps on its own gradients, then averages its parameters with
 //              a partner in each of `peers` rounds of random pairings drawn from
 //              (seed, step), so runs are reproducible
+//   parameter-server
+//              the parameters sharded over servers (ps_ranks 0: the replicas' own ranks,
+//              zero1's parts); each replica pushes its gradient parts to their servers
+//              (a reduce-scatter), each server updates its part, the replicas pull the
+//              parameters (an all-gather) that may complete up to max_staleness steps
+//              later: step t runs on the parameters of exactly the updates before
+//              t - max_staleness (0: synchronous, allreduce's numbers)
 struct DpSync {
-  enum class Mode { allreduce, local_sgd, gossip };
+  enum class Mode { allreduce, local_sgd, gossip, parameter_server };
   enum class Outer { average, nesterov };
   Mode mode = Mode::allreduce;
   int sync_every = 1;  // H (local-sgd)
@@ -55,10 +62,13 @@ struct DpSync {
   double outer_momentum = 0.9;  // nesterov
   int peers = 1;                // gossip: pairing rounds per step
   uint64_t seed = 1;            // gossip: the pairings' seed
+  int max_staleness = 0;        // parameter-server: s
+  int ps_ranks = 0;             // parameter-server: extra serving ranks (0: the replicas')
   std::string json_path;        // "plan.json: $.dp_sync" (messages; "" when not written)
   bool local() const { return mode == Mode::local_sgd; }
+  bool parameter_server() const { return mode == Mode::parameter_server; }
   // Replicas step on their own gradients (no data-parallel gradient reduction).
-  bool independent() const { return mode != Mode::allreduce; }
+  bool independent() const { return mode == Mode::local_sgd || mode == Mode::gossip; }
 };
 std::string_view dp_sync_name(DpSync::Mode m);
 std::string_view outer_optimizer_name(DpSync::Outer o);
@@ -125,6 +135,11 @@ struct Plan {
   // before updating; "post-validated" updates at once and rolls back when it must.
   bool post_validated_step = false;
   DpSync dp_sync;
+  // The sharding the engine and the models use: optimizer_sharding, or zero1's parts for
+  // a parameter server (its servers hold the state of their parts only).
+  OptimizerSharding sharding() const {
+    return dp_sync.parameter_server() ? OptimizerSharding::zero1 : optimizer_sharding;
+  }
 
   std::vector<PlanStage> stages;                   // model chunks in model order
   std::map<std::string, SplitKind> splits;         // node name -> override

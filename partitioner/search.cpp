@@ -108,6 +108,8 @@ class Search {
             for (const std::string& name : names) {
               // One pipeline rank: every schedule runs the same F, B, W in order.
               if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
+              // A parameter server's parts are zero1's, which DualPipe does not shard.
+              if (dp > 1 && o_.dp_sync.parameter_server() && name == "dualpipe") continue;
               for (int rc : {0, 1}) {
                 if (o_.recompute >= 0 && rc != o_.recompute) continue;
                 enumerate(tp, sp, pp, dp, m, b, name, rc == 1);
@@ -180,7 +182,9 @@ class Search {
   // The replicas a candidate's optimizer state is sharded over (1: not sharded; DualPipe
   // holds each chunk on two pipeline ranks, whose parameters keep their whole state).
   int shard_over(int dp, const std::string& schedule) const {
-    return o_.optimizer_sharding != OptimizerSharding::none && schedule != "dualpipe" ? dp : 1;
+    const bool sharded =
+        o_.optimizer_sharding != OptimizerSharding::none || o_.dp_sync.parameter_server();
+    return sharded && schedule != "dualpipe" ? dp : 1;
   }
 
   // The spatial split at degree sp (cached; null, with the reason noted, when the model

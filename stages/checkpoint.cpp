@@ -379,10 +379,12 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     if (sf.file.empty() || sf.file.find('/') != std::string::npos || sf.file[0] == '.')
       s.at("file").fail("a file name inside the checkpoint directory");
     sf.kind = s.at("kind").as_string();
-    // "local-sgd": a rank's local SGD state (engine/plan_trainer.cpp), verified like the
-    // others and read only by a local SGD run.
-    if (sf.kind != "model" && sf.kind != "optimizer" && sf.kind != "local-sgd")
-      s.at("kind").fail("\"model\", \"optimizer\" or \"local-sgd\"");
+    // "local-sgd": a rank's local SGD state, "parameter-server": a parameter server's
+    // pulls in flight (engine/plan_trainer.cpp), verified like the others and read only
+    // by a run of that mode.
+    if (sf.kind != "model" && sf.kind != "optimizer" && sf.kind != "local-sgd" &&
+        sf.kind != "parameter-server")
+      s.at("kind").fail("\"model\", \"optimizer\", \"local-sgd\" or \"parameter-server\"");
     sf.rank = int(s.at("rank").as_int(0, 1 << 30));
     sf.bytes = uint64_t(s.at("bytes").as_int(0, INT64_MAX));
     sf.hash = s.at("hash").as_string();

@@ -65,8 +65,9 @@ int run_plan(const std::vector<std::string>& args) {
       "optimizer-sharding", po::value(&sharding)->default_value("none"),
       "none, zero1 or zero2: shard the state (zero2: and gradients) over replicas")(
       "dp-sync", po::value(&dp_sync),
-      "how replicas agree, the plan field's JSON: allreduce (default) or "
-      "'{\"mode\": \"local-sgd\", \"sync_every\": 8}'")(
+      "how replicas agree, the plan field's JSON: allreduce (default), "
+      "'{\"mode\": \"local-sgd\", \"sync_every\": 8}' or "
+      "'{\"mode\": \"parameter-server\", \"max_staleness\": 1}'")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
       "flops", po::value(&machine.flops)->default_value(machine.flops),
@@ -130,6 +131,11 @@ int run_plan(const std::vector<std::string>& args) {
       j = dp_sync;
     }
     so.dp_sync = pt::parse_dp_sync(j, "--dp-sync");
+    if (so.dp_sync.parameter_server() && so.optimizer_sharding != pt::OptimizerSharding::none)
+      throw InputError(
+          "--dp-sync: \"parameter-server\" shards the optimizer state over its "
+          "servers itself; expected --optimizer-sharding none, found " +
+          sharding);
   }
   so.model_path = model_path;
 

@@ -1,6 +1,8 @@
 #include "engine/detail/grad_reducer.h"
 
 #include <algorithm>
+#include <exception>
+#include <tuple>
 
 #include "kernels/ops.h"
 #include "memory/error.h"
@@ -264,17 +266,8 @@ std::pair<int64_t, int64_t> GradReducer::sharded_elements() const {
   return {mine, all};
 }
 
-void GradReducer::gather_params() {
-  // One all-gather per parameter, straight into the parameter: each rank contributes the
-  // elements of it in its part, staged in the same elements of the gradient (no longer
-  // needed after the step), so the gather needs no buffer.
-  struct Gather {
-    Param* p;
-    std::vector<int64_t> counts;
-    Tensor in, out;
-    transport::WorkPtr work;
-  };
-  std::vector<Gather> gathers;
+std::vector<GradReducer::GatherSpec> GradReducer::gather_specs() {
+  std::vector<GatherSpec> out;
   for (Group& g : groups_) {
     if (!g.shard) continue;
     const int n = g.comm->size();
@@ -287,24 +280,70 @@ void GradReducer::gather_params() {
       }
       for (size_t j = 0; j < b.params.size(); ++j) {
         Param& p = g.params[b.params[j]];
-        Tensor& v = p.holders[0]->param(p.id);
-        const int64_t first = b.offsets[j], numel = v.numel();
-        Gather x{&p, std::vector<int64_t>(size_t(n)), {}, {}, {}};
+        const int64_t first = b.offsets[j], numel = p.holders[0]->param(p.id).numel();
+        GatherSpec x{&g, &p, std::vector<int64_t>(size_t(n)), 0, 0};
         for (int q = 0; q < n; ++q) {
           const int64_t lo = std::clamp(starts[size_t(q)] - first, int64_t(0), numel);
           const int64_t hi = std::clamp(starts[size_t(q)] + b.counts[size_t(q)] - first, lo, numel);
           x.counts[size_t(q)] = hi - lo;
         }
-        auto [lo, hi] = p.holders[0]->optimizer_shard(p.id);
-        Tensor& grad = p.holders[0]->grad(p.id);
-        x.in = g.shard_grads ? grad.view({grad.numel()})  // the spent accumulator
-                             : grad.view({grad.numel()}).narrow(0, lo, hi - lo);
-        x.in.copy_from(v.view({numel}).narrow(0, lo, hi - lo));
-        x.out = v.view({numel});
-        x.work = g.comm->all_gather(x.in, x.out, x.counts);
-        gathers.push_back(std::move(x));
+        std::tie(x.lo, x.hi) = p.holders[0]->optimizer_shard(p.id);
+        out.push_back(std::move(x));
       }
     }
+  }
+  return out;
+}
+
+void GradReducer::gather_params() {
+  if (staleness_ > 0) {
+    // The parameter server's pull of this update, left in flight; the working parts back.
+    std::vector<GatherSpec> specs = gather_specs();
+    BATON_CHECK(working_.size() == specs.size(), "a parameter-server update without its masters");
+    std::vector<Tensor> parts;
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const GatherSpec& x = specs[k];
+      Tensor& v = x.p->holders[0]->param(x.p->id);
+      parts.push_back(v.view({v.numel()}).narrow(0, x.lo, x.hi - x.lo).clone());
+      for (stages::Stage* st : x.p->holders) {
+        Tensor& h = st->param(x.p->id);
+        h.view({h.numel()}).narrow(0, x.lo, x.hi - x.lo).copy_from(working_[k]);
+      }
+    }
+    working_.clear();
+    post_pull(parts);
+    while (pulls_.size() > size_t(staleness_)) {
+      Pull& pull = pulls_.front();
+      for (size_t k = 0; k < specs.size(); ++k) {
+        pull.works[k]->wait();
+        for (stages::Stage* st : specs[k].p->holders)
+          st->param(specs[k].p->id).copy_from(pull.out[k].view(st->param(specs[k].p->id).shape()));
+      }
+      pulls_.pop_front();
+    }
+    return;
+  }
+  // One all-gather per parameter, straight into the parameter: each rank contributes the
+  // elements of it in its part, staged in the same elements of the gradient (no longer
+  // needed after the step), so the gather needs no buffer.
+  struct Gather {
+    Param* p;
+    Tensor in, out;
+    transport::WorkPtr work;
+  };
+  std::vector<Gather> gathers;
+  for (GatherSpec& x : gather_specs()) {
+    Param& p = *x.p;
+    Tensor& v = p.holders[0]->param(p.id);
+    const int64_t numel = v.numel();
+    Tensor& grad = p.holders[0]->grad(p.id);
+    Gather y{&p, {}, {}, {}};
+    y.in = x.g->shard_grads ? grad.view({grad.numel()})  // the spent accumulator
+                            : grad.view({grad.numel()}).narrow(0, x.lo, x.hi - x.lo);
+    y.in.copy_from(v.view({numel}).narrow(0, x.lo, x.hi - x.lo));
+    y.out = v.view({numel});
+    y.work = x.g->comm->all_gather(y.in, y.out, x.counts);
+    gathers.push_back(std::move(y));
   }
   for (Gather& x : gathers) {
     x.work->wait();
@@ -312,6 +351,72 @@ void GradReducer::gather_params() {
     for (size_t k = 1; k < p.holders.size(); ++k)
       p.holders[k]->param(p.id).copy_from(p.holders[0]->param(p.id));
   }
+}
+
+void GradReducer::post_pull(const std::vector<Tensor>& parts) {
+  std::vector<GatherSpec> specs = gather_specs();
+  BATON_CHECK(parts.size() == specs.size(), "a parameter-server pull of the wrong parameters");
+  Pull pull;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const Tensor& v = specs[k].p->holders[0]->param(specs[k].p->id);
+    BATON_CHECK(parts[k].numel() == specs[k].hi - specs[k].lo,
+                "a parameter-server part of the wrong size");
+    pull.in.push_back(parts[k]);
+    pull.out.push_back(Tensor::empty({v.numel()}, v.dtype(), v.device()));
+    pull.works.push_back(specs[k].g->comm->all_gather(pull.in[k], pull.out[k], specs[k].counts));
+  }
+  pulls_.push_back(std::move(pull));
+}
+
+void GradReducer::install_masters() {
+  if (staleness_ <= 0) return;
+  BATON_CHECK(working_.empty(), "parameter-server masters installed twice");
+  std::vector<GatherSpec> specs = gather_specs();
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const GatherSpec& x = specs[k];
+    Tensor& v = x.p->holders[0]->param(x.p->id);
+    working_.push_back(v.view({v.numel()}).narrow(0, x.lo, x.hi - x.lo).clone());
+    if (pulls_.empty()) continue;  // none in flight: the part is the master
+    for (stages::Stage* st : x.p->holders) {
+      Tensor& h = st->param(x.p->id);
+      h.view({h.numel()}).narrow(0, x.lo, x.hi - x.lo).copy_from(pulls_.back().in[k]);
+    }
+  }
+}
+
+std::vector<std::vector<Tensor>> GradReducer::stale_parts() const {
+  std::vector<std::vector<Tensor>> out;
+  for (const Pull& p : pulls_) out.push_back(p.in);
+  return out;
+}
+
+std::vector<std::pair<int, int>> GradReducer::stale_params() const {
+  std::vector<std::pair<int, int>> out;
+  for (const GatherSpec& x : const_cast<GradReducer*>(this)->gather_specs())
+    out.emplace_back(x.p->holder_stages[0], x.p->id);
+  return out;
+}
+
+void GradReducer::restore_stale(const std::vector<std::vector<Tensor>>& parts) {
+  BATON_CHECK(pulls_.empty(), "parameter-server pulls restored while others are in flight");
+  BATON_CHECK(parts.size() <= size_t(staleness_), "more parameter-server pulls than the staleness");
+  for (const std::vector<Tensor>& p : parts) post_pull(p);
+}
+
+void GradReducer::drain() noexcept {
+  for (Pull& p : pulls_)
+    for (auto& w : p.works) {
+      try {
+        w->wait();
+      } catch (...) {  // a peer gone: nothing left to wait for
+      }
+    }
+  pulls_.clear();
+}
+
+GradReducer::~GradReducer() {
+  // After a failure the pulls may never complete: only a normal end waits for them.
+  if (std::uncaught_exceptions() == 0) drain();
 }
 
 void GradReducer::finish() {

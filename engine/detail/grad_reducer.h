@@ -31,9 +31,22 @@
 // unsharded order is the reverse), so losses agree within rounding, not bit for bit.
 // A parameter held by several local stages (tied over a V schedule's chunks) stays as
 // under zero1.
+//
+// A parameter server with staleness s > 0 (plan field dp_sync "parameter-server",
+// set_staleness): the sharded groups' parts are the servers' parts and the parameters
+// the stages hold are the replica's working copy, s updates behind. Each member keeps
+// its part's latest value (the master) as the input of its newest pull, not in the
+// parameter: before the update the master is put into the part (install_masters) and
+// after it the new part is copied out as the input of an all-gather into a parameter-
+// sized buffer (the pull), posted and not waited for, and the working part put back.
+// The pull of update t is waited for after update t + s, its buffer then becoming the
+// working parameters, so step t + s + 1 runs on the updates up to t: the same pattern on
+// every run (the first s steps run on the initial parameters). At most s pulls are in
+// flight between steps; stale_parts() and restore_stale() carry them through a checkpoint.
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <optional>
 #include <utility>
@@ -62,8 +75,23 @@ class GradReducer {
   // gradient that are reduced here (and that this rank updates); nullopt when not sharded.
   std::optional<std::pair<int64_t, int64_t>> shard_of(int stage, int param) const;
   // After the optimizer step: all-gathers the updated parts of every sharded parameter
-  // into every local holder, and waits.
+  // into every local holder, and waits. With staleness s > 0: posts the pull of this
+  // update, restores the working parts and completes the pull of s updates ago.
   void gather_params();
+  // Parameter server (s > 0): the pulls' lag, and the masters put into the parts before
+  // the update (every holder), the working parts kept aside.
+  void set_staleness(int s) { staleness_ = s; }
+  int staleness() const { return staleness_; }
+  void install_masters();
+  // The in-flight pulls, oldest first: for each, this rank's part of every sharded
+  // parameter (in stale_params()'s order). restore_stale() posts them again (a resume;
+  // none may be in flight).
+  std::vector<std::vector<memory::Tensor>> stale_parts() const;
+  std::vector<std::pair<int, int>> stale_params() const;  // (stage, parameter id)
+  void restore_stale(const std::vector<std::vector<memory::Tensor>>& parts);
+  // Waits for every pull in flight without applying it (before the communicators go).
+  void drain() noexcept;
+  ~GradReducer();
   // ZeRO-2: stage `stage`'s gradient of `param` for one micro-batch (undefined: zero).
   void micro(int stage, int param, const memory::Tensor& grad);
   // Bytes of the elements this rank holds optimizer state for, over all sharded
@@ -110,7 +138,24 @@ class GradReducer {
   template <class Fn>
   static void for_part(const Group& g, const Bucket& b, Fn&& fn);
 
+  // One sharded parameter's all-gather: its members' counts and this rank's elements.
+  struct GatherSpec {
+    Group* g = nullptr;
+    Param* p = nullptr;
+    std::vector<int64_t> counts;
+    int64_t lo = 0, hi = 0;
+  };
+  std::vector<GatherSpec> gather_specs();
+  struct Pull {
+    std::vector<memory::Tensor> in, out;  // per gather spec
+    std::vector<transport::WorkPtr> works;
+  };
+  void post_pull(const std::vector<memory::Tensor>& parts);
+
   std::vector<Group> groups_;
+  int staleness_ = 0;
+  std::deque<Pull> pulls_;
+  std::vector<memory::Tensor> working_;  // install_masters: the working parts, per spec
   std::map<std::pair<int, int>, std::pair<size_t, size_t>>
       where_;  // (stage, param) -> (group, param index)
 };

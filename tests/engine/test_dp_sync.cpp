@@ -229,7 +229,8 @@ TEST(DpSync, NesterovOuterStepByHand) {
 // optimizer state, the anchors and the outer momentum: resuming gives the uninterrupted
 // run's losses bit for bit.
 // Gossip's replicas differ after every step as well: their own parameters and optimizer
-// state are in the checkpoint too.
+// state are in the checkpoint too. A parameter server with staleness 2 has two pulls in
+// flight at the checkpoint: their parts are in it and posted again on resume.
 class DpSyncResume : public ::testing::TestWithParam<json> {};
 
 TEST_P(DpSyncResume, ResumesBetweenSyncs) {
@@ -263,10 +264,14 @@ INSTANTIATE_TEST_SUITE_P(Modes, DpSyncResume,
                                                 {"outer_optimizer", "nesterov"},
                                                 {"outer_lr", 0.7},
                                                 {"outer_momentum", 0.9}},
-                                           json{{"mode", "gossip"}, {"peers", 1}}),
+                                           json{{"mode", "gossip"}, {"peers", 1}},
+                                           json{{"mode", "parameter-server"},
+                                                {"max_staleness", 2}}),
                          [](const ::testing::TestParamInfo<json>& mode) {
-                           return mode.param["mode"] == "gossip" ? std::string("gossip")
-                                                                 : std::string("diloco");
+                           const std::string m = mode.param["mode"];
+                           return m == "gossip"             ? std::string("gossip")
+                                  : m == "parameter-server" ? std::string("ps_stale2")
+                                                            : std::string("diloco");
                          });
 
 // ---- gossip ----
@@ -344,6 +349,104 @@ TEST(DpSync, GossipReplicasStayNearTheirMean) {
   std::printf("  spread from the mean after %lld steps: gossip %.3g, never synced %.3g\n",
               (long long)steps, g, a);
   EXPECT_LT(g, 0.75 * a);
+}
+
+// ---- parameter server ----
+
+PlanSpec ps_plan(int pp, json dp_sync) {
+  PlanSpec p = dp2_plan(std::move(dp_sync));
+  p.tp.assign(size_t(pp), 1);
+  return p;
+}
+
+json ps_sync(int s) {
+  return {{"mode", "parameter-server"}, {"max_staleness", s}};
+}
+
+// Staleness 0 is synchronous: allreduce's losses and gradient norms on a DP 2 and a
+// PP 2 x DP 2 plan (AdamW, clipping), within 1e-6; two members' reduce-scatter gives
+// the all-reduce's sums, so the losses agree bit for bit.
+TEST(DpSync, ParameterServerStalenessZeroIsAllreduce) {
+  RunSettings s;
+  s.steps = 5;
+  for (int pp : {1, 2}) {
+    Workspace ws("dp-sync-ps0");
+    auto want = run_threads(resolve(ps_plan(pp, json()), ws), train_options(ws, s));
+    auto got = run_threads(resolve(ps_plan(pp, ps_sync(0)), ws), train_options(ws, s));
+    ASSERT_EQ(got.size(), want.size());
+    int same = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss)
+          << "pp " << pp << " step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-6 * want[i].grad_norm)
+          << "pp " << pp << " step " << i + 1;
+      same += got[i].loss == want[i].loss;
+    }
+    EXPECT_EQ(same, int(want.size())) << "pp " << pp << ": losses not bit for bit";
+    EXPECT_NE(want.front().loss, want.back().loss);
+  }
+}
+
+// The staleness pattern on the parameters each step ran on: with staleness s the working
+// parameters stay the initial ones for the first s steps and become the synchronous
+// run's first update after step s + 1 (bit for bit: update 0 is computed from the same
+// gradients); every replica holds the same ones. (A GPT-2 whose pipeline ranks share
+// wte: two pipeline ranks per replica.)
+TEST(DpSync, ParameterServerStalenessPattern) {
+  Workspace ws("dp-sync-ps-pattern");
+  const int64_t steps = 4;
+  auto sync = run_recording(resolve(ps_plan(2, ps_sync(0)), ws), steps);
+  for (int s : {1, 2}) {
+    auto stale = run_recording(resolve(ps_plan(2, ps_sync(s)), ws), steps);
+    for (int64_t k = 0; k < steps; ++k)
+      for (int r = 0; r < 4; ++r)
+        EXPECT_EQ(stale[size_t(k)][size_t(r)], stale[size_t(k)][size_t(r % 2)])
+            << "s " << s << " step " << k + 1 << " rank " << r;
+    // After step s (0-based s - 1) nothing has arrived; after step s + 1, update 0 has.
+    // (The tied wte, summed over both pipeline ranks too, is not served: zero1 does not
+    // shard it, so it is updated synchronously.)
+    auto served = [](Params p) {
+      EXPECT_EQ(p.erase({0, "wte.weight"}) + p.erase({1, "wte.weight"}), 1u);
+      return p;
+    };
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(served(stale[size_t(s)][size_t(r)]), served(sync[0][size_t(r)])) << "s " << s;
+      EXPECT_NE(served(stale[size_t(s - 1)][size_t(r)]), served(sync[0][size_t(r)])) << "s " << s;
+      EXPECT_NE(served(stale[size_t(s)][size_t(r)]), served(sync[size_t(s)][size_t(r)]))
+          << "s " << s;
+    }
+  }
+}
+
+// Staleness 1 and 2 train (the loss falls), are reproducible run to run and differ from
+// the synchronous run.
+TEST(DpSync, ParameterServerStaleTrains) {
+  RunSettings st;
+  st.steps = 12;
+  Workspace ws("dp-sync-ps-stale");
+  auto sync = run_threads(resolve(ps_plan(2, ps_sync(0)), ws), train_options(ws, st));
+  for (int s : {1, 2}) {
+    auto plan = resolve(ps_plan(2, ps_sync(s)), ws);
+    auto a = run_threads(plan, train_options(ws, st));
+    auto b = run_threads(plan, train_options(ws, st));
+    ASSERT_EQ(a.size(), size_t(st.steps));
+    ASSERT_EQ(b.size(), a.size());
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].loss, b[i].loss) << "s " << s << " step " << i + 1;
+      differ += a[i].loss != sync[i].loss;
+    }
+    EXPECT_EQ(a[0].loss, sync[0].loss);  // the first step runs on the initial parameters
+    EXPECT_GE(differ, int(a.size()) - 2) << "s " << s;
+    double first = 0, last = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      first += a[i].loss;
+      last += a[a.size() - 1 - i].loss;
+    }
+    EXPECT_LT(last, 0.97 * first) << "s " << s;
+    std::printf("  parameter server s=%d: loss %.4f -> %.4f (synchronous %.4f)\n", s, a[0].loss,
+                a.back().loss, sync.back().loss);
+  }
 }
 
 }  // namespace

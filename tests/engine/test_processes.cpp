@@ -241,23 +241,20 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
 
 // ---- a rank dies in the middle of a step ----
 
-TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
+// Plan `p` on `n` processes; a random rank is killed (SIGKILL) after a few steps, at a
+// random moment: every other rank must stop by itself within 10 s, naming it.
+void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name) {
   const uint64_t seed = std::random_device{}();
   std::printf("failure test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  Workspace ws("fail");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "1f1b";
+  Workspace ws(name);
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
   // stop by themselves (the requirement is 10 s).
   std::vector<std::string> argv = {baton(),
                                    "launch",
                                    "-n",
-                                   "8",
+                                   std::to_string(n),
                                    "--grace",
                                    "15",
                                    "--",
@@ -282,9 +279,9 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
   std::this_thread::sleep_for(
       std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng)));
   std::vector<pid_t> ranks = children_of(pid);
-  ASSERT_EQ(ranks.size(), 8u) << slurp(ws.path("job.out"));
+  ASSERT_EQ(ranks.size(), size_t(n)) << slurp(ws.path("job.out"));
   // Which child is which rank: BATON_RANK in its environment.
-  const int victim = std::uniform_int_distribution<int>(0, 7)(rng);
+  const int victim = std::uniform_int_distribution<int>(0, n - 1)(rng);
   pid_t victim_pid = -1;
   for (pid_t c : ranks) {
     std::ifstream env("/proc/" + std::to_string(c) + "/environ");
@@ -316,7 +313,7 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
             std::string::npos)
       << out;
   // ... each with an error naming the dead rank.
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
     size_t at = out.find(prefix);
@@ -324,6 +321,27 @@ TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
     std::string line = out.substr(at, out.find('\n', at) - at);
     EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
   }
+}
+
+TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  expect_killed_rank_named(p, 8, "fail");
+}
+
+// A parameter server (the replicas' ranks serve, staleness 1: a pull in flight across
+// the steps) losing one of its server ranks: PP 2 x DP 2, every rank serving a part.
+TEST(Processes, ParameterServerRankKilledIsNamedByEveryOther) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}};
+  expect_killed_rank_named(p, 4, "fail-ps");
 }
 
 // ---- a rank stops (SIGSTOP): alive but silent ----

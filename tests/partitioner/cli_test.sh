@@ -37,7 +37,14 @@ expect 0 "$baton" plan --check "$tmp/local.json"
 contains "data-parallel sync local-sgd every 8 steps, outer optimizer average"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
   --dp-sync ring
-contains "--dp-sync: \$: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""
+contains "--dp-sync: \$: expected \"allreduce\", \"local-sgd\", \"gossip\" or \"parameter-server\", found \"ring\""
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --pp 1 --tp 1 \
+  --batch 8 --dp-sync '{"mode": "parameter-server", "max_staleness": 1}' --out "$tmp/ps.json"
+expect 0 "$baton" plan --check "$tmp/ps.json"
+contains "data-parallel sync parameter-server with staleness 1"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
+  --dp-sync '{"mode": "parameter-server", "max_staleness": 1}' --optimizer-sharding zero1
+contains "--dp-sync: \"parameter-server\" shards the optimizer state over its servers itself"
 
 # Nothing fits: which rank is short and by how much; exit 2.
 expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8

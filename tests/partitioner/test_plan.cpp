@@ -336,10 +336,12 @@ TEST(Plan, DpSync) {
   EXPECT_EQ(again.outer_lr, 0.5);
 
   const std::vector<std::pair<json, std::string>> bad = {
-      {"ring", "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", found \"ring\""},
+      {"ring",
+       "$.dp_sync: expected \"allreduce\", \"local-sgd\", \"gossip\" or \"parameter-server\", "
+       "found \"ring\""},
       {3,
-       "$.dp_sync: expected \"allreduce\", \"local-sgd\" or \"gossip\", or an object with \"mode\" "
-       "and its parameters, found 3"},
+       "$.dp_sync: expected \"allreduce\", \"local-sgd\", \"gossip\" or \"parameter-server\", "
+       "or an object with \"mode\" and its parameters, found 3"},
       {"local-sgd",
        "$.dp_sync: expected an object {\"mode\": \"local-sgd\", \"sync_every\": H} "
        "(local-sgd needs H), found \"local-sgd\""},
@@ -352,6 +354,17 @@ TEST(Plan, DpSync) {
        "$.dp_sync.outer_lr: outer_lr is a parameter of outer_optimizer \"nesterov\""},
       {{{"mode", "allreduce"}, {"sync_every", 2}}, "$.dp_sync.sync_every: unknown field"},
       {{{"mode", "local-sgd"}, {"sync_every", 2}, {"peers", 2}}, "$.dp_sync.peers: unknown field"},
+      {"parameter-server",
+       "$.dp_sync: expected an object {\"mode\": \"parameter-server\", \"max_staleness\": s} "
+       "(parameter-server needs its staleness bound), found \"parameter-server\""},
+      {{{"mode", "parameter-server"}}, "$.dp_sync: missing required field 'max_staleness'"},
+      {{{"mode", "parameter-server"}, {"max_staleness", -1}}, "$.dp_sync.max_staleness: expected"},
+      {{{"mode", "parameter-server"}, {"max_staleness", "1"}}, "$.dp_sync.max_staleness: expected"},
+      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 2}},
+       "$.dp_sync.ps_ranks: expected 0 (the replicas' own ranks serve the parameters; extra "
+       "server ranks are not supported), found 2"},
+      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"sync_every", 2}},
+       "$.dp_sync.sync_every: unknown field"},
   };
   for (const auto& [value, want] : bad) {
     j["dp_sync"] = value;
@@ -377,6 +390,39 @@ TEST(Plan, DpSync) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
             "\"local-sgd\" (only with \"allreduce\")");
+  j.erase("optimizer_step");
+
+  // parameter-server: written back whole; refused with zero1/zero2, a post-validated step
+  // and DualPipe (whose chunks zero1 does not shard).
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 2}};
+  Plan ps = plan_check(j).plan;
+  EXPECT_TRUE(ps.dp_sync.parameter_server());
+  EXPECT_EQ(ps.dp_sync.max_staleness, 2);
+  EXPECT_EQ(ps.dp_sync.ps_ranks, 0);
+  EXPECT_EQ(ps.sharding(), OptimizerSharding::zero1);
+  EXPECT_EQ(ps.optimizer_sharding, OptimizerSharding::none);
+  EXPECT_FALSE(ps.dp_sync.independent());
+  json ps_back = plan_to_json(ps);
+  EXPECT_EQ(ps_back["dp_sync"],
+            (json{{"mode", "parameter-server"}, {"max_staleness", 2}, {"ps_ranks", 0}}));
+  EXPECT_EQ(parse_plan(ps_back, "again.json", kDir).dp_sync.max_staleness, 2);
+  j["optimizer_sharding"] = "zero2";
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.dp_sync: \"parameter-server\" shards the optimizer state over its "
+            "servers itself; expected optimizer_sharding \"none\" (or absent), found \"zero2\"");
+  j["optimizer_sharding"] = "none";
+  EXPECT_TRUE(plan_check(j).plan.dp_sync.parameter_server());
+  j.erase("optimizer_sharding");
+  j["optimizer_step"] = "post-validated";
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
+            "\"parameter-server\" (only with \"allreduce\")");
+  j.erase("optimizer_step");
+  j["schedule"]["name"] = "dualpipe";
+  EXPECT_NE(plan_error_of(j).find("plan.json: $.dp_sync.mode: \"parameter-server\" needs a "
+                                  "schedule whose chunks live on one pipeline rank each"),
+            std::string::npos)
+      << plan_error_of(j);
 }
 
 // The data-parallel traffic per step in the estimate: local-sgd with H = 8 sends an
@@ -414,6 +460,51 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   gossip.mode = DpSync::Mode::gossip;
   gossip.peers = 2;
   EXPECT_EQ(dp_bytes_per_step(gossip, 1000, 4), 2000);  // the parameters to two partners
+}
+
+// A parameter server: allreduce's bytes per step (a push and a pull of (n - 1) / n of
+// the parameters each), zero1's optimizer state plus s pull buffers (the parameters and
+// the rank's part each), and a step no slower with staleness (the pull hidden behind the
+// compute of the next steps); its time per step on the link: the push and what s steps
+// of compute leave of the pull.
+TEST(Plan, ParameterServerInTheEstimate) {
+  json j = tiny_plan();
+  ResolvedPlan all = plan_check(j);
+  j["optimizer_sharding"] = "zero1";
+  ResolvedPlan zero = plan_check(j);
+  j.erase("optimizer_sharding");
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 0}};
+  ResolvedPlan ps0 = plan_check(j);
+  j["dp_sync"]["max_staleness"] = 2;
+  ResolvedPlan ps2 = plan_check(j);
+  Machine slow;
+  slow.dp_bandwidth = 1e6;  // a slow link: the pull is worth hiding
+  CostModel model(all.graph, slow);
+  PlanEstimate a = evaluate_plan(all, model), z = evaluate_plan(zero, model),
+               p0 = evaluate_plan(ps0, model), p2 = evaluate_plan(ps2, model);
+  ASSERT_EQ(a.ranks.size(), p2.ranks.size());
+  for (size_t k = 0; k < a.ranks.size(); ++k) {
+    EXPECT_DOUBLE_EQ(p0.ranks[k].dp_bytes, a.ranks[k].dp_bytes) << "rank " << k;
+    EXPECT_DOUBLE_EQ(p2.ranks[k].dp_bytes, a.ranks[k].dp_bytes) << "rank " << k;
+    EXPECT_EQ(p0.ranks[k].optimizer_bytes, z.ranks[k].optimizer_bytes) << "rank " << k;
+    const int64_t params = p2.ranks[k].param_bytes;
+    EXPECT_NEAR(double(p2.ranks[k].optimizer_bytes - p0.ranks[k].optimizer_bytes),
+                2 * (double(params) + double(params) / 2), 8)
+        << "rank " << k;
+  }
+  EXPECT_DOUBLE_EQ(p0.step_time, z.step_time);
+  EXPECT_LT(p2.step_time, p0.step_time);
+  EXPECT_NE(format_estimate(ps2, p2).find("parameter-server with staleness 2"), std::string::npos)
+      << format_estimate(ps2, p2);
+
+  DpSync s = ps2.plan.dp_sync;
+  const double half = all_gather_time(1e6, 4, 1e9, 1e-6);
+  EXPECT_DOUBLE_EQ(dp_time_per_step(s, 1e6, 4, 1e9, 1e-6, 1.0), half);  // the pull hidden
+  EXPECT_DOUBLE_EQ(dp_time_per_step(s, 1e6, 4, 1e9, 1e-6, 0.0), 2 * half);
+  EXPECT_DOUBLE_EQ(dp_time_per_step(s, 1e6, 4, 1e9, 1e-6, half / 4), 2 * half - half / 2);
+  s.max_staleness = 0;
+  EXPECT_DOUBLE_EQ(dp_time_per_step(s, 1e6, 4, 1e9, 1e-6, 1.0), 2 * half);
+  EXPECT_EQ(dp_bytes_per_step(s, 1000, 4), 1500);
 }
 
 // The estimate under zero1: every rank holds half the optimizer state of every parameter

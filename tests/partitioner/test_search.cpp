@@ -82,6 +82,39 @@ TEST(Search, ComparesDpSyncModesOnASlowLink) {
               1e3 * all.step_time, 1e3 * local.step_time);
 }
 
+// A parameter server on the same slow link: with staleness 0 the step costs zero1's, with
+// staleness 2 the pull hides behind two steps of compute and the step is shorter; the
+// plans found carry the field.
+TEST(Search, ParameterServerStalenessOnASlowLink) {
+  auto g = load_search_model("gpt-config-a.json");
+  Machine slow;
+  slow.dp_bandwidth = 1e7;
+  CostModel model(g, slow);
+  SearchOptions o;
+  o.devices = 2;
+  o.dp = 2;
+  o.pp = 1;
+  o.tp = 1;
+  o.schedules = {"1f1b"};
+  o.micro_batches = 2;
+  o.recompute = 0;
+  o.global_batch = 8;
+  o.optimizer_sharding = OptimizerSharding::zero1;
+  Candidate zero = search_plans(g, model, o).ranked.at(0);
+  o.optimizer_sharding = OptimizerSharding::none;
+  o.dp_sync.mode = DpSync::Mode::parameter_server;
+  o.dp_sync.max_staleness = 0;
+  Candidate ps0 = search_plans(g, model, o).ranked.at(0);
+  o.dp_sync.max_staleness = 2;
+  Candidate ps2 = search_plans(g, model, o).ranked.at(0);
+  ASSERT_TRUE(ps2.plan.dp_sync.parameter_server());
+  EXPECT_EQ(ps2.plan.dp_sync.max_staleness, 2);
+  EXPECT_DOUBLE_EQ(ps0.step_time, zero.step_time);
+  EXPECT_LT(ps2.step_time, ps0.step_time);
+  std::printf("  step time on a 10 MB/s link: parameter server s=0 %.3f ms, s=2 %.3f ms\n",
+              1e3 * ps0.step_time, 1e3 * ps2.step_time);
+}
+
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
