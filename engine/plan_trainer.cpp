@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -246,16 +247,24 @@ void init_from_hf(RankEngine& e, const std::string& dir, bool lead) {
 
 // ---- timelines ----
 
+// The events of no schedule action: the spatial split's halo receives and the rows its
+// convolutions compute while the halos are in flight.
+constexpr std::array<const char*, 4> kTraceLabels = {"HALO_F", "HALO_B", "INTERIOR_F",
+                                                     "INTERIOR_B"};
+int trace_label_index(const std::string& label) {
+  for (size_t i = 0; i < kTraceLabels.size(); ++i)
+    if (label == kTraceLabels[i]) return int(i);
+  throw std::logic_error("a timeline event with the unknown label '" + label + "'");
+}
+
 void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>& events,
                  double origin, int64_t steps, const ResolvedPlan& r, const std::string& path) {
   std::vector<double> flat;
   for (const auto& e : events) {
     flat.insert(flat.end(),
                 {double(e.rank), double(e.lane), double(int(e.kind)), double(e.micro_batch),
-                 // A halo receive (label HALO_F / HALO_B, no stage) travels as stage -2 / -3.
-                 double(e.label.empty()       ? e.stage
-                        : e.label == "HALO_F" ? -2
-                                              : -3),
+                 // A labelled event (no stage) travels as stage -2 - its label's index.
+                 double(e.label.empty() ? e.stage : -2 - trace_label_index(e.label)),
                  double(e.peer), e.start - origin, e.end - origin});
   }
   const int n = world.size();
@@ -281,7 +290,7 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
     e.micro_batch = int(all[i + 3]);
     e.stage = int(all[i + 4]);
     if (e.stage <= -2) {
-      e.label = e.stage == -2 ? "HALO_F" : "HALO_B";
+      e.label = kTraceLabels[size_t(-2 - e.stage)];
       e.stage = -1;
     }
     e.peer = int(all[i + 5]);

@@ -111,7 +111,10 @@ std::string to_chrome_trace(const Timeline& t) {
     sep();
     const std::string name =
         e.label.empty() ? event_token(e) : e.label + std::to_string(e.micro_batch);
-    const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : "HALO";
+    // Labelled events: the halo receives (HALO_F, HALO_B) and a convolution's rows computed
+    // while they are in flight (INTERIOR_F, INTERIOR_B).
+    const std::string cat = !e.label.empty() ? (e.label.starts_with("HALO") ? "HALO" : "INTERIOR")
+                                             : std::string(kind_code(e.kind));
     out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
            ", \"tid\": " + std::to_string(e.lane) +

@@ -21,7 +21,9 @@ struct TimelineEvent {
   double start = 0.0;  // in the timeline's time unit
   double end = 0.0;
   // Set: an event of no schedule action, named by it in traces (the spatial split's halo
-  // receives, "HALO_F" and "HALO_B", on lane 1 with the micro-batch number).
+  // receives, "HALO_F" and "HALO_B", on lane 1, category HALO, and its convolutions' rows
+  // computed while the halos are in flight, "INTERIOR_F" and "INTERIOR_B", on lane 0,
+  // category INTERIOR; with the micro-batch number).
   std::string label;
 };
 
