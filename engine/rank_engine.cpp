@@ -9,6 +9,7 @@
 #include "schedule/forward_only.h"
 #include "schedule/lower.h"
 #include "schedule/validate.h"
+#include "stages/ops/halo.h"
 #include "stages/param_owner.h"
 
 namespace baton::engine {
@@ -31,13 +32,27 @@ int value_index(const stages::Graph& g, int cut, const std::string& name) {
 
 }  // namespace
 
-// The spatial group's communicator, recording each halo receive (from posting it to its
-// data being there) on the executor's timeline as HALO_F / HALO_B of its micro-batch,
-// so the time the convolutions wait for halos is visible beside the compute. It reads
-// the micro-batch (mod 32) and the direction from the tag the halo_exchange op uses
-// (stages/ops/spatial.cpp: bits 2..6 and 0..1). Everything else passes through.
-class HaloTimelineComm final : public transport::Communicator {
+// The spatial group's communicator, recording each halo receive (from posting it to the
+// op finding its data there) on the executor's timeline as HALO_F / HALO_B of its
+// micro-batch, so the time the convolutions wait for halos is visible beside the compute.
+// It reads the micro-batch (mod 32) and the direction from the tag the halo messages use
+// (stages/ops/spatial.cpp: bits 2..6 and 0..1). Everything else passes through. It is
+// also the convolutions' SpatialTracer (stages/ops/halo.h): the rows a convolution
+// computes while its halo is in flight, INTERIOR_F / INTERIOR_B on the compute lane.
+class HaloTimelineComm final : public transport::Communicator, public stages::ops::SpatialTracer {
  public:
+  double now() const override { return exec_ != nullptr ? exec_->now() : 0.0; }
+  void record(const std::string& label, int micro_batch, double start, double end) override {
+    if (exec_ == nullptr) return;
+    schedule::TimelineEvent e;
+    e.lane = 0;
+    e.label = label;
+    e.micro_batch = micro_batch;
+    e.start = start;
+    e.end = end;
+    exec_->add_event(std::move(e));
+  }
+
   HaloTimelineComm(transport::CommPtr inner, std::vector<int> world)
       : in_(std::move(inner)), world_(std::move(world)) {}
   void set_executor(Executor* e) { exec_ = e; }

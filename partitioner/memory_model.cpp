@@ -116,6 +116,53 @@ class Walker {
   int64_t numel(int v) const {
     return bytes(v) / int64_t(memory::dtype_size(g_.values[size_t(v)].type.dtype));
   }
+  // A convolution with the spatial split's halo ("halo": [top, bottom]): the rows it
+  // exchanges and the output row ranges that read a halo (Conv2d::plan_halo), each with the
+  // extended input rows it reads, in bytes per row of the micro-batch.
+  struct ConvHalo {
+    int64_t top = 0, bottom = 0, in_row = 0, out_row = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // (output rows, input rows)
+  };
+  // halo_exchange's rows from above and below, and the bytes of a row of its input.
+  std::tuple<int64_t, int64_t, int64_t> halo_rows(const Node& node) const {
+    const auto& in = g_.values[size_t(node.inputs[0])].type.shape;
+    return {node.attrs.value("top", int64_t(0)), node.attrs.value("bottom", int64_t(0)),
+            w_.batch * in[0] * in[2] * dsize()};
+  }
+  ConvHalo conv_halo(const Node& node) const {
+    ConvHalo c;
+    const nlohmann::json& a = node.attrs.at("halo");
+    c.top = a.at(0).get<int64_t>();
+    c.bottom = a.at(1).get<int64_t>();
+    const auto& in = g_.values[size_t(node.inputs[0])].type.shape;
+    const auto& out = g_.values[size_t(node.outputs[0])].type.shape;
+    c.in_row = w_.batch * in[0] * in[2] * dsize();
+    c.out_row = w_.batch * out[0] * out[2] * dsize();
+    auto h_of = [&](const char* key, int64_t dflt) {
+      auto it = node.attrs.find(key);
+      if (it == node.attrs.end()) return dflt;
+      return it->is_array() ? it->at(0).get<int64_t>() : it->get<int64_t>();
+    };
+    const int64_t stride = h_of("stride", 1), dil = h_of("dilation", 1);
+    const int64_t extent = dil * (g_.params[size_t(node.params[0])].shape[2] - 1);
+    const int64_t h = in[1], oh = out[1];
+    const int64_t top_end = std::min(oh, (c.top + stride - 1) / stride);
+    const int64_t last = c.top + h - 1 - extent;
+    const int64_t bottom_begin = c.bottom == 0 ? oh
+                                 : last < 0    ? 0
+                                               : std::min(oh, last / stride + 1);
+    auto add = [&](int64_t a0, int64_t a1) {
+      if (a0 < a1) c.ranges.push_back({a1 - a0, (a1 - 1 - a0) * stride + extent + 1});
+    };
+    if (bottom_begin <= top_end) {
+      add(0, oh);
+    } else {
+      add(0, top_end);
+      add(bottom_begin, oh);
+    }
+    return c;
+  }
+
   // A collective of the tensor-parallel group: its scratch, live while it runs.
   void collective(transport::Collective c, int64_t count) {
     int64_t b =
@@ -209,6 +256,33 @@ class Walker {
       }
       outs.push_back(heap_.alloc(8));
       for (int& t : tmp) heap_.unref(t);
+    } else if (op == "halo_exchange") {
+      // Before a pooling on a tile (stages/ops/spatial.cpp): the rows sent and the rows
+      // received live with the output until the op returns.
+      const auto [top, bottom, row] = halo_rows(node);
+      std::vector<int> tmp;
+      for (int64_t r : {bottom, top, top, bottom})
+        if (r > 0) tmp.push_back(heap_.alloc(r * row));
+      fresh();
+      for (int& id : tmp) heap_.unref(id);
+    } else if (op == "conv2d" && node.attrs.contains("halo")) {
+      // The spatial split's convolution (stages/ops/vision.cpp, forward_halo): the rows it
+      // sends (a tile with neighbours on both sides) live until the halo is there, the
+      // received halo rows saved for W, the output; then each border range's strip of
+      // rows and its output rows, one range at a time.
+      const ConvHalo h = conv_halo(node);
+      std::vector<int> sends;
+      for (int64_t r : {h.bottom, h.top})
+        if (r > 0) sends.push_back(heap_.alloc(r * h.in_row));
+      for (int64_t r : {h.top, h.bottom})
+        if (r > 0) saved.push_back(heap_.alloc(r * h.in_row));
+      outs.push_back(heap_.alloc(bytes(out)));
+      for (int& id : sends) heap_.unref(id);
+      for (const auto& [rows, ext] : h.ranges) {
+        int strip = heap_.alloc(ext * h.in_row), part = heap_.alloc(rows * h.out_row);
+        heap_.unref(strip);
+        heap_.unref(part);
+      }
     } else {
       // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
       for (size_t j = 0; j < node.outputs.size(); ++j)
@@ -318,6 +392,45 @@ class Walker {
     } else if (op == "matmul") {
       for (size_t i = 0; i < 2; ++i)
         if (needed(i)) target(node.inputs[i]);
+    } else if (op == "halo_exchange") {
+      // The tile's rows of dy (a copy, handed over as the gradient), the halo rows'
+      // gradients sent (copies) and those received, each added through a copy.
+      if (needed(0)) {
+        const auto [top, bottom, row] = halo_rows(node);
+        int dx = heap_.alloc(bytes(node.inputs[0]));
+        std::vector<int> tmp;
+        for (int64_t r : {top, bottom, top, bottom})
+          if (r > 0) tmp.push_back(heap_.alloc(r * row));
+        for (int64_t r : {top, bottom})
+          if (r > 0) {
+            int part = heap_.alloc(r * row);
+            heap_.unref(part);
+          }
+        for (int& id : tmp) heap_.unref(id);
+        give(node.inputs[0], dx);
+        heap_.unref(dx);
+      }
+    } else if (op == "conv2d" && node.attrs.contains("halo") && needed(0)) {
+      // backward_input_halo: each border range's rows of dy (a copy, freed at once) and its
+      // input gradient's strip (kept: the halo rows sent are views of it), the messages
+      // (the rows sent, copied; the rows received), then the tile's gradient; after the
+      // wait each received block is added through a copy of the rows it lands on.
+      const ConvHalo h = conv_halo(node);
+      std::vector<int> tmp;
+      for (const auto& [rows, ext] : h.ranges) {
+        int dys = heap_.alloc(rows * h.out_row);
+        tmp.push_back(heap_.alloc(ext * h.in_row));
+        heap_.unref(dys);
+      }
+      for (int64_t r : {h.top, h.bottom, h.top, h.bottom})
+        if (r > 0) tmp.push_back(heap_.alloc(r * h.in_row));
+      target(node.inputs[0]);
+      for (int64_t r : {h.top, h.bottom})
+        if (r > 0) {
+          int part = heap_.alloc(r * h.in_row);
+          heap_.unref(part);
+        }
+      for (int& id : tmp) heap_.unref(id);
     } else {
       // linear, layernorm, attention, gelu, relu, softmax, active dropout: into a target.
       if (needed(0)) target(node.inputs[0]);

@@ -153,7 +153,10 @@ std::shared_ptr<Graph> build_spatial(const Graph& lg, const SpatialSplit& s, int
       };
       if (tiled_in && (n.op == "conv2d" || n.op == "maxpool2d" || n.op == "avgpool2d")) {
         const SpatialHalo& h = s.halos[size_t(id)];
-        if (h.top + h.bottom > 0) {
+        if (h.top + h.bottom > 0 && n.op == "conv2d") {
+          // The convolution exchanges its halo itself, computing the interior meanwhile.
+          attrs["halo"] = nlohmann::json::array({h.top, h.bottom});
+        } else if (h.top + h.bottom > 0) {
           nlohmann::json ha = {{"top", h.top}, {"bottom", h.bottom}};
           if (n.op == "maxpool2d") ha["fill"] = "-inf";
           const std::string name = lg.values[size_t(n.inputs[0])].name + "." + n.name + ".halo";

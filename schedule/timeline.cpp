@@ -74,6 +74,13 @@ std::string unit_name(double seconds_per_unit) {
   return "units";
 }
 
+// A labelled event's trace category: HALO, INTERIOR or INPUT.
+std::string event_category(const TimelineEvent& e) {
+  if (e.label.starts_with("HALO")) return "HALO";
+  if (e.label.starts_with("INTERIOR")) return "INTERIOR";
+  return "INPUT";
+}
+
 // A trace event's name: the action's token ("1F3"), or the label and micro-batch.
 std::string event_name(const TimelineEvent& e) {
   return e.label.empty() ? event_token(e) : e.label + std::to_string(e.micro_batch);
@@ -82,7 +89,8 @@ std::string event_name(const TimelineEvent& e) {
 }  // namespace
 
 const std::vector<std::string>& event_labels() {
-  static const std::vector<std::string> labels = {"HALO_F", "HALO_B", "LOAD", "INPUT_WAIT"};
+  static const std::vector<std::string> labels = {"HALO_F",     "HALO_B",     "LOAD",
+                                                  "INPUT_WAIT", "INTERIOR_F", "INTERIOR_B"};
   return labels;
 }
 
@@ -122,9 +130,7 @@ std::string to_chrome_trace(const Timeline& t) {
   for (const TimelineEvent& e : t.events) {
     sep();
     const std::string name = event_name(e);
-    const std::string cat = e.label.empty()                 ? std::string(kind_code(e.kind))
-                            : e.label.rfind("HALO", 0) == 0 ? "HALO"
-                                                            : "INPUT";
+    const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : event_category(e);
     out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
            ", \"tid\": " + std::to_string(e.lane) +
@@ -216,6 +222,7 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
            "\">rank " + std::to_string(r) + "</text>\n";
   for (const TimelineEvent& e : t.events) {
     if (e.lane > 1 || (e.lane != 0 && !o.communication)) continue;
+    if (e.lane == 0 && !e.label.empty() && e.label != "INPUT_WAIT") continue;  // inside an F/B
     const double x = left + e.start * scale, w = std::max(0.5, (e.end - e.start) * scale);
     const int y = top + e.rank * pitch + (e.lane == 0 ? 0 : row + 2);
     const int h = e.lane == 0 ? row : strip;

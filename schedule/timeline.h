@@ -23,10 +23,12 @@ struct TimelineEvent {
   double start = 0.0;  // in the timeline's time unit
   double end = 0.0;
   // Set: an event of no schedule action, named by it in traces, one of event_labels():
-  // the spatial split's halo receives ("HALO_F", "HALO_B") on lane 1; the loader making a
-  // micro-batch's inputs ("LOAD") on lane 2; a forward waiting for inputs the loader had
-  // not made yet ("INPUT_WAIT") on lane 0, just before that forward. Each with its
-  // micro-batch number.
+  // the spatial split's halo receives ("HALO_F", "HALO_B") on lane 1, category HALO; its
+  // convolutions' rows computed while the halos are in flight ("INTERIOR_F",
+  // "INTERIOR_B") on lane 0, inside the F or B, category INTERIOR; the loader making a
+  // micro-batch's inputs ("LOAD") on lane 2 and a forward waiting for inputs the loader
+  // had not made yet ("INPUT_WAIT") on lane 0 just before that forward, category INPUT.
+  // Each with its micro-batch number.
   std::string label;
 };
 

@@ -13,18 +13,12 @@
 
 #include "kernels/ops.h"
 #include "stages/ops/common.h"
+#include "stages/ops/halo.h"
 #include "stages/ops/registry.h"
 #include "transport/communicator.h"
 
 namespace baton::stages::ops {
 namespace {
-
-transport::Communicator& spatial_of(const OpContext& ctx, const std::string& node) {
-  if (ctx.spatial == nullptr)
-    throw RuntimeError("node '" + node +
-                       "' is a spatial-split op but the stage has no spatial communicator");
-  return *ctx.spatial;
-}
 
 // Tags of one node's messages for one micro-batch, within the 27 bits every transport
 // takes: 20 of the node name's hash, 5 of the micro-batch, 2 of the direction (messages
@@ -33,6 +27,111 @@ uint64_t halo_tag(const std::string& node, const MicroBatch& mb, int what) {
   const uint64_t h = std::hash<std::string>{}(node) & ((uint64_t(1) << 20) - 1);
   return (h << 7) | (uint64_t(mb.index & 0x1f) << 2) | uint64_t(what);
 }
+
+Shape with_rows(Shape s, int64_t rows) {
+  s[2] = rows;
+  return s;
+}
+
+}  // namespace
+
+transport::Communicator& spatial_comm(const OpContext& ctx, const std::string& node) {
+  if (ctx.spatial == nullptr)
+    throw RuntimeError("node '" + node +
+                       "' is a spatial-split op but the stage has no spatial communicator");
+  return *ctx.spatial;
+}
+
+SpatialTracer* spatial_tracer(const OpContext& ctx) {
+  return dynamic_cast<SpatialTracer*>(ctx.spatial);
+}
+
+HaloTransfer HaloTransfer::forward(const OpContext& ctx, const std::string& node, const Tensor& x,
+                                   int64_t top, int64_t bottom, double fill) {
+  transport::Communicator& g = spatial_comm(ctx, node);
+  const int r = g.rank(), s = g.size();
+  const int64_t h = x.shape()[2];
+  HaloTransfer t;
+  t.top_ = top;
+  t.bottom_ = bottom;
+  // My first `bottom` rows are the bottom halo of the rank above; my last `top` rows the
+  // top halo of the rank below.
+  if (r > 0 && bottom > 0) {
+    t.send_up_ = x.narrow(2, 0, bottom).contiguous();
+    t.work_.push_back(g.isend(t.send_up_, r - 1, halo_tag(node, ctx.mb, 0)));
+  }
+  if (r + 1 < s && top > 0) {
+    t.send_down_ = x.narrow(2, h - top, top).contiguous();
+    t.work_.push_back(g.isend(t.send_down_, r + 1, halo_tag(node, ctx.mb, 1)));
+  }
+  if (top > 0) {
+    t.above = Tensor::empty(with_rows(x.shape(), top), x.dtype(), ctx.device);
+    t.above_received = r > 0;
+    if (t.above_received)
+      t.work_.push_back(g.irecv(t.above, r - 1, halo_tag(node, ctx.mb, 1)));
+    else
+      t.above.fill_(fill);
+  }
+  if (bottom > 0) {
+    t.below = Tensor::empty(with_rows(x.shape(), bottom), x.dtype(), ctx.device);
+    t.below_received = r + 1 < s;
+    if (t.below_received)
+      t.work_.push_back(g.irecv(t.below, r + 1, halo_tag(node, ctx.mb, 0)));
+    else
+      t.below.fill_(fill);
+  }
+  return t;
+}
+
+HaloTransfer HaloTransfer::backward(const OpContext& ctx, const std::string& node,
+                                    const Tensor& d_above, const Tensor& d_below, const Shape& tile,
+                                    int64_t top, int64_t bottom) {
+  transport::Communicator& g = spatial_comm(ctx, node);
+  const int r = g.rank(), s = g.size();
+  const DType dtype = d_above.defined() ? d_above.dtype() : d_below.dtype();
+  HaloTransfer t;
+  t.top_ = top;
+  t.bottom_ = bottom;
+  if (r > 0 && top > 0) {  // my top halo came from the rank above
+    t.send_up_ = d_above.contiguous();
+    t.work_.push_back(g.isend(t.send_up_, r - 1, halo_tag(node, ctx.mb, 2)));
+  }
+  if (r + 1 < s && bottom > 0) {
+    t.send_down_ = d_below.contiguous();
+    t.work_.push_back(g.isend(t.send_down_, r + 1, halo_tag(node, ctx.mb, 3)));
+  }
+  if (r + 1 < s && top > 0) {  // my last rows were the top halo of the rank below
+    t.below = Tensor::empty(with_rows(tile, top), dtype, ctx.device);
+    t.below_received = true;
+    t.work_.push_back(g.irecv(t.below, r + 1, halo_tag(node, ctx.mb, 2)));
+  }
+  if (r > 0 && bottom > 0) {  // my first rows were the bottom halo of the rank above
+    t.above = Tensor::empty(with_rows(tile, bottom), dtype, ctx.device);
+    t.above_received = true;
+    t.work_.push_back(g.irecv(t.above, r - 1, halo_tag(node, ctx.mb, 3)));
+  }
+  return t;
+}
+
+void HaloTransfer::wait() {
+  for (auto& w : work_) w->wait();
+  work_.clear();
+  send_up_ = Tensor();
+  send_down_ = Tensor();
+}
+
+void HaloTransfer::add_received(Tensor& dx) const {
+  const int64_t h = dx.shape()[2];
+  auto add_rows = [&](int64_t first, const Tensor& rows) {
+    Tensor part = dx.narrow(2, first, rows.shape()[2]).contiguous();
+    kernels::add_inplace(part, rows);
+    dx.narrow(2, first, rows.shape()[2]).copy_from(part);
+  };
+  if (below_received) add_rows(h - top_, below);
+  if (above_received) add_rows(0, above);
+}
+
+namespace {
 
 const OpSchema& halo_schema() {
   static const OpSchema s{"halo_exchange",
@@ -71,84 +170,27 @@ class HaloExchange final : public OpBase {
   }
 
   void forward(ForwardCall& c) const override {
-    transport::Communicator& g = spatial_of(c.ctx, name_);
-    const int r = g.rank(), s = g.size();
     const Tensor& x = c.inputs[0];
+    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, top_, bottom_, fill_);
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
     y.narrow(2, top_, h_).copy_from(x);
-    std::vector<transport::WorkPtr> work;
-    Tensor up, down, from_above, from_below;
-    // My first `bottom` rows are the bottom halo of the rank above; my last `top` rows the
-    // top halo of the rank below.
-    if (r > 0 && bottom_ > 0) {
-      up = x.narrow(2, 0, bottom_).contiguous();
-      work.push_back(g.isend(up, r - 1, halo_tag(name_, c.ctx.mb, 0)));
-    }
-    if (r + 1 < s && top_ > 0) {
-      down = x.narrow(2, h_ - top_, top_).contiguous();
-      work.push_back(g.isend(down, r + 1, halo_tag(name_, c.ctx.mb, 1)));
-    }
-    Shape top_shape = x.shape(), bottom_shape = x.shape();
-    top_shape[2] = top_;
-    bottom_shape[2] = bottom_;
-    if (top_ > 0) {
-      from_above = c.alloc(top_shape, dtype_);
-      if (r > 0)
-        work.push_back(g.irecv(from_above, r - 1, halo_tag(name_, c.ctx.mb, 1)));
-      else
-        from_above.fill_(fill_);
-    }
-    if (bottom_ > 0) {
-      from_below = c.alloc(bottom_shape, dtype_);
-      if (r + 1 < s)
-        work.push_back(g.irecv(from_below, r + 1, halo_tag(name_, c.ctx.mb, 0)));
-      else
-        from_below.fill_(fill_);
-    }
-    for (auto& w : work) w->wait();
-    if (top_ > 0) y.narrow(2, 0, top_).copy_from(from_above);
-    if (bottom_ > 0) y.narrow(2, top_ + h_, bottom_).copy_from(from_below);
+    t.wait();
+    if (top_ > 0) y.narrow(2, 0, top_).copy_from(t.above);
+    if (bottom_ > 0) y.narrow(2, top_ + h_, bottom_).copy_from(t.below);
     c.outputs[0] = y;
   }
 
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
-    transport::Communicator& g = spatial_of(c.ctx, name_);
-    const int r = g.rank(), s = g.size();
     const Tensor& dy = c.grad_outputs[0];
     Tensor dx = dy.narrow(2, top_, h_).contiguous();
-    std::vector<transport::WorkPtr> work;
-    Tensor to_above, to_below, back_from_above, back_from_below;
-    if (r > 0 && top_ > 0) {  // my top halo came from the rank above
-      to_above = dy.narrow(2, 0, top_).contiguous();
-      work.push_back(g.isend(to_above, r - 1, halo_tag(name_, c.ctx.mb, 2)));
-    }
-    if (r + 1 < s && bottom_ > 0) {
-      to_below = dy.narrow(2, top_ + h_, bottom_).contiguous();
-      work.push_back(g.isend(to_below, r + 1, halo_tag(name_, c.ctx.mb, 3)));
-    }
-    Shape top_shape = dx.shape(), bottom_shape = dx.shape();
-    top_shape[2] = top_;
-    bottom_shape[2] = bottom_;
-    if (r + 1 < s && top_ > 0) {  // my last rows were the top halo of the rank below
-      back_from_below = Tensor::empty(top_shape, dtype_, c.ctx.device);
-      work.push_back(g.irecv(back_from_below, r + 1, halo_tag(name_, c.ctx.mb, 2)));
-    }
-    if (r > 0 && bottom_ > 0) {
-      back_from_above = Tensor::empty(bottom_shape, dtype_, c.ctx.device);
-      work.push_back(g.irecv(back_from_above, r - 1, halo_tag(name_, c.ctx.mb, 3)));
-    }
-    for (auto& w : work) w->wait();
-    if (back_from_below.defined()) {
-      Tensor part = dx.narrow(2, h_ - top_, top_).contiguous();
-      kernels::add_inplace(part, back_from_below);
-      dx.narrow(2, h_ - top_, top_).copy_from(part);
-    }
-    if (back_from_above.defined()) {
-      Tensor part = dx.narrow(2, 0, bottom_).contiguous();
-      kernels::add_inplace(part, back_from_above);
-      dx.narrow(2, 0, bottom_).copy_from(part);
-    }
+    Tensor d_above, d_below;
+    if (top_ > 0) d_above = dy.narrow(2, 0, top_);
+    if (bottom_ > 0) d_below = dy.narrow(2, top_ + h_, bottom_);
+    HaloTransfer t =
+        HaloTransfer::backward(c.ctx, name_, d_above, d_below, dx.shape(), top_, bottom_);
+    t.wait();
+    t.add_received(dx);
     c.grad_inputs[0].give(dx);
   }
 
@@ -184,7 +226,7 @@ class SpatialMean final : public OpBase {
   }
 
   void forward(ForwardCall& c) const override {
-    transport::Communicator& g = spatial_of(c.ctx, name_);
+    transport::Communicator& g = spatial_comm(c.ctx, name_);
     Tensor y = c.inputs[0].clone();
     g.all_reduce(y, transport::ReduceOp::sum)->wait();
     kernels::scale_inplace(y, 1.0 / double(g.size()));
@@ -194,7 +236,7 @@ class SpatialMean final : public OpBase {
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
     Tensor g = c.grad_outputs[0].clone();
-    kernels::scale_inplace(g, 1.0 / double(spatial_of(c.ctx, name_).size()));
+    kernels::scale_inplace(g, 1.0 / double(spatial_comm(c.ctx, name_).size()));
     c.grad_inputs[0].give(g);
   }
 

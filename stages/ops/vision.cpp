@@ -9,6 +9,7 @@
 
 #include "kernels/ops.h"
 #include "stages/ops/common.h"
+#include "stages/ops/halo.h"
 #include "stages/ops/registry.h"
 #include "transport/communicator.h"
 
@@ -45,9 +46,11 @@ const OpSchema& conv2d_schema() {
                           {"x"},
                           {"y"},
                           {{"weight", false}, {"bias", true}},
-                          {"stride", "padding", "dilation", "groups"},
+                          {"stride", "padding", "dilation", "groups", "halo"},
                           "2-D convolution of x [C, H, W] with weight [O, C / groups, KH, KW] "
-                          "(+ bias [O]); stride, padding, dilation: an integer or [h, w]"};
+                          "(+ bias [O]); stride, padding, dilation: an integer or [h, w]; "
+                          "halo [top, bottom]: x is a spatial tile, the rows above and below "
+                          "it come from the neighbouring tiles (no padding along the height)"};
   return s;
 }
 
@@ -62,6 +65,16 @@ class Conv2d final : public OpBase {
     opt_ = kernels::Conv2dOptions::symmetric(stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
                                              groups);
     const Shape& x = spec.inputs[0].shape;
+    if (auto a = spec.attrs.get("halo")) {
+      if (!a->is_array() || a->size() != 2)
+        a->fail("a pair [top, bottom] of halo row counts", json_brief(a->raw()));
+      top_ = a->at(size_t(0)).as_int(0, x[1]);
+      bottom_ = a->at(size_t(1)).as_int(0, x[1]);
+      if (pad[0] != 0)
+        spec.attrs.at("padding").fail(
+            "no padding along the height with a halo (the halo rows are the padding)",
+            std::to_string(pad[0]));
+    }
     const Shape& w = *spec.params[0];
     if (w.size() != 4)
       param_json(spec, "weight")
@@ -80,7 +93,8 @@ class Conv2d final : public OpBase {
     k_ = w[2] * w[3] * w[1];
     expect_param_shape(spec, schema_, 1, {o_});
     has_bias_ = spec.params[1].has_value();
-    const int64_t oh = kernels::conv_output_size(x[1], w[2], stride[0], pad[0], pad[0], dil[0]);
+    const int64_t oh =
+        kernels::conv_output_size(x[1] + top_ + bottom_, w[2], stride[0], pad[0], pad[0], dil[0]);
     const int64_t ow = kernels::conv_output_size(x[2], w[3], stride[1], pad[1], pad[1], dil[1]);
     if (oh < 1 || ow < 1)
       input_json(spec, 0).fail(
@@ -90,13 +104,16 @@ class Conv2d final : public OpBase {
           type_str(spec.inputs[0]));
     in_ = x;
     out_.push_back({{o_, oh, ow}, dtype_, true});
+    if (top_ + bottom_ > 0) plan_halo(x[1], w[2], stride[0], dil[0], oh);
   }
 
   bool saves_input(size_t) const override { return true; }
   bool weight_needs_input(size_t) const override { return true; }
   bool weight_needs_grad_outputs() const override { return true; }
+  bool weight_needs_saved() const override { return top_ + bottom_ > 0; }
 
   void forward(ForwardCall& c) const override {
+    if (top_ + bottom_ > 0) return forward_halo(c);
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
     kernels::conv2d_forward(c.inputs[0], c.params[0], c.params[1], opt_, y);
     c.outputs[0] = y;
@@ -104,6 +121,7 @@ class Conv2d final : public OpBase {
 
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    if (top_ + bottom_ > 0) return backward_input_halo(c);
     auto t = c.grad_inputs[0].target();
     kernels::conv2d_backward_input(c.grad_outputs[0], c.params[0], opt_, t.tensor, t.accumulate);
   }
@@ -113,14 +131,19 @@ class Conv2d final : public OpBase {
     ParamGrad& gw = c.grad_params[0];
     ParamGrad& gb = c.grad_params[1];
     Tensor none;
+    // With a halo: the tile with zero halo rows first (tile_opt_), then the halo rows' part.
+    const kernels::Conv2dOptions& o = top_ + bottom_ > 0 ? tile_opt_ : opt_;
     if (gw.tensor.defined() && gb.tensor.defined() && gw.accumulate == gb.accumulate) {
-      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], opt_, gw.tensor, gb.tensor,
+      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], o, gw.tensor, gb.tensor,
                                       gw.accumulate);
+      weight_halo_part(c, gw.tensor);
       return;
     }
-    if (gw.tensor.defined())
-      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], opt_, gw.tensor, none,
+    if (gw.tensor.defined()) {
+      kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], o, gw.tensor, none,
                                       gw.accumulate);
+      weight_halo_part(c, gw.tensor);
+    }
     if (gb.tensor.defined()) {
       // The bias alone: the sum of dy over the output plane (mean times its size), then
       // over the batch.
@@ -140,14 +163,148 @@ class Conv2d final : public OpBase {
     k.forward_flops = mm + (has_bias_ ? outs : 0);
     k.backward_input_flops = mm;
     k.backward_weight_flops = mm + (has_bias_ ? outs : 0);
+    if (top_ + bottom_ > 0) {
+      // The saved halo rows, and their messages (as halo_exchange's).
+      const int64_t row = batch * in_[0] * in_[2];
+      k.extra_saved_bytes = (top_ > 0 ? alloc_bytes(row * top_, dtype_) : 0) +
+                            (bottom_ > 0 ? alloc_bytes(row * bottom_, dtype_) : 0);
+      k.forward_comm_bytes = row * (top_ + bottom_) * dsize(dtype_);
+      k.backward_comm_bytes = k.forward_comm_bytes;
+    }
     return k;
   }
 
  private:
+  // ---- the spatial split's fused halo (stages/ops/halo.h, docs/partitioner.md) ----
+  // Rows of the extended tile: [0, top) the halo from above, [top, top + h) the tile,
+  // [top + h, top + h + bottom) the halo from below. Output row i reads extended rows
+  // [i s, i s + d (k - 1)]. Rows [0, top_end_) read the top halo, rows [bottom_begin_,
+  // oh) the bottom halo (the two may overlap: a tile of one row), the rows between read
+  // the tile alone (the interior). `border_` is those ranges, merged when they overlap.
+  void plan_halo(int64_t h, int64_t kh, int64_t stride, int64_t dil, int64_t oh) {
+    tile_opt_ = opt_;
+    tile_opt_.pad_top = top_;
+    tile_opt_.pad_bottom = bottom_;
+    h_ = h;
+    stride_ = stride;
+    extent_ = dil * (kh - 1);
+    const int64_t top_end = std::min(oh, (top_ + stride - 1) / stride);
+    const int64_t last =
+        top_ + h - 1 - extent_;  // the last extended row a tile-only window starts at
+    const int64_t bottom_begin = bottom_ == 0 ? oh : last < 0 ? 0 : std::min(oh, last / stride + 1);
+    if (bottom_begin <= top_end) {
+      border_.push_back({0, oh});
+    } else {
+      if (top_end > 0) border_.push_back({0, top_end});
+      if (bottom_begin < oh) border_.push_back({bottom_begin, oh});
+    }
+  }
+
+  // Output rows [first, last)'s extended input rows.
+  std::pair<int64_t, int64_t> ext_rows(std::pair<int64_t, int64_t> out) const {
+    return {out.first * stride_, (out.second - 1) * stride_ + extent_ + 1};
+  }
+
+  // Extended rows [e0, e1) of the tile x with its halos as one tensor; halo_only: the
+  // tile's rows zero (what the zero-padded tile left out).
+  Tensor gather_rows(const Tensor& x, const Tensor& above, const Tensor& below, int64_t e0,
+                     int64_t e1, bool halo_only) const {
+    Shape s = x.shape();
+    s[2] = e1 - e0;
+    Tensor out =
+        halo_only ? Tensor::zeros(s, dtype_, x.device()) : Tensor::empty(s, dtype_, x.device());
+    auto put = [&](const Tensor& src, int64_t first) {  // src holds extended rows from `first`
+      const int64_t lo = std::max(e0, first), hi = std::min(e1, first + src.shape()[2]);
+      if (lo < hi) out.narrow(2, lo - e0, hi - lo).copy_from(src.narrow(2, lo - first, hi - lo));
+    };
+    if (top_ > 0) put(above, 0);
+    if (!halo_only) put(x, top_);
+    if (bottom_ > 0) put(below, top_ + h_);
+    return out;
+  }
+
+  // Posts the halos, computes every output row with zero halo rows (exact for the
+  // interior) while they are in flight, then the border rows again from the halos.
+  void forward_halo(ForwardCall& c) const {
+    const Tensor& x = c.inputs[0];
+    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, top_, bottom_, 0.0);
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    SpatialTracer* tracer = spatial_tracer(c.ctx);
+    const double t0 = tracer != nullptr ? tracer->now() : 0.0;
+    kernels::conv2d_forward(x, c.params[0], c.params[1], tile_opt_, y);
+    if (tracer != nullptr) tracer->record("INTERIOR_F", c.ctx.mb.index, t0, tracer->now());
+    t.wait();
+    for (const auto& rows : border_) {
+      const auto [e0, e1] = ext_rows(rows);
+      Tensor strip = gather_rows(x, t.above, t.below, e0, e1, false);
+      Shape s = y.shape();
+      s[2] = rows.second - rows.first;
+      Tensor part = c.alloc(s, dtype_);
+      kernels::conv2d_forward(strip, c.params[0], c.params[1], opt_, part);
+      y.narrow(2, rows.first, s[2]).copy_from(part);
+    }
+    if (top_ > 0) c.saved.push_back(t.above);
+    if (bottom_ > 0) c.saved.push_back(t.below);
+    c.outputs[0] = y;
+  }
+
+  // The halo rows' gradients first (from the border rows of dy, small), sent while the
+  // tile's gradient is computed (every row of dy, the halo rows dropped as padding); the
+  // neighbours' gradients for this tile's rows added when they are there.
+  void backward_input_halo(BackwardCall& c) const {
+    const Tensor& dy = c.grad_outputs[0];
+    Tensor d_above, d_below;
+    for (const auto& rows : border_) {
+      const auto [e0, e1] = ext_rows(rows);
+      Shape s = dy.shape();
+      s[2] = rows.second - rows.first;
+      Tensor dys = dy.narrow(2, rows.first, s[2]).contiguous();
+      Shape xs = dy.shape();
+      xs[1] = in_[0];
+      xs[2] = e1 - e0;
+      xs[3] = in_[2];
+      Tensor dxs = c.alloc(xs, dtype_);
+      kernels::conv2d_backward_input(dys, c.params[0], opt_, dxs, false);
+      if (top_ > 0 && e0 == 0) d_above = dxs.narrow(2, 0, top_);
+      if (bottom_ > 0 && e1 == top_ + h_ + bottom_)
+        d_below = dxs.narrow(2, top_ + h_ - e0, bottom_);
+    }
+    Shape tile = dy.shape();
+    tile[1] = in_[0];
+    tile[2] = h_;
+    tile[3] = in_[2];
+    HaloTransfer t = HaloTransfer::backward(c.ctx, name_, d_above, d_below, tile, top_, bottom_);
+    auto target = c.grad_inputs[0].target();
+    SpatialTracer* tracer = spatial_tracer(c.ctx);
+    const double t0 = tracer != nullptr ? tracer->now() : 0.0;
+    kernels::conv2d_backward_input(dy, c.params[0], tile_opt_, target.tensor, target.accumulate);
+    if (tracer != nullptr) tracer->record("INTERIOR_B", c.ctx.mb.index, t0, tracer->now());
+    t.wait();
+    t.add_received(target.tensor);
+  }
+
+  // The weight gradient's part from the halo rows (the zero-padded tile's left them out):
+  // the border rows of dy against their windows with the tile's rows zero.
+  void weight_halo_part(WeightCall& c, Tensor& gw) const {
+    if (top_ + bottom_ == 0) return;
+    const Tensor above = top_ > 0 ? c.saved[0] : Tensor();
+    const Tensor below = bottom_ > 0 ? c.saved[top_ > 0 ? 1 : 0] : Tensor();
+    Tensor none;
+    for (const auto& rows : border_) {
+      const auto [e0, e1] = ext_rows(rows);
+      Tensor strip = gather_rows(c.inputs[0], above, below, e0, e1, true);
+      Tensor dys = c.grad_outputs[0].narrow(2, rows.first, rows.second - rows.first).contiguous();
+      kernels::conv2d_backward_weight(dys, strip, opt_, gw, none, true);
+    }
+  }
+
   kernels::Conv2dOptions opt_;
+  kernels::Conv2dOptions tile_opt_;  // with a halo: the halo rows as zero padding
   Shape in_;
   int64_t o_ = 0, c_ = 0, k_ = 0;
   bool has_bias_ = false;
+  int64_t top_ = 0, bottom_ = 0, h_ = 0, stride_ = 1, extent_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> border_;  // output row ranges that read a halo
 };
 
 // ---- batchnorm2d ----

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "engine_harness.h"
 #include "memory/error.h"
@@ -144,6 +145,53 @@ TEST(ConvPlans, SpatialHalosOnTheTimeline) {
     for (std::string kind : {"HALO_F", "HALO_B"})
       EXPECT_EQ(seen[std::make_pair(rank, kind)], (std::set<int>{0, 1, 2, 3}))
           << "rank " << rank << " " << kind;
+}
+
+// The convolutions compute their interior while their halos are in flight: on each rank
+// and for each micro-batch, a halo receive's interval (HALO_F, HALO_B: posting it to the
+// convolution finding its data there) overlaps the rows computed meanwhile (INTERIOR_F,
+// INTERIOR_B on the compute lane). Only that they overlap, not by how much (a loaded
+// machine).
+TEST(ConvPlans, SpatialHalosOverlapTheInterior) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  Workspace ws("conv-halo-overlap");
+  RunSettings s = conv_digits();
+  s.steps = 1;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 1;
+  run_threads(resolve_conv_spatial(p, ws, {2}), o);
+  const json trace = json::parse(std::ifstream(o.trace_path));
+  struct Span {
+    double start, end;
+  };
+  // (rank, direction F/B, micro-batch) -> the halo receives' and the interiors' intervals
+  std::map<std::tuple<int, char, int>, std::vector<Span>> halos, interiors;
+  for (const json& e : trace["traceEvents"]) {
+    const std::string cat = e.value("cat", "");
+    if (cat != "HALO" && cat != "INTERIOR") continue;
+    const std::string name = e["name"].get<std::string>();
+    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+    const char dir = name[name.find('_') + 1];
+    auto key = std::make_tuple(e["pid"].get<int>(), dir, e["args"]["micro_batch"].get<int>());
+    if (cat == "INTERIOR") {
+      EXPECT_EQ(e["tid"], 0) << name;
+      EXPECT_EQ(name.rfind("INTERIOR_", 0), 0u) << name;
+    }
+    (cat == "HALO" ? halos : interiors)[key].push_back({ts, ts + dur});
+  }
+  for (int rank : {0, 1})
+    for (char dir : {'F', 'B'})
+      for (int mb = 0; mb < 4; ++mb) {
+        const auto key = std::make_tuple(rank, dir, mb);
+        bool overlap = false;
+        for (const Span& h : halos[key])
+          for (const Span& i : interiors[key])
+            overlap = overlap || (h.start < i.end && i.start < h.end);
+        EXPECT_TRUE(overlap) << "rank " << rank << " " << dir << mb << ": " << halos[key].size()
+                             << " halo receives, " << interiors[key].size() << " interiors";
+      }
 }
 
 // Spatial 2 x DP 2, one micro-batch of 2 samples per replica. Without sync_batchnorm each

@@ -1,8 +1,9 @@
 // The spatial split: every tile of a spatial group a thread over the local transport,
-// halo exchanges before convolutions and pooling, batch-norm statistics reduced over the
+// halo exchanges for convolutions and pooling, batch-norm statistics reduced over the
 // tiles; the loss, the (summed) gradients and the running statistics equal the unsplit
-// graph's. Halo edge cases (kernel 1, 3, 5, stride 2, dilation 2, tiles of one row, max
-// and average pooling) and the tiny ResNet at spatial 2 and 4; refusals name the node.
+// graph's. Halo edge cases (kernel 1, 3, 5, stride 2, dilation 2, tiles of one row, an
+// empty interior, max and average pooling) and the tiny ResNet at spatial 2 and 4; refusals name
+// the node.
 #include <gtest/gtest.h>
 
 #include "partitioner/spatial.h"
@@ -156,6 +157,14 @@ TEST(SpatialHalo, Stride2) {
 }
 TEST(SpatialHalo, Dilation2) {
   spatial_check(chain(8, {{"conv2d", 3, 1, 2}}), 2);
+}
+// The convolution computes its interior while the halo is in flight, then the border:
+// here the interior is empty (every row reads a halo) and the halos are uneven.
+TEST(SpatialHalo, Stride2Kernel5NoInterior) {
+  spatial_check(chain(8, {{"conv2d", 5, 2}}), 4);  // top 2, bottom 1 on tiles of 2 rows
+}
+TEST(SpatialHalo, Dilation2NoInterior) {
+  spatial_check(chain(8, {{"conv2d", 3, 1, 2}}), 4);  // halos of 2 on tiles of 2
 }
 TEST(SpatialHalo, PoolingAndBatchNorm) {
   // Max pooling pads with -inf, average pooling (count_include_pad) with zeros.
