@@ -105,7 +105,7 @@ struct Bench {
 
   // Element counts: `count` is per part (all_gather input, reduce_scatter output).
   void fill(const std::string& op, size_t count) {
-    size_t total = (op == "all_gather" || op == "sendrecv") ? count : count;
+    size_t total = count;
     if (op == "reduce_scatter") total = count * size_t(n);
     for (size_t i = 0; i < total; ++i) a[i] = float((i * 7 + size_t(rank) * 13) % 101);
     std::fill(b.begin(), b.begin() + std::max(count * size_t(n), count), -1.0f);

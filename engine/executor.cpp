@@ -549,6 +549,7 @@ void Executor::finish_evaluation(StepStats& stats) {
   }
   stats.loss = 0;
   for (double x : v) stats.loss += x;
+  stats.micro_batch_losses = v;
   stats.grad_norm = 0;
   for (auto& snd : pending_->sends) snd.work->wait();
   pending_->sends.clear();
@@ -660,6 +661,7 @@ void Executor::finish_step(StepStats& stats, double t0) {
   for (size_t l = 0; l < L; ++l) norm2 += v[mine + l];
   for (size_t l = 0; l < L * blocks; ++l) all2 += v[l];
   for (size_t k = L * blocks; k < v.size(); ++k) loss += v[k];
+  stats.micro_batch_losses.assign(v.begin() + std::ptrdiff_t(L * blocks), v.end());
   // Local SGD: the replica's gradient is the mean over its own samples, `replicas` times
   // what the loss (over the whole job's targets) gave it; its own norm clips it, and the
   // step reports the root mean square of the replicas' norms (the same on every rank).

@@ -164,6 +164,8 @@ struct StepStats {
   bool skipped = false;   // the norm was not finite (an overflow): no parameter changed
   double seconds = 0;
   bool rolled_back = false;  // post-validated: the update was undone (redone clipped, or skipped)
+  // Each global micro-batch's loss (loss_slots of them, summed into `loss`).
+  std::vector<double> micro_batch_losses;
 };
 
 class Executor {

@@ -11,7 +11,6 @@ size_t dtype_size(DType t) {
     case DType::f64:
       return 8;
     case DType::bf16:
-      return 2;
     case DType::f16:
       return 2;
     case DType::i32:

@@ -38,7 +38,7 @@ std::unique_ptr<StagingBackend> cuda_staging_backend(int device) {
   return std::make_unique<CudaStaging>(device);
 }
 
-InputStager::InputStager(std::unique_ptr<StagingBackend> backend, std::vector<Field> fields,
+InputStager::InputStager(std::unique_ptr<StagingBackend> backend, const std::vector<Field>& fields,
                          int depth)
     : b_(std::move(backend)) {
   if (depth < 1)

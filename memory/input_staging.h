@@ -52,7 +52,8 @@ class InputStager {
     Shape shape;
     DType dtype;
   };
-  InputStager(std::unique_ptr<StagingBackend> backend, std::vector<Field> fields, int depth = 2);
+  InputStager(std::unique_ptr<StagingBackend> backend, const std::vector<Field>& fields,
+              int depth = 2);
   ~InputStager();
   InputStager(const InputStager&) = delete;
   InputStager& operator=(const InputStager&) = delete;

@@ -39,6 +39,17 @@ std::string layer_ref(const Graph& g, int l) {
   return "layer " + std::to_string(l) + " ('" + g.layers[size_t(l)].name + "')";
 }
 
+// A parameter several pipeline ranks hold (tied embeddings) needs one degree of the split
+// (`kind`: tensor-parallel or spatial) on all of them; `where` names the plan's field.
+void require_one_degree(const std::string& where, const Graph& g, const stages::Param& prm,
+                        const std::set<int>& degrees, const std::string& kind) {
+  if (degrees.size() <= 1) return;
+  throw InputError(where + ": parameter '" + prm.name + "' is used by " +
+                   layer_ref(g, prm.layers.front()) + " and " + layer_ref(g, prm.layers.back()) +
+                   " on pipeline ranks of different " + kind +
+                   " degrees; a tied parameter needs one degree");
+}
+
 std::string list_str(const std::vector<int>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -169,12 +180,7 @@ void resolve_spatial_split(ResolvedPlan& r) {
       for (int k = 0; k < S; ++k)
         if (l >= r.chunk_first[size_t(k)] && l < r.chunk_last[size_t(k)])
           degrees.insert(p.spatial_of(chunk_pp[size_t(k)]));
-    if (degrees.size() > 1)
-      throw InputError(p.where("$.stages") + ": parameter '" + prm.name + "' is used by " +
-                       layer_ref(g, prm.layers.front()) + " and " +
-                       layer_ref(g, prm.layers.back()) +
-                       " on pipeline ranks of different spatial degrees; a tied parameter needs "
-                       "one degree");
+    require_one_degree(p.where("$.stages"), g, prm, degrees, "spatial");
   }
 }
 
@@ -237,12 +243,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   for (const stages::Param& prm : g.params) {
     std::set<int> degrees;
     for (int l : prm.layers) degrees.insert(r.layer_tp[size_t(l)]);
-    if (degrees.size() > 1)
-      throw InputError(p.where("$.parallel.tp") + ": parameter '" + prm.name + "' is used by " +
-                       layer_ref(g, prm.layers.front()) + " and " +
-                       layer_ref(g, prm.layers.back()) +
-                       " on pipeline ranks of different tensor-parallel degrees; a tied parameter "
-                       "needs one degree");
+    require_one_degree(p.where("$.parallel.tp"), g, prm, degrees, "tensor-parallel");
   }
   resolve_spatial_split(r);
   if (!p.boundaries.is_null()) {

@@ -309,6 +309,22 @@ class ShardingPass {
     for (int v : g_.nodes[size_t(node)].outputs)
       if (s_.values[size_t(v)].split) s_.values[size_t(v)] = ValueShard{};
   }
+  // A row split's output: partial sums all-reduced, the bias (whole) added after.
+  void row_split_output(int node) {
+    const Node& n = g_.nodes[size_t(node)];
+    NodeShard& ns = s_.nodes[size_t(node)];
+    ns.kind = SplitKind::row;
+    ns.reduce_output = true;
+    ns.bias_after_reduce = n.params.size() > 1 && n.params[1] >= 0;
+    if (ns.bias_after_reduce) set_param(node, 1, -1, 1, {});
+    out_replicated(node);
+  }
+  // Not split: the whole input, replicated parameters and output.
+  void keep_whole(int node) {
+    need_whole(node, 0);
+    replicate_params(node);
+    out_replicated(node);
+  }
   void out_split(int node, int t, SplitPattern p, int dim = -1) {
     for (int v : g_.nodes[size_t(node)].outputs) s_.values[size_t(v)] = ValueShard{true, t, p, dim};
   }
@@ -397,13 +413,8 @@ class ShardingPass {
         override_error(node, "row split of " + node_ref(node) +
                                  " needs its input split over the last dimension, but '" + in_name +
                                  "' is replicated (split the linear before it by columns)");
-      ns.kind = SplitKind::row;
-      const SplitPattern& p = s_.values[size_t(n.inputs[0])].pattern;
-      set_param(node, 0, in_out ? 0 : 1, t, p);
-      ns.reduce_output = true;
-      ns.bias_after_reduce = n.params.size() > 1 && n.params[1] >= 0;
-      if (ns.bias_after_reduce) set_param(node, 1, -1, 1, {});
-      out_replicated(node);
+      set_param(node, 0, in_out ? 0 : 1, t, s_.values[size_t(n.inputs[0])].pattern);
+      row_split_output(node);
       return;
     }
     if (kind == SplitKind::column) {
@@ -431,9 +442,7 @@ class ShardingPass {
       out_split(node, t, p);
       return;
     }
-    need_whole(node, 0);
-    replicate_params(node);
-    out_replicated(node);
+    keep_whole(node);
   }
 
   // conv2d: by output channels (column) from a replicated input, by input channels (row)
@@ -468,11 +477,7 @@ class ShardingPass {
                                  " needs its input split by channels, but '" + in_name +
                                  "' is not (split the convolution before it by columns)");
       set_param(node, 0, 1, t, s_.values[size_t(in_v)].pattern);
-      ns.kind = SplitKind::row;
-      ns.reduce_output = true;
-      ns.bias_after_reduce = n.params.size() > 1 && n.params[1] >= 0;
-      if (ns.bias_after_reduce) set_param(node, 1, -1, 1, {});
-      out_replicated(node);
+      row_split_output(node);
       return;
     }
     if (kind == SplitKind::column) {
@@ -504,9 +509,7 @@ class ShardingPass {
       out_split(node, t, p, 0);
       return;
     }
-    need_whole(node, 0);
-    replicate_params(node);
-    out_replicated(node);
+    keep_whole(node);
   }
 
   void visit_attention(int node, const SplitKind* o) {

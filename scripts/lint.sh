@@ -6,6 +6,11 @@
 #   scripts/lint.sh                  both checks on every C++ file git tracks
 #   scripts/lint.sh --since REV      both checks on the C++ files changed since REV
 #                                    (committed, staged or not; added files included)
+#   scripts/lint.sh --tidy [BASE]    only clang-tidy: on every file, or with BASE (a
+#                                    revision) on the files changed since BASE, its findings
+#                                    kept to those files (what CI runs, BASE from
+#                                    .ci/tidy-base); a changed header brings the .cpp of
+#                                    its name when the build compiles one
 #   scripts/lint.sh --format-only    only clang-format (seconds)
 #   scripts/lint.sh --tidy-only      only clang-tidy
 #   scripts/lint.sh --build DIR      the build folder whose compile_commands.json clang-tidy
@@ -17,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-since="" build="build/release" do_format=1 do_tidy=1 jobs="$(nproc)" named=()
+since="" build="build/release" do_format=1 do_tidy=1 jobs="$(nproc)" named=() only_changed=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --since) since="${2:?--since needs a revision}"; shift 2 ;;
@@ -25,7 +30,15 @@ while [ $# -gt 0 ]; do
     -j) jobs="${2:?-j needs a number}"; shift 2 ;;
     --format-only) do_tidy=0; shift ;;
     --tidy-only) do_format=0; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --tidy)
+      do_format=0; shift
+      # An optional BASE: the next word when it names a commit and no file.
+      if [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && [ ! -f "$1" ]; then
+        git rev-parse --verify --quiet "$1^{commit}" >/dev/null ||
+          { echo "lint.sh: --tidy: no revision '$1' (a shallow clone lacks old commits)" >&2; exit 2; }
+        since="$1" only_changed=1; shift
+      fi ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "lint.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     *) [ -f "$1" ] || { echo "lint.sh: no file '$1'" >&2; exit 2; }; named+=("$1"); shift ;;
   esac
@@ -70,21 +83,49 @@ if [ "$do_tidy" = 1 ]; then
   tidy="$(find_tool clang-tidy)"
   db="$build/compile_commands.json"
   [ -f "$db" ] || { echo "lint.sh: $db missing: configure first (cmake --preset release)" >&2; exit 2; }
-  # Only translation units the build compiles; headers are checked through them.
-  mapfile -t units < <(python3 - "$db" "${files[@]}" <<'PY'
-import json, os, sys
-compiled = {os.path.realpath(e["file"]) for e in json.load(open(sys.argv[1]))}
-for f in sys.argv[2:]:
-    if os.path.realpath(f) in compiled:
-        print(f)
+  # Only translation units the build compiles; headers are checked through them. A unity
+  # build (CI's) compiles batches that #include the sources: each source gets its batch's
+  # command, in a compile database of the units' own made for this run.
+  dbdir="$(mktemp -d)"
+  trap 'rm -rf "$dbdir"' EXIT
+  mapfile -t units < <(python3 - "$db" "$dbdir/compile_commands.json" "${files[@]}" <<'PY'
+import json, os, re, sys
+entries = json.load(open(sys.argv[1]))
+by_file = {}
+for e in entries:
+    src = os.path.realpath(os.path.join(e["directory"], e["file"]))
+    by_file[src] = e
+    if re.search(r"unity_[0-9]+_cxx\.cxx$", src) and os.path.exists(src):
+        for inc in re.findall(r'^#include "([^"]+)"', open(src).read(), re.M):
+            inc = os.path.realpath(os.path.join(os.path.dirname(src), inc))
+            cmd = e.get("command") or " ".join(e["arguments"])
+            by_file.setdefault(inc, {"directory": e["directory"], "file": inc,
+                                     "command": cmd.replace(e["file"], inc)})
+seen, out = set(), []
+for f in sys.argv[3:]:
+    # A header stands for the translation unit of its name (foo.h: foo.cpp), if any.
+    stem, ext = os.path.splitext(f)
+    for u in [f] if ext in (".cpp", ".cc", ".cu") else [stem + ".cpp", stem + ".cc"]:
+        real = os.path.realpath(u)
+        if real in by_file and u not in seen:
+            seen.add(u)
+            out.append(dict(by_file[real], file=real))
+            print(u)
+json.dump(out, open(sys.argv[2], "w"))
 PY
   )
+  # With a base, the findings are kept to the changed files: a finding in a header the
+  # submission did not touch is not its business.
+  filter=()
+  if [ "$only_changed" = 1 ]; then
+    filter=("--line-filter=$(python3 -c 'import json, sys; print(json.dumps([{"name": f} for f in sys.argv[1:]]))' "${files[@]}")")
+  fi
   echo "== clang-tidy: ${#units[@]} of the files are compiled translation units"
   if [ ${#units[@]} -gt 0 ]; then
-    # GCC-only warning flags in the compile commands are not clang-tidy's business.
+    # GCC-only warning flags and pragmas (#pragma GCC ivdep) are not clang-tidy's business.
     if ! printf '%s\0' "${units[@]}" |
-        xargs -0 -n 1 -P "$jobs" "$tidy" -p "$build" --quiet \
-          --extra-arg=-Wno-unknown-warning-option 2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2); then
+        xargs -0 -n 1 -P "$jobs" "$tidy" -p "$dbdir" --quiet "${filter[@]}" \
+          --extra-arg=-Wno-unknown-warning-option --extra-arg=-Wno-unknown-pragmas 2> >(grep -v '^[0-9]* warnings\? generated\.$' >&2); then
       echo "lint.sh: clang-tidy: the checks above fired (.clang-tidy lists them)" >&2
       status=1
     fi

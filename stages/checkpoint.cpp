@@ -731,8 +731,7 @@ void load_hf_gpt2(const std::string& dir, Stage& stage) {
 
 void save_hf_gpt2(const std::string& dir, const Stage& stage) {
   const Graph& g = stage.graph();
-  JsonReader cfg(g.config, g.source);
-  Gpt2Config c = cfg.has("model_type") ? parse_hf_gpt2_config(cfg) : parse_gpt2_shorthand(cfg);
+  const json hf = hf_config_of(g, DType::f32);  // the export's config (stages/hf.h)
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RuntimeError(dir + ": cannot create: " + ec.message());
@@ -740,22 +739,6 @@ void save_hf_gpt2(const std::string& dir, const Stage& stage) {
   for (int id : stage.param_ids())
     tensors.push_back({g.params[size_t(id)].name, stage.param(id).to(DType::f32)});
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  json hf = {{"model_type", "gpt2"},
-             {"architectures", {"GPT2LMHeadModel"}},
-             {"n_layer", c.n_layer},
-             {"n_head", c.n_head},
-             {"n_embd", c.n_embd},
-             {"n_positions", c.n_positions},
-             {"n_ctx", c.n_positions},
-             {"vocab_size", c.vocab_size},
-             {"n_inner", c.n_inner > 0 ? json(c.n_inner) : json(nullptr)},
-             {"activation_function", "gelu_new"},
-             {"layer_norm_epsilon", c.layer_norm_epsilon},
-             {"initializer_range", c.initializer_range},
-             {"embd_pdrop", c.embd_pdrop},
-             {"resid_pdrop", c.resid_pdrop},
-             {"attn_pdrop", c.attn_pdrop},
-             {"tie_word_embeddings", true}};
   memory::write_file_durably(dir + "/config.json", hf.dump(2) + "\n");
 }
 

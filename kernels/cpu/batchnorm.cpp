@@ -84,6 +84,31 @@ void grad_sums(const T* dy, const T* x, T mean, T rstd, int64_t n, int64_t c, in
 }
 }  // namespace
 
+namespace {
+// One channel's input gradient from its sums over the batch (count elements):
+// dx = w rstd (dy - sum_dy / count - xhat sum_dy_xhat / count).
+template <class T>
+void batchnorm_dx_channel(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                          double sum_dy, double sum_dy_xhat, double count, T* dx, int64_t n,
+                          int64_t c, int64_t plane, int64_t ch, bool accumulate) {
+  const double r = double(rstd[ch]), mu = double(mean[ch]);
+  const T k1 = T(double(w[ch]) * r), k0 = T(sum_dy / count);
+  const T k2 = T(sum_dy_xhat / count * r), m = T(mu);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* d = dy + (i * c + ch) * plane;
+    const T* p = x + (i * c + ch) * plane;
+    T* q = dx + (i * c + ch) * plane;
+    if (accumulate) {
+#pragma GCC ivdep
+      for (int64_t k = 0; k < plane; ++k) q[k] += k1 * (d[k] - k0 - (p[k] - m) * k2);
+    } else {
+#pragma GCC ivdep
+      for (int64_t k = 0; k < plane; ++k) q[k] = k1 * (d[k] - k0 - (p[k] - m) * k2);
+    }
+  }
+}
+}  // namespace
+
 template <class T>
 void batchnorm_backward_input(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                               T* dx, int64_t n, int64_t c, int64_t plane, bool accumulate) {
@@ -91,48 +116,19 @@ void batchnorm_backward_input(const T* dy, const T* x, const T* w, const T* mean
   parallel_tasks(c, [&](int64_t ch) {
     double sdy = 0, sdyx = 0;
     grad_sums(dy, x, mean[ch], rstd[ch], n, c, plane, ch, sdy, sdyx);
-    // dx = w rstd (dy - mean(dy) - xhat mean(dy xhat))
-    const double r = double(rstd[ch]), mu = double(mean[ch]);
-    const T k1 = T(double(w[ch]) * r), k0 = T(sdy / count);
-    const T k2 = T(sdyx / count * r), m = T(mu);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* d = dy + (i * c + ch) * plane;
-      const T* p = x + (i * c + ch) * plane;
-      T* q = dx + (i * c + ch) * plane;
-      if (accumulate) {
-#pragma GCC ivdep
-        for (int64_t k = 0; k < plane; ++k) q[k] += k1 * (d[k] - k0 - (p[k] - m) * k2);
-      } else {
-#pragma GCC ivdep
-        for (int64_t k = 0; k < plane; ++k) q[k] = k1 * (d[k] - k0 - (p[k] - m) * k2);
-      }
-    }
+    batchnorm_dx_channel(dy, x, w, mean, rstd, sdy, sdyx, count, dx, n, c, plane, ch, accumulate);
   });
 }
 
-// The same with the sums over the whole batch given (reduced over a spatial group):
-// dx = w rstd (dy - sum_dy / count - xhat sum_dy_xhat / count).
+// The same with the sums over the whole batch given (reduced over a spatial group).
 template <class T>
 void batchnorm_backward_input_sums(const T* dy, const T* x, const T* w, const T* mean,
                                    const T* rstd, const T* sum_dy, const T* sum_dy_xhat,
                                    double count, T* dx, int64_t n, int64_t c, int64_t plane,
                                    bool accumulate) {
   parallel_tasks(c, [&](int64_t ch) {
-    const double r = double(rstd[ch]), mu = double(mean[ch]);
-    const T k1 = T(double(w[ch]) * r), k0 = T(double(sum_dy[ch]) / count);
-    const T k2 = T(double(sum_dy_xhat[ch]) / count * r), m = T(mu);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* d = dy + (i * c + ch) * plane;
-      const T* p = x + (i * c + ch) * plane;
-      T* q = dx + (i * c + ch) * plane;
-      if (accumulate) {
-#pragma GCC ivdep
-        for (int64_t k = 0; k < plane; ++k) q[k] += k1 * (d[k] - k0 - (p[k] - m) * k2);
-      } else {
-#pragma GCC ivdep
-        for (int64_t k = 0; k < plane; ++k) q[k] = k1 * (d[k] - k0 - (p[k] - m) * k2);
-      }
-    }
+    batchnorm_dx_channel(dy, x, w, mean, rstd, double(sum_dy[ch]), double(sum_dy_xhat[ch]), count,
+                         dx, n, c, plane, ch, accumulate);
   });
 }
 

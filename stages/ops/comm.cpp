@@ -163,17 +163,9 @@ const OpSchema& vpce_schema() {
 class VocabParallelCrossEntropy final : public OpBase {
  public:
   explicit VocabParallelCrossEntropy(const OpSpec& spec) : OpBase(vpce_schema(), spec) {
-    expect_float_input(spec, 0, 1);
-    expect_int_input(spec, 1);
-    const Shape& l = spec.inputs[0].shape;
-    Shape lead(l.begin(), l.end() - 1);
-    if (spec.inputs[1].shape != lead)
-      input_json(spec, 1).fail("targets of shape " + type_str({lead, spec.inputs[1].dtype}),
-                               type_str(spec.inputs[1]));
-    v_ = l.back();
+    v_ = check_cross_entropy_inputs(spec, rows_);
     vocab_size_ = spec.attrs.at("vocab_size").as_int(v_, INT64_MAX);
     offset_ = spec.attrs.get_int("vocab_offset", 0, 0, vocab_size_ - v_);
-    rows_ = numel_of(lead);
     out_.push_back({{}, DType::f64, false});
   }
 

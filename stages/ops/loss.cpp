@@ -18,6 +18,18 @@ double loss_denominator(const OpContext& ctx, const Tensor& targets) {
   return n > 0 ? n : 1;
 }
 
+int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows) {
+  expect_float_input(spec, 0, 1);
+  expect_int_input(spec, 1);
+  const Shape& l = spec.inputs[0].shape;
+  Shape lead(l.begin(), l.end() - 1);
+  if (spec.inputs[1].shape != lead)
+    input_json(spec, 1).fail("targets of shape " + type_str({lead, spec.inputs[1].dtype}),
+                             type_str(spec.inputs[1]));
+  rows = numel_of(lead);
+  return l.back();
+}
+
 Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
   // Summed in double in row order: the same bits whatever the thread count or the plan.
   std::vector<double> rows = losses.to(memory::Device::cpu()).to(DType::f64).to_vector<double>();
@@ -44,15 +56,7 @@ const OpSchema& ce_schema() {
 class CrossEntropy final : public OpBase {
  public:
   explicit CrossEntropy(const OpSpec& spec) : OpBase(ce_schema(), spec) {
-    expect_float_input(spec, 0, 1);
-    expect_int_input(spec, 1);
-    const Shape& l = spec.inputs[0].shape;
-    Shape lead(l.begin(), l.end() - 1);
-    if (spec.inputs[1].shape != lead)
-      input_json(spec, 1).fail("targets of shape " + type_str({lead, spec.inputs[1].dtype}),
-                               type_str(spec.inputs[1]));
-    v_ = l.back();
-    rows_ = numel_of(lead);
+    v_ = check_cross_entropy_inputs(spec, rows_);
     out_.push_back({{}, DType::f64, false});
   }
 

@@ -148,16 +148,24 @@ engine::PlanTrainOptions train_options(const Workspace&, const RunSettings& s) {
   return o;
 }
 
+engine::TrainOptions one_process_options(const Workspace& ws, const RunSettings& s, int64_t batch,
+                                         int64_t micro_batches) {
+  engine::TrainOptions o;
+  static_cast<engine::LoopOptions&>(o) = loop_options(s);
+  o.model_path = ws.path("model.json");
+  o.batch = batch;
+  o.micro_batches = micro_batches;
+  return o;
+}
+
 std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws,
                                               const RunSettings& s) {
   kernels::set_num_threads(1);
   plan_json(p, ws);  // writes model.json
-  engine::TrainOptions o;
-  static_cast<engine::LoopOptions&>(o) = loop_options(s);
-  o.model_path = ws.path("model.json");
-  o.batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
-  o.micro_batches = int64_t(p.dp) * p.micro_batches;
-  return engine::run_training(o).records;
+  return engine::run_training(
+             one_process_options(ws, s, int64_t(p.dp) * p.micro_batches * p.micro_batch_size,
+                                 int64_t(p.dp) * p.micro_batches))
+      .records;
 }
 
 void expect_steps_match(const std::vector<engine::StepRecord>& got,

@@ -62,6 +62,10 @@ struct RunSettings {
 
 // The loop options of both runs (no logging).
 engine::LoopOptions loop_options(const RunSettings& s);
+// The one-process trainer's options: the model written in `ws`, `batch` samples a step
+// in `micro_batches` micro-batches.
+engine::TrainOptions one_process_options(const Workspace& ws, const RunSettings& s, int64_t batch,
+                                         int64_t micro_batches);
 std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace& ws,
                                               const RunSettings& s);
 // Runs every rank as a thread; returns rank 0's records and checks every rank reported

@@ -2,9 +2,11 @@
 // processes started and found by pid, and the loss logs they write.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +69,26 @@ inline std::vector<LossLine> read_loss_log(const std::string& path) {
         {j["step"].get<int64_t>(), j["loss"].get<double>(), j["grad_norm"].get<double>()});
   }
   return out;
+}
+
+// Two loss logs of `steps` steps each: the same steps, loss and gradient norm equal bit for
+// bit, or within 1e-5 relative (EXPECT, naming the step).
+inline void expect_loss_logs_match(const std::string& got_path, const std::string& want_path,
+                                   bool bitwise, int64_t steps) {
+  std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
+  ASSERT_EQ(int64_t(want.size()), steps);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].step, want[i].step);
+    if (bitwise) {
+      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
+      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
+    } else {
+      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm)
+          << "step " << i + 1;
+    }
+  }
 }
 
 // Starts argv (argv[0] a path) with stdout and stderr into `out`; returns the child's pid.

@@ -33,11 +33,7 @@ std::vector<engine::StepRecord> checkpoint_train(const PlanSpec& p, Workspace& w
     PlanSpec whole = p;
     whole.tp = {1};
     plan_json(whole, ws);
-    engine::TrainOptions o;
-    static_cast<engine::LoopOptions&>(o) = loop_options(s);
-    o.model_path = ws.path("model.json");
-    o.batch = 8;
-    o.micro_batches = 4;
+    engine::TrainOptions o = one_process_options(ws, s, 8, 4);
     o.checkpoint_dir = ckpt;
     o.resume = resume;
     return engine::run_training(o).records;

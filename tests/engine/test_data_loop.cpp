@@ -77,11 +77,7 @@ std::vector<engine::StepRecord> data_loop_one_process(const Workspace& ws,
   s.steps = 12;
   s.configure = [&](engine::LoopOptions& o) { token_run(o, prefix); };
   kernels::set_num_threads(1);
-  engine::TrainOptions o;
-  static_cast<engine::LoopOptions&>(o) = loop_options(s);
-  o.model_path = ws.path("model.json");
-  o.batch = 4;
-  o.micro_batches = 2;
+  engine::TrainOptions o = one_process_options(ws, s, 4, 2);
   o.checkpoint_dir = ckpt;
   o.checkpoint_every = 3;
   o.resume = resume;

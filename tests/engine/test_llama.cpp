@@ -116,11 +116,7 @@ TEST(LlamaCheckpoint, ResumesUnderAnotherPlan) {
   o.resume = true;
   const std::vector<engine::StepRecord> b = run_threads(resolve(after, ws), o);
   // And one process from the same checkpoint.
-  engine::TrainOptions one;
-  static_cast<engine::LoopOptions&>(one) = loop_options(s);
-  one.model_path = ws.path("model.json");
-  one.batch = 8;
-  one.micro_batches = 4;
+  engine::TrainOptions one = one_process_options(ws, s, 8, 4);
   one.checkpoint_dir = ws.path("ckpt-one");
   one.resume = true;
   const std::vector<engine::StepRecord> c = engine::run_training(one).records;
@@ -223,11 +219,8 @@ TEST(LlamaInitFrom, PlanMatchesOneProcess) {
   RunSettings s;
   s.steps = 4;
   auto plan = resolve(p, ws);
-  engine::TrainOptions one;
-  static_cast<engine::LoopOptions&>(one) = loop_options(s);
-  one.model_path = ws.path("model.json");
-  one.batch = p.micro_batches * p.micro_batch_size;
-  one.micro_batches = p.micro_batches;
+  engine::TrainOptions one =
+      one_process_options(ws, s, p.micro_batches * p.micro_batch_size, p.micro_batches);
   kernels::set_num_threads(1);
   const std::vector<engine::StepRecord> fresh = engine::run_training(one).records;
   one.init_from = dir;

@@ -22,24 +22,6 @@
 namespace baton::engine_testing {
 namespace {
 
-void compare(const std::string& got_path, const std::string& want_path, bool bitwise,
-             int64_t steps) {
-  std::vector<LossLine> got = read_loss_log(got_path), want = read_loss_log(want_path);
-  ASSERT_EQ(int64_t(want.size()), steps);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(got[i].step, want[i].step);
-    if (bitwise) {
-      EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
-      EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << "step " << i + 1;
-    } else {
-      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-5 * std::abs(want[i].loss)) << "step " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm)
-          << "step " << i + 1;
-    }
-  }
-}
-
 // The one-process run of the same model, seed, data and global batch.
 void reference(const Workspace& ws, int64_t batch, int64_t micro_batches, int64_t steps,
                const std::string& log) {
@@ -63,7 +45,7 @@ void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, 
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   reference(ws, int64_t(p.dp) * p.micro_batches * p.micro_batch_size,
             int64_t(p.dp) * p.micro_batches, steps, ws.path("reference.jsonl"));
-  compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
+  expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
 }
 
 TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
@@ -139,7 +121,7 @@ TEST(Processes, PlanFromBatonPlan) {
         ws.path("plan.jsonl");
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   reference(ws, dp * m * b, dp * m, 20, ws.path("reference.jsonl"));
-  compare(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
+  expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
 }
 
 // ---- kill -9 of the whole job, then --resume ----
@@ -236,7 +218,7 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   std::printf("%s\n", out.find("resumed from") != std::string::npos
                           ? "resumed from a checkpoint"
                           : "no complete checkpoint: started over");
-  compare(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
+  expect_loss_logs_match(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
 }
 
 // ---- a rank dies in the middle of a step ----

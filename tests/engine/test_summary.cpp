@@ -20,11 +20,7 @@ TEST(Summary, OneProcess) {
   RunSettings s;
   s.steps = 3;
   plan_json(p, ws);  // writes model.json
-  engine::TrainOptions o;
-  static_cast<engine::LoopOptions&>(o) = loop_options(s);
-  o.model_path = ws.path("model.json");
-  o.batch = 4;
-  o.micro_batches = 2;
+  engine::TrainOptions o = one_process_options(ws, s, 4, 2);
   o.loss_log = ws.path("loss.jsonl");
   o.summary_path = ws.path("summary.json");
   engine::TrainSummary run = engine::run_training(o);

@@ -18,12 +18,6 @@ using stages::DType;
 using stages::Graph;
 using namespace testing;
 
-std::shared_ptr<Graph> conv_split_load(const json& m, DType dtype) {
-  stages::LoadOptions o;
-  o.float_dtype = dtype;
-  return std::make_shared<Graph>(stages::load_model_json(m, "model.json", o));
-}
-
 // Stem 3x3 (stride 1) + max pooling, two stages of one basic block (the second with a
 // stride-2 downsample), 4 classes, 2-channel 8x8 images.
 json tiny_resnet() {
@@ -90,23 +84,6 @@ json general() {
       {"loss", "loss"}};
 }
 
-void conv_split_expect_same(const RunOutput& want, const RunOutput& got, double tol) {
-  ASSERT_EQ(want.losses.size(), got.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
-        << "micro-batch " << i;
-  ASSERT_EQ(want.params.size(), got.params.size());
-  for (const auto& [name, t] : want.params) {
-    ASSERT_TRUE(got.params.count(name)) << name;
-    EXPECT_EQ(rel_diff(got.params.at(name), t), 0.0) << "initial " << name;
-    EXPECT_LE(rel_diff(got.grads.at(name), want.grads.at(name)), tol) << "gradient of " << name;
-    // batch norm's running statistics, moved by every training forward
-    EXPECT_LE(rel_diff(got.final_params.at(name), want.final_params.at(name)), tol)
-        << "final " << name;
-  }
-  EXPECT_LE(got.replica_mismatch, tol);
-}
-
 SplitKind kind_of(const Graph& g, const Sharding& s, const std::string& node) {
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (g.nodes[i].name == node) return s.nodes[i].kind;
@@ -127,13 +104,13 @@ class ConvSplit : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
 
 TEST_P(ConvSplit, MatchesLogicalGraph) {
   auto [which, dtype, tp] = GetParam();
-  auto g = conv_split_load(which == 0 ? tiny_resnet() : general(), dtype);
+  auto g = load_in_dtype(which == 0 ? tiny_resnet() : general(), dtype);
   SCOPED_TRACE(std::string(which == 0 ? "resnet" : "general") + " tp=" + std::to_string(tp) + " " +
                std::string(memory::dtype_name(dtype)));
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  conv_split_expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
+  expect_same_run(want, got, dtype == DType::f64 ? 1e-11 : 1e-5, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ConvSplit,
@@ -145,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ConvSplit,
 // (then tp_reduce); the stem and the downsample feed a residual add and stay whole; the
 // classifier takes global_avgpool's channel split by rows.
 TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
-  auto g = conv_split_load(tiny_resnet(), DType::f32);
+  auto g = load_in_dtype(tiny_resnet(), DType::f32);
   Sharding s = plan_sharding(*g, std::vector<int>(size_t(g->num_layers()), 2), {}, "test");
   EXPECT_EQ(kind_of(*g, s, "conv1"), SplitKind::none);
   for (std::string b : {"layer1.0.", "layer2.0."}) {
@@ -169,7 +146,7 @@ TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
   EXPECT_EQ(rm.shape, (std::vector<int64_t>{2}));
 
   // The general graph: a by columns, g by whole groups, b by rows (bias after the reduce).
-  auto h = conv_split_load(general(), DType::f32);
+  auto h = load_in_dtype(general(), DType::f32);
   Sharding t = plan_sharding(*h, std::vector<int>(size_t(h->num_layers()), 2), {}, "test");
   EXPECT_EQ(kind_of(*h, t, "a"), SplitKind::column);
   EXPECT_EQ(kind_of(*h, t, "g"), SplitKind::column);
@@ -180,29 +157,29 @@ TEST(ConvSplit, PairsABasicBlockLikeTheMlp) {
 // Overrides: the block kept whole, a channel split gathered (tp_gather along the channels),
 // the classifier by rows after a channel-split global_avgpool.
 TEST(ConvSplit, OverridesMatchLogicalGraph) {
-  auto g = conv_split_load(tiny_resnet(), DType::f64);
+  auto g = load_in_dtype(tiny_resnet(), DType::f64);
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   SplitOverrides ov;
   ov.kinds["layer1.0.conv1"] = SplitKind::none;  // then conv2 runs whole too
   ov.kinds["layer2.0.conv2"] = SplitKind::none;  // conv1's channel split gathered
-  conv_split_expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
+  expect_same_run(want, run_tensor_parallel(g, 2, ov, spec), 1e-11, true);
 
-  auto h = conv_split_load(general(), DType::f64);
+  auto h = load_in_dtype(general(), DType::f64);
   RunOutput want_h = run_logical(h, spec);
   SplitOverrides ov2;
   ov2.kinds["b"] = SplitKind::none;  // the grouped conv's split gathered before b
-  conv_split_expect_same(want_h, run_tensor_parallel(h, 2, ov2, spec), 1e-11);
+  expect_same_run(want_h, run_tensor_parallel(h, 2, ov2, spec), 1e-11, true);
   SplitOverrides ov3;
   ov3.kinds["a"] = SplitKind::none;
   ov3.kinds["b"] = SplitKind::column;  // b's split passes maxpool and global_avgpool: fc by rows
   Sharding s3 = plan_sharding(*h, {2, 2}, ov3, "test");
   EXPECT_EQ(kind_of(*h, s3, "fc"), SplitKind::row);
-  conv_split_expect_same(want_h, run_tensor_parallel(h, 2, ov3, spec), 1e-11);
+  expect_same_run(want_h, run_tensor_parallel(h, 2, ov3, spec), 1e-11, true);
 }
 
 TEST(ConvSplit, RefusesImpossibleSplits) {
-  auto g = conv_split_load(tiny_resnet(), DType::f32);
+  auto g = load_in_dtype(tiny_resnet(), DType::f32);
   SplitOverrides ov;
   ov.kinds["conv1"] = SplitKind::row;
   ov.where["conv1"] = "plan.json: $.splits.conv1";
@@ -226,7 +203,7 @@ TEST(ConvSplit, RefusesImpossibleSplits) {
   EXPECT_NE(e.find("layer1.0.conv1"), std::string::npos) << e;
 
   // The grouped conv: no row split; TP 8 does not divide its 4 groups.
-  auto h = conv_split_load(general(), DType::f32);
+  auto h = load_in_dtype(general(), DType::f32);
   ov.kinds = {{"g", SplitKind::row}};
   ov.where = {{"g", "plan.json: $.splits.g"}};
   e = conv_split_error_of(*h, 2, ov);

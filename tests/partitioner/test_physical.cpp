@@ -25,9 +25,7 @@ std::shared_ptr<Graph> physical_gpt(DType dtype, double pdrop, int64_t heads = 4
   c.context = 5;
   c.vocab_size = 12;
   c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = pdrop;
-  stages::LoadOptions o;
-  o.float_dtype = dtype;
-  return std::make_shared<Graph>(stages::load_model_json(c.to_json(), "tiny-gpt", o));
+  return load_in_dtype(c.to_json(), dtype, "tiny-gpt");
 }
 
 std::shared_ptr<Graph> mlp(DType dtype, std::vector<int64_t> hidden) {
@@ -36,9 +34,7 @@ std::shared_ptr<Graph> mlp(DType dtype, std::vector<int64_t> hidden) {
   c.vocab_size = 16;
   c.n_embd = 8;
   c.hidden = hidden;
-  stages::LoadOptions o;
-  o.float_dtype = dtype;
-  return std::make_shared<Graph>(stages::load_model_json(stages::mlp_graph_json(c), "mlp", o));
+  return load_in_dtype(stages::mlp_graph_json(c), dtype, "mlp");
 }
 
 // A tiny LLaMA: 4 query heads over `kv` key/value heads (split when TP divides them,
@@ -56,24 +52,7 @@ std::shared_ptr<Graph> llama(DType dtype, int64_t kv, bool tied, bool bias) {
                       {"rope_theta", 100.0},
                       {"tie_word_embeddings", tied},
                       {"attention_bias", bias}};
-  stages::LoadOptions o;
-  o.float_dtype = dtype;
-  return std::make_shared<Graph>(stages::load_model_json(m, "tiny-llama", o));
-}
-
-void physical_expect_same(const RunOutput& want, const RunOutput& got, double tol) {
-  ASSERT_EQ(want.losses.size(), got.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
-        << "micro-batch " << i;
-  ASSERT_EQ(want.params.size(), got.params.size());
-  for (const auto& [name, t] : want.params) {
-    ASSERT_TRUE(got.params.count(name)) << name;
-    // Initialisation from (seed, name, block): shards are bit-identical to their blocks.
-    EXPECT_EQ(rel_diff(got.params.at(name), t), 0.0) << "initial " << name;
-    EXPECT_LE(rel_diff(got.grads.at(name), want.grads.at(name)), tol) << "gradient of " << name;
-  }
-  EXPECT_LE(got.replica_mismatch, tol);
+  return load_in_dtype(m, dtype, "tiny-llama");
 }
 
 struct Case {
@@ -100,7 +79,7 @@ TEST_P(PhysicalGraph, MatchesLogicalGraph) {
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  physical_expect_same(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
+  expect_same_run(want, got, dtype == DType::f64 ? 1e-11 : 1e-5);
 }
 
 class PhysicalLlama : public ::testing::TestWithParam<std::tuple<int, int>> {};
@@ -122,7 +101,7 @@ TEST_P(PhysicalLlama, MatchesLogicalGraph) {
   RunSpec spec;
   RunOutput want = run_logical(g, spec);
   RunOutput got = run_tensor_parallel(g, tp, {}, spec);
-  physical_expect_same(want, got, 1e-11);
+  expect_same_run(want, got, 1e-11);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PhysicalLlama,
@@ -180,7 +159,7 @@ TEST(PhysicalGraph, RecomputeAndOverrides) {
   ov.kinds["h.1.mlp.c_fc"] = SplitKind::none;  // then h.1.mlp.c_proj runs replicated too
   ov.kinds["wte"] = SplitKind::none;
   ov.kinds["lm_head"] = SplitKind::none;
-  physical_expect_same(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
+  expect_same_run(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
 }
 
 }  // namespace

@@ -23,20 +23,26 @@ std::shared_ptr<const Graph> load_search_model(const std::string& name) {
       stages::load_model(std::string(BATON_SOURCE_DIR) + "/examples/models/" + name));
 }
 
+// A search with the degrees (0: searched), the schedule and the micro-batches per replica
+// fixed, no recompute.
+SearchOptions search_fixed(int devices, int dp, int pp, int tp, const std::string& schedule,
+                           int micro_batches, int64_t global_batch) {
+  return {.devices = devices,
+          .tp = tp,
+          .pp = pp,
+          .dp = dp,
+          .schedules = {schedule},
+          .micro_batches = micro_batches,
+          .global_batch = global_batch,
+          .recompute = 0};
+}
+
 // With optimizer_sharding zero1 the search's data-parallel plans carry the field, and
 // their peaks (the search's own, and the exact evaluation's) are lower than unsharded.
 TEST(Search, KnowsTheShardedOptimizer) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
-  SearchOptions o;
-  o.devices = 2;
-  o.dp = 2;
-  o.pp = 1;
-  o.tp = 1;
-  o.schedules = {"1f1b"};
-  o.micro_batches = 2;
-  o.recompute = 0;
-  o.global_batch = 8;
+  SearchOptions o = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
   Candidate none = search_plans(g, model, o).ranked.at(0);
   o.optimizer_sharding = OptimizerSharding::zero1;
   Candidate zero = search_plans(g, model, o).ranked.at(0);
@@ -61,15 +67,7 @@ TEST(Search, ComparesDpSyncModesOnASlowLink) {
   Machine slow;
   slow.dp_bandwidth = 1e7;  // 10 MB/s between replicas
   CostModel model(g, slow);
-  SearchOptions o;
-  o.devices = 2;
-  o.dp = 2;
-  o.pp = 1;
-  o.tp = 1;
-  o.schedules = {"1f1b"};
-  o.micro_batches = 2;
-  o.recompute = 0;
-  o.global_batch = 8;
+  SearchOptions o = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
   Candidate all = search_plans(g, model, o).ranked.at(0);
   o.dp_sync.mode = DpSync::Mode::local_sgd;
   o.dp_sync.sync_every = 8;
@@ -141,12 +139,9 @@ TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
 TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
-  SearchOptions o;
-  o.devices = 2;
-  o.pp = 2;
-  o.global_batch = 16;
-  o.micro_batches = 8;
-  o.schedules = {"gpipe"};  // every micro-batch in flight: recompute pays off most
+  // gpipe: every micro-batch in flight, recompute pays off most.
+  SearchOptions o{
+      .devices = 2, .pp = 2, .schedules = {"gpipe"}, .micro_batches = 8, .global_batch = 16};
   SearchResult free = search_plans(g, model, o);
   ASSERT_FALSE(free.ranked.empty());
   const Candidate& fast = free.ranked.front();
@@ -170,14 +165,7 @@ TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
 TEST(Search, KeepsWhatTheUserFixes) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
-  SearchOptions o;
-  o.devices = 8;
-  o.global_batch = 16;
-  o.tp = 2;
-  o.pp = 2;
-  o.schedules = {"zb-h1"};
-  o.micro_batches = 4;
-  o.recompute = 0;
+  SearchOptions o = search_fixed(8, 0, 2, 2, "zb-h1", 4, 16);
   o.layers_per_stage = {2, 4};
   SearchResult res = search_plans(g, model, o);
   ASSERT_FALSE(res.ranked.empty());
@@ -205,14 +193,7 @@ TEST(Search, CutBalancesEmbeddingAndHeadByTheirCost) {
   c.vocab_size = 16384;
   auto g = std::make_shared<const Graph>(stages::load_model_json(c.to_json(), "big-vocab"));
   CostModel model(g, Machine{});
-  SearchOptions o;
-  o.devices = 2;
-  o.pp = 2;
-  o.tp = 1;
-  o.global_batch = 8;
-  o.micro_batches = 8;
-  o.schedules = {"1f1b"};
-  o.recompute = 0;
+  SearchOptions o = search_fixed(2, 0, 2, 1, "1f1b", 8, 8);
   SearchResult res = search_plans(g, model, o);
   ASSERT_FALSE(res.ranked.empty());
   const Plan& p = res.ranked.front().plan;

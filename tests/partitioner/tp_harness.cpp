@@ -1,12 +1,16 @@
 #include "tp_harness.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <exception>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "engine/rank_engine.h"
 #include "kernels/ops.h"
+#include "stages/model.h"
 #include "transport/local.h"
 
 namespace baton::partitioner::testing {
@@ -105,6 +109,31 @@ double rel_diff(const Tensor& a, const Tensor& b) {
     m = std::max(m, std::abs(y[i]));
   }
   return d / m;
+}
+
+void expect_same_run(const RunOutput& want, const RunOutput& got, double tol, bool final_params) {
+  ASSERT_EQ(want.losses.size(), got.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], tol * std::abs(want.losses[i]))
+        << "micro-batch " << i;
+  ASSERT_EQ(want.params.size(), got.params.size());
+  for (const auto& [name, t] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << name;
+    EXPECT_EQ(rel_diff(got.params.at(name), t), 0.0) << "initial " << name;
+    EXPECT_LE(rel_diff(got.grads.at(name), want.grads.at(name)), tol) << "gradient of " << name;
+    if (final_params) {
+      EXPECT_LE(rel_diff(got.final_params.at(name), want.final_params.at(name)), tol)
+          << "final " << name;
+    }
+  }
+  EXPECT_LE(got.replica_mismatch, tol);
+}
+
+std::shared_ptr<Graph> load_in_dtype(const nlohmann::json& model, memory::DType dtype,
+                                     const std::string& name) {
+  stages::LoadOptions o;
+  o.float_dtype = dtype;
+  return std::make_shared<Graph>(stages::load_model_json(model, name, o));
 }
 
 RunOutput run_logical(std::shared_ptr<const Graph> g, const RunSpec& spec) {
@@ -253,232 +282,85 @@ RunOutput run_spatial(std::shared_ptr<const Graph> g, int degree, const RunSpec&
   return out;
 }
 
-}  // namespace baton::partitioner::testing
-
-// ---- a whole plan ----
-
-#include "partitioner/groups.h"
-#include "partitioner/routing.h"
-
-namespace baton::partitioner::testing {
+// ---- a whole plan, through the engine ----
 
 namespace {
 
-uint64_t transfer_tag(int64_t mb, int stage, const Transfer& t, int value_index) {
-  uint64_t phase = t.phase == Transfer::Phase::activation ? 0 : 1;
-  return ((((uint64_t(mb) * 32 + uint64_t(stage)) * 2 + phase) * 8 + uint64_t(value_index)) * 16) +
-         uint64_t(t.part);
-}
-
-class RankRunner {
- public:
-  RankRunner(const ResolvedPlan& r, int rank, transport::Communicator& world, const RunSpec& spec)
-      : r_(r), rank_(rank), world_(world), spec_(spec) {}
-
-  void run(RunOutput& out, std::mutex& mu, std::vector<double>& losses) {
-    RankView view = rank_view(r_, rank_);
-    pg_ = physical_graph(r_, rank_);
-    std::shared_ptr<transport::Communicator> tp;
-    if (view.tp_degree > 1) tp = world_.split(view.tp_group);
-    for (const RankStage& st : view.stages) {
-      StageOptions o;
-      o.seed = spec_.seed;
-      o.recompute_layers = st.recompute;
-      o.tp = tp.get();
-      stages_[st.stage] = std::make_unique<Stage>(pg_, st.first_layer, st.last_layer, o);
-      stages_[st.stage]->zero_grad();
-    }
-    const int M = r_.plan.micro_batches, d = view.coord.dp;
-    RunSpec global = spec_;
-    global.micro_batches = M * r_.plan.dp;
-    global.samples = r_.plan.micro_batch_size;
-    // A bidirectional schedule sends micro-batch i down the stages of its direction only.
-    auto runs = [&](int s, int i) {
-      return schedule::stage_direction(r_.schedule, s) ==
-             schedule::micro_batch_direction(r_.schedule, i);
-    };
-    for (int i = 0; i < M; ++i) {
-      int64_t mb = int64_t(d) * M + i;
-      for (auto& [s, st] : stages_)
-        if (runs(s, i)) forward(s, *st, mb, global, losses);
-    }
-    for (int i = 0; i < M; ++i) {
-      int64_t mb = int64_t(d) * M + i;
-      for (auto it = stages_.rbegin(); it != stages_.rend(); ++it)
-        if (runs(it->first, i)) backward(it->first, *it->second, mb);
-    }
-    for (auto& w : pending_) w->wait();
-    pending_.clear();
-    keep_.clear();
-    for (auto& [s, st] : stages_) st->finish_grads();
-    reduce_gradients();
-    std::lock_guard<std::mutex> lock(mu);
-    collect(out);
-  }
-
- private:
-  bool is_mine(int stage) const { return stages_.count(stage) > 0; }
-  int next_of(int s) const { return schedule::next_stage(r_.schedule, s); }
-  int prev_of(int s) const { return schedule::prev_stage(r_.schedule, s); }
-
-  int value_index(int stage, const std::string& name) const {
-    const stages::Graph& g = *r_.graph;
-    auto cut = g.cut_values(r_.chunk_last[size_t(r_.chunk_of_stage[size_t(stage)])]);
-    for (size_t i = 0; i < cut.size(); ++i)
-      if (g.values[size_t(cut[i])].name == name) return int(i);
-    return 0;
-  }
-
-  // Receives what crosses the boundary after `boundary` in `phase`, assembling parts.
-  TensorMap receive(int boundary, Transfer::Phase phase, int64_t mb) {
-    TensorMap in;
-    std::vector<transport::WorkPtr> works;
-    std::vector<Tensor> slices;
-    for (const Transfer& t : boundary_transfers(r_, rank_, boundary)) {
-      if (t.kind != Transfer::Kind::recv || t.phase != phase) continue;
-      if (!in.count(t.value)) {
-        const stages::Value& v = pg_->value(t.value);
-        in[t.value] = Tensor::empty(v.type.with_batch(r_.plan.micro_batch_size), v.type.dtype);
-      }
-      Tensor& full = in[t.value];
-      auto [b, e] = part_range(full.numel(), full.size(-1), t.part, t.parts);
-      slices.push_back(full.view({full.numel()}).narrow(0, b, e - b));
-      works.push_back(world_.irecv(slices.back(), t.peer,
-                                   transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
-    }
-    for (auto& w : works) w->wait();
-    return in;
-  }
-
-  void send(int boundary, Transfer::Phase phase, int64_t mb, const TensorMap& values) {
-    for (const Transfer& t : boundary_transfers(r_, rank_, boundary)) {
-      if (t.kind != Transfer::Kind::send || t.phase != phase) continue;
-      const Tensor& full = values.at(t.value);
-      auto [b, e] = part_range(full.numel(), full.size(-1), t.part, t.parts);
-      Tensor slice = full.contiguous().view({full.numel()}).narrow(0, b, e - b);
-      keep_.push_back(slice);
-      pending_.push_back(world_.isend(
-          slice, t.peer, transfer_tag(mb, boundary, t, value_index(boundary, t.value))));
-    }
-  }
-
-  void forward(int s, Stage& st, int64_t mb, const RunSpec& global, std::vector<double>& losses) {
-    TensorMap in = make_inputs(*r_.graph, global, int(mb));
-    int prev = prev_of(s);
-    if (prev >= 0) {
-      TensorMap got = is_mine(prev) ? local_out_.at({prev, mb})
-                                    : receive(prev, Transfer::Phase::activation, mb);
-      in.insert(got.begin(), got.end());
-    }
-    TensorMap out = st.forward(micro_batch(global, int(mb), *r_.graph), in);
-    int next = next_of(s);
-    if (next < 0) {
-      if (rank_ == r_.layout.rank(r_.layout.coord(rank_).dp, r_.layout.coord(rank_).pp, 0))
-        losses[size_t(mb)] = out.at(r_.graph->values[size_t(r_.graph->loss)].name)
-                                 .to(memory::DType::f64)
-                                 .to_vector<double>()[0];
-      return;
-    }
-    if (is_mine(next))
-      local_out_[{s, mb}] = out;
-    else
-      send(s, Transfer::Phase::activation, mb, out);
-  }
-
-  void backward(int s, Stage& st, int64_t mb) {
-    TensorMap grads;
-    int next = next_of(s);
-    if (next >= 0)
-      grads = is_mine(next) ? local_grad_.at({s, mb}) : receive(s, Transfer::Phase::gradient, mb);
-    TensorMap gin = st.backward(mb, grads);
-    int prev = prev_of(s);
-    if (prev < 0) return;
-    if (is_mine(prev))
-      local_grad_[{prev, mb}] = gin;
-    else
-      send(prev, Transfer::Phase::gradient, mb, gin);
-  }
-
-  void reduce_gradients() {
-    std::map<std::vector<int>, std::shared_ptr<transport::Communicator>> comms;
-    for (const GradientGroup& gg : gradient_groups(r_, rank_)) {
-      // The parameter's gradient: summed over this rank's stages holding it first.
-      int id = pg_->find_param(gg.name);
-      Tensor total;
-      for (int s : gg.local_stages) {
-        const Tensor& g = stages_.at(s)->grad(id);
-        if (!total.defined())
-          total = g.clone();
-        else
-          kernels::add_inplace(total, g);
-      }
-      if (gg.ranks.size() > 1) {
-        auto it = comms.find(gg.ranks);
-        if (it == comms.end()) it = comms.emplace(gg.ranks, world_.split(gg.ranks)).first;
-        it->second->all_reduce(total, transport::ReduceOp::sum)->wait();
-      }
-      grads_[gg.name] = total;
-    }
-  }
-
-  void collect(RunOutput& out) {
-    for (auto& [s, st] : stages_)
-      for (int id : st->param_ids()) {
-        const stages::Param& p = pg_->params[size_t(id)];
-        for (int which = 0; which < 2; ++which) {
-          auto& dst = which == 0 ? out.params : out.grads;
-          const Tensor& local = which == 0 ? st->param(id) : grads_.at(p.name);
-          if (!dst.count(p.name)) {
-            dst[p.name] = Tensor::zeros(p.logical_shape, memory::DType::f64);
-            place(dst.at(p.name), p, local);
-            continue;
-          }
-          // Already placed by another rank: a replicated parameter or another rank's
-          // copy of the same block must agree; another block fills its place.
-          if (!p.is_shard()) {
-            out.replica_mismatch = std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
-          } else {
-            place(dst.at(p.name), p, local);
-          }
+// One rank of the plan: engine::RankEngine (the executor on the plan's lowered schedule)
+// runs one step; its parameters are taken before it, its gradients after the reductions
+// (before the optimizer changes anything), the micro-batches' losses from the step.
+void run_plan_rank(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
+                   const RunSpec& spec, RunOutput& out, std::mutex& mu,
+                   std::vector<double>& losses) {
+  const ResolvedPlan& r = *plan;
+  RunSpec global = spec;
+  global.micro_batches = r.plan.micro_batches * r.plan.dp;
+  global.samples = r.plan.micro_batch_size;
+  engine::RankEngineOptions o;
+  o.seed = spec.seed;
+  o.inputs = [&r, global](const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                          TensorMap& in) {
+    TensorMap all = make_inputs(*r.graph, global, int(mb.sample_offset / mb.samples));
+    for (const std::string& name : names) in[name] = all.at(name);
+  };
+  engine::RankEngine engine(plan, std::move(world), o);
+  const stages::Graph& pg = engine.graph();
+  std::map<std::string, Tensor> params, grads;
+  for (const auto& [s, st] : engine.stages())
+    for (int id : st->param_ids())
+      params[pg.params[size_t(id)].name] = to_f64(st->param(id)).clone();
+  engine.executor().set_before_optimizer([&](int64_t) {
+    for (const auto& [s, st] : engine.stages())  // every holder has the reduced sum
+      for (int id : st->param_ids())
+        grads[pg.params[size_t(id)].name] = to_f64(st->grad(id)).clone();
+  });
+  const engine::StepStats stats = engine.step(3);
+  std::lock_guard<std::mutex> lock(mu);
+  if (engine.rank() == 0) losses = stats.micro_batch_losses;
+  for (const auto& [s, st] : engine.stages())
+    for (int id : st->param_ids()) {
+      const stages::Param& p = pg.params[size_t(id)];
+      for (int which = 0; which < 2; ++which) {
+        auto& dst = which == 0 ? out.params : out.grads;
+        const Tensor& local = which == 0 ? params.at(p.name) : grads.at(p.name);
+        if (!dst.count(p.name)) {
+          dst[p.name] = Tensor::zeros(p.logical_shape, memory::DType::f64);
+          place(dst.at(p.name), p, local);
+          continue;
         }
+        // Already placed by another rank or stage: a replicated parameter or another
+        // copy of the same block must agree; another block fills its place.
+        if (!p.is_shard())
+          out.replica_mismatch = std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));
+        else
+          place(dst.at(p.name), p, local);
       }
-  }
-
-  const ResolvedPlan& r_;
-  int rank_;
-  transport::Communicator& world_;
-  const RunSpec& spec_;
-  std::shared_ptr<stages::Graph> pg_;
-  std::map<int, std::unique_ptr<Stage>> stages_;
-  std::map<std::pair<int, int64_t>, TensorMap> local_out_, local_grad_;
-  std::vector<transport::WorkPtr> pending_;
-  std::vector<Tensor> keep_;
-  std::map<std::string, Tensor> grads_;
-};
+    }
+}
 
 }  // namespace
 
 RunOutput run_plan(const ResolvedPlan& r, const RunSpec& spec) {
   kernels::set_num_threads(1);
+  auto plan = std::make_shared<const ResolvedPlan>(r);
   const int world_size = r.layout.world();
   std::vector<transport::CommPtr> world = transport::make_local_world(world_size);
   RunOutput out;
   std::mutex mu;
   std::exception_ptr error;
-  std::vector<double> losses(size_t(r.plan.dp * r.plan.micro_batches), 0.0);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank)
     threads.emplace_back([&, rank] {
       try {
-        RankRunner(r, rank, *world[size_t(rank)], spec).run(out, mu, losses);
+        run_plan_rank(plan, world[size_t(rank)], spec, out, mu, out.losses);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();
       }
+      world[size_t(rank)].reset();  // a failed rank leaves: the others' waits fail too
     });
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
-  out.losses = losses;
   return out;
 }
 

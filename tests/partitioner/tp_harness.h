@@ -1,6 +1,7 @@
-// Runs a logical graph on one thread and its tensor-parallel physical graphs on t threads
-// (the local transport backend), and returns losses, parameters and gradients with the
-// shards put back together, so tests can compare them.
+// Runs a logical graph on one thread, its tensor-parallel (or spatial) physical graphs on
+// t threads (one Stage each, the local transport backend), and whole plans through the
+// engine, and returns losses, parameters and gradients with the shards put back together,
+// so tests can compare them.
 #pragma once
 
 #include <map>
@@ -43,14 +44,27 @@ RunOutput run_tensor_parallel(std::shared_ptr<const stages::Graph> g, int tp,
 // gradient reduction would), the others must be equal on every rank.
 RunOutput run_spatial(std::shared_ptr<const stages::Graph> g, int degree, const RunSpec& spec);
 
-// Runs a whole plan with every rank a thread of a local world: each rank builds its
-// physical graph and Stages, moves activations and gradients across pipeline boundaries
-// exactly as boundary_transfers() says, sums gradients over gradient_groups(), and the
-// replicas' micro-batches are micro-batches dp * M of one global batch (GPipe order).
-// Compare with run_logical(g, {dp * M micro-batches of micro_batch_size samples}).
+// Runs one step of a whole plan through the engine, every rank a thread of a local world
+// (engine::RankEngine: its physical graph and Stages, the executor on the plan's lowered
+// schedule, boundary routes and gradient groups); the replicas' micro-batches are
+// micro-batches dp * M of one global batch. Returns the initial parameters, the reduced
+// gradients (before the optimizer step) and the micro-batches' losses. Compare with
+// run_logical(g, {dp * M micro-batches of micro_batch_size samples}).
 RunOutput run_plan(const ResolvedPlan& plan, const RunSpec& spec);
 
 // max |a - b| / max(max |b|, tiny) over the elements.
 double rel_diff(const memory::Tensor& a, const memory::Tensor& b);
+
+// A split run `got` against the logical graph's `want` (EXPECT): the losses within `tol`
+// relative; the same parameters, bit for bit at the start (initialisation from (seed,
+// name, block): shards are bit-identical to their blocks); the gradients within `tol`;
+// with `final_params`, the parameters after the micro-batches too (batch norm's running
+// statistics, moved by every training forward); replicated tensors within `tol`.
+void expect_same_run(const RunOutput& want, const RunOutput& got, double tol,
+                     bool final_params = false);
+
+// A model JSON loaded with its floating-point tensors in `dtype`.
+std::shared_ptr<stages::Graph> load_in_dtype(const nlohmann::json& model, memory::DType dtype,
+                                             const std::string& name = "model.json");
 
 }  // namespace baton::partitioner::testing
