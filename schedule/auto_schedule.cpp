@@ -601,13 +601,12 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
           have_costs = false;  // the limit cannot hold a micro-batch
           break;
         }
-        const std::string name = std::string("zb-greedy") +
-                                 (pol.forwards_fit_before_first_b ? " fit" : "") +
-                                 (pol.fill_small_waits ? "" : " leave-small") +
-                                 (pol.first_stage_drains_w ? "" : " no-drain") +
-                                 (delta != 0 ? " warm-up" + std::string(delta > 0 ? "+" : "") +
-                                                   std::to_string(delta)
-                                             : "");
+        const std::string name =
+            std::string("zb-greedy") + (pol.forwards_fit_before_first_b ? " fit" : "") +
+            (pol.fill_small_waits ? "" : " leave-small") +
+            (pol.first_stage_drains_w ? "" : " no-drain") +
+            (delta != 0 ? " warm-up" + std::string(delta > 0 ? "+" : "") + std::to_string(delta)
+                        : "");
         Simulator sim(s, name);
         consider(std::move(s), sim.run(costs), name);
       }
