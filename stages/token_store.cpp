@@ -300,6 +300,16 @@ void TokenStore::read(int64_t pos, int64_t n, int64_t* out) const {
       int64_t* o = out + (s.pos - pos);
       if constexpr (sizeof(T) == 1) {
         for (int64_t i = 0; i < s.n; ++i) o[i] = int64_t(T(b[i]));
+      } else if constexpr (std::is_floating_point_v<T>) {
+        // Megatron's float dtypes: only a whole number in int64's range converts (anything
+        // else, NaN or 1e46, is no token id and its conversion undefined).
+        for (int64_t i = 0; i < s.n; ++i) {
+          const double v = double(load<T>(b + i * int64_t(sizeof(T))));
+          if (!(v >= -9.2e18 && v <= 9.2e18) || v != std::floor(v))
+            throw InputError(name_ + ": token " + num(v) + " at " + where(s.pos + i) +
+                             " is not a token id (a whole number)");
+          o[i] = int64_t(v);
+        }
       } else {
         for (int64_t i = 0; i < s.n; ++i) o[i] = int64_t(load<T>(b + i * int64_t(sizeof(T))));
       }

@@ -292,6 +292,15 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
   write_megatron(p, {{{{1, 2.5}}}}, {.code = 7});
   data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(10); },
                           {"token 2.5 at position 1", "not a whole number"});
+  // Reading a float dataset before any vocabulary check (baton data inspect's samples):
+  // a value that is no whole number in int64's range is an error, not a conversion
+  // (found by fuzz_token_index: 1e46 in a float64 index).
+  write_megatron(p, {{{{1, -5.85e46, 3}}}}, {.code = 6});
+  data_expect_input_error([&] { read_all(*TokenStore::open_megatron(p)); },
+                          {p + ".bin: token", "at position 1", "not a token id"});
+  write_megatron(p, {{{{1, 2, 2.5}}}}, {.code = 7});
+  data_expect_input_error([&] { read_all(*TokenStore::open_megatron(p)); },
+                          {"at position 2", "not a token id"});
   // A long clean run, then one bad token: the block scan finds exactly it.
   std::vector<double> many(100000, 5.0);
   many[77777] = 50;
