@@ -127,18 +127,25 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
   return sf;
 }
 
+// This rank's shard of `kind` (a data-parallel mode's own state) when the checkpoint's
+// train section records it under `key` with this plan's layout `want`; null otherwise.
+const stages::ShardFile* own_state_shard(const RankEngine& e, const stages::Manifest& m,
+                                         const char* key, const nlohmann::json& want,
+                                         const char* kind) {
+  if (!m.train.is_object() || !m.train.contains(key) || m.train[key] != want) return nullptr;
+  for (const stages::ShardFile& f : m.shards)
+    if (f.kind == kind && f.rank == e.rank()) return &f;
+  return nullptr;
+}
+
 // Restores what save_local_sgd wrote for this rank, when the checkpoint has it under the
 // same layout; otherwise every replica starts from the checkpoint's parameters (the
 // first replica's) as its anchor, with no momentum.
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
   detail::LocalSgd* ls = e.executor().local_sgd();
-  const nlohmann::json want = local_sgd_layout(e.plan());
-  const bool same =
-      m.train.is_object() && m.train.contains("local_sgd") && m.train["local_sgd"] == want;
-  const stages::ShardFile* mine = nullptr;
-  for (const stages::ShardFile& f : m.shards)
-    if (f.kind == "local-sgd" && f.rank == e.rank()) mine = &f;
-  if (!same || mine == nullptr) {
+  const stages::ShardFile* mine =
+      own_state_shard(e, m, "local_sgd", local_sgd_layout(e.plan()), "local-sgd");
+  if (mine == nullptr) {
     if (lead)
       spdlog::warn(
           "{}/manifest.json: no local SGD state for this plan's layout; every replica resumes "
@@ -215,13 +222,9 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
 // the masters too), with a warning.
 void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
                            bool lead) {
-  const nlohmann::json want = parameter_server_layout(e.plan());
-  const bool same = m.train.is_object() && m.train.contains("parameter_server") &&
-                    m.train["parameter_server"] == want;
-  const stages::ShardFile* mine = nullptr;
-  for (const stages::ShardFile& f : m.shards)
-    if (f.kind == "parameter-server" && f.rank == e.rank()) mine = &f;
-  if (!same || mine == nullptr) {
+  const stages::ShardFile* mine = own_state_shard(
+      e, m, "parameter_server", parameter_server_layout(e.plan()), "parameter-server");
+  if (mine == nullptr) {
     if (lead)
       spdlog::warn(
           "{}/manifest.json: no parameter-server pulls for this plan's layout; the replicas "
