@@ -299,7 +299,9 @@ void TokenStore::read(int64_t pos, int64_t n, int64_t* out) const {
       const unsigned char* b = s.bytes;
       int64_t* o = out + (s.pos - pos);
       if constexpr (sizeof(T) == 1) {
-        for (int64_t i = 0; i < s.n; ++i) o[i] = int64_t(T(b[i]));
+        // int8 tokens are signed: the sign extension is meant.
+        for (int64_t i = 0; i < s.n; ++i)
+          o[i] = int64_t(T(b[i]));  // NOLINT(bugprone-signed-char-misuse)
       } else if constexpr (std::is_floating_point_v<T>) {
         // Megatron's float dtypes: only a whole number in int64's range converts (anything
         // else, NaN or 1e46, is no token id and its conversion undefined).
