@@ -1,4 +1,5 @@
 // The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
+#include <algorithm>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -56,7 +57,14 @@ void connect_retrying(TcpStore::Impl& s, const tcp::resolver::results_type& endp
                       std::chrono::steady_clock::time_point deadline, milliseconds timeout) {
   constexpr auto kAgain = milliseconds(50), kBeside = milliseconds(500);
   constexpr size_t kMaxAttempts = 8;
-  std::vector<std::unique_ptr<tcp::socket>> attempts;
+  // A socket lives until its connect's handler has run: asio's connect operation still
+  // reads the socket when it completes, even when aborted by a close.
+  struct Attempt {
+    explicit Attempt(asio::io_context& io) : socket(io) {}
+    tcp::socket socket;
+    bool finished = false;
+  };
+  std::vector<std::unique_ptr<Attempt>> attempts;
   asio::steady_timer next(s.io);
   bool connected = false;
   boost::system::error_code last = asio::error::timed_out;
@@ -68,15 +76,20 @@ void connect_retrying(TcpStore::Impl& s, const tcp::resolver::results_type& endp
     });
   };
   attempt = [&] {
-    if (attempts.size() == kMaxAttempts) attempts.erase(attempts.begin());  // closes it
-    attempts.push_back(std::make_unique<tcp::socket>(s.io));
-    tcp::socket* socket = attempts.back().get();
-    asio::async_connect(*socket, endpoints,
-                        [&, socket](boost::system::error_code ec, const tcp::endpoint&) {
+    std::erase_if(attempts, [](const auto& a) { return a->finished; });
+    if (attempts.size() == kMaxAttempts) {
+      boost::system::error_code ignored;
+      attempts.front()->socket.close(ignored);  // its handler runs, aborted, and finishes it
+    }
+    attempts.push_back(std::make_unique<Attempt>(s.io));
+    Attempt* a = attempts.back().get();
+    asio::async_connect(a->socket, endpoints,
+                        [&, a](boost::system::error_code ec, const tcp::endpoint&) {
+                          a->finished = true;
                           if (connected || ec == asio::error::operation_aborted) return;
                           if (!ec) {
                             connected = true;
-                            s.socket = std::move(*socket);
+                            s.socket = std::move(a->socket);
                             next.cancel();
                             return;
                           }
@@ -92,9 +105,16 @@ void connect_retrying(TcpStore::Impl& s, const tcp::resolver::results_type& endp
   s.io.restart();
   while (!connected && std::chrono::steady_clock::now() < deadline) s.io.run_one_until(deadline);
   next.cancel();
-  attempts.clear();  // closes the others; their handlers run below, and do nothing
+  for (auto& a : attempts) {  // closes the others; their handlers run below, and do nothing
+    boost::system::error_code ignored;
+    if (!a->finished) a->socket.close(ignored);
+  }
+  s.io.restart();
+  while (std::any_of(attempts.begin(), attempts.end(), [](const auto& a) { return !a->finished; }))
+    if (s.io.run_one() == 0) break;
   s.io.restart();
   s.io.poll();
+  attempts.clear();
   if (!connected)
     throw RuntimeError("rendezvous: cannot connect to " + s.where + " within " +
                        std::to_string(timeout.count()) + " ms: " + last.message());
