@@ -2,7 +2,7 @@
 # Token-data throughput: does opening a large dataset stay cheap, and does input loading
 # ever hold up a training step?
 #   bench/run_data.sh [--gib N] [--steps S]
-# Writes an N GiB (default 1) flat uint16 token file of random tokens below GPT-2's
+# Writes an N GiB (default 1) flat uint16 token file of random tokens below config B's
 # vocabulary, then
 #   1. times `baton data inspect` on it: the memory map and the full scan for the smallest
 #      and largest token (the same pass as the vocabulary check `baton train` makes when
@@ -29,14 +29,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$python" - "$tmp/tokens.bin" "$gib" <<'PY'
-import sys, numpy as np
+"$python" - "$tmp/tokens.bin" "$gib" examples/models/gpt-config-b.json <<'PY'
+import json, sys, numpy as np
 path, gib = sys.argv[1], float(sys.argv[2])
+vocab = json.load(open(sys.argv[3]))["vocab_size"]
 n = int(gib * (1 << 30)) // 2
 rng = np.random.default_rng(0)
 with open(path, "wb") as f:
     for start in range(0, n, 1 << 26):
-        rng.integers(0, 50257, size=min(1 << 26, n - start), dtype=np.uint16).tofile(f)
+        rng.integers(0, vocab, size=min(1 << 26, n - start), dtype=np.uint16).tofile(f)
 PY
 echo "# dataset: $(du -h "$tmp/tokens.bin" | cut -f1), flat uint16"
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The Python module's call times against the C++ library's, in the same run.
+
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/python_calls.py [build/release]
+
+For ZB-V at p = 128 ranks and m = 1024 micro-batches (1.8 million lowered actions): the
+generate + lower + build + run path from Python (baton.generate, baton.lower,
+baton.simulate) against bench_simulate's end-to-end figure for the same schedule, and
+baton.simulate alone on the lowered schedule against bench_simulate's build + run; then
+1,000 simulations of p = 8, m = 32 (a sweep's inner loop), with a Simulator built once
+and with baton.simulate each time. Medians of 5 (min, max).
+"""
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import baton
+
+build = sys.argv[1] if len(sys.argv) > 1 else "build/release"
+
+
+def timed(f, reps=5):
+    f()  # warm-up, as bench_simulate does
+    ms = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        ms.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(ms), min(ms), max(ms)
+
+
+def show(what, t):
+    print(f"{what:<58} {t[0]:9.1f} ms  [{t[1]:.1f}, {t[2]:.1f}]")
+
+
+print(f"# machine: {os.cpu_count()} cores, load {' '.join(open('/proc/loadavg').read().split()[:3])}")
+costs = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
+py_all = timed(lambda: baton.simulate(baton.lower(baton.generate("zb-v", 128, 1024)), costs))
+show("Python: simulate(lower(generate('zb-v', 128, 1024)))", py_all)
+lowered = baton.lower(baton.generate("zb-v", 128, 1024))
+py = timed(lambda: baton.simulate(lowered, costs))
+show("Python: simulate(lowered) (build + run + result arrays)", py)
+out = subprocess.run([os.path.join(build, "bench", "bench_simulate"), "128", "1024", "5"],
+                     capture_output=True, text=True, check=True).stdout
+row = next(line for line in out.splitlines() if line.startswith("zb-v "))
+cells = re.findall(r"([\d.]+) \[\s*([\d.]+),\s*([\d.]+)\]", row)
+end_to_end = tuple(float(x) for x in cells[-1])
+build_run = tuple(float(a) + float(b) for a, b in zip(cells[2], cells[3]))
+show("C++: bench_simulate zb-v 128 1024, end to end", end_to_end)
+show("C++: bench_simulate zb-v 128 1024, build + run", build_run)
+print(f"Python / C++, end to end: {py_all[0] / end_to_end[0]:.3f}; "
+      f"simulate alone: {py[0] / build_run[0]:.3f} (medians)")
+
+s = baton.generate("zb-h1", 8, 32)
+sim = baton.Simulator(s)
+
+
+def reused():
+    for _ in range(1000):
+        sim.run(costs)
+
+
+def fresh():
+    for _ in range(1000):
+        baton.simulate(s, costs)
+
+
+show("1,000 x Simulator(zb-h1 p=8 m=32).run(costs)", timed(reused))
+show("1,000 x simulate(zb-h1 p=8 m=32, costs)", timed(fresh))
