@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev    # dnnl-config.cmake requires OpenCL (a Recommends of libdnnl-dev)
   nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev
   libboost-dev libboost-program-options-dev libboost-system-dev
   libgtest-dev libgmock-dev libbenchmark-dev
