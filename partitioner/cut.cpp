@@ -75,7 +75,7 @@ int64_t PreparedCosts::persistent(int i, int j) const {
   for (const LayerCosts::Shared& s : c_.shared) {
     int64_t n = 0;
     for (int l : s.layers) n += l >= i && l < j ? 1 : 0;
-    if (n > 0) b += s.bytes * (1 + n + (n > 1 ? 1 : 0) + c_.optimizer_states);
+    if (n > 0) b += s.bytes * (1 + n + (n > 1 ? 1 : 0) + c_.optimizer_states + c_.shared_extra);
   }
   return b;
 }

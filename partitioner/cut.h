@@ -29,7 +29,8 @@ struct LayerCosts {
     std::vector<int> layers;  // the layers that use it, ascending
   };
   std::vector<Shared> shared;  // parameters several layers use (tied embeddings)
-  int optimizer_states = 2;
+  int optimizer_states = 2;    // whole copies of a shared parameter's state
+  int shared_extra = 0;        // more whole copies of it (search.h, PersistentCopies)
 };
 
 struct CutStage {

@@ -37,9 +37,37 @@ std::string Candidate::describe() const {
   return b;
 }
 
-LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states, int shard_over) {
+PersistentCopies persistent_copies(int optimizer_states, OptimizerSharding sharding,
+                                   const DpSync& sync, int dp, bool shardable) {
+  PersistentCopies c;
+  c.sharded = optimizer_states;
+  if (dp <= 1) return c;
+  const bool ps = sync.parameter_server();
+  if ((sharding != OptimizerSharding::none || ps) && shardable) {
+    c.shard_over = dp;
+    if (sharding == OptimizerSharding::zero2) {
+      c.whole = 0;  // a part-sized gradient accumulator
+      c.sharded += 1;
+    }
+  }
+  if (sync.local()) {
+    const int copies = sync.outer == DpSync::Outer::nesterov ? 2 : 1;  // anchor, momentum
+    c.whole += copies;
+    c.shared_extra += copies;
+  }
+  if (ps && sync.max_staleness > 0) {
+    // Each pull in flight: a parameter-sized buffer and the rank's part.
+    c.whole += sync.max_staleness;
+    c.sharded += sync.max_staleness;
+    c.shared_extra += 2 * sync.max_staleness;
+  }
+  return c;
+}
+
+LayerCosts layer_costs(const CostTable& t, bool rc, const PersistentCopies& copies) {
   LayerCosts c;
-  c.optimizer_states = optimizer_states;
+  c.optimizer_states = copies.sharded;
+  c.shared_extra = copies.shared_extra;
   double total = std::max(t.total_time(rc), 1e-30);
   double ticks = double(int64_t(1) << 50) / total;
   c.own_bytes.assign(t.layers.size(), 0);
@@ -49,12 +77,18 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states, int sh
     c.mem.push_back(rc ? lc.mem_recompute : lc.mem);
   }
   c.input_bytes = t.input_bytes;
+  const int64_t over = std::max(1, copies.shard_over);
   for (size_t l = 0; l < t.layers.size(); ++l)
-    c.own_bytes[l] =
-        t.own_param_bytes[l] * 2 +
-        (t.own_param_bytes[l] * optimizer_states + shard_over - 1) / std::max(1, shard_over);
+    c.own_bytes[l] = t.own_param_bytes[l] * (1 + copies.whole) +
+                     (t.own_param_bytes[l] * copies.sharded + over - 1) / over;
   for (const ParamUse& u : t.shared_params) c.shared.push_back({u.bytes, u.layers});
   return c;
+}
+
+LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
+  PersistentCopies c;
+  c.sharded = optimizer_states;
+  return layer_costs(t, rc, c);
 }
 
 namespace {
@@ -178,13 +212,15 @@ class Search {
     return *sims_.emplace(key, std::move(sim)).first->second;
   }
 
-  // Per-layer costs for the cut (times in ticks), shared by every cut at (tp, b, rc).
-  // The replicas a candidate's optimizer state is sharded over (1: not sharded; DualPipe
-  // holds each chunk on two pipeline ranks, whose parameters keep their whole state).
-  int shard_over(int dp, const std::string& schedule) const {
-    const bool sharded =
-        o_.optimizer_sharding != OptimizerSharding::none || o_.dp_sync.parameter_server();
-    return sharded && schedule != "dualpipe" ? dp : 1;
+  // What a candidate's ranks hold per parameter byte (DualPipe holds each chunk on two
+  // pipeline ranks, whose parameters keep their whole state), and its caches' key.
+  PersistentCopies copies_of(int dp, const std::string& schedule) const {
+    return persistent_copies(opt_states_, o_.optimizer_sharding, o_.dp_sync, dp,
+                             schedule != "dualpipe");
+  }
+  static std::string copies_key(const PersistentCopies& c) {
+    return "/z" + std::to_string(c.whole) + "." + std::to_string(c.sharded) + "." +
+           std::to_string(c.shard_over) + "." + std::to_string(c.shared_extra);
   }
 
   // The spatial split at degree sp (cached; null, with the reason noted, when the model
@@ -237,13 +273,15 @@ class Search {
     return spatial_tables_.emplace(key, std::move(t)).first->second;
   }
 
+  // Per-layer costs for the cut (times in ticks), shared by every cut at (tp, b, rc) and
+  // the same persistent copies.
   std::shared_ptr<const PreparedCosts> prepared(int tp, int64_t b, bool rc, const CostTable& t,
-                                                int shard = 1) {
+                                                const PersistentCopies& copies) {
     std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
-                      "/z" + std::to_string(shard);
+                      copies_key(copies);
     auto it = prepared_.find(key);
     if (it != prepared_.end()) return it->second;
-    LayerCosts c = layer_costs(t, rc, opt_states_, shard);
+    LayerCosts c = layer_costs(t, rc, copies);
     auto p = std::make_shared<const PreparedCosts>(std::move(c));
     prepared_[key] = p;
     return p;
@@ -261,9 +299,10 @@ class Search {
   // micro-batch size and recompute choice): a bound for the candidate and the cut itself
   // when it fits the memory.
   const CutResult& time_cut(int tp, int64_t b, bool rc, int K,
-                            const std::shared_ptr<const PreparedCosts>& costs, int shard = 1) {
+                            const std::shared_ptr<const PreparedCosts>& costs,
+                            const PersistentCopies& copies) {
     std::string key = std::to_string(tp) + "/" + std::to_string(b) + "/" + std::to_string(rc) +
-                      "/" + std::to_string(K) + "/z" + std::to_string(shard);
+                      "/" + std::to_string(K) + copies_key(copies);
     auto it = time_cuts_.find(key);
     if (it != time_cuts_.end()) return it->second;
     std::vector<CutStage> st(static_cast<size_t>(K));
@@ -293,9 +332,10 @@ class Search {
     auto t0 = std::chrono::steady_clock::now();
     const CostTable& table = table_of(tp, sp, b);
     const int key = degree_key(tp, sp);
-    auto costs = prepared(key, b, rc, table, shard_over(dp, name));
+    const PersistentCopies copies = copies_of(dp, name);
+    auto costs = prepared(key, b, rc, table, copies);
     auto t1 = std::chrono::steady_clock::now();
-    const CutResult& cut = time_cut(key, b, rc, K, costs, shard_over(dp, name));
+    const CutResult& cut = time_cut(key, b, rc, K, costs, copies);
     auto t2 = std::chrono::steady_clock::now();
     phase_[0] += std::chrono::duration<double>(t1 - t0).count();
     phase_[1] += std::chrono::duration<double>(t2 - t1).count();
@@ -325,7 +365,8 @@ class Search {
     }
     const CostTable& table = table_of(tp, sp, b);
     const int key = degree_key(tp, sp);
-    auto costs = prepared(key, b, rc, table, shard_over(dp, name));
+    const PersistentCopies copies = copies_of(dp, name);
+    auto costs = prepared(key, b, rc, table, copies);
 
     // Stage constraints: one stage per rank and direction gives the rank's exact peak
     // terms; several stages per rank (interleaved, V, DualPipe) split the capacity
@@ -351,7 +392,7 @@ class Search {
       }
     }
     // The time-optimal cut first; when it fits the capacity it is also the optimum under it.
-    CutResult cut = time_cut(key, b, rc, K, costs);
+    CutResult cut = time_cut(key, b, rc, K, costs, copies);
     Cutter cutter({costs}, stages);
     bool fits = true;
     for (int k = 0; k < K; ++k)

@@ -64,13 +64,30 @@ struct SearchResult {
   double seconds = 0;                // time the search took
 };
 
+// What a rank holds between steps of each byte of a parameter used by one layer, beside
+// the parameter itself: `whole` full copies and `sharded` copies of which it keeps
+// 1/shard_over (the data-parallel degree under ZeRO and a parameter server). Parameters
+// several layers use (tied) are never sharded: they hold `sharded` whole copies, their
+// per-layer gradients and `shared_extra` more (the engine, docs/partitioner.md).
+struct PersistentCopies {
+  int whole = 1;        // the gradient (zero2: none whole, one sharded)
+  int sharded = 2;      // the optimizer state (AdamW: 2)
+  int shard_over = 1;   // 1: nothing sharded
+  int shared_extra = 0; // local SGD's anchor and momentum, a parameter server's pulls
+};
+// The copies under a plan's optimizer, sharding and sync at data-parallel degree dp;
+// `shardable` false for schedules whose chunks ZeRO does not shard (DualPipe). Matches
+// the exact estimate's terms (evaluate.cpp) but for the transient gradients of zero2's
+// bucket in W, which only the exact check counts.
+PersistentCopies persistent_copies(int optimizer_states, OptimizerSharding sharding,
+                                   const DpSync& sync, int dp, bool shardable);
+
 // What the cut needs from a cost table: per-layer times in ticks (the total scaled to
 // 2^50, so sums are exact integers), per-layer memory with or without recompute, and the
 // persistent bytes of parameters used by one layer (own) or several (shared).
-// `shard_over` > 1: the optimizer state of the parameters used by one layer is sharded
-// over that many data-parallel replicas (optimizer_sharding zero1).
-LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states,
-                       int shard_over = 1);
+LayerCosts layer_costs(const CostTable& table, bool recompute, const PersistentCopies& copies);
+// Unsharded, synchronous: a gradient and `optimizer_states` copies per parameter byte.
+LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_states);
 
 SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
                           const SearchOptions& options);
