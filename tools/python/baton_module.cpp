@@ -121,7 +121,7 @@ Action action_from(const py::handle& h, const std::string& where) {
 // reads only the makespan never pays for 2 x 8 bytes per action.
 struct PySimResult {
   SimResult sim;
-  std::vector<int> offsets;  // per rank, its first action in start/end; then the count
+  std::vector<int> offsets;            // per rank, its first action in start/end; then the count
   std::shared_ptr<Timeline> timeline;  // when asked for
   std::shared_ptr<const Simulator> simulator;  // until the arrays are built
   py::object start, end;
@@ -277,9 +277,10 @@ PYBIND11_MODULE(baton, m) {
 
   // ---- schedules -------------------------------------------------------------------------
   // Held by shared_ptr so that simulate() can share it with its Simulator.
-  py::class_<Schedule, std::shared_ptr<Schedule>>(m, "Schedule",
-                       "A schedule: per rank an ordered list of actions, and the placement "
-                       "of stages on ranks.")
+  py::class_<Schedule, std::shared_ptr<Schedule>>(
+      m, "Schedule",
+      "A schedule: per rank an ordered list of actions, and the placement "
+      "of stages on ranks.")
       .def(py::init([](const py::sequence& ranks, std::optional<std::vector<int>> placement,
                        std::optional<int> micro_batches, int directions, const std::string& name) {
              Schedule s;
