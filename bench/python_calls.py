@@ -3,12 +3,13 @@
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/python_calls.py [build/release]
 
-For ZB-V at p = 128 ranks and m = 1024 micro-batches (1.8 million lowered actions): the
-generate + lower + build + run path from Python (baton.generate, baton.lower,
-baton.simulate) against bench_simulate's end-to-end figure for the same schedule, and
-baton.simulate alone on the lowered schedule against bench_simulate's build + run; then
-1,000 simulations of p = 8, m = 32 (a sweep's inner loop), with a Simulator built once
-and with baton.simulate each time. Medians of 5 (min, max).
+For ZB-V at p = 128 ranks and m = 1024 micro-batches (1.8 million lowered actions), on
+bench_simulate's costs: the generate + lower + build + run path from Python
+(baton.generate, baton.lower, baton.simulate) against bench_simulate's end-to-end figure
+for the same schedule, and baton.simulate alone on the lowered schedule against
+bench_simulate's build + run, then with its per-action start and end arrays read (built
+on first read); then 1,000 simulations of p = 8, m = 32 (a sweep's inner loop), with a
+Simulator built once and with baton.simulate each time. Medians of 5 (min, max).
 """
 import os
 import re
@@ -37,12 +38,23 @@ def show(what, t):
 
 
 print(f"# machine: {os.cpu_count()} cores, load {' '.join(open('/proc/loadavg').read().split()[:3])}")
-costs = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
+# bench_simulate's costs (bench/bench_simulate.cpp).
+costs = {"forward": 1.0, "backward_input": 1.2, "backward_weight": 0.8,
+         "message_bytes": 1048576, "activation_bytes": 1e8,
+         "p2p": {"latency": 1e-5, "bandwidth": 1e10}}
 py_all = timed(lambda: baton.simulate(baton.lower(baton.generate("zb-v", 128, 1024)), costs))
 show("Python: simulate(lower(generate('zb-v', 128, 1024)))", py_all)
 lowered = baton.lower(baton.generate("zb-v", 128, 1024))
 py = timed(lambda: baton.simulate(lowered, costs))
-show("Python: simulate(lowered) (build + run + result arrays)", py)
+show("Python: simulate(lowered) (build + run)", py)
+
+
+def with_arrays():
+    r = baton.simulate(lowered, costs)
+    return r.start, r.end
+
+
+show("Python: simulate(lowered), then its start and end arrays", timed(with_arrays))
 out = subprocess.run([os.path.join(build, "bench", "bench_simulate"), "128", "1024", "5"],
                      capture_output=True, text=True, check=True).stdout
 row = next(line for line in out.splitlines() if line.startswith("zb-v "))
@@ -55,6 +67,7 @@ print(f"Python / C++, end to end: {py_all[0] / end_to_end[0]:.3f}; "
       f"simulate alone: {py[0] / build_run[0]:.3f} (medians)")
 
 s = baton.generate("zb-h1", 8, 32)
+costs = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
 sim = baton.Simulator(s)
 
 

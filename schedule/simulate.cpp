@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 
 #include "memory/error.h"
@@ -15,25 +16,31 @@ namespace {
 
 using K = ActionKind;
 
-Schedule checked(Schedule s, const std::string& source) {
-  check_header(s, source);
+std::shared_ptr<const Schedule> checked(std::shared_ptr<const Schedule> s,
+                                        const std::string& source) {
+  if (!s) throw InputError(source + ": no schedule");
+  check_header(*s, source);
   return s;
 }
 
 }  // namespace
 
-Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::move(s), source)) {
+Simulator::Simulator(Schedule s, const std::string& source)
+    : Simulator(std::make_shared<const Schedule>(std::move(s)), source) {}
+
+Simulator::Simulator(std::shared_ptr<const Schedule> s, const std::string& source)
+    : s_(checked(std::move(s), source)) {
   Progress progress;
   int n = 0;
   {
-    DependencyGraph graph(s_);
-    ValidationReport report = validate(s_, graph, &progress);
+    DependencyGraph graph(*s_);
+    ValidationReport report = validate(*s_, graph, &progress);
     if (!report.ok) throw InputError(source + ": invalid schedule: " + report.to_string());
-    chunks_ = chunks_per_rank(s_);
+    chunks_ = chunks_per_rank(*s_);
     n = graph.num_nodes();
-    offset_.resize(size_t(s_.num_ranks) + 1);
-    for (int r = 0; r <= s_.num_ranks; ++r)
-      offset_[size_t(r)] = r < s_.num_ranks ? graph.node(r, 0) : n;
+    offset_.resize(size_t(s_->num_ranks) + 1);
+    for (int r = 0; r <= s_->num_ranks; ++r)
+      offset_[size_t(r)] = r < s_->num_ranks ? graph.node(r, 0) : n;
 
     // Everything run() touches is laid out in execution order (positions).
     node_at_ = std::move(progress.order);
@@ -58,7 +65,7 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       rank_[size_t(i)] = ref.rank;
       stage_[size_t(i)] = a.stage;
       kind_[size_t(i)] = a.kind;
-      if (is_composite(s_.ranks[size_t(ref.rank)], size_t(ref.index))) {
+      if (is_composite(s_->ranks[size_t(ref.rank)], size_t(ref.index))) {
         // run_in_order issues the two halves one after the other.
         composite_[size_t(i)] = 1;
         composite_[size_t(i) + 1] = 2;
@@ -73,25 +80,25 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
       // schedule, the compute whose output goes to another rank.
       int to_stage = -1;
       if (lowered) {
-        if (a.kind == K::send_activation) to_stage = next_stage(s_, a.stage);
-        if (a.kind == K::send_gradient) to_stage = prev_stage(s_, a.stage);
+        if (a.kind == K::send_activation) to_stage = next_stage(*s_, a.stage);
+        if (a.kind == K::send_gradient) to_stage = prev_stage(*s_, a.stage);
       } else if (a.kind == K::forward) {
-        to_stage = next_stage(s_, a.stage);
+        to_stage = next_stage(*s_, a.stage);
       } else if (a.kind == K::backward_input || a.kind == K::full_backward) {
-        to_stage = prev_stage(s_, a.stage);
+        to_stage = prev_stage(*s_, a.stage);
       }
-      if (to_stage >= 0 && s_.placement[size_t(to_stage)] != ref.rank) {
-        const int dst = s_.placement[size_t(to_stage)];
+      if (to_stage >= 0 && s_->placement[size_t(to_stage)] != ref.rank) {
+        const int dst = s_->placement[size_t(to_stage)];
         auto [it, fresh] =
-            links.try_emplace(1LL * ref.rank * s_.num_ranks + dst, int(links.size()));
+            links.try_emplace(1LL * ref.rank * s_->num_ranks + dst, int(links.size()));
         if (fresh) link_dst_.push_back(dst);
         link_[size_t(i)] = it->second;
       }
     }
     dep_begin_[size_t(n)] = int(k);
     bool steps_last = true;
-    for (int r = 0; r < s_.num_ranks; ++r) {
-      const auto& list = s_.ranks[size_t(r)];
+    for (int r = 0; r < s_->num_ranks; ++r) {
+      const auto& list = s_->ranks[size_t(r)];
       for (size_t i = 0; i < list.size(); ++i)
         if (list[i].kind == K::optimizer_step) {
           if (i + 1 != list.size()) steps_last = false;
@@ -102,16 +109,16 @@ Simulator::Simulator(Schedule s, const std::string& source) : s_(checked(std::mo
   }
   end_.resize(size_t(n));
   avail_.resize(size_t(n));
-  free_.resize(size_t(s_.num_ranks));
-  mem_.resize(size_t(s_.num_ranks));
-  live_.resize(size_t(s_.num_ranks));
+  free_.resize(size_t(s_->num_ranks));
+  mem_.resize(size_t(s_->num_ranks));
+  live_.resize(size_t(s_->num_ranks));
   link_free_.resize(link_dst_.size());
-  result_.ranks.resize(size_t(s_.num_ranks));
+  result_.ranks.resize(size_t(s_->num_ranks));
 }
 
 const Action& Simulator::action_at(size_t pos) const {
   const int node = node_at_[pos], r = rank_[pos];
-  return s_.ranks[size_t(r)][size_t(node - offset_[size_t(r)])];
+  return s_->ranks[size_t(r)][size_t(node - offset_[size_t(r)])];
 }
 
 double Simulator::composite_duration(size_t f) const {
@@ -148,8 +155,18 @@ double Simulator::start_time(int rank, int index) const {
   return end_[pos] - duration(pos);
 }
 
+void Simulator::action_times(double* start, double* end) const {
+  // Nodes are numbered rank by rank in list order, so node k is the k-th action.
+  const size_t n = pos_of_.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t u = size_t(pos_of_[k]);
+    end[k] = end_[u];
+    start[k] = end_[u] - duration(u);
+  }
+}
+
 const SimResult& Simulator::run(const Costs& c) {
-  c.check(s_.num_stages());
+  c.check(s_->num_stages());
   costs_ = c;  // reuses its vectors' capacity after the first run
   const double* fwd = c.forward.data();
   const double* bin = c.backward_input.data();
@@ -299,21 +316,21 @@ const SimResult& Simulator::run(const Costs& c) {
     result_.peak_micro_batches = std::max(result_.peak_micro_batches, rs.peak_micro_batches);
     result_.peak_bytes = std::max(result_.peak_bytes, rs.peak_bytes);
   }
-  result_.bubble = bubble_sum / s_.num_ranks;
+  result_.bubble = bubble_sum / s_->num_ranks;
   return result_;
 }
 
 Timeline Simulator::timeline(double seconds_per_unit) const {
   Timeline t;
-  t.name = s_.name;
-  t.num_ranks = s_.num_ranks;
+  t.name = s_->name;
+  t.num_ranks = s_->num_ranks;
   t.seconds_per_unit = seconds_per_unit;
   t.events.reserve(rank_.size());
   const double inv_bw = costs_.bandwidth > 0 ? 1.0 / costs_.bandwidth : 0.0;
-  for (size_t r = 0; r < s_.ranks.size(); ++r)
-    for (size_t i = 0; i < s_.ranks[r].size(); ++i) {
+  for (size_t r = 0; r < s_->ranks.size(); ++r)
+    for (size_t i = 0; i < s_->ranks[r].size(); ++i) {
       const size_t u = position(int(r), int(i));
-      const Action& a = s_.ranks[r][i];
+      const Action& a = s_->ranks[r][i];
       TimelineEvent ev;
       ev.rank = int(r);
       ev.kind = a.kind;

@@ -17,6 +17,7 @@
 // and fully when its W (or BW) ends.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,8 +53,11 @@ class Simulator {
   // Validates (InputError carrying the validator's report, naming `source`) and indexes
   // the schedule.
   explicit Simulator(Schedule s, const std::string& source = "schedule");
+  // The same on a schedule shared with the caller (not copied; it must not change while
+  // the simulator lives): the Python module's simulate() on a Python-owned schedule.
+  explicit Simulator(std::shared_ptr<const Schedule> s, const std::string& source = "schedule");
 
-  const Schedule& schedule() const { return s_; }
+  const Schedule& schedule() const { return *s_; }
   // Runs on per-stage costs (Costs::check(num_stages) must hold; InputError otherwise).
   const SimResult& run(const Costs& c);
   const SimResult& result() const { return result_; }
@@ -62,6 +66,10 @@ class Simulator {
   // When action (rank, index) started and ended in the last run.
   double start_time(int rank, int index) const;
   double end_time(int rank, int index) const { return end_[position(rank, index)]; }
+  // Every action's start and end in the last run, rank by rank in list order (rank 0's
+  // actions first): num_actions() values each. One pass here rather than a call per
+  // action from a caller (the Python module's result arrays).
+  void action_times(double* start, double* end) const;
 
  private:
   size_t position(int rank, int index) const {
@@ -71,7 +79,7 @@ class Simulator {
   double composite_duration(size_t forward_pos) const;
   const Action& action_at(size_t pos) const;
 
-  Schedule s_;
+  std::shared_ptr<const Schedule> s_;
   double chunks_ = 1.0;
   std::vector<int> offset_;  // per rank: its first node (nodes are numbered rank by rank)
   // Per position in execution order (a topological order of the actions), what run()

@@ -113,11 +113,20 @@ class Simulation(unittest.TestCase):
         # Rank 3's first action (its F0) starts after the three F0's before it.
         self.assertAlmostEqual(r.start[r.offsets[3]], 3.0)
         np.testing.assert_array_less(r.start - 1e-12, r.end)
-        # The arrays own their buffers: no copy on access, still valid after r is gone.
+        # Built once on first read (no copy on access), still valid after r is gone; the
+        # library's one-pass fill agrees with the per-rank slices above.
         a = r.start
-        self.assertFalse(a.flags.owndata)
+        self.assertIs(r.start, a)
+        self.assertAlmostEqual(r.end[r.offsets[3]], 4.0)
         del r
         self.assertEqual(a.shape, (len(s),))
+        # The simulator shares the schedule, which outlives neither it nor the result.
+        big = baton.lower(baton.generate("zb-v", 4, 8))
+        sim = baton.Simulator(big)
+        r = baton.simulate(big)
+        del big
+        self.assertEqual(sim.run()[0], r.makespan)
+        np.testing.assert_array_less(r.start - 1e-12, r.end)
 
     def test_costs_as_dict_lists_and_numpy(self):
         s = baton.generate("zb-h1", 4, 8)
