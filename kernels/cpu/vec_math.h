@@ -1,12 +1,14 @@
-// SIMD helpers for the CPU kernels: 64-byte vectors in GCC's vector extensions (one
-// AVX-512 register with -march=native, lowered to narrower registers elsewhere), a
+// SIMD helpers for the CPU kernels: vectors of one register of the target in GCC's
+// vector extensions (64 bytes with AVX-512, 32 with AVX/AVX2, 16 otherwise), a
 // vectorised exp for float (Cephes-style polynomial, relative error about 2e-7) and
 // reductions. Written explicitly because GCC 12 leaves max reductions and loops with
-// several sums scalar. Double, the reference precision, calls std::exp lane by lane:
-// it must be exact rather than fast.
+// several sums scalar. The width follows the target because GCC splits a wider vector
+// into pieces and scalarises its compares and selects (64-byte vectors on an AVX2 CPU ran
+// softmax 10x slower). Double, the reference precision, calls std::exp lane by lane: it
+// must be exact rather than fast.
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -18,11 +20,25 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__AVX512F__)
+#define BATON_VEC_BYTES 64
+#define BATON_VEC_REGS 32
+#elif defined(__AVX__)
+#define BATON_VEC_BYTES 32
+#define BATON_VEC_REGS 16
+#else
+#define BATON_VEC_BYTES 16
+#define BATON_VEC_REGS 16
+#endif
+
 namespace baton::kernels::cpu {
 
-typedef float vfloat __attribute__((vector_size(64)));
-typedef double vdouble __attribute__((vector_size(64)));
-typedef int32_t vint32 __attribute__((vector_size(64)));
+typedef float vfloat __attribute__((vector_size(BATON_VEC_BYTES)));
+typedef double vdouble __attribute__((vector_size(BATON_VEC_BYTES)));
+typedef int32_t vint32 __attribute__((vector_size(BATON_VEC_BYTES)));
+// Bytes of one vector and the number of vector registers (for register blocking).
+constexpr int64_t kVecBytes = BATON_VEC_BYTES;
+constexpr int kVecRegs = BATON_VEC_REGS;
 template <class T>
 struct VecOf;
 template <>
@@ -36,7 +52,7 @@ struct VecOf<double> {
 template <class T>
 using vec = typename VecOf<T>::type;
 template <class T>
-constexpr int64_t kLanes = int64_t(64 / sizeof(T));
+constexpr int64_t kLanes = int64_t(kVecBytes / sizeof(T));
 template <class V>
 using lane_t = std::remove_cvref_t<decltype(std::declval<V>()[0])>;
 
