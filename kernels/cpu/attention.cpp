@@ -176,7 +176,9 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
     const T* dO = dout + (b * g.T + i0) * g.ldo + h * D;
     // di = rowsum(dO * O) = rowsum(P' * dP') for the dropped P' that made O.
     for (int64_t r = 0; r < rows; ++r) {
-      di[r] = sum_of<T>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
+      di[r] = sum_of<T>(D, [&]<class V>(V, int64_t d) {
+        return load_as<V>(dO + r * g.ldo + d) * load_as<V>(o + r * g.ldo + d);
+      });
     }
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
       const int64_t kc = std::min(kChunkK, i1 - c0);
@@ -326,7 +328,9 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
     const float* o = out + (b * g.T + i0) * g.ldo + h * D;
     const float* dO = dout + (b * g.T + i0) * g.ldo + h * D;
     for (int64_t r = 0; r < rows; ++r)
-      di[r] = sum_of<float>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
+      di[r] = sum_of<float>(D, [&]<class V>(V, int64_t d) {
+        return load_as<V>(dO + r * g.ldo + d) * load_as<V>(o + r * g.ldo + d);
+      });
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
       const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
       const float* k = qkv + (b * g.T + c0) * ld + g.k_col(h);
