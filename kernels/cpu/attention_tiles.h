@@ -28,7 +28,7 @@ namespace baton::kernels::cpu::tiles {
 
 constexpr int64_t kL = kLanes<float>;
 constexpr int kAccumulators = kVecRegs * 3 / 4;
-constexpr int64_t kScoreCols = 2 * kL;              // columns of a scores tile: two vectors
+constexpr int64_t kScoreCols = 2 * kL;  // columns of a scores tile: two vectors
 constexpr int kScoreRows = kAccumulators / 2 >= 8 ? 8 : kAccumulators / 2;  // 8 or 6 rows
 
 // C[r][c] = alpha * sum_{d < depth} A[r * lda + d] * Bt[d * ldb + c], r < R, c < 2L.

@@ -258,7 +258,8 @@ inline V load_as(const S* p) {
   } else if constexpr (std::is_same_v<lane_t<V>, S>) {
     return load(p);
   } else {
-    typedef S part __attribute__((vector_size(sizeof(S) * sizeof(V) / sizeof(lane_t<V>))));
+    constexpr std::size_t kParts = sizeof(V) / sizeof(lane_t<V>);
+    typedef S part __attribute__((vector_size(kParts * sizeof(S))));
     part v;
     __builtin_memcpy(&v, p, sizeof v);
     return __builtin_convertvector(v, V);
