@@ -176,7 +176,9 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
     const T* dO = dout + (b * g.T + i0) * g.ldo + h * D;
     // di = rowsum(dO * O) = rowsum(P' * dP') for the dropped P' that made O.
     for (int64_t r = 0; r < rows; ++r) {
-      di[r] = sum_of<T>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
+      di[r] = sum_of<T>(D, [&]<class V>(V, int64_t d) {
+        return load_as<V>(dO + r * g.ldo + d) * load_as<V>(o + r * g.ldo + d);
+      });
     }
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
       const int64_t kc = std::min(kChunkK, i1 - c0);
@@ -217,7 +219,8 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
   }
 }
 
-// ---- float with head size 16 W: the register-blocked tiles of attention_tiles.h ----
+// ---- float with head size a multiple of 16: the register-blocked tiles of
+// attention_tiles.h, W vectors of kLanes<float> per head row ----
 
 inline int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
@@ -225,16 +228,17 @@ inline int64_t round_up(int64_t v, int64_t m) {
 
 // Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
 // run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
-// has room for it (its stride is a multiple of 32).
+// has room for it (its stride is a multiple of tiles::kScoreCols, two vectors).
 inline int64_t pad_row(float* s, int64_t n) {
   const int64_t padded = round_up(n, kLanes<float>);
   std::fill(s + n, s + padded, -std::numeric_limits<float>::infinity());
   return padded;
 }
 
-// Zeros a probability row from `from` (a multiple of 16 at or past its visible keys) as
-// far as a tile of the products may read: a tile's rows share one key range, up to 7
-// keys past a row's own, so 16 more entries suffice and the rest is never read.
+// Zeros a probability row from `from` (a whole number of vectors at or past its visible
+// keys) as far as a tile of the products may read: a tile's rows (at most 8) share one
+// key range, up to 7 keys past a row's own, so one vector more suffices (8 or 16 floats)
+// and the rest is never read.
 inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
   if (from < kc) std::fill(s + from, s + std::min(kc, from + kLanes<float>), 0.0f);
 }
@@ -303,7 +307,8 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
   }
 }
 
-// kt, vt: the keys and values of h's key/value head transposed, [D][round_up(T, 32)].
+// kt, vt: the keys and values of h's key/value head transposed,
+// [D][round_up(T, tiles::kScoreCols)].
 // acc_q, acc_kv as in backward_head.
 template <int W>
 void backward_head_fast(const float* qkv, const float* out, const float* lse, const float* dout,
@@ -323,7 +328,9 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
     const float* o = out + (b * g.T + i0) * g.ldo + h * D;
     const float* dO = dout + (b * g.T + i0) * g.ldo + h * D;
     for (int64_t r = 0; r < rows; ++r)
-      di[r] = sum_of<float>(D, [&](int64_t d) { return dO[r * g.ldo + d] * o[r * g.ldo + d]; });
+      di[r] = sum_of<float>(D, [&]<class V>(V, int64_t d) {
+        return load_as<V>(dO + r * g.ldo + d) * load_as<V>(o + r * g.ldo + d);
+      });
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
       const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
       const float* k = qkv + (b * g.T + c0) * ld + g.k_col(h);
@@ -383,28 +390,34 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
   }
 }
 
-// Calls f(std::integral_constant<int, W>) for head_dim = 16 W, W in 1..8; false if the
-// head size has no tile kernels (then the GEMM path runs).
+// Calls f(std::integral_constant<int, W>) for head_dim = kLanes<float> W, when head_dim is
+// 16 m for m in 1..8 (the same head sizes on every instruction set); false if the head
+// size has no tile kernels (then the GEMM path runs).
 template <class F>
 bool with_tile_width(int64_t head_dim, F&& f) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
+  constexpr int per16 = int(16 / kLanes<float>);  // vectors per 16 floats
+  auto call = [&](auto m) {
+    f(std::integral_constant<int, decltype(m)::value * per16>{});
+    return true;
+  };
   switch (head_dim / 16) {
     case 1:
-      return f(std::integral_constant<int, 1>{}), true;
+      return call(std::integral_constant<int, 1>{});
     case 2:
-      return f(std::integral_constant<int, 2>{}), true;
+      return call(std::integral_constant<int, 2>{});
     case 3:
-      return f(std::integral_constant<int, 3>{}), true;
+      return call(std::integral_constant<int, 3>{});
     case 4:
-      return f(std::integral_constant<int, 4>{}), true;
+      return call(std::integral_constant<int, 4>{});
     case 5:
-      return f(std::integral_constant<int, 5>{}), true;
+      return call(std::integral_constant<int, 5>{});
     case 6:
-      return f(std::integral_constant<int, 6>{}), true;
+      return call(std::integral_constant<int, 6>{});
     case 7:
-      return f(std::integral_constant<int, 7>{}), true;
+      return call(std::integral_constant<int, 7>{});
     case 8:
-      return f(std::integral_constant<int, 8>{}), true;
+      return call(std::integral_constant<int, 8>{});
     default:
       return false;
   }

@@ -1,14 +1,19 @@
 // Register-blocked float micro-kernels for attention's products when the head size is a
-// multiple of 16 (one 64-byte vector). Attention multiplies small matrices (64 query
+// multiple of 16 (a whole number of vectors, kLanes floats each: 16 with AVX-512, 8 with
+// AVX2). Attention multiplies small matrices (64 query
 // rows, head size 32..128) many times; OpenBLAS spends much of that time packing and
 // in call overhead, while here operands are read in place: q/k/v rows straight from the
 // strided qkv layout, keys transposed once per head.
 //
-//   scores_tile:  C[r][0..32) = alpha * sum_d A[r][d] Bt[d][0..32)      (S = Q K^T, dP = dO V^T)
-//   rows_tile:    C[r][0..16W) (+)= alpha * sum_k A(r, k) B[k][0..16W)  (P V, P^T dO, dS K, dS^T Q)
+//   scores_tile:  C[r][0..2L) = alpha * sum_d A[r][d] Bt[d][0..2L)     (S = Q K^T, dP = dO V^T)
+//   rows_tile:    C[r][0..LW) (+)= alpha * sum_k A(r, k) B[k][0..LW)  (P V, P^T dO, dS K, dS^T Q)
+//
+// with L = kLanes<float>. Tile sizes follow the register file: about three quarters of
+// the vector registers hold accumulators (24 of AVX-512's 32, 12 of AVX2's 16), the rest
+// the loaded operands, so nothing spills.
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -21,16 +26,18 @@
 
 namespace baton::kernels::cpu::tiles {
 
-constexpr int64_t kScoreCols = 32;  // columns of a scores tile: two vectors
-constexpr int kScoreRows = 8;       // rows of a scores tile: 16 accumulators
+constexpr int64_t kL = kLanes<float>;
+constexpr int kAccumulators = kVecRegs * 3 / 4;
+constexpr int64_t kScoreCols = 2 * kL;  // columns of a scores tile: two vectors
+constexpr int kScoreRows = kAccumulators / 2 >= 8 ? 8 : kAccumulators / 2;  // 8 or 6 rows
 
-// C[r][c] = alpha * sum_{d < depth} A[r * lda + d] * Bt[d * ldb + c], r < R, c < 32.
+// C[r][c] = alpha * sum_{d < depth} A[r * lda + d] * Bt[d * ldb + c], r < R, c < 2L.
 template <int R>
 inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ldb, int64_t depth,
                         float alpha, float* C, int64_t ldc) {
   vfloat acc[R][2] = {};
   for (int64_t d = 0; d < depth; ++d) {
-    const vfloat b0 = load(Bt + d * ldb), b1 = load(Bt + d * ldb + 16);
+    const vfloat b0 = load(Bt + d * ldb), b1 = load(Bt + d * ldb + kL);
     for (int r = 0; r < R; ++r) {
       const float a = A[r * lda + d];
       acc[r][0] += a * b0;
@@ -39,7 +46,7 @@ inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ld
   }
   for (int r = 0; r < R; ++r) {
     store(C + r * ldc, acc[r][0] * alpha);
-    store(C + r * ldc + 16, acc[r][1] * alpha);
+    store(C + r * ldc + kL, acc[r][1] * alpha);
   }
 }
 
@@ -71,14 +78,24 @@ inline void scores_tile_n(int rows, const float* A, int64_t lda, const float* Bt
   }
 }
 
-// Rows per rows_tile for W vectors per row: about 24 accumulators.
+// Rows per rows_tile for W vectors per row: about kAccumulators accumulators, at most 8
+// rows (zero_row_tail in attention.cpp relies on that).
 template <int W>
 constexpr int rows_per_tile() {
-  return W <= 2 ? 8 : W <= 4 ? 6 : W <= 6 ? 4 : 3;
+  return std::clamp(kAccumulators / W, 1, 8);
 }
 
-// C[r][0..16W) = (accumulate ? C : 0) + alpha * sum_{k in [k0, k1)} A[r * ar + k * ak] *
-// B[k * ldb + 0..16W), for r < R.
+// The widest column block, in vectors, that rows_product runs at once: a divisor of W
+// with at least three rows per tile (each loaded B vector then feeds three FMAs).
+template <int W>
+constexpr int block_width() {
+  int wb = W;
+  while (wb > 1 && (W % wb != 0 || kAccumulators / wb < 3)) --wb;
+  return wb;
+}
+
+// C[r][0..LW) = (accumulate ? C : 0) + alpha * sum_{k in [k0, k1)} A[r * ar + k * ak] *
+// B[k * ldb + 0..LW), for r < R.
 template <int W, int R>
 inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_t k1,
                       const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
@@ -88,28 +105,32 @@ inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_
     float a[R];
     for (int r = 0; r < R; ++r) a[r] = A[r * ar + k * ak];
     for (int w = 0; w < W; ++w) {
-      const vfloat b = load(B + k * ldb + 16 * w);
+      const vfloat b = load(B + k * ldb + kL * w);
       for (int r = 0; r < R; ++r) acc[r][w] += a[r] * b;
     }
   }
   for (int r = 0; r < R; ++r)
     for (int w = 0; w < W; ++w) {
-      float* c = C + r * ldc + 16 * w;
+      float* c = C + r * ldc + kL * w;
       store(c, accumulate ? load(c) + acc[r][w] * alpha : acc[r][w] * alpha);
     }
 }
 
-// rows_tile over `rows` rows in tiles; k_range(r0, n) gives the [k0, k1) that rows
-// r0..r0+n-1 need (the causal structure makes the rest zero).
+// rows_tile over `rows` rows in tiles, W vectors of columns in blocks of block_width<W>();
+// k_range(r0, n) gives the [k0, k1) that rows r0..r0+n-1 need (the causal structure
+// makes the rest zero).
 template <int W, class KRange>
 inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, KRange&& k_range,
                          const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
                          bool accumulate) {
-  constexpr int R = rows_per_tile<W>();
+  constexpr int Wb = block_width<W>();
+  constexpr int R = rows_per_tile<Wb>();
   int64_t r0 = 0;
   for (; r0 + R <= rows; r0 += R) {
     const auto [k0, k1] = k_range(r0, int64_t(R));
-    rows_tile<W, R>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc, accumulate);
+    for (int w0 = 0; w0 < W; w0 += Wb)
+      rows_tile<Wb, R>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha, C + r0 * ldc + kL * w0,
+                       ldc, accumulate);
   }
   if (r0 == rows) return;
   const int n = int(rows - r0);  // the remaining rows, in one narrower tile
@@ -117,8 +138,9 @@ inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, K
   const auto kr = k_range(r0, int64_t(n));
   const int64_t k0 = std::get<0>(kr), k1 = std::get<1>(kr);
   auto tail = [&](auto rn) {
-    rows_tile<W, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B, ldb, alpha, C + r0 * ldc, ldc,
-                                      accumulate);
+    for (int w0 = 0; w0 < W; w0 += Wb)
+      rows_tile<Wb, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha,
+                                         C + r0 * ldc + kL * w0, ldc, accumulate);
   };
   switch (n) {
     case 1:
@@ -172,6 +194,37 @@ inline void transpose16(const float* in, int64_t ldi, float* out, int64_t ldo) {
   }
 }
 #pragma GCC diagnostic pop
+constexpr int64_t kTransposeBlock = 16;
+inline void transpose_block(const float* in, int64_t ldi, float* out, int64_t ldo) {
+  transpose16(in, ldi, out, ldo);
+}
+#elif defined(__AVX__)
+// out[c * ldo + r] = in[r * ldi + c] for an 8 x 8 block, the AVX form of transpose16.
+inline void transpose8(const float* in, int64_t ldi, float* out, int64_t ldo) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * ldi);
+  for (int k = 0; k < 4; ++k) {  // pairs of rows, interleaved within 128-bit lanes
+    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int m = 0; m < 2; ++m) {  // u[4m + x]: rows 4m..4m+3 at column x (low), x + 4 (high)
+    u[4 * m + 0] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], 0x44);
+    u[4 * m + 1] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], 0xEE);
+    u[4 * m + 2] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0x44);
+    u[4 * m + 3] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], 0xEE);
+  }
+  for (int x = 0; x < 4; ++x) {
+    _mm256_storeu_ps(out + x * ldo, _mm256_permute2f128_ps(u[x], u[4 + x], 0x20));
+    _mm256_storeu_ps(out + (x + 4) * ldo, _mm256_permute2f128_ps(u[x], u[4 + x], 0x31));
+  }
+}
+constexpr int64_t kTransposeBlock = 8;
+inline void transpose_block(const float* in, int64_t ldi, float* out, int64_t ldo) {
+  transpose8(in, ldi, out, ldo);
+}
+#else
+constexpr int64_t kTransposeBlock = 0;  // no vector transpose: element by element
+inline void transpose_block(const float*, int64_t, float*, int64_t) {}
 #endif
 
 // Bt[d][j] = M[j * ld + d] for j < n, zero for n <= j < n_padded: a [n, D] block of
@@ -181,11 +234,10 @@ inline void transpose_rows(const float* M, int64_t ld, int64_t n, int64_t D, flo
                            int64_t n_padded) {
   for (int64_t d = 0; d < D; ++d) std::fill(Bt + d * n_padded + n, Bt + (d + 1) * n_padded, 0.0f);
   int64_t j0 = 0;
-#if defined(__AVX512F__)
-  for (; j0 + 16 <= n; j0 += 16)
-    for (int64_t d0 = 0; d0 < D; d0 += 16)
-      transpose16(M + j0 * ld + d0, ld, Bt + d0 * n_padded + j0, n_padded);
-#endif
+  if constexpr (kTransposeBlock > 0)
+    for (; j0 + kTransposeBlock <= n; j0 += kTransposeBlock)
+      for (int64_t d0 = 0; d0 < D; d0 += kTransposeBlock)
+        transpose_block(M + j0 * ld + d0, ld, Bt + d0 * n_padded + j0, n_padded);
   for (int64_t j = j0; j < n; ++j)
     for (int64_t d = 0; d < D; ++d) Bt[d * n_padded + j] = M[j * ld + d];
 }

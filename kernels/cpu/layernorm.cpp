@@ -17,9 +17,12 @@ namespace {
 template <class T>
 inline void layernorm_row(const T* xr, const T* w, const T* b, double eps, T* yr, T* mean, T* rstd,
                           int64_t cols) {
-  const T mu = sum_of<T>(cols, [&](int64_t c) { return xr[c]; }) / T(cols);
+  const T mu = sum_of<T>(cols, [&]<class V>(V, int64_t c) { return load_as<V>(xr + c); }) / T(cols);
   // Two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2.
-  const T v = sum_of<T>(cols, [&](int64_t c) { return (xr[c] - mu) * (xr[c] - mu); });
+  const T v = sum_of<T>(cols, [&]<class V>(V, int64_t c) {
+    const V d = load_as<V>(xr + c) - mu;
+    return d * d;
+  });
   const T rs = T(1) / std::sqrt(v / T(cols) + T(eps));
 #pragma GCC ivdep
   for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
@@ -32,9 +35,9 @@ inline void layernorm_row(const T* xr, const T* w, const T* b, double eps, T* yr
 template <class T>
 inline void layernorm_backward_row(const T* dyr, const T* xr, const T* w, T mu, T rs, const T* base,
                                    T* dxr, int64_t cols) {
-  const auto [sg, sgx] = sum2_of<T>(cols, [&](int64_t c) {
-    const T g = dyr[c] * w[c];
-    return std::pair<T, T>{g, g * (xr[c] - mu) * rs};
+  const auto [sg, sgx] = sum2_of<T>(cols, [&]<class V>(V, int64_t c) {
+    const V g = load_as<V>(dyr + c) * load_as<V>(w + c);
+    return std::pair<V, V>{g, g * (load_as<V>(xr + c) - mu) * rs};
   });
   const T mg = sg / T(cols), mgx = sgx / T(cols);
   if (base != nullptr) {

@@ -22,7 +22,10 @@ double sum_squares(const T* x, int64_t n) {
     for (int64_t c = c0; c < c1; ++c) {
       const T* p = x + c * chunk;
       const int64_t m = std::min(chunk, n - c * chunk);
-      partial[c] = sum_of<double>(m, [&](int64_t i) { return double(p[i]) * double(p[i]); });
+      partial[c] = sum_of<double>(m, [&]<class V>(V, int64_t i) {
+        const V v = load_as<V>(p + i);
+        return v * v;
+      });
     }
   });
   double total = 0;

@@ -17,7 +17,12 @@ void rmsnorm_forward(const T* x, const T* w, double eps, T* y, T* rstd, int64_t 
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
-      const T ms = sum_of<T>(cols, [&](int64_t c) { return xr[c] * xr[c]; }) / T(cols);
+      const T ms = sum_of<T>(cols,
+                             [&]<class V>(V, int64_t c) {
+                               const V v = load_as<V>(xr + c);
+                               return v * v;
+                             }) /
+                   T(cols);
       const T rs = T(1) / std::sqrt(ms + T(eps));
       // Hugging Face's order: weight * (x * rstd).
 #pragma GCC ivdep
@@ -37,7 +42,11 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, 
       const T* dyr = dy + r * cols;
       T* dxr = dx + r * cols;
       const T rs = rstd[r];
-      const T mgx = sum_of<T>(cols, [&](int64_t c) { return dyr[c] * w[c] * xr[c]; }) / T(cols);
+      const T mgx = sum_of<T>(cols,
+                              [&]<class V>(V, int64_t c) {
+                                return load_as<V>(dyr + c) * load_as<V>(w + c) * load_as<V>(xr + c);
+                              }) /
+                    T(cols);
       const T k = rs * rs * mgx;
       if (accumulate) {
 #pragma GCC ivdep

@@ -30,7 +30,8 @@ void softmax_backward(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols
       const T* yr = y + r * cols;
       const T* dyr = dy + r * cols;
       T* dxr = dx + r * cols;
-      const T s = sum_of<T>(cols, [&](int64_t c) { return dyr[c] * yr[c]; });
+      const T s = sum_of<T>(
+          cols, [&]<class V>(V, int64_t c) { return load_as<V>(dyr + c) * load_as<V>(yr + c); });
       if (accumulate) {
 #pragma GCC ivdep
         for (int64_t c = 0; c < cols; ++c) dxr[c] += yr[c] * (dyr[c] - s);

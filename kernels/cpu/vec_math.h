@@ -1,12 +1,14 @@
-// SIMD helpers for the CPU kernels: 64-byte vectors in GCC's vector extensions (one
-// AVX-512 register with -march=native, lowered to narrower registers elsewhere), a
+// SIMD helpers for the CPU kernels: vectors of one register of the target in GCC's
+// vector extensions (64 bytes with AVX-512, 32 with AVX/AVX2, 16 otherwise), a
 // vectorised exp for float (Cephes-style polynomial, relative error about 2e-7) and
 // reductions. Written explicitly because GCC 12 leaves max reductions and loops with
-// several sums scalar. Double, the reference precision, calls std::exp lane by lane:
-// it must be exact rather than fast.
+// several sums scalar. The width follows the target because GCC splits a wider vector
+// into pieces and scalarises its compares and selects (64-byte vectors on an AVX2 CPU ran
+// softmax 10x slower). Double, the reference precision, calls std::exp lane by lane: it
+// must be exact rather than fast.
 #pragma once
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -18,11 +20,25 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__AVX512F__)
+#define BATON_VEC_BYTES 64
+#define BATON_VEC_REGS 32
+#elif defined(__AVX__)
+#define BATON_VEC_BYTES 32
+#define BATON_VEC_REGS 16
+#else
+#define BATON_VEC_BYTES 16
+#define BATON_VEC_REGS 16
+#endif
+
 namespace baton::kernels::cpu {
 
-typedef float vfloat __attribute__((vector_size(64)));
-typedef double vdouble __attribute__((vector_size(64)));
-typedef int32_t vint32 __attribute__((vector_size(64)));
+typedef float vfloat __attribute__((vector_size(BATON_VEC_BYTES)));
+typedef double vdouble __attribute__((vector_size(BATON_VEC_BYTES)));
+typedef int32_t vint32 __attribute__((vector_size(BATON_VEC_BYTES)));
+// Bytes of one vector and the number of vector registers (for register blocking).
+constexpr int64_t kVecBytes = BATON_VEC_BYTES;
+constexpr int kVecRegs = BATON_VEC_REGS;
 template <class T>
 struct VecOf;
 template <>
@@ -36,7 +52,7 @@ struct VecOf<double> {
 template <class T>
 using vec = typename VecOf<T>::type;
 template <class T>
-constexpr int64_t kLanes = int64_t(64 / sizeof(T));
+constexpr int64_t kLanes = int64_t(kVecBytes / sizeof(T));
 template <class V>
 using lane_t = std::remove_cvref_t<decltype(std::declval<V>()[0])>;
 
@@ -54,6 +70,8 @@ template <class T>
 inline vec<T> splat(T x) {
   return vec<T>{} + x;
 }
+// max and min with the semantics of a > b ? a : b (b when either is NaN), which is what
+// maxps/minps do; GCC 12 lowers the vector ?: to a compare and a blend, twice the uops.
 template <class V>
 inline V vmax(V a, V b) {
   return a > b ? a : b;
@@ -62,6 +80,21 @@ template <class V>
 inline V vmin(V a, V b) {
   return a < b ? a : b;
 }
+#if defined(__AVX512F__)
+inline vfloat vmax(vfloat a, vfloat b) {
+  return (vfloat)_mm512_max_ps((__m512)a, (__m512)b);
+}
+inline vfloat vmin(vfloat a, vfloat b) {
+  return (vfloat)_mm512_min_ps((__m512)a, (__m512)b);
+}
+#elif defined(__AVX__)
+inline vfloat vmax(vfloat a, vfloat b) {
+  return (vfloat)_mm256_max_ps((__m256)a, (__m256)b);
+}
+inline vfloat vmin(vfloat a, vfloat b) {
+  return (vfloat)_mm256_min_ps((__m256)a, (__m256)b);
+}
+#endif
 template <class V>
 inline lane_t<V> hsum(V v) {
   lane_t<V> s = 0;
@@ -129,7 +162,9 @@ inline vdouble vexp(vdouble x) {
 }
 
 // 1 / x: with AVX-512 a 14-bit estimate refined by one Newton step (about 1 ulp),
-// since a full division is several times slower than everything else in GELU.
+// since a full division is several times slower than everything else in GELU. AVX's
+// 12-bit estimate refined once is off by a few ulp, which SiLU's gradient amplifies past
+// 1e-6 (measured 3e-6), so AVX2 divides.
 inline vfloat vrecip(vfloat x) {
 #if defined(__AVX512F__)
   // maskz form: the plain intrinsic trips GCC 12's uninitialised-value warning.
@@ -214,45 +249,105 @@ inline void exp_shifted_scaled(const T* x, T shift, T scale, T* y, int64_t n) {
   for (; i < n; ++i) y[i] = vexp(x[i] - shift) * scale;
 }
 
-// sum of f(i) over i < n, in sixteen running sums (one or two vector registers) added
-// together at the end. Fixed order, so the result depends on n only. For simple bodies;
-// `omp simd reduction(+)` stays scalar in GCC 12 when a loop has two sums.
-template <class T, class F>
-inline T sum_of(int64_t n, F&& f) {
-  constexpr int64_t W = 16;
-  T acc[W] = {};
-  int64_t i = 0;
-  for (; i + W <= n; i += W)
-    for (int64_t j = 0; j < W; ++j) acc[j] += f(i + j);
-  for (int64_t j = 0; i < n; ++i, ++j) acc[j] += f(i);
-  T s = 0;
-  for (int64_t j = 0; j < W; ++j) s += acc[j];
-  return s;
+// The value of type V at p: V is either a scalar or one of the vectors above, of the
+// same lane type as p or (vdouble from float) converted lane by lane.
+template <class V, class S>
+inline V load_as(const S* p) {
+  if constexpr (std::is_arithmetic_v<V>) {
+    return V(*p);
+  } else if constexpr (std::is_same_v<lane_t<V>, S>) {
+    return load(p);
+  } else {
+    constexpr std::size_t kParts = sizeof(V) / sizeof(lane_t<V>);
+    typedef S part __attribute__((vector_size(kParts * sizeof(S))));
+    part v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, V);
+  }
 }
 
-// Two sums at once: f(i) returns {a, b}.
+namespace detail {
+template <class T, int N>
+struct LanesOf {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+// Lane j + N/2 added to lane j, down to one lane: the pairwise tree inside a register.
+template <class T, int N, std::size_t... I>
+inline T tree_sum(typename LanesOf<T, N>::type v, std::index_sequence<I...>) {
+  const auto lo = __builtin_shufflevector(v, v, I...);
+  const auto hi = __builtin_shufflevector(v, v, (I + N / 2)...);
+  if constexpr (N == 2)
+    return (lo + hi)[0];
+  else
+    return tree_sum<T, N / 2>(lo + hi, std::make_index_sequence<N / 4>{});
+}
+}  // namespace detail
+
+// sum of f(i) over i < n: whole blocks of 32 elements in 32 running sums (four AVX2 or
+// two AVX-512 registers, so four independent chains of additions keep the adder busy;
+// slot s gets the elements i = s mod 32), the slots added pairwise in registers (s and
+// s + h for h = 16, 8, .., 1), then the last n mod 32 elements one by one. Fixed order,
+// so the result depends on n only, not on the instruction set or the thread count. f is
+// called as f(V{}, i) with V = vec<T> for elements i..i+L-1 or V = T for element i (write
+// its body with load_as<V>), e.g.
+//   sum_of<float>(n, [&]<class V>(V, int64_t i) { return load_as<V>(x + i) * load_as<V>(y + i); })
+constexpr int64_t kSumWays = 32;
+
+template <class T, class F>
+inline auto sum_of_vectors(int64_t n, F&& f) {
+  using V = vec<T>;
+  constexpr int64_t L = kLanes<T>, P = kSumWays / L;
+  using R = std::remove_cvref_t<decltype(f(V{}, int64_t(0)))>;  // V or a pair of V
+  constexpr bool kPair = !std::is_same_v<R, V>;
+  auto add = [](R& a, const R& b) {
+    if constexpr (kPair) {
+      a.first += b.first;
+      a.second += b.second;
+    } else {
+      a += b;
+    }
+  };
+  R acc[P];
+  for (R& a : acc) {
+    if constexpr (kPair)
+      a = R(V{}, V{});
+    else
+      a = V{};
+  }
+  int64_t i = 0;
+  for (; i + kSumWays <= n; i += kSumWays)
+#pragma GCC unroll 16
+    for (int64_t p = 0; p < P; ++p) add(acc[p], f(V{}, i + p * L));
+#pragma GCC unroll 8
+  for (int64_t h = P / 2; h >= 1; h /= 2)
+#pragma GCC unroll 16
+    for (int64_t p = 0; p < h; ++p) add(acc[p], acc[p + h]);
+  constexpr auto half = std::make_index_sequence<std::size_t(L / 2)>{};
+  if constexpr (kPair) {
+    T s0 = detail::tree_sum<T, int(L)>(acc[0].first, half);
+    T s1 = detail::tree_sum<T, int(L)>(acc[0].second, half);
+    for (; i < n; ++i) {
+      const auto e = f(T{}, i);
+      s0 += e.first;
+      s1 += e.second;
+    }
+    return std::pair<T, T>{s0, s1};
+  } else {
+    T s = detail::tree_sum<T, int(L)>(acc[0], half);
+    for (; i < n; ++i) s += f(T{}, i);
+    return s;
+  }
+}
+
+template <class T, class F>
+inline T sum_of(int64_t n, F&& f) {
+  return sum_of_vectors<T>(n, f);
+}
+
+// Two sums at once: f(V{}, i) returns std::pair<V, V>.
 template <class T, class F>
 inline std::pair<T, T> sum2_of(int64_t n, F&& f) {
-  constexpr int64_t W = 16;
-  T a[W] = {}, b[W] = {};
-  int64_t i = 0;
-  for (; i + W <= n; i += W)
-    for (int64_t j = 0; j < W; ++j) {
-      const auto [x, y] = f(i + j);
-      a[j] += x;
-      b[j] += y;
-    }
-  for (int64_t j = 0; i < n; ++i, ++j) {
-    const auto [x, y] = f(i);
-    a[j] += x;
-    b[j] += y;
-  }
-  T sa = 0, sb = 0;
-  for (int64_t j = 0; j < W; ++j) {
-    sa += a[j];
-    sb += b[j];
-  }
-  return {sa, sb};
+  return sum_of_vectors<T>(n, f);
 }
 
 }  // namespace baton::kernels::cpu
