@@ -4,13 +4,17 @@
 #   bench/run_data.sh [--gib N] [--steps S]
 # Writes an N GiB (default 1) flat uint16 token file of random tokens below config B's
 # vocabulary, then
-#   1. times `baton data inspect` on it: the memory map and the full scan for the smallest
-#      and largest token (the same pass as the vocabulary check `baton train` makes when
-#      it opens a dataset), with the file in the page cache and, when run as root, with
-#      the page cache dropped first;
-#   2. trains GPT config B under a PP=2 plan on it for S steps (default 4), the last two
-#      traced (`--trace-steps 2`), and counts the input loader's LOAD events and the
-#      forwards that waited for their inputs (INPUT_WAIT) in the measured timeline.
+#   1. opens it in `baton train` (the tiny GPT, 3 steps), twice with the file in the page
+#      cache and, when run as root, twice with the page cache dropped first: the open's
+#      time as baton logs it (the memory map; the check of every token against the
+#      vocabulary runs on a thread of its own, stages/data.h), that check's time, the
+#      first step's time and the whole process's;
+#   2. times `baton data inspect --vocab` on it, which scans the file in the foreground
+#      (the check, then the smallest and largest token): the scan's own cost;
+#   3. trains GPT config B under a PP=2 plan on it for S steps (default 4; the page cache
+#      dropped first when root), the last two traced (`--trace-steps 2`), and counts the
+#      input loader's LOAD events and the forwards that waited for their inputs
+#      (INPUT_WAIT) in the measured timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gib=1
@@ -41,14 +45,39 @@ with open(path, "wb") as f:
 PY
 echo "# dataset: $(du -h "$tmp/tokens.bin" | cut -f1), flat uint16"
 
-seconds() { local t0 t1; t0=$(date +%s.%N); "$@" > "$tmp/inspect.out" 2>&1; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'; }
+seconds() {  # prints the command's seconds; its output goes to run.out; returns its status
+  local t0 t1 rc=0
+  t0=$(date +%s.%N)
+  "$@" > "$tmp/run.out" 2>&1 || rc=$?
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'
+  return $rc
+}
+drop_cache() { [ "$(id -u)" -eq 0 ] && sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; }
+open_in_train() {  # $1: the page cache's state, for the line
+  local total opened check first
+  total=$(seconds "$baton" train --model examples/models/tiny-gpt.json --data "$tmp/tokens.bin" \
+    --token-dtype uint16 --steps 3 --batch 8 --threads 1 --log-every 1) ||
+    { cat "$tmp/run.out"; exit 1; }
+  opened=$(grep -o 'opened the data in [0-9.]* s' "$tmp/run.out" | grep -o '[0-9.]* s')
+  check=$(grep -o 'checked in [0-9.]* s' "$tmp/run.out" | grep -o '[0-9.]* s')
+  first=$(grep -o '[0-9.]* ms/step' "$tmp/run.out" | head -n 1)
+  echo "baton train, page cache $1: open $opened, vocabulary check $check (background)," \
+    "first step $first, process $total s"
+}
 "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 > /dev/null  # into the page cache
-echo "open + scan, page cache warm: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16) s"
-echo "open + scan, page cache warm: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16) s"
-if [ "$(id -u)" -eq 0 ] && sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
-  echo "open + scan, page cache dropped: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16) s"
+open_in_train warm
+open_in_train warm
+if drop_cache; then
+  open_in_train dropped
+  drop_cache
+  open_in_train dropped
 fi
-grep -i 'tokens\|smallest\|largest' "$tmp/inspect.out" | head -3 | sed 's/^/  /'
+echo "data inspect --vocab (foreground scan), page cache warm: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab 256) s"
+if drop_cache; then
+  echo "data inspect --vocab (foreground scan), page cache dropped: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab 256) s"
+fi
+grep -i 'opened\|tokens\|ids' "$tmp/run.out" | head -3 | sed 's/^/  /'
 
 cp examples/models/gpt-config-b.json "$tmp/model.json"
 cat > "$tmp/pp2.json" <<JSON
@@ -58,6 +87,7 @@ cat > "$tmp/pp2.json" <<JSON
  "schedule": {"name": "1f1b", "micro_batches": 8},
  "stages": [{"layers": [0, 5]}, {"layers": [5, 10]}]}
 JSON
+drop_cache || true
 "$baton" launch -n 2 -- "$baton" train --plan "$tmp/pp2.json" --data "$tmp/tokens.bin" \
   --token-dtype uint16 --steps "$steps" --threads 1 --log-every 1 \
   --trace "$tmp/measured.json" --trace-steps 2 > "$tmp/train.out" 2>&1 ||

@@ -86,6 +86,14 @@ bool image_data(const LoopOptions& o) {
   return true;
 }
 
+void log_data_opened(const stages::TrainData& d) {
+  spdlog::info("opened the data in {:.3f} s{}", d.open_seconds,
+               d.check ? fmt::format("; its {} tokens are checked against the model's vocabulary "
+                                     "of {} in the background",
+                                     d.check->tokens(), d.check->vocab())
+                       : std::string());
+}
+
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
   nlohmann::json j = {{"position", position}, {"train", d.train->to_json()}};
   if (d.eval) j["eval"] = d.eval->to_json();
@@ -171,6 +179,18 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   LossLog loss_log(lead ? o.loss_log : std::string(), start);
   const stages::LrSchedule schedule = lr_schedule_of(o);
   double ema_step = 0;
+  bool data_checked = steps.data_check == nullptr;
+  auto check_data = [&](bool wait) {
+    if (data_checked) return;
+    if (wait) steps.data_check->wait();
+    if (!steps.data_check->done()) return;
+    data_checked = true;
+    if (lead)
+      spdlog::info(
+          "vocabulary check: all {} tokens of the data are below the model's vocabulary of {} "
+          "(checked in {:.3f} s, in the background)",
+          steps.data_check->tokens(), steps.data_check->vocab(), steps.data_check->seconds());
+  };
   for (int64_t step = start; step < o.steps; ++step) {
     // The rate is a pure function of the step: a resumed run continues the curve.
     const double lr = schedule.at(step + 1);
@@ -180,6 +200,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (!std::isfinite(rec.loss))
       throw RuntimeError("loss is " + std::to_string(rec.loss) + " at step " +
                          std::to_string(rec.step));
+    check_data(false);
     const bool eval = steps.evaluate && eval_due(o, rec.step);
     if (eval) rec.eval_loss = steps.evaluate();
     summary.records.push_back(rec);
@@ -201,10 +222,12 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           duration_str(ema_step * double(o.steps - rec.step)));
     if (on_step) on_step(rec);
     if (checkpoint_due(o, rec.step)) {
+      check_data(true);  // no checkpoint of a run whose data holds a bad token
       summary.last_checkpoint = steps.checkpoint(rec.step);
       if (lead) spdlog::info("checkpoint {}", summary.last_checkpoint);
     }
   }
+  check_data(true);
   return summary;
 }
 

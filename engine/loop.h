@@ -120,6 +120,9 @@ stages::DataFlags data_flags(const LoopOptions& o);
 // (InputError when one was given).
 bool image_data(const LoopOptions& o);
 
+// The log line of the data's opening: its time, and the vocabulary check started.
+void log_data_opened(const stages::TrainData& d);
+
 // What a checkpoint's manifest records of the data: the dataset (and held-out dataset)
 // and the position (steps done: the next step's samples follow from it).
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position);
@@ -160,13 +163,17 @@ struct LoopSteps {
   std::function<void(double lr)> set_lr;
   // The held-out loss of the model as it is now (empty: no held-out data).
   std::function<double()> evaluate;
+  // The background check of every token of the data (stages/data.h; null: none).
+  stages::VocabularyCheck* data_check = nullptr;
 };
 
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,
 // the records, the check for a finite loss (RuntimeError), an evaluation every
 // o.eval_every steps and after the last, the loss log, the progress line every
 // o.log_every steps and at each evaluation (only where `lead`), `on_step`, and a
-// checkpoint every o.checkpoint_every steps and after the last.
+// checkpoint every o.checkpoint_every steps and after the last. The data check's
+// InputError stops the run after the step that saw it; each checkpoint, and the end of
+// the run, waits for the check to pass.
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
                       const LoopSteps& steps,
                       const std::function<void(const StepRecord&)>& on_step);

@@ -543,6 +543,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                                 ? o.data_path + " (" + std::to_string(images->size()) + " images)"
                                 : data.train->describe());
     if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
+    if (!images) log_data_opened(data);
   }
 
   stages::Manifest base;
@@ -593,6 +594,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     for (const auto& [s, st] : engine.stages()) st->optimizer().set_lr(lr);
   };
   if (data.eval) steps.evaluate = [&] { return engine.evaluate(o.eval_batches); };
+  steps.data_check = data.check.get();
   const int64_t tokens_per_step = engine.executor().config().global_batch * T;
   TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
   if (!o.trace_path.empty() && trace_from < o.steps) {

@@ -110,6 +110,7 @@ TrainSummary run_training(const TrainOptions& o,
              : data.train->describe(),
       o.batch, T, images ? "image" : "tokens", o.micro_batches, o.steps);
   if (data.eval) spdlog::info("held-out data {}", data.eval->describe());
+  if (!images) log_data_opened(data);
 
   if (o.device.is_cuda() || o.precision != kernels::Precision::f32)
     spdlog::info("device {}, precision {}{}", o.device.str(), kernels::precision_name(o.precision),
@@ -177,6 +178,7 @@ TrainSummary run_training(const TrainOptions& o,
     return dir;
   };
   steps.set_lr = [&](double lr) { stage.optimizer().set_lr(lr); };
+  steps.data_check = data.check.get();
   if (data.eval)
     steps.evaluate = [&] {
       return stages::evaluate_loss(stage, *data.eval,

@@ -1,6 +1,7 @@
 #include "stages/data.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -73,12 +74,17 @@ void Dataset::fill(uint64_t seed, int64_t step, int64_t first, int64_t n, memory
 // ---- TokenDataset ----
 
 TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t window,
-                           bool cross_documents)
-    : TokenDataset(store, 0, store->num_tokens(), window, cross_documents) {}
+                           bool cross_documents, int64_t vocab)
+    : TokenDataset(store, 0, store->num_tokens(), window, cross_documents, vocab) {}
 
 TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begin, int64_t end,
-                           int64_t window, bool cross_documents)
-    : store_(std::move(store)), begin_(begin), end_(end), window_(window), cross_(cross_documents) {
+                           int64_t window, bool cross_documents, int64_t vocab)
+    : store_(std::move(store)),
+      begin_(begin),
+      end_(end),
+      window_(window),
+      cross_(cross_documents),
+      vocab_(vocab) {
   BATON_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= store_->num_tokens(), "range of the store");
   const std::string unit = store_->format() == "text" ? "byte" : "token";
   if (cross_) {
@@ -126,6 +132,14 @@ void TokenDataset::sample(uint64_t seed, int64_t step, int64_t index, int64_t wi
                           int64_t* out) const {
   BATON_CHECK(window == window_, "a window other than the dataset's");
   store_->read(sample_start(seed, step, index), window + 1, out);
+  if (vocab_ <= 0) return;
+  for (int64_t t = 0; t <= window; ++t)
+    if (out[t] < 0 || out[t] >= vocab_) {
+      // The error the whole scan gives (the file's first bad token), whichever finds it
+      // first: a rare path, worth one scan.
+      store_->check_vocabulary(vocab_);
+      BATON_CHECK(false, "a token outside the vocabulary that the scan did not find");
+    }
 }
 
 std::string TokenDataset::describe() const {
@@ -163,8 +177,8 @@ std::pair<DatasetPtr, DatasetPtr> TokenDataset::split(double fraction) const {
         std::clamp<int64_t>(int64_t(std::llround(fraction * double(docs))), 1, docs - 1);
     cut = inner[size_t(docs - 1 - held)];
   }
-  return {std::make_shared<TokenDataset>(store_, begin_, cut, window_, cross_),
-          std::make_shared<TokenDataset>(store_, cut, end_, window_, cross_)};
+  return {std::make_shared<TokenDataset>(store_, begin_, cut, window_, cross_, vocab_),
+          std::make_shared<TokenDataset>(store_, cut, end_, window_, cross_, vocab_)};
 }
 
 // ---- ByteDataset ----
@@ -329,8 +343,13 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
                    "'");
 }
 
-DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions& o,
-                        const std::string& flag) {
+namespace {
+// open_dataset, leaving the scan of every token to the caller: the stores to scan (not
+// byte-level text, whose bytes are all below a vocabulary of 256 or more) are appended
+// to `to_scan`.
+DatasetPtr open_unscanned(const std::vector<std::string>& args, const DataOptions& o,
+                          const std::string& flag,
+                          std::vector<std::shared_ptr<const TokenStore>>& to_scan) {
   std::vector<DataSpec> specs = parse_data_specs(args, flag);
   std::vector<DatasetPtr> parts;
   std::vector<double> weights;
@@ -341,15 +360,68 @@ DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions&
                        ": byte-level data needs a vocabulary of at least 256 (every byte a "
                        "token), the model's is " +
                        std::to_string(o.vocab));
-    if (o.vocab > 0) store->check_vocabulary(o.vocab);
-    parts.push_back(std::make_shared<TokenDataset>(store, o.window, o.cross_documents));
+    if (o.vocab > 0 && store->format() != "text") to_scan.push_back(store);
+    parts.push_back(std::make_shared<TokenDataset>(store, o.window, o.cross_documents, o.vocab));
     weights.push_back(s.weight);
   }
   if (parts.size() == 1) return parts[0];
   return std::make_shared<BlendedDataset>(weights, parts);
 }
+}  // namespace
+
+DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions& o,
+                        const std::string& flag) {
+  std::vector<std::shared_ptr<const TokenStore>> to_scan;
+  DatasetPtr d = open_unscanned(args, o, flag, to_scan);
+  for (const auto& store : to_scan) store->check_vocabulary(o.vocab);
+  return d;
+}
+
+// ---- VocabularyCheck ----
+
+VocabularyCheck::VocabularyCheck(std::vector<std::shared_ptr<const TokenStore>> stores,
+                                 int64_t vocab)
+    : stores_(std::move(stores)), vocab_(vocab) {
+  for (const auto& s : stores_) tokens_ += s->num_tokens();
+  thread_ = std::thread([this] { run(); });
+}
+
+VocabularyCheck::~VocabularyCheck() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void VocabularyCheck::run() {
+  const auto t0 = std::chrono::steady_clock::now();
+  constexpr int64_t kBlock = int64_t(1) << 22;  // tokens between looks at stop_
+  try {
+    for (const auto& s : stores_)
+      for (int64_t pos = 0; pos < s->num_tokens() && !stop_; pos += kBlock)
+        s->check_vocabulary(vocab_, pos, std::min(kBlock, s->num_tokens() - pos));
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+  seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done_.store(true, std::memory_order_release);
+}
+
+bool VocabularyCheck::done() {
+  if (!done_.load(std::memory_order_acquire)) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void VocabularyCheck::wait() {
+  if (thread_.joinable()) thread_.join();
+  done();
+}
+
+double VocabularyCheck::seconds() const {
+  return done_.load(std::memory_order_acquire) ? seconds_ : 0;
+}
 
 TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string& model_source) {
+  const auto t0 = std::chrono::steady_clock::now();
   DataOptions o;
   o.vocab = token_vocabulary(g, model_source);
   o.window = g.value("tokens").type.shape[0];
@@ -357,16 +429,19 @@ TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string&
   o.token_dtype = f.token_dtype;
   o.cross_documents = f.cross_documents;
   TrainData d;
-  d.train = open_dataset(f.data, o, "--data");
+  std::vector<std::shared_ptr<const TokenStore>> to_scan;
+  d.train = open_unscanned(f.data, o, "--data", to_scan);
   if (!f.eval_data.empty() && f.eval_fraction > 0)
     throw InputError("--eval-data and --eval-fraction: expected one of them, found both");
-  if (!f.eval_data.empty()) d.eval = open_dataset(f.eval_data, o, "--eval-data");
+  if (!f.eval_data.empty()) d.eval = open_unscanned(f.eval_data, o, "--eval-data", to_scan);
   if (f.eval_fraction > 0) {
     if (!(f.eval_fraction < 1))
       throw InputError("--eval-fraction: expected a share in (0, 1), found " +
                        std::to_string(f.eval_fraction));
     std::tie(d.train, d.eval) = d.train->split(f.eval_fraction);
   }
+  if (!to_scan.empty()) d.check = std::make_shared<VocabularyCheck>(std::move(to_scan), o.vocab);
+  d.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;
 }
 

@@ -7,10 +7,13 @@
 // and several of them blended with weights. docs/formats/data.md describes the formats.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -53,10 +56,13 @@ class Dataset {
 class TokenDataset : public Dataset {
  public:
   // `window`: the model's T. Throws InputError when the range has no window of T + 1
-  // tokens (inside one document when !cross_documents).
-  TokenDataset(std::shared_ptr<const TokenStore> store, int64_t window, bool cross_documents);
+  // tokens (inside one document when !cross_documents). `vocab` > 0: every window read is
+  // checked against it (the whole store's check may still be running, VocabularyCheck);
+  // a bad token throws the InputError of the store's first bad token.
+  TokenDataset(std::shared_ptr<const TokenStore> store, int64_t window, bool cross_documents,
+               int64_t vocab = 0);
   TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begin, int64_t end, int64_t window,
-               bool cross_documents);
+               bool cross_documents, int64_t vocab = 0);
 
   void sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
               int64_t* out) const override;
@@ -74,6 +80,7 @@ class TokenDataset : public Dataset {
   std::shared_ptr<const TokenStore> store_;
   int64_t begin_, end_, window_;
   bool cross_;
+  int64_t vocab_;
   std::vector<int64_t> doc_begin_;   // !cross_: documents with a window, and their first position
   std::vector<int64_t> cum_starts_;  // !cross_: prefix sums of their window counts
 };
@@ -138,6 +145,39 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
 DatasetPtr open_dataset(const std::vector<std::string>& args, const DataOptions& options,
                         const std::string& flag = "--data");
 
+// The check of every token of a run's token stores against the model's vocabulary, on a
+// thread of its own: opening a dataset then costs its memory map, not a scan of the whole
+// file (seconds for a gigabyte from a cold disk), and the first steps do not wait for it.
+// The windows the steps read are checked as they are read (TokenDataset), so no step
+// uses a bad token; the training loop polls this check after every step and waits for
+// it before any checkpoint, so a run whose data holds a bad token writes none.
+class VocabularyCheck {
+ public:
+  // Starts scanning `stores`, in order.
+  VocabularyCheck(std::vector<std::shared_ptr<const TokenStore>> stores, int64_t vocab);
+  ~VocabularyCheck();  // stops the scan (between blocks) and joins it
+  VocabularyCheck(const VocabularyCheck&) = delete;
+  VocabularyCheck& operator=(const VocabularyCheck&) = delete;
+
+  // Whether the scan has finished; then throws its InputError (naming the file, the first
+  // bad token's position and value) when it found one. One thread calls done() and wait().
+  bool done();
+  // Waits for the scan to finish, then as done().
+  void wait();
+  int64_t vocab() const { return vocab_; }
+  int64_t tokens() const { return tokens_; }  // every store's
+  double seconds() const;                     // the scan's duration, once done
+
+ private:
+  void run();
+  std::vector<std::shared_ptr<const TokenStore>> stores_;
+  int64_t vocab_, tokens_ = 0;
+  std::atomic<bool> stop_{false}, done_{false};
+  std::exception_ptr error_;  // written before done_
+  double seconds_ = 0;        // written before done_
+  std::thread thread_;
+};
+
 // What the training loops take from the command line (--data, --eval-data, ...).
 struct DataFlags {
   std::vector<std::string> data;       // PATH, or WEIGHT:PATH ... (a blend)
@@ -150,9 +190,14 @@ struct DataFlags {
 struct TrainData {
   DatasetPtr train;
   DatasetPtr eval;  // null without --eval-data or --eval-fraction
+  // The background check of every token against the model's vocabulary (null: nothing to
+  // scan, byte-level text).
+  std::shared_ptr<VocabularyCheck> check;
+  double open_seconds = 0;  // the time open_train_data took
 };
 // Opens the training (and held-out) data for a model whose logical graph is `g`: the
-// window is its T, every token is checked against its vocabulary.
+// window is its T; every token is checked against its vocabulary, as each window is read
+// and by `check` in the background.
 TrainData open_train_data(const DataFlags& flags, const Graph& g, const std::string& model_source);
 
 // Evaluation batch k is "step" k of the held-out data under this seed, the same batches

@@ -338,12 +338,14 @@ std::string TokenStore::where(int64_t pos) const {
          std::to_string(pos - doc_start_[size_t(d)]) + " (position " + std::to_string(pos) + ")";
 }
 
-void TokenStore::check_vocabulary(int64_t vocab) const {
+void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n) const {
+  if (n < 0) n = num_tokens() - pos;
+  BATON_CHECK(pos >= 0 && pos + n <= num_tokens(), "check past the end of the tokens");
   int64_t bad = -1;
   double value = 0;
   visit(type_, [&](auto x) {
     using T = decltype(x);
-    for_spans(0, num_tokens(), [&](const Span& s) {
+    for_spans(pos, n, [&](const Span& s) {
       if (bad >= 0) return;
       // Mapped files keep the OS page alignment and Megatron's writer aligns every
       // sequence to its item size, so typed access is safe when the pointer is aligned.

@@ -54,9 +54,9 @@ class TokenStore {
   void read(int64_t pos, int64_t n, int64_t* out) const;
   int64_t token(int64_t pos) const;
 
-  // Throws InputError naming the file and the first position whose token is not a whole
-  // number in [0, vocab).
-  void check_vocabulary(int64_t vocab) const;
+  // Throws InputError naming the file, the first position in [pos, pos + n) whose token
+  // is not a whole number in [0, vocab) and its value; n < 0: to the end.
+  void check_vocabulary(int64_t vocab, int64_t pos = 0, int64_t n = -1) const;
   // The smallest and largest token (a whole scan).
   std::pair<double, double> token_range() const;
   // "document 3, token 17 (position 1234)" for messages.

@@ -125,6 +125,23 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
   tokens[2 * 40 + 1] = char(0x01);
   std::string bad = temp_file("oov.bin", tokens);
   cli_expect_input_error("--model " + model + " --steps 1 --data " + bad, {bad, "position 40"});
+  // The whole file's check runs beside the first steps: it stops the run, one process or
+  // a plan's ranks, before any checkpoint is written.
+  const std::string ckpt = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-oov_ckpt";
+  cli_expect_input_error("--model " + model + " --steps 2 --checkpoint-every 1 --checkpoint-dir " +
+                             ckpt + " --data " + bad,
+                         {bad, "token 300 at position 40", "vocabulary of 256"});
+  std::string pp2 = temp_file("oov_pp2.json", R"({"version": 1, "model": ")" + model +
+                                                  R"(", "devices": 2,
+      "parallel": {"dp": 1, "pp": 2, "tp": 1}, "batch": {"micro_batch_size": 1, "global": 2},
+      "schedule": {"name": "1f1b", "micro_batches": 2}, "stages": [{"layers": [0, 1]}, {"layers": [1, 3]}]})");
+  Result plan = baton::cli_testing::run_command(
+      kCliBaton + " launch -n 2 -- " + kCliBaton + " train --plan " + pp2 + " --data " + bad +
+      " --steps 2 --threads 1 --checkpoint-every 1 --checkpoint-dir " + ckpt);
+  EXPECT_EQ(plan.code, 2) << plan.output;
+  EXPECT_NE(plan.output.find(bad + ": token 300 at position 40"), std::string::npos) << plan.output;
+  std::error_code ec;
+  EXPECT_FALSE(std::filesystem::exists(ckpt, ec)) << "a checkpoint of a run with a bad token";
   // A truncated flat file (an odd number of bytes for uint16).
   std::string odd = temp_file("odd.bin", std::string(65, 'a'));
   cli_expect_input_error("--model " + model + " --steps 1 --data " + odd, {odd});

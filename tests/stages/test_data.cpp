@@ -309,6 +309,48 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
                           {"token 50 at position 77777"});
 }
 
+// The run's check: every window read is checked as it is read, and the whole store on a
+// thread; both give the error of the file's first bad token.
+TEST(TokenStore, BackgroundAndWindowChecksNameTheFirstBadToken) {
+  const std::string p = tmp("late_bad.bin");
+  std::string b;
+  for (int i = 0; i < 2000; ++i) put(b, uint16_t(i == 300 || i == 1500 ? 700 + i : i % 500));
+  std::ofstream(p, std::ios::binary) << b;
+  auto store = TokenStore::open_flat(p, TokenType::u16);
+  const std::string first = p + ": token 1000 at position 300";
+  {
+    VocabularyCheck check({store}, 500);
+    EXPECT_EQ(check.tokens(), 2000);
+    data_expect_input_error([&] { check.wait(); }, {first, "vocabulary of 500"});
+    data_expect_input_error([&] { check.done(); }, {first});  // and on every later look
+  }
+  VocabularyCheck clean({store}, 5000);
+  clean.wait();
+  EXPECT_TRUE(clean.done());
+  { VocabularyCheck stopped({store, store, store}, 5000); }  // stops without waiting for it
+
+  // A window holding only the later bad token (position 1500) names the first one.
+  TokenDataset d(store, 8, true, 500);
+  int64_t index = -1;
+  for (int64_t i = 0; i < 100000 && index < 0; ++i) {
+    const int64_t s0 = d.sample_start(3, 0, i);
+    if (s0 <= 1500 && 1500 <= s0 + 8) index = i;
+  }
+  ASSERT_GE(index, 0);
+  std::vector<int64_t> w(9);
+  data_expect_input_error([&] { d.sample(3, 0, index, 8, w.data()); }, {first});
+  // A held-out split keeps the check.
+  auto [train, eval] = d.split(0.5);
+  data_expect_input_error(
+      [&] {
+        for (int64_t i = 0; i < 1000; ++i) eval->sample(3, 0, i, 8, w.data());
+      },
+      {first});
+  // Without a vocabulary no window is checked.
+  TokenDataset unchecked(store, 8, true);
+  unchecked.sample(3, 0, index, 8, w.data());
+}
+
 TEST(TokenStore, FlatTokensAndText) {
   const std::string u16 = tmp("flat16.bin"), u32 = tmp("flat32.bin"), odd = tmp("odd.bin"),
                     txt = tmp("t.txt");
