@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "memory/allocator.h"
 #include "memory/error.h"
@@ -202,19 +203,31 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
                ? values_bytes(pg, pg.cut_values(first), batch)
                : values_bytes(pg, pg.cut_values(last), batch, pg.loss);
   };
+  // A send's tensors (Executor::do_send) stay allocated until the transport reports it
+  // done, which for a message of any size needs the receiver to have taken it: it
+  // outlives the F or B that made it and overlaps the rank's next compute action.
+  auto send_bytes = [&](const schedule::Action& a) {
+    auto [first, last] = chunk(a.stage);
+    return a.kind == ActionKind::send_activation
+               ? values_bytes(pg, pg.cut_values(last), batch, pg.loss)
+               : values_bytes(pg, pg.cut_values(first), batch);
+  };
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
   size_t first_open = 0;
+  int64_t sent = 0;  // sends since the previous compute action
   for (size_t i = 0; i < acts.size(); ++i) {
     const ActionKind k = acts[i].kind;
+    if (schedule::is_send(k)) sent += send_bytes(acts[i]);
     if (k != ActionKind::forward && k != ActionKind::backward_input &&
         k != ActionKind::backward_weight && k != ActionKind::full_backward)
       continue;
     while (first_open < recvs.size() && recvs[first_open] < i) ++first_open;
-    int64_t posted = 0;
+    int64_t posted = std::exchange(sent, 0);
     for (size_t j = first_open; j < recvs.size() && j < first_open + ahead; ++j)
       posted += recv_bytes(acts[recvs[j]]);
     out.posted.push_back(posted);  // compute actions keep their order in the lowered list
   }
+  const int64_t last_sends = sent;  // held into the step's end (the reduction, STEP)
 
   // Gradient reduction (engine/detail/grad_reducer.cpp): per group of ranks, its
   // parameters in descending id order cut into buckets of up to bucket_bytes; a bucket
@@ -272,12 +285,12 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     close(params, elements, dtype);
     scratch += group_scratch;
   }
-  out.reduction = flats + scratch;
+  out.reduction = flats + scratch + last_sends;
 
   // STEP (Executor::finish_step): the per-layer norm pieces and the losses, all-reduced
   // over the world.
   const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
-  out.step = rounded(slots * 8) +
+  out.step = last_sends + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                          size_t(slots), 8, r.layout.world()));
   // A post-validated step copies what its update overwrites first: the elements of each
@@ -432,7 +445,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
           p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
       re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp) *
                      (zero2 ? double(p.micro_batches + 1) / 2 : 1.0);
-      re.compute_time += p.micro_batches / r.schedule.num_directions *
+      re.compute_time += double(p.micro_batches / r.schedule.num_directions) *
                          (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
                           costs.backward_weight[size_t(s)]);
     }

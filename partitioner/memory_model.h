@@ -111,12 +111,13 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
 // What a rank's executor holds besides its stages' tensors (engine/executor.cpp and
 // engine/detail/), in allocator bytes.
 struct RankBuffers {
-  int64_t loader = 0;     // the input loader's micro-batches made ahead: held all the time
-  int64_t reduction = 0;  // at the step's end: the gradient buckets' flat copies and the
-                          // all-reduces' scratch
+  int64_t loader = 0;  // the input loader's micro-batches made ahead: held all the time
+  // At the step's end (both with the sends made after the last compute action, still held):
+  int64_t reduction = 0;  // the gradient buckets' flat copies and the all-reduces' scratch
   int64_t step = 0;       // STEP's norm and loss vector (and its all-reduce's scratch)
   // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
-  // posted ahead of it and not yet waited for.
+  // posted ahead of it and not yet waited for, and the sends made since the previous
+  // compute action (still held by the transport).
   std::vector<int64_t> posted;
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the

@@ -5,8 +5,8 @@
 // estimate must count beyond the stages' tensors: data-parallel gradient buckets and
 // the all-reduces' scratch, DualPipe's replicated chunks, tensor-parallel collectives
 // inside ops, receives posted ahead and the input loader's staged micro-batches.
-// (The whole equivalence grid and configs A and B were measured the same way:
-// docs/partitioner.md, "Memory accuracy".)
+// (The equivalence grid, the example plans and configs A and B: test_memory_grid.cpp,
+// slow; docs/partitioner.md, "Memory accuracy".)
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -20,26 +20,12 @@ namespace {
 
 void expect_accurate(const PlanSpec& spec, const json& extra = json::object()) {
   SCOPED_TRACE(spec.describe() + " " + extra.dump());
+  std::printf("%s\n", spec.describe().c_str());
   Workspace ws("memacc");
   json plan = plan_json(spec, ws);
   plan.update(extra);
   std::ofstream(ws.path("plan.json")) << plan.dump(2);
-  const int ranks = plan["devices"].get<int>();
-  std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() +
-                    " train --plan " + ws.path("plan.json") + " --data " + data_file() +
-                    " --steps 2 --threads 1 --log-every 0" + " --summary " +
-                    ws.path("summary.json");
-  ASSERT_EQ(run(cmd, ws.path("run.out")), 0) << slurp(ws.path("run.out"));
-  const json summary = json::parse(slurp(ws.path("summary.json")));
-  ASSERT_EQ(int(summary["ranks"].size()), ranks) << summary.dump(2);
-  std::printf("%s\n", spec.describe().c_str());
-  for (const json& r : summary["ranks"]) {
-    const double got = double(r["peak_bytes"].get<int64_t>());
-    const double est = double(r["estimated_peak_bytes"].get<int64_t>());
-    std::printf("  rank %d: measured %.0f, estimated %.0f (%+.2f%%)\n", r["rank"].get<int>(), got,
-                est, 100 * (est - got) / got);
-    EXPECT_LE(std::abs(est - got), 0.03 * got) << "rank " << r["rank"];
-  }
+  expect_memory_accurate(ws.path("plan.json"), plan["devices"].get<int>(), ws.dir);
 }
 
 PlanSpec gpt(std::vector<int> tp, int dp, const std::string& schedule) {
