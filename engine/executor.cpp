@@ -17,7 +17,6 @@
 #include "engine/loop.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
-#include "partitioner/routing.h"
 #include "schedule/forward_only.h"
 #include "schedule/validate.h"
 #include "stages/param_owner.h"
@@ -29,13 +28,12 @@ using schedule::Action;
 using schedule::ActionKind;
 using schedule::Schedule;
 using schedule::TimelineEvent;
+using schedule::Transfer;
 using stages::TensorMap;
 using K = ActionKind;
 
 namespace {
 
-constexpr int kMaxValues = 8;                          // values per boundary in a message tag
-constexpr int kMaxParts = 16;                          // parts per value in a message tag
 constexpr uint64_t kMaxTag = (uint64_t(1) << 27) - 1;  // the transport's user tags
 
 int64_t steady_ns() {
@@ -159,14 +157,13 @@ Executor::Executor(ExecutorConfig config)
   if (cfg_.num_layers <= 0) cfg_.num_layers = graph->num_layers();
   if (cfg_.global_batch <= 0) cfg_.global_batch = cfg_.loss_slots * cfg_.micro_batch_size;
   for (const auto& [b, routes] : cfg_.routes)
-    for (const Route& r : routes)
-      if (r.value_index < 0 || r.value_index >= kMaxValues || r.parts < 1 || r.parts > kMaxParts ||
-          r.part < 0 || r.part >= r.parts || !cfg_.p2p || r.peer < 0 || r.peer >= cfg_.p2p->size())
+    for (const Transfer& r : routes)
+      if (r.value_index < 0 || r.value_index >= schedule::kMaxBoundaryValues || r.parts < 1 ||
+          r.parts > schedule::kMaxValueParts || r.part < 0 || r.part >= r.parts || !cfg_.p2p ||
+          r.peer < 0 || r.peer >= cfg_.p2p->size())
         throw InputError("executor: bad route of boundary " + std::to_string(b) + " for value '" +
                          r.value + "'");
-  uint64_t max_base =
-      (uint64_t(s.num_micro_batches) * uint64_t(s.num_stages()) + uint64_t(s.num_stages())) * 2;
-  if (max_base * kMaxValues * kMaxParts > kMaxTag)
+  if (schedule::message_tag_count(s) > kMaxTag)
     throw InputError("executor: " + std::to_string(s.num_micro_batches) + " micro-batches x " +
                      std::to_string(s.num_stages()) +
                      " stages need more message tags than the transport has");
@@ -250,58 +247,26 @@ void Executor::record(const Action& a, int lane, double start, double end, int p
 
 // ---- transfers ----
 
-namespace {
-
-// The boundary a transfer crosses and its direction.
-struct Crossing {
-  int boundary;
-  Route::Phase phase;
-};
-Crossing crossing(const Schedule& s, const Action& a) {
-  switch (a.kind) {
-    case K::send_activation:
-      return {a.stage, Route::Phase::activation};
-    case K::recv_activation:
-      return {prev_stage(s, a.stage), Route::Phase::activation};
-    case K::send_gradient:
-      return {prev_stage(s, a.stage), Route::Phase::gradient};
-    case K::recv_gradient:
-      return {a.stage, Route::Phase::gradient};
-    default:
-      return {-1, Route::Phase::activation};
-  }
-}
-
-// The schedule's tag of the transfer (equal for a SEND and its RECV), widened by the
-// route's value and part.
-uint64_t message_tag(const Schedule& s, const Action& a, const Route& r) {
-  const int64_t base = schedule::transfer_tag(s, a);
-  BATON_CHECK(base >= 0, "message_tag of an action that is no transfer");
-  return (uint64_t(base) * kMaxValues + uint64_t(r.value_index)) * kMaxParts + uint64_t(r.part);
-}
-
-}  // namespace
-
 void Executor::post_recv(size_t index, int64_t) {
   const Action& a = actions_[index];
   Pending::Recv& rv = pending_->recvs[index];
   if (rv.posted) return;
   rv.posted = true;
-  const Crossing c = crossing(cfg_.schedule, a);
+  const schedule::Crossing c = schedule::transfer_crossing(cfg_.schedule, a);
   auto it = cfg_.routes.find(c.boundary);
   if (it == cfg_.routes.end()) return;
   const stages::Stage& st = *cfg_.stages.at(a.stage);
-  for (const Route& r : it->second) {
-    if (r.send || r.phase != c.phase) continue;
+  for (const Transfer& r : it->second) {
+    if (r.kind != Transfer::Kind::recv || r.phase != c.phase) continue;
     Tensor& full = rv.tensors[r.value];
     if (!full.defined()) {
       const stages::Value& v = st.graph().value(r.value);
       full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype, st.device());
     }
-    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
     if (rv.peer < 0) rv.peer = r.peer;
-    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, message_tag(cfg_.schedule, a, r)));
+    rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, schedule::message_tag(cfg_.schedule, a, r)));
   }
 }
 
@@ -319,7 +284,7 @@ void Executor::wait_recv(size_t index) {
 }
 
 void Executor::do_send(const Action& a, double t0) {
-  const Crossing c = crossing(cfg_.schedule, a);
+  const schedule::Crossing c = schedule::transfer_crossing(cfg_.schedule, a);
   Key key{a.stage, a.micro_batch};
   auto& src_map = a.kind == K::send_activation ? pending_->act_out : pending_->grad_out;
   auto found = src_map.find(key);
@@ -329,17 +294,17 @@ void Executor::do_send(const Action& a, double t0) {
   src_map.erase(found);
   auto it = cfg_.routes.find(c.boundary);
   if (it == cfg_.routes.end()) return;
-  for (const Route& r : it->second) {
-    if (!r.send || r.phase != c.phase) continue;
+  for (const Transfer& r : it->second) {
+    if (r.kind != Transfer::Kind::send || r.phase != c.phase) continue;
     auto v = values.find(r.value);
     if (v == values.end())
       throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value +
                              "' to send");
     Tensor full = v->second.contiguous();
-    auto [b, e] = partitioner::part_range(full.numel(), full.size(-1), r.part, r.parts);
+    auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
     Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
     Pending::Send snd;
-    snd.work = cfg_.p2p->isend(slice, r.peer, message_tag(cfg_.schedule, a, r));
+    snd.work = cfg_.p2p->isend(slice, r.peer, schedule::message_tag(cfg_.schedule, a, r));
     snd.keep = slice;
     snd.action = a;
     snd.action.peer = r.peer;

@@ -22,6 +22,7 @@
 #include "kernels/mixed_precision.h"
 #include "schedule/schedule.h"
 #include "schedule/timeline.h"
+#include "schedule/transfer.h"
 #include "stages/stage.h"
 #include "transport/communicator.h"
 
@@ -33,19 +34,6 @@ class GradReducer;
 class LocalSgd;
 class Gossip;
 }  // namespace detail
-
-// One point-to-point transfer of a boundary value, or of one part of it, for every
-// micro-batch: part `part` of `parts` equal parts of the flattened tensor (the elements
-// partitioner::part_range gives), to or from `peer`.
-struct Route {
-  enum class Phase { activation, gradient };
-  bool send = true;
-  Phase phase = Phase::activation;
-  int peer = -1;            // rank in ExecutorConfig::p2p
-  std::string value;        // value name (the same in both stages' graphs)
-  int value_index = 0;      // distinguishes the boundary's values in message tags (< 8)
-  int part = 0, parts = 1;  // parts <= 16
-};
 
 // Parameters whose gradients are summed over a group of ranks (data-parallel replicas;
 // the pipeline ranks that hold a tied parameter such as GPT-2's wte; DualPipe's two
@@ -103,9 +91,10 @@ using InputFn = std::function<void(const stages::MicroBatch& mb,
 struct ExecutorConfig {
   schedule::Schedule schedule;  // lowered: transfers, REDUCE and STEP included (lower() it first)
   int rank = 0;                 // which of the schedule's ranks this is
-  std::map<int, stages::Stage*> stages;      // schedule stage -> the Stage that runs it
-  transport::Communicator* p2p = nullptr;    // carries the routes (the world)
-  std::map<int, std::vector<Route>> routes;  // by boundary b (between stages b and b + 1)
+  std::map<int, stages::Stage*> stages;    // schedule stage -> the Stage that runs it
+  transport::Communicator* p2p = nullptr;  // carries the routes (the world)
+  // What crosses each boundary b (between stages b and b + 1) to or from this rank.
+  std::map<int, std::vector<schedule::Transfer>> routes;
   std::vector<GradGroup> grad_groups;
   size_t bucket_bytes = size_t(4) << 20;  // gradient bucket size (one all-reduce each)
 

@@ -79,17 +79,14 @@ nlohmann::json model_json_of(const Plan& p) {
 
 // ---- checkpoints ----
 
-// The independent replicas' state (local SGD, gossip; docs/formats/checkpoint.md, kind
-// "local-sgd"): one file per rank with local SGD's anchor and momentum of each of its
-// parameters and, on replicas other than the
-// first (whose parameters and optimizer state the model and optimizer files hold), its
-// own parameters and optimizer state, which differ between syncs. Keys
-// "<what>/<stage>/<parameter>[/<state>]"; read back only under the same layout.
+// A parameter's key in the files of a data-parallel mode's own state: "<stage>/<name>".
 std::string local_key(const RankEngine& e, int stage, int param) {
   return std::to_string(stage) + "/" + e.graph().params[size_t(param)].name;
 }
 
-nlohmann::json local_sgd_layout(const ResolvedPlan& r) {
+// The layout a data-parallel mode's own state is read back under (the checkpoint's train
+// section records it; local SGD and the parameter server alike).
+nlohmann::json own_state_layout(const ResolvedPlan& r) {
   return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
           {"dp", r.plan.dp},
           {"tp", r.plan.tp},
@@ -98,6 +95,30 @@ nlohmann::json local_sgd_layout(const ResolvedPlan& r) {
           {"chunk_last", r.chunk_last}};
 }
 
+// Writes this rank's file of a data-parallel mode's own state, "<kind>-rank-<rank>", and
+// names it for the manifest.
+stages::ShardFile write_own_state(const RankEngine& e, const std::string& dir, const char* kind,
+                                  const std::vector<stages::NamedTensor>& t,
+                                  const std::map<std::string, std::string>& metadata) {
+  char file[80];
+  std::snprintf(file, sizeof file, "%s-rank-%05d.safetensors", kind, e.rank());
+  const std::string path = dir + "/" + file;
+  stages::write_safetensors(path, t, metadata);
+  stages::ShardFile sf;
+  sf.file = file;
+  sf.kind = kind;
+  sf.rank = e.rank();
+  sf.bytes = uint64_t(std::filesystem::file_size(path));
+  sf.hash = stages::hash_file(path);
+  return sf;
+}
+
+// The independent replicas' state (local SGD, gossip; docs/formats/checkpoint.md, kind
+// "local-sgd"): one file per rank with local SGD's anchor and momentum of each of its
+// parameters and, on replicas other than the
+// first (whose parameters and optimizer state the model and optimizer files hold), its
+// own parameters and optimizer state, which differ between syncs. Keys
+// "<what>/<stage>/<parameter>[/<state>]"; read back only under the same layout.
 stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
   std::vector<stages::NamedTensor> t;
   if (detail::LocalSgd* ls = e.executor().local_sgd())
@@ -114,17 +135,7 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
         for (const auto& [name, x] : st->optimizer_state(id))
           t.push_back({"state/" + key + "/" + name, x});
       }
-  char file[64];
-  std::snprintf(file, sizeof file, "local-sgd-rank-%05d.safetensors", e.rank());
-  const std::string path = dir + "/" + file;
-  stages::write_safetensors(path, t, {{"format", "pt"}});
-  stages::ShardFile sf;
-  sf.file = file;
-  sf.kind = "local-sgd";
-  sf.rank = e.rank();
-  sf.bytes = uint64_t(std::filesystem::file_size(path));
-  sf.hash = stages::hash_file(path);
-  return sf;
+  return write_own_state(e, dir, "local-sgd", t, {{"format", "pt"}});
 }
 
 // This rank's shard of `kind` (a data-parallel mode's own state) when the checkpoint's
@@ -144,7 +155,7 @@ const stages::ShardFile* own_state_shard(const RankEngine& e, const stages::Mani
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
   detail::LocalSgd* ls = e.executor().local_sgd();
   const stages::ShardFile* mine =
-      own_state_shard(e, m, "local_sgd", local_sgd_layout(e.plan()), "local-sgd");
+      own_state_shard(e, m, "local_sgd", own_state_layout(e.plan()), "local-sgd");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -186,15 +197,6 @@ void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifes
 // the rank's part of every sharded parameter, keys "pull/<k>/<stage>/<parameter>". The
 // checkpointed parameters are the working (stale) ones; the parts are the newer
 // versions, the last the servers' masters. Read back only under the same layout.
-nlohmann::json parameter_server_layout(const ResolvedPlan& r) {
-  return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
-          {"dp", r.plan.dp},
-          {"tp", r.plan.tp},
-          {"schedule", r.schedule.name},
-          {"chunk_first", r.chunk_first},
-          {"chunk_last", r.chunk_last}};
-}
-
 stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
   detail::GradReducer& red = e.executor().reducer();
   const std::vector<std::pair<int, int>> keys = red.stale_params();
@@ -204,17 +206,8 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
     for (size_t i = 0; i < keys.size(); ++i)
       t.push_back({"pull/" + std::to_string(k) + "/" + local_key(e, keys[i].first, keys[i].second),
                    parts[k][i]});
-  char file[64];
-  std::snprintf(file, sizeof file, "parameter-server-rank-%05d.safetensors", e.rank());
-  const std::string path = dir + "/" + file;
-  stages::write_safetensors(path, t, {{"format", "pt"}, {"pulls", std::to_string(parts.size())}});
-  stages::ShardFile sf;
-  sf.file = file;
-  sf.kind = "parameter-server";
-  sf.rank = e.rank();
-  sf.bytes = uint64_t(std::filesystem::file_size(path));
-  sf.hash = stages::hash_file(path);
-  return sf;
+  return write_own_state(e, dir, "parameter-server", t,
+                         {{"format", "pt"}, {"pulls", std::to_string(parts.size())}});
 }
 
 // Posts again the pulls save_parameter_server wrote for this rank, when the checkpoint
@@ -222,8 +215,8 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
 // the masters too), with a warning.
 void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
                            bool lead) {
-  const stages::ShardFile* mine = own_state_shard(
-      e, m, "parameter_server", parameter_server_layout(e.plan()), "parameter-server");
+  const stages::ShardFile* mine =
+      own_state_shard(e, m, "parameter_server", own_state_layout(e.plan()), "parameter-server");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -558,9 +551,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"steps", o.steps},
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
-  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = local_sgd_layout(r);
+  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
-    base.train["parameter_server"] = parameter_server_layout(r);
+    base.train["parameter_server"] = own_state_layout(r);
 
   const int64_t trace_from = o.trace_path.empty()
                                  ? o.steps

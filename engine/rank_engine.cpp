@@ -17,20 +17,6 @@ namespace baton::engine {
 using partitioner::GradientGroup;
 using partitioner::RankStage;
 using partitioner::ResolvedPlan;
-using partitioner::Transfer;
-
-namespace {
-
-// Index of a value among the values crossing a cut (the same on both sides).
-int value_index(const stages::Graph& g, int cut, const std::string& name) {
-  std::vector<int> cut_values = g.cut_values(cut);
-  for (size_t i = 0; i < cut_values.size(); ++i)
-    if (g.values[size_t(cut_values[i])].name == name) return int(i);
-  throw std::logic_error("routing names value '" + name + "' that does not cross cut " +
-                         std::to_string(cut));
-}
-
-}  // namespace
 
 // The spatial group's communicator, recording each halo receive (from posting it to the
 // op finding its data there) on the executor's timeline as HALO_F / HALO_B of its
@@ -216,19 +202,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (auto& [s, st] : stages_) c.stages[s] = st.get();
   c.p2p = &data_comm;
   for (int b = 0; b < r.schedule.num_stages(); ++b) {
-    const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(b)])];
-    for (const Transfer& t : boundary_transfers(r, rank, b)) {
-      Route route;
-      route.send = t.kind == Transfer::Kind::send;
-      route.phase = t.phase == Transfer::Phase::activation ? Route::Phase::activation
-                                                           : Route::Phase::gradient;
-      route.peer = t.peer;
-      route.value = t.value;
-      route.value_index = value_index(*r.graph, cut, t.value);
-      route.part = t.part;
-      route.parts = t.parts;
-      c.routes[b].push_back(route);
-    }
+    std::vector<schedule::Transfer> routes = boundary_transfers(r, rank, b);
+    if (!routes.empty()) c.routes[b] = std::move(routes);
   }
   // ZeRO: which parameters have their optimizer state sharded (partitioner/groups.h).
   std::map<std::pair<std::vector<int>, bool>, GradGroup> by_members;

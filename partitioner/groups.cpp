@@ -35,7 +35,7 @@ RankView rank_view(const ResolvedPlan& r, int rank) {
   }
   std::set<int> peers;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
-    for (const Transfer& t : boundary_transfers(r, rank, s)) peers.insert(t.peer);
+    for (const schedule::Transfer& t : boundary_transfers(r, rank, s)) peers.insert(t.peer);
   v.pipeline_peers.assign(peers.begin(), peers.end());
   return v;
 }

@@ -31,18 +31,9 @@ std::vector<Route> replicated_routes(int a, int b) {
 
 }  // namespace
 
-std::pair<int64_t, int64_t> part_range(int64_t numel, int64_t row, int part, int parts) {
-  BATON_CHECK(parts >= 1 && part >= 0 && part < parts, "part out of range");
-  if (row > 0 && numel % row == 0 && numel / row >= parts) {
-    int64_t rows = numel / row;
-    return {rows * part / parts * row, rows * (part + 1) / parts * row};
-  }
-  return {numel * part / parts, numel * (part + 1) / parts};
-}
-
-std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int stage) {
+std::vector<schedule::Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int stage) {
   const schedule::Schedule& s = r.schedule;
-  std::vector<Transfer> out;
+  std::vector<schedule::Transfer> out;
   if (stage < 0 || stage >= s.num_stages() || schedule::next_stage(s, stage) < 0) return out;
   const int next = stage + 1;
   const int pa = s.placement[size_t(stage)], pb = s.placement[size_t(next)];
@@ -53,7 +44,9 @@ std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int st
   const int t = r.layout.width(pa), u = r.layout.width(pb);
   const stages::Graph& g = *r.graph;
   const int cut = r.chunk_last[size_t(r.chunk_of_stage[size_t(stage)])];
-  for (int v : g.cut_values(cut)) {
+  const std::vector<int> cut_values = g.cut_values(cut);
+  for (size_t vi = 0; vi < cut_values.size(); ++vi) {
+    const int v = cut_values[vi];
     const stages::Value& val = g.values[size_t(v)];
     // Tiles (checked by resolve_plan: equal degrees) go one to one as shards do.
     const bool split = r.sharding.values[size_t(v)].split || r.tiled(pa, v) || r.tiled(pb, v);
@@ -66,17 +59,19 @@ std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int st
       for (const Route& rt : replicated_routes(a, b)) {
         int src = r.layout.rank_at(me.dp, from_pp, rt.from),
             dst = r.layout.rank_at(me.dp, to_pp, rt.to);
-        Transfer x;
-        x.phase = phase == 0 ? Transfer::Phase::activation : Transfer::Phase::gradient;
+        schedule::Transfer x;
+        x.phase = phase == 0 ? schedule::Transfer::Phase::activation
+                             : schedule::Transfer::Phase::gradient;
         x.value = val.name;
+        x.value_index = int(vi);
         x.part = rt.part;
         x.parts = rt.parts;
         if (src == rank) {
-          x.kind = Transfer::Kind::send;
+          x.kind = schedule::Transfer::Kind::send;
           x.peer = dst;
           out.push_back(x);
         } else if (dst == rank) {
-          x.kind = Transfer::Kind::recv;
+          x.kind = schedule::Transfer::Kind::recv;
           x.peer = src;
           out.push_back(x);
         }

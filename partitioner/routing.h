@@ -15,35 +15,18 @@
 // its tp_copy all-reduced it).
 #pragma once
 
-#include <cstdint>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "partitioner/evaluate.h"
+#include "schedule/transfer.h"
 
 namespace baton::partitioner {
 
-struct Transfer {
-  enum class Kind { send, recv };
-  enum class Phase { activation, gradient };  // forward values, or their gradients backward
-  Kind kind = Kind::send;
-  Phase phase = Phase::activation;
-  int peer = -1;      // global rank
-  std::string value;  // the value's name (the same in both physical graphs)
-  int part = 0;       // part `part` of `parts` equal parts of the flattened tensor
-  int parts = 1;
-};
-
 // The transfers `rank` takes part in across the boundary after schedule stage `stage`,
-// for one micro-batch: activations in the forward phase, gradients in the backward one.
+// for one micro-batch: activations in the forward phase, gradients in the backward one;
+// a value's index among the cut's values names it in the message tags.
 // Empty when the rank holds neither side, when both stages sit on the same rank (they
 // hand values over in memory), or when `stage` ends its direction.
-std::vector<Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int stage);
-
-// Elements [begin, end) of part `part` of `parts` of a tensor of `numel` elements, cut
-// at rows of `row` elements (the last dimension) so that parts are whole rows when they
-// can be.
-std::pair<int64_t, int64_t> part_range(int64_t numel, int64_t row, int part, int parts);
+std::vector<schedule::Transfer> boundary_transfers(const ResolvedPlan& r, int rank, int stage);
 
 }  // namespace baton::partitioner

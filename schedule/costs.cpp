@@ -102,12 +102,7 @@ CostSpec CostSpec::unit() {
 }
 
 CostSpec parse_costs(std::string_view text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-    throw InputError(source + ": not valid JSON: " + e.what());
-  }
+  const json j = memory::parse_json_text(text, source);
   try {
     if (!j.is_object()) throw InputError("expected a JSON object, found " + found(j));
     memory::expect_json_object(

@@ -194,12 +194,7 @@ Schedule from_json(const json& j, const std::string& source) {
 }
 
 Schedule parse_json(std::string_view text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-    throw InputError(source + ": not valid JSON: " + e.what());
-  }
+  const json j = memory::parse_json_text(text, source);
   return from_json(j, source);
 }
 

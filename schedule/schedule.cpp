@@ -39,27 +39,6 @@ int transfer_peer(const Schedule& s, const Action& a) {
   return other < 0 ? -1 : s.placement[other];
 }
 
-int64_t transfer_tag(const Schedule& s, const Action& a) {
-  int boundary = -1, gradient = 0;
-  switch (a.kind) {
-    case ActionKind::send_activation:
-      boundary = a.stage;
-      break;
-    case ActionKind::recv_activation:
-      boundary = a.stage - 1;
-      break;
-    case ActionKind::send_gradient:
-      boundary = a.stage - 1, gradient = 1;
-      break;
-    case ActionKind::recv_gradient:
-      boundary = a.stage, gradient = 1;
-      break;
-    default:
-      return -1;
-  }
-  return (int64_t(a.micro_batch) * s.num_stages() + boundary) * 2 + gradient;
-}
-
 void assign_peers(Schedule& s) {
   for (auto& list : s.ranks)
     for (Action& a : list) a.peer = is_transfer(a.kind) ? transfer_peer(s, a) : -1;

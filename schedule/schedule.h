@@ -68,10 +68,7 @@ double chunks_per_rank(const Schedule& s);
 // For a transfer action: the rank on the other side, from the placement; -1 when the
 // action is no transfer or its boundary does not exist (first/last stage).
 int transfer_peer(const Schedule& s, const Action& a);
-// The message tag of a transfer, equal for a SEND and its matching RECV and different
-// for every other transfer of the schedule: ((micro-batch * S + boundary) * 2 + g),
-// boundary = the lower stage of the two, g = 1 for gradients. -1 for other actions.
-int64_t transfer_tag(const Schedule& s, const Action& a);
+// (The boundary a transfer crosses and its message tag: schedule/transfer.h.)
 // Sets `peer` of every transfer from the placement (parsers and passes call it).
 void assign_peers(Schedule& s);
 // True when the schedule names its transfers (contains a SEND or RECV).

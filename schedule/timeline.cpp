@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "memory/json_object.h"
 #include "schedule/detail/util.h"
 
 namespace baton::schedule {
@@ -146,12 +147,7 @@ std::string to_chrome_trace(const Timeline& t) {
 }
 
 Timeline from_chrome_trace(std::string_view text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-    throw InputError(source + ": not valid JSON: " + e.what());
-  }
+  const json j = memory::parse_json_text(text, source);
   const json* events = &j;
   Timeline t;
   t.seconds_per_unit = 1e-6;  // a trace without baton's header: keep microseconds

@@ -226,7 +226,7 @@ class BlockIndex {
       auto it = r.metadata().find(kBlocksKey);
       json blocks = it == r.metadata().end()
                         ? json::object()
-                        : parse_json_text(it->second, r.path() + " (" + kBlocksKey + ")");
+                        : memory::parse_json_text(it->second, r.path() + " (" + kBlocksKey + ")");
       for (const SafetensorsEntry& e : r.entries()) {
         BlockRef b{&r, &e, e.shape, Shape(e.shape.size(), 0)};
         std::string logical = e.name;

@@ -9,20 +9,8 @@
 
 namespace baton::stages {
 
-json parse_json_text(const std::string& text, const std::string& file) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-    // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ..."
-    std::string what = e.what();
-    auto pos = what.find("] ");
-    if (pos != std::string::npos) what = what.substr(pos + 2);
-    throw InputError(file + ": not valid JSON: " + what);
-  }
-}
-
 json read_json_file(const std::string& path) {
-  return parse_json_text(memory::read_file(path), path);
+  return memory::parse_json_text(memory::read_file(path), path);
 }
 
 std::string json_brief(const json& j) {

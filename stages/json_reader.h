@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "memory/error.h"
+#include "memory/json_object.h"
 
 namespace baton::stages {
 
 using nlohmann::json;
 
-// Parses text as JSON; a syntax error becomes an InputError naming the file and position.
-json parse_json_text(const std::string& text, const std::string& file);
-// Reads and parses a file; a missing or unreadable file is an InputError.
+// Reads and parses a file (memory::parse_json_text parses text); a missing or unreadable
+// file is an InputError.
 json read_json_file(const std::string& path);
 
 // A short rendering of a JSON value for messages: strings quoted, long values cut.

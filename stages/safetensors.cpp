@@ -78,7 +78,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     data_start_ = 8 + n;
     if (header.empty() || header[0] != '{')
       throw InputError(path + ": safetensors header does not start with '{'");
-    json j = parse_json_text(header, path + " (safetensors header)");
+    json j = memory::parse_json_text(header, path + " (safetensors header)");
     JsonReader root(j, path + " (safetensors header)");
     root.expect_object();
     uint64_t data_size = file_size_ - data_start_;

@@ -7,8 +7,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace baton::stages;
   baton::fuzz::expect_only_input_errors([&] {
-    nlohmann::json j =
-        parse_json_text(std::string(baton::fuzz::as_text(data, size)), "config.json");
+    nlohmann::json j = baton::memory::parse_json_text(std::string(baton::fuzz::as_text(data, size)),
+                                                      "config.json");
     Gpt2Config c = parse_hf_gpt2_config(JsonReader(j, "config.json"));
     (void)gpt2_graph_json(c);
     // What --init-from does with it: the config is the model.

@@ -6,8 +6,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace baton::stages;
   baton::fuzz::expect_only_input_errors([&] {
-    nlohmann::json j =
-        parse_json_text(std::string(baton::fuzz::as_text(data, size)), "manifest.json");
+    nlohmann::json j = baton::memory::parse_json_text(std::string(baton::fuzz::as_text(data, size)),
+                                                      "manifest.json");
     Manifest m = Manifest::from_json(j, "manifest.json");
     // What is written back must read back the same.
     Manifest again = Manifest::from_json(m.to_json(), "written");

@@ -7,7 +7,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   baton::fuzz::expect_only_input_errors([&] {
     nlohmann::json j =
-        baton::stages::parse_json_text(std::string(baton::fuzz::as_text(data, size)), "fuzz.json");
+        baton::memory::parse_json_text(std::string(baton::fuzz::as_text(data, size)), "fuzz.json");
     baton::stages::Graph g = baton::stages::load_model_json(j, "fuzz.json");
     (void)g.num_parameters();
   });

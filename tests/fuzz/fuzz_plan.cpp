@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace baton::partitioner;
   baton::fuzz::expect_only_input_errors([&] {
     nlohmann::json j =
-        baton::stages::parse_json_text(std::string(baton::fuzz::as_text(data, size)), "plan.json");
+        baton::memory::parse_json_text(std::string(baton::fuzz::as_text(data, size)), "plan.json");
     Plan p = parse_plan(j, "plan.json", "/nonexistent-fuzz-dir");
     (void)plan_to_json(p);
     if (p.model_json.is_null()) return;

@@ -1,4 +1,4 @@
-// memory::expect_json_object: the strict-object rule the file parsers share.
+// memory/json_object.h: the parse and the strict-object rule the file parsers share.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,6 +34,20 @@ TEST(JsonObject, WrongTypeIsAnError) {
   EXPECT_EQ(error_of(nlohmann::json::array({1, 2}), "p2p"), "p2p: expected an object, found array");
   EXPECT_EQ(error_of(nlohmann::json("x"), "$.machine"),
             "$.machine: expected an object, found string");
+}
+
+// A syntax error names the source and the position, without nlohmann's exception id.
+TEST(JsonObject, ParseErrorNamesTheSource) {
+  EXPECT_EQ(parse_json_text(R"({"a": [1, 2]})", "x.json").at("a").size(), 2u);
+  try {
+    parse_json_text("{\"a\": ", "costs.json");
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("costs.json: not valid JSON: parse error at line 1, column 7", 0), 0u)
+        << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace

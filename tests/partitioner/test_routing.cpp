@@ -6,8 +6,11 @@
 // parallelism, tied embeddings across stages, interleaved and V placements.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "partitioner/groups.h"
 #include "partitioner/routing.h"
+#include "schedule/lower.h"
 #include "tp_harness.h"
 
 namespace baton::partitioner {
@@ -70,9 +73,9 @@ TEST(Routing, BroadcastAndGatherBetweenDegrees) {
                            {{{"layers", {0, 2}}}, {{"layers", {2, 3}}}, {{"layers", {3, 4}}}});
   auto list = [&](int rank, int stage) {
     std::vector<std::string> out;
-    for (const Transfer& t : boundary_transfers(r, rank, stage))
-      out.push_back(std::string(t.kind == Transfer::Kind::send ? "send " : "recv ") +
-                    (t.phase == Transfer::Phase::activation ? "act " : "grad ") +
+    for (const schedule::Transfer& t : boundary_transfers(r, rank, stage))
+      out.push_back(std::string(t.kind == schedule::Transfer::Kind::send ? "send " : "recv ") +
+                    (t.phase == schedule::Transfer::Phase::activation ? "act " : "grad ") +
                     std::to_string(t.peer) + " " + t.value + " " + std::to_string(t.part) + "/" +
                     std::to_string(t.parts));
     return out;
@@ -89,8 +92,10 @@ TEST(Routing, BroadcastAndGatherBetweenDegrees) {
                                       "send grad 3 h.1.add_2 0/1", "send grad 5 h.1.add_2 0/1"}));
   EXPECT_TRUE(list(0, 1).empty());
   EXPECT_TRUE(list(6, 2).empty());  // the last stage hands on nothing
-  EXPECT_EQ(part_range(10 * 4, 4, 1, 3), (std::pair<int64_t, int64_t>{12, 24}));  // whole rows
-  EXPECT_EQ(part_range(7, 7, 1, 2), (std::pair<int64_t, int64_t>{3, 7}));  // fewer rows than parts
+  EXPECT_EQ(schedule::part_range(10 * 4, 4, 1, 3),
+            (std::pair<int64_t, int64_t>{12, 24}));  // whole rows
+  EXPECT_EQ(schedule::part_range(7, 7, 1, 2),
+            (std::pair<int64_t, int64_t>{3, 7}));  // fewer rows than parts
 }
 
 TEST(Routing, SplitValueCannotCrossADegreeChange) {
@@ -113,6 +118,45 @@ TEST(Routing, SplitValueCannotCrossADegreeChange) {
               "between "
               "pipeline stages, the values crossing the cut must be replicated (cut elsewhere)");
   }
+}
+
+// Every message a SEND action makes is received by exactly one RECV of the peer, and both
+// name it with the same tag (schedule::message_tag of the transfers the routing gives
+// either side); the messages of one action to one peer have different tags.
+TEST(Routing, SendAndReceiveAgreeOnEveryMessageTag) {
+  ResolvedPlan r = plan_of(gpt_model(), 1, {2, 4, 2}, "1f1b", 3, 1,
+                           {{{"layers", {0, 2}}}, {{"layers", {2, 3}}}, {{"layers", {3, 4}}}});
+  const schedule::Schedule lowered = schedule::lower(r.schedule);
+  using K = schedule::ActionKind;
+  int messages = 0;
+  for (int rank = 0; rank < r.layout.world(); ++rank)
+    for (const schedule::Action& a : lowered.ranks[size_t(r.layout.coord(rank).pp)]) {
+      if (!schedule::is_send(a.kind)) continue;
+      const schedule::Crossing c = schedule::transfer_crossing(lowered, a);
+      ASSERT_GE(c.boundary, 0) << schedule::to_token(a);
+      // The matching RECV: the same micro-batch on the other side of the boundary.
+      schedule::Action recv = a;
+      recv.kind = a.kind == K::send_activation ? K::recv_activation : K::recv_gradient;
+      recv.stage = a.kind == K::send_activation ? a.stage + 1 : a.stage - 1;
+      std::set<std::pair<int, uint64_t>> tags;  // (peer, tag)
+      for (const schedule::Transfer& t : boundary_transfers(r, rank, c.boundary)) {
+        if (t.kind != schedule::Transfer::Kind::send || t.phase != c.phase) continue;
+        int found = 0;
+        for (const schedule::Transfer& u : boundary_transfers(r, t.peer, c.boundary))
+          if (u.kind == schedule::Transfer::Kind::recv && u.phase == t.phase && u.peer == rank &&
+              u.value == t.value && u.part == t.part) {
+            ++found;
+            EXPECT_EQ(schedule::message_tag(lowered, recv, u), schedule::message_tag(lowered, a, t))
+                << schedule::to_token(a) << " from " << rank << " to " << t.peer;
+          }
+        EXPECT_EQ(found, 1) << schedule::to_token(a) << " from " << rank << " to " << t.peer;
+        EXPECT_TRUE(tags.insert({t.peer, schedule::message_tag(lowered, a, t)}).second);
+        ++messages;
+      }
+    }
+  // Per micro-batch: 2 -> 4 broadcast (4 messages) and 4 -> 2 gather (4), gradients
+  // back the same way (4 + 4).
+  EXPECT_EQ(messages, 3 * 16);
 }
 
 struct PlanCase {

@@ -11,6 +11,7 @@
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
+#include "schedule/transfer.h"
 #include "schedule/validate.h"
 
 using namespace baton::schedule;

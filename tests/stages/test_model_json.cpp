@@ -15,7 +15,7 @@ using nlohmann::json;
 // Loads `text` as a model and returns the InputError's message ("" when it loads).
 std::string model_error_of(const std::string& text) {
   try {
-    load_model_json(parse_json_text(text, "m.json"), "m.json");
+    load_model_json(memory::parse_json_text(text, "m.json"), "m.json");
   } catch (const InputError& e) {
     return e.what();
   }
@@ -136,7 +136,7 @@ TEST(ModelJson, GeneralGraphLoads) {
   std::string ok = graph_with(
       R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
   ASSERT_EQ(model_error_of(ok), "");
-  Graph g = load_model_json(parse_json_text(ok, "m.json"), "m.json");
+  Graph g = load_model_json(memory::parse_json_text(ok, "m.json"), "m.json");
   EXPECT_EQ(g.value("h").type.shape, (memory::Shape{3, 5}));
 }
 
