@@ -70,10 +70,10 @@ struct SearchResult {
 // several layers use (tied) are never sharded: they hold `sharded` whole copies, their
 // per-layer gradients and `shared_extra` more (the engine, docs/partitioner.md).
 struct PersistentCopies {
-  int whole = 1;        // the gradient (zero2: none whole, one sharded)
-  int sharded = 2;      // the optimizer state (AdamW: 2)
-  int shard_over = 1;   // 1: nothing sharded
-  int shared_extra = 0; // local SGD's anchor and momentum, a parameter server's pulls
+  int whole = 1;         // the gradient (zero2: none whole, one sharded)
+  int sharded = 2;       // the optimizer state (AdamW: 2)
+  int shard_over = 1;    // 1: nothing sharded
+  int shared_extra = 0;  // local SGD's anchor and momentum, a parameter server's pulls
 };
 // The copies under a plan's optimizer, sharding and sync at data-parallel degree dp;
 // `shardable` false for schedules whose chunks ZeRO does not shard (DualPipe). Matches
