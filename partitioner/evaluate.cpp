@@ -445,9 +445,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
           p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
       re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp) *
                      (zero2 ? double(p.micro_batches + 1) / 2 : 1.0);
-      re.compute_time += double(p.micro_batches / r.schedule.num_directions) *
-                         (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
-                          costs.backward_weight[size_t(s)]);
+      const int per_direction = p.micro_batches / r.schedule.num_directions;  // whole
+      re.compute_time +=
+          double(per_direction) * (costs.forward[size_t(s)] + costs.backward_input[size_t(s)] +
+                                   costs.backward_weight[size_t(s)]);
     }
     for (int id : params) {
       const stages::Param& prm = g.params[size_t(id)];

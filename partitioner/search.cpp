@@ -343,7 +343,8 @@ class Search {
     // Every rank runs its stages' micro-batches one after another: the slowest stage's
     // work over the step bounds the step from below (whatever the memory cut does).
     double ticks = double(int64_t(1) << 50) / std::max(table.total_time(rc), 1e-30);
-    double bound = double(m / s->num_directions) * double(cut.bottleneck) / ticks;
+    const int per_direction = m / s->num_directions;  // whole micro-batches
+    double bound = double(per_direction) * double(cut.bottleneck) / ticks;
     pending_.push_back({tp, sp, pp, dp, m, b, name, rc, bound});
   }
 
