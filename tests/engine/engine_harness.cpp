@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -230,6 +231,25 @@ bool same_accumulation_order(const schedule::Schedule& s) {
       }
   }
   return true;
+}
+
+std::string grid_case_name(const GridCase& c) {
+  std::string s = c.model + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) + "_dp" +
+                  std::to_string(c.dp) + "_" + c.schedule;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+PlanSpec grid_plan(const GridCase& c) {
+  PlanSpec p;
+  p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
+  p.tp.assign(size_t(c.pp), c.tp);
+  p.dp = c.dp;
+  p.schedule = c.schedule;
+  p.micro_batches = c.pp == 4 ? 8 : 4;
+  p.micro_batch_size = 8 / p.micro_batches;
+  return p;
 }
 
 }  // namespace baton::engine_testing

@@ -45,6 +45,18 @@ struct PlanSpec {
   std::string describe() const;
 };
 
+// One plan of the equivalence grid (test_parallel.cpp; test_memory_grid.cpp measures some
+// of its kinds): the tiny GPT or MLP at PP x TP x DP under a schedule.
+struct GridCase {
+  std::string model;  // gpt, mlp
+  int pp = 1, tp = 1, dp = 1;
+  std::string schedule;
+};
+// Its test name: letters, digits and _ only, as gtest requires.
+std::string grid_case_name(const GridCase& c);
+// Its plan: 8 samples a step in 4 micro-batches (8 at PP 4).
+PlanSpec grid_plan(const GridCase& c);
+
 // The plan JSON (model embedded as a file path in `ws`).
 json plan_json(const PlanSpec& p, const Workspace& ws);
 std::shared_ptr<const partitioner::ResolvedPlan> resolve(const PlanSpec& p, const Workspace& ws);

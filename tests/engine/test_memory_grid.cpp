@@ -17,22 +17,7 @@
 namespace baton::engine_testing {
 namespace {
 
-struct MemoryGridCase {
-  std::string model;  // gpt, mlp
-  int pp, tp, dp;
-  std::string schedule;
-};
-
-std::string memory_grid_name(const ::testing::TestParamInfo<MemoryGridCase>& info) {
-  const MemoryGridCase& c = info.param;
-  std::string s = c.model + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) + "_dp" +
-                  std::to_string(c.dp) + "_" + c.schedule;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-class MemoryGrid : public ::testing::TestWithParam<MemoryGridCase> {};
+class MemoryGrid : public ::testing::TestWithParam<GridCase> {};
 
 void run_memory_plan(const PlanSpec& p) {
   SCOPED_TRACE(p.describe());
@@ -44,19 +29,11 @@ void run_memory_plan(const PlanSpec& p) {
 }
 
 TEST_P(MemoryGrid, EstimateWithinThreePercent) {
-  const MemoryGridCase& c = GetParam();
-  PlanSpec p;
-  p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
-  p.tp.assign(size_t(c.pp), c.tp);
-  p.dp = c.dp;
-  p.schedule = c.schedule;
-  p.micro_batches = c.pp == 4 ? 8 : 4;
-  p.micro_batch_size = 8 / p.micro_batches;
-  run_memory_plan(p);
+  run_memory_plan(grid_plan(GetParam()));
 }
 
-std::vector<MemoryGridCase> memory_grid_cases() {
-  std::vector<MemoryGridCase> out;
+std::vector<GridCase> memory_grid_cases() {
+  std::vector<GridCase> out;
   const std::vector<std::string>& names = schedule::schedule_names();
   size_t next = 0;  // the schedules in turn, so that each combination costs one plan
   for (std::string model : {"gpt", "mlp"})
@@ -71,7 +48,7 @@ std::vector<MemoryGridCase> memory_grid_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MemoryGrid, ::testing::ValuesIn(memory_grid_cases()),
-                         memory_grid_name);
+                         [](const auto& named) { return grid_case_name(named.param); });
 
 // The README's and the demo's plans (tiny GPT at PP2 x TP2 x DP2) with the demo's flags:
 // held-out evaluation (a second, forward-only executor) and the measured timeline.

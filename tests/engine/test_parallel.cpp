@@ -41,37 +41,14 @@ void run_case(const PlanSpec& p, size_t bucket_bytes = 0) {
   parallel_expect_close(got, want, 1e-5);
 }
 
-struct ParallelCase {
-  std::string model;
-  int pp, tp, dp;
-  std::string schedule;
-};
-
-std::string parallel_name_of(const ::testing::TestParamInfo<ParallelCase>& info) {
-  const ParallelCase& c = info.param;
-  std::string s = c.model + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) + "_dp" +
-                  std::to_string(c.dp) + "_" + c.schedule;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-class Parallel : public ::testing::TestWithParam<ParallelCase> {};
+class Parallel : public ::testing::TestWithParam<GridCase> {};
 
 TEST_P(Parallel, MatchesOneProcess) {
-  const ParallelCase& c = GetParam();
-  PlanSpec p;
-  p.model = c.model == "gpt" ? tiny_gpt_json() : tiny_mlp_json();
-  p.tp.assign(size_t(c.pp), c.tp);
-  p.dp = c.dp;
-  p.schedule = c.schedule;
-  p.micro_batches = c.pp == 4 ? 8 : 4;
-  p.micro_batch_size = 8 / p.micro_batches;
-  run_case(p);
+  run_case(grid_plan(GetParam()));
 }
 
-std::vector<ParallelCase> parallel_cases() {
-  std::vector<ParallelCase> out;
+std::vector<GridCase> parallel_cases() {
+  std::vector<GridCase> out;
   for (std::string model : {"gpt", "mlp"})
     for (int pp : {1, 2, 4})
       for (int tp : {1, 2})
@@ -85,7 +62,8 @@ std::vector<ParallelCase> parallel_cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, Parallel, ::testing::ValuesIn(parallel_cases()), parallel_name_of);
+INSTANTIATE_TEST_SUITE_P(Grid, Parallel, ::testing::ValuesIn(parallel_cases()),
+                         [](const auto& named) { return grid_case_name(named.param); });
 
 // Neighbouring stages with different tensor-parallel degrees: activations broadcast
 // (1 -> 2), gathered in parts (2 -> 1), and their gradients the other way. (GPT-2's tied
