@@ -8,6 +8,7 @@
 # counters: TCP/IP headers and the rendezvous included), rank 0's measured peak memory,
 # and the loss each run had reached at a quarter, a half and all of allreduce's wall time.
 #   bench/run_dp_sync.sh [--steps N] [--rate RATE] [--delay MS] [--model FILE] [--out DIR]
+#                        [--only REGEX]   (the runs whose names match, beside allreduce)
 # Needs root (network namespaces) and build/release/baton. --out keeps each run's loss
 # log, progress lines and summary.
 set -euo pipefail
@@ -17,6 +18,7 @@ rate=100mbit
 delay=5
 model=examples/models/tiny-gpt.json
 out=""
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
     --delay) delay="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -74,6 +77,7 @@ k=0
 for r in "${runs[@]}"; do
   name="${r%%|*}"
   fields="${r#*|}"
+  if [ -n "$only" ] && [ "$name" != allreduce ] && ! [[ "$name" =~ $only ]]; then continue; fi
   k=$((k + 1))
   dir="$work/run$k"
   mkdir -p "$dir"

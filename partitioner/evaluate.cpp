@@ -164,6 +164,36 @@ int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, 
   return b;
 }
 
+// Calls close(parameters, elements, dtype) for each bucket the engine cuts `ids` into
+// (engine/detail/grad_reducer.cpp): descending id order, consecutive parameters of one
+// dtype up to bucket_bytes, and, when `stage_of` is given (ZeRO-2), of one stage.
+template <class Close>
+void for_each_bucket(const Graph& pg, std::vector<int> ids, size_t bucket_bytes,
+                     const std::map<int, int>* stage_of, Close close) {
+  std::sort(ids.rbegin(), ids.rend());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  int params = 0, stage = -1;
+  int64_t elements = 0, bytes = 0;
+  memory::DType dtype = memory::DType::f32;
+  for (int id : ids) {
+    const stages::Param& prm = pg.params[size_t(id)];
+    const int64_t e = memory::shape_numel(prm.shape),
+                  nb = e * int64_t(memory::dtype_size(prm.dtype));
+    const int s = stage_of ? stage_of->at(id) : -1;
+    if (params > 0 && (bytes + nb > int64_t(bucket_bytes) || prm.dtype != dtype || s != stage)) {
+      close(params, elements, dtype);
+      params = 0;
+      elements = bytes = 0;
+    }
+    dtype = prm.dtype;
+    stage = s;
+    ++params;
+    elements += e;
+    bytes += nb;
+  }
+  if (params > 0) close(params, elements, dtype);
+}
+
 }  // namespace
 
 RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
@@ -235,55 +265,64 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // all-reduce at a time per group, each with its scratch.
   // zero2: a sharded parameter held by one of the rank's stages is reduced inside each
   // W (zero2_grad_memory counts that), so nothing of it is held at the step's end.
-  std::map<int, int> holders;
+  std::map<int, int> holders, stage_of;
   if (p.sharding() == OptimizerSharding::zero2)
     for (int s : r.stages_of(pp)) {
       auto [a, b] = chunk(s);
-      for (int id : pg.params_used(a, b)) ++holders[id];
+      for (int id : pg.params_used(a, b)) {
+        ++holders[id];
+        stage_of[id] = s;
+      }
     }
+  // The all-gather after the step: the sharded groups' buckets again (zero2's own ones
+  // cut per stage), each of several parameters in a flat copy, all in flight at once.
+  struct Sharded {
+    std::vector<int> whole, zero2;
+  };
   std::map<std::vector<int>, std::vector<int>> groups;
+  std::map<std::vector<int>, Sharded> sharded;
   for (const GradientGroup& gg : gradient_groups(r, rank)) {
     if (gg.ranks.size() <= 1) continue;  // a sum of local stages only: in place
     int id = pg.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
-    if (p.sharding() == OptimizerSharding::zero2 && optimizer_sharded(r, rank, gg) &&
-        holders[id] == 1)
+    if (!optimizer_sharded(r, rank, gg)) {
+      groups[gg.ranks].push_back(id);
       continue;
+    }
+    if (p.sharding() == OptimizerSharding::zero2 && holders[id] == 1) {
+      sharded[gg.ranks].zero2.push_back(id);
+      continue;
+    }
     groups[gg.ranks].push_back(id);
+    sharded[gg.ranks].whole.push_back(id);
   }
   int64_t flats = 0, scratch = 0;
   for (auto& [members, ids] : groups) {
-    std::sort(ids.rbegin(), ids.rend());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const int n = int(members.size());
+    int64_t group_scratch = 0;
+    for_each_bucket(
+        pg, ids, o.bucket_bytes, nullptr, [&](int params, int64_t elements, memory::DType dt) {
+          const size_t es = memory::dtype_size(dt);
+          if (params > 1) flats += rounded(elements * int64_t(es));
+          group_scratch = std::max(
+              group_scratch, int64_t(transport::collective_scratch_bytes(
+                                 transport::Collective::all_reduce, size_t(elements), es, n)));
+        });
+    scratch += group_scratch;
+  }
+  for (auto& [members, sh] : sharded) {
     const int n = int(members.size());
     int64_t group_scratch = 0;
     auto close = [&](int params, int64_t elements, memory::DType dt) {
-      if (params == 0) return;
       const size_t es = memory::dtype_size(dt);
-      if (params > 1) flats += rounded(elements * int64_t(es));
+      if (params > 1) out.gather += rounded(elements * int64_t(es));
       group_scratch =
           std::max(group_scratch, int64_t(transport::collective_scratch_bytes(
-                                      transport::Collective::all_reduce, size_t(elements), es, n)));
+                                      transport::Collective::all_gather, size_t(elements), es, n)));
     };
-    int params = 0;
-    int64_t elements = 0, bytes = 0;
-    memory::DType dtype = memory::DType::f32;
-    for (int id : ids) {
-      const stages::Param& prm = pg.params[size_t(id)];
-      const int64_t e = memory::shape_numel(prm.shape),
-                    nb = e * int64_t(memory::dtype_size(prm.dtype));
-      if (params > 0 && (bytes + nb > int64_t(o.bucket_bytes) || prm.dtype != dtype)) {
-        close(params, elements, dtype);
-        params = 0;
-        elements = bytes = 0;
-      }
-      dtype = prm.dtype;
-      ++params;
-      elements += e;
-      bytes += nb;
-    }
-    close(params, elements, dtype);
-    scratch += group_scratch;
+    for_each_bucket(pg, sh.whole, o.bucket_bytes, nullptr, close);
+    for_each_bucket(pg, sh.zero2, o.bucket_bytes, &stage_of, close);
+    out.gather += group_scratch;
   }
   out.reduction = flats + scratch + last_sends;
 

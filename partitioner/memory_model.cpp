@@ -717,7 +717,7 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
                   const RankBuffers& buffers) {
   int64_t persistent = 0;
   for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
-  int64_t peak = std::max(buffers.reduction, buffers.step);
+  int64_t peak = std::max({buffers.reduction, buffers.step, buffers.gather});
   walk_rank_at(
       s, rank,
       [&](size_t pos, int stage, int kind, const std::map<int, std::pair<int, int>>& held) {

@@ -115,13 +115,17 @@ struct RankBuffers {
   // At the step's end (both with the sends made after the last compute action, still held):
   int64_t reduction = 0;  // the gradient buckets' flat copies and the all-reduces' scratch
   int64_t step = 0;       // STEP's norm and loss vector (and its all-reduce's scratch)
+  // After the optimizer step (GradReducer::gather_params): the sharded buckets of several
+  // parameters, each all-gathered in place in a flat copy, all at once, and the scratch.
+  int64_t gather = 0;
   // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
   // posted ahead of it and not yet waited for, and the sends made since the previous
   // compute action (still held by the transport).
   std::vector<int64_t> posted;
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the
-// posted receives' bytes at each action, or the step's end if that is higher.
+// posted receives' bytes at each action, or the step's end (the reduction, STEP, the
+// all-gather after it) if that is higher.
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages,
                   const RankBuffers& buffers);
 

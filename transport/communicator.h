@@ -67,6 +67,7 @@ class Communicator {
   // counts[r]: the number of elements rank r contributes (all_gather, gather) or receives
   // (reduce_scatter, scatter); empty means equal parts. `out`/`in` on the many-side is
   // the concatenation of the parts in rank order, flattened.
+  // all_gather may run in place: `in` a view of this rank's own part of `out`.
   virtual WorkPtr all_gather(const Tensor& in, Tensor& out,
                              std::span<const int64_t> counts = {}) = 0;
   // reduce_scatter may run in place: `out` a view of this rank's own part of `in`; the

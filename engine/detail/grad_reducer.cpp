@@ -323,21 +323,44 @@ void GradReducer::gather_params() {
     }
     return;
   }
-  // One all-gather per parameter, straight into the parameter: each rank contributes the
-  // elements of it in its part, staged in the same elements of the gradient (no longer
-  // needed after the step), so the gather needs no buffer.
+  // A bucket of several parameters: one all-gather of the bucket, in place in a flat
+  // copy (under zero1 the size the reduction held until the step's end), so a step
+  // costs a gather per bucket rather than per parameter (latency-bound on a slow link).
   struct Gather {
-    Param* p;
+    Group* g = nullptr;
+    Bucket* b = nullptr;  // set: a whole bucket into b->flat; else one parameter
+    Param* p = nullptr;
     Tensor in, out;
     transport::WorkPtr work;
   };
   std::vector<Gather> gathers;
+  for (Group& g : groups_) {
+    if (!g.shard) continue;
+    for (Bucket& b : g.buckets) {
+      if (b.params.size() < 2) continue;
+      const Tensor& first = g.params[b.params[0]].holders[0]->param(g.params[b.params[0]].id);
+      b.flat = Tensor::empty({b.elements}, first.dtype(), first.device());
+      Gather y{&g,     &b, nullptr, b.flat.narrow(0, b.part_begin, b.part_end - b.part_begin),
+               b.flat, {}};
+      for_part(g, b, [&](size_t j, int64_t lo, int64_t hi, int64_t at) {
+        const Param& p = g.params[b.params[j]];
+        Tensor& v = p.holders[0]->param(p.id);
+        y.in.narrow(0, at, hi - lo).copy_from(v.view({v.numel()}).narrow(0, lo, hi - lo));
+      });
+      y.work = g.comm->all_gather(y.in, y.out, b.counts);
+      gathers.push_back(std::move(y));
+    }
+  }
+  // Otherwise one all-gather per parameter, straight into the parameter: each rank
+  // contributes the elements of it in its part, staged in the same elements of the
+  // gradient (no longer needed after the step), so the gather needs no buffer.
   for (GatherSpec& x : gather_specs()) {
+    if (x.g->buckets[x.p->bucket].params.size() > 1) continue;
     Param& p = *x.p;
     Tensor& v = p.holders[0]->param(p.id);
     const int64_t numel = v.numel();
     Tensor& grad = p.holders[0]->grad(p.id);
-    Gather y{&p, {}, {}, {}};
+    Gather y{x.g, nullptr, &p, {}, {}, {}};
     y.in = x.g->shard_grads ? grad.view({grad.numel()})  // the spent accumulator
                             : grad.view({grad.numel()}).narrow(0, x.lo, x.hi - x.lo);
     y.in.copy_from(v.view({numel}).narrow(0, x.lo, x.hi - x.lo));
@@ -347,6 +370,17 @@ void GradReducer::gather_params() {
   }
   for (Gather& x : gathers) {
     x.work->wait();
+    if (x.b) {
+      for (size_t j = 0; j < x.b->params.size(); ++j) {
+        Param& p = x.g->params[x.b->params[j]];
+        for (stages::Stage* st : p.holders) {
+          Tensor& v = st->param(p.id);
+          v.view({v.numel()}).copy_from(x.b->flat.narrow(0, x.b->offsets[j], v.numel()));
+        }
+      }
+      x.b->flat = Tensor();  // back to the pool
+      continue;
+    }
     Param& p = *x.p;
     for (size_t k = 1; k < p.holders.size(); ++k)
       p.holders[k]->param(p.id).copy_from(p.holders[0]->param(p.id));

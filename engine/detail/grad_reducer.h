@@ -15,10 +15,11 @@
 // would have given it whenever both take the same algorithm (always for two members:
 // two addends commute). The reducer tells each holding stage the elements of each
 // parameter that fall in its part (Stage::set_optimizer_shard) at construction; after
-// the optimizer step, gather_params() all-gathers the parts, one parameter at a time
-// straight into it. Neither needs a buffer beyond the all-reduce's: the reduce-scatter
-// writes into the rank's own part of its input, and the gather's input is staged in the
-// spent gradient.
+// the optimizer step, gather_params() all-gathers the parts: a bucket of several
+// parameters in one gather, in place in a flat copy like the reduction's (the memory
+// model's RankBuffers::gather), and a bucket of one straight into the parameter, its
+// input staged in the spent gradient. The reduce-scatter needs no buffer beyond the
+// all-reduce's: it writes into the rank's own part of its input.
 //
 // ZeRO-2 (GradGroup::shard_grads): the group's parameters held by one local stage keep
 // no whole gradient across micro-batches. Their buckets never span two stages; each

@@ -151,6 +151,17 @@ void check_reduce_scatter_in_place(Communicator& c, const std::vector<int64_t>& 
       trace(c, "reduce_scatter in place", total, dt));
 }
 
+// In place: the input is a view of this rank's own part of the output.
+void check_all_gather_in_place(Communicator& c, const std::vector<int64_t>& counts, DType dt) {
+  const int r = c.rank();
+  int64_t total = sum_of(counts, c.size());
+  Tensor out = Tensor::full({total}, -99, dt);
+  Tensor in = out.narrow(0, sum_of(counts, r), counts[size_t(r)]);
+  in.copy_from(make_input(r, counts[size_t(r)], dt));
+  c.all_gather(in, out, counts)->wait();
+  expect_values(out, gathered(counts), trace(c, "all_gather in place", total, dt));
+}
+
 void check_broadcast(Communicator& c, int64_t n, DType dt, int root) {
   Tensor t = c.rank() == root ? make_input(root, n, dt) : Tensor::full({n}, -99, dt);
   c.broadcast(t, root)->wait();
@@ -212,6 +223,7 @@ TEST_P(Collectives, EveryOpEverySize) {
       check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
       check_reduce_scatter(c, parts, DType::f32, ReduceOp::avg, true);
       check_reduce_scatter_in_place(c, parts, DType::f32, ReduceOp::sum);
+      check_all_gather_in_place(c, parts, DType::f32);
       check_scatter(c, parts, DType::f32, root);
       check_gather(c, parts, DType::f32, (root + 1) % n);
       c.barrier()->wait();
@@ -284,6 +296,7 @@ TEST_P(BigMessages, SixteenToSixtyFourMiB) {
     check_all_gather(c, parts, DType::f32, true);
     check_reduce_scatter(c, parts, DType::f32, ReduceOp::sum, true);
     check_reduce_scatter_in_place(c, parts, DType::f32, ReduceOp::sum);
+    check_all_gather_in_place(c, parts, DType::f32);
     c.barrier()->wait();
   });
 }

@@ -130,7 +130,7 @@ void all_gather_direct(const GroupView& g, const char* in, char* out,
       reqs.push_back(g.recv(out + off[size_t(q)] * es, size_t(counts[size_t(q)]) * es, q, 0));
   for (int i = 1; i < n; ++i)
     reqs.push_back(g.send(in, size_t(counts[size_t(r)]) * es, mod(r + i, n), 0));
-  if (counts[size_t(r)] > 0)
+  if (counts[size_t(r)] > 0 && in != out + off[size_t(r)] * es)  // not in place
     std::memcpy(out + off[size_t(r)] * es, in, size_t(counts[size_t(r)]) * es);
   g.wait_all(reqs);
 }
@@ -274,7 +274,8 @@ void all_gather(const GroupView& g, const void* in, void* out, std::span<const i
   job.esize = es;
   job.gather = true;
   job.buf = static_cast<char*>(out);
-  job.own = static_cast<const char*>(in);
+  // In place (the input is this rank's own part of the output): the ring sends it from there.
+  if (in != job.buf + off[size_t(g.rank)] * es) job.own = static_cast<const char*>(in);
   run_ring(g, job);
 }
 
