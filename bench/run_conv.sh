@@ -65,9 +65,11 @@ echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), threads 
 "$baton" train --model "$tmp/r32.json" --data "$tmp/img32" --batch 32 --steps $((steps + 1)) \
   --threads "$threads" --log-every 1 > "$tmp/r32.txt" 2>&1
 echo "resnet-cifar batch 32: baton $(median_ms "$tmp/r32.txt") ms/step (median)"
-for v in "" $compile; do
+for v in eager ${compile:+compile}; do
+  flag=()
+  [ "$v" = compile ] && flag=(--compile)
   "$python" bench/pytorch_resnet_step.py --model "$tmp/r32.json" --batch 32 --threads "$threads" \
-    --steps "$steps" $v | sed 's/^/resnet-cifar batch 32: /'
+    --steps "$steps" "${flag[@]}" | sed 's/^/resnet-cifar batch 32: /'
 done
 
 cd "$tmp"
