@@ -607,19 +607,31 @@ std::optional<std::string> verify_checkpoint(const std::string& step_dir, const 
   return std::nullopt;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& root) {
+namespace {
+
+// The step-<N> directories under `root` with their steps, the newest first (other names
+// are not checkpoints and are left alone).
+std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const std::string& root) {
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return std::nullopt;
-  std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::pair<int64_t, std::string>> dirs;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     std::string name = e.path().filename().string();
     if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
     char* end = nullptr;
     long long step = std::strtoll(name.c_str() + 5, &end, 10);
     if (end == name.c_str() + 5 || *end != '\0') continue;
-    found.emplace_back(step, e.path().string());
+    dirs.emplace_back(step, e.path().string());
   }
-  std::sort(found.rbegin(), found.rend());
+  std::sort(dirs.rbegin(), dirs.rend());
+  return dirs;
+}
+
+}  // namespace
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  const auto found = checkpoint_dirs_newest_first(root);
   bool skipped = false;
   for (const auto& [step, dir] : found) {
     const std::string path = dir + "/manifest.json";
@@ -660,17 +672,8 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 
 void prune_checkpoints(const std::string& root, int keep) {
   if (keep <= 0) return;
+  const auto dirs = checkpoint_dirs_newest_first(root);
   std::error_code ec;
-  std::vector<std::pair<int64_t, std::string>> dirs;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("step-", 0) != 0) continue;
-    char* end = nullptr;
-    long long step = std::strtoll(name.c_str() + 5, &end, 10);
-    if (end == name.c_str() + 5 || *end != '\0') continue;
-    dirs.emplace_back(step, e.path().string());
-  }
-  std::sort(dirs.rbegin(), dirs.rend());
   int complete = 0;
   for (const auto& [step, dir] : dirs) {
     bool done = fs::exists(dir + "/manifest.json");

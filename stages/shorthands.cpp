@@ -1,6 +1,7 @@
 #include "stages/shorthands.h"
 
 #include <cmath>
+#include <utility>
 
 namespace baton::stages {
 
@@ -28,6 +29,20 @@ json node(const std::string& name, const std::string& op, std::vector<std::strin
   if (!params.empty()) n["params"] = std::move(params);
   if (!attrs.empty()) n["attrs"] = std::move(attrs);
   return n;
+}
+
+// The graph of a language model on `T` tokens: the head layer ends with the loss of its
+// `lm_head` logits against the targets, the model's loss.
+json language_model_graph(const std::string& name, int64_t T, json params, json layers, json head) {
+  head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
+  layers.push_back({{"name", "head"}, {"nodes", std::move(head)}});
+  return {{"type", "graph"},
+          {"name", name},
+          {"inputs", json::array({{{"name", "tokens"}, {"shape", {T}}, {"dtype", "i32"}},
+                                  {{"name", "targets"}, {"shape", {T}}, {"dtype", "i32"}}})},
+          {"params", std::move(params)},
+          {"layers", std::move(layers)},
+          {"loss", "loss"}};
 }
 
 void check_gpt2(const Gpt2Config& c, const JsonReader& r) {
@@ -193,16 +208,7 @@ json gpt2_graph_json(const Gpt2Config& c) {
   // The LM head is tied to wte [V, C]: logits = ln_f(x) wte^T, the torch layout.
   head.push_back(
       node("lm_head", "linear", {"ln_f"}, {{"weight", "wte.weight"}}, {{"layout", "out_in"}}));
-  head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
-  layers.push_back({{"name", "head"}, {"nodes", head}});
-
-  return {{"type", "graph"},
-          {"name", c.name},
-          {"inputs", json::array({{{"name", "tokens"}, {"shape", {T}}, {"dtype", "i32"}},
-                                  {{"name", "targets"}, {"shape", {T}}, {"dtype", "i32"}}})},
-          {"params", params},
-          {"layers", layers},
-          {"loss", "loss"}};
+  return language_model_graph(c.name, T, std::move(params), std::move(layers), std::move(head));
 }
 
 // ---- LLaMA family ----
@@ -476,15 +482,7 @@ json llama_graph_json(const LlamaConfig& c) {
     params.push_back(param(head_weight, {V, C}, normal(std)));
   }
   head.push_back(node("lm_head", "linear", {"model.norm"}, {{"weight", head_weight}}));
-  head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
-  layers.push_back({{"name", "head"}, {"nodes", head}});
-  return {{"type", "graph"},
-          {"name", c.name},
-          {"inputs", json::array({{{"name", "tokens"}, {"shape", {T}}, {"dtype", "i32"}},
-                                  {{"name", "targets"}, {"shape", {T}}, {"dtype", "i32"}}})},
-          {"params", params},
-          {"layers", layers},
-          {"loss", "loss"}};
+  return language_model_graph(c.name, T, std::move(params), std::move(layers), std::move(head));
 }
 
 json hf_config_to_shorthand(const JsonReader& r) {

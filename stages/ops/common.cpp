@@ -26,6 +26,12 @@ void expect_float_input(const OpSpec& spec, size_t i, size_t min_rank) {
   }
 }
 
+void expect_type_of_first_input(const OpSpec& spec, size_t i, const std::string& first) {
+  if (spec.inputs[i] != spec.inputs[0])
+    input_json(spec, i).fail("a value of " + first + "'s type " + type_str(spec.inputs[0]),
+                             type_str(spec.inputs[i]));
+}
+
 void expect_int_input(const OpSpec& spec, size_t i) {
   const ValueType& t = spec.inputs[i];
   if (!t.batched || (t.dtype != DType::i32 && t.dtype != DType::i64))

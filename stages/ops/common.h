@@ -48,6 +48,9 @@ JsonReader param_json(const OpSpec& spec, const std::string& slot);
 // dimensions per sample.
 void expect_float_input(const OpSpec& spec, size_t i, size_t min_rank = 1);
 void expect_int_input(const OpSpec& spec, size_t i);
+// Checks that input i has input 0's type (per-sample shape and dtype), as the operands of an
+// elementwise pair need; `first` names input 0 in the error.
+void expect_type_of_first_input(const OpSpec& spec, size_t i, const std::string& first);
 // Checks that parameter slot `slot` (index k) has shape `expected`.
 void expect_param_shape(const OpSpec& spec, const OpSchema& schema, size_t k,
                         const Shape& expected);

@@ -67,9 +67,7 @@ class Add final : public OpBase {
  public:
   explicit Add(const OpSpec& spec) : OpBase(add_schema(), spec) {
     expect_float_input(spec, 0, 0);
-    if (spec.inputs[1] != spec.inputs[0])
-      input_json(spec, 1).fail("a value of a's type " + type_str(spec.inputs[0]),
-                               type_str(spec.inputs[1]));
+    expect_type_of_first_input(spec, 1, "a");
     out_.push_back(spec.inputs[0]);
     elems_ = numel_of(spec.inputs[0].shape);
   }

@@ -28,9 +28,7 @@ class AddLayerNorm final : public OpBase {
  public:
   explicit AddLayerNorm(const OpSpec& spec) : OpBase(add_layernorm_schema(), spec) {
     expect_float_input(spec, 0);
-    if (spec.inputs[1] != spec.inputs[0])
-      input_json(spec, 1).fail("a value of a's type " + type_str(spec.inputs[0]),
-                               type_str(spec.inputs[1]));
+    expect_type_of_first_input(spec, 1, "a");
     c_ = spec.inputs[0].shape.back();
     rows_ = rows_per_sample(spec.inputs[0].shape);
     for (size_t k = 0; k < 2; ++k) expect_param_shape(spec, schema_, k, {c_});
