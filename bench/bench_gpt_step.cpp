@@ -1,11 +1,11 @@
 // bench_gpt_step: one training step (forward, backward, AdamW) of the GPT configs A and B
 // (or, with --family llama, LLaMA-style decoders of the same widths: RMSNorm, rotary,
 // SwiGLU with intermediate 8/3 d rounded up to 32, grouped-query attention with half the
-// heads for keys and values, untied head) on one process, at 1 and 2 threads: ms per step (median, min, max after warm-up),
-// tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured in the same run
-// at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as
-// 6 N T + 12 L ctx d T (N: matmul weights incl. the LM head, T: tokens), the
-// convention of docs/benchmarks.md. --profile prints where the time goes, per op type.
+// heads for keys and values, untied head) on one process, at 1 and 2 threads: ms per step (median,
+// min, max after warm-up), tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured
+// in the same run at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as 6 N
+// T + 12 L ctx d T (N: matmul weights incl. the LM head, T: tokens), the convention of
+// docs/benchmarks.md. --profile prints where the time goes, per op type.
 //
 //   bench_gpt_step [--config A|B|all] [--family gpt|llama] [--threads 1,2] [--steps 10]
 //                  [--warmup 2] [--profile]
@@ -45,9 +45,9 @@ struct Config {
   double flops() const {
     const double d = double(embd);
     // GPT: qkv, proj, 4d MLP; LLaMA: q and o, k and v at kv_heads, gate/up/down.
-    double block = llama ? 2 * d * d + 2 * d * double(kv_heads() * (embd / heads)) +
-                               3 * d * double(ffn())
-                         : 12 * d * d;
+    double block =
+        llama ? 2 * d * d + 2 * d * double(kv_heads() * (embd / heads)) + 3 * d * double(ffn())
+              : 12 * d * d;
     double n = double(layers) * block + double(vocab) * d;
     double t = double(batch * ctx);
     return 6.0 * n * t + 12.0 * double(layers) * double(ctx) * double(embd) * t;
@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
   bool profile = false;
   po::options_description opts("bench_gpt_step");
   opts.add_options()("help,h", "help")("config", po::value(&which), "A, B or all")(
-      "family", po::value(&family), "gpt or llama")(
-      "threads", po::value(&threads_arg), "thread counts, e.g. 1,2")(
+      "family", po::value(&family), "gpt or llama")("threads", po::value(&threads_arg),
+                                                    "thread counts, e.g. 1,2")(
       "steps", po::value(&steps), "timed steps")("warmup", po::value(&warmup), "untimed steps")(
       "profile", po::bool_switch(&profile), "print time per op type");
   po::variables_map vm;
