@@ -41,13 +41,13 @@ struct Config {
   int64_t layers, heads, embd, ctx, batch, vocab;
   bool llama = false;
   int64_t kv_heads() const { return heads / 2; }
+  int64_t kv_width() const { return kv_heads() * (embd / heads); }
   int64_t ffn() const { return (8 * embd / 3 + 31) / 32 * 32; }
   double flops() const {
     const double d = double(embd);
     // GPT: qkv, proj, 4d MLP; LLaMA: q and o, k and v at kv_heads, gate/up/down.
     double block =
-        llama ? 2 * d * d + 2 * d * double(kv_heads() * (embd / heads)) + 3 * d * double(ffn())
-              : 12 * d * d;
+        llama ? 2 * d * d + 2 * d * double(kv_width()) + 3 * d * double(ffn()) : 12 * d * d;
     double n = double(layers) * block + double(vocab) * d;
     double t = double(batch * ctx);
     return 6.0 * n * t + 12.0 * double(layers) * double(ctx) * double(embd) * t;
