@@ -1,11 +1,14 @@
 // bench_gpt_step: one training step (forward, backward, AdamW) of the GPT configs A and B
-// on one process, at 1 and 2 threads: ms per step (median, min, max after warm-up),
-// tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured in the same run
-// at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as
-// 6 N T + 12 L ctx d T (N: matmul weights incl. the tied LM head, T: tokens), the
-// convention of docs/benchmarks.md. --profile prints where the time goes, per op type.
+// (or, with --family llama, LLaMA-style decoders of the same widths: RMSNorm, rotary,
+// SwiGLU with intermediate 8/3 d rounded up to 32, grouped-query attention with half the
+// heads for keys and values, untied head) on one process, at 1 and 2 threads: ms per step (median,
+// min, max after warm-up), tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured
+// in the same run at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as 6 N
+// T + 12 L ctx d T (N: matmul weights incl. the LM head, T: tokens), the convention of
+// docs/benchmarks.md. --profile prints where the time goes, per op type.
 //
-//   bench_gpt_step [--config A|B|all] [--threads 1,2] [--steps 10] [--warmup 2] [--profile]
+//   bench_gpt_step [--config A|B|all] [--family gpt|llama] [--threads 1,2] [--steps 10]
+//                  [--warmup 2] [--profile]
 #include <cblas.h>
 
 #include <algorithm>
@@ -36,8 +39,16 @@ using Clock = std::chrono::steady_clock;
 struct Config {
   std::string name;
   int64_t layers, heads, embd, ctx, batch, vocab;
+  bool llama = false;
+  int64_t kv_heads() const { return heads / 2; }
+  int64_t kv_width() const { return kv_heads() * (embd / heads); }
+  int64_t ffn() const { return (8 * embd / 3 + 31) / 32 * 32; }
   double flops() const {
-    double n = 12.0 * double(layers) * double(embd) * double(embd) + double(vocab) * double(embd);
+    const double d = double(embd);
+    // GPT: qkv, proj, 4d MLP; LLaMA: q and o, k and v at kv_heads, gate/up/down.
+    double block =
+        llama ? 2 * d * d + 2 * d * double(kv_width()) + 3 * d * double(ffn()) : 12 * d * d;
+    double n = double(layers) * block + double(vocab) * d;
     double t = double(batch * ctx);
     return 6.0 * n * t + 12.0 * double(layers) * double(ctx) * double(embd) * t;
   }
@@ -77,12 +88,13 @@ std::vector<int> parse_list(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string which = "all", threads_arg = "1,2";
+  std::string which = "all", family = "gpt", threads_arg = "1,2";
   int steps = 10, warmup = 2;
   bool profile = false;
   po::options_description opts("bench_gpt_step");
   opts.add_options()("help,h", "help")("config", po::value(&which), "A, B or all")(
-      "threads", po::value(&threads_arg), "thread counts, e.g. 1,2")(
+      "family", po::value(&family), "gpt or llama")("threads", po::value(&threads_arg),
+                                                    "thread counts, e.g. 1,2")(
       "steps", po::value(&steps), "timed steps")("warmup", po::value(&warmup), "untimed steps")(
       "profile", po::bool_switch(&profile), "print time per op type");
   po::variables_map vm;
@@ -93,24 +105,45 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::vector<Config> configs;
-  if (which == "A" || which == "all") configs.push_back({"A", 4, 4, 256, 128, 8, 256});
-  if (which == "B" || which == "all") configs.push_back({"B", 8, 8, 512, 256, 8, 256});
+  if (family != "gpt" && family != "llama") {
+    std::fprintf(stderr, "--family: expected gpt or llama, found %s\n", family.c_str());
+    return 2;
+  }
+  const bool llama = family == "llama";
+  if (which == "A" || which == "all") configs.push_back({"A", 4, 4, 256, 128, 8, 256, llama});
+  if (which == "B" || which == "all") configs.push_back({"B", 8, 8, 512, 256, 8, 256, llama});
 
   const char* core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("# bench_gpt_step: forward + backward + AdamW, f32, one process\n");
+  std::printf("# bench_gpt_step: %s, forward + backward + AdamW, f32, one process\n",
+              family.c_str());
   std::printf("# OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n",
               core ? core : "(autodetect)", steps, warmup);
   std::printf("%-6s %7s %10s %10s %10s %10s %9s %9s %8s\n", "config", "threads", "ms/step", "min",
               "max", "tok/s", "GFLOP/s", "sgemm", "of sgemm");
   for (const Config& c : configs) {
-    st::Gpt2Config g;
-    g.name = "config-" + c.name;
-    g.n_layer = c.layers;
-    g.n_head = c.heads;
-    g.n_embd = c.embd;
-    g.n_positions = c.ctx;
-    g.vocab_size = c.vocab;
-    auto graph = std::make_shared<st::Graph>(st::load_model_json(g.to_json(), "config " + c.name));
+    nlohmann::json model_json;
+    if (c.llama) {
+      st::LlamaConfig l;
+      l.name = "llama-" + c.name;
+      l.hidden_size = c.embd;
+      l.intermediate_size = c.ffn();
+      l.num_hidden_layers = c.layers;
+      l.num_attention_heads = c.heads;
+      l.num_key_value_heads = c.kv_heads();
+      l.max_position_embeddings = c.ctx;
+      l.vocab_size = c.vocab;
+      model_json = l.to_json();
+    } else {
+      st::Gpt2Config g;
+      g.name = "config-" + c.name;
+      g.n_layer = c.layers;
+      g.n_head = c.heads;
+      g.n_embd = c.embd;
+      g.n_positions = c.ctx;
+      g.vocab_size = c.vocab;
+      model_json = g.to_json();
+    }
+    auto graph = std::make_shared<st::Graph>(st::load_model_json(model_json, "config " + c.name));
     std::mt19937_64 rng(1);
     std::vector<int32_t> tok(size_t(c.batch * c.ctx)), tgt(tok.size());
     for (auto& x : tok) x = int32_t(rng() % uint64_t(c.vocab));

@@ -39,11 +39,15 @@ void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_
                     int64_t offset) {
   thread_local std::vector<T> cs, sn;
   rotary_tables<T>(s, inv_freq, offset, cs, sn);
+  // The tables by pointer: inside parallel_for another thread's cs would be its own
+  // (empty) thread_local.
+  const T* cos_tab = cs.data();
+  const T* sin_tab = sn.data();
   const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
   parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* c = cs.data() + (r % s.seq) * half;
-      const T* sv = sn.data() + (r % s.seq) * half;
+      const T* c = cos_tab + (r % s.seq) * half;
+      const T* sv = sin_tab + (r % s.seq) * half;
       for (int64_t h = 0; h < s.heads; ++h) {
         const T* a = x + r * w + h * D;
         T* o = dst + r * s.dst_ld + s.dst_col + h * D;
@@ -64,11 +68,15 @@ void rotary_backward(const T* ddst, T* dx, const RotaryShape& s, const double* i
                      int64_t offset, bool accumulate) {
   thread_local std::vector<T> cs, sn;
   rotary_tables<T>(s, inv_freq, offset, cs, sn);
+  // The tables by pointer: inside parallel_for another thread's cs would be its own
+  // (empty) thread_local.
+  const T* cos_tab = cs.data();
+  const T* sin_tab = sn.data();
   const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
   parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* c = cs.data() + (r % s.seq) * half;
-      const T* sv = sn.data() + (r % s.seq) * half;
+      const T* c = cos_tab + (r % s.seq) * half;
+      const T* sv = sin_tab + (r % s.seq) * half;
       for (int64_t h = 0; h < s.heads; ++h) {
         const T* g = ddst + r * s.dst_ld + s.dst_col + h * D;
         T* o = dx + r * w + h * D;
