@@ -425,5 +425,28 @@ TEST(GroupedQueryAttention, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(std::memcmp(res[1].raw_data(), res[3].raw_data(), res[1].nbytes()), 0);
 }
 
+// The cos/sin tables are built on the calling thread and read by the pool's threads (a
+// per-thread table once crashed every LLaMA run at 2 threads).
+TEST(Rotary, ResultsDoNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test_seed(89));
+  const int64_t B = 2, T = 256, H = 8, D = 64;
+  const auto inv = rope_inv_freq(D, 10000.0, RopeScaling{});
+  const RotaryOptions o{H, &inv, 5};
+  const DType f = DType::f32;
+  const Tensor x = randn({B, T, H * D}, rng, 1.0, f), g = randn({B, T, H * D}, rng, 1.0, f);
+  std::vector<Tensor> res;
+  const int before = num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    Tensor y = Tensor::zeros({B, T, H * D}, f), dx = Tensor::empty(x.shape(), f);
+    rotary_forward(x, o, y, 0);
+    rotary_backward(g, 0, o, dx, false);
+    res.insert(res.end(), {y, dx});
+  }
+  set_num_threads(before);
+  EXPECT_EQ(std::memcmp(res[0].raw_data(), res[2].raw_data(), res[0].nbytes()), 0);
+  EXPECT_EQ(std::memcmp(res[1].raw_data(), res[3].raw_data(), res[1].nbytes()), 0);
+}
+
 }  // namespace
 }  // namespace baton::kernels::test

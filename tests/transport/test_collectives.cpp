@@ -42,8 +42,10 @@ double reference(int nranks, int64_t i, ReduceOp op, DType dt) {
     case DType::f64:
       return acc / nranks;
     case DType::i32:
-    case DType::i64:
-      return double(int64_t(acc) / nranks);
+    case DType::i64: {
+      const int64_t truncated = int64_t(acc) / nranks;  // the integer average truncates
+      return double(truncated);
+    }
     case DType::f32:
       return double(float(acc) / float(nranks));
     case DType::bf16:
