@@ -5,6 +5,7 @@ Run by ctest (tests/python/CMakeLists.txt) with PYTHONPATH at the built module."
 
 import json
 import os
+import threading
 import time
 import unittest
 
@@ -67,6 +68,32 @@ class Schedules(unittest.TestCase):
         self.assertEqual(dialect, "current")
         self.assertEqual(back.tokens(), c.tokens())
         self.assertIn("0B0", c.to_csv("legacy"))
+
+    def test_long_calls_release_the_gil(self):
+        # While one thread parses a large schedule, another keeps running Python: its
+        # longest pause is a few switch intervals, not the whole parse (as it would be
+        # if the parse held the GIL).
+        text = baton.lower(baton.generate("zb-v", 64, 512)).to_text()
+        start = time.perf_counter()
+        baton.parse_text(text)
+        alone = time.perf_counter() - start
+        self.assertGreater(alone, 0.04, "the parse is too short to show the GIL")
+        done = threading.Event()
+
+        def parse():
+            baton.parse_text(text)
+            done.set()
+
+        worker = threading.Thread(target=parse)
+        last = time.perf_counter()
+        longest = 0.0
+        worker.start()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest = max(longest, now - last)
+            last = now
+        worker.join()
+        self.assertLess(longest, alone / 2, f"a pause of {longest:.3f} s in a {alone:.3f} s parse")
 
     def test_iterate_and_build_from_lists(self):
         s = baton.Schedule([["0F0", "0F1", "0BW0", "0BW1"], ["1F0", ("BW", 0, 1), "1F1", "1BW1"]],

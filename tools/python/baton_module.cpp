@@ -361,28 +361,34 @@ PYBIND11_MODULE(baton, m) {
                     " micro_batches=" + std::to_string(s.num_micro_batches) +
                     " stages=" + std::to_string(s.num_stages()) + ">";
            })
-      .def("to_text", &to_text)
-      .def("to_json", &to_json_text)
+      .def("to_text", &to_text, py::call_guard<py::gil_scoped_release>())
+      .def("to_json", &to_json_text, py::call_guard<py::gil_scoped_release>())
       .def(
           "to_csv",
           [](const Schedule& s, const std::string& dialect) {
             return to_torch_csv(s, parse_dialect(dialect));
           },
-          py::arg("dialect") = "current", "PyTorch's CSV ('current' or 'legacy' dialect)")
+          py::arg("dialect") = "current", py::call_guard<py::gil_scoped_release>(),
+          "PyTorch's CSV ('current' or 'legacy' dialect)")
       .def(
           "save", [](const Schedule& s, const std::string& path) { save_schedule(s, path); },
-          py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
+          py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+          "JSON for .json, PyTorch CSV for .csv, text otherwise");
 
   m.def(
       "parse_text", [](const std::string& t, const std::string& src) { return parse_text(t, src); },
-      py::arg("text"), py::arg("source") = "text");
+      py::arg("text"), py::arg("source") = "text", py::call_guard<py::gil_scoped_release>());
   m.def(
       "parse_json", [](const std::string& t, const std::string& src) { return parse_json(t, src); },
-      py::arg("text"), py::arg("source") = "json");
+      py::arg("text"), py::arg("source") = "json", py::call_guard<py::gil_scoped_release>());
   m.def(
       "parse_csv",
       [](const std::string& t, const std::string& dialect, const std::string& src) {
-        TorchCsv csv = parse_torch_csv(t, src, parse_dialect(dialect));
+        TorchCsv csv;
+        {
+          py::gil_scoped_release release;
+          csv = parse_torch_csv(t, src, parse_dialect(dialect));
+        }
         py::list kept;
         for (const auto& row : csv.kept) {
           py::list cells;
@@ -406,8 +412,10 @@ PYBIND11_MODULE(baton, m) {
           }
         return to_torch_csv(s, parse_dialect(dialect), kept ? &k : nullptr);
       },
-      py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none());
-  m.def("load", &load_schedule, py::arg("path"), "text, JSON or PyTorch CSV (by the name)");
+      py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none(),
+      py::call_guard<py::gil_scoped_release>());
+  m.def("load", &load_schedule, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+        "text, JSON or PyTorch CSV (by the name)");
   m.def("schedule_names", &all_schedule_names);
   m.def(
       "generate",
@@ -478,7 +486,8 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("schedule"), "raises baton.ScheduleError unless the schedule is valid");
   m.def(
-      "is_valid", [](const Schedule& s) { return validate(s).ok; }, py::arg("schedule"));
+      "is_valid", [](const Schedule& s) { return validate(s).ok; }, py::arg("schedule"),
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "lower",
       [](const Schedule& s, bool merge, bool transfers, bool reduce, bool step) {
@@ -492,9 +501,12 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("schedule"), py::arg("merge_backward") = false, py::arg("transfers") = true,
       py::arg("reduce") = true, py::arg("step") = true);
-  m.def("split_backward", &split_backward, py::arg("schedule"));
-  m.def("merge_backward", &merge_backward, py::arg("schedule"));
-  m.def("compute_only", &compute_only, py::arg("schedule"));
+  m.def("split_backward", &split_backward, py::arg("schedule"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("merge_backward", &merge_backward, py::arg("schedule"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("compute_only", &compute_only, py::arg("schedule"),
+        py::call_guard<py::gil_scoped_release>());
 
   // ---- costs and simulation --------------------------------------------------------------
   py::class_<CostSpec>(m, "CostSpec", "A parsed cost file (see docs/schedules.md, Costs).")
@@ -657,8 +669,8 @@ PYBIND11_MODULE(baton, m) {
             o.width = width;
             return to_svg(t, o);
           },
-          py::arg("width") = 1400)
-      .def("chrome_trace", &to_chrome_trace)
+          py::arg("width") = 1400, py::call_guard<py::gil_scoped_release>())
+      .def("chrome_trace", &to_chrome_trace, py::call_guard<py::gil_scoped_release>())
       .def("events", [](const Timeline& t) {
         py::list out;
         for (const TimelineEvent& e : t.events) {
@@ -680,11 +692,17 @@ PYBIND11_MODULE(baton, m) {
       [](const std::string& text) {
         return std::make_shared<Timeline>(from_chrome_trace(text, "trace"));
       },
-      py::arg("text"), "a timeline from Chrome trace JSON (the executor's or the simulator's)");
+      py::arg("text"), py::call_guard<py::gil_scoped_release>(),
+      "a timeline from Chrome trace JSON (the executor's or the simulator's)");
   m.def(
       "compare_traces",
       [](const Timeline& measured, const Timeline& predicted) {
-        return comparison_dict(compare_timelines(measured, predicted));
+        TraceComparison c;
+        {
+          py::gil_scoped_release release;
+          c = compare_timelines(measured, predicted);
+        }
+        return comparison_dict(c);
       },
       py::arg("measured"), py::arg("predicted"),
       "per action and per kind, the measured against the predicted times");
