@@ -1,10 +1,11 @@
 // Schedules beyond the literature's fixed generators, run for real: the building-block
 // V family (V-Min, V-Half, V-ZB) from the plan's schedule name, and PyTorch's own
-// DualPipeV dumped to CSV (tests/fixtures/torch_schedules, with composite
+// schedules dumped to CSV (tests/fixtures/torch_schedules: 1F1B, GPipe, interleaved,
+// looped BFS, interleaved zero bubble, ZB-V and DualPipeV with composite
 // (a;b)OVERLAP_F_B actions) in place of the plan's generated schedule (as `baton train
-// --schedule FILE` does), each rank a thread over the local
-// transport. Losses and gradient norms equal the one-process trainer's bit for bit when
-// every stage accumulates its micro-batches in ascending order, else within 1e-5.
+// --schedule FILE` does), each rank a thread over the local transport. Losses and gradient norms
+// equal the one-process trainer's bit for bit when every stage accumulates its micro-batches in
+// ascending order, else within 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,28 +56,45 @@ TEST(Schedules, VFamilyMatchesOneProcess) {
   }
 }
 
-TEST(Schedules, TorchDualPipeVCsvMatchesOneProcess) {
+// Every schedule PyTorch wrote that baton takes (tests/fixtures/make_torch_schedules.py,
+// both dialects), in place of the plan's generated one. Not here: PyTorch's own 1F1B
+// dumps, which are invalid (tests/schedule/test_torch_csv.cpp), and the lowered `_comms`
+// files, whose FSDP UNSHARD baton refuses.
+TEST(Schedules, TorchCsvSchedulesMatchOneProcess) {
   struct CsvCase {
     const char* file;
+    const char* generator;  // the plan's, for the stage placement the CSV assumes
     int pp, m;
-    bool gpt;
+    bool overlaps;  // runs composite OVERLAP_F_B actions
   };
-  for (const CsvCase& c :
-       {CsvCase{"dualpipev_p2_m4.csv", 2, 4, true}, CsvCase{"dualpipev_p4_m8.csv", 4, 8, false}}) {
+  const CsvCase cases[] = {
+      {"gpipe_p4_m8.csv", "gpipe", 4, 8, false},
+      {"interleaved1f1b_p2_m4.csv", "interleaved-1f1b", 2, 4, false},
+      {"interleaved1f1b_p4_m8.csv", "interleaved-1f1b", 4, 8, false},
+      {"interleavedzb_p2_m4.csv", "interleaved-1f1b", 2, 4, false},
+      {"interleavedzb_p4_m8.csv", "interleaved-1f1b", 4, 8, false},
+      {"loopedbfs_p2_m4.csv", "interleaved-1f1b", 2, 4, false},
+      {"zbv_p2_m4.csv", "zb-v", 2, 4, false},
+      {"zbv_p4_m8.csv", "zb-v", 4, 8, false},
+      {"dualpipev_p2_m4.csv", "dualpipev", 2, 4, true},
+      {"dualpipev_p4_m8.csv", "dualpipev", 4, 8, true},
+  };
+  for (const CsvCase& c : cases) {
     const std::string path =
         std::string(BATON_SOURCE_DIR "/tests/fixtures/torch_schedules/") + c.file;
+    SCOPED_TRACE(path);
     const schedule::Schedule csv = schedule::load_schedule(path);
     ASSERT_TRUE(schedule::validate(csv).ok);
     size_t composites = 0;
     for (const auto& list : csv.ranks)
       for (const auto& a : list) composites += a.overlap ? 1 : 0;
-    EXPECT_GT(composites, 0u) << path;  // the schedule runs OVERLAP_F_B actions
-    // The plan's generator gives the V placement; the CSV replaces its schedule.
-    PlanSpec p = spec("dualpipev", c.pp, c.m, c.gpt);
-    SCOPED_TRACE(p.describe() + " " + c.file);
-    Workspace ws("torch-dualpipev");
+    EXPECT_EQ(composites > 0, c.overlaps);
+    // The GPT has the layers for p = 2's four stages; the MLP for the rest.
+    PlanSpec p = spec(c.generator, c.pp, c.m, c.pp == 2);
+    SCOPED_TRACE(p.describe());
+    Workspace ws("torch-csv");
     RunSettings s;
-    s.steps = 10;
+    s.steps = 4;
     auto plan = std::make_shared<partitioner::ResolvedPlan>(*resolve(p, ws));
     partitioner::use_schedule(*plan, csv, path);  // what `baton train --schedule` does
     EXPECT_EQ(plan->schedule, csv);
