@@ -1,6 +1,5 @@
-// Fused CPU kernels: two neighbouring ops of a GPT block in one pass (docs/kernels.md,
-// "Fused kernels"). Same conventions and checks as ops.h; CPU tensors only for now (a
-// CUDA tensor is a RuntimeError naming the op).
+// Fused kernels: two neighbouring ops of a GPT block in one pass (docs/kernels.md,
+// "Fused kernels"). Same conventions and checks as ops.h, on the CPU and on CUDA.
 #pragma once
 
 #include "kernels/ops.h"

@@ -20,13 +20,6 @@
   if ((dev).is_cuda()) detail::no_cuda(__func__, dev)
 #endif
 
-// The ops whose CUDA kernels are not written yet.
-#define BATON_ON_CUDA_LATER(dev, op)                    \
-  if ((dev).is_cuda())                                  \
-  throw RuntimeError(std::string("kernels::") + (op) +  \
-                     ": no CUDA kernel yet; run it on " \
-                     "the CPU")
-
 namespace baton::kernels {
 
 using namespace detail;
@@ -294,7 +287,7 @@ void check_unary_backward(const char* op, const Tensor& x, const Tensor& dy, con
 void silu_forward(const Tensor& x, Tensor& y) {
   check_unary("silu_forward", x, y);
   const auto dev = common_device("silu_forward", {&x, &y});
-  BATON_ON_CUDA_LATER(dev, "silu_forward");
+  BATON_ON_CUDA(dev, silu_forward(x, y));
   on_float("silu_forward", x.dtype(),
            [&]<class T>(T) { cpu::silu_forward<T>(x.data<T>(), y.data<T>(), x.numel()); });
 }
@@ -302,7 +295,7 @@ void silu_forward(const Tensor& x, Tensor& y) {
 void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate) {
   check_unary_backward("silu_backward", x, dy, dx);
   const auto dev = common_device("silu_backward", {&x, &dy, &dx});
-  BATON_ON_CUDA_LATER(dev, "silu_backward");
+  BATON_ON_CUDA(dev, silu_backward(x, dy, dx, accumulate));
   on_float("silu_backward", x.dtype(), [&]<class T>(T) {
     cpu::silu_backward<T>(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel(), accumulate);
   });
@@ -316,7 +309,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
   check_like(op, "y", y, "gate", gate);
   check_same_shape(op, "y", y, "gate", gate);
   const auto dev = common_device(op, {&gate, &up, &y});
-  BATON_ON_CUDA_LATER(dev, "swiglu_forward");
+  BATON_ON_CUDA(dev, swiglu_forward(gate, up, y));
   on_float(op, gate.dtype(), [&]<class T>(T) {
     cpu::swiglu_forward<T>(gate.data<T>(), up.data<T>(), y.data<T>(), gate.numel());
   });
@@ -332,7 +325,7 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Ten
     check_same_shape(op, name, *t, "gate", gate);
   }
   const auto dev = common_device(op, {&gate, &up, &dy, &dgate, &dup});
-  BATON_ON_CUDA_LATER(dev, "swiglu_backward");
+  BATON_ON_CUDA(dev, swiglu_backward(gate, up, dy, dgate, dup, acc_gate, acc_up));
   on_float(op, gate.dtype(), [&]<class T>(T) {
     cpu::swiglu_backward<T>(
         gate.data<T>(), up.data<T>(), dy.data<T>(), dgate.defined() ? dgate.data<T>() : nullptr,
@@ -367,7 +360,7 @@ void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y
     check_same_shape(op, name, *t, "x", x);
   }
   const auto dev = common_device(op, {&x, &bias, &h, &y});
-  BATON_ON_CUDA_LATER(dev, "bias_gelu_forward");
+  BATON_ON_CUDA(dev, bias_gelu_forward(x, bias, h, y));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::bias_gelu_forward<T>(x.data<T>(), bias.data<T>(), h.data<T>(), y.data<T>(), rows_of(x),
                               x.size(-1));
@@ -498,7 +491,7 @@ void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weigh
   }
   BATON_NEED(eps >= 0, op, "eps must not be negative");
   const auto dev = common_device(op, {&a, &b, &weight, &bias, &s, &y, &mean, &rstd});
-  BATON_ON_CUDA_LATER(dev, "add_layernorm_forward");
+  BATON_ON_CUDA(dev, add_layernorm_forward(a, b, weight, bias, eps, s, y, mean, rstd));
   on_float(op, a.dtype(), [&]<class T>(T) {
     cpu::add_layernorm_forward<T>(a.data<T>(), b.data<T>(), weight.data<T>(), bias.data<T>(), eps,
                                   s.data<T>(), y.data<T>(), mean.data<T>(), rstd.data<T>(), rows,
@@ -521,7 +514,7 @@ void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tens
     check_same_shape(op, "ds", ds, "x", s);
   }
   const auto dev = common_device(op, {&dy, &s, &weight, &mean, &rstd, &dx});
-  BATON_ON_CUDA_LATER(dev, "add_layernorm_backward_input");
+  BATON_ON_CUDA(dev, add_layernorm_backward_input(dy, ds, s, weight, mean, rstd, dx, accumulate));
   on_float(op, s.dtype(), [&]<class T>(T) {
     cpu::add_layernorm_backward_input<T>(dy.data<T>(), ds.defined() ? ds.data<T>() : nullptr,
                                          s.data<T>(), weight.data<T>(), mean.data<T>(),
@@ -563,7 +556,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& 
   check_numel(op, "rstd", rstd, rows);
   BATON_NEED(eps >= 0, op, "eps must not be negative");
   const auto dev = common_device(op, {&x, &weight, &y, &rstd});
-  BATON_ON_CUDA_LATER(dev, "rmsnorm_forward");
+  BATON_ON_CUDA(dev, rmsnorm_forward(x, weight, eps, y, rstd));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::rmsnorm_forward<T>(x.data<T>(), weight.data<T>(), eps, y.data<T>(), rstd.data<T>(), rows,
                             c);
@@ -591,7 +584,7 @@ void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& wei
   check_like(op, "dx", dx, "x", x);
   check_same_shape(op, "dx", dx, "x", x);
   const auto dev = common_device(op, {&dy, &x, &weight, &rstd, &dx});
-  BATON_ON_CUDA_LATER(dev, "rmsnorm_backward_input");
+  BATON_ON_CUDA(dev, rmsnorm_backward_input(dy, x, weight, rstd, dx, accumulate));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::rmsnorm_backward_input<T>(dy.data<T>(), x.data<T>(), weight.data<T>(), rstd.data<T>(),
                                    dx.data<T>(), rows_of(x), c, accumulate);
@@ -606,7 +599,7 @@ void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rs
   check_like(op, "dweight", dweight, "x", x);
   check_dims(op, "dweight", dweight, {c});
   const auto dev = common_device(op, {&dy, &x, &rstd, &dweight});
-  BATON_ON_CUDA_LATER(dev, "rmsnorm_backward_weight");
+  BATON_ON_CUDA(dev, rmsnorm_backward_weight(dy, x, rstd, dweight, accumulate));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::rmsnorm_backward_weight<T>(dy.data<T>(), x.data<T>(), rstd.data<T>(), dweight.data<T>(),
                                     rows_of(x), c, accumulate);
@@ -694,8 +687,6 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   const char* op = "attention_forward";
   const auto s = check_attention(op, qkv, out, lse, opt);
   const auto dev = common_device(op, {&qkv, &out, &lse});
-  BATON_NEED(!dev.is_cuda() || s.kv_heads == s.heads, op,
-             "grouped-query attention (kv_heads < heads) has no CUDA kernel yet");
   BATON_ON_CUDA(dev, attention_forward(qkv, opt, out, lse));
   on_float(op, qkv.dtype(), [&]<class T>(T) {
     cpu::attention_forward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), s, opt);
@@ -711,8 +702,6 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   check_like(op, "dqkv", dqkv, "qkv", qkv);
   check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
   const auto dev = common_device(op, {&qkv, &out, &lse, &dout, &dqkv});
-  BATON_NEED(!dev.is_cuda() || s.kv_heads == s.heads, op,
-             "grouped-query attention (kv_heads < heads) has no CUDA kernel yet");
   BATON_ON_CUDA(dev, attention_backward(qkv, out, lse, dout, opt, dqkv, accumulate));
   on_float(op, qkv.dtype(), [&]<class T>(T) {
     cpu::attention_backward<T>(qkv.data<T>(), out.data<T>(), lse.data<T>(), dout.data<T>(),
@@ -784,7 +773,7 @@ void rotary_forward(const Tensor& x, const RotaryOptions& opt, Tensor& dst, int6
   const char* op = "rotary_forward";
   const auto s = check_rotary(op, x, "dst", dst, dst_col, opt);
   const auto dev = common_device(op, {&x, &dst});
-  BATON_ON_CUDA_LATER(dev, "rotary_forward");
+  BATON_ON_CUDA(dev, rotary_forward(x, opt, dst, dst_col));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::rotary_forward<T>(x.data<T>(), dst.data<T>(), s, opt.inv_freq->data(),
                            opt.position_offset);
@@ -796,7 +785,7 @@ void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& o
   const char* op = "rotary_backward";
   const auto s = check_rotary(op, dx, "ddst", ddst, dst_col, opt);
   const auto dev = common_device(op, {&ddst, &dx});
-  BATON_ON_CUDA_LATER(dev, "rotary_backward");
+  BATON_ON_CUDA(dev, rotary_backward(ddst, dst_col, opt, dx, accumulate));
   on_float(op, dx.dtype(), [&]<class T>(T) {
     cpu::rotary_backward<T>(ddst.data<T>(), dx.data<T>(), s, opt.inv_freq->data(),
                             opt.position_offset, accumulate);

@@ -6,6 +6,9 @@
 // them to V. Backward recomputes the probabilities from the saved log-sum-exp, so nothing
 // T x T is kept between forward and backward; the T x T buffers are scratch from the
 // caching allocator. set_attention_impl() picks a path for tests and comparisons.
+// Grouped-query attention (fewer key/value heads than query heads) runs on the same paths:
+// the key/value heads are copied out to one per query head, and backward sums each
+// group's gradients back into its head.
 #include <atomic>
 
 #include "kernels/cuda/attention.cuh"
@@ -95,6 +98,79 @@ __global__ void causal_dscores(const float* s, const L* lse, const float* dpd, T
   }
 }
 
+// Which local key/value head each local query head reads (ops.h, AttentionOptions).
+struct KvMap {
+  int64_t H, KV, group, kv0, head_offset;
+  __host__ __device__ int64_t of(int64_t h) const { return (head_offset + h) / group - kv0; }
+  bool identity() const { return KV == H && group == 1 && kv0 == head_offset; }
+};
+
+KvMap kv_map(const AttentionOptions& opt) {
+  KvMap m;
+  m.H = opt.heads;
+  m.KV = opt.kv_heads > 0 ? opt.kv_heads : opt.heads;
+  m.group = opt.group > 0 ? opt.group : m.H / m.KV;
+  m.kv0 = opt.kv_offset >= 0 ? opt.kv_offset : opt.head_offset / m.group;
+  m.head_offset = opt.head_offset;
+  return m;
+}
+
+// [B, T, (H + 2 KV) D] -> [B, T, 3 H D]: query heads as they are, key and value head of
+// each query head copied beside it.
+template <class T>
+__global__ void expand_kv(const T* src, T* dst, int64_t rows, int64_t D, KvMap m) {
+  const int64_t wide = 3 * m.H * D, narrow = (m.H + 2 * m.KV) * D, n = rows * wide;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = k / wide, col = k % wide, part = col / (m.H * D);
+    const int64_t h = (col % (m.H * D)) / D, d = col % D;
+    const int64_t from = part == 0   ? col
+                         : part == 1 ? m.H * D + m.of(h) * D + d
+                                     : (m.H + m.KV) * D + m.of(h) * D + d;
+    dst[k] = src[row * narrow + from];
+  }
+}
+
+// The transpose: dqkv (+)= the query gradients, and per key/value head the sum of its
+// query heads' key (value) gradients in head order; a head no local query reads gets 0.
+template <class T>
+__global__ void reduce_kv(const T* wide_grad, T* dst, int64_t rows, int64_t D, KvMap m,
+                          bool accumulate) {
+  const int64_t wide = 3 * m.H * D, narrow = (m.H + 2 * m.KV) * D, n = rows * narrow;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = k / narrow, col = k % narrow;
+    const T* g = wide_grad + row * wide;
+    float v = 0;
+    if (col < m.H * D) {
+      v = to_f(g[col]);
+    } else {
+      const bool key = col < (m.H + m.KV) * D;
+      const int64_t rel = col - (key ? m.H * D : (m.H + m.KV) * D);
+      const int64_t j = rel / D, d = rel % D, base = (key ? 1 : 2) * m.H * D;
+      for (int64_t h = 0; h < m.H; ++h)
+        if (m.of(h) == j) v += to_f(g[base + h * D + d]);
+    }
+    dst[k] = from_f<T>(accumulate ? to_f(dst[k]) + v : v);
+  }
+}
+
+Tensor expanded_qkv(const char* op, const Tensor& qkv, const KvMap& m, const Launch& l) {
+  const int64_t rows = qkv.size(0) * qkv.size(1), D = qkv.size(2) / (m.H + 2 * m.KV);
+  Tensor wide = scratch({qkv.size(0), qkv.size(1), 3 * m.H * D}, qkv.dtype(), l.device);
+  BATON_CUDA_DISPATCH(op, qkv.dtype(), T, {
+    expand_kv<T><<<grid_for(rows * 3 * m.H * D, 256), 256, 0, l.stream>>>(
+        static_cast<const T*>(qkv.raw_data()), static_cast<T*>(wide.raw_data()), rows, D, m);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+  return wide;
+}
+
+AttentionOptions one_kv_per_query(AttentionOptions opt) {
+  opt.kv_heads = 0, opt.group = 0, opt.kv_offset = -1;
+  return opt;
+}
+
 Geometry check(const char* op, const Tensor& qkv, const AttentionOptions& opt, const Tensor& out,
                const Tensor& lse) {
   require_cuda(op, "qkv", qkv);
@@ -147,6 +223,14 @@ AttentionImpl attention_impl_from_name(std::string_view name) {
 
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
+  if (const KvMap m = kv_map(opt); !m.identity()) {
+    require_cuda(op, "qkv", qkv);
+    require(qkv.dim() == 3 && qkv.size(2) % (m.H + 2 * m.KV) == 0, op,
+            "qkv must be [B, T, (H + 2 KV) D], got " + qkv.str());
+    const Launch l(out);
+    cuda::attention_forward(expanded_qkv(op, qkv, m, l), one_kv_per_query(opt), out, lse);
+    return;
+  }
   const Geometry g = check(op, qkv, opt, out, lse);
   if (g.B == 0 || g.T == 0) return;
   Launch l(out);
@@ -192,6 +276,25 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                         const AttentionOptions& opt, Tensor& dqkv, bool accumulate) {
   const char* op = "attention_backward";
+  if (const KvMap m = kv_map(opt); !m.identity()) {
+    require_cuda(op, "qkv", qkv);
+    require_cuda(op, "dqkv", dqkv);
+    require(qkv.dim() == 3 && qkv.size(2) % (m.H + 2 * m.KV) == 0 &&
+                dqkv.numel() == qkv.numel() && dqkv.dtype() == qkv.dtype(),
+            op, "qkv and dqkv must be [B, T, (H + 2 KV) D], got " + qkv.str());
+    const Launch l(dqkv);
+    const Tensor wide = expanded_qkv(op, qkv, m, l);
+    Tensor dwide = scratch(wide.shape(), wide.dtype(), l.device);
+    cuda::attention_backward(wide, out, lse, dout, one_kv_per_query(opt), dwide, false);
+    const int64_t rows = qkv.size(0) * qkv.size(1), D = qkv.size(2) / (m.H + 2 * m.KV);
+    BATON_CUDA_DISPATCH(op, qkv.dtype(), T, {
+      reduce_kv<T><<<grid_for(dqkv.numel(), 256), 256, 0, l.stream>>>(
+          static_cast<const T*>(dwide.raw_data()), static_cast<T*>(dqkv.raw_data()), rows, D, m,
+          accumulate);
+      BATON_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
   const Geometry g = check(op, qkv, opt, out, lse);
   require_cuda(op, "dout", dout);
   require_cuda(op, "dqkv", dqkv);

@@ -1,5 +1,6 @@
-// Elementwise ops (residual add, scaling, bias, GELU, ReLU, dropout, casts, loss-scale
-// unscaling): one grid-stride kernel per op, computing in f32 whatever the storage type.
+// Elementwise ops (residual add, scaling, bias, GELU and bias + GELU, ReLU, SiLU and
+// SwiGLU, dropout, casts, loss-scale unscaling): one grid-stride kernel per op, computing
+// in f32 whatever the storage type.
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/random.h"
@@ -38,6 +39,15 @@ constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
 __device__ __forceinline__ float gelu_grad(float v) {
   const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
   return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
+}
+
+__device__ __forceinline__ float sigmoid(float v) {
+  return 1.f / (1.f + expf(-v));
+}
+// d/dv of v sigmoid(v) = s (1 + v (1 - s)).
+__device__ __forceinline__ float silu_grad(float v) {
+  const float s = sigmoid(v);
+  return s * (1.f + v * (1.f - s));
 }
 
 template <class T>
@@ -159,6 +169,102 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
     launch_each(x.numel(), l, [=] __device__(int64_t i) {
       const float v = gelu_grad(to_f(in[i])) * to_f(g[i]);
       out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
+    });
+  });
+}
+
+void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y) {
+  const char* op = "bias_gelu_forward";
+  same(op, x, "x", h, "h");
+  same(op, x, "x", y, "y");
+  require_cuda(op, "bias", bias);
+  const int64_t cols = bias.numel();
+  require(cols > 0 && x.size(-1) == cols, op, "bias must match x's last dimension");
+  Launch l(y);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), bias.dtype(), T, S, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    const S* b = static_cast<const S*>(bias.raw_data());
+    T* hv = static_cast<T*>(h.raw_data());  // may be x itself: read before written
+    T* out = static_cast<T*>(y.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      // h is stored in T, and y is GELU of the stored h (what bias_add then gelu give).
+      const T hs = from_f<T>(to_f(in[i]) + to_f(b[i % cols]));
+      hv[i] = hs;
+      const float v = to_f(hs);
+      out[i] = from_f<T>(0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
+    });
+  });
+}
+
+void silu_forward(const Tensor& x, Tensor& y) {
+  same("silu_forward", x, "x", y, "y");
+  Launch l(y);
+  BATON_CUDA_DISPATCH("silu_forward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    T* out = static_cast<T*>(y.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(in[i]);
+      out[i] = from_f<T>(v * sigmoid(v));
+    });
+  });
+}
+
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate) {
+  same("silu_backward", x, "x", dy, "dy");
+  same("silu_backward", x, "x", dx, "dx");
+  Launch l(dx);
+  BATON_CUDA_DISPATCH("silu_backward", x.dtype(), T, {
+    const T* in = static_cast<const T*>(x.raw_data());
+    const T* g = static_cast<const T*>(dy.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    launch_each(x.numel(), l, [=] __device__(int64_t i) {
+      const float v = silu_grad(to_f(in[i])) * to_f(g[i]);
+      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
+    });
+  });
+}
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
+  const char* op = "swiglu_forward";
+  same(op, gate, "gate", up, "up");
+  same(op, gate, "gate", y, "y");
+  Launch l(y);
+  BATON_CUDA_DISPATCH(op, gate.dtype(), T, {
+    const T* g = static_cast<const T*>(gate.raw_data());
+    const T* u = static_cast<const T*>(up.raw_data());
+    T* out = static_cast<T*>(y.raw_data());
+    launch_each(gate.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(g[i]);
+      out[i] = from_f<T>(v * sigmoid(v) * to_f(u[i]));
+    });
+  });
+}
+
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                     Tensor& dup, bool acc_gate, bool acc_up) {
+  const char* op = "swiglu_backward";
+  same(op, gate, "gate", up, "up");
+  same(op, gate, "gate", dy, "dy");
+  if (dgate.defined()) same(op, gate, "gate", dgate, "dgate");
+  if (dup.defined()) same(op, gate, "gate", dup, "dup");
+  if (!dgate.defined() && !dup.defined()) return;
+  Launch l(dgate.defined() ? dgate : dup);
+  BATON_CUDA_DISPATCH(op, gate.dtype(), T, {
+    const T* g = static_cast<const T*>(gate.raw_data());
+    const T* u = static_cast<const T*>(up.raw_data());
+    const T* d = static_cast<const T*>(dy.raw_data());
+    T* dg = dgate.defined() ? static_cast<T*>(dgate.raw_data()) : nullptr;
+    T* du = dup.defined() ? static_cast<T*>(dup.raw_data()) : nullptr;
+    launch_each(gate.numel(), l, [=] __device__(int64_t i) {
+      const float v = to_f(g[i]), grad = to_f(d[i]);
+      if (dg != nullptr) {
+        const float w = silu_grad(v) * to_f(u[i]) * grad;
+        dg[i] = from_f<T>(acc_gate ? to_f(dg[i]) + w : w);
+      }
+      if (du != nullptr) {
+        const float w = v * sigmoid(v) * grad;
+        du[i] = from_f<T>(acc_up ? to_f(du[i]) + w : w);
+      }
     });
   });
 }

@@ -8,7 +8,8 @@
 //   f32 (weight gradients accumulated in f32). Products accumulate in f32; f32 inputs use
 //   TF32 tensor cores only when set_allow_tf32(true). bias/dbias: y's type or f32.
 // - add_inplace: acc may be f32 while x is bf16/f16 (gradient accumulation).
-// - bias_add_inplace, bias_backward, layernorm weight/bias/dweight/dbias/mean/rstd,
+// - bias_add_inplace, bias_backward, bias_gelu_forward's bias, layernorm (and the fused
+//   add + layernorm) weight/bias/dweight/dbias/mean/rstd, rmsnorm weight/dweight/rstd,
 //   ce row_max/sum_exp/target_logit/losses, attention lse: f32 or the activation type.
 // - embedding: out may differ from the table's type (f32 table, bf16 activations);
 //   dtable f32 or dout's type.
@@ -59,8 +60,14 @@ void bias_add_inplace(Tensor& y, const Tensor& bias);
 void bias_backward(const Tensor& dy, Tensor& dbias, bool accumulate);
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y);
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+void silu_forward(const Tensor& x, Tensor& y);
+void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulate);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dy, Tensor& dgate,
+                     Tensor& dup, bool acc_gate, bool acc_up);
 void dropout_forward(const Tensor& x, Tensor& y, double p, uint64_t seed, uint64_t stream,
                      const Block& where);
 void dropout_backward(const Tensor& dy, Tensor& dx, double p, uint64_t seed, uint64_t stream,
@@ -73,6 +80,17 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate);
 void layernorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);
+void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weight,
+                           const Tensor& bias, double eps, Tensor& s, Tensor& y, Tensor& mean,
+                           Tensor& rstd);
+void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                  Tensor& dx, bool accumulate);
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                            const Tensor& rstd, Tensor& dx, bool accumulate);
+void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dweight,
+                             bool accumulate);
 void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
 
@@ -93,6 +111,14 @@ bool cudnn_built();
 void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                         const AttentionOptions& opt, Tensor& dqkv, bool accumulate);
+
+// Grouped-query attention (kv_heads < heads) copies the key/value heads out to one per
+// query head (a [B, T, 3 H D] scratch) and runs the paths above; backward sums each group.
+
+// ---- rotary position embeddings (head size up to 512) ----
+void rotary_forward(const Tensor& x, const RotaryOptions& opt, Tensor& dst, int64_t dst_col);
+void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& opt, Tensor& dx,
+                     bool accumulate);
 
 // ---- embedding ----
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,

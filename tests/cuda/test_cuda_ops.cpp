@@ -12,6 +12,7 @@
 #include <random>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/fused.h"
 #include "kernels/mixed_precision.h"
 #include "kernels/ops.h"
 #include "memory/cuda_device.h"
@@ -223,6 +224,50 @@ TEST_P(CudaOps, Activations) {
   }
 }
 
+// LLaMA's gated MLP and GPT's fused bias + GELU.
+TEST_P(CudaOps, SiluSwigluAndBiasGelu) {
+  const int64_t N = 60, C = 90;
+  Tensor g = randn({N, C}, rng_, 2.0), u = randn({N, C}, rng_), dy = randn({N, C}, rng_),
+         prev = randn({N, C}, rng_), bias = randn({C}, rng_);
+  Tensor rg = rounded(g, dt()), ru = rounded(u, dt()), rdy = rounded(dy, dt());
+  Tensor gg = dev(g, dt()), gu = dev(u, dt()), gdy = dev(dy, dt());
+  Tensor ry = Tensor::empty({N, C}), gy = Tensor::empty({N, C}, dt(), kGpu);
+  kernels::silu_forward(rg, ry);
+  kernels::silu_forward(gg, gy);
+  expect_close("silu_forward", dt(), gy, ry);
+  Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+  kernels::silu_backward(rg, rdy, rdx, true);
+  kernels::silu_backward(gg, gdy, gdx, true);
+  expect_close("silu_backward", dt(), gdx, rdx);
+  kernels::swiglu_forward(rg, ru, ry);
+  kernels::swiglu_forward(gg, gu, gy);
+  expect_close("swiglu_forward", dt(), gy, ry);
+  for (bool acc : {false, true}) {
+    Tensor rdg = rounded(prev, dt()), rdu = rounded(prev, dt());
+    Tensor gdg = dev(prev, dt()), gdu = dev(prev, dt());
+    kernels::swiglu_backward(rg, ru, rdy, rdg, rdu, acc, acc);
+    kernels::swiglu_backward(gg, gu, gdy, gdg, gdu, acc, acc);
+    expect_close("swiglu_backward dgate", dt(), gdg, rdg);
+    expect_close("swiglu_backward dup", dt(), gdu, rdu);
+  }
+  Tensor undefined;  // only one of the two gradients asked for
+  Tensor rdu = Tensor::empty({N, C}), gdu = Tensor::empty({N, C}, dt(), kGpu);
+  kernels::swiglu_backward(rg, ru, rdy, undefined, rdu, false, false);
+  kernels::swiglu_backward(gg, gu, gdy, undefined, gdu, false, false);
+  expect_close("swiglu_backward dup only", dt(), gdu, rdu);
+  for (bool f32_bias : {false, true}) {
+    Tensor rh = Tensor::empty({N, C}), gh = Tensor::empty({N, C}, dt(), kGpu);
+    kernels::bias_gelu_forward(rg, f32_bias ? bias : rounded(bias, dt()), rh, ry);
+    kernels::bias_gelu_forward(gg, dev(bias, f32_bias ? DType::f32 : dt()), gh, gy);
+    expect_close(f32_bias ? "bias_gelu_forward f32 bias h" : "bias_gelu_forward h", dt(), gh, rh);
+    expect_close(f32_bias ? "bias_gelu_forward f32 bias" : "bias_gelu_forward", dt(), gy, ry);
+  }
+  Tensor rin = rg.clone(), gin = gg.clone();  // h in place of x
+  kernels::bias_gelu_forward(rin, rounded(bias, dt()), rin, ry);
+  kernels::bias_gelu_forward(gin, dev(bias, dt()), gin, gy);
+  expect_close("bias_gelu_forward in place", dt(), gy, ry);
+}
+
 TEST_P(CudaOps, DropoutMasksMatchTheCpuBitForBit) {
   // A [6, 40] block at offset (2, 24) of a [16, 100] logical tensor.
   Block where{{16, 100}, {2, 24}};
@@ -270,6 +315,94 @@ TEST_P(CudaOps, LayerNorm) {
   kernels::layernorm_backward_weight(gdy, gx, gm, gr, gdw, gdb, true);
   expect_close("layernorm_backward_weight", dt(), gdw, rdw);
   expect_close("layernorm_backward_weight dbias", dt(), gdb, rdb);
+}
+
+TEST_P(CudaOps, AddLayerNorm) {
+  const int64_t N = 45, C = 260;
+  Tensor a = randn({N, C}, rng_, 2.0), b = randn({N, C}, rng_), w = randn({C}, rng_),
+         bias = randn({C}, rng_), dy = randn({N, C}, rng_), ds = randn({N, C}, rng_),
+         prev = randn({N, C}, rng_);
+  Tensor ra = rounded(a, dt()), rb = rounded(b, dt());
+  Tensor rs = Tensor::empty({N, C}), ry = Tensor::empty({N, C}), rm = Tensor::empty({N}),
+         rr = Tensor::empty({N});
+  Tensor gs = Tensor::empty({N, C}, dt(), kGpu), gy = Tensor::empty({N, C}, dt(), kGpu),
+         gm = Tensor::empty({N}, DType::f32, kGpu), gr = Tensor::empty({N}, DType::f32, kGpu);
+  kernels::add_layernorm_forward(ra, rb, w, bias, 1e-5, rs, ry, rm, rr);
+  kernels::add_layernorm_forward(dev(a, dt()), dev(b, dt()), dev(w, wide()), dev(bias, wide()),
+                                 1e-5, gs, gy, gm, gr);
+  // The CPU sum is f32; the GPU's s is stored in dt and normalised as stored.
+  expect_close("add_layernorm_forward s", dt(), gs, rs);
+  expect_close("add_layernorm_forward", dt(), gy, ry);
+  expect_close("add_layernorm_forward rstd", dt(), gr, rr);
+  Tensor rsr = rounded(cuda_ops_host(gs), dt());
+  for (bool with_ds : {false, true})
+    for (bool acc : {false, true}) {
+      Tensor none, rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+      kernels::add_layernorm_backward_input(rounded(dy, dt()), with_ds ? rounded(ds, dt()) : none,
+                                            rsr, w, cuda_ops_host(gm), cuda_ops_host(gr), rdx, acc);
+      kernels::add_layernorm_backward_input(dev(dy, dt()), with_ds ? dev(ds, dt()) : none, gs,
+                                            dev(w, wide()), gm, gr, gdx, acc);
+      expect_close(std::string("add_layernorm_backward_input") + (with_ds ? " ds" : "") +
+                       (acc ? " acc" : ""),
+                   dt(), gdx, rdx);
+    }
+}
+
+TEST_P(CudaOps, RmsNorm) {
+  const int64_t N = 67, C = 300;
+  Tensor x = randn({N, C}, rng_, 3.0), w = randn({C}, rng_), dy = randn({N, C}, rng_),
+         prev = randn({N, C}, rng_);
+  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt()), rw = rounded(w, dt());
+  Tensor gx = dev(x, dt()), gdy = dev(dy, dt());
+  for (bool f32_side : {false, true}) {  // weight and rstd in f32 beside 16-bit activations
+    const DType side = f32_side ? DType::f32 : dt();
+    const Tensor& cw = f32_side ? w : rw;
+    const std::string tag = f32_side ? " f32 weight" : "";
+    Tensor ry = Tensor::empty({N, C}), rr = Tensor::empty({N});
+    Tensor gy = Tensor::empty({N, C}, dt(), kGpu), gr = Tensor::empty({N}, side, kGpu);
+    kernels::rmsnorm_forward(rx, cw, 1e-6, ry, rr);
+    kernels::rmsnorm_forward(gx, dev(w, side), 1e-6, gy, gr);
+    expect_close("rmsnorm_forward" + tag, dt(), gy, ry);
+    expect_close("rmsnorm_forward rstd" + tag, dt(), gr, rr);
+    for (bool acc : {false, true}) {
+      Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+      kernels::rmsnorm_backward_input(rdy, rx, cw, rr, rdx, acc);
+      kernels::rmsnorm_backward_input(gdy, gx, dev(w, side), gr, gdx, acc);
+      expect_close("rmsnorm_backward_input" + tag + (acc ? " acc" : ""), dt(), gdx, rdx);
+    }
+    Tensor rdw = w.clone(), gdw = dev(w, f32_side ? DType::f32 : dt());
+    if (!f32_side) rdw = rounded(w, dt());
+    kernels::rmsnorm_backward_weight(rdy, rx, rr, rdw, true);
+    kernels::rmsnorm_backward_weight(gdy, gx, gr, gdw, true);
+    expect_close("rmsnorm_backward_weight" + tag, dt(), gdw, rdw);
+  }
+}
+
+// Into and out of a column range of a wider (qkv-like) tensor, with a position offset
+// (a generation step's) and Llama 3's frequency scaling.
+TEST_P(CudaOps, Rotary) {
+  const int64_t B = 2, T = 19, heads = 3, D = 64, C = 5 * heads * D, col = heads * D;
+  RopeScaling sc;
+  sc.kind = RopeScaling::Kind::llama3;
+  sc.factor = 8;
+  sc.original_max_position_embeddings = 16;
+  const std::vector<double> freq = rope_inv_freq(D, 500000.0, sc);
+  RotaryOptions opt;
+  opt.heads = heads;
+  opt.inv_freq = &freq;
+  opt.position_offset = 7;
+  Tensor x = randn({B, T, heads * D}, rng_), wide = randn({B, T, C}, rng_),
+         prev = randn({B, T, heads * D}, rng_);
+  Tensor rx = rounded(x, dt()), rw = rounded(wide, dt()), gw = dev(wide, dt());
+  kernels::rotary_forward(rx, opt, rw, col);
+  kernels::rotary_forward(dev(x, dt()), opt, gw, col);
+  expect_close("rotary_forward", dt(), gw, rw);  // the other columns untouched too
+  for (bool acc : {false, true}) {
+    Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+    kernels::rotary_backward(rounded(wide, dt()), col, opt, rdx, acc);
+    kernels::rotary_backward(dev(wide, dt()), col, opt, gdx, acc);
+    expect_close(std::string("rotary_backward") + (acc ? " acc" : ""), dt(), gdx, rdx);
+  }
 }
 
 TEST_P(CudaOps, Softmax) {
@@ -347,6 +480,48 @@ TEST_P(CudaOps, Attention) {
         kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gacc, true);
         kernels::add_inplace(rd, rounded(prev, dt()));
         expect_close(tag + " backward acc", dt(), gacc, rd);
+      }
+    }
+  }
+  kernels::cuda::set_attention_impl(AttentionImpl::automatic);
+}
+
+// Grouped-query and multi-query attention, and a tensor-parallel rank's slice of the
+// query heads beside every key/value head (replicated), on both implementations.
+TEST_P(CudaOps, GroupedQueryAttention) {
+  struct Case {
+    int64_t B, T, H, KV, D, group, kv_offset, head_offset;
+  };
+  const std::vector<Case> cases{{2, 37, 4, 2, 32, 0, -1, 0},
+                                {1, 70, 4, 1, 64, 0, -1, 0},
+                                {2, 45, 2, 2, 32, 2, 0, 2}};  // heads 2..3 of 4, KV 2 of 2
+  using kernels::cuda::AttentionImpl;
+  for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash}) {
+    if (impl == AttentionImpl::flash && dt() == DType::f32) continue;
+    kernels::cuda::set_attention_impl(impl);
+    const std::string name =
+        impl == AttentionImpl::flash ? "attention gqa flash" : "attention gqa cublas";
+    for (const Case& k : cases) {
+      AttentionOptions opt;
+      opt.heads = k.H, opt.kv_heads = k.KV, opt.group = k.group, opt.kv_offset = k.kv_offset;
+      opt.head_offset = k.head_offset;
+      const int64_t W = (k.H + 2 * k.KV) * k.D;
+      Tensor qkv = randn({k.B, k.T, W}, rng_), dout = randn({k.B, k.T, k.H * k.D}, rng_),
+             prev = randn({k.B, k.T, W}, rng_);
+      Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
+      Tensor ro = Tensor::empty({k.B, k.T, k.H * k.D}), rl = Tensor::empty({k.B, k.H, k.T});
+      Tensor go = Tensor::empty({k.B, k.T, k.H * k.D}, dt(), kGpu),
+             gl = Tensor::empty({k.B, k.H, k.T}, DType::f32, kGpu);
+      kernels::attention_forward(rq, opt, ro, rl);
+      kernels::attention_forward(gq, opt, go, gl);
+      expect_close(name + " forward", dt(), go, ro);
+      expect_close(name + " lse", dt(), gl, rl);
+      for (bool acc : {false, true}) {
+        Tensor rd = rounded(prev, dt()), gd = dev(prev, dt());
+        kernels::attention_backward(rq, rounded(cuda_ops_host(go), dt()), rl, rounded(dout, dt()),
+                                    opt, rd, acc);
+        kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, acc);
+        expect_close(name + " backward" + (acc ? " acc" : ""), dt(), gd, rd);
       }
     }
   }
