@@ -279,8 +279,8 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   if (const KvMap m = kv_map(opt); !m.identity()) {
     require_cuda(op, "qkv", qkv);
     require_cuda(op, "dqkv", dqkv);
-    require(qkv.dim() == 3 && qkv.size(2) % (m.H + 2 * m.KV) == 0 &&
-                dqkv.numel() == qkv.numel() && dqkv.dtype() == qkv.dtype(),
+    require(qkv.dim() == 3 && qkv.size(2) % (m.H + 2 * m.KV) == 0 && dqkv.numel() == qkv.numel() &&
+                dqkv.dtype() == qkv.dtype(),
             op, "qkv and dqkv must be [B, T, (H + 2 KV) D], got " + qkv.str());
     const Launch l(dqkv);
     const Tensor wide = expanded_qkv(op, qkv, m, l);

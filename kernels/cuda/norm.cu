@@ -303,8 +303,8 @@ void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weigh
                            const Tensor& bias, double eps, Tensor& s, Tensor& y, Tensor& mean,
                            Tensor& rstd) {
   const char* op = "add_layernorm_forward";
-  for (auto [name, t] : {std::pair{"a", &a}, {"b", &b}, {"s", &s}, {"y", &y}, {"weight", &weight},
-                         {"bias", &bias}})
+  for (auto [name, t] :
+       {std::pair{"a", &a}, {"b", &b}, {"s", &s}, {"y", &y}, {"weight", &weight}, {"bias", &bias}})
     require_cuda(op, name, *t);
   require(a.dtype() == b.dtype() && a.dtype() == s.dtype() && a.dtype() == y.dtype() &&
               a.numel() == b.numel() && a.numel() == s.numel() && a.numel() == y.numel(),
@@ -377,8 +377,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& 
   BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, W, {
     BATON_CUDA_SECOND(op, x.dtype(), rstd.dtype(), T, S, {
       rms_forward<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
-          static_cast<const T*>(x.raw_data()), static_cast<const W*>(weight.raw_data()),
-          float(eps), static_cast<T*>(y.raw_data()), static_cast<S*>(rstd.raw_data()), rows, cols);
+          static_cast<const T*>(x.raw_data()), static_cast<const W*>(weight.raw_data()), float(eps),
+          static_cast<T*>(y.raw_data()), static_cast<S*>(rstd.raw_data()), rows, cols);
       BATON_CUDA_CHECK_LAUNCH();
     });
   });

@@ -57,8 +57,8 @@ RotaryGeometry geometry(const char* op, const Tensor& x, const Tensor& wide, int
   require(x.dtype() == wide.dtype(), op, "x and the fused tensor must have one dtype");
   require(x.dim() == 3 && wide.dim() == 3 && opt.heads > 0 && x.size(2) % opt.heads == 0, op,
           "x [B, T, heads * D] beside a fused [B, T, C]");
-  const RotaryGeometry g{x.size(0), x.size(1), opt.heads, x.size(2) / opt.heads,
-                         wide.size(2), dst_col, opt.position_offset};
+  const RotaryGeometry g{x.size(0),    x.size(1), opt.heads,          x.size(2) / opt.heads,
+                         wide.size(2), dst_col,   opt.position_offset};
   require(opt.inv_freq != nullptr && int64_t(opt.inv_freq->size()) == g.D / 2, op,
           "inv_freq must hold head_dim / 2 values");
   require(g.D / 2 <= kMaxHalf, op,
@@ -94,8 +94,7 @@ void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& o
   Launch l(dx);
   BATON_CUDA_DISPATCH(op, dx.dtype(), T, {
     rotate<T, true><<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(
-        static_cast<const T*>(ddst.raw_data()), static_cast<T*>(dx.raw_data()), g, fr,
-        accumulate);
+        static_cast<const T*>(ddst.raw_data()), static_cast<T*>(dx.raw_data()), g, fr, accumulate);
     BATON_CUDA_CHECK_LAUNCH();
   });
 }
