@@ -1,6 +1,6 @@
 // Dispatch of kernels/vision.h: checks every argument once, then sends CPU tensors to
 // kernels/cpu (oneDNN for f32 convolutions, the reference loops for f64) and CUDA tensors
-// to kernels/cuda (cuDNN) when the build has it.
+// to kernels/cuda (convolutions on cuDNN) when the build has it.
 #include "kernels/vision.h"
 
 #include <climits>
@@ -8,7 +8,7 @@
 #include "kernels/cpu/vision_cpu.h"
 #include "kernels/detail/check.h"
 
-#if defined(BATON_KERNELS_CUDA) && defined(BATON_KERNELS_CUDNN)
+#ifdef BATON_KERNELS_CUDA
 #include "kernels/cuda/vision_cuda.h"
 #define BATON_VISION_ON_CUDA(dev, call) \
   if ((dev).is_cuda()) return cuda::call

@@ -12,9 +12,11 @@
 #include <random>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/vision_cuda.h"
 #include "kernels/fused.h"
 #include "kernels/mixed_precision.h"
 #include "kernels/ops.h"
+#include "kernels/vision.h"
 #include "memory/cuda_device.h"
 
 using namespace baton;
@@ -526,6 +528,127 @@ TEST_P(CudaOps, GroupedQueryAttention) {
     }
   }
   kernels::cuda::set_attention_impl(AttentionImpl::automatic);
+}
+
+// Convolutions on cuDNN: strides, uneven padding (a spatial tile's), dilation, groups;
+// the bias, and accumulation into the gradients.
+TEST_P(CudaOps, Conv2d) {
+  if (!kernels::cuda::cudnn_conv_built()) GTEST_SKIP() << "built without cuDNN";
+  struct Case {
+    int64_t N, C, H, W, O, K;
+    Conv2dOptions o;
+  };
+  Conv2dOptions strided = Conv2dOptions::symmetric(2, 2, 1, 1, 1, 1, 1);
+  Conv2dOptions tile;  // a tile's padding: only at the image's top edge
+  tile.pad_top = 1, tile.pad_left = tile.pad_right = 1;
+  Conv2dOptions dilated = Conv2dOptions::symmetric(1, 1, 2, 2, 2, 2, 1);
+  Conv2dOptions grouped = Conv2dOptions::symmetric(1, 1, 1, 1, 1, 1, 4);
+  const std::vector<Case> cases{{2, 8, 17, 15, 16, 3, strided},
+                                {1, 8, 12, 12, 8, 3, tile},
+                                {2, 4, 11, 13, 8, 3, dilated},
+                                {2, 8, 9, 9, 16, 3, grouped},
+                                {3, 16, 7, 7, 8, 1, Conv2dOptions{}}};
+  for (const Case& k : cases) {
+    const Conv2dOptions& o = k.o;
+    const int64_t OH =
+        conv_output_size(k.H, k.K, o.stride_h, o.pad_top, o.pad_bottom, o.dilation_h);
+    const int64_t OW =
+        conv_output_size(k.W, k.K, o.stride_w, o.pad_left, o.pad_right, o.dilation_w);
+    Tensor x = randn({k.N, k.C, k.H, k.W}, rng_), w = randn({k.O, k.C / o.groups, k.K, k.K}, rng_),
+           bias = randn({k.O}, rng_), dy = randn({k.N, k.O, OH, OW}, rng_);
+    Tensor rx = rounded(x, dt()), rw = rounded(w, dt()), rdy = rounded(dy, dt());
+    Tensor gx = dev(x, dt()), gw = dev(w, dt()), gdy = dev(dy, dt());
+    Tensor ry = Tensor::empty({k.N, k.O, OH, OW}), gy = Tensor::empty(ry.shape(), dt(), kGpu);
+    kernels::conv2d_forward(rx, rw, bias, o, ry);
+    kernels::conv2d_forward(gx, gw, dev(bias, wide()), o, gy);
+    expect_close("conv2d_forward", dt(), gy, ry);
+    Tensor rdx = rounded(x, dt()), gdx = dev(x, dt());  // accumulates onto x
+    kernels::conv2d_backward_input(rdy, rw, o, rdx, true);
+    kernels::conv2d_backward_input(gdy, gw, o, gdx, true);
+    expect_close("conv2d_backward_input", dt(), gdx, rdx);
+    Tensor rdw = Tensor::empty(w.shape()), gdw = Tensor::empty(w.shape(), dt(), kGpu);
+    Tensor rdb = bias.clone(), gdb = dev(bias, wide());
+    kernels::conv2d_backward_weight(rdy, rx, o, rdw, rdb, false);
+    kernels::conv2d_backward_weight(gdy, gx, o, gdw, gdb, false);
+    expect_close("conv2d_backward_weight", dt(), gdw, rdw);
+    expect_close("conv2d_backward_weight dbias", dt(), gdb, rdb);
+  }
+}
+
+TEST_P(CudaOps, BatchNorm) {
+  const int64_t N = 6, C = 5, H = 9, W = 7;
+  Tensor x = randn({N, C, H, W}, rng_, 2.0), w = randn({C}, rng_), b = randn({C}, rng_),
+         dy = randn({N, C, H, W}, rng_), prev = randn({N, C, H, W}, rng_);
+  Tensor rm0 = randn({C}, rng_, 0.1), rv0 = Tensor::empty({C});
+  for (float& v : rv0.span<float>()) v = 1.5f;
+  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt()), gx = dev(x, dt()), gdy = dev(dy, dt());
+  Tensor ry = Tensor::empty(x.shape()), gy = Tensor::empty(x.shape(), dt(), kGpu);
+  Tensor rmean = Tensor::empty({C}), rrstd = Tensor::empty({C});
+  Tensor gmean = dev(rmean, wide()), grstd = dev(rrstd, wide());
+  Tensor rrm = rm0.clone(), rrv = rv0.clone(), grm = dev(rm0, wide()), grv = dev(rv0, wide());
+  kernels::batchnorm_forward_train(rx, w, b, 1e-5, 0.1, ry, rmean, rrstd, rrm, rrv);
+  kernels::batchnorm_forward_train(gx, dev(w, wide()), dev(b, wide()), 1e-5, 0.1, gy, gmean, grstd,
+                                   grm, grv);
+  expect_close("batchnorm_forward_train", dt(), gy, ry);
+  expect_close("batchnorm_forward_train rstd", dt(), grstd, rrstd);
+  expect_close("batchnorm_forward_train running_var", dt(), grv, rrv);
+  expect_close("batchnorm_forward_train running_mean", dt(), grm, rrm);
+  kernels::batchnorm_forward_eval(rx, w, b, rrm, rrv, 1e-5, ry);
+  kernels::batchnorm_forward_eval(gx, dev(w, wide()), dev(b, wide()), grm, grv, 1e-5, gy);
+  expect_close("batchnorm_forward_eval", dt(), gy, ry);
+  Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+  kernels::batchnorm_backward_input(rdy, rx, w, rmean, rrstd, rdx, true);
+  kernels::batchnorm_backward_input(gdy, gx, dev(w, wide()), gmean, grstd, gdx, true);
+  expect_close("batchnorm_backward_input", dt(), gdx, rdx);
+  Tensor rdw = w.clone(), rdb = b.clone(), gdw = dev(w, wide()), gdb = dev(b, wide());
+  kernels::batchnorm_backward_weight(rdy, rx, rmean, rrstd, rdw, rdb, true);
+  kernels::batchnorm_backward_weight(gdy, gx, gmean, grstd, gdw, gdb, true);
+  expect_close("batchnorm_backward_weight", dt(), gdw, rdw);
+  expect_close("batchnorm_backward_weight dbias", dt(), gdb, rdb);
+}
+
+// Overlapping windows (ResNet's 3x3 stride-2 stem pool), padding counted or not.
+TEST_P(CudaOps, Pooling) {
+  const int64_t N = 2, C = 3, H = 13, W = 10;
+  Pool2dOptions o;
+  o.kernel_h = o.kernel_w = 3;
+  o.stride_h = o.stride_w = 2;
+  o.pad_h = o.pad_w = 1;
+  const int64_t OH = conv_output_size(H, 3, 2, 1, 1, 1), OW = conv_output_size(W, 3, 2, 1, 1, 1);
+  Tensor x = randn({N, C, H, W}, rng_), dy = randn({N, C, OH, OW}, rng_),
+         prev = randn({N, C, H, W}, rng_);
+  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt()), gx = dev(x, dt()), gdy = dev(dy, dt());
+  Tensor ry = Tensor::empty({N, C, OH, OW}), gy = Tensor::empty(ry.shape(), dt(), kGpu);
+  Tensor ra = Tensor::empty(ry.shape(), DType::i32),
+         ga = Tensor::empty(ry.shape(), DType::i32, kGpu);
+  kernels::maxpool2d_forward(rx, o, ry, ra);
+  kernels::maxpool2d_forward(gx, o, gy, ga);
+  expect_close("maxpool2d_forward", dt(), gy, ry);
+  memory::cuda::synchronize(0);
+  EXPECT_EQ(ga.to(Device::cpu()).to_vector<int32_t>(), ra.to_vector<int32_t>());
+  Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+  kernels::maxpool2d_backward(rdy, ra, rdx, true);
+  kernels::maxpool2d_backward(gdy, ga, gdx, true);
+  expect_close("maxpool2d_backward", dt(), gdx, rdx);
+  for (bool include_pad : {true, false}) {
+    o.count_include_pad = include_pad;
+    const std::string tag = include_pad ? "" : " exclude pad";
+    kernels::avgpool2d_forward(rx, o, ry);
+    kernels::avgpool2d_forward(gx, o, gy);
+    expect_close("avgpool2d_forward" + tag, dt(), gy, ry);
+    Tensor rd = Tensor::empty(x.shape()), gd = Tensor::empty(x.shape(), dt(), kGpu);
+    kernels::avgpool2d_backward(rdy, o, rd, false);
+    kernels::avgpool2d_backward(gdy, o, gd, false);
+    expect_close("avgpool2d_backward" + tag, dt(), gd, rd);
+  }
+  Tensor rg = Tensor::empty({N, C}), gg = Tensor::empty({N, C}, dt(), kGpu);
+  kernels::global_avgpool_forward(rx, rg);
+  kernels::global_avgpool_forward(gx, gg);
+  expect_close("global_avgpool_forward", dt(), gg, rg);
+  Tensor rgd = rounded(prev, dt()), ggd = dev(prev, dt());
+  kernels::global_avgpool_backward(rounded(rg, dt()), rgd, true);
+  kernels::global_avgpool_backward(dev(rg, dt()), ggd, true);
+  expect_close("global_avgpool_backward", dt(), ggd, rgd);
 }
 
 TEST_P(CudaOps, Embedding) {
