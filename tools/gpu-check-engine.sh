@@ -8,6 +8,8 @@
 #   train-cpu, train-gpu       the same 20 steps of tiny-gpt in f32 on both; losses within 1e-4
 #   train-llama-cpu, -gpu      the same for a tiny LLaMA (RMSNorm, rotary, SwiGLU, grouped-query
 #                              attention 4/2, untied head), and its bf16 run within 2e-2
+#   train-resnet-cpu, -gpu     the same for the tiny ResNet on the digits (cuDNN's convolutions,
+#                              batch norm, pooling), f32 within 1e-4
 #   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
 #                              from its --summary), beside the benchmark rows above
 #   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX: skipped ("ucx" with
@@ -17,7 +19,7 @@
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-gpt2-bf16 launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
@@ -49,6 +51,13 @@ JSON
     step train-llama-gpu-vs-cpu 30 "$py" "$cmp" "$e/llama-cpu.jsonl" "$e/llama-gpu.jsonl" --tol 1e-4 --steps 20
   step train-llama-bf16 120 "$baton" train "${llama[@]}" --device cuda --precision bf16 --loss-log "$e/llama-bf16.jsonl" &&
     step train-llama-bf16-vs-f32 30 "$py" "$cmp" "$e/llama-gpu.jsonl" "$e/llama-bf16.jsonl" --tol 2e-2 --relative --steps 20
+
+  # A convolutional network: cuDNN's convolutions and our batch norm and pooling kernels.
+  local resnet=(--model examples/models/resnet-tiny.json --data examples/data/digits --steps 20
+    --batch 8 --seed 3 --log-every 5)
+  step train-resnet-cpu 120 "$baton" train "${resnet[@]}" --device cpu --precision f32 --loss-log "$e/resnet-cpu.jsonl"
+  step train-resnet-gpu 120 "$baton" train "${resnet[@]}" --device cuda --precision f32 --loss-log "$e/resnet-gpu.jsonl" &&
+    step train-resnet-gpu-vs-cpu 30 "$py" "$cmp" "$e/resnet-cpu.jsonl" "$e/resnet-gpu.jsonl" --tol 1e-4 --steps 20
 
   # GPT-2 124M through the engine, bf16 mixed precision. --summary writes a JSON object
   # (docs/formats/summary.md); its tokens_per_second, with the step time and the MFU
