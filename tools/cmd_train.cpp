@@ -23,6 +23,7 @@
 #include "tools/command.h"
 #include "transport/launch.h"
 #include "transport/nccl_communicator.h"
+#include "transport/staged.h"
 #include "transport/world.h"
 
 namespace baton::tools {
@@ -158,11 +159,11 @@ int run_train(const std::vector<std::string>& args) {
           "--device does not go with --plan (the plan's \"device\" field: \"cpu\" or "
           "\"cuda\", each rank the GPU of its local rank)");
     plan_doc = partitioner::read_plan(plan);
-    if (plan_doc->device == "cuda") o.device = memory::Device::cuda(env.local_rank);
-    if (plan_doc->device == "cuda" && plan_doc->transport_of() == "ucx")
-      throw InputError(plan_doc->where("$.transport") +
-                       ": \"ucx\" with \"device\": \"cuda\" is not implemented yet (UCX's "
-                       "CUDA transports or staging through pinned memory); use \"nccl\"");
+    // NCCL: one process per GPU. UCX: ranks may share GPUs (local ranks round the GPUs).
+    if (plan_doc->device == "cuda") {
+      const int gpus = plan_doc->transport_of() == "ucx" ? memory::cuda::device_count() : 0;
+      o.device = memory::Device::cuda(gpus > 0 ? env.local_rank % gpus : env.local_rank);
+    }
   }
   memory::cuda::require_device(o.device);
   kernels::check_precision(o.precision, o.device);
@@ -213,8 +214,12 @@ int run_train(const std::vector<std::string>& args) {
   if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
   transport::World world = transport::init_world(wo);
   // GPUs: NCCL carries the device tensors (pipeline transfers, tensor-parallel and
-  // gradient groups); the world (UCX) keeps the host's values.
-  if (o.device.is_cuda())
+  // gradient groups) and the world (UCX) keeps the host's values; or, with "transport":
+  // "ucx", UCX carries everything, device tensors staged through host buffers.
+  transport::CommPtr comm = world.comm;
+  if (o.device.is_cuda() && plan_doc->transport_of() == "ucx")
+    comm = transport::make_staged(comm);
+  else if (o.device.is_cuda())
     po.device_world = transport::make_nccl_world(world.env, world.store.get());
   // Rank 0 tells the launcher's rendezvous how far the job got (it names the step when
   // a rank fails).
@@ -223,7 +228,7 @@ int run_train(const std::vector<std::string>& args) {
     progress = [&world](const engine::StepRecord& r) {
       world.store->set(transport::kProgressKey, std::to_string(r.step));
     };
-  engine::train_plan(po, world.comm, progress);
+  engine::train_plan(po, comm, progress);
   return 0;
 }
 

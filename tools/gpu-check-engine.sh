@@ -12,8 +12,9 @@
 #                              batch norm, pooling), f32 within 1e-4
 #   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
 #                              from its --summary), beside the benchmark rows above
-#   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX: skipped ("ucx" with
-#                              "cuda" is refused as not implemented yet, docs/cuda.md)
+#   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX (device tensors staged
+#                              through host buffers, transport/staged.h) against one GPU, after
+#                              staged-transport (test_transport_staged's CUDA half)
 #   nccl-pp2, nccl-tp2, nccl-dp2   the NCCL plans on 2 GPUs against one GPU (f32, 1e-4)
 
 engine_steps() {
@@ -92,15 +93,18 @@ JSON
   # fp16 with dynamic loss scaling: the run must finish with finite losses (the loss log
   # says which steps were skipped for overflow and the scale of each).
   step train-gpu-fp16 120 "$baton" train "${common[@]}" --device cuda --precision fp16 --loss-log "$e/gpu-fp16.jsonl"
-  # Several ranks on one GPU need "transport": "ucx" with "device": "cuda" (UCX's CUDA
-  # transports or pinned staging), which baton refuses as not implemented yet.
-  if "$baton" train --plan "$e/pp2-ucx.json" --data "$corpus" --steps 1 2>&1 | grep -q "is not implemented yet"; then
-    skip launch-pp2-ucx "\"transport\": \"ucx\" with \"device\": \"cuda\" is not implemented yet"
+  # Two ranks on one GPU: "transport": "ucx" stages the device tensors through host memory.
+  # First the staged communicator's own test (its CUDA half), from the same build.
+  local staged_test
+  staged_test=$(dirname "$baton")/tests/transport/test_transport_staged
+  if [ -x "$staged_test" ]; then
+    step staged-transport 60 "$staged_test" --gtest_brief=1
   else
-    step launch-pp2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/pp2-ucx.json" --data "$corpus" \
-        --steps 20 --seed 3 --precision bf16 --loss-log "$e/pp2.jsonl" &&
-      step launch-pp2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu-bf16.jsonl" "$e/pp2.jsonl" --tol 2e-2 --relative --steps 20
+    skip staged-transport "no $staged_test beside $baton"
   fi
+  step launch-pp2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/pp2-ucx.json" --data "$corpus" \
+      --steps 20 --seed 3 --precision bf16 --loss-log "$e/pp2.jsonl" &&
+    step launch-pp2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu-bf16.jsonl" "$e/pp2.jsonl" --tol 2e-2 --relative --steps 20
 
   # The NCCL plans on two GPUs against one GPU, f32.
   if [ "$gpu" -lt 2 ]; then
