@@ -276,7 +276,8 @@ void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tens
     check_same_shape(op, name, *t, "x", x);
   }
   const auto dev = common_device(op, {&dy, &x, &weight, &mean, &rstd, &sum_dy, &sum_dy_xhat, &dx});
-  if (dev.is_cuda()) detail::no_cuda(__func__, dev);
+  BATON_VISION_ON_CUDA(dev, batchnorm_backward_input_sums(dy, x, weight, mean, rstd, sum_dy,
+                                                          sum_dy_xhat, count, dx, accumulate));
   on_float(op, x.dtype(), [&]<class T>(T) {
     cpu::batchnorm_backward_input_sums<T>(dy.data<T>(), x.data<T>(), weight.data<T>(),
                                           mean.data<T>(), rstd.data<T>(), sum_dy.data<T>(),

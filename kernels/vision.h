@@ -65,7 +65,7 @@ void batchnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
 // The gradient when the statistics came from a larger batch than x (a spatial tile, or
 // replicas synchronising batch norm): sum_dy and sum_dy_xhat [C] are the whole batch's
 // sums (batchnorm_backward_weight's dbias and dweight, reduced), count its elements per
-// channel. CPU only.
+// channel.
 void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const Tensor& mean, const Tensor& rstd, const Tensor& sum_dy,
                                    const Tensor& sum_dy_xhat, double count, Tensor& dx,

@@ -132,6 +132,24 @@ __global__ void bn_backward(const T* dy, const T* x, const S* w, const S* mean, 
   }
 }
 
+// The same input gradient from the whole batch's sums (a spatial tile's, or replicas'
+// synchronised batch norm): elementwise.
+template <class T, class S>
+__global__ void bn_backward_sums(const T* dy, const T* x, const S* w, const S* mean, const S* rstd,
+                                 const S* sum_dy, const S* sum_dy_xhat, double count, T* dx,
+                                 BnShape s, bool accumulate) {
+  const int64_t n = s.n * s.c * s.plane;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ch = (i / s.plane) % s.c;
+    const double r = double(get(rstd, ch));
+    const float k1 = float(double(get(w, ch)) * r), k0 = float(double(get(sum_dy, ch)) / count);
+    const float k2 = float(double(get(sum_dy_xhat, ch)) / count * r), m = get(mean, ch);
+    const float v = k1 * (to_f(dy[i]) - k0 - (to_f(x[i]) - m) * k2);
+    dx[i] = from_f<T>(accumulate ? to_f(dx[i]) + v : v);
+  }
+}
+
 template <class S>
 S* opt_ptr(const Tensor& t) {
   return t.defined() ? static_cast<S*>(t.raw_data()) : nullptr;
@@ -417,6 +435,30 @@ void batchnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
         static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
         opt_ptr<S>(weight), opt_ptr<S>(mean), opt_ptr<S>(rstd), static_cast<T*>(dx.raw_data()),
         nullptr, nullptr, s, accumulate);
+    BATON_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xhat, double count, Tensor& dx,
+                                   bool accumulate) {
+  const char* op = "batchnorm_backward_input_sums";
+  const BnShape s = bn_shape(op, x);
+  require_cuda(op, "dy", dy);
+  require_cuda(op, "dx", dx);
+  require(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(), op, "dy, x and dx of one dtype");
+  for (const Tensor* t : {&weight, &mean, &rstd, &sum_dy, &sum_dy_xhat}) {
+    require_cuda(op, "a per-channel tensor", *t);
+    require(t->dtype() == weight.dtype(), op, "the per-channel tensors of one dtype");
+  }
+  if (x.numel() == 0) return;
+  Launch l(dx);
+  BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, S, {
+    bn_backward_sums<T, S><<<grid_for(x.numel(), kBlock), kBlock, 0, l.stream>>>(
+        static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+        opt_ptr<S>(weight), opt_ptr<S>(mean), opt_ptr<S>(rstd), opt_ptr<S>(sum_dy),
+        opt_ptr<S>(sum_dy_xhat), count, static_cast<T*>(dx.raw_data()), s, accumulate);
     BATON_CUDA_CHECK_LAUNCH();
   });
 }

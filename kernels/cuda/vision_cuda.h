@@ -26,6 +26,10 @@ void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor&
                             Tensor& y);
 void batchnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& weight,
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, bool accumulate);
+void batchnorm_backward_input_sums(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& rstd, const Tensor& sum_dy,
+                                   const Tensor& sum_dy_xhat, double count, Tensor& dx,
+                                   bool accumulate);
 void batchnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, Tensor& dweight, Tensor& dbias, bool accumulate);
 

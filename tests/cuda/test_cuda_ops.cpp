@@ -605,6 +605,17 @@ TEST_P(CudaOps, BatchNorm) {
   kernels::batchnorm_backward_weight(gdy, gx, gmean, grstd, gdw, gdb, true);
   expect_close("batchnorm_backward_weight", dt(), gdw, rdw);
   expect_close("batchnorm_backward_weight dbias", dt(), gdb, rdb);
+  // From given sums (a spatial tile's): twice this batch's, as if a second tile matched it.
+  Tensor rsy = Tensor::empty({C}), rsyx = Tensor::empty({C});
+  kernels::batchnorm_backward_weight(rdy, rx, rmean, rrstd, rsyx, rsy, false);
+  kernels::scale_inplace(rsy, 2.0);
+  kernels::scale_inplace(rsyx, 2.0);
+  const double count = 2.0 * N * H * W;
+  Tensor rds = Tensor::empty(x.shape()), gds = Tensor::empty(x.shape(), dt(), kGpu);
+  kernels::batchnorm_backward_input_sums(rdy, rx, w, rmean, rrstd, rsy, rsyx, count, rds, false);
+  kernels::batchnorm_backward_input_sums(gdy, gx, dev(w, wide()), gmean, grstd, dev(rsy, wide()),
+                                         dev(rsyx, wide()), count, gds, false);
+  expect_close("batchnorm_backward_input_sums", dt(), gds, rds);
 }
 
 // Overlapping windows (ResNet's 3x3 stride-2 stem pool), padding counted or not.
