@@ -917,6 +917,28 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
   });
 }
 
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                           Tensor& losses, Tensor& dlogits) {
+  const char* op = "cross_entropy_forward";
+  const int64_t rows = check_ce(op, logits, {{"targets", &targets}, {"losses", &losses}});
+  if (dlogits.defined()) {
+    check_like(op, "dlogits", dlogits, "logits", logits);
+    check_same_shape(op, "dlogits", dlogits, "logits", logits);
+    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+               "dlogits must be logits itself or not overlap it");
+  }
+  const auto dev = common_device(op, {&logits, &targets, &losses, &dlogits});
+  BATON_ON_CUDA_LATER(dev, "cross_entropy_forward");
+  on_float(op, logits.dtype(), [&]<class T>(T) {
+    on_index(op, targets.dtype(), [&]<class I>(I) {
+      cpu::cross_entropy_forward<T, I>(logits.data<T>(), targets.data<I>(), grad_scale,
+                                       losses.data<T>(),
+                                       dlogits.defined() ? dlogits.data<T>() : nullptr, rows,
+                                       logits.size(-1));
+    });
+  });
+}
+
 // ---- random initialisation ----
 
 void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,
