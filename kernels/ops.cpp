@@ -931,10 +931,9 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
   BATON_ON_CUDA_LATER(dev, "cross_entropy_forward");
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
-      cpu::cross_entropy_forward<T, I>(logits.data<T>(), targets.data<I>(), grad_scale,
-                                       losses.data<T>(),
-                                       dlogits.defined() ? dlogits.data<T>() : nullptr, rows,
-                                       logits.size(-1));
+      cpu::cross_entropy_forward<T, I>(
+          logits.data<T>(), targets.data<I>(), grad_scale, losses.data<T>(),
+          dlogits.defined() ? dlogits.data<T>() : nullptr, rows, logits.size(-1));
     });
   });
 }

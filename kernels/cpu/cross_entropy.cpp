@@ -93,7 +93,7 @@ void cross_entropy_forward(const T* logits, const I* targets, double grad_scale,
 #define BATON_INSTANTIATE(T, I)                                                                    \
   template void ce_sum_exp<T, I>(const T*, const I*, int64_t, const T*, T*, T*, int64_t, int64_t); \
   template void ce_finish<T, I>(const T*, const I*, int64_t, const T*, const T*, const T*, double, \
-                                T*, T*, int64_t, int64_t);                                 \
+                                T*, T*, int64_t, int64_t);                                         \
   template void cross_entropy_forward<T, I>(const T*, const I*, double, T*, T*, int64_t, int64_t);
 BATON_INSTANTIATE_T(float)
 BATON_INSTANTIATE_T(double)

@@ -36,7 +36,8 @@ inline std::pair<T, T> layernorm_step(const T* xa, const T* ba, T* sa, const T* 
       sq = d * d;
     }
     if constexpr (kNorm)
-      store_as<V>(yc + c, (load_as<V>(xc + c) - mc) * rc * load_as<V>(w + c) + load_as<V>(bias + c));
+      store_as<V>(yc + c,
+                  (load_as<V>(xc + c) - mc) * rc * load_as<V>(w + c) + load_as<V>(bias + c));
     return std::pair<V, V>{sum, sq};
   });
 }
@@ -44,19 +45,21 @@ inline std::pair<T, T> layernorm_step(const T* xa, const T* ba, T* sa, const T* 
 // Rows [0, rows) three at a time: step i sums row i, takes the deviations of row i - 1
 // and normalises row i - 2, so each row is read from memory once (the later passes find
 // it in L1) and the reductions' latencies overlap the normalising of another row instead
-// of stalling between one row's passes. x holds the rows the norm reads: the input, or
-// with kAdd the sums s = x + xb that the first pass writes there.
+// of stalling between one row's passes. The rows normalised are x's, or with kAdd the
+// sums s = x + x2 that the first pass writes.
 template <bool kAdd, class T>
-void layernorm_rows(const T* in, const T* in_b, T* x, const T* w, const T* b, double eps, T* y,
+void layernorm_rows(const T* x, const T* x2, T* s, const T* w, const T* b, double eps, T* y,
                     T* mean, T* rstd, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  const T* src = kAdd ? s : x;
   for (int64_t i = 0; i < rows + 2; ++i) {
     const bool sum = i < rows, var = i >= 1 && i - 1 < rows, norm = i >= 2;
     const int64_t ra = sum ? i : 0, rb = var ? i - 1 : 0, rc = norm ? i - 2 : 0;
-    const T* xa = kAdd ? in + ra * cols : x + ra * cols;
-    const T* ba = kAdd ? in_b + ra * cols : nullptr;
-    T* sa = x + ra * cols;
-    const T* xb = x + rb * cols;
-    const T* xc = x + rc * cols;
+    const T* xa = x + ra * cols;
+    const T* ba = kAdd ? x2 + ra * cols : nullptr;
+    T* sa = kAdd ? s + ra * cols : nullptr;
+    const T* xb = src + rb * cols;
+    const T* xc = src + rc * cols;
     T* yc = y + rc * cols;
     const T mb = var ? mean[rb] : T(0), mc = norm ? mean[rc] : T(0), sc = norm ? rstd[rc] : T(0);
     std::pair<T, T> r;
@@ -104,9 +107,8 @@ void layernorm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* 
                        int64_t rows, int64_t cols) {
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
     const int64_t o = r0 * cols;
-    // The plain form never writes x: its first pass only reads.
-    layernorm_rows<false, T>(x + o, nullptr, const_cast<T*>(x + o), w, b, eps, y + o, mean + r0,
-                          rstd + r0, r1 - r0, cols);
+    layernorm_rows<false, T>(x + o, nullptr, nullptr, w, b, eps, y + o, mean + r0, rstd + r0,
+                             r1 - r0, cols);
   });
 }
 
@@ -118,7 +120,7 @@ void add_layernorm_forward(const T* a, const T* b, const T* w, const T* bias, do
   parallel_for(rows, row_grain(2 * cols), [&](int64_t r0, int64_t r1) {
     const int64_t o = r0 * cols;
     layernorm_rows<true, T>(a + o, b + o, s + o, w, bias, eps, y + o, mean + r0, rstd + r0, r1 - r0,
-                         cols);
+                            cols);
   });
 }
 

@@ -91,8 +91,7 @@ inline void softmax_rows_pipelined(const T* x, T* y, T scale, int64_t rows, int6
 // raises the running max), then its exponentials against the running max; the stored
 // chunks are scaled at the end by their own factor.
 template <class T, class Done>
-inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t cols,
-                                Done& done) {
+inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t cols, Done& done) {
   constexpr int64_t L = kLanes<T>;
   const int64_t by_count = (cols + kSoftmaxMaxChunks - 1) / kSoftmaxMaxChunks;
   const int64_t chunk = std::max(kSoftmaxChunk, (by_count + L - 1) / L * L);
@@ -136,8 +135,8 @@ void softmax_rows(const T* x, T* y, T scale, int64_t rows, int64_t cols, Done&& 
     return;
   }
   for (int64_t r = 0; r < rows; ++r)
-    detail::softmax_row_chunked(x + r * cols, y != nullptr ? y + r * cols : nullptr, scale, r,
-                                cols, done);
+    detail::softmax_row_chunked(x + r * cols, y != nullptr ? y + r * cols : nullptr, scale, r, cols,
+                                done);
 }
 
 }  // namespace baton::kernels::cpu

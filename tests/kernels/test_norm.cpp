@@ -131,7 +131,8 @@ TEST(RowKernels, ForwardsDoNotDependOnTheThreadCount) {
       all.insert(all.end(), e.begin(), e.end());
     };
     Tensor y = Tensor::empty({rows, c}, f), s = Tensor::empty({rows, c}, f),
-           m = Tensor::empty({rows}, f), r = Tensor::empty({rows}, f), yl = Tensor::empty({5, 3000}, f);
+           m = Tensor::empty({rows}, f), r = Tensor::empty({rows}, f),
+           yl = Tensor::empty({5, 3000}, f);
     layernorm_forward(x, w, b, 1e-5, y, m, r);
     keep(y), keep(m), keep(r);
     add_layernorm_forward(x, x2, w, b, 1e-5, s, y, m, r);
