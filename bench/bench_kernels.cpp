@@ -300,6 +300,18 @@ void bench_config(Bench& b, const Config& c) {
       k::ce_sum_exp(logits, tg, 0, mx, se, tl);
       k::ce_finish(logits, tg, 0, mx, se, tl, 1.0 / double(N), losses, dlogits);
     });
+    b.mem_row(c, "cross_entropy (one call)", shape, 2.0 * lg,
+              [&] { k::cross_entropy_forward(logits, tg, 1.0 / double(N), losses, dlogits); });
+  }
+  if (c.name == "A") {  // GPT-2's vocabulary: rows longer than L1, softmax in chunks
+    const int64_t R = 32, GV = 50257;
+    const size_t lg = size_t(R * GV) * 4;
+    const Tensor logits = randn({R, GV}, rng, 3.0), tg = ids({R}, GV, rng);
+    Tensor y = Tensor::empty({R, GV}), losses = Tensor::empty({R});
+    const std::string shape = dims({R, GV});
+    b.mem_row(c, "softmax_fwd V50257", shape, 2.0 * lg, [&] { k::softmax_forward(logits, y); });
+    b.mem_row(c, "cross_entropy V50257 (one call)", shape, 2.0 * lg,
+              [&] { k::cross_entropy_forward(logits, tg, 1.0 / double(R), losses, y); });
   }
   {
     const Tensor tok = ids({B, T}, V, rng), table = randn({V, C}, rng),

@@ -1,5 +1,7 @@
-// Fused kernels: two neighbouring ops of a GPT block in one pass (docs/kernels.md,
-// "Fused kernels"). Same conventions and checks as ops.h, on the CPU and on CUDA.
+// Fused kernels: two neighbouring ops of a GPT block, or the loss's three steps, in one
+// pass (docs/kernels.md, "Fused kernels"). Same conventions and checks as ops.h; the
+// add + LayerNorm and bias + GELU on the CPU and on CUDA, the one-call cross-entropy in
+// one pass on the CPU (on CUDA it runs the three steps for now).
 #pragma once
 
 #include "kernels/ops.h"
@@ -22,5 +24,12 @@ void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tens
 // bias: [C]; h may be x itself), y = gelu(h), one pass. Backward needs no fused kernel:
 // gelu_backward(h, dy, dx) then bias_backward(dx, dbias).
 void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y);
+
+// Single-device softmax cross-entropy in one call: ce_row_max, ce_sum_exp and ce_finish
+// (vocab_offset 0) in one read of the logits and one exp per logit, the same arguments and
+// results (bit for bit for rows up to 1024 logits; longer rows, summed in chunks, differ
+// by round-off).
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                           Tensor& losses, Tensor& dlogits);
 
 }  // namespace baton::kernels

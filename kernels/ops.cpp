@@ -906,6 +906,35 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
   });
 }
 
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                           Tensor& losses, Tensor& dlogits) {
+  const char* op = "cross_entropy_forward";
+  const int64_t rows = check_ce(op, logits, {{"targets", &targets}, {"losses", &losses}});
+  if (dlogits.defined()) {
+    check_like(op, "dlogits", dlogits, "logits", logits);
+    check_same_shape(op, "dlogits", dlogits, "logits", logits);
+    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+               "dlogits must be logits itself or not overlap it");
+  }
+  const auto dev = common_device(op, {&logits, &targets, &losses, &dlogits});
+  if (dev.is_cuda()) {  // no fused CUDA kernel yet: the three steps
+    Tensor row_max = Tensor::empty({rows}, losses.dtype(), dev),
+           sum_exp = Tensor::empty({rows}, losses.dtype(), dev),
+           target_logit = Tensor::empty({rows}, losses.dtype(), dev);
+    ce_row_max(logits, row_max);
+    ce_sum_exp(logits, targets, 0, row_max, sum_exp, target_logit);
+    ce_finish(logits, targets, 0, row_max, sum_exp, target_logit, grad_scale, losses, dlogits);
+    return;
+  }
+  on_float(op, logits.dtype(), [&]<class T>(T) {
+    on_index(op, targets.dtype(), [&]<class I>(I) {
+      cpu::cross_entropy_forward<T, I>(
+          logits.data<T>(), targets.data<I>(), grad_scale, losses.data<T>(),
+          dlogits.defined() ? dlogits.data<T>() : nullptr, rows, logits.size(-1));
+    });
+  });
+}
+
 // ---- random initialisation ----
 
 void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,

@@ -166,6 +166,10 @@ template <class T, class I>
 void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T* row_max,
                const T* sum_exp, const T* target_logit, double grad_scale, T* losses, T* dlogits,
                int64_t rows, int64_t vocab);
+// The three steps on one device in one call (vocab_offset 0); dlogits as for ce_finish.
+template <class T, class I>
+void cross_entropy_forward(const T* logits, const I* targets, double grad_scale, T* losses,
+                           T* dlogits, int64_t rows, int64_t vocab);
 
 // ---- optimizer.cpp ----
 template <class T>

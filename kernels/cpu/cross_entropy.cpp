@@ -1,12 +1,14 @@
 // Softmax cross-entropy in the three steps of the vocabulary-parallel form: row maxima,
 // sums of exponentials and target logits, then losses and (optionally) the gradient,
-// written in place over the logits when the caller wants to save the memory.
+// written in place over the logits when the caller wants to save the memory; and on one
+// device all three in one call, one read of the logits and one exp per logit.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace baton::kernels::cpu {
@@ -60,11 +62,39 @@ void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T*
   });
 }
 
+// The target logits are read first (dlogits may be the logits), the losses written as
+// each row's statistics arrive, the one-hot subtracted once the row is scaled.
+template <class T, class I>
+void cross_entropy_forward(const T* logits, const I* targets, double grad_scale, T* losses,
+                           T* dlogits, int64_t rows, int64_t vocab) {
+  parallel_for(rows, row_grain(4 * vocab), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = int64_t(targets[r]);
+      losses[r] = t >= 0 && t < vocab ? logits[r * vocab + t] : T(0);
+    }
+    softmax_rows(logits + r0 * vocab, dlogits != nullptr ? dlogits + r0 * vocab : nullptr,
+                 T(grad_scale), r1 - r0, vocab, [&](int64_t i, T mx, T sum) {
+                   const int64_t r = r0 + i;
+                   losses[r] = targets[r] < 0 ? T(0) : T(std::log(sum)) + mx - losses[r];
+                 });
+    if (dlogits == nullptr) return;
+    for (int64_t r = r0; r < r1; ++r) {
+      T* d = dlogits + r * vocab;
+      const int64_t t = int64_t(targets[r]);
+      if (t < 0)
+        std::fill(d, d + vocab, T(0));
+      else if (t < vocab)
+        d[t] -= T(grad_scale);
+    }
+  });
+}
+
 #define BATON_INSTANTIATE_T(T) template void ce_row_max<T>(const T*, T*, int64_t, int64_t);
 #define BATON_INSTANTIATE(T, I)                                                                    \
   template void ce_sum_exp<T, I>(const T*, const I*, int64_t, const T*, T*, T*, int64_t, int64_t); \
   template void ce_finish<T, I>(const T*, const I*, int64_t, const T*, const T*, const T*, double, \
-                                T*, T*, int64_t, int64_t);
+                                T*, T*, int64_t, int64_t);                                         \
+  template void cross_entropy_forward<T, I>(const T*, const I*, double, T*, T*, int64_t, int64_t);
 BATON_INSTANTIATE_T(float)
 BATON_INSTANTIATE_T(double)
 BATON_INSTANTIATE(float, int32_t)

@@ -1,6 +1,7 @@
 // LayerNorm over the last dimension: forward saves mean and 1/std per row; backward
 // splits into the input gradient (per row) and the weight/bias gradients (column sums).
-// The residual-fused form (add_layernorm_*) adds first and runs the same row code.
+// The residual-fused form (add_layernorm_*) adds each row just before its first pass and
+// runs the same row code.
 #include <algorithm>
 #include <cmath>
 
@@ -12,22 +13,71 @@ namespace baton::kernels::cpu {
 
 namespace {
 
-// One row: mean, 1/std and y; shared by the plain and the residual-fused forward, so
-// both give the same bits.
-template <class T>
-inline void layernorm_row(const T* xr, const T* w, const T* b, double eps, T* yr, T* mean, T* rstd,
-                          int64_t cols) {
-  const T mu = sum_of<T>(cols, [&]<class V>(V, int64_t c) { return load_as<V>(xr + c); }) / T(cols);
-  // Two passes over a row in cache: no cancellation as in E[x^2] - E[x]^2.
-  const T v = sum_of<T>(cols, [&]<class V>(V, int64_t c) {
-    const V d = load_as<V>(xr + c) - mu;
-    return d * d;
+// One step of the forward's row pipeline, over the columns: the sum of row a (for its
+// mean), the squared deviations of row b from its mean mb (two passes, so no cancellation
+// as in E[x^2] - E[x]^2), and row c normalised. Each stage is the arithmetic of the plain
+// three-pass row in every instantiation, so the results do not depend on where a row
+// falls in the pipeline (nor on the thread count).
+template <bool kSum, bool kVar, bool kNorm, class T>
+inline std::pair<T, T> layernorm_step(const T* xa, const T* xb, T mb, const T* xc, T mc, T rc,
+                                      const T* w, const T* bias, T* yc, int64_t cols) {
+  return sum2_of<T>(cols, [&]<class V>(V, int64_t c) {
+    V sum{}, sq{};
+    if constexpr (kSum) sum = load_as<V>(xa + c);
+    if constexpr (kVar) {
+      const V d = load_as<V>(xb + c) - mb;
+      sq = d * d;
+    }
+    if constexpr (kNorm)
+      store_as<V>(yc + c,
+                  (load_as<V>(xc + c) - mc) * rc * load_as<V>(w + c) + load_as<V>(bias + c));
+    return std::pair<V, V>{sum, sq};
   });
-  const T rs = T(1) / std::sqrt(v / T(cols) + T(eps));
+}
+
+// Rows [0, rows) three at a time: step i sums row i, takes the deviations of row i - 1
+// and normalises row i - 2, so each row is read from memory once (the later passes find
+// it in L1) and the reductions' latencies overlap the normalising of another row instead
+// of stalling between one row's passes. With x2 the rows are the sums s = x + x2, each
+// written just before its first step (and read back from L1): the steps are then the
+// plain form's own code, so fused and unfused give the same bits by construction (the
+// add inside the step let the compiler contract the tails differently: 1 ulp of rstd).
+template <class T>
+void layernorm_rows(const T* x, const T* x2, T* s, const T* w, const T* b, double eps, T* y,
+                    T* mean, T* rstd, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  const T* src = x2 != nullptr ? s : x;
+  for (int64_t i = 0; i < rows + 2; ++i) {
+    const bool sum = i < rows, var = i >= 1 && i - 1 < rows, norm = i >= 2;
+    const int64_t ra = sum ? i : 0, rb = var ? i - 1 : 0, rc = norm ? i - 2 : 0;
+    if (sum && x2 != nullptr) {
+      const T* xr = x + ra * cols;
+      const T* x2r = x2 + ra * cols;
+      T* sr = s + ra * cols;
 #pragma GCC ivdep
-  for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * w[c] + b[c];
-  *mean = mu;
-  *rstd = rs;
+      for (int64_t c = 0; c < cols; ++c) sr[c] = xr[c] + x2r[c];
+    }
+    const T* xa = src + ra * cols;
+    const T* xb = src + rb * cols;
+    const T* xc = src + rc * cols;
+    T* yc = y + rc * cols;
+    const T mb = var ? mean[rb] : T(0), mc = norm ? mean[rc] : T(0), sc = norm ? rstd[rc] : T(0);
+    std::pair<T, T> r;
+    if (sum && var && norm)
+      r = layernorm_step<true, true, true>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    else if (sum && var)
+      r = layernorm_step<true, true, false>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    else if (sum)
+      r = layernorm_step<true, false, false>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    else if (var && norm)
+      r = layernorm_step<false, true, true>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    else if (var)
+      r = layernorm_step<false, true, false>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    else
+      r = layernorm_step<false, false, true>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
+    if (sum) mean[i] = r.first / T(cols);
+    if (var) rstd[rb] = T(1) / std::sqrt(r.second / T(cols) + T(eps));
+  }
 }
 
 // One row of the input gradient: dx = base + rstd (g - mean(g) - xhat mean(g xhat)),
@@ -56,25 +106,21 @@ template <class T>
 void layernorm_forward(const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* rstd,
                        int64_t rows, int64_t cols) {
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      layernorm_row(x + r * cols, w, b, eps, y + r * cols, mean + r, rstd + r, cols);
+    const int64_t o = r0 * cols;
+    layernorm_rows<T>(x + o, nullptr, nullptr, w, b, eps, y + o, mean + r0, rstd + r0, r1 - r0,
+                      cols);
   });
 }
 
-// s = a + b, then LayerNorm of s: the residual add and the norm in one pass per row (the
-// row is still in L1 when the norm reads it).
+// s = a + b, then LayerNorm of s: each row's add just before the pipeline's first pass
+// over it, so s is written once and the norm's passes read it from L1.
 template <class T>
 void add_layernorm_forward(const T* a, const T* b, const T* w, const T* bias, double eps, T* s,
                            T* y, T* mean, T* rstd, int64_t rows, int64_t cols) {
   parallel_for(rows, row_grain(2 * cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* ar = a + r * cols;
-      const T* br = b + r * cols;
-      T* sr = s + r * cols;
-#pragma GCC ivdep
-      for (int64_t c = 0; c < cols; ++c) sr[c] = ar[c] + br[c];
-      layernorm_row(sr, w, bias, eps, y + r * cols, mean + r, rstd + r, cols);
-    }
+    const int64_t o = r0 * cols;
+    layernorm_rows<T>(a + o, b + o, s + o, w, bias, eps, y + o, mean + r0, rstd + r0, r1 - r0,
+                      cols);
   });
 }
 

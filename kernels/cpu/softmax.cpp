@@ -4,21 +4,16 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace baton::kernels::cpu {
 
-// Rows cost about four element-steps per column (exp and the passes around it).
+// Rows cost about four element-steps per column (the exp and the passes around it).
 template <class T>
 void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols) {
   parallel_for(rows, row_grain(4 * cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      const T mx = reduce_max(xr, cols);
-      const T inv = T(1) / exp_shifted_sum(xr, mx, yr, cols);
-      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-    }
+    softmax_rows(x + r0 * cols, y + r0 * cols, T(1), r1 - r0, cols, [](int64_t, T, T) {});
   });
 }
 

@@ -273,6 +273,15 @@ inline V load_as(const S* p) {
   }
 }
 
+// Stores v (a scalar or a vector of S's lanes) at p: the counterpart of load_as.
+template <class V, class S>
+inline void store_as(S* p, V v) {
+  if constexpr (std::is_arithmetic_v<V>)
+    *p = S(v);
+  else
+    store(p, v);
+}
+
 namespace detail {
 template <class T, int N>
 struct LanesOf {

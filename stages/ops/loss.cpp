@@ -3,6 +3,7 @@
 // loss_tokens), so micro-batches add up to the mean over the global batch. While
 // training, forward also computes the logits' gradient (into the logits' own buffer when
 // nothing else reads them), which backward hands on.
+#include "kernels/fused.h"
 #include "stages/ops/common.h"
 #include "stages/ops/loss_common.h"
 #include "stages/ops/registry.h"
@@ -66,17 +67,14 @@ class CrossEntropy final : public OpBase {
     Tensor logits = as_rows(c.inputs[0]);
     Tensor targets = c.inputs[1].view({-1});
     int64_t n = logits.size(0);
-    Tensor row_max = c.alloc({n}, dtype_), sum_exp = c.alloc({n}, dtype_),
-           target_logit = c.alloc({n}, dtype_), losses = c.alloc({n}, dtype_);
-    kernels::ce_row_max(logits, row_max);
-    kernels::ce_sum_exp(logits, targets, 0, row_max, sum_exp, target_logit);
+    Tensor losses = c.alloc({n}, dtype_);
     double denom = loss_denominator(c.ctx, c.inputs[1]);
     Tensor dlogits;
     if (c.ctx.training)
       dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
     Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
-    kernels::ce_finish(logits, targets, 0, row_max, sum_exp, target_logit,
-                       c.ctx.mb.loss_scale / denom, losses, dl2);
+    const double scale = c.ctx.mb.loss_scale / denom;
+    kernels::cross_entropy_forward(logits, targets, scale, losses, dl2);
     c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
     if (c.ctx.training) c.saved.push_back(dlogits);
   }

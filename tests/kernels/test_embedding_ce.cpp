@@ -1,8 +1,9 @@
 // Embedding (vocabulary-split lookups summed over splits, backward) and softmax
 // cross-entropy (finite differences, vocabulary split composed by hand, ignored rows,
-// in-place gradient).
+// in-place gradient; the one-call single-device form against the three steps).
 #include <gtest/gtest.h>
 
+#include "kernels/fused.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -127,6 +128,56 @@ TEST(CrossEntropy, MatchesLogSumExpAndFiniteDifferences) {
   Tensor none;
   ce_finish(logits, targets, 0, mx, se, tl, 1.0, ls, none);
   EXPECT_EQ(as_f64(ls), losses);
+}
+
+// The one-call form: the three steps' losses and gradient bit for bit on rows that run in
+// the pipeline (V <= 1024), separate, in place and without a gradient, f64 and f32.
+TEST(CrossEntropy, OneCallEqualsTheThreeSteps) {
+  std::mt19937_64 rng(test_seed(75));
+  const int64_t N = 9, V = 13;
+  const std::vector<int64_t> tv{0, 12, 5, -100, 5, 3, 11, -1, 7};
+  for (DType f : {DType::f64, DType::f32}) {
+    const Tensor logits = randn({N, V}, rng, 3.0, f);
+    const Tensor targets = ids_tensor(tv, {N}, DType::i32);
+    const auto want = ce_whole(logits, targets, 0.5);
+    Tensor losses = Tensor::empty({N}, f), d = Tensor::empty({N, V}, f), none;
+    cross_entropy_forward(logits, targets, 0.5, losses, d);
+    EXPECT_EQ(as_f64(losses), as_f64(want.losses));
+    EXPECT_EQ(as_f64(d), as_f64(want.dlogits));
+    Tensor inplace = logits.clone();
+    cross_entropy_forward(inplace, targets, 0.5, losses, inplace);
+    EXPECT_EQ(as_f64(losses), as_f64(want.losses));
+    EXPECT_EQ(as_f64(inplace), as_f64(want.dlogits));
+    Tensor only = Tensor::empty({N}, f);
+    cross_entropy_forward(logits, targets, 0.5, only, none);
+    EXPECT_EQ(as_f64(only), as_f64(want.losses));
+  }
+}
+
+// Rows longer than the pipeline's run in chunks with a running max: logits that rise
+// along the row make later chunks raise it (the running sum rescaled).
+TEST(CrossEntropy, OneCallLongRowsInChunks) {
+  std::mt19937_64 rng(test_seed(76));
+  const int64_t N = 6, V = 5000;
+  Tensor logits = randn({N, V}, rng, 2.0);
+  auto lv = logits.span<double>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < V; ++j) lv[size_t(n * V + j)] += 0.004 * double(j);
+  std::vector<int64_t> tv(N);
+  for (int64_t n = 0; n < N; ++n) tv[size_t(n)] = int64_t(rng() % V);
+  tv[1] = -100;
+  const Tensor targets = ids_tensor(tv, {N}, DType::i64);
+  const auto want = ce_whole(logits, targets, 1.0);
+  for (DType f : {DType::f64, DType::f32}) {
+    Tensor losses = Tensor::empty({N}, f), d = Tensor::empty({N, V}, f), none;
+    cross_entropy_forward(logits.to(f), targets, 1.0, losses, d);
+    const double bar = f == DType::f64 ? 1e-14 : 1e-5;
+    EXPECT_LT(rel_error(losses, want.losses), bar);
+    EXPECT_LT(rel_error(d, want.dlogits), bar);
+    Tensor only = Tensor::empty({N}, f);
+    cross_entropy_forward(logits.to(f), targets, 1.0, only, none);
+    EXPECT_EQ(as_f64(only), as_f64(losses));
+  }
 }
 
 class CeSplit : public ::testing::TestWithParam<int> {};

@@ -1,7 +1,9 @@
 // LayerNorm and softmax: forward against direct formulas, backward against finite
-// differences, float32 against float64, accumulate.
+// differences, float32 against float64, accumulate; the row kernels' results at 1 and 2
+// threads (their row pipelines split at other rows).
 #include <gtest/gtest.h>
 
+#include "kernels/fused.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -100,6 +102,48 @@ TEST(LayerNorm, WeightGradientsDoNotDependOnTheThreadCount) {
     auto vb = db.to_vector<float>();
     v.insert(v.end(), vb.begin(), vb.end());
     got.push_back(v);
+  }
+  set_num_threads(before);
+  EXPECT_EQ(got[0], got[1]);
+}
+
+// Each thread runs its rows through the forward's row pipeline, so 2 threads start one at
+// another row than 1 thread does: the bits must not change. Sizes give each thread enough
+// rows to fork, widths leave vector tails, and 3000 runs softmax's chunked long rows.
+TEST(RowKernels, ForwardsDoNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test_seed(56));
+  const DType f = DType::f32;
+  const int64_t rows = 701, c = 100;
+  const Tensor x = randn({rows, c}, rng, 3.0, f), x2 = randn({rows, c}, rng, 1.0, f),
+               w = randn({c}, rng, 1.0, f), b = randn({c}, rng, 1.0, f),
+               xl = randn({5, 3000}, rng, 3.0, f);
+  std::vector<int64_t> tv(static_cast<size_t>(rows));
+  for (auto& t : tv) t = int64_t(rng() % uint64_t(c));
+  tv[350] = -100;
+  const Tensor targets = Tensor::from_vector(tv, {rows});
+  std::vector<std::vector<float>> got;
+  const int before = num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    std::vector<float> all;
+    auto keep = [&](const Tensor& v) {
+      const auto e = v.to_vector<float>();
+      all.insert(all.end(), e.begin(), e.end());
+    };
+    Tensor y = Tensor::empty({rows, c}, f), s = Tensor::empty({rows, c}, f),
+           m = Tensor::empty({rows}, f), r = Tensor::empty({rows}, f),
+           yl = Tensor::empty({5, 3000}, f);
+    layernorm_forward(x, w, b, 1e-5, y, m, r);
+    keep(y), keep(m), keep(r);
+    add_layernorm_forward(x, x2, w, b, 1e-5, s, y, m, r);
+    keep(s), keep(y), keep(m), keep(r);
+    softmax_forward(x, y);
+    keep(y);
+    softmax_forward(xl, yl);
+    keep(yl);
+    cross_entropy_forward(x, targets, 0.25, m, y);
+    keep(m), keep(y);
+    got.push_back(all);
   }
   set_num_threads(before);
   EXPECT_EQ(got[0], got[1]);
