@@ -360,9 +360,8 @@ TEST(Plan, DpSync) {
       {{{"mode", "parameter-server"}}, "$.dp_sync: missing required field 'max_staleness'"},
       {{{"mode", "parameter-server"}, {"max_staleness", -1}}, "$.dp_sync.max_staleness: expected"},
       {{{"mode", "parameter-server"}, {"max_staleness", "1"}}, "$.dp_sync.max_staleness: expected"},
-      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 2}},
-       "$.dp_sync.ps_ranks: expected 0 (the replicas' own ranks serve the parameters; extra "
-       "server ranks are not supported), found 2"},
+      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 65}},
+       "$.dp_sync.ps_ranks: expected"},
       {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"sync_every", 2}},
        "$.dp_sync.sync_every: unknown field"},
   };
@@ -418,6 +417,33 @@ TEST(Plan, DpSync) {
             "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
             "\"parameter-server\" (only with \"allreduce\")");
   j.erase("optimizer_step");
+  // Extra server ranks: after the replicas' ranks in the world; written back; refused at
+  // dp 1 (nothing sharded to serve) and off the CPU.
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 2}};
+  ResolvedPlan extra = plan_check(j);
+  EXPECT_EQ(extra.plan.dp_sync.ps_ranks, 2);
+  EXPECT_EQ(extra.world(), extra.layout.world() + 2);
+  EXPECT_EQ(extra.server_ranks(), (std::vector<int>{extra.layout.world(), extra.layout.world() + 1}));
+  EXPECT_FALSE(extra.is_server(extra.layout.world() - 1));
+  EXPECT_EQ(plan_to_json(extra.plan)["dp_sync"], j["dp_sync"]);
+  json one = j;
+  one["parallel"]["dp"] = 1;
+  one["devices"] = one["devices"].get<int>() / 2;
+  one["batch"]["global"] = 8;
+  EXPECT_NE(plan_error_of(one).find("plan.json: $.dp_sync.ps_ranks: extra server ranks serve the "
+                                    "parameters of several data-parallel replicas; expected dp "
+                                    ">= 2 with ps_ranks 2, found dp 1"),
+            std::string::npos)
+      << plan_error_of(one);
+  json gpu = j;
+  gpu["device"] = "cuda";
+  EXPECT_NE(plan_error_of(gpu).find("plan.json: $.dp_sync.ps_ranks: extra server ranks run on the "
+                                    "CPU; expected device \"cpu\" with ps_ranks > 0, found "
+                                    "\"cuda\""),
+            std::string::npos)
+      << plan_error_of(gpu);
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 2}};
+
   j["schedule"]["name"] = "dualpipe";
   EXPECT_NE(plan_error_of(j).find("plan.json: $.dp_sync.mode: \"parameter-server\" needs a "
                                   "schedule whose chunks live on one pipeline rank each"),
