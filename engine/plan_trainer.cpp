@@ -495,6 +495,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
   check_server_options(r, o, lg.float_dtype != memory::DType::f32);
+  check_world_size(r, world->size());
   if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();

@@ -129,14 +129,22 @@ class HaloTimelineComm final : public transport::Communicator, public stages::op
   Executor* exec_ = nullptr;
 };
 
+void check_world_size(const ResolvedPlan& r, int size) {
+  if (size == r.world()) return;
+  const int servers = r.plan.dp_sync.ps_ranks;
+  throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.world()) +
+                   " ranks" +
+                   (servers > 0 ? " (" + std::to_string(r.layout.world()) + " and " +
+                                      std::to_string(servers) + " parameter-server ranks)"
+                                : std::string()) +
+                   ", the job " + std::to_string(size));
+}
+
 RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
                        RankEngineOptions options)
     : plan_(std::move(plan)), world_(std::move(world)) {
   const ResolvedPlan& r = *plan_;
-  if (world_->size() != r.world())
-    throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.world()) +
-                     " ranks, the job " +
-                     std::to_string(world_->size()));
+  check_world_size(r, world_->size());
   const int rank = world_->rank();
   view_ = rank_view(r, rank);
   graph_ = physical_graph(r, rank);

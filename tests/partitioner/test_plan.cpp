@@ -486,6 +486,40 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   gossip.mode = DpSync::Mode::gossip;
   gossip.peers = 2;
   EXPECT_EQ(dp_bytes_per_step(gossip, 1000, 4), 2000);  // the parameters to two partners
+  DpSync extra;
+  extra.mode = DpSync::Mode::parameter_server;
+  extra.ps_ranks = 2;
+  EXPECT_EQ(dp_bytes_per_step(extra, 1000, 4), 1000);  // the push; the servers pull
+
+  // Extra server ranks: two more ranks in the estimate holding the served parts and their
+  // state (AdamW: 2 states), the replicas none of it; a server sends its part to each of
+  // the dp replicas.
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 0}};
+  PlanEstimate own = evaluate_plan(plan_check(j), model);
+  j["dp_sync"]["ps_ranks"] = 2;
+  ResolvedPlan served = plan_check(j);
+  PlanEstimate d = evaluate_plan(served, model);
+  ASSERT_EQ(d.ranks.size(), a.ranks.size() + 2);
+  int64_t saved = 0, held = 0;
+  for (size_t k = 0; k < a.ranks.size(); ++k) {
+    EXPECT_LT(d.ranks[k].optimizer_bytes, own.ranks[k].optimizer_bytes) << "rank " << k;
+    saved += own.ranks[k].optimizer_bytes - d.ranks[k].optimizer_bytes;
+  }
+  for (size_t k = a.ranks.size(); k < d.ranks.size(); ++k) {
+    const RankEstimate& s = d.ranks[k];
+    EXPECT_EQ(s.rank, int(k));
+    EXPECT_GT(s.param_bytes, 0);
+    EXPECT_EQ(s.optimizer_bytes, 2 * s.param_bytes);
+    EXPECT_GT(s.peak, s.param_bytes + s.grad_bytes + s.optimizer_bytes);
+    EXPECT_DOUBLE_EQ(s.dp_bytes, 2.0 * double(s.param_bytes));
+    held += s.optimizer_bytes;
+  }
+  // What the replicas no longer hold (their own-rank parts) the servers hold (within the
+  // parts' rounding).
+  EXPECT_NEAR(double(held), double(saved), 0.02 * double(held));
+  const std::string text = format_estimate(served, d);
+  EXPECT_NE(text.find("rank 8: parameter server"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 extra server ranks serve the parts"), std::string::npos) << text;
 }
 
 // A parameter server: allreduce's bytes per step (a push and a pull of (n - 1) / n of
