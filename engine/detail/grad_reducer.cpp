@@ -363,12 +363,7 @@ void GradReducer::gather_params() {
     working_.clear();
     post_pull(parts);
     while (pulls_.size() > size_t(staleness_)) {
-      Pull& pull = pulls_.front();
-      for (size_t k = 0; k < specs.size(); ++k) {
-        pull.works[k]->wait();
-        for (stages::Stage* st : specs[k].p->holders)
-          st->param(specs[k].p->id).copy_from(pull.out[k].view(st->param(specs[k].p->id).shape()));
-      }
+      complete_pull(pulls_.front());
       pulls_.pop_front();
     }
     return;
@@ -438,18 +433,48 @@ void GradReducer::gather_params() {
 }
 
 void GradReducer::post_pull(const std::vector<Tensor>& parts) {
+  // One all-gather per bucket, as gather_params' (a bucket of several parameters into a
+  // flat buffer): the rank's parts of its parameters are consecutive in the bucket, so
+  // their concatenation is its part of the bucket; in[k] stay views of it.
   std::vector<GatherSpec> specs = gather_specs();
   BATON_CHECK(parts.size() == specs.size(), "a parameter-server pull of the wrong parameters");
   Pull pull;
-  for (size_t k = 0; k < specs.size(); ++k) {
-    const Tensor& v = specs[k].p->holders[0]->param(specs[k].p->id);
-    BATON_CHECK(parts[k].numel() == specs[k].hi - specs[k].lo,
-                "a parameter-server part of the wrong size");
-    pull.in.push_back(parts[k]);
-    pull.out.push_back(Tensor::empty({v.numel()}, v.dtype(), v.device()));
-    pull.works.push_back(specs[k].g->comm->all_gather(pull.in[k], pull.out[k], specs[k].counts));
+  size_t k = 0;
+  for (Group& g : groups_) {
+    if (!g.shard) continue;
+    for (Bucket& b : g.buckets) {
+      const Tensor& first = g.params[b.params[0]].holders[0]->param(g.params[b.params[0]].id);
+      Tensor in = Tensor::empty({b.part_end - b.part_begin}, first.dtype(), first.device());
+      int64_t at = 0;
+      for (size_t j = 0; j < b.params.size(); ++j, ++k) {
+        const int64_t len = specs[k].hi - specs[k].lo;
+        BATON_CHECK(parts[k].numel() == len, "a parameter-server part of the wrong size");
+        Tensor mine = in.narrow(0, at, len);
+        mine.copy_from(parts[k]);
+        pull.in.push_back(mine);
+        at += len;
+      }
+      pull.out.push_back(Tensor::empty({b.elements}, first.dtype(), first.device()));
+      pull.works.push_back(g.comm->all_gather(in, pull.out.back(), b.counts));
+      pull.buckets.push_back(&b);
+      pull.groups.push_back(&g);
+    }
   }
   pulls_.push_back(std::move(pull));
+}
+
+void GradReducer::complete_pull(Pull& pull) {
+  for (size_t i = 0; i < pull.works.size(); ++i) {
+    pull.works[i]->wait();
+    const Bucket& b = *pull.buckets[i];
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Param& p = pull.groups[i]->params[b.params[j]];
+      for (stages::Stage* st : p.holders) {
+        Tensor& v = st->param(p.id);
+        v.view({v.numel()}).copy_from(pull.out[i].narrow(0, b.offsets[j], v.numel()));
+      }
+    }
+  }
 }
 
 void GradReducer::install_masters() {

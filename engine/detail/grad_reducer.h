@@ -38,8 +38,9 @@
 // the stages hold are the replica's working copy, s updates behind. Each member keeps
 // its part's latest value (the master) as the input of its newest pull, not in the
 // parameter: before the update the master is put into the part (install_masters) and
-// after it the new part is copied out as the input of an all-gather into a parameter-
-// sized buffer (the pull), posted and not waited for, and the working part put back.
+// after it the new part is copied out as the input of an all-gather into a bucket-sized
+// buffer (the pull, one per bucket as gather_params'), posted and not waited for, and the
+// working part put back.
 // The pull of update t is waited for after update t + s, its buffer then becoming the
 // working parameters, so step t + s + 1 runs on the updates up to t: the same pattern on
 // every run (the first s steps run on the initial parameters). At most s pulls are in
@@ -178,10 +179,15 @@ class GradReducer {
   };
   std::vector<GatherSpec> gather_specs();
   struct Pull {
-    std::vector<memory::Tensor> in, out;  // per gather spec
+    std::vector<memory::Tensor> in;  // per gather spec: the rank's part (views of a bucket's)
+    // Per bucket: its all-gather into a bucket-sized buffer.
+    std::vector<memory::Tensor> out;
     std::vector<transport::WorkPtr> works;
+    std::vector<const Bucket*> buckets;
+    std::vector<const Group*> groups;
   };
   void post_pull(const std::vector<memory::Tensor>& parts);
+  void complete_pull(Pull& pull);  // waits and copies into every holder
 
   std::vector<Group> groups_;
   int staleness_ = 0;

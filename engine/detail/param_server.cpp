@@ -108,10 +108,8 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
       for (size_t j = 0; j < cut.size(); ++j) {
         const stages::Param& p = s.graph->params[size_t(ids[cut[j]])];
         const int64_t first = b.param_first[j], numel = b.param_numel[j];
-        b.param_counts.push_back(param_parts(b.counts, first, numel));
         const int64_t lo = std::clamp(b.begin - first, int64_t(0), numel);
         const int64_t hi = std::clamp(b.begin + len - first, lo, numel);
-        b.param_part.emplace_back(lo, hi);
         if (hi == lo) continue;
         // The executor's norm rule: a replicated parameter counts on tensor-parallel rank
         // 0 and tile 0 only.
@@ -153,28 +151,17 @@ void ParamServer::push() {
 void ParamServer::pull() {
   for (Group& g : groups_) {
     ServerWindow w;
-    if (staleness_ == 0) {
-      // GradReducer::gather_params: the buckets of several parameters first, then those
-      // of one, one all-gather each.
-      for (int pass = 0; pass < 2; ++pass)
-        for (Bucket& b : g.buckets) {
-          if ((b.param_first.size() > 1) != (pass == 0)) continue;
-          Tensor out = Tensor::empty({b.elements}, b.dtype);
-          Tensor in = out.narrow(0, b.begin, b.master.numel());
-          in.copy_from(b.master);
-          w.post(g.comm->all_gather(in, out, b.counts), out, nullptr);
-        }
-    } else {
-      // GradReducer::post_pull: one all-gather per parameter.
-      for (Bucket& b : g.buckets)
-        for (size_t j = 0; j < b.param_first.size(); ++j) {
-          auto [lo, hi] = b.param_part[j];
-          Tensor in = b.master.narrow(0, b.param_first[j] + lo - b.begin, hi - lo);
-          if (hi == lo) in = Tensor::empty({0}, b.dtype);
-          Tensor out = Tensor::empty({b.param_numel[j]}, b.dtype);
-          w.post(g.comm->all_gather(in, out, b.param_counts[j]), out, nullptr);
-        }
-    }
+    // GradReducer::gather_params (s = 0: the buckets of several parameters first, then
+    // those of one) and post_pull (s > 0: in order): one all-gather per bucket.
+    for (int pass = 0; pass < 2; ++pass)
+      for (Bucket& b : g.buckets) {
+        if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
+        if (staleness_ > 0 && pass == 1) continue;
+        Tensor out = Tensor::empty({b.elements}, b.dtype);
+        Tensor in = out.narrow(0, b.begin, b.master.numel());
+        in.copy_from(b.master);
+        w.post(g.comm->all_gather(in, out, b.counts), out, nullptr);
+      }
     w.drain();
   }
 }

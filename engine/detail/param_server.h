@@ -3,18 +3,19 @@
 // parameters the replicas' data-parallel groups shard, with their optimizer state. It
 // joins each served group's communicator as one of its last members and issues the
 // collectives the replicas' GradReducer issues on it (engine/detail/grad_reducer.h), in
-// the same order, with the same buckets and parts (cut_buckets, bucket_parts,
-// param_parts), so the replicas' code is unchanged but for the parts:
+// the same order, with the same buckets and parts (cut_buckets, bucket_parts), so the
+// replicas' code is unchanged but for the parts:
 //   first step  the initial parts, scattered by replica 0;
 //   each step   the push (a reduce-scatter per bucket: the replicas' gradients summed
 //               into its parts), the step's norm pieces and losses summed over the world
 //               with the replicas' (it contributes the norm of its parts), the optimizer
 //               step on its parts (clipped by the global norm, as every rank decides),
-//               and the pull (the replicas' all-gathers of the updated parts). With
-//               staleness s > 0 the replicas wait for a pull s steps later; the server
-//               does not wait for anything later than its own step.
-// A server holds one bucket's whole buffer at a time beyond its parts (the collectives'
-// input and output are whole buckets on every member).
+//               and the pull (the replicas' all-gathers of the updated parts, one per
+//               bucket). With staleness s > 0 the replicas wait for a pull s steps
+//               later; the server waits for none beyond its own step.
+// Beyond its parts a server holds two buckets' whole buffers (the collectives' input and
+// output are whole buckets on every member): the next is posted before the oldest is
+// waited for.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +57,7 @@ class ParamServer {
   struct Bucket {
     int64_t elements = 0;
     std::vector<int64_t> counts;                   // every member's part
-    std::vector<std::vector<int64_t>> param_counts;  // per parameter (the s > 0 pulls)
     std::vector<int64_t> param_first, param_numel;   // per parameter, in the bucket
-    std::vector<std::pair<int64_t, int64_t>> param_part;  // its [lo, hi) in the part
     int64_t begin = 0;  // this server's part: [begin, begin + master.numel())
     memory::DType dtype = memory::DType::f32;
     memory::Tensor master, grad, m, v;              // part-sized
