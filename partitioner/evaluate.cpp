@@ -447,9 +447,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // counted with the optimizer state (engine/detail/grad_reducer.h).
   if (p.dp_sync.parameter_server() && p.dp > 1 && p.dp_sync.max_staleness > 0)
     for (StageMemory& m : chunk_mem)
-      m.optimizer +=
-          int64_t(p.dp_sync.max_staleness) *
-          (m.params + (p.dp_sync.ps_ranks > 0 ? 0 : (m.params + p.dp - 1) / p.dp));
+      m.optimizer += int64_t(p.dp_sync.max_staleness) *
+                     (m.params + (p.dp_sync.ps_ranks > 0 ? 0 : (m.params + p.dp - 1) / p.dp));
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -621,9 +620,9 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       mode += " with " + std::to_string(p.dp_sync.peers) + " peer(s) per step";
     else if (p.dp_sync.parameter_server())
       mode += " with staleness " + std::to_string(p.dp_sync.max_staleness) +
-              (p.dp_sync.ps_ranks > 0
-                   ? " (" + std::to_string(p.dp_sync.ps_ranks) + " extra server ranks serve the parts)"
-                   : std::string(" (the replicas' ranks serve their parts)"));
+              (p.dp_sync.ps_ranks > 0 ? " (" + std::to_string(p.dp_sync.ps_ranks) +
+                                            " extra server ranks serve the parts)"
+                                      : std::string(" (the replicas' ranks serve their parts)"));
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
   }
@@ -634,14 +633,13 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
   out += line;
   for (const RankEstimate& re : e.ranks) {
     if (r.is_server(re.rank)) {
-      std::snprintf(line, sizeof line,
-                    "rank %d: parameter server, %lld elements of parts, %s of parts, %s of "
-                    "gradient parts and optimizer state, peak %s, sends %s per step\n",
-                    re.rank, (long long)re.parameters,
-                    memory::format_bytes(double(re.param_bytes)).c_str(),
-                    memory::format_bytes(double(re.grad_bytes + re.optimizer_bytes)).c_str(),
-                    memory::format_bytes(double(re.peak)).c_str(),
-                    memory::format_bytes(re.dp_bytes).c_str());
+      std::snprintf(
+          line, sizeof line,
+          "rank %d: parameter server, %lld elements of parts, %s of parts, %s of "
+          "gradient parts and optimizer state, peak %s, sends %s per step\n",
+          re.rank, (long long)re.parameters, memory::format_bytes(double(re.param_bytes)).c_str(),
+          memory::format_bytes(double(re.grad_bytes + re.optimizer_bytes)).c_str(),
+          memory::format_bytes(double(re.peak)).c_str(), memory::format_bytes(re.dp_bytes).c_str());
       out += line;
       continue;
     }

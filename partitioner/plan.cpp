@@ -478,14 +478,17 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     // Extra server ranks serve the parts the replicas' data-parallel group shards (none
     // at dp 1) and run on the host: their messages travel the world's transport.
     if (p.dp_sync.ps_ranks > 0 && p.dp < 2)
-      d->at("ps_ranks").fail_message(
-          "extra server ranks serve the parameters of several data-parallel replicas; "
-          "expected dp >= 2 with ps_ranks " +
-          std::to_string(p.dp_sync.ps_ranks) + ", found dp " + std::to_string(p.dp));
+      d->at("ps_ranks")
+          .fail_message(
+              "extra server ranks serve the parameters of several data-parallel replicas; "
+              "expected dp >= 2 with ps_ranks " +
+              std::to_string(p.dp_sync.ps_ranks) + ", found dp " + std::to_string(p.dp));
     if (p.dp_sync.ps_ranks > 0 && p.device != "cpu")
-      d->at("ps_ranks").fail_message(
-          "extra server ranks run on the CPU; expected device \"cpu\" with ps_ranks > 0, "
-          "found \"" + p.device + "\"");
+      d->at("ps_ranks")
+          .fail_message(
+              "extra server ranks run on the CPU; expected device \"cpu\" with ps_ranks > 0, "
+              "found \"" +
+              p.device + "\"");
     if (p.dp_sync.parameter_server() && p.optimizer_sharding != OptimizerSharding::none)
       throw InputError(d->where() +
                        ": \"parameter-server\" shards the optimizer state over "

@@ -334,9 +334,8 @@ std::vector<GradReducer::GatherSpec> GradReducer::gather_specs() {
     for (Bucket& b : g.buckets) {
       for (size_t j = 0; j < b.params.size(); ++j) {
         Param& p = g.params[b.params[j]];
-        GatherSpec x{&g, &p,
-                     param_parts(b.counts, b.offsets[j], p.holders[0]->param(p.id).numel()), 0,
-                     0};
+        GatherSpec x{&g, &p, param_parts(b.counts, b.offsets[j], p.holders[0]->param(p.id).numel()),
+                     0, 0};
         std::tie(x.lo, x.hi) = p.holders[0]->optimizer_shard(p.id);
         out.push_back(std::move(x));
       }

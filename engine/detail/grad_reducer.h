@@ -153,7 +153,7 @@ class GradReducer {
   struct Group {
     transport::Communicator* comm = nullptr;
     bool shard = false;
-    int servers = 0;  // extra server ranks, the comm's last members (GradGroup::servers)
+    int servers = 0;           // extra server ranks, the comm's last members (GradGroup::servers)
     bool shard_grads = false;  // ZeRO-2
     std::vector<Param> params;
     std::vector<Bucket> buckets;

@@ -54,8 +54,8 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
       opt_(options.optimizer),
       grad_clip_(options.grad_clip),
       staleness_(r.plan.dp_sync.max_staleness) {
-  BATON_CHECK(r.is_server(world_->rank()), "a parameter server on replica rank " +
-                                               std::to_string(world_->rank()));
+  BATON_CHECK(r.is_server(world_->rank()),
+              "a parameter server on replica rank " + std::to_string(world_->rank()));
   loss_slots_ = r.plan.dp * r.plan.micro_batches;
   // The served groups, one per replica position (replica 0's ranks), by member list: the
   // order in which every rank splits its groups (engine/rank_engine.cpp).
@@ -114,8 +114,8 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
         // The executor's norm rule: a replicated parameter counts on tensor-parallel rank
         // 0 and tile 0 only.
         const bool norm = c.sp == 0 && (c.tp == 0 || p.is_shard());
-        b.segments.push_back({first + lo - b.begin, hi - lo, p.weight_decay, norm,
-                              stages::owner_layer(p)});
+        b.segments.push_back(
+            {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p)});
       }
       const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
       if (len > 0 && (adamw || opt_.sgd.momentum > 0)) b.m = Tensor::zeros({len}, b.dtype);

@@ -48,7 +48,7 @@ class ParamServer {
   int64_t state_bytes() const;
 
  private:
-  struct Segment {  // one parameter's elements in this server's part of a bucket
+  struct Segment {            // one parameter's elements in this server's part of a bucket
     int64_t at = 0, len = 0;  // in the part
     bool decay = true;        // weight decay applies
     bool norm = true;         // counts in the norm (a replicated parameter: tp 0, tile 0)
@@ -56,11 +56,11 @@ class ParamServer {
   };
   struct Bucket {
     int64_t elements = 0;
-    std::vector<int64_t> counts;                   // every member's part
-    std::vector<int64_t> param_first, param_numel;   // per parameter, in the bucket
+    std::vector<int64_t> counts;                    // every member's part
+    std::vector<int64_t> param_first, param_numel;  // per parameter, in the bucket
     int64_t begin = 0;  // this server's part: [begin, begin + master.numel())
     memory::DType dtype = memory::DType::f32;
-    memory::Tensor master, grad, m, v;              // part-sized
+    memory::Tensor master, grad, m, v;  // part-sized
     std::vector<Segment> segments;
   };
   struct Group {

@@ -389,8 +389,10 @@ TEST(DpSync, ParameterServerStalenessZeroIsAllreduce) {
       EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-6 * want[i].grad_norm)
           << "pp " << pp << " step " << i + 1;
       same += got[i].loss == want[i].loss;
+      EXPECT_EQ(got[i].eval_loss, want[i].eval_loss) << "pp " << pp << " step " << i + 1;
     }
     EXPECT_EQ(same, int(want.size())) << "pp " << pp << ": losses not bit for bit";
+    ASSERT_TRUE(want[1].eval_loss.has_value());
     EXPECT_NE(want.front().loss, want.back().loss);
   }
 }
@@ -398,10 +400,16 @@ TEST(DpSync, ParameterServerStalenessZeroIsAllreduce) {
 // Extra server ranks (ps_ranks 1 and 2, after the replicas' ranks) with staleness 0 are
 // synchronous too: allreduce's losses and norms within 1e-6 (the servers add zeros to the
 // replicas' sums; the norm's pieces are summed in another grouping, so clipping may
-// differ in the last bits), and every rank, servers included, reports them.
+// differ in the last bits), and every rank, servers included, reports them; so are the
+// held-out losses (the servers join the evaluations' sums).
 TEST(DpSync, ParameterServerExtraRanksStalenessZeroIsAllreduce) {
   RunSettings s;
   s.steps = 5;
+  s.configure = [](engine::LoopOptions& o) {
+    o.data.eval_fraction = 0.1;
+    o.eval_every = 2;
+    o.eval_batches = 1;
+  };
   for (auto [pp, servers] : {std::pair{1, 2}, std::pair{2, 1}}) {
     Workspace ws("dp-sync-ps-extra");
     auto want = run_threads(resolve(ps_plan(pp, json()), ws), train_options(ws, s));
@@ -416,8 +424,10 @@ TEST(DpSync, ParameterServerExtraRanksStalenessZeroIsAllreduce) {
       EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-6 * want[i].grad_norm)
           << "pp " << pp << " step " << i + 1;
       same += got[i].loss == want[i].loss;
+      EXPECT_EQ(got[i].eval_loss, want[i].eval_loss) << "pp " << pp << " step " << i + 1;
     }
     EXPECT_EQ(same, int(want.size())) << "pp " << pp << ": losses not bit for bit";
+    ASSERT_TRUE(want[1].eval_loss.has_value());
     EXPECT_NE(want.front().loss, want.back().loss);
   }
 }
@@ -434,7 +444,8 @@ TEST(DpSync, ParameterServerExtraRanksHoldTheState) {
   for (int r = 0; r < plan->world(); ++r)
     threads.emplace_back([&, r] {
       if (plan->is_server(r)) {
-        server_bytes[size_t(r)] = engine::detail::ParamServer(*plan, world[size_t(r)], {}).state_bytes();
+        server_bytes[size_t(r)] =
+            engine::detail::ParamServer(*plan, world[size_t(r)], {}).state_bytes();
         return;
       }
       engine::RankEngineOptions o;

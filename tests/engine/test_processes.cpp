@@ -225,8 +225,7 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
 
 // Plan `p` on `n` processes; a random rank (or `chosen`) is killed (SIGKILL) after a few
 // steps, at a random moment: every other rank must stop by itself within 10 s, naming it.
-void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
-                              int chosen = -1) {
+void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name, int chosen = -1) {
   const uint64_t seed = std::random_device{}();
   std::printf("failure test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);

@@ -423,7 +423,8 @@ TEST(Plan, DpSync) {
   ResolvedPlan extra = plan_check(j);
   EXPECT_EQ(extra.plan.dp_sync.ps_ranks, 2);
   EXPECT_EQ(extra.world(), extra.layout.world() + 2);
-  EXPECT_EQ(extra.server_ranks(), (std::vector<int>{extra.layout.world(), extra.layout.world() + 1}));
+  EXPECT_EQ(extra.server_ranks(),
+            (std::vector<int>{extra.layout.world(), extra.layout.world() + 1}));
   EXPECT_FALSE(extra.is_server(extra.layout.world() - 1));
   EXPECT_EQ(plan_to_json(extra.plan)["dp_sync"], j["dp_sync"]);
   json one = j;
