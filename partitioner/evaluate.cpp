@@ -331,7 +331,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
   out.step = last_sends + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
-                                                         size_t(slots), 8, r.layout.world()));
+                                                         size_t(slots), 8, r.world()));
   // A post-validated step copies what its update overwrites first: the elements of each
   // trainable parameter it updates and their optimizer state (Executor::save_update_point),
   // one tensor each. Under ZeRO, the replica's part (taken as 1/dp of every parameter).
