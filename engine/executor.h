@@ -52,6 +52,9 @@ struct GradGroup {
   // during its W into accumulators of the member's part (Stage::set_grad_shard); no
   // whole gradient is kept between micro-batches.
   bool shard_grads = false;
+  // A parameter server's extra ranks (with `shard`): the last `servers` members of comm,
+  // which hold every part (the replicas none: they update nothing of these parameters).
+  int servers = 0;
 };
 
 // How the data-parallel replicas agree (plan field dp_sync; engine/detail/local_sgd.h).

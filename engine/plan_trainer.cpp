@@ -12,6 +12,7 @@
 
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/local_sgd.h"
+#include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
 #include "memory/file_io.h"
 #include "memory/units.h"
@@ -427,6 +428,46 @@ std::string spatial_degrees(const partitioner::Plan& p) {
   return out;
 }
 
+// What extra parameter-server ranks (dp_sync ps_ranks > 0) cannot do yet, refused on
+// every rank before any collective.
+void check_server_options(const ResolvedPlan& r, const PlanTrainOptions& o, bool mixed) {
+  if (r.plan.dp_sync.ps_ranks == 0) return;
+  const std::string why = r.plan.where("$.dp_sync.ps_ranks") + ": extra parameter-server ranks ";
+  if (!o.checkpoint_dir.empty() || o.resume)
+    throw InputError(why + "do not checkpoint their parts yet; expected no --checkpoint-dir");
+  if (!o.trace_path.empty()) throw InputError(why + "have no timeline; expected no --trace");
+  if (mixed) throw InputError(why + "keep f32 parts only; expected --precision fp32");
+}
+
+// An extra parameter-server rank's run: the steps' loop around ParamServer (the same
+// losses and norms as the replicas'), the evaluations' sums, the peaks' gather.
+TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::CommPtr world,
+                   bool evaluates, const std::function<void(const StepRecord&)>& on_step) {
+  auto& alloc = memory::allocator_for(o.device);
+  alloc.reset_peak();
+  detail::ParamServer server(r, world, {o.optimizer, o.grad_clip, o.bucket_bytes});
+  LoopSteps steps;
+  steps.step = [&](int64_t step) {
+    auto t0 = std::chrono::steady_clock::now();
+    StepStats st = server.step(step);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
+    rec.skipped = st.skipped;
+    return rec;
+  };
+  steps.set_lr = [&](double lr) { server.set_lr(lr); };
+  if (evaluates)
+    steps.evaluate = [&] {
+      double sum = 0;
+      for (int64_t k = 0; k < o.eval_batches; ++k) sum += server.evaluate_batch();
+      return sum / double(o.eval_batches);
+    };
+  TrainSummary summary = run_loop(o, 0, 0, false, steps, on_step);
+  summary.peak_bytes = alloc.stats().peak;
+  all_gather_int(*world, int64_t(summary.peak_bytes));
+  return summary;
+}
+
 TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOptions& o,
                    transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
@@ -453,6 +494,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
+  check_server_options(r, o, lg.float_dtype != memory::DType::f32);
+  check_world_size(r, world->size());
+  if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
 
@@ -526,7 +570,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
         "plan {}: {} ranks (dp {} x pp {} x tp {}{}), schedule {}, {} micro-batches of {}; model "
         "{} "
         "({:.3f} M parameters); {} steps",
-        r.plan.source.empty() ? "<memory>" : r.plan.source, r.layout.world(), r.plan.dp, r.plan.pp,
+        r.plan.source.empty() ? "<memory>" : r.plan.source, r.world(), r.plan.dp, r.plan.pp,
         r.plan.uniform_tp() ? std::to_string(r.plan.tp[0]) : std::string("mixed"),
         r.plan.has_spatial() ? " x spatial " + spatial_degrees(r.plan) : std::string(),
         r.schedule.name, r.plan.micro_batches, r.plan.micro_batch_size, lg.name,

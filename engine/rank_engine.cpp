@@ -129,14 +129,22 @@ class HaloTimelineComm final : public transport::Communicator, public stages::op
   Executor* exec_ = nullptr;
 };
 
+void check_world_size(const ResolvedPlan& r, int size) {
+  if (size == r.world()) return;
+  const int servers = r.plan.dp_sync.ps_ranks;
+  throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.world()) +
+                   " ranks" +
+                   (servers > 0 ? " (" + std::to_string(r.layout.world()) + " and " +
+                                      std::to_string(servers) + " parameter-server ranks)"
+                                : std::string()) +
+                   ", the job " + std::to_string(size));
+}
+
 RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,
                        RankEngineOptions options)
     : plan_(std::move(plan)), world_(std::move(world)) {
   const ResolvedPlan& r = *plan_;
-  if (world_->size() != r.layout.world())
-    throw InputError(r.plan.where("$.devices") + ": the plan has " +
-                     std::to_string(r.layout.world()) + " ranks, the job " +
-                     std::to_string(world_->size()));
+  check_world_size(r, world_->size());
   const int rank = world_->rank();
   view_ = rank_view(r, rank);
   graph_ = physical_graph(r, rank);
@@ -156,7 +164,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
   if (sync.independent() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
   for (const GradientGroup& gg : ggroups)
-    if (gg.ranks.size() > 1) sets.insert(gg.ranks);
+    if (gg.ranks.size() > 1) sets.insert(partitioner::reduction_members(r, rank, gg));
   device_world_ = options.device_world;
   transport::Communicator& data_comm = device_world_ ? *device_world_ : *world_;
   if (device_world_ && (device_world_->size() != world_->size() || device_world_->rank() != rank))
@@ -212,9 +220,11 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     int id = g.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
     const bool shard = partitioner::optimizer_sharded(r, rank, gg);
-    GradGroup& out = by_members[{gg.ranks, shard}];
-    if (gg.ranks.size() > 1) out.comm = groups_.at(gg.ranks).get();
+    const std::vector<int> members = partitioner::reduction_members(r, rank, gg);
+    GradGroup& out = by_members[{members, shard}];
+    if (gg.ranks.size() > 1) out.comm = groups_.at(members).get();
     out.shard = shard;
+    out.servers = int(members.size() - gg.ranks.size());  // extra parameter-server ranks
     out.shard_grads = shard && r.plan.optimizer_sharding == partitioner::OptimizerSharding::zero2;
     out.params.push_back(id);
   }

@@ -46,6 +46,10 @@ struct RankEngineOptions {
   InputFn eval_inputs;
 };
 
+// InputError naming the plan's devices unless the job has the plan's ranks (the replicas'
+// and any extra parameter-server ranks).
+void check_world_size(const partitioner::ResolvedPlan& r, int size);
+
 class HaloTimelineComm;  // rank_engine.cpp: the spatial group's, recording halo receives
 
 class RankEngine {

@@ -27,6 +27,8 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
 double dp_bytes_per_step(const DpSync& s, double bytes, int replicas) {
   if (replicas <= 1 || bytes <= 0) return 0;
   if (s.mode == DpSync::Mode::gossip) return double(std::min(s.peers, replicas - 1)) * bytes;
+  // Extra server ranks: a replica pushes its gradients once; the servers send the pull.
+  if (s.parameter_server() && s.ps_ranks > 0) return bytes;
   const double ring = 2.0 * (replicas - 1) / replicas * bytes;
   return s.local() ? ring / s.sync_every : ring;
 }

@@ -52,7 +52,9 @@ double all_gather_time(double bytes_out, int ranks, double bandwidth, double lat
 // parameters (the same size) to one partner in each of its `peers` rounds;
 // `parameter-server` pushes the gradient parts to their servers (a reduce-scatter,
 // (n - 1) / n * bytes) and pulls the parameters (an all-gather, the same): allreduce's
-// bytes, whatever the staleness.
+// bytes, whatever the staleness; with extra server ranks (ps_ranks) a replica pushes its
+// gradients once (bytes) and each server sends its part to every replica (evaluate.h's
+// server ranks: replicas x bytes / ps_ranks).
 double dp_bytes_per_step(const DpSync& s, double bytes, int replicas);
 // The same traffic's time per step on the machine's data-parallel link (local-sgd's sync
 // amortised over its H steps). parameter-server: the push, and the part of the pull that

@@ -331,7 +331,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
   out.step = last_sends + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
-                                                         size_t(slots), 8, r.layout.world()));
+                                                         size_t(slots), 8, r.world()));
   // A post-validated step copies what its update overwrites first: the elements of each
   // trainable parameter it updates and their optimizer state (Executor::save_update_point),
   // one tensor each. Under ZeRO, the replica's part (taken as 1/dp of every parameter).
@@ -420,8 +420,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
         if (!sharded.count(prm.name)) continue;
-        chunk_mem[size_t(k)].optimizer_sharding_saved += zero_optimizer_saving(
-            memory::shape_numel(prm.shape), int(memory::dtype_size(prm.dtype)), p.dp, opt);
+        // Extra server ranks hold all of it: the replicas none.
+        const int64_t numel = memory::shape_numel(prm.shape);
+        const int es = int(memory::dtype_size(prm.dtype));
+        chunk_mem[size_t(k)].optimizer_sharding_saved +=
+            p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
+                                   : zero_optimizer_saving(numel, es, p.dp, opt);
         if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id)) zero2.push_back(id);
       }
       if (!zero2.empty()) {
@@ -439,11 +443,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     for (StageMemory& m : chunk_mem) m.optimizer += copies * m.grads;
   }
   // A parameter server with staleness s: up to s pulls in flight between steps, each a
-  // parameter-sized buffer and the rank's part (its input), counted with the optimizer
-  // state (engine/detail/grad_reducer.h).
+  // parameter-sized buffer and the rank's part (its input; none with extra server ranks),
+  // counted with the optimizer state (engine/detail/grad_reducer.h).
   if (p.dp_sync.parameter_server() && p.dp > 1 && p.dp_sync.max_staleness > 0)
     for (StageMemory& m : chunk_mem)
-      m.optimizer += int64_t(p.dp_sync.max_staleness) * (m.params + (m.params + p.dp - 1) / p.dp);
+      m.optimizer += int64_t(p.dp_sync.max_staleness) *
+                     (m.params + (p.dp_sync.ps_ranks > 0 ? 0 : (m.params + p.dp - 1) / p.dp));
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -516,6 +521,45 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);
     e.ranks.push_back(re);
   }
+  // Extra parameter-server ranks (engine/detail/param_server.h): each holds its part of
+  // every served bucket (1/ps_ranks of each replica position's sharded parameters), the
+  // summed gradient of that part until the update and its optimizer state, and beyond
+  // them two buckets' whole buffers in flight; each step it sends its part to every
+  // replica (the pull).
+  if (p.dp_sync.ps_ranks > 0) {
+    const int n = p.dp_sync.ps_ranks;
+    int64_t elements = 0, part = 0, bucket = 0;
+    for (int q = 0; q < r.layout.world(); ++q) {
+      if (r.layout.coord(q).dp != 0) continue;
+      std::shared_ptr<Graph> qg = physical_graph(r, q);
+      std::vector<int> ids;
+      for (const GradientGroup& gg : gradient_groups(r, q))
+        if (gg.ranks.size() > 1 && optimizer_sharded(r, q, gg))
+          ids.push_back(qg->find_param(gg.name));
+      for_each_bucket(*qg, ids, options.bucket_bytes, nullptr,
+                      [&](int, int64_t el, memory::DType dt) {
+                        const int64_t es = int64_t(memory::dtype_size(dt)), mine = (el + n - 1) / n;
+                        elements += mine;
+                        part += rounded(mine * es);
+                        bucket = std::max(bucket, rounded(el * es));
+                      });
+    }
+    const int64_t slots = int64_t(g.num_layers()) + int64_t(p.dp) * p.micro_batches;
+    for (int k : r.server_ranks()) {
+      RankEstimate re;
+      re.rank = k;
+      re.layers = "(parameter server)";
+      re.parameters = elements;
+      re.param_bytes = part;
+      re.grad_bytes = part;
+      re.optimizer_bytes = part * opt;
+      re.activation_peak = 2 * bucket + rounded(slots * 8);
+      re.peak = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.activation_peak;
+      re.dp_bytes = double(p.dp) * double(part);
+      e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);
+      e.ranks.push_back(re);
+    }
+  }
   return e;
 }
 
@@ -558,10 +602,14 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
   }
   if (p.sharding() != OptimizerSharding::none) {
     out.pop_back();
-    out += ", its state sharded over the data-parallel replicas (" +
-           std::string(p.dp_sync.parameter_server() ? "each serving its part"
-                                                    : sharding_name(p.optimizer_sharding)) +
-           ")\n";
+    if (p.dp_sync.ps_ranks > 0)
+      out += ", its state sharded over the " + std::to_string(p.dp_sync.ps_ranks) +
+             " extra server ranks (none on the replicas)\n";
+    else
+      out += ", its state sharded over the data-parallel replicas (" +
+             std::string(p.dp_sync.parameter_server() ? "each serving its part"
+                                                      : sharding_name(p.optimizer_sharding)) +
+             ")\n";
   }
   if (p.dp > 1) {
     std::string mode = std::string(dp_sync_name(p.dp_sync.mode));
@@ -572,7 +620,9 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       mode += " with " + std::to_string(p.dp_sync.peers) + " peer(s) per step";
     else if (p.dp_sync.parameter_server())
       mode += " with staleness " + std::to_string(p.dp_sync.max_staleness) +
-              " (the replicas' ranks serve their parts)";
+              (p.dp_sync.ps_ranks > 0 ? " (" + std::to_string(p.dp_sync.ps_ranks) +
+                                            " extra server ranks serve the parts)"
+                                      : std::string(" (the replicas' ranks serve their parts)"));
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
   }
@@ -582,6 +632,17 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
                 "activations", "peak", "compute", "busy");
   out += line;
   for (const RankEstimate& re : e.ranks) {
+    if (r.is_server(re.rank)) {
+      std::snprintf(
+          line, sizeof line,
+          "rank %d: parameter server, %lld elements of parts, %s of parts, %s of "
+          "gradient parts and optimizer state, peak %s, sends %s per step\n",
+          re.rank, (long long)re.parameters, memory::format_bytes(double(re.param_bytes)).c_str(),
+          memory::format_bytes(double(re.grad_bytes + re.optimizer_bytes)).c_str(),
+          memory::format_bytes(double(re.peak)).c_str(), memory::format_bytes(re.dp_bytes).c_str());
+      out += line;
+      continue;
+    }
     std::string layers = re.layers.size() > 24 ? re.layers.substr(0, 21) + "..." : re.layers;
     bool over = p.device_memory > 0 && re.peak > p.device_memory;
     std::snprintf(line, sizeof line,

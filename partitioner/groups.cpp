@@ -89,4 +89,11 @@ bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg)
   return gg.ranks == dp;
 }
 
+std::vector<int> reduction_members(const ResolvedPlan& r, int rank, const GradientGroup& gg) {
+  std::vector<int> out = gg.ranks;
+  if (r.plan.dp_sync.ps_ranks > 0 && optimizer_sharded(r, rank, gg))
+    for (int s : r.server_ranks()) out.push_back(s);
+  return out;
+}
+
 }  // namespace baton::partitioner

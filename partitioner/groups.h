@@ -62,4 +62,9 @@ std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank);
 // group sums it (a tied parameter summed with other pipeline ranks keeps its whole state).
 bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg);
 
+// The members of gradient group gg's communicator: its ranks and, for a group whose parts
+// extra parameter-server ranks serve (sharded, dp_sync ps_ranks > 0), those ranks after
+// them (the last ps_ranks members hold the parts, the replicas none).
+std::vector<int> reduction_members(const ResolvedPlan& r, int rank, const GradientGroup& gg);
+
 }  // namespace baton::partitioner

@@ -280,14 +280,7 @@ DpSync read_dp_sync(const JsonReader& r) {
   if (s.parameter_server()) {
     r.expect_only({"mode", "max_staleness", "ps_ranks"});
     s.max_staleness = int(r.at("max_staleness").as_int(0, 64));
-    s.ps_ranks = int(r.get_int("ps_ranks", 0, 0, kMaxCount));
-    // Extra serving ranks are not built: the replicas' own ranks serve.
-    if (s.ps_ranks != 0)
-      r.at("ps_ranks")
-          .fail(
-              "0 (the replicas' own ranks serve the parameters; extra server ranks are not "
-              "supported)",
-              std::to_string(s.ps_ranks));
+    s.ps_ranks = int(r.get_int("ps_ranks", 0, 0, 64));
     return s;
   }
   if (!s.local()) {
@@ -482,6 +475,20 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
       d->at("mode").fail_message(
           "\"parameter-server\" needs a schedule whose chunks live on one pipeline rank each; "
           "expected a schedule other than \"dualpipe\", found \"dualpipe\"");
+    // Extra server ranks serve the parts the replicas' data-parallel group shards (none
+    // at dp 1) and run on the host: their messages travel the world's transport.
+    if (p.dp_sync.ps_ranks > 0 && p.dp < 2)
+      d->at("ps_ranks")
+          .fail_message(
+              "extra server ranks serve the parameters of several data-parallel replicas; "
+              "expected dp >= 2 with ps_ranks " +
+              std::to_string(p.dp_sync.ps_ranks) + ", found dp " + std::to_string(p.dp));
+    if (p.dp_sync.ps_ranks > 0 && p.device != "cpu")
+      d->at("ps_ranks")
+          .fail_message(
+              "extra server ranks run on the CPU; expected device \"cpu\" with ps_ranks > 0, "
+              "found \"" +
+              p.device + "\"");
     if (p.dp_sync.parameter_server() && p.optimizer_sharding != OptimizerSharding::none)
       throw InputError(d->where() +
                        ": \"parameter-server\" shards the optimizer state over "

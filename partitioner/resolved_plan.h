@@ -33,6 +33,15 @@ struct ResolvedPlan {
   Sharding sharding;
 
   int num_chunks() const { return int(chunk_first.size()); }
+  // Every rank of the job: the replicas' (layout.world()) and after them a parameter
+  // server's extra ranks (dp_sync ps_ranks), which hold no stage, only served parts.
+  int world() const { return layout.world() + plan.dp_sync.ps_ranks; }
+  bool is_server(int rank) const { return rank >= layout.world(); }
+  std::vector<int> server_ranks() const {
+    std::vector<int> out;
+    for (int k = layout.world(); k < world(); ++k) out.push_back(k);
+    return out;
+  }
   int spatial_of(int pp) const { return plan.spatial_of(pp); }
   // Is logical value v a tile on pipeline rank pp?
   bool tiled(int pp, int v) const {

@@ -17,6 +17,7 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
     Group g;
     g.comm = gg.comm && gg.comm->size() > 1 ? gg.comm : nullptr;
     g.shard = gg.shard && g.comm;
+    g.servers = g.shard ? gg.servers : 0;
     std::vector<int> ids = gg.params;
     std::sort(ids.rbegin(), ids.rend());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -46,37 +47,72 @@ GradReducer::GradReducer(const std::vector<GradGroup>& groups,
   }
 }
 
+std::vector<std::vector<size_t>> cut_buckets(const std::vector<BucketItem>& items,
+                                             size_t bucket_bytes) {
+  std::vector<std::vector<size_t>> out;
+  size_t bytes = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BucketItem& t = items[i];
+    if (!out.empty() && !out.back().empty()) {
+      const BucketItem& first = items[out.back().front()];
+      if (bytes + t.nbytes > bucket_bytes || t.dtype != items[out.back().back()].dtype ||
+          t.stage != first.stage) {
+        out.emplace_back();
+        bytes = 0;
+      }
+    }
+    if (out.empty()) out.emplace_back();
+    out.back().push_back(i);
+    bytes += t.nbytes;
+  }
+  return out;
+}
+
+std::vector<int64_t> bucket_parts(int64_t elements, int members, int servers) {
+  // The all-reduce's partition (transport/detail/collectives.cpp: equal_parts), over the
+  // servers only when there are extra ones.
+  const int over = servers > 0 ? servers : members;
+  std::vector<int64_t> counts(size_t(members - over), 0);
+  for (int k = 0; k < over; ++k) counts.push_back(elements / over + (k < elements % over ? 1 : 0));
+  return counts;
+}
+
+std::vector<int64_t> param_parts(const std::vector<int64_t>& bucket_counts, int64_t first,
+                                 int64_t numel) {
+  std::vector<int64_t> out;
+  int64_t begin = 0;  // member q's part of the bucket: [begin, begin + counts[q])
+  for (int64_t c : bucket_counts) {
+    const int64_t lo = std::clamp(begin - first, int64_t(0), numel);
+    out.push_back(std::clamp(begin + c - first, lo, numel) - lo);
+    begin += c;
+  }
+  return out;
+}
+
 void GradReducer::add_group(Group g, size_t bucket_bytes) {
   if (g.params.empty()) return;
   // Buckets: consecutive parameters of one dtype up to bucket_bytes (under ZeRO-2, of
   // one stage too: a bucket is reduced within that stage's W).
-  Bucket cur;
-  size_t bytes = 0;
-  memory::DType dtype = memory::DType::f32;
-  for (size_t i = 0; i < g.params.size(); ++i) {
-    const Tensor& t = g.params[i].holders[0]->grad(g.params[i].id);
-    if (!cur.params.empty() && (bytes + t.nbytes() > bucket_bytes || t.dtype() != dtype ||
-                                (g.shard_grads && g.params[i].holder_stages[0] !=
-                                                      g.params[cur.params[0]].holder_stages[0]))) {
-      g.buckets.push_back(std::move(cur));
-      cur = Bucket{};
-      bytes = 0;
-    }
-    dtype = t.dtype();
-    g.params[i].bucket = g.buckets.size();
-    g.params[i].slot = cur.params.size();
-    cur.params.push_back(i);
-    cur.offsets.push_back(cur.elements);
-    cur.elements += t.numel();
-    bytes += t.nbytes();
+  std::vector<BucketItem> items;
+  for (const Param& p : g.params) {
+    const Tensor& t = p.holders[0]->grad(p.id);
+    items.push_back({t.numel(), t.nbytes(), t.dtype(), g.shard_grads ? p.holder_stages[0] : 0});
   }
-  g.buckets.push_back(std::move(cur));
+  for (const std::vector<size_t>& cut : cut_buckets(items, bucket_bytes)) {
+    Bucket b;
+    for (size_t i : cut) {
+      g.params[i].bucket = g.buckets.size();
+      g.params[i].slot = b.params.size();
+      b.params.push_back(i);
+      b.offsets.push_back(b.elements);
+      b.elements += items[i].numel;
+    }
+    g.buckets.push_back(std::move(b));
+  }
   if (g.shard) {
-    // The all-reduce's partition (transport/detail/collectives.cpp: equal_parts).
     const int n = g.comm->size(), me = g.comm->rank();
     for (Bucket& b : g.buckets) {
-      b.counts.assign(size_t(n), b.elements / n);
-      for (int64_t k = 0; k < b.elements % n; ++k) b.counts[size_t(k)] += 1;
+      b.counts = bucket_parts(b.elements, n, g.servers);
       for (int k = 0; k < me; ++k) b.part_begin += b.counts[size_t(k)];
       b.part_end = b.part_begin + b.counts[size_t(me)];
       for (size_t j = 0; j < b.params.size(); ++j) {
@@ -144,7 +180,32 @@ void GradReducer::reduce_micro(Group& g, Bucket& b) {
   b.micro_waiting = b.params.size();
 }
 
+// Extra server ranks start from the replicas' initial parameters (or those loaded before
+// the first step): replica 0, the group's rank 0, scatters each bucket's parts to them.
+void GradReducer::seed_servers() {
+  for (Group& g : groups_) {
+    if (g.servers == 0) continue;
+    for (Bucket& b : g.buckets) {
+      const Tensor& first = g.params[b.params[0]].holders[0]->param(g.params[b.params[0]].id);
+      Tensor in;
+      if (g.comm->rank() == 0) {
+        in = Tensor::empty({b.elements}, first.dtype(), first.device());
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          const Tensor& v = g.params[b.params[j]].holders[0]->param(g.params[b.params[j]].id);
+          in.narrow(0, b.offsets[j], v.numel()).copy_from(v.view({v.numel()}));
+        }
+      }
+      Tensor none = Tensor::empty({0}, first.dtype(), first.device());
+      g.comm->scatter(in, none, 0, b.counts)->wait();
+    }
+  }
+}
+
 void GradReducer::begin_step() {
+  if (!seeded_) {
+    seeded_ = true;
+    seed_servers();
+  }
   for (Group& g : groups_) {
     g.next = 0;
     for (Param& p : g.params) {
@@ -270,23 +331,11 @@ std::vector<GradReducer::GatherSpec> GradReducer::gather_specs() {
   std::vector<GatherSpec> out;
   for (Group& g : groups_) {
     if (!g.shard) continue;
-    const int n = g.comm->size();
     for (Bucket& b : g.buckets) {
-      int64_t begin = 0;  // rank q's part of the bucket: [begin, begin + counts[q])
-      std::vector<int64_t> starts(static_cast<size_t>(n));
-      for (int q = 0; q < n; ++q) {
-        starts[size_t(q)] = begin;
-        begin += b.counts[size_t(q)];
-      }
       for (size_t j = 0; j < b.params.size(); ++j) {
         Param& p = g.params[b.params[j]];
-        const int64_t first = b.offsets[j], numel = p.holders[0]->param(p.id).numel();
-        GatherSpec x{&g, &p, std::vector<int64_t>(size_t(n)), 0, 0};
-        for (int q = 0; q < n; ++q) {
-          const int64_t lo = std::clamp(starts[size_t(q)] - first, int64_t(0), numel);
-          const int64_t hi = std::clamp(starts[size_t(q)] + b.counts[size_t(q)] - first, lo, numel);
-          x.counts[size_t(q)] = hi - lo;
-        }
+        GatherSpec x{&g, &p, param_parts(b.counts, b.offsets[j], p.holders[0]->param(p.id).numel()),
+                     0, 0};
         std::tie(x.lo, x.hi) = p.holders[0]->optimizer_shard(p.id);
         out.push_back(std::move(x));
       }
@@ -313,12 +362,7 @@ void GradReducer::gather_params() {
     working_.clear();
     post_pull(parts);
     while (pulls_.size() > size_t(staleness_)) {
-      Pull& pull = pulls_.front();
-      for (size_t k = 0; k < specs.size(); ++k) {
-        pull.works[k]->wait();
-        for (stages::Stage* st : specs[k].p->holders)
-          st->param(specs[k].p->id).copy_from(pull.out[k].view(st->param(specs[k].p->id).shape()));
-      }
+      complete_pull(pulls_.front());
       pulls_.pop_front();
     }
     return;
@@ -388,18 +432,48 @@ void GradReducer::gather_params() {
 }
 
 void GradReducer::post_pull(const std::vector<Tensor>& parts) {
+  // One all-gather per bucket, as gather_params' (a bucket of several parameters into a
+  // flat buffer): the rank's parts of its parameters are consecutive in the bucket, so
+  // their concatenation is its part of the bucket; in[k] stay views of it.
   std::vector<GatherSpec> specs = gather_specs();
   BATON_CHECK(parts.size() == specs.size(), "a parameter-server pull of the wrong parameters");
   Pull pull;
-  for (size_t k = 0; k < specs.size(); ++k) {
-    const Tensor& v = specs[k].p->holders[0]->param(specs[k].p->id);
-    BATON_CHECK(parts[k].numel() == specs[k].hi - specs[k].lo,
-                "a parameter-server part of the wrong size");
-    pull.in.push_back(parts[k]);
-    pull.out.push_back(Tensor::empty({v.numel()}, v.dtype(), v.device()));
-    pull.works.push_back(specs[k].g->comm->all_gather(pull.in[k], pull.out[k], specs[k].counts));
+  size_t k = 0;
+  for (Group& g : groups_) {
+    if (!g.shard) continue;
+    for (Bucket& b : g.buckets) {
+      const Tensor& first = g.params[b.params[0]].holders[0]->param(g.params[b.params[0]].id);
+      Tensor in = Tensor::empty({b.part_end - b.part_begin}, first.dtype(), first.device());
+      int64_t at = 0;
+      for (size_t j = 0; j < b.params.size(); ++j, ++k) {
+        const int64_t len = specs[k].hi - specs[k].lo;
+        BATON_CHECK(parts[k].numel() == len, "a parameter-server part of the wrong size");
+        Tensor mine = in.narrow(0, at, len);
+        mine.copy_from(parts[k]);
+        pull.in.push_back(mine);
+        at += len;
+      }
+      pull.out.push_back(Tensor::empty({b.elements}, first.dtype(), first.device()));
+      pull.works.push_back(g.comm->all_gather(in, pull.out.back(), b.counts));
+      pull.buckets.push_back(&b);
+      pull.groups.push_back(&g);
+    }
   }
   pulls_.push_back(std::move(pull));
+}
+
+void GradReducer::complete_pull(Pull& pull) {
+  for (size_t i = 0; i < pull.works.size(); ++i) {
+    pull.works[i]->wait();
+    const Bucket& b = *pull.buckets[i];
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Param& p = pull.groups[i]->params[b.params[j]];
+      for (stages::Stage* st : p.holders) {
+        Tensor& v = st->param(p.id);
+        v.view({v.numel()}).copy_from(pull.out[i].narrow(0, b.offsets[j], v.numel()));
+      }
+    }
+  }
 }
 
 void GradReducer::install_masters() {

@@ -38,12 +38,20 @@
 // the stages hold are the replica's working copy, s updates behind. Each member keeps
 // its part's latest value (the master) as the input of its newest pull, not in the
 // parameter: before the update the master is put into the part (install_masters) and
-// after it the new part is copied out as the input of an all-gather into a parameter-
-// sized buffer (the pull), posted and not waited for, and the working part put back.
+// after it the new part is copied out as the input of an all-gather into a bucket-sized
+// buffer (the pull, one per bucket as gather_params'), posted and not waited for, and the
+// working part put back.
 // The pull of update t is waited for after update t + s, its buffer then becoming the
 // working parameters, so step t + s + 1 runs on the updates up to t: the same pattern on
 // every run (the first s steps run on the initial parameters). At most s pulls are in
 // flight between steps; stale_parts() and restore_stale() carry them through a checkpoint.
+//
+// Extra server ranks (dp_sync ps_ranks > 0, GradGroup::servers): the group's communicator
+// also holds the servers, last, and the parts are theirs (bucket_parts: none for the
+// replicas), so the same reduce-scatter pushes each replica's gradients to the servers and
+// the same all-gathers pull the parameters back; the replicas update nothing of the
+// group and hold no optimizer state for it. Before the first step replica 0 scatters the
+// initial parameters to the servers. The servers' side: engine/detail/param_server.h.
 #pragma once
 
 #include <cstddef>
@@ -56,6 +64,26 @@
 #include "engine/executor.h"
 
 namespace baton::engine::detail {
+
+// What a gradient group's buckets are cut from: each parameter's gradient, in the group's
+// order (descending id). `stage` differs only under ZeRO-2 (a bucket within one stage).
+struct BucketItem {
+  int64_t numel = 0;
+  size_t nbytes = 0;
+  memory::DType dtype = memory::DType::f32;
+  int stage = 0;
+};
+// Consecutive items of one dtype and stage up to bucket_bytes (a larger item alone):
+// each bucket's item indices.
+std::vector<std::vector<size_t>> cut_buckets(const std::vector<BucketItem>& items,
+                                             size_t bucket_bytes);
+// The members' parts of a bucket of `elements` over a communicator of `members`: the
+// all-reduce's equal parts, or with `servers` > 0 extra server ranks (its last members)
+// none for the others and equal parts over the servers.
+std::vector<int64_t> bucket_parts(int64_t elements, int members, int servers);
+// The elements of the parameter at [first, first + numel) of a bucket in each member's part.
+std::vector<int64_t> param_parts(const std::vector<int64_t>& bucket_counts, int64_t first,
+                                 int64_t numel);
 
 class GradReducer {
  public:
@@ -125,12 +153,15 @@ class GradReducer {
   struct Group {
     transport::Communicator* comm = nullptr;
     bool shard = false;
+    int servers = 0;           // extra server ranks, the comm's last members (GradGroup::servers)
     bool shard_grads = false;  // ZeRO-2
     std::vector<Param> params;
     std::vector<Bucket> buckets;
     size_t next = 0;  // the first bucket not started
   };
   void add_group(Group g, size_t bucket_bytes);
+  void seed_servers();
+  bool seeded_ = false;
   void reduce_micro(Group& g, Bucket& b);
   void try_start(Group& g);
   void start(Group& g, Bucket& b);
@@ -148,10 +179,15 @@ class GradReducer {
   };
   std::vector<GatherSpec> gather_specs();
   struct Pull {
-    std::vector<memory::Tensor> in, out;  // per gather spec
+    std::vector<memory::Tensor> in;  // per gather spec: the rank's part (views of a bucket's)
+    // Per bucket: its all-gather into a bucket-sized buffer.
+    std::vector<memory::Tensor> out;
     std::vector<transport::WorkPtr> works;
+    std::vector<const Bucket*> buckets;
+    std::vector<const Group*> groups;
   };
   void post_pull(const std::vector<memory::Tensor>& parts);
+  void complete_pull(Pull& pull);  // waits and copies into every holder
 
   std::vector<Group> groups_;
   int staleness_ = 0;

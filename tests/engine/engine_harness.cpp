@@ -187,7 +187,7 @@ void expect_steps_match(const std::vector<engine::StepRecord>& got,
 std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
                                             const engine::PlanTrainOptions& o) {
   kernels::set_num_threads(1);
-  const int n = plan->layout.world();
+  const int n = plan->world();
   std::vector<transport::CommPtr> world = transport::make_local_world(n);
   std::vector<std::vector<engine::StepRecord>> records(static_cast<size_t>(n),
                                                        std::vector<engine::StepRecord>{});

@@ -14,6 +14,7 @@
 
 #include "engine/detail/gossip.h"
 #include "engine/detail/local_sgd.h"
+#include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "transport/local.h"
@@ -70,7 +71,7 @@ using Params = std::map<std::pair<int, std::string>, std::vector<float>>;
 std::vector<std::vector<Params>> run_recording(
     std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps) {
   kernels::set_num_threads(1);
-  const int n = plan->layout.world();
+  const int n = plan->world();
   auto world = transport::make_local_world(n);
   const stages::ValueType tok = plan->graph->value("tokens").type;
   const stages::ValueType tgt = plan->graph->value("targets").type;
@@ -94,6 +95,11 @@ std::vector<std::vector<Params>> run_recording(
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
+      if (plan->is_server(r)) {  // an extra parameter-server rank: no stage to record
+        engine::detail::ParamServer server(*plan, world[size_t(r)], {});
+        for (int64_t k = 0; k < steps; ++k) server.step(k);
+        return;
+      }
       engine::RankEngineOptions o;
       o.inputs = inputs;
       o.grad_clip = 1.0;
@@ -359,8 +365,10 @@ PlanSpec ps_plan(int pp, json dp_sync) {
   return p;
 }
 
-json ps_sync(int s) {
-  return {{"mode", "parameter-server"}, {"max_staleness", s}};
+json ps_sync(int s, int ps_ranks = 0) {
+  json j = {{"mode", "parameter-server"}, {"max_staleness", s}};
+  if (ps_ranks > 0) j["ps_ranks"] = ps_ranks;
+  return j;
 }
 
 // Staleness 0 is synchronous: allreduce's losses and gradient norms on a DP 2 and a
@@ -381,10 +389,138 @@ TEST(DpSync, ParameterServerStalenessZeroIsAllreduce) {
       EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-6 * want[i].grad_norm)
           << "pp " << pp << " step " << i + 1;
       same += got[i].loss == want[i].loss;
+      EXPECT_EQ(got[i].eval_loss, want[i].eval_loss) << "pp " << pp << " step " << i + 1;
     }
     EXPECT_EQ(same, int(want.size())) << "pp " << pp << ": losses not bit for bit";
+    ASSERT_TRUE(want[1].eval_loss.has_value());
     EXPECT_NE(want.front().loss, want.back().loss);
   }
+}
+
+// Extra server ranks (ps_ranks 1 and 2, after the replicas' ranks) with staleness 0 are
+// synchronous too: allreduce's losses and norms within 1e-6 (the servers add zeros to the
+// replicas' sums; the norm's pieces are summed in another grouping, so clipping may
+// differ in the last bits), and every rank, servers included, reports them; so are the
+// held-out losses (the servers join the evaluations' sums).
+TEST(DpSync, ParameterServerExtraRanksStalenessZeroIsAllreduce) {
+  RunSettings s;
+  s.steps = 5;
+  s.configure = [](engine::LoopOptions& o) {
+    o.data.eval_fraction = 0.1;
+    o.eval_every = 2;
+    o.eval_batches = 1;
+  };
+  for (auto [pp, servers] : {std::pair{1, 2}, std::pair{2, 1}}) {
+    Workspace ws("dp-sync-ps-extra");
+    auto want = run_threads(resolve(ps_plan(pp, json()), ws), train_options(ws, s));
+    auto plan = resolve(ps_plan(pp, ps_sync(0, servers)), ws);
+    ASSERT_EQ(plan->world(), 2 * pp + servers);
+    auto got = run_threads(plan, train_options(ws, s));
+    ASSERT_EQ(got.size(), want.size());
+    int same = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss)
+          << "pp " << pp << " step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-6 * want[i].grad_norm)
+          << "pp " << pp << " step " << i + 1;
+      same += got[i].loss == want[i].loss;
+      EXPECT_EQ(got[i].eval_loss, want[i].eval_loss) << "pp " << pp << " step " << i + 1;
+    }
+    EXPECT_EQ(same, int(want.size())) << "pp " << pp << ": losses not bit for bit";
+    ASSERT_TRUE(want[1].eval_loss.has_value());
+    EXPECT_NE(want.front().loss, want.back().loss);
+  }
+}
+
+// The replicas hold no optimizer state for the served parameters (their shard empty);
+// the servers hold the parameters' parts and AdamW's two moments for them, all of it
+// once over the servers: 12 bytes per served element. (The tied wte is not served.)
+TEST(DpSync, ParameterServerExtraRanksHoldTheState) {
+  Workspace ws("dp-sync-ps-extra-state");
+  auto plan = resolve(ps_plan(2, ps_sync(0, 2)), ws);
+  auto world = transport::make_local_world(plan->world());
+  std::vector<int64_t> server_bytes(size_t(plan->world()), 0), served(size_t(plan->world()), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      if (plan->is_server(r)) {
+        server_bytes[size_t(r)] =
+            engine::detail::ParamServer(*plan, world[size_t(r)], {}).state_bytes();
+        return;
+      }
+      engine::RankEngineOptions o;
+      o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                    stages::TensorMap&) {};  // no step runs
+      engine::RankEngine e(plan, world[size_t(r)], o);
+      for (const auto& [s, st] : e.stages())
+        for (int id : st->param_ids()) {
+          const std::string& name = e.graph().params[size_t(id)].name;
+          const auto [lo, hi] = st->optimizer_shard(id);
+          if (name == "wte.weight") {
+            EXPECT_FALSE(st->optimizer_state(id).empty()) << "rank " << r;
+            continue;
+          }
+          EXPECT_EQ(hi, lo) << "rank " << r << " " << name;
+          EXPECT_TRUE(st->optimizer_state(id).empty()) << "rank " << r << " " << name;
+          if (plan->layout.coord(r).dp == 0) served[size_t(r)] += st->param(id).numel();
+        }
+    });
+  for (auto& t : threads) t.join();
+  int64_t held = 0, elements = 0;
+  for (int r = 0; r < plan->world(); ++r) {
+    held += server_bytes[size_t(r)];
+    elements += served[size_t(r)];
+    if (plan->is_server(r)) {
+      EXPECT_GT(server_bytes[size_t(r)], 0) << "server " << r;
+    }
+  }
+  EXPECT_GT(elements, 0);
+  EXPECT_EQ(held, 12 * elements);
+}
+
+// The staleness bound with an extra server rank: the replicas' working parameters stay
+// the initial ones for the first s steps and are the synchronous run's first update after
+// step s + 1, as with the replicas' own ranks serving.
+TEST(DpSync, ParameterServerExtraRanksStalenessPattern) {
+  Workspace ws("dp-sync-ps-extra-pattern");
+  const int64_t steps = 3;
+  auto sync = run_recording(resolve(ps_plan(2, ps_sync(0, 1)), ws), steps);
+  const int s = 2;
+  auto stale = run_recording(resolve(ps_plan(2, ps_sync(s, 1)), ws), steps);
+  auto served = [](Params p) {
+    EXPECT_EQ(p.erase({0, "wte.weight"}) + p.erase({1, "wte.weight"}), 1u);
+    return p;
+  };
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(stale[size_t(s)][size_t(r)], stale[size_t(s)][size_t(r % 2)]) << "rank " << r;
+    if (r >= 2) continue;
+    EXPECT_EQ(served(stale[size_t(s)][size_t(r)]), served(sync[0][size_t(r)])) << "rank " << r;
+    EXPECT_NE(served(stale[size_t(s - 1)][size_t(r)]), served(sync[0][size_t(r)])) << "rank " << r;
+  }
+}
+
+// Staleness 1 with an extra server rank trains, is reproducible and differs from the
+// synchronous run (its first step the same: the initial parameters).
+TEST(DpSync, ParameterServerExtraRanksStaleTrains) {
+  RunSettings st;
+  st.steps = 10;
+  Workspace ws("dp-sync-ps-extra-stale");
+  auto sync = run_threads(resolve(ps_plan(2, ps_sync(0, 1)), ws), train_options(ws, st));
+  auto plan = resolve(ps_plan(2, ps_sync(1, 1)), ws);
+  auto a = run_threads(plan, train_options(ws, st));
+  auto b = run_threads(plan, train_options(ws, st));
+  ASSERT_EQ(a.size(), size_t(st.steps));
+  ASSERT_EQ(b.size(), a.size());
+  int differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    differ += a[i].loss != sync[i].loss;
+  }
+  EXPECT_EQ(a[0].loss, sync[0].loss);
+  EXPECT_GE(differ, int(a.size()) - 2);
+  EXPECT_LT(a.back().loss, 0.97 * a.front().loss);
+  std::printf("  extra server, s=1: loss %.4f -> %.4f (synchronous %.4f)\n", a[0].loss,
+              a.back().loss, sync.back().loss);
 }
 
 // The staleness pattern on the parameters each step ran on: with staleness s the working

@@ -223,9 +223,9 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
 
 // ---- a rank dies in the middle of a step ----
 
-// Plan `p` on `n` processes; a random rank is killed (SIGKILL) after a few steps, at a
-// random moment: every other rank must stop by itself within 10 s, naming it.
-void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name) {
+// Plan `p` on `n` processes; a random rank (or `chosen`) is killed (SIGKILL) after a few
+// steps, at a random moment: every other rank must stop by itself within 10 s, naming it.
+void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name, int chosen = -1) {
   const uint64_t seed = std::random_device{}();
   std::printf("failure test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
@@ -263,7 +263,7 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name)
   std::vector<pid_t> ranks = children_of(pid);
   ASSERT_EQ(ranks.size(), size_t(n)) << slurp(ws.path("job.out"));
   // Which child is which rank: BATON_RANK in its environment.
-  const int victim = std::uniform_int_distribution<int>(0, n - 1)(rng);
+  const int victim = chosen >= 0 ? chosen : std::uniform_int_distribution<int>(0, n - 1)(rng);
   pid_t victim_pid = -1;
   for (pid_t c : ranks) {
     std::ifstream env("/proc/" + std::to_string(c) + "/environ");
@@ -324,6 +324,18 @@ TEST(Processes, ParameterServerRankKilledIsNamedByEveryOther) {
   p.schedule = "1f1b";
   p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}};
   expect_killed_rank_named(p, 4, "fail-ps");
+}
+
+// An extra parameter-server rank (ps_ranks 1: rank 4 after the PP 2 x DP 2 replicas,
+// launched as the fifth process) killed: every replica stops, naming it.
+TEST(Processes, ExtraParameterServerRankKilledIsNamedByEveryOther) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}};
+  expect_killed_rank_named(p, 5, "fail-ps-extra", 4);
 }
 
 // ---- a rank stops (SIGSTOP): alive but silent ----

@@ -360,9 +360,8 @@ TEST(Plan, DpSync) {
       {{{"mode", "parameter-server"}}, "$.dp_sync: missing required field 'max_staleness'"},
       {{{"mode", "parameter-server"}, {"max_staleness", -1}}, "$.dp_sync.max_staleness: expected"},
       {{{"mode", "parameter-server"}, {"max_staleness", "1"}}, "$.dp_sync.max_staleness: expected"},
-      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 2}},
-       "$.dp_sync.ps_ranks: expected 0 (the replicas' own ranks serve the parameters; extra "
-       "server ranks are not supported), found 2"},
+      {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 65}},
+       "$.dp_sync.ps_ranks: expected"},
       {{{"mode", "parameter-server"}, {"max_staleness", 1}, {"sync_every", 2}},
        "$.dp_sync.sync_every: unknown field"},
   };
@@ -418,6 +417,34 @@ TEST(Plan, DpSync) {
             "plan.json: $.optimizer_step: \"post-validated\" cannot be combined with dp_sync "
             "\"parameter-server\" (only with \"allreduce\")");
   j.erase("optimizer_step");
+  // Extra server ranks: after the replicas' ranks in the world; written back; refused at
+  // dp 1 (nothing sharded to serve) and off the CPU.
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 2}};
+  ResolvedPlan extra = plan_check(j);
+  EXPECT_EQ(extra.plan.dp_sync.ps_ranks, 2);
+  EXPECT_EQ(extra.world(), extra.layout.world() + 2);
+  EXPECT_EQ(extra.server_ranks(),
+            (std::vector<int>{extra.layout.world(), extra.layout.world() + 1}));
+  EXPECT_FALSE(extra.is_server(extra.layout.world() - 1));
+  EXPECT_EQ(plan_to_json(extra.plan)["dp_sync"], j["dp_sync"]);
+  json one = j;
+  one["parallel"]["dp"] = 1;
+  one["devices"] = one["devices"].get<int>() / 2;
+  one["batch"]["global"] = 8;
+  EXPECT_NE(plan_error_of(one).find("plan.json: $.dp_sync.ps_ranks: extra server ranks serve the "
+                                    "parameters of several data-parallel replicas; expected dp "
+                                    ">= 2 with ps_ranks 2, found dp 1"),
+            std::string::npos)
+      << plan_error_of(one);
+  json gpu = j;
+  gpu["device"] = "cuda";
+  EXPECT_NE(plan_error_of(gpu).find("plan.json: $.dp_sync.ps_ranks: extra server ranks run on the "
+                                    "CPU; expected device \"cpu\" with ps_ranks > 0, found "
+                                    "\"cuda\""),
+            std::string::npos)
+      << plan_error_of(gpu);
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 2}};
+
   j["schedule"]["name"] = "dualpipe";
   EXPECT_NE(plan_error_of(j).find("plan.json: $.dp_sync.mode: \"parameter-server\" needs a "
                                   "schedule whose chunks live on one pipeline rank each"),
@@ -460,6 +487,40 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   gossip.mode = DpSync::Mode::gossip;
   gossip.peers = 2;
   EXPECT_EQ(dp_bytes_per_step(gossip, 1000, 4), 2000);  // the parameters to two partners
+  DpSync extra;
+  extra.mode = DpSync::Mode::parameter_server;
+  extra.ps_ranks = 2;
+  EXPECT_EQ(dp_bytes_per_step(extra, 1000, 4), 1000);  // the push; the servers pull
+
+  // Extra server ranks: two more ranks in the estimate holding the served parts and their
+  // state (AdamW: 2 states), the replicas none of it; a server sends its part to each of
+  // the dp replicas.
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 0}};
+  PlanEstimate own = evaluate_plan(plan_check(j), model);
+  j["dp_sync"]["ps_ranks"] = 2;
+  ResolvedPlan served = plan_check(j);
+  PlanEstimate d = evaluate_plan(served, model);
+  ASSERT_EQ(d.ranks.size(), a.ranks.size() + 2);
+  int64_t saved = 0, held = 0;
+  for (size_t k = 0; k < a.ranks.size(); ++k) {
+    EXPECT_LT(d.ranks[k].optimizer_bytes, own.ranks[k].optimizer_bytes) << "rank " << k;
+    saved += own.ranks[k].optimizer_bytes - d.ranks[k].optimizer_bytes;
+  }
+  for (size_t k = a.ranks.size(); k < d.ranks.size(); ++k) {
+    const RankEstimate& s = d.ranks[k];
+    EXPECT_EQ(s.rank, int(k));
+    EXPECT_GT(s.param_bytes, 0);
+    EXPECT_EQ(s.optimizer_bytes, 2 * s.param_bytes);
+    EXPECT_GT(s.peak, s.param_bytes + s.grad_bytes + s.optimizer_bytes);
+    EXPECT_DOUBLE_EQ(s.dp_bytes, 2.0 * double(s.param_bytes));
+    held += s.optimizer_bytes;
+  }
+  // What the replicas no longer hold (their own-rank parts) the servers hold (within the
+  // parts' rounding).
+  EXPECT_NEAR(double(held), double(saved), 0.02 * double(held));
+  const std::string text = format_estimate(served, d);
+  EXPECT_NE(text.find("rank 8: parameter server"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 extra server ranks serve the parts"), std::string::npos) << text;
 }
 
 // A parameter server: allreduce's bytes per step (a push and a pull of (n - 1) / n of
