@@ -386,7 +386,15 @@ void maxpool2d_argmax_rows(const Tensor& argmax, int64_t width, int64_t first, i
   BATON_NEED(width >= 1 && rows >= 1, op,
              "width and rows must be at least 1, got " + str(width) + " and " + str(rows));
   const auto dev = common_device(op, {&argmax, &out});
-  if (dev.is_cuda()) detail::no_cuda(__func__, dev);
+  if (!dev.is_cpu()) {
+    // A device's argmax through the host: these are the few border rows of a tile.
+    Tensor a = argmax.to(memory::Device::cpu());
+    Tensor o = Tensor::empty(out.shape(), DType::i32);
+    cpu::maxpool2d_argmax_rows(a.data<int32_t>(), o.data<int32_t>(), a.numel(), width, first,
+                               rows);
+    out.copy_from(o);
+    return;
+  }
   cpu::maxpool2d_argmax_rows(argmax.data<int32_t>(), out.data<int32_t>(), argmax.numel(), width,
                              first, rows);
 }
