@@ -390,8 +390,7 @@ void maxpool2d_argmax_rows(const Tensor& argmax, int64_t width, int64_t first, i
     // A device's argmax through the host: these are the few border rows of a tile.
     Tensor a = argmax.to(memory::Device::cpu());
     Tensor o = Tensor::empty(out.shape(), DType::i32);
-    cpu::maxpool2d_argmax_rows(a.data<int32_t>(), o.data<int32_t>(), a.numel(), width, first,
-                               rows);
+    cpu::maxpool2d_argmax_rows(a.data<int32_t>(), o.data<int32_t>(), a.numel(), width, first, rows);
     out.copy_from(o);
     return;
   }

@@ -379,6 +379,7 @@ class BatchNorm2d final : public OpBase {
       param_json(spec, running_ ? "running_var" : "running_mean")
           .fail("running_mean and running_var together (or neither)");
     elems_ = numel_of(spec.inputs[0].shape);
+    plane_ = elems_ / c_;  // H x W: exact
     out_.push_back(spec.inputs[0]);
   }
 
@@ -425,7 +426,7 @@ class BatchNorm2d final : public OpBase {
       kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
                                          sdyx, sdy, false);
       g.all_reduce(sums, transport::ReduceOp::sum)->wait();
-      const double count = double(g.size()) * double(c.ctx.batch()) * double(elems_ / c_);
+      const double count = double(g.size()) * double(c.ctx.batch()) * double(plane_);
       kernels::batchnorm_backward_input_sums(c.grad_outputs[0], c.inputs[0], c.params[0],
                                              c.saved[0], c.saved[1], sdy, sdyx, count, t.tensor,
                                              t.accumulate);
@@ -485,7 +486,7 @@ class BatchNorm2d final : public OpBase {
   void forward_tiled(ForwardCall& c, Tensor& y, Tensor& mean, Tensor& rstd, Tensor& rm,
                      Tensor& rv) const {
     transport::Communicator& g = spatial_group(c.ctx);
-    const double m = double(c.ctx.batch()) * double(elems_ / c_);
+    const double m = double(c.ctx.batch()) * double(plane_);
     const double total = m * double(g.size());
     Tensor none1, none2;
     kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 0.0, y, mean,
@@ -528,7 +529,7 @@ class BatchNorm2d final : public OpBase {
   }
 
   double eps_ = 1e-5, momentum_ = 0.1;
-  int64_t c_ = 0, elems_ = 0;
+  int64_t c_ = 0, elems_ = 0, plane_ = 0;  // plane_: the elements of one channel
   bool running_ = false, spatial_ = false;
 };
 
