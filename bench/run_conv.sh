@@ -6,7 +6,9 @@
 #  2. a large-image ResNet (256x256, 8 channels in, 16 wide: three 3x3 convolutions at full
 #     resolution) split spatially over 2 ranks against the same plan on 1 rank, and the
 #     part of the halo receives the interior rows hid (bench/halo_hidden.py on --trace);
-#  3. the same model under a device memory cap the 1-rank run exceeds, on 2 tiles.
+#  3. the same model under a device memory cap the 1-rank run exceeds, on 2 tiles;
+#  4. the same model with the stem's max pooling (3x3, stride 2, padding 1: a halo of one
+#     row, computed around like the convolutions') at spatial 2: the halo hidden.
 #   bench/run_conv.sh [--steps N] [--threads T] [--compile] [--cap 160MiB]
 # Needs build/release/baton and a Python with torch and numpy (PYTHON=..., default .venv/bin/python).
 set -euo pipefail
@@ -49,6 +51,13 @@ cat > "$tmp/big.json" <<'JSON'
 {"type": "resnet", "name": "resnet-big-image", "in_channels": 8, "image_size": 256, "classes": 10,
  "stem_channels": 16, "stem_kernel": 3, "stem_stride": 1, "stem_pool": false,
  "block": "basic", "widths": [16], "depths": [1]}
+JSON
+sed 's/"stem_pool": false/"stem_pool": true/; s/resnet-big-image/resnet-big-image-pool/' \
+  "$tmp/big.json" > "$tmp/big-pool.json"
+cat > "$tmp/big-pool-s2.json" <<JSON
+{"version": 1, "model": "big-pool.json", "devices": 2, "parallel": {"dp": 1, "pp": 1},
+ "batch": {"micro_batch_size": 4}, "schedule": {"name": "1f1b", "micro_batches": 1},
+ "stages": [{"layers": ["stem", "layer1.0", "head"], "spatial": 2}]}
 JSON
 for s in 1 2; do
   sp=""; [ "$s" = 2 ] && sp=', "spatial": 2'
@@ -93,3 +102,8 @@ fi
 "$baton" launch -n 2 -- "$baton" train --plan big-s2.json --data img256 --steps "$steps" \
   --threads "$threads" --device-memory "$cap" --log-every "$steps" > c2.txt 2>&1
 echo "capped $cap: spatial 2: $(grep -o 'loss [0-9.]*' c2.txt | tail -1), $(grep -o '[0-9.]* ms/step' c2.txt | tail -1), $(grep -o 'peak device memory of rank 0: [0-9.]* MiB' c2.txt)"
+
+"$baton" launch -n 2 -- "$baton" train --plan big-pool-s2.json --data img256 --steps $((steps + 1)) \
+  --threads "$threads" --log-every 1 --trace p2-trace.json --trace-steps 3 > p2.txt 2>&1
+echo "big image with the stem's max pooling, spatial 2: $(median_ms p2.txt) ms/step; halo (as above):"
+echo "  $("$python" "$OLDPWD/bench/halo_hidden.py" p2-trace.json)"

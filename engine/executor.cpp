@@ -81,6 +81,13 @@ struct Executor::Pending {
   struct Recv {
     TensorMap tensors;
     std::vector<transport::WorkPtr> works;
+    // Blocks of rows of a re-tiled image, received apart and copied into place.
+    struct Rows {
+      std::string value;
+      int64_t at = 0;
+      Tensor block;
+    };
+    std::vector<Rows> rows;
     bool posted = false;
     int peer = -1;  // world rank of the first sender (the timeline's peer)
   };
@@ -263,8 +270,18 @@ void Executor::post_recv(size_t index, int64_t) {
       const stages::Value& v = st.graph().value(r.value);
       full = Tensor::empty(v.type.with_batch(cfg_.micro_batch_size), v.type.dtype, st.device());
     }
-    auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
-    Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
+    Tensor slice;
+    if (r.rows > 0 && r.rows < full.size(2)) {
+      memory::Shape s = full.shape();
+      s[2] = r.rows;
+      slice = Tensor::empty(s, full.dtype(), full.device());
+      rv.rows.push_back({r.value, r.rows_to, slice});
+    } else if (r.rows > 0) {
+      slice = full;
+    } else {
+      auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
+      slice = full.view({full.numel()}).narrow(0, b, e - b);
+    }
     if (rv.peer < 0) rv.peer = r.peer;
     rv.works.push_back(cfg_.p2p->irecv(slice, r.peer, schedule::message_tag(cfg_.schedule, a, r)));
   }
@@ -277,6 +294,8 @@ void Executor::wait_recv(size_t index) {
   Pending::Recv rv = std::move(pending_->recvs.at(index));
   pending_->recvs.erase(index);
   for (auto& w : rv.works) w->wait();
+  for (const auto& b : rv.rows)
+    rv.tensors.at(b.value).narrow(2, b.at, b.block.size(2)).copy_from(b.block);
   Key key{a.stage, a.micro_batch};
   TensorMap& dst = a.kind == K::recv_activation ? pending_->act_in[key] : pending_->grad_in[key];
   for (auto& [name, t] : rv.tensors) dst[name] = std::move(t);
@@ -301,8 +320,13 @@ void Executor::do_send(const Action& a, double t0) {
       throw std::logic_error("executor: " + to_token(a) + " has no value '" + r.value +
                              "' to send");
     Tensor full = v->second.contiguous();
-    auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
-    Tensor slice = full.view({full.numel()}).narrow(0, b, e - b);
+    Tensor slice;
+    if (r.rows > 0) {
+      slice = r.rows == full.size(2) ? full : full.narrow(2, r.rows_from, r.rows).contiguous();
+    } else {
+      auto [b, e] = schedule::part_range(full.numel(), full.size(-1), r.part, r.parts);
+      slice = full.view({full.numel()}).narrow(0, b, e - b);
+    }
     Pending::Send snd;
     snd.work = cfg_.p2p->isend(slice, r.peer, schedule::message_tag(cfg_.schedule, a, r));
     snd.keep = slice;

@@ -20,10 +20,11 @@ using partitioner::ResolvedPlan;
 
 // The spatial group's communicator, recording each halo receive (from posting it to the
 // op finding its data there) on the executor's timeline as HALO_F / HALO_B of its
-// micro-batch, so the time the convolutions wait for halos is visible beside the compute.
+// micro-batch, so the time the convolutions and poolings wait for halos is visible beside
+// the compute.
 // It reads the micro-batch (mod 32) and the direction from the tag the halo messages use
 // (stages/ops/spatial.cpp: bits 2..6 and 0..1). Everything else passes through. It is
-// also the convolutions' SpatialTracer (stages/ops/halo.h): the rows a convolution
+// also the ops' SpatialTracer (stages/ops/halo.h): the rows a convolution or pooling
 // computes while its halo is in flight, INTERIOR_F / INTERIOR_B on the compute lane.
 class HaloTimelineComm final : public transport::Communicator, public stages::ops::SpatialTracer {
  public:

@@ -376,6 +376,29 @@ void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx, bool
   });
 }
 
+void maxpool2d_argmax_rows(const Tensor& argmax, int64_t width, int64_t first, int64_t rows,
+                           Tensor& out) {
+  const char* op = "maxpool2d_argmax_rows";
+  check_tensor(op, "argmax", argmax);
+  check_tensor(op, "out", out);
+  BATON_NEED(argmax.dtype() == DType::i32 && out.dtype() == DType::i32, op,
+             "argmax and out must be i32, got " + argmax.str() + " and " + out.str());
+  check_same_shape(op, "out", out, "argmax", argmax);
+  BATON_NEED(width >= 1 && rows >= 1, op,
+             "width and rows must be at least 1, got " + str(width) + " and " + str(rows));
+  const auto dev = common_device(op, {&argmax, &out});
+  if (!dev.is_cpu()) {
+    // A device's argmax through the host: these are the few border rows of a tile.
+    Tensor a = argmax.to(memory::Device::cpu());
+    Tensor o = Tensor::empty(out.shape(), DType::i32);
+    cpu::maxpool2d_argmax_rows(a.data<int32_t>(), o.data<int32_t>(), a.numel(), width, first, rows);
+    out.copy_from(o);
+    return;
+  }
+  cpu::maxpool2d_argmax_rows(argmax.data<int32_t>(), out.data<int32_t>(), argmax.numel(), width,
+                             first, rows);
+}
+
 void avgpool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor& y) {
   const char* op = "avgpool2d_forward";
   const auto g = check_pool(op, "x", x, "y", y, o);

@@ -85,6 +85,14 @@ struct Pool2dOptions {
 // first one on ties), for backward.
 void maxpool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor& y, Tensor& argmax);
 void maxpool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx, bool accumulate);
+// The argmax of max pooling over a strip of rows, re-based onto a plane of `rows` rows of
+// the same width whose row 0 is the strip's row `first` (negative when the plane starts
+// above the strip): out = argmax - first * W where the maximum lies in the plane, -1
+// (which maxpool2d_backward skips) where it does not. argmax and out: i32 of one shape
+// [N, C, OH, OW]; `width` the strip's W. The spatial split's pooling uses it for the rows
+// it recomputes from the halo (stages/ops/vision.cpp).
+void maxpool2d_argmax_rows(const Tensor& argmax, int64_t width, int64_t first, int64_t rows,
+                           Tensor& out);
 void avgpool2d_forward(const Tensor& x, const Pool2dOptions& o, Tensor& y);
 void avgpool2d_backward(const Tensor& dy, const Pool2dOptions& o, Tensor& dx, bool accumulate);
 // y[n, c] = mean over H, W of x[n, c]: x [N, C, H, W], y [N, C].

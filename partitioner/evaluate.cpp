@@ -364,8 +364,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   std::vector<StageMemory> chunk_mem(static_cast<size_t>(K));
   std::shared_ptr<Graph> pg;
   // A spatial split's tile graph per pipeline rank (partitioner/spatial.h): its values are
-  // tiles of H / s rows, and each halo_exchange's output (the tile with its halo rows,
-  // what the convolution or pooling after it saves) is a value of its own, so the walk
+  // tiles of H / s rows, and its convolutions and poolings carry their halos, so the walk
   // counts the tiles and the halos as the engine allocates them.
   std::map<int, std::shared_ptr<Graph>> tile_graphs;
   auto graph_of = [&](int pp) -> const Graph& {

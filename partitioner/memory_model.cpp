@@ -116,21 +116,20 @@ class Walker {
   int64_t numel(int v) const {
     return bytes(v) / int64_t(memory::dtype_size(g_.values[size_t(v)].type.dtype));
   }
-  // A convolution with the spatial split's halo ("halo": [top, bottom]): the rows it
-  // exchanges and the output row ranges that read a halo (Conv2d::plan_halo), each with the
-  // extended input rows it reads, in bytes per row of the micro-batch.
-  struct ConvHalo {
-    int64_t top = 0, bottom = 0, in_row = 0, out_row = 0;
+  // A convolution or pooling with the spatial split's halo ("halo": [top, bottom]): the
+  // rows it exchanges and the output row ranges that read a halo (stages/ops/vision.cpp,
+  // TileHaloRows), each with the extended input rows it reads, in bytes per row of the
+  // micro-batch (out_idx: a row of max pooling's i32 argmax).
+  struct TileHalo {
+    int64_t top = 0, bottom = 0, in_row = 0, out_row = 0, out_idx = 0;
     std::vector<std::pair<int64_t, int64_t>> ranges;  // (output rows, input rows)
   };
-  // halo_exchange's rows from above and below, and the bytes of a row of its input.
-  std::tuple<int64_t, int64_t, int64_t> halo_rows(const Node& node) const {
-    const auto& in = g_.values[size_t(node.inputs[0])].type.shape;
-    return {node.attrs.value("top", int64_t(0)), node.attrs.value("bottom", int64_t(0)),
-            w_.batch * in[0] * in[2] * dsize()};
+  static bool has_halo(const Node& node) {
+    return (node.op == "conv2d" || node.op == "maxpool2d" || node.op == "avgpool2d") &&
+           node.attrs.contains("halo");
   }
-  ConvHalo conv_halo(const Node& node) const {
-    ConvHalo c;
+  TileHalo tile_halo(const Node& node) const {
+    TileHalo c;
     const nlohmann::json& a = node.attrs.at("halo");
     c.top = a.at(0).get<int64_t>();
     c.bottom = a.at(1).get<int64_t>();
@@ -138,13 +137,17 @@ class Walker {
     const auto& out = g_.values[size_t(node.outputs[0])].type.shape;
     c.in_row = w_.batch * in[0] * in[2] * dsize();
     c.out_row = w_.batch * out[0] * out[2] * dsize();
+    c.out_idx = node.op == "maxpool2d" ? w_.batch * out[0] * out[2] * 4 : 0;
     auto h_of = [&](const char* key, int64_t dflt) {
       auto it = node.attrs.find(key);
       if (it == node.attrs.end()) return dflt;
       return it->is_array() ? it->at(0).get<int64_t>() : it->get<int64_t>();
     };
-    const int64_t stride = h_of("stride", 1), dil = h_of("dilation", 1);
-    const int64_t extent = dil * (g_.params[size_t(node.params[0])].shape[2] - 1);
+    const int64_t stride = h_of("stride", node.op == "conv2d" ? 1 : h_of("kernel", 1)),
+                  dil = h_of("dilation", 1);
+    const int64_t kernel =
+        node.op == "conv2d" ? g_.params[size_t(node.params[0])].shape[2] : h_of("kernel", 1);
+    const int64_t extent = dil * (kernel - 1);
     const int64_t h = in[1], oh = out[1];
     const int64_t top_end = std::min(oh, (c.top + stride - 1) / stride);
     const int64_t last = c.top + h - 1 - extent;
@@ -256,33 +259,33 @@ class Walker {
       }
       outs.push_back(heap_.alloc(8));
       for (int& t : tmp) heap_.unref(t);
-    } else if (op == "halo_exchange") {
-      // Before a pooling on a tile (stages/ops/spatial.cpp): the rows sent and the rows
-      // received live with the output until the op returns.
-      const auto [top, bottom, row] = halo_rows(node);
+    } else if (has_halo(node)) {
+      // The spatial split's convolution or pooling (stages/ops/vision.cpp, forward_halo):
+      // the rows it sends (a tile with neighbours on both sides) live until the halo is
+      // there, the received halo rows (a convolution saves them for W), the output; then
+      // each border range's strip of rows and its output rows, one range at a time (max
+      // pooling: the strip's argmax saved, its re-based copy freed).
+      const TileHalo h = tile_halo(node);
+      const bool conv = op == "conv2d";
       std::vector<int> tmp;
-      for (int64_t r : {bottom, top, top, bottom})
-        if (r > 0) tmp.push_back(heap_.alloc(r * row));
-      fresh();
-      for (int& id : tmp) heap_.unref(id);
-    } else if (op == "conv2d" && node.attrs.contains("halo")) {
-      // The spatial split's convolution (stages/ops/vision.cpp, forward_halo): the rows it
-      // sends (a tile with neighbours on both sides) live until the halo is there, the
-      // received halo rows saved for W, the output; then each border range's strip of
-      // rows and its output rows, one range at a time.
-      const ConvHalo h = conv_halo(node);
-      std::vector<int> sends;
       for (int64_t r : {h.bottom, h.top})
-        if (r > 0) sends.push_back(heap_.alloc(r * h.in_row));
+        if (r > 0) tmp.push_back(heap_.alloc(r * h.in_row));
+      std::vector<int> received;
       for (int64_t r : {h.top, h.bottom})
-        if (r > 0) saved.push_back(heap_.alloc(r * h.in_row));
+        if (r > 0) (conv ? saved : received).push_back(heap_.alloc(r * h.in_row));
       outs.push_back(heap_.alloc(bytes(out)));
-      for (int& id : sends) heap_.unref(id);
+      for (int& id : tmp) heap_.unref(id);
       for (const auto& [rows, ext] : h.ranges) {
         int strip = heap_.alloc(ext * h.in_row), part = heap_.alloc(rows * h.out_row);
+        if (h.out_idx > 0) {
+          saved.push_back(heap_.alloc(rows * h.out_idx));
+          int idx = heap_.alloc(rows * h.out_idx);
+          heap_.unref(idx);
+        }
         heap_.unref(strip);
         heap_.unref(part);
       }
+      for (int& id : received) heap_.unref(id);
     } else {
       // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
       for (size_t j = 0; j < node.outputs.size(); ++j)
@@ -392,30 +395,12 @@ class Walker {
     } else if (op == "matmul") {
       for (size_t i = 0; i < 2; ++i)
         if (needed(i)) target(node.inputs[i]);
-    } else if (op == "halo_exchange") {
-      // The tile's rows of dy (a copy, handed over as the gradient), the halo rows'
-      // gradients sent (copies) and those received, each added through a copy.
-      if (needed(0)) {
-        const auto [top, bottom, row] = halo_rows(node);
-        int dx = heap_.alloc(bytes(node.inputs[0]));
-        std::vector<int> tmp;
-        for (int64_t r : {top, bottom, top, bottom})
-          if (r > 0) tmp.push_back(heap_.alloc(r * row));
-        for (int64_t r : {top, bottom})
-          if (r > 0) {
-            int part = heap_.alloc(r * row);
-            heap_.unref(part);
-          }
-        for (int& id : tmp) heap_.unref(id);
-        give(node.inputs[0], dx);
-        heap_.unref(dx);
-      }
-    } else if (op == "conv2d" && node.attrs.contains("halo") && needed(0)) {
+    } else if (has_halo(node) && needed(0)) {
       // backward_input_halo: each border range's rows of dy (a copy, freed at once) and its
       // input gradient's strip (kept: the halo rows sent are views of it), the messages
       // (the rows sent, copied; the rows received), then the tile's gradient; after the
       // wait each received block is added through a copy of the rows it lands on.
-      const ConvHalo h = conv_halo(node);
+      const TileHalo h = tile_halo(node);
       std::vector<int> tmp;
       for (const auto& [rows, ext] : h.ranges) {
         int dys = heap_.alloc(rows * h.out_row);

@@ -4,6 +4,7 @@
 
 #include "memory/error.h"
 #include "schedule/generators.h"
+#include "schedule/transfer.h"
 #include "schedule/validate.h"
 #include "stages/model.h"
 
@@ -165,14 +166,30 @@ void resolve_spatial_split(ResolvedPlan& r) {
     const int a = chunk_pp[size_t(k)], b = chunk_pp[size_t(k + 1)];
     const int sa = p.spatial_of(a), sb = p.spatial_of(b);
     if (sa == sb) continue;
+    // Tiles between different degrees are re-tiled by blocks of rows (partitioner/
+    // routing.h): a receiving tile takes a block from each sending tile its rows meet
+    // (either way: gradients return), at most schedule::kMaxValueParts (the tags' room).
+    auto most_blocks = [](int from, int to) {  // on an image of from x to rows
+      int most = 0;
+      for (int j = 0; j < to; ++j) {
+        int n = 0;
+        for (int i = 0; i < from; ++i)
+          if (std::max(i * to, j * from) < std::min((i + 1) * to, (j + 1) * from)) ++n;
+        most = std::max(most, n);
+      }
+      return most;
+    };
+    const int blocks = std::max(most_blocks(sa, sb), most_blocks(sb, sa));
+    if (blocks <= schedule::kMaxValueParts) continue;
     for (int v : g.cut_values(r.chunk_last[size_t(k)]))
       if (r.tiled(a, v) || r.tiled(b, v))
         throw InputError(p.where("$.stages[" + std::to_string(k + 1) + "].spatial") + ": " +
                          std::to_string(sb) + ", but value '" + g.values[size_t(v)].name +
-                         "' crosses the boundary from " + "$.stages[" + std::to_string(k) +
-                         "] (spatial " + std::to_string(sa) +
-                         ") as image tiles; tiles cross only between stages of one spatial "
-                         "degree (or cut after global_avgpool)");
+                         "' crosses the boundary from $.stages[" + std::to_string(k) +
+                         "] (spatial " + std::to_string(sa) + ") as image tiles, re-tiled in " +
+                         std::to_string(blocks) + " blocks of rows per tile; at most " +
+                         std::to_string(schedule::kMaxValueParts) +
+                         " are supported (or cut after global_avgpool)");
   }
   for (const stages::Param& prm : g.params) {
     std::set<int> degrees;

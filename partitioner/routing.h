@@ -9,6 +9,9 @@
 //     t >  u   gather: receiver j gets it in parts from the senders i with i mod u == j,
 //              part k from the k-th of them
 //   split value (tensor-parallel shards; only where t == u): rank i sends its shard to rank i
+//   image tiles (the spatial split): one to one between equal degrees; between different
+//              ones re-tiled: each receiving tile gets the rows it shares with each
+//              sending tile, a block (Transfer::rows) each
 //
 // Gradients flow back over the same boundary by the same rule with the roles swapped
 // (the gradient of a replicated value is the same on every rank of the receiving group:

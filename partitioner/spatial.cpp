@@ -152,18 +152,9 @@ std::shared_ptr<Graph> build_spatial(const Graph& lg, const SpatialSplit& s, int
           vmap[size_t(n.outputs[j])] = g->nodes[size_t(nid)].outputs[j];
       };
       if (tiled_in && (n.op == "conv2d" || n.op == "maxpool2d" || n.op == "avgpool2d")) {
+        // The op exchanges its halo itself, computing the interior meanwhile.
         const SpatialHalo& h = s.halos[size_t(id)];
-        if (h.top + h.bottom > 0 && n.op == "conv2d") {
-          // The convolution exchanges its halo itself, computing the interior meanwhile.
-          attrs["halo"] = nlohmann::json::array({h.top, h.bottom});
-        } else if (h.top + h.bottom > 0) {
-          nlohmann::json ha = {{"top", h.top}, {"bottom", h.bottom}};
-          if (n.op == "maxpool2d") ha["fill"] = "-inf";
-          const std::string name = lg.values[size_t(n.inputs[0])].name + "." + n.name + ".halo";
-          int hn = detail::add_node(*g, name, "halo_exchange", ha, {ins[0]}, {}, {name}, layer,
-                                    n.json_path);
-          ins[0] = g->nodes[size_t(hn)].outputs[0];
-        }
+        if (h.top + h.bottom > 0) attrs["halo"] = nlohmann::json::array({h.top, h.bottom});
         attrs["padding"] = with_h(attrs.value("padding", nlohmann::json(0)), 0);
         finish(detail::add_node(*g, n.name, n.op, attrs, ins, ps, outs, layer, n.json_path));
         continue;

@@ -1,13 +1,11 @@
 // The spatial split of convolutional networks: a spatial group of s ranks, each holding
 // rows [r H/s, (r + 1) H/s) of every image [C, H, W] of the micro-batch (a tile), the
 // parameters replicated. `build_spatial` makes the physical graph of tile r:
-//   conv2d          "halo": [top, bottom] (its top padding's rows from the tile above,
-//       the rows below its tile that its last window reaches from the tile below; zeros at
-//       the image's edges), exchanged by the convolution itself, which computes the
-//       interior rows while the halo is in flight; no padding along the height
-//   maxpool2d, avgpool2d   a halo_exchange before it (the same rows; -inf for max
-//       pooling at the image's edges), the op itself without padding along the height;
-//   the output a tile of H_out / s rows
+//   conv2d, maxpool2d, avgpool2d   "halo": [top, bottom] (its top padding's rows from
+//       the tile above, the rows below its tile that its last window reaches from the tile
+//       below; zeros at the image's edges, -inf for max pooling), exchanged by the op
+//       itself, which computes the interior rows while the halo is in flight; no padding
+//       along the height; the output a tile of H_out / s rows
 //   batchnorm2d     "spatial": true (statistics reduced over the group)
 //   relu, add, dropout p = 0   pass a tile
 //   global_avgpool  the tile's mean, then spatial_mean: the image's, replicated after it
@@ -42,8 +40,7 @@ struct SpatialSplit {
 // graph cannot be tiled so.
 SpatialSplit plan_spatial(const stages::Graph& g, int degree, const std::string& where);
 
-// The physical graph of tile `index` (same layers, node and value names; the poolings'
-// halo nodes "<value>.<node>.halo" in the consumer's layer).
+// The physical graph of tile `index` (same layers, node and value names).
 std::shared_ptr<stages::Graph> build_spatial(const stages::Graph& logical, const SpatialSplit& s,
                                              int index);
 

@@ -24,7 +24,7 @@ struct TimelineEvent {
   double end = 0.0;
   // Set: an event of no schedule action, named by it in traces, one of event_labels():
   // the spatial split's halo receives ("HALO_F", "HALO_B") on lane 1, category HALO; its
-  // convolutions' rows computed while the halos are in flight ("INTERIOR_F",
+  // convolutions' and poolings' rows computed while the halos are in flight ("INTERIOR_F",
   // "INTERIOR_B") on lane 0, inside the F or B, category INTERIOR; the loader making a
   // micro-batch's inputs ("LOAD") on lane 2 and a forward waiting for inputs the loader
   // had not made yet ("INPUT_WAIT") on lane 0 just before that forward, category INPUT.

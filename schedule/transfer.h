@@ -19,7 +19,10 @@ constexpr int kMaxValueParts = 16;     // parts of one value
 
 // One point-to-point message of a boundary value, or of one part of it, for every
 // micro-batch: part `part` of `parts` equal parts of the flattened tensor (the elements
-// part_range gives), to or from `peer`.
+// part_range gives), to or from `peer`. A spatial tile re-tiled between stages of
+// different spatial degrees (rows > 0) is instead a block of image rows: rows
+// [rows_from, rows_from + rows) of the sender's [N, C, h, W] land at rows [rows_to,
+// rows_to + rows) of the receiver's, `part` numbering the receiver's blocks.
 struct Transfer {
   enum class Kind { send, recv };
   enum class Phase { activation, gradient };  // forward values, or their gradients backward
@@ -30,6 +33,7 @@ struct Transfer {
   int value_index = 0;  // its index among the values crossing the boundary (in tags)
   int part = 0;
   int parts = 1;
+  int64_t rows = 0, rows_from = 0, rows_to = 0;
 };
 
 // The boundary b (between stages b and b + 1 of one direction) a SEND/RECV action

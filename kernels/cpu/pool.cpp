@@ -62,6 +62,17 @@ void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolGeo
   });
 }
 
+void maxpool2d_argmax_rows(const int32_t* argmax, int32_t* out, int64_t n, int64_t width,
+                           int64_t first, int64_t rows) {
+  const int64_t lo = first * width, hi = (first + rows) * width;
+  parallel_for(n, row_grain(1), [&](int64_t s, int64_t e) {
+    for (int64_t k = s; k < e; ++k) {
+      const int64_t a = argmax[k];
+      out[k] = a >= 0 && a >= lo && a < hi ? int32_t(a - lo) : -1;
+    }
+  });
+}
+
 namespace {
 // The divisor of window (i, j): the whole window, or the part inside the image.
 inline int64_t window_count(const PoolGeometry& g, int64_t i, int64_t j) {

@@ -66,6 +66,8 @@ void maxpool2d_forward(const T* x, T* y, int32_t* argmax, const PoolGeometry& g)
 template <class T>
 void maxpool2d_backward(const T* dy, const int32_t* argmax, T* dx, const PoolGeometry& g,
                         bool accumulate);
+void maxpool2d_argmax_rows(const int32_t* argmax, int32_t* out, int64_t n, int64_t width,
+                           int64_t first, int64_t rows);
 template <class T>
 void avgpool2d_forward(const T* x, T* y, const PoolGeometry& g);
 template <class T>

@@ -1,6 +1,6 @@
-// The spatial split's halo messages (partitioner/spatial.h), shared by halo_exchange and
-// conv2d's fused halo ("halo": [top, bottom]). A rank of the spatial group holds rows
-// [r h, (r + 1) h) of every image; its `top` halo rows are the last rows of the tile
+// The spatial split's halo messages (partitioner/spatial.h) of the ops with a "halo":
+// [top, bottom] (conv2d, maxpool2d, avgpool2d; stages/ops/vision.cpp). A rank of the spatial group
+// holds rows [r h, (r + 1) h) of every image; its `top` halo rows are the last rows of the tile
 // above, its `bottom` halo rows the first rows of the tile below. Messages go over
 // OpContext::spatial, tagged by node, micro-batch and direction (engine/rank_engine.cpp
 // reads the micro-batch and direction back from the tag for the measured timeline).
@@ -16,7 +16,7 @@ namespace baton::stages::ops {
 
 transport::Communicator& spatial_comm(const OpContext& ctx, const std::string& node);
 
-// Where a convolution records the rows it computes while its halo is in flight
+// Where a convolution or pooling records the rows it computes while its halo is in flight
 // ("INTERIOR_F", "INTERIOR_B") on the measured timeline (the executor's clock, seconds):
 // the spatial communicator implements it when the engine records a timeline
 // (engine/rank_engine.cpp's HaloTimelineComm); otherwise nothing is recorded.

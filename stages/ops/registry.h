@@ -16,7 +16,7 @@ void add_loss_ops(std::vector<OpType>& table);         // cross_entropy
 void add_comm_ops(std::vector<OpType>& table);         // tensor-parallel communication
 void add_bias_ops(std::vector<OpType>& table);         // bias_add (row-split linears)
 void add_vision_ops(std::vector<OpType>& table);       // conv2d, batchnorm2d, pooling
-void add_spatial_ops(std::vector<OpType>& table);      // halo_exchange, spatial_mean
+void add_spatial_ops(std::vector<OpType>& table);      // spatial_mean
 void add_llama_ops(std::vector<OpType>& table);        // rmsnorm, silu, swiglu, rotary
 void add_fused_ops(std::vector<OpType>& table);        // add_layernorm, bias_gelu
 

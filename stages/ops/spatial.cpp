@@ -1,15 +1,13 @@
 // Ops of the spatial split (partitioner/spatial.h): a rank of a spatial group holds rows
 // [r h, (r + 1) h) of every image [C, H, W] of its micro-batch (h = H / s). They talk
 // through OpContext::spatial, the group's communicator, in tile order:
-//   halo_exchange  [C, h, W] -> [C, top + h + bottom, W]: the `top` rows above the tile
-//                  from the rank before, the `bottom` rows below it from the rank after;
-//                  at the image's edges rows of `fill` (0: a convolution's or average
-//                  pooling's zero padding; "-inf": max pooling's). Backward: the halo rows'
-//                  gradients go back to the ranks that own them and are added there.
+//   HaloTransfer   the halo messages of conv2d's and pooling's "halo" (stages/ops/halo.h):
+//                  the `top` rows above the tile from the rank before, the `bottom` rows
+//                  below it from the rank after; backward the halo rows' gradients back
+//                  to the ranks that own them.
 //   spatial_mean   [C] -> [C]: the mean over the group (the tiles' global_avgpool means
 //                  give the image's); backward dy / s, the value replicated afterwards.
 #include <functional>
-#include <limits>
 
 #include "kernels/ops.h"
 #include "stages/ops/common.h"
@@ -133,79 +131,6 @@ void HaloTransfer::add_received(Tensor& dx) const {
 
 namespace {
 
-const OpSchema& halo_schema() {
-  static const OpSchema s{"halo_exchange",
-                          {"x"},
-                          {"y"},
-                          {},
-                          {"top", "bottom", "fill"},
-                          "a spatial tile [C, h, W] extended by `top` rows from the rank above "
-                          "and `bottom` rows from the rank below (fill: 0 or \"-inf\" at the "
-                          "image's edges); backward returns the halo gradients to their owners"};
-  return s;
-}
-
-class HaloExchange final : public OpBase {
- public:
-  explicit HaloExchange(const OpSpec& spec) : OpBase(halo_schema(), spec) {
-    expect_float_input(spec, 0, 3);
-    const Shape& x = spec.inputs[0].shape;
-    if (x.size() != 3)
-      input_json(spec, 0).fail("an image tile [C, h, W] per sample", type_str(spec.inputs[0]));
-    h_ = x[1];
-    top_ = spec.attrs.get_int("top", 0, 0, h_);
-    bottom_ = spec.attrs.get_int("bottom", 0, 0, h_);
-    if (auto f = spec.attrs.get("fill")) {
-      if (f->is_string()) {
-        if (f->as_string() != "-inf") f->fail("0 or \"-inf\"", json_brief(f->raw()));
-        fill_ = -std::numeric_limits<double>::infinity();
-      } else {
-        fill_ = f->as_double(-1e300, 1e300);
-      }
-    }
-    Shape y = x;
-    y[1] = h_ + top_ + bottom_;
-    out_.push_back({y, dtype_, true});
-    row_elems_ = x[0] * x[2];
-  }
-
-  void forward(ForwardCall& c) const override {
-    const Tensor& x = c.inputs[0];
-    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, top_, bottom_, fill_);
-    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
-    y.narrow(2, top_, h_).copy_from(x);
-    t.wait();
-    if (top_ > 0) y.narrow(2, 0, top_).copy_from(t.above);
-    if (bottom_ > 0) y.narrow(2, top_ + h_, bottom_).copy_from(t.below);
-    c.outputs[0] = y;
-  }
-
-  void backward_input(BackwardCall& c) const override {
-    if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
-    const Tensor& dy = c.grad_outputs[0];
-    Tensor dx = dy.narrow(2, top_, h_).contiguous();
-    Tensor d_above, d_below;
-    if (top_ > 0) d_above = dy.narrow(2, 0, top_);
-    if (bottom_ > 0) d_below = dy.narrow(2, top_ + h_, bottom_);
-    HaloTransfer t =
-        HaloTransfer::backward(c.ctx, name_, d_above, d_below, dx.shape(), top_, bottom_);
-    t.wait();
-    t.add_received(dx);
-    c.grad_inputs[0].give(dx);
-  }
-
-  OpCost cost(int64_t batch) const override {
-    OpCost k;
-    k.forward_comm_bytes = batch * (top_ + bottom_) * row_elems_ * dsize(dtype_);
-    k.backward_comm_bytes = k.forward_comm_bytes;
-    return k;
-  }
-
- private:
-  int64_t h_ = 0, top_ = 0, bottom_ = 0, row_elems_ = 0;
-  double fill_ = 0;
-};
-
 const OpSchema& mean_schema() {
   static const OpSchema s{"spatial_mean",
                           {"x"},
@@ -253,8 +178,6 @@ class SpatialMean final : public OpBase {
 }  // namespace
 
 void add_spatial_ops(std::vector<OpType>& table) {
-  table.push_back(
-      {halo_schema(), [](const OpSpec& s) { return std::make_unique<HaloExchange>(s); }});
   table.push_back(
       {mean_schema(), [](const OpSpec& s) { return std::make_unique<SpatialMean>(s); }});
 }

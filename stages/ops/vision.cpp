@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 
 #include "kernels/ops.h"
 #include "stages/ops/common.h"
@@ -39,6 +40,121 @@ void expect_image(const OpSpec& spec, size_t i) {
     input_json(spec, i).fail("an image [C, H, W] per sample", type_str(spec.inputs[i]));
 }
 
+// ---- the spatial split's fused halo (stages/ops/halo.h, docs/partitioner.md) ----
+
+// The "halo": [top, bottom] attribute of a convolution or pooling on a spatial tile of h
+// rows ({0, 0} without one).
+std::array<int64_t, 2> tile_halo_attr(const OpSpec& spec, int64_t h) {
+  auto a = spec.attrs.get("halo");
+  if (!a) return {0, 0};
+  if (!a->is_array() || a->size() != 2)
+    a->fail("a pair [top, bottom] of halo row counts", json_brief(a->raw()));
+  return {a->at(size_t(0)).as_int(0, h), a->at(size_t(1)).as_int(0, h)};
+}
+
+// Rows of the extended tile: [0, top) the halo from above, [top, top + h) the tile,
+// [top + h, top + h + bottom) the halo from below. Output row i reads extended rows
+// [i s, i s + extent]. Rows [0, top_end) read the top halo, rows [bottom_begin, oh) the
+// bottom halo (the two may overlap: a tile of one row), the rows between read the tile
+// alone (the interior). `border` is those ranges, merged when they overlap. The op runs
+// on the tile alone with the halo rows as padding while the halo is in flight (exact for
+// the interior), then the border rows again from strips of the real rows.
+struct TileHaloRows {
+  int64_t top = 0, bottom = 0, h = 0, stride = 1, extent = 0;
+  std::vector<std::pair<int64_t, int64_t>> border;  // output row ranges that read a halo
+
+  TileHaloRows() = default;
+  TileHaloRows(std::array<int64_t, 2> halo, int64_t h_, int64_t stride_, int64_t extent_,
+               int64_t oh)
+      : top(halo[0]), bottom(halo[1]), h(h_), stride(stride_), extent(extent_) {
+    if (!on()) return;
+    const int64_t top_end = std::min(oh, (top + stride - 1) / stride);
+    const int64_t last =
+        top + h - 1 - extent;  // the last extended row a tile-only window starts at
+    const int64_t bottom_begin = bottom == 0 ? oh : last < 0 ? 0 : std::min(oh, last / stride + 1);
+    if (bottom_begin <= top_end) {
+      border.push_back({0, oh});
+    } else {
+      if (top_end > 0) border.push_back({0, top_end});
+      if (bottom_begin < oh) border.push_back({bottom_begin, oh});
+    }
+  }
+  bool on() const { return top + bottom > 0; }
+
+  // Output rows [first, last)'s extended input rows.
+  std::pair<int64_t, int64_t> ext_rows(std::pair<int64_t, int64_t> out) const {
+    return {out.first * stride, (out.second - 1) * stride + extent + 1};
+  }
+
+  // Extended rows [e0, e1) of the tile x with its halos as one tensor; halo_only: the
+  // tile's rows zero (what the zero-padded tile left out).
+  Tensor strip(const Tensor& x, const Tensor& above, const Tensor& below, int64_t e0, int64_t e1,
+               bool halo_only) const {
+    Shape s = x.shape();
+    s[2] = e1 - e0;
+    Tensor out = halo_only ? Tensor::zeros(s, x.dtype(), x.device())
+                           : Tensor::empty(s, x.dtype(), x.device());
+    auto put = [&](const Tensor& src, int64_t first) {  // src holds extended rows from `first`
+      const int64_t lo = std::max(e0, first), hi = std::min(e1, first + src.shape()[2]);
+      if (lo < hi) out.narrow(2, lo - e0, hi - lo).copy_from(src.narrow(2, lo - first, hi - lo));
+    };
+    if (top > 0) put(above, 0);
+    if (!halo_only) put(x, top);
+    if (bottom > 0) put(below, top + h);
+    return out;
+  }
+
+  // Forward, after the halo arrived: each border range's output rows from its strip of
+  // real rows (`op(k, strip, part)` writes `part`, the range's rows), copied over y's.
+  template <class F>
+  void forward_border(ForwardCall& c, const Tensor& x, const HaloTransfer& t, Tensor& y,
+                      F&& op) const {
+    for (size_t k = 0; k < border.size(); ++k) {
+      const auto [e0, e1] = ext_rows(border[k]);
+      Tensor strip_k = strip(x, t.above, t.below, e0, e1, false);
+      Shape s = y.shape();
+      s[2] = border[k].second - border[k].first;
+      Tensor part = c.alloc(s, y.dtype());
+      op(k, strip_k, part);
+      y.narrow(2, border[k].first, s[2]).copy_from(part);
+    }
+  }
+
+  // Backward: each border range's strip's gradient from its rows of dy
+  // (`grad(k, dy_rows, dstrip)` writes dstrip), first; the halo rows' parts of them go to
+  // the neighbours (views of the strips). `in` the op's per-sample input [C, h, W].
+  template <class F>
+  void halo_grads(const Tensor& dy, const Shape& in, BackwardCall& c, Tensor& d_above,
+                  Tensor& d_below, F&& grad) const {
+    for (size_t k = 0; k < border.size(); ++k) {
+      const auto [e0, e1] = ext_rows(border[k]);
+      Tensor dys = dy.narrow(2, border[k].first, border[k].second - border[k].first).contiguous();
+      Tensor dxs = c.alloc({dy.shape()[0], in[0], e1 - e0, in[2]}, dy.dtype());
+      grad(k, dys, dxs);
+      if (top > 0 && e0 == 0) d_above = dxs.narrow(2, 0, top);
+      if (bottom > 0 && e1 == top + h + bottom) d_below = dxs.narrow(2, top + h - e0, bottom);
+    }
+  }
+
+  // The bytes of the halo messages each way for a micro-batch of `batch`.
+  int64_t comm_bytes(int64_t batch, const Shape& in, DType dtype) const {
+    return batch * in[0] * in[2] * (top + bottom) * dsize(dtype);
+  }
+
+  // The tile's shape [N, C, h, W] for a gradient dy of this op.
+  Shape tile(const Tensor& dy, const Shape& in) const { return {dy.shape()[0], in[0], h, in[2]}; }
+};
+
+// Times `f` as INTERIOR_<dir> of the micro-batch on the measured timeline (when one is
+// recorded): the rows computed while the halo is in flight.
+template <class F>
+void time_interior(const OpContext& ctx, const char* label, F&& f) {
+  SpatialTracer* tracer = spatial_tracer(ctx);
+  const double t0 = tracer != nullptr ? tracer->now() : 0.0;
+  f();
+  if (tracer != nullptr) tracer->record(label, ctx.mb.index, t0, tracer->now());
+}
+
 // ---- conv2d ----
 
 const OpSchema& conv2d_schema() {
@@ -65,16 +181,11 @@ class Conv2d final : public OpBase {
     opt_ = kernels::Conv2dOptions::symmetric(stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
                                              groups);
     const Shape& x = spec.inputs[0].shape;
-    if (auto a = spec.attrs.get("halo")) {
-      if (!a->is_array() || a->size() != 2)
-        a->fail("a pair [top, bottom] of halo row counts", json_brief(a->raw()));
-      top_ = a->at(size_t(0)).as_int(0, x[1]);
-      bottom_ = a->at(size_t(1)).as_int(0, x[1]);
-      if (pad[0] != 0)
-        spec.attrs.at("padding").fail(
-            "no padding along the height with a halo (the halo rows are the padding)",
-            std::to_string(pad[0]));
-    }
+    const auto halo = tile_halo_attr(spec, x[1]);
+    if (halo[0] + halo[1] > 0 && pad[0] != 0)
+      spec.attrs.at("padding").fail(
+          "no padding along the height with a halo (the halo rows are the padding)",
+          std::to_string(pad[0]));
     const Shape& w = *spec.params[0];
     if (w.size() != 4)
       param_json(spec, "weight")
@@ -93,8 +204,8 @@ class Conv2d final : public OpBase {
     k_ = w[2] * w[3] * w[1];
     expect_param_shape(spec, schema_, 1, {o_});
     has_bias_ = spec.params[1].has_value();
-    const int64_t oh =
-        kernels::conv_output_size(x[1] + top_ + bottom_, w[2], stride[0], pad[0], pad[0], dil[0]);
+    const int64_t oh = kernels::conv_output_size(x[1] + halo[0] + halo[1], w[2], stride[0], pad[0],
+                                                 pad[0], dil[0]);
     const int64_t ow = kernels::conv_output_size(x[2], w[3], stride[1], pad[1], pad[1], dil[1]);
     if (oh < 1 || ow < 1)
       input_json(spec, 0).fail(
@@ -104,16 +215,19 @@ class Conv2d final : public OpBase {
           type_str(spec.inputs[0]));
     in_ = x;
     out_.push_back({{o_, oh, ow}, dtype_, true});
-    if (top_ + bottom_ > 0) plan_halo(x[1], w[2], stride[0], dil[0], oh);
+    halo_ = TileHaloRows(halo, x[1], stride[0], dil[0] * (w[2] - 1), oh);
+    tile_opt_ = opt_;
+    tile_opt_.pad_top = halo_.top;
+    tile_opt_.pad_bottom = halo_.bottom;
   }
 
   bool saves_input(size_t) const override { return true; }
   bool weight_needs_input(size_t) const override { return true; }
   bool weight_needs_grad_outputs() const override { return true; }
-  bool weight_needs_saved() const override { return top_ + bottom_ > 0; }
+  bool weight_needs_saved() const override { return halo_.on(); }
 
   void forward(ForwardCall& c) const override {
-    if (top_ + bottom_ > 0) return forward_halo(c);
+    if (halo_.on()) return forward_halo(c);
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
     kernels::conv2d_forward(c.inputs[0], c.params[0], c.params[1], opt_, y);
     c.outputs[0] = y;
@@ -121,7 +235,7 @@ class Conv2d final : public OpBase {
 
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
-    if (top_ + bottom_ > 0) return backward_input_halo(c);
+    if (halo_.on()) return backward_input_halo(c);
     auto t = c.grad_inputs[0].target();
     kernels::conv2d_backward_input(c.grad_outputs[0], c.params[0], opt_, t.tensor, t.accumulate);
   }
@@ -132,7 +246,7 @@ class Conv2d final : public OpBase {
     ParamGrad& gb = c.grad_params[1];
     Tensor none;
     // With a halo: the tile with zero halo rows first (tile_opt_), then the halo rows' part.
-    const kernels::Conv2dOptions& o = top_ + bottom_ > 0 ? tile_opt_ : opt_;
+    const kernels::Conv2dOptions& o = halo_.on() ? tile_opt_ : opt_;
     if (gw.tensor.defined() && gb.tensor.defined() && gw.accumulate == gb.accumulate) {
       kernels::conv2d_backward_weight(c.grad_outputs[0], c.inputs[0], o, gw.tensor, gb.tensor,
                                       gw.accumulate);
@@ -163,88 +277,32 @@ class Conv2d final : public OpBase {
     k.forward_flops = mm + (has_bias_ ? outs : 0);
     k.backward_input_flops = mm;
     k.backward_weight_flops = mm + (has_bias_ ? outs : 0);
-    if (top_ + bottom_ > 0) {
-      // The saved halo rows, and their messages (as halo_exchange's).
+    if (halo_.on()) {
+      // The saved halo rows, and their messages.
       const int64_t row = batch * in_[0] * in_[2];
-      k.extra_saved_bytes = (top_ > 0 ? alloc_bytes(row * top_, dtype_) : 0) +
-                            (bottom_ > 0 ? alloc_bytes(row * bottom_, dtype_) : 0);
-      k.forward_comm_bytes = row * (top_ + bottom_) * dsize(dtype_);
+      k.extra_saved_bytes = (halo_.top > 0 ? alloc_bytes(row * halo_.top, dtype_) : 0) +
+                            (halo_.bottom > 0 ? alloc_bytes(row * halo_.bottom, dtype_) : 0);
+      k.forward_comm_bytes = halo_.comm_bytes(batch, in_, dtype_);
       k.backward_comm_bytes = k.forward_comm_bytes;
     }
     return k;
   }
 
  private:
-  // ---- the spatial split's fused halo (stages/ops/halo.h, docs/partitioner.md) ----
-  // Rows of the extended tile: [0, top) the halo from above, [top, top + h) the tile,
-  // [top + h, top + h + bottom) the halo from below. Output row i reads extended rows
-  // [i s, i s + d (k - 1)]. Rows [0, top_end_) read the top halo, rows [bottom_begin_,
-  // oh) the bottom halo (the two may overlap: a tile of one row), the rows between read
-  // the tile alone (the interior). `border_` is those ranges, merged when they overlap.
-  void plan_halo(int64_t h, int64_t kh, int64_t stride, int64_t dil, int64_t oh) {
-    tile_opt_ = opt_;
-    tile_opt_.pad_top = top_;
-    tile_opt_.pad_bottom = bottom_;
-    h_ = h;
-    stride_ = stride;
-    extent_ = dil * (kh - 1);
-    const int64_t top_end = std::min(oh, (top_ + stride - 1) / stride);
-    const int64_t last =
-        top_ + h - 1 - extent_;  // the last extended row a tile-only window starts at
-    const int64_t bottom_begin = bottom_ == 0 ? oh : last < 0 ? 0 : std::min(oh, last / stride + 1);
-    if (bottom_begin <= top_end) {
-      border_.push_back({0, oh});
-    } else {
-      if (top_end > 0) border_.push_back({0, top_end});
-      if (bottom_begin < oh) border_.push_back({bottom_begin, oh});
-    }
-  }
-
-  // Output rows [first, last)'s extended input rows.
-  std::pair<int64_t, int64_t> ext_rows(std::pair<int64_t, int64_t> out) const {
-    return {out.first * stride_, (out.second - 1) * stride_ + extent_ + 1};
-  }
-
-  // Extended rows [e0, e1) of the tile x with its halos as one tensor; halo_only: the
-  // tile's rows zero (what the zero-padded tile left out).
-  Tensor gather_rows(const Tensor& x, const Tensor& above, const Tensor& below, int64_t e0,
-                     int64_t e1, bool halo_only) const {
-    Shape s = x.shape();
-    s[2] = e1 - e0;
-    Tensor out =
-        halo_only ? Tensor::zeros(s, dtype_, x.device()) : Tensor::empty(s, dtype_, x.device());
-    auto put = [&](const Tensor& src, int64_t first) {  // src holds extended rows from `first`
-      const int64_t lo = std::max(e0, first), hi = std::min(e1, first + src.shape()[2]);
-      if (lo < hi) out.narrow(2, lo - e0, hi - lo).copy_from(src.narrow(2, lo - first, hi - lo));
-    };
-    if (top_ > 0) put(above, 0);
-    if (!halo_only) put(x, top_);
-    if (bottom_ > 0) put(below, top_ + h_);
-    return out;
-  }
-
   // Posts the halos, computes every output row with zero halo rows (exact for the
   // interior) while they are in flight, then the border rows again from the halos.
   void forward_halo(ForwardCall& c) const {
     const Tensor& x = c.inputs[0];
-    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, top_, bottom_, 0.0);
+    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, halo_.top, halo_.bottom, 0.0);
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
-    SpatialTracer* tracer = spatial_tracer(c.ctx);
-    const double t0 = tracer != nullptr ? tracer->now() : 0.0;
-    kernels::conv2d_forward(x, c.params[0], c.params[1], tile_opt_, y);
-    if (tracer != nullptr) tracer->record("INTERIOR_F", c.ctx.mb.index, t0, tracer->now());
+    time_interior(c.ctx, "INTERIOR_F",
+                  [&] { kernels::conv2d_forward(x, c.params[0], c.params[1], tile_opt_, y); });
     t.wait();
-    for (const auto& rows : border_) {
-      const auto [e0, e1] = ext_rows(rows);
-      Tensor strip = gather_rows(x, t.above, t.below, e0, e1, false);
-      Shape s = y.shape();
-      s[2] = rows.second - rows.first;
-      Tensor part = c.alloc(s, dtype_);
+    halo_.forward_border(c, x, t, y, [&](size_t, const Tensor& strip, Tensor& part) {
       kernels::conv2d_forward(strip, c.params[0], c.params[1], opt_, part);
-      y.narrow(2, rows.first, s[2]).copy_from(part);
-    }
-    if (top_ > 0) c.saved.push_back(t.above);
-    if (bottom_ > 0) c.saved.push_back(t.below);
+    });
+    if (halo_.top > 0) c.saved.push_back(t.above);
+    if (halo_.bottom > 0) c.saved.push_back(t.below);
     c.outputs[0] = y;
   }
 
@@ -254,31 +312,15 @@ class Conv2d final : public OpBase {
   void backward_input_halo(BackwardCall& c) const {
     const Tensor& dy = c.grad_outputs[0];
     Tensor d_above, d_below;
-    for (const auto& rows : border_) {
-      const auto [e0, e1] = ext_rows(rows);
-      Shape s = dy.shape();
-      s[2] = rows.second - rows.first;
-      Tensor dys = dy.narrow(2, rows.first, s[2]).contiguous();
-      Shape xs = dy.shape();
-      xs[1] = in_[0];
-      xs[2] = e1 - e0;
-      xs[3] = in_[2];
-      Tensor dxs = c.alloc(xs, dtype_);
+    halo_.halo_grads(dy, in_, c, d_above, d_below, [&](size_t, const Tensor& dys, Tensor& dxs) {
       kernels::conv2d_backward_input(dys, c.params[0], opt_, dxs, false);
-      if (top_ > 0 && e0 == 0) d_above = dxs.narrow(2, 0, top_);
-      if (bottom_ > 0 && e1 == top_ + h_ + bottom_)
-        d_below = dxs.narrow(2, top_ + h_ - e0, bottom_);
-    }
-    Shape tile = dy.shape();
-    tile[1] = in_[0];
-    tile[2] = h_;
-    tile[3] = in_[2];
-    HaloTransfer t = HaloTransfer::backward(c.ctx, name_, d_above, d_below, tile, top_, bottom_);
+    });
+    HaloTransfer t = HaloTransfer::backward(c.ctx, name_, d_above, d_below, halo_.tile(dy, in_),
+                                            halo_.top, halo_.bottom);
     auto target = c.grad_inputs[0].target();
-    SpatialTracer* tracer = spatial_tracer(c.ctx);
-    const double t0 = tracer != nullptr ? tracer->now() : 0.0;
-    kernels::conv2d_backward_input(dy, c.params[0], tile_opt_, target.tensor, target.accumulate);
-    if (tracer != nullptr) tracer->record("INTERIOR_B", c.ctx.mb.index, t0, tracer->now());
+    time_interior(c.ctx, "INTERIOR_B", [&] {
+      kernels::conv2d_backward_input(dy, c.params[0], tile_opt_, target.tensor, target.accumulate);
+    });
     t.wait();
     t.add_received(target.tensor);
   }
@@ -286,13 +328,13 @@ class Conv2d final : public OpBase {
   // The weight gradient's part from the halo rows (the zero-padded tile's left them out):
   // the border rows of dy against their windows with the tile's rows zero.
   void weight_halo_part(WeightCall& c, Tensor& gw) const {
-    if (top_ + bottom_ == 0) return;
-    const Tensor above = top_ > 0 ? c.saved[0] : Tensor();
-    const Tensor below = bottom_ > 0 ? c.saved[top_ > 0 ? 1 : 0] : Tensor();
+    if (!halo_.on()) return;
+    const Tensor above = halo_.top > 0 ? c.saved[0] : Tensor();
+    const Tensor below = halo_.bottom > 0 ? c.saved[halo_.top > 0 ? 1 : 0] : Tensor();
     Tensor none;
-    for (const auto& rows : border_) {
-      const auto [e0, e1] = ext_rows(rows);
-      Tensor strip = gather_rows(c.inputs[0], above, below, e0, e1, true);
+    for (const auto& rows : halo_.border) {
+      const auto [e0, e1] = halo_.ext_rows(rows);
+      Tensor strip = halo_.strip(c.inputs[0], above, below, e0, e1, true);
       Tensor dys = c.grad_outputs[0].narrow(2, rows.first, rows.second - rows.first).contiguous();
       kernels::conv2d_backward_weight(dys, strip, opt_, gw, none, true);
     }
@@ -303,8 +345,7 @@ class Conv2d final : public OpBase {
   Shape in_;
   int64_t o_ = 0, c_ = 0, k_ = 0;
   bool has_bias_ = false;
-  int64_t top_ = 0, bottom_ = 0, h_ = 0, stride_ = 1, extent_ = 0;
-  std::vector<std::pair<int64_t, int64_t>> border_;  // output row ranges that read a halo
+  TileHaloRows halo_;
 };
 
 // ---- batchnorm2d ----
@@ -338,6 +379,7 @@ class BatchNorm2d final : public OpBase {
       param_json(spec, running_ ? "running_var" : "running_mean")
           .fail("running_mean and running_var together (or neither)");
     elems_ = numel_of(spec.inputs[0].shape);
+    plane_ = elems_ / c_;  // H x W: exact
     out_.push_back(spec.inputs[0]);
   }
 
@@ -384,7 +426,7 @@ class BatchNorm2d final : public OpBase {
       kernels::batchnorm_backward_weight(c.grad_outputs[0], c.inputs[0], c.saved[0], c.saved[1],
                                          sdyx, sdy, false);
       g.all_reduce(sums, transport::ReduceOp::sum)->wait();
-      const double count = double(g.size()) * double(c.ctx.batch()) * double(elems_ / c_);
+      const double count = double(g.size()) * double(c.ctx.batch()) * double(plane_);
       kernels::batchnorm_backward_input_sums(c.grad_outputs[0], c.inputs[0], c.params[0],
                                              c.saved[0], c.saved[1], sdy, sdyx, count, t.tensor,
                                              t.accumulate);
@@ -444,7 +486,7 @@ class BatchNorm2d final : public OpBase {
   void forward_tiled(ForwardCall& c, Tensor& y, Tensor& mean, Tensor& rstd, Tensor& rm,
                      Tensor& rv) const {
     transport::Communicator& g = spatial_group(c.ctx);
-    const double m = double(c.ctx.batch()) * double(elems_ / c_);
+    const double m = double(c.ctx.batch()) * double(plane_);
     const double total = m * double(g.size());
     Tensor none1, none2;
     kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 0.0, y, mean,
@@ -487,7 +529,7 @@ class BatchNorm2d final : public OpBase {
   }
 
   double eps_ = 1e-5, momentum_ = 0.1;
-  int64_t c_ = 0, elems_ = 0;
+  int64_t c_ = 0, elems_ = 0, plane_ = 0;  // plane_: the elements of one channel
   bool running_ = false, spatial_ = false;
 };
 
@@ -498,9 +540,10 @@ const OpSchema& maxpool_schema() {
                           {"x"},
                           {"y"},
                           {},
-                          {"kernel", "stride", "padding"},
+                          {"kernel", "stride", "padding", "halo"},
                           "max pooling of x [C, H, W]; kernel (required), stride (default: "
-                          "the kernel), padding (0, counts as -inf): an integer or [h, w]"};
+                          "the kernel), padding (0, counts as -inf): an integer or [h, w]; "
+                          "halo [top, bottom]: x is a spatial tile, as conv2d's"};
   return s;
 }
 const OpSchema& avgpool_schema() {
@@ -508,10 +551,11 @@ const OpSchema& avgpool_schema() {
                           {"x"},
                           {"y"},
                           {},
-                          {"kernel", "stride", "padding", "count_include_pad"},
+                          {"kernel", "stride", "padding", "count_include_pad", "halo"},
                           "average pooling of x [C, H, W]; kernel (required), stride (default: "
                           "the kernel), padding (0); count_include_pad (true) divides by the "
-                          "whole window as torch does"};
+                          "whole window as torch does; halo [top, bottom]: x is a spatial "
+                          "tile, as conv2d's"};
   return s;
 }
 
@@ -531,7 +575,9 @@ class Pool2d final : public OpBase {
     opt_ = kernels::Pool2dOptions{k[0], k[1], s[0], s[1], p[0], p[1], true};
     if (!kMax) opt_.count_include_pad = spec.attrs.get_bool("count_include_pad", true);
     const Shape& x = spec.inputs[0].shape;
-    const int64_t oh = kernels::conv_output_size(x[1], k[0], s[0], p[0], p[0], 1);
+    const auto halo = tile_halo_attr(spec, x[1]);
+    const int64_t oh =
+        kernels::conv_output_size(x[1] + halo[0] + halo[1], k[0], s[0], p[0], p[0], 1);
     const int64_t ow = kernels::conv_output_size(x[2], k[1], s[1], p[1], p[1], 1);
     if (oh < 1 || ow < 1)
       input_json(spec, 0).fail(
@@ -540,9 +586,32 @@ class Pool2d final : public OpBase {
     out_.push_back({{x[0], oh, ow}, dtype_, true});
     in_ = x;
     window_ = k[0] * k[1];
+    if (halo[0] + halo[1] > 0) {
+      // The tile alone runs with `top` rows of padding on both sides (the pooling kernels'
+      // padding is symmetric): that must give the same output rows, the extra bottom
+      // padding (bottom <= top) reaching no further window.
+      tile_opt_ = opt_;
+      tile_opt_.pad_h = halo[0];
+      auto fail = [&](const std::string& want, const std::string& got) {
+        spec.attrs.at("halo").fail(want, got);
+      };
+      if (p[0] != 0)
+        fail("no padding along the height with a halo (the halo rows are the padding)",
+             "padding " + std::to_string(p[0]));
+      if (!opt_.count_include_pad)
+        fail("count_include_pad true with a halo (the tile cannot tell padding from halo)",
+             "false");
+      if (halo[1] > halo[0] || 2 * halo[0] > k[0] ||
+          kernels::conv_output_size(x[1], k[0], s[0], halo[0], halo[0], 1) != oh)
+        fail("a halo [top, bottom] with bottom <= top <= kernel / 2 whose tile gives " +
+                 std::to_string(oh) + " output rows",
+             json_brief(spec.attrs.at("halo").raw()));
+      halo_ = TileHaloRows(halo, x[1], s[0], k[0] - 1, oh);
+    }
   }
 
   void forward(ForwardCall& c) const override {
+    if (halo_.on()) return forward_halo(c);
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
     if (kMax) {
       Tensor idx = c.alloc(y.shape(), DType::i32);
@@ -556,11 +625,10 @@ class Pool2d final : public OpBase {
 
   void backward_input(BackwardCall& c) const override {
     if (!c.grad_inputs[0].needed() || !c.grad_outputs[0].defined()) return;
+    if (halo_.on()) return backward_input_halo(c);
     auto t = c.grad_inputs[0].target();
-    if (kMax)
-      kernels::maxpool2d_backward(c.grad_outputs[0], c.saved[0], t.tensor, t.accumulate);
-    else
-      kernels::avgpool2d_backward(c.grad_outputs[0], opt_, t.tensor, t.accumulate);
+    tile_backward(c.grad_outputs[0], c.saved.empty() ? Tensor() : c.saved[0], opt_, t.tensor,
+                  t.accumulate);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -569,13 +637,83 @@ class Pool2d final : public OpBase {
     k.forward_flops = outs * double(window_);
     k.backward_input_flops = kMax ? outs : outs * double(window_);
     if (kMax) k.extra_saved_bytes = alloc_bytes(batch * numel_of(out_[0].shape), DType::i32);
+    if (halo_.on()) {
+      // Max pooling also keeps each border range's argmax over its strip.
+      if (kMax)
+        for (const auto& rows : halo_.border)
+          k.extra_saved_bytes += alloc_bytes(
+              batch * in_[0] * (rows.second - rows.first) * out_[0].shape[2], DType::i32);
+      k.forward_comm_bytes = halo_.comm_bytes(batch, in_, dtype_);
+      k.backward_comm_bytes = k.forward_comm_bytes;
+    }
     return k;
   }
 
  private:
+  void tile_backward(const Tensor& dy, const Tensor& argmax, const kernels::Pool2dOptions& o,
+                     Tensor& dx, bool accumulate) const {
+    if (kMax)
+      kernels::maxpool2d_backward(dy, argmax, dx, accumulate);
+    else
+      kernels::avgpool2d_backward(dy, o, dx, accumulate);
+  }
+
+  // The spatial split's halo, as the convolution's (TileHaloRows): the tile pooled alone
+  // with the halo rows as padding (-inf or 0) while the halo is in flight, then the
+  // border rows again from strips of the real rows. Max pooling's argmax of a border row
+  // points into its strip: saved for the halo rows' gradients, and re-based onto the tile
+  // (-1 where the maximum is a halo row) in the tile's argmax.
+  void forward_halo(ForwardCall& c) const {
+    const Tensor& x = c.inputs[0];
+    const double fill = kMax ? -std::numeric_limits<double>::infinity() : 0.0;
+    HaloTransfer t = HaloTransfer::forward(c.ctx, name_, x, halo_.top, halo_.bottom, fill);
+    Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
+    Tensor idx = kMax ? c.alloc(y.shape(), DType::i32) : Tensor();
+    time_interior(c.ctx, "INTERIOR_F", [&] {
+      if (kMax)
+        kernels::maxpool2d_forward(x, tile_opt_, y, idx);
+      else
+        kernels::avgpool2d_forward(x, tile_opt_, y);
+    });
+    t.wait();
+    if (kMax) c.saved.push_back(idx);
+    halo_.forward_border(c, x, t, y, [&](size_t k, const Tensor& strip, Tensor& part) {
+      if (!kMax) return kernels::avgpool2d_forward(strip, opt_, part);
+      Tensor strip_idx = c.alloc(part.shape(), DType::i32);
+      kernels::maxpool2d_forward(strip, opt_, part, strip_idx);
+      Tensor tile_idx = c.alloc(part.shape(), DType::i32);
+      const int64_t e0 = halo_.ext_rows(halo_.border[k]).first;
+      kernels::maxpool2d_argmax_rows(strip_idx, in_[2], halo_.top - e0, halo_.h, tile_idx);
+      idx.narrow(2, halo_.border[k].first, part.shape()[2]).copy_from(tile_idx);
+      c.saved.push_back(strip_idx);
+    });
+    c.outputs[0] = y;
+  }
+
+  // The halo rows' gradients from the border rows of dy first, sent while the tile's
+  // gradient is computed from every row of dy (average: the halo rows dropped as
+  // padding; max: the re-based argmax skips maxima in the halo).
+  void backward_input_halo(BackwardCall& c) const {
+    const Tensor& dy = c.grad_outputs[0];
+    Tensor d_above, d_below;
+    halo_.halo_grads(dy, in_, c, d_above, d_below, [&](size_t k, const Tensor& dys, Tensor& dxs) {
+      tile_backward(dys, kMax ? c.saved[1 + k] : Tensor(), opt_, dxs, false);
+    });
+    HaloTransfer t = HaloTransfer::backward(c.ctx, name_, d_above, d_below, halo_.tile(dy, in_),
+                                            halo_.top, halo_.bottom);
+    auto target = c.grad_inputs[0].target();
+    time_interior(c.ctx, "INTERIOR_B", [&] {
+      tile_backward(dy, kMax ? c.saved[0] : Tensor(), tile_opt_, target.tensor, target.accumulate);
+    });
+    t.wait();
+    t.add_received(target.tensor);
+  }
+
   kernels::Pool2dOptions opt_;
+  kernels::Pool2dOptions tile_opt_;  // with a halo: the halo rows as padding
   Shape in_;
   int64_t window_ = 1;
+  TileHaloRows halo_;
 };
 
 const OpSchema& global_avgpool_schema() {

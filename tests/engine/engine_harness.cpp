@@ -67,6 +67,7 @@ int num_layers_of(const json& model) {
     for (const auto& d : model.at("depths")) blocks += d.get<int>();
     return blocks + 2;
   }
+  if (model.at("type") == "graph") return int(model.at("layers").size());
   return int(model.at("hidden").size()) + 2;  // embedding, hidden layers, head
 }
 

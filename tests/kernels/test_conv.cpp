@@ -307,6 +307,20 @@ TEST(Pool, MaxAndAverageMatchFiniteDifferences) {
   EXPECT_NEAR(y.data<double>()[0], 1.0, 1e-15);
 }
 
+// The spatial split's max pooling re-bases a strip's argmax onto its tile: a strip of 4
+// rows of width 3 whose row 1 is the tile's row 0 (a tile of 2 rows): maxima in the halo
+// rows (strip rows 0 and 3) and "no maximum" (-1) become -1, the others move up a row.
+TEST(Pool, MaxArgmaxRebasedOntoRows) {
+  Tensor strip =
+      Tensor::from_vector(std::vector<int32_t>{0, 2, 3, 5, 6, 8, 9, 11, -1}, {1, 1, 3, 3});
+  Tensor out = Tensor::empty({1, 1, 3, 3}, DType::i32);
+  maxpool2d_argmax_rows(strip, 3, 1, 2, out);
+  EXPECT_EQ(out.to_vector<int32_t>(), (std::vector<int32_t>{-1, -1, 0, 2, 3, 5, -1, -1, -1}));
+  // A plane starting above the strip (the bottom border's strip begins inside the tile).
+  maxpool2d_argmax_rows(strip, 3, -1, 2, out);
+  EXPECT_EQ(out.to_vector<int32_t>(), (std::vector<int32_t>{3, 5, -1, -1, -1, -1, -1, -1, -1}));
+}
+
 TEST(Pool, GlobalAverage) {
   auto rng = std::mt19937_64(test_seed(7));
   Tensor x = randn({2, 3, 4, 5}, rng), r = randn({2, 3}, rng);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "memory/error.h"
 #include "memory/units.h"
@@ -725,6 +726,24 @@ TEST(Plan, SpatialDegreePerStage) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[2].spatial: 1, but pipeline rank 0 also holds $.stages[0] with "
             "spatial 2; the chunks of one pipeline rank share its spatial degree");
+  // Tiles re-tiled between degrees in more blocks per tile than the message tags hold:
+  // 32 tiles of one row into one whole image.
+  const std::string model =
+      (std::filesystem::temp_directory_path() / "baton-retile-32.json").string();
+  std::ofstream(model) << R"({"type": "resnet", "in_channels": 1, "image_size": 32, "classes": 2,
+    "stem_channels": 2, "stem_kernel": 3, "stem_stride": 1, "stem_pool": false,
+    "widths": [2], "depths": [1], "strides": [1]})";
+  j = spatial_resnet_plan();
+  j["model"] = model;
+  j["parallel"] = {{"dp", 1}, {"pp", 2}};
+  j["devices"] = 33;
+  j["stages"] = json::parse(R"([{"layers": [0, 2], "spatial": 32}, {"layers": [2, 3]}])");
+  EXPECT_NE(plan_error_of(j).find("plan.json: $.stages[1].spatial: 1, but value 'layer1.0.relu' "
+                                  "crosses the boundary from $.stages[0] (spatial 32) as image "
+                                  "tiles, re-tiled in 32 blocks of rows per tile; at most 16"),
+            std::string::npos)
+      << plan_error_of(j);
+  std::filesystem::remove(model);
   // Strides the tiles cannot keep aligned: 8 rows over 8 tiles.
   j = spatial_resnet_plan();
   j["stages"][0]["spatial"] = 8;

@@ -2,8 +2,8 @@
 // halo exchanges for convolutions and pooling, batch-norm statistics reduced over the
 // tiles; the loss, the (summed) gradients and the running statistics equal the unsplit
 // graph's. Halo edge cases (kernel 1, 3, 5, stride 2, dilation 2, tiles of one row, an
-// empty interior, max and average pooling) and the tiny ResNet at spatial 2 and 4; refusals name
-// the node.
+// empty interior, max and average pooling with and without an interior) and the tiny
+// ResNet at spatial 2 and 4; refusals name the node.
 #include <gtest/gtest.h>
 
 #include "partitioner/spatial.h"
@@ -173,6 +173,19 @@ TEST(SpatialHalo, PoolingAndBatchNorm) {
                            {"avgpool2d", 3, 1},
                            {"avgpool2d", 2, 2, 1, 0}}),
                 4);
+}
+
+// Pooling computes its interior while the halo is in flight too, then the border rows
+// from the halo (max pooling's argmax re-based onto the tile): halos on both sides, a
+// stride-2 window reading only the top halo, tiles of one row (no interior). A 1x1
+// convolution first, so the gradients go through every pooling (and its relu gives max
+// pooling ties).
+TEST(SpatialHalo, PoolingInteriorAndBorder) {
+  spatial_check(
+      chain(8, {{"conv2d", 1}, {"maxpool2d", 3, 1}, {"avgpool2d", 3, 1}, {"maxpool2d", 3, 2}}), 2);
+}
+TEST(SpatialHalo, PoolingTilesOfOneRow) {
+  spatial_check(chain(4, {{"conv2d", 1}, {"maxpool2d", 3, 1}, {"avgpool2d", 3, 1}}), 4);
 }
 
 json resnet16() {
