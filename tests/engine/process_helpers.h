@@ -131,6 +131,21 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out)
   return pid;
 }
 
+// The argv (for spawn) of `baton launch <launch...> -- baton train --plan <plan> --data
+// <data_file()> --threads 1 --log-every 0 --loss-log <loss_log> <train...>`: the runs the
+// tests kill or stop while they train.
+inline std::vector<std::string> launch_train_argv(const std::vector<std::string>& launch,
+                                                  const std::string& plan,
+                                                  const std::string& loss_log,
+                                                  const std::vector<std::string>& train) {
+  std::vector<std::string> a = {baton(), "launch"};
+  a.insert(a.end(), launch.begin(), launch.end());
+  a.insert(a.end(), {"--", baton(), "train", "--plan", plan, "--data", data_file(), "--threads",
+                     "1", "--log-every", "0", "--loss-log", loss_log});
+  a.insert(a.end(), train.begin(), train.end());
+  return a;
+}
+
 // The processes `pid` started (the children of its threads).
 inline std::vector<pid_t> children_of(pid_t pid) {
   std::vector<pid_t> out;

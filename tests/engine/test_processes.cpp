@@ -138,37 +138,10 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
-    std::vector<std::string> a = {baton(),
-                                  "launch",
-                                  "-n",
-                                  "8",
-                                  "--",
-                                  baton(),
-                                  "train",
-                                  "--plan",
-                                  ws.path("plan.json"),
-                                  "--data",
-                                  data_file(),
-                                  "--steps",
-                                  "40",
-                                  "--seed",
-                                  "3",
-                                  "--lr",
-                                  "3e-3",
-                                  "--weight-decay",
-                                  "0.01",
-                                  "--threads",
-                                  "1",
-                                  "--log-every",
-                                  "0",
-                                  "--checkpoint-dir",
-                                  ckpt,
-                                  "--checkpoint-every",
-                                  "3",
-                                  "--keep-checkpoints",
-                                  "2",
-                                  "--loss-log",
-                                  log};
+    std::vector<std::string> a = launch_train_argv(
+        {"-n", "8"}, ws.path("plan.json"), log,
+        {"--steps", "40", "--seed", "3", "--lr", "3e-3", "--weight-decay", "0.01",
+         "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2"});
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -233,27 +206,9 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name)
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
   // stop by themselves (the requirement is 10 s).
-  std::vector<std::string> argv = {baton(),
-                                   "launch",
-                                   "-n",
-                                   std::to_string(n),
-                                   "--grace",
-                                   "15",
-                                   "--",
-                                   baton(),
-                                   "train",
-                                   "--plan",
-                                   ws.path("plan.json"),
-                                   "--data",
-                                   data_file(),
-                                   "--steps",
-                                   "1000000",
-                                   "--threads",
-                                   "1",
-                                   "--log-every",
-                                   "0",
-                                   "--loss-log",
-                                   ws.path("loss.jsonl")};
+  std::vector<std::string> argv =
+      launch_train_argv({"-n", std::to_string(n), "--grace", "15"}, ws.path("plan.json"),
+                        ws.path("loss.jsonl"), {"--steps", "1000000"});
   pid_t pid = spawn(argv, ws.path("job.out"));
   const size_t after = std::uniform_int_distribution<size_t>(2, 20)(rng);
   for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
@@ -357,30 +312,10 @@ void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = 
   int n = 0;
   for (int t : tp) n += 2 * t;
   const double timeout = 2.0;
-  std::vector<std::string> argv = {"/usr/bin/env",
-                                   "BATON_PEER_TIMEOUT=2",
-                                   "BATON_TEST_STOP=" + stop_at,
-                                   baton(),
-                                   "launch",
-                                   "-n",
-                                   std::to_string(n),
-                                   "--grace",
-                                   "1",
-                                   "--",
-                                   baton(),
-                                   "train",
-                                   "--plan",
-                                   ws.path("plan.json"),
-                                   "--data",
-                                   data_file(),
-                                   "--steps",
-                                   "1000000",
-                                   "--threads",
-                                   "1",
-                                   "--log-every",
-                                   "0",
-                                   "--loss-log",
-                                   ws.path("loss.jsonl")};
+  std::vector<std::string> argv =
+      launch_train_argv({"-n", std::to_string(n), "--grace", "1"}, ws.path("plan.json"),
+                        ws.path("loss.jsonl"), {"--steps", "1000000"});
+  argv.insert(argv.begin(), {"/usr/bin/env", "BATON_PEER_TIMEOUT=2", "BATON_TEST_STOP=" + stop_at});
   pid_t pid = spawn(argv, ws.path("job.out"));
   std::vector<pid_t> ranks;
   for (int i = 0; i < 20000 && int(ranks.size()) < n; ++i) {

@@ -54,41 +54,11 @@ void killed_three_times(const json& model, int64_t steps) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log) {
-    return std::vector<std::string>{baton(),
-                                    "launch",
-                                    "-n",
-                                    "2",
-                                    "--max-restarts",
-                                    "3",
-                                    "--restart-backoff",
-                                    "0.1",
-                                    "--grace",
-                                    "3",
-                                    "--",
-                                    baton(),
-                                    "train",
-                                    "--plan",
-                                    ws.path("plan.json"),
-                                    "--data",
-                                    data_file(),
-                                    "--steps",
-                                    std::to_string(steps),
-                                    "--seed",
-                                    "3",
-                                    "--lr",
-                                    "3e-3",
-                                    "--threads",
-                                    "1",
-                                    "--log-every",
-                                    "0",
-                                    "--checkpoint-dir",
-                                    ckpt,
-                                    "--checkpoint-every",
-                                    "3",
-                                    "--keep-checkpoints",
-                                    "2",
-                                    "--loss-log",
-                                    log};
+    return launch_train_argv(
+        {"-n", "2", "--max-restarts", "3", "--restart-backoff", "0.1", "--grace", "3"},
+        ws.path("plan.json"), log,
+        {"--steps", std::to_string(steps), "--seed", "3", "--lr", "3e-3", "--checkpoint-dir", ckpt,
+         "--checkpoint-every", "3", "--keep-checkpoints", "2"});
   };
   auto t0 = Clock::now();
   pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl")), ws.path("full.out"));
