@@ -5,13 +5,16 @@
 
 namespace baton::stages::ops {
 
-// The loss's denominator: MicroBatch::loss_tokens, or the micro-batch's own non-ignored
-// targets when that is 0.
-double loss_denominator(const OpContext& ctx, const Tensor& targets);
 // Checks a cross-entropy's inputs (float logits [..., V], integer targets of the logits'
 // leading shape); returns the logits' last dimension V and sets `rows` to the rows.
 int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows);
-// sum(losses) / denom as an f64 scalar, summed in double in row order.
-Tensor sum_losses(const Tensor& losses, double denom, memory::Device device);
+// Cross-entropy's last step, once row_max, sum_exp and target_logit cover the whole
+// vocabulary: each row's loss into `losses`, the output (their sum over the denominator,
+// MicroBatch::loss_tokens) and, while training, the gradient of `logits` (the rows of
+// input 0, whose first column is vocabulary index `vocab_offset`) saved for backward,
+// into input 0 when forward may overwrite it.
+void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& logits, const Tensor& targets,
+                          int64_t vocab_offset, const Tensor& row_max, const Tensor& sum_exp,
+                          const Tensor& target_logit, Tensor& losses);
 
 }  // namespace baton::stages::ops
