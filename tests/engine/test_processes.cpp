@@ -48,24 +48,23 @@ void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, 
   expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
 }
 
-TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
+// PP2 x TP2 x DP2 GPT under `schedule` (8 processes).
+void gpt_pp2_tp2_dp2(const std::string& schedule) {
   Workspace ws("proc");
   PlanSpec p;
   p.model = tiny_gpt_json(2);
   p.tp = {2, 2};
   p.dp = 2;
-  p.schedule = "1f1b";
+  p.schedule = schedule;
   plan_run(ws, p, "", false);
 }
 
+TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
+  gpt_pp2_tp2_dp2("1f1b");
+}
+
 TEST(Processes, GptPp2Tp2Dp2ZeroBubbleV) {
-  Workspace ws("proc");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "zb-v";
-  plan_run(ws, p, "", false);
+  gpt_pp2_tp2_dp2("zb-v");
 }
 
 TEST(Processes, GptPp4Interleaved) {
