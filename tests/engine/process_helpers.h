@@ -159,4 +159,26 @@ inline std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
+// The BATON_RANK of process `pid` (the launcher sets it before exec), -1 when it has none.
+inline int rank_of_process(pid_t pid) {
+  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+  std::string var;
+  while (std::getline(env, var, '\0'))
+    if (var.rfind("BATON_RANK=", 0) == 0) return std::atoi(var.c_str() + 11);
+  return -1;
+}
+
+// Every one of the `n` ranks but `victim` printed its failure ("[rank r] baton train:
+// failed: ...") into the job's output `out`, naming rank `victim`.
+inline void expect_every_other_rank_names(const std::string& out, int n, int victim) {
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
+    size_t at = out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
+  }
+}
+
 }  // namespace baton::engine_testing
