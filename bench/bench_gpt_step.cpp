@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/thread_counts.h"
 #include "kernels/ops.h"
 #include "memory/allocator.h"
 #include "stages/model.h"
@@ -75,14 +76,6 @@ double sgemm_rate(int reps) {
     if (i >= 2) ts.push_back(s);
   }
   return 2.0 * n * n * n / stats(ts).median / 1e9;
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
 }
 
 }  // namespace
@@ -150,7 +143,7 @@ int main(int argc, char** argv) {
     for (auto& x : tgt) x = int32_t(rng() % uint64_t(c.vocab));
     st::TensorMap in{{"tokens", Tensor::from_vector(tok, {c.batch, c.ctx})},
                      {"targets", Tensor::from_vector(tgt, {c.batch, c.ctx})}};
-    for (int threads : parse_list(threads_arg)) {
+    for (int threads : baton::bench::thread_counts(threads_arg)) {
       baton::kernels::set_num_threads(threads);
       double sgemm = sgemm_rate(5);
       st::StageOptions so;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/thread_counts.h"
 #include "kernels/fused.h"
 #include "kernels/ops.h"
 
@@ -385,14 +386,6 @@ void bench_mix(double min_time, const std::vector<int>& threads) {
   }
 }
 
-std::vector<int> parse_threads(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -418,7 +411,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   g_cpu_time = vm.count("cpu-time") > 0;
-  const auto threads = parse_threads(vm["threads"].as<std::string>());
+  const auto threads = baton::bench::thread_counts(vm["threads"].as<std::string>());
   const double min_time = vm["min-time"].as<double>();
   const char* core = std::getenv("OPENBLAS_CORETYPE");
   const char* l2 = std::getenv("OPENBLAS_L2_SIZE");

@@ -354,16 +354,8 @@ class Search {
     const std::string& name = p.name;
     const bool rc = p.rc;
     const schedule::Schedule* s = schedule_for(name, pp, m);
+    // enumerate() queued only the candidates whose stage count matches the layer counts.
     const int K = s->stages_per_direction();
-    if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
-      std::string key = "layers/" + name + std::to_string(K);
-      if (!noted_.count(key))
-        result_.skipped.push_back(
-            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
-            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
-      noted_.insert(key);
-      return;
-    }
     const CostTable& table = table_of(tp, sp, b);
     const int key = degree_key(tp, sp);
     const PersistentCopies copies = copies_of(dp, name);

@@ -168,7 +168,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     s.ranks.push_back(std::move(list));
   }
 
-  const std::string where = source;
+  const std::string& where = source;
   if (s.ranks.empty())
     throw InputError(where + ": no rank lines (expected one line of actions per rank)");
   s.num_ranks = ranks.value_or(static_cast<int>(s.ranks.size()));

@@ -20,9 +20,7 @@ namespace {
 
 using K = ActionKind;
 
-std::string str(long v) {
-  return std::to_string(v);
-}
+using detail::str;
 
 // One cell's action before the dialect gives "B" its meaning.
 struct Raw {

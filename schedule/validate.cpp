@@ -6,6 +6,7 @@
 
 #include "memory/error.h"
 #include "schedule/dependencies.h"
+#include "schedule/detail/util.h"
 #include "schedule/forward_only.h"
 
 namespace baton::schedule {
@@ -14,9 +15,7 @@ namespace {
 
 using K = ActionKind;
 
-std::string str(int v) {
-  return std::to_string(v);
-}
+using detail::str;
 
 class Checker {
  public:

@@ -3,28 +3,17 @@
 #include <cmath>
 
 #include "kernels/vision.h"
+#include "stages/detail/graph_json.h"
 
 namespace baton::stages {
 
+using detail::graph_node;
+using detail::graph_param;
 using nlohmann::json;
 
 namespace {
 
 constexpr int64_t kBig = int64_t(1) << 20;
-
-json param(const std::string& name, std::vector<int64_t> shape, json init, bool trainable = true) {
-  json p = {{"name", name}, {"shape", shape}, {"init", std::move(init)}};
-  if (!trainable) p["trainable"] = false;
-  return p;
-}
-
-json node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
-          json params = json::object(), json attrs = json::object()) {
-  json n = {{"name", name}, {"op", op}, {"inputs", inputs}, {"outputs", {name}}};
-  if (!params.empty()) n["params"] = std::move(params);
-  if (!attrs.empty()) n["attrs"] = std::move(attrs);
-  return n;
-}
 
 // Builds the graph while tracking the current value, its channels and spatial size.
 struct Builder {
@@ -42,23 +31,23 @@ struct Builder {
     // torchvision: kaiming_normal_(mode="fan_out", nonlinearity="relu").
     const double std = std::sqrt(2.0 / double(out_ch * k * k));
     params.push_back(
-        param(conv + ".weight", {out_ch, in_ch, k, k}, {{"type", "normal"}, {"std", std}}));
-    nodes.push_back(node(conv, "conv2d", {in}, {{"weight", conv + ".weight"}},
-                         {{"stride", stride}, {"padding", k / 2}}));
+        graph_param(conv + ".weight", {out_ch, in_ch, k, k}, {{"type", "normal"}, {"std", std}}));
+    nodes.push_back(graph_node(conv, "conv2d", {in}, {{"weight", conv + ".weight"}},
+                               {{"stride", stride}, {"padding", k / 2}}));
     hh = kernels::conv_output_size(hh, k, stride, k / 2, k / 2, 1);
     ww = kernels::conv_output_size(ww, k, stride, k / 2, k / 2, 1);
-    params.push_back(param(bn + ".weight", {out_ch}, {{"type", "ones"}}));
-    params.push_back(param(bn + ".bias", {out_ch}, {{"type", "zeros"}}));
-    params.push_back(param(bn + ".running_mean", {out_ch}, {{"type", "zeros"}}, false));
-    params.push_back(param(bn + ".running_var", {out_ch}, {{"type", "ones"}}, false));
-    nodes.push_back(node(bn, "batchnorm2d", {conv},
-                         {{"weight", bn + ".weight"},
-                          {"bias", bn + ".bias"},
-                          {"running_mean", bn + ".running_mean"},
-                          {"running_var", bn + ".running_var"}},
-                         {{"eps", c.bn_eps}, {"momentum", c.bn_momentum}}));
+    params.push_back(graph_param(bn + ".weight", {out_ch}, {{"type", "ones"}}));
+    params.push_back(graph_param(bn + ".bias", {out_ch}, {{"type", "zeros"}}));
+    params.push_back(graph_param(bn + ".running_mean", {out_ch}, {{"type", "zeros"}}, false));
+    params.push_back(graph_param(bn + ".running_var", {out_ch}, {{"type", "ones"}}, false));
+    nodes.push_back(graph_node(bn, "batchnorm2d", {conv},
+                               {{"weight", bn + ".weight"},
+                                {"bias", bn + ".bias"},
+                                {"running_mean", bn + ".running_mean"},
+                                {"running_var", bn + ".running_var"}},
+                               {{"eps", c.bn_eps}, {"momentum", c.bn_momentum}}));
     if (!relu) return bn;
-    nodes.push_back(node(relu_name, "relu", {bn}));
+    nodes.push_back(graph_node(relu_name, "relu", {bn}));
     return relu_name;
   }
 
@@ -86,8 +75,8 @@ struct Builder {
       shortcut = conv_bn(p + "downsample.0", p + "downsample.1", x, ch, out_ch, 1, stride, false,
                          "", sh, sw);
     }
-    nodes.push_back(node(p + "add", "add", {y, shortcut}));
-    nodes.push_back(node(p + "relu", "relu", {p + "add"}));
+    nodes.push_back(graph_node(p + "add", "add", {y, shortcut}));
+    nodes.push_back(graph_node(p + "relu", "relu", {p + "add"}));
     x = p + "relu";
     ch = out_ch;
     h = hh;
@@ -153,8 +142,8 @@ json resnet_graph_json(const ResnetConfig& c) {
   b.h = hh;
   b.w = ww;
   if (c.stem_pool) {
-    b.nodes.push_back(node("maxpool", "maxpool2d", {b.x}, json::object(),
-                           {{"kernel", 3}, {"stride", 2}, {"padding", 1}}));
+    b.nodes.push_back(graph_node("maxpool", "maxpool2d", {b.x}, json::object(),
+                                 {{"kernel", 3}, {"stride", 2}, {"padding", 1}}));
     b.x = "maxpool";
     b.h = kernels::conv_output_size(b.h, 3, 2, 1, 1, 1);
     b.w = kernels::conv_output_size(b.w, 3, 2, 1, 1, 1);
@@ -166,14 +155,15 @@ json resnet_graph_json(const ResnetConfig& c) {
       b.block(name + ".", c.widths[s], i == 0 ? c.strides[s] : 1);
       b.end_layer(name);
     }
-  b.nodes.push_back(node("avgpool", "global_avgpool", {b.x}));
+  b.nodes.push_back(graph_node("avgpool", "global_avgpool", {b.x}));
   // torch.nn.Linear's default init is uniform(+-1/sqrt(in)); a normal of the same variance.
   const double fc_std = 1.0 / std::sqrt(3.0 * double(b.ch));
-  b.params.push_back(param("fc.weight", {c.classes, b.ch}, {{"type", "normal"}, {"std", fc_std}}));
-  b.params.push_back(param("fc.bias", {c.classes}, {{"type", "zeros"}}));
+  b.params.push_back(
+      graph_param("fc.weight", {c.classes, b.ch}, {{"type", "normal"}, {"std", fc_std}}));
+  b.params.push_back(graph_param("fc.bias", {c.classes}, {{"type", "zeros"}}));
   b.nodes.push_back(
-      node("fc", "linear", {"avgpool"}, {{"weight", "fc.weight"}, {"bias", "fc.bias"}}));
-  b.nodes.push_back(node("loss", "cross_entropy", {"fc", "labels"}));
+      graph_node("fc", "linear", {"avgpool"}, {{"weight", "fc.weight"}, {"bias", "fc.bias"}}));
+  b.nodes.push_back(graph_node("loss", "cross_entropy", {"fc", "labels"}));
   b.end_layer("head");
   return {
       {"type", "graph"},

@@ -3,8 +3,12 @@
 #include <cmath>
 #include <utility>
 
+#include "stages/detail/graph_json.h"
+
 namespace baton::stages {
 
+using detail::graph_node;
+using detail::graph_param;
 using nlohmann::json;
 
 namespace {
@@ -19,22 +23,10 @@ json ones() {
   return {{"type", "ones"}};
 }
 
-json param(const std::string& name, std::vector<int64_t> shape, json init) {
-  return {{"name", name}, {"shape", shape}, {"init", std::move(init)}};
-}
-
-json node(const std::string& name, const std::string& op, std::vector<std::string> inputs,
-          json params = json::object(), json attrs = json::object()) {
-  json n = {{"name", name}, {"op", op}, {"inputs", inputs}, {"outputs", {name}}};
-  if (!params.empty()) n["params"] = std::move(params);
-  if (!attrs.empty()) n["attrs"] = std::move(attrs);
-  return n;
-}
-
 // The graph of a language model on `T` tokens: the head layer ends with the loss of its
 // `lm_head` logits against the targets, the model's loss.
 json language_model_graph(const std::string& name, int64_t T, json params, json layers, json head) {
-  head.push_back(node("loss", "cross_entropy", {"lm_head", "targets"}));
+  head.push_back(graph_node("loss", "cross_entropy", {"lm_head", "targets"}));
   layers.push_back({{"name", "head"}, {"nodes", std::move(head)}});
   return {{"type", "graph"},
           {"name", name},
@@ -138,16 +130,16 @@ json gpt2_graph_json(const Gpt2Config& c) {
   // Hugging Face scales the output projections of each block by 1/sqrt(2 n_layer).
   const double proj_std = std / std::sqrt(2.0 * double(c.n_layer));
   json params = json::array();
-  params.push_back(param("wte.weight", {V, C}, normal(std)));
-  params.push_back(param("wpe.weight", {c.n_positions, C}, normal(std)));
+  params.push_back(graph_param("wte.weight", {V, C}, normal(std)));
+  params.push_back(graph_param("wpe.weight", {c.n_positions, C}, normal(std)));
   json layers = json::array();
 
   json embed = json::array();
-  embed.push_back(node("wte", "embedding", {"tokens"}, {{"weight", "wte.weight"}}));
-  embed.push_back(node("wpe", "position_embedding", {"wte"}, {{"weight", "wpe.weight"}}));
+  embed.push_back(graph_node("wte", "embedding", {"tokens"}, {{"weight", "wte.weight"}}));
+  embed.push_back(graph_node("wpe", "position_embedding", {"wte"}, {{"weight", "wpe.weight"}}));
   std::string x = "wpe";
   if (c.embd_pdrop > 0) {
-    embed.push_back(node("drop", "dropout", {x}, json::object(), {{"p", c.embd_pdrop}}));
+    embed.push_back(graph_node("drop", "dropout", {x}, json::object(), {{"p", c.embd_pdrop}}));
     x = "drop";
   }
   layers.push_back({{"name", "embed"}, {"nodes", embed}});
@@ -155,59 +147,63 @@ json gpt2_graph_json(const Gpt2Config& c) {
   json conv = {{"layout", "in_out"}};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    params.push_back(param(h + "ln_1.weight", {C}, ones()));
-    params.push_back(param(h + "ln_1.bias", {C}, zeros()));
-    params.push_back(param(h + "attn.c_attn.weight", {C, 3 * C}, normal(std)));
-    params.push_back(param(h + "attn.c_attn.bias", {3 * C}, zeros()));
-    params.push_back(param(h + "attn.c_proj.weight", {C, C}, normal(proj_std)));
-    params.push_back(param(h + "attn.c_proj.bias", {C}, zeros()));
-    params.push_back(param(h + "ln_2.weight", {C}, ones()));
-    params.push_back(param(h + "ln_2.bias", {C}, zeros()));
-    params.push_back(param(h + "mlp.c_fc.weight", {C, F}, normal(std)));
-    params.push_back(param(h + "mlp.c_fc.bias", {F}, zeros()));
-    params.push_back(param(h + "mlp.c_proj.weight", {F, C}, normal(proj_std)));
-    params.push_back(param(h + "mlp.c_proj.bias", {C}, zeros()));
+    params.push_back(graph_param(h + "ln_1.weight", {C}, ones()));
+    params.push_back(graph_param(h + "ln_1.bias", {C}, zeros()));
+    params.push_back(graph_param(h + "attn.c_attn.weight", {C, 3 * C}, normal(std)));
+    params.push_back(graph_param(h + "attn.c_attn.bias", {3 * C}, zeros()));
+    params.push_back(graph_param(h + "attn.c_proj.weight", {C, C}, normal(proj_std)));
+    params.push_back(graph_param(h + "attn.c_proj.bias", {C}, zeros()));
+    params.push_back(graph_param(h + "ln_2.weight", {C}, ones()));
+    params.push_back(graph_param(h + "ln_2.bias", {C}, zeros()));
+    params.push_back(graph_param(h + "mlp.c_fc.weight", {C, F}, normal(std)));
+    params.push_back(graph_param(h + "mlp.c_fc.bias", {F}, zeros()));
+    params.push_back(graph_param(h + "mlp.c_proj.weight", {F, C}, normal(proj_std)));
+    params.push_back(graph_param(h + "mlp.c_proj.bias", {C}, zeros()));
     auto wb = [&](const std::string& p) {
       return json{{"weight", h + p + ".weight"}, {"bias", h + p + ".bias"}};
     };
     json ln_eps = {{"eps", c.layer_norm_epsilon}};
     json nodes = json::array();
-    nodes.push_back(node(h + "ln_1", "layernorm", {x}, wb("ln_1"), ln_eps));
-    nodes.push_back(node(h + "attn.c_attn", "linear", {h + "ln_1"}, wb("attn.c_attn"), conv));
+    nodes.push_back(graph_node(h + "ln_1", "layernorm", {x}, wb("ln_1"), ln_eps));
+    nodes.push_back(graph_node(h + "attn.c_attn", "linear", {h + "ln_1"}, wb("attn.c_attn"), conv));
     json att = {{"n_head", c.n_head}};
     if (c.attn_pdrop > 0) att["dropout"] = c.attn_pdrop;
-    nodes.push_back(node(h + "attn.attn", "attention", {h + "attn.c_attn"}, json::object(), att));
-    nodes.push_back(node(h + "attn.c_proj", "linear", {h + "attn.attn"}, wb("attn.c_proj"), conv));
+    nodes.push_back(
+        graph_node(h + "attn.attn", "attention", {h + "attn.c_attn"}, json::object(), att));
+    nodes.push_back(
+        graph_node(h + "attn.c_proj", "linear", {h + "attn.attn"}, wb("attn.c_proj"), conv));
     std::string a = h + "attn.c_proj";
     if (c.resid_pdrop > 0) {
-      nodes.push_back(
-          node(h + "attn.resid_dropout", "dropout", {a}, json::object(), {{"p", c.resid_pdrop}}));
+      nodes.push_back(graph_node(h + "attn.resid_dropout", "dropout", {a}, json::object(),
+                                 {{"p", c.resid_pdrop}}));
       a = h + "attn.resid_dropout";
     }
-    nodes.push_back(node(h + "add_1", "add", {x, a}));
-    nodes.push_back(node(h + "ln_2", "layernorm", {h + "add_1"}, wb("ln_2"), ln_eps));
-    nodes.push_back(node(h + "mlp.c_fc", "linear", {h + "ln_2"}, wb("mlp.c_fc"), conv));
-    nodes.push_back(node(h + "mlp.gelu", "gelu", {h + "mlp.c_fc"}));
-    nodes.push_back(node(h + "mlp.c_proj", "linear", {h + "mlp.gelu"}, wb("mlp.c_proj"), conv));
+    nodes.push_back(graph_node(h + "add_1", "add", {x, a}));
+    nodes.push_back(graph_node(h + "ln_2", "layernorm", {h + "add_1"}, wb("ln_2"), ln_eps));
+    nodes.push_back(graph_node(h + "mlp.c_fc", "linear", {h + "ln_2"}, wb("mlp.c_fc"), conv));
+    nodes.push_back(graph_node(h + "mlp.gelu", "gelu", {h + "mlp.c_fc"}));
+    nodes.push_back(
+        graph_node(h + "mlp.c_proj", "linear", {h + "mlp.gelu"}, wb("mlp.c_proj"), conv));
     std::string m = h + "mlp.c_proj";
     if (c.resid_pdrop > 0) {
       nodes.push_back(
-          node(h + "mlp.dropout", "dropout", {m}, json::object(), {{"p", c.resid_pdrop}}));
+          graph_node(h + "mlp.dropout", "dropout", {m}, json::object(), {{"p", c.resid_pdrop}}));
       m = h + "mlp.dropout";
     }
-    nodes.push_back(node(h + "add_2", "add", {h + "add_1", m}));
+    nodes.push_back(graph_node(h + "add_2", "add", {h + "add_1", m}));
     x = h + "add_2";
     layers.push_back({{"name", "h." + std::to_string(i)}, {"nodes", nodes}});
   }
 
-  params.push_back(param("ln_f.weight", {C}, ones()));
-  params.push_back(param("ln_f.bias", {C}, zeros()));
+  params.push_back(graph_param("ln_f.weight", {C}, ones()));
+  params.push_back(graph_param("ln_f.bias", {C}, zeros()));
   json head = json::array();
-  head.push_back(node("ln_f", "layernorm", {x}, {{"weight", "ln_f.weight"}, {"bias", "ln_f.bias"}},
-                      {{"eps", c.layer_norm_epsilon}}));
+  head.push_back(graph_node("ln_f", "layernorm", {x},
+                            {{"weight", "ln_f.weight"}, {"bias", "ln_f.bias"}},
+                            {{"eps", c.layer_norm_epsilon}}));
   // The LM head is tied to wte [V, C]: logits = ln_f(x) wte^T, the torch layout.
-  head.push_back(
-      node("lm_head", "linear", {"ln_f"}, {{"weight", "wte.weight"}}, {{"layout", "out_in"}}));
+  head.push_back(graph_node("lm_head", "linear", {"ln_f"}, {{"weight", "wte.weight"}},
+                            {{"layout", "out_in"}}));
   return language_model_graph(c.name, T, std::move(params), std::move(layers), std::move(head));
 }
 
@@ -421,11 +417,11 @@ json llama_graph_json(const LlamaConfig& c) {
   const int64_t H = c.num_attention_heads, KV = c.kv_heads(), D = c.head_size();
   const double std = c.initializer_range;
   json params = json::array();
-  params.push_back(param("model.embed_tokens.weight", {V, C}, normal(std)));
+  params.push_back(graph_param("model.embed_tokens.weight", {V, C}, normal(std)));
   json layers = json::array();
   json embed = json::array();
-  embed.push_back(node("model.embed_tokens", "embedding", {"tokens"},
-                       {{"weight", "model.embed_tokens.weight"}}));
+  embed.push_back(graph_node("model.embed_tokens", "embedding", {"tokens"},
+                             {{"weight", "model.embed_tokens.weight"}}));
   layers.push_back({{"name", "embed"}, {"nodes", embed}});
   std::string x = "model.embed_tokens";
   const json eps = {{"eps", c.rms_norm_eps}};
@@ -435,18 +431,18 @@ json llama_graph_json(const LlamaConfig& c) {
     // A linear `name` from `in` to `out` features, its parameters, its node.
     auto linear = [&](const std::string& name, const std::string& input, int64_t in, int64_t out,
                       bool bias) {
-      params.push_back(param(p + name + ".weight", {out, in}, normal(std)));
+      params.push_back(graph_param(p + name + ".weight", {out, in}, normal(std)));
       json slots = {{"weight", p + name + ".weight"}};
       if (bias) {
-        params.push_back(param(p + name + ".bias", {out}, zeros()));
+        params.push_back(graph_param(p + name + ".bias", {out}, zeros()));
         slots["bias"] = p + name + ".bias";
       }
-      nodes.push_back(node(p + name, "linear", {input}, slots));
+      nodes.push_back(graph_node(p + name, "linear", {input}, slots));
       return p + name;
     };
-    params.push_back(param(p + "input_layernorm.weight", {C}, ones()));
-    nodes.push_back(node(p + "input_layernorm", "rmsnorm", {x},
-                         {{"weight", p + "input_layernorm.weight"}}, eps));
+    params.push_back(graph_param(p + "input_layernorm.weight", {C}, ones()));
+    nodes.push_back(graph_node(p + "input_layernorm", "rmsnorm", {x},
+                               {{"weight", p + "input_layernorm.weight"}}, eps));
     const std::string ln1 = p + "input_layernorm";
     const bool qkv_b = c.attention_bias || c.qkv_bias;
     std::string q = linear("self_attn.q_proj", ln1, C, H * D, qkv_b);
@@ -454,34 +450,34 @@ json llama_graph_json(const LlamaConfig& c) {
     std::string v = linear("self_attn.v_proj", ln1, C, KV * D, qkv_b);
     json rot = {{"n_head", H}, {"n_kv_head", KV}, {"rope_theta", c.rope_theta}};
     if (!c.rope_scaling.is_null()) rot["rope_scaling"] = c.rope_scaling;
-    nodes.push_back(node(p + "self_attn.rotary", "rotary", {q, k, v}, json::object(), rot));
+    nodes.push_back(graph_node(p + "self_attn.rotary", "rotary", {q, k, v}, json::object(), rot));
     json att = {{"n_head", H}, {"n_kv_head", KV}};
     if (c.attention_dropout > 0) att["dropout"] = c.attention_dropout;
-    nodes.push_back(
-        node(p + "self_attn.attn", "attention", {p + "self_attn.rotary"}, json::object(), att));
+    nodes.push_back(graph_node(p + "self_attn.attn", "attention", {p + "self_attn.rotary"},
+                               json::object(), att));
     std::string o = linear("self_attn.o_proj", p + "self_attn.attn", H * D, C, c.attention_bias);
-    nodes.push_back(node(p + "add_1", "add", {x, o}));
-    params.push_back(param(p + "post_attention_layernorm.weight", {C}, ones()));
-    nodes.push_back(node(p + "post_attention_layernorm", "rmsnorm", {p + "add_1"},
-                         {{"weight", p + "post_attention_layernorm.weight"}}, eps));
+    nodes.push_back(graph_node(p + "add_1", "add", {x, o}));
+    params.push_back(graph_param(p + "post_attention_layernorm.weight", {C}, ones()));
+    nodes.push_back(graph_node(p + "post_attention_layernorm", "rmsnorm", {p + "add_1"},
+                               {{"weight", p + "post_attention_layernorm.weight"}}, eps));
     const std::string ln2 = p + "post_attention_layernorm";
     std::string gate = linear("mlp.gate_proj", ln2, C, F, c.mlp_bias);
     std::string up = linear("mlp.up_proj", ln2, C, F, c.mlp_bias);
-    nodes.push_back(node(p + "mlp.act", "swiglu", {gate, up}));
+    nodes.push_back(graph_node(p + "mlp.act", "swiglu", {gate, up}));
     std::string down = linear("mlp.down_proj", p + "mlp.act", F, C, c.mlp_bias);
-    nodes.push_back(node(p + "add_2", "add", {p + "add_1", down}));
+    nodes.push_back(graph_node(p + "add_2", "add", {p + "add_1", down}));
     x = p + "add_2";
     layers.push_back({{"name", "layers." + std::to_string(i)}, {"nodes", nodes}});
   }
-  params.push_back(param("model.norm.weight", {C}, ones()));
+  params.push_back(graph_param("model.norm.weight", {C}, ones()));
   json head = json::array();
-  head.push_back(node("model.norm", "rmsnorm", {x}, {{"weight", "model.norm.weight"}}, eps));
+  head.push_back(graph_node("model.norm", "rmsnorm", {x}, {{"weight", "model.norm.weight"}}, eps));
   std::string head_weight = "model.embed_tokens.weight";
   if (!c.tie_word_embeddings) {
     head_weight = "lm_head.weight";
-    params.push_back(param(head_weight, {V, C}, normal(std)));
+    params.push_back(graph_param(head_weight, {V, C}, normal(std)));
   }
-  head.push_back(node("lm_head", "linear", {"model.norm"}, {{"weight", head_weight}}));
+  head.push_back(graph_node("lm_head", "linear", {"model.norm"}, {{"weight", head_weight}}));
   return language_model_graph(c.name, T, std::move(params), std::move(layers), std::move(head));
 }
 
@@ -515,30 +511,32 @@ MlpConfig parse_mlp_shorthand(const JsonReader& r) {
 json mlp_graph_json(const MlpConfig& c) {
   json params = json::array();
   json layers = json::array();
-  params.push_back(param("wte.weight", {c.vocab_size, c.n_embd}, normal(c.init_std)));
+  params.push_back(graph_param("wte.weight", {c.vocab_size, c.n_embd}, normal(c.init_std)));
   json embed = json::array();
-  embed.push_back(node("wte", "embedding", {"tokens"}, {{"weight", "wte.weight"}}));
+  embed.push_back(graph_node("wte", "embedding", {"tokens"}, {{"weight", "wte.weight"}}));
   embed.push_back(
-      node("flat", "reshape", {"wte"}, json::object(), {{"shape", {c.context * c.n_embd}}}));
+      graph_node("flat", "reshape", {"wte"}, json::object(), {{"shape", {c.context * c.n_embd}}}));
   layers.push_back({{"name", "embed"}, {"nodes", embed}});
   std::string x = "flat";
   int64_t width = c.context * c.n_embd;
   for (size_t i = 0; i < c.hidden.size(); ++i) {
     std::string fc = "fc" + std::to_string(i);
-    params.push_back(param(fc + ".weight", {c.hidden[i], width}, normal(c.init_std)));
-    params.push_back(param(fc + ".bias", {c.hidden[i]}, zeros()));
+    params.push_back(graph_param(fc + ".weight", {c.hidden[i], width}, normal(c.init_std)));
+    params.push_back(graph_param(fc + ".bias", {c.hidden[i]}, zeros()));
     json nodes = json::array();
-    nodes.push_back(node(fc, "linear", {x}, {{"weight", fc + ".weight"}, {"bias", fc + ".bias"}}));
-    nodes.push_back(node(fc + ".act", c.activation, {fc}));
+    nodes.push_back(
+        graph_node(fc, "linear", {x}, {{"weight", fc + ".weight"}, {"bias", fc + ".bias"}}));
+    nodes.push_back(graph_node(fc + ".act", c.activation, {fc}));
     layers.push_back({{"name", fc}, {"nodes", nodes}});
     x = fc + ".act";
     width = c.hidden[i];
   }
-  params.push_back(param("out.weight", {c.vocab_size, width}, normal(c.init_std)));
-  params.push_back(param("out.bias", {c.vocab_size}, zeros()));
+  params.push_back(graph_param("out.weight", {c.vocab_size, width}, normal(c.init_std)));
+  params.push_back(graph_param("out.bias", {c.vocab_size}, zeros()));
   json head = json::array();
-  head.push_back(node("out", "linear", {x}, {{"weight", "out.weight"}, {"bias", "out.bias"}}));
-  head.push_back(node("loss", "cross_entropy", {"out", "targets"}));
+  head.push_back(
+      graph_node("out", "linear", {x}, {{"weight", "out.weight"}, {"bias", "out.bias"}}));
+  head.push_back(graph_node("loss", "cross_entropy", {"out", "targets"}));
   layers.push_back({{"name", "out"}, {"nodes", head}});
   return {
       {"type", "graph"},

@@ -397,30 +397,8 @@ template <class F>
 bool with_tile_width(int64_t head_dim, F&& f) {
   if (head_dim % 16 != 0 || head_dim < 16 || head_dim > 128) return false;
   constexpr int per16 = int(16 / kLanes<float>);  // vectors per 16 floats
-  auto call = [&](auto m) {
-    f(std::integral_constant<int, decltype(m)::value * per16>{});
-    return true;
-  };
-  switch (head_dim / 16) {
-    case 1:
-      return call(std::integral_constant<int, 1>{});
-    case 2:
-      return call(std::integral_constant<int, 2>{});
-    case 3:
-      return call(std::integral_constant<int, 3>{});
-    case 4:
-      return call(std::integral_constant<int, 4>{});
-    case 5:
-      return call(std::integral_constant<int, 5>{});
-    case 6:
-      return call(std::integral_constant<int, 6>{});
-    case 7:
-      return call(std::integral_constant<int, 7>{});
-    case 8:
-      return call(std::integral_constant<int, 8>{});
-    default:
-      return false;
-  }
+  return tiles::with_count_1_to_8(
+      head_dim / 16, [&](auto m) { f(std::integral_constant<int, decltype(m)::value * per16>{}); });
 }
 
 }  // namespace

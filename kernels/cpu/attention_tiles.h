@@ -50,32 +50,26 @@ inline void scores_tile(const float* A, int64_t lda, const float* Bt, int64_t ld
   }
 }
 
+template <class F, int... I>
+inline bool with_count_of(int64_t n, F& f, std::integer_sequence<int, I...>) {
+  // Only the term whose I + 1 is n calls f.
+  return ((n == I + 1 && (f(std::integral_constant<int, I + 1>{}), true)) || ...);
+}
+
+// Calls f(std::integral_constant<int, N>{}) for n = N in 1..8 (a run-time count as the
+// compile-time one a tile kernel takes) and returns true; false for any other n.
+template <class F>
+inline bool with_count_1_to_8(int64_t n, F&& f) {
+  return with_count_of(n, f, std::make_integer_sequence<int, 8>{});
+}
+
 // scores_tile for any row count 1..kScoreRows.
 inline void scores_tile_n(int rows, const float* A, int64_t lda, const float* Bt, int64_t ldb,
                           int64_t depth, float alpha, float* C, int64_t ldc) {
-  auto call = [&](auto r) {
+  // Callers pass 1..kScoreRows.
+  with_count_1_to_8(rows, [&](auto r) {
     scores_tile<decltype(r)::value>(A, lda, Bt, ldb, depth, alpha, C, ldc);
-  };
-  switch (rows) {
-    case 1:
-      return call(std::integral_constant<int, 1>{});
-    case 2:
-      return call(std::integral_constant<int, 2>{});
-    case 3:
-      return call(std::integral_constant<int, 3>{});
-    case 4:
-      return call(std::integral_constant<int, 4>{});
-    case 5:
-      return call(std::integral_constant<int, 5>{});
-    case 6:
-      return call(std::integral_constant<int, 6>{});
-    case 7:
-      return call(std::integral_constant<int, 7>{});
-    case 8:
-      return call(std::integral_constant<int, 8>{});
-    default:
-      return;  // callers pass 1..kScoreRows
-  }
+  });
 }
 
 // Rows per rows_tile for W vectors per row: about kAccumulators accumulators, at most 8
@@ -137,29 +131,13 @@ inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, K
   // Not a structured binding: clang 14 cannot capture those in the lambda below.
   const auto kr = k_range(r0, int64_t(n));
   const int64_t k0 = std::get<0>(kr), k1 = std::get<1>(kr);
-  auto tail = [&](auto rn) {
+  // n < R <= 8; min(N, R) keeps the instantiations to the row counts a tile can have.
+  with_count_1_to_8(n, [&](auto rn) {
+    constexpr int N = std::min(decltype(rn)::value, R);
     for (int w0 = 0; w0 < W; w0 += Wb)
-      rows_tile<Wb, decltype(rn)::value>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha,
-                                         C + r0 * ldc + kL * w0, ldc, accumulate);
-  };
-  switch (n) {
-    case 1:
-      return tail(std::integral_constant<int, 1>{});
-    case 2:
-      return tail(std::integral_constant<int, std::min(2, R)>{});
-    case 3:
-      return tail(std::integral_constant<int, std::min(3, R)>{});
-    case 4:
-      return tail(std::integral_constant<int, std::min(4, R)>{});
-    case 5:
-      return tail(std::integral_constant<int, std::min(5, R)>{});
-    case 6:
-      return tail(std::integral_constant<int, std::min(6, R)>{});
-    case 7:
-      return tail(std::integral_constant<int, std::min(7, R)>{});
-    default:
-      return;  // n < R <= 8
-  }
+      rows_tile<Wb, N>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha, C + r0 * ldc + kL * w0,
+                       ldc, accumulate);
+  });
 }
 
 #if defined(__AVX512F__)

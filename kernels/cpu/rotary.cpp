@@ -32,32 +32,41 @@ void rotary_tables(const RotaryShape& s, const double* inv_freq, int64_t offset,
     }
 }
 
-}  // namespace
-
-template <class T>
-void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_freq,
-                    int64_t offset) {
+// Runs body(r, h, c, sv) for every row r (batch * seq of them, in parallel) and head h,
+// with c and sv the cos and sin of row r's position (D/2 each).
+template <class T, class Body>
+void for_each_rotary_head(const RotaryShape& s, const double* inv_freq, int64_t offset,
+                          Body&& body) {
   thread_local std::vector<T> cs, sn;
   rotary_tables<T>(s, inv_freq, offset, cs, sn);
   // The tables by pointer: inside parallel_for another thread's cs would be its own
   // (empty) thread_local.
   const T* cos_tab = cs.data();
   const T* sin_tab = sn.data();
-  const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
-  parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
+  const int64_t half = s.head_dim / 2;
+  parallel_for(s.batch * s.seq, row_grain(s.heads * s.head_dim), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* c = cos_tab + (r % s.seq) * half;
       const T* sv = sin_tab + (r % s.seq) * half;
-      for (int64_t h = 0; h < s.heads; ++h) {
-        const T* a = x + r * w + h * D;
-        T* o = dst + r * s.dst_ld + s.dst_col + h * D;
+      for (int64_t h = 0; h < s.heads; ++h) body(r, h, c, sv);
+    }
+  });
+}
+
+}  // namespace
+
+template <class T>
+void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_freq,
+                    int64_t offset) {
+  const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
+  for_each_rotary_head<T>(s, inv_freq, offset, [&](int64_t r, int64_t h, const T* c, const T* sv) {
+    const T* a = x + r * w + h * D;
+    T* o = dst + r * s.dst_ld + s.dst_col + h * D;
 #pragma GCC ivdep
-        for (int64_t i = 0; i < half; ++i) {
-          const T x1 = a[i], x2 = a[i + half];
-          o[i] = x1 * c[i] - x2 * sv[i];
-          o[i + half] = x2 * c[i] + x1 * sv[i];
-        }
-      }
+    for (int64_t i = 0; i < half; ++i) {
+      const T x1 = a[i], x2 = a[i + half];
+      o[i] = x1 * c[i] - x2 * sv[i];
+      o[i + half] = x2 * c[i] + x1 * sv[i];
     }
   });
 }
@@ -66,35 +75,23 @@ void rotary_forward(const T* x, T* dst, const RotaryShape& s, const double* inv_
 template <class T>
 void rotary_backward(const T* ddst, T* dx, const RotaryShape& s, const double* inv_freq,
                      int64_t offset, bool accumulate) {
-  thread_local std::vector<T> cs, sn;
-  rotary_tables<T>(s, inv_freq, offset, cs, sn);
-  // The tables by pointer: inside parallel_for another thread's cs would be its own
-  // (empty) thread_local.
-  const T* cos_tab = cs.data();
-  const T* sin_tab = sn.data();
   const int64_t D = s.head_dim, half = D / 2, w = s.heads * D;
-  parallel_for(s.batch * s.seq, row_grain(w), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* c = cos_tab + (r % s.seq) * half;
-      const T* sv = sin_tab + (r % s.seq) * half;
-      for (int64_t h = 0; h < s.heads; ++h) {
-        const T* g = ddst + r * s.dst_ld + s.dst_col + h * D;
-        T* o = dx + r * w + h * D;
-        if (accumulate) {
+  for_each_rotary_head<T>(s, inv_freq, offset, [&](int64_t r, int64_t h, const T* c, const T* sv) {
+    const T* g = ddst + r * s.dst_ld + s.dst_col + h * D;
+    T* o = dx + r * w + h * D;
+    if (accumulate) {
 #pragma GCC ivdep
-          for (int64_t i = 0; i < half; ++i) {
-            const T g1 = g[i], g2 = g[i + half];
-            o[i] += g1 * c[i] + g2 * sv[i];
-            o[i + half] += g2 * c[i] - g1 * sv[i];
-          }
-        } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const T g1 = g[i], g2 = g[i + half];
+        o[i] += g1 * c[i] + g2 * sv[i];
+        o[i + half] += g2 * c[i] - g1 * sv[i];
+      }
+    } else {
 #pragma GCC ivdep
-          for (int64_t i = 0; i < half; ++i) {
-            const T g1 = g[i], g2 = g[i + half];
-            o[i] = g1 * c[i] + g2 * sv[i];
-            o[i + half] = g2 * c[i] - g1 * sv[i];
-          }
-        }
+      for (int64_t i = 0; i < half; ++i) {
+        const T g1 = g[i], g2 = g[i + half];
+        o[i] = g1 * c[i] + g2 * sv[i];
+        o[i + half] = g2 * c[i] - g1 * sv[i];
       }
     }
   });

@@ -31,6 +31,11 @@ inline std::string_view trim(std::string_view s) {
   return s;
 }
 
+// An integer in an error message.
+inline std::string str(long v) {
+  return std::to_string(v);
+}
+
 // One number through a printf format (the reports' fixed-precision figures).
 inline std::string format_number(const char* format, double v) {
   char buf[64];

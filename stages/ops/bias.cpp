@@ -21,9 +21,9 @@ const OpSchema& bias_add_schema() {
   return s;
 }
 
-class BiasAdd final : public OpBase {
+class BiasAdd final : public AddParamOp {
  public:
-  explicit BiasAdd(const OpSpec& spec) : OpBase(bias_add_schema(), spec) {
+  explicit BiasAdd(const OpSpec& spec) : AddParamOp(bias_add_schema(), spec) {
     expect_float_input(spec, 0);
     const Shape& x = spec.inputs[0].shape;
     if (x.empty())
@@ -35,8 +35,6 @@ class BiasAdd final : public OpBase {
     out_.push_back(spec.inputs[0]);
     elems_ = numel_of(spec.inputs[0].shape);
   }
-
-  bool weight_needs_grad_outputs() const override { return true; }
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.may_overwrite(0) ? c.inputs[0] : c.inputs[0].clone();
@@ -56,11 +54,6 @@ class BiasAdd final : public OpBase {
     c.outputs[0] = y;
   }
 
-  void backward_input(BackwardCall& c) const override {
-    if (c.grad_inputs[0].needed() && c.grad_outputs[0].defined())
-      c.grad_inputs[0].give(c.grad_outputs[0]);
-  }
-
   void backward_weight(WeightCall& c) const override {
     if (!c.grad_outputs[0].defined()) return;
     ParamGrad& g = c.grad_params[0];
@@ -76,15 +69,8 @@ class BiasAdd final : public OpBase {
     kernels::bias_backward(sums, g.tensor, g.accumulate);
   }
 
-  OpCost cost(int64_t batch) const override {
-    OpCost k;
-    k.forward_flops = double(batch * elems_);
-    k.backward_weight_flops = k.forward_flops;
-    return k;
-  }
-
  private:
-  int64_t c_ = 0, inner_ = 1, elems_ = 0;
+  int64_t c_ = 0, inner_ = 1;
 };
 
 }  // namespace

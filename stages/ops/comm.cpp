@@ -181,15 +181,10 @@ class VocabParallelCrossEntropy final : public OpBase {
     comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
     kernels::ce_sum_exp(logits, targets, offset_, row_max, sum_exp, target_logit);
     comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
-    double denom = loss_denominator(c.ctx, c.inputs[1]);
-    Tensor dlogits;
-    if (c.ctx.training)
-      dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
-    Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
-    kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit,
-                       c.ctx.mb.loss_scale / denom, losses, dl2);
-    c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
-    if (c.ctx.training) c.saved.push_back(dlogits);
+    finish_cross_entropy(c, dtype_, losses, [&](double grad_scale, Tensor& dlogits) {
+      kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit, grad_scale,
+                         losses, dlogits);
+    });
   }
 
   void backward_input(BackwardCall& c) const override {

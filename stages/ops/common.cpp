@@ -65,6 +65,38 @@ RowNormOp::RowNormOp(const OpSchema& schema, const OpSpec& spec, double default_
   out_.push_back(spec.inputs[0]);
 }
 
+ElementwiseOp::ElementwiseOp(const OpSchema& schema, const OpSpec& spec, double forward_flops,
+                             double backward_input_flops)
+    : OpBase(schema, spec),
+      forward_flops_(forward_flops),
+      backward_input_flops_(backward_input_flops) {
+  expect_float_input(spec, 0, 0);
+  for (size_t i = 1; i < schema_.inputs.size(); ++i)
+    expect_type_of_first_input(spec, i, schema_.inputs[0]);
+  out_.push_back(spec.inputs[0]);
+  elems_ = numel_of(spec.inputs[0].shape);
+}
+
+OpCost ElementwiseOp::cost(int64_t batch) const {
+  double e = double(batch * elems_);
+  OpCost k;
+  k.forward_flops = forward_flops_ * e;
+  k.backward_input_flops = backward_input_flops_ * e;
+  return k;
+}
+
+void AddParamOp::backward_input(BackwardCall& c) const {
+  if (c.grad_inputs[0].needed() && c.grad_outputs[0].defined())
+    c.grad_inputs[0].give(c.grad_outputs[0]);
+}
+
+OpCost AddParamOp::cost(int64_t batch) const {
+  OpCost k;
+  k.forward_flops = double(batch * elems_);
+  k.backward_weight_flops = k.forward_flops;
+  return k;
+}
+
 int64_t rows_per_sample(const Shape& s) {
   int64_t n = 1;
   for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];

@@ -39,6 +39,34 @@ class RowNormOp : public OpBase {
   int64_t c_ = 0, rows_ = 0;  // channels (the last dimension); rows per sample
 };
 
+// An elementwise op (relu, gelu, silu, add, swiglu): float inputs of one type (the
+// second's checked against the first's, which the schema names), an output of that type,
+// and a fixed number of flops per element forward and in the input's backward.
+class ElementwiseOp : public OpBase {
+ public:
+  ElementwiseOp(const OpSchema& schema, const OpSpec& spec, double forward_flops,
+                double backward_input_flops);
+  OpCost cost(int64_t batch) const override;
+
+ private:
+  int64_t elems_ = 0;
+  double forward_flops_, backward_input_flops_;  // per element
+};
+
+// An op that adds a parameter to its one input (bias_add, position_embedding): the input's
+// gradient is the output's itself, the parameter's reads the output gradient, and each pass
+// costs a flop per element (`elems_`, the per-sample elements of the input).
+class AddParamOp : public OpBase {
+ public:
+  using OpBase::OpBase;
+  bool weight_needs_grad_outputs() const override { return true; }
+  void backward_input(BackwardCall& c) const override;
+  OpCost cost(int64_t batch) const override;
+
+ protected:
+  int64_t elems_ = 0;
+};
+
 // The JSON of input i of a node (for errors): $.layers[..].nodes[..].inputs[i].
 JsonReader input_json(const OpSpec& spec, size_t i);
 // The JSON of a parameter slot (for errors): $.layers[..].nodes[..].params.<slot>.

@@ -19,13 +19,10 @@ const OpSchema& relu_schema() {
 
 // gelu and relu: y = f(x), backward from x.
 template <bool kGelu>
-class Activation final : public OpBase {
+class Activation final : public ElementwiseOp {
  public:
-  explicit Activation(const OpSpec& spec) : OpBase(kGelu ? gelu_schema() : relu_schema(), spec) {
-    expect_float_input(spec, 0, 0);
-    out_.push_back(spec.inputs[0]);
-    elems_ = numel_of(spec.inputs[0].shape);
-  }
+  explicit Activation(const OpSpec& spec)
+      : ElementwiseOp(kGelu ? gelu_schema() : relu_schema(), spec, kGelu ? 8 : 1, kGelu ? 12 : 1) {}
   bool saves_input(size_t) const override { return true; }
 
   void forward(ForwardCall& c) const override {
@@ -45,17 +42,6 @@ class Activation final : public OpBase {
     else
       kernels::relu_backward(c.inputs[0], c.grad_outputs[0], t.tensor, t.accumulate);
   }
-
-  OpCost cost(int64_t batch) const override {
-    double e = double(batch * elems_);
-    OpCost k;
-    k.forward_flops = (kGelu ? 8 : 1) * e;
-    k.backward_input_flops = (kGelu ? 12 : 1) * e;
-    return k;
-  }
-
- private:
-  int64_t elems_ = 0;
 };
 
 const OpSchema& add_schema() {
@@ -63,14 +49,9 @@ const OpSchema& add_schema() {
   return s;
 }
 
-class Add final : public OpBase {
+class Add final : public ElementwiseOp {
  public:
-  explicit Add(const OpSpec& spec) : OpBase(add_schema(), spec) {
-    expect_float_input(spec, 0, 0);
-    expect_type_of_first_input(spec, 1, "a");
-    out_.push_back(spec.inputs[0]);
-    elems_ = numel_of(spec.inputs[0].shape);
-  }
+  explicit Add(const OpSpec& spec) : ElementwiseOp(add_schema(), spec, 1, 0) {}
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
@@ -84,15 +65,6 @@ class Add final : public OpBase {
     for (size_t i = 0; i < 2; ++i)
       if (c.grad_inputs[i].needed()) c.grad_inputs[i].give(c.grad_outputs[0]);
   }
-
-  OpCost cost(int64_t batch) const override {
-    OpCost k;
-    k.forward_flops = double(batch * elems_);
-    return k;
-  }
-
- private:
-  int64_t elems_ = 0;
 };
 
 const OpSchema& dropout_schema() {

@@ -75,14 +75,15 @@ const OpSchema& position_schema() {
   return s;
 }
 
-class PositionEmbedding final : public OpBase {
+class PositionEmbedding final : public AddParamOp {
  public:
-  explicit PositionEmbedding(const OpSpec& spec) : OpBase(position_schema(), spec) {
+  explicit PositionEmbedding(const OpSpec& spec) : AddParamOp(position_schema(), spec) {
     expect_float_input(spec, 0, 2);
     const Shape& x = spec.inputs[0].shape;
     if (x.size() != 2) input_json(spec, 0).fail("a value [T, C]", type_str(spec.inputs[0]));
     t_ = x[0];
     c_ = x[1];
+    elems_ = t_ * c_;
     const Shape& w = *spec.params[0];
     if (w.size() != 2 || w[1] != c_ || w[0] < t_)
       param_json(spec, "weight")
@@ -90,8 +91,6 @@ class PositionEmbedding final : public OpBase {
                 "one of shape " + memory::shape_str(w));
     out_.push_back(spec.inputs[0]);
   }
-
-  bool weight_needs_grad_outputs() const override { return true; }
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
@@ -103,11 +102,6 @@ class PositionEmbedding final : public OpBase {
     c.outputs[0] = y;
   }
 
-  void backward_input(BackwardCall& c) const override {
-    if (c.grad_inputs[0].needed() && c.grad_outputs[0].defined())
-      c.grad_inputs[0].give(c.grad_outputs[0]);
-  }
-
   void backward_weight(WeightCall& c) const override {
     if (!c.grad_outputs[0].defined()) return;
     ParamGrad& g = c.grad_params[0];
@@ -115,13 +109,6 @@ class PositionEmbedding final : public OpBase {
     Tensor rows = g.tensor.narrow(0, 0, t_);
     for (int64_t b = 0; b < c.ctx.batch(); ++b)
       kernels::add_inplace(rows, c.grad_outputs[0].select(0, b));
-  }
-
-  OpCost cost(int64_t batch) const override {
-    OpCost k;
-    k.forward_flops = double(batch * t_ * c_);
-    k.backward_weight_flops = k.forward_flops;
-    return k;
   }
 
  private:

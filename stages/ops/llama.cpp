@@ -66,13 +66,10 @@ const OpSchema& silu_schema() {
   return s;
 }
 
-class Silu final : public OpBase {
+class Silu final : public ElementwiseOp {
  public:
-  explicit Silu(const OpSpec& spec) : OpBase(silu_schema(), spec) {
-    expect_float_input(spec, 0, 0);
-    out_.push_back(spec.inputs[0]);
-    elems_ = numel_of(spec.inputs[0].shape);
-  }
+  // Forward: exp, add, reciprocal, multiply.
+  explicit Silu(const OpSpec& spec) : ElementwiseOp(silu_schema(), spec, 4, 7) {}
   bool saves_input(size_t) const override { return true; }
 
   void forward(ForwardCall& c) const override {
@@ -86,17 +83,6 @@ class Silu final : public OpBase {
     auto t = c.grad_inputs[0].target();
     kernels::silu_backward(c.inputs[0], c.grad_outputs[0], t.tensor, t.accumulate);
   }
-
-  OpCost cost(int64_t batch) const override {
-    double e = double(batch * elems_);
-    OpCost k;
-    k.forward_flops = 4 * e;  // exp, add, reciprocal, multiply
-    k.backward_input_flops = 7 * e;
-    return k;
-  }
-
- private:
-  int64_t elems_ = 0;
 };
 
 const OpSchema& swiglu_schema() {
@@ -105,14 +91,9 @@ const OpSchema& swiglu_schema() {
   return s;
 }
 
-class SwiGlu final : public OpBase {
+class SwiGlu final : public ElementwiseOp {
  public:
-  explicit SwiGlu(const OpSpec& spec) : OpBase(swiglu_schema(), spec) {
-    expect_float_input(spec, 0, 0);
-    expect_type_of_first_input(spec, 1, "gate");
-    out_.push_back(spec.inputs[0]);
-    elems_ = numel_of(spec.inputs[0].shape);
-  }
+  explicit SwiGlu(const OpSpec& spec) : ElementwiseOp(swiglu_schema(), spec, 5, 10) {}
   bool saves_input(size_t) const override { return true; }
 
   void forward(ForwardCall& c) const override {
@@ -138,17 +119,6 @@ class SwiGlu final : public OpBase {
     if (!dg.defined() && !du.defined()) return;
     kernels::swiglu_backward(c.inputs[0], c.inputs[1], c.grad_outputs[0], dg, du, ag, au);
   }
-
-  OpCost cost(int64_t batch) const override {
-    double e = double(batch * elems_);
-    OpCost k;
-    k.forward_flops = 5 * e;
-    k.backward_input_flops = 10 * e;
-    return k;
-  }
-
- private:
-  int64_t elems_ = 0;
 };
 
 const OpSchema& rotary_schema() {

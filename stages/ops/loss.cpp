@@ -9,7 +9,10 @@
 #include "stages/ops/registry.h"
 
 namespace baton::stages::ops {
+namespace {
 
+// The loss's denominator: MicroBatch::loss_tokens, or the micro-batch's own non-ignored
+// targets when that is 0.
 double loss_denominator(const OpContext& ctx, const Tensor& targets) {
   if (ctx.mb.loss_tokens > 0) return ctx.mb.loss_tokens;
   // Evaluation without a global count: this micro-batch's own non-ignored targets.
@@ -18,6 +21,19 @@ double loss_denominator(const OpContext& ctx, const Tensor& targets) {
   for (int64_t v : t.span<int64_t>()) n += v >= 0 ? 1 : 0;
   return n > 0 ? n : 1;
 }
+
+// sum(losses) / denom as an f64 scalar, summed in double in row order.
+Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
+  // Summed in double in row order: the same bits whatever the thread count or the plan.
+  std::vector<double> rows = losses.to(memory::Device::cpu()).to(DType::f64).to_vector<double>();
+  double sum = 0;
+  for (double r : rows) sum += r;
+  Tensor out = Tensor::empty({}, DType::f64, memory::Device::cpu());
+  out.data<double>()[0] = sum / denom;
+  return device.is_cpu() ? out : out.to(device);
+}
+
+}  // namespace
 
 int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows) {
   expect_float_input(spec, 0, 1);
@@ -31,14 +47,16 @@ int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows) {
   return l.back();
 }
 
-Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
-  // Summed in double in row order: the same bits whatever the thread count or the plan.
-  std::vector<double> rows = losses.to(memory::Device::cpu()).to(DType::f64).to_vector<double>();
-  double sum = 0;
-  for (double r : rows) sum += r;
-  Tensor out = Tensor::empty({}, DType::f64, memory::Device::cpu());
-  out.data<double>()[0] = sum / denom;
-  return device.is_cpu() ? out : out.to(device);
+void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& losses,
+                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute) {
+  const double denom = loss_denominator(c.ctx, c.inputs[1]);
+  Tensor dlogits;
+  if (c.ctx.training)
+    dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype);
+  Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
+  compute(c.ctx.mb.loss_scale / denom, dl2);
+  c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
+  if (c.ctx.training) c.saved.push_back(dlogits);
 }
 
 namespace {
@@ -68,15 +86,9 @@ class CrossEntropy final : public OpBase {
     Tensor targets = c.inputs[1].view({-1});
     int64_t n = logits.size(0);
     Tensor losses = c.alloc({n}, dtype_);
-    double denom = loss_denominator(c.ctx, c.inputs[1]);
-    Tensor dlogits;
-    if (c.ctx.training)
-      dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
-    Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
-    const double scale = c.ctx.mb.loss_scale / denom;
-    kernels::cross_entropy_forward(logits, targets, scale, losses, dl2);
-    c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
-    if (c.ctx.training) c.saved.push_back(dlogits);
+    finish_cross_entropy(c, dtype_, losses, [&](double grad_scale, Tensor& dlogits) {
+      kernels::cross_entropy_forward(logits, targets, grad_scale, losses, dlogits);
+    });
   }
 
   void backward_input(BackwardCall& c) const override {

@@ -1,17 +1,22 @@
 // Pieces shared by cross_entropy and its vocabulary-parallel form.
 #pragma once
 
+#include <functional>
+
 #include "stages/op.h"
 
 namespace baton::stages::ops {
 
-// The loss's denominator: MicroBatch::loss_tokens, or the micro-batch's own non-ignored
-// targets when that is 0.
-double loss_denominator(const OpContext& ctx, const Tensor& targets);
 // Checks a cross-entropy's inputs (float logits [..., V], integer targets of the logits'
 // leading shape); returns the logits' last dimension V and sets `rows` to the rows.
 int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows);
-// sum(losses) / denom as an f64 scalar, summed in double in row order.
-Tensor sum_losses(const Tensor& losses, double denom, memory::Device device);
+// Cross-entropy's last step: `compute(grad_scale, dlogits)` writes each row's loss into
+// `losses` and, while training, the gradient of the logits (the rows of input 0) into
+// dlogits (undefined otherwise), scaled by grad_scale (the loss scale over the
+// denominator, MicroBatch::loss_tokens); then the output (the losses' sum over the
+// denominator) and the gradient saved for backward, in input 0 when forward may
+// overwrite it.
+void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& losses,
+                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute);
 
 }  // namespace baton::stages::ops

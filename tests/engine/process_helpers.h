@@ -131,6 +131,21 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::string& out)
   return pid;
 }
 
+// The argv (for spawn) of `baton launch <launch...> -- baton train --plan <plan> --data
+// <data_file()> --threads 1 --log-every 0 --loss-log <loss_log> <train...>`: the runs the
+// tests kill or stop while they train.
+inline std::vector<std::string> launch_train_argv(const std::vector<std::string>& launch,
+                                                  const std::string& plan,
+                                                  const std::string& loss_log,
+                                                  const std::vector<std::string>& train) {
+  std::vector<std::string> a = {baton(), "launch"};
+  a.insert(a.end(), launch.begin(), launch.end());
+  a.insert(a.end(), {"--", baton(), "train", "--plan", plan, "--data", data_file(), "--threads",
+                     "1", "--log-every", "0", "--loss-log", loss_log});
+  a.insert(a.end(), train.begin(), train.end());
+  return a;
+}
+
 // The processes `pid` started (the children of its threads).
 inline std::vector<pid_t> children_of(pid_t pid) {
   std::vector<pid_t> out;
@@ -142,6 +157,28 @@ inline std::vector<pid_t> children_of(pid_t pid) {
     while (in >> c) out.push_back(c);
   }
   return out;
+}
+
+// The BATON_RANK of process `pid` (the launcher sets it before exec), -1 when it has none.
+inline int rank_of_process(pid_t pid) {
+  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+  std::string var;
+  while (std::getline(env, var, '\0'))
+    if (var.rfind("BATON_RANK=", 0) == 0) return std::atoi(var.c_str() + 11);
+  return -1;
+}
+
+// Every one of the `n` ranks but `victim` printed its failure ("[rank r] baton train:
+// failed: ...") into the job's output `out`, naming rank `victim`.
+inline void expect_every_other_rank_names(const std::string& out, int n, int victim) {
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
+    size_t at = out.find(prefix);
+    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
+    std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
+  }
 }
 
 }  // namespace baton::engine_testing

@@ -48,24 +48,23 @@ void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, 
   expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
 }
 
-TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
+// PP2 x TP2 x DP2 GPT under `schedule` (8 processes).
+void gpt_pp2_tp2_dp2(const std::string& schedule) {
   Workspace ws("proc");
   PlanSpec p;
   p.model = tiny_gpt_json(2);
   p.tp = {2, 2};
   p.dp = 2;
-  p.schedule = "1f1b";
+  p.schedule = schedule;
   plan_run(ws, p, "", false);
 }
 
+TEST(Processes, GptPp2Tp2Dp2OneFOneB) {
+  gpt_pp2_tp2_dp2("1f1b");
+}
+
 TEST(Processes, GptPp2Tp2Dp2ZeroBubbleV) {
-  Workspace ws("proc");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "zb-v";
-  plan_run(ws, p, "", false);
+  gpt_pp2_tp2_dp2("zb-v");
 }
 
 TEST(Processes, GptPp4Interleaved) {
@@ -138,37 +137,10 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
-    std::vector<std::string> a = {baton(),
-                                  "launch",
-                                  "-n",
-                                  "8",
-                                  "--",
-                                  baton(),
-                                  "train",
-                                  "--plan",
-                                  ws.path("plan.json"),
-                                  "--data",
-                                  data_file(),
-                                  "--steps",
-                                  "40",
-                                  "--seed",
-                                  "3",
-                                  "--lr",
-                                  "3e-3",
-                                  "--weight-decay",
-                                  "0.01",
-                                  "--threads",
-                                  "1",
-                                  "--log-every",
-                                  "0",
-                                  "--checkpoint-dir",
-                                  ckpt,
-                                  "--checkpoint-every",
-                                  "3",
-                                  "--keep-checkpoints",
-                                  "2",
-                                  "--loss-log",
-                                  log};
+    std::vector<std::string> a = launch_train_argv(
+        {"-n", "8"}, ws.path("plan.json"), log,
+        {"--steps", "40", "--seed", "3", "--lr", "3e-3", "--weight-decay", "0.01",
+         "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2"});
     if (resume) a.push_back("--resume");
     return a;
   };
@@ -233,27 +205,9 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   // --grace 15: the launcher leaves the other ranks alone long enough to see whether they
   // stop by themselves (the requirement is 10 s).
-  std::vector<std::string> argv = {baton(),
-                                   "launch",
-                                   "-n",
-                                   std::to_string(n),
-                                   "--grace",
-                                   "15",
-                                   "--",
-                                   baton(),
-                                   "train",
-                                   "--plan",
-                                   ws.path("plan.json"),
-                                   "--data",
-                                   data_file(),
-                                   "--steps",
-                                   "1000000",
-                                   "--threads",
-                                   "1",
-                                   "--log-every",
-                                   "0",
-                                   "--loss-log",
-                                   ws.path("loss.jsonl")};
+  std::vector<std::string> argv =
+      launch_train_argv({"-n", std::to_string(n), "--grace", "15"}, ws.path("plan.json"),
+                        ws.path("loss.jsonl"), {"--steps", "1000000"});
   pid_t pid = spawn(argv, ws.path("job.out"));
   const size_t after = std::uniform_int_distribution<size_t>(2, 20)(rng);
   for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < after; ++i)
@@ -265,12 +219,8 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
   // Which child is which rank: BATON_RANK in its environment.
   const int victim = chosen >= 0 ? chosen : std::uniform_int_distribution<int>(0, n - 1)(rng);
   pid_t victim_pid = -1;
-  for (pid_t c : ranks) {
-    std::ifstream env("/proc/" + std::to_string(c) + "/environ");
-    std::string var;
-    while (std::getline(env, var, '\0'))
-      if (var == "BATON_RANK=" + std::to_string(victim)) victim_pid = c;
-  }
+  for (pid_t c : ranks)
+    if (rank_of_process(c) == victim) victim_pid = c;
   ASSERT_GT(victim_pid, 0);
   std::printf("killing rank %d after step %zu\n", victim, after);
   auto t0 = std::chrono::steady_clock::now();
@@ -295,14 +245,7 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
             std::string::npos)
       << out;
   // ... each with an error naming the dead rank.
-  for (int r = 0; r < n; ++r) {
-    if (r == victim) continue;
-    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
-    size_t at = out.find(prefix);
-    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
-    std::string line = out.substr(at, out.find('\n', at) - at);
-    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
-  }
+  expect_every_other_rank_names(out, n, victim);
 }
 
 TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
@@ -369,30 +312,10 @@ void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = 
   int n = 0;
   for (int t : tp) n += 2 * t;
   const double timeout = 2.0;
-  std::vector<std::string> argv = {"/usr/bin/env",
-                                   "BATON_PEER_TIMEOUT=2",
-                                   "BATON_TEST_STOP=" + stop_at,
-                                   baton(),
-                                   "launch",
-                                   "-n",
-                                   std::to_string(n),
-                                   "--grace",
-                                   "1",
-                                   "--",
-                                   baton(),
-                                   "train",
-                                   "--plan",
-                                   ws.path("plan.json"),
-                                   "--data",
-                                   data_file(),
-                                   "--steps",
-                                   "1000000",
-                                   "--threads",
-                                   "1",
-                                   "--log-every",
-                                   "0",
-                                   "--loss-log",
-                                   ws.path("loss.jsonl")};
+  std::vector<std::string> argv =
+      launch_train_argv({"-n", std::to_string(n), "--grace", "1"}, ws.path("plan.json"),
+                        ws.path("loss.jsonl"), {"--steps", "1000000"});
+  argv.insert(argv.begin(), {"/usr/bin/env", "BATON_PEER_TIMEOUT=2", "BATON_TEST_STOP=" + stop_at});
   pid_t pid = spawn(argv, ws.path("job.out"));
   std::vector<pid_t> ranks;
   for (int i = 0; i < 20000 && int(ranks.size()) < n; ++i) {
@@ -405,12 +328,7 @@ void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = 
   for (int i = 0; i < 2000 && victim_pid < 0; ++i) {  // BATON_RANK is set before exec
     others.clear();
     for (pid_t c : ranks) {
-      std::ifstream env("/proc/" + std::to_string(c) + "/environ");
-      std::string var;
-      bool is_victim = false;
-      while (std::getline(env, var, '\0'))
-        is_victim |= var == "BATON_RANK=" + std::to_string(victim);
-      if (is_victim)
+      if (rank_of_process(c) == victim)
         victim_pid = c;
       else
         others.push_back(c);
@@ -458,14 +376,7 @@ void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = 
   EXPECT_NE(out.find("baton launch: the job failed: rank " + std::to_string(victim) +
                      " was stopped by signal 19 (SIGSTOP)"),
             std::string::npos);
-  for (int r = 0; r < n; ++r) {
-    if (r == victim) continue;
-    std::string prefix = "[rank " + std::to_string(r) + "] baton train: failed: ";
-    size_t at = out.find(prefix);
-    ASSERT_NE(at, std::string::npos) << "rank " << r << " reported no error";
-    std::string line = out.substr(at, out.find('\n', at) - at);
-    EXPECT_NE(line.find("rank " + std::to_string(victim)), std::string::npos) << line;
-  }
+  expect_every_other_rank_names(out, n, victim);
 }
 
 TEST(Processes, RankStoppedInsideAStepIsNamedByEveryOther) {

@@ -27,14 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int rank_of(pid_t pid) {
-  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-  std::string var;
-  while (std::getline(env, var, '\0'))
-    if (var.rfind("BATON_RANK=", 0) == 0) return std::atoi(var.c_str() + 11);
-  return -1;
-}
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -54,41 +46,11 @@ void killed_three_times(const json& model, int64_t steps) {
   p.schedule = "1f1b";
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log) {
-    return std::vector<std::string>{baton(),
-                                    "launch",
-                                    "-n",
-                                    "2",
-                                    "--max-restarts",
-                                    "3",
-                                    "--restart-backoff",
-                                    "0.1",
-                                    "--grace",
-                                    "3",
-                                    "--",
-                                    baton(),
-                                    "train",
-                                    "--plan",
-                                    ws.path("plan.json"),
-                                    "--data",
-                                    data_file(),
-                                    "--steps",
-                                    std::to_string(steps),
-                                    "--seed",
-                                    "3",
-                                    "--lr",
-                                    "3e-3",
-                                    "--threads",
-                                    "1",
-                                    "--log-every",
-                                    "0",
-                                    "--checkpoint-dir",
-                                    ckpt,
-                                    "--checkpoint-every",
-                                    "3",
-                                    "--keep-checkpoints",
-                                    "2",
-                                    "--loss-log",
-                                    log};
+    return launch_train_argv(
+        {"-n", "2", "--max-restarts", "3", "--restart-backoff", "0.1", "--grace", "3"},
+        ws.path("plan.json"), log,
+        {"--steps", std::to_string(steps), "--seed", "3", "--lr", "3e-3", "--checkpoint-dir", ckpt,
+         "--checkpoint-every", "3", "--keep-checkpoints", "2"});
   };
   auto t0 = Clock::now();
   pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl")), ws.path("full.out"));
@@ -126,7 +88,7 @@ void killed_three_times(const json& model, int64_t steps) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_EQ(ranks.size(), 2u) << slurp(out);
     pid_t victim = ranks[std::uniform_int_distribution<size_t>(0, 1)(rng)];
-    int rank = rank_of(victim);
+    int rank = rank_of_process(victim);
     victims.push_back(rank);
     auto lines = read_loss_log(log);
     std::printf("kill %d: rank %d, the loss log at step %lld\n", k + 1, rank,

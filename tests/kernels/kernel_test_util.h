@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -67,6 +68,35 @@ inline std::vector<double> as_f64(const Tensor& t) {
 
 inline double rel_error(const Tensor& got, const Tensor& want) {
   return rel_error(as_f64(got), as_f64(want));
+}
+
+// Attention forward and backward of qkv [B, T, ...] under `o` (g: the output gradient,
+// of the output's shape) at 1 and at 2 threads: the output and the input gradient must be
+// the same bits.
+inline void expect_attention_same_at_1_and_2_threads(const Tensor& qkv, const Tensor& g,
+                                                     const AttentionOptions& o) {
+  const DType f = qkv.dtype();
+  std::vector<Tensor> res;
+  const int before = num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    Tensor out = Tensor::empty(g.shape(), f),
+           lse = Tensor::empty({qkv.size(0), o.heads, qkv.size(1)}, f),
+           d = Tensor::empty(qkv.shape(), f);
+    attention_forward(qkv, o, out, lse);
+    attention_backward(qkv, out, lse, g, o, d, false);
+    res.insert(res.end(), {out, d});
+  }
+  set_num_threads(before);
+  EXPECT_EQ(std::memcmp(res[0].raw_data(), res[2].raw_data(), res[0].nbytes()), 0);
+  EXPECT_EQ(std::memcmp(res[1].raw_data(), res[3].raw_data(), res[1].nbytes()), 0);
+}
+
+// t's values plus one: what a gradient accumulated into a tensor of ones must equal.
+inline std::vector<double> plus_one(const Tensor& t) {
+  std::vector<double> v = as_f64(t);
+  for (double& e : v) e += 1;
+  return v;
 }
 
 // sum(w * y) in double.

@@ -3,8 +3,6 @@
 // float64, accumulate, and the dropout mask's independence of batch/head partitioning.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "kernels/ops.h"
 #include "kernels/random.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -205,19 +203,7 @@ TEST(Attention, ResultsDoNotDependOnTheThreadCount) {
   AttentionOptions o;
   o.heads = 4;
   o.dropout = 0.1;
-  std::vector<Tensor> res;
-  const int before = num_threads();
-  for (int t : {1, 2}) {
-    set_num_threads(t);
-    Tensor out = Tensor::empty({2, 200, 64}, f), lse = Tensor::empty({2, 4, 200}, f),
-           d = Tensor::empty(qkv.shape(), f);
-    attention_forward(qkv, o, out, lse);
-    attention_backward(qkv, out, lse, g, o, d, false);
-    res.insert(res.end(), {out, d});
-  }
-  set_num_threads(before);
-  EXPECT_EQ(std::memcmp(res[0].raw_data(), res[2].raw_data(), res[0].nbytes()), 0);
-  EXPECT_EQ(std::memcmp(res[1].raw_data(), res[3].raw_data(), res[1].nbytes()), 0);
+  expect_attention_same_at_1_and_2_threads(qkv, g, o);
 }
 
 TEST(Attention, RejectsBadShapes) {

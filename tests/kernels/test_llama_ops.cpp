@@ -54,13 +54,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   Tensor dx2 = Tensor::full(x.shape(), 1.0, DType::f64), dw2 = Tensor::full({c}, 1.0, DType::f64);
   rmsnorm_backward_input(g, x, w, rstd, dx2, true);
   rmsnorm_backward_weight(g, x, rstd, dw2, true);
-  auto plus1 = [](const Tensor& t) {
-    auto v = as_f64(t);
-    for (double& e : v) e += 1;
-    return v;
-  };
-  EXPECT_LT(rel_error(as_f64(dx2), plus1(dx)), 1e-14);
-  EXPECT_LT(rel_error(as_f64(dw2), plus1(dw)), 1e-14);
+  EXPECT_LT(rel_error(as_f64(dx2), plus_one(dx)), 1e-14);
+  EXPECT_LT(rel_error(as_f64(dw2), plus_one(dw)), 1e-14);
 
   const DType f = DType::f32;
   Tensor y32 = Tensor::empty(x.shape(), f), r32 = Tensor::empty({n}, f),
@@ -410,19 +405,7 @@ TEST(GroupedQueryAttention, ResultsDoNotDependOnTheThreadCount) {
   AttentionOptions o;
   o.heads = 8;
   o.kv_heads = 2;
-  std::vector<Tensor> res;
-  const int before = num_threads();
-  for (int t : {1, 2}) {
-    set_num_threads(t);
-    Tensor out = Tensor::empty({2, 150, 128}, f), lse = Tensor::empty({2, 8, 150}, f),
-           d = Tensor::empty(qkv.shape(), f);
-    attention_forward(qkv, o, out, lse);
-    attention_backward(qkv, out, lse, g, o, d, false);
-    res.insert(res.end(), {out, d});
-  }
-  set_num_threads(before);
-  EXPECT_EQ(std::memcmp(res[0].raw_data(), res[2].raw_data(), res[0].nbytes()), 0);
-  EXPECT_EQ(std::memcmp(res[1].raw_data(), res[3].raw_data(), res[1].nbytes()), 0);
+  expect_attention_same_at_1_and_2_threads(qkv, g, o);
 }
 
 // The cos/sin tables are built on the calling thread and read by the pool's threads (a

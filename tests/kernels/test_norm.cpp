@@ -59,14 +59,9 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   layernorm_backward_input(g, x, w, mean, rstd, dx2, true);
   layernorm_backward_weight(g, x, mean, rstd, dw2, none, true);
   layernorm_backward_weight(g, x, mean, rstd, none, db2, true);
-  auto plus1 = [](const Tensor& t) {
-    auto v = as_f64(t);
-    for (double& e : v) e += 1;
-    return v;
-  };
-  EXPECT_LT(rel_error(as_f64(dx2), plus1(dx)), 1e-14);
-  EXPECT_LT(rel_error(as_f64(dw2), plus1(dw)), 1e-14);
-  EXPECT_LT(rel_error(as_f64(db2), plus1(db)), 1e-14);
+  EXPECT_LT(rel_error(as_f64(dx2), plus_one(dx)), 1e-14);
+  EXPECT_LT(rel_error(as_f64(dw2), plus_one(dw)), 1e-14);
+  EXPECT_LT(rel_error(as_f64(db2), plus_one(db)), 1e-14);
 
   // float32 against float64.
   const DType f = DType::f32;

@@ -100,9 +100,11 @@ RequestPtr LocalFabric::isend(const void* data, size_t bytes, int dst, uint64_t 
       matched = true;
       hub_->begin_delivery(rank(), dst);
     } else if (bytes <= kEagerLimit) {
-      s.eager.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-      s.data = nullptr;
-      box.unexpected[tag].push_back(std::move(s));
+      // A Send of its own (no request, no pointer): `s` stays whole for the matched case.
+      LocalHub::Send eager;
+      eager.bytes = bytes;
+      eager.eager.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+      box.unexpected[tag].push_back(std::move(eager));
     } else {
       s.req = req;
       box.unexpected[tag].push_back(std::move(s));

@@ -33,24 +33,26 @@ void int_max_loop(T* dst, const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = std::max(a[i], b[i]);
 }
 
-template <bool kMax>
-void bf16_loop(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
+// A 16-bit float format (bf16, f16) reduced in float: the sum, or the maximum with NaN
+// winning as above.
+template <bool kMax, float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void half_loop(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    float x = memory::bf16_to_float(a[i]);
-    float y = memory::bf16_to_float(b[i]);
+    float x = ToFloat(a[i]);
+    float y = ToFloat(b[i]);
     float r = kMax ? ((x > y || x != x) ? x : y) : x + y;
-    dst[i] = memory::float_to_bf16(r);
+    dst[i] = FromFloat(r);
   }
 }
 
 template <bool kMax>
+void bf16_loop(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
+  half_loop<kMax, memory::bf16_to_float, memory::float_to_bf16>(dst, a, b, n);
+}
+
+template <bool kMax>
 void f16_scalar(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float x = memory::f16_to_float(a[i]);
-    float y = memory::f16_to_float(b[i]);
-    float r = kMax ? ((x > y || x != x) ? x : y) : x + y;
-    dst[i] = memory::float_to_f16(r);
-  }
+  half_loop<kMax, memory::f16_to_float, memory::float_to_f16>(dst, a, b, n);
 }
 
 #if defined(__x86_64__)
