@@ -14,92 +14,51 @@ __device__ __forceinline__ int64_t warp_row() {
   return int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
 }
 
+// LayerNorm of x, or (b defined) of s = x + b stored in T and normalised as stored: the
+// bits of add then LayerNorm. Each lane reads back only the columns it wrote, so no
+// barrier is needed.
 template <class T, class W, class S>
-__global__ void ln_forward(const T* x, const W* w, const W* b, float eps, T* y, S* mean, S* rstd,
-                           int64_t rows, int64_t cols) {
+__global__ void ln_forward(const T* x, const T* b, T* s, const W* w, const W* bias, float eps, T* y,
+                           S* mean, S* rstd, int64_t rows, int64_t cols) {
   const int64_t r = warp_row();
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
   const T* xr = x + r * cols;
-  float s = 0;
-  for (int64_t c = lane; c < cols; c += 32) s += to_f(xr[c]);
-  const float mu = warp_sum(s) / float(cols);
-  float v = 0;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float d = to_f(xr[c]) - mu;
-    v += d * d;
-  }
-  const float rs = rsqrtf(warp_sum(v) / float(cols) + eps);
-  T* yr = y + r * cols;
-  for (int64_t c = lane; c < cols; c += 32)
-    yr[c] = from_f<T>((to_f(xr[c]) - mu) * rs * to_f(w[c]) + to_f(b[c]));
-  if (lane == 0) {
-    mean[r] = from_f<S>(mu);
-    rstd[r] = from_f<S>(rs);
-  }
-}
-
-template <class T, class W, class S>
-__global__ void ln_backward_input(const T* dy, const T* x, const W* w, const S* mean, const S* rstd,
-                                  T* dx, int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t r = warp_row();
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
-  const T* xr = x + r * cols;
-  const T* dyr = dy + r * cols;
-  T* dxr = dx + r * cols;
-  const float mu = to_f(mean[r]), rs = to_f(rstd[r]);
-  float sg = 0, sgx = 0;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float g = to_f(dyr[c]) * to_f(w[c]);
-    sg += g;
-    sgx += g * (to_f(xr[c]) - mu) * rs;
-  }
-  const float mg = warp_sum(sg) / float(cols), mgx = warp_sum(sgx) / float(cols);
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float v = rs * (to_f(dyr[c]) * to_f(w[c]) - mg - (to_f(xr[c]) - mu) * rs * mgx);
-    dxr[c] = from_f<T>(accumulate ? to_f(dxr[c]) + v : v);
-  }
-}
-
-// s = a + b stored in T, then LayerNorm of the stored s: the bits of add then
-// ln_forward. Each lane reads back only the columns it wrote, so no barrier is needed.
-template <class T, class W, class S>
-__global__ void add_ln_forward(const T* a, const T* b, const W* w, const W* bias, float eps, T* s,
-                               T* y, S* mean, S* rstd, int64_t rows, int64_t cols) {
-  const int64_t r = warp_row();
-  const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
-  const T* ar = a + r * cols;
-  const T* br = b + r * cols;
-  T* sr = s + r * cols;
   float sum = 0;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const T v = from_f<T>(to_f(ar[c]) + to_f(br[c]));
-    sr[c] = v;
-    sum += to_f(v);
+  if (b != nullptr) {
+    const T* br = b + r * cols;
+    T* sr = s + r * cols;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const T v = from_f<T>(to_f(xr[c]) + to_f(br[c]));
+      sr[c] = v;
+      sum += to_f(v);
+    }
+    xr = sr;
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) sum += to_f(xr[c]);
   }
   const float mu = warp_sum(sum) / float(cols);
   float var = 0;
   for (int64_t c = lane; c < cols; c += 32) {
-    const float d = to_f(sr[c]) - mu;
+    const float d = to_f(xr[c]) - mu;
     var += d * d;
   }
   const float rs = rsqrtf(warp_sum(var) / float(cols) + eps);
   T* yr = y + r * cols;
   for (int64_t c = lane; c < cols; c += 32)
-    yr[c] = from_f<T>((to_f(sr[c]) - mu) * rs * to_f(w[c]) + to_f(bias[c]));
+    yr[c] = from_f<T>((to_f(xr[c]) - mu) * rs * to_f(w[c]) + to_f(bias[c]));
   if (lane == 0) {
     mean[r] = from_f<S>(mu);
     rstd[r] = from_f<S>(rs);
   }
 }
 
-// dx = (accumulate ? dx : 0) + (ds ? ds : 0) + LayerNorm's input gradient at s.
+// dx = (accumulate ? dx : 0) + (ds ? ds : 0) + LayerNorm's input gradient at x (the
+// fused add's gradient when ds, s's other readers', is given).
 template <class T, class W, class S>
-__global__ void add_ln_backward_input(const T* dy, const T* ds, const T* x, const W* w,
-                                      const S* mean, const S* rstd, T* dx, int64_t rows,
-                                      int64_t cols, bool accumulate) {
+__global__ void ln_backward_input(const T* dy, const T* ds, const T* x, const W* w, const S* mean,
+                                  const S* rstd, T* dx, int64_t rows, int64_t cols,
+                                  bool accumulate) {
   const int64_t r = warp_row();
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -226,9 +185,10 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, W, {
     BATON_CUDA_SECOND(op, x.dtype(), mean.dtype(), T, S, {
       ln_forward<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
-          static_cast<const T*>(x.raw_data()), static_cast<const W*>(weight.raw_data()),
-          static_cast<const W*>(bias.raw_data()), float(eps), static_cast<T*>(y.raw_data()),
-          static_cast<S*>(mean.raw_data()), static_cast<S*>(rstd.raw_data()), rows, cols);
+          static_cast<const T*>(x.raw_data()), nullptr, nullptr,
+          static_cast<const W*>(weight.raw_data()), static_cast<const W*>(bias.raw_data()),
+          float(eps), static_cast<T*>(y.raw_data()), static_cast<S*>(mean.raw_data()),
+          static_cast<S*>(rstd.raw_data()), rows, cols);
       BATON_CUDA_CHECK_LAUNCH();
     });
   });
@@ -253,7 +213,7 @@ void layernorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w
   BATON_CUDA_DISPATCH2(op, x.dtype(), weight.dtype(), T, W, {
     BATON_CUDA_SECOND(op, x.dtype(), mean.dtype(), T, S, {
       ln_backward_input<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
-          static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+          static_cast<const T*>(dy.raw_data()), nullptr, static_cast<const T*>(x.raw_data()),
           static_cast<const W*>(weight.raw_data()), static_cast<const S*>(mean.raw_data()),
           static_cast<const S*>(rstd.raw_data()), static_cast<T*>(dx.raw_data()), rows, cols,
           accumulate);
@@ -319,10 +279,10 @@ void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& weigh
   Launch l(y);
   BATON_CUDA_DISPATCH2(op, a.dtype(), weight.dtype(), T, W, {
     BATON_CUDA_SECOND(op, a.dtype(), mean.dtype(), T, S, {
-      add_ln_forward<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+      ln_forward<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
           static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
-          static_cast<const W*>(weight.raw_data()), static_cast<const W*>(bias.raw_data()),
-          float(eps), static_cast<T*>(s.raw_data()), static_cast<T*>(y.raw_data()),
+          static_cast<T*>(s.raw_data()), static_cast<const W*>(weight.raw_data()),
+          static_cast<const W*>(bias.raw_data()), float(eps), static_cast<T*>(y.raw_data()),
           static_cast<S*>(mean.raw_data()), static_cast<S*>(rstd.raw_data()), rows, cols);
       BATON_CUDA_CHECK_LAUNCH();
     });
@@ -352,7 +312,7 @@ void add_layernorm_backward_input(const Tensor& dy, const Tensor& ds, const Tens
   Launch l(dx);
   BATON_CUDA_DISPATCH2(op, s.dtype(), weight.dtype(), T, W, {
     BATON_CUDA_SECOND(op, s.dtype(), mean.dtype(), T, S, {
-      add_ln_backward_input<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
+      ln_backward_input<T, W, S><<<row_blocks(rows), 32 * kWarps, 0, l.stream>>>(
           static_cast<const T*>(dy.raw_data()),
           ds.defined() ? static_cast<const T*>(ds.raw_data()) : nullptr,
           static_cast<const T*>(s.raw_data()), static_cast<const W*>(weight.raw_data()),
