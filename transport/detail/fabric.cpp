@@ -8,18 +8,6 @@
 
 namespace baton::transport::detail {
 
-namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-}  // namespace
-
 Fabric::Fabric(int rank, int size, CommOptions options)
     : rank_(rank), size_(size), options_(options) {
   if (size < 1 || size > kMaxRanks)

@@ -14,11 +14,21 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "transport/communicator.h"
 #include "transport/options.h"
 
 namespace baton::transport::detail {
+
+// A spin-wait's pause between polls (the fabrics' progress and completion loops).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 // A failure as plain data. Every thread that waits on a failed operation throws its
 // own exception made from it: one exception object shared between threads would be

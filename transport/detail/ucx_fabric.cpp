@@ -76,12 +76,6 @@ std::string err_mode_setting() {
   return m;
 }
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // Of the network devices UCX_NET_DEVICES names, those that exist here but are down (not
 // up and running); empty when any named device is usable, or one is not a network
 // interface of this host (an InfiniBand port, "all", a name UCX itself will refuse).
