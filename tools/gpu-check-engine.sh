@@ -20,7 +20,7 @@
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
