@@ -184,6 +184,23 @@ std::string dims(std::initializer_list<int64_t> d) {
   return s;
 }
 
+// The local work of one rank of the vocabulary-parallel cross-entropy in one read
+// (kernels/fused.h), the all-reduces replaced by what a rank without the row's max sees.
+void ce_vocab_parallel_one_read(const Tensor& logits, const Tensor& targets, double grad_scale,
+                                Tensor& losses, Tensor& dlogits) {
+  const int64_t n = logits.size(0);
+  thread_local Tensor local_max, local_sum, row_max, sum_exp, target_logit;
+  if (!local_max.defined() || local_max.numel() != n)
+    for (Tensor* t : {&local_max, &local_sum, &row_max, &sum_exp, &target_logit})
+      *t = Tensor::empty({n});
+  k::ce_local_forward(logits, targets, 0, grad_scale, local_max, local_sum, target_logit, dlogits);
+  for (int64_t r = 0; r < n; ++r) row_max.data<float>()[r] = local_max.data<float>()[r] + 0.5f;
+  k::ce_local_share(local_max, local_sum, row_max, sum_exp);
+  for (int64_t r = 0; r < n; ++r) sum_exp.data<float>()[r] *= 2.0f;
+  k::ce_local_finish(targets, 0, local_max, local_sum, row_max, sum_exp, target_logit, grad_scale,
+                     losses, dlogits);
+}
+
 void bench_config(Bench& b, const Config& c) {
   std::mt19937_64 rng(42);
   const int64_t B = c.batch, T = c.ctx, C = c.embd, H = c.heads, D = C / H, V = c.vocab;
@@ -303,6 +320,12 @@ void bench_config(Bench& b, const Config& c) {
     });
     b.mem_row(c, "cross_entropy (one call)", shape, 2.0 * lg,
               [&] { k::cross_entropy_forward(logits, tg, 1.0 / double(N), losses, dlogits); });
+    // The vocabulary-parallel form's local work (its rows beside "3 steps", which is that
+    // form's local work too), the all-reduces replaced by a max half a unit above this
+    // rank's and a sum twice its share, so that the gradient's rescaling pass runs as on
+    // a rank without the row's max.
+    b.mem_row(c, "ce vocab-parallel (one read)", shape, 2.0 * lg,
+              [&] { ce_vocab_parallel_one_read(logits, tg, 1.0 / double(N), losses, dlogits); });
   }
   if (c.name == "A") {  // GPT-2's vocabulary: rows longer than L1, softmax in chunks
     const int64_t R = 32, GV = 50257;
@@ -313,6 +336,20 @@ void bench_config(Bench& b, const Config& c) {
     b.mem_row(c, "softmax_fwd V50257", shape, 2.0 * lg, [&] { k::softmax_forward(logits, y); });
     b.mem_row(c, "cross_entropy V50257 (one call)", shape, 2.0 * lg,
               [&] { k::cross_entropy_forward(logits, tg, 1.0 / double(R), losses, y); });
+    // One rank of two under tensor parallelism: half the vocabulary.
+    const int64_t HV = GV / 2;
+    const size_t hlg = size_t(R * HV) * 4;
+    const Tensor half = randn({R, HV}, rng, 3.0), htg = ids({R}, HV, rng);
+    Tensor hy = Tensor::empty({R, HV}), mx = Tensor::empty({R}), se = Tensor::empty({R}),
+           tl = Tensor::empty({R});
+    const std::string hshape = dims({R, HV});
+    b.mem_row(c, "ce vocab-par. V/2 (3 steps)", hshape, 2.0 * hlg, [&] {
+      k::ce_row_max(half, mx);
+      k::ce_sum_exp(half, htg, 0, mx, se, tl);
+      k::ce_finish(half, htg, 0, mx, se, tl, 1.0 / double(R), losses, hy);
+    });
+    b.mem_row(c, "ce vocab-par. V/2 (one read)", hshape, 2.0 * hlg,
+              [&] { ce_vocab_parallel_one_read(half, htg, 1.0 / double(R), losses, hy); });
   }
   {
     const Tensor tok = ids({B, T}, V, rng), table = randn({V, C}, rng),

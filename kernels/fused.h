@@ -1,7 +1,8 @@
 // Fused kernels: two neighbouring ops of a GPT block, or the loss's three steps, in one
 // pass (docs/kernels.md, "Fused kernels"). Same conventions and checks as ops.h; the
 // add + LayerNorm and bias + GELU on the CPU and on CUDA, the one-call cross-entropy in
-// one pass on the CPU (on CUDA it runs the three steps for now).
+// one pass on the CPU (on CUDA it runs the three steps for now), the vocabulary-parallel
+// cross-entropy's local part in one pass on the CPU.
 #pragma once
 
 #include "kernels/ops.h"
@@ -31,5 +32,28 @@ void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y
 // by round-off).
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
                            Tensor& losses, Tensor& dlogits);
+
+// The vocabulary-parallel cross-entropy with one read of the local logits (columns
+// [vocab_offset, vocab_offset + V_local), as ce_row_max and friends). Per rank:
+//   ce_local_forward: local_max, local_sum = sum exp(l - local_max) over the local columns
+//     and target_logit (0 when the target is not local or negative), all [N]; with
+//     dlogits defined (it may be the logits) also grad_scale * exp(l - local_max) /
+//     local_sum, one exp per logit;
+//   row_max = all-reduce max of local_max;
+//   ce_local_share: share = local_sum * exp(local_max - row_max);
+//   sum_exp, target_logit = all-reduce sum of share, target_logit;
+//   ce_local_finish: losses as ce_finish; dlogits (the tensor ce_local_forward filled)
+//     scaled by share / sum_exp into grad_scale * softmax, less grad_scale at the target.
+// The same losses and gradients as the three steps to round-off (the sum is rescaled
+// per rank); on one rank those of cross_entropy_forward bit for bit. CPU only for now.
+void ce_local_forward(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+                      double grad_scale, Tensor& local_max, Tensor& local_sum, Tensor& target_logit,
+                      Tensor& dlogits);
+void ce_local_share(const Tensor& local_max, const Tensor& local_sum, const Tensor& row_max,
+                    Tensor& share);
+void ce_local_finish(const Tensor& targets, int64_t vocab_offset, const Tensor& local_max,
+                     const Tensor& local_sum, const Tensor& row_max, const Tensor& sum_exp,
+                     const Tensor& target_logit, double grad_scale, Tensor& losses,
+                     Tensor& dlogits);
 
 }  // namespace baton::kernels

@@ -935,6 +935,96 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
   });
 }
 
+namespace {
+[[noreturn]] void ce_local_no_cuda(const char* op) {
+  throw RuntimeError(std::string("kernels::") + op +
+                     ": no CUDA kernel yet (run ce_row_max, ce_sum_exp and ce_finish)");
+}
+}  // namespace
+
+void ce_local_forward(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+                      double grad_scale, Tensor& local_max, Tensor& local_sum, Tensor& target_logit,
+                      Tensor& dlogits) {
+  const char* op = "ce_local_forward";
+  const int64_t rows = check_ce(op, logits,
+                                {{"targets", &targets},
+                                 {"local_max", &local_max},
+                                 {"local_sum", &local_sum},
+                                 {"target_logit", &target_logit}});
+  if (dlogits.defined()) {
+    check_like(op, "dlogits", dlogits, "logits", logits);
+    check_same_shape(op, "dlogits", dlogits, "logits", logits);
+    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+               "dlogits must be logits itself or not overlap it");
+  }
+  const auto dev =
+      common_device(op, {&logits, &targets, &local_max, &local_sum, &target_logit, &dlogits});
+  if (dev.is_cuda()) ce_local_no_cuda(op);
+  on_float(op, logits.dtype(), [&]<class T>(T) {
+    on_index(op, targets.dtype(), [&]<class I>(I) {
+      cpu::ce_local_forward<T, I>(logits.data<T>(), targets.data<I>(), vocab_offset, grad_scale,
+                                  local_max.data<T>(), local_sum.data<T>(), target_logit.data<T>(),
+                                  dlogits.defined() ? dlogits.data<T>() : nullptr, rows,
+                                  logits.size(-1));
+    });
+  });
+}
+
+void ce_local_share(const Tensor& local_max, const Tensor& local_sum, const Tensor& row_max,
+                    Tensor& share) {
+  const char* op = "ce_local_share";
+  check_float(op, "local_max", local_max);
+  const int64_t rows = local_max.numel();
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"local_sum", &local_sum},
+                         {"row_max", &row_max},
+                         {"share", &share}}) {
+    check_like(op, name, *t, "local_max", local_max);
+    check_numel(op, name, *t, rows);
+  }
+  const auto dev = common_device(op, {&local_max, &local_sum, &row_max, &share});
+  if (dev.is_cuda()) ce_local_no_cuda(op);
+  on_float(op, local_max.dtype(), [&]<class T>(T) {
+    cpu::ce_local_share<T>(local_max.data<T>(), local_sum.data<T>(), row_max.data<T>(),
+                           share.data<T>(), rows);
+  });
+}
+
+void ce_local_finish(const Tensor& targets, int64_t vocab_offset, const Tensor& local_max,
+                     const Tensor& local_sum, const Tensor& row_max, const Tensor& sum_exp,
+                     const Tensor& target_logit, double grad_scale, Tensor& losses,
+                     Tensor& dlogits) {
+  const char* op = "ce_local_finish";
+  check_float(op, "local_max", local_max);
+  check_ids(op, "targets", targets);
+  const int64_t rows = local_max.numel();
+  check_numel(op, "targets", targets, rows);
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"local_sum", &local_sum},
+                         {"row_max", &row_max},
+                         {"sum_exp", &sum_exp},
+                         {"target_logit", &target_logit},
+                         {"losses", &losses}}) {
+    check_like(op, name, *t, "local_max", local_max);
+    check_numel(op, name, *t, rows);
+  }
+  int64_t vocab = 0;
+  if (dlogits.defined()) {
+    check_like(op, "dlogits", dlogits, "local_max", local_max);
+    vocab = last_dim(op, "dlogits", dlogits);
+    check_numel(op, "dlogits", dlogits, rows * vocab);
+  }
+  const auto dev = common_device(
+      op, {&targets, &local_max, &local_sum, &row_max, &sum_exp, &target_logit, &losses, &dlogits});
+  if (dev.is_cuda()) ce_local_no_cuda(op);
+  on_float(op, local_max.dtype(), [&]<class T>(T) {
+    on_index(op, targets.dtype(), [&]<class I>(I) {
+      cpu::ce_local_finish<T, I>(targets.data<I>(), vocab_offset, local_max.data<T>(),
+                                 local_sum.data<T>(), row_max.data<T>(), sum_exp.data<T>(),
+                                 target_logit.data<T>(), grad_scale, losses.data<T>(),
+                                 dlogits.defined() ? dlogits.data<T>() : nullptr, rows, vocab);
+    });
+  });
+}
+
 // ---- random initialisation ----
 
 void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,

@@ -248,6 +248,7 @@ class Walker {
         tmp.push_back(heap_.alloc(n_rows * dsize()));               // row_max
         tmp.push_back(heap_.alloc(n_rows * dsize()));               // losses
         tmp.push_back(heap_.alloc(2 * n_rows * dsize()));           // sum_exp, target_logit
+        tmp.push_back(heap_.alloc(2 * n_rows * dsize()));           // local max and sum (CPU path)
         collective(transport::Collective::all_reduce, n_rows);      // row_max
         collective(transport::Collective::all_reduce, 2 * n_rows);  // sum_exp, target_logit
       }

@@ -252,8 +252,12 @@ inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_pad
   for (int64_t r0 = 0; r0 < rows; r0 += tiles::kScoreRows) {
     const int n = int(std::min<int64_t>(tiles::kScoreRows, rows - r0));
     const int64_t last_visible = q0 + r0 + n - 1 - k0;  // of the tile's last row
-    for (int64_t c = 0; c < cols_padded && c <= last_visible; c += tiles::kScoreCols)
-      tiles::scores_tile_n(n, A + r0 * lda, lda, Bt + c, ldb, D, alpha, S + r0 * lds + c, lds);
+    for (int64_t c = 0; c < cols_padded && c <= last_visible; c += tiles::kScoreCols) {
+      // Only the first vector of a tile when no row of it sees past it: its second
+      // vector is never read (pad_row and zero_row_tail stop a vector after a row's keys).
+      const bool one = last_visible < c + kLanes<float>;
+      tiles::scores_tile_n(n, one, A + r0 * lda, lda, Bt + c, ldb, D, alpha, S + r0 * lds + c, lds);
+    }
   }
 }
 

@@ -170,6 +170,18 @@ void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T*
 template <class T, class I>
 void cross_entropy_forward(const T* logits, const I* targets, double grad_scale, T* losses,
                            T* dlogits, int64_t rows, int64_t vocab);
+// The vocabulary-parallel form in one read of the local logits (fused.h).
+template <class T, class I>
+void ce_local_forward(const T* logits, const I* targets, int64_t vocab_offset, double grad_scale,
+                      T* local_max, T* local_sum, T* target_logit, T* dlogits, int64_t rows,
+                      int64_t vocab);
+template <class T>
+void ce_local_share(const T* local_max, const T* local_sum, const T* row_max, T* share,
+                    int64_t rows);
+template <class T, class I>
+void ce_local_finish(const I* targets, int64_t vocab_offset, const T* local_max, const T* local_sum,
+                     const T* row_max, const T* sum_exp, const T* target_logit, double grad_scale,
+                     T* losses, T* dlogits, int64_t rows, int64_t vocab);
 
 // ---- optimizer.cpp ----
 template <class T>

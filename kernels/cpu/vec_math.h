@@ -81,11 +81,13 @@ inline V vmin(V a, V b) {
   return a < b ? a : b;
 }
 #if defined(__AVX512F__)
+// maskz forms with every lane set (the same vmaxps/vminps): GCC 12's plain intrinsics pass
+// _mm512_undefined_ps() as the merge source, which -Wmaybe-uninitialized reports at -O3.
 inline vfloat vmax(vfloat a, vfloat b) {
-  return (vfloat)_mm512_max_ps((__m512)a, (__m512)b);
+  return (vfloat)_mm512_maskz_max_ps(__mmask16(0xFFFF), (__m512)a, (__m512)b);
 }
 inline vfloat vmin(vfloat a, vfloat b) {
-  return (vfloat)_mm512_min_ps((__m512)a, (__m512)b);
+  return (vfloat)_mm512_maskz_min_ps(__mmask16(0xFFFF), (__m512)a, (__m512)b);
 }
 #elif defined(__AVX__)
 inline vfloat vmax(vfloat a, vfloat b) {

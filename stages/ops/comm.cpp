@@ -5,7 +5,10 @@
 //   tp_gather  all-gather of the last dimension (or of `dim`: the channels of an image)
 //              forward, this rank's slice backward
 //   vocab_parallel_cross_entropy  cross-entropy over logits split by vocabulary columns:
-//              ce_row_max -> all-reduce max -> ce_sum_exp -> all-reduce sum -> ce_finish
+//              on the CPU ce_local_forward (one read of the logits) -> all-reduce max ->
+//              ce_local_share -> all-reduce sum -> ce_local_finish; on CUDA ce_row_max ->
+//              all-reduce max -> ce_sum_exp -> all-reduce sum -> ce_finish
+#include "kernels/fused.h"
 #include "stages/ops/common.h"
 #include "stages/ops/loss_common.h"
 #include "stages/ops/registry.h"
@@ -177,6 +180,25 @@ class VocabParallelCrossEntropy final : public OpBase {
     Tensor row_max = c.alloc({n}, dtype_), losses = c.alloc({n}, dtype_);
     Tensor sums = c.alloc({2, n}, dtype_);  // sum_exp and target_logit: one all-reduce
     Tensor sum_exp = sums.select(0, 0), target_logit = sums.select(0, 1);
+    if (logits.device().is_cpu()) {
+      // One read of the local logits: their max, sum of exponentials against it and the
+      // target logit, the gradient's exponentials stored; the all-reduces as below, with
+      // each rank's sum rescaled to the global max in between (kernels/fused.h).
+      Tensor local = c.alloc({2, n}, dtype_);
+      Tensor local_max = local.select(0, 0), local_sum = local.select(0, 1);
+      finish_cross_entropy(c, dtype_, losses, [&](double grad_scale, Tensor& dlogits) {
+        kernels::ce_local_forward(logits, targets, offset_, grad_scale, local_max, local_sum,
+                                  target_logit, dlogits);
+        row_max.copy_from(local_max);
+        comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
+        kernels::ce_local_share(local_max, local_sum, row_max, sum_exp);
+        comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
+        kernels::ce_local_finish(targets, offset_, local_max, local_sum, row_max, sum_exp,
+                                 target_logit, grad_scale, losses, dlogits);
+      });
+      return;
+    }
+    // CUDA: the three steps, each a pass over the logits.
     kernels::ce_row_max(logits, row_max);
     comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
     kernels::ce_sum_exp(logits, targets, offset_, row_max, sum_exp, target_logit);

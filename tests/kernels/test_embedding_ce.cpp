@@ -1,6 +1,7 @@
 // Embedding (vocabulary-split lookups summed over splits, backward) and softmax
 // cross-entropy (finite differences, vocabulary split composed by hand, ignored rows,
-// in-place gradient; the one-call single-device form against the three steps).
+// in-place gradient; the one-call single-device form and the one-read vocabulary-parallel
+// form against the three steps).
 #include <gtest/gtest.h>
 
 #include "kernels/fused.h"
@@ -224,6 +225,108 @@ TEST_P(CeSplit, VocabularySplitComposedByHandEqualsTheWhole) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Parts, CeSplit, ::testing::Values(2, 3));
+
+// The vocabulary-parallel form with one read of the local logits (ce_local_*), the
+// all-reduces done by hand: against the three steps on the whole vocabulary, f64 and
+// f32, short rows (the pipelined row loop) and long ones (chunks), gradient in place,
+// beside it and none; one part must give cross_entropy_forward's bits.
+struct CeLocalCase {
+  int parts;
+  int64_t vocab;
+};
+
+class CeLocal : public ::testing::TestWithParam<CeLocalCase> {};
+
+TEST_P(CeLocal, OneReadPerRankEqualsTheThreeSteps) {
+  const auto [parts, V] = GetParam();
+  std::mt19937_64 rng(test_seed(77));
+  const int64_t N = 9;
+  Tensor logits64 = randn({N, V}, rng, 2.0);
+  // Row 2's largest logits in the last part, row 5's in the first: the global max comes
+  // from different ranks.
+  for (int64_t j = 0; j < V; ++j) {
+    logits64.data<double>()[2 * V + j] += 6.0 * double(j) / double(V);
+    logits64.data<double>()[5 * V + j] -= 6.0 * double(j) / double(V);
+  }
+  std::vector<int64_t> tv{0, V - 1, V / 3, -100, V / 2, V / 2 - 1, 1, V - 2, 2 * V / 3};
+  const Tensor targets = ids_tensor(tv, {N}, DType::i64);
+  const double grad_scale = 1.0 / N;
+  for (DType f : {DType::f64, DType::f32}) {
+    const Tensor logits = logits64.to(f);
+    const auto whole = ce_whole(logits, targets, grad_scale);
+    std::vector<std::pair<int64_t, int64_t>> cols;  // [offset, width) of each part
+    for (int p = 0; p < parts; ++p)
+      cols.push_back({V * p / parts, V * (p + 1) / parts - V * p / parts});
+    for (int mode = 0; mode < 3; ++mode) {  // gradient beside the logits, in place, none
+      std::vector<Tensor> slice, lmax, lsum, tl, d;
+      for (auto [off, w] : cols) {
+        slice.push_back(logits.narrow(1, off, w).contiguous().clone());  // own memory: mode 1
+        lmax.push_back(Tensor::empty({N}, f));
+        lsum.push_back(Tensor::empty({N}, f));
+        tl.push_back(Tensor::empty({N}, f));
+        d.push_back(mode == 0 ? Tensor::empty({N, w}, f) : mode == 1 ? slice.back() : Tensor());
+        ce_local_forward(slice.back(), targets, off, grad_scale, lmax.back(), lsum.back(),
+                         tl.back(), d.back());
+      }
+      // "All-reduce" max, then the shares and target logits.
+      Tensor gmax = lmax[0].clone();
+      for (int p = 1; p < parts; ++p) {
+        Tensor a = gmax.to(DType::f64), b = lmax[size_t(p)].to(DType::f64);
+        for (int64_t n = 0; n < N; ++n)
+          a.data<double>()[n] = std::max(a.data<double>()[n], b.data<double>()[n]);
+        gmax = a.to(f);
+      }
+      Tensor gse = Tensor::zeros({N}, f), gtl = Tensor::zeros({N}, f);
+      for (int p = 0; p < parts; ++p) {
+        Tensor share = Tensor::empty({N}, f);
+        ce_local_share(lmax[size_t(p)], lsum[size_t(p)], gmax, share);
+        add_inplace(gse, share);
+        add_inplace(gtl, tl[size_t(p)]);
+      }
+      const double bar = f == DType::f64 ? 1e-14 : 1e-6;
+      for (int p = 0; p < parts; ++p) {
+        Tensor ls = Tensor::empty({N}, f);
+        ce_local_finish(targets, cols[size_t(p)].first, lmax[size_t(p)], lsum[size_t(p)], gmax, gse,
+                        gtl, grad_scale, ls, d[size_t(p)]);
+        EXPECT_LT(rel_error(as_f64(ls), as_f64(whole.losses)), bar) << "part " << p;
+        if (mode == 2) continue;
+        const Tensor want =
+            whole.dlogits.narrow(1, cols[size_t(p)].first, cols[size_t(p)].second).contiguous();
+        EXPECT_LT(rel_error(as_f64(d[size_t(p)]), as_f64(want)), bar)
+            << "part " << p << " mode " << mode;
+        const std::vector<double> dv = as_f64(d[size_t(p)]);
+        for (int64_t j = 0; j < cols[size_t(p)].second; ++j)  // the ignored row
+          ASSERT_EQ(dv[size_t(3 * cols[size_t(p)].second + j)], 0.0);
+        if (parts == 1) {  // one rank: cross_entropy_forward's bits
+          Tensor l1 = Tensor::empty({N}, f), d1 = Tensor::empty({N, V}, f);
+          cross_entropy_forward(logits, targets, grad_scale, l1, d1);
+          EXPECT_EQ(as_f64(ls), as_f64(l1));
+          EXPECT_EQ(as_f64(d[0]), as_f64(d1));
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Parts, CeLocal,
+                         ::testing::Values(CeLocalCase{1, 50}, CeLocalCase{2, 50},
+                                           CeLocalCase{3, 50}, CeLocalCase{1, 3000},
+                                           CeLocalCase{2, 5000}),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param.parts) + "x" +
+                                  std::to_string(param_info.param.vocab);
+                         });
+
+TEST(CrossEntropy, LocalKernelsRejectBadShapes) {
+  const Tensor logits = Tensor::zeros({4, 10}), targets = Tensor::zeros({4}, DType::i64);
+  Tensor m = Tensor::empty({4}), s = Tensor::empty({4}), t = Tensor::empty({3}), none;
+  EXPECT_THROW(ce_local_forward(logits, targets, 0, 1.0, m, s, t, none), std::invalid_argument);
+  Tensor d = Tensor::empty({4, 9}), t4 = Tensor::empty({4});
+  EXPECT_THROW(ce_local_forward(logits, targets, 0, 1.0, m, s, t4, d), std::invalid_argument);
+  Tensor l = Tensor::empty({4});
+  EXPECT_THROW(ce_local_finish(targets, 0, m, s, m, s, t, 1.0, l, none), std::invalid_argument);
+  EXPECT_THROW(ce_local_share(m, s, t, l), std::invalid_argument);
+}
 
 TEST(CrossEntropy, LargeVocabularyFloat32) {
   std::mt19937_64 rng(test_seed(74));
