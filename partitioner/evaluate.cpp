@@ -11,6 +11,7 @@
 #include "memory/units.h"
 #include "partitioner/fusion.h"
 #include "partitioner/groups.h"
+#include "partitioner/routing.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "stages/model.h"
@@ -227,20 +228,52 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   for (size_t i = 0; i < acts.size(); ++i)
     if (acts[i].kind == ActionKind::recv_activation || acts[i].kind == ActionKind::recv_gradient)
       recvs.push_back(i);
+  // Re-tiled boundaries (stages of different spatial degrees, partitioner/routing.h):
+  // the executor receives each block of rows apart and copies it into its rows after the
+  // wait, and sends each block as a copy of its rows (Executor::post_recv, do_send).
+  std::map<int, std::vector<schedule::Transfer>> routes;
+  for (int b = 0; b < r.schedule.num_stages(); ++b) routes[b] = boundary_transfers(r, rank, b);
+  // For transfer action `a` of kind `kind`: the bytes of its row blocks that are copies
+  // (fewer rows than the tile) and the values it also moves whole (or in parts of the
+  // whole tensor).
+  auto blocks_of = [&](const schedule::Action& a, schedule::Transfer::Kind kind) {
+    const schedule::Crossing c = schedule::transfer_crossing(lowered, a);
+    int64_t copies = 0;
+    std::set<std::string> whole;
+    if (c.boundary < 0) return std::pair{copies, whole};
+    for (const schedule::Transfer& t : routes[c.boundary]) {
+      if (t.kind != kind || t.phase != c.phase) continue;
+      const int v = pg.find_value(t.value);
+      BATON_CHECK(v >= 0, "physical graph lacks value " + t.value);
+      const stages::Value& val = pg.values[size_t(v)];
+      const int64_t height = val.type.shape.size() == 3 ? val.type.shape[1] : 0;
+      if (t.rows > 0 && t.rows < height)
+        copies += rounded(val.type.bytes(batch) / height * t.rows);
+      else
+        whole.insert(t.value);
+    }
+    return std::pair{copies, whole};
+  };
   auto recv_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
-    return a.kind == ActionKind::recv_activation
-               ? values_bytes(pg, pg.cut_values(first), batch)
-               : values_bytes(pg, pg.cut_values(last), batch, pg.loss);
+    return (a.kind == ActionKind::recv_activation
+                ? values_bytes(pg, pg.cut_values(first), batch)
+                : values_bytes(pg, pg.cut_values(last), batch, pg.loss)) +
+           blocks_of(a, schedule::Transfer::Kind::recv).first;
   };
   // A send's tensors (Executor::do_send) stay allocated until the transport reports it
   // done, which for a message of any size needs the receiver to have taken it: it
-  // outlives the F or B that made it and overlaps the rank's next compute action.
+  // outlives the F or B that made it and overlaps the rank's next compute action. A
+  // value sent only in row blocks is held as their copies.
   auto send_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
-    return a.kind == ActionKind::send_activation
-               ? values_bytes(pg, pg.cut_values(last), batch, pg.loss)
-               : values_bytes(pg, pg.cut_values(first), batch);
+    std::vector<int> vs =
+        a.kind == ActionKind::send_activation ? pg.cut_values(last) : pg.cut_values(first);
+    auto [copies, whole] = blocks_of(a, schedule::Transfer::Kind::send);
+    if (copies > 0)
+      std::erase_if(vs, [&](int v) { return !whole.count(pg.values[size_t(v)].name); });
+    return copies +
+           values_bytes(pg, vs, batch, a.kind == ActionKind::send_activation ? pg.loss : -1);
   };
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
   size_t first_open = 0;
