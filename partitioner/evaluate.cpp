@@ -436,9 +436,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       int stage = 0;
       while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
       const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
-      std::set<std::string> sharded;
+      // Each sharded parameter's parts: its replicas (and tiles, for one used on tiles).
+      std::map<std::string, int> sharded;
       for (const GradientGroup& gg : gradient_groups(r, rank))
-        if (optimizer_sharded(r, rank, gg)) sharded.insert(gg.name);
+        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = int(gg.ranks.size());
       // zero2: parameters held by another stage of the same rank stay as under zero1.
       std::set<int> elsewhere;
       for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
@@ -447,24 +448,32 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
           elsewhere.insert(id);
       }
-      std::vector<int> zero2;
+      std::map<int, std::vector<int>> zero2;  // by parts (each group's own buckets)
       const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
       for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
-        if (!sharded.count(prm.name)) continue;
+        auto found = sharded.find(prm.name);
+        if (found == sharded.end()) continue;
         // Extra server ranks hold all of it: the replicas none.
         const int64_t numel = memory::shape_numel(prm.shape);
         const int es = int(memory::dtype_size(prm.dtype));
         chunk_mem[size_t(k)].optimizer_sharding_saved +=
             p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
-                                   : zero_optimizer_saving(numel, es, p.dp, opt);
-        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id)) zero2.push_back(id);
+                                   : zero_optimizer_saving(numel, es, found->second, opt);
+        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
+          zero2[found->second].push_back(id);
+      }
+      // One bucket of whole gradients at a time (each reduced as its W ends).
+      int64_t bucket = 0, multi = 0;
+      for (const auto& [parts, ids] : zero2) {
+        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, ids, parts, options.bucket_bytes);
+        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
+        bucket = std::max(bucket, z.bucket);
+        multi += z.multi;
       }
       if (!zero2.empty()) {
-        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, zero2, p.dp, options.bucket_bytes);
-        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
         MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
-        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + z.bucket) + z.multi;
+        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + bucket) + multi;
       }
     }
   }
