@@ -139,6 +139,29 @@ TEST(ConvPlans, Pipeline2SpatialRetiled) {
   }
 }
 
+// Two-direction and V schedules with spatial stages: DualPipe (each pipeline rank holds
+// a chunk of each direction; the chunks' gradients summed over both pipeline ranks' tiles)
+// and DualPipeV (two chunks per rank, one direction), every stage at spatial 2.
+TEST(ConvPlans, DualPipeSpatial) {
+  for (std::string schedule : {"dualpipe", "dualpipev"}) {
+    SCOPED_TRACE(schedule);
+    PlanSpec p;
+    p.model = tiny_resnet();
+    p.tp = {1, 1};
+    p.schedule = schedule;
+    Workspace ws("conv-dualpipe");
+    RunSettings s = conv_digits();
+    json j = plan_json(p, ws);
+    for (json& st : j["stages"]) st["spatial"] = 2;
+    j["devices"] = 4;
+    partitioner::Plan plan = partitioner::parse_plan(j, ws.path("plan.json"), ws.dir);
+    auto graph = partitioner::load_plan_model(plan);
+    auto resolved =
+        std::make_shared<const partitioner::ResolvedPlan>(partitioner::resolve_plan(plan, graph));
+    expect_conv_close(run_threads(resolved, train_options(ws, s)), run_reference(p, ws, s));
+  }
+}
+
 // The measured timeline shows each halo receive as an event of its own (HALO_F, HALO_B
 // of the micro-batch on the communication lane, the neighbouring tile as the peer).
 TEST(ConvPlans, SpatialHalosOnTheTimeline) {
