@@ -269,10 +269,11 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     auto [first, last] = chunk(a.stage);
     std::vector<int> vs =
         a.kind == ActionKind::send_activation ? pg.cut_values(last) : pg.cut_values(first);
-    auto [copies, whole] = blocks_of(a, schedule::Transfer::Kind::send);
-    if (copies > 0)
+    const auto blocks = blocks_of(a, schedule::Transfer::Kind::send);
+    const std::set<std::string>& whole = blocks.second;
+    if (blocks.first > 0)
       std::erase_if(vs, [&](int v) { return !whole.count(pg.values[size_t(v)].name); });
-    return copies +
+    return blocks.first +
            values_bytes(pg, vs, batch, a.kind == ActionKind::send_activation ? pg.loss : -1);
   };
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
