@@ -221,6 +221,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     int id = g.find_param(gg.name);
     BATON_CHECK(id >= 0, "physical graph lacks parameter " + gg.name);
     const bool shard = partitioner::optimizer_sharded(r, rank, gg);
+    // Sharded over the tiles too: every tile holds a part of the state and of the norm.
+    if (shard && r.partial_grad(view_.coord.pp, gg.param)) tile_shards_.insert(id);
     const std::vector<int> members = partitioner::reduction_members(r, rank, gg);
     GradGroup& out = by_members[{members, shard}];
     if (gg.ranks.size() > 1) out.comm = groups_.at(members).get();
@@ -250,8 +252,8 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.contribute_norm = view_.coord.dp == 0;
   // A tile's loss and (summed) gradients are its group's: the first tile counts them.
   const bool first_tp = view_.coord.tp == 0, first_tile = view_.coord.sp == 0;
-  c.norm_counts = [graph = graph_, first_tp, first_tile](int id) {
-    return first_tile && (first_tp || graph->params[size_t(id)].is_shard());
+  c.norm_counts = [graph = graph_, first_tp, first_tile, tiles = tile_shards_](int id) {
+    return (first_tile || tiles.count(id)) && (first_tp || graph->params[size_t(id)].is_shard());
   };
   c.contribute_loss = first_tp && first_tile;
   c.grad_clip = options.grad_clip;
@@ -333,15 +335,16 @@ bool RankEngine::writes(int stage, int param) const {
 }
 
 bool RankEngine::writes_state_part(int stage, int param) const {
-  return executor_->optimizer_sharded(stage, param) && writes_block(stage, param);
+  return executor_->optimizer_sharded(stage, param) &&
+         writes_block(stage, param, tile_shards_.count(param) > 0);
 }
 
-bool RankEngine::writes_block(int stage, int param) const {
+bool RankEngine::writes_block(int stage, int param, bool every_tile) const {
   const ResolvedPlan& r = *plan_;
   if (schedule::stage_direction(r.schedule, stage) != 0) return false;
   const stages::Param& p = graph_->params[size_t(param)];
   if (!p.is_shard() && view_.coord.tp != 0) return false;
-  if (view_.coord.sp != 0) return false;  // tiles hold equal copies
+  if (view_.coord.sp != 0 && !every_tile) return false;  // tiles hold equal copies
   return stages::owns_param(*stages_.at(stage), param);
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,13 +87,17 @@ class RankEngine {
   // parameters, the stage holding the first layer that uses a tied parameter).
   bool writes(int stage, int param) const;
   // The parameters whose optimizer state this rank writes although another replica writes
-  // the parameter: its part of a sharded optimizer (ZeRO), on every data-parallel rank.
+  // the parameter: its part of a sharded optimizer (ZeRO), on every data-parallel rank
+  // (and every tile, for a parameter used on tiles).
   bool writes_state_part(int stage, int param) const;
 
  private:
   // One replica's copy of a block: first tensor-parallel rank for replicated
-  // parameters, the stage holding the first layer using a tied one (any dp).
-  bool writes_block(int stage, int param) const;
+  // parameters, the stage holding the first layer using a tied one (any dp), the first
+  // tile unless `every_tile` (a part of the state sharded over the tiles).
+  bool writes_block(int stage, int param, bool every_tile = false) const;
+  // Physical parameter ids whose optimizer state is sharded over the spatial tiles too.
+  std::set<int> tile_shards_;
 
   std::shared_ptr<const partitioner::ResolvedPlan> plan_;
   transport::CommPtr world_;

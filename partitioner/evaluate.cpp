@@ -11,6 +11,7 @@
 #include "memory/units.h"
 #include "partitioner/fusion.h"
 #include "partitioner/groups.h"
+#include "partitioner/routing.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "stages/model.h"
@@ -227,20 +228,53 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   for (size_t i = 0; i < acts.size(); ++i)
     if (acts[i].kind == ActionKind::recv_activation || acts[i].kind == ActionKind::recv_gradient)
       recvs.push_back(i);
+  // Re-tiled boundaries (stages of different spatial degrees, partitioner/routing.h):
+  // the executor receives each block of rows apart and copies it into its rows after the
+  // wait, and sends each block as a copy of its rows (Executor::post_recv, do_send).
+  std::map<int, std::vector<schedule::Transfer>> routes;
+  for (int b = 0; b < r.schedule.num_stages(); ++b) routes[b] = boundary_transfers(r, rank, b);
+  // For transfer action `a` of kind `kind`: the bytes of its row blocks that are copies
+  // (fewer rows than the tile) and the values it also moves whole (or in parts of the
+  // whole tensor).
+  auto blocks_of = [&](const schedule::Action& a, schedule::Transfer::Kind kind) {
+    const schedule::Crossing c = schedule::transfer_crossing(lowered, a);
+    int64_t copies = 0;
+    std::set<std::string> whole;
+    if (c.boundary < 0) return std::pair{copies, whole};
+    for (const schedule::Transfer& t : routes[c.boundary]) {
+      if (t.kind != kind || t.phase != c.phase) continue;
+      const int v = pg.find_value(t.value);
+      BATON_CHECK(v >= 0, "physical graph lacks value " + t.value);
+      const stages::Value& val = pg.values[size_t(v)];
+      const int64_t height = val.type.shape.size() == 3 ? val.type.shape[1] : 0;
+      if (t.rows > 0 && t.rows < height)
+        copies += rounded(val.type.bytes(batch) / height * t.rows);
+      else
+        whole.insert(t.value);
+    }
+    return std::pair{copies, whole};
+  };
   auto recv_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
-    return a.kind == ActionKind::recv_activation
-               ? values_bytes(pg, pg.cut_values(first), batch)
-               : values_bytes(pg, pg.cut_values(last), batch, pg.loss);
+    return (a.kind == ActionKind::recv_activation
+                ? values_bytes(pg, pg.cut_values(first), batch)
+                : values_bytes(pg, pg.cut_values(last), batch, pg.loss)) +
+           blocks_of(a, schedule::Transfer::Kind::recv).first;
   };
   // A send's tensors (Executor::do_send) stay allocated until the transport reports it
   // done, which for a message of any size needs the receiver to have taken it: it
-  // outlives the F or B that made it and overlaps the rank's next compute action.
+  // outlives the F or B that made it and overlaps the rank's next compute action. A
+  // value sent only in row blocks is held as their copies.
   auto send_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
-    return a.kind == ActionKind::send_activation
-               ? values_bytes(pg, pg.cut_values(last), batch, pg.loss)
-               : values_bytes(pg, pg.cut_values(first), batch);
+    std::vector<int> vs =
+        a.kind == ActionKind::send_activation ? pg.cut_values(last) : pg.cut_values(first);
+    const auto blocks = blocks_of(a, schedule::Transfer::Kind::send);
+    const std::set<std::string>& whole = blocks.second;
+    if (blocks.first > 0)
+      std::erase_if(vs, [&](int v) { return !whole.count(pg.values[size_t(v)].name); });
+    return blocks.first +
+           values_bytes(pg, vs, batch, a.kind == ActionKind::send_activation ? pg.loss : -1);
   };
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
   size_t first_open = 0;
@@ -403,9 +437,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       int stage = 0;
       while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
       const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
-      std::set<std::string> sharded;
+      // Each sharded parameter's parts: its replicas (and tiles, for one used on tiles).
+      std::map<std::string, int> sharded;
       for (const GradientGroup& gg : gradient_groups(r, rank))
-        if (optimizer_sharded(r, rank, gg)) sharded.insert(gg.name);
+        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = int(gg.ranks.size());
       // zero2: parameters held by another stage of the same rank stay as under zero1.
       std::set<int> elsewhere;
       for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
@@ -414,24 +449,32 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
           elsewhere.insert(id);
       }
-      std::vector<int> zero2;
+      std::map<int, std::vector<int>> zero2;  // by parts (each group's own buckets)
       const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
       for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
-        if (!sharded.count(prm.name)) continue;
+        auto found = sharded.find(prm.name);
+        if (found == sharded.end()) continue;
         // Extra server ranks hold all of it: the replicas none.
         const int64_t numel = memory::shape_numel(prm.shape);
         const int es = int(memory::dtype_size(prm.dtype));
         chunk_mem[size_t(k)].optimizer_sharding_saved +=
             p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
-                                   : zero_optimizer_saving(numel, es, p.dp, opt);
-        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id)) zero2.push_back(id);
+                                   : zero_optimizer_saving(numel, es, found->second, opt);
+        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
+          zero2[found->second].push_back(id);
+      }
+      // One bucket of whole gradients at a time (each reduced as its W ends).
+      int64_t bucket = 0, multi = 0;
+      for (const auto& [parts, ids] : zero2) {
+        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, ids, parts, options.bucket_bytes);
+        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
+        bucket = std::max(bucket, z.bucket);
+        multi += z.multi;
       }
       if (!zero2.empty()) {
-        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, zero2, p.dp, options.bucket_bytes);
-        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
         MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
-        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + z.bucket) + z.multi;
+        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + bucket) + multi;
       }
     }
   }

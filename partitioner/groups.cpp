@@ -86,7 +86,18 @@ bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg)
   if (!r.graph->params[size_t(gg.param)].trainable) return false;
   std::vector<int> dp = r.layout.dp_group(rank);
   std::sort(dp.begin(), dp.end());
-  return gg.ranks == dp;
+  if (gg.ranks == dp) return true;
+  // A parameter used on tiles: its gradient group is its pipeline rank's tiles times the
+  // replicas (gradient_groups above), each member with the same summed gradient. Not with
+  // extra parameter-server ranks, which serve the replicas' parts.
+  const RankCoord me = r.layout.coord(rank);
+  if (r.plan.dp_sync.ps_ranks > 0 || !r.partial_grad(me.pp, gg.param)) return false;
+  std::vector<int> tiles;
+  for (int d = 0; d < r.plan.dp; ++d)
+    for (int sp = 0; sp < r.spatial_of(me.pp); ++sp)
+      tiles.push_back(r.layout.rank(d, me.pp, me.tp, sp));
+  std::sort(tiles.begin(), tiles.end());
+  return gg.ranks == tiles;
 }
 
 std::vector<int> reduction_members(const ResolvedPlan& r, int rank, const GradientGroup& gg) {

@@ -57,9 +57,11 @@ struct GradientGroup {
 std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank);
 
 // The sharded optimizer (plan field optimizer_sharding, ZeRO): is the optimizer state of
-// gradient group `gg` of rank `rank` sharded over its data-parallel group? Yes when the
-// plan shards, dp > 1, the parameter is trainable and only this rank's data-parallel
-// group sums it (a tied parameter summed with other pipeline ranks keeps its whole state).
+// gradient group `gg` of rank `rank` sharded? Yes when the plan shards, dp > 1, the
+// parameter is trainable and only this rank's data-parallel group sums it, or (a
+// parameter used on spatial tiles, partial_grad) only its pipeline rank's tiles times
+// the replicas do. A tied parameter summed with other pipeline ranks keeps its whole state.
+// The state is then cut over gg.ranks (so in gg.ranks.size() parts).
 bool optimizer_sharded(const ResolvedPlan& r, int rank, const GradientGroup& gg);
 
 // The members of gradient group gg's communicator: its ranks and, for a group whose parts

@@ -11,12 +11,17 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 
+#include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "memory/error.h"
 #include "partitioner/plan.h"
+#include "stages/checkpoint.h"
+#include "transport/local.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -132,6 +137,29 @@ TEST(ConvPlans, Pipeline2SpatialRetiled) {
     RunSettings s = conv_digits();
     auto plan = resolve_conv_spatial(p, ws, spatial);
     expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+  }
+}
+
+// Two-direction and V schedules with spatial stages: DualPipe (each pipeline rank holds
+// a chunk of each direction; the chunks' gradients summed over both pipeline ranks' tiles)
+// and DualPipeV (two chunks per rank, one direction), every stage at spatial 2.
+TEST(ConvPlans, DualPipeSpatial) {
+  for (std::string schedule : {"dualpipe", "dualpipev"}) {
+    SCOPED_TRACE(schedule);
+    PlanSpec p;
+    p.model = tiny_resnet();
+    p.tp = {1, 1};
+    p.schedule = schedule;
+    Workspace ws("conv-dualpipe");
+    RunSettings s = conv_digits();
+    json j = plan_json(p, ws);
+    for (json& st : j["stages"]) st["spatial"] = 2;
+    j["devices"] = 4;
+    partitioner::Plan plan = partitioner::parse_plan(j, ws.path("plan.json"), ws.dir);
+    auto graph = partitioner::load_plan_model(plan);
+    auto resolved =
+        std::make_shared<const partitioner::ResolvedPlan>(partitioner::resolve_plan(plan, graph));
+    expect_conv_close(run_threads(resolved, train_options(ws, s)), run_reference(p, ws, s));
   }
 }
 
@@ -326,6 +354,142 @@ TEST(ConvPlans, SpatialDataParallelSyncBatchnorm) {
     SCOPED_TRACE("sync_batchnorm without the spatial split");
     auto got = run_threads(resolve_conv_spatial(p, ws, {1}, true), train_options(ws, s));
     expect_conv_close(got, together);
+  }
+}
+
+// ZeRO under spatial 2 x DP 2. The convolutions' and batch norms' parameters are used on
+// tiles: summed over both tiles of both replicas, their optimizer state is cut in four
+// parts over those ranks; the classifier's (after the pooling: summed over the replicas
+// of its tile) in two parts on each tile. zero1 and zero2 train as `none` does within
+// 1e-6 over 20 steps, not bit for bit: the four members' reduce-scatter is not the
+// all-reduce's algorithm (as with four replicas, test_zero.cpp), the norm adds the parts
+// in another order and zero2 sums over the ranks per micro-batch first.
+TEST(ConvPlans, SpatialDataParallelZero) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.dp = 2;
+  RunSettings s = conv_digits();
+  auto train = [&](const std::string& z, const RunSettings& rs) {
+    PlanSpec q = p;
+    q.optimizer_sharding = z;
+    Workspace ws("conv-zero");
+    return run_threads(resolve_conv_spatial(q, ws, {2}), train_options(ws, rs));
+  };
+  auto expect_within = [](const std::vector<engine::StepRecord>& got,
+                          const std::vector<engine::StepRecord>& want, double tol,
+                          const std::string& what) {
+    ASSERT_EQ(got.size(), 20u) << what;
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i].loss, want[i].loss, tol * std::abs(want[i].loss))
+          << what << " step " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, tol * std::abs(want[i].grad_norm))
+          << what << " step " << i + 1;
+    }
+  };
+  const auto none = train("none", s);
+  expect_within(train("zero1", s), none, 1e-6, "zero1");
+  expect_within(train("zero2", s), none, 1e-6, "zero2");
+
+  // The parts: per parameter, the four ranks' optimizer shards.
+  p.optimizer_sharding = "zero1";
+  Workspace ws("conv-zero-parts");
+  auto plan = resolve_conv_spatial(p, ws, {2});
+  const int n = plan->layout.world();
+  ASSERT_EQ(n, 4);
+  auto world = transport::make_local_world(n);
+  struct Part {
+    int rank;
+    int64_t begin, end, state, numel;
+  };
+  std::map<std::string, std::vector<Part>> parts;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      engine::RankEngineOptions o;
+      o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                    stages::TensorMap&) {};
+      engine::RankEngine e(plan, world[size_t(r)], o);
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [stage, st] : e.stages())
+        for (int id : st->param_ids()) {
+          if (!e.graph().params[size_t(id)].trainable) continue;
+          auto [b, end] = st->optimizer_shard(id);
+          int64_t state = 0;
+          for (const auto& [name, t] : st->optimizer_state(id)) state += t.numel();
+          parts[e.graph().params[size_t(id)].name].push_back(
+              {r, b, end, state, st->param(id).numel()});
+        }
+    });
+  for (auto& t : threads) t.join();
+  int tiled = 0, per_tile = 0;
+  int64_t tiled_numel = 0;
+  std::vector<int64_t> held(size_t(n), 0);  // per rank: elements of tiled parameters' parts
+  for (const auto& [name, ps] : parts) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(ps.size(), 4u);
+    int64_t covered = 0;
+    const bool head = name.rfind("fc.", 0) == 0;
+    for (const Part& x : ps) {
+      EXPECT_EQ(x.state, 2 * (x.end - x.begin));  // AdamW: two moments of the part
+      covered += x.end - x.begin;
+      if (!head) held[size_t(x.rank)] += x.end - x.begin;
+    }
+    // Used on tiles: the four parts cover it once; after the pooling, twice (each tile's
+    // replicas, ranks {0, 2} and {1, 3}).
+    EXPECT_EQ(covered, (head ? 2 : 1) * ps[0].numel);
+    ++(head ? per_tile : tiled);
+    if (!head) tiled_numel += ps[0].numel;
+  }
+  EXPECT_GT(tiled, 10);
+  EXPECT_EQ(per_tile, 2);  // fc.weight, fc.bias
+  // The buckets are cut in equal parts: each rank holds a quarter of the tiled state.
+  for (int r = 0; r < n; ++r)
+    EXPECT_NEAR(double(held[size_t(r)]), double(tiled_numel) / 4, 0.01 * double(tiled_numel))
+        << "rank " << r;
+}
+
+// A zero1 checkpoint of spatial 2 x DP 2: every rank (both tiles of both replicas) writes
+// its part of the state, and the run resumed from step 4 under the same plan, and under
+// `none`, continues as the uninterrupted one (the same plan: bit for bit; `none`'s
+// reduction order differs, within 1e-6).
+TEST(ConvPlans, SpatialZeroCheckpoint) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.dp = 2;
+  auto train = [&](const std::string& z, Workspace& ws, const std::string& dir, int64_t to,
+                   bool resume) {
+    PlanSpec q = p;
+    q.optimizer_sharding = z;
+    RunSettings s = conv_digits();
+    s.steps = to;
+    engine::PlanTrainOptions o = train_options(ws, s);
+    o.checkpoint_dir = dir;
+    o.checkpoint_every = 2;
+    o.resume = resume;
+    return run_threads(resolve_conv_spatial(q, ws, {2}), o);
+  };
+  for (std::string after : {"zero1", "none"}) {
+    SCOPED_TRACE("zero1 -> " + after);
+    Workspace ws("conv-zero-ckpt");
+    const auto want = train(after, ws, ws.path("whole"), 6, false);
+    train("zero1", ws, ws.path("ckpt"), 4, false);
+    stages::Manifest m = stages::read_manifest(*stages::latest_checkpoint(ws.path("ckpt")));
+    std::set<int> writers;
+    for (const auto& f : m.shards)
+      if (f.kind == "optimizer") writers.insert(f.rank);
+    EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
+    const auto got = train(after, ws, ws.path("ckpt"), 6, true);
+    ASSERT_EQ(got.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got[i].step, int64_t(i + 5));
+      if (after == "zero1") {
+        EXPECT_EQ(got[i].loss, want[i + 4].loss) << "step " << i + 5;
+      } else {
+        EXPECT_NEAR(got[i].loss, want[i + 4].loss, 1e-6 * want[i + 4].loss) << "step " << i + 5;
+      }
+    }
   }
 }
 
