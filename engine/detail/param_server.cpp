@@ -69,6 +69,7 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
     if (r.layout.coord(q).dp != 0) continue;
     std::shared_ptr<const stages::Graph> graph = partitioner::physical_graph(r, q);
     layers_ = graph->num_layers();
+    graphs_.push_back(graph);
     for (const partitioner::GradientGroup& gg : partitioner::gradient_groups(r, q)) {
       if (gg.ranks.size() <= 1 || !partitioner::optimizer_sharded(r, q, gg)) continue;
       Served& s = served[partitioner::reduction_members(r, q, gg)];
@@ -115,16 +116,70 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
         // 0 and tile 0 only.
         const bool norm = c.sp == 0 && (c.tp == 0 || p.is_shard());
         b.segments.push_back(
-            {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p)});
+            {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p), &p, lo});
       }
-      const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
-      if (len > 0 && (adamw || opt_.sgd.momentum > 0)) b.m = Tensor::zeros({len}, b.dtype);
-      if (len > 0 && adamw) b.v = Tensor::zeros({len}, b.dtype);
       b.master = Tensor::empty({len}, b.dtype);
       g.buckets.push_back(std::move(b));
     }
     groups_.push_back(std::move(g));
   }
+  allocate_state();
+}
+
+void ParamServer::allocate_state() {
+  const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets) {
+      const int64_t len = b.master.numel();
+      b.m = len > 0 && (adamw || opt_.sgd.momentum > 0) ? Tensor::zeros({len}, b.dtype) : Tensor();
+      b.v = len > 0 && adamw ? Tensor::zeros({len}, b.dtype) : Tensor();
+    }
+}
+
+void ParamServer::set_optimizer(const stages::OptimizerConfig& config, int64_t steps) {
+  opt_ = config;
+  steps_ = steps;
+  allocate_state();
+}
+
+std::vector<stages::ParamPart> ParamServer::state_parts(bool writer) {
+  // The stages' state names (Stage::optimizer_state): torch's.
+  const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
+  std::vector<stages::ParamPart> out;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets)
+      for (const Segment& sg : b.segments) {
+        if (writer && !sg.norm) continue;
+        auto add = [&](const char* state, const Tensor& t) {
+          if (t.defined())
+            out.push_back({sg.param, sg.param->name + ":" + state, t.narrow(0, sg.at, sg.len),
+                           sg.lo, sg.lo + sg.len});
+        };
+        add(adamw ? "exp_avg" : "momentum_buffer", b.m);
+        if (adamw) add("exp_avg_sq", b.v);
+      }
+  return out;
+}
+
+std::vector<int64_t> ParamServer::part_sizes() const {
+  std::vector<int64_t> out;
+  for (const Group& g : groups_)
+    for (const Bucket& b : g.buckets) out.push_back(b.master.numel());
+  return out;
+}
+
+void ParamServer::restore_pulls(const std::vector<std::vector<Tensor>>& pulls) {
+  BATON_CHECK(history_.empty() && !seeded_, "parameter-server pulls restored after a step");
+  BATON_CHECK(pulls.size() <= size_t(staleness_), "more parameter-server pulls than the staleness");
+  const std::vector<int64_t> sizes = part_sizes();
+  for (const std::vector<Tensor>& p : pulls) {
+    BATON_CHECK(p.size() == sizes.size(), "a parameter-server pull of the wrong buckets");
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < p.size(); ++i) parts.push_back(p[i].to(master_dtype()));
+    post_pull(parts);
+    history_.push_back(parts);
+  }
+  restored_masters_ = !pulls.empty();
 }
 
 void ParamServer::seed() {
@@ -149,19 +204,39 @@ void ParamServer::push() {
 }
 
 void ParamServer::pull() {
+  std::vector<Tensor> parts;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets) parts.push_back(b.master);
+  if (staleness_ > 0) {
+    // The replicas receive this pull s steps later: kept until then (a checkpoint's).
+    for (Tensor& t : parts) t = t.clone();
+    history_.push_back(parts);
+    while (history_.size() > size_t(staleness_)) history_.pop_front();
+  }
+  post_pull(parts);
+}
+
+void ParamServer::post_pull(const std::vector<Tensor>& parts) {
+  BATON_CHECK(parts.size() == part_sizes().size(), "a parameter-server pull of the wrong buckets");
+  size_t k = 0;
   for (Group& g : groups_) {
     ServerWindow w;
     // GradReducer::gather_params (s = 0: the buckets of several parameters first, then
     // those of one) and post_pull (s > 0: in order): one all-gather per bucket.
-    for (int pass = 0; pass < 2; ++pass)
+    const size_t first = k;
+    for (int pass = 0; pass < 2; ++pass) {
+      k = first;
       for (Bucket& b : g.buckets) {
+        const Tensor& part = parts[k++];
         if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
         if (staleness_ > 0 && pass == 1) continue;
+        BATON_CHECK(part.numel() == b.master.numel(), "a parameter-server part of the wrong size");
         Tensor out = Tensor::empty({b.elements}, b.dtype);
         Tensor in = out.narrow(0, b.begin, b.master.numel());
-        in.copy_from(b.master);
+        in.copy_from(part);
         w.post(g.comm->all_gather(in, out, b.counts), out, nullptr);
       }
+    }
     w.drain();
   }
 }
@@ -172,6 +247,11 @@ StepStats ParamServer::step(int64_t step) {
   if (!seeded_) {
     seeded_ = true;
     seed();
+    if (restored_masters_) {  // a resume's newest pull in flight: the masters
+      size_t k = 0;
+      for (Group& g : groups_)
+        for (Bucket& b : g.buckets) b.master.copy_from(history_.back()[k++]);
+    }
   }
   push();
   // The executor's norm pieces per layer and loss slots (Executor::finish_step): this

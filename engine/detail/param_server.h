@@ -15,15 +15,19 @@
 //               later; the server waits for none beyond its own step.
 // Beyond its parts a server holds two buckets' whole buffers (the collectives' input and
 // output are whole buckets on every member): the next is posted before the oldest is
-// waited for.
+// waited for. With s > 0 it also keeps its part of each of the last s pulls (the
+// replicas receive them s steps later), which a checkpoint writes with the parts'
+// optimizer state (engine/plan_trainer.cpp; docs/formats/checkpoint.md).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include "engine/executor.h"
 #include "partitioner/resolved_plan.h"
+#include "stages/checkpoint.h"
 #include "stages/stage.h"
 #include "transport/communicator.h"
 
@@ -47,12 +51,32 @@ class ParamServer {
   // Bytes of the parts and their optimizer state this rank holds.
   int64_t state_bytes() const;
 
+  // Checkpoints (engine/plan_trainer.cpp, docs/formats/checkpoint.md). The parts'
+  // optimizer state as parts of the logical tensors ("<name>:exp_avg", ...): with
+  // `writer`, one copy of each logical block (the segments that count in the norm), as a
+  // checkpoint stores them; else every segment, for a resume to fill.
+  std::vector<stages::ParamPart> state_parts(bool writer);
+  // With staleness s > 0, the pulls in flight, oldest first (the newest holds the
+  // masters): per pull, this server's part of every bucket, groups in order. The server
+  // keeps them (s parts, the replicas' own ranks serving keep as much in their pulls).
+  const std::deque<std::vector<memory::Tensor>>& pulls() const { return history_; }
+  // A resume: the checkpoint's optimizer and step count (the state is reallocated,
+  // zeroed, for state_parts(false) to fill).
+  void set_optimizer(const stages::OptimizerConfig& config, int64_t steps);
+  // A resume under the same layout: posts the checkpoint's pulls again, as the replicas'
+  // GradReducer::restore_stale does; the newest replaces the masters replica 0 seeds.
+  void restore_pulls(const std::vector<std::vector<memory::Tensor>>& pulls);
+  // The buckets' part sizes, groups in order (what restore_pulls expects per pull).
+  std::vector<int64_t> part_sizes() const;
+
  private:
   struct Segment {            // one parameter's elements in this server's part of a bucket
     int64_t at = 0, len = 0;  // in the part
     bool decay = true;        // weight decay applies
     bool norm = true;         // counts in the norm (a replicated parameter: tp 0, tile 0)
     int layer = 0;            // its owner layer (the norm pieces' index)
+    const stages::Param* param = nullptr;  // the parameter (replica 0's physical graph)
+    int64_t lo = 0;                        // its first element here, in the parameter
   };
   struct Bucket {
     int64_t elements = 0;
@@ -70,6 +94,13 @@ class ParamServer {
   void seed();
   void push();
   void pull();
+  void post_pull(const std::vector<memory::Tensor>& parts);  // one part per bucket
+  memory::DType master_dtype() const { return memory::DType::f32; }
+  void allocate_state();
+
+  std::vector<std::shared_ptr<const stages::Graph>> graphs_;  // the segments' parameters
+  std::deque<std::vector<memory::Tensor>> history_;           // pulls(): s > 0
+  bool restored_masters_ = false;  // restore_pulls(): the masters replace the seeded ones
 
   transport::CommPtr world_;
   stages::OptimizerConfig opt_;
