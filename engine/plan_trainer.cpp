@@ -494,10 +494,9 @@ std::string spatial_degrees(const partitioner::Plan& p) {
 
 // What extra parameter-server ranks (dp_sync ps_ranks > 0) cannot do yet, refused on
 // every rank before any collective.
-void check_server_options(const ResolvedPlan& r, const PlanTrainOptions& o, bool mixed) {
+void check_server_options(const ResolvedPlan& r, bool mixed) {
   if (r.plan.dp_sync.ps_ranks == 0) return;
   const std::string why = r.plan.where("$.dp_sync.ps_ranks") + ": extra parameter-server ranks ";
-  if (!o.trace_path.empty()) throw InputError(why + "have no timeline; expected no --trace");
   if (mixed) throw InputError(why + "keep f32 parts only; expected --precision fp32");
 }
 
@@ -518,8 +517,20 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     load_server(server, r, world->rank(), dir, m);
     start = m.step;
   }
+  // --trace: the replicas' window of steps and time origin (write_trace gathers every
+  // rank's events, the servers' among them).
+  const int64_t trace_from = o.trace_path.empty()
+                                 ? o.steps
+                                 : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
+  double trace_origin = 0;
   LoopSteps steps;
   steps.step = [&](int64_t step) {
+    if (step == trace_from) {
+      world->barrier()->wait();
+      trace_origin = detail::ParamServer::now();
+      server.clear_events();
+      server.set_recording(true);
+    }
     auto t0 = std::chrono::steady_clock::now();
     StepStats st = server.step(step);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -540,6 +551,10 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     });
   };
   TrainSummary summary = run_loop(o, start, 0, false, steps, on_step);
+  if (!o.trace_path.empty() && trace_from < o.steps) {
+    server.set_recording(false);
+    write_trace(*world, server.events(), trace_origin, o.steps - trace_from, r, o.trace_path);
+  }
   summary.peak_bytes = alloc.stats().peak;
   all_gather_int(*world, int64_t(summary.peak_bytes));
   return summary;
@@ -571,7 +586,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
-  check_server_options(r, o, lg.float_dtype != memory::DType::f32);
+  check_server_options(r, lg.float_dtype != memory::DType::f32);
   check_world_size(r, world->size());
   if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);

@@ -1,6 +1,7 @@
 #include "engine/detail/param_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -182,6 +183,27 @@ void ParamServer::restore_pulls(const std::vector<std::vector<Tensor>>& pulls) {
   restored_masters_ = !pulls.empty();
 }
 
+double ParamServer::now() {
+  return double(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count()) *
+         1e-9;
+}
+
+void ParamServer::record(const char* label, schedule::ActionKind kind, int lane, int group,
+                         double start) {
+  if (!recording_) return;
+  schedule::TimelineEvent e;
+  e.rank = world_->rank();
+  e.lane = lane;
+  e.kind = kind;
+  e.micro_batch = group;
+  e.label = label;
+  e.start = start;
+  e.end = now();
+  events_.push_back(e);
+}
+
 void ParamServer::seed() {
   for (Group& g : groups_)
     for (Bucket& b : g.buckets) g.comm->scatter(Tensor(), b.master, 0, b.counts)->wait();
@@ -190,7 +212,9 @@ void ParamServer::seed() {
 void ParamServer::push() {
   // The replicas' reduce-scatter of each bucket; this rank adds zeros (exact: a sum of two
   // replicas has allreduce's bits) and keeps its part.
-  for (Group& g : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    const double t0 = recording_ ? now() : 0;
     ServerWindow w;
     for (Bucket& b : g.buckets) {
       Tensor in = Tensor::zeros({b.elements}, b.dtype);
@@ -200,6 +224,7 @@ void ParamServer::push() {
              [bp, part] { bp->grad = part.clone(); });
     }
     w.drain();
+    record("PUSH", schedule::ActionKind::reduce_gradients, 1, int(gi), t0);
   }
 }
 
@@ -219,7 +244,9 @@ void ParamServer::pull() {
 void ParamServer::post_pull(const std::vector<Tensor>& parts) {
   BATON_CHECK(parts.size() == part_sizes().size(), "a parameter-server pull of the wrong buckets");
   size_t k = 0;
-  for (Group& g : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    const double t0 = recording_ ? now() : 0;
     ServerWindow w;
     // GradReducer::gather_params (s = 0: the buckets of several parameters first, then
     // those of one) and post_pull (s > 0: in order): one all-gather per bucket.
@@ -238,6 +265,7 @@ void ParamServer::post_pull(const std::vector<Tensor>& parts) {
       }
     }
     w.drain();
+    record("PULL", schedule::ActionKind::reduce_gradients, 1, int(gi), t0);
   }
 }
 
@@ -254,6 +282,7 @@ StepStats ParamServer::step(int64_t step) {
     }
   }
   push();
+  const double update_start = recording_ ? now() : 0;
   // The executor's norm pieces per layer and loss slots (Executor::finish_step): this
   // rank's parts' pieces, no loss.
   std::vector<double> v(size_t(layers_ + loss_slots_), 0.0);
@@ -293,6 +322,7 @@ StepStats ParamServer::step(int64_t step) {
   }
   for (Group& g : groups_)
     for (Bucket& b : g.buckets) b.grad = Tensor();
+  record("", schedule::ActionKind::optimizer_step, 0, -1, update_start);
   pull();
   return st;
 }

@@ -27,6 +27,7 @@
 
 #include "engine/executor.h"
 #include "partitioner/resolved_plan.h"
+#include "schedule/timeline.h"
 #include "stages/checkpoint.h"
 #include "stages/stage.h"
 #include "transport/communicator.h"
@@ -69,6 +70,14 @@ class ParamServer {
   // The buckets' part sizes, groups in order (what restore_pulls expects per pull).
   std::vector<int64_t> part_sizes() const;
 
+  // --trace: while recording, each step's events on the steady clock (seconds): per
+  // served group its push ("PUSH", lane 1) and pull ("PULL", lane 1), and the norm's
+  // all-reduce with the update as a STEP on lane 0 (schedule/timeline.h).
+  void set_recording(bool on) { recording_ = on; }
+  const std::vector<schedule::TimelineEvent>& events() const { return events_; }
+  void clear_events() { events_.clear(); }
+  static double now();
+
  private:
   struct Segment {            // one parameter's elements in this server's part of a bucket
     int64_t at = 0, len = 0;  // in the part
@@ -101,6 +110,9 @@ class ParamServer {
   std::vector<std::shared_ptr<const stages::Graph>> graphs_;  // the segments' parameters
   std::deque<std::vector<memory::Tensor>> history_;           // pulls(): s > 0
   bool restored_masters_ = false;  // restore_pulls(): the masters replace the seeded ones
+  bool recording_ = false;
+  std::vector<schedule::TimelineEvent> events_;
+  void record(const char* label, schedule::ActionKind kind, int lane, int group, double start);
 
   transport::CommPtr world_;
   stages::OptimizerConfig opt_;

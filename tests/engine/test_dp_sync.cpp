@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -529,6 +530,57 @@ TEST(DpSync, ParameterServerExtraRanksResumeAcrossPlans) {
       same += (a[i].loss == want[i].loss) + (b[i].loss == want[i + 3].loss);
     }
     std::printf("  %s: %d of 6 losses bit for bit\n", cases[c].name, same);
+  }
+}
+
+// --trace with an extra server rank (PP 2 x DP 2 + 1 server, s = 1): one file, every
+// rank's timeline; the server's has, for each traced step and served group, its push
+// (PUSH<g>) and pull (PULL<g>) on the communication lane and the update (a STEP) on the
+// compute lane, in that order, inside the replicas' time span.
+TEST(DpSync, ParameterServerExtraRanksTrace) {
+  Workspace ws("dp-sync-ps-trace");
+  auto plan = resolve(ps_plan(2, ps_sync(1, 1)), ws);
+  RunSettings s;
+  s.steps = 3;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 2;
+  run_threads(plan, o);
+  const json trace = json::parse(std::ifstream(o.trace_path));
+  EXPECT_EQ(trace["otherData"]["ranks"], 5);
+  const int server = 4;
+  std::map<std::string, std::vector<std::pair<double, double>>> mine;  // name -> spans
+  std::set<int> ranks;
+  double replica_end = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ranks.insert(e["pid"].get<int>());
+    const double a = e["ts"], b = a + e["dur"].get<double>();
+    if (e["pid"] != server) {
+      replica_end = std::max(replica_end, b);
+      continue;
+    }
+    const std::string name = e["name"];
+    mine[e["cat"] == "S" ? std::string("STEP") : name].push_back({a, b});
+    if (name.rfind("PUSH", 0) == 0 || name.rfind("PULL", 0) == 0) {
+      EXPECT_EQ(e["cat"], "SERVER") << name;
+      EXPECT_EQ(e["tid"], 1) << name;
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, server}));
+  ASSERT_EQ(mine["STEP"].size(), 2u);
+  // PP 2: the servers serve one group per pipeline rank (wte stays all-reduced).
+  for (const char* g : {"0", "1"}) {
+    const auto& push = mine[std::string("PUSH") + g];
+    const auto& pull = mine[std::string("PULL") + g];
+    ASSERT_EQ(push.size(), 2u) << g;
+    ASSERT_EQ(pull.size(), 2u) << g;
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_LE(push[k].second, mine["STEP"][k].first) << g << " step " << k;
+      EXPECT_LE(mine["STEP"][k].second, pull[k].first) << g << " step " << k;
+      EXPECT_GE(push[k].first, 0) << g;
+      EXPECT_LE(pull[k].second, replica_end + 1e6) << g;
+    }
   }
 }
 
