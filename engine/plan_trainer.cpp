@@ -492,21 +492,14 @@ std::string spatial_degrees(const partitioner::Plan& p) {
   return out;
 }
 
-// What extra parameter-server ranks (dp_sync ps_ranks > 0) cannot do yet, refused on
-// every rank before any collective.
-void check_server_options(const ResolvedPlan& r, bool mixed) {
-  if (r.plan.dp_sync.ps_ranks == 0) return;
-  const std::string why = r.plan.where("$.dp_sync.ps_ranks") + ": extra parameter-server ranks ";
-  if (mixed) throw InputError(why + "keep f32 parts only; expected --precision fp32");
-}
-
 // An extra parameter-server rank's run: the steps' loop around ParamServer (the same
 // losses and norms as the replicas'), the evaluations' sums, the peaks' gather.
 TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::CommPtr world,
                    bool evaluates, const std::function<void(const StepRecord&)>& on_step) {
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
-  detail::ParamServer server(r, world, {o.optimizer, o.grad_clip, o.bucket_bytes});
+  std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
+  detail::ParamServer server(r, world, {o.optimizer, o.grad_clip, o.bucket_bytes, scaler.get()});
   // The replicas' resume, at the same point of the collectives (after the groups' split).
   const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
   int64_t start = 0;
@@ -515,6 +508,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     stages::Manifest m = stages::read_manifest(dir);
     check_resume(m, dir, model_json_of(r.plan), r.plan.where("$.model"), o.seed);
     load_server(server, r, world->rank(), dir, m);
+    restore_loss_scale(m, scaler.get());
     start = m.step;
   }
   // --trace: the replicas' window of steps and time origin (write_trace gathers every
@@ -535,6 +529,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     StepStats st = server.step(step);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
+    rec.loss_scale = st.loss_scale;
     rec.skipped = st.skipped;
     return rec;
   };
@@ -586,7 +581,6 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
-  check_server_options(r, lg.float_dtype != memory::DType::f32);
   check_world_size(r, world->size());
   if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);

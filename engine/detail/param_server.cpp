@@ -54,6 +54,8 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
     : world_(std::move(world)),
       opt_(options.optimizer),
       grad_clip_(options.grad_clip),
+      scaler_(options.scaler),
+      master_dtype_(options.master_dtype),
       staleness_(r.plan.dp_sync.max_staleness) {
   BATON_CHECK(r.is_server(world_->rank()),
               "a parameter server on replica rank " + std::to_string(world_->rank()));
@@ -119,7 +121,7 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
         b.segments.push_back(
             {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p), &p, lo});
       }
-      b.master = Tensor::empty({len}, b.dtype);
+      b.master = Tensor::empty({len}, master_dtype_);
       g.buckets.push_back(std::move(b));
     }
     groups_.push_back(std::move(g));
@@ -132,8 +134,9 @@ void ParamServer::allocate_state() {
   for (Group& g : groups_)
     for (Bucket& b : g.buckets) {
       const int64_t len = b.master.numel();
-      b.m = len > 0 && (adamw || opt_.sgd.momentum > 0) ? Tensor::zeros({len}, b.dtype) : Tensor();
-      b.v = len > 0 && adamw ? Tensor::zeros({len}, b.dtype) : Tensor();
+      const memory::DType dt = master_dtype_;
+      b.m = len > 0 && (adamw || opt_.sgd.momentum > 0) ? Tensor::zeros({len}, dt) : Tensor();
+      b.v = len > 0 && adamw ? Tensor::zeros({len}, dt) : Tensor();
     }
 }
 
@@ -258,7 +261,7 @@ void ParamServer::post_pull(const std::vector<Tensor>& parts) {
         if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
         if (staleness_ > 0 && pass == 1) continue;
         BATON_CHECK(part.numel() == b.master.numel(), "a parameter-server part of the wrong size");
-        Tensor out = Tensor::empty({b.elements}, b.dtype);
+        Tensor out = Tensor::empty({b.elements}, b.master.dtype());
         Tensor in = out.narrow(0, b.begin, b.master.numel());
         in.copy_from(part);
         w.post(g.comm->all_gather(in, out, b.counts), out, nullptr);
@@ -297,8 +300,9 @@ StepStats ParamServer::step(int64_t step) {
   for (int l = 0; l < layers_; ++l) norm2 += v[size_t(l)];
   for (size_t k = size_t(layers_); k < v.size(); ++k) st.loss += v[k];
   st.micro_batch_losses.assign(v.begin() + layers_, v.end());
-  const UpdateDecision d = decide_update(norm2, grad_clip_, nullptr);
+  const UpdateDecision d = decide_update(norm2, grad_clip_, scaler_);
   st.grad_norm = d.grad_norm;
+  st.loss_scale = d.loss_scale;
   st.skipped = !d.apply;
   if (d.apply) {
     ++steps_;
@@ -306,7 +310,12 @@ StepStats ParamServer::step(int64_t step) {
       for (Bucket& b : g.buckets)
         for (const Segment& sg : b.segments) {
           Tensor value = b.master.narrow(0, sg.at, sg.len);
-          const Tensor grad = b.grad.narrow(0, sg.at, sg.len);
+          Tensor grad = b.grad.narrow(0, sg.at, sg.len);
+          if (grad.dtype() != value.dtype()) {  // mixed precision: as Stage::step
+            Tensor wide = Tensor::empty(grad.shape(), value.dtype());
+            kernels::cast(grad, wide);
+            grad = wide;
+          }
           Tensor m = b.m.defined() ? b.m.narrow(0, sg.at, sg.len) : Tensor();
           if (opt_.kind == stages::OptimizerConfig::Kind::adamw) {
             kernels::AdamW cfg = opt_.adamw;

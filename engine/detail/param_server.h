@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/executor.h"
+#include "kernels/mixed_precision.h"
 #include "partitioner/resolved_plan.h"
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
@@ -40,6 +41,11 @@ class ParamServer {
     stages::OptimizerConfig optimizer;
     double grad_clip = 1.0;
     size_t bucket_bytes = size_t(4) << 20;
+    // Dynamic loss scaling (fp16): the replicas' decision, taken from the same norms.
+    kernels::LossScaler* scaler = nullptr;
+    // The replicas' Stage::param() dtype: the masters' under mixed precision (f32), the
+    // parameters' otherwise (f32). The parts, their state and the pulls are in it.
+    memory::DType master_dtype = memory::DType::f32;
   };
   // Every rank of the world constructs at once (the groups' communicators are split here,
   // in the replicas' order).
@@ -92,6 +98,8 @@ class ParamServer {
     std::vector<int64_t> counts;                    // every member's part
     std::vector<int64_t> param_first, param_numel;  // per parameter, in the bucket
     int64_t begin = 0;  // this server's part: [begin, begin + master.numel())
+    // The gradients' dtype (the graph's: 16-bit under mixed precision); the masters,
+    // their state and the pulls are in Options::master_dtype.
     memory::DType dtype = memory::DType::f32;
     memory::Tensor master, grad, m, v;  // part-sized
     std::vector<Segment> segments;
@@ -104,7 +112,7 @@ class ParamServer {
   void push();
   void pull();
   void post_pull(const std::vector<memory::Tensor>& parts);  // one part per bucket
-  memory::DType master_dtype() const { return memory::DType::f32; }
+  memory::DType master_dtype() const { return master_dtype_; }
   void allocate_state();
 
   std::vector<std::shared_ptr<const stages::Graph>> graphs_;  // the segments' parameters
@@ -117,6 +125,8 @@ class ParamServer {
   transport::CommPtr world_;
   stages::OptimizerConfig opt_;
   double grad_clip_ = 1.0;
+  kernels::LossScaler* scaler_ = nullptr;
+  memory::DType master_dtype_ = memory::DType::f32;
   int staleness_ = 0;
   int layers_ = 0, loss_slots_ = 0;
   std::vector<Group> groups_;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -69,8 +70,12 @@ TEST(DpSync, LocalSgdEveryStepAveragedIsAllreduce) {
 // Every rank's parameters after each step, by (stage, name).
 using Params = std::map<std::pair<int, std::string>, std::vector<float>>;
 
+// With `master`, the stages keep master copies of that dtype (and extra servers their
+// parts in it): mixed precision's path, f64 masters beside f32 working copies standing in
+// for f32 beside bf16 on the CPU. `losses`: each step's loss (rank 0's).
 std::vector<std::vector<Params>> run_recording(
-    std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps) {
+    std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps,
+    std::optional<memory::DType> master = std::nullopt, std::vector<double>* losses = nullptr) {
   kernels::set_num_threads(1);
   const int n = plan->world();
   auto world = transport::make_local_world(n);
@@ -97,20 +102,24 @@ std::vector<std::vector<Params>> run_recording(
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       if (plan->is_server(r)) {  // an extra parameter-server rank: no stage to record
-        engine::detail::ParamServer server(*plan, world[size_t(r)], {});
+        engine::detail::ParamServer::Options so;
+        if (master) so.master_dtype = *master;
+        engine::detail::ParamServer server(*plan, world[size_t(r)], so);
         for (int64_t k = 0; k < steps; ++k) server.step(k);
         return;
       }
       engine::RankEngineOptions o;
       o.inputs = inputs;
       o.grad_clip = 1.0;
+      o.master_dtype = master;
       engine::RankEngine e(plan, world[size_t(r)], o);
       for (int64_t k = 0; k < steps; ++k) {
-        e.step(k);
-        for (const auto& [s, st] : e.stages())
-          for (int id : st->param_ids())
+        const engine::StepStats st = e.step(k);
+        if (losses && r == 0) losses->push_back(st.loss);
+        for (const auto& [s, stage] : e.stages())
+          for (int id : stage->param_ids())
             seen[size_t(k)][size_t(r)][{s, e.graph().params[size_t(id)].name}] =
-                st->param(id).to_vector<float>();
+                stage->working_param(id).to_vector<float>();
       }
     });
   for (auto& t : threads) t.join();
@@ -582,6 +591,70 @@ TEST(DpSync, ParameterServerExtraRanksTrace) {
       EXPECT_LE(pull[k].second, replica_end + 1e6) << g;
     }
   }
+}
+
+// Mixed precision's path with extra servers: the replicas keep master copies (f64 here,
+// beside f32 working copies: the CPU's stand-in for f32 masters beside bf16), push their
+// gradients in the working dtype as zero1 reduces them, and pull the masters; the
+// servers keep their parts and state in the masters' dtype and update them with the
+// gradients widened, as Stage::step does. At s = 0 that is allreduce's run under the
+// same masters (losses within 1e-6, bit for bit in this run), not the f32 run's.
+TEST(DpSync, ParameterServerExtraRanksMixedPrecision) {
+  Workspace ws("dp-sync-ps-mixed");
+  const int64_t steps = 4;
+  std::vector<double> want, got, plain;
+  run_recording(resolve(ps_plan(2, json()), ws), steps, memory::DType::f64, &want);
+  auto seen =
+      run_recording(resolve(ps_plan(2, ps_sync(0, 2)), ws), steps, memory::DType::f64, &got);
+  run_recording(resolve(ps_plan(2, ps_sync(0, 2)), ws), steps, std::nullopt, &plain);
+  ASSERT_EQ(got.size(), size_t(steps));
+  ASSERT_EQ(want.size(), got.size());
+  int same = 0, from_plain = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
+    same += got[i] == want[i];
+    from_plain += got[i] != plain[i];
+  }
+  EXPECT_GE(from_plain, 1);  // the f64 masters change the run
+  std::printf("  f64 masters with extra servers: %d of %zu losses bit for bit with allreduce\n",
+              same, got.size());
+  // The servers' parts and AdamW state are in the masters' dtype: 24 bytes per element.
+  auto plan = resolve(ps_plan(2, ps_sync(0, 1)), ws);
+  auto world = transport::make_local_world(plan->world());
+  int64_t f32 = 0, f64 = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      if (!plan->is_server(r)) {
+        engine::RankEngineOptions o;
+        o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                      stages::TensorMap&) {};
+        engine::RankEngine e(plan, world[size_t(r)], o);  // the groups' split only
+        return;
+      }
+      f32 = engine::detail::ParamServer(*plan, world[size_t(r)], {}).state_bytes();
+    });
+  for (auto& t : threads) t.join();
+  threads.clear();
+  world = transport::make_local_world(plan->world());
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      if (!plan->is_server(r)) {
+        engine::RankEngineOptions o;
+        o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                      stages::TensorMap&) {};
+        o.master_dtype = memory::DType::f64;
+        engine::RankEngine e(plan, world[size_t(r)], o);
+        return;
+      }
+      engine::detail::ParamServer::Options so;
+      so.master_dtype = memory::DType::f64;
+      f64 = engine::detail::ParamServer(*plan, world[size_t(r)], so).state_bytes();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_GT(f32, 0);
+  EXPECT_EQ(f64, 2 * f32);
+  EXPECT_EQ(seen.size(), size_t(steps));
 }
 
 // The staleness bound with an extra server rank: the replicas' working parameters stay
