@@ -98,17 +98,17 @@ nlohmann::json own_state_layout(const ResolvedPlan& r) {
 
 // Writes this rank's file of a data-parallel mode's own state, "<kind>-rank-<rank>", and
 // names it for the manifest.
-stages::ShardFile write_own_state(const RankEngine& e, const std::string& dir, const char* kind,
+stages::ShardFile write_own_state(int rank, const std::string& dir, const char* kind,
                                   const std::vector<stages::NamedTensor>& t,
                                   const std::map<std::string, std::string>& metadata) {
   char file[80];
-  std::snprintf(file, sizeof file, "%s-rank-%05d.safetensors", kind, e.rank());
+  std::snprintf(file, sizeof file, "%s-rank-%05d.safetensors", kind, rank);
   const std::string path = dir + "/" + file;
   stages::write_safetensors(path, t, metadata);
   stages::ShardFile sf;
   sf.file = file;
   sf.kind = kind;
-  sf.rank = e.rank();
+  sf.rank = rank;
   sf.bytes = uint64_t(std::filesystem::file_size(path));
   sf.hash = stages::hash_file(path);
   return sf;
@@ -136,17 +136,16 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
         for (const auto& [name, x] : st->optimizer_state(id))
           t.push_back({"state/" + key + "/" + name, x});
       }
-  return write_own_state(e, dir, "local-sgd", t, {{"format", "pt"}});
+  return write_own_state(e.rank(), dir, "local-sgd", t, {{"format", "pt"}});
 }
 
 // This rank's shard of `kind` (a data-parallel mode's own state) when the checkpoint's
 // train section records it under `key` with this plan's layout `want`; null otherwise.
-const stages::ShardFile* own_state_shard(const RankEngine& e, const stages::Manifest& m,
-                                         const char* key, const nlohmann::json& want,
-                                         const char* kind) {
+const stages::ShardFile* own_state_shard(int rank, const stages::Manifest& m, const char* key,
+                                         const nlohmann::json& want, const char* kind) {
   if (!m.train.is_object() || !m.train.contains(key) || m.train[key] != want) return nullptr;
   for (const stages::ShardFile& f : m.shards)
-    if (f.kind == kind && f.rank == e.rank()) return &f;
+    if (f.kind == kind && f.rank == rank) return &f;
   return nullptr;
 }
 
@@ -156,7 +155,7 @@ const stages::ShardFile* own_state_shard(const RankEngine& e, const stages::Mani
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
   detail::LocalSgd* ls = e.executor().local_sgd();
   const stages::ShardFile* mine =
-      own_state_shard(e, m, "local_sgd", own_state_layout(e.plan()), "local-sgd");
+      own_state_shard(e.rank(), m, "local_sgd", own_state_layout(e.plan()), "local-sgd");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -207,7 +206,7 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
     for (size_t i = 0; i < keys.size(); ++i)
       t.push_back({"pull/" + std::to_string(k) + "/" + local_key(e, keys[i].first, keys[i].second),
                    parts[k][i]});
-  return write_own_state(e, dir, "parameter-server", t,
+  return write_own_state(e.rank(), dir, "parameter-server", t,
                          {{"format", "pt"}, {"pulls", std::to_string(parts.size())}});
 }
 
@@ -216,8 +215,8 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
 // the masters too), with a warning.
 void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
                            bool lead) {
-  const stages::ShardFile* mine =
-      own_state_shard(e, m, "parameter_server", own_state_layout(e.plan()), "parameter-server");
+  const stages::ShardFile* mine = own_state_shard(e.rank(), m, "parameter_server",
+                                                  own_state_layout(e.plan()), "parameter-server");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -250,28 +249,15 @@ void load_parameter_server(RankEngine& e, const std::string& dir, const stages::
   red.restore_stale(parts);
 }
 
-std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifest& base,
-                 int64_t step) {
-  Communicator& world = e.world();
+// The checkpoint after `step` steps: every rank writes its own files (`write_files`, each
+// durable before it is reported), then rank 0 the manifest `base` naming them all.
+std::string save_files(
+    Communicator& world, const PlanTrainOptions& o, const stages::Manifest& base, int64_t step,
+    const std::function<std::vector<stages::ShardFile>(const std::string& dir)>& write_files) {
   const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, step);
   if (world.rank() == 0) stages::begin_checkpoint(dir);
   world.barrier()->wait();
-  std::vector<const stages::Stage*> list;
-  std::vector<int> ids;
-  bool any = false;
-  for (const auto& [s, st] : e.stages()) {
-    list.push_back(st.get());
-    ids.push_back(s);
-    for (int p : st->param_ids()) any |= e.writes(s, p) || e.writes_state_part(s, p);
-  }
-  std::vector<stages::ShardFile> files;
-  if (any)
-    files = stages::write_rank_shards(
-        dir, list, world.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
-        [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
-  if (e.plan().plan.dp_sync.independent()) files.push_back(save_local_sgd(e, dir));
-  if (e.plan().plan.dp_sync.parameter_server() && e.plan().plan.dp_sync.max_staleness > 0)
-    files.push_back(save_parameter_server(e, dir));
+  std::vector<stages::ShardFile> files = write_files(dir);
   nlohmann::json mine = nlohmann::json::array();
   for (const auto& f : files)
     mine.push_back({{"file", f.file},
@@ -286,9 +272,6 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
     stages::Manifest m = base;
     m.step = step;
     m.data["position"] = step;
-    const stages::Stage& any_stage = *e.stages().begin()->second;
-    m.optimizer = any_stage.optimizer();
-    m.optimizer_steps = any_stage.optimizer_steps();
     for (const std::string& s : all)
       for (const auto& f : nlohmann::json::parse(s)) {
         stages::ShardFile sf;
@@ -303,6 +286,87 @@ std::string save(RankEngine& e, const PlanTrainOptions& o, const stages::Manifes
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
   }
   return dir;
+}
+
+std::vector<stages::ShardFile> write_replica_files(RankEngine& e, const std::string& dir) {
+  std::vector<const stages::Stage*> list;
+  std::vector<int> ids;
+  bool any = false;
+  for (const auto& [s, st] : e.stages()) {
+    list.push_back(st.get());
+    ids.push_back(s);
+    for (int p : st->param_ids()) any |= e.writes(s, p) || e.writes_state_part(s, p);
+  }
+  std::vector<stages::ShardFile> files;
+  if (any)
+    files = stages::write_rank_shards(
+        dir, list, e.rank(), [&](size_t k, int p) { return e.writes(ids[k], p); },
+        [&](size_t k, int p) { return e.writes_state_part(ids[k], p); });
+  if (e.plan().plan.dp_sync.independent()) files.push_back(save_local_sgd(e, dir));
+  if (e.plan().plan.dp_sync.parameter_server() && e.plan().plan.dp_sync.max_staleness > 0)
+    files.push_back(save_parameter_server(e, dir));
+  return files;
+}
+
+std::string save(RankEngine& e, const PlanTrainOptions& o, stages::Manifest base, int64_t step) {
+  const stages::Stage& any_stage = *e.stages().begin()->second;
+  base.optimizer = any_stage.optimizer();
+  base.optimizer_steps = any_stage.optimizer_steps();
+  return save_files(e.world(), o, base, step,
+                    [&](const std::string& dir) { return write_replica_files(e, dir); });
+}
+
+// An extra server rank's files (docs/formats/checkpoint.md): its parts' optimizer state
+// as the blocks of the logical tensors they cover (an "optimizer" file, which any plan
+// and sharding reads) and, with staleness s > 0, its pulls in flight, keys
+// "pull/<k>/<bucket>" (a "parameter-server" file, read back under the same layout). Its
+// masters are the replicas' parameters at s = 0 and the newest pull at s > 0.
+std::vector<stages::ShardFile> write_server_files(detail::ParamServer& server, int rank,
+                                                  const std::string& dir) {
+  std::vector<stages::ShardFile> files;
+  std::vector<stages::ParamPart> state = server.state_parts(true);
+  char file[64];
+  std::snprintf(file, sizeof file, "optimizer-rank%05d.safetensors", rank);
+  if (!state.empty())
+    files.push_back(stages::write_part_shard(dir, file, "optimizer", rank, state));
+  if (server.pulls().empty()) return files;
+  std::vector<stages::NamedTensor> t;
+  for (size_t k = 0; k < server.pulls().size(); ++k)
+    for (size_t i = 0; i < server.pulls()[k].size(); ++i)
+      t.push_back({"pull/" + std::to_string(k) + "/" + std::to_string(i), server.pulls()[k][i]});
+  files.push_back(
+      write_own_state(rank, dir, "parameter-server", t,
+                      {{"format", "pt"}, {"pulls", std::to_string(server.pulls().size())}}));
+  return files;
+}
+
+// A server's resume from any checkpoint: the checkpoint's optimizer and its state for the
+// server's parts (whatever plan wrote them; the masters come from replica 0's seed, the
+// parameters it loaded) and, under the same layout with s > 0, the pulls in flight
+// posted again (their newest the masters).
+void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank,
+                 const std::string& dir, const stages::Manifest& m) {
+  server.set_optimizer(m.optimizer, m.optimizer_steps);
+  stages::load_parts(dir, m, "optimizer", server.state_parts(false));
+  if (r.plan.dp_sync.max_staleness == 0) return;
+  const stages::ShardFile* mine =
+      own_state_shard(rank, m, "parameter_server", own_state_layout(r), "parameter-server");
+  if (mine == nullptr) return;  // the replicas warn
+  stages::SafetensorsReader f(dir + "/" + mine->file);
+  const std::vector<int64_t> sizes = server.part_sizes();
+  std::vector<std::vector<Tensor>> pulls;
+  for (size_t k = 0; !sizes.empty() && f.find("pull/" + std::to_string(k) + "/0"); ++k) {
+    std::vector<Tensor> pull;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string name = "pull/" + std::to_string(k) + "/" + std::to_string(i);
+      Tensor x = f.read(name);
+      if (x.numel() != sizes[i])
+        throw InputError(f.path() + ": " + name + " has the wrong size for this plan");
+      pull.push_back(x);
+    }
+    pulls.push_back(std::move(pull));
+  }
+  server.restore_pulls(pulls);
 }
 
 // The newest complete checkpoint as rank 0 sees it (every rank then loads the same one).
@@ -428,30 +492,44 @@ std::string spatial_degrees(const partitioner::Plan& p) {
   return out;
 }
 
-// What extra parameter-server ranks (dp_sync ps_ranks > 0) cannot do yet, refused on
-// every rank before any collective.
-void check_server_options(const ResolvedPlan& r, const PlanTrainOptions& o, bool mixed) {
-  if (r.plan.dp_sync.ps_ranks == 0) return;
-  const std::string why = r.plan.where("$.dp_sync.ps_ranks") + ": extra parameter-server ranks ";
-  if (!o.checkpoint_dir.empty() || o.resume)
-    throw InputError(why + "do not checkpoint their parts yet; expected no --checkpoint-dir");
-  if (!o.trace_path.empty()) throw InputError(why + "have no timeline; expected no --trace");
-  if (mixed) throw InputError(why + "keep f32 parts only; expected --precision fp32");
-}
-
 // An extra parameter-server rank's run: the steps' loop around ParamServer (the same
 // losses and norms as the replicas'), the evaluations' sums, the peaks' gather.
 TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::CommPtr world,
                    bool evaluates, const std::function<void(const StepRecord&)>& on_step) {
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();
-  detail::ParamServer server(r, world, {o.optimizer, o.grad_clip, o.bucket_bytes});
+  std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
+  detail::ParamServer server(r, world, {o.optimizer, o.grad_clip, o.bucket_bytes, scaler.get()});
+  // The replicas' resume, at the same point of the collectives (after the groups' split).
+  const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
+  int64_t start = 0;
+  if (found >= 0) {
+    const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, found);
+    stages::Manifest m = stages::read_manifest(dir);
+    check_resume(m, dir, model_json_of(r.plan), r.plan.where("$.model"), o.seed);
+    load_server(server, r, world->rank(), dir, m);
+    restore_loss_scale(m, scaler.get());
+    start = m.step;
+  }
+  // --trace: the replicas' window of steps and time origin (write_trace gathers every
+  // rank's events, the servers' among them).
+  const int64_t trace_from = o.trace_path.empty()
+                                 ? o.steps
+                                 : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
+  double trace_origin = 0;
   LoopSteps steps;
   steps.step = [&](int64_t step) {
+    if (step == trace_from) {
+      world->barrier()->wait();
+      trace_origin = detail::ParamServer::now();
+      server.clear_events();
+      server.set_recording(true);
+    }
     auto t0 = std::chrono::steady_clock::now();
     StepStats st = server.step(step);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
+    rec.loss_scale = st.loss_scale;
     rec.skipped = st.skipped;
     return rec;
   };
@@ -462,7 +540,16 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
       for (int64_t k = 0; k < o.eval_batches; ++k) sum += server.evaluate_batch();
       return sum / double(o.eval_batches);
     };
-  TrainSummary summary = run_loop(o, 0, 0, false, steps, on_step);
+  steps.checkpoint = [&](int64_t done) {
+    return save_files(*world, o, stages::Manifest{}, done, [&](const std::string& dir) {
+      return write_server_files(server, world->rank(), dir);
+    });
+  };
+  TrainSummary summary = run_loop(o, start, 0, false, steps, on_step);
+  if (!o.trace_path.empty() && trace_from < o.steps) {
+    server.set_recording(false);
+    write_trace(*world, server.events(), trace_origin, o.steps - trace_from, r, o.trace_path);
+  }
   summary.peak_bytes = alloc.stats().peak;
   all_gather_int(*world, int64_t(summary.peak_bytes));
   return summary;
@@ -494,7 +581,6 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
-  check_server_options(r, o, lg.float_dtype != memory::DType::f32);
   check_world_size(r, world->size());
   if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);

@@ -79,6 +79,7 @@ std::string unit_name(double seconds_per_unit) {
 std::string event_category(const TimelineEvent& e) {
   if (e.label.starts_with("HALO")) return "HALO";
   if (e.label.starts_with("INTERIOR")) return "INTERIOR";
+  if (e.label == "PUSH" || e.label == "PULL") return "SERVER";
   return "INPUT";
 }
 
@@ -89,9 +90,13 @@ std::string event_name(const TimelineEvent& e) {
 
 }  // namespace
 
+// Appended labels keep the earlier indices. "PUSH" and "PULL": an extra parameter-server
+// rank's push (the gradients' reduce-scatters received) and pull (the parameters'
+// all-gathers sent) of one served group on lane 1, category SERVER, the group's index as
+// the micro-batch number (engine/detail/param_server.h).
 const std::vector<std::string>& event_labels() {
-  static const std::vector<std::string> labels = {"HALO_F",     "HALO_B",     "LOAD",
-                                                  "INPUT_WAIT", "INTERIOR_F", "INTERIOR_B"};
+  static const std::vector<std::string> labels = {"HALO_F",     "HALO_B",     "LOAD", "INPUT_WAIT",
+                                                  "INTERIOR_F", "INTERIOR_B", "PUSH", "PULL"};
   return labels;
 }
 

@@ -297,6 +297,16 @@ void fill_region(const BlockIndex& index, const std::string& name, const Shape& 
                      " elements needed (missing or overlapping shards)");
 }
 
+// Fills `out` (hi - lo elements) with the elements [lo, hi) of the local tensor of `p`
+// stored under `name`: the blocks they cover, read into a whole-tensor buffer.
+void load_part(const BlockIndex& index, const std::string& name, const Param& p, int64_t lo,
+               int64_t hi, Tensor out, const std::string& where) {
+  Tensor full = Tensor::zeros(p.shape, out.dtype(), out.device());
+  for (const auto& [rect, global] : part_blocks(p, lo, hi))
+    fill_region(index, name, p.logical_shape, global, narrow_to(full, rect), where);
+  out.copy_from(full.view({full.numel()}).narrow(0, lo, hi - lo));
+}
+
 // Loads one logical tensor held locally as `local` (whole or in pieces).
 void load_tensor(const BlockIndex& index, const std::string& name, const Param& p, Tensor& local,
                  const std::string& where) {
@@ -482,6 +492,14 @@ std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
     out.push_back(write_shard(step_dir, buf, "optimizer", rank, optim));
   }
   return out;
+}
+
+ShardFile write_part_shard(const std::string& step_dir, const std::string& file,
+                           const std::string& kind, int rank, const std::vector<ParamPart>& parts) {
+  std::vector<Stored> stored;
+  for (const ParamPart& x : parts)
+    if (x.hi > x.lo) add_part_pieces(stored, x.name, *x.param, x.values, x.lo, x.hi);
+  return write_shard(step_dir, file, kind, rank, stored);
 }
 
 void write_manifest(const std::string& step_dir, const Manifest& m) {
@@ -711,15 +729,17 @@ void load_stage(const std::string& step_dir, const Manifest& m, Stage& stage, bo
         load_tensor(optim, p.name + ":" + state_name, p, local, step_dir);
         continue;
       }
-      // A sharded optimizer's part: the blocks its elements cover, read into a
-      // whole-tensor buffer, then its elements.
-      Tensor full = Tensor::zeros(p.shape, t.dtype(), t.device());
-      for (const auto& [rect, global] : part_blocks(p, lo, hi))
-        fill_region(optim, p.name + ":" + state_name, p.logical_shape, global,
-                    narrow_to(full, rect), step_dir);
-      local.copy_from(full.view({full.numel()}).narrow(0, lo, hi - lo));
+      // A sharded optimizer's part: the blocks its elements cover.
+      load_part(optim, p.name + ":" + state_name, p, lo, hi, local, step_dir);
     }
   }
+}
+
+void load_parts(const std::string& step_dir, const Manifest& m, const std::string& kind,
+                const std::vector<ParamPart>& parts) {
+  BlockIndex index(step_dir, m, kind);
+  for (const ParamPart& x : parts)
+    if (x.hi > x.lo) load_part(index, x.name, *x.param, x.lo, x.hi, x.values, step_dir);
 }
 
 // ---- Hugging Face ----

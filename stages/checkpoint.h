@@ -63,6 +63,25 @@ std::vector<ShardFile> write_rank_shards(const std::string& step_dir,
                                          const std::vector<const Stage*>& stages, int rank,
                                          const std::function<bool(size_t, int)>& owns = {},
                                          const std::function<bool(size_t, int)>& owns_state = {});
+// A flat part of a parameter's local tensor held outside any Stage (an extra
+// parameter-server rank's, engine/detail/param_server.h): elements [lo, hi) of the
+// flattened local tensor of `param`, stored under `name` (the parameter's name, or
+// "<name>:<state>" for its optimizer state), `values` a 1-D tensor of hi - lo elements.
+struct ParamPart {
+  const Param* param = nullptr;
+  std::string name;
+  Tensor values;
+  int64_t lo = 0, hi = 0;
+};
+// Writes parts as the blocks of the logical tensors their elements cover (as a sharded
+// optimizer's state: write_rank_shards' owns_state) into <step_dir>/<file>, one shard
+// file of `kind` ("model" or "optimizer"), so any plan and sharding reads them.
+ShardFile write_part_shard(const std::string& step_dir, const std::string& file,
+                           const std::string& kind, int rank, const std::vector<ParamPart>& parts);
+// Fills each part's values from the checkpoint's blocks of `kind`, whatever plan wrote
+// them (load_stage's reading of a sharded optimizer's part).
+void load_parts(const std::string& step_dir, const Manifest& m, const std::string& kind,
+                const std::vector<ParamPart>& parts);
 // Writes manifest.json last, atomically.
 void write_manifest(const std::string& step_dir, const Manifest& m);
 // Removes a step directory's manifest first (so a crash while rewriting it leaves it

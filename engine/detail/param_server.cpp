@@ -1,6 +1,7 @@
 #include "engine/detail/param_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -53,6 +54,8 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
     : world_(std::move(world)),
       opt_(options.optimizer),
       grad_clip_(options.grad_clip),
+      scaler_(options.scaler),
+      master_dtype_(options.master_dtype),
       staleness_(r.plan.dp_sync.max_staleness) {
   BATON_CHECK(r.is_server(world_->rank()),
               "a parameter server on replica rank " + std::to_string(world_->rank()));
@@ -69,6 +72,7 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
     if (r.layout.coord(q).dp != 0) continue;
     std::shared_ptr<const stages::Graph> graph = partitioner::physical_graph(r, q);
     layers_ = graph->num_layers();
+    graphs_.push_back(graph);
     for (const partitioner::GradientGroup& gg : partitioner::gradient_groups(r, q)) {
       if (gg.ranks.size() <= 1 || !partitioner::optimizer_sharded(r, q, gg)) continue;
       Served& s = served[partitioner::reduction_members(r, q, gg)];
@@ -115,16 +119,92 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
         // 0 and tile 0 only.
         const bool norm = c.sp == 0 && (c.tp == 0 || p.is_shard());
         b.segments.push_back(
-            {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p)});
+            {first + lo - b.begin, hi - lo, p.weight_decay, norm, stages::owner_layer(p), &p, lo});
       }
-      const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
-      if (len > 0 && (adamw || opt_.sgd.momentum > 0)) b.m = Tensor::zeros({len}, b.dtype);
-      if (len > 0 && adamw) b.v = Tensor::zeros({len}, b.dtype);
-      b.master = Tensor::empty({len}, b.dtype);
+      b.master = Tensor::empty({len}, master_dtype_);
       g.buckets.push_back(std::move(b));
     }
     groups_.push_back(std::move(g));
   }
+  allocate_state();
+}
+
+void ParamServer::allocate_state() {
+  const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets) {
+      const int64_t len = b.master.numel();
+      const memory::DType dt = master_dtype_;
+      b.m = len > 0 && (adamw || opt_.sgd.momentum > 0) ? Tensor::zeros({len}, dt) : Tensor();
+      b.v = len > 0 && adamw ? Tensor::zeros({len}, dt) : Tensor();
+    }
+}
+
+void ParamServer::set_optimizer(const stages::OptimizerConfig& config, int64_t steps) {
+  opt_ = config;
+  steps_ = steps;
+  allocate_state();
+}
+
+std::vector<stages::ParamPart> ParamServer::state_parts(bool writer) {
+  // The stages' state names (Stage::optimizer_state): torch's.
+  const bool adamw = opt_.kind == stages::OptimizerConfig::Kind::adamw;
+  std::vector<stages::ParamPart> out;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets)
+      for (const Segment& sg : b.segments) {
+        if (writer && !sg.norm) continue;
+        auto add = [&](const char* state, const Tensor& t) {
+          if (t.defined())
+            out.push_back({sg.param, sg.param->name + ":" + state, t.narrow(0, sg.at, sg.len),
+                           sg.lo, sg.lo + sg.len});
+        };
+        add(adamw ? "exp_avg" : "momentum_buffer", b.m);
+        if (adamw) add("exp_avg_sq", b.v);
+      }
+  return out;
+}
+
+std::vector<int64_t> ParamServer::part_sizes() const {
+  std::vector<int64_t> out;
+  for (const Group& g : groups_)
+    for (const Bucket& b : g.buckets) out.push_back(b.master.numel());
+  return out;
+}
+
+void ParamServer::restore_pulls(const std::vector<std::vector<Tensor>>& pulls) {
+  BATON_CHECK(history_.empty() && !seeded_, "parameter-server pulls restored after a step");
+  BATON_CHECK(pulls.size() <= size_t(staleness_), "more parameter-server pulls than the staleness");
+  const std::vector<int64_t> sizes = part_sizes();
+  for (const std::vector<Tensor>& p : pulls) {
+    BATON_CHECK(p.size() == sizes.size(), "a parameter-server pull of the wrong buckets");
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < p.size(); ++i) parts.push_back(p[i].to(master_dtype()));
+    post_pull(parts);
+    history_.push_back(parts);
+  }
+  restored_masters_ = !pulls.empty();
+}
+
+double ParamServer::now() {
+  return double(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count()) *
+         1e-9;
+}
+
+void ParamServer::record(const char* label, schedule::ActionKind kind, int lane, int group,
+                         double start) {
+  if (!recording_) return;
+  schedule::TimelineEvent e;
+  e.rank = world_->rank();
+  e.lane = lane;
+  e.kind = kind;
+  e.micro_batch = group;
+  e.label = label;
+  e.start = start;
+  e.end = now();
+  events_.push_back(e);
 }
 
 void ParamServer::seed() {
@@ -135,7 +215,9 @@ void ParamServer::seed() {
 void ParamServer::push() {
   // The replicas' reduce-scatter of each bucket; this rank adds zeros (exact: a sum of two
   // replicas has allreduce's bits) and keeps its part.
-  for (Group& g : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    const double t0 = recording_ ? now() : 0;
     ServerWindow w;
     for (Bucket& b : g.buckets) {
       Tensor in = Tensor::zeros({b.elements}, b.dtype);
@@ -145,24 +227,48 @@ void ParamServer::push() {
              [bp, part] { bp->grad = part.clone(); });
     }
     w.drain();
+    record("PUSH", schedule::ActionKind::reduce_gradients, 1, int(gi), t0);
   }
 }
 
 void ParamServer::pull() {
-  for (Group& g : groups_) {
+  std::vector<Tensor> parts;
+  for (Group& g : groups_)
+    for (Bucket& b : g.buckets) parts.push_back(b.master);
+  if (staleness_ > 0) {
+    // The replicas receive this pull s steps later: kept until then (a checkpoint's).
+    for (Tensor& t : parts) t = t.clone();
+    history_.push_back(parts);
+    while (history_.size() > size_t(staleness_)) history_.pop_front();
+  }
+  post_pull(parts);
+}
+
+void ParamServer::post_pull(const std::vector<Tensor>& parts) {
+  BATON_CHECK(parts.size() == part_sizes().size(), "a parameter-server pull of the wrong buckets");
+  size_t k = 0;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    const double t0 = recording_ ? now() : 0;
     ServerWindow w;
     // GradReducer::gather_params (s = 0: the buckets of several parameters first, then
     // those of one) and post_pull (s > 0: in order): one all-gather per bucket.
-    for (int pass = 0; pass < 2; ++pass)
+    const size_t first = k;
+    for (int pass = 0; pass < 2; ++pass) {
+      k = first;
       for (Bucket& b : g.buckets) {
+        const Tensor& part = parts[k++];
         if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
         if (staleness_ > 0 && pass == 1) continue;
-        Tensor out = Tensor::empty({b.elements}, b.dtype);
+        BATON_CHECK(part.numel() == b.master.numel(), "a parameter-server part of the wrong size");
+        Tensor out = Tensor::empty({b.elements}, b.master.dtype());
         Tensor in = out.narrow(0, b.begin, b.master.numel());
-        in.copy_from(b.master);
+        in.copy_from(part);
         w.post(g.comm->all_gather(in, out, b.counts), out, nullptr);
       }
+    }
     w.drain();
+    record("PULL", schedule::ActionKind::reduce_gradients, 1, int(gi), t0);
   }
 }
 
@@ -172,8 +278,14 @@ StepStats ParamServer::step(int64_t step) {
   if (!seeded_) {
     seeded_ = true;
     seed();
+    if (restored_masters_) {  // a resume's newest pull in flight: the masters
+      size_t k = 0;
+      for (Group& g : groups_)
+        for (Bucket& b : g.buckets) b.master.copy_from(history_.back()[k++]);
+    }
   }
   push();
+  const double update_start = recording_ ? now() : 0;
   // The executor's norm pieces per layer and loss slots (Executor::finish_step): this
   // rank's parts' pieces, no loss.
   std::vector<double> v(size_t(layers_ + loss_slots_), 0.0);
@@ -188,8 +300,9 @@ StepStats ParamServer::step(int64_t step) {
   for (int l = 0; l < layers_; ++l) norm2 += v[size_t(l)];
   for (size_t k = size_t(layers_); k < v.size(); ++k) st.loss += v[k];
   st.micro_batch_losses.assign(v.begin() + layers_, v.end());
-  const UpdateDecision d = decide_update(norm2, grad_clip_, nullptr);
+  const UpdateDecision d = decide_update(norm2, grad_clip_, scaler_);
   st.grad_norm = d.grad_norm;
+  st.loss_scale = d.loss_scale;
   st.skipped = !d.apply;
   if (d.apply) {
     ++steps_;
@@ -197,7 +310,12 @@ StepStats ParamServer::step(int64_t step) {
       for (Bucket& b : g.buckets)
         for (const Segment& sg : b.segments) {
           Tensor value = b.master.narrow(0, sg.at, sg.len);
-          const Tensor grad = b.grad.narrow(0, sg.at, sg.len);
+          Tensor grad = b.grad.narrow(0, sg.at, sg.len);
+          if (grad.dtype() != value.dtype()) {  // mixed precision: as Stage::step
+            Tensor wide = Tensor::empty(grad.shape(), value.dtype());
+            kernels::cast(grad, wide);
+            grad = wide;
+          }
           Tensor m = b.m.defined() ? b.m.narrow(0, sg.at, sg.len) : Tensor();
           if (opt_.kind == stages::OptimizerConfig::Kind::adamw) {
             kernels::AdamW cfg = opt_.adamw;
@@ -213,6 +331,7 @@ StepStats ParamServer::step(int64_t step) {
   }
   for (Group& g : groups_)
     for (Bucket& b : g.buckets) b.grad = Tensor();
+  record("", schedule::ActionKind::optimizer_step, 0, -1, update_start);
   pull();
   return st;
 }

@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -68,8 +70,12 @@ TEST(DpSync, LocalSgdEveryStepAveragedIsAllreduce) {
 // Every rank's parameters after each step, by (stage, name).
 using Params = std::map<std::pair<int, std::string>, std::vector<float>>;
 
+// With `master`, the stages keep master copies of that dtype (and extra servers their
+// parts in it): mixed precision's path, f64 masters beside f32 working copies standing in
+// for f32 beside bf16 on the CPU. `losses`: each step's loss (rank 0's).
 std::vector<std::vector<Params>> run_recording(
-    std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps) {
+    std::shared_ptr<const partitioner::ResolvedPlan> plan, int64_t steps,
+    std::optional<memory::DType> master = std::nullopt, std::vector<double>* losses = nullptr) {
   kernels::set_num_threads(1);
   const int n = plan->world();
   auto world = transport::make_local_world(n);
@@ -96,20 +102,24 @@ std::vector<std::vector<Params>> run_recording(
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       if (plan->is_server(r)) {  // an extra parameter-server rank: no stage to record
-        engine::detail::ParamServer server(*plan, world[size_t(r)], {});
+        engine::detail::ParamServer::Options so;
+        if (master) so.master_dtype = *master;
+        engine::detail::ParamServer server(*plan, world[size_t(r)], so);
         for (int64_t k = 0; k < steps; ++k) server.step(k);
         return;
       }
       engine::RankEngineOptions o;
       o.inputs = inputs;
       o.grad_clip = 1.0;
+      o.master_dtype = master;
       engine::RankEngine e(plan, world[size_t(r)], o);
       for (int64_t k = 0; k < steps; ++k) {
-        e.step(k);
-        for (const auto& [s, st] : e.stages())
-          for (int id : st->param_ids())
+        const engine::StepStats st = e.step(k);
+        if (losses && r == 0) losses->push_back(st.loss);
+        for (const auto& [s, stage] : e.stages())
+          for (int id : stage->param_ids())
             seen[size_t(k)][size_t(r)][{s, e.graph().params[size_t(id)].name}] =
-                st->param(id).to_vector<float>();
+                stage->working_param(id).to_vector<float>();
       }
     });
   for (auto& t : threads) t.join();
@@ -264,21 +274,26 @@ TEST_P(DpSyncResume, ResumesBetweenSyncs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, DpSyncResume,
-                         ::testing::Values(json{{"mode", "local-sgd"},
-                                                {"sync_every", 2},
-                                                {"outer_optimizer", "nesterov"},
-                                                {"outer_lr", 0.7},
-                                                {"outer_momentum", 0.9}},
-                                           json{{"mode", "gossip"}, {"peers", 1}},
-                                           json{{"mode", "parameter-server"},
-                                                {"max_staleness", 2}}),
-                         [](const ::testing::TestParamInfo<json>& mode) {
-                           const std::string m = mode.param["mode"];
-                           return m == "gossip"             ? std::string("gossip")
-                                  : m == "parameter-server" ? std::string("ps_stale2")
-                                                            : std::string("diloco");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, DpSyncResume,
+    ::testing::Values(json{{"mode", "local-sgd"},
+                           {"sync_every", 2},
+                           {"outer_optimizer", "nesterov"},
+                           {"outer_lr", 0.7},
+                           {"outer_momentum", 0.9}},
+                      json{{"mode", "gossip"}, {"peers", 1}},
+                      json{{"mode", "parameter-server"}, {"max_staleness", 2}},
+                      json{{"mode", "parameter-server"}, {"max_staleness", 2}, {"ps_ranks", 1}},
+                      json{{"mode", "parameter-server"}, {"max_staleness", 0}, {"ps_ranks", 2}}),
+    [](const ::testing::TestParamInfo<json>& mode) {
+      const std::string m = mode.param["mode"];
+      if (m != "parameter-server")
+        return m == "gossip" ? std::string("gossip") : std::string("diloco");
+      std::string name = "ps_stale" + std::to_string(mode.param["max_staleness"].get<int>());
+      if (mode.param.contains("ps_ranks"))
+        name += "_servers" + std::to_string(mode.param["ps_ranks"].get<int>());
+      return name;
+    });
 
 // ---- gossip ----
 
@@ -475,6 +490,171 @@ TEST(DpSync, ParameterServerExtraRanksHoldTheState) {
   }
   EXPECT_GT(elements, 0);
   EXPECT_EQ(held, 12 * elements);
+}
+
+// A checkpoint of extra server ranks resumes under other plans and the other way round:
+// the servers write their parts' optimizer state as the blocks of the logical tensors
+// (as zero1's ranks do) and read theirs from any plan's; their masters are replica 0's
+// parameters (s = 0). Three steps under one plan, three more under the other, against
+// six under allreduce: the losses agree within 1e-6 (the synchronous server is allreduce
+// but for the norm's grouping) and, in this run, bit for bit.
+TEST(DpSync, ParameterServerExtraRanksResumeAcrossPlans) {
+  struct Case {
+    const char* name;
+    PlanSpec first, second;
+  };
+  PlanSpec zero1 = ps_plan(2, json());
+  zero1.optimizer_sharding = "zero1";
+  const std::vector<Case> cases = {
+      {"servers 1 -> allreduce", ps_plan(2, ps_sync(0, 1)), ps_plan(2, json())},
+      {"servers 2 -> zero1", ps_plan(2, ps_sync(0, 2)), zero1},
+      {"allreduce -> servers 2", ps_plan(2, json()), ps_plan(2, ps_sync(0, 2))},
+      {"zero1 -> servers 1", zero1, ps_plan(2, ps_sync(0, 1))}};
+  Workspace ws("dp-sync-ps-across");
+  RunSettings s;
+  s.steps = 6;
+  auto want = run_threads(resolve(ps_plan(2, json()), ws), train_options(ws, s));
+  ASSERT_EQ(want.size(), 6u);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const std::string dir = ws.path("ckpt" + std::to_string(c));
+    auto run = [&](const PlanSpec& p, int64_t to, bool resume) {
+      RunSettings rs;
+      rs.steps = to;
+      engine::PlanTrainOptions o = train_options(ws, rs);
+      o.checkpoint_dir = dir;
+      o.resume = resume;
+      return run_threads(resolve(p, ws), o);
+    };
+    auto a = run(cases[c].first, 3, false);
+    auto b = run(cases[c].second, 6, true);
+    ASSERT_EQ(a.size(), 3u) << cases[c].name;
+    ASSERT_EQ(b.size(), 3u) << cases[c].name;
+    int same = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(a[i].loss, want[i].loss, 1e-6 * want[i].loss)
+          << cases[c].name << " step " << i + 1;
+      EXPECT_EQ(b[i].step, int64_t(i + 4)) << cases[c].name;
+      EXPECT_NEAR(b[i].loss, want[i + 3].loss, 1e-6 * want[i + 3].loss)
+          << cases[c].name << " step " << i + 4;
+      same += (a[i].loss == want[i].loss) + (b[i].loss == want[i + 3].loss);
+    }
+    std::printf("  %s: %d of 6 losses bit for bit\n", cases[c].name, same);
+  }
+}
+
+// --trace with an extra server rank (PP 2 x DP 2 + 1 server, s = 1): one file, every
+// rank's timeline; the server's has, for each traced step and served group, its push
+// (PUSH<g>) and pull (PULL<g>) on the communication lane and the update (a STEP) on the
+// compute lane, in that order, inside the replicas' time span.
+TEST(DpSync, ParameterServerExtraRanksTrace) {
+  Workspace ws("dp-sync-ps-trace");
+  auto plan = resolve(ps_plan(2, ps_sync(1, 1)), ws);
+  RunSettings s;
+  s.steps = 3;
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.trace_path = ws.path("trace.json");
+  o.trace_steps = 2;
+  run_threads(plan, o);
+  const json trace = json::parse(std::ifstream(o.trace_path));
+  EXPECT_EQ(trace["otherData"]["ranks"], 5);
+  const int server = 4;
+  std::map<std::string, std::vector<std::pair<double, double>>> mine;  // name -> spans
+  std::set<int> ranks;
+  double replica_end = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ranks.insert(e["pid"].get<int>());
+    const double a = e["ts"], b = a + e["dur"].get<double>();
+    if (e["pid"] != server) {
+      replica_end = std::max(replica_end, b);
+      continue;
+    }
+    const std::string name = e["name"];
+    mine[e["cat"] == "S" ? std::string("STEP") : name].push_back({a, b});
+    if (name.rfind("PUSH", 0) == 0 || name.rfind("PULL", 0) == 0) {
+      EXPECT_EQ(e["cat"], "SERVER") << name;
+      EXPECT_EQ(e["tid"], 1) << name;
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, server}));
+  ASSERT_EQ(mine["STEP"].size(), 2u);
+  // PP 2: the servers serve one group per pipeline rank (wte stays all-reduced).
+  for (const char* g : {"0", "1"}) {
+    const auto& push = mine[std::string("PUSH") + g];
+    const auto& pull = mine[std::string("PULL") + g];
+    ASSERT_EQ(push.size(), 2u) << g;
+    ASSERT_EQ(pull.size(), 2u) << g;
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_LE(push[k].second, mine["STEP"][k].first) << g << " step " << k;
+      EXPECT_LE(mine["STEP"][k].second, pull[k].first) << g << " step " << k;
+      EXPECT_GE(push[k].first, 0) << g;
+      EXPECT_LE(pull[k].second, replica_end + 1e6) << g;
+    }
+  }
+}
+
+// Mixed precision's path with extra servers: the replicas keep master copies (f64 here,
+// beside f32 working copies: the CPU's stand-in for f32 masters beside bf16), push their
+// gradients in the working dtype as zero1 reduces them, and pull the masters; the
+// servers keep their parts and state in the masters' dtype and update them with the
+// gradients widened, as Stage::step does. At s = 0 that is allreduce's run under the
+// same masters (losses within 1e-6, bit for bit in this run), not the f32 run's.
+TEST(DpSync, ParameterServerExtraRanksMixedPrecision) {
+  Workspace ws("dp-sync-ps-mixed");
+  const int64_t steps = 4;
+  std::vector<double> want, got, plain;
+  run_recording(resolve(ps_plan(2, json()), ws), steps, memory::DType::f64, &want);
+  auto seen =
+      run_recording(resolve(ps_plan(2, ps_sync(0, 2)), ws), steps, memory::DType::f64, &got);
+  run_recording(resolve(ps_plan(2, ps_sync(0, 2)), ws), steps, std::nullopt, &plain);
+  ASSERT_EQ(got.size(), size_t(steps));
+  ASSERT_EQ(want.size(), got.size());
+  int same = 0, from_plain = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
+    same += got[i] == want[i];
+    from_plain += got[i] != plain[i];
+  }
+  EXPECT_GE(from_plain, 1);  // the f64 masters change the run
+  std::printf("  f64 masters with extra servers: %d of %zu losses bit for bit with allreduce\n",
+              same, got.size());
+  // The servers' parts and AdamW state are in the masters' dtype: 24 bytes per element.
+  auto plan = resolve(ps_plan(2, ps_sync(0, 1)), ws);
+  auto world = transport::make_local_world(plan->world());
+  int64_t f32 = 0, f64 = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      if (!plan->is_server(r)) {
+        engine::RankEngineOptions o;
+        o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                      stages::TensorMap&) {};
+        engine::RankEngine e(plan, world[size_t(r)], o);  // the groups' split only
+        return;
+      }
+      f32 = engine::detail::ParamServer(*plan, world[size_t(r)], {}).state_bytes();
+    });
+  for (auto& t : threads) t.join();
+  threads.clear();
+  world = transport::make_local_world(plan->world());
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      if (!plan->is_server(r)) {
+        engine::RankEngineOptions o;
+        o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                      stages::TensorMap&) {};
+        o.master_dtype = memory::DType::f64;
+        engine::RankEngine e(plan, world[size_t(r)], o);
+        return;
+      }
+      engine::detail::ParamServer::Options so;
+      so.master_dtype = memory::DType::f64;
+      f64 = engine::detail::ParamServer(*plan, world[size_t(r)], so).state_bytes();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_GT(f32, 0);
+  EXPECT_EQ(f64, 2 * f32);
+  EXPECT_EQ(seen.size(), size_t(steps));
 }
 
 // The staleness bound with an extra server rank: the replicas' working parameters stay

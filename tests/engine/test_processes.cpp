@@ -125,20 +125,17 @@ TEST(Processes, PlanFromBatonPlan) {
 
 // ---- kill -9 of the whole job, then --resume ----
 
-TEST(Processes, KillNineAtARandomMomentThenResume) {
+// Plan `p` on `n` processes, 40 steps with a checkpoint every 3: the whole job killed at
+// a random moment and resumed gives the uninterrupted run's loss log bit for bit.
+void kill_nine_then_resume(const PlanSpec& p, int n, const std::string& name) {
   const uint64_t seed = std::random_device{}();
   std::printf("kill -9 test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  Workspace ws("kill");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "1f1b";
+  Workspace ws(name);
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
     std::vector<std::string> a = launch_train_argv(
-        {"-n", "8"}, ws.path("plan.json"), log,
+        {"-n", std::to_string(n)}, ws.path("plan.json"), log,
         {"--steps", "40", "--seed", "3", "--lr", "3e-3", "--weight-decay", "0.01",
          "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "2"});
     if (resume) a.push_back("--resume");
@@ -191,6 +188,28 @@ TEST(Processes, KillNineAtARandomMomentThenResume) {
                           ? "resumed from a checkpoint"
                           : "no complete checkpoint: started over");
   expect_loss_logs_match(ws.path("killed.jsonl"), ws.path("full.jsonl"), true, 40);
+}
+
+TEST(Processes, KillNineAtARandomMomentThenResume) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {2, 2};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  kill_nine_then_resume(p, 8, "kill");
+}
+
+// The same with an extra parameter-server rank (PP 2 x DP 2 + 1, staleness 1: a pull in
+// flight at every checkpoint): the server's parts, state and kept pull are in the
+// checkpoints and the resumed run continues bit for bit.
+TEST(Processes, ExtraParameterServerKillNineThenResume) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.schedule = "1f1b";
+  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}};
+  kill_nine_then_resume(p, 5, "kill-ps-extra");
 }
 
 // ---- a rank dies in the middle of a step ----
