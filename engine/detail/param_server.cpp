@@ -83,6 +83,7 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
   for (auto& [members, s] : served) {
     Group g;
     g.comm = world_->split(members);
+    g.servers = servers;
     const int me = g.comm->rank();
     const partitioner::RankCoord c = r.layout.coord(s.rank);
     std::vector<int> ids = s.ids;  // the replicas' GradReducer order: descending id
@@ -157,6 +158,13 @@ void ParamServer::pull() {
       for (Bucket& b : g.buckets) {
         if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
         if (staleness_ > 0 && pass == 1) continue;
+        const uint64_t tag = uint64_t(&b - g.buckets.data());
+        if (g.servers > 1) {  // the part straight to every replica (the update waits for it)
+          Tensor empty;
+          w.post(pull_bucket(*g.comm, b.master, empty, b.counts, g.servers, tag), b.master,
+                 nullptr);
+          continue;
+        }
         Tensor out = Tensor::empty({b.elements}, b.dtype);
         Tensor in = out.narrow(0, b.begin, b.master.numel());
         in.copy_from(b.master);
