@@ -7,10 +7,12 @@
 # wall time, the bytes the link carried per step (both directions, from the link devices'
 # counters: TCP/IP headers and the rendezvous included), rank 0's measured peak memory,
 # and the loss each run had reached at a quarter, a half and all of allreduce's wall time.
+# The runs with extra parameter-server ranks (N=1, N=2) put a server on each host beside
+# the replica (ranks "aba", "abab"), so half the servers' traffic crosses the link.
 #   bench/run_dp_sync.sh [--steps N] [--rate RATE] [--delay MS] [--model FILE] [--out DIR]
 #                        [--only REGEX]   (the runs whose names match, beside allreduce)
-# Needs root (network namespaces) and build/release/baton. --out keeps each run's loss
-# log, progress lines and summary.
+# Needs root (network namespaces) and build/release/baton (or $BATON, another build to
+# compare). --out keeps each run's loss log, progress lines and summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=200
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-baton="$PWD/build/release/baton"
+baton="${BATON:-$PWD/build/release/baton}"
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (scripts/two-hosts.sh)" >&2; exit 2; }
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
@@ -47,7 +49,8 @@ trap cleanup EXIT
 cp "$model" "$work/model.json"
 data="$PWD/examples/data/licenses.txt"
 
-# name | plan fields beside the common ones
+# name | plan fields beside the common ones [| each rank's host, scripts/two-hosts.sh
+# --hosts: extra parameter-server ranks after the replicas'; default one replica per host]
 runs=(
   'allreduce|"dp_sync": "allreduce"'
   'zero1|"optimizer_sharding": "zero1"'
@@ -57,6 +60,9 @@ runs=(
   'parameter-server s=0|"dp_sync": {"mode": "parameter-server", "max_staleness": 0}'
   'parameter-server s=2|"dp_sync": {"mode": "parameter-server", "max_staleness": 2}'
   'gossip k=1|"dp_sync": {"mode": "gossip", "peers": 1, "seed": 7}'
+  'parameter-server s=0 N=1|"dp_sync": {"mode": "parameter-server", "max_staleness": 0, "ps_ranks": 1}|aba'
+  'parameter-server s=0 N=2|"dp_sync": {"mode": "parameter-server", "max_staleness": 0, "ps_ranks": 2}|abab'
+  'parameter-server s=2 N=2|"dp_sync": {"mode": "parameter-server", "max_staleness": 2, "ps_ranks": 2}|abab'
 )
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); link: $rate, ${delay} ms each way"
@@ -77,6 +83,11 @@ k=0
 for r in "${runs[@]}"; do
   name="${r%%|*}"
   fields="${r#*|}"
+  hosts=ab
+  if [[ "$fields" == *'|'* ]]; then
+    hosts="${fields##*|}"
+    fields="${fields%|*}"
+  fi
   if [ -n "$only" ] && [ "$name" != allreduce ] && ! [[ "$name" =~ $only ]]; then continue; fi
   k=$((k + 1))
   dir="$work/run$k"
@@ -92,7 +103,7 @@ JSON
   echo "$name" >"$dir/name"
   before=$(link_bytes)
   start=$(date +%s.%N)
-  scripts/two-hosts.sh launch --id "$id" -n 2 -- "$baton" train --plan "$dir/plan.json" \
+  scripts/two-hosts.sh launch --id "$id" -n "${#hosts}" --hosts "$hosts" -- "$baton" train --plan "$dir/plan.json" \
     --data "$data" --steps "$steps" --lr 1e-3 --log-every 1 --loss-log "$dir/loss.jsonl" \
     --summary "$dir/summary.json" >"$dir/out.txt" 2>&1 ||
     { echo "$name: failed (its output: $dir/out.txt)" >&2; tail -5 "$dir/out.txt" >&2; exit 1; }

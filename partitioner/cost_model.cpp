@@ -38,9 +38,30 @@ double ps_pull_exposed(const DpSync& s, double pull, double compute) {
   return std::max(0.0, pull - double(s.max_staleness) * std::max(0.0, compute));
 }
 
+ServerTimes ps_server_times(const DpSync& s, double bytes, double served, int replicas,
+                            const Machine& m, int optimizer_states, double compute) {
+  ServerTimes t;
+  if (!s.parameter_server() || s.ps_ranks <= 0 || replicas <= 1 || served <= 0) return t;
+  const double n = s.ps_ranks;
+  // The busier end of a link: the replica's own sends, or a server's share of them all.
+  const double link = std::max(bytes, double(replicas) * served / n);
+  t.push = m.dp_latency + link / m.dp_bandwidth;
+  t.pull = t.push;
+  t.update = (3.0 + 2.0 * optimizer_states) * served / n / m.memory_bandwidth;
+  t.exposed = ps_pull_exposed(s, t.update + t.pull, compute);
+  return t;
+}
+
 double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
                         double latency, double compute) {
   if (replicas <= 1 || bytes <= 0) return 0;
+  if (s.parameter_server() && s.ps_ranks > 0) {
+    Machine m;
+    m.dp_bandwidth = bandwidth;
+    m.dp_latency = latency;
+    const ServerTimes t = ps_server_times(s, bytes, bytes, replicas, m, 0, 0);
+    return t.push + ps_pull_exposed(s, t.pull, compute);
+  }
   if (s.parameter_server()) {
     const double half = all_gather_time(bytes, replicas, bandwidth, latency);
     return half + ps_pull_exposed(s, half, compute);

@@ -59,11 +59,33 @@ double dp_bytes_per_step(const DpSync& s, double bytes, int replicas);
 // The same traffic's time per step on the machine's data-parallel link (local-sgd's sync
 // amortised over its H steps). parameter-server: the push, and the part of the pull that
 // max_staleness steps of `compute` (seconds of compute per step on the rank) do not hide
-// (the pull of an update completes up to s steps later, overlapped with them).
+// (the pull of an update completes up to s steps later, overlapped with them); with extra
+// server ranks ps_server_times' push and exposed pull for one replica position (`bytes`
+// all that is served), without the servers' update (schedule_costs adds it).
 double dp_time_per_step(const DpSync& s, double bytes, int replicas, double bandwidth,
                         double latency, double compute = 0);
 // parameter-server: the pull's time left exposed after s steps of `compute` hide it.
 double ps_pull_exposed(const DpSync& s, double pull, double compute);
+
+// A step's times with extra server ranks (dp_sync parameter-server, ps_ranks N > 0) for a
+// replica rank whose served gradients are `bytes`, `served` the bytes the servers hold in
+// all (one replica's served gradients, every replica position's), over `replicas`
+// replicas on the data-parallel link (point to point, one link per rank):
+//   push    every replica rank sends its gradients to the N servers (a 1/N part to
+//           each), and each server receives replicas x served / N over its own link,
+//           shared by all replicas: latency + max(bytes, replicas x served / N) / bandwidth;
+//   update  the servers' optimizer step on their parts (served / N each, streaming master,
+//           gradient and state: (3 + 2 x optimizer_states) x served / N / memory bandwidth),
+//           which the replicas do not run;
+//   pull    each server sends its part to every replica: the push's time again;
+//   exposed what s = max_staleness steps of `compute` (the rank's compute per step) leave
+//           of the update and the pull (ps_pull_exposed): the pull of an update completes
+//           up to s steps later.
+struct ServerTimes {
+  double push = 0, update = 0, pull = 0, exposed = 0;
+};
+ServerTimes ps_server_times(const DpSync& s, double bytes, double served, int replicas,
+                            const Machine& m, int optimizer_states, double compute);
 
 // Measured op times (the cost file `baton profile` writes; docs/formats/costs.md).
 struct MeasuredCosts {

@@ -45,6 +45,30 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   return fuse_kernels(*g);
 }
 
+namespace {
+
+// Extra server ranks (dp_sync ps_ranks > 0): the served gradient bytes of each pipeline
+// rank of a replica (its stages' parameters; each of its tensor-parallel ranks and tiles
+// holds as many) and their total over one replica, what the servers hold in all.
+struct PsServedBytes {
+  std::map<int, double> rank;
+  double total = 0;
+};
+PsServedBytes ps_served_bytes(const ResolvedPlan& r, const CostTable& t) {
+  PsServedBytes out;
+  if (!r.plan.dp_sync.parameter_server() || r.plan.dp_sync.ps_ranks <= 0 || r.plan.dp <= 1)
+    return out;
+  for (int s = 0; s < r.schedule.num_stages(); ++s) {
+    const int k = r.chunk_of_stage[size_t(s)], q = r.schedule.placement[size_t(s)];
+    const double grads = double(t.param_bytes(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]));
+    out.rank[q] += grads;
+    out.total += grads * r.layout.width(q);
+  }
+  return out;
+}
+
+}  // namespace
+
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
                                const std::vector<StageMemory>& stage_mem) {
   const int n = r.schedule.num_stages();
@@ -55,6 +79,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   const int opt = optimizer_states(r.plan.optimizer);
   std::map<int, double> rank_state, rank_gather, rank_copy, rank_pull, rank_compute;
   const bool local = r.plan.dp_sync.independent();
+  const PsServedBytes served = ps_served_bytes(r, t);
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -101,7 +126,16 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     const bool zero = r.plan.sharding() != OptimizerSharding::none && r.plan.dp > 1 &&
                       r.schedule.name != "dualpipe";
     const int rank_of = r.schedule.placement[size_t(s)];
-    if (zero) {
+    if (zero && served.total > 0) {
+      // Extra server ranks: the push (the stage's share of the rank's) overlaps the
+      // backward as zero1's reduce-scatter; the servers' update and the pull follow the
+      // step (below); the replica copies the pulled parameters in and updates nothing.
+      const double mine = served.rank.at(rank_of);
+      const ServerTimes st =
+          ps_server_times(r.plan.dp_sync, mine, served.total, r.plan.dp, m, opt, 0);
+      reduce += mine > 0 ? st.push * grads / mine : 0;
+      rank_state[rank_of] += grads * 2;
+    } else if (zero) {
       // zero2: the reduce-scatter runs inside every micro-batch's W instead, waited for there.
       if (r.plan.sharding() == OptimizerSharding::zero2)
         c.backward_weight[size_t(s)] +=
@@ -135,6 +169,11 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   // or, with a parameter server's staleness s, behind up to s steps of the rank's compute.
   for (const auto& [rank, pull] : rank_pull)
     rank_gather[rank] += ps_pull_exposed(r.plan.dp_sync, pull, rank_compute[rank]);
+  // Extra server ranks: the servers' update and their pull, behind s steps of compute.
+  for (const auto& [rank, bytes] : served.rank)
+    rank_gather[rank] +=
+        ps_server_times(r.plan.dp_sync, bytes, served.total, r.plan.dp, m, opt, rank_compute[rank])
+            .exposed;
   double max_after = 0;
   for (const auto& [rank, bytes] : rank_state)
     max_after = std::max(max_after, bytes / m.memory_bandwidth + rank_gather[rank]);
@@ -569,6 +608,15 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // them two buckets' whole buffers in flight; each step it sends its part to every
   // replica (the pull).
   if (p.dp_sync.ps_ranks > 0) {
+    // The step's times (schedule_costs' terms): the replica rank whose push and exposed
+    // update and pull take longest.
+    const PsServedBytes served = ps_served_bytes(r, table);
+    for (const auto& [q, bytes] : served.rank) {
+      const ServerTimes st =
+          ps_server_times(p.dp_sync, bytes, served.total, p.dp, model.machine(), opt,
+                          e.ranks[size_t(r.layout.rank(0, q, 0))].compute_time);
+      if (st.push + st.exposed > e.servers.push + e.servers.exposed) e.servers = st;
+    }
     const int n = p.dp_sync.ps_ranks;
     int64_t elements = 0, part = 0, bucket = 0;
     for (int q = 0; q < r.layout.world(); ++q) {
@@ -598,6 +646,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.activation_peak = 2 * bucket + rounded(slots * 8);
       re.peak = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.activation_peak;
       re.dp_bytes = double(p.dp) * double(part);
+      re.compute_time = e.servers.update;
+      re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
       e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);
       e.ranks.push_back(re);
     }
@@ -667,6 +717,15 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
                                       : std::string(" (the replicas' ranks serve their parts)"));
     out += "data-parallel sync " + mode + ": " + memory::format_bytes(e.dp_bytes_per_step) +
            " sent per step by the busiest rank\n";
+    if (p.dp_sync.ps_ranks > 0) {
+      std::snprintf(line, sizeof line,
+                    "parameter servers per step: push %.3f ms (overlapped with the backward), "
+                    "servers' update %.3f ms, pull %.3f ms; %.3f ms of update and pull exposed "
+                    "after %d step(s) of compute\n",
+                    1e3 * e.servers.push, 1e3 * e.servers.update, 1e3 * e.servers.pull,
+                    1e3 * e.servers.exposed, p.dp_sync.max_staleness);
+      out += line;
+    }
   }
   std::snprintf(line, sizeof line,
                 "%-5s %-3s %-3s %-3s %s%-24s %12s %12s %12s %12s %12s %10s %6s\n", "rank", "dp",
@@ -678,10 +737,11 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       std::snprintf(
           line, sizeof line,
           "rank %d: parameter server, %lld elements of parts, %s of parts, %s of "
-          "gradient parts and optimizer state, peak %s, sends %s per step\n",
+          "gradient parts and optimizer state, peak %s, sends %s per step, updates in %.2fms\n",
           re.rank, (long long)re.parameters, memory::format_bytes(double(re.param_bytes)).c_str(),
           memory::format_bytes(double(re.grad_bytes + re.optimizer_bytes)).c_str(),
-          memory::format_bytes(double(re.peak)).c_str(), memory::format_bytes(re.dp_bytes).c_str());
+          memory::format_bytes(double(re.peak)).c_str(), memory::format_bytes(re.dp_bytes).c_str(),
+          1e3 * re.compute_time);
       out += line;
       continue;
     }

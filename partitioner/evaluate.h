@@ -43,6 +43,10 @@ struct PlanEstimate {
   int64_t tokens_per_step = 0;
   std::vector<std::string> problems;  // ranks over their capacity: which, by how much
   double dp_bytes_per_step = 0;       // the most any rank sends to its data-parallel peers
+  // Extra parameter-server ranks (dp_sync ps_ranks > 0): the step's push, the servers'
+  // update, the pull and what staleness leaves exposed of them (cost_model.h's
+  // ps_server_times), for the replica rank the servers keep waiting longest.
+  ServerTimes servers;
   bool fits() const { return problems.empty(); }
   int64_t max_peak() const;
 };

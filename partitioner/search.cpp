@@ -34,6 +34,9 @@ std::string Candidate::describe() const {
   std::snprintf(b, sizeof b, "tp %s%s pp %d dp %d, %s, %d x %lld samples, recompute %s", tp.c_str(),
                 sp.c_str(), plan.pp, plan.dp, plan.schedule.c_str(), plan.micro_batches,
                 (long long)plan.micro_batch_size, rc ? "on" : "off");
+  // Extra parameter-server ranks run beside the devices' replicas.
+  if (plan.dp > 1 && plan.dp_sync.parameter_server() && plan.dp_sync.ps_ranks > 0)
+    return b + (", + " + std::to_string(plan.dp_sync.ps_ranks) + " parameter-server ranks");
   return b;
 }
 
@@ -43,6 +46,7 @@ PersistentCopies persistent_copies(int optimizer_states, OptimizerSharding shard
   c.sharded = optimizer_states;
   if (dp <= 1) return c;
   const bool ps = sync.parameter_server();
+  const bool servers = ps && sync.ps_ranks > 0 && shardable;
   if ((sharding != OptimizerSharding::none || ps) && shardable) {
     c.shard_over = dp;
     if (sharding == OptimizerSharding::zero2) {
@@ -50,12 +54,22 @@ PersistentCopies persistent_copies(int optimizer_states, OptimizerSharding shard
       c.sharded += 1;
     }
   }
+  if (servers) {
+    // Extra server ranks hold the served parameters' state: the replicas none of it (a
+    // tied parameter, not served, keeps its whole state).
+    c.shared_extra += c.sharded;
+    c.sharded = 0;
+  }
   if (sync.local()) {
     const int copies = sync.outer == DpSync::Outer::nesterov ? 2 : 1;  // anchor, momentum
     c.whole += copies;
     c.shared_extra += copies;
   }
-  if (ps && sync.max_staleness > 0) {
+  if (servers && sync.max_staleness > 0) {
+    // Each pull in flight: a parameter-sized buffer (the part is the servers').
+    c.whole += sync.max_staleness;
+    c.shared_extra += sync.max_staleness;
+  } else if (ps && sync.max_staleness > 0) {
     // Each pull in flight: a parameter-sized buffer and the rank's part.
     c.whole += sync.max_staleness;
     c.sharded += sync.max_staleness;

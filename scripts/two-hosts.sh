@@ -11,7 +11,9 @@
 #   scripts/two-hosts.sh shape --id K [shaping options]
 #   scripts/two-hosts.sh cut --id K [--how down|loss]
 #   scripts/two-hosts.sh restore --id K
-#   scripts/two-hosts.sh launch --id K [LAUNCH-OPTIONS] -- CMD [ARGS...]
+#   scripts/two-hosts.sh launch --id K -n N [--hosts LIST] [LAUNCH-OPTIONS] -- CMD [ARGS...]
+#       --hosts: each rank's host, a letter per rank ("abab": ranks 0 and 2 on host a);
+#       default the first half on a, the second on b (then N must be even)
 #   scripts/two-hosts.sh down --id K
 #
 # Options of run:
@@ -193,8 +195,8 @@ restore() {
 # namespaces share the machine's memory, and shared-memory transports would bypass the
 # link.
 launch() {
-  local id="$1" baton="$2" n="$3"
-  shift 3
+  local id="$1" baton="$2" n="$3" hosts="$4"
+  shift 4
   local launch_opts=() cmd=()
   while [[ $# -gt 0 && "$1" != "--" ]]; do
     launch_opts+=("$1")
@@ -203,10 +205,14 @@ launch() {
   [[ $# -gt 0 ]] || die "launch: no command after --"
   shift
   cmd=("$@")
-  (( n >= 2 && n % 2 == 0 )) || die "the job needs an even number of ranks, got $n"
-  local half=$((n / 2))
+  if [[ -z "$hosts" ]]; then
+    (( n >= 2 && n % 2 == 0 )) || die "the job needs an even number of ranks, got $n"
+    hosts="$(printf 'a%.0s' $(seq 1 $((n / 2))))$(printf 'b%.0s' $(seq 1 $((n / 2))))"
+  fi
+  [[ "$hosts" =~ ^[ab]+$ && ${#hosts} == "$n" ]] ||
+    die "--hosts: expected a letter a or b for each of the $n ranks, got '$hosts'"
   # shellcheck disable=SC2016
-  local enter='if [ "$BATON_RANK" -lt '"$half"' ]; then ns='"$(ns_a "$id")"' dev='"$(dev_a "$id")"'; else ns='"$(ns_b "$id")"' dev='"$(dev_b "$id")"'; fi; exec ip netns exec "$ns" env UCX_TLS=tcp UCX_NET_DEVICES="$dev" "$@"'
+  local enter='h=$(printf %s '"$hosts"' | cut -c$((BATON_RANK + 1))); if [ "$h" = a ]; then ns='"$(ns_a "$id")"' dev='"$(dev_a "$id")"'; else ns='"$(ns_b "$id")"' dev='"$(dev_b "$id")"'; fi; exec ip netns exec "$ns" env UCX_TLS=tcp UCX_NET_DEVICES="$dev" "$@"'
   ip netns exec "$(ns_a "$id")" "$baton" launch -n "$n" --rendezvous "$(addr_a "$id"):0" \
     ${launch_opts[@]+"${launch_opts[@]}"} -- sh -c "$enter" rank "${cmd[@]}"
 }
@@ -253,7 +259,7 @@ main() {
       shift
       ;;
   esac
-  local id="" how=down delay="" jitter="" rate="" loss="" layout=dp plan="" n=""
+  local id="" how=down delay="" jitter="" rate="" loss="" layout=dp plan="" n="" hosts=""
   local model="$repo/examples/models/tiny-gpt.json" data="$repo/examples/data/licenses.txt"
   local steps=20 baton="${BATON:-$repo/build/release/baton}" peer_timeout=4
   local rest=()
@@ -273,6 +279,7 @@ main() {
       --baton) baton="$(realpath "$2")"; shift 2 ;;
       --peer-timeout) peer_timeout="$2"; shift 2 ;;
       -n) n="$2"; shift 2 ;;
+      --hosts) hosts="$2"; shift 2 ;;
       -h | --help)
         sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
         exit 0
@@ -297,7 +304,7 @@ main() {
     restore) restore "$id" ;;
     launch)
       [[ -n "$n" ]] || die "launch: -n N is needed"
-      launch "$id" "$baton" "$n" ${rest[@]+"${rest[@]}"}
+      launch "$id" "$baton" "$n" "$hosts" ${rest[@]+"${rest[@]}"}
       ;;
     run)
       [[ -x "$baton" ]] || die "no baton command at $baton (build it, or --baton PATH)"
@@ -326,7 +333,7 @@ main() {
       echo "two-hosts.sh: hosts $(ns_a "$id") ($(addr_a "$id")) and $(ns_b "$id")" \
         "($(addr_b "$id")), link: ${shape:-not shaped}; $n ranks, $((n / 2)) per host" >&2
       BATON_PEER_TIMEOUT="${BATON_PEER_TIMEOUT:-$peer_timeout}" launch "$id" "$baton" "$n" \
-        ${launch_opts[@]+"${launch_opts[@]}"} -- "$baton" train --plan "$plan" --data "$data" \
+        "$hosts" ${launch_opts[@]+"${launch_opts[@]}"} -- "$baton" train --plan "$plan" --data "$data" \
         --steps "$steps" ${train_args[@]+"${train_args[@]}"}
       ;;
   esac

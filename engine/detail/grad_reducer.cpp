@@ -89,6 +89,54 @@ std::vector<int64_t> param_parts(const std::vector<int64_t>& bucket_counts, int6
   return out;
 }
 
+namespace {
+
+// A pull's point-to-point messages as one Work (and the views they write, kept alive).
+class ServerPullWorks final : public transport::Work {
+ public:
+  ServerPullWorks(std::vector<transport::WorkPtr> works, std::vector<Tensor> views)
+      : works_(std::move(works)), views_(std::move(views)) {}
+  bool test() override {
+    bool done = true;
+    for (transport::WorkPtr& w : works_) done = w->test() && done;
+    return done;
+  }
+  void wait() override {
+    for (transport::WorkPtr& w : works_) w->wait();
+  }
+
+ private:
+  std::vector<transport::WorkPtr> works_;
+  std::vector<Tensor> views_;
+};
+
+}  // namespace
+
+transport::WorkPtr pull_bucket(transport::Communicator& comm, const Tensor& in, Tensor& out,
+                               std::span<const int64_t> counts, int servers, uint64_t tag) {
+  if (servers <= 1) return comm.all_gather(in, out, counts);
+  const int n = comm.size(), me = comm.rank(), replicas = n - servers;
+  BATON_CHECK(replicas >= 1 && int(counts.size()) == n, "a server pull over the wrong group");
+  std::vector<transport::WorkPtr> works;
+  std::vector<Tensor> views;
+  if (me >= replicas) {
+    BATON_CHECK(in.numel() == counts[size_t(me)], "a server's pull part of the wrong size");
+    if (in.numel() > 0)
+      for (int q = 0; q < replicas; ++q) works.push_back(comm.isend(in, q, tag));
+  } else {
+    views.reserve(size_t(servers));  // irecv holds its tensor: no reallocation
+    int64_t at = 0;
+    for (int k = 0; k < n; ++k) {
+      if (k >= replicas && counts[size_t(k)] > 0) {
+        views.push_back(out.narrow(0, at, counts[size_t(k)]));
+        works.push_back(comm.irecv(views.back(), k, tag));
+      }
+      at += counts[size_t(k)];
+    }
+  }
+  return std::make_shared<ServerPullWorks>(std::move(works), std::move(views));
+}
+
 void GradReducer::add_group(Group g, size_t bucket_bytes) {
   if (g.params.empty()) return;
   // Buckets: consecutive parameters of one dtype up to bucket_bytes (under ZeRO-2, of
@@ -391,7 +439,8 @@ void GradReducer::gather_params() {
         Tensor& v = p.holders[0]->param(p.id);
         y.in.narrow(0, at, hi - lo).copy_from(v.view({v.numel()}).narrow(0, lo, hi - lo));
       });
-      y.work = g.comm->all_gather(y.in, y.out, b.counts);
+      y.work =
+          pull_bucket(*g.comm, y.in, y.out, b.counts, g.servers, uint64_t(&b - g.buckets.data()));
       gathers.push_back(std::move(y));
     }
   }
@@ -409,7 +458,7 @@ void GradReducer::gather_params() {
                             : grad.view({grad.numel()}).narrow(0, x.lo, x.hi - x.lo);
     y.in.copy_from(v.view({numel}).narrow(0, x.lo, x.hi - x.lo));
     y.out = v.view({numel});
-    y.work = x.g->comm->all_gather(y.in, y.out, x.counts);
+    y.work = pull_bucket(*x.g->comm, y.in, y.out, x.counts, x.g->servers, uint64_t(x.p->bucket));
     gathers.push_back(std::move(y));
   }
   for (Gather& x : gathers) {
@@ -454,7 +503,8 @@ void GradReducer::post_pull(const std::vector<Tensor>& parts) {
         at += len;
       }
       pull.out.push_back(Tensor::empty({b.elements}, first.dtype(), first.device()));
-      pull.works.push_back(g.comm->all_gather(in, pull.out.back(), b.counts));
+      pull.works.push_back(pull_bucket(*g.comm, in, pull.out.back(), b.counts, g.servers,
+                                       uint64_t(&b - g.buckets.data())));
       pull.buckets.push_back(&b);
       pull.groups.push_back(&g);
     }

@@ -51,13 +51,17 @@
 // replicas), so the same reduce-scatter pushes each replica's gradients to the servers and
 // the same all-gathers pull the parameters back; the replicas update nothing of the
 // group and hold no optimizer state for it. Before the first step replica 0 scatters the
-// initial parameters to the servers. The servers' side: engine/detail/param_server.h.
+// initial parameters to the servers. With more than one server the pull is not the
+// all-gather (whose ring would pass every server's part through every member, the other
+// servers included) but point to point: each server sends its part of a bucket to each
+// replica (pull_bucket). The servers' side: engine/detail/param_server.h.
 #pragma once
 
 #include <cstddef>
 #include <deque>
 #include <map>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -84,6 +88,15 @@ std::vector<int64_t> bucket_parts(int64_t elements, int members, int servers);
 // The elements of the parameter at [first, first + numel) of a bucket in each member's part.
 std::vector<int64_t> param_parts(const std::vector<int64_t>& bucket_counts, int64_t first,
                                  int64_t numel);
+// The pull of one bucket (or of a bucket's one parameter) from `servers` extra server
+// ranks, the communicator's last members, with parts `counts`: with one server (or none)
+// the all-gather of `in` into `out`; with more, point to point under `tag` (the bucket's
+// index in its group): a server sends `in`, its part, to every replica (`out` untouched),
+// and a replica receives each server's part into its place in `out` (`in` unused). Every
+// member calls it for the same buckets in the same order.
+transport::WorkPtr pull_bucket(transport::Communicator& comm, const memory::Tensor& in,
+                               memory::Tensor& out, std::span<const int64_t> counts, int servers,
+                               uint64_t tag);
 
 class GradReducer {
  public:

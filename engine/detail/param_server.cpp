@@ -87,6 +87,7 @@ ParamServer::ParamServer(const partitioner::ResolvedPlan& r, transport::CommPtr 
   for (auto& [members, s] : served) {
     Group g;
     g.comm = world_->split(members);
+    g.servers = servers;
     const int me = g.comm->rank();
     const partitioner::RankCoord c = r.layout.coord(s.rank);
     std::vector<int> ids = s.ids;  // the replicas' GradReducer order: descending id
@@ -261,6 +262,12 @@ void ParamServer::post_pull(const std::vector<Tensor>& parts) {
         if (staleness_ == 0 && (b.param_first.size() > 1) != (pass == 0)) continue;
         if (staleness_ > 0 && pass == 1) continue;
         BATON_CHECK(part.numel() == b.master.numel(), "a parameter-server part of the wrong size");
+        const uint64_t tag = uint64_t(&b - g.buckets.data());
+        if (g.servers > 1) {  // the part straight to every replica (the update waits for it)
+          Tensor empty;
+          w.post(pull_bucket(*g.comm, part, empty, b.counts, g.servers, tag), part, nullptr);
+          continue;
+        }
         Tensor out = Tensor::empty({b.elements}, b.master.dtype());
         Tensor in = out.narrow(0, b.begin, b.master.numel());
         in.copy_from(part);

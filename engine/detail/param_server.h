@@ -11,8 +11,10 @@
 //               with the replicas' (it contributes the norm of its parts), the optimizer
 //               step on its parts (clipped by the global norm, as every rank decides),
 //               and the pull (the replicas' all-gathers of the updated parts, one per
-//               bucket). With staleness s > 0 the replicas wait for a pull s steps
-//               later; the server waits for none beyond its own step.
+//               bucket; with several servers each sends its part of a bucket to every
+//               replica instead, grad_reducer.h's pull_bucket). With staleness s > 0 the
+//               replicas wait for a pull s steps later; the server waits for none beyond
+//               its own step.
 // Beyond its parts a server holds two buckets' whole buffers (the collectives' input and
 // output are whole buckets on every member): the next is posted before the oldest is
 // waited for. With s > 0 it also keeps its part of each of the last s pulls (the
@@ -106,6 +108,7 @@ class ParamServer {
   };
   struct Group {
     transport::CommPtr comm;
+    int servers = 0;  // the comm's last members (pull_bucket: point to point with several)
     std::vector<Bucket> buckets;
   };
   void seed();

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "engine/detail/gossip.h"
+#include "engine/detail/grad_reducer.h"
 #include "engine/detail/local_sgd.h"
 #include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
@@ -446,6 +447,111 @@ TEST(DpSync, ParameterServerExtraRanksStalenessZeroIsAllreduce) {
   }
 }
 
+// A communicator that counts the bytes its point-to-point calls move and the collectives
+// it is asked for (the transport counts no bytes itself), forwarding all to `inner`.
+class PsPullCountingComm final : public transport::Communicator {
+ public:
+  explicit PsPullCountingComm(transport::CommPtr inner) : c_(std::move(inner)) {}
+  int64_t sent = 0, received = 0, collectives = 0;
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  int global_rank(int r) const override { return c_->global_rank(r); }
+  std::string backend() const override { return c_->backend(); }
+  transport::WorkPtr isend(const Tensor& t, int dst, uint64_t tag) override {
+    sent += int64_t(t.nbytes());
+    return c_->isend(t, dst, tag);
+  }
+  transport::WorkPtr irecv(Tensor& t, int src, uint64_t tag) override {
+    received += int64_t(t.nbytes());
+    return c_->irecv(t, src, tag);
+  }
+  transport::WorkPtr broadcast(Tensor& t, int root) override {
+    ++collectives;
+    return c_->broadcast(t, root);
+  }
+  transport::WorkPtr all_reduce(Tensor& t, transport::ReduceOp op) override {
+    ++collectives;
+    return c_->all_reduce(t, op);
+  }
+  transport::WorkPtr all_gather(const Tensor& in, Tensor& out,
+                                std::span<const int64_t> counts) override {
+    ++collectives;
+    return c_->all_gather(in, out, counts);
+  }
+  transport::WorkPtr reduce_scatter(const Tensor& in, Tensor& out, transport::ReduceOp op,
+                                    std::span<const int64_t> counts) override {
+    ++collectives;
+    return c_->reduce_scatter(in, out, op, counts);
+  }
+  transport::WorkPtr scatter(const Tensor& in, Tensor& out, int root,
+                             std::span<const int64_t> counts) override {
+    ++collectives;
+    return c_->scatter(in, out, root, counts);
+  }
+  transport::WorkPtr gather(const Tensor& in, Tensor& out, int root,
+                            std::span<const int64_t> counts) override {
+    ++collectives;
+    return c_->gather(in, out, root, counts);
+  }
+  transport::WorkPtr barrier() override { return c_->barrier(); }
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks) override {
+    return c_->split(ranks);
+  }
+
+ private:
+  transport::CommPtr c_;
+};
+
+// The pull from several extra servers (pull_bucket): each server sends its part of the
+// bucket to every replica and receives nothing, each replica receives exactly the
+// servers' parts, into their places, and no collective runs (the all-gather's ring would
+// have passed each server's part through the other server too); with one server it is
+// the all-gather. Over 2 replicas and 2 or 1 servers, a bucket of 1001 elements.
+TEST(DpSync, ParameterServerPullSendsEachPartToTheReplicasOnly) {
+  const int64_t elements = 1001;
+  for (int servers : {2, 1}) {
+    const int replicas = 2, n = replicas + servers;
+    const std::vector<int64_t> counts = engine::detail::bucket_parts(elements, n, servers);
+    auto world = transport::make_local_world(n);
+    std::vector<std::unique_ptr<PsPullCountingComm>> comms;
+    for (int r = 0; r < n; ++r)
+      comms.push_back(std::make_unique<PsPullCountingComm>(world[size_t(r)]));
+    std::vector<Tensor> out(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        int64_t begin = 0;
+        for (int k = 0; k < r; ++k) begin += counts[size_t(k)];
+        out[size_t(r)] = Tensor::zeros({elements}, memory::DType::f32);
+        Tensor in = out[size_t(r)].narrow(0, begin, counts[size_t(r)]);
+        for (int64_t i = 0; i < in.numel(); ++i) in.data<float>()[i] = float(begin + i + 1);
+        engine::detail::pull_bucket(*comms[size_t(r)], in, out[size_t(r)], counts, servers, 3)
+            ->wait();
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) {
+      const PsPullCountingComm& c = *comms[size_t(r)];
+      const int64_t part = counts[size_t(r)] * 4;
+      if (servers == 1) {
+        EXPECT_EQ(c.collectives, 1) << "rank " << r;
+        EXPECT_EQ(c.sent + c.received, 0) << "rank " << r;
+      } else if (r >= replicas) {
+        EXPECT_EQ(c.collectives, 0) << "server " << r;
+        EXPECT_EQ(c.sent, replicas * part) << "server " << r;
+        EXPECT_EQ(c.received, 0) << "server " << r;
+      } else {
+        EXPECT_EQ(c.collectives, 0) << "replica " << r;
+        EXPECT_EQ(c.sent, 0) << "replica " << r;
+        EXPECT_EQ(c.received, elements * 4) << "replica " << r;
+      }
+      if (r >= replicas && servers > 1) continue;  // a server's output is not written
+      for (int64_t i = 0; i < elements; ++i)
+        ASSERT_EQ(out[size_t(r)].data<float>()[i], float(i + 1))
+            << "rank " << r << " element " << i << " with " << servers << " servers";
+    }
+  }
+}
+
 // The replicas hold no optimizer state for the served parameters (their shard empty);
 // the servers hold the parameters' parts and AdamW's two moments for them, all of it
 // once over the servers: 12 bytes per served element. (The tied wte is not served.)
@@ -678,28 +784,31 @@ TEST(DpSync, ParameterServerExtraRanksStalenessPattern) {
   }
 }
 
-// Staleness 1 with an extra server rank trains, is reproducible and differs from the
-// synchronous run (its first step the same: the initial parameters).
+// Staleness 1 with one and two extra server ranks (two: the point-to-point pull, a pull
+// in flight across steps) trains, is reproducible and differs from the synchronous run
+// (its first step the same: the initial parameters).
 TEST(DpSync, ParameterServerExtraRanksStaleTrains) {
   RunSettings st;
   st.steps = 10;
-  Workspace ws("dp-sync-ps-extra-stale");
-  auto sync = run_threads(resolve(ps_plan(2, ps_sync(0, 1)), ws), train_options(ws, st));
-  auto plan = resolve(ps_plan(2, ps_sync(1, 1)), ws);
-  auto a = run_threads(plan, train_options(ws, st));
-  auto b = run_threads(plan, train_options(ws, st));
-  ASSERT_EQ(a.size(), size_t(st.steps));
-  ASSERT_EQ(b.size(), a.size());
-  int differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
-    differ += a[i].loss != sync[i].loss;
+  for (int servers : {1, 2}) {
+    Workspace ws("dp-sync-ps-extra-stale");
+    auto sync = run_threads(resolve(ps_plan(2, ps_sync(0, servers)), ws), train_options(ws, st));
+    auto plan = resolve(ps_plan(2, ps_sync(1, servers)), ws);
+    auto a = run_threads(plan, train_options(ws, st));
+    auto b = run_threads(plan, train_options(ws, st));
+    ASSERT_EQ(a.size(), size_t(st.steps));
+    ASSERT_EQ(b.size(), a.size());
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1 << ", " << servers << " servers";
+      differ += a[i].loss != sync[i].loss;
+    }
+    EXPECT_EQ(a[0].loss, sync[0].loss);
+    EXPECT_GE(differ, int(a.size()) - 2);
+    EXPECT_LT(a.back().loss, 0.97 * a.front().loss);
+    std::printf("  %d extra server(s), s=1: loss %.4f -> %.4f (synchronous %.4f)\n", servers,
+                a[0].loss, a.back().loss, sync.back().loss);
   }
-  EXPECT_EQ(a[0].loss, sync[0].loss);
-  EXPECT_GE(differ, int(a.size()) - 2);
-  EXPECT_LT(a.back().loss, 0.97 * a.front().loss);
-  std::printf("  extra server, s=1: loss %.4f -> %.4f (synchronous %.4f)\n", a[0].loss,
-              a.back().loss, sync.back().loss);
 }
 
 // The staleness pattern on the parameters each step ran on: with staleness s the working

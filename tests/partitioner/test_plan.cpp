@@ -569,6 +569,94 @@ TEST(Plan, ParameterServerInTheEstimate) {
   EXPECT_EQ(dp_bytes_per_step(s, 1000, 4), 1500);
 }
 
+// Extra server ranks' step times (ps_server_times): the push and the pull each take the
+// busier end of a link, the replica's own bytes or a server's share of every replica's
+// (replicas x served / N), so more servers push faster on a shared link until the
+// replicas' own links bound it; the servers' update streams their 1/N parts; staleness s
+// hides s steps of compute's worth of update and pull.
+TEST(Plan, ExtraParameterServersTimes) {
+  Machine m;
+  m.dp_bandwidth = 1e8;
+  m.dp_latency = 1e-5;
+  m.memory_bandwidth = 1e10;
+  const double bytes = 4e6, served = 8e6;  // two replica positions of 4 MB each
+  const int replicas = 4, adamw = 2;
+  DpSync s;
+  s.mode = DpSync::Mode::parameter_server;
+  auto at = [&](int n, int staleness, double compute) {
+    DpSync x = s;
+    x.ps_ranks = n;
+    x.max_staleness = staleness;
+    return ps_server_times(x, bytes, served, replicas, m, adamw, compute);
+  };
+  // One server receives every replica's gradients of both positions: 4 x 8 MB.
+  const ServerTimes one = at(1, 0, 0), two = at(2, 0, 0), many = at(16, 0, 0);
+  EXPECT_DOUBLE_EQ(one.push, m.dp_latency + replicas * served / m.dp_bandwidth);
+  EXPECT_LT(two.push, one.push);
+  EXPECT_DOUBLE_EQ(one.push - m.dp_latency, 2 * (two.push - m.dp_latency));
+  // 16 servers take 2 MB each from every replica: the replica's own 4 MB bound it.
+  EXPECT_DOUBLE_EQ(many.push, m.dp_latency + bytes / m.dp_bandwidth);
+  EXPECT_DOUBLE_EQ(at(32, 0, 0).push, many.push);
+  EXPECT_DOUBLE_EQ(one.pull, one.push);  // each server's part to every replica
+  // The update: master, gradient and AdamW's two states over each server's part.
+  EXPECT_DOUBLE_EQ(one.update, (3 + 2 * adamw) * served / m.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(two.update, one.update / 2);
+  // s = 0 waits for the update and the pull; s steps of compute hide up to s x compute.
+  EXPECT_DOUBLE_EQ(one.exposed, one.update + one.pull);
+  const double c = (one.update + one.pull) / 4;
+  EXPECT_DOUBLE_EQ(at(1, 1, c).exposed, one.exposed - c);
+  EXPECT_DOUBLE_EQ(at(1, 3, c).exposed, one.exposed - 3 * c);
+  EXPECT_DOUBLE_EQ(at(1, 4, c).exposed, 0);
+  EXPECT_DOUBLE_EQ(at(1, 8, c).exposed, 0);
+  EXPECT_DOUBLE_EQ(at(1, 0, c).exposed, one.exposed);  // s = 0 hides nothing
+  EXPECT_DOUBLE_EQ(at(1, 4, c).push, one.push);        // the push is never hidden
+  // Not a parameter server with extra ranks: nothing.
+  EXPECT_DOUBLE_EQ(at(0, 0, 0).push + at(0, 0, 0).exposed, 0);
+  // dp_time_per_step for one position (all of `bytes` served): push and exposed pull.
+  DpSync x = s;
+  x.ps_ranks = 2;
+  EXPECT_DOUBLE_EQ(dp_time_per_step(x, bytes, replicas, m.dp_bandwidth, m.dp_latency, 0),
+                   2 * (m.dp_latency + replicas * bytes / 2 / m.dp_bandwidth));
+  x.ps_ranks = 4;
+  EXPECT_DOUBLE_EQ(dp_time_per_step(x, bytes, replicas, m.dp_bandwidth, m.dp_latency, 0),
+                   2 * (m.dp_latency + bytes / m.dp_bandwidth));
+}
+
+// The estimate with extra server ranks on a slow link: the step waits for the servers'
+// update and pull after the backward, so two servers (half the bytes on each server's
+// link) give a shorter step than one, and staleness hides the pull; `baton plan --check`
+// prints the times.
+TEST(Plan, ExtraParameterServersInTheStepTime) {
+  json j = tiny_plan();
+  auto at = [&](int n, int staleness) {
+    j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", staleness}, {"ps_ranks", n}};
+    return plan_check(j);
+  };
+  Machine slow;
+  slow.dp_bandwidth = 1e6;
+  const ResolvedPlan r1 = at(1, 0), r2 = at(2, 0), r1s = at(1, 2);
+  CostModel model(r1.graph, slow);
+  const PlanEstimate one = evaluate_plan(r1, model), two = evaluate_plan(r2, model),
+                     stale = evaluate_plan(r1s, model);
+  ASSERT_GT(one.servers.push, 0);
+  EXPECT_LT(two.servers.push, one.servers.push);
+  EXPECT_LT(two.servers.update, one.servers.update);
+  EXPECT_LT(two.step_time, one.step_time);
+  // The step holds what is exposed: s = 0 everything after the backward.
+  EXPECT_DOUBLE_EQ(one.servers.exposed, one.servers.update + one.servers.pull);
+  EXPECT_GT(one.step_time, one.servers.exposed);
+  EXPECT_LT(stale.servers.exposed, one.servers.exposed);
+  EXPECT_LT(stale.step_time, one.step_time);
+  // What the step saves with s = 2 is at most what it no longer exposes.
+  EXPECT_LE(one.step_time - stale.step_time,
+            one.servers.exposed - stale.servers.exposed + 1e-9 * one.step_time);
+  // The servers' update is their compute (the replicas do not run it).
+  EXPECT_DOUBLE_EQ(one.ranks.back().compute_time, one.servers.update);
+  const std::string text = format_estimate(r1, one);
+  EXPECT_NE(text.find("parameter servers per step: push"), std::string::npos) << text;
+  EXPECT_NE(text.find("updates in"), std::string::npos) << text;
+}
+
 // The estimate under zero1: every rank holds half the optimizer state of every parameter
 // but the tied wte (summed with the other pipeline rank: whole), and its peak is lower by
 // exactly what its optimizer bytes are.

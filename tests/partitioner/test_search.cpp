@@ -172,6 +172,39 @@ TEST(Search, ParameterServerStalenessOnASlowLink) {
               1e3 * ps0.step_time, 1e3 * ps2.step_time);
 }
 
+// Extra server ranks in the search (--dp-sync with ps_ranks): the plans carry them, the
+// devices are still the replicas' (dp 2 on 2 devices), the replicas hold no optimizer
+// state of the served parameters (a lower peak than the replicas' own servers), and on a
+// slow link two servers (each taking half the bytes) predict a shorter step than one,
+// and the search's step time is the exact evaluation's.
+TEST(Search, ExtraParameterServersOnASlowLink) {
+  auto g = load_search_model("gpt-config-a.json");
+  Machine slow;
+  slow.dp_bandwidth = 1e7;
+  CostModel model(g, slow);
+  SearchOptions o = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
+  o.dp_sync.mode = DpSync::Mode::parameter_server;
+  const Candidate own = search_plans(g, model, o).ranked.at(0);
+  o.dp_sync.ps_ranks = 1;
+  const Candidate one = search_plans(g, model, o).ranked.at(0);
+  o.dp_sync.ps_ranks = 2;
+  const Candidate two = search_plans(g, model, o).ranked.at(0);
+  EXPECT_EQ(two.plan.dp_sync.ps_ranks, 2);
+  EXPECT_EQ(two.plan.devices, 2);
+  EXPECT_NE(two.describe().find("+ 2 parameter-server ranks"), std::string::npos) << two.describe();
+  EXPECT_LT(one.peak, own.peak);
+  EXPECT_LT(two.step_time, one.step_time);
+  for (const Candidate* c : {&one, &two}) {
+    const PlanEstimate e = evaluate_plan(resolve_plan(c->plan, g), model);
+    EXPECT_NEAR(c->step_time, e.step_time, 1e-9 * e.step_time);
+    EXPECT_EQ(int(e.ranks.size()), 2 + c->plan.dp_sync.ps_ranks);
+  }
+  std::printf(
+      "  step time on a 10 MB/s link: parameter server on the replicas %.3f ms, "
+      "1 server rank %.3f ms, 2 server ranks %.3f ms\n",
+      1e3 * own.step_time, 1e3 * one.step_time, 1e3 * two.step_time);
+}
+
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
