@@ -877,6 +877,18 @@ void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offse
   });
 }
 
+namespace {
+// The losses' optional gradient output: the logits' dtype and shape, written in place or
+// apart from them.
+void check_dlogits(const char* op, const Tensor& dlogits, const Tensor& logits) {
+  if (!dlogits.defined()) return;
+  check_like(op, "dlogits", dlogits, "logits", logits);
+  check_same_shape(op, "dlogits", dlogits, "logits", logits);
+  BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
+             "dlogits must be logits itself or not overlap it");
+}
+}  // namespace
+
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                double grad_scale, Tensor& losses, Tensor& dlogits) {
@@ -887,12 +899,7 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
                                  {"sum_exp", &sum_exp},
                                  {"target_logit", &target_logit},
                                  {"losses", &losses}});
-  if (dlogits.defined()) {
-    check_like(op, "dlogits", dlogits, "logits", logits);
-    check_same_shape(op, "dlogits", dlogits, "logits", logits);
-    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
-               "dlogits must be logits itself or not overlap it");
-  }
+  check_dlogits(op, dlogits, logits);
   const auto dev =
       common_device(op, {&logits, &targets, &row_max, &sum_exp, &target_logit, &losses, &dlogits});
   BATON_ON_CUDA(dev, ce_finish(logits, targets, vocab_offset, row_max, sum_exp, target_logit,
@@ -910,12 +917,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
                            Tensor& losses, Tensor& dlogits) {
   const char* op = "cross_entropy_forward";
   const int64_t rows = check_ce(op, logits, {{"targets", &targets}, {"losses", &losses}});
-  if (dlogits.defined()) {
-    check_like(op, "dlogits", dlogits, "logits", logits);
-    check_same_shape(op, "dlogits", dlogits, "logits", logits);
-    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
-               "dlogits must be logits itself or not overlap it");
-  }
+  check_dlogits(op, dlogits, logits);
   const auto dev = common_device(op, {&logits, &targets, &losses, &dlogits});
   if (dev.is_cuda()) {  // no fused CUDA kernel yet: the three steps
     Tensor row_max = Tensor::empty({rows}, losses.dtype(), dev),
@@ -951,12 +953,7 @@ void ce_local_forward(const Tensor& logits, const Tensor& targets, int64_t vocab
                                  {"local_max", &local_max},
                                  {"local_sum", &local_sum},
                                  {"target_logit", &target_logit}});
-  if (dlogits.defined()) {
-    check_like(op, "dlogits", dlogits, "logits", logits);
-    check_same_shape(op, "dlogits", dlogits, "logits", logits);
-    BATON_NEED(dlogits.raw_data() == logits.raw_data() || !overlaps(dlogits, logits), op,
-               "dlogits must be logits itself or not overlap it");
-  }
+  check_dlogits(op, dlogits, logits);
   const auto dev =
       common_device(op, {&logits, &targets, &local_max, &local_sum, &target_logit, &dlogits});
   if (dev.is_cuda()) ce_local_no_cuda(op);
