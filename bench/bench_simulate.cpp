@@ -7,10 +7,10 @@
 // clock leaves out the time other processes held the cores.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
