@@ -5,6 +5,7 @@
 // for the stack, recursive doubling, the ring's window, and the ring all-gather.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <thread>
 
 #include "memory/allocator.h"
@@ -60,6 +61,32 @@ TEST(CollectiveScratch, AllGatherMatchesTheAllocatorPeak) {
     const int64_t want =
         2 * int64_t(collective_scratch_bytes(Collective::all_gather, size_t(2 * count), 4, 2));
     EXPECT_EQ(measured_extra(all_gather, count, 2 * count), want);
+  }
+}
+
+// Once wait() returns, the collective holds none of its tensors' bytes, whichever thread
+// ran it: freeing the tensor frees them at once, so a rank's peak does not depend on when
+// the executor's thread lets go of the job.
+TEST(CollectiveScratch, FinishedCollectiveKeepsNoBytes) {
+  auto world = make_local_world(2, test_options());
+  // Above the executor's wake-up size: its background thread runs them.
+  const int64_t count = int64_t(2) << 20;
+  std::vector<std::weak_ptr<memory::Storage>> bytes(2);
+  std::vector<WorkPtr> works(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Tensor t = Tensor::full({count}, 1.0, memory::DType::f32);
+      bytes[size_t(r)] = t.storage();
+      works[size_t(r)] = world[size_t(r)]->all_reduce(t, ReduceOp::sum);
+      works[size_t(r)]->wait();
+      EXPECT_EQ(t.data<float>()[count - 1], 2.0f);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(bytes[size_t(r)].expired())
+        << "rank " << r << ": the finished work keeps the tensor";
+    EXPECT_TRUE(works[size_t(r)]->test());
   }
 }
 

@@ -130,7 +130,7 @@ constexpr size_t kWakeBytes = size_t(4) << 20;
 
 template <class Fn>
 WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
-  auto body = [this, fn = std::move(fn), keep = std::move(keep)] {
+  auto body = [this, fn = std::move(fn), keep = std::move(keep)]() mutable {
     // Jobs run one at a time, in the order they were issued, on every rank: numbering
     // them as they run gives every rank the same sequence, with no lock.
     uint32_t seq = seq_;
@@ -138,6 +138,11 @@ WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
     GroupView v = view(seq);
     fabric_->check_scope(globals_);
     fn(v);
+    // Done with the bytes: let go of them before the job is marked done. The background
+    // thread drops its reference to the job some time after the waiter returns, so a kept
+    // storage would outlive the caller's last tensor by a timing-dependent moment, and a
+    // rank's peak memory with it. (A failed job keeps them: a peer may still write.)
+    keep = {};
   };
   auto work = std::make_shared<CollectiveWork<decltype(body)>>(executor_, std::move(body));
   // Only collectives that take milliseconds wake the background thread at once: for
