@@ -25,7 +25,10 @@ engine_steps() {
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
   fi
-  if ! "$baton" train --help 2>&1 | grep -q -- "--device"; then
+  # Not `| grep -q`: grep's early exit would fail the pipeline under pipefail.
+  local help
+  help=$("$baton" train --help 2>&1)
+  if [[ "$help" != *--device* ]]; then
     for n in $names; do skip "$n" "$baton train has no --device yet (issue 12, item 4)"; done
     return 0
   fi
@@ -96,7 +99,8 @@ JSON
   # Two ranks on one GPU: "transport": "ucx" stages the device tensors through host memory.
   # First the staged communicator's own test (its CUDA half), from the same build.
   local staged_test
-  staged_test=$(dirname "$baton")/tests/transport/test_transport_staged
+  staged_test=$(dirname "$baton")/test_transport_staged  # .gpu-engine/bin
+  [ -x "$staged_test" ] || staged_test=$(dirname "$baton")/tests/transport/test_transport_staged
   if [ -x "$staged_test" ]; then
     step staged-transport 60 "$staged_test" --gtest_brief=1
   else

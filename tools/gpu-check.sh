@@ -16,6 +16,10 @@
 #   GPU_CHECK_BATON=build/release/baton  # the engine steps with this binary
 #   GPU_CHECK_BUDGET=470          # seconds for the whole check (steps past it fail as not run)
 #   GPU_CHECK_MODEL="--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"
+# With .gpu-engine/ (tools/make-gpu-engine.sh: baton, the test programs and the benchmark
+# built here, portable, with the libraries the GPU machine lacks) nothing is built there:
+# the programs run from its unpacked bin/ and GPU_CHECK_BATON defaults to its baton, so
+# the engine steps run too. Without it, .gpu-bundle/ builds the tests and the benchmark there.
 # Logs and a summary go to build/gpu-check/out; with the device tool's $OUT set, the
 # summary and a tarball of the logs are copied there too (it returns at most 8 files).
 set -uo pipefail
@@ -43,8 +47,18 @@ cuda_root=$(cd "$(dirname "$nvcc")/.." && pwd)
 "$nvcc" --version | tail -1
 cmake --version | head -1
 c++ --version | head -1
-[ -f .gpu-bundle/BUNDLE ] || die "no .gpu-bundle/: run tools/make-gpu-bundle.sh where the Debian packages are, and carry .gpu-bundle"
-cat .gpu-bundle/BUNDLE
+prebuilt=0
+if [ -f .gpu-engine/engine.tar.xz ]; then
+  prebuilt=1
+  cat .gpu-engine/ENGINE
+  rm -rf build/gpu-engine && mkdir -p build/gpu-engine
+  tar -C build/gpu-engine -xJf .gpu-engine/engine.tar.xz 2>/dev/null ||
+    "${PYTHON:-python3}" -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      .gpu-engine/engine.tar.xz build/gpu-engine || die "cannot unpack .gpu-engine/engine.tar.xz"
+else
+  [ -f .gpu-bundle/BUNDLE ] || die "neither .gpu-engine/ (tools/make-gpu-engine.sh) nor .gpu-bundle/ (tools/make-gpu-bundle.sh): make one where the Debian packages are, and carry it"
+  cat .gpu-bundle/BUNDLE
+fi
 ls "$cuda_root"/lib64/libcublasLt.so* >/dev/null 2>&1 || ls "$cuda_root"/lib/libcublasLt.so* >/dev/null 2>&1 ||
   die "no cuBLAS under $cuda_root (the CUDA toolkit's cuBLAS is needed)"
 py=${PYTHON:-python3}
@@ -64,28 +78,53 @@ fi
 if [ -z "${CUDNN_HOME:-}" ] && ! ls "$cuda_root"/include/cudnn_graph.h >/dev/null 2>&1; then
   cudnn_pip=$("$py" -c "import nvidia.cudnn, os; print(list(nvidia.cudnn.__path__)[0])" 2>/dev/null)
   [ -n "$cudnn_pip" ] && export CUDNN_HOME=$cudnn_pip && echo "cuDNN from $CUDNN_HOME"
-  [ -n "${CUDNN_HOME:-}" ] && export LD_LIBRARY_PATH="$CUDNN_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# The libraries the binaries load from the machine: cuBLAS from the toolkit, NCCL and
+# cuDNN from wherever they were found (PyTorch uses the same ones).
+for d in "${CUDNN_HOME:-}" "${NCCL_HOME:-}"; do
+  [ -n "$d" ] && [ -d "$d/lib" ] && export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+for d in "$cuda_root/lib64" "$cuda_root/lib"; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
 
-# The bundled OpenBLAS and its Fortran runtime (the binaries' RPATH names them too).
-export LD_LIBRARY_PATH="$PWD/.gpu-bundle/openblas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-# ---- build: only the GPU check's targets, sm_90 only ----
-log "configure"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B "$build" "${gen[@]}" -DBATON_GPU_CHECK=ON -DBATON_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_ARCH:-90}" -DBATON_WERROR=OFF \
-  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
-grep -E "baton:" "$out/configure.log"
-log "build"
-cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl gpt_step \
-  >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; die "build failed ($out/build.log)"; }
+if [ $prebuilt = 1 ]; then
+  # Built here with its libraries (their RPATH finds them): nothing to build.
+  bin=$PWD/build/gpu-engine/bin
+  export GPU_CHECK_BATON=${GPU_CHECK_BATON:-$bin/baton}
+  # A CUDA library still missing (pip's wheels differ in layout): look for it beside Python.
+  missing() { for b in "$bin"/*; do ldd "$b" | awk '/not found/ { print $1 }'; done | sort -u; }
+  site=$("$py" -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
+  for name in $(missing); do
+    found=$(find $site "$cuda_root" -name "$name" 2>/dev/null | head -n 1)
+    [ -n "$found" ] && echo "$name from $(dirname "$found")" && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$(dirname "$found")"
+  done
+  [ -z "$(missing)" ] || die "libraries not found for .gpu-engine's programs: $(missing | tr '\n' ' ')"
+  grep -q "libcudnn" <(ldd "$bin/gpt_step") && cudnn_built=1 || cudnn_built=0
+  test_bin() { echo "$bin/$1"; }
+else
+  # The bundled OpenBLAS and its Fortran runtime (the binaries' RPATH names them too).
+  export LD_LIBRARY_PATH="$PWD/.gpu-bundle/openblas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # ---- build: only the GPU check's targets, sm_90 only ----
+  log "configure"
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S . -B "$build" "${gen[@]}" -DBATON_GPU_CHECK=ON -DBATON_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${GPU_CHECK_ARCH:-90}" -DBATON_WERROR=OFF \
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; die "configure failed ($out/configure.log)"; }
+  grep -E "baton:" "$out/configure.log"
+  grep -q "cuDNN /" "$out/configure.log" && cudnn_built=1 || cudnn_built=0
+  log "build"
+  cmake --build "$build" -j "$(nproc)" --target test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl gpt_step \
+    >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; die "build failed ($out/build.log)"; }
+  bin=$PWD/$build/bench/cuda
+  test_bin() { echo "$build/tests/cuda/$1"; }
+fi
 
 # ---- correctness ----
 : >"$out/steps.txt"
 for t in test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl; do
-  step "$t" 300 "$build/tests/cuda/$t" --gtest_brief=1
+  step "$t" 180 "$(test_bin "$t")" --gtest_brief=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f16|f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
 done
 
@@ -96,15 +135,21 @@ if [ $gpu = 0 ]; then
   exit 1
 fi
 
+# ---- the engine on the GPU: baton train, baton launch ----
+# Needs a full baton binary (.gpu-engine's, or GPU_CHECK_BATON; the bundle's build makes
+# only the CUDA tests and the benchmark). Before the benchmarks: they matter less.
+: >"$out/results.txt"
+. tools/gpu-check-engine.sh
+engine_steps
+
 # ---- GPT-2 124M, one training step: baton and PyTorch, same model, precision and batch ----
 # The most important rows first: the budget cuts from the end.
 model=${GPU_CHECK_MODEL:-"--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"}
 small="--layers 8 --hidden 512 --heads 8 --ctx 256 --batch 8 --vocab 256"
-: >"$out/results.txt"
 have_torch=0
 [[ "$torch_info" == *True ]] && have_torch=1
 # Each bench's status counts (gc_status): a failing benchmark fails the check.
-bench baton-bf16 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 20 --warmup 5
+bench baton-bf16 240 "$bin/gpt_step" $model --dtype bf16 --steps 20 --warmup 5
 if [ $have_torch = 1 ]; then
   bench pytorch-bf16 240 "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 20 --warmup 5
   if [ "${GPU_CHECK_COMPILE:-1}" = 1 ]; then
@@ -115,23 +160,16 @@ if [ $have_torch = 1 ]; then
 else
   skip pytorch "torch cannot be imported or sees no GPU: $torch_info"
 fi
-bench baton-bf16-cublas-attn 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas
+bench baton-bf16-cublas-attn 240 "$bin/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas
 # cuDNN's fused attention forward against our flash kernels (baton-bf16): the measurement
 # that decides whether `automatic` should prefer it (docs/cuda.md).
-if grep -q "cuDNN /" "$out/configure.log"; then
-  bench baton-bf16-cudnn-attn 240 "$build/bench/cuda/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cudnn
+if [ $cudnn_built = 1 ]; then
+  bench baton-bf16-cudnn-attn 240 "$bin/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cudnn
 else
   skip baton-bf16-cudnn-attn "built without cuDNN (set CUDNN_HOME)"
 fi
-bench baton-f32 240 "$build/bench/cuda/gpt_step" $small --dtype f32 --steps 20 --warmup 5
+bench baton-f32 240 "$bin/gpt_step" $small --dtype f32 --steps 20 --warmup 5
 [ $have_torch = 1 ] && bench pytorch-f32 240 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
-
-# ---- the engine on the GPU: baton train, baton launch ----
-# Needs a full baton binary (the GPU-check build above makes only the CUDA tests and the
-# benchmark: the bundle has no Boost, UCX, nlohmann, ...) whose train command has
-# --device and --precision (issue 12, item 4). Written against those flags.
-. tools/gpu-check-engine.sh
-engine_steps
 
 log "summary (MFU: model FLOPs / 989 TFLOP/s, the H200's dense bf16 peak, for every row)"
 # pytorch-compile-bf16 is the peer of no baton row; baton-bf16 is compared with eager.

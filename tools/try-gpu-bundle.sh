@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Tries tools/gpu-check.sh's build path on this machine as a GPU machine would see it:
+# Tries tools/gpu-check.sh on this machine as a GPU machine would see it (its build path
+# with .gpu-bundle, or .gpu-engine's prebuilt programs when that is there):
 # in a private mount namespace (root), the Debian packages the bundle replaces are hidden
 # (GoogleTest, OpenBLAS and its Fortran runtime, BLAS, Boost, spdlog, fmt, nlohmann/json,
 # UCX, Google Benchmark), then gpu-check.sh runs; without a GPU it builds, the tests
 # skip, and the benchmarks say there is no device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f .gpu-bundle/BUNDLE ] || tools/make-gpu-bundle.sh
+[ -f .gpu-bundle/BUNDLE ] || [ -f .gpu-engine/ENGINE ] || tools/make-gpu-bundle.sh
 exec unshare -m --propagation private bash -c '
   set -e
   empty=$(mktemp -d)
@@ -24,6 +25,13 @@ exec unshare -m --propagation private bash -c '
            /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h; do
     [ -e "$f" ] && mount --bind /dev/null "$f"
   done
+  # What .gpu-engine carries, hidden too, so its binaries must find their own copies.
+  if [ -d build/gpu-engine/lib ]; then
+    for l in build/gpu-engine/lib/*.so* build/gpu-engine/lib/ucx/*.so*; do
+      n=$(basename "$l")
+      for f in $lib/$n $lib/ucx/$n; do [ -e "$f" ] && mount --bind /dev/null "$f"; done
+    done
+  fi
   echo "try-gpu-bundle: system packages hidden; running tools/gpu-check.sh"
   tools/gpu-check.sh
 '
