@@ -171,27 +171,47 @@ Allocator* make_device_allocator(int index) {
 }
 
 // The copy behind Tensor::to() and copy_from(): synchronous for the host, as a memcpy is.
-// Device-to-device copies on one device stay on the stream (stream order suffices).
-void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+// Device-to-device copies on one device stay on the stream (stream order suffices). Rows
+// of a strided view are one cudaMemcpy2DAsync.
+void copy(const RowCopy& c, Device dst_dev, Device src_dev) {
+  auto queue = [&c](cudaMemcpyKind kind, cudaStream_t s) {
+    if (c.rows == 1)
+      BATON_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.width, kind, s));
+    else
+      BATON_CUDA_CHECK(
+          cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, kind, s));
+  };
   if (dst_dev.is_cuda() && src_dev.is_cuda()) {
     if (dst_dev.index == src_dev.index) {
       DeviceGuard guard(dst_dev.index);
-      BATON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                       static_cast<cudaStream_t>(current_stream(dst_dev.index))));
+      queue(cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(current_stream(dst_dev.index)));
       return;
     }
     synchronize(src_dev.index);
     DeviceGuard guard(dst_dev.index);
     auto s = static_cast<cudaStream_t>(current_stream(dst_dev.index));
-    BATON_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
+    if (c.rows == 1)
+      BATON_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst, dst_dev.index, c.src, src_dev.index, c.width, s));
+    else
+      queue(cudaMemcpyDefault, s);  // unified addressing reaches the peer's memory
     BATON_CUDA_CHECK(cudaStreamSynchronize(s));
     return;
   }
   int dev = dst_dev.is_cuda() ? dst_dev.index : src_dev.index;
   DeviceGuard guard(dev);
   auto s = static_cast<cudaStream_t>(current_stream(dev));
-  BATON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  queue(cudaMemcpyDefault, s);
   BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// Zeroing on the device's current stream, like the kernels that use the memory next.
+void zero(const RowCopy& c, Device dev) {
+  DeviceGuard guard(dev.index);
+  auto s = static_cast<cudaStream_t>(current_stream(dev.index));
+  if (c.rows == 1)
+    BATON_CUDA_CHECK(cudaMemsetAsync(c.dst, 0, c.width, s));
+  else
+    BATON_CUDA_CHECK(cudaMemset2DAsync(c.dst, c.dst_pitch, 0, c.width, c.rows, s));
 }
 
 }  // namespace
@@ -210,7 +230,7 @@ void ensure_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_allocator_factory(DeviceType::cuda, &make_device_allocator);
-    register_copy(&copy);
+    register_copy(&copy, &zero);
   });
 }
 

@@ -55,27 +55,91 @@ Storage::~Storage() {
 
 namespace {
 std::atomic<CopyFn> g_copy{nullptr};
+std::atomic<ZeroFn> g_zero{nullptr};
+
+// The backend of a non-CPU device, registered on first use.
+void need_backend(Device dev) {
+  if (g_copy.load() == nullptr && dev.is_cuda())
+    cuda::ensure_registered();  // memory that came from outside the allocator (from_blob)
+}
+}  // namespace
+
+void register_copy(CopyFn copy, ZeroFn zero) {
+  g_zero.store(zero);
+  g_copy.store(copy);
 }
 
-void register_copy(CopyFn fn) {
-  g_copy.store(fn);
-}
-
-void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
-  if (bytes == 0) return;
+void copy_rows(const RowCopy& c, Device dst_dev, Device src_dev) {
+  if (c.width == 0 || c.rows == 0) return;
   if (dst_dev.is_cpu() && src_dev.is_cpu()) {
-    std::memcpy(dst, src, bytes);
+    for (size_t r = 0; r < c.rows; ++r)
+      std::memcpy(static_cast<char*>(c.dst) + r * c.dst_pitch,
+                  static_cast<const char*>(c.src) + r * c.src_pitch, c.width);
     return;
   }
+  need_backend(dst_dev.is_cpu() ? src_dev : dst_dev);
   CopyFn fn = g_copy.load();
-  if (fn == nullptr && (dst_dev.is_cuda() || src_dev.is_cuda())) {
-    cuda::ensure_registered();  // memory that came from outside the allocator (from_blob)
-    fn = g_copy.load();
-  }
   if (fn == nullptr)
     throw RuntimeError("cannot copy between " + src_dev.str() + " and " + dst_dev.str() +
                        ": no backend for that device is loaded");
-  fn(dst, dst_dev, src, src_dev, bytes);
+  fn(c, dst_dev, src_dev);
+}
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  copy_rows({dst, bytes, src, bytes, bytes, 1}, dst_dev, src_dev);
+}
+
+void for_each_row_block(const Shape& shape, const Shape& dst_strides, const Shape& src_strides,
+                        size_t esize, char* dst, const char* src,
+                        const std::function<void(const RowCopy&)>& fn) {
+  struct Dim {
+    int64_t n, ds, ss;
+  };
+  std::vector<Dim> dims;  // innermost first, size-1 dimensions dropped, contiguous runs merged
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 0) return;
+    if (shape[i] == 1) continue;
+    Dim d{shape[i], dst_strides[i], src_strides[i]};
+    if (!dims.empty()) {
+      Dim& in = dims.back();
+      if (d.ds == in.n * in.ds && d.ss == in.n * in.ss) {
+        in.n *= d.n;
+        continue;
+      }
+    }
+    dims.push_back(d);
+  }
+  size_t next = 0;  // the first dimension not yet in the row block
+  RowCopy c{dst, esize, src, esize, esize, 1};
+  if (next < dims.size() && dims[next].ds == 1 && dims[next].ss == 1)
+    c.width = size_t(dims[next++].n) * esize;
+  // The rows of a block: only when rows do not overlap on either side (a broadcast source
+  // has stride 0; a 2-D copy needs pitches of at least the width).
+  if (next < dims.size() && size_t(dims[next].ds) * esize >= c.width &&
+      size_t(dims[next].ss) * esize >= c.width) {
+    c.rows = size_t(dims[next].n);
+    c.dst_pitch = size_t(dims[next].ds) * esize;
+    c.src_pitch = size_t(dims[next].ss) * esize;
+    ++next;
+  } else {
+    c.dst_pitch = c.src_pitch = c.width;
+  }
+  std::vector<int64_t> index(dims.size(), 0);
+  for (;;) {
+    int64_t od = 0, os = 0;
+    for (size_t k = next; k < dims.size(); ++k)
+      od += index[k] * dims[k].ds, os += index[k] * dims[k].ss;
+    RowCopy b = c;
+    b.dst = dst + od * int64_t(esize);
+    b.src = src + os * int64_t(esize);
+    fn(b);
+    size_t k = next;
+    for (; k < dims.size(); ++k) {
+      if (++index[k] < dims[k].n) break;
+      index[k] = 0;
+    }
+    if (k == dims.size()) return;
+  }
 }
 
 // ---- Tensor ----
@@ -322,10 +386,11 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   if (!device().is_cpu() || !src.device().is_cpu()) {
-    Tensor s = src.contiguous();
-    if (!is_contiguous())
-      throw std::logic_error("copy_from(): strided copy into a non-CPU tensor " + str());
-    copy_from(s);
+    // A narrowed view (a column range of a fused qkv, a tile's rows) is one 2-D copy;
+    // other layouts, a few.
+    for_each_row_block(shape_, strides_, src.strides_, dtype_size(dtype_),
+                       static_cast<char*>(raw_data()), static_cast<const char*>(src.raw_data()),
+                       [&](const RowCopy& c) { copy_rows(c, device(), src.device()); });
     return;
   }
   strided_copy(static_cast<char*>(raw_data()), strides_, static_cast<const char*>(src.raw_data()),
@@ -339,6 +404,15 @@ void Tensor::zero_() {
 void Tensor::fill_(double value) {
   if (numel() == 0) return;
   if (!device().is_cpu()) {
+    need_backend(device());
+    if (ZeroFn zero = g_zero.load(); value == 0.0 && zero != nullptr) {
+      // On the device (a memset): a host buffer of zeros copied in would cost its whole
+      // size in host memory and bandwidth, every step for a gradient accumulator.
+      for_each_row_block(shape_, strides_, strides_, dtype_size(dtype_),
+                         static_cast<char*>(raw_data()), static_cast<const char*>(raw_data()),
+                         [&](const RowCopy& c) { zero(c, device()); });
+      return;
+    }
     Tensor host = full(shape_, value, dtype_, Device::cpu());
     copy_from(host);
     return;

@@ -106,10 +106,30 @@ class Tensor {
   DType dtype_ = DType::f32;
 };
 
-// Copies bytes between devices; the CUDA backend installs its own for non-CPU devices.
-using CopyFn = void (*)(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
-void register_copy(CopyFn fn);
+// Copies `rows` rows of `width` bytes between devices, row r from src + r * src_pitch to
+// dst + r * dst_pitch (one row: a plain copy); the CUDA backend installs its own for
+// non-CPU devices (cudaMemcpy2DAsync does the rows in one call).
+struct RowCopy {
+  void* dst;
+  size_t dst_pitch;
+  const void* src;
+  size_t src_pitch;
+  size_t width, rows;
+};
+using CopyFn = void (*)(const RowCopy& c, Device dst_dev, Device src_dev);
+// Zeroes the rows at c.dst (c.src unused) on a device, in that device's stream order.
+using ZeroFn = void (*)(const RowCopy& c, Device dev);
+void register_copy(CopyFn copy, ZeroFn zero);
+void copy_rows(const RowCopy& c, Device dst_dev, Device src_dev);
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+
+// A strided copy of `shape` as row copies: adjacent dimensions that are contiguous on both
+// sides are merged, the innermost (unit stride on both, else one element wide) becomes a
+// row, the next one the rows of a block, and `fn` gets one RowCopy per index of the rest.
+// Strides in elements; dst and src point at the first element.
+void for_each_row_block(const Shape& shape, const Shape& dst_strides, const Shape& src_strides,
+                        size_t esize, char* dst, const char* src,
+                        const std::function<void(const RowCopy&)>& fn);
 
 // ---- template definitions ----
 

@@ -25,6 +25,37 @@ TEST(CudaMemory, CopiesRoundTripBetweenHostAndDevice) {
   for (float x : z.to(Device::cpu()).to(DType::f32).to_vector<float>()) EXPECT_EQ(x, 0.f);
 }
 
+// Views on the device: a column range written from the host and from the device (one 2-D
+// copy each), a permuted view made contiguous, and zero_ of a view leaving the rest.
+TEST(CudaMemory, StridedViewsCopyAndZeroOnTheDevice) {
+  REQUIRE_GPU();
+  const Device g = Device::cuda(0);
+  std::vector<float> big(4 * 5 * 12), part(4 * 5 * 3);
+  std::iota(big.begin(), big.end(), 1.f);
+  std::iota(part.begin(), part.end(), 1000.f);
+  Tensor want = Tensor::from_vector(big, {4, 5, 12});
+  Tensor d = want.to(g);
+  Tensor p = Tensor::from_vector(part, {4, 5, 3});
+  d.narrow(2, 6, 3).copy_from(p);        // host to device, strided
+  d.narrow(2, 0, 3).copy_from(p.to(g));  // device to device, strided
+  want.narrow(2, 6, 3).copy_from(p);
+  want.narrow(2, 0, 3).copy_from(p);
+  EXPECT_EQ(d.to(Device::cpu()).to_vector<float>(), want.to_vector<float>());
+  Tensor t = d.permute({2, 0, 1}).contiguous();  // device, any layout
+  EXPECT_EQ(t.to(Device::cpu()).to_vector<float>(),
+            want.permute({2, 0, 1}).contiguous().to_vector<float>());
+  Tensor host = Tensor::empty({4, 5, 3});
+  host.copy_from(d.narrow(2, 9, 3));  // device to host, strided
+  EXPECT_EQ(host.to_vector<float>(), want.narrow(2, 9, 3).contiguous().to_vector<float>());
+  d.narrow(1, 1, 2).zero_();
+  want.narrow(1, 1, 2).zero_();
+  EXPECT_EQ(d.to(Device::cpu()).to_vector<float>(), want.to_vector<float>());
+  Tensor b = Tensor::full({1000}, 3.0, DType::bf16, g);
+  b.narrow(0, 10, 500).zero_();
+  const auto back = b.to(Device::cpu()).to(DType::f32).to_vector<float>();
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], i >= 10 && i < 510 ? 0.f : 3.f) << i;
+}
+
 TEST(CudaMemory, SteadyStateAllocatesNothingNew) {
   REQUIRE_GPU();
   Allocator& a = allocator_for(Device::cuda(0));

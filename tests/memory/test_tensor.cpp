@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+
 #include "memory/tensor.h"
 
 using namespace baton::memory;
@@ -77,4 +81,66 @@ TEST(Tensor, FromBlobRunsDeleterOnce) {
     EXPECT_EQ(v.to_vector<float>(), (std::vector<float>{2, 3}));
   }
   EXPECT_EQ(calls, 1);
+}
+
+// The row copies a non-CPU copy_from makes (for_each_row_block + copy_rows), run on the
+// host against the element-wise strided copy, over random narrowed and permuted views on
+// either side; and a fused qkv's column range is one 2-D copy.
+TEST(Tensor, RowBlocksCopyLikeTheStridedCopy) {
+  const unsigned seed = 20261204;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  auto random_view = [&](const Tensor& t) {
+    Tensor v = t;
+    for (int64_t d = 0; d < v.dim(); ++d)
+      if (pick(0, 1)) {
+        int64_t n = v.size(d), len = pick(1, n);
+        v = v.narrow(d, pick(0, n - len), len);
+      }
+    if (pick(0, 2) == 0) {
+      std::vector<int64_t> order(size_t(v.dim()));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      v = v.permute(order);
+    }
+    return v;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    Shape shape;
+    for (int64_t d = 0, n = pick(1, 4); d < n; ++d) shape.push_back(pick(1, 6));
+    std::vector<double> values(
+        size_t(std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<>())));
+    std::iota(values.begin(), values.end(), 1.0);
+    Tensor src = random_view(Tensor::from_vector(values, shape));
+    // The destination: the same shape, itself a narrowed view of a larger zeroed tensor.
+    Shape big = src.shape();
+    std::vector<int64_t> offset(big.size());
+    for (size_t d = 0; d < big.size(); ++d)
+      offset[d] = pick(0, 2), big[d] += offset[d] + pick(0, 2);
+    Tensor host = Tensor::zeros(big, DType::f64), rows = Tensor::zeros(big, DType::f64);
+    Tensor want = host, got = rows;
+    for (size_t d = 0; d < big.size(); ++d) {
+      want = want.narrow(int64_t(d), offset[d], src.size(int64_t(d)));
+      got = got.narrow(int64_t(d), offset[d], src.size(int64_t(d)));
+    }
+    want.copy_from(src);
+    for_each_row_block(got.shape(), got.strides(), src.strides(), sizeof(double),
+                       static_cast<char*>(got.raw_data()), static_cast<const char*>(src.raw_data()),
+                       [](const RowCopy& c) { copy_rows(c, Device::cpu(), Device::cpu()); });
+    ASSERT_EQ(rows.to_vector<double>(), host.to_vector<double>()) << "trial " << trial;
+  }
+  Tensor qkv = Tensor::zeros({8, 64, 256}), v = Tensor::zeros({8, 64, 64});
+  std::vector<RowCopy> calls;
+  Tensor cols = qkv.narrow(2, 192, 64);
+  for_each_row_block(cols.shape(), cols.strides(), v.strides(), sizeof(float),
+                     static_cast<char*>(cols.raw_data()), static_cast<const char*>(v.raw_data()),
+                     [&](const RowCopy& c) { calls.push_back(c); });
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].rows, 8u * 64u);
+  EXPECT_EQ(calls[0].width, 64 * sizeof(float));
+  EXPECT_EQ(calls[0].dst_pitch, 256 * sizeof(float));
+  EXPECT_EQ(calls[0].src_pitch, 64 * sizeof(float));
 }
