@@ -492,11 +492,11 @@ TEST_P(CudaOps, Attention) {
 // query heads beside every key/value head (replicated), on both implementations.
 TEST_P(CudaOps, GroupedQueryAttention) {
   struct Case {
-    int64_t B, T, H, KV, D, group, kv_offset, head_offset;
+    int64_t B, T, H, KV, D, group, kv_offset, head_offset, global_heads;
   };
-  const std::vector<Case> cases{{2, 37, 4, 2, 32, 0, -1, 0},
-                                {1, 70, 4, 1, 64, 0, -1, 0},
-                                {2, 45, 2, 2, 32, 2, 0, 2}};  // heads 2..3 of 4, KV 2 of 2
+  const std::vector<Case> cases{{2, 37, 4, 2, 32, 0, -1, 0, 0},
+                                {1, 70, 4, 1, 64, 0, -1, 0, 0},
+                                {2, 45, 2, 2, 32, 2, 0, 2, 4}};  // heads 2..3 of 4, KV 2 of 2
   using kernels::cuda::AttentionImpl;
   for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash}) {
     if (impl == AttentionImpl::flash && dt() == DType::f32) continue;
@@ -506,7 +506,7 @@ TEST_P(CudaOps, GroupedQueryAttention) {
     for (const Case& k : cases) {
       AttentionOptions opt;
       opt.heads = k.H, opt.kv_heads = k.KV, opt.group = k.group, opt.kv_offset = k.kv_offset;
-      opt.head_offset = k.head_offset;
+      opt.head_offset = k.head_offset, opt.global_heads = k.global_heads;
       const int64_t W = (k.H + 2 * k.KV) * k.D;
       Tensor qkv = randn({k.B, k.T, W}, rng_), dout = randn({k.B, k.T, k.H * k.D}, rng_),
              prev = randn({k.B, k.T, W}, rng_);
