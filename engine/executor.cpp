@@ -603,6 +603,9 @@ void Executor::finish_step(StepStats& stats, double t0) {
   const size_t mine = local ? size_t(cfg_.dp_sync.replica) * L : 0;
   std::vector<double> v(L * blocks + size_t(cfg_.loss_slots), 0.0);
   // A sharded parameter (ZeRO) counts on every replica, each with the part it reduced.
+  // The pieces are summed on the device together (one wait), then added in order.
+  std::vector<Tensor> pieces;
+  std::vector<size_t> slot;
   for (const auto& [stage, st] : cfg_.stages) {
     if (stage_direction(s, stage) != 0) continue;  // a DualPipe replica: counted once
     const stages::Graph& g = st->graph();
@@ -613,16 +616,20 @@ void Executor::finish_step(StepStats& stats, double t0) {
       if (auto part = reducer_->shard_of(stage, id)) {
         if (part->second > part->first) {
           const Tensor& gr = st->grad(id);
-          v[mine + owner] += kernels::sum_squares(
+          pieces.push_back(
               st->grad_sharded(id)
                   ? gr
                   : gr.view({gr.numel()}).narrow(0, part->first, part->second - part->first));
+          slot.push_back(mine + owner);
         }
       } else if (cfg_.contribute_norm || local) {
-        v[mine + owner] += kernels::sum_squares(st->grad(id));
+        pieces.push_back(st->grad(id));
+        slot.push_back(mine + owner);
       }
     }
   }
+  const std::vector<double> each = kernels::sum_squares_each(pieces);
+  for (size_t k = 0; k < each.size(); ++k) v[slot[k]] += each[k];
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
       if (has_loss_[size_t(mb)])

@@ -1051,6 +1051,20 @@ double sum_squares(const Tensor& t) {
                   [&]<class T>(T) { return cpu::sum_squares<T>(t.data<T>(), t.numel()); });
 }
 
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+  const char* op = "sum_squares_each";
+  if (ts.empty()) return {};
+  const memory::Device dev = ts[0].device();
+  for (const Tensor& t : ts) {
+    check_float(op, "ts", t);
+    BATON_NEED(t.device() == dev, op, "tensors on one device: " + ts[0].str() + " and " + t.str());
+  }
+  BATON_ON_CUDA(dev, sum_squares_each(ts));
+  std::vector<double> out;
+  for (const Tensor& t : ts) out.push_back(sum_squares(t));
+  return out;
+}
+
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale) {
   const char* op = "adamw_step";

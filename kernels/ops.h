@@ -214,6 +214,9 @@ uint64_t stream_of(std::string_view name);
 
 // ---- optimizers and gradient clipping ----
 double sum_squares(const Tensor& t);  // for the global gradient norm (in double)
+// sum_squares of each tensor, the same values; tensors on one GPU cost one wait for the
+// host in all (a step's norm asks for every gradient's).
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 
 struct AdamW {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;

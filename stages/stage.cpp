@@ -623,10 +623,15 @@ void Stage::finish_grads() {
 
 std::vector<double> Stage::grad_sum_squares_by_layer() const {
   std::vector<double> out(size_t(last_ - first_), 0.0);
+  std::vector<Tensor> grads;
+  std::vector<size_t> layer;
   for (const auto& ps : params_) {
     if (ps->owner_layer < first_ || ps->owner_layer >= last_) continue;  // counted elsewhere
-    out[size_t(ps->owner_layer - first_)] += kernels::sum_squares(ps->grad);
+    grads.push_back(ps->grad);
+    layer.push_back(size_t(ps->owner_layer - first_));
   }
+  const std::vector<double> each = kernels::sum_squares_each(grads);
+  for (size_t k = 0; k < each.size(); ++k) out[layer[k]] += each[k];
   return out;
 }
 

@@ -139,6 +139,7 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
 
 // ---- optimizers ----
 double sum_squares(const Tensor& t);
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale);
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,

@@ -101,23 +101,35 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
 }
 
 double sum_squares(const Tensor& t) {
+  return sum_squares_each({t})[0];
+}
+
+// Each tensor's partial sums and total in its own block of one scratch buffer, then one
+// copy of the totals to the host: one wait for all of them.
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   const char* op = "sum_squares";
-  require_cuda(op, "t", t);
-  const int64_t n = t.numel();
-  if (n == 0) return 0;
-  Launch l(t);
-  Tensor partial = scratch({kSumBlocks}, DType::f64, l.device);
-  const int blocks = int(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
-  BATON_CUDA_DISPATCH(op, t.dtype(), T, {
-    sumsq_partial<T><<<blocks, kThreads, 0, l.stream>>>(static_cast<const T*>(t.raw_data()), n,
-                                                        partial.data<double>());
+  for (const Tensor& t : ts) require_cuda(op, "t", t);
+  Launch l(ts.at(0));
+  Tensor partial = scratch({int64_t(ts.size()) * kSumBlocks}, DType::f64, l.device);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    double* block = partial.data<double>() + i * kSumBlocks;
+    const int64_t n = t.numel();
+    const int blocks = int(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
+    if (blocks > 0) {
+      BATON_CUDA_DISPATCH(op, t.dtype(), T, {
+        sumsq_partial<T>
+            <<<blocks, kThreads, 0, l.stream>>>(static_cast<const T*>(t.raw_data()), n, block);
+        BATON_CUDA_CHECK_LAUNCH();
+      });
+    }
+    sumsq_finish<<<1, 32, 0, l.stream>>>(block, blocks);  // no blocks: 0
     BATON_CUDA_CHECK_LAUNCH();
-  });
-  sumsq_finish<<<1, 32, 0, l.stream>>>(partial.data<double>(), blocks);
-  BATON_CUDA_CHECK_LAUNCH();
-  double host = 0;
-  BATON_CUDA_CHECK(cudaMemcpyAsync(&host, partial.data<double>(), sizeof host,
-                                   cudaMemcpyDeviceToHost, l.stream));
+  }
+  std::vector<double> host(ts.size());
+  BATON_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), sizeof(double), partial.data<double>(),
+                                     kSumBlocks * sizeof(double), sizeof(double), ts.size(),
+                                     cudaMemcpyDeviceToHost, l.stream));
   BATON_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   return host;
 }

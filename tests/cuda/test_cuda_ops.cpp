@@ -732,6 +732,16 @@ TEST_P(CudaOps, SumSquaresAndOptimizers) {
       std::string("sum_squares (") + std::string(memory::dtype_name(dt())) + ")";
   error_table()[key] = std::fabs(got - want) / want;
   EXPECT_LT(std::fabs(got - want) / want, 1e-6);
+  // Many at once (one wait): each the same bits as alone, an empty one 0, a view at an offset.
+  Tensor big = dev(randn({300, 70}, rng_), dt());
+  const std::vector<Tensor> many{dev(t, dt()), Tensor::empty({0}, dt(), kGpu), big,
+                                 big.view({21000}).narrow(0, 4000, 9999)};
+  const std::vector<double> each = kernels::sum_squares_each(many);
+  ASSERT_EQ(each.size(), many.size());
+  EXPECT_EQ(each[0], got);
+  EXPECT_EQ(each[1], 0.0);
+  EXPECT_EQ(each[2], kernels::sum_squares(big));
+  EXPECT_EQ(each[3], kernels::sum_squares(many[3]));
 
   // f32 master weights and moments, gradients in the compute type.
   Tensor p = randn({4097}, rng_), grad = randn({4097}, rng_), m = randn({4097}, rng_, 0.1);

@@ -124,6 +124,10 @@ TEST(SumSquares, IsExactInDoubleAndThreadInvariant) {
   EXPECT_NEAR(one, want, 1e-12 * want);
   EXPECT_EQ(one, two);
   EXPECT_EQ(sum_squares(Tensor::zeros({0})), 0.0);
+  const Tensor u = randn({777}, rng, 1.0, DType::f32);
+  EXPECT_EQ(sum_squares_each({t, Tensor::zeros({0}), u}),
+            (std::vector<double>{one, 0.0, sum_squares(u)}));
+  EXPECT_TRUE(sum_squares_each({}).empty());
 }
 
 }  // namespace
