@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kernels/ops.h"
+#include "memory/cuda_device.h"
 #include "memory/error.h"
 
 namespace baton::partitioner {
@@ -20,6 +21,11 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The host waits for what was queued on the device (nothing to wait for on the CPU).
+void finish(memory::Device device) {
+  if (device.is_cuda()) memory::cuda::synchronize(device.index);
 }
 
 double median(std::vector<double> v) {
@@ -44,17 +50,25 @@ int64_t id_bound(const Graph& g, const Node& n) {
   return 1;
 }
 
-Tensor random_tensor(const stages::ValueType& t, int64_t batch, int64_t bound, uint64_t seed) {
-  memory::Shape shape = t.with_batch(batch);
-  if (memory::is_floating(t.dtype)) {
-    Tensor x = Tensor::empty(shape, t.dtype);
-    kernels::random_normal(x, 0.0, 1.0, seed, 1, {});
-    return x;
+// Drawn on the host (16-bit types in f32, which the CPU kernels draw in, then rounded),
+// then moved to the device.
+Tensor random_tensor(const memory::Shape& shape, memory::DType dtype, double stddev, int64_t bound,
+                     uint64_t seed, memory::Device device) {
+  if (memory::is_floating(dtype)) {
+    const bool wide = dtype == memory::DType::f32 || dtype == memory::DType::f64;
+    Tensor x = Tensor::empty(shape, wide ? dtype : memory::DType::f32);
+    kernels::random_normal(x, 0.0, stddev, seed, 1, {});
+    return x.to(dtype).to(device);
   }
   std::mt19937_64 rng(seed);
   Tensor x = Tensor::empty(shape, memory::DType::i64);
   for (int64_t& v : x.span<int64_t>()) v = int64_t(rng() % uint64_t(std::max<int64_t>(bound, 1)));
-  return x.to(t.dtype);
+  return x.to(dtype).to(device);
+}
+
+Tensor random_tensor(const stages::ValueType& t, int64_t batch, int64_t bound, uint64_t seed,
+                     memory::Device device) {
+  return random_tensor(t.with_batch(batch), t.dtype, 1.0, bound, seed, device);
 }
 
 struct Times {
@@ -62,8 +76,8 @@ struct Times {
 };
 
 // One F, B and W of a node on random inputs, each timed.
-void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times& times,
-              bool record) {
+void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, memory::Device dev,
+              Times& times, bool record) {
   const stages::Op& op = *n.impl;
   stages::OpContext ctx;
   ctx.mb.samples = batch;
@@ -72,34 +86,36 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times
   ctx.training = true;
   std::vector<Tensor> ins, params, outs(n.outputs.size()), saved;
   for (int v : n.inputs)
-    ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++));
+    ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++, dev));
   for (int p : n.params) {
     if (p < 0) {
       params.emplace_back();
       continue;
     }
-    Tensor t = Tensor::empty(g.params[size_t(p)].shape, g.params[size_t(p)].dtype);
-    kernels::random_normal(t, 0.0, 0.02, seed++, 2, {});
-    params.push_back(t);
+    const stages::Param& pp = g.params[size_t(p)];
+    params.push_back(random_tensor(pp.shape, pp.dtype, 0.02, 1, seed++, dev));
   }
   // No input may be overwritten: they are reused below.
   stages::ForwardCall fc{ctx, ins, params, outs, saved, 0};
+  finish(dev);
   auto t0 = Clock::now();
   op.forward(fc);
+  finish(dev);
   if (record) times.f.push_back(seconds_since(t0));
 
   std::vector<Tensor> gouts;
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     const stages::ValueType& t = g.values[size_t(n.outputs[j])].type;
-    gouts.push_back(t.batched && memory::is_floating(t.dtype) ? random_tensor(t, batch, 1, seed++)
-                                                              : Tensor());
+    gouts.push_back(t.batched && memory::is_floating(t.dtype)
+                        ? random_tensor(t, batch, 1, seed++, dev)
+                        : Tensor());
   }
   std::vector<stages::GradSlot::Entry> entries(n.inputs.size());
   std::vector<stages::GradSlot> slots(n.inputs.size());
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     const stages::ValueType& t = g.values[size_t(n.inputs[i])].type;
     if (t.batched && memory::is_floating(t.dtype))
-      slots[i] = stages::GradSlot(&entries[i], t.with_batch(batch), t.dtype, memory::Device::cpu());
+      slots[i] = stages::GradSlot(&entries[i], t.with_batch(batch), t.dtype, dev);
   }
   std::vector<Tensor> in_saved(ins.size()), out_saved(outs.size());
   for (size_t i = 0; i < ins.size(); ++i)
@@ -107,20 +123,24 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, Times
   for (size_t j = 0; j < outs.size(); ++j)
     if (op.saves_output(j)) out_saved[j] = outs[j];
   stages::BackwardCall bc{ctx, in_saved, out_saved, params, saved, gouts, slots};
+  finish(dev);
   t0 = Clock::now();
   op.backward_input(bc);
+  finish(dev);
   if (record) times.b.push_back(seconds_since(t0));
 
   if (!op.has_weights()) return;
   std::vector<stages::ParamGrad> pg;
   for (const Tensor& p : params)
-    pg.push_back({p.defined() ? Tensor::empty(p.shape(), p.dtype()) : Tensor(), false});
+    pg.push_back({p.defined() ? Tensor::empty(p.shape(), p.dtype(), dev) : Tensor(), false});
   std::vector<Tensor> w_ins(ins.size());
   for (size_t i = 0; i < ins.size(); ++i)
     if (op.weight_needs_input(i)) w_ins[i] = ins[i];
   stages::WeightCall wc{ctx, w_ins, out_saved, params, saved, gouts, pg};
+  finish(dev);
   t0 = Clock::now();
   op.backward_weight(wc);
+  finish(dev);
   if (record) times.w.push_back(seconds_since(t0));
 }
 
@@ -145,8 +165,10 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     auto it = done.find(sig);
     if (it == done.end()) {
       Times times;
-      for (int k = 0; k < o.warmup; ++k) run_once(g, n, o.batch, 100 + uint64_t(k), times, false);
-      for (int k = 0; k < o.repeats; ++k) run_once(g, n, o.batch, 200 + uint64_t(k), times, true);
+      for (int k = 0; k < o.warmup; ++k)
+        run_once(g, n, o.batch, 100 + uint64_t(k), o.device, times, false);
+      for (int k = 0; k < o.repeats; ++k)
+        run_once(g, n, o.batch, 200 + uint64_t(k), o.device, times, true);
       MeasuredCosts::Op m;
       m.op = n.op;
       m.forward = median(times.f);

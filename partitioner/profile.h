@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "memory/device.h"
 #include "partitioner/cost_model.h"
 #include "stages/graph.h"
 
@@ -16,6 +17,10 @@ struct ProfileOptions {
   int threads = 1;    // kernel threads while timing
   int warmup = 2;     // untimed runs per op
   int repeats = 5;    // timed runs per op; the median is kept
+  // Where the ops run: on a GPU each timed call is bracketed by a device synchronize, so
+  // a time is the kernels' and not only their launch (the graph's float dtype decides
+  // the precision: a bf16 graph times the bf16 kernels).
+  memory::Device device = memory::Device::cpu();
 };
 
 struct ProfileSummary {

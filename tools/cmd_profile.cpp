@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include "engine/loop.h"
+#include "kernels/precision.h"
 #include "memory/error.h"
 #include "partitioner/profile.h"
 #include "stages/model.h"
@@ -16,23 +18,34 @@ namespace pt = baton::partitioner;
 
 int run_profile(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  std::string model_path, out;
+  std::string model_path, out, device, precision;
   pt::ProfileOptions o;
   opts.add_options()("model", po::value(&model_path)->required(),
                      "model JSON (as for baton train)")(
       "batch", po::value(&o.batch)->default_value(1), "samples per micro-batch to time at")(
       "repeats", po::value(&o.repeats)->default_value(5), "timed runs per op (the median is kept)")(
       "warmup", po::value(&o.warmup)->default_value(2), "untimed runs per op first")(
+      "device", po::value(&device)->default_value("cpu"), "cpu, cuda or cuda:N: where the ops run")(
+      "precision", po::value(&precision)->default_value("f32"),
+      "f32, tf32, bf16 or fp16: the model's float type as baton train --precision runs it")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args, "baton profile --model M [--batch b] [--threads t] --out costs.json", opts,
-                  vm))
+  if (!parse_args(args,
+                  "baton profile --model M [--batch b] [--threads t] [--device cuda --precision "
+                  "bf16] --out costs.json",
+                  opts, vm))
     return 0;
   apply_common_options(vm);
   o.threads = vm["threads"].as<int>();
   if (o.threads <= 0) o.threads = 1;
-  stages::Graph g = stages::load_model(model_path);
+  engine::LoopOptions run;  // the device and precision as baton train sets them up
+  run.device = o.device = memory::parse_device(device);
+  run.precision = kernels::parse_precision(precision);
+  engine::prepare_device(run);
+  stages::LoadOptions lo;
+  lo.float_dtype = kernels::compute_dtype(run.precision);
+  stages::Graph g = stages::load_model(model_path, lo);
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
   pt::write_measured_costs(costs, out);
@@ -53,9 +66,11 @@ int run_profile(const std::vector<std::string>& args) {
       r->flops += m.flops;
     }
   }
-  std::printf("%s: %zu ops (%d distinct timed) at batch %lld on %d thread(s), %.2f s\n",
-              g.name.c_str(), g.nodes.size(), summary.distinct_ops, (long long)o.batch,
-              costs.threads, summary.seconds);
+  std::printf("%s: %zu ops (%d distinct timed) at batch %lld on %s, %.2f s\n", g.name.c_str(),
+              g.nodes.size(), summary.distinct_ops, (long long)o.batch,
+              o.device.is_cuda() ? (o.device.str() + ", " + precision).c_str()
+                                 : (std::to_string(costs.threads) + " thread(s)").c_str(),
+              summary.seconds);
   std::printf("%-30s %6s %12s %12s %12s %10s\n", "op", "count", "F ms", "B ms", "W ms", "GFLOP/s");
   auto line = [](const std::string& name, const Row& r) {
     double t = r.f + r.b + r.w;
