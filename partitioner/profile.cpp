@@ -84,6 +84,7 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, memor
   ctx.mb.global_batch = batch;
   ctx.mb.loss_tokens = 1;
   ctx.training = true;
+  ctx.device = dev;
   std::vector<Tensor> ins, params, outs(n.outputs.size()), saved;
   for (int v : n.inputs)
     ins.push_back(random_tensor(g.values[size_t(v)].type, batch, id_bound(g, n), seed++, dev));
