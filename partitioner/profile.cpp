@@ -50,15 +50,13 @@ int64_t id_bound(const Graph& g, const Node& n) {
   return 1;
 }
 
-// Drawn on the host (16-bit types in f32, which the CPU kernels draw in, then rounded),
-// then moved to the device.
+// Floats drawn where they live (a GPU draws its 16-bit types itself); ids on the host.
 Tensor random_tensor(const memory::Shape& shape, memory::DType dtype, double stddev, int64_t bound,
                      uint64_t seed, memory::Device device) {
   if (memory::is_floating(dtype)) {
-    const bool wide = dtype == memory::DType::f32 || dtype == memory::DType::f64;
-    Tensor x = Tensor::empty(shape, wide ? dtype : memory::DType::f32);
+    Tensor x = Tensor::empty(shape, dtype, device);
     kernels::random_normal(x, 0.0, stddev, seed, 1, {});
-    return x.to(dtype).to(device);
+    return x;
   }
   std::mt19937_64 rng(seed);
   Tensor x = Tensor::empty(shape, memory::DType::i64);
