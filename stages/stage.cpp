@@ -708,7 +708,9 @@ void Stage::step(double grad_scale) {
     const Param& p = graph_->params[size_t(ps->id)];
     if (!p.trainable) continue;  // a buffer its op updates
     Tensor value = ps->master.defined() ? ps->master : ps->value, grad = ps->grad;
-    if (grad.dtype() != value.dtype()) {  // mixed precision: the update in the master's dtype
+    // Mixed precision: the update in the master's dtype. The CUDA optimizers read a 16-bit
+    // gradient themselves; the CPU's take one dtype.
+    if (grad.dtype() != value.dtype() && !grad.device().is_cuda()) {
       Tensor wide = Tensor::empty(grad.shape(), value.dtype(), grad.device());
       kernels::cast(grad, wide);
       grad = wide;
