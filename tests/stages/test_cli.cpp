@@ -299,4 +299,27 @@ TEST(Cli, DeviceAndPrecisionFlags) {
   }
 }
 
+// baton profile takes --device and --precision as baton train does: a 16-bit precision
+// on the CPU is exit 2; without a GPU, cuda is exit 1 naming the driver's reason; on the
+// CPU it writes a cost row for every op.
+TEST(Cli, ProfileDeviceAndPrecision) {
+  std::string model = temp_file("tiny_prof.json", kTiny);
+  std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-costs.json";
+  const std::string base = kCliBaton + " profile --model " + model + " --out " + out + " ";
+  Result r = baton::cli_testing::run_command(base + "--precision bf16");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--precision bf16: needs a CUDA device"), std::string::npos) << r.output;
+  if (baton::memory::cuda::device_count() == 0) {
+    r = baton::cli_testing::run_command(base + "--device cuda --precision bf16");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("no CUDA device for cuda:0"), std::string::npos) << r.output;
+  }
+  r = baton::cli_testing::run_command(base + "--device cpu --repeats 1 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json costs = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_GT(costs.at("ops").size(), 5u) << costs.dump();
+  for (const auto& [name, op] : costs.at("ops").items())
+    EXPECT_GE(op.at("forward").get<double>(), 0.0) << name;
+}
+
 }  // namespace
