@@ -84,7 +84,7 @@ class Attention final : public OpBase {
 
   void forward(ForwardCall& c) const override {
     Tensor y = c.alloc(batched(c.ctx, out_[0].shape), dtype_);
-    Tensor lse = c.alloc({c.ctx.batch(), heads_, t_}, dtype_);
+    Tensor lse = c.alloc({c.ctx.batch(), heads_, t_}, lse_dtype());
     kernels::attention_forward(c.inputs[0], options(c.ctx), y, lse);
     c.outputs[0] = y;
     c.saved.push_back(lse);
@@ -112,11 +112,18 @@ class Attention final : public OpBase {
     OpCost k;
     k.forward_flops = 2 * unit;
     k.backward_input_flops = 5 * unit;
-    k.extra_saved_bytes = alloc_bytes(batch * heads_ * t_, dtype_);
+    k.extra_saved_bytes = alloc_bytes(batch * heads_ * t_, lse_dtype());
     return k;
   }
 
  private:
+  // The log-sum-exps in f32 beside 16-bit activations (CUDA only): the backward's
+  // recomputed probabilities keep f32's accuracy, and cuDNN's fused forward, which
+  // writes f32 statistics, applies.
+  memory::DType lse_dtype() const {
+    return memory::dtype_size(dtype_) == 2 ? memory::DType::f32 : dtype_;
+  }
+
   int64_t heads_ = 1, global_heads_ = 1, head_offset_ = 0, t_ = 0, d_ = 0;
   int64_t kv_ = 1, group_ = 1, kv_offset_ = 0;
   double scale_ = 1, dropout_ = 0;
