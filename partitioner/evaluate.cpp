@@ -476,10 +476,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       int stage = 0;
       while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
       const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
-      // Each sharded parameter's parts: its replicas (and tiles, for one used on tiles).
-      std::map<std::string, int> sharded;
+      // Each sharded parameter's group: its replicas (and tiles, for one used on tiles).
+      std::map<std::string, std::vector<int>> sharded;
       for (const GradientGroup& gg : gradient_groups(r, rank))
-        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = int(gg.ranks.size());
+        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = gg.ranks;
       // zero2: parameters held by another stage of the same rank stay as under zero1.
       std::set<int> elsewhere;
       for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
@@ -488,7 +488,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
           elsewhere.insert(id);
       }
-      std::map<int, std::vector<int>> zero2;  // by parts (each group's own buckets)
+      std::map<std::vector<int>, std::vector<int>> zero2;  // by group (each its own buckets)
       const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
       for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
@@ -497,24 +497,43 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         // Extra server ranks hold all of it: the replicas none.
         const int64_t numel = memory::shape_numel(prm.shape);
         const int es = int(memory::dtype_size(prm.dtype));
+        const int parts = int(found->second.size());
         chunk_mem[size_t(k)].optimizer_sharding_saved +=
             p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
-                                   : zero_optimizer_saving(numel, es, found->second, opt);
+                                   : zero_optimizer_saving(numel, es, parts, opt);
         if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
           zero2[found->second].push_back(id);
       }
-      // One bucket of whole gradients at a time (each reduced as its W ends).
-      int64_t bucket = 0, multi = 0;
-      for (const auto& [parts, ids] : zero2) {
-        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, ids, parts, options.bucket_bytes);
+      if (zero2.empty()) continue;
+      // The gradients a micro-batch's W makes and reduces bucket by bucket: walked again
+      // with them (where in W a bucket fills decides what else is still held), or in the
+      // composed estimate bounded by all of them at once.
+      const Graph& walked = options.exact_memory ? graph_of(chunk_pp[size_t(k)]) : mg;
+      std::vector<ShardedGradBucket> buckets;
+      int64_t bound = 0;
+      for (const auto& [group, ids] : zero2) {
+        ZeroGradMemory z =
+            zero2_grad_memory(mg, a, b, ids, int(group.size()), options.bucket_bytes);
         chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
-        bucket = std::max(bucket, z.bucket);
-        multi += z.multi;
+        bound += z.held_bound;
+        for (ShardedGradBucket& bk : z.buckets) {
+          for (int& id : bk.params) {
+            const std::string& name = mg.params[size_t(id)].name;
+            id = walked.find_param(name);
+            BATON_CHECK(id >= 0, "stage graph lacks parameter " + name);
+          }
+          buckets.push_back(std::move(bk));
+        }
       }
-      if (!zero2.empty()) {
-        MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
-        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + bucket) + multi;
+      MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
+      if (!options.exact_memory) {
+        mb.weight_peak += bound;
+        continue;
       }
+      WalkSpec spec = stage_walk_spec(walked, a, b, r.recompute[size_t(k)], p.micro_batch_size,
+                                      r.layer_tp[size_t(a)]);
+      spec.sharded_grads = std::move(buckets);
+      mb.weight_peak = walk_micro_batch(spec).weight_peak;
     }
   }
   // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "memory/allocator.h"
@@ -512,13 +513,76 @@ class Walker {
     caller_.clear();
   }
 
+  // W as Stage::backward_weight runs it: each node's W stash goes after its op. zero2's
+  // sharded gradients (w_.sharded_grads) live inside it: a buffer per layer made at the
+  // parameter's first W node, handed to the reducer after its last (several layers:
+  // summed into a new tensor, the layers' buffers dropped), and once a bucket has all its
+  // gradients it is reduce-scattered and dropped (GradReducer::reduce_micro: several
+  // parameters packed into a flat copy first, their gradients dropped before it runs).
   void weight() {
+    std::map<int, size_t> bucket_of;
+    for (size_t k = 0; k < w_.sharded_grads.size(); ++k)
+      for (int id : w_.sharded_grads[k].params) bucket_of[id] = k;
+    std::map<int, std::map<int, int>> layer_grads;  // parameter -> layer -> buffer
+    std::vector<std::vector<int>> handed(w_.sharded_grads.size());
+    auto param_bytes = [&](int id) {
+      const stages::Param& p = g_.params[size_t(id)];
+      return memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+    };
+    auto hand = [&](int id) {
+      auto bit = bucket_of.find(id);
+      if (bit == bucket_of.end()) return;
+      std::map<int, int>& bufs = layer_grads[id];
+      int layers = 0;
+      for (int l : g_.params[size_t(id)].layers) layers += l >= w_.first && l < w_.last ? 1 : 0;
+      int total;
+      if (layers == 1 && !bufs.empty()) {
+        total = bufs.begin()->second;  // the layer's buffer itself
+      } else {
+        total = heap_.alloc(param_bytes(id));  // the sum (or zeros when no node ran)
+        for (auto& [l, buf] : bufs) heap_.unref(buf);
+      }
+      bufs.clear();
+      const ShardedGradBucket& bucket = w_.sharded_grads[bit->second];
+      std::vector<int>& in = handed[bit->second];
+      in.push_back(total);
+      if (in.size() < bucket.params.size()) return;
+      if (in.size() > 1) {
+        int64_t b = 0;
+        for (int p : bucket.params) b += param_bytes(p);
+        const int flat = heap_.alloc(b);
+        for (int& t : in) heap_.unref(t);
+        in = {flat};
+      }
+      if (bucket.scratch > 0) {
+        int scratch = heap_.alloc(bucket.scratch);
+        heap_.unref(scratch);
+      }
+      heap_.unref(in[0]);
+      in.clear();
+    };
+    // A parameter's last W node: the first of the stage's nodes that uses it.
+    std::map<int, int> last_user;
+    if (!bucket_of.empty())
+      for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
+        for (int id : g_.nodes[size_t(*it)].params)
+          if (id >= 0) last_user[id] = *it;
+    std::set<int> done;
     for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
       auto ws = w_stash_.find(*it);
       if (ws == w_stash_.end()) continue;
+      const Node& node = g_.nodes[size_t(*it)];
+      for (int id : node.params)
+        if (id >= 0 && bucket_of.count(id) && !layer_grads[id].count(node.layer))
+          layer_grads[id][node.layer] = heap_.alloc(param_bytes(id));
       for (int& id : ws->second) heap_.unref(id);
       w_stash_.erase(ws);
+      for (const auto& [id, n] : last_user)
+        if (n == *it && done.insert(id).second) hand(id);
     }
+    // Parameters whose last user has no W (none in practice): after the micro-batch.
+    for (const auto& [id, k] : bucket_of)
+      if (done.insert(id).second) hand(id);
   }
 
   const WalkSpec& w_;
@@ -588,24 +652,17 @@ ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vecto
                                  size_t bucket_bytes) {
   ZeroGradMemory z;
   std::sort(ids.rbegin(), ids.rend());
-  int64_t largest = 0, multi = 0;
-  int64_t grads = 0, elements = 0, bytes = 0;
-  int params = 0;
+  int64_t elements = 0, bytes = 0;
   memory::DType dtype = memory::DType::f32;
+  int64_t largest = 0;  // the largest bucket's flat copy and scratch
   auto close = [&] {
-    if (params == 0) return;
+    if (z.buckets.empty() || z.buckets.back().scratch >= 0) return;
     const size_t es = memory::dtype_size(dtype);
-    // A bucket of several parameters is packed (its gradients and the flat copy), then its
-    // gradients go and the flat copy is reduce-scattered; one parameter in place.
-    const int64_t scratch = int64_t(
-        transport::collective_scratch_bytes(transport::Collective::reduce_scatter, size_t(elements),
-                                            es, dp, size_t((elements + dp - 1) / dp)));
-    if (params > 1) {
-      const int64_t flat = rounded(elements * int64_t(es));
-      largest = std::max(largest, flat + std::max(grads, scratch));
-    } else {
-      largest = std::max(largest, grads + scratch);
-    }
+    ShardedGradBucket& bk = z.buckets.back();
+    bk.scratch = int64_t(transport::collective_scratch_bytes(
+        transport::Collective::reduce_scatter, size_t(elements), es, dp,
+        size_t((elements + dp - 1) / dp), /*in_place=*/true));
+    largest = std::max(largest, (bk.params.size() > 1 ? rounded(bytes) : 0) + bk.scratch);
   };
   for (int id : ids) {
     const stages::Param& p = g.params[size_t(id)];
@@ -614,21 +671,19 @@ ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vecto
     int64_t layers = 0;
     for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
     z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
-    if (layers > 1) multi += b * (layers - 1);  // the later layers' buffers, held to the first's W
-    if (params > 0 && (bytes + n * es > int64_t(bucket_bytes) || p.dtype != dtype)) {
+    z.held_bound += b * (layers + (layers > 1 ? 1 : 0));
+    if (z.buckets.empty() || bytes + n * es > int64_t(bucket_bytes) || p.dtype != dtype) {
       close();
-      params = 0;
-      grads = elements = bytes = 0;
+      z.buckets.push_back({{}, -1});  // its scratch once its size is known
+      elements = bytes = 0;
     }
     dtype = p.dtype;
-    ++params;
-    grads += b;
+    z.buckets.back().params.push_back(id);
     elements += n;
     bytes += n * es;
   }
   close();
-  z.bucket = largest;
-  z.multi = multi;
+  z.held_bound += largest;
   return z;
 }
 

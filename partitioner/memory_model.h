@@ -47,6 +47,13 @@ struct StageMemory {
   }
 };
 
+// zero2 (engine/detail/grad_reducer.h): a bucket of parameters whose gradients live one
+// micro-batch's W only, reduce-scattered once all of them are in.
+struct ShardedGradBucket {
+  std::vector<int> params;  // parameter ids of the walk's graph
+  int64_t scratch = 0;      // the reduce-scatter's scratch bytes
+};
+
 // What a walk needs: a graph, a layer range and what crosses its ends.
 struct WalkSpec {
   const stages::Graph* graph = nullptr;
@@ -57,6 +64,8 @@ struct WalkSpec {
   std::set<int> recompute;        // recomputed layers
   int64_t batch = 1;              // samples per micro-batch
   int tp = 1;                     // the tensor-parallel group its comm ops run over
+  // zero2: the buckets of the stage's sharded gradients, made and reduced inside W.
+  std::vector<ShardedGradBucket> sharded_grads;
 };
 // The spec of a Stage over layers [first, last) of g.
 WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
@@ -84,18 +93,18 @@ int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optim
 int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
 
 // zero2 (gradients sharded too) for the parameters `ids` of a stage of layers
-// [first, last): `saved`, the persistent gradient bytes it does not hold (the whole
-// gradients and per-layer accumulators less a part-sized accumulator of about numel / dp
-// elements each); what a micro-batch's W holds of them (engine/detail/grad_reducer.h):
-// `bucket`, the largest bucket's transient while it is reduced (one parameter: its
-// gradient and the reduce-scatter's scratch; several: the flat copy and the larger of
-// their gradients, while packing, and the scratch), which the W's own buffers do not
-// overlap but its stash does, and `multi`, for each parameter several layers use, the
-// buffers of all but the first W to run, held through the W. The stage's weight peak
-// becomes max(weight_peak, w_stash + bucket) + multi.
-// Buckets: `ids` in descending order cut at bucket_bytes, as the engine cuts them.
+// [first, last) sharded over `dp` parts: `saved`, the persistent gradient bytes it does
+// not hold (the whole gradients and per-layer accumulators less a part-sized accumulator
+// of about numel / dp elements each), and `buckets`, the engine's buckets of them (`ids`
+// in descending order cut at bucket_bytes and where the dtype changes) with their
+// in-place reduce-scatter's scratch, for the walk's W (WalkSpec::sharded_grads): a
+// micro-batch's W holds the gradients it has made until their bucket is reduced, so
+// its peak depends on where in W each bucket fills, which only the walk knows;
+// `held_bound` bounds it without a walk (every gradient buffer and sum at once, and the
+// largest bucket's flat copy and scratch).
 struct ZeroGradMemory {
-  int64_t saved = 0, bucket = 0, multi = 0;
+  int64_t saved = 0, held_bound = 0;
+  std::vector<ShardedGradBucket> buckets;
 };
 ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, std::vector<int> ids,
                                  int dp, size_t bucket_bytes);
