@@ -47,6 +47,10 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
 
 namespace {
 
+int64_t rounded(int64_t bytes) {
+  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
+}
+
 // Extra server ranks (dp_sync ps_ranks > 0): the served gradient bytes of each pipeline
 // rank of a replica (its stages' parameters; each of its tensor-parallel ranks and tiles
 // holds as many) and their total over one replica, what the servers hold in all.
@@ -67,7 +71,34 @@ PsServedBytes ps_served_bytes(const ResolvedPlan& r, const CostTable& t) {
   return out;
 }
 
+// A server rank's peak (engine/detail/param_server.h): `part` bytes each as parameter,
+// summed gradient and optimizer state, two whole buckets of `bucket` bytes in flight and
+// STEP's norm and loss vector.
+int64_t ps_server_peak(const ResolvedPlan& r, int64_t part, int64_t bucket, int optimizer_states) {
+  const int64_t slots = int64_t(r.graph->num_layers()) + int64_t(r.plan.dp) * r.plan.micro_batches;
+  return part * (2 + optimizer_states) + 2 * bucket + rounded(slots * 8);
+}
+
 }  // namespace
+
+int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& t, int optimizer_states,
+                             size_t bucket_bytes) {
+  const PsServedBytes served = ps_served_bytes(r, t);
+  if (served.total <= 0) return 0;
+  const int64_t n = r.plan.dp_sync.ps_ranks, cap = int64_t(bucket_bytes);
+  // Each rank's served parameters are cut into buckets at bucket_bytes (two in a row hold
+  // more), each bucket's part rounded up by at most 128 bytes; a bucket is at most
+  // bucket_bytes or one parameter, and at most a rank's served bytes.
+  int64_t buckets = 0, rank_bytes = 0, largest = cap;
+  for (const auto& [q, bytes] : served.rank) {
+    buckets += r.layout.width(q) * (2 * int64_t(bytes) / cap + 1);
+    rank_bytes = std::max(rank_bytes, int64_t(bytes));
+  }
+  for (int64_t b : t.own_param_bytes) largest = std::max(largest, b);
+  for (const ParamUse& u : t.shared_params) largest = std::max(largest, u.bytes);
+  const int64_t part = (int64_t(served.total) + n - 1) / n + 128 * buckets;
+  return ps_server_peak(r, part, rounded(std::min(largest, rank_bytes)), optimizer_states);
+}
 
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
                                const std::vector<StageMemory>& stage_mem) {
@@ -191,10 +222,6 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
 }
 
 namespace {
-
-int64_t rounded(int64_t bytes) {
-  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
-}
 
 // The allocator bytes of values `vs` of a micro-batch, each its own tensor.
 int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, int skip = -1) {
@@ -653,7 +680,6 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                         bucket = std::max(bucket, rounded(el * es));
                       });
     }
-    const int64_t slots = int64_t(g.num_layers()) + int64_t(p.dp) * p.micro_batches;
     for (int k : r.server_ranks()) {
       RankEstimate re;
       re.rank = k;
@@ -662,8 +688,15 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.param_bytes = part;
       re.grad_bytes = part;
       re.optimizer_bytes = part * opt;
-      re.activation_peak = 2 * bucket + rounded(slots * 8);
-      re.peak = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.activation_peak;
+      re.peak = ps_server_peak(r, part, bucket, opt);
+      re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
+      // The servers hold equal parts: the first one over its capacity speaks for all.
+      if (p.device_memory > 0 && re.peak > p.device_memory && k == r.server_ranks().front())
+        e.problems.push_back("rank " + std::to_string(k) + " (parameter server) needs " +
+                             memory::format_bytes(double(re.peak)) + ", over its capacity of " +
+                             memory::format_bytes(double(p.device_memory)) + " by " +
+                             memory::format_bytes(double(re.peak - p.device_memory)) +
+                             (n > 1 ? " (as do the other server ranks)" : ""));
       re.dp_bytes = double(p.dp) * double(part);
       re.compute_time = e.servers.update;
       re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
