@@ -232,33 +232,15 @@ int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, 
 }
 
 // Calls close(parameters, elements, dtype) for each bucket the engine cuts `ids` into
-// (engine/detail/grad_reducer.cpp): descending id order, consecutive parameters of one
-// dtype up to bucket_bytes, and, when `stage_of` is given (ZeRO-2), of one stage.
+// (gradient_buckets; `stage_of` given under ZeRO-2).
 template <class Close>
 void for_each_bucket(const Graph& pg, std::vector<int> ids, size_t bucket_bytes,
                      const std::map<int, int>* stage_of, Close close) {
-  std::sort(ids.rbegin(), ids.rend());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  int params = 0, stage = -1;
-  int64_t elements = 0, bytes = 0;
-  memory::DType dtype = memory::DType::f32;
-  for (int id : ids) {
-    const stages::Param& prm = pg.params[size_t(id)];
-    const int64_t e = memory::shape_numel(prm.shape),
-                  nb = e * int64_t(memory::dtype_size(prm.dtype));
-    const int s = stage_of ? stage_of->at(id) : -1;
-    if (params > 0 && (bytes + nb > int64_t(bucket_bytes) || prm.dtype != dtype || s != stage)) {
-      close(params, elements, dtype);
-      params = 0;
-      elements = bytes = 0;
-    }
-    dtype = prm.dtype;
-    stage = s;
-    ++params;
-    elements += e;
-    bytes += nb;
+  for (const std::vector<int>& b : gradient_buckets(pg, std::move(ids), bucket_bytes, stage_of)) {
+    int64_t elements = 0;
+    for (int id : b) elements += memory::shape_numel(pg.params[size_t(id)].shape);
+    close(int(b.size()), elements, pg.params[size_t(b.front())].dtype);
   }
-  if (params > 0) close(params, elements, dtype);
 }
 
 }  // namespace
@@ -536,14 +518,14 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       // with them (where in W a bucket fills decides what else is still held), or in the
       // composed estimate bounded by all of them at once.
       const Graph& walked = options.exact_memory ? graph_of(chunk_pp[size_t(k)]) : mg;
-      std::vector<ShardedGradBucket> buckets;
+      std::vector<GradBucket> buckets;
       int64_t bound = 0;
       for (const auto& [group, ids] : zero2) {
         ZeroGradMemory z =
             zero2_grad_memory(mg, a, b, ids, int(group.size()), options.bucket_bytes);
         chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
         bound += z.held_bound;
-        for (ShardedGradBucket& bk : z.buckets) {
+        for (GradBucket& bk : z.buckets) {
           for (int& id : bk.params) {
             const std::string& name = mg.params[size_t(id)].name;
             id = walked.find_param(name);
@@ -561,6 +543,31 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                                       r.layer_tp[size_t(a)]);
       spec.sharded_grads = std::move(buckets);
       mb.weight_peak = walk_micro_batch(spec).weight_peak;
+      // The step's last W also starts the all-reduces of the whole gradients (not sharded:
+      // a parameter tied over pipeline ranks) whose buckets lie in this chunk alone, and
+      // they wait there for the other pipeline rank, over the W's reduce-scatters.
+      std::map<std::vector<int>, std::vector<int>> whole;  // by group, as the engine cuts
+      for (const GradientGroup& gg : gradient_groups(r, rank))
+        if (gg.ranks.size() > 1 && !sharded.count(gg.name))
+          whole[gg.ranks].push_back(mg.find_param(gg.name));
+      const std::vector<int> used = mg.params_used(a, b);
+      const std::set<int> here(used.begin(), used.end());
+      for (const auto& [group, ids] : whole)
+        for (std::vector<int>& bk : gradient_buckets(mg, ids, options.bucket_bytes)) {
+          int64_t elements = 0;
+          bool alone = true;
+          for (int& id : bk) {
+            alone = alone && here.count(id) && !elsewhere.count(id);
+            elements += memory::shape_numel(mg.params[size_t(id)].shape);
+            id = walked.find_param(mg.params[size_t(id)].name);
+          }
+          if (!alone) continue;
+          const size_t es = memory::dtype_size(walked.params[size_t(bk.front())].dtype);
+          spec.started_in_w.push_back({bk, int64_t(transport::collective_scratch_bytes(
+                                               transport::Collective::all_reduce, size_t(elements),
+                                               es, int(group.size())))});
+        }
+      if (!spec.started_in_w.empty()) mb.last_weight_peak = walk_micro_batch(spec).weight_peak;
     }
   }
   // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)

@@ -519,6 +519,9 @@ class Walker {
   // summed into a new tensor, the layers' buffers dropped), and once a bucket has all its
   // gradients it is reduce-scattered and dropped (GradReducer::reduce_micro: several
   // parameters packed into a flat copy first, their gradients dropped before it runs).
+  // With w_.started_in_w, the step's last W: each bucket of whole gradients starts its
+  // reduction once its last parameter is final, holding its flat copy and scratch to
+  // the W's end.
   void weight() {
     std::map<int, size_t> bucket_of;
     for (size_t k = 0; k < w_.sharded_grads.size(); ++k)
@@ -528,6 +531,24 @@ class Walker {
     auto param_bytes = [&](int id) {
       const stages::Param& p = g_.params[size_t(id)];
       return memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+    };
+    std::set<int> done;  // parameters whose last W node ran
+    std::vector<bool> started(w_.started_in_w.size(), false);
+    std::vector<int> reducing;  // the started reductions' buffers
+    auto start_ready = [&] {
+      for (size_t k = 0; k < started.size(); ++k) {
+        const GradBucket& bk = w_.started_in_w[k];
+        if (started[k] || !std::all_of(bk.params.begin(), bk.params.end(),
+                                       [&](int id) { return done.count(id) > 0; }))
+          continue;
+        started[k] = true;
+        if (bk.params.size() > 1) {
+          int64_t b = 0;
+          for (int p : bk.params) b += param_bytes(p);
+          reducing.push_back(heap_.alloc(b));
+        }
+        if (bk.scratch > 0) reducing.push_back(heap_.alloc(bk.scratch));
+      }
     };
     auto hand = [&](int id) {
       auto bit = bucket_of.find(id);
@@ -543,7 +564,7 @@ class Walker {
         for (auto& [l, buf] : bufs) heap_.unref(buf);
       }
       bufs.clear();
-      const ShardedGradBucket& bucket = w_.sharded_grads[bit->second];
+      const GradBucket& bucket = w_.sharded_grads[bit->second];
       std::vector<int>& in = handed[bit->second];
       in.push_back(total);
       if (in.size() < bucket.params.size()) return;
@@ -563,11 +584,10 @@ class Walker {
     };
     // A parameter's last W node: the first of the stage's nodes that uses it.
     std::map<int, int> last_user;
-    if (!bucket_of.empty())
+    if (!bucket_of.empty() || !started.empty())
       for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
         for (int id : g_.nodes[size_t(*it)].params)
           if (id >= 0) last_user[id] = *it;
-    std::set<int> done;
     for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
       auto ws = w_stash_.find(*it);
       if (ws == w_stash_.end()) continue;
@@ -579,10 +599,14 @@ class Walker {
       w_stash_.erase(ws);
       for (const auto& [id, n] : last_user)
         if (n == *it && done.insert(id).second) hand(id);
+      start_ready();
     }
     // Parameters whose last user has no W (none in practice): after the micro-batch.
     for (const auto& [id, k] : bucket_of)
       if (done.insert(id).second) hand(id);
+    for (const GradBucket& bk : w_.started_in_w) done.insert(bk.params.begin(), bk.params.end());
+    start_ready();
+    for (int& id : reducing) heap_.unref(id);
   }
 
   const WalkSpec& w_;
@@ -648,41 +672,56 @@ int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimiz
          sharded_optimizer_bytes(numel, dtype_size, dp, optimizer_states);
 }
 
+std::vector<std::vector<int>> gradient_buckets(const Graph& g, std::vector<int> ids,
+                                               size_t bucket_bytes,
+                                               const std::map<int, int>* stage_of) {
+  std::sort(ids.rbegin(), ids.rend());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<std::vector<int>> out;
+  int64_t bytes = 0;
+  for (int id : ids) {
+    const stages::Param& p = g.params[size_t(id)];
+    const int64_t nb = memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+    if (!out.empty()) {
+      const int first = out.back().front();
+      if (bytes + nb > int64_t(bucket_bytes) || p.dtype != g.params[size_t(first)].dtype ||
+          (stage_of && stage_of->at(id) != stage_of->at(first))) {
+        out.emplace_back();
+        bytes = 0;
+      }
+    }
+    if (out.empty()) out.emplace_back();
+    out.back().push_back(id);
+    bytes += nb;
+  }
+  return out;
+}
+
 ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vector<int> ids, int dp,
                                  size_t bucket_bytes) {
   ZeroGradMemory z;
-  std::sort(ids.rbegin(), ids.rend());
-  int64_t elements = 0, bytes = 0;
-  memory::DType dtype = memory::DType::f32;
   int64_t largest = 0;  // the largest bucket's flat copy and scratch
-  auto close = [&] {
-    if (z.buckets.empty() || z.buckets.back().scratch >= 0) return;
-    const size_t es = memory::dtype_size(dtype);
-    ShardedGradBucket& bk = z.buckets.back();
+  for (std::vector<int>& ids_of : gradient_buckets(g, std::move(ids), bucket_bytes)) {
+    int64_t elements = 0;
+    for (int id : ids_of) {
+      const stages::Param& p = g.params[size_t(id)];
+      const int64_t n = memory::shape_numel(p.shape), es = int64_t(memory::dtype_size(p.dtype));
+      const int64_t b = rounded(n * es);
+      int64_t layers = 0;
+      for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
+      z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
+      z.held_bound += b * (layers + (layers > 1 ? 1 : 0));
+      elements += n;
+    }
+    const size_t es = memory::dtype_size(g.params[size_t(ids_of.front())].dtype);
+    GradBucket bk{std::move(ids_of), 0};
     bk.scratch = int64_t(transport::collective_scratch_bytes(
         transport::Collective::reduce_scatter, size_t(elements), es, dp,
         size_t((elements + dp - 1) / dp), /*in_place=*/true));
-    largest = std::max(largest, (bk.params.size() > 1 ? rounded(bytes) : 0) + bk.scratch);
-  };
-  for (int id : ids) {
-    const stages::Param& p = g.params[size_t(id)];
-    const int64_t n = memory::shape_numel(p.shape), es = int64_t(memory::dtype_size(p.dtype));
-    const int64_t b = rounded(n * es);
-    int64_t layers = 0;
-    for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
-    z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
-    z.held_bound += b * (layers + (layers > 1 ? 1 : 0));
-    if (z.buckets.empty() || bytes + n * es > int64_t(bucket_bytes) || p.dtype != dtype) {
-      close();
-      z.buckets.push_back({{}, -1});  // its scratch once its size is known
-      elements = bytes = 0;
-    }
-    dtype = p.dtype;
-    z.buckets.back().params.push_back(id);
-    elements += n;
-    bytes += n * es;
+    largest = std::max(largest,
+                       (bk.params.size() > 1 ? rounded(elements * int64_t(es)) : 0) + bk.scratch);
+    z.buckets.push_back(std::move(bk));
   }
-  close();
   z.held_bound += largest;
   return z;
 }
@@ -759,6 +798,12 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
   int64_t persistent = 0;
   for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
   int64_t peak = std::max({buffers.reduction, buffers.step, buffers.gather});
+  std::map<int, size_t> last_weight;  // each stage's last W (or BW) of the step
+  const auto& actions = s.ranks[size_t(rank)];
+  for (size_t pos = 0; pos < actions.size(); ++pos)
+    if (actions[pos].kind == schedule::ActionKind::backward_weight ||
+        actions[pos].kind == schedule::ActionKind::full_backward)
+      last_weight[actions[pos].stage] = pos;
   walk_rank_at(
       s, rank,
       [&](size_t pos, int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
@@ -766,7 +811,11 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
         for (const auto& [k, h] : held)
           m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
         const MicroBatchMemory& own = stages[size_t(stage)].mb;
-        m += kind == 0 ? own.forward_peak : kind == 1 ? own.backward_peak : own.weight_peak;
+        const bool last = kind == 2 && own.last_weight_peak > 0 && last_weight[stage] == pos;
+        m += kind == 0   ? own.forward_peak
+             : kind == 1 ? own.backward_peak
+             : last      ? own.last_weight_peak
+                         : own.weight_peak;
         peak = std::max(peak, m);
       });
   return persistent + buffers.loader + peak;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct MicroBatchMemory {
   // Part of the stash that B does not release as it goes but only when it ends (values
   // kept that no backward reads, such as token ids kept for a recomputed layer).
   int64_t held_through_backward = 0;
+  // zero2: during the stage's last W of the step, which also starts the reductions of
+  // its whole gradients (WalkSpec::started_in_w); 0: weight_peak.
+  int64_t last_weight_peak = 0;
 };
 
 struct StageMemory {
@@ -47,11 +51,11 @@ struct StageMemory {
   }
 };
 
-// zero2 (engine/detail/grad_reducer.h): a bucket of parameters whose gradients live one
-// micro-batch's W only, reduce-scattered once all of them are in.
-struct ShardedGradBucket {
+// One of the engine's gradient buckets (engine/detail/grad_reducer.h), as the walk's W
+// reduces it (WalkSpec::sharded_grads, started_in_w).
+struct GradBucket {
   std::vector<int> params;  // parameter ids of the walk's graph
-  int64_t scratch = 0;      // the reduce-scatter's scratch bytes
+  int64_t scratch = 0;      // its collective's scratch bytes
 };
 
 // What a walk needs: a graph, a layer range and what crosses its ends.
@@ -65,7 +69,12 @@ struct WalkSpec {
   int64_t batch = 1;              // samples per micro-batch
   int tp = 1;                     // the tensor-parallel group its comm ops run over
   // zero2: the buckets of the stage's sharded gradients, made and reduced inside W.
-  std::vector<ShardedGradBucket> sharded_grads;
+  std::vector<GradBucket> sharded_grads;
+  // The step's last W also starts the reduction of each bucket of whole gradients once
+  // its last parameter is final (Executor's ParamReadyFn): its flat copy (several
+  // parameters) and `scratch` are held from then on, the collective waiting for peers
+  // that reach theirs later (the other pipeline rank of a tied parameter).
+  std::vector<GradBucket> started_in_w;
 };
 // The spec of a Stage over layers [first, last) of g.
 WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
@@ -92,6 +101,13 @@ int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optim
 // What sharding saves on one parameter: its whole state less sharded_optimizer_bytes.
 int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
 
+// The engine's gradient buckets (engine/detail/grad_reducer.cpp, cut_buckets) of the
+// parameters `ids` of g: in descending id order, consecutive ones of one dtype up to
+// bucket_bytes (a larger one alone) and, given `stage_of` (ZeRO-2), of one stage.
+std::vector<std::vector<int>> gradient_buckets(const stages::Graph& g, std::vector<int> ids,
+                                               size_t bucket_bytes,
+                                               const std::map<int, int>* stage_of = nullptr);
+
 // zero2 (gradients sharded too) for the parameters `ids` of a stage of layers
 // [first, last) sharded over `dp` parts: `saved`, the persistent gradient bytes it does
 // not hold (the whole gradients and per-layer accumulators less a part-sized accumulator
@@ -104,7 +120,7 @@ int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimiz
 // largest bucket's flat copy and scratch).
 struct ZeroGradMemory {
   int64_t saved = 0, held_bound = 0;
-  std::vector<ShardedGradBucket> buckets;
+  std::vector<GradBucket> buckets;
 };
 ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, std::vector<int> ids,
                                  int dp, size_t bucket_bytes);
