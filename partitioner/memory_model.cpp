@@ -97,6 +97,7 @@ class Walker {
     backward();
     m.backward_peak = heap_.peak();
     m.held_through_backward = held_through_backward_;
+    m.held_by_caller = held_by_caller_;
     m.w_stash = heap_.live();
     heap_.reset_peak();
     weight();
@@ -508,9 +509,11 @@ class Walker {
     held_through_backward_ = before_clear - heap_.live();
     for (Entry& e : grads_) heap_.unref(e.id);
     // The caller sends the input gradients and drops what it received.
+    const int64_t before_caller = heap_.live();
     for (int& id : result) heap_.unref(id);
     for (int& id : caller_) heap_.unref(id);
     caller_.clear();
+    held_by_caller_ = before_caller - heap_.live();
   }
 
   // W as Stage::backward_weight runs it: each node's W stash goes after its op. zero2's
@@ -623,7 +626,7 @@ class Walker {
   std::vector<Entry> grads_;
   std::vector<int> pending_;
   std::map<int, std::vector<int>> w_stash_;
-  int64_t held_through_backward_ = 0;
+  int64_t held_through_backward_ = 0, held_by_caller_ = 0;
 };
 
 }  // namespace
@@ -816,6 +819,9 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
              : kind == 1 ? own.backward_peak
              : last      ? own.last_weight_peak
                          : own.weight_peak;
+        // B and W as one action (BW): what B received and made is held through its W.
+        if (kind == 2 && actions[pos].kind == schedule::ActionKind::full_backward)
+          m += own.held_by_caller;
         peak = std::max(peak, m);
       });
   return persistent + buffers.loader + peak;

@@ -33,6 +33,9 @@ struct MicroBatchMemory {
   // Part of the stash that B does not release as it goes but only when it ends (values
   // kept that no backward reads, such as token ids kept for a recomputed layer).
   int64_t held_through_backward = 0;
+  // The gradients B received and made, which its caller holds until the action ends:
+  // through W too when B and W run as one action (BW).
+  int64_t held_by_caller = 0;
   // zero2: during the stage's last W of the step, which also starts the reductions of
   // its whole gradients (WalkSpec::started_in_w); 0: weight_peak.
   int64_t last_weight_peak = 0;
