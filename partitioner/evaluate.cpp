@@ -47,6 +47,10 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
 
 namespace {
 
+int64_t rounded(int64_t bytes) {
+  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
+}
+
 // Extra server ranks (dp_sync ps_ranks > 0): the served gradient bytes of each pipeline
 // rank of a replica (its stages' parameters; each of its tensor-parallel ranks and tiles
 // holds as many) and their total over one replica, what the servers hold in all.
@@ -67,7 +71,34 @@ PsServedBytes ps_served_bytes(const ResolvedPlan& r, const CostTable& t) {
   return out;
 }
 
+// A server rank's peak (engine/detail/param_server.h): `part` bytes each as parameter,
+// summed gradient and optimizer state, two whole buckets of `bucket` bytes in flight and
+// STEP's norm and loss vector.
+int64_t ps_server_peak(const ResolvedPlan& r, int64_t part, int64_t bucket, int optimizer_states) {
+  const int64_t slots = int64_t(r.graph->num_layers()) + int64_t(r.plan.dp) * r.plan.micro_batches;
+  return part * (2 + optimizer_states) + 2 * bucket + rounded(slots * 8);
+}
+
 }  // namespace
+
+int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& t, int optimizer_states,
+                             size_t bucket_bytes) {
+  const PsServedBytes served = ps_served_bytes(r, t);
+  if (served.total <= 0) return 0;
+  const int64_t n = r.plan.dp_sync.ps_ranks, cap = int64_t(bucket_bytes);
+  // Each rank's served parameters are cut into buckets at bucket_bytes (two in a row hold
+  // more), each bucket's part rounded up by at most 128 bytes; a bucket is at most
+  // bucket_bytes or one parameter, and at most a rank's served bytes.
+  int64_t buckets = 0, rank_bytes = 0, largest = cap;
+  for (const auto& [q, bytes] : served.rank) {
+    buckets += r.layout.width(q) * (2 * int64_t(bytes) / cap + 1);
+    rank_bytes = std::max(rank_bytes, int64_t(bytes));
+  }
+  for (int64_t b : t.own_param_bytes) largest = std::max(largest, b);
+  for (const ParamUse& u : t.shared_params) largest = std::max(largest, u.bytes);
+  const int64_t part = (int64_t(served.total) + n - 1) / n + 128 * buckets;
+  return ps_server_peak(r, part, rounded(std::min(largest, rank_bytes)), optimizer_states);
+}
 
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
                                const std::vector<StageMemory>& stage_mem) {
@@ -192,10 +223,6 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
 
 namespace {
 
-int64_t rounded(int64_t bytes) {
-  return int64_t(memory::Allocator::rounded(size_t(bytes == 0 ? 1 : bytes)));
-}
-
 // The allocator bytes of values `vs` of a micro-batch, each its own tensor.
 int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, int skip = -1) {
   int64_t b = 0;
@@ -205,33 +232,15 @@ int64_t values_bytes(const Graph& g, const std::vector<int>& vs, int64_t batch, 
 }
 
 // Calls close(parameters, elements, dtype) for each bucket the engine cuts `ids` into
-// (engine/detail/grad_reducer.cpp): descending id order, consecutive parameters of one
-// dtype up to bucket_bytes, and, when `stage_of` is given (ZeRO-2), of one stage.
+// (gradient_buckets; `stage_of` given under ZeRO-2).
 template <class Close>
 void for_each_bucket(const Graph& pg, std::vector<int> ids, size_t bucket_bytes,
                      const std::map<int, int>* stage_of, Close close) {
-  std::sort(ids.rbegin(), ids.rend());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  int params = 0, stage = -1;
-  int64_t elements = 0, bytes = 0;
-  memory::DType dtype = memory::DType::f32;
-  for (int id : ids) {
-    const stages::Param& prm = pg.params[size_t(id)];
-    const int64_t e = memory::shape_numel(prm.shape),
-                  nb = e * int64_t(memory::dtype_size(prm.dtype));
-    const int s = stage_of ? stage_of->at(id) : -1;
-    if (params > 0 && (bytes + nb > int64_t(bucket_bytes) || prm.dtype != dtype || s != stage)) {
-      close(params, elements, dtype);
-      params = 0;
-      elements = bytes = 0;
-    }
-    dtype = prm.dtype;
-    stage = s;
-    ++params;
-    elements += e;
-    bytes += nb;
+  for (const std::vector<int>& b : gradient_buckets(pg, std::move(ids), bucket_bytes, stage_of)) {
+    int64_t elements = 0;
+    for (int id : b) elements += memory::shape_numel(pg.params[size_t(id)].shape);
+    close(int(b.size()), elements, pg.params[size_t(b.front())].dtype);
   }
-  if (params > 0) close(params, elements, dtype);
 }
 
 }  // namespace
@@ -476,10 +485,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       int stage = 0;
       while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
       const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
-      // Each sharded parameter's parts: its replicas (and tiles, for one used on tiles).
-      std::map<std::string, int> sharded;
+      // Each sharded parameter's group: its replicas (and tiles, for one used on tiles).
+      std::map<std::string, std::vector<int>> sharded;
       for (const GradientGroup& gg : gradient_groups(r, rank))
-        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = int(gg.ranks.size());
+        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = gg.ranks;
       // zero2: parameters held by another stage of the same rank stay as under zero1.
       std::set<int> elsewhere;
       for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
@@ -488,7 +497,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
           elsewhere.insert(id);
       }
-      std::map<int, std::vector<int>> zero2;  // by parts (each group's own buckets)
+      std::map<std::vector<int>, std::vector<int>> zero2;  // by group (each its own buckets)
       const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
       for (int id : mg.params_used(a, b)) {
         const stages::Param& prm = mg.params[size_t(id)];
@@ -497,24 +506,68 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         // Extra server ranks hold all of it: the replicas none.
         const int64_t numel = memory::shape_numel(prm.shape);
         const int es = int(memory::dtype_size(prm.dtype));
+        const int parts = int(found->second.size());
         chunk_mem[size_t(k)].optimizer_sharding_saved +=
             p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
-                                   : zero_optimizer_saving(numel, es, found->second, opt);
+                                   : zero_optimizer_saving(numel, es, parts, opt);
         if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
           zero2[found->second].push_back(id);
       }
-      // One bucket of whole gradients at a time (each reduced as its W ends).
-      int64_t bucket = 0, multi = 0;
-      for (const auto& [parts, ids] : zero2) {
-        const ZeroGradMemory z = zero2_grad_memory(mg, a, b, ids, parts, options.bucket_bytes);
+      if (zero2.empty()) continue;
+      // The gradients a micro-batch's W makes and reduces bucket by bucket: walked again
+      // with them (where in W a bucket fills decides what else is still held), or in the
+      // composed estimate bounded by all of them at once.
+      const Graph& walked = options.exact_memory ? graph_of(chunk_pp[size_t(k)]) : mg;
+      std::vector<GradBucket> buckets;
+      int64_t bound = 0;
+      for (const auto& [group, ids] : zero2) {
+        ZeroGradMemory z =
+            zero2_grad_memory(mg, a, b, ids, int(group.size()), options.bucket_bytes);
         chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
-        bucket = std::max(bucket, z.bucket);
-        multi += z.multi;
+        bound += z.held_bound;
+        for (GradBucket& bk : z.buckets) {
+          for (int& id : bk.params) {
+            const std::string& name = mg.params[size_t(id)].name;
+            id = walked.find_param(name);
+            BATON_CHECK(id >= 0, "stage graph lacks parameter " + name);
+          }
+          buckets.push_back(std::move(bk));
+        }
       }
-      if (!zero2.empty()) {
-        MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
-        mb.weight_peak = std::max(mb.weight_peak, mb.w_stash + bucket) + multi;
+      MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
+      if (!options.exact_memory) {
+        mb.weight_peak += bound;
+        continue;
       }
+      WalkSpec spec = stage_walk_spec(walked, a, b, r.recompute[size_t(k)], p.micro_batch_size,
+                                      r.layer_tp[size_t(a)]);
+      spec.sharded_grads = std::move(buckets);
+      mb.weight_peak = walk_micro_batch(spec).weight_peak;
+      // The step's last W also starts the all-reduces of the whole gradients (not sharded:
+      // a parameter tied over pipeline ranks) whose buckets lie in this chunk alone, and
+      // they wait there for the other pipeline rank, over the W's reduce-scatters.
+      std::map<std::vector<int>, std::vector<int>> whole;  // by group, as the engine cuts
+      for (const GradientGroup& gg : gradient_groups(r, rank))
+        if (gg.ranks.size() > 1 && !sharded.count(gg.name))
+          whole[gg.ranks].push_back(mg.find_param(gg.name));
+      const std::vector<int> used = mg.params_used(a, b);
+      const std::set<int> here(used.begin(), used.end());
+      for (const auto& [group, ids] : whole)
+        for (std::vector<int>& bk : gradient_buckets(mg, ids, options.bucket_bytes)) {
+          int64_t elements = 0;
+          bool alone = true;
+          for (int& id : bk) {
+            alone = alone && here.count(id) && !elsewhere.count(id);
+            elements += memory::shape_numel(mg.params[size_t(id)].shape);
+            id = walked.find_param(mg.params[size_t(id)].name);
+          }
+          if (!alone) continue;
+          const size_t es = memory::dtype_size(walked.params[size_t(bk.front())].dtype);
+          spec.started_in_w.push_back({bk, int64_t(transport::collective_scratch_bytes(
+                                               transport::Collective::all_reduce, size_t(elements),
+                                               es, int(group.size())))});
+        }
+      if (!spec.started_in_w.empty()) mb.last_weight_peak = walk_micro_batch(spec).weight_peak;
     }
   }
   // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)
@@ -634,7 +687,6 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                         bucket = std::max(bucket, rounded(el * es));
                       });
     }
-    const int64_t slots = int64_t(g.num_layers()) + int64_t(p.dp) * p.micro_batches;
     for (int k : r.server_ranks()) {
       RankEstimate re;
       re.rank = k;
@@ -643,8 +695,15 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.param_bytes = part;
       re.grad_bytes = part;
       re.optimizer_bytes = part * opt;
-      re.activation_peak = 2 * bucket + rounded(slots * 8);
-      re.peak = re.param_bytes + re.grad_bytes + re.optimizer_bytes + re.activation_peak;
+      re.peak = ps_server_peak(r, part, bucket, opt);
+      re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
+      // The servers hold equal parts: the first one over its capacity speaks for all.
+      if (p.device_memory > 0 && re.peak > p.device_memory && k == r.server_ranks().front())
+        e.problems.push_back("rank " + std::to_string(k) + " (parameter server) needs " +
+                             memory::format_bytes(double(re.peak)) + ", over its capacity of " +
+                             memory::format_bytes(double(p.device_memory)) + " by " +
+                             memory::format_bytes(double(re.peak - p.device_memory)) +
+                             (n > 1 ? " (as do the other server ranks)" : ""));
       re.dp_bytes = double(p.dp) * double(part);
       re.compute_time = e.servers.update;
       re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;

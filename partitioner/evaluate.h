@@ -77,6 +77,14 @@ std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank);
 RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const stages::Graph& physical,
                          const EvaluateOptions& options = {});
 
+// Extra parameter-server ranks (dp_sync ps_ranks > 0): a bound of each server's peak from
+// the cost table alone, without physical graphs (the search's; evaluate_plan counts the
+// engine's buckets exactly): its part of every served byte as parameter, summed gradient
+// and optimizer state (each bucket's part rounded up), two whole buckets in flight (at
+// most bucket_bytes or the largest parameter) and STEP's vector. 0 without servers.
+int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& table, int optimizer_states,
+                             size_t bucket_bytes);
+
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
 

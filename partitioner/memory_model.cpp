@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "memory/allocator.h"
@@ -96,6 +97,7 @@ class Walker {
     backward();
     m.backward_peak = heap_.peak();
     m.held_through_backward = held_through_backward_;
+    m.held_by_caller = held_by_caller_;
     m.w_stash = heap_.live();
     heap_.reset_peak();
     weight();
@@ -507,18 +509,107 @@ class Walker {
     held_through_backward_ = before_clear - heap_.live();
     for (Entry& e : grads_) heap_.unref(e.id);
     // The caller sends the input gradients and drops what it received.
+    const int64_t before_caller = heap_.live();
     for (int& id : result) heap_.unref(id);
     for (int& id : caller_) heap_.unref(id);
     caller_.clear();
+    held_by_caller_ = before_caller - heap_.live();
   }
 
+  // W as Stage::backward_weight runs it: each node's W stash goes after its op. zero2's
+  // sharded gradients (w_.sharded_grads) live inside it: a buffer per layer made at the
+  // parameter's first W node, handed to the reducer after its last (several layers:
+  // summed into a new tensor, the layers' buffers dropped), and once a bucket has all its
+  // gradients it is reduce-scattered and dropped (GradReducer::reduce_micro: several
+  // parameters packed into a flat copy first, their gradients dropped before it runs).
+  // With w_.started_in_w, the step's last W: each bucket of whole gradients starts its
+  // reduction once its last parameter is final, holding its flat copy and scratch to
+  // the W's end.
   void weight() {
+    std::map<int, size_t> bucket_of;
+    for (size_t k = 0; k < w_.sharded_grads.size(); ++k)
+      for (int id : w_.sharded_grads[k].params) bucket_of[id] = k;
+    std::map<int, std::map<int, int>> layer_grads;  // parameter -> layer -> buffer
+    std::vector<std::vector<int>> handed(w_.sharded_grads.size());
+    auto param_bytes = [&](int id) {
+      const stages::Param& p = g_.params[size_t(id)];
+      return memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+    };
+    std::set<int> done;  // parameters whose last W node ran
+    std::vector<bool> started(w_.started_in_w.size(), false);
+    std::vector<int> reducing;  // the started reductions' buffers
+    auto start_ready = [&] {
+      for (size_t k = 0; k < started.size(); ++k) {
+        const GradBucket& bk = w_.started_in_w[k];
+        if (started[k] || !std::all_of(bk.params.begin(), bk.params.end(),
+                                       [&](int id) { return done.count(id) > 0; }))
+          continue;
+        started[k] = true;
+        if (bk.params.size() > 1) {
+          int64_t b = 0;
+          for (int p : bk.params) b += param_bytes(p);
+          reducing.push_back(heap_.alloc(b));
+        }
+        if (bk.scratch > 0) reducing.push_back(heap_.alloc(bk.scratch));
+      }
+    };
+    auto hand = [&](int id) {
+      auto bit = bucket_of.find(id);
+      if (bit == bucket_of.end()) return;
+      std::map<int, int>& bufs = layer_grads[id];
+      int layers = 0;
+      for (int l : g_.params[size_t(id)].layers) layers += l >= w_.first && l < w_.last ? 1 : 0;
+      int total;
+      if (layers == 1 && !bufs.empty()) {
+        total = bufs.begin()->second;  // the layer's buffer itself
+      } else {
+        total = heap_.alloc(param_bytes(id));  // the sum (or zeros when no node ran)
+        for (auto& [l, buf] : bufs) heap_.unref(buf);
+      }
+      bufs.clear();
+      const GradBucket& bucket = w_.sharded_grads[bit->second];
+      std::vector<int>& in = handed[bit->second];
+      in.push_back(total);
+      if (in.size() < bucket.params.size()) return;
+      if (in.size() > 1) {
+        int64_t b = 0;
+        for (int p : bucket.params) b += param_bytes(p);
+        const int flat = heap_.alloc(b);
+        for (int& t : in) heap_.unref(t);
+        in = {flat};
+      }
+      if (bucket.scratch > 0) {
+        int scratch = heap_.alloc(bucket.scratch);
+        heap_.unref(scratch);
+      }
+      heap_.unref(in[0]);
+      in.clear();
+    };
+    // A parameter's last W node: the first of the stage's nodes that uses it.
+    std::map<int, int> last_user;
+    if (!bucket_of.empty() || !started.empty())
+      for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
+        for (int id : g_.nodes[size_t(*it)].params)
+          if (id >= 0) last_user[id] = *it;
     for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
       auto ws = w_stash_.find(*it);
       if (ws == w_stash_.end()) continue;
+      const Node& node = g_.nodes[size_t(*it)];
+      for (int id : node.params)
+        if (id >= 0 && bucket_of.count(id) && !layer_grads[id].count(node.layer))
+          layer_grads[id][node.layer] = heap_.alloc(param_bytes(id));
       for (int& id : ws->second) heap_.unref(id);
       w_stash_.erase(ws);
+      for (const auto& [id, n] : last_user)
+        if (n == *it && done.insert(id).second) hand(id);
+      start_ready();
     }
+    // Parameters whose last user has no W (none in practice): after the micro-batch.
+    for (const auto& [id, k] : bucket_of)
+      if (done.insert(id).second) hand(id);
+    for (const GradBucket& bk : w_.started_in_w) done.insert(bk.params.begin(), bk.params.end());
+    start_ready();
+    for (int& id : reducing) heap_.unref(id);
   }
 
   const WalkSpec& w_;
@@ -535,7 +626,7 @@ class Walker {
   std::vector<Entry> grads_;
   std::vector<int> pending_;
   std::map<int, std::vector<int>> w_stash_;
-  int64_t held_through_backward_ = 0;
+  int64_t held_through_backward_ = 0, held_by_caller_ = 0;
 };
 
 }  // namespace
@@ -584,51 +675,57 @@ int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimiz
          sharded_optimizer_bytes(numel, dtype_size, dp, optimizer_states);
 }
 
+std::vector<std::vector<int>> gradient_buckets(const Graph& g, std::vector<int> ids,
+                                               size_t bucket_bytes,
+                                               const std::map<int, int>* stage_of) {
+  std::sort(ids.rbegin(), ids.rend());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<std::vector<int>> out;
+  int64_t bytes = 0;
+  for (int id : ids) {
+    const stages::Param& p = g.params[size_t(id)];
+    const int64_t nb = memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+    if (!out.empty()) {
+      const int first = out.back().front();
+      if (bytes + nb > int64_t(bucket_bytes) || p.dtype != g.params[size_t(first)].dtype ||
+          (stage_of && stage_of->at(id) != stage_of->at(first))) {
+        out.emplace_back();
+        bytes = 0;
+      }
+    }
+    if (out.empty()) out.emplace_back();
+    out.back().push_back(id);
+    bytes += nb;
+  }
+  return out;
+}
+
 ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vector<int> ids, int dp,
                                  size_t bucket_bytes) {
   ZeroGradMemory z;
-  std::sort(ids.rbegin(), ids.rend());
-  int64_t largest = 0, multi = 0;
-  int64_t grads = 0, elements = 0, bytes = 0;
-  int params = 0;
-  memory::DType dtype = memory::DType::f32;
-  auto close = [&] {
-    if (params == 0) return;
-    const size_t es = memory::dtype_size(dtype);
-    // A bucket of several parameters is packed (its gradients and the flat copy), then its
-    // gradients go and the flat copy is reduce-scattered; one parameter in place.
-    const int64_t scratch = int64_t(
-        transport::collective_scratch_bytes(transport::Collective::reduce_scatter, size_t(elements),
-                                            es, dp, size_t((elements + dp - 1) / dp)));
-    if (params > 1) {
-      const int64_t flat = rounded(elements * int64_t(es));
-      largest = std::max(largest, flat + std::max(grads, scratch));
-    } else {
-      largest = std::max(largest, grads + scratch);
+  int64_t largest = 0;  // the largest bucket's flat copy and scratch
+  for (std::vector<int>& ids_of : gradient_buckets(g, std::move(ids), bucket_bytes)) {
+    int64_t elements = 0;
+    for (int id : ids_of) {
+      const stages::Param& p = g.params[size_t(id)];
+      const int64_t n = memory::shape_numel(p.shape), es = int64_t(memory::dtype_size(p.dtype));
+      const int64_t b = rounded(n * es);
+      int64_t layers = 0;
+      for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
+      z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
+      z.held_bound += b * (layers + (layers > 1 ? 1 : 0));
+      elements += n;
     }
-  };
-  for (int id : ids) {
-    const stages::Param& p = g.params[size_t(id)];
-    const int64_t n = memory::shape_numel(p.shape), es = int64_t(memory::dtype_size(p.dtype));
-    const int64_t b = rounded(n * es);
-    int64_t layers = 0;
-    for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
-    z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
-    if (layers > 1) multi += b * (layers - 1);  // the later layers' buffers, held to the first's W
-    if (params > 0 && (bytes + n * es > int64_t(bucket_bytes) || p.dtype != dtype)) {
-      close();
-      params = 0;
-      grads = elements = bytes = 0;
-    }
-    dtype = p.dtype;
-    ++params;
-    grads += b;
-    elements += n;
-    bytes += n * es;
+    const size_t es = memory::dtype_size(g.params[size_t(ids_of.front())].dtype);
+    GradBucket bk{std::move(ids_of), 0};
+    bk.scratch = int64_t(transport::collective_scratch_bytes(
+        transport::Collective::reduce_scatter, size_t(elements), es, dp,
+        size_t((elements + dp - 1) / dp), /*in_place=*/true));
+    largest = std::max(largest,
+                       (bk.params.size() > 1 ? rounded(elements * int64_t(es)) : 0) + bk.scratch);
+    z.buckets.push_back(std::move(bk));
   }
-  close();
-  z.bucket = largest;
-  z.multi = multi;
+  z.held_bound += largest;
   return z;
 }
 
@@ -704,6 +801,12 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
   int64_t persistent = 0;
   for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
   int64_t peak = std::max({buffers.reduction, buffers.step, buffers.gather});
+  std::map<int, size_t> last_weight;  // each stage's last W (or BW) of the step
+  const auto& actions = s.ranks[size_t(rank)];
+  for (size_t pos = 0; pos < actions.size(); ++pos)
+    if (actions[pos].kind == schedule::ActionKind::backward_weight ||
+        actions[pos].kind == schedule::ActionKind::full_backward)
+      last_weight[actions[pos].stage] = pos;
   walk_rank_at(
       s, rank,
       [&](size_t pos, int stage, int kind, const std::map<int, std::pair<int, int>>& held) {
@@ -711,7 +814,14 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
         for (const auto& [k, h] : held)
           m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
         const MicroBatchMemory& own = stages[size_t(stage)].mb;
-        m += kind == 0 ? own.forward_peak : kind == 1 ? own.backward_peak : own.weight_peak;
+        const bool last = kind == 2 && own.last_weight_peak > 0 && last_weight[stage] == pos;
+        m += kind == 0   ? own.forward_peak
+             : kind == 1 ? own.backward_peak
+             : last      ? own.last_weight_peak
+                         : own.weight_peak;
+        // B and W as one action (BW): what B received and made is held through its W.
+        if (kind == 2 && actions[pos].kind == schedule::ActionKind::full_backward)
+          m += own.held_by_caller;
         peak = std::max(peak, m);
       });
   return persistent + buffers.loader + peak;

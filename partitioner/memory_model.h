@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -32,6 +33,12 @@ struct MicroBatchMemory {
   // Part of the stash that B does not release as it goes but only when it ends (values
   // kept that no backward reads, such as token ids kept for a recomputed layer).
   int64_t held_through_backward = 0;
+  // The gradients B received and made, which its caller holds until the action ends:
+  // through W too when B and W run as one action (BW).
+  int64_t held_by_caller = 0;
+  // zero2: during the stage's last W of the step, which also starts the reductions of
+  // its whole gradients (WalkSpec::started_in_w); 0: weight_peak.
+  int64_t last_weight_peak = 0;
 };
 
 struct StageMemory {
@@ -47,6 +54,13 @@ struct StageMemory {
   }
 };
 
+// One of the engine's gradient buckets (engine/detail/grad_reducer.h), as the walk's W
+// reduces it (WalkSpec::sharded_grads, started_in_w).
+struct GradBucket {
+  std::vector<int> params;  // parameter ids of the walk's graph
+  int64_t scratch = 0;      // its collective's scratch bytes
+};
+
 // What a walk needs: a graph, a layer range and what crosses its ends.
 struct WalkSpec {
   const stages::Graph* graph = nullptr;
@@ -57,6 +71,13 @@ struct WalkSpec {
   std::set<int> recompute;        // recomputed layers
   int64_t batch = 1;              // samples per micro-batch
   int tp = 1;                     // the tensor-parallel group its comm ops run over
+  // zero2: the buckets of the stage's sharded gradients, made and reduced inside W.
+  std::vector<GradBucket> sharded_grads;
+  // The step's last W also starts the reduction of each bucket of whole gradients once
+  // its last parameter is final (Executor's ParamReadyFn): its flat copy (several
+  // parameters) and `scratch` are held from then on, the collective waiting for peers
+  // that reach theirs later (the other pipeline rank of a tied parameter).
+  std::vector<GradBucket> started_in_w;
 };
 // The spec of a Stage over layers [first, last) of g.
 WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
@@ -83,19 +104,26 @@ int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optim
 // What sharding saves on one parameter: its whole state less sharded_optimizer_bytes.
 int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
 
+// The engine's gradient buckets (engine/detail/grad_reducer.cpp, cut_buckets) of the
+// parameters `ids` of g: in descending id order, consecutive ones of one dtype up to
+// bucket_bytes (a larger one alone) and, given `stage_of` (ZeRO-2), of one stage.
+std::vector<std::vector<int>> gradient_buckets(const stages::Graph& g, std::vector<int> ids,
+                                               size_t bucket_bytes,
+                                               const std::map<int, int>* stage_of = nullptr);
+
 // zero2 (gradients sharded too) for the parameters `ids` of a stage of layers
-// [first, last): `saved`, the persistent gradient bytes it does not hold (the whole
-// gradients and per-layer accumulators less a part-sized accumulator of about numel / dp
-// elements each); what a micro-batch's W holds of them (engine/detail/grad_reducer.h):
-// `bucket`, the largest bucket's transient while it is reduced (one parameter: its
-// gradient and the reduce-scatter's scratch; several: the flat copy and the larger of
-// their gradients, while packing, and the scratch), which the W's own buffers do not
-// overlap but its stash does, and `multi`, for each parameter several layers use, the
-// buffers of all but the first W to run, held through the W. The stage's weight peak
-// becomes max(weight_peak, w_stash + bucket) + multi.
-// Buckets: `ids` in descending order cut at bucket_bytes, as the engine cuts them.
+// [first, last) sharded over `dp` parts: `saved`, the persistent gradient bytes it does
+// not hold (the whole gradients and per-layer accumulators less a part-sized accumulator
+// of about numel / dp elements each), and `buckets`, the engine's buckets of them (`ids`
+// in descending order cut at bucket_bytes and where the dtype changes) with their
+// in-place reduce-scatter's scratch, for the walk's W (WalkSpec::sharded_grads): a
+// micro-batch's W holds the gradients it has made until their bucket is reduced, so
+// its peak depends on where in W each bucket fills, which only the walk knows;
+// `held_bound` bounds it without a walk (every gradient buffer and sum at once, and the
+// largest bucket's flat copy and scratch).
 struct ZeroGradMemory {
-  int64_t saved = 0, bucket = 0, multi = 0;
+  int64_t saved = 0, held_bound = 0;
+  std::vector<GradBucket> buckets;
 };
 ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, std::vector<int> ids,
                                  int dp, size_t bucket_bytes);

@@ -516,6 +516,13 @@ class Search {
         c.peak_rank = rank;
       }
     }
+    // Extra parameter-server ranks hold their part of every served parameter, whatever
+    // the cut: a candidate whose servers exceed the capacity does not fit either.
+    if (const int64_t server = ps_server_peak_bound(r, table, opt_states_, eo.bucket_bytes);
+        server > c.peak) {
+      c.peak = server;
+      c.peak_rank = -1;
+    }
     schedule::Costs sc = schedule_costs(r, table, model_.machine(), mem);
     if (rc)
       for (int st = 0; st < s.num_stages(); ++st) {

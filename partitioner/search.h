@@ -47,8 +47,8 @@ struct SearchOptions {
 struct Candidate {
   Plan plan;
   double step_time = 0, bubble = 0, tokens_per_second = 0;
-  int64_t peak = 0;   // the largest rank's estimated peak
-  int peak_rank = 0;  // its pipeline rank
+  int64_t peak = 0;   // the largest rank's estimated peak (a parameter server's too)
+  int peak_rank = 0;  // its pipeline rank; -1: an extra parameter-server rank
   bool fits = true;
   double over = 0;  // peak / capacity when it does not fit
   std::string describe() const;

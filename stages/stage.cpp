@@ -528,6 +528,9 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
       Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
       node.impl->backward_weight(call);
     }
+    // Let go of the gradients before zero2 hands them on below: a bucket reduced there
+    // would otherwise hold this node's buffers through its reduce-scatter.
+    pg.clear();
     s.w.erase(wit);
     if (auto d = done_after.find(n); d != done_after.end())
       for (int id : d->second) {
@@ -595,7 +598,7 @@ void Stage::hand_micro_grad(ParamState& ps) {
     ps.has[k] = false;
   }
   BATON_CHECK(bool(micro_grad_), "a sharded gradient without a receiver (set_micro_grad_fn)");
-  micro_grad_(ps.id, total);
+  micro_grad_(ps.id, std::move(total));
 }
 
 void Stage::fold_grad(ParamState& ps) {

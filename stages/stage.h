@@ -160,7 +160,8 @@ class Stage {
   void set_grad_shard(int id);
   bool grad_sharded(int id) const;
   // (param id, the micro-batch's whole gradient of it; undefined when no W touched it).
-  using MicroGradFn = std::function<void(int param_id, const Tensor& grad)>;
+  // Handed over: the stage keeps no reference, so the receiver may drop it at once.
+  using MicroGradFn = std::function<void(int param_id, Tensor grad)>;
   void set_micro_grad_fn(MicroGradFn fn) { micro_grad_ = std::move(fn); }
   const OptimizerConfig& optimizer() const { return opt_; }
   OptimizerConfig& optimizer() { return opt_; }

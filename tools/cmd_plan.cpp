@@ -151,7 +151,9 @@ int run_plan(const std::vector<std::string>& args) {
       msg += " in " + memory::format_bytes(double(so.device_memory)) + " per device";
     if (res.closest) {
       const pt::Candidate& c = *res.closest;
-      msg += "; the closest is " + c.describe() + ": pipeline rank " + std::to_string(c.peak_rank) +
+      msg += "; the closest is " + c.describe() + ": " +
+             (c.peak_rank < 0 ? "each parameter-server rank"
+                              : "pipeline rank " + std::to_string(c.peak_rank)) +
              " needs " + memory::format_bytes(double(c.peak)) + ", " +
              memory::format_bytes(double(c.peak - so.device_memory)) + " (" +
              std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";

@@ -14,8 +14,10 @@ enum class Collective { all_reduce, reduce_scatter, all_gather };
 
 // Bytes the allocator counts (rounded to its alignment) while one `c` over a group of
 // `group_size` ranks runs: `count` elements of `esize` bytes in all (reduce-scatter and
-// all-gather: the whole buffer; `part` the largest rank's part, in elements).
+// all-gather: the whole buffer; `part` the largest rank's part, in elements). A
+// reduce-scatter `in_place` (its output the rank's own part of its input, as the gradient
+// reducer's) keeps its ring's partial sums in the input: no accumulator slots.
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
-                                size_t part = 0);
+                                size_t part = 0, bool in_place = false);
 
 }  // namespace baton::transport

@@ -184,12 +184,12 @@ void GradReducer::add_group(Group g, size_t bucket_bytes) {
     for (const Param& p : g.params) {
       stages::Stage* st = p.holders[0];
       const int s = p.holder_stages[0];
-      st->set_micro_grad_fn([this, s](int id, const Tensor& t) { micro(s, id, t); });
+      st->set_micro_grad_fn([this, s](int id, Tensor t) { micro(s, id, std::move(t)); });
     }
   groups_.push_back(std::move(g));
 }
 
-void GradReducer::micro(int stage, int param, const Tensor& grad) {
+void GradReducer::micro(int stage, int param, Tensor grad) {
   auto it = where_.find({stage, param});
   BATON_CHECK(
       it != where_.end() && groups_[it->second.first].shard_grads,
@@ -199,7 +199,8 @@ void GradReducer::micro(int stage, int param, const Tensor& grad) {
   Bucket& b = g.buckets[p.bucket];
   BATON_CHECK(b.micro_waiting > 0 && !b.micro[p.slot].defined(),
               "micro-batch gradient of parameter " + std::to_string(param) + " given twice");
-  b.micro[p.slot] = grad.defined() ? grad
+  // Moved in: the bucket's reduction below drops it, so nothing else may hold it.
+  b.micro[p.slot] = grad.defined() ? std::move(grad)
                                    : Tensor::zeros(p.holders[0]->param(p.id).shape(),
                                                    p.holders[0]->working_param(p.id).dtype(),
                                                    p.holders[0]->param(p.id).device());

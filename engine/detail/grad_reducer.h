@@ -135,7 +135,7 @@ class GradReducer {
   void drain() noexcept;
   ~GradReducer();
   // ZeRO-2: stage `stage`'s gradient of `param` for one micro-batch (undefined: zero).
-  void micro(int stage, int param, const memory::Tensor& grad);
+  void micro(int stage, int param, memory::Tensor grad);
   // Bytes of the elements this rank holds optimizer state for, over all sharded
   // parameters, and of those parameters in full (the state saved is their difference).
   std::pair<int64_t, int64_t> sharded_elements() const;

@@ -69,7 +69,8 @@ json config_model(const std::string& name) {
   return json::parse(in);
 }
 
-// Configs A and B (docs/benchmarks.md), two steps each.
+// Configs A and B (docs/benchmarks.md), two steps each; A at PP2 x TP2 x DP2 under zero2
+// too (its W's reduce-scatters in 4 MiB buckets).
 TEST(MemoryConfigs, ConfigA) {
   PlanSpec p;
   p.model = config_model("a");
@@ -77,6 +78,8 @@ TEST(MemoryConfigs, ConfigA) {
   run_memory_plan(p);
   p.tp = {2, 2};
   p.dp = 2;
+  run_memory_plan(p);
+  p.optimizer_sharding = "zero2";
   run_memory_plan(p);
 }
 

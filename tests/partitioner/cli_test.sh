@@ -51,6 +51,18 @@ expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devic
 contains "no plan fits in 4.00 MiB per device; the closest is"
 contains "over its capacity"
 
+# One extra parameter-server rank holds every replica rank's state: over the capacity the
+# replicas fit in, the closest names the servers; two servers fit.
+ps1='{"mode": "parameter-server", "max_staleness": 0, "ps_ranks": 1}'
+expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 4 --pp 2 --dp 2 \
+  --tp 1 --schedule 1f1b --micro-batches 2 --batch 4 --recompute off --dp-sync "$ps1" \
+  --device-memory 44MiB
+contains "+ 1 parameter-server ranks: each parameter-server rank needs"
+expect 0 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 4 --pp 2 --dp 2 \
+  --tp 1 --schedule 1f1b --micro-batches 2 --batch 4 --recompute off \
+  --dp-sync "${ps1/\"ps_ranks\": 1/\"ps_ranks\": 2}" --device-memory 44MiB
+contains "+ 2 parameter-server ranks"
+
 # A plan over its capacity: the table, then the error; exit 2.
 sed 's/"64MiB"/"1MiB"/' "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" > "$tmp/small.json"
 sed -i "s#\"../models/tiny-gpt.json\"#\"$root/examples/models/tiny-gpt.json\"#" "$tmp/small.json"

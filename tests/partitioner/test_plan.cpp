@@ -705,15 +705,17 @@ TEST(Plan, Zero2InTheEstimate) {
         << "rank " << k;
   }
   EXPECT_NE(format_estimate(z2, b).find("(zero2)"), std::string::npos);
-  // The W holds a bucket of whole gradients, its flat copy and the reduce-scatter's
-  // scratch: with the default 4 MiB buckets this tiny model's gradients are one bucket and
-  // zero2's peak is above zero1's; smaller buckets lower it (the measured saving on a
-  // larger model: tests/engine/test_zero_memory.cpp).
+  // zero2 saves at most the gradients: its W holds the whole gradients it makes until
+  // their bucket is reduce-scattered, and the reduce-scatter's scratch (a ring's 1 MiB
+  // window above 32 KiB, whatever the message), so with the default 4 MiB buckets (one
+  // bucket here) its peak is near zero1's; smaller buckets, below the ring's size, lower
+  // it (the measured saving on a larger model: tests/engine/test_zero_memory.cpp).
   EvaluateOptions small;
   small.bucket_bytes = 8 << 10;
   const PlanEstimate c = evaluate_plan(z2, model, small);
   for (size_t k = 0; k < a.ranks.size(); ++k) {
-    EXPECT_GT(b.ranks[k].peak, a.ranks[k].peak) << "rank " << k;
+    const int64_t saved = a.ranks[k].grad_bytes - b.ranks[k].grad_bytes;
+    EXPECT_GE(b.ranks[k].peak, a.ranks[k].peak - saved) << "rank " << k;
     EXPECT_LT(c.ranks[k].peak, b.ranks[k].peak) << "rank " << k;
   }
 }

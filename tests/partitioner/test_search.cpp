@@ -205,6 +205,53 @@ TEST(Search, ExtraParameterServersOnASlowLink) {
       1e3 * own.step_time, 1e3 * one.step_time, 1e3 * two.step_time);
 }
 
+// Extra server ranks' own memory: one server holds the parameter, summed gradient and
+// optimizer state of every served parameter, more than a replica. Under a capacity the
+// replicas fit in but one server does not, the search takes no plan with one server (the
+// closest names the servers, and the exact evaluation agrees it does not fit), and takes
+// the same plan with two servers, each holding half, whose every rank then fits.
+TEST(Search, ExtraParameterServersWithinDeviceMemory) {
+  auto g = load_search_model("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o = search_fixed(4, 2, 2, 1, "1f1b", 2, 4);  // each replica rank: half the layers
+  o.dp_sync.mode = DpSync::Mode::parameter_server;
+  o.dp_sync.ps_ranks = 2;
+  const Candidate two = search_plans(g, model, o).ranked.at(0);
+  o.dp_sync.ps_ranks = 1;
+  const Candidate one = search_plans(g, model, o).ranked.at(0);
+  EXPECT_EQ(one.peak_rank, -1);  // the server holds the most
+  const PlanEstimate exact = evaluate_plan(resolve_plan(one.plan, g), model);
+  int64_t server = 0;
+  for (const RankEstimate& re : exact.ranks)
+    if (re.layers == "(parameter server)") server = std::max(server, re.peak);
+  EXPECT_GE(one.peak, server);  // the search's bound
+  std::printf("  one server: %.2f MiB (search %.2f MiB); with two, the largest rank %.2f MiB\n",
+              double(server) / (1 << 20), double(one.peak) / (1 << 20),
+              double(two.peak) / (1 << 20));
+  ASSERT_LT(two.peak, server);
+  o.device_memory = (two.peak + server) / 2;
+  const SearchResult over = search_plans(g, model, o);
+  EXPECT_TRUE(over.ranked.empty());
+  ASSERT_TRUE(over.closest.has_value());
+  EXPECT_EQ(over.closest->peak_rank, -1);
+  EXPECT_GT(over.closest->peak, o.device_memory);
+  Plan p = one.plan;
+  p.device_memory = o.device_memory;
+  const PlanEstimate checked = evaluate_plan(resolve_plan(p, g), model);
+  ASSERT_FALSE(checked.fits());
+  EXPECT_NE(checked.problems.front().find("(parameter server) needs"), std::string::npos)
+      << checked.problems.front();
+  o.dp_sync.ps_ranks = 2;
+  const SearchResult fits = search_plans(g, model, o);
+  ASSERT_FALSE(fits.ranked.empty());
+  p = fits.ranked.front().plan;
+  EXPECT_EQ(p.dp_sync.ps_ranks, 2);
+  const PlanEstimate e = evaluate_plan(resolve_plan(p, g), model);
+  EXPECT_TRUE(e.fits());
+  EXPECT_EQ(int(e.ranks.size()), 4 + 2);
+  for (const RankEstimate& re : e.ranks) EXPECT_LE(re.peak, o.device_memory) << re.layers;
+}
+
 TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});

@@ -2,7 +2,8 @@
 // partitioner/'s memory model counts) against the allocator's measured peak: two local
 // ranks (threads sharing one allocator, so the peak holds both ranks' scratch) run one
 // collective on buffers allocated beforehand, for each algorithm: a message small enough
-// for the stack, recursive doubling, the ring's window, and the ring all-gather.
+// for the stack, recursive doubling, the ring's window, the ring all-gather, and the
+// reduce-scatter in place and not.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -62,6 +63,32 @@ TEST(CollectiveScratch, AllGatherMatchesTheAllocatorPeak) {
         2 * int64_t(collective_scratch_bytes(Collective::all_gather, size_t(2 * count), 4, 2));
     EXPECT_EQ(measured_extra(all_gather, count, 2 * count), want);
   }
+}
+
+// Into a separate output the ring keeps its partial sums in accumulator slots beside its
+// receive slots; in place (the output the rank's own part of the input, as the gradient
+// reducer runs it) in the input, so only the receive slots.
+TEST(CollectiveScratch, ReduceScatterMatchesTheAllocatorPeak) {
+  auto apart = [](Communicator& c, Tensor& in, Tensor& out) {
+    c.reduce_scatter(in, out, ReduceOp::sum)->wait();
+  };
+  auto in_place = [](Communicator& c, Tensor& in, Tensor&) {
+    const int64_t half = in.numel() / 2;
+    Tensor own = in.narrow(0, c.rank() * half, half);
+    c.reduce_scatter(in, own, ReduceOp::sum)->wait();
+  };
+  for (int64_t count : {int64_t(4000), int64_t(200000)}) {
+    SCOPED_TRACE(count);
+    for (bool place : {false, true}) {
+      const int64_t want =
+          2 * int64_t(collective_scratch_bytes(Collective::reduce_scatter, size_t(count), 4, 2,
+                                               size_t(count / 2), place));
+      EXPECT_EQ(measured_extra(place ? in_place : apart, count, count / 2), want) << place;
+    }
+  }
+  // The ring in place holds half the scratch of the ring into a separate output.
+  EXPECT_EQ(2 * collective_scratch_bytes(Collective::reduce_scatter, 200000, 4, 2, 100000, true),
+            collective_scratch_bytes(Collective::reduce_scatter, 200000, 4, 2, 100000, false));
 }
 
 // Once wait() returns, the collective holds none of its tensors' bytes, whichever thread

@@ -342,7 +342,7 @@ void barrier(const GroupView& g) {
 namespace baton::transport {
 
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
-                                size_t part) {
+                                size_t part, bool in_place) {
   using detail::AlgoTuning;
   using detail::Scratch;
   const AlgoTuning& tune = AlgoTuning::get();
@@ -363,7 +363,7 @@ size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int gr
       return ring(false);
     case Collective::reduce_scatter:
       if (bytes <= tune.small_bytes) return held(part * esize * size_t(group_size));
-      return ring(true);
+      return ring(!in_place);
     case Collective::all_gather:
       return bytes <= tune.small_bytes ? 0 : ring(false);
   }
