@@ -159,30 +159,6 @@ int64_t wrap_dim(int64_t d, int64_t rank) {
   return w;
 }
 
-// Copies a strided CPU tensor element by element: the innermost dimension as a run when
-// both sides are unit-stride there.
-void strided_copy(char* dst, const Shape& dst_strides, const char* src, const Shape& src_strides,
-                  const Shape& shape, size_t esize, size_t dim) {
-  if (shape.empty()) {
-    std::memcpy(dst, src, esize);
-    return;
-  }
-  int64_t n = shape[dim];
-  if (dim + 1 == shape.size()) {
-    if (dst_strides[dim] == 1 && src_strides[dim] == 1) {
-      std::memcpy(dst, src, size_t(n) * esize);
-    } else {
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(dst + i * dst_strides[dim] * int64_t(esize),
-                    src + i * src_strides[dim] * int64_t(esize), esize);
-    }
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    strided_copy(dst + i * dst_strides[dim] * int64_t(esize), dst_strides,
-                 src + i * src_strides[dim] * int64_t(esize), src_strides, shape, esize, dim + 1);
-}
-
 double load_as_double(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f32:
@@ -385,16 +361,11 @@ void Tensor::copy_from(const Tensor& src) {
     copy_bytes(raw_data(), device(), src.raw_data(), src.device(), nbytes());
     return;
   }
-  if (!device().is_cpu() || !src.device().is_cpu()) {
-    // A narrowed view (a column range of a fused qkv, a tile's rows) is one 2-D copy;
-    // other layouts, a few.
-    for_each_row_block(shape_, strides_, src.strides_, dtype_size(dtype_),
-                       static_cast<char*>(raw_data()), static_cast<const char*>(src.raw_data()),
-                       [&](const RowCopy& c) { copy_rows(c, device(), src.device()); });
-    return;
-  }
-  strided_copy(static_cast<char*>(raw_data()), strides_, static_cast<const char*>(src.raw_data()),
-               src.strides_, shape_, dtype_size(dtype_), 0);
+  // Row blocks: a narrowed view (a column range of a fused qkv, a tile's rows) is one 2-D
+  // copy on a device and a memcpy per row on the host; other layouts, a few blocks.
+  for_each_row_block(shape_, strides_, src.strides_, dtype_size(dtype_),
+                     static_cast<char*>(raw_data()), static_cast<const char*>(src.raw_data()),
+                     [&](const RowCopy& c) { copy_rows(c, device(), src.device()); });
 }
 
 void Tensor::zero_() {
@@ -421,14 +392,13 @@ void Tensor::fill_(double value) {
     std::memset(raw_data(), 0, nbytes());
     return;
   }
-  // One element converted, then replicated through a strided copy of a broadcast view.
+  // One element converted, then replicated through a copy of a broadcast view.
   Tensor one = empty({1}, dtype_);
   store_from_double(one.raw_data(), dtype_, 0, value);
   Tensor b = one;
   b.shape_ = shape_;
   b.strides_.assign(shape_.size(), 0);
-  strided_copy(static_cast<char*>(raw_data()), strides_, static_cast<const char*>(b.raw_data()),
-               b.strides_, shape_, dtype_size(dtype_), 0);
+  copy_from(b);
 }
 
 std::string Tensor::str() const {

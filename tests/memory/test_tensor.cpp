@@ -83,10 +83,10 @@ TEST(Tensor, FromBlobRunsDeleterOnce) {
   EXPECT_EQ(calls, 1);
 }
 
-// The row copies a non-CPU copy_from makes (for_each_row_block + copy_rows), run on the
-// host against the element-wise strided copy, over random narrowed and permuted views on
-// either side; and a fused qkv's column range is one 2-D copy.
-TEST(Tensor, RowBlocksCopyLikeTheStridedCopy) {
+// copy_from's row copies (for_each_row_block + copy_rows, as on a device) against an
+// element-by-element copy over random narrowed and permuted views on either side; and a
+// fused qkv's column range is one 2-D copy.
+TEST(Tensor, RowBlocksCopyLikeElementByElement) {
   const unsigned seed = 20261204;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -126,10 +126,18 @@ TEST(Tensor, RowBlocksCopyLikeTheStridedCopy) {
       want = want.narrow(int64_t(d), offset[d], src.size(int64_t(d)));
       got = got.narrow(int64_t(d), offset[d], src.size(int64_t(d)));
     }
-    want.copy_from(src);
-    for_each_row_block(got.shape(), got.strides(), src.strides(), sizeof(double),
-                       static_cast<char*>(got.raw_data()), static_cast<const char*>(src.raw_data()),
-                       [](const RowCopy& c) { copy_rows(c, Device::cpu(), Device::cpu()); });
+    // The reference: each element by its multi-index.
+    const int64_t rank = src.dim();
+    std::vector<int64_t> at(size_t(rank), 0);
+    for (int64_t e = 0; e < src.numel(); ++e) {
+      int64_t od = 0, os = 0;
+      for (int64_t d = 0; d < rank; ++d)
+        od += at[size_t(d)] * want.strides()[size_t(d)],
+            os += at[size_t(d)] * src.strides()[size_t(d)];
+      static_cast<double*>(want.raw_data())[od] = static_cast<const double*>(src.raw_data())[os];
+      for (int64_t d = rank - 1; d >= 0 && ++at[size_t(d)] == src.size(d); --d) at[size_t(d)] = 0;
+    }
+    got.copy_from(src);
     ASSERT_EQ(rows.to_vector<double>(), host.to_vector<double>()) << "trial " << trial;
   }
   Tensor qkv = Tensor::zeros({8, 64, 256}), v = Tensor::zeros({8, 64, 64});
