@@ -12,6 +12,8 @@
 #                              batch norm, pooling), f32 within 1e-4
 #   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
 #                              from its --summary), beside the benchmark rows above
+#   profile-gpt2-bf16          its ops timed on the GPU (baton profile --device cuda)
+#   trace-gpt2-bf16            its timeline as a one-rank plan (--trace)
 #   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX (device tensors staged
 #                              through host buffers, transport/staged.h) against one GPU, after
 #                              staged-transport (test_transport_staged's CUDA half)
@@ -20,7 +22,7 @@
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 profile-gpt2-bf16 trace-gpt2-bf16 staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
@@ -84,6 +86,22 @@ print(f"baton-train-bf16 baton bf16 tokens_per_s {tps:.0f} step_ms {step_ms:.3f}
 PY
     publish
   fi
+  # Where its time goes: each op's F, B and W on the GPU (baton profile, synchronized
+  # around every call), and the engine's timeline of the same model as a one-rank plan
+  # (forward, backward and optimizer step as the executor runs them). Both land in the
+  # logs' tarball; the profile's table is in its log.
+  step profile-gpt2-bf16 60 "$baton" profile --model "$e/gpt2-124m.json" --batch 8 --device cuda \
+    --precision bf16 --out "$e/gpt2-costs.json"
+  local layers
+  layers=$(for i in $(seq 0 11); do printf '"h.%d", ' "$i"; done)
+  cat >"$e/gpt2-one-rank.json" <<JSON
+{"version": 1, "model": "$PWD/$e/gpt2-124m.json", "devices": 1, "device": "cuda",
+ "parallel": {"dp": 1, "pp": 1, "tp": 1}, "batch": {"micro_batch_size": 8, "global": 8},
+ "schedule": {"name": "1f1b", "micro_batches": 1}, "optimizer": "adamw",
+ "stages": [{"layers": ["embed", $layers "head"], "pipeline_ranks": [0]}]}
+JSON
+  step trace-gpt2-bf16 60 "$baton" train --plan "$e/gpt2-one-rank.json" --data "$corpus" --steps 12 \
+    --precision bf16 --log-every 4 --trace "$e/gpt2-trace.json" --trace-steps 3
 
   # PP=2 on one GPU, both ranks on cuda:0, UCX between them: bf16 losses as one GPU's.
   cat >"$e/pp2-ucx.json" <<JSON
