@@ -55,9 +55,12 @@ inline int run(const std::string& cmd, const std::string& out) {
 // expects every rank's measured
 // `peak_bytes` in the run's summary within 3% of its `estimated_peak_bytes` (`baton plan
 // --check`'s figure), so never under it by more than 3%. Prints both per rank.
+// `over_slack` bytes more may be estimated than measured: a buffer whose overlap with the
+// peak depends on when a background thread runs a job.
 inline void expect_memory_accurate(const std::string& plan_path, int ranks, const std::string& dir,
                                    const std::string& flags = " --steps 2",
-                                   const std::string& data = data_file(), double over = 0.03) {
+                                   const std::string& data = data_file(), double over = 0.03,
+                                   double over_slack = 0) {
   std::string cmd = baton() + " launch -n " + std::to_string(ranks) + " -- " + baton() +
                     " train --plan " + plan_path + " --data " + data +
                     " --threads 1 --log-every 0" + flags + " --summary " + dir + "/summary.json";
@@ -70,7 +73,7 @@ inline void expect_memory_accurate(const std::string& plan_path, int ranks, cons
     std::printf("  rank %d: measured %.0f, estimated %.0f (%+.2f%%)\n", r["rank"].get<int>(), got,
                 est, 100 * (est - got) / got);
     EXPECT_LE(got - est, 0.03 * got) << "rank " << r["rank"];
-    EXPECT_LE(est - got, over * got) << "rank " << r["rank"];
+    EXPECT_LE(est - got, over * got + over_slack) << "rank " << r["rank"];
   }
 }
 

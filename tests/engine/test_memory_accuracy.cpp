@@ -17,18 +17,21 @@
 
 #include "engine_harness.h"
 #include "process_helpers.h"
+#include "transport/detail/collectives.h"
 
 namespace baton::engine_testing {
 namespace {
 
-void expect_accurate(const PlanSpec& spec, const json& extra = json::object()) {
+void expect_accurate(const PlanSpec& spec, const json& extra = json::object(),
+                     double over_slack = 0) {
   SCOPED_TRACE(spec.describe() + " " + extra.dump());
   std::printf("%s\n", spec.describe().c_str());
   Workspace ws("memacc");
   json plan = plan_json(spec, ws);
   plan.update(extra);
   std::ofstream(ws.path("plan.json")) << plan.dump(2);
-  expect_memory_accurate(ws.path("plan.json"), plan["devices"].get<int>(), ws.dir);
+  expect_memory_accurate(ws.path("plan.json"), plan["devices"].get<int>(), ws.dir, " --steps 2",
+                         data_file(), 0.03, over_slack);
 }
 
 PlanSpec gpt(std::vector<int> tp, int dp, const std::string& schedule) {
@@ -140,7 +143,12 @@ TEST(MemoryAccuracy, Zero2TiedAllReduceInTheLastW) {
   PlanSpec p = grid_plan({"gpt", 2, 1, 2, "1f1b"});
   p.optimizer_sharding = "zero2";
   ASSERT_EQ(setenv("BATON_SMALL_BYTES", "16384", 1), 0);
-  expect_accurate(p);
+  // The all-reduce is too small to wake the communicator's background thread, so its ring
+  // window overlaps the W's buffers only when that thread happens to run it before the
+  // rank waits (in about 5 of 6 runs here). The estimate counts the overlap; a run
+  // without it may measure that window less, never more.
+  const transport::detail::AlgoTuning ring;  // the ranks' ring: its default window
+  expect_accurate(p, json::object(), double(size_t(ring.window) * ring.chunk_bytes));
   unsetenv("BATON_SMALL_BYTES");
 }
 
