@@ -29,7 +29,8 @@ void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y
 // Single-device softmax cross-entropy in one call: ce_row_max, ce_sum_exp and ce_finish
 // (vocab_offset 0) in one read of the logits and one exp per logit, the same arguments and
 // results (bit for bit for rows up to 1024 logits; longer rows, summed in chunks, differ
-// by round-off).
+// by round-off). On CUDA one kernel reading the logits twice (an online max and sum,
+// then the gradient) where the three steps read them three times.
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
                            Tensor& losses, Tensor& dlogits);
 

@@ -919,15 +919,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
   const int64_t rows = check_ce(op, logits, {{"targets", &targets}, {"losses", &losses}});
   check_dlogits(op, dlogits, logits);
   const auto dev = common_device(op, {&logits, &targets, &losses, &dlogits});
-  if (dev.is_cuda()) {  // no fused CUDA kernel yet: the three steps
-    Tensor row_max = Tensor::empty({rows}, losses.dtype(), dev),
-           sum_exp = Tensor::empty({rows}, losses.dtype(), dev),
-           target_logit = Tensor::empty({rows}, losses.dtype(), dev);
-    ce_row_max(logits, row_max);
-    ce_sum_exp(logits, targets, 0, row_max, sum_exp, target_logit);
-    ce_finish(logits, targets, 0, row_max, sum_exp, target_logit, grad_scale, losses, dlogits);
-    return;
-  }
+  BATON_ON_CUDA(dev, cross_entropy_forward(logits, targets, grad_scale, losses, dlogits));
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
       cpu::cross_entropy_forward<T, I>(
@@ -935,6 +927,21 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
           dlogits.defined() ? dlogits.data<T>() : nullptr, rows, logits.size(-1));
     });
   });
+}
+
+void loss_sum(const Tensor& losses, double denom, Tensor& out) {
+  const char* op = "loss_sum";
+  check_float(op, "losses", losses);
+  BATON_NEED(out.numel() == 1 && out.dtype() == DType::f64, op,
+             "out must be one f64, got " + out.str());
+  const auto dev = common_device(op, {&losses, &out});
+  BATON_ON_CUDA(dev, loss_sum(losses, denom, out));
+  double sum = 0;
+  on_float(op, losses.dtype(), [&]<class T>(T) {
+    const T* x = losses.contiguous().data<T>();
+    for (int64_t i = 0; i < losses.numel(); ++i) sum += double(x[i]);
+  });
+  out.data<double>()[0] = sum / denom;
 }
 
 namespace {
@@ -1080,6 +1087,22 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
     cpu::adamw_step<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), param.numel(),
                        cfg, step, grad_scale);
   });
+}
+
+void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
+                     double grad_scale) {
+  const char* op = "adamw_step_each";
+  if (ts.empty()) return;
+  const memory::Device dev = ts[0].param.device();
+  bool same_device = true;
+  for (const AdamWTensors& t : ts) same_device &= t.param.device() == dev;
+  BATON_NEED(same_device, op, "tensors on one device");
+  BATON_ON_CUDA(dev, adamw_step_each(ts, cfg, step, grad_scale));
+  for (AdamWTensors& t : ts) {
+    AdamW c = cfg;
+    c.weight_decay = t.weight_decay;
+    adamw_step(t.param, t.grad, t.m, t.v, c, step, grad_scale);
+  }
 }
 
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,

@@ -202,6 +202,10 @@ void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offse
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                double grad_scale, Tensor& losses, Tensor& dlogits);
+// out (one f64 on the losses' device) = sum(losses) / denom, summed in double in a fixed
+// order (row order on the CPU, a fixed tree on CUDA): the same losses give the same bits
+// whatever the thread count or the plan; on a GPU the loss stays there, no host wait.
+void loss_sum(const Tensor& losses, double denom, Tensor& out);
 
 // ---- random initialisation ----
 // Fills out with normal(mean, std) numbers from (seed, stream) and the element's index in
@@ -225,6 +229,15 @@ struct AdamW {
 // loss averaging); m, v: the moments; step counts from 1.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale);
+// adamw_step on each of many tensors (cfg.weight_decay replaced by each one's), the same
+// bits; on a GPU one launch for up to a few hundred of them (a step's every parameter)
+// where one each cost a launch of its own.
+struct AdamWTensors {
+  Tensor param, grad, m, v;
+  double weight_decay = 0.0;
+};
+void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
+                     double grad_scale);
 
 struct Sgd {
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;

@@ -707,6 +707,7 @@ void Stage::step(double grad_scale) {
   OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
   Timer timer(t != nullptr, t ? &t->forward : nullptr);
   if (t) t->calls++;
+  std::vector<kernels::AdamWTensors> adamw;  // every AdamW update of the step, in one call
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
     if (!p.trainable) continue;  // a buffer its op updates
@@ -727,15 +728,14 @@ void Stage::step(double grad_scale) {
       grad = grad.view(value.shape());
     }
     if (opt_.kind == OptimizerConfig::Kind::adamw) {
-      kernels::AdamW cfg = opt_.adamw;
-      if (!p.weight_decay) cfg.weight_decay = 0;
-      kernels::adamw_step(value, grad, ps->m, ps->v, cfg, opt_steps_, grad_scale);
+      adamw.push_back({value, grad, ps->m, ps->v, p.weight_decay ? opt_.adamw.weight_decay : 0.0});
     } else {
       kernels::Sgd cfg = opt_.sgd;
       if (!p.weight_decay) cfg.weight_decay = 0;
       kernels::sgd_step(value, grad, ps->m, cfg, grad_scale);
     }
   }
+  kernels::adamw_step_each(adamw, opt_.adamw, opt_steps_, grad_scale);
   // The working copies follow their masters (a sharded optimizer's other parts arrive
   // through param() and are cast at the next forward).
   refresh_working();

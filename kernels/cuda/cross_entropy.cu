@@ -1,5 +1,6 @@
-// Softmax cross-entropy in the three steps of the vocabulary-parallel form (ops.h): one
-// block per row, statistics in f32 whatever the logits' type.
+// Softmax cross-entropy: on one device one fused kernel (two reads of the logits), split
+// by vocabulary the three steps of the vocabulary-parallel form (ops.h); one block per
+// row, statistics in f32 whatever the logits' type. And the loss's sum in f64.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -52,6 +53,98 @@ __global__ void finish_k(const T* logits, const I* targets, int64_t offset, cons
     if (!ignored) v = __expf(to_f(l[j]) - m) * scale - (j == t ? grad_scale : 0.f);
     d[j] = from_f<T>(v);  // in place over the logits is safe: each element read first
   }
+}
+
+// V elements from p into x (V * sizeof(T) == 16: one vector load; p then 16-byte aligned).
+template <int V, class T>
+__device__ __forceinline__ void load(const T* p, float (&x)[V]) {
+  if constexpr (V == 1) {
+    x[0] = to_f(p[0]);
+  } else {
+    static_assert(V * sizeof(T) == 16);
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] = to_f(e[k]);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store(T* p, const float (&x)[V]) {
+  if constexpr (V == 1) {
+    p[0] = from_f<T>(x[0]);
+  } else {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < V; ++k) e[k] = from_f<T>(x[k]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
+// The whole row's loss (and gradient) in one block: each thread keeps a running max and
+// its sum of exponentials over the columns it reads (rescaled when the max rises, once
+// per vector rather than per element), the pairs merge across the block, and a second
+// read writes the gradient. The three-step form reads the logits three times and
+// launches three kernels; this one reads them twice.
+template <int V, class T, class I, class S>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_k(const T* logits, const I* targets, float grad_scale, S* losses, T* dlogits,
+                    int64_t vocab) {
+  const int64_t r = blockIdx.x;
+  const T* l = logits + r * vocab;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t j = int64_t(threadIdx.x) * V; j < vocab; j += int64_t(blockDim.x) * V) {
+    float x[V];
+    load<V>(l + j, x);
+    float vm = x[0];
+#pragma unroll
+    for (int k = 1; k < V; ++k) vm = fmaxf(vm, x[k]);
+    if (vm > m) {
+      s *= __expf(m - vm);  // m = -inf: s is still 0
+      m = vm;
+    }
+    if (m != -INFINITY) {  // a row of -inf so far adds nothing (and no NaN)
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += __expf(x[k] - m);
+    }
+  }
+  const float row_max = block_max(m);
+  const float sum_exp = block_sum(m == -INFINITY ? 0.f : s * __expf(m - row_max));
+  const int64_t t = int64_t(targets[r]);
+  const bool ignored = t < 0;
+  if (threadIdx.x == 0) {
+    const float target_logit = !ignored && t < vocab ? to_f(l[t]) : 0.f;
+    losses[r] = from_f<S>(ignored ? 0.f : logf(sum_exp) + row_max - target_logit);
+  }
+  if (dlogits == nullptr) return;
+  T* d = dlogits + r * vocab;
+  const float scale = grad_scale / sum_exp;
+  for (int64_t j = int64_t(threadIdx.x) * V; j < vocab; j += int64_t(blockDim.x) * V) {
+    float x[V];
+    load<V>(l + j, x);  // in place over the logits is safe: each vector read before written
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      x[k] = ignored ? 0.f : __expf(x[k] - row_max) * scale - (j + k == t ? grad_scale : 0.f);
+    store<V>(d + j, x);
+  }
+}
+
+// out = sum(x) / denom in f64, in one block: thread i sums elements i, i + 256, ... in
+// order, then a fixed tree; so the same x always gives the same bits (the CPU sums in row
+// order: its bits may differ in the last place).
+template <class S>
+__global__ void __launch_bounds__(kThreads)
+    loss_sum_k(const S* x, int64_t n, double denom, double* out) {
+  __shared__ double part[kThreads];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += double(to_f(x[i]));
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = part[0] / denom;
 }
 
 void check_logits(const char* op, const Tensor& logits) {
@@ -133,6 +226,54 @@ void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset
             dlogits.defined() ? static_cast<T*>(dlogits.raw_data()) : nullptr, logits.size(1));
         BATON_CUDA_CHECK_LAUNCH();
       }));
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                           Tensor& losses, Tensor& dlogits) {
+  const char* op = "cross_entropy_forward";
+  check_logits(op, logits);
+  check_row(op, logits, targets, "targets");
+  check_row(op, logits, losses, "losses");
+  if (dlogits.defined()) {
+    require_cuda(op, "dlogits", dlogits);
+    require(dlogits.numel() == logits.numel() && dlogits.dtype() == logits.dtype(), op,
+            "dlogits must match logits");
+  }
+  if (logits.size(0) == 0) return;
+  const int64_t vocab = logits.size(1);
+  auto aligned = [](const Tensor& t) {
+    return !t.defined() || reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
+  };
+  Launch l(losses);
+  BATON_CUDA_DISPATCH_ID(
+      op, targets.dtype(), I, BATON_CUDA_DISPATCH2(op, logits.dtype(), losses.dtype(), T, S, {
+        constexpr int kV = int(16 / sizeof(T));
+        const bool vec = vocab % kV == 0 && aligned(logits) && aligned(dlogits);
+        auto launch = [&]<int V>() {
+          cross_entropy_k<V, T, I, S><<<unsigned(logits.size(0)), kThreads, 0, l.stream>>>(
+              static_cast<const T*>(logits.raw_data()), static_cast<const I*>(targets.raw_data()),
+              float(grad_scale), static_cast<S*>(losses.raw_data()),
+              dlogits.defined() ? static_cast<T*>(dlogits.raw_data()) : nullptr, vocab);
+        };
+        if (vec)
+          launch.template operator()<kV>();
+        else
+          launch.template operator()<1>();
+        BATON_CUDA_CHECK_LAUNCH();
+      }));
+}
+
+void loss_sum(const Tensor& losses, double denom, Tensor& out) {
+  const char* op = "loss_sum";
+  require_cuda(op, "losses", losses);
+  require_cuda(op, "out", out);
+  require(out.numel() == 1 && out.dtype() == DType::f64, op, "out must be one f64");
+  Launch l(out);
+  BATON_CUDA_DISPATCH(op, losses.dtype(), S, {
+    loss_sum_k<S><<<1, kThreads, 0, l.stream>>>(static_cast<const S*>(losses.raw_data()),
+                                                losses.numel(), denom, out.data<double>());
+    BATON_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace baton::kernels::cuda

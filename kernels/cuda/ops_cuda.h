@@ -132,6 +132,9 @@ void ce_sum_exp(const Tensor& logits, const Tensor& targets, int64_t vocab_offse
 void ce_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                double grad_scale, Tensor& losses, Tensor& dlogits);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double grad_scale,
+                           Tensor& losses, Tensor& dlogits);
+void loss_sum(const Tensor& losses, double denom, Tensor& out);
 
 // ---- random initialisation ----
 void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t stream,
@@ -142,6 +145,8 @@ double sum_squares(const Tensor& t);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale);
+void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
+                     double grad_scale);
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,
               double grad_scale);
 

@@ -69,6 +69,56 @@ __global__ void adamw_k(P* param, const G* grad, P* m, P* v, int64_t n, AdamCoef
   }
 }
 
+// Many tensors' AdamW steps in one launch: the pieces travel in the kernel's parameters
+// (up to 32 KB on Volta and later since CUDA 12.1), each block updates kChunk elements of
+// one piece, found by a binary search over the pieces' first blocks. The arithmetic is
+// adamw_k's, so each tensor gets the bits its own adamw_step would give.
+constexpr int kMaxPieces = 224;
+constexpr int64_t kChunk = 8192;
+
+template <class G, class P>
+struct AdamPiece {
+  P* param;
+  const G* grad;
+  P* m;
+  P* v;
+  int64_t n, first_block;
+  float decay;
+};
+
+template <class G, class P>
+struct AdamBatch {
+  AdamPiece<G, P> piece[kMaxPieces];
+  int count;
+  AdamCoeffs c;
+};
+
+template <class G, class P>
+__global__ void __launch_bounds__(kThreads)
+    adamw_many_k(const __grid_constant__ AdamBatch<G, P> b) {
+  int lo = 0, hi = b.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (b.piece[mid].first_block <= int64_t(blockIdx.x))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const AdamPiece<G, P>& p = b.piece[lo];
+  const AdamCoeffs& c = b.c;
+  const int64_t begin = (int64_t(blockIdx.x) - p.first_block) * kChunk;
+  const int64_t end = begin + kChunk < p.n ? begin + kChunk : p.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = to_f(p.grad[i]) * c.gs;
+    const float mi = to_f(p.m[i]) + c.one_minus_b1 * (g - to_f(p.m[i]));
+    const float vi = c.b2 * to_f(p.v[i]) + c.one_minus_b2 * g * g;
+    const float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
+    p.param[i] = from_f<P>(to_f(p.param[i]) * p.decay - c.step_size * mi / denom);
+    p.m[i] = from_f<P>(mi);
+    p.v[i] = from_f<P>(vi);
+  }
+}
+
 template <class G, class P>
 __global__ void sgd_k(P* param, const G* grad, P* buf, int64_t n, float lr, float wd, float mom,
                       bool nesterov, float gs) {
@@ -137,9 +187,23 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   return host;
 }
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
-                int64_t step, double grad_scale) {
-  const char* op = "adamw_step";
+namespace {
+
+AdamCoeffs adam_coeffs(const AdamW& cfg, int64_t step, double grad_scale) {
+  const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
+  const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
+  return AdamCoeffs{float(1.0 - cfg.lr * cfg.weight_decay),
+                    float(cfg.lr / bc1),
+                    float(1.0 / std::sqrt(bc2)),
+                    float(1.0 - cfg.beta1),
+                    float(cfg.beta2),
+                    float(1.0 - cfg.beta2),
+                    float(cfg.eps),
+                    float(grad_scale)};
+}
+
+void check_adamw(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                 const Tensor& v, int64_t step) {
   require_cuda(op, "param", param);
   require_cuda(op, "grad", grad);
   require_cuda(op, "m", m);
@@ -149,16 +213,55 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   require(m.dtype() == param.dtype() && v.dtype() == param.dtype(), op,
           "m and v must have param's dtype");
   require(step >= 1, op, "step counts from 1");
-  const double bc1 = 1.0 - std::pow(cfg.beta1, double(step));
-  const double bc2 = 1.0 - std::pow(cfg.beta2, double(step));
-  const AdamCoeffs c{float(1.0 - cfg.lr * cfg.weight_decay),
-                     float(cfg.lr / bc1),
-                     float(1.0 / std::sqrt(bc2)),
-                     float(1.0 - cfg.beta1),
-                     float(cfg.beta2),
-                     float(1.0 - cfg.beta2),
-                     float(cfg.eps),
-                     float(grad_scale)};
+}
+
+}  // namespace
+
+void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
+                     double grad_scale) {
+  const char* op = "adamw_step_each";
+  for (const AdamWTensors& t : ts) {
+    check_adamw(op, t.param, t.grad, t.m, t.v, step);
+    require(t.param.device() == ts[0].param.device(), op, "every tensor on one device");
+  }
+  const AdamCoeffs c = adam_coeffs(cfg, step, grad_scale);
+  // One launch per (gradient type, parameter type) and kMaxPieces pieces, in order.
+  size_t i = 0;
+  while (i < ts.size()) {
+    const DType gt = ts[i].grad.dtype(), pt = ts[i].param.dtype();
+    Launch l(ts[i].param);
+    BATON_CUDA_DISPATCH2(op, gt, pt, G, P, {
+      AdamBatch<G, P> b{};
+      b.c = c;
+      int64_t blocks = 0;
+      for (; i < ts.size() && b.count < kMaxPieces && ts[i].grad.dtype() == gt &&
+             ts[i].param.dtype() == pt;
+           ++i) {
+        AdamWTensors& t = ts[i];
+        const int64_t n = t.param.numel();
+        if (n == 0) continue;
+        b.piece[b.count++] = {static_cast<P*>(t.param.raw_data()),
+                              static_cast<const G*>(t.grad.raw_data()),
+                              static_cast<P*>(t.m.raw_data()),
+                              static_cast<P*>(t.v.raw_data()),
+                              n,
+                              blocks,
+                              float(1.0 - cfg.lr * t.weight_decay)};
+        blocks += (n + kChunk - 1) / kChunk;
+      }
+      if (b.count > 0) {
+        adamw_many_k<G, P><<<unsigned(blocks), kThreads, 0, l.stream>>>(b);
+        BATON_CUDA_CHECK_LAUNCH();
+      }
+    });
+  }
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
+                int64_t step, double grad_scale) {
+  const char* op = "adamw_step";
+  check_adamw(op, param, grad, m, v, step);
+  const AdamCoeffs c = adam_coeffs(cfg, step, grad_scale);
   const int64_t n = param.numel();
   if (n == 0) return;
   Launch l(param);

@@ -22,15 +22,12 @@ double loss_denominator(const OpContext& ctx, const Tensor& targets) {
   return n > 0 ? n : 1;
 }
 
-// sum(losses) / denom as an f64 scalar, summed in double in row order.
-Tensor sum_losses(const Tensor& losses, double denom, memory::Device device) {
-  // Summed in double in row order: the same bits whatever the thread count or the plan.
-  std::vector<double> rows = losses.to(memory::Device::cpu()).to(DType::f64).to_vector<double>();
-  double sum = 0;
-  for (double r : rows) sum += r;
-  Tensor out = Tensor::empty({}, DType::f64, memory::Device::cpu());
-  out.data<double>()[0] = sum / denom;
-  return device.is_cpu() ? out : out.to(device);
+// sum(losses) / denom as an f64 scalar on the losses' device, in a fixed order: the same
+// bits whatever the thread count or the plan, and no host wait on a GPU.
+Tensor sum_losses(const Tensor& losses, double denom) {
+  Tensor out = Tensor::empty({}, DType::f64, losses.device());
+  kernels::loss_sum(losses, denom, out);
+  return out;
 }
 
 }  // namespace
@@ -55,7 +52,7 @@ void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& losses,
     dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype);
   Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
   compute(c.ctx.mb.loss_scale / denom, dl2);
-  c.outputs[0] = sum_losses(losses, denom, c.ctx.device);
+  c.outputs[0] = sum_losses(losses, denom);
   if (c.ctx.training) c.saved.push_back(dlogits);
 }
 

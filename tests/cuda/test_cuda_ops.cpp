@@ -716,6 +716,63 @@ TEST_P(CudaOps, CrossEntropyThreeSteps) {
   expect_close("ce_finish dlogits", dt(), gd, rd);
 }
 
+// The one-kernel loss (two reads of the logits) against the CPU's: rows of a width that
+// takes 16-byte vector loads and of one that does not, a misaligned start (scalar path),
+// GPT-2's padded vocabulary, an ignored row, in place, apart and losses only; then the
+// loss's f64 sum against the CPU's and the same bits twice.
+TEST_P(CudaOps, CrossEntropyOneKernel) {
+  struct Case {
+    int64_t N, V;
+    bool misaligned;
+  };
+  for (const Case c :
+       {Case{19, 50, false}, Case{19, 64, false}, Case{7, 64, true}, Case{4, 50304, false}}) {
+    const std::string tag =
+        "cross_entropy V=" + std::to_string(c.V) + (c.misaligned ? " misaligned" : "");
+    Tensor logits = randn({c.N, c.V}, rng_, 3.0);
+    std::vector<int64_t> tg(size_t(c.N));
+    std::uniform_int_distribution<int64_t> pick(0, c.V - 1);
+    for (auto& t : tg) t = pick(rng_);
+    tg[1] = -100;  // ignored
+    Tensor rt = Tensor::from_vector(tg, {c.N}), gt = rt.to(kGpu);
+    Tensor rl = rounded(logits, dt());
+    auto on_gpu = [&] {  // a fresh device copy, 2 bytes past a 16-byte boundary if asked
+      if (!c.misaligned) return dev(logits, dt());
+      Tensor flat = Tensor::empty({c.N * c.V + 1}, dt(), kGpu);
+      Tensor view = flat.narrow(0, 1, c.N * c.V).view({c.N, c.V});
+      view.copy_from(dev(logits, dt()));
+      return view;
+    };
+    Tensor rloss = Tensor::empty({c.N}), rd = Tensor::empty({c.N, c.V});
+    kernels::cross_entropy_forward(rl, rt, 0.25, rloss, rd);
+    // Apart from the logits.
+    Tensor gl = on_gpu(), gloss = Tensor::empty({c.N}, DType::f32, kGpu);
+    Tensor gd = Tensor::empty({c.N, c.V}, dt(), kGpu);
+    kernels::cross_entropy_forward(gl, gt, 0.25, gloss, gd);
+    expect_close(tag + " losses", dt(), gloss, rloss);
+    expect_close(tag + " dlogits", dt(), gd, rd);
+    // In place, as the op asks when it may overwrite its input.
+    Tensor gi = on_gpu(), gloss2 = Tensor::empty({c.N}, DType::f32, kGpu);
+    kernels::cross_entropy_forward(gi, gt, 0.25, gloss2, gi);
+    expect_close(tag + " in place", dt(), gi, rd);
+    // Losses only (evaluation).
+    Tensor none, gloss3 = Tensor::empty({c.N}, DType::f32, kGpu);
+    kernels::cross_entropy_forward(on_gpu(), gt, 0.25, gloss3, none);
+    expect_close(tag + " losses only", dt(), gloss3, rloss);
+  }
+  Tensor losses = randn({5000}, rng_);
+  Tensor want = Tensor::empty({}, DType::f64), a = Tensor::empty({}, DType::f64, kGpu),
+         b = Tensor::empty({}, DType::f64, kGpu);
+  kernels::loss_sum(rounded(losses, dt()), 4096.0, want);
+  kernels::loss_sum(dev(losses, dt()), 4096.0, a);
+  kernels::loss_sum(dev(losses, dt()), 4096.0, b);
+  memory::cuda::synchronize(0);
+  const double w = want.data<double>()[0], ga = a.to(Device::cpu()).data<double>()[0],
+               gb = b.to(Device::cpu()).data<double>()[0];
+  EXPECT_LT(std::fabs(ga - w), 1e-12 * std::max(1.0, std::fabs(w)));
+  EXPECT_EQ(ga, gb);  // a fixed order: the same bits every time
+}
+
 TEST_P(CudaOps, RandomNormalMatchesTheCpu) {
   Block where{{64, 50}, {8, 10}};
   Tensor r = Tensor::empty({16, 30}), g = Tensor::empty({16, 30}, dt(), kGpu);
@@ -763,6 +820,54 @@ TEST_P(CudaOps, SumSquaresAndOptimizers) {
     kernels::sgd_step(gsp, gg, gsb, sgd, 2.0);
   }
   expect_close("sgd_step", dt(), gsp, sp);
+}
+
+// The one-launch AdamW over many tensors against each tensor's own adamw_step on the GPU,
+// bit for bit: 300 tensors (two launches' worth), sizes from 0 to several chunks, an
+// f32-gradient tensor among the 16-bit ones (a launch of its own), a shard's view at an
+// offset, weight decay on some.
+TEST_P(CudaOps, AdamWOverManyTensorsIsEachOnesStep) {
+  std::uniform_int_distribution<int64_t> size(0, 3000);
+  struct Set {
+    std::vector<Tensor> p, g, m, v;
+  };
+  Set one, many;
+  std::vector<double> decay;
+  Tensor big = randn({40000}, rng_);
+  for (int i = 0; i < 300; ++i) {
+    const int64_t n = i == 7 ? 0 : i == 11 ? 20000 : size(rng_);
+    const DType gt = i == 150 ? DType::f32 : dt();
+    Tensor p = randn({n}, rng_), g = randn({n}, rng_), m = randn({n}, rng_, 0.1);
+    Tensor v = randn({n}, rng_, 0.1);
+    for (float& x : v.span<float>()) x = x * x;
+    for (Set* s : {&one, &many}) {
+      // Tensor 20 a shard: a view at an offset into a bigger device buffer.
+      s->p.push_back(i == 20 ? dev(big, wide()).narrow(0, 1001, n) : dev(p, wide()));
+      s->g.push_back(dev(g, gt));
+      s->m.push_back(dev(m, wide()));
+      s->v.push_back(dev(v, wide()));
+    }
+    decay.push_back(i % 3 == 0 ? 0.0 : 0.1);
+  }
+  AdamW cfg{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<kernels::AdamWTensors> ts;
+    for (size_t i = 0; i < decay.size(); ++i) {
+      AdamW c = cfg;
+      c.weight_decay = decay[i];
+      kernels::adamw_step(one.p[i], one.g[i], one.m[i], one.v[i], c, step, 0.5);
+      ts.push_back({many.p[i], many.g[i], many.m[i], many.v[i], decay[i]});
+    }
+    kernels::adamw_step_each(ts, cfg, step, 0.5);
+  }
+  for (size_t i = 0; i < decay.size(); ++i) {
+    EXPECT_EQ(cuda_ops_host(many.p[i]).to_vector<float>(),
+              cuda_ops_host(one.p[i]).to_vector<float>())
+        << "tensor " << i;
+    EXPECT_EQ(cuda_ops_host(many.v[i]).to_vector<float>(),
+              cuda_ops_host(one.v[i]).to_vector<float>())
+        << "tensor " << i;
+  }
 }
 
 TEST_P(CudaOps, CastAndUnscale) {
