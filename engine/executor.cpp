@@ -44,6 +44,11 @@ int64_t steady_ns() {
 
 using Key = std::pair<int, int>;  // (stage, micro-batch)
 
+// A micro-batch's loss (an f64 scalar on its stage's device) on the host.
+double loss_value(const Tensor& loss) {
+  return loss.to(memory::Device::cpu()).to(memory::DType::f64).to_vector<double>()[0];
+}
+
 // Fault injection for the hang tests (tests/engine/test_processes.cpp; docs/engine.md,
 // "Failures"): BATON_TEST_STOP="<rank>:<point>:<step>" makes the process whose BATON_RANK
 // is <rank> stop itself (SIGSTOP: alive but silent) once, in step <step> (from 0), at
@@ -187,8 +192,8 @@ Executor::Executor(ExecutorConfig config)
   if (!input_names_.empty()) {
     if (!cfg_.inputs)
       throw InputError("executor: the stages read model inputs but no input function was given");
-    loader_ = std::make_unique<detail::InputLoader>(cfg_.inputs, input_names_, cfg_.input_ahead,
-                                                    [this] { return now(); });
+    loader_ = std::make_unique<detail::InputLoader>(
+        cfg_.inputs, input_names_, cfg_.input_ahead, [this] { return now(); }, cfg_.input_staging);
   }
   reducer_ =
       std::make_unique<detail::GradReducer>(cfg_.grad_groups, cfg_.stages, cfg_.bucket_bytes);
@@ -395,11 +400,8 @@ void Executor::compute(const Action& a, size_t index, int64_t step) {
       TensorMap out = st.forward(micro_batch(a.micro_batch, step), in, !cfg_.evaluation);
       if (next < 0) {
         const stages::Graph& g = st.graph();
-        losses_[size_t(a.micro_batch)] = out.at(g.values[size_t(g.loss)].name)
-                                             .to(memory::Device::cpu())
-                                             .to(memory::DType::f64)
-                                             .to_vector<double>()[0];
-        has_loss_[size_t(a.micro_batch)] = true;
+        // Kept on the stage's device: read at the step's end, not here (a host wait).
+        losses_[size_t(a.micro_batch)] = out.at(g.values[size_t(g.loss)].name);
       } else if (s.placement[size_t(next)] == cfg_.rank) {
         pending_->act_in[{next, a.micro_batch}] = std::move(out);
       } else {
@@ -455,8 +457,7 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     reducer_->begin_step();
     if (local_sgd_) local_sgd_->begin_step();
   }
-  losses_.assign(size_t(s.num_micro_batches), 0.0);
-  has_loss_.assign(size_t(s.num_micro_batches), false);
+  losses_.assign(size_t(s.num_micro_batches), Tensor());
 
   if (loader_) {
     // The micro-batches in the order this rank's forwards read them, with their counts.
@@ -530,7 +531,8 @@ void Executor::finish_evaluation(StepStats& stats) {
   std::vector<double> v(size_t(cfg_.loss_slots), 0.0);
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
-      if (has_loss_[size_t(mb)]) v[size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+      if (losses_[size_t(mb)].defined())
+        v[size_t(cfg_.first_micro_batch + mb)] = loss_value(losses_[size_t(mb)]);
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
     Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
     cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();
@@ -632,8 +634,8 @@ void Executor::finish_step(StepStats& stats, double t0) {
   for (size_t k = 0; k < each.size(); ++k) v[slot[k]] += each[k];
   if (cfg_.contribute_loss)
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
-      if (has_loss_[size_t(mb)])
-        v[L * blocks + size_t(cfg_.first_micro_batch + mb)] = losses_[size_t(mb)];
+      if (losses_[size_t(mb)].defined())
+        v[L * blocks + size_t(cfg_.first_micro_batch + mb)] = loss_value(losses_[size_t(mb)]);
   Tensor combined;
   transport::WorkPtr combining;
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {

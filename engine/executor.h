@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/mixed_precision.h"
+#include "memory/input_staging.h"
 #include "schedule/schedule.h"
 #include "schedule/timeline.h"
 #include "schedule/transfer.h"
@@ -109,7 +110,10 @@ struct ExecutorConfig {
   double loss_tokens = 0;    // targets the loss counts per step (MicroBatch::loss_tokens)
   InputFn inputs;
   int input_ahead = 4;  // micro-batches the loader prepares ahead
-  int recv_ahead = 2;   // receives posted ahead of the current action (at least 1)
+  // Where set (stages on a GPU: memory::cuda_staging_backend), the loader also stages the
+  // inputs to the device ahead, through pinned buffers on a copy stream.
+  std::function<std::unique_ptr<memory::StagingBackend>()> input_staging;
+  int recv_ahead = 2;  // receives posted ahead of the current action (at least 1)
 
   // The loss and the gradient norm of the step, combined over `step_comm` (every rank of
   // the job, so every rank reports the same numbers): a vector of the per-layer sums of
@@ -231,9 +235,8 @@ class Executor {
   std::unique_ptr<detail::LocalSgd> local_sgd_;
   std::unique_ptr<detail::Gossip> gossip_;
   std::unique_ptr<Pending> pending_;
-  int64_t queued_step_ = -1;    // the last step whose inputs were queued
-  std::vector<double> losses_;  // per local micro-batch, this step
-  std::vector<bool> has_loss_;
+  int64_t queued_step_ = -1;            // the last step whose inputs were queued
+  std::vector<memory::Tensor> losses_;  // per local micro-batch, this step (undefined: none here)
   bool recording_ = false;
   double compute_began_ = 0;  // the running compute action's start, after any input wait
   std::vector<schedule::TimelineEvent> events_;

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "engine/loop.h"
+#include "memory/input_staging.h"
 #include "partitioner/resolved_plan.h"
 #include "transport/communicator.h"
 
@@ -33,6 +35,8 @@ struct PlanTrainOptions : LoopOptions {
   // The communicator of device tensors (the NCCL world of a "device": "cuda" plan;
   // RankEngineOptions::device_world); null: the world carries everything.
   transport::CommPtr device_world;
+  // RankEngineOptions::input_staging (empty: the device's own).
+  std::function<std::unique_ptr<memory::StagingBackend>()> input_staging;
 };
 
 // Runs the plan's training on this rank; every rank returns the same records. Throws

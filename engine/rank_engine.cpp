@@ -245,6 +245,11 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.loss_tokens = double(c.global_batch * memory::shape_numel(targets.type.shape));
   c.inputs = tile_inputs(options.inputs);
   c.input_ahead = options.input_ahead;
+  c.input_staging = options.input_staging;
+  if (!c.input_staging && options.device.is_cuda()) {
+    const int device = options.device.index;
+    c.input_staging = [device] { return memory::cuda_staging_backend(device); };
+  }
   c.recv_ahead = options.recv_ahead;
   c.step_comm = world_.get();
   c.num_layers = g.num_layers();

@@ -42,6 +42,10 @@ struct RankEngineOptions {
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
   InputFn inputs;
+  // What the inputs are staged to the device through (ExecutorConfig::input_staging);
+  // empty: the GPU's pinned buffers and copy stream on a GPU, nothing on the CPU. Tests
+  // stage through a CPU stand-in.
+  std::function<std::unique_ptr<memory::StagingBackend>()> input_staging;
   // The held-out data's inputs (MicroBatch::step: the evaluation batch); given, the
   // engine also builds an evaluation executor (evaluate()).
   InputFn eval_inputs;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <optional>
 
+#include "engine/detail/staged_inputs.h"
+#include "memory/input_staging.h"
 #include "memory/units.h"
 #include "partitioner/fusion.h"
 #include "stages/checkpoint.h"
@@ -117,10 +119,27 @@ TrainSummary run_training(const TrainOptions& o,
                  scaler ? fmt::format(", loss scale {:g}", scaler->scale()) : std::string());
   const int64_t mb_size = o.batch / o.micro_batches;
   const double loss_tokens = double(o.batch * (per_position ? T : 1));
-  Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
-                         : Tensor::empty({mb_size, T}, tok_type.dtype);
-  Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype)
-                                : Tensor::empty({mb_size}, tgt_type.dtype);
+  // One micro-batch's inputs on the host, by name.
+  auto load = [&](int64_t step, const stages::MicroBatch& mb) {
+    Tensor tokens = images ? Tensor::empty(tok_type.with_batch(mb_size), tok_type.dtype)
+                           : Tensor::empty({mb_size, T}, tok_type.dtype);
+    Tensor targets = per_position ? Tensor::empty({mb_size, T}, tgt_type.dtype)
+                                  : Tensor::empty({mb_size}, tgt_type.dtype);
+    if (images) {
+      images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      return stages::TensorMap{{"images", tokens}, {"labels", targets}};
+    }
+    data.train->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+    return stages::TensorMap{{"tokens", tokens}, {"targets", targets}};
+  };
+  // On a GPU, micro-batch k + 1 is staged (pinned buffer, copy stream) before k's forward
+  // is queued, so its copy runs under k's work.
+  std::unique_ptr<detail::StagedInputs> staged;
+  if (o.device.is_cuda()) {
+    const int device = o.device.index;
+    staged = std::make_unique<detail::StagedInputs>(
+        [device] { return memory::cuda_staging_backend(device); }, 2);
+  }
 
   LoopSteps steps;
   // The reference step: every micro-batch through the one Stage, then clipping and the
@@ -128,24 +147,30 @@ TrainSummary run_training(const TrainOptions& o,
   steps.step = [&](int64_t step) {
     auto t0 = std::chrono::steady_clock::now();
     stage.zero_grad();
-    double loss = 0;
+    std::vector<Tensor> losses;  // on the stage's device until the step reads them
     const double loss_scale = scaler ? scaler->scale() : 1.0;
+    auto micro_batch = [&](int64_t k) {
+      return stages::MicroBatch{k, k * mb_size, mb_size, o.batch, loss_tokens, step, loss_scale};
+    };
+    int64_t ticket = -1;
     for (int64_t k = 0; k < o.micro_batches; ++k) {
-      stages::MicroBatch mb{k, k * mb_size, mb_size, o.batch, loss_tokens, step, loss_scale};
-      if (images) {
-        images->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+      const stages::MicroBatch mb = micro_batch(k);
+      stages::TensorMap in;
+      if (staged) {
+        if (k == 0) ticket = staged->stage(load(step, mb));
+        in = staged->take(ticket);
+        if (k + 1 < o.micro_batches) ticket = staged->stage(load(step, micro_batch(k + 1)));
       } else {
-        data.train->fill(o.seed, step, mb.sample_offset, mb_size, tokens, targets);
+        in = load(step, mb);
       }
-      stages::TensorMap out = images
-                                  ? stage.forward(mb, {{"images", tokens}, {"labels", targets}})
-                                  : stage.forward(mb, {{"tokens", tokens}, {"targets", targets}});
-      // The loss: one f64 scalar from the device per micro-batch (the stage moved the
-      // inputs there).
-      loss += out.at("loss").to(memory::Device::cpu()).to_vector<double>()[0];
+      stages::TensorMap out = stage.forward(mb, in);
+      losses.push_back(out.at("loss"));
       stage.backward(k);
     }
     stage.finish_grads();
+    // Read after every backward is queued: on a GPU the host does not wait mid-step.
+    double loss = 0;
+    for (const Tensor& l : losses) loss += l.to(memory::Device::cpu()).to_vector<double>()[0];
     const UpdateDecision d = decide_update(stage.grad_sum_squares(), o.grad_clip, scaler.get());
     if (d.apply)
       stage.step(d.grad_scale);  // a skipped step leaves parameters and state

@@ -7,11 +7,14 @@
 namespace baton::engine::detail {
 
 InputLoader::InputLoader(InputFn fn, std::vector<std::string> names, int ahead,
-                         std::function<double()> clock)
+                         std::function<double()> clock, StagedInputs::Backend staging)
     : fn_(std::move(fn)),
       names_(std::move(names)),
       ahead_(std::max(1, ahead)),
       clock_(std::move(clock)) {
+  // At most ahead_ made and not yet taken (each is staged when made, taken at its first
+  // use): one more slot leaves the copy stream room.
+  if (staging) staged_ = std::make_unique<StagedInputs>(std::move(staging), ahead_ + 1);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -55,6 +58,10 @@ stages::TensorMap InputLoader::take(int64_t step, int64_t index, bool* waited) {
       Item& it = items_[i];
       if (it.mb.step != step || it.mb.index != index) continue;
       if (!it.ready) break;
+      if (it.ticket >= 0) {  // first use: the device copies (ordered on this thread's stream)
+        it.tensors = staged_->take(it.ticket);
+        it.ticket = -1;
+      }
       stages::TensorMap out = it.tensors;
       if (!it.taken) {
         it.taken = true;
@@ -87,9 +94,11 @@ void InputLoader::loop() {
     lock.unlock();
     const double start = record ? clock_() : 0.0;
     stages::TensorMap out;
+    int64_t ticket = -1;
     std::exception_ptr err;
     try {
       fn_(mb, names_, out);
+      if (staged_) ticket = staged_->stage(out);
     } catch (...) {
       err = std::current_exception();
     }
@@ -103,6 +112,7 @@ void InputLoader::loop() {
     // The item is still at position made_: take() removes only ready items, which sit
     // before it.
     items_[made_].tensors = std::move(out);
+    items_[made_].ticket = ticket;
     items_[made_].ready = true;
     ++made_;
     ++unused_;

@@ -1,6 +1,8 @@
 // The executor's input loader: a background thread that makes the model inputs (token
 // ids, targets) of the micro-batches a rank will need, in the order it will need them,
 // a few micro-batches ahead, so that a forward never waits for data it could have had.
+// With a staging backend (a stage on a GPU) it also stages them to the device
+// (StagedInputs): the copies run on their own stream, ahead, like the loading.
 #pragma once
 
 #include <condition_variable>
@@ -13,14 +15,17 @@
 #include <thread>
 #include <vector>
 
+#include "engine/detail/staged_inputs.h"
 #include "engine/executor.h"
 
 namespace baton::engine::detail {
 
 class InputLoader {
  public:
-  // `clock`: seconds on the executor's timeline clock (the recorded loads' times).
-  InputLoader(InputFn fn, std::vector<std::string> names, int ahead, std::function<double()> clock);
+  // `clock`: seconds on the executor's timeline clock (the recorded loads' times);
+  // `staging`: empty, or the backend the inputs are staged to the device through.
+  InputLoader(InputFn fn, std::vector<std::string> names, int ahead, std::function<double()> clock,
+              StagedInputs::Backend staging = {});
   ~InputLoader();  // stops the thread (work in progress finishes first)
   InputLoader(const InputLoader&) = delete;
   InputLoader& operator=(const InputLoader&) = delete;
@@ -49,7 +54,8 @@ class InputLoader {
                          // last stage reads the targets of a micro-batch whose tokens
                          // the first stage read long before)
     bool ready = false;
-    stages::TensorMap tensors;
+    stages::TensorMap tensors;  // on the host; on the device once taken, where staged
+    int64_t ticket = -1;        // StagedInputs' ticket while staged and not yet taken
   };
   void loop();
 
@@ -57,6 +63,7 @@ class InputLoader {
   std::vector<std::string> names_;
   int ahead_;
   std::function<double()> clock_;
+  std::unique_ptr<StagedInputs> staged_;  // null: the stage copies its inputs itself
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;  // in order of first use; ready ones first
