@@ -203,6 +203,36 @@ TEST(ConvPlans, Pipeline2TensorParallelSpatial) {
   }
 }
 
+// tp 2 x spatial 2 x DP 2 (8 ranks, one micro-batch of 2 per replica): with
+// sync_batchnorm the statistics are reduced over the tiles of a channel shard in both
+// replicas (the one-process run with one micro-batch of 4); under zero1 the tiled
+// parameters' state is cut over the tiles and replicas of a shard index (each replica's
+// own statistics: the one-process run with two micro-batches of 2).
+TEST(ConvPlans, TensorParallelSpatialDataParallel) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {2};
+  p.dp = 2;
+  p.micro_batches = 1;
+  PlanSpec whole = p;
+  whole.dp = 1;
+  whole.micro_batch_size = 4;
+  RunSettings s = conv_digits();
+  Workspace ws("conv-tp-spatial-dp");
+  {
+    SCOPED_TRACE("sync_batchnorm");
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}, true), train_options(ws, s));
+    expect_conv_close(got, run_reference(whole, ws, s));
+  }
+  {
+    SCOPED_TRACE("zero1");
+    PlanSpec z = p;
+    z.optimizer_sharding = "zero1";
+    auto got = run_threads(resolve_conv_spatial(z, ws, {2}), train_options(ws, s));
+    expect_conv_close(got, run_reference(p, ws, s));
+  }
+}
+
 // A checkpoint written under tp 2 x spatial 2 (tile 0's two ranks write their channel
 // shards) resumes under spatial 2 alone, under tp 2 alone and in tp 2 x spatial 2 | tp 1,
 // with the one-process loss curve.
