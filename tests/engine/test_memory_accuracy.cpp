@@ -120,7 +120,8 @@ TEST(MemoryAccuracy, SpatialRetiled) {
 // halos C / t rows where the input is split by channels), the tensor-parallel all-reduces
 // on tiles (measured: the estimate equal to the peak); and with a second stage of tp 1 x
 // spatial 2, each tile re-sent whole from its first shard rank (the first stage 4.7%
-// over, 6400 bytes: as at spatial 2 | 1, the edge tiles' missing neighbour's halos).
+// over, 6400 bytes: the tiles' excess at spatial 2 | 1 too, an edge tile's missing
+// neighbour's halos).
 TEST(MemoryAccuracy, TensorParallelSpatial) {
   expect_spatial_accurate({2}, 1, "", 0.03, {2});
   expect_spatial_accurate({2, 2}, 1, "", 0.05, {2, 1});
