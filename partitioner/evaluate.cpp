@@ -30,14 +30,12 @@ int64_t PlanEstimate::max_peak() const {
 std::shared_ptr<stages::Graph> physical_graph(const ResolvedPlan& r, int rank) {
   RankCoord c = r.layout.coord(rank);
   std::shared_ptr<stages::Graph> g;
-  if (r.spatial_of(c.pp) > 1) {
-    // A tile's graph (no tensor-parallel split beside it: resolve_plan refuses both).
+  if (r.spatial_of(c.pp) <= 1)
+    g = shard_graph(r, c.tp);
+  else if (r.plan.tp[size_t(c.pp)] > 1)
+    g = build_spatial(*shard_graph(r, c.tp), r.shard_spatial[size_t(c.pp)], c.sp);
+  else
     g = build_spatial(*r.graph, r.spatial[size_t(c.pp)], c.sp);
-  } else {
-    std::vector<int> index(size_t(r.graph->num_layers()));
-    for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = c.tp % r.layer_tp[size_t(l)];
-    g = build_physical(*r.graph, r.sharding, index);
-  }
   // Batch-norm statistics over the replicas too: every batchnorm2d reduces over the
   // rank's batch-norm group (RankView::batchnorm_group).
   if (r.plan.sync_batchnorm && r.plan.dp > 1) sync_batchnorm(*g);
@@ -125,7 +123,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {
       const double halo =
           spatial_halo_bytes(*r.graph, r.spatial[size_t(r.schedule.placement[size_t(s)])], a, b,
-                             r.plan.micro_batch_size) /
+                             r.plan.micro_batch_size, &r.sharding) /
           std::max(m.tp_bandwidth, 1.0);
       c.forward[size_t(s)] = c.forward[size_t(s)] / d + halo;
       c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + halo;
@@ -452,14 +450,15 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   auto graph_of = [&](int pp) -> const Graph& {
     if (r.spatial_of(pp) <= 1) return *pg;
     auto& t = tile_graphs[pp];
-    if (!t) t = build_spatial(g, r.spatial[size_t(pp)], 0);
+    if (!t)
+      t = r.plan.tp[size_t(pp)] > 1 ? build_spatial(*pg, r.shard_spatial[size_t(pp)], 0)
+                                    : build_spatial(g, r.spatial[size_t(pp)], 0);
     return *t;
   };
   std::vector<int> chunk_pp(static_cast<size_t>(K), 0);
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     chunk_pp[size_t(r.chunk_of_stage[size_t(s)])] = r.schedule.placement[size_t(s)];
-  if (options.exact_memory)
-    pg = build_physical(g, r.sharding, std::vector<int>(size_t(g.num_layers()), 0));
+  if (options.exact_memory) pg = shard_graph(r, 0);
   for (int k = 0; k < K; ++k) {
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
     chunk_mem[size_t(k)] =
@@ -744,7 +743,7 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
         for (int s : r.stages_of(q)) {
           const int k = r.chunk_of_stage[size_t(s)];
           halo += spatial_halo_bytes(g, r.spatial[size_t(q)], r.chunk_first[size_t(k)],
-                                     r.chunk_last[size_t(k)], p.micro_batch_size);
+                                     r.chunk_last[size_t(k)], p.micro_batch_size, &r.sharding);
         }
         out += ", halos " + memory::format_bytes(halo) + " per micro-batch";
       }

@@ -312,7 +312,7 @@ DpSync read_dp_sync(const JsonReader& r) {
 
 // The stages' spatial degrees per pipeline rank (through the schedule's placement, which
 // resolve_plan checks again); InputError naming the stage when a pipeline rank would get
-// two degrees or a degree with tensor parallelism.
+// two degrees.
 void plan_spatial_degrees(Plan& p) {
   bool any = false;
   for (const PlanStage& s : p.stages) any = any || s.spatial > 1;
@@ -338,12 +338,6 @@ void plan_spatial_degrees(Plan& p) {
                        p.stages[size_t(by[size_t(pp)])].json_path.substr(p.where("").size()) +
                        " with spatial " + std::to_string(d) +
                        "; the chunks of one pipeline rank share its spatial degree");
-    if (s.spatial > 1 && p.tp[size_t(pp)] > 1)
-      throw InputError(s.json_path + ".spatial: spatial " + std::to_string(s.spatial) +
-                       " on pipeline rank " + std::to_string(pp) +
-                       " whose tensor-parallel degree is " + std::to_string(p.tp[size_t(pp)]) +
-                       ": the spatial split and tensor parallelism in one stage are not "
-                       "supported yet (use one of them per pipeline rank)");
     d = s.spatial;
     by[size_t(pp)] = k;
   }

@@ -12,6 +12,12 @@ namespace baton::partitioner {
 
 using stages::Graph;
 
+std::shared_ptr<Graph> shard_graph(const ResolvedPlan& r, int tp) {
+  std::vector<int> index(size_t(r.graph->num_layers()));
+  for (int l = 0; l < r.graph->num_layers(); ++l) index[size_t(l)] = tp % r.layer_tp[size_t(l)];
+  return build_physical(*r.graph, r.sharding, index);
+}
+
 std::vector<int> ResolvedPlan::stages_of(int pp) const {
   return schedule::stages_of_rank(schedule, pp);
 }
@@ -137,6 +143,7 @@ void resolve_spatial_split(ResolvedPlan& r) {
   const Plan& p = r.plan;
   const Graph& g = *r.graph;
   r.spatial.assign(size_t(p.pp), SpatialSplit{});
+  r.shard_spatial.assign(size_t(p.pp), SpatialSplit{});
   if (!p.has_spatial()) return;
   const int S = r.num_chunks();
   // The pipeline rank of each chunk in direction 0 (DualPipe holds a chunk on two, of
@@ -155,6 +162,10 @@ void resolve_spatial_split(ResolvedPlan& r) {
             ? p.where("$.stages[" + std::to_string(a_chunk[size_t(pp)]) + "].spatial")
             : p.stages[size_t(a_chunk[size_t(pp)])].json_path + ".spatial";
     r.spatial[size_t(pp)] = plan_spatial(g, d, where);
+    // With tensor parallelism the tiles are cut from the channel shards' graph (the same
+    // for every shard index).
+    if (p.tp[size_t(pp)] > 1)
+      r.shard_spatial[size_t(pp)] = plan_spatial(*shard_graph(r, 0), d, where);
     bool any = false;
     for (bool t : r.spatial[size_t(pp)].tiled) any = any || t;
     if (!any)
@@ -262,6 +273,8 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
     for (int l : prm.layers) degrees.insert(r.layer_tp[size_t(l)]);
     require_one_degree(p.where("$.parallel.tp"), g, prm, degrees, "tensor-parallel");
   }
+  SplitOverrides ov{p.splits, p.split_paths};
+  r.sharding = plan_sharding(g, r.layer_tp, ov, p.where("$.parallel.tp"));
   resolve_spatial_split(r);
   if (!p.boundaries.is_null()) {
     nlohmann::json want = derive_boundaries(r.plan);
@@ -274,8 +287,6 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
             (i < p.boundaries.size() ? p.boundaries[i].dump() : std::string("no entry")));
   }
   resolve_recompute(p, g, r);
-  SplitOverrides ov{p.splits, p.split_paths};
-  r.sharding = plan_sharding(g, r.layer_tp, ov, p.where("$.parallel.tp"));
   return r;
 }
 

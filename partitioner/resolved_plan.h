@@ -27,8 +27,12 @@ struct ResolvedPlan {
   std::vector<int> chunk_first, chunk_last;  // layers [first, last) per model chunk
   std::vector<int> chunk_of_stage;           // schedule stage -> model chunk
   std::vector<int> layer_tp;                 // degree per layer
-  // Per pipeline rank: its spatial split (degree 1 and empty: none).
+  // Per pipeline rank: its spatial split (degree 1 and empty: none) of the logical graph,
+  // which says which values are tiles and which parameters get partial gradients.
   std::vector<SpatialSplit> spatial;
+  // Per pipeline rank with tensor parallelism and a spatial split: the split of its
+  // tensor-parallel graph (shard_graph), from which its ranks' tile graphs are built.
+  std::vector<SpatialSplit> shard_spatial;
   std::vector<std::set<int>> recompute;  // per chunk, layer indices
   Sharding sharding;
 
@@ -55,6 +59,10 @@ struct ResolvedPlan {
   std::vector<int> stages_of(int pp) const;
   std::set<int> recompute_layers() const;  // every chunk's
 };
+
+// The physical graph of tensor-parallel index `tp` (mod each layer's degree) before any
+// spatial split: build_physical over the plan's sharding.
+std::shared_ptr<stages::Graph> shard_graph(const ResolvedPlan& r, int tp);
 
 // Loads the model a plan names (or embeds); InputError naming the plan's field.
 // `options`: the model's floating dtype (mixed precision loads the 16-bit one).

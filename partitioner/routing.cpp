@@ -79,11 +79,12 @@ std::vector<schedule::Transfer> boundary_transfers(const ResolvedPlan& r, int ra
   for (size_t vi = 0; vi < cut_values.size(); ++vi) {
     const int v = cut_values[vi];
     const stages::Value& val = g.values[size_t(v)];
-    // Tiles between equal degrees go one to one as shards do; between different ones
-    // (resolve_plan allows it with no tensor parallelism on the tiled side) by blocks of
-    // rows.
+    // Tiles between equal degrees (spatial and tensor-parallel) go one to one as shards
+    // do; otherwise by blocks of rows (whole tiles where only the tensor-parallel degree
+    // changes: the tile's rows from one rank of the sending tile).
     const bool tile = r.tiled(pa, v) || r.tiled(pb, v);
-    const bool retile = tile && r.spatial_of(pa) != r.spatial_of(pb);
+    const bool retile = tile && (r.spatial_of(pa) != r.spatial_of(pb) ||
+                                 r.plan.tp[size_t(pa)] != r.plan.tp[size_t(pb)]);
     const bool split = r.sharding.values[size_t(v)].split || tile;
     BATON_CHECK(!split || t == u || retile,
                 "a split value crosses a change of tensor-parallel degree");

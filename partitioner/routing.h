@@ -9,9 +9,10 @@
 //     t >  u   gather: receiver j gets it in parts from the senders i with i mod u == j,
 //              part k from the k-th of them
 //   split value (tensor-parallel shards; only where t == u): rank i sends its shard to rank i
-//   image tiles (the spatial split): one to one between equal degrees; between different
-//              ones re-tiled: each receiving tile gets the rows it shares with each
-//              sending tile, a block (Transfer::rows) each
+//   image tiles (the spatial split): one to one between equal spatial and
+//              tensor-parallel degrees; otherwise re-tiled: each receiving rank gets the
+//              rows its tile shares with each sending tile, a block (Transfer::rows) each
+//              from that tile's rank tp mod the sender's tensor-parallel degree
 //
 // Gradients flow back over the same boundary by the same rule with the roles swapped
 // (the gradient of a replicated value is the same on every rank of the receiving group:

@@ -136,7 +136,7 @@ class Search {
         continue;
       }
       for (int sp : divisors(N / tp)) {
-        if ((o_.spatial > 0 && sp != o_.spatial) || (sp > 1 && tp > 1)) continue;
+        if (o_.spatial > 0 && sp != o_.spatial) continue;
         if (sp > 1 && !spatial_split(sp)) continue;
         for (int pp : divisors(N / tp / sp)) {
           if (o_.pp > 0 && pp != o_.pp) continue;
@@ -255,19 +255,22 @@ class Search {
     return splits_.emplace(sp, std::move(split)).first->second.get();
   }
 
-  // The table of a degree: tensor-parallel tp, or (sp > 1) the unsplit table of a tile:
-  // 1/sp of every layer's time and activations, its halos' transfers added to F and B.
+  // The table of a degree: tensor-parallel tp, and with sp > 1 the table of a tile of
+  // the channel shard: 1/sp of every layer's time (its collectives' too) and activations,
+  // its halos' transfers (C / tp rows where the input is split by channels) added to F
+  // and B.
   const CostTable& table_of(int tp, int sp, int64_t b) {
     if (sp <= 1) return model_.table(tp, b, o_.splits, "--tp");
-    const std::string key = std::to_string(sp) + "/" + std::to_string(b);
+    const std::string key = std::to_string(tp) + "/" + std::to_string(sp) + "/" + std::to_string(b);
     auto it = spatial_tables_.find(key);
     if (it != spatial_tables_.end()) return it->second;
-    CostTable t = model_.table(1, b, o_.splits, "--tp");
+    CostTable t = model_.table(tp, b, o_.splits, "--tp");
+    const Sharding& sharding = model_.sharding(tp, b, o_.splits, "--tp");
     const SpatialSplit& split = *spatial_split(sp);
     const double d = double(sp);
     for (size_t l = 0; l < t.layers.size(); ++l) {
       LayerCost& lc = t.layers[l];
-      const double halo = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b) /
+      const double halo = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b, &sharding) /
                           std::max(model_.machine().tp_bandwidth, 1.0);
       lc.f = lc.f / d + halo;
       lc.b = lc.b / d + halo;
@@ -325,8 +328,8 @@ class Search {
     return time_cuts_.emplace(key, Cutter({costs}, st).solve()).first->second;
   }
 
-  // The caches' degree: tp, or -sp for a spatial split.
-  static int degree_key(int tp, int sp) { return sp > 1 ? -sp : tp; }
+  // The caches' degree: tp, or -(sp, tp) for a spatial split (tp < 2^16).
+  static int degree_key(int tp, int sp) { return sp > 1 ? -(sp * 65536 + tp) : tp; }
 
   void enumerate(int tp, int sp, int pp, int dp, int m, int64_t b, const std::string& name,
                  bool rc) {

@@ -22,8 +22,9 @@ struct SearchOptions {
   int devices = 1;
   int64_t device_memory = 0;   // bytes per device; 0: unlimited
   int tp = 0, pp = 0, dp = 0;  // 0: searched
-  // The spatial split's degree of every stage (partitioner/spatial.h), an alternative to
-  // tensor parallelism at each degree: 0 searched (models with image inputs only), 1 off.
+  // The spatial split's degree of every stage (partitioner/spatial.h), searched with the
+  // tensor-parallel degree as a pair (tp x spatial ranks per pipeline rank): 0 searched
+  // (models with image inputs only), 1 off.
   int spatial = 0;
   std::vector<std::string> schedules;  // empty: every generator
   int micro_batches = 0;               // per replica; 0: searched (divisors of its batch)

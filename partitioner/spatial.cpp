@@ -1,9 +1,11 @@
 #include "partitioner/spatial.h"
 
+#include <algorithm>
 #include <array>
 
 #include "memory/error.h"
 #include "partitioner/detail/graph_builder.h"
+#include "partitioner/tensor_parallel.h"
 
 namespace baton::partitioner {
 
@@ -63,8 +65,14 @@ SpatialSplit plan_spatial(const Graph& g, int degree, const std::string& where) 
     auto out_tiled = [&] {
       for (int v : n.outputs) s.tiled[size_t(v)] = true;
     };
+    // A tensor-parallel graph's communication and its bias after a reduce (the tile
+    // graph over channel shards) act along the channels, or row by row.
+    const bool along_height = (op == "tp_gather" || op == "bias_add") && n.attrs.is_object() &&
+                              n.attrs.value("dim", -1) == 1;
     if (op == "relu" || op == "gelu" || op == "silu" || op == "batchnorm2d" ||
-        (op == "dropout" && n.attrs.value("p", 0.0) == 0.0) || (op == "add" && all)) {
+        (op == "dropout" && n.attrs.value("p", 0.0) == 0.0) || (op == "add" && all) ||
+        op == "tp_copy" || op == "tp_reduce" ||
+        ((op == "tp_gather" || op == "bias_add") && !along_height)) {
       out_tiled();
       continue;
     }
@@ -175,15 +183,22 @@ std::shared_ptr<Graph> build_spatial(const Graph& lg, const SpatialSplit& s, int
   return g;
 }
 
-double spatial_halo_bytes(const Graph& g, const SpatialSplit& s, int first, int last,
-                          int64_t batch) {
+double spatial_halo_bytes(const Graph& g, const SpatialSplit& s, int first, int last, int64_t batch,
+                          const Sharding* tp) {
   double bytes = 0;
   for (int l = first; l < last; ++l)
     for (int id : g.layers[size_t(l)].nodes) {
       const SpatialHalo& h = s.halos[size_t(id)];
       if (h.top + h.bottom == 0) continue;
-      const stages::ValueType& in = g.values[size_t(g.nodes[size_t(id)].inputs[0])].type;
-      bytes += double(batch) * double(h.top + h.bottom) * double(in.shape[0] * in.shape[2]) *
+      const int v = g.nodes[size_t(id)].inputs[0];
+      const stages::ValueType& in = g.values[size_t(v)].type;
+      double channels = double(in.shape[0]);
+      if (tp && tp->values[size_t(v)].split) {
+        const std::vector<int>& gathered = tp->nodes[size_t(id)].gather_inputs;
+        if (std::find(gathered.begin(), gathered.end(), 0) == gathered.end())
+          channels /= tp->values[size_t(v)].t;
+      }
+      bytes += double(batch) * double(h.top + h.bottom) * channels * double(in.shape[2]) *
                double(memory::dtype_size(in.dtype));
     }
   return bytes;

@@ -8,6 +8,9 @@
 //       along the height; the output a tile of H_out / s rows
 //   batchnorm2d     "spatial": true (statistics reduced over the group)
 //   relu, add, dropout p = 0   pass a tile
+//   tp_copy, tp_reduce, tp_gather and bias_add (not along the height)   pass a tile: a
+//       tensor-parallel graph's channel split (build_physical) is tiled the same way, its
+//       collectives running within the tile's tensor-parallel group
 //   global_avgpool  the tile's mean, then spatial_mean: the image's, replicated after it
 // Everything after the image is pooled runs replicated. Parameters used on tiles get
 // partial gradients (summed over the group, as data-parallel replicas' are); the others
@@ -24,6 +27,8 @@
 #include "stages/graph.h"
 
 namespace baton::partitioner {
+
+struct Sharding;  // partitioner/tensor_parallel.h
 
 struct SpatialHalo {
   int64_t top = 0, bottom = 0;  // rows from the tile above / below
@@ -46,9 +51,10 @@ std::shared_ptr<stages::Graph> build_spatial(const stages::Graph& logical, const
 
 // Bytes one tile receives in halos per micro-batch of `batch` samples in layers
 // [first, last) of g (each halo row C x W elements of the convolution's input); the
-// backward returns as many.
+// backward returns as many. With `tp` (the tensor-parallel sharding of g), a halo of an
+// input split by channels holds the rank's C / t of them.
 double spatial_halo_bytes(const stages::Graph& g, const SpatialSplit& s, int first, int last,
-                          int64_t batch);
+                          int64_t batch, const Sharding* tp = nullptr);
 
 // sync_batchnorm: every batchnorm2d of g reduces its statistics over the stage's
 // batch-norm group ("spatial": true; the group is the spatial group and the replicas).

@@ -1,11 +1,11 @@
 // Convolutional networks under a plan: a tiny ResNet on the digits images, tensor
 // parallelism (convolutions split by channels) alone and with pipeline stages, the
 // spatial split (stages' `spatial`: images tiled by rows) alone, with pipeline stages (of
-// one degree, and re-tiled between different ones) and with data-parallel replicas (with
-// and without sync_batchnorm), 20 steps within 1e-5 of the one-process trainer (same
-// global batch and micro-batches, so batch norm sees the same samples; sync_batchnorm's
-// statistics are those of the replicas' micro-batches together: the one-process run with
-// one micro-batch of all of them).
+// one degree, and re-tiled between different ones), with data-parallel replicas (with
+// and without sync_batchnorm) and with tensor parallelism in the same stage, 20 steps within 1e-5
+// of the one-process trainer (same global batch and micro-batches, so batch norm sees the same
+// samples; sync_batchnorm's statistics are those of the replicas' micro-batches together: the
+// one-process run with one micro-batch of all of them).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "memory/error.h"
+#include "partitioner/groups.h"
 #include "partitioner/plan.h"
 #include "stages/checkpoint.h"
 #include "transport/local.h"
@@ -137,6 +138,139 @@ TEST(ConvPlans, Pipeline2SpatialRetiled) {
     RunSettings s = conv_digits();
     auto plan = resolve_conv_spatial(p, ws, spatial);
     expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+  }
+}
+
+// Tensor parallelism and the spatial split in one stage: tp 2 x spatial 2 on 4 ranks,
+// rank = sp * 2 + tp (partitioner/layout.h). Each rank holds channel shard tp of tile sp:
+// the convolutions split by columns and rows, their all-reduces within the tile's two
+// ranks, the halos between the ranks of one shard in neighbouring tiles, the batch norms
+// (on channel shards and on the reduced sums) reducing their statistics over the tiles.
+TEST(ConvPlans, TensorParallel2Spatial2) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {2};
+  {
+    Workspace ws("conv-tp-spatial-layout");
+    auto plan = resolve_conv_spatial(p, ws, {2});
+    ASSERT_EQ(plan->layout.world(), 4);
+    for (int r = 0; r < 4; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      partitioner::RankView v = partitioner::rank_view(*plan, r);
+      EXPECT_EQ(v.coord.tp, r % 2);
+      EXPECT_EQ(v.coord.sp, r / 2);
+      EXPECT_EQ(v.tp_group, (std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
+      EXPECT_EQ(v.spatial_group, (std::vector<int>{r % 2, r % 2 + 2}));
+      EXPECT_EQ(v.batchnorm_group, v.spatial_group);
+      // layer1.0.conv1 by columns (half its 4 output channels) on a tile of 4 of the 8
+      // rows with its halo; conv2 by rows (half its input channels).
+      auto g = partitioner::physical_graph(*plan, r);
+      auto node = [&](const std::string& name) -> const stages::Node& {
+        for (const stages::Node& n : g->nodes)
+          if (n.name == name) return n;
+        throw std::runtime_error("no node " + name);
+      };
+      const stages::Node& c1 = node("layer1.0.conv1");
+      const stages::Node& c2 = node("layer1.0.conv2");
+      EXPECT_EQ(g->params[size_t(c1.params[0])].shape[0], 2);
+      EXPECT_EQ(g->params[size_t(c2.params[0])].shape[1], 2);
+      EXPECT_EQ(g->values[size_t(c1.inputs[0])].type.shape, (std::vector<int64_t>{4, 4, 8}));
+      EXPECT_EQ(g->values[size_t(c2.inputs[0])].type.shape, (std::vector<int64_t>{2, 4, 8}));
+      EXPECT_EQ(c1.attrs.at("halo"), json::array({1, 1}));
+      EXPECT_EQ(c2.attrs.at("halo"), json::array({1, 1}));
+    }
+  }
+  run_conv_spatial_case(p, {2});
+}
+
+// tp x spatial with pipeline stages around it: both stages tp 2 x spatial 2 (tiles one
+// to one), and from tp 2 x spatial 2 to tp 1 x spatial 2 (each tile from its first shard
+// rank, the gradient back to both), to the whole image, and to tp 2 x spatial 4.
+TEST(ConvPlans, Pipeline2TensorParallelSpatial) {
+  using Case = std::pair<std::vector<int>, std::vector<int>>;  // tp, spatial per stage
+  for (const Case& c :
+       {Case{{2, 2}, {2, 2}}, Case{{2, 1}, {2, 2}}, Case{{2, 1}, {2, 1}}, Case{{1, 2}, {2, 4}}}) {
+    PlanSpec p;
+    p.model = tiny_resnet();
+    p.tp = c.first;  // stem, layer1.0 | layer2.0, head
+    SCOPED_TRACE("tp " + std::to_string(c.first[0]) + " x spatial " + std::to_string(c.second[0]) +
+                 " | tp " + std::to_string(c.first[1]) + " x spatial " +
+                 std::to_string(c.second[1]));
+    Workspace ws("conv-tp-spatial-pp");
+    RunSettings s = conv_digits();
+    auto plan = resolve_conv_spatial(p, ws, c.second);
+    expect_conv_close(run_threads(plan, train_options(ws, s)), run_reference(p, ws, s));
+  }
+}
+
+// tp 2 x spatial 2 x DP 2 (8 ranks, one micro-batch of 2 per replica): with
+// sync_batchnorm the statistics are reduced over the tiles of a channel shard in both
+// replicas (the one-process run with one micro-batch of 4); under zero1 the tiled
+// parameters' state is cut over the tiles and replicas of a shard index (each replica's
+// own statistics: the one-process run with two micro-batches of 2).
+TEST(ConvPlans, TensorParallelSpatialDataParallel) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {2};
+  p.dp = 2;
+  p.micro_batches = 1;
+  PlanSpec whole = p;
+  whole.dp = 1;
+  whole.micro_batch_size = 4;
+  RunSettings s = conv_digits();
+  Workspace ws("conv-tp-spatial-dp");
+  {
+    SCOPED_TRACE("sync_batchnorm");
+    auto got = run_threads(resolve_conv_spatial(p, ws, {2}, true), train_options(ws, s));
+    expect_conv_close(got, run_reference(whole, ws, s));
+  }
+  {
+    SCOPED_TRACE("zero1");
+    PlanSpec z = p;
+    z.optimizer_sharding = "zero1";
+    auto got = run_threads(resolve_conv_spatial(z, ws, {2}), train_options(ws, s));
+    expect_conv_close(got, run_reference(p, ws, s));
+  }
+}
+
+// A checkpoint written under tp 2 x spatial 2 (tile 0's two ranks write their channel
+// shards) resumes under spatial 2 alone, under tp 2 alone and in tp 2 x spatial 2 | tp 1,
+// with the one-process loss curve.
+TEST(ConvPlans, TensorParallelSpatialCheckpoint) {
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {2};
+  RunSettings s = conv_digits();
+  auto train = [&](const PlanSpec& q, std::vector<int> spatial, Workspace& ws, int64_t to,
+                   bool resume) {
+    RunSettings rs = s;
+    rs.steps = to;
+    engine::PlanTrainOptions o = train_options(ws, rs);
+    o.checkpoint_dir = ws.path("ckpt");
+    o.checkpoint_every = 2;
+    o.resume = resume;
+    return run_threads(resolve_conv_spatial(q, ws, spatial), o);
+  };
+  using Case = std::pair<std::vector<int>, std::vector<int>>;  // tp, spatial per stage
+  for (const Case& c : {Case{{1}, {2}}, Case{{2}, {1}}, Case{{2, 1}, {2, 1}}}) {
+    PlanSpec after = p;
+    after.tp = c.first;
+    SCOPED_TRACE("resumed under " + after.describe());
+    Workspace ws("conv-tp-spatial-ckpt");
+    const auto want = run_reference(p, ws, s);
+    const auto first = train(p, {2}, ws, 4, false);
+    stages::Manifest m = stages::read_manifest(*stages::latest_checkpoint(ws.path("ckpt")));
+    std::set<int> writers;
+    for (const auto& f : m.shards) writers.insert(f.rank);
+    EXPECT_EQ(writers, (std::set<int>{0, 1}));
+    const auto rest = train(after, c.second, ws, 8, true);
+    ASSERT_EQ(first.size(), 4u);
+    ASSERT_EQ(rest.size(), 4u);
+    for (size_t i = 0; i < 8; ++i) {
+      const engine::StepRecord& r = i < 4 ? first[i] : rest[i - 4];
+      EXPECT_EQ(r.step, int64_t(i + 1));
+      EXPECT_NEAR(r.loss, want[i].loss, 1e-5 * want[i].loss) << "step " << i + 1;
+    }
   }
 }
 
@@ -513,13 +647,6 @@ TEST(ConvPlans, SpatialRefused) {
             std::string::npos)
       << e;
   EXPECT_NE(e.find("does not divide the tile's 1 rows"), std::string::npos) << e;
-  // With tensor parallelism on the same pipeline rank.
-  p.tp = {2, 1};
-  e = conv_spatial_error(p, {2, 2});
-  EXPECT_NE(e.find("$.stages[0].spatial: spatial 2 on pipeline rank 0 whose tensor-parallel "
-                   "degree is 2"),
-            std::string::npos)
-      << e;
   // A model without images.
   PlanSpec mlp;
   mlp.model = tiny_mlp_json({16});

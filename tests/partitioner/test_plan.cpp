@@ -834,6 +834,22 @@ TEST(Plan, SpatialDegreePerStage) {
             std::string::npos)
       << plan_error_of(j);
   std::filesystem::remove(model);
+  // Tensor parallelism and the spatial split in one stage: a pipeline rank's tp x s ranks,
+  // the tile's tensor-parallel peers next to each other, then the tiles
+  // (rank = dp * 8 + pp * 4 + sp * 2 + tp).
+  j = spatial_resnet_plan();
+  j["parallel"]["tp"] = 2;
+  j["devices"] = 16;
+  ResolvedPlan tps = plan_check(j);
+  EXPECT_EQ(tps.layout.coord(11), (RankCoord{1, 0, 1, 1}));
+  EXPECT_EQ(tps.layout.coord(5), (RankCoord{0, 1, 1, 0}));
+  EXPECT_EQ(tps.layout.tp_group(11), (std::vector<int>{10, 11}));
+  EXPECT_EQ(tps.layout.spatial_group(11), (std::vector<int>{9, 11}));
+  EXPECT_EQ(tps.layout.dp_group(11), (std::vector<int>{3, 11}));
+  written = plan_to_json(tps.plan, kDir);
+  EXPECT_EQ(written["ranks"][11],
+            json::parse(R"({"rank": 11, "dp": 1, "pp": 0, "tp": 1, "sp": 1})"));
+  EXPECT_EQ(plan_error_of(written), "(no error)");
   // Strides the tiles cannot keep aligned: 8 rows over 8 tiles.
   j = spatial_resnet_plan();
   j["stages"][0]["spatial"] = 8;

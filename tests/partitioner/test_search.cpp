@@ -275,6 +275,41 @@ TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
   }
 }
 
+// The spatial split with tensor parallelism in one stage: on the tiny ResNet, 4 devices
+// at tp 2 x spatial 2 give plans that resolve, run at the step time the search predicted
+// and fit its composed memory bound; searched freely, the (tp, spatial) pairs are among
+// the candidates.
+TEST(Search, TensorParallelTimesSpatial) {
+  auto g = load_search_model("resnet-tiny.json");
+  CostModel model(g, Machine{});
+  SearchOptions o;
+  o.devices = 4;
+  o.global_batch = 8;
+  o.tp = 2;
+  o.spatial = 2;
+  o.keep = 3;
+  SearchResult res = search_plans(g, model, o);
+  ASSERT_FALSE(res.ranked.empty());
+  for (const Candidate& c : res.ranked) {
+    SCOPED_TRACE(c.describe());
+    EXPECT_EQ(c.plan.tp, std::vector<int>(size_t(c.plan.pp), 2));
+    EXPECT_EQ(c.plan.spatial, std::vector<int>(size_t(c.plan.pp), 2));
+    ResolvedPlan r = resolve_plan(c.plan, g);
+    EXPECT_EQ(r.layout.world(), 4);
+    PlanEstimate e = evaluate_plan(r, model);  // exact memory, on the ranks' tile graphs
+    EXPECT_NEAR(e.step_time, c.step_time, 1e-12 * c.step_time);
+    EXPECT_LE(e.max_peak(), c.peak);
+  }
+  o.tp = 0;
+  o.spatial = 0;
+  o.keep = 1000;
+  res = search_plans(g, model, o);
+  bool both = false;
+  for (const Candidate& c : res.ranked)
+    both = both || (c.plan.has_spatial() && c.plan.tp.front() > 1);
+  EXPECT_TRUE(both);
+}
+
 TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
