@@ -312,8 +312,18 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   const DropoutSpec dr = attn_dropout(opt, g.H);
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
-  // cudnn: the forward only; its lse is ours, so the backward runs on our kernels.
+  // cudnn: its fused backward, as its forward, or the reason it does not run; when
+  // accumulating (it writes dqkv) our kernels, from the same lse. automatic keeps our
+  // flash backward until a GPU has measured cuDNN's against it (gpu-check's
+  // baton-bf16-cudnn-attn row).
   const AttentionImpl impl = g_impl.load();
+  if (impl == AttentionImpl::cudnn && !accumulate) {
+    require(cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l), op,
+            cudnn_built() ? "cuDNN's fused attention backward does not cover " + qkv.str() +
+                                (dr.on ? " with dropout" : "")
+                          : std::string("baton was built without cuDNN"));
+    return;
+  }
   if (impl != AttentionImpl::cublas &&
       flash_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, accumulate, l))
     return;

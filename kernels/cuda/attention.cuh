@@ -56,8 +56,14 @@ bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
 // cuDNN's fused attention forward (cudnn_attention.cu, its graph API): 16-bit qkv, f32
 // lse, causal, no dropout; returns false (nothing done) for a case it does not take,
 // when cuDNN finds no engine for it, or when baton was built without cuDNN. Its lse is
-// the one our kernels write, so the backward runs on them.
+// the one our kernels write, so either backward may follow.
 bool cudnn_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale,
                              const AttnDropout& dr, Tensor& out, Tensor& lse, const Launch& l);
+// Its fused backward from that lse into dqkv (written, not accumulated: false when
+// `accumulate`), under the same conditions.
+bool cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, const AttnGeometry& g, float scale,
+                              const AttnDropout& dr, Tensor& dqkv, bool accumulate,
+                              const Launch& l);
 
 }  // namespace baton::kernels::cuda

@@ -96,7 +96,22 @@ class Builder {
   // A virtual f32 tensor of `dims` (row-major), for the graph's intermediate values.
   const Desc& virt(std::array<int64_t, 4> dims, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     std::array<int64_t, 4> st{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    return tensor(kFirstVirtualUid + next_virtual_++, type, dims, st, true);
+    return virt(dims, st, type);
+  }
+  // One with strides of its own (a transposed view's, as a reshape makes).
+  const Desc& virt(std::array<int64_t, 4> dims, std::array<int64_t, 4> strides,
+                   cudnnDataType_t type) {
+    return tensor(kFirstVirtualUid + next_virtual_++, type, dims, strides, true);
+  }
+
+  // y = x under y's dims and strides (a transpose of the last two, for attention's
+  // backward).
+  void reshape(const Desc& x, const Desc& y) {
+    auto op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x)
+        .set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)
+        .finalize();
+    ops_.push_back(&push(std::move(op)));
   }
 
   void matmul(const Desc& a, const Desc& b, const Desc& c) {

@@ -95,13 +95,16 @@ void softmax_forward(const Tensor& x, Tensor& y);
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool accumulate);
 
 // ---- attention ----
-// automatic: the fused flash kernels for bf16/f16 (f32 lse) with head size 32, 64 or 128, cuBLAS
-// GEMMs with a softmax kernel otherwise; flash / cublas / cudnn force one (flash and cudnn
-// throw for a case they do not cover). cudnn: the forward through cuDNN's fused attention
-// (its graph API: 16-bit, causal, no dropout, head size a multiple of 8 up to 256; only
-// when built with cuDNN: cudnn_built()), the backward on our kernels (same lse); whether
-// `automatic` should prefer it is for a measurement on a GPU to say (docs/cuda.md).
-// Process-wide; for tests and comparisons.
+// automatic: cuDNN's fused forward where it applies (measured faster on the H200), else
+// the fused flash kernels for bf16/f16 (f32 lse) with head size 32, 64 or 128, cuBLAS
+// GEMMs with a softmax kernel otherwise; the backward on the flash kernels where they
+// apply. flash / cublas / cudnn force one (flash and cudnn's forward throw for a case they
+// do not cover). cudnn: cuDNN's fused attention (its graph API: 16-bit, causal, no
+// dropout, head size a multiple of 8 up to 256; only when built with cuDNN:
+// cudnn_built()) forward and backward (when accumulating, the backward on our kernels:
+// the lse is the same); whether `automatic` should take cuDNN's backward
+// too is for a measurement on a GPU to say (docs/cuda.md). Process-wide; for tests and
+// comparisons.
 enum class AttentionImpl { automatic, flash, cublas, cudnn };
 void set_attention_impl(AttentionImpl impl);
 AttentionImpl attention_impl();

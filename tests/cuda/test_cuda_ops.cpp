@@ -431,7 +431,8 @@ TEST_P(CudaOps, Attention) {
   using kernels::cuda::AttentionImpl;
   for (auto impl : {AttentionImpl::cublas, AttentionImpl::flash, AttentionImpl::cudnn}) {
     // Forced, not `automatic`: the flash rows test the fused kernels or fail, the cudnn
-    // rows cuDNN's fused forward (then our backward on its lse).
+    // rows cuDNN's fused forward and backward or fail (its accumulating backward is ours,
+    // from its lse).
     const bool flash = impl == AttentionImpl::flash, cudnn = impl == AttentionImpl::cudnn;
     if ((flash || cudnn) && dt() == DType::f32) continue;  // the fused kernels are 16-bit only
     if (cudnn && !kernels::cuda::cudnn_built()) {
