@@ -52,6 +52,21 @@ cudnnDataType_t cudnn_type(DType t) {
   return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
 }
 
+// x where the row (query) index >= the column (key) index, -inf elsewhere: generated
+// indices, CMP_GE, BINARY_SELECT, the form cuDNN's fused engines match.
+const Desc& causal_mask(Builder& b, const Desc& x, const Desc& neg_inf,
+                        std::array<int64_t, 4> dims) {
+  const Desc& row = b.virt(dims, CUDNN_DATA_INT32);
+  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, row, nullptr, 2);
+  const Desc& col = b.virt(dims, CUDNN_DATA_INT32);
+  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, col, nullptr, 3);
+  const Desc& keep = b.virt(dims, CUDNN_DATA_BOOLEAN);
+  b.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
+  const Desc& masked = b.virt(dims);
+  b.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, &neg_inf, masked, &keep);
+  return masked;
+}
+
 void build_forward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt) {
   const int64_t B = geo.B, H = geo.H, T = geo.T, D = geo.D, ld = geo.ld(), ldo = geo.ldo();
   const cudnnDataType_t io = cudnn_type(dt);
@@ -70,14 +85,7 @@ void build_forward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt)
   b.matmul(q, kt, s);
   const Desc& scaled = b.virt({B, H, T, T});
   b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
-  const Desc& row = b.virt({B, H, T, T}, CUDNN_DATA_INT32);
-  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, row, nullptr, 2);
-  const Desc& col = b.virt({B, H, T, T}, CUDNN_DATA_INT32);
-  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, col, nullptr, 3);
-  const Desc& keep = b.virt({B, H, T, T}, CUDNN_DATA_BOOLEAN);
-  b.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
-  const Desc& masked = b.virt({B, H, T, T});
-  b.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, &neg_inf, masked, &keep);
+  const Desc& masked = causal_mask(b, scaled, neg_inf, {B, H, T, T});
   const Desc& m = b.virt({B, H, T, 1});
   b.reduce(CUDNN_REDUCE_TENSOR_MAX, masked, m);
   const Desc& shifted = b.virt({B, H, T, T});
@@ -141,14 +149,7 @@ void build_backward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt
   b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
   const Desc& shifted = b.virt(tt_dims);
   b.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, shifted);
-  const Desc& row = b.virt(tt_dims, CUDNN_DATA_INT32);
-  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, shifted, nullptr, row, nullptr, 2);
-  const Desc& col = b.virt(tt_dims, CUDNN_DATA_INT32);
-  b.pointwise(CUDNN_POINTWISE_GEN_INDEX, shifted, nullptr, col, nullptr, 3);
-  const Desc& keep = b.virt(tt_dims, CUDNN_DATA_BOOLEAN);
-  b.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep);
-  const Desc& masked = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_BINARY_SELECT, shifted, &neg_inf, masked, &keep);
+  const Desc& masked = causal_mask(b, shifted, neg_inf, tt_dims);
   const Desc& p = b.virt(tt_dims);
   b.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, p);
 
