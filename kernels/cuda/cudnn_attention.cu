@@ -83,19 +83,15 @@ void build_forward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt)
 
   const Desc& s = b.virt({B, H, T, T});
   b.matmul(q, kt, s);
-  const Desc& scaled = b.virt({B, H, T, T});
-  b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
+  const Desc& scaled = b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, {B, H, T, T});
   const Desc& masked = causal_mask(b, scaled, neg_inf, {B, H, T, T});
   const Desc& m = b.virt({B, H, T, 1});
   b.reduce(CUDNN_REDUCE_TENSOR_MAX, masked, m);
-  const Desc& shifted = b.virt({B, H, T, T});
-  b.pointwise(CUDNN_POINTWISE_SUB, masked, &m, shifted);
-  const Desc& e = b.virt({B, H, T, T});
-  b.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, e);
+  const Desc& shifted = b.pointwise(CUDNN_POINTWISE_SUB, masked, &m, {B, H, T, T});
+  const Desc& e = b.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, {B, H, T, T});
   const Desc& z = b.virt({B, H, T, 1});
   b.reduce(CUDNN_REDUCE_TENSOR_ADD, e, z);
-  const Desc& logz = b.virt({B, H, T, 1});
-  b.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, logz);
+  const Desc& logz = b.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, {B, H, T, 1});
   b.pointwise(CUDNN_POINTWISE_ADD, m, &logz, stats);
   const Desc& p = b.virt({B, H, T, T}, io);
   b.pointwise(CUDNN_POINTWISE_DIV, e, &z, p);
@@ -145,13 +141,10 @@ void build_backward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt
   // P = exp(S * scale - stats), causal
   const Desc& s = b.virt(tt_dims);
   b.matmul(q, kt, s);
-  const Desc& scaled = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, scaled);
-  const Desc& shifted = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, shifted);
+  const Desc& scaled = b.pointwise(CUDNN_POINTWISE_MUL, s, &scale, tt_dims);
+  const Desc& shifted = b.pointwise(CUDNN_POINTWISE_SUB, scaled, &stats, tt_dims);
   const Desc& masked = causal_mask(b, shifted, neg_inf, tt_dims);
-  const Desc& p = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, p);
+  const Desc& p = b.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, tt_dims);
 
   // dV = P^T dO
   const Desc& pt = b.virt(tt_dims, tt_transposed, io);
@@ -161,12 +154,9 @@ void build_backward(Graph& g, cudnnHandle_t h, const AttnGeometry& geo, DType dt
   // dS = P * (dO V^T - softmax_sum) * scale
   const Desc& dp = b.virt(tt_dims);
   b.matmul(dO, vt, dp);
-  const Desc& centred = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_SUB, dp, &softmax_sum, centred);
-  const Desc& ds_unscaled = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_MUL, centred, &p, ds_unscaled);
-  const Desc& ds = b.virt(tt_dims);
-  b.pointwise(CUDNN_POINTWISE_MUL, ds_unscaled, &scale, ds);
+  const Desc& centred = b.pointwise(CUDNN_POINTWISE_SUB, dp, &softmax_sum, tt_dims);
+  const Desc& ds_unscaled = b.pointwise(CUDNN_POINTWISE_MUL, centred, &p, tt_dims);
+  const Desc& ds = b.pointwise(CUDNN_POINTWISE_MUL, ds_unscaled, &scale, tt_dims);
 
   // dK = dS^T Q
   const Desc& dst = b.virt(tt_dims, tt_transposed, io);

@@ -147,6 +147,15 @@ class Builder {
     ops_.push_back(&push(std::move(op)));
   }
 
+  // pointwise() into a new virtual tensor of `dims` (f32 unless given): the graph's
+  // intermediate values.
+  const Desc& pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b,
+                        std::array<int64_t, 4> dims, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+    const Desc& y = virt(dims, type);
+    pointwise(mode, x, b, y);
+    return y;
+  }
+
   void reduce(cudnnReduceTensorOp_t how, const Desc& x, const Desc& y) {
     auto r = std::make_unique<Desc>(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
