@@ -464,7 +464,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     chunk_mem[size_t(k)] =
         options.exact_memory
             ? stage_memory(graph_of(chunk_pp[size_t(k)]), a, b, r.recompute[size_t(k)],
-                           p.micro_batch_size, opt, r.layer_tp[size_t(a)])
+                           p.micro_batch_size, opt, r.layer_tp[size_t(a)],
+                           r.spatial_of(chunk_pp[size_t(k)]))
             : compose_stage_memory(table, a, b, r.recompute[size_t(k)], opt);
     // Composed from the unsplit layers' figures: a tile stashes 1/s of their activations
     // (the halos, a few rows per convolution, are left out of this upper-bound estimate).

@@ -255,11 +255,7 @@ class Walker {
         collective(transport::Collective::all_reduce, 2 * n_rows);  // sum_exp, target_logit
       }
       saved.push_back(may(0) ? heap_.ref(ins[0]) : heap_.alloc(bytes(logits)));  // dlogits
-      // sum_losses: the losses in f64 (a copy unless they are f64), then the scalar.
-      if (g_.float_dtype != memory::DType::f64) {
-        int f64 = heap_.alloc(n_rows * 8);
-        heap_.unref(f64);
-      }
+      // sum_losses: the scalar (kernels::loss_sum reads the losses where they are).
       outs.push_back(heap_.alloc(8));
       for (int& t : tmp) heap_.unref(t);
     } else if (has_halo(node)) {
@@ -271,7 +267,9 @@ class Walker {
       const TileHalo h = tile_halo(node);
       const bool conv = op == "conv2d";
       std::vector<int> tmp;
-      for (int64_t r : {h.bottom, h.top})
+      // Sent up (its first `bottom` rows) where a tile is above, down (its last `top`
+      // rows) where one is below (stages/ops/spatial.cpp, HaloTransfer::forward).
+      for (int64_t r : {w_.tile_above ? h.bottom : 0, w_.tile_below ? h.top : 0})
         if (r > 0) tmp.push_back(heap_.alloc(r * h.in_row));
       std::vector<int> received;
       for (int64_t r : {h.top, h.bottom})
@@ -410,10 +408,14 @@ class Walker {
         tmp.push_back(heap_.alloc(ext * h.in_row));
         heap_.unref(dys);
       }
-      for (int64_t r : {h.top, h.bottom, h.top, h.bottom})
+      // HaloTransfer::backward: the gradients sent up (top rows) and down (bottom rows),
+      // and received from below (top rows) and above (bottom rows), each where that
+      // neighbour is; then each received block added through a copy.
+      const int64_t up = w_.tile_above ? 1 : 0, down = w_.tile_below ? 1 : 0;
+      for (int64_t r : {up * h.top, down * h.bottom, down * h.top, up * h.bottom})
         if (r > 0) tmp.push_back(heap_.alloc(r * h.in_row));
       target(node.inputs[0]);
-      for (int64_t r : {h.top, h.bottom})
+      for (int64_t r : {down * h.top, up * h.bottom})
         if (r > 0) {
           int part = heap_.alloc(r * h.in_row);
           heap_.unref(part);
@@ -730,10 +732,38 @@ ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vecto
 }
 
 StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int>& recompute,
-                         int64_t batch, int optimizer_states, int tp) {
+                         int64_t batch, int optimizer_states, int tp, int tiles) {
   StageMemory m;
   persistent_memory(g, first, last, optimizer_states, m);
-  m.mb = walk_micro_batch(stage_walk_spec(g, first, last, recompute, batch, tp));
+  WalkSpec spec = stage_walk_spec(g, first, last, recompute, batch, tp);
+  if (tiles <= 1) {
+    m.mb = walk_micro_batch(spec);
+    return m;
+  }
+  // A tile at the image's top edge, one at its bottom, one between (s > 2): the most
+  // each figure reaches on any of them (an edge sends and receives on one side only).
+  bool first_pos = true;
+  for (const auto& [above, below] :
+       std::vector<std::pair<bool, bool>>{{false, true}, {true, false}, {true, true}}) {
+    if (above && below && tiles < 3) continue;
+    spec.tile_above = above;
+    spec.tile_below = below;
+    const MicroBatchMemory t = walk_micro_batch(spec);
+    if (first_pos) {
+      m.mb = t;
+      first_pos = false;
+      continue;
+    }
+    MicroBatchMemory& b = m.mb;
+    b.stash = std::max(b.stash, t.stash);
+    b.w_stash = std::max(b.w_stash, t.w_stash);
+    b.forward_peak = std::max(b.forward_peak, t.forward_peak);
+    b.backward_peak = std::max(b.backward_peak, t.backward_peak);
+    b.weight_peak = std::max(b.weight_peak, t.weight_peak);
+    b.held_through_backward = std::max(b.held_through_backward, t.held_through_backward);
+    b.held_by_caller = std::max(b.held_by_caller, t.held_by_caller);
+    b.last_weight_peak = std::max(b.last_weight_peak, t.last_weight_peak);
+  }
   return m;
 }
 

@@ -78,6 +78,9 @@ struct WalkSpec {
   // parameters) and `scratch` are held from then on, the collective waiting for peers
   // that reach theirs later (the other pipeline rank of a tied parameter).
   std::vector<GradBucket> started_in_w;
+  // A spatial split's tile: whether a tile lies above and below it (an edge tile
+  // exchanges halos on one side only).
+  bool tile_above = true, tile_below = true;
 };
 // The spec of a Stage over layers [first, last) of g.
 WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
@@ -88,9 +91,11 @@ MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
 // of a Stage over [first, last).
 void persistent_memory(const stages::Graph& g, int first, int last, int optimizer_states,
                        StageMemory& out);
+// `tiles`: the spatial degree of a tile graph's stage; its figures are the most any tile
+// position (top edge, bottom edge, between) reaches.
 StageMemory stage_memory(const stages::Graph& g, int first, int last,
                          const std::set<int>& recompute, int64_t batch, int optimizer_states,
-                         int tp = 1);
+                         int tp = 1, int tiles = 1);
 
 // ---- the sharded optimizer (ZeRO) ----
 

@@ -81,8 +81,7 @@ TEST(MemoryAccuracy, MlpFourStages) {
 // blocks of rows are received apart and sent as copies (Executor::post_recv, do_send);
 // `zero`: spatial 2 x DP 2 with the tiled parameters' optimizer state (and under zero2
 // their gradients) sharded over the tiles and replicas.
-// `over`: how far above the measured peak the estimate may be (the walk counts every
-// tile's halos on both sides; an edge tile has one neighbour).
+// `over`: how far above the measured peak the estimate may be.
 // `tp`: the tensor-parallel degrees (empty: 1 on every pipeline rank).
 void expect_spatial_accurate(std::vector<int> spatial, int dp, const std::string& zero,
                              double over = 0.03, std::vector<int> tp = {}) {
@@ -109,22 +108,23 @@ void expect_spatial_accurate(std::vector<int> spatial, int dp, const std::string
 }
 
 // 2 | 1: the whole-image rank receives two blocks of rows per micro-batch (without them
-// it was 5.2% under); the tiles are over by their missing neighbour's halos (3.4%, 6400
-// bytes). 1 | 2: the whole-image rank sends copies and receives the gradients' blocks.
+// it was 5.2% under); the tiles exchange halos on one side only (counting both sides, the
+// walk was 3.4% over, 6400 bytes). 1 | 2: the whole-image rank sends copies and receives
+// the gradients' blocks.
 TEST(MemoryAccuracy, SpatialRetiled) {
-  expect_spatial_accurate({2, 1}, 1, "", 0.04);
+  expect_spatial_accurate({2, 1}, 1, "");
   expect_spatial_accurate({1, 2}, 1, "");
 }
 
 // Tensor parallelism and the spatial split in one stage: tiles of channel shards (their
 // halos C / t rows where the input is split by channels), the tensor-parallel all-reduces
 // on tiles (measured: the estimate equal to the peak); and with a second stage of tp 1 x
-// spatial 2, each tile re-sent whole from its first shard rank (the first stage 4.7%
-// over, 6400 bytes: the tiles' excess at spatial 2 | 1 too, an edge tile's missing
-// neighbour's halos).
+// spatial 2, each tile re-sent whole from its first shard rank. There the first stage is
+// 3.2% over (4352 bytes, not traced; it was 4.7% while the walk counted an edge tile's
+// halos on both sides).
 TEST(MemoryAccuracy, TensorParallelSpatial) {
   expect_spatial_accurate({2}, 1, "", 0.03, {2});
-  expect_spatial_accurate({2, 2}, 1, "", 0.05, {2, 1});
+  expect_spatial_accurate({2, 2}, 1, "", 0.035, {2, 1});
 }
 
 // zero1 and zero2 over the tiles and replicas (zero2: the W's gradients, one bucket of
