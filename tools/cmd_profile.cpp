@@ -53,8 +53,8 @@ bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
 
 // The ops' time with k - 1 copies of this profile running beside it (the same model,
 // batch and threads, `baton profile --hold`), over `alone`.
-double colocated_slowdown(int k, const std::vector<std::string>& hold_args,
-                          const stages::Graph& g, const pt::ProfileOptions& o, double alone) {
+double colocated_slowdown(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
+                          const pt::ProfileOptions& o, double alone) {
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
   std::vector<pid_t> copies;
@@ -74,8 +74,7 @@ double colocated_slowdown(int k, const std::vector<std::string>& hold_args,
     posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
     for (int i = 1; i < k; ++i) {
       pid_t pid = 0;
-      const int err =
-          posix_spawn(&pid, "/proc/self/exe", &quiet, nullptr, argv.data(), environ);
+      const int err = posix_spawn(&pid, "/proc/self/exe", &quiet, nullptr, argv.data(), environ);
       if (err != 0) {
         posix_spawn_file_actions_destroy(&quiet);
         throw RuntimeError(std::string("profile --colocated: cannot start a copy: ") +
@@ -139,11 +138,15 @@ int run_profile(const std::vector<std::string>& args) {
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
   if (vm.count("colocated")) {
-    const std::vector<std::string> hold = {
-        "--model",   model_path,  "--batch",  std::to_string(o.batch),  "--threads",
-        std::to_string(o.threads), "--device", device,  "--precision", precision,
-        "--repeats", std::to_string(o.repeats), "--warmup", std::to_string(o.warmup),
-        "--hold",    "-o",        "/dev/null"};
+    const std::vector<std::string> hold = {"--model",     model_path,
+                                           "--batch",     std::to_string(o.batch),
+                                           "--threads",   std::to_string(o.threads),
+                                           "--device",    device,
+                                           "--precision", precision,
+                                           "--repeats",   std::to_string(o.repeats),
+                                           "--warmup",    std::to_string(o.warmup),
+                                           "--hold",      "-o",
+                                           "/dev/null"};
     const double alone = total_time(costs);
     for (int k : vm["colocated"].as<std::vector<int>>()) {
       if (k < 2 || k > 256)

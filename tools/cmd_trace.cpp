@@ -30,8 +30,7 @@ int predict(const std::vector<std::string>& args) {
       "FLOP/s of one device (analytic times)")(
       "ranks-per-host", po::value(&machine.ranks_per_host)->default_value(0),
       "ranks sharing a host, for the profile's colocated slowdown (0: all of the plan's)")(
-      "schedule", po::value(&schedule_file),
-                                               "a schedule file instead of the plan's generator")(
+      "schedule", po::value(&schedule_file), "a schedule file instead of the plan's generator")(
       "out,o", po::value(&out), "write the timeline here (Chrome trace JSON)")(
       "svg", po::value(&svg), "draw it here (SVG)");
   add_common_options(opts);

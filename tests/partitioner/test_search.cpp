@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <functional>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
@@ -380,7 +379,8 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
 // measured points, and applied to the compute of a plan by the ranks sharing its host;
 // the tied embedding's stages reduce together.
 TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
-  Plan plan = read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
   auto g = load_plan_model(plan);
   ResolvedPlan r = resolve_plan(plan, g);
   ASSERT_EQ(r.world(), 8);
