@@ -51,10 +51,10 @@ bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
   return sched_setaffinity(pid, sizeof set, &set) == 0;
 }
 
-// The ops' time with k - 1 copies of this profile running beside it (the same model,
-// batch and threads, `baton profile --hold`), over `alone`.
-double colocated_slowdown(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
-                          const pt::ProfileOptions& o, double alone) {
+// The ops' total time with k - 1 copies of this profile running beside it (the same
+// model, batch and threads, `baton profile --hold`).
+double colocated_total(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
+                       const pt::ProfileOptions& o) {
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
   std::vector<pid_t> copies;
@@ -92,7 +92,7 @@ double colocated_slowdown(int k, const std::vector<std::string>& hold_args, cons
       if (waitpid(p, nullptr, WNOHANG) != 0)
         throw RuntimeError("profile --colocated: a copy of the profile ended early");
     stop();
-    return t / alone;
+    return t;
   } catch (...) {
     stop();
     throw;
@@ -135,9 +135,15 @@ int run_profile(const std::vector<std::string>& args) {
   stages::Graph g = stages::load_model(model_path, lo);
   if (vm["hold"].as<bool>())
     for (;;) pt::profile_model(g, o);
+  const std::vector<int> colocated =
+      vm.count("colocated") ? vm["colocated"].as<std::vector<int>>() : std::vector<int>{};
+  for (int k : colocated)
+    if (k < 2 || k > 256)
+      throw InputError("--colocated: expected ranks per host from 2 to 256, found " +
+                       std::to_string(k));
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
-  if (vm.count("colocated")) {
+  if (!colocated.empty()) {
     const std::vector<std::string> hold = {"--model",     model_path,
                                            "--batch",     std::to_string(o.batch),
                                            "--threads",   std::to_string(o.threads),
@@ -147,12 +153,15 @@ int run_profile(const std::vector<std::string>& args) {
                                            "--warmup",    std::to_string(o.warmup),
                                            "--hold",      "-o",
                                            "/dev/null"};
-    const double alone = total_time(costs);
-    for (int k : vm["colocated"].as<std::vector<int>>()) {
-      if (k < 2 || k > 256)
-        throw InputError("--colocated: expected ranks per host from 2 to 256, found " +
-                         std::to_string(k));
-      costs.colocated[k] = colocated_slowdown(k, hold, g, o, alone);
+    for (int k : colocated) {
+      // Alone and beside the copies in turn, twice: a load that changes meanwhile (other
+      // users of the host) weighs on both sides alike.
+      double alone = 0, together = 0;
+      for (int round = 0; round < 2; ++round) {
+        alone += total_time(pt::profile_model(g, o));
+        together += colocated_total(k, hold, g, o);
+      }
+      costs.colocated[k] = together / alone;
       std::printf("%d ranks on the host: the ops take %.3fx their time alone\n", k,
                   costs.colocated[k]);
     }
