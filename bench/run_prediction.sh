@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Step-time prediction against measurement (docs/benchmarks.md, "Step-time prediction"):
-# GPT config A (4 blocks, n_embd 256, context 128) at PP2 x DP1 (1F1B, 8 micro-batches),
+# GPT config A (4 blocks, n_embd 256, context 128) on one process (the peer), at PP2 x DP1 (1F1B, 8 micro-batches),
 # PP1 x DP2 and PP2 x TP2 x DP2 (1F1B, 4 micro-batches per replica), micro-batches of 2
 # sequences, a global batch of 16, one thread per rank, all ranks on this host
 # (`baton launch`). In one run per plan: the op costs `baton profile` measures, alone
@@ -8,12 +8,12 @@
 # simulator's prediction from them (`baton trace predict`) and the measured step
 # (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
 # step per action kind.
-#   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp2 dp2 pp2tp2dp2"]
+#   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 pp2tp2dp2"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=5
 warmup=2
-plans="pp2 dp2 pp2tp2dp2"
+plans="pp1 pp2 dp2 pp2tp2dp2"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -41,6 +41,7 @@ plan() {  # name devices dp pp tp micro_batches stages-json
  "stages": $7}
 JSON
 }
+plan pp1 1 1 1 1 8 '[{"layers": [0, 6]}]'
 plan pp2 2 1 2 1 8 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
 plan dp2 2 2 1 1 4 '[{"layers": [0, 6]}]'
 plan pp2tp2dp2 8 2 2 2 4 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'

@@ -156,10 +156,12 @@ int run_profile(const std::vector<std::string>& args) {
     for (int k : colocated) {
       // Alone and beside the copies in turn, twice: a load that changes meanwhile (other
       // users of the host) weighs on both sides alike.
+      pt::ProfileOptions through = o;
+      through.mean = true;
       double alone = 0, together = 0;
       for (int round = 0; round < 2; ++round) {
-        alone += total_time(pt::profile_model(g, o));
-        together += colocated_total(k, hold, g, o);
+        alone += total_time(pt::profile_model(g, through));
+        together += colocated_total(k, hold, g, through);
       }
       costs.colocated[k] = together / alone;
       std::printf("%d ranks on the host: the ops take %.3fx their time alone\n", k,
