@@ -81,6 +81,8 @@ pred2=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json
         grep -o 'step time [0-9.]*' | awk '{print $3}')
 pred1=$("$baton" trace predict --plan "$tmp/pp1.json" --costs "$tmp/profile.json" |
         grep -o 'step time [0-9.]*' | awk '{print $3}')
+pred2_alone=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
+        grep -o 'step time [0-9.]*' | awk '{print $3}')
 
 # 4. torch.distributed.pipelining over gloo
 torch_line=""
@@ -107,7 +109,7 @@ m1=$(echo "$one8" | awk '{print $1}'); m2=$(echo "$pp2" | awk '{print $1}')
 echo
 echo "predicted (simulator, measured op costs): 1 process $(printf %.1f "$pred1") ms, PP=2 $(printf %.1f "$pred2") ms"
 echo "speedup PP=2 over 1 process (8 micro-batches): measured $(echo "$m1 / $m2" | bc -l | xargs printf %.3f), predicted $(echo "$pred1 / $pred2" | bc -l | xargs printf %.3f) (measured / predicted: $(echo "($m1 / $m2) / ($pred1 / $pred2)" | bc -l | xargs printf %.3f))"
-echo "PP=2 step: measured / predicted = $(echo "$m2 / $pred2" | bc -l | xargs printf %.3f)"
+echo "PP=2 step: measured / predicted = $(echo "$m2 / $pred2" | bc -l | xargs printf %.3f) (without the co-location slowdown: predicted $(printf %.1f "$pred2_alone") ms, measured / predicted $(echo "$m2 / $pred2_alone" | bc -l | xargs printf %.3f))"
 echo "1 process step: measured / predicted = $(echo "$m1 / $pred1" | bc -l | xargs printf %.3f)"
 if [ -n "$torch_line" ]; then
   t=$(echo "$torch_line" | awk '{print $1}')

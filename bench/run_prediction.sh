@@ -56,7 +56,7 @@ grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /'
 
 step_ms() { grep '^\[rank 0\]' "$1" | grep -o '[0-9.]* ms/step' | awk '{print $1}' | tail -n "$steps"; }
 median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
-printf '\n| plan | ranks | predicted ms | measured ms (median) | measured / predicted |\n|---|---|---|---|---|\n'
+printf '\n| plan | ranks | predicted ms | predicted, ranks alone | measured ms (median) | measured / predicted | measured / predicted alone |\n|---|---|---|---|---|---|---|\n'
 for p in $plans; do
   n=$(devices "$p")
   "$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$data" --steps "$total" \
@@ -64,8 +64,12 @@ for p in $plans; do
     { echo "$p failed:"; tail -5 "$tmp/$p.out"; continue; }
   pred=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" \
     -o "$tmp/$p.predicted.json" | grep -o 'step time [0-9.]*' | awk '{print $3}')
+  # The same without the co-location slowdown (each rank as if alone on the host).
+  alone=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
+    grep -o 'step time [0-9.]*' | awk '{print $3}')
   meas=$(step_ms "$tmp/$p.out" | median)
-  printf '| %s | %s | %.1f | %.1f | %.3f |\n' "$p" "$n" "$pred" "$meas" "$(echo "$meas / $pred" | bc -l)"
+  printf '| %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n' "$p" "$n" "$pred" "$alone" "$meas" \
+    "$(echo "$meas / $pred" | bc -l)" "$(echo "$meas / $alone" | bc -l)"
   "$baton" trace compare "$tmp/$p.measured.json" "$tmp/$p.predicted.json" > "$tmp/$p.compare"
 done
 for p in $plans; do
