@@ -18,7 +18,7 @@ struct ProfileOptions {
   int warmup = 2;     // untimed runs per op
   int repeats = 5;    // timed runs per op; the median is kept
   // The mean instead: what a long run sees, the other processes' time slices included
-  // (`--colocated`'s throughput), where the median keeps an op's own time.
+  // (`--colocated` with more ranks than cores), where the median keeps an op's own time.
   bool mean = false;
   // Where the ops run: on a GPU each timed call is bracketed by a device synchronize, so
   // a time is the kernels' and not only their launch (the graph's float dtype decides

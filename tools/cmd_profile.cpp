@@ -153,11 +153,18 @@ int run_profile(const std::vector<std::string>& args) {
                                            "--warmup",    std::to_string(o.warmup),
                                            "--hold",      "-o",
                                            "/dev/null"};
+    cpu_set_t allowed;
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    const int cores = CPU_COUNT(&allowed);
     for (int k : colocated) {
       // Alone and beside the copies in turn, twice: a load that changes meanwhile (other
-      // users of the host) weighs on both sides alike.
+      // users of the host) weighs on both sides alike. With a core per rank, the median:
+      // an op's own time under the shared memory bandwidth and caches, without the
+      // preemptions by other users of the host, which a rank's idle time (its bubble,
+      // its waits) mostly absorbs and the busy copies do not. With more ranks than
+      // cores, the mean: each rank pays for the time slices the others take.
       pt::ProfileOptions through = o;
-      through.mean = true;
+      through.mean = k > cores;
       double alone = 0, together = 0;
       for (int round = 0; round < 2; ++round) {
         alone += total_time(pt::profile_model(g, through));
