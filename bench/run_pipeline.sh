@@ -3,7 +3,8 @@
 # config B, 8 micro-batches of 1 sample, 1F1B, on this 2-core machine:
 #   1. one process, one thread (8 micro-batches; and 1 micro-batch of 8 for reference)
 #   2. PP=2: two processes (baton launch, UCX), one thread each
-#   3. the simulator's prediction of both from the op costs `baton profile` measures
+#   3. the simulator's prediction of both from the op costs `baton profile` measures (alone,
+#      and with two ranks on the host: --colocated 2)
 #   4. torch.distributed.pipelining over gloo, same model, cut, schedule, micro-batches
 # in one run, and prints one table (median, min, max after warm-up).
 #   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule S]   (any generator; the torch
@@ -72,11 +73,15 @@ one1=$(step_ms "$tmp/one1.out" | stats)
   --threads 1 --log-every 1 --trace "$tmp/measured.json" > "$tmp/pp2.out" 2>&1
 pp2=$(grep '^\[rank 0\]' "$tmp/pp2.out" > "$tmp/pp2.rank0"; step_ms "$tmp/pp2.rank0" | stats)
 
-# 3. the prediction from measured op costs (micro-batch of 1 sample, one thread)
-"$baton" profile --model "$tmp/model.json" --batch 1 --threads 1 -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
+# 3. the prediction from measured op costs (micro-batch of 1 sample, one thread; and
+#    beside a second copy, as PP=2's two ranks share the host)
+"$baton" profile --model "$tmp/model.json" --batch 1 --threads 1 --colocated 2 -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
+grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /'
 pred2=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" -o "$tmp/predicted.json" |
         grep -o 'step time [0-9.]*' | awk '{print $3}')
 pred1=$("$baton" trace predict --plan "$tmp/pp1.json" --costs "$tmp/profile.json" |
+        grep -o 'step time [0-9.]*' | awk '{print $3}')
+pred2_alone=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
         grep -o 'step time [0-9.]*' | awk '{print $3}')
 
 # 4. torch.distributed.pipelining over gloo
@@ -104,7 +109,7 @@ m1=$(echo "$one8" | awk '{print $1}'); m2=$(echo "$pp2" | awk '{print $1}')
 echo
 echo "predicted (simulator, measured op costs): 1 process $(printf %.1f "$pred1") ms, PP=2 $(printf %.1f "$pred2") ms"
 echo "speedup PP=2 over 1 process (8 micro-batches): measured $(echo "$m1 / $m2" | bc -l | xargs printf %.3f), predicted $(echo "$pred1 / $pred2" | bc -l | xargs printf %.3f) (measured / predicted: $(echo "($m1 / $m2) / ($pred1 / $pred2)" | bc -l | xargs printf %.3f))"
-echo "PP=2 step: measured / predicted = $(echo "$m2 / $pred2" | bc -l | xargs printf %.3f)"
+echo "PP=2 step: measured / predicted = $(echo "$m2 / $pred2" | bc -l | xargs printf %.3f) (without the co-location slowdown: predicted $(printf %.1f "$pred2_alone") ms, measured / predicted $(echo "$m2 / $pred2_alone" | bc -l | xargs printf %.3f))"
 echo "1 process step: measured / predicted = $(echo "$m1 / $pred1" | bc -l | xargs printf %.3f)"
 if [ -n "$torch_line" ]; then
   t=$(echo "$torch_line" | awk '{print $1}')

@@ -77,7 +77,7 @@ double dp_time_per_step(const DpSync& s, double bytes, int replicas, double band
 MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
-  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "ops"});
+  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "ops"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -85,6 +85,20 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   c.batch = r.at("batch").as_int(1, INT64_MAX);
   c.threads = int(r.get_int("threads", 1, 1, 1 << 16));
   if (auto m = r.get("machine")) m->expect_object();
+  if (auto k = r.get("colocated")) {
+    k->expect_object();
+    for (const std::string& ranks : k->keys()) {
+      size_t used = 0;
+      int n = 0;
+      try {
+        n = std::stoi(ranks, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != ranks.size() || n < 2 || n > 1 << 16)
+        k->at(ranks).fail("ranks per host as a key: an integer from 2 to 65536");
+      c.colocated[n] = k->at(ranks).as_double(0.01, 1e6);
+    }
+  }
   stages::JsonReader ops = r.at("ops");
   ops.expect_object();
   for (const std::string& name : ops.keys()) {
@@ -111,6 +125,11 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                  {"flops", o.flops}};
   nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"ops", ops}};
+  if (!c.colocated.empty()) {
+    nlohmann::json k = nlohmann::json::object();
+    for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
+    j["colocated"] = k;
+  }
   memory::write_file_durably(path, j.dump(1) + "\n");
 }
 
@@ -175,9 +194,21 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last,
   return m;
 }
 
+double colocation_slowdown(const Machine& m, int ranks) {
+  double k0 = 1, f0 = 1;  // the measured point below `ranks`
+  for (const auto& [k, f] : m.colocated) {
+    if (k == ranks) return f;
+    if (k > ranks) return f0 + (f - f0) * (ranks - k0) / (k - k0);
+    k0 = k;
+    f0 = f;
+  }
+  return ranks <= 1 ? 1.0 : f0;
+}
+
 CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
                      const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {
+  if (measured_ != nullptr && machine_.colocated.empty()) machine_.colocated = measured_->colocated;
   // Layers of one structure share an id; the per-sharding signatures build on it.
   std::map<std::string, int> ids;
   for (int l = 0; l < g_->num_layers(); ++l)

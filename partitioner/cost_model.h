@@ -39,7 +39,17 @@ struct Machine {
   double p2p_latency = 2e-6;         // s per message
   double dp_bandwidth = 4e9;         // bytes/s per rank for data-parallel all-reduces
   double dp_latency = 2e-6;
+  // How much slower a rank computes when k ranks share its host (shared cores and memory
+  // bandwidth): k -> factor, measured by `baton profile --colocated k` (the cost model
+  // takes it from the cost file); empty: no slowdown.
+  std::map<int, double> colocated;
+  // Ranks per host; 0: every rank of the plan on one host, as `baton launch` runs them.
+  int ranks_per_host = 0;
 };
+
+// The compute slowdown of `ranks` ranks on one host: linear between the measured points
+// (1 rank: 1.0), the largest measured one's beyond them.
+double colocation_slowdown(const Machine& m, int ranks);
 
 double all_reduce_time(double bytes, int ranks, double bandwidth, double latency);
 double all_gather_time(double bytes_out, int ranks, double bandwidth, double latency);
@@ -98,6 +108,8 @@ struct MeasuredCosts {
   int64_t batch = 1;  // the micro-batch size the ops were timed at
   int threads = 1;
   std::map<std::string, Op> ops;  // by logical node name
+  // The ops' time with k ranks on the host over their time alone (`--colocated k`).
+  std::map<int, double> colocated;
 };
 MeasuredCosts read_measured_costs(const std::string& path);
 void write_measured_costs(const MeasuredCosts& c, const std::string& path);

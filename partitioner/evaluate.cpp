@@ -109,15 +109,40 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   std::map<int, double> rank_state, rank_gather, rank_copy, rank_pull, rank_compute;
   const bool local = r.plan.dp_sync.independent();
   const PsServedBytes served = ps_served_bytes(r, t);
+  // The ranks sharing a host slow each other's compute (cores, memory bandwidth).
+  const double slow = colocation_slowdown(
+      m, m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world());
+  // Stages holding one tied parameter reduce it together: one group (its first holder's
+  // id) for every stage it joins.
+  c.reduce_group.assign(size_t(n), -1);
+  for (const ParamUse& u : t.shared_params) {
+    std::vector<int> holders;
+    for (int s = 0; s < n; ++s) {
+      const int k = r.chunk_of_stage[size_t(s)];
+      const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
+      if (std::any_of(u.layers.begin(), u.layers.end(), [&](int l) { return l >= a && l < b; }))
+        holders.push_back(s);
+    }
+    if (holders.size() < 2) continue;
+    const int first = c.reduce_group[size_t(holders[0])];
+    const int g = first >= 0 ? first : holders[0];
+    for (int h : holders) {
+      const int old = c.reduce_group[size_t(h)];
+      if (old >= 0 && old != g)
+        for (int& x : c.reduce_group)
+          if (x == old) x = g;
+      c.reduce_group[size_t(h)] = g;
+    }
+  }
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
     const std::set<int>& rc = r.recompute[size_t(k)];
-    c.forward[size_t(s)] = t.pf[size_t(b)] - t.pf[size_t(a)];
-    c.backward_input[size_t(s)] = t.pb[size_t(b)] - t.pb[size_t(a)];
-    c.backward_weight[size_t(s)] = t.pw[size_t(b)] - t.pw[size_t(a)];
+    c.forward[size_t(s)] = slow * (t.pf[size_t(b)] - t.pf[size_t(a)]);
+    c.backward_input[size_t(s)] = slow * (t.pb[size_t(b)] - t.pb[size_t(a)]);
+    c.backward_weight[size_t(s)] = slow * (t.pw[size_t(b)] - t.pw[size_t(a)]);
     for (int l : rc)
-      c.backward_input[size_t(s)] += t.layers[size_t(l)].f;  // recompute runs F again
+      c.backward_input[size_t(s)] += slow * t.layers[size_t(l)].f;  // recompute runs F again
     // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
     // small beside them), and exchanges two halos per convolution and pooling per pass.
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {

@@ -34,6 +34,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
 std::string signature(const Graph& g, const Node& n) {
   std::string s = n.op + n.attrs.dump();
   for (int v : n.inputs) s += "<" + stages::type_str(g.values[size_t(v)].type);
@@ -170,9 +176,10 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
         run_once(g, n, o.batch, 200 + uint64_t(k), o.device, times, true);
       MeasuredCosts::Op m;
       m.op = n.op;
-      m.forward = median(times.f);
-      m.backward_input = median(times.b);
-      m.backward_weight = median(times.w);
+      auto keep = [&](const std::vector<double>& v) { return o.mean ? mean(v) : median(v); };
+      m.forward = keep(times.f);
+      m.backward_input = keep(times.b);
+      m.backward_weight = keep(times.w);
       stages::OpCost c = n.impl->cost(o.batch);
       m.flops = c.forward_flops + c.backward_input_flops + c.backward_weight_flops;
       it = done.emplace(sig, m).first;

@@ -17,6 +17,9 @@ struct ProfileOptions {
   int threads = 1;    // kernel threads while timing
   int warmup = 2;     // untimed runs per op
   int repeats = 5;    // timed runs per op; the median is kept
+  // The mean instead: what a long run sees, the other processes' time slices included
+  // (`--colocated` with more ranks than cores), where the median keeps an op's own time.
+  bool mean = false;
   // Where the ops run: on a GPU each timed call is bracketed by a device synchronize, so
   // a time is the kernels' and not only their launch (the graph's float dtype decides
   // the precision: a bf16 graph times the bf16 kernels).

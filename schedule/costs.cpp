@@ -84,6 +84,14 @@ void Costs::check(int stages) const {
   check_vector(message_bytes, "message_bytes", stages, true);
   check_vector(reduce, "reduce", stages, true);
   check_vector(overlap_f_b, "overlap_f_b", stages, true);
+  if (!reduce_group.empty() && int(reduce_group.size()) != stages)
+    throw InputError("costs: reduce_group: expected " + std::to_string(stages) +
+                     " values (one per stage), found " + std::to_string(reduce_group.size()));
+  for (size_t i = 0; i < reduce_group.size(); ++i)
+    if (reduce_group[i] < -1 || reduce_group[i] >= stages)
+      throw InputError("costs: reduce_group[" + std::to_string(i) +
+                       "]: expected -1 or a group id in [0, " + std::to_string(stages) +
+                       "), found " + std::to_string(reduce_group[i]));
   for (auto [v, name] : {std::pair{latency, "latency"},
                          {bandwidth, "bandwidth"},
                          {optimizer_step, "optimizer_step"}})
@@ -108,8 +116,8 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
     memory::expect_json_object(
         j, "",
         {"forward", "backward_input", "backward_weight", "activation_bytes",
-         "activation_bytes_after_b", "message_bytes", "reduce", "overlap_f_b", "optimizer_step",
-         "optimizer_step_mode", "p2p", "time_unit", "comment"});
+         "activation_bytes_after_b", "message_bytes", "reduce", "reduce_group", "overlap_f_b",
+         "optimizer_step", "optimizer_step_mode", "p2p", "time_unit", "comment"});
     CostSpec c;
     struct Slot {
       const char* name;
@@ -135,6 +143,17 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
       if (done) continue;
       if (key == "optimizer_step") {
         c.optimizer_step = number(*it, key, false);
+      } else if (key == "reduce_group") {
+        if (!it->is_array() || it->empty())
+          throw InputError("reduce_group: expected an array of group ids (one per stage), found " +
+                           found(*it));
+        for (size_t i = 0; i < it->size(); ++i) {
+          const json& g = (*it)[i];
+          if (!g.is_number_integer() || g.get<long long>() < -1 || g.get<long long>() > 1 << 20)
+            throw InputError("reduce_group[" + std::to_string(i) +
+                             "]: expected -1 or a group id >= 0, found " + found(g));
+          c.reduce_group.push_back(g.get<int>());
+        }
       } else if (key == "optimizer_step_mode") {
         const std::string m = it->is_string() ? it->get<std::string>() : "";
         if (m != "synchronous" && m != "post-validated")
@@ -210,6 +229,10 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
   c.bandwidth = spec.bandwidth;
   c.optimizer_step = spec.optimizer_step;
   c.post_validated_step = spec.post_validated_step;
+  if (!spec.reduce_group.empty() && int(spec.reduce_group.size()) != num_stages)
+    throw InputError("costs: reduce_group: has " + std::to_string(spec.reduce_group.size()) +
+                     " values but the schedule has " + std::to_string(num_stages) + " stages");
+  c.reduce_group = spec.reduce_group;
   c.check(num_stages);
   return c;
 }

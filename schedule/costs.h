@@ -29,6 +29,11 @@ struct Costs {
   std::vector<double> message_bytes;
   // Data-parallel reduction of the stage's gradients, started by REDUCE. Empty: 0.
   std::vector<double> reduce;
+  // Stages whose reductions span pipeline ranks (a tied parameter's all-reduce) share a
+  // group id >= 0: each such reduction starts when the last REDUCE of its group has been
+  // issued, so a rank's STEP waits for the other ranks' backward. -1 or empty: the
+  // reduction starts at its own REDUCE. Applies when STEP is every rank's last action.
+  std::vector<int> reduce_group;
   // A composite OVERLAP_F_B whose forward is on this stage (its backward half of the
   // kind it is, B or BW), start to end. Empty: the forward's time plus the backward's
   // (no gain from the overlap).
@@ -64,6 +69,7 @@ struct CostSpec {
       message_bytes, reduce, overlap_f_b;
   double latency = 0.0, bandwidth = 0.0, optimizer_step = 0.0;
   bool post_validated_step = false;  // "optimizer_step_mode": "post-validated"
+  std::vector<int> reduce_group;     // one per stage of the schedule, or empty
   double seconds_per_unit = 1.0;     // from "time_unit": s, ms, us or ns
   std::string comment;
 

@@ -106,9 +106,13 @@ Simulator::Simulator(std::shared_ptr<const Schedule> s, const std::string& sourc
         }
     }
     if (!steps_last) step_pos_.clear();
+    if (steps_last)
+      for (int i = 0; i < n; ++i)
+        if (kind_[size_t(i)] == K::reduce_gradients) reduce_pos_.push_back(i);
   }
   end_.resize(size_t(n));
   avail_.resize(size_t(n));
+  arrived_.resize(size_t(n));
   free_.resize(size_t(s_->num_ranks));
   mem_.resize(size_t(s_->num_ranks));
   live_.resize(size_t(s_->num_ranks));
@@ -201,6 +205,7 @@ const SimResult& Simulator::run(const Costs& c) {
   for (size_t u = 0; u < n; ++u) {
     const int r = rank_[u], st = stage_[u];
     double t = free_[size_t(r)];
+    arrived_[u] = t;
     for (int k = dep_begin_[u]; k < dep_begin_[u + 1]; ++k) {
       const int d = deps_[size_t(k)];
       const double ready = times[d & 1][d >> 1];
@@ -282,22 +287,43 @@ const SimResult& Simulator::run(const Costs& c) {
     makespan = std::max(makespan, kind == K::reduce_gradients ? avail : e);
   }
 
-  // The global norm: its all-reduce completes one latency after the last rank reached
-  // STEP. A synchronous STEP starts then; a post-validated one has run already, and the
-  // step ends no earlier than the validation.
   if (!step_pos_.empty()) {
+    // A reduction shared with other pipeline ranks starts when the last of its group has
+    // issued its REDUCE (every REDUCE is swept by now; only STEP, each rank's last
+    // action, waits for a reduction).
+    if (!c.reduce_group.empty()) {
+      group_last_.assign(size_t(s_->num_stages()), 0.0);
+      for (int u : reduce_pos_)
+        if (const int g = c.reduce_group[size_t(stage_[size_t(u)])]; g >= 0)
+          group_last_[size_t(g)] = std::max(group_last_[size_t(g)], end_[size_t(u)]);
+      for (int u : reduce_pos_)
+        if (const int g = c.reduce_group[size_t(stage_[size_t(u)])]; g >= 0) {
+          const double done = group_last_[size_t(g)] + (red ? red[stage_[size_t(u)]] : 0.0);
+          avail_[size_t(u)] = std::max(avail_[size_t(u)], done);
+          makespan = std::max(makespan, avail_[size_t(u)]);
+        }
+    }
+    // The global norm: its all-reduce completes one latency after the last rank is ready
+    // to step (its reductions done). A synchronous STEP starts then; a post-validated one
+    // starts when its own rank is ready, and the step ends no earlier than the validation.
     double reached = 0.0;
-    for (int u : step_pos_) reached = std::max(reached, end_[size_t(u)] - c.optimizer_step);
+    for (int u : step_pos_) {
+      double t = arrived_[size_t(u)];
+      for (int k = dep_begin_[size_t(u)]; k < dep_begin_[size_t(u) + 1]; ++k) {
+        const int d = deps_[size_t(k)];
+        t = std::max(t, times[d & 1][d >> 1]);
+      }
+      end_[size_t(u)] = t + c.optimizer_step;
+      reached = std::max(reached, t);
+    }
     const double norm_known = reached + c.latency;
     for (int u : step_pos_) {
-      if (!c.post_validated_step) {
-        const double e = norm_known + c.optimizer_step;
-        end_[size_t(u)] = avail_[size_t(u)] = e;
-        free_[size_t(rank_[size_t(u)])] = e;
-        RankStats& rs = result_.ranks[size_t(rank_[size_t(u)])];
-        rs.end = std::max(rs.end, e);
-        makespan = std::max(makespan, e);
-      }
+      const double e = c.post_validated_step ? end_[size_t(u)] : norm_known + c.optimizer_step;
+      end_[size_t(u)] = avail_[size_t(u)] = e;
+      free_[size_t(rank_[size_t(u)])] = e;
+      RankStats& rs = result_.ranks[size_t(rank_[size_t(u)])];
+      rs.end = std::max(rs.end, e);
+      makespan = std::max(makespan, e);
     }
     makespan = std::max(makespan, norm_known);
   }
@@ -337,7 +363,7 @@ Timeline Simulator::timeline(double seconds_per_unit) const {
       ev.micro_batch = a.micro_batch;
       ev.stage = a.stage;
       if (is_compute(a.kind) || a.kind == K::optimizer_step) {
-        ev.start = end_[u] - duration(u);
+        ev.start = a.kind == K::optimizer_step ? arrived_[u] : end_[u] - duration(u);
         ev.end = end_[u];
         t.events.push_back(ev);
       } else if (a.kind == K::reduce_gradients && avail_[u] > end_[u]) {

@@ -10,9 +10,11 @@
 // ordered pair of ranks, first come first served) is free, takes bytes / bandwidth on
 // it, and arrives latency later. A receive waits for the arrival. A compute-only
 // schedule moves the same messages implicitly, sent when the producer ends. REDUCE
-// costs the rank nothing and completes `reduce` later, before STEP. STEP waits for every
-// rank to reach its STEP (the global gradient norm) unless the optimizer step is
-// post-validated (Costs::post_validated_step). Activation memory
+// costs the rank nothing and completes `reduce` later, before STEP; a reduction that spans
+// pipeline ranks (Costs::reduce_group: a tied parameter's all-reduce) starts only when the
+// last rank of its group has issued its REDUCE. STEP waits for every rank to reach its
+// STEP (the global gradient norm) unless the optimizer step is post-validated
+// (Costs::post_validated_step). Activation memory
 // of a (micro-batch, stage) is taken when its F starts, partly released when its B ends
 // and fully when its W (or BW) ends.
 #pragma once
@@ -61,7 +63,9 @@ class Simulator {
   // Runs on per-stage costs (Costs::check(num_stages) must hold; InputError otherwise).
   const SimResult& run(const Costs& c);
   const SimResult& result() const { return result_; }
-  // The last run's timeline: compute on lane 0, transfers and reductions on lane 1.
+  // The last run's timeline: compute on lane 0, transfers and reductions on lane 1. A STEP
+  // spans from when its rank reached it, as the executor records it: the waits for the
+  // reductions and the global norm are inside it.
   Timeline timeline(double seconds_per_unit = 1.0) const;
   // When action (rank, index) started and ended in the last run.
   double start_time(int rank, int index) const;
@@ -94,10 +98,13 @@ class Simulator {
   // from another rank, or a REDUCE's completion) rather than end_.
   std::vector<int> dep_begin_, deps_;
   std::vector<int> link_dst_;
-  std::vector<int> step_pos_;  // positions of the STEP actions when each is its rank's last
+  std::vector<int> step_pos_;    // positions of the STEP actions when each is its rank's last
+  std::vector<int> reduce_pos_;  // positions of the REDUCE actions (with step_pos_)
   // Per run.
   Costs costs_;                      // a copy of the last costs (for timeline())
   std::vector<double> end_, avail_;  // when an action ends; when its result reaches others
+  std::vector<double> arrived_;      // a STEP's: when its rank was free to run it
+  std::vector<double> group_last_;   // per reduce group: its last REDUCE's end
   std::vector<double> free_, mem_, link_free_;
   std::vector<int> live_;
   SimResult result_;

@@ -78,6 +78,8 @@ int run_plan(const std::vector<std::string>& args) {
       "bytes/s between pipeline ranks")(
       "dp-bandwidth", po::value(&machine.dp_bandwidth)->default_value(machine.dp_bandwidth),
       "bytes/s per rank of the data-parallel all-reduce")(
+      "ranks-per-host", po::value(&machine.ranks_per_host)->default_value(0),
+      "ranks sharing a host, for the profile's colocated slowdown (0: all of a plan's)")(
       "top", po::value(&so.keep)->default_value(5),
       "how many plans to list (the best and its runners-up)")(
       "out,o", po::value(&out), "write the best plan here (JSON, docs/formats/plan.md)")(
@@ -91,6 +93,9 @@ int run_plan(const std::vector<std::string>& args) {
     return 0;
   apply_common_options(vm);
 
+  if (machine.ranks_per_host < 0)
+    throw InputError("--ranks-per-host: expected 0 (all of the plan's ranks) or more, found " +
+                     std::to_string(machine.ranks_per_host));
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   const pt::MeasuredCosts* mp = costs.empty() ? nullptr : &measured;

@@ -1,8 +1,20 @@
 // `baton profile`: times each op of a model on this machine (F, B, W; warm-up, median
 // of repeats) and writes the cost file `baton plan --costs` uses instead of FLOPs at a
-// nominal rate (docs/formats/costs.md).
+// nominal rate (docs/formats/costs.md). With --colocated k it times them again beside
+// k - 1 copies of itself, as k ranks of `baton launch` share the host, and records the
+// slowdown.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <thread>
 
 #include "engine/loop.h"
 #include "kernels/precision.h"
@@ -16,6 +28,77 @@ namespace {
 
 namespace pt = baton::partitioner;
 
+extern "C" char** environ;
+
+double total_time(const pt::MeasuredCosts& c) {
+  double t = 0;
+  for (const auto& [name, op] : c.ops) t += op.forward + op.backward_input + op.backward_weight;
+  return t;
+}
+
+// Pins the calling thread (0: this process) to share `i` of `k` of the cores we may run
+// on, as `baton launch` binds its ranks; false (unpinned) when there are fewer cores than
+// shares, as there.
+bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
+  std::vector<int> ids;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) ids.push_back(c);
+  const int cores = int(ids.size());
+  if (k > cores) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c = i * cores / k; c < (i + 1) * cores / k; ++c) CPU_SET(ids[size_t(c)], &set);
+  return sched_setaffinity(pid, sizeof set, &set) == 0;
+}
+
+// The ops' total time with k - 1 copies of this profile running beside it (the same
+// model, batch and threads, `baton profile --hold`).
+double colocated_total(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
+                       const pt::ProfileOptions& o) {
+  cpu_set_t allowed;
+  sched_getaffinity(0, sizeof allowed, &allowed);
+  std::vector<pid_t> copies;
+  auto stop = [&] {
+    for (pid_t p : copies) kill(p, SIGKILL);
+    for (pid_t p : copies) waitpid(p, nullptr, 0);
+    sched_setaffinity(0, sizeof allowed, &allowed);
+  };
+  try {
+    std::vector<std::string> args = {"baton", "profile"};
+    args.insert(args.end(), hold_args.begin(), hold_args.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t quiet;
+    posix_spawn_file_actions_init(&quiet);
+    posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
+    for (int i = 1; i < k; ++i) {
+      pid_t pid = 0;
+      const int err = posix_spawn(&pid, "/proc/self/exe", &quiet, nullptr, argv.data(), environ);
+      if (err != 0) {
+        posix_spawn_file_actions_destroy(&quiet);
+        throw RuntimeError(std::string("profile --colocated: cannot start a copy: ") +
+                           std::strerror(err));
+      }
+      copies.push_back(pid);
+      pin_share(pid, i, k, allowed);
+    }
+    posix_spawn_file_actions_destroy(&quiet);
+    pin_share(0, 0, k, allowed);
+    // The copies load the model and reach their ops (a small model loads in well under this).
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const double t = total_time(pt::profile_model(g, o));
+    for (pid_t p : copies)
+      if (waitpid(p, nullptr, WNOHANG) != 0)
+        throw RuntimeError("profile --colocated: a copy of the profile ended early");
+    stop();
+    return t;
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
 int run_profile(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, out, device, precision;
@@ -28,6 +111,10 @@ int run_profile(const std::vector<std::string>& args) {
       "device", po::value(&device)->default_value("cpu"), "cpu, cuda or cuda:N: where the ops run")(
       "precision", po::value(&precision)->default_value("f32"),
       "f32, tf32, bf16 or fp16: the model's float type as baton train --precision runs it")(
+      "colocated", po::value<std::vector<int>>()->multitoken(),
+      "K [K ...]: also time the ops beside K - 1 copies of this profile (K ranks on one host, "
+      "bound to cores as baton launch binds them) and record the slowdown")(
+      "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
@@ -46,8 +133,48 @@ int run_profile(const std::vector<std::string>& args) {
   stages::LoadOptions lo;
   lo.float_dtype = kernels::compute_dtype(run.precision);
   stages::Graph g = stages::load_model(model_path, lo);
+  if (vm["hold"].as<bool>())
+    for (;;) pt::profile_model(g, o);
+  const std::vector<int> colocated =
+      vm.count("colocated") ? vm["colocated"].as<std::vector<int>>() : std::vector<int>{};
+  for (int k : colocated)
+    if (k < 2 || k > 256)
+      throw InputError("--colocated: expected ranks per host from 2 to 256, found " +
+                       std::to_string(k));
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
+  if (!colocated.empty()) {
+    const std::vector<std::string> hold = {"--model",     model_path,
+                                           "--batch",     std::to_string(o.batch),
+                                           "--threads",   std::to_string(o.threads),
+                                           "--device",    device,
+                                           "--precision", precision,
+                                           "--repeats",   std::to_string(o.repeats),
+                                           "--warmup",    std::to_string(o.warmup),
+                                           "--hold",      "-o",
+                                           "/dev/null"};
+    cpu_set_t allowed;
+    sched_getaffinity(0, sizeof allowed, &allowed);
+    const int cores = CPU_COUNT(&allowed);
+    for (int k : colocated) {
+      // Alone and beside the copies in turn, twice: a load that changes meanwhile (other
+      // users of the host) weighs on both sides alike. With a core per rank, the median:
+      // an op's own time under the shared memory bandwidth and caches, without the
+      // preemptions by other users of the host, which a rank's idle time (its bubble,
+      // its waits) mostly absorbs and the busy copies do not. With more ranks than
+      // cores, the mean: each rank pays for the time slices the others take.
+      pt::ProfileOptions through = o;
+      through.mean = k > cores;
+      double alone = 0, together = 0;
+      for (int round = 0; round < 2; ++round) {
+        alone += total_time(pt::profile_model(g, through));
+        together += colocated_total(k, hold, g, through);
+      }
+      costs.colocated[k] = together / alone;
+      std::printf("%d ranks on the host: the ops take %.3fx their time alone\n", k,
+                  costs.colocated[k]);
+    }
+  }
   pt::write_measured_costs(costs, out);
 
   struct Row {

@@ -84,6 +84,18 @@ expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 
 contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
+# Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
+expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 0 \
+  --colocated 2 --out "$tmp/costs2.json"
+contains "2 ranks on the host: the ops take"
+grep -q '"colocated": {' "$tmp/costs2.json" || { echo "FAIL: no colocated field"; fails=$((fails + 1)); }
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
+  --ranks-per-host 2
+contains "predicted step time"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --colocated 1 --out "$tmp/c.json"
+contains "--colocated: expected ranks per host from 2 to 256, found 1"
+expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --ranks-per-host -1
+contains "--ranks-per-host: expected 0"
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all baton plan / profile command-line checks passed"

@@ -7,10 +7,15 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 
+#include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
+#include "partitioner/plan.h"
 #include "partitioner/profile.h"
+#include "partitioner/resolved_plan.h"
 #include "partitioner/search.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
@@ -403,6 +408,64 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
   const CostTable& t2 = model.table(2, 2);
   EXPECT_LT(t2.layers[1].w, t1.layers[1].w * 0.6);
   EXPECT_GT(t2.layers[1].w, t1.layers[1].w * 0.4);
+}
+
+// The profile's colocated slowdown: written and read back, interpolated between the
+// measured points, and applied to the compute of a plan by the ranks sharing its host;
+// the tied embedding's stages reduce together.
+TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  auto g = load_plan_model(plan);
+  ResolvedPlan r = resolve_plan(plan, g);
+  ASSERT_EQ(r.world(), 8);
+  ProfileOptions po;
+  po.repeats = 1;
+  po.warmup = 0;
+  MeasuredCosts m = profile_model(*g, po);
+  m.colocated = {{2, 1.5}, {4, 2.5}};
+  const std::string path = testing::TempDir() + "colocated_costs.json";
+  write_measured_costs(m, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.colocated, m.colocated);
+
+  Machine machine;
+  machine.colocated = back.colocated;
+  EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 1), 1.0);
+  EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 2), 1.5);
+  EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 3), 2.0);
+  EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 8), 2.5);  // beyond: the largest measured
+
+  CostModel plain(g, Machine{}, nullptr);
+  CostModel measured(g, Machine{}, &back);  // takes the file's slowdown
+  const schedule::Costs base =
+      schedule_costs(r, plain.table_for(r.sharding, plan.micro_batch_size), plain.machine());
+  auto scaled = [&](int ranks_per_host) {
+    Machine mm = measured.machine();
+    mm.ranks_per_host = ranks_per_host;
+    mm.flops = plain.machine().flops;
+    // The analytic table (no measured times) with the measured slowdown: only the factor
+    // differs from `base`.
+    return schedule_costs(r, plain.table_for(r.sharding, plan.micro_batch_size), mm);
+  };
+  for (auto [per_host, factor] : {std::pair{0, 2.5}, {1, 1.0}, {2, 1.5}, {3, 2.0}}) {
+    const schedule::Costs c = scaled(per_host);
+    for (size_t s = 0; s < base.forward.size(); ++s) {
+      EXPECT_NEAR(c.forward[s], factor * base.forward[s], 1e-15) << per_host;
+      EXPECT_NEAR(c.backward_weight[s], factor * base.backward_weight[s], 1e-15) << per_host;
+    }
+    EXPECT_DOUBLE_EQ(c.optimizer_step, base.optimizer_step);
+  }
+  // The embedding is tied to the head across the two stages: one reduction group.
+  EXPECT_EQ(base.reduce_group, (std::vector<int>{0, 0}));
+
+  // Bad input: a key that is no rank count, a factor out of range.
+  for (const char* bad : {R"({"one": 1.5})", R"({"1": 1.5})", R"({"2": -1})", R"([1.5])"}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["colocated"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
 }
 
 }  // namespace

@@ -284,6 +284,58 @@ TEST(Simulate, SynchronousAndPostValidatedSteps) {
                InputError);
 }
 
+// A reduction shared by pipeline ranks (a tied parameter): it starts when the last rank
+// of its group issues its REDUCE, so the other rank's STEP waits for that rank's backward.
+// GPipe, 2 ranks, 1 micro-batch, F = B = W = 1, no link costs: rank 0 runs 0F0 [0, 1] and
+// 0BW0 [4, 6], rank 1 1F0 [1, 2] and 1BW0 [2, 4]; the REDUCEs are issued at 6 and 4.
+TEST(Simulate, TiedReductionWaitsForTheOtherRank) {
+  Schedule s = lower(generate("gpipe", 2, 1), {.transfers = false});
+  Costs c = resolve(spec_fbw(1, 1, 1), s);
+  c.reduce = {1, 4};
+  c.optimizer_step = 2;
+  Simulator simr(s);
+  auto step_end = [&](int r) { return simr.end_time(r, int(s.ranks[size_t(r)].size()) - 1); };
+  auto step_event = [&](int r) {
+    for (const TimelineEvent& e : simr.timeline().events)
+      if (e.rank == r && e.kind == ActionKind::optimizer_step) return e;
+    ADD_FAILURE() << "no STEP on rank " << r;
+    return TimelineEvent{};
+  };
+  for (bool post : {true, false}) {
+    SCOPED_TRACE(post ? "post-validated" : "synchronous");
+    c.post_validated_step = post;
+    // Alone: rank 1's reduction is done at 4 + 4, rank 0's at 6 + 1.
+    c.reduce_group.clear();
+    double alone = simr.run(c).makespan;
+    EXPECT_DOUBLE_EQ(step_end(1), 8 + 2);
+    EXPECT_DOUBLE_EQ(step_end(0), post ? 7 + 2 : 8 + 2);
+    EXPECT_DOUBLE_EQ(alone, 10);
+    // Tied: rank 1's starts when rank 0 issues its REDUCE at 6, done at 10.
+    c.reduce_group = {0, 0};
+    double tied = simr.run(c).makespan;
+    EXPECT_DOUBLE_EQ(step_end(1), 10 + 2);
+    EXPECT_DOUBLE_EQ(step_end(0), post ? 7 + 2 : 10 + 2);
+    EXPECT_DOUBLE_EQ(tied, 12);
+    // The timeline's STEP holds the wait, from when the rank reached it (as the executor
+    // records it); its reduction from REDUCE to done.
+    EXPECT_DOUBLE_EQ(step_event(1).start, 4);
+    EXPECT_DOUBLE_EQ(step_event(1).end, 12);
+    EXPECT_DOUBLE_EQ(step_event(0).start, 6);
+  }
+  // The cost file's key, and its checks.
+  CostSpec f = parse_costs(R"({"forward": 1, "backward_input": 1, "backward_weight": 1,
+      "reduce_group": [0, 0]})",
+                           "c.json");
+  EXPECT_EQ(resolve(f, s).reduce_group, (std::vector<int>{0, 0}));
+  for (const char* bad : {R"([0])", R"([0, 2])", R"([0, "a"])", R"(0)"}) {
+    const std::string text =
+        std::string(
+            R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "reduce_group": )") +
+        bad + "}";
+    EXPECT_THROW(resolve(parse_costs(text, "c.json"), s), InputError) << bad;
+  }
+}
+
 TEST(Simulate, ReusedWithNewCostsAndCheckedInput) {
   Schedule s = generate("zb-h1", 4, 8);
   Simulator simr(s);

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Step-time prediction against measurement (docs/benchmarks.md, "Step-time prediction"):
+# GPT config A (4 blocks, n_embd 256, context 128) on one process (the peer), at PP2 x DP1 (1F1B, 8 micro-batches),
+# PP1 x DP2 and PP2 x TP2 x DP2 (1F1B, 4 micro-batches per replica), micro-batches of 2
+# sequences, a global batch of 16, one thread per rank, all ranks on this host
+# (`baton launch`). In one run per plan: the op costs `baton profile` measures, alone
+# and beside copies of itself (--colocated: as many ranks as the plans have), the
+# simulator's prediction from them (`baton trace predict`) and the measured step
+# (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
+# step per action kind.
+#   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 pp2tp2dp2"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=5
+warmup=2
+plans="pp1 pp2 dp2 pp2tp2dp2"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) steps="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    --plans) plans="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+baton=build/release/baton
+[ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
+  export OPENBLAS_CORETYPE=SkylakeX  # docs/kernels.md
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+data=examples/data/licenses.txt
+total=$((steps + warmup))
+cp examples/models/gpt-config-a.json "$tmp/model.json"
+plan() {  # name devices dp pp tp micro_batches stages-json
+  cat > "$tmp/$1.json" <<JSON
+{"version": 1, "model": "model.json", "devices": $2,
+ "parallel": {"dp": $3, "pp": $4, "tp": $5},
+ "batch": {"micro_batch_size": 2, "global": 16},
+ "schedule": {"name": "1f1b", "micro_batches": $6},
+ "stages": $7}
+JSON
+}
+plan pp1 1 1 1 1 8 '[{"layers": [0, 6]}]'
+plan pp2 2 1 2 1 8 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
+plan dp2 2 2 1 1 4 '[{"layers": [0, 6]}]'
+plan pp2tp2dp2 8 2 2 2 4 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
+devices() { grep -o '"devices": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }
+
+echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-autodetect}"
+echo "# GPT config A, global batch 16 x 128 tokens, micro-batches of 2, 1F1B; $warmup warm-up + $steps timed steps"
+ks=$(for p in $plans; do devices "$p"; done | sort -nu | awk '$1 > 1' | xargs)
+"$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated $ks \
+  -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
+grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /'
+
+step_ms() { grep '^\[rank 0\]' "$1" | grep -o '[0-9.]* ms/step' | awk '{print $1}' | tail -n "$steps"; }
+median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+printf '\n| plan | ranks | predicted ms | predicted, ranks alone | measured ms (median) | measured / predicted | measured / predicted alone |\n|---|---|---|---|---|---|---|\n'
+for p in $plans; do
+  n=$(devices "$p")
+  "$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$data" --steps "$total" \
+    --threads 1 --log-every 1 --trace "$tmp/$p.measured.json" > "$tmp/$p.out" 2>&1 ||
+    { echo "$p failed:"; tail -5 "$tmp/$p.out"; continue; }
+  pred=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" \
+    -o "$tmp/$p.predicted.json" | grep -o 'step time [0-9.]*' | awk '{print $3}')
+  # The same without the co-location slowdown (each rank as if alone on the host).
+  alone=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
+    grep -o 'step time [0-9.]*' | awk '{print $3}')
+  meas=$(step_ms "$tmp/$p.out" | median)
+  printf '| %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n' "$p" "$n" "$pred" "$alone" "$meas" \
+    "$(echo "$meas / $pred" | bc -l)" "$(echo "$meas / $alone" | bc -l)"
+  "$baton" trace compare "$tmp/$p.measured.json" "$tmp/$p.predicted.json" > "$tmp/$p.compare"
+done
+for p in $plans; do
+  [ -f "$tmp/$p.compare" ] && { echo; echo "## $p"; cat "$tmp/$p.compare"; }
+done
+echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
