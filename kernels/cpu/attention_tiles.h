@@ -117,8 +117,8 @@ constexpr int block_width() {
 }
 
 // C[r][0..LW) = (accumulate ? C : 0) + alpha_r * sum_{k in [k0, k1)} A[r * ar + k * ak] *
-// B[k * ldb + 0..LW), for r < R, alpha_r = row_alpha[r] if RowAlpha, else alpha (a
-// compile-time choice: a run-time one slowed the backward's products).
+// B[k * ldb + 0..LW), for r < R, alpha_r = row_alpha[r] if RowAlpha, else alpha (chosen
+// at compile time, so that the backward's tiles keep the code they had).
 template <int W, int R, bool RowAlpha>
 inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_t k1,
                       const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
