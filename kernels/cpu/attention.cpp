@@ -5,6 +5,7 @@
 // copies); chunks beyond the diagonal are never computed. Scratch is per thread,
 // O(kBlockQ * kChunkK), reused across calls: memory does not grow with T^2.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -226,13 +227,11 @@ inline int64_t round_up(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
 }
 
-// Pads a score row's visible part [0, n) to whole vectors with -inf, so that max and exp
-// run without scalar tails (exp(-inf) is exactly 0). Returns the padded length; the row
-// has room for it (its stride is a multiple of tiles::kScoreCols, two vectors).
-inline int64_t pad_row(float* s, int64_t n) {
-  const int64_t padded = round_up(n, kLanes<float>);
-  std::fill(s + n, s + padded, -std::numeric_limits<float>::infinity());
-  return padded;
+// Row stride of a block of scores with kcp columns: one vector more, so that a column
+// (read by the products over keys, P'^T dO and dS^T Q) does not fall into a few cache
+// sets as a stride of a multiple of 1 KB does (64 rows in 4 of L1's 64 sets).
+inline int64_t score_stride(int64_t kcp) {
+  return kcp + kLanes<float>;
 }
 
 // Zeros a probability row from `from` (a whole number of vectors at or past its visible
@@ -243,23 +242,81 @@ inline void zero_row_tail(float* s, int64_t from, int64_t kc) {
   if (from < kc) std::fill(s + from, s + std::min(kc, from + kLanes<float>), 0.0f);
 }
 
-// S[r][c] = alpha * A[r] . Bt[:, c] for the tiles of rows [0, rows) and columns
-// [0, cols_padded) that hold at least one visible score (key <= query); row r is query
-// q0 + r and column c is key k0 + c. Skipped tiles are left as they are.
+// The scores tile at (r0, c) of rows [0, rows) and columns [0, cols_padded), for the tiles
+// that hold at least one visible score (key <= query): row r is query q0 + r, column c key
+// k0 + c; tile(r0, c) gives the epilogue (tiles::scores_tile) that stores tile (r0, c).
+// Skipped tiles are left as they are.
+template <class MakeEpilogue>
 inline void causal_scores(int64_t rows, int64_t q0, int64_t k0, int64_t cols_padded, const float* A,
-                          int64_t lda, const float* Bt, int64_t ldb, int64_t D, float alpha,
-                          float* S, int64_t lds) {
+                          int64_t lda, const float* Bt, int64_t ldb, int64_t D,
+                          MakeEpilogue&& tile) {
   for (int64_t r0 = 0; r0 < rows; r0 += tiles::kScoreRows) {
     const int n = int(std::min<int64_t>(tiles::kScoreRows, rows - r0));
     const int64_t last_visible = q0 + r0 + n - 1 - k0;  // of the tile's last row
     for (int64_t c = 0; c < cols_padded && c <= last_visible; c += tiles::kScoreCols) {
       // Only the first vector of a tile when no row of it sees past it: its second
-      // vector is never read (pad_row and zero_row_tail stop a vector after a row's keys).
+      // vector is never read (zero_row_tail stops a vector after a row's keys).
       const bool one = last_visible < c + kLanes<float>;
-      tiles::scores_tile_n(n, one, A + r0 * lda, lda, Bt + c, ldb, D, alpha, S + r0 * lds + c, lds);
+      tiles::scores_tile_n(n, one, A + r0 * lda, lda, Bt + c, ldb, D, tile(r0, c));
     }
   }
 }
+
+// The lanes of a scores tile's vector n of row r that the row sees (key <= query), when
+// the tile's row 0 sees `seen` of its columns (any integer).
+inline vint32 visible_lanes(int64_t seen, int r, int n) {
+  vint32 lane;
+  for (int i = 0; i < int(kLanes<float>); ++i) lane[i] = i;
+  return lane < int32_t(seen + r - kLanes<float> * n);
+}
+
+// Forward's epilogue for S = alpha Q K^T: -inf past the keys a row sees (so max and exp
+// need no padding pass), and each row's running maximum kept as a vector (mx, kLanes
+// floats a row from the tile's row 0), so no pass over the row looks for it.
+struct ScoresAndMax {
+  float alpha;
+  float* C;
+  int64_t ldc;
+  int64_t seen;
+  float* mx;
+  void operator()(int r, int n, vfloat acc) const {
+    vfloat v = acc * alpha;
+    if (seen + r - kLanes<float> * n < kLanes<float>)  // the causal edge
+      v = visible_lanes(seen, r, n) ? v : splat(-std::numeric_limits<float>::infinity());
+    store(C + r * ldc + kLanes<float> * n, v);
+    float* m = mx + r * kLanes<float>;
+    store(m, vmax(load(m), v));
+  }
+};
+
+// Backward's epilogue for S = alpha Q K^T: the probabilities P = exp(S - lse) from the
+// forward's log-sum-exp while the tile is in registers (no pass over the rows), 0 past
+// the keys a row sees. lse from the tile's row 0; `seen` as in visible_lanes.
+struct ExpVisible {
+  float alpha;
+  float* C;
+  int64_t ldc;
+  const float* lse;
+  int64_t seen;
+  void operator()(int r, int n, vfloat acc) const {
+    const vint32 keep = visible_lanes(seen, r, n);
+    const vfloat e = vexp(acc * alpha - lse[r]);
+    store(C + r * ldc + kLanes<float> * n, std::bit_cast<vfloat>(std::bit_cast<vint32>(e) & keep));
+  }
+};
+
+// Backward's epilogue for dP = dO V^T without dropout: dS = P dP - P di straight from the
+// tile (P at the same place of its own rows, di per row).
+struct SoftmaxGrad {
+  float* C;
+  const float* P;
+  int64_t ld;  // of C and P
+  const float* di;
+  void operator()(int r, int n, vfloat acc) const {
+    const vfloat p = load(P + r * ld + kLanes<float> * n);
+    store(C + r * ld + kLanes<float> * n, p * acc - p * di[r]);
+  }
+};
 
 // kt: the head's keys transposed, [D][ldkt], for keys [0, i1) at least.
 template <int W>
@@ -269,19 +326,28 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
   const int64_t rows = i1 - i0, D = g.D, ld = g.ld;
   const float* q = qkv + (b * g.T + i0) * ld + g.q_col(h);
   float* o = out + (b * g.T + i0) * g.ldo + h * D;
-  float* s = scratch<float>(size_t(kBlockQ * kChunkK), 0);
+  float* s = scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 0);
   float* m = scratch<float>(size_t(kBlockQ), 1);
   float* l = scratch<float>(size_t(kBlockQ), 2);
+  float* inv = scratch<float>(size_t(kBlockQ), 3);
+  float* mv = scratch<float>(size_t(kBlockQ * kLanes<float>), 5);  // ScoresAndMax's
   std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
   std::fill(l, l + rows, 0.0f);
+  // One chunk (T <= kChunkK): P V is scaled by 1 / l as it is stored, not in another pass.
+  const bool one_chunk = i1 <= kChunkK;
   for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
-    const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
+    const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols),
+                  lds = score_stride(kcp);
     const float* v = qkv + (b * g.T + c0) * ld + g.v_col(h);
-    causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, ldkt, D, scale, s, kcp);
+    std::fill(mv, mv + rows * kLanes<float>, -std::numeric_limits<float>::infinity());
+    causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, ldkt, D, [&](int64_t r0, int64_t c) {
+      return ScoresAndMax{scale, s + r0 * lds + c, lds, i0 + r0 - (c0 + c) + 1,
+                          mv + r0 * kLanes<float>};
+    });
     for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s + r * kcp;
-      const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(sr, n);
-      const float mx = std::max(m[r], reduce_max(sr, padded));
+      float* sr = s + r * lds;
+      const int64_t n = visible(i0 + r, c0, kc), padded = round_up(n, kLanes<float>);
+      const float mx = std::max(m[r], hmax(load(mv + r * kLanes<float>)));
       const float sum = exp_shifted_sum(sr, mx, sr, padded);
       zero_row_tail(sr, padded, kc);
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
@@ -292,21 +358,23 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
       }
       m[r] = mx;
       l[r] += sum;
+      inv[r] = 1.0f / l[r];
       if (dr.on && n > 0) dr.apply(b, h, i0 + r, g.T, c0, sr, sr, n);
     }
     // O (+)= P V; each row only needs the keys it sees.
     tiles::rows_product<W>(
-        rows, s, kcp, 1,
+        rows, s, lds, 1,
         [&](int64_t r0, int64_t n) {
           return std::pair<int64_t, int64_t>{0, std::clamp<int64_t>(i0 + r0 + n - c0, 0, kc)};
         },
-        v, ld, 1.0f, o, g.ldo, c0 > 0);
+        v, ld, 1.0f, o, g.ldo, c0 > 0, one_chunk ? inv : nullptr);
   }
   float* lrow = lse + (b * g.H + h) * g.T + i0;
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / l[r];
-    float* orow = o + r * g.ldo;
-    for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+    if (!one_chunk) {
+      float* orow = o + r * g.ldo;
+      for (int64_t d = 0; d < D; ++d) orow[d] *= inv[r];
+    }
     lrow[r] = m[r] + std::log(l[r]);
   }
 }
@@ -319,9 +387,9 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
                         float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
                         int64_t h, bool acc_q, bool acc_kv, const float* kt, const float* vt) {
   const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
-  float* p = scratch<float>(size_t(kBlockQ * kChunkK), 0);
-  float* dp = scratch<float>(size_t(kBlockQ * kChunkK), 1);
-  float* pd = dr.on ? scratch<float>(size_t(kBlockQ * kChunkK), 2) : p;
+  float* p = scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 0);
+  float* dp = scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 1);
+  float* pd = dr.on ? scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 2) : p;
   float* di = scratch<float>(size_t(kBlockQ), 3);
   const bool accumulate = acc_kv;
   const float* lrow = lse + (b * g.H + h) * g.T;
@@ -336,7 +404,8 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         return load_as<V>(dO + r * g.ldo + d) * load_as<V>(o + r * g.ldo + d);
       });
     for (int64_t c0 = 0; c0 < i1; c0 += kChunkK) {
-      const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols);
+      const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols),
+                    lds = score_stride(kcp);
       const float* k = qkv + (b * g.T + c0) * ld + g.k_col(h);
       float* dk = dqkv + (b * g.T + c0) * ld + g.k_col(h);
       float* dv = dqkv + (b * g.T + c0) * ld + g.v_col(h);
@@ -349,14 +418,15 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
         return std::pair<int64_t, int64_t>{0, std::clamp<int64_t>(i0 + r0 + n - c0, 0, kc)};
       };
       // P = exp(scale q k^T - lse), zero above the diagonal; P' with dropout applied.
-      causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, Tp, D, scale, p, kcp);
+      causal_scores(rows, i0, c0, kcp, q, ld, kt + c0, Tp, D, [&](int64_t r0, int64_t c) {
+        return ExpVisible{scale, p + r0 * lds + c, lds, lrow + i0 + r0, i0 + r0 - (c0 + c) + 1};
+      });
       for (int64_t r = 0; r < rows; ++r) {
-        float* pr = p + r * kcp;
-        const int64_t n = visible(i0 + r, c0, kc), padded = pad_row(pr, n);
-        exp_shifted_scaled(pr, lrow[i0 + r], 1.0f, pr, padded);
+        float* pr = p + r * lds;
+        const int64_t n = visible(i0 + r, c0, kc), padded = round_up(n, kLanes<float>);
         zero_row_tail(pr, padded, kc);
         if (dr.on) {
-          float* pdr = pd + r * kcp;
+          float* pdr = pd + r * lds;
           dr.apply(b, h, i0 + r, g.T, c0, pr, pdr, n);
           std::fill(pdr + n, pdr + padded, 0.0f);
           zero_row_tail(pdr, padded, kc);
@@ -367,28 +437,38 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       const int64_t fresh = std::clamp<int64_t>(i0 - c0, 0, kc);
       auto by_keys = [&](const float* a, const float* b_rows, int64_t ldb_rows, float alpha,
                          float* c) {
-        tiles::rows_product<W>(fresh, a, 1, kcp, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
+        tiles::rows_product<W>(fresh, a, 1, lds, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
         tiles::rows_product<W>(
-            kc - fresh, a + fresh, 1, kcp,
+            kc - fresh, a + fresh, 1, lds,
             [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows, alpha,
             c + fresh * ld, ld, accumulate);
       };
       by_keys(pd, dO, g.ldo, 1.0f, dv);
-      // dP' = dO V^T, then dS = P' dP' - P di in place (zero where P is).
-      causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, 1.0f, dp, kcp);
+      // dP' = dO V^T, then dS = P' dP' - P di (zero where P is): without dropout
+      // (P' = P) as each tile is computed, with it in a pass over the rows.
+      if (dr.on)
+        causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, [&](int64_t r0, int64_t c) {
+          return tiles::StoreScaled{1.0f, dp + r0 * lds + c, lds};
+        });
+      else
+        causal_scores(rows, i0, c0, kcp, dO, g.ldo, vt + c0, Tp, D, [&](int64_t r0, int64_t c) {
+          return SoftmaxGrad{dp + r0 * lds + c, p + r0 * lds + c, lds, di + r0};
+        });
       for (int64_t r = 0; r < rows; ++r) {
-        float* dpr = dp + r * kcp;
-        const float* pr = p + r * kcp;
-        const float* pdr = pd + r * kcp;
+        float* dpr = dp + r * lds;
+        const float* pr = p + r * lds;
+        const float* pdr = pd + r * lds;
         const float dd = di[r];
         const int64_t padded = round_up(visible(i0 + r, c0, kc), kLanes<float>);
+        if (dr.on) {
 #pragma GCC ivdep
-        for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+          for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+        }
         zero_row_tail(dpr, padded, kc);
       }
       // dQ += scale dS K (its rows are first written at the first chunk);
       // dK += scale dS^T Q.
-      tiles::rows_product<W>(rows, dp, kcp, 1, query_keys, k, ld, scale, dq, ld, acc_q || c0 > 0);
+      tiles::rows_product<W>(rows, dp, lds, 1, query_keys, k, ld, scale, dq, ld, acc_q || c0 > 0);
       by_keys(dp, q, ld, scale, dk);
     }
   }

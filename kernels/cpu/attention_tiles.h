@@ -5,7 +5,7 @@
 // in call overhead, while here operands are read in place: q/k/v rows straight from the
 // strided qkv layout, keys transposed once per head.
 //
-//   scores_tile:  C[r][0..2L) = alpha * sum_d A[r][d] Bt[d][0..2L)     (S = Q K^T, dP = dO V^T)
+//   scores_tile:  epilogue(r, n, sum_d A[r][d] Bt[d][nL..(n+1)L))       (S = Q K^T, dP = dO V^T)
 //   rows_tile:    C[r][0..LW) (+)= alpha * sum_k A(r, k) B[k][0..LW)  (P V, P^T dO, dS K, dS^T Q)
 //
 // with L = kLanes<float>. Tile sizes follow the register file: about three quarters of
@@ -31,14 +31,14 @@ constexpr int kAccumulators = kVecRegs * 3 / 4;
 constexpr int64_t kScoreCols = 2 * kL;  // columns of a scores tile: two vectors
 constexpr int kScoreRows = kAccumulators / 2 >= 8 ? 8 : kAccumulators / 2;  // 8 or 6 rows
 
-// C[r][c] = alpha * sum_{d < depth} A[r * lda + d] * Bt[d * ldb + c], r < R, c < N L
-// (N = 2, or 1 for the last keys of a causal row block). Not inlined: inlined into its
-// caller beside the other row counts, GCC 12 spilled a B vector to the stack and read it
-// back for every FMA (AVX-512; 10-15% of the forward).
-template <int R, int N>
+// epi(r, n, acc) with acc[c] = sum_{d < depth} A[r * lda + d] * Bt[d * ldb + kL n + c] for
+// r < R, n < N (N = 2, or 1 for the last keys of a causal row block): the epilogue stores
+// the tile, or what the caller derives from it while it is in registers. Not inlined:
+// inlined into its caller beside the other row counts, GCC 12 spilled a B vector to the
+// stack and read it back for every FMA (AVX-512; 10-15% of the forward).
+template <int R, int N, class Epilogue>
 __attribute__((noinline)) void scores_tile(const float* A, int64_t lda, const float* Bt,
-                                           int64_t ldb, int64_t depth, float alpha, float* C,
-                                           int64_t ldc) {
+                                           int64_t ldb, int64_t depth, const Epilogue& epi) {
   static_assert(N == 1 || N == 2);
   // Unrolled loops over r and n, so that the accumulators live in registers from the
   // start (otherwise GCC zeroes an array on the stack with memset and stores them there
@@ -62,8 +62,16 @@ __attribute__((noinline)) void scores_tile(const float* A, int64_t lda, const fl
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-    for (int n = 0; n < N; ++n) store(C + r * ldc + kL * n, acc[r][n] * alpha);
+    for (int n = 0; n < N; ++n) epi(r, n, acc[r][n]);
 }
+
+// The plain epilogue: C[r][nL + c] = alpha * acc[c].
+struct StoreScaled {
+  float alpha;
+  float* C;
+  int64_t ldc;
+  void operator()(int r, int n, vfloat acc) const { store(C + r * ldc + kL * n, acc * alpha); }
+};
 
 template <class F, int... I>
 inline bool with_count_of(int64_t n, F& f, std::integer_sequence<int, I...>) {
@@ -79,15 +87,16 @@ inline bool with_count_1_to_8(int64_t n, F&& f) {
 }
 
 // scores_tile for any row count 1..kScoreRows, two vectors of columns (one when `one`).
+template <class Epilogue>
 inline void scores_tile_n(int rows, bool one, const float* A, int64_t lda, const float* Bt,
-                          int64_t ldb, int64_t depth, float alpha, float* C, int64_t ldc) {
+                          int64_t ldb, int64_t depth, const Epilogue& epi) {
   // Callers pass 1..kScoreRows.
   with_count_1_to_8(rows, [&](auto r) {
     constexpr int R = std::min(decltype(r)::value, kScoreRows);
     if (one)
-      scores_tile<R, 1>(A, lda, Bt, ldb, depth, alpha, C, ldc);
+      scores_tile<R, 1>(A, lda, Bt, ldb, depth, epi);
     else
-      scores_tile<R, 2>(A, lda, Bt, ldb, depth, alpha, C, ldc);
+      scores_tile<R, 2>(A, lda, Bt, ldb, depth, epi);
   });
 }
 
@@ -107,12 +116,13 @@ constexpr int block_width() {
   return wb;
 }
 
-// C[r][0..LW) = (accumulate ? C : 0) + alpha * sum_{k in [k0, k1)} A[r * ar + k * ak] *
-// B[k * ldb + 0..LW), for r < R.
-template <int W, int R>
+// C[r][0..LW) = (accumulate ? C : 0) + alpha_r * sum_{k in [k0, k1)} A[r * ar + k * ak] *
+// B[k * ldb + 0..LW), for r < R, alpha_r = row_alpha[r] if RowAlpha, else alpha (chosen
+// at compile time, so that the backward's tiles keep the code they had).
+template <int W, int R, bool RowAlpha>
 inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_t k1,
                       const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
-                      bool accumulate) {
+                      bool accumulate, const float* row_alpha) {
   vfloat acc[R][W] = {};
   for (int64_t k = k0; k < k1; ++k) {
     float a[R];
@@ -122,40 +132,47 @@ inline void rows_tile(const float* A, int64_t ar, int64_t ak, int64_t k0, int64_
       for (int r = 0; r < R; ++r) acc[r][w] += a[r] * b;
     }
   }
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const float a = RowAlpha ? row_alpha[r] : alpha;
     for (int w = 0; w < W; ++w) {
       float* c = C + r * ldc + kL * w;
-      store(c, accumulate ? load(c) + acc[r][w] * alpha : acc[r][w] * alpha);
+      store(c, accumulate ? load(c) + acc[r][w] * a : acc[r][w] * a);
     }
+  }
 }
 
 // rows_tile over `rows` rows in tiles, W vectors of columns in blocks of block_width<W>();
 // k_range(r0, n) gives the [k0, k1) that rows r0..r0+n-1 need (the causal structure
-// makes the rest zero).
+// makes the rest zero). row_alpha as in rows_tile, when not null.
 template <int W, class KRange>
 inline void rows_product(int64_t rows, const float* A, int64_t ar, int64_t ak, KRange&& k_range,
                          const float* B, int64_t ldb, float alpha, float* C, int64_t ldc,
-                         bool accumulate) {
+                         bool accumulate, const float* row_alpha = nullptr) {
   constexpr int Wb = block_width<W>();
   constexpr int R = rows_per_tile<Wb>();
+  auto tile = [&]<int N>(std::integral_constant<int, N>, int64_t r0, int64_t k0, int64_t k1) {
+    for (int w0 = 0; w0 < W; w0 += Wb) {
+      const float* a = A + r0 * ar;
+      float* c = C + r0 * ldc + kL * w0;
+      if (row_alpha)
+        rows_tile<Wb, N, true>(a, ar, ak, k0, k1, B + kL * w0, ldb, alpha, c, ldc, accumulate,
+                               row_alpha + r0);
+      else
+        rows_tile<Wb, N, false>(a, ar, ak, k0, k1, B + kL * w0, ldb, alpha, c, ldc, accumulate,
+                                nullptr);
+    }
+  };
   int64_t r0 = 0;
   for (; r0 + R <= rows; r0 += R) {
     const auto [k0, k1] = k_range(r0, int64_t(R));
-    for (int w0 = 0; w0 < W; w0 += Wb)
-      rows_tile<Wb, R>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha, C + r0 * ldc + kL * w0,
-                       ldc, accumulate);
+    tile(std::integral_constant<int, R>{}, r0, k0, k1);
   }
   if (r0 == rows) return;
   const int n = int(rows - r0);  // the remaining rows, in one narrower tile
-  // Not a structured binding: clang 14 cannot capture those in the lambda below.
-  const auto kr = k_range(r0, int64_t(n));
-  const int64_t k0 = std::get<0>(kr), k1 = std::get<1>(kr);
+  const auto [k0, k1] = k_range(r0, int64_t(n));
   // n < R <= 8; min(N, R) keeps the instantiations to the row counts a tile can have.
-  with_count_1_to_8(n, [&](auto rn) {
-    constexpr int N = std::min(decltype(rn)::value, R);
-    for (int w0 = 0; w0 < W; w0 += Wb)
-      rows_tile<Wb, N>(A + r0 * ar, ar, ak, k0, k1, B + kL * w0, ldb, alpha, C + r0 * ldc + kL * w0,
-                       ldc, accumulate);
+  with_count_1_to_8(n, [&, k0 = k0, k1 = k1](auto rn) {
+    tile(std::integral_constant<int, std::min(decltype(rn)::value, R)>{}, r0, k0, k1);
   });
 }
 

@@ -148,7 +148,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackward,
                                            Case{1, 130, 3, 16, 0}, Case{1, 600, 1, 4, 0},
                                            Case{2, 70, 2, 8, 0.2}, Case{1, 530, 1, 4, 0.1},
                                            Case{1, 530, 1, 16, 0.1}, Case{2, 67, 1, 64, 0},
-                                           Case{1, 40, 1, 128, 0.2}),
+                                           Case{1, 40, 1, 128, 0.2},
+                                           // tile kernels over two key chunks, no dropout
+                                           Case{1, 530, 1, 32, 0}),
                          [](const auto& param_info) { return case_name(param_info.param); });
 
 // The columns of heads [h0, h0 + n) of each of q, k, v, for batches [b0, b0 + nb).
