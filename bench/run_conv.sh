@@ -27,6 +27,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 python="${PYTHON:-.venv/bin/python}"
+# Absolute: the spatial runs below work in a scratch directory.
+python=$(command -v "$python" || echo "$python")
+[[ "$python" == /* ]] || python="$PWD/$python"
 baton=$PWD/build/release/baton
 [ -x "$baton" ] || { echo "build $baton first: cmake --build --preset release --target baton" >&2; exit 2; }
 "$python" -c "import torch, numpy" 2>/dev/null || { echo "$python has no torch or numpy" >&2; exit 2; }
