@@ -140,14 +140,9 @@ inline float exp_approx(float x) {
   return p * std::bit_cast<float>(uint32_t(n + 127) << 23);
 }
 
-#if defined(__AVX512F__)
-// The same arithmetic as below, with 2^n applied by vscalefps instead of being built in
-// the exponent bits (four integer and float operations fewer of fifteen); n <= -127,
-// where the bit pattern gives 0 (x below about -88, -inf, NaN), is zeroed by the mask,
-// so no clamp from below is needed. Same results: both scalings are exact.
-inline vfloat exp_approx(vfloat x) {
-  x = vmin(splat(88.37f), x);  // this order keeps a NaN (vminps returns its second operand)
-  const vfloat fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+// exp(x) / 2^fn for fn = round(x / ln 2): the two-constant reduction r = x - fn ln 2 and
+// the polynomial of exp(r), shared by both ways of applying 2^fn below.
+inline vfloat exp_reduced(vfloat x, vfloat fn) {
   vfloat r = x - fn * 0.693359375f;
   r = r + fn * 2.12194440e-4f;
   vfloat p = splat(kExpC5);
@@ -156,6 +151,18 @@ inline vfloat exp_approx(vfloat x) {
   p = p * r + kExpC2;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
+  return p;
+}
+
+#if defined(__AVX512F__)
+// The same arithmetic as below, with 2^n applied by vscalefps instead of being built in
+// the exponent bits (four integer and float operations fewer of fifteen); n <= -127,
+// where the bit pattern gives 0 (x below about -88, -inf, NaN), is zeroed by the mask,
+// so no clamp from below is needed. Same results: both scalings are exact.
+inline vfloat exp_approx(vfloat x) {
+  x = vmin(splat(88.37f), x);  // this order keeps a NaN (vminps returns its second operand)
+  const vfloat fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const vfloat p = exp_reduced(x, fn);
   const __mmask16 normal = _mm512_cmp_ps_mask((__m512)fn, _mm512_set1_ps(-127.0f), _CMP_GT_OQ);
   return (vfloat)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)fn);
 }
@@ -165,15 +172,7 @@ inline vfloat exp_approx(vfloat x) {
   const vfloat shifted = x * 1.44269504088896341f + 12582912.0f;
   const vint32 n = std::bit_cast<vint32>(shifted) - 0x4B400000;
   const vfloat fn = shifted - 12582912.0f;
-  vfloat r = x - fn * 0.693359375f;
-  r = r + fn * 2.12194440e-4f;
-  vfloat p = splat(kExpC5);
-  p = p * r + kExpC4;
-  p = p * r + kExpC3;
-  p = p * r + kExpC2;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * std::bit_cast<vfloat>((n + 127) << 23);
+  return exp_reduced(x, fn) * std::bit_cast<vfloat>((n + 127) << 23);
 }
 #endif
 
