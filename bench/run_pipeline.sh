@@ -7,8 +7,9 @@
 #      and with two ranks on the host: --colocated 2)
 #   4. torch.distributed.pipelining over gloo, same model, cut, schedule, micro-batches
 # in one run, and prints one table (median, min, max after warm-up).
-#   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule S]   (any generator; the torch
-#   peer runs for 1f1b and gpipe)
+#   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule S]
+#                         [--optimizer-step synchronous|post-validated]
+#   (any generator; the torch peer runs for 1f1b and gpipe)
 # Needs build/release/baton and a Python with torch (.venv/bin/python by default,
 # PYTHON=... to choose; python3 -m venv .venv && .venv/bin/pip install torch).
 set -euo pipefail
@@ -16,11 +17,13 @@ cd "$(dirname "$0")/.."
 steps=5
 warmup=2
 schedule=1f1b
+optimizer_step=synchronous
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --schedule) schedule="$2"; shift 2 ;;
+    --optimizer-step) optimizer_step="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +46,7 @@ cat > "$tmp/pp2.json" <<JSON
  "parallel": {"dp": 1, "pp": 2, "tp": 1},
  "batch": {"micro_batch_size": 1, "global": 8},
  "schedule": {"name": "$schedule", "micro_batches": 8},
+ "optimizer_step": "$optimizer_step",
  "stages": [{"layers": [0, 5]}, {"layers": [5, 10]}]}
 JSON
 cat > "$tmp/pp1.json" <<JSON
@@ -50,11 +54,12 @@ cat > "$tmp/pp1.json" <<JSON
  "parallel": {"dp": 1, "pp": 1, "tp": 1},
  "batch": {"micro_batch_size": 1, "global": 8},
  "schedule": {"name": "$schedule", "micro_batches": 8},
+ "optimizer_step": "$optimizer_step",
  "stages": [{"layers": [0, 10]}]}
 JSON
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-autodetect}"
-echo "# GPT config B ($model), batch 8 x 256 tokens, 8 micro-batches, $schedule; $warmup warm-up + $steps timed steps"
+echo "# GPT config B ($model), batch 8 x 256 tokens, 8 micro-batches, $schedule, $optimizer_step step; $warmup warm-up + $steps timed steps"
 
 # Step times (ms) from baton's progress lines, after the warm-up.
 step_ms() { grep -o '[0-9.]* ms/step' "$1" | awk '{print $1}' | tail -n "$steps"; }
