@@ -187,8 +187,15 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   // receiver) above: UCX's own threshold here is lower, and the handshake then costs
   // more than the second copy it saves (measured: a 32 KiB all-reduce 19 us -> 9 us).
   // UCX_RNDV_THRESH in the environment still wins.
-  if (std::getenv("UCX_RNDV_THRESH") == nullptr)
+  if (const char* env = std::getenv("UCX_RNDV_THRESH"); env == nullptr) {
     BATON_UCX_CHECK(ucp_config_modify(config, "RNDV_THRESH", "65536"));
+  } else {
+    // A plain byte count is the threshold; "auto" or a unit leaves it unknown here: 0
+    // (a dead peer's queued messages then all count as rendezvous, see recv()).
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    rndv_thresh_ = end != env && *end == '\0' ? size_t(v) : 0;
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                       UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
@@ -599,9 +606,13 @@ RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
   p.memory_type = UCS_MEMORY_TYPE_HOST;
   std::lock_guard lock(mu_);
   if (failure_of(src)) {
-    // A message the peer sent before it went may still be here; anything else never comes.
+    // A message the peer sent before it went may still be here, whole if it came eagerly;
+    // a rendezvous one would need the peer's endpoint, closed when it failed (UCX 1.13
+    // then asserts inside the receive: seen once in CI with a killed rank). Anything
+    // else never comes.
     ucp_tag_recv_info_t probe{};
-    if (ucp_tag_probe_nb(worker_, tag, kFullMask, 0, &probe) == nullptr) {
+    if (ucp_tag_probe_nb(worker_, tag, kFullMask, 0, &probe) == nullptr ||
+        probe.length >= rndv_thresh_) {
       fail_gone(*r, src);
       return r;
     }

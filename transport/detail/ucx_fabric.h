@@ -107,6 +107,9 @@ class UcxFabric final : public Fabric {
   std::vector<ucp_ep_h> eps_;
   std::vector<std::unique_ptr<EpArg>> ep_args_;
   std::vector<bool> ep_dead_;
+  // Messages below it travel eagerly (whole in the receiver's queue once sent); from it
+  // up by rendezvous, which needs the sender's endpoint to fetch the data.
+  size_t rndv_thresh_ = 65536;
   std::vector<bool> peer_mode_;    // UCX peer-failure mode for this peer's endpoint
   UcxRequest* pending_ = nullptr;  // head of the list of requests UCX holds
   std::vector<int> pending_per_peer_;
