@@ -4,6 +4,9 @@
 //   check               every collective and point-to-point, checked; prints "ok"
 //   kill VICTIM MS      all-reduces in a loop; VICTIM SIGKILLs itself after MS ms
 //   hang VICTIM MS      the same, but VICTIM stops (SIGSTOP): alive, silent
+//   late                2 ranks: rank 1 sends rank 0 a 1 MiB message (rendezvous) and
+//                       SIGKILLs itself; rank 0, once a receive has shown rank 1 dead,
+//                       asks for that message: a PeerError, printed as "late: ..."
 // A rank that sees a PeerError prints it with the peer, leaves the launcher its failure
 // report, and exits 3.
 #include <signal.h>
@@ -146,11 +149,38 @@ int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
   }
 }
 
+// A dead peer's message still queued at the receiver as a rendezvous request.
+int late_scenario(Communicator& c) {
+  if (c.size() != 2) fail("late needs 2 ranks");
+  Tensor big = Tensor::full({1 << 18}, 1.0);  // 1 MiB: above the rendezvous threshold
+  if (c.rank() == 1) {
+    auto sw = c.isend(big, 0, 7);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the request is there
+    std::fprintf(stderr, "victim: kill now\n");
+    std::fflush(stderr);
+    raise(SIGKILL);
+  }
+  try {
+    Tensor small = Tensor::zeros({1});
+    c.irecv(small, 1, 8)->wait();  // never sent: fails once rank 1 is found dead
+    fail("a receive from a dead peer completed");
+  } catch (const PeerError&) {
+  }
+  try {
+    c.irecv(big, 1, 7)->wait();
+    fail("the dead peer's rendezvous message was received");
+  } catch (const PeerError& e) {
+    std::printf("late: PeerError peer=%d\n", e.peer());
+    std::fflush(stdout);
+    return 3;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS\n");
+    std::fprintf(stderr, "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS | late\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -163,6 +193,7 @@ int main(int argc, char** argv) {
                   w.comm->backend().c_str(), w.env.source.c_str());
       return 0;
     }
+    if (scenario == "late") return late_scenario(*w.comm);
     if ((scenario == "kill" || scenario == "hang") && argc == 4)
       return fail_scenario(*w.comm, scenario, std::atoi(argv[2]), std::atoi(argv[3]));
     std::fprintf(stderr, "comm_worker: unknown scenario %s\n", scenario.c_str());

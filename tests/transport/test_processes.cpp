@@ -152,6 +152,19 @@ TEST(Processes, AKilledRankIsNamedByEveryOther) {
   std::printf("%s", r.out.c_str());
 }
 
+// A message the dead peer sent by rendezvous (1 MiB), still queued at the receiver when it
+// asks for it: a PeerError naming the peer, not a hang or a crash. Receiving it would need
+// the peer's endpoint, closed when the peer was found dead; UCX 1.13 once asserted inside
+// that receive in CI (AKilledRankIsNamedByEveryOther). This run does not reproduce that
+// crash without the fix (it also passes without it: the assertion needs the closed
+// endpoint's memory reused meanwhile); it checks the outcome.
+TEST(Processes, ADeadPeersRendezvousMessageIsAPeerError) {
+  Result r = run(launch(2, "late", "--grace 10"));
+  EXPECT_TRUE(has(r.out, "late: PeerError peer=1\n")) << r.out;
+  EXPECT_FALSE(has(r.out, "Assertion")) << r.out;
+  EXPECT_LT(r.secs, 15.0) << r.out;
+}
+
 TEST(Processes, RanksThatNeverArriveAreNamedByTheOthersAndTheLauncher) {
   // Ranks 0 and 1 of a world of 4 start; 2 and 3 never do (their host's launcher never
   // came). Both fail within the connect timeout naming the missing ranks, and the
