@@ -10,6 +10,7 @@
 // the key/value heads are copied out to one per query head, and backward sums each
 // group's gradients back into its head.
 #include <atomic>
+#include <cstdlib>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/blas.h"
@@ -24,7 +25,14 @@ constexpr int kRowThreads = 128;
 using Geometry = AttnGeometry;
 using DropoutSpec = AttnDropout;
 
-std::atomic<AttentionImpl> g_impl{AttentionImpl::automatic};
+// BATON_CUDA_ATTENTION (automatic, flash, cublas, cudnn) sets the starting choice, so a
+// whole engine run (baton train, baton profile) can be timed on one path.
+AttentionImpl impl_from_environment() {
+  const char* v = std::getenv("BATON_CUDA_ATTENTION");
+  return v != nullptr && *v != '\0' ? attention_impl_from_name(v) : AttentionImpl::automatic;
+}
+
+std::atomic<AttentionImpl> g_impl{impl_from_environment()};
 
 // Forward rows: one block per (head, query i) of batch b. P = softmax of the visible
 // scores (j <= i), dropped out for the product with V; lse saved.
@@ -246,7 +254,7 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   }
   // automatic: cuDNN's fused forward first where it applies (16-bit, no dropout), since on
   // the H200 it beat our flash forward (GPT-2 124M bf16 step 35.5 against 40.2 ms,
-  // docs/cuda.md); the backward runs on our kernels from its lse either way.
+  // docs/cuda.md); its backward likewise (below).
   if (impl == AttentionImpl::automatic && cudnn_attention_forward(qkv, g, scale, dr, out, lse, l))
     return;
   if (impl != AttentionImpl::cublas && flash_attention_forward(qkv, g, scale, dr, out, lse, l))
@@ -313,9 +321,9 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);
   // cudnn: its fused backward, as its forward, or the reason it does not run; when
-  // accumulating (it writes dqkv) our kernels, from the same lse. automatic keeps our
-  // flash backward until a GPU has measured cuDNN's against it (gpu-check's
-  // baton-bf16-cudnn-attn row).
+  // accumulating (it writes dqkv) our kernels, from the same lse. automatic takes it too
+  // where it applies: on the H200 it made GPT-2 124M's bf16 step 36.0 -> 25.6 ms
+  // (gpt_step) and 41.4 -> 30.9 ms (baton train) against our flash backward (docs/cuda.md).
   const AttentionImpl impl = g_impl.load();
   if (impl == AttentionImpl::cudnn && !accumulate) {
     require(cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l), op,
@@ -324,6 +332,9 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           : std::string("baton was built without cuDNN"));
     return;
   }
+  if (impl == AttentionImpl::automatic && !accumulate &&
+      cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l))
+    return;
   if (impl != AttentionImpl::cublas &&
       flash_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, accumulate, l))
     return;
