@@ -688,6 +688,32 @@ TEST_P(CudaOps, Embedding) {
   expect_close("embedding_backward", dt(), gdt, rdt);
 }
 
+// Text repeats a few ids hundreds of times per batch: the backward sorts the positions by
+// row and sums them in pieces (kPiece 32), with no atomics. Rows run over many pieces, more
+// positions than one grid covers (65536 blocks), ids outside the slice, a width that is
+// not a multiple of the block; the same bits twice.
+TEST_P(CudaOps, EmbeddingBackwardOfRepeatedIds) {
+  const int64_t N = 70001, rows = 300, C = 72, offset = 40;
+  std::vector<int32_t> ids(N);
+  std::uniform_int_distribution<int32_t> pick(0, 399);
+  std::bernoulli_distribution common(0.7);
+  for (auto& i : ids) i = common(rng_) ? 45 : pick(rng_);
+  ids[0] = ids[N - 1] = 339;  // the slice's last row, first and last
+  Tensor tid = Tensor::from_vector(ids, {N}), gid = tid.to(kGpu);
+  Tensor table = randn({rows, C}, rng_), dout = randn({N, C}, rng_);
+  Tensor rdt = table.clone();
+  kernels::embedding_backward(tid, rounded(dout, dt()), offset, rdt);
+  for (DType tdt : {wide(), dt()}) {
+    Tensor once = dev(table, tdt), twice = dev(table, tdt);
+    kernels::embedding_backward(gid, dev(dout, dt()), offset, once);
+    kernels::embedding_backward(gid, dev(dout, dt()), offset, twice);
+    expect_close(
+        tdt == wide() ? "embedding_backward repeated, f32 table" : "embedding_backward repeated",
+        tdt, once, rdt);
+    EXPECT_EQ(cuda_ops_host(once).to_vector<float>(), cuda_ops_host(twice).to_vector<float>());
+  }
+}
+
 TEST_P(CudaOps, CrossEntropyThreeSteps) {
   const int64_t N = 19, V = 50, offset = 10;
   Tensor logits = randn({N, V}, rng_, 3.0);
