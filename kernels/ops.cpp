@@ -9,6 +9,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/detail/check.h"
 #include "kernels/fused.h"
+#include "kernels/mixed_precision.h"
 #include "kernels/random.h"
 
 #ifdef BATON_KERNELS_CUDA
@@ -1095,13 +1096,20 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
   if (ts.empty()) return;
   const memory::Device dev = ts[0].param.device();
   bool same_device = true;
-  for (const AdamWTensors& t : ts) same_device &= t.param.device() == dev;
+  for (const AdamWTensors& t : ts) {
+    same_device &= t.param.device() == dev;
+    if (t.working.defined()) {
+      same_device &= t.working.device() == dev;
+      BATON_NEED(t.working.numel() == t.param.numel(), op, "working has param's size");
+    }
+  }
   BATON_NEED(same_device, op, "tensors on one device");
   BATON_ON_CUDA(dev, adamw_step_each(ts, cfg, step, grad_scale));
   for (AdamWTensors& t : ts) {
     AdamW c = cfg;
     c.weight_decay = t.weight_decay;
     adamw_step(t.param, t.grad, t.m, t.v, c, step, grad_scale);
+    if (t.working.defined()) cast(t.param, t.working);
   }
 }
 

@@ -235,6 +235,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 struct AdamWTensors {
   Tensor param, grad, m, v;
   double weight_decay = 0.0;
+  // Optional: a 16-bit copy of param (mixed precision's working copy) that receives the
+  // updated value, cast as kernels::cast would; on a GPU in the update's own pass.
+  Tensor working;
 };
 void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
                      double grad_scale);

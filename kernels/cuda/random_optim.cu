@@ -21,14 +21,47 @@ __global__ void normal_k(T* out, int64_t n, double mean, double std, uint64_t se
   }
 }
 
-constexpr int kSumBlocks = 1024;
+// Many tensors per launch: each block of a multi-tensor kernel works on kChunk elements of
+// one piece, found by a binary search over the pieces' first blocks. A launch's pieces
+// travel in its parameters (up to 32 KB on Volta and later since CUDA 12.1).
+constexpr int kMaxPieces = 224;
+constexpr int64_t kChunk = 8192;
+
+template <class Piece>
+__device__ __forceinline__ const Piece& piece_of_block(const Piece* piece, int count) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (piece[mid].first_block <= int64_t(blockIdx.x))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return piece[lo];
+}
+
+struct SumPiece {
+  const void* x;
+  int64_t n, first_block;
+};
 
 template <class T>
-__global__ void sumsq_partial(const T* x, int64_t n, double* partial) {
+struct SumBatch {
+  SumPiece piece[kMaxPieces];
+  int count;
+};
+
+// Squared norms: each block's sum of its chunk (f64, a fixed tree) into partial[block].
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    sumsq_many_k(const __grid_constant__ SumBatch<T> b, double* partial) {
   __shared__ double part[kThreads];
+  const SumPiece& p = piece_of_block(b.piece, b.count);
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t begin = (int64_t(blockIdx.x) - p.first_block) * kChunk;
+  const int64_t end = begin + kChunk < p.n ? begin + kChunk : p.n;
   double s = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const double v = double(to_f(x[i]));
     s += v * v;
   }
@@ -41,40 +74,51 @@ __global__ void sumsq_partial(const T* x, int64_t n, double* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = part[0];
 }
 
-// One warp: lane l adds partials l, l + 32, ... in order, then a fixed butterfly joins the
-// lanes. The order never changes, so the result is deterministic; one thread walking all
-// 1024 partials made a step's norm pieces cost milliseconds on the H200.
-__global__ void sumsq_finish(double* partial, int blocks) {
+// One warp per tensor: lane l adds its blocks l, l + 32, ... in order, then a fixed
+// butterfly joins the lanes, so the result never changes between runs.
+__global__ void sumsq_finish(const double* partial, const int64_t* first, int tensors,
+                             double* total) {
+  const int t = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x) / 32;
+  if (t >= tensors) return;
+  const int lane = int(threadIdx.x) % 32;
   double s = 0;
-  for (int b = int(threadIdx.x); b < blocks; b += 32) s += partial[b];
+  for (int64_t b = first[t] + lane; b < first[t + 1]; b += 32) s += partial[b];
   for (int w = 16; w > 0; w >>= 1) s += __shfl_down_sync(0xffffffffu, s, w);
-  if (threadIdx.x == 0) partial[0] = s;
+  if (lane == 0) total[t] = s;
 }
 
 struct AdamCoeffs {
   float decay, step_size, inv_bc2_sqrt, one_minus_b1, b2, one_minus_b2, eps, gs;
 };
 
+// One element's update. Every rounding is spelled out (the _rn intrinsics are never
+// contracted into fused multiply-adds), so adamw_k and adamw_many_k give the same bits:
+// left to the compiler, the two kernels' x * decay - y came out fused in one and not in
+// the other (1-ulp differences on the H200).
+template <class G, class P>
+__device__ __forceinline__ void adamw_update(P& param, G grad, P& m, P& v, float decay,
+                                             const AdamCoeffs& c) {
+  const float g = __fmul_rn(to_f(grad), c.gs);
+  const float m0 = to_f(m);
+  const float mi = __fmaf_rn(c.one_minus_b1, __fsub_rn(g, m0), m0);
+  const float vi = __fmaf_rn(c.one_minus_b2, __fmul_rn(g, g), __fmul_rn(c.b2, to_f(v)));
+  const float denom = __fmaf_rn(__fsqrt_rn(vi), c.inv_bc2_sqrt, c.eps);
+  param = from_f<P>(__fmaf_rn(to_f(param), decay, -__fdiv_rn(__fmul_rn(c.step_size, mi), denom)));
+  m = from_f<P>(mi);
+  v = from_f<P>(vi);
+}
+
 template <class G, class P>
 __global__ void adamw_k(P* param, const G* grad, P* m, P* v, int64_t n, AdamCoeffs c) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = to_f(grad[i]) * c.gs;
-    const float mi = to_f(m[i]) + c.one_minus_b1 * (g - to_f(m[i]));
-    const float vi = c.b2 * to_f(v[i]) + c.one_minus_b2 * g * g;
-    const float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
-    param[i] = from_f<P>(to_f(param[i]) * c.decay - c.step_size * mi / denom);
-    m[i] = from_f<P>(mi);
-    v[i] = from_f<P>(vi);
+    adamw_update(param[i], grad[i], m[i], v[i], c.decay, c);
   }
 }
 
-// Many tensors' AdamW steps in one launch: the pieces travel in the kernel's parameters
-// (up to 32 KB on Volta and later since CUDA 12.1), each block updates kChunk elements of
-// one piece, found by a binary search over the pieces' first blocks. The arithmetic is
-// adamw_k's, so each tensor gets the bits its own adamw_step would give.
-constexpr int kMaxPieces = 224;
-constexpr int64_t kChunk = 8192;
+// Many tensors' AdamW steps in one launch (the multi-tensor scheme of sumsq_many_k). The
+// arithmetic is adamw_update, as adamw_k's, so each tensor gets the bits its own
+// adamw_step would give.
 
 template <class G, class P>
 struct AdamPiece {
@@ -82,6 +126,7 @@ struct AdamPiece {
   const G* grad;
   P* m;
   P* v;
+  void* working;  // null, or the 16-bit working copy (the batch's working_bf16 says which)
   int64_t n, first_block;
   float decay;
 };
@@ -90,32 +135,26 @@ template <class G, class P>
 struct AdamBatch {
   AdamPiece<G, P> piece[kMaxPieces];
   int count;
+  bool working_bf16;
   AdamCoeffs c;
 };
 
 template <class G, class P>
 __global__ void __launch_bounds__(kThreads)
     adamw_many_k(const __grid_constant__ AdamBatch<G, P> b) {
-  int lo = 0, hi = b.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (b.piece[mid].first_block <= int64_t(blockIdx.x))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const AdamPiece<G, P>& p = b.piece[lo];
+  const AdamPiece<G, P>& p = piece_of_block(b.piece, b.count);
   const AdamCoeffs& c = b.c;
   const int64_t begin = (int64_t(blockIdx.x) - p.first_block) * kChunk;
   const int64_t end = begin + kChunk < p.n ? begin + kChunk : p.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = to_f(p.grad[i]) * c.gs;
-    const float mi = to_f(p.m[i]) + c.one_minus_b1 * (g - to_f(p.m[i]));
-    const float vi = c.b2 * to_f(p.v[i]) + c.one_minus_b2 * g * g;
-    const float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
-    p.param[i] = from_f<P>(to_f(p.param[i]) * p.decay - c.step_size * mi / denom);
-    p.m[i] = from_f<P>(mi);
-    p.v[i] = from_f<P>(vi);
+    adamw_update(p.param[i], p.grad[i], p.m[i], p.v[i], p.decay, c);
+    // The working copy as cast() writes it: the same rounding of the new value.
+    if (p.working != nullptr) {
+      if (b.working_bf16)
+        static_cast<bf16*>(p.working)[i] = from_f<bf16>(to_f(p.param[i]));
+      else
+        static_cast<f16*>(p.working)[i] = from_f<f16>(to_f(p.param[i]));
+    }
   }
 }
 
@@ -157,32 +196,54 @@ double sum_squares(const Tensor& t) {
   return sum_squares_each({t})[0];
 }
 
-// Each tensor's partial sums and total in its own block of one scratch buffer, then one
-// copy of the totals to the host: one wait for all of them.
+// Every tensor's chunks summed by one multi-tensor launch per dtype (and kMaxPieces
+// tensors), one warp per tensor adds its chunks, then one copy of the totals to the host:
+// one wait for all of them. Launches per tensor cost GPT-2 124M's step 296 launches and
+// 0.65 ms on the H200.
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   const char* op = "sum_squares";
-  for (const Tensor& t : ts) require_cuda(op, "t", t);
-  Launch l(ts.at(0));
-  Tensor partial = scratch({int64_t(ts.size()) * kSumBlocks}, DType::f64, l.device);
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const Tensor& t = ts[i];
-    double* block = partial.data<double>() + i * kSumBlocks;
-    const int64_t n = t.numel();
-    const int blocks = int(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
-    if (blocks > 0) {
-      BATON_CUDA_DISPATCH(op, t.dtype(), T, {
-        sumsq_partial<T>
-            <<<blocks, kThreads, 0, l.stream>>>(static_cast<const T*>(t.raw_data()), n, block);
-        BATON_CUDA_CHECK_LAUNCH();
-      });
-    }
-    sumsq_finish<<<1, 32, 0, l.stream>>>(block, blocks);  // no blocks: 0
-    BATON_CUDA_CHECK_LAUNCH();
+  for (const Tensor& t : ts) {
+    require_cuda(op, "t", t);
+    require(t.is_contiguous(), op, "t must be contiguous, got " + t.str());
   }
+  if (ts.empty()) return {};
+  Launch l(ts.at(0));
+  // first[k]: tensor k's first block over all launches; first[size]: the number of blocks.
+  std::vector<int64_t> first(ts.size() + 1, 0);
+  for (size_t k = 0; k < ts.size(); ++k)
+    first[k + 1] = first[k] + (ts[k].numel() + kChunk - 1) / kChunk;
+  const int64_t blocks = first.back();
+  // One buffer: the blocks' partials, then the totals, then the first blocks.
+  Tensor scratch_buf =
+      scratch({blocks + int64_t(ts.size()) + int64_t(first.size())}, DType::f64, l.device);
+  double* partial = scratch_buf.data<double>();
+  double* total = partial + blocks;
+  auto* first_dev = reinterpret_cast<int64_t*>(total + ts.size());
+  BATON_CUDA_CHECK(cudaMemcpyAsync(first_dev, first.data(), first.size() * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, l.stream));
+  size_t i = 0;
+  while (i < ts.size()) {
+    const DType dt = ts[i].dtype();
+    const int64_t base = first[i];
+    BATON_CUDA_DISPATCH(op, dt, T, {
+      SumBatch<T> b{};
+      for (; i < ts.size() && b.count < kMaxPieces && ts[i].dtype() == dt; ++i)
+        if (ts[i].numel() > 0)
+          b.piece[b.count++] = {ts[i].raw_data(), ts[i].numel(), first[i] - base};
+      const int64_t n = first[i] - base;
+      if (n > 0) {
+        sumsq_many_k<T><<<unsigned(n), kThreads, 0, l.stream>>>(b, partial + base);
+        BATON_CUDA_CHECK_LAUNCH();
+      }
+    });
+  }
+  const int per_block = kThreads / 32;
+  sumsq_finish<<<unsigned((ts.size() + per_block - 1) / per_block), kThreads, 0, l.stream>>>(
+      partial, first_dev, int(ts.size()), total);
+  BATON_CUDA_CHECK_LAUNCH();
   std::vector<double> host(ts.size());
-  BATON_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), sizeof(double), partial.data<double>(),
-                                     kSumBlocks * sizeof(double), sizeof(double), ts.size(),
-                                     cudaMemcpyDeviceToHost, l.stream));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(host.data(), total, ts.size() * sizeof(double),
+                                   cudaMemcpyDeviceToHost, l.stream));
   BATON_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   return host;
 }
@@ -223,19 +284,31 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
   for (const AdamWTensors& t : ts) {
     check_adamw(op, t.param, t.grad, t.m, t.v, step);
     require(t.param.device() == ts[0].param.device(), op, "every tensor on one device");
+    if (t.working.defined()) {
+      require_cuda(op, "working", t.working);
+      require((t.working.dtype() == DType::bf16 || t.working.dtype() == DType::f16) &&
+                  t.working.numel() == t.param.numel() && t.working.is_contiguous(),
+              op, "working must be a contiguous 16-bit copy of param, got " + t.working.str());
+    }
   }
   const AdamCoeffs c = adam_coeffs(cfg, step, grad_scale);
-  // One launch per (gradient type, parameter type) and kMaxPieces pieces, in order.
+  // One launch per (gradient type, parameter type, working copy's type) and kMaxPieces
+  // pieces, in order.
+  const auto working_type = [&](size_t k) {
+    return ts[k].working.defined() ? int(ts[k].working.dtype()) : -1;
+  };
   size_t i = 0;
   while (i < ts.size()) {
     const DType gt = ts[i].grad.dtype(), pt = ts[i].param.dtype();
+    const int wt = working_type(i);
     Launch l(ts[i].param);
     BATON_CUDA_DISPATCH2(op, gt, pt, G, P, {
       AdamBatch<G, P> b{};
       b.c = c;
+      b.working_bf16 = wt == int(DType::bf16);
       int64_t blocks = 0;
       for (; i < ts.size() && b.count < kMaxPieces && ts[i].grad.dtype() == gt &&
-             ts[i].param.dtype() == pt;
+             ts[i].param.dtype() == pt && working_type(i) == wt;
            ++i) {
         AdamWTensors& t = ts[i];
         const int64_t n = t.param.numel();
@@ -244,6 +317,7 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
                               static_cast<const G*>(t.grad.raw_data()),
                               static_cast<P*>(t.m.raw_data()),
                               static_cast<P*>(t.v.raw_data()),
+                              t.working.defined() ? t.working.raw_data() : nullptr,
                               n,
                               blocks,
                               float(1.0 - cfg.lr * t.weight_decay)};

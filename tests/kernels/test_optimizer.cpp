@@ -2,6 +2,9 @@
 // sum_squares (in double, independent of the thread count).
 #include <gtest/gtest.h>
 
+#include <array>
+
+#include "kernels/mixed_precision.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -64,6 +67,40 @@ TEST(AdamW, MatchesTorchFormulasOverSeveralSteps) {
     EXPECT_LT(rel_error(as_f64(m), want_m), tol * 10) << memory::dtype_name(dt);
     EXPECT_LT(rel_error(as_f64(v), want_v), tol * 10) << memory::dtype_name(dt);
   }
+}
+
+// adamw_step_each: each tensor's own adamw_step (its own weight decay), and a working
+// copy, where given, holds the updated value as cast() rounds it.
+TEST(AdamW, EachIsEveryTensorsOwnStepAndWritesWorkingCopies) {
+  std::mt19937_64 rng(test_seed(82));
+  AdamW cfg;
+  cfg.lr = 1e-2;
+  cfg.weight_decay = 0.1;
+  std::vector<AdamWTensors> ts;
+  std::vector<std::array<Tensor, 4>> one;  // p, g, m, v for the one-at-a-time steps
+  for (int64_t n : {5, 0, 3000, 17}) {
+    Tensor p = randn({n}, rng, 1.0, DType::f32), g = randn({n}, rng, 1.0, DType::f32);
+    Tensor m = randn({n}, rng, 0.1, DType::f32), v = Tensor::full({n}, 0.01);
+    one.push_back({p.clone(), g, m.clone(), v.clone()});
+    ts.push_back({p, g, m, v, ts.size() % 2 == 0 ? 0.1 : 0.0,
+                  n == 3000 ? Tensor::zeros({n}, DType::bf16) : Tensor()});
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    adamw_step_each(ts, cfg, step, 0.5);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      AdamW c = cfg;
+      c.weight_decay = ts[i].weight_decay;
+      adamw_step(one[i][0], one[i][1], one[i][2], one[i][3], c, step, 0.5);
+    }
+  }
+  for (size_t i = 0; i < ts.size(); ++i) {
+    EXPECT_EQ(ts[i].param.to_vector<float>(), one[i][0].to_vector<float>()) << i;
+    EXPECT_EQ(ts[i].v.to_vector<float>(), one[i][3].to_vector<float>()) << i;
+  }
+  Tensor want = Tensor::zeros({3000}, DType::bf16);
+  cast(ts[2].param, want);
+  EXPECT_EQ(as_f64(ts[2].working), as_f64(want));
+  EXPECT_NE(as_f64(ts[2].working), std::vector<double>(3000, 0.0));
 }
 
 struct SgdCase {
