@@ -12,8 +12,11 @@
 #                              batch norm, pooling), f32 within 1e-4
 #   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
 #                              from its --summary), beside the benchmark rows above
+#   train-gpt2-bf16-cudnn      the same with cuDNN's attention backward (BATON_CUDA_ATTENTION=cudnn)
 #   profile-gpt2-bf16          its ops timed on the GPU (baton profile --device cuda)
-#   trace-gpt2-bf16            its timeline as a one-rank plan (--trace)
+#   profile-gpt2-bf16-cudnn    the same with cuDNN's attention backward
+#   trace-gpt2-bf16            its timeline as a one-rank plan (--trace); -blocking: with
+#                              CUDA_LAUNCH_BLOCKING=1, so each action spans its kernels
 #   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX (device tensors staged
 #                              through host buffers, transport/staged.h) against one GPU, after
 #                              staged-transport (test_transport_staged's CUDA half)
@@ -22,7 +25,7 @@
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 profile-gpt2-bf16 trace-gpt2-bf16 staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-cudnn profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
@@ -72,9 +75,12 @@ JSON
   cat >"$e/gpt2-124m.json" <<'JSON'
 {"type": "gpt2", "name": "gpt2-124m", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304}
 JSON
-  if step train-gpt2-bf16 240 "$baton" train --model "$e/gpt2-124m.json" --data "$corpus" --steps 30 --batch 8 \
-      --device cuda --precision bf16 --log-every 10 --summary "$e/gpt2-summary.json"; then
-    "$py" - "$e/gpt2-summary.json" >>"$out/results.txt" <<'PY' || { echo "train-gpt2-bf16 FAILED (no tokens_per_s in --summary)" >>"$out/steps.txt"; gc_status=1; }
+  gpt2_train() {  # STEP ROW [VAR=VALUE...]: one bf16 run of 30 steps, its result as row ROW
+    local name=$1 row=$2
+    shift 2
+    step "$name" 240 env "$@" "$baton" train --model "$e/gpt2-124m.json" --data "$corpus" --steps 30 \
+      --batch 8 --device cuda --precision bf16 --log-every 10 --summary "$e/$name-summary.json" || return 0
+    "$py" - "$e/$name-summary.json" "$row" >>"$out/results.txt" <<'PY' || { echo "$name FAILED (no tokens_per_s in --summary)" >>"$out/steps.txt"; gc_status=1; }
 import json, sys
 s = json.load(open(sys.argv[1]))
 L, d, ctx, V = 12, 768, 1024, 50304
@@ -82,16 +88,22 @@ n = L * (12 * d * d + 13 * d) + V * d + ctx * d + 2 * d  # tied output projectio
 tps = s["tokens_per_second"]
 step_ms = 1e3 * s["tokens_per_step"] / tps
 mfu = (6 * n + 12 * L * ctx * d) * tps / 989e12
-print(f"baton-train-bf16 baton bf16 tokens_per_s {tps:.0f} step_ms {step_ms:.3f} mfu {mfu:.4f}")
+print(f"{sys.argv[2]} baton bf16 tokens_per_s {tps:.0f} step_ms {step_ms:.3f} mfu {mfu:.4f}")
 PY
     publish
-  fi
+  }
+  gpt2_train train-gpt2-bf16 baton-train-bf16
+  # The same with cuDNN's attention backward too (automatic: its forward, our flash
+  # backward), the engine's measurement beside gpt_step's baton-bf16-cudnn-attn row.
+  gpt2_train train-gpt2-bf16-cudnn baton-train-bf16-cudnn-attn BATON_CUDA_ATTENTION=cudnn
   # Where its time goes: each op's F, B and W on the GPU (baton profile, synchronized
   # around every call), and the engine's timeline of the same model as a one-rank plan
   # (forward, backward and optimizer step as the executor runs them). Both land in the
   # logs' tarball; the profile's table is in its log.
   step profile-gpt2-bf16 60 "$baton" profile --model "$e/gpt2-124m.json" --batch 8 --device cuda \
     --precision bf16 --out "$e/gpt2-costs.json"
+  step profile-gpt2-bf16-cudnn 60 env BATON_CUDA_ATTENTION=cudnn "$baton" profile --model "$e/gpt2-124m.json" \
+    --batch 8 --device cuda --precision bf16 --out "$e/gpt2-costs-cudnn.json"
   local layers
   layers=$(for i in $(seq 0 11); do printf '"h.%d", ' "$i"; done)
   cat >"$e/gpt2-one-rank.json" <<JSON
@@ -102,6 +114,10 @@ PY
 JSON
   step trace-gpt2-bf16 60 "$baton" train --plan "$e/gpt2-one-rank.json" --data "$corpus" --steps 12 \
     --precision bf16 --log-every 4 --trace "$e/gpt2-trace.json" --trace-steps 3
+  # The same timeline with every launch waited for: each action's span is then its
+  # kernels' time, where the one above is the host's.
+  step trace-gpt2-bf16-blocking 60 env CUDA_LAUNCH_BLOCKING=1 "$baton" train --plan "$e/gpt2-one-rank.json" \
+    --data "$corpus" --steps 6 --precision bf16 --log-every 3 --trace "$e/gpt2-trace-blocking.json" --trace-steps 2
 
   # PP=2 on one GPU, both ranks on cuda:0, UCX between them: bf16 losses as one GPU's.
   cat >"$e/pp2-ucx.json" <<JSON

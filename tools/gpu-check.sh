@@ -15,6 +15,7 @@
 #   GPU_CHECK_COMPILE=0 ...       # without torch.compile (saves about a minute)
 #   GPU_CHECK_BATON=build/release/baton  # the engine steps with this binary
 #   GPU_CHECK_BUDGET=470          # seconds for the whole check (steps past it fail as not run)
+#   GPU_CHECK_TRACES=baton        # the kernel traces of baton only (all: PyTorch's too, about 45 s)
 #   GPU_CHECK_MODEL="--layers 12 --hidden 768 --heads 12 --ctx 1024 --batch 8 --vocab 50304"
 # With .gpu-engine/ (tools/make-gpu-engine.sh: baton, the test programs and the benchmark
 # built here, portable, with the libraries the GPU machine lacks) nothing is built there:
@@ -93,9 +94,10 @@ if [ $prebuilt = 1 ]; then
   bin=$PWD/build/gpu-engine/bin
   export GPU_CHECK_BATON=${GPU_CHECK_BATON:-$bin/baton}
   # A CUDA library still missing (pip's wheels differ in layout): look for it beside Python.
-  missing() { for b in "$bin"/*; do ldd "$b" | awk '/not found/ { print $1 }'; done | sort -u; }
+  # The tracer's CUPTI is looked for too, but a tracer that cannot load only skips its steps.
+  missing() { for b in "$bin"/* "$@"; do ldd "$b" | awk '/not found/ { print $1 }'; done | sort -u; }
   site=$("$py" -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
-  for name in $(missing); do
+  for name in $(missing "$bin/../lib/libbaton_kernel_trace.so"); do
     found=$(find $site "$cuda_root" -name "$name" 2>/dev/null | head -n 1)
     [ -n "$found" ] && echo "$name from $(dirname "$found")" && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$(dirname "$found")"
   done
@@ -172,14 +174,39 @@ fi
 bench baton-f32 240 "$bin/gpt_step" $small --dtype f32 --steps 20 --warmup 5
 [ $have_torch = 1 ] && bench pytorch-f32 240 "$py" bench/pytorch/gpt_step.py $small --dtype f32 --steps 20 --warmup 5
 
+# ---- the GPU's own timeline of a step: baton train, gpt_step, PyTorch ----
+# CUPTI's records (bench/cuda/kernel_trace.cpp, through LD_PRELOAD) of a few steps of each,
+# summarised per step (bench/cuda/kernel_trace_summary.py): busy and idle time, the host's
+# waits, the kernels by time. The CSVs go to the logs' tarball.
+tracer=$PWD/build/gpu-engine/lib/libbaton_kernel_trace.so
+if [ $prebuilt = 1 ] && [ -f "$tracer" ] && ! ldd "$tracer" | grep -q "not found"; then
+  ktrace() {  # NAME CMD...: CMD under the tracer, then the summary in NAME-summary.log
+    local name=$1
+    shift
+    step "$name" 150 env BATON_KERNEL_TRACE="$out/$name.csv" LD_PRELOAD="$tracer" "$@" &&
+      step "$name-summary" 30 "$py" bench/cuda/kernel_trace_summary.py "$out/$name.csv" --skip 4 &&
+      head -40 "$out/$name-summary.log"
+  }
+  ktrace ktrace-baton-train "${GPU_CHECK_BATON}" train --model "$out/engine/gpt2-124m.json" \
+    --data examples/data/licenses.txt --steps 12 --batch 8 --device cuda --precision bf16 --log-every 6
+  ktrace ktrace-gpt-step "$bin/gpt_step" $model --dtype bf16 --steps 8 --warmup 4
+  if [ $have_torch = 1 ] && [ "${GPU_CHECK_TRACES:-all}" = all ]; then
+    ktrace ktrace-pytorch "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --steps 8 --warmup 4
+    [ "${GPU_CHECK_COMPILE:-1}" = 1 ] &&
+      ktrace ktrace-pytorch-compile "$py" bench/pytorch/gpt_step.py $model --dtype bf16 --compile 1 --steps 8 --warmup 6
+  fi
+else
+  skip kernel-traces "no CUPTI tracer (build/gpu-engine/lib/libbaton_kernel_trace.so, or its libcupti)"
+fi
+
 log "summary (MFU: model FLOPs / 989 TFLOP/s, the H200's dense bf16 peak, for every row)"
-# pytorch-compile-bf16 is the peer of no baton row; baton-bf16 is compared with eager.
+# Every baton row (gpt_step, the engine) against PyTorch in its precision, eager and compiled.
 awk '{ r[$1] = $5; ms[$1] = $7; mfu[$1] = $9; order[n++] = $1 }
   function ratio(k, peer) { return (k ~ /^baton/ && (peer in r) && r[peer] > 0) ? sprintf("%.2fx", r[k] / r[peer]) : "" }
   END {
     printf "%-24s %14s %10s %8s %16s %16s\n", "run", "tokens/s", "step ms", "MFU", "baton / eager", "baton / compile"
     for (i = 0; i < n; i++) {
-      k = order[i]; eager = k; sub(/^baton/, "pytorch", eager); comp = k; sub(/^baton/, "pytorch-compile", comp)
+      k = order[i]; prec = (k ~ /f32/) ? "f32" : "bf16"; eager = "pytorch-" prec; comp = "pytorch-compile-" prec
       printf "%-24s %14.0f %10.3f %7.1f%% %16s %16s\n", k, r[k], ms[k], 100 * mfu[k], ratio(k, eager), ratio(k, comp)
     }
   }' "$out/results.txt" | tee "$out/summary.txt"

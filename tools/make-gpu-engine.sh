@@ -5,7 +5,8 @@
 # the GPU, baton launch over UCX) run there and the machine's time goes to the GPU, not to
 # a build:
 #   bin/   baton, the CUDA test programs, test_transport_staged and bench/cuda/gpt_step from
-#          a portable release build (build/gpu: no -march=native, sm_90, CUDA and NCCL on)
+#          a portable release build (build/gpu: no -march=native, sm_90, CUDA and NCCL on);
+#          lib/libbaton_kernel_trace.so, the CUPTI tracer (bench/cuda/kernel_trace.cpp)
 #   lib/   every shared library they load that is not glibc's, the C++ runtime's or
 #          CUDA's (those the GPU machine has, and a second copy would shadow PyTorch's),
 #          with UCX's transport modules in lib/ucx (UCX looks for them beside libucs)
@@ -28,7 +29,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 grep -q "BATON_NATIVE:BOOL=OFF" "$build/CMakeCache.txt" ||
   { echo "make-gpu-engine: $build is built with -march=native; the GPU machine's CPU may lack its instructions" >&2; exit 1; }
-cmake --build "$build" --target "${targets[@]}"
+cmake --build "$build" --target "${targets[@]}" baton_kernel_trace
 
 rm -rf "$out" .gpu-engine
 mkdir -p "$out/bin" "$out/lib/ucx" .gpu-engine
@@ -38,9 +39,11 @@ for t in "${targets[@]}"; do
   cp "$f" "$out/bin/"
   strip --strip-debug "$out/bin/$t"
 done
+# The CUPTI tracer (bench/cuda/kernel_trace.cpp), loaded with LD_PRELOAD: a library, in lib/.
+cp "$build/bench/cuda/libbaton_kernel_trace.so" "$out/lib/"
 # What the GPU machine has: glibc, the C++ and GCC runtimes, the CUDA libraries (cuBLAS
-# from its toolkit, cuDNN and NCCL from PyTorch's wheels; gpu-check.sh finds them).
-system='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn.*|libnccl|libcuda)\.so'
+# from its toolkit, cuDNN, NCCL and CUPTI from PyTorch's wheels; gpu-check.sh finds them).
+system='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn.*|libnccl|libcuda|libcupti)\.so'
 copy_deps() {
   ldd "$1" | awk '/=> \// { print $1, $3 }' | while read -r name path; do
     [[ "$name" =~ $system ]] && continue
