@@ -1,6 +1,9 @@
 // Elementwise ops (residual add, scaling, bias, GELU and bias + GELU, ReLU, SiLU and
 // SwiGLU, dropout, casts, loss-scale unscaling): one grid-stride kernel per op, computing
-// in f32 whatever the storage type.
+// in f32 whatever the storage type, 8 elements per thread where the memory allows (map1,
+// map2).
+#include <initializer_list>
+
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/random.h"
@@ -25,6 +28,94 @@ void launch_each(int64_t n, const Launch& l, F f) {
   BATON_CUDA_CHECK_LAUNCH();
 }
 
+// ---- kPack elements per thread where the memory allows ----
+// A thread moves kPack consecutive elements with 16-byte loads and stores when every
+// tensor's pointer is 16-byte aligned and the count is a multiple of kPack (a bias's
+// columns too); views at other offsets and other sizes take one element per thread. With
+// one 2-byte element per thread GPT-2's bf16 GELU moved 1.3 TB/s on the H200, whose copy
+// rate is 4.3.
+constexpr int kPack = 8;
+
+bool packable(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % kPack != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+template <class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[kPack]) {
+  constexpr int per = 16 / int(sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kPack / per; ++w) {
+    const uint4 u = reinterpret_cast<const uint4*>(p)[w];
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int k = 0; k < per; ++k) v[w * per + k] = to_f(e[k]);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[kPack]) {
+  constexpr int per = 16 / int(sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kPack / per; ++w) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int k = 0; k < per; ++k) e[k] = from_f<T>(v[w * per + k]);
+    reinterpret_cast<uint4*>(p)[w] = u;
+  }
+}
+
+// out[i] = fn(x[i]), plus out's old value when accumulating (out may be x).
+template <class X, class O, class Fn>
+void map1(const X* x, O* out, int64_t n, bool accumulate, const Launch& l, Fn fn) {
+  if (packable(n, {x, out})) {
+    launch_each(n / kPack, l, [=] __device__(int64_t p) {
+      const int64_t i = p * kPack;
+      float vx[kPack], vo[kPack];
+      load_pack(x + i, vx);
+      if (accumulate) load_pack(out + i, vo);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) vo[k] = accumulate ? vo[k] + fn(vx[k]) : fn(vx[k]);
+      store_pack(out + i, vo);
+    });
+  } else {
+    launch_each(n, l, [=] __device__(int64_t i) {
+      const float r = fn(to_f(x[i]));
+      out[i] = from_f<O>(accumulate ? to_f(out[i]) + r : r);
+    });
+  }
+}
+
+// out[i] = fn(a[i], b[j]) with j = i, or i % b_cols for a bias over rows of b_cols, plus
+// out's old value when accumulating. The types may differ (an f32 bias on bf16 rows).
+template <class A, class B, class O, class Fn>
+void map2(const A* a, const B* b, int64_t b_cols, O* out, int64_t n, bool accumulate,
+          const Launch& l, Fn fn) {
+  if (packable(n, {a, b, out}) && b_cols % kPack == 0) {
+    launch_each(n / kPack, l, [=] __device__(int64_t p) {
+      const int64_t i = p * kPack;
+      float va[kPack], vb[kPack], vo[kPack];
+      load_pack(a + i, va);
+      load_pack(b + (b_cols > 0 ? i % b_cols : i), vb);
+      if (accumulate) load_pack(out + i, vo);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        const float r = fn(va[k], vb[k]);
+        vo[k] = accumulate ? vo[k] + r : r;
+      }
+      store_pack(out + i, vo);
+    });
+  } else {
+    launch_each(n, l, [=] __device__(int64_t i) {
+      const float r = fn(to_f(a[i]), to_f(b[b_cols > 0 ? i % b_cols : i]));
+      out[i] = from_f<O>(accumulate ? to_f(out[i]) + r : r);
+    });
+  }
+}
+
 void same(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn) {
   require_cuda(op, an, a);
   require_cuda(op, bn, b);
@@ -35,6 +126,10 @@ void same(const char* op, const Tensor& a, const char* an, const Tensor& b, cons
 }
 
 constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+
+__device__ __forceinline__ float gelu(float v) {
+  return 0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
+}
 
 __device__ __forceinline__ float gelu_grad(float v) {
   const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
@@ -79,11 +174,9 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   same("add", a, "a", out, "out");
   Launch l(out);
   BATON_CUDA_DISPATCH("add", a.dtype(), T, {
-    const T* x = static_cast<const T*>(a.raw_data());
-    const T* y = static_cast<const T*>(b.raw_data());
-    T* o = static_cast<T*>(out.raw_data());
-    launch_each(a.numel(), l,
-                [=] __device__(int64_t i) { o[i] = from_f<T>(to_f(x[i]) + to_f(y[i])); });
+    map2(static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()), 0,
+         static_cast<T*>(out.raw_data()), a.numel(), false, l,
+         [] __device__(float x, float y) { return x + y; });
   });
 }
 
@@ -94,10 +187,8 @@ void add_inplace(Tensor& acc, const Tensor& x) {
   require(acc.numel() == x.numel(), op, "acc and x differ in size");
   Launch l(acc);
   BATON_CUDA_DISPATCH2(op, x.dtype(), acc.dtype(), T, S, {
-    const T* src = static_cast<const T*>(x.raw_data());
-    S* dst = static_cast<S*>(acc.raw_data());
-    launch_each(x.numel(), l,
-                [=] __device__(int64_t i) { dst[i] = from_f<S>(to_f(dst[i]) + to_f(src[i])); });
+    map1(static_cast<const T*>(x.raw_data()), static_cast<S*>(acc.raw_data()), x.numel(), true, l,
+         [] __device__(float v) { return v; });
   });
 }
 
@@ -107,7 +198,7 @@ void scale_inplace(Tensor& t, double s) {
   const float f = float(s);
   BATON_CUDA_DISPATCH("scale_inplace", t.dtype(), T, {
     T* p = static_cast<T*>(t.raw_data());
-    launch_each(t.numel(), l, [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) * f); });
+    map1(p, p, t.numel(), false, l, [=] __device__(float v) { return v * f; });
   });
 }
 
@@ -121,9 +212,8 @@ void bias_add_inplace(Tensor& y, const Tensor& bias) {
   Launch l(y);
   BATON_CUDA_DISPATCH2(op, y.dtype(), bias.dtype(), T, S, {
     T* p = static_cast<T*>(y.raw_data());
-    const S* b = static_cast<const S*>(bias.raw_data());
-    launch_each(y.numel(), l,
-                [=] __device__(int64_t i) { p[i] = from_f<T>(to_f(p[i]) + to_f(b[i % cols])); });
+    map2(p, static_cast<const S*>(bias.raw_data()), cols, p, y.numel(), false, l,
+         [] __device__(float v, float b) { return v + b; });
   });
 }
 
@@ -149,12 +239,8 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   same("gelu_forward", x, "x", y, "y");
   Launch l(y);
   BATON_CUDA_DISPATCH("gelu_forward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    T* out = static_cast<T*>(y.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      const float v = to_f(in[i]);
-      out[i] = from_f<T>(0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
-    });
+    map1(static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), x.numel(), false, l,
+         [] __device__(float v) { return gelu(v); });
   });
 }
 
@@ -163,13 +249,9 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
   same("gelu_backward", x, "x", dx, "dx");
   Launch l(dx);
   BATON_CUDA_DISPATCH("gelu_backward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    const T* g = static_cast<const T*>(dy.raw_data());
-    T* out = static_cast<T*>(dx.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      const float v = gelu_grad(to_f(in[i])) * to_f(g[i]);
-      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
-    });
+    map2(static_cast<const T*>(x.raw_data()), static_cast<const T*>(dy.raw_data()), 0,
+         static_cast<T*>(dx.raw_data()), x.numel(), accumulate, l,
+         [] __device__(float v, float g) { return gelu_grad(v) * g; });
   });
 }
 
@@ -181,18 +263,34 @@ void bias_gelu_forward(const Tensor& x, const Tensor& bias, Tensor& h, Tensor& y
   const int64_t cols = bias.numel();
   require(cols > 0 && x.size(-1) == cols, op, "bias must match x's last dimension");
   Launch l(y);
+  const int64_t n = x.numel();
   BATON_CUDA_DISPATCH2(op, x.dtype(), bias.dtype(), T, S, {
     const T* in = static_cast<const T*>(x.raw_data());
     const S* b = static_cast<const S*>(bias.raw_data());
     T* hv = static_cast<T*>(h.raw_data());  // may be x itself: read before written
     T* out = static_cast<T*>(y.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      // h is stored in T, and y is GELU of the stored h (what bias_add then gelu give).
-      const T hs = from_f<T>(to_f(in[i]) + to_f(b[i % cols]));
-      hv[i] = hs;
-      const float v = to_f(hs);
-      out[i] = from_f<T>(0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
-    });
+    // h is stored in T, and y is GELU of the stored h (what bias_add then gelu give).
+    if (packable(n, {in, b, hv, out}) && cols % kPack == 0) {
+      launch_each(n / kPack, l, [=] __device__(int64_t p) {
+        const int64_t i = p * kPack;
+        float vx[kPack], vb[kPack], vy[kPack];
+        load_pack(in + i, vx);
+        load_pack(b + i % cols, vb);
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) {
+          vx[k] = to_f(from_f<T>(vx[k] + vb[k]));
+          vy[k] = gelu(vx[k]);
+        }
+        store_pack(hv + i, vx);
+        store_pack(out + i, vy);
+      });
+    } else {
+      launch_each(n, l, [=] __device__(int64_t i) {
+        const T hs = from_f<T>(to_f(in[i]) + to_f(b[i % cols]));
+        hv[i] = hs;
+        out[i] = from_f<T>(gelu(to_f(hs)));
+      });
+    }
   });
 }
 
@@ -200,12 +298,8 @@ void silu_forward(const Tensor& x, Tensor& y) {
   same("silu_forward", x, "x", y, "y");
   Launch l(y);
   BATON_CUDA_DISPATCH("silu_forward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    T* out = static_cast<T*>(y.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      const float v = to_f(in[i]);
-      out[i] = from_f<T>(v * sigmoid(v));
-    });
+    map1(static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), x.numel(), false, l,
+         [] __device__(float v) { return v * sigmoid(v); });
   });
 }
 
@@ -214,13 +308,9 @@ void silu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
   same("silu_backward", x, "x", dx, "dx");
   Launch l(dx);
   BATON_CUDA_DISPATCH("silu_backward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    const T* g = static_cast<const T*>(dy.raw_data());
-    T* out = static_cast<T*>(dx.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      const float v = silu_grad(to_f(in[i])) * to_f(g[i]);
-      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
-    });
+    map2(static_cast<const T*>(x.raw_data()), static_cast<const T*>(dy.raw_data()), 0,
+         static_cast<T*>(dx.raw_data()), x.numel(), accumulate, l,
+         [] __device__(float v, float g) { return silu_grad(v) * g; });
   });
 }
 
@@ -230,13 +320,9 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
   same(op, gate, "gate", y, "y");
   Launch l(y);
   BATON_CUDA_DISPATCH(op, gate.dtype(), T, {
-    const T* g = static_cast<const T*>(gate.raw_data());
-    const T* u = static_cast<const T*>(up.raw_data());
-    T* out = static_cast<T*>(y.raw_data());
-    launch_each(gate.numel(), l, [=] __device__(int64_t i) {
-      const float v = to_f(g[i]);
-      out[i] = from_f<T>(v * sigmoid(v) * to_f(u[i]));
-    });
+    map2(static_cast<const T*>(gate.raw_data()), static_cast<const T*>(up.raw_data()), 0,
+         static_cast<T*>(y.raw_data()), gate.numel(), false, l,
+         [] __device__(float v, float u) { return v * sigmoid(v) * u; });
   });
 }
 
@@ -273,10 +359,8 @@ void relu_forward(const Tensor& x, Tensor& y) {
   same("relu_forward", x, "x", y, "y");
   Launch l(y);
   BATON_CUDA_DISPATCH("relu_forward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    T* out = static_cast<T*>(y.raw_data());
-    launch_each(x.numel(), l,
-                [=] __device__(int64_t i) { out[i] = from_f<T>(fmaxf(to_f(in[i]), 0.f)); });
+    map1(static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), x.numel(), false, l,
+         [] __device__(float v) { return fmaxf(v, 0.f); });
   });
 }
 
@@ -285,13 +369,9 @@ void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx, bool accumulat
   same("relu_backward", x, "x", dx, "dx");
   Launch l(dx);
   BATON_CUDA_DISPATCH("relu_backward", x.dtype(), T, {
-    const T* in = static_cast<const T*>(x.raw_data());
-    const T* g = static_cast<const T*>(dy.raw_data());
-    T* out = static_cast<T*>(dx.raw_data());
-    launch_each(x.numel(), l, [=] __device__(int64_t i) {
-      const float v = to_f(in[i]) > 0.f ? to_f(g[i]) : 0.f;
-      out[i] = from_f<T>(accumulate ? to_f(out[i]) + v : v);
-    });
+    map2(static_cast<const T*>(x.raw_data()), static_cast<const T*>(dy.raw_data()), 0,
+         static_cast<T*>(dx.raw_data()), x.numel(), accumulate, l,
+         [] __device__(float v, float g) { return v > 0.f ? g : 0.f; });
   });
 }
 
@@ -317,9 +397,8 @@ void cast(const Tensor& src, Tensor& dst) {
   Launch l(dst);
   BATON_CUDA_DISPATCH(op, src.dtype(), T, {
     BATON_CUDA_DISPATCH(op, dst.dtype(), U, {
-      const T* s = static_cast<const T*>(src.raw_data());
-      U* d = static_cast<U*>(dst.raw_data());
-      launch_each(src.numel(), l, [=] __device__(int64_t i) { d[i] = from_f<U>(to_f(s[i])); });
+      map1(static_cast<const T*>(src.raw_data()), static_cast<U*>(dst.raw_data()), src.numel(),
+           false, l, [] __device__(float v) { return v; });
     });
   });
 }

@@ -102,6 +102,8 @@ class CudaOps : public ::testing::TestWithParam<DType> {
   DType dt() const { return GetParam(); }
   // f32 in the f32 runs; in the bf16 runs the mixed-precision side type.
   DType wide() const { return DType::f32; }
+  void elementwise_case(int64_t C);
+  void silu_swiglu_bias_gelu_case(int64_t C);
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
 };
@@ -179,8 +181,14 @@ TEST_P(CudaOps, Linear) {
   }
 }
 
+// Widths of 70 take one element per thread; 64 (rows of whole 16-byte packs) the packed path.
 TEST_P(CudaOps, Elementwise) {
-  Tensor a = randn({300, 70}, rng_), b = randn({300, 70}, rng_), bias = randn({70}, rng_);
+  for (int64_t C : {70, 64}) elementwise_case(C);
+}
+
+void CudaOps::elementwise_case(int64_t C) {
+  SCOPED_TRACE("width " + std::to_string(C));
+  Tensor a = randn({300, C}, rng_), b = randn({300, C}, rng_), bias = randn({C}, rng_);
   Tensor ra = rounded(a, dt()), rb = rounded(b, dt()), rbias = rounded(bias, dt());
   Tensor ga = dev(a, dt()), gb = dev(b, dt());
   Tensor ro = Tensor::empty(a.shape()), go = Tensor::empty(a.shape(), dt(), kGpu);
@@ -211,24 +219,31 @@ TEST_P(CudaOps, Elementwise) {
 }
 
 TEST_P(CudaOps, Activations) {
-  Tensor x = randn({5000}, rng_, 2.0), dy = randn({5000}, rng_), prev = randn({5000}, rng_);
-  Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
-  Tensor gx = dev(x, dt()), gdy = dev(dy, dt());
-  for (bool gelu : {true, false}) {
-    Tensor ry = Tensor::empty({5000}), gy = Tensor::empty({5000}, dt(), kGpu);
-    (gelu ? kernels::gelu_forward : kernels::relu_forward)(rx, ry);
-    (gelu ? kernels::gelu_forward : kernels::relu_forward)(gx, gy);
-    expect_close(gelu ? "gelu_forward" : "relu_forward", dt(), gy, ry);
-    Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
-    (gelu ? kernels::gelu_backward : kernels::relu_backward)(rx, rdy, rdx, true);
-    (gelu ? kernels::gelu_backward : kernels::relu_backward)(gx, gdy, gdx, true);
-    expect_close(gelu ? "gelu_backward" : "relu_backward", dt(), gdx, rdx);
+  for (int64_t n : {5000, 5001}) {  // packs of 8 elements, and one element per thread
+    Tensor x = randn({n}, rng_, 2.0), dy = randn({n}, rng_), prev = randn({n}, rng_);
+    Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
+    Tensor gx = dev(x, dt()), gdy = dev(dy, dt());
+    for (bool gelu : {true, false}) {
+      Tensor ry = Tensor::empty({n}), gy = Tensor::empty({n}, dt(), kGpu);
+      (gelu ? kernels::gelu_forward : kernels::relu_forward)(rx, ry);
+      (gelu ? kernels::gelu_forward : kernels::relu_forward)(gx, gy);
+      expect_close(gelu ? "gelu_forward" : "relu_forward", dt(), gy, ry);
+      Tensor rdx = rounded(prev, dt()), gdx = dev(prev, dt());
+      (gelu ? kernels::gelu_backward : kernels::relu_backward)(rx, rdy, rdx, true);
+      (gelu ? kernels::gelu_backward : kernels::relu_backward)(gx, gdy, gdx, true);
+      expect_close(gelu ? "gelu_backward" : "relu_backward", dt(), gdx, rdx);
+    }
   }
 }
 
 // LLaMA's gated MLP and GPT's fused bias + GELU.
 TEST_P(CudaOps, SiluSwigluAndBiasGelu) {
-  const int64_t N = 60, C = 90;
+  for (int64_t C : {90, 96}) silu_swiglu_bias_gelu_case(C);  // 96: the packed path
+}
+
+void CudaOps::silu_swiglu_bias_gelu_case(int64_t C) {
+  SCOPED_TRACE("width " + std::to_string(C));
+  const int64_t N = 60;
   Tensor g = randn({N, C}, rng_, 2.0), u = randn({N, C}, rng_), dy = randn({N, C}, rng_),
          prev = randn({N, C}, rng_), bias = randn({C}, rng_);
   Tensor rg = rounded(g, dt()), ru = rounded(u, dt()), rdy = rounded(dy, dt());
