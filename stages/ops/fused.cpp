@@ -1,8 +1,8 @@
 // Fused ops (kernels/fused.h): add_layernorm (a residual add and the LayerNorm that reads
 // its sum, as in a GPT block's add_1 and ln_2) and bias_gelu (a linear's bias and the GELU
 // after it, the linear then bias-free). Model files do not name them: partitioner/fusion.h rewrites
-// a graph's matching pairs into them (docs/kernels.md, "Fused kernels in the model graph"). On a
-// CUDA device, which has no fused kernels yet, they run the two unfused kernels.
+// a graph's matching pairs into them (docs/kernels.md, "Fused kernels in the model graph"). The
+// fused kernels run on the CPU and on CUDA alike.
 #include "kernels/fused.h"
 
 #include "stages/ops/common.h"
@@ -45,13 +45,8 @@ class AddLayerNorm final : public OpBase {
     const int64_t n = c.ctx.batch() * rows_;
     Tensor mean = c.alloc({n}, dtype_), rstd = c.alloc({n}, dtype_);
     Tensor s2 = as_rows(s), y2 = as_rows(y);
-    if (c.ctx.device.is_cpu()) {
-      kernels::add_layernorm_forward(as_rows(c.inputs[0]), as_rows(c.inputs[1]), c.params[0],
-                                     c.params[1], eps_, s2, y2, mean, rstd);
-    } else {
-      kernels::add(c.inputs[0], c.inputs[1], s);
-      kernels::layernorm_forward(s2, c.params[0], c.params[1], eps_, y2, mean, rstd);
-    }
+    kernels::add_layernorm_forward(as_rows(c.inputs[0]), as_rows(c.inputs[1]), c.params[0],
+                                   c.params[1], eps_, s2, y2, mean, rstd);
     c.outputs[0] = s;
     c.outputs[1] = y;
     c.saved.push_back(s);
@@ -71,15 +66,9 @@ class AddLayerNorm final : public OpBase {
       dx = c.alloc(ds.defined() ? ds.shape() : dy.shape(), dtype_);
       Tensor dx2 = as_rows(dx);
       const Tensor& s = c.saved[0];
-      if (c.ctx.device.is_cpu()) {
-        kernels::add_layernorm_backward_input(as_rows(dy), ds.defined() ? as_rows(ds) : Tensor(),
-                                              as_rows(s), c.params[0], c.saved[1], c.saved[2], dx2,
-                                              false);
-      } else {
-        kernels::layernorm_backward_input(as_rows(dy), as_rows(s), c.params[0], c.saved[1],
-                                          c.saved[2], dx2, false);
-        if (ds.defined()) kernels::add_inplace(dx, ds);
-      }
+      kernels::add_layernorm_backward_input(as_rows(dy), ds.defined() ? as_rows(ds) : Tensor(),
+                                            as_rows(s), c.params[0], c.saved[1], c.saved[2], dx2,
+                                            false);
     }
     // Both inputs of the add receive dx itself (GradSlot copies only to add into it).
     for (size_t i = 0; i < 2; ++i)
@@ -147,13 +136,7 @@ class BiasGelu final : public OpBase {
     Tensor h = in_place ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype_);
     Tensor y = c.alloc(c.inputs[0].shape(), dtype_);
     Tensor h2 = as_rows(h), y2 = as_rows(y);
-    if (c.ctx.device.is_cpu()) {
-      kernels::bias_gelu_forward(as_rows(c.inputs[0]), c.params[0], h2, y2);
-    } else {
-      if (!in_place) h.copy_from(c.inputs[0]);
-      kernels::bias_add_inplace(h2, c.params[0]);
-      kernels::gelu_forward(h2, y2);
-    }
+    kernels::bias_gelu_forward(as_rows(c.inputs[0]), c.params[0], h2, y2);
     c.outputs[0] = y;
     c.outputs[1] = h;
     if (c.ctx.training) c.saved.push_back(c.alloc({c_}, dtype_));  // the bias gradient, from B
