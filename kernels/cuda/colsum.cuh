@@ -14,11 +14,29 @@ __global__ void colsum_partial(F f, int64_t rows, int64_t cols, float* partial) 
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s[kOut] = {};
   if (c < cols) {
-    for (int64_t r = int64_t(blockIdx.y) * 8 + threadIdx.y; r < rows; r += int64_t(gridDim.y) * 8) {
-      float v[kOut];
-      f(r, c, v);
+    // kRows of this thread's rows are read before any is added, so their loads are in
+    // flight together (one at a time, GPT-2 124M's 48 bias gradients took 1.16 ms of its
+    // step on the H200, about 1.2 TB/s); they are added in row order, as before.
+    constexpr int kRows = 4;
+    const int64_t stride = int64_t(gridDim.y) * 8;
+    for (int64_t r0 = int64_t(blockIdx.y) * 8 + threadIdx.y; r0 < rows; r0 += kRows * stride) {
+      float v[kRows][kOut];
 #pragma unroll
-      for (int o = 0; o < kOut; ++o) s[o] += v[o];
+      for (int u = 0; u < kRows; ++u) {
+        const int64_t r = r0 + u * stride;
+        if (r < rows) {
+          f(r, c, v[u]);
+        } else {
+#pragma unroll
+          for (int o = 0; o < kOut; ++o) v[u][o] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        if (r0 + u * stride >= rows) break;
+#pragma unroll
+        for (int o = 0; o < kOut; ++o) s[o] += v[u][o];
+      }
     }
   }
 #pragma unroll

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -139,6 +140,46 @@ inline unsigned grid_for(int64_t n, int threads) {
 
 // A device scratch tensor from the caching allocator (freed back in stream order).
 Tensor scratch(const memory::Shape& shape, DType dtype, int device);
+
+// ---- kPack elements per thread where the memory allows ----
+// A thread moves kPack consecutive elements with 16-byte loads and stores when every
+// tensor's pointer is 16-byte aligned and the count is a multiple of kPack (a bias's or
+// a row's columns too); views at other offsets and other sizes take one element per
+// thread. With one 2-byte element per thread GPT-2's bf16 GELU moved 1.3 TB/s on the H200,
+// whose copy rate is 4.3, and a LayerNorm backward waited on 24 loads per lane and row.
+constexpr int kPack = 8;
+
+inline bool packable(int64_t n, std::initializer_list<const void*> ptrs) {
+  if (n % kPack != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+template <class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[kPack]) {
+  constexpr int per = 16 / int(sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kPack / per; ++w) {
+    const uint4 u = reinterpret_cast<const uint4*>(p)[w];
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int k = 0; k < per; ++k) v[w * per + k] = to_f(e[k]);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[kPack]) {
+  constexpr int per = 16 / int(sizeof(T));
+#pragma unroll
+  for (int w = 0; w < kPack / per; ++w) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int k = 0; k < per; ++k) e[k] = from_f<T>(v[w * per + k]);
+    reinterpret_cast<uint4*>(p)[w] = u;
+  }
+}
 
 // ---- reductions ----
 __device__ __forceinline__ float warp_sum(float v) {

@@ -2,8 +2,6 @@
 // SwiGLU, dropout, casts, loss-scale unscaling): one grid-stride kernel per op, computing
 // in f32 whatever the storage type, 8 elements per thread where the memory allows (map1,
 // map2).
-#include <initializer_list>
-
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/random.h"
@@ -26,46 +24,6 @@ void launch_each(int64_t n, const Launch& l, F f) {
   if (n == 0) return;
   each<<<grid_for(n, kThreads), kThreads, 0, l.stream>>>(n, f);
   BATON_CUDA_CHECK_LAUNCH();
-}
-
-// ---- kPack elements per thread where the memory allows ----
-// A thread moves kPack consecutive elements with 16-byte loads and stores when every
-// tensor's pointer is 16-byte aligned and the count is a multiple of kPack (a bias's
-// columns too); views at other offsets and other sizes take one element per thread. With
-// one 2-byte element per thread GPT-2's bf16 GELU moved 1.3 TB/s on the H200, whose copy
-// rate is 4.3.
-constexpr int kPack = 8;
-
-bool packable(int64_t n, std::initializer_list<const void*> ptrs) {
-  if (n % kPack != 0) return false;
-  for (const void* p : ptrs)
-    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
-
-template <class T>
-__device__ __forceinline__ void load_pack(const T* p, float (&v)[kPack]) {
-  constexpr int per = 16 / int(sizeof(T));
-#pragma unroll
-  for (int w = 0; w < kPack / per; ++w) {
-    const uint4 u = reinterpret_cast<const uint4*>(p)[w];
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int k = 0; k < per; ++k) v[w * per + k] = to_f(e[k]);
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void store_pack(T* p, const float (&v)[kPack]) {
-  constexpr int per = 16 / int(sizeof(T));
-#pragma unroll
-  for (int w = 0; w < kPack / per; ++w) {
-    uint4 u;
-    T* e = reinterpret_cast<T*>(&u);
-#pragma unroll
-    for (int k = 0; k < per; ++k) e[k] = from_f<T>(v[w * per + k]);
-    reinterpret_cast<uint4*>(p)[w] = u;
-  }
 }
 
 // out[i] = fn(x[i]), plus out's old value when accumulating (out may be x).

@@ -103,6 +103,8 @@ class CudaOps : public ::testing::TestWithParam<DType> {
   // f32 in the f32 runs; in the bf16 runs the mixed-precision side type.
   DType wide() const { return DType::f32; }
   void elementwise_case(int64_t C);
+  void layernorm_case(int64_t C);
+  void add_layernorm_case(int64_t C);
   void silu_swiglu_bias_gelu_case(int64_t C);
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
@@ -310,8 +312,14 @@ TEST_P(CudaOps, DropoutMasksMatchTheCpuBitForBit) {
   expect_close("dropout_backward", dt(), gdx, rdx);
 }
 
+// 300 columns: one per lane at a time; 264 and 768 (GPT-2's): packs of 8.
 TEST_P(CudaOps, LayerNorm) {
-  const int64_t N = 67, C = 300;
+  for (int64_t C : {300, 264, 768}) layernorm_case(C);
+}
+
+void CudaOps::layernorm_case(int64_t C) {
+  SCOPED_TRACE("width " + std::to_string(C));
+  const int64_t N = 67;
   Tensor x = randn({N, C}, rng_, 3.0), w = randn({C}, rng_), b = randn({C}, rng_),
          dy = randn({N, C}, rng_);
   Tensor rx = rounded(x, dt()), rdy = rounded(dy, dt());
@@ -335,7 +343,12 @@ TEST_P(CudaOps, LayerNorm) {
 }
 
 TEST_P(CudaOps, AddLayerNorm) {
-  const int64_t N = 45, C = 260;
+  for (int64_t C : {260, 320}) add_layernorm_case(C);  // 320: packs of 8
+}
+
+void CudaOps::add_layernorm_case(int64_t C) {
+  SCOPED_TRACE("width " + std::to_string(C));
+  const int64_t N = 45;
   Tensor a = randn({N, C}, rng_, 2.0), b = randn({N, C}, rng_), w = randn({C}, rng_),
          bias = randn({C}, rng_), dy = randn({N, C}, rng_), ds = randn({N, C}, rng_),
          prev = randn({N, C}, rng_);
