@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "memory/cuda_device.h"
 #include "memory/error.h"
+#include "stages/stage.h"
 
 namespace baton::partitioner {
 
@@ -149,7 +150,57 @@ void run_once(const Graph& g, const Node& n, int64_t batch, uint64_t seed, memor
   if (record) times.w.push_back(seconds_since(t0));
 }
 
+// The largest id a model input may take: that of the first node reading it.
+int64_t input_bound(const Graph& g, int value) {
+  const std::vector<int>& readers = g.values[size_t(value)].consumers;
+  return readers.empty() ? 1 : id_bound(g, g.nodes[size_t(readers.front())]);
+}
+
 }  // namespace
+
+double time_passes(const Graph& g, const ProfileOptions& o, int micro_batches) {
+  if (micro_batches < 1)
+    throw InputError("micro-batches per pass: expected at least 1, found " +
+                     std::to_string(micro_batches));
+  int previous_threads = kernels::num_threads();
+  if (o.threads > 0) kernels::set_num_threads(o.threads);
+  auto graph = std::make_shared<const Graph>(g);
+  stages::StageOptions so;
+  so.device = o.device;
+  stages::Stage stage(graph, 0, graph->num_layers(), so);
+  stage.init_params(1);  // as trained: no uninitialised memory (denormals, NaNs) in the ops
+  stage.set_optimizer(stages::OptimizerConfig{});  // AdamW, as baton train's default
+  std::vector<stages::TensorMap> inputs(static_cast<size_t>(micro_batches));
+  for (int k = 0; k < micro_batches; ++k)
+    for (int v : stage.model_inputs()) {
+      const stages::Value& val = g.values[size_t(v)];
+      inputs[size_t(k)][val.name] =
+          random_tensor(val.type, o.batch, input_bound(g, v), 300 + uint64_t(k), o.device);
+    }
+  std::vector<double> times;
+  for (int pass = 0; pass < o.warmup + o.repeats; ++pass) {
+    finish(o.device);
+    const auto t0 = Clock::now();
+    stage.zero_grad();
+    // F then B and W of each micro-batch, as one stage runs 1F1B on its own.
+    for (int k = 0; k < micro_batches; ++k) {
+      stages::MicroBatch mb;
+      mb.index = k;
+      mb.samples = mb.global_batch = o.batch;
+      mb.loss_tokens = 1;
+      stage.forward(mb, inputs[size_t(k)]);
+      stage.backward(k);
+    }
+    stage.finish_grads();
+    // The optimizer's sweep over the parameters and their state evicts the weights from
+    // the caches the ranks share, as every training step does.
+    stage.step(1.0);
+    finish(o.device);
+    if (pass >= o.warmup) times.push_back(seconds_since(t0));
+  }
+  kernels::set_num_threads(previous_threads);
+  return o.mean ? mean(times) : median(times);
+}
 
 MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
   if (o.batch < 1)

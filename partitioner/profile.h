@@ -34,4 +34,12 @@ struct ProfileSummary {
 MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& options,
                             ProfileSummary* summary = nullptr);
 
+// Whole passes over the model as one rank runs them: `micro_batches` micro-batches of
+// options.batch samples, each through its forward, backward and weight gradients, the
+// activations stashed between, then an AdamW step. Returns a pass's seconds (the median of
+// options.repeats after options.warmup; the mean with options.mean). The ops see the caches and the
+// memory as in training, which timing each op alone on fresh inputs does not: what
+// `--colocated` compares, alone and beside copies.
+double time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);
+
 }  // namespace baton::partitioner

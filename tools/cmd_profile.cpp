@@ -30,12 +30,6 @@ namespace pt = baton::partitioner;
 
 extern "C" char** environ;
 
-double total_time(const pt::MeasuredCosts& c) {
-  double t = 0;
-  for (const auto& [name, op] : c.ops) t += op.forward + op.backward_input + op.backward_weight;
-  return t;
-}
-
 // Pins the calling thread (0: this process) to share `i` of `k` of the cores we may run
 // on, as `baton launch` binds its ranks; false (unpinned) when there are fewer cores than
 // shares, as there.
@@ -51,10 +45,13 @@ bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
   return sched_setaffinity(pid, sizeof set, &set) == 0;
 }
 
-// The ops' total time with k - 1 copies of this profile running beside it (the same
-// model, batch and threads, `baton profile --hold`).
-double colocated_total(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
-                       const pt::ProfileOptions& o) {
+// Micro-batches per pass when timing whole passes (pt::time_passes).
+constexpr int kPassMicroBatches = 4;
+
+// A whole pass's time with k - 1 copies running passes beside it (the same model, batch
+// and threads, `baton profile --hold`).
+double colocated_pass(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
+                      const pt::ProfileOptions& o) {
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
   std::vector<pid_t> copies;
@@ -87,7 +84,7 @@ double colocated_total(int k, const std::vector<std::string>& hold_args, const s
     pin_share(0, 0, k, allowed);
     // The copies load the model and reach their ops (a small model loads in well under this).
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const double t = total_time(pt::profile_model(g, o));
+    const double t = pt::time_passes(g, o, kPassMicroBatches);
     for (pid_t p : copies)
       if (waitpid(p, nullptr, WNOHANG) != 0)
         throw RuntimeError("profile --colocated: a copy of the profile ended early");
@@ -134,7 +131,7 @@ int run_profile(const std::vector<std::string>& args) {
   lo.float_dtype = kernels::compute_dtype(run.precision);
   stages::Graph g = stages::load_model(model_path, lo);
   if (vm["hold"].as<bool>())
-    for (;;) pt::profile_model(g, o);
+    for (;;) pt::time_passes(g, o, kPassMicroBatches);
   const std::vector<int> colocated =
       vm.count("colocated") ? vm["colocated"].as<std::vector<int>>() : std::vector<int>{};
   for (int k : colocated)
@@ -157,18 +154,23 @@ int run_profile(const std::vector<std::string>& args) {
     sched_getaffinity(0, sizeof allowed, &allowed);
     const int cores = CPU_COUNT(&allowed);
     for (int k : colocated) {
-      // Alone and beside the copies in turn, twice: a load that changes meanwhile (other
-      // users of the host) weighs on both sides alike. With a core per rank, the median:
-      // an op's own time under the shared memory bandwidth and caches, without the
-      // preemptions by other users of the host, which a rank's idle time (its bubble,
-      // its waits) mostly absorbs and the busy copies do not. With more ranks than
-      // cores, the mean: each rank pays for the time slices the others take.
+      // Whole passes (forward, backward and weight gradients of a few micro-batches, the
+      // activations stashed between), as ranks run them: timing the ops one by one on
+      // fresh inputs, each op's data stayed in its core's cache, and two ranks of config A
+      // measured 0.97x alone where their F and B ran 5-17% above the profile in training
+      // (docs/benchmarks.md, "Step-time prediction"). Alone and beside the copies in turn, twice: a
+      // load that changes meanwhile (other users of the host) weighs on both sides alike. With a
+      // core per rank, the median: a pass's own time under the shared caches and memory, without
+      // the preemptions by other users of the host, which a rank's idle time (its
+      // bubble, its waits) mostly absorbs and the busy copies do not. With more ranks
+      // than cores, the mean: each rank pays for the time slices the others take.
       pt::ProfileOptions through = o;
       through.mean = k > cores;
+      through.warmup = 1;
       double alone = 0, together = 0;
       for (int round = 0; round < 2; ++round) {
-        alone += total_time(pt::profile_model(g, through));
-        together += colocated_total(k, hold, g, through);
+        alone += pt::time_passes(g, through, kPassMicroBatches);
+        together += colocated_pass(k, hold, g, through);
       }
       costs.colocated[k] = together / alone;
       std::printf("%d ranks on the host: the ops take %.3fx their time alone\n", k,

@@ -4,6 +4,7 @@
 // schedule and layer counts a user fixes are kept; measured op times replace FLOPs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -408,6 +409,26 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
   const CostTable& t2 = model.table(2, 2);
   EXPECT_LT(t2.layers[1].w, t1.layers[1].w * 0.6);
   EXPECT_GT(t2.layers[1].w, t1.layers[1].w * 0.4);
+}
+
+// Whole passes (what --colocated compares alone and beside copies): they run a model's
+// training step end to end, on any model a profile takes, and refuse an empty pass.
+TEST(Profile, PassesRunWholeTrainingSteps) {
+  auto g = load_search_model("tiny-gpt.json");
+  ProfileOptions po;
+  po.batch = 2;
+  po.repeats = 1;
+  po.warmup = 1;
+  const double t = time_passes(*g, po, 2);
+  EXPECT_TRUE(std::isfinite(t));
+  EXPECT_GT(t, 0.0);
+  try {
+    time_passes(*g, po, 0);
+    ADD_FAILURE() << "a pass of no micro-batches ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected at least 1, found 0"), std::string::npos)
+        << e.what();
+  }
 }
 
 // The profile's colocated slowdown: written and read back, interpolated between the
