@@ -168,10 +168,12 @@ TrainSummary run_training(const TrainOptions& o,
       stage.backward(k);
     }
     stage.finish_grads();
-    // Read after every backward is queued: on a GPU the host does not wait mid-step.
+    // The norm's kernels queue right behind the backward and its one wait covers both; the
+    // losses are read after it (on a GPU the host does not wait mid-step, nor twice).
+    const double norm2 = stage.grad_sum_squares();
     double loss = 0;
     for (const Tensor& l : losses) loss += l.to(memory::Device::cpu()).to_vector<double>()[0];
-    const UpdateDecision d = decide_update(stage.grad_sum_squares(), o.grad_clip, scaler.get());
+    const UpdateDecision d = decide_update(norm2, o.grad_clip, scaler.get());
     if (d.apply)
       stage.step(d.grad_scale);  // a skipped step leaves parameters and state
     else if (!scaler)            // a plain overflow (a scaler's skips are its normal working)
