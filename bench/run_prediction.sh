@@ -9,6 +9,7 @@
 # (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
 # step per action kind.
 #   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 pp2tp2dp2"]
+# KEEP_TMP=1 keeps the working folder (plans, profile, every rank's measured trace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=5
@@ -28,7 +29,7 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
   export OPENBLAS_CORETYPE=SkylakeX  # docs/kernels.md
 fi
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+[ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 data=examples/data/licenses.txt
 total=$((steps + warmup))
 cp examples/models/gpt-config-a.json "$tmp/model.json"
@@ -52,7 +53,7 @@ echo "# GPT config A, global batch 16 x 128 tokens, micro-batches of 2, 1F1B; $w
 ks=$(for p in $plans; do devices "$p"; done | sort -nu | awk '$1 > 1' | xargs)
 "$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated $ks \
   -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
-grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /'
+grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /'
 
 step_ms() { grep '^\[rank 0\]' "$1" | grep -o '[0-9.]* ms/step' | awk '{print $1}' | tail -n "$steps"; }
 median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }

@@ -77,7 +77,8 @@ double dp_time_per_step(const DpSync& s, double bytes, int replicas, double band
 MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
-  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "ops"});
+  r.expect_only(
+      {"version", "kind", "model", "batch", "threads", "machine", "colocated", "in_step", "ops"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -99,6 +100,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
       c.colocated[n] = k->at(ranks).as_double(0.01, 1e6);
     }
   }
+  c.in_step = r.get_double("in_step", 1, 0.01, 100);
   stages::JsonReader ops = r.at("ops");
   ops.expect_object();
   for (const std::string& name : ops.keys()) {
@@ -124,7 +126,8 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                  {"backward_weight", o.backward_weight},
                  {"flops", o.flops}};
   nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
-                      {"batch", c.batch}, {"threads", c.threads}, {"ops", ops}};
+                      {"batch", c.batch}, {"threads", c.threads}, {"in_step", c.in_step},
+                      {"ops", ops}};
   if (!c.colocated.empty()) {
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
@@ -328,6 +331,7 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
       // The measured op at the profile's batch, scaled to this batch and, for a split op,
       // by its share of the logical op's FLOPs.
       double scale = m->flops > 0 ? flops / m->flops : double(batch) / double(measured_->batch);
+      scale *= measured_->in_step;
       c.f += m->forward * scale + tf;
       c.b += m->backward_input * scale + tb;
       c.w += m->backward_weight * scale;

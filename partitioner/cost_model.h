@@ -110,6 +110,9 @@ struct MeasuredCosts {
   std::map<std::string, Op> ops;  // by logical node name
   // The ops' time with k ranks on the host over their time alone (`--colocated k`).
   std::map<int, double> colocated;
+  // The ops' time within whole training passes over the sum of their times one by one:
+  // every measured op's time is multiplied by it.
+  double in_step = 1;
 };
 MeasuredCosts read_measured_costs(const std::string& path);
 void write_measured_costs(const MeasuredCosts& c, const std::string& path);

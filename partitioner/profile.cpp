@@ -158,7 +158,7 @@ int64_t input_bound(const Graph& g, int value) {
 
 }  // namespace
 
-double time_passes(const Graph& g, const ProfileOptions& o, int micro_batches) {
+PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches) {
   if (micro_batches < 1)
     throw InputError("micro-batches per pass: expected at least 1, found " +
                      std::to_string(micro_batches));
@@ -177,29 +177,40 @@ double time_passes(const Graph& g, const ProfileOptions& o, int micro_batches) {
       inputs[size_t(k)][val.name] =
           random_tensor(val.type, o.batch, input_bound(g, v), 300 + uint64_t(k), o.device);
     }
-  std::vector<double> times;
+  std::vector<double> times, computes, forwards;
   for (int pass = 0; pass < o.warmup + o.repeats; ++pass) {
     finish(o.device);
     const auto t0 = Clock::now();
     stage.zero_grad();
+    double forward = 0;
     // F then B and W of each micro-batch, as one stage runs 1F1B on its own.
     for (int k = 0; k < micro_batches; ++k) {
       stages::MicroBatch mb;
       mb.index = k;
       mb.samples = mb.global_batch = o.batch;
       mb.loss_tokens = 1;
+      const auto f0 = Clock::now();
       stage.forward(mb, inputs[size_t(k)]);
+      finish(o.device);
+      forward += seconds_since(f0);
       stage.backward(k);
     }
     stage.finish_grads();
+    finish(o.device);
+    const double compute = seconds_since(t0);
     // The optimizer's sweep over the parameters and their state evicts the weights from
     // the caches the ranks share, as every training step does.
     stage.step(1.0);
     finish(o.device);
-    if (pass >= o.warmup) times.push_back(seconds_since(t0));
+    if (pass >= o.warmup) {
+      times.push_back(seconds_since(t0));
+      computes.push_back(compute);
+      forwards.push_back(forward);
+    }
   }
   kernels::set_num_threads(previous_threads);
-  return o.mean ? mean(times) : median(times);
+  auto keep = [&](const std::vector<double>& v) { return o.mean ? mean(v) : median(v); };
+  return {keep(times), keep(computes), keep(forwards)};
 }
 
 MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
@@ -239,6 +250,22 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     out.ops[n.name] = it->second;
   }
   kernels::set_num_threads(previous_threads);
+  if (o.in_step) {
+    // One by one on fresh inputs each op finds its data in the cache, and the stage's own
+    // work between the ops (stashing, gradient slots, accumulation) is not timed: config
+    // A's one-process step ran 1-6% above the sum of its ops, by a different amount each
+    // profile (docs/benchmarks.md, "Step-time prediction"). A whole pass of the same
+    // micro-batches measures both, in one figure steadier than the ops' sum.
+    double ops = 0;
+    for (const Node& n : g.nodes) {
+      const MeasuredCosts::Op& m = out.ops.at(n.name);
+      ops += m.forward + m.backward_input + m.backward_weight;
+    }
+    ProfileOptions whole = o;
+    whole.warmup = 1;
+    const PassTimes t = time_passes(g, whole, kPassMicroBatches);
+    if (ops > 0) out.in_step = t.compute / (kPassMicroBatches * ops);
+  }
   if (summary != nullptr) {
     summary->distinct_ops = timed;
     summary->seconds = seconds_since(start);

@@ -24,7 +24,13 @@ struct ProfileOptions {
   // a time is the kernels' and not only their launch (the graph's float dtype decides
   // the precision: a bf16 graph times the bf16 kernels).
   memory::Device device = memory::Device::cpu();
+  // Also time whole training passes and store how much longer the ops take in them
+  // (MeasuredCosts::in_step).
+  bool in_step = true;
 };
+
+// Micro-batches per pass when timing whole passes (in_step, `--colocated`).
+constexpr int kPassMicroBatches = 4;
 
 struct ProfileSummary {
   int distinct_ops = 0;  // ops actually timed
@@ -36,10 +42,15 @@ MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& option
 
 // Whole passes over the model as one rank runs them: `micro_batches` micro-batches of
 // options.batch samples, each through its forward, backward and weight gradients, the
-// activations stashed between, then an AdamW step. Returns a pass's seconds (the median of
-// options.repeats after options.warmup; the mean with options.mean). The ops see the caches and the
-// memory as in training, which timing each op alone on fresh inputs does not: what
-// `--colocated` compares, alone and beside copies.
-double time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);
+// activations stashed between, then an AdamW step. The ops see the caches and the memory
+// as in training, which timing each op alone on fresh inputs does not: what `--colocated`
+// compares, alone and beside copies, and what `in_step` calibrates the op times by.
+struct PassTimes {
+  double pass = 0;     // seconds of a whole pass, the optimizer step included
+  double compute = 0;  // of it, the micro-batches' F, B and W (the step excluded)
+  double forward = 0;  // of that, their forwards
+};
+// The median of options.repeats after options.warmup (the mean with options.mean), of each.
+PassTimes time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);
 
 }  // namespace baton::partitioner

@@ -45,13 +45,10 @@ bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
   return sched_setaffinity(pid, sizeof set, &set) == 0;
 }
 
-// Micro-batches per pass when timing whole passes (pt::time_passes).
-constexpr int kPassMicroBatches = 4;
-
 // A whole pass's time with k - 1 copies running passes beside it (the same model, batch
 // and threads, `baton profile --hold`).
-double colocated_pass(int k, const std::vector<std::string>& hold_args, const stages::Graph& g,
-                      const pt::ProfileOptions& o) {
+pt::PassTimes colocated_pass(int k, const std::vector<std::string>& hold_args,
+                             const stages::Graph& g, const pt::ProfileOptions& o) {
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
   std::vector<pid_t> copies;
@@ -84,7 +81,7 @@ double colocated_pass(int k, const std::vector<std::string>& hold_args, const st
     pin_share(0, 0, k, allowed);
     // The copies load the model and reach their ops (a small model loads in well under this).
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const double t = pt::time_passes(g, o, kPassMicroBatches);
+    const pt::PassTimes t = pt::time_passes(g, o, pt::kPassMicroBatches);
     for (pid_t p : copies)
       if (waitpid(p, nullptr, WNOHANG) != 0)
         throw RuntimeError("profile --colocated: a copy of the profile ended early");
@@ -131,7 +128,7 @@ int run_profile(const std::vector<std::string>& args) {
   lo.float_dtype = kernels::compute_dtype(run.precision);
   stages::Graph g = stages::load_model(model_path, lo);
   if (vm["hold"].as<bool>())
-    for (;;) pt::time_passes(g, o, kPassMicroBatches);
+    for (;;) pt::time_passes(g, o, pt::kPassMicroBatches);
   const std::vector<int> colocated =
       vm.count("colocated") ? vm["colocated"].as<std::vector<int>>() : std::vector<int>{};
   for (int k : colocated)
@@ -140,6 +137,7 @@ int run_profile(const std::vector<std::string>& args) {
                        std::to_string(k));
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
+  std::printf("in whole training passes the ops take %.3fx their time one by one\n", costs.in_step);
   if (!colocated.empty()) {
     const std::vector<std::string> hold = {"--model",     model_path,
                                            "--batch",     std::to_string(o.batch),
@@ -167,14 +165,22 @@ int run_profile(const std::vector<std::string>& args) {
       pt::ProfileOptions through = o;
       through.mean = k > cores;
       through.warmup = 1;
-      double alone = 0, together = 0;
+      pt::PassTimes alone, together;
       for (int round = 0; round < 2; ++round) {
-        alone += pt::time_passes(g, through, kPassMicroBatches);
-        together += colocated_pass(k, hold, g, through);
+        const pt::PassTimes a = pt::time_passes(g, through, pt::kPassMicroBatches);
+        const pt::PassTimes t = colocated_pass(k, hold, g, through);
+        for (auto [sum, x] : {std::pair{&alone, &a}, {&together, &t}}) {
+          sum->pass += x->pass;
+          sum->compute += x->compute;
+          sum->forward += x->forward;
+        }
       }
-      costs.colocated[k] = together / alone;
-      std::printf("%d ranks on the host: the ops take %.3fx their time alone\n", k,
-                  costs.colocated[k]);
+      costs.colocated[k] = together.pass / alone.pass;
+      // F and B + W apart, to tell whether one kind suffers more (one factor is stored).
+      std::printf(
+          "%d ranks on the host: the ops take %.3fx their time alone (F %.3fx, B+W %.3fx)\n", k,
+          costs.colocated[k], together.forward / alone.forward,
+          (together.compute - together.forward) / (alone.compute - alone.forward));
     }
   }
   pt::write_measured_costs(costs, out);

@@ -387,8 +387,10 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
   po.batch = 2;
   po.repeats = 1;
   po.warmup = 0;
+  po.in_step = false;
   ProfileSummary sum;
   MeasuredCosts m = profile_model(*g, po, &sum);
+  EXPECT_EQ(m.in_step, 1.0);
   EXPECT_EQ(m.ops.size(), g->nodes.size());
   EXPECT_LT(sum.distinct_ops, int(g->nodes.size()));  // the two blocks' ops are timed once
   for (const auto& [name, op] : m.ops) EXPECT_GT(op.forward, 0.0) << name;
@@ -411,6 +413,41 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
   EXPECT_GT(t2.layers[1].w, t1.layers[1].w * 0.4);
 }
 
+// The ops' time in whole passes over their time one by one: measured by default, kept in
+// the cost file, and every measured op's time is multiplied by it.
+TEST(Profile, InStepFactorScalesTheMeasuredOps) {
+  auto g = load_search_model("tiny-gpt.json");
+  ProfileOptions po;
+  po.batch = 2;
+  po.repeats = 1;
+  po.warmup = 0;
+  MeasuredCosts m = profile_model(*g, po);
+  EXPECT_TRUE(std::isfinite(m.in_step));
+  EXPECT_GT(m.in_step, 0.0);
+  m.in_step = 1.25;
+  const std::string path = testing::TempDir() + "in_step_costs.json";
+  write_measured_costs(m, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.in_step, 1.25);
+  MeasuredCosts one = back;
+  one.in_step = 1;
+  CostModel scaled(g, Machine{}, &back), plain(g, Machine{}, &one);
+  const CostTable &a = scaled.table(1, 2), &b = plain.table(1, 2);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    EXPECT_NEAR(a.layers[l].f, 1.25 * b.layers[l].f, 1e-15) << l;
+    EXPECT_NEAR(a.layers[l].b, 1.25 * b.layers[l].b, 1e-15) << l;
+    EXPECT_NEAR(a.layers[l].w, 1.25 * b.layers[l].w, 1e-15) << l;
+  }
+  // Bad input: out of range, not a number.
+  for (const char* bad : {"0", "-1", "\"fast\""}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["in_step"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
+}
+
 // Whole passes (what --colocated compares alone and beside copies): they run a model's
 // training step end to end, on any model a profile takes, and refuse an empty pass.
 TEST(Profile, PassesRunWholeTrainingSteps) {
@@ -419,9 +456,10 @@ TEST(Profile, PassesRunWholeTrainingSteps) {
   po.batch = 2;
   po.repeats = 1;
   po.warmup = 1;
-  const double t = time_passes(*g, po, 2);
-  EXPECT_TRUE(std::isfinite(t));
-  EXPECT_GT(t, 0.0);
+  const PassTimes t = time_passes(*g, po, 2);
+  EXPECT_TRUE(std::isfinite(t.pass));
+  EXPECT_GT(t.compute, 0.0);
+  EXPECT_GT(t.pass, t.compute);  // the optimizer step after the micro-batches
   try {
     time_passes(*g, po, 0);
     ADD_FAILURE() << "a pass of no micro-batches ran";
@@ -443,6 +481,7 @@ TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
   ProfileOptions po;
   po.repeats = 1;
   po.warmup = 0;
+  po.in_step = false;
   MeasuredCosts m = profile_model(*g, po);
   m.colocated = {{2, 1.5}, {4, 2.5}};
   const std::string path = testing::TempDir() + "colocated_costs.json";
