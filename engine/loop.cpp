@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kernels/grad_scale.h"
 #include "memory/cuda_device.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -247,22 +248,15 @@ std::unique_ptr<kernels::LossScaler> make_loss_scaler(const LoopOptions& o) {
 
 UpdateDecision decide_update(double sum_squares, double grad_clip, kernels::LossScaler* scaler) {
   UpdateDecision d;
-  d.grad_norm = std::sqrt(sum_squares);
-  // inf or NaN anywhere in a gradient makes the sum of squares inf or NaN: the step is
-  // skipped, with or without a scaler (without one it would poison the parameters).
-  const bool overflow = !std::isfinite(d.grad_norm);
+  const double carried = scaler ? scaler->scale() : 0.0;
+  const kernels::ClipDecision c = kernels::clip_decision(sum_squares, grad_clip, carried);
   if (scaler) {
-    d.loss_scale = scaler->scale();
-    scaler->update(overflow);
+    d.loss_scale = carried;
+    scaler->update(!c.apply);
   }
-  if (overflow) {
-    d.apply = false;
-    d.grad_scale = 0;
-    return d;
-  }
-  if (scaler) d.grad_norm /= d.loss_scale;
-  const double clip = (grad_clip > 0 && d.grad_norm > grad_clip) ? grad_clip / d.grad_norm : 1.0;
-  d.grad_scale = scaler ? clip / d.loss_scale : clip;
+  d.grad_norm = c.grad_norm;
+  d.apply = c.apply;
+  d.grad_scale = c.grad_scale;
   return d;
 }
 

@@ -168,17 +168,22 @@ TrainSummary run_training(const TrainOptions& o,
       stage.backward(k);
     }
     stage.finish_grads();
-    // The norm's kernels queue right behind the backward and its one wait covers both; the
-    // losses are read after it (on a GPU the host does not wait mid-step, nor twice).
-    const double norm2 = stage.grad_sum_squares();
+    // The norm's kernels queue right behind the backward and the update right behind them:
+    // it derives its clip and loss scale from the norm on the device. The host then waits
+    // once, for the norm and the losses (on a GPU it does not wait mid-step).
+    const Tensor norm2_on_device = stage.grad_sum_squares_tensor();
+    stage.step(kernels::GradScale(norm2_on_device, o.grad_clip, scaler ? scaler->scale() : 0.0));
+    const double norm2 = norm2_on_device.to(memory::Device::cpu()).to_vector<double>()[0];
     double loss = 0;
     for (const Tensor& l : losses) loss += l.to(memory::Device::cpu()).to_vector<double>()[0];
     const UpdateDecision d = decide_update(norm2, o.grad_clip, scaler.get());
-    if (d.apply)
-      stage.step(d.grad_scale);  // a skipped step leaves parameters and state
-    else if (!scaler)            // a plain overflow (a scaler's skips are its normal working)
-      spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
-                   d.grad_norm);
+    if (!d.apply) {
+      // The update changed nothing; its count is taken back.
+      stage.set_optimizer_steps(stage.optimizer_steps() - 1);
+      if (!scaler)  // a plain overflow (a scaler's skips are its normal working)
+        spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
+                     d.grad_norm);
+    }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepRecord r{step + 1, loss, d.grad_norm, secs};
     r.loss_scale = d.loss_scale;

@@ -9,6 +9,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/detail/check.h"
 #include "kernels/fused.h"
+#include "kernels/grad_scale.h"
 #include "kernels/mixed_precision.h"
 #include "kernels/random.h"
 
@@ -1073,6 +1074,24 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   return out;
 }
 
+Tensor sum_squares_grouped(const std::vector<Tensor>& ts, const std::vector<int>& group,
+                           int groups) {
+  const char* op = "sum_squares_grouped";
+  BATON_NEED(group.size() == ts.size(), op,
+             "one group per tensor: " + std::to_string(ts.size()) + " tensors, " +
+                 std::to_string(group.size()) + " groups");
+  for (int k : group)
+    BATON_NEED(k >= 0 && k < groups, op,
+               "groups from 0 to " + std::to_string(groups - 1) + ", got " + std::to_string(k));
+  if (!ts.empty()) BATON_ON_CUDA(ts[0].device(), sum_squares_grouped(ts, group, groups));
+  std::vector<double> by_group(size_t(std::max(groups, 0)), 0.0);
+  const std::vector<double> each = sum_squares_each(ts);
+  for (size_t k = 0; k < each.size(); ++k) by_group[size_t(group[k])] += each[k];
+  double total = 0;
+  for (double g : by_group) total += g;
+  return Tensor::from_vector(std::vector<double>{total}, {1});
+}
+
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale) {
   const char* op = "adamw_step";
@@ -1091,7 +1110,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 }
 
 void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
-                     double grad_scale) {
+                     const GradScale& grad_scale) {
   const char* op = "adamw_step_each";
   if (ts.empty()) return;
   const memory::Device dev = ts[0].param.device();
@@ -1103,12 +1122,24 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
       BATON_NEED(t.working.numel() == t.param.numel(), op, "working has param's size");
     }
   }
+  const Tensor& norm2 = grad_scale.sum_squares;
+  if (norm2.defined())
+    BATON_NEED(
+        norm2.numel() == 1 && norm2.dtype() == memory::DType::f64 && norm2.device() == dev, op,
+        "the squared norm must be one f64 element on the tensors' device, got " + norm2.str());
   BATON_NEED(same_device, op, "tensors on one device");
   BATON_ON_CUDA(dev, adamw_step_each(ts, cfg, step, grad_scale));
+  double scale = grad_scale.value;
+  if (norm2.defined()) {
+    const ClipDecision d =
+        clip_decision(norm2.to_vector<double>()[0], grad_scale.grad_clip, grad_scale.loss_scale);
+    if (!d.apply) return;
+    scale = d.grad_scale;
+  }
   for (AdamWTensors& t : ts) {
     AdamW c = cfg;
     c.weight_decay = t.weight_decay;
-    adamw_step(t.param, t.grad, t.m, t.v, c, step, grad_scale);
+    adamw_step(t.param, t.grad, t.m, t.v, c, step, scale);
     if (t.working.defined()) cast(t.param, t.working);
   }
 }

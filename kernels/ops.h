@@ -221,6 +221,12 @@ double sum_squares(const Tensor& t);  // for the global gradient norm (in double
 // sum_squares of each tensor, the same values; tensors on one GPU cost one wait for the
 // host in all (a step's norm asks for every gradient's).
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
+// The squares of the tensors added into groups (group[k]: tensor k's, from 0 to groups - 1),
+// each group's in the tensors' order, then the groups in order: one f64 element on the
+// tensors' device (a CPU tensor for none), queued without a wait. A step's squared
+// gradient norm in one order every backend follows.
+Tensor sum_squares_grouped(const std::vector<Tensor>& ts, const std::vector<int>& group,
+                           int groups);
 
 struct AdamW {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
@@ -239,8 +245,20 @@ struct AdamWTensors {
   // updated value, cast as kernels::cast would; on a GPU in the update's own pass.
   Tensor working;
 };
+// What adamw_step_each multiplies the gradients by: a number, or the clip_decision
+// (kernels/grad_scale.h) of a squared norm held on the tensors' device. A GPU derives it
+// in the update's own kernel, so the host queues the update without waiting for the
+// norm; a norm that is not finite leaves every tensor as it was.
+struct GradScale {
+  GradScale(double v = 1.0) : value(v) {}  // NOLINT(google-explicit-constructor): a number
+  GradScale(Tensor norm2, double clip, double carried)
+      : sum_squares(std::move(norm2)), grad_clip(clip), loss_scale(carried) {}
+  double value = 1.0;
+  Tensor sum_squares;  // one f64 element; defined: the scale derives from it
+  double grad_clip = 0, loss_scale = 0;
+};
 void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
-                     double grad_scale);
+                     const GradScale& grad_scale);
 
 struct Sgd {
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <set>
 
+#include "kernels/grad_scale.h"
 #include "kernels/mixed_precision.h"
 #include "stages/json_reader.h"
 #include "stages/param_owner.h"
@@ -624,24 +625,40 @@ void Stage::finish_grads() {
   for (auto& ps : params_) fold_grad(*ps);
 }
 
+namespace {
+// The gradients a stage's norm counts, each with its layer (from 0 at the stage's first):
+// a parameter counts in the first layer that uses it, on the stage holding that layer.
+template <class ParamStates>
+void norm_pieces(const ParamStates& params, int first, int last, std::vector<Tensor>& grads,
+                 std::vector<int>& layer) {
+  for (const auto& ps : params) {
+    if (ps->owner_layer < first || ps->owner_layer >= last) continue;  // counted elsewhere
+    grads.push_back(ps->grad);
+    layer.push_back(ps->owner_layer - first);
+  }
+}
+}  // namespace
+
 std::vector<double> Stage::grad_sum_squares_by_layer() const {
   std::vector<double> out(size_t(last_ - first_), 0.0);
   std::vector<Tensor> grads;
-  std::vector<size_t> layer;
-  for (const auto& ps : params_) {
-    if (ps->owner_layer < first_ || ps->owner_layer >= last_) continue;  // counted elsewhere
-    grads.push_back(ps->grad);
-    layer.push_back(size_t(ps->owner_layer - first_));
-  }
+  std::vector<int> layer;
+  norm_pieces(params_, first_, last_, grads, layer);
   const std::vector<double> each = kernels::sum_squares_each(grads);
-  for (size_t k = 0; k < each.size(); ++k) out[layer[k]] += each[k];
+  for (size_t k = 0; k < each.size(); ++k) out[size_t(layer[k])] += each[k];
   return out;
 }
 
+Tensor Stage::grad_sum_squares_tensor() const {
+  std::vector<Tensor> grads;
+  std::vector<int> layer;
+  norm_pieces(params_, first_, last_, grads, layer);
+  if (grads.empty()) return Tensor::zeros({1}, memory::DType::f64, opt_options_.device);
+  return kernels::sum_squares_grouped(grads, layer, last_ - first_);
+}
+
 double Stage::grad_sum_squares() const {
-  double s = 0;
-  for (double v : grad_sum_squares_by_layer()) s += v;
-  return s;
+  return grad_sum_squares_tensor().to(memory::Device::cpu()).to_vector<double>()[0];
 }
 
 void Stage::set_optimizer_shard(int id, int64_t begin, int64_t end) {
@@ -700,14 +717,23 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
   opt_ready_ = true;
 }
 
-void Stage::step(double grad_scale) {
+namespace {
+kernels::ClipDecision host_scale(const kernels::GradScale& s) {
+  if (!s.sum_squares.defined()) return {0, s.value, true};
+  const double norm2 = s.sum_squares.to(memory::Device::cpu()).to_vector<double>()[0];
+  return kernels::clip_decision(norm2, s.grad_clip, s.loss_scale);
+}
+}  // namespace
+
+void Stage::step(const kernels::GradScale& grad_scale) {
   if (!opt_ready_) set_optimizer(opt_);
   if (!grads_finished_) finish_grads();
   ++opt_steps_;
   OpTimes* t = opt_options_.profile ? &times_["optimizer"] : nullptr;
   Timer timer(t != nullptr, t ? &t->forward : nullptr);
   if (t) t->calls++;
-  std::vector<kernels::AdamWTensors> adamw;  // every AdamW update of the step, in one call
+  std::vector<kernels::AdamWTensors> adamw;        // every AdamW update of the step, in one call
+  std::optional<kernels::ClipDecision> sgd_scale;  // read on the first SGD update
   // A whole master's working copy is written by the AdamW update itself (one pass, where a
   // cast per parameter cost 148 launches and 0.55 ms of GPT-2 124M's step on the H200).
   const auto update_writes_working = [&](const ParamState& ps) {
@@ -739,7 +765,9 @@ void Stage::step(double grad_scale) {
     } else {
       kernels::Sgd cfg = opt_.sgd;
       if (!p.weight_decay) cfg.weight_decay = 0;
-      kernels::sgd_step(value, grad, ps->m, cfg, grad_scale);
+      if (!sgd_scale) sgd_scale = host_scale(grad_scale);
+      if (!sgd_scale->apply) break;
+      kernels::sgd_step(value, grad, ps->m, cfg, sgd_scale->grad_scale);
     }
   }
   kernels::adamw_step_each(adamw, opt_.adamw, opt_steps_, grad_scale);

@@ -143,7 +143,10 @@ class Stage {
   // first layer that uses it), for this stage's layers. A process adds the pieces of all
   // stages in layer order, so the norm has the same bits for any pipeline cut.
   std::vector<double> grad_sum_squares_by_layer() const;
-  double grad_sum_squares() const;                    // the pieces above, added in layer order
+  double grad_sum_squares() const;  // the pieces above, added in layer order
+  // The same sum as one f64 element on the stage's device, queued without a wait: what a
+  // GradScale derives the step's scale from on the device.
+  Tensor grad_sum_squares_tensor() const;
   void set_optimizer(const OptimizerConfig& config);  // allocates its state
   // A sharded optimizer (ZeRO, engine/detail/grad_reducer.h): the stage updates only the
   // elements [begin, end) of the flattened parameter `id` and holds optimizer state for
@@ -166,8 +169,11 @@ class Stage {
   const OptimizerConfig& optimizer() const { return opt_; }
   OptimizerConfig& optimizer() { return opt_; }
   // One optimizer step on grad * grad_scale (grad_scale folds in clipping). Runs
-  // finish_grads() first if the caller did not.
-  void step(double grad_scale = 1.0);
+  // finish_grads() first if the caller did not. A scale derived from a squared norm
+  // (kernels::GradScale) queues AdamW without waiting for it; SGD reads it on the host.
+  // A norm that is not finite changes nothing, but counts the step: the caller, who
+  // learns it from the norm, takes it back (set_optimizer_steps).
+  void step(const kernels::GradScale& grad_scale = 1.0);
   int64_t optimizer_steps() const { return opt_steps_; }
   void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
   // Optimizer state tensors of a parameter: AdamW {exp_avg, exp_avg_sq}, SGD with

@@ -146,10 +146,12 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
 // ---- optimizers ----
 double sum_squares(const Tensor& t);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
+Tensor sum_squares_grouped(const std::vector<Tensor>& ts, const std::vector<int>& group,
+                           int groups);
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamW& cfg,
                 int64_t step, double grad_scale);
 void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
-                     double grad_scale);
+                     const GradScale& grad_scale);
 void sgd_step(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const Sgd& cfg,
               double grad_scale);
 

@@ -2,6 +2,7 @@
 // squared-norm reduction for gradient clipping, and the fused AdamW and SGD steps.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/grad_scale.h"
 #include "kernels/random.h"
 
 namespace baton::kernels::cuda {
@@ -137,13 +138,23 @@ struct AdamBatch {
   int count;
   bool working_bf16;
   AdamCoeffs c;
+  // Non-null: c.gs is clip_decision's scale of this squared norm, and nothing is written
+  // when the norm is not finite (GradScale).
+  const double* sum_squares;
+  double grad_clip, loss_scale;
 };
 
 template <class G, class P>
 __global__ void __launch_bounds__(kThreads)
     adamw_many_k(const __grid_constant__ AdamBatch<G, P> b) {
   const AdamPiece<G, P>& p = piece_of_block(b.piece, b.count);
-  const AdamCoeffs& c = b.c;
+  AdamCoeffs c = b.c;
+  if (b.sum_squares != nullptr) {
+    // Each thread derives it (one double sqrt and division), as the host would have.
+    const ClipDecision d = clip_decision(*b.sum_squares, b.grad_clip, b.loss_scale);
+    if (!d.apply) return;
+    c.gs = float(d.grad_scale);
+  }
   const int64_t begin = (int64_t(blockIdx.x) - p.first_block) * kChunk;
   const int64_t end = begin + kChunk < p.n ? begin + kChunk : p.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -192,33 +203,37 @@ void random_normal(Tensor& out, double mean, double std, uint64_t seed, uint64_t
   });
 }
 
-double sum_squares(const Tensor& t) {
-  return sum_squares_each({t})[0];
-}
+namespace {
 
 // Every tensor's chunks summed by one multi-tensor launch per dtype (and kMaxPieces
-// tensors), one warp per tensor adds its chunks, then one copy of the totals to the host:
-// one wait for all of them. Launches per tensor cost GPT-2 124M's step 296 launches and
-// 0.65 ms on the H200.
-std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+// tensors), then one warp per tensor adds its chunks: launches per tensor cost GPT-2
+// 124M's step 296 launches and 0.65 ms on the H200. Queued on l's stream; the totals
+// (ts.size() doubles) lie in the returned buffer, followed by `extra` free doubles.
+struct Squares {
+  Tensor buffer;
+  double* total = nullptr;
+  double* extra = nullptr;
+};
+
+Squares queue_sum_squares(const std::vector<Tensor>& ts, const Launch& l, int64_t extra) {
   const char* op = "sum_squares";
   for (const Tensor& t : ts) {
     require_cuda(op, "t", t);
     require(t.is_contiguous(), op, "t must be contiguous, got " + t.str());
   }
-  if (ts.empty()) return {};
-  Launch l(ts.at(0));
   // first[k]: tensor k's first block over all launches; first[size]: the number of blocks.
   std::vector<int64_t> first(ts.size() + 1, 0);
   for (size_t k = 0; k < ts.size(); ++k)
     first[k + 1] = first[k] + (ts[k].numel() + kChunk - 1) / kChunk;
   const int64_t blocks = first.back();
-  // One buffer: the blocks' partials, then the totals, then the first blocks.
-  Tensor scratch_buf =
-      scratch({blocks + int64_t(ts.size()) + int64_t(first.size())}, DType::f64, l.device);
-  double* partial = scratch_buf.data<double>();
-  double* total = partial + blocks;
-  auto* first_dev = reinterpret_cast<int64_t*>(total + ts.size());
+  // One buffer: the blocks' partials, the totals, the first blocks, then the extra.
+  const int64_t n = int64_t(ts.size());
+  Squares q;
+  q.buffer = scratch({blocks + n + int64_t(first.size()) + extra}, DType::f64, l.device);
+  double* partial = q.buffer.data<double>();
+  q.total = partial + blocks;
+  auto* first_dev = reinterpret_cast<int64_t*>(q.total + n);
+  q.extra = q.total + n + int64_t(first.size());
   BATON_CUDA_CHECK(cudaMemcpyAsync(first_dev, first.data(), first.size() * sizeof(int64_t),
                                    cudaMemcpyHostToDevice, l.stream));
   size_t i = 0;
@@ -230,22 +245,64 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
       for (; i < ts.size() && b.count < kMaxPieces && ts[i].dtype() == dt; ++i)
         if (ts[i].numel() > 0)
           b.piece[b.count++] = {ts[i].raw_data(), ts[i].numel(), first[i] - base};
-      const int64_t n = first[i] - base;
-      if (n > 0) {
-        sumsq_many_k<T><<<unsigned(n), kThreads, 0, l.stream>>>(b, partial + base);
+      const int64_t chunks = first[i] - base;
+      if (chunks > 0) {
+        sumsq_many_k<T><<<unsigned(chunks), kThreads, 0, l.stream>>>(b, partial + base);
         BATON_CUDA_CHECK_LAUNCH();
       }
     });
   }
   const int per_block = kThreads / 32;
   sumsq_finish<<<unsigned((ts.size() + per_block - 1) / per_block), kThreads, 0, l.stream>>>(
-      partial, first_dev, int(ts.size()), total);
+      partial, first_dev, int(ts.size()), q.total);
   BATON_CUDA_CHECK_LAUNCH();
+  return q;
+}
+
+// One thread adds the totals into their groups, then the groups, in the order the CPU
+// does (kernels::sum_squares_grouped).
+__global__ void sumsq_grouped_k(const double* total, const int64_t* group, int n, int groups,
+                                double* by_group, double* out) {
+  for (int g = 0; g < groups; ++g) by_group[g] = 0;
+  for (int k = 0; k < n; ++k) by_group[group[k]] += total[k];
+  double s = 0;
+  for (int g = 0; g < groups; ++g) s += by_group[g];
+  *out = s;
+}
+
+}  // namespace
+
+double sum_squares(const Tensor& t) {
+  return sum_squares_each({t})[0];
+}
+
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+  if (ts.empty()) return {};
+  Launch l(ts.at(0));
+  const Squares q = queue_sum_squares(ts, l, 0);
+  // One copy of the totals and one wait for all of them.
   std::vector<double> host(ts.size());
-  BATON_CUDA_CHECK(cudaMemcpyAsync(host.data(), total, ts.size() * sizeof(double),
+  BATON_CUDA_CHECK(cudaMemcpyAsync(host.data(), q.total, ts.size() * sizeof(double),
                                    cudaMemcpyDeviceToHost, l.stream));
   BATON_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   return host;
+}
+
+Tensor sum_squares_grouped(const std::vector<Tensor>& ts, const std::vector<int>& group,
+                           int groups) {
+  Launch l(ts.at(0));
+  const int n = int(ts.size());
+  // The extra doubles: the groups (as int64) and the groups' sums.
+  const Squares q = queue_sum_squares(ts, l, int64_t(n) + groups);
+  auto* group_dev = reinterpret_cast<int64_t*>(q.extra);
+  const std::vector<int64_t> g64(group.begin(), group.end());
+  BATON_CUDA_CHECK(cudaMemcpyAsync(group_dev, g64.data(), g64.size() * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, l.stream));
+  Tensor out = Tensor::empty({1}, DType::f64, memory::Device::cuda(l.device));
+  sumsq_grouped_k<<<1, 1, 0, l.stream>>>(q.total, group_dev, n, groups, q.extra + n,
+                                         out.data<double>());
+  BATON_CUDA_CHECK_LAUNCH();
+  return out;
 }
 
 namespace {
@@ -279,7 +336,7 @@ void check_adamw(const char* op, const Tensor& param, const Tensor& grad, const 
 }  // namespace
 
 void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t step,
-                     double grad_scale) {
+                     const GradScale& grad_scale) {
   const char* op = "adamw_step_each";
   for (const AdamWTensors& t : ts) {
     check_adamw(op, t.param, t.grad, t.m, t.v, step);
@@ -291,7 +348,12 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
               op, "working must be a contiguous 16-bit copy of param, got " + t.working.str());
     }
   }
-  const AdamCoeffs c = adam_coeffs(cfg, step, grad_scale);
+  const AdamCoeffs c = adam_coeffs(cfg, step, grad_scale.value);
+  const double* norm2 = nullptr;
+  if (grad_scale.sum_squares.defined()) {
+    require_cuda(op, "sum_squares", grad_scale.sum_squares);
+    norm2 = grad_scale.sum_squares.data<double>();
+  }
   // One launch per (gradient type, parameter type, working copy's type) and kMaxPieces
   // pieces, in order.
   const auto working_type = [&](size_t k) {
@@ -306,6 +368,9 @@ void adamw_step_each(std::vector<AdamWTensors>& ts, const AdamW& cfg, int64_t st
       AdamBatch<G, P> b{};
       b.c = c;
       b.working_bf16 = wt == int(DType::bf16);
+      b.sum_squares = norm2;
+      b.grad_clip = grad_scale.grad_clip;
+      b.loss_scale = grad_scale.loss_scale;
       int64_t blocks = 0;
       for (; i < ts.size() && b.count < kMaxPieces && ts[i].grad.dtype() == gt &&
              ts[i].param.dtype() == pt && working_type(i) == wt;

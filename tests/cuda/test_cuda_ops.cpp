@@ -8,12 +8,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/vision_cuda.h"
 #include "kernels/fused.h"
+#include "kernels/grad_scale.h"
 #include "kernels/mixed_precision.h"
 #include "kernels/ops.h"
 #include "kernels/vision.h"
@@ -922,6 +925,55 @@ TEST_P(CudaOps, AdamWOverManyTensorsIsEachOnesStep) {
     EXPECT_EQ(cuda_ops_host(many.v[i]).to_vector<float>(),
               cuda_ops_host(one.v[i]).to_vector<float>())
         << "tensor " << i;
+  }
+}
+
+// The scale derived on the device from the squared norm (GradScale) gives the bits of the
+// number the host would pass, and a norm that is not finite leaves every tensor as it was;
+// the grouped sum of squares is the CPU's, bit for bit.
+TEST_P(CudaOps, AdamWScaleFromTheNormOnTheDevice) {
+  std::vector<Tensor> host;
+  for (int64_t n : {3000, 17, 20000}) host.push_back(randn({n}, rng_));
+  std::vector<Tensor> on_gpu;
+  for (const Tensor& t : host) on_gpu.push_back(dev(t, dt()));
+  const Tensor norm2 = kernels::sum_squares_grouped(on_gpu, {1, 0, 1}, 2);
+  EXPECT_TRUE(norm2.device().is_cuda());
+  memory::cuda::synchronize(0);
+  const double norm2_host = norm2.to(Device::cpu()).to_vector<double>()[0];
+  // The GPU's own per-tensor sums, added as the groups say (group 0: tensor 1).
+  const std::vector<double> e = kernels::sum_squares_each(on_gpu);
+  EXPECT_EQ(norm2_host, e[1] + (e[0] + e[2]));
+  std::vector<Tensor> rounded_host;
+  for (const Tensor& t : on_gpu) rounded_host.push_back(cuda_ops_host(t));
+  EXPECT_NEAR(norm2_host,
+              kernels::sum_squares_grouped(rounded_host, {1, 0, 1}, 2).to_vector<double>()[0],
+              1e-9 * norm2_host);
+
+  AdamW cfg{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [n2, clip, carried] :
+       {std::tuple{norm2_host, 1.0, 0.0}, std::tuple{norm2_host, 0.0, 8.0},
+        std::tuple{inf, 1.0, 0.0}}) {
+    const kernels::ClipDecision d = kernels::clip_decision(n2, clip, carried);
+    Tensor p = randn({20000}, rng_), g = randn({20000}, rng_), m = randn({20000}, rng_, 0.1);
+    Tensor v = randn({20000}, rng_, 0.1);
+    for (float& x : v.span<float>()) x = x * x;
+    std::vector<kernels::AdamWTensors> derived = {
+        {dev(p, wide()), dev(g, dt()), dev(m, wide()), dev(v, wide()), 0.1}};
+    std::vector<kernels::AdamWTensors> given = {
+        {dev(p, wide()), dev(g, dt()), dev(m, wide()), dev(v, wide()), 0.1}};
+    const Tensor on_device = Tensor::from_vector(std::vector<double>{n2}, {1}).to(kGpu);
+    kernels::adamw_step_each(derived, cfg, 2, kernels::GradScale(on_device, clip, carried));
+    if (d.apply) kernels::adamw_step_each(given, cfg, 2, d.grad_scale);
+    EXPECT_EQ(cuda_ops_host(derived[0].param).to_vector<float>(),
+              cuda_ops_host(given[0].param).to_vector<float>())
+        << n2 << " " << clip << " " << carried;
+    EXPECT_EQ(cuda_ops_host(derived[0].v).to_vector<float>(),
+              cuda_ops_host(given[0].v).to_vector<float>());
+    if (!d.apply) {
+      EXPECT_EQ(cuda_ops_host(derived[0].param).to_vector<float>(),
+                cuda_ops_host(dev(p, wide())).to_vector<float>());
+    }
   }
 }
 

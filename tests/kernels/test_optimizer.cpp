@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 
 #include "kernels/mixed_precision.h"
 #include "kernels/ops.h"
@@ -101,6 +103,66 @@ TEST(AdamW, EachIsEveryTensorsOwnStepAndWritesWorkingCopies) {
   cast(ts[2].param, want);
   EXPECT_EQ(as_f64(ts[2].working), as_f64(want));
   EXPECT_NE(as_f64(ts[2].working), std::vector<double>(3000, 0.0));
+}
+
+// A scale derived from the squared norm (GradScale) is the number the host would pass:
+// clipped, unscaled by the loss scale, and no update at all for a norm that is not
+// finite. The expected scales are worked out by hand.
+TEST(AdamW, ScaleFromTheNormIsTheNumberTheHostWouldPass) {
+  std::mt19937_64 rng(test_seed(83));
+  AdamW cfg;
+  cfg.lr = 1e-2;
+  const double inf = std::numeric_limits<double>::infinity();
+  struct NormCase {
+    double norm2, clip, loss_scale, scale;  // scale < 0: no update
+  };
+  for (const NormCase c :
+       {NormCase{9.0, 0, 0, 1.0}, NormCase{9.0, 4.0, 0, 1.0}, NormCase{16.0, 2.0, 0, 0.5},
+        NormCase{16.0 * 1024 * 1024, 2.0, 1024, 0.5 / 1024},
+        NormCase{16.0 * 1024 * 1024, 0, 1024, 1.0 / 1024}, NormCase{inf, 1.0, 0, -1},
+        NormCase{std::nan(""), 0, 1024, -1}}) {
+    const Tensor p = randn({300}, rng, 1.0, DType::f32), g = randn({300}, rng, 1.0, DType::f32);
+    const Tensor m = randn({300}, rng, 0.1, DType::f32), v = Tensor::full({300}, 0.01);
+    std::vector<AdamWTensors> derived = {{p.clone(), g, m.clone(), v.clone(), 0.1}};
+    std::vector<AdamWTensors> given = {{p.clone(), g, m.clone(), v.clone(), 0.1}};
+    adamw_step_each(
+        derived, cfg, 3,
+        GradScale(Tensor::from_vector(std::vector<double>{c.norm2}, {1}), c.clip, c.loss_scale));
+    if (c.scale >= 0) {
+      adamw_step_each(given, cfg, 3, c.scale);
+      EXPECT_NE(derived[0].param.to_vector<float>(), p.to_vector<float>()) << c.norm2;
+    }
+    EXPECT_EQ(derived[0].param.to_vector<float>(), given[0].param.to_vector<float>()) << c.norm2;
+    EXPECT_EQ(derived[0].m.to_vector<float>(), given[0].m.to_vector<float>()) << c.norm2;
+    EXPECT_EQ(derived[0].v.to_vector<float>(), given[0].v.to_vector<float>()) << c.norm2;
+  }
+  // Bad input: the norm as anything but one f64 element.
+  std::vector<AdamWTensors> ts = {{randn({3}, rng, 1.0, DType::f32),
+                                   randn({3}, rng, 1.0, DType::f32), Tensor::zeros({3}),
+                                   Tensor::zeros({3})}};
+  EXPECT_THROW(adamw_step_each(ts, cfg, 1, GradScale(Tensor::zeros({2}, DType::f64), 0, 0)),
+               std::invalid_argument);
+  EXPECT_THROW(adamw_step_each(ts, cfg, 1, GradScale(Tensor::zeros({1}, DType::f32), 0, 0)),
+               std::invalid_argument);
+}
+
+// Groups added in order: tensor sums into their groups, then the groups.
+TEST(SumSquares, GroupedAddsEachGroupThenTheGroups) {
+  const std::vector<Tensor> ts = {Tensor::from_vector(std::vector<float>{1, 2}, {2}),
+                                  Tensor::from_vector(std::vector<float>{3}, {1}),
+                                  Tensor::from_vector(std::vector<float>{0.5}, {1})};
+  const Tensor total = sum_squares_grouped(ts, {1, 0, 1}, 3);
+  EXPECT_EQ(total.dtype(), DType::f64);
+  EXPECT_EQ(total.to_vector<double>(), std::vector<double>{9.0 + (5.0 + 0.25)});
+  // The order is the groups': by tensors 1e16 + 1 + 1 rounds each one away (the spacing
+  // there is 2, ties to even), by groups the ones add first.
+  const std::vector<Tensor> big = {Tensor::from_vector(std::vector<double>{1e8}, {1}),
+                                   Tensor::from_vector(std::vector<double>{1}, {1}),
+                                   Tensor::from_vector(std::vector<double>{1}, {1})};
+  EXPECT_EQ(sum_squares_grouped(big, {0, 1, 1}, 2).to_vector<double>()[0], 1e16 + 2.0);
+  EXPECT_EQ(sum_squares_grouped({}, {}, 0).to_vector<double>(), std::vector<double>{0.0});
+  EXPECT_THROW(sum_squares_grouped(ts, {0, 1}, 2), std::invalid_argument);
+  EXPECT_THROW(sum_squares_grouped(ts, {0, 1, 2}, 2), std::invalid_argument);
 }
 
 struct SgdCase {
