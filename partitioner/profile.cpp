@@ -167,6 +167,11 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
   auto graph = std::make_shared<const Graph>(g);
   stages::StageOptions so;
   so.device = o.device;
+  // A 16-bit graph trains with f32 masters, as baton train runs it (the AdamW update and
+  // its working copies are part of the pass).
+  for (const stages::Param& p : g.params)
+    if (p.dtype == memory::DType::bf16 || p.dtype == memory::DType::f16)
+      so.master_dtype = memory::DType::f32;
   stages::Stage stage(graph, 0, graph->num_layers(), so);
   stage.init_params(1);  // as trained: no uninitialised memory (denormals, NaNs) in the ops
   stage.set_optimizer(stages::OptimizerConfig{});  // AdamW, as baton train's default
