@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "engine/detail/staged_inputs.h"
+#include "memory/cuda_device.h"
 #include "memory/input_staging.h"
 #include "memory/units.h"
 #include "partitioner/fusion.h"
@@ -169,13 +170,29 @@ TrainSummary run_training(const TrainOptions& o,
     }
     stage.finish_grads();
     // The norm's kernels queue right behind the backward and the update right behind them:
-    // it derives its clip and loss scale from the norm on the device. The host then waits
-    // once, for the norm and the losses (on a GPU it does not wait mid-step).
+    // it derives its clip and loss scale from the norm on the device. On a GPU the norm and
+    // the losses are copied to pinned memory ahead of the update and the host waits for
+    // those copies only, so the next step's kernels queue while the update runs.
     const Tensor norm2_on_device = stage.grad_sum_squares_tensor();
+    std::vector<Tensor> read = losses;  // then the norm; on the host after the wait
+    read.push_back(norm2_on_device);
+    std::optional<memory::cuda::Event> copied;
+    if (o.device.is_cuda()) {
+      const memory::cuda::StreamHandle stream = memory::cuda::current_stream(o.device.index);
+      for (Tensor& t : read) {
+        Tensor host = memory::cuda::pinned_empty(t.shape(), t.dtype());
+        memory::cuda::copy_async(host, t, stream);
+        t = host;
+      }
+      copied.emplace(o.device.index);
+      copied->record(stream);
+    }
     stage.step(kernels::GradScale(norm2_on_device, o.grad_clip, scaler ? scaler->scale() : 0.0));
-    const double norm2 = norm2_on_device.to(memory::Device::cpu()).to_vector<double>()[0];
+    if (copied) copied->synchronize();
+    const double norm2 = read.back().to_vector<double>()[0];
+    read.pop_back();
     double loss = 0;
-    for (const Tensor& l : losses) loss += l.to(memory::Device::cpu()).to_vector<double>()[0];
+    for (const Tensor& l : read) loss += l.to_vector<double>()[0];
     const UpdateDecision d = decide_update(norm2, o.grad_clip, scaler.get());
     if (!d.apply) {
       // The update changed nothing; its count is taken back.
