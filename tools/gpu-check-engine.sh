@@ -20,12 +20,14 @@
 #   launch-pp2-ucx             baton launch -n 2, PP=2 on one GPU over UCX (device tensors staged
 #                              through host buffers, transport/staged.h) against one GPU, after
 #                              staged-transport (test_transport_staged's CUDA half)
+#   launch-dp2-zero2-ucx       DP=2 with ZeRO-2 on one GPU over UCX against one GPU (f32, 1e-4)
+#   launch-dp2-ps-ucx          DP=2 with a parameter-server rank (staleness 0), the same
 #   nccl-pp2, nccl-tp2, nccl-dp2   the NCCL plans on 2 GPUs against one GPU (f32, 1e-4)
 
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-cudnn profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-cudnn profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx launch-dp2-zero2-ucx launch-dp2-ps-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
@@ -143,6 +145,26 @@ JSON
   step launch-pp2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/pp2-ucx.json" --data "$corpus" \
       --steps 20 --seed 3 --precision bf16 --loss-log "$e/pp2.jsonl" &&
     step launch-pp2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu-bf16.jsonl" "$e/pp2.jsonl" --tol 2e-2 --relative --steps 20
+
+  # Data-parallel replicas sharing the GPU, f32 against one GPU: ZeRO-2 (optimizer state
+  # and reduced gradients sharded, masters and state on the device) and a parameter server
+  # on a third rank (staleness 0: allreduce's numbers).
+  dp2_plan() {  # FILE EXTRA-FIELDS
+    cat >"$1" <<JSON
+{"version": 1, "model": "$PWD/$tiny", "devices": 2, "device": "cuda", "transport": "ucx",
+ "parallel": {"dp": 2, "pp": 1, "tp": 1}, "batch": {"micro_batch_size": 2, "global": 8},
+ "schedule": {"name": "1f1b", "micro_batches": 2}, "optimizer": "adamw", $2
+ "stages": [{"layers": ["embed", "h.0", "h.1", "head"], "pipeline_ranks": [0]}]}
+JSON
+  }
+  dp2_plan "$e/dp2-zero2.json" '"optimizer_sharding": "zero2",'
+  dp2_plan "$e/dp2-ps.json" '"dp_sync": {"mode": "parameter-server", "max_staleness": 0, "ps_ranks": 1},'
+  step launch-dp2-zero2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/dp2-zero2.json" \
+      --data "$corpus" --steps 20 --seed 3 --loss-log "$e/dp2-zero2.jsonl" &&
+    step launch-dp2-zero2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu.jsonl" "$e/dp2-zero2.jsonl" --tol 1e-4 --steps 20
+  step launch-dp2-ps-ucx 180 "$baton" launch -n 3 -- "$baton" train --plan "$e/dp2-ps.json" \
+      --data "$corpus" --steps 20 --seed 3 --loss-log "$e/dp2-ps.jsonl" &&
+    step launch-dp2-ps-vs-one-gpu 30 "$py" "$cmp" "$e/gpu.jsonl" "$e/dp2-ps.jsonl" --tol 1e-4 --steps 20
 
   # The NCCL plans on two GPUs against one GPU, f32.
   if [ "$gpu" -lt 2 ]; then
