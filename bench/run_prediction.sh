@@ -4,7 +4,8 @@
 # PP1 x DP2 and PP2 x TP2 x DP2 (1F1B, 4 micro-batches per replica), micro-batches of 2
 # sequences, a global batch of 16, one thread per rank, all ranks on this host
 # (`baton launch`). In one run per plan: the op costs `baton profile` measures, alone
-# and beside copies of itself (--colocated: as many ranks as the plans have), the
+# and beside copies of itself (--colocated: as many ranks as the plans have) and a TP=2
+# shard's ops (--tp 2), the
 # simulator's prediction from them (`baton trace predict`) and the measured step
 # (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
 # step per action kind.
@@ -51,7 +52,7 @@ devices() { grep -o '"devices": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-autodetect}"
 echo "# GPT config A, global batch 16 x 128 tokens, micro-batches of 2, 1F1B; $warmup warm-up + $steps timed steps"
 ks=$(for p in $plans; do devices "$p"; done | sort -nu | awk '$1 > 1' | xargs)
-"$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated $ks \
+"$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated $ks --tp 2 \
   -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
 grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /'
 

@@ -74,11 +74,26 @@ double dp_time_per_step(const DpSync& s, double bytes, int replicas, double band
 
 // ---- the cost file ----
 
+namespace {
+// A key of `obj` that counts something (ranks, a degree): an integer from 2 to 65536.
+int count_key(const stages::JsonReader& obj, const std::string& key, const char* what) {
+  size_t used = 0;
+  int n = 0;
+  try {
+    n = std::stoi(key, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != key.size() || n < 2 || n > 1 << 16)
+    obj.at(key).fail(std::string(what) + " as a key: an integer from 2 to 65536");
+  return n;
+}
+}  // namespace
+
 MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
-  r.expect_only(
-      {"version", "kind", "model", "batch", "threads", "machine", "colocated", "in_step", "ops"});
+  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "in_step",
+                 "ops", "tp_ops"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -88,43 +103,45 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   if (auto m = r.get("machine")) m->expect_object();
   if (auto k = r.get("colocated")) {
     k->expect_object();
-    for (const std::string& ranks : k->keys()) {
-      size_t used = 0;
-      int n = 0;
-      try {
-        n = std::stoi(ranks, &used);
-      } catch (const std::exception&) {
-      }
-      if (used != ranks.size() || n < 2 || n > 1 << 16)
-        k->at(ranks).fail("ranks per host as a key: an integer from 2 to 65536");
-      c.colocated[n] = k->at(ranks).as_double(0.01, 1e6);
-    }
+    for (const std::string& ranks : k->keys())
+      c.colocated[count_key(*k, ranks, "ranks per host")] = k->at(ranks).as_double(0.01, 1e6);
   }
   c.in_step = r.get_double("in_step", 1, 0.01, 100);
-  stages::JsonReader ops = r.at("ops");
-  ops.expect_object();
-  for (const std::string& name : ops.keys()) {
-    stages::JsonReader o = ops.at(name);
-    o.expect_only({"op", "forward", "backward_input", "backward_weight", "flops"});
-    MeasuredCosts::Op op;
-    op.op = o.at("op").as_string();
-    op.forward = o.at("forward").as_double(0, 1e9);
-    op.backward_input = o.at("backward_input").as_double(0, 1e9);
-    op.backward_weight = o.at("backward_weight").as_double(0, 1e9);
-    op.flops = o.get_double("flops", 0, 0, 1e30);
-    c.ops[name] = op;
+  auto read_ops = [](const stages::JsonReader& ops, std::map<std::string, MeasuredCosts::Op>& out) {
+    ops.expect_object();
+    for (const std::string& name : ops.keys()) {
+      stages::JsonReader o = ops.at(name);
+      o.expect_only({"op", "forward", "backward_input", "backward_weight", "flops"});
+      MeasuredCosts::Op op;
+      op.op = o.at("op").as_string();
+      op.forward = o.at("forward").as_double(0, 1e9);
+      op.backward_input = o.at("backward_input").as_double(0, 1e9);
+      op.backward_weight = o.at("backward_weight").as_double(0, 1e9);
+      op.flops = o.get_double("flops", 0, 0, 1e30);
+      out[name] = op;
+    }
+  };
+  read_ops(r.at("ops"), c.ops);
+  if (auto k = r.get("tp_ops")) {
+    k->expect_object();
+    for (const std::string& degree : k->keys())
+      read_ops(k->at(degree), c.tp_ops[count_key(*k, degree, "a tensor-parallel degree")]);
   }
   return c;
 }
 
 void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
-  nlohmann::json ops = nlohmann::json::object();
-  for (const auto& [name, o] : c.ops)
-    ops[name] = {{"op", o.op},
-                 {"forward", o.forward},
-                 {"backward_input", o.backward_input},
-                 {"backward_weight", o.backward_weight},
-                 {"flops", o.flops}};
+  auto ops_json = [](const std::map<std::string, MeasuredCosts::Op>& m) {
+    nlohmann::json ops = nlohmann::json::object();
+    for (const auto& [name, o] : m)
+      ops[name] = {{"op", o.op},
+                   {"forward", o.forward},
+                   {"backward_input", o.backward_input},
+                   {"backward_weight", o.backward_weight},
+                   {"flops", o.flops}};
+    return ops;
+  };
+  const nlohmann::json ops = ops_json(c.ops);
   nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"in_step", c.in_step},
                       {"ops", ops}};
@@ -132,6 +149,11 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
     j["colocated"] = k;
+  }
+  if (!c.tp_ops.empty()) {
+    nlohmann::json k = nlohmann::json::object();
+    for (const auto& [degree, ops_of] : c.tp_ops) k[std::to_string(degree)] = ops_json(ops_of);
+    j["tp_ops"] = k;
   }
   memory::write_file_durably(path, j.dump(1) + "\n");
 }
@@ -324,8 +346,15 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
     double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
     const MeasuredCosts::Op* m = nullptr;
     if (measured_ != nullptr) {
-      auto mi = measured_->ops.find(node.name);
-      if (mi != measured_->ops.end() && mi->second.op == node.op) m = &mi->second;
+      // The shard's own measurement where the profile has one for this degree, else the
+      // whole op's.
+      auto find = [&](const std::map<std::string, MeasuredCosts::Op>& ops) {
+        auto mi = ops.find(node.name);
+        if (mi != ops.end() && mi->second.op == node.op) m = &mi->second;
+      };
+      if (auto d = measured_->tp_ops.find(t); t > 1 && d != measured_->tp_ops.end())
+        find(d->second);
+      if (m == nullptr) find(measured_->ops);
     }
     if (m != nullptr) {
       // The measured op at the profile's batch, scaled to this batch and, for a split op,

@@ -113,6 +113,10 @@ struct MeasuredCosts {
   // The ops' time within whole training passes over the sum of their times one by one:
   // every measured op's time is multiplied by it.
   double in_step = 1;
+  // By tensor-parallel degree t: the ops of one rank's shard (split at t), by node name,
+  // those that do not communicate (`baton profile --tp t`). A split op found here is
+  // taken as measured at its own shape instead of the whole op's time by its FLOP share.
+  std::map<int, std::map<std::string, Op>> tp_ops;
 };
 MeasuredCosts read_measured_costs(const std::string& path);
 void write_measured_costs(const MeasuredCosts& c, const std::string& path);

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <random>
 
 #include "kernels/ops.h"
 #include "memory/cuda_device.h"
 #include "memory/error.h"
+#include "partitioner/tensor_parallel.h"
 #include "stages/stage.h"
 
 namespace baton::partitioner {
@@ -218,21 +220,17 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
   return {keep(times), keep(computes), keep(forwards)};
 }
 
-MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
-  if (o.batch < 1)
-    throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
-  if (o.repeats < 1)
-    throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
-  auto start = Clock::now();
-  int previous_threads = kernels::num_threads();
-  if (o.threads > 0) kernels::set_num_threads(o.threads);
-  MeasuredCosts out;
-  out.model = g.name;
-  out.batch = o.batch;
-  out.threads = kernels::num_threads();
+namespace {
+
+// Every node's F, B and W (those `skip` leaves) at o.batch, by node name; nodes of one
+// signature timed once. Returns how many were timed.
+int profile_ops(const Graph& g, const ProfileOptions& o,
+                const std::function<bool(const Node&)>& skip,
+                std::map<std::string, MeasuredCosts::Op>& out) {
   std::map<std::string, MeasuredCosts::Op> done;
   int timed = 0;
   for (const Node& n : g.nodes) {
+    if (skip && skip(n)) continue;
     std::string sig = signature(g, n);
     auto it = done.find(sig);
     if (it == done.end()) {
@@ -252,8 +250,30 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
       it = done.emplace(sig, m).first;
       ++timed;
     }
-    out.ops[n.name] = it->second;
+    out[n.name] = it->second;
   }
+  return timed;
+}
+
+void check_options(const ProfileOptions& o) {
+  if (o.batch < 1)
+    throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
+  if (o.repeats < 1)
+    throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
+}
+
+}  // namespace
+
+MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
+  check_options(o);
+  auto start = Clock::now();
+  int previous_threads = kernels::num_threads();
+  if (o.threads > 0) kernels::set_num_threads(o.threads);
+  MeasuredCosts out;
+  out.model = g.name;
+  out.batch = o.batch;
+  out.threads = kernels::num_threads();
+  const int timed = profile_ops(g, o, nullptr, out.ops);
   kernels::set_num_threads(previous_threads);
   if (o.in_step) {
     // One by one on fresh inputs each op finds its data in the cache, and the stage's own
@@ -276,6 +296,27 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     summary->seconds = seconds_since(start);
   }
   return out;
+}
+
+void profile_tensor_parallel(const Graph& g, const ProfileOptions& o, int t, MeasuredCosts& costs) {
+  check_options(o);
+  if (t < 2)
+    throw InputError("--tp: expected a tensor-parallel degree of at least 2, found " +
+                     std::to_string(t));
+  const std::vector<int> degrees(size_t(g.num_layers()), t);
+  const Sharding s = plan_sharding(g, degrees, {}, "--tp " + std::to_string(t));
+  const std::shared_ptr<Graph> shard = build_physical(g, s, std::vector<int>(degrees.size(), 0));
+  int previous_threads = kernels::num_threads();
+  if (o.threads > 0) kernels::set_num_threads(o.threads);
+  // An op that communicates needs its group: it is not timed here.
+  profile_ops(
+      *shard, o,
+      [](const Node& n) {
+        const stages::OpCost c = n.impl->cost(1);
+        return c.forward_comm_bytes > 0 || c.backward_comm_bytes > 0;
+      },
+      costs.tp_ops[t]);
+  kernels::set_num_threads(previous_threads);
 }
 
 }  // namespace baton::partitioner

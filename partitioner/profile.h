@@ -40,6 +40,14 @@ struct ProfileSummary {
 MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& options,
                             ProfileSummary* summary = nullptr);
 
+// The ops of one tensor-parallel rank's shard at degree t (every layer split as a plan
+// with "tp": t splits it), into costs.tp_ops[t]: split GEMMs run below the whole op's
+// rate by its FLOP share. Ops that communicate (the collectives, the vocabulary-parallel
+// cross-entropy) are left out: the cost model keeps them analytic or from the whole op.
+// Throws InputError when t does not divide what it must split.
+void profile_tensor_parallel(const stages::Graph& g, const ProfileOptions& options, int t,
+                             MeasuredCosts& costs);
+
 // Whole passes over the model as one rank runs them: `micro_batches` micro-batches of
 // options.batch samples, each through its forward, backward and weight gradients, the
 // activations stashed between, then an AdamW step. The ops see the caches and the memory

@@ -108,7 +108,11 @@ int run_profile(const std::vector<std::string>& args) {
       "colocated", po::value<std::vector<int>>()->multitoken(),
       "K [K ...]: also time the ops beside K - 1 copies of this profile (K ranks on one host, "
       "bound to cores as baton launch binds them) and record the slowdown")(
-      "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
+      "tp", po::value<std::vector<int>>()->multitoken(),
+      "T [T ...]: also time one rank's shard of every op at tensor-parallel degree T (the "
+      "split GEMMs' own rate, where the planner would otherwise take the whole op's by its "
+      "FLOP share)")("hold", po::bool_switch(),
+                     "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
@@ -135,8 +139,18 @@ int run_profile(const std::vector<std::string>& args) {
     if (k < 2 || k > 256)
       throw InputError("--colocated: expected ranks per host from 2 to 256, found " +
                        std::to_string(k));
+  const std::vector<int> tp = vm.count("tp") ? vm["tp"].as<std::vector<int>>() : std::vector<int>{};
+  for (int t : tp)
+    if (t < 2 || t > 65536)
+      throw InputError("--tp: expected tensor-parallel degrees from 2 to 65536, found " +
+                       std::to_string(t));
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
+  for (int t : tp) {
+    pt::profile_tensor_parallel(g, o, t, costs);
+    std::printf("tensor-parallel degree %d: %zu ops of a rank's shard timed\n", t,
+                costs.tp_ops[t].size());
+  }
   std::printf("in whole training passes the ops take %.3fx their time one by one\n", costs.in_step);
   if (!colocated.empty()) {
     const std::vector<std::string> hold = {"--model",     model_path,

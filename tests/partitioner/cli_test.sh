@@ -94,6 +94,18 @@ expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp
 contains "predicted step time"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --colocated 1 --out "$tmp/c.json"
 contains "--colocated: expected ranks per host from 2 to 256, found 1"
+# A tensor-parallel rank's shard timed too: the file has it, and predictions read it.
+expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 0 \
+  --tp 2 --out "$tmp/costs-tp.json"
+contains "tensor-parallel degree 2:"
+grep -q '"tp_ops": {' "$tmp/costs-tp.json" || { echo "FAIL: no tp_ops field"; fails=$((fails + 1)); }
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs-tp.json"
+contains "predicted step time"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 1 --out "$tmp/c.json"
+contains "--tp: expected tensor-parallel degrees from 2 to 65536, found 1"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 3 --out "$tmp/c.json"
+contains "--tp 3"
+test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
 expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --ranks-per-host -1
 contains "--ranks-per-host: expected 0"
 

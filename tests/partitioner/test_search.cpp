@@ -448,6 +448,59 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
   }
 }
 
+// A tensor-parallel rank's shard: its split ops timed at their own shapes (a split linear
+// does half the FLOPs at degree 2), none that communicates, and a table at that degree
+// takes its ops' times from them.
+TEST(Profile, TensorParallelShardsAreTimedAtTheirOwnShapes) {
+  auto g = load_search_model("tiny-gpt.json");
+  ProfileOptions po;
+  po.batch = 2;
+  po.repeats = 1;
+  po.warmup = 0;
+  po.in_step = false;
+  MeasuredCosts m = profile_model(*g, po);
+  profile_tensor_parallel(*g, po, 2, m);
+  ASSERT_EQ(m.tp_ops.count(2), 1U);
+  const auto& shard = m.tp_ops.at(2);
+  ASSERT_TRUE(shard.count("h.0.mlp.c_fc"));
+  EXPECT_DOUBLE_EQ(shard.at("h.0.mlp.c_fc").flops, m.ops.at("h.0.mlp.c_fc").flops / 2);
+  for (const auto& [name, op] : shard)
+    EXPECT_TRUE(op.op != "tp_reduce" && op.op != "tp_copy" && op.op != "tp_gather" &&
+                op.op != "vocab_parallel_cross_entropy")
+        << name << " communicates";
+  // Known times for the shard's ops: the degree-2 table moves by exactly their count in
+  // layer h.0 when they change, and the degree-1 table not at all.
+  auto with_forward = [&](double f) {
+    MeasuredCosts c = m;
+    for (auto& [name, op] : c.tp_ops.at(2)) op.forward = f;
+    return c;
+  };
+  const MeasuredCosts a = with_forward(1e-3), b = with_forward(2e-3);
+  CostModel ma(g, Machine{}, &a), mb(g, Machine{}, &b);
+  const int h0 = g->find_layer("h.0");
+  int in_h0 = 0;
+  for (const auto& [name, op] : shard) in_h0 += name.rfind("h.0.", 0) == 0 ? 1 : 0;
+  ASSERT_GT(in_h0, 0);
+  EXPECT_NEAR(mb.table(2, 2).layers[size_t(h0)].f - ma.table(2, 2).layers[size_t(h0)].f,
+              1e-3 * in_h0, 1e-12);
+  EXPECT_EQ(mb.table(1, 2).layers[size_t(h0)].f, ma.table(1, 2).layers[size_t(h0)].f);
+  // Through the file, and bad keys refused.
+  const std::string path = testing::TempDir() + "tp_costs.json";
+  write_measured_costs(a, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  ASSERT_EQ(back.tp_ops.count(2), 1U);
+  EXPECT_EQ(back.tp_ops.at(2).size(), shard.size());
+  EXPECT_EQ(back.tp_ops.at(2).at("h.0.mlp.c_fc").forward, 1e-3);
+  for (const char* bad : {R"({"1": {}})", R"({"two": {}})", R"({"2": {"x": {"op": "linear"}}})"}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["tp_ops"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
+  // A degree that does not divide the heads.
+  EXPECT_THROW(profile_tensor_parallel(*g, po, 3, m), InputError);
+}
+
 // Whole passes (what --colocated compares alone and beside copies): they run a model's
 // training step end to end, on any model a profile takes, and refuse an empty pass.
 TEST(Profile, PassesRunWholeTrainingSteps) {
