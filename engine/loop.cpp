@@ -139,7 +139,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
 
 LossLog::LossLog(const std::string& path, int64_t start) {
   if (path.empty()) return;
-  std::vector<std::string> keep;
+  std::string keep;
   if (start > 0) {
     std::ifstream old(path);
     std::string line;
@@ -147,12 +147,19 @@ LossLog::LossLog(const std::string& path, int64_t start) {
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_discarded() && j.is_object() && j.contains("step") &&
           j["step"].is_number_integer() && j["step"].get<int64_t>() <= start)
-        keep.push_back(line);
+        keep += line + "\n";
     }
   }
-  out_.open(path, std::ios::trunc);
+  // The steps up to the checkpoint replace the log in one rename, then the run appends: a
+  // run killed right after resuming (before its first step) keeps them. Truncating and
+  // rewriting in place lost them (a restart test's third kill found the log empty).
+  try {
+    memory::write_file_durably(path, keep);
+  } catch (const InputError&) {
+    throw InputError(path + ": cannot open for writing (--loss-log)");
+  }
+  out_.open(path, std::ios::app);
   if (!out_) throw InputError(path + ": cannot open for writing (--loss-log)");
-  for (const std::string& line : keep) out_ << line << "\n";
 }
 
 void LossLog::write(const StepRecord& r) {

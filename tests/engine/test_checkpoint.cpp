@@ -4,10 +4,13 @@
 // DP, schedule; or one process) with the one-process loss curve (within 1e-5).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
+#include "engine/loop.h"
 #include "engine_harness.h"
+#include "memory/file_io.h"
 #include "stages/checkpoint.h"
 
 namespace baton::engine_testing {
@@ -43,6 +46,36 @@ std::vector<engine::StepRecord> checkpoint_train(const PlanSpec& p, Workspace& w
   o.checkpoint_every = 5;
   o.resume = resume;
   return run_threads(resolve(p, ws), o);
+}
+
+// A resumed run's loss log keeps the steps up to its checkpoint on disk from the moment
+// it opens the log, and drops those a crashed run wrote after it: a run killed before its
+// first step loses nothing (the log was truncated and rewritten through a buffer, and a
+// kill right after resuming left it empty).
+TEST(Checkpoint, ResumedLossLogKeepsItsStepsBeforeTheFirstNewOne) {
+  Workspace ws("loss-log");
+  const std::string path = ws.path("loss.jsonl");
+  std::string lines;
+  for (int s = 1; s <= 7; ++s) lines += "{\"step\": " + std::to_string(s) + ", \"loss\": 1.5}\n";
+  memory::write_file_durably(path, lines);
+  {
+    engine::LossLog log(path, 5);  // resumed from the checkpoint of step 5
+    const std::string on_disk = memory::read_file(path);
+    EXPECT_EQ(on_disk, lines.substr(0, lines.find("{\"step\": 6")));
+    engine::StepRecord r;
+    r.step = 6;
+    r.loss = 2.5;
+    log.write(r);
+  }
+  const std::string after = memory::read_file(path);
+  const std::string kept = lines.substr(0, lines.find("{\"step\": 6"));
+  EXPECT_EQ(after.substr(0, kept.size()), kept) << after;
+  const std::string next = "{\"step\": 6, \"loss\": 2.5,";
+  EXPECT_EQ(after.compare(kept.size(), next.size(), next), 0) << after;
+  EXPECT_EQ(std::count(after.begin(), after.end(), '\n'), 6) << after;
+  // A fresh run (start 0) starts the log over.
+  { engine::LossLog fresh(path, 0); }
+  EXPECT_EQ(memory::read_file(path), "");
 }
 
 TEST(Checkpoint, SamePlanResumesBitForBit) {
