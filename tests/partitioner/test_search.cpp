@@ -381,13 +381,20 @@ TEST(Search, CutBalancesEmbeddingAndHeadByTheirCost) {
   EXPECT_GT(first_blocks, last_blocks) << "stage 0 holds [0, " << p.stages[0].last_layer << ")";
 }
 
-TEST(Profile, MeasuredTimesReplaceFlops) {
-  auto g = load_search_model("tiny-gpt.json");
+// The quickest profile: one timed run per op, no warm-up, at micro-batches of `batch`;
+// the whole-pass calibration only when asked.
+ProfileOptions quick_profile(int64_t batch, bool in_step) {
   ProfileOptions po;
-  po.batch = 2;
+  po.batch = batch;
   po.repeats = 1;
   po.warmup = 0;
-  po.in_step = false;
+  po.in_step = in_step;
+  return po;
+}
+
+TEST(Profile, MeasuredTimesReplaceFlops) {
+  auto g = load_search_model("tiny-gpt.json");
+  const ProfileOptions po = quick_profile(2, false);
   ProfileSummary sum;
   MeasuredCosts m = profile_model(*g, po, &sum);
   EXPECT_EQ(m.in_step, 1.0);
@@ -417,11 +424,7 @@ TEST(Profile, MeasuredTimesReplaceFlops) {
 // the cost file, and every measured op's time is multiplied by it.
 TEST(Profile, InStepFactorScalesTheMeasuredOps) {
   auto g = load_search_model("tiny-gpt.json");
-  ProfileOptions po;
-  po.batch = 2;
-  po.repeats = 1;
-  po.warmup = 0;
-  MeasuredCosts m = profile_model(*g, po);
+  MeasuredCosts m = profile_model(*g, quick_profile(2, true));
   EXPECT_TRUE(std::isfinite(m.in_step));
   EXPECT_GT(m.in_step, 0.0);
   m.in_step = 1.25;
@@ -453,11 +456,7 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
 // takes its ops' times from them.
 TEST(Profile, TensorParallelShardsAreTimedAtTheirOwnShapes) {
   auto g = load_search_model("tiny-gpt.json");
-  ProfileOptions po;
-  po.batch = 2;
-  po.repeats = 1;
-  po.warmup = 0;
-  po.in_step = false;
+  const ProfileOptions po = quick_profile(2, false);
   MeasuredCosts m = profile_model(*g, po);
   profile_tensor_parallel(*g, po, 2, m);
   ASSERT_EQ(m.tp_ops.count(2), 1U);
@@ -531,11 +530,7 @@ TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
   auto g = load_plan_model(plan);
   ResolvedPlan r = resolve_plan(plan, g);
   ASSERT_EQ(r.world(), 8);
-  ProfileOptions po;
-  po.repeats = 1;
-  po.warmup = 0;
-  po.in_step = false;
-  MeasuredCosts m = profile_model(*g, po);
+  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
   m.colocated = {{2, 1.5}, {4, 2.5}};
   const std::string path = testing::TempDir() + "colocated_costs.json";
   write_measured_costs(m, path);
