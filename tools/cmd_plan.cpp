@@ -13,6 +13,7 @@
 #include "partitioner/search.h"
 #include "stages/model.h"
 #include "tools/command.h"
+#include "tools/machine_options.h"
 
 namespace baton::tools {
 namespace {
@@ -70,20 +71,11 @@ int run_plan(const std::vector<std::string>& args) {
       "'{\"mode\": \"parameter-server\", \"max_staleness\": 1}'")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
-      "flops", po::value(&machine.flops)->default_value(machine.flops),
-      "FLOP/s of one device (analytic times)")(
-      "tp-bandwidth", po::value(&machine.tp_bandwidth)->default_value(machine.tp_bandwidth),
-      "bytes/s per rank in a tensor-parallel group")(
-      "p2p-bandwidth", po::value(&machine.p2p_bandwidth)->default_value(machine.p2p_bandwidth),
-      "bytes/s between pipeline ranks")(
-      "dp-bandwidth", po::value(&machine.dp_bandwidth)->default_value(machine.dp_bandwidth),
-      "bytes/s per rank of the data-parallel all-reduce")(
-      "ranks-per-host", po::value(&machine.ranks_per_host)->default_value(0),
-      "ranks sharing a host, for the profile's colocated slowdown (0: all of a plan's)")(
       "top", po::value(&so.keep)->default_value(5),
       "how many plans to list (the best and its runners-up)")(
       "out,o", po::value(&out), "write the best plan here (JSON, docs/formats/plan.md)")(
       "check", po::value(&check_path), "validate this plan file and print its estimate per rank");
+  add_machine_options(opts, machine);
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args,
@@ -93,9 +85,7 @@ int run_plan(const std::vector<std::string>& args) {
     return 0;
   apply_common_options(vm);
 
-  if (machine.ranks_per_host < 0)
-    throw InputError("--ranks-per-host: expected 0 (all of the plan's ranks) or more, found " +
-                     std::to_string(machine.ranks_per_host));
+  check_machine_options(machine);
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   const pt::MeasuredCosts* mp = costs.empty() ? nullptr : &measured;

@@ -13,6 +13,7 @@
 #include "schedule/timeline.h"
 #include "schedule/trace_compare.h"
 #include "tools/command.h"
+#include "tools/machine_options.h"
 
 namespace baton::tools {
 namespace {
@@ -26,13 +27,10 @@ int predict(const std::vector<std::string>& args) {
   opts.add_options()("plan", po::value(&plan_path)->required(), "the plan")(
       "costs", po::value(&costs),
       "measured op times from baton profile (default: FLOPs at --flops)")(
-      "flops", po::value(&machine.flops)->default_value(machine.flops),
-      "FLOP/s of one device (analytic times)")(
-      "ranks-per-host", po::value(&machine.ranks_per_host)->default_value(0),
-      "ranks sharing a host, for the profile's colocated slowdown (0: all of the plan's)")(
       "schedule", po::value(&schedule_file), "a schedule file instead of the plan's generator")(
       "out,o", po::value(&out), "write the timeline here (Chrome trace JSON)")(
       "svg", po::value(&svg), "draw it here (SVG)");
+  add_machine_options(opts, machine);
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args,
@@ -40,9 +38,7 @@ int predict(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
-  if (machine.ranks_per_host < 0)
-    throw InputError("--ranks-per-host: expected 0 (all of the plan's ranks) or more, found " +
-                     std::to_string(machine.ranks_per_host));
+  check_machine_options(machine);
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);

@@ -106,6 +106,17 @@ contains "--tp: expected tensor-parallel degrees from 2 to 65536, found 1"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 3 --out "$tmp/c.json"
 contains "--tp 3"
 test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
+# The machine's link figures, the same flags as baton plan's: a slower TP link, a slower step.
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json"
+fast=$(grep -o 'step time [0-9.]*' "$tmp/out" | awk '{print $3}')
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --tp-latency 1e-3
+slow=$(grep -o 'step time [0-9.]*' "$tmp/out" | awk '{print $3}')
+awk -v a="$fast" -v b="$slow" 'BEGIN { exit !(b > a) }' ||
+  { echo "FAIL: --tp-latency 1e-3 predicted $slow ms, not above $fast"; fails=$((fails + 1)); }
+expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --p2p-bandwidth 0
+contains "--p2p-bandwidth: expected a positive rate, found 0"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp-latency -1
+contains "--dp-latency: expected seconds (0 or more)"
 expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --ranks-per-host -1
 contains "--ranks-per-host: expected 0"
 
