@@ -3,13 +3,13 @@
 // SwiGLU with intermediate 8/3 d rounded up to 32, grouped-query attention with half the
 // heads for keys and values, untied head) on one process, at 1 and 2 threads: ms per step (median,
 // min, max after warm-up), tokens/s, achieved GFLOP/s and its fraction of the sgemm rate measured
-// in the same run at the same thread count (cblas_sgemm 1024^3). FLOPs per step are counted as 6 N
+// in the same run at the same thread count (baton's f32 GEMM at 1024^3: oneDNN or OpenBLAS,
+// whichever it runs; BATON_SGEMM chooses). FLOPs per step are counted as 6 N
 // T + 12 L ctx d T (N: matmul weights incl. the LM head, T: tokens), the convention of
 // docs/benchmarks.md. --profile prints where the time goes, per op type.
 //
 //   bench_gpt_step [--config A|B|all] [--family gpt|llama] [--threads 1,2] [--steps 10]
 //                  [--warmup 2] [--profile]
-#include <cblas.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -64,14 +64,16 @@ Stats stats(std::vector<double> v) {
   return {v[v.size() / 2], v.front(), v.back()};
 }
 
+// baton's own f32 GEMM (the library it chose) at 1024^3.
 double sgemm_rate(int reps) {
   const int n = 1024;
-  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  const Tensor a = Tensor::full({n, n}, 0.5, DType::f32),
+               b = Tensor::full({n, n}, 0.25, DType::f32);
+  Tensor c = Tensor::zeros({n, n}, DType::f32);
   std::vector<double> ts;
   for (int i = 0; i < reps + 2; ++i) {
     auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                0.0f, c.data(), n);
+    baton::kernels::matmul(a, false, b, false, c);
     double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (i >= 2) ts.push_back(s);
   }
@@ -109,8 +111,10 @@ int main(int argc, char** argv) {
   const char* core = std::getenv("OPENBLAS_CORETYPE");
   std::printf("# bench_gpt_step: %s, forward + backward + AdamW, f32, one process\n",
               family.c_str());
-  std::printf("# OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n",
-              core ? core : "(autodetect)", steps, warmup);
+  std::printf(
+      "# f32 GEMMs on %s, OPENBLAS_CORETYPE=%s, %d timed steps after %d warm-up\n",
+      baton::kernels::cpu_sgemm() == baton::kernels::CpuSgemm::kOneDnn ? "oneDNN" : "OpenBLAS",
+      core ? core : "(autodetect)", steps, warmup);
   std::printf("%-6s %7s %10s %10s %10s %10s %9s %9s %8s\n", "config", "threads", "ms/step", "min",
               "max", "tok/s", "GFLOP/s", "sgemm", "of sgemm");
   for (const Config& c : configs) {

@@ -1,6 +1,7 @@
 // bench_kernels: the CPU kernels at the shapes of the GPT configs A and B, each against
 // its ceiling measured in the same run: GEMM-shaped work (matmul, linear, attention) in
-// GFLOP/s against plain cblas_sgemm at the same sizes, memory-bound work in GB/s (bytes
+// GFLOP/s against baton's f32 GEMM (oneDNN or OpenBLAS, whichever it runs; BATON_SGEMM
+// chooses) at the same sizes, memory-bound work in GB/s (bytes
 // read + bytes written) against a memcpy moving as many bytes (counted the same way) on
 // the same threads. Prints a table and the settings it ran under.
 //
@@ -99,7 +100,7 @@ class Bench {
  public:
   Bench(double min_time, std::string filter) : min_time_(min_time), filter_(std::move(filter)) {}
 
-  // Plain cblas_sgemm NN at m x n x k on the current threads, GFLOP/s (cached).
+  // baton's f32 GEMM, NN at m x n x k on the current threads, GFLOP/s (cached).
   double sgemm_rate(int64_t m, int64_t n, int64_t kk, int64_t repeat = 1) {
     const auto key = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(kk) + "x" +
                      std::to_string(repeat) + "@" + std::to_string(k::num_threads());
@@ -109,10 +110,7 @@ class Bench {
     omp_set_num_threads(k::num_threads());
     const Timing t = time_it(
         [&] {
-          for (int64_t r = 0; r < repeat; ++r)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(kk), 1.f,
-                        a.data<float>(), int(kk), b.data<float>(), int(n), 0.f, c.data<float>(),
-                        int(n));
+          for (int64_t r = 0; r < repeat; ++r) k::matmul(a, false, b, false, c);
         },
         min_time_);
     return sgemm_cache_[key] = 2.0 * double(m * n * kk * repeat) / t.median / 1e9;
@@ -457,9 +455,10 @@ int main(int argc, char** argv) {
               l2 ? l2 : "(unset)", omp_get_num_procs(),
               vm.count("cpu-time") ? "process CPU time" : "wall time");
   std::printf(
-      "rates: GEMM-shaped work in GFLOP/s against plain cblas_sgemm at the same sizes;\n"
+      "rates: GEMM-shaped work in GFLOP/s against baton's f32 GEMM (%s) at the same sizes;\n"
       "memory-bound work in GB/s (read + written) against memcpy moving as many bytes,\n"
-      "both measured in this run on the same threads.\n\n");
+      "both measured in this run on the same threads.\n\n",
+      k::cpu_sgemm() == k::CpuSgemm::kOneDnn ? "oneDNN" : "OpenBLAS");
   if (vm.count("mix")) {
     bench_mix(min_time, threads);
     return 0;

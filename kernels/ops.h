@@ -42,6 +42,14 @@ int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
 // no OPENBLAS_CORETYPE, it re-executes the program with the right core type (SkylakeX on
 // AVX-512, Haswell on AVX2). Otherwise it returns and changes nothing.
 void select_blas_kernels(char** argv);
+// The library behind the CPU's f32 GEMMs (f64 always runs on OpenBLAS). oneDNN's sgemm is
+// the default in builds that have oneDNN: measured faster at the models' shapes
+// (docs/kernels.md, "Which BLAS"). BATON_SGEMM=openblas|onednn in the environment
+// chooses at the first call (anything else is an InputError naming it); set_cpu_sgemm
+// changes it for the whole process, and throws InputError for oneDNN in a build without it.
+enum class CpuSgemm { kOpenBlas, kOneDnn };
+CpuSgemm cpu_sgemm();
+void set_cpu_sgemm(CpuSgemm library);
 
 // True when this build has the CUDA kernels (CUDA tensors can be computed on).
 bool built_with_cuda();

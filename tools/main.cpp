@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     if (c.name != name) continue;
     std::vector<std::string> args(argv + 2, argv + argc);
     try {
+      baton::kernels::cpu_sgemm();  // a bad BATON_SGEMM is exit 2 before any work
       return c.run(args);
     } catch (const baton::InputError& e) {
       baton::transport::report_failure(e);

@@ -1,13 +1,67 @@
-// GEMM through OpenBLAS (cblas_sgemm / cblas_dgemm with transpose flags, never a copy to
-// transpose), batched matmul, and linear layers forward and backward.
+// GEMM through oneDNN's sgemm or OpenBLAS (transpose flags, never a copy to transpose),
+// batched matmul, and linear layers forward and backward.
 #include <cblas.h>
+#ifdef BATON_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "memory/error.h"
 
 namespace baton::kernels::cpu {
+
+namespace {
+
+constexpr int kOpenBlas = 0, kOneDnn = 1;
+constexpr int kUnset = -1;
+#ifdef BATON_HAVE_DNNL
+constexpr bool kHaveOneDnn = true;
+#else
+constexpr bool kHaveOneDnn = false;
+#endif
+
+std::atomic<int> g_sgemm{kUnset};
+
+void need_onednn(const std::string& what) {
+  if (!kHaveOneDnn) throw InputError(what + ": this build of baton has no oneDNN; use openblas");
+}
+
+int sgemm_from_environment() {
+  const char* env = std::getenv("BATON_SGEMM");
+  if (env == nullptr || *env == '\0') return kHaveOneDnn ? kOneDnn : kOpenBlas;
+  const std::string_view v = env;
+  if (v == "openblas") return kOpenBlas;
+  if (v == "onednn") {
+    need_onednn("BATON_SGEMM=onednn");
+    return kOneDnn;
+  }
+  throw InputError("BATON_SGEMM: expected \"openblas\" or \"onednn\", found \"" + std::string(v) +
+                   "\"");
+}
+
+}  // namespace
+
+int sgemm_library() {
+  int library = g_sgemm.load(std::memory_order_relaxed);
+  if (library != kUnset) return library;
+  library = sgemm_from_environment();
+  int expected = kUnset;
+  g_sgemm.compare_exchange_strong(expected, library);
+  return g_sgemm.load();
+}
+
+void set_sgemm_library(int library) {
+  BATON_CHECK(library == kOpenBlas || library == kOneDnn, "unknown sgemm library");
+  if (library == kOneDnn) need_onednn("set_cpu_sgemm(oneDNN)");
+  g_sgemm.store(library);
+}
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
@@ -21,10 +75,19 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   sync_blas_threads();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
+#ifdef BATON_HAVE_DNNL
+    if (sgemm_library() == kOneDnn) {
+      // Reads omp_get_max_threads() like OpenBLAS, and runs on one thread when nested.
+      const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
+                                              alpha, a, lda, b, ldb, beta, c, ldc);
+      BATON_CHECK(status == dnnl_success, "dnnl_sgemm returned " + std::to_string(int(status)));
+      return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
                 b, blasint(ldb), beta, c, blasint(ldc));
-  else
+  } else
     cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
                 b, blasint(ldb), beta, c, blasint(ldc));
 }
@@ -43,7 +106,7 @@ void matmul(const T* a, bool trans_a, const T* b, bool trans_b, T* c, int64_t ba
     gemm(trans_a, trans_b, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc, n);
   };
   // Small products: one single-threaded GEMM per thread beats splitting each product
-  // (OpenBLAS runs single-threaded inside a parallel region).
+  // (either library runs single-threaded inside a parallel region).
   const int threads = thread_count();
   if (threads > 1 && batch >= threads && 2.0 * double(m) * double(n) * double(k) <= 16e6)
     parallel_tasks(batch, one);
@@ -54,7 +117,7 @@ void matmul(const T* a, bool trans_a, const T* b, bool trans_b, T* c, int64_t ba
 template <class T>
 void linear_forward(const T* x, const T* w, const T* bias, bool in_out, T* y, int64_t rows,
                     int64_t in, int64_t out) {
-  // With a bias, y starts as the bias and the GEMM adds into it (beta = 1): OpenBLAS
+  // With a bias, y starts as the bias and the GEMM adds into it (beta = 1): a BLAS
   // would otherwise make a pass to zero y first, then we would make one to add the bias.
   if (bias != nullptr)
     parallel_for(rows, row_grain(out), [&](int64_t r0, int64_t r1) {

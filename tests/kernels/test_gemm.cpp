@@ -2,11 +2,31 @@
 // with and without bias, accumulate) against naive references and finite differences.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#include "memory/error.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace baton::kernels::test {
 namespace {
+
+// Runs the f32 GEMMs of a scope on one library, then restores the process's choice.
+class SgemmScope {
+ public:
+  explicit SgemmScope(CpuSgemm library) : before_(cpu_sgemm()) { set_cpu_sgemm(library); }
+  ~SgemmScope() { set_cpu_sgemm(before_); }
+  SgemmScope(const SgemmScope&) = delete;
+  SgemmScope& operator=(const SgemmScope&) = delete;
+
+ private:
+  CpuSgemm before_;
+};
+
+std::string sgemm_name(CpuSgemm library) {
+  return library == CpuSgemm::kOneDnn ? "oneDNN" : "OpenBLAS";
+}
 
 // c[i, j] = sum_k op(a)[i, k] op(b)[k, j] for one matrix pair, in double.
 std::vector<double> naive_matmul(const std::vector<double>& a, bool ta,
@@ -22,6 +42,17 @@ std::vector<double> naive_matmul(const std::vector<double>& a, bool ta,
       c[size_t(i * n + j)] = s;
     }
   return c;
+}
+
+// The f32 GEMM libraries of this build: OpenBLAS, and oneDNN where baton has it.
+std::vector<CpuSgemm> sgemm_libraries() {
+  std::vector<CpuSgemm> libs{CpuSgemm::kOpenBlas};
+  try {
+    const SgemmScope probe(CpuSgemm::kOneDnn);
+    libs.push_back(CpuSgemm::kOneDnn);
+  } catch (const InputError&) {  // a build without oneDNN
+  }
+  return libs;
 }
 
 struct MatmulCase {
@@ -59,9 +90,12 @@ TEST_P(MatmulTest, MatchesNaiveInF64AndF32) {
   Tensor c = c0.clone();
   matmul(a, p.ta, b, p.tb, c, alpha, beta);
   EXPECT_LT(rel_error(as_f64(c), want), 1e-13);
-  Tensor c32 = c0.to(DType::f32);
-  matmul(a.to(DType::f32), p.ta, b.to(DType::f32), p.tb, c32, alpha, beta);
-  EXPECT_LT(rel_error(as_f64(c32), want), 1e-5);
+  for (CpuSgemm library : sgemm_libraries()) {
+    const SgemmScope scope(library);
+    Tensor c32 = c0.to(DType::f32);
+    matmul(a.to(DType::f32), p.ta, b.to(DType::f32), p.tb, c32, alpha, beta);
+    EXPECT_LT(rel_error(as_f64(c32), want), 1e-5) << sgemm_name(library);
+  }
 }
 
 std::vector<MatmulCase> matmul_cases() {
@@ -98,6 +132,57 @@ TEST(Matmul, ManySmallBatchesTakeTheParallelPath) {
                      {bv.begin() + i * 35, bv.begin() + (i + 1) * 35}, false, 8, 7, 5);
     EXPECT_LT(rel_error({cv.begin() + i * 56, cv.begin() + (i + 1) * 56}, want), 1e-13)
         << "batch " << i;
+  }
+}
+
+TEST(Matmul, F32OnEveryLibraryBatchedInParallelAndStrided) {
+  // Both libraries in the matmul's parallel path (single-threaded inside a parallel
+  // region), and through a linear layer whose rows are a column block of a wider tensor.
+  std::mt19937_64 rng(test_seed(13));
+  const Tensor a = randn({16, 8, 5}, rng), b = randn({16, 5, 7}, rng);
+  const auto av = as_f64(a), bv = as_f64(b);
+  set_num_threads(2);
+  for (CpuSgemm library : sgemm_libraries()) {
+    const SgemmScope scope(library);
+    EXPECT_EQ(cpu_sgemm(), library);
+    Tensor c = Tensor::zeros({16, 8, 7}, DType::f32);
+    matmul(a.to(DType::f32), false, b.to(DType::f32), false, c);
+    const auto cv = as_f64(c);
+    for (int64_t i = 0; i < 16; ++i) {
+      const auto want =
+          naive_matmul({av.begin() + i * 40, av.begin() + (i + 1) * 40}, false,
+                       {bv.begin() + i * 35, bv.begin() + (i + 1) * 35}, false, 8, 7, 5);
+      EXPECT_LT(rel_error({cv.begin() + i * 56, cv.begin() + (i + 1) * 56}, want), 1e-5)
+          << sgemm_name(library) << ", batch " << i;
+    }
+    // c = x [in=4 .. cols 2-5 of a 7-wide row] -> gemm with lda 7 through the raw kernel.
+    const int64_t m = 6, n = 3, k = 4, lda = 7, ldc = 5;
+    std::vector<float> x(size_t(m * lda)), w(size_t(k * n)), y(size_t(m * ldc), -1.0f);
+    for (auto& v : x) v = float(std::normal_distribution<double>()(rng));
+    for (auto& v : w) v = float(std::normal_distribution<double>()(rng));
+    cpu::gemm<float>(false, false, m, n, k, 1.0f, x.data() + 2, lda, w.data(), n, 0.0f, y.data(),
+                     ldc);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p)
+          want += double(x[size_t(i * lda + 2 + p)]) * w[size_t(p * n + j)];
+        EXPECT_NEAR(y[size_t(i * ldc + j)], want, 1e-5) << sgemm_name(library);
+      }
+      for (int64_t j = n; j < ldc; ++j)  // untouched beyond n
+        EXPECT_EQ(y[size_t(i * ldc + j)], -1.0f) << sgemm_name(library);
+    }
+  }
+}
+
+TEST(Matmul, TheLibraryCanBeChosenAndOneDnnIsTheDefaultWhereBuilt) {
+  const auto libs = sgemm_libraries();
+  // A build with oneDNN defaults to it unless BATON_SGEMM chose (the suite leaves it unset).
+  if (std::getenv("BATON_SGEMM") == nullptr) {
+    EXPECT_EQ(cpu_sgemm(), libs.size() == 2 ? CpuSgemm::kOneDnn : CpuSgemm::kOpenBlas);
+  }
+  if (libs.size() == 1) {
+    EXPECT_THROW(set_cpu_sgemm(CpuSgemm::kOneDnn), InputError);
   }
 }
 

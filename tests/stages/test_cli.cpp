@@ -86,6 +86,12 @@ TEST(Cli, BadDataAndFlags) {
                          {"frobnicate"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --resume",
                          {"--resume needs --checkpoint-dir"});
+  const Result sgemm = baton::cli_testing::run_command(
+      "BATON_SGEMM=mkl " + kCliBaton + " train --model " + model + " --data " + kCliCorpus);
+  EXPECT_EQ(sgemm.code, 2) << sgemm.output;
+  EXPECT_NE(sgemm.output.find(R"(BATON_SGEMM: expected "openblas" or "onednn", found "mkl")"),
+            std::string::npos)
+      << sgemm.output;
 }
 
 // The token dataset flags, the learning-rate schedule and evaluation: each bad value is
