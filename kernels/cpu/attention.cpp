@@ -1,9 +1,9 @@
 // Causal multi-head self-attention, flash style: queries in blocks of kBlockQ rows, keys
 // in chunks of up to kChunkK, an online softmax across chunks, and only the output and
 // each row's log-sum-exp saved. Backward recomputes the probabilities chunk by chunk.
-// The products run as OpenBLAS GEMMs straight on the strided q/k/v columns of qkv (no
-// copies); chunks beyond the diagonal are never computed. Scratch is per thread,
-// O(kBlockQ * kChunkK), reused across calls: memory does not grow with T^2.
+// The products run as register-blocked tiles (or GEMM calls) straight on the strided
+// q/k/v columns of qkv (no copies); chunks beyond the diagonal are never computed. Scratch
+// is per thread, O(kBlockQ * kChunkK), reused across calls: memory does not grow with T^2.
 #include <algorithm>
 #include <bit>
 #include <cmath>

@@ -79,9 +79,19 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 #ifdef BATON_HAVE_DNNL
     if (sgemm_library() == kOneDnn) {
       // Reads omp_get_max_threads() like OpenBLAS, and runs on one thread when nested.
-      const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
-                                              alpha, a, lda, b, ldb, beta, c, ldc);
-      BATON_CHECK(status == dnnl_success, "dnnl_sgemm returned " + std::to_string(int(status)));
+      auto rows = [&](int64_t r0, int64_t r1) {
+        const dnnl_status_t status =
+            dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', r1 - r0, n, k, alpha,
+                       a + (trans_a ? r0 : r0 * lda), lda, b, ldb, beta, c + r0 * ldc, ldc);
+        BATON_CHECK(status == dnnl_success, "dnnl_sgemm returned " + std::to_string(int(status)));
+      };
+      // oneDNN's own split of a product with b transposed ran 15-29% below its other
+      // products on two threads (docs/kernels.md, "Which BLAS"): split the rows here, each
+      // part on one thread.
+      if (trans_b && !trans_a)
+        parallel_for(m, 64, rows);
+      else
+        rows(0, m);
       return;
     }
 #endif

@@ -137,7 +137,7 @@ TEST(Matmul, ManySmallBatchesTakeTheParallelPath) {
 
 TEST(Matmul, F32OnEveryLibraryBatchedInParallelAndStrided) {
   // Both libraries in the matmul's parallel path (single-threaded inside a parallel
-  // region), and through a linear layer whose rows are a column block of a wider tensor.
+  // region), and on strided operands.
   std::mt19937_64 rng(test_seed(13));
   const Tensor a = randn({16, 8, 5}, rng), b = randn({16, 5, 7}, rng);
   const auto av = as_f64(a), bv = as_f64(b);
@@ -155,22 +155,30 @@ TEST(Matmul, F32OnEveryLibraryBatchedInParallelAndStrided) {
       EXPECT_LT(rel_error({cv.begin() + i * 56, cv.begin() + (i + 1) * 56}, want), 1e-5)
           << sgemm_name(library) << ", batch " << i;
     }
-    // c = x [in=4 .. cols 2-5 of a 7-wide row] -> gemm with lda 7 through the raw kernel.
-    const int64_t m = 6, n = 3, k = 4, lda = 7, ldc = 5;
-    std::vector<float> x(size_t(m * lda)), w(size_t(k * n)), y(size_t(m * ldc), -1.0f);
-    for (auto& v : x) v = float(std::normal_distribution<double>()(rng));
-    for (auto& v : w) v = float(std::normal_distribution<double>()(rng));
-    cpu::gemm<float>(false, false, m, n, k, 1.0f, x.data() + 2, lda, w.data(), n, 0.0f, y.data(),
-                     ldc);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double want = 0;
-        for (int64_t p = 0; p < k; ++p)
-          want += double(x[size_t(i * lda + 2 + p)]) * w[size_t(p * n + j)];
-        EXPECT_NEAR(y[size_t(i * ldc + j)], want, 1e-5) << sgemm_name(library);
+    // The raw kernel on operands inside wider rows (leading dimensions past the columns
+    // used, an offset start), alpha and beta, every transpose; 300 rows, so that on two
+    // threads the rows of a product with b transposed are split between them.
+    for (const auto& [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}}) {
+      const int64_t m = 300, n = 3, k = 4, lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2,
+                    ldc = n + 2;
+      std::vector<float> x(size_t((ta ? k : m) * lda)), w(size_t((tb ? n : k) * ldb));
+      std::vector<float> y(size_t(m * ldc), -1.0f);
+      for (auto& v : x) v = float(std::normal_distribution<double>()(rng));
+      for (auto& v : w) v = float(std::normal_distribution<double>()(rng));
+      cpu::gemm<float>(ta, tb, m, n, k, 0.75f, x.data() + 2, lda, w.data() + 1, ldb, 0.5f, y.data(),
+                       ldc);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0.5 * -1.0;
+          for (int64_t p = 0; p < k; ++p)
+            want += 0.75 * double(x[size_t(2 + (ta ? p * lda + i : i * lda + p))]) *
+                    w[size_t(1 + (tb ? j * ldb + p : p * ldb + j))];
+          EXPECT_NEAR(y[size_t(i * ldc + j)], want, 1e-5)
+              << sgemm_name(library) << " " << ta << tb << " row " << i;
+        }
+        for (int64_t j = n; j < ldc; ++j)  // untouched beyond n
+          EXPECT_EQ(y[size_t(i * ldc + j)], -1.0f) << sgemm_name(library);
       }
-      for (int64_t j = n; j < ldc; ++j)  // untouched beyond n
-        EXPECT_EQ(y[size_t(i * ldc + j)], -1.0f) << sgemm_name(library);
     }
   }
 }
