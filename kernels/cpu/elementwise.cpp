@@ -2,6 +2,7 @@
 // Memory-bound loops, vectorised by the compiler, threaded only for large tensors.
 #include <algorithm>
 
+#include "kernels/cpu/column_sums.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 
@@ -41,20 +42,14 @@ void bias_add_inplace(T* y, const T* bias, int64_t rows, int64_t cols) {
   });
 }
 
-// Column sums. Threads split the columns, and each column is summed over rows in order,
-// so the result does not depend on the thread count.
+// Column sums (column_sums.h: the same bits on any number of threads).
 template <class T>
 void bias_backward(const T* dy, T* dbias, int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t grain = row_grain(rows, 16);
-  parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
-    T* acc = dbias + c0;
-    const int64_t w = c1 - c0;
-    if (!accumulate) std::fill(acc, acc + w, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = dy + r * cols + c0;
+  column_sums<T, 1>(rows, cols, {dbias}, accumulate, [&](int64_t r, const std::array<T*, 1>& acc) {
+    const T* row = dy + r * cols;
+    T* a = acc[0];
 #pragma GCC ivdep
-      for (int64_t c = 0; c < w; ++c) acc[c] += row[c];
-    }
+    for (int64_t c = 0; c < cols; ++c) a[c] += row[c];
   });
 }
 

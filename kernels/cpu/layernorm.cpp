@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/column_sums.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -157,32 +158,23 @@ void add_layernorm_backward_input(const T* dy, const T* ds, const T* s, const T*
   });
 }
 
-// Column sums over rows; threads split the columns and each column is summed in row
-// order, so the result does not depend on the thread count.
+// Column sums over rows (column_sums.h: the same bits on any number of threads).
 template <class T>
 void layernorm_backward_weight(const T* dy, const T* x, const T* mean, const T* rstd, T* dw, T* db,
                                int64_t rows, int64_t cols, bool accumulate) {
-  const int64_t grain = row_grain(rows, 16);
-  parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
-    const int64_t n = c1 - c0;
-    if (!accumulate) {
-      if (dw != nullptr) std::fill(dw + c0, dw + c1, T(0));
-      if (db != nullptr) std::fill(db + c0, db + c1, T(0));
+  column_sums<T, 2>(rows, cols, {dw, db}, accumulate, [&](int64_t r, const std::array<T*, 2>& acc) {
+    const T* dyr = dy + r * cols;
+    const T* xr = x + r * cols;
+    const T mu = mean[r], rs = rstd[r];
+    if (dw != nullptr) {
+      T* a = acc[0];
+#pragma GCC ivdep
+      for (int64_t c = 0; c < cols; ++c) a[c] += dyr[c] * (xr[c] - mu) * rs;
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* dyr = dy + r * cols + c0;
-      const T* xr = x + r * cols + c0;
-      const T mu = mean[r], rs = rstd[r];
-      if (dw != nullptr) {
-        T* acc = dw + c0;
+    if (db != nullptr) {
+      T* a = acc[1];
 #pragma GCC ivdep
-        for (int64_t c = 0; c < n; ++c) acc[c] += dyr[c] * (xr[c] - mu) * rs;
-      }
-      if (db != nullptr) {
-        T* acc = db + c0;
-#pragma GCC ivdep
-        for (int64_t c = 0; c < n; ++c) acc[c] += dyr[c];
-      }
+      for (int64_t c = 0; c < cols; ++c) a[c] += dyr[c];
     }
   });
 }

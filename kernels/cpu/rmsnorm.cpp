@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/column_sums.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -62,18 +63,13 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, 
 template <class T>
 void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t rows,
                              int64_t cols, bool accumulate) {
-  const int64_t grain = row_grain(rows, 16);
-  parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
-    const int64_t n = c1 - c0;
-    T* acc = dw + c0;
-    if (!accumulate) std::fill(acc, acc + n, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* dyr = dy + r * cols + c0;
-      const T* xr = x + r * cols + c0;
-      const T rs = rstd[r];
+  column_sums<T, 1>(rows, cols, {dw}, accumulate, [&](int64_t r, const std::array<T*, 1>& acc) {
+    const T* dyr = dy + r * cols;
+    const T* xr = x + r * cols;
+    const T rs = rstd[r];
+    T* a = acc[0];
 #pragma GCC ivdep
-      for (int64_t c = 0; c < n; ++c) acc[c] += dyr[c] * (xr[c] * rs);
-    }
+    for (int64_t c = 0; c < cols; ++c) a[c] += dyr[c] * (xr[c] * rs);
   });
 }
 

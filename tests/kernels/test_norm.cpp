@@ -1,6 +1,7 @@
 // LayerNorm and softmax: forward against direct formulas, backward against finite
 // differences, float32 against float64, accumulate; the row kernels' results at 1 and 2
-// threads (their row pipelines split at other rows).
+// threads (their row pipelines split at other rows), and the column sums of the weight
+// and bias gradients.
 #include <gtest/gtest.h>
 
 #include "kernels/fused.h"
@@ -78,25 +79,57 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(rel_error(db32, db), 1e-4);
 }
 
-TEST(LayerNorm, WeightGradientsDoNotDependOnTheThreadCount) {
+// The column sums (LayerNorm's and RMSNorm's weight gradients, the bias gradient) add
+// rows in blocks of 128 and then the blocks: 515 rows make five blocks and a partial
+// sixth, which 2 threads split. Against sums in f64, fresh and accumulated, and the same
+// bits at 1 and 2 threads.
+TEST(ColumnSums, WeightAndBiasGradientsOverManyRowBlocksAtAnyThreadCount) {
   std::mt19937_64 rng(test_seed(53));
-  const int64_t rows = 512, c = 256;
+  const int64_t rows = 515, c = 256;
   const DType f = DType::f32;
   const Tensor x = randn({rows, c}, rng, 1.0, f), w = randn({c}, rng, 1.0, f),
-               b = randn({c}, rng, 1.0, f), g = randn({rows, c}, rng, 1.0, f);
+               b = randn({c}, rng, 1.0, f), g = randn({rows, c}, rng, 1.0, f),
+               start = randn({c}, rng, 1.0, f);
   Tensor y = Tensor::empty({rows, c}, f), m = Tensor::empty({rows}, f),
-         r = Tensor::empty({rows}, f);
+         r = Tensor::empty({rows}, f), rr = Tensor::empty({rows}, f);
   layernorm_forward(x, w, b, 1e-5, y, m, r);
+  rmsnorm_forward(x, w, 1e-5, y, rr);
+  // In f64 from the same f32 inputs: dw, db, the RMSNorm dw.
+  const auto xv = as_f64(x), gv = as_f64(g), mv = as_f64(m), rv = as_f64(r), rrv = as_f64(rr),
+             sv = as_f64(start);
+  std::vector<double> want_dw(static_cast<size_t>(c), 0.0), want_db = want_dw, want_rms = want_dw;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < c; ++j) {
+      const size_t e = size_t(i * c + j);
+      want_dw[size_t(j)] += gv[e] * (xv[e] - mv[size_t(i)]) * rv[size_t(i)];
+      want_db[size_t(j)] += gv[e];
+      want_rms[size_t(j)] += gv[e] * xv[e] * rrv[size_t(i)];
+    }
   std::vector<std::vector<float>> got;
   const int before = num_threads();
   for (int t : {1, 2}) {
     set_num_threads(t);
-    Tensor dw = Tensor::empty({c}, f), db = Tensor::empty({c}, f);
-    layernorm_backward_weight(g, x, m, r, dw, db, false);
-    auto v = dw.to_vector<float>();
-    auto vb = db.to_vector<float>();
-    v.insert(v.end(), vb.begin(), vb.end());
-    got.push_back(v);
+    std::vector<float> all;
+    for (bool accumulate : {false, true}) {
+      Tensor dw = start.clone(), db = start.clone(), bias = start.clone(), rms = start.clone();
+      layernorm_backward_weight(g, x, m, r, dw, db, accumulate);
+      bias_backward(g, bias, accumulate);
+      rmsnorm_backward_weight(g, x, rr, rms, accumulate);
+      auto shifted = [&](std::vector<double> v) {
+        if (accumulate)
+          for (size_t j = 0; j < v.size(); ++j) v[j] += sv[j];
+        return v;
+      };
+      EXPECT_LT(rel_error(as_f64(dw), shifted(want_dw)), 1e-5) << t << " threads";
+      EXPECT_LT(rel_error(as_f64(db), shifted(want_db)), 1e-5) << t << " threads";
+      EXPECT_EQ(bias.to_vector<float>(), db.to_vector<float>()) << t << " threads";
+      EXPECT_LT(rel_error(as_f64(rms), shifted(want_rms)), 1e-5) << t << " threads";
+      for (const Tensor* v : {&dw, &db, &bias, &rms}) {
+        const auto e = v->to_vector<float>();
+        all.insert(all.end(), e.begin(), e.end());
+      }
+    }
+    got.push_back(all);
   }
   set_num_threads(before);
   EXPECT_EQ(got[0], got[1]);
