@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <tuple>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
@@ -181,6 +182,36 @@ TEST(Matmul, F32OnEveryLibraryBatchedInParallelAndStrided) {
       }
     }
   }
+}
+
+// Every kernel's bits are independent of the thread count (docs/kernels.md, "Threads"):
+// GEMMs included, on each library, at shapes of the linear layers' three products.
+TEST(Matmul, F32BitsDoNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test_seed(14));
+  const int before = num_threads();
+  for (CpuSgemm library : sgemm_libraries()) {
+    const SgemmScope scope(library);
+    // The second shape's long k is where a library might split the sum between threads.
+    for (const auto& [ta, tb, m, n, k] : {std::tuple{false, false, 512, 384, 256},
+                                          {false, true, 512, 384, 256},
+                                          {true, false, 512, 384, 256},
+                                          {false, false, 128, 64, 4096},
+                                          {false, true, 128, 64, 4096},
+                                          {true, false, 128, 64, 4096}}) {
+      const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, rng, 1.0, DType::f32),
+                   b = randn(tb ? Shape{n, k} : Shape{k, n}, rng, 1.0, DType::f32);
+      std::vector<std::vector<float>> got;
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        Tensor c = Tensor::zeros({m, n}, DType::f32);
+        matmul(a, ta, b, tb, c);
+        got.push_back(c.to_vector<float>());
+      }
+      EXPECT_EQ(got[0], got[1]) << sgemm_name(library) << " " << ta << tb << " " << m << "x" << n
+                                << "x" << k;
+    }
+  }
+  set_num_threads(before);
 }
 
 TEST(Matmul, TheLibraryCanBeChosenAndOneDnnIsTheDefaultWhereBuilt) {
