@@ -86,7 +86,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
         BATON_CHECK(status == dnnl_success, "dnnl_sgemm returned " + std::to_string(int(status)));
       };
       // oneDNN's own split of a product with b transposed ran 15-29% below its other
-      // products on two threads (docs/kernels.md, "Which BLAS"): split the rows here, each
+      // products on two threads (docs/kernels.md, "Threads"): split the rows here, each
       // part on one thread.
       if (trans_b && !trans_a)
         parallel_for(m, 64, rows);
