@@ -80,14 +80,6 @@ void select_blas_kernels(char** argv) {
   cpu::select_blas_kernels(argv);
 }
 
-CpuSgemm cpu_sgemm() {
-  return CpuSgemm(cpu::sgemm_library());
-}
-
-void set_cpu_sgemm(CpuSgemm library) {
-  cpu::set_sgemm_library(int(library));
-}
-
 int num_threads() {
   return cpu::thread_count();
 }

@@ -18,9 +18,6 @@ struct Sgd;
 namespace baton::kernels::cpu {
 
 // ---- gemm.cpp ----
-// 0: OpenBLAS, 1: oneDNN (kernels::CpuSgemm's values); the first read parses BATON_SGEMM.
-int sgemm_library();
-void set_sgemm_library(int library);
 // C[M, N] = alpha op(A) op(B) + beta C, row major, leading dimensions in elements.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,

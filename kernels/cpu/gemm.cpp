@@ -13,13 +13,13 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/ops.h"
 #include "memory/error.h"
 
-namespace baton::kernels::cpu {
+namespace baton::kernels {
 
 namespace {
 
-constexpr int kOpenBlas = 0, kOneDnn = 1;
 constexpr int kUnset = -1;
 #ifdef BATON_HAVE_DNNL
 constexpr bool kHaveOneDnn = true;
@@ -27,20 +27,20 @@ constexpr bool kHaveOneDnn = true;
 constexpr bool kHaveOneDnn = false;
 #endif
 
-std::atomic<int> g_sgemm{kUnset};
+std::atomic<int> g_sgemm{kUnset};  // a CpuSgemm once chosen
 
 void need_onednn(const std::string& what) {
   if (!kHaveOneDnn) throw InputError(what + ": this build of baton has no oneDNN; use openblas");
 }
 
-int sgemm_from_environment() {
+CpuSgemm sgemm_from_environment() {
   const char* env = std::getenv("BATON_SGEMM");
-  if (env == nullptr || *env == '\0') return kHaveOneDnn ? kOneDnn : kOpenBlas;
+  if (env == nullptr || *env == '\0') return kHaveOneDnn ? CpuSgemm::kOneDnn : CpuSgemm::kOpenBlas;
   const std::string_view v = env;
-  if (v == "openblas") return kOpenBlas;
+  if (v == "openblas") return CpuSgemm::kOpenBlas;
   if (v == "onednn") {
     need_onednn("BATON_SGEMM=onednn");
-    return kOneDnn;
+    return CpuSgemm::kOneDnn;
   }
   throw InputError("BATON_SGEMM: expected \"openblas\" or \"onednn\", found \"" + std::string(v) +
                    "\"");
@@ -48,20 +48,20 @@ int sgemm_from_environment() {
 
 }  // namespace
 
-int sgemm_library() {
-  int library = g_sgemm.load(std::memory_order_relaxed);
-  if (library != kUnset) return library;
-  library = sgemm_from_environment();
+CpuSgemm cpu_sgemm() {
+  const int library = g_sgemm.load(std::memory_order_relaxed);
+  if (library != kUnset) return CpuSgemm(library);
   int expected = kUnset;
-  g_sgemm.compare_exchange_strong(expected, library);
-  return g_sgemm.load();
+  g_sgemm.compare_exchange_strong(expected, int(sgemm_from_environment()));
+  return CpuSgemm(g_sgemm.load());
 }
 
-void set_sgemm_library(int library) {
-  BATON_CHECK(library == kOpenBlas || library == kOneDnn, "unknown sgemm library");
-  if (library == kOneDnn) need_onednn("set_cpu_sgemm(oneDNN)");
-  g_sgemm.store(library);
+void set_cpu_sgemm(CpuSgemm library) {
+  if (library == CpuSgemm::kOneDnn) need_onednn("set_cpu_sgemm(oneDNN)");
+  g_sgemm.store(int(library));
 }
+
+namespace cpu {
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
@@ -77,7 +77,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
 #ifdef BATON_HAVE_DNNL
-    if (sgemm_library() == kOneDnn) {
+    if (cpu_sgemm() == CpuSgemm::kOneDnn) {
       // Reads omp_get_max_threads() like OpenBLAS, and runs on one thread when nested.
       auto rows = [&](int64_t r0, int64_t r1) {
         const dnnl_status_t status =
@@ -176,4 +176,5 @@ BATON_INSTANTIATE(float)
 BATON_INSTANTIATE(double)
 #undef BATON_INSTANTIATE
 
-}  // namespace baton::kernels::cpu
+}  // namespace cpu
+}  // namespace baton::kernels
