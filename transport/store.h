@@ -28,6 +28,9 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, milliseconds timeout) = 0;
   // Adds delta to the integer counter at key (absent: 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // The IP address this process reaches the store from (empty: not known): the address
+  // the ranks of other hosts can most likely reach it at too.
+  virtual std::string local_address() const { return {}; }
 };
 
 // The client. Connects (retrying until connect_timeout, since the server may start
@@ -43,6 +46,7 @@ class TcpStore final : public Store {
   std::string get(const std::string& key, milliseconds timeout) override;
   void wait(const std::vector<std::string>& keys, milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  std::string local_address() const override;
 
   struct Impl;
 

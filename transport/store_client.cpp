@@ -136,6 +136,12 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& to
   call(proto::Writer(proto::kHello).u32(proto::kVersion).str(token).frame(), milliseconds(10'000));
 }
 
+std::string TcpStore::local_address() const {
+  boost::system::error_code ec;
+  auto at = impl_->socket.local_endpoint(ec);
+  return ec ? std::string() : at.address().to_string();
+}
+
 TcpStore::~TcpStore() {
   boost::system::error_code ignored;
   impl_->socket.close(ignored);

@@ -7,9 +7,12 @@
 //   late                2 ranks: rank 1 sends rank 0 a 1 MiB message (rendezvous) and
 //                       SIGKILLs itself; rank 0, once a receive has shown rank 1 dead,
 //                       asks for that message: a PeerError, printed as "late: ..."
+//   wedge               3 ranks: rank 0 dies inside a send to rank 1, its message half
+//                       written into rank 1's shared-memory FIFO; see wedge_scenario
 // A rank that sees a PeerError prints it with the peer, leaves the launcher its failure
 // report, and exits 3.
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -121,6 +124,14 @@ void check(Communicator& c) {
   c.barrier()->wait();
 }
 
+void print_peer_error(const Communicator& c, const PeerError& e,
+                      std::chrono::steady_clock::time_point start) {
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs, e.what());
+  std::fflush(stdout);
+  report_failure(e);  // as baton's commands do, for the launcher's summary
+}
+
 // All-reduces until a peer fails; the victim kills or stops itself after `ms`.
 int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
   auto start = std::chrono::steady_clock::now();
@@ -140,11 +151,52 @@ int fail_scenario(Communicator& c, const std::string& how, int victim, int ms) {
         fail("no failure seen in 60 s");
     }
   } catch (const PeerError& e) {
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("rank %d: PeerError peer=%d after %.2f s: %s\n", c.rank(), e.peer(), secs,
-                e.what());
-    std::fflush(stdout);
-    report_failure(e);  // as baton's commands do, for the launcher's summary
+    print_peer_error(c, e, start);
+    return 3;
+  }
+}
+
+// Rank 0 dies inside a send to rank 1, 0.3 s in: its 1 KiB buffer runs into an unreadable
+// page, so the copy into rank 1's shared-memory FIFO faults after UCX has claimed the
+// slot, and the fault kills it. The slot is never completed, and every later message in
+// that FIFO waits behind it. Rank 2 waits on rank 1 from the start (a broadcast from it,
+// by the tree: straight from rank 1); rank 1 waits on rank 0 only from 1.3 s. Rank 2 must
+// hear of rank 0 from rank 1, not take the live but deafened rank 1 for the dead one.
+int wedge_scenario(Communicator& c) {
+  if (c.size() != 3) fail("wedge needs 3 ranks");
+  auto start = std::chrono::steady_clock::now();
+  Tensor t = Tensor::full({256}, 1.0);
+  c.all_reduce(t, ReduceOp::sum)->wait();  // every endpoint of the ring is connected
+  if (c.rank() == 0) {
+    const long page = sysconf(_SC_PAGESIZE);
+    void* m =
+        mmap(nullptr, size_t(2 * page), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(static_cast<char*>(m) + page, size_t(page), PROT_NONE) != 0)
+      fail("mmap");
+    // Ours, not UCX's (which prints a backtrace first): die as if killed, at once.
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { raise(SIGKILL); };
+    sigaction(SIGSEGV, &sa, nullptr);
+    Tensor bad = Tensor::from_blob(static_cast<char*>(m) + page - 512, {256}, DType::f32,
+                                   memory::Device::cpu());
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(300));
+    std::fprintf(stderr, "victim: dying inside a send now\n");
+    std::fflush(stderr);
+    c.isend(bad, 1, 5)->wait();
+    fail("a send from an unreadable buffer completed");
+  }
+  try {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_until(start + std::chrono::milliseconds(1300));
+      c.irecv(t, 0, 5)->wait();
+    } else {
+      // Rank 1 is the root and never joins. A collective, not a receive: its failures
+      // in scope are the whole world's, so rank 0's counts once someone reports it.
+      c.broadcast(t, 1)->wait();
+    }
+    fail("a receive completed");
+  } catch (const PeerError& e) {
+    print_peer_error(c, e, start);
     return 3;
   }
 }
@@ -180,7 +232,8 @@ int late_scenario(Communicator& c) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS | late\n");
+    std::fprintf(stderr,
+                 "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS | late | wedge\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -194,6 +247,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (scenario == "late") return late_scenario(*w.comm);
+    if (scenario == "wedge") return wedge_scenario(*w.comm);
     if ((scenario == "kill" || scenario == "hang") && argc == 4)
       return fail_scenario(*w.comm, scenario, std::atoi(argv[2]), std::atoi(argv[3]));
     std::fprintf(stderr, "comm_worker: unknown scenario %s\n", scenario.c_str());

@@ -166,6 +166,23 @@ TEST(Processes, ADeadPeersRendezvousMessageIsAPeerError) {
   EXPECT_LT(r.secs, 15.0) << r.out;
 }
 
+// A rank killed half-way through writing into another's shared-memory FIFO leaves it
+// deaf to every message through that FIFO, for good. The liveness protocol does not go
+// through it: the deafened rank still answers pings, finds the dead one and tells the
+// others. Before it went by UDP, rank 2 named the live rank 1 (CI saw this with killed
+// engine ranks).
+TEST(Processes, ARankDeafenedByAPeerKilledMidMessageStillAnswersAndNamesIt) {
+  Result r = run(launch(3, "wedge", "--grace 10"));
+  EXPECT_TRUE(has(r.out, "victim: dying inside a send now")) << r.out;
+  EXPECT_TRUE(has(r.out,
+                  "the job failed: rank 0 was killed by signal 9 (SIGKILL); ranks 1 and 2 "
+                  "lost it\n"))
+      << r.out;
+  // Rank 1 waits on rank 0 from 1.3 s: found within 1.125 timeouts of that.
+  expect_survivors_name(r, 3, 0, 0.3, 1.0 + 2.25 + 1.0);
+  EXPECT_LT(r.secs, 15.0) << r.out;
+}
+
 TEST(Processes, RanksThatNeverArriveAreNamedByTheOthersAndTheLauncher) {
   // Ranks 0 and 1 of a world of 4 start; 2 and 3 never do (their host's launcher never
   // came). Both fail within the connect timeout naming the missing ranks, and the

@@ -1,5 +1,7 @@
 #include "transport/detail/ucx_fabric.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
@@ -16,7 +18,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
+#include <random>
+#include <sstream>
 
+#include "transport/detail/asio.h"
 #include "transport/detail/tag.h"
 #include "transport/detail/ucx_check.h"
 
@@ -24,7 +30,11 @@ namespace baton::transport::detail {
 
 namespace {
 
-// Liveness protocol message kinds, in the control context.
+namespace asio = boost::asio;
+using asio::ip::udp;
+
+// Liveness protocol message kinds: pings, pongs and notices by UDP, goodbyes on UCX
+// (in the control context, after the data they follow).
 constexpr uint64_t kPing = 1;
 constexpr uint64_t kPong = 2;
 constexpr uint64_t kNotice = 3;  // payload: failed rank (4 bytes) and the reason
@@ -167,6 +177,82 @@ struct UcxFabric::Control {
   char buf[kControlBytes];
 };
 
+// A datagram: the receiver's nonce (it published it with its address: datagrams from
+// strangers or from an earlier run of the job are dropped), the kind, the sender's rank,
+// then the payload.
+struct DatagramHeader {
+  uint64_t nonce;
+  uint32_t kind;
+  int32_t sender;
+};
+
+struct UcxFabric::ControlSocket {
+  asio::io_context io;
+  udp::socket socket{io};
+  uint64_t nonce = 0;
+  std::vector<udp::endpoint> peers;  // where each rank listens
+  std::vector<uint64_t> peer_nonces;
+  std::vector<char> buf = std::vector<char>(sizeof(DatagramHeader) + kControlBytes);
+
+  // Bound to every address of this host, on a port the system picks.
+  explicit ControlSocket(const asio::ip::address& family, size_t size)
+      : peers(size), peer_nonces(size) {
+    nonce = std::random_device{}() * uint64_t(0x100000000) + std::random_device{}();
+    udp proto = family.is_v6() ? udp::v6() : udp::v4();
+    socket.open(proto);
+    socket.bind(udp::endpoint(proto, 0));
+    socket.non_blocking(true);
+  }
+
+  // "<nonce> <port> <address>...": the address the store sees first, then this host's
+  // other addresses of the same family that are up, for a store reached by loopback.
+  std::string describe(const asio::ip::address& seen) const {
+    std::string out = std::to_string(nonce) + ' ' + std::to_string(socket.local_endpoint().port());
+    std::vector<std::string> all{seen.to_string()};
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) == 0) {
+      for (ifaddrs* i = list; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) continue;
+        char text[64] = {};
+        int fam = i->ifa_addr->sa_family;
+        if (fam != (seen.is_v6() ? AF_INET6 : AF_INET)) continue;
+        const void* a =
+            fam == AF_INET
+                ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+                : static_cast<const void*>(
+                      &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+        if (inet_ntop(fam, a, text, sizeof text)) all.emplace_back(text);
+      }
+      freeifaddrs(list);
+    }
+    for (auto& a : all) out += ' ' + a;
+    return out;
+  }
+
+  // Reads a peer's description; on its host, the loopback address.
+  bool learn(int peer, const std::string& text, bool same_host) {
+    std::istringstream in(text);
+    uint64_t n = 0;
+    unsigned port = 0;
+    if (!(in >> n >> port) || port == 0 || port > 65535) return false;
+    std::string a;
+    std::optional<asio::ip::address> pick;
+    boost::system::error_code ec;
+    while (in >> a) {
+      auto addr = asio::ip::make_address(a, ec);
+      if (ec) return false;
+      if (!pick || (pick->is_loopback() && !addr.is_loopback())) pick = addr;
+    }
+    if (!pick) return false;
+    if (same_host)
+      pick = pick->is_v6() ? asio::ip::address(asio::ip::address_v6::loopback())
+                           : asio::ip::address(asio::ip::address_v4::loopback());
+    peers[size_t(peer)] = udp::endpoint(*pick, uint16_t(port));
+    peer_nonces[size_t(peer)] = n;
+    return true;
+  }
+};
+
 // ---- set-up and tear-down ----
 
 UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix,
@@ -232,7 +318,18 @@ void UcxFabric::start(Store& store, const std::string& prefix, const std::string
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0)
     throw RuntimeError("ucx: cannot create the progress thread's fds");
-  for (int fd : {event_fd_, wake_fd_}) {
+  // The control socket, in the family of the address the store sees us at.
+  boost::system::error_code ec;
+  std::string seen_text = store.local_address();
+  asio::ip::address seen = asio::ip::make_address(seen_text, ec);
+  if (ec) seen = asio::ip::address_v4::loopback();
+  try {
+    ctl_ = std::make_unique<ControlSocket>(seen, size_t(size));
+  } catch (const boost::system::system_error& e) {
+    throw RuntimeError("ucx: rank " + std::to_string(rank) +
+                       ": cannot open the liveness protocol's UDP socket: " + e.what());
+  }
+  for (int fd : {event_fd_, wake_fd_, int(ctl_->socket.native_handle())}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -240,8 +337,9 @@ void UcxFabric::start(Store& store, const std::string& prefix, const std::string
       throw RuntimeError("ucx: epoll_ctl failed: " + std::string(std::strerror(errno)));
   }
 
-  // Publish our host and address, read everyone's. The value is the host id, a NUL,
-  // the host's label for messages, a NUL, then the worker address.
+  // Publish our host and addresses, read everyone's. The value is the host id, a NUL,
+  // the host's label for messages, a NUL, the control socket's description, a NUL, then
+  // the worker address.
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
   BATON_UCX_CHECK(ucp_worker_get_address(worker_, &addr, &addr_len));
@@ -251,7 +349,8 @@ void UcxFabric::start(Store& store, const std::string& prefix, const std::string
   label.erase(std::remove(label.begin(), label.end(), '\0'), label.end());
   hosts_[size_t(rank)] = label;
   store.set(prefix + "/ucx/" + std::to_string(rank),
-            me + '\0' + label + '\0' + std::string(reinterpret_cast<char*>(addr), addr_len));
+            me + '\0' + label + '\0' + ctl_->describe(seen) + '\0' +
+                std::string(reinterpret_cast<char*>(addr), addr_len));
   ucp_worker_release_address(worker_, addr);
   const std::string mode = err_mode_setting();
   // Every peer at once: when some never come, the error names them all.
@@ -268,26 +367,26 @@ void UcxFabric::start(Store& store, const std::string& prefix, const std::string
     std::string v = store.get(prefix + "/ucx/" + std::to_string(p), options().connect_timeout);
     size_t nul = v.find('\0');
     size_t nul2 = nul == std::string::npos ? nul : v.find('\0', nul + 1);
-    if (nul2 == std::string::npos)
-      throw RuntimeError("ucx: malformed address of rank " + std::to_string(p));
+    size_t nul3 = nul2 == std::string::npos ? nul2 : v.find('\0', nul2 + 1);
     bool same_host = v.compare(0, nul, me) == 0;
+    if (nul3 == std::string::npos ||
+        !ctl_->learn(p, v.substr(nul2 + 1, nul3 - nul2 - 1), same_host))
+      throw RuntimeError("ucx: malformed address of rank " + std::to_string(p));
     hosts_[size_t(p)] = v.substr(nul + 1, nul2 - nul - 1);
-    addresses_[size_t(p)] = v.substr(nul2 + 1);
+    addresses_[size_t(p)] = v.substr(nul3 + 1);
     // UCX 1.13's shared-memory transports cannot take part in peer-failure mode, so
     // endpoints to the same host go without it (our liveness protocol covers them);
     // endpoints to other hosts (TCP) get UCX's own failure reports too.
     peer_mode_[size_t(p)] = mode == "peer" || (mode == "auto" && !same_host);
   }
 
-  // Standing receives of the liveness protocol, from any source.
+  // The standing receive of goodbyes, from any source.
   {
     std::lock_guard lock(mu_);
-    for (uint64_t kind : {kPing, kPong, kNotice, kBye}) {
-      controls_.push_back(std::make_unique<Control>());
-      controls_.back()->fabric = this;
-      controls_.back()->kind = kind;
-      post_control_locked(*controls_.back());
-    }
+    controls_.push_back(std::make_unique<Control>());
+    controls_.back()->fabric = this;
+    controls_.back()->kind = kBye;
+    post_control_locked(*controls_.back());
   }
   int64_t t = now_ns();
   for (auto& p : peers_) p.last_heard = t;
@@ -690,37 +789,57 @@ void UcxFabric::control_cb(void* request, ucs_status_t status, const ucp_tag_rec
   // sender's tag for a receive with a wildcard source.
   int32_t src = -1;
   if (info->length >= 4) std::memcpy(&src, c->buf, 4);
-  if (src >= 0 && src < f->size() && src != f->rank()) {
-    f->peers_[size_t(src)].last_heard = now_ns();
-    switch (c->kind) {
-      case kPing:
-        f->to_pong_.push_back(src);
-        break;
-      case kPong:
-        break;
-      case kNotice:
-      case kBye: {
-        int32_t failed = -1;
-        uint32_t len = 0;
-        if (info->length >= 12) {
-          std::memcpy(&failed, c->buf + 4, 4);
-          std::memcpy(&len, c->buf + 8, 4);
-          len = std::min<uint32_t>(len, uint32_t(info->length - 12));
-        }
-        if (failed >= 0 && failed < f->size() && failed != f->rank())
-          f->failures_.push_back(
-              {failed,
-               std::string(c->buf + 12, len) + " (reported by rank " + std::to_string(src) + ")",
-               false});
-        if (c->kind == kBye) {
-          f->peers_[size_t(src)].left = true;
-          f->failures_.push_back({src, "it left the job (closed its communicator)", false, true});
-        }
-        break;
-      }
-    }
-  }
+  if (info->length >= 4) f->on_control_locked(src, c->kind, c->buf + 4, info->length - 4);
   f->to_repost_.push_back(c);
+}
+
+void UcxFabric::on_control_locked(int src, uint64_t kind, const char* payload, size_t len) {
+  if (src < 0 || src >= size() || src == rank()) return;
+  peers_[size_t(src)].last_heard = now_ns();
+  switch (kind) {
+    case kPing:
+      to_pong_.push_back(src);
+      break;
+    case kNotice:
+    case kBye: {
+      int32_t failed = -1;
+      uint32_t reason = 0;
+      if (len >= 8) {
+        std::memcpy(&failed, payload, 4);
+        std::memcpy(&reason, payload + 4, 4);
+        reason = std::min<uint32_t>(reason, uint32_t(len - 8));
+      }
+      if (failed >= 0 && failed < size() && failed != rank())
+        failures_.push_back(
+            {failed,
+             std::string(payload + 8, reason) + " (reported by rank " + std::to_string(src) + ")",
+             false});
+      if (kind == kBye) {
+        peers_[size_t(src)].left = true;
+        failures_.push_back({src, "it left the job (closed its communicator)", false, true});
+      }
+      break;
+    }
+    default:  // a pong: hearing it was the point
+      break;
+  }
+}
+
+void UcxFabric::drain_control_socket_locked() {
+  ControlSocket& c = *ctl_;
+  for (int i = 0; i < 256; ++i) {
+    udp::endpoint from;
+    boost::system::error_code ec;
+    size_t n = c.socket.receive_from(asio::buffer(c.buf), from, 0, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return;
+    // Other errors (an ICMP "port unreachable" for a ping to a dead peer, reported on
+    // the next call) concern one datagram: go on.
+    if (ec || n < sizeof(DatagramHeader)) continue;
+    DatagramHeader h;
+    std::memcpy(&h, c.buf.data(), sizeof h);
+    if (h.nonce != c.nonce) continue;
+    on_control_locked(h.sender, h.kind, c.buf.data() + sizeof h, n - sizeof h);
+  }
 }
 
 void UcxFabric::control_send_cb(void* request, ucs_status_t, void* user) {
@@ -730,6 +849,15 @@ void UcxFabric::control_send_cb(void* request, ucs_status_t, void* user) {
 
 void UcxFabric::send_control_locked(int peer, uint64_t kind, const std::string& payload) {
   if (ep_dead_[size_t(peer)]) return;
+  if (kind != kBye) {
+    // Best effort, like the ping that repeats: a datagram lost is the same as silence.
+    DatagramHeader h{ctl_->peer_nonces[size_t(peer)], uint32_t(kind), int32_t(rank())};
+    std::string d(reinterpret_cast<const char*>(&h), sizeof h);
+    d.append(payload);
+    boost::system::error_code ignored;
+    ctl_->socket.send_to(asio::buffer(d), ctl_->peers[size_t(peer)], 0, ignored);
+    return;
+  }
   // Every control message starts with the sender's rank.
   int32_t me = rank();
   auto* buf = new std::string(reinterpret_cast<const char*>(&me), 4);
@@ -862,6 +990,10 @@ void UcxFabric::thread_main() {
     {
       std::lock_guard lock(mu_);
       for (int i = 0; i < 16 && progress_locked(); ++i) active = true;
+      // The control socket only here: callers poll the data worker alone, and a ping
+      // can wait the millisecond of a nap.
+      drain_control_socket_locked();
+      if (!to_pong_.empty()) after_progress_locked();
       in_flight = sends_in_flight_ > 0;
     }
     apply_failures();
@@ -884,10 +1016,10 @@ void UcxFabric::thread_main() {
         std::lock_guard lock(mu_);
         thread_sleeping_.store(true);
       }
-      pollfd pfd{wake_fd_, POLLIN, 0};
-      int woke = ::poll(&pfd, 1, 1);
+      pollfd pfd[2] = {{wake_fd_, POLLIN, 0}, {ctl_->socket.native_handle(), POLLIN, 0}};
+      int woke = ::poll(pfd, 2, 1);
       thread_sleeping_.store(false);
-      if (woke > 0) {
+      if (woke > 0 && pfd[0].revents) {
         uint64_t v;
         ssize_t ignored = read(wake_fd_, &v, sizeof v);
         (void)ignored;
@@ -915,9 +1047,9 @@ void UcxFabric::thread_main() {
     }
     if (st == UCS_ERR_BUSY) continue;
     if (st != UCS_OK) BATON_UCX_CHECK(st);
-    epoll_event evs[2];
+    epoll_event evs[3];
     int wait_ms = int(std::max<int64_t>(1, (next_tick_ - now_ns()) / 1'000'000));
-    int n = epoll_wait(epoll_fd_, evs, 2, wait_ms);
+    int n = epoll_wait(epoll_fd_, evs, 3, wait_ms);
     thread_sleeping_.store(false);
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == wake_fd_) {

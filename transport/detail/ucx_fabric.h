@@ -33,7 +33,8 @@ class UcxFabric final : public Fabric {
   RequestPtr isend(const void* data, size_t bytes, int dst, uint64_t tag) override;
   RequestPtr irecv(void* data, size_t bytes, int src, uint64_t tag) override;
 
-  struct Control;  // a posted receive of the liveness protocol
+  struct Control;        // a posted receive of the goodbye (the one control message on UCX)
+  struct ControlSocket;  // the UDP socket of pings, pongs and notices
   struct EpArg {
     UcxFabric* fabric;
     int peer;
@@ -77,6 +78,9 @@ class UcxFabric final : public Fabric {
   void after_progress_locked();
   void post_control_locked(Control& c);
   void send_control_locked(int peer, uint64_t kind, const std::string& payload);
+  // A control message from `src` (its payload after the sender's rank), either way.
+  void on_control_locked(int src, uint64_t kind, const char* payload, size_t len);
+  void drain_control_socket_locked();  // every datagram waiting on the control socket
   std::shared_ptr<UcxRequest> make_request(int peer, bool is_send, size_t bytes);
   void track_locked(const std::shared_ptr<UcxRequest>& r, void* ucx_request);
   void untrack_locked(UcxRequest* r);
@@ -120,6 +124,12 @@ class UcxFabric final : public Fabric {
   std::vector<std::unique_ptr<Control>> controls_;
   std::vector<Control*> to_repost_;
   std::vector<void*> closing_;  // ep close requests to release at the end
+  // Pings, pongs and notices go by UDP, not through UCX: a peer killed while it writes
+  // into our shared-memory FIFO leaves a slot that is never completed, and every later
+  // message in that FIFO, from anyone, waits behind it for good. Pings through it would
+  // make this live rank look dead to every other. Datagrams have no such shared state
+  // and no connection to break.
+  std::unique_ptr<ControlSocket> ctl_;
   int64_t next_tick_ = 0;
 
   std::atomic<bool> stop_{false};
