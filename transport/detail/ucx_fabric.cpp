@@ -197,7 +197,8 @@ struct UcxFabric::ControlSocket {
   // Bound to every address of this host, on a port the system picks.
   explicit ControlSocket(const asio::ip::address& family, size_t size)
       : peers(size), peer_nonces(size) {
-    nonce = std::random_device{}() * uint64_t(0x100000000) + std::random_device{}();
+    std::random_device rd;
+    nonce = uint64_t(rd()) << 32 | rd();
     udp proto = family.is_v6() ? udp::v6() : udp::v4();
     socket.open(proto);
     socket.bind(udp::endpoint(proto, 0));
@@ -832,8 +833,7 @@ void UcxFabric::drain_control_socket_locked() {
     boost::system::error_code ec;
     size_t n = c.socket.receive_from(asio::buffer(c.buf), from, 0, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) return;
-    // Other errors (an ICMP "port unreachable" for a ping to a dead peer, reported on
-    // the next call) concern one datagram: go on.
+    // Any other error concerns one datagram: go on.
     if (ec || n < sizeof(DatagramHeader)) continue;
     DatagramHeader h;
     std::memcpy(&h, c.buf.data(), sizeof h);
