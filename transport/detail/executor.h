@@ -48,7 +48,6 @@ class Executor {
   void shutdown();
 
   static constexpr std::chrono::microseconds kPickup{1000};
-  static constexpr std::chrono::seconds kIdle{1};
 
  private:
   void loop();
@@ -62,10 +61,12 @@ class Executor {
   std::deque<std::shared_ptr<Job>> queue_;
   bool running_ = false;  // someone holds the runner role
   bool stop_ = false;
-  bool deep_sleep_ = false;
+  bool idle_ = false;  // the thread sleeps with no deadline (nothing queued for it)
   bool started_ = false;
-  std::optional<ErrorInfo> broken_;         // the first failure: later jobs fail with it
-  std::chrono::nanoseconds last_active_{};  // coarse monotonic clock
+  std::optional<ErrorInfo> broken_;  // the first failure: later jobs fail with it
+  // When the thread takes up the queued jobs (the first's submission + kPickup, or now
+  // for an urgent one).
+  std::chrono::steady_clock::time_point due_{};
   std::thread thread_;
 };
 
