@@ -106,7 +106,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
     for (const std::string& ranks : k->keys())
       c.colocated[count_key(*k, ranks, "ranks per host")] = k->at(ranks).as_double(0.01, 1e6);
   }
-  c.in_step = r.get_double("in_step", 1, 0.01, 100);
+  c.in_step = r.get_double("in_step", 1, MeasuredCosts::kInStepMin, MeasuredCosts::kInStepMax);
   auto read_ops = [](const stages::JsonReader& ops, std::map<std::string, MeasuredCosts::Op>& out) {
     ops.expect_object();
     for (const std::string& name : ops.keys()) {

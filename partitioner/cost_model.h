@@ -111,8 +111,10 @@ struct MeasuredCosts {
   // The ops' time with k ranks on the host over their time alone (`--colocated k`).
   std::map<int, double> colocated;
   // The ops' time within whole training passes over the sum of their times one by one:
-  // every measured op's time is multiplied by it.
+  // every measured op's time is multiplied by it. A cost file holds it within
+  // [kInStepMin, kInStepMax].
   double in_step = 1;
+  static constexpr double kInStepMin = 0.01, kInStepMax = 100;
   // By tensor-parallel degree t: the ops of one rank's shard (split at t), by node name,
   // those that do not communicate (`baton profile --tp t`). A split op found here is
   // taken as measured at its own shape instead of the whole op's time by its FLOP share.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <random>
@@ -275,7 +276,7 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
   out.threads = kernels::num_threads();
   const int timed = profile_ops(g, o, nullptr, out.ops);
   kernels::set_num_threads(previous_threads);
-  if (o.in_step) {
+  if (o.in_step && o.warmup > 0) {
     // One by one on fresh inputs each op finds its data in the cache, and the stage's own
     // work between the ops (stashing, gradient slots, accumulation) is not timed: config
     // A's one-process step ran 1-6% above the sum of its ops, by a different amount each
@@ -290,6 +291,16 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     whole.warmup = 1;
     const PassTimes t = time_passes(g, whole, kPassMicroBatches);
     if (ops > 0) out.in_step = t.compute / (kPassMicroBatches * ops);
+    // Never a file the reader refuses: a ratio this far off means the op times and the
+    // passes saw different machines (a load that came or went meanwhile).
+    if (!(out.in_step >= MeasuredCosts::kInStepMin && out.in_step <= MeasuredCosts::kInStepMax)) {
+      char m[200];
+      std::snprintf(m, sizeof m,
+                    "profile: in whole passes the ops took %.4gx their time one by one (expected "
+                    "%g to %g): the machine's load changed while profiling; profile again",
+                    out.in_step, MeasuredCosts::kInStepMin, MeasuredCosts::kInStepMax);
+      throw RuntimeError(m);
+    }
   }
   if (summary != nullptr) {
     summary->distinct_ops = timed;

@@ -25,7 +25,8 @@ struct ProfileOptions {
   // the precision: a bf16 graph times the bf16 kernels).
   memory::Device device = memory::Device::cpu();
   // Also time whole training passes and store how much longer the ops take in them
-  // (MeasuredCosts::in_step).
+  // (MeasuredCosts::in_step). Only with warmup >= 1: an op's first call pays one-time
+  // costs (oneDNN's JIT, first touches), which made the ops' sum 30-200x a pass.
   bool in_step = true;
 };
 
