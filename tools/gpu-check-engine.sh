@@ -12,7 +12,8 @@
 #                              batch norm, pooling), f32 within 1e-4
 #   train-gpt2-bf16            GPT-2 124M through baton train --precision bf16 (tokens/s, MFU
 #                              from its --summary), beside the benchmark rows above
-#   train-gpt2-bf16-cudnn      the same with cuDNN's attention backward (BATON_CUDA_ATTENTION=cudnn)
+#   train-gpt2-bf16-colsum     the same with the bias gradients by the column-sum kernel
+#                              (BATON_CUDA_BIAS_GRAD=colsum), against their GEMM epilogues
 #   profile-gpt2-bf16          its ops timed on the GPU (baton profile --device cuda)
 #   profile-gpt2-bf16-cudnn    the same with cuDNN's attention backward
 #   trace-gpt2-bf16            its timeline as a one-rank plan (--trace); -blocking: with
@@ -27,7 +28,7 @@
 engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
-  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-cudnn profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx launch-dp2-zero2-ucx launch-dp2-ps-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-colsum profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx launch-dp2-zero2-ucx launch-dp2-ps-ucx nccl-pp2 nccl-tp2 nccl-dp2"
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
@@ -95,9 +96,10 @@ PY
     publish
   }
   gpt2_train train-gpt2-bf16 baton-train-bf16
-  # The same with cuDNN's attention backward too (automatic: its forward, our flash
-  # backward), the engine's measurement beside gpt_step's baton-bf16-cudnn-attn row.
-  gpt2_train train-gpt2-bf16-cudnn baton-train-bf16-cudnn-attn BATON_CUDA_ATTENTION=cudnn
+  # The same with the bias gradients summed by their own kernel instead of the weight
+  # GEMMs' epilogues (cuDNN's attention backward, forced here before, is automatic's
+  # choice since the second GPU session).
+  gpt2_train train-gpt2-bf16-colsum baton-train-bf16-colsum-bias-grad BATON_CUDA_BIAS_GRAD=colsum
   # Where its time goes: each op's F, B and W on the GPU (baton profile, synchronized
   # around every call), and the engine's timeline of the same model as a one-rank plan
   # (forward, backward and optimizer step as the executor runs them). Both land in the

@@ -1,9 +1,13 @@
 // Matrix products through cuBLAS (strided-batched GemmEx, f32 accumulation) and the
-// linear layer's forward through cuBLASLt, whose bias epilogue saves a pass over y.
+// linear layer's bias GEMMs through cuBLASLt, whose epilogues add the bias (forward) and
+// sum the bias gradient (weight gradient) inside the GEMM, each saving a pass.
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -18,7 +22,7 @@ std::atomic<bool> g_allow_tf32{false};
 constexpr int kMaxDevices = 64;
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 
-std::atomic<uint64_t> g_lt_bias{0}, g_gemm_bias{0};
+std::atomic<uint64_t> g_lt_bias{0}, g_gemm_bias{0}, g_lt_bias_grad{0}, g_colsum_bias_grad{0};
 
 // One handle per thread and device: handles are not to be shared by threads that set
 // different streams, and one thread per device is the common case.
@@ -106,7 +110,7 @@ bool allow_tf32() {
 }
 
 LinearBiasPaths linear_bias_paths() {
-  return {g_lt_bias.load(), g_gemm_bias.load()};
+  return {g_lt_bias.load(), g_gemm_bias.load(), g_lt_bias_grad.load(), g_colsum_bias_grad.load()};
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B first.
@@ -154,58 +158,70 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor
 
 namespace {
 
-// cuBLASLt: y = x op(W) + bias with the bias added in the GEMM's epilogue. Returns false
-// when Lt has no algorithm for the case (the caller falls back to GEMM + bias kernel).
+// One cuBLASLt product, column-major: D (m x n) = op(A) (m x k) op(B) (k x n) + beta D,
+// with an epilogue on `vec`: BIAS adds it (m values) to every column; BGRADA / BGRADB
+// write into it A's rows / B's columns summed over k (a bias gradient, read from the
+// operand as the GEMM loads it, instead of a second pass over dy).
+struct LtCall {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  cudaDataType_t ab = CUDA_R_32F, dt = CUDA_R_32F;
+  cublasComputeType_t comp = CUBLAS_COMPUTE_32F;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  void* vec = nullptr;
+  float beta = 0;
+};
+
 // Per device: a heuristic's algorithm is chosen for one device's architecture and
 // memory, and one thread may drive several devices.
 struct LtKey {
   int device;
   int64_t m, n, k;
-  bool trans_a;
-  int ab, c, compute;
+  int ta, tb, ab, dt, comp, epi;
+  bool beta;
   auto operator<=>(const LtKey&) const = default;
 };
 thread_local std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> t_lt_algos;
 
 struct LtDesc {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   ~LtDesc() {
     if (a) (void)cublasLtMatrixLayoutDestroy(a);
     if (b) (void)cublasLtMatrixLayoutDestroy(b);
-    if (c) (void)cublasLtMatrixLayoutDestroy(c);
+    if (d) (void)cublasLtMatrixLayoutDestroy(d);
     if (op) (void)cublasLtMatmulDescDestroy(op);
   }
 };
 
-bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool in_out, Tensor& y,
-                    int64_t rows, int64_t in, int64_t out, const Launch& l) {
-  const char* op = "linear_forward";
-  // Column-major: D (out x rows) = op(A) (out x in) * B (in x rows) + bias[out].
-  const cudaDataType_t ab = cuda_type(x.dtype(), op), ct = cuda_type(y.dtype(), op);
-  const cublasComputeType_t comp = compute_type(x.dtype());
+template <class V>
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v) {
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof v));
+}
+
+// Returns false when Lt has no algorithm for the case (the caller takes another path).
+bool lt_matmul(const LtCall& c, const Launch& l) {
   cublasLtHandle_t h = lt_handle(l);
   LtDesc d;
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, comp, CUDA_R_32F));
-  const cublasOperation_t ta = in_out ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  BATON_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  BATON_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  BATON_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-  const void* bias_ptr = bias.raw_data();
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias_ptr, sizeof bias_ptr));
-  if (in_out)
-    BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, uint64_t(out), uint64_t(in), out));
-  else
-    BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, uint64_t(in), uint64_t(out), in));
-  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, uint64_t(in), uint64_t(rows), in));
-  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, ct, uint64_t(out), uint64_t(rows), out));
+  BATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, c.comp, CUDA_R_32F));
+  set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSA, c.ta);
+  set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSB, c.tb);
+  if (c.epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    set_attr(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, c.epi);
+    set_attr(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.vec);
+  }
+  const bool na = c.ta == CUBLAS_OP_N, nb = c.tb == CUBLAS_OP_N;
+  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, c.ab, uint64_t(na ? c.m : c.k),
+                                                uint64_t(na ? c.k : c.m), c.lda));
+  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, c.ab, uint64_t(nb ? c.k : c.n),
+                                                uint64_t(nb ? c.n : c.k), c.ldb));
+  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, c.dt, uint64_t(c.m), uint64_t(c.n), c.ldd));
 
-  LtKey key{l.device, out, rows, in, in_out, int(ab), int(ct), int(comp)};
+  const LtKey key{l.device,  c.m,       c.n,         c.k,        int(c.ta),    int(c.tb),
+                  int(c.ab), int(c.dt), int(c.comp), int(c.epi), c.beta != 0.f};
   auto it = t_lt_algos.find(key);
   if (it == t_lt_algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
@@ -215,19 +231,59 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool i
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
     cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, pref, 1, &res, &found);
+        cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.d, d.d, pref, 1, &res, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) BATON_CUBLAS_CHECK(st);
     it = t_lt_algos.emplace(key, std::make_pair(st == CUBLAS_STATUS_SUCCESS && found > 0, res.algo))
              .first;
   }
   if (!it->second.first) return false;
-  const float alpha = 1.f, beta = 0.f;
-  BATON_CUBLAS_CHECK(cublasLtMatmul(h, d.op, &alpha, w.raw_data(), d.a, x.raw_data(), d.b, &beta,
-                                    y.raw_data(), d.c, y.raw_data(), d.c, &it->second.second,
-                                    stream_workspace(l), kLtWorkspace, l.stream));
+  const float alpha = 1.f;
+  BATON_CUBLAS_CHECK(cublasLtMatmul(h, d.op, &alpha, c.a, d.a, c.b, d.b, &c.beta, c.d, d.d, c.d,
+                                    d.d, &it->second.second, stream_workspace(l), kLtWorkspace,
+                                    l.stream));
+  return true;
+}
+
+// Lt's heuristics assume 256-byte aligned operands (whole tensors from the caching
+// allocator are); views at other offsets take the plain GEMM paths.
+bool lt_aligned(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 256 != 0) return false;
+  return true;
+}
+
+// y = x op(W) + bias with the bias added in the GEMM's epilogue.
+bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, bool in_out, Tensor& y,
+                    int64_t rows, int64_t in, int64_t out, const Launch& l) {
+  const char* op = "linear_forward";
+  // D (out x rows) = op(W) (out x in) * x (in x rows) + bias[out].
+  LtCall c;
+  c.ta = in_out ? CUBLAS_OP_N : CUBLAS_OP_T;
+  c.m = out, c.n = rows, c.k = in;
+  c.a = w.raw_data(), c.lda = in_out ? out : in;
+  c.b = x.raw_data(), c.ldb = in;
+  c.d = y.raw_data(), c.ldd = out;
+  c.ab = cuda_type(x.dtype(), op), c.dt = cuda_type(y.dtype(), op);
+  c.comp = compute_type(x.dtype());
+  c.epi = CUBLASLT_EPILOGUE_BIAS;
+  c.vec = const_cast<void*>(bias.raw_data());
+  if (!lt_matmul(c, l)) return false;
   g_lt_bias++;
   return true;
+}
+
+// BATON_CUDA_BIAS_GRAD=colsum keeps the bias gradient in its own kernel (to time both);
+// epilogue (or unset) sums it in the weight GEMM.
+bool bias_grad_in_gemm() {
+  static const bool on = [] {
+    const char* v = std::getenv("BATON_CUDA_BIAS_GRAD");
+    const std::string s = v == nullptr ? "" : v;
+    require(s.empty() || s == "epilogue" || s == "colsum", "linear_backward_weight",
+            "BATON_CUDA_BIAS_GRAD: expected epilogue or colsum, found '" + s + "'");
+    return s != "colsum";
+  }();
+  return on;
 }
 
 // x, y: [..., in] and [..., out], seen as [rows, in] and [rows, out].
@@ -260,13 +316,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Weight
   if (bias.defined()) {
     require_cuda(op, "bias", bias);
     require(bias.numel() == out, op, "bias must have y's column count");
-    // Lt's heuristics assume 256-byte aligned operands (whole tensors from the caching
-    // allocator are); views at other offsets take the GEMM + bias kernel path.
-    const auto al = [](const Tensor& t) {
-      return reinterpret_cast<uintptr_t>(t.raw_data()) % 256 == 0;
-    };
-    const bool aligned = al(x) && al(w) && al(bias) && al(y);
-    if (aligned && bias.dtype() == y.dtype() && rows > 0 &&
+    if (lt_aligned({&x, &w, &bias, &y}) && bias.dtype() == y.dtype() && rows > 0 &&
         lt_linear_bias(x, w, bias, in_out, y, rows, in, out, l))
       return;
   }
@@ -316,6 +366,36 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   const bool in_out = layout == WeightLayout::in_out;
   const auto [rows, in, out] = check_linear(op, x, dw, in_out, dy);
   Launch l(dw);
+  if (dbias.defined() && bias_grad_in_gemm() && rows > 0 && dbias.dtype() == dw.dtype() &&
+      dbias.numel() == out && lt_aligned({&dy, &x, &dw, &dbias})) {
+    // The bias gradient from the GEMM's epilogue, in D's type (Lt's rule). Lt writes it:
+    // accumulating, it goes to a scratch vector added after.
+    Tensor vec = accumulate ? scratch({out}, dbias.dtype(), l.device) : dbias;
+    LtCall c;
+    c.vec = lt_aligned({&vec}) ? vec.raw_data() : nullptr;
+    c.tb = CUBLAS_OP_T;
+    c.k = rows;
+    if (in_out) {  // D (out x in) = dy (out x rows) * x^T; dy's rows summed over k: BGRADA
+      c.m = out, c.n = in;
+      c.a = dy.raw_data(), c.lda = out;
+      c.b = x.raw_data(), c.ldb = in;
+      c.epi = CUBLASLT_EPILOGUE_BGRADA;
+    } else {  // D (in x out) = x (in x rows) * dy^T; dy^T's columns summed over k: BGRADB
+      c.m = in, c.n = out;
+      c.a = x.raw_data(), c.lda = in;
+      c.b = dy.raw_data(), c.ldb = out;
+      c.epi = CUBLASLT_EPILOGUE_BGRADB;
+    }
+    c.d = dw.raw_data(), c.ldd = c.m;
+    c.ab = cuda_type(dy.dtype(), op), c.dt = cuda_type(dw.dtype(), op);
+    c.comp = compute_type(dy.dtype());
+    c.beta = accumulate ? 1.f : 0.f;
+    if (c.vec != nullptr && lt_matmul(c, l)) {
+      if (accumulate) add_inplace(dbias, vec);
+      g_lt_bias_grad++;
+      return;
+    }
+  }
   Gemm g;
   g.trans_a = true;
   g.k = rows;
@@ -332,7 +412,10 @@ void linear_backward_weight(const Tensor& dy, const Tensor& x, WeightLayout layo
   g.ab_type = dy.dtype(), g.c_type = dw.dtype();
   g.beta = accumulate ? 1.f : 0.f;
   gemm(g, l, op);
-  if (dbias.defined()) bias_backward(dy, dbias, accumulate);
+  if (dbias.defined()) {
+    bias_backward(dy, dbias, accumulate);
+    g_colsum_bias_grad++;
+  }
 }
 
 }  // namespace baton::kernels::cuda

@@ -33,12 +33,17 @@ namespace baton::kernels::cuda {
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// How linear_forward with a bias has run in this process: through cuBLASLt's bias
-// epilogue (one pass; the path for whole, 256-byte aligned tensors) or as a GEMM and a
-// bias kernel. For tests and the GPU check, which assert the fast path is taken.
+// How the linear layer's bias has run in this process. linear_forward: through
+// cuBLASLt's bias epilogue (one pass; the path for whole, 256-byte aligned tensors) or
+// as a GEMM and a bias kernel. linear_backward_weight's bias gradient: summed in the
+// weight GEMM's epilogue (BGRADA/BGRADB; aligned tensors, dbias of dw's type, Lt having
+// an algorithm; BATON_CUDA_BIAS_GRAD=colsum turns it off) or by the column-sum kernel.
+// For tests and the GPU check, which assert the fast path is taken.
 struct LinearBiasPaths {
   uint64_t lt_epilogue = 0;
   uint64_t gemm_then_bias = 0;
+  uint64_t lt_bias_grad = 0;
+  uint64_t colsum_bias_grad = 0;
 };
 LinearBiasPaths linear_bias_paths();
 
