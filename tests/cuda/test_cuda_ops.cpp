@@ -175,45 +175,40 @@ TEST_P(CudaOps, Linear) {
     kernels::linear_backward_input(rdy, rw, layout, rdx, true);
     kernels::linear_backward_input(ddy, dw_, layout, gdx, true);
     expect_close("linear_backward_input", dt(), gdx, rdx);
-    // Weight and bias gradients accumulated in f32 whatever the activations' type, and
-    // written (the first micro-batch's).
-    for (bool accumulate : {true, false}) {
-      SCOPED_TRACE(accumulate ? "accumulate" : "write");
+    // Weight and bias gradients (f32 whatever the activations' type) of dy on the CPU and
+    // on the GPU, added to random ones or written; returns how many went each bias path.
+    auto weight_grads = [&](const Tensor& cpu_dy, const Tensor& gpu_dy, bool accumulate,
+                            const std::string& tag) {
+      SCOPED_TRACE(tag + (accumulate ? " accumulate" : " write"));
       Tensor acc_w = randn(w.shape(), rng_), acc_b = randn({out}, rng_);
       Tensor rdw = acc_w.clone(), rdb = acc_b.clone();
       Tensor gdw = dev(acc_w, wide()), gdb = dev(acc_b, wide());
       const auto before = kernels::cuda::linear_bias_paths();
-      kernels::linear_backward_weight(rdy, rx, layout, rdw, rdb, accumulate);
-      kernels::linear_backward_weight(ddy, dx_, layout, gdw, gdb, accumulate);
-      expect_close("linear_backward_weight", dt(), gdw, rdw);
-      expect_close("linear_backward_weight dbias", dt(), gdb, rdb);
+      kernels::linear_backward_weight(cpu_dy, rx, layout, rdw, rdb, accumulate);
+      kernels::linear_backward_weight(gpu_dy, dx_, layout, gdw, gdb, accumulate);
+      expect_close("linear_backward_weight" + tag, dt(), gdw, rdw);
+      expect_close("linear_backward_weight dbias" + tag, dt(), gdb, rdb);
+      const auto after = kernels::cuda::linear_bias_paths();
+      return std::pair{after.lt_bias_grad - before.lt_bias_grad,
+                       after.colsum_bias_grad - before.colsum_bias_grad};
+    };
+    for (bool accumulate : {true, false}) {
+      const auto [lt, colsum] = weight_grads(rdy, ddy, accumulate, "");
+      EXPECT_EQ(lt + colsum, 1u);
       // The bias gradient summed in the GEMM's epilogue, not by a second pass over dy.
       // W [out, in] (BGRADB, the form Transformer Engine uses) must take it; for GPT-2's
       // W [in, out] (BGRADA) cuBLASLt decides, and the check prints which path ran.
-      const auto after = kernels::cuda::linear_bias_paths();
-      const bool lt = after.lt_bias_grad - before.lt_bias_grad == 1;
-      EXPECT_EQ((after.lt_bias_grad - before.lt_bias_grad) +
-                    (after.colsum_bias_grad - before.colsum_bias_grad),
-                1u);
       if (layout == WeightLayout::out_in)
-        EXPECT_TRUE(lt) << "the bias gradient did not take cuBLASLt's epilogue";
+        EXPECT_EQ(lt, 1u) << "the bias gradient did not take cuBLASLt's epilogue";
       else
         std::printf("linear_backward_weight W [in, out] %s: bias gradient by %s\n",
                     std::string(memory::dtype_name(dt())).c_str(),
-                    lt ? "cuBLASLt's BGRADA epilogue" : "the column sums");
+                    lt == 1 ? "cuBLASLt's BGRADA epilogue" : "the column sums");
     }
     {  // dy 4 elements into a buffer is not 256-byte aligned: the column sums, same result.
       Tensor big = dev(randn({N * out + 4}, rng_), dt());
       Tensor gdy = big.narrow(0, 4, N * out).view({N, out});
-      Tensor rdy2 = cuda_ops_host(gdy);
-      Tensor rdw = Tensor::zeros(w.shape()), rdb = Tensor::zeros({out});
-      Tensor gdw = dev(rdw, wide()), gdb = dev(rdb, wide());
-      const auto before = kernels::cuda::linear_bias_paths();
-      kernels::linear_backward_weight(rdy2, rx, layout, rdw, rdb, false);
-      kernels::linear_backward_weight(gdy, dx_, layout, gdw, gdb, false);
-      expect_close("linear_backward_weight unaligned", dt(), gdw, rdw);
-      expect_close("linear_backward_weight dbias unaligned", dt(), gdb, rdb);
-      EXPECT_EQ(kernels::cuda::linear_bias_paths().colsum_bias_grad - before.colsum_bias_grad, 1u);
+      EXPECT_EQ(weight_grads(cuda_ops_host(gdy), gdy, false, " unaligned").second, 1u);
     }
   }
 }
