@@ -1,8 +1,8 @@
 // The scratch memory a collective takes from the CPU allocator while it runs, by the
 // algorithm transport/detail/collectives.cpp picks for the message (recursive doubling
 // and direct exchanges hold one message or one part per peer; rings hold their window
-// of chunks whatever the message size). Small scratch lives on the stack and counts
-// nothing. partitioner/'s memory model adds these bytes at each collective a rank runs,
+// of chunks, each no larger than the largest part). Small scratch lives on the stack
+// and counts nothing. partitioner/'s memory model adds these bytes at each collective a rank runs,
 // so that `baton plan --check` matches the allocator's measured peak.
 #pragma once
 
@@ -14,7 +14,8 @@ enum class Collective { all_reduce, reduce_scatter, all_gather };
 
 // Bytes the allocator counts (rounded to its alignment) while one `c` over a group of
 // `group_size` ranks runs: `count` elements of `esize` bytes in all (reduce-scatter and
-// all-gather: the whole buffer; `part` the largest rank's part, in elements). A
+// all-gather: the whole buffer; `part` the largest rank's part, in elements, for a
+// reduce-scatter: 0 bounds it by the whole buffer). A
 // reduce-scatter `in_place` (its output the rank's own part of its input, as the gradient
 // reducer's) keeps its ring's partial sums in the input: no accumulator slots.
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,

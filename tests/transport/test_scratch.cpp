@@ -42,16 +42,18 @@ TEST(CollectiveScratch, AllReduceMatchesTheAllocatorPeak) {
   auto all_reduce = [](Communicator& c, Tensor& t, Tensor&) {
     c.all_reduce(t, ReduceOp::sum)->wait();
   };
-  for (int64_t count : {int64_t(100), int64_t(4000), int64_t(100000)}) {
+  for (int64_t count : {int64_t(100), int64_t(4000), int64_t(100000), int64_t(1000000)}) {
     SCOPED_TRACE(count);
     const int64_t want =
         2 * int64_t(collective_scratch_bytes(Collective::all_reduce, size_t(count), 4, 2));
     EXPECT_EQ(measured_extra(all_reduce, count, 1), want);
   }
-  // The three cases are the three regimes: none, one message, the ring's window.
+  // The four cases are the four regimes: none, one message, the ring's two slots of one
+  // part (50000 floats, under a 512 KiB chunk), the ring's window of two whole chunks.
   EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 100, 4, 2), 0u);
   EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 4000, 4, 2), 16000u);
-  EXPECT_GT(collective_scratch_bytes(Collective::all_reduce, 100000, 4, 2), 400000u);
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 100000, 4, 2), 400000u);
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 1000000, 4, 2), 1048576u);
   EXPECT_EQ(collective_scratch_bytes(Collective::all_reduce, 100000, 4, 1), 0u);
 }
 
@@ -63,6 +65,8 @@ TEST(CollectiveScratch, AllGatherMatchesTheAllocatorPeak) {
         2 * int64_t(collective_scratch_bytes(Collective::all_gather, size_t(2 * count), 4, 2));
     EXPECT_EQ(measured_extra(all_gather, count, 2 * count), want);
   }
+  // Both the direct exchange and the ring receive into the output.
+  EXPECT_EQ(collective_scratch_bytes(Collective::all_gather, 100000, 4, 2), 0u);
 }
 
 // Into a separate output the ring keeps its partial sums in accumulator slots beside its

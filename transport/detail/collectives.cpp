@@ -350,22 +350,24 @@ size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int gr
     return bytes > Scratch::kInline ? memory::Allocator::rounded(bytes) : 0;
   };
   // run_ring's window of receive slots (and of accumulators when it reduces into a
-  // separate output).
-  auto ring = [&](bool acc) {
+  // separate output), each a chunk or the largest part (`largest` elements) if smaller.
+  auto ring = [&](size_t largest, bool acc) {
     const size_t chunk = std::max<size_t>(1, tune.chunk_bytes / esize);
-    return held(size_t(std::max(1, tune.window)) * chunk * esize * (acc ? 2 : 1));
+    return held(size_t(std::max(1, tune.window)) * std::min(chunk, largest) * esize *
+                (acc ? 2 : 1));
   };
   if (group_size <= 1 || count == 0) return 0;
   const size_t bytes = count * esize;
+  const size_t n = size_t(group_size);
   switch (c) {
     case Collective::all_reduce:
-      if (bytes <= tune.small_bytes || count < size_t(group_size)) return held(bytes);
-      return ring(false);
+      if (bytes <= tune.small_bytes || count < n) return held(bytes);
+      return ring((count + n - 1) / n, false);  // equal parts
     case Collective::reduce_scatter:
-      if (bytes <= tune.small_bytes) return held(part * esize * size_t(group_size));
-      return ring(!in_place);
+      if (bytes <= tune.small_bytes) return held(part * esize * n);
+      return ring(part > 0 ? part : count, !in_place);
     case Collective::all_gather:
-      return bytes <= tune.small_bytes ? 0 : ring(false);
+      return 0;  // the direct exchange and the ring both receive in place
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "transport/detail/ring.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "transport/detail/collectives.h"
@@ -50,12 +51,17 @@ void run_ring(const GroupView& g, const RingJob& job) {
     for (int t = 0; t < T; ++t)
       if (k < nchunks(recv_block(t))) units.push_back({t, recv_block(t), k});
 
-  // Receive slots for reduce steps; accumulator slots when the partial sums cannot live
-  // in the caller's buffer (reduce-scatter into a separate output).
+  // Receive slots for reduce steps (gather steps receive in place: none for an
+  // all-gather); accumulator slots when the partial sums cannot live in the caller's
+  // buffer (reduce-scatter into a separate output). A slot holds one chunk, so no more
+  // than the largest block when every block fits one chunk.
   const bool acc_in_scratch = job.reduce && !job.gather && job.buf == nullptr;
-  Scratch slots(size_t(W) * C * es * (acc_in_scratch ? 2 : 1));
+  size_t slot = 0;  // elements
+  if (job.reduce)
+    for (int b = 0; b < n; ++b) slot = std::max(slot, std::min(C, job.len[size_t(b)]));
+  Scratch slots(size_t(W) * slot * es * (acc_in_scratch ? 2 : 1));
   char* recv_slots = slots.data();
-  char* acc_slots = acc_in_scratch ? slots.data() + size_t(W) * C * es : nullptr;
+  char* acc_slots = acc_in_scratch ? slots.data() + size_t(W) * slot * es : nullptr;
   std::vector<RequestPtr> acc_send(static_cast<size_t>(W));
 
   std::vector<RequestPtr> recvs(units.size());
@@ -66,7 +72,7 @@ void run_ring(const GroupView& g, const RingJob& job) {
   auto post_recv = [&](size_t i) {
     const Unit& u = units[i];
     size_t bytes = chunk_len(u.block, u.chunk) * es;
-    char* dst = u.step < t_rs ? recv_slots + (i % size_t(W)) * C * es
+    char* dst = u.step < t_rs ? recv_slots + (i % size_t(W)) * slot * es
                               : job.buf + (job.off[size_t(u.block)] + u.chunk * C) * es;
     recvs[i] = g.recv(dst, bytes, mod(r - 1), tag_step(u.step, u.chunk));
   };
@@ -114,9 +120,9 @@ void run_ring(const GroupView& g, const RingJob& job) {
       } else {
         size_t s = i % size_t(W);
         if (acc_send[s]) g.wait(acc_send[s]);  // the slot's previous sum is still going out
-        res = acc_slots + s * C * es;
+        res = acc_slots + s * slot * es;
       }
-      reduce(res, mine, recv_slots + (i % size_t(W)) * C * es, len, job.dtype, job.op);
+      reduce(res, mine, recv_slots + (i % size_t(W)) * slot * es, len, job.dtype, job.op);
       if (u.step == t_rs - 1 && job.op == ReduceOp::avg) divide(res, len, job.dtype, n);
     } else {
       res = job.buf + at;
