@@ -93,7 +93,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
   r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "in_step",
-                 "ops", "tp_ops"});
+                 "memory_bandwidth", "ops", "tp_ops"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -107,6 +107,9 @@ MeasuredCosts read_measured_costs(const std::string& path) {
       c.colocated[count_key(*k, ranks, "ranks per host")] = k->at(ranks).as_double(0.01, 1e6);
   }
   c.in_step = r.get_double("in_step", 1, MeasuredCosts::kInStepMin, MeasuredCosts::kInStepMax);
+  if (r.get("memory_bandwidth"))
+    c.memory_bandwidth = r.get_double("memory_bandwidth", 0, MeasuredCosts::kBandwidthMin,
+                                      MeasuredCosts::kBandwidthMax);
   auto read_ops = [](const stages::JsonReader& ops, std::map<std::string, MeasuredCosts::Op>& out) {
     ops.expect_object();
     for (const std::string& name : ops.keys()) {
@@ -145,6 +148,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
   nlohmann::json j = {{"version", 1},     {"kind", "op_times"},   {"model", c.model},
                       {"batch", c.batch}, {"threads", c.threads}, {"in_step", c.in_step},
                       {"ops", ops}};
+  if (c.memory_bandwidth > 0) j["memory_bandwidth"] = c.memory_bandwidth;
   if (!c.colocated.empty()) {
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
@@ -234,6 +238,8 @@ CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
                      const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {
   if (measured_ != nullptr && machine_.colocated.empty()) machine_.colocated = measured_->colocated;
+  if (measured_ != nullptr && measured_->memory_bandwidth > 0)
+    machine_.memory_bandwidth = measured_->memory_bandwidth;
   // Layers of one structure share an id; the per-sharding signatures build on it.
   std::map<std::string, int> ids;
   for (int l = 0; l < g_->num_layers(); ++l)

@@ -115,6 +115,11 @@ struct MeasuredCosts {
   // [kInStepMin, kInStepMax].
   double in_step = 1;
   static constexpr double kInStepMin = 0.01, kInStepMax = 100;
+  // Bytes/s the optimizer step streams at (Machine::memory_bandwidth), from the AdamW
+  // step of the whole passes that measure in_step: (3 + 2 x 2) x the parameters' bytes
+  // over its time, the bytes the cost model counts; 0: not measured (the Machine's).
+  double memory_bandwidth = 0;
+  static constexpr double kBandwidthMin = 1e6, kBandwidthMax = 1e15;
   // By tensor-parallel degree t: the ops of one rank's shard (split at t), by node name,
   // those that do not communicate (`baton profile --tp t`). A split op found here is
   // taken as measured at its own shape instead of the whole op's time by its FLOP share.

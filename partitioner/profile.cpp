@@ -185,7 +185,7 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
       inputs[size_t(k)][val.name] =
           random_tensor(val.type, o.batch, input_bound(g, v), 300 + uint64_t(k), o.device);
     }
-  std::vector<double> times, computes, forwards;
+  std::vector<double> times, computes, forwards, steps;
   for (int pass = 0; pass < o.warmup + o.repeats; ++pass) {
     finish(o.device);
     const auto t0 = Clock::now();
@@ -208,17 +208,24 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
     const double compute = seconds_since(t0);
     // The optimizer's sweep over the parameters and their state evicts the weights from
     // the caches the ranks share, as every training step does.
+    const auto s0 = Clock::now();
     stage.step(1.0);
     finish(o.device);
     if (pass >= o.warmup) {
       times.push_back(seconds_since(t0));
       computes.push_back(compute);
       forwards.push_back(forward);
+      steps.push_back(seconds_since(s0));
     }
   }
   kernels::set_num_threads(previous_threads);
   auto keep = [&](const std::vector<double>& v) { return o.mean ? mean(v) : median(v); };
-  return {keep(times), keep(computes), keep(forwards)};
+  int64_t param_bytes = 0;
+  for (const stages::Param& p : g.params)
+    if (p.trainable)
+      param_bytes += memory::shape_numel(p.shape) *
+                     int64_t(memory::dtype_size(so.master_dtype.value_or(p.dtype)));
+  return {keep(times), keep(computes), keep(forwards), keep(steps), param_bytes};
 }
 
 namespace {
@@ -291,6 +298,11 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     whole.warmup = 1;
     const PassTimes t = time_passes(g, whole, kPassMicroBatches);
     if (ops > 0) out.in_step = t.compute / (kPassMicroBatches * ops);
+    // AdamW streams the parameters (read, write), their gradients (read) and its two
+    // moments (read, write): the bytes the cost model's optimizer step counts.
+    if (t.step > 0 && t.param_bytes > 0)
+      out.memory_bandwidth = std::clamp((3.0 + 2.0 * 2) * double(t.param_bytes) / t.step,
+                                        MeasuredCosts::kBandwidthMin, MeasuredCosts::kBandwidthMax);
     // Never a file the reader refuses: a ratio this far off means the op times and the
     // passes saw different machines (a load that came or went meanwhile).
     if (!(out.in_step >= MeasuredCosts::kInStepMin && out.in_step <= MeasuredCosts::kInStepMax)) {

@@ -58,6 +58,8 @@ struct PassTimes {
   double pass = 0;     // seconds of a whole pass, the optimizer step included
   double compute = 0;  // of it, the micro-batches' F, B and W (the step excluded)
   double forward = 0;  // of that, their forwards
+  double step = 0;     // of the pass, the AdamW step
+  int64_t param_bytes = 0;  // the parameters' bytes the step updates (f32 masters)
 };
 // The median of options.repeats after options.warmup (the mean with options.mean), of each.
 PassTimes time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);

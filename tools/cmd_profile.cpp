@@ -151,13 +151,17 @@ int run_profile(const std::vector<std::string>& args) {
     std::printf("tensor-parallel degree %d: %zu ops of a rank's shard timed\n", t,
                 costs.tp_ops[t].size());
   }
-  if (o.warmup > 0)
+  if (o.warmup > 0) {
     std::printf("in whole training passes the ops take %.3fx their time one by one\n",
                 costs.in_step);
-  else
+    if (costs.memory_bandwidth > 0)
+      std::printf("the optimizer step streams its state at %.1f GB/s\n",
+                  costs.memory_bandwidth / 1e9);
+  } else {
     std::printf(
         "in whole training passes: not measured (--warmup 0: the ops' times include "
         "their first calls' one-time costs)\n");
+  }
   if (!colocated.empty()) {
     const std::vector<std::string> hold = {"--model",     model_path,
                                            "--batch",     std::to_string(o.batch),

@@ -433,6 +433,11 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
   // ratio taken on cold first calls was 0.005-0.03.
   EXPECT_GT(m.in_step, 0.1);
   EXPECT_LT(m.in_step, 10.0);
+  // The same passes' AdamW step gives the optimizer's streaming rate (60 GB/s for config
+  // B here; the tiny model's state fits the caches, so more); cold, none is taken.
+  EXPECT_GT(m.memory_bandwidth, 1e8);
+  EXPECT_LT(m.memory_bandwidth, 1e13);
+  EXPECT_EQ(profile_model(*g, quick_profile(2, true)).memory_bandwidth, 0.0);
   m.in_step = 1.25;
   const std::string path = testing::TempDir() + "in_step_costs.json";
   write_measured_costs(m, path);
@@ -452,6 +457,50 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
   for (const char* bad : {"0", "-1", "\"fast\""}) {
     nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
     j["in_step"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
+}
+
+// The measured streaming rate replaces the Machine's assumed one in the optimizer step's
+// time: through the file, a plan's STEP inversely proportional to it; none measured
+// leaves the Machine's.
+TEST(Profile, MeasuredBandwidthTimesTheOptimizerStep) {
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  auto g = load_plan_model(plan);
+  ResolvedPlan r = resolve_plan(plan, g);
+  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
+  EXPECT_EQ(m.memory_bandwidth, 0.0);  // no whole passes: not measured
+  const std::string path = testing::TempDir() + "bandwidth_costs.json";
+  write_measured_costs(m, path);
+  EXPECT_EQ(nlohmann::json::parse(memory::read_file(path)).count("memory_bandwidth"), 0U);
+  const MeasuredCosts none = read_measured_costs(path);
+  m.memory_bandwidth = 2 * Machine{}.memory_bandwidth;
+  write_measured_costs(m, path);
+  const MeasuredCosts twice = read_measured_costs(path);
+  EXPECT_EQ(twice.memory_bandwidth, m.memory_bandwidth);
+
+  CostModel assumed(g, Machine{}, &none), measured(g, Machine{}, &twice);
+  EXPECT_EQ(assumed.machine().memory_bandwidth, Machine{}.memory_bandwidth);
+  EXPECT_EQ(measured.machine().memory_bandwidth, m.memory_bandwidth);
+  const auto step = [&](CostModel& model) {
+    return schedule_costs(r, model.table_for(r.sharding, plan.micro_batch_size), model.machine())
+        .optimizer_step;
+  };
+  // The step also waits for its reductions, which do not depend on the memory's speed.
+  Machine no_wait = Machine{};
+  no_wait.dp_latency = 0;
+  no_wait.dp_bandwidth = 1e30;
+  CostModel a(g, no_wait, &none), b(g, no_wait, &twice);
+  ASSERT_GT(step(a), 0.0);
+  EXPECT_NEAR(step(b), step(a) / 2, 1e-9 * step(a));
+  EXPECT_GT(step(assumed), step(measured));
+
+  // Bad input: zero, negative, not a number.
+  for (const char* bad : {"0", "-1", "\"fast\""}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["memory_bandwidth"] = nlohmann::json::parse(bad);
     memory::write_file_durably(path, j.dump());
     EXPECT_THROW(read_measured_costs(path), InputError) << bad;
   }
