@@ -5,11 +5,14 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
@@ -63,6 +66,50 @@ void set_cpu_sgemm(CpuSgemm library) {
 
 namespace cpu {
 
+namespace {
+
+// OpenBLAS's AVX2 kernels (its Haswell and Zen cores, which it runs on AVX2 machines and
+// where OPENBLAS_CORETYPE names them) give bits that depend on the call: on two threads a
+// third to two thirds of a product's rows differed from one thread's, and rows computed
+// in two calls differed from the same rows computed in one. Its AVX-512 kernels do
+// neither (docs/kernels.md, "Threads"). So a product runs as single-threaded calls on
+// parts fixed by its shape alone: the longer side of the output (each call packs the
+// other operand again, the smaller one) cut into at most kBlasParts parts of at least
+// kBlasMinPart, spread over the threads.
+constexpr int64_t kBlasParts = 8, kBlasMinPart = 128;
+
+template <class T>
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, T alpha,
+               const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const bool by_rows = m >= n;
+  const int64_t len = by_rows ? m : n;
+  const int64_t parts = std::clamp<int64_t>(len / kBlasMinPart, 1, kBlasParts);
+  auto part = [&](int64_t i) {
+    const int64_t p0 = len * i / parts, p1 = len * (i + 1) / parts;
+    const T* ap = by_rows ? a + (ta == CblasTrans ? p0 : p0 * lda) : a;
+    const T* bp = by_rows ? b : b + (tb == CblasTrans ? p0 * ldb : p0);
+    T* cp = c + (by_rows ? p0 * ldc : p0);
+    const blasint mm(by_rows ? p1 - p0 : m), nn(by_rows ? n : p1 - p0);
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta, tb, mm, nn, blasint(k), alpha, ap, blasint(lda), bp,
+                  blasint(ldb), beta, cp, blasint(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, mm, nn, blasint(k), alpha, ap, blasint(lda), bp,
+                  blasint(ldb), beta, cp, blasint(ldc));
+  };
+  if (parts > 1 && thread_count() > 1 && !omp_in_parallel()) {
+    parallel_tasks(parts, part);  // OpenBLAS runs single-threaded inside the region
+    return;
+  }
+  // OpenBLAS's OpenMP build takes its thread count from the caller's OpenMP count.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (int64_t i = 0; i < parts; ++i) part(i);
+  omp_set_num_threads(threads);
+}
+
+}  // namespace
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
@@ -95,11 +142,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
       return;
     }
 #endif
-    cblas_sgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
-                b, blasint(ldb), beta, c, blasint(ldc));
-  } else
-    cblas_dgemm(CblasRowMajor, ta, tb, blasint(m), blasint(n), blasint(k), alpha, a, blasint(lda),
-                b, blasint(ldb), beta, c, blasint(ldc));
+  }
+  blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <class T>
