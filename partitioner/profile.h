@@ -55,10 +55,10 @@ void profile_tensor_parallel(const stages::Graph& g, const ProfileOptions& optio
 // as in training, which timing each op alone on fresh inputs does not: what `--colocated`
 // compares, alone and beside copies, and what `in_step` calibrates the op times by.
 struct PassTimes {
-  double pass = 0;     // seconds of a whole pass, the optimizer step included
-  double compute = 0;  // of it, the micro-batches' F, B and W (the step excluded)
-  double forward = 0;  // of that, their forwards
-  double step = 0;     // of the pass, the AdamW step
+  double pass = 0;          // seconds of a whole pass, the optimizer step included
+  double compute = 0;       // of it, the micro-batches' F, B and W (the step excluded)
+  double forward = 0;       // of that, their forwards
+  double step = 0;          // of the pass, the AdamW step
   int64_t param_bytes = 0;  // the parameters' bytes the step updates (f32 masters)
 };
 // The median of options.repeats after options.warmup (the mean with options.mean), of each.
