@@ -87,33 +87,64 @@ inline void softmax_rows_pipelined(const T* x, T* y, T scale, int64_t rows, int6
   }
 }
 
-// A long row in chunks that stay in L1: the chunk's max (the running sum rescaled when it
-// raises the running max), then its exponentials against the running max; the stored
-// chunks are scaled at the end by their own factor.
+// A long row in chunks that stay in L1, pipelined as the short rows are: step k takes the
+// max of chunk k + 1 (its reads from memory overlap chunk k's exps, which find chunk k in
+// L1) and the exponentials of chunk k against the running max, which already includes
+// chunk k's (the running sum is rescaled when a chunk raises it). The stored chunks are
+// scaled at the end by their own factor.
 template <class T, class Done>
 inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t cols, Done& done) {
   constexpr int64_t L = kLanes<T>;
   const int64_t by_count = (cols + kSoftmaxMaxChunks - 1) / kSoftmaxMaxChunks;
   const int64_t chunk = std::max(kSoftmaxChunk, (by_count + L - 1) / L * L);
+  const int64_t chunks = (cols + chunk - 1) / chunk;
   T chunk_max[kSoftmaxMaxChunks];
-  T m = -std::numeric_limits<T>::infinity(), s = 0;
-  int64_t k = 0;
-  for (int64_t c0 = 0; c0 < cols; c0 += chunk, ++k) {
-    const int64_t n = std::min(chunk, cols - c0);
-    const T mk = std::max(m, reduce_max(x + c0, n));
-    if (k > 0 && mk > m) s *= vexp(m - mk);
-    m = mk;
-    s += y != nullptr ? exp_shifted_sum(x + c0, m, y + c0, n) : exp_shifted_sum(x + c0, m, n);
+  T m = -std::numeric_limits<T>::infinity(), s = 0, mk = 0, sk = 0;
+  auto width = [&](int64_t k) { return std::min(chunk, cols - k * chunk); };
+  softmax_step<true, false, false, false>(x, mk, x, T(0), y, sk, y, T(0), width(0));
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t n = width(k);
+    const T m_new = std::max(m, mk);
+    if (k > 0 && m_new > m) s *= vexp(m - m_new);
+    m = m_new;
+    const T* xk = x + k * chunk;
+    T* yk = y != nullptr ? y + k * chunk : nullptr;
+    const T* xn = xk + chunk;
+    const int64_t nn = k + 1 < chunks ? width(k + 1) : 0;
+    // The shared loop runs over the whole vectors both chunks have; the longer chunk's rest
+    // (only ever beside the last, shorter chunk) runs alone.
+    const int64_t both = std::min(n, nn) / L * L;
+    T mn = -std::numeric_limits<T>::infinity(), sum = 0;
+    if (yk != nullptr)
+      softmax_step<true, true, true, false>(xn, mn, xk, m, yk, sum, yk, T(0), both);
+    else
+      softmax_step<true, true, false, false>(xn, mn, xk, m, yk, sum, yk, T(0), both);
+    if (nn > both) {
+      T rest = 0;
+      softmax_step<true, false, false, false>(xn + both, rest, xn, T(0), yk, sk, yk, T(0),
+                                              nn - both);
+      mn = std::max(mn, rest);
+    }
+    if (n > both) {
+      T rest = 0;
+      if (yk != nullptr)
+        softmax_step<false, true, true, false>(xk, mk, xk + both, m, yk + both, rest, yk, T(0),
+                                               n - both);
+      else
+        softmax_step<false, true, false, false>(xk, mk, xk + both, m, yk, rest, yk, T(0), n - both);
+      sum += rest;
+    }
+    s += sum;
+    mk = mn;
     chunk_max[k] = m;
   }
   done(row, m, s);
   if (y == nullptr) return;
   const T f = scale / s;
-  k = 0;
-  for (int64_t c0 = 0; c0 < cols; c0 += chunk, ++k) {
-    const int64_t n = std::min(chunk, cols - c0);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t n = width(k);
     const T fk = chunk_max[k] == m ? f : f * vexp(chunk_max[k] - m);
-    T* yk = y + c0;
+    T* yk = y + k * chunk;
 #pragma GCC ivdep
     for (int64_t c = 0; c < n; ++c) yk[c] *= fk;
   }

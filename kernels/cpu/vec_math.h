@@ -97,17 +97,47 @@ inline vfloat vmin(vfloat a, vfloat b) {
   return (vfloat)_mm256_min_ps((__m256)a, (__m256)b);
 }
 #endif
+
+namespace detail {
+template <class T, int N>
+struct LanesOf {
+  typedef T type __attribute__((vector_size(N * sizeof(T))));
+};
+// Lane j + N/2 combined into lane j, down to one lane: the pairwise tree inside a register
+// (log2 N dependent steps where a lane-by-lane loop takes N - 1).
+template <class T, int N, std::size_t... I>
+inline T tree_sum(typename LanesOf<T, N>::type v, std::index_sequence<I...>) {
+  const auto lo = __builtin_shufflevector(v, v, I...);
+  const auto hi = __builtin_shufflevector(v, v, (I + N / 2)...);
+  if constexpr (N == 2)
+    return (lo + hi)[0];
+  else
+    return tree_sum<T, N / 2>(lo + hi, std::make_index_sequence<N / 4>{});
+}
+template <class T, int N, std::size_t... I>
+inline T tree_max(typename LanesOf<T, N>::type v, std::index_sequence<I...>) {
+  const auto lo = __builtin_shufflevector(v, v, I...);
+  const auto hi = __builtin_shufflevector(v, v, (I + N / 2)...);
+  const auto m = lo > hi ? lo : hi;
+  if constexpr (N == 2)
+    return m[0];
+  else
+    return tree_max<T, N / 2>(m, std::make_index_sequence<N / 4>{});
+}
+}  // namespace detail
+
+// The lanes' sum and max as pairwise trees: the order depends on the vector width only.
+// The softmax rows wait on both between one row and the next; the trees made its forward
+// 1.25x faster than lane-by-lane loops (docs/kernels.md).
 template <class V>
 inline lane_t<V> hsum(V v) {
-  lane_t<V> s = 0;
-  for (int64_t i = 0; i < kLanes<lane_t<V>>; ++i) s += v[i];
-  return s;
+  constexpr int N = int(kLanes<lane_t<V>>);
+  return detail::tree_sum<lane_t<V>, N>(v, std::make_index_sequence<std::size_t(N / 2)>{});
 }
 template <class V>
 inline lane_t<V> hmax(V v) {
-  lane_t<V> m = v[0];
-  for (int64_t i = 1; i < kLanes<lane_t<V>>; ++i) m = m > v[i] ? m : v[i];
-  return m;
+  constexpr int N = int(kLanes<lane_t<V>>);
+  return detail::tree_max<lane_t<V>, N>(v, std::make_index_sequence<std::size_t(N / 2)>{});
 }
 
 // e^r on |r| <= ln2 / 2 as 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3), fitted for the
@@ -304,23 +334,6 @@ inline void store_as(S* p, V v) {
     store(p, v);
 }
 
-namespace detail {
-template <class T, int N>
-struct LanesOf {
-  typedef T type __attribute__((vector_size(N * sizeof(T))));
-};
-// Lane j + N/2 added to lane j, down to one lane: the pairwise tree inside a register.
-template <class T, int N, std::size_t... I>
-inline T tree_sum(typename LanesOf<T, N>::type v, std::index_sequence<I...>) {
-  const auto lo = __builtin_shufflevector(v, v, I...);
-  const auto hi = __builtin_shufflevector(v, v, (I + N / 2)...);
-  if constexpr (N == 2)
-    return (lo + hi)[0];
-  else
-    return tree_sum<T, N / 2>(lo + hi, std::make_index_sequence<N / 4>{});
-}
-}  // namespace detail
-
 // sum of f(i) over i < n: whole blocks of 32 elements in 32 running sums (four AVX2 or
 // two AVX-512 registers, so four independent chains of additions keep the adder busy;
 // slot s gets the elements i = s mod 32), the slots added pairwise in registers (s and
@@ -360,10 +373,9 @@ inline auto sum_of_vectors(int64_t n, F&& f) {
   for (int64_t h = P / 2; h >= 1; h /= 2)
 #pragma GCC unroll 16
     for (int64_t p = 0; p < h; ++p) add(acc[p], acc[p + h]);
-  constexpr auto half = std::make_index_sequence<std::size_t(L / 2)>{};
   if constexpr (kPair) {
-    T s0 = detail::tree_sum<T, int(L)>(acc[0].first, half);
-    T s1 = detail::tree_sum<T, int(L)>(acc[0].second, half);
+    T s0 = hsum(acc[0].first);
+    T s1 = hsum(acc[0].second);
     for (; i < n; ++i) {
       const auto e = f(T{}, i);
       s0 += e.first;
@@ -371,7 +383,7 @@ inline auto sum_of_vectors(int64_t n, F&& f) {
     }
     return std::pair<T, T>{s0, s1};
   } else {
-    T s = detail::tree_sum<T, int(L)>(acc[0], half);
+    T s = hsum(acc[0]);
     for (; i < n; ++i) s += f(T{}, i);
     return s;
   }
