@@ -283,6 +283,10 @@ void bench_config(Bench& b, const Config& c) {
               [&] { k::layernorm_backward_input(dy, x, w, mean, rstd, dx, false); });
     b.mem_row(c, "layernorm_bwd_w", shape, 2.0 * act,
               [&] { k::layernorm_backward_weight(dy, x, mean, rstd, dw, db, false); });
+    // LLaMA's norm (the same rows, no mean and no bias).
+    b.mem_row(c, "rmsnorm_fwd", shape, 2.0 * act, [&] { k::rmsnorm_forward(x, w, 1e-5, y, rstd); });
+    b.mem_row(c, "rmsnorm_bwd_in", shape, 3.0 * act,
+              [&] { k::rmsnorm_backward_input(dy, x, w, rstd, dx, false); });
     b.mem_row(c, "dropout_fwd p0.1", shape, 2.0 * act,
               [&] { k::dropout_forward(x, y, 0.1, 1, 2, {}); });
     b.mem_row(c, "dropout_bwd p0.1", shape, 2.0 * act,

@@ -36,21 +36,23 @@ inline std::pair<T, T> layernorm_step(const T* xa, const T* xb, T mb, const T* x
   });
 }
 
-// Rows [0, rows) three at a time: step i sums row i, takes the deviations of row i - 1
-// and normalises row i - 2, so each row is read from memory once (the later passes find
-// it in L1) and the reductions' latencies overlap the normalising of another row instead
-// of stalling between one row's passes. With x2 the rows are the sums s = x + x2, each
-// written just before its first step (and read back from L1): the steps are then the
-// plain form's own code, so fused and unfused give the same bits by construction (the
-// add inside the step let the compiler contract the tails differently: 1 ulp of rstd).
+// Rows [0, rows) in a pipeline: step i sums row i, takes the deviations of row i - kLag
+// and normalises row i - 2 kLag, so each row is read from memory once (the later passes
+// find it in L1) and the reductions' latencies overlap other rows' work instead of
+// stalling between one row's passes. A lag of 2 rather than 1 leaves a whole step between
+// a row's mean (or rstd) and its use: 1.15-1.25x at 256 columns (docs/kernels.md). With x2 the rows
+// are the sums s = x + x2, each written just before its first step (and read back from L1): the
+// steps are then the plain form's own code, so fused and unfused give the same bits by construction
+// (the add inside the step let the compiler contract the tails differently: 1 ulp of rstd).
 template <class T>
 void layernorm_rows(const T* x, const T* x2, T* s, const T* w, const T* b, double eps, T* y,
                     T* mean, T* rstd, int64_t rows, int64_t cols) {
   if (rows <= 0) return;
   const T* src = x2 != nullptr ? s : x;
-  for (int64_t i = 0; i < rows + 2; ++i) {
-    const bool sum = i < rows, var = i >= 1 && i - 1 < rows, norm = i >= 2;
-    const int64_t ra = sum ? i : 0, rb = var ? i - 1 : 0, rc = norm ? i - 2 : 0;
+  constexpr int64_t kLag = 2;
+  for (int64_t i = 0; i < rows + 2 * kLag; ++i) {
+    const bool sum = i < rows, var = i >= kLag && i - kLag < rows, norm = i >= 2 * kLag;
+    const int64_t ra = sum ? i : 0, rb = var ? i - kLag : 0, rc = norm ? i - 2 * kLag : 0;
     if (sum && x2 != nullptr) {
       const T* xr = x + ra * cols;
       const T* x2r = x2 + ra * cols;
