@@ -128,7 +128,7 @@ void forward_block(const T* qkv, T* out, T* lse, const Geometry& g, const Dropou
       const T sum = exp_shifted_sum(sr, mx, sr, n);
       std::fill(sr + n, sr + kc, T(0));
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
-        const T alpha = vexp(T(m[r] - mx));
+        const T alpha = vexp_nonpositive(T(m[r] - mx));
         l[r] *= alpha;
         T* orow = o + r * g.ldo;
         for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
@@ -300,7 +300,7 @@ struct ExpVisible {
   int64_t seen;
   void operator()(int r, int n, vfloat acc) const {
     const vint32 keep = visible_lanes(seen, r, n);
-    const vfloat e = vexp(acc * alpha - lse[r]);
+    const vfloat e = vexp_nonpositive(acc * alpha - lse[r]);
     store(C + r * ldc + kLanes<float> * n, std::bit_cast<vfloat>(std::bit_cast<vint32>(e) & keep));
   }
 };
@@ -351,7 +351,7 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
       const float sum = exp_shifted_sum(sr, mx, sr, padded);
       zero_row_tail(sr, padded, kc);
       if (c0 > 0 && mx != m[r]) {  // the running maximum moved: rescale what we have
-        const float alpha = vexp(m[r] - mx);
+        const float alpha = vexp_nonpositive(m[r] - mx);
         l[r] *= alpha;
         float* orow = o + r * g.ldo;
         for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;

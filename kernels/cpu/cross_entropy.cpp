@@ -114,7 +114,7 @@ void ce_local_forward(const T* logits, const I* targets, int64_t vocab_offset, d
 // same expression where ce_local_finish needs it again).
 template <class T>
 inline T ce_share_of(T local_max, T local_sum, T row_max) {
-  return local_max == row_max ? local_sum : local_sum * vexp(T(local_max - row_max));
+  return local_max == row_max ? local_sum : local_sum * vexp_nonpositive(T(local_max - row_max));
 }
 
 template <class T>

@@ -32,7 +32,7 @@ inline void softmax_step(const T* xa, T& ma, const T* xb, T mb, T* yb, T& sb, T*
   for (; c + L <= cols; c += L) {
     if constexpr (kMax) amax = vmax(amax, load(xa + c));
     if constexpr (kExp) {
-      const vec<T> e = vexp(load(xb + c) - mb);
+      const vec<T> e = vexp_nonpositive(load(xb + c) - mb);
       if constexpr (kStore) store(yb + c, e);
       asum += e;
     }
@@ -42,7 +42,7 @@ inline void softmax_step(const T* xa, T& ma, const T* xb, T mb, T* yb, T& sb, T*
   for (; c < cols; ++c) {
     if constexpr (kMax) m = m > xa[c] ? m : xa[c];
     if constexpr (kExp) {
-      const T e = vexp(xb[c] - mb);
+      const T e = vexp_nonpositive(xb[c] - mb);
       if constexpr (kStore) yb[c] = e;
       s += e;
     }
@@ -105,7 +105,7 @@ inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t 
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t n = width(k);
     const T m_new = std::max(m, mk);
-    if (k > 0 && m_new > m) s *= vexp(m - m_new);
+    if (k > 0 && m_new > m) s *= vexp_nonpositive(m - m_new);
     m = m_new;
     const T* xk = x + k * chunk;
     T* yk = y != nullptr ? y + k * chunk : nullptr;
@@ -143,7 +143,7 @@ inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t 
   const T f = scale / s;
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t n = width(k);
-    const T fk = chunk_max[k] == m ? f : f * vexp(chunk_max[k] - m);
+    const T fk = chunk_max[k] == m ? f : f * vexp_nonpositive(chunk_max[k] - m);
     T* yk = y + k * chunk;
 #pragma GCC ivdep
     for (int64_t c = 0; c < n; ++c) yk[c] *= fk;

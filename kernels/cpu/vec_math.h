@@ -188,21 +188,33 @@ inline vfloat exp_reduced(vfloat x, vfloat fn) {
 // The same arithmetic as below, with 2^n applied by vscalefps instead of being built in
 // the exponent bits (four integer and float operations fewer of fifteen); n <= -127,
 // where the bit pattern gives 0 (x below about -88, -inf, NaN), is zeroed by the mask,
-// so no clamp from below is needed. Same results: both scalings are exact.
-inline vfloat exp_approx(vfloat x) {
-  x = vmin(splat(88.37f), x);  // this order keeps a NaN (vminps returns its second operand)
+// so no clamp from below is needed. Same results: both scalings are exact. x <= 88.37.
+inline vfloat exp_unclamped(vfloat x) {
   const vfloat fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const vfloat p = exp_reduced(x, fn);
   const __mmask16 normal = _mm512_cmp_ps_mask((__m512)fn, _mm512_set1_ps(-127.0f), _CMP_GT_OQ);
   return (vfloat)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)fn);
 }
-#else
 inline vfloat exp_approx(vfloat x) {
-  x = vmin(vmax(x, splat(-88.0f)), splat(88.37f));
+  // This order keeps a NaN (vminps returns its second operand).
+  return exp_unclamped(vmin(splat(88.37f), x));
+}
+inline vfloat exp_nonpositive(vfloat x) {
+  return exp_unclamped(x);
+}
+#else
+// -88 <= x <= 88.37.
+inline vfloat exp_unclamped(vfloat x) {
   const vfloat shifted = x * 1.44269504088896341f + 12582912.0f;
   const vint32 n = std::bit_cast<vint32>(shifted) - 0x4B400000;
   const vfloat fn = shifted - 12582912.0f;
   return exp_reduced(x, fn) * std::bit_cast<vfloat>((n + 127) << 23);
+}
+inline vfloat exp_approx(vfloat x) {
+  return exp_unclamped(vmin(vmax(x, splat(-88.0f)), splat(88.37f)));
+}
+inline vfloat exp_nonpositive(vfloat x) {
+  return exp_unclamped(vmax(x, splat(-88.0f)));
 }
 #endif
 
@@ -218,6 +230,20 @@ inline vfloat vexp(vfloat x) {
 inline vdouble vexp(vdouble x) {
   for (int64_t i = 0; i < kLanes<double>; ++i) x[i] = std::exp(x[i]);
   return x;
+}
+// exp(x) for x <= 0 or NaN, such as a value less its row's maximum: exp_approx's bits
+// without its clamp from above (6-8% of softmax forward, docs/kernels.md).
+inline float vexp_nonpositive(float x) {
+  return exp_approx(x);
+}
+inline double vexp_nonpositive(double x) {
+  return std::exp(x);
+}
+inline vfloat vexp_nonpositive(vfloat x) {
+  return exp_nonpositive(x);
+}
+inline vdouble vexp_nonpositive(vdouble x) {
+  return vexp(x);
 }
 
 // 1 / x: with AVX-512 a 14-bit estimate refined by one Newton step (about 1 ulp),
@@ -267,6 +293,8 @@ inline T reduce_max(const T* x, int64_t n) {
   return m;
 }
 
+// The exp_shifted_* take shift >= every x[i] (a row's maximum, or a log-sum-exp above it).
+
 // y[i] = exp(x[i] - shift) for i < n; returns their sum. y may be x.
 template <class T>
 inline T exp_shifted_sum(const T* x, T shift, T* y, int64_t n) {
@@ -274,13 +302,13 @@ inline T exp_shifted_sum(const T* x, T shift, T* y, int64_t n) {
   int64_t i = 0;
   vec<T> acc{};
   for (; i + L <= n; i += L) {
-    const vec<T> e = vexp(load(x + i) - shift);
+    const vec<T> e = vexp_nonpositive(load(x + i) - shift);
     store(y + i, e);
     acc += e;
   }
   T s = hsum(acc);
   for (; i < n; ++i) {
-    const T e = vexp(x[i] - shift);
+    const T e = vexp_nonpositive(x[i] - shift);
     y[i] = e;
     s += e;
   }
@@ -293,9 +321,9 @@ inline T exp_shifted_sum(const T* x, T shift, int64_t n) {
   constexpr int64_t L = kLanes<T>;
   int64_t i = 0;
   vec<T> acc{};
-  for (; i + L <= n; i += L) acc += vexp(load(x + i) - shift);
+  for (; i + L <= n; i += L) acc += vexp_nonpositive(load(x + i) - shift);
   T s = hsum(acc);
-  for (; i < n; ++i) s += vexp(x[i] - shift);
+  for (; i < n; ++i) s += vexp_nonpositive(x[i] - shift);
   return s;
 }
 
@@ -304,8 +332,8 @@ template <class T>
 inline void exp_shifted_scaled(const T* x, T shift, T scale, T* y, int64_t n) {
   constexpr int64_t L = kLanes<T>;
   int64_t i = 0;
-  for (; i + L <= n; i += L) store(y + i, vexp(load(x + i) - shift) * scale);
-  for (; i < n; ++i) y[i] = vexp(x[i] - shift) * scale;
+  for (; i + L <= n; i += L) store(y + i, vexp_nonpositive(load(x + i) - shift) * scale);
+  for (; i < n; ++i) y[i] = vexp_nonpositive(x[i] - shift) * scale;
 }
 
 // The value of type V at p: V is either a scalar or one of the vectors above, of the
