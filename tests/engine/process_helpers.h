@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace baton::engine_testing {
@@ -190,6 +192,54 @@ inline int rank_of_process(pid_t pid) {
   while (std::getline(env, var, '\0'))
     if (var.rfind("BATON_RANK=", 0) == 0) return std::atoi(var.c_str() + 11);
   return -1;
+}
+
+// Prints what process `pid` (a rank) is doing: each thread's name, state and kernel wait
+// channel, and where gdb is installed every thread's stack.
+inline void print_process_threads(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid);
+  std::printf("rank %d (pid %d), its threads:\n", rank_of_process(pid), int(pid));
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(dir + "/task", ec)) {
+    std::ifstream stat(task.path() / "stat"), wchan(task.path() / "wchan");
+    std::string line, channel;
+    std::getline(stat, line);
+    std::getline(wchan, channel);
+    // "tid (comm) state ...": the comm may hold spaces, the state follows its ')'.
+    const size_t close = line.rfind(')');
+    std::printf("  %s, waiting in %s\n", line.substr(0, std::min(line.size(), close + 3)).c_str(),
+                channel.empty() ? "-" : channel.c_str());
+  }
+  if (std::system("command -v gdb > /dev/null 2>&1") == 0) {
+    const std::string cmd = "gdb -batch -p " + std::to_string(pid) +
+                            " -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)'";
+    std::fflush(stdout);
+    if (std::system(cmd.c_str()) != 0) std::printf("  (gdb gave no stacks)\n");
+  }
+  std::fflush(stdout);
+}
+
+// Waits for the job `pid` (a launcher) and returns its wait status. If it is still
+// running `report_after` seconds after `since`, first prints every rank still alive
+// (print_process_threads): a rank that does not stop by itself is then diagnosed from the
+// test's log rather than only timed.
+inline int wait_reporting_stragglers(pid_t pid, std::chrono::steady_clock::time_point since,
+                                     double report_after) {
+  int status = 0;
+  bool reported = false;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0) return -1;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    if (!reported && waited > report_after) {
+      reported = true;
+      std::printf("the job still runs %.1f s after the failure; the ranks left:\n", waited);
+      for (pid_t c : children_of(pid)) print_process_threads(c);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 // Every one of the `n` ranks but `victim` printed its failure ("[rank r] baton train:

@@ -244,8 +244,8 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
   std::printf("killing rank %d after step %zu\n", victim, after);
   auto t0 = std::chrono::steady_clock::now();
   kill(victim_pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const int status = wait_reporting_stragglers(pid, t0, 10.0);
+  ASSERT_NE(status, -1);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string out = slurp(ws.path("job.out"));
@@ -375,11 +375,21 @@ void stopped_rank(int victim, const std::string& stop_at, std::vector<int> tp = 
     char st = proc_state(c);
     return st != 0 && st != 'Z' && st != 'X';
   };
+  auto since_stop = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  bool reported = false;  // the ranks left past the limit, diagnosed in the log
   for (pid_t c : others)
-    for (int i = 0; i < 30000 && alive(c); ++i)
+    for (int i = 0; i < 30000 && alive(c); ++i) {
+      if (!reported && since_stop() > timeout + 3.0) {
+        reported = true;
+        std::printf("%.1f s after the stop, the ranks left:\n", since_stop());
+        for (pid_t o : others)
+          if (alive(o)) print_process_threads(o);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  const double seconds = since_stop();
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   std::string out = slurp(ws.path("job.out"));
