@@ -5,7 +5,9 @@
 // several sums scalar. The width follows the target because GCC splits a wider vector
 // into pieces and scalarises its compares and selects (64-byte vectors on an AVX2 CPU ran
 // softmax 10x slower). Double, the reference precision, calls std::exp lane by lane: it
-// must be exact rather than fast.
+// must be exact rather than fast. Include it only from code compiled with the kernels'
+// target flags (kernels/CMakeLists.txt): the width follows the target, and functions such
+// as splat<float> mangle without it, so a unit of another width would clash at link time.
 #pragma once
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -231,19 +233,14 @@ inline vdouble vexp(vdouble x) {
   for (int64_t i = 0; i < kLanes<double>; ++i) x[i] = std::exp(x[i]);
   return x;
 }
-// exp(x) for x <= 0 or NaN, such as a value less its row's maximum: exp_approx's bits
-// without its clamp from above (6-8% of softmax forward, docs/kernels.md).
-inline float vexp_nonpositive(float x) {
-  return exp_approx(x);
-}
-inline double vexp_nonpositive(double x) {
-  return std::exp(x);
-}
-inline vfloat vexp_nonpositive(vfloat x) {
-  return exp_nonpositive(x);
-}
-inline vdouble vexp_nonpositive(vdouble x) {
-  return vexp(x);
+// exp(x) for x <= 0 or NaN, such as a value less its row's maximum: vexp's bits, for a
+// vector of floats without its clamp from above (6-8% of softmax forward, docs/kernels.md).
+template <class T>
+inline T vexp_nonpositive(T x) {
+  if constexpr (std::is_same_v<T, vfloat>)
+    return exp_nonpositive(x);
+  else
+    return vexp(x);
 }
 
 // 1 / x: with AVX-512 a 14-bit estimate refined by one Newton step (about 1 ulp),
