@@ -109,8 +109,9 @@ inline void softmax_row_chunked(const T* x, T* y, T scale, int64_t row, int64_t 
     m = m_new;
     const T* xk = x + k * chunk;
     T* yk = y != nullptr ? y + k * chunk : nullptr;
-    const T* xn = xk + chunk;
-    const int64_t nn = k + 1 < chunks ? width(k + 1) : 0;
+    const bool last = k + 1 == chunks;
+    const T* xn = last ? xk : xk + chunk;  // never past the row's end
+    const int64_t nn = last ? 0 : width(k + 1);
     // The shared loop runs over the whole vectors both chunks have; the longer chunk's rest
     // (only ever beside the last, shorter chunk) runs alone.
     const int64_t both = std::min(n, nn) / L * L;
