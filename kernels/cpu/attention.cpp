@@ -300,6 +300,8 @@ struct ExpVisible {
   int64_t seen;
   void operator()(int r, int n, vfloat acc) const {
     const vint32 keep = visible_lanes(seen, r, n);
+    // Visible scores are at most lse (the forward's tiles, the same bits); the lanes past
+    // the diagonal may exceed it, and their exps (inf or NaN then) are masked off below.
     const vfloat e = vexp_nonpositive(acc * alpha - lse[r]);
     store(C + r * ldc + kLanes<float> * n, std::bit_cast<vfloat>(std::bit_cast<vint32>(e) & keep));
   }

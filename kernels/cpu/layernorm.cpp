@@ -40,7 +40,7 @@ inline std::pair<T, T> layernorm_step(const T* xa, const T* xb, T mb, const T* x
 // and normalises row i - 2 kLag, so each row is read from memory once (the later passes
 // find it in L1) and the reductions' latencies overlap other rows' work instead of
 // stalling between one row's passes. A lag of 2 rather than 1 leaves a whole step between
-// a row's mean (or rstd) and its use: 1.15-1.25x at 256 columns (docs/kernels.md). With x2 the rows
+// a row's mean (or rstd) and its use: 1.1-1.25x at 256 columns (docs/kernels.md). With x2 the rows
 // are the sums s = x + x2, each written just before its first step (and read back from L1): the
 // steps are then the plain form's own code, so fused and unfused give the same bits by construction
 // (the add inside the step let the compiler contract the tails differently: 1 ulp of rstd).
