@@ -64,6 +64,15 @@ std::string Layout::rule() const {
          " ranks per replica";
 }
 
+std::vector<int> Layout::core_deal_order() const {
+  std::vector<int> place(static_cast<size_t>(world()));
+  int next = 0;
+  for (int p = 0; p < pp(); ++p)
+    for (int d = 0; d < dp_; ++d)
+      for (int r : stage_ranks(d, p)) place[size_t(r)] = next++;
+  return place;
+}
+
 std::vector<int> Layout::stage_ranks(int dp, int pp) const {
   std::vector<int> out;
   for (int i = 0; i < width(pp); ++i) out.push_back(rank_at(dp, pp, i));

@@ -55,6 +55,12 @@ class Layout {
   // Every rank of one replica, in rank order.
   std::vector<int> replica_ranks(int dp) const;
 
+  // Each rank's place when the ranks of one host are dealt round its cores, more ranks
+  // than cores (place i to core i mod C): pipeline rank by pipeline rank, then replica,
+  // then index, so that every core holds ranks of every pipeline rank (one's bubble is
+  // another's compute) and a tensor-parallel group spreads over the cores.
+  std::vector<int> core_deal_order() const;
+
  private:
   int dp_ = 1;
   int replica_ = 1;

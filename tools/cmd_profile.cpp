@@ -22,6 +22,7 @@
 #include "partitioner/profile.h"
 #include "stages/model.h"
 #include "tools/command.h"
+#include "transport/world.h"
 
 namespace baton::tools {
 namespace {
@@ -31,17 +32,17 @@ namespace pt = baton::partitioner;
 extern "C" char** environ;
 
 // Pins the calling thread (0: this process) to share `i` of `k` of the cores we may run
-// on, as `baton launch` binds its ranks; false (unpinned) when there are fewer cores than
-// shares, as there.
-bool pin_share(pid_t pid, int i, int k, const cpu_set_t& allowed) {
-  std::vector<int> ids;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) ids.push_back(c);
+// on, as `baton launch` binds its ranks; with more shares than cores, to core i mod C,
+// as ranks that many bind themselves (transport::bind_dealt).
+bool pin_share(pid_t pid, int i, int k, const std::vector<int>& ids) {
   const int cores = int(ids.size());
-  if (k > cores) return false;
+  if (cores == 0) return false;
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (int c = i * cores / k; c < (i + 1) * cores / k; ++c) CPU_SET(ids[size_t(c)], &set);
+  if (k > cores)
+    CPU_SET(ids[size_t(i % cores)], &set);
+  else
+    for (int c = i * cores / k; c < (i + 1) * cores / k; ++c) CPU_SET(ids[size_t(c)], &set);
   return sched_setaffinity(pid, sizeof set, &set) == 0;
 }
 
@@ -51,6 +52,7 @@ pt::PassTimes colocated_pass(int k, const std::vector<std::string>& hold_args,
                              const stages::Graph& g, const pt::ProfileOptions& o) {
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
+  const std::vector<int> ids = transport::allowed_cores();
   std::vector<pid_t> copies;
   auto stop = [&] {
     for (pid_t p : copies) kill(p, SIGKILL);
@@ -75,10 +77,10 @@ pt::PassTimes colocated_pass(int k, const std::vector<std::string>& hold_args,
                            std::strerror(err));
       }
       copies.push_back(pid);
-      pin_share(pid, i, k, allowed);
+      pin_share(pid, i, k, ids);
     }
     posix_spawn_file_actions_destroy(&quiet);
-    pin_share(0, 0, k, allowed);
+    pin_share(0, 0, k, ids);
     // The copies load the model and reach their ops (a small model loads in well under this).
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const pt::PassTimes t = pt::time_passes(g, o, pt::kPassMicroBatches);
@@ -172,9 +174,7 @@ int run_profile(const std::vector<std::string>& args) {
                                            "--warmup",    std::to_string(o.warmup),
                                            "--hold",      "-o",
                                            "/dev/null"};
-    cpu_set_t allowed;
-    sched_getaffinity(0, sizeof allowed, &allowed);
-    const int cores = CPU_COUNT(&allowed);
+    const int cores = int(transport::allowed_cores().size());
     for (int k : colocated) {
       // Whole passes (forward, backward and weight gradients of a few micro-batches, the
       // activations stashed between), as ranks run them: timing the ops one by one on

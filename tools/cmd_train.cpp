@@ -19,6 +19,7 @@
 #include "memory/device_budget.h"
 #include "memory/error.h"
 #include "memory/units.h"
+#include "partitioner/layout.h"
 #include "partitioner/plan.h"
 #include "tools/command.h"
 #include "transport/launch.h"
@@ -159,6 +160,10 @@ int run_train(const std::vector<std::string>& args) {
           "--device does not go with --plan (the plan's \"device\" field: \"cpu\" or "
           "\"cuda\", each rank the GPU of its local rank)");
     plan_doc = partitioner::read_plan(plan);
+    // More ranks than cores: each core gets ranks of every pipeline rank.
+    if (const partitioner::Layout layout = partitioner::plan_layout(*plan_doc);
+        layout.world() == env.size)
+      transport::bind_dealt(layout.core_deal_order()[size_t(env.rank)], env);
     // NCCL: one process per GPU. UCX: ranks may share GPUs (local ranks round the GPUs).
     if (plan_doc->device == "cuda") {
       const int gpus = plan_doc->transport_of() == "ucx" ? memory::cuda::device_count() : 0;

@@ -25,6 +25,7 @@
 #include "transport/communicator.h"
 #include "transport/detail/asio.h"
 #include "transport/store.h"
+#include "transport/world.h"
 
 extern char** environ;
 
@@ -129,6 +130,7 @@ class Launcher {
         {"BATON_RENDEZVOUS", rendezvous_},
         {"BATON_JOB_TOKEN", token_},
         {"BATON_STORE_HOSTED", "1"},
+        {"BATON_BIND", o_.bind ? "cores" : "none"},
         {"BATON_RESUME", attempt_ > 0 ? "1" : "0"},
         {"BATON_RESTART", std::to_string(attempt_)},
     };
@@ -200,13 +202,9 @@ class Launcher {
   bool core_share(int r, cpu_set_t& out) const {
     CPU_ZERO(&out);
     if (!o_.bind) return false;
-    cpu_set_t mine;
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return false;
-    std::vector<int> ids;
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &mine)) ids.push_back(c);
+    const std::vector<int> ids = allowed_cores();
     const int n = o_.nprocs, cores = int(ids.size());
-    if (n > cores) return false;
+    if (cores == 0 || n > cores) return false;
     for (int i = r * cores / n; i < (r + 1) * cores / n; ++i) CPU_SET(ids[size_t(i)], &out);
     return true;
   }

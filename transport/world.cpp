@@ -1,9 +1,11 @@
 #include "transport/world.h"
 
+#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 
 #include "memory/error.h"
@@ -120,6 +122,7 @@ LaunchEnv read_launch_env() {
   if (const char* t = env("BATON_JOB_TOKEN")) e.token = t;
   e.store_hosted =
       env("BATON_STORE_HOSTED") != nullptr && std::string(env("BATON_STORE_HOSTED")) == "1";
+  e.bind_cores = env("BATON_BIND") != nullptr && std::string(env("BATON_BIND")) == "cores";
   if (e.size > 1) {
     if (e.rendezvous.empty())
       throw InputError("world of " + std::to_string(e.size) + " ranks (from " + e.source +
@@ -136,6 +139,35 @@ LaunchEnv read_launch_env() {
     }
   }
   return e;
+}
+
+std::vector<int> allowed_cores() {
+  cpu_set_t mine;
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mine)) cores.push_back(c);
+  return cores;
+}
+
+int bind_dealt(int place, const LaunchEnv& env) {
+  if (!env.bind_cores || env.local_size != env.size || place < 0) return -1;
+  const std::vector<int> cores = allowed_cores();
+  if (cores.empty() || env.local_size <= int(cores.size())) return -1;  // the launcher bound it
+  const int core = cores[size_t(place) % cores.size()];
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(core, &one);
+  // Every thread: sched_setaffinity(0) moves only the caller.
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const pid_t tid = pid_t(std::atol(task.path().filename().c_str()));
+    if (sched_setaffinity(tid, sizeof one, &one) != 0 && tid == pid_t(gettid())) return -1;
+  }
+  if (ec && sched_setaffinity(0, sizeof one, &one) != 0) return -1;
+  spdlog::debug("rank {}: {} ranks on {} cores, bound to core {}", env.rank, env.local_size,
+                cores.size(), core);
+  return core;
 }
 
 World init_world(const WorldOptions& options) {

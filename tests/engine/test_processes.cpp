@@ -15,9 +15,11 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "engine_harness.h"
 #include "process_helpers.h"
+#include "transport/world.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -121,6 +123,59 @@ TEST(Processes, PlanFromBatonPlan) {
   ASSERT_EQ(run(cmd, ws.path("plan.out")), 0) << slurp(ws.path("plan.out"));
   reference(ws, dp * m * b, dp * m, 20, ws.path("reference.jsonl"));
   expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), false, 20);
+}
+
+// ---- ranks and cores ----
+
+// `baton launch` binds each rank to its share of the cores when there are enough, and
+// otherwise leaves them to bind themselves (BATON_BIND=cores; none with --bind none):
+// `baton train --plan` binds itself and its threads to one core, dealt by pipeline rank
+// (Layout::core_deal_order), so that PP2 x DP2 on 2 cores holds a replica on each.
+TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
+  const std::vector<int> cores = transport::allowed_cores();
+  if (cores.size() < 2) GTEST_SKIP() << "needs 2 cores to run on";
+  const std::string a = std::to_string(cores[0]), b = std::to_string(cores[1]);
+  const std::string both = cores[1] == cores[0] + 1 ? a + "-" + b : a + "," + b;
+  const std::string taskset = "taskset -c " + a + "," + b + " ";
+  Workspace ws("proc");
+  const std::string show =
+      " -- sh -c 'echo bind=$BATON_BIND $(grep Cpus_allowed_list /proc/self/status)'";
+  ASSERT_EQ(run(taskset + baton() + " launch -n 2" + show, ws.path("two.out")), 0);
+  std::string out = slurp(ws.path("two.out"));
+  EXPECT_NE(out.find("[rank 0] bind=cores Cpus_allowed_list: " + a + "\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[rank 1] bind=cores Cpus_allowed_list: " + b + "\n"), std::string::npos)
+      << out;
+  ASSERT_EQ(run(taskset + baton() + " launch -n 3" + show, ws.path("three.out")), 0);
+  out = slurp(ws.path("three.out"));
+  EXPECT_NE(out.find("[rank 2] bind=cores Cpus_allowed_list: " + both + "\n"), std::string::npos)
+      << out;
+  ASSERT_EQ(run(taskset + baton() + " launch --bind none -n 2" + show, ws.path("none.out")), 0);
+  out = slurp(ws.path("none.out"));
+  EXPECT_NE(out.find("[rank 1] bind=none Cpus_allowed_list: " + both + "\n"), std::string::npos)
+      << out;
+
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  const std::string train = " -- " + baton() + " train --plan " + ws.path("plan.json") +
+                            " --data " + data_file() + " --steps 1" + common_flags() +
+                            " --log-level debug";
+  ASSERT_EQ(run(taskset + baton() + " launch -n 4" + train, ws.path("train.out")), 0)
+      << slurp(ws.path("train.out"));
+  out = slurp(ws.path("train.out"));
+  // Ranks 0 and 1 are replica 0's two pipeline ranks, 2 and 3 replica 1's.
+  for (auto [rank, core] : {std::pair{0, a}, {1, a}, {2, b}, {3, b}})
+    EXPECT_NE(out.find("rank " + std::to_string(rank) + ": 4 ranks on 2 cores, bound to core " +
+                       core + "\n"),
+              std::string::npos)
+        << out;
+  ASSERT_EQ(run(taskset + baton() + " launch --bind none -n 4" + train, ws.path("free.out")), 0)
+      << slurp(ws.path("free.out"));
+  out = slurp(ws.path("free.out"));
+  EXPECT_EQ(out.find("bound to core"), std::string::npos) << out;
 }
 
 // ---- kill -9 of the whole job, then --resume ----
