@@ -92,8 +92,8 @@ int count_key(const stages::JsonReader& obj, const std::string& key, const char*
 MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
-  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "in_step",
-                 "memory_bandwidth", "ops", "tp_ops"});
+  r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "cores",
+                 "in_step", "memory_bandwidth", "ops", "tp_ops"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -106,6 +106,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
     for (const std::string& ranks : k->keys())
       c.colocated[count_key(*k, ranks, "ranks per host")] = k->at(ranks).as_double(0.01, 1e6);
   }
+  c.cores = int(r.get_int("cores", 0, 1, 1 << 20));
   c.in_step = r.get_double("in_step", 1, MeasuredCosts::kInStepMin, MeasuredCosts::kInStepMax);
   if (r.get("memory_bandwidth"))
     c.memory_bandwidth = r.get_double("memory_bandwidth", 0, MeasuredCosts::kBandwidthMin,
@@ -149,6 +150,7 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
                       {"batch", c.batch}, {"threads", c.threads}, {"in_step", c.in_step},
                       {"ops", ops}};
   if (c.memory_bandwidth > 0) j["memory_bandwidth"] = c.memory_bandwidth;
+  if (c.cores > 0) j["cores"] = c.cores;
   if (!c.colocated.empty()) {
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
@@ -234,10 +236,22 @@ double colocation_slowdown(const Machine& m, int ranks) {
   return ranks <= 1 ? 1.0 : f0;
 }
 
+std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m) {
+  const int world = layout.world(), cores = m.cores_per_host;
+  if (cores <= 0 || world <= cores || (m.ranks_per_host > 0 && m.ranks_per_host < world)) return {};
+  std::vector<std::vector<double>> out(size_t(cores), std::vector<double>(size_t(layout.pp())));
+  const std::vector<int> place = layout.core_deal_order();
+  for (int w = 0; w < world; ++w)
+    out[size_t(place[size_t(w)] % cores)][size_t(layout.coord(w).pp)] += 1;
+  return out;
+}
+
 CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
                      const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {
   if (measured_ != nullptr && machine_.colocated.empty()) machine_.colocated = measured_->colocated;
+  if (measured_ != nullptr && machine_.cores_per_host == 0)
+    machine_.cores_per_host = measured_->cores;
   if (measured_ != nullptr && measured_->memory_bandwidth > 0)
     machine_.memory_bandwidth = measured_->memory_bandwidth;
   // Layers of one structure share an id; the per-sharding signatures build on it.

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "partitioner/layout.h"
 #include "partitioner/memory_model.h"
 #include "partitioner/plan.h"
 #include "partitioner/tensor_parallel.h"
@@ -45,11 +46,21 @@ struct Machine {
   std::map<int, double> colocated;
   // Ranks per host; 0: every rank of the plan on one host, as `baton launch` runs them.
   int ranks_per_host = 0;
+  // The cores a host's ranks share; 0: the cost file's (`cores`), else unknown. With
+  // more ranks than cores on one host, each bound to a core (transport::bind_dealt),
+  // the simulator shares every core among the ranks computing on it, and the ops are
+  // slowed only by what `colocated` measured beyond the cores' fair share.
+  int cores_per_host = 0;
 };
 
 // The compute slowdown of `ranks` ranks on one host: linear between the measured points
 // (1 rank: 1.0), the largest measured one's beyond them.
 double colocation_slowdown(const Machine& m, int ranks);
+
+// Time-slicing (Machine::cores_per_host): per core, the ranks of each pipeline rank it
+// runs (schedule::Costs::core_ranks) when every rank of the plan is on one host and
+// they outnumber its cores; empty otherwise.
+std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m);
 
 double all_reduce_time(double bytes, int ranks, double bandwidth, double latency);
 double all_gather_time(double bytes_out, int ranks, double bandwidth, double latency);
@@ -110,6 +121,7 @@ struct MeasuredCosts {
   std::map<std::string, Op> ops;  // by logical node name
   // The ops' time with k ranks on the host over their time alone (`--colocated k`).
   std::map<int, double> colocated;
+  int cores = 0;  // the cores those ranks shared (0: not measured)
   // The ops' time within whole training passes over the sum of their times one by one:
   // every measured op's time is multiplied by it. A cost file holds it within
   // [kInStepMin, kInStepMax].

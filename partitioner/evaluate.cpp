@@ -109,9 +109,15 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   std::map<int, double> rank_state, rank_gather, rank_copy, rank_pull, rank_compute;
   const bool local = r.plan.dp_sync.independent();
   const PsServedBytes served = ps_served_bytes(r, t);
-  // The ranks sharing a host slow each other's compute (cores, memory bandwidth).
-  const double slow = colocation_slowdown(
-      m, m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world());
+  // The ranks sharing a host slow each other's compute (cores, memory bandwidth). With
+  // more ranks than cores the simulator shares the cores among the ranks computing, so
+  // the ops carry only what the copies measured beyond their fair share of the cores.
+  const int host_ranks = m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world();
+  c.core_ranks = core_ranks(r.layout, m);
+  const double slow =
+      c.core_ranks.empty()
+          ? colocation_slowdown(m, host_ranks)
+          : std::max(1.0, colocation_slowdown(m, host_ranks) * m.cores_per_host / host_ranks);
   // Stages holding one tied parameter reduce it together: one group (its first holder's
   // id) for every stage it joins.
   c.reduce_group.assign(size_t(n), -1);

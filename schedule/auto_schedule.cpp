@@ -62,7 +62,7 @@ ListScheduler::ListScheduler(int p, int m, const Costs& c, const std::vector<dou
   if (pol.chunks < 1 || (pol.placement == "v" && pol.chunks % 2 != 0))
     throw InputError("list scheduler: chunks: expected >= 1 (even for the V placement), found " +
                      std::to_string(pol.chunks));
-  c.check(S_);
+  c.check(S_, p);
   s_.name = "auto";
   s_.num_ranks = p;
   s_.num_micro_batches = m;

@@ -54,14 +54,15 @@ CostSpec::Field field(const json& j, const std::string& path, bool bytes) {
   return f;
 }
 
-void check_vector(const std::vector<double>& v, const char* name, int stages, bool optional) {
+void check_vector(const std::vector<double>& v, const std::string& name, int count, bool optional,
+                  const char* per = "stage") {
   if (optional && v.empty()) return;
-  if (int(v.size()) != stages)
-    throw InputError(std::string("costs: ") + name + ": expected " + std::to_string(stages) +
-                     " values (one per stage), found " + std::to_string(v.size()));
+  if (int(v.size()) != count)
+    throw InputError("costs: " + name + ": expected " + std::to_string(count) +
+                     " values (one per " + per + "), found " + std::to_string(v.size()));
   for (size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i]) || v[i] < 0)
-      throw InputError(std::string("costs: ") + name + "[" + std::to_string(i) +
+      throw InputError("costs: " + name + "[" + std::to_string(i) +
                        "]: expected a number >= 0, found " + std::to_string(v[i]));
 }
 
@@ -75,7 +76,7 @@ Costs Costs::uniform(int stages, double f, double b, double w) {
   return c;
 }
 
-void Costs::check(int stages) const {
+void Costs::check(int stages, int ranks) const {
   check_vector(forward, "forward", stages, false);
   check_vector(backward_input, "backward_input", stages, false);
   check_vector(backward_weight, "backward_weight", stages, false);
@@ -92,6 +93,8 @@ void Costs::check(int stages) const {
       throw InputError("costs: reduce_group[" + std::to_string(i) +
                        "]: expected -1 or a group id in [0, " + std::to_string(stages) +
                        "), found " + std::to_string(reduce_group[i]));
+  for (size_t c = 0; c < core_ranks.size(); ++c)
+    check_vector(core_ranks[c], "core_ranks[" + std::to_string(c) + "]", ranks, false, "rank");
   for (auto [v, name] : {std::pair{latency, "latency"},
                          {bandwidth, "bandwidth"},
                          {optimizer_step, "optimizer_step"}})
@@ -233,7 +236,7 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
     throw InputError("costs: reduce_group: has " + std::to_string(spec.reduce_group.size()) +
                      " values but the schedule has " + std::to_string(num_stages) + " stages");
   c.reduce_group = spec.reduce_group;
-  c.check(num_stages);
+  c.check(num_stages, num_ranks);
   return c;
 }
 

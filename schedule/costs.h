@@ -38,6 +38,13 @@ struct Costs {
   // kind it is, B or BW), start to end. Empty: the forward's time plus the backward's
   // (no gain from the overlap).
   std::vector<double> overlap_f_b;
+  // Time-slicing: more ranks on a host than cores, each rank bound to one core
+  // (transport::bind_dealt). core_ranks[c][r] is how many processes of simulated rank r
+  // core c runs (its data-parallel and tensor-parallel peers mirror r's actions). A
+  // compute action runs slower by the busy processes of the busiest core among its
+  // rank's (their number averaged over the action; at least 1): cores are shared
+  // among the ranks computing, not among all. Empty: every rank computes alone.
+  std::vector<std::vector<double>> core_ranks;
   double latency = 0.0;    // per point-to-point message
   double bandwidth = 0.0;  // bytes per time unit of one link; 0 means infinite
   double optimizer_step = 0.0;
@@ -51,8 +58,9 @@ struct Costs {
   // The same F, B, W on each of `stages` stages; nothing else costs anything.
   static Costs uniform(int stages, double f, double b, double w);
   // Throws InputError naming the field unless each vector has `stages` entries (the
-  // optional ones may be empty) and every value is finite and >= 0.
-  void check(int stages) const;
+  // optional ones may be empty; each of core_ranks' `ranks` entries) and every value is
+  // finite and >= 0.
+  void check(int stages, int ranks) const;
 };
 
 // A cost file (docs/schedules.md, "Costs"). Each per-stage field is either one number,

@@ -198,7 +198,7 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
             ": with a memory_limit, chunks in increasing stage order");
     const Costs unit = unit_costs(p * v);
     const Costs& use = costs ? *costs : unit;
-    if (costs) use.check(p * v);
+    if (costs) use.check(p * v, p);
     if (!reorder_pass(p, m, block, use, cap, false, s.ranks, nullptr) &&
         !reorder_pass(p, m, block, use, cap, true, s.ranks, nullptr))
       throw std::logic_error(name + ": the reorder pass stalled with reservations");
@@ -322,7 +322,7 @@ Schedule v_zb(int p, int m) {
 Schedule v_shape_within(const std::string& name, int p, int m, const Costs& costs,
                         double memory_limit) {
   check_common(name, p, m, 2);
-  costs.check(2 * p);
+  costs.check(2 * p, p);
   const int cap = int(memory_limit * 2 + 1e-9);
   if (cap < 2)
     throw InputError(name + ": memory limit: expected at least 1 micro-batch, found " +

@@ -23,7 +23,7 @@ class ZbGreedyBuilder {
   ZbGreedyBuilder(int p, int m, const Costs& c, const std::vector<double>& limit, bool bytes,
                   const ZbGreedyPolicy& pol)
       : p_(p), m_(m), c_(c), pol_(pol) {
-    c.check(p);
+    c.check(p, p);
     limit_ = limit.size() == 1 ? std::vector<double>(size_t(p), limit[0]) : limit;
     full_.resize(size_t(p));
     after_.resize(size_t(p));

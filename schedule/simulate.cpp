@@ -1,6 +1,7 @@
 #include "schedule/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <unordered_map>
@@ -127,11 +128,11 @@ const Action& Simulator::action_at(size_t pos) const {
 
 double Simulator::composite_duration(size_t f) const {
   const int st = stage_[f];
-  if (!costs_.overlap_f_b.empty()) return costs_.overlap_f_b[size_t(st)];
+  if (!costs_.overlap_f_b.empty()) return scale_[f] * costs_.overlap_f_b[size_t(st)];
   const int sb = stage_[f + 1];
   double b = costs_.backward_input[size_t(sb)];
   if (kind_[f + 1] == K::full_backward) b += costs_.backward_weight[size_t(sb)];
-  return costs_.forward[size_t(st)] + b;
+  return scale_[f] * (costs_.forward[size_t(st)] + b);
 }
 
 double Simulator::duration(size_t pos) const {
@@ -140,15 +141,15 @@ double Simulator::duration(size_t pos) const {
   const int st = stage_[pos];
   switch (kind_[pos]) {
     case K::forward:
-      return costs_.forward[size_t(st)];
+      return scale_[pos] * costs_.forward[size_t(st)];
     case K::backward_input:
-      return costs_.backward_input[size_t(st)];
+      return scale_[pos] * costs_.backward_input[size_t(st)];
     case K::backward_weight:
-      return costs_.backward_weight[size_t(st)];
+      return scale_[pos] * costs_.backward_weight[size_t(st)];
     case K::full_backward:
-      return costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)];
+      return scale_[pos] * (costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)]);
     case K::optimizer_step:
-      return costs_.optimizer_step;
+      return scale_[pos] * costs_.optimizer_step;
     default:
       return 0.0;
   }
@@ -170,8 +171,85 @@ void Simulator::action_times(double* start, double* end) const {
 }
 
 const SimResult& Simulator::run(const Costs& c) {
-  c.check(s_->num_stages());
+  c.check(s_->num_stages(), s_->num_ranks);
   costs_ = c;  // reuses its vectors' capacity after the first run
+  scale_.assign(rank_.size(), 1.0);
+  if (c.core_ranks.empty()) return sweep();
+  // Start from every process busy all the time (what a fixed slowdown assumes).
+  const int R = s_->num_ranks;
+  for (size_t u = 0; u < scale_.size(); ++u) {
+    double full = 1.0;
+    for (const std::vector<double>& core : c.core_ranks)
+      if (core[size_t(rank_[u])] > 0) {
+        double all = 0.0;
+        for (int q = 0; q < R; ++q) all += core[size_t(q)];
+        full = std::max(full, all);
+      }
+    scale_[u] = full;
+  }
+  constexpr int kMaxSweeps = 100;
+  for (int i = 0; i < kMaxSweeps; ++i) {
+    sweep();
+    if (rescale() < 1e-3) break;
+  }
+  return sweep();
+}
+
+double Simulator::rescale() {
+  const int R = s_->num_ranks;
+  busy_start_.resize(size_t(R));
+  busy_end_.resize(size_t(R));
+  busy_sum_.resize(size_t(R));
+  for (int r = 0; r < R; ++r) {
+    busy_start_[size_t(r)].clear();
+    busy_end_[size_t(r)].clear();
+    busy_sum_[size_t(r)].assign(1, 0.0);
+  }
+  // A rank's positions come in its list order, so its intervals come sorted.
+  auto busy = [&](size_t u) {
+    return composite_[u] != 2 && (is_compute(kind_[u]) || kind_[u] == K::optimizer_step);
+  };
+  for (size_t u = 0; u < rank_.size(); ++u) {
+    if (!busy(u)) continue;
+    const size_t r = size_t(rank_[u]);
+    const double len = duration(u);
+    busy_start_[r].push_back(end_[u] - len);
+    busy_end_[r].push_back(end_[u]);
+    busy_sum_[r].push_back(busy_sum_[r].back() + len);
+  }
+  // Rank q's busy time within [a, b].
+  auto overlap = [&](int q, double a, double b) {
+    const std::vector<double>& st = busy_start_[size_t(q)];
+    const std::vector<double>& en = busy_end_[size_t(q)];
+    const std::vector<double>& sum = busy_sum_[size_t(q)];
+    // Intervals [i, j) end after a and start before b.
+    const size_t i = size_t(std::upper_bound(en.begin(), en.end(), a) - en.begin());
+    const size_t j = size_t(std::lower_bound(st.begin(), st.end(), b) - st.begin());
+    if (i >= j) return 0.0;
+    return sum[j] - sum[i] - std::max(0.0, a - st[i]) - std::max(0.0, en[j - 1] - b);
+  };
+  double moved = 0.0;
+  for (size_t u = 0; u < rank_.size(); ++u) {
+    if (!busy(u)) continue;
+    const double len = duration(u);
+    if (!(len > 0)) continue;
+    const double b = end_[u], a = b - len;
+    double load = 1.0;
+    for (const std::vector<double>& core : costs_.core_ranks) {
+      if (!(core[size_t(rank_[u])] > 0)) continue;
+      double here = 0.0;
+      for (int q = 0; q < R; ++q)
+        if (core[size_t(q)] > 0) here += core[size_t(q)] * (q == rank_[u] ? len : overlap(q, a, b));
+      load = std::max(load, here / len);
+    }
+    moved = std::max(moved, std::abs(load - scale_[u]) / scale_[u]);
+    scale_[u] = 0.5 * (scale_[u] + load);
+  }
+  return moved;
+}
+
+const SimResult& Simulator::sweep() {
+  const Costs& c = costs_;
   const double* fwd = c.forward.data();
   const double* bin = c.backward_input.data();
   const double* bwt = c.backward_weight.data();
@@ -255,9 +333,12 @@ const SimResult& Simulator::run(const Costs& c) {
       default:
         break;
     }
+    dur *= scale_[u];
     if (comp == 1) {
       const int sb = stage_[u + 1];
-      dur = ovl ? ovl[st] : fwd[st] + bin[sb] + (kind_[u + 1] == K::full_backward ? bwt[sb] : 0.0);
+      dur =
+          scale_[u] *
+          (ovl ? ovl[st] : fwd[st] + bin[sb] + (kind_[u + 1] == K::full_backward ? bwt[sb] : 0.0));
     } else if (comp == 2) {
       dur = end_[u - 1] - t;  // ends with its forward half; its time is counted there
       rs.start = std::min(rs.start, t);
@@ -313,12 +394,13 @@ const SimResult& Simulator::run(const Costs& c) {
         const int d = deps_[size_t(k)];
         t = std::max(t, times[d & 1][d >> 1]);
       }
-      end_[size_t(u)] = t + c.optimizer_step;
+      end_[size_t(u)] = t + scale_[size_t(u)] * c.optimizer_step;
       reached = std::max(reached, t);
     }
     const double norm_known = reached + c.latency;
     for (int u : step_pos_) {
-      const double e = c.post_validated_step ? end_[size_t(u)] : norm_known + c.optimizer_step;
+      const double e = c.post_validated_step ? end_[size_t(u)]
+                                             : norm_known + scale_[size_t(u)] * c.optimizer_step;
       end_[size_t(u)] = avail_[size_t(u)] = e;
       free_[size_t(rank_[size_t(u)])] = e;
       RankStats& rs = result_.ranks[size_t(rank_[size_t(u)])];

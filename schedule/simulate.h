@@ -16,7 +16,10 @@
 // STEP (the global gradient norm) unless the optimizer step is post-validated
 // (Costs::post_validated_step). Activation memory
 // of a (micro-batch, stage) is taken when its F starts, partly released when its B ends
-// and fully when its W (or BW) ends.
+// and fully when its W (or BW) ends. With more ranks than cores (Costs::core_ranks) a
+// compute action is slowed by the processes busy on its cores while it runs: the
+// schedule is swept again with each action's slowdown moved half way to the load it
+// saw, until none moves by more than 0.1% (a mean-field stand-in for the time slices).
 #pragma once
 
 #include <memory>
@@ -81,6 +84,11 @@ class Simulator {
   }
   double duration(size_t pos) const;
   double composite_duration(size_t forward_pos) const;
+  // One pass over the actions in execution order at the slowdowns in scale_.
+  const SimResult& sweep();
+  // Moves each compute action's slowdown half way to the busy processes its cores held
+  // while it ran (the last sweep's); returns the largest relative move.
+  double rescale();
   const Action& action_at(size_t pos) const;
 
   std::shared_ptr<const Schedule> s_;
@@ -107,6 +115,10 @@ class Simulator {
   std::vector<double> group_last_;   // per reduce group: its last REDUCE's end
   std::vector<double> free_, mem_, link_free_;
   std::vector<int> live_;
+  // Per position: the time-slicing slowdown of a compute action (1 without core_ranks).
+  std::vector<double> scale_;
+  // Per rank, rescale()'s: its busy intervals in order and their lengths' running sum.
+  std::vector<std::vector<double>> busy_start_, busy_end_, busy_sum_;
   SimResult result_;
 };
 

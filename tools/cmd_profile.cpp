@@ -175,6 +175,7 @@ int run_profile(const std::vector<std::string>& args) {
                                            "--hold",      "-o",
                                            "/dev/null"};
     const int cores = int(transport::allowed_cores().size());
+    costs.cores = cores;
     for (int k : colocated) {
       // Whole passes (forward, backward and weight gradients of a few micro-batches, the
       // activations stashed between), as ranks run them: timing the ops one by one on

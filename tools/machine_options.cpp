@@ -34,7 +34,10 @@ void add_machine_options(po::options_description& opts, partitioner::Machine& m)
       "dp-latency", po::value(&m.dp_latency)->default_value(m.dp_latency, shown(m.dp_latency)),
       "seconds per step of the data-parallel all-reduce")(
       "ranks-per-host", po::value(&m.ranks_per_host)->default_value(0),
-      "ranks sharing a host, for the profile's colocated slowdown (0: all of the plan's)");
+      "ranks sharing a host, for the profile's colocated slowdown (0: all of the plan's)")(
+      "cores-per-host", po::value(&m.cores_per_host)->default_value(0),
+      "cores a host's ranks share; more ranks than cores are simulated time-sliced (0: the "
+      "cost file's)");
 }
 
 void check_machine_options(const partitioner::Machine& m) {
@@ -51,6 +54,9 @@ void check_machine_options(const partitioner::Machine& m) {
     if (!(v >= 0))
       throw InputError(std::string(flag) + ": expected seconds (0 or more), found " +
                        std::to_string(v));
+  if (m.cores_per_host < 0)
+    throw InputError("--cores-per-host: expected 0 (the cost file's) or more, found " +
+                     std::to_string(m.cores_per_host));
   if (m.ranks_per_host < 0)
     throw InputError("--ranks-per-host: expected 0 (all of the plan's ranks) or more, found " +
                      std::to_string(m.ranks_per_host));

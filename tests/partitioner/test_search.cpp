@@ -9,15 +9,18 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
+#include "partitioner/layout.h"
 #include "partitioner/plan.h"
 #include "partitioner/profile.h"
 #include "partitioner/resolved_plan.h"
 #include "partitioner/search.h"
+#include "schedule/simulate.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
 
@@ -629,6 +632,65 @@ TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
     memory::write_file_durably(path, j.dump());
     EXPECT_THROW(read_measured_costs(path), InputError) << bad;
   }
+}
+
+// More ranks than cores on the one host: each core gets ranks of every pipeline rank
+// (Layout::core_deal_order, as the ranks bind themselves), the simulator shares the
+// cores among the ranks computing, and the ops carry only the colocated slowdown beyond
+// the cores' fair share. The cost file keeps the cores the factors were measured on.
+TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
+  const Layout pp2_tp2_dp2(2, {2, 2});  // rank = (dp * 2 + pp) * 2 + tp
+  EXPECT_EQ(pp2_tp2_dp2.core_deal_order(), (std::vector<int>{0, 1, 4, 5, 2, 3, 6, 7}));
+  const Layout pp2_dp2(2, {1, 1});  // dealt to 2 cores: a replica on each
+  EXPECT_EQ(pp2_dp2.core_deal_order(), (std::vector<int>{0, 2, 1, 3}));
+
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  auto g = load_plan_model(plan);
+  ResolvedPlan r = resolve_plan(plan, g);
+  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
+  m.colocated = {{2, 1.02}, {8, 4.4}};
+  m.cores = 2;
+  const std::string path = testing::TempDir() + "time_sliced_costs.json";
+  write_measured_costs(m, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.cores, 2);
+
+  CostModel plain(g, Machine{}, nullptr);
+  CostModel measured(g, Machine{}, &back);
+  EXPECT_EQ(measured.machine().cores_per_host, 2);
+  const CostTable& table = plain.table_for(r.sharding, plan.micro_batch_size);
+  const schedule::Costs base = schedule_costs(r, table, plain.machine());
+  EXPECT_TRUE(base.core_ranks.empty());
+  auto costs = [&](int cores, int ranks_per_host) {
+    Machine mm = measured.machine();
+    mm.cores_per_host = cores;
+    mm.ranks_per_host = ranks_per_host;
+    return schedule_costs(r, table, mm);
+  };
+  // 8 ranks on 2 cores: two of each pipeline rank on each core, the ops 4.4 / (8 / 2).
+  const schedule::Costs sliced = costs(2, 0);
+  EXPECT_EQ(sliced.core_ranks, (std::vector<std::vector<double>>{{2, 2}, {2, 2}}));
+  for (size_t s = 0; s < base.forward.size(); ++s)
+    EXPECT_NEAR(sliced.forward[s], 1.1 * base.forward[s], 1e-12);
+  // 3 cores: 3, 3 and 2 ranks, each core holding both pipeline ranks.
+  EXPECT_EQ(costs(3, 0).core_ranks, (std::vector<std::vector<double>>{{2, 1}, {1, 2}, {1, 1}}));
+  // As many cores as ranks, or ranks on several hosts: the fixed factor as before.
+  for (auto [cores, per_host, factor] : {std::tuple{8, 0, 4.4}, {2, 4, 1.02 + (4.4 - 1.02) / 3}}) {
+    const schedule::Costs c = costs(cores, per_host);
+    EXPECT_TRUE(c.core_ranks.empty()) << cores;
+    EXPECT_NEAR(c.forward[0], factor * base.forward[0], 1e-12) << cores;
+  }
+  // The simulated step: time-sliced, under the fixed factor's (every rank busy always).
+  const schedule::Schedule sched = r.schedule;
+  const double fixed = schedule::simulate(sched, costs(8, 0)).makespan;
+  const double shared = schedule::simulate(sched, sliced).makespan;
+  EXPECT_LT(shared, fixed);
+
+  nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+  j["cores"] = 0;
+  memory::write_file_durably(path, j.dump());
+  EXPECT_THROW(read_measured_costs(path), InputError);
 }
 
 }  // namespace

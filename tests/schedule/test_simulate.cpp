@@ -351,6 +351,49 @@ TEST(Simulate, ReusedWithNewCostsAndCheckedInput) {
   EXPECT_THROW(Simulator{broken}, InputError);
 }
 
+// More ranks than cores (Costs::core_ranks): a core is shared among the processes
+// computing on it, not among all. Two processes of one rank on one core run at half
+// speed; ranks each alone on their core run as without it; two pipeline ranks sharing
+// one core keep it busy from the first F to the last B (1F1B leaves no moment with both
+// idle), so the step takes their work end to end: the mean-field sweeps come within 1%
+// of that, and well under what every process busy all the time would take.
+TEST(Simulate, TimeSlicedRanksShareTheirCoresAmongThoseComputing) {
+  Schedule one = lower(generate("1f1b", 1, 4));
+  Costs c1 = resolve(spec_fbw(1, 2, 1), one);
+  c1.optimizer_step = 0.5;
+  const double alone = simulate(one, c1).makespan;
+  c1.core_ranks = {{2}};
+  EXPECT_NEAR(simulate(one, c1).makespan, 2 * alone, 1e-9);
+
+  Schedule s = generate("1f1b", 2, 8);
+  Costs c = resolve(spec_fbw(1, 2, 0), s);
+  const SimResult free_run = simulate(s, c);
+  c.core_ranks = {{1, 0}, {0, 1}};
+  EXPECT_DOUBLE_EQ(simulate(s, c).makespan, free_run.makespan);
+
+  c.core_ranks = {{1, 1}};
+  const SimResult shared = simulate(s, c);
+  const double work = free_run.ranks[0].busy + free_run.ranks[1].busy;  // 2 x 8 x 3
+  EXPECT_DOUBLE_EQ(work, 48);
+  EXPECT_GT(shared.makespan, 0.99 * work);  // 48.24 (0.5% over)
+  EXPECT_LT(shared.makespan, 1.01 * work);
+  // A fixed factor of 2 (every process busy all the time) would take 2 x 27.
+  EXPECT_LT(shared.makespan, 2 * free_run.makespan - 5);
+
+  Costs bad = c;
+  bad.core_ranks = {{1, 1, 1}};
+  try {
+    simulate(s, bad);
+    ADD_FAILURE() << "three entries for two ranks were taken";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("core_ranks[0]: expected 2 values (one per rank)"),
+              std::string::npos)
+        << e.what();
+  }
+  bad.core_ranks = {{1, -1}};
+  EXPECT_THROW(simulate(s, bad), InputError);
+}
+
 TEST(Simulate, P128M1024WellUnderASecond) {
 #if !defined(__OPTIMIZE__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a speed bound means something only in an optimised build without sanitizers";
