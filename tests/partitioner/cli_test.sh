@@ -92,6 +92,16 @@ grep -q '"colocated": {' "$tmp/costs2.json" || { echo "FAIL: no colocated field"
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --ranks-per-host 2
 contains "predicted step time"
+# More ranks than the cores the file says (or --cores-per-host): simulated time-sliced.
+grep -q '"cores": ' "$tmp/costs2.json" || { echo "FAIL: no cores field"; fails=$((fails + 1)); }
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
+  --cores-per-host 2
+contains "its 8 ranks time-sliced on 2 cores, each bound to one"
+expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
+  --cores-per-host 8
+grep -q "time-sliced" "$tmp/out" && { echo "FAIL: a core per rank, time-sliced"; fails=$((fails + 1)); }
+expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --cores-per-host -1
+contains "--cores-per-host: expected 0 (the cost file's) or more, found -1"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --colocated 1 --out "$tmp/c.json"
 contains "--colocated: expected ranks per host from 2 to 256, found 1"
 # A tensor-parallel rank's shard timed too: the file has it, and predictions read it.
