@@ -169,7 +169,7 @@ TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
   // Ranks 0 and 1 are replica 0's two pipeline ranks, 2 and 3 replica 1's.
   for (auto [rank, core] : {std::pair{0, a}, {1, a}, {2, b}, {3, b}})
     EXPECT_NE(out.find("rank " + std::to_string(rank) + ": 4 ranks on 2 cores, bound to core " +
-                       core + "\n"),
+                       core + " (batch scheduling)\n"),
               std::string::npos)
         << out;
   ASSERT_EQ(run(taskset + baton() + " launch --bind none -n 4" + train, ws.path("free.out")), 0)
