@@ -380,6 +380,28 @@ TEST(Simulate, TimeSlicedRanksShareTheirCoresAmongThoseComputing) {
   // A fixed factor of 2 (every process busy all the time) would take 2 x 27.
   EXPECT_LT(shared.makespan, 2 * free_run.makespan - 5);
 
+  // Every generator (B/W splits, chunks, DualPipe's composites), lowered with a
+  // reduction and STEP: one core for all of p = 4 ranks' processes does their work and
+  // no more than every process busy all the time would take.
+  for (const auto& name : schedule_names()) {
+    Schedule g;
+    try {
+      g = lower(generate(name, 4, 8));
+    } catch (const InputError&) {
+      continue;
+    }
+    Costs k = resolve(spec_fbw(1, 1.5, 0.5), g);
+    k.reduce.assign(k.forward.size(), 0.5);
+    k.optimizer_step = 1;
+    const SimResult separate = simulate(g, k);
+    double busy = 0;
+    for (const RankStats& rs : separate.ranks) busy += rs.busy;
+    k.core_ranks = {{1, 1, 1, 1}};
+    const SimResult shared_one = simulate(g, k);
+    EXPECT_GT(shared_one.makespan, 0.98 * busy) << name;
+    EXPECT_LT(shared_one.makespan, 4 * separate.makespan) << name;
+  }
+
   Costs bad = c;
   bad.core_ranks = {{1, 1, 1}};
   try {
