@@ -130,7 +130,7 @@ class Launcher {
         {"BATON_RENDEZVOUS", rendezvous_},
         {"BATON_JOB_TOKEN", token_},
         {"BATON_STORE_HOSTED", "1"},
-        {"BATON_BIND", o_.bind ? "cores" : "none"},
+        {"BATON_BIND", bind_mode()},
         {"BATON_RESUME", attempt_ > 0 ? "1" : "0"},
         {"BATON_RESTART", std::to_string(attempt_)},
     };
@@ -196,6 +196,15 @@ class Launcher {
     ++open_pipes_;
     read_pipe(rk, *rk.out, rk.out_partial, 1);
     read_pipe(rk, *rk.err, rk.err_partial, 2);
+  }
+
+  // BATON_BIND: "cores" when every rank gets its share of the cores (core_share), "self"
+  // when there are more ranks than cores (a rank that knows its place binds itself:
+  // bind_dealt), "none" with --bind none.
+  const char* bind_mode() const {
+    const int cores = int(allowed_cores().size());
+    if (!o_.bind || cores == 0) return "none";
+    return o_.nprocs > cores ? "self" : "cores";
   }
 
   // Rank r's share of the cores we may run on; false when not binding.

@@ -24,7 +24,7 @@ struct LaunchOptions {
   // Bind each rank to its own share of the cores this launcher may use (rank r gets
   // cores [r*C/N, (r+1)*C/N)), as mpirun does: ranks never share a core, and a rank's
   // progress thread stays next to its data. With more ranks than cores the launcher
-  // binds none and says so (BATON_BIND=cores): a rank that knows its place binds
+  // binds none and says so (BATON_BIND=self): a rank that knows its place binds
   // itself (world.h's bind_dealt).
   bool bind = true;
   // After a failure (a rank that died, or exited non-zero because another hung or died),

@@ -122,7 +122,7 @@ LaunchEnv read_launch_env() {
   if (const char* t = env("BATON_JOB_TOKEN")) e.token = t;
   e.store_hosted =
       env("BATON_STORE_HOSTED") != nullptr && std::string(env("BATON_STORE_HOSTED")) == "1";
-  e.bind_cores = env("BATON_BIND") != nullptr && std::string(env("BATON_BIND")) == "cores";
+  e.bind_self = env("BATON_BIND") != nullptr && std::string(env("BATON_BIND")) == "self";
   if (e.size > 1) {
     if (e.rendezvous.empty())
       throw InputError("world of " + std::to_string(e.size) + " ranks (from " + e.source +
@@ -151,7 +151,7 @@ std::vector<int> allowed_cores() {
 }
 
 int bind_dealt(int place, const LaunchEnv& env) {
-  if (!env.bind_cores || env.local_size != env.size || place < 0) return -1;
+  if (!env.bind_self || env.local_size != env.size || place < 0) return -1;
   const std::vector<int> cores = allowed_cores();
   if (cores.empty() || env.local_size <= int(cores.size())) return -1;  // the launcher bound it
   const int core = cores[size_t(place) % cores.size()];

@@ -23,9 +23,10 @@ struct LaunchEnv {
   std::string rendezvous;     // "host:port"; empty for a world of one
   std::string token;          // the job token the rendezvous checks
   bool store_hosted = false;  // the launcher already runs the store (else rank 0 does)
-  // BATON_BIND=cores: the launcher binds ranks to cores, and leaves a rank it could not
-  // bind (more ranks than cores) to bind itself (bind_dealt).
-  bool bind_cores = false;
+  // BATON_BIND=self: the launcher asked for binding but could not bind this rank (more
+  // ranks than cores), so the rank binds itself (bind_dealt). ("cores": the launcher
+  // bound it; "none": no binding.)
+  bool bind_self = false;
   std::string source = "none";  // "baton launch", "Open MPI", "PMI", "Slurm", "none"
 };
 

@@ -128,7 +128,7 @@ TEST(Processes, PlanFromBatonPlan) {
 // ---- ranks and cores ----
 
 // `baton launch` binds each rank to its share of the cores when there are enough, and
-// otherwise leaves them to bind themselves (BATON_BIND=cores; none with --bind none):
+// otherwise leaves them to bind themselves (BATON_BIND cores, self; none with --bind none):
 // `baton train --plan` binds itself and its threads to one core, dealt by pipeline rank
 // (Layout::core_deal_order), so that PP2 x DP2 on 2 cores holds a replica on each.
 TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
@@ -148,7 +148,7 @@ TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
       << out;
   ASSERT_EQ(run(taskset + baton() + " launch -n 3" + show, ws.path("three.out")), 0);
   out = slurp(ws.path("three.out"));
-  EXPECT_NE(out.find("[rank 2] bind=cores Cpus_allowed_list: " + both + "\n"), std::string::npos)
+  EXPECT_NE(out.find("[rank 2] bind=self Cpus_allowed_list: " + both + "\n"), std::string::npos)
       << out;
   ASSERT_EQ(run(taskset + baton() + " launch --bind none -n 2" + show, ws.path("none.out")), 0);
   out = slurp(ws.path("none.out"));
@@ -175,6 +175,13 @@ TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
   ASSERT_EQ(run(taskset + baton() + " launch --bind none -n 4" + train, ws.path("free.out")), 0)
       << slurp(ws.path("free.out"));
   out = slurp(ws.path("free.out"));
+  EXPECT_EQ(out.find("bound to core"), std::string::npos) << out;
+  // As many ranks as cores: the launcher bound each to its share, and no rank narrows it.
+  p.dp = 1;
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  ASSERT_EQ(run(taskset + baton() + " launch -n 2" + train, ws.path("two-train.out")), 0)
+      << slurp(ws.path("two-train.out"));
+  out = slurp(ws.path("two-train.out"));
   EXPECT_EQ(out.find("bound to core"), std::string::npos) << out;
 }
 
