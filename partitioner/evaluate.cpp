@@ -628,6 +628,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   PlanEstimate e;
   e.step_time = sim.makespan;
   e.bubble = sim.bubble;
+  if (!costs.core_ranks.empty()) e.time_sliced_cores = model.machine().cores_per_host;
   const stages::Value& tokens = g.values[size_t(g.inputs.front())];
   e.tokens_per_step = p.global_batch * std::max<int64_t>(1, memory::shape_numel(tokens.type.shape));
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
@@ -869,7 +870,13 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       memory::format_bytes(double(e.max_peak())).c_str(),
       p.device_memory > 0 ? memory::format_bytes(double(p.device_memory)).c_str() : "unlimited");
   out += line;
+  if (e.time_sliced_cores > 0) out += time_sliced_line(r.world(), e.time_sliced_cores);
   return out;
+}
+
+std::string time_sliced_line(int ranks, int cores) {
+  return "its " + std::to_string(ranks) + " ranks time-sliced on " + std::to_string(cores) +
+         " cores, each bound to one (docs/transport.md)\n";
 }
 
 }  // namespace baton::partitioner

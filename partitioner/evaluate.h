@@ -43,6 +43,9 @@ struct PlanEstimate {
   int64_t tokens_per_step = 0;
   std::vector<std::string> problems;  // ranks over their capacity: which, by how much
   double dp_bytes_per_step = 0;       // the most any rank sends to its data-parallel peers
+  // The host's cores when the plan's ranks outnumber them and the step was simulated
+  // time-sliced (Machine::cores_per_host); 0 otherwise.
+  int time_sliced_cores = 0;
   // Extra parameter-server ranks (dp_sync ps_ranks > 0): the step's push, the servers'
   // update, the pull and what staleness leaves exposed of them (cost_model.h's
   // ps_server_times), for the replica rank the servers keep waiting longest.
@@ -87,6 +90,8 @@ int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& table, int 
 
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
+// The line saying a step was simulated time-sliced: `ranks` on `cores`.
+std::string time_sliced_line(int ranks, int cores);
 
 // The schedule costs of a plan (what the simulator runs on), from a cost table; the
 // activation bytes from `stage_memory` (per schedule stage) when given.

@@ -7,6 +7,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
 #include "partitioner/predict.h"
 #include "partitioner/resolved_plan.h"
 #include "schedule/schedule_io.h"
@@ -51,9 +52,8 @@ int predict(const std::vector<std::string>& args) {
   std::printf("predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, %s\n",
               p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
               costs.empty() ? "costs from FLOPs" : ("measured op costs " + costs).c_str());
-  if (const int cores = model.machine().cores_per_host;
-      !pt::core_ranks(r.layout, model.machine()).empty())
-    std::printf("its %d ranks time-sliced on %d cores, each bound to one\n", r.world(), cores);
+  if (!pt::core_ranks(r.layout, model.machine()).empty())
+    std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
   if (!out.empty()) memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
   if (!svg.empty()) memory::write_file_durably(svg, schedule::to_svg(p.timeline));
   return 0;

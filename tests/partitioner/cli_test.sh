@@ -97,6 +97,9 @@ grep -q '"cores": ' "$tmp/costs2.json" || { echo "FAIL: no cores field"; fails=$
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --cores-per-host 2
 contains "its 8 ranks time-sliced on 2 cores, each bound to one"
+expect 0 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
+  --cores-per-host 2
+contains "its 8 ranks time-sliced on 2 cores, each bound to one"
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --cores-per-host 8
 grep -q "time-sliced" "$tmp/out" && { echo "FAIL: a core per rank, time-sliced"; fails=$((fails + 1)); }
