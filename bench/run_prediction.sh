@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # Step-time prediction against measurement (docs/benchmarks.md, "Step-time prediction"):
 # GPT config A (4 blocks, n_embd 256, context 128) on one process (the peer), at PP2 x DP1 (1F1B, 8 micro-batches),
-# PP1 x DP2 and PP2 x TP2 x DP2 (1F1B, 4 micro-batches per replica), PP2 x DP4 (2 per
-# replica; 8 ranks without tensor parallelism), micro-batches of 2
+# PP1 x DP2 and PP2 x TP2 x DP2 (1F1B, 4 micro-batches per replica), TP2 (8), PP2 x DP4
+# (2 per replica; 8 ranks without tensor parallelism), micro-batches of 2
 # sequences, a global batch of 16, one thread per rank, all ranks on this host
 # (`baton launch`). In one run per plan: the op costs `baton profile` measures, alone
-# and beside copies of itself (--colocated: as many ranks as the plans have) and a TP=2
-# shard's ops (--tp 2), the
+# and beside copies of itself (--colocated: as many ranks as the plans have), a TP=2
+# shard's ops and its collectives among that many ranks (--tp 2), the
 # simulator's prediction from them (`baton trace predict`) and the measured step
 # (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
 # step per action kind.
-#   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 pp2tp2dp2 pp2dp4"]
+#   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"]
 # KEEP_TMP=1 keeps the working folder (plans, profile, every rank's measured trace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=5
 warmup=2
-plans="pp1 pp2 dp2 pp2tp2dp2 pp2dp4"
+plans="pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -47,6 +47,7 @@ JSON
 plan pp1 1 1 1 1 8 '[{"layers": [0, 6]}]'
 plan pp2 2 1 2 1 8 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
 plan dp2 2 2 1 1 4 '[{"layers": [0, 6]}]'
+plan tp2 2 1 1 2 8 '[{"layers": [0, 6]}]'
 plan pp2tp2dp2 8 2 2 2 4 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
 plan pp2dp4 8 4 2 1 2 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
 devices() { grep -o '"devices": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }

@@ -93,7 +93,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
   r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "cores",
-                 "in_step", "memory_bandwidth", "ops", "tp_ops"});
+                 "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -131,6 +131,16 @@ MeasuredCosts read_measured_costs(const std::string& path) {
     for (const std::string& degree : k->keys())
       read_ops(k->at(degree), c.tp_ops[count_key(*k, degree, "a tensor-parallel degree")]);
   }
+  if (auto k = r.get("tp_collective")) {
+    k->expect_object();
+    for (const std::string& degree : k->keys()) {
+      const stages::JsonReader by_ranks = k->at(degree);
+      by_ranks.expect_object();
+      auto& out = c.tp_collective[count_key(*k, degree, "a tensor-parallel degree")];
+      for (const std::string& ranks : by_ranks.keys())
+        out[count_key(by_ranks, ranks, "ranks per host")] = by_ranks.at(ranks).as_double(0, 1);
+    }
+  }
   return c;
 }
 
@@ -160,6 +170,13 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
     nlohmann::json k = nlohmann::json::object();
     for (const auto& [degree, ops_of] : c.tp_ops) k[std::to_string(degree)] = ops_json(ops_of);
     j["tp_ops"] = k;
+  }
+  if (!c.tp_collective.empty()) {
+    nlohmann::json k = nlohmann::json::object();
+    for (const auto& [degree, by_ranks] : c.tp_collective)
+      for (const auto& [ranks, seconds] : by_ranks)
+        k[std::to_string(degree)][std::to_string(ranks)] = seconds;
+    j["tp_collective"] = k;
   }
   memory::write_file_durably(path, j.dump(1) + "\n");
 }
@@ -236,6 +253,17 @@ double colocation_slowdown(const Machine& m, int ranks) {
   return ranks <= 1 ? 1.0 : f0;
 }
 
+double tp_collective_extra(const Machine& m, int t, int ranks) {
+  auto d = m.tp_collective.find(t);
+  if (d == m.tp_collective.end() || d->second.empty()) return 0;
+  const std::map<int, double>& by = d->second;
+  auto hi = by.lower_bound(ranks);
+  if (hi == by.end()) return std::prev(hi)->second;
+  if (hi->first == ranks || hi == by.begin()) return hi->second;
+  auto lo = std::prev(hi);
+  return lo->second + (hi->second - lo->second) * (ranks - lo->first) / (hi->first - lo->first);
+}
+
 std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m) {
   const int world = layout.world(), cores = m.cores_per_host;
   if (cores <= 0 || world <= cores || (m.ranks_per_host > 0 && m.ranks_per_host < world)) return {};
@@ -250,6 +278,8 @@ CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
                      const MeasuredCosts* measured)
     : g_(std::move(logical)), machine_(machine), measured_(measured) {
   if (measured_ != nullptr && machine_.colocated.empty()) machine_.colocated = measured_->colocated;
+  if (measured_ != nullptr && machine_.tp_collective.empty())
+    machine_.tp_collective = measured_->tp_collective;
   if (measured_ != nullptr && machine_.cores_per_host == 0)
     machine_.cores_per_host = measured_->cores;
   if (measured_ != nullptr && measured_->memory_bandwidth > 0)
@@ -363,6 +393,9 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
                          machine_.tp_latency);
     c.tp_forward_bytes += double(k.forward_comm_bytes);
     c.tp_backward_bytes += double(k.backward_comm_bytes);
+    c.tp = t;
+    c.tp_forward_collectives += k.forward_comm_bytes > 0;
+    c.tp_backward_collectives += k.backward_comm_bytes > 0;
     double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
     const MeasuredCosts::Op* m = nullptr;
     if (measured_ != nullptr) {

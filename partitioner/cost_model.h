@@ -51,11 +51,22 @@ struct Machine {
   // the simulator shares every core among the ranks computing on it, and the ops are
   // slowed only by what `colocated` measured beyond the cores' fair share.
   int cores_per_host = 0;
+  // What a tensor-parallel collective costs beyond tp_latency and tp_bandwidth's time
+  // among co-located ranks that compute between collectives (the wait for a partner
+  // that shares its core, the hand-offs): degree t -> ranks per host k -> seconds per
+  // collective, as core time (slowed like the ops). Measured by `baton profile
+  // --colocated k --tp t` (the cost model takes it from the cost file); empty: none.
+  std::map<int, std::map<int, double>> tp_collective;
 };
 
 // The compute slowdown of `ranks` ranks on one host: linear between the measured points
 // (1 rank: 1.0), the largest measured one's beyond them.
 double colocation_slowdown(const Machine& m, int ranks);
+
+// The extra seconds of one collective at degree t with `ranks` ranks on the host
+// (Machine::tp_collective): linear between the measured counts, the nearest one's
+// beyond them; 0 for a degree not measured.
+double tp_collective_extra(const Machine& m, int t, int ranks);
 
 // Time-slicing (Machine::cores_per_host): per core, the ranks of each pipeline rank it
 // runs (schedule::Costs::core_ranks) when every rank of the plan is on one host and
@@ -136,6 +147,8 @@ struct MeasuredCosts {
   // those that do not communicate (`baton profile --tp t`). A split op found here is
   // taken as measured at its own shape instead of the whole op's time by its FLOP share.
   std::map<int, std::map<std::string, Op>> tp_ops;
+  // By degree t, by ranks per host k: Machine::tp_collective (`--colocated k --tp t`).
+  std::map<int, std::map<int, double>> tp_collective;
 };
 MeasuredCosts read_measured_costs(const std::string& path);
 void write_measured_costs(const MeasuredCosts& c, const std::string& path);
@@ -144,7 +157,9 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path);
 struct LayerCost {
   double f = 0, b = 0, w = 0;  // seconds
   double f_flops = 0, b_flops = 0, w_flops = 0;
-  double tp_forward_bytes = 0, tp_backward_bytes = 0;  // payload of its collectives
+  double tp_forward_bytes = 0, tp_backward_bytes = 0;           // payload of its collectives
+  int tp = 1;                                                   // its tensor-parallel degree
+  int tp_forward_collectives = 0, tp_backward_collectives = 0;  // nodes that communicate
   MicroBatchMemory mem, mem_recompute;
 };
 

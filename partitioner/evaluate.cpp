@@ -144,11 +144,23 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
     const std::set<int>& rc = r.recompute[size_t(k)];
-    c.forward[size_t(s)] = slow * (t.pf[size_t(b)] - t.pf[size_t(a)]);
-    c.backward_input[size_t(s)] = slow * (t.pb[size_t(b)] - t.pb[size_t(a)]);
+    // What each tensor-parallel collective costs among the host's ranks beyond its
+    // analytic time (Machine::tp_collective), on F and B of the layers holding them.
+    auto extra = [&](int l, bool forward) {
+      const LayerCost& lc = t.layers[size_t(l)];
+      const int count = forward ? lc.tp_forward_collectives : lc.tp_backward_collectives;
+      return count > 0 ? count * tp_collective_extra(m, lc.tp, host_ranks) : 0.0;
+    };
+    double extra_f = 0, extra_b = 0;
+    for (int l = a; l < b; ++l) {
+      extra_f += extra(l, true);
+      extra_b += extra(l, false);
+    }
+    c.forward[size_t(s)] = slow * (t.pf[size_t(b)] - t.pf[size_t(a)] + extra_f);
+    c.backward_input[size_t(s)] = slow * (t.pb[size_t(b)] - t.pb[size_t(a)] + extra_b);
     c.backward_weight[size_t(s)] = slow * (t.pw[size_t(b)] - t.pw[size_t(a)]);
-    for (int l : rc)
-      c.backward_input[size_t(s)] += slow * t.layers[size_t(l)].f;  // recompute runs F again
+    for (int l : rc)  // recompute runs F again
+      c.backward_input[size_t(s)] += slow * (t.layers[size_t(l)].f + extra(l, true));
     // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
     // small beside them), and exchanges two halos per convolution and pooling per pass.
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {

@@ -170,6 +170,7 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
   auto graph = std::make_shared<const Graph>(g);
   stages::StageOptions so;
   so.device = o.device;
+  so.tp = o.tp;
   // A 16-bit graph trains with f32 masters, as baton train runs it (the AdamW update and
   // its working copies are part of the pass).
   for (const stages::Param& p : g.params)
@@ -321,14 +322,34 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
   return out;
 }
 
+std::shared_ptr<Graph> tensor_parallel_shard(const Graph& g, int t, int index) {
+  const std::vector<int> degrees(size_t(g.num_layers()), t);
+  const Sharding s = plan_sharding(g, degrees, {}, "--tp " + std::to_string(t));
+  return build_physical(g, s, std::vector<int>(degrees.size(), index));
+}
+
+double tp_collective_from_pass(const Graph& g, const MeasuredCosts& costs, int t, double shard,
+                               double whole) {
+  CostModel model(std::make_shared<const Graph>(g), Machine{}, &costs);
+  const CostTable& split = model.table(t, costs.batch);
+  int collectives = 0;
+  for (const LayerCost& l : split.layers)
+    collectives += l.tp_forward_collectives + l.tp_backward_collectives;
+  if (collectives == 0 || whole <= 0) return 0;
+  // F, B and W of each micro-batch as the cost model has them (the analytic collectives
+  // included); the measured passes of the whole model say how much slower the ops ran.
+  const double slowdown =
+      whole / (kPassMicroBatches * model.table(1, costs.batch).total_time(false));
+  const double modelled = kPassMicroBatches * split.total_time(false);
+  return std::max(0.0, (shard / slowdown - modelled) / (kPassMicroBatches * collectives));
+}
+
 void profile_tensor_parallel(const Graph& g, const ProfileOptions& o, int t, MeasuredCosts& costs) {
   check_options(o);
   if (t < 2)
     throw InputError("--tp: expected a tensor-parallel degree of at least 2, found " +
                      std::to_string(t));
-  const std::vector<int> degrees(size_t(g.num_layers()), t);
-  const Sharding s = plan_sharding(g, degrees, {}, "--tp " + std::to_string(t));
-  const std::shared_ptr<Graph> shard = build_physical(g, s, std::vector<int>(degrees.size(), 0));
+  const std::shared_ptr<Graph> shard = tensor_parallel_shard(g, t, 0);
   int previous_threads = kernels::num_threads();
   if (o.threads > 0) kernels::set_num_threads(o.threads);
   // An op that communicates needs its group: it is not timed here.

@@ -10,6 +10,10 @@
 #include "partitioner/cost_model.h"
 #include "stages/graph.h"
 
+namespace baton::transport {
+class Communicator;
+}
+
 namespace baton::partitioner {
 
 struct ProfileOptions {
@@ -28,6 +32,8 @@ struct ProfileOptions {
   // (MeasuredCosts::in_step). Only with warmup >= 1: an op's first call pays one-time
   // costs (oneDNN's JIT, first touches), which made the ops' sum 30-200x a pass.
   bool in_step = true;
+  // time_passes of a tensor-parallel shard's graph: the group its collectives run in.
+  transport::Communicator* tp = nullptr;
 };
 
 // Micro-batches per pass when timing whole passes (in_step, `--colocated`).
@@ -63,5 +69,19 @@ struct PassTimes {
 };
 // The median of options.repeats after options.warmup (the mean with options.mean), of each.
 PassTimes time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);
+
+// One tensor-parallel rank's graph at degree t: every layer split as a plan with "tp": t
+// splits it, the shard of rank `index` of its group.
+std::shared_ptr<stages::Graph> tensor_parallel_shard(const stages::Graph& g, int t, int index);
+
+// The per-collective extra (MeasuredCosts::tp_collective) from whole passes (their
+// compute, time_passes) that ranks sharing the host ran together, in groups of t: `shard`
+// of a degree-t shard with its collectives, `whole` of the whole model without any.
+// `whole` over the cost model's pass (the ops of `costs`, their in_step) says how much
+// the sharing slowed the ops; what it leaves of `shard` beyond the cost model's shard
+// pass (tp_ops, the analytic collectives of the default links), over the shard's
+// collectives. At least 0.
+double tp_collective_from_pass(const stages::Graph& g, const MeasuredCosts& costs, int t,
+                               double shard, double whole);
 
 }  // namespace baton::partitioner

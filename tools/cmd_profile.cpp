@@ -14,14 +14,18 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "engine/loop.h"
 #include "kernels/precision.h"
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "partitioner/profile.h"
+#include "stages/json_reader.h"
 #include "stages/model.h"
 #include "tools/command.h"
+#include "transport/launch.h"
 #include "transport/world.h"
 
 namespace baton::tools {
@@ -95,6 +99,60 @@ pt::PassTimes colocated_pass(int k, const std::vector<std::string>& hold_args,
   }
 }
 
+// `--tp-probe t`, a rank of the job tp_collective_passes launches: whole passes of the
+// whole model, then of its degree-t shard with the collectives over the job's transport
+// (rank r is index r mod t of the group of ranks [r - r mod t, ... + t)), twice, bound as
+// baton train binds ranks; rank 0 writes the two kinds' compute time to `out`.
+void tp_probe_rank(const stages::Graph& g, pt::ProfileOptions o, int t, const std::string& out) {
+  const transport::LaunchEnv env = transport::read_launch_env();
+  if (env.size % t != 0)
+    throw InputError("--tp-probe: " + std::to_string(env.size) + " ranks do not form groups of " +
+                     std::to_string(t));
+  // Partners on different cores, as a plan's tensor-parallel ranks are dealt
+  // (Layout::core_deal_order puts a group's ranks side by side).
+  transport::bind_dealt(env.rank, env);
+  transport::World world = transport::init_world();
+  const int first = env.rank - env.rank % t;
+  std::vector<int> members;
+  for (int i = 0; i < t; ++i) members.push_back(first + i);
+  const transport::CommPtr group = world.comm->split(members);
+  const std::shared_ptr<stages::Graph> shard = pt::tensor_parallel_shard(g, t, env.rank % t);
+  o.mean = env.bind_self;  // more ranks than cores, as --colocated times them
+  pt::ProfileOptions split = o;
+  split.tp = group.get();
+  double whole = 0, sharded = 0;
+  for (int round = 0; round < 2; ++round) {
+    world.comm->barrier()->wait();
+    whole += pt::time_passes(g, o, pt::kPassMicroBatches).compute;
+    world.comm->barrier()->wait();
+    sharded += pt::time_passes(*shard, split, pt::kPassMicroBatches).compute;
+  }
+  if (env.rank == 0)
+    memory::write_file_durably(
+        out, nlohmann::json{{"whole", whole / 2}, {"shard", sharded / 2}}.dump() + "\n");
+  world.comm->barrier()->wait();
+}
+
+// Whole passes (compute) of the whole model and of a degree-t shard with its collectives
+// while k ranks in groups of t run them over `baton launch`'s transport (the ranks are
+// copies of this program, tp_probe_rank): {whole, shard}.
+std::pair<double, double> tp_collective_passes(int k, int t, std::vector<std::string> probe_args,
+                                               const std::string& scratch) {
+  transport::LaunchOptions lo;
+  lo.nprocs = k;
+  lo.command = {"/proc/self/exe", "profile"};
+  probe_args.insert(probe_args.end(), {"--tp-probe", std::to_string(t), "-o", scratch});
+  lo.command.insert(lo.command.end(), probe_args.begin(), probe_args.end());
+  if (const int rc = transport::launch(lo); rc != 0)
+    throw RuntimeError("profile --tp: the job of " + std::to_string(k) +
+                       " ranks timing the collectives failed (exit code " + std::to_string(rc) +
+                       ")");
+  nlohmann::json j = stages::read_json_file(scratch);
+  std::remove(scratch.c_str());
+  const stages::JsonReader r(j, scratch);
+  return {r.at("whole").as_double(0, 1e9), r.at("shard").as_double(0, 1e9)};
+}
+
 int run_profile(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model_path, out, device, precision;
@@ -113,8 +171,10 @@ int run_profile(const std::vector<std::string>& args) {
       "tp", po::value<std::vector<int>>()->multitoken(),
       "T [T ...]: also time one rank's shard of every op at tensor-parallel degree T (the "
       "split GEMMs' own rate, where the planner would otherwise take the whole op's by its "
-      "FLOP share)")("hold", po::bool_switch(),
-                     "(internal) profile until killed: --colocated's copies")(
+      "FLOP share); with --colocated K, also what a collective costs among K ranks in groups "
+      "of T")("tp-probe", po::value<int>()->default_value(0),
+              "(internal) a rank of --tp's job timing the collectives")(
+      "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
@@ -135,6 +195,10 @@ int run_profile(const std::vector<std::string>& args) {
   stages::Graph g = stages::load_model(model_path, lo);
   if (vm["hold"].as<bool>())
     for (;;) pt::time_passes(g, o, pt::kPassMicroBatches);
+  if (const int t = vm["tp-probe"].as<int>(); t > 0) {
+    tp_probe_rank(g, o, t, out);
+    return 0;
+  }
   const std::vector<int> colocated =
       vm.count("colocated") ? vm["colocated"].as<std::vector<int>>() : std::vector<int>{};
   for (int k : colocated)
@@ -208,6 +272,31 @@ int run_profile(const std::vector<std::string>& args) {
           (together.compute - together.forward) / (alone.compute - alone.forward));
     }
   }
+  // The collectives among co-located ranks: a shard's passes with them, k ranks in
+  // groups of t, against what the cost model makes of the same passes.
+  // Not on a GPU (its ranks would share the one device), nor against op times that
+  // include their first calls (--warmup 0): what the probe's passes leave over the cost
+  // model's would be that.
+  if (!tp.empty() && !colocated.empty() && o.warmup == 0)
+    std::printf(
+        "collectives among co-located ranks: not measured (--warmup 0: the ops' times include "
+        "their first calls' one-time costs)\n");
+  for (int t : o.device.is_cuda() || o.warmup == 0 ? std::vector<int>{} : tp)
+    for (int k : colocated) {
+      if (k % t != 0) continue;
+      const std::vector<std::string> probe = {"--model",   model_path,
+                                              "--batch",   std::to_string(o.batch),
+                                              "--threads", std::to_string(o.threads),
+                                              "--repeats", std::to_string(o.repeats),
+                                              "--warmup",  "1"};
+      const auto [whole, shard] = tp_collective_passes(k, t, probe, out + ".tp-probe");
+      const double extra = pt::tp_collective_from_pass(g, costs, t, shard, whole);
+      costs.tp_collective[t][k] = extra;
+      std::printf(
+          "%d ranks on the host in tensor-parallel groups of %d: a collective takes %.1f us "
+          "beyond its analytic time\n",
+          k, t, 1e6 * extra);
+    }
   pt::write_measured_costs(costs, out);
 
   struct Row {

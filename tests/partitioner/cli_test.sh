@@ -85,10 +85,15 @@ contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
-expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 0 \
-  --colocated 2 --out "$tmp/costs2.json"
+# With --tp 2, a job of two ranks times the shard's collectives between them.
+expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
+  --colocated 2 --tp 2 --out "$tmp/costs2.json"
 contains "2 ranks on the host: the ops take"
+contains "2 ranks on the host in tensor-parallel groups of 2: a collective takes"
 grep -q '"colocated": {' "$tmp/costs2.json" || { echo "FAIL: no colocated field"; fails=$((fails + 1)); }
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["tp_collective"]["2"]["2"]; assert 0 <= t < 1, t' \
+  "$tmp/costs2.json" || { echo "FAIL: no tp_collective for 2 ranks in groups of 2"; fails=$((fails + 1)); }
+[ ! -e "$tmp/costs2.json.tp-probe" ] || { echo "FAIL: the probe's file was left"; fails=$((fails + 1)); }
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --ranks-per-host 2
 contains "predicted step time"

@@ -693,5 +693,81 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
   EXPECT_THROW(read_measured_costs(path), InputError);
 }
 
+// What a tensor-parallel collective costs among co-located ranks beyond its analytic
+// time (`baton profile --colocated k --tp t`): derived from the probe's passes so that the
+// cost model gives them back, written and read back, interpolated between the measured
+// rank counts, and added, slowed like the ops, to F and B of every stage per collective.
+TEST(Profile, TensorParallelCollectivesCostWhatTheCoLocatedRanksMeasured) {
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  auto g = load_plan_model(plan);
+  ResolvedPlan r = resolve_plan(plan, g);
+  ASSERT_EQ(r.world(), 8);
+  MeasuredCosts m = profile_model(*g, quick_profile(plan.micro_batch_size, false));
+
+  // The probe's passes: the whole model's slowed 3x by the sharing, the shard's by as
+  // much and 40 us per collective more.
+  CostModel model(g, Machine{}, &m);
+  const CostTable& whole = model.table(1, m.batch);
+  const CostTable& split = model.table(2, m.batch);
+  int collectives = 0;
+  for (const LayerCost& l : whole.layers)
+    EXPECT_EQ(l.tp_forward_collectives + l.tp_backward_collectives, 0);
+  for (const LayerCost& l : split.layers)
+    collectives += l.tp_forward_collectives + l.tp_backward_collectives;
+  ASSERT_GT(collectives, 0);
+  const double pass = kPassMicroBatches * split.total_time(false);
+  const double whole_pass = 3 * kPassMicroBatches * whole.total_time(false);
+  const double per_pass = kPassMicroBatches * collectives;
+  EXPECT_NEAR(tp_collective_from_pass(*g, m, 2, 3 * (pass + per_pass * 40e-6), whole_pass), 40e-6,
+              1e-12);
+  EXPECT_EQ(tp_collective_from_pass(*g, m, 2, 3 * pass * 0.9, whole_pass), 0.0);  // never below
+
+  m.tp_collective = {{2, {{2, 10e-6}, {8, 50e-6}}}};
+  const std::string path = testing::TempDir() + "tp_collective_costs.json";
+  write_measured_costs(m, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.tp_collective, m.tp_collective);
+  CostModel measured(g, Machine{}, &back);  // takes the file's
+  const Machine& machine = measured.machine();
+  EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 2), 10e-6);
+  EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 5), 30e-6);
+  EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 16), 50e-6);  // beyond: the nearest
+  EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 4, 8), 0.0);     // a degree not measured
+
+  const CostTable& table = measured.table_for(r.sharding, plan.micro_batch_size);
+  Machine none = machine;
+  none.tp_collective.clear();
+  for (auto [per_host, extra] : {std::pair{0, 50e-6}, {2, 10e-6}}) {
+    Machine with = machine;
+    with.ranks_per_host = none.ranks_per_host = per_host;
+    const schedule::Costs a = schedule_costs(r, table, none), b = schedule_costs(r, table, with);
+    const double slow = colocation_slowdown(with, per_host > 0 ? per_host : 8);
+    for (int s = 0; s < r.schedule.num_stages(); ++s) {
+      const int k = r.chunk_of_stage[size_t(s)];
+      int f = 0, bw = 0;
+      for (int l = r.chunk_first[size_t(k)]; l < r.chunk_last[size_t(k)]; ++l) {
+        f += table.layers[size_t(l)].tp_forward_collectives;
+        bw += table.layers[size_t(l)].tp_backward_collectives;
+      }
+      EXPECT_GT(f, 0) << s;
+      EXPECT_NEAR(b.forward[size_t(s)] - a.forward[size_t(s)], slow * f * extra, 1e-12) << s;
+      EXPECT_NEAR(b.backward_input[size_t(s)] - a.backward_input[size_t(s)], slow * bw * extra,
+                  1e-12)
+          << s;
+      EXPECT_DOUBLE_EQ(b.backward_weight[size_t(s)], a.backward_weight[size_t(s)]) << s;
+    }
+  }
+
+  // Bad input: a key that is no degree or rank count, seconds out of range, no object.
+  for (const char* bad : {R"({"1": {"2": 1e-5}})", R"({"2": {"x": 1e-5}})", R"({"2": {"2": -1}})",
+                          R"({"2": {"2": 2}})", R"({"2": 1e-5})"}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["tp_collective"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace baton::partitioner
