@@ -395,6 +395,20 @@ ProfileOptions quick_profile(int64_t batch, bool in_step) {
   return po;
 }
 
+// The tiny GPT's PP2 x TP2 x DP2 example plan (8 ranks), read and resolved.
+struct TinyPlan {
+  Plan plan;
+  std::shared_ptr<const stages::Graph> graph;
+  ResolvedPlan resolved;
+};
+TinyPlan tiny_pp2_tp2_dp2() {
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
+  auto g = load_plan_model(plan);
+  ResolvedPlan r = resolve_plan(plan, g);
+  return {std::move(plan), std::move(g), std::move(r)};
+}
+
 TEST(Profile, MeasuredTimesReplaceFlops) {
   auto g = load_search_model("tiny-gpt.json");
   const ProfileOptions po = quick_profile(2, false);
@@ -469,11 +483,8 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
 // time: through the file, a plan's STEP inversely proportional to it; none measured
 // leaves the Machine's.
 TEST(Profile, MeasuredBandwidthTimesTheOptimizerStep) {
-  Plan plan =
-      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
-  auto g = load_plan_model(plan);
-  ResolvedPlan r = resolve_plan(plan, g);
-  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
+  const TinyPlan tiny = tiny_pp2_tp2_dp2();
+  MeasuredCosts m = profile_model(*tiny.graph, quick_profile(1, false));
   EXPECT_EQ(m.memory_bandwidth, 0.0);  // no whole passes: not measured
   const std::string path = testing::TempDir() + "bandwidth_costs.json";
   write_measured_costs(m, path);
@@ -484,18 +495,20 @@ TEST(Profile, MeasuredBandwidthTimesTheOptimizerStep) {
   const MeasuredCosts twice = read_measured_costs(path);
   EXPECT_EQ(twice.memory_bandwidth, m.memory_bandwidth);
 
-  CostModel assumed(g, Machine{}, &none), measured(g, Machine{}, &twice);
+  CostModel assumed(tiny.graph, Machine{}, &none), measured(tiny.graph, Machine{}, &twice);
   EXPECT_EQ(assumed.machine().memory_bandwidth, Machine{}.memory_bandwidth);
   EXPECT_EQ(measured.machine().memory_bandwidth, m.memory_bandwidth);
   const auto step = [&](CostModel& model) {
-    return schedule_costs(r, model.table_for(r.sharding, plan.micro_batch_size), model.machine())
+    return schedule_costs(tiny.resolved,
+                          model.table_for(tiny.resolved.sharding, tiny.plan.micro_batch_size),
+                          model.machine())
         .optimizer_step;
   };
   // The step also waits for its reductions, which do not depend on the memory's speed.
   Machine no_wait = Machine{};
   no_wait.dp_latency = 0;
   no_wait.dp_bandwidth = 1e30;
-  CostModel a(g, no_wait, &none), b(g, no_wait, &twice);
+  CostModel a(tiny.graph, no_wait, &none), b(tiny.graph, no_wait, &twice);
   ASSERT_GT(step(a), 0.0);
   EXPECT_NEAR(step(b), step(a) / 2, 1e-9 * step(a));
   EXPECT_GT(step(assumed), step(measured));
@@ -583,12 +596,9 @@ TEST(Profile, PassesRunWholeTrainingSteps) {
 // measured points, and applied to the compute of a plan by the ranks sharing its host;
 // the tied embedding's stages reduce together.
 TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
-  Plan plan =
-      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
-  auto g = load_plan_model(plan);
-  ResolvedPlan r = resolve_plan(plan, g);
-  ASSERT_EQ(r.world(), 8);
-  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
+  const TinyPlan tiny = tiny_pp2_tp2_dp2();
+  ASSERT_EQ(tiny.resolved.world(), 8);
+  MeasuredCosts m = profile_model(*tiny.graph, quick_profile(1, false));
   m.colocated = {{2, 1.5}, {4, 2.5}};
   const std::string path = testing::TempDir() + "colocated_costs.json";
   write_measured_costs(m, path);
@@ -602,17 +612,19 @@ TEST(Profile, ColocatedSlowdownScalesComputeByRanksPerHost) {
   EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 3), 2.0);
   EXPECT_DOUBLE_EQ(colocation_slowdown(machine, 8), 2.5);  // beyond: the largest measured
 
-  CostModel plain(g, Machine{}, nullptr);
-  CostModel measured(g, Machine{}, &back);  // takes the file's slowdown
-  const schedule::Costs base =
-      schedule_costs(r, plain.table_for(r.sharding, plan.micro_batch_size), plain.machine());
+  CostModel plain(tiny.graph, Machine{}, nullptr);
+  CostModel measured(tiny.graph, Machine{}, &back);  // takes the file's slowdown
+  const schedule::Costs base = schedule_costs(
+      tiny.resolved, plain.table_for(tiny.resolved.sharding, tiny.plan.micro_batch_size),
+      plain.machine());
   auto scaled = [&](int ranks_per_host) {
     Machine mm = measured.machine();
     mm.ranks_per_host = ranks_per_host;
     mm.flops = plain.machine().flops;
     // The analytic table (no measured times) with the measured slowdown: only the factor
     // differs from `base`.
-    return schedule_costs(r, plain.table_for(r.sharding, plan.micro_batch_size), mm);
+    return schedule_costs(tiny.resolved,
+                          plain.table_for(tiny.resolved.sharding, tiny.plan.micro_batch_size), mm);
   };
   for (auto [per_host, factor] : {std::pair{0, 2.5}, {1, 1.0}, {2, 1.5}, {3, 2.0}}) {
     const schedule::Costs c = scaled(per_host);
@@ -644,11 +656,8 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
   const Layout pp2_dp2(2, {1, 1});  // dealt to 2 cores: a replica on each
   EXPECT_EQ(pp2_dp2.core_deal_order(), (std::vector<int>{0, 2, 1, 3}));
 
-  Plan plan =
-      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
-  auto g = load_plan_model(plan);
-  ResolvedPlan r = resolve_plan(plan, g);
-  MeasuredCosts m = profile_model(*g, quick_profile(1, false));
+  const TinyPlan tiny = tiny_pp2_tp2_dp2();
+  MeasuredCosts m = profile_model(*tiny.graph, quick_profile(1, false));
   m.colocated = {{2, 1.02}, {8, 4.4}};
   m.cores = 2;
   const std::string path = testing::TempDir() + "time_sliced_costs.json";
@@ -656,17 +665,17 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
   const MeasuredCosts back = read_measured_costs(path);
   EXPECT_EQ(back.cores, 2);
 
-  CostModel plain(g, Machine{}, nullptr);
-  CostModel measured(g, Machine{}, &back);
+  CostModel plain(tiny.graph, Machine{}, nullptr);
+  CostModel measured(tiny.graph, Machine{}, &back);
   EXPECT_EQ(measured.machine().cores_per_host, 2);
-  const CostTable& table = plain.table_for(r.sharding, plan.micro_batch_size);
-  const schedule::Costs base = schedule_costs(r, table, plain.machine());
+  const CostTable& table = plain.table_for(tiny.resolved.sharding, tiny.plan.micro_batch_size);
+  const schedule::Costs base = schedule_costs(tiny.resolved, table, plain.machine());
   EXPECT_TRUE(base.core_ranks.empty());
   auto costs = [&](int cores, int ranks_per_host) {
     Machine mm = measured.machine();
     mm.cores_per_host = cores;
     mm.ranks_per_host = ranks_per_host;
-    return schedule_costs(r, table, mm);
+    return schedule_costs(tiny.resolved, table, mm);
   };
   // 8 ranks on 2 cores: two of each pipeline rank on each core, the ops 4.4 / (8 / 2).
   const schedule::Costs sliced = costs(2, 0);
@@ -682,7 +691,7 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
     EXPECT_NEAR(c.forward[0], factor * base.forward[0], 1e-12) << cores;
   }
   // The simulated step: time-sliced, under the fixed factor's (every rank busy always).
-  const schedule::Schedule sched = r.schedule;
+  const schedule::Schedule sched = tiny.resolved.schedule;
   const double fixed = schedule::simulate(sched, costs(8, 0)).makespan;
   const double shared = schedule::simulate(sched, sliced).makespan;
   EXPECT_LT(shared, fixed);
@@ -698,16 +707,13 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
 // cost model gives them back, written and read back, interpolated between the measured
 // rank counts, and added, slowed like the ops, to F and B of every stage per collective.
 TEST(Profile, TensorParallelCollectivesCostWhatTheCoLocatedRanksMeasured) {
-  Plan plan =
-      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/tiny-gpt-pp2-tp2-dp2.json");
-  auto g = load_plan_model(plan);
-  ResolvedPlan r = resolve_plan(plan, g);
-  ASSERT_EQ(r.world(), 8);
-  MeasuredCosts m = profile_model(*g, quick_profile(plan.micro_batch_size, false));
+  const TinyPlan tiny = tiny_pp2_tp2_dp2();
+  ASSERT_EQ(tiny.resolved.world(), 8);
+  MeasuredCosts m = profile_model(*tiny.graph, quick_profile(tiny.plan.micro_batch_size, false));
 
   // The probe's passes: the whole model's slowed 3x by the sharing, the shard's by as
   // much and 40 us per collective more.
-  CostModel model(g, Machine{}, &m);
+  CostModel model(tiny.graph, Machine{}, &m);
   const CostTable& whole = model.table(1, m.batch);
   const CostTable& split = model.table(2, m.batch);
   int collectives = 0;
@@ -719,34 +725,37 @@ TEST(Profile, TensorParallelCollectivesCostWhatTheCoLocatedRanksMeasured) {
   const double pass = kPassMicroBatches * split.total_time(false);
   const double whole_pass = 3 * kPassMicroBatches * whole.total_time(false);
   const double per_pass = kPassMicroBatches * collectives;
-  EXPECT_NEAR(tp_collective_from_pass(*g, m, 2, 3 * (pass + per_pass * 40e-6), whole_pass), 40e-6,
-              1e-12);
-  EXPECT_EQ(tp_collective_from_pass(*g, m, 2, 3 * pass * 0.9, whole_pass), 0.0);  // never below
+  EXPECT_NEAR(tp_collective_from_pass(*tiny.graph, m, 2, 3 * (pass + per_pass * 40e-6), whole_pass),
+              40e-6, 1e-12);
+  EXPECT_EQ(tp_collective_from_pass(*tiny.graph, m, 2, 3 * pass * 0.9, whole_pass),
+            0.0);  // never below
 
   m.tp_collective = {{2, {{2, 10e-6}, {8, 50e-6}}}};
   const std::string path = testing::TempDir() + "tp_collective_costs.json";
   write_measured_costs(m, path);
   const MeasuredCosts back = read_measured_costs(path);
   EXPECT_EQ(back.tp_collective, m.tp_collective);
-  CostModel measured(g, Machine{}, &back);  // takes the file's
+  CostModel measured(tiny.graph, Machine{}, &back);  // takes the file's
   const Machine& machine = measured.machine();
   EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 2), 10e-6);
   EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 5), 30e-6);
   EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 2, 16), 50e-6);  // beyond: the nearest
   EXPECT_DOUBLE_EQ(tp_collective_extra(machine, 4, 8), 0.0);     // a degree not measured
 
-  const CostTable& table = measured.table_for(r.sharding, plan.micro_batch_size);
+  const CostTable& table = measured.table_for(tiny.resolved.sharding, tiny.plan.micro_batch_size);
   Machine none = machine;
   none.tp_collective.clear();
   for (auto [per_host, extra] : {std::pair{0, 50e-6}, {2, 10e-6}}) {
     Machine with = machine;
     with.ranks_per_host = none.ranks_per_host = per_host;
-    const schedule::Costs a = schedule_costs(r, table, none), b = schedule_costs(r, table, with);
+    const schedule::Costs a = schedule_costs(tiny.resolved, table, none),
+                          b = schedule_costs(tiny.resolved, table, with);
     const double slow = colocation_slowdown(with, per_host > 0 ? per_host : 8);
-    for (int s = 0; s < r.schedule.num_stages(); ++s) {
-      const int k = r.chunk_of_stage[size_t(s)];
+    for (int s = 0; s < tiny.resolved.schedule.num_stages(); ++s) {
+      const int k = tiny.resolved.chunk_of_stage[size_t(s)];
       int f = 0, bw = 0;
-      for (int l = r.chunk_first[size_t(k)]; l < r.chunk_last[size_t(k)]; ++l) {
+      for (int l = tiny.resolved.chunk_first[size_t(k)]; l < tiny.resolved.chunk_last[size_t(k)];
+           ++l) {
         f += table.layers[size_t(l)].tp_forward_collectives;
         bw += table.layers[size_t(l)].tp_backward_collectives;
       }
