@@ -98,6 +98,13 @@ int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& t, int opti
   return ps_server_peak(r, part, rounded(std::min(largest, rank_bytes)), optimizer_states);
 }
 
+namespace {
+// The plan's ranks on one host: all of them unless Machine::ranks_per_host says fewer.
+int ranks_per_host(const ResolvedPlan& r, const Machine& m) {
+  return m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world();
+}
+}  // namespace
+
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
                                const std::vector<StageMemory>& stage_mem) {
   const int n = r.schedule.num_stages();
@@ -112,7 +119,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   // The ranks sharing a host slow each other's compute (cores, memory bandwidth). With
   // more ranks than cores the simulator shares the cores among the ranks computing, so
   // the ops carry only what the copies measured beyond their fair share of the cores.
-  const int host_ranks = m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world();
+  const int host_ranks = ranks_per_host(r, m);
   c.core_ranks = core_ranks(r.layout, m);
   const double slow =
       c.core_ranks.empty()
@@ -641,6 +648,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   e.step_time = sim.makespan;
   e.bubble = sim.bubble;
   if (!costs.core_ranks.empty()) e.time_sliced_cores = model.machine().cores_per_host;
+  e.tp_collective_note = tp_collective_line(r, model.machine());
   const stages::Value& tokens = g.values[size_t(g.inputs.front())];
   e.tokens_per_step = p.global_batch * std::max<int64_t>(1, memory::shape_numel(tokens.type.shape));
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
@@ -883,6 +891,23 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       p.device_memory > 0 ? memory::format_bytes(double(p.device_memory)).c_str() : "unlimited");
   out += line;
   if (e.time_sliced_cores > 0) out += time_sliced_line(r.world(), e.time_sliced_cores);
+  out += e.tp_collective_note;
+  return out;
+}
+
+std::string tp_collective_line(const ResolvedPlan& r, const Machine& m) {
+  const int ranks = ranks_per_host(r, m);
+  std::string out;
+  for (int t : std::set<int>(r.sharding.layer_tp.begin(), r.sharding.layer_tp.end())) {
+    const double extra = t > 1 ? tp_collective_extra(m, t, ranks) : 0;
+    if (extra <= 0) continue;
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "each tensor-parallel collective (degree %d) costs %.1f us beyond the link "
+                  "model among %d ranks per host (the cost file's tp_collective)\n",
+                  t, 1e6 * extra, ranks);
+    out += line;
+  }
   return out;
 }
 

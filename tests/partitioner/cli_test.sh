@@ -94,6 +94,14 @@ grep -q '"colocated": {' "$tmp/costs2.json" || { echo "FAIL: no colocated field"
 python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["tp_collective"]["2"]["2"]; assert 0 <= t < 1, t' \
   "$tmp/costs2.json" || { echo "FAIL: no tp_collective for 2 ranks in groups of 2"; fails=$((fails + 1)); }
 [ ! -e "$tmp/costs2.json.tp-probe" ] || { echo "FAIL: the probe's file was left"; fails=$((fails + 1)); }
+# The commands say what the collectives were charged (a known figure: 50 us among 2 ranks).
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["tp_collective"] = {"2": {"2": 5e-5}}
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/costs2.json" "$tmp/costs3.json"
+for cmd in "trace predict --plan" "plan --check"; do
+  # shellcheck disable=SC2086
+  expect 0 "$baton" $cmd "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs3.json" --ranks-per-host 2
+  contains "each tensor-parallel collective (degree 2) costs 50.0 us beyond the link model among 2 ranks per host"
+done
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --ranks-per-host 2
 contains "predicted step time"
