@@ -359,8 +359,8 @@ void profile_tensor_parallel(const Graph& g, const ProfileOptions& o, int t, Mea
   };
   // Twice, each op's lower median kept. The shard's ops have no passes of their own to
   // calibrate them (they take the whole model's in_step), and a burst of other work on
-  // the host during the one timing put config A's shard 30% above its passes (a profile
-  // of eleven; docs/formats/costs.md, tp_collective).
+  // the host during the one timing put config A's shard 30% above its passes (in one
+  // profile of eleven; docs/formats/costs.md, tp_collective).
   std::map<std::string, MeasuredCosts::Op>& ops = costs.tp_ops[t];
   std::map<std::string, MeasuredCosts::Op> again;
   profile_ops(*shard, o, communicates, ops);
