@@ -50,13 +50,22 @@ void plan_run(const Workspace& ws, const PlanSpec& p, const std::string& extra, 
   expect_loss_logs_match(ws.path("plan.jsonl"), ws.path("reference.jsonl"), bitwise, steps);
 }
 
+// The two-block GPT at PP 2 x DP 2 (4 ranks, or 8 when each pipeline rank is a
+// tensor-parallel pair: t = 2), 1F1B, its replicas synchronised as `dp_sync` says (null:
+// all-reduce).
+PlanSpec gpt_pp2_dp2(int t, json dp_sync = nullptr) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {t, t};
+  p.dp = 2;
+  p.dp_sync = std::move(dp_sync);
+  return p;
+}
+
 // PP2 x TP2 x DP2 GPT under `schedule` (8 processes).
 void gpt_pp2_tp2_dp2(const std::string& schedule) {
   Workspace ws("proc");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
+  PlanSpec p = gpt_pp2_dp2(2);
   p.schedule = schedule;
   plan_run(ws, p, "", false);
 }
@@ -155,10 +164,7 @@ TEST(Processes, RanksOutnumberingTheCoresBindThemselvesDealtByPipelineRank) {
   EXPECT_NE(out.find("[rank 1] bind=none Cpus_allowed_list: " + both + "\n"), std::string::npos)
       << out;
 
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
+  PlanSpec p = gpt_pp2_dp2(1);
   std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
   const std::string train = " -- " + baton() + " train --plan " + ws.path("plan.json") +
                             " --data " + data_file() + " --steps 1" + common_flags() +
@@ -253,25 +259,16 @@ void kill_nine_then_resume(const PlanSpec& p, int n, const std::string& name) {
 }
 
 TEST(Processes, KillNineAtARandomMomentThenResume) {
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "1f1b";
-  kill_nine_then_resume(p, 8, "kill");
+  kill_nine_then_resume(gpt_pp2_dp2(2), 8, "kill");
 }
 
 // The same with an extra parameter-server rank (PP 2 x DP 2 + 1, staleness 1: a pull in
 // flight at every checkpoint): the server's parts, state and kept pull are in the
 // checkpoints and the resumed run continues bit for bit.
 TEST(Processes, ExtraParameterServerKillNineThenResume) {
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
-  p.schedule = "1f1b";
-  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}};
-  kill_nine_then_resume(p, 5, "kill-ps-extra");
+  kill_nine_then_resume(
+      gpt_pp2_dp2(1, {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}}), 5,
+      "kill-ps-extra");
 }
 
 // ---- a rank dies in the middle of a step ----
@@ -330,36 +327,22 @@ void expect_killed_rank_named(const PlanSpec& p, int n, const std::string& name,
 }
 
 TEST(Processes, RankKilledMidStepStopsEveryOtherRankNamingIt) {
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {2, 2};
-  p.dp = 2;
-  p.schedule = "1f1b";
-  expect_killed_rank_named(p, 8, "fail");
+  expect_killed_rank_named(gpt_pp2_dp2(2), 8, "fail");
 }
 
 // A parameter server (the replicas' ranks serve, staleness 1: a pull in flight across
 // the steps) losing one of its server ranks: PP 2 x DP 2, every rank serving a part.
 TEST(Processes, ParameterServerRankKilledIsNamedByEveryOther) {
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
-  p.schedule = "1f1b";
-  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}};
-  expect_killed_rank_named(p, 4, "fail-ps");
+  expect_killed_rank_named(gpt_pp2_dp2(1, {{"mode", "parameter-server"}, {"max_staleness", 1}}), 4,
+                           "fail-ps");
 }
 
 // An extra parameter-server rank (ps_ranks 1: rank 4 after the PP 2 x DP 2 replicas,
 // launched as the fifth process) killed: every replica stops, naming it.
 TEST(Processes, ExtraParameterServerRankKilledIsNamedByEveryOther) {
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
-  p.schedule = "1f1b";
-  p.dp_sync = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}};
-  expect_killed_rank_named(p, 5, "fail-ps-extra", 4);
+  expect_killed_rank_named(
+      gpt_pp2_dp2(1, {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}}), 5,
+      "fail-ps-extra", 4);
 }
 
 // ---- a rank stops (SIGSTOP): alive but silent ----
