@@ -297,19 +297,25 @@ TEST(ConvPlans, DualPipeSpatial) {
   }
 }
 
-// The measured timeline shows each halo receive as an event of its own (HALO_F, HALO_B
-// of the micro-batch on the communication lane, the neighbouring tile as the peer).
-TEST(ConvPlans, SpatialHalosOnTheTimeline) {
+// The measured timeline of the last of `steps` steps of the tiny ResNet split in two
+// spatial tiles.
+json spatial_trace(const std::string& name, int64_t steps) {
   PlanSpec p;
   p.model = tiny_resnet();
-  Workspace ws("conv-halo-trace");
+  Workspace ws(name);
   RunSettings s = conv_digits();
-  s.steps = 2;
+  s.steps = steps;
   engine::PlanTrainOptions o = train_options(ws, s);
   o.trace_path = ws.path("trace.json");
   o.trace_steps = 1;
   run_threads(resolve_conv_spatial(p, ws, {2}), o);
-  const json trace = json::parse(std::ifstream(o.trace_path));
+  return json::parse(std::ifstream(o.trace_path));
+}
+
+// The measured timeline shows each halo receive as an event of its own (HALO_F, HALO_B
+// of the micro-batch on the communication lane, the neighbouring tile as the peer).
+TEST(ConvPlans, SpatialHalosOnTheTimeline) {
+  const json trace = spatial_trace("conv-halo-trace", 2);
   std::map<std::pair<int, std::string>, std::set<int>> seen;  // (rank, kind) -> micro-batches
   for (const json& e : trace["traceEvents"]) {
     if (e.value("cat", "") != "HALO") continue;
@@ -332,16 +338,7 @@ TEST(ConvPlans, SpatialHalosOnTheTimeline) {
 // INTERIOR_B on the compute lane). Only that they overlap, not by how much (a loaded
 // machine).
 TEST(ConvPlans, SpatialHalosOverlapTheInterior) {
-  PlanSpec p;
-  p.model = tiny_resnet();
-  Workspace ws("conv-halo-overlap");
-  RunSettings s = conv_digits();
-  s.steps = 1;
-  engine::PlanTrainOptions o = train_options(ws, s);
-  o.trace_path = ws.path("trace.json");
-  o.trace_steps = 1;
-  run_threads(resolve_conv_spatial(p, ws, {2}), o);
-  const json trace = json::parse(std::ifstream(o.trace_path));
+  const json trace = spatial_trace("conv-halo-overlap", 1);
   struct Span {
     double start, end;
   };
