@@ -185,6 +185,24 @@ void expect_steps_match(const std::vector<engine::StepRecord>& got,
   }
 }
 
+void inspect_rank_engines(const std::shared_ptr<const partitioner::ResolvedPlan>& plan,
+                          const std::function<void(int, engine::RankEngine&)>& f) {
+  const int n = plan->layout.world();
+  std::vector<transport::CommPtr> world = transport::make_local_world(n);
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      engine::RankEngineOptions o;
+      o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
+                    stages::TensorMap&) {};
+      engine::RankEngine e(plan, world[size_t(r)], o);
+      std::lock_guard<std::mutex> lock(mu);
+      f(r, e);
+    });
+  for (auto& t : threads) t.join();
+}
+
 std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
                                             const engine::PlanTrainOptions& o) {
   kernels::set_num_threads(1);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/plan_trainer.h"
+#include "engine/rank_engine.h"
 #include "engine/trainer.h"
 #include "partitioner/evaluate.h"
 
@@ -85,6 +86,11 @@ std::vector<engine::StepRecord> run_reference(const PlanSpec& p, const Workspace
 std::vector<engine::StepRecord> run_threads(std::shared_ptr<const partitioner::ResolvedPlan> plan,
                                             const engine::PlanTrainOptions& o);
 engine::PlanTrainOptions train_options(const Workspace& ws, const RunSettings& s);
+// Builds every rank's RankEngine of `plan` (local transport, no inputs), each on a thread
+// of its own since their constructors talk to each other, and calls f(rank, engine) for
+// each, one at a time: to look at what each rank holds before any step.
+void inspect_rank_engines(const std::shared_ptr<const partitioner::ResolvedPlan>& plan,
+                          const std::function<void(int, engine::RankEngine&)>& f);
 
 // A plan's step records against the one-process run's: loss and gradient norm equal bit
 // for bit, or within 1e-5 relative (EXPECT, naming the step).

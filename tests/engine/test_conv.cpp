@@ -11,9 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <set>
-#include <thread>
 #include <tuple>
 
 #include "engine/rank_engine.h"
@@ -22,7 +20,6 @@
 #include "partitioner/groups.h"
 #include "partitioner/plan.h"
 #include "stages/checkpoint.h"
-#include "transport/local.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -528,32 +525,22 @@ TEST(ConvPlans, SpatialDataParallelZero) {
   auto plan = resolve_conv_spatial(p, ws, {2});
   const int n = plan->layout.world();
   ASSERT_EQ(n, 4);
-  auto world = transport::make_local_world(n);
   struct Part {
     int rank;
     int64_t begin, end, state, numel;
   };
   std::map<std::string, std::vector<Part>> parts;
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      engine::RankEngineOptions o;
-      o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
-                    stages::TensorMap&) {};
-      engine::RankEngine e(plan, world[size_t(r)], o);
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& [stage, st] : e.stages())
-        for (int id : st->param_ids()) {
-          if (!e.graph().params[size_t(id)].trainable) continue;
-          auto [b, end] = st->optimizer_shard(id);
-          int64_t state = 0;
-          for (const auto& [name, t] : st->optimizer_state(id)) state += t.numel();
-          parts[e.graph().params[size_t(id)].name].push_back(
-              {r, b, end, state, st->param(id).numel()});
-        }
-    });
-  for (auto& t : threads) t.join();
+  inspect_rank_engines(plan, [&](int r, engine::RankEngine& e) {
+    for (const auto& [stage, st] : e.stages())
+      for (int id : st->param_ids()) {
+        if (!e.graph().params[size_t(id)].trainable) continue;
+        auto [b, end] = st->optimizer_shard(id);
+        int64_t state = 0;
+        for (const auto& [name, t] : st->optimizer_state(id)) state += t.numel();
+        parts[e.graph().params[size_t(id)].name].push_back(
+            {r, b, end, state, st->param(id).numel()});
+      }
+  });
   int tiled = 0, per_tile = 0;
   int64_t tiled_numel = 0;
   std::vector<int64_t> held(size_t(n), 0);  // per rank: elements of tiled parameters' parts

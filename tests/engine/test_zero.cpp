@@ -11,14 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "stages/checkpoint.h"
-#include "transport/local.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -98,34 +95,22 @@ TEST(Zero, ShardsPartitionEachParameter) {
     p.optimizer_sharding = z;
     Workspace ws("zero-shards");
     auto plan = resolve(p, ws);
-    const int n = plan->layout.world();
-    auto world = transport::make_local_world(n);
     // (pp, param name) -> per dp rank: [begin, end) and the optimizer state's elements.
     std::map<std::pair<int, std::string>, std::vector<std::array<int64_t, 4>>> seen;
-    std::mutex mu;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-      threads.emplace_back([&, r] {
-        engine::RankEngineOptions o;
-        o.inputs = [](const stages::MicroBatch&, const std::vector<std::string>&,
-                      stages::TensorMap&) {};
-        engine::RankEngine e(plan, world[size_t(r)], o);
-        std::lock_guard<std::mutex> lock(mu);
-        for (const auto& [s, st] : e.stages())
-          for (int id : st->param_ids()) {
-            auto [b, end] = st->optimizer_shard(id);
-            int64_t state = 0;
-            for (const auto& [name, t] : st->optimizer_state(id)) state += t.numel();
-            seen[{e.view().coord.pp, e.graph().params[size_t(id)].name}].push_back(
-                {b, end, state, st->param(id).numel()});
-            // zero2: the gradient kept is the part's accumulator, the whole one otherwise.
-            const bool part = z == "zero2" && e.graph().params[size_t(id)].name != "wte.weight";
-            EXPECT_EQ(st->grad_sharded(id), part) << z << " " << id;
-            EXPECT_EQ(st->grad(id).numel(), part ? end - b : st->param(id).numel())
-                << z << " " << id;
-          }
-      });
-    for (auto& t : threads) t.join();
+    inspect_rank_engines(plan, [&](int, engine::RankEngine& e) {
+      for (const auto& [s, st] : e.stages())
+        for (int id : st->param_ids()) {
+          auto [b, end] = st->optimizer_shard(id);
+          int64_t state = 0;
+          for (const auto& [name, t] : st->optimizer_state(id)) state += t.numel();
+          seen[{e.view().coord.pp, e.graph().params[size_t(id)].name}].push_back(
+              {b, end, state, st->param(id).numel()});
+          // zero2: the gradient kept is the part's accumulator, the whole one otherwise.
+          const bool part = z == "zero2" && e.graph().params[size_t(id)].name != "wte.weight";
+          EXPECT_EQ(st->grad_sharded(id), part) << z << " " << id;
+          EXPECT_EQ(st->grad(id).numel(), part ? end - b : st->param(id).numel()) << z << " " << id;
+        }
+    });
     int sharded = 0;
     for (const auto& [key, parts] : seen) {
       SCOPED_TRACE(z + " " + key.second);
