@@ -911,6 +911,16 @@ std::string tp_collective_line(const ResolvedPlan& r, const Machine& m) {
   return out;
 }
 
+std::string cost_source(const CostModel& model, const std::string& costs_path) {
+  if (model.measured()) return "the measured op costs in " + costs_path;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "FLOPs at a nominal %.3g GFLOP/s per device (--flops); `baton profile` measures "
+                "this machine's ops, for --costs",
+                model.machine().flops / 1e9);
+  return text;
+}
+
 std::string time_sliced_line(int ranks, int cores) {
   return "its " + std::to_string(ranks) + " ranks time-sliced on " + std::to_string(cores) +
          " cores, each bound to one (docs/transport.md)\n";

@@ -93,6 +93,10 @@ int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& table, int 
 
 // The text table `baton plan --check` prints.
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
+// Where the model's times come from, for the commands' output ("times from ..."): the
+// cost file it was given (`costs_path`), or the FLOP rate they assume, said to be nominal
+// (a user reading a step time should know it was not measured on any machine).
+std::string cost_source(const CostModel& model, const std::string& costs_path);
 // The line saying a step was simulated time-sliced: `ranks` on `cores`.
 std::string time_sliced_line(int ranks, int cores);
 // The line saying what each tensor-parallel collective of the plan costs beyond the link

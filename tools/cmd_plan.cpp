@@ -20,13 +20,15 @@ namespace {
 
 namespace pt = baton::partitioner;
 
-int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured) {
+int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured,
+          const std::string& measured_path) {
   pt::Plan plan = pt::read_plan(path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
   pt::CostModel model(graph, machine, measured);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
-  std::printf("%s: valid plan\n%s", path.c_str(), pt::format_estimate(r, e).c_str());
+  std::printf("%s: valid plan\ntimes from %s\n%s", path.c_str(),
+              pt::cost_source(model, measured_path).c_str(), pt::format_estimate(r, e).c_str());
   if (!e.fits()) {
     for (const std::string& p : e.problems)
       std::fprintf(stderr, "baton plan: error: %s: %s\n", path.c_str(), p.c_str());
@@ -89,7 +91,7 @@ int run_plan(const std::vector<std::string>& args) {
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   const pt::MeasuredCosts* mp = costs.empty() ? nullptr : &measured;
-  if (!check_path.empty()) return check(check_path, machine, mp);
+  if (!check_path.empty()) return check(check_path, machine, mp, costs);
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
   if (!device_memory.empty()) so.device_memory = int64_t(memory::parse_bytes(device_memory));
@@ -137,8 +139,11 @@ int run_plan(const std::vector<std::string>& args) {
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));
   pt::CostModel model(graph, machine, mp);
   pt::SearchResult res = pt::search_plans(graph, model, so);
-  std::printf("searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity)\n",
-              res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected);
+  std::printf(
+      "searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity)\ntimes "
+      "from %s\n",
+      res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected,
+      pt::cost_source(model, costs).c_str());
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
   if (res.ranked.empty()) {
     std::string msg = "no plan fits";

@@ -49,9 +49,10 @@ int predict(const std::vector<std::string>& args) {
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);
   pt::Prediction p = pt::predict_step(r, model);
-  std::printf("predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, %s\n",
-              p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
-              costs.empty() ? "costs from FLOPs" : ("measured op costs " + costs).c_str());
+  std::printf(
+      "predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, times from %s\n",
+      p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
+      pt::cost_source(model, costs).c_str());
   if (!pt::core_ranks(r.layout, model.machine()).empty())
     std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
   std::fputs(pt::tp_collective_line(r, model.machine()).c_str(), stdout);

@@ -23,6 +23,10 @@ contains "best plan:"
 contains "wrote $tmp/plan.json"
 expect 0 "$baton" plan --check "$tmp/plan.json"
 contains "valid plan"
+# Without a cost file the times are analytic, and each command says at what rate.
+contains "times from FLOPs at a nominal 50 GFLOP/s per device (--flops); \`baton profile\` measures"
+expect 0 "$baton" trace predict --plan "$tmp/plan.json" --flops 2e11
+contains "times from FLOPs at a nominal 200 GFLOP/s per device"
 
 # Fixed degrees and schedule.
 expect 0 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 8 --tp 2 --pp 2 --dp 2 \
@@ -84,6 +88,7 @@ expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 
 contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
+contains "times from the measured op costs in $tmp/costs.json"
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
 # With --tp 2, a job of two ranks times the shard's collectives between them.
 expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
