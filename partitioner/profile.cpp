@@ -187,7 +187,9 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
           random_tensor(val.type, o.batch, input_bound(g, v), 300 + uint64_t(k), o.device);
     }
   std::vector<double> times, computes, forwards, steps;
+  double timed = 0;
   for (int pass = 0; pass < o.warmup + o.repeats; ++pass) {
+    if (o.pass_seconds > 0 && times.size() >= 2 && timed >= o.pass_seconds) break;
     finish(o.device);
     const auto t0 = Clock::now();
     stage.zero_grad();
@@ -214,6 +216,7 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
     finish(o.device);
     if (pass >= o.warmup) {
       times.push_back(seconds_since(t0));
+      timed += times.back();
       computes.push_back(compute);
       forwards.push_back(forward);
       steps.push_back(seconds_since(s0));
@@ -226,7 +229,7 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
     if (p.trainable)
       param_bytes += memory::shape_numel(p.shape) *
                      int64_t(memory::dtype_size(so.master_dtype.value_or(p.dtype)));
-  return {keep(times), keep(computes), keep(forwards), keep(steps), param_bytes};
+  return {keep(times), keep(computes), keep(forwards), keep(steps), param_bytes, int(times.size())};
 }
 
 namespace {
@@ -297,6 +300,7 @@ MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSumm
     }
     ProfileOptions whole = o;
     whole.warmup = 1;
+    whole.pass_seconds = kPassSeconds;
     const PassTimes t = time_passes(g, whole, kPassMicroBatches);
     if (ops > 0) out.in_step = t.compute / (kPassMicroBatches * ops);
     // AdamW streams the parameters (read, write), their gradients (read) and its two

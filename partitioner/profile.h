@@ -34,7 +34,15 @@ struct ProfileOptions {
   bool in_step = true;
   // time_passes of a tensor-parallel shard's graph: the group its collectives run in.
   transport::Communicator* tp = nullptr;
+  // time_passes: more than 0, the timed passes also stop once they have run this many
+  // seconds, after two at least (a large model's pass takes seconds, and `repeats` of
+  // them, alone and beside copies, twice, made GPT-2 124M's profile 11 minutes). Never
+  // for ranks whose passes run collectives together: each must run as many.
+  double pass_seconds = 0;
 };
+
+// The budget `baton profile` gives each set of timed whole passes (pass_seconds).
+constexpr double kPassSeconds = 20;
 
 // Micro-batches per pass when timing whole passes (in_step, `--colocated`).
 constexpr int kPassMicroBatches = 4;
@@ -66,6 +74,7 @@ struct PassTimes {
   double forward = 0;       // of that, their forwards
   double step = 0;          // of the pass, the AdamW step
   int64_t param_bytes = 0;  // the parameters' bytes the step updates (f32 masters)
+  int passes = 0;           // how many were timed (options.pass_seconds may stop them early)
 };
 // The median of options.repeats after options.warmup (the mean with options.mean), of each.
 PassTimes time_passes(const stages::Graph& g, const ProfileOptions& options, int micro_batches);

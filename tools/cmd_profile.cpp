@@ -254,6 +254,7 @@ int run_profile(const std::vector<std::string>& args) {
       pt::ProfileOptions through = o;
       through.mean = k > cores;
       through.warmup = 1;
+      through.pass_seconds = pt::kPassSeconds;
       pt::PassTimes alone, together;
       for (int round = 0; round < 2; ++round) {
         const pt::PassTimes a = pt::time_passes(g, through, pt::kPassMicroBatches);

@@ -583,6 +583,13 @@ TEST(Profile, PassesRunWholeTrainingSteps) {
   EXPECT_TRUE(std::isfinite(t.pass));
   EXPECT_GT(t.compute, 0.0);
   EXPECT_GT(t.pass, t.compute);  // the optimizer step after the micro-batches
+  EXPECT_EQ(t.passes, 1);
+  // A time budget stops the timed passes once spent, after two; without one, all run.
+  po.repeats = 4;
+  po.pass_seconds = 1e-9;
+  EXPECT_EQ(time_passes(*g, po, 1).passes, 2);
+  po.pass_seconds = 0;
+  EXPECT_EQ(time_passes(*g, po, 1).passes, 4);
   try {
     time_passes(*g, po, 0);
     ADD_FAILURE() << "a pass of no micro-batches ran";
