@@ -84,12 +84,16 @@ BATON_HD bool dropout_keep(uint32_t bits, uint32_t threshold) {
 // u2 = w_odd * 2^-32. Element with word 2j gets r cos(2 pi u2), word 2j+1 r sin(2 pi u2),
 // r = sqrt(-2 log u1). f32 tensors get these doubles rounded to float. (Backends agree
 // to the round-off of their log/cos/sin, not bit for bit.)
-BATON_HD double normal_from_group(const Philox4& g, unsigned word) {
-  const unsigned pair = word & ~1u;
+// box_muller gives a pair's r and angle (pair = 0 or 2), which both its elements share.
+BATON_HD void box_muller(const Philox4& g, unsigned pair, double& r, double& theta) {
   const double u1 = (double(g.v[pair]) + 0.5) * (1.0 / 4294967296.0);
   const double u2 = double(g.v[pair + 1]) * (1.0 / 4294967296.0);
-  const double r = ::sqrt(-2.0 * ::log(u1));
-  const double theta = 6.283185307179586476925286766559 * u2;
+  r = ::sqrt(-2.0 * ::log(u1));
+  theta = 6.283185307179586476925286766559 * u2;
+}
+BATON_HD double normal_from_group(const Philox4& g, unsigned word) {
+  double r = 0, theta = 0;
+  box_muller(g, word & ~1u, r, theta);
   return (word & 1u) ? r * ::sin(theta) : r * ::cos(theta);
 }
 }  // namespace baton::kernels::random
