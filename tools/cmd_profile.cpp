@@ -210,6 +210,12 @@ int run_profile(const std::vector<std::string>& args) {
     if (t < 2 || t > 65536)
       throw InputError("--tp: expected tensor-parallel degrees from 2 to 65536, found " +
                        std::to_string(t));
+  // A large model's profile takes minutes (GPT-2 124M's, --colocated 4: 6): each phase
+  // says it has begun, line by line even into a file or a pipe.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::printf("timing %zu ops of %s one by one (%d warm-up and %d timed calls each)%s\n",
+              g.nodes.size(), g.name.c_str(), o.warmup, o.repeats,
+              o.warmup > 0 ? ", then whole training passes" : "");
   pt::ProfileSummary summary;
   pt::MeasuredCosts costs = pt::profile_model(g, o, &summary);
   for (int t : tp) {
@@ -251,6 +257,8 @@ int run_profile(const std::vector<std::string>& args) {
       // the preemptions by other users of the host, which a rank's idle time (its
       // bubble, its waits) mostly absorbs and the busy copies do not. With more ranks
       // than cores, the mean: each rank pays for the time slices the others take.
+      std::printf("timing whole passes alone and beside %d %s, twice\n", k - 1,
+                  k == 2 ? "copy" : "copies");
       pt::ProfileOptions through = o;
       through.mean = k > cores;
       through.warmup = 1;
@@ -290,6 +298,7 @@ int run_profile(const std::vector<std::string>& args) {
                                               "--threads", std::to_string(o.threads),
                                               "--repeats", std::to_string(o.repeats),
                                               "--warmup",  "1"};
+      std::printf("timing %d ranks' passes in tensor-parallel groups of %d, twice\n", k, t);
       const auto [whole, shard] = tp_collective_passes(k, t, probe, out + ".tp-probe");
       const double extra = pt::tp_collective_from_pass(g, costs, t, shard, whole);
       costs.tp_collective[t][k] = extra;

@@ -93,7 +93,11 @@ contains "times from the measured op costs in $tmp/costs.json"
 # With --tp 2, a job of two ranks times the shard's collectives between them.
 expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
   --colocated 2 --tp 2 --out "$tmp/costs2.json"
+# Each phase says it has begun, then what it measured.
+contains "timing 25 ops of tiny-gpt one by one (1 warm-up and 1 timed calls each), then whole training passes"
+contains "timing whole passes alone and beside 1 copy, twice"
 contains "2 ranks on the host: the ops take"
+contains "timing 2 ranks' passes in tensor-parallel groups of 2, twice"
 contains "2 ranks on the host in tensor-parallel groups of 2: a collective takes"
 grep -q '"colocated": {' "$tmp/costs2.json" || { echo "FAIL: no colocated field"; fails=$((fails + 1)); }
 python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["tp_collective"]["2"]["2"]; assert 0 <= t < 1, t' \
