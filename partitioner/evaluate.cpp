@@ -776,12 +776,19 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     tp.clear();
     for (size_t i = 0; i < p.tp.size(); ++i) tp += (i ? "," : "") + std::to_string(p.tp[i]);
   }
+  // 124 M, 1.10 B (%.3g wrote a billion as 1.1e+03 M).
+  const double params = double(g.num_parameters());
+  char count[32];
+  if (params >= 1e9)
+    std::snprintf(count, sizeof count, "%.2f B", params / 1e9);
+  else
+    std::snprintf(count, sizeof count, "%.3g M", params / 1e6);
   std::snprintf(
       line, sizeof line,
-      "%s (%d layers, %.3g M parameters) on %d devices: dp %d x pp %d x tp %s; schedule %s, %d "
+      "%s (%d layers, %s parameters) on %d devices: dp %d x pp %d x tp %s; schedule %s, %d "
       "micro-batches of %lld samples (global batch %lld); optimizer %s\n",
-      g.name.c_str(), g.num_layers(), double(g.num_parameters()) / 1e6, p.devices, p.dp, p.pp,
-      tp.c_str(), r.schedule.name.c_str(), p.micro_batches, (long long)p.micro_batch_size,
+      g.name.c_str(), g.num_layers(), count, p.devices, p.dp, p.pp, tp.c_str(),
+      r.schedule.name.c_str(), p.micro_batches, (long long)p.micro_batch_size,
       (long long)p.global_batch, p.optimizer.c_str());
   out += line;
   const bool sp = p.has_spatial();

@@ -28,6 +28,15 @@ contains "times from FLOPs at a nominal 50 GFLOP/s per device (--flops); \`baton
 expect 0 "$baton" trace predict --plan "$tmp/plan.json" --flops 2e11
 contains "times from FLOPs at a nominal 200 GFLOP/s per device"
 
+# A billion parameters read as such (TinyLlama 1.1B's Hugging Face config).
+cat > "$tmp/tinyllama.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32,
+ "num_hidden_layers": 22, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+ "vocab_size": 32000, "tie_word_embeddings": false, "hidden_act": "silu"}
+JSON
+expect 0 "$baton" plan --model "$tmp/tinyllama.json" --devices 8 --batch 16 --device-memory 8GiB
+contains "(24 layers, 1.10 B parameters) on 8 devices"
+
 # Fixed degrees and schedule.
 expect 0 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 8 --tp 2 --pp 2 --dp 2 \
   --schedule zb-h1 --micro-batches 4 --batch 16 --recompute off
