@@ -445,6 +445,40 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
 
 }  // namespace
 
+namespace {
+
+// What `baton plan --check` estimates for each rank, with this run's buffer settings.
+partitioner::PlanEstimate estimate_of(const ResolvedPlan& r, const PlanTrainOptions& o) {
+  partitioner::CostModel model(r.graph, partitioner::Machine{});
+  partitioner::EvaluateOptions eval;
+  eval.bucket_bytes = o.bucket_bytes;
+  eval.recv_ahead = o.recv_ahead;
+  return partitioner::evaluate_plan(r, model, eval);
+}
+
+// A plan whose estimate exceeds the device's cap (its device_memory, or --device-memory)
+// is refused before anything runs, as `baton plan --check` refuses it: the estimate is
+// never more than 3% below a rank's measured peak, and otherwise the run fails with an
+// out-of-memory error in its first step, after minutes of loading on a large model. Every
+// rank computes the same estimate, so every rank stops at once.
+void check_capacity(const ResolvedPlan& r, const PlanTrainOptions& o) {
+  const size_t cap = memory::allocator_for(o.device).stats().capacity;
+  if (cap == 0) return;
+  const partitioner::PlanEstimate e = estimate_of(r, o);
+  std::string over;
+  for (size_t k = 0; k < e.ranks.size(); ++k)
+    if (e.ranks[k].peak > int64_t(cap))
+      over += std::string(over.empty() ? "" : ", ") + "rank " + std::to_string(k) + " " +
+              memory::format_bytes(double(e.ranks[k].peak));
+  if (!over.empty())
+    throw InputError(r.plan.source + ": the plan does not fit in " +
+                     memory::format_bytes(double(cap)) + " per device (estimated peaks over it: " +
+                     over + "; `baton plan --check` shows every rank): re-plan, or raise " +
+                     "its device_memory or --device-memory");
+}
+
+}  // namespace
+
 TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
                         const std::function<void(const StepRecord&)>& on_step) {
   Plan plan = partitioner::read_plan(o.plan_path);
@@ -454,6 +488,7 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
   if (!o.schedule_path.empty())
     partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
+  check_capacity(*r, o);
   return train_plan(r, o, std::move(world), on_step);
 }
 
@@ -737,11 +772,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                  memory::format_bytes(double(summary.peak_bytes)), list);
   }
   if (lead && !o.summary_path.empty()) {
-    partitioner::CostModel model(r.graph, partitioner::Machine{});
-    partitioner::EvaluateOptions eval;
-    eval.bucket_bytes = o.bucket_bytes;
-    eval.recv_ahead = o.recv_ahead;
-    partitioner::PlanEstimate estimate = partitioner::evaluate_plan(r, model, eval);
+    const partitioner::PlanEstimate estimate = estimate_of(r, o);
     std::vector<RankPeak> ranks;
     for (int k = 0; k < world->size(); ++k)
       ranks.push_back({k, peaks[size_t(k)], estimate.ranks[size_t(k)].peak});

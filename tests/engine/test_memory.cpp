@@ -79,6 +79,24 @@ TEST(Memory, BeyondOneDevice) {
   tp2["stages"] = {
       {{"layers", {0, 3}}}, {{"layers", {3, 5}}}, {{"layers", {5, 8}}}, {{"layers", {8, 10}}}};
   planned_run_fits(ws, tp2, 4);
+
+  // The PP 2 plan with a third of that memory: refused before anything runs, as `baton
+  // plan --check` refuses it (exit 2, naming the ranks over it), not an out-of-memory
+  // error in the first step.
+  json small = pp2;
+  small["device_memory"] = "32MiB";
+  std::ofstream(ws.path("small.json")) << small.dump(2);
+  cmd = baton() + " launch -n 2 -- " + baton() + " train --plan " + ws.path("small.json") +
+        " --data " + data_file() + " --steps 3 --threads 1";
+  EXPECT_EQ(run(cmd, ws.path("small.out")), 2);  // bad input, as the ranks exited
+  const std::string out = slurp(ws.path("small.out"));
+  EXPECT_NE(out.find("exited with code 2: " + ws.path("small.json") +
+                     ": the plan does not fit in 32.00 MiB per device (estimated peaks over "
+                     "it: rank 0 "),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("out of memory"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step "), std::string::npos) << out;
 }
 
 }  // namespace
