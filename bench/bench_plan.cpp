@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   });
   row("search (cold, incl. cost model)", search,
       std::to_string(res.evaluated) + " candidates simulated, " + std::to_string(res.pruned) +
-          " pruned by bound");
+          " pruned by bound, " + std::to_string(res.exact_checks) + " checked exactly");
   if (res.ranked.empty()) {
     std::printf("nothing fits\n");
     return 1;

@@ -350,11 +350,18 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     }
     return std::pair{copies, whole};
   };
+  // Each cut's values, found once: Graph::cut_values scans every value of the graph, and
+  // a step transfers at the same few cuts hundreds of times.
+  std::map<int, std::vector<int>> cuts;
+  auto cut_values = [&](int cut) -> const std::vector<int>& {
+    auto it = cuts.find(cut);
+    return it != cuts.end() ? it->second : cuts.emplace(cut, pg.cut_values(cut)).first->second;
+  };
   auto recv_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
     return (a.kind == ActionKind::recv_activation
-                ? values_bytes(pg, pg.cut_values(first), batch)
-                : values_bytes(pg, pg.cut_values(last), batch, pg.loss)) +
+                ? values_bytes(pg, cut_values(first), batch)
+                : values_bytes(pg, cut_values(last), batch, pg.loss)) +
            blocks_of(a, schedule::Transfer::Kind::recv).first;
   };
   // A send's tensors (Executor::do_send) stay allocated until the transport reports it
@@ -364,7 +371,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   auto send_bytes = [&](const schedule::Action& a) {
     auto [first, last] = chunk(a.stage);
     std::vector<int> vs =
-        a.kind == ActionKind::send_activation ? pg.cut_values(last) : pg.cut_values(first);
+        a.kind == ActionKind::send_activation ? cut_values(last) : cut_values(first);
     const auto blocks = blocks_of(a, schedule::Transfer::Kind::send);
     const std::set<std::string>& whole = blocks.second;
     if (blocks.first > 0)
@@ -621,10 +628,11 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
   }
   // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)
-  // and, for nesterov, its momentum, counted with the optimizer state.
+  // and, for nesterov, its momentum, counted with the optimizer state: parameter-sized,
+  // one per parameter (a tied one's per-layer gradients are not copied).
   if (p.dp_sync.local()) {
     const int copies = p.dp_sync.outer == DpSync::Outer::nesterov ? 2 : 1;
-    for (StageMemory& m : chunk_mem) m.optimizer += copies * m.grads;
+    for (StageMemory& m : chunk_mem) m.optimizer += copies * m.params;
   }
   // A parameter server with staleness s: up to s pulls in flight between steps, each a
   // parameter-sized buffer and the rank's part (its input; none with extra server ranks),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "memory/error.h"
@@ -171,17 +172,11 @@ class Search {
     std::stable_sort(pending_.begin(), pending_.end(), [](const Pending& a, const Pending& b) {
       return a.lower_bound < b.lower_bound;
     });
-    const size_t keep = size_t(std::max(1, o_.keep));
     for (size_t i = 0; i < pending_.size(); ++i) {
-      if (fitting_.size() >= keep) {
-        std::vector<double> times;
-        for (const Candidate& f : fitting_) times.push_back(f.step_time);
-        std::nth_element(times.begin(), times.begin() + long(keep - 1), times.end());
-        if (pending_[i].lower_bound >= times[keep - 1]) {
-          // Sorted by the bound: none of the rest can enter the list either.
-          result_.pruned = int(pending_.size() - i);
-          break;
-        }
+      if (pending_[i].lower_bound >= entry_time()) {
+        // Sorted by the bound: none of the rest can enter the list either.
+        result_.pruned = int(pending_.size() - i);
+        break;
       }
       evaluate(pending_[i]);
     }
@@ -270,15 +265,21 @@ class Search {
     const double d = double(sp);
     for (size_t l = 0; l < t.layers.size(); ++l) {
       LayerCost& lc = t.layers[l];
-      const double halo = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b, &sharding) /
-                          std::max(model_.machine().tp_bandwidth, 1.0);
+      const double halo_bytes = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b, &sharding);
+      const double halo = halo_bytes / std::max(model_.machine().tp_bandwidth, 1.0);
       lc.f = lc.f / d + halo;
       lc.b = lc.b / d + halo;
       lc.w /= d;
-      for (MicroBatchMemory* m : {&lc.mem, &lc.mem_recompute})
+      // A tile's tensors are 1/sp of the layer's and its convolutions' inputs carry the
+      // halo rows besides (stashed for B and W; their gradients come back in B).
+      const int64_t h = int64_t(std::ceil(halo_bytes));
+      for (MicroBatchMemory* m : {&lc.mem, &lc.mem_recompute}) {
         for (int64_t* x : {&m->stash, &m->w_stash, &m->forward_peak, &m->backward_peak,
                            &m->weight_peak, &m->held_through_backward})
-          *x = (*x + sp - 1) / sp;
+          *x = (*x + sp - 1) / sp + h;
+        m->forward_peak += h;
+        m->backward_peak += h;
+      }
     }
     for (double& x : t.cut_bytes) x /= d;
     for (int64_t& x : t.input_bytes) x = (x + sp - 1) / sp;
@@ -419,7 +420,14 @@ class Search {
     Candidate c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, cut.feasible ? cut : time_only,
                                  table, *costs);
     phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!cut.feasible || (o_.device_memory > 0 && c.peak > o_.device_memory)) {
+    // The cut splits a rank's capacity evenly between its stages; the candidate's peak is
+    // the rank's whole, so it decides (a time-optimal cut the split refused may fit).
+    bool fits_memory = !(o_.device_memory > 0 && c.peak > o_.device_memory);
+    if (!fits_memory && o_.device_memory > 0 && could_enter(c.step_time) &&
+        (result_.exact_checks + 1) * int64_t(g_->num_layers()) * o_.devices <= kExactWork &&
+        result_.exact_checks < kExactChecks)
+      fits_memory = fits_exactly(c);
+    if (!fits_memory) {
       c.fits = false;
       c.over = o_.device_memory > 0 ? double(c.peak) / double(o_.device_memory) : 0;
       result_.rejected++;
@@ -427,6 +435,39 @@ class Search {
       return;
     }
     fitting_.push_back(std::move(c));
+  }
+
+  // The step time a candidate must beat to enter the list (infinite while it is short).
+  double entry_time() const {
+    const size_t keep = size_t(std::max(1, o_.keep));
+    if (fitting_.size() < keep) return std::numeric_limits<double>::infinity();
+    std::vector<double> times;
+    for (const Candidate& f : fitting_) times.push_back(f.step_time);
+    std::nth_element(times.begin(), times.begin() + long(keep - 1), times.end());
+    return times[keep - 1];
+  }
+  bool could_enter(double step_time) const { return step_time < entry_time(); }
+
+  // The composed peak bounds the exact one from above, loosely where the executor's
+  // buffers and a W's transients stack on the activations: a candidate over the capacity
+  // by that bound which could still enter the list is evaluated as `baton plan --check`
+  // evaluates it before it is turned away. That builds every rank's physical graph, so a
+  // search does it at most kExactChecks times and for at most kExactWork layers times
+  // devices in all (a 10,000-layer model takes seconds a check and gets none), the
+  // candidates with the lowest bound on their time first. Sets c's peak to the exact one.
+  static constexpr int kExactChecks = 8;
+  static constexpr int64_t kExactWork = int64_t(1) << 16;
+  bool fits_exactly(Candidate& c) {
+    ++result_.exact_checks;
+    const ResolvedPlan r = resolve_plan(c.plan, g_);
+    const PlanEstimate e = evaluate_plan(r, model_);
+    c.peak = 0;
+    for (const RankEstimate& re : e.ranks)
+      if (re.peak > c.peak) {
+        c.peak = re.peak;
+        c.peak_rank = re.rank < r.layout.world() ? re.coord.pp : -1;
+      }
+    return e.fits();
   }
 
   Candidate make_candidate(int tp, int sp, int pp, int dp, int m, int64_t b,
@@ -489,31 +530,64 @@ class Search {
       mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(st)])]);
     // The executor's buffers (evaluate.h's rank_buffers), bounded from the table without
     // a physical graph, so that a candidate's peak still bounds its exact evaluation:
-    // staged inputs, posted receives, the TP collectives' and the reduction's scratch,
-    // the buckets' flat copies (at most the rank's gradients) and STEP's vector.
+    // - throughout: the staged inputs;
+    // - at each compute action: the receives posted ahead, two sends not yet taken (an
+    //   overlapped F and B), the TP collectives' scratch, and at a W where gradients
+    //   leave during the backward (zero2's reduce-scatters, the all-reduces of tied
+    //   parameters that the last W starts) their buckets;
+    // - at the step's end, once the activations are gone: the reduced gradients' flat
+    //   copies (all of the rank's across replicas or DualPipe's two directions, else the
+    //   tied ones) and the reductions' scratch, STEP's vector, or ZeRO's all-gather.
     const EvaluateOptions eo;
-    const int64_t window = int64_t(transport::collective_scratch_bytes(
-        transport::Collective::all_reduce, size_t(1) << 30, 4, 2));
     int64_t inputs = 0, max_cut = 0;
     for (int64_t x : table.input_bytes) inputs += x + 128;
     for (double x : table.cut_bytes) max_cut = std::max(max_cut, int64_t(x) + 256);
-    const bool reduces = dp > 1 || s.num_directions > 1 || (pp > 1 && !table.shared_params.empty());
+    auto scratch = [](int64_t bytes, size_t esize) {
+      return int64_t(transport::all_reduce_scratch_bound(size_t(bytes) / esize + 1, esize));
+    };
+    const bool tied = pp > 1 && !table.shared_params.empty();
+    const bool all_reduced = dp > 1 || s.num_directions > 1 || sp > 1;
+    const bool zero2 = dp > 1 && p.optimizer_sharding == OptimizerSharding::zero2;
     const int64_t slots = int64_t(g_->num_layers()) + int64_t(dp) * m;
+    const int64_t sends = pp > 1 ? 2 * max_cut : 0, recvs = pp > 1 ? eo.recv_ahead * max_cut : 0;
+    const int64_t tp_scratch = tp > 1 || sp > 1 ? scratch(max_cut, 4) : 0;
+    int64_t largest_bucket = int64_t(eo.bucket_bytes);  // or the largest layer's parameters
+    for (int64_t x : table.own_param_bytes) largest_bucket = std::max(largest_bucket, x);
+    for (const ParamUse& u : table.shared_params)
+      largest_bucket = std::max(largest_bucket, u.bytes);
     auto buffers = [&](int rank) {
-      int64_t held = eo.input_ahead * inputs + eo.recv_ahead * max_cut + (tp > 1 ? window : 0) +
-                     2 * (slots * 8 + 64);
-      if (reduces) {
-        int64_t grads = 0;
-        for (int st : schedule::stages_of_rank(s, rank)) {
-          int k = r.chunk_of_stage[size_t(st)];
-          grads += table.param_bytes(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]);
-        }
-        held += grads + grads / 64 + 4096 + 2 * window;
+      int64_t grads = 0, shared = 0;
+      std::set<int> used;
+      for (int st : schedule::stages_of_rank(s, rank)) {
+        int k = r.chunk_of_stage[size_t(st)];
+        const int a = r.chunk_first[size_t(k)], e = r.chunk_last[size_t(k)];
+        grads += table.param_bytes(a, e);
+        for (const ParamUse& u : table.shared_params)
+          for (int l : u.layers)
+            if (l >= a && l < e && used.insert(u.param).second) shared += u.bytes;
       }
-      return held;
+      auto held = [&](int64_t bytes) {  // flat copies (rounded per bucket) and two scratches
+        return bytes > 0 ? bytes + bytes / 64 + 4096 + 2 * scratch(bytes, 4) : 0;
+      };
+      const int64_t reduced = held(all_reduced ? grads : tied ? shared : 0);
+      // zero2: a bucket's gradients while it fills and its flat copy, each at most the
+      // largest bucket.
+      const int64_t in_w =
+          held((zero2 ? std::min(grads, 2 * largest_bucket) : 0) + (tied ? shared : 0));
+      RankBuffers rb;
+      rb.loader = eo.input_ahead * inputs;
+      for (const schedule::Action& a : s.ranks[size_t(rank)]) {
+        const bool w = a.kind == schedule::ActionKind::backward_weight ||
+                       a.kind == schedule::ActionKind::full_backward;
+        rb.posted.push_back(recvs + sends + tp_scratch + (w ? in_w : 0));
+      }
+      rb.reduction = sends + reduced;
+      rb.step = sends + 2 * (slots * 8 + 64) + scratch(slots * 8, 8);
+      rb.gather = reduced;
+      return rb;
     };
     for (int rank = 0; rank < pp; ++rank) {
-      int64_t peak = rank_peak(s, rank, mem) + buffers(rank);
+      const int64_t peak = rank_peak(s, rank, mem, buffers(rank));
       if (peak > c.peak) {
         c.peak = peak;
         c.peak_rank = rank;

@@ -61,6 +61,7 @@ struct SearchResult {
   int evaluated = 0;                 // candidates cut under memory and simulated
   int pruned = 0;                    // skipped: their lower bound beat by `keep` plans
   int rejected = 0;                  // over capacity
+  int exact_checks = 0;              // over by the composed bound, then evaluated exactly
   std::vector<std::string> skipped;  // degrees or schedules that do not apply, and why
   double seconds = 0;                // time the search took
 };

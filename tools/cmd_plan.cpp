@@ -169,11 +169,18 @@ int run_plan(const std::vector<std::string>& args) {
   std::printf("\nbest plan:\n%s", pt::format_estimate(r, e).c_str());
   std::printf("\n%-4s %-60s %12s %9s %12s\n", "", "candidate", "step time", "bubble",
               "peak memory");
+  // The winner's peak as its check above gives it; the runners-up's as the search bounds
+  // them (exact where the bound alone would have turned them away).
   for (size_t i = 0; i < res.ranked.size(); ++i) {
     const pt::Candidate& c = res.ranked[i];
+    const int64_t peak = i == 0 ? e.max_peak() : c.peak;
     std::printf("%-4zu %-60s %10.3fms %8.1f%% %12s\n", i + 1, c.describe().c_str(),
-                1e3 * c.step_time, 100 * c.bubble, memory::format_bytes(double(c.peak)).c_str());
+                1e3 * c.step_time, 100 * c.bubble, memory::format_bytes(double(peak)).c_str());
   }
+  if (res.ranked.size() > 1)
+    std::printf(
+        "(the runners-up's peaks are the search's upper bounds; `baton plan --check` "
+        "estimates a plan exactly)\n");
   if (!out.empty()) {
     pt::Plan p = r.plan;
     p.predicted["memory_bytes"] = [&] {

@@ -21,4 +21,8 @@ enum class Collective { all_reduce, reduce_scatter, all_gather };
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
                                 size_t part = 0, bool in_place = false);
 
+// The most scratch any all-reduce of at most `count` elements of `esize` bytes takes, over
+// any group size: the bound the plan search adds for collectives it does not enumerate.
+size_t all_reduce_scratch_bound(size_t count, size_t esize);
+
 }  // namespace baton::transport

@@ -372,4 +372,14 @@ size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int gr
   return 0;
 }
 
+size_t all_reduce_scratch_bound(size_t count, size_t esize) {
+  // Small messages hold themselves, larger ones a ring window of parts, the largest part
+  // (half the message) with two ranks; each grows with the message, so the bound is the
+  // larger of the two at their largest sizes.
+  const size_t small = detail::AlgoTuning::get().small_bytes / std::max<size_t>(1, esize);
+  return std::max(
+      collective_scratch_bytes(Collective::all_reduce, std::min(count, small), esize, 2),
+      collective_scratch_bytes(Collective::all_reduce, count, esize, 2));
+}
+
 }  // namespace baton::transport
