@@ -421,9 +421,29 @@ class Walker {
           heap_.unref(part);
         }
       for (int& id : tmp) heap_.unref(id);
+    } else if (op == "add_layernorm") {
+      // One gradient for both inputs of the add, given to each (stages/ops/fused.cpp).
+      if (needed(0) || needed(1)) {
+        int dx = heap_.alloc(bytes(node.inputs[0]));
+        for (size_t i = 0; i < 2; ++i)
+          if (needed(i)) give(node.inputs[i], dx);
+        heap_.unref(dx);
+      }
+    } else if (op == "rotary") {
+      // q and k into targets, v's columns of the gradient copied out and given
+      // (stages/ops/llama.cpp).
+      for (size_t i = 0; i < 2; ++i)
+        if (needed(i)) target(node.inputs[i]);
+      if (needed(2)) {
+        int dv = heap_.alloc(bytes(node.inputs[2]));
+        give(node.inputs[2], dv);
+        heap_.unref(dv);
+      }
     } else {
-      // linear, layernorm, attention, gelu, relu, softmax, active dropout: into a target.
-      if (needed(0)) target(node.inputs[0]);
+      // linear, layernorm, rmsnorm, attention, gelu, relu, silu, softmax, active dropout,
+      // swiglu (gate and up): each input's gradient into a target.
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (needed(i)) target(node.inputs[i]);
     }
   }
 

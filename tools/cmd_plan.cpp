@@ -140,9 +140,9 @@ int run_plan(const std::vector<std::string>& args) {
   pt::CostModel model(graph, machine, mp);
   pt::SearchResult res = pt::search_plans(graph, model, so);
   std::printf(
-      "searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity)\ntimes "
-      "from %s\n",
-      res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected,
+      "searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity, %d "
+      "checked exactly)\ntimes from %s\n",
+      res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected, res.exact_checks,
       pt::cost_source(model, costs).c_str());
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
   if (res.ranked.empty()) {
