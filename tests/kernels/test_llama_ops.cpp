@@ -232,6 +232,43 @@ TEST(Rotary, RotatesHalvesIntoTheFusedColumnsAndBackwardIsTheTranspose) {
   EXPECT_THROW(rotary_forward(x, bad, dst, 0), std::invalid_argument);
 }
 
+// The kernel keeps the last call's cos and sin tables: a call with another offset, other
+// frequencies of the same count (another rope_theta), another length or head size gets
+// its own, in both precisions. Each call is checked against the rotation computed here.
+TEST(Rotary, KeptTablesFollowPositionsFrequenciesAndLengths) {
+  std::mt19937_64 rng(test_seed(86));
+  const int64_t B = 1, H = 2;
+  struct Call {
+    int64_t T, D, offset;
+    double theta;
+  };
+  const std::vector<Call> calls = {{5, 8, 0, 500},   {5, 8, 0, 500},   {5, 8, 2, 500},
+                                   {5, 8, 2, 10000}, {9, 8, 2, 10000}, {9, 4, 2, 10000},
+                                   {5, 8, 0, 500}};
+  for (DType dt : {DType::f64, DType::f32})
+    for (const Call& k : calls) {
+      SCOPED_TRACE("T " + std::to_string(k.T) + " D " + std::to_string(k.D) + " offset " +
+                   std::to_string(k.offset) + " theta " + std::to_string(k.theta));
+      const auto inv = rope_inv_freq(k.D, k.theta, RopeScaling{});
+      RotaryOptions o{H, &inv, k.offset};
+      Tensor x = randn({B, k.T, H * k.D}, rng).to(dt);
+      Tensor dst = Tensor::zeros({B, k.T, H * k.D}, dt);
+      rotary_forward(x, o, dst, 0);
+      const auto xv = as_f64(x), dv = as_f64(dst);
+      double worst = 0;
+      for (int64_t t = 0; t < k.T; ++t)
+        for (int64_t c = 0; c < H * k.D; ++c) {
+          const int64_t h = c / k.D, j = c % k.D, half = k.D / 2, i = j % half;
+          const double a = double(t + k.offset) * inv[size_t(i)];
+          const double* row = xv.data() + t * H * k.D + h * k.D;
+          const double want = j < half ? row[i] * std::cos(a) - row[i + half] * std::sin(a)
+                                       : row[i + half] * std::cos(a) + row[i] * std::sin(a);
+          worst = std::max(worst, std::abs(dv[size_t(t * H * k.D + c)] - want));
+        }
+      EXPECT_LT(worst, dt == DType::f64 ? 1e-14 : 1e-5);
+    }
+}
+
 // ---- grouped-query attention ----
 
 // qkv [B, T, (H + 2 KV) D] -> [B, T, 3 H D] with each key/value head repeated for the
