@@ -272,6 +272,14 @@ class Planning(unittest.TestCase):
         self.assertGreater(est["step_time"], 0)
         self.assertIn("rank", est["table"])
         self.assertAlmostEqual(est["step_time"], res["plans"][0]["step_time"], delta=1e-9 + 0.05 * est["step_time"])
+        # At exactly the best plan's estimated peak, below the search's bound of it, the
+        # plan is still found: checked exactly, and listed with that peak.
+        exact = max(r["peak"] for r in est["ranks"])
+        self.assertGreater(res["plans"][0]["peak"], exact)
+        tight = baton.plan(model, devices=2, batch=8, device_memory=exact, top=2)
+        self.assertEqual(tight["plans"][0]["describe"], res["plans"][0]["describe"])
+        self.assertEqual(tight["plans"][0]["peak"], exact)
+        self.assertGreater(tight["exact_checks"], 0)
 
 
 if __name__ == "__main__":

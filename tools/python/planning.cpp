@@ -199,6 +199,7 @@ void register_planning(py::module_& m) {
         out["best"] = res.ranked.empty() ? py::object(py::none()) : ranked[0]["plan"];
         out["evaluated"] = res.evaluated;
         out["rejected"] = res.rejected;
+        out["exact_checks"] = res.exact_checks;
         out["seconds"] = res.seconds;
         out["skipped"] = res.skipped;
         return out;
