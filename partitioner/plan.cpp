@@ -501,12 +501,19 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
                      ": \"post-validated\" cannot be combined with dp_sync \"" +
                      std::string(dp_sync_name(p.dp_sync.mode)) + "\" (only with \"allreduce\")");
 
-  JsonReader st = r.at("stages");
-  st.expect_array();
-  if (st.size() == 0) st.fail("at least one stage", "[]");
-  for (const JsonReader& s : st.items()) {
+  if (auto st = r.get("stages")) {
+    st->expect_array();
+    if (st->size() == 0) st->fail("at least one stage", "[]");
+    for (const JsonReader& s : st->items()) {
+      PlanStage ps;
+      parse_stage(ps, s, p.pp);
+      p.stages.push_back(std::move(ps));
+    }
+  } else {
+    // One chunk of every layer: all a plan of one pipeline rank has to say.
     PlanStage ps;
-    parse_stage(ps, s, p.pp);
+    ps.every_layer = true;
+    ps.json_path = p.where("$.stages");
     p.stages.push_back(std::move(ps));
   }
   plan_spatial_degrees(p);
@@ -599,7 +606,8 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     if (s.spatial > 1) e["spatial"] = s.spatial;
     stages.push_back(e);
   }
-  j["stages"] = stages;
+  // A plan read without its stages (one chunk of every layer) is written without them.
+  if (p.stages.size() != 1 || !p.stages[0].every_layer) j["stages"] = stages;
   if (!p.splits.empty()) {
     json sp = json::object();
     for (const auto& [k, v] : p.splits) sp[k] = std::string(split_name(v));

@@ -83,6 +83,8 @@ struct PlanStage {
   int first_layer = -1, last_layer = -1;
   // ... or the layer names as written (resolved against the model by resolve_plan).
   std::vector<std::string> layer_names;
+  // ... or, for a plan that leaves "stages" out, every layer (resolve_plan fills the range).
+  bool every_layer = false;
   // Recomputed layers: all, none, or by name (resolved against the model).
   bool recompute_all = false;
   std::vector<std::string> recompute_names;

@@ -76,7 +76,9 @@ void resolve_layers(const Plan& p, const Graph& g, ResolvedPlan& r) {
   for (size_t k = 0; k < p.stages.size(); ++k) {
     const PlanStage& st = p.stages[k];
     std::vector<int> layers;
-    if (st.first_layer >= 0) {
+    if (st.every_layer) {
+      for (int l = 0; l < L; ++l) layers.push_back(l);
+    } else if (st.first_layer >= 0) {
       if (st.last_layer > L)
         throw InputError(st.json_path + ".layers: expected layer indices within the model's " +
                          std::to_string(L) + " layers (last <= " + std::to_string(L) +
@@ -232,6 +234,13 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
     throw InputError(p.where("$.schedule") + ": " + e.what());
   }
   const int S = r.schedule.stages_per_direction();
+  const bool every_layer = p.stages.size() == 1 && p.stages[0].every_layer;
+  if (every_layer && S != 1)
+    throw InputError(p.where("$.stages") + ": expected " + std::to_string(S) +
+                     " stages (schedule " + name + " on " + std::to_string(p.pp) +
+                     " pipeline ranks holds " + std::to_string(S) +
+                     " model chunks), found none: only a plan of one model chunk may leave "
+                     "them out");
   if (int(p.stages.size()) != S)
     throw InputError(p.where("$.stages") + ": expected " + std::to_string(S) +
                      " stages (schedule " + name + " on " + std::to_string(p.pp) +
@@ -241,6 +250,12 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
     throw InputError(p.where("$.stages") + ": " + std::to_string(S) + " stages for a model of " +
                      std::to_string(g.num_layers()) + " layers");
   resolve_layers(p, g, r);
+  if (every_layer) {
+    PlanStage& st = r.plan.stages[0];
+    st.every_layer = false;
+    st.first_layer = 0;
+    st.last_layer = g.num_layers();
+  }
 
   // Placement: which pipeline ranks hold each chunk, and the degree of its layers.
   std::vector<std::set<int>> holders(static_cast<size_t>(S));

@@ -99,6 +99,31 @@ TEST(Plan, LayerMissingOrTwice) {
             "layer), found [1, 1]");
 }
 
+// A plan of one model chunk (data and tensor parallelism only) may leave "stages" out:
+// one stage of every layer, written back without them; a pipeline must give its stages.
+TEST(Plan, StagesLeftOutMeanOneChunkOfEveryLayer) {
+  json j = tiny_plan();
+  j.erase("stages");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages: expected 2 stages (schedule 1f1b on 2 pipeline ranks holds 2 "
+            "model chunks), found none: only a plan of one model chunk may leave them out");
+  j["parallel"] = {{"dp", 4}, {"pp", 1}, {"tp", 2}};
+  j["batch"]["global"] = 32;
+  const Plan p = parse_plan(j, "plan.json", kDir);
+  EXPECT_EQ(plan_to_json(p, kDir).count("stages"), 0u);
+  const ResolvedPlan r = resolve_plan(p, load_plan_model(p));
+  EXPECT_EQ(r.chunk_first, std::vector<int>{0});
+  EXPECT_EQ(r.chunk_last, std::vector<int>{4});
+  EXPECT_EQ(r.layer_tp, (std::vector<int>{2, 2, 2, 2}));
+  // The resolved plan names its stage, and reads back as the plan that wrote it out.
+  const json written = plan_to_json(r.plan, kDir);
+  EXPECT_EQ(written.at("stages"), json::parse(R"([{"layers": [0, 4], "pipeline_ranks": [0],
+                                                   "recompute": false}])"));
+  j["stages"] = written["stages"];
+  const ResolvedPlan given = plan_check(j);
+  EXPECT_EQ(plan_to_json(given.plan, kDir), written);
+}
+
 TEST(Plan, RanksInconsistentWithDegrees) {
   json j = tiny_plan();
   j["devices"] = 6;
