@@ -386,6 +386,7 @@ class Search {
     std::vector<std::vector<int>> holders(static_cast<size_t>(K));
     for (int st = 0; st < s->num_stages(); ++st)
       holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
+    int most_on_a_rank = 1;
     for (int k = 0; k < K; ++k) {
       CutStage& cs = stages[size_t(k)];
       cs.costs = 0;
@@ -393,6 +394,7 @@ class Search {
       for (int st : holders[size_t(k)]) {
         int rank = s->placement[size_t(st)];
         int n_on_rank = int(schedule::stages_of_rank(*s, rank).size());
+        most_on_a_rank = std::max(most_on_a_rank, n_on_rank);
         std::vector<PeakTerm> terms =
             n_on_rank == 1 ? peak_terms(*s, rank) : peak_terms_of_stage(*s, rank, st);
         cs.terms.insert(cs.terms.end(), terms.begin(), terms.end());
@@ -427,11 +429,49 @@ class Search {
              fits_exactly(c);
     };
     Candidate c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, time_only, table, *costs);
+    int64_t bound = c.peak;  // the composed peak, before an exact check replaces it
+    std::vector<int> bounds = time_only.bounds;
     bool fits_memory = fits_capacity(c);
-    if (!fits_memory && cut.feasible && cut.bounds != time_only.bounds) {
-      Candidate under = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, cut, table, *costs);
+    std::set<std::vector<int>> tried = {time_only.bounds};
+    auto try_cut = [&](const std::vector<int>& at) {
+      CutResult other{.feasible = true, .bounds = at, .bottleneck = cutter.bottleneck(at)};
+      Candidate under = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, other, table, *costs);
+      const int64_t under_bound = under.peak;
       fits_memory = fits_capacity(under);
-      if (fits_memory || under.peak < c.peak) c = std::move(under);
+      if (fits_memory || under_bound < bound) {
+        c = std::move(under);
+        bound = under_bound;
+        bounds = at;
+      }
+    };
+    if (!fits_memory && cut.feasible && tried.insert(cut.bounds).second) try_cut(cut.bounds);
+    // Where a rank holds several stages, the cut under the split above counts each stage
+    // at its own peak, as if a rank's stages peaked together, and may refuse every cut
+    // that fits the rank as a whole (DualPipe's embedding alone in one chunk, say). So
+    // layers move one at a time from one stage to another, to the neighbouring cut of the
+    // least rank peak, until a cut fits or none lowers the peak: the first fitting cut
+    // met on the way down from the fastest.
+    if (!fits_memory && most_on_a_rank > 1 && o_.device_memory > 0 && o_.layers_per_stage.empty() &&
+        could_enter(c.step_time)) {
+      const auto t_descent = std::chrono::steady_clock::now();
+      while (!fits_memory && descent_work_ < kDescentWork) {
+        const int64_t before = bound;
+        const std::vector<int> from = bounds;
+        // One layer from stage a to stage z, the stages between keeping their sizes.
+        for (int a = 0; a < K && !fits_memory; ++a)
+          for (int z = 0; z < K && !fits_memory; ++z) {
+            if (a == z || from[size_t(a) + 1] - from[size_t(a)] < 2) continue;
+            std::vector<int> at = from;
+            for (int t = std::min(a, z) + 1; t <= std::max(a, z); ++t)
+              at[size_t(t)] += a < z ? -1 : 1;
+            if (!tried.insert(at).second) continue;
+            descent_work_ += g_->num_layers();
+            try_cut(at);
+          }
+        if (bound >= before) break;
+      }
+      phase_[2] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_descent).count();
     }
     phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!fits_memory) {
@@ -650,6 +690,10 @@ class Search {
   std::vector<Pending> pending_;
   double phase_[4] = {0, 0, 0, 0};  // tables, time cuts, memory cuts, memory + simulation
   int memory_cuts_ = 0;
+  // Layers times candidates the descent over cuts of several stages per rank may cost in
+  // one search (each candidate a walk of its ranks' actions over the cut's layers).
+  static constexpr int64_t kDescentWork = int64_t(1) << 22;
+  int64_t descent_work_ = 0;
   std::set<std::string> noted_;
 };
 

@@ -405,6 +405,55 @@ TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
   EXPECT_NEAR(none.closest->over, double(none.closest->peak) / double(o.device_memory), 1e-12);
 }
 
+// A rank holding two stages (DualPipe, the V schedules, interleaving) fits when the two
+// together fit, however the cut shares its memory between them: under a capacity equal to
+// the least peak of any cut, the search finds a plan (every cut enumerated, each
+// evaluated exactly), where the even split of a rank's memory between its stages used
+// to refuse them all.
+TEST(Search, FindsTheCutThatFitsARankOfSeveralStages) {
+  const std::string llama = std::string(BATON_SOURCE_DIR) + "/tests/fixtures/llama_gqa/config.json";
+  const std::vector<std::shared_ptr<const Graph>> models = {
+      load_search_model("gpt-config-a.json"),
+      std::make_shared<const Graph>(stages::load_model(llama))};
+  int cases = 0;
+  for (const auto& g : models) {
+    CostModel model(g, Machine{});
+    const int L = g->num_layers();
+    for (const std::string schedule : {"dualpipe", "dualpipev", "zb-v", "interleaved-1f1b"})
+      for (int m : {4, 8}) {
+        SearchOptions o = search_fixed(2, 1, 2, 1, schedule, m, 8);
+        const int K = schedule == "dualpipe" ? 2 : 4;
+        int64_t least = INT64_MAX;
+        std::vector<int> counts(size_t(K), 1);
+        std::function<void(int, int)> each_cut = [&](int k, int left) {
+          if (k + 1 == K) {
+            counts[size_t(k)] = left;
+            o.layers_per_stage = counts;
+            const SearchResult r = search_plans(g, model, o);
+            ASSERT_EQ(r.ranked.size(), 1u);
+            least =
+                std::min(least, evaluate_plan(resolve_plan(r.ranked[0].plan, g), model).max_peak());
+            return;
+          }
+          for (int n = 1; n <= left - (K - 1 - k); ++n) {
+            counts[size_t(k)] = n;
+            each_cut(k + 1, left - n);
+          }
+        };
+        each_cut(0, L);
+        SCOPED_TRACE(g->name + ", " + schedule + ", " + std::to_string(m) + " micro-batches, " +
+                     memory::format_bytes(double(least)));
+        o.layers_per_stage.clear();
+        o.device_memory = least;
+        const SearchResult r = search_plans(g, model, o);
+        ASSERT_EQ(r.ranked.size(), 1u);
+        EXPECT_LE(evaluate_plan(resolve_plan(r.ranked[0].plan, g), model).max_peak(), least);
+        ++cases;
+      }
+  }
+  EXPECT_EQ(cases, 16);
+}
+
 TEST(Search, KeepsWhatTheUserFixes) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
