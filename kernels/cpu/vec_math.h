@@ -1,6 +1,7 @@
 // SIMD helpers for the CPU kernels: vectors of one register of the target in GCC's
 // vector extensions (64 bytes with AVX-512, 32 with AVX/AVX2, 16 otherwise), a
-// vectorised exp for float (fitted degree-5 polynomial, relative error 1.8e-7) and
+// vectorised exp for float (a 32-entry table of 2^(j/32) and a fitted quadratic with AVX-512,
+// a fitted degree-5 polynomial otherwise; relative error under 1.8e-7) and
 // reductions. Written explicitly because GCC 12 leaves max reductions and loops with
 // several sums scalar. The width follows the target because GCC splits a wider vector
 // into pieces and scalarises its compares and selects (64-byte vectors on an AVX2 CPU ran
@@ -142,6 +143,49 @@ inline lane_t<V> hmax(V v) {
   return detail::tree_max<lane_t<V>, N>(v, std::make_index_sequence<std::size_t(N / 2)>{});
 }
 
+#if defined(__AVX512F__)
+// 2^(j/32) for j < 32, each the nearest float.
+alignas(64) inline constexpr float kExp2Fraction[32] = {
+    0x1.000000p+0f, 0x1.059b0ep+0f, 0x1.0b5586p+0f, 0x1.11301ep+0f, 0x1.172b84p+0f, 0x1.1d4874p+0f,
+    0x1.2387a6p+0f, 0x1.29e9e0p+0f, 0x1.306fe0p+0f, 0x1.371a74p+0f, 0x1.3dea64p+0f, 0x1.44e086p+0f,
+    0x1.4bfdaep+0f, 0x1.5342b6p+0f, 0x1.5ab07ep+0f, 0x1.6247ecp+0f, 0x1.6a09e6p+0f, 0x1.71f75ep+0f,
+    0x1.7a1148p+0f, 0x1.82589ap+0f, 0x1.8ace54p+0f, 0x1.93737cp+0f, 0x1.9c4918p+0f, 0x1.a5503cp+0f,
+    0x1.ae89fap+0f, 0x1.b7f770p+0f, 0x1.c199bep+0f, 0x1.cb720ep+0f, 0x1.d5818ep+0f, 0x1.dfc974p+0f,
+    0x1.ea4afap+0f, 0x1.f50766p+0f};
+
+// exp(x) = 2^fn e^r with fn = x / ln 2 rounded to 1/32 and |r| <= ln 2 / 64: 2^(fn's
+// fraction) from the table above, held in two registers (vpermt2ps), e^r as 1 + r (c1 +
+// c2 r), fitted for the least maximal relative error (5.3e-8), and 2^floor(fn) applied
+// by vscalefps. Seven operations for the FMA pipes where the degree-5 polynomial below
+// X
+// over [-87, 88]. fn <= -127 (x below about -88, -inf, NaN) gives 0, by the mask, so no
+// clamp from below is needed. x <= 88.37.
+inline vfloat exp_unclamped(vfloat x) {
+  // Adding 1.5 * 2^18 rounds to a multiple of 1/32 and leaves 32 fn in the low bits.
+  const vfloat shifted = x * 1.44269504088896341f + 393216.0f;
+  const vfloat fn = shifted - 393216.0f;
+  // fn (12 significant bits) times 0.693359375 (9) is exact, fused or not.
+  vfloat r = x - fn * 0.693359375f;
+  r = r + fn * 2.12194440e-4f;
+  const vfloat q = (r * 0x1.00014p-1f + 0x1.0000f6p+0f) * r;
+  const vfloat t = (vfloat)_mm512_permutex2var_ps(_mm512_load_ps(kExp2Fraction), (__m512i)shifted,
+                                                  _mm512_load_ps(kExp2Fraction + 16));
+  const vfloat p = t * q + t;
+  const __mmask16 normal = _mm512_cmp_ps_mask((__m512)fn, _mm512_set1_ps(-127.0f), _CMP_GT_OQ);
+  return (vfloat)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)fn);
+}
+inline vfloat exp_approx(vfloat x) {
+  // This order keeps a NaN (vminps returns its second operand).
+  return exp_unclamped(vmin(splat(88.37f), x));
+}
+inline vfloat exp_nonpositive(vfloat x) {
+  return exp_unclamped(x);
+}
+// The vector's bits for one float (tails of rows, a row's rescaling).
+inline float exp_approx(float x) {
+  return exp_approx(splat(x))[0];
+}
+#else
 // e^r on |r| <= ln2 / 2 as 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3), fitted for the
 // least maximal relative error (1.05e-7 before rounding; Lawson's iteration on Chebyshev
 // nodes). Two degrees fewer than Cephes' polynomial (3e-9, far below float's 6e-8
@@ -151,6 +195,33 @@ constexpr float kExpC3 = 0.16667114198207855f;
 constexpr float kExpC4 = 0.041890114545822144f;
 constexpr float kExpC5 = 0.008312526158988476f;
 
+// exp(x) / 2^fn for fn = round(x / ln 2): the two-constant reduction r = x - fn ln 2 and
+// the polynomial of exp(r), shared by both ways of applying 2^fn below.
+inline vfloat exp_reduced(vfloat x, vfloat fn) {
+  vfloat r = x - fn * 0.693359375f;
+  r = r + fn * 2.12194440e-4f;
+  vfloat p = splat(kExpC5);
+  p = p * r + kExpC4;
+  p = p * r + kExpC3;
+  p = p * r + kExpC2;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p;
+}
+
+// -88 <= x <= 88.37.
+inline vfloat exp_unclamped(vfloat x) {
+  const vfloat shifted = x * 1.44269504088896341f + 12582912.0f;
+  const vint32 n = std::bit_cast<vint32>(shifted) - 0x4B400000;
+  const vfloat fn = shifted - 12582912.0f;
+  return exp_reduced(x, fn) * std::bit_cast<vfloat>((n + 127) << 23);
+}
+inline vfloat exp_approx(vfloat x) {
+  return exp_unclamped(vmin(vmax(x, splat(-88.0f)), splat(88.37f)));
+}
+inline vfloat exp_nonpositive(vfloat x) {
+  return exp_unclamped(vmax(x, splat(-88.0f)));
+}
 // exp(x) for float; inputs below about -87.9 give 0 and above 88.37 saturate at e^88.37
 // (softmax-style callers only pass x <= 0). The same arithmetic as the vector version.
 inline float exp_approx(float x) {
@@ -170,53 +241,6 @@ inline float exp_approx(float x) {
   p = p * r + 1.0f;
   // n in [-127, 127]: n = -127 builds the bit pattern 0, i.e. exp underflows to 0.
   return p * std::bit_cast<float>(uint32_t(n + 127) << 23);
-}
-
-// exp(x) / 2^fn for fn = round(x / ln 2): the two-constant reduction r = x - fn ln 2 and
-// the polynomial of exp(r), shared by both ways of applying 2^fn below.
-inline vfloat exp_reduced(vfloat x, vfloat fn) {
-  vfloat r = x - fn * 0.693359375f;
-  r = r + fn * 2.12194440e-4f;
-  vfloat p = splat(kExpC5);
-  p = p * r + kExpC4;
-  p = p * r + kExpC3;
-  p = p * r + kExpC2;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p;
-}
-
-#if defined(__AVX512F__)
-// The same arithmetic as below, with 2^n applied by vscalefps instead of being built in
-// the exponent bits (four integer and float operations fewer of fifteen); n <= -127,
-// where the bit pattern gives 0 (x below about -88, -inf, NaN), is zeroed by the mask,
-// so no clamp from below is needed. Same results: both scalings are exact. x <= 88.37.
-inline vfloat exp_unclamped(vfloat x) {
-  const vfloat fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const vfloat p = exp_reduced(x, fn);
-  const __mmask16 normal = _mm512_cmp_ps_mask((__m512)fn, _mm512_set1_ps(-127.0f), _CMP_GT_OQ);
-  return (vfloat)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)fn);
-}
-inline vfloat exp_approx(vfloat x) {
-  // This order keeps a NaN (vminps returns its second operand).
-  return exp_unclamped(vmin(splat(88.37f), x));
-}
-inline vfloat exp_nonpositive(vfloat x) {
-  return exp_unclamped(x);
-}
-#else
-// -88 <= x <= 88.37.
-inline vfloat exp_unclamped(vfloat x) {
-  const vfloat shifted = x * 1.44269504088896341f + 12582912.0f;
-  const vint32 n = std::bit_cast<vint32>(shifted) - 0x4B400000;
-  const vfloat fn = shifted - 12582912.0f;
-  return exp_reduced(x, fn) * std::bit_cast<vfloat>((n + 127) << 23);
-}
-inline vfloat exp_approx(vfloat x) {
-  return exp_unclamped(vmin(vmax(x, splat(-88.0f)), splat(88.37f)));
-}
-inline vfloat exp_nonpositive(vfloat x) {
-  return exp_unclamped(vmax(x, splat(-88.0f)));
 }
 #endif
 
