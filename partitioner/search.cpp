@@ -187,9 +187,9 @@ class Search {
     if (fitting_.empty() && closest_) result_.closest = closest_;
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::debug(
-        "search: {:.3f} s; cost tables {:.3f} s, time cuts {:.3f} s, {} memory cuts {:.3f} s, "
-        "memory and simulation {:.3f} s",
-        result_.seconds, phase_[0], phase_[1], memory_cuts_, phase_[2], phase_[3]);
+        "search: {:.3f} s; cost tables {:.3f} s, time cuts {:.3f} s, {} memory cuts and {} cuts "
+        "with layers moved between a rank's stages {:.3f} s, memory and simulation {:.3f} s",
+        result_.seconds, phase_[0], phase_[1], memory_cuts_, moved_cuts_, phase_[2], phase_[3]);
     return result_;
   }
 
@@ -448,27 +448,37 @@ class Search {
     // Where a rank holds several stages, the cut under the split above counts each stage
     // at its own peak, as if a rank's stages peaked together, and may refuse every cut
     // that fits the rank as a whole (DualPipe's embedding alone in one chunk, say). So
-    // layers move one at a time from one stage to another, to the neighbouring cut of the
-    // least rank peak, until a cut fits or none lowers the peak: the first fitting cut
-    // met on the way down from the fastest.
+    // layers move from one stage to another, to the neighbouring cut of the least rank
+    // peak, until a cut fits or no move lowers the peak: the first fitting cut met on the
+    // way down from the fastest. Moves start at L / 64 layers and halve down to one when
+    // none helps. Skipped when no cut can fit: a rank holds at least the average of the
+    // ranks' parameters, gradients and state, each chunk on `least holders` ranks.
+    size_t least_holders = holders.front().size();
+    for (const std::vector<int>& h : holders) least_holders = std::min(least_holders, h.size());
+    const int L = g_->num_layers();
     if (!fits_memory && most_on_a_rank > 1 && o_.device_memory > 0 && o_.layers_per_stage.empty() &&
+        double(costs->persistent(0, L)) * double(least_holders) / pp <= double(o_.device_memory) &&
         could_enter(c.step_time)) {
       const auto t_descent = std::chrono::steady_clock::now();
+      int step = std::max(1, L / 64);
       while (!fits_memory && descent_work_ < kDescentWork) {
         const int64_t before = bound;
         const std::vector<int> from = bounds;
-        // One layer from stage a to stage z, the stages between keeping their sizes.
+        // `step` layers from stage a to stage z, the stages between keeping their sizes.
         for (int a = 0; a < K && !fits_memory; ++a)
           for (int z = 0; z < K && !fits_memory; ++z) {
-            if (a == z || from[size_t(a) + 1] - from[size_t(a)] < 2) continue;
+            if (a == z || from[size_t(a) + 1] - from[size_t(a)] <= step) continue;
             std::vector<int> at = from;
             for (int t = std::min(a, z) + 1; t <= std::max(a, z); ++t)
-              at[size_t(t)] += a < z ? -1 : 1;
+              at[size_t(t)] += a < z ? -step : step;
             if (!tried.insert(at).second) continue;
-            descent_work_ += g_->num_layers();
+            descent_work_ += L;
+            ++moved_cuts_;
             try_cut(at);
           }
-        if (bound >= before) break;
+        if (bound < before) continue;
+        if (step == 1) break;
+        step /= 2;
       }
       phase_[2] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_descent).count();
@@ -694,6 +704,7 @@ class Search {
   // one search (each candidate a walk of its ranks' actions over the cut's layers).
   static constexpr int64_t kDescentWork = int64_t(1) << 22;
   int64_t descent_work_ = 0;
+  int moved_cuts_ = 0;
   std::set<std::string> noted_;
 };
 
