@@ -433,18 +433,19 @@ class Search {
     std::vector<int> bounds = time_only.bounds;
     bool fits_memory = fits_capacity(c);
     std::set<std::vector<int>> tried = {time_only.bounds};
+    // Makes the cut `at` the candidate when it fits or lowers the bound.
     auto try_cut = [&](const std::vector<int>& at) {
       CutResult other{.feasible = true, .bounds = at, .bottleneck = cutter.bottleneck(at)};
       Candidate under = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, other, table, *costs);
       const int64_t under_bound = under.peak;
       fits_memory = fits_capacity(under);
-      if (fits_memory || under_bound < bound) {
-        c = std::move(under);
-        bound = under_bound;
-        bounds = at;
-      }
+      if (!fits_memory && under_bound >= bound) return false;
+      c = std::move(under);
+      bound = under_bound;
+      return true;
     };
-    if (!fits_memory && cut.feasible && tried.insert(cut.bounds).second) try_cut(cut.bounds);
+    if (!fits_memory && cut.feasible && tried.insert(cut.bounds).second && try_cut(cut.bounds))
+      bounds = cut.bounds;
     // Where a rank holds several stages, the cut under the split above counts each stage
     // at its own peak, as if a rank's stages peaked together, and may refuse every cut
     // that fits the rank as a whole (DualPipe's embedding alone in one chunk, say). So
@@ -462,21 +463,23 @@ class Search {
       const auto t_descent = std::chrono::steady_clock::now();
       int step = std::max(1, L / 64);
       while (!fits_memory && descent_work_ < kDescentWork) {
-        const int64_t before = bound;
-        const std::vector<int> from = bounds;
+        std::vector<int> next = bounds;
         // `step` layers from stage a to stage z, the stages between keeping their sizes.
         for (int a = 0; a < K && !fits_memory; ++a)
           for (int z = 0; z < K && !fits_memory; ++z) {
-            if (a == z || from[size_t(a) + 1] - from[size_t(a)] <= step) continue;
-            std::vector<int> at = from;
+            if (a == z || bounds[size_t(a) + 1] - bounds[size_t(a)] <= step) continue;
+            std::vector<int> at = bounds;
             for (int t = std::min(a, z) + 1; t <= std::max(a, z); ++t)
               at[size_t(t)] += a < z ? -step : step;
             if (!tried.insert(at).second) continue;
             descent_work_ += L;
             ++moved_cuts_;
-            try_cut(at);
+            if (try_cut(at)) next = std::move(at);
           }
-        if (bound < before) continue;
+        if (next != bounds) {
+          bounds = std::move(next);
+          continue;
+        }
         if (step == 1) break;
         step /= 2;
       }
