@@ -128,12 +128,13 @@ class Search {
     if (names.empty()) names = schedule::all_schedule_names();
     for (auto& n : names) n = schedule::canonical_schedule_name(n);
     const int N = o_.devices, L = g_->num_layers();
+    check_fixed(N, L);
     for (int tp : divisors(N)) {
       if (o_.tp > 0 && tp != o_.tp) continue;
       try {
         model_.sharding(tp, 1, o_.splits, "--tp");
       } catch (const InputError& e) {
-        result_.skipped.push_back("tp " + std::to_string(tp) + ": " + e.what());
+        skip("tp " + std::to_string(tp) + ": " + e.what());
         continue;
       }
       for (int sp : divisors(N / tp)) {
@@ -145,12 +146,15 @@ class Search {
           int dp = N / tp / sp / pp;
           if (o_.dp > 0 && dp != o_.dp) continue;
           if (o_.global_batch % dp != 0) {
-            result_.skipped.push_back("dp " + std::to_string(dp) +
-                                      ": does not divide the batch of " +
-                                      std::to_string(o_.global_batch));
+            skip("dp " + std::to_string(dp) + ": does not divide the batch of " +
+                 std::to_string(o_.global_batch));
             continue;
           }
           int64_t replica_batch = o_.global_batch / dp;
+          if (o_.micro_batches > 0 && replica_batch % o_.micro_batches != 0)
+            skip("dp " + std::to_string(dp) + ": " + std::to_string(o_.micro_batches) +
+                 " micro-batches do not divide a replica's batch of " +
+                 std::to_string(replica_batch));
           for (int m : divisors(replica_batch)) {
             if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
             int64_t b = replica_batch / m;
@@ -194,6 +198,44 @@ class Search {
   }
 
  private:
+  // Notes why a degree or schedule does not apply (once per reason).
+  void skip(const std::string& reason) {
+    if (std::find(result_.skipped.begin(), result_.skipped.end(), reason) == result_.skipped.end())
+      result_.skipped.push_back(reason);
+  }
+
+  // What the user fixed must fit the devices and the model: said as such rather than as
+  // "no plan fits".
+  void check_fixed(int N, int L) const {
+    int64_t product = 1;
+    for (auto [value, flag] : {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"},
+                               std::pair{o_.dp, "--dp"}, std::pair{o_.spatial, "--spatial"}}) {
+      if (value <= 0) continue;
+      if (N % value != 0)
+        throw InputError(std::string(flag) + ": expected a divisor of the " + std::to_string(N) +
+                         " devices, found " + std::to_string(value));
+      product *= value;
+    }
+    if (N % product != 0)
+      throw InputError("--tp, --pp, --dp and --spatial: the degrees given multiply to " +
+                       std::to_string(product) + ", which does not divide the " +
+                       std::to_string(N) + " devices");
+    if (o_.tp > 0 && o_.pp > 0 && o_.dp > 0 && o_.spatial > 0 && product != N)
+      throw InputError("--tp, --pp, --dp and --spatial: expected degrees that multiply to the " +
+                       std::to_string(N) + " devices, found " + std::to_string(product));
+    if (o_.pp > L)
+      throw InputError("--pp: expected at most the model's " + std::to_string(L) +
+                       " layers (a pipeline rank holds at least one), found " +
+                       std::to_string(o_.pp));
+    if (!o_.layers_per_stage.empty()) {
+      int64_t sum = 0;
+      for (int n : o_.layers_per_stage) sum += n;
+      if (sum != L)
+        throw InputError("--layers-per-stage: expected counts that add up to the model's " +
+                         std::to_string(L) + " layers, found " + std::to_string(sum));
+    }
+  }
+
   const schedule::Schedule* schedule_for(const std::string& name, int pp, int m) {
     std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
     auto it = schedules_.find(key);
@@ -203,8 +245,8 @@ class Search {
       s = std::make_unique<schedule::Schedule>(schedule::generate(name, pp, m));
     } catch (const InputError& e) {
       if (!noted_.count(key))
-        result_.skipped.push_back(name + " with " + std::to_string(pp) + " ranks and " +
-                                  std::to_string(m) + " micro-batches: " + e.what());
+        skip(name + " with " + std::to_string(pp) + " ranks and " + std::to_string(m) +
+             " micro-batches: " + e.what());
       noted_.insert(key);
     }
     return schedules_.emplace(key, std::move(s)).first->second.get();
@@ -244,8 +286,7 @@ class Search {
       for (bool t : split->tiled) any = any || t;
       if (!any) split.reset();  // nothing to tile (no image input): not a candidate
     } catch (const InputError& e) {
-      if (o_.spatial > 0)
-        result_.skipped.push_back("spatial " + std::to_string(sp) + ": " + e.what());
+      if (o_.spatial > 0) skip("spatial " + std::to_string(sp) + ": " + e.what());
     }
     return splits_.emplace(sp, std::move(split)).first->second.get();
   }
@@ -341,9 +382,8 @@ class Search {
     if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
       std::string key = "layers/" + name + std::to_string(K);
       if (!noted_.count(key))
-        result_.skipped.push_back(
-            name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
-            std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
+        skip(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) + " stages, but " +
+             std::to_string(o_.layers_per_stage.size()) + " layer counts were given");
       noted_.insert(key);
       return;
     }

@@ -146,8 +146,10 @@ int run_plan(const std::vector<std::string>& args) {
       pt::cost_source(model, costs).c_str());
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
   if (res.ranked.empty()) {
-    std::string msg = "no plan fits";
-    if (so.device_memory > 0)
+    // Nothing to evaluate: the options (schedule, micro-batches, degrees) rule every plan out.
+    std::string msg =
+        res.evaluated > 0 || res.pruned > 0 ? "no plan fits" : "no plan matches the options";
+    if (so.device_memory > 0 && (res.evaluated > 0 || res.pruned > 0))
       msg += " in " + memory::format_bytes(double(so.device_memory)) + " per device";
     if (res.closest) {
       const pt::Candidate& c = *res.closest;
@@ -158,7 +160,12 @@ int run_plan(const std::vector<std::string>& args) {
              memory::format_bytes(double(c.peak - so.device_memory)) + " (" +
              std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";
     } else if (!res.skipped.empty()) {
-      msg += " (" + res.skipped.front() + ")";
+      msg += " (" + res.skipped.front();
+      if (res.skipped.size() > 1)
+        msg += "; " + std::to_string(res.skipped.size() - 1) +
+               (res.skipped.size() == 2 ? " more reason" : " more reasons") +
+               " with --log-level debug";
+      msg += ")";
     }
     throw InputError(msg);
   }

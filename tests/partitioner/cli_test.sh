@@ -59,6 +59,14 @@ expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
   --dp-sync '{"mode": "parameter-server", "max_staleness": 1}' --optimizer-sharding zero1
 contains "--dp-sync: \"parameter-server\" shards the optimizer state over its servers itself"
 
+# Options that rule every plan out say which and why, before any search or after it.
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 4 --tp 3
+contains "--tp: expected a divisor of the 4 devices, found 3"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --layers-per-stage 6
+contains "--layers-per-stage: expected counts that add up to the model's 4 layers, found 6"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --micro-batches 3
+contains "no plan matches the options (dp 2: 3 micro-batches do not divide a replica's batch of 8; 1 more reason with --log-level debug)"
+
 # Nothing fits: which rank is short and by how much; exit 2.
 expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8
 contains "no plan fits in 4.00 MiB per device; the closest is"
