@@ -570,7 +570,15 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
     j["model"] = p.model_json;
   }
   j["devices"] = p.devices;
-  if (p.device_memory > 0) j["device_memory"] = memory::format_bytes(double(p.device_memory));
+  if (p.device_memory > 0) {
+    // As people write sizes where that reads back as the same bytes ("64.00 MiB"), else
+    // the bytes: a cap rounded down would refuse the plan written for it.
+    const std::string size = memory::format_bytes(double(p.device_memory));
+    if (int64_t(memory::parse_bytes(size)) == p.device_memory)
+      j["device_memory"] = size;
+    else
+      j["device_memory"] = p.device_memory;
+  }
   if (p.device != "cpu") j["device"] = p.device;
   if (!p.transport.empty()) j["transport"] = p.transport;
   json par = {{"dp", p.dp}, {"pp", p.pp}};

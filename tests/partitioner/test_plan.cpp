@@ -124,6 +124,21 @@ TEST(Plan, StagesLeftOutMeanOneChunkOfEveryLayer) {
   EXPECT_EQ(plan_to_json(given.plan, kDir), written);
 }
 
+// A written plan reads back with its device memory to the byte: a cap that is no round
+// size (`baton plan --device-memory 49430528`) is written as bytes, since "47.14 MiB" would
+// read back 1393 bytes short and refuse the plan written for it.
+TEST(Plan, DeviceMemoryRoundTripsToTheByte) {
+  for (auto [bytes, as_size] :
+       {std::pair{int64_t(64) << 20, true}, std::pair{int64_t(3) << 30, true},
+        std::pair{int64_t(49430528), false}}) {
+    json j = tiny_plan();
+    j["device_memory"] = bytes;
+    const json written = plan_to_json(parse_plan(j, "plan.json", kDir), kDir);
+    EXPECT_EQ(parse_plan(written, "again", kDir).device_memory, bytes) << written["device_memory"];
+    EXPECT_EQ(written["device_memory"].is_string(), as_size) << written["device_memory"];
+  }
+}
+
 TEST(Plan, RanksInconsistentWithDegrees) {
   json j = tiny_plan();
   j["devices"] = 6;
