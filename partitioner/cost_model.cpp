@@ -6,6 +6,7 @@
 #include "memory/allocator.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "partitioner/fusion.h"
 #include "schedule/schedule_io.h"
 #include "stages/json_reader.h"
 
@@ -423,15 +424,19 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
       c.w += k.backward_weight_flops / machine_.flops;
     }
   }
+  // Memory as the ranks run the layer: with its fused kernels (partitioner/fusion.h).
+  // (Its values keep their names, not their ids: h of a bias_gelu is a new value.)
+  const std::shared_ptr<const Graph> fused = fuse_kernels(pg);
+  auto fused_id = [&](int v) { return fused->find_value(pg.values[size_t(v)].name); };
   WalkSpec w;
-  w.graph = &pg;
+  w.graph = fused.get();
   w.first = 0;
   w.last = 1;
-  w.boundary_in = lg.boundary_in;
-  w.boundary_out = lg.boundary_out;
+  for (int v : lg.boundary_in) w.boundary_in.push_back(fused_id(v));
+  for (int v : lg.boundary_out) w.boundary_out.push_back(fused_id(v));
   for (int v : pg.inputs)
     if (std::find(lg.boundary_in.begin(), lg.boundary_in.end(), v) == lg.boundary_in.end())
-      w.model_in.push_back(v);
+      w.model_in.push_back(fused_id(v));
   w.batch = batch;
   c.mem = walk_micro_batch(w);
   w.recompute = {0};

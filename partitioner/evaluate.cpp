@@ -306,15 +306,29 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     return std::pair{r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]};
   };
 
-  // The input loader (engine/detail/input_loader.cpp): input_ahead micro-batches made and
-  // not yet taken, each with the model inputs this rank's stages read.
+  // The input loader (engine/detail/input_loader.cpp): up to input_ahead micro-batches
+  // made and not yet taken (no more than a step has), and one more being made (the next
+  // step's first while this step's last runs), each with the model inputs this rank's
+  // stages read.
   std::set<int> inputs;
   for (int s : r.stages_of(pp)) {
     auto [a, b] = chunk(s);
     for (int v : pg.inputs_used(a, b)) inputs.insert(v);
   }
-  out.loader = int64_t(std::max(1, o.input_ahead)) *
+  out.loader = int64_t(std::max(1, std::min(o.input_ahead, p.micro_batches)) + 1) *
                values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
+  // The executor keeps each micro-batch's loss until the step's end (Executor::losses_),
+  // on the rank that computes it: counted with the loader, held throughout.
+  if (pg.loss >= 0 && pg.values[size_t(pg.loss)].producer >= 0) {
+    const int layer = pg.nodes[size_t(pg.values[size_t(pg.loss)].producer)].layer;
+    bool holds = false;
+    for (int s : r.stages_of(pp)) {
+      auto [a, b] = chunk(s);
+      holds = holds || (layer >= a && layer < b);
+    }
+    if (holds)
+      out.loader += int64_t(p.micro_batches) * rounded(pg.values[size_t(pg.loss)].type.bytes(1));
+  }
 
   // Receives posted ahead (Executor::run_step): at each action, the next recv_ahead
   // receives of the lowered list, each the full tensors of its boundary.
@@ -503,19 +517,26 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // A spatial split's tile graph per pipeline rank (partitioner/spatial.h): its values are
   // tiles of H / s rows, and its convolutions and poolings carry their halos, so the walk
   // counts the tiles and the halos as the engine allocates them.
+  // Both with the fused kernels the ranks run (physical_graph), whose buffers differ from
+  // the pairs' (bias_gelu keeps its bias gradient from B to W).
   std::map<int, std::shared_ptr<Graph>> tile_graphs;
+  std::shared_ptr<Graph> shard;
   auto graph_of = [&](int pp) -> const Graph& {
     if (r.spatial_of(pp) <= 1) return *pg;
     auto& t = tile_graphs[pp];
     if (!t)
-      t = r.plan.tp[size_t(pp)] > 1 ? build_spatial(*pg, r.shard_spatial[size_t(pp)], 0)
-                                    : build_spatial(g, r.spatial[size_t(pp)], 0);
+      t = fuse_kernels(*(r.plan.tp[size_t(pp)] > 1
+                             ? build_spatial(*shard, r.shard_spatial[size_t(pp)], 0)
+                             : build_spatial(g, r.spatial[size_t(pp)], 0)));
     return *t;
   };
   std::vector<int> chunk_pp(static_cast<size_t>(K), 0);
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     chunk_pp[size_t(r.chunk_of_stage[size_t(s)])] = r.schedule.placement[size_t(s)];
-  if (options.exact_memory) pg = shard_graph(r, 0);
+  if (options.exact_memory) {
+    shard = shard_graph(r, 0);
+    pg = fuse_kernels(*shard);
+  }
   for (int k = 0; k < K; ++k) {
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
     chunk_mem[size_t(k)] =

@@ -287,10 +287,25 @@ class Walker {
         heap_.unref(part);
       }
       for (int& id : received) heap_.unref(id);
+    } else if (op == "bias_gelu") {
+      // y, and h in x's memory when nothing else reads x; the bias gradient B leaves for
+      // W (stages/ops/fused.cpp).
+      fresh();
+      outs.push_back(may(0) ? heap_.ref(ins[0]) : heap_.alloc(bytes(node.outputs[1])));
+      saved.push_back(
+          heap_.alloc(memory::shape_numel(g_.params[size_t(node.params[0])].shape) * dsize()));
     } else {
-      // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new output.
+      // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new
+      // output each; the ops below also keep statistics or buffers for their backward.
       for (size_t j = 0; j < node.outputs.size(); ++j)
         outs.push_back(heap_.alloc(bytes(node.outputs[j])));
+      if (op == "add_layernorm") {  // the sum s, and the rows' mean and rstd (stages/ops/fused.cpp)
+        saved.push_back(heap_.ref(outs[0]));
+        saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+        saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+      } else if (op == "rmsnorm") {  // the rows' rstd (stages/ops/llama.cpp)
+        saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+      }
     }
   }
 

@@ -675,7 +675,9 @@ class Search {
       const int64_t in_w =
           held((zero2 ? std::min(grads, 2 * largest_bucket) : 0) + (tied ? shared : 0));
       RankBuffers rb;
-      rb.loader = eo.input_ahead * inputs;
+      // The loader's micro-batches and one being made; the step's losses (evaluate.h's
+      // rank_buffers counts them on the rank computing the loss).
+      rb.loader = (std::min(eo.input_ahead, m) + 1) * inputs + int64_t(m) * 64;
       for (const schedule::Action& a : s.ranks[size_t(rank)]) {
         const bool w = a.kind == schedule::ActionKind::backward_weight ||
                        a.kind == schedule::ActionKind::full_backward;

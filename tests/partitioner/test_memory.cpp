@@ -190,6 +190,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, MemoryEstimate, ::testing::ValuesIn(cases()), c
 }  // namespace baton::partitioner
 
 #include "partitioner/cost_model.h"
+#include "partitioner/fusion.h"
 #include "partitioner/search.h"
 
 namespace baton::partitioner {
@@ -232,11 +233,15 @@ TEST(ActivationMemory, GptLayerMatchesAdaptedKorthikanti) {
       // baton: f32 (twice the bytes of every stored element), no masks (dropout masks are
       // regenerated from counters), no s x s matrix (flash-style attention keeps only the
       // log-sum-exp of each row: 4 a s b / t bytes), and the layernorms' mean and rstd
-      // (2 x 2 x 4 s b bytes), which the paper leaves out.
-      double adapted = 2.0 * (fp16 - masks - attention_matrix) + 4.0 * a * s * b / t + 16.0 * s * b;
+      // (2 x 2 x 4 s b bytes), which the paper leaves out; and the bias gradient that the
+      // MLP's fused bias and GELU (partitioner/fusion.h) leave from B for W (4 x 4h / t
+      // bytes).
+      const double bias_grad = 16.0 * h / t;
+      double adapted =
+          2.0 * (fp16 - masks - attention_matrix) + 4.0 * a * s * b / t + 16.0 * s * b + bias_grad;
       EXPECT_EQ(double(layer.mem.stash), adapted);
       EXPECT_EQ(double(layer.mem.stash),
-                4.0 * s * b * h * (4 + 12.0 / t) + s * b * (16 + 4.0 * a / t));
+                4.0 * s * b * h * (4 + 12.0 / t) + s * b * (16 + 4.0 * a / t) + bias_grad);
       // Full recompute keeps the layer's input only: their 2 s b h, in f32.
       EXPECT_EQ(double(layer.mem_recompute.stash), 4.0 * s * b * h);
     }
@@ -250,8 +255,9 @@ TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
     CostModel model(g, Machine{});
     const CostTable& table = model.table(t, 2);
     std::vector<int> degrees(size_t(g->num_layers()), t);
-    auto pg = build_physical(*g, plan_sharding(*g, degrees, {}, "test"),
-                             std::vector<int>(size_t(g->num_layers()), 0));
+    // With the fused kernels, as the ranks (and the cost model's layers) run it.
+    auto pg = fuse_kernels(*build_physical(*g, plan_sharding(*g, degrees, {}, "test"),
+                                           std::vector<int>(size_t(g->num_layers()), 0)));
     for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 2}, {1, 4}, {2, 6}, {0, 6}})
       for (bool rc : {false, true}) {
         std::set<int> rcs;
