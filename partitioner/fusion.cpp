@@ -51,8 +51,16 @@ std::shared_ptr<Graph> fuse_kernels(const Graph& g, FusionCount* count) {
     p.layers.clear();
     out->add_param(std::move(p));
   }
-  for (int v : g.inputs) out->add_value(g.values[size_t(v)].name, g.values[size_t(v)].type, -1);
-  auto value_of = [&](int v) { return out->find_value(g.values[size_t(v)].name); };
+  // Each value's id in the new graph (ids shift after each bias_gelu's new value h).
+  std::vector<int> new_id(g.values.size(), -1);
+  for (int v : g.inputs)
+    new_id[size_t(v)] = out->add_value(g.values[size_t(v)].name, g.values[size_t(v)].type, -1);
+  auto value_of = [&](int v) { return new_id[size_t(v)]; };
+  // Records the new ids of `old` values, the outputs of new node `node` in order.
+  auto map_outputs = [&](int node, const std::vector<int>& old) {
+    for (size_t i = 0; i < old.size(); ++i)
+      new_id[size_t(old[i])] = out->nodes[size_t(node)].outputs[i];
+  };
   auto inputs_of = [&](const Node& n) {
     std::vector<int> in;
     for (int v : n.inputs) in.push_back(value_of(v));
@@ -74,8 +82,9 @@ std::shared_ptr<Graph> fuse_kernels(const Graph& g, FusionCount* count) {
         const Node& m = g.nodes[size_t(ln)];
         nlohmann::json attrs = nlohmann::json::object();
         if (m.attrs.is_object() && m.attrs.contains("eps")) attrs["eps"] = m.attrs["eps"];
-        detail::add_node(*out, m.name, "add_layernorm", attrs, inputs_of(n), m.params,
-                         names_of({n.outputs[0], m.outputs[0]}), l, m.json_path);
+        map_outputs(detail::add_node(*out, m.name, "add_layernorm", attrs, inputs_of(n), m.params,
+                                     names_of({n.outputs[0], m.outputs[0]}), l, m.json_path),
+                    {n.outputs[0], m.outputs[0]});
         absorbed[size_t(ln)] = true;
         ++fused.add_layernorm;
         continue;
@@ -84,18 +93,28 @@ std::shared_ptr<Graph> fuse_kernels(const Graph& g, FusionCount* count) {
         const Node& m = g.nodes[size_t(ge)];
         std::vector<int> params = n.params;
         params[1] = -1;
-        detail::add_node(*out, n.name, n.op, n.attrs, inputs_of(n), params, names_of(n.outputs), l,
-                         n.json_path);
+        map_outputs(detail::add_node(*out, n.name, n.op, n.attrs, inputs_of(n), params,
+                                     names_of(n.outputs), l, n.json_path),
+                    n.outputs);
         // h = x + bias, a new value (kept for B in x's memory); y keeps the GELU's name.
-        detail::add_node(*out, m.name, "bias_gelu", nlohmann::json::object(),
-                         {out->find_value(g.values[size_t(n.outputs[0])].name)}, {n.params[1]},
-                         {g.values[size_t(m.outputs[0])].name, m.name + ".pre"}, l, m.json_path);
+        map_outputs(detail::add_node(*out, m.name, "bias_gelu", nlohmann::json::object(),
+                                     {value_of(n.outputs[0])}, {n.params[1]},
+                                     {g.values[size_t(m.outputs[0])].name, m.name + ".pre"}, l,
+                                     m.json_path),
+                    {m.outputs[0]});
         absorbed[size_t(ge)] = true;
         ++fused.bias_gelu;
         continue;
       }
-      detail::add_node(*out, n.name, n.op, n.attrs, inputs_of(n), n.params, names_of(n.outputs), l,
-                       n.json_path);
+      // Unchanged: the node as it is (its op is shared), on the new graph's values.
+      Node copy = n;
+      copy.inputs = inputs_of(n);
+      copy.outputs.clear();
+      const int node_id = int(out->nodes.size());
+      for (int v : n.outputs)
+        copy.outputs.push_back(new_id[size_t(v)] = out->add_value(
+                                   g.values[size_t(v)].name, g.values[size_t(v)].type, node_id));
+      out->add_node(std::move(copy));
     }
   }
   out->loss = g.loss >= 0 ? value_of(g.loss) : -1;
