@@ -205,11 +205,13 @@ double spatial_halo_bytes(const Graph& g, const SpatialSplit& s, int first, int 
 }
 
 void sync_batchnorm(Graph& g) {
-  for (Node& n : g.nodes)
-    if (n.op == "batchnorm2d") {
-      if (n.attrs.is_null()) n.attrs = nlohmann::json::object();
-      n.attrs["spatial"] = true;
-    }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (n.op != "batchnorm2d") continue;
+    if (n.attrs.is_null()) n.attrs = nlohmann::json::object();
+    n.attrs["spatial"] = true;
+    detail::remake_op(g, int(i));
+  }
 }
 
 }  // namespace baton::partitioner

@@ -7,14 +7,19 @@ namespace baton::partitioner::detail {
 
 using nlohmann::json;
 
-int add_node(stages::Graph& g, const std::string& name, const std::string& op, const json& attrs,
-             const std::vector<int>& inputs, const std::vector<int>& params,
-             const std::vector<std::string>& outputs, int layer, const std::string& json_path) {
+namespace {
+
+// The op of a node named `name` of type `op` on `g`'s values and parameters, built by its
+// factory from the node as JSON (the factories read their attributes from it and name it
+// in errors).
+std::unique_ptr<stages::Op> make_op(const stages::Graph& g, const std::string& name,
+                                    const std::string& op, const json& attrs,
+                                    const std::vector<int>& inputs, const std::vector<int>& params,
+                                    const std::string& json_path) {
   const stages::OpType* type = stages::find_op_type(op);
   BATON_CHECK(type != nullptr, "unknown op type " + op);
   const stages::OpSchema& schema = type->schema;
   BATON_CHECK(params.size() == schema.params.size(), "parameter slots of " + name);
-  // The node as JSON: the op factories read their attributes from it and name it in errors.
   json node = {{"name", name}, {"op", op}, {"attrs", attrs.is_null() ? json::object() : attrs}};
   json in = json::array();
   for (int v : inputs) in.push_back(g.values[size_t(v)].name);
@@ -31,14 +36,22 @@ int add_node(stages::Graph& g, const std::string& name, const std::string& op, c
   for (int p : params)
     spec.params.push_back(p >= 0 ? std::optional<stages::Shape>(g.params[size_t(p)].shape)
                                  : std::nullopt);
-  std::unique_ptr<stages::Op> impl = type->make(spec);
+  return type->make(spec);
+}
+
+}  // namespace
+
+int add_node(stages::Graph& g, const std::string& name, const std::string& op, const json& attrs,
+             const std::vector<int>& inputs, const std::vector<int>& params,
+             const std::vector<std::string>& outputs, int layer, const std::string& json_path) {
+  std::unique_ptr<stages::Op> impl = make_op(g, name, op, attrs, inputs, params, json_path);
   const auto& types = impl->output_types();
   BATON_CHECK(types.size() == outputs.size(), "output names of " + name);
 
   stages::Node n;
   n.name = name;
   n.op = op;
-  n.attrs = node["attrs"];
+  n.attrs = attrs.is_null() ? json::object() : attrs;
   n.inputs = inputs;
   n.params = params;
   n.layer = layer;
@@ -48,6 +61,11 @@ int add_node(stages::Graph& g, const std::string& name, const std::string& op, c
     n.outputs.push_back(g.add_value(outputs[i], types[i], id));
   n.impl = std::move(impl);
   return g.add_node(std::move(n));
+}
+
+void remake_op(stages::Graph& g, int node) {
+  stages::Node& n = g.nodes[size_t(node)];
+  n.impl = make_op(g, n.name, n.op, n.attrs, n.inputs, n.params, n.json_path);
 }
 
 }  // namespace baton::partitioner::detail

@@ -19,4 +19,7 @@ int add_node(stages::Graph& g, const std::string& name, const std::string& op,
              const std::vector<int>& params, const std::vector<std::string>& outputs, int layer,
              const std::string& json_path);
 
+// Rebuilds node `node`'s op from its attributes, after a pass changed them.
+void remake_op(stages::Graph& g, int node);
+
 }  // namespace baton::partitioner::detail
