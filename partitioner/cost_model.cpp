@@ -94,7 +94,7 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
   r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "cores",
-                 "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective"});
+                 "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective", "more_batches"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -126,11 +126,32 @@ MeasuredCosts read_measured_costs(const std::string& path) {
       out[name] = op;
     }
   };
+  auto read_tp_ops = [&](const stages::JsonReader& at,
+                         std::map<int, std::map<std::string, MeasuredCosts::Op>>& out) {
+    if (auto k = at.get("tp_ops")) {
+      k->expect_object();
+      for (const std::string& degree : k->keys())
+        read_ops(k->at(degree), out[count_key(*k, degree, "a tensor-parallel degree")]);
+    }
+  };
   read_ops(r.at("ops"), c.ops);
-  if (auto k = r.get("tp_ops")) {
-    k->expect_object();
-    for (const std::string& degree : k->keys())
-      read_ops(k->at(degree), c.tp_ops[count_key(*k, degree, "a tensor-parallel degree")]);
+  read_tp_ops(r, c.tp_ops);
+  if (auto k = r.get("more_batches")) {
+    for (size_t i = 0; i < k->size(); ++i) {
+      const stages::JsonReader at = k->at(i);
+      at.expect_only({"batch", "in_step", "ops", "tp_ops"});
+      MeasuredCosts::AtBatch b;
+      b.batch = at.at("batch").as_int(1, INT64_MAX);
+      const std::vector<int64_t> seen = c.batches();
+      if (std::find(seen.begin(), seen.end(), b.batch) != seen.end())
+        at.at("batch").fail("a micro-batch size not timed already");
+      b.in_step = at.get_double("in_step", 1, MeasuredCosts::kInStepMin, MeasuredCosts::kInStepMax);
+      read_ops(at.at("ops"), b.ops);
+      read_tp_ops(at, b.tp_ops);
+      c.more_batches.push_back(std::move(b));
+    }
+    std::sort(c.more_batches.begin(), c.more_batches.end(),
+              [](const auto& a, const auto& b) { return a.batch < b.batch; });
   }
   if (auto k = r.get("tp_collective")) {
     k->expect_object();
@@ -143,6 +164,13 @@ MeasuredCosts read_measured_costs(const std::string& path) {
     }
   }
   return c;
+}
+
+std::vector<int64_t> MeasuredCosts::batches() const {
+  std::vector<int64_t> b = {batch};
+  for (const AtBatch& m : more_batches) b.push_back(m.batch);
+  std::sort(b.begin(), b.end());
+  return b;
 }
 
 void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
@@ -167,10 +195,18 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
     for (const auto& [ranks, factor] : c.colocated) k[std::to_string(ranks)] = factor;
     j["colocated"] = k;
   }
-  if (!c.tp_ops.empty()) {
+  auto write_tp_ops = [&](const std::map<int, std::map<std::string, MeasuredCosts::Op>>& tp_ops,
+                          nlohmann::json& at) {
+    if (tp_ops.empty()) return;
     nlohmann::json k = nlohmann::json::object();
-    for (const auto& [degree, ops_of] : c.tp_ops) k[std::to_string(degree)] = ops_json(ops_of);
-    j["tp_ops"] = k;
+    for (const auto& [degree, ops_of] : tp_ops) k[std::to_string(degree)] = ops_json(ops_of);
+    at["tp_ops"] = k;
+  };
+  write_tp_ops(c.tp_ops, j);
+  for (const MeasuredCosts::AtBatch& b : c.more_batches) {
+    nlohmann::json at = {{"batch", b.batch}, {"in_step", b.in_step}, {"ops", ops_json(b.ops)}};
+    write_tp_ops(b.tp_ops, at);
+    j["more_batches"].push_back(at);
   }
   if (!c.tp_collective.empty()) {
     nlohmann::json k = nlohmann::json::object();
@@ -363,6 +399,53 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
   }
 }
 
+std::optional<CostModel::OpTimes> CostModel::measured_op(const Node& node, int t, int64_t batch,
+                                                         double flops) const {
+  if (measured_ == nullptr) return std::nullopt;
+  // Each micro-batch size the profile timed the node at, as times at this batch: the
+  // shard's own measurement where the profile has one for this degree, else the whole
+  // op's, scaled by the FLOPs (this batch, and a split op's share of the logical op's).
+  struct Point {
+    int64_t batch;
+    OpTimes at;
+  };
+  std::vector<Point> points;
+  auto add = [&](int64_t b, double in_step, const std::map<std::string, MeasuredCosts::Op>& ops,
+                 const std::map<int, std::map<std::string, MeasuredCosts::Op>>& tp_ops) {
+    const MeasuredCosts::Op* m = nullptr;
+    auto find = [&](const std::map<std::string, MeasuredCosts::Op>& of) {
+      auto mi = of.find(node.name);
+      if (mi != of.end() && mi->second.op == node.op) m = &mi->second;
+    };
+    if (auto d = tp_ops.find(t); t > 1 && d != tp_ops.end()) find(d->second);
+    if (m == nullptr) find(ops);
+    if (m == nullptr) return;
+    const double scale = (m->flops > 0 ? flops / m->flops : double(batch) / double(b)) * in_step;
+    points.push_back(
+        {b, {m->forward * scale, m->backward_input * scale, m->backward_weight * scale}});
+  };
+  add(measured_->batch, measured_->in_step, measured_->ops, measured_->tp_ops);
+  for (const MeasuredCosts::AtBatch& m : measured_->more_batches)
+    add(m.batch, m.in_step, m.ops, m.tp_ops);
+  if (points.empty()) return std::nullopt;
+  std::sort(points.begin(), points.end(),
+            [](const Point& a, const Point& b) { return a.batch < b.batch; });
+  // Outside the measured sizes, the nearest one scaled; between two, the line through
+  // their own times (each point's times at its own batch are `at` x its batch / batch).
+  auto hi = std::lower_bound(points.begin(), points.end(), batch,
+                             [](const Point& p, int64_t b) { return p.batch < b; });
+  if (hi == points.end()) return points.back().at;
+  if (hi == points.begin() || hi->batch == batch) return hi->at;
+  const Point& lo = *(hi - 1);
+  const double x = double(batch - lo.batch) / double(hi->batch - lo.batch);
+  auto line = [&](double a, double b) {
+    const double ta = a * double(lo.batch) / double(batch),
+                 tb = b * double(hi->batch) / double(batch);
+    return ta + (tb - ta) * x;
+  };
+  return OpTimes{line(lo.at.f, hi->at.f), line(lo.at.b, hi->at.b), line(lo.at.w, hi->at.w)};
+}
+
 LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string& sig,
                                 int64_t batch) {
   std::string key = std::to_string(batch) + "#" + sig;
@@ -397,27 +480,11 @@ LayerCost CostModel::layer_cost(const Sharding& s, int layer, const std::string&
     c.tp = t;
     c.tp_forward_collectives += k.forward_comm_bytes > 0;
     c.tp_backward_collectives += k.backward_comm_bytes > 0;
-    double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
-    const MeasuredCosts::Op* m = nullptr;
-    if (measured_ != nullptr) {
-      // The shard's own measurement where the profile has one for this degree, else the
-      // whole op's.
-      auto find = [&](const std::map<std::string, MeasuredCosts::Op>& ops) {
-        auto mi = ops.find(node.name);
-        if (mi != ops.end() && mi->second.op == node.op) m = &mi->second;
-      };
-      if (auto d = measured_->tp_ops.find(t); t > 1 && d != measured_->tp_ops.end())
-        find(d->second);
-      if (m == nullptr) find(measured_->ops);
-    }
-    if (m != nullptr) {
-      // The measured op at the profile's batch, scaled to this batch and, for a split op,
-      // by its share of the logical op's FLOPs.
-      double scale = m->flops > 0 ? flops / m->flops : double(batch) / double(measured_->batch);
-      scale *= measured_->in_step;
-      c.f += m->forward * scale + tf;
-      c.b += m->backward_input * scale + tb;
-      c.w += m->backward_weight * scale;
+    const double flops = k.forward_flops + k.backward_input_flops + k.backward_weight_flops;
+    if (const std::optional<OpTimes> m = measured_op(node, t, batch, flops)) {
+      c.f += m->f + tf;
+      c.b += m->b + tb;
+      c.w += m->w;
     } else {
       c.f += k.forward_flops / machine_.flops + tf;
       c.b += k.backward_input_flops / machine_.flops + tb;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -149,6 +150,19 @@ struct MeasuredCosts {
   std::map<int, std::map<std::string, Op>> tp_ops;
   // By degree t, by ranks per host k: Machine::tp_collective (`--colocated k --tp t`).
   std::map<int, std::map<int, double>> tp_collective;
+  // The same ops timed at further micro-batch sizes (`baton profile --batch b1 b2 ...`),
+  // ascending, none equal to `batch`: an op's time at a size between two measured ones is
+  // interpolated between them, since a GEMM of 8 samples need not take 8 times one's.
+  // The co-located factors and tp_collective are measured at `batch` alone.
+  struct AtBatch {
+    int64_t batch = 1;
+    double in_step = 1;
+    std::map<std::string, Op> ops;
+    std::map<int, std::map<std::string, Op>> tp_ops;
+  };
+  std::vector<AtBatch> more_batches;
+  // Every micro-batch size the ops were timed at, ascending.
+  std::vector<int64_t> batches() const;
 };
 MeasuredCosts read_measured_costs(const std::string& path);
 void write_measured_costs(const MeasuredCosts& c, const std::string& path);
@@ -207,6 +221,7 @@ class CostModel {
   const stages::Graph& graph() const { return *g_; }
   const Machine& machine() const { return machine_; }
   bool measured() const { return measured_ != nullptr; }
+  const MeasuredCosts* measured_costs() const { return measured_; }
 
   // The table at a uniform degree (cached). `overrides` as the plan gives them.
   const CostTable& table(int tp, int64_t batch, const SplitOverrides& overrides = {},
@@ -234,6 +249,13 @@ class CostModel {
   Classes classify(const Sharding& s) const;
   CostTable build_table(const Sharding& s, const Classes& classes, int64_t batch);
   LayerCost layer_cost(const Sharding& s, int layer, const std::string& sig, int64_t batch);
+  // A node's measured F, B and W (in_step applied) at degree t and this micro-batch size,
+  // whose F + B + W FLOPs on a rank are `flops`; nothing when the profile lacks it.
+  struct OpTimes {
+    double f = 0, b = 0, w = 0;
+  };
+  std::optional<OpTimes> measured_op(const stages::Node& node, int t, int64_t batch,
+                                     double flops) const;
   void signature(const Sharding& s, int layer, std::vector<int64_t>& key) const;
   std::string static_signature(int layer) const;
 

@@ -948,7 +948,16 @@ std::string tp_collective_line(const ResolvedPlan& r, const Machine& m) {
 }
 
 std::string cost_source(const CostModel& model, const std::string& costs_path) {
-  if (model.measured()) return "the measured op costs in " + costs_path;
+  if (const MeasuredCosts* m = model.measured_costs()) {
+    // The sizes say how far a plan's micro-batches are from what was timed (a size between
+    // two timed ones is interpolated, others scaled by their FLOPs).
+    std::string sizes;
+    const std::vector<int64_t> b = m->batches();
+    for (size_t i = 0; i < b.size(); ++i)
+      sizes += (i == 0 ? "" : i + 1 == b.size() ? " and " : ", ") + std::to_string(b[i]);
+    return "the measured op costs in " + costs_path + " (timed at micro-batches of " + sizes +
+           (b.size() == 1 && b[0] == 1 ? " sample)" : " samples)");
+  }
   char text[200];
   std::snprintf(text, sizeof text,
                 "FLOPs at a nominal %.3g GFLOP/s per device (--flops); `baton profile` measures "

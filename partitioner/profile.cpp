@@ -12,6 +12,7 @@
 #include "memory/error.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/stage.h"
+#include "transport/communicator.h"
 
 namespace baton::partitioner {
 
@@ -159,6 +160,13 @@ int64_t input_bound(const Graph& g, int value) {
   return readers.empty() ? 1 : id_bound(g, g.nodes[size_t(readers.front())]);
 }
 
+// `mine` as the group's rank 0 has it, on every rank of the group.
+bool rank0_says(transport::Communicator& group, bool mine) {
+  memory::Tensor flag = memory::Tensor::full({1}, mine ? 1.0 : 0.0);
+  group.broadcast(flag, 0)->wait();
+  return flag.data<float>()[0] != 0;
+}
+
 }  // namespace
 
 PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches) {
@@ -189,7 +197,9 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
   std::vector<double> times, computes, forwards, steps;
   double timed = 0;
   for (int pass = 0; pass < o.warmup + o.repeats; ++pass) {
-    if (o.pass_seconds > 0 && times.size() >= 2 && timed >= o.pass_seconds) break;
+    bool stop = o.pass_seconds > 0 && times.size() >= 2 && timed >= o.pass_seconds;
+    if (o.pass_group != nullptr) stop = rank0_says(*o.pass_group, stop);
+    if (stop) break;
     finish(o.device);
     const auto t0 = Clock::now();
     stage.zero_grad();

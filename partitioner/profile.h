@@ -36,9 +36,12 @@ struct ProfileOptions {
   transport::Communicator* tp = nullptr;
   // time_passes: more than 0, the timed passes also stop once they have run this many
   // seconds, after two at least (a large model's pass takes seconds, and `repeats` of
-  // them, alone and beside copies, twice, made GPT-2 124M's profile 11 minutes). Never
-  // for ranks whose passes run collectives together: each must run as many.
+  // them, alone and beside copies, twice, made GPT-2 124M's profile 11 minutes).
   double pass_seconds = 0;
+  // Ranks that must run as many passes (their passes run collectives together, or each
+  // is the others' load): they stop on the clock of this group's rank 0, which it
+  // broadcasts before each pass.
+  transport::Communicator* pass_group = nullptr;
 };
 
 // The budget `baton profile` gives each set of timed whole passes (pass_seconds).

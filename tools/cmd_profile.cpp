@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -118,6 +119,8 @@ void tp_probe_rank(const stages::Graph& g, pt::ProfileOptions o, int t, const st
   const transport::CommPtr group = world.comm->split(members);
   const std::shared_ptr<stages::Graph> shard = pt::tensor_parallel_shard(g, t, env.rank % t);
   o.mean = env.bind_self;  // more ranks than cores, as --colocated times them
+  o.pass_seconds = pt::kPassSeconds;
+  o.pass_group = world.comm.get();
   pt::ProfileOptions split = o;
   split.tp = group.get();
   double whole = 0, sharded = 0;
@@ -159,8 +162,11 @@ int run_profile(const std::vector<std::string>& args) {
   pt::ProfileOptions o;
   opts.add_options()("model", po::value(&model_path)->required(),
                      "model JSON (as for baton train)")(
-      "batch", po::value(&o.batch)->default_value(1), "samples per micro-batch to time at")(
-      "repeats", po::value(&o.repeats)->default_value(5), "timed runs per op (the median is kept)")(
+      "batch", po::value<std::vector<int64_t>>()->multitoken(),
+      "B [B ...]: samples per micro-batch to time the ops at (default 1); with several, "
+      "the planner interpolates between them, and --colocated and --tp's collectives are "
+      "timed at the first")("repeats", po::value(&o.repeats)->default_value(5),
+                            "timed runs per op (the median is kept)")(
       "warmup", po::value(&o.warmup)->default_value(2), "untimed runs per op first")(
       "device", po::value(&device)->default_value("cpu"), "cpu, cuda or cuda:N: where the ops run")(
       "precision", po::value(&precision)->default_value("f32"),
@@ -184,6 +190,17 @@ int run_profile(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  const std::vector<int64_t> batches =
+      vm.count("batch") ? vm["batch"].as<std::vector<int64_t>>() : std::vector<int64_t>{1};
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i] < 1 || batches[i] > (int64_t(1) << 24))
+      throw InputError("--batch: expected samples per micro-batch from 1 to 16777216, found " +
+                       std::to_string(batches[i]));
+    if (std::find(batches.begin(), batches.begin() + ptrdiff_t(i), batches[i]) !=
+        batches.begin() + ptrdiff_t(i))
+      throw InputError("--batch: " + std::to_string(batches[i]) + " is listed twice");
+  }
+  o.batch = batches.front();
   o.threads = vm["threads"].as<int>();
   if (o.threads <= 0) o.threads = 1;
   engine::LoopOptions run;  // the device and precision as baton train sets them up
@@ -223,9 +240,25 @@ int run_profile(const std::vector<std::string>& args) {
     std::printf("tensor-parallel degree %d: %zu ops of a rank's shard timed\n", t,
                 costs.tp_ops[t].size());
   }
+  for (size_t i = 1; i < batches.size(); ++i) {
+    pt::ProfileOptions at = o;
+    at.batch = batches[i];
+    std::printf("timing the ops again at batch %lld%s\n", (long long)at.batch,
+                o.warmup > 0 ? ", then whole training passes" : "");
+    pt::ProfileSummary more;
+    pt::MeasuredCosts c = pt::profile_model(g, at, &more);
+    for (int t : tp) pt::profile_tensor_parallel(g, at, t, c);
+    summary.distinct_ops += more.distinct_ops;
+    summary.seconds += more.seconds;
+    costs.more_batches.push_back({at.batch, c.in_step, std::move(c.ops), std::move(c.tp_ops)});
+  }
+  std::sort(costs.more_batches.begin(), costs.more_batches.end(),
+            [](const auto& a, const auto& b) { return a.batch < b.batch; });
   if (o.warmup > 0) {
-    std::printf("in whole training passes the ops take %.3fx their time one by one\n",
-                costs.in_step);
+    std::printf("in whole training passes the ops take %.3fx their time one by one", costs.in_step);
+    for (const pt::MeasuredCosts::AtBatch& at : costs.more_batches)
+      std::printf(" (%.3fx at batch %lld)", at.in_step, (long long)at.batch);
+    std::printf("\n");
     if (costs.memory_bandwidth > 0)
       std::printf("the optimizer step streams its state at %.1f GB/s\n",
                   costs.memory_bandwidth / 1e9);
@@ -313,18 +346,20 @@ int run_profile(const std::vector<std::string>& args) {
     int count = 0;
     double f = 0, b = 0, w = 0, flops = 0;
   };
-  std::map<std::string, Row> by_type;
-  Row total;
-  for (const stages::Node& n : g.nodes) {
-    const pt::MeasuredCosts::Op& m = costs.ops.at(n.name);
-    for (Row* r : {&by_type[n.op], &total}) {
-      r->count++;
-      r->f += m.forward;
-      r->b += m.backward_input;
-      r->w += m.backward_weight;
-      r->flops += m.flops;
+  auto rows = [&](const std::map<std::string, pt::MeasuredCosts::Op>& ops, Row& total) {
+    std::map<std::string, Row> by_type;
+    for (const stages::Node& n : g.nodes) {
+      const pt::MeasuredCosts::Op& m = ops.at(n.name);
+      for (Row* r : {&by_type[n.op], &total}) {
+        r->count++;
+        r->f += m.forward;
+        r->b += m.backward_input;
+        r->w += m.backward_weight;
+        r->flops += m.flops;
+      }
     }
-  }
+    return by_type;
+  };
   std::printf("%s: %zu ops (%d distinct timed) at batch %lld on %s, %.2f s\n", g.name.c_str(),
               g.nodes.size(), summary.distinct_ops, (long long)o.batch,
               o.device.is_cuda() ? (o.device.str() + ", " + precision).c_str()
@@ -336,8 +371,14 @@ int run_profile(const std::vector<std::string>& args) {
     std::printf("%-30s %6d %12.3f %12.3f %12.3f %10.1f\n", name.c_str(), r.count, 1e3 * r.f,
                 1e3 * r.b, 1e3 * r.w, t > 0 ? r.flops / t / 1e9 : 0.0);
   };
-  for (const auto& [name, r] : by_type) line(name, r);
+  Row total;
+  for (const auto& [name, r] : rows(costs.ops, total)) line(name, r);
   line("total (one micro-batch)", total);
+  for (const pt::MeasuredCosts::AtBatch& at : costs.more_batches) {
+    Row more;
+    rows(at.ops, more);
+    line("total at batch " + std::to_string(at.batch), more);
+  }
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -106,6 +106,15 @@ contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
 contains "times from the measured op costs in $tmp/costs.json"
+# At several micro-batch sizes: each in the file, and the commands say which.
+expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 1 --repeats 1 --warmup 0 \
+  --out "$tmp/costs-b.json"
+contains "timing the ops again at batch 1"
+contains "total at batch 1"
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs-b.json"
+contains "times from the measured op costs in $tmp/costs-b.json (timed at micro-batches of 1 and 2 samples)"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 2 --out "$tmp/c.json"
+contains "--batch: 2 is listed twice"
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
 # With --tp 2, a job of two ranks times the shard's collectives between them.
 expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <tuple>
 
 #include "memory/error.h"
@@ -23,6 +24,7 @@
 #include "schedule/simulate.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
+#include "transport/local.h"
 
 namespace baton::partitioner {
 namespace {
@@ -631,6 +633,51 @@ TEST(Profile, MeasuredBandwidthTimesTheOptimizerStep) {
   }
 }
 
+// Ops timed at several micro-batch sizes: a table at a timed size takes that size's
+// times, between two sizes the line through them, outside the sizes the nearest one
+// scaled by the FLOPs; through the file, with a size timed twice refused.
+TEST(Profile, OpsTimedAtSeveralBatchesAreInterpolated) {
+  auto g = load_search_model("tiny-gpt.json");
+  MeasuredCosts one = profile_model(*g, quick_profile(1, false));
+  for (auto& [name, op] : one.ops) op.forward = op.backward_input = op.backward_weight = 1e-3;
+  // At 4 samples each op takes 3 times its time at 1, not 4.
+  MeasuredCosts::AtBatch four{4, 1.0, one.ops, {}};
+  for (auto& [name, op] : four.ops) {
+    op.forward = op.backward_input = op.backward_weight = 3e-3;
+    op.flops *= 4;
+  }
+  MeasuredCosts both = one;
+  both.more_batches.push_back(four);
+  const int h0 = g->find_layer("h.0");
+  int n = 0;
+  for (const auto& [name, op] : one.ops) n += name.rfind("h.0.", 0) == 0 ? 1 : 0;
+  ASSERT_GT(n, 0);
+  CostModel linear(g, Machine{}, &one), measured(g, Machine{}, &both);
+  // Per op: what the two sizes give over what batch 1 scaled linearly gives.
+  for (auto [batch, per_op] :
+       {std::pair<int64_t, double>{1, 1e-3}, {2, 1e-3 + 2e-3 / 3}, {4, 3e-3}, {8, 6e-3}}) {
+    const LayerCost& a = linear.table(1, batch).layers[size_t(h0)];
+    const LayerCost& b = measured.table(1, batch).layers[size_t(h0)];
+    const double shift = n * (per_op - 1e-3 * double(batch));
+    EXPECT_NEAR(b.f - a.f, shift, 1e-12) << "batch " << batch;
+    EXPECT_NEAR(b.b - a.b, shift, 1e-12) << "batch " << batch;
+    EXPECT_NEAR(b.w - a.w, shift, 1e-12) << "batch " << batch;
+  }
+  const std::string path = testing::TempDir() + "batches_costs.json";
+  write_measured_costs(both, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.batches(), (std::vector<int64_t>{1, 4}));
+  ASSERT_EQ(back.more_batches.size(), 1U);
+  EXPECT_EQ(back.more_batches[0].ops.at("h.0.mlp.c_fc").forward, 3e-3);
+  for (const char* bad : {R"([{"batch": 1, "ops": {}}])", R"([{"batch": 4, "ops": {}, "x": 1}])",
+                          R"([{"batch": 0, "ops": {}}])", R"([{"ops": {}}])"}) {
+    nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+    j["more_batches"] = nlohmann::json::parse(bad);
+    memory::write_file_durably(path, j.dump());
+    EXPECT_THROW(read_measured_costs(path), InputError) << bad;
+  }
+}
+
 // A tensor-parallel rank's shard: its split ops timed at their own shapes (a split linear
 // does half the FLOPs at degree 2), none that communicates, and a table at that degree
 // takes its ops' times from them.
@@ -706,6 +753,29 @@ TEST(Profile, PassesRunWholeTrainingSteps) {
     EXPECT_NE(std::string(e.what()).find("expected at least 1, found 0"), std::string::npos)
         << e.what();
   }
+}
+
+// Ranks whose passes must pair (--tp's probe: collectives in every pass) stop on rank 0's
+// clock: here rank 0's budget is spent after two passes and rank 1 has none of its own,
+// and both run two.
+TEST(Profile, RanksOfAGroupRunAsManyPasses) {
+  auto g = load_search_model("tiny-gpt.json");
+  std::vector<transport::CommPtr> world = transport::make_local_world(2);
+  int passes[2] = {0, 0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      ProfileOptions po;
+      po.batch = 1;
+      po.warmup = 1;
+      po.repeats = 4;
+      po.pass_seconds = r == 0 ? 1e-9 : 0;
+      po.pass_group = world[size_t(r)].get();
+      passes[r] = time_passes(*g, po, 1).passes;
+    });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(passes[0], 2);
+  EXPECT_EQ(passes[1], 2);
 }
 
 // The profile's colocated slowdown: written and read back, interpolated between the
