@@ -11,7 +11,7 @@
 
 namespace baton::kernels::cpu {
 
-// Rows up to this many elements run three at a time (a few KB each stay in L1).
+// Rows up to this many elements run five at a time (a few KB each stay in L1).
 constexpr int64_t kSoftmaxPipelineCols = 1024;
 // Longer rows go in chunks of at least kSoftmaxChunk elements, at most kSoftmaxMaxChunks.
 constexpr int64_t kSoftmaxChunk = 2048;
@@ -52,38 +52,48 @@ inline void softmax_step(const T* xa, T& ma, const T* xb, T mb, T* yb, T& sb, T*
   if constexpr (kExp) sb = s;
 }
 
-// Short rows in a software pipeline: step i takes the max of row i + 1, the exponentials
-// of row i and scales row i - 1, so the max's and the sum's latencies overlap the exps of
-// a neighbouring row instead of stalling between the passes of one row.
+// Short rows in a software pipeline: step i takes the max of row i + 2, the exponentials
+// of row i and scales row i - 2. A row's max is ready a whole step before its exps need
+// it and its sum's reciprocal a whole step before its scaling does, so the reductions'
+// latencies (the lane trees, the division) overlap a neighbouring row's exps instead of
+// stalling the next step; five rows in flight stay in L1.
 template <bool kStore, class T, class Done>
 inline void softmax_rows_pipelined(const T* x, T* y, T scale, int64_t rows, int64_t cols,
                                    Done& done) {
-  T m_next = 0, m_cur = 0, s = 0, f_prev = 0;
-  T* y_prev = nullptr;
-  detail::softmax_step<true, false, false, false>(x, m_next, x, T(0), y, s, y, T(0), cols);
+  // m0, m1: the maxima of rows r and r + 1 at step r; y1, f1 and y2, f2: rows r - 1 and
+  // r - 2, stored and not yet scaled, with their factors.
+  T m0 = 0, m1 = 0, s = 0, f1 = 0, f2 = 0, unused = 0;
+  T *y1 = nullptr, *y2 = nullptr;
+  softmax_step<true, false, false, false>(x, m0, x, T(0), y, s, y, T(0), cols);
+  if (rows > 1) softmax_step<true, false, false, false>(x + cols, m1, x, T(0), y, s, y, T(0), cols);
   for (int64_t r = 0; r < rows; ++r) {
-    m_cur = m_next;
     const T* xr = x + r * cols;
     T* yr = kStore ? y + r * cols : nullptr;
-    const bool next = r + 1 < rows;
-    if (next && y_prev != nullptr)
-      softmax_step<true, true, kStore, true>(xr + cols, m_next, xr, m_cur, yr, s, y_prev, f_prev,
-                                             cols);
-    else if (next)
-      softmax_step<true, true, kStore, false>(xr + cols, m_next, xr, m_cur, yr, s, yr, T(0), cols);
-    else if (y_prev != nullptr)
-      softmax_step<false, true, kStore, true>(xr, m_next, xr, m_cur, yr, s, y_prev, f_prev, cols);
+    T m2 = 0;
+    const bool ahead = r + 2 < rows;
+    if (ahead && y2 != nullptr)
+      softmax_step<true, true, kStore, true>(xr + 2 * cols, m2, xr, m0, yr, s, y2, f2, cols);
+    else if (ahead)
+      softmax_step<true, true, kStore, false>(xr + 2 * cols, m2, xr, m0, yr, s, yr, T(0), cols);
+    else if (y2 != nullptr)
+      softmax_step<false, true, kStore, true>(xr, unused, xr, m0, yr, s, y2, f2, cols);
     else
-      softmax_step<false, true, kStore, false>(xr, m_next, xr, m_cur, yr, s, yr, T(0), cols);
-    done(r, m_cur, s);
+      softmax_step<false, true, kStore, false>(xr, unused, xr, m0, yr, s, yr, T(0), cols);
+    done(r, m0, s);
+    m0 = m1;
+    m1 = m2;
     if constexpr (kStore) {
-      y_prev = yr;
-      f_prev = scale / s;
+      y2 = y1;
+      f2 = f1;
+      y1 = yr;
+      f1 = scale / s;
     }
   }
   if constexpr (kStore) {
-    if (y_prev != nullptr)
-      softmax_step<false, false, false, true>(x, m_next, x, T(0), y, s, y_prev, f_prev, cols);
+    if (y2 != nullptr)
+      softmax_step<false, false, false, true>(x, unused, x, T(0), y, s, y2, f2, cols);
+    if (y1 != nullptr)
+      softmax_step<false, false, false, true>(x, unused, x, T(0), y, s, y1, f1, cols);
   }
 }
 
