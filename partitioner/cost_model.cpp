@@ -399,8 +399,8 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
   }
 }
 
-std::optional<CostModel::OpTimes> CostModel::measured_op(const Node& node, int t, int64_t batch,
-                                                         double flops) const {
+std::optional<CostModel::OpTimes> CostModel::measured_op(const stages::Node& node, int t,
+                                                         int64_t batch, double flops) const {
   if (measured_ == nullptr) return std::nullopt;
   // Each micro-batch size the profile timed the node at, as times at this batch: the
   // shard's own measurement where the profile has one for this degree, else the whole
