@@ -5,6 +5,9 @@ Run by ctest (tests/python/CMakeLists.txt) with PYTHONPATH at the built module."
 
 import json
 import os
+import re
+import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -280,6 +283,41 @@ class Planning(unittest.TestCase):
         self.assertEqual(tight["plans"][0]["describe"], res["plans"][0]["describe"])
         self.assertEqual(tight["plans"][0]["peak"], exact)
         self.assertGreater(tight["exact_checks"], 0)
+
+    def test_measured_costs_as_the_command_uses_them(self):
+        # A cost file of `baton profile` at two micro-batch sizes: plan(), check() and
+        # layer_costs() take it as `baton plan --costs` does, and say so.
+        binary = os.environ.get("BATON_BIN")
+        if not binary:
+            self.skipTest("BATON_BIN (the baton command, set by ctest) is not set")
+        path = os.path.join(SOURCE, "examples", "models", "mlp.json")
+        model = baton.load_model(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            costs = os.path.join(tmp, "costs.json")
+            subprocess.run([binary, "profile", "--model", path, "--batch", "2", "4", "--repeats", "1",
+                            "--warmup", "0", "--out", costs], check=True, capture_output=True)
+            flops = baton.layer_costs(model, tp=1, batch=4)
+            measured = baton.layer_costs(model, tp=1, batch=4, costs=costs)
+            self.assertNotEqual([c["forward"] for c in flops], [c["forward"] for c in measured])
+            res = baton.plan(model, devices=2, batch=8, device_memory="1GiB", top=1, costs=costs)
+            self.assertIn("timed at micro-batches of 2 and 4 samples", res["time_source"])
+            plan_file = os.path.join(tmp, "plan.json")
+            best = dict(res["best"], model=path)
+            with open(plan_file, "w") as f:
+                json.dump(best, f)
+            est = baton.check(plan_file, costs=costs)
+            self.assertIn(costs, est["time_source"])
+            out = subprocess.run([binary, "plan", "--check", plan_file, "--costs", costs],
+                                 check=True, capture_output=True, text=True).stdout
+            cli = float(re.search(r"predicted step time ([0-9.]+) ms", out).group(1))
+            self.assertAlmostEqual(est["step_time"] * 1e3, cli, delta=1e-3)
+            self.assertNotAlmostEqual(baton.check(plan_file)["step_time"] * 1e3, cli, delta=1e-3)
+        with self.assertRaises(baton.InputError) as e:
+            baton.check(best, costs=os.path.join(SOURCE, "no-such-costs.json"))
+        self.assertIn("no-such-costs.json", str(e.exception))
+        with self.assertRaises(baton.InputError) as e:
+            baton.layer_costs(model, machine={"cores_per_host": -1})
+        self.assertIn("machine.cores_per_host", str(e.exception))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "memory/error.h"
 #include "memory/units.h"
@@ -51,13 +52,31 @@ pt::Machine machine_from(const py::dict& d) {
       m.dp_bandwidth = x;
     else if (key == "dp_latency")
       m.dp_latency = x;
-    else
+    else if (key == "ranks_per_host" || key == "cores_per_host") {
+      if (!(x >= 0 && x <= 1 << 20 && x == double(int(x))))
+        throw InputError("machine." + key + ": expected a whole number from 0 to 1048576, found " +
+                         std::string(py::str(v)));
+      (key == "ranks_per_host" ? m.ranks_per_host : m.cores_per_host) = int(x);
+    } else
       throw InputError("machine." + key +
                        ": unknown field (expected flops, memory_bandwidth, tp_bandwidth, "
-                       "tp_latency, p2p_bandwidth, p2p_latency, dp_bandwidth, dp_latency)");
+                       "tp_latency, p2p_bandwidth, p2p_latency, dp_bandwidth, dp_latency, "
+                       "ranks_per_host, cores_per_host)");
   }
   return m;
 }
+
+// A cost file of `baton profile` (the path, as --costs), or none: FLOPs at machine.flops.
+struct Costs {
+  std::optional<pt::MeasuredCosts> measured;
+  std::string path;
+  explicit Costs(const py::object& costs) {
+    if (costs.is_none()) return;
+    path = costs.cast<std::string>();
+    measured = pt::read_measured_costs(path);
+  }
+  const pt::MeasuredCosts* get() const { return measured ? &*measured : nullptr; }
+};
 
 int64_t bytes_of(const py::object& o, const char* what) {
   if (o.is_none()) return 0;
@@ -127,8 +146,10 @@ void register_planning(py::module_& m) {
 
   m.def(
       "layer_costs",
-      [](const std::shared_ptr<stages::Graph>& g, int tp, int64_t batch, const py::dict& machine) {
-        pt::CostModel model(g, machine_from(machine));
+      [](const std::shared_ptr<stages::Graph>& g, int tp, int64_t batch, const py::dict& machine,
+         const py::object& costs) {
+        const Costs c(costs);
+        pt::CostModel model(g, machine_from(machine), c.get());
         const pt::CostTable& t = model.table(tp, batch);
         py::list out;
         for (size_t i = 0; i < t.layers.size(); ++i) {
@@ -151,15 +172,17 @@ void register_planning(py::module_& m) {
         return out;
       },
       py::arg("model"), py::arg("tp") = 1, py::arg("batch") = 1, py::arg("machine") = py::dict(),
+      py::arg("costs") = py::none(),
       "the cost model's numbers per layer at a tensor-parallel degree and micro-batch size "
-      "(seconds, FLOPs, bytes)");
+      "(seconds, FLOPs, bytes); costs: a cost file of baton profile, as --costs");
 
   m.def(
       "plan",
       [](const std::shared_ptr<stages::Graph>& g, int devices, const py::object& device_memory,
          int64_t batch, int tp, int pp, int dp, std::vector<std::string> schedules,
          int micro_batches, std::optional<bool> recompute, const std::string& optimizer, int top,
-         const std::string& model_path, const py::dict& machine) {
+         const std::string& model_path, const py::dict& machine, const py::object& costs) {
+        const Costs measured(costs);
         pt::SearchOptions so;
         so.devices = devices;
         so.device_memory = bytes_of(device_memory, "device_memory");
@@ -177,12 +200,15 @@ void register_planning(py::module_& m) {
         pt::optimizer_states(so.optimizer);
         const pt::Machine mach = machine_from(machine);
         pt::SearchResult res;
+        std::string source;
         {
           py::gil_scoped_release release;
-          pt::CostModel model(g, mach);
+          pt::CostModel model(g, mach, measured.get());
           res = pt::search_plans(g, model, so);
+          source = pt::cost_source(model, measured.path);
         }
         py::dict out;
+        out["time_source"] = source;
         py::list ranked;
         for (const pt::Candidate& c : res.ranked) {
           py::dict d;
@@ -208,30 +234,39 @@ void register_planning(py::module_& m) {
       py::arg("batch") = 16, py::arg("tp") = 0, py::arg("pp") = 0, py::arg("dp") = 0,
       py::arg("schedules") = std::vector<std::string>{}, py::arg("micro_batches") = 0,
       py::arg("recompute") = py::none(), py::arg("optimizer") = "adamw", py::arg("top") = 5,
-      py::arg("model_path") = "", py::arg("machine") = py::dict(),
-      "searches partition plans: returns {'best': plan dict, 'plans': [...], ...}");
+      py::arg("model_path") = "", py::arg("machine") = py::dict(), py::arg("costs") = py::none(),
+      "searches partition plans: returns {'best': plan dict, 'plans': [...], ...}; costs: a "
+      "cost file of baton profile, as --costs");
 
   m.def(
       "check",
-      [](const py::object& plan, const std::string& base_dir, const py::dict& machine) {
+      [](const py::object& plan, const std::string& base_dir, const py::dict& machine,
+         const py::object& costs) {
+        const Costs measured(costs);
         pt::Plan p = py::isinstance<py::str>(plan)
                          ? pt::read_plan(plan.cast<std::string>())
                          : pt::parse_plan(from_python(plan), "plan", base_dir);
         const pt::Machine mach = machine_from(machine);
         std::unique_ptr<pt::ResolvedPlan> r;
         pt::PlanEstimate e;
+        std::string source;
         {
           py::gil_scoped_release release;
           auto graph = pt::load_plan_model(p);
           r = std::make_unique<pt::ResolvedPlan>(pt::resolve_plan(p, graph));
-          pt::CostModel model(graph, mach);
+          pt::CostModel model(graph, mach, measured.get());
           e = pt::evaluate_plan(*r, model);
+          source = pt::cost_source(model, measured.path);
         }
-        return estimate_dict(*r, e);
+        py::dict d = estimate_dict(*r, e);
+        d["time_source"] = source;
+        return d;
       },
       py::arg("plan"), py::arg("base_dir") = ".", py::arg("machine") = py::dict(),
+      py::arg("costs") = py::none(),
       "checks a plan (a dict as plan() returns, or a plan file's path): its estimate, with "
-      "one dict per rank and the text table `baton plan --check` prints");
+      "one dict per rank and the text table `baton plan --check` prints; costs: a cost file "
+      "of baton profile, as --costs");
 }
 
 }  // namespace baton::python
