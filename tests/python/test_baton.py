@@ -312,6 +312,25 @@ class Planning(unittest.TestCase):
             cli = float(re.search(r"predicted step time ([0-9.]+) ms", out).group(1))
             self.assertAlmostEqual(est["step_time"] * 1e3, cli, delta=1e-3)
             self.assertNotAlmostEqual(baton.check(plan_file)["step_time"] * 1e3, cli, delta=1e-3)
+            # The step's timeline, as `baton trace predict` writes it, from the same file.
+            pred = baton.predict(plan_file, costs=costs)
+            self.assertAlmostEqual(pred["step_time"], est["step_time"], delta=1e-12)
+            self.assertIsInstance(pred["timeline"], baton.Timeline)
+            self.assertGreater(len(pred["timeline"].events()), 0)
+            traced = os.path.join(tmp, "predicted.json")
+            subprocess.run([binary, "trace", "predict", "--plan", plan_file, "--costs", costs, "-o", traced],
+                           check=True, capture_output=True)
+            with open(traced) as f:
+                cli_timeline = baton.read_chrome_trace(f.read())
+            # (the file holds microseconds to a few decimals)
+            both = baton.compare_traces(cli_timeline, pred["timeline"])
+            self.assertAlmostEqual(both["measured_makespan"], both["predicted_makespan"], delta=1e-9)
+            self.assertEqual(both["unmatched_measured"], 0)
+            # The plan's own schedule passed as a Schedule predicts the same step.
+            own = baton.generate(best["schedule"]["name"], ranks=best["parallel"]["pp"],
+                                 micro_batches=best["schedule"]["micro_batches"])
+            self.assertAlmostEqual(baton.predict(plan_file, costs=costs, schedule=own)["step_time"],
+                                   pred["step_time"], delta=1e-12)
         with self.assertRaises(baton.InputError) as e:
             baton.check(best, costs=os.path.join(SOURCE, "no-such-costs.json"))
         self.assertIn("no-such-costs.json", str(e.exception))

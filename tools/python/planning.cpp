@@ -11,6 +11,8 @@
 #include "partitioner/cost_model.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/plan.h"
+#include "partitioner/predict.h"
+#include "partitioner/resolved_plan.h"
 #include "partitioner/search.h"
 #include "stages/model.h"
 
@@ -64,6 +66,12 @@ pt::Machine machine_from(const py::dict& d) {
                        "ranks_per_host, cores_per_host)");
   }
   return m;
+}
+
+// A plan dict (as plan() returns) or a plan file's path.
+pt::Plan plan_of(const py::object& plan, const std::string& base_dir) {
+  return py::isinstance<py::str>(plan) ? pt::read_plan(plan.cast<std::string>())
+                                       : pt::parse_plan(from_python(plan), "plan", base_dir);
 }
 
 // A cost file of `baton profile` (the path, as --costs), or none: FLOPs at machine.flops.
@@ -243,9 +251,7 @@ void register_planning(py::module_& m) {
       [](const py::object& plan, const std::string& base_dir, const py::dict& machine,
          const py::object& costs) {
         const Costs measured(costs);
-        pt::Plan p = py::isinstance<py::str>(plan)
-                         ? pt::read_plan(plan.cast<std::string>())
-                         : pt::parse_plan(from_python(plan), "plan", base_dir);
+        pt::Plan p = plan_of(plan, base_dir);
         const pt::Machine mach = machine_from(machine);
         std::unique_ptr<pt::ResolvedPlan> r;
         pt::PlanEstimate e;
@@ -267,6 +273,39 @@ void register_planning(py::module_& m) {
       "checks a plan (a dict as plan() returns, or a plan file's path): its estimate, with "
       "one dict per rank and the text table `baton plan --check` prints; costs: a cost file "
       "of baton profile, as --costs");
+
+  m.def(
+      "predict",
+      [](const py::object& plan, const std::string& base_dir, const py::dict& machine,
+         const py::object& costs, const py::object& schedule) {
+        const Costs measured(costs);
+        pt::Plan p = plan_of(plan, base_dir);
+        const pt::Machine mach = machine_from(machine);
+        std::optional<schedule::Schedule> own;
+        if (!schedule.is_none()) own = schedule.cast<schedule::Schedule>();
+        pt::Prediction pr;
+        std::string source;
+        {
+          py::gil_scoped_release release;
+          auto graph = pt::load_plan_model(p);
+          pt::ResolvedPlan r = pt::resolve_plan(p, graph);
+          if (own) pt::use_schedule(r, *own, "schedule");
+          pt::CostModel model(graph, mach, measured.get());
+          pr = pt::predict_step(r, model);
+          source = pt::cost_source(model, measured.path);
+        }
+        py::dict d;
+        d["step_time"] = pr.step_time;
+        d["bubble"] = pr.bubble;
+        d["timeline"] = std::make_shared<schedule::Timeline>(std::move(pr.timeline));
+        d["time_source"] = source;
+        return d;
+      },
+      py::arg("plan"), py::arg("base_dir") = ".", py::arg("machine") = py::dict(),
+      py::arg("costs") = py::none(), py::arg("schedule") = py::none(),
+      "baton trace predict: one step of a plan (a dict or a plan file's path) simulated, "
+      "{'step_time', 'bubble', 'timeline': Timeline, 'time_source'}; schedule: a Schedule "
+      "to run instead of the plan's generator");
 }
 
 }  // namespace baton::python
