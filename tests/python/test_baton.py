@@ -338,6 +338,24 @@ class Planning(unittest.TestCase):
             baton.layer_costs(model, machine={"cores_per_host": -1})
         self.assertIn("machine.cores_per_host", str(e.exception))
 
+    def test_the_research_loop_example(self):
+        # examples/python/predict_and_measure.py on the tiny GPT: profiled, planned,
+        # predicted, trained for real, and the measured step compared with the prediction.
+        binary = os.environ.get("BATON_BIN")
+        if not binary:
+            self.skipTest("BATON_BIN (the baton command, set by ctest) is not set")
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "predict_and_measure", os.path.join(SOURCE, "examples", "python", "predict_and_measure.py"))
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+        comparison = example.main(binary, os.path.join(SOURCE, "examples", "models", "tiny-gpt.json"), 2,
+                                  os.path.join(SOURCE, "examples", "data", "licenses.txt"))
+        self.assertGreater(comparison["measured_makespan"], 0)
+        self.assertGreater(comparison["predicted_makespan"], 0)
+        self.assertEqual(comparison["unmatched_measured"], 0)
+        self.assertIn("makespan: measured", comparison["report"])
+
 
 if __name__ == "__main__":
     unittest.main()
