@@ -147,9 +147,15 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       c.reduce_group[size_t(h)] = g;
     }
   }
+  // The pipeline ranks holding each chunk: two for DualPipe (one per direction), whose
+  // copies sum their gradients, as replicas do, every step.
+  std::map<int, std::set<int>> chunk_ranks;
+  for (int s = 0; s < n; ++s)
+    chunk_ranks[r.chunk_of_stage[size_t(s)]].insert(r.schedule.placement[size_t(s)]);
   for (int s = 0; s < n; ++s) {
     int k = r.chunk_of_stage[size_t(s)];
     int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
+    const int copies = int(chunk_ranks[k].size());
     const std::set<int>& rc = r.recompute[size_t(k)];
     // What each tensor-parallel collective costs among the host's ranks beyond its
     // analytic time (Machine::tp_collective), on F and B of the layers holding them.
@@ -232,13 +238,14 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
       // Gossip: its exchanges after every step, the averaging streaming the parameters.
       rank_gather[rank_of] +=
           dp_time_per_step(r.plan.dp_sync, grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      if (copies > 1) reduce += all_reduce_time(grads, copies, m.dp_bandwidth, m.dp_latency);
       const bool nesterov =
           r.plan.dp_sync.local() && r.plan.dp_sync.outer == DpSync::Outer::nesterov;
       const int every = r.plan.dp_sync.local() ? r.plan.dp_sync.sync_every : 1;
       rank_state[rank_of] += grads * (2 + 2 * opt + 1) + grads * (nesterov ? 7 : 4) / every;
       rank_copy[rank_of] += grads * (1 + opt);
     } else {
-      reduce += all_reduce_time(grads, r.plan.dp, m.dp_bandwidth, m.dp_latency);
+      reduce += all_reduce_time(grads, r.plan.dp * copies, m.dp_bandwidth, m.dp_latency);
       rank_state[rank_of] += grads * (2 + 2 * opt + 1);
       rank_copy[rank_of] += grads * (1 + opt);
     }

@@ -520,6 +520,41 @@ TinyPlan tiny_pp2_tp2_dp2() {
   return {std::move(plan), std::move(g), std::move(r)};
 }
 
+// DualPipe holds each chunk on two pipeline ranks, one per direction, and the two copies
+// sum their gradients every step as replicas do: each stage's reduction is the all-reduce
+// of its chunk's gradients over two ranks (the tiny GPT's tied embedding adds its own, the
+// same in both schedules), where 1F1B's chunks, held once, reduce only the tied one.
+TEST(Evaluate, DualPipeChunksSumTheirGradientsAcrossTheirTwoRanks) {
+  nlohmann::json j = {{"version", 1},
+                      {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
+                      {"devices", 2},
+                      {"parallel", {{"dp", 1}, {"pp", 2}, {"tp", 1}}},
+                      {"batch", {{"micro_batch_size", 2}, {"global", 8}}},
+                      {"schedule", {{"name", "dualpipe"}, {"micro_batches", 4}}},
+                      {"stages", {{{"layers", {"embed", "h.0"}}}, {{"layers", {"h.1", "head"}}}}}};
+  auto costs_of = [&](const std::string& schedule) {
+    j["schedule"]["name"] = schedule;
+    Plan plan = parse_plan(j, "plan.json", ".");
+    auto g = load_plan_model(plan);
+    ResolvedPlan r = resolve_plan(plan, g);
+    CostModel model(g, Machine{}, nullptr);
+    const CostTable& t = model.table_for(r.sharding, plan.micro_batch_size);
+    return std::tuple{schedule_costs(r, t, model.machine()), r, t};
+  };
+  const auto [dual, rd, td] = costs_of("dualpipe");
+  const auto [once, ro, to] = costs_of("1f1b");
+  ASSERT_EQ(dual.reduce.size(), 4U);  // two chunks, each in both directions
+  const Machine m;
+  for (size_t s = 0; s < dual.reduce.size(); ++s) {
+    const int k = rd.chunk_of_stage[s];
+    const double own =
+        all_reduce_time(double(td.param_bytes(rd.chunk_first[size_t(k)], rd.chunk_last[size_t(k)])),
+                        2, m.dp_bandwidth, m.dp_latency);
+    EXPECT_GT(own, 0.0);
+    EXPECT_NEAR(dual.reduce[s], once.reduce[size_t(k)] + own, 1e-12 * own) << "stage " << s;
+  }
+}
+
 TEST(Profile, MeasuredTimesReplaceFlops) {
   auto g = load_search_model("tiny-gpt.json");
   const ProfileOptions po = quick_profile(2, false);
