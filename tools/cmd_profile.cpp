@@ -184,10 +184,11 @@ int run_profile(const std::vector<std::string>& args) {
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
   po::variables_map vm;
-  if (!parse_args(args,
-                  "baton profile --model M [--batch b] [--threads t] [--device cuda --precision "
-                  "bf16] --out costs.json",
-                  opts, vm))
+  if (!parse_args(
+          args,
+          "baton profile --model M [--batch b ...] [--threads t] [--device cuda --precision "
+          "bf16] --out costs.json",
+          opts, vm))
     return 0;
   apply_common_options(vm);
   const std::vector<int64_t> batches =
