@@ -218,7 +218,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                   (rec.step % o.log_every == 0 || rec.step == o.steps || step == start)) ||
                  eval))
       spdlog::info(
-          "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} tok/s | "
+          "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} {} | "
           "{:.1f} ms/step | {} left",
           rec.step, o.steps, rec.loss,
           rec.eval_loss ? fmt::format(" | val loss {:.4f}", *rec.eval_loss) : std::string(), lr,
@@ -226,7 +226,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           rec.loss_scale > 0 ? fmt::format(" | loss scale {:g}{}", rec.loss_scale,
                                            rec.skipped ? " | SKIPPED (gradient overflow)" : "")
                              : std::string(),
-          double(tokens_per_step) / rec.seconds, rec.seconds * 1e3,
+          double(tokens_per_step) / rec.seconds, steps.rate_unit, rec.seconds * 1e3,
           duration_str(ema_step * double(o.steps - rec.step)));
     if (on_step) on_step(rec);
     if (checkpoint_due(o, rec.step)) {

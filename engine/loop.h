@@ -165,6 +165,8 @@ struct LoopSteps {
   std::function<double()> evaluate;
   // The background check of every token of the data (stages/data.h; null: none).
   stages::VocabularyCheck* data_check = nullptr;
+  // The progress line's rate: "tok/s", or "img/s" for image data (a sample per "token").
+  const char* rate_unit = "tok/s";
 };
 
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,

@@ -726,6 +726,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                                  : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
   LoopSteps steps;
+  if (images) steps.rate_unit = "img/s";
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
       world->barrier()->wait();  // a common time origin for every rank's events

@@ -143,6 +143,7 @@ TrainSummary run_training(const TrainOptions& o,
   }
 
   LoopSteps steps;
+  if (images) steps.rate_unit = "img/s";
   // The reference step: every micro-batch through the one Stage, then clipping and the
   // optimizer step.
   steps.step = [&](int64_t step) {

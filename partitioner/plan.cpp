@@ -319,8 +319,8 @@ void plan_spatial_degrees(Plan& p) {
   if (!any) return;
   schedule::Schedule sched;
   try {
-    sched = schedule::generate(schedule::canonical_schedule_name(p.schedule), p.pp, p.micro_batches,
-                               p.chunks);
+    sched = schedule::generate(schedule::canonical_training_schedule_name(p.schedule), p.pp,
+                               p.micro_batches, p.chunks);
   } catch (const InputError& e) {
     throw InputError(p.where("$.schedule") + ": " + e.what());
   }

@@ -224,7 +224,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   r.layout = plan_layout(p);
   std::string name;
   try {
-    name = schedule::canonical_schedule_name(p.schedule);
+    name = schedule::canonical_training_schedule_name(p.schedule);
   } catch (const InputError& e) {
     throw InputError(p.where("$.schedule.name") + ": " + e.what());
   }

@@ -126,7 +126,7 @@ class Search {
       throw InputError("--batch: expected a global batch of at least 1 sample");
     std::vector<std::string> names = o_.schedules;
     if (names.empty()) names = schedule::all_schedule_names();
-    for (auto& n : names) n = schedule::canonical_schedule_name(n);
+    for (auto& n : names) n = schedule::canonical_training_schedule_name(n);
     const int N = o_.devices, L = g_->num_layers();
     check_fixed(N, L);
     for (int tp : divisors(N)) {

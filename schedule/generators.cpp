@@ -181,6 +181,14 @@ const std::vector<std::string>& all_schedule_names() {
   return names;
 }
 
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
+
 std::string canonical_schedule_name(const std::string& name_in) {
   std::string name = name_in;
   std::transform(name.begin(), name.end(), name.begin(),
@@ -190,10 +198,17 @@ std::string canonical_schedule_name(const std::string& name_in) {
   if (name == "forward-only") return name;
   for (const auto& n : all_schedule_names())
     if (n == name) return name;
-  std::string known;
-  for (const auto& n : all_schedule_names()) known += (known.empty() ? "" : ", ") + n;
-  known += ", forward-only (evaluation)";
-  throw InputError("unknown schedule '" + name_in + "' (expected one of " + known + ")");
+  throw InputError("unknown schedule '" + name_in + "' (expected one of " +
+                   joined(all_schedule_names()) + ", forward-only (evaluation))");
+}
+
+std::string canonical_training_schedule_name(const std::string& name_in) {
+  const std::string name = canonical_schedule_name(name_in);
+  if (name == "forward-only")
+    throw InputError(
+        "forward-only evaluates (no backward, no optimizer step); a training schedule is one of " +
+        joined(all_schedule_names()));
+  return name;
 }
 
 Schedule generate(const std::string& name_in, int p, int m, int v) {

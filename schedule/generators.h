@@ -20,6 +20,9 @@ const std::vector<std::string>& all_schedule_names();
 // The canonical name ("interleaved" -> "interleaved-1f1b"); InputError listing the
 // known names when `name` is none of them.
 std::string canonical_schedule_name(const std::string& name);
+// The same for what trains (a plan, the planner's --schedule): forward-only, which
+// evaluates, is refused too.
+std::string canonical_training_schedule_name(const std::string& name);
 
 // `chunks`: stages per rank (v); 0 means the schedule's own (1, or 2 for
 // interleaved-1f1b, zb-v, dualpipev and dualpipe). Throws InputError for an unknown

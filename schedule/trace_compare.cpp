@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "memory/error.h"
 #include "schedule/detail/util.h"
 
 namespace baton::schedule {
@@ -24,7 +25,16 @@ Key key_of(const TimelineEvent& e, int rank) {
 
 }  // namespace
 
-TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted) {
+TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
+                                  const std::string& measured_name,
+                                  const std::string& predicted_name) {
+  for (const auto& [t, name] :
+       {std::pair{&measured, &measured_name}, {&predicted, &predicted_name}})
+    if (std::none_of(t->events.begin(), t->events.end(),
+                     [](const TimelineEvent& e) { return is_compute(e.kind); }))
+      throw InputError(*name +
+                       ": no pipeline action (F, B, W) in it: expected a timeline of baton train "
+                       "--trace, baton trace predict or baton simulate --trace");
   TraceComparison c;
   // Measured: the first occurrence of each key on the lowest rank that ran it. STEP has
   // no stage: the pipeline rank of a measured STEP is the rank of the stages it ran
@@ -103,6 +113,10 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
   }
   for (const auto& [k, e] : first)
     if (!used.count(k)) c.unmatched_measured++;
+  if (n == 0)
+    throw InputError(measured_name + " and " + predicted_name +
+                     " share no action (kind, micro-batch, stage): timelines of different plans "
+                     "or schedules");
   c.predicted_makespan = p1;
   for (auto& [k, ks] : kinds) {
     ks.measured_mean /= ks.count;

@@ -36,7 +36,11 @@ struct TraceComparison {
   double mean_abs_start_diff = 0, mean_abs_duration_diff = 0;  // over matched compute actions
 };
 
-TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted);
+// InputError when either timeline holds no pipeline action or the two share none (a
+// trace of another kind, another plan or another schedule), naming them by the names given.
+TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
+                                  const std::string& measured_name = "the measured timeline",
+                                  const std::string& predicted_name = "the predicted timeline");
 
 // A text report: the summary, the kinds, and (with `actions`) one line per action.
 std::string format_comparison(const TraceComparison& c, bool actions);

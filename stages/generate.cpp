@@ -242,6 +242,9 @@ std::vector<float> Generator::feed(const std::vector<int32_t>& tokens) {
 int64_t Generator::position() const {
   return impl_->pos;
 }
+int64_t Generator::capacity() const {
+  return impl_->cap;
+}
 int64_t Generator::vocab_size() const {
   return impl_->s.V;
 }
@@ -292,6 +295,17 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt,
 std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
                               int64_t max_new, const SampleOptions& opt, int32_t stop) {
   Generator gen(stage, int64_t(prompt.size()) + max_new);
+  // Checked before the first token: the last new token is sampled, never fed.
+  const int64_t need = int64_t(prompt.size()) + max_new - 1;
+  if (need > gen.capacity())
+    throw InputError("generation: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
+                     std::to_string(max_new) + " new tokens need " + std::to_string(need) +
+                     " positions; the model's context holds " + std::to_string(gen.capacity()) +
+                     (int64_t(prompt.size()) < gen.capacity()
+                          ? " (at most " +
+                                std::to_string(gen.capacity() - int64_t(prompt.size()) + 1) +
+                                " new tokens after this prompt)"
+                          : ""));
   uint64_t rng = opt.seed;
   std::vector<int32_t> out;
   std::vector<float> logits = gen.feed(prompt);

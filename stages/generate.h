@@ -30,6 +30,7 @@ class Generator {
   // Appends tokens to the sequence and returns the logits (float, [vocab]) after the last.
   std::vector<float> feed(const std::vector<int32_t>& tokens);
   int64_t position() const;  // tokens fed so far
+  int64_t capacity() const;  // positions it holds: max_positions, at most the model's context
   int64_t vocab_size() const;
 
  private:

@@ -232,8 +232,8 @@ int run_comm(const std::vector<std::string>& args) {
       throw InputError(
           "--op: unknown operation '" + op +
           "' (expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv)");
-  o.min_bytes = memory::parse_bytes(vm["min-bytes"].as<std::string>());
-  o.max_bytes = memory::parse_bytes(vm["max-bytes"].as<std::string>());
+  o.min_bytes = parse_bytes_option("--min-bytes", vm["min-bytes"].as<std::string>());
+  o.max_bytes = parse_bytes_option("--max-bytes", vm["max-bytes"].as<std::string>());
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
     throw InputError("--min-bytes must be at least 1 and at most --max-bytes");
   o.reps = vm["reps"].as<int>();

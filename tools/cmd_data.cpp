@@ -271,8 +271,8 @@ int run_data(const std::vector<std::string>& args) {
   if (args[0] == "inspect") return run_inspect(rest);
   if (args[0] == "prepare") return run_prepare(rest);
   if (args[0] == "train-tokenizer") return run_train_tokenizer(rest);
-  throw InputError("baton data: expected inspect, prepare or train-tokenizer, found '" + args[0] +
-                   "'\n" + usage);
+  throw InputError("expected inspect, prepare or train-tokenizer, found '" + args[0] + "'\n" +
+                   usage);
 }
 
 const RegisterCommand register_data{

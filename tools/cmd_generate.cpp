@@ -82,8 +82,9 @@ int run_generate(const std::vector<std::string>& args) {
   const int64_t vocab = m.vocab_size;
   const bool bytes = !have_sp && vocab == 256;
   if (!prompt_ids.empty()) {
-    for (int64_t id :
-         parse_int_list(prompt_ids, "--prompt-ids", 0, INT32_MAX, "token ids like 1,2,3"))
+    for (int64_t id : parse_int_list(
+             prompt_ids, "--prompt-ids", 0, vocab - 1,
+             "token ids of the model's vocabulary [0, " + std::to_string(vocab) + ") like 1,2,3"))
       ids.push_back(int32_t(id));
     if (ids.empty()) throw InputError("--prompt-ids: no token ids");
   } else if (have_sp) {

@@ -11,6 +11,7 @@
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/search.h"
+#include "schedule/generators.h"
 #include "stages/model.h"
 #include "tools/command.h"
 #include "tools/machine_options.h"
@@ -94,9 +95,17 @@ int run_plan(const std::vector<std::string>& args) {
   if (!check_path.empty()) return check(check_path, machine, mp, costs);
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
-  if (!device_memory.empty()) so.device_memory = int64_t(memory::parse_bytes(device_memory));
+  if (!device_memory.empty())
+    so.device_memory = int64_t(parse_bytes_option("--device-memory", device_memory));
   so.global_batch = batch;
   so.schedules = split_comma_list(schedules);
+  for (const std::string& name : so.schedules) {
+    try {
+      schedule::canonical_training_schedule_name(name);
+    } catch (const InputError& e) {
+      throw InputError(std::string("--schedule: ") + e.what());
+    }
+  }
   if (recompute == "on")
     so.recompute = 1;
   else if (recompute == "off")

@@ -64,7 +64,7 @@ Limit parse_limit(const std::string& text) {
       text.begin(), text.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
   if (has_unit) {
     l.bytes = true;
-    l.value = double(memory::parse_bytes(text));
+    l.value = double(parse_bytes_option("--memory-limit", text));
   } else {
     char* end = nullptr;
     l.value = std::strtod(text.c_str(), &end);
@@ -181,7 +181,8 @@ int run_simulate(const std::vector<std::string>& args) {
   opts.add_options()(
       "schedule,s", po::value(&names),
       "schedule name(s), comma-separated: gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zb-v, "
-      "dualpipev, dualpipe, v-min, v-half, v-zb, auto, or all; more than one compares them")(
+      "dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation), auto, or all (the "
+      "training schedules); more than one compares them")(
       "file,f", po::value(&o.file),
       "a schedule file (text, JSON or PyTorch CSV form) instead of --schedule")(
       "dialect", po::value(&o.dialect),
@@ -228,6 +229,16 @@ int run_simulate(const std::vector<std::string>& args) {
         "--memory-limit in bytes needs activation_bytes in the cost file (or give it in "
         "micro-batches)");
 
+  // A cost file that does not fit the schedule (values for another rank count) is named.
+  auto resolved = [&](const sc::Schedule& s) {
+    try {
+      return sc::resolve(spec, s);
+    } catch (const InputError& e) {
+      if (o.costs_file.empty()) throw;
+      throw InputError(o.costs_file + ": " + e.what());
+    }
+  };
+
   if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
   for (const std::string& name : o.names)  // unknown names are errors even when comparing
     if (name != "auto") sc::canonical_schedule_name(name);
@@ -256,7 +267,7 @@ int run_simulate(const std::vector<std::string>& args) {
         sc::Schedule s = name == "auto" ? run_auto().schedule : make_schedule(name, o);
         if (o.lower) s = sc::lower(s);
         sc::Simulator sim(s, name);
-        row.r = sim.run(sc::resolve(spec, s));
+        row.r = sim.run(resolved(s));
         row.ok = true;
         row.fit = fits(row.r, limit);
       } catch (const InputError& e) {
@@ -328,7 +339,7 @@ int run_simulate(const std::vector<std::string>& args) {
         "schedule "
         "lacks; --lower inserts them\n");
   sc::Simulator sim(s, source);
-  const sc::Costs costs = sc::resolve(spec, sim.schedule());
+  const sc::Costs costs = resolved(sim.schedule());
   const sc::SimResult& r = sim.run(costs);
   std::printf("%s: %d ranks, %d micro-batches, %d stages, %d direction%s, %zu actions%s; valid\n",
               s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches,

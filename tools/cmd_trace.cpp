@@ -77,7 +77,7 @@ int compare(const std::vector<std::string>& args) {
     return 0;
   schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
   schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
-  schedule::TraceComparison c = schedule::compare_timelines(m, p);
+  schedule::TraceComparison c = schedule::compare_timelines(m, p, measured, predicted);
   std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), m.name.c_str(), predicted.c_str(),
               p.name.c_str(), schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
   return 0;
@@ -110,7 +110,7 @@ int run_trace(const std::vector<std::string>& args) {
   if (args[0] == "predict") return predict(rest);
   if (args[0] == "compare") return compare(rest);
   if (args[0] == "svg") return svg(rest);
-  throw InputError("baton trace: unknown sub-command '" + args[0] + "' (predict, compare or svg)");
+  throw InputError("unknown sub-command '" + args[0] + "' (predict, compare or svg)");
 }
 
 const RegisterCommand register_trace{

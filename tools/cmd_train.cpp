@@ -72,12 +72,12 @@ int run_train(const std::vector<std::string>& args) {
       "decay-steps", po::value(&o.lr_schedule.decay)->default_value(0),
       "steps of decay after warm-up (0: the remaining steps; wsd: --decay-fraction)")(
       "min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0), "the rate the decay ends at")(
-      "decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1),
+      "decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1, "0.1"),
       "wsd: the last share of the steps that decays")("weight-decay",
                                                       po::value(&weight_decay)->default_value(0.0),
                                                       "decoupled weight decay (matrices only)")(
       "optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")(
-      "beta1", po::value(&beta1)->default_value(0.9), "AdamW beta1")(
+      "beta1", po::value(&beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
       "beta2", po::value(&beta2)->default_value(0.999), "AdamW beta2")(
       "momentum", po::value(&momentum)->default_value(0.0), "SGD momentum")(
       "grad-clip", po::value(&o.grad_clip)->default_value(1.0),
@@ -175,7 +175,7 @@ int run_train(const std::vector<std::string>& args) {
   // The cap: --device-memory, or the plan's device memory (each rank, as its estimate
   // assumed); on a GPU checked against its free memory first.
   size_t cap = device_memory.empty() ? (plan_doc ? size_t(plan_doc->device_memory) : 0)
-                                     : memory::parse_bytes(device_memory);
+                                     : parse_bytes_option("--device-memory", device_memory);
   if (o.device.is_cuda())
     memory::reserve_device_memory(
         o.device, cap, device_memory.empty() ? "the plan's device_memory" : "--device-memory");

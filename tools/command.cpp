@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <iostream>
 
 #include "memory/error.h"
+#include "memory/units.h"
 
 namespace baton::tools {
 
@@ -37,6 +39,17 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
       return false;
     }
     po::notify(vm);
+  } catch (const po::required_option& e) {
+    // A positional argument by its place, not by the internal option behind it.
+    std::string name = e.get_option_name();
+    name.erase(0, name.find_first_not_of('-'));
+    for (unsigned i = 0; positional && i < positional->max_total_count() && i < 16; ++i)
+      if (positional->name_for_position(i) == name) {
+        for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+        throw InputError("missing argument " + std::to_string(i + 1) + " (" + name +
+                         "): usage: " + usage);
+      }
+    throw InputError(std::string(e.what()) + " (see --help)");
   } catch (const po::error& e) {
     throw InputError(std::string(e.what()) + " (see --help)");
   }
@@ -53,6 +66,14 @@ std::vector<std::string> split_comma_list(const std::string& text) {
     pos = comma + 1;
   }
   return out;
+}
+
+uint64_t parse_bytes_option(const std::string& flag, const std::string& text) {
+  try {
+    return memory::parse_bytes(text);
+  } catch (const InputError& e) {
+    throw InputError(flag + ": " + e.what());
+  }
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,

@@ -34,6 +34,9 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
 std::vector<std::string> split_comma_list(const std::string& text);
 // The integers of such a list, each in [min, max]; InputError
 // "<flag>: expected <expected>, found '<item>'" for any other item.
+// memory::parse_bytes with the flag named in its error ("--device-memory: invalid size ...").
+uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
+
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
                                     int64_t max, const std::string& expected);
 

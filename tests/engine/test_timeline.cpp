@@ -121,6 +121,32 @@ TEST(Timeline, CompareMatchesByActionAndFirstRank) {
   EXPECT_EQ(c.unmatched_predicted, 1);
 }
 
+// A file with no pipeline action (another tool's trace, an empty list) or two timelines
+// that share none (another plan) is refused, naming them, not reported as a 0 ms step.
+TEST(Timeline, CompareRefusesTimelinesWithoutCommonActions) {
+  auto error_of = [](const schedule::Timeline& m, const schedule::Timeline& p) {
+    try {
+      schedule::compare_timelines(m, p, "m.json", "p.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  schedule::Timeline pred{"p", 1, 1e-3, {}};
+  pred.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0, 10});
+  schedule::Timeline empty{"e", 1, 1e-3, {}};
+  EXPECT_EQ(error_of(empty, pred),
+            "m.json: no pipeline action (F, B, W) in it: expected a timeline of baton train "
+            "--trace, baton trace predict or baton simulate --trace");
+  EXPECT_EQ(error_of(pred, empty).substr(0, 33), "p.json: no pipeline action (F, B,");
+  schedule::Timeline other{"o", 1, 1e-3, {}};
+  other.events.push_back({0, 0, ActionKind::forward, 5, 0, -1, 0, 10});  // micro-batch 5
+  EXPECT_EQ(error_of(other, pred),
+            "m.json and p.json share no action (kind, micro-batch, stage): timelines of different "
+            "plans or schedules");
+  EXPECT_EQ(error_of(pred, pred), "");
+}
+
 // The loader's work on its own lane: with the last two steps traced, every rank whose
 // stage reads model inputs (tokens on the first stage, targets on the last) shows a LOAD
 // on the "input" thread for each micro-batch it made while recording, and a forward

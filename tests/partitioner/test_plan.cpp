@@ -254,6 +254,12 @@ TEST(Plan, UnknownScheduleAndFields) {
       "interleaved-1f1b, "
       "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb, forward-only (evaluation))");
   j = tiny_plan();
+  j["schedule"]["name"] = "forward-only";  // evaluates: a plan trains
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule.name: forward-only evaluates (no backward, no optimizer "
+            "step); a training schedule is one of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
+            "zb-v, dualpipev, dualpipe, v-min, v-half, v-zb");
+  j = tiny_plan();
   j["schedule"] = {{"name", "dualpipev"}, {"micro_batches", 2}};
   j["batch"].erase("global");
   EXPECT_EQ(plan_error_of(j).substr(0, 57),

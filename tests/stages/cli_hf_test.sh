@@ -80,7 +80,13 @@ expect 2 "$baton" generate --init-from "$tmp/bad" --prompt-ids 1,2 --max-new-tok
 contains "model.safetensors.index.json"
 contains "model-00009-of-00009.safetensors"
 expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,999 --max-new-tokens 2
+contains "--prompt-ids"
 contains "999"
+# More new tokens than the context holds: refused before the first one, with the most it takes.
+ctx=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" "$fx/llama_gqa/config.json")
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --max-new-tokens "$ctx"
+contains "need $((ctx + 1)) positions"
+contains "at most $((ctx - 1)) new tokens"
 expect 2 "$baton" train --init-from "$tmp/bad" --data "$data" --steps 1
 contains "model-00009-of-00009.safetensors"
 

@@ -38,5 +38,36 @@ TEST(CommaList, IntegersInRange) {
             "--layers: expected counts 1 to 8 like 3,4, found '99999999999999999999'");
 }
 
+// A missing positional argument is named by its place and the usage, not by the option
+// behind it; a size flag's error names the flag.
+TEST(CommandLine, MissingPositionalAndBadSizeNameWhatTheUserTyped) {
+  auto error_of_args = [](const std::vector<std::string>& args) {
+    po::options_description opts("options");
+    std::string measured, predicted;
+    opts.add_options()("measured", po::value(&measured)->required(), "")(
+        "predicted", po::value(&predicted)->required(), "");
+    po::positional_options_description pos;
+    pos.add("measured", 1).add("predicted", 1);
+    po::variables_map vm;
+    try {
+      parse_args(args, "baton trace compare MEASURED.json PREDICTED.json", opts, vm, &pos);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of_args({"m.json"}),
+            "missing argument 2 (PREDICTED): usage: baton trace compare MEASURED.json "
+            "PREDICTED.json");
+  EXPECT_EQ(error_of_args({"m.json", "p.json"}), "");
+  EXPECT_EQ(parse_bytes_option("--device-memory", "2MiB"), uint64_t(2) << 20);
+  try {
+    parse_bytes_option("--device-memory", "1Mib");
+    ADD_FAILURE() << "1Mib accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).substr(0, 40), "--device-memory: invalid size '1Mib': un");
+  }
+}
+
 }  // namespace
 }  // namespace baton::tools

@@ -129,7 +129,10 @@ struct PySimResult {
   void build_arrays() {
     if (!simulator) return;
     const auto n = py::ssize_t(simulator->schedule().num_actions());
-    py::array_t<double> s(n), e(n);
+    // Shape and strides given: pybind11 2.10 computes default strides from the dtype's
+    // item size, which it reads at NumPy 1's offset, 0 under NumPy 2.
+    const std::vector<py::ssize_t> shape = {n}, strides = {py::ssize_t(sizeof(double))};
+    py::array_t<double> s(shape, strides), e(shape, strides);
     double* sd = s.mutable_data();
     double* ed = e.mutable_data();
     {

@@ -88,7 +88,13 @@ struct Costs {
 
 int64_t bytes_of(const py::object& o, const char* what) {
   if (o.is_none()) return 0;
-  if (py::isinstance<py::str>(o)) return int64_t(memory::parse_bytes(o.cast<std::string>()));
+  if (py::isinstance<py::str>(o)) {
+    try {
+      return int64_t(memory::parse_bytes(o.cast<std::string>()));
+    } catch (const InputError& e) {
+      throw InputError(std::string(what) + ": " + e.what());
+    }
+  }
   double v = o.cast<double>();
   if (v < 0) throw InputError(std::string(what) + ": expected a size >= 0");
   return int64_t(v);
