@@ -94,7 +94,8 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
   r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "cores",
-                 "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective", "more_batches"});
+                 "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective",
+                 "spatial_exchange", "more_batches"});
   if (r.at("version").as_int() != 1) r.at("version").fail("1");
   if (r.at("kind").as_string() != "op_times") r.at("kind").fail("\"op_times\"");
   MeasuredCosts c;
@@ -153,16 +154,22 @@ MeasuredCosts read_measured_costs(const std::string& path) {
     std::sort(c.more_batches.begin(), c.more_batches.end(),
               [](const auto& a, const auto& b) { return a.batch < b.batch; });
   }
-  if (auto k = r.get("tp_collective")) {
+  // Seconds by degree, by ranks per host.
+  auto read_extras = [&](const char* key, const char* degree_is,
+                         std::map<int, std::map<int, double>>& into) {
+    auto k = r.get(key);
+    if (!k) return;
     k->expect_object();
     for (const std::string& degree : k->keys()) {
       const stages::JsonReader by_ranks = k->at(degree);
       by_ranks.expect_object();
-      auto& out = c.tp_collective[count_key(*k, degree, "a tensor-parallel degree")];
+      auto& out = into[count_key(*k, degree, degree_is)];
       for (const std::string& ranks : by_ranks.keys())
         out[count_key(by_ranks, ranks, "ranks per host")] = by_ranks.at(ranks).as_double(0, 1);
     }
-  }
+  };
+  read_extras("tp_collective", "a tensor-parallel degree", c.tp_collective);
+  read_extras("spatial_exchange", "a spatial degree", c.spatial_exchange);
   return c;
 }
 
@@ -208,13 +215,16 @@ void write_measured_costs(const MeasuredCosts& c, const std::string& path) {
     write_tp_ops(b.tp_ops, at);
     j["more_batches"].push_back(at);
   }
-  if (!c.tp_collective.empty()) {
+  auto write_extras = [&](const char* key, const std::map<int, std::map<int, double>>& from) {
+    if (from.empty()) return;
     nlohmann::json k = nlohmann::json::object();
-    for (const auto& [degree, by_ranks] : c.tp_collective)
+    for (const auto& [degree, by_ranks] : from)
       for (const auto& [ranks, seconds] : by_ranks)
         k[std::to_string(degree)][std::to_string(ranks)] = seconds;
-    j["tp_collective"] = k;
-  }
+    j[key] = k;
+  };
+  write_extras("tp_collective", c.tp_collective);
+  write_extras("spatial_exchange", c.spatial_exchange);
   memory::write_file_durably(path, j.dump(1) + "\n");
 }
 
@@ -290,15 +300,26 @@ double colocation_slowdown(const Machine& m, int ranks) {
   return ranks <= 1 ? 1.0 : f0;
 }
 
-double tp_collective_extra(const Machine& m, int t, int ranks) {
-  auto d = m.tp_collective.find(t);
-  if (d == m.tp_collective.end() || d->second.empty()) return 0;
+namespace {
+// Seconds by degree, then by ranks per host: linear between the measured counts.
+double by_degree_and_ranks(const std::map<int, std::map<int, double>>& m, int degree, int ranks) {
+  auto d = m.find(degree);
+  if (d == m.end() || d->second.empty()) return 0;
   const std::map<int, double>& by = d->second;
   auto hi = by.lower_bound(ranks);
   if (hi == by.end()) return std::prev(hi)->second;
   if (hi->first == ranks || hi == by.begin()) return hi->second;
   auto lo = std::prev(hi);
   return lo->second + (hi->second - lo->second) * (ranks - lo->first) / (hi->first - lo->first);
+}
+}  // namespace
+
+double tp_collective_extra(const Machine& m, int t, int ranks) {
+  return by_degree_and_ranks(m.tp_collective, t, ranks);
+}
+
+double spatial_exchange_extra(const Machine& m, int s, int ranks) {
+  return by_degree_and_ranks(m.spatial_exchange, s, ranks);
 }
 
 std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m) {
@@ -317,6 +338,8 @@ CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
   if (measured_ != nullptr && machine_.colocated.empty()) machine_.colocated = measured_->colocated;
   if (measured_ != nullptr && machine_.tp_collective.empty())
     machine_.tp_collective = measured_->tp_collective;
+  if (measured_ != nullptr && machine_.spatial_exchange.empty())
+    machine_.spatial_exchange = measured_->spatial_exchange;
   if (measured_ != nullptr && machine_.cores_per_host == 0)
     machine_.cores_per_host = measured_->cores;
   if (measured_ != nullptr && measured_->memory_bandwidth > 0)

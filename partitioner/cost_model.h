@@ -58,6 +58,11 @@ struct Machine {
   // collective, as core time (slowed like the ops). Measured by `baton profile
   // --colocated k --tp t` (the cost model takes it from the cost file); empty: none.
   std::map<int, std::map<int, double>> tp_collective;
+  // The same for a spatial split's exchanges (halos, tiled batch norms' statistics, the
+  // pooled mean: partitioner/spatial.h, spatial_exchanges), with the tile's ops' own rate
+  // beside the whole op's share folded in: degree s -> ranks per host k -> seconds per
+  // exchange, as core time. Measured by `baton profile --colocated k --spatial s`.
+  std::map<int, std::map<int, double>> spatial_exchange;
 };
 
 // The compute slowdown of `ranks` ranks on one host: linear between the measured points
@@ -68,6 +73,8 @@ double colocation_slowdown(const Machine& m, int ranks);
 // (Machine::tp_collective): linear between the measured counts, the nearest one's
 // beyond them; 0 for a degree not measured.
 double tp_collective_extra(const Machine& m, int t, int ranks);
+// The same for one spatial exchange at degree s (Machine::spatial_exchange).
+double spatial_exchange_extra(const Machine& m, int s, int ranks);
 
 // Time-slicing (Machine::cores_per_host): per core, the ranks of each pipeline rank it
 // runs (schedule::Costs::core_ranks) when every rank of the plan is on one host and
@@ -150,10 +157,13 @@ struct MeasuredCosts {
   std::map<int, std::map<std::string, Op>> tp_ops;
   // By degree t, by ranks per host k: Machine::tp_collective (`--colocated k --tp t`).
   std::map<int, std::map<int, double>> tp_collective;
+  // By spatial degree s, by ranks per host k: Machine::spatial_exchange (`--colocated k
+  // --spatial s`).
+  std::map<int, std::map<int, double>> spatial_exchange;
   // The same ops timed at further micro-batch sizes (`baton profile --batch b1 b2 ...`),
   // ascending, none equal to `batch`: an op's time at a size between two measured ones is
   // interpolated between them, since a GEMM of 8 samples need not take 8 times one's.
-  // The co-located factors and tp_collective are measured at `batch` alone.
+  // The co-located factors, tp_collective and spatial_exchange are measured at `batch` alone.
   struct AtBatch {
     int64_t batch = 1;
     double in_step = 1;

@@ -175,14 +175,18 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     for (int l : rc)  // recompute runs F again
       c.backward_input[size_t(s)] += slow * (t.layers[size_t(l)].f + extra(l, true));
     // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
-    // small beside them), and exchanges two halos per convolution and pooling per pass.
+    // small beside them), and exchanges two halos per convolution and pooling per pass;
+    // each exchange with the group (halos, batch-norm statistics) costs what the profile
+    // measured beyond that among the host's ranks (Machine::spatial_exchange).
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {
+      const SpatialSplit& split = r.spatial[size_t(r.schedule.placement[size_t(s)])];
       const double halo =
-          spatial_halo_bytes(*r.graph, r.spatial[size_t(r.schedule.placement[size_t(s)])], a, b,
-                             r.plan.micro_batch_size, &r.sharding) /
+          spatial_halo_bytes(*r.graph, split, a, b, r.plan.micro_batch_size, &r.sharding) /
           std::max(m.tp_bandwidth, 1.0);
-      c.forward[size_t(s)] = c.forward[size_t(s)] / d + halo;
-      c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + halo;
+      const SpatialExchanges ex = spatial_exchanges(*r.graph, split, a, b);
+      const double each = slow * spatial_exchange_extra(m, d, host_ranks);
+      c.forward[size_t(s)] = c.forward[size_t(s)] / d + halo + ex.forward * each;
+      c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + halo + ex.backward * each;
       c.backward_weight[size_t(s)] /= d;
     }
     if (!stage_mem.empty()) {
@@ -684,7 +688,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   e.step_time = sim.makespan;
   e.bubble = sim.bubble;
   if (!costs.core_ranks.empty()) e.time_sliced_cores = model.machine().cores_per_host;
-  e.tp_collective_note = tp_collective_line(r, model.machine());
+  e.collective_extras_note = collective_extras_line(r, model.machine());
   const stages::Value& tokens = g.values[size_t(g.inputs.front())];
   e.tokens_per_step = p.global_batch * std::max<int64_t>(1, memory::shape_numel(tokens.type.shape));
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
@@ -934,23 +938,27 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       p.device_memory > 0 ? memory::format_bytes(double(p.device_memory)).c_str() : "unlimited");
   out += line;
   if (e.time_sliced_cores > 0) out += time_sliced_line(r.world(), e.time_sliced_cores);
-  out += e.tp_collective_note;
+  out += e.collective_extras_note;
   return out;
 }
 
-std::string tp_collective_line(const ResolvedPlan& r, const Machine& m) {
+std::string collective_extras_line(const ResolvedPlan& r, const Machine& m) {
   const int ranks = ranks_per_host(r, m);
   std::string out;
-  for (int t : std::set<int>(r.sharding.layer_tp.begin(), r.sharding.layer_tp.end())) {
-    const double extra = t > 1 ? tp_collective_extra(m, t, ranks) : 0;
-    if (extra <= 0) continue;
-    char line[200];
-    std::snprintf(line, sizeof line,
-                  "each tensor-parallel collective (degree %d) costs %.1f us beyond the link "
-                  "model among %d ranks per host (the cost file's tp_collective)\n",
-                  t, 1e6 * extra, ranks);
-    out += line;
-  }
+  auto line = [&](const char* what, int degree, double extra, const char* field) {
+    if (extra <= 0) return;
+    char text[200];
+    std::snprintf(text, sizeof text,
+                  "each %s (degree %d) costs %.1f us beyond the link model among %d ranks per "
+                  "host (the cost file's %s)\n",
+                  what, degree, 1e6 * extra, ranks, field);
+    out += text;
+  };
+  for (int t : std::set<int>(r.sharding.layer_tp.begin(), r.sharding.layer_tp.end()))
+    if (t > 1)
+      line("tensor-parallel collective", t, tp_collective_extra(m, t, ranks), "tp_collective");
+  for (int s : std::set<int>(r.plan.spatial.begin(), r.plan.spatial.end()))
+    if (s > 1) line("spatial exchange", s, spatial_exchange_extra(m, s, ranks), "spatial_exchange");
   return out;
 }
 

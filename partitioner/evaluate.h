@@ -46,9 +46,10 @@ struct PlanEstimate {
   // The host's cores when the plan's ranks outnumber them and the step was simulated
   // time-sliced (Machine::cores_per_host); 0 otherwise.
   int time_sliced_cores = 0;
-  // Its tensor-parallel collectives' cost beyond the link model (Machine::tp_collective)
-  // at the plan's ranks per host: tp_collective_line's text, empty when none.
-  std::string tp_collective_note;
+  // Its tensor-parallel collectives' and spatial exchanges' cost beyond the link model
+  // (Machine::tp_collective, spatial_exchange) at the plan's ranks per host:
+  // collective_extras_line's text, empty when none.
+  std::string collective_extras_note;
   // Extra parameter-server ranks (dp_sync ps_ranks > 0): the step's push, the servers'
   // update, the pull and what staleness leaves exposed of them (cost_model.h's
   // ps_server_times), for the replica rank the servers keep waiting longest.
@@ -99,9 +100,10 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
 std::string cost_source(const CostModel& model, const std::string& costs_path);
 // The line saying a step was simulated time-sliced: `ranks` on `cores`.
 std::string time_sliced_line(int ranks, int cores);
-// The line saying what each tensor-parallel collective of the plan costs beyond the link
-// model among its ranks per host (Machine::tp_collective); empty when nothing.
-std::string tp_collective_line(const ResolvedPlan& r, const Machine& m);
+// The lines saying what each tensor-parallel collective and spatial exchange of the plan
+// costs beyond the link model among its ranks per host (Machine::tp_collective,
+// spatial_exchange); empty when nothing.
+std::string collective_extras_line(const ResolvedPlan& r, const Machine& m);
 
 // The schedule costs of a plan (what the simulator runs on), from a cost table; the
 // activation bytes from `stage_memory` (per schedule stage) when given.

@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "memory/cuda_device.h"
 #include "memory/error.h"
+#include "partitioner/spatial.h"
 #include "partitioner/tensor_parallel.h"
 #include "stages/stage.h"
 #include "transport/communicator.h"
@@ -179,6 +180,7 @@ PassTimes time_passes(const Graph& g, const ProfileOptions& o, int micro_batches
   stages::StageOptions so;
   so.device = o.device;
   so.tp = o.tp;
+  so.spatial = o.spatial;
   // A 16-bit graph trains with f32 masters, as baton train runs it (the AdamW update and
   // its working copies are part of the pass).
   for (const stages::Param& p : g.params)
@@ -356,6 +358,26 @@ double tp_collective_from_pass(const Graph& g, const MeasuredCosts& costs, int t
       whole / (kPassMicroBatches * model.table(1, costs.batch).total_time(false));
   const double modelled = kPassMicroBatches * split.total_time(false);
   return std::max(0.0, (shard / slowdown - modelled) / (kPassMicroBatches * collectives));
+}
+
+std::shared_ptr<Graph> spatial_tile(const Graph& g, int s) {
+  return build_spatial(g, plan_spatial(g, s, "--spatial " + std::to_string(s)), 0);
+}
+
+double spatial_exchange_from_pass(const Graph& g, const MeasuredCosts& costs, int s, double tile,
+                                  double whole) {
+  const SpatialSplit split = plan_spatial(g, s, "--spatial " + std::to_string(s));
+  const SpatialExchanges ex = spatial_exchanges(g, split, 0, g.num_layers());
+  if (ex.forward + ex.backward == 0 || whole <= 0) return 0;
+  CostModel model(std::make_shared<const Graph>(g), Machine{}, &costs);
+  const CostTable& t = model.table(1, costs.batch);
+  const double slowdown = whole / (kPassMicroBatches * t.total_time(false));
+  // A tile's F, B and W as the cost model has them (schedule_costs' spatial stage).
+  const double halo =
+      spatial_halo_bytes(g, split, 0, g.num_layers(), costs.batch) / model.machine().tp_bandwidth;
+  const double modelled = t.total_time(false) / s + 2 * halo;
+  return std::max(0.0, (tile / slowdown - kPassMicroBatches * modelled) /
+                           (kPassMicroBatches * (ex.forward + ex.backward)));
 }
 
 void profile_tensor_parallel(const Graph& g, const ProfileOptions& o, int t, MeasuredCosts& costs) {

@@ -34,6 +34,8 @@ struct ProfileOptions {
   bool in_step = true;
   // time_passes of a tensor-parallel shard's graph: the group its collectives run in.
   transport::Communicator* tp = nullptr;
+  // time_passes of a spatial tile's graph: the group its halos and statistics go through.
+  transport::Communicator* spatial = nullptr;
   // time_passes: more than 0, the timed passes also stop once they have run this many
   // seconds, after two at least (a large model's pass takes seconds, and `repeats` of
   // them, alone and beside copies, twice, made GPT-2 124M's profile 11 minutes).
@@ -63,6 +65,19 @@ MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& option
 // rate by its FLOP share. Ops that communicate (the collectives, the vocabulary-parallel
 // cross-entropy) are left out: the cost model keeps them analytic or from the whole op.
 // Throws InputError when t does not divide what it must split.
+// One tile's graph of a spatial split at degree s (partitioner/spatial.h); InputError when
+// the model cannot be tiled so.
+std::shared_ptr<stages::Graph> spatial_tile(const stages::Graph& g, int s);
+
+// The per-exchange extra (MeasuredCosts::spatial_exchange) from whole passes that ranks
+// sharing the host ran together in spatial groups of s: `tile` of a tile's graph with its
+// exchanges, `whole` of the whole model. As tp_collective_from_pass: `whole` over the
+// cost model's pass says how much the sharing slowed the ops; what it leaves of `tile`
+// beyond the cost model's tile pass (a 1/s share of every op and the halos at the default
+// link), over the tile's exchanges (spatial_exchanges). At least 0.
+double spatial_exchange_from_pass(const stages::Graph& g, const MeasuredCosts& costs, int s,
+                                  double tile, double whole);
+
 void profile_tensor_parallel(const stages::Graph& g, const ProfileOptions& options, int t,
                              MeasuredCosts& costs);
 

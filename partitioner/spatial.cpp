@@ -204,6 +204,26 @@ double spatial_halo_bytes(const Graph& g, const SpatialSplit& s, int first, int 
   return bytes;
 }
 
+SpatialExchanges spatial_exchanges(const Graph& g, const SpatialSplit& s, int first, int last) {
+  SpatialExchanges e;
+  for (int l = first; l < last; ++l)
+    for (int id : g.layers[size_t(l)].nodes) {
+      const Node& n = g.nodes[size_t(id)];
+      if (n.inputs.empty() || !s.tiled[size_t(n.inputs[0])]) continue;
+      const SpatialHalo& h = s.halos[size_t(id)];
+      if (h.top + h.bottom > 0) {
+        e.forward++;
+        e.backward++;
+      } else if (n.op == "batchnorm2d") {
+        e.forward += 2;
+        e.backward++;
+      } else if (n.op == "global_avgpool") {
+        e.forward++;
+      }
+    }
+  return e;
+}
+
 void sync_batchnorm(Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];

@@ -56,6 +56,17 @@ std::shared_ptr<stages::Graph> build_spatial(const stages::Graph& logical, const
 double spatial_halo_bytes(const stages::Graph& g, const SpatialSplit& s, int first, int last,
                           int64_t batch, const Sharding* tp = nullptr);
 
+// The group's exchanges a tile makes per micro-batch in layers [first, last) of g: per
+// pass, one halo exchange (both neighbours at once) for each convolution and pooling
+// with a halo; a tiled batch norm's all-reduces (two in F: the means, then the
+// variances; one in B); the pooled image's mean (F). What Machine::spatial_exchange costs
+// each of beyond the link model.
+struct SpatialExchanges {
+  int forward = 0, backward = 0;
+};
+SpatialExchanges spatial_exchanges(const stages::Graph& g, const SpatialSplit& s, int first,
+                                   int last);
+
 // sync_batchnorm: every batchnorm2d of g reduces its statistics over the stage's
 // batch-norm group ("spatial": true; the group is the spatial group and the replicas).
 void sync_batchnorm(stages::Graph& g);

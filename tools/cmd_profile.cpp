@@ -100,16 +100,25 @@ pt::PassTimes colocated_pass(int k, const std::vector<std::string>& hold_args,
   }
 }
 
-// `--tp-probe t`, a rank of the job tp_collective_passes launches: whole passes of the
-// whole model, then of its degree-t shard with the collectives over the job's transport
-// (rank r is index r mod t of the group of ranks [r - r mod t, ... + t)), twice, bound as
-// baton train binds ranks; rank 0 writes the two kinds' compute time to `out`.
-void tp_probe_rank(const stages::Graph& g, pt::ProfileOptions o, int t, const std::string& out) {
+// What a probe job splits the model by: tensor parallelism (its collectives) or a
+// spatial split (its halos and tiled batch norms).
+enum class Split { tp, spatial };
+const char* probe_flag(Split s) {
+  return s == Split::tp ? "--tp-probe" : "--spatial-probe";
+}
+
+// `--tp-probe t` or `--spatial-probe t`, a rank of the job group_passes launches: whole
+// passes of the whole model, then of its degree-t part (a tensor-parallel shard, a tile)
+// with its communication over the job's transport (rank r is index r mod t of the group of
+// ranks [r - r mod t, ... + t)), twice, bound as baton train binds ranks; rank 0 writes the
+// two kinds' compute time to `out`.
+void probe_rank(const stages::Graph& g, pt::ProfileOptions o, Split kind, int t,
+                const std::string& out) {
   const transport::LaunchEnv env = transport::read_launch_env();
   if (env.size % t != 0)
-    throw InputError("--tp-probe: " + std::to_string(env.size) + " ranks do not form groups of " +
-                     std::to_string(t));
-  // Partners on different cores, as a plan's tensor-parallel ranks are dealt
+    throw InputError(std::string(probe_flag(kind)) + ": " + std::to_string(env.size) +
+                     " ranks do not form groups of " + std::to_string(t));
+  // Partners on different cores, as a plan's tensor-parallel ranks and tiles are dealt
   // (Layout::core_deal_order puts a group's ranks side by side).
   transport::bind_dealt(env.rank, env);
   transport::World world = transport::init_world();
@@ -117,12 +126,13 @@ void tp_probe_rank(const stages::Graph& g, pt::ProfileOptions o, int t, const st
   std::vector<int> members;
   for (int i = 0; i < t; ++i) members.push_back(first + i);
   const transport::CommPtr group = world.comm->split(members);
-  const std::shared_ptr<stages::Graph> shard = pt::tensor_parallel_shard(g, t, env.rank % t);
+  const std::shared_ptr<stages::Graph> shard =
+      kind == Split::tp ? pt::tensor_parallel_shard(g, t, env.rank % t) : pt::spatial_tile(g, t);
   o.mean = env.bind_self;  // more ranks than cores, as --colocated times them
   o.pass_seconds = pt::kPassSeconds;
   o.pass_group = world.comm.get();
   pt::ProfileOptions split = o;
-  split.tp = group.get();
+  (kind == Split::tp ? split.tp : split.spatial) = group.get();
   double whole = 0, sharded = 0;
   for (int round = 0; round < 2; ++round) {
     world.comm->barrier()->wait();
@@ -136,20 +146,22 @@ void tp_probe_rank(const stages::Graph& g, pt::ProfileOptions o, int t, const st
   world.comm->barrier()->wait();
 }
 
-// Whole passes (compute) of the whole model and of a degree-t shard with its collectives
+// Whole passes (compute) of the whole model and of a degree-t part with its communication
 // while k ranks in groups of t run them over `baton launch`'s transport (the ranks are
-// copies of this program, tp_probe_rank): {whole, shard}.
-std::pair<double, double> tp_collective_passes(int k, int t, std::vector<std::string> probe_args,
-                                               const std::string& scratch) {
+// copies of this program, probe_rank): {whole, part}.
+std::pair<double, double> group_passes(int k, Split kind, int t,
+                                       std::vector<std::string> probe_args,
+                                       const std::string& scratch) {
   transport::LaunchOptions lo;
   lo.nprocs = k;
   lo.command = {"/proc/self/exe", "profile"};
-  probe_args.insert(probe_args.end(), {"--tp-probe", std::to_string(t), "-o", scratch});
+  probe_args.insert(probe_args.end(), {probe_flag(kind), std::to_string(t), "-o", scratch});
   lo.command.insert(lo.command.end(), probe_args.begin(), probe_args.end());
   if (const int rc = transport::launch(lo); rc != 0)
-    throw RuntimeError("profile --tp: the job of " + std::to_string(k) +
-                       " ranks timing the collectives failed (exit code " + std::to_string(rc) +
-                       ")");
+    throw RuntimeError(std::string("profile ") + (kind == Split::tp ? "--tp" : "--spatial") +
+                       ": the job of " + std::to_string(k) + " ranks timing the " +
+                       (kind == Split::tp ? "collectives" : "exchanges") + " failed (exit code " +
+                       std::to_string(rc) + ")");
   nlohmann::json j = stages::read_json_file(scratch);
   std::remove(scratch.c_str());
   const stages::JsonReader r(j, scratch);
@@ -178,8 +190,14 @@ int run_profile(const std::vector<std::string>& args) {
       "T [T ...]: also time one rank's shard of every op at tensor-parallel degree T (the "
       "split GEMMs' own rate, where the planner would otherwise take the whole op's by its "
       "FLOP share); with --colocated K, also what a collective costs among K ranks in groups "
-      "of T")("tp-probe", po::value<int>()->default_value(0),
-              "(internal) a rank of --tp's job timing the collectives")(
+      "of T")("spatial", po::value<std::vector<int>>()->multitoken(),
+              "S [S ...]: with --colocated K (K a multiple of S), what an exchange of a spatial "
+              "split (a halo, a tiled batch norm's statistics) costs among K ranks in groups of "
+              "S, the tiles' own rate included")(
+      "tp-probe", po::value<int>()->default_value(0),
+      "(internal) a rank of --tp's job timing the collectives")(
+      "spatial-probe", po::value<int>()->default_value(0),
+      "(internal) a rank of --spatial's job timing the exchanges")(
       "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   add_common_options(opts);
@@ -214,7 +232,11 @@ int run_profile(const std::vector<std::string>& args) {
   if (vm["hold"].as<bool>())
     for (;;) pt::time_passes(g, o, pt::kPassMicroBatches);
   if (const int t = vm["tp-probe"].as<int>(); t > 0) {
-    tp_probe_rank(g, o, t, out);
+    probe_rank(g, o, Split::tp, t, out);
+    return 0;
+  }
+  if (const int s = vm["spatial-probe"].as<int>(); s > 0) {
+    probe_rank(g, o, Split::spatial, s, out);
     return 0;
   }
   const std::vector<int> colocated =
@@ -228,6 +250,18 @@ int run_profile(const std::vector<std::string>& args) {
     if (t < 2 || t > 65536)
       throw InputError("--tp: expected tensor-parallel degrees from 2 to 65536, found " +
                        std::to_string(t));
+  const std::vector<int> spatial =
+      vm.count("spatial") ? vm["spatial"].as<std::vector<int>>() : std::vector<int>{};
+  for (int s : spatial) {
+    if (s < 2 || s > 65536)
+      throw InputError("--spatial: expected spatial degrees from 2 to 65536, found " +
+                       std::to_string(s));
+    if (std::none_of(colocated.begin(), colocated.end(), [&](int k) { return k % s == 0; }))
+      throw InputError("--spatial " + std::to_string(s) +
+                       ": give --colocated K with K a multiple of " + std::to_string(s) +
+                       " (the ranks per host the plans run)");
+    pt::spatial_tile(g, s);  // InputError now, not after the op timings, if it cannot tile
+  }
   // A large model's profile takes minutes (GPT-2 124M's, --colocated 4: 6): each phase
   // says it has begun, line by line even into a file or a pipe.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -315,31 +349,44 @@ int run_profile(const std::vector<std::string>& args) {
           (together.compute - together.forward) / (alone.compute - alone.forward));
     }
   }
-  // The collectives among co-located ranks: a shard's passes with them, k ranks in
-  // groups of t, against what the cost model makes of the same passes.
-  // Not on a GPU (its ranks would share the one device), nor against op times that
-  // include their first calls (--warmup 0): what the probe's passes leave over the cost
-  // model's would be that.
-  if (!tp.empty() && !colocated.empty() && o.warmup == 0)
+  // The collectives and spatial exchanges among co-located ranks: a shard's or a tile's
+  // passes with them, k ranks in groups of t, against what the cost model makes of the
+  // same passes. Not on a GPU (its ranks would share the one device), nor against op
+  // times that include their first calls (--warmup 0): what the probe's passes leave over
+  // the cost model's would be that.
+  const bool probes = !o.device.is_cuda() && o.warmup > 0;
+  if ((!tp.empty() || !spatial.empty()) && !colocated.empty() && o.warmup == 0)
     std::printf(
         "collectives among co-located ranks: not measured (--warmup 0: the ops' times include "
         "their first calls' one-time costs)\n");
-  for (int t : o.device.is_cuda() || o.warmup == 0 ? std::vector<int>{} : tp)
+  const std::vector<std::string> probe = {"--model",   model_path,
+                                          "--batch",   std::to_string(o.batch),
+                                          "--threads", std::to_string(o.threads),
+                                          "--repeats", std::to_string(o.repeats),
+                                          "--warmup",  "1"};
+  for (int t : probes ? tp : std::vector<int>{})
     for (int k : colocated) {
       if (k % t != 0) continue;
-      const std::vector<std::string> probe = {"--model",   model_path,
-                                              "--batch",   std::to_string(o.batch),
-                                              "--threads", std::to_string(o.threads),
-                                              "--repeats", std::to_string(o.repeats),
-                                              "--warmup",  "1"};
       std::printf("timing %d ranks' passes in tensor-parallel groups of %d, twice\n", k, t);
-      const auto [whole, shard] = tp_collective_passes(k, t, probe, out + ".tp-probe");
+      const auto [whole, shard] = group_passes(k, Split::tp, t, probe, out + ".tp-probe");
       const double extra = pt::tp_collective_from_pass(g, costs, t, shard, whole);
       costs.tp_collective[t][k] = extra;
       std::printf(
           "%d ranks on the host in tensor-parallel groups of %d: a collective takes %.1f us "
           "beyond its analytic time\n",
           k, t, 1e6 * extra);
+    }
+  for (int s : probes ? spatial : std::vector<int>{})
+    for (int k : colocated) {
+      if (k % s != 0) continue;
+      std::printf("timing %d ranks' passes in spatial groups of %d, twice\n", k, s);
+      const auto [whole, tile] = group_passes(k, Split::spatial, s, probe, out + ".spatial-probe");
+      const double extra = pt::spatial_exchange_from_pass(g, costs, s, tile, whole);
+      costs.spatial_exchange[s][k] = extra;
+      std::printf(
+          "%d ranks on the host in spatial groups of %d: an exchange takes %.1f us beyond the "
+          "link model\n",
+          k, s, 1e6 * extra);
     }
   pt::write_measured_costs(costs, out);
 

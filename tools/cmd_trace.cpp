@@ -55,7 +55,7 @@ int predict(const std::vector<std::string>& args) {
       pt::cost_source(model, costs).c_str());
   if (!pt::core_ranks(r.layout, model.machine()).empty())
     std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
-  std::fputs(pt::tp_collective_line(r, model.machine()).c_str(), stdout);
+  std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), stdout);
   if (!out.empty()) memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
   if (!svg.empty()) memory::write_file_durably(svg, schedule::to_svg(p.timeline));
   return 0;

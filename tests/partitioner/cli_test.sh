@@ -167,6 +167,23 @@ contains "--tp: expected tensor-parallel degrees from 2 to 65536, found 1"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 3 --out "$tmp/c.json"
 contains "--tp 3"
 test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
+# A spatial split's exchanges among 2 co-located ranks in groups of 2: in the file, and
+# what the spatial plan's stages were charged for them.
+expect 0 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --batch 2 --repeats 1 --warmup 1 \
+  --colocated 2 --spatial 2 --out "$tmp/costs-sp.json"
+contains "timing 2 ranks' passes in spatial groups of 2, twice"
+contains "2 ranks on the host in spatial groups of 2: an exchange takes"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); t = c["spatial_exchange"]["2"]["2"]; assert 0 <= t < 1, t
+c["spatial_exchange"] = {"2": {"8": 5e-5}}; json.dump(c, open(sys.argv[2], "w"))' \
+  "$tmp/costs-sp.json" "$tmp/costs-sp2.json" || { echo "FAIL: no spatial_exchange for 2 ranks"; fails=$((fails + 1)); }
+[ ! -e "$tmp/costs-sp.json.spatial-probe" ] || { echo "FAIL: the probe's file was left"; fails=$((fails + 1)); }
+expect 0 "$baton" plan --check "$root/examples/plans/resnet-pp2-spatial2-dp2.json" --costs "$tmp/costs-sp2.json"
+contains "each spatial exchange (degree 2) costs 50.0 us beyond the link model among 8 ranks per host"
+expect 2 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --spatial 2 --out "$tmp/c.json"
+contains "--spatial 2: give --colocated K with K a multiple of 2"
+expect 2 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --spatial 16 --colocated 16 --out "$tmp/c.json"
+contains "--spatial 16: spatial degree 16 does not divide the height 8"
+test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
 # The machine's link figures, the same flags as baton plan's: a slower TP link, a slower step.
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json"
 fast=$(grep -o 'step time [0-9.]*' "$tmp/out" | awk '{print $3}')

@@ -21,6 +21,7 @@
 #include "partitioner/profile.h"
 #include "partitioner/resolved_plan.h"
 #include "partitioner/search.h"
+#include "partitioner/spatial.h"
 #include "schedule/simulate.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
@@ -919,6 +920,72 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
 
   nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
   j["cores"] = 0;
+  memory::write_file_durably(path, j.dump());
+  EXPECT_THROW(read_measured_costs(path), InputError);
+}
+
+// A spatial split's exchanges (halos, tiled batch norms' statistics, the pooled mean)
+// among co-located ranks (`baton profile --colocated k --spatial s`): counted per layer
+// range, derived from the probe's passes so that the cost model gives them back, written
+// and read back, and added, slowed like the ops, to F and B of every spatial stage.
+TEST(Profile, SpatialExchangesCostWhatTheCoLocatedRanksMeasured) {
+  Plan plan =
+      read_plan(std::string(BATON_SOURCE_DIR) + "/examples/plans/resnet-pp2-spatial2-dp2.json");
+  auto g = load_plan_model(plan);
+  const ResolvedPlan r = resolve_plan(plan, g);
+  // resnet-tiny: the stem (conv 3x3, batch norm), layer1.0 (two of each), layer2.0 (two
+  // of each and the 1x1 strided downsample's conv without a halo and its batch norm),
+  // the head's pooled mean. Each halo is one exchange a pass; each batch norm two in F
+  // (means, variances) and one in B.
+  const SpatialSplit split = plan_spatial(*g, 2, "test");
+  const SpatialExchanges all = spatial_exchanges(*g, split, 0, g->num_layers());
+  EXPECT_EQ(all.forward, 5 + 2 * 6 + 1);
+  EXPECT_EQ(all.backward, 5 + 6);
+  const SpatialExchanges stem = spatial_exchanges(*g, split, 0, 1);
+  EXPECT_EQ(stem.forward, 3);
+  EXPECT_EQ(stem.backward, 2);
+
+  MeasuredCosts m = profile_model(*g, quick_profile(plan.micro_batch_size, false));
+  // The probe's passes: the whole model's slowed 2x by the sharing, the tile's by as much
+  // and 30 us per exchange more than the model's tile (half of every op and the halos).
+  CostModel model(g, Machine{}, &m);
+  const CostTable& whole = model.table(1, m.batch);
+  const double halo =
+      spatial_halo_bytes(*g, split, 0, g->num_layers(), m.batch) / model.machine().tp_bandwidth;
+  const double tile = kPassMicroBatches * (whole.total_time(false) / 2 + 2 * halo);
+  const double whole_pass = 2 * kPassMicroBatches * whole.total_time(false);
+  const double per_pass = kPassMicroBatches * (all.forward + all.backward);
+  EXPECT_NEAR(spatial_exchange_from_pass(*g, m, 2, 2 * (tile + per_pass * 30e-6), whole_pass),
+              30e-6, 1e-12);
+  EXPECT_EQ(spatial_exchange_from_pass(*g, m, 2, 2 * tile * 0.9, whole_pass), 0.0);
+
+  m.spatial_exchange = {{2, {{2, 20e-6}, {8, 80e-6}}}};
+  const std::string path = testing::TempDir() + "spatial_exchange_costs.json";
+  write_measured_costs(m, path);
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.spatial_exchange, m.spatial_exchange);
+  CostModel measured(g, Machine{}, &back);
+  EXPECT_DOUBLE_EQ(spatial_exchange_extra(measured.machine(), 2, 4), 40e-6);
+  EXPECT_DOUBLE_EQ(spatial_exchange_extra(measured.machine(), 4, 8), 0.0);  // not measured
+
+  const CostTable& table = measured.table_for(r.sharding, plan.micro_batch_size);
+  Machine none = measured.machine();
+  none.spatial_exchange.clear();
+  const schedule::Costs a = schedule_costs(r, table, none),
+                        b = schedule_costs(r, table, measured.machine());
+  const double slow = colocation_slowdown(measured.machine(), 8);
+  for (int s = 0; s < r.schedule.num_stages(); ++s) {
+    const int k = r.chunk_of_stage[size_t(s)];
+    const SpatialExchanges ex =
+        spatial_exchanges(*g, split, r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]);
+    EXPECT_GT(ex.forward, 0) << s;
+    EXPECT_NEAR(b.forward[size_t(s)] - a.forward[size_t(s)], slow * ex.forward * 80e-6, 1e-12);
+    EXPECT_NEAR(b.backward_input[size_t(s)] - a.backward_input[size_t(s)],
+                slow * ex.backward * 80e-6, 1e-12);
+    EXPECT_DOUBLE_EQ(b.backward_weight[size_t(s)], a.backward_weight[size_t(s)]);
+  }
+  nlohmann::json j = nlohmann::json::parse(memory::read_file(path));
+  j["spatial_exchange"] = nlohmann::json::parse(R"({"1": {"2": 1e-5}})");
   memory::write_file_durably(path, j.dump());
   EXPECT_THROW(read_measured_costs(path), InputError);
 }
