@@ -135,8 +135,8 @@ void check_world_size(const ResolvedPlan& r, int size) {
   const int servers = r.plan.dp_sync.ps_ranks;
   throw InputError(r.plan.where("$.devices") + ": the plan has " + std::to_string(r.world()) +
                    " ranks" +
-                   (servers > 0 ? " (" + std::to_string(r.layout.world()) + " and " +
-                                      std::to_string(servers) + " parameter-server ranks)"
+                   (servers > 0 ? " (" + std::to_string(r.layout.world()) + " training and " +
+                                      std::to_string(servers) + " parameter-server)"
                                 : std::string()) +
                    ", the job " + std::to_string(size));
 }

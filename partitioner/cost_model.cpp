@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "memory/allocator.h"
 #include "memory/error.h"
@@ -298,6 +299,33 @@ double colocation_slowdown(const Machine& m, int ranks) {
     f0 = f;
   }
   return ranks <= 1 ? 1.0 : f0;
+}
+
+void check_machine(const Machine& m, const std::function<std::string(const char*)>& name) {
+  auto text = [](double v) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  for (auto [field, v] : {std::pair{"flops", m.flops},
+                          {"memory_bandwidth", m.memory_bandwidth},
+                          {"tp_bandwidth", m.tp_bandwidth},
+                          {"p2p_bandwidth", m.p2p_bandwidth},
+                          {"dp_bandwidth", m.dp_bandwidth}})
+    if (!(v > 0 && std::isfinite(v)))
+      throw InputError(name(field) + ": expected a positive rate, found " + text(v));
+  for (auto [field, v] : {std::pair{"tp_latency", m.tp_latency},
+                          {"p2p_latency", m.p2p_latency},
+                          {"dp_latency", m.dp_latency}})
+    if (!(v >= 0 && std::isfinite(v)))
+      throw InputError(name(field) + ": expected seconds (0 or more), found " + text(v));
+  if (m.cores_per_host < 0)
+    throw InputError(name("cores_per_host") + ": expected 0 (the cost file's) or more, found " +
+                     std::to_string(m.cores_per_host));
+  if (m.ranks_per_host < 0)
+    throw InputError(name("ranks_per_host") +
+                     ": expected 0 (all of the plan's ranks) or more, found " +
+                     std::to_string(m.ranks_per_host));
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -64,6 +65,12 @@ struct Machine {
   // exchange, as core time. Measured by `baton profile --colocated k --spatial s`.
   std::map<int, std::map<int, double>> spatial_exchange;
 };
+
+// The figures in range: rates (flops, the bandwidths) positive and finite, latencies 0 or
+// more and finite, the per-host counts 0 or more; InputError naming the figure as
+// `name` gives it ("--tp-bandwidth" for the command's flags, "machine.tp_bandwidth" for
+// Python's dict) from its field name ("tp_bandwidth").
+void check_machine(const Machine& m, const std::function<std::string(const char*)>& name);
 
 // The compute slowdown of `ranks` ranks on one host: linear between the measured points
 // (1 rank: 1.0), the largest measured one's beyond them.

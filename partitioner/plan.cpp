@@ -115,6 +115,47 @@ std::string Plan::where(const std::string& json_path) const {
   return (source.empty() ? std::string("plan") : source) + ": " + json_path;
 }
 
+void check_dp_sync(const Plan& p) {
+  const DpSync& s = p.dp_sync;
+  const std::string mode = "\"" + std::string(dp_sync_name(s.mode)) + "\"";
+  // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
+  if (s.mode == DpSync::Mode::gossip && p.dp > 1 && s.peers > p.dp - 1)
+    throw InputError(p.where("$.dp_sync.peers") + ": expected at most dp - 1 = " +
+                     std::to_string(p.dp - 1) + " peers, found " + std::to_string(s.peers));
+  // The servers' parts are zero1's, which DualPipe (each chunk on two pipeline ranks)
+  // does not shard.
+  if (s.parameter_server() && p.schedule == "dualpipe")
+    throw InputError(p.where("$.dp_sync.mode") +
+                     ": \"parameter-server\" needs a schedule whose chunks live on one pipeline "
+                     "rank each; expected a schedule other than \"dualpipe\", found \"dualpipe\"");
+  // Extra server ranks serve the parts the replicas' data-parallel group shards (none at
+  // dp 1) and run on the host: their messages travel the world's transport.
+  if (s.ps_ranks > 0 && p.dp < 2)
+    throw InputError(p.where("$.dp_sync.ps_ranks") +
+                     ": extra server ranks serve the parameters of several data-parallel "
+                     "replicas; expected dp >= 2 with ps_ranks " +
+                     std::to_string(s.ps_ranks) + ", found dp " + std::to_string(p.dp));
+  if (s.ps_ranks > 0 && p.device != "cpu")
+    throw InputError(p.where("$.dp_sync.ps_ranks") +
+                     ": extra server ranks run on the CPU; expected device \"cpu\" with "
+                     "ps_ranks > 0, found \"" +
+                     p.device + "\"");
+  if (s.parameter_server() && p.optimizer_sharding != OptimizerSharding::none)
+    throw InputError(p.where("$.dp_sync") +
+                     ": \"parameter-server\" shards the optimizer state over its servers "
+                     "itself; expected optimizer_sharding \"none\" (or absent), found \"" +
+                     std::string(sharding_name(p.optimizer_sharding)) + "\"");
+  if (s.independent() && p.optimizer_sharding != OptimizerSharding::none)
+    throw InputError(p.where("$.dp_sync") + ": " + mode +
+                     " keeps a whole optimizer per replica; it cannot be combined with "
+                     "optimizer_sharding \"" +
+                     std::string(sharding_name(p.optimizer_sharding)) + "\"");
+  // The early update of a post-validated step assumes the summed gradient of allreduce.
+  if (p.post_validated_step && s.mode != DpSync::Mode::allreduce)
+    throw InputError(p.where("$.optimizer_step") + ": \"post-validated\" cannot be combined " +
+                     "with dp_sync " + mode + " (only with \"allreduce\")");
+}
+
 std::string_view boundary_pattern(int t, int u) {
   return t == u ? "one-to-one" : t < u ? "broadcast" : "gather";
 }
@@ -213,7 +254,8 @@ void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
     if (rc->raw().is_boolean()) {
       s.recompute_all = rc->as_bool();
     } else {
-      rc->expect_array();
+      if (!rc->raw().is_array())
+        rc->fail("true, false or an array of layer names", stages::json_brief(rc->raw()));
       for (const JsonReader& x : rc->items()) s.recompute_names.push_back(x.as_string());
     }
   }
@@ -432,6 +474,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
 
   if (auto o = r.get("optimizer")) {
     p.optimizer = o->as_string();
+    p.optimizer_stated = true;
     if (p.optimizer != "adamw" && p.optimizer != "sgd" && p.optimizer != "sgd-momentum")
       o->fail("\"adamw\", \"sgd\" or \"sgd-momentum\"", "\"" + p.optimizer + "\"");
   }
@@ -457,49 +500,8 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   }
 
   if (auto sb = r.get("sync_batchnorm")) p.sync_batchnorm = sb->as_bool();
-  if (auto d = r.get("dp_sync")) {
-    p.dp_sync = read_dp_sync(*d);
-    // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
-    if (p.dp_sync.mode == DpSync::Mode::gossip && p.dp > 1 && p.dp_sync.peers > p.dp - 1)
-      d->at("peers").fail("at most dp - 1 = " + std::to_string(p.dp - 1) + " peers",
-                          std::to_string(p.dp_sync.peers));
-    // The servers' parts are zero1's, which DualPipe (each chunk on two pipeline ranks)
-    // does not shard.
-    if (p.dp_sync.parameter_server() && p.schedule == "dualpipe")
-      d->at("mode").fail_message(
-          "\"parameter-server\" needs a schedule whose chunks live on one pipeline rank each; "
-          "expected a schedule other than \"dualpipe\", found \"dualpipe\"");
-    // Extra server ranks serve the parts the replicas' data-parallel group shards (none
-    // at dp 1) and run on the host: their messages travel the world's transport.
-    if (p.dp_sync.ps_ranks > 0 && p.dp < 2)
-      d->at("ps_ranks")
-          .fail_message(
-              "extra server ranks serve the parameters of several data-parallel replicas; "
-              "expected dp >= 2 with ps_ranks " +
-              std::to_string(p.dp_sync.ps_ranks) + ", found dp " + std::to_string(p.dp));
-    if (p.dp_sync.ps_ranks > 0 && p.device != "cpu")
-      d->at("ps_ranks")
-          .fail_message(
-              "extra server ranks run on the CPU; expected device \"cpu\" with ps_ranks > 0, "
-              "found \"" +
-              p.device + "\"");
-    if (p.dp_sync.parameter_server() && p.optimizer_sharding != OptimizerSharding::none)
-      throw InputError(d->where() +
-                       ": \"parameter-server\" shards the optimizer state over "
-                       "its servers itself; expected optimizer_sharding \"none\" (or absent), "
-                       "found \"" +
-                       std::string(sharding_name(p.optimizer_sharding)) + "\"");
-    if (p.dp_sync.independent() && p.optimizer_sharding != OptimizerSharding::none)
-      throw InputError(d->where() + ": \"" + std::string(dp_sync_name(p.dp_sync.mode)) +
-                       "\" keeps a whole optimizer per replica; it "
-                       "cannot be combined with optimizer_sharding \"" +
-                       std::string(sharding_name(p.optimizer_sharding)) + "\"");
-  }
-  // The early update of a post-validated step assumes the summed gradient of allreduce.
-  if (p.post_validated_step && p.dp_sync.mode != DpSync::Mode::allreduce)
-    throw InputError(p.where("$.optimizer_step") +
-                     ": \"post-validated\" cannot be combined with dp_sync \"" +
-                     std::string(dp_sync_name(p.dp_sync.mode)) + "\" (only with \"allreduce\")");
+  if (auto d = r.get("dp_sync")) p.dp_sync = read_dp_sync(*d);
+  check_dp_sync(p);
 
   if (auto st = r.get("stages")) {
     st->expect_array();

@@ -132,6 +132,7 @@ struct Plan {
   int64_t micro_batch_size = 1;     // samples per micro-batch
   int64_t global_batch = 0;         // dp * micro_batches * micro_batch_size
   std::string optimizer = "adamw";  // adamw, sgd, sgd-momentum (state: 2, 0, 1 tensors)
+  bool optimizer_stated = false;    // the file names it: baton train --plan trains with it
   OptimizerSharding optimizer_sharding = OptimizerSharding::none;
   // How STEP meets the global gradient norm (docs/engine.md): "synchronous" waits for it
   // before updating; "post-validated" updates at once and rolls back when it must.
@@ -171,6 +172,12 @@ class Layout;
 Layout plan_layout(const Plan& p);
 
 // Optimizer state tensors per parameter.
+// The plan's data-parallel synchronisation against the rest of it (gossip's peers within
+// the replicas, what a parameter server, local SGD, gossip and a post-validated step do
+// not combine with); InputError naming the JSON path. parse_plan checks it; the search
+// skips the candidates it refuses.
+void check_dp_sync(const Plan& p);
+
 int optimizer_states(const std::string& optimizer);
 
 // Reads a plan file; InputError naming the file and JSON path on any bad field.

@@ -161,8 +161,9 @@ class Search {
             for (const std::string& name : names) {
               // One pipeline rank: every schedule runs the same F, B, W in order.
               if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
-              // A parameter server's parts are zero1's, which DualPipe does not shard.
-              if (dp > 1 && o_.dp_sync.parameter_server() && name == "dualpipe") continue;
+              // What a plan file would refuse (gossip's peers beyond the replicas, a
+              // parameter server under DualPipe, ...) is no candidate either.
+              if (dp > 1 && !dp_sync_allowed(dp, name)) continue;
               for (int rc : {0, 1}) {
                 if (o_.recompute >= 0 && rc != o_.recompute) continue;
                 enumerate(tp, sp, pp, dp, m, b, name, rc == 1);
@@ -204,10 +205,52 @@ class Search {
       result_.skipped.push_back(reason);
   }
 
+  // check_dp_sync on what a candidate with `dp` replicas and schedule `name` would write.
+  bool dp_sync_allowed(int dp, const std::string& name) {
+    Plan p;
+    p.source = "--dp-sync";
+    p.dp = dp;
+    p.schedule = name;
+    p.optimizer_sharding = o_.optimizer_sharding;
+    p.dp_sync = o_.dp_sync;
+    try {
+      check_dp_sync(p);
+    } catch (const InputError& e) {
+      skip("dp " + std::to_string(dp) + ", " + name + ": " + e.what());
+      return false;
+    }
+    return true;
+  }
+
   // What the user fixed must fit the devices and the model: said as such rather than as
   // "no plan fits".
   void check_fixed(int N, int L) const {
     int64_t product = 1;
+    for (auto [value, flag] :
+         {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"}, std::pair{o_.dp, "--dp"},
+          std::pair{o_.spatial, "--spatial"}, std::pair{o_.micro_batches, "--micro-batches"}})
+      if (value < 0)
+        throw InputError(std::string(flag) +
+                         ": expected at least 1 (0 or absent: searched), found " +
+                         std::to_string(value));
+    // The synchronisation asked for against the sharding and the replicas fixed.
+    const std::string mode = "\"" + std::string(dp_sync_name(o_.dp_sync.mode)) + "\"";
+    const std::string sharding = std::string(sharding_name(o_.optimizer_sharding));
+    if (o_.dp_sync.parameter_server() && o_.optimizer_sharding != OptimizerSharding::none)
+      throw InputError(
+          "--dp-sync: \"parameter-server\" shards the optimizer state over its servers itself; "
+          "expected --optimizer-sharding none, found " +
+          sharding);
+    if (o_.dp_sync.independent() && o_.optimizer_sharding != OptimizerSharding::none)
+      throw InputError("--dp-sync: " + mode +
+                       " keeps a whole optimizer per replica; expected --optimizer-sharding none, "
+                       "found " +
+                       sharding);
+    if (o_.dp == 1 && o_.dp_sync.mode != DpSync::Mode::allreduce)
+      throw InputError("--dp-sync: " + mode +
+                       " synchronises data-parallel replicas, and --dp 1 has none");
+    if (o_.keep < 1)
+      throw InputError("--top: expected at least 1 plan to list, found " + std::to_string(o_.keep));
     for (auto [value, flag] : {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"},
                                std::pair{o_.dp, "--dp"}, std::pair{o_.spatial, "--spatial"}}) {
       if (value <= 0) continue;

@@ -260,6 +260,9 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
 // its B), which sets the memory: about 1/3 (V-Min) or 1/2 (V-Half) of 1F1B's p
 // micro-batches.
 BuildingBlock v_block(const std::string& kind, int p) {
+  if (kind != "v-min" && kind != "v-half" && kind != "v-zb")
+    throw InputError("building block '" + kind + "': expected v-min, v-half or v-zb");
+  check_common(kind, p, 1, 2);  // the ranks generate() takes
   BuildingBlock b;
   b.period = 6;
   b.chunk_stage.resize(size_t(p));

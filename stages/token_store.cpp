@@ -200,6 +200,11 @@ std::shared_ptr<const TokenStore> TokenStore::open_megatron(const std::string& p
           std::to_string(k) + " bytes at byte " + std::to_string(ptr) + ") ends at byte " + end +
           ", the file has " + std::to_string(bin_size) + " bytes");
     }
+    // Megatron's writer places each sequence at a multiple of its token size.
+    if (ptr % int64_t(k) != 0)
+      throw InputError(idx_path + ": sequence " + std::to_string(i) + " starts at byte " +
+                       std::to_string(ptr) + ", not a multiple of its " + std::to_string(k) +
+                       "-byte tokens (a damaged index)");
     contiguous &= ptr == expect_ptr;
     expect_ptr = ptr + bytes;
     seq_start[i + 1] = seq_start[i] + len;

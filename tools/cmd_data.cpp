@@ -180,7 +180,10 @@ int run_prepare(const std::vector<std::string>& args) {
       if (j.is_discarded() || !j.is_object())
         throw InputError(input + ":" + std::to_string(line_no) +
                          ": expected a JSON object per line");
-      if (!j.contains(key) || !j[key].is_string())
+      if (!j.contains(key))
+        throw InputError(input + ":" + std::to_string(line_no) + ": no field \"" + key +
+                         "\" (--json-key names the field holding the text)");
+      if (!j[key].is_string())
         throw InputError(input + ":" + std::to_string(line_no) + ": $." + key +
                          ": expected a string (--json-key)");
       text = j[key].get<std::string>();

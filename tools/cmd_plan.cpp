@@ -137,11 +137,6 @@ int run_plan(const std::vector<std::string>& args) {
       j = dp_sync;
     }
     so.dp_sync = pt::parse_dp_sync(j, "--dp-sync");
-    if (so.dp_sync.parameter_server() && so.optimizer_sharding != pt::OptimizerSharding::none)
-      throw InputError(
-          "--dp-sync: \"parameter-server\" shards the optimizer state over its "
-          "servers itself; expected --optimizer-sharding none, found " +
-          sharding);
   }
   so.model_path = model_path;
 

@@ -137,16 +137,6 @@ int run_train(const std::vector<std::string>& args) {
     kernels::set_num_threads(std::max(1, cores / std::max(1, env.local_size)));
   }
 
-  if (optimizer == "adamw") {
-    o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
-    o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, 1e-8, weight_decay};
-  } else if (optimizer == "sgd") {
-    o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
-    o.optimizer.sgd = kernels::Sgd{lr, momentum, weight_decay, false};
-  } else {
-    throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
-  }
-  if (!(lr > 0)) throw InputError("--lr: expected a positive number");
   o.precision = kernels::parse_precision(precision);
   // The device: the flag's for one process; a plan's "device" field (each rank the GPU of
   // its local rank). A CUDA device this process lacks fails here (exit 1), before any
@@ -170,6 +160,33 @@ int run_train(const std::vector<std::string>& args) {
       o.device = memory::Device::cuda(gpus > 0 ? env.local_rank % gpus : env.local_rank);
     }
   }
+  // A plan that names its optimizer was checked for that optimizer's state: it trains with
+  // it (--optimizer may only agree, and the momentum must match sgd or sgd-momentum).
+  if (plan_doc && plan_doc->optimizer_stated) {
+    const std::string& want = plan_doc->optimizer;
+    const std::string kind = want == "adamw" ? "adamw" : "sgd";
+    const std::string where = plan_doc->where("$.optimizer");
+    if (!vm["optimizer"].defaulted() && optimizer != kind)
+      throw InputError("--optimizer " + optimizer + ": the plan trains with \"" + want + "\" (" +
+                       where + "), whose state its memory estimate holds");
+    optimizer = kind;
+    if (want == "sgd" && momentum != 0)
+      throw InputError("--momentum: the plan's optimizer is \"sgd\" (" + where +
+                       "), without momentum state; \"sgd-momentum\" keeps one");
+    if (want == "sgd-momentum" && momentum == 0)
+      throw InputError("--momentum: the plan's optimizer is \"sgd-momentum\" (" + where +
+                       "): give its momentum (e.g. --momentum 0.9)");
+  }
+  if (optimizer == "adamw") {
+    o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
+    o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, 1e-8, weight_decay};
+  } else if (optimizer == "sgd") {
+    o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
+    o.optimizer.sgd = kernels::Sgd{lr, momentum, weight_decay, false};
+  } else {
+    throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
+  }
+  if (!(lr > 0)) throw InputError("--lr: expected a positive number");
   memory::cuda::require_device(o.device);
   kernels::check_precision(o.precision, o.device);
   // The cap: --device-memory, or the plan's device memory (each rank, as its estimate

@@ -50,6 +50,9 @@ def main():
     ap.add_argument("--eod-token", default=None,
                     help="the end-of-document token's text (default: <|endoftext|>, </s> or <eos>)")
     args = ap.parse_args()
+    out_dir = os.path.dirname(args.out)
+    if out_dir and not os.path.isdir(out_dir):
+        sys.exit(f"--out {args.out}: no directory {out_dir}")
 
     tok = Tokenizer.from_file(args.tokenizer)
     vocab = tok.get_vocab_size(with_added_tokens=True)

@@ -41,25 +41,12 @@ void add_machine_options(po::options_description& opts, partitioner::Machine& m)
 }
 
 void check_machine_options(const partitioner::Machine& m) {
-  for (auto [flag, v] : {std::pair{"--flops", m.flops},
-                         {"--tp-bandwidth", m.tp_bandwidth},
-                         {"--p2p-bandwidth", m.p2p_bandwidth},
-                         {"--dp-bandwidth", m.dp_bandwidth}})
-    if (!(v > 0))
-      throw InputError(std::string(flag) + ": expected a positive rate, found " +
-                       std::to_string(v));
-  for (auto [flag, v] : {std::pair{"--tp-latency", m.tp_latency},
-                         {"--p2p-latency", m.p2p_latency},
-                         {"--dp-latency", m.dp_latency}})
-    if (!(v >= 0))
-      throw InputError(std::string(flag) + ": expected seconds (0 or more), found " +
-                       std::to_string(v));
-  if (m.cores_per_host < 0)
-    throw InputError("--cores-per-host: expected 0 (the cost file's) or more, found " +
-                     std::to_string(m.cores_per_host));
-  if (m.ranks_per_host < 0)
-    throw InputError("--ranks-per-host: expected 0 (all of the plan's ranks) or more, found " +
-                     std::to_string(m.ranks_per_host));
+  partitioner::check_machine(m, [](const char* field) {
+    std::string flag = std::string("--") + field;
+    for (char& c : flag)
+      if (c == '_') c = '-';
+    return flag;
+  });
 }
 
 }  // namespace baton::tools

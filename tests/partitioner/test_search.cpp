@@ -154,6 +154,48 @@ TEST(Search, ComparesDpSyncModesOnASlowLink) {
               1e3 * all.step_time, 1e3 * local.step_time);
 }
 
+// What a plan file would refuse is not a candidate: gossip with more peers than the
+// replicas leave is skipped with the reason, local SGD with a sharded optimizer and a
+// synchronisation without replicas are refused up front, as are negative degrees.
+TEST(Search, RefusesWhatAPlanFileWouldRefuse) {
+  auto g = load_search_model("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
+  o.dp_sync.mode = DpSync::Mode::gossip;
+  o.dp_sync.peers = 5;
+  const SearchResult r = search_plans(g, model, o);
+  EXPECT_TRUE(r.ranked.empty());
+  ASSERT_FALSE(r.skipped.empty());
+  EXPECT_NE(r.skipped[0].find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 5"),
+            std::string::npos)
+      << r.skipped[0];
+  auto error_of = [&](SearchOptions s) {
+    try {
+      search_plans(g, model, s);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  SearchOptions local = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
+  local.dp_sync.mode = DpSync::Mode::local_sgd;
+  local.optimizer_sharding = OptimizerSharding::zero1;
+  EXPECT_EQ(error_of(local),
+            "--dp-sync: \"local-sgd\" keeps a whole optimizer per replica; expected "
+            "--optimizer-sharding none, found zero1");
+  local.optimizer_sharding = OptimizerSharding::none;
+  local.dp = 1;
+  local.pp = 2;
+  EXPECT_EQ(error_of(local),
+            "--dp-sync: \"local-sgd\" synchronises data-parallel replicas, and --dp 1 has none");
+  SearchOptions negative = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
+  negative.tp = -1;
+  EXPECT_EQ(error_of(negative), "--tp: expected at least 1 (0 or absent: searched), found -1");
+  negative = search_fixed(2, 2, 1, 1, "1f1b", 2, 8);
+  negative.keep = 0;
+  EXPECT_EQ(error_of(negative), "--top: expected at least 1 plan to list, found 0");
+}
+
 // A parameter server on the same slow link: with staleness 0 the step costs zero1's, with
 // staleness 2 the pull hides behind two steps of compute and the step is shorter; the
 // plans found carry the field.

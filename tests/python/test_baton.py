@@ -61,6 +61,10 @@ class Schedules(unittest.TestCase):
             baton.block_schedule("bad", p, 8, period=3, chunk_stage=[[0]] * p,
                                  forward=[[r] for r in range(p)], backward=[[2 * p - 1 - r] for r in range(p)])
         self.assertIn("held twice", str(e.exception))
+        for ranks in (-4, 0, 5000):
+            with self.assertRaises(baton.InputError) as e:
+                baton.v_block("v-half", ranks)
+            self.assertIn("v-half: ranks: expected 1 to 4096", str(e.exception))
 
     def test_file_forms_round_trip(self):
         s = baton.lower(baton.generate("zb-h1", 3, 5))
@@ -114,6 +118,9 @@ class Schedules(unittest.TestCase):
         seen = [(r, i, a.token) for r, i, a in s]
         self.assertEqual(seen[5], (1, 1, "1BW0"))
         self.assertEqual(s.actions(1)[1].kind, "BW")
+        for bad in (-1, s.num_ranks):
+            with self.assertRaises(IndexError):
+                s.actions(bad)
         self.assertEqual(s.tokens()[0], ["0F0", "0F1", "0BW0", "0BW1"])
         # A composite OVERLAP_F_B from a token.
         v = baton.Schedule([["0F0", "3F0", "(0F1;3BW0)", "3F1", "3BW1", "0BW0", "0BW1"],
@@ -247,6 +254,9 @@ class TorchCsv(unittest.TestCase):
             self.assertGreater(baton.simulate(s).makespan, 0)
             self.assertEqual(baton.to_csv(s, dialect, empty), text, f)
             self.assertEqual(baton.load(os.path.join(FIXTURES, f)).tokens(), s.tokens())
+            # The tokens build the same schedule again, DualPipeV's overlapped pairs too.
+            self.assertEqual(baton.Schedule(s.tokens(), placement=s.placement, micro_batches=s.num_micro_batches,
+                                            directions=s.num_directions, name=s.name), s, f)
         with open(os.path.join(FIXTURES, "1f1b_p4_m8.csv"), newline="") as fh:
             bad, _, _ = baton.parse_csv(fh.read())
         with self.assertRaises(baton.ScheduleError) as e:
@@ -283,6 +293,24 @@ class Planning(unittest.TestCase):
         self.assertEqual(tight["plans"][0]["describe"], res["plans"][0]["describe"])
         self.assertEqual(tight["plans"][0]["peak"], exact)
         self.assertGreater(tight["exact_checks"], 0)
+        # Out-of-range arguments are InputErrors naming them, never a crash or numbers
+        # from a degree 0 or negative samples.
+        for kw, text in ((dict(tp=0), "tp: expected a tensor-parallel degree of at least 1"),
+                         (dict(batch=-2), "batch: expected at least 1 sample"),
+                         (dict(machine={"p2p_bandwidth": 0}), "machine.p2p_bandwidth: expected a positive rate"),
+                         (dict(machine={"flops": float("inf")}), "machine.flops: expected a positive rate"),
+                         (dict(machine={"flops": "fast"}), "machine.flops: expected a number, found 'fast'"),
+                         (dict(costs={"forward": 1}), "costs: expected the path of a baton profile cost file")):
+            with self.assertRaises(baton.InputError, msg=str(kw)) as e:
+                baton.layer_costs(model, **kw)
+            self.assertIn(text, str(e.exception))
+        for kw, text in ((dict(tp=-1), "--tp: expected at least 1"), (dict(top=0), "--top: expected at least 1")):
+            with self.assertRaises(baton.InputError) as e:
+                baton.plan(model, devices=2, batch=8, **kw)
+            self.assertIn(text, str(e.exception))
+        with self.assertRaises(baton.InputError) as e:
+            baton.check(best, base_dir=os.path.join(SOURCE, "examples", "models"), machine={"dp_bandwidth": 0})
+        self.assertIn("machine.dp_bandwidth", str(e.exception))
 
     def test_measured_costs_as_the_command_uses_them(self):
         # A cost file of `baton profile` at two micro-batch sizes: plan(), check() and

@@ -305,6 +305,47 @@ TEST(Cli, DeviceAndPrecisionFlags) {
   }
 }
 
+// The step-3 loss a run printed ("" when none).
+std::string loss_at_step_3(const std::string& output) {
+  const size_t at = output.find("step      3/3 | loss ");
+  return at == std::string::npos ? "" : output.substr(at + 21, 6);
+}
+
+// A plan that names its optimizer trains with it (its memory check held that optimizer's
+// state): the same losses as one process with the flag; a disagreeing --optimizer, or a
+// momentum that does not match "sgd" / "sgd-momentum", is exit 2 naming $.optimizer.
+TEST(Cli, APlanTrainsWithTheOptimizerItNames) {
+  std::string model = temp_file("tiny_opt.json", kTiny);
+  const std::string plan_text = R"({"version": 1, "model": ")" + model +
+                                R"(", "devices": 1, "optimizer": "OPT",
+      "batch": {"micro_batch_size": 2}, "schedule": {"name": "1f1b", "micro_batches": 2},
+      "stages": [{"layers": [0, 3]}]})";
+  auto plan_with = [&](const std::string& opt) {
+    std::string text = plan_text;
+    text.replace(text.find("OPT"), 3, opt);
+    return temp_file("opt_" + opt + ".json", text);
+  };
+  const std::string run = " --data " + kCliCorpus + " --steps 3 --threads 1 --lr 0.1 ";
+  Result one = cli_run("--model " + model + run + "--batch 4 --micro-batches 2 --optimizer sgd");
+  ASSERT_EQ(one.code, 0) << one.output;
+  Result adamw = cli_run("--model " + model + run + "--batch 4 --micro-batches 2");
+  ASSERT_EQ(adamw.code, 0) << adamw.output;
+  const std::string sgd = plan_with("sgd");
+  Result planned = cli_run("--plan " + sgd + run);
+  ASSERT_EQ(planned.code, 0) << planned.output;
+  EXPECT_EQ(loss_at_step_3(planned.output), loss_at_step_3(one.output)) << planned.output;
+  EXPECT_NE(loss_at_step_3(planned.output), loss_at_step_3(adamw.output));
+  cli_expect_input_error("--plan " + sgd + run + "--optimizer adamw",
+                         {"--optimizer adamw: the plan trains with \"sgd\"", "$.optimizer"});
+  cli_expect_input_error("--plan " + sgd + run + "--momentum 0.9",
+                         {"--momentum: the plan's optimizer is \"sgd\"", "$.optimizer"});
+  cli_expect_input_error(
+      "--plan " + plan_with("sgd-momentum") + run,
+      {"--momentum: the plan's optimizer is \"sgd-momentum\"", "--momentum 0.9"});
+  Result momentum = cli_run("--plan " + plan_with("sgd-momentum") + run + "--momentum 0.9");
+  EXPECT_EQ(momentum.code, 0) << momentum.output;
+}
+
 // baton profile takes --device and --precision as baton train does: a 16-bit precision
 // on the CPU is exit 2; without a GPU, cuda is exit 1 naming the driver's reason; on the
 // CPU it writes a cost row for every op.

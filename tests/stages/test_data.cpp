@@ -265,6 +265,15 @@ TEST(Megatron, BadFiles) {
   });
   data_expect_input_error([&] { TokenStore::open_megatron(p); },
                           {p + ".idx", "points past the end of " + p + ".bin"});
+  // A sequence at an odd byte of 2-byte tokens (Megatron's writer aligns them all).
+  rewrite_idx([](std::string& s) {
+    int64_t odd = 1;
+    uint64_t S;
+    std::memcpy(&S, s.data() + 18, 8);
+    std::memcpy(s.data() + 34 + 4 * S + 8, &odd, 8);
+  });
+  data_expect_input_error([&] { TokenStore::open_megatron(p); },
+                          {p + ".idx: sequence 1 starts at byte 1, not a multiple of its 2-byte"});
   // Document indices that do not end at the sequence count.
   rewrite_idx([](std::string& s) {
     s[s.size() - 8] = 1;

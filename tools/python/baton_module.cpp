@@ -14,6 +14,7 @@
 #include "memory/error.h"
 #include "schedule/auto_schedule.h"
 #include "schedule/costs.h"
+#include "schedule/dependencies.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
@@ -335,7 +336,13 @@ PYBIND11_MODULE(baton, m) {
       .def_property_readonly(
           "ranks", [](const Schedule& s) { return s.ranks; }, "per rank, its actions (a copy)")
       .def(
-          "actions", [](const Schedule& s, int r) { return s.ranks.at(size_t(r)); },
+          "actions",
+          [](const Schedule& s, int r) {
+            if (r < 0 || r >= s.num_ranks)
+              throw py::index_error("rank " + std::to_string(r) + " outside 0.." +
+                                    std::to_string(s.num_ranks - 1));
+            return s.ranks[size_t(r)];
+          },
           py::arg("rank"))
       .def(
           "tokens",
@@ -343,11 +350,19 @@ PYBIND11_MODULE(baton, m) {
             std::vector<std::vector<std::string>> out;
             for (const auto& list : s.ranks) {
               out.emplace_back();
-              for (const Action& a : list) out.back().push_back(to_token(a));
+              // An overlapped pair is one token, "(0F7;7BW3)", as Schedule() reads it back.
+              for (size_t i = 0; i < list.size(); ++i) {
+                if (!is_composite(list, i)) {
+                  out.back().push_back(to_token(list[i]));
+                  continue;
+                }
+                out.back().push_back(composite_token(list[i], list[i + 1]));
+                ++i;
+              }
             }
             return out;
           },
-          "per rank, its actions' tokens")
+          "per rank, its actions' tokens (an overlapped pair as one)")
       .def("__iter__",
            [](const Schedule& s) {
              py::list items;
@@ -448,6 +463,9 @@ PYBIND11_MODULE(baton, m) {
          std::vector<std::vector<int>> chunk_stage, std::vector<std::vector<int>> forward,
          std::vector<std::vector<int>> backward, std::vector<std::vector<int>> weight,
          double memory_limit) {
+        if (!(memory_limit >= 0))
+          throw InputError("memory_limit: expected 0 (none) or micro-batches > 0, found " +
+                           std::to_string(memory_limit));
         BuildingBlock b;
         b.period = period;
         b.chunk_stage = std::move(chunk_stage);
@@ -668,6 +686,9 @@ PYBIND11_MODULE(baton, m) {
       .def(
           "svg",
           [](const Timeline& t, int width) {
+            if (width < 100 || width > 1000000)
+              throw InputError("width: expected 100 to 1000000 pixels, found " +
+                               std::to_string(width));
             SvgOptions o;
             o.width = width;
             return to_svg(t, o);

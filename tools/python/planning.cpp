@@ -37,6 +37,9 @@ pt::Machine machine_from(const py::dict& d) {
   pt::Machine m;
   for (auto [k, v] : d) {
     const std::string key = py::str(k);
+    if (!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v))
+      throw InputError("machine." + key + ": expected a number, found " +
+                       std::string(py::str(py::repr(v))));
     double x = v.cast<double>();
     if (key == "flops")
       m.flops = x;
@@ -65,6 +68,7 @@ pt::Machine machine_from(const py::dict& d) {
                        "tp_latency, p2p_bandwidth, p2p_latency, dp_bandwidth, dp_latency, "
                        "ranks_per_host, cores_per_host)");
   }
+  pt::check_machine(m, [](const char* field) { return std::string("machine.") + field; });
   return m;
 }
 
@@ -80,6 +84,9 @@ struct Costs {
   std::string path;
   explicit Costs(const py::object& costs) {
     if (costs.is_none()) return;
+    if (!py::isinstance<py::str>(costs))
+      throw InputError("costs: expected the path of a baton profile cost file, found " +
+                       std::string(py::str(py::repr(costs))));
     path = costs.cast<std::string>();
     measured = pt::read_measured_costs(path);
   }
@@ -162,6 +169,12 @@ void register_planning(py::module_& m) {
       "layer_costs",
       [](const std::shared_ptr<stages::Graph>& g, int tp, int64_t batch, const py::dict& machine,
          const py::object& costs) {
+        if (tp < 1)
+          throw InputError("tp: expected a tensor-parallel degree of at least 1, found " +
+                           std::to_string(tp));
+        if (batch < 1)
+          throw InputError("batch: expected at least 1 sample per micro-batch, found " +
+                           std::to_string(batch));
         const Costs c(costs);
         pt::CostModel model(g, machine_from(machine), c.get());
         const pt::CostTable& t = model.table(tp, batch);
