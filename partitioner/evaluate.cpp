@@ -177,23 +177,27 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
     // small beside them), and exchanges two halos per convolution and pooling per pass;
     // each exchange with the group (halos, batch-norm statistics) costs what the profile
-    // measured beyond that among the host's ranks (Machine::spatial_exchange).
+    // measured beyond that among the host's ranks (Machine::spatial_exchange). Slowed like
+    // the ops, as the search's tile tables are.
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {
       const SpatialSplit& split = r.spatial[size_t(r.schedule.placement[size_t(s)])];
       const double halo =
           spatial_halo_bytes(*r.graph, split, a, b, r.plan.micro_batch_size, &r.sharding) /
           std::max(m.tp_bandwidth, 1.0);
       const SpatialExchanges ex = spatial_exchanges(*r.graph, split, a, b);
-      const double each = slow * spatial_exchange_extra(m, d, host_ranks);
-      c.forward[size_t(s)] = c.forward[size_t(s)] / d + halo + ex.forward * each;
-      c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + halo + ex.backward * each;
+      const double each = spatial_exchange_extra(m, d, host_ranks);
+      c.forward[size_t(s)] = c.forward[size_t(s)] / d + slow * (halo + ex.forward * each);
+      c.backward_input[size_t(s)] =
+          c.backward_input[size_t(s)] / d + slow * (halo + ex.backward * each);
       c.backward_weight[size_t(s)] /= d;
     }
     if (!stage_mem.empty()) {
       c.activation_bytes[size_t(s)] = double(stage_mem[size_t(s)].mb.stash);
       c.activation_bytes_after_b[size_t(s)] = double(stage_mem[size_t(s)].mb.w_stash);
     }
-    c.message_bytes[size_t(s)] = t.cut_bytes[size_t(b)];
+    // A tile sends its rows of the boundary: 1/s of it on each of the group's links.
+    c.message_bytes[size_t(s)] =
+        t.cut_bytes[size_t(b)] / r.spatial_of(r.schedule.placement[size_t(s)]);
     rank_compute[r.schedule.placement[size_t(s)]] +=
         double(r.plan.micro_batches) / r.schedule.num_directions *
         (c.forward[size_t(s)] + c.backward_input[size_t(s)] + c.backward_weight[size_t(s)]);
@@ -811,11 +815,15 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
   const Graph& g = *r.graph;
   std::string out;
   char line[512];
-  std::string tp = std::to_string(p.tp.front());
-  if (!p.uniform_tp()) {
-    tp.clear();
-    for (size_t i = 0; i < p.tp.size(); ++i) tp += (i ? "," : "") + std::to_string(p.tp[i]);
-  }
+  // A degree per pipeline rank: one number when they agree, else the list.
+  auto degrees = [&](const std::vector<int>& d) {
+    std::string all;
+    for (size_t i = 0; i < d.size(); ++i) all += (i ? "," : "") + std::to_string(d[i]);
+    return std::all_of(d.begin(), d.end(), [&](int x) { return x == d.front(); })
+               ? std::to_string(d.front())
+               : all;
+  };
+  const std::string tp = degrees(p.tp);
   // 124 M, 1.10 B (%.3g wrote a billion as 1.1e+03 M).
   const double params = double(g.num_parameters());
   char count[32];
@@ -825,11 +833,12 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     std::snprintf(count, sizeof count, "%.3g M", params / 1e6);
   std::snprintf(
       line, sizeof line,
-      "%s (%d layers, %s parameters) on %d devices: dp %d x pp %d x tp %s; schedule %s, %d "
+      "%s (%d layers, %s parameters) on %d devices: dp %d x pp %d x tp %s%s; schedule %s, %d "
       "micro-batches of %lld samples (global batch %lld); optimizer %s\n",
       g.name.c_str(), g.num_layers(), count, p.devices, p.dp, p.pp, tp.c_str(),
-      r.schedule.name.c_str(), p.micro_batches, (long long)p.micro_batch_size,
-      (long long)p.global_batch, p.optimizer.c_str());
+      p.has_spatial() ? (" x spatial " + degrees(p.spatial)).c_str() : "", r.schedule.name.c_str(),
+      p.micro_batches, (long long)p.micro_batch_size, (long long)p.global_batch,
+      p.optimizer.c_str());
   out += line;
   const bool sp = p.has_spatial();
   if (sp) {

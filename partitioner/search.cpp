@@ -336,8 +336,9 @@ class Search {
 
   // The table of a degree: tensor-parallel tp, and with sp > 1 the table of a tile of
   // the channel shard: 1/sp of every layer's time (its collectives' too) and activations,
-  // its halos' transfers (C / tp rows where the input is split by channels) added to F
-  // and B.
+  // its halos' transfers (C / tp rows where the input is split by channels) and its
+  // exchanges with the group at what the profile measured (schedule_costs' spatial stage,
+  // whose co-location slowdown the candidate's costs apply) added to F and B.
   const CostTable& table_of(int tp, int sp, int64_t b) {
     if (sp <= 1) return model_.table(tp, b, o_.splits, "--tp");
     const std::string key = std::to_string(tp) + "/" + std::to_string(sp) + "/" + std::to_string(b);
@@ -347,12 +348,17 @@ class Search {
     const Sharding& sharding = model_.sharding(tp, b, o_.splits, "--tp");
     const SpatialSplit& split = *spatial_split(sp);
     const double d = double(sp);
+    const Machine& machine = model_.machine();
+    const double each = spatial_exchange_extra(
+        machine, sp,
+        machine.ranks_per_host > 0 ? std::min(machine.ranks_per_host, o_.devices) : o_.devices);
     for (size_t l = 0; l < t.layers.size(); ++l) {
       LayerCost& lc = t.layers[l];
       const double halo_bytes = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b, &sharding);
-      const double halo = halo_bytes / std::max(model_.machine().tp_bandwidth, 1.0);
-      lc.f = lc.f / d + halo;
-      lc.b = lc.b / d + halo;
+      const double halo = halo_bytes / std::max(machine.tp_bandwidth, 1.0);
+      const SpatialExchanges ex = spatial_exchanges(*g_, split, int(l), int(l) + 1);
+      lc.f = lc.f / d + halo + ex.forward * each;
+      lc.b = lc.b / d + halo + ex.backward * each;
       lc.w /= d;
       // A tile's tensors are 1/sp of the layer's and its convolutions' inputs carry the
       // halo rows besides (stashed for B and W; their gradients come back in B).
@@ -639,7 +645,9 @@ class Search {
     ResolvedPlan r;
     r.graph = g_;
     r.schedule = s;
-    r.layout = Layout(dp, p.tp);
+    // Its tiles are ranks too: the ranks sharing a host (the co-located slowdown, the
+    // cores time-sliced) count them.
+    r.layout = Layout(dp, p.tp, std::vector<int>(size_t(pp), sp));
     for (int k = 0; k < K; ++k) {
       PlanStage st;
       st.first_layer = cut.bounds[size_t(k)];

@@ -404,6 +404,26 @@ TEST(Search, TensorParallelTimesSpatial) {
     EXPECT_NEAR(e.step_time, c.step_time, 1e-12 * c.step_time);
     EXPECT_LE(e.max_peak(), c.peak);
   }
+  // The same on a host of 2 cores that the tiles share and slow (time-sliced, the
+  // co-located factor) with measured exchanges: the search costs a tile's ranks and
+  // exchanges as the evaluation does (it had counted neither).
+  Machine shared;
+  shared.cores_per_host = 2;
+  shared.colocated = {{2, 1.1}, {4, 2.4}};
+  shared.spatial_exchange = {{2, {{4, 40e-6}}}};
+  CostModel on_two_cores(g, shared);
+  o.spatial = 2;
+  o.tp = 1;
+  const SearchResult sliced = search_plans(g, on_two_cores, o);
+  ASSERT_FALSE(sliced.ranked.empty());
+  for (const Candidate& c : sliced.ranked) {
+    SCOPED_TRACE(c.describe());
+    const PlanEstimate e = evaluate_plan(resolve_plan(c.plan, g), on_two_cores);
+    EXPECT_GT(e.time_sliced_cores, 0);
+    EXPECT_NEAR(e.step_time, c.step_time, 1e-9 * c.step_time);
+    const PlanEstimate alone = evaluate_plan(resolve_plan(c.plan, g), model);
+    EXPECT_GT(e.step_time, alone.step_time);
+  }
   o.tp = 0;
   o.spatial = 0;
   o.keep = 1000;
