@@ -105,6 +105,23 @@ int ranks_per_host(const ResolvedPlan& r, const Machine& m) {
 }
 }  // namespace
 
+double compute_slowdown(const ResolvedPlan& r, const Machine& m) {
+  const int host_ranks = ranks_per_host(r, m);
+  return core_ranks(r.layout, m).empty()
+             ? colocation_slowdown(m, host_ranks)
+             : std::max(1.0, colocation_slowdown(m, host_ranks) * m.cores_per_host / host_ranks);
+}
+
+SpatialLayerExtra spatial_layer_extra(const Graph& g, const SpatialSplit& split, int layer,
+                                      int64_t batch, const Sharding* sharding, const Machine& m,
+                                      int host_ranks) {
+  const double halo = spatial_halo_bytes(g, split, layer, layer + 1, batch, sharding) /
+                      std::max(m.tp_bandwidth, 1.0);
+  const SpatialExchanges ex = spatial_exchanges(g, split, layer, layer + 1);
+  const double each = spatial_exchange_extra(m, split.degree, host_ranks);
+  return {halo + ex.forward * each, halo + ex.backward * each};
+}
+
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const Machine& m,
                                const std::vector<StageMemory>& stage_mem) {
   const int n = r.schedule.num_stages();
@@ -121,10 +138,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
   // the ops carry only what the copies measured beyond their fair share of the cores.
   const int host_ranks = ranks_per_host(r, m);
   c.core_ranks = core_ranks(r.layout, m);
-  const double slow =
-      c.core_ranks.empty()
-          ? colocation_slowdown(m, host_ranks)
-          : std::max(1.0, colocation_slowdown(m, host_ranks) * m.cores_per_host / host_ranks);
+  const double slow = compute_slowdown(r, m);
   // Stages holding one tied parameter reduce it together: one group (its first holder's
   // id) for every stage it joins.
   c.reduce_group.assign(size_t(n), -1);
@@ -175,20 +189,19 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     for (int l : rc)  // recompute runs F again
       c.backward_input[size_t(s)] += slow * (t.layers[size_t(l)].f + extra(l, true));
     // A tile computes 1/s of the convolutions (the head after the pooling, replicated, is
-    // small beside them), and exchanges two halos per convolution and pooling per pass;
-    // each exchange with the group (halos, batch-norm statistics) costs what the profile
-    // measured beyond that among the host's ranks (Machine::spatial_exchange). Slowed like
-    // the ops, as the search's tile tables are.
+    // small beside them), plus its halos and exchanges (spatial_layer_extra), a recomputed
+    // layer's F again in B; slowed like the ops, as the search's tile tables are.
     if (const int d = r.spatial_of(r.schedule.placement[size_t(s)]); d > 1) {
       const SpatialSplit& split = r.spatial[size_t(r.schedule.placement[size_t(s)])];
-      const double halo =
-          spatial_halo_bytes(*r.graph, split, a, b, r.plan.micro_batch_size, &r.sharding) /
-          std::max(m.tp_bandwidth, 1.0);
-      const SpatialExchanges ex = spatial_exchanges(*r.graph, split, a, b);
-      const double each = spatial_exchange_extra(m, d, host_ranks);
-      c.forward[size_t(s)] = c.forward[size_t(s)] / d + slow * (halo + ex.forward * each);
-      c.backward_input[size_t(s)] =
-          c.backward_input[size_t(s)] / d + slow * (halo + ex.backward * each);
+      double fx = 0, bx = 0;
+      for (int l = a; l < b; ++l) {
+        const SpatialLayerExtra e = spatial_layer_extra(*r.graph, split, l, r.plan.micro_batch_size,
+                                                        &r.sharding, m, host_ranks);
+        fx += e.forward;
+        bx += e.backward + (rc.count(l) ? e.forward : 0.0);
+      }
+      c.forward[size_t(s)] = c.forward[size_t(s)] / d + slow * fx;
+      c.backward_input[size_t(s)] = c.backward_input[size_t(s)] / d + slow * bx;
       c.backward_weight[size_t(s)] /= d;
     }
     if (!stage_mem.empty()) {

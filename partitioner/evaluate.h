@@ -105,6 +105,22 @@ std::string time_sliced_line(int ranks, int cores);
 // spatial_exchange); empty when nothing.
 std::string collective_extras_line(const ResolvedPlan& r, const Machine& m);
 
+// The factor the plan's compute is slowed by on a shared host (schedule_costs' ops):
+// Machine::colocated at the ranks per host, or with more ranks than the host's cores
+// (time-sliced by the simulator) what it measured beyond their fair share, at least 1.
+double compute_slowdown(const ResolvedPlan& r, const Machine& m);
+
+// What a spatial tile adds to layer `layer`'s F and B beyond 1/s of its ops: the halos'
+// bytes at the tensor-parallel bandwidth, and its exchanges with the group at what the
+// profile measured among `host_ranks` (Machine::spatial_exchange); before the slowdown.
+// One model for schedule_costs and the search's tile tables.
+struct SpatialLayerExtra {
+  double forward = 0, backward = 0;
+};
+SpatialLayerExtra spatial_layer_extra(const stages::Graph& g, const SpatialSplit& split, int layer,
+                                      int64_t batch, const Sharding* sharding, const Machine& m,
+                                      int host_ranks);
+
 // The schedule costs of a plan (what the simulator runs on), from a cost table; the
 // activation bytes from `stage_memory` (per schedule stage) when given.
 schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& table, const Machine& m,

@@ -349,16 +349,15 @@ class Search {
     const SpatialSplit& split = *spatial_split(sp);
     const double d = double(sp);
     const Machine& machine = model_.machine();
-    const double each = spatial_exchange_extra(
-        machine, sp,
-        machine.ranks_per_host > 0 ? std::min(machine.ranks_per_host, o_.devices) : o_.devices);
+    const int host =
+        machine.ranks_per_host > 0 ? std::min(machine.ranks_per_host, o_.devices) : o_.devices;
     for (size_t l = 0; l < t.layers.size(); ++l) {
       LayerCost& lc = t.layers[l];
       const double halo_bytes = spatial_halo_bytes(*g_, split, int(l), int(l) + 1, b, &sharding);
-      const double halo = halo_bytes / std::max(machine.tp_bandwidth, 1.0);
-      const SpatialExchanges ex = spatial_exchanges(*g_, split, int(l), int(l) + 1);
-      lc.f = lc.f / d + halo + ex.forward * each;
-      lc.b = lc.b / d + halo + ex.backward * each;
+      const SpatialLayerExtra e =
+          spatial_layer_extra(*g_, split, int(l), b, &sharding, machine, host);
+      lc.f = lc.f / d + e.forward;
+      lc.b = lc.b / d + e.backward;
       lc.w /= d;
       // A tile's tensors are 1/sp of the layer's and its convolutions' inputs carry the
       // halo rows besides (stashed for B and W; their gradients come back in B).
@@ -754,12 +753,26 @@ class Search {
       c.peak_rank = -1;
     }
     schedule::Costs sc = schedule_costs(r, table, model_.machine(), mem);
-    if (rc)
+    // Recompute runs F again in B, its measured collectives' extra too (tp_collective),
+    // slowed as schedule_costs slows the ops.
+    if (rc) {
+      const Machine& machine = model_.machine();
+      const double slow = compute_slowdown(r, machine);
+      const int host =
+          machine.ranks_per_host > 0 ? std::min(machine.ranks_per_host, r.world()) : r.world();
+      const bool measured = !machine.tp_collective.empty();
       for (int st = 0; st < s.num_stages(); ++st) {
-        int k = r.chunk_of_stage[size_t(st)];
+        const int k = r.chunk_of_stage[size_t(st)];
+        const int a = r.chunk_first[size_t(k)], e = r.chunk_last[size_t(k)];
+        double collectives = 0;
+        for (int l = a; measured && l < e; ++l) {
+          const LayerCost& lc = table.layers[size_t(l)];
+          collectives += lc.tp_forward_collectives * tp_collective_extra(machine, lc.tp, host);
+        }
         sc.backward_input[size_t(st)] +=
-            table.pf[size_t(r.chunk_last[size_t(k)])] - table.pf[size_t(r.chunk_first[size_t(k)])];
+            slow * (table.pf[size_t(e)] - table.pf[size_t(a)] + collectives);
       }
+    }
     const schedule::SimResult& sim = simulator_for(name, pp, m, s).run(sc);
     c.step_time = sim.makespan;
     c.bubble = sim.bubble;

@@ -56,8 +56,15 @@ int predict(const std::vector<std::string>& args) {
   if (!pt::core_ranks(r.layout, model.machine()).empty())
     std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
   std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), stdout);
-  if (!out.empty()) memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
-  if (!svg.empty()) memory::write_file_durably(svg, schedule::to_svg(p.timeline));
+  // Each file said, as baton simulate says its outputs.
+  if (!out.empty()) {
+    memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
+    std::printf("wrote %s\n", out.c_str());
+  }
+  if (!svg.empty()) {
+    memory::write_file_durably(svg, schedule::to_svg(p.timeline));
+    std::printf("wrote %s\n", svg.c_str());
+  }
   return 0;
 }
 
@@ -94,6 +101,7 @@ int svg(const std::vector<std::string>& args) {
   if (!parse_args(args, "baton trace svg TRACE.json -o out.svg", opts, vm, &pos)) return 0;
   schedule::Timeline t = schedule::from_chrome_trace(memory::read_file(in), in);
   memory::write_file_durably(out, schedule::to_svg(t));
+  std::printf("wrote %s\n", out.c_str());
   return 0;
 }
 

@@ -330,6 +330,26 @@ TEST(Search, BestPlanFitsAndMatchesItsEvaluation) {
     EXPECT_NEAR(e.step_time, c.step_time, 1e-12 * c.step_time);
     EXPECT_LE(e.max_peak(), c.peak);  // the search's composed memory bounds the exact one
   }
+  // With the ranks slowing each other and measured tensor-parallel collectives, recomputed
+  // forwards cost the same in the search as in the evaluation (they were not slowed).
+  Machine shared;
+  shared.colocated = {{4, 1.5}};
+  shared.tp_collective = {{2, {{4, 30e-6}}}};
+  CostModel slowed(g, shared);
+  o.recompute = 1;
+  o.device_memory = 0;
+  res = search_plans(g, slowed, o);
+  ASSERT_FALSE(res.ranked.empty());
+  for (const Candidate& c : res.ranked) {
+    SCOPED_TRACE(c.describe());
+    EXPECT_NEAR(evaluate_plan(resolve_plan(c.plan, g), slowed).step_time, c.step_time,
+                1e-9 * c.step_time);
+  }
+  o.tp = 2;
+  for (const Candidate& c : search_plans(g, slowed, o).ranked)
+    EXPECT_NEAR(evaluate_plan(resolve_plan(c.plan, g), slowed).step_time, c.step_time,
+                1e-9 * c.step_time)
+        << c.describe();
 }
 
 // The search's composed peak bounds the exact evaluation's on every plan it lists, and
@@ -405,8 +425,9 @@ TEST(Search, TensorParallelTimesSpatial) {
     EXPECT_LE(e.max_peak(), c.peak);
   }
   // The same on a host of 2 cores that the tiles share and slow (time-sliced, the
-  // co-located factor) with measured exchanges: the search costs a tile's ranks and
-  // exchanges as the evaluation does (it had counted neither).
+  // co-located factor) with measured exchanges, with and without recompute: the search
+  // costs a tile's ranks, exchanges and recomputed forwards as the evaluation does (it
+  // had counted neither the tiles nor the exchanges, nor slowed the recompute).
   Machine shared;
   shared.cores_per_host = 2;
   shared.colocated = {{2, 1.1}, {4, 2.4}};
@@ -414,16 +435,20 @@ TEST(Search, TensorParallelTimesSpatial) {
   CostModel on_two_cores(g, shared);
   o.spatial = 2;
   o.tp = 1;
-  const SearchResult sliced = search_plans(g, on_two_cores, o);
-  ASSERT_FALSE(sliced.ranked.empty());
-  for (const Candidate& c : sliced.ranked) {
-    SCOPED_TRACE(c.describe());
-    const PlanEstimate e = evaluate_plan(resolve_plan(c.plan, g), on_two_cores);
-    EXPECT_GT(e.time_sliced_cores, 0);
-    EXPECT_NEAR(e.step_time, c.step_time, 1e-9 * c.step_time);
-    const PlanEstimate alone = evaluate_plan(resolve_plan(c.plan, g), model);
-    EXPECT_GT(e.step_time, alone.step_time);
+  for (int recompute : {0, 1}) {
+    o.recompute = recompute;
+    const SearchResult sliced = search_plans(g, on_two_cores, o);
+    ASSERT_FALSE(sliced.ranked.empty());
+    for (const Candidate& c : sliced.ranked) {
+      SCOPED_TRACE(c.describe());
+      const PlanEstimate e = evaluate_plan(resolve_plan(c.plan, g), on_two_cores);
+      EXPECT_GT(e.time_sliced_cores, 0);
+      EXPECT_NEAR(e.step_time, c.step_time, 1e-9 * c.step_time);
+      const PlanEstimate alone = evaluate_plan(resolve_plan(c.plan, g), model);
+      EXPECT_GT(e.step_time, alone.step_time);
+    }
   }
+  o.recompute = -1;
   o.tp = 0;
   o.spatial = 0;
   o.keep = 1000;
