@@ -3,8 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include "kernels/grad_scale.h"
 #include "memory/cuda_device.h"
@@ -45,9 +48,39 @@ bool checkpoint_due(const LoopOptions& o, int64_t done) {
 
 }  // namespace
 
+void check_output_path(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+    throw InputError(std::string(flag) + " " + path + ": no directory " + parent.string() +
+                     " to write it in");
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(std::string(flag) + " " + path + ": a directory, expected a file");
+}
+
 void check_loop_options(const LoopOptions& o) {
   if (o.steps < 0) throw InputError("--steps must be >= 0");
   if (o.resume && o.checkpoint_dir.empty()) throw InputError("--resume needs --checkpoint-dir");
+  if (o.checkpoint_every < 0)
+    throw InputError("--checkpoint-every: expected steps >= 0 (0: at the end only), found " +
+                     std::to_string(o.checkpoint_every));
+  if (o.keep_checkpoints < 0)
+    throw InputError("--keep-checkpoints: expected a count >= 0 (0: all), found " +
+                     std::to_string(o.keep_checkpoints));
+  if (o.checkpoint_dir.empty() && (o.checkpoint_every > 0 || o.keep_checkpoints > 0))
+    throw InputError("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
+  check_output_path(o.summary_path, "--summary");
+  if (!o.checkpoint_dir.empty()) {
+    stages::prepare_checkpoint_root(o.checkpoint_dir);
+    // A fresh run would mix its checkpoints with an earlier run's, and pruning by step
+    // would delete its own newest ones; --resume would then continue the other run.
+    if (!o.resume)
+      if (auto earlier = stages::newest_written_checkpoint(o.checkpoint_dir))
+        throw InputError("--checkpoint-dir " + o.checkpoint_dir +
+                         " holds the checkpoints of an earlier run (the newest: " + *earlier +
+                         "): give --resume to continue it, or another --checkpoint-dir");
+  }
   lr_schedule_of(o).validate();
   if (o.eval_every < 0)
     throw InputError("--eval-every: expected >= 0, found " + std::to_string(o.eval_every));
@@ -158,6 +191,7 @@ LossLog::LossLog(const std::string& path, int64_t start) {
   } catch (const InputError&) {
     throw InputError(path + ": cannot open for writing (--loss-log)");
   }
+  path_ = path;
   out_.open(path, std::ios::app);
   if (!out_) throw InputError(path + ": cannot open for writing (--loss-log)");
 }
@@ -177,6 +211,9 @@ void LossLog::write(const StepRecord& r) {
     std::snprintf(buf + n, sizeof buf - size_t(n), ", \"loss_scale\": %.17g, \"skipped\": %s",
                   r.loss_scale, r.skipped ? "true" : "false");
   out_ << buf << "}\n" << std::flush;
+  // A full disk or a closed pipe: said, not a run that ends well with its log empty.
+  if (!out_)
+    throw RuntimeError(path_ + ": cannot write the loss log (--loss-log): " + std::strerror(errno));
 }
 
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
@@ -290,6 +327,15 @@ void log_resume(const std::optional<std::string>& dir, int64_t step, const std::
     spdlog::info("resumed from {} (step {})", *dir, step);
   else
     spdlog::info("no complete checkpoint in {}; starting from step 0", root);
+}
+
+void refuse_unusable_checkpoints(const std::string& root) {
+  if (auto written = stages::newest_written_checkpoint(root))
+    throw InputError(
+        "--resume: no checkpoint in " + root +
+        " is complete and undamaged (the warnings above say why; the newest: " + *written +
+        "); starting over would write over them: move them away, or give another "
+        "--checkpoint-dir");
 }
 
 nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t tokens_per_step,

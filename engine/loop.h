@@ -105,9 +105,14 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
+// An output the run writes at its end (--summary, --trace): refused at the start when
+// its directory is missing or the path is a directory, not after the last step.
+void check_output_path(const std::string& path, const char* flag);
 // InputError for options that no loop accepts (negative steps, --resume without a
 // checkpoint directory, a schedule that does not fit the run, evaluation flags without
-// held-out data).
+// held-out data, checkpoint flags without a directory, a --checkpoint-dir that cannot
+// hold checkpoints or holds an earlier run's without --resume, a --summary with no
+// directory to go in).
 void check_loop_options(const LoopOptions& o);
 
 // The run's learning-rate schedule: o.lr_schedule with the optimizer's rate as its peak
@@ -150,6 +155,7 @@ class LossLog {
   void write(const StepRecord& r);
 
  private:
+  std::string path_;
   std::ofstream out_;
 };
 
@@ -182,6 +188,10 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
 
 // The resume message: where the run continues from, or that it starts over.
 void log_resume(const std::optional<std::string>& dir, int64_t step, const std::string& root);
+// --resume found no usable checkpoint (latest_checkpoint: nullopt): InputError when root
+// holds checkpoints all the same (damaged), which starting from step 0 would write over;
+// nothing when there are none (a run that stopped before its first checkpoint).
+void refuse_unusable_checkpoints(const std::string& root);
 
 // One rank's memory for the summary: its allocator's measured peak, and the plan's
 // estimate of it (-1: no estimate, the one-process loop).

@@ -283,7 +283,7 @@ std::string save_files(
         m.shards.push_back(sf);
       }
     stages::write_manifest(dir, m);
-    stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
+    stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints, step);
   }
   return dir;
 }
@@ -372,9 +372,20 @@ void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank,
 // The newest complete checkpoint as rank 0 sees it (every rank then loads the same one).
 int64_t agree_on_checkpoint(Communicator& world, const std::string& root) {
   int64_t step = -1;
-  if (world.rank() == 0)
-    if (auto dir = stages::latest_checkpoint(root)) step = stages::read_manifest(*dir).step;
-  return world.size() > 1 ? broadcast_int(world, step) : step;
+  if (world.rank() == 0) {
+    if (auto dir = stages::latest_checkpoint(root))
+      step = stages::read_manifest(*dir).step;
+    else if (stages::newest_written_checkpoint(root))
+      step = -2;  // written, none usable: every rank refuses
+  }
+  if (world.size() > 1) step = broadcast_int(world, step);
+  if (step == -2) {
+    refuse_unusable_checkpoints(root);
+    throw InputError("--resume: no checkpoint in " + root +
+                     " is complete and undamaged (rank 0 "
+                     "found them); starting over would write over them");
+  }
+  return step;
 }
 
 // --init-from: this rank's stages from the Hugging Face directory, one reader for all of
@@ -595,6 +606,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
   check_loop_options(o);
+  check_output_path(o.trace_path, "--trace");
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");

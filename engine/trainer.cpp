@@ -102,6 +102,8 @@ TrainSummary run_training(const TrainOptions& o,
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
       restore_loss_scale(m, scaler.get());
+    } else {
+      refuse_unusable_checkpoints(o.checkpoint_dir);
     }
     log_resume(dir, start, o.checkpoint_dir);
   }
@@ -224,7 +226,7 @@ TrainSummary run_training(const TrainOptions& o,
                {"lr_schedule", lr_schedule_of(o).to_json()}};
     save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
-    stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints);
+    stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints, done);
     return dir;
   };
   steps.set_lr = [&](double lr) { stage.optimizer().set_lr(lr); };

@@ -1,6 +1,7 @@
 #include "memory/file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,7 +76,32 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw RuntimeError(path + ": fsync failed: " + errno_text());
 }
 
-void write_file_durably(const std::string& path, const std::function<void(FileSink&)>& produce) {
+void write_file_durably(const std::string& path_in, const std::function<void(FileSink&)>& produce) {
+  // What is not a regular file (a device such as /dev/null, a pipe, a FIFO: /dev/fd/N of
+  // a shell's process substitution) takes the bytes as they come: renaming over it would
+  // replace it with a file.
+  struct stat st;
+  if (::stat(path_in.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) throw InputError(path_in + ": cannot write: a directory");
+    int fd = ::open(path_in.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw InputError(path_in + ": cannot open for writing: " + errno_text());
+    try {
+      FdSink sink(fd, path_in);
+      produce(sink);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) throw RuntimeError(path_in + ": close failed: " + errno_text());
+    return;
+  }
+  // A symbolic link: its target is the file written (the link stays a link).
+  std::string path = path_in;
+  std::error_code link_ec;
+  if (fs::is_symlink(fs::symlink_status(path_in, link_ec))) {
+    const fs::path target = fs::weakly_canonical(fs::path(path_in), link_ec);
+    if (!link_ec && !target.empty()) path = target.string();
+  }
   const std::string tmp = temp_name(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw InputError(path + ": cannot open for writing: " + errno_text());

@@ -28,7 +28,9 @@ class FileSink {
 
 // Writes `content` to `path` durably and atomically. InputError when the file cannot be
 // created (a directory that does not exist, no permission); RuntimeError when writing,
-// syncing or renaming fails.
+// syncing or renaming fails. A symbolic link's target is written; a path that is no
+// regular file (/dev/null, a FIFO, a pipe) is written straight, neither atomically nor
+// replaced.
 void write_file_durably(const std::string& path, std::string_view content);
 // The same with the content written by `produce` (large files: no copy in memory).
 void write_file_durably(const std::string& path, const std::function<void(FileSink&)>& produce);

@@ -646,6 +646,27 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const 
 
 }  // namespace
 
+void prepare_checkpoint_root(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root))
+    throw InputError("--checkpoint-dir " + root + ": cannot create the directory: " +
+                     (ec ? ec.message() : std::string("a file is in the way")));
+  const std::string probe = root + "/.write-test." + std::to_string(::getpid());
+  try {
+    memory::write_file_durably(probe, "");
+  } catch (const std::exception& e) {
+    throw InputError("--checkpoint-dir " + root + ": cannot write in it: " + e.what());
+  }
+  fs::remove(probe, ec);
+}
+
+std::optional<std::string> newest_written_checkpoint(const std::string& root) {
+  for (const auto& [step, dir] : checkpoint_dirs_newest_first(root))
+    if (fs::exists(dir + "/manifest.json")) return dir;
+  return std::nullopt;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
@@ -673,6 +694,16 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
       check_manifest_version(JsonReader(j, path));  // throws, naming the version
     try {
       Manifest m = Manifest::from_json(j, path);
+      // Every rank loads the directory of the step it agreed on (checkpoint_dir): one
+      // copied or renamed under another step's name is not that step's.
+      if (m.step != step) {
+        spdlog::warn(
+            "checkpoint {} holds the manifest of step {} (a copied or renamed directory); "
+            "falling back to an older one",
+            dir, m.step);
+        skipped = true;
+        continue;
+      }
       if (auto problem = verify_checkpoint(dir, m)) {
         spdlog::warn("checkpoint {} is damaged: {}; falling back to an older one", dir, *problem);
         skipped = true;
@@ -688,12 +719,13 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   return std::nullopt;
 }
 
-void prune_checkpoints(const std::string& root, int keep) {
+void prune_checkpoints(const std::string& root, int keep, int64_t written) {
   if (keep <= 0) return;
   const auto dirs = checkpoint_dirs_newest_first(root);
   std::error_code ec;
   int complete = 0;
   for (const auto& [step, dir] : dirs) {
+    if (step > written) continue;
     bool done = fs::exists(dir + "/manifest.json");
     // Keep the newest `keep` complete ones and anything newer than the newest complete
     // one (a checkpoint being written).

@@ -103,9 +103,22 @@ std::optional<std::string> verify_checkpoint(const std::string& step_dir, const 
 // previous one); one of a newer format version is an InputError, never skipped.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
-// Removes all but the newest `keep` complete checkpoints under root (and incomplete ones
-// older than the newest complete one). keep = 0 keeps everything.
-void prune_checkpoints(const std::string& root, int keep);
+// A --checkpoint-dir made ready at the start of a run, so that a path that cannot hold
+// checkpoints stops the run before any step rather than at its first save: created with
+// its parents, and a file written and removed in it. InputError naming the path.
+void prepare_checkpoint_root(const std::string& root);
+
+// The newest checkpoint directory under root that has a manifest, complete or damaged
+// (nullopt when none): the work of an earlier run that a fresh run must not prune, and
+// that --resume must not silently restart over when none of it is usable.
+std::optional<std::string> newest_written_checkpoint(const std::string& root);
+
+// After the checkpoint of step `written`: removes all but the newest `keep` complete
+// checkpoints up to it under root (and incomplete ones older than the newest complete
+// one). Those of later steps are left: a run resumed from an earlier checkpoint, because
+// the later ones were damaged, writes over them as it reaches their steps, and counting
+// them as kept would delete the good ones. keep = 0 keeps everything.
+void prune_checkpoints(const std::string& root, int keep, int64_t written);
 
 // Fills the stage's parameters (and, with `optimizer`, its optimizer state) from the
 // blocks stored in the checkpoint, whatever plan wrote it. InputError when a block is

@@ -31,6 +31,9 @@ CommOptions CommOptions::from_env() {
   double connect =
       env_number("BATON_CONNECT_TIMEOUT", double(o.connect_timeout.count()) / 1000.0, 0.1, 86400);
   o.connect_timeout = std::chrono::milliseconds(int64_t(connect * 1000.0));
+  double stall =
+      env_number("BATON_STALL_TIMEOUT", double(o.stall_timeout.count()) / 1000.0, 0, 1e7);
+  o.stall_timeout = std::chrono::milliseconds(int64_t(stall * 1000.0));
   double spin = env_number("BATON_SPIN_US", double(o.spin.count()), 0, 1e6);
   o.spin = std::chrono::microseconds(int64_t(spin));
   return o;

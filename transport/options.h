@@ -17,10 +17,15 @@ struct CommOptions {
   std::chrono::microseconds spin{200};
   // How long start-up may wait for the other ranks to reach the rendezvous.
   std::chrono::milliseconds connect_timeout{120'000};
+  // How long one operation may wait on a peer that answers the liveness pings (its
+  // process runs) but does not take part (its training thread stuck: a deadlock, a hung
+  // file system) before that peer counts as failed; 0: forever. Like NCCL's watchdog
+  // timeout, far above any step's legitimate wait.
+  std::chrono::milliseconds stall_timeout{1'800'000};
 
-  // Reads BATON_PEER_TIMEOUT and BATON_CONNECT_TIMEOUT (seconds, e.g. "2" or "0.5") and
-  // BATON_SPIN_US over the defaults; throws InputError naming the variable for a bad
-  // value.
+  // Reads BATON_PEER_TIMEOUT, BATON_CONNECT_TIMEOUT and BATON_STALL_TIMEOUT (seconds,
+  // e.g. "2" or "0.5") and BATON_SPIN_US over the defaults; throws InputError naming the
+  // variable for a bad value.
   static CommOptions from_env();
 };
 

@@ -76,6 +76,72 @@ TEST(Checkpoint, ResumedLossLogKeepsItsStepsBeforeTheFirstNewOne) {
   // A fresh run (start 0) starts the log over.
   { engine::LossLog fresh(path, 0); }
   EXPECT_EQ(memory::read_file(path), "");
+  // A log that cannot take its lines (a full disk: /dev/full) stops the run, naming it.
+  engine::LossLog full("/dev/full", 0);
+  engine::StepRecord r;
+  r.step = 1;
+  try {
+    for (int i = 0; i < 1000; ++i) full.write(r);  // past the stream's buffer
+    ADD_FAILURE() << "a loss log on a full device took every line";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write the loss log"), std::string::npos)
+        << e.what();
+  }
+}
+
+// What a run checks of its checkpoint directory before its first step: checkpoint flags
+// without one, a fresh run into a directory holding an earlier run's checkpoints (which
+// its pruning would delete and --resume would later continue), a --resume whose
+// checkpoints are all damaged (starting over would write over them), a --summary with no
+// directory to go in.
+TEST(Checkpoint, TheCheckpointDirectoryIsCheckedBeforeTheFirstStep) {
+  Workspace ws("ckpt-start");
+  auto error_of = [](const engine::LoopOptions& o) {
+    try {
+      engine::check_loop_options(o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  engine::LoopOptions o;
+  o.steps = 4;
+  o.checkpoint_every = 2;
+  EXPECT_EQ(error_of(o), "--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
+  o.checkpoint_dir = ws.path("ckpt");
+  EXPECT_EQ(error_of(o), "");
+  EXPECT_TRUE(std::filesystem::is_directory(o.checkpoint_dir));
+  o.keep_checkpoints = -1;
+  EXPECT_EQ(error_of(o).substr(0, 40), "--keep-checkpoints: expected a count >= ");
+  o.keep_checkpoints = 0;
+  // An earlier run's checkpoint: a fresh run is refused, --resume takes it.
+  const std::string step2 = stages::checkpoint_dir(o.checkpoint_dir, 2);
+  std::filesystem::create_directories(step2);
+  memory::write_file_durably(step2 + "/manifest.json", "{}");
+  EXPECT_EQ(error_of(o), "--checkpoint-dir " + o.checkpoint_dir +
+                             " holds the checkpoints of an earlier run (the newest: " + step2 +
+                             "): give --resume to continue it, or another --checkpoint-dir");
+  o.resume = true;
+  EXPECT_EQ(error_of(o), "");
+  // ... which finds it unreadable: refused, not started over.
+  EXPECT_FALSE(stages::latest_checkpoint(o.checkpoint_dir));
+  try {
+    engine::refuse_unusable_checkpoints(o.checkpoint_dir);
+    ADD_FAILURE() << "damaged checkpoints written over";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume: no checkpoint in " + o.checkpoint_dir +
+                                         " is complete and undamaged"),
+              std::string::npos)
+        << e.what();
+  }
+  // An incomplete one only (no manifest: a run killed in its first save) starts over.
+  std::filesystem::remove(step2 + "/manifest.json");
+  EXPECT_NO_THROW(engine::refuse_unusable_checkpoints(o.checkpoint_dir));
+  o.resume = false;
+  EXPECT_EQ(error_of(o), "");
+  o.summary_path = ws.path("no/such/dir/summary.json");
+  EXPECT_EQ(error_of(o), "--summary " + o.summary_path + ": no directory " +
+                             ws.path("no/such/dir") + " to write it in");
 }
 
 TEST(Checkpoint, SamePlanResumesBitForBit) {

@@ -323,6 +323,57 @@ TEST(Checkpoint, ResumeFallsBackToThePreviousCompleteOneWithAWarning) {
   EXPECT_NE(text.find("using checkpoint " + older), std::string::npos) << text;
 }
 
+// A run resumed from an older checkpoint (the newer one damaged) keeps its good ones when
+// it prunes: the damaged later step is left for the run to write over, not counted among
+// the kept; a directory copied under another step's name is not taken as that step.
+TEST(Checkpoint, PruningKeepsTheGoodOnesBelowADamagedNewerOne) {
+  std::string root = fresh_dir("ckpt_prune_damaged");
+  std::string s4 = save_scrambled(root, 4, 5);
+  std::string s6 = save_scrambled(root, 6, 5);
+  std::string s8 = save_scrambled(root, 8, 6);
+  std::string file = s8 + "/optimizer-rank00000.safetensors";
+  flip_byte(file, data_offset(file, "h.0.ln_1.weight:exp_avg", 1));
+  EXPECT_EQ(latest_checkpoint(root), s6);
+  std::string s7 = save_scrambled(root, 7, 5);  // the resumed run's next checkpoint
+  prune_checkpoints(root, 2, 7);
+  EXPECT_TRUE(std::filesystem::exists(s7 + "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(s6 + "/manifest.json"));  // kept: two up to step 7
+  EXPECT_FALSE(std::filesystem::exists(s4));
+  EXPECT_TRUE(std::filesystem::exists(s8));  // later: left to be written over
+  EXPECT_EQ(latest_checkpoint(root), s7);
+  prune_checkpoints(root, 1, 7);
+  EXPECT_EQ(latest_checkpoint(root), s7);  // it had deleted the one just written
+  EXPECT_EQ(newest_written_checkpoint(root), s8);
+
+  std::string copy = root + "/step-00000009";
+  std::filesystem::copy(s7, copy);
+  EXPECT_EQ(latest_checkpoint(root), s7);  // step-9 holds step 7's manifest
+}
+
+// A checkpoint directory that cannot hold checkpoints is refused when the run starts.
+TEST(Checkpoint, CheckpointRootIsMadeAndTriedAtTheStart) {
+  std::string root = fresh_dir("ckpt_root") + "/a/b";
+  prepare_checkpoint_root(root);
+  EXPECT_TRUE(std::filesystem::is_directory(root));
+  EXPECT_TRUE(std::filesystem::is_empty(root));  // the probe is gone
+  std::string file = fresh_dir("ckpt_root_file");
+  std::ofstream(file) << "x";
+  try {
+    prepare_checkpoint_root(file + "/under");
+    ADD_FAILURE() << "a path under a file accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--checkpoint-dir " + file + "/under: cannot create"),
+              std::string::npos)
+        << e.what();
+  }
+  if (::geteuid() != 0) {  // root writes anywhere
+    std::filesystem::permissions(
+        root, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    EXPECT_THROW(prepare_checkpoint_root(root), InputError);
+    std::filesystem::permissions(root, std::filesystem::perms::owner_all);
+  }
+}
+
 TEST(Checkpoint, NewerFormatVersionIsRefusedWithTheVersionNamed) {
   std::string root = fresh_dir("ckpt_newer");
   save_scrambled(root, 2, 7);

@@ -146,8 +146,11 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
       " --steps 2 --threads 1 --checkpoint-every 1 --checkpoint-dir " + ckpt);
   EXPECT_EQ(plan.code, 2) << plan.output;
   EXPECT_NE(plan.output.find(bad + ": token 300 at position 40"), std::string::npos) << plan.output;
+  // The directory is made at the start (a path that cannot hold checkpoints stops the run
+  // before any step); nothing is written in it.
   std::error_code ec;
-  EXPECT_FALSE(std::filesystem::exists(ckpt, ec)) << "a checkpoint of a run with a bad token";
+  EXPECT_TRUE(!std::filesystem::exists(ckpt, ec) || std::filesystem::is_empty(ckpt, ec))
+      << "a checkpoint of a run with a bad token";
   // A truncated flat file (an odd number of bytes for uint16).
   std::string odd = temp_file("odd.bin", std::string(65, 'a'));
   cli_expect_input_error("--model " + model + " --steps 1 --data " + odd, {odd});

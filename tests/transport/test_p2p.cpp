@@ -263,6 +263,44 @@ TEST(Liveness, ABusyPeerIsNotAFailedPeer) {
   }
 }
 
+// A peer whose process answers the pings but whose thread never takes part (stuck in a
+// deadlock) fails the operation waiting on it after the stall timeout, naming it, where
+// the wait had lasted forever.
+TEST(Liveness, APeerThatAnswersButNeverTakesPartStallsOut) {
+  CommOptions o = test_options();
+  o.peer_timeout = std::chrono::milliseconds(500);
+  o.stall_timeout = std::chrono::milliseconds(1000);
+  for (Backend b : tested_backends()) {
+    run_world(
+        b, 2,
+        [&](Communicator& c) {
+          Tensor t = Tensor::full({16}, 1.0);
+          if (c.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+            try {
+              c.isend(t, 0, 1)->wait();
+            } catch (const PeerError&) {  // rank 0 gave up on it and left
+            }
+            return;
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            c.irecv(t, 1, 1)->wait();
+            ADD_FAILURE() << backend_name(b) << ": the receive waited out the stuck peer";
+          } catch (const PeerError& e) {
+            EXPECT_EQ(e.peer(), 1) << e.what();
+            EXPECT_NE(std::string(e.what()).find("BATON_STALL_TIMEOUT"), std::string::npos)
+                << e.what();
+          }
+          const double waited =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          EXPECT_GT(waited, 0.9) << backend_name(b);
+          EXPECT_LT(waited, 2.9) << backend_name(b);
+        },
+        o, /*leave_together=*/false);
+  }
+}
+
 }  // namespace
 }  // namespace baton::transport::testing
 

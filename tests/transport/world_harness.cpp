@@ -24,7 +24,7 @@ CommOptions test_options() {
 }
 
 void run_world(Backend b, int n, const std::function<void(Communicator&)>& fn,
-               const CommOptions& options) {
+               const CommOptions& options, bool leave_together) {
   std::mutex mu;
   std::exception_ptr first;
   std::string where;
@@ -57,7 +57,7 @@ void run_world(Backend b, int n, const std::function<void(Communicator&)>& fn,
           fn(*comm);
           // Leave together, so that no rank's exit looks like a failure to a rank
           // still finishing.
-          comm->barrier()->wait();
+          if (leave_together) comm->barrier()->wait();
         } catch (...) {
           record(r);
         }

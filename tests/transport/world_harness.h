@@ -28,8 +28,10 @@ inline std::vector<Backend> tested_backends() {
 CommOptions test_options();  // a short peer timeout (2 s) so that failures show fast
 
 // Runs fn(comm) on n threads; throws the first exception a rank threw (naming the rank).
+// The UCX ranks leave together (a barrier) unless `leave_together` is false: a world in
+// which a rank was declared failed cannot meet again.
 void run_world(Backend b, int n, const std::function<void(Communicator&)>& fn,
-               const CommOptions& options = test_options());
+               const CommOptions& options = test_options(), bool leave_together = true);
 
 // Deterministic small integers: sums over up to 64 ranks stay exact in every dtype.
 inline double test_value(int rank, int64_t i, uint32_t seed) {

@@ -125,7 +125,20 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
     std::atomic<int>& n;
     ~Unsleep() { n.fetch_sub(1, std::memory_order_seq_cst); }
   } unsleep{sleepers_};
-  while (!poll(r, scope, seen)) wait_cv_.wait(lock);
+  // A peer alive to the pings but silent this long has stopped taking part.
+  const auto stall = options_.stall_timeout;
+  const auto give_up = stall.count() > 0 ? std::chrono::steady_clock::now() + stall
+                                         : std::chrono::steady_clock::time_point::max();
+  while (!poll(r, scope, seen)) {
+    if (wait_cv_.wait_until(lock, give_up) != std::cv_status::timeout) continue;
+    if (poll(r, scope, seen)) return;
+    if (r.peer < 0 || r.peer == rank_) continue;
+    lock.unlock();
+    report_stalled(r.peer, "it answers the liveness pings but took no part in an operation for " +
+                               std::to_string(stall.count() / 1000) +
+                               " s (BATON_STALL_TIMEOUT): its training thread is stuck");
+    lock.lock();
+  }
 }
 
 void Fabric::declare_failed(int peer, const std::string& reason, bool left) {

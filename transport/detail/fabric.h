@@ -123,6 +123,9 @@ class Fabric {
   // way) and when it stopped (the thread takes over).
   virtual void on_poll_begin() {}
   virtual void on_poll_end() {}
+  // A peer that an operation waited on longer than CommOptions::stall_timeout: recorded as
+  // failed; a backend that can tells the other ranks too.
+  virtual void report_stalled(int peer, const std::string& reason) { declare_failed(peer, reason); }
   virtual void on_sleep_begin() {}
   virtual void on_sleep_end() {}
 

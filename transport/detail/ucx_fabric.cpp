@@ -940,6 +940,14 @@ void UcxFabric::apply_failures() {
   }
 }
 
+void UcxFabric::report_stalled(int peer, const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    failures_.push_back({peer, reason, true});
+  }
+  apply_failures();  // logged, recorded and told to the other ranks
+}
+
 void UcxFabric::liveness_tick(int64_t now) {
   const int64_t timeout = int64_t(options().peer_timeout.count()) * 1'000'000;
   const int64_t ping_every = timeout / 4;

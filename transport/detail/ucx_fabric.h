@@ -46,6 +46,7 @@ class UcxFabric final : public Fabric {
   void on_poll_begin() override;
   void on_poll_end() override;
   void on_sleep_begin() override;
+  void report_stalled(int peer, const std::string& reason) override;
 
  private:
   // A request UCX still holds: on an intrusive list (no allocation per message), kept
