@@ -137,10 +137,23 @@ nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
 void check_resume(const stages::Manifest& m, const std::string& dir,
                   const nlohmann::json& model_json, const std::string& model_source,
                   uint64_t seed) {
-  if (m.model != model_json)
+  if (m.model != model_json) {
+    // The first field that differs, as a JSON patch names it ("/n_embd").
+    std::string what;
+    const nlohmann::json patch = nlohmann::json::diff(m.model, model_json);
+    if (!patch.empty() && patch[0].contains("path")) {
+      const std::string path = patch[0]["path"].get<std::string>();
+      const nlohmann::json::json_pointer at(path);
+      what = " (" + (path.empty() ? std::string("the whole model") : path.substr(1)) +
+             ": the checkpoint's " +
+             (m.model.contains(at) ? m.model.at(at).dump() : std::string("has none")) +
+             ", the run's " +
+             (model_json.contains(at) ? model_json.at(at).dump() : std::string("has none")) + ")";
+    }
     throw InputError(dir +
                      "/manifest.json: $.model: the checkpoint was written for another model than " +
-                     model_source);
+                     model_source + what);
+  }
   if (m.seed != seed)
     throw InputError(dir + "/manifest.json: $.seed: expected the run's --seed " +
                      std::to_string(seed) + ", found " + std::to_string(m.seed));
@@ -163,6 +176,23 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
         "{}/manifest.json: $.train.lr_schedule: the checkpoint's schedule was {}; continuing "
         "under {}",
         dir, m.train["lr_schedule"].dump(), mine.dump());
+  // The optimizer's settings travel with its state: the checkpoint's continue, whatever
+  // the flags say (the rate aside: the schedule above sets it).
+  auto settings = [](nlohmann::json j) {
+    j.erase("lr");
+    return j;
+  };
+  if (settings(m.optimizer.to_json()) != settings(o.optimizer.to_json()))
+    spdlog::warn(
+        "{}/manifest.json: $.optimizer: the checkpoint's optimizer {} continues with its state; "
+        "the flags' {} are not used",
+        dir, settings(m.optimizer.to_json()).dump(), settings(o.optimizer.to_json()).dump());
+  if (m.train.is_object() && m.train.contains("grad_clip") && m.train["grad_clip"].is_number() &&
+      m.train["grad_clip"].get<double>() != o.grad_clip)
+    spdlog::warn(
+        "{}/manifest.json: $.train.grad_clip: the checkpoint's run clipped at {}; "
+        "continuing with --grad-clip {}",
+        dir, m.train["grad_clip"].get<double>(), o.grad_clip);
   // The training data (held-out data does not change the training curve).
   if (m.data.is_object() && m.data.contains("train") && m.data["train"] != data["train"])
     spdlog::warn(

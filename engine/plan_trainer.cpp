@@ -67,6 +67,52 @@ std::vector<std::string> all_gather_strings(Communicator& c, const std::string& 
   return res;
 }
 
+// The flags every rank of a plan must share (what decides the losses, the data and the
+// checkpoints), by the flag that sets them.
+nlohmann::json shared_flags(const PlanTrainOptions& o) {
+  const stages::DataFlags& d = o.data;
+  return {{"--plan", o.plan_path},
+          {"--data", o.data_path.empty() ? nlohmann::json(d.data) : nlohmann::json(o.data_path)},
+          {"--eval-data", d.eval_data},
+          {"--eval-fraction", d.eval_fraction},
+          {"--data-format", d.format},
+          {"--token-dtype", d.token_dtype},
+          {"--no-cross-documents", !d.cross_documents},
+          {"--steps", o.steps},
+          {"--seed", o.seed},
+          {"--grad-clip", o.grad_clip},
+          {"the optimizer (--optimizer, --lr, --beta1, --beta2, --weight-decay, --momentum)",
+           o.optimizer.to_json()},
+          {"the learning-rate schedule (--lr-schedule and its flags)", lr_schedule_of(o).to_json()},
+          {"--eval-every", o.eval_every},
+          {"--eval-batches", o.eval_batches},
+          {"--checkpoint-dir", o.checkpoint_dir},
+          {"--checkpoint-every", o.checkpoint_every},
+          {"--keep-checkpoints", o.keep_checkpoints},
+          {"--resume", o.resume},
+          {"--precision", std::string(kernels::precision_name(o.precision))},
+          {"--init-from", o.init_from},
+          {"--schedule", o.schedule_path},
+          {"--trace-steps", o.trace_path.empty() ? 0 : o.trace_steps},
+          {"--bucket-mib", o.bucket_bytes}};
+}
+
+// Every rank compares every rank's shared flags with rank 0's and all fail alike, naming
+// the first that differs: a rank started with another --lr or --data trained silently.
+void check_ranks_agree(Communicator& world, const PlanTrainOptions& o) {
+  if (world.size() < 2) return;
+  const std::vector<std::string> all = all_gather_strings(world, shared_flags(o).dump());
+  const nlohmann::json first = nlohmann::json::parse(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const nlohmann::json mine = nlohmann::json::parse(all[r]);
+    for (const auto& [flag, value] : first.items())
+      if (mine.value(flag, nlohmann::json()) != value)
+        throw InputError("rank " + std::to_string(r) + " was started with " + flag + " " +
+                         mine.value(flag, nlohmann::json()).dump() + " where rank 0 has " +
+                         value.dump() + ": every rank of a plan takes the same training flags");
+  }
+}
+
 int64_t broadcast_int(Communicator& c, int64_t v) {
   Tensor t = Tensor::from_vector(std::vector<int64_t>{v}, {1});
   c.broadcast(t, 0)->wait();
@@ -605,6 +651,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
+  check_ranks_agree(*world, o);
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
   prepare_device(o);

@@ -322,6 +322,7 @@ class Launcher {
       write_all(2, std::string("baton launch: got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
                        "; stopping every rank\n");
       interrupted_ = true;
+      interrupt_signal_ = sig;
       signal_all(SIGTERM);
       stopping_ = false;
       begin_stop(o_.kill_after);
@@ -448,6 +449,16 @@ class Launcher {
   }
 
   int finish() {
+    // Stopped by the user: the ranks' failures are the launcher's own SIGTERM, not a cause.
+    if (interrupted_) {
+      std::string stopped;
+      for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+      write_all(2, std::string("baton launch: the job was stopped by ") +
+                       (interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM") +
+                       (step_ ? " after step " + *step_ : std::string()) +
+                       (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
+      return 128 + interrupt_signal_;
+    }
     if (!failures_.empty()) {
       const int cause = root_cause();
       const Rank& rk = ranks_[size_t(cause >= 0 ? cause : failures_.front())];
@@ -460,7 +471,7 @@ class Launcher {
       failed_code_ = code;
       return code == 0 ? 1 : code;
     }
-    return interrupted_ ? 130 : 0;
+    return 0;
   }
 
   std::string report_path(int r) const {
@@ -494,6 +505,7 @@ class Launcher {
   int open_pipes_ = 0;
   bool stopping_ = false;
   bool interrupted_ = false;
+  int interrupt_signal_ = SIGTERM;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
   std::optional<std::pair<int, int>> hung_;  // a rank suspended at the first failure, its signal

@@ -3,15 +3,20 @@
 // written under one plan (or by one process) resumes under another plan (other PP, TP,
 // DP, schedule; or one process) with the one-process loss curve (within 1e-5).
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
+#include <thread>
 
 #include "engine/loop.h"
 #include "engine_harness.h"
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
+#include "transport/local.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -86,6 +91,86 @@ TEST(Checkpoint, ResumedLossLogKeepsItsStepsBeforeTheFirstNewOne) {
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write the loss log"), std::string::npos)
         << e.what();
+  }
+}
+
+// Ranks of one plan started with different training flags (another --lr on one rank) all
+// stop before the first step with the same error naming the rank and the flag, where they
+// had trained on silently.
+TEST(Checkpoint, RanksStartedWithDifferentFlagsAllStopNamingIt) {
+  Workspace ws("ranks-agree");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 1;
+  p.schedule = "1f1b";
+  auto plan = resolve(p, ws);
+  RunSettings s;
+  s.steps = 2;
+  const engine::PlanTrainOptions o = train_options(ws, s);
+  engine::PlanTrainOptions other = o;
+  other.optimizer.set_lr(o.optimizer.lr() * 10);
+  std::vector<transport::CommPtr> world = transport::make_local_world(plan->world());
+  ASSERT_EQ(world.size(), 2u);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        engine::train_plan(plan, r == 1 ? other : o, world[size_t(r)]);
+      } catch (const InputError& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    // The first differing flag in the flags' order: the rate, in the schedule.
+    EXPECT_EQ(e.rfind("rank 1 was started with the learning-rate schedule (--lr-schedule", 0), 0u)
+        << e;
+    EXPECT_NE(e.find("\"lr\":0.03,"), std::string::npos) << e;
+    EXPECT_NE(e.find("every rank of a plan takes the same training flags"), std::string::npos) << e;
+  }
+  // The same flags train.
+  EXPECT_EQ(run_threads(plan, o).size(), 2u);
+}
+
+// A resumed run whose optimizer flags or clipping differ from the checkpoint's says which
+// it continues with (the optimizer's settings travel with its state; the clip is the run's).
+TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
+  engine::LoopOptions o;
+  o.steps = 4;
+  o.optimizer.adamw.weight_decay = 0.5;
+  o.grad_clip = 0.01;
+  stages::Manifest m;
+  m.optimizer.adamw.weight_decay = 0.1;
+  m.train = {{"grad_clip", 1.0}, {"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o);
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("ckpt/step-00000002/manifest.json: $.optimizer: the checkpoint's optimizer"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"weight_decay\":0.1"), std::string::npos) << text;
+  EXPECT_NE(text.find("$.train.grad_clip: the checkpoint's run clipped at 1; continuing with "
+                      "--grad-clip 0.01"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("lr_schedule"), std::string::npos) << text;  // the same schedule
+  // Another model: the field that differs is named.
+  m.model = {{"type", "gpt2"}, {"n_embd", 16}, {"n_layer", 2}};
+  m.seed = 1;
+  try {
+    engine::check_resume(m, "ckpt/step-00000002",
+                         {{"type", "gpt2"}, {"n_embd", 32}, {"n_layer", 2}}, "plan.json: $.model",
+                         1);
+    ADD_FAILURE() << "another model resumed";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ckpt/step-00000002/manifest.json: $.model: the checkpoint was written for another "
+              "model than plan.json: $.model (n_embd: the checkpoint's 16, the run's 32)");
   }
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -65,6 +66,19 @@ TEST(Launch, ARestartedJobThatSucceedsExitsZero) {
             std::string::npos)
       << r.output;
   EXPECT_EQ(count(r.output, "done resume=1"), 2u) << r.output;
+}
+
+// The launcher stopped by SIGTERM (here from a rank): the job ends with 128 + 15 saying so,
+// not as a failure of ranks that lost a peer, and is not restarted.
+TEST(Launch, AStopSignalEndsTheJobSayingSo) {
+  Result r =
+      run("-n 2 --max-restarts 2 --restart-backoff 0 -- sh -c '"
+          "[ $BATON_RANK = 0 ] && sleep 0.3 && kill -TERM $PPID; sleep 5'");
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.output;
+  EXPECT_NE(r.output.find("baton launch: the job was stopped by SIGTERM"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("lost a peer"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restart 1"), std::string::npos) << r.output;
 }
 
 TEST(Launch, BadInputIsNotRestarted) {
