@@ -364,30 +364,26 @@ int run_profile(const std::vector<std::string>& args) {
                                           "--threads", std::to_string(o.threads),
                                           "--repeats", std::to_string(o.repeats),
                                           "--warmup",  "1"};
-  for (int t : probes ? tp : std::vector<int>{})
-    for (int k : colocated) {
-      if (k % t != 0) continue;
-      std::printf("timing %d ranks' passes in tensor-parallel groups of %d, twice\n", k, t);
-      const auto [whole, shard] = group_passes(k, Split::tp, t, probe, out + ".tp-probe");
-      const double extra = pt::tp_collective_from_pass(g, costs, t, shard, whole);
-      costs.tp_collective[t][k] = extra;
-      std::printf(
-          "%d ranks on the host in tensor-parallel groups of %d: a collective takes %.1f us "
-          "beyond its analytic time\n",
-          k, t, 1e6 * extra);
-    }
-  for (int s : probes ? spatial : std::vector<int>{})
-    for (int k : colocated) {
-      if (k % s != 0) continue;
-      std::printf("timing %d ranks' passes in spatial groups of %d, twice\n", k, s);
-      const auto [whole, tile] = group_passes(k, Split::spatial, s, probe, out + ".spatial-probe");
-      const double extra = pt::spatial_exchange_from_pass(g, costs, s, tile, whole);
-      costs.spatial_exchange[s][k] = extra;
-      std::printf(
-          "%d ranks on the host in spatial groups of %d: an exchange takes %.1f us beyond the "
-          "link model\n",
-          k, s, 1e6 * extra);
-    }
+  // k ranks in groups of t for each pair the flags give, a shard's or a tile's passes.
+  auto run_probes = [&](Split kind, const std::vector<int>& degrees) {
+    const bool tp_kind = kind == Split::tp;
+    const char* groups = tp_kind ? "tensor-parallel" : "spatial";
+    for (int t : probes ? degrees : std::vector<int>{})
+      for (int k : colocated) {
+        if (k % t != 0) continue;
+        std::printf("timing %d ranks' passes in %s groups of %d, twice\n", k, groups, t);
+        const auto [whole, part] =
+            group_passes(k, kind, t, probe, out + (tp_kind ? ".tp-probe" : ".spatial-probe"));
+        const double extra = tp_kind ? pt::tp_collective_from_pass(g, costs, t, part, whole)
+                                     : pt::spatial_exchange_from_pass(g, costs, t, part, whole);
+        (tp_kind ? costs.tp_collective : costs.spatial_exchange)[t][k] = extra;
+        std::printf("%d ranks on the host in %s groups of %d: %s takes %.1f us beyond %s\n", k,
+                    groups, t, tp_kind ? "a collective" : "an exchange", 1e6 * extra,
+                    tp_kind ? "its analytic time" : "the link model");
+      }
+  };
+  run_probes(Split::tp, tp);
+  run_probes(Split::spatial, spatial);
   pt::write_measured_costs(costs, out);
 
   struct Row {
