@@ -7,20 +7,87 @@
 // Header-only: baton_memory itself links no JSON library (the GPU-check build has none).
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "memory/error.h"
 
 namespace baton::memory {
 
+namespace detail {
+
+// Where the parse stands, for naming a repeated key: one frame per open object or array.
+class JsonKeyTracker {
+ public:
+  explicit JsonKeyTracker(const std::string& source) : source_(source) {}
+
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+        frames_.push_back({false, 0, {}, {}});
+        break;
+      case E::array_start:
+        frames_.push_back({true, 0, {}, {}});
+        break;
+      case E::key:
+        key(value.get<std::string>());
+        break;
+      case E::object_end:
+      case E::array_end:
+        frames_.pop_back();
+        element_done();
+        break;
+      case E::value:
+        element_done();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    size_t index;
+    std::string key;
+    std::set<std::string, std::less<>> keys;
+  };
+
+  void key(std::string k) {
+    Frame& f = frames_.back();
+    f.key = std::move(k);
+    if (f.keys.insert(f.key).second) return;
+    std::string path = "$";
+    for (const Frame& g : frames_)
+      path += g.array ? "[" + std::to_string(g.index) + "]" : "." + g.key;
+    throw InputError(source_ + ": " + path + ": the field '" + f.key +
+                     "' appears twice in one object (readers differ on which one counts)");
+  }
+
+  void element_done() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+  }
+
+  const std::string& source_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace detail
+
 // `text` parsed as JSON. InputError "<source>: not valid JSON: <nlohmann's message without
-// its exception id>" on a syntax error or a number too large.
+// its exception id>" on a syntax error or a number too large, and "<source>: <path>: the
+// field 'k' appears twice ..." for a key repeated in one object (which nlohmann, like most
+// readers, would take the last of silently, and some others the first).
 inline nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
+  detail::JsonKeyTracker tracker(source);
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return nlohmann::json::parse(text.begin(), text.end(), std::ref(tracker));
   } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a large number
     // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ..."
     std::string what = e.what();

@@ -442,9 +442,14 @@ std::string hash_file(const std::string& path, const std::string& algorithm) {
 
 void begin_checkpoint(const std::string& step_dir) {
   std::error_code ec;
+  // A step written again (a resume from before it) starts empty: an interrupted write's
+  // temporary files, and the shards of a plan with more ranks, would otherwise stay.
+  // The manifest goes first, so a crash from here on leaves an incomplete directory.
+  if (fs::remove(fs::path(step_dir) / "manifest.json", ec)) memory::fsync_path(step_dir, true);
+  fs::remove_all(step_dir, ec);
+  if (ec) throw RuntimeError(step_dir + ": cannot clear the earlier write: " + ec.message());
   fs::create_directories(step_dir, ec);
   if (ec) throw RuntimeError(step_dir + ": cannot create: " + ec.message());
-  fs::remove(fs::path(step_dir) / "manifest.json", ec);
   memory::fsync_path(step_dir, true);
   memory::fsync_path(fs::path(step_dir).parent_path().string(), true);
 }

@@ -84,8 +84,8 @@ void load_parts(const std::string& step_dir, const Manifest& m, const std::strin
                 const std::vector<ParamPart>& parts);
 // Writes manifest.json last, atomically.
 void write_manifest(const std::string& step_dir, const Manifest& m);
-// Removes a step directory's manifest first (so a crash while rewriting it leaves it
-// incomplete, never mixed).
+// Makes an empty step directory, removing an earlier write of the step manifest first (so
+// a crash while rewriting it leaves it incomplete, never mixed).
 void begin_checkpoint(const std::string& step_dir);
 
 // One process, one stage: shards of rank 0 and the manifest. Returns the step directory.

@@ -50,5 +50,29 @@ TEST(JsonObject, ParseErrorNamesTheSource) {
   }
 }
 
+// A key repeated in one object is refused with its path; the same key in two objects is not.
+TEST(JsonObject, RepeatedKeyNamesItsPath) {
+  auto error = [](const std::string& text) -> std::string {
+    try {
+      parse_json_text(text, "plan.json");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(R"({"dp": 2, "dp": 4})"),
+            "plan.json: $.dp: the field 'dp' appears twice in one object (readers differ on "
+            "which one counts)");
+  EXPECT_EQ(error(R"({"stages": [{"a": 1}, [], 3, {"layers": [0], "b": {}, "layers": [1]}]})"),
+            "plan.json: $.stages[3].layers: the field 'layers' appears twice in one object "
+            "(readers differ on which one counts)");
+  EXPECT_EQ(error(R"([{"x": {"y": 1}}, {"x": {"y": 2, "z": [1, {"y": 0, "y": 0}]}}])"),
+            "plan.json: $[1].x.z[1].y: the field 'y' appears twice in one object (readers "
+            "differ on which one counts)");
+  EXPECT_EQ(error(R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 3}, {"k": 4}]})"), "");
+  const auto j = parse_json_text(R"({"a": {"k": 1}, "b": [1, {"k": [2, 3]}]})", "x.json");
+  EXPECT_EQ(j, nlohmann::json::parse(R"({"a": {"k": 1}, "b": [1, {"k": [2, 3]}]})"));
+}
+
 }  // namespace
 }  // namespace baton::memory

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,30 @@ TEST(Checkpoint, RoundTripWithOptimizerState) {
     for (size_t k = 0; k < sa.size(); ++k)
       EXPECT_EQ(sa[k].second.to_vector<float>(), sb[k].second.to_vector<float>());
   }
+}
+
+// A step written again (a run resumed from before it) leaves nothing of the earlier write:
+// not an interrupted write's temporary file, not the shards of a plan with more ranks.
+TEST(Checkpoint, AStepWrittenAgainStartsEmpty) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  Stage a(g, 0, g->num_layers());
+  scramble(a, 5);
+  Manifest m;
+  m.step = 4;
+  m.model = g->config;
+  std::string root = fresh_dir("ckpt_rewrite");
+  std::string dir = checkpoint_dir(root, 4);
+  std::filesystem::create_directories(dir + "/sub");
+  for (const char* stale : {"/model-rank00003.safetensors", "/model-rank00000.safetensors.tmp77.0",
+                            "/manifest.json", "/sub/x"})
+    std::ofstream(dir + stale) << "stale";
+  EXPECT_EQ(save_checkpoint(root, a, m), dir);
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"manifest.json", "model-rank00000.safetensors"}));
+  EXPECT_EQ(verify_checkpoint(dir, read_manifest(dir)), std::nullopt);
 }
 
 TEST(Checkpoint, WholeCheckpointLoadsIntoShards) {
