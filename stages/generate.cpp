@@ -335,7 +335,10 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     source = hf_dir + "/config.json";
   }
   if (!model_path.empty()) {
-    model_json = read_json_file(model_path);
+    // Another model JSON may change the context or dropout, not what the weights compute.
+    const json given = read_json_file(model_path);
+    check_same_model_math(given, model_path, model_json, source, "the weights were made for it");
+    model_json = given;
     source = model_path;
   }
   GenerationModel m;

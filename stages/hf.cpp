@@ -1,9 +1,13 @@
 #include "stages/hf.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <string_view>
 
 #include "memory/file_io.h"
 #include "stages/json_reader.h"
@@ -104,22 +108,27 @@ json hf_math_fields(const json& model, const std::string& source) {
   return j;
 }
 
-void check_hf_model_matches(const json& model, const std::string& source, const std::string& dir) {
+void check_same_model_math(const json& model, const std::string& source, const json& reference,
+                           const std::string& reference_source, const std::string& why) {
   const json mine = hf_math_fields(model, source);
   if (mine.is_null()) return;
-  const std::string path = dir + "/config.json";
-  const json theirs = hf_math_fields(read_hf_model_config(dir), path);
+  const json theirs = hf_math_fields(reference, reference_source);
   for (const auto& [key, v] : theirs.items()) {
     const json have = mine.contains(key) ? mine[key] : json(nullptr);
     if (have != v)
-      throw InputError(source + ": " + key + " is " + have.dump() + ", but " + path + " has " +
-                       v.dump() + " (the weights of --init-from were made for it)");
+      throw InputError(source + ": " + key + " is " + have.dump() + ", but " + reference_source +
+                       " has " + v.dump() + " (" + why + ")");
   }
   for (const auto& [key, v] : mine.items())
     if (!theirs.contains(key))
-      throw InputError(source + ": " + key + " is " + v.dump() + ", but " + path +
+      throw InputError(source + ": " + key + " is " + v.dump() + ", but " + reference_source +
                        " has no such field (a " + theirs.value("type", std::string("?")) +
                        " model)");
+}
+
+void check_hf_model_matches(const json& model, const std::string& source, const std::string& dir) {
+  check_same_model_math(model, source, read_hf_model_config(dir), dir + "/config.json",
+                        "the weights of --init-from were made for it");
 }
 
 namespace {
@@ -134,8 +143,62 @@ std::string hf_tensor_name(const Graph& g, const std::string& param) {
   return is_gpt2(g) ? "transformer." + param : param;
 }
 
+namespace {
+
+// Buffers some writers store beside the weights, computed rather than learnt: GPT-2's
+// causal mask ("attn.bias", "attn.masked_bias") and older LLaMA saves' rotary frequencies.
+bool is_stored_buffer(const std::string& name) {
+  auto ends = [&](std::string_view tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
+}
+
+// InputError for tensors the model has no parameter for: more layers, biases or a head than
+// its config says usually mean a config.json from another model, and the weights would be
+// used wrongly without a word. A tied head stored anyway is accepted when it equals the
+// embedding; a different one is what transformers 5 would use untied, and older versions
+// ignore.
+void check_no_unused_tensors(HfCheckpoint& ckpt, const Graph& g) {
+  std::set<std::string> known;
+  for (const Param& p : g.params) {
+    known.insert(p.name);
+    known.insert(hf_tensor_name(g, p.name));
+  }
+  std::vector<std::string> unused;
+  for (const std::string& name : ckpt.names())
+    if (!known.count(name) && !is_stored_buffer(name)) unused.push_back(name);
+  const std::string embed = "model.embed_tokens.weight";
+  auto head = std::find(unused.begin(), unused.end(), "lm_head.weight");
+  if (head != unused.end() && known.count(embed)) {
+    const SafetensorsReader *hf = nullptr, *ef = nullptr;
+    const SafetensorsEntry* h = ckpt.find("lm_head.weight", &hf);
+    const SafetensorsEntry* e = ckpt.find(embed, &ef);
+    const Tensor ht = hf->read(h->name), et = ef->read(e->name);
+    if (h->dtype != e->dtype || ht.nbytes() != et.nbytes() ||
+        std::memcmp(ht.raw_data(), et.raw_data(), ht.nbytes()) != 0)
+      throw InputError(ckpt.dir() +
+                       ": holds an lm_head.weight different from the embedding, but config.json "
+                       "ties the head to the embedding (tie_word_embeddings): transformers 5 "
+                       "would use the head untied, older versions ignore it; set "
+                       "tie_word_embeddings to false to train or sample with it");
+    unused.erase(head);
+  }
+  if (unused.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 4; ++i) list += (i ? ", " : "") + unused[i];
+  if (unused.size() > 4) list += ", ... (" + std::to_string(unused.size()) + " in all)";
+  throw InputError(ckpt.dir() + ": holds tensor(s) the model has no parameter for: " + list +
+                   " (does config.json describe these weights? layers, biases and the head "
+                   "must match)");
+}
+
+}  // namespace
+
 void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
   const Graph& g = stage.graph();
+  check_no_unused_tensors(ckpt, g);
   for (int id : stage.param_ids()) {
     const Param& p = g.params[size_t(id)];
     const SafetensorsReader* file = nullptr;
@@ -212,6 +275,10 @@ json hf_config_of(const Graph& g, DType dtype) {
             {"resid_pdrop", c.resid_pdrop},
             {"attn_pdrop", c.attn_pdrop},
             {"tie_word_embeddings", true},
+            // transformers' GPT-2 defaults to 50256 (its <|endoftext|>): right for GPT-2's
+            // vocabulary, an id outside a smaller one.
+            {"bos_token_id", c.vocab_size > 50256 ? json(50256) : json(nullptr)},
+            {"eos_token_id", c.vocab_size > 50256 ? json(50256) : json(nullptr)},
             {"torch_dtype", torch_dtype}};
   }
   if (type == "llama") {
@@ -260,8 +327,19 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
                      std::string(memory::dtype_name(opt.dtype)));
   json config = hf_config_of(g, opt.dtype);
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw InputError(dir + ": not a directory (the export is a directory of files)");
+  // An export into a checkpoint would replace or mix with its files.
+  if (fs::exists(fs::path(dir) / "manifest.json", ec))
+    throw InputError(dir +
+                     ": holds a baton checkpoint (manifest.json); export to a directory "
+                     "of its own");
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec) && fs::exists(e.path() / "manifest.json", ec))
+      throw InputError(dir + ": holds baton checkpoints (" + e.path().filename().string() +
+                       "); export to a directory of its own");
   fs::create_directories(dir, ec);
-  if (ec) throw RuntimeError(dir + ": cannot create: " + ec.message());
+  if (ec) throw InputError(dir + ": cannot create: " + ec.message());
   // Stored names and dtype; GPT-2's tied head has no tensor of its own.
   std::vector<NamedTensor> out;
   for (const NamedTensor& t : tensors)
@@ -280,10 +358,15 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     used += b;
   }
   const std::map<std::string, std::string> meta{{"format", "pt"}};
-  // Old weight files first: a directory never mixes two exports' shards.
+  // An earlier export's weight files first, so a directory never mixes two exports'
+  // shards; other files (an adapter's weights, a tokenizer) are not ours to remove.
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.size() > 12 && name.substr(name.size() - 12) == ".safetensors")
+    unsigned a = 0, b = 0;
+    char rest = 0;
+    if (name == "model.safetensors" ||
+        (std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensor%c", &a, &b, &rest) == 3 &&
+         rest == 's' && name.size() == 32))
       fs::remove(e.path(), ec);
   }
   fs::remove(dir + "/model.safetensors.index.json", ec);

@@ -59,6 +59,11 @@ nlohmann::json hf_math_fields(const nlohmann::json& model, const std::string& so
 // checked when loading).
 void check_hf_model_matches(const nlohmann::json& model, const std::string& source,
                             const std::string& dir);
+// The same check against another model JSON (`reference`, from `reference_source`): the
+// model a checkpoint's weights were trained as. `why` ends the message.
+void check_same_model_math(const nlohmann::json& model, const std::string& source,
+                           const nlohmann::json& reference, const std::string& reference_source,
+                           const std::string& why);
 
 // The stored name of a baton parameter: GPT-2's live under "transformer." in
 // GPT2LMHeadModel (both are accepted when loading), the LLaMA family's as they are.

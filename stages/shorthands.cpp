@@ -111,6 +111,7 @@ Gpt2Config parse_hf_gpt2_config(const JsonReader& r) {
   c.embd_pdrop = r.get_double("embd_pdrop", 0.1, 0.0, 0.999);
   c.resid_pdrop = r.get_double("resid_pdrop", 0.1, 0.0, 0.999);
   c.attn_pdrop = r.get_double("attn_pdrop", 0.1, 0.0, 0.999);
+  c.context = r.get_int("context", 0, 1, kBig);  // baton's own: the training window
   if (auto a = r.get("activation_function"); a && a->as_string() != "gelu_new")
     a->fail("\"gelu_new\" (the only GPT-2 activation baton implements)");
   if (!r.get_bool("tie_word_embeddings", true))
@@ -388,6 +389,7 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
   LlamaConfig c;
   c.name = type;
   read_llama_fields(c, r, true);
+  c.context = r.get_int("context", 0, 1, kBig);  // baton's own: the training window
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
   // A sliding window restricts attention to the last W keys: baton attends to all.
   auto no_window = [&](const char* field) {

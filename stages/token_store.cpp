@@ -470,11 +470,24 @@ void IndexedDatasetWriter::finish() {
   append(lengths_.data(), 4 * S);
   append(pointers.data(), 8 * S);
   append(docs.data(), 8 * D);
-  // The .bin streams to its own temporary file (documents arrive one at a time); it is
-  // renamed first (the index's write fsyncs the directory after both), and a reader finds
-  // the pair only once the index is there.
-  std::filesystem::rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
-  memory::write_file_durably(prefix_ + ".idx", idx);
+  // The .bin streams to its own temporary file (documents arrive one at a time), the index
+  // goes to one too; only when both are on disk does the pair replace an earlier one: its
+  // index first, so that no reader, and no crash, ever pairs a new .bin with an old .idx
+  // (a crash in between leaves a .bin without its index, which readers refuse). A failed
+  // write leaves the earlier pair as it was.
+  namespace fs = std::filesystem;
+  try {
+    memory::write_file_durably(prefix_ + ".idx.tmp", idx);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(prefix_ + ".bin.tmp", ec);
+    throw;
+  }
+  fs::remove(prefix_ + ".idx");
+  fs::rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
+  fs::rename(prefix_ + ".idx.tmp", prefix_ + ".idx");
+  const fs::path dir = fs::path(prefix_ + ".idx").parent_path();
+  memory::fsync_path(dir.empty() ? "." : dir.string(), true);
   done_ = true;
 }
 

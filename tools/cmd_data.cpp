@@ -56,7 +56,8 @@ int run_inspect(const std::vector<std::string>& args) {
   opts.add_options()("path", po::value(&path)->required(),
                      "the dataset (as for baton train --data)")(
       "data-format", po::value(&format)->default_value("auto"), "auto, megatron, tokens or text")(
-      "token-dtype", po::value(&token_dtype), "flat token files: uint16 (default) or uint32")(
+      "token-dtype", po::value(&token_dtype),
+      "flat token files: uint16 (default), uint32, or uint8, int8, int16, int32, int64")(
       "tokenizer", po::value(&tokenizer), "a SentencePiece model to decode the samples with")(
       "vocab", po::value(&vocab)->default_value(0),
       "check every token against a vocabulary of this size")(
@@ -81,7 +82,7 @@ int run_inspect(const std::vector<std::string>& args) {
   if (s->format() == "megatron")
     std::printf("sequences  %lld\n", static_cast<long long>(s->num_sequences()));
   std::printf("tokens     %lld\n", static_cast<long long>(s->num_tokens()));
-  if (s->num_tokens() > 0) std::printf("token ids  %.0f .. %.0f\n", lo, hi);
+  if (s->num_tokens() > 0) std::printf("token ids  %.10g .. %.10g\n", lo, hi);
 #ifdef BATON_HAVE_SENTENCEPIECE
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
   if (!tokenizer.empty()) {
@@ -254,7 +255,11 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   if (max_lines > 0) kw["input_sentence_size"] = std::to_string(max_lines);
   auto st = sentencepiece::SentencePieceTrainer::Train(kw);
   if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
-  spdlog::info("{}.model, {}.vocab: {} pieces ({})", out, out, vocab, model_type);
+  const int pieces = load_tokenizer(out + ".model")->GetPieceSize();
+  spdlog::info("{}.model, {}.vocab: {} pieces ({}){}", out, out, pieces, model_type,
+               pieces == vocab
+                   ? std::string()
+                   : fmt::format("; --vocab-size asked for {}, the corpus gave {}", vocab, pieces));
   return 0;
 #endif
 }

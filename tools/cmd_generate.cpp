@@ -22,7 +22,7 @@ namespace {
 
 int run_generate(const std::vector<std::string>& args) {
   po::options_description opts("options");
-  std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer;
+  std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer, bos = "auto";
   int64_t max_new = 32, top_k = 0;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
@@ -43,7 +43,11 @@ int run_generate(const std::vector<std::string>& args) {
       "sample among the most likely tokens whose probability reaches p")(
       "seed", po::value(&seed)->default_value(0), "sampling seed")(
       "tokenizer", po::value(&tokenizer),
-      "a SentencePiece model file (tokenizer.model) for text prompts and output");
+      "a SentencePiece model file (tokenizer.model) for text prompts and output")(
+      "bos", po::value(&bos)->default_value("auto"),
+      "start a --prompt with the tokenizer's beginning-of-sequence id: yes, no, or auto (yes "
+      "for --init-from, as Hugging Face's LLaMA tokenizers do; no for --checkpoint, as "
+      "baton data prepare writes none)");
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args,
@@ -58,6 +62,13 @@ int run_generate(const std::vector<std::string>& args) {
   if (temperature < 0) throw InputError("--temperature: expected a value >= 0");
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
   if (!(top_p > 0 && top_p <= 1)) throw InputError("--top-p: expected a value in (0, 1]");
+  if (temperature == 0 && (top_k != 0 || top_p != 1))
+    throw InputError(std::string(top_k != 0 ? "--top-k" : "--top-p") +
+                     " only acts when sampling: give --temperature above 0 (0 is greedy)");
+  if (bos != "auto" && bos != "yes" && bos != "no")
+    throw InputError("--bos: expected yes, no or auto, found '" + bos + "'");
+  if (bos != "auto" && tokenizer.empty())
+    throw InputError("--bos needs --tokenizer (ids given by --prompt-ids are taken as they are)");
 
   // The model (every layer on this process, from a checkpoint of any plan or a Hugging
   // Face directory); the KV-cache loop and the sampling are stages::generate's.
@@ -73,6 +84,11 @@ int run_generate(const std::vector<std::string>& args) {
     auto status = sp.Load(tokenizer);
     if (!status.ok())
       throw InputError(tokenizer + ": not a SentencePiece model: " + status.ToString());
+    // A model's vocabulary may be padded beyond its tokenizer's pieces, never short of it.
+    if (int64_t(sp.GetPieceSize()) > m.vocab_size)
+      throw InputError(tokenizer + ": has " + std::to_string(sp.GetPieceSize()) +
+                       " pieces, more than the model's vocabulary of " +
+                       std::to_string(m.vocab_size) + " (not the model's tokenizer?)");
     have_sp = true;
 #else
     throw InputError(
@@ -90,8 +106,12 @@ int run_generate(const std::vector<std::string>& args) {
   } else if (have_sp) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     std::vector<int> v;
-    sp.Encode(prompt, &v);
-    if (sp.bos_id() >= 0) ids.push_back(sp.bos_id());
+    if (auto status = sp.Encode(prompt, &v); !status.ok())
+      throw InputError(tokenizer + ": cannot encode the prompt: " + status.ToString());
+    const bool add_bos = bos == "yes" || (bos == "auto" && !init_from.empty());
+    if (add_bos && sp.bos_id() < 0)
+      throw InputError("--bos yes: " + tokenizer + " has no beginning-of-sequence piece");
+    if (add_bos) ids.push_back(sp.bos_id());
     for (int t : v) ids.push_back(int32_t(t));
 #endif
   } else if (bytes) {
@@ -117,8 +137,19 @@ int run_generate(const std::vector<std::string>& args) {
   } else if (have_sp && !prompt.empty()) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     std::vector<int> v(out.begin(), out.end());
+    for (int t : v)
+      if (t >= sp.GetPieceSize())
+        throw InputError("the model generated token " + std::to_string(t) + ", beyond the " +
+                         std::to_string(sp.GetPieceSize()) + " pieces of " + tokenizer +
+                         " (not the tokenizer the model was trained with?); the ids: " + [&] {
+                           std::string list;
+                           for (size_t i = 0; i < out.size(); ++i)
+                             list += (i ? "," : "") + std::to_string(out[i]);
+                           return list;
+                         }());
     std::string text;
-    sp.Decode(v, &text);
+    if (auto status = sp.Decode(v, &text); !status.ok())
+      throw RuntimeError(tokenizer + ": cannot decode the output: " + status.ToString());
     std::printf("%s\n", text.c_str());
 #endif
   } else {

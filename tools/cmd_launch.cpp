@@ -35,7 +35,7 @@ int run_launch(const std::vector<std::string>& args) {
       "trace, debug, info, warn, error or off");
   po::variables_map vm;
   if (!parse_args(ours, "baton launch -n N [options] -- CMD [ARGS...]", opts, vm)) return 0;
-  spdlog::set_level(spdlog::level::from_str(vm["log-level"].as<std::string>()));
+  apply_log_level(vm["log-level"].as<std::string>());
   if (command.empty()) throw InputError("no command given: baton launch -n N -- CMD [ARGS...]");
   transport::LaunchOptions o;
   o.nprocs = vm["nprocs"].as<int>();

@@ -40,16 +40,16 @@ int run_train(const std::vector<std::string>& args) {
   int64_t trace_steps = 1;
   double bucket_mib = 4;
   double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
-  opts.add_options()(
-      "model", po::value(&o.model_path),
-      "model JSON (general graph, gpt2, mlp or resnet shorthand, or a Hugging Face config.json)")(
+  opts.add_options()("model", po::value(&o.model_path),
+                     "model JSON (general graph, gpt2, llama, mlp or resnet shorthand, or a "
+                     "Hugging Face config.json)")(
       "data", po::value(&data)->multitoken()->required(),
       "training data: a Megatron dataset (PREFIX, PREFIX.bin or PREFIX.idx), a flat token file "
       "(.bin), any other file (one token per byte), a blend 0.7:a 0.3:b, or a directory with "
       "images.npy and labels.npy")("data-format", po::value(&o.data.format)->default_value("auto"),
                                    "auto, megatron, tokens or text")(
       "token-dtype", po::value(&o.data.token_dtype),
-      "flat token files: uint16 (default) or uint32")(
+      "flat token files: uint16 (default), uint32, or uint8, int8, int16, int32, int64")(
       "no-cross-documents", po::bool_switch(&no_cross_documents),
       "keep every sample window inside one document")(
       "eval-data", po::value(&o.data.eval_data)->multitoken(),

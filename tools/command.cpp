@@ -101,9 +101,16 @@ void add_common_options(po::options_description& opts) {
       "trace, debug, info, warn, error or off");
 }
 
+void apply_log_level(const std::string& name) {
+  // spdlog reads a name it does not know as "off": a typo would silence the run.
+  for (const char* known : {"trace", "debug", "info", "warn", "error", "off"})
+    if (name == known) return spdlog::set_level(spdlog::level::from_str(name));
+  throw InputError("--log-level: expected trace, debug, info, warn, error or off, found '" + name +
+                   "'");
+}
+
 void apply_common_options(const po::variables_map& vm) {
-  auto level = spdlog::level::from_str(vm["log-level"].as<std::string>());
-  spdlog::set_level(level);
+  apply_log_level(vm["log-level"].as<std::string>());
 }
 
 }  // namespace baton::tools

@@ -44,5 +44,7 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 void add_common_options(po::options_description& opts);
 // Applies them: sets the kernel thread count and the spdlog level.
 void apply_common_options(const po::variables_map& vm);
+// Sets spdlog's level from --log-level's value; InputError for a name it does not know.
+void apply_log_level(const std::string& name);
 
 }  // namespace baton::tools

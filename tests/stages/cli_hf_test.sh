@@ -89,6 +89,31 @@ contains "need $((ctx + 1)) positions"
 contains "at most $((ctx - 1)) new tokens"
 expect 2 "$baton" train --init-from "$tmp/bad" --data "$data" --steps 1
 contains "model-00009-of-00009.safetensors"
+# Another model JSON for the weights: refused naming the field, from an export and a checkpoint.
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --model "$tmp/other.json" --prompt-ids 1,2 \
+  --max-new-tokens 2
+contains "rope_theta is 500000.0"
+cp "$tmp/llama.json" "$tmp/wrong.json"
+sed -i 's/"rms_norm_eps": 1e-5/"rms_norm_eps": 0.5/' "$tmp/wrong.json"
+expect 2 "$baton" generate --checkpoint "$tmp/ckpt" --model "$tmp/wrong.json" --prompt-ids 1,2 \
+  --max-new-tokens 2
+contains "rms_norm_eps is 0.5"
+contains "manifest.json"
+# Sampling flags without sampling, an unknown --bos or --log-level: refused.
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --top-k 5
+contains "--top-k only acts when sampling"
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --bos maybe
+contains "--bos"
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --log-level Info
+contains "--log-level: expected trace"
+# An export never goes into a checkpoint, nor removes weights that are not an export's.
+expect 2 "$baton" export --checkpoint "$tmp/ckpt" --out "$tmp/ckpt"
+contains "holds baton checkpoints"
+test -n "$(ls "$tmp"/ckpt/step-*/model-rank*.safetensors)" || { echo "FAIL: the checkpoint lost its shards"; fails=$((fails + 1)); }
+echo x > "$tmp/hf/adapter_model.safetensors"
+expect 0 "$baton" export --checkpoint "$tmp/ckpt" --out "$tmp/hf"
+test -f "$tmp/hf/adapter_model.safetensors" || { echo "FAIL: the export removed another file"; fails=$((fails + 1)); }
+test ! -e "$tmp/hf/model.safetensors.index.json" || { echo "FAIL: the old shard index stayed"; fails=$((fails + 1)); }
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all passed"

@@ -88,6 +88,34 @@ TEST(DataCli, PrepareJsonlWithEndOfDocument) {
     EXPECT_EQ(s->token(s->document_start(d + 1) - 1), 2) << "</s> ends document " << d;
 }
 
+// A dataset prepared again under the same name is the new pair, .bin and .idx alike.
+TEST(DataCli, PreparedAgainReplacesThePair) {
+  const std::string a = dir() + "/a.txt", b = dir() + "/b.txt", out = dir() + "/again";
+  std::ofstream(a) << "one document\nand another\nand a third\n";
+  std::ofstream(b) << "a single, longer document than any of the three before it\n";
+  ASSERT_EQ(baton("prepare --tokenizer " + tokenizer() + " --input " + a + " --out " + out).code,
+            0);
+  Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + b + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto s = TokenStore::open_megatron(out);
+  EXPECT_EQ(s->num_documents(), 1);
+  EXPECT_EQ(uint64_t(s->num_tokens()) * 2, std::filesystem::file_size(out + ".bin"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".idx.tmp"));
+}
+
+// A tokenizer with more pieces than the model's vocabulary is not the model's: generation
+// refuses it before sampling.
+TEST(DataCli, GenerateRefusesATokenizerLargerThanTheVocabulary) {
+  Result r = baton::cli_testing::run_command(
+      kDataCliBaton + " generate --init-from " + std::string(BATON_SOURCE_DIR) +
+      "/tests/fixtures/llama_gqa --tokenizer " + tokenizer() + " --prompt hello");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(
+      r.output.find(tokenizer() + ": has 300 pieces, more than the model's vocabulary of 256"),
+      std::string::npos)
+      << r.output;
+}
+
 TEST(DataCli, BadInput) {
   const std::string jsonl = dir() + "/bad.jsonl";
   std::ofstream(jsonl) << "{\"text\": \"fine\"}\n[1, 2]\n";

@@ -286,6 +286,25 @@ TEST(HfLlamaExport, ImportCheckpointExportIsByteIdentical) {
   EXPECT_EQ(b16.read(name).to(DType::f32).to_vector<float>(),
             original.read(name).to(DType::bf16).to(DType::f32).to_vector<float>());
   EXPECT_EQ(read_hf_model_config(bf)["torch_dtype"], "bfloat16");
+
+  // Exported again over itself, unsharded: the earlier shards and index go, files that
+  // are not an export's stay; a checkpoint (its step or its root) and a file are refused.
+  const std::string again = ::testing::TempDir() + "/baton_hf_export_20000";
+  std::ofstream(again + "/adapter_model.safetensors") << "not ours";
+  save_hf(again, restored, HfWriteOptions{});
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(again)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"adapter_model.safetensors", "config.json",
+                                          "model.safetensors"}));
+  for (const std::string& bad : {step, root, f.dir + "/config.json"}) {
+    try {
+      save_hf(bad, restored, HfWriteOptions{});
+      ADD_FAILURE() << "exported into " << bad;
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(bad + ": ", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::exists(step + "/model-rank00000.safetensors"));
 }
 
 TEST(HfLlamaInput, ShardedCheckpointOpensOnlyTheFilesOfTheStage) {
@@ -401,6 +420,41 @@ TEST(HfLlamaInput, BadCheckpointsAreInputErrorsNamingFileAndTensor) {
   // No weights at all.
   fs::remove(dir + "/model.safetensors.index.json");
   hf_llama_expect_input_error([&] { HfCheckpoint c(dir); }, {dir, "model.safetensors"});
+}
+
+// Tensors the model has no parameter for are refused (a config.json from another model);
+// a tied head stored beside the embedding loads when it equals it, and is refused when not.
+TEST(HfLlamaInput, TensorsTheModelDoesNotUseAreRefused) {
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
+  nlohmann::json cfg = read_hf_model_config(f.dir);
+  cfg["num_hidden_layers"] = 1;
+  auto g1 = std::make_shared<Graph>(load_model_json(cfg, f.dir + "/config.json"));
+  Stage st1(g1, 0, g1->num_layers());
+  hf_llama_expect_input_error([&] { load_hf_weights(f.dir, st1); },
+                              {f.dir + ": ", "model.layers.1.", "no parameter"});
+
+  const std::string dir = copy_fixture("llama_mqa_tied", "tied_head");
+  const HfLlamaFixture tied = hf_llama_load_fixture("llama_mqa_tied");
+  auto g = tied.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  std::vector<NamedTensor> all;
+  {
+    SafetensorsReader r(dir + "/model.safetensors");
+    for (const SafetensorsEntry& e : r.entries()) all.push_back({e.name, r.read(e.name)});
+  }
+  Tensor embed;
+  for (const NamedTensor& t : all)
+    if (t.name == "model.embed_tokens.weight") embed = t.tensor;
+  ASSERT_TRUE(embed.defined());
+  all.push_back({"lm_head.weight", embed.clone()});
+  write_safetensors(dir + "/model.safetensors", all, {{"format", "pt"}});
+  load_hf_weights(dir, st);
+  Tensor changed = embed.to(DType::f32);
+  changed.data<float>()[3] += 1.0f;
+  all.back().tensor = changed.to(embed.dtype());
+  write_safetensors(dir + "/model.safetensors", all, {{"format", "pt"}});
+  hf_llama_expect_input_error([&] { load_hf_weights(dir, st); },
+                              {dir + ": ", "lm_head.weight different", "tie_word_embeddings"});
 }
 
 }  // namespace
