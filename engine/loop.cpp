@@ -159,6 +159,23 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
                      std::to_string(seed) + ", found " + std::to_string(m.seed));
 }
 
+void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, bool local_sgd,
+                          bool parameter_server) {
+  if (!m.train.is_object()) return;
+  if (m.train.contains("local_sgd") && !local_sgd)
+    spdlog::warn(
+        "{}/manifest.json: $.train.local_sgd: the checkpoint holds each replica's own "
+        "parameters (local SGD's or gossip's, with local SGD's anchor and outer momentum), "
+        "which this run does not use: it continues from the first replica's parameters",
+        dir);
+  if (m.train.contains("parameter_server") && !parameter_server)
+    spdlog::warn(
+        "{}/manifest.json: $.train.parameter_server: the checkpoint holds a parameter server's "
+        "pulls in flight, which this run does not use: it continues from the replicas' working "
+        "parameters, behind the servers' by the staleness",
+        dir);
+}
+
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
                          const nlohmann::json& data, const LoopOptions& o) {
   // A constant rate (after its warm-up) does not depend on the run's length.
@@ -185,7 +202,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
   if (settings(m.optimizer.to_json()) != settings(o.optimizer.to_json()))
     spdlog::warn(
         "{}/manifest.json: $.optimizer: the checkpoint's optimizer {} continues with its state; "
-        "the flags' {} are not used",
+        "this run's settings {} are not used",
         dir, settings(m.optimizer.to_json()).dump(), settings(o.optimizer.to_json()).dump());
   if (m.train.is_object() && m.train.contains("grad_clip") && m.train["grad_clip"].is_number() &&
       m.train["grad_clip"].get<double>() != o.grad_clip)

@@ -145,6 +145,12 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
                          const nlohmann::json& data, const LoopOptions& o);
 
+// A warning for the data-parallel state a checkpoint holds and a resumed run does not use
+// (`local_sgd` / `parameter_server`: the run's dp_sync reads it): the replicas' own
+// parameters and the outer optimizer of local SGD, or a parameter server's pulls in flight.
+void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, bool local_sgd,
+                          bool parameter_server);
+
 // The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
 // checkpoint and drops any that a crashed run wrote after it, so the log is the loss
 // curve of one uninterrupted run. An empty path writes nothing.

@@ -150,7 +150,11 @@ stages::ShardFile write_own_state(int rank, const std::string& dir, const char* 
   char file[80];
   std::snprintf(file, sizeof file, "%s-rank-%05d.safetensors", kind, rank);
   const std::string path = dir + "/" + file;
-  stages::write_safetensors(path, t, metadata);
+  // Per-tensor checksums, as the shards have: a damaged file names its tensor.
+  stages::ChecksummedTensors c = stages::checksummed(t);
+  std::map<std::string, std::string> meta = metadata;
+  meta.insert(c.metadata);
+  stages::write_safetensors(path, c.host, meta);
   stages::ShardFile sf;
   sf.file = file;
   sf.kind = kind;
@@ -734,7 +738,22 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      if (lead) warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+      // A plan that names its optimizer was checked for that optimizer's state, which a
+      // checkpoint of another kind would replace.
+      const std::string kind = m.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
+                               : m.optimizer.sgd.momentum > 0 ? "sgd-momentum"
+                                                              : "sgd";
+      if (r.plan.optimizer_stated && kind != r.plan.optimizer)
+        throw InputError(*dir + "/manifest.json: $.optimizer: the checkpoint continues with \"" +
+                         kind + "\" and its state, but the plan trains with \"" + r.plan.optimizer +
+                         "\" (" + r.plan.where("$.optimizer") +
+                         "), whose memory it was checked for: resume under a plan naming \"" +
+                         kind + "\", or none");
+      if (lead) {
+        warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+        warn_unused_dp_state(m, *dir, r.plan.dp_sync.independent(),
+                             r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0);
+      }
       for (const auto& [s, st] : engine.stages())
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);

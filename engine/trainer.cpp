@@ -99,6 +99,7 @@ TrainSummary run_training(const TrainOptions& o,
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
       warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+      warn_unused_dp_state(m, *dir, false, false);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
       restore_loss_scale(m, scaler.get());

@@ -70,11 +70,12 @@ PsServedBytes ps_served_bytes(const ResolvedPlan& r, const CostTable& t) {
 }
 
 // A server rank's peak (engine/detail/param_server.h): `part` bytes each as parameter,
-// summed gradient and optimizer state, two whole buckets of `bucket` bytes in flight and
-// STEP's norm and loss vector.
+// summed gradient, optimizer state and each of the s pulls in flight it keeps (staleness
+// s), two whole buckets of `bucket` bytes in flight and STEP's norm and loss vector.
 int64_t ps_server_peak(const ResolvedPlan& r, int64_t part, int64_t bucket, int optimizer_states) {
   const int64_t slots = int64_t(r.graph->num_layers()) + int64_t(r.plan.dp) * r.plan.micro_batches;
-  return part * (2 + optimizer_states) + 2 * bucket + rounded(slots * 8);
+  return part * (2 + optimizer_states + r.plan.dp_sync.max_staleness) + 2 * bucket +
+         rounded(slots * 8);
 }
 
 }  // namespace
@@ -475,17 +476,26 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     groups[gg.ranks].push_back(id);
     sharded[gg.ranks].whole.push_back(id);
   }
+  // Extra server ranks join a sharded group's reduce-scatter and own every part of it
+  // (bucket_parts), so its ring's window is sized by a server's part, not a replica's.
+  const int servers = p.dp_sync.parameter_server() ? p.dp_sync.ps_ranks : 0;
   int64_t flats = 0, scratch = 0;
   for (auto& [members, ids] : groups) {
     const int n = int(members.size());
+    const bool to_servers = servers > 0 && sharded.count(members);
     int64_t group_scratch = 0;
     for_each_bucket(
         pg, ids, o.bucket_bytes, nullptr, [&](int params, int64_t elements, memory::DType dt) {
           const size_t es = memory::dtype_size(dt);
           if (params > 1) flats += rounded(elements * int64_t(es));
           group_scratch = std::max(
-              group_scratch, int64_t(transport::collective_scratch_bytes(
-                                 transport::Collective::all_reduce, size_t(elements), es, n)));
+              group_scratch,
+              int64_t(to_servers
+                          ? transport::collective_scratch_bytes(
+                                transport::Collective::reduce_scatter, size_t(elements), es,
+                                n + servers, size_t(elements + servers - 1) / servers, true)
+                          : transport::collective_scratch_bytes(transport::Collective::all_reduce,
+                                                                size_t(elements), es, n)));
         });
     scratch += group_scratch;
   }
@@ -583,18 +593,28 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         *x /= d;
     }
   }
+  const Graph& mg = pg ? *pg : g;
+  // Chunk k's first stage, and the parameters its data-parallel group shards (ZeRO's, or a
+  // parameter server's served ones; not one tied over pipeline ranks) with their group:
+  // its replicas (and tiles, for one used on tiles).
+  auto first_stage_of = [&](int k) {
+    int stage = 0;
+    while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
+    return stage;
+  };
+  auto sharded_of = [&](int k) {
+    const int rank = r.layout.rank(0, r.schedule.placement[size_t(first_stage_of(k))], 0);
+    std::map<std::string, std::vector<int>> sharded;
+    for (const GradientGroup& gg : gradient_groups(r, rank))
+      if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = gg.ranks;
+    return std::make_pair(rank, sharded);
+  };
   // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
   if (p.sharding() != OptimizerSharding::none && p.dp > 1 &&
       (opt > 0 || p.sharding() == OptimizerSharding::zero2)) {
-    const Graph& mg = pg ? *pg : g;
     for (int k = 0; k < K; ++k) {
-      int stage = 0;
-      while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
-      const int rank = r.layout.rank(0, r.schedule.placement[size_t(stage)], 0);
-      // Each sharded parameter's group: its replicas (and tiles, for one used on tiles).
-      std::map<std::string, std::vector<int>> sharded;
-      for (const GradientGroup& gg : gradient_groups(r, rank))
-        if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = gg.ranks;
+      const int stage = first_stage_of(k);
+      const auto [rank, sharded] = sharded_of(k);
       // zero2: parameters held by another stage of the same rank stay as under zero1.
       std::set<int> elsewhere;
       for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
@@ -686,10 +706,21 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // A parameter server with staleness s: up to s pulls in flight between steps, each a
   // parameter-sized buffer and the rank's part (its input; none with extra server ranks),
   // counted with the optimizer state (engine/detail/grad_reducer.h).
+  // Only served parameters are pulled: one tied over pipeline ranks is all-reduced.
   if (p.dp_sync.parameter_server() && p.dp > 1 && p.dp_sync.max_staleness > 0)
-    for (StageMemory& m : chunk_mem)
-      m.optimizer += int64_t(p.dp_sync.max_staleness) *
-                     (m.params + (p.dp_sync.ps_ranks > 0 ? 0 : (m.params + p.dp - 1) / p.dp));
+    for (int k = 0; k < K; ++k) {
+      const auto sharded = sharded_of(k).second;
+      int64_t served = 0;
+      for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
+        const stages::Param& prm = mg.params[size_t(id)];
+        if (sharded.count(prm.name))
+          served +=
+              rounded(memory::shape_numel(prm.shape) * int64_t(memory::dtype_size(prm.dtype)));
+      }
+      chunk_mem[size_t(k)].optimizer +=
+          int64_t(p.dp_sync.max_staleness) *
+          (served + (p.dp_sync.ps_ranks > 0 ? 0 : (served + p.dp - 1) / p.dp));
+    }
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
@@ -959,6 +990,12 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
       memory::format_bytes(double(e.max_peak())).c_str(),
       p.device_memory > 0 ? memory::format_bytes(double(p.device_memory)).c_str() : "unlimited");
   out += line;
+  // The estimate is held to within 3% of the measured peak, either way (docs/partitioner.md).
+  if (p.device_memory > 0 && e.max_peak() <= p.device_memory &&
+      double(e.max_peak()) > 0.97 * double(p.device_memory))
+    out +=
+        "note: the peak is within 3% of the capacity, the estimate's accuracy: the run may "
+        "still run out of memory (a smaller micro-batch, recompute or sharding leaves room)\n";
   if (e.time_sliced_cores > 0) out += time_sliced_line(r.world(), e.time_sliced_cores);
   out += e.collective_extras_note;
   return out;

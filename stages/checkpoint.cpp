@@ -179,15 +179,15 @@ void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const
 ShardFile write_shard(const std::string& step_dir, const std::string& file, const std::string& kind,
                       int rank, const std::vector<Stored>& tensors) {
   std::vector<NamedTensor> named;
-  json blocks = json::object(), crcs = json::object();
+  json blocks = json::object();
   for (const Stored& s : tensors) {
-    Tensor host = s.data.to(memory::Device::cpu()).contiguous();
-    crcs[s.key] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
-    named.push_back({s.key, host});
+    named.push_back({s.key, s.data});
     blocks[s.key] = {{"name", s.logical}, {"global_shape", s.global_shape}, {"offsets", s.offsets}};
   }
+  ChecksummedTensors c = checksummed(named);
+  named = std::move(c.host);
   std::map<std::string, std::string> meta{
-      {"format", "pt"}, {kBlocksKey, blocks.dump()}, {kCrcKey, crcs.dump()}};
+      {"format", "pt"}, {kBlocksKey, blocks.dump()}, c.metadata};
   std::string path = step_dir + "/" + file;
   try {
     write_safetensors(path, named, meta);
@@ -439,6 +439,18 @@ std::string hash_file(const std::string& path, const std::string& algorithm) {
 }
 
 // ---- writing ----
+
+ChecksummedTensors checksummed(const std::vector<NamedTensor>& tensors) {
+  ChecksummedTensors out;
+  json crcs = json::object();
+  for (const NamedTensor& t : tensors) {
+    Tensor host = t.tensor.to(memory::Device::cpu()).contiguous();
+    crcs[t.name] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
+    out.host.push_back({t.name, host});
+  }
+  out.metadata = {kCrcKey, crcs.dump()};
+  return out;
+}
 
 void begin_checkpoint(const std::string& step_dir) {
   std::error_code ec;

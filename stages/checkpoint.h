@@ -140,4 +140,13 @@ void save_hf_gpt2(const std::string& dir, const Stage& stage);
 // writes) or "fnv1a64" (64-bit FNV-1a, in version-1 checkpoints).
 std::string hash_file(const std::string& path, const std::string& algorithm = "crc32");
 
+// `tensors` (copied to the host, contiguous, in order) and the metadata entry that lets a
+// checkpoint file's damaged tensor be named: "baton.crc32", {tensor: crc32}, as every
+// checkpoint file carries (docs/formats/checkpoint.md).
+struct ChecksummedTensors {
+  std::vector<NamedTensor> host;
+  std::pair<std::string, std::string> metadata;
+};
+ChecksummedTensors checksummed(const std::vector<NamedTensor>& tensors);
+
 }  // namespace baton::stages

@@ -43,7 +43,7 @@
 // working part put back.
 // The pull of update t is waited for after update t + s, its buffer then becoming the
 // working parameters, so step t + s + 1 runs on the updates up to t: the same pattern on
-// every run (the first s steps run on the initial parameters). At most s pulls are in
+// every run (the first s + 1 steps run on the initial parameters). At most s pulls are in
 // flight between steps; stale_parts() and restore_stale() carry them through a checkpoint.
 //
 // Extra server ranks (dp_sync ps_ranks > 0, GradGroup::servers): the group's communicator

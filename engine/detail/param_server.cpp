@@ -237,10 +237,11 @@ void ParamServer::pull() {
   for (Group& g : groups_)
     for (Bucket& b : g.buckets) parts.push_back(b.master);
   if (staleness_ > 0) {
-    // The replicas receive this pull s steps later: kept until then (a checkpoint's).
+    // The replicas receive this pull s steps later: kept until then (a checkpoint's). The
+    // oldest goes first, so that no more than s copies are ever held.
+    while (history_.size() >= size_t(staleness_)) history_.pop_front();
     for (Tensor& t : parts) t = t.clone();
     history_.push_back(parts);
-    while (history_.size() > size_t(staleness_)) history_.pop_front();
   }
   post_pull(parts);
 }

@@ -20,6 +20,8 @@
 #include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
+#include "stages/checkpoint.h"
+#include "stages/safetensors.h"
 #include "transport/local.h"
 
 namespace baton::engine_testing {
@@ -264,6 +266,18 @@ TEST_P(DpSyncResume, ResumesBetweenSyncs) {
   };
   auto want = run(ws.path("whole"), 6, false);
   auto a = run(ws.path("ckpt"), 3, false);
+  // The mode's own files carry per-tensor checksums, as the shards do.
+  const stages::Manifest m = stages::read_manifest(stages::checkpoint_dir(ws.path("ckpt"), 3));
+  int own = 0;
+  for (const stages::ShardFile& f : m.shards) {
+    if (f.kind == "model" || f.kind == "optimizer") continue;
+    ++own;
+    stages::SafetensorsReader r(stages::checkpoint_dir(ws.path("ckpt"), 3) + "/" + f.file);
+    EXPECT_TRUE(r.metadata().count("baton.crc32")) << f.file;
+  }
+  if (GetParam()["mode"] != "parameter-server" || GetParam()["max_staleness"] != 0) {
+    EXPECT_GT(own, 0);
+  }
   auto b = run(ws.path("ckpt"), 6, true);
   ASSERT_EQ(want.size(), 6u);
   ASSERT_EQ(a.size(), 3u);

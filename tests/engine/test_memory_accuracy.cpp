@@ -61,6 +61,27 @@ TEST(MemoryAccuracy, PostValidatedStep) {
   expect_accurate(gpt({1, 1}, 1, "1f1b"), {{"optimizer_step", "post-validated"}});
 }
 
+// A parameter server with staleness: each replica's s pulls in flight of the parameters
+// it serves (GPT-2's wte, tied over the pipeline ranks, is all-reduced, not served); and
+// an extra server rank, which keeps its part of each of the s pulls.
+// (The runs take more steps than s: the pulls in flight fill up after s steps.) The
+// server's parts also size the replicas' reduce-scatter window.
+TEST(MemoryAccuracy, StaleParameterServer) {
+  for (const auto& [tp, sync] :
+       {std::pair{std::vector<int>{1, 1}, json{{"max_staleness", 3}}},
+        std::pair{std::vector<int>{1}, json{{"max_staleness", 4}, {"ps_ranks", 1}}}}) {
+    SCOPED_TRACE(sync.dump());
+    Workspace ws("memacc-ps");
+    json plan = plan_json(gpt(tp, 2, "1f1b"), ws);
+    plan["dp_sync"] = sync;
+    plan["dp_sync"]["mode"] = "parameter-server";
+    std::ofstream(ws.path("plan.json")) << plan.dump(2);
+    expect_memory_accurate(ws.path("plan.json"),
+                           plan["devices"].get<int>() + sync.value("ps_ranks", 0), ws.dir,
+                           " --steps 6");
+  }
+}
+
 // DualPipe: every chunk on two ranks, reduced like data parallelism.
 TEST(MemoryAccuracy, DualPipeReplicas) {
   expect_accurate(gpt({1, 1}, 1, "dualpipe"));

@@ -347,6 +347,20 @@ TEST(Cli, APlanTrainsWithTheOptimizerItNames) {
       {"--momentum: the plan's optimizer is \"sgd-momentum\"", "--momentum 0.9"});
   Result momentum = cli_run("--plan " + plan_with("sgd-momentum") + run + "--momentum 0.9");
   EXPECT_EQ(momentum.code, 0) << momentum.output;
+  // Resumed from an AdamW checkpoint, the plan would train AdamW, over its memory check.
+  const std::string ckpt = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-opt-ckpt";
+  std::filesystem::remove_all(ckpt);
+  ASSERT_EQ(
+      cli_run("--model " + model + run + "--batch 4 --micro-batches 2 --checkpoint-dir " + ckpt)
+          .code,
+      0);
+  const std::string more = " --data " + kCliCorpus + " --steps 4 --threads 1 --lr 0.1 --resume " +
+                           "--checkpoint-dir " + ckpt;
+  cli_expect_input_error(
+      "--plan " + sgd + more,
+      {"$.optimizer: the checkpoint continues with \"adamw\"", "the plan trains with \"sgd\""});
+  Result same = cli_run("--plan " + plan_with("adamw") + more);
+  EXPECT_EQ(same.code, 0) << same.output;
 }
 
 // baton profile takes --device and --precision as baton train does: a 16-bit precision
