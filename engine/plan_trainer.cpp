@@ -691,6 +691,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   if (lg.float_dtype != memory::DType::f32) eo.master_dtype = memory::DType::f32;
   eo.loss_scaler = scaler.get();
   eo.device_world = o.device_world;
+  eo.split_p2p_pair = o.split_p2p_pair;
   eo.input_staging = o.input_staging;
   eo.optimizer = o.optimizer;
   eo.grad_clip = o.grad_clip;

@@ -35,6 +35,9 @@ struct PlanTrainOptions : LoopOptions {
   // The communicator of device tensors (the NCCL world of a "device": "cuda" plan;
   // RankEngineOptions::device_world); null: the world carries everything.
   transport::CommPtr device_world;
+  // RankEngineOptions::split_p2p_pair (NCCL's pipeline traffic per pair and direction).
+  std::function<transport::CommPtr(transport::Communicator&, const std::vector<int>&)>
+      split_p2p_pair;
   // RankEngineOptions::input_staging (empty: the device's own).
   std::function<std::unique_ptr<memory::StagingBackend>()> input_staging;
 };

@@ -11,6 +11,7 @@
 #include "schedule/validate.h"
 #include "stages/ops/halo.h"
 #include "stages/param_owner.h"
+#include "transport/pair_routes.h"
 
 namespace baton::engine {
 
@@ -210,9 +211,21 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   c.rank = view_.coord.pp;
   for (auto& [s, st] : stages_) c.stages[s] = st.get();
   c.p2p = &data_comm;
+  std::set<std::pair<int, int>> pairs;  // (source, destination): both directions of each peer
   for (int b = 0; b < r.schedule.num_stages(); ++b) {
     std::vector<schedule::Transfer> routes = boundary_transfers(r, rank, b);
+    for (const schedule::Transfer& t : routes) {
+      pairs.insert({rank, t.peer});
+      pairs.insert({t.peer, rank});
+    }
     if (!routes.empty()) c.routes[b] = std::move(routes);
+  }
+  // Made by every rank after all its groups (route_pairs_apart orders the pairs itself).
+  if (options.split_p2p_pair) {
+    transport::CommPtr base = device_world_ ? device_world_ : world_;
+    p2p_routes_ = transport::route_pairs_apart(
+        base, pairs, [&](const std::vector<int>& m) { return options.split_p2p_pair(*base, m); });
+    c.p2p = p2p_routes_.get();
   }
   // ZeRO: which parameters have their optimizer state sharded (partitioner/groups.h).
   std::map<std::pair<std::vector<int>, bool>, GradGroup> by_members;

@@ -39,6 +39,12 @@ struct RankEngineOptions {
   // tensor-parallel and gradient groups split from it); null: the world carries them.
   // The world then carries only the host's values (the step's loss and norm pieces).
   transport::CommPtr device_world;
+  // Given, the pipeline's sends and receives go over a communicator per direction of each
+  // pair of ranks, each made by this from the device world (or the world) for the two
+  // ranks (transport/pair_routes.h): NCCL's nccl_split_p2p, whose operations on one
+  // communicator run in order, so that a receive posted ahead holds up nothing else.
+  std::function<transport::CommPtr(transport::Communicator&, const std::vector<int>&)>
+      split_p2p_pair;
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
   InputFn inputs;
@@ -106,6 +112,7 @@ class RankEngine {
   std::shared_ptr<const partitioner::ResolvedPlan> plan_;
   transport::CommPtr world_;
   transport::CommPtr device_world_;  // RankEngineOptions::device_world (kept alive)
+  transport::CommPtr p2p_routes_;    // RankEngineOptions::split_p2p_pair's routes, if given
   partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
   // RankEngineOptions::inputs narrowed to this rank's tile (as given without tiles).

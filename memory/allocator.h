@@ -30,6 +30,7 @@ struct MemoryStats {
   size_t cached = 0;       // bytes held by the pool for reuse, not counted in in_use
   size_t allocations = 0;  // number of allocate() calls
   size_t fresh = 0;        // of those, how many needed new memory from the system
+  size_t abandoned = 0;    // blocks never reused: a device error kept their streams unordered
 };
 
 class Allocator {

@@ -71,9 +71,24 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes) {
   }
   // Used on other streams: reusable once their work queued until now has finished.
   Pending p{ptr, b.cls, {}};
-  for (void* s : b.streams)
-    if (void* e = raw_->record_event(s)) p.events.push_back(e);
+  bool recorded = true;
+  for (void* s : b.streams) {
+    // A device in an error state (a kernel fault) cannot record the event that orders the
+    // reuse; this runs from Storage's destructor, often while that fault unwinds, so it
+    // must not throw: the block is then never handed out again.
+    try {
+      if (void* e = raw_->record_event(s)) p.events.push_back(e);
+    } catch (const std::exception&) {
+      recorded = false;
+    }
+  }
   b.streams.clear();
+  if (!recorded) {
+    for (void* e : p.events) raw_->destroy_event(e);
+    stats_.cached -= b.cls;
+    ++stats_.abandoned;
+    return;
+  }
   if (p.events.empty())
     free_[p.cls].push_back(ptr);
   else

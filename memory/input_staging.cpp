@@ -55,9 +55,14 @@ InputStager::InputStager(std::unique_ptr<StagingBackend> backend, const std::vec
 }
 
 InputStager::~InputStager() {
-  // The copies may still be running: wait for them before the buffers go.
+  // The copies may still be running: wait for them before the buffers go. A device in an
+  // error state (a kernel fault being unwound) fails the wait: nothing to wait for then,
+  // and a destructor must not throw over the error that is propagating.
   for (Slot& s : slots_) {
-    if (s.copied_once) b_->host_wait(s.copied);
+    try {
+      if (s.copied_once) b_->host_wait(s.copied);
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch)
+    }
     b_->destroy_event(s.copied);
     b_->destroy_event(s.consumed);
   }

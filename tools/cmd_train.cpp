@@ -241,8 +241,10 @@ int run_train(const std::vector<std::string>& args) {
   transport::CommPtr comm = world.comm;
   if (o.device.is_cuda() && plan_doc->transport_of() == "ucx")
     comm = transport::make_staged(comm);
-  else if (o.device.is_cuda())
+  else if (o.device.is_cuda()) {
     po.device_world = transport::make_nccl_world(world.env, world.store.get());
+    po.split_p2p_pair = transport::nccl_split_p2p;  // transport/pair_routes.h: why
+  }
   // Rank 0 tells the launcher's rendezvous how far the job got (it names the step when
   // a rank fails).
   std::function<void(const engine::StepRecord&)> progress;

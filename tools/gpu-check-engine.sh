@@ -29,13 +29,25 @@ engine_steps() {
   local baton=${GPU_CHECK_BATON:-}
   local corpus=examples/data/licenses.txt cmp=tools/compare-losses.py
   local names="train-cpu train-gpu train-llama-cpu train-llama-gpu train-resnet-cpu train-resnet-gpu train-gpt2-bf16 train-gpt2-bf16-colsum profile-gpt2-bf16 profile-gpt2-bf16-cudnn trace-gpt2-bf16 trace-gpt2-bf16-blocking staged-transport launch-pp2-ucx launch-dp2-zero2-ucx launch-dp2-ps-ucx nccl-pp2 nccl-tp2 nccl-dp2"
+  # With the prebuilt engine (.gpu-engine) a missing or broken baton is a failure, not a
+  # reason to skip: every engine step would otherwise pass as "skipped".
   if [ -z "$baton" ] || [ ! -x "$baton" ]; then
+    if [ "${prebuilt:-0}" = 1 ]; then
+      step engine-baton 5 false  # "no baton binary in the prebuilt engine"
+      echo "gpu-check: .gpu-engine has no runnable baton ($baton)"
+      for n in $names; do skip "$n" "the prebuilt engine's baton is missing (engine-baton failed)"; done
+      return 0
+    fi
     for n in $names; do skip "$n" "no baton binary (set GPU_CHECK_BATON to a full build's baton; the GPU-check bundle cannot build one)"; done
     return 0
   fi
   # Not `| grep -q`: grep's early exit would fail the pipeline under pipefail.
   local help
-  help=$("$baton" train --help 2>&1)
+  if ! help=$("$baton" train --help 2>&1); then
+    step engine-baton 30 "$baton" train --help  # fails, its output in engine-baton.log
+    for n in $names; do skip "$n" "$baton does not start (engine-baton failed)"; done
+    return 0
+  fi
   if [[ "$help" != *--device* ]]; then
     for n in $names; do skip "$n" "$baton train has no --device yet (issue 12, item 4)"; done
     return 0
@@ -133,7 +145,9 @@ JSON
   step train-gpu-bf16 120 "$baton" train "${common[@]}" --device cuda --precision bf16 --loss-log "$e/gpu-bf16.jsonl"
   # fp16 with dynamic loss scaling: the run must finish with finite losses (the loss log
   # says which steps were skipped for overflow and the scale of each).
-  step train-gpu-fp16 120 "$baton" train "${common[@]}" --device cuda --precision fp16 --loss-log "$e/gpu-fp16.jsonl"
+  step train-gpu-fp16 120 "$baton" train "${common[@]}" --device cuda --precision fp16 --loss-log "$e/gpu-fp16.jsonl" &&
+    step train-gpu-fp16-scaling 30 "$py" "$cmp" "$e/gpu-bf16.jsonl" "$e/gpu-fp16.jsonl" --skipped-at-most 5 \
+      --falls
   # Two ranks on one GPU: "transport": "ucx" stages the device tensors through host memory.
   # First the staged communicator's own test (its CUDA half), from the same build.
   local staged_test

@@ -52,6 +52,12 @@ prebuilt=0
 if [ -f .gpu-engine/engine.tar.xz ]; then
   prebuilt=1
   cat .gpu-engine/ENGINE
+  # An engine built from other sources than this tree's would prove old code.
+  [ -f .gpu-engine/SOURCES ] || die ".gpu-engine has no SOURCES: remake it (tools/make-gpu-engine.sh)"
+  if ! changed=$(sha256sum --quiet -c .gpu-engine/SOURCES 2>&1); then
+    echo "$changed" | head -20
+    die ".gpu-engine was built from other sources than these (above): remake it (tools/make-gpu-engine.sh)"
+  fi
   rm -rf build/gpu-engine && mkdir -p build/gpu-engine
   tar -C build/gpu-engine -xJf .gpu-engine/engine.tar.xz 2>/dev/null ||
     "${PYTHON:-python3}" -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes .gpu-engine/ (engine.tar.xz, about 20 MiB, and ENGINE, what it holds): baton itself, built here, for tools/gpu-check.sh to run on a GPU
+# Makes .gpu-engine/ (engine.tar.xz, about 20 MiB; ENGINE, what it holds; SOURCES, the
+# hashes of the files it was built from): baton itself, built here, for tools/gpu-check.sh to run on a GPU
 # machine that has CUDA and PyTorch but none of the Debian packages the full build needs
 # (Boost, UCX, nlohmann, oneDNN, SentencePiece, ...), so the engine steps (baton train on
 # the GPU, baton launch over UCX) run there and the machine's time goes to the GPU, not to
@@ -69,5 +70,10 @@ for l in "$out"/lib/ucx/*.so*; do patchelf --force-rpath --set-rpath '$ORIGIN/..
   echo "build $build ($(grep -E '^CMAKE_CUDA_ARCHITECTURES' "$build/CMakeCache.txt"))"
   echo "libraries: $(cd "$out/lib" && ls | tr '\n' ' ')"
 } >.gpu-engine/ENGINE
+# The sources the binaries are built from, hashed file by file: gpu-check.sh refuses an
+# engine older than the tree it runs in (the device machine gets the tree, not .git).
+git ls-files -z -- CMakeLists.txt CMakePresets.json cmake memory kernels transport stages \
+  schedule partitioner engine tools bench tests ':!*.md' ':!*.sh' ':!*.py' ':!tests/fixtures' |
+  xargs -0 sha256sum >.gpu-engine/SOURCES
 tar -C "$out" -cf - bin lib | xz -T0 -6 >.gpu-engine/engine.tar.xz
 echo "make-gpu-engine: $(du -sh "$out" | cut -f1) in .gpu-engine/engine.tar.xz, $(du -sh .gpu-engine/engine.tar.xz | cut -f1)"

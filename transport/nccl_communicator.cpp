@@ -168,6 +168,7 @@ class NcclCommunicator final : public Communicator,
     std::lock_guard lock(mu_);
     auto w = std::make_shared<NcclWork>(this, std::vector<Tensor>{t}, false);
     pending_.push_back({true, t, dst, w});
+    if (launch_at_once_) flush_locked();
     return w;
   }
   WorkPtr irecv(Tensor& t, int src, uint64_t) override {
@@ -176,8 +177,13 @@ class NcclCommunicator final : public Communicator,
     std::lock_guard lock(mu_);
     auto w = std::make_shared<NcclWork>(this, std::vector<Tensor>{t}, false);
     pending_.push_back({false, t, src, w});
+    if (launch_at_once_) flush_locked();
     return w;
   }
+  // Each send and receive launched when posted, alone (nccl_split_p2p): for a
+  // communicator that carries one direction of one pair, whose operations the peer posts
+  // in the same order, grouping would only make a receive wait for the later ones.
+  void launch_at_once() { launch_at_once_ = true; }
 
   WorkPtr broadcast(Tensor& t, int root) override {
     check(t, "broadcast");
@@ -570,6 +576,7 @@ class NcclCommunicator final : public Communicator,
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::vector<Pending> pending_;
+  bool launch_at_once_ = false;
   std::unique_ptr<detail::Watchdog> dog_;
 };
 
@@ -608,6 +615,15 @@ NcclId nccl_unique_id() {
   NcclId id;
   std::memcpy(id.data(), &uid, sizeof uid);
   return id;
+}
+
+CommPtr nccl_split_p2p(Communicator& nccl, const std::vector<int>& ranks) {
+  auto* parent = dynamic_cast<NcclCommunicator*>(&nccl);
+  if (parent == nullptr)
+    throw std::logic_error("nccl_split_p2p: a " + nccl.backend() + " communicator");
+  auto sub = std::static_pointer_cast<NcclCommunicator>(parent->split(ranks));
+  sub->launch_at_once();
+  return sub;
 }
 
 CommPtr make_nccl_communicator(const NcclId& id, int rank, int size, int device,
@@ -678,6 +694,9 @@ bool nccl_available() {
   return false;
 }
 NcclId nccl_unique_id() {
+  no_nccl();
+}
+CommPtr nccl_split_p2p(Communicator&, const std::vector<int>&) {
   no_nccl();
 }
 CommPtr make_nccl_communicator(const NcclId&, int, int, int, std::chrono::milliseconds) {

@@ -8,7 +8,10 @@
 // - Sends and receives are queued and launched as one NCCL group when the caller next
 //   waits on or tests any Work of this communicator, or posts a collective; so a rank
 //   that posts its sends and receives first and waits afterwards never deadlocks with
-//   its peer. A send nobody waits on is not launched until then.
+//   its peer. A send nobody waits on is not launched until then. A pipeline's traffic,
+//   whose receives are posted long ahead, goes instead over a communicator per direction
+//   of each pair (nccl_split_p2p, transport/pair_routes.h), each operation launched when
+//   posted.
 // - NCCL matches point-to-point messages by order, not by tag: between one pair, both
 //   sides post their operations in the same order (the schedule validator guarantees it).
 // - wait() orders the caller's current stream after the operation (the host goes on, as
@@ -26,6 +29,7 @@
 #include <array>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "transport/communicator.h"
 #include "transport/store.h"
@@ -57,6 +61,12 @@ CommPtr make_nccl_communicator(
     Store& store, const std::string& key, int rank, int size, int device,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
     std::chrono::milliseconds peer_timeout = std::chrono::minutes(10));
+
+// split(ranks) of an NCCL communicator whose sends and receives launch when posted, each
+// alone, rather than grouped at the next wait: for one direction of one pair of ranks
+// (route_pairs_apart's split), where both sides post in the same order. logic_error for a
+// communicator of another backend.
+CommPtr nccl_split_p2p(Communicator& nccl, const std::vector<int>& ranks);
 
 // The NCCL world of a job that init_world() set up, called as
 // make_nccl_world(world.env, world.store.get()): one process per GPU, the device being the

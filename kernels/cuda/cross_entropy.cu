@@ -108,14 +108,15 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < V; ++k) s += __expf(x[k] - m);
     }
   }
-  const float row_max = block_max(m);
-  const float sum_exp = block_sum(m == -INFINITY ? 0.f : s * __expf(m - row_max));
   const int64_t t = int64_t(targets[r]);
   const bool ignored = t < 0;
-  if (threadIdx.x == 0) {
-    const float target_logit = !ignored && t < vocab ? to_f(l[t]) : 0.f;
+  // Read before the reductions' barriers: written in place (d == l), the gradient loop
+  // below may store over l[t] before thread 0 would otherwise get to it.
+  const float target_logit = threadIdx.x == 0 && !ignored && t < vocab ? to_f(l[t]) : 0.f;
+  const float row_max = block_max(m);
+  const float sum_exp = block_sum(m == -INFINITY ? 0.f : s * __expf(m - row_max));
+  if (threadIdx.x == 0)
     losses[r] = from_f<S>(ignored ? 0.f : logf(sum_exp) + row_max - target_logit);
-  }
   if (dlogits == nullptr) return;
   T* d = dlogits + r * vocab;
   const float scale = grad_scale / sum_exp;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <stdexcept>
 
 #include "memory/caching_allocator.h"
 #include "memory/cuda_device.h"
@@ -56,7 +57,9 @@ struct StreamMemory final : RawMemory {
     for (auto& [s, q] : queued) completed[s] = q;
   }
   void* home_stream() override { return home; }
+  bool failing = false;  // a device in an error state: recording throws
   void* record_event(void* s) override {
+    if (failing) throw std::runtime_error("cuda: an illegal memory access was encountered");
     events_made++;
     const auto n = reinterpret_cast<uintptr_t>(s);
     return new Ev{n, queued[n]};
@@ -101,6 +104,31 @@ TEST(AllocatorStreams, ABlockUsedOnAnotherStreamWaitsForItsEvent) {
   EXPECT_TRUE((c == a || d == a)) << "the block never came back after its event completed";
   EXPECT_EQ(p.alloc->pending_blocks(), 0u);
   EXPECT_EQ(p.raw->fresh, 2u);
+  EXPECT_EQ(p.raw->events_made, p.raw->events_destroyed);
+}
+
+// A tensor freed while a kernel fault unwinds (its event cannot be recorded) does not
+// throw from the destructor's path, and its block is never handed out again.
+TEST(AllocatorStreams, AFreeOnAFaultedDeviceDoesNotThrowAndAbandonsTheBlock) {
+  Pool p;
+  void* a = p.alloc->allocate(4096);
+  void* b = p.alloc->allocate(4096);
+  p.alloc->record_stream(a, StreamMemory::stream(kComm));
+  p.alloc->record_stream(a, StreamMemory::stream(kCopy));
+  p.raw->queue(kComm);
+  p.raw->failing = true;
+  EXPECT_NO_THROW(p.alloc->deallocate(a, 4096));
+  EXPECT_NO_THROW(p.alloc->deallocate(b, 4096));  // used on the home stream only: pooled
+  p.raw->failing = false;
+  EXPECT_EQ(p.alloc->stats().in_use, 0u);
+  EXPECT_EQ(p.alloc->stats().abandoned, 1u);
+  EXPECT_EQ(p.alloc->pending_blocks(), 0u);
+  p.raw->synchronize();
+  void* c = p.alloc->allocate(4096);
+  void* d = p.alloc->allocate(4096);
+  EXPECT_NE(c, a);
+  EXPECT_NE(d, a);
+  EXPECT_TRUE(c == b || d == b);
   EXPECT_EQ(p.raw->events_made, p.raw->events_destroyed);
 }
 

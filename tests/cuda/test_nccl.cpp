@@ -14,6 +14,7 @@
 #include "memory/cuda_device.h"
 #include "memory_store.h"
 #include "transport/nccl_communicator.h"
+#include "transport/pair_routes.h"
 
 using namespace baton;
 using memory::Device;
@@ -179,6 +180,42 @@ TEST_P(NcclWorld, SendRecvRingPostedBeforeWaiting) {
     q->wait();
     EXPECT_EQ(nccl_host(in), std::vector<float>(1 << 20, float((r + n - 1) % n)));
     EXPECT_TRUE(q->test());
+  });
+}
+
+// 1F1B's steady state between two pipeline ranks: each sends (32 MiB, beyond NCCL's
+// buffers, so a send waits for its receive) before it receives, with receives posted two
+// ahead. On one communicator the receives posted ahead and the sends queued behind them
+// wait for each other; over route_pairs_apart's communicators (one per direction, each
+// operation launched when posted) every message arrives.
+TEST_P(NcclWorld, PipelineTrafficRoutedPerPairNeverWaitsOnItself) {
+  const int n = GetParam();
+  if (n != 2) GTEST_SKIP() << "a pair of pipeline ranks";
+  run_world(2, [](transport::Communicator& c, int r) {
+    CommPtr world(&c, [](transport::Communicator*) {});
+    CommPtr p2p = transport::route_pairs_apart(
+        world, {{0, 1}, {1, 0}},
+        [&](const std::vector<int>& m) { return transport::nccl_split_p2p(c, m); });
+    const int64_t elements = int64_t(8) << 20;
+    const int peer = 1 - r, steps = 4;
+    std::vector<Tensor> in;
+    std::vector<transport::WorkPtr> recvs, sends;
+    for (int k = 0; k < steps; ++k)
+      in.push_back(Tensor::empty({elements}, DType::f32, Device::cuda(r)));
+    for (int k = 0; k < 2; ++k) recvs.push_back(p2p->irecv(in[size_t(k)], peer, 0));
+    for (int k = 0; k < steps; ++k) {
+      Tensor out = Tensor::empty({elements}, DType::f32, Device::cuda(r));
+      out.copy_from(
+          Tensor::from_vector(std::vector<float>(size_t(elements), float(10 * r + k)), {elements})
+              .to(Device::cuda(r)));
+      sends.push_back(p2p->isend(out, peer, 0));
+      if (k + 2 < steps) recvs.push_back(p2p->irecv(in[size_t(k + 2)], peer, 0));
+      recvs[size_t(k)]->wait();
+      EXPECT_EQ(nccl_host(in[size_t(k)].narrow(0, elements - 1, 1)),
+                std::vector<float>{float(10 * peer + k)});
+    }
+    for (auto& w : sends) w->wait();
+    memory::cuda::synchronize(r);
   });
 }
 

@@ -5,6 +5,7 @@
 // (DualPipe, whose two model replicas each sum half of the micro-batches).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -79,6 +80,41 @@ std::vector<PipelineCase> pipeline_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, Pipeline, ::testing::ValuesIn(pipeline_cases()),
                          pipeline_name_of);
+
+// The pipeline's traffic over a communicator per direction of each pair (NCCL's form,
+// transport/pair_routes.h; here each split from the local world): the same losses bit
+// for bit, under a V schedule (a rank sending both ways) and across a change of
+// tensor-parallel degree (one rank to two), every route split once per direction.
+TEST(Pipeline, RoutedPerPairAndDirection) {
+  for (const auto& [schedule, tp] : {std::pair{std::string("dualpipev"), std::vector<int>{1, 1}},
+                                     std::pair{std::string("1f1b"), std::vector<int>{1, 2}}}) {
+    PlanSpec p;
+    // The MLP, whose layers tie nothing, for the change of degree.
+    p.model = tp == std::vector<int>{1, 1} ? tiny_gpt_json() : tiny_mlp_json();
+    p.tp = tp;
+    p.schedule = schedule;
+    p.micro_batches = 4;
+    Workspace ws("pipeline-pairs");
+    RunSettings s;
+    s.steps = 4;
+    SCOPED_TRACE(p.describe());
+    auto plan = resolve(p, ws);
+    std::vector<engine::StepRecord> want = run_threads(plan, train_options(ws, s));
+    std::atomic<int> splits{0};
+    engine::PlanTrainOptions o = train_options(ws, s);
+    o.split_p2p_pair = [&](transport::Communicator& world, const std::vector<int>& members) {
+      EXPECT_EQ(members.size(), 2u);
+      EXPECT_LT(members[0], members[1]);
+      ++splits;
+      return world.split(members);
+    };
+    std::vector<engine::StepRecord> got = run_threads(plan, o);
+    // Each pair of ranks that exchange values, both directions, on both of its ranks.
+    const int pairs = tp == std::vector<int>{1, 2} ? 2 : 1;
+    EXPECT_EQ(splits.load(), pairs * 2 * 2);
+    expect_steps_match(got, want, true);
+  }
+}
 
 }  // namespace
 }  // namespace baton::engine_testing

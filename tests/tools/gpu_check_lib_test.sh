@@ -71,6 +71,17 @@ cmp_losses "$out/a.jsonl" "$out/d.jsonl" --tol 1 && fail "a missing step was not
 cmp_losses "$out/a.jsonl" "$out/a.jsonl" --tol 0 --steps 3 && fail "fewer steps than --steps passed"
 cmp_losses "$out/nothing.jsonl" "$out/a.jsonl" --tol 1
 [ $? = 2 ] || fail "an unreadable file did not exit 2"
+# fp16's loss scaling: the steps skipped for overflow counted, the loss falling.
+printf '{"step": 1, "loss": 5.0, "skipped": true}
+{"step": 2, "loss": 4.7, "skipped": false}
+' >"$out/e.jsonl"
+cmp_losses "$out/a.jsonl" "$out/e.jsonl" --skipped-at-most 1 --falls || fail "one skipped step and a falling loss failed"
+cmp_losses "$out/a.jsonl" "$out/e.jsonl" --skipped-at-most 0 && fail "a skipped step passed --skipped-at-most 0"
+printf '{"step": 1, "loss": 5.0}
+{"step": 2, "loss": 5.0}
+' >"$out/f.jsonl"
+cmp_losses "$out/a.jsonl" "$out/f.jsonl" --falls && fail "a loss that did not fall passed --falls"
+cmp_losses "$out/a.jsonl" "$out/b.jsonl" && fail "no check asked for passed"
 # The engine steps without a baton binary, and with one whose train has no --device:
 # each listed as skipped with the reason, none failed.
 steps=$(cd "$src" && grep -m1 'local names=' tools/gpu-check-engine.sh | sed 's/.*names="//; s/".*//' | wc -w)
@@ -84,4 +95,14 @@ chmod +x "$out/old-baton"
 (cd "$src" && . tools/gpu-check-engine.sh && GPU_CHECK_BATON="$out/old-baton" engine_steps >/dev/null)
 [ "$(grep -c "has no --device yet" "$out/steps.txt")" = "$steps" ] || fail "a baton without --device was not noticed"
 grep -q FAILED <(grep -E "^(train|profile|trace|launch|nccl|staged)" "$out/steps.txt") && fail "a skipped engine step counted as failed"
+# With the prebuilt engine a missing baton, or one that does not start, is a failure.
+(cd "$src" && . tools/gpu-check-engine.sh && prebuilt=1 GPU_CHECK_BATON='' engine_steps >/dev/null)
+[ "$(grep -c "^engine-baton FAILED" "$out/steps.txt")" = 1 ] || fail "a prebuilt engine without baton passed"
+printf '#!/bin/sh
+echo "error while loading shared libraries" >&2
+exit 127
+' >"$out/broken-baton"
+chmod +x "$out/broken-baton"
+(cd "$src" && . tools/gpu-check-engine.sh && GPU_CHECK_BATON="$out/broken-baton" engine_steps >/dev/null)
+[ "$(grep -c "^engine-baton FAILED" "$out/steps.txt")" = 2 ] || fail "a baton that does not start passed"
 echo "gpu-check-lib: all cases passed"

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "memory/tensor.h"
 #include "tests/transport/world_harness.h"
 #include "transport/local.h"
+#include "transport/pair_routes.h"
 
 namespace baton::transport::testing {
 namespace {
@@ -115,6 +117,56 @@ TEST_P(P2P, ReceivePostedLongBeforeSend) {
       c.barrier()->wait();
       c.isend(t, 1, 3)->wait();
     }
+  });
+}
+
+// route_pairs_apart (transport/pair_routes.h): a chain 0 - 1 - 2 whose middle rank has
+// four routes and the ends two; each direction gets a communicator of its own, split in
+// one order on every rank (no rank waits on another's split forever), messages both ways
+// with receives posted first, collectives on the world, and no route to a rank not given.
+TEST_P(P2P, PairsRoutedApart) {
+  run_world(GetParam(), 3, [&](Communicator& c) {
+    const int me = c.rank();
+    std::set<std::pair<int, int>> routes;
+    for (int peer : {me - 1, me + 1})
+      if (peer >= 0 && peer < 3) {
+        routes.insert({me, peer});
+        routes.insert({peer, me});
+      }
+    CommPtr world(&c, [](Communicator*) {});
+    std::vector<std::vector<int>> made;
+    CommPtr p2p = route_pairs_apart(world, routes, [&](const std::vector<int>& m) {
+      made.push_back(m);
+      return c.split(m);
+    });
+    EXPECT_EQ(made.size(), routes.size());
+    EXPECT_TRUE(std::is_sorted(made.begin(), made.end()));
+    std::vector<std::pair<Tensor, WorkPtr>> recvs;
+    for (const auto& [src, dst] : routes)
+      if (dst == me) {
+        recvs.push_back({Tensor::zeros({4096}, DType::i32), nullptr});
+        recvs.back().second = p2p->irecv(recvs.back().first, src, 1);
+      }
+    for (const auto& [src, dst] : routes)
+      if (src == me) p2p->isend(pattern(4096, 10 * me + dst), dst, 1)->wait();
+    size_t k = 0;
+    for (const auto& [src, dst] : routes)
+      if (dst == me) {
+        recvs[k].second->wait();
+        EXPECT_TRUE(matches(recvs[k].first, 10 * src + me)) << src << " -> " << me;
+        ++k;
+      }
+    Tensor one = Tensor::from_vector(std::vector<int32_t>{1}, {1});
+    p2p->all_reduce(one, ReduceOp::sum)->wait();
+    EXPECT_EQ(one.to_vector<int32_t>(), std::vector<int32_t>{3});
+    if (me == 0) {
+      Tensor t = pattern(4, 1);
+      EXPECT_THROW(p2p->isend(t, 2, 1), std::logic_error);
+      EXPECT_THROW(
+          route_pairs_apart(world, {{1, 2}}, [&](const std::vector<int>& m) { return c.split(m); }),
+          std::logic_error);
+    }
+    c.barrier()->wait();
   });
 }
 
