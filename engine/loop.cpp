@@ -107,6 +107,21 @@ stages::DataFlags data_flags(const LoopOptions& o) {
   return f;
 }
 
+void expect_token_model(const stages::Graph& g, const LoopOptions& o) {
+  if (g.find_value("images") < 0 || g.find_value("tokens") >= 0) return;
+  const std::string& path = o.data.data.empty() ? o.data_path : o.data.data[0];
+  std::error_code ec;
+  const std::string found = !std::filesystem::exists(path, ec) ? "no such file or directory"
+                            : std::filesystem::is_directory(path, ec)
+                                ? "a directory without images.npy"
+                                : "a file";
+  throw InputError(path +
+                   ": the model reads images (its input 'images'), so --data must be "
+                   "a directory holding images.npy and labels.npy (docs/formats/images.md); "
+                   "found " +
+                   found);
+}
+
 bool image_data(const LoopOptions& o) {
   if (!o.data.data.empty() && o.data.data.size() != 1) return false;
   const std::string& path = o.data.data.empty() ? o.data_path : o.data.data[0];

@@ -124,6 +124,10 @@ stages::DataFlags data_flags(const LoopOptions& o);
 // True when the run reads images (an image directory); the token flags do not apply then
 // (InputError when one was given).
 bool image_data(const LoopOptions& o);
+// When the run is not image_data(): InputError naming --data's path when the model reads
+// images (an image directory mistyped, or lacking images.npy), before the token data's
+// loader would call the model wrong.
+void expect_token_model(const stages::Graph& g, const LoopOptions& o);
 
 // The log line of the data's opening: its time, and the vocabulary check started.
 void log_data_opened(const stages::TrainData& d);

@@ -672,6 +672,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     d->check_model(lg, model_source);
     images = d;
   } else {
+    expect_token_model(lg, o);
     data = stages::open_train_data(data_flags(o), lg, model_source);
   }
   const stages::ValueType& tok_type = lg.value(images ? "images" : "tokens").type;

@@ -67,6 +67,7 @@ TrainSummary run_training(const TrainOptions& o,
     images.emplace(o.data_path);
     images->check_model(*graph, model_source);
   } else {
+    expect_token_model(*graph, o);
     data = stages::open_train_data(data_flags(o), *graph, model_source);
   }
   for (int l : o.recompute_layers)

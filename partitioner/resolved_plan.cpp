@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "memory/error.h"
+#include "schedule/forward_only.h"
 #include "schedule/generators.h"
 #include "schedule/transfer.h"
 #include "schedule/validate.h"
@@ -216,6 +217,12 @@ void resolve_spatial_split(ResolvedPlan& r) {
 
 }  // namespace
 
+std::string running_statistics_node(const Graph& g) {
+  for (const stages::Node& n : g.nodes)
+    if (n.op == "batchnorm2d" && n.params.size() > 2 && n.params[2] >= 0) return n.name;
+  return "";
+}
+
 ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   ResolvedPlan r;
   r.plan = p;
@@ -228,6 +235,16 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   } catch (const InputError& e) {
     throw InputError(p.where("$.schedule.name") + ": " + e.what());
   }
+  if (name == "dualpipe")
+    if (const std::string bn = running_statistics_node(g); !bn.empty())
+      throw InputError(p.where("$.schedule.name") +
+                       ": \"dualpipe\" keeps each chunk on two ranks, each seeing half the "
+                       "micro-batches, and merges only their gradients: the running statistics of "
+                       "'" +
+                       bn +
+                       "' (batchnorm2d) would differ between the copies and a "
+                       "checkpoint would keep one; expected another schedule for a model with "
+                       "batch-norm running statistics");
   try {
     r.schedule = schedule::generate(name, p.pp, p.micro_batches, p.chunks);
   } catch (const InputError& e) {
@@ -322,6 +339,11 @@ void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::strin
   if (s.placement != want.placement)
     fail("placement", space_list(want.placement), space_list(s.placement));
   schedule::check_valid(s, source);
+  // An evaluation schedule (only forwards) trains nothing: no backward, no STEP.
+  if (schedule::is_forward_only(s))
+    throw InputError(source +
+                     ": a forward-only schedule (evaluation) cannot train: expected "
+                     "backwards (B and W, or BW) for every micro-batch");
   r.schedule = s;
   if (r.schedule.name.empty()) r.schedule.name = source;
 }

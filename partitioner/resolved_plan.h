@@ -71,6 +71,12 @@ std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan,
 // Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
 ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
 
+// The first node of `g` that moves running statistics in its forward (a batchnorm2d with
+// running_mean and running_var), or "" when none does. DualPipe, whose two copies of a
+// chunk each see half the micro-batches and are never merged but for their gradients,
+// cannot keep them (resolve_plan refuses it; the search does not propose it).
+std::string running_statistics_node(const stages::Graph& g);
+
 // Replaces a plan's generated schedule by another one over the same stages (a file a
 // user wrote): the same ranks, micro-batches, directions and placement. Compute-only or
 // lowered. InputError naming `source` otherwise.

@@ -158,12 +158,25 @@ class Search {
           for (int m : divisors(replica_batch)) {
             if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
             int64_t b = replica_batch / m;
+            // A batch norm over one value per channel (one sample of a 1 x 1 map) trains
+            // nothing before it: the op refuses it, so no plan may ask for it.
+            if (b * min_batchnorm_plane() < 2) {
+              skip(std::to_string(m) + " micro-batches: " + std::to_string(b) +
+                   " sample(s) a micro-batch would leave a batch norm one value per channel");
+              continue;
+            }
             for (const std::string& name : names) {
               // One pipeline rank: every schedule runs the same F, B, W in order.
               if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
               // What a plan file would refuse (gossip's peers beyond the replicas, a
               // parameter server under DualPipe, ...) is no candidate either.
               if (dp > 1 && !dp_sync_allowed(dp, name)) continue;
+              if (name == "dualpipe" && !running_statistics_node(*g_).empty()) {
+                skip(
+                    "dualpipe: the model's batch-norm running statistics (its two copies of "
+                    "a chunk would not agree)");
+                continue;
+              }
               for (int rc : {0, 1}) {
                 if (o_.recompute >= 0 && rc != o_.recompute) continue;
                 enumerate(tp, sp, pp, dp, m, b, name, rc == 1);
@@ -200,6 +213,19 @@ class Search {
 
  private:
   // Notes why a degree or schedule does not apply (once per reason).
+  // The fewest positions (H x W) a batchnorm2d of the model normalises per sample and
+  // channel; a large number when it has none.
+  int64_t min_batchnorm_plane() const {
+    int64_t least = std::numeric_limits<int64_t>::max() / 4;
+    for (const stages::Node& n : g_->nodes)
+      if (n.op == "batchnorm2d" && !n.inputs.empty()) {
+        const memory::Shape& shape = g_->values[size_t(n.inputs[0])].type.shape;
+        if (!shape.empty() && shape[0] > 0)
+          least = std::min(least, memory::shape_numel(shape) / shape[0]);
+      }
+    return least;
+  }
+
   void skip(const std::string& reason) {
     if (std::find(result_.skipped.begin(), result_.skipped.end(), reason) == result_.skipped.end())
       result_.skipped.push_back(reason);

@@ -97,19 +97,15 @@ Simulator::Simulator(std::shared_ptr<const Schedule> s, const std::string& sourc
       }
     }
     dep_begin_[size_t(n)] = int(k);
-    bool steps_last = true;
+    // A STEP is its rank's last action (the validator's rule).
     for (int r = 0; r < s_->num_ranks; ++r) {
       const auto& list = s_->ranks[size_t(r)];
       for (size_t i = 0; i < list.size(); ++i)
-        if (list[i].kind == K::optimizer_step) {
-          if (i + 1 != list.size()) steps_last = false;
+        if (list[i].kind == K::optimizer_step)
           step_pos_.push_back(pos_of_[size_t(offset_[size_t(r)] + int(i))]);
-        }
     }
-    if (!steps_last) step_pos_.clear();
-    if (steps_last)
-      for (int i = 0; i < n; ++i)
-        if (kind_[size_t(i)] == K::reduce_gradients) reduce_pos_.push_back(i);
+    for (int i = 0; i < n; ++i)
+      if (kind_[size_t(i)] == K::reduce_gradients) reduce_pos_.push_back(i);
   }
   end_.resize(size_t(n));
   avail_.resize(size_t(n));

@@ -317,6 +317,18 @@ std::optional<ValidationReport> Checker::check_order() const {
         return fail(me.rank, me.index, order_message(n, d));
     }
   }
+  // STEP meets every rank (the global gradient norm's all-reduce): an action after it,
+  // always a transfer (its dependencies put all compute before it), would wait on a peer already in
+  // that all-reduce, or keep the peer from it.
+  for (int r = 0; r < s_.num_ranks; ++r) {
+    const auto& list = s_.ranks[size_t(r)];
+    for (int i = 0; i + 1 < int(list.size()); ++i)
+      if (list[size_t(i)].kind == K::optimizer_step)
+        return fail(r, i + 1,
+                    at(r, i + 1) + " comes after the rank's STEP (" + at(r, i) +
+                        "): STEP meets every rank (the global gradient norm), so it must be "
+                        "the rank's last action");
+  }
   return std::nullopt;
 }
 

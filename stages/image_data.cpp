@@ -1,5 +1,7 @@
 #include "stages/image_data.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -189,7 +191,8 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
   if (im.shape.size() != 4)
     bad(ip,
         "expected images of shape [N, C, H, W] or [N, H, W], found " + memory::shape_str(im.shape));
-  if (im.descr[1] != 'f' && im.descr != "|u1" && im.descr != "<u1")
+  const bool float_images = im.descr == "<f4" || im.descr == "<f8";
+  if (!float_images && im.descr != "|u1" && im.descr != "<u1")
     bad(ip, "expected float32, float64 or uint8 images, found dtype '" + im.descr + "'");
   if (lb.descr[1] == 'f') bad(lp, "expected integer labels, found dtype '" + lb.descr + "'");
   if (lb.shape.size() != 1 || lb.shape[0] != im.shape[0])
@@ -202,12 +205,27 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
   const double scale = im.descr[1] == 'u' ? 1.0 / 255.0 : 1.0;
   const int64_t total = memory::shape_numel(im.shape);
   images_.resize(size_t(total));
-  for (int64_t k = 0; k < total; ++k) images_[size_t(k)] = float(element(im, k, ie) * scale);
+  const int64_t per_image = total / n_;
+  for (int64_t k = 0; k < total; ++k) {
+    const double v = element(im, k, ie) * scale;
+    // A NaN or infinite pixel trains nothing and can pass unseen (a ReLU's max maps it).
+    if (!std::isfinite(float(v)))
+      bad(ip, "image " + std::to_string(k / per_image) + " holds " + std::to_string(v) +
+                  " at element " + std::to_string(k % per_image) + " (expected finite values)");
+    images_[size_t(k)] = float(v);
+  }
   labels_.resize(size_t(n_));
   for (int64_t k = 0; k < n_; ++k) {
     const double v = element(lb, k, le);
     if (v < 0)
       bad(lp, "label " + std::to_string(k) + " is negative (" + std::to_string(int64_t(v)) + ")");
+    // Class ids are small; a huge one (an unsigned 64-bit beyond int64) would wrap.
+    if (v >= 2147483648.0) {
+      char text[40];
+      std::snprintf(text, sizeof text, "%.0f", v);
+      bad(lp, "label " + std::to_string(k) + " is " + text +
+                  ", beyond any class id (expected at most 2^31 - 1)");
+    }
     labels_[size_t(k)] = int64_t(v);
     classes_ = std::max(classes_, int64_t(v) + 1);
   }

@@ -163,7 +163,9 @@ template <class T>
 void relu_forward(const T* x, T* y, int64_t n) {
   parallel_for(n, kElementwiseGrain, [&](int64_t s, int64_t e) {
 #pragma GCC ivdep
-    for (int64_t i = s; i < e; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+    // x < 0, not x > 0: a NaN passes through, as PyTorch's does (a NaN input would
+    // otherwise show a finite loss).
+    for (int64_t i = s; i < e; ++i) y[i] = x[i] < T(0) ? T(0) : x[i];
   });
 }
 

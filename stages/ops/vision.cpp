@@ -396,6 +396,18 @@ class BatchNorm2d final : public OpBase {
       c.outputs[0] = y;
       return;
     }
+    // One value per channel has variance 0: the output is the bias alone and nothing
+    // before the norm gets a gradient (PyTorch refuses it too). A micro-batch of one
+    // sample over a 1 x 1 map does it; the statistics of a tiled image span its tiles.
+    const int64_t per_channel =
+        c.ctx.batch() * plane_ * (spatial_ ? spatial_group(c.ctx).size() : 1);
+    if (c.ctx.training && per_channel < 2)
+      throw InputError("node '" + name_ + "' (batchnorm2d) normalises " +
+                       std::to_string(per_channel) +
+                       " value per channel in training (a micro-batch of " +
+                       std::to_string(c.ctx.batch()) + " sample(s) over " + std::to_string(plane_) +
+                       " position(s)): its variance is 0 and the layers before it would learn "
+                       "nothing; use micro-batches of at least 2 samples");
     Tensor mean = c.alloc({c_}, dtype_), rstd = c.alloc({c_}, dtype_);
     // The running statistics move once per training forward (not again when a recomputed
     // layer runs its forward a second time, nor in evaluation without them).

@@ -7,6 +7,7 @@
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "memory/error.h"
+#include "schedule/forward_only.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "transport/local.h"
@@ -44,6 +45,11 @@ TEST(EngineInput, ScheduleFileMustFitThePlan) {
   other = schedule::generate("interleaved-1f1b", 2, 4);
   EXPECT_EQ(message_of([&] { partitioner::use_schedule(r, other, "mine.txt"); }),
             "mine.txt: placement: the plan needs [0 1], the schedule has [0 1 0 1]");
+  // An evaluation (forward-only) schedule trains nothing.
+  EXPECT_EQ(
+      message_of([&] { partitioner::use_schedule(r, schedule::forward_only(2, 4), "fwd.txt"); }),
+      "fwd.txt: a forward-only schedule (evaluation) cannot train: expected backwards (B "
+      "and W, or BW) for every micro-batch");
   // A fitting one (zb-h1 splits B and W) is taken.
   partitioner::use_schedule(r, schedule::generate("zb-h1", 2, 4), "zb.txt");
   EXPECT_EQ(r.schedule.name, "zb-h1");

@@ -2,6 +2,9 @@
 // differences, float32 against float64, accumulate semantics).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -106,6 +109,18 @@ TEST(Gelu, BackwardMatchesFiniteDifferences) {
 }
 TEST(Relu, BackwardMatchesFiniteDifferences) {
   check_unary(relu_forward, relu_backward, 34);
+}
+// A NaN passes through (as PyTorch's relu), so a NaN input shows as a NaN loss.
+TEST(Relu, NanPassesThrough) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector(std::vector<float>{-1.f, nan, 2.f, -0.f}, {4});
+  Tensor y = Tensor::empty({4});
+  relu_forward(x, y);
+  const std::vector<float> v = y.to_vector<float>();
+  EXPECT_EQ(v[0], 0.f);
+  EXPECT_TRUE(std::isnan(v[1]));
+  EXPECT_EQ(v[2], 2.f);
+  EXPECT_EQ(v[3], 0.f);
 }
 
 TEST(Gelu, Float32IsAccurateOverAWideRange) {

@@ -192,6 +192,18 @@ TEST(Validate, ReduceAndStep) {
   auto& l = u.ranks[0];
   std::rotate(l.begin(), l.end() - 1, l.end());  // STEP first
   expect_invalid(u, 0, 0, {"STEP too early"});
+
+  // A send after STEP: STEP meets every rank, so the send's peer (waiting for it before
+  // its own STEP) and this rank (in STEP) would wait for each other.
+  Schedule v = lower(generate("1f1b", 2, 4));
+  auto& r1 = v.ranks[1];
+  auto send = std::find_if(r1.rbegin(), r1.rend(),
+                           [](const Action& a) { return a.kind == K::send_gradient; });
+  ASSERT_NE(send, r1.rend());
+  const Action moved = *send;
+  r1.erase(std::next(send).base());
+  r1.push_back(moved);
+  expect_invalid(v, 1, int(r1.size()) - 1, {"comes after the rank's STEP", "last action"});
 }
 
 TEST(Validate, MixedTransferSchedulesMustNameEveryTransfer) {

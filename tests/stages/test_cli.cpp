@@ -44,6 +44,18 @@ void cli_expect_input_error(const std::string& args, std::initializer_list<std::
 const std::string kTiny =
     R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 256})";
 
+// An image model given no image directory: the path and what it lacks, not the token
+// loader's complaint about the model's inputs.
+TEST(Cli, AnImageModelNamesTheMissingImageDirectory) {
+  const std::string model = std::string(BATON_SOURCE_DIR) + "/examples/models/resnet-tiny.json";
+  const std::string missing = ::testing::TempDir() + "/no-such-images";
+  cli_expect_input_error("--model " + model + " --data " + missing + " --steps 1",
+                         {missing + ": the model reads images", "images.npy and labels.npy",
+                          "found no such file or directory"});
+  cli_expect_input_error("--model " + model + " --data " + ::testing::TempDir() + " --steps 1",
+                         {"found a directory without images.npy"});
+}
+
 TEST(Cli, BadModelFiles) {
   cli_expect_input_error("--model /nonexistent.json --data " + kCliCorpus + " --steps 1",
                          {"/nonexistent.json: cannot open file"});

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "engine/trainer.h"
 #include "memory/file_io.h"
@@ -231,6 +232,33 @@ std::pair<std::vector<double>, std::vector<double>> channel_stats(const Tensor& 
   return {mean, var};
 }
 
+// One value per channel (one sample of a 1 x 1 map) has variance 0: refused while
+// training, naming the node (PyTorch refuses it too); evaluation with running statistics
+// and two samples are fine.
+TEST(BatchNormStage, OneValuePerChannelIsRefusedInTraining) {
+  nlohmann::json j = nlohmann::json::parse(kBnGraph);
+  j["inputs"][0]["shape"] = {2, 1, 1};
+  auto g = load_f64(j, "bn.json");
+  Stage st(g, 0, g->num_layers());
+  auto run = [&](int64_t n, bool training) {
+    Tensor x = random_like({n, 2, 1, 1}, DType::f64, 1.0, 5);
+    TensorMap in{{"images", x}, {"labels", labels(std::vector<int32_t>(size_t(n), 1))}};
+    MicroBatch mb{0, 0, n, n, double(n), 0};
+    st.forward(mb, in, training);
+    st.discard(0);
+  };
+  try {
+    run(1, true);
+    FAIL() << "a batch norm over one value per channel trained";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'bn' (batchnorm2d) normalises 1 value per channel"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(run(1, false));
+  EXPECT_NO_THROW(run(2, true));
+}
+
 TEST(BatchNormStage, RunningStatisticsRecomputeEvalAndCheckpoint) {
   auto g = load_f64(nlohmann::json::parse(kBnGraph), "bn.json");
   Tensor x = random_like({4, 2, 3, 3}, DType::f64, 2.0, 31);
@@ -415,6 +443,33 @@ TEST(ImageData, RoundTripAndErrors) {
       << error_of_dir();
   write_npy(dir + "/labels.npy", Tensor::from_vector(std::vector<int64_t>{0, 1, -2, 0, 1}, {5}));
   EXPECT_NE(error_of_dir().find("is negative"), std::string::npos) << error_of_dir();
+  write_npy(dir + "/labels.npy",
+            Tensor::from_vector(std::vector<int64_t>{0, 1, int64_t(1) << 40, 0, 1}, {5}));
+  EXPECT_NE(error_of_dir().find("label 2 is 1099511627776, beyond any class id"), std::string::npos)
+      << error_of_dir();
+  write_npy(dir + "/labels.npy", Tensor::from_vector(std::vector<int64_t>{0, 3, 1, 1, 2}, {5}));
+  // Half-precision images (numpy's float16) and NaN pixels are refused, naming the file.
+  {  // numpy's '<f2' (write_npy has no f16): the f32 file's header retyped, half the bytes
+    write_npy(dir + "/images.npy", images);
+    std::string bytes = memory::read_file(dir + "/images.npy");
+    const size_t at = bytes.find("<f4"), data = bytes.size() - size_t(images.nbytes());
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 2] = '2';
+    std::ofstream(dir + "/images.npy", std::ios::binary)
+        << bytes.substr(0, data + size_t(images.nbytes()) / 2);
+  }
+  EXPECT_NE(error_of_dir().find("images.npy: expected float32, float64 or uint8 images, found "
+                                "dtype '<f2'"),
+            std::string::npos)
+      << error_of_dir();
+  {
+    Tensor with_nan = images.clone();
+    with_nan.data<float>()[2 * 24 + 5] = std::numeric_limits<float>::quiet_NaN();
+    write_npy(dir + "/images.npy", with_nan);
+  }
+  EXPECT_NE(error_of_dir().find("images.npy: image 2 holds nan at element 5"), std::string::npos)
+      << error_of_dir();
+  write_npy(dir + "/images.npy", images);
   {
     std::string bytes = memory::read_file(dir + "/images.npy");
     std::ofstream(dir + "/images.npy", std::ios::binary) << bytes.substr(0, bytes.size() - 4);
