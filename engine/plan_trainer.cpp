@@ -1,6 +1,7 @@
 #include "engine/plan_trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 
 #include "engine/detail/grad_reducer.h"
@@ -44,6 +46,25 @@ std::vector<int64_t> all_gather_int(Communicator& c, int64_t mine) {
   Tensor all = Tensor::empty({c.size()}, memory::DType::i64);
   c.all_gather(one, all)->wait();
   return all.to_vector<int64_t>();
+}
+
+// The time origin of a --trace, in steady_clock seconds: after a barrier, the earliest
+// moment a rank of this host left it. Ranks sharing a host share steady_clock, so their
+// events line up (each rank's own exit, up to a time slice apart when ranks outnumber the
+// cores, had put receives before their sends); another host's clock is its own.
+double host_trace_origin(Communicator& world) {
+  world.barrier()->wait();
+  const int64_t mine = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count();
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  const int64_t host = int64_t(std::hash<std::string>{}(name) >> 1);
+  const std::vector<int64_t> hosts = all_gather_int(world, host), at = all_gather_int(world, mine);
+  int64_t first = mine;
+  for (size_t r = 0; r < at.size(); ++r)
+    if (hosts[r] == host) first = std::min(first, at[r]);
+  return double(first) * 1e-9;
 }
 
 // Every rank's string, on every rank.
@@ -548,7 +569,7 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   auto graph = partitioner::load_plan_model(plan, lo);
   auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
   if (!o.schedule_path.empty())
-    partitioner::use_schedule(*r, schedule::load_schedule(o.schedule_path), o.schedule_path);
+    partitioner::use_schedule(*r, schedule::load_schedule_to_run(o.schedule_path), o.schedule_path);
   check_capacity(*r, o);
   return train_plan(r, o, std::move(world), on_step);
 }
@@ -616,8 +637,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
   LoopSteps steps;
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
-      world->barrier()->wait();
-      trace_origin = detail::ParamServer::now();
+      trace_origin = host_trace_origin(*world);  // the server's clock is steady_clock's
       server.clear_events();
       server.set_recording(true);
     }
@@ -809,8 +829,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   if (images) steps.rate_unit = "img/s";
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
-      world->barrier()->wait();  // a common time origin for every rank's events
-      trace_origin = engine.executor().now();
+      // The executor's clock is steady_clock's less its own start.
+      const double origin = host_trace_origin(*world);
+      trace_origin = engine.executor().now() - (detail::ParamServer::now() - origin);
       engine.executor().clear_events();
       engine.executor().set_recording(true);
     }

@@ -206,6 +206,13 @@ Schedule load_schedule(const std::string& path) {
   return parse_text(text, path);
 }
 
+Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect) {
+  if (!is_csv_path(path)) return load_schedule(path);
+  TorchCsv csv = load_torch_csv(path, dialect);
+  check_torch_csv(csv, path);
+  return std::move(csv.schedule);
+}
+
 void save_schedule(const Schedule& s, const std::string& path) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   if (is_csv_path(path)) return memory::write_file_durably(path, to_torch_csv(s));

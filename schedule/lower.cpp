@@ -160,9 +160,12 @@ Schedule lower(const Schedule& s, const LowerOptions& o) {
   const bool want_reduce = o.reduce && !eval && !contains(out, is_reduce);
   const bool want_step = o.step && !eval && !contains(out, is_step);
   if (want_reduce) {
-    if (contains(out, is_step))
-      throw InputError("lower: cannot add REDUCE to a schedule that already has STEP");
-    out = add_gradient_reduction(out, want_step);
+    // A STEP already there is its rank's last action (the validator's rule): taken out,
+    // it comes back after the reductions.
+    const bool had_step = contains(out, is_step);
+    for (auto& list : out.ranks)
+      std::erase_if(list, [](const Action& a) { return is_step(a.kind); });
+    out = add_gradient_reduction(out, want_step || had_step);
   } else if (want_step) {
     for (auto& list : out.ranks) list.push_back(Action{K::optimizer_step, -1, -1, -1});
   }

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "schedule/schedule.h"
+#include "schedule/torch_csv.h"
 
 namespace baton::schedule {
 
@@ -35,6 +36,10 @@ Schedule parse_json(std::string_view text, const std::string& source);
 // Reads a file in any form: PyTorch's CSV for "*.csv" (torch_csv.h, dialect detected),
 // JSON when its first non-blank character is '{', text otherwise.
 Schedule load_schedule(const std::string& path);
+// load_schedule for a schedule about to be validated and run: a CSV is validated on the
+// spot (check_torch_csv), so its errors name the file's row and cell (`dialect`: the CSV's,
+// detected by default); other forms are returned as read.
+Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect = TorchDialect::detect);
 // Writes JSON when the name ends in ".json", PyTorch's current CSV for ".csv", text
 // otherwise; durably and atomically (memory::write_file_durably), so a failure leaves no
 // half-written file.

@@ -176,7 +176,16 @@ bool is_csv_path(const std::string& path) {
 
 TorchCsv parse_torch_csv(std::string_view text, const std::string& source, TorchDialect dialect,
                          const std::string& name) {
-  // Rows: one per line ("\r\n" or "\n"); the last line break ends the last row.
+  // Rows: one per line ("\r\n" or "\n"); the last line break ends the last row, and blank
+  // lines after it (an editor's) are no ranks.
+  for (;;) {
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+    const size_t nl = text.find_last_of('\n');
+    const std::string_view last = nl == std::string_view::npos ? text : text.substr(nl + 1);
+    if (nl == std::string_view::npos || last.find_first_not_of(" \t\r") != std::string_view::npos)
+      break;
+    text = text.substr(0, nl);  // a line of blanks after the rows
+  }
   std::vector<Row> rows;
   size_t pos = 0;
   while (pos < text.size()) {

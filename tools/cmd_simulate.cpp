@@ -286,8 +286,7 @@ int run_simulate(const std::vector<std::string>& args) {
   sc::Schedule s;
   std::string source;
   if (!o.file.empty()) {
-    s = sc::is_csv_path(o.file) ? sc::load_torch_csv(o.file, sc::parse_dialect(o.dialect)).schedule
-                                : sc::load_schedule(o.file);
+    s = sc::load_schedule_to_run(o.file, sc::parse_dialect(o.dialect));
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();

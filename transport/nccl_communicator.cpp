@@ -205,7 +205,9 @@ class NcclCommunicator final : public Communicator,
   WorkPtr all_gather(const Tensor& in, Tensor& out, std::span<const int64_t> counts) override {
     check(in, "all_gather");
     check(out, "all_gather");
-    auto [cnt, off] = parts(counts, in.numel(), out.numel(), "all_gather", in.numel());
+    // Named, not a structured binding: the launch lambdas capture them.
+    const auto cut = parts(counts, in.numel(), out.numel(), "all_gather", in.numel());
+    const std::vector<int64_t>&cnt = cut.first, &off = cut.second;
     const size_t es = memory::dtype_size(in.dtype());
     const ncclDataType_t ty = nccl_type(in.dtype());
     return collective({in, out}, false, [&](ncclComm_t c) {
@@ -228,7 +230,9 @@ class NcclCommunicator final : public Communicator,
                          std::span<const int64_t> counts) override {
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
-    auto [cnt, off] = parts(counts, out.numel(), in.numel(), "reduce_scatter", out.numel());
+    // Named, not a structured binding: the launch lambdas capture them.
+    const auto cut = parts(counts, out.numel(), in.numel(), "reduce_scatter", out.numel());
+    const std::vector<int64_t>&cnt = cut.first, &off = cut.second;
     const size_t es = memory::dtype_size(in.dtype());
     const ncclDataType_t ty = nccl_type(in.dtype());
     return collective({in, out}, false, [&](ncclComm_t c) {
@@ -253,7 +257,9 @@ class NcclCommunicator final : public Communicator,
     check_peer(root, "scatter");
     if (rank_ == root) check(in, "scatter");
     const int64_t total = rank_ == root ? in.numel() : -1;
-    auto [cnt, off] = parts(counts, out.numel(), total, "scatter", out.numel());
+    // Named, not a structured binding: the launch lambdas capture them.
+    const auto cut = parts(counts, out.numel(), total, "scatter", out.numel());
+    const std::vector<int64_t>&cnt = cut.first, &off = cut.second;
     const size_t es = memory::dtype_size(out.dtype());
     const ncclDataType_t ty = nccl_type(out.dtype());
     std::vector<Tensor> keep{out};
@@ -282,7 +288,9 @@ class NcclCommunicator final : public Communicator,
     check_peer(root, "gather");
     if (rank_ == root) check(out, "gather");
     const int64_t total = rank_ == root ? out.numel() : -1;
-    auto [cnt, off] = parts(counts, in.numel(), total, "gather", in.numel());
+    // Named, not a structured binding: the launch lambdas capture them.
+    const auto cut = parts(counts, in.numel(), total, "gather", in.numel());
+    const std::vector<int64_t>&cnt = cut.first, &off = cut.second;
     const size_t es = memory::dtype_size(in.dtype());
     const ncclDataType_t ty = nccl_type(in.dtype());
     std::vector<Tensor> keep{in};

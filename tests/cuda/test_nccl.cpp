@@ -100,7 +100,8 @@ TEST_P(NcclWorld, AllReduceSumAvgMax) {
     c.all_reduce(s, ReduceOp::sum)->wait();
     float sq = 0;
     for (int i = 0; i < n; ++i) sq += float(i * i);
-    EXPECT_EQ(nccl_host(s), (std::vector<float>{float(n * (n - 1) / 2), float(n), sq}));
+    const int ranks_sum = n * (n - 1) / 2;  // 0 + 1 + ... + n - 1, exact
+    EXPECT_EQ(nccl_host(s), (std::vector<float>{float(ranks_sum), float(n), sq}));
     Tensor m = dev_tensor({float(r), -float(r)}, r);
     c.all_reduce(m, ReduceOp::max)->wait();
     EXPECT_EQ(nccl_host(m), (std::vector<float>{float(n - 1), 0.f}));

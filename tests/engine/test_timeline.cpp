@@ -78,6 +78,21 @@ TEST(Timeline, MeasuredTraceHasEveryActionInOrder) {
         }
       EXPECT_GT(sends, 0) << "rank " << rank;
       EXPECT_GT(recvs, 0) << "rank " << rank;
+      // One time origin for the ranks sharing a clock: no receive ends before its send
+      // began (each rank's own barrier exit as origin had put some there).
+      for (const auto& e : t.events) {
+        if (e.rank != rank || e.lane != 1 || !schedule::is_recv(e.kind)) continue;
+        const ActionKind send = e.kind == ActionKind::recv_activation ? ActionKind::send_activation
+                                                                      : ActionKind::send_gradient;
+        bool sent_before = false;
+        for (const auto& x : t.events)
+          sent_before = sent_before || (x.rank == e.peer && x.peer == rank && x.kind == send &&
+                                        x.micro_batch == e.micro_batch && x.start <= e.end);
+        EXPECT_TRUE(sent_before) << name << ": rank " << rank << " received "
+                                 << schedule::to_token(
+                                        schedule::Action{e.kind, e.micro_batch, e.stage, -1})
+                                 << " by " << e.end << " s, before rank " << e.peer << " sent it";
+      }
       EXPECT_GT(transfers, 0) << "rank " << rank;
       EXPECT_EQ(reduces, int(plan->stages_of(pp).size())) << "rank " << rank;
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -162,6 +163,22 @@ TEST(TorchCsv, MutatedFixturesAreRefusedWithThePosition) {
           << err << " (backward moved from cell " << bi + 1 << ")";
     }
   }
+}
+
+// What runs a CSV (simulate --file, train --schedule) names its cell when it is invalid;
+// blank lines after the rows are no ranks.
+TEST(TorchCsv, AScheduleToRunNamesItsCellAndTrailingBlankLinesAreNoRanks) {
+  const std::string dir = ::testing::TempDir();
+  const std::string bad = dir + "/cellpos.csv", trailing = dir + "/trailing.csv";
+  std::ofstream(bad) << "0F0,,,,0B0\n,,1B0,1F0\n";
+  EXPECT_NE(input_error_of([&] {
+              load_schedule_to_run(bad);
+            }).find(bad + ": invalid schedule (CSV row 2, cell 3)"),
+            std::string::npos);
+  std::ofstream(trailing) << "0F0,0B0\r\n1F0,1B0\r\n\r\n  \n";
+  const Schedule s = load_schedule_to_run(trailing);
+  EXPECT_EQ(s.num_ranks, 2);
+  EXPECT_EQ(load_schedule(trailing), s);
 }
 
 TEST(TorchCsv, Dialects) {

@@ -57,6 +57,13 @@ TEST(Validate, AcceptsGeneratedAndLoweredSchedules) {
     EXPECT_TRUE(validate(lower(s)).ok) << name << "\n" << validate(lower(s)).to_string();
     EXPECT_TRUE(validate(split_backward(s)).ok) << name;
     EXPECT_TRUE(validate(merge_backward(split_backward(s))).ok) << name;
+    // A schedule with its STEP but no REDUCE (valid: STEP then waits for the W's) lowers
+    // to the fully lowered form.
+    LowerOptions no_reduce;
+    no_reduce.reduce = false;
+    const Schedule stepped = lower(s, no_reduce);
+    EXPECT_TRUE(validate(stepped).ok) << name;
+    EXPECT_EQ(lower(stepped), lower(s)) << name;
   }
 }
 
