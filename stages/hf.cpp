@@ -169,20 +169,23 @@ void check_no_unused_tensors(HfCheckpoint& ckpt, const Graph& g) {
   std::vector<std::string> unused;
   for (const std::string& name : ckpt.names())
     if (!known.count(name) && !is_stored_buffer(name)) unused.push_back(name);
-  const std::string embed = "model.embed_tokens.weight";
   auto head = std::find(unused.begin(), unused.end(), "lm_head.weight");
-  if (head != unused.end() && known.count(embed)) {
-    const SafetensorsReader *hf = nullptr, *ef = nullptr;
+  const SafetensorsReader *hf = nullptr, *ef = nullptr;
+  const SafetensorsEntry* e = nullptr;
+  for (const char* embed : {"model.embed_tokens.weight", "transformer.wte.weight", "wte.weight"})
+    if (e == nullptr && known.count(embed)) e = ckpt.find(embed, &ef);
+  if (head != unused.end() && e != nullptr) {
     const SafetensorsEntry* h = ckpt.find("lm_head.weight", &hf);
-    const SafetensorsEntry* e = ckpt.find(embed, &ef);
     const Tensor ht = hf->read(h->name), et = ef->read(e->name);
     if (h->dtype != e->dtype || ht.nbytes() != et.nbytes() ||
         std::memcmp(ht.raw_data(), et.raw_data(), ht.nbytes()) != 0)
-      throw InputError(ckpt.dir() +
-                       ": holds an lm_head.weight different from the embedding, but config.json "
-                       "ties the head to the embedding (tie_word_embeddings): transformers 5 "
-                       "would use the head untied, older versions ignore it; set "
-                       "tie_word_embeddings to false to train or sample with it");
+      throw InputError(ckpt.dir() + ": holds an lm_head.weight different from the embedding " +
+                       e->name +
+                       ", but the model ties the head to the embedding: transformers 5 would use "
+                       "the head untied, older versions ignore it" +
+                       (e->name == "model.embed_tokens.weight"
+                            ? "; set tie_word_embeddings to false in config.json to use it"
+                            : ""));
     unused.erase(head);
   }
   if (unused.empty()) return;
