@@ -189,7 +189,9 @@ std::string joined(const std::vector<std::string>& names) {
 }
 }  // namespace
 
-std::string canonical_schedule_name(const std::string& name_in) {
+namespace {
+// The canonical name, or "" when name_in is none; forward-only included.
+std::string known_schedule_name(const std::string& name_in) {
   std::string name = name_in;
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return char(std::tolower(c)); });
@@ -198,12 +200,23 @@ std::string canonical_schedule_name(const std::string& name_in) {
   if (name == "forward-only") return name;
   for (const auto& n : all_schedule_names())
     if (n == name) return name;
-  throw InputError("unknown schedule '" + name_in + "' (expected one of " +
-                   joined(all_schedule_names()) + ", forward-only (evaluation))");
+  return "";
+}
+}  // namespace
+
+std::string canonical_schedule_name(const std::string& name_in) {
+  std::string name = known_schedule_name(name_in);
+  if (name.empty())
+    throw InputError("unknown schedule '" + name_in + "' (expected one of " +
+                     joined(all_schedule_names()) + ", forward-only (evaluation))");
+  return name;
 }
 
 std::string canonical_training_schedule_name(const std::string& name_in) {
-  const std::string name = canonical_schedule_name(name_in);
+  const std::string name = known_schedule_name(name_in);
+  if (name.empty())
+    throw InputError("unknown schedule '" + name_in + "' (expected one of " +
+                     joined(all_schedule_names()) + ")");
   if (name == "forward-only")
     throw InputError(
         "forward-only evaluates (no backward, no optimizer step); a training schedule is one of " +
