@@ -57,7 +57,7 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/batonConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(EXPORT batonTargets NAMESPACE baton:: DESTINATION "${BATON_INSTALL_CMAKEDIR}" COMPONENT dev)
 install(FILES "${PROJECT_BINARY_DIR}/batonConfig.cmake" "${PROJECT_BINARY_DIR}/batonConfigVersion.cmake"
-  cmake/FindBatonOpenBLAS.cmake cmake/FindBatonNCCL.cmake
+  cmake/FindBatonOpenBLAS.cmake cmake/FindBatonNCCL.cmake cmake/FindBatonCUDNN.cmake
   DESTINATION "${BATON_INSTALL_CMAKEDIR}" COMPONENT dev)
 
 # Debian packages: `cpack -G DEB` in the build folder makes baton_<version>_<arch>.deb
@@ -74,10 +74,28 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_COMPONENTS_ALL runtime dev)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${BATON_PACKAGE_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME baton)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
+# dpkg-shlibdeps names libopenblas0, which the pthread build alone satisfies; the command's
+# RUNPATH asks for the variant it was built with. The Python module needs its Python and
+# numpy, which shlibdeps cannot see.
+set(_runtime_depends)
+if(BATON_BLAS_VARIANT STREQUAL "openmp")
+  list(APPEND _runtime_depends libopenblas0-openmp)
+else()
+  list(APPEND _runtime_depends libopenblas0-pthread)
+endif()
+get_property(_python GLOBAL PROPERTY BATON_PYTHON_MINOR_VERSION)
+if(_python)
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9]+)$" "\\1" _major "${_python}")
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9]+)$" "\\2" _minor "${_python}")
+  math(EXPR _next "${_minor} + 1")
+  list(APPEND _runtime_depends "python3 (>= ${_python})" "python3 (<< ${_major}.${_next})" python3-numpy)
+endif()
+list(JOIN _runtime_depends ", " CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS)
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
   "pipeline- and model-parallel training engine\nThe baton command: trains models split into pipeline stages and tensor-parallel\nshards over UCX (CPU) or NCCL (CUDA), and simulates and validates pipeline schedules.")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME baton-dev)
@@ -85,7 +103,10 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_DESCRIPTION
   "pipeline- and model-parallel training engine (development files)\nbaton's static libraries, public headers and CMake package: find_package(baton CONFIG)\nand link baton::baton or one folder's library (baton::schedule, baton::transport, ...).")
 set(_dev_depends "baton (= ${PROJECT_VERSION})" "nlohmann-json3-dev (>= 3.10)" libspdlog-dev libfmt-dev
-  "libboost-dev (>= 1.74)" libboost-program-options-dev)
+  "libboost-dev (>= 1.74)" libboost-program-options-dev zlib1g-dev)
+if(TARGET DNNL::dnnl)
+  list(APPEND _dev_depends libdnnl-dev)
+endif()
 if(BATON_BLAS_VARIANT STREQUAL "openmp")
   list(APPEND _dev_depends libopenblas-openmp-dev)
 else()

@@ -15,6 +15,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libsentencepiece-dev
   clang-14 libclang-rt-14-dev libomp-14-dev clang-format-14 clang-tidy-14 lld
+  qemu-user                         # tests/tools/cpu_check_test.sh: older CPUs, emulated
 )
 
 missing=()

@@ -30,9 +30,11 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 const po::positional_options_description* positional) {
   opts.add_options()("help,h", "print this help");
   try {
+    // Without a description Boost keeps stray words and store() drops them: an empty one
+    // makes them an error, named below.
+    const po::positional_options_description none;
     po::command_line_parser parser(args);
-    parser.options(opts);
-    if (positional) parser.positional(*positional);
+    parser.options(opts).positional(positional ? *positional : none);
     po::store(parser.run(), vm);
     if (vm.count("help")) {
       std::cout << "usage: " << usage << "\n\n" << opts << "\n";
@@ -50,6 +52,15 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                          "): usage: " + usage);
       }
     throw InputError(std::string(e.what()) + " (see --help)");
+  } catch (const po::too_many_positional_options_error&) {
+    const auto words = po::collect_unrecognized(
+        po::command_line_parser(args).options(opts).allow_unregistered().run().options,
+        po::include_positional);
+    std::string extra;
+    const unsigned expected = positional ? positional->max_total_count() : 0;
+    for (size_t i = expected; i < words.size(); ++i)
+      extra += (extra.empty() ? "'" : " '") + words[i] + "'";
+    throw InputError("unexpected argument " + extra + ": usage: " + usage);
   } catch (const po::error& e) {
     throw InputError(std::string(e.what()) + " (see --help)");
   }

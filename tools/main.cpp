@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "tools/command.h"
+#include "tools/cpu_check.h"
 #include "transport/launch.h"
 
 namespace {
@@ -24,6 +25,12 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  try {
+    baton::tools::require_cpu_features();  // before any kernel's instructions run
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton: failed: %s\n", e.what());
+    return 1;
+  }
   baton::kernels::select_blas_kernels(argv);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||

@@ -1,11 +1,13 @@
 // The consumer of the installed baton (tests/consumer/): generates and simulates a 1F1B
-// schedule and runs an all-reduce on the local transport backend, checking both against
-// their closed forms. Exits 1 on any mismatch.
+// schedule, runs an all-reduce on the local transport backend and a matrix product on
+// the CPU kernels (oneDNN and OpenBLAS behind them: baton::baton's whole link interface),
+// checking each against its closed form. Exits 1 on any mismatch.
 #include <cstdio>
 #include <exception>
 #include <thread>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "schedule/costs.h"
 #include "schedule/generators.h"
 #include "schedule/simulate.h"
@@ -66,12 +68,24 @@ void check_all_reduce() {
               static_cast<long long>(len), n, world[0]->backend().c_str());
 }
 
+// [[1 2 3] [4 5 6]] x [[7 8] [9 10] [11 12]] = [[58 64] [139 154]].
+void check_matmul() {
+  using baton::memory::Tensor;
+  const Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = Tensor::from_vector(std::vector<float>{7, 8, 9, 10, 11, 12}, {3, 2});
+  Tensor c = Tensor::from_vector(std::vector<float>(4, 0.0f), {2, 2});
+  baton::kernels::matmul(a, false, b, false, c);
+  expect(c.to_vector<float>() == std::vector<float>{58, 64, 139, 154}, "matmul on the CPU kernels");
+  std::printf("consumer: matmul 2x3 by 3x2 on the CPU kernels\n");
+}
+
 }  // namespace
 
 int main() {
   try {
     check_schedule();
     check_all_reduce();
+    check_matmul();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "consumer: FAILED: %s\n", e.what());
     return 1;

@@ -258,11 +258,10 @@ TEST(Plan, StageOverCapacity) {
 TEST(Plan, UnknownScheduleAndFields) {
   json j = tiny_plan();
   j["schedule"]["name"] = "2f2b";
-  EXPECT_EQ(
-      plan_error_of(j),
-      "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
-      "interleaved-1f1b, "
-      "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb)");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule.name: unknown schedule '2f2b' (expected one of gpipe, 1f1b, "
+            "interleaved-1f1b, "
+            "zb-h1, zb-h2, zb-v, dualpipev, dualpipe, v-min, v-half, v-zb)");
   j = tiny_plan();
   j["schedule"]["name"] = "forward-only";  // evaluates: a plan trains
   EXPECT_EQ(plan_error_of(j),

@@ -60,12 +60,32 @@ TEST(CommandLine, MissingPositionalAndBadSizeNameWhatTheUserTyped) {
             "missing argument 2 (PREDICTED): usage: baton trace compare MEASURED.json "
             "PREDICTED.json");
   EXPECT_EQ(error_of_args({"m.json", "p.json"}), "");
+  // A word past the last positional is refused by name (Boost had dropped it).
+  EXPECT_EQ(error_of_args({"m.json", "p.json", "x.json", "--predicted=q", "y"}),
+            "unexpected argument 'x.json' 'y': usage: baton trace compare MEASURED.json "
+            "PREDICTED.json");
   EXPECT_EQ(parse_bytes_option("--device-memory", "2MiB"), uint64_t(2) << 20);
   try {
     parse_bytes_option("--device-memory", "1Mib");
     ADD_FAILURE() << "1Mib accepted";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()).substr(0, 40), "--device-memory: invalid size '1Mib': un");
+  }
+}
+
+// A command without positional arguments refuses a stray word (`baton plan --check a b`
+// had checked a and exited 0).
+TEST(CommandLine, StrayWordWithoutPositionalsRefused) {
+  po::options_description opts("options");
+  std::string check;
+  opts.add_options()("check", po::value(&check), "");
+  po::variables_map vm;
+  try {
+    parse_args({"--check", "a.json", "b.json"}, "baton plan --check plan.json", opts, vm);
+    ADD_FAILURE() << "b.json accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "unexpected argument 'b.json': usage: baton plan --check plan.json");
   }
 }
 

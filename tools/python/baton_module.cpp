@@ -23,6 +23,7 @@
 #include "schedule/torch_csv.h"
 #include "schedule/trace_compare.h"
 #include "schedule/validate.h"
+#include "tools/cpu_check.h"
 #include "tools/python/planning.h"
 
 namespace py = pybind11;
@@ -229,6 +230,7 @@ py::dict comparison_dict(const TraceComparison& c) {
 }  // namespace baton::python
 
 PYBIND11_MODULE(baton, m) {
+  baton::tools::require_cpu_features();  // an ImportError naming them, not SIGILL later
   using namespace baton::python;
   m.doc() =
       "baton's pipeline schedules from Python: the IR, its file forms (text, JSON, PyTorch "
