@@ -10,7 +10,9 @@ import subprocess
 import tempfile
 import threading
 import time
+import sys
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -171,6 +173,80 @@ class Simulation(unittest.TestCase):
         del big
         self.assertEqual(sim.run()[0], r.makespan)
         np.testing.assert_array_less(r.start - 1e-12, r.end)
+
+    def test_threads_first_arrays_and_shared_simulator(self):
+        # In a fresh interpreter (NumPy's C API not yet set up, no array built): two
+        # threads' first arrays at once had deadlocked, and two first reads of one
+        # result's start had freed the simulator the other was reading.
+        code = """
+import sys, threading, baton
+r = baton.simulate(baton.generate("zb-v", 32, 256))
+go = threading.Barrier(2)
+out = []
+def read():
+    go.wait()
+    out.append((r.busy.sum(), r.start.sum()))
+ts = [threading.Thread(target=read) for _ in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+assert out[0] == out[1], out
+print("ok")
+"""
+        for _ in range(3):
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual((p.returncode, p.stdout.strip()), (0, "ok"), p.stderr)
+        # One Simulator shared by a thread pool: each run's results its own (runs had
+        # overwritten each other's state and returned wrong makespans, silently).
+        s = baton.generate("zb-v", 16, 64)
+        costs = [{"forward": 1, "backward_input": 1 + 0.25 * i, "backward_weight": 1}
+                 for i in range(8)]
+        expected = [baton.Simulator(s).run(c) for c in costs]
+        shared = baton.Simulator(s)
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(5):
+                self.assertEqual(list(pool.map(shared.run, costs)), expected)
+
+    def test_numbers_from_python(self):
+        s = baton.generate("1f1b", 2, 4)
+        # NaN and inf are named as such (they had read "found null null").
+        for bad in (float("nan"), float("inf"), np.float64("nan")):
+            with self.assertRaisesRegex(baton.InputError,
+                                        r"costs\.forward: expected a finite number, found"):
+                baton.simulate(s, {"forward": bad})
+        with self.assertRaisesRegex(baton.InputError, r"costs\.forward\[1\]: expected a finite"):
+            baton.simulate(s, {"forward": np.array([1.0, np.nan])})
+        with self.assertRaisesRegex(baton.InputError, "forward: expected a finite number, found nan"):
+            baton.Simulator(s).run_stages(float("nan"), 1, 1)
+        # numpy's scalars are numbers (they had been refused in some places).
+        self.assertEqual(baton.Simulator(s).run_stages(np.float32(1), 1, 1),
+                         baton.Simulator(s).run_stages(1, 1, 1))
+        c = {"backward_input": 1, "backward_weight": 1}
+        self.assertEqual(baton.simulate(s, {"forward": np.int64(2), **c}).makespan,
+                         baton.simulate(s, {"forward": 2, **c}).makespan)
+        # A tuple's micro-batch and stage are whole numbers, named where they are not
+        # (these had been "Unable to cast Python instance to C++ type").
+        with self.assertRaisesRegex(baton.InputError,
+                                    "rank 0, action 0: micro_batch: expected a whole number, found '0'"):
+            baton.Schedule([[("F", "0", 0), ("BW", 0, 0)]])
+        with self.assertRaisesRegex(baton.InputError, "stage: expected a whole number, found 0.5"):
+            baton.Schedule([[("F", 0, 0.5), ("BW", 0, 0)]])
+        self.assertEqual(baton.Schedule([[("F", np.int64(0), 0), ("BW", 0, 0)]]).tokens(),
+                         [["0F0", "0BW0"]])
+
+    def test_equality_with_other_types(self):
+        s = baton.generate("1f1b", 2, 4)
+        self.assertFalse(s == None)  # noqa: E711 (the operator itself is under test)
+        self.assertIn(s, [None, s])
+        a = baton.Action.parse("0F0")
+        self.assertFalse(a == "0F0")
+        self.assertTrue(a != "0F0")
+        # A transfer's peer, as lower() sets it, can be given to compare with one.
+        send = baton.lower(s).actions(0)
+        tokens = [x.token for x in send]
+        i = tokens.index("0SEND_F0")
+        self.assertNotEqual(baton.Action.parse("0SEND_F0"), send[i])
+        self.assertEqual(baton.Action("SEND_F", 0, 0, peer=send[i].peer), send[i])
 
     def test_costs_as_dict_lists_and_numpy(self):
         s = baton.generate("zb-h1", 4, 8)

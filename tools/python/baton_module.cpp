@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
@@ -40,15 +41,25 @@ namespace {
 nlohmann::json to_json_value(const py::handle& h, const std::string& path) {
   if (h.is_none()) return nullptr;
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
-  if (py::isinstance<py::int_>(h)) return h.cast<long long>();
-  if (py::isinstance<py::float_>(h)) return h.cast<double>();
   if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::int_>(h)) {
+    const py::int_ i = h.cast<py::int_>();
+    const double d = i.cast<double>();
+    if (d < -9.2e18 || d > 9.2e18) return d;  // beyond long long: the check says too large
+    return i.cast<long long>();
+  }
+  if (py::isinstance<py::float_>(h)) return finite_number(h, path);
   if (py::isinstance<py::array>(h)) {
     auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(h);
     if (!a || a.ndim() != 1) throw InputError(path + ": expected a one-dimensional array");
     nlohmann::json j = nlohmann::json::array();
     const double* d = a.data();
-    for (py::ssize_t i = 0; i < a.size(); ++i) j.push_back(d[i]);
+    for (py::ssize_t i = 0; i < a.size(); ++i) {
+      if (!std::isfinite(d[i]))
+        throw InputError(path + "[" + std::to_string(i) + "]: expected a finite number, found " +
+                         std::to_string(d[i]));
+      j.push_back(d[i]);
+    }
     return j;
   }
   if (py::isinstance<py::dict>(h)) {
@@ -66,7 +77,7 @@ nlohmann::json to_json_value(const py::handle& h, const std::string& path) {
       j.push_back(to_json_value(v, path + "[" + std::to_string(i++) + "]"));
     return j;
   }
-  if (py::hasattr(h, "__float__")) return h.cast<double>();  // numpy scalars
+  if (py::hasattr(h, "__float__")) return finite_number(h, path);  // numpy scalars
   throw InputError(path + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
                    " here");
 }
@@ -84,7 +95,7 @@ CostSpec cost_spec(const py::object& costs) {
 }
 
 std::vector<double> as_vector(const py::object& o, const std::string& what) {
-  if (py::isinstance<py::float_>(o) || py::isinstance<py::int_>(o)) return {o.cast<double>()};
+  if (is_number(o)) return {finite_number(o, what)};
   auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(o);
   if (!a || a.ndim() != 1) throw InputError(what + ": expected a number or a list of numbers");
   return std::vector<double>(a.data(), a.data() + a.size());
@@ -109,12 +120,20 @@ Action action_from(const py::handle& h, const std::string& where) {
       throw InputError(where + ": unknown kind '" + py::str(t[0]).cast<std::string>() + "'");
     Action a;
     a.kind = *kind;
-    a.micro_batch = t[1].is_none() ? -1 : t[1].cast<int>();
-    a.stage = t.size() > 2 && !t[2].is_none() ? t[2].cast<int>() : -1;
+    a.micro_batch = t[1].is_none() ? -1 : whole_number(t[1], where + ": micro_batch");
+    a.stage = t.size() > 2 && !t[2].is_none() ? whole_number(t[2], where + ": stage") : -1;
     return a;
   }
   throw InputError(where + ": expected a baton.Action, a token such as '1F3' or a tuple");
 }
+
+// baton.Simulator: run() writes the simulator's per-run state with the GIL released, so
+// Python threads sharing one take turns.
+struct SharedSimulator {
+  explicit SharedSimulator(std::shared_ptr<const Schedule> s) : sim(std::move(s), "schedule") {}
+  Simulator sim;
+  std::mutex mutex;
+};
 
 // ---- the result of a simulation, as Python sees it -------------------------------------
 
@@ -128,9 +147,11 @@ struct PySimResult {
   std::shared_ptr<const Simulator> simulator;  // until the arrays are built
   py::object start, end;
 
+  // Called with the GIL held; two threads may both get here before either is done.
   void build_arrays() {
     if (!simulator) return;
-    const auto n = py::ssize_t(simulator->schedule().num_actions());
+    const std::shared_ptr<const Simulator> own = simulator;  // alive while the GIL is off
+    const auto n = py::ssize_t(own->schedule().num_actions());
     // Shape and strides given: pybind11 2.10 computes default strides from the dtype's
     // item size, which it reads at NumPy 1's offset, 0 under NumPy 2.
     const std::vector<py::ssize_t> shape = {n}, strides = {py::ssize_t(sizeof(double))};
@@ -139,8 +160,9 @@ struct PySimResult {
     double* ed = e.mutable_data();
     {
       py::gil_scoped_release release;
-      simulator->action_times(sd, ed);
+      own->action_times(sd, ed);
     }
+    if (!simulator) return;  // another thread built them meanwhile
     start = std::move(s);
     end = std::move(e);
     simulator.reset();
@@ -231,6 +253,15 @@ py::dict comparison_dict(const TraceComparison& c) {
 
 PYBIND11_MODULE(baton, m) {
   baton::tools::require_cpu_features();  // an ImportError naming them, not SIGILL later
+  // pybind11 sets NumPy's C API up in a function-local static on the first array, and
+  // that imports numpy.core.multiarray, which may hand the GIL to another thread that
+  // then waits on the static's guard holding it: two threads' first arrays deadlocked.
+  // Set it up now, while the import lock keeps the module to one thread.
+  try {
+    (void)py::array_t<double>(py::ssize_t(0));
+  } catch (const py::error_already_set&) {
+    // Without NumPy the calls that return arrays say so when called.
+  }
   using namespace baton::python;
   m.doc() =
       "baton's pipeline schedules from Python: the IR, its file forms (text, JSON, PyTorch "
@@ -252,18 +283,21 @@ PYBIND11_MODULE(baton, m) {
 
   // ---- actions ---------------------------------------------------------------------------
   py::class_<Action>(m, "Action", "One action of one rank: kind code, micro-batch, stage, peer.")
-      .def(py::init([](const std::string& kind, int micro_batch, int stage, bool overlap) {
-             auto k = kind_from_code(kind);
-             if (!k) throw InputError("Action: unknown kind '" + kind + "'");
-             Action a;
-             a.kind = *k;
-             a.micro_batch = micro_batch;
-             a.stage = stage;
-             a.overlap = overlap;
-             return a;
-           }),
-           py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
-           py::arg("overlap") = false)
+      .def(
+          py::init([](const std::string& kind, int micro_batch, int stage, bool overlap, int peer) {
+            auto k = kind_from_code(kind);
+            if (!k) throw InputError("Action: unknown kind '" + kind + "'");
+            Action a;
+            a.kind = *k;
+            a.micro_batch = micro_batch;
+            a.stage = stage;
+            a.overlap = overlap;
+            a.peer = peer;
+            return a;
+          }),
+          py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
+          py::arg("overlap") = false, py::arg("peer") = -1,
+          "peer: a transfer's other rank, as lower() sets it (-1: none; a token has none)")
       .def_static(
           "parse", [](const std::string& t) { return parse_token(t, "token"); }, py::arg("token"))
       .def_property_readonly("kind", [](const Action& a) { return std::string(kind_code(a.kind)); })
@@ -273,7 +307,9 @@ PYBIND11_MODULE(baton, m) {
       .def_readonly("overlap", &Action::overlap,
                     "an F that starts together with the next action (OVERLAP_F_B)")
       .def_property_readonly("token", [](const Action& a) { return to_token(a); })
-      .def("__eq__", [](const Action& a, const Action& b) { return a == b; })
+      // is_operator: another type compares unequal (NotImplemented) instead of raising.
+      .def(
+          "__eq__", [](const Action& a, const Action& b) { return a == b; }, py::is_operator())
       .def(
           "__hash__",
           [](const Action& a) {
@@ -374,7 +410,8 @@ PYBIND11_MODULE(baton, m) {
              return py::iter(items);
            })
       .def("__len__", &Schedule::num_actions)
-      .def("__eq__", [](const Schedule& a, const Schedule& b) { return a == b; })
+      .def(
+          "__eq__", [](const Schedule& a, const Schedule& b) { return a == b; }, py::is_operator())
       .def("__repr__",
            [](const Schedule& s) {
              return "<baton.Schedule '" + s.name + "' ranks=" + std::to_string(s.num_ranks) +
@@ -605,18 +642,22 @@ PYBIND11_MODULE(baton, m) {
       "baton.CostSpec, or None for F = B = W = 1 per rank's share");
 
   // The search-loop form: a simulator built once, run on many costs.
-  py::class_<Simulator, std::shared_ptr<Simulator>>(
-      m, "Simulator", "Validates and indexes a schedule once; run() it on many costs.")
+  py::class_<SharedSimulator, std::shared_ptr<SharedSimulator>>(
+      m, "Simulator",
+      "Validates and indexes a schedule once; run() it on many costs (threads sharing one "
+      "take turns: a run writes the simulator's state).")
       .def(py::init([](const std::shared_ptr<Schedule>& s) {
              py::gil_scoped_release release;
-             return std::make_shared<Simulator>(std::shared_ptr<const Schedule>(s), "schedule");
+             return std::make_shared<SharedSimulator>(std::shared_ptr<const Schedule>(s));
            }),
            py::arg("schedule"))
       .def(
           "run",
-          [](Simulator& sim, const py::object& costs) {
+          [](SharedSimulator& self, const py::object& costs) {
             CostSpec spec = cost_spec(costs);
-            py::gil_scoped_release release;
+            py::gil_scoped_release release;  // before the lock: its holder may want the GIL
+            const std::lock_guard<std::mutex> lock(self.mutex);
+            Simulator& sim = self.sim;
             const SimResult& r = sim.run(resolve(spec, sim.schedule()));
             return std::make_tuple(r.makespan, r.bubble, r.span_bubble, r.peak_micro_batches);
           },
@@ -624,8 +665,8 @@ PYBIND11_MODULE(baton, m) {
           "returns (makespan, bubble, span_bubble, peak_micro_batches)")
       .def(
           "run_stages",
-          [](Simulator& sim, const py::object& f, const py::object& b, const py::object& w) {
-            const int S = sim.schedule().num_stages();
+          [](SharedSimulator& self, const py::object& f, const py::object& b, const py::object& w) {
+            const int S = self.sim.schedule().num_stages();
             Costs c;
             auto fill = [&](const py::object& o, std::vector<double>& v, const char* what) {
               v = as_vector(o, what);
@@ -635,7 +676,8 @@ PYBIND11_MODULE(baton, m) {
             fill(b, c.backward_input, "backward_input");
             fill(w, c.backward_weight, "backward_weight");
             py::gil_scoped_release release;
-            const SimResult& r = sim.run(c);
+            const std::lock_guard<std::mutex> lock(self.mutex);
+            const SimResult& r = self.sim.run(c);
             return std::make_tuple(r.makespan, r.bubble, r.span_bubble, r.peak_micro_batches);
           },
           py::arg("forward"), py::arg("backward_input"), py::arg("backward_weight"),

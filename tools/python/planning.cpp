@@ -1,7 +1,9 @@
 #include "tools/python/planning.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -33,14 +35,48 @@ nlohmann::json from_python(const py::handle& o) {
   return nlohmann::json::parse(py::module_::import("json").attr("dumps")(o).cast<std::string>());
 }
 
+}  // namespace
+
+bool is_number(const py::handle& h) {
+  if (py::isinstance<py::bool_>(h) || py::isinstance<py::str>(h) || py::isinstance<py::bytes>(h) ||
+      py::isinstance<py::array>(h))  // an array has __float__ too
+    return false;
+  return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h) ||
+         py::hasattr(h, "__index__") || py::hasattr(h, "__float__");
+}
+
+double number(const py::handle& h, const std::string& what) {
+  if (!is_number(h))
+    throw InputError(what + ": expected a number, found " + std::string(py::str(py::repr(h))));
+  return py::float_(py::reinterpret_borrow<py::object>(h)).cast<double>();
+}
+
+double finite_number(const py::handle& h, const std::string& what) {
+  const double x = number(h, what);
+  if (!std::isfinite(x))
+    throw InputError(what + ": expected a finite number, found " +
+                     std::string(py::str(py::repr(h))));
+  return x;
+}
+
+int whole_number(const py::handle& h, const std::string& what) {
+  const std::string found = py::str(py::repr(h));
+  if (!is_number(h) || !py::hasattr(h, "__index__"))
+    throw InputError(what + ": expected a whole number, found " + found);
+  const py::int_ i(py::reinterpret_borrow<py::object>(h).attr("__index__")());
+  const double d = i.cast<double>();
+  if (d < -2147483648.0 || d > 2147483647.0)
+    throw InputError(what + ": expected a whole number within an int's range, found " + found);
+  return i.cast<int>();
+}
+
+namespace {
+
 pt::Machine machine_from(const py::dict& d) {
   pt::Machine m;
   for (auto [k, v] : d) {
     const std::string key = py::str(k);
-    if (!py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v))
-      throw InputError("machine." + key + ": expected a number, found " +
-                       std::string(py::str(py::repr(v))));
-    double x = v.cast<double>();
+    double x = number(v, "machine." + key);  // check_machine names what each field takes
     if (key == "flops")
       m.flops = x;
     else if (key == "memory_bandwidth")
@@ -102,8 +138,11 @@ int64_t bytes_of(const py::object& o, const char* what) {
       throw InputError(std::string(what) + ": " + e.what());
     }
   }
-  double v = o.cast<double>();
-  if (v < 0) throw InputError(std::string(what) + ": expected a size >= 0");
+  const double v = finite_number(o, what);
+  // 2^63 itself does not convert: a size below it.
+  if (v < 0 || v >= 9.2e18)
+    throw InputError(std::string(what) + ": expected a size from 0 to 9.2e18 bytes, found " +
+                     std::string(py::str(py::repr(o))));
   return int64_t(v);
 }
 
@@ -301,7 +340,12 @@ void register_planning(py::module_& m) {
         pt::Plan p = plan_of(plan, base_dir);
         const pt::Machine mach = machine_from(machine);
         std::optional<schedule::Schedule> own;
-        if (!schedule.is_none()) own = schedule.cast<schedule::Schedule>();
+        if (!schedule.is_none()) {
+          if (!py::isinstance<schedule::Schedule>(schedule))
+            throw InputError("schedule: expected a baton.Schedule, found " +
+                             std::string(py::str(py::repr(schedule))));
+          own = schedule.cast<schedule::Schedule>();
+        }
         pt::Prediction pr;
         std::string source;
         {
