@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -542,6 +543,24 @@ TEST(Search, FindsTheCutThatFitsARankOfSeveralStages) {
       }
   }
   EXPECT_EQ(cases, 16);
+}
+
+// A model without batch norm takes micro-batches of any size: the check for batch
+// norm's one value per channel had overflowed past 4 samples and skipped every larger
+// micro-batch, blaming a batch norm the model does not have.
+TEST(Search, LargeMicroBatchesWithoutBatchNorm) {
+  auto g = load_search_model("tiny-gpt.json");
+  CostModel model(g, Machine{});
+  SearchResult one = search_plans(g, model, search_fixed(1, 1, 1, 1, "1f1b", 1, 64));
+  ASSERT_EQ(one.ranked.size(), 1u) << (one.skipped.empty() ? "" : one.skipped[0]);
+  EXPECT_EQ(one.ranked[0].plan.micro_batch_size, 64);
+  SearchOptions o = search_fixed(1, 1, 1, 1, "1f1b", 0, 64);
+  SearchResult all = search_plans(g, model, o);
+  std::set<int64_t> sizes;
+  for (const Candidate& c : all.ranked) sizes.insert(c.plan.micro_batch_size);
+  EXPECT_TRUE(sizes.count(64) && sizes.count(8)) << all.ranked.size() << " candidates";
+  for (const std::string& reason : all.skipped)
+    EXPECT_EQ(reason.find("batch norm"), std::string::npos) << reason;
 }
 
 TEST(Search, KeepsWhatTheUserFixes) {
