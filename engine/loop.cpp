@@ -192,7 +192,15 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 }
 
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
-                         const nlohmann::json& data, const LoopOptions& o) {
+                         const nlohmann::json& data, const LoopOptions& o, int64_t batch) {
+  // Samples per step change every step's gradient (micro-batches do not: they sum to the
+  // same batch).
+  if (m.train.is_object() && m.train.contains("batch") && m.train["batch"].is_number_integer() &&
+      m.train["batch"].get<int64_t>() != batch)
+    spdlog::warn(
+        "{}/manifest.json: $.train.batch: the checkpoint's run took {} samples a step; "
+        "continuing with {} (the loss curve is not the uninterrupted run's)",
+        dir, m.train["batch"].get<int64_t>(), batch);
   // A constant rate (after its warm-up) does not depend on the run's length.
   auto curve = [](nlohmann::json j) {
     if (j.is_object() && j.value("kind", "") == "constant") {

@@ -145,9 +145,9 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
 // was written for other training data (`data`: data_manifest() of this run; the run
 // continues at the checkpoint's position in the data it has now) or under a
 // learning-rate schedule whose rates differ from this run's (a constant rate's run may
-// be lengthened).
+// be lengthened), or with another batch (`batch`: this run's samples per step).
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
-                         const nlohmann::json& data, const LoopOptions& o);
+                         const nlohmann::json& data, const LoopOptions& o, int64_t batch);
 
 // A warning for the data-parallel state a checkpoint holds and a resumed run does not use
 // (`local_sgd` / `parameter_server`: the run's dp_sync reads it): the replicas' own

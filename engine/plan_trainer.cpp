@@ -700,6 +700,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
+  std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
+  if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   check_world_size(r, world->size());
   if (r.is_server(world->rank())) return serve(r, o, world, data.eval != nullptr, on_step);
   auto& alloc = memory::allocator_for(o.device);
@@ -772,7 +774,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                          "), whose memory it was checked for: resume under a plan naming \"" +
                          kind + "\", or none");
       if (lead) {
-        warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+        warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o,
+                            engine.executor().config().global_batch);
         warn_unused_dp_state(m, *dir, r.plan.dp_sync.independent(),
                              r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0);
       }

@@ -31,6 +31,8 @@ TrainSummary run_training(const TrainOptions& o,
                      "--micro-batches " +
                      std::to_string(o.micro_batches));
   check_loop_options(o);
+  std::optional<stages::CheckpointRootLock> held;
+  if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   prepare_device(o);
 
   // ---- the model ----
@@ -99,7 +101,7 @@ TrainSummary run_training(const TrainOptions& o,
     if (dir) {
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o);
+      warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o, o.batch);
       warn_unused_dp_state(m, *dir, false, false);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;

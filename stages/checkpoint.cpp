@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -646,7 +647,9 @@ namespace {
 
 // The step-<N> directories under `root` with their steps, the newest first (other names
 // are not checkpoints and are left alone).
-std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const std::string& root) {
+// warn: name the step-* folders that are not baton's names (once, where a run resumes).
+std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const std::string& root,
+                                                                          bool warn = false) {
   std::error_code ec;
   std::vector<std::pair<int64_t, std::string>> dirs;
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -655,6 +658,16 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const 
     char* end = nullptr;
     long long step = std::strtoll(name.c_str() + 5, &end, 10);
     if (end == name.c_str() + 5 || *end != '\0') continue;
+    // Only the name baton writes for the step: every rank of a plan rebuilds the path
+    // rank 0 verified from the step alone (a copy named step-6 had been verified by rank
+    // 0 while the ranks loaded step-00000006).
+    if (fs::path(checkpoint_dir(root, step)).filename() != name) {
+      if (warn)
+        spdlog::warn("{}: not a checkpoint name baton writes ({} for step {}); ignored",
+                     e.path().string(), fs::path(checkpoint_dir(root, step)).filename().string(),
+                     step);
+      continue;
+    }
     dirs.emplace_back(step, e.path().string());
   }
   std::sort(dirs.rbegin(), dirs.rend());
@@ -662,6 +675,36 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const 
 }
 
 }  // namespace
+
+CheckpointRootLock::CheckpointRootLock(const std::string& root) {
+  const std::string path = root + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw InputError("--checkpoint-dir " + root + ": cannot open " + path + ": " +
+                     std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK)
+      throw InputError("--checkpoint-dir " + root + ": cannot lock " + path + ": " +
+                       std::strerror(err));
+    std::string holder(pid, size_t(std::max<ssize_t>(n, 0)));
+    holder.erase(holder.find_last_not_of(" \n") + 1);
+    throw InputError("--checkpoint-dir " + root + ": in use by another run (process " +
+                     (holder.empty() ? std::string("unknown") : holder) + " holds " + path +
+                     "); give each run its own directory");
+  }
+  const std::string mine = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, mine.data(), mine.size(), 0) < 0)
+    spdlog::debug("{}: could not record this process's id", path);  // the lock still holds
+}
+
+CheckpointRootLock::~CheckpointRootLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
 
 void prepare_checkpoint_root(const std::string& root) {
   std::error_code ec;
@@ -687,7 +730,7 @@ std::optional<std::string> newest_written_checkpoint(const std::string& root) {
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
-  const auto found = checkpoint_dirs_newest_first(root);
+  const auto found = checkpoint_dirs_newest_first(root, /*warn=*/true);
   bool skipped = false;
   for (const auto& [step, dir] : found) {
     const std::string path = dir + "/manifest.json";

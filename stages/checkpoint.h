@@ -108,6 +108,21 @@ std::optional<std::string> latest_checkpoint(const std::string& root);
 // its parents, and a file written and removed in it. InputError naming the path.
 void prepare_checkpoint_root(const std::string& root);
 
+// A --checkpoint-dir held by one run for its life (its lead rank): another run writing
+// there at once had deleted this one's step directories, and one's manifest could
+// certify the other's shard. An flock on root/.lock (released when the process ends,
+// however it ends); a second holder gets an InputError naming the first's process.
+class CheckpointRootLock {
+ public:
+  explicit CheckpointRootLock(const std::string& root);
+  ~CheckpointRootLock();
+  CheckpointRootLock(const CheckpointRootLock&) = delete;
+  CheckpointRootLock& operator=(const CheckpointRootLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // The newest checkpoint directory under root that has a manifest, complete or damaged
 // (nullopt when none): the work of an earlier run that a fresh run must not prune, and
 // that --resume must not silently restart over when none of it is usable.

@@ -409,7 +409,13 @@ void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& o
 
 std::string resolve_checkpoint(const std::string& dir) {
   if (!fs::exists(dir)) throw InputError(dir + ": no such checkpoint directory");
-  if (fs::exists(dir + "/manifest.json")) return dir;
+  if (fs::exists(dir + "/manifest.json")) {
+    // One step's directory, named by the user: verified as a resume verifies it, but
+    // refused rather than passed over (export and generate had read it unchecked).
+    if (auto problem = verify_checkpoint(dir, read_manifest(dir)))
+      throw InputError(dir + ": a damaged checkpoint: " + *problem);
+    return dir;
+  }
   if (auto latest = latest_checkpoint(dir)) return *latest;
   throw InputError(dir +
                    ": no complete checkpoint (no manifest.json in it or in a step-* "

@@ -143,13 +143,19 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
   o.grad_clip = 0.01;
   stages::Manifest m;
   m.optimizer.adamw.weight_decay = 0.1;
-  m.train = {{"grad_clip", 1.0}, {"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  m.train = {
+      {"grad_clip", 1.0}, {"lr_schedule", engine::lr_schedule_of(o).to_json()}, {"batch", 16}};
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   spdlog::default_logger()->sinks().push_back(sink);
-  engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o);
+  engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8);
   spdlog::default_logger()->sinks().pop_back();
   const std::string text = log.str();
+  // Another batch changes every step's gradient (a resume had taken it silently).
+  EXPECT_NE(text.find("$.train.batch: the checkpoint's run took 16 samples a step; continuing "
+                      "with 8"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("ckpt/step-00000002/manifest.json: $.optimizer: the checkpoint's optimizer"),
             std::string::npos)
       << text;

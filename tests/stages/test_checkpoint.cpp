@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "stages/checkpoint.h"
+#include "stages/hf.h"
 #include "stages/json_reader.h"
 #include "tests/stages/helpers.h"
 
@@ -373,6 +374,59 @@ TEST(Checkpoint, PruningKeepsTheGoodOnesBelowADamagedNewerOne) {
   std::string copy = root + "/step-00000009";
   std::filesystem::copy(s7, copy);
   EXPECT_EQ(latest_checkpoint(root), s7);  // step-9 holds step 7's manifest
+}
+
+// Only the names baton writes are checkpoints: under a plan every rank rebuilds the path
+// of the step rank 0 verified, so a copy named step-6 (verified by rank 0) had been
+// passed over for the damaged step-00000006 the ranks then loaded.
+TEST(Checkpoint, OnlyBatonsOwnStepNamesAreCheckpoints) {
+  std::string root = fresh_dir("ckpt_names");
+  std::string s4 = save_scrambled(root, 4, 5);
+  std::string s6 = save_scrambled(root, 6, 5);
+  std::filesystem::copy(s6, root + "/step-6");
+  std::string file = s6 + "/model-rank00000.safetensors";
+  flip_byte(file, data_offset(file, "h.0.mlp.c_fc.weight", 13));
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  EXPECT_EQ(latest_checkpoint(root), s4);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_NE(log.str().find(root + "/step-6: not a checkpoint name baton writes (step-00000006 "
+                                  "for step 6); ignored"),
+            std::string::npos)
+      << log.str();
+  // A step directory named outright (export, generate) is verified too, and refused
+  // rather than read damaged.
+  try {
+    resolve_checkpoint(s6);
+    ADD_FAILURE() << "a damaged step directory was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(s6 + ": a damaged checkpoint: " + file + ": checksum"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(resolve_checkpoint(s4), s4);
+  EXPECT_EQ(resolve_checkpoint(root), s4);
+}
+
+// One run at a time in a checkpoint directory: a second holder is refused naming the
+// first's process, and the directory is free again once the first lets go.
+TEST(Checkpoint, ARunHoldsItsCheckpointDirectory) {
+  std::string root = fresh_dir("ckpt_lock");
+  prepare_checkpoint_root(root);
+  {
+    CheckpointRootLock first(root);
+    try {
+      CheckpointRootLock second(root);
+      ADD_FAILURE() << "two runs held one checkpoint directory";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), "--checkpoint-dir " + root +
+                                           ": in use by another run (process " +
+                                           std::to_string(::getpid()) + " holds " + root +
+                                           "/.lock); give each run its own directory");
+    }
+  }
+  CheckpointRootLock again(root);
 }
 
 // A checkpoint directory that cannot hold checkpoints is refused when the run starts.
