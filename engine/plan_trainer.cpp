@@ -90,9 +90,19 @@ std::vector<std::string> all_gather_strings(Communicator& c, const std::string& 
 
 // The flags every rank of a plan must share (what decides the losses, the data and the
 // checkpoints), by the flag that sets them.
-nlohmann::json shared_flags(const PlanTrainOptions& o) {
+nlohmann::json shared_flags(const PlanTrainOptions& o, const ResolvedPlan& r) {
   const stages::DataFlags& d = o.data;
-  return {{"--plan", o.plan_path},
+  // The plan by its contents and its model's, not by its path: copies on two hosts under
+  // one name, one with other micro-batches, had hung the job in its first step. A hash
+  // keeps the message short (every rank runs the same binary).
+  nlohmann::json plan = partitioner::plan_to_json(r.plan);
+  plan.erase("model");
+  const std::string model = r.plan.model_json.is_null()
+                                ? memory::read_file(r.plan.model_path_resolved)
+                                : r.plan.model_json.dump();
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016zx", std::hash<std::string>{}(plan.dump() + model));
+  return {{"a plan (--plan's contents and its model's; hash)", std::string(digest)},
           {"--data", o.data_path.empty() ? nlohmann::json(d.data) : nlohmann::json(o.data_path)},
           {"--eval-data", d.eval_data},
           {"--eval-fraction", d.eval_fraction},
@@ -120,9 +130,9 @@ nlohmann::json shared_flags(const PlanTrainOptions& o) {
 
 // Every rank compares every rank's shared flags with rank 0's and all fail alike, naming
 // the first that differs: a rank started with another --lr or --data trained silently.
-void check_ranks_agree(Communicator& world, const PlanTrainOptions& o) {
+void check_ranks_agree(Communicator& world, const PlanTrainOptions& o, const ResolvedPlan& plan) {
   if (world.size() < 2) return;
-  const std::vector<std::string> all = all_gather_strings(world, shared_flags(o).dump());
+  const std::vector<std::string> all = all_gather_strings(world, shared_flags(o, plan).dump());
   const nlohmann::json first = nlohmann::json::parse(all[0]);
   for (size_t r = 1; r < all.size(); ++r) {
     const nlohmann::json mine = nlohmann::json::parse(all[r]);
@@ -675,7 +685,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    transport::CommPtr world,
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
-  check_ranks_agree(*world, o);
+  check_ranks_agree(*world, o, r);
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
   prepare_device(o);

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "memory/error.h"
 #include "tools/command.h"
@@ -41,18 +42,11 @@ int run_launch(const std::vector<std::string>& args) {
   o.nprocs = vm["nprocs"].as<int>();
   if (o.nprocs < 1)
     throw InputError("--nprocs: expected at least 1, got " + std::to_string(o.nprocs));
-  std::string rv = vm["rendezvous"].as<std::string>();
-  auto colon = rv.rfind(':');
-  if (colon == std::string::npos) throw InputError("--rendezvous='" + rv + "': expected host:port");
-  o.host = rv.substr(0, colon);
-  std::string port = rv.substr(colon + 1);
-  char* end = nullptr;
-  long p = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || p < 0 || p > 65535)
-    throw InputError("--rendezvous='" + rv + "': the port must be a number from 0 to 65535");
-  o.port = uint16_t(p);
+  // As the ranks read BATON_RENDEZVOUS (a bracketed IPv6 address too), port 0 allowed.
+  std::tie(o.host, o.port) =
+      transport::parse_host_port(vm["rendezvous"].as<std::string>(), "--rendezvous", true);
   double grace = vm["grace"].as<double>();
-  if (grace < 0) throw InputError("--grace: expected a non-negative number of seconds");
+  if (!(grace >= 0) || grace > 86400) throw InputError("--grace: expected seconds from 0 to 86400");
   o.grace = std::chrono::milliseconds(int64_t(grace * 1000));
   std::string bind = vm["bind"].as<std::string>();
   if (bind != "cores" && bind != "none")

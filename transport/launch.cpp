@@ -35,6 +35,12 @@ namespace asio = boost::asio;
 
 namespace {
 
+// A rank whose command cannot be run (not found, not executable) exits with this: bad
+// input, which a restart would meet again (2, as baton's own bad input).
+constexpr int kCannotRunCode = 2;
+// The most of one line without a newline held before it is passed on.
+constexpr size_t kLongestHeldLine = size_t(1) << 20;
+
 struct Rank {
   int rank = 0;
   pid_t pid = -1;
@@ -161,7 +167,13 @@ class Launcher {
     cpu_set_t cores;
     bool bind = core_share(r, cores);
     pid_t parent = getpid();
+    // Signals wait until the child has put our handlers away (below): one that came
+    // between fork and that had run them there.
+    sigset_t all, before;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &before);
     pid_t pid = fork();
+    if (pid != 0) sigprocmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) throw RuntimeError(std::string("launch: fork failed: ") + std::strerror(errno));
     if (pid == 0) {
       // The child: its own process group (so that stopping a rank stops what it
@@ -172,17 +184,27 @@ class Launcher {
       if (getppid() != parent) _exit(125);
       dup2(out[1], 1);
       dup2(err[1], 2);
+      // Nothing else of ours: the rendezvous's listening socket had stayed open in every
+      // rank (and in what a rank left behind), so a restart could not listen again.
+      ::close_range(3, ~0U, 0);
+      // Our handlers (Asio's, which write to our self-pipe) are not the command's: a
+      // SIGTERM we sent a rank before its exec had run them and read as one sent to us.
+      for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
       execvpe(argv[0], argv.data(), envp.data());
-      const char* msg = "baton launch: cannot run the command: ";
-      ssize_t ignored = ::write(2, msg, std::strlen(msg));
-      const char* why = std::strerror(errno);
-      ignored = ::write(2, why, std::strlen(why));
-      ignored = ::write(2, "\n", 1);
-      (void)ignored;
-      _exit(127);
+      const int why = errno;
+      auto say = [](const char* text) {
+        ssize_t ignored = ::write(2, text, std::strlen(text));
+        (void)ignored;
+      };
+      say("baton launch: cannot run the command '");
+      say(argv[0]);
+      say("': ");
+      say(std::strerror(why));
+      say("\n");
+      _exit(why == ENOENT || why == EACCES || why == ENOEXEC ? kCannotRunCode : 127);
     }
     setpgid(pid, pid);  // also from here, so that it holds before we may signal it
     ::close(out[1]);
@@ -231,14 +253,22 @@ class Launcher {
         maybe_done();
         return;
       }
+      // Only the new bytes are searched: a long line without a newline (a \r progress
+      // bar) had been rescanned whole at every read, in quadratic time.
+      const size_t searched = partial.size();
       partial.append(buf->data(), n);
-      size_t start = 0, nl;
+      size_t start = 0, nl, from = searched;
       std::string lines;
-      while ((nl = partial.find('\n', start)) != std::string::npos) {
+      while ((nl = partial.find('\n', from)) != std::string::npos) {
         lines += prefix + partial.substr(start, nl - start + 1);
-        start = nl + 1;
+        start = from = nl + 1;
       }
       partial.erase(0, start);
+      // A line that never ends is passed on in pieces rather than held whole.
+      if (partial.size() >= kLongestHeldLine) {
+        lines += prefix + partial + "\n";
+        partial.clear();
+      }
       if (!lines.empty()) write_all(fd, lines);
       read_pipe(rk, pipe, partial, fd);
     });
@@ -306,14 +336,18 @@ class Launcher {
     });
   }
 
+  // Every rank's process group, also of ranks that exited: what they started and left
+  // running (it holds their output pipes) had kept the launcher waiting. A group whose
+  // leader was reaped keeps its id while a member lives, and is gone (ESRCH) after.
   void signal_all(int sig) {
-    for (auto& rk : ranks_)
-      if (rk.running) {
-        stopped_.insert(rk.rank);
-        ::kill(-rk.pid, sig);
-        ::kill(rk.pid, sig);
-        if (sig == SIGTERM) ::kill(-rk.pid, SIGCONT);  // a stopped rank must run to see it
-      }
+    for (auto& rk : ranks_) {
+      if (rk.pid < 0) continue;
+      ::kill(-rk.pid, sig);
+      if (!rk.running) continue;
+      stopped_.insert(rk.rank);
+      ::kill(rk.pid, sig);
+      if (sig == SIGTERM) ::kill(-rk.pid, SIGCONT);  // a stopped rank must run to see it
+    }
   }
 
   void watch_stop_signals() {
@@ -321,11 +355,20 @@ class Launcher {
       if (ec) return;
       write_all(2, std::string("baton launch: got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
                        "; stopping every rank\n");
-      interrupted_ = true;
-      interrupt_signal_ = sig;
-      signal_all(SIGTERM);
-      stopping_ = false;
-      begin_stop(o_.kill_after);
+      if (interrupted_) {
+        // Asked again: now (it had re-armed the wait, so SIGKILL never came).
+        signal_all(SIGKILL);
+      } else {
+        interrupted_ = true;
+        interrupt_signal_ = sig;
+        signal_all(SIGTERM);
+        stopping_ = true;
+        grace_.cancel();
+        grace_.expires_after(o_.kill_after);
+        grace_.async_wait([this](boost::system::error_code ec2) {
+          if (!ec2) signal_all(SIGKILL);
+        });
+      }
       watch_stop_signals();
     });
   }
@@ -333,7 +376,24 @@ class Launcher {
   void maybe_done() {
     if (running_ == 0 && open_pipes_ == 0) {
       grace_.cancel();
+      drain_.cancel();
       io_.stop();
+      return;
+    }
+    // Every rank has exited, and something one started still holds its output: it gets
+    // kill_after to finish writing, then its group is stopped and we stop reading.
+    if (running_ == 0 && !draining_) {
+      draining_ = true;
+      drain_.expires_after(o_.kill_after);
+      drain_.async_wait([this](boost::system::error_code ec) {
+        if (ec) return;
+        signal_all(SIGKILL);
+        for (auto& rk : ranks_) {
+          boost::system::error_code ignored;
+          if (rk.out) rk.out->close(ignored);
+          if (rk.err) rk.err->close(ignored);
+        }
+      });
     }
   }
 
@@ -497,6 +557,8 @@ class Launcher {
   asio::signal_set signals_;
   asio::signal_set stop_signals_;
   asio::steady_timer grace_;
+  asio::steady_timer drain_{io_};  // after the ranks: for what they left holding a pipe
+  bool draining_ = false;
   std::string token_;
   std::string rendezvous_;
   std::unique_ptr<StoreServer> server_;
@@ -517,20 +579,21 @@ class Launcher {
 };
 
 // Sleeps, unless SIGINT or SIGTERM comes first (then false).
-bool sleep_unless_stopped(std::chrono::milliseconds how_long) {
+// Sleeps; the signal (SIGINT, SIGTERM) that cut it short, or 0.
+int sleep_unless_stopped(std::chrono::milliseconds how_long) {
   asio::io_context io;
   asio::signal_set stop(io, SIGINT, SIGTERM);
   asio::steady_timer timer(io);
-  bool stopped = false;
-  stop.async_wait([&](boost::system::error_code ec, int) {
+  int stopped_by = 0;
+  stop.async_wait([&](boost::system::error_code ec, int sig) {
     if (ec) return;
-    stopped = true;
+    stopped_by = sig;
     timer.cancel();
   });
   timer.expires_after(how_long);
   timer.async_wait([&](boost::system::error_code) { stop.cancel(); });
   io.run();
-  return !stopped;
+  return stopped_by;
 }
 
 }  // namespace
@@ -582,9 +645,10 @@ int launch(const LaunchOptions& options) {
     write_all(2, "baton launch: restart " + std::to_string(attempt + 1) + " of " +
                      std::to_string(options.max_restarts) + " in " + secs + " s after: " + failure +
                      "; the ranks resume from the newest complete checkpoint (BATON_RESUME=1)\n");
-    if (!sleep_unless_stopped(options.restart_backoff)) {
-      write_all(2, "baton launch: stopped while waiting to restart\n");
-      return 130;
+    if (const int sig = sleep_unless_stopped(options.restart_backoff)) {
+      write_all(2,
+                "baton launch: stopped by " + describe_signal(sig) + " while waiting to restart\n");
+      return 128 + sig;
     }
   }
 }

@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "memory/error.h"
 #include "transport/detail/asio.h"
@@ -47,8 +50,57 @@ constexpr Source kSources[] = {
     {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    // The local size: slurm_tasks_here() (SLURM_NTASKS_PER_NODE is set only with
+    // --ntasks-per-node, and is wrong for nodes given unequal shares).
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
+
+// This node's tasks of the step from SLURM_STEP_TASKS_PER_NODE (or the job's
+// SLURM_TASKS_PER_NODE), a list such as "2(x3),1" indexed by SLURM_NODEID; nullopt when
+// neither says.
+std::optional<int> slurm_tasks_here() {
+  const char* name =
+      env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  const char* list = env(name);
+  if (list == nullptr) return std::nullopt;
+  const int node = env("SLURM_NODEID") ? env_int("SLURM_NODEID", 0, 1 << 20) : 0;
+  std::vector<int> per_node;
+  const std::string text = list;
+  size_t pos = 0;
+  auto bad = [&] {
+    return InputError(std::string(name) + "='" + text +
+                      "': expected counts such as 2(x3),1 (Slurm's tasks per node)");
+  };
+  while (pos < text.size()) {
+    size_t used = 0;
+    int count = 0, times = 1;
+    try {
+      count = std::stoi(text.substr(pos), &used);
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    pos += used;
+    if (text.compare(pos, 2, "(x") == 0) {
+      pos += 2;
+      try {
+        times = std::stoi(text.substr(pos), &used);
+      } catch (const std::exception&) {
+        throw bad();
+      }
+      pos += used;
+      if (pos >= text.size() || text[pos] != ')') throw bad();
+      ++pos;
+    }
+    if (count < 1 || times < 1 || per_node.size() + size_t(times) > size_t(1) << 20) throw bad();
+    per_node.insert(per_node.end(), size_t(times), count);
+    if (pos < text.size() && text[pos++] != ',') throw bad();
+  }
+  if (size_t(node) >= per_node.size())
+    throw InputError(std::string(name) + "='" + text + "' lists " +
+                     std::to_string(per_node.size()) + " node(s), but SLURM_NODEID is " +
+                     std::to_string(node));
+  return per_node[size_t(node)];
+}
 
 // A token when the user gave none: the scheduler's job id, which stray connections
 // from other jobs do not know. Weaker than a random token; we say so.
@@ -86,7 +138,8 @@ std::string world_host_label(const std::string& rendezvous_host, uint16_t port) 
 
 }  // namespace
 
-std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what) {
+std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what,
+                                                 bool any_port) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
     throw InputError(what + "='" + text + "': expected host:port");
@@ -96,8 +149,10 @@ std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const 
   std::string port_text = text.substr(colon + 1);
   char* end = nullptr;
   long port = std::strtol(port_text.c_str(), &end, 10);
-  if (*end != '\0' || port < 1 || port > 65535)
-    throw InputError(what + "='" + text + "': the port must be a number from 1 to 65535");
+  const long lowest = any_port ? 0 : 1;
+  if (port_text.empty() || *end != '\0' || port < lowest || port > 65535)
+    throw InputError(what + "='" + text + "': the port must be a number from " +
+                     std::to_string(lowest) + " to 65535");
   return {host, uint16_t(port)};
 }
 
@@ -111,7 +166,16 @@ LaunchEnv read_launch_env() {
     e.source = s.name;
     e.size = env_int(s.size, 1, 1 << 20);
     e.rank = env_int(s.rank, 0, e.size - 1);
-    e.local_size = env(s.local_size) ? env_int(s.local_size, 1, e.size) : 1;
+    if (s.local_size == nullptr) {
+      // Unknown: at least this task's place among them.
+      e.local_size = slurm_tasks_here().value_or(
+          env(s.local_rank) ? env_int(s.local_rank, 0, e.size - 1) + 1 : 1);
+      if (e.local_size > e.size)
+        throw InputError("Slurm: " + std::to_string(e.local_size) +
+                         " tasks on this node in a job of " + std::to_string(e.size));
+    } else {
+      e.local_size = env(s.local_size) ? env_int(s.local_size, 1, e.size) : 1;
+    }
     e.local_rank = env(s.local_rank) ? env_int(s.local_rank, 0, e.local_size - 1) : 0;
     break;
   }

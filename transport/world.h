@@ -67,7 +67,9 @@ struct World {
 // and the UCX world communicator is built.
 World init_world(const WorldOptions& options = {});
 
-// "host:port" -> host and port; throws InputError naming `what` otherwise.
-std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what);
+// "host:port" or "[v6 address]:port" -> host (unbracketed) and port; throws InputError
+// naming `what` otherwise. Port 0 ("any free port") only where `any_port`.
+std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const std::string& what,
+                                                 bool any_port = false);
 
 }  // namespace baton::transport

@@ -132,6 +132,29 @@ TEST(Checkpoint, RanksStartedWithDifferentFlagsAllStopNamingIt) {
   }
   // The same flags train.
   EXPECT_EQ(run_threads(plan, o).size(), 2u);
+
+  // Another plan under the same flags and path (copies on two hosts, one with other
+  // micro-batches): refused by its contents, where the job had hung in its first step.
+  Workspace ws2("ranks-agree-plan");
+  p.micro_batches = 2;
+  p.micro_batch_size = 4;
+  auto plan2 = resolve(p, ws2);
+  std::vector<transport::CommPtr> world2 = transport::make_local_world(2);
+  threads.clear();
+  errors.assign(2, "");
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        engine::train_plan(r == 1 ? plan2 : plan, o, world2[size_t(r)]);
+      } catch (const InputError& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors)
+    EXPECT_EQ(
+        e.rfind("rank 1 was started with a plan (--plan's contents and its model's; hash)", 0), 0u)
+        << e;
 }
 
 // A resumed run whose optimizer flags or clipping differ from the checkpoint's says which

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -94,6 +95,65 @@ TEST(Launch, BadInputIsNotRestarted) {
   r = run("-n 1 --restart-backoff -3 -- true");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--restart-backoff"), std::string::npos) << r.output;
+}
+
+// What a rank left running (a background process holding its output) is stopped with
+// its process group, and the job ends: the launcher had waited for it, deaf to signals.
+// Nothing of the launcher's is inherited: no socket (the rendezvous's had stayed open in
+// every rank, and a restart could not listen again).
+TEST(Launch, WhatARankLeavesIsStoppedAndNothingOfOursIsInherited) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r =
+      run("-n 2 --grace 0.2 -- sh -c 'sleep 67 & ls -l /proc/$$/fd | grep -c socket; "
+          "[ $BATON_RANK = 1 ] && exit 3; sleep 67'");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_EQ(count(r.output, "] 0\n"), 2u) << r.output;  // no socket in either rank
+  Result left = baton::cli_testing::run_command("pgrep -fx 'sleep 67' | wc -l");
+  EXPECT_EQ(left.output, "0\n") << "a rank's background process outlived the job";
+  // Every rank done, one's background process still writing: it is given kill_after (3 s),
+  // then stopped, and the job ends with the ranks' code.
+  r = run("-n 1 -- sh -c '(sleep 60; echo late) & echo done'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] done"), std::string::npos) << r.output;
+}
+
+// A second SIGINT or SIGTERM kills at once (it had re-armed the wait, so a rank that
+// ignores SIGTERM outlived any number of them); a command that cannot be run is bad input,
+// named, and not restarted.
+TEST(Launch, ASecondStopSignalKillsAndAMissingCommandIsNamed) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run(
+      "-n 2 -- sh -c 'trap \"\" TERM; [ $BATON_RANK = 0 ] && "
+      "(sleep 0.5; kill -INT $PPID; sleep 0.3; kill -INT $PPID) & while :; do sleep 0.1; done'");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 128 + SIGINT) << r.output;
+  EXPECT_LT(took, 2.5) << r.output;  // not after the 3 s that a first signal waits
+  r = run("-n 2 --max-restarts 2 -- no-such-command-baton-test --flag");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot run the command 'no-such-command-baton-test': No such file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restart 1 of"), std::string::npos) << r.output;
+  r = run("-n 1 --grace nan -- true");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--grace: expected seconds from 0 to 86400"), std::string::npos)
+      << r.output;
+  r = run("-n 1 --rendezvous :0 -- true");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--rendezvous=':0': expected host:port"), std::string::npos) << r.output;
+}
+
+// A line without a newline is passed on in pieces as it grows, in linear time (a long
+// progress line had been held whole and rescanned at every read).
+TEST(Launch, ALongLineWithoutANewlineIsPassedOn) {
+  Result r = run("-n 1 -- sh -c 'head -c 3000000 /dev/zero | tr \"\\0\" x'");
+  EXPECT_EQ(r.code, 0) << r.output.substr(0, 200);
+  EXPECT_EQ(count(r.output, "x"), 3000000u);
+  EXPECT_GE(count(r.output, "[rank 0] "), 3u);  // 1 MiB pieces
 }
 
 // The failure reports the ranks leave (BATON_FAILURE_REPORT, written here by the shell

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "memory/error.h"
 #include "transport/detail/asio.h"
 #include "transport/store.h"
+#include "transport/world.h"
 
 namespace baton::transport {
 namespace {
@@ -295,6 +297,50 @@ TEST(Store, MalformedRequestsAfterTheHelloAreRefused) {
   }
   TcpStore e("127.0.0.1", server.port(), "tok");
   EXPECT_EQ(e.add("n", -1), INT64_MAX - 1);
+}
+
+// srun's environment: the local size from this node's entry of Slurm's tasks-per-node
+// list (SLURM_NTASKS_PER_NODE exists only with --ntasks-per-node: every rank but 0 had
+// been refused); the rendezvous's host:port forms, a bracketed IPv6 address included.
+TEST(World, SlurmLocalSizeAndHostPorts) {
+  for (const char* v : {"BATON_RANK", "BATON_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "BATON_RENDEZVOUS"})
+    ::unsetenv(v);
+  ::setenv("BATON_RENDEZVOUS", "127.0.0.1:29500", 1);
+  ::setenv("BATON_JOB_TOKEN", "t0ken", 1);
+  ::setenv("SLURM_PROCID", "4", 1);
+  ::setenv("SLURM_NTASKS", "7", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  ::setenv("SLURM_NODEID", "2", 1);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "2,3(x2)", 1);  // nodes 0..2: 2, 3, 3 tasks
+  LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.source, "Slurm");
+  EXPECT_EQ(e.rank, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_size, 3);
+  ::setenv("SLURM_STEP_TASKS_PER_NODE", "2,3(x", 1);
+  try {
+    read_launch_env();
+    ADD_FAILURE() << "a malformed list was accepted";
+  } catch (const InputError& err) {
+    EXPECT_EQ(std::string(err.what()),
+              "SLURM_STEP_TASKS_PER_NODE='2,3(x': expected counts such as 2(x3),1 (Slurm's "
+              "tasks per node)");
+  }
+  ::unsetenv("SLURM_STEP_TASKS_PER_NODE");
+  e = read_launch_env();  // unknown: at least this task's place
+  EXPECT_EQ(e.local_size, 2);
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                        "BATON_RENDEZVOUS", "BATON_JOB_TOKEN"})
+    ::unsetenv(v);
+
+  EXPECT_EQ(parse_host_port("[::1]:0", "--rendezvous", true),
+            std::make_pair(std::string("::1"), uint16_t(0)));
+  EXPECT_EQ(parse_host_port("node7:29500", "X"),
+            std::make_pair(std::string("node7"), uint16_t(29500)));
+  for (const char* bad : {":0", "host:", "host", "host:70000", "host:x"})
+    EXPECT_THROW(parse_host_port(bad, "--rendezvous", true), InputError) << bad;
+  EXPECT_THROW(parse_host_port("host:0", "BATON_RENDEZVOUS"), InputError);
 }
 
 }  // namespace
