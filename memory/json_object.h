@@ -22,34 +22,50 @@ namespace baton::memory {
 
 namespace detail {
 
-// Where the parse stands, for naming a repeated key: one frame per open object or array.
-class JsonKeyTracker {
- public:
-  explicit JsonKeyTracker(const std::string& source) : source_(source) {}
+// The DOM parser with where the parse stands, for naming a repeated key and refusing
+// nesting too deep: one frame per open object or array. (nlohmann's callback parser,
+// used before, rescanned an object's parent after each object: quadratic in an array's
+// objects, 185 s for a 45 MB plan; and a deep document later overflowed the stack in
+// its recursive copy.) sax_parse calls these by the static type, so hiding the base's
+// members is enough.
+class TrackingDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+  using json = nlohmann::json;
 
-  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& value) {
-    using E = nlohmann::json::parse_event_t;
-    switch (event) {
-      case E::object_start:
-        frames_.push_back({false, 0, {}, {}});
-        break;
-      case E::array_start:
-        frames_.push_back({true, 0, {}, {}});
-        break;
-      case E::key:
-        key(value.get<std::string>());
-        break;
-      case E::object_end:
-      case E::array_end:
-        frames_.pop_back();
-        element_done();
-        break;
-      case E::value:
-        element_done();
-        break;
-    }
-    return true;
+ public:
+  // Far beyond any of baton's formats (a plan or model nests a few levels).
+  static constexpr size_t kMaxDepth = 256;
+
+  TrackingDomParser(json& result, const std::string& source)
+      : Base(result, true), source_(source) {}
+
+  bool null() { return scalar(Base::null()); }
+  bool boolean(bool v) { return scalar(Base::boolean(v)); }
+  bool number_integer(json::number_integer_t v) { return scalar(Base::number_integer(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return scalar(Base::number_unsigned(v)); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    return scalar(Base::number_float(v, s));
   }
+  bool string(json::string_t& v) { return scalar(Base::string(v)); }
+  bool binary(json::binary_t& v) { return scalar(Base::binary(v)); }
+  bool start_object(std::size_t n) {
+    open(false);
+    return Base::start_object(n);
+  }
+  bool key(json::string_t& k) {
+    Frame& f = frames_.back();
+    f.key = k;
+    if (!f.keys.insert(f.key).second)
+      throw InputError(source_ + ": " + path() + ": the field '" + f.key +
+                       "' appears twice in one object (readers differ on which one counts)");
+    return Base::key(k);
+  }
+  bool end_object() { return close(Base::end_object()); }
+  bool start_array(std::size_t n) {
+    open(true);
+    return Base::start_array(n);
+  }
+  bool end_array() { return close(Base::end_array()); }
 
  private:
   struct Frame {
@@ -59,19 +75,27 @@ class JsonKeyTracker {
     std::set<std::string, std::less<>> keys;
   };
 
-  void key(std::string k) {
-    Frame& f = frames_.back();
-    f.key = std::move(k);
-    if (f.keys.insert(f.key).second) return;
-    std::string path = "$";
-    for (const Frame& g : frames_)
-      path += g.array ? "[" + std::to_string(g.index) + "]" : "." + g.key;
-    throw InputError(source_ + ": " + path + ": the field '" + f.key +
-                     "' appears twice in one object (readers differ on which one counts)");
+  std::string path() const {
+    std::string p = "$";
+    for (const Frame& g : frames_) p += g.array ? "[" + std::to_string(g.index) + "]" : "." + g.key;
+    return p;
   }
-
-  void element_done() {
+  void open(bool array) {
+    if (frames_.size() == kMaxDepth) {
+      std::string where = path();
+      if (where.size() > 120) where = where.substr(0, 120) + "...";
+      throw InputError(source_ + ": " + where + ": nested deeper than " +
+                       std::to_string(kMaxDepth) + " levels");
+    }
+    frames_.push_back({array, 0, {}, {}});
+  }
+  bool close(bool ok) {
+    frames_.pop_back();
+    return scalar(ok);
+  }
+  bool scalar(bool ok) {  // an element of an array is done
     if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return ok;
   }
 
   const std::string& source_;
@@ -83,11 +107,14 @@ class JsonKeyTracker {
 // `text` parsed as JSON. InputError "<source>: not valid JSON: <nlohmann's message without
 // its exception id>" on a syntax error or a number too large, and "<source>: <path>: the
 // field 'k' appears twice ..." for a key repeated in one object (which nlohmann, like most
-// readers, would take the last of silently, and some others the first).
+// readers, would take the last of silently, and some others the first), or
+// "<source>: <path>: nested deeper than 256 levels".
 inline nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
-  detail::JsonKeyTracker tracker(source);
   try {
-    return nlohmann::json::parse(text.begin(), text.end(), std::ref(tracker));
+    nlohmann::json j;
+    detail::TrackingDomParser sax(j, source);
+    nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
+    return j;
   } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for a large number
     // nlohmann's message starts with "[json.exception.parse_error.101] parse error at ..."
     std::string what = e.what();
