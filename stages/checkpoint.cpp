@@ -677,29 +677,21 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_dirs_newest_first(const 
 }  // namespace
 
 CheckpointRootLock::CheckpointRootLock(const std::string& root) {
-  const std::string path = root + "/.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // The directory itself: no file is left behind (a run refused for bad input writes
+  // nothing there).
+  fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0)
-    throw InputError("--checkpoint-dir " + root + ": cannot open " + path + ": " +
-                     std::strerror(errno));
+    throw InputError("--checkpoint-dir " + root + ": cannot open it: " + std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    char pid[32] = {};
-    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
     ::close(fd_);
     fd_ = -1;
     if (err != EWOULDBLOCK)
-      throw InputError("--checkpoint-dir " + root + ": cannot lock " + path + ": " +
-                       std::strerror(err));
-    std::string holder(pid, size_t(std::max<ssize_t>(n, 0)));
-    holder.erase(holder.find_last_not_of(" \n") + 1);
-    throw InputError("--checkpoint-dir " + root + ": in use by another run (process " +
-                     (holder.empty() ? std::string("unknown") : holder) + " holds " + path +
-                     "); give each run its own directory");
+      throw InputError("--checkpoint-dir " + root + ": cannot lock it: " + std::strerror(err));
+    throw InputError("--checkpoint-dir " + root +
+                     ": in use by another run (it holds the directory's lock); give each run "
+                     "its own directory");
   }
-  const std::string mine = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, mine.data(), mine.size(), 0) < 0)
-    spdlog::debug("{}: could not record this process's id", path);  // the lock still holds
 }
 
 CheckpointRootLock::~CheckpointRootLock() {

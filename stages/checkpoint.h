@@ -110,8 +110,8 @@ void prepare_checkpoint_root(const std::string& root);
 
 // A --checkpoint-dir held by one run for its life (its lead rank): another run writing
 // there at once had deleted this one's step directories, and one's manifest could
-// certify the other's shard. An flock on root/.lock (released when the process ends,
-// however it ends); a second holder gets an InputError naming the first's process.
+// certify the other's shard. An flock on the directory (released when the process ends,
+// however it ends); a second holder gets an InputError.
 class CheckpointRootLock {
  public:
   explicit CheckpointRootLock(const std::string& root);

@@ -409,8 +409,8 @@ TEST(Checkpoint, OnlyBatonsOwnStepNamesAreCheckpoints) {
   EXPECT_EQ(resolve_checkpoint(root), s4);
 }
 
-// One run at a time in a checkpoint directory: a second holder is refused naming the
-// first's process, and the directory is free again once the first lets go.
+// One run at a time in a checkpoint directory: a second holder is refused, and the
+// directory is free again once the first lets go; nothing is left in it.
 TEST(Checkpoint, ARunHoldsItsCheckpointDirectory) {
   std::string root = fresh_dir("ckpt_lock");
   prepare_checkpoint_root(root);
@@ -421,12 +421,12 @@ TEST(Checkpoint, ARunHoldsItsCheckpointDirectory) {
       ADD_FAILURE() << "two runs held one checkpoint directory";
     } catch (const InputError& e) {
       EXPECT_EQ(std::string(e.what()), "--checkpoint-dir " + root +
-                                           ": in use by another run (process " +
-                                           std::to_string(::getpid()) + " holds " + root +
-                                           "/.lock); give each run its own directory");
+                                           ": in use by another run (it holds the directory's "
+                                           "lock); give each run its own directory");
     }
   }
   CheckpointRootLock again(root);
+  EXPECT_TRUE(std::filesystem::is_empty(root));
 }
 
 // A checkpoint directory that cannot hold checkpoints is refused when the run starts.
