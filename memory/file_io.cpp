@@ -60,6 +60,10 @@ std::string parent_dir(const std::string& path) {
 }  // namespace
 
 std::string read_file(const std::string& path) {
+  // A directory opens, and reads as nothing: "not valid JSON: unexpected end of input".
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw InputError(path + ": a directory, expected a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open file (missing or unreadable)");
   std::ostringstream ss;

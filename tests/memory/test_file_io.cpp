@@ -56,8 +56,16 @@ TEST(FileIo, DevicesAndFifosTakeTheBytesAndStayWhatTheyWere) {
   EXPECT_THROW(write_file_durably("/dev/full", std::string(1 << 16, 'x')), RuntimeError);
   ASSERT_EQ(::stat("/dev/full", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
-  // A directory is no file to write.
-  EXPECT_THROW(write_file_durably(fresh_dir("file_io_dir"), "x"), InputError);
+  // A directory is no file to write, nor to read (it had read as an empty file: "not
+  // valid JSON: unexpected end of input" for a plan given as a folder).
+  const std::string folder = fresh_dir("file_io_dir");
+  EXPECT_THROW(write_file_durably(folder, "x"), InputError);
+  try {
+    read_file(folder);
+    ADD_FAILURE() << "a directory read as a file";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), folder + ": a directory, expected a file");
+  }
 }
 
 }  // namespace
