@@ -1,6 +1,7 @@
 #include "engine/loop.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -57,6 +58,11 @@ void check_output_path(const std::string& path, const char* flag) {
                      " to write it in");
   if (std::filesystem::is_directory(path, ec))
     throw InputError(std::string(flag) + " " + path + ": a directory, expected a file");
+  // Written at the end: a read-only folder had been found only after the last step.
+  const std::string folder = parent.empty() ? std::string(".") : parent.string();
+  if (::access(folder.c_str(), W_OK) != 0)
+    throw InputError(std::string(flag) + " " + path + ": cannot write in " + folder + ": " +
+                     std::strerror(errno));
 }
 
 void check_loop_options(const LoopOptions& o) {

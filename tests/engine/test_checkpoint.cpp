@@ -3,8 +3,12 @@
 // written under one plan (or by one process) resumes under another plan (other PP, TP,
 // DP, schedule; or one process) with the one-process loss curve (within 1e-5).
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -256,6 +260,49 @@ TEST(Checkpoint, TheCheckpointDirectoryIsCheckedBeforeTheFirstStep) {
   o.summary_path = ws.path("no/such/dir/summary.json");
   EXPECT_EQ(error_of(o), "--summary " + o.summary_path + ": no directory " +
                              ws.path("no/such/dir") + " to write it in");
+}
+
+// A --summary in a folder the run cannot write (a read-only mount) is refused before the
+// first step; it had been found only after the last. The mount is made in a child's own
+// mount namespace.
+TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
+  Workspace ws("summary-ro");
+  const std::string ro = ws.path("ro");
+  std::filesystem::create_directories(ro);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string report = "skip";
+    if (::unshare(CLONE_NEWNS) == 0 &&
+        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+        ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=64k") == 0) {
+      engine::LoopOptions o;
+      o.summary_path = ro + "/summary.json";
+      try {
+        engine::check_output_path(o.summary_path, "--summary");
+        report = "accepted";
+      } catch (const InputError& e) {
+        report = e.what();
+      }
+    }
+    ssize_t ignored = ::write(fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (report == "skip")
+    GTEST_SKIP() << "no mount namespace here (needs root) for a read-only mount";
+  EXPECT_EQ(report,
+            "--summary " + ro + "/summary.json: cannot write in " + ro + ": Read-only file system");
 }
 
 TEST(Checkpoint, SamePlanResumesBitForBit) {
