@@ -7,6 +7,7 @@
 #include "memory/file_io.h"
 #include "memory/json_object.h"
 #include "memory/units.h"
+#include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 
 namespace baton::schedule {
@@ -64,6 +65,49 @@ void check_vector(const std::vector<double>& v, const std::string& name, int cou
     if (!std::isfinite(v[i]) || v[i] < 0)
       throw InputError("costs: " + name + "[" + std::to_string(i) +
                        "]: expected a number >= 0, found " + std::to_string(v[i]));
+}
+
+// Times up to 1e9 s (as profile cost files, partitioner/cost_model.cpp) and sizes up to
+// 2^63 bytes: the simulator's sums of them stay finite, so no makespan, bubble or trace
+// reads inf or NaN. Checked once the file's time_unit is known.
+constexpr double kMaxCostSeconds = 1e9;
+constexpr double kMaxCostBytes = 0x1p63;
+
+void check_cost_limits(const CostSpec& c) {
+  const double max_time = kMaxCostSeconds / c.seconds_per_unit;
+  const std::string time_limit =
+      c.seconds_per_unit == 1.0
+          ? std::string("1e9 s")
+          : "1e9 s (" + detail::format_number("%g", max_time) + " in this file's time_unit)";
+  auto limit = [](const std::vector<double>& values, bool per_stage, const std::string& name,
+                  double max, const std::string& what) {
+    for (size_t i = 0; i < values.size(); ++i)
+      if (values[i] > max)
+        throw InputError(name + (per_stage ? "[" + std::to_string(i) + "]" : "") +
+                         ": expected at most " + what + ", found " +
+                         detail::format_number("%g", values[i]));
+  };
+  for (auto [f, name] : {std::pair{&c.forward, "forward"},
+                         {&c.backward_input, "backward_input"},
+                         {&c.backward_weight, "backward_weight"},
+                         {&c.reduce, "reduce"},
+                         {&c.overlap_f_b, "overlap_f_b"}})
+    limit(f->values, f->per_stage, name, max_time, time_limit);
+  limit({c.optimizer_step}, false, "optimizer_step", max_time, time_limit);
+  limit({c.latency}, false, "p2p.latency", max_time, time_limit);
+  for (auto [f, name] : {std::pair{&c.activation_bytes, "activation_bytes"},
+                         {&c.activation_bytes_after_b, "activation_bytes_after_b"},
+                         {&c.message_bytes, "message_bytes"}})
+    limit(f->values, f->per_stage, name, kMaxCostBytes, "2^63 bytes");
+  limit({c.bandwidth}, false, "p2p.bandwidth", kMaxCostBytes, "2^63 bytes per time unit");
+  // A message's time on the link (bytes / bandwidth) is a time too.
+  if (c.bandwidth > 0)
+    for (double bytes : c.message_bytes.values)
+      if (bytes / c.bandwidth > max_time)
+        throw InputError("p2p.bandwidth: expected a bandwidth that moves message_bytes (" +
+                         detail::format_number("%.17g", bytes) + ") within " + time_limit +
+                         ", found " + detail::format_number("%g", c.bandwidth) +
+                         " bytes per time unit");
 }
 
 }  // namespace
@@ -192,6 +236,7 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
     }
     for (const char* k : {"forward", "backward_input", "backward_weight"})
       if (!j.contains(k)) throw InputError(std::string(k) + ": missing (required)");
+    check_cost_limits(c);
     return c;
   } catch (const InputError& e) {
     throw InputError(source + ": " + e.what());
@@ -237,6 +282,22 @@ Costs resolve(const CostSpec& spec, int num_ranks, int num_stages, int num_direc
                      " values but the schedule has " + std::to_string(num_stages) + " stages");
   c.reduce_group = spec.reduce_group;
   c.check(num_stages, num_ranks);
+  // The cost file's activation_bytes_after_b is the part of activation_bytes still held
+  // between B and W (the partitioner's own figures may differ: recompute keeps less
+  // before B than W needs after it).
+  if (spec.activation_bytes_after_b.given)
+    for (size_t i = 0; i < c.activation_bytes_after_b.size(); ++i) {
+      const double whole = c.activation_bytes.empty() ? 0.0 : c.activation_bytes[i];
+      if (c.activation_bytes_after_b[i] > whole)
+        throw InputError("costs: activation_bytes_after_b" +
+                         (spec.activation_bytes_after_b.per_stage ? "[" + std::to_string(i) + "]"
+                                                                  : std::string()) +
+                         ": expected at most activation_bytes (" +
+                         (spec.activation_bytes.given ? detail::format_number("%.17g", whole)
+                                                      : std::string("0: not given")) +
+                         ", of which it is the part held between B and W), found " +
+                         detail::format_number("%.17g", c.activation_bytes_after_b[i]));
+    }
   return c;
 }
 

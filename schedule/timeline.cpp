@@ -137,6 +137,12 @@ std::string to_chrome_trace(const Timeline& t) {
     sep();
     const std::string name = event_name(e);
     const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : event_category(e);
+    // JSON has no infinity or NaN: such a time would make the whole trace unreadable.
+    if (!std::isfinite(e.start * us) || !std::isfinite((e.end - e.start) * us))
+      throw InputError(
+          "timeline " + json(t.name).dump() + ": " + name + " on rank " + std::to_string(e.rank) +
+          " has no finite time (start " + detail::format_number("%g", e.start) + ", end " +
+          detail::format_number("%g", e.end) + "): costs too large to simulate; no trace written");
     out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
            ", \"tid\": " + std::to_string(e.lane) +
@@ -151,11 +157,48 @@ std::string to_chrome_trace(const Timeline& t) {
   return out;
 }
 
+namespace {
+
+// A world of at most 2^20 ranks, as plans have (partitioner/layout.h): a larger rank
+// number is a damaged file, and the SVG draws a row per rank.
+constexpr int64_t kMaxTraceRanks = int64_t(1) << 20;
+// Stage and micro-batch numbers, as schedule files bound them.
+constexpr int64_t kMaxTraceIndex = int64_t(1) << 30;
+// About 31 years in microseconds: times beyond it are damage, and sums of them stay finite.
+constexpr double kMaxTraceMicroseconds = 1e15;
+
+std::string trace_brief(const json& j) {
+  std::string s = j.dump();
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+// An integer in [lo, hi] (unsigned JSON integers included), else InputError at `path`.
+int trace_integer(const json& j, const std::string& path, int64_t lo, int64_t hi,
+                  const std::string& expected) {
+  const bool ok = j.is_number_unsigned()
+                      ? j.get<uint64_t>() <= uint64_t(hi) && j.get<int64_t>() >= lo
+                  : j.is_number_integer() ? j.get<int64_t>() >= lo && j.get<int64_t>() <= hi
+                                          : false;
+  if (!ok) throw InputError(path + ": expected " + expected + ", found " + trace_brief(j));
+  return int(j.get<int64_t>());
+}
+
+// A finite number of microseconds in [lo, kMaxTraceMicroseconds].
+double trace_time(const json& j, const std::string& path, double lo, const std::string& expected) {
+  if (!j.is_number() || !std::isfinite(j.get<double>()) || j.get<double>() < lo ||
+      j.get<double>() > kMaxTraceMicroseconds)
+    throw InputError(path + ": expected " + expected + ", found " + trace_brief(j));
+  return j.get<double>();
+}
+
+}  // namespace
+
 Timeline from_chrome_trace(std::string_view text, const std::string& source) {
   const json j = memory::parse_json_text(text, source);
   const json* events = &j;
   Timeline t;
   t.seconds_per_unit = 1e-6;  // a trace without baton's header: keep microseconds
+  bool ranks_given = false;
   if (j.is_object()) {
     if (!j.contains("traceEvents") || !j["traceEvents"].is_array())
       throw InputError(source + ": traceEvents: expected an array of trace events");
@@ -163,38 +206,89 @@ Timeline from_chrome_trace(std::string_view text, const std::string& source) {
     if (j.contains("otherData") && j["otherData"].is_object()) {
       const json& o = j["otherData"];
       if (o.contains("name") && o["name"].is_string()) t.name = o["name"].get<std::string>();
-      if (o.contains("seconds_per_unit") && o["seconds_per_unit"].is_number() &&
-          o["seconds_per_unit"].get<double>() > 0)
-        t.seconds_per_unit = o["seconds_per_unit"].get<double>();
-      if (o.contains("ranks") && o["ranks"].is_number_integer())
-        t.num_ranks = o["ranks"].get<int>();
+      if (o.contains("seconds_per_unit")) {
+        const json& u = o["seconds_per_unit"];
+        if (!u.is_number() || !(u.get<double>() >= 1e-15 && u.get<double>() <= 1e6))
+          throw InputError(source +
+                           ": otherData.seconds_per_unit: expected a number from 1e-15 "
+                           "to 1e6 (seconds per time unit), found " +
+                           trace_brief(u));
+        t.seconds_per_unit = u.get<double>();
+      }
+      if (o.contains("ranks")) {
+        t.num_ranks =
+            trace_integer(o["ranks"], source + ": otherData.ranks", 0, kMaxTraceRanks,
+                          "a number of ranks from 0 to " + std::to_string(kMaxTraceRanks));
+        ranks_given = true;
+      }
     }
   } else if (!j.is_array()) {
     throw InputError(source + ": expected a trace object or an array of trace events");
   }
   const double per_us = 1.0 / (t.seconds_per_unit * 1e6);
+  // With the header's rank count, ranks and peers are checked against it.
+  const int64_t rank_limit = ranks_given ? t.num_ranks : kMaxTraceRanks;
+  const std::string ranks_expected =
+      "a rank from 0 to " + std::to_string(rank_limit - 1) +
+      (ranks_given ? " (otherData.ranks is " + std::to_string(t.num_ranks) + ")" : "");
   for (size_t i = 0; i < events->size(); ++i) {
     const json& e = (*events)[i];
     const std::string path = source + ": traceEvents[" + std::to_string(i) + "]";
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
-    auto kind = kind_from_code(e.value("cat", ""));
-    if (!kind) continue;
+    if (!e.is_object())
+      throw InputError(path + ": expected a trace event object, found " + trace_brief(e));
+    if (!e.contains("ph") || !e["ph"].is_string() ||
+        (e["ph"].get<std::string>() != "X" && e["ph"].get<std::string>() != "M"))
+      throw InputError(path + ".ph: expected \"X\" (a complete event) or \"M\" (metadata), found " +
+                       (e.contains("ph") ? trace_brief(e["ph"]) : std::string("nothing")));
+    if (e["ph"].get<std::string>() == "M") continue;  // process and thread names
+    // The action's kind code, or a labelled event's category (halos, loads, ...: no
+    // schedule action, so not read).
+    const std::string cat =
+        e.contains("cat") && e["cat"].is_string() ? e["cat"].get<std::string>() : "";
+    auto kind = kind_from_code(cat);
+    const bool labelled = cat == "HALO" || cat == "INTERIOR" || cat == "INPUT" || cat == "SERVER";
+    if (!kind && !labelled)
+      throw InputError(path +
+                       ".cat: expected an action kind (F, B, W, BW, SEND_F, RECV_F, SEND_B, "
+                       "RECV_B, REDUCE, STEP) or HALO, INTERIOR, INPUT, SERVER, found " +
+                       (e.contains("cat") ? trace_brief(e["cat"]) : std::string("nothing")));
     for (const char* k : {"pid", "ts", "dur"})
-      if (!e.contains(k) || !e[k].is_number())
-        throw InputError(path + "." + k + ": expected a number");
+      if (!e.contains(k)) throw InputError(path + "." + k + ": missing (required)");
     TimelineEvent ev;
-    ev.kind = *kind;
-    ev.rank = e["pid"].get<int>();
-    ev.lane = e.contains("tid") && e["tid"].is_number_integer() ? e["tid"].get<int>() : 0;
-    ev.start = e["ts"].get<double>() * per_us;
-    ev.end = ev.start + e["dur"].get<double>() * per_us;
-    if (e.contains("args") && e["args"].is_object()) {
+    ev.rank = trace_integer(e["pid"], path + ".pid", 0, rank_limit - 1, ranks_expected);
+    ev.lane = e.contains("tid")
+                  ? trace_integer(e["tid"], path + ".tid", 0, 2,
+                                  "a lane: 0 (compute), 1 (communication) or 2 (input)")
+                  : 0;
+    const double ts = trace_time(e["ts"], path + ".ts", -kMaxTraceMicroseconds,
+                                 "a finite time of at most 1e15 microseconds");
+    const double dur =
+        trace_time(e["dur"], path + ".dur", 0.0, "a duration from 0 to 1e15 microseconds");
+    ev.start = ts * per_us;
+    ev.end = (ts + dur) * per_us;
+    if (e.contains("args")) {
       const json& a = e["args"];
-      ev.stage = a.value("stage", -1);
-      ev.micro_batch = a.value("micro_batch", -1);
-      ev.peer = a.value("peer", -1);
+      if (!a.is_object())
+        throw InputError(path + ".args: expected an object, found " + trace_brief(a));
+      // Compute actions have a stage and micro-batch; REDUCE and STEP may say -1.
+      const int64_t least = kind && is_compute(*kind) ? 0 : -1;
+      const std::string from = "an integer from " + std::to_string(least) + " to ";
+      if (a.contains("stage"))
+        ev.stage = trace_integer(a["stage"], path + ".args.stage", least, kMaxTraceIndex,
+                                 from + std::to_string(kMaxTraceIndex));
+      if (a.contains("micro_batch"))
+        ev.micro_batch = trace_integer(a["micro_batch"], path + ".args.micro_batch", least,
+                                       kMaxTraceIndex, from + std::to_string(kMaxTraceIndex));
+      if (a.contains("peer"))
+        ev.peer = trace_integer(a["peer"], path + ".args.peer", -1, rank_limit - 1,
+                                "-1 or " + ranks_expected);
     }
-    if (ev.rank < 0) throw InputError(path + ".pid: expected a rank >= 0");
+    if (labelled) continue;
+    if (is_compute(*kind) && (ev.stage < 0 || ev.micro_batch < 0))
+      throw InputError(path + ".args: expected the stage and micro_batch of the " +
+                       std::string(kind_words(*kind)) + ", found " +
+                       (e.contains("args") ? trace_brief(e["args"]) : std::string("none")));
+    ev.kind = *kind;
     t.num_ranks = std::max(t.num_ranks, ev.rank + 1);
     t.events.push_back(ev);
   }

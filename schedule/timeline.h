@@ -50,7 +50,12 @@ struct Timeline {
 // category its kind code, args {stage, micro_batch, peer}; times in microseconds.
 std::string to_chrome_trace(const Timeline& t);
 // Reads what to_chrome_trace writes (and what the engine's measurements write), so a
-// measured timeline can be drawn or compared; unknown event names are skipped.
+// measured timeline can be drawn or compared; events of no action (HALO, INTERIOR, INPUT,
+// SERVER) and metadata are skipped. Anything else malformed (a phase or category baton
+// does not write, a pid beyond otherData.ranks or 2^20, a lane other than 0-2, times
+// that are not finite or beyond 1e15 us, a negative duration, a stage or micro-batch below
+// -1, or below 0 for F, B, W, BW) is an InputError naming traceEvents[i].<field>.
+// to_chrome_trace throws InputError rather than write a time that is not finite.
 Timeline from_chrome_trace(std::string_view json_text, const std::string& source);
 
 struct SvgOptions {

@@ -72,21 +72,39 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
   std::sort(p.begin(), p.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
     return std::tie(a.rank, a.start) < std::tie(b.rank, b.start);
   });
-  double p1 = 0;
+  // A prediction is one step with each action once: a repeated one is a measured trace of
+  // several steps or ranks given as the prediction, whose actions would match arbitrarily.
+  std::map<Key, const TimelineEvent*> seen;
+  double p0 = 1e300, p1 = -1e300;
+  for (const TimelineEvent& e : p) {
+    if (!compared(e.kind)) continue;
+    auto [it, fresh] = seen.emplace(key_of(e, e.rank), &e);
+    if (!fresh)
+      throw InputError(predicted_name + ": " +
+                       to_token(Action{e.kind, e.micro_batch, e.stage, -1}) +
+                       " appears twice (rank " + std::to_string(it->second->rank) + " at " +
+                       detail::format_number("%g", it->second->start * pu) + " s and rank " +
+                       std::to_string(e.rank) + " at " + detail::format_number("%g", e.start * pu) +
+                       " s): expected one step with each action once (baton trace predict or "
+                       "baton simulate --trace), not a trace of several steps or ranks");
+    p0 = std::min(p0, e.start * pu);
+    p1 = std::max(p1, e.end * pu);
+  }
+  // Both sides are measured from their own first action, as the measured side is.
+  if (seen.empty()) p0 = p1 = 0;
   std::map<int, KindSummary> kinds;
   double sum_start = 0, sum_dur = 0;
   int n = 0;
   std::map<Key, bool> used;
   for (const TimelineEvent& e : p) {
     if (!compared(e.kind)) continue;
-    p1 = std::max(p1, e.end * pu);
     ActionDiff d;
     d.kind = e.kind;
     d.micro_batch = e.micro_batch;
     d.stage = e.stage;
     d.predicted_rank = e.rank;
-    d.predicted_start = e.start * pu;
-    d.predicted_end = e.end * pu;
+    d.predicted_start = e.start * pu - p0;
+    d.predicted_end = e.end * pu - p0;
     Key k = key_of(e, e.rank);
     auto it = first.find(k);
     if (it != first.end()) {
@@ -117,7 +135,7 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
     throw InputError(measured_name + " and " + predicted_name +
                      " share no action (kind, micro-batch, stage): timelines of different plans "
                      "or schedules");
-  c.predicted_makespan = p1;
+  c.predicted_makespan = p1 - p0;
   for (auto& [k, ks] : kinds) {
     ks.measured_mean /= ks.count;
     ks.predicted_mean /= ks.count;

@@ -3,7 +3,7 @@
 // mean durations; and the makespan of each. Actions are matched by (kind, micro-batch,
 // stage); a measured run of several tensor-parallel or data-parallel ranks per pipeline
 // rank contributes its lowest rank's events (the others run the same actions), and of
-// several steps only the first.
+// several steps only the first. Each side is timed from its own first action.
 #pragma once
 
 #include <string>
@@ -37,7 +37,9 @@ struct TraceComparison {
 };
 
 // InputError when either timeline holds no pipeline action or the two share none (a
-// trace of another kind, another plan or another schedule), naming them by the names given.
+// trace of another kind, another plan or another schedule), or when the prediction holds
+// an action twice (a measured trace of several steps or ranks), naming them by the names
+// given.
 TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
                                   const std::string& measured_name = "the measured timeline",
                                   const std::string& predicted_name = "the predicted timeline");

@@ -77,6 +77,18 @@ expect 2 "$baton" trace compare "$tmp/t2.json"
 contains "missing argument 2 (PREDICTED)"
 expect 0 "$baton" trace compare "$tmp/t2.json" "$tmp/t2.json"
 contains "difference 0.000 ms"
+# Costs whose sums would overflow are refused, and no trace is written (it had held "dur": inf).
+printf '{"forward": 1e308, "backward_input": 1e308, "backward_weight": 1e308}' >"$tmp/huge.json"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --costs "$tmp/huge.json" --trace "$tmp/huge-trace.json"
+contains "huge.json: forward: expected at most 1e9 s, found 1e+308"
+[ ! -e "$tmp/huge-trace.json" ] || { echo "FAIL: a trace of overflowed costs"; fails=$((fails + 1)); }
+# A trace with an absurd rank is refused naming the event's field (trace svg had drawn a
+# row per rank up to it).
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+[e for e in d["traceEvents"] if e["ph"] == "X"][0]["pid"] = 1000000000
+json.dump(d, open(sys.argv[2], "w"))' "$tmp/t2.json" "$tmp/pid.json"
+expect 2 "$baton" trace svg "$tmp/pid.json" -o "$tmp/pid.svg"
+contains ".pid: expected a rank from 0 to 1 (otherData.ranks is 2), found 1000000000"
 expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --memory-limit 0.5
 contains "no schedule fits"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --svg "$tmp/no/such/dir.svg"

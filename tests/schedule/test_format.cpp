@@ -214,6 +214,51 @@ TEST(CostFile, ParsesScalarsArraysAndUnits) {
             std::string::npos);
 }
 
+// Times beyond 1e9 s (as profile cost files) and sizes beyond 2^63 bytes are refused: a
+// cost file of 1e308 had simulated to makespan inf, bubble NaN and a trace with "dur": inf.
+// The limit is in seconds, whatever the file's time_unit.
+TEST(CostFile, RefusesValuesWhoseSumsWouldOverflow) {
+  const std::string fbw = R"("backward_input": 1, "backward_weight": 1)";
+  auto error_of = [&](const std::string& fields) {
+    return input_error_of([&] { parse_costs("{" + fields + "}", "c.json"); });
+  };
+  EXPECT_EQ(error_of(R"("forward": 1e308, )" + fbw),
+            "c.json: forward: expected at most 1e9 s, found 1e+308");
+  EXPECT_EQ(error_of(R"("forward": [1, 2e9], )" + fbw),
+            "c.json: forward[1]: expected at most 1e9 s, found 2e+09");
+  EXPECT_EQ(error_of(R"("forward": 1, "time_unit": "ms", )" + fbw + R"(, "reduce": 1e13)"),
+            "c.json: reduce: expected at most 1e9 s (1e+12 in this file's time_unit), found 1e+13");
+  EXPECT_EQ(error_of(R"("forward": 2e9, "time_unit": "ns", )" + fbw), "");  // 2 s
+  EXPECT_NE(error_of(R"("forward": 1, "optimizer_step": 1e300, )" + fbw).find("optimizer_step: "),
+            std::string::npos);
+  EXPECT_NE(error_of(R"("forward": 1, "p2p": {"latency": 1e300}, )" + fbw).find("p2p.latency: "),
+            std::string::npos);
+  EXPECT_NE(error_of(R"("forward": 1, "message_bytes": 1e300, )" + fbw)
+                .find("message_bytes: expected at most 2^63 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"("forward": 1, "message_bytes": 1e6, "p2p": {"bandwidth": 1e-300}, )" + fbw)
+                .find("p2p.bandwidth: expected a bandwidth that moves message_bytes (1000000)"),
+            std::string::npos);
+}
+
+// activation_bytes_after_b is the part of activation_bytes held between B and W: more
+// than the whole is refused, per stage, whether given as one number or per stage.
+TEST(CostFile, ActivationBytesAfterBIsAPartOfActivationBytes) {
+  const std::string fbw = R"("forward": 1, "backward_input": 1, "backward_weight": 1, )";
+  auto error_of = [&](const std::string& fields) {
+    return input_error_of(
+        [&] { resolve(parse_costs("{" + fbw + fields + "}", "c.json"), 2, 2, 1); });
+  };
+  EXPECT_EQ(error_of(R"("activation_bytes": 100, "activation_bytes_after_b": 100)"), "");
+  EXPECT_EQ(error_of(R"("activation_bytes": 100, "activation_bytes_after_b": 101)"),
+            "costs: activation_bytes_after_b: expected at most activation_bytes (100, of which it "
+            "is the part held between B and W), found 101");
+  EXPECT_NE(error_of(R"("activation_bytes": 100, "activation_bytes_after_b": [50, 150])")
+                .find("activation_bytes_after_b[1]: expected at most activation_bytes (100"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"("activation_bytes_after_b": 1)").find("(0: not given"), std::string::npos);
+}
+
 TEST(CostFile, ErrorsNameJsonPath) {
   struct Case {
     const char* text;

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
 
 #include "memory/error.h"
 #include "schedule/generators.h"
@@ -13,7 +16,9 @@
 #include "schedule/schedule_io.h"
 #include "schedule/simulate.h"
 #include "schedule/timeline.h"
+#include "schedule/trace_compare.h"
 #include "schedule/validate.h"
+#include "tests/input_error.h"
 
 using namespace baton::schedule;
 using baton::InputError;
@@ -469,4 +474,139 @@ TEST(Timeline, ChromeTraceRoundTripsAndSvgDrawsEveryAction) {
   EXPECT_EQ(rects, 1 + t.events.size() + 7);            // background, one per event, legend
   EXPECT_NE(svg.find(">2</text>"), std::string::npos);  // micro-batch numbers in the boxes
   EXPECT_THROW(from_chrome_trace("{\"traceEvents\": 3}", "x.json"), InputError);
+}
+
+namespace {
+
+// A small predicted timeline's Chrome trace: 1F1B on 2 ranks, 2 micro-batches, lowered.
+nlohmann::json small_trace() {
+  Schedule s = lower(generate("1f1b", 2, 2));
+  Simulator simr(s);
+  simr.run(resolve(spec_fbw(1, 1, 1), s));
+  return nlohmann::json::parse(to_chrome_trace(simr.timeline(1e-3)));
+}
+
+// The index of the first complete ("X") event.
+size_t first_complete(const nlohmann::json& j) {
+  const auto& ev = j["traceEvents"];
+  for (size_t i = 0; i < ev.size(); ++i)
+    if (ev[i]["ph"] == "X") return i;
+  return ev.size();
+}
+
+}  // namespace
+
+// Trace events are checked field by field, naming traceEvents[i].<field>: a pid beyond
+// otherData.ranks (or 2^20 without it) had made `trace svg` draw a row per rank up to it
+// (13 GB for pid 1e9) or overflow at 2^31 - 1; negative durations, stages below -1,
+// unknown categories and phases, huge times and unknown lanes had passed or been dropped.
+TEST(Timeline, ReaderRefusesMalformedEventsNamingTheField) {
+  using baton::testing_support::input_error_of;
+  const nlohmann::json base = small_trace();
+  const size_t i = first_complete(base);
+  ASSERT_LT(i, base["traceEvents"].size());
+  const std::string at = "t.json: traceEvents[" + std::to_string(i) + "]";
+  auto error_of = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = base;
+    change(j["traceEvents"][i]);
+    return input_error_of([&] { from_chrome_trace(j.dump(), "t.json"); });
+  };
+  EXPECT_EQ(error_of([](nlohmann::json&) {}), "");
+  struct Case {
+    std::function<void(nlohmann::json&)> change;
+    std::string what;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& e) { e["pid"] = 1000000000; },
+       at + ".pid: expected a rank from 0 to 1 (otherData.ranks is 2), found 1000000000"},
+      {[](auto& e) { e["pid"] = 2147483647; }, at + ".pid: expected a rank from 0 to 1"},
+      {[](auto& e) { e["pid"] = 1e12; }, at + ".pid: expected a rank from 0 to 1"},
+      {[](auto& e) { e["pid"] = -1; }, at + ".pid: expected a rank from 0 to 1"},
+      {[](auto& e) { e["dur"] = -100.0; }, at + ".dur: expected a duration from 0"},
+      {[](auto& e) { e["ts"] = 1e308; }, at + ".ts: expected a finite time"},
+      {[](auto& e) { e["ts"] = "0"; }, at + ".ts: expected a finite time"},
+      {[](auto& e) { e.erase("dur"); }, at + ".dur: missing"},
+      {[](auto& e) { e["args"]["stage"] = -7; }, at + ".args.stage: expected an integer from "},
+      {[](auto& e) { e["args"]["micro_batch"] = 2.5; }, at + ".args.micro_batch: expected"},
+      {[](auto& e) { e["args"]["peer"] = 2; },
+       at + ".args.peer: expected -1 or a rank from 0 to 1"},
+      {[](auto& e) { e["cat"] = "ZZ"; }, at + ".cat: expected an action kind"},
+      {[](auto& e) { e["ph"] = "B"; }, at + ".ph: expected \"X\" (a complete event) or \"M\""},
+      {[](auto& e) { e["tid"] = 7; }, at + ".tid: expected a lane: 0 (compute), 1"},
+      {[](auto& e) { e = 3; }, at + ": expected a trace event object"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = error_of(c.change);
+    EXPECT_EQ(msg.rfind(c.what, 0), 0u) << c.what << " -> " << msg;
+  }
+  // The header's rank count is checked too, and without it a pid is bounded by 2^20.
+  nlohmann::json j = base;
+  j["otherData"]["ranks"] = 1e9;
+  EXPECT_EQ(input_error_of([&] {
+              from_chrome_trace(j.dump(), "t.json");
+            }).rfind("t.json: otherData.ranks: expected a number of ranks", 0),
+            0u);
+  nlohmann::json bare = base["traceEvents"];  // the array form: no header
+  bare[i]["pid"] = 5;
+  EXPECT_EQ(from_chrome_trace(bare.dump(), "t.json").num_ranks, 6);
+  bare[i]["pid"] = 1 << 20;
+  EXPECT_NE(input_error_of([&] {
+              from_chrome_trace(bare.dump(), "t.json");
+            }).find(".pid: expected a rank from 0 to 1048575, found 1048576"),
+            std::string::npos);
+  // A labelled event (a halo receive, a load) is no action: skipped, not refused.
+  j = base;
+  j["traceEvents"][i]["cat"] = "HALO";
+  j["traceEvents"][i]["name"] = "HALO_F0";
+  EXPECT_EQ(from_chrome_trace(j.dump(), "t.json").events.size(),
+            from_chrome_trace(base.dump(), "t.json").events.size() - 1);
+}
+
+// JSON has no infinity: a timeline whose times overflowed is refused rather than
+// written as a trace no reader (baton's included) can parse.
+TEST(Timeline, ChromeTraceRefusesNonFiniteTimes) {
+  Timeline t{"huge", 1, 1.0, {}};
+  t.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.0, 1e300});
+  EXPECT_NO_THROW(to_chrome_trace(t));
+  t.events[0].end = 1e308;  // seconds: 1e314 microseconds, beyond double
+  EXPECT_NE(baton::testing_support::input_error_of([&] {
+              to_chrome_trace(t);
+            }).find("0F0 on rank 0 has no finite time"),
+            std::string::npos);
+  t.events[0].end = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(to_chrome_trace(t), InputError);
+}
+
+// The prediction is measured from its own first action as the measured side is (a
+// one-step trace against itself differs by nothing), and a prediction holding an action
+// twice (a measured trace of two steps given as the prediction) is refused, naming it:
+// it had matched arbitrarily (a trace against itself read -50%).
+TEST(Timeline, CompareShiftsThePredictionAndRefusesRepeatedActions) {
+  Schedule s = lower(generate("1f1b", 2, 3));
+  Simulator simr(s);
+  simr.run(resolve(spec_fbw(1, 2, 1), s));
+  Timeline one = simr.timeline(1e-3);
+  for (TimelineEvent& e : one.events) e.start += 7, e.end += 7;  // a measured step's offset
+  TraceComparison c = compare_timelines(one, one);
+  EXPECT_EQ(c.unmatched_measured, 0);
+  EXPECT_EQ(c.unmatched_predicted, 0);
+  EXPECT_DOUBLE_EQ(c.mean_abs_start_diff, 0.0);
+  EXPECT_DOUBLE_EQ(c.mean_abs_duration_diff, 0.0);
+  EXPECT_DOUBLE_EQ(c.measured_makespan, c.predicted_makespan);
+  EXPECT_NEAR(c.predicted_makespan, simr.timeline(1e-3).end_time() * 1e-3, 1e-12);
+  for (const ActionDiff& d : c.actions)
+    EXPECT_DOUBLE_EQ(d.measured_start, d.predicted_start)
+        << to_token({d.kind, d.micro_batch, d.stage, -1});
+  // Two steps: every action twice.
+  Timeline two = one;
+  for (const TimelineEvent& e : one.events) {
+    TimelineEvent later = e;
+    later.start += 100, later.end += 100;
+    two.events.push_back(later);
+  }
+  EXPECT_NO_THROW(compare_timelines(two, one));  // measured: its first step counts
+  const std::string msg = baton::testing_support::input_error_of(
+      [&] { compare_timelines(one, two, "m.json", "p.json"); });
+  EXPECT_EQ(msg.rfind("p.json: 0F0 appears twice (rank 0 at 0.007 s and rank 0 at 0.107 s)", 0), 0u)
+      << msg;
 }
