@@ -34,8 +34,17 @@ size_t parse_bytes(std::string_view text) {
   if (end == s.c_str() || !std::isfinite(value) || value < 0)
     throw InputError("invalid size '" + s +
                      "': expected a number with an optional unit, e.g. 512MiB");
-  for (const Unit& u : units)
-    if (suffix == u.name) return static_cast<size_t>(std::llround(value * u.scale));
+  for (const Unit& u : units) {
+    if (suffix != u.name) continue;
+    const double bytes = value * u.scale;
+    // 2^63 and more would wrap (llround); a size under one byte would round to 0, which
+    // callers read as "unlimited".
+    if (bytes >= 0x1p63)
+      throw InputError("invalid size '" + s + "': expected at most 2^63 - 1 bytes (8 EiB)");
+    if (bytes > 0 && bytes < 1)
+      throw InputError("invalid size '" + s + "': expected 0 or at least 1 byte");
+    return static_cast<size_t>(std::llround(bytes));
+  }
   throw InputError("invalid size '" + s + "': unknown unit '" + std::string(suffix) +
                    "' (expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
 }

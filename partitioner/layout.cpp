@@ -1,5 +1,7 @@
 #include "partitioner/layout.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "memory/error.h"
@@ -11,12 +13,15 @@ Layout::Layout(int dp, std::vector<int> tp_per_pp, std::vector<int> spatial_per_
   BATON_CHECK(dp >= 1 && !tp_.empty(), "a layout needs dp >= 1 and at least one pipeline rank");
   if (sp_.empty()) sp_.assign(tp_.size(), 1);
   BATON_CHECK(sp_.size() == tp_.size(), "one spatial degree per pipeline rank");
-  replica_ = 0;
+  int64_t replica = 0;
   for (size_t p = 0; p < tp_.size(); ++p) {
     BATON_CHECK(tp_[p] >= 1 && sp_[p] >= 1, "tensor-parallel and spatial degrees are >= 1");
-    offset_.push_back(replica_);
-    replica_ += tp_[p] * sp_[p];
+    offset_.push_back(int(std::min<int64_t>(replica, kMaxWorld)));
+    replica += int64_t(tp_[p]) * sp_[p];
   }
+  // In int64: the degrees' product must not wrap to a small world that passes.
+  BATON_CHECK(replica * dp <= kMaxWorld, "a world of at most 2^20 ranks");
+  replica_ = int(replica);
 }
 
 bool Layout::has_spatial() const {

@@ -21,6 +21,10 @@ struct RankCoord {
   bool operator==(const RankCoord&) const = default;
 };
 
+// The most ranks a world may have: plans refuse more (naming $.devices or $.parallel),
+// so a world's rank numbers fit an int with room.
+inline constexpr int kMaxWorld = 1 << 20;
+
 class Layout {
  public:
   Layout() = default;

@@ -1,5 +1,6 @@
 #include "partitioner/plan.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -95,9 +96,9 @@ bool Plan::uniform_tp() const {
   return true;
 }
 
-int Plan::replica_size() const {
-  int n = 0;
-  for (size_t i = 0; i < tp.size(); ++i) n += tp[i] * spatial_of(int(i));
+int64_t Plan::replica_size() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < tp.size(); ++i) n += int64_t(tp[i]) * spatial_of(int(i));
   return n;
 }
 
@@ -202,7 +203,7 @@ int64_t parse_memory(const JsonReader& r) {
     try {
       return int64_t(memory::parse_bytes(r.as_string()));
     } catch (const InputError& e) {
-      r.fail("a size such as \"4GiB\" or a number of bytes", "\"" + r.as_string() + "\"");
+      r.fail_message(e.what());  // what is wrong: not a size, or one beyond int64 or under a byte
     }
   }
   return r.as_int(0, INT64_MAX);
@@ -225,6 +226,13 @@ void parse_parallel(Plan& p, const JsonReader& r) {
   } else {
     p.tp.assign(size_t(p.pp), 1);
   }
+  // Each degree alone is bounded; their product, the world, is what the ranks number.
+  const int64_t world = int64_t(p.dp) * p.replica_size();
+  if (world > kMaxWorld)
+    r.fail("degrees whose world dp x (sum of tp over the pipeline ranks) is at most " +
+               std::to_string(kMaxWorld) + " ranks",
+           std::to_string(p.dp) + " x " + std::to_string(p.replica_size()) + " = " +
+               std::to_string(world));
 }
 
 void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
@@ -248,6 +256,8 @@ void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
   }
   if (auto pr = r.get("pipeline_ranks")) {
     pr->expect_array();
+    // Empty would read as absent and go unchecked.
+    if (pr->size() == 0) pr->fail("the pipeline ranks holding the chunk (at least one)", "[]");
     for (const JsonReader& x : pr->items()) s.pipeline_ranks.push_back(int(x.as_int(0, pp - 1)));
   }
   if (auto rc = r.get("recompute")) {
@@ -256,7 +266,14 @@ void parse_stage(PlanStage& s, const JsonReader& r, int pp) {
     } else {
       if (!rc->raw().is_array())
         rc->fail("true, false or an array of layer names", stages::json_brief(rc->raw()));
-      for (const JsonReader& x : rc->items()) s.recompute_names.push_back(x.as_string());
+      for (const JsonReader& x : rc->items()) {
+        const std::string name = x.as_string();
+        const auto seen = std::find(s.recompute_names.begin(), s.recompute_names.end(), name);
+        if (seen != s.recompute_names.end())
+          x.fail("each layer once", "\"" + name + "\" again (also at recompute[" +
+                                        std::to_string(seen - s.recompute_names.begin()) + "])");
+        s.recompute_names.push_back(name);
+      }
     }
   }
 }
@@ -425,7 +442,7 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   else
     p.tp.assign(1, 1);
   JsonReader devices = r.at("devices");
-  p.devices = int(devices.as_int(1, kMaxCount));
+  p.devices = int(devices.as_int(1, kMaxWorld));
   // With a spatial split the pipeline ranks' widths need the stages (checked below).
   bool spatial_written = false;
   if (j.contains("stages") && j["stages"].is_array())
@@ -519,6 +536,13 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
     p.stages.push_back(std::move(ps));
   }
   plan_spatial_degrees(p);
+  if (spatial_written && int64_t(p.dp) * p.replica_size() > kMaxWorld)
+    r.at("stages").fail(
+        "spatial degrees whose world dp x (sum of tp x spatial over the pipeline "
+        "ranks) is at most " +
+            std::to_string(kMaxWorld) + " ranks",
+        std::to_string(p.dp) + " x " + std::to_string(p.replica_size()) + " = " +
+            std::to_string(int64_t(p.dp) * p.replica_size()));
   if (spatial_written && p.devices != p.dp * p.replica_size())
     devices.fail("dp x (sum of tp x spatial over the pipeline ranks) = " + std::to_string(p.dp) +
                      " x " + std::to_string(p.replica_size()) + " = " +

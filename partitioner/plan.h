@@ -156,7 +156,7 @@ struct Plan {
   bool uniform_tp() const;
   int spatial_of(int p) const { return spatial.empty() ? 1 : spatial[size_t(p)]; }
   bool has_spatial() const;
-  int replica_size() const;  // ranks per data-parallel replica: the sum of tp x spatial
+  int64_t replica_size() const;  // ranks per data-parallel replica: the sum of tp x spatial
   std::string where(const std::string& json_path) const;  // "plan.json: $.x"
 };
 

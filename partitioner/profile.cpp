@@ -284,6 +284,9 @@ void check_options(const ProfileOptions& o) {
     throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
   if (o.repeats < 1)
     throw InputError("--repeats: expected at least 1, found " + std::to_string(o.repeats));
+  if (o.warmup < 0)
+    throw InputError("--warmup: expected 0 or more untimed runs, found " +
+                     std::to_string(o.warmup));
 }
 
 }  // namespace

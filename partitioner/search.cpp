@@ -356,7 +356,11 @@ class Search {
       split = std::make_unique<SpatialSplit>(plan_spatial(*g_, sp, "--spatial"));
       bool any = false;
       for (bool t : split->tiled) any = any || t;
-      if (!any) split.reset();  // nothing to tile (no image input): not a candidate
+      if (!any) {  // nothing to tile (no image input): not a candidate
+        split.reset();
+        if (o_.spatial > 0)
+          skip("spatial " + std::to_string(sp) + ": the model has no image input to tile");
+      }
     } catch (const InputError& e) {
       if (o_.spatial > 0) skip("spatial " + std::to_string(sp) + ": " + e.what());
     }
@@ -455,7 +459,12 @@ class Search {
     const schedule::Schedule* s = schedule_for(name, pp, m);
     if (s == nullptr) return;
     const int K = s->stages_per_direction();
-    if (K > g_->num_layers()) return;
+    if (K > g_->num_layers()) {
+      skip(name + " on " + std::to_string(pp) + " ranks: " + std::to_string(K) +
+           " stages, but the model has " + std::to_string(g_->num_layers()) +
+           " layers (a stage holds at least one)");
+      return;
+    }
     if (!o_.layers_per_stage.empty() && int(o_.layers_per_stage.size()) != K) {
       std::string key = "layers/" + name + std::to_string(K);
       if (!noted_.count(key))
@@ -850,8 +859,10 @@ class Search {
 
 SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
                           const SearchOptions& options) {
-  if (options.devices < 1)
-    throw InputError("--devices: expected at least 1, found " + std::to_string(options.devices));
+  // A plan of more ranks would be refused when read (layout.h).
+  if (options.devices < 1 || options.devices > kMaxWorld)
+    throw InputError("--devices: expected from 1 to " + std::to_string(kMaxWorld) +
+                     " devices, found " + std::to_string(options.devices));
   return Search(std::move(graph), model, options).run();
 }
 

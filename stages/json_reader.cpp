@@ -96,27 +96,27 @@ bool JsonReader::as_bool() const {
 }
 
 int64_t JsonReader::as_int() const {
-  if (j_->is_number_integer()) return j_->get<int64_t>();
-  if (j_->is_number_unsigned()) {
-    uint64_t u = j_->get<uint64_t>();
-    if (u > uint64_t(INT64_MAX)) fail("an integer up to " + std::to_string(INT64_MAX));
-    return int64_t(u);
-  }
-  if (j_->is_number_float()) {
-    double d = j_->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return int64_t(d);
-  }
-  fail("an integer");
+  return as_int(INT64_MIN, INT64_MAX);
 }
 
 int64_t JsonReader::as_int(int64_t min, int64_t max) const {
-  int64_t v = as_int();
-  if (v < min || v > max) {
-    std::string range = max == INT64_MAX ? "an integer >= " + std::to_string(min)
-                                         : "an integer in [" + std::to_string(min) + ", " +
-                                               std::to_string(max) + "]";
-    fail(range);
+  // nlohmann keeps non-negative integers unsigned, and is_number_integer() is true for
+  // them too: from 2^63 up they do not fit int64_t (which would wrap them negative).
+  const std::string range =
+      "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  int64_t v = 0;
+  if (j_->is_number_unsigned()) {
+    const uint64_t u = j_->get<uint64_t>();
+    if (u > uint64_t(INT64_MAX)) fail(range);
+    v = int64_t(u);
+  } else if (j_->is_number_integer()) {
+    v = j_->get<int64_t>();
+  } else {
+    const double d = j_->is_number_float() ? j_->get<double>() : 0.5;
+    if (!(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)) fail("an integer");
+    v = int64_t(d);
   }
+  if (v < min || v > max) fail(max == INT64_MAX ? "an integer >= " + std::to_string(min) : range);
   return v;
 }
 

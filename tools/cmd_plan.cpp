@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "memory/error.h"
@@ -22,8 +23,9 @@ namespace {
 namespace pt = baton::partitioner;
 
 int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured,
-          const std::string& measured_path) {
+          const std::string& measured_path, std::optional<int64_t> device_memory) {
   pt::Plan plan = pt::read_plan(path);
+  if (device_memory) plan.device_memory = *device_memory;
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
   pt::CostModel model(graph, machine, measured);
@@ -92,7 +94,26 @@ int run_plan(const std::vector<std::string>& args) {
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   const pt::MeasuredCosts* mp = costs.empty() ? nullptr : &measured;
-  if (!check_path.empty()) return check(check_path, machine, mp, costs);
+  if (!check_path.empty()) {
+    // A check evaluates the plan as written: the search's options would change nothing,
+    // so giving them is a mistake said as such. --device-memory overrides the plan's cap
+    // (as baton train --plan's does).
+    std::vector<std::string> given;
+    for (const char* flag : {"model", "devices", "tp", "pp", "spatial", "dp", "schedule",
+                             "micro-batches", "batch", "recompute", "layers-per-stage", "optimizer",
+                             "optimizer-sharding", "dp-sync", "top", "out"})
+      if (vm.count(flag) && !vm[flag].defaulted()) given.push_back(std::string("--") + flag);
+    if (!given.empty()) {
+      std::string list;
+      for (const std::string& f : given) list += (list.empty() ? "" : ", ") + f;
+      throw InputError("--check: " + list + (given.size() > 1 ? " are" : " is") +
+                       " for the search and the plan file says its own; expected with --check "
+                       "only --device-memory, --costs and the machine options");
+    }
+    std::optional<int64_t> cap;
+    if (!device_memory.empty()) cap = int64_t(parse_bytes_option("--device-memory", device_memory));
+    return check(check_path, machine, mp, costs, cap);
+  }
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
   if (!device_memory.empty())

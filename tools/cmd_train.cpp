@@ -222,6 +222,9 @@ int run_train(const std::vector<std::string>& args) {
   if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
     throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
   if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
+  if (trace_steps < 1)
+    throw InputError("--trace-steps: expected at least 1 step, found " +
+                     std::to_string(trace_steps));
   engine::PlanTrainOptions po;
   static_cast<engine::LoopOptions&>(po) = o;  // the options both loops share
   po.plan_path = plan;

@@ -122,6 +122,12 @@ void apply_log_level(const std::string& name) {
 
 void apply_common_options(const po::variables_map& vm) {
   apply_log_level(vm["log-level"].as<std::string>());
+  // A negative count had read as 0 (train) or 1 (profile) without a word.
+  if (const int t = vm["threads"].as<int>(); t < 0)
+    throw InputError(
+        "--threads: expected 0 (the cores divided among local ranks) or a count "
+        ">= 1, found " +
+        std::to_string(t));
 }
 
 }  // namespace baton::tools

@@ -64,5 +64,16 @@ TEST(Units, ParsesAndFormatsSizes) {
   EXPECT_EQ(parse_bytes("4096"), 4096u);
   EXPECT_THROW(parse_bytes("12 parsecs"), baton::InputError);
   EXPECT_THROW(parse_bytes("MiB"), baton::InputError);
+  // Beyond int64 (llround had wrapped 1e30GiB to INT64_MIN) and under one byte (0.4 had
+  // rounded to 0, which callers read as unlimited).
+  EXPECT_THROW(parse_bytes("1e30GiB"), baton::InputError);
+  EXPECT_THROW(parse_bytes("8388608TiB"), baton::InputError);  // 2^63
+  EXPECT_THROW(parse_bytes("9223372036854775808"), baton::InputError);
+  EXPECT_EQ(parse_bytes("8388607TiB"), size_t(8388607) << 40);
+  EXPECT_THROW(parse_bytes("0.4"), baton::InputError);
+  EXPECT_THROW(parse_bytes("0.0001KiB"), baton::InputError);
+  EXPECT_EQ(parse_bytes("0"), 0u);
+  EXPECT_EQ(parse_bytes("0.0GiB"), 0u);
+  EXPECT_EQ(parse_bytes("1.4"), 1u);
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");
 }

@@ -91,6 +91,26 @@ expect 2 "$baton" plan --check "$tmp/small.json"
 contains "OVER CAPACITY"
 contains "over its capacity of 1.00 MiB by"
 
+# --check takes --device-memory as an override of the plan's, and refuses the search's
+# options (they had been ignored, unparsed).
+expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --device-memory 1MiB
+contains "over its capacity of 1.00 MiB by"
+expect 0 "$baton" plan --check "$tmp/small.json" --device-memory 0
+expect 2 "$baton" plan --check "$tmp/small.json" --device-memory banana
+contains "--device-memory: invalid size 'banana'"
+expect 2 "$baton" plan --check "$tmp/small.json" --schedule nonsense --tp 7
+contains "--check: --tp, --schedule are for the search and the plan file says its own"
+# Negative counts had read as defaults without a word.
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
+contains "--threads: expected 0 (the cores divided among local ranks) or a count >= 1, found -1"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --warmup -1 --out "$tmp/neg.json"
+contains "--warmup: expected 0 or more untimed runs, found -1"
+expect 2 "$baton" train --plan "$tmp/small.json" --data "$tmp/small.json" --trace "$tmp/neg-trace.json" --trace-steps 0
+contains "--trace-steps: expected at least 1 step, found 0"
+# Options that rule out every plan say why.
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 4 --pp 4 --schedule zb-v --batch 8
+contains "no plan matches the options (zb-v on 4 ranks: 8 stages, but the model has"
+
 # Bad input: exit 2 with the file and JSON path.
 echo '{"version": 1, "model": "x.json", "devices": 1, "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [], "foo": 1}' > "$tmp/bad.json"
 expect 2 "$baton" plan --check "$tmp/bad.json"

@@ -294,8 +294,8 @@ TEST(Plan, UnknownScheduleAndFields) {
   j = tiny_plan();
   j["device_memory"] = "lots";
   EXPECT_EQ(plan_error_of(j),
-            "plan.json: $.device_memory: expected a size such as \"4GiB\" or a number of bytes, "
-            "found \"lots\"");
+            "plan.json: $.device_memory: invalid size 'lots': expected a number with an optional "
+            "unit, e.g. 512MiB");
   j = tiny_plan();
   j["optimizer"] = "adam";
   EXPECT_EQ(
@@ -917,6 +917,92 @@ TEST(Plan, SpatialDegreePerStage) {
                             "'layer2.0.conv1' (layer layer2.0) has stride 2 along the height"),
       std::string::npos)
       << plan_error_of(j);
+}
+
+// The world dp x (sum of tp x spatial) is computed in 64 bits and bounded by 2^20 ranks:
+// dp 641 x tp 6700417 had wrapped to 1 in int, matched "devices": 1 and crashed training.
+TEST(Plan, DegreesWhoseProductPassesTheWorldLimit) {
+  json j = tiny_plan();
+  j["devices"] = 1;
+  j["parallel"] = {{"dp", 641}, {"pp", 1}, {"tp", 6700417}};
+  j.erase("stages");
+  j.erase("batch");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.parallel: expected degrees whose world dp x (sum of tp over the pipeline "
+            "ranks) is at most 1048576 ranks, found 641 x 6700417 = 4294967297");
+  j["parallel"] = {{"dp", 1024}, {"pp", 2}, {"tp", {512, 513}}};
+  EXPECT_NE(plan_error_of(j).find("found 1024 x 1025 = 1049600"), std::string::npos);
+  j = tiny_plan();
+  j["devices"] = (1 << 20) + 1;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.devices: expected an integer in [1, 1048576], found 1048577");
+  // The spatial degrees multiply in too.
+  j = spatial_resnet_plan();
+  j["stages"][0]["spatial"] = 1 << 20;
+  j["stages"][1]["spatial"] = 1 << 20;
+  EXPECT_NE(plan_error_of(j).find("plan.json: $.stages: expected spatial degrees whose world dp x "
+                                  "(sum of tp x spatial over the pipeline ranks) is at most "
+                                  "1048576 ranks, found 2 x 2097152 = 4194304"),
+            std::string::npos)
+      << plan_error_of(j);
+  EXPECT_THROW(Layout(2048, {513}), std::logic_error);  // a world no plan reaches
+}
+
+// Integers from 2^63 up (nlohmann keeps them unsigned) had read wrapped ("found
+// -9223372036854775808") or beside a contradicting range ("expected an integer >= 1,
+// found 9223372036854775808").
+TEST(Plan, IntegersFrom2To63UpNameTheirRange) {
+  json j = tiny_plan();
+  j["batch"]["global"] = uint64_t(1) << 63;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.batch.global: expected an integer in [1, 9223372036854775807], found "
+            "9223372036854775808");
+  j = tiny_plan();
+  j["version"] = uint64_t(1) << 63;
+  EXPECT_NE(plan_error_of(j).find("$.version: expected an integer in [-9223372036854775808, "
+                                  "9223372036854775807], found 9223372036854775808"),
+            std::string::npos)
+      << plan_error_of(j);
+  j = tiny_plan();
+  j["device_memory"] = UINT64_MAX;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: expected an integer in [0, 9223372036854775807], found "
+            "18446744073709551615");
+  j = tiny_plan();
+  j["parallel"]["dp"] = uint64_t(1) << 63;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.parallel.dp: expected an integer in [1, 16777216], found "
+            "9223372036854775808");
+}
+
+// A device_memory beyond int64 (it had wrapped to INT64_MIN) or under one byte (0.4 had
+// rounded to 0): both had read as unlimited.
+TEST(Plan, DeviceMemoryBeyondInt64OrUnderOneByte) {
+  json j = tiny_plan();
+  j["device_memory"] = "1e30GiB";
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: invalid size '1e30GiB': expected at most 2^63 - 1 bytes "
+            "(8 EiB)");
+  j["device_memory"] = "0.4";
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: invalid size '0.4': expected 0 or at least 1 byte");
+  j["device_memory"] = "0";
+  EXPECT_EQ(parse_plan(j, "plan.json", kDir).device_memory, 0);
+}
+
+// "pipeline_ranks": [] had read as absent (unchecked), a layer named twice in recompute
+// had passed.
+TEST(Plan, EmptyPipelineRanksAndRepeatedRecompute) {
+  json j = tiny_plan();
+  j["stages"][0]["pipeline_ranks"] = json::array();
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages[0].pipeline_ranks: expected the pipeline ranks holding the chunk "
+            "(at least one), found []");
+  j = tiny_plan();
+  j["stages"][0]["recompute"] = {"h.0", "h.0"};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages[0].recompute[1]: expected each layer once, found \"h.0\" again "
+            "(also at recompute[0])");
 }
 
 }  // namespace

@@ -563,6 +563,33 @@ TEST(Search, LargeMicroBatchesWithoutBatchNorm) {
     EXPECT_EQ(reason.find("batch norm"), std::string::npos) << reason;
 }
 
+// Options that rule out every candidate say why (docs/partitioner.md promises the first
+// reason): a schedule needing more stages than the model has layers, and a spatial split
+// of a model without images, had returned with no reason ("no plan matches the options").
+TEST(Search, OptionsThatMatchNothingSayWhy) {
+  auto g = load_search_model("tiny-gpt.json");
+  CostModel model(g, Machine{});
+  SearchResult r = search_plans(g, model, search_fixed(4, 1, 4, 1, "zb-v", 0, 8));
+  EXPECT_TRUE(r.ranked.empty());
+  ASSERT_FALSE(r.skipped.empty());
+  EXPECT_EQ(r.skipped[0], "zb-v on 4 ranks: 8 stages, but the model has " +
+                              std::to_string(g->num_layers()) +
+                              " layers (a stage holds at least one)");
+  SearchOptions o = search_fixed(2, 1, 1, 1, "1f1b", 0, 8);
+  o.spatial = 2;
+  r = search_plans(g, model, o);
+  EXPECT_TRUE(r.ranked.empty());
+  ASSERT_FALSE(r.skipped.empty());
+  EXPECT_EQ(r.skipped[0], "spatial 2: the model has no image input to tile");
+  // More devices than a plan may have ranks are refused before searching.
+  try {
+    search_plans(g, model, search_fixed(kMaxWorld + 1, 0, 0, 0, "1f1b", 0, 8));
+    ADD_FAILURE() << "a search over 2^20 + 1 devices ran";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "--devices: expected from 1 to 1048576 devices, found 1048577");
+  }
+}
+
 TEST(Search, KeepsWhatTheUserFixes) {
   auto g = load_search_model("gpt-config-a.json");
   CostModel model(g, Machine{});
