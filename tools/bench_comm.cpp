@@ -52,13 +52,60 @@ float value(size_t i, int r) {
   return float((i * 7 + size_t(r) * 13) % 101);
 }
 
+// An op's count of elements at `bytes`: a rank's part for all-gather and reduce-scatter.
+size_t count_of(const std::string& op, size_t bytes, int n) {
+  size_t count = bytes / sizeof(float);
+  return op == "all_gather" || op == "reduce_scatter" ? count / size_t(n) : count;
+}
+
+// The largest size the doubling from --min-bytes reaches without passing --max-bytes.
+size_t largest_size(const CommBenchOptions& o) {
+  size_t bytes = o.min_bytes;
+  while (bytes <= o.max_bytes / 2) bytes *= 2;
+  return bytes;
+}
+
+// Every op needs a size that holds an element (a part of one per rank, for all-gather and
+// reduce-scatter): a table with no row is no result.
+void check_sizes(const CommBenchOptions& o, int n) {
+  for (const auto& op : o.ops)
+    if (count_of(op, largest_size(o), n) == 0)
+      throw InputError("--min-bytes " + std::to_string(o.min_bytes) + " to --max-bytes " +
+                       std::to_string(o.max_bytes) + ": no size holds " +
+                       (op == "all_gather" || op == "reduce_scatter"
+                            ? "a 4-byte f32 element per rank for " + op + " over " +
+                                  std::to_string(n) + " ranks (at least " + std::to_string(4 * n) +
+                                  " bytes)"
+                            : "a 4-byte f32 element for " + op));
+}
+
 class Bench {
  public:
-  Bench(Communicator& c, size_t max_elems) : c_(c), n_(c.size()), r_(c.rank()) {
-    a_ = Tensor::zeros({int64_t(max_elems)});
-    b_ = Tensor::zeros({int64_t(max_elems)});
+  // Buffers as large as the ops need at --max-bytes, no larger: all-reduce, broadcast
+  // and send/recv a message each way; all-gather's output and reduce-scatter's input
+  // are the whole message, their other side one rank's part of it.
+  Bench(Communicator& c, const std::vector<std::string>& ops, size_t max_bytes)
+      : c_(c), n_(c.size()), r_(c.rank()) {
+    const size_t whole = max_bytes / sizeof(float), part = whole / size_t(n_);
+    size_t a = 0, b = 0;
+    for (const auto& op : ops) {
+      if (op == "all_gather") {
+        a = std::max(a, part);
+        b = std::max(b, part * size_t(n_));
+      } else if (op == "reduce_scatter") {
+        a = std::max(a, part * size_t(n_));
+        b = std::max(b, part);
+      } else {
+        a = std::max(a, whole);
+        if (op == "sendrecv") b = std::max(b, whole);
+      }
+    }
+    a_ = Tensor::zeros({int64_t(a)});
+    b_ = Tensor::zeros({int64_t(b)});
     one_ = Tensor::zeros({1}, DType::f64);
   }
+
+  size_t buffer_bytes() const { return a_.nbytes() + b_.nbytes(); }
 
   // Views of the reused buffers for one operation and size, made once before timing
   // (making a view allocates; the timed loop should measure communication only).
@@ -100,8 +147,12 @@ class Bench {
     size_t total = op == "reduce_scatter" ? count * size_t(n_) : count;
     float* a = a_.data<float>();
     for (size_t i = 0; i < total; ++i) a[i] = value(i, r_);
+    // The output's extent: b holds all-gather's output, reduce-scatter's and send/recv's.
+    size_t out = op == "all_gather"                           ? count * size_t(n_)
+                 : op == "reduce_scatter" || op == "sendrecv" ? count
+                                                              : 0;
     float* b = b_.data<float>();
-    std::fill(b, b + std::max(count * size_t(n_), count), -1.0f);
+    std::fill(b, b + out, -1.0f);
   }
 
   // Wrong elements of one run, summed over the ranks.
@@ -135,12 +186,14 @@ class Bench {
     return one_.data<double>()[0];
   }
 
-  // Warm-buffer memcpy of `bytes` on this thread: the ceiling for moving bytes here.
-  double memcpy_gbs(size_t bytes) {
+  // Warm-buffer memcpy of `bytes` on this thread: the ceiling for moving bytes here. Its
+  // own buffers, freed before the operations run.
+  static double memcpy_gbs(size_t bytes) {
+    std::vector<char> from(bytes, 1), to(bytes, 0);
     std::vector<double> t;
     for (int i = 0; i < 11; ++i) {
       auto t0 = Clock::now();
-      std::memcpy(b_.raw_data(), a_.raw_data(), bytes);
+      std::memcpy(to.data(), from.data(), bytes);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     std::sort(t.begin(), t.end());
@@ -155,14 +208,15 @@ class Bench {
 
 void bench_rank(Communicator& c, const CommBenchOptions& o, const std::string& settings) {
   const int n = c.size();
-  size_t max_elems = o.max_bytes / sizeof(float) * size_t(n) + 16;
-  Bench b(c, max_elems);
+  check_sizes(o, n);
+  const double mc = c.rank() == 0 ? Bench::memcpy_gbs(largest_size(o)) : 0.0;
+  Bench b(c, o.ops, o.max_bytes);
   if (c.rank() == 0) {
-    double mc = b.memcpy_gbs(std::min(o.max_bytes, max_elems * sizeof(float)));
     std::printf("# baton bench comm: backend %s, %d ranks, f32, %d batches after warm-up; %s\n",
                 c.backend().c_str(), n, o.reps, settings.c_str());
-    std::printf("# memcpy %s warm buffers, one thread: %.2f GB/s\n",
-                memory::format_bytes(double(o.max_bytes)).c_str(), mc);
+    std::printf("# memcpy %s warm buffers, one thread: %.2f GB/s; buffers %s per rank\n",
+                memory::format_bytes(double(largest_size(o))).c_str(), mc,
+                memory::format_bytes(double(b.buffer_bytes())).c_str());
     std::printf("%-15s %12s %12s %10s %10s %10s %9s %9s %7s\n", "op", "size(B)", "count",
                 "time(us)", "min(us)", "max(us)", "algbw", "busbw", "#wrong");
     std::fflush(stdout);
@@ -170,8 +224,7 @@ void bench_rank(Communicator& c, const CommBenchOptions& o, const std::string& s
   c.barrier()->wait();
   for (const auto& op : o.ops) {
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-      size_t count = bytes / sizeof(float);
-      if (op == "all_gather" || op == "reduce_scatter") count /= size_t(n);
+      size_t count = count_of(op, bytes, n);
       if (count == 0) continue;
       b.fill(op, count);
       b.prepare(op, count);
@@ -227,6 +280,11 @@ int run_comm(const std::vector<std::string>& args) {
   apply_common_options(vm);
   CommBenchOptions o;
   o.ops = split_comma_list(vm["op"].as<std::string>());
+  if (o.ops.empty())
+    throw InputError(
+        "--op: expected one or more of all_reduce, all_gather, reduce_scatter, "
+        "broadcast and sendrecv, found '" +
+        vm["op"].as<std::string>() + "'");
   for (auto& op : o.ops)
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
       throw InputError(
@@ -245,6 +303,7 @@ int run_comm(const std::vector<std::string>& args) {
   if (backend == "local") {
     int n = vm["ranks"].as<int>();
     if (n < 1) throw InputError("--ranks: expected at least 1");
+    check_sizes(o, n);
     auto world = transport::make_local_world(n, transport::CommOptions::from_env());
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
@@ -262,6 +321,14 @@ int run_comm(const std::vector<std::string>& args) {
     return 0;
   }
   if (backend != "ucx") throw InputError("--backend: expected local or ucx, got '" + backend + "'");
+  // Outside a launcher the world is this one process, and would run on the local backend
+  // under a UCX heading.
+  if (transport::read_launch_env().size < 2)
+    throw InputError(
+        "--backend ucx: the ranks are processes started by a launcher, and this process is "
+        "a world of one (BATON_WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS "
+        "unset or 1): run it as `baton launch -n N -- baton bench comm`, or pass --backend "
+        "local --ranks N");
   transport::World w = transport::init_world();
   bench_rank(*w.comm, o, settings);
   return 0;

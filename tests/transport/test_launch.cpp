@@ -1,7 +1,8 @@
 // `baton launch --max-restarts`: a job that keeps failing is restarted N times with
 // BATON_RESUME=1, each failure and restart is logged, and then the launcher gives up
 // with the list; bad input (exit code 2) is not restarted; a job that succeeds after a
-// restart exits 0. The ranks are shell commands: no transport is involved.
+// restart exits 0. The ranks are shell commands: no transport is involved. Also
+// `baton bench comm`'s buffers and its refusals of options that measure nothing.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -225,6 +226,46 @@ TEST(Launch, ARendezvousPortInUseIsAClearError) {
                           ": bind: Address already in use"),
             std::string::npos)
       << r.output;
+}
+
+// ---- baton bench comm ----
+
+Result bench(const std::string& args) {
+  return baton::cli_testing::run_command("env -u BATON_WORLD_SIZE " + std::string(BATON_BINARY) +
+                                         " bench comm " + args);
+}
+
+// Each op's buffers at --max-bytes, not n times them: all-gather's output and
+// reduce-scatter's input are the whole message (4 ranks had held 2 x 4 x 1 MiB each).
+TEST(BenchComm, BuffersAreWhatTheOpsNeed) {
+  struct Case {
+    std::string ops, buffers;
+  };
+  for (const Case& c : {Case{"all_gather", "1.25 MiB"}, Case{"reduce_scatter", "1.25 MiB"},
+                        Case{"all_reduce,broadcast", "1.00 MiB"}, Case{"sendrecv", "2.00 MiB"}}) {
+    Result r = bench("--ranks 4 --op " + c.ops + " --min-bytes 1MiB --max-bytes 1MiB --reps 1");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("buffers " + c.buffers + " per rank"), std::string::npos)
+        << c.ops << ":\n"
+        << r.output;
+  }
+}
+
+TEST(BenchComm, OptionsThatMeasureNothingAreBadInput) {
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c :
+       {Case{"--min-bytes 3 --max-bytes 3", "no size holds a 4-byte f32 element for all_reduce"},
+        Case{"--op all_gather --ranks 4 --min-bytes 8 --max-bytes 12",
+             "no size holds a 4-byte f32 element per rank for all_gather over 4 ranks"},
+        Case{"--op ''", "--op: expected one or more of"},
+        Case{"--op ,", "--op: expected one or more of"},
+        Case{"--backend ucx", "--backend ucx: the ranks are processes started by a launcher"}}) {
+    Result r = bench(c.args + " --reps 1");
+    EXPECT_EQ(r.code, 2) << c.args << ":\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ":\n" << r.output;
+  }
 }
 
 }  // namespace
