@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "memory/error.h"
+#include "transport/detail/collectives.h"
 #include "transport/detail/group_comm.h"
 #include "transport/detail/tag.h"
 #ifdef BATON_HAVE_UCX
@@ -23,6 +24,9 @@ CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
   (void)rank, (void)size, (void)store, (void)options, (void)prefix, (void)hosts;
   throw RuntimeError("this build has no UCX backend (ThreadSanitizer builds leave it out)");
 #else
+  // A bad tunable is the caller's InputError here, before connecting, not the first
+  // collective's failure on the background thread.
+  detail::AlgoTuning::get();
   auto fabric =
       std::make_shared<detail::UcxFabric>(rank, size, *store, prefix, options, hosts.mine);
   hosts.of.clear();

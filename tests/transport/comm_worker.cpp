@@ -10,7 +10,7 @@
 //   wedge               3 ranks: rank 0 dies inside a send to rank 1, its message half
 //                       written into rank 1's shared-memory FIFO; see wedge_scenario
 // A rank that sees a PeerError prints it with the peer, leaves the launcher its failure
-// report, and exits 3.
+// report, and exits 3; bad input (an InputError) exits 2, as baton's commands do.
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -111,6 +111,13 @@ void check(Communicator& c) {
     sw->wait();
     for (int64_t i = 0; i < count; ++i)
       if (in.data<float>()[i] != float(value((r + n - 1) % n, i))) fail("send/recv" + at);
+    // point to point with oneself (UCX cannot connect a worker to itself)
+    Tensor self = Tensor::zeros({count});
+    auto sw2 = c.isend(out, r, 1000 + uint64_t(count % 1000));
+    c.irecv(self, r, 1000 + uint64_t(count % 1000))->wait();
+    sw2->wait();
+    for (int64_t i = 0; i < count; ++i)
+      if (self.data<float>()[i] != float(value(r, i))) fail("send/recv to oneself" + at);
   }
   // Pairs as tensor-parallel groups (the last rank alone when n is odd).
   std::vector<int> pair{r - r % 2};
@@ -251,6 +258,9 @@ int main(int argc, char** argv) {
     if ((scenario == "kill" || scenario == "hang") && argc == 4)
       return fail_scenario(*w.comm, scenario, std::atoi(argv[2]), std::atoi(argv[3]));
     std::fprintf(stderr, "comm_worker: unknown scenario %s\n", scenario.c_str());
+    return 2;
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", g_rank, e.what());

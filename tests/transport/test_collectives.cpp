@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "memory/tensor.h"
 #include "tests/transport/world_harness.h"
+#include "transport/detail/collectives.h"
 
 namespace baton::transport::testing {
 namespace {
@@ -273,7 +277,96 @@ TEST_P(Collectives, ManyInFlight) {
   });
 }
 
+// Ranks that name different roots all fail, each naming both roots, and the communicator
+// stays broken: no message of the disagreement is left over for a later collective to
+// match (the tag's sequence number wraps every 255 collectives; a stale small broadcast
+// had been taken by the 255th after it, and every later one was one behind).
+TEST_P(Collectives, MismatchedRootsFailOnEveryRank) {
+  // Not a structured binding: clang 14 cannot capture those in lambdas.
+  const auto backend = std::get<0>(GetParam());
+  const auto n = std::get<1>(GetParam());
+  if (n == 1) GTEST_SKIP() << "one rank has only one root";
+  for (std::string op : {"broadcast", "scatter", "gather"}) {
+    for (int64_t count : {int64_t(10), int64_t(262147)}) {  // below and above the threshold
+      for (bool each_itself : {true, false}) {              // else rank 0 names 0, the others 1
+        std::atomic<int> failed{0};
+        // The buffers are made once per rank: the failing calls below should take no time.
+        auto call = [&](Communicator& c, int root, Tensor& mine, Tensor& all) {
+          Tensor none;
+          Tensor& many = c.rank() == root ? all : none;
+          if (op == "broadcast")
+            c.broadcast(mine, root)->wait();
+          else if (op == "scatter")
+            c.scatter(many, mine, root)->wait();
+          else
+            c.gather(mine, many, root)->wait();
+        };
+        const std::string want =
+            op + ": the ranks disagree on the root: rank 0 names root 0, rank " +
+            std::to_string(n - 1) + " names root " + std::to_string(each_itself ? n - 1 : 1);
+        const std::string what = op + " of " + std::to_string(count) + " elements";
+        run_world(
+            backend, n,
+            [&](Communicator& c) {
+              const int r = c.rank();
+              Tensor mine = Tensor::full({count}, r + 1), all = Tensor::zeros({count * n});
+              try {
+                call(c, each_itself ? r : (r == 0 ? 0 : 1), mine, all);
+                ADD_FAILURE() << what << ": rank " << r << " finished with a mismatched root";
+              } catch (const RuntimeError& e) {
+                EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
+                    << what << ": " << e.what();
+                ++failed;
+              }
+              // Past the sequence number's wrap: every later call fails the same way.
+              for (int k = 0; k < 300; ++k) {
+                try {
+                  call(c, 1, mine, all);
+                  ADD_FAILURE() << what << ": call " << k << " after the mismatch finished";
+                  break;
+                } catch (const RuntimeError& e) {
+                  if (std::string(e.what()).find(want) == std::string::npos) {
+                    ADD_FAILURE() << what << ": call " << k << ": " << e.what();
+                    break;
+                  }
+                }
+              }
+            },
+            test_options(), /*leave_together=*/false);  // a broken world cannot meet again
+        EXPECT_EQ(failed.load(), n) << what;
+      }
+    }
+  }
+}
+
 #endif  // BATON_TEST_BIG
+
+#if !defined(BATON_TEST_BIG) && !defined(BATON_TEST_UCX)
+// BATON_SMALL_BYTES, BATON_RING_CHUNK and BATON_RING_WINDOW take whole numbers only: a
+// sign, a blank or a suffix is bad input, as is 0 or a value past the limit (strtoull
+// had read "-1" as 2^64 - 1).
+TEST(AlgoTuning, BadValuesAreInputErrors) {
+  for (const char* name : {"BATON_SMALL_BYTES", "BATON_RING_CHUNK", "BATON_RING_WINDOW"}) {
+    for (const char* bad : {"-1", "0", "abc", " 5", "+5", "5k", "99999999999999999999999"}) {
+      setenv(name, bad, 1);
+      try {
+        detail::AlgoTuning::from_env();
+        ADD_FAILURE() << name << "=" << bad << " was accepted";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(name) + "='" + bad + "'"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    setenv(name, "4096", 1);
+    EXPECT_NO_THROW(detail::AlgoTuning::from_env()) << name;
+    unsetenv(name);
+  }
+  setenv("BATON_RING_WINDOW", "65537", 1);  // would not fit the window's int
+  EXPECT_THROW(detail::AlgoTuning::from_env(), InputError);
+  unsetenv("BATON_RING_WINDOW");
+}
+#endif
 
 std::string name_of(const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
   return backend_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param));

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "memory/error.h"
 #include "transport/detail/executor.h"
 
 namespace baton::transport::detail {
@@ -93,6 +94,21 @@ TEST(Executor, ShutdownFailsTheJobsNotStarted) {
   if (state == Job::kFailed) {
     EXPECT_NE(late->error.what.find("closed"), std::string::npos) << late->error.what;
   }
+}
+
+// A collective's error crosses threads as data: bad input stays an InputError (exit code
+// 2, not restarted), not a RuntimeError.
+TEST(Executor, AnInputErrorStaysOne) {
+  Executor ex;
+  struct Bad final : Job {
+    void run() override { throw InputError("BATON_SMALL_BYTES='-1': expected a whole number"); }
+  };
+  auto job = std::make_shared<Bad>();
+  ex.submit(job, false);
+  EXPECT_THROW(ex.wait(*job), InputError);
+  auto later = std::make_shared<TidJob>();  // the executor is broken now: the same error
+  ex.submit(later, false);
+  EXPECT_THROW(ex.wait(*later), InputError);
 }
 
 }  // namespace

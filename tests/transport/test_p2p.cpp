@@ -170,6 +170,68 @@ TEST_P(P2P, PairsRoutedApart) {
   });
 }
 
+// Messages to one's own rank, as the local backend always took them: UCX cannot connect a
+// worker to itself, and a rank had declared itself failed, breaking the whole job.
+// Eager and large, receive first and send first, FIFO per tag, a size mismatch, and a
+// sub-group's own tags apart from the world's.
+TEST_P(P2P, MessagesToOneselfMatchAsBetweenTwoRanks) {
+  run_world(GetParam(), 2, [&](Communicator& c) {
+    const int me = c.rank();
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(300'000)}) {  // up to 1.2 MB: not eager
+      Tensor a = pattern(n, uint32_t(10 + me)), b = Tensor::zeros({n}, DType::i32);
+      auto sw = c.isend(a, me, 9);
+      auto rw = c.irecv(b, me, 9);
+      rw->wait();
+      sw->wait();
+      EXPECT_TRUE(matches(b, uint32_t(10 + me))) << n << " elements, send first";
+      Tensor d = Tensor::zeros({n}, DType::i32);
+      rw = c.irecv(d, me, 10);
+      sw = c.isend(a, me, 10);
+      sw->wait();
+      rw->wait();
+      EXPECT_TRUE(matches(d, uint32_t(10 + me))) << n << " elements, receive first";
+    }
+    std::vector<Tensor> out, in;
+    std::vector<WorkPtr> ws;
+    for (int k = 0; k < 10; ++k) {
+      out.push_back(pattern(size_for(k), uint32_t(k)));
+      ws.push_back(c.isend(out.back(), me, 3));
+    }
+    for (int k = 0; k < 10; ++k) {
+      in.push_back(Tensor::zeros({size_for(k)}, DType::i32));
+      ws.push_back(c.irecv(in.back(), me, 3));
+    }
+    for (auto& w : ws) w->wait();
+    for (int k = 0; k < 10; ++k)
+      EXPECT_TRUE(matches(in[size_t(k)], uint32_t(k))) << "message " << k;
+    Tensor big = pattern(16, 1), small = Tensor::zeros({8}, DType::i32);
+    auto s = c.isend(big, me, 4);
+    try {
+      c.irecv(small, me, 4)->wait();
+      ADD_FAILURE() << "a receive of 8 elements matched a message of 16";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("size mismatch"), std::string::npos) << e.what();
+    }
+    s->wait();
+    auto alone = c.split({me});
+    Tensor x = pattern(5, 7), y = pattern(5, 8), rx = Tensor::zeros({5}, DType::i32),
+           ry = Tensor::zeros({5}, DType::i32);
+    auto wx = c.isend(x, me, 6);
+    auto wy = alone->isend(y, 0, 6);
+    alone->irecv(ry, 0, 6)->wait();
+    c.irecv(rx, me, 6)->wait();
+    wx->wait();
+    wy->wait();
+    EXPECT_TRUE(matches(rx, 7));
+    EXPECT_TRUE(matches(ry, 8));
+    EXPECT_FALSE(c.first_failure().has_value()) << c.first_failure()->second;
+    // The world still works, with the other rank too.
+    Tensor t = Tensor::full({4}, 1);
+    c.all_reduce(t, ReduceOp::sum)->wait();
+    EXPECT_EQ(t.data<float>()[0], 2.0f);
+  });
+}
+
 TEST_P(P2P, SizeMismatchIsAnError) {
   run_world(GetParam(), 2, [&](Communicator& c) {
     if (c.rank() == 0) {

@@ -69,6 +69,21 @@ TEST(Processes, LaunchedRanksRunEveryCollectiveOverUcx) {
   }
 }
 
+// A bad tunable is bad input on every rank (exit code 2, not restarted), found when the
+// world is made: read inside the first collective, it had been a runtime failure (exit
+// 1, restarted), and "-1" had been read as 2^64 - 1.
+TEST(Processes, ABadTunableIsBadInputAndNotRestarted) {
+  for (std::string setting :
+       {"BATON_SMALL_BYTES=-1", "BATON_RING_CHUNK=1x", "BATON_RING_WINDOW=0"}) {
+    Result r = run(setting + " " + launch(2, "check", "--max-restarts 2 --restart-backoff 0"));
+    EXPECT_EQ(r.code, 2) << setting << ":\n" << r.out;
+    EXPECT_TRUE(has(r.out, "not restarting")) << r.out;
+    std::string quoted = setting.substr(0, setting.find('=')) + "='" +
+                         setting.substr(setting.find('=') + 1) + "': expected a whole number";
+    EXPECT_TRUE(has(r.out, quoted)) << r.out;
+  }
+}
+
 TEST(Processes, OneRankNeedsNoRendezvous) {
   Result r = run(std::string(COMM_WORKER) + " check");
   EXPECT_EQ(r.code, 0) << r.out;

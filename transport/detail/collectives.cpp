@@ -1,6 +1,7 @@
 #include "transport/detail/collectives.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -17,13 +18,18 @@ using memory::DType;
 
 namespace {
 
-size_t env_size(const char* name, size_t fallback) {
+// A positive whole number of the environment, or `fallback` when unset. Only digits:
+// strtoull alone would read "-1" as 2^64 - 1 and skip leading blanks and signs.
+size_t env_size(const char* name, size_t fallback, size_t most) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || x == 0)
-    throw InputError(std::string(name) + "='" + v + "': expected a positive integer");
+  bool digits = true;
+  for (const char* c = v; *c != '\0'; ++c) digits = digits && *c >= '0' && *c <= '9';
+  errno = 0;
+  unsigned long long x = digits ? std::strtoull(v, nullptr, 10) : 0;
+  if (!digits || errno == ERANGE || x == 0 || x > most)
+    throw InputError(std::string(name) + "='" + v + "': expected a whole number from 1 to " +
+                     std::to_string(most));
   return size_t(x);
 }
 
@@ -135,6 +141,83 @@ void all_gather_direct(const GroupView& g, const char* in, char* out,
   g.wait_all(reqs);
 }
 
+// ---- agreeing on the root ----
+//
+// Ranks that name different roots of a rooted collective send to ranks that expect
+// nothing from them: such messages stay unmatched, and 255 collectives later (the
+// sequence number in the tag wraps) one would match, handing over stale data. So every
+// rooted collective either moves its data in a pattern that does not depend on the root
+// (small broadcasts) or first agrees on the root in one, and every rank fails alike,
+// naming both roots, before any message can be left behind.
+
+// Each rank's root with its rank, merged as maxima: the largest and the smallest root
+// named, and by whom.
+struct RootVote {
+  int64_t hi = 0;   // root << kSourceBits | rank
+  int64_t lo = 0;   // (kMaxRanks - 1 - root) << kSourceBits | rank
+  int64_t has = 0;  // 1: the data that travels with it is the root's
+};
+
+RootVote vote_of(int rank, int root) {
+  return {(int64_t(root) << kSourceBits) | rank,
+          (int64_t(kMaxRanks - 1 - root) << kSourceBits) | rank, 0};
+}
+
+void check_vote(const RootVote& v, const char* op) {
+  const int64_t mask = (int64_t(1) << kSourceBits) - 1;
+  const int64_t big = v.hi >> kSourceBits, small = kMaxRanks - 1 - (v.lo >> kSourceBits);
+  if (big == small) return;
+  throw RuntimeError(std::string(op) + ": the ranks disagree on the root: rank " +
+                     std::to_string(v.lo & mask) + " names root " + std::to_string(small) +
+                     ", rank " + std::to_string(v.hi & mask) + " names root " +
+                     std::to_string(big) + " (every rank of the group must name the same root)");
+}
+
+// Dissemination, as the barrier's: in round k every rank sends what it knows to rank +
+// 2^k and merges what rank - 2^k knows; after ceil(log2 n) rounds every rank knows
+// every vote, and, with `bytes` > 0, holds the root's data in buf. Steps from `step0`.
+void disseminate(const GroupView& g, char* buf, size_t bytes, int root, const char* op,
+                 uint64_t step0) {
+  const int n = g.size;
+  const size_t H = sizeof(RootVote);
+  RootVote v = vote_of(g.rank, root);
+  v.has = g.rank == root;
+  Scratch mine(H + bytes), theirs(H + bytes);
+  if (v.has && bytes > 0) std::memcpy(mine.data() + H, buf, bytes);
+  uint64_t step = step0;
+  for (int dist = 1; dist < n; dist <<= 1, ++step) {
+    std::memcpy(mine.data(), &v, H);
+    auto rq = g.recv(theirs.data(), H + bytes, mod(g.rank - dist, n), step);
+    auto sq = g.send(mine.data(), H + bytes, mod(g.rank + dist, n), step);
+    g.wait(rq);
+    g.wait(sq);
+    RootVote o;
+    std::memcpy(&o, theirs.data(), H);
+    v.hi = std::max(v.hi, o.hi);
+    v.lo = std::max(v.lo, o.lo);
+    if (!v.has && o.has) {
+      if (bytes > 0) std::memcpy(mine.data() + H, theirs.data() + H, bytes);
+      v.has = 1;
+    }
+  }
+  check_vote(v, op);
+  if (g.rank != root && bytes > 0) std::memcpy(buf, mine.data() + H, bytes);
+}
+
+// Broadcasts up to this size carry their data with the votes, in the scratch's inline
+// bytes: larger ones would move it ceil(log2 n) times per rank and copy it in and out of
+// scratch (a 32 KiB broadcast between 2 threads took 8x the tree's time), so they agree
+// first and then use the tree.
+constexpr size_t kVotedBytes = Scratch::kInline - sizeof(RootVote);
+
+// Steps of the agreement ahead of a rooted collective: clear of its own steps (chain
+// chunks count from 0; equal tags would still match in order, but need not meet).
+constexpr uint64_t kAgreeStep = uint64_t(1) << (kStepBits - 1);
+
+void agree_on_root(const GroupView& g, int root, const char* op) {
+  disseminate(g, nullptr, 0, root, op, kAgreeStep);
+}
+
 // ---- broadcast ----
 
 // Binomial tree rooted at `root`: log2(n) rounds of whole messages.
@@ -182,14 +265,18 @@ void broadcast_chain(const GroupView& g, char* buf, size_t bytes, int root) {
 
 }  // namespace
 
+AlgoTuning AlgoTuning::from_env() {
+  AlgoTuning a;
+  // Sizes up to 2^48 bytes: larger ones are surely typos, and products of them overflow.
+  const size_t most_bytes = size_t(1) << 48;
+  a.small_bytes = env_size("BATON_SMALL_BYTES", a.small_bytes, most_bytes);
+  a.chunk_bytes = env_size("BATON_RING_CHUNK", a.chunk_bytes, most_bytes);
+  a.window = int(env_size("BATON_RING_WINDOW", size_t(a.window), 1 << 16));
+  return a;
+}
+
 const AlgoTuning& AlgoTuning::get() {
-  static const AlgoTuning t = [] {
-    AlgoTuning a;
-    a.small_bytes = env_size("BATON_SMALL_BYTES", a.small_bytes);
-    a.chunk_bytes = env_size("BATON_RING_CHUNK", a.chunk_bytes);
-    a.window = int(env_size("BATON_RING_WINDOW", size_t(a.window)));
-    return a;
-  }();
+  static const AlgoTuning t = from_env();  // a throw leaves it unset: the next call reads again
   return t;
 }
 
@@ -281,16 +368,24 @@ void all_gather(const GroupView& g, const void* in, void* out, std::span<const i
 
 void broadcast(const GroupView& g, void* buf, size_t bytes, int root) {
   if (g.size == 1) return;
+  char* p = static_cast<char*>(buf);
+  if (bytes <= kVotedBytes) {
+    // The data travels with the votes: ceil(log2 n) rounds, as the tree's for a power of two.
+    disseminate(g, p, bytes, root, "broadcast", 0);
+    return;
+  }
+  agree_on_root(g, root, "broadcast");
   if (bytes <= AlgoTuning::get().small_bytes || g.size == 2)
-    broadcast_tree(g, static_cast<char*>(buf), bytes, root);
+    broadcast_tree(g, p, bytes, root);
   else
-    broadcast_chain(g, static_cast<char*>(buf), bytes, root);
+    broadcast_chain(g, p, bytes, root);
 }
 
 void scatter(const GroupView& g, const void* in, void* out, std::span<const int64_t> counts,
              size_t es, int root) {
   const int r = g.rank;
   const size_t mine = size_t(counts[size_t(r)]) * es;
+  if (g.size > 1) agree_on_root(g, root, "scatter");
   if (r != root) {
     g.wait(g.recv(out, mine, root, 0));
     return;
@@ -310,6 +405,7 @@ void gather(const GroupView& g, const void* in, void* out, std::span<const int64
             size_t es, int root) {
   const int r = g.rank;
   const size_t mine = size_t(counts[size_t(r)]) * es;
+  if (g.size > 1) agree_on_root(g, root, "gather");
   if (r != root) {
     g.wait(g.send(in, mine, root, 0));
     return;

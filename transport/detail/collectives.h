@@ -22,6 +22,10 @@ struct AlgoTuning {
   size_t small_bytes = 32 << 10;   // at most this: latency-bound algorithms (eager messages)
   size_t chunk_bytes = 512 << 10;  // pipelining unit of rings and chains
   int window = 2;                  // ring chunks received ahead (more only thrashes caches)
+  // Reads the environment; InputError for a value that is not a whole number in range.
+  static AlgoTuning from_env();
+  // from_env() the first time. Worlds call it when they are made, so that a bad value is
+  // the caller's InputError there, not a failure of the first collective.
   static const AlgoTuning& get();
 };
 

@@ -1,6 +1,7 @@
 #include "transport/detail/fabric.h"
 
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
@@ -32,6 +33,10 @@ ErrorInfo ErrorInfo::of(const std::exception_ptr& e) {
     info.kind = kPeer;
     info.rank = p.peer();
     info.what = p.what();
+  } catch (const InputError& i) {
+    // Bad input stays bad input (exit code 2) across threads: a restart would meet it again.
+    info.kind = kInput;
+    info.what = i.what();
   } catch (const std::logic_error& l) {
     info.kind = kLogic;
     info.what = l.what();
@@ -49,6 +54,8 @@ void ErrorInfo::raise() const {
       throw PeerError(rank, what);
     case kLogic:
       throw std::logic_error(what);
+    case kInput:
+      throw InputError(what);
     case kRuntime:
       break;
   }
@@ -208,6 +215,70 @@ void Fabric::check_scope(std::span<const int> scope) const {
     throw PeerError(first, "rank " + std::to_string(first) +
                                " failed: " + failed_.at(first).reason + " (seen by rank " +
                                std::to_string(rank_) + ")");
+}
+
+// ---- messages to this rank itself ----
+
+RequestPtr Fabric::self_request(bool is_send, size_t bytes) {
+  auto r = std::make_shared<Request>();
+  r->peer = rank_;
+  r->is_send = is_send;
+  r->bytes = bytes;
+  r->owner = this;
+  return r;
+}
+
+void Fabric::self_deliver(SelfSend& s, SelfRecv& r) {
+  if (s.bytes != r.bytes) {
+    // As between two ranks: the send is done (its bytes went out); the receive reports it.
+    if (s.req) complete(*s.req);
+    fail(*r.req, std::make_exception_ptr(RuntimeError(
+                     "message size mismatch from rank " + std::to_string(rank_) + " to rank " +
+                     std::to_string(rank_) + ": sent " + std::to_string(s.bytes) +
+                     " bytes, receive expects " + std::to_string(r.bytes))));
+    return;
+  }
+  const void* from = s.data != nullptr ? s.data : s.eager.data();
+  if (r.bytes > 0) std::memcpy(r.data, from, r.bytes);
+  if (s.req) complete(*s.req);
+  complete(*r.req);
+}
+
+RequestPtr Fabric::self_isend(const void* data, size_t bytes, uint64_t tag) {
+  auto req = self_request(true, bytes);
+  std::lock_guard lock(self_mu_);
+  auto it = self_posted_.find(tag);
+  if (it != self_posted_.end()) {
+    SelfRecv r = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) self_posted_.erase(it);
+    SelfSend s{req, data, {}, bytes};
+    self_deliver(s, r);
+  } else if (bytes <= kSelfEagerLimit) {
+    SelfSend s{nullptr, nullptr, {}, bytes};
+    s.eager.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    self_unexpected_[tag].push_back(std::move(s));
+    complete(*req);
+  } else {
+    self_unexpected_[tag].push_back(SelfSend{req, data, {}, bytes});
+  }
+  return req;
+}
+
+RequestPtr Fabric::self_irecv(void* data, size_t bytes, uint64_t tag) {
+  auto req = self_request(false, bytes);
+  std::lock_guard lock(self_mu_);
+  auto it = self_unexpected_.find(tag);
+  if (it == self_unexpected_.end()) {
+    self_posted_[tag].push_back(SelfRecv{req, data, bytes});
+    return req;
+  }
+  SelfSend s = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) self_unexpected_.erase(it);
+  SelfRecv r{req, data, bytes};
+  self_deliver(s, r);
+  return req;
 }
 
 void Fabric::reserve_context(uint16_t id) {

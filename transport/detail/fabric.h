@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "transport/communicator.h"
 #include "transport/options.h"
@@ -35,12 +37,12 @@ inline void cpu_relax() {
 // released by whichever thread drops it last, through reference counts inside
 // libstdc++ that ThreadSanitizer cannot see.
 struct ErrorInfo {
-  enum Kind : uint8_t { kRuntime, kPeer, kLogic } kind = kRuntime;
+  enum Kind : uint8_t { kRuntime, kPeer, kLogic, kInput } kind = kRuntime;
   int rank = -1;  // the failed peer, for kPeer
   std::string what;
 
   static ErrorInfo of(const std::exception_ptr& e);  // classifies a thrown exception
-  [[noreturn]] void raise() const;                   // throws PeerError, RuntimeError, ...
+  [[noreturn]] void raise() const;  // throws PeerError, InputError, RuntimeError, ...
 };
 
 // A pending send or receive. The backend completes or fails it exactly once.
@@ -105,6 +107,13 @@ class Fabric {
   void reserve_context(uint16_t id);
 
  protected:
+  // Messages from this rank to itself, for a backend whose transport cannot carry them
+  // (UCX has no endpoint to its own worker), matched here as the local backend matches
+  // them: FIFO per tag, sizes must agree, a send of up to kSelfEagerLimit bytes is copied
+  // and completes at once, a larger one waits for its receive and is copied once.
+  static constexpr size_t kSelfEagerLimit = 64 << 10;
+  RequestPtr self_isend(const void* data, size_t bytes, uint64_t tag);
+  RequestPtr self_irecv(void* data, size_t bytes, uint64_t tag);
   // Fails a new request to or from a peer that already failed or left. A peer that
   // left while this rank still needs it counts as failed from now on (it left a
   // collective or an exchange unfinished).
@@ -152,6 +161,23 @@ class Fabric {
   std::atomic<uint64_t> failure_epoch_{0};
 
   std::atomic<uint16_t> next_context_{1};
+
+  struct SelfSend {
+    RequestPtr req;  // null for an eager send that already completed
+    const void* data = nullptr;
+    std::vector<char> eager;
+    size_t bytes = 0;
+  };
+  struct SelfRecv {
+    RequestPtr req;
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  RequestPtr self_request(bool is_send, size_t bytes);
+  void self_deliver(SelfSend& s, SelfRecv& r);
+  std::mutex self_mu_;  // held while a matched self-message is copied
+  std::map<uint64_t, std::deque<SelfSend>> self_unexpected_;  // by full tag
+  std::map<uint64_t, std::deque<SelfRecv>> self_posted_;
 };
 
 }  // namespace baton::transport::detail

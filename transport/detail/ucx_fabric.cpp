@@ -654,6 +654,8 @@ void UcxFabric::recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_i
 }
 
 RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t tag) {
+  // UCX cannot connect a worker to itself ("no active messages transport").
+  if (dst == rank()) return self_isend(data, bytes, tag);
   auto r = make_request(dst, true, bytes);
   if (failure_of(dst)) {
     fail_gone(*r, dst);
@@ -698,6 +700,7 @@ RequestPtr UcxFabric::isend(const void* data, size_t bytes, int dst, uint64_t ta
 }
 
 RequestPtr UcxFabric::irecv(void* data, size_t bytes, int src, uint64_t tag) {
+  if (src == rank()) return self_irecv(data, bytes, tag);
   auto r = make_request(src, false, bytes);
   ucp_request_param_t p{};
   // No immediate completion: UCX 1.13 does not fill in the message length when a
