@@ -327,6 +327,18 @@ void load_tensor(const BlockIndex& index, const std::string& name, const Param& 
 
 // ---- manifest ----
 
+namespace {
+
+// The crc32 of a manifest's content: its compact dump without the "crc32" field (keys
+// sorted, numbers as nlohmann writes them, so a reader recomputes it from the parsed file).
+std::string manifest_crc(json j) {
+  j.erase("crc32");
+  const std::string text = j.dump();
+  return hex32(crc32_of(0, text.data(), text.size()));
+}
+
+}  // namespace
+
 json Manifest::to_json() const {
   json shard_list = json::array();
   for (const ShardFile& s : shards)
@@ -335,16 +347,21 @@ json Manifest::to_json() const {
                           {"rank", s.rank},
                           {"bytes", s.bytes},
                           {"hash", s.hash}});
-  return {{"format", "baton-checkpoint"},
-          {"version", kVersion},
-          {"step", step},
-          {"seed", seed},
-          {"optimizer", {{"config", optimizer.to_json()}, {"steps", optimizer_steps}}},
-          {"rng", {{"seed", seed}, {"scheme", "counter-based: (seed, step, name, logical index)"}}},
-          {"data", data},
-          {"model", model},
-          {"train", train},
-          {"shards", shard_list}};
+  json j = {
+      {"format", "baton-checkpoint"},
+      {"version", kVersion},
+      {"step", step},
+      {"seed", seed},
+      {"optimizer", {{"config", optimizer.to_json()}, {"steps", optimizer_steps}}},
+      {"rng", {{"seed", seed}, {"scheme", "counter-based: (seed, step, name, logical index)"}}},
+      {"data", data},
+      {"model", model},
+      {"train", train},
+      {"shards", shard_list}};
+  // A flipped bit anywhere (AdamW's step count, the data position) is a damaged
+  // checkpoint, as one in a shard is.
+  j["crc32"] = manifest_crc(j);
+  return j;
 }
 
 namespace {
@@ -372,7 +389,15 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   r.expect_object();
   check_manifest_version(r);
   r.expect_only({"format", "version", "step", "seed", "optimizer", "rng", "data", "model", "train",
-                 "shards"});
+                 "shards", "crc32"});
+  if (r.has("crc32")) {
+    const std::string want = r.at("crc32").as_string(), got = manifest_crc(j);
+    if (got != want)
+      r.at("crc32").fail_message("the manifest is damaged: its content's crc32 is " + got +
+                                 ", written as " + want);
+  } else if (r.at("version").as_int() >= 3) {
+    r.fail_message("missing required field 'crc32' (the manifest's checksum, from version 3)");
+  }
   Manifest m;
   m.step = r.at("step").as_int(0, INT64_MAX);
   m.seed = uint64_t(r.at("seed").as_int(0, INT64_MAX));

@@ -32,7 +32,9 @@ struct ShardFile {
 
 struct Manifest {
   // 2: crc32 checksums (whole file in the manifest, each tensor in the file's metadata).
-  static constexpr int kVersion = 2;
+  // 3: the manifest's own crc32 ("crc32"), which version 2 readers would refuse as an
+  // unknown field and fall back past.
+  static constexpr int kVersion = 3;
   static constexpr int kMinVersion = 1;  // read too (FNV-1a file hashes)
   int64_t step = 0;                      // training steps completed
   uint64_t seed = 0;                     // the run's seed (init, data order, dropout)
@@ -42,7 +44,9 @@ struct Manifest {
   nlohmann::json model;  // the model JSON as given
   nlohmann::json train;  // settings of the run (batch, micro-batches, ...)
   std::vector<ShardFile> shards;
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  // with its "crc32"
+  // InputError naming the file and field, also for a manifest whose crc32 disagrees with
+  // its content (required from version 3, checked whenever present).
   static Manifest from_json(const nlohmann::json& j, const std::string& source);
 };
 

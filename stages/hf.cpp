@@ -1,5 +1,7 @@
 #include "stages/hf.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -105,6 +107,13 @@ json hf_math_fields(const json& model, const std::string& source) {
   for (const char* k : {"name", "context", "initializer_range", "embd_pdrop", "resid_pdrop",
                         "attn_pdrop", "attention_dropout", "max_position_embeddings"})
     j.erase(k);
+  // The legacy "type" names the same scaling as "rope_type" (transformers reads either).
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    json& scaling = j["rope_scaling"];
+    if (scaling.contains("type") && !scaling.contains("rope_type"))
+      scaling["rope_type"] = scaling["type"];
+    scaling.erase("type");
+  }
   return j;
 }
 
@@ -116,14 +125,26 @@ void check_same_model_math(const json& model, const std::string& source, const j
   for (const auto& [key, v] : theirs.items()) {
     const json have = mine.contains(key) ? mine[key] : json(nullptr);
     if (have != v)
-      throw InputError(source + ": " + key + " is " + have.dump() + ", but " + reference_source +
+      throw InputError(source + ": $." + key + " is " + have.dump() + ", but " + reference_source +
                        " has " + v.dump() + " (" + why + ")");
   }
   for (const auto& [key, v] : mine.items())
     if (!theirs.contains(key))
-      throw InputError(source + ": " + key + " is " + v.dump() + ", but " + reference_source +
+      throw InputError(source + ": $." + key + " is " + v.dump() + ", but " + reference_source +
                        " has no such field (a " + theirs.value("type", std::string("?")) +
                        " model)");
+  // Within a sliding window baton's full attention is the same math, beyond it not.
+  if (auto window = hf_sliding_window(JsonReader(reference, reference_source))) {
+    const json given = model.contains("model_type")
+                           ? hf_config_to_shorthand(JsonReader(model, source))
+                           : parse_llama_shorthand(JsonReader(model, source)).to_json();
+    for (const char* k : {"context", "max_position_embeddings"})
+      if (given[k].get<int64_t>() > *window)
+        throw InputError(source + ": $." + k + " is " + given[k].dump() + ", but " +
+                         reference_source + " is a Mistral whose sliding window holds " +
+                         std::to_string(*window) +
+                         " positions (baton has no sliding-window attention; " + why + ")");
+  }
 }
 
 void check_hf_model_matches(const json& model, const std::string& source, const std::string& dir) {
@@ -312,6 +333,14 @@ json hf_config_of(const Graph& g, DType dtype) {
       j["attention_bias"] = c.attention_bias;
       j["mlp_bias"] = c.mlp_bias;
     }
+    // transformers' LlamaConfig (not Qwen2Config) refuses such a config even when head_dim
+    // is given: "The hidden size (64) is not a multiple of the number of attention heads (6)".
+    if (!qwen && c.hidden_size % c.num_attention_heads != 0)
+      throw InputError(g.source + ": hidden_size " + std::to_string(c.hidden_size) +
+                       " is not a multiple of num_attention_heads " +
+                       std::to_string(c.num_attention_heads) +
+                       ": transformers' LlamaConfig refuses to load that, whatever head_dim is "
+                       "(a Hugging Face LLaMA needs hidden_size % num_attention_heads == 0)");
     if (qwen && c.mlp_bias)
       throw InputError(g.source +
                        ": a model with biases on q, k, v only and on the MLP has no "
@@ -341,6 +370,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     if (e.is_directory(ec) && fs::exists(e.path() / "manifest.json", ec))
       throw InputError(dir + ": holds baton checkpoints (" + e.path().filename().string() +
                        "); export to a directory of its own");
+  const bool existed = fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
   // Stored names and dtype; GPT-2's tied head has no tensor of its own.
@@ -360,39 +390,78 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     shards.back().push_back(std::move(t));
     used += b;
   }
-  const std::map<std::string, std::string> meta{{"format", "pt"}};
-  // An earlier export's weight files first, so a directory never mixes two exports'
-  // shards; other files (an adapter's weights, a tokenizer) are not ours to remove.
+  // The new files go to a staging directory inside `dir` first (the same file system, so
+  // they rename in): an export that fails (a full disk) leaves the earlier one whole.
+  // One that crashed leaves its staging directory, removed here.
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(".baton-export-", 0) == 0) fs::remove_all(e.path(), ec);
+  const fs::path staging = fs::path(dir) / (".baton-export-" + std::to_string(::getpid()));
+  fs::create_directory(staging, ec);
+  if (ec) throw InputError(dir + ": cannot write in it: " + ec.message());
+  std::vector<std::string> written;  // file names, config.json last
+  try {
+    const std::map<std::string, std::string> meta{{"format", "pt"}};
+    auto stage = [&](const std::string& name, auto&& write) {
+      write((staging / name).string());
+      written.push_back(name);
+    };
+    if (shards.size() == 1) {
+      stage("model.safetensors",
+            [&](const std::string& path) { write_safetensors(path, shards[0], meta); });
+    } else {
+      json weight_map = json::object();
+      uint64_t total = 0;
+      const size_t n = shards.size();
+      for (size_t i = 0; i < n; ++i) {
+        char name[64];
+        std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+        stage(name, [&](const std::string& path) { write_safetensors(path, shards[i], meta); });
+        for (const NamedTensor& t : shards[i]) {
+          weight_map[t.name] = name;
+          total += t.tensor.nbytes();
+        }
+      }
+      json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      stage("model.safetensors.index.json", [&](const std::string& path) {
+        memory::write_file_durably(path, index.dump(2) + "\n");
+      });
+    }
+    stage("config.json", [&](const std::string& path) {
+      memory::write_file_durably(path, config.dump(2) + "\n");
+    });
+  } catch (const RuntimeError& e) {
+    fs::remove_all(staging, ec);
+    if (!existed) fs::remove(dir, ec);  // only when empty
+    throw RuntimeError(dir + ": cannot write the export: " + e.what() +
+                       (existed ? " (an earlier export there is untouched)" : ""));
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    if (!existed) fs::remove(dir, ec);
+    throw;
+  }
+  // All written: the new files replace the earlier export's, and its weight files that
+  // the new export has not (other shard counts, an index) go, so a directory never mixes
+  // two exports' shards; other files (an adapter's weights, a tokenizer) are not ours.
+  for (const std::string& name : written) {
+    fs::rename(staging / name, fs::path(dir) / name, ec);
+    if (ec) {
+      fs::remove_all(staging, ec);
+      throw RuntimeError(dir + "/" + name + ": cannot move the export's file in: " + ec.message());
+    }
+  }
+  fs::remove_all(staging, ec);
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     unsigned a = 0, b = 0;
     char rest = 0;
-    if (name == "model.safetensors" ||
+    const bool ours =
+        name == "model.safetensors" || name == "model.safetensors.index.json" ||
         (std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensor%c", &a, &b, &rest) == 3 &&
-         rest == 's' && name.size() == 32))
+         rest == 's' && name.size() == 32);
+    if (ours && std::find(written.begin(), written.end(), name) == written.end())
       fs::remove(e.path(), ec);
   }
-  fs::remove(dir + "/model.safetensors.index.json", ec);
-  if (shards.size() == 1) {
-    write_safetensors(dir + "/model.safetensors", shards[0], meta);
-  } else {
-    json weight_map = json::object();
-    uint64_t total = 0;
-    const size_t n = shards.size();
-    for (size_t i = 0; i < n; ++i) {
-      char name[64];
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-      const std::string path = dir + "/" + name;
-      write_safetensors(path, shards[i], meta);
-      for (const NamedTensor& t : shards[i]) {
-        weight_map[t.name] = name;
-        total += t.tensor.nbytes();
-      }
-    }
-    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    memory::write_file_durably(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
-  }
-  memory::write_file_durably(dir + "/config.json", config.dump(2) + "\n");
+  memory::fsync_path(dir, true);
 }
 
 void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& opt) {

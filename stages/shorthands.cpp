@@ -1,5 +1,6 @@
 #include "stages/shorthands.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -314,6 +315,16 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
     c.rope_theta = rp->get_double("rope_theta", c.rope_theta, 1e-6, 1e300);
     c.rope_scaling = read_rope_object(*rp, true);
   }
+  // As transformers' standardize_rope_params: a top-level original_max_position_embeddings
+  // (Phi-3-style configs) overrides the llama3 scaling's own.
+  if (auto omax = r.get("original_max_position_embeddings"); hf && omax) {
+    const json& rs = c.rope_scaling;
+    const bool llama3 = rs.is_object() && rs.value("rope_type", rs.value("type", "")) == "llama3";
+    if (llama3) {
+      omax->as_double(1e-6, 1e12);
+      c.rope_scaling["original_max_position_embeddings"] = omax->raw();
+    }
+  }
   if (auto a = r.get("hidden_act"); a && a->as_string() != "silu")
     a->fail("\"silu\" (the only LLaMA activation baton implements)");
   if (auto p = r.get("pretraining_tp"); p && p->as_int() != 1)
@@ -391,16 +402,31 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
   read_llama_fields(c, r, true);
   c.context = r.get_int("context", 0, 1, kBig);  // baton's own: the training window
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
-  // A sliding window restricts attention to the last W keys: baton attends to all.
-  auto no_window = [&](const char* field) {
-    if (auto w = r.get(field); w && !w->raw().is_null())
-      w->fail("null (baton has no sliding-window attention)", json_brief(w->raw()));
-  };
   if (type == "llama") {
     c.attention_bias = r.get_bool("attention_bias", false);
     c.mlp_bias = r.get_bool("mlp_bias", false);
   } else if (type == "mistral") {
-    no_window("sliding_window");
+    // A sliding window restricts attention to the last W keys, baton attends to all: the
+    // same within the window, so a context beyond it is refused, and generation (up to
+    // max_position_embeddings) stays inside it.
+    if (auto w = hf_sliding_window(r)) {
+      const std::string why =
+          " (baton has no sliding-window attention; within the window it "
+          "computes the same)";
+      if (c.seq() > *w && r.has("sliding_window"))
+        r.at("sliding_window")
+            .fail("null, or at least the context " + std::to_string(c.seq()) + why,
+                  std::to_string(*w));
+      if (c.seq() > *w)
+        (r.has("context") ? r.at("context") : r.at("max_position_embeddings"))
+            .fail("at most " + std::to_string(*w) +
+                      ": config.json has no sliding_window, so transformers' MistralConfig "
+                      "attends within its default window of " +
+                      std::to_string(*w) + why + "; set \"context\" to " + std::to_string(*w) +
+                      " or less",
+                  std::to_string(c.seq()));
+      c.max_position_embeddings = std::min(c.max_position_embeddings, *w);
+    }
   } else {  // qwen2: q, k, v have biases; the window applies only with use_sliding_window
     c.qkv_bias = true;
     if (r.get_bool("use_sliding_window", false))
@@ -412,6 +438,14 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
   }
   check_llama(c, r);
   return c;
+}
+
+std::optional<int64_t> hf_sliding_window(const JsonReader& r) {
+  if (!r.is_object() || r.get_string("model_type", "") != "mistral") return std::nullopt;
+  auto w = r.get("sliding_window");
+  if (!w) return 4096;  // MistralConfig's default
+  if (w->raw().is_null()) return std::nullopt;
+  return w->as_int(1, kBig);
 }
 
 json llama_graph_json(const LlamaConfig& c) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,11 +65,15 @@ struct LlamaConfig {
 // The baton shorthand {"type": "llama", ...} with LlamaConfig's field names: unknown
 // fields are errors.
 LlamaConfig parse_llama_shorthand(const JsonReader& r);
-// A Hugging Face config.json with "model_type" "llama", "mistral" (no sliding window) or
-// "qwen2" (biases on q, k, v; no sliding window): every field that changes the math is
-// checked, an unsupported value is an InputError naming the field; bookkeeping fields are
-// ignored.
+// A Hugging Face config.json with "model_type" "llama", "mistral" or "qwen2" (biases on
+// q, k, v; no sliding window): every field that changes the math is checked, an
+// unsupported value is an InputError naming the field; bookkeeping fields are ignored.
+// Mistral's sliding window (hf_sliding_window) is accepted when the context fits in it,
+// and max_position_embeddings is then capped at it: baton attends to every position.
 LlamaConfig parse_hf_llama_config(const JsonReader& r);
+// The sliding window transformers applies to a config.json's attention, or nullopt: a
+// Mistral's sliding_window, 4096 (MistralConfig's default) when the key is absent.
+std::optional<int64_t> hf_sliding_window(const JsonReader& r);
 nlohmann::json llama_graph_json(const LlamaConfig& c);
 
 // A Hugging Face config.json of any model type baton reads, as the shorthand it expands

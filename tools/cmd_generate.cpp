@@ -68,7 +68,12 @@ int run_generate(const std::vector<std::string>& args) {
   if (bos != "auto" && bos != "yes" && bos != "no")
     throw InputError("--bos: expected yes, no or auto, found '" + bos + "'");
   if (bos != "auto" && tokenizer.empty())
-    throw InputError("--bos needs --tokenizer (ids given by --prompt-ids are taken as they are)");
+    throw InputError(prompt_ids.empty()
+                         ? "--bos " + bos +
+                               " needs --tokenizer: the beginning-of-sequence id is the "
+                               "tokenizer's (a --prompt without one is taken byte by byte)"
+                         : "--bos needs --tokenizer (ids given by --prompt-ids are taken as they "
+                           "are)");
 
   // The model (every layer on this process, from a checkpoint of any plan or a Hugging
   // Face directory); the KV-cache loop and the sampling are stages::generate's.

@@ -104,6 +104,14 @@ expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --top-k 
 contains "--top-k only acts when sampling"
 expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --bos maybe
 contains "--bos"
+# --bos without --tokenizer: the message fits a --prompt (it had spoken of --prompt-ids).
+expect 2 "$baton" generate --init-from "$fx/qwen2_sharded" --prompt "x" --bos no
+contains "--bos no needs --tokenizer"
+if grep -qF -- "--prompt-ids" "$tmp/out"; then
+  echo "FAIL: the --bos message speaks of --prompt-ids:"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+expect 2 "$baton" generate --init-from "$fx/qwen2_sharded" --prompt-ids 1,2 --bos yes
+contains "ids given by --prompt-ids are taken as they are"
 expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --log-level Info
 contains "--log-level: expected trace"
 # An export never goes into a checkpoint, nor removes weights that are not an export's.

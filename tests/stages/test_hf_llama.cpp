@@ -361,14 +361,14 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_act"});
   with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}});
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_type", "yarn"});
-  with("model_type", "mistral");
-  {
+  {  // a sliding window shorter than the context (baton attends to every position)
     nlohmann::json c = cfg;
     c["model_type"] = "mistral";
-    c["sliding_window"] = 4096;
+    c["sliding_window"] = 16;
     std::ofstream(path) << c.dump();
   }
-  hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "sliding_window"});
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
+                              {path, "$.sliding_window", "at least the context 64", "found 16"});
   with("model_type", "falcon");
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "model_type", "falcon"});
   {  // without head_dim, the hidden size must split into the heads
@@ -386,6 +386,119 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
   }
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
                               {path, "rope_parameters", "dynamic"});
+}
+
+// Mistral's sliding window, given or transformers' default of 4096 when config.json has no
+// sliding_window: a context beyond it is refused (baton attends to every position), one
+// within it is the same math and max_position_embeddings is capped at the window, so
+// generation stays inside it. Qwen2 has no window unless use_sliding_window.
+TEST(HfLlamaInput, MistralSlidingWindowDefaultsAsTransformersDoes) {
+  const std::string file = "mistral/config.json";
+  nlohmann::json base = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  base["model_type"] = "mistral";
+  base["max_position_embeddings"] = 4200;
+  base.erase("sliding_window");
+  auto parse = [&](const nlohmann::json& c) { return parse_hf_llama_config(JsonReader(c, file)); };
+  hf_llama_expect_input_error(
+      [&] { parse(base); },
+      {file, "$.max_position_embeddings", "at most 4096", "no sliding_window", "found 4200"});
+  nlohmann::json c = base;
+  c["context"] = 5000;
+  hf_llama_expect_input_error([&] { parse(c); }, {file, "$.context", "at most 4096"});
+  c["context"] = 4096;
+  EXPECT_EQ(parse(c).max_position_embeddings, 4096);
+  EXPECT_EQ(parse(c).seq(), 4096);
+  c = base;
+  c["sliding_window"] = 4096;
+  hf_llama_expect_input_error([&] { parse(c); }, {file, "$.sliding_window", "found 4096"});
+  c["sliding_window"] = 8192;
+  EXPECT_EQ(parse(c).max_position_embeddings, 4200);
+  c["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(c).seq(), 4200);
+  c = base;
+  c["model_type"] = "qwen2";
+  EXPECT_EQ(parse(c).seq(), 4200);
+  EXPECT_EQ(hf_sliding_window(JsonReader(c, file)), std::nullopt);
+
+  // A model JSON for the weights of a windowed Mistral: its context must fit the window.
+  nlohmann::json ref = base;
+  ref["context"] = 64;
+  nlohmann::json sh = hf_config_to_shorthand(JsonReader(ref, file));
+  EXPECT_NO_THROW(check_same_model_math(sh, "short.json", ref, file, "why"));
+  sh["context"] = 4097;
+  sh["max_position_embeddings"] = 8192;
+  hf_llama_expect_input_error([&] { check_same_model_math(sh, "short.json", ref, file, "why"); },
+                              {"short.json: $.context is 4097", "sliding window holds 4096"});
+}
+
+// A top-level original_max_position_embeddings (Phi-3-style configs) overrides the llama3
+// scaling's own, as transformers' standardize_rope_params does; other scalings ignore it.
+TEST(HfLlamaInput, TopLevelOriginalMaxPositionsOverridesLlama3Scaling) {
+  nlohmann::json c = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  c.erase("rope_parameters");
+  c["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 16}};
+  c["original_max_position_embeddings"] = 32;
+  LlamaConfig l = parse_hf_llama_config(JsonReader(c, "c.json"));
+  EXPECT_EQ(l.rope_scaling["original_max_position_embeddings"], 32);
+  // transformers 5's rope_parameters: the same.
+  nlohmann::json rp = c["rope_scaling"];
+  rp["rope_theta"] = 500000.0;
+  c.erase("rope_scaling");
+  c["rope_parameters"] = rp;
+  l = parse_hf_llama_config(JsonReader(c, "c.json"));
+  EXPECT_EQ(l.rope_scaling["original_max_position_embeddings"], 32);
+  EXPECT_EQ(l.rope_theta, 500000.0);
+  c["original_max_position_embeddings"] = "x";
+  hf_llama_expect_input_error([&] { parse_hf_llama_config(JsonReader(c, "c.json")); },
+                              {"c.json: $.original_max_position_embeddings"});
+  c["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
+  l = parse_hf_llama_config(JsonReader(c, "c.json"));
+  EXPECT_FALSE(l.rope_scaling.contains("original_max_position_embeddings"));
+}
+
+// The legacy "type" key names the same rope scaling as "rope_type": --init-from and
+// --model compare them as one; a real difference names the field by its JSON path.
+TEST(HfLlamaInput, RopeScalingTypeKeySpellingsAreTheSameModel) {
+  nlohmann::json hf = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  hf.erase("rope_parameters");
+  hf["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  nlohmann::json sh = hf_config_to_shorthand(JsonReader(hf, "config.json"));
+  sh["rope_scaling"] = {{"type", "linear"}, {"factor", 2}};
+  EXPECT_NO_THROW(check_same_model_math(sh, "m.json", hf, "config.json", "why"));
+  sh["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(sh, "m.json", hf, "config.json", "why"); },
+      {"m.json: $.rope_scaling is ", "config.json has "});
+}
+
+// transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0 even with a
+// head_dim that makes the shapes work: export says so rather than write a directory it
+// cannot load; hidden_size a multiple of the heads with another head_dim exports.
+TEST(HfLlamaExport, HeadsThatDoNotDivideHiddenSizeAreRefused) {
+  nlohmann::json sh = {{"type", "llama"},          {"hidden_size", 64},
+                       {"intermediate_size", 96},  {"num_hidden_layers", 1},
+                       {"num_attention_heads", 6}, {"num_key_value_heads", 3},
+                       {"head_dim", 16},           {"max_position_embeddings", 16},
+                       {"vocab_size", 32}};
+  auto g = std::make_shared<Graph>(load_model_json(sh, "h6.json"));
+  Stage st(g, 0, g->num_layers());
+  const std::string out = ::testing::TempDir() + "/baton_hf_export_h6";
+  fs::remove_all(out);
+  hf_llama_expect_input_error(
+      [&] { save_hf(out, st, HfWriteOptions{}); },
+      {"h6.json: hidden_size 64 is not a multiple of num_attention_heads 6", "LlamaConfig"});
+  EXPECT_FALSE(fs::exists(out));
+  sh["num_attention_heads"] = 4;
+  sh["num_key_value_heads"] = 2;
+  sh["head_dim"] = 32;
+  auto g4 = std::make_shared<Graph>(load_model_json(sh, "h4.json"));
+  Stage st4(g4, 0, g4->num_layers());
+  save_hf(out, st4, HfWriteOptions{});
+  EXPECT_EQ(read_hf_model_config(out)["head_dim"], 32);
 }
 
 TEST(HfLlamaInput, BadCheckpointsAreInputErrorsNamingFileAndTensor) {
