@@ -549,6 +549,25 @@ TEST(Checkpoint, ManifestCarriesItsOwnCrc32) {
 // A disk that fills while a checkpoint is written. The child process mounts a small
 // tmpfs in a mount namespace of its own (root); where that is not allowed, a file size
 // limit (RLIMIT_FSIZE) stands in for the full disk. Returns "" or what went wrong.
+// A full disk for what comes next: on the tmpfs, someone else fills it but for half of
+// `used` bytes; otherwise no file may grow past half of them.
+void leave_room_for_half_of(const std::string& root, uint64_t used, bool used_tmpfs) {
+  if (used_tmpfs) {
+    struct statvfs st {};
+    statvfs(root.c_str(), &st);
+    uint64_t avail = uint64_t(st.f_bavail) * st.f_bsize;
+    if (avail > used / 2) {
+      std::ofstream ballast(root + "/ballast", std::ios::binary);
+      std::string chunk(avail - used / 2, 'x');
+      ballast.write(chunk.data(), std::streamsize(chunk.size()));
+    }
+  } else {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{rlim_t(used / 2), rlim_t(used / 2)};
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+}
+
 std::string full_disk_scenario(const std::string& root, bool& used_tmpfs) {
   auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
   Stage a(g, 0, g->num_layers());
@@ -561,23 +580,9 @@ std::string full_disk_scenario(const std::string& root, bool& used_tmpfs) {
   uint64_t used = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(root))
     if (e.is_regular_file()) used += e.file_size();
-  if (used_tmpfs) {
-    // Someone else fills the disk but for half a checkpoint.
-    struct statvfs st {};
-    statvfs(root.c_str(), &st);
-    uint64_t avail = uint64_t(st.f_bavail) * st.f_bsize;
-    if (avail > used / 2) {
-      std::ofstream ballast(root + "/ballast", std::ios::binary);
-      std::string chunk(avail - used / 2, 'x');
-      ballast.write(chunk.data(), std::streamsize(chunk.size()));
-    }
-  } else {
-    // Files as large as the model shard are allowed, the optimizer's (twice as large)
-    // are not.
-    signal(SIGXFSZ, SIG_IGN);
-    rlimit lim{rlim_t(used / 2), rlim_t(used / 2)};
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
+  // Files as large as the model shard are allowed, the optimizer's (twice as large)
+  // are not.
+  leave_room_for_half_of(root, used, used_tmpfs);
   scramble(a, 10);
   m.step = 2;
   try {
@@ -673,20 +678,7 @@ std::string full_disk_export_scenario(const std::string& root, bool& used_tmpfs)
     used += e.file_size();
   }
   if (before.size() < 3) return "the first export has no shards";
-  if (used_tmpfs) {
-    struct statvfs st {};
-    statvfs(root.c_str(), &st);
-    uint64_t avail = uint64_t(st.f_bavail) * st.f_bsize;
-    if (avail > used / 2) {
-      std::ofstream ballast(root + "/ballast", std::ios::binary);
-      std::string chunk(avail - used / 2, 'x');
-      ballast.write(chunk.data(), std::streamsize(chunk.size()));
-    }
-  } else {
-    signal(SIGXFSZ, SIG_IGN);
-    rlimit lim{rlim_t(used / 2), rlim_t(used / 2)};
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
+  leave_room_for_half_of(root, used, used_tmpfs);
   scramble(a, 12);
   std::string error;
   try {
