@@ -1,5 +1,7 @@
 #include "partitioner/cost_model.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -372,10 +374,33 @@ CostModel::CostModel(std::shared_ptr<const Graph> logical, Machine machine,
     machine_.cores_per_host = measured_->cores;
   if (measured_ != nullptr && measured_->memory_bandwidth > 0)
     machine_.memory_bandwidth = measured_->memory_bandwidth;
+  if (measured_ != nullptr) warn_foreign_costs();
   // Layers of one structure share an id; the per-sharding signatures build on it.
   std::map<std::string, int> ids;
   for (int l = 0; l < g_->num_layers(); ++l)
     static_id_.push_back(ids.emplace(static_signature(l), int(ids.size())).first->second);
+}
+
+// A cost file profiled for another model, or without some of this model's ops, had been
+// used without a word: the ops it lacks are timed by FLOPs at machine.flops, and the
+// others may be another model's.
+void CostModel::warn_foreign_costs() const {
+  if (!measured_->model.empty() && !g_->name.empty() && measured_->model != g_->name)
+    spdlog::warn("the cost file was profiled for model '{}', and this model is '{}'",
+                 measured_->model, g_->name);
+  std::vector<std::string> missing;
+  for (const stages::Node& n : g_->nodes) {
+    auto it = measured_->ops.find(n.name);
+    if (it == measured_->ops.end() || it->second.op != n.op) missing.push_back(n.name);
+  }
+  if (missing.empty()) return;
+  std::string first;
+  for (size_t i = 0; i < missing.size() && i < 3; ++i)
+    first += (first.empty() ? "" : ", ") + missing[i];
+  spdlog::warn(
+      "{} of the model's {} ops are not in the cost file (with their op) ({}{}): they are "
+      "timed by their FLOPs at machine.flops",
+      missing.size(), g_->nodes.size(), first, missing.size() > 3 ? ", ..." : "");
 }
 
 std::string CostModel::static_signature(int layer) const {

@@ -271,6 +271,7 @@ class CostModel {
   struct OpTimes {
     double f = 0, b = 0, w = 0;
   };
+  void warn_foreign_costs() const;
   std::optional<OpTimes> measured_op(const stages::Node& node, int t, int64_t batch,
                                      double flops) const;
   void signature(const Sharding& s, int layer, std::vector<int64_t>& key) const;

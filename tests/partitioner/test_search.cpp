@@ -3,13 +3,17 @@
 // fits the closest candidate says which rank is short and by how much; the degrees,
 // schedule and layer counts a user fixes are kept; measured op times replace FLOPs.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -687,6 +691,36 @@ TEST(Evaluate, DualPipeChunksSumTheirGradientsAcrossTheirTwoRanks) {
     EXPECT_GT(own, 0.0);
     EXPECT_NEAR(dual.reduce[s], once.reduce[size_t(k)] + own, 1e-12 * own) << "stage " << s;
   }
+}
+
+// A cost file of another model, or one lacking some of the model's ops, is used with a
+// warning naming what differs (it had been used without a word).
+TEST(Profile, ForeignOrIncompleteCostFilesAreNamed) {
+  auto g = load_search_model("tiny-gpt.json");
+  MeasuredCosts m;
+  m.model = "another-model";
+  for (const stages::Node& n : g->nodes) m.ops[n.name] = {n.op, 1e-6, 1e-6, 1e-6, 0};
+  m.ops.erase(g->nodes[3].name);
+  m.ops[g->nodes[5].name].op = "not-its-op";
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  { CostModel model(g, Machine{}, &m); }
+  m.model = g->name;
+  for (const stages::Node& n : g->nodes) m.ops[n.name] = {n.op, 1e-6, 1e-6, 1e-6, 0};
+  { CostModel whole(g, Machine{}, &m); }
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("the cost file was profiled for model 'another-model', and this model is '" +
+                      g->name + "'"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("2 of the model's " + std::to_string(g->nodes.size()) +
+                      " ops are not in the cost file (with their op) (" + g->nodes[3].name + ", " +
+                      g->nodes[5].name + "): they are timed by their FLOPs"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;  // the whole file: none
 }
 
 TEST(Profile, MeasuredTimesReplaceFlops) {
