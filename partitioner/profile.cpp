@@ -279,7 +279,9 @@ int profile_ops(const Graph& g, const ProfileOptions& o,
   return timed;
 }
 
-void check_options(const ProfileOptions& o) {
+}  // namespace
+
+void check_profile_options(const ProfileOptions& o) {
   if (o.batch < 1)
     throw InputError("--batch: expected at least 1 sample, found " + std::to_string(o.batch));
   if (o.repeats < 1)
@@ -289,10 +291,8 @@ void check_options(const ProfileOptions& o) {
                      std::to_string(o.warmup));
 }
 
-}  // namespace
-
 MeasuredCosts profile_model(const Graph& g, const ProfileOptions& o, ProfileSummary* summary) {
-  check_options(o);
+  check_profile_options(o);
   auto start = Clock::now();
   int previous_threads = kernels::num_threads();
   if (o.threads > 0) kernels::set_num_threads(o.threads);
@@ -384,7 +384,7 @@ double spatial_exchange_from_pass(const Graph& g, const MeasuredCosts& costs, in
 }
 
 void profile_tensor_parallel(const Graph& g, const ProfileOptions& o, int t, MeasuredCosts& costs) {
-  check_options(o);
+  check_profile_options(o);
   if (t < 2)
     throw InputError("--tp: expected a tensor-parallel degree of at least 2, found " +
                      std::to_string(t));

@@ -57,6 +57,9 @@ struct ProfileSummary {
   double seconds = 0;    // time profiling took
 };
 
+// InputError, naming the flag, for a batch, repeat or warm-up count profile_model refuses.
+void check_profile_options(const ProfileOptions& options);
+
 MeasuredCosts profile_model(const stages::Graph& g, const ProfileOptions& options,
                             ProfileSummary* summary = nullptr);
 

@@ -215,7 +215,15 @@ Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect) {
 
 void save_schedule(const Schedule& s, const std::string& path) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  if (is_csv_path(path)) return memory::write_file_durably(path, to_torch_csv(s));
+  if (is_csv_path(path)) {
+    std::string csv;
+    try {
+      csv = to_torch_csv(s);
+    } catch (const InputError& e) {
+      throw InputError(path + ": " + e.what());
+    }
+    return memory::write_file_durably(path, csv);
+  }
   memory::write_file_durably(path, is_json ? to_json_text(s) : to_text(s));
 }
 

@@ -81,7 +81,7 @@ std::string to_text(const Schedule& s) {
 Schedule parse_text(std::string_view text, const std::string& source) {
   Schedule s;
   std::optional<int> ranks, micro_batches, directions;
-  bool have_placement = false;
+  bool have_placement = false, have_name = false;
   int line_no = 0;
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -97,6 +97,8 @@ Schedule parse_text(std::string_view text, const std::string& source) {
         colon == std::string_view::npos ? std::string_view() : detail::trim(line.substr(0, colon));
     if (key == "name") {  // the rest of the line verbatim: names may hold '#'
       if (!s.ranks.empty()) throw InputError(where + ": header line 'name:' after the rank lines");
+      if (have_name) throw InputError(where + ": name given twice");
+      have_name = true;
       std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
       if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
       s.name = std::string(rest);

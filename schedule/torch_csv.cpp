@@ -142,7 +142,8 @@ std::string torch_token(const Action& a, TorchDialect d, const std::string& wher
     case K::optimizer_step:
       throw InputError(where +
                        ": STEP has no PyTorch form (PyTorch's runtime steps the optimizer "
-                       "outside the schedule); lower without the step");
+                       "outside the schedule); write the schedule before lowering it, or lower "
+                       "it without the step (Python: lower(s, step=False))");
     default:
       code = std::string(kind_code(a.kind));  // SEND_F, RECV_F, SEND_B, RECV_B
   }

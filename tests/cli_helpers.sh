@@ -16,3 +16,9 @@ contains() {
     echo "FAIL: output lacks '$1':"; cat "$tmp/out"; fails=$((fails + 1))
   fi
 }
+# lacks TEXT: the last command's output does not hold TEXT.
+lacks() {
+  if grep -qF -- "$1" "$tmp/out"; then
+    echo "FAIL: output holds '$1':"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+}

@@ -222,7 +222,8 @@ int run_profile(const std::vector<std::string>& args) {
   o.batch = batches.front();
   o.threads = vm["threads"].as<int>();
   if (o.threads <= 0) o.threads = 1;
-  engine::LoopOptions run;  // the device and precision as baton train sets them up
+  pt::check_profile_options(o);  // before the model loads and the first line is printed
+  engine::LoopOptions run;       // the device and precision as baton train sets them up
   run.device = o.device = memory::parse_device(device);
   run.precision = kernels::parse_precision(precision);
   engine::prepare_device(run);

@@ -221,6 +221,9 @@ int run_simulate(const std::vector<std::string>& args) {
     throw InputError(
         "--stages, --micro-batches and --chunks go with --schedule; a --file says its own");
   const Limit limit = parse_limit(o.memory_limit);
+  // Checked even where the schedule does not use them: a typo is never ignored.
+  const auto objective = sc::parse_objective(o.objective, "--objective");
+  const auto dialect = sc::parse_dialect(o.dialect);
   const sc::CostSpec spec =
       o.costs_file.empty() ? sc::CostSpec::unit() : sc::load_costs(o.costs_file);
   const bool have_bytes = spec.activation_bytes.given;
@@ -254,7 +257,7 @@ int run_simulate(const std::vector<std::string>& args) {
     ao.num_micro_batches = o.micro_batches;
     ao.memory_limit = {limit.value};
     ao.limit_in_bytes = limit.bytes;
-    ao.objective = sc::parse_objective(o.objective, "--objective");
+    ao.objective = objective;
     return sc::auto_schedule(spec, ao);
   };
 
@@ -286,7 +289,7 @@ int run_simulate(const std::vector<std::string>& args) {
   sc::Schedule s;
   std::string source;
   if (!o.file.empty()) {
-    s = sc::load_schedule_to_run(o.file, sc::parse_dialect(o.dialect));
+    s = sc::load_schedule_to_run(o.file, dialect);
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();

@@ -105,6 +105,7 @@ expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --thread
 contains "--threads: expected 0 (the cores divided among local ranks) or a count >= 1, found -1"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --warmup -1 --out "$tmp/neg.json"
 contains "--warmup: expected 0 or more untimed runs, found -1"
+lacks "timing"  # refused before it announces the timings
 expect 2 "$baton" train --plan "$tmp/small.json" --data "$tmp/small.json" --trace "$tmp/neg-trace.json" --trace-steps 0
 contains "--trace-steps: expected at least 1 step, found 0"
 # Options that rule out every plan say why.

@@ -51,6 +51,19 @@ expect 2 "$baton" simulate --schedule nope -p 4 -m 8
 contains "unknown schedule 'nope'"
 expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --objective fastest
 contains "--objective: expected makespan or span"
+# ... and so is a value of an option the schedule does not use.
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --objective fastest
+contains "--objective: expected makespan or span"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --dialect newest
+contains "expected legacy, current or detect, found 'newest'"
+# A schedule the CSV cannot hold names the file it was to be written to, and writes nothing.
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --lower -o "$tmp/stepped.csv"
+contains "stepped.csv: PyTorch CSV: rank 0"
+contains "lower(s, step=False)"
+[ ! -e "$tmp/stepped.csv" ] || { echo "FAIL: stepped.csv written"; fails=$((fails + 1)); }
+printf 'name: a\nname: b\n0: 0F0 0BW0\n' >"$tmp/names.txt"
+expect 2 "$baton" simulate --file "$tmp/names.txt"
+contains "names.txt:2: name given twice"
 expect 2 "$baton" simulate --schedule dualpipev -p 4 -m 3
 contains "at least 2 x ranks = 8, found 3"
 expect 2 "$baton" simulate --schedule 1f1b -p 4
