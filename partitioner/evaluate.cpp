@@ -737,8 +737,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   e.bubble = sim.bubble;
   if (!costs.core_ranks.empty()) e.time_sliced_cores = model.machine().cores_per_host;
   e.collective_extras_note = collective_extras_line(r, model.machine());
-  const stages::Value& tokens = g.values[size_t(g.inputs.front())];
-  e.tokens_per_step = p.global_batch * std::max<int64_t>(1, memory::shape_numel(tokens.type.shape));
+  e.tokens_per_step = p.global_batch * rate_units_per_sample(g);
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
 
   for (int rank = 0; rank < r.layout.world(); ++rank) {
@@ -761,7 +760,9 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       // zero2 reduce-scatters every micro-batch (half an all-reduce each) and all-gathers once.
       const bool zero2 =
           p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
-      re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.grads), p.dp) *
+      // Each parameter's gradient is reduced once, a tied one too (m.grads counts a
+      // parameter used by n layers as n + 1 buffers: the memory, not the traffic).
+      re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.params), p.dp) *
                      (zero2 ? double(p.micro_batches + 1) / 2 : 1.0);
       const int per_direction = p.micro_batches / r.schedule.num_directions;  // whole
       re.compute_time +=
@@ -852,6 +853,16 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
   }
   return e;
+}
+
+int64_t rate_units_per_sample(const Graph& g) {
+  if (g.find_value("images") >= 0) return 1;
+  const stages::Value& tokens = g.values[size_t(g.inputs.front())];
+  return std::max<int64_t>(1, memory::shape_numel(tokens.type.shape));
+}
+
+const char* rate_unit(const Graph& g) {
+  return g.find_value("images") >= 0 ? "img/s" : "tokens/s";
 }
 
 std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
@@ -984,9 +995,9 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
   }
   std::snprintf(
       line, sizeof line,
-      "predicted step time %.3f ms (bubble %.1f%%), %.0f tokens/s; peak memory %s of %s per "
+      "predicted step time %.3f ms (bubble %.1f%%), %.0f %s; peak memory %s of %s per "
       "device\n",
-      1e3 * e.step_time, 100 * e.bubble, e.tokens_per_second,
+      1e3 * e.step_time, 100 * e.bubble, e.tokens_per_second, rate_unit(g),
       memory::format_bytes(double(e.max_peak())).c_str(),
       p.device_memory > 0 ? memory::format_bytes(double(p.device_memory)).c_str() : "unlimited");
   out += line;

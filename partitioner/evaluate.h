@@ -35,6 +35,12 @@ struct RankEstimate {
   double busy_fraction = 0;  // compute_time / step time
 };
 
+// What a step's rate counts per sample, as `baton train` counts it: the tokens of a token
+// model's sample, one image of a model that reads images (its input "images").
+int64_t rate_units_per_sample(const stages::Graph& g);
+// Its unit: "tokens/s" or "img/s".
+const char* rate_unit(const stages::Graph& g);
+
 struct PlanEstimate {
   std::vector<RankEstimate> ranks;  // every rank (replicas repeat the first replica's figures)
   double step_time = 0;             // simulated, seconds

@@ -820,9 +820,7 @@ class Search {
       c.plan.spatial.assign(size_t(pp), sp);
       for (PlanStage& st : c.plan.stages) st.spatial = sp;
     }
-    const stages::Value& tokens = g_->values[size_t(g_->inputs.front())];
-    double tokens_per_step = double(o_.global_batch) *
-                             double(std::max<int64_t>(1, memory::shape_numel(tokens.type.shape)));
+    const double tokens_per_step = double(o_.global_batch) * double(rate_units_per_sample(*g_));
     c.tokens_per_second = c.step_time > 0 ? tokens_per_step / c.step_time : 0;
     c.plan.predicted = {{"step_time_s", c.step_time},
                         {"bubble", c.bubble},

@@ -511,6 +511,23 @@ TEST(Plan, DpSync) {
 // The data-parallel traffic per step in the estimate: local-sgd with H = 8 sends an
 // eighth of allreduce's bytes (the same all-reduce, of the parameter deltas, once every 8
 // steps); its anchor (and nesterov's momentum) count as optimizer state.
+// A tied embedding on one stage (read by the first and the last layer) has gradient
+// buffers for both uses, but its one gradient is all-reduced once: the traffic is the
+// parameters' bytes, not the gradient buffers'.
+TEST(Plan, TiedWeightsAreReducedOnce) {
+  json j = tiny_plan();
+  j["devices"] = 2;
+  j["parallel"] = {{"dp", 2}};
+  j.erase("stages");
+  ResolvedPlan r = plan_check(j);
+  CostModel model(r.graph, Machine{});
+  PlanEstimate e = evaluate_plan(r, model);
+  for (const RankEstimate& re : e.ranks) {
+    ASSERT_GT(re.grad_bytes, re.param_bytes) << "the tie no longer adds a gradient buffer";
+    EXPECT_DOUBLE_EQ(re.dp_bytes, double(re.param_bytes)) << "rank " << re.rank;
+  }
+}
+
 TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   json j = tiny_plan();
   ResolvedPlan all = plan_check(j);
@@ -525,7 +542,7 @@ TEST(Plan, DpSyncTrafficAndMemoryInTheEstimate) {
   EXPECT_NEAR(b.dp_bytes_per_step, a.dp_bytes_per_step / 8, 1e-9 * a.dp_bytes_per_step);
   for (size_t k = 0; k < a.ranks.size(); ++k) {
     // dp 2: each rank sends (2 - 1) / 2 * 2 = 1 times its gradients' bytes per all-reduce.
-    EXPECT_DOUBLE_EQ(a.ranks[k].dp_bytes, double(a.ranks[k].grad_bytes)) << "rank " << k;
+    EXPECT_DOUBLE_EQ(a.ranks[k].dp_bytes, double(a.ranks[k].param_bytes)) << "rank " << k;
     EXPECT_DOUBLE_EQ(b.ranks[k].dp_bytes, a.ranks[k].dp_bytes / 8) << "rank " << k;
     EXPECT_EQ(b.ranks[k].optimizer_bytes - a.ranks[k].optimizer_bytes, a.ranks[k].grad_bytes);
     EXPECT_EQ(c.ranks[k].optimizer_bytes - a.ranks[k].optimizer_bytes, 2 * a.ranks[k].grad_bytes);
