@@ -283,7 +283,7 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
     if (n.op == "cross_entropy" && n.inputs[1] == lb) {
       const int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();
       if (v < classes_)
-        throw InputError(source + ": " + n.json_path + ": the data " + dir_ + " has " +
+        throw InputError(n.json_path + ": the data " + dir_ + " has " +  // names the file
                          std::to_string(classes_) + " classes, the logits " + std::to_string(v));
     }
 }

@@ -491,6 +491,18 @@ TEST(ImageData, RoundTripAndErrors) {
               std::string::npos)
         << e.what();
   }
+  // A model of 3 classes for data of 4: the node is named, and the model file once.
+  nlohmann::json fits = tiny_resnet("basic", {4});
+  fits["image_size"] = {3, 4};
+  try {
+    ImageDataset(dir).check_model(*load_f64(fits, "resnet.json"), "resnet.json");
+    FAIL() << "3 logits took labels of 4 classes";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("resnet.json (expanded resnet shorthand): $.layers[", 0), 0) << what;
+    EXPECT_EQ(what.find("resnet.json", 1), std::string::npos) << what;
+    EXPECT_NE(what.find("has 4 classes, the logits 3"), std::string::npos) << what;
+  }
   std::filesystem::remove_all(dir);
 }
 
