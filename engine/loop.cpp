@@ -92,6 +92,7 @@ void check_loop_options(const LoopOptions& o) {
     throw InputError("--eval-every: expected >= 0, found " + std::to_string(o.eval_every));
   if (o.eval_batches <= 0)
     throw InputError("--eval-batches: expected >= 1, found " + std::to_string(o.eval_batches));
+  stages::check_eval_fraction(o.data.eval_fraction);
   const bool held_out = !o.data.eval_data.empty() || o.data.eval_fraction > 0;
   if (o.eval_every > 0 && !held_out)
     throw InputError("--eval-every needs held-out data (--eval-data PATH or --eval-fraction F)");

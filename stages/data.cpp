@@ -78,7 +78,8 @@ TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t wind
     : TokenDataset(store, 0, store->num_tokens(), window, cross_documents, vocab) {}
 
 TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begin, int64_t end,
-                           int64_t window, bool cross_documents, int64_t vocab)
+                           int64_t window, bool cross_documents, int64_t vocab,
+                           const std::string& part)
     : store_(std::move(store)),
       begin_(begin),
       end_(end),
@@ -87,9 +88,10 @@ TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begi
       vocab_(vocab) {
   BATON_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= store_->num_tokens(), "range of the store");
   const std::string unit = store_->format() == "text" ? "byte" : "token";
+  const std::string subject = store_->name() + (part.empty() ? "" : ": " + part);
   if (cross_) {
     if (end_ - begin_ < window_ + 1)
-      throw InputError(store_->name() + ": " + count_str(end_ - begin_, unit) +
+      throw InputError(subject + ": " + count_str(end_ - begin_, unit) +
                        " of data, expected at least " + std::to_string(window_ + 1) +
                        " (one window of " + std::to_string(window_) + " tokens and its target)");
     return;
@@ -107,7 +109,7 @@ TokenDataset::TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begi
     cum_starts_.push_back(total);
   }
   if (total == 0)
-    throw InputError(store_->name() + ": no document has more than " + std::to_string(window_) +
+    throw InputError(subject + ": no document has more than " + std::to_string(window_) +
                      " tokens (one window and its target) and --no-cross-documents keeps windows "
                      "inside one document");
 }
@@ -131,7 +133,14 @@ int64_t TokenDataset::sample_start(uint64_t seed, int64_t step, int64_t index) c
 void TokenDataset::sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
                           int64_t* out) const {
   BATON_CHECK(window == window_, "a window other than the dataset's");
-  store_->read(sample_start(seed, step, index), window + 1, out);
+  try {
+    store_->read(sample_start(seed, step, index), window + 1, out);
+  } catch (const InputError&) {
+    // A float store's value that is no token id: under a vocabulary, the error is the
+    // whole scan's too (the file's first bad token), not this window's.
+    if (vocab_ > 0) store_->check_vocabulary(vocab_);
+    throw;
+  }
   if (vocab_ <= 0) return;
   for (int64_t t = 0; t <= window; ++t)
     if (out[t] < 0 || out[t] >= vocab_) {
@@ -177,8 +186,25 @@ std::pair<DatasetPtr, DatasetPtr> TokenDataset::split(double fraction) const {
         std::clamp<int64_t>(int64_t(std::llround(fraction * double(docs))), 1, docs - 1);
     cut = inner[size_t(docs - 1 - held)];
   }
-  return {std::make_shared<TokenDataset>(store_, begin_, cut, window_, cross_, vocab_),
-          std::make_shared<TokenDataset>(store_, cut, end_, window_, cross_, vocab_)};
+  // Errors about a part too small for a window name the part, not the whole file.
+  const std::string unit = store_->format() == "text" ? "byte" : "token";
+  char f[32];
+  std::snprintf(f, sizeof f, "%g", fraction);
+  auto part = [&](const char* which, int64_t b, int64_t e) {
+    std::string s = std::string("the ") + which + " part made by --eval-fraction " + f + " (";
+    if (!inner.empty()) {
+      const int64_t first = store_->document_of(b), last = store_->document_of(e - 1);
+      s += first == last
+               ? "document " + std::to_string(first) + ", "
+               : "documents " + std::to_string(first) + " to " + std::to_string(last) + ", ";
+    }
+    return s + "positions " + std::to_string(b) + ".." + std::to_string(e) + " of the file's " +
+           count_str(store_->num_tokens(), unit) + ")";
+  };
+  return {std::make_shared<TokenDataset>(store_, begin_, cut, window_, cross_, vocab_,
+                                         part("training", begin_, cut)),
+          std::make_shared<TokenDataset>(store_, cut, end_, window_, cross_, vocab_,
+                                         part("held-out", cut, end_))};
 }
 
 // ---- ByteDataset ----
@@ -194,9 +220,13 @@ ByteDataset::ByteDataset(std::string bytes, std::string name, int64_t min_window
 BlendedDataset::BlendedDataset(std::vector<double> weights, std::vector<DatasetPtr> parts)
     : parts_(std::move(parts)) {
   BATON_CHECK(weights.size() == parts_.size() && !parts_.empty(), "one weight per dataset");
+  // Scaled by the largest first: the sum of weights near DBL_MAX overflows to inf, which
+  // had made every share 0 (all samples from the last dataset).
+  const double top = *std::max_element(weights.begin(), weights.end());
+  BATON_CHECK(top > 0 && std::isfinite(top), "positive finite weights");
   double sum = 0;
-  for (double w : weights) sum += w;
-  for (double w : weights) weights_.push_back(w / sum);
+  for (double w : weights) sum += w / top;
+  for (double w : weights) weights_.push_back(w / top / sum);
   double c = 0;
   for (double w : weights_) cum_.push_back(c += w);
   cum_.back() = 1.0;
@@ -420,6 +450,14 @@ double VocabularyCheck::seconds() const {
   return done_.load(std::memory_order_acquire) ? seconds_ : 0;
 }
 
+void check_eval_fraction(double fraction) {
+  if (fraction == 0 || (fraction > 0 && fraction < 1)) return;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", fraction);
+  throw InputError(std::string("--eval-fraction: expected a share in (0, 1) (or 0: none), found ") +
+                   buf);
+}
+
 TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string& model_source) {
   const auto t0 = std::chrono::steady_clock::now();
   DataOptions o;
@@ -429,17 +467,13 @@ TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string&
   o.token_dtype = f.token_dtype;
   o.cross_documents = f.cross_documents;
   TrainData d;
+  check_eval_fraction(f.eval_fraction);
   std::vector<std::shared_ptr<const TokenStore>> to_scan;
   d.train = open_unscanned(f.data, o, "--data", to_scan);
   if (!f.eval_data.empty() && f.eval_fraction > 0)
     throw InputError("--eval-data and --eval-fraction: expected one of them, found both");
   if (!f.eval_data.empty()) d.eval = open_unscanned(f.eval_data, o, "--eval-data", to_scan);
-  if (f.eval_fraction > 0) {
-    if (!(f.eval_fraction < 1))
-      throw InputError("--eval-fraction: expected a share in (0, 1), found " +
-                       std::to_string(f.eval_fraction));
-    std::tie(d.train, d.eval) = d.train->split(f.eval_fraction);
-  }
+  if (f.eval_fraction > 0) std::tie(d.train, d.eval) = d.train->split(f.eval_fraction);
   if (!to_scan.empty()) d.check = std::make_shared<VocabularyCheck>(std::move(to_scan), o.vocab);
   d.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return d;

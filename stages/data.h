@@ -61,8 +61,9 @@ class TokenDataset : public Dataset {
   // a bad token throws the InputError of the store's first bad token.
   TokenDataset(std::shared_ptr<const TokenStore> store, int64_t window, bool cross_documents,
                int64_t vocab = 0);
+  // `part`: what the range is, for those errors ("the held-out part made by ...").
   TokenDataset(std::shared_ptr<const TokenStore> store, int64_t begin, int64_t end, int64_t window,
-               bool cross_documents, int64_t vocab = 0);
+               bool cross_documents, int64_t vocab = 0, const std::string& part = "");
 
   void sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
               int64_t* out) const override;
@@ -185,8 +186,11 @@ struct DataFlags {
   std::string format = "auto";
   std::string token_dtype;
   bool cross_documents = true;
-  double eval_fraction = 0;  // > 0: hold out this share of --data's documents
+  double eval_fraction = 0;  // > 0: hold out this share of --data's documents; 0: none
 };
+// Throws InputError unless `fraction` is 0 (none) or a share in (0, 1): a negative or NaN
+// --eval-fraction had run without held-out data.
+void check_eval_fraction(double fraction);
 struct TrainData {
   DatasetPtr train;
   DatasetPtr eval;  // null without --eval-data or --eval-fraction

@@ -13,11 +13,26 @@
 
 namespace baton::stages {
 
+namespace {
+std::string kind_of(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+                       : "a special file";
+}
+}  // namespace
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // stat before open: opening a FIFO blocks until a writer comes (a run that hung for
+  // ever); O_NONBLOCK covers a file replaced by one in between.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw InputError(path + ": cannot open file (not a regular file: " + kind_of(st.st_mode) + ")");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     throw InputError(path + ": cannot open file (missing or unreadable): " + std::strerror(errno));
-  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw InputError(path + ": cannot open file (not a regular file)");

@@ -189,10 +189,16 @@ std::shared_ptr<const TokenStore> TokenStore::open_megatron(const std::string& p
       throw InputError(idx_path + ": sequence " + std::to_string(i) + " has length " +
                        std::to_string(len) + ", expected >= 0");
     const int64_t bytes = len * int64_t(k);  // len < 2^31, k <= 8: no overflow
-    if (ptr < 0 || ptr > bin_size || bytes > bin_size - ptr) {
+    if (ptr < 0)
+      throw InputError(idx_path + ": sequence " + std::to_string(i) + " starts at byte " +
+                       std::to_string(ptr) + ", expected an offset >= 0 into " + bin_path +
+                       " (a corrupt index)");
+    if (ptr > bin_size || bytes > bin_size - ptr) {
       // ptr + bytes may not fit in int64 (a corrupt offset near 2^63): said so.
       const std::string end = ptr > INT64_MAX - bytes ? "past 2^63" : std::to_string(ptr + bytes);
-      bool truncated = ptr == expect_ptr && ptr <= bin_size;
+      // The .bin ended early when the sequence starts where the one before it ended (the
+      // first where Megatron's writer puts it, at byte 0); otherwise the index is wrong.
+      const bool truncated = ptr == (i == 0 ? 0 : expect_ptr);
       throw InputError(
           (truncated ? bin_path + ": truncated: "
                      : idx_path + ": the index points past the end of " + bin_path + ": ") +
@@ -314,7 +320,9 @@ void TokenStore::read(int64_t pos, int64_t n, int64_t* out) const {
           const double v = double(load<T>(b + i * int64_t(sizeof(T))));
           if (!(v >= -9.2e18 && v <= 9.2e18) || v != std::floor(v))
             throw InputError(name_ + ": token " + num(v) + " at " + where(s.pos + i) +
-                             " is not a token id (a whole number)");
+                             (std::isfinite(v) && v == std::floor(v)
+                                  ? " is not a token id (a whole number beyond int64's range)"
+                                  : " is not a token id (a whole number)"));
           o[i] = int64_t(v);
         }
       } else {
@@ -412,6 +420,16 @@ std::pair<double, double> TokenStore::token_range() const {
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type)
     : prefix_(std::move(prefix)), type_(type) {
   megatron_code(type_);
+  // A directory (or a FIFO) under either name had been found only at the end, by a rename
+  // that failed with the index half-replaced.
+  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"}) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(prefix_ + ext, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+      throw InputError(prefix_ + ext + ": " +
+                       (std::filesystem::is_directory(st) ? "a directory" : "not a regular file") +
+                       ", expected a file to write (or none)");
+  }
   bin_ = std::fopen((prefix_ + ".bin.tmp").c_str(), "wb");
   if (bin_ == nullptr) throw InputError(prefix_ + ".bin: cannot open for writing");
 }
@@ -483,9 +501,29 @@ void IndexedDatasetWriter::finish() {
     fs::remove(prefix_ + ".bin.tmp", ec);
     throw;
   }
-  fs::remove(prefix_ + ".idx");
-  fs::rename(prefix_ + ".bin.tmp", prefix_ + ".bin");
-  fs::rename(prefix_ + ".idx.tmp", prefix_ + ".idx");
+  // The earlier index steps aside (not removed) until the new .bin is in place, so a
+  // failed rename puts it back: the earlier pair is never lost.
+  std::error_code ec;
+  const bool had_idx = fs::exists(prefix_ + ".idx", ec);
+  auto fail = [&](const std::string& what, const std::error_code& e) {
+    std::error_code ignored;
+    fs::remove(prefix_ + ".bin.tmp", ignored);
+    fs::remove(prefix_ + ".idx.tmp", ignored);
+    throw RuntimeError(what + ": " + e.message());
+  };
+  if (had_idx) {
+    fs::rename(prefix_ + ".idx", prefix_ + ".idx.old", ec);
+    if (ec) fail(prefix_ + ".idx: cannot move the earlier index aside", ec);
+  }
+  fs::rename(prefix_ + ".bin.tmp", prefix_ + ".bin", ec);
+  if (ec) {
+    const std::error_code e = ec;
+    if (had_idx) fs::rename(prefix_ + ".idx.old", prefix_ + ".idx", ec);
+    fail(prefix_ + ".bin: cannot rename " + prefix_ + ".bin.tmp to it", e);
+  }
+  fs::rename(prefix_ + ".idx.tmp", prefix_ + ".idx", ec);
+  if (ec) fail(prefix_ + ".idx: cannot rename " + prefix_ + ".idx.tmp to it", ec);
+  if (had_idx) fs::remove(prefix_ + ".idx.old", ec);
   const fs::path dir = fs::path(prefix_ + ".idx").parent_path();
   memory::fsync_path(dir.empty() ? "." : dir.string(), true);
   done_ = true;

@@ -7,10 +7,14 @@
 //                           Megatron-LM's indexed format
 //   train-tokenizer         trains a SentencePiece model on a corpus
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -47,6 +51,21 @@ std::unique_ptr<sentencepiece::SentencePieceProcessor> load_tokenizer(const std:
 }
 #endif
 
+#ifdef BATON_HAVE_SENTENCEPIECE
+// Throws InputError unless PREFIX's files can be written: its directory exists and is
+// writable (SentencePiece had said only "Permission denied").
+void check_output_prefix(const std::string& prefix) {
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(prefix).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw InputError("--out " + prefix + ": no directory " + dir + " to write it in");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw InputError("--out " + prefix + ": cannot write in " + dir + ": " + std::strerror(errno));
+}
+#endif
+
 // ---- inspect ----
 
 int run_inspect(const std::vector<std::string>& args) {
@@ -68,6 +87,12 @@ int run_inspect(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, "baton data inspect PATH [--tokenizer FILE.model]", opts, vm, &pos))
     return 0;
+  // Negative counts had failed deep inside (a vector of -5 tokens) or been taken as none.
+  for (auto [flag, v] : {std::pair<const char*, int64_t>{"--samples", samples},
+                         {"--show-tokens", show},
+                         {"--vocab", vocab}})
+    if (v < 0)
+      throw InputError(std::string(flag) + ": expected a count >= 0, found " + std::to_string(v));
   const auto t0 = std::chrono::steady_clock::now();
   auto s = stages::open_token_store(path, format, token_dtype);
   if (vocab > 0) s->check_vocabulary(vocab);
@@ -87,9 +112,16 @@ int run_inspect(const std::vector<std::string>& args) {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
   if (!tokenizer.empty()) {
     sp = load_tokenizer(tokenizer);
-    if (s->num_tokens() > 0 && hi >= sp->GetPieceSize())
-      throw InputError(s->name() + ": token " + std::to_string(int64_t(hi)) + " is outside " +
-                       tokenizer + "'s vocabulary of " + std::to_string(sp->GetPieceSize()));
+    // The data's fault, named by the data's file and first bad position (a negative id
+    // had been SentencePiece's "Invalid id" naming the tokenizer).
+    if (s->num_tokens() > 0 && (lo < 0 || hi >= sp->GetPieceSize())) {
+      try {
+        s->check_vocabulary(sp->GetPieceSize());
+      } catch (const InputError& e) {
+        throw InputError(std::string(e.what()) + " (--tokenizer " + tokenizer + ": " +
+                         std::to_string(sp->GetPieceSize()) + " pieces)");
+      }
+    }
   }
 #else
   if (!tokenizer.empty()) no_sentencepiece("--tokenizer");
@@ -114,7 +146,12 @@ int run_inspect(const std::vector<std::string>& args) {
     std::printf("\ndocument %lld (%lld tokens): %s%s\n", static_cast<long long>(d),
                 static_cast<long long>(s->document_start(d + 1) - b), list.c_str(),
                 n < s->document_start(d + 1) - b ? " ..." : "");
-    if (!text.empty()) std::printf("  %s\n", nlohmann::json(text).dump().c_str());
+    // A prefix may end inside a UTF-8 character, and text data may be any bytes: shown
+    // with U+FFFD where they are no UTF-8 (dump() had thrown half-way through the report).
+    if (!text.empty())
+      std::printf("  %s\n", nlohmann::json(text)
+                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                                .c_str());
   }
   return 0;
 }
@@ -168,6 +205,7 @@ int run_prepare(const std::vector<std::string>& args) {
   std::ifstream in(input, std::ios::binary);
   if (!in) throw InputError(input + ": cannot open file (missing or unreadable)");
   const bool jsonl = input.size() >= 6 && (input.ends_with(".jsonl") || input.ends_with(".json"));
+  check_output_prefix(out);
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
   int64_t line_no = 0, skipped = 0;
@@ -195,20 +233,23 @@ int run_prepare(const std::vector<std::string>& args) {
     }
     if (auto st = sp->Encode(text, &ids); !st.ok())
       throw InputError(input + ":" + std::to_string(line_no) + ": " + st.ToString());
-    std::vector<int64_t> doc(ids.begin(), ids.end());
-    if (eod) doc.push_back(sp->eos_id());
-    if (doc.empty()) {
+    // A line of blanks (a CRLF file's empty line is "\r") encodes to nothing: skipped as
+    // an empty one is, with or without --append-eod (as Megatron's preprocess_data.py
+    // does), not a document of only the end-of-document token.
+    if (ids.empty()) {
       ++skipped;
       continue;
     }
+    std::vector<int64_t> doc(ids.begin(), ids.end());
+    if (eod) doc.push_back(sp->eos_id());
     w.add_document(doc);
   }
   if (in.bad()) throw InputError(input + ": read error");
-  if (w.documents() == 0) throw InputError(input + ": no documents (every line empty)");
+  if (w.documents() == 0) throw InputError(input + ": no documents (every line empty or blank)");
   w.finish();
   spdlog::info("{}.bin, {}.idx: {} documents, {} tokens ({}, vocabulary {}){}", out, out,
                w.documents(), w.tokens(), stages::token_type_name(type), vocab,
-               skipped ? fmt::format("; {} empty lines skipped", skipped) : std::string());
+               skipped ? fmt::format("; {} empty or blank lines skipped", skipped) : std::string());
   return 0;
 #endif
 }
@@ -237,10 +278,33 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
 #ifndef BATON_HAVE_SENTENCEPIECE
   no_sentencepiece("baton data train-tokenizer");
 #else
+  // SentencePiece's own limits, checked first: its errors name neither the flag nor the
+  // file, and a negative --max-lines had silently meant every line.
   if (vocab < 8)
     throw InputError("--vocab-size: expected at least 8, found " + std::to_string(vocab));
-  if (std::ifstream probe(input); !probe)
-    throw InputError(input + ": cannot open file (missing or unreadable)");
+  if (model_type != "bpe" && model_type != "unigram" && model_type != "char" &&
+      model_type != "word")
+    throw InputError("--model-type: expected bpe, unigram, char or word, found '" + model_type +
+                     "'");
+  if (!(coverage >= 0.98 && coverage <= 1))
+    throw InputError(
+        "--character-coverage: expected a share in [0.98, 1] (SentencePiece's "
+        "range), found " +
+        fmt::format("{}", coverage));
+  if (max_lines != 0 && max_lines <= 100)
+    throw InputError(
+        "--max-lines: expected 0 (every line) or more than 100 (SentencePiece's least), found " +
+        std::to_string(max_lines));
+  check_output_prefix(out);
+  {
+    std::ifstream probe(input, std::ios::binary);
+    if (!probe) throw InputError(input + ": cannot open file (missing or unreadable)");
+    std::string line;
+    bool text = false;
+    while (!text && std::getline(probe, line))
+      text = line.find_first_not_of(" \t\r\f\v") != std::string::npos;
+    if (!text) throw InputError(input + ": no text to train on (every line empty or blank)");
+  }
   std::unordered_map<std::string, std::string> kw = {
       {"input", input},
       {"model_prefix", out},

@@ -22,21 +22,68 @@ MAGIC = b"MMIDIDX\x00\x00"
 CODES = {numpy.uint16: 8, numpy.int32: 4}
 
 
+def fail(message):
+    """Bad input, as baton reports it: the message and exit code 2."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 def documents(path, key):
+    """(line number, text) of each document. Lines end at "\n" only, as `baton data
+    prepare` reads them (Python's universal newlines had split a line at a lone "\r")."""
     jsonl = path.endswith(".jsonl") or path.endswith(".json")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        fail(f"{path}: cannot open file (missing or unreadable): {e.strerror}")
+    with f:
+        for n, raw in enumerate(f, 1):
+            raw = raw[:-1] if raw.endswith(b"\n") else raw
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                fail(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})")
             if jsonl:
-                if not line.strip():
+                if not line.strip(" \t\r"):
                     continue
-                record = json.loads(line)
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    fail(f"{path}:{n}: expected a JSON object per line ({e.msg} at column {e.colno})")
                 if not isinstance(record, dict) or not isinstance(record.get(key), str):
-                    sys.exit(f"{path}:{n}: expected a JSON object with a string field '{key}'")
-                text = record[key]
-            else:
-                text = line.rstrip("\n")
-            if text:
-                yield text
+                    fail(f"{path}:{n}: expected a JSON object with a string field '{key}' (--json-key)")
+                line = record[key]
+            if line:
+                yield n, line
+
+
+def write_durably(f):
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def replace_pair(out, tmp_bin, tmp_idx):
+    """As baton's IndexedDatasetWriter: the earlier index steps aside until the new .bin is
+    in place (put back if that fails), so no reader pairs a new .bin with an old .idx and a
+    failure never loses the earlier pair."""
+    idx, old = out + ".idx", out + ".idx.old"
+    had_idx = os.path.lexists(idx)
+    if had_idx:
+        os.replace(idx, old)
+    try:
+        os.replace(tmp_bin, out + ".bin")
+    except OSError:
+        if had_idx:
+            os.replace(old, idx)
+        raise
+    os.replace(tmp_idx, idx)
+    if had_idx:
+        os.remove(old)
+    dir_fd = os.open(os.path.dirname(out) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def main():
@@ -52,9 +99,15 @@ def main():
     args = ap.parse_args()
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):
-        sys.exit(f"--out {args.out}: no directory {out_dir}")
+        fail(f"--out {args.out}: no directory {out_dir}")
+    for ext in (".bin", ".idx", ".bin.tmp", ".idx.tmp"):
+        if os.path.exists(args.out + ext) and not os.path.isfile(args.out + ext):
+            fail(f"--out {args.out}: {args.out + ext} is not a regular file, expected a file to write (or none)")
 
-    tok = Tokenizer.from_file(args.tokenizer)
+    try:
+        tok = Tokenizer.from_file(args.tokenizer)
+    except Exception as e:  # tokenizers raises its own Exception types
+        fail(f"{args.tokenizer}: not a Hugging Face tokenizer.json (--tokenizer): {e}")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     dtype = numpy.uint16 if vocab < 65500 else numpy.int32
     eod = None
@@ -62,38 +115,50 @@ def main():
         names = [args.eod_token] if args.eod_token else ["<|endoftext|>", "</s>", "<eos>"]
         ids = [tok.token_to_id(n) for n in names if tok.token_to_id(n) is not None]
         if not ids:
-            sys.exit(f"{args.tokenizer}: no end-of-document token among {names} (--eod-token)")
+            fail(f"{args.tokenizer}: no end-of-document token among {names} (--eod-token)")
         eod = ids[0]
 
     lengths = []
+    skipped = 0
     tmp_bin, tmp_idx = args.out + ".bin.tmp", args.out + ".idx.tmp"
-    with open(tmp_bin, "wb") as bin_file:
-        for text in documents(args.input, args.json_key):
-            ids = tok.encode(text, add_special_tokens=False).ids
-            if eod is not None:
-                ids.append(eod)
-            if not ids:
-                continue
-            bin_file.write(numpy.asarray(ids, dtype=dtype).tobytes())
-            lengths.append(len(ids))
-    if not lengths:
-        os.remove(tmp_bin)
-        sys.exit(f"{args.input}: no documents")
-    item = numpy.dtype(dtype).itemsize
-    pointers = numpy.concatenate([[0], numpy.cumsum(numpy.asarray(lengths, dtype=numpy.int64) * item)[:-1]])
-    with open(tmp_idx, "wb") as f:
-        f.write(MAGIC)
-        f.write(struct.pack("<Q", 1))
-        f.write(struct.pack("<B", CODES[dtype]))
-        f.write(struct.pack("<Q", len(lengths)))
-        f.write(struct.pack("<Q", len(lengths) + 1))
-        f.write(numpy.asarray(lengths, dtype="<i4").tobytes())
-        f.write(numpy.asarray(pointers, dtype="<i8").tobytes())
-        f.write(numpy.arange(len(lengths) + 1, dtype="<i8").tobytes())
-    os.replace(tmp_bin, args.out + ".bin")
-    os.replace(tmp_idx, args.out + ".idx")
+    try:
+        with open(tmp_bin, "wb") as bin_file:
+            for n, text in documents(args.input, args.json_key):
+                ids = tok.encode(text, add_special_tokens=False).ids
+                # A line of blanks encodes to nothing: skipped, as `baton data prepare` and
+                # Megatron's preprocess_data.py do, not a document of only the EOD token.
+                if not ids:
+                    skipped += 1
+                    continue
+                if eod is not None:
+                    ids.append(eod)
+                bin_file.write(numpy.asarray(ids, dtype=dtype).tobytes())
+                lengths.append(len(ids))
+            write_durably(bin_file)
+        if not lengths:
+            fail(f"{args.input}: no documents (every line empty or blank)")
+        item = numpy.dtype(dtype).itemsize
+        pointers = numpy.concatenate([[0], numpy.cumsum(numpy.asarray(lengths, dtype=numpy.int64) * item)[:-1]])
+        with open(tmp_idx, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<Q", 1))
+            f.write(struct.pack("<B", CODES[dtype]))
+            f.write(struct.pack("<Q", len(lengths)))
+            f.write(struct.pack("<Q", len(lengths) + 1))
+            f.write(numpy.asarray(lengths, dtype="<i4").tobytes())
+            f.write(numpy.asarray(pointers, dtype="<i8").tobytes())
+            f.write(numpy.arange(len(lengths) + 1, dtype="<i8").tobytes())
+            write_durably(f)
+        replace_pair(args.out, tmp_bin, tmp_idx)
+    except BaseException:
+        # Any failure (bad input, a full disk, Ctrl-C) leaves no temporary file behind.
+        for p in (tmp_bin, tmp_idx):
+            if os.path.isfile(p):
+                os.remove(p)
+        raise
     print(f"{args.out}.bin, {args.out}.idx: {len(lengths)} documents, {sum(lengths)} tokens "
-          f"({numpy.dtype(dtype).name}, vocabulary {vocab})")
+          f"({numpy.dtype(dtype).name}, vocabulary {vocab})"
+          + (f"; {skipped} blank lines skipped" if skipped else ""))
 
 
 if __name__ == "__main__":

@@ -128,6 +128,11 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
                          {"--eval-batches: expected >= 1"});
   cli_expect_input_error(base + "--eval-fraction 1.5",
                          {"--eval-fraction: expected a share in (0, 1)"});
+  // Negative and NaN had run without held-out data, exit 0.
+  cli_expect_input_error(base + "--eval-fraction -0.1",
+                         {"--eval-fraction: expected a share in (0, 1)", "-0.1"});
+  cli_expect_input_error(base + "--eval-fraction nan",
+                         {"--eval-fraction: expected a share in (0, 1)", "nan"});
   cli_expect_input_error(base + "--eval-fraction 0.1 --eval-data " + kCliCorpus,
                          {"--eval-data and --eval-fraction"});
   cli_expect_input_error(base + "--eval-data /nonexistent.bin", {"/nonexistent.bin"});

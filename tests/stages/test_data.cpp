@@ -4,7 +4,9 @@
 // documents; blends hold their proportions; held-out splits; every bad file is an
 // InputError naming the file and the reason.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -265,6 +267,15 @@ TEST(Megatron, BadFiles) {
   });
   data_expect_input_error([&] { TokenStore::open_megatron(p); },
                           {p + ".idx", "points past the end of " + p + ".bin"});
+  // A negative offset is the index's fault (it had been called a truncated .bin).
+  rewrite_idx([](std::string& s) {
+    int64_t negative = -2;
+    uint64_t S;
+    std::memcpy(&S, s.data() + 18, 8);
+    std::memcpy(s.data() + 34 + 4 * S, &negative, 8);
+  });
+  data_expect_input_error([&] { TokenStore::open_megatron(p); },
+                          {p + ".idx: sequence 0 starts at byte -2", "corrupt"});
   // A sequence at an odd byte of 2-byte tokens (Megatron's writer aligns them all).
   rewrite_idx([](std::string& s) {
     int64_t odd = 1;
@@ -316,6 +327,32 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
   write_megatron(p, {{{many}}}, {.code = 8});
   data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(50); },
                           {"token 50 at position 77777"});
+}
+
+// A float store's window check names the file's first bad token too: reading the window
+// had thrown its own error at the window's position first.
+TEST(TokenStore, FloatWindowNamesTheFirstBadToken) {
+  const std::string p = tmp("float_bad");
+  std::vector<double> seq(2000, 7.0);
+  seq[100] = 2.5;
+  seq[1500] = 3.5;
+  write_megatron(p, {{{seq}}}, {.code = 7});
+  auto store = TokenStore::open_megatron(p);
+  TokenDataset d(store, 8, true, 500);
+  int64_t index = -1;
+  for (int64_t i = 0; i < 100000 && index < 0; ++i) {
+    const int64_t s0 = d.sample_start(3, 0, i);
+    if (s0 <= 1500 && 1500 <= s0 + 8) index = i;
+  }
+  ASSERT_GE(index, 0);
+  std::vector<int64_t> w(9);
+  data_expect_input_error([&] { d.sample(3, 0, index, 8, w.data()); },
+                          {p + ".bin: token 2.5 at position 100", "not a whole number"});
+  // A whole number beyond int64 is not called "not a whole number".
+  write_megatron(p, {{{{1, 1e19}}}}, {.code = 6});
+  data_expect_input_error(
+      [&] { read_all(*TokenStore::open_megatron(p)); },
+      {"at position 1", "not a token id (a whole number beyond int64's range)"});
 }
 
 // The run's check: every window read is checked as it is read, and the whole store on a
@@ -519,6 +556,85 @@ TEST(Sampling, HeldOutSplitKeepsWholeDocuments) {
   auto [a, b] = text->split(0.25);
   EXPECT_EQ(a->num_tokens(), 750);
   EXPECT_EQ(b->num_tokens(), 250);
+}
+
+// A held-out or training part too small for a window is named as the part, with its
+// size and the file's (the message had blamed the whole file's "10 bytes of data").
+TEST(Sampling, TooSmallSplitPartNamesThePart) {
+  ByteDataset text(std::string(100, 'x'), "small.txt", 16);
+  data_expect_input_error(
+      [&] { text.split(0.1); },
+      {"small.txt: the held-out part made by --eval-fraction 0.1",
+       "positions 90..100 of the file's 100 bytes", "10 bytes of data", "at least 17"});
+  const std::string p = tmp("tail_short");
+  std::vector<Doc> docs;
+  for (int i = 0; i < 7; ++i) docs.push_back({{std::vector<double>(i < 5 ? 50 : 10, 1.0)}});
+  write_megatron(p, docs, {.code = 8});
+  DataOptions o;
+  o.window = 16;
+  o.cross_documents = false;
+  DatasetPtr d = open_dataset({p}, o);
+  data_expect_input_error([&] { d->split(0.2); },
+                          {p + ".bin: the held-out part made by --eval-fraction 0.2 (document "
+                               "6, positions 260..270 of the file's 270 tokens)",
+                           "no document has more than 16 tokens"});
+}
+
+// Weights whose sum overflows: each share is still its weight's (all had been 0, every
+// sample from the last dataset).
+TEST(Sampling, HugeBlendWeightsKeepTheirShares) {
+  auto a = std::make_shared<ByteDataset>(std::string(100, 'a'), "a.txt", 4);
+  auto b = std::make_shared<ByteDataset>(std::string(100, 'b'), "b.txt", 4);
+  BlendedDataset blend({1e308, 1e308}, {a, b});
+  EXPECT_DOUBLE_EQ(blend.weights()[0], 0.5);
+  EXPECT_DOUBLE_EQ(blend.weights()[1], 0.5);
+  int from_a = 0;
+  for (int64_t i = 0; i < 1000; ++i) from_a += blend.choose(1, 0, i) == 0;
+  EXPECT_NEAR(from_a, 500, 10);
+}
+
+TEST(TextData, FifoAndDirectoryAreRefused) {
+  // Opening a FIFO had blocked for ever, waiting for a writer.
+  const std::string fifo = tmp("fifo");
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  data_expect_input_error([&] { open_token_store(fifo, "auto", ""); },
+                          {fifo + ": cannot open file (not a regular file: a FIFO)"});
+  data_expect_input_error([&] { open_token_store(::testing::TempDir(), "text", ""); },
+                          {"not a regular file: a directory"});
+}
+
+TEST(Megatron, WriterRefusesADirectoryAndKeepsTheEarlierPair) {
+  const std::string p = tmp("dir_out");
+  fs::remove_all(p + ".bin");
+  fs::remove_all(p + ".idx");
+  fs::create_directories(p + ".bin");
+  data_expect_input_error([&] { IndexedDatasetWriter w(p, TokenType::u16); },
+                          {p + ".bin: a directory"});
+  fs::remove_all(p + ".bin");
+  {
+    IndexedDatasetWriter w(p, TokenType::u16);
+    w.add_document({1, 2, 3});
+    w.finish();
+  }
+  // The .bin becomes a directory after the writer checked: the rename fails, and the
+  // earlier index stays (it had been removed first).
+  IndexedDatasetWriter w(p, TokenType::u16);
+  w.add_document({4, 5});
+  fs::remove(p + ".bin");
+  fs::create_directories(p + ".bin/x");
+  EXPECT_THROW(w.finish(), RuntimeError);
+  EXPECT_TRUE(fs::is_regular_file(p + ".idx"));
+  EXPECT_FALSE(fs::exists(p + ".idx.tmp"));
+  EXPECT_FALSE(fs::exists(p + ".idx.old"));
+  fs::remove_all(p + ".bin");
+}
+
+TEST(Data, EvalFractionOutsideTheShareIsRefused) {
+  for (double f : {-0.1, 1.0, 1.5, std::nan("")})
+    data_expect_input_error([&] { check_eval_fraction(f); }, {"--eval-fraction"});
+  check_eval_fraction(0);  // the default: none
+  check_eval_fraction(0.25);
 }
 
 TEST(TextData, TooShortNamesTheFile) {

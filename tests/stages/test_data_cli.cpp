@@ -2,6 +2,7 @@
 // corpus, the corpus prepared into Megatron's format (text and .jsonl, --append-eod) and
 // read back, `inspect` decoding it; bad input gives exit code 2 and a message naming it.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -134,6 +135,109 @@ TEST(DataCli, BadInput) {
   EXPECT_NE(r.output.find("cannot open"), std::string::npos) << r.output;
   r = baton("frobnicate");
   EXPECT_EQ(r.code, 2) << r.output;
+}
+
+// The shown prefix of text data may cut a UTF-8 character, and text may be any bytes:
+// shown with U+FFFD (the report had stopped half-way, exit 1).
+TEST(DataCli, InspectShowsBytesThatAreNoUtf8) {
+  const std::string u8 = dir() + "/u8.txt", b8 = dir() + "/b8.txt";
+  std::ofstream(u8, std::ios::binary) << "caf\xc3\xa9 au lait";
+  std::ofstream(b8, std::ios::binary) << "bin\xff\xfe data";
+  Result r = baton("inspect " + u8 + " --show-tokens 4");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"caf\xef\xbf\xbd\""), std::string::npos) << r.output;
+  r = baton("inspect " + b8);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"bin\xef\xbf\xbd\xef\xbf\xbd data\""), std::string::npos) << r.output;
+}
+
+TEST(DataCli, InspectRefusesNegativeCountsAndFifos) {
+  const std::string text = dir() + "/short.txt";
+  std::ofstream(text) << "some text\n";
+  for (const std::string flag : {"--show-tokens", "--samples", "--vocab"}) {
+    Result r = baton("inspect " + text + " " + flag + " -5");
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find(flag + ": expected a count >= 0, found -5"), std::string::npos)
+        << r.output;
+  }
+  const std::string fifo = dir() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Result r = baton("inspect " + fifo);  // had waited for ever for a writer
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(fifo + ": cannot open file (not a regular file: a FIFO)"),
+            std::string::npos)
+      << r.output;
+}
+
+// A token the tokenizer cannot decode is the data's fault, named by the data's file.
+TEST(DataCli, InspectNamesTheDataForATokenOutsideTheTokenizer) {
+  const std::string out = dir() + "/int8";
+  {
+    IndexedDatasetWriter w(out, TokenType::i8);
+    w.add_document({5, -3, 7});
+    w.finish();
+  }
+  Result r = baton("inspect " + out + " --tokenizer " + tokenizer());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(out + ".bin: token -3 at position 1"), std::string::npos) << r.output;
+}
+
+// Blank lines (a CRLF file's empty line is "\r") are skipped with --append-eod too, not
+// documents of only the end-of-document token.
+TEST(DataCli, PrepareSkipsBlankLinesWithEndOfDocument) {
+  const std::string in = dir() + "/crlf.txt", out = dir() + "/crlf";
+  std::ofstream(in, std::ios::binary) << "the licensee may copy\r\n\r\n   \r\nand distribute\r\n";
+  Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + out +
+                   " --append-eod");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 empty or blank lines skipped"), std::string::npos) << r.output;
+  auto s = TokenStore::open_megatron(out);
+  ASSERT_EQ(s->num_documents(), 2);
+  for (int64_t d = 0; d < 2; ++d)
+    EXPECT_GT(s->document_start(d + 1) - s->document_start(d), 1) << "document " << d;
+}
+
+// An output name that is a directory is refused before any work, and leaves nothing
+// behind (it had failed at the end, exit 1, with PREFIX.idx.tmp left).
+TEST(DataCli, PrepareRefusesADirectoryAsOutput) {
+  const std::string in = dir() + "/one.txt", out = dir() + "/dirout";
+  std::ofstream(in) << "one document\n";
+  std::filesystem::create_directories(out + ".bin");
+  Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + out);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(out + ".bin: a directory"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out + ".idx.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".bin.tmp"));
+  r = baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + dir() +
+            "/nodir/x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no directory " + dir() + "/nodir"), std::string::npos) << r.output;
+}
+
+// SentencePiece's limits are checked first, naming the flag or the file (its own errors
+// named neither, and a negative --max-lines had meant every line).
+TEST(DataCli, TrainTokenizerChecksItsFlags) {
+  const std::string base = "train-tokenizer --input " + slice() + " --out " + dir() + "/tk";
+  const std::pair<std::string, std::string> cases[] = {
+      {" --max-lines 100", "--max-lines: expected 0 (every line) or more than 100"},
+      {" --max-lines -5", "--max-lines: expected 0 (every line) or more than 100"},
+      {" --character-coverage 0.9", "--character-coverage: expected a share in [0.98, 1]"},
+      {" --model-type words", "--model-type: expected bpe, unigram, char or word"},
+  };
+  for (const auto& [flag, message] : cases) {
+    Result r = baton(base + flag);
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  Result r = baton("train-tokenizer --input " + slice() + " --out " + dir() + "/nodir/tk");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out " + dir() + "/nodir/tk: no directory"), std::string::npos)
+      << r.output;
+  const std::string blank = dir() + "/blank.txt";
+  std::ofstream(blank) << "\n  \n\n";
+  r = baton("train-tokenizer --input " + blank + " --out " + dir() + "/tk");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(blank + ": no text to train on"), std::string::npos) << r.output;
 }
 
 }  // namespace

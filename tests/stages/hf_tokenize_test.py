@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""tools/hf_tokenize.py with a stand-in for the `tokenizers` package (whitespace words,
+ids from a fixed vocabulary): lines end at "\\n" only, as `baton data prepare` reads them
+(a lone "\\r" had split a line); blank lines are skipped, with --append-eod too; a
+malformed JSON line is exit 2 naming FILE:LINE (it had been a traceback) and leaves no
+temporary file; the pair it writes replaces an earlier one and `baton data inspect`
+reads it. Arguments: the baton binary, the source tree.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+baton, src = sys.argv[1], sys.argv[2]
+try:
+    import numpy  # noqa: F401  (hf_tokenize.py needs it)
+except ImportError:
+    print("skipped: no numpy for", sys.executable)
+    sys.exit(77)
+
+STUB = '''
+import json
+class _Encoding:
+    def __init__(self, ids):
+        self.ids = ids
+class Tokenizer:
+    def __init__(self, vocab):
+        self.vocab = vocab
+    @staticmethod
+    def from_file(path):
+        with open(path) as f:
+            return Tokenizer(json.load(f)["vocab"])
+    def get_vocab_size(self, with_added_tokens=True):
+        return len(self.vocab)
+    def token_to_id(self, t):
+        return self.vocab.get(t)
+    def encode(self, text, add_special_tokens=True):
+        return _Encoding([self.vocab.get(w, 0) for w in text.split()])
+'''
+failures = 0
+
+
+def check(ok, what, out=""):
+    global failures
+    if not ok:
+        failures += 1
+        print(f"FAIL: {what}\n{out}")
+
+
+with tempfile.TemporaryDirectory() as d:
+    with open(os.path.join(d, "tokenizers.py"), "w") as f:
+        f.write(STUB)
+    tok = os.path.join(d, "tok.json")
+    with open(tok, "w") as f:
+        f.write('{"vocab": {"<unk>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5, "last": 6}}')
+    env = dict(os.environ, PYTHONPATH=d)
+
+    def run(*args):
+        return subprocess.run([sys.executable, os.path.join(src, "tools/hf_tokenize.py"), "--tokenizer", tok,
+                               *args], capture_output=True, text=True, env=env)
+
+    def inspect(prefix):
+        return subprocess.run([baton, "data", "inspect", prefix, "--samples", "5"], capture_output=True,
+                              text=True).stdout
+
+    corpus = os.path.join(d, "c.txt")
+    with open(corpus, "wb") as f:
+        f.write(b"a b\rc d\r\n\r\n  \nlast\n")
+    out = os.path.join(d, "out")
+    r = run("--input", corpus, "--out", out, "--append-eod")
+    check(r.returncode == 0, "hf_tokenize.py on text", r.stdout + r.stderr)
+    shown = inspect(out)
+    check("documents  2\n" in shown, "a lone CR splits no line; blank lines are no documents", shown)
+    check("document 0 (5 tokens): 2 3 4 5 1" in shown, "the first line whole, then </s>", shown)
+    check("document 1 (2 tokens): 6 1" in shown, "the last line", shown)
+    check("2 blank lines skipped" in r.stdout, "blank lines counted", r.stdout)
+
+    # Written again under the same name: the new pair, no temporary or set-aside file.
+    with open(corpus, "wb") as f:
+        f.write(b"c c c\n")
+    r = run("--input", corpus, "--out", out)
+    check(r.returncode == 0, "hf_tokenize.py again", r.stdout + r.stderr)
+    shown = inspect(out)
+    check("documents  1\n" in shown and "document 0 (3 tokens): 4 4 4" in shown, "the new pair", shown)
+    left = sorted(n for n in os.listdir(d) if n.startswith("out."))
+    check(left == ["out.bin", "out.idx"], f"only the pair is left, found {left}")
+
+    jsonl = os.path.join(d, "bad.jsonl")
+    with open(jsonl, "w") as f:
+        f.write('{"text": "a b"}\n{"text": "c\n')
+    r = run("--input", jsonl, "--out", os.path.join(d, "bad"))
+    check(r.returncode == 2, f"a malformed JSON line: exit 2, found {r.returncode}", r.stderr)
+    check(f"{jsonl}:2: expected a JSON object per line" in r.stderr, "names FILE:LINE", r.stderr)
+    check("Traceback" not in r.stderr, "no traceback", r.stderr)
+    left = sorted(n for n in os.listdir(d) if n.startswith("bad."))
+    check(left == ["bad.jsonl"], f"no temporary file left, found {left}")
+
+if failures:
+    sys.exit(1)
+print("ok")
