@@ -125,7 +125,8 @@ nlohmann::json shared_flags(const PlanTrainOptions& o, const ResolvedPlan& r) {
           {"--init-from", o.init_from},
           {"--schedule", o.schedule_path},
           {"--trace-steps", o.trace_path.empty() ? 0 : o.trace_steps},
-          {"--bucket-mib", o.bucket_bytes}};
+          // In MiB, as the flag takes it (bytes under its name had read as millions of MiB).
+          {"--bucket-mib", double(o.bucket_bytes) / (1 << 20)}};
 }
 
 // Every rank compares every rank's shared flags with rank 0's and all fail alike, naming

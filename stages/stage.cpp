@@ -700,7 +700,7 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
   opt_ = config;
   for (auto& ps : params_) {
     const Param& p = graph_->params[size_t(ps->id)];
-    bool need_m = config.kind == OptimizerConfig::Kind::adamw || config.sgd.momentum > 0;
+    bool need_m = config.kind == OptimizerConfig::Kind::adamw || config.sgd.momentum != 0;
     bool need_v = config.kind == OptimizerConfig::Kind::adamw;
     Shape shape = p.shape;
     if (ps->shard_end >= 0) {

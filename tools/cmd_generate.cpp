@@ -23,17 +23,19 @@ namespace {
 int run_generate(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer, bos = "auto";
+  std::string seed_text = "0";
   int64_t max_new = 32, top_k = 0;
   double temperature = 0, top_p = 1;
-  uint64_t seed = 0;
   opts.add_options()("model", po::value(&model),
                      "model JSON (default: the checkpoint's, or --init-from's config.json)")(
       "checkpoint", po::value(&checkpoint),
       "a checkpoint directory (its newest complete checkpoint) or one step-* directory")(
       "init-from", po::value(&init_from),
       "a Hugging Face model directory (config.json + safetensors)")(
-      "prompt", po::value(&prompt), "prompt text (byte-level models, or with --tokenizer)")(
-      "prompt-ids", po::value(&prompt_ids), "prompt as token ids: 1,2,3")(
+      "prompt", po::value(&prompt),
+      "prompt text (byte-level models, or with --tokenizer; an empty one only after the "
+      "tokenizer's beginning-of-sequence id: --bos)")("prompt-ids", po::value(&prompt_ids),
+                                                      "prompt as token ids: 1,2,3")(
       "max-new-tokens", po::value(&max_new)->default_value(32), "tokens to generate")(
       "temperature", po::value(&temperature)->default_value(0.0),
       "0: greedy; otherwise sample from softmax(logits / T)")(
@@ -41,7 +43,7 @@ int run_generate(const std::vector<std::string>& args) {
       "sample among the k most likely tokens (0: all)")(
       "top-p", po::value(&top_p)->default_value(1.0),
       "sample among the most likely tokens whose probability reaches p")(
-      "seed", po::value(&seed)->default_value(0), "sampling seed")(
+      "seed", po::value(&seed_text)->default_value("0"), "sampling seed, in [0, 2^64)")(
       "tokenizer", po::value(&tokenizer),
       "a SentencePiece model file (tokenizer.model) for text prompts and output")(
       "bos", po::value(&bos)->default_value("auto"),
@@ -56,8 +58,11 @@ int run_generate(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
-  if (prompt.empty() == prompt_ids.empty())
+  // Given, not non-empty: --prompt "" had been told to give one of the two.
+  const bool text_prompt = vm.count("prompt") > 0;
+  if (text_prompt == (vm.count("prompt-ids") > 0))
     throw InputError("give exactly one of --prompt and --prompt-ids");
+  const uint64_t seed = parse_uint64_option("--seed", seed_text);
   if (max_new < 1) throw InputError("--max-new-tokens: expected at least 1");
   if (temperature < 0) throw InputError("--temperature: expected a value >= 0");
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
@@ -68,12 +73,20 @@ int run_generate(const std::vector<std::string>& args) {
   if (bos != "auto" && bos != "yes" && bos != "no")
     throw InputError("--bos: expected yes, no or auto, found '" + bos + "'");
   if (bos != "auto" && tokenizer.empty())
-    throw InputError(prompt_ids.empty()
+    throw InputError(text_prompt
                          ? "--bos " + bos +
                                " needs --tokenizer: the beginning-of-sequence id is the "
                                "tokenizer's (a --prompt without one is taken byte by byte)"
                          : "--bos needs --tokenizer (ids given by --prompt-ids are taken as they "
                            "are)");
+  // An empty text is a prompt only through a tokenizer's beginning-of-sequence id (--bos);
+  // otherwise it would feed nothing. Refused before the model is read.
+  if (text_prompt && prompt.empty() && (tokenizer.empty() || bos == "no"))
+    throw InputError(
+        "--prompt: the prompt is empty, nothing to continue from (an empty prompt takes "
+        "--tokenizer and its beginning-of-sequence id: --bos yes)");
+  if (!text_prompt && split_comma_list(prompt_ids).empty())
+    throw InputError("--prompt-ids: no token ids");
 
   // The model (every layer on this process, from a checkpoint of any plan or a Hugging
   // Face directory); the KV-cache loop and the sampling are stages::generate's.
@@ -102,12 +115,11 @@ int run_generate(const std::vector<std::string>& args) {
   }
   const int64_t vocab = m.vocab_size;
   const bool bytes = !have_sp && vocab == 256;
-  if (!prompt_ids.empty()) {
+  if (!text_prompt) {
     for (int64_t id : parse_int_list(
              prompt_ids, "--prompt-ids", 0, vocab - 1,
              "token ids of the model's vocabulary [0, " + std::to_string(vocab) + ") like 1,2,3"))
       ids.push_back(int32_t(id));
-    if (ids.empty()) throw InputError("--prompt-ids: no token ids");
   } else if (have_sp) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     std::vector<int> v;
@@ -118,6 +130,10 @@ int run_generate(const std::vector<std::string>& args) {
       throw InputError("--bos yes: " + tokenizer + " has no beginning-of-sequence piece");
     if (add_bos) ids.push_back(sp.bos_id());
     for (int t : v) ids.push_back(int32_t(t));
+    if (ids.empty())
+      throw InputError(
+          "--prompt: the prompt is empty, nothing to continue from (--bos yes starts it with "
+          "the tokenizer's beginning-of-sequence id)");
 #endif
   } else if (bytes) {
     for (unsigned char ch : prompt) ids.push_back(int32_t(ch));
@@ -134,12 +150,12 @@ int run_generate(const std::vector<std::string>& args) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Text in, text out; ids in, ids out.
-  if (bytes && !prompt.empty()) {
+  if (bytes && text_prompt) {
     std::string text;
     for (int32_t t : out) text.push_back(char(t));
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");
-  } else if (have_sp && !prompt.empty()) {
+  } else if (have_sp && text_prompt) {
 #ifdef BATON_HAVE_SENTENCEPIECE
     std::vector<int> v(out.begin(), out.end());
     for (int t : v)

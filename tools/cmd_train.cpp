@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -30,12 +31,37 @@
 namespace baton::tools {
 namespace {
 
+// A value outside the range a flag is defined on: InputError naming the flag, the range
+// and the value.
+void check_flag_range(const char* flag, double value, bool ok, const std::string& expected) {
+  if (!ok)
+    throw InputError(std::string("--") + flag + ": expected " + expected + ", found " +
+                     fmt::format("{:g}", value));
+}
+
+// The optimizer's hyper-parameters, before anything is built (on every rank of a plan):
+// out of range they had run (beta 1 is NaN from step 2, --lr inf wrote "lr": inf into
+// the loss log, a negative --grad-clip meant off) or failed at the first step (a negative
+// momentum had no buffer). torch.optim takes the same ranges, but for momentum, which
+// it bounds only below: at 1 or more a gradient is never forgotten.
+void check_optimizer_flags(double lr, double beta1, double beta2, double momentum,
+                           double weight_decay, double grad_clip) {
+  check_flag_range("lr", lr, std::isfinite(lr) && lr > 0, "a finite rate > 0");
+  check_flag_range("beta1", beta1, beta1 >= 0 && beta1 < 1, "a value in [0, 1)");
+  check_flag_range("beta2", beta2, beta2 >= 0 && beta2 < 1, "a value in [0, 1)");
+  check_flag_range("momentum", momentum, momentum >= 0 && momentum < 1, "a value in [0, 1)");
+  check_flag_range("weight-decay", weight_decay, std::isfinite(weight_decay) && weight_decay >= 0,
+                   "a finite value >= 0");
+  check_flag_range("grad-clip", grad_clip, std::isfinite(grad_clip) && grad_clip >= 0,
+                   "a finite norm >= 0 (0: off)");
+}
+
 int run_train(const std::vector<std::string>& args) {
   po::options_description opts("options");
   engine::TrainOptions o;
   std::string optimizer, device_memory, recompute, plan, schedule_file, trace, device, precision;
   std::vector<std::string> data;
-  std::string lr_schedule;
+  std::string lr_schedule, seed = "1";
   bool no_cross_documents = false;
   int64_t trace_steps = 1;
   double bucket_mib = 4;
@@ -75,14 +101,19 @@ int run_train(const std::vector<std::string>& args) {
       "decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1, "0.1"),
       "wsd: the last share of the steps that decays")("weight-decay",
                                                       po::value(&weight_decay)->default_value(0.0),
-                                                      "decoupled weight decay (matrices only)")(
+                                                      "weight decay of matrices, >= 0: "
+                                                      "decoupled for adamw (torch.optim.AdamW), "
+                                                      "an L2 term added to the gradient before "
+                                                      "the momentum for sgd (torch.optim.SGD)")(
       "optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")(
-      "beta1", po::value(&beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
-      "beta2", po::value(&beta2)->default_value(0.999), "AdamW beta2")(
-      "momentum", po::value(&momentum)->default_value(0.0), "SGD momentum")(
+      "beta1", po::value(&beta1)->default_value(0.9, "0.9"), "adamw: beta1, in [0, 1)")(
+      "beta2", po::value(&beta2)->default_value(0.999), "adamw: beta2, in [0, 1)")(
+      "momentum", po::value(&momentum)->default_value(0.0),
+      "sgd: momentum, in [0, 1) (torch.optim.SGD takes 1 and more too)")(
       "grad-clip", po::value(&o.grad_clip)->default_value(1.0),
-      "max global gradient norm (0: off)")("seed", po::value(&o.seed)->default_value(1),
-                                           "seed of initialisation, data order and dropout")(
+      "max global gradient norm (0: off)")("seed", po::value(&seed)->default_value("1"),
+                                           "seed of initialisation, data order and dropout, in "
+                                           "[0, 2^64)")(
       "checkpoint-dir", po::value(&o.checkpoint_dir), "directory for checkpoints")(
       "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
       "steps between checkpoints (0: at the end)")("keep-checkpoints",
@@ -99,7 +130,8 @@ int run_train(const std::vector<std::string>& args) {
       "dynamic loss scaling; tf32, bf16 and fp16 need a CUDA device)")(
       "device-memory", po::value(&device_memory), "cap on the device's memory, e.g. 512MiB")(
       "recompute", po::value(&recompute), "layers whose activations are recomputed, e.g. 1,2,3")(
-      "log-every", po::value(&o.log_every)->default_value(1), "steps between progress lines")(
+      "log-every", po::value(&o.log_every)->default_value(1),
+      "steps between progress lines (0: none, but at evaluations)")(
       "loss-log", po::value(&o.loss_log), "write JSON lines {step, loss, grad_norm, lr} here")(
       "summary", po::value(&o.summary_path),
       "write the run's summary JSON here at the end (docs/formats/summary.md)")(
@@ -112,7 +144,7 @@ int run_train(const std::vector<std::string>& args) {
       "trace-steps", po::value(&trace_steps)->default_value(1),
       "with --trace: how many of the last steps")(
       "bucket-mib", po::value(&bucket_mib)->default_value(4.0),
-      "with --plan: gradient all-reduce bucket size in MiB");
+      "with --plan: gradient all-reduce bucket size in MiB, up to 1048576 (1 TiB)");
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args,
@@ -121,6 +153,17 @@ int run_train(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  // Given on the command line, not left at its default.
+  auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+  check_optimizer_flags(lr, beta1, beta2, momentum, weight_decay, o.grad_clip);
+  o.seed = parse_uint64_option("--seed", seed);
+  if (o.log_every < 0)
+    throw InputError(
+        "--log-every: expected a step count >= 0 (0: no progress lines but at "
+        "evaluations), found " +
+        std::to_string(o.log_every));
+  if (given("trace-steps") && trace.empty())
+    throw InputError("--trace-steps needs --trace (the timeline it sets the length of)");
   // One --data is data_path (an image directory, too); several (a blend) are o.data.data.
   if (data.size() == 1)
     o.data_path = data[0];
@@ -166,7 +209,7 @@ int run_train(const std::vector<std::string>& args) {
     const std::string& want = plan_doc->optimizer;
     const std::string kind = want == "adamw" ? "adamw" : "sgd";
     const std::string where = plan_doc->where("$.optimizer");
-    if (!vm["optimizer"].defaulted() && optimizer != kind)
+    if (given("optimizer") && optimizer != kind)
       throw InputError("--optimizer " + optimizer + ": the plan trains with \"" + want + "\" (" +
                        where + "), whose state its memory estimate holds");
     optimizer = kind;
@@ -177,6 +220,20 @@ int run_train(const std::vector<std::string>& args) {
       throw InputError("--momentum: the plan's optimizer is \"sgd-momentum\" (" + where +
                        "): give its momentum (e.g. --momentum 0.9)");
   }
+  // A flag of the other optimizer had been ignored without a word (a plan's "sgd" refuses
+  // --momentum above).
+  const std::string trains_with = plan_doc && plan_doc->optimizer_stated
+                                      ? "the plan trains with \"" + plan_doc->optimizer + "\" (" +
+                                            plan_doc->where("$.optimizer") + ")"
+                                      : "this run trains with " + optimizer;
+  if (optimizer == "adamw" && given("momentum"))
+    throw InputError("--momentum is sgd's, but " + trains_with +
+                     " (its first moment's decay is --beta1)");
+  if (optimizer == "sgd")
+    for (const char* flag : {"beta1", "beta2"})
+      if (given(flag))
+        throw InputError(std::string("--") + flag + " is adamw's, but " + trains_with +
+                         " (its one state is --momentum)");
   if (optimizer == "adamw") {
     o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
     o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, 1e-8, weight_decay};
@@ -186,7 +243,6 @@ int run_train(const std::vector<std::string>& args) {
   } else {
     throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
   }
-  if (!(lr > 0)) throw InputError("--lr: expected a positive number");
   memory::cuda::require_device(o.device);
   kernels::check_precision(o.precision, o.device);
   // The cap: --device-memory, or the plan's device memory (each rank, as its estimate
@@ -210,8 +266,7 @@ int run_train(const std::vector<std::string>& args) {
   }
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
-      if (!vm[flag].defaulted() && vm.count(flag))
-        throw InputError(std::string("--") + flag + " needs --plan");
+      if (given(flag)) throw InputError(std::string("--") + flag + " needs --plan");
     engine::run_training(o);
     return 0;
   }
@@ -221,7 +276,9 @@ int run_train(const std::vector<std::string>& args) {
                        " does not go with --plan (the plan names the model and its recompute)");
   if (!vm["batch"].defaulted() || !vm["micro-batches"].defaulted())
     throw InputError("--batch and --micro-batches do not go with --plan (the plan sets the batch)");
-  if (!(bucket_mib > 0)) throw InputError("--bucket-mib: expected a positive size");
+  // In bytes a size_t: a larger value (1e20, inf) had cast to a meaningless size.
+  check_flag_range("bucket-mib", bucket_mib, bucket_mib * 1024 * 1024 >= 1 && bucket_mib <= 1 << 20,
+                   "a size in MiB of at least one byte and at most 1048576 (1 TiB)");
   if (trace_steps < 1)
     throw InputError("--trace-steps: expected at least 1 step, found " +
                      std::to_string(trace_steps));

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cctype>
 #include <iostream>
 
@@ -85,6 +86,25 @@ uint64_t parse_bytes_option(const std::string& flag, const std::string& text) {
   } catch (const InputError& e) {
     throw InputError(flag + ": " + e.what());
   }
+}
+
+uint64_t parse_uint64_option(const std::string& flag, const std::string& text) {
+  // Digits only: std::stoull itself takes a sign (and negates) and leading spaces.
+  size_t used = 0;
+  unsigned long long v = 0;
+  if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      })) {
+    try {
+      v = std::stoull(text, &used);
+    } catch (const std::exception&) {
+      used = 0;  // beyond 2^64 - 1
+    }
+  }
+  if (used == 0 || used != text.size())
+    throw InputError(flag + ": expected an integer in [0, 18446744073709551615], found '" + text +
+                     "'");
+  return v;
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,

@@ -34,11 +34,14 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
 std::vector<std::string> split_comma_list(const std::string& text);
 // The integers of such a list, each in [min, max]; InputError
 // "<flag>: expected <expected>, found '<item>'" for any other item.
-// memory::parse_bytes with the flag named in its error ("--device-memory: invalid size ...").
-uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
-
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
                                     int64_t max, const std::string& expected);
+// An unsigned 64-bit value (a seed) read as text: Boost reads "-1" into an unsigned
+// option as 2^64 - 1 without a word. InputError "<flag>: expected an integer in
+// [0, 2^64 - 1], found '<text>'" for a sign, a fraction or an out-of-range value.
+uint64_t parse_uint64_option(const std::string& flag, const std::string& text);
+// memory::parse_bytes with the flag named in its error ("--device-memory: invalid size ...").
+uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
 
 // Options every command that computes shares: --threads, --log-level.
 void add_common_options(po::options_description& opts);

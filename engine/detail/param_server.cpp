@@ -136,7 +136,7 @@ void ParamServer::allocate_state() {
     for (Bucket& b : g.buckets) {
       const int64_t len = b.master.numel();
       const memory::DType dt = master_dtype_;
-      b.m = len > 0 && (adamw || opt_.sgd.momentum > 0) ? Tensor::zeros({len}, dt) : Tensor();
+      b.m = len > 0 && (adamw || opt_.sgd.momentum != 0) ? Tensor::zeros({len}, dt) : Tensor();
       b.v = len > 0 && adamw ? Tensor::zeros({len}, dt) : Tensor();
     }
 }

@@ -139,6 +139,24 @@ TEST(Checkpoint, RoundTripWithOptimizerState) {
   }
 }
 
+// SGD keeps a momentum buffer whenever its kernel reads one (momentum != 0): a negative
+// momentum (baton train refuses it; the API takes it) had none and failed its first step
+// ("kernels::sgd_step: momentum_buf is undefined").
+TEST(Checkpoint, AnyNonzeroMomentumKeepsItsBuffer) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  OptimizerConfig c;
+  c.kind = OptimizerConfig::Kind::sgd;
+  for (double momentum : {0.0, 0.9, -0.5}) {
+    Stage a(g, 0, g->num_layers());
+    c.sgd.momentum = momentum;
+    a.set_optimizer(c);
+    for (int id : a.param_ids())
+      EXPECT_EQ(a.optimizer_state(id).size(), momentum != 0 ? 1u : 0u) << momentum;
+    a.zero_grad();
+    EXPECT_NO_THROW(a.step()) << momentum;
+  }
+}
+
 // A step written again (a run resumed from before it) leaves nothing of the earlier write:
 // not an interrupted write's temporary file, not the shards of a plan with more ranks.
 TEST(Checkpoint, AStepWrittenAgainStartsEmpty) {

@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "memory/cuda_device.h"
 #include "tests/command_runner.h"
@@ -325,6 +329,104 @@ TEST(Cli, DeviceAndPrecisionFlags) {
   }
 }
 
+// Optimizer hyper-parameters outside their range, a flag of the optimizer the run does
+// not train with, a negative seed or progress interval, --trace-steps without --trace:
+// exit 2 naming the flag, what it takes and what it got, before any step (they had
+// trained: NaN from step 2 for --beta1 1, "lr": inf in the loss log; or failed at the
+// first step: a negative --momentum), on one process and on every rank of a plan.
+TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
+  std::string model = temp_file("tiny_range.json", kTiny);
+  const std::string base = "--model " + model + " --data " + kCliCorpus + " --steps 2 --threads 1 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--optimizer sgd --momentum -0.5", "--momentum: expected a value in [0, 1), found -0.5"},
+      {"--optimizer sgd --momentum 1", "--momentum: expected a value in [0, 1), found 1"},
+      {"--beta1 1", "--beta1: expected a value in [0, 1), found 1"},
+      {"--beta1 -0.1", "--beta1: expected a value in [0, 1), found -0.1"},
+      {"--beta2 1", "--beta2: expected a value in [0, 1), found 1"},
+      {"--beta2 nan", "--beta2: expected a value in [0, 1), found nan"},
+      {"--weight-decay -1", "--weight-decay: expected a finite value >= 0, found -1"},
+      {"--weight-decay nan", "--weight-decay: expected a finite value >= 0, found nan"},
+      {"--lr inf", "--lr: expected a finite rate > 0, found inf"},
+      {"--lr 0", "--lr: expected a finite rate > 0, found 0"},
+      {"--grad-clip -1", "--grad-clip: expected a finite norm >= 0 (0: off), found -1"},
+      {"--grad-clip nan", "--grad-clip: expected a finite norm >= 0 (0: off), found nan"},
+      {"--momentum 0.9", "--momentum is sgd's, but this run trains with adamw"},
+      {"--momentum 0", "--momentum is sgd's, but this run trains with adamw"},
+      {"--optimizer sgd --beta1 0.5", "--beta1 is adamw's, but this run trains with sgd"},
+      {"--optimizer sgd --beta2 0.9", "--beta2 is adamw's, but this run trains with sgd"},
+      {"--seed -1", "--seed: expected an integer in [0, 18446744073709551615], found '-1'"},
+      {"--seed 18446744073709551616", "--seed: expected an integer in [0, 18446744073709551615]"},
+      {"--seed 1.5", "--seed: expected an integer in [0, 18446744073709551615], found '1.5'"},
+      {"--log-every -1", "--log-every: expected a step count >= 0"},
+      {"--trace-steps 3", "--trace-steps needs --trace"},
+  };
+  for (const auto& [flags, message] : cases) cli_expect_input_error(base + flags, {message});
+  // At the edges: trains; --log-every 0 prints no progress line.
+  Result ok = cli_run(base +
+                      "--optimizer sgd --momentum 0.99 --weight-decay 0 --grad-clip 0 "
+                      "--seed 18446744073709551615 --log-every 0");
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_EQ(ok.output.find("step "), std::string::npos) << ok.output;
+  // --weight-decay's help names both rules (it had said decoupled, which sgd's is not).
+  std::string help;
+  for (char c : cli_run("--help").output)
+    if (!(std::isspace(static_cast<unsigned char>(c)) && !help.empty() && help.back() == ' '))
+      help.push_back(std::isspace(static_cast<unsigned char>(c)) ? ' ' : c);
+  EXPECT_NE(help.find("decoupled for adamw (torch.optim.AdamW), an L2 term added to the gradient "
+                      "before the momentum for sgd (torch.optim.SGD)"),
+            std::string::npos)
+      << help;
+
+  // Under a plan: the same refusals, on every rank before the job starts.
+  std::string plan = temp_file("range_plan.json", R"({"version": 1, "model": ")" + model +
+                                                      R"(", "devices": 1,
+      "batch": {"micro_batch_size": 2}, "schedule": {"name": "1f1b", "micro_batches": 2},
+      "stages": [{"layers": [0, 3]}]})");
+  const std::string planned = "--plan " + plan + " --data " + kCliCorpus + " --steps 2 ";
+  for (const auto& [flags, message] : cases) cli_expect_input_error(planned + flags, {message});
+  // In bytes a size_t: 1e20 and inf had cast to per-parameter buckets, 1e-9 to 0 bytes.
+  for (const char* mib : {"1e20", "inf", "nan", "1e-9", "0", "-4"})
+    cli_expect_input_error(
+        planned + "--bucket-mib " + mib,
+        {"--bucket-mib: expected a size in MiB of at least one byte and at most 1048576 (1 TiB)"});
+  std::string pp2 = temp_file("range_pp2.json", R"({"version": 1, "model": ")" + model +
+                                                    R"(", "devices": 2,
+      "parallel": {"dp": 1, "pp": 2, "tp": 1}, "batch": {"micro_batch_size": 1, "global": 2},
+      "schedule": {"name": "1f1b", "micro_batches": 2}, "stages": [{"layers": [0, 1]}, {"layers": [1, 3]}]})");
+  const std::string launch = kCliBaton + " launch -n 2 -- ";
+  const std::string ranks =
+      " train --plan " + pp2 + " --data " + kCliCorpus + " --steps 1 --threads 1";
+  Result r = baton::cli_testing::run_command(launch + kCliBaton + ranks + " --beta2 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--beta2: expected a value in [0, 1), found 1"), std::string::npos)
+      << r.output;
+  // Ranks started with other buckets: named in MiB, as the flag takes them (the bytes had
+  // stood under the MiB flag's name).
+  r = baton::cli_testing::run_command(launch + "sh -c 'exec " + kCliBaton + ranks +
+                                      " --bucket-mib $((1 + 3 * BATON_RANK))'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with --bucket-mib 4.0 where rank 0 has 1.0"),
+            std::string::npos)
+      << r.output;
+}
+
+// `baton generate`: an empty --prompt is named as one (it had been told to give one of
+// --prompt and --prompt-ids); a negative --seed is refused, where Boost had read it as
+// 2^64 - 1. Both before any model is read.
+TEST(Cli, GenerateEmptyPromptAndNegativeSeed) {
+  const std::string gen = kCliBaton + " generate --checkpoint " + ::testing::TempDir() + "/none ";
+  auto expect = [&](const std::string& args, const std::string& message) {
+    Result r = baton::cli_testing::run_command(gen + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output << "\n  lacks: " << message;
+  };
+  expect("--prompt ''", "--prompt: the prompt is empty, nothing to continue from");
+  expect("--prompt '' --prompt-ids 1", "give exactly one of --prompt and --prompt-ids");
+  expect("--prompt-ids ''", "--prompt-ids: no token ids");
+  expect("--prompt-ids 1 --seed -1",
+         "--seed: expected an integer in [0, 18446744073709551615], found '-1'");
+}
+
 // The step-3 loss a run printed ("" when none).
 std::string loss_at_step_3(const std::string& output) {
   const size_t at = output.find("step      3/3 | loss ");
@@ -359,6 +461,11 @@ TEST(Cli, APlanTrainsWithTheOptimizerItNames) {
                          {"--optimizer adamw: the plan trains with \"sgd\"", "$.optimizer"});
   cli_expect_input_error("--plan " + sgd + run + "--momentum 0.9",
                          {"--momentum: the plan's optimizer is \"sgd\"", "$.optimizer"});
+  cli_expect_input_error("--plan " + sgd + run + "--beta1 0.5",
+                         {"--beta1 is adamw's, but the plan trains with \"sgd\"", "$.optimizer"});
+  cli_expect_input_error(
+      "--plan " + plan_with("adamw") + run + "--momentum 0.9",
+      {"--momentum is sgd's, but the plan trains with \"adamw\"", "$.optimizer"});
   cli_expect_input_error(
       "--plan " + plan_with("sgd-momentum") + run,
       {"--momentum: the plan's optimizer is \"sgd-momentum\"", "--momentum 0.9"});
