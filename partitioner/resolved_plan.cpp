@@ -223,6 +223,19 @@ std::string running_statistics_node(const Graph& g) {
   return "";
 }
 
+std::pair<std::string, int64_t> smallest_batchnorm_plane(const Graph& g) {
+  std::pair<std::string, int64_t> least{"", 0};
+  for (const stages::Node& n : g.nodes)
+    if (n.op == "batchnorm2d" && !n.inputs.empty()) {
+      const memory::Shape& shape = g.values[size_t(n.inputs[0])].type.shape;
+      if (!shape.empty() && shape[0] > 0) {
+        const int64_t plane = memory::shape_numel(shape) / shape[0];
+        if (least.second == 0 || plane < least.second) least = {n.name, plane};
+      }
+    }
+  return least;
+}
+
 ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   ResolvedPlan r;
   r.plan = p;
@@ -245,6 +258,21 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
                        "' (batchnorm2d) would differ between the copies and a "
                        "checkpoint would keep one; expected another schedule for a model with "
                        "batch-norm running statistics");
+  // The op would refuse it on every rank at the first step (a tile's statistics span
+  // the whole image, so the logical graph's plane is the one that counts).
+  if (const auto [bn, plane] = smallest_batchnorm_plane(g); plane > 0) {
+    const bool own = p.dp > 1 && !p.sync_batchnorm;  // each replica's own statistics
+    const int64_t values = p.micro_batch_size * plane * (own ? 1 : p.dp);
+    if (values < 2)
+      throw InputError(p.where("$.batch.micro_batch_size") + ": micro-batches of " +
+                       std::to_string(p.micro_batch_size) + " sample(s) leave the batch norm '" +
+                       bn + "' (batchnorm2d, " + std::to_string(plane) +
+                       " position(s) per sample) " + std::to_string(values) + " value per channel" +
+                       (own ? " on each replica" : "") +
+                       ": its variance is 0 and the layers before it would learn nothing; "
+                       "expected micro-batches of at least 2 samples" +
+                       (own ? std::string(", or \"sync_batchnorm\": true") : std::string()));
+  }
   try {
     r.schedule = schedule::generate(name, p.pp, p.micro_batches, p.chunks);
   } catch (const InputError& e) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "partitioner/layout.h"
@@ -76,6 +77,13 @@ ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph>
 // chunk each see half the micro-batches and are never merged but for their gradients,
 // cannot keep them (resolve_plan refuses it; the search does not propose it).
 std::string running_statistics_node(const stages::Graph& g);
+
+// The batchnorm2d of `g` that normalises the fewest positions (H x W) per sample and
+// channel, and that count; {"", 0} when g has none. In training a micro-batch must give
+// it at least 2 values per channel (the op refuses one: its variance is 0); resolve_plan
+// refuses a plan whose micro-batches (joined over the replicas under sync_batchnorm)
+// would not, and the search proposes none.
+std::pair<std::string, int64_t> smallest_batchnorm_plane(const stages::Graph& g);
 
 // Replaces a plan's generated schedule by another one over the same stages (a file a
 // user wrote): the same ranks, micro-batches, directions and placement. Compute-only or

@@ -160,7 +160,7 @@ class Search {
             int64_t b = replica_batch / m;
             // A batch norm over one value per channel (one sample of a 1 x 1 map) trains
             // nothing before it: the op refuses it, so no plan may ask for it.
-            const int64_t plane = min_batchnorm_plane();
+            const int64_t plane = smallest_batchnorm_plane(*g_).second;
             if (plane > 0 && b * plane < 2) {
               skip(std::to_string(m) + " micro-batches: " + std::to_string(b) +
                    " sample(s) a micro-batch would leave a batch norm one value per channel");
@@ -214,21 +214,6 @@ class Search {
 
  private:
   // Notes why a degree or schedule does not apply (once per reason).
-  // The fewest positions (H x W) a batchnorm2d of the model normalises per sample and
-  // channel; 0 when it has none.
-  int64_t min_batchnorm_plane() const {
-    int64_t least = 0;
-    for (const stages::Node& n : g_->nodes)
-      if (n.op == "batchnorm2d" && !n.inputs.empty()) {
-        const memory::Shape& shape = g_->values[size_t(n.inputs[0])].type.shape;
-        if (!shape.empty() && shape[0] > 0) {
-          const int64_t plane = memory::shape_numel(shape) / shape[0];
-          least = least == 0 ? plane : std::min(least, plane);
-        }
-      }
-    return least;
-  }
-
   void skip(const std::string& reason) {
     if (std::find(result_.skipped.begin(), result_.skipped.end(), reason) == result_.skipped.end())
       result_.skipped.push_back(reason);

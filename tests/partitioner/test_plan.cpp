@@ -1022,5 +1022,37 @@ TEST(Plan, EmptyPipelineRanksAndRepeatedRecompute) {
             "(also at recompute[0])");
 }
 
+// A batch norm over one value per channel (micro-batches of one sample reaching a 1 x 1
+// map): training refuses it on every rank at the first step, so `baton plan --check`
+// refuses it, as the search never proposes it; joined over the replicas (sync_batchnorm),
+// or with two samples a micro-batch, it is accepted.
+TEST(Plan, BatchNormOverOneValuePerChannel) {
+  json j = json::parse(R"({
+    "version": 1,
+    "model": {"type": "resnet", "in_channels": 1, "image_size": 2, "classes": 3,
+              "stem_channels": 4, "stem_kernel": 3, "stem_stride": 1, "stem_pool": false,
+              "widths": [4, 4], "depths": [1, 1]},
+    "devices": 2,
+    "parallel": {"dp": 2},
+    "batch": {"micro_batch_size": 1},
+    "schedule": {"name": "1f1b", "micro_batches": 1}
+  })");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.batch.micro_batch_size: micro-batches of 1 sample(s) leave the batch "
+            "norm 'layer2.0.bn1' (batchnorm2d, 1 position(s) per sample) 1 value per channel on "
+            "each replica: its variance is 0 and the layers before it would learn nothing; "
+            "expected micro-batches of at least 2 samples, or \"sync_batchnorm\": true");
+  j["sync_batchnorm"] = true;
+  EXPECT_EQ(plan_error_of(j), "(no error)");
+  j.erase("sync_batchnorm");
+  j["batch"]["micro_batch_size"] = 2;
+  EXPECT_EQ(plan_error_of(j), "(no error)");
+  j["batch"]["micro_batch_size"] = 1;
+  j["devices"] = 1;
+  j["parallel"] = {{"dp", 1}};
+  EXPECT_NE(plan_error_of(j).find("1 value per channel: its variance is 0"), std::string::npos)
+      << plan_error_of(j);
+}
+
 }  // namespace
 }  // namespace baton::partitioner
