@@ -156,6 +156,10 @@ nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
   return j;
 }
 
+nlohmann::json data_manifest(const stages::ImageDataset& d, int64_t position) {
+  return {{"position", position}, {"train", d.to_json()}};
+}
+
 void check_resume(const stages::Manifest& m, const std::string& dir,
                   const nlohmann::json& model_json, const std::string& model_source,
                   uint64_t seed) {
@@ -245,6 +249,17 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
     spdlog::warn(
         "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
         dir, m.data["train"].dump(), data["train"].dump());
+  // Image checkpoints before "train" recorded the directory and image count beside the
+  // position: those two are compared.
+  if (m.data.is_object() && !m.data.contains("train") && m.data.contains("dir") &&
+      data.contains("train") && data["train"].contains("dir")) {
+    const nlohmann::json was = {{"dir", m.data["dir"]}, {"images", m.data.value("images", 0)}};
+    const nlohmann::json now = {{"dir", data["train"]["dir"]}, {"images", data["train"]["images"]}};
+    if (was != now)
+      spdlog::warn(
+          "{}/manifest.json: $.data: the checkpoint was written for {}; continuing with {}", dir,
+          was.dump(), now.dump());
+  }
 }
 
 LossLog::LossLog(const std::string& path, int64_t start) {

@@ -21,6 +21,7 @@
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/graph.h"
+#include "stages/image_data.h"
 #include "stages/lr_schedule.h"
 #include "stages/stage.h"
 
@@ -135,6 +136,8 @@ void log_data_opened(const stages::TrainData& d);
 // What a checkpoint's manifest records of the data: the dataset (and held-out dataset)
 // and the position (steps done: the next step's samples follow from it).
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position);
+// The same of image data: its directory, image count, image shape and classes as "train".
+nlohmann::json data_manifest(const stages::ImageDataset& d, int64_t position);
 
 // A checkpoint may resume this run when it was written for the same model and seed;
 // InputError naming the manifest's field otherwise.

@@ -687,6 +687,10 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
   check_ranks_agree(*world, o, r);
+  // Before check_loop_options, which would ask image data for held-out data it cannot have.
+  const bool image_input = image_data(o);
+  if (image_input && o.eval_every > 0)
+    throw InputError("--eval-every: evaluation is for token data");
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
   prepare_device(o);
@@ -697,8 +701,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   // the logical model's vocabulary.
   std::shared_ptr<const stages::ImageDataset> images;
   stages::TrainData data;
-  if (image_data(o)) {
-    if (o.eval_every > 0) throw InputError("--eval-every: evaluation is for token data");
+  if (image_input) {
     auto d = std::make_shared<stages::ImageDataset>(o.data_path);
     d->check_model(lg, model_source);
     images = d;
@@ -745,17 +748,33 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       for (const std::string& n : names) out[n] = n == "tokens" ? tokens : targets;
     };
   };
-  if (images)
-    eo.inputs = [images, seed = o.seed, tok_type, tgt_type](const stages::MicroBatch& mb,
-                                                            const std::vector<std::string>& names,
-                                                            stages::TensorMap& out) {
-      Tensor x = Tensor::empty(tok_type.with_batch(mb.samples), tok_type.dtype);
-      Tensor y = Tensor::empty({mb.samples}, tgt_type.dtype);
-      images->fill(seed, mb.step, mb.sample_offset, mb.samples, x, y);
-      for (const std::string& n : names) out[n] = n == "images" ? x : y;
+  if (images) {
+    // Only what the rank reads (a last stage: the labels), and on a tile only its rows:
+    // the memory estimate counts the loader's micro-batches so (partitioner/evaluate.cpp).
+    eo.inputs_tiled = true;
+    eo.inputs = [images, seed = o.seed, tok_type, tgt_type, tile = input_tile(r, world->rank())](
+                    const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                    stages::TensorMap& out) {
+      for (const std::string& n : names)
+        if (n == "images") {
+          memory::Shape shape = tok_type.with_batch(mb.samples);
+          int64_t first_row = 0;
+          if (tile.names.count(n)) {
+            shape[2] /= tile.of;
+            first_row = tile.index * shape[2];
+          }
+          Tensor x = Tensor::empty(shape, tok_type.dtype);
+          images->fill_images(seed, mb.step, mb.sample_offset, mb.samples, x, first_row);
+          out[n] = x;
+        } else {
+          Tensor y = Tensor::empty({mb.samples}, tgt_type.dtype);
+          images->fill_labels(seed, mb.step, mb.sample_offset, mb.samples, y);
+          out[n] = y;
+        }
     };
-  else
+  } else {
     eo.inputs = inputs_of(data.train, o.seed);
+  }
   if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
   // The plan's model must be the one --init-from's weights were made for (every rank
   // checks the same files, so all fail together, before any collective).
@@ -785,8 +804,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                          "), whose memory it was checked for: resume under a plan naming \"" +
                          kind + "\", or none");
       if (lead) {
-        warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o,
-                            engine.executor().config().global_batch);
+        warn_resume_changes(m, *dir,
+                            images ? data_manifest(*images, m.step) : data_manifest(data, m.step),
+                            o, engine.executor().config().global_batch);
         warn_unused_dp_state(m, *dir, r.plan.dp_sync.independent(),
                              r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0);
       }
@@ -822,9 +842,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   stages::Manifest base;
   base.seed = o.seed;
   base.model = model_json;
-  base.data =
-      images ? nlohmann::json{{"position", 0}, {"dir", o.data_path}, {"images", images->size()}}
-             : data_manifest(data, 0);
+  base.data = images ? data_manifest(*images, 0) : data_manifest(data, 0);
   base.train = {{"batch", engine.executor().config().global_batch},
                 {"micro_batches", int64_t(r.plan.dp) * r.plan.micro_batches},
                 {"grad_clip", o.grad_clip},

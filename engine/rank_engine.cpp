@@ -256,7 +256,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   const stages::Node& ce = lg.nodes[size_t(lg.values[size_t(lg.loss)].producer)];
   const stages::Value& targets = lg.values[size_t(ce.inputs[1])];
   c.loss_tokens = double(c.global_batch * memory::shape_numel(targets.type.shape));
-  c.inputs = tile_inputs(options.inputs);
+  c.inputs = tile_inputs(options.inputs, options.inputs_tiled);
   c.input_ahead = options.input_ahead;
   c.input_staging = options.input_staging;
   if (!c.input_staging && options.device.is_cuda()) {
@@ -298,7 +298,7 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
     e.schedule = schedule::lower(schedule::forward_only_like(r.schedule), lo);
     e.evaluation = true;
     e.grad_groups.clear();
-    e.inputs = tile_inputs(options.eval_inputs);
+    e.inputs = tile_inputs(options.eval_inputs, false);
     e.grad_clip = 0;
     e.loss_scaler = nullptr;
     e.dp_sync = DpSyncConfig{};
@@ -311,23 +311,29 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   for (auto& [s, st] : stages_) st->set_optimizer(options.optimizer);
 }
 
-InputFn RankEngine::tile_inputs(InputFn inputs) const {
-  const ResolvedPlan& r = *plan_;
-  const int pp = view_.coord.pp, s = r.spatial_of(pp);
-  if (!inputs || s <= 1) return inputs;
-  // The loader reads whole images; the tile keeps its rows [sp h, (sp + 1) h) of the
-  // height (dimension 2 of [B, C, H, W]).
-  std::set<std::string> tiled;
+InputTile input_tile(const partitioner::ResolvedPlan& r, int rank) {
+  InputTile t;
+  const partitioner::RankCoord c = r.layout.coord(rank);
+  t.of = r.spatial_of(c.pp);
+  if (t.of <= 1) return t;
+  t.index = c.sp;
   for (int v : r.graph->inputs)
-    if (r.tiled(pp, v)) tiled.insert(r.graph->values[size_t(v)].name);
-  const int sp = view_.coord.sp;
-  return [inputs, tiled, s, sp](const stages::MicroBatch& mb, const std::vector<std::string>& names,
-                                stages::TensorMap& out) {
+    if (r.tiled(c.pp, v)) t.names.insert(r.graph->values[size_t(v)].name);
+  return t;
+}
+
+InputFn RankEngine::tile_inputs(InputFn inputs, bool tiled_already) const {
+  if (!inputs || tiled_already) return inputs;
+  const InputTile tile = input_tile(*plan_, view_.rank);
+  if (tile.of <= 1) return inputs;
+  // Whole images given: the tile keeps its rows (a copy, next to the whole image).
+  return [inputs, tile](const stages::MicroBatch& mb, const std::vector<std::string>& names,
+                        stages::TensorMap& out) {
     inputs(mb, names, out);
     for (auto& [name, t] : out)
-      if (tiled.count(name)) {
-        const int64_t h = t.size(2) / s;
-        t = t.narrow(2, int64_t(sp) * h, h).contiguous();
+      if (tile.names.count(name)) {
+        const int64_t h = t.size(2) / tile.of;
+        t = t.narrow(2, int64_t(tile.index) * h, h).contiguous();
       }
   };
 }

@@ -48,6 +48,9 @@ struct RankEngineOptions {
   // The model inputs of a micro-batch (schedule/executor.h's InputFn); required when a
   // stage of the rank reads model inputs.
   InputFn inputs;
+  // Set when `inputs` fills the tiled inputs with the rows input_tile() names (the image
+  // loader reads them directly); otherwise a tile narrows the whole images it is given.
+  bool inputs_tiled = false;
   // What the inputs are staged to the device through (ExecutorConfig::input_staging);
   // empty: the GPU's pinned buffers and copy stream on a GPU, nothing on the CPU. Tests
   // stage through a CPU stand-in.
@@ -56,6 +59,15 @@ struct RankEngineOptions {
   // engine also builds an evaluation executor (evaluate()).
   InputFn eval_inputs;
 };
+
+// The rows of the image height that a rank's spatial tile keeps of the model inputs in
+// `names`: [index H / of, (index + 1) H / of) of dimension 2 of [B, C, H, W] (of 1: none
+// tiled, every input whole).
+struct InputTile {
+  std::set<std::string> names;
+  int index = 0, of = 1;
+};
+InputTile input_tile(const partitioner::ResolvedPlan& r, int rank);
 
 // InputError naming the plan's devices unless the job has the plan's ranks (the replicas'
 // and any extra parameter-server ranks).
@@ -115,8 +127,9 @@ class RankEngine {
   transport::CommPtr p2p_routes_;    // RankEngineOptions::split_p2p_pair's routes, if given
   partitioner::RankView view_;
   std::shared_ptr<const stages::Graph> graph_;
-  // RankEngineOptions::inputs narrowed to this rank's tile (as given without tiles).
-  InputFn tile_inputs(InputFn inputs) const;
+  // `inputs` narrowed to this rank's tile (as given without tiles), unless
+  // `tiled_already` (RankEngineOptions::inputs_tiled).
+  InputFn tile_inputs(InputFn inputs, bool tiled_already) const;
 
   std::map<std::vector<int>, transport::CommPtr> groups_;  // by member list
   transport::CommPtr spatial_comm_, batchnorm_comm_;       // null: none (or the spatial one)

@@ -30,6 +30,10 @@ TrainSummary run_training(const TrainOptions& o,
                      " must be a positive multiple of "
                      "--micro-batches " +
                      std::to_string(o.micro_batches));
+  // Before check_loop_options, which would ask image data for held-out data it cannot have.
+  const bool image_input = image_data(o);
+  if (image_input && o.eval_every > 0)
+    throw InputError("--eval-every: evaluation is for token data");
   check_loop_options(o);
   std::optional<stages::CheckpointRootLock> held;
   if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
@@ -64,8 +68,7 @@ TrainSummary run_training(const TrainOptions& o,
   // model's vocabulary.
   std::optional<stages::ImageDataset> images;
   stages::TrainData data;
-  if (image_data(o)) {
-    if (o.eval_every > 0) throw InputError("--eval-every: evaluation is for token data");
+  if (image_input) {
     images.emplace(o.data_path);
     images->check_model(*graph, model_source);
   } else {
@@ -101,7 +104,9 @@ TrainSummary run_training(const TrainOptions& o,
     if (dir) {
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
-      warn_resume_changes(m, *dir, images ? m.data : data_manifest(data, m.step), o, o.batch);
+      warn_resume_changes(m, *dir,
+                          images ? data_manifest(*images, m.step) : data_manifest(data, m.step), o,
+                          o.batch);
       warn_unused_dp_state(m, *dir, false, false);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
@@ -219,10 +224,7 @@ TrainSummary run_training(const TrainOptions& o,
     m.step = done;
     m.seed = o.seed;
     m.model = model_json;
-    if (images)
-      m.data = {{"position", done}, {"dir", o.data_path}, {"images", images->size()}};
-    else
-      m.data = data_manifest(data, done);
+    m.data = images ? data_manifest(*images, done) : data_manifest(data, done);
     m.train = {{"batch", o.batch},
                {"micro_batches", o.micro_batches},
                {"grad_clip", o.grad_clip},

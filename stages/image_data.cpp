@@ -209,9 +209,16 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
   for (int64_t k = 0; k < total; ++k) {
     const double v = element(im, k, ie) * scale;
     // A NaN or infinite pixel trains nothing and can pass unseen (a ReLU's max maps it).
-    if (!std::isfinite(float(v)))
-      bad(ip, "image " + std::to_string(k / per_image) + " holds " + std::to_string(v) +
-                  " at element " + std::to_string(k % per_image) + " (expected finite values)");
+    // A finite float64 beyond float32's range would become infinite when read.
+    if (!std::isfinite(float(v))) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", v);
+      bad(ip, "image " + std::to_string(k / per_image) + " holds " + text + " at element " +
+                  std::to_string(k % per_image) +
+                  (std::isfinite(v) ? ", outside float32's range (expected finite values within "
+                                      "+-3.4e38, as baton reads them as float32)"
+                                    : " (expected finite values)"));
+    }
     images_[size_t(k)] = float(v);
   }
   labels_.resize(size_t(n_));
@@ -231,6 +238,10 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
   }
 }
 
+nlohmann::json ImageDataset::to_json() const {
+  return {{"dir", dir_}, {"images", n_}, {"shape", shape_}, {"classes", classes_}};
+}
+
 int64_t ImageDataset::sample_index(uint64_t seed, int64_t step, int64_t index) const {
   const uint64_t h = mix(mix(seed ^ 0x1B873593ull) ^ mix(uint64_t(step) + 0x9E3779B97F4A7C15ull) ^
                          (uint64_t(index) * 0xD1B54A32D192ED03ull));
@@ -239,24 +250,42 @@ int64_t ImageDataset::sample_index(uint64_t seed, int64_t step, int64_t index) c
 
 void ImageDataset::fill(uint64_t seed, int64_t step, int64_t first, int64_t n,
                         memory::Tensor& images, memory::Tensor& labels) const {
-  memory::Shape want{n};
-  want.insert(want.end(), shape_.begin(), shape_.end());
-  BATON_CHECK(images.shape() == want, "images must be " + memory::shape_str(want));
-  BATON_CHECK(labels.dim() == 1 && labels.size(0) == n, "labels must be [n]");
-  const int64_t per = memory::shape_numel(shape_);
+  fill_images(seed, step, first, n, images);
+  fill_labels(seed, step, first, n, labels);
+}
+
+void ImageDataset::fill_images(uint64_t seed, int64_t step, int64_t first, int64_t n,
+                               memory::Tensor& images, int64_t first_row) const {
+  const int64_t C = shape_[0], H = shape_[1], W = shape_[2];
+  BATON_CHECK(images.dim() == 4 && images.size(0) == n && images.size(1) == C &&
+                  images.size(3) == W && first_row >= 0 && first_row + images.size(2) <= H,
+              "images must be [n, C, rows, W] within " + memory::shape_str(shape_));
+  BATON_CHECK(images.dtype() == DType::f32 || images.dtype() == DType::f64,
+              "images must be f32 or f64");
+  // Each channel's rows are contiguous in the dataset and in the tensor.
+  const int64_t rows = images.size(2), run = rows * W, per = C * H * W;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t k = sample_index(seed, step, first + i);
-    const float* src = images_.data() + k * per;
-    if (images.dtype() == DType::f32)
-      std::memcpy(images.data<float>() + i * per, src, size_t(per) * sizeof(float));
-    else if (images.dtype() == DType::f64)
-      for (int64_t e = 0; e < per; ++e) images.data<double>()[i * per + e] = double(src[e]);
-    else
-      BATON_CHECK(false, "images must be f32 or f64");
+    const float* src = images_.data() + sample_index(seed, step, first + i) * per + first_row * W;
+    for (int64_t c = 0; c < C; ++c) {
+      const float* from = src + c * H * W;
+      const int64_t to = (i * C + c) * run;
+      if (images.dtype() == DType::f32)
+        std::memcpy(images.data<float>() + to, from, size_t(run) * sizeof(float));
+      else
+        for (int64_t e = 0; e < run; ++e) images.data<double>()[to + e] = double(from[e]);
+    }
+  }
+}
+
+void ImageDataset::fill_labels(uint64_t seed, int64_t step, int64_t first, int64_t n,
+                               memory::Tensor& labels) const {
+  BATON_CHECK(labels.dim() == 1 && labels.size(0) == n, "labels must be [n]");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = labels_[size_t(sample_index(seed, step, first + i))];
     if (labels.dtype() == DType::i32)
-      labels.data<int32_t>()[i] = int32_t(labels_[size_t(k)]);
+      labels.data<int32_t>()[i] = int32_t(label);
     else if (labels.dtype() == DType::i64)
-      labels.data<int64_t>()[i] = labels_[size_t(k)];
+      labels.data<int64_t>()[i] = label;
     else
       BATON_CHECK(false, "labels must be i32 or i64");
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ class ImageDataset {
   int64_t size() const { return n_; }
   const memory::Shape& image_shape() const { return shape_; }  // [C, H, W]
   int64_t classes() const { return classes_; }                 // the largest label + 1
+  // What a checkpoint's manifest records of the data ($.data.train): the directory, the
+  // image count, the image shape and the classes, compared when a run resumes.
+  nlohmann::json to_json() const;
 
   // The image index of sample `index` of step `step`.
   int64_t sample_index(uint64_t seed, int64_t step, int64_t index) const;
@@ -45,6 +49,13 @@ class ImageDataset {
   // labels [n] (i32 or i64), CPU tensors allocated by the caller.
   void fill(uint64_t seed, int64_t step, int64_t first, int64_t n, memory::Tensor& images,
             memory::Tensor& labels) const;
+  // The same samples' images alone, rows [first_row, first_row + R) of their height:
+  // images [n, C, R, W] (a spatial tile reads its rows, not whole images to cut)...
+  void fill_images(uint64_t seed, int64_t step, int64_t first, int64_t n, memory::Tensor& images,
+                   int64_t first_row = 0) const;
+  // ... or their labels alone (a last stage reads nothing else).
+  void fill_labels(uint64_t seed, int64_t step, int64_t first, int64_t n,
+                   memory::Tensor& labels) const;
 
   // The model must read "images" [C, H, W] (floating) and "labels" [] (integer), with
   // as many classes in its loss as the data has; InputError naming `source` otherwise.

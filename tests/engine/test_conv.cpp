@@ -7,11 +7,15 @@
 // samples; sync_batchnorm's statistics are those of the replicas' micro-batches together: the
 // one-process run with one micro-batch of all of them).
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 #include "engine/rank_engine.h"
@@ -20,6 +24,7 @@
 #include "partitioner/groups.h"
 #include "partitioner/plan.h"
 #include "stages/checkpoint.h"
+#include "stages/image_data.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -650,6 +655,97 @@ TEST(ConvPlans, SpatialRefused) {
   mlp.model = tiny_mlp_json({16});
   e = conv_spatial_error(mlp, {2});
   EXPECT_NE(e.find("no floating image input"), std::string::npos) << e;
+}
+
+// What `run` logs at warning level and above.
+std::string warnings_of(const std::function<void()>& run) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  sink->set_level(spdlog::level::warn);
+  spdlog::default_logger()->sinks().push_back(sink);
+  try {
+    run();
+  } catch (...) {
+    spdlog::default_logger()->sinks().pop_back();
+    throw;
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  return log.str();
+}
+
+// Resumed on other image data (another directory of another image count), a run warns as
+// it does for token data, naming $.data.train and both; on the data its checkpoint was
+// written for, it does not. It had compared the checkpoint's data with itself. One
+// process, and under a plan of two pipeline ranks.
+TEST(ConvPlans, ResumeOnOtherImageDataWarns) {
+  Workspace ws("conv-resume-images");
+  const std::string other = ws.path("digits-40");
+  std::filesystem::create_directories(other);
+  {
+    stages::ImageDataset digits(conv_digits().data);
+    memory::Tensor im = memory::Tensor::empty({40, 1, 8, 8}, memory::DType::f32);
+    memory::Tensor lb = memory::Tensor::empty({40}, memory::DType::i64);
+    digits.fill(5, 0, 0, 40, im, lb);
+    stages::write_npy(other + "/images.npy", im);
+    stages::write_npy(other + "/labels.npy", lb);
+  }
+  PlanSpec p;
+  p.model = tiny_resnet();
+  p.tp = {1, 1};
+  for (const bool plan : {false, true}) {
+    SCOPED_TRACE(plan ? "plan" : "one process");
+    const std::string ck = ws.path(plan ? "ck-plan" : "ck-one");
+    auto run = [&](int64_t steps, const std::string& data) {
+      RunSettings s = conv_digits();
+      s.steps = steps;
+      s.data = data;
+      s.configure = [&](engine::LoopOptions& o) {
+        o.checkpoint_dir = ck;
+        o.resume = steps > 1;
+      };
+      return warnings_of([&] {
+        if (plan)
+          run_threads(resolve(p, ws), train_options(ws, s));
+        else
+          run_reference(p, ws, s);
+      });
+    };
+    run(1, conv_digits().data);
+    std::string text = run(2, other);
+    EXPECT_NE(text.find("$.data.train: the checkpoint was written for {\"classes\":10,\"dir\":\"" +
+                        conv_digits().data + "\",\"images\":1797"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("continuing with {\"classes\":10,\"dir\":\"" + other +
+                        "\",\"images\":40,\"shape\":[1,8,8]}"),
+              std::string::npos)
+        << text;
+    text = run(3, other);
+    EXPECT_EQ(text.find("$.data"), std::string::npos) << text;
+  }
+}
+
+// --eval-every on image data: evaluation is for token data, said first (it had asked
+// for held-out data, which image data refuses).
+TEST(ConvPlans, EvalEveryOnImagesIsForTokenData) {
+  Workspace ws("conv-eval-images");
+  PlanSpec p;
+  p.model = tiny_resnet();
+  RunSettings s = conv_digits();
+  s.steps = 1;
+  s.configure = [](engine::LoopOptions& o) { o.eval_every = 2; };
+  for (const bool plan : {false, true}) {
+    SCOPED_TRACE(plan ? "plan" : "one process");
+    try {
+      if (plan)
+        run_threads(resolve(p, ws), train_options(ws, s));
+      else
+        run_reference(p, ws, s);
+      ADD_FAILURE() << "--eval-every ran on images";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), "--eval-every: evaluation is for token data");
+    }
+  }
 }
 
 }  // namespace

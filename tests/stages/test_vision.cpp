@@ -429,6 +429,15 @@ TEST(ImageData, RoundTripAndErrors) {
   const int64_t k = d.sample_index(1, 0, 0);
   EXPECT_EQ(im.to(DType::f32).to_vector<float>(),
             images.narrow(0, k, 1).clone().to_vector<float>());
+  // A spatial tile's rows alone, and the labels alone (what a rank reads, no more).
+  Tensor rows = Tensor::empty({2, 2, 2, 4}, DType::f32), labels = Tensor::empty({2}, DType::i32);
+  d.fill_images(1, 3, 4, 2, rows, 1);
+  d.fill_labels(1, 3, 4, 2, labels);
+  Tensor whole = Tensor::empty({2, 2, 3, 4}, DType::f32),
+         whole_labels = Tensor::empty({2}, DType::i32);
+  d.fill(1, 3, 4, 2, whole, whole_labels);
+  EXPECT_EQ(rows.to_vector<float>(), whole.narrow(2, 1, 2).contiguous().to_vector<float>());
+  EXPECT_EQ(labels.to_vector<int32_t>(), whole_labels.to_vector<int32_t>());
 
   auto error_of_dir = [&] {
     try {
@@ -468,6 +477,15 @@ TEST(ImageData, RoundTripAndErrors) {
     write_npy(dir + "/images.npy", with_nan);
   }
   EXPECT_NE(error_of_dir().find("images.npy: image 2 holds nan at element 5"), std::string::npos)
+      << error_of_dir();
+  {  // a float64 beyond float32's range: said so, the value in %g (not 39 digits)
+    Tensor big = images.to(DType::f64);
+    big.data<double>()[1 * 24 + 7] = 1e39;
+    write_npy(dir + "/images.npy", big);
+  }
+  EXPECT_NE(error_of_dir().find("images.npy: image 1 holds 1e+39 at element 7, outside float32's "
+                                "range"),
+            std::string::npos)
       << error_of_dir();
   write_npy(dir + "/images.npy", images);
   {
