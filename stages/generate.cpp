@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 
 #include "kernels/ops.h"
@@ -259,6 +260,9 @@ uint64_t splitmix(uint64_t& x) {
 }  // namespace
 
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng) {
+  // NaN fails every comparison below and would draw the least likely token.
+  if (std::isnan(opt.temperature))
+    throw InputError("sampling: the temperature is NaN (expected a value >= 0)");
   if (opt.temperature <= 0)
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(logits.size());
@@ -293,11 +297,14 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt,
 }
 
 std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
-                              int64_t max_new, const SampleOptions& opt, int32_t stop) {
-  Generator gen(stage, int64_t(prompt.size()) + max_new);
-  // Checked before the first token: the last new token is sampled, never fed.
-  const int64_t need = int64_t(prompt.size()) + max_new - 1;
-  if (need > gen.capacity())
+                              int64_t max_new, const SampleOptions& opt,
+                              const std::vector<int32_t>& stop) {
+  // Checked before the first token: the last new token is sampled, never fed. Unsigned,
+  // so that any max_new counts without overflow.
+  const uint64_t positions = uint64_t(prompt.size()) + uint64_t(std::max<int64_t>(max_new, 0));
+  const uint64_t need = positions > 0 ? positions - 1 : 0;
+  Generator gen(stage, int64_t(std::min<uint64_t>(positions, uint64_t(INT64_MAX))));
+  if (need > uint64_t(gen.capacity()))
     throw InputError("generation: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
                      std::to_string(max_new) + " new tokens need " + std::to_string(need) +
                      " positions; the model's context holds " + std::to_string(gen.capacity()) +
@@ -312,36 +319,46 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
   for (int64_t i = 0; i < max_new; ++i) {
     const int32_t t = sample_token(logits, opt, rng);
     out.push_back(t);
-    if (t == stop || i + 1 == max_new) break;
+    if (std::find(stop.begin(), stop.end(), t) != stop.end() || i + 1 == max_new) break;
     logits = gen.feed({t});
   }
   return out;
+}
+
+std::vector<int32_t> GenerationModel::stop_ids(int32_t tokenizer_eos) const {
+  if (eos_ids) return *eos_ids;
+  if (tokenizer_eos >= 0) return {tokenizer_eos};
+  return {};
 }
 
 GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
                                       const std::string& model_path) {
   if (checkpoint.empty() == hf_dir.empty())
     throw InputError("give exactly one of --checkpoint and --init-from");
-  json model_json;
+  json model_json, given;
   std::string source, step_dir;
   Manifest manifest;
+  GenerationModel m;
+  if (!model_path.empty()) given = read_json_file(model_path);
   if (!checkpoint.empty()) {
     step_dir = resolve_checkpoint(checkpoint);
     manifest = read_manifest(step_dir);
     model_json = manifest.model;
     source = step_dir + "/manifest.json: $.model";
+    m.eos_ids = model_eos_token_ids(model_json, source);
   } else {
-    model_json = read_hf_model_config(hf_dir);
+    // At the context of a --model, which replaces config.json's (a Mistral's window).
+    model_json = read_hf_model_config(
+        hf_dir, model_path.empty() ? std::nullopt : model_json_context(given, model_path));
     source = hf_dir + "/config.json";
+    m.eos_ids = hf_eos_token_ids(hf_dir);
   }
   if (!model_path.empty()) {
     // Another model JSON may change the context or dropout, not what the weights compute.
-    const json given = read_json_file(model_path);
     check_same_model_math(given, model_path, model_json, source, "the weights were made for it");
     model_json = given;
     source = model_path;
   }
-  GenerationModel m;
   m.graph = std::make_shared<Graph>(load_model_json(model_json, source));
   m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers());
   if (!step_dir.empty())

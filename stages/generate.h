@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,15 +47,24 @@ struct GenerationModel {
   std::shared_ptr<Graph> graph;
   std::unique_ptr<Stage> stage;  // every layer, unsplit
   int64_t vocab_size = 0;
+  // The end-of-sequence ids transformers' generate stops at (hf_eos_token_ids; a checkpoint
+  // started from a Hugging Face config keeps that config's eos_token_id); nullopt when the
+  // model knows of none (a shorthand: its tokenizer's may stand in).
+  std::optional<std::vector<int32_t>> eos_ids;
+  // The ids to stop at: eos_ids, else the tokenizer's end-of-sequence id (-1: none).
+  std::vector<int32_t> stop_ids(int32_t tokenizer_eos = -1) const;
 };
 GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
                                       const std::string& model_path = "");
 
-// The next token from logits under the sampling options (rng state advanced).
+// The next token from logits under the sampling options (rng state advanced). InputError
+// for a NaN temperature; an infinite one samples uniformly among the tokens kept.
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng);
 
-// The max_new tokens that follow the prompt (fewer when `stop` >= 0 is drawn).
+// The max_new tokens that follow the prompt; fewer when one of `stop` is drawn, which ends
+// the output (as transformers' generate returns its end-of-sequence token).
 std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
-                              int64_t max_new, const SampleOptions& opt, int32_t stop = -1);
+                              int64_t max_new, const SampleOptions& opt,
+                              const std::vector<int32_t>& stop = {});
 
 }  // namespace baton::stages

@@ -1,9 +1,11 @@
 #include "stages/hf.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,19 +23,69 @@ namespace baton::stages {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-json read_hf_model_config(const std::string& dir) {
+json read_hf_model_config(const std::string& dir, std::optional<int64_t> context) {
   const std::string path = dir + "/config.json";
   if (!fs::exists(path))
     throw InputError(path + ": no such file (a Hugging Face model directory has config.json)");
   json j = read_json_file(path);
+  // Only a Mistral's window depends on the context. One beyond the window is left to
+  // check_same_model_math, whose message names the model that asks for it; one beyond
+  // max_position_embeddings (baton's default 2048 when absent) is the other model's own.
+  if (context)
+    if (auto window = hf_sliding_window(JsonReader(j, path))) {
+      const int64_t max_pos =
+          JsonReader(j, path).get_int("max_position_embeddings", 2048, 1, INT64_MAX);
+      j["context"] = std::min({*context, *window, max_pos});
+    }
   hf_config_to_shorthand(JsonReader(j, path));  // validates
   return j;
 }
 
+std::optional<int64_t> model_json_context(const json& model, const std::string& source) {
+  if (!model.is_object()) return std::nullopt;
+  JsonReader r(model, source);
+  if (model.contains("model_type")) return hf_config_to_shorthand(r)["context"].get<int64_t>();
+  if (model.contains("type") && model["type"] == "gpt2") return parse_gpt2_shorthand(r).seq();
+  if (model.contains("type") && model["type"] == "llama") return parse_llama_shorthand(r).seq();
+  return std::nullopt;
+}
+
+namespace {
+// eos_token_id as transformers writes it: an id, a list of ids, or null.
+std::vector<int32_t> read_eos_ids(const JsonReader& r) {
+  std::vector<int32_t> ids;
+  auto e = r.get("eos_token_id");
+  if (!e || e->raw().is_null()) return ids;
+  if (!e->is_array() && !e->raw().is_number_integer())
+    e->fail("a token id, a list of them, or null", json_brief(e->raw()));
+  for (const JsonReader& id : e->is_array() ? e->items() : std::vector<JsonReader>{*e})
+    ids.push_back(int32_t(id.as_int(INT32_MIN, INT32_MAX)));
+  return ids;
+}
+}  // namespace
+
+std::vector<int32_t> hf_eos_token_ids(const std::string& dir) {
+  // transformers' generation config comes from generation_config.json when there is one
+  // (config.json's ids are then unused), else from config.json.
+  const std::string gen = dir + "/generation_config.json";
+  const std::string path = fs::exists(gen) ? gen : dir + "/config.json";
+  const json j = read_json_file(path);
+  JsonReader r(j, path);
+  r.expect_object();
+  return read_eos_ids(r);
+}
+
+std::optional<std::vector<int32_t>> model_eos_token_ids(const json& model,
+                                                        const std::string& source) {
+  if (!model.is_object() || !model.contains("model_type")) return std::nullopt;
+  return read_eos_ids(JsonReader(model, source));
+}
+
 HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
   const std::string single = dir_ + "/model.safetensors";
-  index_path_ = dir_ + "/model.safetensors.index.json";
-  if (fs::exists(index_path_)) {
+  // transformers loads model.safetensors when it exists, whatever index lies beside it.
+  if (!fs::exists(single) && fs::exists(dir_ + "/model.safetensors.index.json")) {
+    index_path_ = dir_ + "/model.safetensors.index.json";
     json j = read_json_file(index_path_);
     JsonReader r(j, index_path_);
     r.expect_object();
@@ -52,6 +104,11 @@ HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
   }
   if (!fs::exists(single))
     throw InputError(dir_ + ": no model.safetensors and no model.safetensors.index.json");
+  if (fs::exists(dir_ + "/model.safetensors.index.json"))
+    spdlog::warn(
+        "{}: holds both model.safetensors and model.safetensors.index.json; reading "
+        "model.safetensors, as transformers does (the shards the index lists are not read)",
+        dir_);
   auto f = std::make_unique<SafetensorsReader>(single);
   for (const SafetensorsEntry& e : f->entries()) where_[e.name] = "model.safetensors";
   files_["model.safetensors"] = std::move(f);
@@ -148,8 +205,8 @@ void check_same_model_math(const json& model, const std::string& source, const j
 }
 
 void check_hf_model_matches(const json& model, const std::string& source, const std::string& dir) {
-  check_same_model_math(model, source, read_hf_model_config(dir), dir + "/config.json",
-                        "the weights of --init-from were made for it");
+  check_same_model_math(model, source, read_hf_model_config(dir, model_json_context(model, source)),
+                        dir + "/config.json", "the weights of --init-from were made for it");
 }
 
 namespace {
@@ -230,11 +287,10 @@ void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
     const SafetensorsEntry* e = ckpt.find(stored, &file);
     if (e == nullptr && stored != p.name) e = ckpt.find(p.name, &file);
     if (e == nullptr)
-      throw InputError(ckpt.dir() + ": no tensor '" + stored + "', which the model needs (" +
-                       (fs::exists(ckpt.dir() + "/model.safetensors.index.json")
-                            ? "not in model.safetensors.index.json"
-                            : "not in model.safetensors") +
-                       ")");
+      throw InputError(
+          ckpt.dir() + ": no tensor '" + stored + "', which the model needs (" +
+          (ckpt.sharded() ? "not in model.safetensors.index.json" : "not in model.safetensors") +
+          ")");
     if (e->shape != p.logical_shape)
       throw InputError(file->path() + ": tensor '" + e->name + "' has shape " +
                        memory::shape_str(e->shape) + ", the model's '" + p.name + "' is " +
@@ -269,7 +325,9 @@ void load_hf_weights(const std::string& dir, Stage& stage) {
 
 // ---- writing ----
 
-json hf_config_of(const Graph& g, DType dtype) {
+namespace {
+// The config.json of a model's shorthand form.
+json hf_config_fields(const Graph& g, DType dtype) {
   JsonReader r(g.config, g.source);
   json sh;
   if (g.config.is_object() && g.config.contains("model_type"))
@@ -350,6 +408,17 @@ json hf_config_of(const Graph& g, DType dtype) {
   throw InputError(g.source +
                    ": only gpt2 and llama models (shorthands or Hugging Face "
                    "configs) can be written in the Hugging Face layout");
+}
+}  // namespace
+
+json hf_config_of(const Graph& g, DType dtype) {
+  json j = hf_config_fields(g, dtype);
+  // A model started from a Hugging Face config keeps its token ids (transformers' generate
+  // stops at its eos_token_id); without them its config has its class's (LLaMA's eos 2).
+  if (g.config.is_object() && g.config.contains("model_type"))
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (g.config.contains(k)) j[k] = g.config[k];
+  return j;
 }
 
 void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTensor>& tensors,

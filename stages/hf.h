@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,14 +25,35 @@
 namespace baton::stages {
 
 // <dir>/config.json, checked: a model_type baton reads, every field that changes the math
-// supported. It is a model JSON (load_model_json accepts it).
-nlohmann::json read_hf_model_config(const std::string& dir);
+// supported. It is a model JSON (load_model_json accepts it). `context`: the context of
+// another model JSON used with these weights (--model), which replaces config.json's own,
+// so a Mistral is checked against the window the run uses (check_same_model_math refuses a
+// context beyond its window, naming that model); the config returned then holds it
+// (within the window and max_position_embeddings).
+nlohmann::json read_hf_model_config(const std::string& dir,
+                                    std::optional<int64_t> context = std::nullopt);
+
+// The context of a gpt2 or llama model JSON (a shorthand or a Hugging Face config);
+// nullopt for other models.
+std::optional<int64_t> model_json_context(const nlohmann::json& model, const std::string& source);
+
+// The end-of-sequence ids transformers' generate stops at for a Hugging Face directory:
+// generation_config.json's eos_token_id when that file exists, else config.json's (an id
+// or a list of them; null or absent: none).
+std::vector<int32_t> hf_eos_token_ids(const std::string& dir);
+// A model JSON's eos_token_id when it is a Hugging Face config (a checkpoint started from
+// one keeps it); nullopt for shorthands and graphs, which know of no tokens.
+std::optional<std::vector<int32_t>> model_eos_token_ids(const nlohmann::json& model,
+                                                        const std::string& source);
 
 // Where each stored tensor of a Hugging Face directory lives; files open on first use.
+// model.safetensors is read when it exists, even beside an index (transformers prefers it
+// too); otherwise the shards model.safetensors.index.json lists.
 class HfCheckpoint {
  public:
   explicit HfCheckpoint(std::string dir);  // InputError: no weights, a bad index
   const std::string& dir() const { return dir_; }
+  bool sharded() const { return !index_path_.empty(); }  // read by the index
   // The entry of tensor `name` (its file opened), or null when no file holds it.
   const SafetensorsEntry* find(const std::string& name, const SafetensorsReader** file);
   // The file names that a load opened so far (relative to dir): for tests of "reads only
@@ -43,7 +65,7 @@ class HfCheckpoint {
   uint64_t bytes_read() const;
 
  private:
-  std::string dir_, index_path_;
+  std::string dir_, index_path_;              // index_path_ empty when model.safetensors is read
   std::map<std::string, std::string> where_;  // tensor -> file (relative)
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;
 };
@@ -82,7 +104,8 @@ struct HfWriteOptions {
 };
 
 // The Hugging Face config.json of a graph loaded from a gpt2 or llama shorthand or from a
-// Hugging Face config (g.config). InputError for other models.
+// Hugging Face config (g.config; its bos, eos and pad token ids are kept). InputError for
+// other models.
 nlohmann::json hf_config_of(const Graph& g, DType dtype);
 
 // Writes config.json and model.safetensors (or model-0000i-of-0000n.safetensors and

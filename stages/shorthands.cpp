@@ -1,7 +1,11 @@
 #include "stages/shorthands.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <set>
 #include <utility>
 
 #include "stages/detail/graph_json.h"
@@ -268,9 +272,19 @@ nlohmann::json read_rope_object(const JsonReader& obj, bool with_theta) {
     else
       s->expect_only({"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings"});
-    for (const char* f :
-         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    for (const char* f : {"factor", "low_freq_factor", "high_freq_factor"})
       s->at(f).as_double(1e-6, 1e12);
+    // Absent, it is max_position_embeddings (read_llama_fields), as in transformers.
+    if (s->has("original_max_position_embeddings"))
+      s->at("original_max_position_embeddings").as_double(1e-6, 1e12);
+    // Checked here too (the rotary op refuses it) so that the message names this file's
+    // field, not the expanded graph's.
+    const double low = s->at("low_freq_factor").as_double();
+    if (s->at("high_freq_factor").as_double() <= low)
+      s->at("high_freq_factor")
+          .fail("a value above low_freq_factor = " + json_brief(s->at("low_freq_factor").raw()) +
+                    " (llama3 scaling blends the frequencies between the two)",
+                json_brief(s->at("high_freq_factor").raw()));
   } else {
     s->expect_only({"rope_type", "type"});
     return nullptr;
@@ -284,6 +298,23 @@ nlohmann::json read_rope_scaling(const JsonReader& r) {
   std::optional<JsonReader> s = r.get("rope_scaling");
   if (!s || s->raw().is_null()) return nullptr;
   return read_rope_object(*s, false);
+}
+
+// Whether a scaling object read by read_rope_object is llama3's (its "rope_type", else its
+// legacy "type"; a "type" beside "rope_type" is not read, whatever it holds).
+bool is_llama3(const json& scaling) {
+  if (!scaling.is_object()) return false;
+  return scaling.contains("rope_type") ? scaling["rope_type"] == "llama3"
+                                       : scaling.contains("type") && scaling["type"] == "llama3";
+}
+
+// A warning printed once per process: a config is parsed several times on its way to a
+// model (checked, compared, expanded).
+void warn_once(const std::string& message) {
+  static std::mutex m;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(m);
+  if (said.insert(message).second) spdlog::warn("{}", message);
 }
 
 void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
@@ -305,8 +336,10 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
   c.initializer_range = r.get_double("initializer_range", 0.02, 0.0, 10.0);
   c.attention_dropout = r.get_double("attention_dropout", 0.0, 0.0, 0.999);
   c.rope_scaling = read_rope_scaling(r);
+  std::string scaling_key = "rope_scaling";
   // transformers 5 writes rope_theta and the scaling together as rope_parameters.
   if (auto rp = r.get("rope_parameters"); hf && rp && !rp->raw().is_null()) {
+    scaling_key = "rope_parameters";
     if (r.has("rope_scaling") && !r.at("rope_scaling").raw().is_null())
       r.at("rope_scaling")
           .fail("null beside rope_parameters (give one of them)",
@@ -318,12 +351,18 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
   // As transformers' standardize_rope_params: a top-level original_max_position_embeddings
   // (Phi-3-style configs) overrides the llama3 scaling's own.
   if (auto omax = r.get("original_max_position_embeddings"); hf && omax) {
-    const json& rs = c.rope_scaling;
-    const bool llama3 = rs.is_object() && rs.value("rope_type", rs.value("type", "")) == "llama3";
-    if (llama3) {
+    if (is_llama3(c.rope_scaling)) {
       omax->as_double(1e-6, 1e12);
       c.rope_scaling["original_max_position_embeddings"] = omax->raw();
     }
+  }
+  // Without one anywhere, standardize_rope_params takes max_position_embeddings.
+  if (is_llama3(c.rope_scaling) && !c.rope_scaling.contains("original_max_position_embeddings")) {
+    c.rope_scaling["original_max_position_embeddings"] = c.max_position_embeddings;
+    warn_once(r.file() + ": $." + scaling_key +
+              " (llama3) has no original_max_position_embeddings: taking "
+              "max_position_embeddings = " +
+              std::to_string(c.max_position_embeddings) + ", as transformers does");
   }
   if (auto a = r.get("hidden_act"); a && a->as_string() != "silu")
     a->fail("\"silu\" (the only LLaMA activation baton implements)");
@@ -415,7 +454,9 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
           "computes the same)";
       if (c.seq() > *w && r.has("sliding_window"))
         r.at("sliding_window")
-            .fail("null, or at least the context " + std::to_string(c.seq()) + why,
+            .fail("null, or at least the context " + std::to_string(c.seq()) + why +
+                      "; or a context within the window: \"context\": " + std::to_string(*w) +
+                      " or less in config.json, or in a model JSON given with it (--model)",
                   std::to_string(*w));
       if (c.seq() > *w)
         (r.has("context") ? r.at("context") : r.at("max_position_embeddings"))

@@ -2,10 +2,12 @@
 // model on one process with a key/value cache; greedy at temperature 0. Prompts and
 // output are text for byte-level models (vocabulary 256) and for SentencePiece
 // tokenizers (--tokenizer), token ids otherwise (and whenever the prompt is given as ids).
+// Stops at the model's end-of-sequence token, as transformers does (--ignore-eos goes on).
 // Prints tokens/s at the end.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -26,6 +28,7 @@ int run_generate(const std::vector<std::string>& args) {
   std::string seed_text = "0";
   int64_t max_new = 32, top_k = 0;
   double temperature = 0, top_p = 1;
+  bool ignore_eos = false;
   opts.add_options()("model", po::value(&model),
                      "model JSON (default: the checkpoint's, or --init-from's config.json)")(
       "checkpoint", po::value(&checkpoint),
@@ -38,9 +41,9 @@ int run_generate(const std::vector<std::string>& args) {
                                                       "prompt as token ids: 1,2,3")(
       "max-new-tokens", po::value(&max_new)->default_value(32), "tokens to generate")(
       "temperature", po::value(&temperature)->default_value(0.0),
-      "0: greedy; otherwise sample from softmax(logits / T)")(
-      "top-k", po::value(&top_k)->default_value(0),
-      "sample among the k most likely tokens (0: all)")(
+      "0: greedy; otherwise sample from softmax(logits / T) (inf: uniformly among the tokens "
+      "top-k and top-p keep; nan is refused)")("top-k", po::value(&top_k)->default_value(0),
+                                               "sample among the k most likely tokens (0: all)")(
       "top-p", po::value(&top_p)->default_value(1.0),
       "sample among the most likely tokens whose probability reaches p")(
       "seed", po::value(&seed_text)->default_value("0"), "sampling seed, in [0, 2^64)")(
@@ -49,7 +52,11 @@ int run_generate(const std::vector<std::string>& args) {
       "bos", po::value(&bos)->default_value("auto"),
       "start a --prompt with the tokenizer's beginning-of-sequence id: yes, no, or auto (yes "
       "for --init-from, as Hugging Face's LLaMA tokenizers do; no for --checkpoint, as "
-      "baton data prepare writes none)");
+      "baton data prepare writes none)")(
+      "ignore-eos", po::bool_switch(&ignore_eos),
+      "go on past an end-of-sequence token (by default the output ends with the first one, "
+      "as transformers' generate does: the eos_token_id of generation_config.json, else of "
+      "config.json; for a checkpoint of a shorthand model, the --tokenizer's)");
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args,
@@ -64,7 +71,10 @@ int run_generate(const std::vector<std::string>& args) {
     throw InputError("give exactly one of --prompt and --prompt-ids");
   const uint64_t seed = parse_uint64_option("--seed", seed_text);
   if (max_new < 1) throw InputError("--max-new-tokens: expected at least 1");
-  if (temperature < 0) throw InputError("--temperature: expected a value >= 0");
+  // Written so that NaN, which fails every comparison, is refused too.
+  if (!(temperature >= 0))
+    throw InputError("--temperature: expected a value >= 0, found " +
+                     (std::isnan(temperature) ? std::string("nan") : std::to_string(temperature)));
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
   if (!(top_p > 0 && top_p <= 1)) throw InputError("--top-p: expected a value in (0, 1]");
   if (temperature == 0 && (top_k != 0 || top_p != 1))
@@ -131,9 +141,14 @@ int run_generate(const std::vector<std::string>& args) {
     if (add_bos) ids.push_back(sp.bos_id());
     for (int t : v) ids.push_back(int32_t(t));
     if (ids.empty())
-      throw InputError(
-          "--prompt: the prompt is empty, nothing to continue from (--bos yes starts it with "
-          "the tokenizer's beginning-of-sequence id)");
+      throw InputError(prompt.empty()
+                           ? std::string("--prompt: the prompt is empty, nothing to continue "
+                                         "from (--bos yes starts it with the tokenizer's "
+                                         "beginning-of-sequence id)")
+                           : "--prompt: " + tokenizer +
+                                 " encodes it to no tokens (only spaces?); give --bos yes to "
+                                 "start from the beginning-of-sequence id, or a prompt with "
+                                 "text");
 #endif
   } else if (bytes) {
     for (unsigned char ch : prompt) ids.push_back(int32_t(ch));
@@ -144,9 +159,15 @@ int run_generate(const std::vector<std::string>& args) {
         std::to_string(vocab) + ": give --prompt-ids");
   }
 
+  // The model's end-of-sequence ids, else (a shorthand model) the tokenizer's.
+  int32_t tokenizer_eos = -1;
+#ifdef BATON_HAVE_SENTENCEPIECE
+  if (have_sp) tokenizer_eos = int32_t(sp.eos_id());
+#endif
+  const std::vector<int32_t> stop = ignore_eos ? std::vector<int32_t>{} : m.stop_ids(tokenizer_eos);
   stages::SampleOptions so{temperature, top_k, top_p, seed};
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> out = stages::generate(stage, ids, max_new, so);
+  std::vector<int32_t> out = stages::generate(stage, ids, max_new, so, stop);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Text in, text out; ids in, ids out.
@@ -178,6 +199,9 @@ int run_generate(const std::vector<std::string>& args) {
     std::printf("\n");
   }
   std::fflush(stdout);
+  if (int64_t(out.size()) < max_new)
+    std::fprintf(stderr, "stopped at the end-of-sequence token %d (--ignore-eos goes on)\n",
+                 out.back());
   std::fprintf(stderr, "%zu prompt + %zu new tokens in %.3f s: %.1f tokens/s\n", ids.size(),
                out.size(), secs, secs > 0 ? double(out.size()) / secs : 0.0);
   return 0;

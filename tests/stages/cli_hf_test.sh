@@ -2,7 +2,8 @@
 # Hugging Face both ways and generation from the command line: train a LLaMA from a
 # transformers checkpoint (on one process, and under a PP2 x TP2 plan with the same
 # losses), export it (sharded, bf16), sample from the checkpoint and from the export,
-# greedy ids equal transformers' continuation; bad input exits 2 naming the file.
+# greedy ids equal transformers' continuation and end at its end-of-sequence id; a Mistral
+# is used within its window through --model; bad input exits 2 naming the file.
 set -u
 baton="$1"
 root="$2"
@@ -122,6 +123,61 @@ echo x > "$tmp/hf/adapter_model.safetensors"
 expect 0 "$baton" export --checkpoint "$tmp/ckpt" --out "$tmp/hf"
 test -f "$tmp/hf/adapter_model.safetensors" || { echo "FAIL: the export removed another file"; fails=$((fails + 1)); }
 test ! -e "$tmp/hf/model.safetensors.index.json" || { echo "FAIL: the old shard index stayed"; fails=$((fails + 1)); }
+
+# The export keeps the token ids of the config.json the run started from.
+grep -qF '"bos_token_id": 0' "$tmp/hf/config.json" || { echo "FAIL: the export lost bos_token_id"; cat "$tmp/hf/config.json"; fails=$((fails + 1)); }
+
+# --temperature nan had drawn the least likely token; a --max-new-tokens that overflows
+# the prompt's count had exited 1: both are bad input.
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --temperature nan
+contains "--temperature: expected a value >= 0, found nan"
+expect 2 "$baton" generate --init-from "$fx/llama_gqa" --prompt-ids 1,2 --max-new-tokens 9223372036854775807
+contains "9223372036854775807 new tokens need"
+
+# The output ends with the model's end-of-sequence token, as transformers' generate
+# (config.json's eos_token_id, with no generation_config.json); --ignore-eos goes on.
+cp -r "$fx/llama_gqa" "$tmp/eos"
+rm "$tmp/eos/generation_config.json"
+eos=$(echo "$want" | cut -d, -f3)
+/usr/bin/python3 -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['eos_token_id']=int(sys.argv[2]); json.dump(c,open(p,'w'))" "$tmp/eos" "$eos"
+expect 0 "$baton" generate --init-from "$tmp/eos" --prompt-ids "$prompt" --max-new-tokens 10
+contains "stopped at the end-of-sequence token $eos"
+if [ "$(head -n 1 "$tmp/out")" != "$(echo "$want" | cut -d, -f1-3)" ]; then
+  echo "FAIL: not stopped after $eos:"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+expect 0 "$baton" generate --init-from "$tmp/eos" --prompt-ids "$prompt" --max-new-tokens 10 --ignore-eos
+if [ "$(head -n 1 "$tmp/out")" != "$want" ]; then
+  echo "FAIL: --ignore-eos stopped:"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+
+# A Mistral whose sliding window (16) is shorter than max_position_embeddings (512): its
+# config.json alone is refused, naming the "context" way; a --model with a context within
+# the window generates and trains from its weights.
+cp -r "$fx/llama_gqa" "$tmp/mistral"
+/usr/bin/python3 - "$tmp/mistral/config.json" "$tmp/mistral16.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(model_type="mistral", max_position_embeddings=512, sliding_window=16)
+json.dump(c, open(sys.argv[1], "w"))
+c["context"] = 16
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect 2 "$baton" generate --init-from "$tmp/mistral" --prompt-ids 1,2 --max-new-tokens 2
+contains '"context": 16 or less'
+expect 0 "$baton" generate --init-from "$tmp/mistral" --model "$tmp/mistral16.json" --prompt-ids 1,2 --max-new-tokens 2
+expect 0 "$baton" train --init-from "$tmp/mistral" --model "$tmp/mistral16.json" --data "$data" \
+  --steps 1 --batch 2 --threads 1
+
+# A prompt the tokenizer encodes to no tokens (spaces, --bos no): said so, with the way out.
+head -c 20000 "$data" > "$tmp/slice.txt"
+if "$baton" data train-tokenizer --input "$tmp/slice.txt" --out "$tmp/sp" --vocab-size 200 >"$tmp/out" 2>&1; then
+  expect 2 "$baton" generate --init-from "$fx/llama_gqa" --tokenizer "$tmp/sp.model" --prompt "   " \
+    --bos no --max-new-tokens 2
+  contains "$tmp/sp.model encodes it to no tokens"
+  contains "--bos yes"
+elif ! grep -qF "SentencePiece" "$tmp/out"; then
+  echo "FAIL: train-tokenizer:"; cat "$tmp/out"; fails=$((fails + 1))
+fi
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all passed"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "stages/checkpoint.h"
+#include "stages/hf.h"
 #include "stages/json_reader.h"
 #include "tests/stages/helpers.h"
 
@@ -86,6 +87,18 @@ TEST(HfGpt2, SavedCheckpointLoadsBack) {
     EXPECT_EQ(a.param(id).to_vector<float>(), b.param(id).to_vector<float>());
   nlohmann::json cfg = read_hf_config(dir);
   EXPECT_EQ(cfg["n_layer"], 2);
+}
+
+// A GPT-2 read from a Hugging Face config exports with that config's token ids (its
+// vocabulary has no id 50256, the class default, which export writes as null otherwise).
+TEST(HfGpt2, ExportKeepsTheConfigsTokenIds) {
+  const std::string path = kDir + "/config.json";
+  nlohmann::json cfg = read_json_file(path);
+  cfg["eos_token_id"] = 7;
+  Graph g = load_model_json(cfg, path);
+  const nlohmann::json out = hf_config_of(g, DType::f32);
+  EXPECT_EQ(out["eos_token_id"], 7);
+  EXPECT_EQ(out["bos_token_id"], cfg["bos_token_id"]);
 }
 
 TEST(HfGpt2, MissingTensorIsAnInputError) {

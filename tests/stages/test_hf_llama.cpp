@@ -573,5 +573,178 @@ TEST(HfLlamaInput, ATiedHeadStoredDifferentIsRefused) {
                               {dir + ": ", "lm_head.weight different", "tie_word_embeddings"});
 }
 
+// A Mistral whose window is shorter than max_position_embeddings: config.json alone is
+// refused (naming the context way out too), but a model JSON with a context inside the
+// window is used with its weights, by generate and by train's check (check_hf_model_matches);
+// one beyond the window is refused naming that model.
+TEST(HfLlamaInput, MistralWindowIsCheckedAtTheContextOfAGivenModel) {
+  const std::string dir = copy_fixture("llama_gqa", "mistral_window");
+  const std::string path = dir + "/config.json";
+  nlohmann::json cfg = read_json_file(path);
+  cfg["model_type"] = "mistral";
+  cfg["max_position_embeddings"] = 512;
+  cfg["sliding_window"] = 16;
+  std::ofstream(path) << cfg.dump();
+  hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
+                              {path, "$.sliding_window", "at least the context 512",
+                               "\"context\": 16 or less", "found 16"});
+  nlohmann::json with_ctx = cfg;
+  with_ctx["context"] = 16;
+  const std::string model = ::testing::TempDir() + "/baton_hf_mistral_window.json";
+  std::ofstream(model) << with_ctx.dump();
+  EXPECT_NO_THROW(check_hf_model_matches(with_ctx, model, dir));
+  nlohmann::json sh = hf_config_to_shorthand(JsonReader(with_ctx, model));
+  EXPECT_EQ(sh["max_position_embeddings"], 16);
+  EXPECT_NO_THROW(check_hf_model_matches(sh, "short.json", dir));
+  // The weights are llama_gqa's (a Mistral is a LLaMA within its window).
+  GenerationModel m = load_generation_model("", dir, model);
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
+  std::vector<int32_t> prompt = f.expected["prompt"].get<std::vector<int32_t>>();
+  std::vector<int32_t> want = f.expected["greedy"].get<std::vector<int32_t>>();
+  want.resize(5);
+  EXPECT_EQ(generate(*m.stage, prompt, 5, SampleOptions{}), want);
+  sh["context"] = 17;
+  sh["max_position_embeddings"] = 17;
+  hf_llama_expect_input_error([&] { check_hf_model_matches(sh, "short.json", dir); },
+                              {"short.json: $.context is 17", "sliding window holds 16"});
+}
+
+// A NaN temperature had drawn the least likely token; an infinite one samples uniformly.
+TEST(HfLlamaGenerate, NanTemperatureIsRefused) {
+  const std::vector<float> logits = {0.f, 3.f, 1.f};
+  uint64_t rng = 1;
+  EXPECT_THROW(sample_token(logits, SampleOptions{std::nan(""), 0, 1, 1}, rng), InputError);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 200; ++i)
+    seen.insert(sample_token(logits, SampleOptions{INFINITY, 0, 1, 1}, rng));
+  EXPECT_EQ(seen.size(), 3u);
+}
+
+// As transformers' generate: the output ends with the first end-of-sequence id, which
+// comes from generation_config.json when there is one, else from config.json (an id or a
+// list); a shorthand knows none, and a tokenizer's stands in.
+TEST(HfLlamaGenerate, StopsAtTheModelsEndOfSequenceIds) {
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
+  const std::vector<int32_t> prompt = f.expected["prompt"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> want = f.expected["greedy"].get<std::vector<int32_t>>();
+  const int32_t eos = want[2];
+  const std::string dir = copy_fixture("llama_gqa", "eos");
+  const std::string path = dir + "/config.json";
+  nlohmann::json cfg = read_json_file(path);
+  cfg["eos_token_id"] = eos;
+  std::ofstream(path) << cfg.dump();
+  ASSERT_TRUE(fs::exists(dir + "/generation_config.json"));
+  EXPECT_EQ(hf_eos_token_ids(dir), std::vector<int32_t>{});  // its file has none
+  fs::remove(dir + "/generation_config.json");
+  EXPECT_EQ(hf_eos_token_ids(dir), std::vector<int32_t>{eos});
+  cfg["eos_token_id"] = {999, eos};
+  std::ofstream(path) << cfg.dump();
+  GenerationModel m = load_generation_model("", dir);
+  ASSERT_TRUE(m.eos_ids.has_value());
+  EXPECT_EQ(*m.eos_ids, (std::vector<int32_t>{999, eos}));
+  EXPECT_EQ(generate(*m.stage, prompt, 10, SampleOptions{}, m.stop_ids()),
+            std::vector<int32_t>(want.begin(), want.begin() + 3));
+  EXPECT_EQ(generate(*m.stage, prompt, 10, SampleOptions{}), want);  // --ignore-eos
+  EXPECT_EQ(m.stop_ids(2), (std::vector<int32_t>{999, eos}));
+  m.eos_ids.reset();
+  EXPECT_EQ(m.stop_ids(2), std::vector<int32_t>{2});
+  EXPECT_EQ(m.stop_ids(), std::vector<int32_t>{});
+  EXPECT_EQ(model_eos_token_ids(cfg, path).value(), (std::vector<int32_t>{999, eos}));
+  EXPECT_FALSE(
+      model_eos_token_ids(hf_config_to_shorthand(JsonReader(cfg, path)), path).has_value());
+  cfg["eos_token_id"] = "</s>";
+  std::ofstream(path) << cfg.dump();
+  hf_llama_expect_input_error([&] { hf_eos_token_ids(dir); }, {path, "$.eos_token_id"});
+}
+
+// More new tokens than int64 can add to the prompt: the context's message, not a failure
+// of the cache's shape.
+TEST(HfLlamaGenerate, HugeMaxNewTokensIsTheContextError) {
+  HfLlamaFixture f = hf_llama_load_fixture("llama_gqa");
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(f.dir, st);
+  const std::vector<int32_t> prompt = f.expected["prompt"].get<std::vector<int32_t>>();
+  hf_llama_expect_input_error([&] { generate(st, prompt, INT64_MAX, SampleOptions{}); },
+                              {"9223372036854775807 new tokens need", "context holds"});
+}
+
+// A model started from a Hugging Face config exports with its bos, eos and pad token ids
+// (transformers would otherwise take LlamaConfig's eos 2); a shorthand writes none.
+TEST(HfLlamaExport, TokenIdsOfTheSourceConfigAreKept) {
+  nlohmann::json cfg = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  cfg["eos_token_id"] = 30;
+  cfg["bos_token_id"] = 1;
+  const nlohmann::json out = hf_config_of(load_model_json(cfg, "c.json"), DType::f32);
+  EXPECT_EQ(out["eos_token_id"], 30);
+  EXPECT_EQ(out["bos_token_id"], 1);
+  ASSERT_TRUE(out.contains("pad_token_id"));
+  EXPECT_TRUE(out["pad_token_id"].is_null());
+  const nlohmann::json sh = hf_config_to_shorthand(JsonReader(cfg, "c.json"));
+  EXPECT_FALSE(hf_config_of(load_model_json(sh, "sh.json"), DType::f32).contains("eos_token_id"));
+}
+
+// A directory with model.safetensors and an index beside it: transformers reads
+// model.safetensors, and so does baton (the index's shards are not opened).
+TEST(HfLlamaInput, ModelSafetensorsBesideAnIndexIsReadAsTransformersDoes) {
+  const std::string dir = copy_fixture("qwen2_sharded", "both");
+  std::vector<NamedTensor> all;
+  {
+    HfCheckpoint shards(dir);
+    for (const std::string& name : shards.names()) {
+      const SafetensorsReader* file = nullptr;
+      shards.find(name, &file);
+      all.push_back({name, file->read(name)});
+    }
+  }
+  const std::string changed = "model.norm.weight";
+  for (NamedTensor& t : all)
+    if (t.name == changed) {
+      Tensor x = t.tensor.to(DType::f32);
+      x.data<float>()[0] = 8.0f;  // exact in the shards' bf16
+      t.tensor = x.to(t.tensor.dtype());
+    }
+  write_safetensors(dir + "/model.safetensors", all, {{"format", "pt"}});
+  HfCheckpoint both(dir);
+  EXPECT_FALSE(both.sharded());
+  HfLlamaFixture f = hf_llama_load_fixture("qwen2_sharded");
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_weights(both, st);
+  EXPECT_EQ(both.opened(), std::vector<std::string>{"model.safetensors"});
+  Stage orig(g, 0, g->num_layers());
+  load_hf_weights(f.dir, orig);
+  EXPECT_NE(orig.param(changed).to_vector<float>()[0], 8.0f);
+  EXPECT_EQ(st.param(changed).to_vector<float>()[0], 8.0f);
+}
+
+// llama3 rope scaling as transformers reads it: without original_max_position_embeddings
+// it is max_position_embeddings (standardize_rope_params); high_freq_factor not above
+// low_freq_factor is refused at the field of config.json, not of the expanded graph.
+TEST(HfLlamaInput, Llama3ScalingAsTheFileHasIt) {
+  nlohmann::json c = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  c["rope_parameters"] = {{"rope_type", "llama3"},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},
+                          {"rope_theta", 50000.0}};
+  EXPECT_EQ(parse_hf_llama_config(JsonReader(c, "c.json"))
+                .rope_scaling["original_max_position_embeddings"],
+            64);
+  EXPECT_NO_THROW(load_model_json(c, "c.json"));
+  c["rope_parameters"]["original_max_position_embeddings"] = 32;
+  c["rope_parameters"]["low_freq_factor"] = 2.0;
+  c["rope_parameters"]["high_freq_factor"] = 2.0;
+  try {
+    load_model_json(c, "c.json");
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("c.json: $.rope_parameters.high_freq_factor"), std::string::npos) << what;
+    EXPECT_NE(what.find("above low_freq_factor"), std::string::npos) << what;
+    EXPECT_EQ(what.find("expanded"), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace baton::stages
