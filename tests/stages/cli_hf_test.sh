@@ -22,6 +22,25 @@ contains "tokens/s"
 if [ "$(head -n 1 "$tmp/out")" != "$want" ] && ! grep -qxF "$want" "$tmp/out"; then
   echo "FAIL: greedy ids differ from transformers' ($want):"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# stdout holds the continuation alone: a warning (model.safetensors beside a shard index
+# naming it: transformers reads model.safetensors, and so does baton, saying so) goes to stderr.
+mkdir -p "$tmp/both"
+cp "$fx/llama_gqa/config.json" "$fx/llama_gqa/model.safetensors" "$tmp/both/"
+/usr/bin/python3 - "$tmp/both" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+with open(d + "/model.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+names = [k for k in header if k != "__metadata__"]
+json.dump({"metadata": {}, "weight_map": {k: "model.safetensors" for k in names}},
+          open(d + "/model.safetensors.index.json", "w"))
+PY
+"$baton" generate --init-from "$tmp/both" --prompt-ids "$prompt" --max-new-tokens 10 \
+  >"$tmp/stdout" 2>"$tmp/stderr"
+if [ "$(cat "$tmp/stdout")" != "$want" ]; then
+  echo "FAIL: stdout is not the continuation alone ($want):"; cat "$tmp/stdout"; fails=$((fails + 1))
+fi
+grep -q "model.safetensors" "$tmp/stderr" || { echo "FAIL: no warning on stderr:"; cat "$tmp/stderr"; fails=$((fails + 1)); }
 # A byte-level model takes text.
 expect 0 "$baton" generate --init-from "$fx/qwen2_sharded" --prompt "pipeline st" --max-new-tokens 5 \
   --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4
