@@ -12,6 +12,7 @@
 #include "tools/command.h"
 #include "tools/cpu_check.h"
 #include "transport/launch.h"
+#include "transport/ucx.h"
 
 namespace {
 
@@ -25,6 +26,7 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it
   try {
     baton::tools::require_cpu_features();  // before any kernel's instructions run
   } catch (const std::exception& e) {

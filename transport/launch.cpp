@@ -80,27 +80,40 @@ int exit_code_of(int status) {
   return 1;
 }
 
-// Writes all of a buffer to fd (a line at a time keeps ranks' lines whole).
-void write_all(int fd, const std::string& s) {
+// Writes all of a buffer to fd (a line at a time keeps ranks' lines whole); false, with
+// errno, when it cannot.
+bool write_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
     ssize_t n = ::write(fd, s.data() + off, s.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;
+      return false;
     }
     off += size_t(n);
   }
+  return true;
+}
+
+// "SIGTERM": the launcher's messages name the signals that stop a job.
+std::string signal_name(int sig) {
+  const char* name = sigabbrev_np(sig);
+  return name ? std::string("SIG") + name : "signal " + std::to_string(sig);
+}
+
+// The signals that stop a job as SIGTERM does: SIGHUP too (a closed terminal), unless the
+// launcher was started ignoring it (nohup).
+std::vector<int> stop_signals() {
+  std::vector<int> sigs = {SIGINT, SIGTERM};
+  struct sigaction hup {};
+  if (::sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) sigs.push_back(SIGHUP);
+  return sigs;
 }
 
 class Launcher {
  public:
   Launcher(const LaunchOptions& o, int attempt)
-      : o_(o),
-        attempt_(attempt),
-        signals_(io_, SIGCHLD),
-        stop_signals_(io_, SIGINT, SIGTERM),
-        grace_(io_) {}
+      : o_(o), attempt_(attempt), signals_(io_, SIGCHLD), stop_signals_(io_), grace_(io_) {}
 
   bool interrupted() const { return interrupted_; }
   // The failure, for the restart log: "rank 2 was killed by signal 9 (SIGKILL) at step 12".
@@ -113,6 +126,7 @@ class Launcher {
   }
 
   int run() {
+    for (int sig : stop_signals()) stop_signals_.add(sig);
     reports_dir_ = make_reports_dir();
     token_ = make_job_token();
     server_ = std::make_unique<StoreServer>(o_.host, o_.port, token_);
@@ -269,7 +283,12 @@ class Launcher {
         lines += prefix + partial + "\n";
         partial.clear();
       }
-      if (!lines.empty()) write_all(fd, lines);
+      // A reader that went away (`| head`) stops the job as SIGPIPE would have stopped
+      // us, but in order: the ranks get SIGTERM and the reports are cleaned up.
+      if (!lines.empty() && !output_closed_ && !write_all(fd, lines) && errno == EPIPE) {
+        output_closed_ = true;
+        stop_job(SIGPIPE, "its output was closed");
+      }
       read_pipe(rk, pipe, partial, fd);
     });
   }
@@ -353,23 +372,28 @@ class Launcher {
   void watch_stop_signals() {
     stop_signals_.async_wait([this](boost::system::error_code ec, int sig) {
       if (ec) return;
-      write_all(2, std::string("baton launch: got ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                       "; stopping every rank\n");
-      if (interrupted_) {
-        // Asked again: now (it had re-armed the wait, so SIGKILL never came).
-        signal_all(SIGKILL);
-      } else {
-        interrupted_ = true;
-        interrupt_signal_ = sig;
-        signal_all(SIGTERM);
-        stopping_ = true;
-        grace_.cancel();
-        grace_.expires_after(o_.kill_after);
-        grace_.async_wait([this](boost::system::error_code ec2) {
-          if (!ec2) signal_all(SIGKILL);
-        });
-      }
+      stop_job(sig, "got " + signal_name(sig));
       watch_stop_signals();
+    });
+  }
+
+  // The user stopped the job (`why`, reported with `sig`'s exit code 128 + sig): SIGTERM
+  // to every rank, SIGKILL after the grace or when asked again.
+  void stop_job(int sig, const std::string& why) {
+    write_all(2, "baton launch: " + why + "; stopping every rank\n");
+    if (interrupted_) {
+      // Asked again: now (it had re-armed the wait, so SIGKILL never came).
+      signal_all(SIGKILL);
+      return;
+    }
+    interrupted_ = true;
+    interrupt_signal_ = sig;
+    signal_all(SIGTERM);
+    stopping_ = true;
+    grace_.cancel();
+    grace_.expires_after(o_.kill_after);
+    grace_.async_wait([this](boost::system::error_code ec2) {
+      if (!ec2) signal_all(SIGKILL);
     });
   }
 
@@ -513,8 +537,7 @@ class Launcher {
     if (interrupted_) {
       std::string stopped;
       for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
-      write_all(2, std::string("baton launch: the job was stopped by ") +
-                       (interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM") +
+      write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
                        (step_ ? " after step " + *step_ : std::string()) +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       return 128 + interrupt_signal_;
@@ -567,6 +590,7 @@ class Launcher {
   int open_pipes_ = 0;
   bool stopping_ = false;
   bool interrupted_ = false;
+  bool output_closed_ = false;  // our stdout or stderr: its reader went away
   int interrupt_signal_ = SIGTERM;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
@@ -578,11 +602,11 @@ class Launcher {
   std::map<int, FailureReport> reports_;  // the reports of the ranks that failed
 };
 
-// Sleeps, unless SIGINT or SIGTERM comes first (then false).
-// Sleeps; the signal (SIGINT, SIGTERM) that cut it short, or 0.
+// Sleeps; the stop signal (SIGINT, SIGTERM, SIGHUP) that cut it short, or 0.
 int sleep_unless_stopped(std::chrono::milliseconds how_long) {
   asio::io_context io;
-  asio::signal_set stop(io, SIGINT, SIGTERM);
+  asio::signal_set stop(io);
+  for (int sig : stop_signals()) stop.add(sig);
   asio::steady_timer timer(io);
   int stopped_by = 0;
   stop.async_wait([&](boost::system::error_code ec, int sig) {
@@ -606,6 +630,9 @@ int launch(const LaunchOptions& options) {
   if (options.max_restarts < 0)
     throw InputError("launch: --max-restarts must be >= 0, got " +
                      std::to_string(options.max_restarts));
+  // A reader that goes away (`| head`) must not kill us mid-job, leaving the ranks to
+  // PDEATHSIG's SIGKILL and the reports behind: the write's EPIPE stops the job in order.
+  ::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> failures;
   for (int attempt = 0;; ++attempt) {
     int code = 0;

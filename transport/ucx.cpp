@@ -7,10 +7,19 @@
 #include "transport/detail/group_comm.h"
 #include "transport/detail/tag.h"
 #ifdef BATON_HAVE_UCX
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/debug.h>
+
 #include "transport/detail/ucx_fabric.h"
 #endif
 
 namespace baton::transport {
+
+void release_ucx_debug_signal() {
+#ifdef BATON_HAVE_UCX
+  if (ucs_global_opts.debug_signo > 0) ucs_debug_disable_signal(int(ucs_global_opts.debug_signo));
+#endif
+}
 
 CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
                        const CommOptions& options, const std::string& prefix) {

@@ -29,4 +29,11 @@ struct HostLabels {
 CommPtr make_ucx_world(int rank, int size, const std::shared_ptr<Store>& store,
                        const CommOptions& options, const std::string& prefix, HostLabels& hosts);
 
+// UCX handles its debug signal (UCX_DEBUG_SIGNO, SIGHUP by default) from the moment its
+// library loads: a hangup was swallowed (a job outlived its terminal) and repeated ones
+// corrupted the heap (the handler is not async-signal-safe). This gives the signal back
+// its earlier disposition: the default (the process ends), or nohup's (ignored). `baton`
+// and the Python module call it first; a no-op without UCX.
+void release_ucx_debug_signal();
+
 }  // namespace baton::transport

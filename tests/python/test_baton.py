@@ -22,6 +22,15 @@ SOURCE = os.environ.get("BATON_SOURCE_DIR", os.path.join(os.path.dirname(__file_
 FIXTURES = os.path.join(SOURCE, "tests", "fixtures", "torch_schedules")
 
 
+class Import(unittest.TestCase):
+    def test_sighup_is_left_to_the_interpreter(self):
+        # UCX, loaded with the module, had installed its debug handler on SIGHUP: a hangup
+        # no longer ended Python. The kernel's mask of caught signals says who handles it.
+        with open("/proc/self/status") as f:
+            caught = next(int(l.split()[1], 16) for l in f if l.startswith("SigCgt"))
+        self.assertFalse(caught & (1 << (1 - 1)), "SIGHUP has a handler after import baton")
+
+
 class Schedules(unittest.TestCase):
     def test_generate_every_generator(self):
         names = baton.schedule_names()

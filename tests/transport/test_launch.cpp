@@ -83,6 +83,63 @@ TEST(Launch, AStopSignalEndsTheJobSayingSo) {
   EXPECT_EQ(r.output.find("restart 1"), std::string::npos) << r.output;
 }
 
+// A hangup (a closed terminal) stops the job as SIGTERM does: UCX's handler for its debug
+// signal had swallowed it (the job outlived its terminal). A reader that goes away (`|
+// head`) stops the job too, in order: the ranks get SIGTERM (the launcher had died of
+// SIGPIPE, its ranks SIGKILLed by PDEATHSIG) and the reports' directory is removed.
+TEST(Launch, AHangupOrAClosedOutputStopsTheJobInOrder) {
+  // env --default-signal: SIGHUP as a terminal's job has it, even if the suite's is ignored.
+  Result r = baton::cli_testing::run_command(
+      "env --default-signal=HUP " + std::string(BATON_BINARY) +
+      " launch -n 2 -- sh -c '[ $BATON_RANK = 0 ] && sleep 0.3 && kill -HUP $PPID; sleep 5'");
+  EXPECT_EQ(r.code, 128 + SIGHUP) << r.output;
+  EXPECT_NE(r.output.find("baton launch: the job was stopped by SIGHUP"), std::string::npos)
+      << r.output;
+  // Started under nohup, a hangup is ignored.
+  r = baton::cli_testing::run_command(
+      "nohup " + std::string(BATON_BINARY) +
+      " launch -n 1 -- sh -c 'sleep 0.3; kill -HUP $PPID; sleep 0.3; echo survived' 2>&1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] survived"), std::string::npos) << r.output;
+
+  const std::string dir =
+      ::testing::TempDir() + "/launch_closed_output." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/tmp");
+  r = baton::cli_testing::run_command(
+      "cd " + dir + " && (TMPDIR=" + dir + "/tmp timeout 60 " + std::string(BATON_BINARY) +
+      " launch -n 2 -- sh -c 'trap \"touch term.$BATON_RANK; exit 0\" TERM; "
+      "touch up.$BATON_RANK; until [ -e up.0 ] && [ -e up.1 ]; do sleep 0.01; done; "
+      "while :; do echo line; sleep 0.01; done' 2>launcher.err; echo $? >code) | head -n 1");
+  EXPECT_EQ(baton::cli_testing::run_command("cat " + dir + "/code").output,
+            std::to_string(128 + SIGPIPE) + "\n");
+  const std::string err = baton::cli_testing::run_command("cat " + dir + "/launcher.err").output;
+  EXPECT_NE(err.find("its output was closed; stopping every rank"), std::string::npos) << err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/term.0") && std::filesystem::exists(dir + "/term.1"))
+      << "the ranks were not stopped by SIGTERM: " << err;
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/tmp")) << "the reports' directory was left";
+  std::filesystem::remove_all(dir);
+}
+
+// `baton train` ends on a hangup as any program does (129): UCX, loaded with baton, had
+// taken SIGHUP for its debug handler, which swallowed it and, not being
+// async-signal-safe, corrupted the heap when hangups came in a row.
+TEST(Signals, AHangupEndsBatonTrain) {
+  const std::string dir = ::testing::TempDir() + "/train_hangup." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Result r = baton::cli_testing::run_command(
+      "cd " + dir +
+      " && echo '{\"type\": \"mlp\", \"name\": \"m\", \"vocab_size\": 256, \"context\": "
+      "8, \"n_embd\": 8, \"hidden\": [16]}' > m.json && seq 1 5000 > d.txt && env "
+      "--default-signal=HUP sh -c '" +
+      std::string(BATON_BINARY) +
+      " train --model m.json --data d.txt --steps 100000000 --threads 1 --log-every 0 & "
+      "p=$!; sleep 1; for i in 1 2 3; do kill -HUP $p; done; wait $p; echo rc=$?'");
+  EXPECT_NE(r.output.find("rc=129"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launch, BadInputIsNotRestarted) {
   Result r = run("-n 1 --max-restarts 5 --restart-backoff 0 -- sh -c 'exit 2'");
   EXPECT_EQ(r.code, 2) << r.output;

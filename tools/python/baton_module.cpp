@@ -26,6 +26,7 @@
 #include "schedule/validate.h"
 #include "tools/cpu_check.h"
 #include "tools/python/planning.h"
+#include "transport/ucx.h"
 
 namespace py = pybind11;
 using namespace baton::schedule;
@@ -253,6 +254,8 @@ py::dict comparison_dict(const TraceComparison& c) {
 
 PYBIND11_MODULE(baton, m) {
   baton::tools::require_cpu_features();  // an ImportError naming them, not SIGILL later
+  // UCX, loaded with the module, had taken SIGHUP from the interpreter.
+  baton::transport::release_ucx_debug_signal();
   // pybind11 sets NumPy's C API up in a function-local static on the first array, and
   // that imports numpy.core.multiarray, which may hand the GIL to another thread that
   // then waits on the static's guard holding it: two threads' first arrays deadlocked.
