@@ -340,7 +340,14 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     check_data(false);
     const bool eval = steps.evaluate && eval_due(o, rec.step);
     if (eval) rec.eval_loss = steps.evaluate();
-    summary.records.push_back(rec);
+    if (o.keep_records) summary.records.push_back(rec);
+    if (summary.steps_run++ == 0)
+      summary.first = rec;
+    else if (rec.seconds > 0)
+      summary.step_seconds.add(rec.seconds);
+    summary.last = rec;
+    if (rec.eval_loss) summary.evaluations.emplace_back(rec.step, *rec.eval_loss);
+    summary.skipped_steps += rec.skipped ? 1 : 0;
     loss_log.write(rec);
     ema_step = ema_step == 0 ? rec.seconds : 0.9 * ema_step + 0.1 * rec.seconds;
     if (lead && ((o.log_every > 0 &&
@@ -439,16 +446,15 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
   j["format"] = kSummaryFormat;
   j["version"] = kSummaryVersion;
   j["first_step"] = s.first_step;
-  j["steps_run"] = int64_t(s.records.size());
-  j["last_step"] = s.first_step + int64_t(s.records.size());
-  j["first_loss"] = s.records.empty() ? json(nullptr) : json(s.records.front().loss);
-  j["last_loss"] = s.records.empty() ? json(nullptr) : json(s.records.back().loss);
+  j["steps_run"] = s.steps_run;
+  j["last_step"] = s.first_step + s.steps_run;
+  j["first_loss"] = s.first ? json(s.first->loss) : json(nullptr);
+  j["last_loss"] = s.last ? json(s.last->loss) : json(nullptr);
   j["loss_log"] = text_or_null(o.loss_log);
   j["lr_schedule"] = lr_schedule_of(o).to_json();
-  j["last_lr"] = s.records.empty() ? json(nullptr) : json(s.records.back().lr);
+  j["last_lr"] = s.last ? json(s.last->lr) : json(nullptr);
   json evals = json::array();
-  for (const StepRecord& r : s.records)
-    if (r.eval_loss) evals.push_back({{"step", r.step}, {"loss", *r.eval_loss}});
+  for (const auto& [step, loss] : s.evaluations) evals.push_back({{"step", step}, {"loss", loss}});
   j["evaluations"] = evals;
   j["last_eval_loss"] = evals.empty() ? json(nullptr) : evals.back()["loss"];
   j["tokens_per_step"] = tokens_per_step;
@@ -466,9 +472,7 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
   j["last_checkpoint"] = text_or_null(s.last_checkpoint);
   j["device"] = o.device.str();
   j["precision"] = std::string(kernels::precision_name(o.precision));
-  int64_t skipped = 0;
-  for (const StepRecord& r : s.records) skipped += r.skipped ? 1 : 0;
-  j["skipped_steps"] = skipped;
+  j["skipped_steps"] = s.skipped_steps;
   return j;
 }
 
@@ -477,10 +481,19 @@ void write_summary(const std::string& path, const nlohmann::json& summary) {
   spdlog::info("summary written to {}", path);
 }
 
+void StepTimes::add(double seconds) {
+  if (seen_++ % stride_ != 0) return;
+  kept_.push_back(seconds);
+  if (kept_.size() < kCapacity) return;
+  // Full: keep every other one (those of steps 0, 2s, 4s, ...) and take every 2s-th on.
+  for (size_t i = 0; 2 * i < kept_.size(); ++i) kept_[i] = kept_[2 * i];
+  kept_.resize(kept_.size() / 2);
+  stride_ *= 2;
+}
+
 double median_tokens_per_second(const TrainSummary& s, int64_t tokens_per_step) {
   std::vector<double> rates;
-  for (size_t i = 1; i < s.records.size(); ++i)
-    if (s.records[i].seconds > 0) rates.push_back(double(tokens_per_step) / s.records[i].seconds);
+  for (double seconds : s.step_seconds.kept()) rates.push_back(double(tokens_per_step) / seconds);
   if (rates.empty()) return 0;
   std::sort(rates.begin(), rates.end());
   const size_t n = rates.size();

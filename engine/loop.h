@@ -58,6 +58,10 @@ struct LoopOptions {
   // Dynamic loss scaling: fp16 runs get the scaler's defaults; set, any run scales (the
   // CPU tests scale an f32 run, where a power-of-two scale changes no bit).
   std::optional<kernels::LossScaler::Options> loss_scaling;
+  // Every step's record in TrainSummary::records (a library caller's curve). `baton train`
+  // keeps only what its summary needs: the records had grown by 72 bytes a step for the
+  // whole run (0.7 GB over 10 M steps).
+  bool keep_records = true;
 };
 
 // The device and precision of a run checked before anything is built: RuntimeError for a
@@ -99,10 +103,29 @@ struct StepRecord {
   bool skipped = false;             // a gradient overflowed: no optimizer step
 };
 
+// Step times for the median rate in bounded memory: every step's while they fit in
+// kCapacity, then every 2nd, 4th, ... step's, evenly spread over the run.
+class StepTimes {
+ public:
+  static constexpr size_t kCapacity = size_t(1) << 16;
+  void add(double seconds);
+  const std::vector<double>& kept() const { return kept_; }
+
+ private:
+  std::vector<double> kept_;
+  int64_t stride_ = 1, seen_ = 0;
+};
+
 struct TrainSummary {
-  int64_t first_step = 0;  // steps already done when this run started (resume)
-  std::vector<StepRecord> records;
-  size_t peak_bytes = 0;  // this process's device allocator's peak during the run
+  int64_t first_step = 0;           // steps already done when this run started (resume)
+  std::vector<StepRecord> records;  // every step's, with LoopOptions::keep_records
+  // What the summary reports, kept whatever keep_records says.
+  int64_t steps_run = 0;
+  std::optional<StepRecord> first, last;
+  std::vector<std::pair<int64_t, double>> evaluations;  // step, held-out loss
+  int64_t skipped_steps = 0;
+  StepTimes step_seconds;  // of the steps after the first
+  size_t peak_bytes = 0;   // this process's device allocator's peak during the run
   std::string last_checkpoint;
 };
 
@@ -224,7 +247,8 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
 void write_summary(const std::string& path, const nlohmann::json& summary);
 
 // Tokens per second of a run: the median over its steps after the first (the first
-// pays for allocation and warm-up); 0 without such steps.
+// pays for allocation and warm-up; beyond StepTimes::kCapacity steps, over steps evenly
+// spread through the run); 0 without such steps.
 double median_tokens_per_second(const TrainSummary& s, int64_t tokens_per_step);
 
 }  // namespace baton::engine

@@ -257,6 +257,7 @@ int run_train(const std::vector<std::string>& args) {
   for (int64_t l :
        parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
     o.recompute_layers.insert(int(l));
+  o.keep_records = false;  // the summary's figures are kept apart, in bounded memory
   // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
   if (transport::resume_requested() && !o.resume) {
     if (o.checkpoint_dir.empty())

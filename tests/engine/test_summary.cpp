@@ -43,6 +43,48 @@ TEST(Summary, OneProcess) {
   EXPECT_TRUE(j["plan"].is_null());
 }
 
+// `baton train` keeps no per-step records (they had grown 72 bytes a step for the whole
+// run): the summary is the same from what it keeps apart.
+TEST(Summary, WithoutRecordsTheSameFigures) {
+  Workspace ws("summary_no_records");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  RunSettings s;
+  s.steps = 4;
+  plan_json(p, ws);
+  engine::TrainOptions o = one_process_options(ws, s, 4, 2);
+  o.data.eval_fraction = 0.1;
+  o.eval_every = 2;
+  o.summary_path = ws.path("kept.json");
+  const engine::TrainSummary kept = engine::run_training(o);
+  o.keep_records = false;
+  o.summary_path = ws.path("apart.json");
+  const engine::TrainSummary apart = engine::run_training(o);
+  EXPECT_TRUE(apart.records.empty());
+  ASSERT_EQ(kept.records.size(), 4u);
+  json a = read_summary(ws.path("kept.json")), b = read_summary(ws.path("apart.json"));
+  for (const char* key : {"steps_run", "last_step", "first_loss", "last_loss", "last_lr",
+                          "evaluations", "last_eval_loss", "skipped_steps"})
+    EXPECT_EQ(a[key], b[key]) << key;
+  EXPECT_EQ(b["evaluations"].size(), 2u);
+  EXPECT_EQ(b["last_loss"].get<double>(), kept.records.back().loss);
+  EXPECT_GT(b["tokens_per_second"].get<double>(), 0);
+}
+
+// The median's step times stay within StepTimes::kCapacity, evenly spread over the run.
+TEST(Summary, StepTimesAreBoundedAndEvenlySpread) {
+  engine::StepTimes t;
+  const int64_t n = 5 * int64_t(engine::StepTimes::kCapacity) + 3;
+  for (int64_t i = 0; i < n; ++i) t.add(double(i));
+  const std::vector<double>& kept = t.kept();
+  ASSERT_LT(kept.size(), engine::StepTimes::kCapacity);
+  ASSERT_GT(kept.size(), engine::StepTimes::kCapacity / 4);
+  const double stride = kept[1] - kept[0];
+  EXPECT_EQ(stride, 8.0);  // 5 x capacity steps: every 8th
+  for (size_t i = 0; i < kept.size(); ++i) ASSERT_EQ(kept[i], double(i) * stride) << i;
+  EXPECT_GE(kept.back(), double(n) - stride);
+}
+
 TEST(Summary, PlanHasEveryRankAndItsEstimate) {
   Workspace ws("summary2");
   PlanSpec p;
