@@ -77,6 +77,7 @@ void check_loop_options(const LoopOptions& o) {
   if (o.checkpoint_dir.empty() && (o.checkpoint_every > 0 || o.keep_checkpoints > 0))
     throw InputError("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
   check_output_path(o.summary_path, "--summary");
+  check_output_path(o.loss_log, "--loss-log");
   if (!o.checkpoint_dir.empty()) {
     stages::prepare_checkpoint_root(o.checkpoint_dir);
     // A fresh run would mix its checkpoints with an earlier run's, and pruning by step
@@ -280,12 +281,13 @@ LossLog::LossLog(const std::string& path, int64_t start) {
   // rewriting in place lost them (a restart test's third kill found the log empty).
   try {
     memory::write_file_durably(path, keep);
-  } catch (const InputError&) {
-    throw InputError(path + ": cannot open for writing (--loss-log)");
+  } catch (const InputError& e) {
+    throw InputError(path + ": cannot open for writing (--loss-log): " + e.what());
   }
   path_ = path;
   out_.open(path, std::ios::app);
-  if (!out_) throw InputError(path + ": cannot open for writing (--loss-log)");
+  if (!out_)
+    throw InputError(path + ": cannot open for writing (--loss-log): " + std::strerror(errno));
 }
 
 void LossLog::write(const StepRecord& r) {

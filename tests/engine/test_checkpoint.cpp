@@ -260,6 +260,14 @@ TEST(Checkpoint, TheCheckpointDirectoryIsCheckedBeforeTheFirstStep) {
   o.summary_path = ws.path("no/such/dir/summary.json");
   EXPECT_EQ(error_of(o), "--summary " + o.summary_path + ": no directory " +
                              ws.path("no/such/dir") + " to write it in");
+  // The loss log is checked as the summary is, at the start on every rank (under a plan
+  // only rank 0 had found it, after the rendezvous, and said no more than "cannot open").
+  o.summary_path.clear();
+  o.loss_log = ws.path("no/such/dir/loss.jsonl");
+  EXPECT_EQ(error_of(o), "--loss-log " + o.loss_log + ": no directory " + ws.path("no/such/dir") +
+                             " to write it in");
+  o.loss_log = ws.path("");
+  EXPECT_NE(error_of(o).find(": a directory, expected a file"), std::string::npos) << error_of(o);
 }
 
 // A --summary in a folder the run cannot write (a read-only mount) is refused before the
