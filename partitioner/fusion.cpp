@@ -71,6 +71,14 @@ std::shared_ptr<Graph> fuse_kernels(const Graph& g, FusionCount* count) {
     for (int v : vs) names.push_back(g.values[size_t(v)].name);
     return names;
   };
+  // h's name: `<gelu node>.pre`, numbered (.pre.2, .pre.3, ...) past the model's own values.
+  auto new_name = [&](const std::string& node) {
+    const std::string base = node + ".pre";
+    std::string name = base;
+    for (int k = 2; g.find_value(name) >= 0 || out->find_value(name) >= 0; ++k)
+      name = base + "." + std::to_string(k);
+    return name;
+  };
   FusionCount fused;
   std::vector<bool> absorbed(g.nodes.size(), false);
   for (int l = 0; l < g.num_layers(); ++l) {
@@ -99,7 +107,7 @@ std::shared_ptr<Graph> fuse_kernels(const Graph& g, FusionCount* count) {
         // h = x + bias, a new value (kept for B in x's memory); y keeps the GELU's name.
         map_outputs(detail::add_node(*out, m.name, "bias_gelu", nlohmann::json::object(),
                                      {value_of(n.outputs[0])}, {n.params[1]},
-                                     {g.values[size_t(m.outputs[0])].name, m.name + ".pre"}, l,
+                                     {g.values[size_t(m.outputs[0])].name, new_name(m.name)}, l,
                                      m.json_path),
                     {m.outputs[0]});
         absorbed[size_t(ge)] = true;

@@ -493,11 +493,23 @@ int64_t token_vocabulary(const Graph& g, const std::string& source) {
   const ValueType& t = g.values[size_t(tok)].type;
   const ValueType& y = g.values[size_t(tgt)].type;
   const bool ints = !memory::is_floating(t.dtype) && !memory::is_floating(y.dtype);
-  if (!ints || t.shape.size() != 1 || !(y.shape == t.shape || y.shape.empty()))
+  // One dtype: a window's tokens and its next tokens are cut from one buffer.
+  if (!ints || t.dtype != y.dtype || t.shape.size() != 1 ||
+      !(y.shape == t.shape || y.shape.empty()))
     throw InputError(source +
-                     ": $.inputs: expected tokens [T] and targets [T] or [] of integer "
+                     ": $.inputs: expected tokens [T] and targets [T] or [] of one integer "
                      "type, found tokens " +
                      type_str(t) + " and targets " + type_str(y));
+  // The loss is averaged over the targets the data fills (T or 1 per sample), so they must
+  // be what the loss's cross_entropy reads.
+  if (g.loss >= 0) {
+    const Node& ce = g.nodes[size_t(g.values[size_t(g.loss)].producer)];
+    if (ce.op == "cross_entropy" && ce.inputs[1] != tgt)
+      throw InputError(ce.json_path +
+                       ".inputs[1]: expected the model input 'targets' (the token data's next "
+                       "tokens, which the loss is averaged over), found '" +
+                       g.values[size_t(ce.inputs[1])].name + "'");
+  }
   int64_t vocab = 0;
   auto narrow = [&](int64_t v) { vocab = vocab == 0 ? v : std::min(vocab, v); };
   for (const Node& n : g.nodes) {

@@ -36,17 +36,37 @@ InitRule parse_init(const JsonReader& r) {
   return rule;
 }
 
+// The most elements a parameter or a per-sample input may have: 2^40 (4 TiB of f32) is far
+// beyond any real tensor, and its bytes (or a batch of such samples) stay within int64.
+constexpr int64_t kMaxShapeElements = int64_t(1) << 40;
+
 Shape parse_shape(const JsonReader& r, bool allow_empty) {
   Shape s = r.as_int_list();
   for (size_t i = 0; i < s.size(); ++i)
     if (s[i] <= 0) r.at(i).fail("a positive dimension");
   if (s.empty() && !allow_empty) r.fail("a non-empty shape");
+  int64_t n = 1;
+  for (int64_t d : s) {
+    if (d > kMaxShapeElements / n)
+      r.fail("a shape of at most 2^40 (" + std::to_string(kMaxShapeElements) + ") elements",
+             memory::shape_str(s));
+    n *= d;
+  }
   return s;
+}
+
+// The partitioner's ops talk through a stage's communicators, which the physical graphs it
+// makes have and a model (run on one process, or split by a plan) does not.
+bool is_physical_op(const std::string& op) {
+  static const std::set<std::string, std::less<>> ops = {
+      "tp_copy", "tp_reduce", "tp_gather", "spatial_mean", "vocab_parallel_cross_entropy"};
+  return ops.count(op) != 0;
 }
 
 std::string known_ops() {
   std::string s;
-  for (const OpType& t : op_types()) s += (s.empty() ? "" : ", ") + t.schema.type;
+  for (const OpType& t : op_types())
+    if (!is_physical_op(t.schema.type)) s += (s.empty() ? "" : ", ") + t.schema.type;
   return s;
 }
 
@@ -98,6 +118,10 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
   const OpType* type = find_op_type(op);
   if (type == nullptr) n.at("op").fail("a known op (" + known_ops() + ")", "\"" + op + "\"");
   const OpSchema& schema = type->schema;
+  if (is_physical_op(op))
+    n.at("op").fail("an op of a model (" + op +
+                        " is a communication op the partitioner puts in its physical graphs)",
+                    "\"" + op + "\"");
 
   Node node;
   node.op = op;
@@ -123,6 +147,15 @@ void load_node(Graph& g, int layer, const JsonReader& n, size_t index, DType flo
                                " (allowed: " + (list.empty() ? "none" : list) + ")");
     }
   }
+  // Likewise a spatial tile's attributes: the partitioner's spatial split sets them.
+  if (attrs.has("halo"))
+    attrs.at("halo").fail_message(
+        "'halo' is set by the spatial split on the tiles of its physical graphs (they take "
+        "their border rows from the neighbouring tiles), not in a model file");
+  if (op == "batchnorm2d" && attrs.get_bool("spatial", false))
+    attrs.at("spatial").fail_message(
+        "\"spatial\": true is set by the spatial split on the tiles of its physical graphs "
+        "(their statistics span the spatial group), not in a model file");
   spec.attrs = attrs;
   node.attrs = attrs.raw();
 
@@ -223,6 +256,18 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
               "'" + lname + "' of type " + type_str(lval.type));
   if (!lval.consumers.empty())
     loss.fail("a value no node consumes", "'" + lname + "' used by a node");
+  // A cross_entropy's backward hands on the logits' gradient of a loss whose own gradient is
+  // 1, whatever reads its output: a second one would add its gradient to the loss's.
+  for (int l = 0; l < g.num_layers(); ++l) {
+    const std::vector<int>& ids = g.layers[size_t(l)].nodes;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const Node& n = g.nodes[size_t(ids[k])];
+      if (n.op == "cross_entropy" && n.outputs[0] != lv)
+        layers.at(size_t(l)).at("nodes").at(k).at("outputs").at(0).fail(
+            "the loss '" + lname + "' (a model has one cross_entropy, its loss)",
+            "'" + g.values[size_t(n.outputs[0])].name + "'");
+    }
+  }
   g.loss = lv;
   for (size_t p = 0; p < g.params.size(); ++p)
     if (g.params[p].users.empty())

@@ -16,6 +16,21 @@ JsonReader param_json(const OpSpec& spec, const std::string& slot) {
   return spec.node;
 }
 
+void layernorm_weight_grads(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                            const Tensor& rstd, ParamGrad& gw, ParamGrad& gb) {
+  const bool both = gw.tensor.defined() && gb.tensor.defined();
+  if (both && gw.accumulate == gb.accumulate && gw.tensor.raw_data() != gb.tensor.raw_data()) {
+    kernels::layernorm_backward_weight(dy, x, mean, rstd, gw.tensor, gb.tensor, gw.accumulate);
+    return;
+  }
+  // Apart, in slot order: with one parameter in both, the bias's part adds to the weight's.
+  Tensor none;
+  if (gw.tensor.defined())
+    kernels::layernorm_backward_weight(dy, x, mean, rstd, gw.tensor, none, gw.accumulate);
+  if (gb.tensor.defined())
+    kernels::layernorm_backward_weight(dy, x, mean, rstd, none, gb.tensor, gb.accumulate);
+}
+
 void expect_float_input(const OpSpec& spec, size_t i, size_t min_rank) {
   const ValueType& t = spec.inputs[i];
   if (!t.batched || t.dtype != spec.float_dtype || t.shape.size() < min_rank) {

@@ -67,6 +67,12 @@ class AddParamOp : public OpBase {
   int64_t elems_ = 0;
 };
 
+// A LayerNorm's weight and bias gradients (kernels::layernorm_backward_weight) into gw and
+// gb, each overwritten or added to as it says: one parameter in both slots, or one shared
+// with another node in only one slot, has them apart.
+void layernorm_weight_grads(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                            const Tensor& rstd, ParamGrad& gw, ParamGrad& gb);
+
 // The JSON of input i of a node (for errors): $.layers[..].nodes[..].inputs[i].
 JsonReader input_json(const OpSpec& spec, size_t i);
 // The JSON of a parameter slot (for errors): $.layers[..].nodes[..].params.<slot>.

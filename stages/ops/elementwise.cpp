@@ -146,26 +146,29 @@ class Reshape final : public OpBase {
   explicit Reshape(const OpSpec& spec) : OpBase(reshape_schema(), spec) {
     JsonReader js = spec.attrs.at("shape");
     Shape s = js.as_int_list();
-    int64_t known = 1, infer = -1;
+    int64_t infer = -1;
     for (size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == -1 && infer < 0) {
+      if (s[i] == -1 && infer < 0)
         infer = int64_t(i);
-      } else if (s[i] <= 0) {
+      else if (s[i] <= 0)
         js.fail("positive dimensions and at most one -1");
-      } else {
-        known *= s[i];
-      }
     }
     const ValueType& in = spec.inputs[0];
     if (!in.batched) input_json(spec, 0).fail("a batched value", type_str(in));
-    int64_t n = numel_of(in.shape);
+    const int64_t n = numel_of(in.shape);
+    const std::string want =
+        "a shape of " + std::to_string(n) + " elements (the input is " + type_str(in) + ")";
+    int64_t known = 1;  // never beyond n, so the product cannot overflow
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (int64_t(i) == infer) continue;
+      if (s[i] > n / known) js.fail(want, memory::shape_str(s));
+      known *= s[i];
+    }
     if (infer >= 0) {
       if (n % known != 0) js.fail("a shape of " + std::to_string(n) + " elements");
       s[size_t(infer)] = n / known;
     }
-    if (numel_of(s) != n)
-      js.fail("a shape of " + std::to_string(n) + " elements (the input is " + type_str(in) + ")",
-              memory::shape_str(s));
+    if (numel_of(s) != n) js.fail(want, memory::shape_str(s));
     out_.push_back({s, in.dtype, true});
     in_shape_ = in.shape;
   }

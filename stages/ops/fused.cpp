@@ -1,8 +1,9 @@
 // Fused ops (kernels/fused.h): add_layernorm (a residual add and the LayerNorm that reads
 // its sum, as in a GPT block's add_1 and ln_2) and bias_gelu (a linear's bias and the GELU
-// after it, the linear then bias-free). Model files do not name them: partitioner/fusion.h rewrites
-// a graph's matching pairs into them (docs/kernels.md, "Fused kernels in the model graph"). The
-// fused kernels run on the CPU and on CUDA alike.
+// after it, the linear then bias-free). partitioner/fusion.h rewrites a graph's matching pairs
+// into them (docs/kernels.md, "Fused kernels in the model graph"); a model file may name them
+// too, with both outputs, and other nodes may read either. The fused kernels run on the CPU and
+// on CUDA alike.
 #include "kernels/fused.h"
 
 #include "stages/ops/common.h"
@@ -78,11 +79,8 @@ class AddLayerNorm final : public OpBase {
   void backward_weight(WeightCall& c) const override {
     const Tensor& dy = c.grad_outputs[1];
     if (!dy.defined()) return;
-    ParamGrad& gw = c.grad_params[0];
-    ParamGrad& gb = c.grad_params[1];
-    BATON_CHECK(gw.accumulate == gb.accumulate, "add_layernorm weight and bias accumulate apart");
-    kernels::layernorm_backward_weight(as_rows(dy), as_rows(c.saved[0]), c.saved[1], c.saved[2],
-                                       gw.tensor, gb.tensor, gw.accumulate);
+    layernorm_weight_grads(as_rows(dy), as_rows(c.saved[0]), c.saved[1], c.saved[2],
+                           c.grad_params[0], c.grad_params[1]);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -144,17 +142,22 @@ class BiasGelu final : public OpBase {
 
   void backward_input(BackwardCall& c) const override {
     Tensor dbias = c.saved[0];
-    if (!c.grad_outputs[0].defined()) {
+    const Tensor& dy = c.grad_outputs[0];
+    const Tensor& dh_read = c.grad_outputs[1];  // h's own gradient, where a node reads h
+    if (!dy.defined() && !dh_read.defined()) {
       dbias.zero_();
       return;
     }
-    // dh into x's gradient (x has no other reader: the slot starts empty).
+    // dh = gelu'(h) dy + dh_read into x's gradient (the fusion's x has no other reader: the
+    // slot starts empty), then summed over rows for the bias.
     auto t =
         c.grad_inputs[0].needed() ? c.grad_inputs[0].target() : GradSlot::Target{Tensor(), false};
     Tensor dh =
         t.tensor.defined() && !t.accumulate ? t.tensor : c.alloc(c.outputs[1].shape(), dtype_);
     Tensor dh2 = as_rows(dh);
-    kernels::gelu_backward(as_rows(c.outputs[1]), as_rows(c.grad_outputs[0]), dh2, false);
+    if (dh_read.defined()) dh.copy_from(dh_read);
+    if (dy.defined())
+      kernels::gelu_backward(as_rows(c.outputs[1]), as_rows(dy), dh2, dh_read.defined());
     kernels::bias_backward(dh2, dbias, false);
     if (t.tensor.defined() && t.accumulate) kernels::add_inplace(t.tensor, dh);
   }

@@ -42,11 +42,8 @@ class LayerNorm final : public RowNormOp {
 
   void backward_weight(WeightCall& c) const override {
     if (!c.grad_outputs[0].defined()) return;
-    ParamGrad& gw = c.grad_params[0];
-    ParamGrad& gb = c.grad_params[1];
-    BATON_CHECK(gw.accumulate == gb.accumulate, "layernorm weight and bias accumulate apart");
-    kernels::layernorm_backward_weight(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]), c.saved[0],
-                                       c.saved[1], gw.tensor, gb.tensor, gw.accumulate);
+    layernorm_weight_grads(as_rows(c.grad_outputs[0]), as_rows(c.inputs[0]), c.saved[0], c.saved[1],
+                           c.grad_params[0], c.grad_params[1]);
   }
 
   OpCost cost(int64_t batch) const override {

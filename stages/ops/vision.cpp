@@ -381,6 +381,9 @@ class BatchNorm2d final : public OpBase {
     elems_ = numel_of(spec.inputs[0].shape);
     plane_ = elems_ / c_;  // H x W: exact
     out_.push_back(spec.inputs[0]);
+    // The node in its file, for the refusal of a micro-batch found only at run time (a
+    // physical node's JSON is its own, under its logical node's path).
+    where_ = spec.node.path() == "$" ? spec.node.file() : spec.node.where();
   }
 
   bool saves_input(size_t) const override { return true; }
@@ -402,7 +405,7 @@ class BatchNorm2d final : public OpBase {
     const int64_t per_channel =
         c.ctx.batch() * plane_ * (spatial_ ? spatial_group(c.ctx).size() : 1);
     if (c.ctx.training && per_channel < 2)
-      throw InputError("node '" + name_ + "' (batchnorm2d) normalises " +
+      throw InputError(where_ + ": node '" + name_ + "' (batchnorm2d) normalises " +
                        std::to_string(per_channel) +
                        " value per channel in training (a micro-batch of " +
                        std::to_string(c.ctx.batch()) + " sample(s) over " + std::to_string(plane_) +
@@ -543,6 +546,7 @@ class BatchNorm2d final : public OpBase {
   double eps_ = 1e-5, momentum_ = 0.1;
   int64_t c_ = 0, elems_ = 0, plane_ = 0;  // plane_: the elements of one channel
   bool running_ = false, spatial_ = false;
+  std::string where_;
 };
 
 // ---- pooling ----

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "partitioner/fusion.h"
 #include "partitioner/tensor_parallel.h"
@@ -56,6 +57,40 @@ TEST(Fusion, FusesEachBlocksPairs) {
   FusionCount again;
   fuse_kernels(*f, &again);
   EXPECT_EQ(again.add_layernorm + again.bias_gelu, 0);
+}
+
+// The new value h is `<gelu node>.pre`, numbered past the model's values of that name (the
+// rewrite had failed: "value defined twice: act.pre").
+TEST(Fusion, NewValueNamesAvoidTheModels) {
+  const std::string reshape = R"({"op": "reshape", "attrs": {"shape": [3, 4]}, )";
+  const std::string taken1 = reshape + R"("inputs": ["a"], "outputs": ["act.pre"]})";
+  const std::string taken2 = reshape + R"("inputs": ["act.pre"], "outputs": ["act.pre.2"]})";
+  for (const auto& [nodes, logits, expected] :
+       {std::tuple{taken1, "act.pre", "act.pre.2"},
+        std::tuple{taken1 + ", " + taken2, "act.pre.2", "act.pre.3"}}) {
+    SCOPED_TRACE(expected);
+    const std::string text = R"({"type": "graph",
+      "inputs": [{"name": "x", "shape": [3, 4], "dtype": "f32"},
+                 {"name": "y", "shape": [3], "dtype": "i32"}],
+      "params": [{"name": "w", "shape": [4, 4], "init": {"type": "normal", "std": 0.1}},
+                 {"name": "b", "shape": [4], "init": {"type": "zeros"}}],
+      "layers": [{"name": "l", "nodes": [
+        {"name": "fc", "op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w", "bias": "b"}},
+        {"name": "act", "op": "gelu", "inputs": ["h"], "outputs": ["a"]}, )" +
+                             nodes + R"(,
+        {"op": "cross_entropy", "inputs": [")" +
+                             logits +
+                             R"(", "y"], "outputs": ["loss"]}]}],
+      "loss": "loss"})";
+    const stages::Graph g =
+        stages::load_model_json(memory::parse_json_text(text, "m.json"), "m.json");
+    FusionCount count;
+    auto f = fuse_kernels(g, &count);
+    EXPECT_EQ(count.bias_gelu, 1);
+    const stages::Node& bg = f->nodes[1];
+    ASSERT_EQ(bg.op, "bias_gelu");
+    EXPECT_EQ(f->values[size_t(bg.outputs[1])].name, expected);
+  }
 }
 
 void randomize(Stage& st, uint64_t seed) {

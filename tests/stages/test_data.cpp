@@ -15,6 +15,7 @@
 
 #include "memory/error.h"
 #include "stages/data.h"
+#include "stages/model.h"
 #include "stages/token_store.h"
 
 namespace baton::stages {
@@ -635,6 +636,36 @@ TEST(Data, EvalFractionOutsideTheShareIsRefused) {
     data_expect_input_error([&] { check_eval_fraction(f); }, {"--eval-fraction"});
   check_eval_fraction(0);  // the default: none
   check_eval_fraction(0.25);
+}
+
+// A token model's inputs as the token data fills them: tokens and targets of one dtype
+// (i32 tokens with i64 targets had failed an internal check at the first step), and the
+// targets what the loss reads (a cross_entropy reading the tokens, with targets [] unread,
+// had been scaled by the targets' count: its loss T times too large).
+TEST(Data, TokenModelInputsMatchTheData) {
+  auto model = [](const std::string& targets, const std::string& ce_targets) {
+    return load_model_json(memory::parse_json_text(R"({"type": "graph",
+      "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"},
+                 {"name": "targets", )" + targets + R"(}],
+      "params": [{"name": "emb", "shape": [8, 6], "init": {"type": "normal", "std": 0.5}}],
+      "layers": [{"name": "l", "nodes": [
+        {"op": "embedding", "inputs": ["tokens"], "outputs": ["e"], "params": {"weight": "emb"}},
+        {"op": "cross_entropy", "inputs": ["e", ")" + ce_targets +
+                                                       R"("], "outputs": ["loss"]}]}],
+      "loss": "loss"})",
+                                                   "m.json"),
+                           "m.json");
+  };
+  EXPECT_EQ(token_vocabulary(model(R"("shape": [4], "dtype": "i32")", "targets"), "m.json"), 6);
+  data_expect_input_error(
+      [&] { token_vocabulary(model(R"("shape": [4], "dtype": "i64")", "targets"), "m.json"); },
+      {"m.json: $.inputs", "of one integer type",
+       "found tokens i32[batch, 4] and targets "
+       "i64[batch, 4]"});
+  data_expect_input_error(
+      [&] { token_vocabulary(model(R"("shape": [], "dtype": "i32")", "tokens"), "m.json"); },
+      {"m.json: $.layers[0].nodes[1].inputs[1]", "expected the model input 'targets'",
+       "found 'tokens'"});
 }
 
 TEST(TextData, TooShortNamesTheFile) {

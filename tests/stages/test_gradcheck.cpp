@@ -1,6 +1,7 @@
 // Graph-level gradient checks in float64 against central finite differences: a whole GPT
 // block (parameters and its input), the whole small GPT (with and without dropout), the
-// MLP shorthand, and a general graph using every remaining op.
+// MLP shorthand, a general graph using every remaining op, the fused ops with both outputs
+// read, and LayerNorms sharing parameters.
 #include <cmath>
 #include <functional>
 
@@ -234,6 +235,79 @@ TEST(GradCheck, GeneralGraphF64) {
   TensorMap in{{"x", random_like({2, 4, 6}, DType::f64, 1.0, seed)},
                {"y", Tensor::from_vector(ys, {2, 4})}};
   check_whole_model(g, in, 2, 7, seed, 16);
+}
+
+// The fused ops as a model file may name them, both outputs read: bias_gelu's h (its
+// gradient had been dropped, and with y unread no gradient flowed at all) and
+// add_layernorm's s.
+TEST(GradCheck, FusedOpsWithBothOutputsReadF64) {
+  const uint64_t seed = 16;
+  nlohmann::json m = nlohmann::json::parse(R"({
+    "type": "graph", "name": "fused",
+    "inputs": [{"name": "x", "shape": [4, 6], "dtype": "f32"},
+               {"name": "y", "shape": [4], "dtype": "i64"}],
+    "params": [{"name": "w1", "shape": [6, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "bb", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "al.w", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "al.b", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "w2", "shape": [5, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "w3", "shape": [6, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "b3", "shape": [6], "init": {"type": "normal", "std": 0.3}}],
+    "layers": [
+      {"name": "a", "nodes": [
+        {"name": "l1", "op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w1"}},
+        {"name": "bg", "op": "bias_gelu", "inputs": ["h"], "outputs": ["g", "hb"], "params": {"bias": "bb"}},
+        {"name": "al", "op": "add_layernorm", "inputs": ["g", "hb"], "outputs": ["s", "n"],
+         "params": {"weight": "al.w", "bias": "al.b"}},
+        {"name": "r", "op": "add", "inputs": ["s", "n"], "outputs": ["r"]},
+        {"name": "l3", "op": "linear", "inputs": ["r"], "outputs": ["h3"], "params": {"weight": "w3"}},
+        {"name": "bg2", "op": "bias_gelu", "inputs": ["h3"], "outputs": ["unread", "h4"], "params": {"bias": "b3"}},
+        {"name": "l2", "op": "linear", "inputs": ["h4"], "outputs": ["logits"], "params": {"weight": "w2"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "y"], "outputs": ["loss"]}]}
+    ],
+    "loss": "loss"})");
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  auto g = std::make_shared<Graph>(load_model_json(m, "fused.json", lo));
+  std::vector<int64_t> ys = {0, 4, 1, 2, 1, 3, 0, 2};
+  TensorMap in{{"x", random_like({2, 4, 6}, DType::f64, 1.0, seed)},
+               {"y", Tensor::from_vector(ys, {2, 4})}};
+  check_whole_model(g, in, 2, 8, seed, 16);
+}
+
+// One parameter in both slots of a LayerNorm (torch sums its two gradients), and two
+// LayerNorms sharing only their weight: the slots' gradients accumulate apart (this had
+// failed an internal check).
+TEST(GradCheck, NormsWithSharedParametersF64) {
+  const uint64_t seed = 17;
+  nlohmann::json m = nlohmann::json::parse(R"({
+    "type": "graph", "name": "shared",
+    "inputs": [{"name": "x", "shape": [4, 6], "dtype": "f32"},
+               {"name": "y", "shape": [4], "dtype": "i64"}],
+    "params": [{"name": "w1", "shape": [6, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "p", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "q", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "b", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "w2", "shape": [5, 6], "init": {"type": "normal", "std": 0.3}}],
+    "layers": [
+      {"name": "a", "nodes": [
+        {"name": "l1", "op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w1"}},
+        {"name": "ln", "op": "layernorm", "inputs": ["h"], "outputs": ["n"], "params": {"weight": "p", "bias": "p"}},
+        {"name": "al", "op": "add_layernorm", "inputs": ["n", "h"], "outputs": ["s", "m"],
+         "params": {"weight": "q", "bias": "q"}},
+        {"name": "ln2", "op": "layernorm", "inputs": ["m"], "outputs": ["m2"], "params": {"weight": "p", "bias": "b"}},
+        {"name": "ln3", "op": "layernorm", "inputs": ["m2"], "outputs": ["m3"], "params": {"weight": "b", "bias": "q"}},
+        {"name": "l2", "op": "linear", "inputs": ["m3"], "outputs": ["logits"], "params": {"weight": "w2"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "y"], "outputs": ["loss"]}]}
+    ],
+    "loss": "loss"})");
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  auto g = std::make_shared<Graph>(load_model_json(m, "shared.json", lo));
+  std::vector<int64_t> ys = {0, 4, 1, 2, 1, 3, 0, 2};
+  TensorMap in{{"x", random_like({2, 4, 6}, DType::f64, 1.0, seed)},
+               {"y", Tensor::from_vector(ys, {2, 4})}};
+  check_whole_model(g, in, 2, 8, seed, 16);
 }
 
 }  // namespace

@@ -221,6 +221,82 @@ TEST(ModelJson, InconsistentGraphs) {
   model_json_expect_error(bad_loss, {"$.loss", "expected a scalar loss", "f32[batch, 3, 5]"});
 }
 
+// A cross_entropy's backward starts from gradient 1 whatever reads its output: a second one
+// (a dead branch's) would add its gradient to the loss's.
+TEST(ModelJson, TheLossIsTheOneCrossEntropy) {
+  const std::string linear =
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})";
+  model_json_expect_error(
+      graph_with(linear +
+                 R"(, {"op": "cross_entropy", "inputs": ["h", "y"], "outputs": ["dead"]})"),
+      {"m.json: $.layers[0].nodes[1].outputs[0]", "expected the loss 'loss'", "one cross_entropy",
+       "found 'dead'"});
+}
+
+// A parameter or input whose elements overflow (or near) int64 had been taken (an embedding
+// [2^61, 6]: a negative parameter count, then heap corruption).
+TEST(ModelJson, ShapesBeyond2To40ElementsAreRefused) {
+  const std::string linear =
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})";
+  model_json_expect_error(
+      graph_with(linear, R"(, {"name": "e", "shape": [2305843009213693952, 6],
+                                "init": {"type": "zeros"}})"),
+      {"m.json: $.params[1].shape", "expected a shape of at most 2^40 (1099511627776) elements",
+       "found [2305843009213693952, 6]"});
+  model_json_expect_error(graph_with(linear, R"(, {"name": "e", "shape": [1048576, 1048577],
+                                "init": {"type": "zeros"}})"),
+                          {"m.json: $.params[1].shape", "found [1048576, 1048577]"});
+  std::string big_input = graph_with(linear);
+  big_input.replace(big_input.find(R"("shape": [3, 4])"), 15,
+                    R"("shape": [3, 4611686018427387904])");
+  model_json_expect_error(big_input, {"m.json: $.inputs[0].shape", "at most 2^40"});
+  // 2^40 itself is a shape (its memory is the allocator's business).
+  EXPECT_EQ(model_error_of(graph_with(linear, R"(, {"name": "e", "shape": [1048576, 1048576],
+                                                    "init": {"type": "zeros"}})")),
+            "m.json: $.params[1]: parameter 'e' is not used by any node");
+}
+
+// A reshape's product had overflowed: [2^62, 2^62, -1] divided by zero, [4, 2^62 + 12]
+// wrapped to 48 and loaded.
+TEST(ModelJson, ReshapeProductOverflowIsRefused) {
+  for (const char* shape : {"[4611686018427387904, 4611686018427387904, -1]",
+                            "[4, 4611686018427387916]", "[-1, 9223372036854775807]"}) {
+    SCOPED_TRACE(shape);
+    model_json_expect_error(
+        graph_with(
+            R"({"op": "linear", "inputs": ["x"], "outputs": ["h0"], "params": {"weight": "w"}},
+                      {"op": "reshape", "inputs": ["h0"], "outputs": ["h"], "attrs": {"shape": )" +
+            std::string(shape) + "}}"),
+        {"m.json: $.layers[0].nodes[1].attrs.shape",
+         "expected a shape of 15 elements (the input is f32[batch, 3, 5])"});
+  }
+}
+
+// The partitioner's communication ops and a spatial tile's attributes need a stage's
+// communicators, which a model does not have: they had failed at run time (exit 1).
+TEST(ModelJson, PhysicalGraphOpsAreRefused) {
+  for (const char* op : {"tp_copy", "tp_reduce", "spatial_mean"})
+    model_json_expect_error(
+        graph_with(std::string(R"({"op": ")") + op + R"(", "inputs": ["x"], "outputs": ["h0"]},
+          {"op": "linear", "inputs": ["h0"], "outputs": ["h"], "params": {"weight": "w"}})"),
+        {"m.json: $.layers[0].nodes[0].op", "a communication op the partitioner puts in"});
+  model_json_expect_error(
+      graph_with(
+          R"({"op": "conv2d", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"},
+              "attrs": {"halo": [1, 1]}})"),
+      {"m.json: $.layers[0].nodes[0].attrs.halo", "set by the spatial split"});
+  model_json_expect_error(
+      graph_with(
+          R"({"op": "batchnorm2d", "inputs": ["x"], "outputs": ["h"],
+              "params": {"weight": "w", "bias": "w"}, "attrs": {"spatial": true}})"),
+      {"m.json: $.layers[0].nodes[0].attrs.spatial", "set by the spatial split"});
+  // Nor does an unknown op's message offer them.
+  EXPECT_EQ(
+      model_error_of(graph_with(R"({"op": "convolution", "inputs": ["x"], "outputs": ["h"]})"))
+          .find("tp_copy"),
+      std::string::npos);
+}
+
 TEST(ModelJson, AttentionHeadsMustDivide) {
   std::string text = R"({"type": "graph", "inputs": [{"name": "x", "shape": [4, 9], "dtype": "f32"},
       {"name": "y", "shape": [4], "dtype": "i32"}], "params": [],

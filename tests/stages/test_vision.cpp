@@ -233,8 +233,8 @@ std::pair<std::vector<double>, std::vector<double>> channel_stats(const Tensor& 
 }
 
 // One value per channel (one sample of a 1 x 1 map) has variance 0: refused while
-// training, naming the node (PyTorch refuses it too); evaluation with running statistics
-// and two samples are fine.
+// training, naming the node in its file (PyTorch refuses it too); evaluation with running
+// statistics and two samples are fine.
 TEST(BatchNormStage, OneValuePerChannelIsRefusedInTraining) {
   nlohmann::json j = nlohmann::json::parse(kBnGraph);
   j["inputs"][0]["shape"] = {2, 1, 1};
@@ -251,7 +251,9 @@ TEST(BatchNormStage, OneValuePerChannelIsRefusedInTraining) {
     run(1, true);
     FAIL() << "a batch norm over one value per channel trained";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("node 'bn' (batchnorm2d) normalises 1 value per channel"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "bn.json: $.layers[0].nodes[0]: node 'bn' (batchnorm2d) normalises 1 value "
+                  "per channel"),
               std::string::npos)
         << e.what();
   }
