@@ -65,6 +65,18 @@ void check_output_path(const std::string& path, const char* flag) {
                      std::strerror(errno));
 }
 
+void prepare_checkpoint_dir(const LoopOptions& o) {
+  if (o.checkpoint_dir.empty()) return;
+  stages::prepare_checkpoint_root(o.checkpoint_dir);
+  // A fresh run would mix its checkpoints with an earlier run's, and pruning by step
+  // would delete its own newest ones; --resume would then continue the other run.
+  if (!o.resume)
+    if (auto earlier = stages::newest_written_checkpoint(o.checkpoint_dir))
+      throw InputError("--checkpoint-dir " + o.checkpoint_dir +
+                       " holds the checkpoints of an earlier run (the newest: " + *earlier +
+                       "): give --resume to continue it, or another --checkpoint-dir");
+}
+
 void check_loop_options(const LoopOptions& o) {
   if (o.steps < 0) throw InputError("--steps must be >= 0");
   if (o.resume && o.checkpoint_dir.empty()) throw InputError("--resume needs --checkpoint-dir");
@@ -78,16 +90,6 @@ void check_loop_options(const LoopOptions& o) {
     throw InputError("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
   check_output_path(o.summary_path, "--summary");
   check_output_path(o.loss_log, "--loss-log");
-  if (!o.checkpoint_dir.empty()) {
-    stages::prepare_checkpoint_root(o.checkpoint_dir);
-    // A fresh run would mix its checkpoints with an earlier run's, and pruning by step
-    // would delete its own newest ones; --resume would then continue the other run.
-    if (!o.resume)
-      if (auto earlier = stages::newest_written_checkpoint(o.checkpoint_dir))
-        throw InputError("--checkpoint-dir " + o.checkpoint_dir +
-                         " holds the checkpoints of an earlier run (the newest: " + *earlier +
-                         "): give --resume to continue it, or another --checkpoint-dir");
-  }
   lr_schedule_of(o).validate();
   if (o.eval_every < 0)
     throw InputError("--eval-every: expected >= 0, found " + std::to_string(o.eval_every));

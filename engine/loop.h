@@ -134,10 +134,13 @@ struct TrainSummary {
 void check_output_path(const std::string& path, const char* flag);
 // InputError for options that no loop accepts (negative steps, --resume without a
 // checkpoint directory, a schedule that does not fit the run, evaluation flags without
-// held-out data, checkpoint flags without a directory, a --checkpoint-dir that cannot
-// hold checkpoints or holds an earlier run's without --resume, a --summary with no
-// directory to go in).
+// held-out data, checkpoint flags without a directory, a --summary with no directory to go
+// in).
 void check_loop_options(const LoopOptions& o);
+// Creates --checkpoint-dir (when given); InputError when it cannot hold checkpoints or holds
+// an earlier run's without --resume. Called once the model and data are checked, so that a
+// run refused for bad input leaves no directory behind.
+void prepare_checkpoint_dir(const LoopOptions& o);
 
 // The run's learning-rate schedule: o.lr_schedule with the optimizer's rate as its peak
 // and o.steps as its total.

@@ -714,6 +714,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
+  prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
   std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
   if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   check_world_size(r, world->size());

@@ -35,8 +35,6 @@ TrainSummary run_training(const TrainOptions& o,
   if (image_input && o.eval_every > 0)
     throw InputError("--eval-every: evaluation is for token data");
   check_loop_options(o);
-  std::optional<stages::CheckpointRootLock> held;
-  if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   prepare_device(o);
 
   // ---- the model ----
@@ -80,6 +78,9 @@ TrainSummary run_training(const TrainOptions& o,
       throw InputError("--recompute: layer " + std::to_string(l) +
                        " does not exist (the model has " + std::to_string(graph->num_layers()) +
                        " layers)");
+  prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
+  std::optional<stages::CheckpointRootLock> held;
+  if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   const stages::ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
   const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample

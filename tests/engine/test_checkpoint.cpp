@@ -217,6 +217,7 @@ TEST(Checkpoint, TheCheckpointDirectoryIsCheckedBeforeTheFirstStep) {
   auto error_of = [](const engine::LoopOptions& o) {
     try {
       engine::check_loop_options(o);
+      engine::prepare_checkpoint_dir(o);  // after the model and data, in a run
     } catch (const InputError& e) {
       return std::string(e.what());
     }

@@ -48,6 +48,21 @@ void cli_expect_input_error(const std::string& args, std::initializer_list<std::
 const std::string kTiny =
     R"({"type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 256})";
 
+// A run refused for its model or its data leaves no --checkpoint-dir behind (it had been
+// made, empty, before the model was read).
+TEST(Cli, ARefusedRunMakesNoCheckpointDirectory) {
+  const std::string ckpt = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-new_ckpt";
+  std::string bad_model = temp_file("bad_model.json", R"({"type": "gpt2"})");
+  cli_expect_input_error(
+      "--model " + bad_model + " --data " + kCliCorpus + " --steps 1 --checkpoint-dir " + ckpt,
+      {bad_model});
+  std::string model = temp_file("ckpt_model.json", kTiny);
+  cli_expect_input_error("--model " + model + " --data " + ckpt + "-no-such-data" +
+                             " --steps 1 --checkpoint-dir " + ckpt,
+                         {ckpt + "-no-such-data"});
+  EXPECT_FALSE(std::filesystem::exists(ckpt)) << "made for a refused run";
+}
+
 // An image model given no image directory: the path and what it lacks, not the token
 // loader's complaint about the model's inputs.
 TEST(Cli, AnImageModelNamesTheMissingImageDirectory) {
