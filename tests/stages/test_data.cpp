@@ -332,6 +332,16 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
 
 // A float store's window check names the file's first bad token too: reading the window
 // had thrown its own error at the window's position first.
+// The first sample of step 3 whose window (8 tokens and the target) holds `position`;
+// -1 when none of the first 100000 does.
+int64_t window_holding(const TokenDataset& d, int64_t position) {
+  for (int64_t i = 0; i < 100000; ++i) {
+    const int64_t s0 = d.sample_start(3, 0, i);
+    if (s0 <= position && position <= s0 + 8) return i;
+  }
+  return -1;
+}
+
 TEST(TokenStore, FloatWindowNamesTheFirstBadToken) {
   const std::string p = tmp("float_bad");
   std::vector<double> seq(2000, 7.0);
@@ -340,11 +350,7 @@ TEST(TokenStore, FloatWindowNamesTheFirstBadToken) {
   write_megatron(p, {{{seq}}}, {.code = 7});
   auto store = TokenStore::open_megatron(p);
   TokenDataset d(store, 8, true, 500);
-  int64_t index = -1;
-  for (int64_t i = 0; i < 100000 && index < 0; ++i) {
-    const int64_t s0 = d.sample_start(3, 0, i);
-    if (s0 <= 1500 && 1500 <= s0 + 8) index = i;
-  }
+  const int64_t index = window_holding(d, 1500);
   ASSERT_GE(index, 0);
   std::vector<int64_t> w(9);
   data_expect_input_error([&] { d.sample(3, 0, index, 8, w.data()); },
@@ -378,11 +384,7 @@ TEST(TokenStore, BackgroundAndWindowChecksNameTheFirstBadToken) {
 
   // A window holding only the later bad token (position 1500) names the first one.
   TokenDataset d(store, 8, true, 500);
-  int64_t index = -1;
-  for (int64_t i = 0; i < 100000 && index < 0; ++i) {
-    const int64_t s0 = d.sample_start(3, 0, i);
-    if (s0 <= 1500 && 1500 <= s0 + 8) index = i;
-  }
+  const int64_t index = window_holding(d, 1500);
   ASSERT_GE(index, 0);
   std::vector<int64_t> w(9);
   data_expect_input_error([&] { d.sample(3, 0, index, 8, w.data()); }, {first});
