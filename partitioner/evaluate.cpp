@@ -282,16 +282,15 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     rank_gather[rank] +=
         ps_server_times(r.plan.dp_sync, bytes, served.total, r.plan.dp, m, opt, rank_compute[rank])
             .exposed;
-  double max_after = 0;
-  for (const auto& [rank, bytes] : rank_state)
-    max_after = std::max(max_after, bytes / m.memory_bandwidth + rank_gather[rank]);
-  c.optimizer_step = max_after;
+  // Each rank steps its own stages: a post-validated STEP ends by its own rank's time.
   // Post-validated: the update first copies what it overwrites (parameters and state).
   c.post_validated_step = r.plan.post_validated_step;
-  if (c.post_validated_step) {
-    double copy = 0;
-    for (const auto& [rank, bytes] : rank_copy) copy = std::max(copy, bytes);
-    c.optimizer_step += 2 * copy / m.memory_bandwidth;  // read and write
+  c.optimizer_step_rank.assign(size_t(r.schedule.num_ranks), 0.0);
+  for (const auto& [rank, bytes] : rank_state) {
+    double& step = c.optimizer_step_rank[size_t(rank)];
+    step = bytes / m.memory_bandwidth + rank_gather[rank];
+    if (c.post_validated_step) step += 2 * rank_copy[rank] / m.memory_bandwidth;  // read, write
+    c.optimizer_step = std::max(c.optimizer_step, step);
   }
   c.latency = m.p2p_latency;
   c.bandwidth = m.p2p_bandwidth;

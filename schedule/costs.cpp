@@ -139,6 +139,7 @@ void Costs::check(int stages, int ranks) const {
                        "), found " + std::to_string(reduce_group[i]));
   for (size_t c = 0; c < core_ranks.size(); ++c)
     check_vector(core_ranks[c], "core_ranks[" + std::to_string(c) + "]", ranks, false, "rank");
+  check_vector(optimizer_step_rank, "optimizer_step_rank", ranks, true, "rank");
   for (auto [v, name] : {std::pair{latency, "latency"},
                          {bandwidth, "bandwidth"},
                          {optimizer_step, "optimizer_step"}})

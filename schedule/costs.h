@@ -48,6 +48,9 @@ struct Costs {
   double latency = 0.0;    // per point-to-point message
   double bandwidth = 0.0;  // bytes per time unit of one link; 0 means infinite
   double optimizer_step = 0.0;
+  // STEP's time on each rank, where ranks differ (each updates its own stages' share).
+  // Empty: optimizer_step on every rank.
+  std::vector<double> optimizer_step_rank;
   // How STEP meets the global gradient norm (the plan's optimizer_step). Synchronous
   // (false): every rank's STEP starts when the last rank reaches its STEP, plus one
   // latency (the norm's all-reduce). Post-validated (true): each STEP starts when its own
@@ -57,8 +60,12 @@ struct Costs {
 
   // The same F, B, W on each of `stages` stages; nothing else costs anything.
   static Costs uniform(int stages, double f, double b, double w);
+  double step_time(int rank) const {
+    return optimizer_step_rank.empty() ? optimizer_step : optimizer_step_rank[size_t(rank)];
+  }
   // Throws InputError naming the field unless each vector has `stages` entries (the
-  // optional ones may be empty; each of core_ranks' `ranks` entries) and every value is
+  // optional ones may be empty; each of core_ranks' and optimizer_step_rank's `ranks`
+  // entries) and every value is
   // finite and >= 0.
   void check(int stages, int ranks) const;
 };

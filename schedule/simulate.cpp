@@ -145,7 +145,7 @@ double Simulator::duration(size_t pos) const {
     case K::full_backward:
       return scale_[pos] * (costs_.backward_input[size_t(st)] + costs_.backward_weight[size_t(st)]);
     case K::optimizer_step:
-      return scale_[pos] * costs_.optimizer_step;
+      return scale_[pos] * costs_.step_time(rank_[pos]);
     default:
       return 0.0;
   }
@@ -324,7 +324,7 @@ const SimResult& Simulator::sweep() {
         --live_[size_t(r)];
         break;
       case K::optimizer_step:
-        dur = c.optimizer_step;
+        dur = c.step_time(r);
         break;
       default:
         break;
@@ -390,13 +390,14 @@ const SimResult& Simulator::sweep() {
         const int d = deps_[size_t(k)];
         t = std::max(t, times[d & 1][d >> 1]);
       }
-      end_[size_t(u)] = t + scale_[size_t(u)] * c.optimizer_step;
+      end_[size_t(u)] = t + scale_[size_t(u)] * c.step_time(rank_[size_t(u)]);
       reached = std::max(reached, t);
     }
     const double norm_known = reached + c.latency;
     for (int u : step_pos_) {
-      const double e = c.post_validated_step ? end_[size_t(u)]
-                                             : norm_known + scale_[size_t(u)] * c.optimizer_step;
+      const double e = c.post_validated_step
+                           ? end_[size_t(u)]
+                           : norm_known + scale_[size_t(u)] * c.step_time(rank_[size_t(u)]);
       end_[size_t(u)] = avail_[size_t(u)] = e;
       free_[size_t(rank_[size_t(u)])] = e;
       RankStats& rs = result_.ranks[size_t(rank_[size_t(u)])];

@@ -693,6 +693,35 @@ TEST(Evaluate, DualPipeChunksSumTheirGradientsAcrossTheirTwoRanks) {
   }
 }
 
+// Each pipeline rank steps its own layers' parameters: the rank holding more of them
+// steps for longer, and the predicted step (the slowest rank's) is the largest of them.
+// Post-validated, each rank first copies what it overwrites: every rank's step is longer.
+TEST(Evaluate, OptimizerStepTimePerRank) {
+  nlohmann::json j = {{"version", 1},
+                      {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
+                      {"devices", 2},
+                      {"parallel", {{"dp", 1}, {"pp", 2}, {"tp", 1}}},
+                      {"batch", {{"micro_batch_size", 2}, {"global", 8}}},
+                      {"schedule", {{"name", "1f1b"}, {"micro_batches", 4}}},
+                      {"stages", {{{"layers", {"embed"}}}, {{"layers", {"h.0", "h.1", "head"}}}}}};
+  auto costs_of = [&](const char* step) {
+    j["optimizer_step"] = step;
+    Plan plan = parse_plan(j, "plan.json", ".");
+    auto g = load_plan_model(plan);
+    ResolvedPlan r = resolve_plan(plan, g);
+    CostModel model(g, Machine{}, nullptr);
+    return schedule_costs(r, model.table_for(r.sharding, plan.micro_batch_size), model.machine());
+  };
+  const schedule::Costs sync = costs_of("synchronous"), post = costs_of("post-validated");
+  ASSERT_EQ(sync.optimizer_step_rank.size(), 2U);
+  EXPECT_GT(sync.optimizer_step_rank[1], sync.optimizer_step_rank[0]);
+  EXPECT_GT(sync.optimizer_step_rank[0], 0.0);
+  EXPECT_DOUBLE_EQ(sync.optimizer_step, sync.optimizer_step_rank[1]);
+  for (size_t r = 0; r < 2; ++r)
+    EXPECT_GT(post.optimizer_step_rank[r], sync.optimizer_step_rank[r]) << r;
+  EXPECT_DOUBLE_EQ(post.optimizer_step, post.optimizer_step_rank[1]);
+}
+
 // A cost file of another model, or one lacking some of the model's ops, is used with a
 // warning naming what differs (it had been used without a word).
 TEST(Profile, ForeignOrIncompleteCostFilesAreNamed) {

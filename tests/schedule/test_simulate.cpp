@@ -289,6 +289,28 @@ TEST(Simulate, SynchronousAndPostValidatedSteps) {
                InputError);
 }
 
+// Ranks that update different shares of the model step for different times: each STEP
+// lasts its own rank's time, synchronous or post-validated.
+TEST(Simulate, StepTimesPerRank) {
+  Schedule s = lower(generate("1f1b", 4, 8));
+  Costs c = resolve(spec_fbw(1, 1, 1), s);
+  c.optimizer_step = 9;  // ignored where the ranks' times are given
+  c.optimizer_step_rank = {1, 2, 3, 4};
+  Simulator simr(s);
+  for (bool post : {false, true}) {
+    c.post_validated_step = post;
+    const SimResult r = simr.run(c);
+    for (int k = 0; k < 4; ++k) {
+      const int last = int(s.ranks[size_t(k)].size()) - 1;
+      EXPECT_DOUBLE_EQ(r.ranks[size_t(k)].end, simr.start_time(k, last) + k + 1) << post;
+    }
+  }
+  c.optimizer_step_rank = {1, 2, 3};
+  EXPECT_THROW(simr.run(c), InputError);
+  c.optimizer_step_rank = {1, 2, -3, 4};
+  EXPECT_THROW(simr.run(c), InputError);
+}
+
 // A reduction shared by pipeline ranks (a tied parameter): it starts when the last rank
 // of its group issues its REDUCE, so the other rank's STEP waits for that rank's backward.
 // GPipe, 2 ranks, 1 micro-batch, F = B = W = 1, no link costs: rank 0 runs 0F0 [0, 1] and
