@@ -2,6 +2,8 @@
 // convention (size, time, algbw, busbw, #wrong), on the local backend (ranks as threads)
 // or UCX (ranks as processes, under `baton launch`). bench/mpi_comm_bench.cpp measures
 // Open MPI with the same sizes, timing and table; bench/comm_compare.py runs both.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -79,27 +81,54 @@ void check_sizes(const CommBenchOptions& o, int n) {
                             : "a 4-byte f32 element for " + op));
 }
 
+// Buffers as large as the ops need at --max-bytes, no larger: all-reduce, broadcast
+// and send/recv a message each way; all-gather's output and reduce-scatter's input
+// are the whole message, their other side one rank's part of it. Elements of the two.
+std::pair<size_t, size_t> buffer_elements(const std::vector<std::string>& ops, size_t max_bytes,
+                                          int n) {
+  const size_t whole = max_bytes / sizeof(float), part = whole / size_t(n);
+  size_t a = 0, b = 0;
+  for (const auto& op : ops) {
+    if (op == "all_gather") {
+      a = std::max(a, part);
+      b = std::max(b, part * size_t(n));
+    } else if (op == "reduce_scatter") {
+      a = std::max(a, part * size_t(n));
+      b = std::max(b, part);
+    } else {
+      a = std::max(a, whole);
+      if (op == "sendrecv") b = std::max(b, whole);
+    }
+  }
+  return {a, b};
+}
+
+// The largest --max-bytes: beyond it a size is a typo more likely than a benchmark (a
+// terabyte had ended in a bare "std::bad_alloc").
+constexpr size_t kMaxMessageBytes = size_t(16) << 30;
+
+// --max-bytes within kMaxMessageBytes, and what the host's `local` ranks allocate (their
+// buffers, and rank 0's two memcpy buffers) within its memory.
+void check_memory(const CommBenchOptions& o, const std::string& text, int n, int local) {
+  if (o.max_bytes > kMaxMessageBytes)
+    throw InputError("--max-bytes " + text + ": expected at most " +
+                     memory::format_bytes(double(kMaxMessageBytes)) + " per message");
+  const auto [a, b] = buffer_elements(o.ops, o.max_bytes, n);
+  const double per_rank = double(a + b) * sizeof(float);
+  const double need = per_rank * local + 2.0 * double(largest_size(o));
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have)
+    throw InputError(
+        "--max-bytes " + text + ": " + std::to_string(local) + " rank(s) on this host need " +
+        memory::format_bytes(need) + " (buffers of " + memory::format_bytes(per_rank) +
+        " per rank, and a memcpy's two), and it has " + memory::format_bytes(have) + " of memory");
+}
+
 class Bench {
  public:
-  // Buffers as large as the ops need at --max-bytes, no larger: all-reduce, broadcast
-  // and send/recv a message each way; all-gather's output and reduce-scatter's input
-  // are the whole message, their other side one rank's part of it.
   Bench(Communicator& c, const std::vector<std::string>& ops, size_t max_bytes)
       : c_(c), n_(c.size()), r_(c.rank()) {
-    const size_t whole = max_bytes / sizeof(float), part = whole / size_t(n_);
-    size_t a = 0, b = 0;
-    for (const auto& op : ops) {
-      if (op == "all_gather") {
-        a = std::max(a, part);
-        b = std::max(b, part * size_t(n_));
-      } else if (op == "reduce_scatter") {
-        a = std::max(a, part * size_t(n_));
-        b = std::max(b, part);
-      } else {
-        a = std::max(a, whole);
-        if (op == "sendrecv") b = std::max(b, whole);
-      }
-    }
+    const auto [a, b] = buffer_elements(ops, max_bytes, n_);
     a_ = Tensor::zeros({int64_t(a)});
     b_ = Tensor::zeros({int64_t(b)});
     one_ = Tensor::zeros({1}, DType::f64);
@@ -266,13 +295,15 @@ int run_comm(const std::vector<std::string>& args) {
       "backend", po::value<std::string>(),
       "local (ranks as threads) or ucx (ranks as processes; run under baton launch); "
       "default: ucx when launched, else local")("ranks,n", po::value<int>()->default_value(2),
-                                                "ranks of the local backend")(
+                                                "ranks of the local backend (under a launcher: "
+                                                "the launched world's, which a -n must match)")(
       "op",
       po::value<std::string>()->default_value(
           "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv"),
-      "operations, comma-separated")("min-bytes", po::value<std::string>()->default_value("8"),
-                                     "smallest message (e.g. 8, 4KiB)")(
-      "max-bytes", po::value<std::string>()->default_value("64MiB"), "largest message")(
+      "operations, comma-separated, each once")(
+      "min-bytes", po::value<std::string>()->default_value("8"), "smallest message (e.g. 8, 4KiB)")(
+      "max-bytes", po::value<std::string>()->default_value("64MiB"),
+      "largest message (at most 16GiB, and the buffers within the host's memory)")(
       "reps", po::value<int>()->default_value(7), "timed batches per size (median, min, max)");
   add_common_options(opts);
   po::variables_map vm;
@@ -285,11 +316,20 @@ int run_comm(const std::vector<std::string>& args) {
         "--op: expected one or more of all_reduce, all_gather, reduce_scatter, "
         "broadcast and sendrecv, found '" +
         vm["op"].as<std::string>() + "'");
-  for (auto& op : o.ops)
+  // An empty item had been skipped and a repeated one run twice, the table showing it so.
+  if (const std::string& text = vm["op"].as<std::string>();
+      text.front() == ',' || text.back() == ',' || text.find(",,") != std::string::npos)
+    throw InputError("--op '" + text + "': an empty item (expected operations separated by " +
+                     "single commas)");
+  for (size_t i = 0; i < o.ops.size(); ++i) {
+    const std::string& op = o.ops[i];
     if (std::find(kOps.begin(), kOps.end(), op) == kOps.end())
       throw InputError(
           "--op: unknown operation '" + op +
           "' (expected all_reduce, all_gather, reduce_scatter, broadcast or sendrecv)");
+    if (std::find(o.ops.begin(), o.ops.begin() + ptrdiff_t(i), op) != o.ops.begin() + ptrdiff_t(i))
+      throw InputError("--op: " + op + " is listed twice");
+  }
   o.min_bytes = parse_bytes_option("--min-bytes", vm["min-bytes"].as<std::string>());
   o.max_bytes = parse_bytes_option("--max-bytes", vm["max-bytes"].as<std::string>());
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
@@ -304,6 +344,8 @@ int run_comm(const std::vector<std::string>& args) {
     int n = vm["ranks"].as<int>();
     if (n < 1) throw InputError("--ranks: expected at least 1");
     check_sizes(o, n);
+    // The ranks are threads of this process.
+    check_memory(o, vm["max-bytes"].as<std::string>(), n, n);
     auto world = transport::make_local_world(n, transport::CommOptions::from_env());
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
@@ -323,12 +365,20 @@ int run_comm(const std::vector<std::string>& args) {
   if (backend != "ucx") throw InputError("--backend: expected local or ucx, got '" + backend + "'");
   // Outside a launcher the world is this one process, and would run on the local backend
   // under a UCX heading.
-  if (transport::read_launch_env().size < 2)
+  const transport::LaunchEnv env = transport::read_launch_env();
+  if (env.size < 2)
     throw InputError(
         "--backend ucx: the ranks are processes started by a launcher, and this process is "
         "a world of one (BATON_WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS "
         "unset or 1): run it as `baton launch -n N -- baton bench comm`, or pass --backend "
         "local --ranks N");
+  // -n had been ignored here: the launcher's ranks ran, whatever it said.
+  if (!vm["ranks"].defaulted() && vm["ranks"].as<int>() != env.size)
+    throw InputError("--ranks " + std::to_string(vm["ranks"].as<int>()) +
+                     ": the launcher started " + std::to_string(env.size) +
+                     " ranks, and they are the ranks over UCX (leave -n out, or launch with -n " +
+                     std::to_string(vm["ranks"].as<int>()) + ")");
+  check_memory(o, vm["max-bytes"].as<std::string>(), env.size, env.local_size);
   transport::World w = transport::init_world();
   bench_rank(*w.comm, o, settings);
   return 0;

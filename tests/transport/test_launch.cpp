@@ -318,11 +318,34 @@ TEST(BenchComm, OptionsThatMeasureNothingAreBadInput) {
              "no size holds a 4-byte f32 element per rank for all_gather over 4 ranks"},
         Case{"--op ''", "--op: expected one or more of"},
         Case{"--op ,", "--op: expected one or more of"},
-        Case{"--backend ucx", "--backend ucx: the ranks are processes started by a launcher"}}) {
+        Case{"--backend ucx", "--backend ucx: the ranks are processes started by a launcher"},
+        // An empty item had been skipped, a repeated one run twice.
+        Case{"--op all_reduce,,broadcast", "--op 'all_reduce,,broadcast': an empty item"},
+        Case{"--op all_reduce,", "--op 'all_reduce,': an empty item"},
+        Case{"--op all_reduce,broadcast,all_reduce", "--op: all_reduce is listed twice"},
+        // A terabyte had ended in a bare "std::bad_alloc" (exit 1).
+        Case{"--max-bytes 1TiB", "--max-bytes 1TiB: expected at most 16.00 GiB per message"},
+        Case{"--ranks 1024 --max-bytes 16GiB", "1024 rank(s) on this host need"}}) {
     Result r = bench(c.args + " --reps 1");
     EXPECT_EQ(r.code, 2) << c.args << ":\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ":\n" << r.output;
   }
+}
+
+// Under a launcher the ranks are the launched ones: a -n that differs had been ignored.
+TEST(BenchComm, RanksUnderALauncherMustBeTheLaunchedWorld) {
+  const std::string b = BATON_BINARY;
+  Result r = baton::cli_testing::run_command(
+      b + " launch -n 2 -- " + b +
+      " bench comm -n 3 --threads 1 --reps 1 --op broadcast --max-bytes 8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--ranks 3: the launcher started 2 ranks"), std::string::npos)
+      << r.output;
+  r = baton::cli_testing::run_command(
+      b + " launch -n 2 -- " + b +
+      " bench comm -n 2 --threads 1 --reps 1 --op broadcast --max-bytes 8");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("backend ucx, 2 ranks,"), std::string::npos) << r.output;
 }
 
 }  // namespace
