@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "memory/allocator.h"
 #include "memory/error.h"
@@ -79,16 +80,21 @@ double dp_time_per_step(const DpSync& s, double bytes, int replicas, double band
 // ---- the cost file ----
 
 namespace {
-// A key of `obj` that counts something (ranks, a degree): an integer from 2 to 65536.
+// A key of `obj` that counts something (ranks, a degree): an integer from 2 to 65536,
+// written as write_measured_costs writes it. std::stoi had read "02", " 2" and "+2" as 2,
+// so two spellings of one count collapsed into one entry without a word.
 int count_key(const stages::JsonReader& obj, const std::string& key, const char* what) {
-  size_t used = 0;
   int n = 0;
-  try {
-    n = std::stoi(key, &used);
-  } catch (const std::exception&) {
+  bool canonical = !key.empty() && key.size() <= 5 && key[0] != '0';
+  for (char ch : key) {
+    canonical = canonical && ch >= '0' && ch <= '9';
+    if (canonical) n = n * 10 + (ch - '0');
   }
-  if (used != key.size() || n < 2 || n > 1 << 16)
-    obj.at(key).fail(std::string(what) + " as a key: an integer from 2 to 65536");
+  if (!canonical || n < 2 || n > 1 << 16)
+    obj.at(key).fail(std::string(what) +
+                         " as a key: an integer from 2 to 65536 in decimal digits (no sign, "
+                         "spaces or leading zeros)",
+                     "the key " + stages::json_brief(nlohmann::json(key)));
   return n;
 }
 }  // namespace
@@ -388,19 +394,52 @@ void CostModel::warn_foreign_costs() const {
   if (!measured_->model.empty() && !g_->name.empty() && measured_->model != g_->name)
     spdlog::warn("the cost file was profiled for model '{}', and this model is '{}'",
                  measured_->model, g_->name);
-  std::vector<std::string> missing;
-  for (const stages::Node& n : g_->nodes) {
-    auto it = measured_->ops.find(n.name);
-    if (it == measured_->ops.end() || it->second.op != n.op) missing.push_back(n.name);
-  }
-  if (missing.empty()) return;
-  std::string first;
-  for (size_t i = 0; i < missing.size() && i < 3; ++i)
-    first += (first.empty() ? "" : ", ") + missing[i];
+  // The model's ops absent from `ops` (or there with another op), the first three named;
+  // with `among`, only those that it holds.
+  auto has = [](const std::map<std::string, MeasuredCosts::Op>& ops, const stages::Node& n) {
+    auto it = ops.find(n.name);
+    return it != ops.end() && it->second.op == n.op;
+  };
+  auto lacking = [&](const std::map<std::string, MeasuredCosts::Op>& ops,
+                     const std::map<std::string, MeasuredCosts::Op>* among = nullptr) {
+    std::vector<std::string> missing;
+    for (const stages::Node& n : g_->nodes)
+      if (!has(ops, n) && (among == nullptr || has(*among, n))) missing.push_back(n.name);
+    std::string first;
+    for (size_t i = 0; i < missing.size() && i < 3; ++i)
+      first += (first.empty() ? "" : ", ") + missing[i];
+    return std::pair{missing.size(), first + (missing.size() > 3 ? ", ..." : "")};
+  };
+  if (const auto [n, names] = lacking(measured_->ops); n > 0)
+    spdlog::warn(
+        "{} of the model's {} ops are not in the cost file (with their op) ({}): they are "
+        "timed by their FLOPs at machine.flops",
+        n, g_->nodes.size(), names);
+  // A size's gap had been filled from the other sizes' times without a word (an op lacking
+  // at every size is in the warning above).
+  for (const MeasuredCosts::AtBatch& at : measured_->more_batches)
+    if (const auto [n, names] = lacking(at.ops, &measured_->ops); n > 0)
+      spdlog::warn(
+          "{} of the model's {} ops are not in the cost file's more_batches entry for batch {} "
+          "(with their op) ({}): at that size they take the other sizes' times scaled by their "
+          "FLOPs",
+          n, g_->nodes.size(), at.batch, names);
+}
+
+// A default profile times the ops at 1 thread, and a one-rank plan trains with every
+// core: the prediction had been off by that without a word.
+void CostModel::warn_threads(int world, const std::string& device) {
+  if (measured_ == nullptr || threads_warned_ || world < 1 || device == "cuda") return;
+  threads_warned_ = true;
+  const int local = machine_.ranks_per_host > 0 ? std::min(machine_.ranks_per_host, world) : world;
+  const int cores = int(std::max(1U, std::thread::hardware_concurrency()));
+  const int each = std::max(1, cores / local);
+  if (each == measured_->threads) return;
   spdlog::warn(
-      "{} of the model's {} ops are not in the cost file (with their op) ({}{}): they are "
-      "timed by their FLOPs at machine.flops",
-      missing.size(), g_->nodes.size(), first, missing.size() > 3 ? ", ..." : "");
+      "the cost file timed the ops at {} thread(s), and each of the plan's {} rank(s) per host "
+      "computes with {} on this host's {} cores by default (baton train --threads 0: the cores "
+      "divided among local ranks): train with --threads {}, or profile with --threads {}",
+      measured_->threads, local, each, cores, measured_->threads, each);
 }
 
 std::string CostModel::static_signature(int layer) const {

@@ -248,6 +248,11 @@ class CostModel {
                            const std::string& where = "--tp");
   // The table for given per-layer degrees and a sharding already made (per-stage TP).
   CostTable table_for(const Sharding& s, int64_t batch);
+  // Warns once when the cost file timed the ops at another thread count than each of a
+  // plan's `world` ranks computes with by default on this host (baton train --threads 0:
+  // the cores divided among the ranks of a host, machine().ranks_per_host or all of them);
+  // not for a plan on `device` "cuda", whose ops do not run on the threads.
+  void warn_threads(int world, const std::string& device);
 
  private:
   // Layers with one signature share one LayerCost per batch: class per layer and a
@@ -286,6 +291,7 @@ class CostModel {
   std::map<std::string, Classes> classes_;
   std::vector<int> static_id_;  // per layer: its structure's id
   std::map<std::string, LayerCost> layer_cache_;
+  bool threads_warned_ = false;
 };
 
 }  // namespace baton::partitioner

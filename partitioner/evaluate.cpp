@@ -544,6 +544,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                            const EvaluateOptions& options) {
   const Graph& g = *r.graph;
   const Plan& p = r.plan;
+  model.warn_threads(r.world(), p.device);
   CostTable table = model.table_for(r.sharding, p.micro_batch_size);
   const int opt = optimizer_states(p.optimizer);
   const int K = r.num_chunks();

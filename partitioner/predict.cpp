@@ -6,6 +6,7 @@
 namespace baton::partitioner {
 
 Prediction predict_step(const ResolvedPlan& r, CostModel& model) {
+  model.warn_threads(r.world(), r.plan.device);
   CostTable table = model.table_for(r.sharding, r.plan.micro_batch_size);
   schedule::Costs costs = schedule_costs(r, table, model.machine());
   // As evaluate_plan: transfers implicit (they cost their latency and bandwidth on the

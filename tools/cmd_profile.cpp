@@ -23,6 +23,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "partitioner/profile.h"
+#include "partitioner/spatial.h"
 #include "stages/json_reader.h"
 #include "stages/model.h"
 #include "tools/command.h"
@@ -200,7 +201,13 @@ int run_profile(const std::vector<std::string>& args) {
       "(internal) a rank of --spatial's job timing the exchanges")(
       "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
-  add_common_options(opts);
+  // 0 is 1 thread here, not the cores divided among local ranks: a cost file is for plans
+  // of any number of ranks per host, and plan and trace predict warn when their ranks' own
+  // default differs (CostModel::warn_threads).
+  add_common_options(opts,
+                     "kernel threads to time the ops with (0: 1; give the threads each rank of "
+                     "the plans trains with, baton train's default being the cores divided "
+                     "among a host's ranks)");
   po::variables_map vm;
   if (!parse_args(
           args,
@@ -208,17 +215,28 @@ int run_profile(const std::vector<std::string>& args) {
           "bf16] --out costs.json",
           opts, vm))
     return 0;
+  if (const int t = vm["threads"].as<int>(); t < 0)
+    throw InputError("--threads: expected 0 (1 thread) or a count >= 1, found " +
+                     std::to_string(t));
   apply_common_options(vm);
+  // The file is written once every timing has run (minutes for a large model): a path
+  // that cannot be written is said now. Not for the internal jobs (-o /dev/null, scratch).
+  if (!vm["hold"].as<bool>() && vm["tp-probe"].as<int>() == 0 && vm["spatial-probe"].as<int>() == 0)
+    engine::check_output_path(out, "--out");
+  // A count given twice had been timed twice (--batch refused it already).
+  auto refuse_repeats = [](const char* flag, const auto& values) {
+    for (size_t i = 0; i < values.size(); ++i)
+      if (std::find(values.begin(), values.begin() + ptrdiff_t(i), values[i]) !=
+          values.begin() + ptrdiff_t(i))
+        throw InputError(std::string(flag) + ": " + std::to_string(values[i]) + " is listed twice");
+  };
   const std::vector<int64_t> batches =
       vm.count("batch") ? vm["batch"].as<std::vector<int64_t>>() : std::vector<int64_t>{1};
-  for (size_t i = 0; i < batches.size(); ++i) {
-    if (batches[i] < 1 || batches[i] > (int64_t(1) << 24))
+  for (int64_t b : batches)
+    if (b < 1 || b > (int64_t(1) << 24))
       throw InputError("--batch: expected samples per micro-batch from 1 to 16777216, found " +
-                       std::to_string(batches[i]));
-    if (std::find(batches.begin(), batches.begin() + ptrdiff_t(i), batches[i]) !=
-        batches.begin() + ptrdiff_t(i))
-      throw InputError("--batch: " + std::to_string(batches[i]) + " is listed twice");
-  }
+                       std::to_string(b));
+  refuse_repeats("--batch", batches);
   o.batch = batches.front();
   o.threads = vm["threads"].as<int>();
   if (o.threads <= 0) o.threads = 1;
@@ -246,11 +264,13 @@ int run_profile(const std::vector<std::string>& args) {
     if (k < 2 || k > 256)
       throw InputError("--colocated: expected ranks per host from 2 to 256, found " +
                        std::to_string(k));
+  refuse_repeats("--colocated", colocated);
   const std::vector<int> tp = vm.count("tp") ? vm["tp"].as<std::vector<int>>() : std::vector<int>{};
   for (int t : tp)
     if (t < 2 || t > 65536)
       throw InputError("--tp: expected tensor-parallel degrees from 2 to 65536, found " +
                        std::to_string(t));
+  refuse_repeats("--tp", tp);
   const std::vector<int> spatial =
       vm.count("spatial") ? vm["spatial"].as<std::vector<int>>() : std::vector<int>{};
   for (int s : spatial) {
@@ -262,7 +282,16 @@ int run_profile(const std::vector<std::string>& args) {
                        ": give --colocated K with K a multiple of " + std::to_string(s) +
                        " (the ranks per host the plans run)");
     pt::spatial_tile(g, s);  // InputError now, not after the op timings, if it cannot tile
+    // A model with nothing to exchange had got spatial_exchange 0, measured of nothing.
+    const std::string flag = "--spatial " + std::to_string(s);
+    const pt::SpatialExchanges ex =
+        pt::spatial_exchanges(g, pt::plan_spatial(g, s, flag), 0, g.num_layers());
+    if (ex.forward + ex.backward == 0)
+      throw InputError(flag + ": model " + g.name +
+                       " has no spatially splittable op (a convolution, pooling or batch norm "
+                       "over an image input [C, H, W]): a spatial split would exchange nothing");
   }
+  refuse_repeats("--spatial", spatial);
   // A large model's profile takes minutes (GPT-2 124M's, --colocated 4: 6): each phase
   // says it has begun, line by line even into a file or a pipe.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -125,11 +125,13 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
   return out;
 }
 
-void add_common_options(po::options_description& opts) {
+void add_common_options(po::options_description& opts, const char* threads_help) {
   opts.add_options()("threads", po::value<int>()->default_value(0),
-                     "compute threads of this process (0: the cores divided among local ranks)")(
-      "log-level", po::value<std::string>()->default_value("info"),
-      "trace, debug, info, warn, error or off");
+                     threads_help != nullptr
+                         ? threads_help
+                         : "compute threads of this process (0: the cores divided among local "
+                           "ranks)")("log-level", po::value<std::string>()->default_value("info"),
+                                     "trace, debug, info, warn, error or off");
 }
 
 void apply_log_level(const std::string& name) {

@@ -43,8 +43,9 @@ uint64_t parse_uint64_option(const std::string& flag, const std::string& text);
 // memory::parse_bytes with the flag named in its error ("--device-memory: invalid size ...").
 uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
 
-// Options every command that computes shares: --threads, --log-level.
-void add_common_options(po::options_description& opts);
+// Options every command that computes shares: --threads, --log-level. `threads_help`
+// replaces --threads' text for a command whose 0 means something else (baton profile).
+void add_common_options(po::options_description& opts, const char* threads_help = nullptr);
 // Applies them: sets the kernel thread count and the spdlog level.
 void apply_common_options(const po::variables_map& vm);
 // Sets spdlog's level from --log-level's value; InputError for a name it does not know.

@@ -102,7 +102,10 @@ expect 2 "$baton" plan --check "$tmp/small.json" --schedule nonsense --tp 7
 contains "--check: --tp, --schedule are for the search and the plan file says its own"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
-contains "--threads: expected 0 (the cores divided among local ranks) or a count >= 1, found -1"
+contains "--threads: expected 0 (1 thread) or a count >= 1, found -1"
+# Its --threads 0 is 1 thread (a cost file is for plans of any ranks per host), and says so.
+expect 0 "$baton" profile --help
+contains "kernel threads to time the ops with (0: 1;"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --warmup -1 --out "$tmp/neg.json"
 contains "--warmup: expected 0 or more untimed runs, found -1"
 lacks "timing"  # refused before it announces the timings
@@ -136,6 +139,22 @@ expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
 contains "times from the measured op costs in $tmp/costs-b.json (timed at micro-batches of 1 and 2 samples)"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 2 --out "$tmp/c.json"
 contains "--batch: 2 is listed twice"
+# A count given twice had been timed twice; an output that cannot be written had been
+# found only once every timing had run.
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --colocated 2 2 --out "$tmp/c.json"
+contains "--colocated: 2 is listed twice"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 2 2 --out "$tmp/c.json"
+contains "--tp: 2 is listed twice"
+expect 2 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --spatial 2 2 --colocated 2 --out "$tmp/c.json"
+contains "--spatial: 2 is listed twice"
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --out "$tmp/no-such-dir/c.json"
+contains "--out $tmp/no-such-dir/c.json: no directory $tmp/no-such-dir to write it in"
+lacks "timing"
+# A cost file's count keys as baton writes them: "02" had been read as 2.
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["colocated"] = {"02": 1.5}
+json.dump(c, open(sys.argv[2], "w"))' "$tmp/costs.json" "$tmp/costs-02.json"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs-02.json"
+contains "$tmp/costs-02.json: \$.colocated.02: expected ranks per host as a key: an integer from 2 to 65536 in decimal digits (no sign, spaces or leading zeros), found the key \"02\""
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
 # With --tp 2, a job of two ranks times the shard's collectives between them.
 expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
@@ -204,6 +223,9 @@ expect 2 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --spa
 contains "--spatial 2: give --colocated K with K a multiple of 2"
 expect 2 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --spatial 16 --colocated 16 --out "$tmp/c.json"
 contains "--spatial 16: spatial degree 16 does not divide the height 8"
+# A model without images: nothing a spatial split exchanges (it had written 0 for it).
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --spatial 2 --colocated 2 --out "$tmp/c.json"
+contains "--spatial 2: model tiny-gpt has no spatially splittable op"
 test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
 # The machine's link figures, the same flags as baton plan's: a slower TP link, a slower step.
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json"

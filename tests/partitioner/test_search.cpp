@@ -23,6 +23,7 @@
 #include "partitioner/evaluate.h"
 #include "partitioner/layout.h"
 #include "partitioner/plan.h"
+#include "partitioner/predict.h"
 #include "partitioner/profile.h"
 #include "partitioner/resolved_plan.h"
 #include "partitioner/search.h"
@@ -957,6 +958,141 @@ TEST(Profile, TensorParallelShardsAreTimedAtTheirOwnShapes) {
   }
   // A degree that does not divide the heads.
   EXPECT_THROW(profile_tensor_parallel(*g, po, 3, m), InputError);
+}
+
+// A row-split linear's bias moves to a bias_add after the reduce: the shard's profile
+// times it as it runs (one of the shard's ops, in tp_ops), and a table at that degree
+// takes its time; without tp_ops it has no entry and is timed by its FLOPs.
+TEST(Profile, ShardBiasAddIsTimedAndUsed) {
+  auto g = load_search_model("tiny-gpt.json");
+  const ProfileOptions po = quick_profile(2, false);
+  MeasuredCosts m = profile_model(*g, po);
+  const std::string bias = "h.0.attn.c_proj.bias_add";
+  EXPECT_EQ(m.ops.count(bias), 0U);
+  profile_tensor_parallel(*g, po, 2, m);
+  ASSERT_EQ(m.tp_ops.at(2).count(bias), 1U);
+  EXPECT_EQ(m.tp_ops.at(2).at(bias).op, "bias_add");
+  MeasuredCosts slow = m;
+  slow.tp_ops.at(2).at(bias).forward += 1e-3;
+  CostModel ma(g, Machine{}, &m), mb(g, Machine{}, &slow);
+  const int h0 = g->find_layer("h.0");
+  EXPECT_NEAR(mb.table(2, 2).layers[size_t(h0)].f - ma.table(2, 2).layers[size_t(h0)].f, 1e-3,
+              1e-12);
+}
+
+// Count keys (ranks per host, degrees) as write_measured_costs writes them: "02", " 2" and
+// "+2" had been read as 2 (two spellings of one count, one silently winning), and a bad
+// key's message quoted its value.
+TEST(Profile, CountKeysAreCanonicalIntegers) {
+  MeasuredCosts m;
+  m.model = "m";
+  m.ops["x"] = {"linear", 1e-3, 1e-3, 1e-3, 1e6};
+  m.colocated[2] = 1.5;
+  m.tp_ops[2]["x"] = m.ops["x"];
+  m.tp_collective[2][2] = 1e-5;
+  m.spatial_exchange[2][2] = 1e-5;
+  const std::string path = testing::TempDir() + "count_keys_costs.json";
+  write_measured_costs(m, path);
+  const nlohmann::json good = nlohmann::json::parse(memory::read_file(path));
+  const MeasuredCosts back = read_measured_costs(path);
+  EXPECT_EQ(back.colocated.at(2), 1.5);
+  EXPECT_EQ(back.tp_collective.at(2).at(2), 1e-5);
+  struct Case {
+    std::string field, inner, key, message;
+  };
+  for (const Case& c : {
+           Case{"colocated", "", "02", "$.colocated.02: expected ranks per host as a key"},
+           Case{"colocated", "", " 2", "found the key \" 2\""},
+           Case{"colocated", "", "+2", "found the key \"+2\""},
+           Case{"colocated", "", "2 ", "found the key \"2 \""},
+           Case{"colocated", "", "1",
+                "$.colocated.1: expected ranks per host as a key: an "
+                "integer from 2 to 65536 in decimal digits (no sign, "
+                "spaces or leading zeros), found the key \"1\""},
+           Case{"colocated", "", "65537", "found the key \"65537\""},
+           Case{"tp_ops", "", "02", "$.tp_ops.02: expected a tensor-parallel degree as a key"},
+           Case{"tp_collective", "", "02", "found the key \"02\""},
+           Case{"tp_collective", "2", "02", "$.tp_collective.2.02: expected ranks per host"},
+           Case{"spatial_exchange", "", "002", "expected a spatial degree as a key"},
+       }) {
+    nlohmann::json j = good;
+    nlohmann::json& at = c.inner.empty() ? j[c.field] : j[c.field][c.inner];
+    at[c.key] = at.begin().value();  // beside the canonical "2" (a duplicate count)
+    memory::write_file_durably(path, j.dump());
+    try {
+      read_measured_costs(path);
+      ADD_FAILURE() << c.field << " " << c.key << ": accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos)
+          << c.key << ": " << e.what();
+    }
+  }
+}
+
+// A micro-batch size's entry lacking some of the ops the top-level entry has is warned of
+// by the size and the ops (it had fallen back to the other sizes' times without a word).
+TEST(Profile, MoreBatchesEntriesLackingOpsAreNamed) {
+  auto g = load_search_model("tiny-gpt.json");
+  MeasuredCosts m;
+  m.model = g->name;
+  for (const stages::Node& n : g->nodes) m.ops[n.name] = {n.op, 1e-6, 1e-6, 1e-6, 0};
+  MeasuredCosts::AtBatch four{4, 1.0, m.ops, {}};
+  four.ops.erase(g->nodes[3].name);
+  four.ops[g->nodes[5].name].op = "not-its-op";
+  m.more_batches.push_back(four);
+  m.more_batches.push_back({8, 1.0, m.ops, {}});
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  { CostModel model(g, Machine{}, &m); }
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("2 of the model's " + std::to_string(g->nodes.size()) +
+                      " ops are not in the cost file's more_batches entry for batch 4 (with "
+                      "their op) (" +
+                      g->nodes[3].name + ", " + g->nodes[5].name +
+                      "): at that size they take the other sizes' times"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;  // batch 8: complete
+}
+
+// A cost file timed at another thread count than each of a plan's ranks computes with by
+// default on this host (the cores over the ranks per host) is warned of, once per cost
+// model, by plan evaluation and prediction alike; the same count says nothing.
+TEST(Profile, CostFileThreadsOtherThanTheRanksDefaultAreWarned) {
+  const TinyPlan tiny = tiny_pp2_tp2_dp2();  // 8 ranks on one host
+  const int each = std::max(1, int(std::max(1U, std::thread::hardware_concurrency())) / 8);
+  MeasuredCosts m = profile_model(*tiny.graph, quick_profile(1, false));
+  auto warnings = [&](int threads, Machine machine) {
+    m.threads = threads;
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    {
+      CostModel model(tiny.graph, machine, &m);
+      evaluate_plan(tiny.resolved, model);
+      evaluate_plan(tiny.resolved, model);
+      predict_step(tiny.resolved, model);
+    }
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  const std::string other = warnings(each + 1, Machine{});
+  EXPECT_NE(other.find("the cost file timed the ops at " + std::to_string(each + 1) +
+                       " thread(s), and each of the plan's 8 rank(s) per host computes with " +
+                       std::to_string(each)),
+            std::string::npos)
+      << other;
+  EXPECT_EQ(std::count(other.begin(), other.end(), '\n'), 1) << other;
+  EXPECT_EQ(warnings(each, Machine{}), "");
+  // Two ranks per host: each gets the cores over 2.
+  Machine two;
+  two.ranks_per_host = 2;
+  const int each2 = std::max(1, int(std::max(1U, std::thread::hardware_concurrency())) / 2);
+  EXPECT_EQ(warnings(each2, two), "");
+  EXPECT_NE(warnings(each2 + 1, two).find("each of the plan's 2 rank(s) per host"),
+            std::string::npos);
 }
 
 // Whole passes (what --colocated compares alone and beside copies): they run a model's
