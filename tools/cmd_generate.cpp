@@ -98,8 +98,7 @@ int run_generate(const std::vector<std::string>& args) {
     throw InputError(
         "--prompt: the prompt is empty, nothing to continue from (an empty prompt takes "
         "--tokenizer and its beginning-of-sequence id: --bos yes)");
-  if (!text_prompt && split_comma_list(prompt_ids).empty())
-    throw InputError("--prompt-ids: no token ids");
+  if (!text_prompt && prompt_ids.empty()) throw InputError("--prompt-ids: no token ids");
 
   // The model (every layer on this process, from a checkpoint of any plan or a Hugging
   // Face directory); the KV-cache loop and the sampling are stages::generate's.

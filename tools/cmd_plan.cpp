@@ -119,7 +119,7 @@ int run_plan(const std::vector<std::string>& args) {
   if (!device_memory.empty())
     so.device_memory = int64_t(parse_bytes_option("--device-memory", device_memory));
   so.global_batch = batch;
-  so.schedules = split_comma_list(schedules);
+  so.schedules = split_comma_list(schedules, "--schedule");
   for (const std::string& name : so.schedules) {
     try {
       schedule::canonical_training_schedule_name(name);
@@ -135,7 +135,7 @@ int run_plan(const std::vector<std::string>& args) {
     so.recompute = -1;
   else
     throw InputError("--recompute: expected on, off or auto, found '" + recompute + "'");
-  if (!layers.empty())
+  if (vm.count("layers-per-stage"))
     for (int64_t n :
          parse_int_list(layers, "--layers-per-stage", 1, INT32_MAX, "counts >= 1 like 3,4,3"))
       so.layers_per_stage.push_back(int(n));

@@ -212,7 +212,7 @@ int run_simulate(const std::vector<std::string>& args) {
           opts, vm))
     return 0;
   apply_common_options(vm);
-  o.names = split_comma_list(names);
+  o.names = split_comma_list(names, "--schedule");
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
   if (o.repeat < 0)

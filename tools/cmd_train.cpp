@@ -254,9 +254,10 @@ int run_train(const std::vector<std::string>& args) {
         o.device, cap, device_memory.empty() ? "the plan's device_memory" : "--device-memory");
   else if (cap > 0)
     memory::allocator_for(o.device).set_capacity(cap);
-  for (int64_t l :
-       parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
-    o.recompute_layers.insert(int(l));
+  if (vm.count("recompute"))
+    for (int64_t l :
+         parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
+      o.recompute_layers.insert(int(l));
   o.keep_records = false;  // the summary's figures are kept apart, in bounded memory
   // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
   if (transport::resume_requested() && !o.resume) {

@@ -68,13 +68,17 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
   return true;
 }
 
-std::vector<std::string> split_comma_list(const std::string& text) {
+std::vector<std::string> split_comma_list(const std::string& text, const std::string& flag) {
   std::vector<std::string> out;
+  if (text.empty()) return out;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
     if (comma == std::string::npos) comma = text.size();
-    if (comma > pos) out.push_back(text.substr(pos, comma - pos));
+    if (comma == pos)
+      throw InputError(flag + " '" + text +
+                       "': an empty item (expected items separated by single commas)");
+    out.push_back(text.substr(pos, comma - pos));
     pos = comma + 1;
   }
   return out;
@@ -110,18 +114,25 @@ uint64_t parse_uint64_option(const std::string& flag, const std::string& text) {
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
                                     int64_t max, const std::string& expected) {
   std::vector<int64_t> out;
-  for (const std::string& item : split_comma_list(text)) {
-    size_t used = 0;
+  for (const std::string& item : split_comma_list(text, flag)) {
+    // Digits only: stoll would also take leading spaces and a '+'.
+    const size_t digits = min < 0 && item.size() > 1 && item[0] == '-' ? 1 : 0;
+    bool ok = item.size() > digits &&
+              std::all_of(item.begin() + long(digits), item.end(),
+                          [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;  // not a number, or out of long long's range
+    if (ok) {
+      try {
+        v = std::stoll(item);
+      } catch (const std::exception&) {
+        ok = false;  // out of long long's range
+      }
     }
-    if (used == 0 || used != item.size() || v < min || v > max)
+    if (!ok || v < min || v > max)
       throw InputError(flag + ": expected " + expected + ", found '" + item + "'");
     out.push_back(v);
   }
+  if (out.empty()) throw InputError(flag + ": expected " + expected + ", found ''");
   return out;
 }
 

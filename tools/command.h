@@ -30,10 +30,11 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 const po::positional_options_description* positional = nullptr);
 
 // Comma-separated lists on the command line ("gpipe,1f1b", "3,4,3"), one parser for every
-// flag: the items in order, empty ones ("a,,b", a trailing comma) skipped.
-std::vector<std::string> split_comma_list(const std::string& text);
-// The integers of such a list, each in [min, max]; InputError
-// "<flag>: expected <expected>, found '<item>'" for any other item.
+// flag: the items in order; "" is no item. An empty item ("a,,b", a trailing comma) is an
+// InputError naming `flag`: a typo there must not silently shorten the list.
+std::vector<std::string> split_comma_list(const std::string& text, const std::string& flag);
+// The integers of such a list (decimal digits, a '-' where min < 0), each in [min, max];
+// InputError "<flag>: expected <expected>, found '<item>'" for any other item or none.
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag, int64_t min,
                                     int64_t max, const std::string& expected);
 // An unsigned 64-bit value (a seed) read as text: Boost reads "-1" into an unsigned

@@ -64,6 +64,10 @@ expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 4
 contains "--tp: expected a divisor of the 4 devices, found 3"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --layers-per-stage 6
 contains "--layers-per-stage: expected counts that add up to the model's 4 layers, found 6"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --layers-per-stage 2,,2
+contains "--layers-per-stage '2,,2': an empty item"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --schedule 1f1b,
+contains "--schedule '1f1b,': an empty item"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --micro-batches 3
 contains "no plan matches the options (dp 2: 3 micro-batches do not divide a replica's batch of 8; 1 more reason with --log-level debug)"
 

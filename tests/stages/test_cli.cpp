@@ -113,6 +113,15 @@ TEST(Cli, BadDataAndFlags) {
                          {"invalid size '12XB'"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 7",
                          {"--recompute: layer 7"});
+  // A stray comma or space had been skipped: "1,,2", "1," and " 1" read as 1,2 / 1 / 1.
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 1,,2",
+                         {"--recompute '1,,2': an empty item"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 1,",
+                         {"--recompute '1,': an empty item"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute ' 1'",
+                         {"--recompute: expected layer indices like 1,2,3, found ' 1'"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute ''",
+                         {"--recompute: expected layer indices like 1,2,3, found ''"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --frobnicate",
                          {"frobnicate"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --resume",
