@@ -65,15 +65,21 @@ Action parse_token(std::string_view token, const std::string& where) {
   size_t i = 0;
   while (i < token.size() && std::isdigit(static_cast<unsigned char>(token[i]))) ++i;
   size_t j = i;
+  // Letters of either case, so that "0f0" names its kind 'f' (kinds are upper case).
   while (j < token.size() &&
-         (std::isupper(static_cast<unsigned char>(token[j])) || token[j] == '_'))
+         (std::isalpha(static_cast<unsigned char>(token[j])) || token[j] == '_'))
     ++j;
   std::string_view stage_text = token.substr(0, i), code = token.substr(i, j - i),
                    mb_text = token.substr(j);
   auto stage = parse_index(stage_text);
   if (!stage) return fail("it does not start with a stage number");
   auto kind = kind_from_code(code);
-  if (!kind) return fail("unknown kind '" + std::string(code) + "'");
+  if (!kind) {
+    std::string upper(code);
+    for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+    return fail("unknown kind '" + std::string(code) + "'" +
+                (kind_from_code(upper) ? " (kinds are upper case: '" + upper + "')" : ""));
+  }
   if (*kind == ActionKind::optimizer_step) return fail("STEP takes no stage");
   if (*kind == ActionKind::reduce_gradients) {
     if (!mb_text.empty()) return fail("REDUCE takes no micro-batch");
@@ -84,6 +90,19 @@ Action parse_token(std::string_view token, const std::string& where) {
     return fail(mb_text.empty() ? "the micro-batch number is missing"
                                 : "'" + std::string(mb_text) + "' is not a micro-batch number");
   return Action{*kind, *mb, *stage, -1};
+}
+
+std::pair<Action, Action> parse_composite(std::string_view token, const std::string& where) {
+  const size_t semi = token.find(';'), close = token.find(')');
+  if (token.empty() || token.front() != '(' || semi == std::string_view::npos ||
+      close != token.size() - 1 || semi > close ||
+      token.find_first_of(" \t\r\n") != std::string_view::npos)
+    throw InputError(where + ": bad composite '" + std::string(token) +
+                     "' (expected (<forward>;<backward>) such as (0F7;7BW3), no spaces)");
+  Action f = parse_token(token.substr(1, semi - 1), where);
+  Action b = parse_token(token.substr(semi + 1, close - semi - 1), where);
+  f.overlap = true;
+  return {f, b};
 }
 
 }  // namespace baton::schedule

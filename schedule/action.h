@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace baton::schedule {
 
@@ -76,6 +77,9 @@ std::string composite_token(const Action& forward, const Action& backward);
 // The inverse of to_token; peer stays -1. Throws InputError naming `where` and what was
 // expected.
 Action parse_token(std::string_view token, const std::string& where);
+// A composite "(0F7;7BW3)" (no spaces): the forward, marked `overlap`, then the backward
+// it runs beside. Throws InputError naming `where`.
+std::pair<Action, Action> parse_composite(std::string_view token, const std::string& where);
 
 inline Action make_action(ActionKind k, int micro_batch, int stage) {
   return Action{k, micro_batch, stage, -1};

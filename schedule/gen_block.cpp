@@ -187,8 +187,13 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
     }
   }
   s.ranks.resize(size_t(p));
+  if (!(block.memory_limit >= 0))
+    bad("memory_limit: expected 0 (none) or micro-batches > 0, found " +
+        std::to_string(block.memory_limit));
   if (block.memory_limit > 0) {
-    const int cap = int(block.memory_limit * v + 1e-9);
+    // A rank never holds more than its m x v chunk activations: a larger limit (inf
+    // too) is that one, and the int conversion stays in range.
+    const int cap = int(std::min(block.memory_limit, double(m)) * v + 1e-9);
     if (cap < v)
       bad("memory_limit: expected at least 1 micro-batch (one activation per chunk), found " +
           std::to_string(block.memory_limit));
@@ -326,7 +331,8 @@ Schedule v_shape_within(const std::string& name, int p, int m, const Costs& cost
                         double memory_limit) {
   check_common(name, p, m, 2);
   costs.check(2 * p, p);
-  const int cap = int(memory_limit * 2 + 1e-9);
+  // As block_schedule's: at most the m micro-batches there are (NaN: refused below).
+  const int cap = memory_limit >= 1 ? int(std::min(memory_limit, double(m)) * 2 + 1e-9) : 0;
   if (cap < 2)
     throw InputError(name + ": memory limit: expected at least 1 micro-batch, found " +
                      std::to_string(memory_limit));

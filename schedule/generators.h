@@ -65,7 +65,8 @@ Schedule dualpipe(int ranks, int micro_batches);
 // (an F only within the limit), a W when none can run; each rank's list is the order
 // they ran in. The result is valid, never above the limit on any rank for any costs,
 // and busy wherever the limit allows (warm-up and cool-down filled); `weight` is then
-// unused. A rank's chunks must be in increasing stage order.
+// unused. A rank's chunks must be in increasing stage order. A limit of m micro-batches
+// or more (infinity too) never binds: the pass then fills as it likes.
 struct BuildingBlock {
   int period = 6;
   std::vector<std::vector<int>> chunk_stage;                // [rank][chunk] -> stage

@@ -153,14 +153,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
                              std::to_string(list.size()) + ")";
       if (!tokens[i].empty() && tokens[i].front() == '(') {
         // A composite "(0F7;7BW3)": the forward, overlapped with the backward after it.
-        std::string_view t = tokens[i];
-        const size_t semi = t.find(';'), close = t.find(')');
-        if (semi == std::string_view::npos || close != t.size() - 1 || semi > close)
-          throw InputError(at + ": bad composite '" + std::string(t) +
-                           "' (expected (<forward>;<backward>) such as (0F7;7BW3))");
-        Action f = parse_token(t.substr(1, semi - 1), at);
-        Action b = parse_token(t.substr(semi + 1, close - semi - 1), at);
-        f.overlap = true;
+        auto [f, b] = parse_composite(tokens[i], at);
         list.push_back(f);
         list.push_back(b);
         continue;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "memory/error.h"
 #include "schedule/auto_schedule.h"
@@ -170,6 +171,19 @@ TEST(BuildingBlocks, ReorderPassHoldsForAnyCosts) {
   ASSERT_TRUE(validate(one).ok) << validate(one).to_string();
   for (const RankStats& rr : unit_sim(one).ranks) EXPECT_LE(rr.peak_micro_batches, 1 + 1e-9);
   b.memory_limit = 0.4;  // not even one micro-batch
+  EXPECT_THROW(block_schedule("bad", p, m, b), InputError);
+  // A limit beyond an int once overflowed its conversion (UB, a wrong message): any limit
+  // of m micro-batches or more is m's, the pass unbound.
+  b.memory_limit = m;
+  const Schedule loose = block_schedule("v-half-m", p, m, b);
+  for (double big : {1.1e9, 1e300, std::numeric_limits<double>::infinity()}) {
+    b.memory_limit = big;
+    EXPECT_EQ(block_schedule("v-half-m", p, m, b), loose) << big;
+    EXPECT_EQ(v_shape_within("v-zb", p, m, Costs::uniform(2 * p, 1, 1, 1), big).ranks,
+              v_shape_within("v-zb", p, m, Costs::uniform(2 * p, 1, 1, 1), m).ranks)
+        << big;
+  }
+  b.memory_limit = std::numeric_limits<double>::quiet_NaN();
   EXPECT_THROW(block_schedule("bad", p, m, b), InputError);
   b = v_block("v-half", p);
   b.memory_limit = 3;

@@ -59,6 +59,24 @@ TEST(ScheduleToken, RejectsMalformedTokensWithWhereAndExpected) {
   }
 }
 
+TEST(ScheduleToken, NamesALowerCaseKind) {
+  // The kind had been read as upper-case letters only: "0f0" named kind ''.
+  const std::string msg = input_error_of([] { parse_token("0f0", "t"); });
+  EXPECT_NE(msg.find("unknown kind 'f' (kinds are upper case: 'F')"), std::string::npos) << msg;
+  EXPECT_NE(input_error_of([] { parse_token("0q0", "t"); }).find("unknown kind 'q' (expected"),
+            std::string::npos);
+}
+
+TEST(ScheduleToken, ParsesACompositeAtOnePosition) {
+  auto [f, b] = parse_composite("(0F7;3BW2)", "rank 0, action 1");
+  EXPECT_TRUE(f.overlap);
+  EXPECT_EQ(composite_token(f, b), "(0F7;3BW2)");
+  for (const char* bad : {"(0F1; 0BW0)", "(0F1;0BW0", "0F1;0BW0)", "(0F1)", "(0F1;0BW0)x"}) {
+    const std::string msg = input_error_of([&] { parse_composite(bad, "rank 0, action 1"); });
+    EXPECT_EQ(msg.rfind("rank 0, action 1: bad composite '", 0), 0u) << bad << ": " << msg;
+  }
+}
+
 TEST(ScheduleText, RoundTripsExactly) {
   for (const Schedule& s : sample_schedules()) {
     const std::string text = to_text(s);
