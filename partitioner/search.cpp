@@ -849,4 +849,31 @@ SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
   return Search(std::move(graph), model, options).run();
 }
 
+std::string no_plan_message(const SearchResult& res, int64_t device_memory,
+                            const std::string& more) {
+  const bool searched = res.evaluated > 0 || res.pruned > 0;
+  // Nothing to evaluate: the options (schedule, micro-batches, degrees) rule every plan out.
+  std::string msg = searched ? "no plan fits" : "no plan matches the options";
+  if (device_memory > 0 && searched)
+    msg += " in " + memory::format_bytes(double(device_memory)) + " per device";
+  if (res.closest) {
+    const Candidate& c = *res.closest;
+    msg += "; the closest is " + c.describe() + ": " +
+           (c.peak_rank < 0 ? "each parameter-server rank"
+                            : "pipeline rank " + std::to_string(c.peak_rank)) +
+           " needs " + memory::format_bytes(double(c.peak)) + ", " +
+           memory::format_bytes(double(c.peak - device_memory)) + " (" +
+           std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";
+  } else if (!res.skipped.empty()) {
+    msg += " (" + res.skipped.front();
+    if (more.empty())
+      for (size_t i = 1; i < res.skipped.size(); ++i) msg += "; " + res.skipped[i];
+    else if (res.skipped.size() > 1)
+      msg += "; " + std::to_string(res.skipped.size() - 1) +
+             (res.skipped.size() == 2 ? " more reason" : " more reasons") + more;
+    msg += ")";
+  }
+  return msg;
+}
+
 }  // namespace baton::partitioner

@@ -93,5 +93,11 @@ LayerCosts layer_costs(const CostTable& table, bool recompute, int optimizer_sta
 
 SearchResult search_plans(std::shared_ptr<const stages::Graph> graph, CostModel& model,
                           const SearchOptions& options);
+// Why a search ranked nothing, as `baton plan` says it: no plan fits (in `device_memory`
+// per device) or none matches the options, then the closest plan's overshoot or the first
+// reason a degree or schedule was skipped. `more` follows the count of further reasons
+// (" with --log-level debug"); empty, they are all listed instead.
+std::string no_plan_message(const SearchResult& result, int64_t device_memory,
+                            const std::string& more);
 
 }  // namespace baton::partitioner

@@ -170,30 +170,8 @@ int run_plan(const std::vector<std::string>& args) {
       res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected, res.exact_checks,
       pt::cost_source(model, costs).c_str());
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
-  if (res.ranked.empty()) {
-    // Nothing to evaluate: the options (schedule, micro-batches, degrees) rule every plan out.
-    std::string msg =
-        res.evaluated > 0 || res.pruned > 0 ? "no plan fits" : "no plan matches the options";
-    if (so.device_memory > 0 && (res.evaluated > 0 || res.pruned > 0))
-      msg += " in " + memory::format_bytes(double(so.device_memory)) + " per device";
-    if (res.closest) {
-      const pt::Candidate& c = *res.closest;
-      msg += "; the closest is " + c.describe() + ": " +
-             (c.peak_rank < 0 ? "each parameter-server rank"
-                              : "pipeline rank " + std::to_string(c.peak_rank)) +
-             " needs " + memory::format_bytes(double(c.peak)) + ", " +
-             memory::format_bytes(double(c.peak - so.device_memory)) + " (" +
-             std::to_string(int(std::lround(100 * (c.over - 1)))) + "%) over its capacity";
-    } else if (!res.skipped.empty()) {
-      msg += " (" + res.skipped.front();
-      if (res.skipped.size() > 1)
-        msg += "; " + std::to_string(res.skipped.size() - 1) +
-               (res.skipped.size() == 2 ? " more reason" : " more reasons") +
-               " with --log-level debug";
-      msg += ")";
-    }
-    throw InputError(msg);
-  }
+  if (res.ranked.empty())
+    throw InputError(pt::no_plan_message(res, so.device_memory, " with --log-level debug"));
   // The winner, checked as `baton plan --check` would check it.
   const pt::Candidate& best = res.ranked.front();
   pt::ResolvedPlan r = pt::resolve_plan(best.plan, graph);
