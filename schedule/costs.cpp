@@ -67,10 +67,8 @@ void check_vector(const std::vector<double>& v, const std::string& name, int cou
                        "]: expected a number >= 0, found " + std::to_string(v[i]));
 }
 
-// Times up to 1e9 s (as profile cost files, partitioner/cost_model.cpp) and sizes up to
-// 2^63 bytes: the simulator's sums of them stay finite, so no makespan, bubble or trace
-// reads inf or NaN. Checked once the file's time_unit is known.
-constexpr double kMaxCostSeconds = 1e9;
+// Times up to kMaxCostSeconds and sizes up to 2^63 bytes: the simulator's sums of them
+// stay finite. Checked once the file's time_unit is known.
 constexpr double kMaxCostBytes = 0x1p63;
 
 void check_cost_limits(const CostSpec& c) {

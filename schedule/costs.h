@@ -13,6 +13,11 @@
 
 namespace baton::schedule {
 
+// The longest time a cost may give, in seconds (as profile cost files,
+// partitioner/cost_model.cpp): the simulator's sums of such times stay finite, so no
+// makespan, bubble or trace reads inf or NaN. A cost file's are checked in its time_unit.
+inline constexpr double kMaxCostSeconds = 1e9;
+
 // Times in any unit used consistently (seconds unless a cost file says otherwise),
 // bytes in bytes. Every vector has one entry per stage of the schedule simulated.
 struct Costs {

@@ -30,7 +30,7 @@ def main(binary="build/release/baton", model="examples/models/gpt-config-a.json"
                            costs=costs)
         plan_file = os.path.join(tmp, "plan.json")
         with open(plan_file, "w") as f:
-            json.dump(dict(found["best"], model=os.path.abspath(model)), f)
+            json.dump(found["best"], f)  # names the model by its absolute path
         predicted = baton.predict(plan_file, costs=costs)
         print(f"plan: {found['plans'][0]['describe']}")
         print(f"predicted step: {predicted['step_time'] * 1e3:.2f} ms, "

@@ -63,6 +63,16 @@ class Schedules(unittest.TestCase):
         tight = baton.block_schedule("v-half-2", 4, 8, **b)
         baton.validate(tight)
         self.assertLessEqual(baton.simulate(tight, {"forward": 1, "backward_input": 1, "backward_weight": 1}).peak_micro_batches, 2)
+        # A limit beyond an int (inf too) had overflowed its conversion and been refused as
+        # "expected at least 1 micro-batch": any limit of m or more never binds.
+        b["memory_limit"] = 8
+        loose = baton.block_schedule("v", 4, 8, **b)
+        for big in (1.1e9, float("inf")):
+            b["memory_limit"] = big
+            self.assertEqual(baton.block_schedule("v", 4, 8, **b), loose)
+        b["memory_limit"] = float("nan")
+        with self.assertRaisesRegex(baton.InputError, "memory_limit: expected 0 .none. or micro-batches > 0"):
+            baton.block_schedule("v", 4, 8, **b)
         # 1F1B written as a block by hand; a stage held twice is refused.
         p = 4
         one = baton.block_schedule("mine", p, 8, period=3, chunk_stage=[[r] for r in range(p)],
@@ -139,6 +149,50 @@ class Schedules(unittest.TestCase):
                            placement=[0, 1, 1, 0])
         self.assertTrue(v.actions(0)[2].overlap)
         baton.validate(v)
+
+    def test_rename_while_other_threads_read(self):
+        # s.name is writable, and to_text, lower and simulate(timeline=True) read the
+        # schedule with the GIL released: they had read it while another thread renamed
+        # it, and given torn names (one name's length with the other's bytes).
+        s = baton.generate("1f1b", 1, 1)
+        names = ("a" * 200, "b" * 300)
+        stop = threading.Event()
+        seen = set()
+
+        def read():
+            while not stop.is_set():
+                seen.add(s.to_text().split("\n")[1][len("name: "):])
+                seen.add(baton.lower(s).name)
+                seen.add(baton.simulate(s, timeline=True).timeline.name)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        end = time.perf_counter() + 2
+        while time.perf_counter() < end:
+            for n in names:
+                s.name = n
+        stop.set()
+        reader.join()
+        self.assertLessEqual(seen, set(names) | {"1f1b"}, [n[:8] + "..." for n in seen])
+
+    def test_messages_name_one_position(self):
+        # A composite with a space had said "rank 0, action 1:1 (rank 0, action 0)".
+        with self.assertRaises(baton.InputError) as e:
+            baton.Schedule([["0F0", "(0F1; 0BW0)", "0BW1"]])
+        self.assertTrue(str(e.exception).startswith("rank 0, action 1: bad composite '(0F1; 0BW0)'"),
+                        str(e.exception))
+        self.assertNotIn(":1 (", str(e.exception))
+        # A lower-case kind is named (it had read kind '').
+        with self.assertRaisesRegex(baton.InputError, r"unknown kind 'f' \(kinds are upper case: 'F'\)"):
+            baton.Action.parse("0f0")
+        # Kept CSV cells the writer cannot write unquoted are refused (to_csv had written a
+        # file that parse_csv then refused).
+        s = baton.generate("1f1b", 2, 2)
+        for text in ("a,b", "x\ny", 'say "hi"'):
+            with self.assertRaisesRegex(baton.InputError, r"kept: rank 0, cell 0: expected text without"):
+                baton.to_csv(s, "current", [[(0, text)], []])
+        back, _, kept = baton.parse_csv(baton.to_csv(s, "current", [[(0, "  ")], []]))
+        self.assertEqual(kept, [[(0, "  ")], []])
 
     def test_validate_raises_schedule_error_with_position(self):
         s = baton.Schedule([["0F0", "0BW0"], ["1BW0", "1F0"]])
@@ -242,6 +296,37 @@ print("ok")
             baton.Schedule([[("F", 0, 0.5), ("BW", 0, 0)]])
         self.assertEqual(baton.Schedule([[("F", np.int64(0), 0), ("BW", 0, 0)]]).tokens(),
                          [["0F0", "0BW0"]])
+
+    def test_numpy_integers_strings_and_bounds(self):
+        # numpy's integers had gone through doubles: a group id 0 read "found number 0.0".
+        s = baton.lower(baton.generate("1f1b", 4, 4))
+        base = {"forward": 1, "backward_input": 1, "backward_weight": 1, "reduce": 3}
+        want = baton.simulate(s, dict(base, reduce_group=[0, -1, -1, 0])).makespan
+        for groups in (np.array([0, -1, -1, 0]), np.array([0, -1, -1, 0], dtype=np.int32),
+                       [np.int64(x) for x in (0, -1, -1, 0)], np.array([0, -1, -1, 0], dtype=object)):
+            self.assertEqual(baton.simulate(s, dict(base, reduce_group=groups)).makespan, want)
+        with self.assertRaisesRegex(baton.InputError, r"reduce_group\[0\]: expected -1 or a group id >= 0, found number 9007199254740993"):
+            baton.simulate(s, dict(base, reduce_group=np.array([2 ** 53 + 1, -1, -1, 0])))
+        # A numpy array of strings is a list of str (it had been "expected a
+        # one-dimensional array").
+        s = baton.generate("1f1b", 4, 8)
+        sizes = dict(base, activation_bytes=["1MiB"] * 4)
+        self.assertEqual(baton.simulate(s, dict(sizes, activation_bytes=np.array(["1MiB"] * 4))).peak_bytes,
+                         baton.simulate(s, sizes).peak_bytes)
+        # run_stages takes the cost files' bound on a time (1e308 had given inf and NaN).
+        sim = baton.Simulator(s)
+        with self.assertRaisesRegex(baton.InputError, r"^forward: expected at most 1e9 .*found 1e\+308"):
+            sim.run_stages(1e308, 1e308, 1)
+        with self.assertRaisesRegex(baton.InputError, r"^backward_input\[2\]: expected at most 1e9"):
+            sim.run_stages(1, np.array([1, 1, 2e9, 1]), 1)
+        with self.assertRaisesRegex(baton.InputError, r"^backward_weight\[1\]: expected a finite number"):
+            sim.run_stages(1, 1, [1, float("nan"), 1, 1])
+        self.assertEqual(sim.run_stages(1e9, 1, 1)[0], sim.run_stages(np.full(4, 1e9), 1, 1)[0])
+        # A per-rank memory limit refuses inf as one number does.
+        c = {"forward": 1, "backward_input": 1.5, "backward_weight": 0.7}
+        for limit, where in ((float("inf"), "memory_limit"), ([4, float("inf"), 4, 4], r"memory_limit\[1\]")):
+            with self.assertRaisesRegex(baton.InputError, "^" + where + ": expected a finite number"):
+                baton.auto_schedule(4, 8, c, memory_limit=limit)
 
     def test_equality_with_other_types(self):
         s = baton.generate("1f1b", 2, 4)
@@ -396,6 +481,43 @@ class Planning(unittest.TestCase):
         with self.assertRaises(baton.InputError) as e:
             baton.check(best, base_dir=os.path.join(SOURCE, "examples", "models"), machine={"dp_bandwidth": 0})
         self.assertIn("machine.dp_bandwidth", str(e.exception))
+
+    def test_plan_dicts_paths_and_nothing_fits(self):
+        model = baton.load_model(os.path.join(SOURCE, "examples", "models", "mlp.json"))
+        best = baton.plan(model, devices=2, batch=8, device_memory="1GiB", top=1)["best"]
+        # The model is named by its absolute path, so the plan reads from any folder (it
+        # had been relative to the current one, and a plan saved elsewhere named no file).
+        self.assertTrue(os.path.isabs(best["model"]), best["model"])
+        want = baton.check(best)["step_time"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.json")
+            with open(path, "w") as f:
+                json.dump(best, f)
+            # A path as str or os.PathLike (a pathlib.Path had been a TypeError).
+            import pathlib
+            self.assertEqual(baton.check(pathlib.Path(path))["step_time"], want)
+            self.assertEqual(baton.predict(pathlib.Path(path))["step_time"],
+                             baton.predict(path)["step_time"])
+        with self.assertRaisesRegex(baton.InputError, "plan: expected a plan dict .* or a plan file's path"):
+            baton.check(42)
+        # NaN and inf are refused naming the field (they had been nlohmann's parse error);
+        # numpy's integers are integers (np.int64 had been "not JSON serializable").
+        mb = best["schedule"]["micro_batches"]
+        for bad in (float("nan"), float("inf")):
+            for call in (baton.check, baton.predict):
+                with self.assertRaisesRegex(baton.InputError,
+                                            r"^plan\.schedule\.micro_batches: expected a finite number"):
+                    call(dict(best, schedule=dict(best["schedule"], micro_batches=bad)))
+        numpy_mb = dict(best, schedule=dict(best["schedule"], micro_batches=np.int64(mb)))
+        self.assertEqual(baton.check(numpy_mb)["step_time"], want)
+        self.assertEqual(baton.predict(numpy_mb)["step_time"], baton.predict(best)["step_time"])
+        # Nothing fits: the InputError `baton plan` exits 2 with (it had been best None and
+        # no reason).
+        with self.assertRaisesRegex(baton.InputError,
+                                    r"^no plan fits in 1\.00 KiB per device; the closest is .* needs .* over its capacity"):
+            baton.plan(model, devices=2, batch=8, device_memory="1KiB")
+        with self.assertRaisesRegex(baton.InputError, r"^no plan matches the options \(.*\)"):
+            baton.plan(model, devices=2, batch=8, pp=2, schedules=["dualpipe"], micro_batches=3)
 
     def test_measured_costs_as_the_command_uses_them(self):
         # A cost file of `baton profile` at two micro-batch sizes: plan(), check() and

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -38,51 +39,6 @@ namespace {
 
 // ---- conversions ----------------------------------------------------------------------
 
-// A Python value (number, str, list, tuple, numpy array, dict) as JSON.
-nlohmann::json to_json_value(const py::handle& h, const std::string& path) {
-  if (h.is_none()) return nullptr;
-  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
-  if (py::isinstance<py::int_>(h)) {
-    const py::int_ i = h.cast<py::int_>();
-    const double d = i.cast<double>();
-    if (d < -9.2e18 || d > 9.2e18) return d;  // beyond long long: the check says too large
-    return i.cast<long long>();
-  }
-  if (py::isinstance<py::float_>(h)) return finite_number(h, path);
-  if (py::isinstance<py::array>(h)) {
-    auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(h);
-    if (!a || a.ndim() != 1) throw InputError(path + ": expected a one-dimensional array");
-    nlohmann::json j = nlohmann::json::array();
-    const double* d = a.data();
-    for (py::ssize_t i = 0; i < a.size(); ++i) {
-      if (!std::isfinite(d[i]))
-        throw InputError(path + "[" + std::to_string(i) + "]: expected a finite number, found " +
-                         std::to_string(d[i]));
-      j.push_back(d[i]);
-    }
-    return j;
-  }
-  if (py::isinstance<py::dict>(h)) {
-    nlohmann::json j = nlohmann::json::object();
-    for (auto [k, v] : h.cast<py::dict>()) {
-      const std::string key = py::str(k);
-      j[key] = to_json_value(v, path + "." + key);
-    }
-    return j;
-  }
-  if (py::isinstance<py::sequence>(h)) {
-    nlohmann::json j = nlohmann::json::array();
-    size_t i = 0;
-    for (auto v : h.cast<py::sequence>())
-      j.push_back(to_json_value(v, path + "[" + std::to_string(i++) + "]"));
-    return j;
-  }
-  if (py::hasattr(h, "__float__")) return finite_number(h, path);  // numpy scalars
-  throw InputError(path + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
-                   " here");
-}
-
 // The costs of a call: a CostSpec from a dict of cost-file fields (values: numbers,
 // lists or numpy arrays, one per stage), or None for F = B = W = 1.
 CostSpec cost_spec(const py::object& costs) {
@@ -92,14 +48,43 @@ CostSpec cost_spec(const py::object& costs) {
     throw InputError(
         "costs: expected a dict of cost-file fields (forward, backward_input, ...), "
         "a baton.CostSpec or None");
-  return parse_costs(to_json_value(costs, "costs").dump(), "costs");
+  return parse_costs(to_json(costs, "costs").dump(), "costs");
 }
 
-std::vector<double> as_vector(const py::object& o, const std::string& what) {
-  if (is_number(o)) return {finite_number(o, what)};
-  auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(o);
-  if (!a || a.ndim() != 1) throw InputError(what + ": expected a number or a list of numbers");
-  return std::vector<double>(a.data(), a.data() + a.size());
+// A number or a list / numpy array of them, each finite (as a number alone is) and at
+// most `max`.
+std::vector<double> as_vector(const py::object& o, const std::string& what,
+                              double max = std::numeric_limits<double>::max(),
+                              const char* max_text = "") {
+  std::vector<double> v;
+  const bool one = is_number(o);
+  if (one) {
+    v = {finite_number(o, what)};
+  } else {
+    auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(o);
+    if (!a || a.ndim() != 1) throw InputError(what + ": expected a number or a list of numbers");
+    v.assign(a.data(), a.data() + a.size());
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = one ? what : what + "[" + std::to_string(i) + "]";
+    if (!std::isfinite(v[i]))
+      throw InputError(at + ": expected a finite number, found " + std::to_string(v[i]));
+    if (v[i] > max)
+      throw InputError(at + ": expected at most " + max_text + ", found " +
+                       std::string(py::str(py::float_(v[i]))));
+  }
+  return v;
+}
+
+// Python may rename a Schedule (s.name = ...) whenever it holds the GIL, so a call that
+// reads one with the GIL released works on a copy taken while holding it. (The
+// Simulator shares the schedule instead: it reads no name but the timeline's, which
+// run_simulation makes from a copy.)
+template <class F>
+auto with_copy(const Schedule& s, F&& f) {
+  const Schedule own = s;
+  py::gil_scoped_release release;
+  return f(own);
 }
 
 // A numpy array that owns `v` (moved, not copied).
@@ -172,9 +157,12 @@ struct PySimResult {
 
 // The simulator shares the Python-owned schedule rather than copying it (36 MB of fresh
 // memory at p = 128, m = 1024, where the C++ caller moves its own in).
-std::shared_ptr<PySimResult> run_simulation(const std::shared_ptr<const Schedule>& s,
-                                            const CostSpec& spec, bool keep_timeline) {
+std::shared_ptr<PySimResult> run_simulation(std::shared_ptr<const Schedule> s, const CostSpec& spec,
+                                            bool keep_timeline) {
   auto out = std::make_shared<PySimResult>();
+  // The timeline reads the name, which Python may change meanwhile: a copy then (the
+  // timeline is as large).
+  if (keep_timeline) s = std::make_shared<const Schedule>(*s);
   py::gil_scoped_release release;
   auto sim = std::make_shared<Simulator>(s, "schedule");
   out->sim = sim->run(resolve(spec, *s));
@@ -340,8 +328,9 @@ PYBIND11_MODULE(baton, m) {
                      "rank " + std::to_string(r) + ", action " + std::to_string(i++);
                  if (py::isinstance<py::str>(h) && !h.cast<std::string>().empty() &&
                      h.cast<std::string>().front() == '(') {
-                   Schedule one = parse_text("0: " + h.cast<std::string>(), where);
-                   for (const Action& a : one.ranks[0]) list.push_back(a);
+                   auto [f, b] = parse_composite(h.cast<std::string>(), where);
+                   list.push_back(f);
+                   list.push_back(b);
                    continue;
                  }
                  list.push_back(action_from(h, where));
@@ -421,19 +410,27 @@ PYBIND11_MODULE(baton, m) {
                     " micro_batches=" + std::to_string(s.num_micro_batches) +
                     " stages=" + std::to_string(s.num_stages()) + ">";
            })
-      .def("to_text", &to_text, py::call_guard<py::gil_scoped_release>())
-      .def("to_json", &to_json_text, py::call_guard<py::gil_scoped_release>())
+      .def("to_text",
+           [](const Schedule& s) {
+             return with_copy(s, [](const Schedule& c) { return to_text(c); });
+           })
+      .def("to_json",
+           [](const Schedule& s) {
+             return with_copy(s, [](const Schedule& c) { return to_json_text(c); });
+           })
       .def(
           "to_csv",
           [](const Schedule& s, const std::string& dialect) {
-            return to_torch_csv(s, parse_dialect(dialect));
+            const TorchDialect d = parse_dialect(dialect);
+            return with_copy(s, [&](const Schedule& c) { return to_torch_csv(c, d); });
           },
-          py::arg("dialect") = "current", py::call_guard<py::gil_scoped_release>(),
-          "PyTorch's CSV ('current' or 'legacy' dialect)")
+          py::arg("dialect") = "current", "PyTorch's CSV ('current' or 'legacy' dialect)")
       .def(
-          "save", [](const Schedule& s, const std::string& path) { save_schedule(s, path); },
-          py::arg("path"), py::call_guard<py::gil_scoped_release>(),
-          "JSON for .json, PyTorch CSV for .csv, text otherwise");
+          "save",
+          [](const Schedule& s, const std::string& path) {
+            with_copy(s, [&](const Schedule& c) { save_schedule(c, path); });
+          },
+          py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
 
   m.def(
       "parse_text", [](const std::string& t, const std::string& src) { return parse_text(t, src); },
@@ -466,14 +463,25 @@ PYBIND11_MODULE(baton, m) {
          std::optional<std::vector<std::vector<std::pair<int, std::string>>>> kept) {
         KeptCells k;
         if (kept)
-          for (const auto& row : *kept) {
+          for (size_t r = 0; r < kept->size(); ++r) {
             k.emplace_back();
-            for (const auto& [cell, text] : row) k.back().push_back({cell, text});
+            for (const auto& [cell, text] : (*kept)[r]) {
+              // The writer joins cells unquoted: a comma, quote or line break would make a
+              // file parse_csv refuses or reads otherwise. Kept cells are blanks and waits.
+              if (text.find_first_of(",\"\r\n") != std::string::npos)
+                throw InputError("kept: rank " + std::to_string(r) + ", cell " +
+                                 std::to_string(cell) +
+                                 ": expected text without ',', '\"' or "
+                                 "line breaks (as parse_csv keeps: blanks and waits), found " +
+                                 std::string(py::str(py::repr(py::str(text)))));
+              k.back().push_back({cell, text});
+            }
           }
-        return to_torch_csv(s, parse_dialect(dialect), kept ? &k : nullptr);
+        const TorchDialect d = parse_dialect(dialect);
+        return with_copy(
+            s, [&](const Schedule& c) { return to_torch_csv(c, d, kept ? &k : nullptr); });
       },
-      py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none(),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none());
   m.def("load", &load_schedule, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
         "text, JSON or PyTorch CSV (by the name)");
   m.def("schedule_names", &all_schedule_names);
@@ -505,9 +513,6 @@ PYBIND11_MODULE(baton, m) {
          std::vector<std::vector<int>> chunk_stage, std::vector<std::vector<int>> forward,
          std::vector<std::vector<int>> backward, std::vector<std::vector<int>> weight,
          double memory_limit) {
-        if (!(memory_limit >= 0))
-          throw InputError("memory_limit: expected 0 (none) or micro-batches > 0, found " +
-                           std::to_string(memory_limit));
         BuildingBlock b;
         b.period = period;
         b.chunk_stage = std::move(chunk_stage);
@@ -528,11 +533,7 @@ PYBIND11_MODULE(baton, m) {
   m.def(
       "validate",
       [](const Schedule& s) {
-        ValidationReport r;
-        {
-          py::gil_scoped_release release;
-          r = validate(s);
-        }
+        const ValidationReport r = with_copy(s, [](const Schedule& c) { return validate(c); });
         if (r.ok) return;
         py::object error_type = py::module_::import("baton").attr("ScheduleError");
         py::object e = error_type(r.message + "\n" + r.grid);
@@ -549,8 +550,11 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("schedule"), "raises baton.ScheduleError unless the schedule is valid");
   m.def(
-      "is_valid", [](const Schedule& s) { return validate(s).ok; }, py::arg("schedule"),
-      py::call_guard<py::gil_scoped_release>());
+      "is_valid",
+      [](const Schedule& s) {
+        return with_copy(s, [](const Schedule& c) { return validate(c).ok; });
+      },
+      py::arg("schedule"));
   m.def(
       "lower",
       [](const Schedule& s, bool merge, bool transfers, bool reduce, bool step) {
@@ -559,17 +563,28 @@ PYBIND11_MODULE(baton, m) {
         o.transfers = transfers;
         o.reduce = reduce;
         o.step = step;
-        py::gil_scoped_release release;
-        return lower(s, o);
+        return with_copy(s, [&](const Schedule& c) { return lower(c, o); });
       },
       py::arg("schedule"), py::arg("merge_backward") = false, py::arg("transfers") = true,
       py::arg("reduce") = true, py::arg("step") = true);
-  m.def("split_backward", &split_backward, py::arg("schedule"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("merge_backward", &merge_backward, py::arg("schedule"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("compute_only", &compute_only, py::arg("schedule"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "split_backward",
+      [](const Schedule& s) {
+        return with_copy(s, [](const Schedule& c) { return split_backward(c); });
+      },
+      py::arg("schedule"));
+  m.def(
+      "merge_backward",
+      [](const Schedule& s) {
+        return with_copy(s, [](const Schedule& c) { return merge_backward(c); });
+      },
+      py::arg("schedule"));
+  m.def(
+      "compute_only",
+      [](const Schedule& s) {
+        return with_copy(s, [](const Schedule& c) { return compute_only(c); });
+      },
+      py::arg("schedule"));
 
   // ---- costs and simulation --------------------------------------------------------------
   py::class_<CostSpec>(m, "CostSpec", "A parsed cost file (see docs/schedules.md, Costs).")
@@ -672,7 +687,7 @@ PYBIND11_MODULE(baton, m) {
             const int S = self.sim.schedule().num_stages();
             Costs c;
             auto fill = [&](const py::object& o, std::vector<double>& v, const char* what) {
-              v = as_vector(o, what);
+              v = as_vector(o, what, kMaxCostSeconds, "1e9 (a cost file's bound: 1e9 s)");
               if (v.size() == 1) v.assign(size_t(S), v[0]);
             };
             fill(f, c.forward, "forward");

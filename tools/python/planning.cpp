@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,12 +28,9 @@ namespace {
 
 using GraphPtr = std::shared_ptr<const stages::Graph>;
 
-// JSON <-> Python through the json module (plans are small).
+// JSON -> Python through the json module (plans are small).
 py::object to_python(const nlohmann::json& j) {
   return py::module_::import("json").attr("loads")(j.dump());
-}
-nlohmann::json from_python(const py::handle& o) {
-  return nlohmann::json::parse(py::module_::import("json").attr("dumps")(o).cast<std::string>());
 }
 
 }  // namespace
@@ -68,6 +66,50 @@ int whole_number(const py::handle& h, const std::string& what) {
   if (d < -2147483648.0 || d > 2147483647.0)
     throw InputError(what + ": expected a whole number within an int's range, found " + found);
   return i.cast<int>();
+}
+
+nlohmann::json to_json(const py::handle& h, const std::string& path) {
+  if (h.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::int_>(h)) {
+    const py::int_ i = h.cast<py::int_>();
+    const double d = i.cast<double>();
+    if (d < -9.2e18 || d > 9.2e18) return d;  // beyond long long: the check says too large
+    return i.cast<long long>();
+  }
+  if (py::isinstance<py::float_>(h)) return finite_number(h, path);
+  // numpy's arrays and scalars as the Python values they hold: through doubles, an int64
+  // beyond 2^53 had been rounded and a group id had read 0.0.
+  if (py::hasattr(h, "dtype") && py::hasattr(h, "tolist")) return to_json(h.attr("tolist")(), path);
+  if (py::isinstance<py::dict>(h)) {
+    nlohmann::json j = nlohmann::json::object();
+    for (auto [k, v] : h.cast<py::dict>()) {
+      const std::string key = py::str(k);
+      j[key] = to_json(v, path + "." + key);
+    }
+    return j;
+  }
+  if (py::isinstance<py::sequence>(h) && !py::isinstance<py::bytes>(h)) {
+    nlohmann::json j = nlohmann::json::array();
+    size_t i = 0;
+    for (auto v : h.cast<py::sequence>())
+      j.push_back(to_json(v, path + "[" + std::to_string(i++) + "]"));
+    return j;
+  }
+  if (py::hasattr(h, "__index__"))
+    return to_json(py::int_(py::reinterpret_borrow<py::object>(h)), path);
+  if (py::hasattr(h, "__float__")) return finite_number(h, path);
+  throw InputError(path + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
+                   " here");
+}
+
+std::optional<std::string> path_string(const py::handle& h) {
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (!py::hasattr(h, "__fspath__")) return std::nullopt;
+  const py::object p = py::module_::import("os").attr("fspath")(h);
+  if (!py::isinstance<py::str>(p)) return std::nullopt;  // a bytes path
+  return p.cast<std::string>();
 }
 
 namespace {
@@ -110,8 +152,13 @@ pt::Machine machine_from(const py::dict& d) {
 
 // A plan dict (as plan() returns) or a plan file's path.
 pt::Plan plan_of(const py::object& plan, const std::string& base_dir) {
-  return py::isinstance<py::str>(plan) ? pt::read_plan(plan.cast<std::string>())
-                                       : pt::parse_plan(from_python(plan), "plan", base_dir);
+  if (auto path = path_string(plan)) return pt::read_plan(*path);
+  if (!py::isinstance<py::dict>(plan))
+    throw InputError(
+        "plan: expected a plan dict (as plan() returns) or a plan file's path (str or "
+        "os.PathLike), found " +
+        std::string(py::str(py::repr(plan))));
+  return pt::parse_plan(to_json(plan, "plan"), "plan", base_dir);
 }
 
 // A cost file of `baton profile` (the path, as --costs), or none: FLOPs at machine.flops.
@@ -120,10 +167,11 @@ struct Costs {
   std::string path;
   explicit Costs(const py::object& costs) {
     if (costs.is_none()) return;
-    if (!py::isinstance<py::str>(costs))
+    auto given = path_string(costs);
+    if (!given)
       throw InputError("costs: expected the path of a baton profile cost file, found " +
                        std::string(py::str(py::repr(costs))));
-    path = costs.cast<std::string>();
+    path = *given;
     measured = pt::read_measured_costs(path);
   }
   const pt::MeasuredCosts* get() const { return measured ? &*measured : nullptr; }
@@ -200,7 +248,11 @@ void register_planning(py::module_& m) {
       "load_model",
       [](const std::string& path) {
         py::gil_scoped_release release;
-        return std::make_shared<stages::Graph>(stages::load_model(path));
+        auto g = std::make_shared<stages::Graph>(stages::load_model(path));
+        // The plans plan() writes name this file: absolute, they read from any folder
+        // (a plan file's relative model path is relative to the plan file).
+        g->source = std::filesystem::absolute(path).lexically_normal().string();
+        return g;
       },
       py::arg("path"));
 
@@ -273,6 +325,8 @@ void register_planning(py::module_& m) {
           res = pt::search_plans(g, model, so);
           source = pt::cost_source(model, measured.path);
         }
+        // As `baton plan` exits 2: nothing fits, with the closest plan or why none.
+        if (res.ranked.empty()) throw InputError(pt::no_plan_message(res, so.device_memory, ""));
         py::dict out;
         out["time_source"] = source;
         py::list ranked;
@@ -288,7 +342,7 @@ void register_planning(py::module_& m) {
           ranked.append(d);
         }
         out["plans"] = ranked;
-        out["best"] = res.ranked.empty() ? py::object(py::none()) : ranked[0]["plan"];
+        out["best"] = ranked[0]["plan"];
         out["evaluated"] = res.evaluated;
         out["rejected"] = res.rejected;
         out["exact_checks"] = res.exact_checks;
