@@ -53,6 +53,20 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                          "): usage: " + usage);
       }
     throw InputError(std::string(e.what()) + " (see --help)");
+  } catch (const po::multiple_occurrences& e) {
+    // A positional argument given by name as well (`--measured m.json p.json`): Boost's
+    // "cannot be specified more than once" named neither the argument nor the fix.
+    std::string name = e.get_option_name();
+    name.erase(0, name.find_first_not_of('-'));
+    for (unsigned i = 0; positional && i < positional->max_total_count() && i < 16; ++i)
+      if (positional->name_for_position(i) == name) {
+        std::string upper = name;
+        for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
+        throw InputError("--" + name + " given twice: by name and as argument " +
+                         std::to_string(i + 1) + " (" + upper +
+                         "); give each argument by its place or by its name: usage: " + usage);
+      }
+    throw InputError(std::string(e.what()) + " (see --help)");
   } catch (const po::too_many_positional_options_error&) {
     const auto words = po::collect_unrecognized(
         po::command_line_parser(args).options(opts).allow_unregistered().run().options,

@@ -64,6 +64,13 @@ TEST(CommandLine, MissingPositionalAndBadSizeNameWhatTheUserTyped) {
   EXPECT_EQ(error_of_args({"m.json", "p.json", "x.json", "--predicted=q", "y"}),
             "unexpected argument 'x.json' 'y': usage: baton trace compare MEASURED.json "
             "PREDICTED.json");
+  // A positional given by name as well: Boost had said only "option '--measured' cannot
+  // be specified more than once".
+  EXPECT_EQ(error_of_args({"--measured", "m.json", "p.json"}),
+            "--measured given twice: by name and as argument 1 (MEASURED); give each argument "
+            "by its place or by its name: usage: baton trace compare MEASURED.json "
+            "PREDICTED.json");
+  EXPECT_EQ(error_of_args({"--measured", "m.json", "--predicted", "p.json"}), "");
   EXPECT_EQ(parse_bytes_option("--device-memory", "2MiB"), uint64_t(2) << 20);
   try {
     parse_bytes_option("--device-memory", "1Mib");
