@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "memory/error.h"
 #include "memory/json_object.h"
@@ -50,10 +53,19 @@ std::string lighter(const char* hex, double amount) {
   return buf;
 }
 
+// Also U+FFFD for what XML 1.0 has no character for, not even as a reference: C0 controls
+// but tab, newline and carriage return, and U+FFFE, U+FFFF (a name read from a trace may
+// hold them; the SVG had then been refused by XML parsers).
 std::string xml_escape(const std::string& s) {
   std::string out;
-  for (char c : s) {
-    if (c == '<')
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r') ||
+        (s.compare(i, 2, "\xEF\xBF") == 0 && i + 2 < s.size() &&
+         (s[i + 2] == '\xBE' || s[i + 2] == '\xBF'))) {
+      out += "\xEF\xBF\xBD";
+      if (c == '\xEF') i += 2;
+    } else if (c == '<')
       out += "&lt;";
     else if (c == '>')
       out += "&gt;";
@@ -106,8 +118,92 @@ double Timeline::end_time() const {
   return t;
 }
 
+namespace {
+
+// A whole number of picoseconds as microseconds with six decimals, exactly (its quotient
+// by 1e6 through "%.6f" can be off in the last place).
+std::string microseconds_text(double picoseconds) {
+  std::string d = detail::format_number("%.0f", std::abs(picoseconds));
+  if (d.size() < 7) d.insert(0, 7 - d.size(), '0');
+  d.insert(d.size() - 6, 1, '.');
+  return picoseconds < 0 ? "-" + d : d;
+}
+
+// Each event's start and end in whole picoseconds (the trace's six decimals of a
+// microsecond), refusing what from_chrome_trace would refuse.
+std::vector<std::pair<double, double>> trace_times(const Timeline& t) {
+  const std::string what = "timeline " + json(t.name).dump();
+  if (t.num_ranks < 1 || t.num_ranks > kMaxTraceRanks)
+    throw InputError(what + ": " + std::to_string(t.num_ranks) +
+                     " ranks, a Chrome trace holds 1 to " + std::to_string(kMaxTraceRanks) +
+                     "; no trace written");
+  if (!(t.seconds_per_unit >= kMinTraceSecondsPerUnit &&
+        t.seconds_per_unit <= kMaxTraceSecondsPerUnit))
+    throw InputError(what + ": a time unit of " + detail::format_number("%g", t.seconds_per_unit) +
+                     " s, a Chrome trace holds 1e-15 to 1e6 s; no trace written");
+  const double per_unit = t.seconds_per_unit * 1e12;
+  const double limit = kMaxTraceMicroseconds * 1e6;
+  std::vector<std::pair<double, double>> at;
+  at.reserve(t.events.size());
+  for (const TimelineEvent& e : t.events) {
+    auto refuse = [&](const std::string& why) {
+      throw InputError(what + ": " + event_name(e) + " on rank " + std::to_string(e.rank) + " " +
+                       why + " (start " + detail::format_number("%g", e.start) + ", end " +
+                       detail::format_number("%g", e.end) + " " + unit_name(t.seconds_per_unit) +
+                       "); no trace written");
+    };
+    if (e.rank < 0 || e.rank >= t.num_ranks || e.lane < 0 || e.lane > 2)
+      refuse("is on no rank or lane of the timeline");
+    // JSON has no infinity or NaN: such a time would make the whole trace unreadable.
+    if (!std::isfinite(e.start) || !std::isfinite(e.end))
+      refuse("has no finite time: costs too large to simulate");
+    const double start = std::nearbyint(e.start * per_unit), end = std::nearbyint(e.end * per_unit);
+    if (!(std::abs(start) <= limit) || !(end - start <= limit))
+      refuse(std::string(!(std::abs(start) <= limit) ? "starts" : "lasts") +
+             " beyond 1e15 us (about 31 years), the most a Chrome trace holds (Perfetto keeps "
+             "times as 64-bit nanoseconds): costs too large");
+    if (end < start) refuse("ends before it starts");
+    at.emplace_back(start, end);
+  }
+  return at;
+}
+
+// Each event's thread: its lane, but a rank's transfers in flight at once (a send leaving
+// before the previous one arrived) on threads 3, 4, ... as events on one thread must nest
+// (Perfetto). `extra[r]`: how many such threads rank r has.
+std::vector<int> trace_threads(const Timeline& t, const std::vector<std::pair<double, double>>& at,
+                               std::vector<int>& extra) {
+  std::vector<int> tid(t.events.size());
+  std::vector<size_t> order;
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    tid[i] = t.events[i].lane;
+    if (t.events[i].lane == 1) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::tie(t.events[a].rank, at[a].first) < std::tie(t.events[b].rank, at[b].first);
+  });
+  extra.assign(size_t(t.num_ranks), 0);
+  std::vector<double> free_at;  // the rank's communication threads: when each is free
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    const int r = t.events[i].rank;
+    if (k == 0 || t.events[order[k - 1]].rank != r) free_at.clear();
+    size_t j = 0;
+    while (j < free_at.size() && free_at[j] > at[i].first) ++j;
+    if (j == free_at.size()) free_at.push_back(0);
+    free_at[j] = at[i].second;
+    tid[i] = j == 0 ? 1 : 2 + int(j);
+    extra[size_t(r)] = std::max(extra[size_t(r)], int(j));
+  }
+  return tid;
+}
+
+}  // namespace
+
 std::string to_chrome_trace(const Timeline& t) {
-  const double us = t.seconds_per_unit * 1e6;
+  const std::vector<std::pair<double, double>> at = trace_times(t);
+  std::vector<int> extra;
+  const std::vector<int> tid = trace_threads(t, at, extra);
   std::string out;
   out.reserve(t.events.size() * 120 + 1024);
   out += "{\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"baton\": \"timeline\", \"name\": " +
@@ -132,22 +228,20 @@ std::string to_chrome_trace(const Timeline& t) {
            ", \"tid\": 1, \"args\": {\"name\": \"communication\"}},\n";
     out += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
            ", \"tid\": 2, \"args\": {\"name\": \"input\"}}";
+    for (int k = 1; k <= extra[size_t(r)]; ++k)
+      out += ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + pid +
+             ", \"tid\": " + std::to_string(2 + k) + ", \"args\": {\"name\": \"communication " +
+             std::to_string(k + 1) + "\"}}";
   }
-  for (const TimelineEvent& e : t.events) {
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const TimelineEvent& e = t.events[i];
     sep();
     const std::string name = event_name(e);
     const std::string cat = e.label.empty() ? std::string(kind_code(e.kind)) : event_category(e);
-    // JSON has no infinity or NaN: such a time would make the whole trace unreadable.
-    if (!std::isfinite(e.start * us) || !std::isfinite((e.end - e.start) * us))
-      throw InputError(
-          "timeline " + json(t.name).dump() + ": " + name + " on rank " + std::to_string(e.rank) +
-          " has no finite time (start " + detail::format_number("%g", e.start) + ", end " +
-          detail::format_number("%g", e.end) + "): costs too large to simulate; no trace written");
     out += "{\"name\": \"" + name + "\", \"cat\": \"" + cat +
            "\", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
-           ", \"tid\": " + std::to_string(e.lane) +
-           ", \"ts\": " + detail::format_number("%.6f", e.start * us) +
-           ", \"dur\": " + detail::format_number("%.6f", (e.end - e.start) * us) +
+           ", \"tid\": " + std::to_string(tid[i]) + ", \"ts\": " + microseconds_text(at[i].first) +
+           ", \"dur\": " + microseconds_text(at[i].second - at[i].first) +
            ", \"args\": {\"stage\": " + std::to_string(e.stage) +
            ", \"micro_batch\": " + std::to_string(e.micro_batch);
     if (e.peer >= 0) out += ", \"peer\": " + std::to_string(e.peer);
@@ -159,13 +253,10 @@ std::string to_chrome_trace(const Timeline& t) {
 
 namespace {
 
-// A world of at most 2^20 ranks, as plans have (partitioner/layout.h): a larger rank
-// number is a damaged file, and the SVG draws a row per rank.
-constexpr int64_t kMaxTraceRanks = int64_t(1) << 20;
 // Stage and micro-batch numbers, as schedule files bound them.
 constexpr int64_t kMaxTraceIndex = int64_t(1) << 30;
-// About 31 years in microseconds: times beyond it are damage, and sums of them stay finite.
-constexpr double kMaxTraceMicroseconds = 1e15;
+// Threads: 0-2 the lanes, 3 and up more communication (to_chrome_trace).
+constexpr int64_t kMaxTraceThread = int64_t(1) << 20;
 
 std::string trace_brief(const json& j) {
   std::string s = j.dump();
@@ -176,7 +267,7 @@ std::string trace_brief(const json& j) {
 int trace_integer(const json& j, const std::string& path, int64_t lo, int64_t hi,
                   const std::string& expected) {
   const bool ok = j.is_number_unsigned()
-                      ? j.get<uint64_t>() <= uint64_t(hi) && j.get<int64_t>() >= lo
+                      ? hi >= 0 && j.get<uint64_t>() <= uint64_t(hi) && j.get<int64_t>() >= lo
                   : j.is_number_integer() ? j.get<int64_t>() >= lo && j.get<int64_t>() <= hi
                                           : false;
   if (!ok) throw InputError(path + ": expected " + expected + ", found " + trace_brief(j));
@@ -208,7 +299,8 @@ Timeline from_chrome_trace(std::string_view text, const std::string& source) {
       if (o.contains("name") && o["name"].is_string()) t.name = o["name"].get<std::string>();
       if (o.contains("seconds_per_unit")) {
         const json& u = o["seconds_per_unit"];
-        if (!u.is_number() || !(u.get<double>() >= 1e-15 && u.get<double>() <= 1e6))
+        if (!u.is_number() || !(u.get<double>() >= kMinTraceSecondsPerUnit &&
+                                u.get<double>() <= kMaxTraceSecondsPerUnit))
           throw InputError(source +
                            ": otherData.seconds_per_unit: expected a number from 1e-15 "
                            "to 1e6 (seconds per time unit), found " +
@@ -217,8 +309,8 @@ Timeline from_chrome_trace(std::string_view text, const std::string& source) {
       }
       if (o.contains("ranks")) {
         t.num_ranks =
-            trace_integer(o["ranks"], source + ": otherData.ranks", 0, kMaxTraceRanks,
-                          "a number of ranks from 0 to " + std::to_string(kMaxTraceRanks));
+            trace_integer(o["ranks"], source + ": otherData.ranks", 1, kMaxTraceRanks,
+                          "a number of ranks from 1 to " + std::to_string(kMaxTraceRanks));
         ranks_given = true;
       }
     }
@@ -257,9 +349,11 @@ Timeline from_chrome_trace(std::string_view text, const std::string& source) {
     TimelineEvent ev;
     ev.rank = trace_integer(e["pid"], path + ".pid", 0, rank_limit - 1, ranks_expected);
     ev.lane = e.contains("tid")
-                  ? trace_integer(e["tid"], path + ".tid", 0, 2,
-                                  "a lane: 0 (compute), 1 (communication) or 2 (input)")
+                  ? trace_integer(e["tid"], path + ".tid", 0, kMaxTraceThread,
+                                  "a thread: 0 (compute), 2 (input), 1 or 3 to " +
+                                      std::to_string(kMaxTraceThread) + " (communication)")
                   : 0;
+    if (ev.lane > 2) ev.lane = 1;
     const double ts = trace_time(e["ts"], path + ".ts", -kMaxTraceMicroseconds,
                                  "a finite time of at most 1e15 microseconds");
     const double dur =

@@ -45,17 +45,34 @@ struct Timeline {
   double end_time() const;
 };
 
-// Chrome trace event JSON: one process per rank ("rank r"), thread 0 "compute" and
-// thread 1 "communication"; complete ("X") events named by the action's token ("1F3"),
-// category its kind code, args {stage, micro_batch, peer}; times in microseconds.
+// What a Chrome trace holds, on writing and on reading. Times: about 31 years in
+// microseconds; Perfetto keeps times as 64-bit nanoseconds (at most 9.2e15 us), so a
+// longer timeline would not open, and sums of such times stay finite.
+inline constexpr double kMaxTraceMicroseconds = 1e15;
+// A world of at most 2^20 ranks, as plans have (partitioner/layout.h): a larger rank
+// number is a damaged file, and the SVG draws a row per rank.
+inline constexpr int kMaxTraceRanks = 1 << 20;
+// otherData.seconds_per_unit.
+inline constexpr double kMinTraceSecondsPerUnit = 1e-15, kMaxTraceSecondsPerUnit = 1e6;
+
+// Chrome trace event JSON: one process per rank ("rank r"), thread 0 "compute", thread 1
+// "communication" and thread 2 "input"; complete ("X") events named by the action's token
+// ("1F3"), category its kind code, args {stage, micro_batch, peer}; times in microseconds
+// with six decimals, each event's duration its rounded end less its rounded start (so
+// events that meet in the timeline meet in the trace). Transfers in flight at once (a
+// send leaves before the previous one arrived) go on threads 3, 4, ... ("communication
+// 2", ...): events on one thread must nest. InputError, nothing returned, for what
+// from_chrome_trace would refuse: a time that is not finite or beyond
+// kMaxTraceMicroseconds, an event ending before it starts, ranks or seconds_per_unit out
+// of range.
 std::string to_chrome_trace(const Timeline& t);
 // Reads what to_chrome_trace writes (and what the engine's measurements write), so a
 // measured timeline can be drawn or compared; events of no action (HALO, INTERIOR, INPUT,
 // SERVER) and metadata are skipped. Anything else malformed (a phase or category baton
-// does not write, a pid beyond otherData.ranks or 2^20, a lane other than 0-2, times
-// that are not finite or beyond 1e15 us, a negative duration, a stage or micro-batch below
-// -1, or below 0 for F, B, W, BW) is an InputError naming traceEvents[i].<field>.
-// to_chrome_trace throws InputError rather than write a time that is not finite.
+// does not write, otherData.ranks below 1 or above 2^20, a pid beyond otherData.ranks or
+// 2^20, a thread beyond 2^20 (threads 3 and up are communication), times that are not
+// finite or beyond 1e15 us, a negative duration, a stage or micro-batch below -1, or
+// below 0 for F, B, W, BW) is an InputError naming traceEvents[i].<field>.
 Timeline from_chrome_trace(std::string_view json_text, const std::string& source);
 
 struct SvgOptions {

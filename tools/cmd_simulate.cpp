@@ -135,14 +135,17 @@ void print_comparison(std::vector<Row>& rows, bool have_bytes, const Limit& limi
 }
 
 void write_outputs(const SimulateOptions& o, const sc::Simulator& sim, const sc::CostSpec& spec) {
+  // The trace first: it refuses times a trace cannot hold, before anything is written.
+  sc::Timeline t;
+  if (!o.trace.empty() || !o.svg.empty()) t = sim.timeline(spec.seconds_per_unit);
+  const std::string trace = o.trace.empty() ? "" : sc::to_chrome_trace(t);
   if (!o.output.empty()) {
     sc::save_schedule(sim.schedule(), o.output);
     std::printf("wrote %s\n", o.output.c_str());
   }
   if (o.trace.empty() && o.svg.empty()) return;
-  sc::Timeline t = sim.timeline(spec.seconds_per_unit);
   if (!o.trace.empty()) {
-    memory::write_file_durably(o.trace, sc::to_chrome_trace(t));
+    memory::write_file_durably(o.trace, trace);
     std::printf("wrote %s (Chrome trace; open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
   if (!o.svg.empty()) {

@@ -36,11 +36,14 @@ inline std::string str(long v) {
   return std::to_string(v);
 }
 
-// One number through a printf format (the reports' fixed-precision figures).
+// One number through a printf format (the reports' fixed-precision figures), whole:
+// "%.6f" of the largest double is 316 characters, and a fixed buffer had cut it short.
 inline std::string format_number(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
+  const int n = std::snprintf(nullptr, 0, format, v);
+  if (n <= 0) return {};
+  std::string out(size_t(n), '\0');
+  std::snprintf(out.data(), out.size() + 1, format, v);  // its '\0' lands on out's own
+  return out;
 }
 
 }  // namespace baton::schedule::detail

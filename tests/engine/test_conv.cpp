@@ -337,7 +337,8 @@ TEST(ConvPlans, SpatialHalosOnTheTimeline) {
     if (e.value("cat", "") != "HALO") continue;
     const int rank = e["pid"].get<int>();
     const std::string name = e["name"].get<std::string>();
-    EXPECT_EQ(e["tid"], 1) << name;
+    // A communication thread: 1, or 3 and up for transfers in flight at once.
+    EXPECT_TRUE(e["tid"] == 1 || e["tid"] >= 3) << name << " on thread " << e["tid"];
     EXPECT_GE(e["dur"].get<double>(), 0.0) << name;
     EXPECT_EQ(e["args"]["peer"], 1 - rank) << name;
     seen[{rank, name.substr(0, 6)}].insert(e["args"]["micro_batch"].get<int>());

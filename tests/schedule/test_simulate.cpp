@@ -8,9 +8,11 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/schedule_io.h"
@@ -554,7 +556,8 @@ TEST(Timeline, ReaderRefusesMalformedEventsNamingTheField) {
        at + ".args.peer: expected -1 or a rank from 0 to 1"},
       {[](auto& e) { e["cat"] = "ZZ"; }, at + ".cat: expected an action kind"},
       {[](auto& e) { e["ph"] = "B"; }, at + ".ph: expected \"X\" (a complete event) or \"M\""},
-      {[](auto& e) { e["tid"] = 7; }, at + ".tid: expected a lane: 0 (compute), 1"},
+      {[](auto& e) { e["tid"] = -1; }, at + ".tid: expected a thread: 0 (compute), 2 (input)"},
+      {[](auto& e) { e["tid"] = 1 << 21; }, at + ".tid: expected a thread: 0 (compute)"},
       {[](auto& e) { e = 3; }, at + ": expected a trace event object"},
   };
   for (const Case& c : cases) {
@@ -568,6 +571,17 @@ TEST(Timeline, ReaderRefusesMalformedEventsNamingTheField) {
               from_chrome_trace(j.dump(), "t.json");
             }).rfind("t.json: otherData.ranks: expected a number of ranks", 0),
             0u);
+  // otherData.ranks 0 had turned the pid check's bound -1 into 2^64 - 1: any pid passed.
+  j["otherData"]["ranks"] = 0;
+  EXPECT_EQ(input_error_of([&] { from_chrome_trace(j.dump(), "t.json"); })
+                .rfind("t.json: otherData.ranks: expected a number of ranks from 1 to 1048576, "
+                       "found 0",
+                       0),
+            0u);
+  // Threads 3 and up are more communication (transfers in flight at once).
+  j = base;
+  j["traceEvents"][i]["tid"] = 7;
+  EXPECT_EQ(from_chrome_trace(j.dump(), "t.json").events[0].lane, 1);
   nlohmann::json bare = base["traceEvents"];  // the array form: no header
   bare[i]["pid"] = 5;
   EXPECT_EQ(from_chrome_trace(bare.dump(), "t.json").num_ranks, 6);
@@ -588,15 +602,95 @@ TEST(Timeline, ReaderRefusesMalformedEventsNamingTheField) {
 // written as a trace no reader (baton's included) can parse.
 TEST(Timeline, ChromeTraceRefusesNonFiniteTimes) {
   Timeline t{"huge", 1, 1.0, {}};
-  t.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.0, 1e300});
+  t.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.0, 1e9});
   EXPECT_NO_THROW(to_chrome_trace(t));
   t.events[0].end = 1e308;  // seconds: 1e314 microseconds, beyond double
-  EXPECT_NE(baton::testing_support::input_error_of([&] {
-              to_chrome_trace(t);
-            }).find("0F0 on rank 0 has no finite time"),
-            std::string::npos);
+  std::string msg = baton::testing_support::input_error_of([&] { to_chrome_trace(t); });
+  EXPECT_NE(msg.find("0F0 on rank 0 lasts beyond 1e15 us"), std::string::npos) << msg;
   t.events[0].end = std::numeric_limits<double>::infinity();
-  EXPECT_THROW(to_chrome_trace(t), InputError);
+  msg = baton::testing_support::input_error_of([&] { to_chrome_trace(t); });
+  EXPECT_NE(msg.find("0F0 on rank 0 has no finite time"), std::string::npos) << msg;
+}
+
+// The writer refuses what the reader refuses: times beyond 1e15 us (1e9 s costs, within
+// what cost files allow, sum past it) had been written, then refused by trace svg and
+// trace compare, and "%.6f" into 64 characters had cut 1e306 to a wrong number.
+TEST(Timeline, ChromeTraceWritesOnlyWhatItsReaderReads) {
+  EXPECT_EQ(std::stod(baton::schedule::detail::format_number("%.6f", 1e306)), 1e306);
+  EXPECT_EQ(baton::schedule::detail::format_number("%.6f", -1.0 * 1e306).size(), 308u + 7u);
+  using baton::testing_support::input_error_of;
+  Timeline t{"long", 1, 1.0, {}};
+  t.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.0, 1e9});  // 1e15 us: the most
+  Timeline back = from_chrome_trace(to_chrome_trace(t), "t.json");
+  EXPECT_DOUBLE_EQ(back.events.at(0).end, 1e9);
+  t.events[0].end = 1.5e9;
+  EXPECT_EQ(input_error_of([&] {
+              to_chrome_trace(t);
+            }).rfind("timeline \"long\": 0F0 on rank 0 lasts beyond 1e15 us", 0),
+            0u);
+  t.events[0] = {0, 0, ActionKind::forward, 0, 0, -1, 2e9, 2e9 + 1};
+  EXPECT_NE(input_error_of([&] { to_chrome_trace(t); }).find("0F0 on rank 0 starts beyond 1e15 us"),
+            std::string::npos);
+  t.events[0] = {0, 0, ActionKind::forward, 0, 0, -1, 2.0, 1.0};
+  EXPECT_NE(input_error_of([&] { to_chrome_trace(t); }).find("ends before it starts"),
+            std::string::npos);
+  t.events[0].end = 3.0;
+  t.seconds_per_unit = 1e7;
+  EXPECT_NE(input_error_of([&] { to_chrome_trace(t); }).find("a time unit of 1e+07 s"),
+            std::string::npos);
+  t.seconds_per_unit = 1.0;
+  t.num_ranks = 0;
+  EXPECT_NE(input_error_of([&] { to_chrome_trace(t); }).find("0 ranks, a Chrome trace holds 1"),
+            std::string::npos);
+  // Through the simulator: F = B = W = 1e9 s on 2 ranks (a 1.5e16 us step).
+  Schedule s = lower(generate("1f1b", 2, 4));
+  Simulator simr(s);
+  simr.run(resolve(spec_fbw(1e9, 1e9, 1e9), s));
+  EXPECT_THROW(to_chrome_trace(simr.timeline(1.0)), InputError);
+}
+
+// Events that meet in the timeline meet in the trace (ts and dur had been rounded apart:
+// a BW ending at 144.738300 before its STEP starting at 144.738299), and transfers in
+// flight at once are on threads of their own: on every thread, events nest or follow.
+TEST(Timeline, ChromeTraceEventsOnAThreadNest) {
+  CostSpec c = spec_fbw(1.0 / 3, 2.0 / 7, 1.0 / 9);
+  c.latency = 2.1;  // each send still in flight when the next one leaves
+  Schedule s = lower(generate("1f1b", 4, 6));
+  Simulator simr(s);
+  simr.run(resolve(c, s));
+  const Timeline t = simr.timeline(1.234567e-3);
+  const nlohmann::json j = nlohmann::json::parse(to_chrome_trace(t));
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> threads;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X") {
+      const int64_t ts = std::llround(e["ts"].get<double>() * 1e6);
+      threads[{e["pid"], e["tid"]}].push_back(
+          {ts, ts + std::llround(e["dur"].get<double>() * 1e6)});
+    }
+  int extra = 0;
+  for (auto& [thread, events] : threads) {
+    extra += thread.second >= 3;
+    std::sort(events.begin(), events.end());
+    for (size_t k = 1; k < events.size(); ++k)
+      EXPECT_GE(events[k].first, events[k - 1].second)
+          << "rank " << thread.first << " thread " << thread.second << " event " << k;
+  }
+  EXPECT_GT(extra, 0);
+  const Timeline back = from_chrome_trace(j.dump(), "t.json");
+  ASSERT_EQ(back.events.size(), t.events.size());
+  for (size_t i = 0; i < t.events.size(); ++i) EXPECT_EQ(back.events[i].lane, t.events[i].lane);
+}
+
+// Control characters in a name: replaced in the SVG (XML 1.0 has no character for them,
+// not even a reference; the SVG had been refused by XML parsers).
+TEST(Timeline, SvgReplacesControlCharactersInTheName) {
+  Timeline t{"step\x01 one\x1b[31m \xEF\xBF\xBF<", 1, 1.0, {}};
+  t.events.push_back({0, 0, ActionKind::forward, 0, 0, -1, 0.0, 1.0});
+  const std::string svg = to_svg(t);
+  for (char c : svg) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 && c != '\n') << int(c);
+  EXPECT_EQ(svg.find("\xEF\xBF\xBF"), std::string::npos);
+  EXPECT_NE(svg.find("<title>step\xEF\xBF\xBD one\xEF\xBF\xBD[31m \xEF\xBF\xBD&lt;</title>"),
+            std::string::npos);
 }
 
 // The prediction is measured from its own first action as the measured side is (a
