@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "memory/error.h"
@@ -23,6 +24,43 @@ Key key_of(const TimelineEvent& e, int rank) {
   return {int(e.kind), e.micro_batch, e.kind == ActionKind::optimizer_step ? -1 - rank : e.stage};
 }
 
+// What a timeline says of its plan: pipeline ranks (the ranks with pipeline actions,
+// counted once per set of stages: a pipeline rank's tensor- and data-parallel ranks run
+// the same), stages and micro-batches.
+struct Shape {
+  int pipeline_ranks = 0, stages = 0, micro_batches = 0;
+};
+
+Shape shape_of(const Timeline& t) {
+  std::map<int, std::set<int>> stages_of;  // rank -> its stages
+  Shape s;
+  for (const TimelineEvent& e : t.events)
+    if (is_compute(e.kind)) {
+      stages_of[e.rank].insert(e.stage);
+      s.stages = std::max(s.stages, e.stage + 1);
+      s.micro_batches = std::max(s.micro_batches, e.micro_batch + 1);
+    }
+  std::set<std::set<int>> groups;
+  for (const auto& [rank, stages] : stages_of) groups.insert(stages);
+  s.pipeline_ranks = int(groups.size());
+  return s;
+}
+
+// Timelines of different plans share some actions, and their differences had been
+// reported as the prediction's error ("F +1509%").
+void check_same_plan(const Timeline& measured, const Timeline& predicted,
+                     const std::string& measured_name, const std::string& predicted_name) {
+  const Shape m = shape_of(measured), p = shape_of(predicted);
+  for (const auto& [what, a, b] : {std::tuple{"pipeline ranks", m.pipeline_ranks, p.pipeline_ranks},
+                                   {"stages", m.stages, p.stages},
+                                   {"micro-batches", m.micro_batches, p.micro_batches}})
+    if (a != b)
+      throw InputError(measured_name + " has " + std::to_string(a) + " " + what + " and " +
+                       predicted_name + " has " + std::to_string(b) +
+                       ": timelines of different plans (expected a run's trace and the "
+                       "prediction of the same plan)");
+}
+
 }  // namespace
 
 TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
@@ -35,6 +73,7 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
       throw InputError(*name +
                        ": no pipeline action (F, B, W) in it: expected a timeline of baton train "
                        "--trace, baton trace predict or baton simulate --trace");
+  check_same_plan(measured, predicted, measured_name, predicted_name);
   TraceComparison c;
   // Measured: the first occurrence of each key on the lowest rank that ran it. STEP has
   // no stage: the pipeline rank of a measured STEP is the rank of the stages it ran

@@ -36,10 +36,11 @@ struct TraceComparison {
   double mean_abs_start_diff = 0, mean_abs_duration_diff = 0;  // over matched compute actions
 };
 
-// InputError when either timeline holds no pipeline action or the two share none (a
-// trace of another kind, another plan or another schedule), or when the prediction holds
-// an action twice (a measured trace of several steps or ranks), naming them by the names
-// given.
+// InputError when either timeline holds no pipeline action, when the two differ in
+// pipeline ranks (counted by the sets of stages ranks run), stages or micro-batches (the
+// traces of different plans), when they share no action (a trace of another kind or
+// schedule), or when the prediction holds an action twice (a measured trace of several
+// steps or ranks), naming them by the names given.
 TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
                                   const std::string& measured_name = "the measured timeline",
                                   const std::string& predicted_name = "the predicted timeline");

@@ -4,6 +4,7 @@
 // --trace) and prints the per-action differences and the makespans; `svg` draws one.
 #include <cstdio>
 
+#include "engine/loop.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "partitioner/cost_model.h"
@@ -20,6 +21,29 @@ namespace baton::tools {
 namespace {
 
 namespace pt = baton::partitioner;
+
+// A timeline's name as the terminal should show it: control characters (C0, DEL, C1) as
+// \xNN or \uNNNN, not sent raw (a name read from a trace could move the cursor or
+// recolour the terminal).
+std::string printable(const std::string& s) {
+  std::string out;
+  char buf[16];
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const auto next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+    if (c < 0x20 || c == 0x7f) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {  // U+0080 to U+009F
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(next));
+      out += buf;
+      ++i;
+    } else {
+      out += char(c);
+    }
+  }
+  return out;
+}
 
 int predict(const std::vector<std::string>& args) {
   po::options_description opts("options");
@@ -40,6 +64,10 @@ int predict(const std::vector<std::string>& args) {
     return 0;
   apply_common_options(vm);
   check_machine_options(machine);
+  // Both outputs checked before anything is written: one written and the other refused
+  // had left a file behind an exit code of 2.
+  engine::check_output_path(out, "--out");
+  engine::check_output_path(svg, "--svg");
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
@@ -56,13 +84,16 @@ int predict(const std::vector<std::string>& args) {
   if (!pt::core_ranks(r.layout, model.machine()).empty())
     std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
   std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), stdout);
-  // Each file said, as baton simulate says its outputs.
+  // Both made before either is written (to_chrome_trace refuses times a trace cannot
+  // hold); each file said, as baton simulate says its outputs.
+  const std::string trace_text = out.empty() ? "" : schedule::to_chrome_trace(p.timeline);
+  const std::string svg_text = svg.empty() ? "" : schedule::to_svg(p.timeline);
   if (!out.empty()) {
-    memory::write_file_durably(out, schedule::to_chrome_trace(p.timeline));
+    memory::write_file_durably(out, trace_text);
     std::printf("wrote %s\n", out.c_str());
   }
   if (!svg.empty()) {
-    memory::write_file_durably(svg, schedule::to_svg(p.timeline));
+    memory::write_file_durably(svg, svg_text);
     std::printf("wrote %s\n", svg.c_str());
   }
   return 0;
@@ -85,8 +116,9 @@ int compare(const std::vector<std::string>& args) {
   schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
   schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
   schedule::TraceComparison c = schedule::compare_timelines(m, p, measured, predicted);
-  std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), m.name.c_str(), predicted.c_str(),
-              p.name.c_str(), schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
+  std::printf("%s: %s\n%s: %s\n%s", measured.c_str(), printable(m.name).c_str(), predicted.c_str(),
+              printable(p.name).c_str(),
+              schedule::format_comparison(c, vm["actions"].as<bool>()).c_str());
   return 0;
 }
 

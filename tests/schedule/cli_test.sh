@@ -102,6 +102,34 @@ python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 json.dump(d, open(sys.argv[2], "w"))' "$tmp/t2.json" "$tmp/pid.json"
 expect 2 "$baton" trace svg "$tmp/pid.json" -o "$tmp/pid.svg"
 contains ".pid: expected a rank from 0 to 1 (otherData.ranks is 2), found 1000000000"
+# A trace holds times up to 1e15 us (Perfetto keeps 64-bit nanoseconds): 1e9 s costs,
+# within what cost files allow, sum past it. Refused with nothing written (the trace had
+# been written, then refused by trace svg and trace compare).
+printf '{"forward": 1e9, "backward_input": 1e9, "backward_weight": 1e9}' >"$tmp/long.json"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --costs "$tmp/long.json" --trace "$tmp/long-trace.json" -o "$tmp/long-s.json"
+contains "beyond 1e15 us (about 31 years)"
+[ ! -e "$tmp/long-trace.json" ] && [ ! -e "$tmp/long-s.json" ] || { echo "FAIL: outputs beside a refused trace"; fails=$((fails + 1)); }
+# trace compare: timelines of different plans are refused (they had given "F +1509%").
+expect 0 "$baton" simulate --schedule 1f1b -p 4 -m 4 --trace "$tmp/t4.json"
+expect 2 "$baton" trace compare "$tmp/t2.json" "$tmp/t4.json"
+contains "t2.json has 2 pipeline ranks and $tmp/t4.json has 4: timelines of different plans"
+# ... and a name's control characters are printed escaped, not sent to the terminal.
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+d["otherData"]["name"] = "x\u001b[2J\u0001\u009b"
+json.dump(d, open(sys.argv[2], "w"))' "$tmp/t2.json" "$tmp/esc.json"
+expect 0 "$baton" trace compare "$tmp/esc.json" "$tmp/t2.json"
+contains 'esc.json: x\x1b[2J\x01\u009b'
+if grep -q "$(printf '\033')" "$tmp/out"; then echo "FAIL: a raw ESC printed"; fails=$((fails + 1)); fi
+expect 2 "$baton" trace compare --measured "$tmp/t2.json" "$tmp/t2.json"
+contains "--measured given twice: by name and as argument 1 (MEASURED)"
+# trace predict checks both outputs before writing either (-o had been written, then
+# --svg refused with exit 2).
+printf '{"version": 1, "model": "%s", "devices": 1, "parallel": {"dp": 1, "pp": 1, "tp": 1}, "batch": {"micro_batch_size": 1}, "schedule": {"name": "gpipe", "micro_batches": 2}, "optimizer": "sgd"}' "$examples/../models/mlp.json" >"$tmp/pp1.json"
+expect 2 "$baton" trace predict --plan "$tmp/pp1.json" -o "$tmp/p1.json" --svg "$tmp/no/such/p1.svg"
+contains "--svg $tmp/no/such/p1.svg: no directory"
+[ ! -e "$tmp/p1.json" ] || { echo "FAIL: -o written beside a refused --svg"; fails=$((fails + 1)); }
+expect 0 "$baton" trace predict --plan "$tmp/pp1.json" -o "$tmp/p1.json" --svg "$tmp/p1.svg"
+[ -s "$tmp/p1.json" ] && [ -s "$tmp/p1.svg" ] || { echo "FAIL: trace predict outputs"; fails=$((fails + 1)); }
 expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --memory-limit 0.5
 contains "no schedule fits"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --svg "$tmp/no/such/dir.svg"

@@ -726,3 +726,43 @@ TEST(Timeline, CompareShiftsThePredictionAndRefusesRepeatedActions) {
   EXPECT_EQ(msg.rfind("p.json: 0F0 appears twice (rank 0 at 0.007 s and rank 0 at 0.107 s)", 0), 0u)
       << msg;
 }
+
+// Timelines of different plans share actions, and their differences had been reported
+// as the prediction's error (a measured PP 2 against a predicted PP 4: "F +1509%").
+TEST(Timeline, CompareRefusesTimelinesOfDifferentPlans) {
+  auto timeline = [](int p, int m) {
+    Schedule s = lower(generate("1f1b", p, m));
+    Simulator simr(s);
+    simr.run(resolve(spec_fbw(1, 2, 1), s));
+    return simr.timeline(1e-3);
+  };
+  using baton::testing_support::input_error_of;
+  const Timeline pp2 = timeline(2, 4);
+  EXPECT_EQ(input_error_of([&] { compare_timelines(pp2, timeline(4, 4), "m.json", "p.json"); }),
+            "m.json has 2 pipeline ranks and p.json has 4: timelines of different plans "
+            "(expected a run's trace and the prediction of the same plan)");
+  EXPECT_EQ(input_error_of([&] {
+              compare_timelines(timeline(1, 4), pp2, "m.json", "p.json");
+            }).rfind("m.json has 1 pipeline ranks and p.json has 2", 0),
+            0u);
+  EXPECT_EQ(input_error_of([&] {
+              compare_timelines(pp2, timeline(2, 2), "m.json", "p.json");
+            }).rfind("m.json has 4 micro-batches and p.json has 2", 0),
+            0u);
+  Schedule v = lower(generate("zb-v", 2, 4));  // 4 stages on 2 ranks
+  Simulator simv(v);
+  simv.run(resolve(spec_fbw(1, 2, 1), v));
+  EXPECT_EQ(input_error_of([&] {
+              compare_timelines(pp2, simv.timeline(1e-3), "m.json", "p.json");
+            }).rfind("m.json has 2 stages and p.json has 4", 0),
+            0u);
+  // A measured run of two data-parallel ranks per pipeline rank is the same plan.
+  Timeline dp = pp2;
+  dp.num_ranks = 4;
+  for (const TimelineEvent& e : pp2.events) {
+    TimelineEvent copy = e;
+    copy.rank += 2;
+    dp.events.push_back(copy);
+  }
+  EXPECT_NO_THROW(compare_timelines(dp, pp2));
+}
