@@ -513,8 +513,10 @@ int64_t token_vocabulary(const Graph& g, const std::string& source) {
   int64_t vocab = 0;
   auto narrow = [&](int64_t v) { vocab = vocab == 0 ? v : std::min(vocab, v); };
   for (const Node& n : g.nodes) {
+    // An embedding with a vocab_offset covers ids [offset, offset + rows).
     if (n.op == "embedding" && n.inputs[0] == tok)
-      narrow(g.params[size_t(n.params[0])].logical_shape[0]);
+      narrow((n.attrs.contains("vocab_offset") ? n.attrs.at("vocab_offset").get<int64_t>() : 0) +
+             g.params[size_t(n.params[0])].logical_shape[0]);
     if (n.op == "cross_entropy") narrow(g.values[size_t(n.inputs[0])].type.shape.back());
   }
   return vocab;

@@ -208,9 +208,10 @@ TrainData open_train_data(const DataFlags& flags, const Graph& g, const std::str
 // at every evaluation (and under every plan).
 uint64_t evaluation_seed(uint64_t seed);
 
-// The model's vocabulary as its token inputs see it: the rows of the embedding reading
-// `tokens` and the classes of its cross-entropy (the smaller). Throws InputError (naming
-// `source`) unless the model's inputs are exactly integer `tokens` [T] and `targets` [T] or [].
+// The model's vocabulary as its token inputs see it: the end of every embedding reading
+// `tokens` (vocab_offset + rows: the ids it covers end there) and the classes of its
+// cross-entropy (the smallest). Throws InputError (naming `source`) unless the model's
+// inputs are exactly integer `tokens` [T] and `targets` [T] or [].
 int64_t token_vocabulary(const Graph& g, const std::string& source);
 
 }  // namespace baton::stages

@@ -670,6 +670,28 @@ TEST(Data, TokenModelInputsMatchTheData) {
        "found 'tokens'"});
 }
 
+// An embedding with a vocab_offset covers ids [offset, offset + rows): the vocabulary is
+// where it ends (its rows alone had refused the ids past them, under a whole table beside).
+TEST(Data, VocabularyCountsAnEmbeddingsOffset) {
+  Graph g = load_model_json(memory::parse_json_text(R"({"type": "graph",
+      "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"},
+                 {"name": "targets", "shape": [4], "dtype": "i32"}],
+      "params": [{"name": "a", "shape": [240, 6], "init": {"type": "normal", "std": 0.5}},
+                 {"name": "b", "shape": [60, 6], "init": {"type": "normal", "std": 0.5}},
+                 {"name": "w", "shape": [240, 6], "init": {"type": "normal", "std": 0.5}}],
+      "layers": [{"name": "l", "nodes": [
+        {"op": "embedding", "inputs": ["tokens"], "outputs": ["ea"], "params": {"weight": "a"}},
+        {"op": "embedding", "inputs": ["tokens"], "outputs": ["eb"], "params": {"weight": "b"},
+         "attrs": {"vocab_offset": 30}},
+        {"op": "add", "inputs": ["ea", "eb"], "outputs": ["x"]},
+        {"op": "linear", "inputs": ["x"], "outputs": ["logits"], "params": {"weight": "w"}},
+        {"op": "cross_entropy", "inputs": ["logits", "targets"], "outputs": ["loss"]}]}],
+      "loss": "loss"})",
+                                                    "m.json"),
+                            "m.json");
+  EXPECT_EQ(token_vocabulary(g, "m.json"), 90);
+}
+
 TEST(TextData, TooShortNamesTheFile) {
   data_expect_input_error([] { ByteDataset(std::string("short"), "small.txt", 16); },
                           {"small.txt: 5 bytes of data", "at least 17"});
