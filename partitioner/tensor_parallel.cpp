@@ -84,6 +84,29 @@ bool passes_split(const Node& n, OpKind k) {
   return k == OpKind::dropout && attr_double(n, "p", 0.0) == 0.0;
 }
 
+// An attention's attributes on rank r of a heads split over t ranks: the model's own
+// (head_offset, global_heads, kv_group, kv_offset: a model may place its heads with them,
+// docs/formats/model.md) composed with the rank's slice of the query and key/value heads.
+struct LocalHeads {
+  int64_t heads = 1, kv_heads = 1;  // n_head, n_kv_head held locally
+  int64_t head_offset = 0, global_heads = 1, group = 1, kv_offset = 0;
+  int64_t model_kv_offset = 0;  // the unsplit node's kv_offset (explicit or its default)
+};
+LocalHeads local_heads(const Node& n, int t, int r, bool kv_replicated) {
+  const int64_t h = attr_int(n, "n_head", 1), kv = attr_int(n, "n_kv_head", h);
+  const int64_t offset = attr_int(n, "head_offset", 0);
+  LocalHeads l;
+  l.heads = h / t;
+  l.kv_heads = kv_replicated ? kv : kv / t;
+  l.head_offset = offset + int64_t(r) * l.heads;
+  l.global_heads = attr_int(n, "global_heads", h);
+  l.group = std::max<int64_t>(1, attr_int(n, "kv_group", h / kv));
+  // The attention op's default: the key/value heads of its first query head.
+  l.model_kv_offset = attr_int(n, "kv_offset", offset / l.group);
+  l.kv_offset = l.model_kv_offset + (kv_replicated ? 0 : int64_t(r) * l.kv_heads);
+  return l;
+}
+
 class ShardingPass {
  public:
   ShardingPass(const Graph& g, const std::vector<int>& layer_tp, const SplitOverrides& ov,
@@ -122,8 +145,31 @@ class ShardingPass {
     auto it = ov_.where.find(g_.nodes[size_t(node)].name);
     return it == ov_.where.end() ? where_ : it->second;
   }
-  [[noreturn]] void divide_error(int node, int t, const std::string& what, int64_t n) const {
-    throw InputError(where_ + ": tensor-parallel degree " + std::to_string(t) +
+  // The override that split `value` (the nearest one up its producers that pass or make
+  // the split), as its path; empty when the default policy split it.
+  std::string split_origin(int value, int depth = 0) const {
+    int p = g_.values[size_t(value)].producer;
+    if (p < 0 || depth > 64 || !s_.values[size_t(value)].split) return {};
+    const SplitKind* o = override_of(p);
+    if (o != nullptr && *o != SplitKind::none) return override_where(p);
+    for (int in : g_.nodes[size_t(p)].inputs)
+      if (std::string w = split_origin(in, depth + 1); !w.empty()) return w;
+    return {};
+  }
+  // Where a split of `node` comes from: its own override, else the override that split
+  // one of `inputs`, else the degree (`where_`).
+  std::string split_where(int node, std::initializer_list<int> inputs = {}) const {
+    const SplitKind* o = override_of(node);
+    if (o != nullptr) return override_where(node);
+    for (int slot : inputs)
+      if (std::string w = split_origin(g_.nodes[size_t(node)].inputs[size_t(slot)]); !w.empty())
+        return w;
+    return where_;
+  }
+  // `at`: the plan path to name (split_where); the degree's path by default.
+  [[noreturn]] void divide_error(int node, int t, const std::string& what, int64_t n,
+                                 const std::string& at = {}) const {
+    throw InputError((at.empty() ? where_ : at) + ": tensor-parallel degree " + std::to_string(t) +
                      " does not divide " + what + " = " + std::to_string(n) + " of " +
                      node_ref(node));
   }
@@ -182,6 +228,8 @@ class ShardingPass {
       else if (k == OpKind::conv)  // grouped: by whole groups, the output split like the input
         ok = channels && (o == nullptr || *o == SplitKind::column) &&
              attr_int(n, "groups", 1) % t == 0 && accepts_split(n.outputs[0], t, true, depth + 1);
+      else if (o != nullptr)  // "none" on an op that would pass the split on
+        ok = false;
       else if (k == OpKind::bnorm || k == OpKind::pool)
         ok = channels && accepts_split(n.outputs[0], t, true, depth + 1);
       else if (k == OpKind::gpool)
@@ -264,7 +312,7 @@ class ShardingPass {
                        ": where the degree changes between pipeline stages, the values crossing "
                        "the cut must be replicated (cut elsewhere)");
     if (!vs.pattern.whole(val.type.shape[vs.dim_index(val.type.shape)]))
-      throw InputError(where_ + ": value '" + val.name +
+      throw InputError(override_where(node) + ": value '" + val.name +
                        "' is split in several blocks (by heads) and " + node_ref(node) +
                        " needs it whole; it cannot be gathered (keep its producer unsplit)");
     auto& g = s_.nodes[size_t(node)].gather_inputs;
@@ -350,6 +398,12 @@ class ShardingPass {
     if (k == OpKind::embedding) return visit_embedding(node, o);
     if (k == OpKind::cross_entropy) return visit_cross_entropy(node, o);
     if (k == OpKind::conv) return visit_conv(node, o);
+    if (o != nullptr) {  // "none" (the only override of the other ops): run on whole inputs
+      for (size_t i = 0; i < n.inputs.size(); ++i) need_whole(node, int(i));
+      replicate_params(node);
+      out_replicated(node);
+      return;
+    }
     if ((k == OpKind::bnorm || k == OpKind::pool) && split_channels(node, 0)) {
       // Per-channel: the channel split passes on; batchnorm2d's vectors split with it.
       const ValueShard in = s_.values[size_t(n.inputs[0])];
@@ -413,6 +467,18 @@ class ShardingPass {
         override_error(node, "row split of " + node_ref(node) +
                                  " needs its input split over the last dimension, but '" + in_name +
                                  "' is replicated (split the linear before it by columns)");
+      // Key/value heads replicated beside split query heads (rotary's kept block) are on
+      // every rank: a row split would add their part once per rank, and its weight shard
+      // holds no piece of them.
+      if (!s_.values[size_t(n.inputs[0])].pattern.kept.empty())
+        throw InputError(split_where(node, {0}) + ": row split of " + node_ref(node) + " reads '" +
+                         in_name +
+                         "', split by heads with its key/value heads replicated on every rank "
+                         "(the degree does not divide n_kv_head, or k and v are not split): a "
+                         "row split cannot take the replicated columns. Split the key and value "
+                         "linears by columns too (when the degree divides n_kv_head), or keep the "
+                         "query linear unsplit (\"none\") so that '" +
+                         in_name + "' stays whole");
       set_param(node, 0, in_out ? 0 : 1, t, s_.values[size_t(n.inputs[0])].pattern);
       row_split_output(node);
       return;
@@ -428,11 +494,13 @@ class ShardingPass {
         int64_t heads =
             attr_int(g_.nodes[size_t(g_.values[size_t(n.outputs[0])].consumers[0])], "n_head", 1);
         if (heads % t != 0)
-          divide_error(g_.values[size_t(n.outputs[0])].consumers[0], t, "n_head", heads);
+          divide_error(g_.values[size_t(n.outputs[0])].consumers[0], t, "n_head", heads,
+                       split_where(node));
         int64_t c = out_features / 3;
         p.blocks = {{0, c}, {c, c}, {2 * c, c}};
       } else {
-        if (out_features % t != 0) divide_error(node, t, "the output features", out_features);
+        if (out_features % t != 0)
+          divide_error(node, t, "the output features", out_features, split_where(node));
         p.blocks = {{0, out_features}};
       }
       ns.kind = SplitKind::column;
@@ -494,13 +562,14 @@ class ShardingPass {
         if (!in.pattern.whole(g_.values[size_t(in_v)].type.shape[0]))
           override_error(node, "column split of grouped " + node_ref(node) +
                                    " needs its input split in one contiguous block of channels");
-        if (groups % t != 0) divide_error(node, t, "the groups", groups);
+        if (groups % t != 0) divide_error(node, t, "the groups", groups, split_where(node, {0}));
       } else {
         if (in_split)
           override_error(node, "column split of " + node_ref(node) +
                                    " needs a replicated input, but '" + in_name +
                                    "' is split by channels (split this convolution by rows)");
-        if (out_ch % t != 0) divide_error(node, t, "the output channels", out_ch);
+        if (out_ch % t != 0)
+          divide_error(node, t, "the output channels", out_ch, split_where(node));
         ns.copy_inputs.push_back(0);
       }
       ns.kind = SplitKind::column;
@@ -532,8 +601,9 @@ class ShardingPass {
         override_error(node, node_ref(node) +
                                  " cannot run unsplit: its qkv input is split by heads "
                                  "(set the split of the linear before it to \"none\")");
-      if (heads % t != 0) divide_error(node, t, "n_head", heads);
-      if (!kv_rep && kv % t != 0) divide_error(node, t, "n_kv_head", kv);
+      if (heads % t != 0) divide_error(node, t, "n_head", heads, split_where(node, {0}));
+      if (!kv_rep && kv % t != 0) divide_error(node, t, "n_kv_head", kv, split_where(node, {0}));
+      check_local_heads(node, kv_rep);
       ns.kind = SplitKind::heads;
       SplitPattern p;
       p.blocks = {{0, heads * d}};
@@ -542,6 +612,34 @@ class ShardingPass {
     }
     need_whole(node, 0);
     out_replicated(node);
+  }
+
+  // The query heads of every rank must read key/value heads the rank holds (its slice of
+  // them, or all when replicated): with a model's own kv_group or offsets they may not.
+  void check_local_heads(int node, bool kv_replicated) const {
+    const Node& n = g_.nodes[size_t(node)];
+    const int t = tp_of(node);
+    for (int r = 0; r < t; ++r) {
+      const LocalHeads l = local_heads(n, t, r, kv_replicated);
+      // Key/value heads numbered as the model's attention node numbers them.
+      const int64_t first = l.head_offset / l.group - l.model_kv_offset;
+      const int64_t last = (l.head_offset + l.heads - 1) / l.group - l.model_kv_offset;
+      const int64_t held = l.kv_offset - l.model_kv_offset;
+      if (first >= held && last < held + l.kv_heads) continue;
+      std::string attrs;
+      for (const char* a : {"head_offset", "kv_group", "kv_offset"})
+        if (n.attrs.contains(a))
+          attrs += (attrs.empty() ? "" : ", ") + std::string(a) + " = " + n.attrs.at(a).dump();
+      throw InputError(split_where(node, {0}) + ": " + node_ref(node) + " is split by heads over " +
+                       std::to_string(t) + " ranks, but its attributes in the model (" + attrs +
+                       "; " + n.json_path + ") make rank " + std::to_string(r) +
+                       "'s query heads read key/value heads " + std::to_string(first) + ".." +
+                       std::to_string(last) + " and it holds " + std::to_string(held) + ".." +
+                       std::to_string(held + l.kv_heads - 1) +
+                       ". Replicate the key/value heads (\"none\" for the key and value "
+                       "linears before rotary), keep the attention unsplit (\"none\" for the "
+                       "linear before it), or drop those attributes");
+    }
   }
 
   // rotary(q, k, v): split by heads when q is (column split of q_proj); k and v split
@@ -571,7 +669,7 @@ class ShardingPass {
       // Each rank's k and v gradients come from its query heads only: tp_copy sums them.
       ns.copy_inputs = {1, 2};
     } else if (kv % t != 0) {
-      divide_error(node, t, "n_kv_head", kv);
+      divide_error(node, t, "n_kv_head", kv, split_where(node, {1, 2}));
     }
     out_split(node, t, qkv_pattern(heads, kv, d, ns.kv_replicated));
   }
@@ -586,7 +684,8 @@ class ShardingPass {
       return;
     }
     int64_t rows = g_.params[size_t(n.params[0])].shape[0];
-    if (rows % t != 0) divide_error(node, t, "the vocabulary (table rows)", rows);
+    if (rows % t != 0)
+      divide_error(node, t, "the vocabulary (table rows)", rows, split_where(node));
     SplitPattern p;
     p.blocks = {{0, rows}};
     ns.kind = SplitKind::vocab;
@@ -773,16 +872,18 @@ class PhysicalBuilder {
       attrs["n_head"] = heads / t;
       if (has_kv) attrs["n_kv_head"] = ns.kv_replicated ? kv : kv / t;
       if (n.op == "attention") {
-        attrs["head_offset"] = int64_t(r) * (heads / t);
-        attrs["global_heads"] = heads;
-        if (has_kv) {
-          attrs["kv_group"] = heads / kv;
-          attrs["kv_offset"] = ns.kv_replicated ? int64_t(0) : int64_t(r) * (kv / t);
+        const LocalHeads l = local_heads(n, t, r, ns.kv_replicated);
+        attrs["head_offset"] = l.head_offset;
+        attrs["global_heads"] = l.global_heads;
+        if (has_kv || attrs.contains("kv_group") || attrs.contains("kv_offset")) {
+          attrs["kv_group"] = l.group;
+          attrs["kv_offset"] = l.kv_offset;
         }
       }
     } else if (ns.kind == SplitKind::vocab && n.op == "embedding") {
+      // The model's own offset (the ids its table starts at) plus the rank's rows.
       int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
-      attrs["vocab_offset"] = int64_t(r) * (rows / t);
+      attrs["vocab_offset"] = attr_int(n, "vocab_offset", 0) + int64_t(r) * (rows / t);
     } else if (ns.kind == SplitKind::column && n.op == "conv2d" && attrs.contains("groups") &&
                attrs.at("groups").get<int64_t>() > 1) {
       attrs["groups"] = attrs.at("groups").get<int64_t>() / t;  // whole groups per rank
@@ -840,6 +941,8 @@ stages::Param shard_param(const stages::Param& lp, const ParamShard& sh, int r) 
   p.weight_decay = lp.weight_decay;
   p.trainable = lp.trainable;
   if (sh.dim < 0 || sh.t <= 1) return p;
+  // Kept blocks have no pieces here: the pass refuses parameters split with them.
+  BATON_CHECK(sh.pattern.kept.empty(), "parameter '" + lp.name + "' split with kept blocks");
   size_t d = size_t(sh.dim);
   p.shape[d] = sh.pattern.local_size(sh.t);
   int64_t local = 0;

@@ -162,5 +162,201 @@ TEST(PhysicalGraph, RecomputeAndOverrides) {
   expect_same_run(want, run_tensor_parallel(g, 2, ov, spec), 1e-11);
 }
 
+// A graph of LLaMA's attention block in small: q, k, v linears (4 query heads over `kv`
+// key/value heads of 4 features) → rotary → attention (with `attn_attrs` added) → o →
+// residual; with `side`, rotary's qkv also goes through gelu into a linear px added to
+// the residual (a row split of px reads qkv's columns).
+nlohmann::json qkv_graph(int64_t kv, const nlohmann::json& attn_attrs, bool side) {
+  using nlohmann::json;
+  const int64_t h = 4, d = 4, c = 16, v = 12;
+  auto param = [](const char* name, int64_t rows, int64_t cols) {
+    return json{
+        {"name", name}, {"shape", {rows, cols}}, {"init", {{"type", "normal"}, {"std", 0.3}}}};
+  };
+  auto node = [](const char* name, const char* op, json inputs, const char* out) {
+    return json{{"name", name}, {"op", op}, {"inputs", inputs}, {"outputs", {out}}};
+  };
+  auto linear = [&](const char* name, const char* in, const char* out, const char* w) {
+    json n = node(name, "linear", {in}, out);
+    n["params"] = {{"weight", w}};
+    return n;
+  };
+  json heads = {{"n_head", h}, {"n_kv_head", kv}};
+  json attn = node("attn", "attention", {"qkv"}, "a");
+  attn["attrs"] = heads;
+  attn["attrs"].update(attn_attrs);
+  json rot = node("rot", "rotary", {"q", "k", "v"}, "qkv");
+  rot["attrs"] = heads;
+  json embed = node("wte", "embedding", {"tokens"}, "x");
+  embed["params"] = {{"weight", "emb"}};
+  json blk = {linear("q", "x", "q", "wq"),
+              linear("k", "x", "k", "wk"),
+              linear("v", "x", "v", "wv"),
+              rot,
+              attn,
+              linear("o", "a", "y", "wo"),
+              node("r1", "add", {"x", "y"}, "x1")};
+  json params = {param("emb", v, c),     param("wq", h * d, c), param("wk", kv * d, c),
+                 param("wv", kv * d, c), param("wo", c, c),     param("lm", v, c)};
+  if (side) {
+    params.push_back(param("wx", c, (h + 2 * kv) * d));
+    blk.push_back(node("g", "gelu", {"qkv"}, "s"));
+    blk.push_back(linear("px", "s", "z", "wx"));
+    blk.push_back(node("r2", "add", {"x1", "z"}, "x2"));
+  }
+  return {{"type", "graph"},
+          {"name", "qkv"},
+          {"inputs",
+           {{{"name", "tokens"}, {"shape", {5}}, {"dtype", "i32"}},
+            {{"name", "targets"}, {"shape", {5}}, {"dtype", "i32"}}}},
+          {"params", params},
+          {"layers",
+           {{{"name", "embed"}, {"nodes", {embed}}},
+            {{"name", "blk"}, {"nodes", blk}},
+            {{"name", "head"},
+             {"nodes",
+              {linear("lmh", side ? "x2" : "x1", "logits", "lm"),
+               node("ce", "cross_entropy", {"logits", "targets"}, "loss")}}}}},
+          {"loss", "loss"}};
+}
+
+std::string sharding_error(const Graph& g, int tp, const SplitOverrides& ov) {
+  try {
+    plan_sharding(g, std::vector<int>(size_t(g.num_layers()), tp), ov, "plan.json: $.parallel.tp");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+SplitOverrides overrides(const std::map<std::string, SplitKind>& kinds) {
+  SplitOverrides ov;
+  ov.kinds = kinds;
+  for (const auto& [name, kind] : kinds) ov.where[name] = "plan.json: $.splits." + name;
+  return ov;
+}
+
+// Key/value heads replicated beside split query heads (q split by an override, k and v
+// not) reaching a row-split linear: its weight shard held no piece of the replicated
+// columns (never initialised) and every rank added their part. Refused, naming the
+// override; with k and v split too the row split is exact.
+TEST(PhysicalGraph, KeptKeyValueColumnsIntoARowSplitAreRefused) {
+  for (int64_t kv : {1, 2}) {
+    SCOPED_TRACE("kv " + std::to_string(kv));
+    auto g = load_in_dtype(qkv_graph(kv, nlohmann::json::object(), true), DType::f64);
+    const std::string e = sharding_error(*g, 2, overrides({{"q", SplitKind::column}}));
+    EXPECT_EQ(e.rfind("plan.json: $.splits.q: row split of linear node 'px' (layer blk) reads "
+                      "'s', split by heads with its key/value heads replicated on every rank",
+                      0),
+              0u)
+        << e;
+    EXPECT_NE(e.find("Split the key and value linears by columns too"), std::string::npos) << e;
+  }
+  auto g = load_in_dtype(qkv_graph(2, nlohmann::json::object(), true), DType::f64);
+  SplitOverrides ov =
+      overrides({{"q", SplitKind::column}, {"k", SplitKind::column}, {"v", SplitKind::column}});
+  RunSpec spec;
+  expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, ov, spec), 1e-11);
+}
+
+// An attention's own head_offset / global_heads (its dropout mask's place) and kv_group /
+// kv_offset in a model compose with a heads split; they had been overwritten (losses off
+// by 11-13%). A split where a rank's query heads read key/value heads it lacks is refused.
+TEST(PhysicalGraph, ModelHeadAttributesComposeWithAHeadsSplit) {
+  RunSpec spec;
+  {
+    SCOPED_TRACE("head_offset and global_heads, dropout");
+    auto g = load_in_dtype(
+        qkv_graph(2, {{"dropout", 0.3}, {"head_offset", 2}, {"global_heads", 8}}, false),
+        DType::f64);
+    expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, {}, spec), 1e-11);
+  }
+  {
+    SCOPED_TRACE("kv_group 4 over 2 key/value heads, replicated on every rank");
+    auto g = load_in_dtype(qkv_graph(2, {{"kv_group", 4}}, false), DType::f64);
+    SplitOverrides ov = overrides({{"k", SplitKind::none}, {"v", SplitKind::none}});
+    expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, ov, spec), 1e-11);
+    // Split, rank 1's query heads 2, 3 would read key/value head 0, which rank 0 holds.
+    const std::string e = sharding_error(*g, 2, {});
+    EXPECT_EQ(e.rfind("plan.json: $.parallel.tp: attention node 'attn' (layer blk) is split by "
+                      "heads over 2 ranks, but its attributes in the model (kv_group = 4; ",
+                      0),
+              0u)
+        << e;
+    EXPECT_NE(e.find("make rank 1's query heads read key/value heads 0..0 and it holds 1..1"),
+              std::string::npos)
+        << e;
+  }
+  {
+    SCOPED_TRACE("kv_offset with head_offset, key/value heads split");
+    auto g = load_in_dtype(
+        qkv_graph(4, {{"dropout", 0.3}, {"head_offset", 4}, {"global_heads", 8}, {"kv_offset", 4}},
+                  false),
+        DType::f64);
+    expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, {}, spec), 1e-11);
+  }
+}
+
+// An embedding's vocab_offset (the ids its table starts at) in a model: a vocabulary split
+// adds the rank's rows to it (it had replaced it: the losses of a model with offset 0).
+TEST(PhysicalGraph, EmbeddingOffsetComposesWithAVocabularySplit) {
+  auto g = load_in_dtype(nlohmann::json::parse(R"({"type": "graph", "name": "two-tables",
+      "inputs": [{"name": "tokens", "shape": [5], "dtype": "i32"},
+                 {"name": "targets", "shape": [5], "dtype": "i32"}],
+      "params": [{"name": "a", "shape": [12, 8], "init": {"type": "normal", "std": 0.5}},
+                 {"name": "b", "shape": [6, 8], "init": {"type": "normal", "std": 0.5}},
+                 {"name": "w", "shape": [12, 8], "init": {"type": "normal", "std": 0.3}}],
+      "layers": [{"name": "embed", "nodes": [
+          {"name": "ea", "op": "embedding", "inputs": ["tokens"], "outputs": ["ea"],
+           "params": {"weight": "a"}},
+          {"name": "eb", "op": "embedding", "inputs": ["tokens"], "outputs": ["eb"],
+           "params": {"weight": "b"}, "attrs": {"vocab_offset": 3}},
+          {"name": "s", "op": "add", "inputs": ["ea", "eb"], "outputs": ["x"]}]},
+        {"name": "head", "nodes": [
+          {"name": "lm", "op": "linear", "inputs": ["x"], "outputs": ["logits"],
+           "params": {"weight": "w"}},
+          {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "targets"],
+           "outputs": ["loss"]}]}],
+      "loss": "loss"})"),
+                         DType::f64);
+  RunSpec spec;
+  spec.samples = 4;
+  expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, {}, spec), 1e-11);
+}
+
+// "none" on an op that only passes a split (gelu here) is honoured: the op runs on its
+// whole input (gathered when the linear before it is split by an override), and the
+// default policy no longer splits that linear for it (it had been accepted and ignored).
+TEST(PhysicalGraph, NoneOnAPassingOpRunsItWhole) {
+  auto g = physical_gpt(DType::f64, 0.0);
+  {
+    SplitOverrides ov = overrides({{"h.0.mlp.gelu", SplitKind::none}});
+    Sharding s = plan_sharding(*g, std::vector<int>(size_t(g->num_layers()), 2), ov, "test");
+    auto kind = [&](const std::string& name) {
+      for (size_t n = 0; n < g->nodes.size(); ++n)
+        if (g->nodes[n].name == name) return s.nodes[n].kind;
+      ADD_FAILURE() << "no node " << name;
+      return SplitKind::heads;
+    };
+    EXPECT_EQ(kind("h.0.mlp.c_fc"), SplitKind::none);
+    EXPECT_EQ(kind("h.0.mlp.c_proj"), SplitKind::none);
+    EXPECT_EQ(kind("h.1.mlp.c_fc"), SplitKind::column);
+    EXPECT_EQ(kind("h.1.mlp.c_proj"), SplitKind::row);
+  }
+  SplitOverrides ov =
+      overrides({{"h.0.mlp.c_fc", SplitKind::column}, {"h.0.mlp.gelu", SplitKind::none}});
+  Sharding s = plan_sharding(*g, std::vector<int>(size_t(g->num_layers()), 2), ov, "test");
+  for (size_t n = 0; n < g->nodes.size(); ++n) {
+    if (g->nodes[n].name == "h.0.mlp.gelu") {
+      EXPECT_EQ(s.nodes[n].gather_inputs, std::vector<int>{0});
+    }
+    if (g->nodes[n].name == "h.0.mlp.c_proj") {
+      EXPECT_EQ(s.nodes[n].kind, SplitKind::none);
+    }
+  }
+  RunSpec spec;
+  expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, ov, spec), 1e-11);
+}
+
 }  // namespace
 }  // namespace baton::partitioner

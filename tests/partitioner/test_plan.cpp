@@ -843,6 +843,49 @@ TEST(Plan, SplitOverridesAndRecompute) {
   EXPECT_EQ(r2.recompute[1], (std::set<int>{2}));
 }
 
+// A degree that does not divide what an override splits names the override, not the
+// degree (it had named $.parallel.tp): k_proj and v_proj split by columns on a multi-query
+// LLaMA (one key/value head), k_proj's 16 features over 3 ranks.
+TEST(Plan, OverrideDivisibilityNamesTheOverride) {
+  json j = json::parse(R"({"version": 1, "devices": 2, "parallel": {"tp": 2},
+    "model": {"type": "llama", "hidden_size": 48, "intermediate_size": 96,
+              "num_hidden_layers": 1, "num_attention_heads": 6, "num_key_value_heads": 1,
+              "max_position_embeddings": 32, "vocab_size": 240, "context": 16},
+    "batch": {"micro_batch_size": 1}, "schedule": {"name": "gpipe", "micro_batches": 2}})");
+  const std::string k = "model.layers.0.self_attn.k_proj", v = "model.layers.0.self_attn.v_proj";
+  j["splits"] = {{k, "column"}, {v, "column"}};
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.splits." + k +
+                                  ": tensor-parallel degree 2 does not divide n_kv_head = 1 of "
+                                  "rotary node 'model.layers.0.self_attn.rotary' (layer "
+                                  "layers.0)");
+  j["model"]["num_key_value_heads"] = 2;
+  j["devices"] = 3;
+  j["parallel"]["tp"] = 3;
+  j["splits"] = {{k, "column"}};
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.splits." + k +
+                                  ": tensor-parallel degree 3 does not divide the output "
+                                  "features = 16 of linear node '" +
+                                  k + "' (layer layers.0)");
+  j.erase("splits");  // the default keeps k_proj whole at tp 3
+  EXPECT_EQ(plan_error_of(j), "(no error)");
+}
+
+// "none" on an op that only passes a split on (gelu) is honoured: the linear before it is
+// not split for it (the override had been accepted and ignored).
+TEST(Plan, NoneOnAPassingOpIsHonoured) {
+  json j = tiny_plan();
+  j["splits"] = {{"h.0.mlp.gelu", "none"}};
+  ResolvedPlan r = plan_check(j);
+  auto kind_of = [&](const std::string& node) {
+    for (size_t n = 0; n < r.graph->nodes.size(); ++n)
+      if (r.graph->nodes[n].name == node) return r.sharding.nodes[n].kind;
+    return SplitKind::heads;
+  };
+  EXPECT_EQ(kind_of("h.0.mlp.c_fc"), SplitKind::none);
+  EXPECT_EQ(kind_of("h.0.mlp.c_proj"), SplitKind::none);
+  EXPECT_EQ(kind_of("h.1.mlp.c_fc"), SplitKind::column);
+}
+
 // A stage's spatial degree and sync_batchnorm: the layout, the devices they need, the
 // written form, and the refusals that need no engine.
 json spatial_resnet_plan() {
