@@ -272,23 +272,29 @@ StageMemory compose_stage_memory(const CostTable& t, int first, int last,
     m.optimizer += u.bytes * optimizer_states;
   }
   // Forward: S(first, l) + forward peak of l. Backward, which runs the layers in reverse:
-  // S(first, l) + (W + held-through-backward)(l + 1, last) + backward peak of l.
-  int64_t s = 0, after_total = 0;
+  // S(first, l) + (W + held-through-backward)(l + 1, last) + backward peak of l. B and W
+  // as one action: the same without the later layers' W stash, which their W consumed.
+  int64_t s = 0, h_total = 0, w_total = 0;
   auto of = [&](int l) -> const MicroBatchMemory& {
     return recompute.count(l) ? t.layers[size_t(l)].mem_recompute : t.layers[size_t(l)].mem;
   };
-  for (int l = first; l < last; ++l) after_total += of(l).w_stash + of(l).held_through_backward;
-  int64_t after_before = 0, w_total = 0;
+  for (int l = first; l < last; ++l) {
+    h_total += of(l).held_through_backward;
+    w_total += of(l).w_stash;
+  }
+  int64_t h_before = 0, w_before = 0;
   for (int l = first; l < last; ++l) {
     const MicroBatchMemory& x = of(l);
     m.mb.forward_peak = std::max(m.mb.forward_peak, s + x.forward_peak);
-    after_before += x.w_stash + x.held_through_backward;
+    h_before += x.held_through_backward;
+    w_before += x.w_stash;
+    const int64_t held_after = h_total - h_before;
     m.mb.backward_peak =
-        std::max(m.mb.backward_peak, s + (after_total - after_before) + x.backward_peak);
+        std::max(m.mb.backward_peak, s + held_after + (w_total - w_before) + x.backward_peak);
+    m.mb.fused_peak = std::max(m.mb.fused_peak, s + held_after + x.fused_peak);
     s += x.stash;
-    w_total += x.w_stash;
-    m.mb.held_through_backward += x.held_through_backward;
   }
+  m.mb.held_through_backward = h_total;
   // The caller holds every model input of the stage through its F (counted once more for
   // the layer that reads it: an upper bound).
   for (int l = first; l < last; ++l) m.mb.forward_peak += t.input_bytes[size_t(l)];

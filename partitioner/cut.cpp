@@ -34,14 +34,17 @@ PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
     ph_[size_t(l + 1)] = ph_[size_t(l)] + c_.mem[size_t(l)].held_through_backward;
   }
   // A[l] = S(0, l) + forward peak of l;
-  // Bq[l] = S(0, l) - (W + H)(0, l + 1) + backward peak of l, H: held through backward.
-  auto a = std::vector<int64_t>(size_t(L_)), b = std::vector<int64_t>(size_t(L_));
+  // Bq[l] = S(0, l) - (W + H)(0, l + 1) + backward peak of l, H: held through backward;
+  // Fq[l] = S(0, l) - H(0, l + 1) + fused peak of l (B and W as one action: the later
+  // layers' W stash is gone).
+  auto a = std::vector<int64_t>(size_t(L_)), b = a, f = a;
   for (int l = 0; l < L_; ++l) {
     a[size_t(l)] = ps_[size_t(l)] + c_.mem[size_t(l)].forward_peak;
     b[size_t(l)] =
         ps_[size_t(l)] - pw_[size_t(l + 1)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].backward_peak;
+    f[size_t(l)] = ps_[size_t(l)] - ph_[size_t(l + 1)] + c_.mem[size_t(l)].fused_peak;
   }
-  for (auto* src : {&a, &b}) {
+  for (auto* src : {&a, &b, &f}) {
     std::vector<std::vector<int64_t>> st;
     st.push_back(*src);
     for (int w = 1; 2 * w <= L_; w *= 2) {
@@ -50,7 +53,7 @@ PreparedCosts::PreparedCosts(LayerCosts costs) : c_(std::move(costs)) {
       for (size_t i = 0; i < next.size(); ++i) next[i] = std::max(prev[i], prev[i + size_t(w)]);
       st.push_back(std::move(next));
     }
-    (src == &a ? fmax_ : bmax_) = std::move(st);
+    (src == &a ? fmax_ : src == &b ? bmax_ : fusedmax_) = std::move(st);
   }
 }
 
@@ -65,6 +68,7 @@ MicroBatchMemory PreparedCosts::micro_batch(int i, int j) const {
   m.w_stash = pw_[size_t(j)] - pw_[size_t(i)];
   m.forward_peak = range_max(fmax_, i, j) - ps_[size_t(i)] + pin_[size_t(j)] - pin_[size_t(i)];
   m.backward_peak = range_max(bmax_, i, j) + pw_[size_t(j)] + ph_[size_t(j)] - ps_[size_t(i)];
+  m.fused_peak = range_max(fusedmax_, i, j) + ph_[size_t(j)] - ps_[size_t(i)];
   m.held_through_backward = ph_[size_t(j)] - ph_[size_t(i)];
   m.weight_peak = m.w_stash;
   return m;

@@ -93,7 +93,7 @@ class PreparedCosts {
   LayerCosts c_;
   int L_ = 0;
   std::vector<int64_t> pt_, ps_, pw_, pown_, pin_, ph_;
-  std::vector<std::vector<int64_t>> fmax_, bmax_;  // sparse tables of A[l], Bq[l]
+  std::vector<std::vector<int64_t>> fmax_, bmax_, fusedmax_;  // sparse tables of A, Bq, Fq
   mutable std::mutex mu_;
   mutable std::map<std::string, std::shared_ptr<const MemoryReach>> reach_cache_;
 };

@@ -589,7 +589,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       const int64_t d = r.spatial_of(chunk_pp[size_t(k)]);
       StageMemory& m = chunk_mem[size_t(k)];
       for (int64_t* x : {&m.mb.stash, &m.mb.w_stash, &m.mb.forward_peak, &m.mb.backward_peak,
-                         &m.mb.weight_peak, &m.mb.held_through_backward})
+                         &m.mb.weight_peak, &m.mb.held_through_backward, &m.mb.fused_peak})
         *x /= d;
     }
   }
@@ -663,12 +663,15 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
       if (!options.exact_memory) {
         mb.weight_peak += bound;
+        mb.fused_peak += bound;
         continue;
       }
       WalkSpec spec = stage_walk_spec(walked, a, b, r.recompute[size_t(k)], p.micro_batch_size,
                                       r.layer_tp[size_t(a)]);
       spec.sharded_grads = std::move(buckets);
-      mb.weight_peak = walk_micro_batch(spec).weight_peak;
+      const MicroBatchMemory walked_mb = walk_micro_batch(spec);
+      mb.weight_peak = walked_mb.weight_peak;
+      mb.fused_peak = walked_mb.fused_peak;
       // The step's last W also starts the all-reduces of the whole gradients (not sharded:
       // a parameter tied over pipeline ranks) whose buckets lie in this chunk alone, and
       // they wait there for the other pipeline rank, over the W's reduce-scatters.
@@ -693,7 +696,11 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                                                transport::Collective::all_reduce, size_t(elements),
                                                es, int(group.size())))});
         }
-      if (!spec.started_in_w.empty()) mb.last_weight_peak = walk_micro_batch(spec).weight_peak;
+      if (!spec.started_in_w.empty()) {
+        const MicroBatchMemory last = walk_micro_batch(spec);
+        mb.last_weight_peak = last.weight_peak;
+        mb.last_fused_peak = last.fused_peak;
+      }
     }
   }
   // Local SGD: the outer optimizer's anchor (a copy of the parameters at the last sync)

@@ -94,10 +94,15 @@ class Walker {
     m.forward_peak = heap_.peak();
     m.stash = heap_.live();
     heap_.reset_peak();
-    backward();
+    {
+      // B and W as one action (Stage::backward), walked on a copy from the same point.
+      Walker fused = *this;
+      fused.backward(true);
+      m.fused_peak = fused.heap_.peak();
+    }
+    backward(false);
     m.backward_peak = heap_.peak();
     m.held_through_backward = held_through_backward_;
-    m.held_by_caller = held_by_caller_;
     m.w_stash = heap_.live();
     heap_.reset_peak();
     weight();
@@ -184,6 +189,7 @@ class Walker {
     kept_ = std::move(plan.kept);
     recompute_node_ = std::move(plan.recompute_node);
     last_use_ = std::move(plan.last_forward_use);
+    last_layer_use_ = std::move(plan.last_layer_use);
     users_ = std::move(plan.backward_users);
     // Gradients: a walk may name its own boundary (a one-layer graph whose entering
     // values are model inputs), so they follow the walk's boundary, as the Stage's do
@@ -463,6 +469,11 @@ class Walker {
   }
 
   void recompute_layer(int layer) {
+    // A value goes after its last reader in the layer unless a B still reads it.
+    auto drop = [&](int v, int at) {
+      if (last_layer_use_[size_t(v)] == at && pending_[size_t(v)] == 0)
+        heap_.unref(values_[size_t(v)]);
+    };
     for (int n : g_.layers[size_t(layer)].nodes) {
       const Node& node = g_.nodes[size_t(n)];
       Holder ins_h(heap_);
@@ -470,16 +481,15 @@ class Walker {
       for (int v : node.inputs) ins.push_back(ins_h.add(values_[size_t(v)]));
       std::vector<int> outs, saved;
       op_forward(n, ins, 0, outs, saved);
+      for (int v : node.inputs) drop(v, n);
       for (size_t j = 0; j < node.outputs.size(); ++j) {
         heap_.unref(values_[size_t(node.outputs[j])]);
         values_[size_t(node.outputs[j])] = outs[j];
+        drop(node.outputs[j], -1);  // no reader in the layer
       }
       for (int& s : saved_[size_t(n)]) heap_.unref(s);
       saved_[size_t(n)] = saved;
     }
-    for (int n : g_.layers[size_t(layer)].nodes)
-      for (int v : g_.nodes[size_t(n)].outputs)
-        if (pending_[size_t(v)] == 0) heap_.unref(values_[size_t(v)]);
   }
 
   void release_after_backward(int n) {
@@ -495,7 +505,9 @@ class Walker {
     for (int v : node.outputs) done(v);
   }
 
-  void backward() {
+  // B as Stage::run_backward runs it; `fused`: each node's W right after its B.
+  void backward(bool fused) {
+    if (fused) begin_weight();
     grads_.assign(g_.values.size(), Entry{});
     for (int v : w_.boundary_out) {
       if (v == g_.loss) continue;
@@ -528,6 +540,7 @@ class Walker {
             for (int s : saved_[size_t(n)]) ws.push_back(heap_.ref(s));
           if (op.weight_needs_grad_outputs())
             for (int gid : gouts) ws.push_back(heap_.ref(gid));
+          if (fused) weight_node(n);
         }
         for (int v : node.outputs) heap_.unref(grads_[size_t(v)].id);
         release_after_backward(n);
@@ -544,13 +557,12 @@ class Walker {
     for (auto& s : saved_)
       for (int& id : s) heap_.unref(id);
     held_through_backward_ = before_clear - heap_.live();
+    if (fused) end_weight();
     for (Entry& e : grads_) heap_.unref(e.id);
     // The caller sends the input gradients and drops what it received.
-    const int64_t before_caller = heap_.live();
     for (int& id : result) heap_.unref(id);
     for (int& id : caller_) heap_.unref(id);
     caller_.clear();
-    held_by_caller_ = before_caller - heap_.live();
   }
 
   // W as Stage::backward_weight runs it: each node's W stash goes after its op. zero2's
@@ -563,90 +575,112 @@ class Walker {
   // reduction once its last parameter is final, holding its flat copy and scratch to
   // the W's end.
   void weight() {
+    begin_weight();
+    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) weight_node(*it);
+    end_weight();
+  }
+
+  // What W tracks across its nodes (Stage::WeightPass): zero2's buffers and buckets, and
+  // the reductions started.
+  struct WeightPass {
     std::map<int, size_t> bucket_of;
-    for (size_t k = 0; k < w_.sharded_grads.size(); ++k)
-      for (int id : w_.sharded_grads[k].params) bucket_of[id] = k;
     std::map<int, std::map<int, int>> layer_grads;  // parameter -> layer -> buffer
-    std::vector<std::vector<int>> handed(w_.sharded_grads.size());
-    auto param_bytes = [&](int id) {
-      const stages::Param& p = g_.params[size_t(id)];
-      return memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
-    };
+    std::vector<std::vector<int>> handed;
     std::set<int> done;  // parameters whose last W node ran
-    std::vector<bool> started(w_.started_in_w.size(), false);
-    std::vector<int> reducing;  // the started reductions' buffers
-    auto start_ready = [&] {
-      for (size_t k = 0; k < started.size(); ++k) {
-        const GradBucket& bk = w_.started_in_w[k];
-        if (started[k] || !std::all_of(bk.params.begin(), bk.params.end(),
-                                       [&](int id) { return done.count(id) > 0; }))
-          continue;
-        started[k] = true;
-        if (bk.params.size() > 1) {
-          int64_t b = 0;
-          for (int p : bk.params) b += param_bytes(p);
-          reducing.push_back(heap_.alloc(b));
-        }
-        if (bk.scratch > 0) reducing.push_back(heap_.alloc(bk.scratch));
-      }
-    };
-    auto hand = [&](int id) {
-      auto bit = bucket_of.find(id);
-      if (bit == bucket_of.end()) return;
-      std::map<int, int>& bufs = layer_grads[id];
-      int layers = 0;
-      for (int l : g_.params[size_t(id)].layers) layers += l >= w_.first && l < w_.last ? 1 : 0;
-      int total;
-      if (layers == 1 && !bufs.empty()) {
-        total = bufs.begin()->second;  // the layer's buffer itself
-      } else {
-        total = heap_.alloc(param_bytes(id));  // the sum (or zeros when no node ran)
-        for (auto& [l, buf] : bufs) heap_.unref(buf);
-      }
-      bufs.clear();
-      const GradBucket& bucket = w_.sharded_grads[bit->second];
-      std::vector<int>& in = handed[bit->second];
-      in.push_back(total);
-      if (in.size() < bucket.params.size()) return;
-      if (in.size() > 1) {
-        int64_t b = 0;
-        for (int p : bucket.params) b += param_bytes(p);
-        const int flat = heap_.alloc(b);
-        for (int& t : in) heap_.unref(t);
-        in = {flat};
-      }
-      if (bucket.scratch > 0) {
-        int scratch = heap_.alloc(bucket.scratch);
-        heap_.unref(scratch);
-      }
-      heap_.unref(in[0]);
-      in.clear();
-    };
-    // A parameter's last W node: the first of the stage's nodes that uses it.
-    std::map<int, int> last_user;
-    if (!bucket_of.empty() || !started.empty())
+    std::vector<bool> started;
+    std::vector<int> reducing;     // the started reductions' buffers
+    std::map<int, int> last_user;  // a parameter's last W node: the first that uses it
+  };
+
+  void begin_weight() {
+    wp_ = WeightPass{};
+    for (size_t k = 0; k < w_.sharded_grads.size(); ++k)
+      for (int id : w_.sharded_grads[k].params) wp_.bucket_of[id] = k;
+    wp_.handed.resize(w_.sharded_grads.size());
+    wp_.started.assign(w_.started_in_w.size(), false);
+    if (!wp_.bucket_of.empty() || !wp_.started.empty())
       for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
         for (int id : g_.nodes[size_t(*it)].params)
-          if (id >= 0) last_user[id] = *it;
-    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-      auto ws = w_stash_.find(*it);
-      if (ws == w_stash_.end()) continue;
-      const Node& node = g_.nodes[size_t(*it)];
-      for (int id : node.params)
-        if (id >= 0 && bucket_of.count(id) && !layer_grads[id].count(node.layer))
-          layer_grads[id][node.layer] = heap_.alloc(param_bytes(id));
-      for (int& id : ws->second) heap_.unref(id);
-      w_stash_.erase(ws);
-      for (const auto& [id, n] : last_user)
-        if (n == *it && done.insert(id).second) hand(id);
-      start_ready();
+          if (id >= 0) wp_.last_user[id] = *it;
+  }
+
+  int64_t param_bytes(int id) const {
+    const stages::Param& p = g_.params[size_t(id)];
+    return memory::shape_numel(p.shape) * int64_t(memory::dtype_size(p.dtype));
+  }
+
+  void start_ready() {
+    for (size_t k = 0; k < wp_.started.size(); ++k) {
+      const GradBucket& bk = w_.started_in_w[k];
+      if (wp_.started[k] || !std::all_of(bk.params.begin(), bk.params.end(),
+                                         [&](int id) { return wp_.done.count(id) > 0; }))
+        continue;
+      wp_.started[k] = true;
+      if (bk.params.size() > 1) {
+        int64_t b = 0;
+        for (int p : bk.params) b += param_bytes(p);
+        wp_.reducing.push_back(heap_.alloc(b));
+      }
+      if (bk.scratch > 0) wp_.reducing.push_back(heap_.alloc(bk.scratch));
     }
-    // Parameters whose last user has no W (none in practice): after the micro-batch.
-    for (const auto& [id, k] : bucket_of)
-      if (done.insert(id).second) hand(id);
-    for (const GradBucket& bk : w_.started_in_w) done.insert(bk.params.begin(), bk.params.end());
+  }
+
+  void hand(int id) {
+    auto bit = wp_.bucket_of.find(id);
+    if (bit == wp_.bucket_of.end()) return;
+    std::map<int, int>& bufs = wp_.layer_grads[id];
+    int layers = 0;
+    for (int l : g_.params[size_t(id)].layers) layers += l >= w_.first && l < w_.last ? 1 : 0;
+    int total;
+    if (layers == 1 && !bufs.empty()) {
+      total = bufs.begin()->second;  // the layer's buffer itself
+    } else {
+      total = heap_.alloc(param_bytes(id));  // the sum (or zeros when no node ran)
+      for (auto& [l, buf] : bufs) heap_.unref(buf);
+    }
+    bufs.clear();
+    const GradBucket& bucket = w_.sharded_grads[bit->second];
+    std::vector<int>& in = wp_.handed[bit->second];
+    in.push_back(total);
+    if (in.size() < bucket.params.size()) return;
+    if (in.size() > 1) {
+      int64_t b = 0;
+      for (int p : bucket.params) b += param_bytes(p);
+      const int flat = heap_.alloc(b);
+      for (int& t : in) heap_.unref(t);
+      in = {flat};
+    }
+    if (bucket.scratch > 0) {
+      int scratch = heap_.alloc(bucket.scratch);
+      heap_.unref(scratch);
+    }
+    heap_.unref(in[0]);
+    in.clear();
+  }
+
+  // One node's W: its stash goes after its op.
+  void weight_node(int n) {
+    auto ws = w_stash_.find(n);
+    if (ws == w_stash_.end()) return;
+    const Node& node = g_.nodes[size_t(n)];
+    for (int id : node.params)
+      if (id >= 0 && wp_.bucket_of.count(id) && !wp_.layer_grads[id].count(node.layer))
+        wp_.layer_grads[id][node.layer] = heap_.alloc(param_bytes(id));
+    for (int& id : ws->second) heap_.unref(id);
+    w_stash_.erase(ws);
+    for (const auto& [id, last] : wp_.last_user)
+      if (last == n && wp_.done.insert(id).second) hand(id);
     start_ready();
-    for (int& id : reducing) heap_.unref(id);
+  }
+
+  void end_weight() {
+    // Parameters whose last user has no W (none in practice): after the micro-batch.
+    for (const auto& [id, k] : wp_.bucket_of)
+      if (wp_.done.insert(id).second) hand(id);
+    for (const GradBucket& bk : w_.started_in_w)
+      wp_.done.insert(bk.params.begin(), bk.params.end());
+    start_ready();
+    for (int& id : wp_.reducing) heap_.unref(id);
   }
 
   const WalkSpec& w_;
@@ -655,7 +689,7 @@ class Walker {
   std::vector<int> nodes_;
   std::set<int> out_set_;
   std::vector<bool> kept_, needs_grad_, recompute_node_;
-  std::vector<int> last_use_;
+  std::vector<int> last_use_, last_layer_use_;
   std::vector<std::vector<int>> users_;
   std::vector<int> values_;
   std::vector<std::vector<int>> saved_;
@@ -663,7 +697,8 @@ class Walker {
   std::vector<Entry> grads_;
   std::vector<int> pending_;
   std::map<int, std::vector<int>> w_stash_;
-  int64_t held_through_backward_ = 0, held_by_caller_ = 0;
+  WeightPass wp_;
+  int64_t held_through_backward_ = 0;
 };
 
 }  // namespace
@@ -796,8 +831,9 @@ StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int
     b.backward_peak = std::max(b.backward_peak, t.backward_peak);
     b.weight_peak = std::max(b.weight_peak, t.weight_peak);
     b.held_through_backward = std::max(b.held_through_backward, t.held_through_backward);
-    b.held_by_caller = std::max(b.held_by_caller, t.held_by_caller);
+    b.fused_peak = std::max(b.fused_peak, t.fused_peak);
     b.last_weight_peak = std::max(b.last_weight_peak, t.last_weight_peak);
+    b.last_fused_peak = std::max(b.last_fused_peak, t.last_fused_peak);
   }
   return m;
 }
@@ -807,8 +843,8 @@ StageMemory stage_memory(const Graph& g, int first, int last, const std::set<int
 namespace {
 
 // Walks a rank's compute actions, calling visit(pos, stage, kind, held_by_stage) at each
-// (pos: the action's position in s.ranks[rank]). held[k] = {micro-batches between F and
-// B, between B and W} of stage k.
+// (pos: the action's position in s.ranks[rank]; kind as PeakTerm's). held[k] =
+// {micro-batches between F and B, between B and W} of stage k.
 template <class Visit>
 void walk_rank_at(const schedule::Schedule& s, int rank, Visit visit_at) {
   using schedule::ActionKind;
@@ -837,8 +873,7 @@ void walk_rank_at(const schedule::Schedule& s, int rank, Visit visit_at) {
         break;
       case ActionKind::full_backward:
         h.first--;
-        visit(a.stage, 1, held);
-        visit(a.stage, 2, held);
+        visit(a.stage, 3, held);
         break;
       default:
         break;
@@ -879,14 +914,13 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
         for (const auto& [k, h] : held)
           m += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
         const MicroBatchMemory& own = stages[size_t(stage)].mb;
-        const bool last = kind == 2 && own.last_weight_peak > 0 && last_weight[stage] == pos;
-        m += kind == 0   ? own.forward_peak
-             : kind == 1 ? own.backward_peak
-             : last      ? own.last_weight_peak
-                         : own.weight_peak;
-        // B and W as one action (BW): what B received and made is held through its W.
-        if (kind == 2 && actions[pos].kind == schedule::ActionKind::full_backward)
-          m += own.held_by_caller;
+        const bool last = last_weight[stage] == pos;
+        if (kind == 2)
+          m += last && own.last_weight_peak > 0 ? own.last_weight_peak : own.weight_peak;
+        else if (kind == 3)
+          m += last && own.last_fused_peak > 0 ? own.last_fused_peak : own.fused_peak;
+        else
+          m += kind == 0 ? own.forward_peak : own.backward_peak;
         peak = std::max(peak, m);
       });
   return persistent + buffers.loader + peak;
@@ -930,7 +964,10 @@ std::vector<PeakTerm> peak_terms_of_stage(const schedule::Schedule& s, int rank,
 int64_t eval_peak(const std::vector<PeakTerm>& terms, const MicroBatchMemory& m) {
   int64_t peak = 0;
   for (const PeakTerm& t : terms) {
-    int64_t own = t.kind == 0 ? m.forward_peak : t.kind == 1 ? m.backward_peak : m.weight_peak;
+    int64_t own = t.kind == 0   ? m.forward_peak
+                  : t.kind == 1 ? m.backward_peak
+                  : t.kind == 2 ? m.weight_peak
+                                : m.fused_peak;
     peak = std::max(peak, t.a * m.stash + t.b * m.w_stash + own);
   }
   return peak;

@@ -2,7 +2,8 @@
 // (every tensor rounded up to 64 bytes). Persistent: parameters, their gradients (one
 // accumulator per layer of the stage that uses a parameter, plus a total when there are
 // several) and the optimizer state. Per micro-batch: the activation stash from F to B,
-// what W still needs from B to W, and the transient peaks inside F, B and W.
+// what W still needs from B to W, and the transient peaks inside F, B, W and BW (B and
+// W as one pass, each node's W right after its B).
 //
 // The per-micro-batch figures come from walking the stage's nodes the way Stage runs
 // them (stages/stage.cpp): which values forward keeps, when it frees each input after
@@ -33,12 +34,13 @@ struct MicroBatchMemory {
   // Part of the stash that B does not release as it goes but only when it ends (values
   // kept that no backward reads, such as token ids kept for a recomputed layer).
   int64_t held_through_backward = 0;
-  // The gradients B received and made, which its caller holds until the action ends:
-  // through W too when B and W run as one action (BW).
-  int64_t held_by_caller = 0;
+  // During B and W run as one action (BW, Stage::backward): each node's W right after its
+  // B, so no W stash builds up; its stash, incoming and outgoing gradients included.
+  int64_t fused_peak = 0;
   // zero2: during the stage's last W of the step, which also starts the reductions of
-  // its whole gradients (WalkSpec::started_in_w); 0: weight_peak.
-  int64_t last_weight_peak = 0;
+  // its whole gradients (WalkSpec::started_in_w); 0: weight_peak. The same for the
+  // step's last BW; 0: fused_peak.
+  int64_t last_weight_peak = 0, last_fused_peak = 0;
 };
 
 struct StageMemory {
@@ -163,11 +165,11 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
                   const RankBuffers& buffers);
 
 // The same peak as a function of the memory figures of a rank holding ONE stage: the
-// maximum over terms a*stash + b*w_stash + (forward|backward|weight peak of the running
-// micro-batch). Built once per schedule and rank, evaluated in O(terms) by the cut.
+// maximum over terms a*stash + b*w_stash + (forward|backward|weight|fused peak of the
+// running micro-batch). Built once per schedule and rank, evaluated in O(terms) by the cut.
 struct PeakTerm {
   int a = 0, b = 0;
-  int kind = 0;  // 0: forward, 1: backward, 2: weight
+  int kind = 0;  // 0: forward, 1: backward, 2: weight, 3: B and W as one action (BW)
 };
 std::vector<PeakTerm> peak_terms(const schedule::Schedule& s, int rank);
 // The terms of one of a rank's stages alone: only its micro-batches and its own actions

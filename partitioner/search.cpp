@@ -382,10 +382,11 @@ class Search {
       const int64_t h = int64_t(std::ceil(halo_bytes));
       for (MicroBatchMemory* m : {&lc.mem, &lc.mem_recompute}) {
         for (int64_t* x : {&m->stash, &m->w_stash, &m->forward_peak, &m->backward_peak,
-                           &m->weight_peak, &m->held_through_backward})
+                           &m->weight_peak, &m->held_through_backward, &m->fused_peak})
           *x = (*x + sp - 1) / sp + h;
         m->forward_peak += h;
         m->backward_peak += h;
+        m->fused_peak += h;
       }
     }
     for (double& x : t.cut_bytes) x /= d;

@@ -167,6 +167,7 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
   needs_grad_ = std::move(plan.needs_grad);
   recompute_node_ = std::move(plan.recompute_node);
   last_forward_use_ = std::move(plan.last_forward_use);
+  last_layer_use_ = std::move(plan.last_layer_use);
   backward_users_ = std::move(plan.backward_users);
   param_ids_ = g.params_used(first_, last_);
 
@@ -360,7 +361,12 @@ TensorMap Stage::forward(const MicroBatch& mb, const TensorMap& inputs, bool tra
 void Stage::recompute_layer(MbState& s, int layer) {
   const Graph& g = *graph_;
   // Run the layer again from its kept inputs, keeping what its backward reads. Masks are
-  // counter-based, so the recomputed values are bit-identical to the first forward.
+  // counter-based, so the recomputed values are bit-identical to the first forward. As in
+  // forward, a value goes after its last reader in the layer unless a B still reads it.
+  auto drop = [&](int v, int at) {
+    if (last_layer_use_[size_t(v)] == at && s.pending[size_t(v)] == 0)
+      s.values[size_t(v)] = Tensor();
+  };
   for (int n : g.layers[size_t(layer)].nodes) {
     const Node& node = g.nodes[size_t(n)];
     std::vector<Tensor> ins(node.inputs.size());
@@ -374,13 +380,13 @@ void Stage::recompute_layer(MbState& s, int layer) {
     rctx.recompute = true;
     ForwardCall call{rctx, ins, ps, outs, saved, 0};
     node.impl->forward(call);
-    for (size_t j = 0; j < node.outputs.size(); ++j) s.values[size_t(node.outputs[j])] = outs[j];
+    for (int v : node.inputs) drop(v, n);
+    for (size_t j = 0; j < node.outputs.size(); ++j) {
+      s.values[size_t(node.outputs[j])] = outs[j];
+      drop(node.outputs[j], -1);  // no reader in the layer
+    }
     s.saved[size_t(n)] = std::move(saved);
   }
-  for (int n : g.layers[size_t(layer)].nodes)
-    for (int v : g.nodes[size_t(n)].outputs)
-      // Values nobody's B reads, or whose readers (in later layers) are done, go again.
-      if (s.pending[size_t(v)] == 0) s.values[size_t(v)] = Tensor();
 }
 
 void Stage::release_after_backward(MbState& s, int n) {
@@ -396,6 +402,10 @@ void Stage::release_after_backward(MbState& s, int n) {
 }
 
 TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs) {
+  return run_backward(mb_index, grad_outputs, nullptr);
+}
+
+TensorMap Stage::run_backward(int64_t mb_index, const TensorMap& grad_outputs, WeightPass* fused) {
   const Graph& g = *graph_;
   auto it = stash_.find(mb_index);
   if (it == stash_.end())
@@ -458,6 +468,8 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
         if (op.weight_needs_saved()) w.saved = s.saved[size_t(n)];
         if (op.weight_needs_grad_outputs()) w.grad_outputs = gouts;
         s.w[n] = std::move(w);
+        // Fused: W now, while B's gradients are here, so the stash never builds up.
+        if (fused) run_weight(s, n, *fused);
       }
       for (int v : node.outputs) grads[size_t(v)] = GradSlot::Entry{};
       release_after_backward(s, n);
@@ -476,6 +488,10 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
   s.values.clear();
   s.saved.clear();
   s.b_done = true;
+  if (fused) {
+    stash_.erase(it);
+    finish_weight(*fused);
+  }
   return out;
 }
 
@@ -485,11 +501,17 @@ void Stage::backward_weight(int64_t mb_index) {
   backward_weight(mb_index, ParamReadyFn{});
 }
 
-void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
-  const Graph& g = *graph_;
-  // With `ready`: the W node after which each parameter has no user left to run.
-  std::map<int, std::vector<int>> done_after;
+// What one micro-batch's W tracks across its nodes.
+struct Stage::WeightPass {
+  ParamReadyFn ready;
+  std::map<int, std::vector<int>> done_after;  // the W node after which each parameter is final
   std::set<int> told, handed;
+};
+
+Stage::WeightPass Stage::weight_pass(const ParamReadyFn& ready) const {
+  const Graph& g = *graph_;
+  WeightPass pass;
+  pass.ready = ready;
   bool any_shard = false;
   for (const auto& ps : params_) any_shard = any_shard || ps->grad_shard;
   if (ready || any_shard) {
@@ -497,64 +519,64 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
     for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit)
       for (int id : g.nodes[size_t(*nit)].params)
         if (id >= 0) last_user[id] = *nit;
-    for (const auto& [id, n] : last_user) done_after[n].push_back(id);
+    for (const auto& [id, n] : last_user) pass.done_after[n].push_back(id);
   }
-  auto it = stash_.find(mb_index);
-  if (it == stash_.end() || !it->second->b_done)
-    throw RuntimeError("W of micro-batch " + std::to_string(mb_index) + " before its B");
-  MbState& s = *it->second;
-  for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit) {
-    int n = *nit;
-    auto wit = s.w.find(n);
-    if (wit == s.w.end()) continue;
-    const Node& node = g.nodes[size_t(n)];
-    std::vector<Tensor> ps(node.params.size());
-    std::vector<ParamGrad> pg(node.params.size(), ParamGrad{Tensor(), false});
-    for (size_t k = 0; k < node.params.size(); ++k) {
-      if (node.params[k] < 0) continue;
-      ParamState& st = state_of(node.params[k]);
-      ps[k] = st.value;
-      if (!g.params[size_t(node.params[k])].trainable) continue;  // a buffer: no gradient
-      size_t li =
-          size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
-      if (st.grad_shard && !st.grads[li].defined())
-        st.grads[li] = Tensor::empty(st.value.shape(), st.value.dtype(), st.value.device());
-      pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
-      st.has[li] = true;
-    }
-    MbState::WStash& w = wit->second;
-    WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
-    {
-      OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
-      Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
-      node.impl->backward_weight(call);
-    }
-    // Let go of the gradients before zero2 hands them on below: a bucket reduced there
-    // would otherwise hold this node's buffers through its reduce-scatter.
-    pg.clear();
-    s.w.erase(wit);
-    if (auto d = done_after.find(n); d != done_after.end())
-      for (int id : d->second) {
-        ParamState& held = state_of(id);
-        if (held.grad_shard) {
-          hand_micro_grad(held);
-          handed.insert(id);
-        }
-        if (!ready) continue;
-        fold_grad(held);
-        told.insert(id);
-        ready(id);
+  return pass;
+}
+
+void Stage::run_weight(MbState& s, int n, WeightPass& pass) {
+  const Graph& g = *graph_;
+  auto wit = s.w.find(n);
+  if (wit == s.w.end()) return;
+  const Node& node = g.nodes[size_t(n)];
+  std::vector<Tensor> ps(node.params.size());
+  std::vector<ParamGrad> pg(node.params.size(), ParamGrad{Tensor(), false});
+  for (size_t k = 0; k < node.params.size(); ++k) {
+    if (node.params[k] < 0) continue;
+    ParamState& st = state_of(node.params[k]);
+    ps[k] = st.value;
+    if (!g.params[size_t(node.params[k])].trainable) continue;  // a buffer: no gradient
+    size_t li =
+        size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
+    if (st.grad_shard && !st.grads[li].defined())
+      st.grads[li] = Tensor::empty(st.value.shape(), st.value.dtype(), st.value.device());
+    pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
+    st.has[li] = true;
+  }
+  MbState::WStash& w = wit->second;
+  WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
+  {
+    OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
+    Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
+    node.impl->backward_weight(call);
+  }
+  // Let go of the gradients before zero2 hands them on below: a bucket reduced there
+  // would otherwise hold this node's buffers through its reduce-scatter.
+  pg.clear();
+  s.w.erase(wit);
+  if (auto d = pass.done_after.find(n); d != pass.done_after.end())
+    for (int id : d->second) {
+      ParamState& held = state_of(id);
+      if (held.grad_shard) {
+        hand_micro_grad(held);
+        pass.handed.insert(id);
       }
-  }
-  stash_.erase(it);
+      if (!pass.ready) continue;
+      fold_grad(held);
+      pass.told.insert(id);
+      pass.ready(id);
+    }
+}
+
+void Stage::finish_weight(WeightPass& pass) {
   for (auto& ps : params_)
-    if (ps->grad_shard && !handed.count(ps->id)) hand_micro_grad(*ps);
-  if (ready) {
+    if (ps->grad_shard && !pass.handed.count(ps->id)) hand_micro_grad(*ps);
+  if (pass.ready) {
     // Parameters no W node of this micro-batch touched (none in practice) finish too.
     for (auto& ps : params_)
-      if (!told.count(ps->id)) {
+      if (!pass.told.count(ps->id)) {
         fold_grad(*ps);
-        ready(ps->id);
+        pass.ready(ps->id);
       }
     grads_finished_ = true;
     return;
@@ -562,17 +584,25 @@ void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
   grads_finished_ = false;
 }
 
+void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
+  WeightPass pass = weight_pass(ready);
+  auto it = stash_.find(mb_index);
+  if (it == stash_.end() || !it->second->b_done)
+    throw RuntimeError("W of micro-batch " + std::to_string(mb_index) + " before its B");
+  MbState& s = *it->second;
+  for (auto nit = nodes_.rbegin(); nit != nodes_.rend(); ++nit) run_weight(s, *nit, pass);
+  stash_.erase(it);
+  finish_weight(pass);
+}
+
 TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs) {
-  TensorMap out = backward_input(mb_index, grad_outputs);
-  backward_weight(mb_index);
-  return out;
+  return backward(mb_index, grad_outputs, ParamReadyFn{});
 }
 
 TensorMap Stage::backward(int64_t mb_index, const TensorMap& grad_outputs,
                           const ParamReadyFn& ready) {
-  TensorMap out = backward_input(mb_index, grad_outputs);
-  backward_weight(mb_index, ready);
-  return out;
+  WeightPass pass = weight_pass(ready);
+  return run_backward(mb_index, grad_outputs, &pass);
 }
 
 // ---- step ----

@@ -118,7 +118,8 @@ class Stage {
   TensorMap backward_input(int64_t mb_index, const TensorMap& grad_outputs = {});
   // W: accumulates parameter gradients and frees the micro-batch's stash.
   void backward_weight(int64_t mb_index);
-  // B then W.
+  // B and W as one pass: each node's W right after its B, so no W stash builds up (the
+  // gradients are the same bits as backward_input then backward_weight).
   TensorMap backward(int64_t mb_index, const TensorMap& grad_outputs = {});
   // The step's LAST W of this stage (or its last B+W), for an engine that reduces
   // gradients while backward still runs: each parameter's gradient is finished (as by
@@ -191,9 +192,18 @@ class Stage {
  private:
   struct ParamState;
   struct MbState;
+  struct WeightPass;
   void run_node_forward(MbState& s, int node, bool keep_for_backward);
   void recompute_layer(MbState& s, int layer);
   void release_after_backward(MbState& s, int node);
+  // B over the stage's nodes in reverse; with `fused`, each node's W runs right after its
+  // B and the micro-batch is done at the end.
+  TensorMap run_backward(int64_t mb_index, const TensorMap& grad_outputs, WeightPass* fused);
+  // One micro-batch's W: the pass's bookkeeping, a node's W (from its stash, which it
+  // drops) and the parameters finished after the last node.
+  WeightPass weight_pass(const ParamReadyFn& ready) const;
+  void run_weight(MbState& s, int node, WeightPass& pass);
+  void finish_weight(WeightPass& pass);
   void fold_grad(ParamState& ps);
   ParamState& state_of(int id);
   const ParamState& state_of(int id) const;
@@ -208,6 +218,7 @@ class Stage {
   // is its layer recomputed; per value: the nodes whose B reads it.
   std::vector<bool> kept_, recompute_node_, needs_grad_;
   std::vector<int> last_forward_use_;             // last consumer node in the stage
+  std::vector<int> last_layer_use_;               // last consumer in its producer's layer
   std::vector<std::vector<int>> backward_users_;  // nodes whose B reads the value
   std::map<int64_t, std::unique_ptr<MbState>> stash_;
   OptimizerConfig opt_;

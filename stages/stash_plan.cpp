@@ -17,6 +17,7 @@ StashPlan plan_stash(const Graph& g, int first, int last, const std::set<int>& r
   p.kept.assign(nv, false);
   p.needs_grad.assign(nv, false);
   p.last_forward_use.assign(nv, -1);
+  p.last_layer_use.assign(nv, -1);
   p.backward_users.assign(nv, {});
   p.recompute_node.assign(g.nodes.size(), false);
   std::vector<bool> in_stage(g.nodes.size(), false);
@@ -33,6 +34,7 @@ StashPlan plan_stash(const Graph& g, int first, int last, const std::set<int>& r
       if (op.saves_input(i) && !rc) p.kept[size_t(v)] = true;
       // A recomputed layer keeps only what enters it.
       int prod = g.values[size_t(v)].producer;
+      if (prod >= 0 && g.nodes[size_t(prod)].layer == node.layer) p.last_layer_use[size_t(v)] = n;
       if (rc && (prod < 0 || g.nodes[size_t(prod)].layer != node.layer)) p.kept[size_t(v)] = true;
     }
     for (size_t j = 0; j < node.outputs.size(); ++j) {

@@ -22,6 +22,9 @@ struct StashPlan {
   std::vector<bool> recompute_node;              // by node
   std::vector<int> last_forward_use;             // by value: last reading node in the stage
   std::vector<std::vector<int>> backward_users;  // by value: nodes whose B reads it
+  // By value: the last node of its producer's layer that reads it (-1: none), after which
+  // a recomputed layer frees it unless a backward still reads it.
+  std::vector<int> last_layer_use;
 };
 
 StashPlan plan_stash(const Graph& g, int first, int last, const std::set<int>& recompute_layers);

@@ -159,6 +159,68 @@ TEST(Equivalence, DeferredWeightGradientsChangeNoBit) {
   expect_bit_identical(run_single(g, b, 3, so), run_single(g, b, 3, so, true));
 }
 
+// B and W as one pass (backward()) against B then W as two calls: the same bits in the
+// gradients, the ready callbacks (the step's last micro-batch) and a ZeRO-2 receiver's
+// whole gradients, in the same order.
+TEST(Equivalence, FusedBackwardChangesNoBit) {
+  const uint64_t seed = 26;
+  auto g = testing::tiny_gpt(DType::f32, 3, 2, 16, 8, 13, 0.1);
+  Batch b = make_batch(6, 8, 13, seed);
+  const int64_t parts = 3;
+  for (bool rc : {false, true}) {
+    SCOPED_TRACE(rc ? "recompute" : "no recompute");
+    auto run = [&](bool fused) {
+      StageOptions so;
+      so.seed = seed;
+      if (rc)
+        for (int l = 0; l < g->num_layers(); ++l) so.recompute_layers.insert(l);
+      Stage st(g, 0, g->num_layers(), so);
+      // Events in order: (param id, the gradient's bits) from ready and the receiver.
+      std::vector<std::pair<int, std::vector<float>>> events;
+      // ZeRO-2 on the tied wte (two layers' buffers summed) and on ln_f's weight.
+      for (const char* name : {"wte.weight", "ln_f.weight"}) {
+        const int id = g->find_param(name);
+        st.set_optimizer_shard(id, 0, st.param(id).numel() / 2);
+        st.set_grad_shard(id);
+      }
+      st.set_micro_grad_fn(
+          [&](int id, Tensor t) { events.emplace_back(id, t.to_vector<float>()); });
+      st.zero_grad();
+      Result r;
+      for (int64_t k = 0; k < parts; ++k) {
+        MicroBatch mb = micro(b, k, parts);
+        r.loss += value_of(st.forward(mb, data_of(b, mb)).at("loss"));
+        Stage::ParamReadyFn ready;
+        if (k == parts - 1)
+          ready = [&](int id) {
+            events.emplace_back(-1 - id, st.grad_sharded(id) ? std::vector<float>{}
+                                                             : st.grad(id).to_vector<float>());
+          };
+        if (fused) {
+          st.backward(k, {}, ready);
+        } else {
+          st.backward_input(k);
+          st.backward_weight(k, ready);
+        }
+      }
+      for (int id : st.param_ids())
+        r.grads[g->params[size_t(id)].name] = st.grad(id).to_vector<float>();
+      return std::make_pair(r, events);
+    };
+    const auto [fused, fused_events] = run(true);
+    const auto [split, split_events] = run(false);
+    expect_bit_identical(fused, split);
+    ASSERT_EQ(fused_events.size(), split_events.size());
+    EXPECT_EQ(fused_events.size(), size_t(parts * 2 + g->params.size()));
+    for (size_t i = 0; i < fused_events.size(); ++i) {
+      EXPECT_EQ(fused_events[i].first, split_events[i].first) << "event " << i;
+      const auto &x = fused_events[i].second, &y = split_events[i].second;
+      ASSERT_EQ(x.size(), y.size()) << "event " << i;
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << "event " << i;
+    }
+  }
+}
+
 TEST(Equivalence, PipelineCutChangesNoBit) {
   const uint64_t seed = 25;
   auto g = testing::tiny_gpt(DType::f32, 3, 2, 16, 8, 13, 0.1);
