@@ -19,21 +19,35 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
-TEST(CommaList, ItemsInOrderEmptyOnesSkipped) {
+// An empty item is refused: skipped, a stray comma had silently shortened the list.
+TEST(CommaList, ItemsInOrderEmptyOnesRefused) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(split_comma_list("gpipe,1f1b,zb-v"), (V{"gpipe", "1f1b", "zb-v"}));
-  EXPECT_EQ(split_comma_list("a,,b,"), (V{"a", "b"}));
-  EXPECT_EQ(split_comma_list(""), V{});
-  EXPECT_EQ(split_comma_list("one"), V{"one"});
+  EXPECT_EQ(split_comma_list("gpipe,1f1b,zb-v", "--schedule"), (V{"gpipe", "1f1b", "zb-v"}));
+  EXPECT_EQ(split_comma_list("", "--schedule"), V{});
+  EXPECT_EQ(split_comma_list("one", "--schedule"), V{"one"});
+  for (const char* bad : {"a,,b", "a,", ",a", ","}) {
+    try {
+      split_comma_list(bad, "--schedule");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("--schedule '") + bad +
+                                           "': an empty item (expected items separated by "
+                                           "single commas)");
+    }
+  }
 }
 
 TEST(CommaList, IntegersInRange) {
   EXPECT_EQ(parse_int_list("3,4,1", "--layers", 1, 8, "counts"), (std::vector<int64_t>{3, 4, 1}));
-  EXPECT_EQ(parse_int_list("", "--layers", 1, 8, "counts"), std::vector<int64_t>{});
+  EXPECT_EQ(parse_int_list("-2,3", "--offsets", -4, 4, "offsets"), (std::vector<int64_t>{-2, 3}));
+  EXPECT_EQ(error_of(""), "--layers: expected counts 1 to 8 like 3,4, found ''");
   EXPECT_EQ(error_of("3,9"), "--layers: expected counts 1 to 8 like 3,4, found '9'");
   EXPECT_EQ(error_of("0"), "--layers: expected counts 1 to 8 like 3,4, found '0'");
   EXPECT_EQ(error_of("3,x"), "--layers: expected counts 1 to 8 like 3,4, found 'x'");
   EXPECT_EQ(error_of("2.5"), "--layers: expected counts 1 to 8 like 3,4, found '2.5'");
+  EXPECT_EQ(error_of(" 3"), "--layers: expected counts 1 to 8 like 3,4, found ' 3'");
+  EXPECT_EQ(error_of("+3"), "--layers: expected counts 1 to 8 like 3,4, found '+3'");
+  EXPECT_EQ(error_of("-3"), "--layers: expected counts 1 to 8 like 3,4, found '-3'");
   EXPECT_EQ(error_of("99999999999999999999"),
             "--layers: expected counts 1 to 8 like 3,4, found '99999999999999999999'");
 }
