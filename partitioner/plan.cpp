@@ -473,7 +473,9 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   sched.expect_only({"name", "micro_batches", "chunks"});
   p.schedule = sched.at("name").as_string();
   p.micro_batches = int(sched.at("micro_batches").as_int(1, kMaxCount));
-  p.chunks = int(sched.get_int("chunks", 0, 0, kMaxCount));
+  // 0 stands for "not given" (the schedule's own count): a 0 written in the file had
+  // passed, and meant interleaved-1f1b's default 2.
+  if (auto c = sched.get("chunks")) p.chunks = int(c->as_int(1, kMaxCount));
 
   if (auto b = r.get("batch")) {
     b->expect_only({"micro_batch_size", "global"});
@@ -568,6 +570,19 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   }
   if (auto pr = r.get("predicted")) {
     pr->expect_only({"step_time_s", "bubble", "memory_bytes", "time_model", "tokens_per_s"});
+    // Informational (--check recomputes it), but typed as `baton plan` writes it.
+    for (const char* key : {"step_time_s", "tokens_per_s"})
+      if (auto x = pr->get(key); x && x->as_double() < 0) x->fail("a number >= 0");
+    if (auto x = pr->get("bubble")) x->as_double(0, 1);
+    if (auto x = pr->get("memory_bytes")) {
+      x->expect_array();
+      for (const JsonReader& b : x->items())
+        if (b.as_int() < 0) b.fail("a byte count >= 0");
+    }
+    if (auto x = pr->get("time_model")) {
+      const std::string m = x->as_string();
+      if (m != "measured" && m != "analytic") x->fail("\"measured\" or \"analytic\"");
+    }
     p.predicted = pr->raw();
   }
   return p;

@@ -303,6 +303,58 @@ TEST(Plan, UnknownScheduleAndFields) {
       "plan.json: $.optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"adam\"");
 }
 
+// schedule.chunks, when given, is at least 1 (a 0 had passed: on interleaved-1f1b as its
+// default 2), and a schedule of its own count refuses any other; the predicted block,
+// though informational, holds what `baton plan` writes: numbers, byte counts per rank and
+// the time model's name.
+TEST(Plan, ChunksAndPredictedAreChecked) {
+  json j = tiny_plan();
+  j["schedule"]["chunks"] = 0;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule.chunks: expected an integer in [1, 16777216], found 0");
+  j["schedule"] = {{"name", "interleaved-1f1b"}, {"micro_batches", 4}, {"chunks", 0}};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule.chunks: expected an integer in [1, 16777216], found 0");
+  j = tiny_plan();
+  j["schedule"]["chunks"] = 2;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule: 1f1b: chunks: expected 1 (the schedule's own), found 2");
+  j["schedule"]["chunks"] = 1;
+  EXPECT_EQ(plan_error_of(j), "(no error)");
+
+  const json good = {{"step_time_s", 0.01},
+                     {"bubble", 0.25},
+                     {"tokens_per_s", 1000},
+                     {"memory_bytes", {1, 2, 3, 4, 5, 6, 7, 8}},
+                     {"time_model", "analytic"}};
+  j = tiny_plan();
+  j["predicted"] = good;
+  EXPECT_EQ(plan_error_of(j), "(no error)");
+  auto with = [&](const std::string& key, const json& value) {
+    json k = tiny_plan();
+    k["predicted"] = good;
+    k["predicted"][key] = value;
+    return plan_error_of(k);
+  };
+  EXPECT_EQ(with("bubble", "hello"),
+            "plan.json: $.predicted.bubble: expected a number, found \"hello\"");
+  EXPECT_EQ(with("bubble", 1.5),
+            "plan.json: $.predicted.bubble: expected a number in [0, 1], found 1.5");
+  EXPECT_EQ(with("step_time_s", json::array({1})),
+            "plan.json: $.predicted.step_time_s: expected a number, found an array of 1");
+  EXPECT_EQ(with("tokens_per_s", -1),
+            "plan.json: $.predicted.tokens_per_s: expected a number >= 0, found -1");
+  EXPECT_EQ(with("memory_bytes", "x"),
+            "plan.json: $.predicted.memory_bytes: expected an array, found \"x\"");
+  EXPECT_EQ(with("memory_bytes", json::array({1, -2})),
+            "plan.json: $.predicted.memory_bytes[1]: expected a byte count >= 0, found -2");
+  EXPECT_EQ(with("time_model", 42),
+            "plan.json: $.predicted.time_model: expected a string, found 42");
+  EXPECT_EQ(with("time_model", "guessed"),
+            "plan.json: $.predicted.time_model: expected \"measured\" or \"analytic\", found "
+            "\"guessed\"");
+}
+
 // optimizer_sharding: none (the default, not written back), zero1 or zero2; anything
 // else is an error naming the field.
 TEST(Plan, OptimizerSharding) {
