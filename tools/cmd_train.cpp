@@ -244,6 +244,13 @@ int run_train(const std::vector<std::string>& args) {
     throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
   }
   memory::cuda::require_device(o.device);
+  // Under --plan the device is the plan's (--device is refused there): name its field.
+  if (plan_doc && o.precision != kernels::Precision::f32 && !o.device.is_cuda())
+    throw InputError("--precision " + std::string(kernels::precision_name(o.precision)) +
+                     ": needs a CUDA device (the plan's ranks run on " + o.device.str() +
+                     ", which computes in f32 only; use --precision f32 or the plan's \"device\": "
+                     "\"cuda\", " +
+                     plan_doc->where("$.device") + ")");
   kernels::check_precision(o.precision, o.device);
   // The cap: --device-memory, or the plan's device memory (each rank, as its estimate
   // assumed); on a GPU checked against its free memory first.

@@ -335,6 +335,18 @@ TEST(Cli, DeviceAndPrecisionFlags) {
       "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [{"layers": [0, 3]}]})");
   cli_expect_input_error("--plan " + plan + " --data " + kCliCorpus + " --device cuda",
                          {"--device does not go with --plan", "\"device\" field"});
+  // A CPU plan's 16-bit precision: the hint is the plan's field, not the refused flag.
+  std::string cpu_plan = temp_file("cpu_plan.json", R"({"version": 1, "model": ")" + model +
+                                                        R"(", "devices": 1,
+      "schedule": {"name": "1f1b", "micro_batches": 1}, "stages": [{"layers": [0, 3]}]})");
+  Result bf16 = cli_run("--plan " + cpu_plan + " --data " + kCliCorpus + " --precision bf16");
+  EXPECT_EQ(bf16.code, 2) << bf16.output;
+  EXPECT_NE(bf16.output.find("--precision bf16: needs a CUDA device"), std::string::npos)
+      << bf16.output;
+  EXPECT_NE(bf16.output.find("the plan's \"device\": \"cuda\", " + cpu_plan + ": $.device"),
+            std::string::npos)
+      << bf16.output;
+  EXPECT_EQ(bf16.output.find("--device cuda"), std::string::npos) << bf16.output;
   if (n == 0) {
     Result r = cli_run("--plan " + plan + " --data " + kCliCorpus + " --steps 1");
     EXPECT_EQ(r.code, 1) << r.output;
