@@ -69,13 +69,12 @@ PsServedBytes ps_served_bytes(const ResolvedPlan& r, const CostTable& t) {
   return out;
 }
 
-// A server rank's peak (engine/detail/param_server.h): `part` bytes each as parameter,
-// summed gradient, optimizer state and each of the s pulls in flight it keeps (staleness
-// s), two whole buckets of `bucket` bytes in flight and STEP's norm and loss vector.
-int64_t ps_server_peak(const ResolvedPlan& r, int64_t part, int64_t bucket, int optimizer_states) {
-  const int64_t slots = int64_t(r.graph->num_layers()) + int64_t(r.plan.dp) * r.plan.micro_batches;
-  return part * (2 + optimizer_states + r.plan.dp_sync.max_staleness) + 2 * bucket +
-         rounded(slots * 8);
+// STEP's norm pieces per layer and loss slots (Executor::finish_step, ParamServer::step),
+// all-reduced over the world: the vector and the all-reduce's scratch.
+int64_t step_vector_bytes(const ResolvedPlan& r, int layers) {
+  const int64_t slots = int64_t(layers) + int64_t(r.plan.dp) * r.plan.micro_batches;
+  return rounded(slots * 8) + int64_t(transport::collective_scratch_bytes(
+                                  transport::Collective::all_reduce, size_t(slots), 8, r.world()));
 }
 
 }  // namespace
@@ -96,7 +95,15 @@ int64_t ps_server_peak_bound(const ResolvedPlan& r, const CostTable& t, int opti
   for (int64_t b : t.own_param_bytes) largest = std::max(largest, b);
   for (const ParamUse& u : t.shared_params) largest = std::max(largest, u.bytes);
   const int64_t part = (int64_t(served.total) + n - 1) / n + 128 * buckets;
-  return ps_server_peak(r, part, rounded(std::min(largest, rank_bytes)), optimizer_states);
+  const int64_t bucket = rounded(std::min(largest, rank_bytes));
+  // As evaluate_plan's server walk, each term at its largest: `part` bytes each as
+  // parameter, summed gradient, optimizer state and each of the s pulls it keeps, two
+  // whole buckets in flight and a push's reduce-scatter scratch (bytes as 4-byte
+  // elements: its size in bytes does not depend on the element size), STEP's vector.
+  const int64_t scratch = int64_t(transport::reduce_scatter_scratch_bound(
+      size_t(bucket + 3) / 4, 4, r.plan.dp + int(n), int(n)));
+  return part * (2 + optimizer_states + r.plan.dp_sync.max_staleness) + 2 * bucket + scratch +
+         step_vector_bytes(r, r.graph->num_layers());
 }
 
 namespace {
@@ -476,7 +483,8 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     sharded[gg.ranks].whole.push_back(id);
   }
   // Extra server ranks join a sharded group's reduce-scatter and own every part of it
-  // (bucket_parts), so its ring's window is sized by a server's part, not a replica's.
+  // (bucket_parts), so its ring's window is sized by a server's part, and a small one's
+  // direct exchange receives nothing on a replica (its own part is empty).
   const int servers = p.dp_sync.parameter_server() ? p.dp_sync.ps_ranks : 0;
   int64_t flats = 0, scratch = 0;
   for (auto& [members, ids] : groups) {
@@ -492,7 +500,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
               int64_t(to_servers
                           ? transport::collective_scratch_bytes(
                                 transport::Collective::reduce_scatter, size_t(elements), es,
-                                n + servers, size_t(elements + servers - 1) / servers, true)
+                                n + servers, size_t(elements + servers - 1) / servers, true, 0)
                           : transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                                 size_t(elements), es, n)));
         });
@@ -748,6 +756,17 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
 
   for (int rank = 0; rank < r.layout.world(); ++rank) {
+    // The replicas of one position (pipeline rank, tensor-parallel index, tile) hold the
+    // same stages and buffers, their groups the same sizes: replica 0's estimate (ranks
+    // are replica-major, so it comes first) is theirs. Evaluating each had cost
+    // O(world) per rank in its gradient groups, O(world^2) in all.
+    if (const RankCoord c = r.layout.coord(rank); c.dp > 0) {
+      RankEstimate re = e.ranks[size_t(r.layout.rank(0, c.pp, c.tp, c.sp))];
+      re.rank = rank;
+      re.coord = c;
+      e.ranks.push_back(std::move(re));
+      continue;
+    }
     RankEstimate re;
     re.rank = rank;
     re.coord = r.layout.coord(rank);
@@ -806,8 +825,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // Extra parameter-server ranks (engine/detail/param_server.h): each holds its part of
   // every served bucket (1/ps_ranks of each replica position's sharded parameters), the
   // summed gradient of that part until the update and its optimizer state, and beyond
-  // them two buckets' whole buffers in flight; each step it sends its part to every
-  // replica (the pull).
+  // them the push's buffers (two whole buckets in flight and a reduce-scatter's scratch)
+  // or the pull's; each step it sends its part to every replica (the pull).
   if (p.dp_sync.ps_ranks > 0) {
     // The step's times (schedule_costs' terms): the replica rank whose push and exposed
     // update and pull take longest.
@@ -819,22 +838,70 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       if (st.push + st.exposed > e.servers.push + e.servers.exposed) e.servers = st;
     }
     const int n = p.dp_sync.ps_ranks;
-    int64_t elements = 0, part = 0, bucket = 0;
-    for (int q = 0; q < r.layout.world(); ++q) {
-      if (r.layout.coord(q).dp != 0) continue;
+    // The served groups as ParamServer cuts them: by member list (a replica position's
+    // replicas, then the servers), each group's parameters into the replicas' buckets.
+    std::map<std::vector<int>, std::pair<std::shared_ptr<Graph>, std::vector<int>>> groups;
+    for (int q = 0; q < r.layout.world() && r.layout.coord(q).dp == 0; ++q) {
       std::shared_ptr<Graph> qg = physical_graph(r, q);
-      std::vector<int> ids;
       for (const GradientGroup& gg : gradient_groups(r, q))
-        if (gg.ranks.size() > 1 && optimizer_sharded(r, q, gg))
+        if (gg.ranks.size() > 1 && optimizer_sharded(r, q, gg)) {
+          auto& [graph, ids] = groups[reduction_members(r, q, gg)];
+          graph = qg;
           ids.push_back(qg->find_param(gg.name));
-      for_each_bucket(*qg, ids, options.bucket_bytes, nullptr,
+        }
+    }
+    // Each bucket's whole push input (the gradients' dtype), the server's part of it as
+    // gradient and as master (f32: ParamServer::Options::master_dtype, also its optimizer
+    // state's, the pulls' and the pull's all-gather output), and the push's reduce-scatter
+    // scratch on the server, which owns the largest part.
+    struct Bucket {
+      int64_t in, grad, out, scratch;
+    };
+    const int64_t master_es = int64_t(memory::dtype_size(memory::DType::f32));
+    int64_t elements = 0, part = 0, grads = 0, push = 0, pull = 0, wide = 0;
+    for (const auto& [members, group] : groups) {
+      std::vector<Bucket> bs;
+      for_each_bucket(*group.first, group.second, options.bucket_bytes, nullptr,
                       [&](int, int64_t el, memory::DType dt) {
                         const int64_t es = int64_t(memory::dtype_size(dt)), mine = (el + n - 1) / n;
                         elements += mine;
-                        part += rounded(mine * es);
-                        bucket = std::max(bucket, rounded(el * es));
+                        part += rounded(mine * master_es);
+                        // Mixed precision: the update widens a part's gradient first.
+                        if (es != master_es) wide = std::max(wide, rounded(mine * master_es));
+                        bs.push_back({rounded(el * es), rounded(mine * es), rounded(el * master_es),
+                                      int64_t(transport::collective_scratch_bytes(
+                                          transport::Collective::reduce_scatter, size_t(el),
+                                          size_t(es), int(members.size()), size_t(mine), true))});
                       });
+      // The push, two buckets in flight (ServerWindow): bucket j's input is allocated
+      // while j - 1's reduce-scatter runs, and j's runs while j - 1's part is copied out;
+      // the parts copied stay until the update.
+      for (size_t j = 0; j < bs.size(); ++j) {
+        const Bucket& b = bs[j];
+        if (j > 0) {
+          const Bucket& a = bs[j - 1];
+          push = std::max(push, grads + a.in + b.in + std::max(a.scratch, a.grad + b.scratch));
+          grads += a.grad;
+        }
+        if (j + 1 == bs.size()) {
+          push = std::max(push, grads + b.in + std::max(b.scratch, b.grad));
+          grads += b.grad;
+        }
+      }
+      // The pull, after the update has dropped the gradients: with one server, each
+      // bucket's whole all-gather output, two in flight; several servers send their parts
+      // from the masters (pull_bucket).
+      if (n == 1) {
+        std::vector<int64_t> outs;
+        for (const Bucket& b : bs) outs.push_back(b.out);
+        std::sort(outs.rbegin(), outs.rend());
+        pull = std::max(pull, outs.empty() ? 0 : outs[0] + (outs.size() > 1 ? outs[1] : 0));
+      }
     }
+    // The masters, their optimizer state and the s pulls kept throughout; then the largest
+    // of the push, STEP (every part's gradient, the norm and loss vector) and the pull.
+    const int64_t held = part * (1 + opt + p.dp_sync.max_staleness);
+    const int64_t step = grads + wide + step_vector_bytes(r, g.num_layers());
     for (int k : r.server_ranks()) {
       RankEstimate re;
       re.rank = k;
@@ -843,7 +910,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.param_bytes = part;
       re.grad_bytes = part;
       re.optimizer_bytes = part * opt;
-      re.peak = ps_server_peak(r, part, bucket, opt);
+      re.peak = held + std::max({push, step, pull});
       re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
       // The servers hold equal parts: the first one over its capacity speaks for all.
       if (p.device_memory > 0 && re.peak > p.device_memory && k == r.server_ranks().front())

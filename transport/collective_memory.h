@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace baton::transport {
 
@@ -17,12 +18,19 @@ enum class Collective { all_reduce, reduce_scatter, all_gather };
 // all-gather: the whole buffer; `part` the largest rank's part, in elements, for a
 // reduce-scatter: 0 bounds it by the whole buffer). A
 // reduce-scatter `in_place` (its output the rank's own part of its input, as the gradient
-// reducer's) keeps its ring's partial sums in the input: no accumulator slots.
+// reducer's) keeps its ring's partial sums in the input: no accumulator slots. `own`: this
+// rank's part, where it differs from `part` (a replica's 0 beside extra parameter-server
+// ranks' parts): the direct exchange of a small message receives only its own part from
+// each peer.
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
-                                size_t part = 0, bool in_place = false);
+                                size_t part = 0, bool in_place = false, size_t own = SIZE_MAX);
 
 // The most scratch any all-reduce of at most `count` elements of `esize` bytes takes, over
 // any group size: the bound the plan search adds for collectives it does not enumerate.
 size_t all_reduce_scratch_bound(size_t count, size_t esize);
+// The most scratch an in-place reduce-scatter of at most `count` elements takes on a rank
+// owning the largest part, over `group_size` ranks whose last `owners` hold the parts
+// (extra parameter-server ranks; all of them: `owners` = `group_size`).
+size_t reduce_scatter_scratch_bound(size_t count, size_t esize, int group_size, int owners);
 
 }  // namespace baton::transport

@@ -83,6 +83,41 @@ TEST(MemoryAccuracy, StaleParameterServer) {
   }
 }
 
+// Extra server ranks beside a pipeline (PP 2 x DP 2, 1F1B): each pipeline rank's served
+// bucket is under 32 KiB, so its push is a direct exchange, in which the server (owning
+// every part) receives each member's whole bucket (3 x 27 KiB: left out, the server's
+// estimate had been 13,888 bytes short, and a run capped at it ran out of memory) and a
+// replica (owning none) nothing (counted, the replicas' estimates had been 19-29% over).
+// One server at staleness 0, two at staleness 1 (each sending its part, no all-gather
+// output). The servers' and the replicas' estimates are never under the measured peak.
+TEST(MemoryAccuracy, ParameterServerRanksOfAPipeline) {
+  for (const json& sync :
+       {json{{"max_staleness", 0}, {"ps_ranks", 1}}, json{{"max_staleness", 1}, {"ps_ranks", 2}}}) {
+    SCOPED_TRACE(sync.dump());
+    Workspace ws("memacc-ps-pp");
+    std::ofstream(ws.path("model.json"))
+        << json{{"type", "gpt2"}, {"n_layer", 3},      {"n_head", 2},
+                {"n_embd", 16},   {"n_positions", 16}, {"vocab_size", 256}}
+               .dump();
+    json plan = {{"version", 1},
+                 {"model", "model.json"},
+                 {"devices", 4},
+                 {"parallel", {{"pp", 2}, {"dp", 2}}},
+                 {"batch", {{"micro_batch_size", 1}}},
+                 {"schedule", {{"name", "1f1b"}, {"micro_batches", 4}}},
+                 {"stages", {{{"layers", {0, 3}}}, {{"layers", {3, 5}}}}},
+                 {"dp_sync", sync}};
+    plan["dp_sync"]["mode"] = "parameter-server";
+    std::ofstream(ws.path("plan.json")) << plan.dump(2);
+    const int ranks = 4 + sync["ps_ranks"].get<int>();
+    expect_memory_accurate(ws.path("plan.json"), ranks, ws.dir, " --steps 4");
+    const json summary = json::parse(std::ifstream(ws.path("summary.json")));
+    for (const json& r : summary["ranks"])
+      EXPECT_GE(r["estimated_peak_bytes"].get<int64_t>(), r["peak_bytes"].get<int64_t>())
+          << "rank " << r["rank"];
+  }
+}
+
 // DualPipe: every chunk on two ranks, reduced like data parallelism.
 TEST(MemoryAccuracy, DualPipeReplicas) {
   expect_accurate(gpt({1, 1}, 1, "dualpipe"));

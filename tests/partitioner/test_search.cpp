@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -22,6 +23,7 @@
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/layout.h"
+#include "partitioner/memory_model.h"
 #include "partitioner/plan.h"
 #include "partitioner/predict.h"
 #include "partitioner/profile.h"
@@ -729,6 +731,79 @@ TEST(Evaluate, OptimizerStepTimePerRank) {
   for (size_t r = 0; r < 2; ++r)
     EXPECT_GT(post.optimizer_step_rank[r], sync.optimizer_step_rank[r]) << r;
   EXPECT_DOUBLE_EQ(post.optimizer_step, post.optimizer_step_rank[1]);
+}
+
+// The replicas of one position (pipeline rank, tensor-parallel index) hold the same stages
+// and buffers: every rank's own buffers (rank_buffers, which evaluate_plan had computed
+// for every rank, O(world) each) equal its replica 0's, and so does its estimate, which
+// evaluate_plan now takes from replica 0. Over tensor parallelism, zero1 and a parameter
+// server on the replicas and on an extra rank; then a pipeline of 2 x 4096 replicas (8192
+// ranks), whose evaluation had grown with the world's square (minutes; now well under a
+// second: docs/partitioner.md).
+TEST(Evaluate, ReplicasShareTheirPositionsEstimate) {
+  nlohmann::json j = {{"version", 1},
+                      {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
+                      {"devices", 12},
+                      {"parallel", {{"dp", 3}, {"pp", 2}, {"tp", 2}}},
+                      {"batch", {{"micro_batch_size", 2}}},
+                      {"schedule", {{"name", "1f1b"}, {"micro_batches", 4}}},
+                      {"stages", {{{"layers", {"embed", "h.0"}}}, {{"layers", {"h.1", "head"}}}}}};
+  auto expect_replicas_equal = [](const ResolvedPlan& r, const PlanEstimate& e) {
+    ASSERT_EQ(int(e.ranks.size()), r.world());
+    for (int k = 0; k < r.layout.world(); ++k) {
+      const RankCoord c = r.layout.coord(k);
+      const RankEstimate &got = e.ranks[size_t(k)],
+                         &first = e.ranks[size_t(r.layout.rank(0, c.pp, c.tp, c.sp))];
+      EXPECT_EQ(got.rank, k);
+      EXPECT_EQ(got.coord.dp, c.dp);
+      EXPECT_EQ(got.peak, first.peak) << "rank " << k;
+      EXPECT_EQ(got.activation_peak, first.activation_peak) << "rank " << k;
+      EXPECT_EQ(got.param_bytes + got.grad_bytes + got.optimizer_bytes,
+                first.param_bytes + first.grad_bytes + first.optimizer_bytes)
+          << "rank " << k;
+      EXPECT_EQ(got.parameters, first.parameters) << "rank " << k;
+      EXPECT_EQ(got.layers, first.layers) << "rank " << k;
+      EXPECT_DOUBLE_EQ(got.dp_bytes, first.dp_bytes) << "rank " << k;
+    }
+  };
+  for (const nlohmann::json& extra :
+       {nlohmann::json::object(), nlohmann::json{{"optimizer_sharding", "zero1"}},
+        nlohmann::json{{"dp_sync", {{"mode", "parameter-server"}, {"max_staleness", 1}}}},
+        nlohmann::json{
+            {"dp_sync", {{"mode", "parameter-server"}, {"max_staleness", 0}, {"ps_ranks", 1}}}}}) {
+    SCOPED_TRACE(extra.dump());
+    nlohmann::json k = j;
+    k.update(extra);
+    Plan plan = parse_plan(k, "plan.json", ".");
+    auto g = load_plan_model(plan);
+    const ResolvedPlan r = resolve_plan(plan, g);
+    CostModel model(g, Machine{}, nullptr);
+    const PlanEstimate e = evaluate_plan(r, model);
+    expect_replicas_equal(r, e);
+    for (int q = 0; q < r.layout.world(); ++q) {
+      const RankCoord c = r.layout.coord(q);
+      const int first = r.layout.rank(0, c.pp, c.tp, c.sp);
+      const RankBuffers a = rank_buffers(r, q, *physical_graph(r, q)),
+                        b = rank_buffers(r, first, *physical_graph(r, first));
+      EXPECT_EQ(a.loader, b.loader) << "rank " << q;
+      EXPECT_EQ(a.reduction, b.reduction) << "rank " << q;
+      EXPECT_EQ(a.step, b.step) << "rank " << q;
+      EXPECT_EQ(a.gather, b.gather) << "rank " << q;
+      EXPECT_EQ(a.posted, b.posted) << "rank " << q;
+    }
+  }
+
+  j["devices"] = 2 * 4096;
+  j["parallel"] = {{"dp", 4096}, {"pp", 2}, {"tp", 1}};
+  Plan plan = parse_plan(j, "plan.json", ".");
+  auto g = load_plan_model(plan);
+  const ResolvedPlan r = resolve_plan(plan, g);
+  CostModel model(g, Machine{}, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const PlanEstimate e = evaluate_plan(r, model);
+  std::printf("  pp 2 x dp 4096 (8192 ranks) evaluated in %.3f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  expect_replicas_equal(r, e);
 }
 
 // A cost file of another model, or one lacking some of the model's ops, is used with a

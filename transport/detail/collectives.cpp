@@ -438,7 +438,7 @@ void barrier(const GroupView& g) {
 namespace baton::transport {
 
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
-                                size_t part, bool in_place) {
+                                size_t part, bool in_place, size_t own) {
   using detail::AlgoTuning;
   using detail::Scratch;
   const AlgoTuning& tune = AlgoTuning::get();
@@ -460,7 +460,7 @@ size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int gr
       if (bytes <= tune.small_bytes || count < n) return held(bytes);
       return ring((count + n - 1) / n, false);  // equal parts
     case Collective::reduce_scatter:
-      if (bytes <= tune.small_bytes) return held(part * esize * n);
+      if (bytes <= tune.small_bytes) return held((own == SIZE_MAX ? part : own) * esize * n);
       return ring(part > 0 ? part : count, !in_place);
     case Collective::all_gather:
       return 0;  // the direct exchange and the ring both receive in place
@@ -476,6 +476,17 @@ size_t all_reduce_scratch_bound(size_t count, size_t esize) {
   return std::max(
       collective_scratch_bytes(Collective::all_reduce, std::min(count, small), esize, 2),
       collective_scratch_bytes(Collective::all_reduce, count, esize, 2));
+}
+
+size_t reduce_scatter_scratch_bound(size_t count, size_t esize, int group_size, int owners) {
+  // The direct exchange's grows with the message up to small_bytes, the ring's beyond it.
+  const size_t small = detail::AlgoTuning::get().small_bytes / std::max<size_t>(1, esize);
+  const size_t n = size_t(std::max(1, owners));
+  auto at = [&](size_t c) {
+    return collective_scratch_bytes(Collective::reduce_scatter, c, esize, group_size,
+                                    (c + n - 1) / n, true);
+  };
+  return std::max(at(std::min(count, small)), at(count));
 }
 
 }  // namespace baton::transport
