@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <stdexcept>
 
 #include "engine/detail/grad_reducer.h"
@@ -20,6 +21,7 @@
 #include "memory/units.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/evaluate.h"
+#include "partitioner/groups.h"
 #include "schedule/schedule_io.h"
 #include "schedule/timeline.h"
 #include "stages/checkpoint.h"
@@ -714,6 +716,18 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t T = images ? 1 : tok_type.shape[0];
   const bool per_position = !images && !tgt_type.shape.empty();
   const bool lead = world->rank() == 0;
+  // The plan's model must be the one --init-from's weights were made for, and the weights
+  // of this rank's layers must be there in its shapes, checked from the headers before the
+  // stages allocate them (every rank reads the same files, so all fail together, before
+  // any collective).
+  const nlohmann::json model_json = model_json_of(r.plan);
+  if (!o.init_from.empty() && !r.is_server(world->rank())) {
+    stages::check_hf_model_matches(model_json, model_source, o.init_from);
+    std::set<int> mine;
+    for (const partitioner::RankStage& s : partitioner::rank_view(r, world->rank()).stages)
+      for (int p : lg.params_used(s.first_layer, s.last_layer)) mine.insert(p);
+    stages::check_hf_weights(o.init_from, lg, {mine.begin(), mine.end()});
+  }
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
   std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
   if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
@@ -777,10 +791,6 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     eo.inputs = inputs_of(data.train, o.seed);
   }
   if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
-  // The plan's model must be the one --init-from's weights were made for (every rank
-  // checks the same files, so all fail together, before any collective).
-  const nlohmann::json model_json = model_json_of(r.plan);
-  if (!o.init_from.empty()) stages::check_hf_model_matches(model_json, model_source, o.init_from);
   RankEngine engine(rp, world, eo);
 
   // ---- resume, or start from --init-from's weights (a checkpoint found replaces them)

@@ -78,6 +78,10 @@ TrainSummary run_training(const TrainOptions& o,
       throw InputError("--recompute: layer " + std::to_string(l) +
                        " does not exist (the model has " + std::to_string(graph->num_layers()) +
                        " layers)");
+  // The weights' names, dtypes and shapes from their headers, before the Stage allocates
+  // and initialises every parameter config.json asks for (possibly far more than them).
+  if (!o.init_from.empty())
+    stages::check_hf_weights(o.init_from, *graph, graph->params_used(0, graph->num_layers()));
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
   std::optional<stages::CheckpointRootLock> held;
   if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);

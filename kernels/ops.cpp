@@ -814,7 +814,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offse
   });
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable,
+                        int64_t padding_idx) {
   const char* op = "embedding_backward";
   check_ids(op, "ids", ids);
   check_float(op, "dtable", dtable);
@@ -822,11 +823,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offse
   check_like(op, "dout", dout, "dtable", dtable);
   check_leading_then(op, "dout", dout, "ids", ids, 0, {dtable.size(1)});
   const auto dev = common_device(op, {&ids, &dout, &dtable});
-  BATON_ON_CUDA(dev, embedding_backward(ids, dout, row_offset, dtable));
+  BATON_ON_CUDA(dev, embedding_backward(ids, dout, row_offset, dtable, padding_idx));
   on_float(op, dtable.dtype(), [&]<class T>(T) {
     on_index(op, ids.dtype(), [&]<class I>(I) {
       cpu::embedding_backward<T, I>(ids.data<I>(), dout.data<T>(), dtable.size(0), row_offset,
-                                    dtable.data<T>(), ids.numel(), dtable.size(1));
+                                    dtable.data<T>(), ids.numel(), dtable.size(1), padding_idx);
     });
   });
 }

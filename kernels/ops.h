@@ -191,7 +191,10 @@ void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& o
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,
                        bool accumulate);
 // dtable[ids[n] - row_offset, :] += dout[n, :] for ids in range (always accumulates).
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable);
+// padding_idx >= 0: positions whose id equals it (a global id, as ids are) add nothing, as
+// torch's nn.Embedding(padding_idx) does; -1: none.
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable,
+                        int64_t padding_idx = -1);
 
 // ---- softmax cross-entropy over a (possibly vocabulary-split) logits matrix ----
 // logits: [N, Vlocal] holding vocabulary columns [vocab_offset, vocab_offset + Vlocal);

@@ -275,34 +275,56 @@ void check_no_unused_tensors(HfCheckpoint& ckpt, const Graph& g) {
                    "must match)");
 }
 
+// The stored tensor of parameter p, checked: present, of p's whole shape, floating.
+struct StoredTensor {
+  const SafetensorsEntry* entry = nullptr;
+  const SafetensorsReader* file = nullptr;
+  DType dtype = DType::f32;
+};
+StoredTensor find_stored(HfCheckpoint& ckpt, const Graph& g, const Param& p) {
+  StoredTensor s;
+  const std::string stored = hf_tensor_name(g, p.name);
+  s.entry = ckpt.find(stored, &s.file);
+  if (s.entry == nullptr && stored != p.name) s.entry = ckpt.find(p.name, &s.file);
+  if (s.entry == nullptr)
+    throw InputError(
+        ckpt.dir() + ": no tensor '" + stored + "', which the model needs (" +
+        (ckpt.sharded() ? "not in model.safetensors.index.json" : "not in model.safetensors") +
+        "; does config.json describe these weights?)");
+  const SafetensorsEntry& e = *s.entry;
+  if (e.shape != p.logical_shape)
+    throw InputError(s.file->path() + ": tensor '" + e.name + "' has shape " +
+                     memory::shape_str(e.shape) + ", the model's '" + p.name + "' is " +
+                     memory::shape_str(p.logical_shape) +
+                     " (does config.json describe these weights?)");
+  if (!safetensors_dtype(e.dtype, s.dtype) || !memory::is_floating(s.dtype))
+    throw InputError(s.file->path() + ": tensor '" + e.name + "' has dtype " + e.dtype +
+                     ", expected F32, F16, BF16 or F64");
+  return s;
+}
+
 }  // namespace
+
+void check_hf_weights(HfCheckpoint& ckpt, const Graph& g, const std::vector<int>& params) {
+  check_no_unused_tensors(ckpt, g);
+  for (int id : params) find_stored(ckpt, g, g.params[size_t(id)]);
+}
+
+void check_hf_weights(const std::string& dir, const Graph& g, const std::vector<int>& params) {
+  HfCheckpoint c(dir);
+  check_hf_weights(c, g, params);
+}
 
 void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
   const Graph& g = stage.graph();
   check_no_unused_tensors(ckpt, g);
   for (int id : stage.param_ids()) {
     const Param& p = g.params[size_t(id)];
-    const SafetensorsReader* file = nullptr;
-    const std::string stored = hf_tensor_name(g, p.name);
-    const SafetensorsEntry* e = ckpt.find(stored, &file);
-    if (e == nullptr && stored != p.name) e = ckpt.find(p.name, &file);
-    if (e == nullptr)
-      throw InputError(
-          ckpt.dir() + ": no tensor '" + stored + "', which the model needs (" +
-          (ckpt.sharded() ? "not in model.safetensors.index.json" : "not in model.safetensors") +
-          ")");
-    if (e->shape != p.logical_shape)
-      throw InputError(file->path() + ": tensor '" + e->name + "' has shape " +
-                       memory::shape_str(e->shape) + ", the model's '" + p.name + "' is " +
-                       memory::shape_str(p.logical_shape));
-    DType dt;
-    if (!safetensors_dtype(e->dtype, dt) || !memory::is_floating(dt))
-      throw InputError(file->path() + ": tensor '" + e->name + "' has dtype " + e->dtype +
-                       ", expected F32, F16, BF16 or F64");
+    const StoredTensor s = find_stored(ckpt, g, p);
     Tensor& local = stage.param(id);
     auto fill = [&](const Shape& offsets, Tensor view) {
-      Tensor tmp = Tensor::empty(view.shape(), dt);
-      file->read_block(*e, offsets, tmp);
+      Tensor tmp = Tensor::empty(view.shape(), s.dtype);
+      s.file->read_block(*s.entry, offsets, tmp);
       view.copy_from(tmp.to(view.dtype()).to(view.device()));
     };
     if (!p.is_shard()) {
@@ -385,6 +407,7 @@ json hf_config_fields(const Graph& g, DType dtype) {
               {"attention_dropout", c.attention_dropout},
               {"tie_word_embeddings", c.tie_word_embeddings},
               {"torch_dtype", torch_dtype}};
+    if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;  // the embedding's padding_idx
     if (qwen) {
       j["use_sliding_window"] = false;
     } else {

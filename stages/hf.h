@@ -91,8 +91,16 @@ void check_same_model_math(const nlohmann::json& model, const std::string& sourc
 // GPT2LMHeadModel (both are accepted when loading), the LLaMA family's as they are.
 std::string hf_tensor_name(const Graph& g, const std::string& param);
 
+// InputError unless the checkpoint holds, for each of `params` (ids in g: the parameters
+// of the layers a stage will hold), a tensor of its name, whole shape and a floating
+// dtype, and nothing the model has no parameter for. It reads the headers (and a tied
+// head stored beside the embedding), so a config.json that does not describe the weights
+// is refused before a Stage allocates and initialises what config.json asks for.
+void check_hf_weights(HfCheckpoint& ckpt, const Graph& g, const std::vector<int>& params);
+void check_hf_weights(const std::string& dir, const Graph& g, const std::vector<int>& params);
+
 // Fills the stage's parameters from the checkpoint. InputError names the file and the
-// tensor on a missing tensor, a shape or a dtype that does not fit.
+// tensor on a missing tensor, a shape or a dtype that does not fit (check_hf_weights).
 void load_hf_weights(HfCheckpoint& ckpt, Stage& stage);
 void load_hf_weights(const std::string& dir, Stage& stage);
 

@@ -42,6 +42,39 @@ json language_model_graph(const std::string& name, int64_t T, json params, json 
           {"loss", "loss"}};
 }
 
+// Bounds on what a decoder shorthand expands to: a graph JSON of about twenty nodes and
+// parameters per layer, then the parameters themselves. A config.json from another model
+// or with a typo is refused naming its field instead of exhausting memory (and a
+// bad_alloc there can abort: nlohmann::json's destructor allocates while unwinding).
+// 10000 layers is far beyond any published decoder (about 130 at most) and expands to
+// about 0.5 GB; 2^40 elements is the general graph's bound on one tensor
+// (stages/model.cpp), here on all of them together.
+constexpr int64_t kMaxLayers = 10000;
+constexpr double kMaxParams = double(int64_t(1) << 40);
+
+// The field `key` of a config (or the config itself when it is absent: a default).
+JsonReader field(const JsonReader& r, const char* key) {
+  return r.has(key) ? r.at(key) : r;
+}
+
+// InputError naming `layers_key` beyond kMaxLayers, or, beyond kMaxParams parameters in
+// all, the field to blame: the layers when one layer would fit, else `width_key`.
+void check_model_size(const JsonReader& r, const char* layers_key, int64_t layers,
+                      const char* width_key, double fixed, double per_layer,
+                      const std::string& dims) {
+  if (layers > kMaxLayers)
+    field(r, layers_key)
+        .fail("at most " + std::to_string(kMaxLayers) +
+                  " layers (a typo, or another model's config?)",
+              std::to_string(layers));
+  const double total = fixed + double(layers) * per_layer;
+  if (total <= kMaxParams) return;
+  const bool layers_blame = layers > 1 && fixed + per_layer <= kMaxParams;
+  field(r, layers_blame ? layers_key : width_key)
+      .fail("a model of at most 2^40 parameters (a typo, or another model's config?)",
+            fmt::format("{:.3g} parameters with {}", total, dims));
+}
+
 void check_gpt2(const Gpt2Config& c, const JsonReader& r) {
   if (c.n_embd % c.n_head != 0)
     r.at("n_embd").fail("a multiple of n_head = " + std::to_string(c.n_head),
@@ -49,6 +82,14 @@ void check_gpt2(const Gpt2Config& c, const JsonReader& r) {
   if (c.seq() > c.n_positions)
     r.at("context").fail("at most n_positions = " + std::to_string(c.n_positions),
                          std::to_string(c.context));
+  const double C = double(c.n_embd), F = double(c.inner());
+  const double fixed = double(c.vocab_size + c.n_positions + 2) * C;  // wte, wpe, ln_f
+  const double per_layer = 4 * C * C + 2 * C * F + 9 * C + F;
+  check_model_size(r, "n_layer", c.n_layer,
+                   fixed > per_layer ? "vocab_size" : (F > C ? "n_inner" : "n_embd"), fixed,
+                   per_layer,
+                   fmt::format("n_layer {}, n_embd {}, inner {}, vocab_size {}, n_positions {}",
+                               c.n_layer, c.n_embd, c.inner(), c.vocab_size, c.n_positions));
 }
 
 constexpr int64_t kBig = int64_t(1) << 31;
@@ -234,6 +275,18 @@ void check_llama(const LlamaConfig& c, const JsonReader& r) {
     r.at("context").fail(
         "at most max_position_embeddings = " + std::to_string(c.max_position_embeddings),
         std::to_string(c.context));
+  const double C = double(c.hidden_size), F = double(c.intermediate_size);
+  const double Q = double(h * c.head_size()), KV = double(kv * c.head_size());
+  const double fixed = double(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) + C;
+  const double per_layer = 2 * C * Q + 2 * C * KV + 3 * C * F + 2 * C + Q + 2 * KV + 3 * F + C;
+  check_model_size(
+      r, "num_hidden_layers", c.num_hidden_layers,
+      fixed > per_layer ? "vocab_size" : (F > C ? "intermediate_size" : "hidden_size"), fixed,
+      per_layer,
+      fmt::format("num_hidden_layers {}, hidden_size {}, intermediate_size {}, "
+                  "num_attention_heads {}, num_key_value_heads {}, head size {}, vocab_size {}",
+                  c.num_hidden_layers, c.hidden_size, c.intermediate_size, h, kv, c.head_size(),
+                  c.vocab_size));
 }
 
 // A rope scaling object (rope_scaling, or transformers 5's rope_parameters, which also
@@ -368,6 +421,17 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
     a->fail("\"silu\" (the only LLaMA activation baton implements)");
   if (auto p = r.get("pretraining_tp"); p && p->as_int() != 1)
     p->fail("1 (baton computes the projections whole)");
+  // LlamaModel, MistralModel and Qwen2Model build nn.Embedding(vocab_size, hidden_size,
+  // padding_idx=pad_token_id): that row gets no gradient from the lookup. torch takes
+  // -vocab_size..-1 as counted from the end and refuses ids outside the table.
+  if (auto pad = r.get("pad_token_id"); pad && !pad->raw().is_null()) {
+    const int64_t v = c.vocab_size;
+    if (!pad->raw().is_number_integer() || pad->as_int() < -v || pad->as_int() >= v)
+      pad->fail("null or a token id below vocab_size = " + std::to_string(v) +
+                    " (transformers makes it the embedding's padding_idx)",
+                json_brief(pad->raw()));
+    c.pad_token_id = pad->as_int() < 0 ? v + pad->as_int() : pad->as_int();
+  }
 }
 
 }  // namespace
@@ -393,6 +457,7 @@ json LlamaConfig::to_json() const {
             {"attention_bias", attention_bias},
             {"mlp_bias", mlp_bias}};
   if (qkv_bias) j["qkv_bias"] = true;
+  if (pad_token_id) j["pad_token_id"] = *pad_token_id;
   return j;
 }
 
@@ -418,7 +483,8 @@ LlamaConfig parse_llama_shorthand(const JsonReader& r) {
                  "qkv_bias",
                  "mlp_bias",
                  "hidden_act",
-                 "pretraining_tp"});
+                 "pretraining_tp",
+                 "pad_token_id"});
   LlamaConfig c;
   c.name = r.get_string("name", "llama");
   read_llama_fields(c, r, false);
@@ -497,8 +563,10 @@ json llama_graph_json(const LlamaConfig& c) {
   params.push_back(graph_param("model.embed_tokens.weight", {V, C}, normal(std)));
   json layers = json::array();
   json embed = json::array();
+  json embed_attrs = json::object();
+  if (c.pad_token_id) embed_attrs["padding_idx"] = *c.pad_token_id;
   embed.push_back(graph_node("model.embed_tokens", "embedding", {"tokens"},
-                             {{"weight", "model.embed_tokens.weight"}}));
+                             {{"weight", "model.embed_tokens.weight"}}, embed_attrs));
   layers.push_back({{"name", "embed"}, {"nodes", embed}});
   std::string x = "model.embed_tokens";
   const json eps = {{"eps", c.rms_norm_eps}};

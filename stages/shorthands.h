@@ -53,6 +53,9 @@ struct LlamaConfig {
   bool attention_bias = false;  // biases on q, k, v and o
   bool qkv_bias = false;        // biases on q, k, v only (Qwen2)
   bool mlp_bias = false;
+  // The embedding row transformers builds as nn.Embedding's padding_idx: the lookup gives it
+  // no gradient. In [0, vocab_size); a negative pad_token_id counts from the end, as torch's.
+  std::optional<int64_t> pad_token_id;
 
   int64_t seq() const { return context > 0 ? context : max_position_embeddings; }
   int64_t kv_heads() const {

@@ -153,7 +153,7 @@ void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t
                        int64_t n, int64_t cols, bool accumulate);
 template <class T, class I>
 void embedding_backward(const I* ids, const T* dout, int64_t table_rows, int64_t row_offset,
-                        T* dtable, int64_t n, int64_t cols);
+                        T* dtable, int64_t n, int64_t cols, int64_t padding_idx);
 
 // ---- cross_entropy.cpp ----
 template <class T>

@@ -33,11 +33,12 @@ void embedding_forward(const I* ids, const T* table, int64_t table_rows, int64_t
 // and every table element sums its contributions in id order whatever the thread count.
 template <class T, class I>
 void embedding_backward(const I* ids, const T* dout, int64_t table_rows, int64_t row_offset,
-                        T* dtable, int64_t n, int64_t cols) {
+                        T* dtable, int64_t n, int64_t cols, int64_t padding_idx) {
   const int64_t grain = row_grain(n, 16);
   parallel_for(cols, grain, [&](int64_t c0, int64_t c1) {
     const int64_t w = c1 - c0;
     for (int64_t i = 0; i < n; ++i) {
+      if (int64_t(ids[i]) == padding_idx) continue;
       const int64_t r = int64_t(ids[i]) - row_offset;
       if (r < 0 || r >= table_rows) continue;
       T* dst = dtable + r * cols + c0;
@@ -52,7 +53,7 @@ void embedding_backward(const I* ids, const T* dout, int64_t table_rows, int64_t
   template void embedding_forward<T, I>(const I*, const T*, int64_t, int64_t, T*, int64_t,  \
                                         int64_t, bool);                                     \
   template void embedding_backward<T, I>(const I*, const T*, int64_t, int64_t, T*, int64_t, \
-                                         int64_t);
+                                         int64_t, int64_t);
 BATON_INSTANTIATE(float, int32_t)
 BATON_INSTANTIATE(float, int64_t)
 BATON_INSTANTIATE(double, int32_t)

@@ -32,14 +32,15 @@ __global__ void embed_fwd(const I* ids, const W* table, int64_t rows, int64_t of
 constexpr int64_t kPiece = 32;
 
 // keys[i]: position i's row in this slice, or `rows` (sorted last, skipped) for an id
-// outside it; pos[i] = i.
+// outside it or equal to padding_idx; pos[i] = i.
 template <class I>
-__global__ void embed_keys(const I* ids, int64_t n, int64_t rows, int64_t offset, int32_t* keys,
-                           int32_t* pos) {
+__global__ void embed_keys(const I* ids, int64_t n, int64_t rows, int64_t offset,
+                           int64_t padding_idx, int32_t* keys, int32_t* pos) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = int64_t(ids[i]) - offset;
-    keys[i] = int32_t(r >= 0 && r < rows ? r : rows);
+    const bool in = r >= 0 && r < rows && int64_t(ids[i]) != padding_idx;
+    keys[i] = int32_t(in ? r : rows);
     pos[i] = int32_t(i);
   }
 }
@@ -107,7 +108,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offse
                           })));
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable,
+                        int64_t padding_idx) {
   const char* op = "embedding_backward";
   require_cuda(op, "ids", ids);
   require_cuda(op, "dout", dout);
@@ -127,7 +129,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offse
   int32_t* p = pos.data<int32_t>();
   BATON_CUDA_DISPATCH_ID(op, ids.dtype(), I, {
     embed_keys<I><<<grid_for(n, 256), 256, 0, l.stream>>>(static_cast<const I*>(ids.raw_data()), n,
-                                                          rows, row_offset, k, p);
+                                                          rows, row_offset, padding_idx, k, p);
     BATON_CUDA_CHECK_LAUNCH();
   });
   size_t temp_bytes = 0;

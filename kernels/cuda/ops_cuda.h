@@ -131,7 +131,8 @@ void rotary_backward(const Tensor& ddst, int64_t dst_col, const RotaryOptions& o
 // ---- embedding ----
 void embedding_forward(const Tensor& ids, const Tensor& table, int64_t row_offset, Tensor& out,
                        bool accumulate);
-void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable);
+void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t row_offset, Tensor& dtable,
+                        int64_t padding_idx);
 
 // ---- cross-entropy ----
 void ce_row_max(const Tensor& logits, Tensor& row_max);

@@ -1,5 +1,6 @@
 // embedding (token ids -> rows of a table; under vocabulary parallelism a node holds the
-// rows [vocab_offset, vocab_offset + rows) and gives zeros for other ids) and
+// rows [vocab_offset, vocab_offset + rows) and gives zeros for other ids; padding_idx, a
+// token whose row gets no gradient from the lookup, as torch's nn.Embedding) and
 // position_embedding (adds the first T rows of a position table to x [T, C]).
 #include "stages/ops/common.h"
 #include "stages/ops/registry.h"
@@ -12,9 +13,10 @@ const OpSchema& embedding_schema() {
                           {"ids"},
                           {"y"},
                           {{"weight", false}},
-                          {"vocab_offset"},
+                          {"vocab_offset", "padding_idx"},
                           "y[..., :] = weight[ids[...] - vocab_offset, :] (zeros for ids "
-                          "outside the rows held)"};
+                          "outside the rows held); positions whose id is padding_idx add no "
+                          "gradient to the table"};
   return s;
 }
 
@@ -26,6 +28,11 @@ class Embedding final : public OpBase {
     const Shape& w = *spec.params[0];
     if (w.size() != 2)
       param_json(spec, "weight").fail("a 2-D table [rows, C]", memory::shape_str(w));
+    // A global token id: a vocabulary shard (vocab_offset given) holds the row or not, a
+    // whole table must hold it.
+    if (auto pad = spec.attrs.get("padding_idx"); pad && !pad->raw().is_null())
+      padding_idx_ =
+          spec.attrs.has("vocab_offset") ? pad->as_int(0, INT64_MAX) : pad->as_int(0, w[0] - 1);
     c_ = w[1];
     Shape y = spec.inputs[0].shape;
     y.push_back(c_);
@@ -51,7 +58,7 @@ class Embedding final : public OpBase {
     ParamGrad& g = c.grad_params[0];
     if (!g.accumulate) g.tensor.zero_();
     kernels::embedding_backward(c.inputs[0].view({-1}), c.grad_outputs[0].view({-1, c_}), offset_,
-                                g.tensor);
+                                g.tensor, padding_idx_);
   }
 
   OpCost cost(int64_t batch) const override {
@@ -62,6 +69,7 @@ class Embedding final : public OpBase {
 
  private:
   int64_t offset_ = 0, c_ = 0, ids_ = 0;
+  int64_t padding_idx_ = -1;  // none
 };
 
 const OpSchema& position_schema() {

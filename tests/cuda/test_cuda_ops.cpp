@@ -750,6 +750,12 @@ TEST_P(CudaOps, Embedding) {
   kernels::embedding_backward(tid, rounded(dout, dt()), offset, rdt);
   kernels::embedding_backward(gid, dev(dout, dt()), offset, gdt);
   expect_close("embedding_backward", dt(), gdt, rdt);
+  // padding_idx 15 (a global id inside this slice's rows [10, 30)): those positions add
+  // nothing, as on the CPU.
+  Tensor rpad = table.clone(), gpad = dev(table, wide());
+  kernels::embedding_backward(tid, rounded(dout, dt()), offset, rpad, 15);
+  kernels::embedding_backward(gid, dev(dout, dt()), offset, gpad, 15);
+  expect_close("embedding_backward padding_idx", dt(), gpad, rpad);
 }
 
 // Text repeats a few ids hundreds of times per batch: the backward sorts the positions by

@@ -265,6 +265,52 @@ TEST(LlamaInitFrom, ModelThatDiffersFromTheConfigIsAnError) {
   }
 }
 
+// A config.json that asks for a much larger model than its weights (a vocabulary of 65536
+// beside a table of 256 rows), on one process and under PP2 x TP2: the InputError names
+// the file, the tensor and both shapes, found from the safetensors header before the
+// stage allocates the parameters, gradients and optimizer state config.json asks for.
+TEST(LlamaInitFrom, ConfigLargerThanTheWeightsIsRefusedBeforeAllocating) {
+  Workspace ws("llama-init-wide");
+  const std::string dir = ws.path("wide");
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  json cfg = stages::read_json_file(dir + "/config.json");
+  cfg["vocab_size"] = 65536;
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  // The embedding's or (on a rank of the last pipeline stage) the head's.
+  auto expect_refused = [&](const std::string& tensor, const std::function<void()>& run) {
+    const std::vector<std::string> parts = {dir + "/model.safetensors: tensor '" + tensor,
+                                            "has shape [256, 32]", "is [65536, 32]"};
+    memory::Allocator& alloc = memory::allocator_for(memory::Device::cpu());
+    alloc.reset_peak();
+    try {
+      run();
+      ADD_FAILURE() << "no error";
+    } catch (const InputError& e) {
+      for (const std::string& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+    // The embedding alone would be 8 MiB, its head, gradients and moments seven times more.
+    EXPECT_LT(alloc.stats().peak, size_t(4) << 20);
+  };
+  RunSettings s;
+  s.steps = 1;
+  engine::TrainOptions one = one_process_options(ws, s, 4, 1);
+  one.model_path.clear();
+  one.init_from = dir;
+  expect_refused("model.embed_tokens.weight", [&] { engine::run_training(one); });
+
+  PlanSpec p;
+  p.model = stages::hf_config_to_shorthand(stages::JsonReader(cfg, "wide/config.json"));
+  p.model["context"] = 16;
+  p.tp = {2, 2};
+  auto plan = resolve(p, ws);
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.init_from = dir;
+  expect_refused("", [&] { run_threads(plan, o); });
+}
+
 // A model trained under PP2 x TP2 x DP2 (every parameter split or replicated somewhere),
 // its checkpoint exported in the Hugging Face layout and read back: every tensor the
 // trained model's bit for bit, the logits at every position of a sequence equal, and the

@@ -61,6 +61,40 @@ TEST_P(EmbeddingTest, SplitLookupsSumToTheWholeAndBackwardScatters) {
   EXPECT_LT(rel_error(d32, dtable), 1e-6);
 }
 
+// padding_idx, as torch's nn.Embedding: the positions holding that id add nothing to the
+// table (its row keeps what it held: a tied head's gradient), the others add as without it.
+// The id is global, so each vocabulary slice skips it when it holds that row, and the
+// slices still make up the whole.
+TEST_P(EmbeddingTest, BackwardSkipsThePaddingId) {
+  std::mt19937_64 rng(test_seed(72));
+  const int64_t V = 11, C = 5, pad = 3;
+  std::vector<int64_t> idv{3, 0, 10, 3, 7, 3, 5, 10};
+  const Tensor ids = ids_tensor(idv, {2, 4}, GetParam());
+  const Tensor g = randn({2, 4, C}, rng);
+  Tensor plain = Tensor::zeros({V, C}, DType::f64);
+  embedding_backward(ids, g, 0, plain);
+  Tensor padded = Tensor::full({V, C}, 0.5, DType::f64);  // always accumulates
+  embedding_backward(ids, g, 0, padded, pad);
+  const auto pv = as_f64(plain), dv = as_f64(padded);
+  double pad_row = 0;
+  for (int64_t r = 0; r < V; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t i = size_t(r * C + c);
+      EXPECT_NEAR(dv[i], r == pad ? 0.5 : pv[i] + 0.5, 1e-14) << "row " << r << " column " << c;
+      if (r == pad) pad_row += std::abs(pv[i]);
+    }
+  EXPECT_GT(pad_row, 0.0) << "without padding_idx the row gets gradient";
+  for (const auto& [off, rows] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 5}, {9, 2}}) {
+    Tensor part = Tensor::full({rows, C}, 0.5, DType::f64);
+    embedding_backward(ids, g, off, part, pad);
+    EXPECT_EQ(as_f64(part), as_f64(padded.narrow(0, off, rows).contiguous())) << "rows " << off;
+  }
+  // An id no position holds changes nothing.
+  Tensor unused = Tensor::zeros({V, C}, DType::f64);
+  embedding_backward(ids, g, 0, unused, 9);
+  EXPECT_EQ(as_f64(unused), pv);
+}
+
 INSTANTIATE_TEST_SUITE_P(IdTypes, EmbeddingTest, ::testing::Values(DType::i32, DType::i64),
                          [](const auto& param_info) {
                            return std::string(memory::dtype_name(param_info.param));

@@ -4,6 +4,7 @@
 // read, and LayerNorms sharing parameters.
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "tests/stages/helpers.h"
 
@@ -197,6 +198,89 @@ TEST(GradCheck, LlamaMqaTiedLlama3RopeWithDropoutF64) {
   TensorMap in{{"tokens", random_tokens(2, 6, 11, seed)},
                {"targets", random_tokens(2, 6, 11, seed + 1)}};
   check_whole_model(g, in, 2, 12, seed, 12);
+}
+
+// The gradients of tiny_llama(extra)'s parameters by name on `in`, its parameters drawn as
+// randomize_params(seed) draws them (the same values for the same parameter ids), then
+// changed by `edit`.
+std::map<std::string, Tensor> llama_grads(const nlohmann::json& extra, const TensorMap& in,
+                                          uint64_t seed,
+                                          const std::function<void(Stage&)>& edit = {}) {
+  auto g = tiny_llama(extra);
+  Stage st(g, 0, g->num_layers());
+  randomize_params(st, 0.3, seed);
+  if (edit) edit(st);
+  MicroBatch mb{0, 0, 2, 2, 12, 3};
+  st.zero_grad();
+  st.forward(mb, in);
+  st.backward(0);
+  st.finish_grads();
+  std::map<std::string, Tensor> out;
+  for (int id : st.param_ids()) out[g->params[size_t(id)].name] = st.grad(id).clone();
+  return out;
+}
+
+int param_id(const Graph& g, const std::string& name) {
+  for (size_t i = 0; i < g.params.size(); ++i)
+    if (g.params[i].name == name) return int(i);
+  ADD_FAILURE() << "no parameter " << name;
+  return 0;
+}
+
+// pad_token_id, the embedding's padding_idx (transformers' nn.Embedding(padding_idx)): the
+// lookup gives that row no gradient. Untied, the row's gradient is zero, every other row's
+// is the finite-difference one, and every other parameter's is the model's without it.
+// Tied, the row keeps the head's share: the gradients of an untied model whose head starts
+// equal to the embedding, summed, less the lookup's share of that row.
+TEST(GradCheck, LlamaPaddingRowGetsNoGradientFromTheLookupF64) {
+  const uint64_t seed = 18;
+  const int64_t pad = 4;
+  Tensor tokens = random_tokens(2, 6, 11, seed);
+  for (int64_t i : {0, 3, 7, 8}) tokens.data<int32_t>()[i] = int32_t(pad);
+  TensorMap in{{"tokens", tokens}, {"targets", random_tokens(2, 6, 11, seed + 1)}};
+  const std::string E = "model.embed_tokens.weight";
+
+  auto g = tiny_llama({{"pad_token_id", pad}});
+  Stage st(g, 0, g->num_layers());
+  randomize_params(st, 0.3, seed);
+  MicroBatch mb{0, 0, 2, 2, 12, 3};
+  st.zero_grad();
+  st.forward(mb, in);
+  st.backward(0);
+  st.finish_grads();
+  auto loss = [&] {
+    TensorMap out = st.forward(mb, in, true);
+    st.discard(0);
+    return value_of(out.at("loss"));
+  };
+  const int e = param_id(*g, E);
+  Tensor w = st.param(e), dw = st.grad(e).clone();
+  EXPECT_EQ(dw.narrow(0, pad, 1).to_vector<double>(), std::vector<double>(16, 0.0));
+  check_tensor("rows below the padding row", w.narrow(0, 0, pad), dw.narrow(0, 0, pad), loss, 24,
+               seed);
+  check_tensor("rows above the padding row", w.narrow(0, pad + 1, 11 - pad - 1),
+               dw.narrow(0, pad + 1, 11 - pad - 1), loss, 24, seed + 1);
+  const auto plain = llama_grads(nlohmann::json::object(), in, seed);
+  EXPECT_NE(plain.at(E).narrow(0, pad, 1).to_vector<double>(), std::vector<double>(16, 0.0));
+  for (int id : st.param_ids()) {
+    if (id == e) continue;
+    const std::string& name = g->params[size_t(id)].name;
+    EXPECT_EQ(st.grad(id).to_vector<double>(), plain.at(name).to_vector<double>()) << name;
+  }
+
+  const auto tied = llama_grads({{"pad_token_id", pad}, {"tie_word_embeddings", true}}, in, seed);
+  const auto untied = llama_grads(nlohmann::json::object(), in, seed, [&](Stage& s) {
+    const Graph& ug = s.graph();
+    s.param(param_id(ug, "lm_head.weight")).copy_from(s.param(param_id(ug, E)));
+  });
+  std::vector<double> want = untied.at(E).to_vector<double>();
+  const std::vector<double> head = untied.at("lm_head.weight").to_vector<double>();
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = int64_t(i) / 16 == pad ? head[i] : want[i] + head[i];
+  const std::vector<double> got = tied.at(E).to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-12 * (1 + std::abs(want[i]))) << "element " << i;
 }
 
 // A general graph with the ops the shorthands do not use: matmul (transposed), softmax,

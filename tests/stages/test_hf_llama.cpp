@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "stages/checkpoint.h"
@@ -744,6 +745,122 @@ TEST(HfLlamaInput, Llama3ScalingAsTheFileHasIt) {
     EXPECT_NE(what.find("above low_freq_factor"), std::string::npos) << what;
     EXPECT_EQ(what.find("expanded"), std::string::npos) << what;
   }
+}
+
+// The padding_idx of a model's token embedding node (nullopt without one).
+std::optional<int64_t> padding_idx(const Graph& g) {
+  for (const Node& n : g.nodes)
+    if (n.op == "embedding") {
+      if (!n.attrs.is_object() || !n.attrs.contains("padding_idx")) return std::nullopt;
+      return n.attrs["padding_idx"].get<int64_t>();
+    }
+  ADD_FAILURE() << "no embedding";
+  return std::nullopt;
+}
+
+// pad_token_id changes training in transformers (LlamaModel, MistralModel and Qwen2Model
+// build nn.Embedding(vocab, hidden, padding_idx=pad_token_id)), so it becomes the
+// embedding's padding_idx: null or absent is none, a negative id counts from the end as
+// torch's does, one outside the vocabulary is refused naming the field. GPT-2's wte has
+// no padding row. The shorthand carries it, an export writes it, and a model that differs
+// from the weights' config.json in it is refused.
+TEST(HfLlamaInput, PadTokenIdIsTheEmbeddingsPaddingIdx) {
+  const nlohmann::json base = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  ASSERT_TRUE(base["pad_token_id"].is_null());
+  // nullopt: no pad_token_id at all.
+  auto graph_with = [&](std::optional<nlohmann::json> pad, const char* type = "llama") {
+    nlohmann::json c = base;
+    c["model_type"] = type;
+    if (std::string(type) == "mistral") c["sliding_window"] = nullptr;
+    if (pad)
+      c["pad_token_id"] = *pad;
+    else
+      c.erase("pad_token_id");
+    return load_model_json(c, "c.json");
+  };
+  EXPECT_EQ(padding_idx(graph_with(nlohmann::json(nullptr))), std::nullopt);
+  EXPECT_EQ(padding_idx(graph_with(std::nullopt)), std::nullopt);
+  EXPECT_EQ(padding_idx(graph_with(5)), 5);
+  EXPECT_EQ(padding_idx(graph_with(0)), 0);
+  EXPECT_EQ(padding_idx(graph_with(-1)), 255);
+  EXPECT_EQ(padding_idx(graph_with(5, "mistral")), 5);
+  EXPECT_EQ(padding_idx(graph_with(5, "qwen2")), 5);
+  for (const nlohmann::json& bad :
+       {nlohmann::json(256), nlohmann::json(-257), nlohmann::json("5"), nlohmann::json(2.5)})
+    hf_llama_expect_input_error(
+        [&] { graph_with(bad); },
+        {"c.json: $.pad_token_id", "below vocab_size = 256", "found " + json_brief(bad)});
+
+  nlohmann::json gpt2 = read_json_file(fixture_dir("gpt2_tiny") + "/config.json");
+  gpt2["pad_token_id"] = 5;
+  EXPECT_EQ(padding_idx(load_model_json(gpt2, "g.json")), std::nullopt);
+
+  nlohmann::json cfg = base;
+  cfg["pad_token_id"] = 5;
+  nlohmann::json sh = hf_config_to_shorthand(JsonReader(cfg, "c.json"));
+  EXPECT_EQ(sh["pad_token_id"], 5);
+  const Graph from_sh = load_model_json(sh, "sh.json");
+  EXPECT_EQ(padding_idx(from_sh), 5);
+  EXPECT_EQ(hf_config_of(from_sh, DType::f32)["pad_token_id"], 5);
+  sh["pad_token_id"] = 256;
+  hf_llama_expect_input_error([&] { load_model_json(sh, "sh.json"); },
+                              {"sh.json: $.pad_token_id", "found 256"});
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(base, "m.json", cfg, "w/config.json", "why"); },
+      {"m.json: $.pad_token_id is null", "w/config.json has 5"});
+  check_same_model_math(cfg, "m.json", cfg, "w/config.json", "why");
+}
+
+// A config.json that does not describe its weights (another width, more layers) is
+// refused from the safetensors headers, naming the file, the tensor and both shapes,
+// without a Stage: nothing of the model is allocated. One whose expansion alone would
+// exhaust memory is refused while it is read, naming the field.
+TEST(HfLlamaInput, WeightsAreCheckedFromTheHeadersBeforeAStage) {
+  const std::string dir = fixture_dir("llama_gqa");
+  nlohmann::json cfg = read_json_file(dir + "/config.json");
+  const Graph fits = load_model_json(cfg, "c.json");
+  check_hf_weights(dir, fits, fits.params_used(0, fits.num_layers()));
+  cfg.update({{"hidden_size", 2048},
+              {"intermediate_size", 5632},
+              {"num_attention_heads", 32},
+              {"num_key_value_heads", 4},
+              {"head_dim", 64},
+              {"vocab_size", 32000}});
+  const Graph big = load_model_json(cfg, "c.json");
+  hf_llama_expect_input_error(
+      [&] { check_hf_weights(dir, big, big.params_used(0, big.num_layers())); },
+      {dir + "/model.safetensors", "'model.embed_tokens.weight' has shape [256, 32]",
+       "[32000, 2048]"});
+  // A rank holding only the last layer: its own tensors are checked.
+  hf_llama_expect_input_error(
+      [&] { check_hf_weights(dir, big, big.params_used(big.num_layers() - 1, big.num_layers())); },
+      {dir + "/model.safetensors", "'model.norm.weight' has shape [32]", "[2048]"});
+  nlohmann::json deep = read_json_file(dir + "/config.json");
+  deep["num_hidden_layers"] = 3;
+  const Graph g3 = load_model_json(deep, "c.json");
+  hf_llama_expect_input_error(
+      [&] { check_hf_weights(dir, g3, g3.params_used(0, g3.num_layers())); },
+      {dir + ": no tensor 'model.layers.2.input_layernorm.weight'"});
+
+  // Bounds on the expansion: layers, then parameters in all.
+  nlohmann::json huge = read_json_file(dir + "/config.json");
+  huge["num_hidden_layers"] = 200000;
+  hf_llama_expect_input_error(
+      [&] { load_model_json(huge, "c.json"); },
+      {"c.json: $.num_hidden_layers", "at most 10000 layers", "found 200000"});
+  huge["num_hidden_layers"] = 10000;
+  huge["hidden_size"] = 8192;
+  huge["head_dim"] = 2048;
+  hf_llama_expect_input_error([&] { load_model_json(huge, "c.json"); },
+                              {"c.json: $.num_hidden_layers", "2^40 parameters"});
+  huge["num_hidden_layers"] = 2;
+  huge["vocab_size"] = int64_t(1) << 31;
+  hf_llama_expect_input_error([&] { load_model_json(huge, "c.json"); },
+                              {"c.json: $.vocab_size", "2^40 parameters"});
+  nlohmann::json gpt2 = read_json_file(fixture_dir("gpt2_tiny") + "/config.json");
+  gpt2["n_layer"] = 10001;
+  hf_llama_expect_input_error([&] { load_model_json(gpt2, "g.json"); },
+                              {"g.json: $.n_layer", "at most 10000 layers"});
 }
 
 }  // namespace
