@@ -206,6 +206,7 @@ int64_t parse_memory(const JsonReader& r) {
       r.fail_message(e.what());  // what is wrong: not a size, or one beyond int64 or under a byte
     }
   }
+  if (!r.raw().is_number()) r.fail("a number of bytes or a size string such as \"64MiB\"");
   return r.as_int(0, INT64_MAX);
 }
 

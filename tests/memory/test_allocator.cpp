@@ -77,3 +77,36 @@ TEST(Units, ParsesAndFormatsSizes) {
   EXPECT_EQ(parse_bytes("1.4"), 1u);
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");
 }
+
+// Integers are exact (strtod had rounded 2^63 - 1 up to 2^63 and refused it); K, M, G and T
+// are all binary (T had been refused); strtod's hex, signs and leading spaces are refused;
+// only a literal 0 is 0 (1e-400 had underflowed to 0 and -0 had been 0: both unlimited).
+TEST(Units, ExactIntegersShortUnitsAndStrictNumbers) {
+  EXPECT_EQ(parse_bytes("9223372036854775807"), size_t(INT64_MAX));
+  EXPECT_THROW(parse_bytes("9223372036854775808"), baton::InputError);
+  EXPECT_THROW(parse_bytes("99999999999999999999999"), baton::InputError);
+  EXPECT_EQ(parse_bytes("6K"), size_t(6) << 10);
+  EXPECT_EQ(parse_bytes("6M"), size_t(6) << 20);
+  EXPECT_EQ(parse_bytes("6G"), size_t(6) << 30);
+  EXPECT_EQ(parse_bytes("6T"), size_t(6) << 40);
+  EXPECT_EQ(parse_bytes("64.00 MiB"), size_t(64) << 20);  // as written plans give it
+  EXPECT_EQ(parse_bytes("1.5e3"), 1500u);
+  EXPECT_EQ(parse_bytes("0e5"), 0u);
+  for (const char* bad : {"0x600000", "0x1p23", " 6MiB", "-0", "+5", "-1", "1e-400", "1e-400GiB",
+                          "inf", "nan", ".", "5 MiB "})
+    EXPECT_THROW(parse_bytes(bad), baton::InputError) << bad;
+  try {
+    parse_bytes("6P");
+    ADD_FAILURE() << "6P accepted";
+  } catch (const baton::InputError& e) {
+    EXPECT_STREQ(e.what(),
+                 "invalid size '6P': unknown unit 'P' (expected B; KiB, MiB, GiB, TiB or K, M, G, "
+                 "T: powers of 1024; KB, MB, GB, TB: powers of 1000)");
+  }
+  try {
+    parse_bytes("1e-400");
+    ADD_FAILURE() << "1e-400 accepted";
+  } catch (const baton::InputError& e) {
+    EXPECT_STREQ(e.what(), "invalid size '1e-400': expected 0 or at least 1 byte");
+  }
+}

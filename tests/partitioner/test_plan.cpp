@@ -1100,6 +1100,14 @@ TEST(Plan, DeviceMemoryBeyondInt64OrUnderOneByte) {
             "plan.json: $.device_memory: invalid size '0.4': expected 0 or at least 1 byte");
   j["device_memory"] = "0";
   EXPECT_EQ(parse_plan(j, "plan.json", kDir).device_memory, 0);
+  // 2^63 - 1 as a string is exact (it had rounded to 2^63 and been refused); a value that
+  // is neither a number nor a string names both forms (it had said "an integer").
+  j["device_memory"] = "9223372036854775807";
+  EXPECT_EQ(parse_plan(j, "plan.json", kDir).device_memory, INT64_MAX);
+  j["device_memory"] = true;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: expected a number of bytes or a size string such as "
+            "\"64MiB\", found true");
 }
 
 // "pipeline_ranks": [] had read as absent (unchecked), a layer named twice in recompute
