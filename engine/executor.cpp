@@ -533,6 +533,9 @@ void Executor::finish_evaluation(StepStats& stats) {
     for (int mb = 0; mb < s.num_micro_batches; ++mb)
       if (losses_[size_t(mb)].defined())
         v[size_t(cfg_.first_micro_batch + mb)] = loss_value(losses_[size_t(mb)]);
+  // Freed now: kept until this executor's next run, the next evaluation, they would stay
+  // allocated through the training steps between, beyond what the estimate counts.
+  losses_.assign(losses_.size(), Tensor());
   if (cfg_.step_comm && cfg_.step_comm->size() > 1) {
     Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
     cfg_.step_comm->all_reduce(t, transport::ReduceOp::sum)->wait();

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "engine_harness.h"
 #include "process_helpers.h"
@@ -258,6 +259,53 @@ TEST(MemoryAccuracy, Zero2TiedAllReduceInTheLastW) {
   const transport::detail::AlgoTuning ring;  // the ranks' ring: its default window
   expect_accurate(p, json::object(), double(size_t(ring.window) * ring.chunk_bytes));
   unsetenv("BATON_SMALL_BYTES");
+}
+
+// Runs `cmd` (baton launch ... train --summary `dir`/summary.json) and returns each rank's
+// measured and estimated peak.
+std::map<int, std::pair<int64_t, int64_t>> run_peaks(const std::string& cmd,
+                                                     const std::string& dir) {
+  std::map<int, std::pair<int64_t, int64_t>> out;
+  EXPECT_EQ(run(cmd + " --summary " + dir + "/summary.json", dir + "/run.out"), 0)
+      << slurp(dir + "/run.out");
+  const json summary = json::parse(slurp(dir + "/summary.json"), nullptr, false);
+  if (summary.is_discarded() || !summary.contains("ranks")) return out;
+  for (const json& r : summary["ranks"])
+    out[r["rank"].get<int>()] = {r["peak_bytes"].get<int64_t>(),
+                                 r["estimated_peak_bytes"].get<int64_t>()};
+  return out;
+}
+
+// Mid-run evaluation runs in an executor of its own, whose losses (one per micro-batch)
+// had stayed allocated until its next run, through the training steps between, which the
+// estimate does not count: capped at its own estimate, this plan (recompute on both
+// stages) ran out of memory after step 2 when evaluated every 2 steps. They are freed
+// when the evaluation ends: evaluated mid-run, the run fits its estimate.
+TEST(MemoryAccuracy, MidRunEvaluationFreesItsLosses) {
+  PlanSpec p;
+  p.model = json::parse(std::ifstream(source_dir() + "/examples/models/tiny-gpt.json"));
+  p.tp = {1, 1};
+  p.micro_batches = 2;
+  p.micro_batch_size = 4;
+  Workspace ws("memacc-eval");
+  json plan = plan_json(p, ws);
+  for (json& st : plan["stages"]) st["recompute"] = true;
+  std::ofstream(ws.path("plan.json")) << plan.dump(2);
+  const std::string cmd = baton() + " launch -n 2 -- " + baton() + " train --plan " +
+                          ws.path("plan.json") + " --data " + data_file() +
+                          " --threads 1 --log-every 0 --steps 5 --eval-fraction 0.05";
+  const auto at_end = run_peaks(cmd + " --eval-every 0", ws.dir);
+  ASSERT_EQ(at_end.size(), 2u);
+  int64_t cap = 0;
+  for (const auto& [rank, pe] : at_end) cap = std::max(cap, pe.second);
+  const auto mid_run =
+      run_peaks(cmd + " --eval-every 2 --device-memory " + std::to_string(cap), ws.dir);
+  ASSERT_EQ(mid_run.size(), 2u);
+  for (const auto& [rank, pe] : mid_run) {
+    std::printf("  rank %d: measured %lld evaluated mid-run, %lld at the end; estimated %lld\n",
+                rank, (long long)pe.first, (long long)at_end.at(rank).first, (long long)pe.second);
+    EXPECT_LE(pe.first, pe.second) << "rank " << rank;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MemoryAccuracyZero2,
