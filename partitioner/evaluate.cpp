@@ -326,6 +326,46 @@ void for_each_bucket(const Graph& pg, std::vector<int> ids, size_t bucket_bytes,
   }
 }
 
+// The elements of each sharded parameter (ids of mg) that `rank` holds of its optimizer
+// state (and under zero2 of its gradient), as the engine's GradReducer lays them out
+// (shard_parts): the parameters one communicator shards form a group (under zero2 those
+// held by several local stages one, the others another whose buckets are cut by stage).
+// Empty with extra parameter-server ranks (the replicas hold none).
+std::map<int, int64_t> sharded_parts(const ResolvedPlan& r, int rank, const Graph& mg,
+                                     size_t bucket_bytes) {
+  std::map<int, int64_t> out;
+  const Plan& p = r.plan;
+  if (p.sharding() == OptimizerSharding::none || p.dp <= 1 || p.dp_sync.ps_ranks > 0) return out;
+  std::map<int, std::vector<int>> holders;  // parameter -> the stages of this rank holding it
+  for (int s : r.stages_of(r.layout.coord(rank).pp)) {
+    const int k = r.chunk_of_stage[size_t(s)];
+    for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]))
+      holders[id].push_back(s);
+  }
+  std::map<std::vector<int>, std::vector<int>> groups;  // members -> parameters
+  for (const GradientGroup& gg : gradient_groups(r, rank))
+    if (gg.ranks.size() > 1 && optimizer_sharded(r, rank, gg))
+      groups[gg.ranks].push_back(mg.find_param(gg.name));
+  const bool zero2 = p.sharding() == OptimizerSharding::zero2;
+  for (const auto& [members, ids] : groups) {
+    const int n = int(members.size());
+    const int me = int(std::find(members.begin(), members.end(), rank) - members.begin());
+    std::vector<int> several, one;
+    std::map<int, int> stage_of;
+    for (int id : ids) {
+      if (zero2 && holders[id].size() > 1) {
+        several.push_back(id);
+      } else {
+        one.push_back(id);
+        stage_of[id] = zero2 ? holders[id].front() : 0;
+      }
+    }
+    out.merge(shard_parts(mg, several, bucket_bytes, n, me));
+    out.merge(shard_parts(mg, one, bucket_bytes, n, me, &stage_of));
+  }
+  return out;
+}
+
 }  // namespace
 
 RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
@@ -610,68 +650,96 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     while (r.chunk_of_stage[size_t(stage)] != k) ++stage;
     return stage;
   };
-  auto sharded_of = [&](int k) {
-    const int rank = r.layout.rank(0, r.schedule.placement[size_t(first_stage_of(k))], 0);
+  auto sharded_by = [&](int rank) {
     std::map<std::string, std::vector<int>> sharded;
     for (const GradientGroup& gg : gradient_groups(r, rank))
       if (optimizer_sharded(r, rank, gg)) sharded[gg.name] = gg.ranks;
-    return std::make_pair(rank, sharded);
+    return sharded;
   };
-  // The sharded optimizer (ZeRO): each chunk's sharded parameters hold 1/dp of their state.
-  if (p.sharding() != OptimizerSharding::none && p.dp > 1 &&
-      (opt > 0 || p.sharding() == OptimizerSharding::zero2)) {
+  auto sharded_of = [&](int k) {
+    const int rank = r.layout.rank(0, r.schedule.placement[size_t(first_stage_of(k))], 0);
+    return std::make_pair(rank, sharded_by(rank));
+  };
+  // The sharded optimizer (ZeRO): each chunk's sharded parameters hold a part of their
+  // state (and under zero2 of their gradient) on each rank, as the engine lays the parts
+  // out (sharded_parts), so ranks of one chunk may hold different bytes: the chunk's
+  // figures are its first rank's, and each rank's own are in its estimate below.
+  const bool sharding = p.sharding() != OptimizerSharding::none && p.dp > 1 &&
+                        (opt > 0 || p.sharding() == OptimizerSharding::zero2);
+  struct ZeroSaved {
+    int64_t optimizer = 0, grads = 0, bound = 0;
+    std::map<std::vector<int>, std::vector<int>> zero2;  // by group (each its own buckets)
+    std::vector<GradBucket> buckets;                     // ids of mg
+  };
+  // The parameters of pipeline rank pp's chunks other than k.
+  auto elsewhere_of = [&](int k, int pp) {
+    std::set<int> out;
+    for (int s2 : r.stages_of(pp)) {
+      const int k2 = r.chunk_of_stage[size_t(s2)];
+      if (k2 == k) continue;
+      for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
+        out.insert(id);
+    }
+    return out;
+  };
+  // What `rank` does not hold of chunk k's state and gradients.
+  // `sharded`: sharded_by(rank); `parts`: sharded_parts of rank.
+  auto zero_saved = [&](int k, int rank, const std::map<std::string, std::vector<int>>& sharded,
+                        const std::map<int, int64_t>& parts) {
+    ZeroSaved z;
+    // zero2: parameters held by another stage of the same rank stay as under zero1.
+    const std::set<int> elsewhere = elsewhere_of(k, r.layout.coord(rank).pp);
+    const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
+    for (int id : mg.params_used(a, b)) {
+      const stages::Param& prm = mg.params[size_t(id)];
+      auto found = sharded.find(prm.name);
+      if (found == sharded.end()) continue;
+      const int64_t numel = memory::shape_numel(prm.shape);
+      const int es = int(memory::dtype_size(prm.dtype));
+      const auto part = parts.find(id);
+      if (p.dp_sync.ps_ranks > 0)  // extra server ranks hold all of it: the replicas none
+        z.optimizer += rounded(numel * es) * opt;
+      else if (part == parts.end())
+        z.optimizer += zero_optimizer_saving(numel, es, int(found->second.size()), opt);
+      else  // a part of 0 elements holds no state (Stage::set_optimizer)
+        z.optimizer +=
+            (rounded(numel * es) - (part->second > 0 ? rounded(part->second * es) : 0)) * opt;
+      if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
+        z.zero2[found->second].push_back(id);
+    }
+    for (const auto& [group, ids] : z.zero2) {
+      ZeroGradMemory zg =
+          zero2_grad_memory(mg, a, b, ids, int(group.size()), options.bucket_bytes, &parts);
+      z.grads += zg.saved;
+      z.bound += zg.held_bound;
+      for (GradBucket& bk : zg.buckets) z.buckets.push_back(std::move(bk));
+    }
+    return z;
+  };
+  if (sharding) {
     for (int k = 0; k < K; ++k) {
-      const int stage = first_stage_of(k);
-      const auto [rank, sharded] = sharded_of(k);
-      // zero2: parameters held by another stage of the same rank stay as under zero1.
-      std::set<int> elsewhere;
-      for (int s2 : r.stages_of(r.schedule.placement[size_t(stage)])) {
-        const int k2 = r.chunk_of_stage[size_t(s2)];
-        if (k2 == k) continue;
-        for (int id : mg.params_used(r.chunk_first[size_t(k2)], r.chunk_last[size_t(k2)]))
-          elsewhere.insert(id);
-      }
-      std::map<std::vector<int>, std::vector<int>> zero2;  // by group (each its own buckets)
       const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
-      for (int id : mg.params_used(a, b)) {
-        const stages::Param& prm = mg.params[size_t(id)];
-        auto found = sharded.find(prm.name);
-        if (found == sharded.end()) continue;
-        // Extra server ranks hold all of it: the replicas none.
-        const int64_t numel = memory::shape_numel(prm.shape);
-        const int es = int(memory::dtype_size(prm.dtype));
-        const int parts = int(found->second.size());
-        chunk_mem[size_t(k)].optimizer_sharding_saved +=
-            p.dp_sync.ps_ranks > 0 ? rounded(numel * es) * opt
-                                   : zero_optimizer_saving(numel, es, parts, opt);
-        if (p.sharding() == OptimizerSharding::zero2 && !elsewhere.count(id))
-          zero2[found->second].push_back(id);
-      }
-      if (zero2.empty()) continue;
+      const auto [rank, sharded] = sharded_of(k);
+      ZeroSaved z = zero_saved(k, rank, sharded, sharded_parts(r, rank, mg, options.bucket_bytes));
+      chunk_mem[size_t(k)].optimizer_sharding_saved += z.optimizer;
+      chunk_mem[size_t(k)].grad_sharding_saved += z.grads;
+      if (z.zero2.empty()) continue;
+      const std::set<int> elsewhere = elsewhere_of(k, r.layout.coord(rank).pp);
       // The gradients a micro-batch's W makes and reduces bucket by bucket: walked again
       // with them (where in W a bucket fills decides what else is still held), or in the
       // composed estimate bounded by all of them at once.
       const Graph& walked = options.exact_memory ? graph_of(chunk_pp[size_t(k)]) : mg;
-      std::vector<GradBucket> buckets;
-      int64_t bound = 0;
-      for (const auto& [group, ids] : zero2) {
-        ZeroGradMemory z =
-            zero2_grad_memory(mg, a, b, ids, int(group.size()), options.bucket_bytes);
-        chunk_mem[size_t(k)].grad_sharding_saved += z.saved;
-        bound += z.held_bound;
-        for (GradBucket& bk : z.buckets) {
-          for (int& id : bk.params) {
-            const std::string& name = mg.params[size_t(id)].name;
-            id = walked.find_param(name);
-            BATON_CHECK(id >= 0, "stage graph lacks parameter " + name);
-          }
-          buckets.push_back(std::move(bk));
+      std::vector<GradBucket> buckets = std::move(z.buckets);
+      for (GradBucket& bk : buckets)
+        for (int& id : bk.params) {
+          const std::string& name = mg.params[size_t(id)].name;
+          id = walked.find_param(name);
+          BATON_CHECK(id >= 0, "stage graph lacks parameter " + name);
         }
-      }
       MicroBatchMemory& mb = chunk_mem[size_t(k)].mb;
       if (!options.exact_memory) {
-        mb.weight_peak += bound;
-        mb.fused_peak += bound;
+        mb.weight_peak += z.bound;
+        mb.fused_peak += z.bound;
         continue;
       }
       WalkSpec spec = stage_walk_spec(walked, a, b, r.recompute[size_t(k)], p.micro_batch_size,
@@ -772,6 +840,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     re.coord = r.layout.coord(rank);
     re.stages = r.stages_of(re.coord.pp);
     std::set<int> params;
+    // Sharded: what this rank holds of its chunks' state and gradients, against the
+    // chunks' first ranks' (stage_mem's).
+    const auto sharded = sharding ? sharded_by(rank) : std::map<std::string, std::vector<int>>();
+    const auto parts =
+        sharding ? sharded_parts(r, rank, mg, options.bucket_bytes) : std::map<int, int64_t>();
+    int64_t own_sharding = 0;
     for (int s : re.stages) {
       int k = r.chunk_of_stage[size_t(s)];
       int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -780,9 +854,16 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
           g.layers[size_t(a)].name + (b - a > 1 ? " .. " + g.layers[size_t(b - 1)].name : "");
       for (int id : g.params_used(a, b)) params.insert(id);
       const StageMemory& m = chunk_mem[size_t(k)];
+      int64_t grad_saved = m.grad_sharding_saved, optimizer_saved = m.optimizer_sharding_saved;
+      if (sharding) {
+        const ZeroSaved z = zero_saved(k, rank, sharded, parts);
+        own_sharding += grad_saved + optimizer_saved - z.grads - z.optimizer;
+        grad_saved = z.grads;
+        optimizer_saved = z.optimizer;
+      }
       re.param_bytes += m.params;
-      re.grad_bytes += m.grads - m.grad_sharding_saved;
-      re.optimizer_bytes += m.optimizer - m.optimizer_sharding_saved;
+      re.grad_bytes += m.grads - grad_saved;
+      re.optimizer_bytes += m.optimizer - optimizer_saved;
       // zero2 reduce-scatters every micro-batch (half an all-reduce each) and all-gathers once.
       const bool zero2 =
           p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
@@ -803,24 +884,37 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         n = n / prm.logical_shape[size_t(sh.dim)] * sh.pattern.local_size(sh.t);
       re.parameters += n;
     }
-    re.peak = options.exact_memory
-                  ? rank_peak(r.schedule, re.coord.pp, stage_mem,
-                              rank_buffers(r, rank, graph_of(re.coord.pp), options))
-                  : rank_peak(r.schedule, re.coord.pp, stage_mem);
+    re.peak = own_sharding + (options.exact_memory
+                                  ? rank_peak(r.schedule, re.coord.pp, stage_mem,
+                                              rank_buffers(r, rank, graph_of(re.coord.pp), options))
+                                  : rank_peak(r.schedule, re.coord.pp, stage_mem));
     re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
     re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
-    if (p.device_memory > 0 && re.peak > p.device_memory && re.coord.dp == 0 && re.coord.tp == 0 &&
-        re.coord.sp == 0)
-      e.problems.push_back("rank " + std::to_string(rank) + " (pp " + std::to_string(re.coord.pp) +
-                           ", " + re.layers + ") needs " + memory::format_bytes(double(re.peak)) +
-                           ", over its capacity of " +
-                           memory::format_bytes(double(p.device_memory)) + " by " +
-                           memory::format_bytes(double(re.peak - p.device_memory)) +
-                           (p.tp[size_t(re.coord.pp)] > 1 || p.dp > 1
-                                ? " (as do its tensor- and data-parallel peers)"
-                                : ""));
     e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);
     e.ranks.push_back(re);
+  }
+  // Over the capacity: per pipeline rank, the rank of the highest peak (its tensor- and
+  // data-parallel peers differ by their parts of a sharded state at most).
+  for (int pp = 0; pp < p.pp && p.device_memory > 0; ++pp) {
+    const RankEstimate* top = nullptr;
+    for (const RankEstimate& re : e.ranks)
+      if (re.coord.pp == pp && (!top || re.peak > top->peak)) top = &re;
+    int peers = 0, peers_over = 0;
+    for (const RankEstimate& re : e.ranks)
+      if (re.coord.pp == pp && &re != top) {
+        ++peers;
+        peers_over += re.peak > p.device_memory ? 1 : 0;
+      }
+    if (!top || top->peak <= p.device_memory) continue;
+    e.problems.push_back("rank " + std::to_string(top->rank) + " (pp " + std::to_string(pp) + ", " +
+                         top->layers + ") needs " + memory::format_bytes(double(top->peak)) +
+                         ", over its capacity of " + memory::format_bytes(double(p.device_memory)) +
+                         " by " + memory::format_bytes(double(top->peak - p.device_memory)) +
+                         (peers_over == 0 ? ""
+                          : peers_over == peers
+                              ? " (as do its tensor- and data-parallel peers)"
+                              : " (as do " + std::to_string(peers_over) + " of its " +
+                                    std::to_string(peers) + " tensor- and data-parallel peers)"));
   }
   // Extra parameter-server ranks (engine/detail/param_server.h): each holds its part of
   // every served bucket (1/ps_ranks of each replica position's sharded parameters), the

@@ -772,8 +772,33 @@ std::vector<std::vector<int>> gradient_buckets(const Graph& g, std::vector<int> 
   return out;
 }
 
+std::map<int, int64_t> shard_parts(const Graph& g, std::vector<int> ids, size_t bucket_bytes,
+                                   int members, int me, const std::map<int, int>* stage_of) {
+  std::map<int, int64_t> out;
+  for (const std::vector<int>& bucket :
+       gradient_buckets(g, std::move(ids), bucket_bytes, stage_of)) {
+    std::vector<int64_t> numel;
+    int64_t elements = 0;
+    for (int id : bucket) {
+      numel.push_back(memory::shape_numel(g.params[size_t(id)].shape));
+      elements += numel.back();
+    }
+    // The all-reduce's equal parts (engine/detail/grad_reducer.cpp, bucket_parts).
+    int64_t begin = 0;
+    for (int q = 0; q < me; ++q) begin += elements / members + (q < elements % members ? 1 : 0);
+    const int64_t end = begin + elements / members + (me < elements % members ? 1 : 0);
+    int64_t first = 0;  // the parameter's first element in the bucket
+    for (size_t j = 0; j < bucket.size(); ++j) {
+      const int64_t lo = std::clamp(begin - first, int64_t(0), numel[j]);
+      out[bucket[j]] = std::clamp(end - first, lo, numel[j]) - lo;
+      first += numel[j];
+    }
+  }
+  return out;
+}
+
 ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vector<int> ids, int dp,
-                                 size_t bucket_bytes) {
+                                 size_t bucket_bytes, const std::map<int, int64_t>* parts) {
   ZeroGradMemory z;
   int64_t largest = 0;  // the largest bucket's flat copy and scratch
   for (std::vector<int>& ids_of : gradient_buckets(g, std::move(ids), bucket_bytes)) {
@@ -784,7 +809,9 @@ ZeroGradMemory zero2_grad_memory(const Graph& g, int first, int last, std::vecto
       const int64_t b = rounded(n * es);
       int64_t layers = 0;
       for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
-      z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded((n + dp - 1) / dp * es);
+      int64_t held = (n + dp - 1) / dp;
+      if (parts && parts->count(id)) held = parts->at(id);
+      z.saved += b * (layers + (layers > 1 ? 1 : 0)) - rounded(held * es);
       z.held_bound += b * (layers + (layers > 1 ? 1 : 0));
       elements += n;
     }

@@ -103,10 +103,9 @@ StageMemory stage_memory(const stages::Graph& g, int first, int last,
 
 // Optimizer-state bytes a data-parallel rank holds for a parameter of `numel` elements of
 // `dtype_size` bytes when the state is sharded over `dp` replicas: `optimizer_states`
-// tensors of its part, about numel / dp elements, each rounded as the allocator does.
-// The engine cuts each gradient bucket rather than each parameter into equal parts
-// (engine/detail/grad_reducer.h), so a rank's real total differs from the sum of these
-// by less than a bucket's part boundaries' few elements and the rounding of each tensor.
+// tensors of about numel / dp elements, each rounded as the allocator does. An
+// approximation: the engine cuts each gradient bucket rather than each parameter into
+// equal parts (engine/detail/grad_reducer.h), which shard_parts follows exactly.
 int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optimizer_states);
 // What sharding saves on one parameter: its whole state less sharded_optimizer_bytes.
 int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimizer_states);
@@ -117,6 +116,19 @@ int64_t zero_optimizer_saving(int64_t numel, int dtype_size, int dp, int optimiz
 std::vector<std::vector<int>> gradient_buckets(const stages::Graph& g, std::vector<int> ids,
                                                size_t bucket_bytes,
                                                const std::map<int, int>* stage_of = nullptr);
+
+// The elements of each parameter of `ids` that member `me` of `members` holds (its part of
+// the optimizer state, and under zero2 of the gradient) as the engine shards them
+// (engine/detail/grad_reducer.cpp, add_group): the parameters cut into buckets as
+// gradient_buckets cuts them, each bucket's flattened elements into `members` equal parts
+// (the first elements % members one more), member q holding part q. So a rank holds some
+// parameters whole, parts of those a boundary crosses and none of the others (0 elements:
+// no optimizer state, but zero2's gradient accumulator still takes an allocation): its
+// total is its parts of the buckets, not ceil(numel / members) of each parameter, and it
+// differs between the members.
+std::map<int, int64_t> shard_parts(const stages::Graph& g, std::vector<int> ids,
+                                   size_t bucket_bytes, int members, int me,
+                                   const std::map<int, int>* stage_of = nullptr);
 
 // zero2 (gradients sharded too) for the parameters `ids` of a stage of layers
 // [first, last) sharded over `dp` parts: `saved`, the persistent gradient bytes it does
@@ -132,8 +144,11 @@ struct ZeroGradMemory {
   int64_t saved = 0, held_bound = 0;
   std::vector<GradBucket> buckets;
 };
+// `parts`: the elements of each parameter the rank holds (shard_parts); absent, about
+// numel / dp.
 ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, std::vector<int> ids,
-                                 int dp, size_t bucket_bytes);
+                                 int dp, size_t bucket_bytes,
+                                 const std::map<int, int64_t>* parts = nullptr);
 
 // ---- a rank over a schedule ----
 

@@ -276,6 +276,34 @@ std::map<int, std::pair<int64_t, int64_t>> run_peaks(const std::string& cmd,
   return out;
 }
 
+// zero2 on examples/models/tiny-gpt.json, DP 2: each rank's part of a bucket holds some
+// parameters whole, a part of one and none of others (no optimizer state, a gradient
+// accumulator of 0 elements: still 64 bytes); the estimate had given every parameter ceil(numel /
+// 2) elements on both ranks, 704 and 896 bytes under the measured peaks, so `baton plan
+// --device-memory` at that estimate wrote a plan that ran out of memory in step 1. The estimate
+// follows the engine's parts per rank now and is never under.
+TEST(MemoryAccuracy, Zero2PartsAsTheEngineCutsThem) {
+  PlanSpec p;
+  p.model = json::parse(std::ifstream(source_dir() + "/examples/models/tiny-gpt.json"));
+  p.dp = 2;
+  p.micro_batches = 2;
+  p.optimizer_sharding = "zero2";
+  Workspace ws("memacc-zero2-parts");
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  const std::string cmd = baton() + " launch -n 2 -- " + baton() + " train --plan " +
+                          ws.path("plan.json") + " --data " + data_file() +
+                          " --threads 1 --log-every 0 --steps 3";
+  for (int run = 0; run < 3; ++run) {
+    const auto peaks = run_peaks(cmd, ws.dir);
+    ASSERT_EQ(peaks.size(), 2u);
+    for (const auto& [rank, pe] : peaks) {
+      std::printf("  run %d rank %d: measured %lld, estimated %lld\n", run, rank,
+                  (long long)pe.first, (long long)pe.second);
+      EXPECT_GE(pe.second, pe.first) << "rank " << rank << ", run " << run;
+    }
+  }
+}
+
 // Mid-run evaluation runs in an executor of its own, whose losses (one per micro-batch)
 // had stayed allocated until its next run, through the training steps between, which the
 // estimate does not count: capped at its own estimate, this plan (recompute on both
