@@ -823,15 +823,44 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   e.tokens_per_step = p.global_batch * rate_units_per_sample(g);
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
 
+  // What a rank holds of its chunks' sharded state and gradients against the chunks'
+  // figures (their first ranks'): the engine cuts each bucket into parts, so the
+  // replicas of one position may differ by a few parameters' bytes.
+  struct OwnSharding {
+    int64_t grads = 0, optimizer = 0;
+  };
+  auto own_sharding_of = [&](int rank, const std::vector<int>& stages) {
+    OwnSharding o;
+    if (!sharding) return o;
+    const auto sharded = sharded_by(rank);
+    const auto parts = sharded_parts(r, rank, mg, options.bucket_bytes);
+    for (int s : stages) {
+      const int k = r.chunk_of_stage[size_t(s)];
+      const StageMemory& m = chunk_mem[size_t(k)];
+      const ZeroSaved z = zero_saved(k, rank, sharded, parts);
+      o.grads += m.grad_sharding_saved - z.grads;
+      o.optimizer += m.optimizer_sharding_saved - z.optimizer;
+    }
+    return o;
+  };
+  std::map<int, OwnSharding> own_of_position;  // by replica 0's rank
   for (int rank = 0; rank < r.layout.world(); ++rank) {
     // The replicas of one position (pipeline rank, tensor-parallel index, tile) hold the
     // same stages and buffers, their groups the same sizes: replica 0's estimate (ranks
-    // are replica-major, so it comes first) is theirs. Evaluating each had cost
-    // O(world) per rank in its gradient groups, O(world^2) in all.
+    // are replica-major, so it comes first) is theirs, but for their own parts of a
+    // sharded state. Evaluating each whole had cost O(world) per rank in its gradient
+    // groups, O(world^2) in all.
     if (const RankCoord c = r.layout.coord(rank); c.dp > 0) {
-      RankEstimate re = e.ranks[size_t(r.layout.rank(0, c.pp, c.tp, c.sp))];
+      const int first = r.layout.rank(0, c.pp, c.tp, c.sp);
+      RankEstimate re = e.ranks[size_t(first)];
       re.rank = rank;
       re.coord = c;
+      if (sharding) {
+        const OwnSharding mine = own_sharding_of(rank, re.stages), theirs = own_of_position[first];
+        re.grad_bytes += mine.grads - theirs.grads;
+        re.optimizer_bytes += mine.optimizer - theirs.optimizer;
+        re.peak += mine.grads + mine.optimizer - theirs.grads - theirs.optimizer;
+      }
       e.ranks.push_back(std::move(re));
       continue;
     }
@@ -840,12 +869,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     re.coord = r.layout.coord(rank);
     re.stages = r.stages_of(re.coord.pp);
     std::set<int> params;
-    // Sharded: what this rank holds of its chunks' state and gradients, against the
-    // chunks' first ranks' (stage_mem's).
-    const auto sharded = sharding ? sharded_by(rank) : std::map<std::string, std::vector<int>>();
-    const auto parts =
-        sharding ? sharded_parts(r, rank, mg, options.bucket_bytes) : std::map<int, int64_t>();
-    int64_t own_sharding = 0;
+    const OwnSharding own = own_sharding_of(rank, re.stages);
+    own_of_position[rank] = own;
     for (int s : re.stages) {
       int k = r.chunk_of_stage[size_t(s)];
       int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
@@ -854,13 +879,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
           g.layers[size_t(a)].name + (b - a > 1 ? " .. " + g.layers[size_t(b - 1)].name : "");
       for (int id : g.params_used(a, b)) params.insert(id);
       const StageMemory& m = chunk_mem[size_t(k)];
-      int64_t grad_saved = m.grad_sharding_saved, optimizer_saved = m.optimizer_sharding_saved;
-      if (sharding) {
-        const ZeroSaved z = zero_saved(k, rank, sharded, parts);
-        own_sharding += grad_saved + optimizer_saved - z.grads - z.optimizer;
-        grad_saved = z.grads;
-        optimizer_saved = z.optimizer;
-      }
+      const int64_t grad_saved = m.grad_sharding_saved,
+                    optimizer_saved = m.optimizer_sharding_saved;
       re.param_bytes += m.params;
       re.grad_bytes += m.grads - grad_saved;
       re.optimizer_bytes += m.optimizer - optimizer_saved;
@@ -884,10 +904,13 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         n = n / prm.logical_shape[size_t(sh.dim)] * sh.pattern.local_size(sh.t);
       re.parameters += n;
     }
-    re.peak = own_sharding + (options.exact_memory
-                                  ? rank_peak(r.schedule, re.coord.pp, stage_mem,
-                                              rank_buffers(r, rank, graph_of(re.coord.pp), options))
-                                  : rank_peak(r.schedule, re.coord.pp, stage_mem));
+    re.grad_bytes += own.grads;
+    re.optimizer_bytes += own.optimizer;
+    re.peak =
+        own.grads + own.optimizer +
+        (options.exact_memory ? rank_peak(r.schedule, re.coord.pp, stage_mem,
+                                          rank_buffers(r, rank, graph_of(re.coord.pp), options))
+                              : rank_peak(r.schedule, re.coord.pp, stage_mem));
     re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
     re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
     e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);

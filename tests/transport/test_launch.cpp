@@ -316,8 +316,7 @@ TEST(BenchComm, OptionsThatMeasureNothingAreBadInput) {
        {Case{"--min-bytes 3 --max-bytes 3", "no size holds a 4-byte f32 element for all_reduce"},
         Case{"--op all_gather --ranks 4 --min-bytes 8 --max-bytes 12",
              "no size holds a 4-byte f32 element per rank for all_gather over 4 ranks"},
-        Case{"--op ''", "--op: expected one or more of"},
-        Case{"--op ,", "--op: expected one or more of"},
+        Case{"--op ''", "--op: expected one or more of"}, Case{"--op ,", "--op ',': an empty item"},
         Case{"--backend ucx", "--backend ucx: the ranks are processes started by a launcher"},
         // An empty item had been skipped, a repeated one run twice.
         Case{"--op all_reduce,,broadcast", "--op 'all_reduce,,broadcast': an empty item"},
