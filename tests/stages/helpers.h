@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -63,6 +64,21 @@ inline Tensor rows(const Tensor& t, int64_t first, int64_t n) {
 
 inline double value_of(const Tensor& scalar) {
   return scalar.to(DType::f64).to_vector<double>()[0];
+}
+
+// One micro-batch's gradients into `st` (finished), and the loss at the current
+// parameters as a function: what a finite-difference check compares them with.
+inline std::function<double()> gradients_and_loss(Stage& st, const MicroBatch& mb,
+                                                  const TensorMap& inputs) {
+  st.zero_grad();
+  st.forward(mb, inputs);
+  st.backward(mb.index);
+  st.finish_grads();
+  return [&st, mb, inputs] {
+    TensorMap out = st.forward(mb, inputs, true);
+    st.discard(mb.index);
+    return value_of(out.at("loss"));
+  };
 }
 
 }  // namespace baton::stages::testing

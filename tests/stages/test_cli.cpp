@@ -114,14 +114,13 @@ TEST(Cli, BadDataAndFlags) {
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 7",
                          {"--recompute: layer 7"});
   // A stray comma or space had been skipped: "1,,2", "1," and " 1" read as 1,2 / 1 / 1.
-  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 1,,2",
-                         {"--recompute '1,,2': an empty item"});
-  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute 1,",
-                         {"--recompute '1,': an empty item"});
-  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute ' 1'",
-                         {"--recompute: expected layer indices like 1,2,3, found ' 1'"});
-  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute ''",
-                         {"--recompute: expected layer indices like 1,2,3, found ''"});
+  for (const auto& [flag, message] :
+       {std::pair<std::string, std::string>{"1,,2", "--recompute '1,,2': an empty item"},
+        {"1,", "--recompute '1,': an empty item"},
+        {"' 1'", "--recompute: expected layer indices like 1,2,3, found ' 1'"},
+        {"''", "--recompute: expected layer indices like 1,2,3, found ''"}})
+    cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --recompute " + flag,
+                           {message});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --frobnicate",
                          {"frobnicate"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --resume",

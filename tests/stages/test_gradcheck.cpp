@@ -11,6 +11,7 @@
 namespace baton::stages {
 namespace {
 
+using testing::gradients_and_loss;
 using testing::random_like;
 using testing::random_tokens;
 using testing::value_of;
@@ -69,16 +70,7 @@ void check_whole_model(const std::shared_ptr<Graph>& g, const TensorMap& inputs,
   so.seed = seed;
   Stage st(g, 0, g->num_layers(), so);
   randomize_params(st, 0.3, seed);
-  MicroBatch mb{0, 0, batch, batch, tokens, 3};
-  st.zero_grad();
-  st.forward(mb, inputs);
-  st.backward(0);
-  st.finish_grads();
-  auto loss = [&] {
-    TensorMap out = st.forward(mb, inputs, true);
-    st.discard(0);
-    return value_of(out.at("loss"));
-  };
+  const auto loss = gradients_and_loss(st, MicroBatch{0, 0, batch, batch, tokens, 3}, inputs);
   for (int id : st.param_ids())
     check_tensor(g->params[size_t(id)].name, st.param(id), st.grad(id).clone(), loss, samples,
                  seed + uint64_t(id));
@@ -243,16 +235,7 @@ TEST(GradCheck, LlamaPaddingRowGetsNoGradientFromTheLookupF64) {
   auto g = tiny_llama({{"pad_token_id", pad}});
   Stage st(g, 0, g->num_layers());
   randomize_params(st, 0.3, seed);
-  MicroBatch mb{0, 0, 2, 2, 12, 3};
-  st.zero_grad();
-  st.forward(mb, in);
-  st.backward(0);
-  st.finish_grads();
-  auto loss = [&] {
-    TensorMap out = st.forward(mb, in, true);
-    st.discard(0);
-    return value_of(out.at("loss"));
-  };
+  const auto loss = gradients_and_loss(st, MicroBatch{0, 0, 2, 2, 12, 3}, in);
   const int e = param_id(*g, E);
   Tensor w = st.param(e), dw = st.grad(e).clone();
   EXPECT_EQ(dw.narrow(0, pad, 1).to_vector<double>(), std::vector<double>(16, 0.0));

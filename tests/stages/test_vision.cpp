@@ -19,6 +19,7 @@
 namespace baton::stages {
 namespace {
 
+using testing::gradients_and_loss;
 using testing::random_like;
 using testing::value_of;
 
@@ -71,16 +72,7 @@ void check_model(const std::shared_ptr<Graph>& g, const TensorMap& in, int64_t b
     kernels::random_normal(st.param(id), bn_scale ? 1.0 : 0.0, 0.4, seed, uint64_t(id) + 1,
                            kernels::Block{});
   }
-  MicroBatch mb{0, 0, batch, batch, double(batch), 2};
-  st.zero_grad();
-  st.forward(mb, in);
-  st.backward(0);
-  st.finish_grads();
-  auto loss = [&] {
-    TensorMap out = st.forward(mb, in, true);
-    st.discard(0);
-    return value_of(out.at("loss"));
-  };
+  const auto loss = gradients_and_loss(st, MicroBatch{0, 0, batch, batch, double(batch), 2}, in);
   int checked = 0;
   for (int id : st.param_ids()) {
     const Param& p = g->params[size_t(id)];
