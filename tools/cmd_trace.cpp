@@ -22,29 +22,6 @@ namespace {
 
 namespace pt = baton::partitioner;
 
-// A timeline's name as the terminal should show it: control characters (C0, DEL, C1) as
-// \xNN or \uNNNN, not sent raw (a name read from a trace could move the cursor or
-// recolour the terminal).
-std::string printable(const std::string& s) {
-  std::string out;
-  char buf[16];
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const auto next = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
-    if (c < 0x20 || c == 0x7f) {
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) {  // U+0080 to U+009F
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(next));
-      out += buf;
-      ++i;
-    } else {
-      out += char(c);
-    }
-  }
-  return out;
-}
-
 int predict(const std::vector<std::string>& args) {
   po::options_description opts("options");
   std::string plan_path, costs, schedule_file, out, svg;

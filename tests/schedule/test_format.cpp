@@ -67,6 +67,19 @@ TEST(ScheduleToken, NamesALowerCaseKind) {
             std::string::npos);
 }
 
+// Error messages echo what was found: a NUL had ended the message there (what() is a C
+// string), and an escape sequence had reached the terminal raw.
+TEST(ScheduleToken, ControlCharactersInAMessageAreShownNotSent) {
+  const std::string msg =
+      input_error_of([] { parse_token(std::string_view("0F\0\x1b[31m", 8), "t"); });
+  EXPECT_NE(msg.find("bad action '0F\\x00\\x1b[31m'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(expected <stage><kind>"), std::string::npos) << msg;
+  // Lines and tabs of a message stay; C1 controls are named.
+  EXPECT_EQ(std::string(InputError("a\n\tb\xc2\x9b").what()), "a\n\tb\\u009b");
+  EXPECT_EQ(std::string(baton::RuntimeError(std::string("x\0y", 3)).what()), "x\\x00y");
+  EXPECT_EQ(baton::printable("a\nb"), "a\\x0ab");
+}
+
 TEST(ScheduleToken, ParsesACompositeAtOnePosition) {
   auto [f, b] = parse_composite("(0F7;3BW2)", "rank 0, action 1");
   EXPECT_TRUE(f.overlap);
