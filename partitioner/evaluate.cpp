@@ -977,6 +977,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     const int64_t master_es = int64_t(memory::dtype_size(memory::DType::f32));
     int64_t elements = 0, part = 0, grads = 0, push = 0, pull = 0, wide = 0;
     for (const auto& [members, group] : groups) {
+      const int group_size = int(members.size());  // a binding: C++20 lambdas cannot capture it
       std::vector<Bucket> bs;
       for_each_bucket(*group.first, group.second, options.bucket_bytes, nullptr,
                       [&](int, int64_t el, memory::DType dt) {
@@ -988,7 +989,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
                         bs.push_back({rounded(el * es), rounded(mine * es), rounded(el * master_es),
                                       int64_t(transport::collective_scratch_bytes(
                                           transport::Collective::reduce_scatter, size_t(el),
-                                          size_t(es), int(members.size()), size_t(mine), true))});
+                                          size_t(es), group_size, size_t(mine), true))});
                       });
       // The push, two buckets in flight (ServerWindow): bucket j's input is allocated
       // while j - 1's reduce-scatter runs, and j's runs while j - 1's part is copied out;

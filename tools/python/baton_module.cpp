@@ -82,7 +82,7 @@ std::vector<double> as_vector(const py::object& o, const std::string& what,
 // run_simulation makes from a copy.)
 template <class F>
 auto with_copy(const Schedule& s, F&& f) {
-  const Schedule own = s;
+  const Schedule own = s;  // NOLINT(performance-unnecessary-copy-initialization): the point
   py::gil_scoped_release release;
   return f(own);
 }
