@@ -120,6 +120,16 @@ stages::DataFlags data_flags(const LoopOptions& o) {
 void expect_token_model(const stages::Graph& g, const LoopOptions& o) {
   if (g.find_value("images") < 0 || g.find_value("tokens") >= 0) return;
   const std::string& path = o.data.data.empty() ? o.data_path : o.data.data[0];
+  if (!path.empty()) {
+    // "1:DIR" is a weighted part of a blend: without this it read as a missing path.
+    const std::vector<stages::DataSpec> specs = stages::parse_data_specs(
+        o.data.data.empty() ? std::vector<std::string>{path} : o.data.data, "--data");
+    if (specs.size() > 1 || specs[0].weighted)
+      throw InputError("--data: '" + path +
+                       "': weights and blends (WEIGHT:PATH) are for token data; a model that "
+                       "reads images (its input 'images') takes one directory holding "
+                       "images.npy and labels.npy (docs/formats/images.md)");
+  }
   std::error_code ec;
   const std::string found = !std::filesystem::exists(path, ec) ? "no such file or directory"
                             : std::filesystem::is_directory(path, ec)

@@ -113,7 +113,11 @@ int64_t JsonReader::as_int(int64_t min, int64_t max) const {
     v = j_->get<int64_t>();
   } else {
     const double d = j_->is_number_float() ? j_->get<double>() : 0.5;
-    if (!(std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15)) fail("an integer");
+    if (!(std::isfinite(d) && d == std::floor(d))) fail("an integer");
+    // A whole float out of range is a range error, not "not an integer" (1e19 is whole).
+    if (d < double(min) || d > double(max)) fail(range);
+    if (std::fabs(d) >= 9e15)
+      fail("an integer written in digits (a float this large is not exact)");
     v = int64_t(d);
   }
   if (v < min || v > max) fail(max == INT64_MAX ? "an integer >= " + std::to_string(min) : range);

@@ -30,7 +30,9 @@ int check(const std::string& path, const pt::Machine& machine, const pt::Measure
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
   pt::CostModel model(graph, machine, measured);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
-  std::printf("%s: valid plan\ntimes from %s\n%s", path.c_str(),
+  // A plan over capacity is well-formed but not runnable: the header must not call it valid.
+  std::printf("%s: %s\ntimes from %s\n%s", path.c_str(),
+              e.fits() ? "valid plan" : "well-formed plan, over capacity (errors below)",
               pt::cost_source(model, measured_path).c_str(), pt::format_estimate(r, e).c_str());
   if (!e.fits()) {
     for (const std::string& p : e.problems)

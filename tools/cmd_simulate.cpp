@@ -248,6 +248,11 @@ int run_simulate(const std::vector<std::string>& args) {
   if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
   for (const std::string& name : o.names)  // unknown names are errors even when comparing
     if (name != "auto") sc::canonical_schedule_name(name);
+  if (vm.count("objective") && std::find(o.names.begin(), o.names.end(), "auto") == o.names.end())
+    throw InputError(
+        "--objective is what the auto schedule minimises; it needs --schedule auto "
+        "(alone or in a comparison), found " +
+        (o.file.empty() ? "--schedule " + names : "--file " + o.file));
   const bool compare = o.names.size() > 1;
   if (compare && (!o.svg.empty() || !o.trace.empty() || !o.output.empty() || o.show || o.repeat))
     throw InputError("--svg, --trace, --output, --show and --repeat need a single schedule");

@@ -1085,6 +1085,22 @@ TEST(Plan, IntegersFrom2To63UpNameTheirRange) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.dp: expected an integer in [1, 16777216], found "
             "9223372036854775808");
+  // A whole float out of range is a range error (it had said "expected an integer"), and
+  // one in range but beyond double's exact integers asks for digits.
+  j = tiny_plan();
+  j["device_memory"] = 1e19;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: expected an integer in [0, 9223372036854775807], found "
+            "1e+19");
+  j = tiny_plan();
+  j["parallel"]["dp"] = 3e7;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.parallel.dp: expected an integer in [1, 16777216], found 30000000.0");
+  j = tiny_plan();
+  j["device_memory"] = 1e17;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.device_memory: expected an integer written in digits (a float this "
+            "large is not exact), found 1e+17");
 }
 
 // A device_memory beyond int64 (it had wrapped to INT64_MIN) or under one byte (0.4 had

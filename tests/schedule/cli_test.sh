@@ -54,6 +54,9 @@ contains "--objective: expected makespan or span"
 # ... and so is a value of an option the schedule does not use.
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --objective fastest
 contains "--objective: expected makespan or span"
+# A valid --objective without auto would do nothing: refused, not ignored.
+expect 2 "$baton" simulate --schedule 1f1b -p 4 -m 8 --objective span
+contains "--objective is what the auto schedule minimises; it needs --schedule auto"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --dialect newest
 contains "expected legacy, current or detect, found 'newest'"
 # A schedule the CSV cannot hold names the file it was to be written to, and writes nothing.

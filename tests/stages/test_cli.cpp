@@ -73,6 +73,14 @@ TEST(Cli, AnImageModelNamesTheMissingImageDirectory) {
                           "found no such file or directory"});
   cli_expect_input_error("--model " + model + " --data " + ::testing::TempDir() + " --steps 1",
                          {"found a directory without images.npy"});
+  // A weighted image directory exists: the message names the blend, not a missing path.
+  const std::string digits = std::string(BATON_SOURCE_DIR) + "/examples/data/digits";
+  cli_expect_input_error(
+      "--model " + model + " --data 1:" + digits + " --steps 1",
+      {"--data: '1:" + digits + "': weights and blends (WEIGHT:PATH) are for token data"});
+  cli_expect_input_error(
+      "--model " + model + " --data 0.5:" + digits + " 0.5:" + digits + " --steps 1",
+      {"weights and blends (WEIGHT:PATH) are for token data"});
 }
 
 TEST(Cli, BadModelFiles) {
