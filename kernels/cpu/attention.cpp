@@ -212,6 +212,9 @@ void backward_head(const T* qkv, const T* out, const T* lse, const T* dout, T* d
         const T dd = di[r];
 #pragma GCC ivdep
         for (int64_t j = 0; j < kc; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
+        // The first query sees one key: its dS is exactly 0, but P dP and P di are summed
+        // in different orders, and AdamW turns that rounding into whole steps at T = 1.
+        if (i0 + r == 0) std::fill(dpr, dpr + kc, T(0));
       }
       // dQ += scale dS K;  dK += scale dS^T Q.
       gemm<T>(false, false, rows, D, kc, scale, dp, kc, k, ld, T(1), dq, ld);
@@ -466,6 +469,7 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
 #pragma GCC ivdep
           for (int64_t j = 0; j < padded; ++j) dpr[j] = pdr[j] * dpr[j] - pr[j] * dd;
         }
+        if (i0 + r == 0) std::fill(dpr, dpr + padded, 0.0f);  // one key: dS is 0 (above)
         zero_row_tail(dpr, padded, kc);
       }
       // dQ += scale dS K (its rows are first written at the first chunk);

@@ -153,6 +153,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackward,
                                            Case{1, 530, 1, 32, 0}),
                          [](const auto& param_info) { return case_name(param_info.param); });
 
+// The first query sees one key, so its dS (and with it the query's gradient, and at T = 1
+// every key's) is exactly 0, as torch computes it: rounding there had moved every q/k
+// weight by AdamW steps of up to 0.9 lr at context 1. Both the generic (D = 8, f64) and
+// the tile (D = 16, f32) paths, with and without dropout.
+TEST(Attention, TheFirstQueryHasExactlyZeroGradients) {
+  std::mt19937_64 rng(test_seed(64));
+  for (const DType dt : {DType::f64, DType::f32})
+    for (const int64_t D : {8, 16})
+      for (const int64_t T : {1, 37})
+        for (const double dropout : {0.0, 0.2}) {
+          const Case c{2, T, 2, D, dropout};
+          const auto opt = options(c);
+          const Tensor qkv = randn({c.B, T, 3 * c.H * D}, rng).to(dt);
+          const Shape os{c.B, T, c.H * D}, ls{c.B, c.H, T};
+          Tensor out = Tensor::empty(os, dt), lse = Tensor::empty(ls, dt),
+                 d = Tensor::empty(qkv.shape(), dt);
+          attention_forward(qkv, opt, out, lse);
+          attention_backward(qkv, out, lse, randn(os, rng).to(dt), opt, d, false);
+          const auto g = as_f64(d);
+          const int64_t ld = 3 * c.H * D;
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int64_t col = 0; col < (T == 1 ? 2 : 1) * c.H * D; ++col)
+              ASSERT_EQ(g[size_t(b * T * ld + col)], 0.0)
+                  << case_name(c) << " " << dtype_name(dt) << " batch " << b << " column " << col;
+        }
+}
+
 // The columns of heads [h0, h0 + n) of each of q, k, v, for batches [b0, b0 + nb).
 Tensor head_slice(const Tensor& qkv, int64_t H, int64_t D, int64_t b0, int64_t nb, int64_t h0,
                   int64_t n) {
