@@ -381,17 +381,20 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     return std::pair{r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]};
   };
 
-  // The input loader (engine/detail/input_loader.cpp): up to input_ahead micro-batches
-  // made and not yet taken (no more than a step has), and one more being made (the next
-  // step's first while this step's last runs), each with the model inputs this rank's
-  // stages read.
+  // The input loader (engine/detail/input_loader.cpp): its micro-batches
+  // (loader_micro_batches), each with the model inputs this rank's stages read. It had
+  // counted min(input_ahead, m) + 1: one more than it holds at m = 1 and beyond
+  // input_ahead, which hid a ResNet's uncounted argmax and statistics.
   std::set<int> inputs;
+  std::vector<bool> reads(size_t(r.schedule.num_stages()), false);
   for (int s : r.stages_of(pp)) {
     auto [a, b] = chunk(s);
     for (int v : pg.inputs_used(a, b)) inputs.insert(v);
+    reads[size_t(s)] = !pg.inputs_used(a, b).empty();
   }
-  out.loader = int64_t(std::max(1, std::min(o.input_ahead, p.micro_batches)) + 1) *
-               values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
+  out.loader =
+      int64_t(loader_micro_batches(r.schedule, pp, reads, o.input_ahead, p.device == "cuda")) *
+      values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
   // The executor keeps each micro-batch's loss until the step's end (Executor::losses_),
   // on the rank that computes it: counted with the loader, held throughout.
   if (pg.loss >= 0 && pg.values[size_t(pg.loss)].producer >= 0) {

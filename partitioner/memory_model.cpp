@@ -281,6 +281,7 @@ class Walker {
       for (int64_t r : {h.top, h.bottom})
         if (r > 0) (conv ? saved : received).push_back(heap_.alloc(r * h.in_row));
       outs.push_back(heap_.alloc(bytes(out)));
+      if (h.out_idx > 0) saved.push_back(heap_.alloc(numel(out) * 4));  // the tile's argmax
       for (int& id : tmp) heap_.unref(id);
       for (const auto& [rows, ext] : h.ranges) {
         int strip = heap_.alloc(ext * h.in_row), part = heap_.alloc(rows * h.out_row);
@@ -301,8 +302,10 @@ class Walker {
       saved.push_back(
           heap_.alloc(memory::shape_numel(g_.params[size_t(node.params[0])].shape) * dsize()));
     } else {
-      // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax: a new
-      // output each; the ops below also keep statistics or buffers for their backward.
+      // embedding, position_embedding, linear, matmul, gelu, relu, add, softmax, conv2d,
+      // pooling, batchnorm2d: a new output each; the ops below also keep statistics or
+      // buffers for their backward (left out, a ResNet's estimate was under its measured
+      // peak by the argmax and the statistics, 17 KiB a 64 x 64 image).
       for (size_t j = 0; j < node.outputs.size(); ++j)
         outs.push_back(heap_.alloc(bytes(node.outputs[j])));
       if (op == "add_layernorm") {  // the sum s, and the rows' mean and rstd (stages/ops/fused.cpp)
@@ -311,6 +314,11 @@ class Walker {
         saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
       } else if (op == "rmsnorm") {  // the rows' rstd (stages/ops/llama.cpp)
         saved.push_back(heap_.alloc(rows(node.inputs[0]) * dsize()));
+      } else if (op == "maxpool2d") {  // the argmax, i32 (stages/ops/vision.cpp)
+        saved.push_back(heap_.alloc(numel(out) * 4));
+      } else if (op == "batchnorm2d") {  // the channels' mean and rstd, kept for W
+        const int64_t channels = g_.values[size_t(out)].type.shape[0];
+        for (int k = 0; k < 2; ++k) saved.push_back(heap_.alloc(channels * dsize()));
       }
     }
   }
@@ -918,6 +926,34 @@ void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
 }
 
 }  // namespace
+
+int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vector<bool>& reads,
+                         int input_ahead, bool staged) {
+  const int ahead = std::max(1, input_ahead), m = s.num_micro_batches;
+  const auto& actions = s.ranks[size_t(rank)];
+  auto takes = [&](const schedule::Action& a) {
+    return a.kind == schedule::ActionKind::forward && a.stage < int(reads.size()) &&
+           reads[size_t(a.stage)];
+  };
+  // Each micro-batch's first and last forward reading inputs: the loader keeps it between.
+  std::map<int, std::pair<size_t, size_t>> span;
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (takes(actions[i])) {
+      auto [it, fresh] = span.try_emplace(actions[i].micro_batch, i, i);
+      if (!fresh) it->second.second = i;
+    }
+  if (span.empty()) return 0;
+  int kept = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    int n = 0;
+    for (const auto& [mb, fl] : span) n += fl.first <= i && i < fl.second ? 1 : 0;
+    kept = std::max(kept, n);
+  }
+  // Before the rank's first take the stages hold nothing, but an action before it (a
+  // stage reading no inputs) runs beside every queued micro-batch.
+  const int queued = 2 * m - (takes(actions.front()) ? 1 : 0);
+  return (staged ? ahead + 1 : std::min(ahead, queued)) + kept;
+}
 
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages) {
   return rank_peak(s, rank, stages, RankBuffers{});

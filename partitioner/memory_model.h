@@ -158,6 +158,15 @@ ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, st
 // schedule stage k (only the rank's stages are read).
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages);
 
+// Micro-batches of model inputs the input loader (engine/detail/input_loader.cpp) holds
+// at once beside those the rank's stages hold, for rank `rank` of `s` whose stages k with
+// reads[k] read model inputs: those made and not yet taken, at most `input_ahead` and at
+// most what is queued (the step's and the next step's, one already taken once the rank's
+// first action has taken it), or on a GPU (`staged`) the staging ring's input_ahead + 1
+// slots; and those taken but kept for a later stage of the rank that reads them too.
+int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vector<bool>& reads,
+                         int input_ahead, bool staged);
+
 // What a rank's executor holds besides its stages' tensors (engine/executor.cpp and
 // engine/detail/), in allocator bytes.
 struct RankBuffers {

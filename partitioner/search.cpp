@@ -749,9 +749,17 @@ class Search {
       const int64_t in_w =
           held((zero2 ? std::min(grads, 2 * largest_bucket) : 0) + (tied ? shared : 0));
       RankBuffers rb;
-      // The loader's micro-batches and one being made; the step's losses (evaluate.h's
-      // rank_buffers counts them on the rank computing the loss).
-      rb.loader = (std::min(eo.input_ahead, m) + 1) * inputs + int64_t(m) * 64;
+      // The loader's micro-batches; the step's losses (evaluate.h's rank_buffers counts
+      // them on the rank computing the loss).
+      std::vector<bool> reads(size_t(s.num_stages()), false);
+      for (int st : schedule::stages_of_rank(s, rank)) {
+        const int k = r.chunk_of_stage[size_t(st)];
+        for (int l = r.chunk_first[size_t(k)]; l < r.chunk_last[size_t(k)]; ++l)
+          if (table.input_bytes[size_t(l)] > 0) reads[size_t(st)] = true;
+      }
+      rb.loader =
+          loader_micro_batches(s, rank, reads, eo.input_ahead, p.device == "cuda") * inputs +
+          int64_t(m) * 64;
       for (const schedule::Action& a : s.ranks[size_t(rank)]) {
         const bool w = a.kind == schedule::ActionKind::backward_weight ||
                        a.kind == schedule::ActionKind::full_backward;

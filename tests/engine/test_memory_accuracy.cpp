@@ -179,11 +179,11 @@ TEST(MemoryAccuracy, SpatialRetiled) {
 // halos C / t rows where the input is split by channels), the tensor-parallel all-reduces
 // on tiles (measured: the estimate equal to the peak); and with a second stage of tp 1 x
 // spatial 2, each tile re-sent whole from its first shard rank. There the first stage is
-// 3.2% over (4352 bytes, not traced; it was 4.7% while the walk counted an edge tile's
-// halos on both sides).
+// 3.8% over (4608 bytes, not traced; it was 4.7% while the walk counted an edge tile's
+// halos on both sides, 3.5% before its batch norms' saved statistics were counted).
 TEST(MemoryAccuracy, TensorParallelSpatial) {
   expect_spatial_accurate({2}, 1, "", 0.03, {2});
-  expect_spatial_accurate({2, 2}, 1, "", 0.035, {2, 1});
+  expect_spatial_accurate({2, 2}, 1, "", 0.04, {2, 1});
 }
 
 // zero1 and zero2 over the tiles and replicas (zero2: the W's gradients, one bucket of
@@ -199,8 +199,8 @@ TEST(MemoryAccuracy, SpatialZero) {
 // rank reads, as the estimate counts. It had made whole images on every rank, and the
 // last stage measured up to 8.5% over its estimate in 1 run of 4 at PP 2 (when the making
 // met the peak), 3.3% with tiles, out of memory under the cap in 1-3 runs of 10: four runs
-// each. The first stage is 5.7-6.2% over: the loader's one micro-batch more than the
-// input_ahead it holds (evaluate.cpp), one image beside the activations.
+// each. The first stage had been 5.7-6.2% over, the loader counted one micro-batch more
+// than it holds (one image); now 1.9-2.1%, and the last stage 1.7-3.1%.
 TEST(MemoryAccuracy, ImagesReadAsTheRankReadsThem) {
   Workspace ws("memacc-images");
   const std::string data = ws.path("images");
@@ -227,7 +227,7 @@ TEST(MemoryAccuracy, ImagesReadAsTheRankReadsThem) {
       for (json& st : plan["stages"]) st["spatial"] = spatial;
     std::ofstream(ws.path("plan.json")) << plan.dump(2);
     for (int run = 0; run < 4; ++run)
-      expect_memory_accurate(ws.path("plan.json"), 2 * spatial, ws.dir, " --steps 3", data, 0.07);
+      expect_memory_accurate(ws.path("plan.json"), 2 * spatial, ws.dir, " --steps 3", data, 0.035);
   }
 }
 
@@ -274,6 +274,57 @@ std::map<int, std::pair<int64_t, int64_t>> run_peaks(const std::string& cmd,
     out[r["rank"].get<int>()] = {r["peak_bytes"].get<int64_t>(),
                                  r["estimated_peak_bytes"].get<int64_t>()};
   return out;
+}
+
+// One-device image plans of several micro-batches, as a run measures them: ResNets whose
+// max pooling keeps its argmax and whose batch norms keep their statistics for the
+// backward (the walk had left both out: a 64 x 64 image's 17 KiB, under the measured
+// peak at 2 and 3 micro-batches), and a loader holding at most input_ahead (4)
+// micro-batches, the queued ones (this step's and the next's) fewer than that (the
+// estimate had counted min(input_ahead, m) + 1, one 48 KiB image over at 1 and from 4 on,
+// hiding the rest). The digits on resnet-tiny (2 micro-batches of 4) had been 1,024 bytes
+// under. Each estimate is never under its measured peak and within 3% of it.
+TEST(MemoryAccuracy, ImagePlansOfSeveralMicroBatches) {
+  Workspace ws("memacc-image-mbs");
+  const std::string big = ws.path("images");
+  std::filesystem::create_directories(big);
+  std::vector<float> pixels(size_t(16) * 3 * 64 * 64);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float((i * 2654435761u) % 1000) / 1000;
+  stages::write_npy(big + "/images.npy", memory::Tensor::from_vector(pixels, {16, 3, 64, 64}));
+  std::vector<int64_t> labels(16);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i % 5);
+  stages::write_npy(big + "/labels.npy", memory::Tensor::from_vector(labels, {16}));
+  std::ofstream(ws.path("m64.json")) << R"({"type": "resnet", "in_channels": 3,
+    "image_size": 64, "classes": 5, "stem_channels": 16, "stem_kernel": 7, "stem_stride": 2,
+    "stem_pool": true, "block": "basic", "widths": [16, 32], "depths": [1, 1]})";
+  std::ofstream(ws.path("tiny.json"))
+      << std::ifstream(source_dir() + "/examples/models/resnet-tiny.json").rdbuf();
+  struct Case {
+    std::string model, data;
+    int micro_batches, size;
+  };
+  for (const Case& c : {Case{"m64.json", big, 2, 1}, Case{"m64.json", big, 5, 1},
+                        Case{"tiny.json", source_dir() + "/examples/data/digits", 2, 4}}) {
+    const std::string what =
+        c.model + ", " + std::to_string(c.micro_batches) + " x " + std::to_string(c.size);
+    SCOPED_TRACE(what);
+    const json plan = {{"version", 1},
+                       {"model", c.model},
+                       {"devices", 1},
+                       {"batch", {{"micro_batch_size", c.size}}},
+                       {"schedule", {{"name", "1f1b"}, {"micro_batches", c.micro_batches}}},
+                       {"stages", {{{"layers", {0, 4}}}}}};
+    std::ofstream(ws.path("plan.json")) << plan.dump(2);
+    const auto peaks = run_peaks(baton() + " train --plan " + ws.path("plan.json") + " --data " +
+                                     c.data + " --threads 1 --log-every 0 --steps 3",
+                                 ws.dir);
+    ASSERT_EQ(peaks.size(), 1u);
+    const auto [measured, estimated] = peaks.at(0);
+    std::printf("  %s: measured %lld, estimated %lld\n", what.c_str(), (long long)measured,
+                (long long)estimated);
+    EXPECT_GE(estimated, measured);
+    EXPECT_LE(estimated - measured, 0.03 * double(measured));
+  }
 }
 
 // zero2 on examples/models/tiny-gpt.json, DP 2: each rank's part of a bucket holds some
