@@ -16,7 +16,10 @@ struct Prediction {
   double bubble = 0;
 };
 
-// The step `evaluate_plan` predicts, with its timeline.
-Prediction predict_step(const ResolvedPlan& r, CostModel& model);
+// The step `evaluate_plan` predicts, with its timeline. A step longer than a Chrome trace
+// holds (schedule::kMaxTraceMicroseconds, about 31 years) or not finite is an InputError
+// naming `costs_path` (the model's measured costs) and its longest op time, or --flops.
+Prediction predict_step(const ResolvedPlan& r, CostModel& model,
+                        const std::string& costs_path = "");
 
 }  // namespace baton::partitioner

@@ -53,7 +53,8 @@ int predict(const std::vector<std::string>& args) {
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);
-  pt::Prediction p = pt::predict_step(r, model);
+  // Refuses a step a trace cannot hold, naming the cost file, before anything is printed.
+  pt::Prediction p = pt::predict_step(r, model, costs);
   std::printf(
       "predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, times from %s\n",
       p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,

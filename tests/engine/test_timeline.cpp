@@ -163,6 +163,39 @@ TEST(Timeline, CompareRefusesTimelinesWithoutCommonActions) {
   EXPECT_EQ(error_of(pred, pred), "");
 }
 
+// Absurd op times (every op 1e9 s, in_step 100) make a step longer than a Chrome trace
+// holds: the prediction refuses it, naming the cost file and its longest op time, where
+// `baton trace predict` had printed a step time of many digits before the trace writer
+// refused the timeline. Costs a trace holds are predicted as before.
+TEST(Timeline, PredictionRefusesAStepATraceCannotHold) {
+  Workspace ws("timeline-huge");
+  PlanSpec p;
+  p.model = tiny_gpt_json();
+  p.tp = {1, 1};
+  auto plan = resolve(p, ws);
+  auto costs_of = [&](double seconds) {
+    partitioner::MeasuredCosts c;
+    c.model = plan->graph->name;
+    c.in_step = 100;
+    for (const stages::Node& n : plan->graph->nodes)
+      c.ops[n.name] = {n.op, seconds, seconds, seconds, 0};
+    return c;
+  };
+  const partitioner::MeasuredCosts huge = costs_of(1e9), small = costs_of(1e-6);
+  partitioner::CostModel model(plan->graph, partitioner::Machine{}, &huge);
+  try {
+    partitioner::predict_step(*plan, model, "huge.json");
+    ADD_FAILURE() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    for (const char* part : {"huge.json: the predicted step takes ", "beyond the 1e+09 s",
+                             "its longest op time is $.ops.", " = 1e+09 s, in_step 100"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  }
+  partitioner::CostModel fine(plan->graph, partitioner::Machine{}, &small);
+  EXPECT_GT(partitioner::predict_step(*plan, fine, "small.json").step_time, 0);
+}
+
 // The loader's work on its own lane: with the last two steps traced, every rank whose
 // stage reads model inputs (tokens on the first stage, targets on the last) shows a LOAD
 // on the "input" thread for each micro-batch it made while recording, and a forward

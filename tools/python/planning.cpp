@@ -408,7 +408,7 @@ void register_planning(py::module_& m) {
           pt::ResolvedPlan r = pt::resolve_plan(p, graph);
           if (own) pt::use_schedule(r, *own, "schedule");
           pt::CostModel model(graph, mach, measured.get());
-          pr = pt::predict_step(r, model);
+          pr = pt::predict_step(r, model, measured.path);
           source = pt::cost_source(model, measured.path);
         }
         py::dict d;
