@@ -519,6 +519,35 @@ class Planning(unittest.TestCase):
         with self.assertRaisesRegex(baton.InputError, r"^no plan matches the options \(.*\)"):
             baton.plan(model, devices=2, batch=8, pp=2, schedules=["dualpipe"], micro_batches=3)
 
+    def test_every_path_as_os_pathlike(self):
+        # load, save, CostSpec.load, load_model, plan's model_path and check's and
+        # predict's base_dir take os.PathLike as well as str (they had taken only str: a
+        # pathlib.Path was a TypeError).
+        import pathlib
+        s = baton.lower(baton.generate("zb-h1", 3, 5))
+        with tempfile.TemporaryDirectory() as tmp:
+            d = pathlib.Path(tmp)
+            for name in ("s.json", "s.txt"):
+                s.save(d / name)
+                self.assertEqual(baton.load(d / name), s)
+                self.assertEqual(baton.load(str(d / name)), s)
+            costs = d / "costs.json"
+            costs.write_text('{"forward": 2, "backward_input": 3, "backward_weight": 1}')
+            self.assertEqual(baton.simulate(s, baton.CostSpec.load(costs)).makespan,
+                             baton.simulate(s, baton.CostSpec.load(str(costs))).makespan)
+        models = pathlib.Path(SOURCE).resolve() / "examples" / "models"
+        model = baton.load_model(models / "mlp.json")
+        self.assertEqual(model.layers, baton.load_model(str(models / "mlp.json")).layers)
+        best = baton.plan(model, devices=2, batch=8, device_memory="1GiB", top=1,
+                          model_path=models / "mlp.json")["best"]
+        self.assertEqual(best["model"], str(models / "mlp.json"))
+        # A plan naming its model relative to base_dir.
+        relative = dict(best, model="mlp.json")
+        want = baton.check(best)["step_time"]
+        self.assertEqual(baton.check(relative, base_dir=models)["step_time"], want)
+        self.assertEqual(baton.predict(relative, base_dir=models)["step_time"],
+                         baton.predict(best)["step_time"])
+
     def test_measured_costs_as_the_command_uses_them(self):
         # A cost file of `baton profile` at two micro-batch sizes: plan(), check() and
         # layer_costs() take it as `baton plan --costs` does, and say so.

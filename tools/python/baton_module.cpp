@@ -6,8 +6,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -427,8 +429,8 @@ PYBIND11_MODULE(baton, m) {
           py::arg("dialect") = "current", "PyTorch's CSV ('current' or 'legacy' dialect)")
       .def(
           "save",
-          [](const Schedule& s, const std::string& path) {
-            with_copy(s, [&](const Schedule& c) { save_schedule(c, path); });
+          [](const Schedule& s, const std::filesystem::path& path) {
+            with_copy(s, [&](const Schedule& c) { save_schedule(c, path.string()); });
           },
           py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
 
@@ -482,8 +484,10 @@ PYBIND11_MODULE(baton, m) {
             s, [&](const Schedule& c) { return to_torch_csv(c, d, kept ? &k : nullptr); });
       },
       py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none());
-  m.def("load", &load_schedule, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
-        "text, JSON or PyTorch CSV (by the name)");
+  m.def(
+      "load", [](const std::filesystem::path& path) { return load_schedule(path.string()); },
+      py::arg("path"), py::call_guard<py::gil_scoped_release>(),
+      "text, JSON or PyTorch CSV (by the name)");
   m.def("schedule_names", &all_schedule_names);
   m.def(
       "generate",
@@ -589,7 +593,9 @@ PYBIND11_MODULE(baton, m) {
   // ---- costs and simulation --------------------------------------------------------------
   py::class_<CostSpec>(m, "CostSpec", "A parsed cost file (see docs/schedules.md, Costs).")
       .def(py::init([](const py::dict& d) { return cost_spec(d); }), py::arg("fields"))
-      .def_static("load", &load_costs, py::arg("path"))
+      .def_static(
+          "load", [](const std::filesystem::path& path) { return load_costs(path.string()); },
+          py::arg("path"))
       .def_static(
           "parse", [](const std::string& t) { return parse_costs(t, "costs"); }, py::arg("json"))
       .def_static("unit", &CostSpec::unit)

@@ -2,6 +2,7 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
 
 #include <cmath>
 #include <filesystem>
@@ -246,9 +247,9 @@ void register_planning(py::module_& m) {
 
   m.def(
       "load_model",
-      [](const std::string& path) {
+      [](const std::filesystem::path& path) {
         py::gil_scoped_release release;
-        auto g = std::make_shared<stages::Graph>(stages::load_model(path));
+        auto g = std::make_shared<stages::Graph>(stages::load_model(path.string()));
         // The plans plan() writes name this file: absolute, they read from any folder
         // (a plan file's relative model path is relative to the plan file).
         g->source = std::filesystem::absolute(path).lexically_normal().string();
@@ -299,7 +300,8 @@ void register_planning(py::module_& m) {
       [](const std::shared_ptr<stages::Graph>& g, int devices, const py::object& device_memory,
          int64_t batch, int tp, int pp, int dp, std::vector<std::string> schedules,
          int micro_batches, std::optional<bool> recompute, const std::string& optimizer, int top,
-         const std::string& model_path, const py::dict& machine, const py::object& costs) {
+         const std::filesystem::path& model_path, const py::dict& machine,
+         const py::object& costs) {
         const Costs measured(costs);
         pt::SearchOptions so;
         so.devices = devices;
@@ -313,7 +315,7 @@ void register_planning(py::module_& m) {
         so.recompute = recompute ? int(*recompute) : -1;
         so.optimizer = optimizer;
         so.keep = top;
-        so.model_path = model_path.empty() ? g->source : model_path;
+        so.model_path = model_path.empty() ? g->source : model_path.string();
         if (so.model_path.empty()) so.model_json = g->config;
         pt::optimizer_states(so.optimizer);
         const pt::Machine mach = machine_from(machine);
@@ -360,10 +362,10 @@ void register_planning(py::module_& m) {
 
   m.def(
       "check",
-      [](const py::object& plan, const std::string& base_dir, const py::dict& machine,
+      [](const py::object& plan, const std::filesystem::path& base_dir, const py::dict& machine,
          const py::object& costs) {
         const Costs measured(costs);
-        pt::Plan p = plan_of(plan, base_dir);
+        pt::Plan p = plan_of(plan, base_dir.string());
         const pt::Machine mach = machine_from(machine);
         std::unique_ptr<pt::ResolvedPlan> r;
         pt::PlanEstimate e;
@@ -388,10 +390,10 @@ void register_planning(py::module_& m) {
 
   m.def(
       "predict",
-      [](const py::object& plan, const std::string& base_dir, const py::dict& machine,
+      [](const py::object& plan, const std::filesystem::path& base_dir, const py::dict& machine,
          const py::object& costs, const py::object& schedule) {
         const Costs measured(costs);
-        pt::Plan p = plan_of(plan, base_dir);
+        pt::Plan p = plan_of(plan, base_dir.string());
         const pt::Machine mach = machine_from(machine);
         std::optional<schedule::Schedule> own;
         if (!schedule.is_none()) {
