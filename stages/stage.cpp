@@ -144,6 +144,23 @@ void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
   }
 }
 
+// The row of an embedding's padding_idx (the node's global id less its vocab_offset, when
+// this table holds it) is zero from the start, as torch's nn.Embedding(padding_idx) and
+// transformers' init make it: the lookup gives it no gradient, so a random row would stay.
+// Every user of the table is looked at, so a tied copy held by another stage matches.
+void zero_padding_rows(const Graph& g, int id, Tensor& t) {
+  for (int n : g.params[size_t(id)].users) {
+    const Node& node = g.nodes[size_t(n)];
+    if (node.op != "embedding" || node.params.empty() || node.params[0] != id ||
+        !node.attrs.is_object())
+      continue;
+    const auto pad = node.attrs.find("padding_idx");
+    if (pad == node.attrs.end() || !pad->is_number_integer()) continue;
+    const int64_t row = pad->get<int64_t>() - node.attrs.value("vocab_offset", int64_t(0));
+    if (row >= 0 && row < t.size(0)) t.narrow(0, row, 1).zero_();
+  }
+}
+
 }  // namespace
 
 // ---- construction ----
@@ -251,9 +268,11 @@ Tensor& Stage::grad(int id) {
 void Stage::init_params(uint64_t seed) {
   // Under mixed precision the master is initialised (the same bits as an f32 run's
   // parameter) and the working copy cast from it.
-  for (auto& ps : params_)
-    init_tensor(ps->master.defined() ? ps->master : ps->value, graph_->params[size_t(ps->id)],
-                seed);
+  for (auto& ps : params_) {
+    Tensor& t = ps->master.defined() ? ps->master : ps->value;
+    init_tensor(t, graph_->params[size_t(ps->id)], seed);
+    zero_padding_rows(*graph_, ps->id, t);
+  }
   refresh_working();
 }
 

@@ -266,6 +266,30 @@ TEST(GradCheck, LlamaPaddingRowGetsNoGradientFromTheLookupF64) {
     EXPECT_NEAR(got[i], want[i], 1e-12 * (1 + std::abs(want[i]))) << "element " << i;
 }
 
+// A random initialisation zeroes the padding row, as torch's nn.Embedding(padding_idx) and
+// transformers' init do (it had kept its random values, which the lookup never changes):
+// in the table of the stage holding the embedding, and tied, in the copy the head's stage
+// holds. Without pad_token_id the same row is drawn as the others.
+TEST(GradCheck, LlamaPaddingRowStartsAtZero) {
+  const int64_t pad = 4;
+  const std::string E = "model.embed_tokens.weight";
+  auto row = [&](const std::shared_ptr<Graph>& g, int first, int last, int64_t r) {
+    StageOptions so;
+    so.seed = 7;
+    Stage st(g, first, last, so);
+    return st.param(param_id(*g, E)).narrow(0, r, 1).to_vector<double>();
+  };
+  const std::vector<double> zeros(16, 0.0);
+  auto g = tiny_llama({{"pad_token_id", pad}});
+  EXPECT_EQ(row(g, 0, g->num_layers(), pad), zeros);
+  EXPECT_NE(row(g, 0, g->num_layers(), pad + 1), zeros);
+  auto tied = tiny_llama({{"pad_token_id", pad}, {"tie_word_embeddings", true}});
+  EXPECT_EQ(row(tied, 0, 1, pad), zeros);
+  EXPECT_EQ(row(tied, tied->num_layers() - 1, tied->num_layers(), pad), zeros);
+  auto plain = tiny_llama(nlohmann::json::object());
+  EXPECT_NE(row(plain, 0, plain->num_layers(), pad), zeros);
+}
+
 // A general graph with the ops the shorthands do not use: matmul (transposed), softmax,
 // gelu, silu, dropout, add, layernorm and a biased torch-layout linear.
 TEST(GradCheck, GeneralGraphF64) {
