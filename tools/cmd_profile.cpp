@@ -201,13 +201,13 @@ int run_profile(const std::vector<std::string>& args) {
       "(internal) a rank of --spatial's job timing the exchanges")(
       "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
-  // 0 is 1 thread here, not the cores divided among local ranks: a cost file is for plans
-  // of any number of ranks per host, and plan and trace predict warn when their ranks' own
-  // default differs (CostModel::warn_threads).
+  // 0 is the cores divided among local ranks, as for baton train: the file records the
+  // count, and plan and trace predict warn when a plan's ranks compute with another
+  // (CostModel::warn_threads).
   add_common_options(opts,
-                     "kernel threads to time the ops with (0: 1; give the threads each rank of "
-                     "the plans trains with, baton train's default being the cores divided "
-                     "among a host's ranks)");
+                     "kernel threads to time the ops with (0: the cores divided among local "
+                     "ranks, as baton train's default; give the threads each rank of the plans "
+                     "trains with)");
   po::variables_map vm;
   if (!parse_args(
           args,
@@ -215,9 +215,6 @@ int run_profile(const std::vector<std::string>& args) {
           "bf16] --out costs.json",
           opts, vm))
     return 0;
-  if (const int t = vm["threads"].as<int>(); t < 0)
-    throw InputError("--threads: expected 0 (1 thread) or a count >= 1, found " +
-                     std::to_string(t));
   apply_common_options(vm);
   // The file is written once every timing has run (minutes for a large model): a path
   // that cannot be written is said now. Not for the internal jobs (-o /dev/null, scratch).
@@ -239,7 +236,7 @@ int run_profile(const std::vector<std::string>& args) {
   refuse_repeats("--batch", batches);
   o.batch = batches.front();
   o.threads = vm["threads"].as<int>();
-  if (o.threads <= 0) o.threads = 1;
+  if (o.threads == 0) o.threads = default_threads();
   pt::check_profile_options(o);  // before the model loads and the first line is printed
   engine::LoopOptions run;       // the device and precision as baton train sets them up
   run.device = o.device = memory::parse_device(device);

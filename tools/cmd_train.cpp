@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "engine/plan_trainer.h"
 #include "engine/trainer.h"
@@ -176,8 +175,7 @@ int run_train(const std::vector<std::string>& args) {
     kernels::set_num_threads(t);
   } else if (!plan.empty() || env.local_size > 1) {
     // Ranks on one host share its cores: never more busy threads than cores.
-    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    kernels::set_num_threads(std::max(1, cores / std::max(1, env.local_size)));
+    kernels::set_num_threads(default_threads());
   }
 
   o.precision = kernels::parse_precision(precision);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <iostream>
+#include <thread>
 
 #include "memory/error.h"
 #include "memory/units.h"
+#include "transport/world.h"
 
 namespace baton::tools {
 
@@ -157,6 +159,11 @@ void add_common_options(po::options_description& opts, const char* threads_help)
                          : "compute threads of this process (0: the cores divided among local "
                            "ranks)")("log-level", po::value<std::string>()->default_value("info"),
                                      "trace, debug, info, warn, error or off");
+}
+
+int default_threads() {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, transport::read_launch_env().local_size));
 }
 
 void apply_log_level(const std::string& name) {

@@ -45,8 +45,11 @@ uint64_t parse_uint64_option(const std::string& flag, const std::string& text);
 uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
 
 // Options every command that computes shares: --threads, --log-level. `threads_help`
-// replaces --threads' text for a command whose 0 means something else (baton profile).
+// replaces --threads' text for a command that says more of it (baton profile).
 void add_common_options(po::options_description& opts, const char* threads_help = nullptr);
+// The compute threads --threads 0 stands for: the host's cores divided among its local
+// ranks (the launch's; one process alone has them all), at least 1.
+int default_threads();
 // Applies them: sets the kernel thread count and the spdlog level.
 void apply_common_options(const po::variables_map& vm);
 // Sets spdlog's level from --log-level's value; InputError for a name it does not know.

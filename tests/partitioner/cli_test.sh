@@ -106,10 +106,11 @@ expect 2 "$baton" plan --check "$tmp/small.json" --schedule nonsense --tp 7
 contains "--check: --tp, --schedule are for the search and the plan file says its own"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
-contains "--threads: expected 0 (1 thread) or a count >= 1, found -1"
-# Its --threads 0 is 1 thread (a cost file is for plans of any ranks per host), and says so.
+contains "--threads: expected 0 (the cores divided among local ranks) or a count >= 1, found -1"
+# Its --threads 0 is the cores divided among local ranks, as baton train's, and says so.
 expect 0 "$baton" profile --help
-contains "kernel threads to time the ops with (0: 1;"
+contains "kernel threads to time the ops with (0: the cores"
+contains "divided among local ranks, as baton train's default"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --warmup -1 --out "$tmp/neg.json"
 contains "--warmup: expected 0 or more untimed runs, found -1"
 lacks "timing"  # refused before it announces the timings

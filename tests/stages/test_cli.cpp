@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -551,6 +553,36 @@ TEST(Cli, ProfileDeviceAndPrecision) {
   EXPECT_GT(costs.at("ops").size(), 5u) << costs.dump();
   for (const auto& [name, op] : costs.at("ops").items())
     EXPECT_GE(op.at("forward").get<double>(), 0.0) << name;
+}
+
+// baton profile's --threads 0 is the cores divided among local ranks, as baton train's
+// (it had been 1 thread): one process alone times with every core, the count a one-rank
+// plan trains with, and plan --check still warns of a plan whose ranks each compute with
+// fewer (two ranks on the host: half the cores).
+TEST(Cli, ProfileThreadsZeroDividesTheCores) {
+  const std::string model = temp_file("tiny_threads.json", kTiny);
+  const std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-threads.json";
+  Result r = baton::cli_testing::run_command(kCliBaton + " profile --model " + model + " --out " +
+                                             out + " --threads 0 --repeats 1 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out)).at("threads"), cores);
+  const std::string plan = temp_file("threads_plan.json", R"({"version": 1,
+    "model": ")" + model + R"(", "devices": 2, "parallel": {"pp": 2},
+    "batch": {"micro_batch_size": 1}, "schedule": {"name": "1f1b", "micro_batches": 2},
+    "stages": [{"layers": [0, 1]}, {"layers": [1, 3]}]})");
+  const std::string check = kCliBaton + " plan --check " + plan + " --costs " + out;
+  r = baton::cli_testing::run_command(check + " --ranks-per-host 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("the cost file timed the ops at"), std::string::npos) << r.output;
+  if (cores < 2) return;  // half the cores is the same one
+  r = baton::cli_testing::run_command(check);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the cost file timed the ops at " + std::to_string(cores) +
+                          " thread(s), and each of the plan's 2 rank(s) per host computes with " +
+                          std::to_string(cores / 2)),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
