@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Tokenizes a corpus with a Hugging Face tokenizer.json into Megatron-LM's indexed
 dataset format (PREFIX.bin + PREFIX.idx), the format `baton train --data PREFIX` reads and
-`baton data prepare` writes with SentencePiece. One document per non-empty line of a text
-file, or per JSON record of a .jsonl (field --json-key, default "text").
+`baton data prepare` writes with SentencePiece. One document per line of a text file, or
+per JSON record of a .jsonl or .json (JSON Lines; field --json-key, default "text"), with
+prepare's line rules: a line ends at "\n" (a CRLF line's "\r" is no part of it), and a
+line or text of only whitespace is no document.
 
 Needs the `tokenizers` and `numpy` packages (optional: baton's tests never use it):
     pip install tokenizers numpy
@@ -28,9 +30,19 @@ def fail(message):
     sys.exit(2)
 
 
+def describe(value):
+    """A JSON value for a message, as baton names it: its type and (short) text."""
+    kind = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "a null"}.get(type(value), "a number")
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return f"{kind} ({text[:37] + '...' if len(text) > 40 else text})"
+
+
 def documents(path, key):
-    """(line number, text) of each document. Lines end at "\n" only, as `baton data
-    prepare` reads them (Python's universal newlines had split a line at a lone "\r")."""
+    """(line number, text) of each line or record, with `baton data prepare`'s rules: lines
+    end at "\n" only (Python's universal newlines had split a line at a lone "\r"), and a
+    CRLF line's "\r" is dropped (a byte-level BPE had ended every document of a CRLF file
+    with a "\r" token). A blank JSON line is no record."""
     jsonl = path.endswith(".jsonl") or path.endswith(".json")
     try:
         f = open(path, "rb")
@@ -39,6 +51,7 @@ def documents(path, key):
     with f:
         for n, raw in enumerate(f, 1):
             raw = raw[:-1] if raw.endswith(b"\n") else raw
+            raw = raw[:-1] if raw.endswith(b"\r") else raw
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -49,12 +62,23 @@ def documents(path, key):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    fail(f"{path}:{n}: expected a JSON object per line ({e.msg} at column {e.colno})")
-                if not isinstance(record, dict) or not isinstance(record.get(key), str):
-                    fail(f"{path}:{n}: expected a JSON object with a string field '{key}' (--json-key)")
+                    fail(f"{path}:{n}: expected a JSON object per line, found invalid JSON: "
+                         f"{e.msg} at column {e.colno}")
+                # Python reads an unpaired surrogate escape ("\ud800"), which no UTF-8
+                # text holds: the tokenizer had failed on it with a traceback.
+                try:
+                    json.dumps(record, ensure_ascii=False).encode("utf-8")
+                except UnicodeEncodeError as e:
+                    fail(f"{path}:{n}: expected a JSON object per line, found invalid JSON: an "
+                         f"unpaired surrogate escape (\\u{ord(e.object[e.start]):04x}), which is no character")
+                if not isinstance(record, dict):
+                    fail(f"{path}:{n}: expected a JSON object per line, found {describe(record)}")
+                if key not in record:
+                    fail(f'{path}:{n}: no field "{key}" (--json-key names the field holding the text)')
+                if not isinstance(record[key], str):
+                    fail(f"{path}:{n}: $.{key}: expected a string (--json-key), found {describe(record[key])}")
                 line = record[key]
-            if line:
-                yield n, line
+            yield n, line
 
 
 def write_durably(f):
@@ -77,7 +101,8 @@ def replace_pair(out, tmp_bin, tmp_idx):
             os.replace(old, idx)
         raise
     os.replace(tmp_idx, idx)
-    if had_idx:
+    # Whether or not this run set it aside: one an interrupted run left is stale now.
+    if os.path.lexists(old):
         os.remove(old)
     dir_fd = os.open(os.path.dirname(out) or ".", os.O_RDONLY)
     try:
@@ -100,7 +125,7 @@ def main():
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):
         fail(f"--out {args.out}: no directory {out_dir}")
-    for ext in (".bin", ".idx", ".bin.tmp", ".idx.tmp"):
+    for ext in (".bin", ".idx", ".bin.tmp", ".idx.tmp", ".idx.old"):
         if os.path.exists(args.out + ext) and not os.path.isfile(args.out + ext):
             fail(f"--out {args.out}: {args.out + ext} is not a regular file, expected a file to write (or none)")
 
@@ -124,8 +149,13 @@ def main():
     try:
         with open(tmp_bin, "wb") as bin_file:
             for n, text in documents(args.input, args.json_key):
+                # Only whitespace: no document, as SentencePiece encodes it to nothing for
+                # prepare (a byte-level BPE had made documents of blanks).
+                if not text.strip():
+                    skipped += 1
+                    continue
                 ids = tok.encode(text, add_special_tokens=False).ids
-                # A line of blanks encodes to nothing: skipped, as `baton data prepare` and
+                # A text that encodes to nothing: skipped, as `baton data prepare` and
                 # Megatron's preprocess_data.py do, not a document of only the EOD token.
                 if not ids:
                     skipped += 1

@@ -4,7 +4,10 @@ ids from a fixed vocabulary): lines end at "\\n" only, as `baton data prepare` r
 (a lone "\\r" had split a line); blank lines are skipped, with --append-eod too; a
 malformed JSON line is exit 2 naming FILE:LINE (it had been a traceback) and leaves no
 temporary file; the pair it writes replaces an earlier one and `baton data inspect`
-reads it. Arguments: the baton binary, the source tree.
+reads it. With a byte-level stand-in (every whitespace character a token) a CRLF file's
+"\r" ends no document and blank lines are no documents, as for `baton data prepare`; an
+unpaired surrogate escape in a JSON line is exit 2 naming FILE:LINE (a traceback with the
+real package). Arguments: the baton binary, the source tree.
 """
 import os
 import subprocess
@@ -20,22 +23,26 @@ except ImportError:
 
 STUB = '''
 import json
+import re
 class _Encoding:
     def __init__(self, ids):
         self.ids = ids
 class Tokenizer:
-    def __init__(self, vocab):
+    def __init__(self, vocab, byte_level=False):
         self.vocab = vocab
+        self.byte_level = byte_level
     @staticmethod
     def from_file(path):
         with open(path) as f:
-            return Tokenizer(json.load(f)["vocab"])
+            j = json.load(f)
+        return Tokenizer(j["vocab"], j.get("byte_level", False))
     def get_vocab_size(self, with_added_tokens=True):
         return len(self.vocab)
     def token_to_id(self, t):
         return self.vocab.get(t)
     def encode(self, text, add_special_tokens=True):
-        return _Encoding([self.vocab.get(w, 0) for w in text.split()])
+        words = re.findall(r"\\S+|\\s", text) if self.byte_level else text.split()
+        return _Encoding([self.vocab.get(w, 0) for w in words])
 '''
 failures = 0
 
@@ -55,9 +62,9 @@ with tempfile.TemporaryDirectory() as d:
         f.write('{"vocab": {"<unk>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4, "d": 5, "last": 6}}')
     env = dict(os.environ, PYTHONPATH=d)
 
-    def run(*args):
-        return subprocess.run([sys.executable, os.path.join(src, "tools/hf_tokenize.py"), "--tokenizer", tok,
-                               *args], capture_output=True, text=True, env=env)
+    def run(*args, tokenizer=tok):
+        return subprocess.run([sys.executable, os.path.join(src, "tools/hf_tokenize.py"), "--tokenizer",
+                               tokenizer, *args], capture_output=True, text=True, env=env)
 
     def inspect(prefix):
         return subprocess.run([baton, "data", "inspect", prefix, "--samples", "5"], capture_output=True,
@@ -94,6 +101,38 @@ with tempfile.TemporaryDirectory() as d:
     check("Traceback" not in r.stderr, "no traceback", r.stderr)
     left = sorted(n for n in os.listdir(d) if n.startswith("bad."))
     check(left == ["bad.jsonl"], f"no temporary file left, found {left}")
+
+    # A byte-level tokenizer sees every whitespace character: a CRLF line's "\r" is no part
+    # of the line, and lines of blanks are no documents (each had been one).
+    byte_tok = os.path.join(d, "byte.json")
+    with open(byte_tok, "w") as f:
+        f.write('{"byte_level": true, "vocab": {"<unk>": 0, "</s>": 1, "a": 2, "b": 3, "last": 6, '
+                '" ": 7, "\\r": 8}}')
+    crlf = os.path.join(d, "crlf.txt")
+    with open(crlf, "wb") as f:
+        f.write(b"a b\r\n\r\n   \r\nlast\r\n\r\n")
+    r = run("--input", crlf, "--out", os.path.join(d, "crlf"), "--append-eod", tokenizer=byte_tok)
+    check(r.returncode == 0, "hf_tokenize.py on a CRLF file", r.stdout + r.stderr)
+    shown = inspect(os.path.join(d, "crlf"))
+    check("documents  2\n" in shown, "blank CRLF lines are no documents", shown)
+    check("document 0 (4 tokens): 2 7 3 1\n" in shown, "no \\r token before </s>", shown)
+    check("document 1 (2 tokens): 6 1\n" in shown, "the last line", shown)
+    check("3 blank lines skipped" in r.stdout, "blank lines counted", r.stdout)
+
+    # JSON that Python reads but that holds no UTF-8 text, and a field of another type.
+    for name, text, message in [
+            ("sur", '{"text": "a"}\n{"text": "b\\ud800"}\n',
+             ":2: expected a JSON object per line, found invalid JSON: an unpaired surrogate escape "
+             "(\\ud800)"),
+            ("num", '{"text": 3}\n', ':1: $.text: expected a string (--json-key), found a number (3)'),
+            ("arr", '[1, 2]\n', ":1: expected a JSON object per line, found an array ([1,2])")]:
+        path = os.path.join(d, name + ".jsonl")
+        with open(path, "w") as f:
+            f.write(text)
+        r = run("--input", path, "--out", os.path.join(d, name), tokenizer=byte_tok)
+        check(r.returncode == 2, f"{name}: exit 2, found {r.returncode}", r.stderr)
+        check(path + message in r.stderr, f"{name}: names FILE:LINE and what was found", r.stderr)
+        check("Traceback" not in r.stderr, f"{name}: no traceback", r.stderr)
 
 if failures:
     sys.exit(1)
