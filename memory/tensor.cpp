@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "memory/cuda_device.h"
+#include "memory/error.h"
 
 namespace baton::memory {
 
@@ -18,9 +19,20 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-int64_t shape_numel(const Shape& s) {
+std::optional<int64_t> checked_shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return n;
+}
+
+int64_t shape_numel(const Shape& s) {
+  // Signed overflow is undefined: a shape read from a file had wrapped to a small count
+  // that passed the checks made with it.
+  int64_t n = 1;
+  for (int64_t d : s)
+    BATON_CHECK(!__builtin_mul_overflow(n, d, &n),
+                "the element count of " + shape_str(s) + " overflows int64");
   return n;
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,7 +20,10 @@ namespace baton::memory {
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& s);  // "[2, 3, 4]"
-int64_t shape_numel(const Shape& s);
+int64_t shape_numel(const Shape& s);    // BATON_CHECK that it fits in int64
+// The element count, or none when a dimension is negative or the count overflows int64
+// (shapes read from files).
+std::optional<int64_t> checked_shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
 
 // Owns bytes on one device: from the device's allocator, or external memory released

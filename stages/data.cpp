@@ -346,6 +346,20 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
   std::string prefix = path;
   if (ends_with(path, ".bin") || ends_with(path, ".idx")) prefix = path.substr(0, path.size() - 4);
   std::string f = format;
+  // A write of the pair (baton data prepare, hf_tokenize.py) interrupted between its
+  // renames leaves PREFIX.bin without PREFIX.idx: read as flat tokens, it had trained on
+  // a Megatron .bin's tokens without their documents, or on a half-replaced pair.
+  if ((f == "auto" || f == "megatron") && !is_file(prefix + ".idx") &&
+      (path == prefix || ends_with(path, ".bin") || ends_with(path, ".idx")))
+    for (const char* left : {".idx.tmp", ".idx.old"}) {
+      std::error_code ec;
+      if (std::filesystem::exists(prefix + left, ec))
+        throw InputError(path + ": " + prefix + left + " is there but " + prefix +
+                         ".idx is not: the write of a Megatron dataset was interrupted (its "
+                         "index is being replaced); write it again (baton data prepare), or "
+                         "--data-format tokens to read " +
+                         prefix + ".bin as flat tokens after all");
+    }
   if (f == "auto") {
     if (is_file(prefix + ".idx") && (is_file(prefix + ".bin") || has_magic(prefix + ".idx")) &&
         (path == prefix || ends_with(path, ".bin") || ends_with(path, ".idx")))
@@ -357,7 +371,10 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
   }
   if (!token_dtype.empty() && f != "tokens")
     throw InputError("--token-dtype: only flat token files take a token type; " + path +
-                     " is read as " + f + " (its own header names the type of a Megatron dataset)");
+                     " is read as " + f +
+                     (f == "megatron" ? " (its own header names the type of a Megatron dataset)"
+                                      : " (every byte a token; --data-format tokens reads it as "
+                                        "flat tokens)"));
   if (f == "megatron") {
     if (!is_file(prefix + ".idx") && !is_file(prefix + ".bin"))
       throw InputError(path + ": no Megatron dataset there (expected " + prefix + ".bin and " +
@@ -483,13 +500,22 @@ uint64_t evaluation_seed(uint64_t seed) {
   return mix(seed ^ 0xE7A1E7A1ull);
 }
 
+std::string inputs_str(const Graph& g) {
+  std::string s = std::to_string(g.inputs.size()) + (g.inputs.size() == 1 ? " input" : " inputs");
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const Value& v = g.values[size_t(g.inputs[i])];
+    s += (i ? ", '" : ": '") + v.name + "' " + type_str(v.type);
+  }
+  return s;
+}
+
 int64_t token_vocabulary(const Graph& g, const std::string& source) {
   int tok = g.find_value("tokens"), tgt = g.find_value("targets");
   if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
     throw InputError(source +
                      ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
                      "(token data), found " +
-                     std::to_string(g.inputs.size()) + " input(s)");
+                     inputs_str(g));
   const ValueType& t = g.values[size_t(tok)].type;
   const ValueType& y = g.values[size_t(tgt)].type;
   const bool ints = !memory::is_floating(t.dtype) && !memory::is_floating(y.dtype);

@@ -214,4 +214,7 @@ uint64_t evaluation_seed(uint64_t seed);
 // inputs are exactly integer `tokens` [T] and `targets` [T] or [].
 int64_t token_vocabulary(const Graph& g, const std::string& source);
 
+// A model's inputs for messages: "2 inputs: 'images' f32[batch, 1, 8, 8], 'labels' i64[batch]".
+std::string inputs_str(const Graph& g);
+
 }  // namespace baton::stages

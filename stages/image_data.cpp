@@ -1,5 +1,6 @@
 #include "stages/image_data.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "stages/data.h"
 #include "stages/json_reader.h"
 
 namespace baton::stages {
@@ -122,13 +124,24 @@ NpyArray read_npy(const std::string& path) {
     size_t end = pos;
     while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
     if (end == pos) bad(path, "malformed shape in the .npy header: " + header);
-    a.shape.push_back(std::stoll(shape.substr(pos, end - pos)));
+    // std::stoll had thrown a bare "stoll" (exit 1) for a dimension beyond int64.
+    int64_t dim = 0;
+    if (std::from_chars(shape.data() + pos, shape.data() + end, dim).ec != std::errc())
+      bad(path, "dimension " + shape.substr(pos, end - pos) + " of shape (" + shape +
+                    ") is beyond int64, expected the shape of an array that fits in memory");
+    a.shape.push_back(dim);
     pos = end;
   }
   const int64_t esize = element_size(path, a.descr);
-  const size_t want = size_t(memory::shape_numel(a.shape) * esize);
+  // Counted with overflow checks: a count that had wrapped (2^61 x 8 elements: 0) passed
+  // the size check below.
+  const auto numel = memory::checked_shape_numel(a.shape);
+  int64_t want = 0;
+  if (!numel || __builtin_mul_overflow(*numel, esize, &want))
+    bad(path, "shape " + memory::shape_str(a.shape) + " of '" + a.descr +
+                  "' holds more than 2^63 bytes, expected the shape of the data that follows");
   const size_t have = data.size() - start - header_len;
-  if (have != want)
+  if (have != size_t(want))
     bad(path, "expected " + std::to_string(want) + " bytes of data for shape " +
                   memory::shape_str(a.shape) + " of '" + a.descr + "', found " +
                   std::to_string(have));
@@ -297,7 +310,7 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
     throw InputError(source +
                      ": $.inputs: expected exactly the inputs 'images' and 'labels' "
                      "(image data " +
-                     dir_ + "), found " + std::to_string(g.inputs.size()) + " input(s)");
+                     dir_ + "), found " + inputs_str(g));
   const ValueType& it = g.values[size_t(im)].type;
   const ValueType& lt = g.values[size_t(lb)].type;
   if (!memory::is_floating(it.dtype) || it.shape != shape_)

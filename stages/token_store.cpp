@@ -420,9 +420,9 @@ std::pair<double, double> TokenStore::token_range() const {
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type)
     : prefix_(std::move(prefix)), type_(type) {
   megatron_code(type_);
-  // A directory (or a FIFO) under either name had been found only at the end, by a rename
-  // that failed with the index half-replaced.
-  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp"}) {
+  // A directory (or a FIFO) under any name it writes had been found only at the end, by
+  // a rename that failed with the index half-replaced (.idx.old: after all the work).
+  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp", ".idx.old"}) {
     std::error_code ec;
     const auto st = std::filesystem::status(prefix_ + ext, ec);
     if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
@@ -491,7 +491,9 @@ void IndexedDatasetWriter::finish() {
   // The .bin streams to its own temporary file (documents arrive one at a time), the index
   // goes to one too; only when both are on disk does the pair replace an earlier one: its
   // index first, so that no reader, and no crash, ever pairs a new .bin with an old .idx
-  // (a crash in between leaves a .bin without its index, which readers refuse). A failed
+  // (a crash in between leaves a .bin without its index but with PREFIX.idx.old or
+  // PREFIX.idx.tmp beside it, which open_token_store refuses as an interrupted write;
+  // the next run completes the pair and removes the set-aside index). A failed
   // write leaves the earlier pair as it was.
   namespace fs = std::filesystem;
   try {
@@ -523,7 +525,9 @@ void IndexedDatasetWriter::finish() {
   }
   fs::rename(prefix_ + ".idx.tmp", prefix_ + ".idx", ec);
   if (ec) fail(prefix_ + ".idx: cannot rename " + prefix_ + ".idx.tmp to it", ec);
-  if (had_idx) fs::remove(prefix_ + ".idx.old", ec);
+  // Removed whether or not this run set it aside: one an interrupted run left (with no
+  // PREFIX.idx, which readers refuse as an interrupted write) is stale now.
+  fs::remove(prefix_ + ".idx.old", ec);
   const fs::path dir = fs::path(prefix_ + ".idx").parent_path();
   memory::fsync_path(dir.empty() ? "." : dir.string(), true);
   done_ = true;

@@ -3,7 +3,7 @@
 //                           smallest and largest token, a few samples, decoded with
 //                           --tokenizer)
 //   prepare                 tokenizes a corpus (one document per line of a text file or
-//                           per JSON record of a .jsonl) with a SentencePiece model into
+//                           per JSON record of a .jsonl or .json) with a SentencePiece model into
 //                           Megatron-LM's indexed format
 //   train-tokenizer         trains a SentencePiece model on a corpus
 #include <spdlog/spdlog.h>
@@ -20,7 +20,10 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "stages/data.h"
+#include "stages/image_data.h"
 #include "stages/token_store.h"
 #include "tools/command.h"
 
@@ -64,6 +67,22 @@ void check_output_prefix(const std::string& prefix) {
   if (::access(dir.c_str(), W_OK) != 0)
     throw InputError("--out " + prefix + ": cannot write in " + dir + ": " + std::strerror(errno));
 }
+
+// Throws InputError when `input` (--input) is a directory: reading one had said "read error"
+// (prepare) or "no text to train on" (train-tokenizer).
+void check_input_file(const std::string& input, const std::string& expected) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(input, ec))
+    throw InputError("--input " + input + ": a directory, expected " + expected);
+}
+
+// A JSON value for a message: its type and (short) text.
+std::string found_json(const nlohmann::json& j) {
+  std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return std::string(j.is_array() || j.is_object() ? "an " : "a ") + j.type_name() + " (" + text +
+         ")";
+}
 #endif
 
 // ---- inspect ----
@@ -94,6 +113,23 @@ int run_inspect(const std::vector<std::string>& args) {
     if (v < 0)
       throw InputError(std::string(flag) + ": expected a count >= 0, found " + std::to_string(v));
   const auto t0 = std::chrono::steady_clock::now();
+  // Image data (a directory with images.npy, as baton train --data reads it): had been
+  // refused as "not a regular file".
+  if (stages::is_image_dataset(path)) {
+    if (format != "auto" || !token_dtype.empty() || !tokenizer.empty() || vocab > 0)
+      throw InputError(path +
+                       ": image data (images.npy, labels.npy) takes none of "
+                       "--data-format, --token-dtype, --tokenizer or --vocab");
+    const stages::ImageDataset images(path);
+    std::printf("file       %s\n", path.c_str());
+    std::printf("format     images\n");
+    std::printf("images     %lld\n", static_cast<long long>(images.size()));
+    std::printf("shape      %s (channels, height, width)\n",
+                memory::shape_str(images.image_shape()).c_str());
+    std::printf("classes    %lld (labels 0..%lld)\n", static_cast<long long>(images.classes()),
+                static_cast<long long>(images.classes() - 1));
+    return 0;
+  }
   auto s = stages::open_token_store(path, format, token_dtype);
   if (vocab > 0) s->check_vocabulary(vocab);
   spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
@@ -127,8 +163,9 @@ int run_inspect(const std::vector<std::string>& args) {
   if (!tokenizer.empty()) no_sentencepiece("--tokenizer");
 #endif
   for (int64_t d = 0, shown = 0; d < s->num_documents() && shown < samples; ++d) {
-    const int64_t b = s->document_start(d), n = std::min(show, s->document_start(d + 1) - b);
-    if (n == 0) continue;
+    const int64_t b = s->document_start(d), len = s->document_start(d + 1) - b;
+    const int64_t n = std::min(show, len);
+    if (len == 0) continue;  // an empty document (--show-tokens 0 still shows the others)
     ++shown;
     std::vector<int64_t> ids(static_cast<size_t>(n));
     s->read(b, n, ids.data());
@@ -144,8 +181,7 @@ int run_inspect(const std::vector<std::string>& args) {
     std::string list;
     for (int64_t id : ids) list += (list.empty() ? "" : " ") + std::to_string(id);
     std::printf("\ndocument %lld (%lld tokens): %s%s\n", static_cast<long long>(d),
-                static_cast<long long>(s->document_start(d + 1) - b), list.c_str(),
-                n < s->document_start(d + 1) - b ? " ..." : "");
+                static_cast<long long>(len), list.c_str(), n < len ? (n > 0 ? " ..." : "...") : "");
     // A prefix may end inside a UTF-8 character, and text data may be any bytes: shown
     // with U+FFFD where they are no UTF-8 (dump() had thrown half-way through the report).
     if (!text.empty())
@@ -165,7 +201,7 @@ int run_prepare(const std::vector<std::string>& args) {
   opts.add_options()("tokenizer", po::value(&tokenizer)->required(),
                      "SentencePiece model (FILE.model)")(
       "input", po::value(&input)->required(),
-      "corpus: text (a document per line) or .jsonl (one per record)")(
+      "corpus: text (a document per line) or .jsonl/.json (JSON Lines: one per record)")(
       "out", po::value(&out)->required(), "output prefix: writes PREFIX.bin and PREFIX.idx")(
       "json-key", po::value(&key)->default_value("text"), ".jsonl: the field holding the text")(
       "dtype", po::value(&dtype)->default_value("auto"),
@@ -202,9 +238,11 @@ int run_prepare(const std::vector<std::string>& args) {
                      "'s " + std::to_string(vocab) + " token ids");
   if (eod && sp->eos_id() < 0)
     throw InputError(tokenizer + ": no end-of-document piece (</s>) for --append-eod");
+  check_input_file(input, "a text or JSON Lines file");
   std::ifstream in(input, std::ios::binary);
   if (!in) throw InputError(input + ": cannot open file (missing or unreadable)");
-  const bool jsonl = input.size() >= 6 && (input.ends_with(".jsonl") || input.ends_with(".json"));
+  // JSON Lines under either name, as tools/hf_tokenize.py reads them (docs/formats/data.md).
+  const bool jsonl = input.ends_with(".jsonl") || input.ends_with(".json");
   check_output_prefix(out);
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
@@ -215,16 +253,29 @@ int run_prepare(const std::vector<std::string>& args) {
     std::string text = line;
     if (jsonl) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object())
-        throw InputError(input + ":" + std::to_string(line_no) +
-                         ": expected a JSON object per line");
+      const std::string where = input + ":" + std::to_string(line_no);
+      nlohmann::json j;
+      try {
+        j = memory::parse_json_text(line, where);
+      } catch (const InputError& e) {
+        // nlohmann's reason and column kept (an unpaired surrogate escape, a byte that is no
+        // UTF-8): the line had been called no JSON object without saying why. Its "line 1"
+        // is the line's own, not the file's.
+        std::string why = e.what();
+        const std::string lead = where + ": not valid JSON: ";
+        if (!why.starts_with(lead)) throw;  // a repeated key, named by its path
+        why = why.substr(lead.size());
+        if (why.starts_with("parse error at line 1, ")) why = "parse error at " + why.substr(23);
+        throw InputError(where + ": expected a JSON object per line, found invalid JSON: " + why);
+      }
+      if (!j.is_object())
+        throw InputError(where + ": expected a JSON object per line, found " + found_json(j));
       if (!j.contains(key))
-        throw InputError(input + ":" + std::to_string(line_no) + ": no field \"" + key +
+        throw InputError(where + ": no field \"" + key +
                          "\" (--json-key names the field holding the text)");
       if (!j[key].is_string())
-        throw InputError(input + ":" + std::to_string(line_no) + ": $." + key +
-                         ": expected a string (--json-key)");
+        throw InputError(where + ": $." + key + ": expected a string (--json-key), found " +
+                         found_json(j[key]));
       text = j[key].get<std::string>();
     }
     if (text.empty()) {
@@ -296,18 +347,46 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
         "--max-lines: expected 0 (every line) or more than 100 (SentencePiece's least), found " +
         std::to_string(max_lines));
   check_output_prefix(out);
+  check_input_file(input, "a text file");
+  // SentencePiece writes TMP.model and TMP.vocab, renamed to PREFIX's names once both are
+  // complete: a failed run (PREFIX.vocab a directory) had left a new PREFIX.model in
+  // place of an earlier one. A name that is no file to write is refused before the work.
+  const std::string tmp = out + ".tmp";
+  for (const std::string& name : {out + ".model", out + ".vocab", tmp + ".model", tmp + ".vocab"}) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(name, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+      throw InputError("--out " + out + ": " + name + " is " +
+                       (std::filesystem::is_directory(st) ? "a directory" : "not a regular file") +
+                       ", expected a file to write (or none)");
+  }
+  // SentencePiece skips every line longer than its max_sentence_length (4192 bytes by
+  // default) with only a log line, and fails on a corpus of such lines: the limit is the
+  // longest line, so that every line is trained on.
+  size_t longest = 0;
   {
     std::ifstream probe(input, std::ios::binary);
     if (!probe) throw InputError(input + ": cannot open file (missing or unreadable)");
     std::string line;
     bool text = false;
-    while (!text && std::getline(probe, line))
-      text = line.find_first_not_of(" \t\r\f\v") != std::string::npos;
+    int64_t line_no = 0;
+    while (std::getline(probe, line)) {
+      ++line_no;
+      text = text || line.find_first_not_of(" \t\r\f\v") != std::string::npos;
+      if (line.size() > size_t(INT32_MAX))
+        throw InputError(input + ":" + std::to_string(line_no) + ": a line of " +
+                         std::to_string(line.size()) +
+                         " bytes, more than SentencePiece's limit of 2^31 - 1 (split the "
+                         "corpus into shorter lines)");
+      longest = std::max(longest, line.size());
+    }
+    if (probe.bad()) throw InputError(input + ": read error");
     if (!text) throw InputError(input + ": no text to train on (every line empty or blank)");
   }
   std::unordered_map<std::string, std::string> kw = {
       {"input", input},
-      {"model_prefix", out},
+      {"model_prefix", tmp},
+      {"max_sentence_length", std::to_string(std::max<size_t>(longest, 4192))},
       {"vocab_size", std::to_string(vocab)},
       {"model_type", model_type},
       {"character_coverage", std::to_string(coverage)},
@@ -317,9 +396,30 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
       {"shuffle_input_sentence", "false"},
   };
   if (max_lines > 0) kw["input_sentence_size"] = std::to_string(max_lines);
-  auto st = sentencepiece::SentencePieceTrainer::Train(kw);
-  if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
-  const int pieces = load_tokenizer(out + ".model")->GetPieceSize();
+  auto remove_tmp = [&] {
+    std::error_code ec;
+    std::filesystem::remove(tmp + ".model", ec);
+    std::filesystem::remove(tmp + ".vocab", ec);
+  };
+  int pieces = 0;
+  try {
+    auto st = sentencepiece::SentencePieceTrainer::Train(kw);
+    if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
+    pieces = load_tokenizer(tmp + ".model")->GetPieceSize();
+    for (const char* ext : {".vocab", ".model"}) memory::fsync_path(tmp + ext, false);
+    // The .model last: it is the file every command reads.
+    for (const char* ext : {".vocab", ".model"}) {
+      std::error_code ec;
+      std::filesystem::rename(tmp + ext, out + ext, ec);
+      if (ec)
+        throw RuntimeError(out + ext + ": cannot rename " + tmp + ext + " to it: " + ec.message());
+    }
+  } catch (...) {
+    remove_tmp();
+    throw;
+  }
+  const std::filesystem::path dir = std::filesystem::path(out).parent_path();
+  memory::fsync_path(dir.empty() ? "." : dir.string(), true);
   spdlog::info("{}.model, {}.vocab: {} pieces ({}){}", out, out, pieces, model_type,
                pieces == vocab
                    ? std::string()

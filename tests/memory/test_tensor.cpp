@@ -8,6 +8,16 @@
 
 using namespace baton::memory;
 
+// An element count beyond int64 is no count: signed overflow had wrapped silently.
+TEST(Tensor, ShapeNumelRefusesOverflow) {
+  EXPECT_EQ(shape_numel({2, 3, 4}), 24);
+  EXPECT_EQ(checked_shape_numel({2, 3, 4}), 24);
+  const Shape huge{int64_t(1) << 61, 8};
+  EXPECT_THROW(shape_numel(huge), std::logic_error);
+  EXPECT_FALSE(checked_shape_numel(huge).has_value());
+  EXPECT_FALSE(checked_shape_numel({4, -1}).has_value());
+}
+
 TEST(Tensor, EmptyHasShapeStridesAndBytes) {
   Tensor t = Tensor::empty({2, 3, 4});
   EXPECT_EQ(t.numel(), 24);

@@ -427,7 +427,9 @@ TEST(TokenStore, FlatTokensAndText) {
   EXPECT_EQ(read_all(*t), (std::vector<int64_t>{'h', 'e', 'l', 'l', 'o'}));
   // Forced formats; a text file with a token type is a mistake.
   EXPECT_EQ(open_token_store(u16, "text", "")->num_tokens(), 6);
-  data_expect_input_error([&] { open_token_store(txt, "auto", "uint16"); }, {"--token-dtype"});
+  data_expect_input_error([&] { open_token_store(txt, "auto", "uint16"); },
+                          {"--token-dtype", txt + " is read as text (every byte a token; "
+                                                  "--data-format tokens reads it as flat tokens)"});
   data_expect_input_error([&] { open_token_store(u16, "tokens", "float16"); },
                           {"--token-dtype", "float16"});
   data_expect_input_error([&] { open_token_store(txt, "parquet", ""); },
@@ -633,6 +635,49 @@ TEST(Megatron, WriterRefusesADirectoryAndKeepsTheEarlierPair) {
   fs::remove_all(p + ".bin");
 }
 
+// A PREFIX.idx.old that is a directory had been found after all the work, by the rename
+// that sets the earlier index aside (exit 1): refused up front, as the other names are.
+TEST(Megatron, WriterRefusesADirectoryAsTheSetAsideIndex) {
+  const std::string p = tmp("old_dir");
+  fs::remove_all(p + ".idx.old");
+  fs::create_directories(p + ".idx.old/sub");
+  data_expect_input_error([&] { IndexedDatasetWriter w(p, TokenType::u16); },
+                          {p + ".idx.old: a directory"});
+  fs::remove_all(p + ".idx.old");
+}
+
+// A write interrupted between its renames leaves PREFIX.bin with PREFIX.idx.old and
+// PREFIX.idx.tmp but no PREFIX.idx: it had been read as flat uint16 tokens. Refused,
+// saying what happened; the next write completes the pair and leaves no .idx.old.
+TEST(Megatron, AnInterruptedWriteIsRefusedAndTheNextOneCleansUp) {
+  const std::string p = tmp("interrupted");
+  for (const char* ext : {".bin", ".idx", ".idx.tmp", ".idx.old"}) fs::remove(p + ext);
+  {
+    IndexedDatasetWriter w(p, TokenType::u16);
+    w.add_document({1, 2, 3});
+    w.finish();
+  }
+  // The state between the second and the third rename.
+  fs::rename(p + ".idx", p + ".idx.old");
+  fs::copy_file(p + ".idx.old", p + ".idx.tmp");
+  for (const std::string& path : {p, p + ".bin"})
+    for (const char* format : {"auto", "megatron"})
+      data_expect_input_error([&] { open_token_store(path, format, ""); },
+                              {path + ": " + p + ".idx.tmp is there but " + p + ".idx is not",
+                               "interrupted", "--data-format tokens"});
+  fs::remove(p + ".idx.tmp");  // only the set-aside index: the same
+  data_expect_input_error([&] { open_token_store(p + ".bin", "auto", ""); },
+                          {p + ".idx.old is there but " + p + ".idx is not"});
+  EXPECT_EQ(open_token_store(p + ".bin", "tokens", "")->num_tokens(), 3);  // when asked
+  {
+    IndexedDatasetWriter w(p, TokenType::u16);
+    w.add_document({4, 5});
+    w.finish();
+  }
+  EXPECT_FALSE(fs::exists(p + ".idx.old"));
+  EXPECT_EQ(read_all(*open_token_store(p, "auto", "")), (std::vector<int64_t>{4, 5}));
+}
+
 TEST(Data, EvalFractionOutsideTheShareIsRefused) {
   for (double f : {-0.1, 1.0, 1.5, std::nan("")})
     data_expect_input_error([&] { check_eval_fraction(f); }, {"--eval-fraction"});
@@ -668,6 +713,24 @@ TEST(Data, TokenModelInputsMatchTheData) {
       [&] { token_vocabulary(model(R"("shape": [], "dtype": "i32")", "tokens"), "m.json"); },
       {"m.json: $.layers[0].nodes[1].inputs[1]", "expected the model input 'targets'",
        "found 'tokens'"});
+}
+
+// Other inputs than the token data's are named with their types (the message had given
+// only their count, "found 2 input(s)").
+TEST(Data, TokenDataNamesAModelsOtherInputs) {
+  Graph g = load_model_json(memory::parse_json_text(R"({"type": "graph",
+      "inputs": [{"name": "tokens", "shape": [4], "dtype": "i32"},
+                 {"name": "labels", "shape": [4], "dtype": "i32"}],
+      "params": [{"name": "emb", "shape": [8, 6], "init": {"type": "normal", "std": 0.5}}],
+      "layers": [{"name": "l", "nodes": [
+        {"op": "embedding", "inputs": ["tokens"], "outputs": ["e"], "params": {"weight": "emb"}},
+        {"op": "cross_entropy", "inputs": ["e", "labels"], "outputs": ["loss"]}]}],
+      "loss": "loss"})",
+                                                    "m.json"),
+                            "m.json");
+  data_expect_input_error([&] { token_vocabulary(g, "m.json"); },
+                          {"m.json: $.inputs: expected exactly the inputs 'tokens' and 'targets'",
+                           "found 2 inputs: 'tokens' i32[batch, 4], 'labels' i32[batch, 4]"});
 }
 
 // An embedding with a vocab_offset covers ids [offset, offset + rows): the vocabulary is

@@ -240,5 +240,122 @@ TEST(DataCli, TrainTokenizerChecksItsFlags) {
   EXPECT_NE(r.output.find(blank + ": no text to train on"), std::string::npos) << r.output;
 }
 
+// Lines longer than SentencePiece's max_sentence_length (4192 bytes) had been skipped with
+// only a log line, the vocabulary made from the short lines alone, and a corpus without
+// a newline had failed ("!sentences_.empty()"): every line is trained on.
+TEST(DataCli, TrainTokenizerTrainsOnLongLines) {
+  const std::string in = dir() + "/long.txt", one = dir() + "/oneline.txt";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 20; ++i) {
+      for (int w = 0; w < 800; ++w) f << (w % 3 ? "quokka " : "wombat ");
+      f << "\n";
+    }
+    f << "the cat sat\n";
+    std::ofstream g(one);
+    for (int w = 0; w < 3000; ++w) g << (w % 2 ? "alpha " : "beta ");
+  }
+  Result r = baton("train-tokenizer --input " + in + " --out " + dir() + "/long --vocab-size 40");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream vocab(dir() + "/long.vocab");
+  const std::string pieces((std::istreambuf_iterator<char>(vocab)), {});
+  for (const char* piece : {"q\t", "k\t", "w\t", "b\t"})
+    EXPECT_NE(pieces.find(std::string("\n") + piece), std::string::npos)
+        << "the long lines' character " << piece[0] << " is a piece:\n"
+        << pieces;
+  r = baton("train-tokenizer --input " + one + " --out " + dir() + "/one --vocab-size 16");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// A failed run leaves an earlier model as it was: PREFIX.vocab a directory had been found
+// after SentencePiece had replaced PREFIX.model.
+TEST(DataCli, TrainTokenizerChecksBothOutputsFirst) {
+  const std::string prefix = dir() + "/both";
+  Result r = baton("train-tokenizer --input " + slice() + " --out " + prefix + " --vocab-size 200");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto size = std::filesystem::file_size(prefix + ".model");
+  std::filesystem::remove(prefix + ".vocab");
+  std::filesystem::create_directories(prefix + ".vocab");
+  r = baton("train-tokenizer --input " + slice() + " --out " + prefix + " --vocab-size 150");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out " + prefix + ": " + prefix + ".vocab is a directory"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(std::filesystem::file_size(prefix + ".model"), size) << "the earlier model";
+  std::filesystem::remove(prefix + ".vocab");
+  r = baton("train-tokenizer --input " + slice() + " --out " + prefix + " --vocab-size 150");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(std::filesystem::file_size(prefix + ".model"), size) << "the new model";
+  EXPECT_TRUE(std::filesystem::is_regular_file(prefix + ".vocab"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".tmp.model"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".tmp.vocab"));
+}
+
+// A JSON line that nlohmann refuses keeps its reason and column (it had been "expected a
+// JSON object per line" alone); a field of another type says what it is; .json is read as
+// JSON Lines, as docs/formats/data.md says.
+TEST(DataCli, PrepareSaysWhatIsWrongWithAJsonLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"{\"text\": \"ok\"}\n{\"text\": \"bad\\ud800x\"}\n",
+       ":2: expected a JSON object per line, found invalid JSON: parse error at column "},
+      {"{\"text\": \"ok\"}\n{\"text\": \"bad \xff byte\"}\n",
+       ":2: expected a JSON object per line, found invalid JSON: parse error at column "},
+      {"{\"text\": 3}\n", ":1: $.text: expected a string (--json-key), found a number (3)"},
+      {"[1, 2]\n", ":1: expected a JSON object per line, found an array ([1,2])"},
+  };
+  const std::string in = dir() + "/e.jsonl";
+  for (const auto& [text, message] : cases) {
+    std::ofstream(in, std::ios::binary) << text;
+    Result r =
+        baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + dir() + "/e");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(in + message), std::string::npos) << r.output;
+  }
+  std::ofstream(in, std::ios::binary) << "{\"text\": \"ok\"}\n{\"text\": \"bad\\ud800x\"}\n";
+  Result r =
+      baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + dir() + "/e");
+  EXPECT_NE(r.output.find("surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"),
+            std::string::npos)
+      << r.output;
+  const std::string json = dir() + "/records.json";
+  std::ofstream(json) << "{\"text\": \"the licensee may copy\"}\n{\"text\": \"and distribute\"}\n";
+  r = baton("prepare --tokenizer " + tokenizer() + " --input " + json + " --out " + dir() + "/js");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(TokenStore::open_megatron(dir() + "/js")->num_documents(), 2);
+}
+
+// A directory as --input is said to be one (it had been "read error" for prepare and "no
+// text to train on" for train-tokenizer).
+TEST(DataCli, InputThatIsADirectoryIsSaidToBeOne) {
+  Result r =
+      baton("prepare --tokenizer " + tokenizer() + " --input " + dir() + " --out " + dir() + "/d");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--input " + dir() + ": a directory, expected a text or JSON Lines file"),
+            std::string::npos)
+      << r.output;
+  r = baton("train-tokenizer --input " + dir() + " --out " + dir() + "/d");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--input " + dir() + ": a directory, expected a text file"),
+            std::string::npos)
+      << r.output;
+}
+
+// inspect reads what baton train --data reads: image directories too (they had been "not a
+// regular file"); --show-tokens 0 shows the documents' headers (it had shown nothing).
+TEST(DataCli, InspectImagesAndHeadersAlone) {
+  const std::string digits = std::string(BATON_SOURCE_DIR) + "/examples/data/digits";
+  Result r = baton("inspect " + digits);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("format     images"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("images     1797"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("shape      [1, 8, 8]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("classes    10 (labels 0..9)"), std::string::npos) << r.output;
+  const std::string text = dir() + "/few.txt";
+  std::ofstream(text) << "some text\n";
+  r = baton("inspect " + text + " --show-tokens 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("document 0 (10 tokens): ...\n"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace baton::stages

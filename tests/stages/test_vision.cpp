@@ -518,6 +518,35 @@ TEST(ImageData, RoundTripAndErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// A shape beyond int64, or whose byte count overflows it, is refused naming the file and
+// the shape: a dimension of 20 digits had been "stoll" (exit 1), and (2^61, 8, 1, 1)
+// bytes had wrapped to 0, passed the size check and failed allocating (exit 1).
+TEST(ImageData, ShapesBeyondInt64AreRefused) {
+  const std::string path = ::testing::TempDir() + "/vision_npy_shape.npy";
+  auto error_of = [&](const std::string& descr, const std::string& shape) {
+    std::string h = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    h.append((64 - (h.size() + 11) % 64) % 64, ' ');
+    h += '\n';
+    std::ofstream(path, std::ios::binary)
+        << std::string("\x93NUMPY\x01\x00", 8) << char(h.size() & 0xff) << char(h.size() >> 8) << h;
+    try {
+      read_npy(path);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = error_of("|u1", "(99999999999999999999, 1, 8, 8)");
+  EXPECT_NE(e.find(path + ": dimension 99999999999999999999 of shape"), std::string::npos) << e;
+  e = error_of("|u1", "(2305843009213693952, 8, 1, 1)");
+  EXPECT_NE(e.find(path + ": shape [2305843009213693952, 8, 1, 1] of '|u1' holds more than 2^63"),
+            std::string::npos)
+      << e;
+  e = error_of("<i8", "(2305843009213693952,)");  // the elements fit, their bytes do not
+  EXPECT_NE(e.find("holds more than 2^63 bytes"), std::string::npos) << e;
+  std::filesystem::remove(path);
+}
+
 // `baton train`'s loop on the digits with the example model: the loss falls.
 TEST(ImageData, ResnetTinyLearnsDigits) {
   engine::TrainOptions o;
