@@ -30,11 +30,10 @@ json read_hf_model_config(const std::string& dir, std::optional<int64_t> context
   json j = read_json_file(path);
   // Only a Mistral's window depends on the context. One beyond the window is left to
   // check_same_model_math, whose message names the model that asks for it; one beyond
-  // max_position_embeddings (baton's default 2048 when absent) is the other model's own.
+  // max_position_embeddings (MistralConfig's default when absent) is the other model's own.
   if (context)
     if (auto window = hf_sliding_window(JsonReader(j, path))) {
-      const int64_t max_pos =
-          JsonReader(j, path).get_int("max_position_embeddings", 2048, 1, INT64_MAX);
+      const int64_t max_pos = hf_max_position_embeddings(JsonReader(j, path));
       j["context"] = std::min({*context, *window, max_pos});
     }
   hf_config_to_shorthand(JsonReader(j, path));  // validates

@@ -258,17 +258,47 @@ json gpt2_graph_json(const Gpt2Config& c) {
 
 namespace {
 
+// What transformers builds for a field a config.json leaves out: each model_type's config
+// class has its own defaults (checked against transformers 5.25's LlamaConfig,
+// MistralConfig and Qwen2Config). The llama shorthand's optional fields take LlamaConfig's.
+struct HfLlamaDefaults {
+  const char* model_type;
+  const char* config_class;
+  int64_t hidden_size, intermediate_size, num_hidden_layers, num_attention_heads;
+  int64_t num_key_value_heads;  // 0: num_attention_heads
+  int64_t vocab_size, max_position_embeddings;
+  double rms_norm_eps, rope_theta, initializer_range, attention_dropout;
+};
+constexpr HfLlamaDefaults kHfLlamaDefaults[] = {
+    {"llama", "LlamaConfig", 4096, 11008, 32, 32, 0, 32000, 2048, 1e-6, 10000.0, 0.02, 0.0},
+    {"mistral", "MistralConfig", 4096, 14336, 32, 32, 8, 32000, 131072, 1e-6, 10000.0, 0.02, 0.0},
+    {"qwen2", "Qwen2Config", 4096, 22016, 32, 32, 32, 151936, 32768, 1e-6, 10000.0, 0.02, 0.0},
+};
+
+// The defaults of a config's model_type (a shorthand's, or an unknown type's: llama's).
+const HfLlamaDefaults& hf_llama_defaults(const JsonReader& r) {
+  const json* t =
+      r.is_object() && r.raw().contains("model_type") ? &r.raw()["model_type"] : nullptr;
+  for (const HfLlamaDefaults& d : kHfLlamaDefaults)
+    if (t && t->is_string() && *t == d.model_type) return d;
+  return kHfLlamaDefaults[0];
+}
+
 void check_llama(const LlamaConfig& c, const JsonReader& r) {
   const int64_t h = c.num_attention_heads, kv = c.kv_heads();
   if (c.head_dim == 0 && c.hidden_size % h != 0)
-    r.at("hidden_size")
+    field(r, "hidden_size")
         .fail("a multiple of num_attention_heads = " + std::to_string(h),
               std::to_string(c.hidden_size));
   if (h % kv != 0)
-    r.at("num_key_value_heads")
-        .fail("a divisor of num_attention_heads = " + std::to_string(h), std::to_string(kv));
+    field(r, "num_key_value_heads")
+        .fail("a divisor of num_attention_heads = " + std::to_string(h),
+              std::to_string(kv) + (r.has("num_key_value_heads")
+                                        ? ""
+                                        : std::string(" (no num_key_value_heads: ") +
+                                              hf_llama_defaults(r).config_class + "'s default)"));
   if (c.head_size() % 2 != 0)
-    (r.has("head_dim") ? r.at("head_dim") : r.at("hidden_size"))
+    (r.has("head_dim") ? r.at("head_dim") : field(r, "hidden_size"))
         .fail("an even head size for rotary embeddings",
               "head size " + std::to_string(c.head_size()));
   if (c.seq() > c.max_position_embeddings)
@@ -295,18 +325,13 @@ void check_llama(const LlamaConfig& c, const JsonReader& r) {
 nlohmann::json read_rope_object(const JsonReader& obj, bool with_theta) {
   std::optional<JsonReader> s = obj;
   s->expect_object();
-  if (with_theta) {
-    json j = s->raw();
-    j.erase("rope_theta");
-    std::string type = j.contains("rope_type") ? j["rope_type"].get<std::string>()
-                                               : j.value("type", std::string("default"));
-    if (type == "default") {
-      s->expect_only({"rope_type", "type", "rope_theta"});
-      return nullptr;
-    }
-  }
-  std::string type =
+  // Read through the reader, so that a type that is not a string names its path.
+  const std::string type =
       s->has("rope_type") ? s->at("rope_type").as_string() : s->get_string("type", "default");
+  if (with_theta && type == "default") {
+    s->expect_only({"rope_type", "type", "rope_theta"});
+    return nullptr;
+  }
   if (type != "default" && type != "linear" && type != "llama3")
     (s->has("rope_type") ? s->at("rope_type") : s->at("type"))
         .fail("\"default\", \"linear\" or \"llama3\" (the rope scalings baton implements)",
@@ -371,23 +396,27 @@ void warn_once(const std::string& message) {
 }
 
 void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
-  c.hidden_size =
-      hf ? r.get_int("hidden_size", 4096, 1, kBig) : r.at("hidden_size").as_int(1, kBig);
-  c.intermediate_size = hf ? r.get_int("intermediate_size", 11008, 1, kBig)
-                           : r.at("intermediate_size").as_int(1, kBig);
-  c.num_hidden_layers =
-      hf ? r.get_int("num_hidden_layers", 32, 1, kBig) : r.at("num_hidden_layers").as_int(1, kBig);
-  c.num_attention_heads = hf ? r.get_int("num_attention_heads", 32, 1, kBig)
-                             : r.at("num_attention_heads").as_int(1, kBig);
+  const HfLlamaDefaults& d = hf_llama_defaults(r);
+  // A Hugging Face config.json may leave any field out; the shorthand requires the shapes.
+  auto shape = [&](const char* key, int64_t dflt) {
+    return hf ? r.get_int(key, dflt, 1, kBig) : r.at(key).as_int(1, kBig);
+  };
+  c.hidden_size = shape("hidden_size", d.hidden_size);
+  c.intermediate_size = shape("intermediate_size", d.intermediate_size);
+  c.num_hidden_layers = shape("num_hidden_layers", d.num_hidden_layers);
+  c.num_attention_heads = shape("num_attention_heads", d.num_attention_heads);
   if (auto kv = r.get("num_key_value_heads"); kv && !kv->raw().is_null())
     c.num_key_value_heads = kv->as_int(1, kBig);
+  else if (hf && !kv)  // null is num_attention_heads in every class (its __post_init__)
+    c.num_key_value_heads = d.num_key_value_heads;
   if (auto hd = r.get("head_dim"); hd && !hd->raw().is_null()) c.head_dim = hd->as_int(1, kBig);
-  c.vocab_size = hf ? r.get_int("vocab_size", 32000, 1, kBig) : r.at("vocab_size").as_int(1, kBig);
-  c.max_position_embeddings = r.get_int("max_position_embeddings", 2048, 1, kBig);
-  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6, 0.0, 1.0);
-  c.rope_theta = r.get_double("rope_theta", 10000.0, 1e-6, 1e300);
-  c.initializer_range = r.get_double("initializer_range", 0.02, 0.0, 10.0);
-  c.attention_dropout = r.get_double("attention_dropout", 0.0, 0.0, 0.999);
+  c.vocab_size = shape("vocab_size", d.vocab_size);
+  c.max_position_embeddings =
+      r.get_int("max_position_embeddings", d.max_position_embeddings, 1, kBig);
+  c.rms_norm_eps = r.get_double("rms_norm_eps", d.rms_norm_eps, 0.0, 1.0);
+  c.rope_theta = r.get_double("rope_theta", d.rope_theta, 1e-6, 1e300);
+  c.initializer_range = r.get_double("initializer_range", d.initializer_range, 0.0, 10.0);
+  c.attention_dropout = r.get_double("attention_dropout", d.attention_dropout, 0.0, 0.999);
   c.rope_scaling = read_rope_scaling(r);
   std::string scaling_key = "rope_scaling";
   // transformers 5 writes rope_theta and the scaling together as rope_parameters.
@@ -525,13 +554,16 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
                       " or less in config.json, or in a model JSON given with it (--model)",
                   std::to_string(*w));
       if (c.seq() > *w)
-        (r.has("context") ? r.at("context") : r.at("max_position_embeddings"))
+        (r.has("context") ? r.at("context") : field(r, "max_position_embeddings"))
             .fail("at most " + std::to_string(*w) +
                       ": config.json has no sliding_window, so transformers' MistralConfig "
                       "attends within its default window of " +
                       std::to_string(*w) + why + "; set \"context\" to " + std::to_string(*w) +
                       " or less",
-                  std::to_string(c.seq()));
+                  std::to_string(c.seq()) +
+                      (r.has("context") || r.has("max_position_embeddings")
+                           ? ""
+                           : " (no max_position_embeddings: MistralConfig's default)"));
       c.max_position_embeddings = std::min(c.max_position_embeddings, *w);
     }
   } else {  // qwen2: q, k, v have biases; the window applies only with use_sliding_window
@@ -543,8 +575,21 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
         if (l.as_string() != "full_attention")
           l.fail("\"full_attention\" (baton has no sliding-window attention)");
   }
+  // One entry per layer, as transformers' validate_layer_type requires of every class
+  // (LLaMA and Mistral ignore the entries themselves).
+  if (auto lt = r.get("layer_types"); lt && !lt->raw().is_null()) {
+    lt->expect_array();
+    if (int64_t(lt->size()) != c.num_hidden_layers)
+      lt->fail(std::to_string(c.num_hidden_layers) + " entries, one per layer (num_hidden_layers)",
+               std::to_string(lt->size()) + (lt->size() == 1 ? " entry" : " entries"));
+  }
   check_llama(c, r);
   return c;
+}
+
+int64_t hf_max_position_embeddings(const JsonReader& r) {
+  return r.get_int("max_position_embeddings", hf_llama_defaults(r).max_position_embeddings, 1,
+                   kBig);
 }
 
 std::optional<int64_t> hf_sliding_window(const JsonReader& r) {

@@ -77,6 +77,9 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r);
 // The sliding window transformers applies to a config.json's attention, or nullopt: a
 // Mistral's sliding_window, 4096 (MistralConfig's default) when the key is absent.
 std::optional<int64_t> hf_sliding_window(const JsonReader& r);
+// A LLaMA-family config.json's max_position_embeddings, or its model_type's transformers
+// default when absent (2048 for llama, 131072 for mistral, 32768 for qwen2).
+int64_t hf_max_position_embeddings(const JsonReader& r);
 nlohmann::json llama_graph_json(const LlamaConfig& c);
 
 // A Hugging Face config.json of any model type baton reads, as the shorthand it expands

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "stages/checkpoint.h"
 #include "stages/generate.h"
@@ -387,6 +389,116 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
   }
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
                               {path, "rope_parameters", "dynamic"});
+}
+
+// A rope type that is not a string is refused naming its path under rope_parameters, as
+// under the legacy rope_scaling (transformers fails on each with a KeyError).
+TEST(HfLlamaInput, RopeParametersTypeMustBeAString) {
+  nlohmann::json c = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  c.erase("rope_scaling");
+  const std::pair<nlohmann::json, const char*> cases[] = {
+      {{{"rope_type", 5}}, "c.json: $.rope_parameters.rope_type: expected a string, found 5"},
+      {{{"rope_type", nullptr}, {"rope_theta", 10000.0}},
+       "c.json: $.rope_parameters.rope_type: expected a string, found null"},
+      {{{"type", 3}}, "c.json: $.rope_parameters.type: expected a string, found 3"}};
+  for (const auto& [rp, message] : cases) {
+    c["rope_parameters"] = rp;
+    hf_llama_expect_input_error([&] { parse_hf_llama_config(JsonReader(c, "c.json")); }, {message});
+  }
+}
+
+// A field config.json leaves out takes the default of its model_type's transformers class
+// (transformers 5.25's LlamaConfig, MistralConfig, Qwen2Config), so that baton builds the
+// shapes transformers builds.
+TEST(HfLlamaInput, MissingFieldsTakeTheirModelTypesTransformersDefaults) {
+  auto parse = [](const nlohmann::json& c) {
+    return parse_hf_llama_config(JsonReader(c, "c.json"));
+  };
+  auto k_proj = [&](const nlohmann::json& c) {
+    const nlohmann::json g = llama_graph_json(parse(c));
+    for (const auto& p : g["params"])
+      if (p["name"] == "model.layers.0.self_attn.k_proj.weight")
+        return p["shape"].get<std::vector<int64_t>>();
+    return std::vector<int64_t>{};
+  };
+  const nlohmann::json base = {
+      {"hidden_size", 64}, {"num_hidden_layers", 1}, {"num_attention_heads", 16}, {"context", 16}};
+  nlohmann::json c = base;
+  c["model_type"] = "mistral";
+  LlamaConfig m = parse(c);
+  EXPECT_EQ(m.kv_heads(), 8);
+  EXPECT_EQ(m.intermediate_size, 14336);
+  EXPECT_EQ(m.vocab_size, 32000);
+  EXPECT_EQ(m.max_position_embeddings, 4096);  // 131072, capped at the default window
+  EXPECT_EQ(k_proj(c), (std::vector<int64_t>{8 * 4, 64}));
+  c["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(c).max_position_embeddings, 131072);
+  c["num_key_value_heads"] = nullptr;  // null is num_attention_heads, as its __post_init__
+  EXPECT_EQ(parse(c).kv_heads(), 16);
+
+  c = base;
+  c["model_type"] = "qwen2";
+  c["num_attention_heads"] = 32;
+  LlamaConfig q = parse(c);
+  EXPECT_EQ(q.kv_heads(), 32);
+  EXPECT_EQ(q.intermediate_size, 22016);
+  EXPECT_EQ(q.vocab_size, 151936);
+  EXPECT_EQ(q.max_position_embeddings, 32768);
+  EXPECT_EQ(k_proj(c), (std::vector<int64_t>{32 * 2, 64}));
+
+  c = base;
+  c["model_type"] = "llama";
+  LlamaConfig l = parse(c);
+  EXPECT_EQ(l.kv_heads(), 16);
+  EXPECT_EQ(l.intermediate_size, 11008);
+  EXPECT_EQ(l.vocab_size, 32000);
+  EXPECT_EQ(l.max_position_embeddings, 2048);
+  EXPECT_EQ(l.rope_theta, 10000.0);
+  EXPECT_EQ(l.rms_norm_eps, 1e-6);
+  EXPECT_EQ(k_proj(c), (std::vector<int64_t>{16 * 4, 64}));
+
+  // A default that does not fit the given heads names the missing field and its class.
+  c = base;
+  c["num_attention_heads"] = 4;
+  c["model_type"] = "qwen2";
+  hf_llama_expect_input_error([&] { parse(c); },
+                              {"c.json: $: expected a divisor of num_attention_heads = 4",
+                               "found 32 (no num_key_value_heads: Qwen2Config's default)"});
+  c["model_type"] = "mistral";
+  hf_llama_expect_input_error([&] { parse(c); }, {"found 8", "MistralConfig's default"});
+  // MistralConfig's 131072 positions are beyond its default window without a context.
+  c = base;
+  c["model_type"] = "mistral";
+  c.erase("context");
+  hf_llama_expect_input_error([&] { parse(c); }, {"c.json: $: expected at most 4096",
+                                                  "131072 (no max_position_embeddings"});
+  // --init-from checks a Mistral at the context of the model given with it.
+  const std::string dir = ::testing::TempDir() + "/baton_hf_mistral_defaults";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << c.dump();
+  EXPECT_EQ(read_hf_model_config(dir, 8192)["context"], 4096);
+}
+
+// transformers refuses a layer_types whose length is not num_hidden_layers, in every class.
+TEST(HfLlamaInput, LayerTypesHaveOneEntryPerLayer) {
+  nlohmann::json c = {{"model_type", "qwen2"},    {"hidden_size", 64},
+                      {"intermediate_size", 48},  {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                      {"vocab_size", 50},         {"max_position_embeddings", 64}};
+  auto parse = [&] { return parse_hf_llama_config(JsonReader(c, "c.json")); };
+  const std::string full = "full_attention";
+  c["layer_types"] = {full, full};
+  EXPECT_NO_THROW(parse());
+  for (const char* type : {"qwen2", "llama", "mistral"}) {
+    c["model_type"] = type;
+    c["layer_types"] = nlohmann::json::array();
+    hf_llama_expect_input_error([&] { parse(); },
+                                {"c.json: $.layer_types: expected 2 entries", "found 0 entries"});
+    c["layer_types"] = {full};
+    hf_llama_expect_input_error([&] { parse(); }, {"$.layer_types", "found 1 entry"});
+    c["layer_types"] = {full, full, full};
+    hf_llama_expect_input_error([&] { parse(); }, {"$.layer_types", "found 3 entries"});
+  }
 }
 
 // Mistral's sliding window, given or transformers' default of 4096 when config.json has no
