@@ -217,6 +217,17 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
                          const nlohmann::json& data, const LoopOptions& o, int64_t batch) {
+  // Data paths, shown even where they are not UTF-8 (nlohmann's dump throws on those).
+  auto text_of = [](const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  // --steps is the run's total: a checkpoint past it leaves nothing to train (the run had
+  // ended at once, exit 0, without a word).
+  if (m.step > o.steps)
+    spdlog::warn(
+        "{}: the checkpoint is at step {}, past --steps {} (the run's total steps, not the "
+        "steps to add): nothing is trained; give --steps above {} to continue",
+        dir, m.step, o.steps, m.step);
   // Samples per step change every step's gradient (micro-batches do not: they sum to the
   // same batch).
   if (m.train.is_object() && m.train.contains("batch") && m.train["batch"].is_number_integer() &&
@@ -261,7 +272,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
   if (m.data.is_object() && m.data.contains("train") && m.data["train"] != data["train"])
     spdlog::warn(
         "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
-        dir, m.data["train"].dump(), data["train"].dump());
+        dir, text_of(m.data["train"]), text_of(data["train"]));
   // Image checkpoints before "train" recorded the directory and image count beside the
   // position: those two are compared.
   if (m.data.is_object() && !m.data.contains("train") && m.data.contains("dir") &&
@@ -271,7 +282,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
     if (was != now)
       spdlog::warn(
           "{}/manifest.json: $.data: the checkpoint was written for {}; continuing with {}", dir,
-          was.dump(), now.dump());
+          text_of(was), text_of(now));
   }
 }
 
@@ -491,7 +502,10 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
 }
 
 void write_summary(const std::string& path, const nlohmann::json& summary) {
-  memory::write_file_durably(path, summary.dump(2) + "\n");
+  // Its paths are UTF-8 (baton train refuses others); one that is not shows as U+FFFD
+  // rather than throw nlohmann's raw type_error at the end of the run.
+  memory::write_file_durably(
+      path, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   spdlog::info("summary written to {}", path);
 }
 

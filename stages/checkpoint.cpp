@@ -331,9 +331,16 @@ namespace {
 
 // The crc32 of a manifest's content: its compact dump without the "crc32" field (keys
 // sorted, numbers as nlohmann writes them, so a reader recomputes it from the parsed file).
+// The manifest's text. Its strings are UTF-8 (baton train refuses other paths): a string
+// that is not would show as U+FFFD, never throw nlohmann's raw type_error after the
+// shards are written. The crc32 is of the same text, so it checks as read back.
+std::string manifest_text(const json& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
 std::string manifest_crc(json j) {
   j.erase("crc32");
-  const std::string text = j.dump();
+  const std::string text = manifest_text(j, -1);
   return hex32(crc32_of(0, text.data(), text.size()));
 }
 
@@ -547,7 +554,7 @@ ShardFile write_part_shard(const std::string& step_dir, const std::string& file,
 
 void write_manifest(const std::string& step_dir, const Manifest& m) {
   try {
-    memory::write_file_durably(step_dir + "/manifest.json", m.to_json().dump(2) + "\n");
+    memory::write_file_durably(step_dir + "/manifest.json", manifest_text(m.to_json(), 2) + "\n");
   } catch (const RuntimeError& e) {
     throw RuntimeError("checkpoint " + step_dir + ": cannot write manifest.json: " + e.what() +
                        " (the earlier checkpoints are untouched)");
@@ -749,10 +756,14 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   if (!fs::is_directory(root, ec)) return std::nullopt;
   const auto found = checkpoint_dirs_newest_first(root, /*warn=*/true);
   bool skipped = false;
-  for (const auto& [step, dir] : found) {
+  for (size_t i = 0; i < found.size(); ++i) {
+    const auto& [step, dir] = found[i];
+    // The oldest has none to fall back to (the warning had said it fell back all the same).
+    const char* next = i + 1 < found.size() ? "falling back to an older one"
+                                            : "no older checkpoint to fall back to";
     const std::string path = dir + "/manifest.json";
     if (!fs::exists(path)) {
-      spdlog::warn("checkpoint {} has no manifest (incomplete); falling back to an older one", dir);
+      spdlog::warn("checkpoint {} has no manifest (incomplete); {}", dir, next);
       skipped = true;
       continue;
     }
@@ -760,7 +771,7 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     try {
       j = read_json_file(path);
     } catch (const InputError& e) {
-      spdlog::warn("checkpoint {} is unreadable ({}); falling back to an older one", dir, e.what());
+      spdlog::warn("checkpoint {} is unreadable ({}); {}", dir, e.what(), next);
       skipped = true;
       continue;
     }
@@ -775,21 +786,25 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
       // copied or renamed under another step's name is not that step's.
       if (m.step != step) {
         spdlog::warn(
-            "checkpoint {} holds the manifest of step {} (a copied or renamed directory); "
-            "falling back to an older one",
-            dir, m.step);
+            "checkpoint {} holds the manifest of step {} (a copied or renamed directory); {}", dir,
+            m.step, next);
         skipped = true;
         continue;
       }
       if (auto problem = verify_checkpoint(dir, m)) {
-        spdlog::warn("checkpoint {} is damaged: {}; falling back to an older one", dir, *problem);
+        // A live run's pruning (its manifest goes first) is not damage.
+        if (!fs::exists(path))
+          spdlog::warn("checkpoint {} was removed while being verified (a run pruning it); {}", dir,
+                       next);
+        else
+          spdlog::warn("checkpoint {} is damaged: {}; {}", dir, *problem, next);
         skipped = true;
         continue;
       }
       if (skipped) spdlog::warn("using checkpoint {}, the newest complete one", dir);
       return dir;
     } catch (const InputError& e) {
-      spdlog::warn("checkpoint {} is unreadable ({}); falling back to an older one", dir, e.what());
+      spdlog::warn("checkpoint {} is unreadable ({}); {}", dir, e.what(), next);
       skipped = true;
     }
   }

@@ -335,36 +335,37 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
                                       const std::string& model_path) {
   if (checkpoint.empty() == hf_dir.empty())
     throw InputError("give exactly one of --checkpoint and --init-from");
-  json model_json, given;
-  std::string source, step_dir;
-  Manifest manifest;
+  json given;
   GenerationModel m;
   if (!model_path.empty()) given = read_json_file(model_path);
+  // The graph and stage of the weights' model, or of --model when it computes the same.
+  auto build = [&](json model_json, const std::string& source) {
+    if (!model_path.empty()) {
+      // Another model JSON may change the context or dropout, not what the weights compute.
+      check_same_model_math(given, model_path, model_json, source, "the weights were made for it");
+      model_json = given;
+    }
+    m.graph = std::make_shared<Graph>(
+        load_model_json(model_json, model_path.empty() ? source : model_path));
+    m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers());
+  };
   if (!checkpoint.empty()) {
-    step_dir = resolve_checkpoint(checkpoint);
-    manifest = read_manifest(step_dir);
-    model_json = manifest.model;
-    source = step_dir + "/manifest.json: $.model";
-    m.eos_ids = model_eos_token_ids(model_json, source);
+    // Read again when a live run prunes the step being read (read_checkpoint).
+    read_checkpoint(checkpoint, [&](const std::string& step_dir) {
+      const Manifest manifest = read_manifest(step_dir);
+      const std::string source = step_dir + "/manifest.json: $.model";
+      m.eos_ids = model_eos_token_ids(manifest.model, source);
+      build(manifest.model, source);
+      load_stage(step_dir, manifest, *m.stage, false);
+    });
   } else {
     // At the context of a --model, which replaces config.json's (a Mistral's window).
-    model_json = read_hf_model_config(
+    json config = read_hf_model_config(
         hf_dir, model_path.empty() ? std::nullopt : model_json_context(given, model_path));
-    source = hf_dir + "/config.json";
     m.eos_ids = hf_eos_token_ids(hf_dir);
-  }
-  if (!model_path.empty()) {
-    // Another model JSON may change the context or dropout, not what the weights compute.
-    check_same_model_math(given, model_path, model_json, source, "the weights were made for it");
-    model_json = given;
-    source = model_path;
-  }
-  m.graph = std::make_shared<Graph>(load_model_json(model_json, source));
-  m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers());
-  if (!step_dir.empty())
-    load_stage(step_dir, manifest, *m.stage, false);
-  else
+    build(std::move(config), hf_dir + "/config.json");
     load_hf_weights(hf_dir, *m.stage);
+  }
   m.vocab_size = spec_of(*m.graph).V;
   return m;
 }

@@ -530,17 +530,27 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     if (!existed) fs::remove(dir, ec);
     throw;
   }
-  // All written: the new files replace the earlier export's, and its weight files that
-  // the new export has not (other shard counts, an index) go, so a directory never mixes
-  // two exports' shards; other files (an adapter's weights, a tokenizer) are not ours.
-  for (const std::string& name : written) {
-    fs::rename(staging / name, fs::path(dir) / name, ec);
+  // All written: the swap. A crash at any instant must leave `dir` as the earlier export
+  // whole, or without config.json (visibly incomplete: transformers and --init-from refuse
+  // it), or as the new export whole; never config.json over the wrong weights (an earlier
+  // model.safetensors beside a new index is read first, a crash amid shard renames mixes
+  // two exports). So the earlier config.json goes first, then the earlier export's weight
+  // files that the new one has not (other shard counts, an index), then the new files move
+  // in, config.json last. Other files (an adapter's weights, a tokenizer) are not ours.
+  auto step = [&](const std::string& what) {
+    if (opt.on_swap_step) opt.on_swap_step(what);
+  };
+  const fs::path old_config = fs::path(dir) / "config.json";
+  if (fs::exists(old_config, ec)) {
+    fs::remove(old_config, ec);
     if (ec) {
+      const std::string why = ec.message();
       fs::remove_all(staging, ec);
-      throw RuntimeError(dir + "/" + name + ": cannot move the export's file in: " + ec.message());
+      throw RuntimeError(old_config.string() + ": cannot remove the earlier export's: " + why +
+                         " (an earlier export there is untouched)");
     }
+    step("removed config.json");
   }
-  fs::remove_all(staging, ec);
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     unsigned a = 0, b = 0;
@@ -549,9 +559,26 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
         name == "model.safetensors" || name == "model.safetensors.index.json" ||
         (std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensor%c", &a, &b, &rest) == 3 &&
          rest == 's' && name.size() == 32);
-    if (ours && std::find(written.begin(), written.end(), name) == written.end())
+    if (ours && std::find(written.begin(), written.end(), name) == written.end()) {
       fs::remove(e.path(), ec);
+      step("removed " + name);
+    }
   }
+  // Durable before the new files land: after a power loss too, no config.json survives
+  // over a directory whose weights changed.
+  memory::fsync_path(dir, true);
+  for (const std::string& name : written) {
+    if (name == "config.json") memory::fsync_path(dir, true);  // the weights first
+    fs::rename(staging / name, fs::path(dir) / name, ec);
+    if (ec) {
+      const std::string why = ec.message();
+      fs::remove_all(staging, ec);
+      throw RuntimeError(dir + "/" + name + ": cannot move the export's file in: " + why +
+                         " (the directory holds no complete export: it has no config.json)");
+    }
+    step("renamed " + name);
+  }
+  fs::remove_all(staging, ec);
   memory::fsync_path(dir, true);
 }
 
@@ -577,9 +604,66 @@ std::string resolve_checkpoint(const std::string& dir) {
     return dir;
   }
   if (auto latest = latest_checkpoint(dir)) return *latest;
+  // Manifests but none usable: not "no manifest" (as --resume says it).
+  if (auto written = newest_written_checkpoint(dir))
+    throw InputError(dir +
+                     ": no checkpoint in it is complete and undamaged (the warnings above say "
+                     "why; the newest: " +
+                     *written + ")");
   throw InputError(dir +
                    ": no complete checkpoint (no manifest.json in it or in a step-* "
                    "directory under it)");
+}
+
+namespace {
+
+// The step directories under `dir` and which hold a manifest: what a live run changes.
+std::vector<std::string> checkpoint_listing(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind("step-", 0) == 0)
+      out.push_back(e.path().filename().string() +
+                    (fs::exists(e.path() / "manifest.json", ec) ? "+" : "-"));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+void read_checkpoint(const std::string& dir,
+                     const std::function<void(const std::string& step_dir)>& read) {
+  std::error_code ec;
+  const bool one_step = fs::exists(fs::path(dir) / "manifest.json", ec);
+  constexpr int kTries = 5;
+  for (int attempt = 1;; ++attempt) {
+    const auto before = checkpoint_listing(dir);
+    std::string step_dir;
+    try {
+      step_dir = resolve_checkpoint(dir);
+      read(step_dir);
+      return;
+    } catch (const std::exception& e) {
+      // Gone while read: a live run's pruning removes the manifest first. When none was
+      // found in a checkpoint directory, a run's writing and pruning may have hidden them
+      // all from the search.
+      const bool vanished = !step_dir.empty()
+                                ? !fs::exists(fs::path(step_dir) / "manifest.json", ec)
+                            : one_step ? !fs::exists(fs::path(dir) / "manifest.json", ec)
+                                       : checkpoint_listing(dir) != before;
+      if (!vanished) throw;
+      const std::string what = step_dir.empty() ? dir : step_dir;
+      if (one_step || attempt == kTries)
+        throw RuntimeError(what + ": the checkpoint was removed while being read" +
+                           (one_step ? "" : " (" + std::to_string(attempt) + " times)") +
+                           ": a run is pruning its checkpoints (--keep-checkpoints); " +
+                           (one_step ? "name the checkpoint directory to read its newest"
+                                     : "try again, or copy a checkpoint away from the run first") +
+                           " (the read said: " + e.what() + ")");
+      spdlog::warn("{} was removed while being read (a run pruning it); reading the newest again",
+                   what);
+    }
+  }
 }
 
 WholeModel load_whole_checkpoint(const std::string& step_dir) {

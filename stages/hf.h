@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -109,6 +110,9 @@ struct HfWriteOptions {
   DType dtype = DType::f32;      // f32, bf16 or f16 stored weights
   uint64_t max_shard_bytes = 0;  // 0: one file; otherwise shards of at most this size
                                  // (a tensor larger than it gets a shard of its own)
+  // Tests: called after each change to the directory while the new files replace the
+  // earlier export's (each a point where a crash may stop the export).
+  std::function<void(const std::string& what)> on_swap_step;
 };
 
 // The Hugging Face config.json of a graph loaded from a gpt2 or llama shorthand or from a
@@ -118,7 +122,9 @@ nlohmann::json hf_config_of(const Graph& g, DType dtype);
 
 // Writes config.json and model.safetensors (or model-0000i-of-0000n.safetensors and
 // model.safetensors.index.json) into `dir` from `tensors` (whole logical parameters by
-// baton name, in the order given). Each file is written to a temporary name and renamed.
+// baton name, in the order given). The files are written aside, then replace an earlier
+// export's, config.json last: a crash leaves the earlier export, a directory without
+// config.json, or the new export.
 void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTensor>& tensors,
               const HfWriteOptions& opt);
 
@@ -127,8 +133,15 @@ void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& o
 
 // The checkpoint a user names (--checkpoint DIR of export and generate): DIR itself when
 // it holds a manifest, else the newest complete checkpoint under it (a --checkpoint-dir);
-// InputError when neither.
+// InputError when neither (saying so when manifests exist but none is usable).
 std::string resolve_checkpoint(const std::string& dir);
+
+// resolve_checkpoint(dir), then read(step_dir). A live run's --keep-checkpoints may prune
+// the step while it is read (its manifest goes first): then the newest is resolved and
+// read again, a few times; RuntimeError (not the read's "no such file") when it keeps
+// vanishing, or when `dir` is that step's own directory. Other errors pass through.
+void read_checkpoint(const std::string& dir,
+                     const std::function<void(const std::string& step_dir)>& read);
 
 // The whole model of a checkpoint written under any plan (or by one process) as one
 // unsplit Stage: each parameter's blocks read from whichever rank's files hold them.

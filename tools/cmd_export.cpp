@@ -25,6 +25,7 @@ int run_export(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, "baton export --checkpoint DIR --out OUT [options]", opts, vm)) return 0;
   apply_common_options(vm);
+  check_path_flags(vm, {"checkpoint", "out"});
   if (format != "hf") throw InputError("--format: expected hf, found '" + format + "'");
   stages::HfWriteOptions wo;
   if (dtype == "f32")
@@ -38,9 +39,15 @@ int run_export(const std::vector<std::string>& args) {
   if (!max_shard.empty())
     wo.max_shard_bytes = stages::parse_byte_size(max_shard, "--max-shard-size");
 
-  const std::string step_dir = stages::resolve_checkpoint(checkpoint);
-  const int64_t step = stages::export_hf(step_dir, out, wo);
-  spdlog::info("exported {} (step {}) to {} ({}{})", step_dir, step, out, dtype,
+  // Read again when a live run prunes the step being read (read_checkpoint).
+  stages::WholeModel w;
+  std::string step_dir;
+  stages::read_checkpoint(checkpoint, [&](const std::string& dir) {
+    w = stages::load_whole_checkpoint(dir);
+    step_dir = dir;
+  });
+  stages::save_hf(out, *w.stage, wo);
+  spdlog::info("exported {} (step {}) to {} ({}{})", step_dir, w.manifest.step, out, dtype,
                wo.max_shard_bytes > 0 ? ", sharded at " + max_shard : "");
   return 0;
 }

@@ -68,6 +68,7 @@ int run_generate(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  check_path_flags(vm, {"model", "checkpoint", "init-from", "tokenizer"});
   // Given, not non-empty: --prompt "" had been told to give one of the two.
   const bool text_prompt = vm.count("prompt") > 0;
   if (text_prompt == (vm.count("prompt-ids") > 0))

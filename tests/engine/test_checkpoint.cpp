@@ -207,6 +207,46 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
   }
 }
 
+// --steps is the run's total: a checkpoint past it leaves nothing to train, and the run
+// says so (it had ended at once, exit 0, without a word).
+TEST(Checkpoint, ResumePastStepsSaysNothingIsTrained) {
+  engine::LoopOptions o;
+  o.steps = 7;
+  stages::Manifest m;
+  m.step = 10;
+  m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  auto warnings = [&]() {
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::warn_resume_changes(m, "ckpt/step-00000010", nlohmann::json::object(), o, 8);
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  std::string text = warnings();
+  EXPECT_NE(text.find("ckpt/step-00000010: the checkpoint is at step 10, past --steps 7 (the "
+                      "run's total steps, not the steps to add): nothing is trained; give "
+                      "--steps above 10 to continue"),
+            std::string::npos)
+      << text;
+  o.steps = 10;  // a finished run resumed again (a restart): nothing to say
+  m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  text = warnings();
+  EXPECT_EQ(text.find("past --steps"), std::string::npos) << text;
+}
+
+// A path that is not UTF-8 (baton train refuses them; a library caller may not) does not
+// make the summary throw nlohmann's raw type_error after the run: it shows as U+FFFD.
+TEST(Checkpoint, ASummaryWithANonUtf8PathIsWritten) {
+  Workspace ws("summary-utf8");
+  engine::LoopOptions o;
+  o.loss_log = "log-\xff.jsonl";
+  const std::string path = ws.path("run.json");
+  engine::write_summary(path, engine::summary_json(o, engine::TrainSummary{}, 8, {}, "", ""));
+  const nlohmann::json back = nlohmann::json::parse(memory::read_file(path));
+  EXPECT_EQ(back["loss_log"], "log-\xef\xbf\xbd.jsonl");
+}
+
 // What a run checks of its checkpoint directory before its first step: checkpoint flags
 // without one, a fresh run into a directory holding an earlier run's checkpoints (which
 // its pruning would delete and --resume would later continue), a --resume whose

@@ -430,6 +430,133 @@ TEST(Checkpoint, OnlyBatonsOwnStepNamesAreCheckpoints) {
   EXPECT_EQ(resolve_checkpoint(root), s4);
 }
 
+// A manifest's string that is not UTF-8 (a data path; baton train refuses them) is written
+// as U+FFFD and reads back with its crc32, where nlohmann's dump had thrown its raw
+// type_error after the shards were written, leaving a step without a manifest.
+TEST(Checkpoint, AManifestWithANonUtf8StringIsWrittenAndReadBack) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  Stage a(g, 0, g->num_layers());
+  Manifest m;
+  m.step = 3;
+  m.model = g->config;
+  m.data = {{"position", 3}, {"train", {{"file", "data-\xff.txt"}}}};
+  const std::string root = fresh_dir("ckpt_utf8");
+  const std::string dir = save_checkpoint(root, a, m);
+  EXPECT_EQ(latest_checkpoint(root), dir);
+  EXPECT_EQ(read_manifest(dir).data["train"]["file"], "data-\xef\xbf\xbd.txt");
+}
+
+// Every checkpoint damaged: export and generate say so, naming the newest, as --resume
+// does (they had said there was no manifest); the oldest's warning does not claim a
+// fall-back it has not.
+TEST(Checkpoint, AllDamagedSaysNoneIsCompleteAndUndamaged) {
+  std::string root = fresh_dir("ckpt_all_damaged");
+  std::string s2 = save_scrambled(root, 2, 5);
+  std::string s4 = save_scrambled(root, 4, 6);
+  for (const std::string& dir : {s2, s4}) {
+    std::string file = dir + "/model-rank00000.safetensors";
+    flip_byte(file, data_offset(file, "h.0.mlp.c_fc.weight", 13));
+  }
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  try {
+    resolve_checkpoint(root);
+    ADD_FAILURE() << "damaged checkpoints were accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              root +
+                  ": no checkpoint in it is complete and undamaged (the warnings above say why; "
+                  "the newest: " +
+                  s4 + ")");
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("checkpoint " + s4 + " is damaged: "), std::string::npos) << text;
+  EXPECT_NE(text.find("; falling back to an older one"), std::string::npos) << text;
+  EXPECT_NE(text.find("checkpoint " + s2 + " is damaged: "), std::string::npos) << text;
+  EXPECT_NE(text.find("; no older checkpoint to fall back to"), std::string::npos) << text;
+  EXPECT_EQ(text.find("falling back", text.find("checkpoint " + s2)), std::string::npos) << text;
+  // No manifest at all: the directory holds none.
+  const std::string empty = fresh_dir("ckpt_none");
+  std::filesystem::create_directories(empty + "/step-00000002");
+  try {
+    resolve_checkpoint(empty);
+    ADD_FAILURE() << "an empty checkpoint directory was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(": no complete checkpoint (no manifest.json"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A live run with --keep-checkpoints prunes the step that export or generate is reading
+// (manifest first, then the files): the reader takes the newest again, and when the step
+// keeps vanishing, or was named outright, says that it was removed while being read (a
+// RuntimeError: exit 1), not that a file is missing (exit 2). Errors of the checkpoint
+// itself pass through untouched.
+TEST(Checkpoint, AStepPrunedWhileReadIsReadAgainFromTheNewest) {
+  auto prune = [](const std::string& dir) {
+    std::filesystem::remove(dir + "/manifest.json");
+    std::filesystem::remove_all(dir);
+  };
+  std::string root = fresh_dir("ckpt_pruned_while_read");
+  std::string s2 = save_scrambled(root, 2, 5);
+  std::string s4 = save_scrambled(root, 4, 6);
+  std::vector<std::string> tried;
+  Manifest got;
+  read_checkpoint(root, [&](const std::string& step_dir) {
+    tried.push_back(step_dir);
+    if (tried.size() == 1) prune(step_dir);  // between resolving and loading
+    got = read_manifest(step_dir);
+  });
+  EXPECT_EQ(tried, (std::vector<std::string>{s4, s2}));
+  EXPECT_EQ(got.step, 2);
+
+  // Pruned every time (a run writing a new one and pruning the one being read): bounded.
+  tried.clear();
+  int64_t next = 6;
+  try {
+    read_checkpoint(root, [&](const std::string& step_dir) {
+      tried.push_back(step_dir);
+      save_scrambled(root, next++, 7);
+      prune(step_dir);
+      read_manifest(step_dir);
+    });
+    ADD_FAILURE() << "read a pruned checkpoint";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(tried.back() +
+                                         ": the checkpoint was removed while being read (5 times)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(tried.size(), 5u);
+
+  // A step directory named outright cannot be resolved again.
+  std::string s20 = save_scrambled(root, 20, 8);
+  try {
+    read_checkpoint(s20, [&](const std::string& step_dir) {
+      prune(step_dir);
+      read_manifest(step_dir);
+    });
+    ADD_FAILURE() << "read a pruned checkpoint";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(s20 + ": the checkpoint was removed while being read"),
+              std::string::npos)
+        << e.what();
+  }
+
+  // Nothing changed: the reader's own error, once.
+  int calls = 0;
+  EXPECT_THROW(read_checkpoint(root,
+                               [&](const std::string&) {
+                                 ++calls;
+                                 throw InputError("bad model");
+                               }),
+               InputError);
+  EXPECT_EQ(calls, 1);
+}
+
 // One run at a time in a checkpoint directory: a second holder is refused, and the
 // directory is free again once the first lets go; nothing is left in it.
 TEST(Checkpoint, ARunHoldsItsCheckpointDirectory) {
@@ -730,6 +857,63 @@ TEST(Checkpoint, FullDiskExportLeavesTheEarlierExportIntact) {
   ASSERT_NE(nl, std::string::npos) << report;
   std::printf("full disk simulated with: %s\n", report.substr(0, nl).c_str());
   EXPECT_EQ(report.substr(nl + 1), "");
+}
+
+// The files of an export directory by name (a crashed export's staging directory aside).
+std::map<std::string, std::string> export_files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".baton-export-", 0) != 0) files[name] = memory::read_file(e.path().string());
+  }
+  return files;
+}
+
+// An export over an earlier one, looked at after each change it makes to the directory
+// (each a point where a kill may stop it): the directory is the earlier export whole, has
+// no config.json (visibly incomplete), or is the new export whole. config.json had been
+// renamed in before the earlier model.safetensors went (beside a new index, transformers
+// and --init-from read it: the earlier weights), and a kill amid the shard renames had
+// left config.json over a mix of both exports' shards.
+TEST(Checkpoint, AnExportStoppedAnywhereIsTheOldOneNoneOrTheNewOne) {
+  auto g = testing::tiny_gpt(DType::f32, 2, 2, 64, 16, 256);
+  Stage earlier(g, 0, g->num_layers()), later(g, 0, g->num_layers());
+  scramble(earlier, 21);
+  scramble(later, 22);
+  HfWriteOptions whole, sharded, sharded_other;
+  sharded.max_shard_bytes = 64000;
+  sharded_other.max_shard_bytes = 100000;
+  struct Case {
+    const char* name;
+    HfWriteOptions before, after;
+  };
+  for (const Case& c :
+       {Case{"whole then sharded", whole, sharded}, Case{"sharded then sharded", sharded, sharded},
+        Case{"sharded then sharded otherwise", sharded, sharded_other},
+        Case{"sharded then whole", sharded, whole}}) {
+    SCOPED_TRACE(c.name);
+    const std::string ref = fresh_dir("hf_swap_ref"), out = fresh_dir("hf_swap");
+    save_hf(ref, later, c.after);
+    const auto want_after = export_files(ref);
+    save_hf(out, earlier, c.before);
+    const auto want_before = export_files(out);
+    ASSERT_NE(want_before, want_after);
+    HfWriteOptions opt = c.after;
+    std::vector<std::string> steps;
+    opt.on_swap_step = [&](const std::string& what) {
+      steps.push_back(what);
+      const auto now = export_files(out);
+      if (now == want_before || now == want_after || !now.count("config.json")) return;
+      std::string names;
+      for (const auto& [name, bytes] : now) names += " " + name;
+      ADD_FAILURE() << "after " << what << " (step " << steps.size()
+                    << ") the directory has config.json over other weights:" << names;
+    };
+    save_hf(out, later, opt);
+    EXPECT_GE(steps.size(), 3u);
+    EXPECT_EQ(steps.back(), "renamed config.json");
+    EXPECT_EQ(export_files(out), want_after);
+  }
 }
 
 }  // namespace

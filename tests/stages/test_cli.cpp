@@ -472,6 +472,50 @@ TEST(Cli, GenerateEmptyPromptAndNegativeSeed) {
          "--seed: expected an integer in [0, 18446744073709551615], found '-1'");
 }
 
+// An empty path value is refused naming its flag (an unset shell variable had read as the
+// flag's absence: --checkpoint-dir "" trained without checkpoints, and with --resume said
+// "--resume needs --checkpoint-dir"); a path baton records in JSON that is not UTF-8 is
+// refused before any work, shown with its odd byte (the run had failed at its first
+// checkpoint with nlohmann's raw "invalid UTF-8 byte", exit 1, leaving a manifest-less step).
+TEST(Cli, EmptyAndNonUtf8PathFlagsAreRefusedUpFront) {
+  const std::string model = temp_file("paths_model.json", kTiny);
+  const std::string base = "--model " + model + " --steps 2 --batch 2 --threads 1 ";
+  const std::string data = " --data " + kCliCorpus;
+  for (const std::string flag :
+       {"data", "eval-data", "checkpoint-dir", "loss-log", "summary", "init-from", "plan"})
+    cli_expect_input_error(base + (flag == "data" ? "" : data) + " --" + flag + " ''",
+                           {"--" + flag + ": expected a path, found an empty value"});
+  cli_expect_input_error(base + data + " --checkpoint-dir '' --resume",
+                         {"--checkpoint-dir: expected a path"});
+  const std::string root = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-utf8";
+  std::filesystem::create_directories(root);
+  const std::string odd = root + "/data-\xff.txt";
+  std::filesystem::copy_file(kCliCorpus, odd);
+  const std::string ckpt = root + "/ck";
+  cli_expect_input_error(base + "--data '" + odd + "' --checkpoint-dir " + ckpt,
+                         {"--data " + root + "/data-\\xff.txt: the path is not valid UTF-8"});
+  EXPECT_FALSE(std::filesystem::exists(ckpt)) << "made for a refused run";
+  cli_expect_input_error(base + data + " --loss-log '" + root + "/log-\xc3(.jsonl'",
+                         {"--loss-log " + root + "/log-\\xc3(.jsonl: the path is not valid UTF-8"});
+  cli_expect_input_error(base + data + " --checkpoint-dir '" + root + "/ck-\xed\xa0\x80'",
+                         {"--checkpoint-dir " + root + "/ck-\\xed\\xa0\\x80: the path"});
+  // Valid UTF-8 beyond ASCII is a path like any other.
+  Result r = cli_run(base + "--data '" + kCliCorpus + "' --loss-log '" + root +
+                     "/log-\xc3\xa9.jsonl' --summary '" + root + "/s\xe2\x82\xac.json'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(root + "/s\xe2\x82\xac.json")) << r.output;
+  // export and generate.
+  auto expect = [&](const std::string& command, const std::string& message) {
+    Result e = baton::cli_testing::run_command(kCliBaton + " " + command);
+    EXPECT_EQ(e.code, 2) << command << "\n" << e.output;
+    EXPECT_NE(e.output.find(message), std::string::npos) << e.output << "\n  lacks: " << message;
+  };
+  expect("export --checkpoint '' --out " + root + "/x", "--checkpoint: expected a path");
+  expect("export --checkpoint " + ckpt + " --out ''", "--out: expected a path");
+  expect("generate --checkpoint '' --prompt-ids 1", "--checkpoint: expected a path");
+  expect("generate --init-from '' --prompt-ids 1", "--init-from: expected a path");
+}
+
 // The step-3 loss a run printed ("" when none).
 std::string loss_at_step_3(const std::string& output) {
   const size_t at = output.find("step      3/3 | loss ");
