@@ -583,6 +583,9 @@ void Executor::restore_update_point(std::vector<Backup>& saved) {
   for (Backup& b : saved) {
     for (auto& [live, copy] : b.copies) live.copy_from(copy);
     b.stage->set_optimizer_steps(b.steps);
+    // Under mixed precision step() wrote the rejected update into the working copies too;
+    // the next forward casts them again from the restored masters.
+    b.stage->mark_working_stale();
   }
 }
 

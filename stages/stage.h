@@ -102,6 +102,9 @@ class Stage {
   Tensor& param(int id);
   // The tensor the ops read (the 16-bit working copy under mixed precision).
   const Tensor& working_param(int id) const;
+  // The masters were written behind the stage's back (through a tensor taken from param()
+  // earlier, like a post-validated step's rollback): the next forward casts them again.
+  void mark_working_stale() { working_stale_ = true; }
   const Tensor& param(const std::string& name) const;
   // The gradient accumulated since zero_grad (valid after finish_grads()).
   const Tensor& grad(int id) const;

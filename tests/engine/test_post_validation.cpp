@@ -4,14 +4,17 @@
 // losses are the synchronous step's bit for bit; where the clip triggers every step is
 // rolled back and redone clipped (equal to the synchronous clipped run within 1e-6: in
 // fact bit for bit, the redo is the synchronous update); a non-finite gradient on one
-// rank skips the step on every rank in both modes.
+// rank skips the step on every rank in both modes, also under master weights (whose
+// working copies the rollback must make the next forward cast again).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
@@ -91,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(Plans, PostValidation,
                                            PostValidationCase{1, {1, 1}, "zb-h2"},
                                            PostValidationCase{2, {2}, "gpipe"}));
 
-// Every rank's parameters, by (rank, stage, parameter id).
-using Snapshot = std::map<std::tuple<int, int, int>, std::vector<float>>;
+// Every rank's parameters (the masters under mixed precision), by (rank, stage, parameter id).
+using Snapshot = std::map<std::tuple<int, int, int>, std::vector<double>>;
 
 struct PoisonedRun {
   std::vector<engine::StepStats> stats;  // rank 0's
@@ -100,8 +103,9 @@ struct PoisonedRun {
 };
 
 // Three steps of a PP2 x DP2 plan as threads (inputs made from the step and sample
-// index); in step 1 rank 0 finds a NaN in one of its gradients.
-PoisonedRun run_poisoned(const std::string& mode) {
+// index); in step 1 rank 0 finds a NaN in one of its gradients. `master`: master weights
+// of that dtype beside f32 working copies.
+PoisonedRun run_poisoned(const std::string& mode, std::optional<memory::DType> master = {}) {
   PlanSpec p = post_validation_gpt_plan(2, {1, 1}, "1f1b");
   Workspace ws("post-validation-nan");
   auto plan = resolve_mode(p, ws, mode);
@@ -114,6 +118,7 @@ PoisonedRun run_poisoned(const std::string& mode) {
     threads.emplace_back([&, r] {
       engine::RankEngineOptions o;
       o.grad_clip = 1.0;
+      o.master_dtype = master;
       o.inputs = [](const stages::MicroBatch& mb, const std::vector<std::string>& names,
                     stages::TensorMap& out) {
         const int64_t T = 16;
@@ -132,7 +137,11 @@ PoisonedRun run_poisoned(const std::string& mode) {
       auto snapshot = [&](Snapshot& into) {
         std::lock_guard<std::mutex> lock(mu);
         for (const auto& [s, st] : e.stages())
-          for (int id : st->param_ids()) into[{r, s, id}] = st->param(id).to_vector<float>();
+          // Read through the const param(): the non-const one marks the working copies
+          // stale, which would hide a rollback that left them holding the rejected update.
+          for (int id : st->param_ids())
+            into[{r, s, id}] =
+                std::as_const(*st).param(id).to(memory::DType::f64).to_vector<double>();
       };
       e.executor().set_before_optimizer([&, r](int64_t step) {
         if (step != 1) return;
@@ -154,26 +163,33 @@ PoisonedRun run_poisoned(const std::string& mode) {
 }
 
 TEST(PostValidation, NonFiniteGradientSkipsTheStep) {
-  PoisonedRun sync = run_poisoned("synchronous"), post = run_poisoned("post-validated");
-  ASSERT_EQ(sync.stats.size(), 3u);
-  ASSERT_EQ(post.stats.size(), 3u);
-  for (const PoisonedRun* run : {&sync, &post}) {
-    EXPECT_FALSE(run->stats[0].skipped);
-    EXPECT_TRUE(run->stats[1].skipped);
-    EXPECT_TRUE(std::isnan(run->stats[1].grad_norm));
-    EXPECT_FALSE(run->stats[2].skipped);
-    EXPECT_TRUE(std::isfinite(run->stats[2].loss));
-    // No parameter of any rank changed in the skipped step.
-    ASSERT_EQ(run->before_poisoned_step.size(), run->after_poisoned_step.size());
-    EXPECT_FALSE(run->before_poisoned_step.empty());
-    EXPECT_TRUE(run->before_poisoned_step == run->after_poisoned_step);
-  }
-  EXPECT_FALSE(sync.stats[1].rolled_back);
-  EXPECT_TRUE(post.stats[1].rolled_back);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(post.stats[i].loss, sync.stats[i].loss) << "step " << i;
-    if (i != 1) {
-      EXPECT_EQ(post.stats[i].grad_norm, sync.stats[i].grad_norm) << "step " << i;
+  // f32, and f64 masters beside f32 working copies (the CPU's stand-in for bf16 ones):
+  // there the early update also wrote the working copies, which the rollback must reach.
+  for (std::optional<memory::DType> master :
+       {std::optional<memory::DType>(), {memory::DType::f64}}) {
+    SCOPED_TRACE(master ? "f64 masters" : "f32");
+    PoisonedRun sync = run_poisoned("synchronous", master),
+                post = run_poisoned("post-validated", master);
+    ASSERT_EQ(sync.stats.size(), 3u);
+    ASSERT_EQ(post.stats.size(), 3u);
+    for (const PoisonedRun* run : {&sync, &post}) {
+      EXPECT_FALSE(run->stats[0].skipped);
+      EXPECT_TRUE(run->stats[1].skipped);
+      EXPECT_TRUE(std::isnan(run->stats[1].grad_norm));
+      EXPECT_FALSE(run->stats[2].skipped);
+      EXPECT_TRUE(std::isfinite(run->stats[2].loss));
+      // No parameter of any rank changed in the skipped step.
+      ASSERT_EQ(run->before_poisoned_step.size(), run->after_poisoned_step.size());
+      EXPECT_FALSE(run->before_poisoned_step.empty());
+      EXPECT_TRUE(run->before_poisoned_step == run->after_poisoned_step);
+    }
+    EXPECT_FALSE(sync.stats[1].rolled_back);
+    EXPECT_TRUE(post.stats[1].rolled_back);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(post.stats[i].loss, sync.stats[i].loss) << "step " << i;
+      if (i != 1) {
+        EXPECT_EQ(post.stats[i].grad_norm, sync.stats[i].grad_norm) << "step " << i;
+      }
     }
   }
 }
