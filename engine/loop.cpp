@@ -324,9 +324,13 @@ void LossLog::write(const StepRecord& r) {
                         static_cast<long long>(r.step), r.loss, norm, r.lr);
   if (r.eval_loss)
     n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
+  // Under loss scaling every line says whether its step was skipped; without it only a
+  // skipped step does (a non-finite gradient), so the usual line stays as it was.
   if (r.loss_scale > 0)
     std::snprintf(buf + n, sizeof buf - size_t(n), ", \"loss_scale\": %.17g, \"skipped\": %s",
                   r.loss_scale, r.skipped ? "true" : "false");
+  else if (r.skipped)
+    std::snprintf(buf + n, sizeof buf - size_t(n), ", \"skipped\": true");
   out_ << buf << "}\n" << std::flush;
   // A full disk or a closed pipe: said, not a run that ends well with its log empty.
   if (!out_)
@@ -359,6 +363,11 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (steps.set_lr) steps.set_lr(lr);
     StepRecord rec = steps.step(step);
     rec.lr = lr;
+    // A loss scaler's skips are its routine (the loss log and the summary count them); a
+    // non-finite gradient without one is news. Said here for every trainer alike.
+    if (rec.skipped && rec.loss_scale <= 0 && lead)
+      spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", rec.step,
+                   rec.grad_norm);
     if (!std::isfinite(rec.loss))
       throw RuntimeError("loss is " + std::to_string(rec.loss) + " at step " +
                          std::to_string(rec.step));
@@ -386,6 +395,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           rec.grad_norm,
           rec.loss_scale > 0 ? fmt::format(" | loss scale {:g}{}", rec.loss_scale,
                                            rec.skipped ? " | SKIPPED (gradient overflow)" : "")
+          : rec.skipped      ? std::string(" | SKIPPED (non-finite gradient)")
                              : std::string(),
           double(tokens_per_step) / rec.seconds, steps.rate_unit, rec.seconds * 1e3,
           duration_str(ema_step * double(o.steps - rec.step)));

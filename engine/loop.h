@@ -100,7 +100,7 @@ struct StepRecord {
   double lr = 0;                    // the rate this step's update used
   std::optional<double> eval_loss;  // the held-out loss after this step, when evaluated
   double loss_scale = 0;            // the loss scale of the step (0: no loss scaling)
-  bool skipped = false;             // a gradient overflowed: no optimizer step
+  bool skipped = false;             // a gradient was inf or NaN (any precision): no optimizer step
 };
 
 // Step times for the median rate in bounded memory: every step's while they fit in
@@ -218,7 +218,8 @@ struct LoopSteps {
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,
 // the records, the check for a finite loss (RuntimeError), an evaluation every
 // o.eval_every steps and after the last, the loss log, the progress line every
-// o.log_every steps and at each evaluation (only where `lead`), `on_step`, and a
+// o.log_every steps and at each evaluation (only where `lead`), a warning for each step
+// skipped without loss scaling (a scaler's skips are routine: only logged), `on_step`, and a
 // checkpoint every o.checkpoint_every steps and after the last. The data check's
 // InputError stops the run after the step that saw it; each checkpoint, and the end of
 // the run, waits for the check to pass.

@@ -880,9 +880,6 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     }
     auto t0 = std::chrono::steady_clock::now();
     StepStats st = engine.step(step, step + 1 < o.steps ? step + 1 : -1);
-    if (st.skipped && lead)
-      spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
-                   st.grad_norm);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepRecord rec{step + 1, st.loss, st.grad_norm, secs};
     rec.loss_scale = st.loss_scale;

@@ -211,13 +211,8 @@ TrainSummary run_training(const TrainOptions& o,
     double loss = 0;
     for (const Tensor& l : read) loss += l.to_vector<double>()[0];
     const UpdateDecision d = decide_update(norm2, o.grad_clip, scaler.get());
-    if (!d.apply) {
-      // The update changed nothing; its count is taken back.
-      stage.set_optimizer_steps(stage.optimizer_steps() - 1);
-      if (!scaler)  // a plain overflow (a scaler's skips are its normal working)
-        spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", step + 1,
-                     d.grad_norm);
-    }
+    // A skipped update changed nothing; its count is taken back (run_loop warns).
+    if (!d.apply) stage.set_optimizer_steps(stage.optimizer_steps() - 1);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepRecord r{step + 1, loss, d.grad_norm, secs};
     r.loss_scale = d.loss_scale;

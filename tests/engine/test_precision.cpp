@@ -1,17 +1,22 @@
 // Precision and loss scaling in the training loops, on the CPU: dynamic loss scaling with a
 // power-of-two scale changes no bit of an f32 run (one process and a PP=2 x DP=2 plan);
 // an overflowing scale skips the step (parameters and optimizer state untouched), backs
-// off, and the skipped steps are reported (records, loss log, summary); the scale grows
+// off, and the skipped steps are reported (records, loss log, summary; a skip without a
+// scaler too, and only that one warned of); the scale grows
 // after its interval of clean steps and survives a checkpoint and resume; a Stage with
 // master weights of another dtype (f64 masters beside f32 working copies: the CPU's
 // stand-in for f32 masters beside bf16 ones) updates the masters, casts the working
 // copies from them, and sees a master written through param() in the next forward.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <sstream>
 
 #include "engine/trainer.h"
 #include "engine_harness.h"
@@ -121,6 +126,46 @@ TEST(LossScaling, OverflowSkipsTheStepBacksOffAndIsReported) {
   EXPECT_EQ(summary["skipped_steps"], 1);
   EXPECT_EQ(summary["precision"], "f32");
   EXPECT_EQ(summary["device"], "cpu");
+}
+
+// Every trainer's skipped steps go through run_loop: each is counted and has "skipped":
+// true in the loss log, in any precision; only one without a loss scaler (a non-finite
+// gradient) is warned of, a scaler's overflows being its routine.
+TEST(LossScaling, SkippedStepsAreLoggedCountedAndWarnedOfOnlyWithoutAScaler) {
+  engine::LoopOptions o;
+  o.steps = 4;
+  o.log_every = 0;
+  o.loss_log = precision_scratch("skips.jsonl");
+  engine::LoopSteps steps;
+  steps.step = [](int64_t step) {
+    engine::StepRecord r{step + 1, 2.5, 1.25, 0.01};
+    if (step == 1 || step == 3) {  // a non-finite norm: step 2 without a scaler, step 4 with
+      r.skipped = true;
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    }
+    if (step >= 2) r.loss_scale = 1024;
+    return r;
+  };
+  std::ostringstream text;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const engine::TrainSummary sum = engine::run_loop(o, 0, 1, true, steps, nullptr);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(sum.skipped_steps, 2);
+  const std::string warned = text.str();
+  EXPECT_NE(warned.find("step 2: the gradient norm is nan; the optimizer step is skipped"),
+            std::string::npos)
+      << warned;
+  EXPECT_EQ(warned.find("step 4"), std::string::npos) << warned;
+  std::ifstream log(o.loss_log);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(log, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_FALSE(lines[0].contains("skipped"));  // no scaler: only a skipped step says it
+  EXPECT_EQ(lines[1].value("skipped", false), true) << lines[1];
+  EXPECT_TRUE(lines[1]["grad_norm"].is_null());
+  EXPECT_EQ(lines[2].value("skipped", true), false) << lines[2];
+  EXPECT_EQ(lines[3].value("skipped", false), true) << lines[3];
 }
 
 TEST(LossScaling, GrowsAfterItsIntervalAndResumesFromACheckpoint) {
