@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -274,6 +275,23 @@ void check_no_unused_tensors(HfCheckpoint& ckpt, const Graph& g) {
                    "must match)");
 }
 
+// The largest |value| of a floating CPU tensor: NaN when an element is NaN, inf when one
+// is infinite. f16 and bf16 are read through f32, which holds them exactly.
+double max_abs(const Tensor& t) {
+  const bool wide = t.dtype() == DType::f32 || t.dtype() == DType::f64;
+  const Tensor c = wide ? t.contiguous() : t.to(DType::f32);
+  double m = 0;
+  auto scan = [&](const auto* p) {
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      const double a = std::abs(double(p[i]));
+      if (std::isnan(a)) return a;
+      m = std::max(m, a);
+    }
+    return m;
+  };
+  return c.dtype() == DType::f64 ? scan(c.data<double>()) : scan(c.data<float>());
+}
+
 // The stored tensor of parameter p, checked: present, of p's whole shape, floating.
 struct StoredTensor {
   const SafetensorsEntry* entry = nullptr;
@@ -321,10 +339,23 @@ void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
     const Param& p = g.params[size_t(id)];
     const StoredTensor s = find_stored(ckpt, g, p);
     Tensor& local = stage.param(id);
+    // A non-finite weight would only show as a NaN loss at the first step: refused here,
+    // as is a value that the model's dtype cannot hold (an f64 file's 1e300 in f32).
     auto fill = [&](const Shape& offsets, Tensor view) {
       Tensor tmp = Tensor::empty(view.shape(), s.dtype);
       s.file->read_block(*s.entry, offsets, tmp);
-      view.copy_from(tmp.to(view.dtype()).to(view.device()));
+      const double stored = max_abs(tmp);
+      if (!std::isfinite(stored))
+        throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds " +
+                         (std::isnan(stored) ? "NaN" : "inf") +
+                         " (--init-from needs finite weights)");
+      Tensor cast = tmp.to(view.dtype());
+      if (!std::isfinite(max_abs(cast)))
+        throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds values up to " +
+                         fmt::format("{:g} in magnitude, beyond the range of the model's {}",
+                                     stored, memory::dtype_name(view.dtype())) +
+                         " (--init-from)");
+      view.copy_from(cast.to(view.device()));
     };
     if (!p.is_shard()) {
       fill(Shape(p.shape.size(), 0), local);
@@ -449,6 +480,22 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     throw InputError("Hugging Face weights are written as f32, bf16 or f16, not " +
                      std::string(memory::dtype_name(opt.dtype)));
   json config = hf_config_of(g, opt.dtype);
+  // Stored names and dtype; GPT-2's tied head has no tensor of its own. Converted (and
+  // checked) before anything is written: f16 turns values beyond its range into inf.
+  std::vector<NamedTensor> out;
+  for (const NamedTensor& t : tensors) {
+    const std::string name = hf_tensor_name(g, t.name);
+    Tensor stored = t.tensor.dtype() == opt.dtype ? t.tensor : t.tensor.to(opt.dtype);
+    if (opt.dtype == DType::f16 && memory::is_floating(t.tensor.dtype())) {
+      const double before = max_abs(t.tensor);
+      if (std::isfinite(before) && !std::isfinite(max_abs(stored)))
+        throw InputError("--dtype f16: tensor '" + name + "' holds values up to " +
+                         fmt::format("{:g}", before) +
+                         " in magnitude, beyond f16's range (at most 65504), which would be "
+                         "written as inf; export with --dtype bf16 or f32");
+    }
+    out.push_back({name, std::move(stored)});
+  }
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw InputError(dir + ": not a directory (the export is a directory of files)");
@@ -464,11 +511,6 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   const bool existed = fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
-  // Stored names and dtype; GPT-2's tied head has no tensor of its own.
-  std::vector<NamedTensor> out;
-  for (const NamedTensor& t : tensors)
-    out.push_back({hf_tensor_name(g, t.name),
-                   t.tensor.dtype() == opt.dtype ? t.tensor : t.tensor.to(opt.dtype)});
   // Consecutive tensors into shards of at most max_shard_bytes.
   std::vector<std::vector<NamedTensor>> shards(1);
   uint64_t used = 0;

@@ -2,6 +2,8 @@
 // tests/fixtures/make_gpt2_fixture.py) loads into baton and gives the loss transformers
 // computed on the same tokens (float32 and float64) and the same gradients (float64).
 #include <cmath>
+#include <filesystem>
+#include <limits>
 
 #include "stages/checkpoint.h"
 #include "stages/hf.h"
@@ -115,6 +117,55 @@ TEST(HfGpt2, MissingTensorIsAnInputError) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("h.2.ln_1.weight"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+// f16 holds at most 65504: an export as f16 of a larger weight is refused naming the tensor
+// and its magnitude, before anything is written (it had been written as inf); bf16 holds
+// it. A Hugging Face directory with a non-finite weight is refused by --init-from's load
+// naming the file and the tensor (training had died with "loss is -nan at step 1").
+TEST(HfGpt2, F16ExportOfAnOutOfRangeWeightAndANonFiniteLoadAreRefused) {
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
+  auto g = f.graph(DType::f32);
+  Stage a(g, 0, g->num_layers());
+  load_hf_gpt2(kDir, a);
+  const int id = a.param_ids().front();
+  const std::string stored = hf_tensor_name(*g, g->params[size_t(id)].name);
+  Tensor& w = a.param(id);
+  w.view({w.numel()}).narrow(0, 1, 1).fill_(-1e5);
+  const std::string out = ::testing::TempDir() + "/baton_hf_f16_range";
+  std::filesystem::remove_all(out);
+  HfWriteOptions wo;
+  wo.dtype = DType::f16;
+  try {
+    save_hf(out, a, wo);
+    FAIL() << "an f16 export wrote -1e5";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("tensor '" + stored + "' holds values up to 100000 in magnitude"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("65504"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--dtype bf16 or f32"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));  // nothing written
+  wo.dtype = DType::bf16;
+  save_hf(out, a, wo);
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
+
+  // f32 stores inf as it is; loading it back is refused.
+  const std::string bad = ::testing::TempDir() + "/baton_hf_inf";
+  w.view({w.numel()}).narrow(0, 1, 1).fill_(std::numeric_limits<double>::infinity());
+  save_hf(bad, a, HfWriteOptions{});
+  Stage b(g, 0, g->num_layers());
+  try {
+    load_hf_gpt2(bad, b);
+    FAIL() << "loaded a weight that is inf";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(bad + "/model.safetensors: tensor '" + stored + "' holds inf"),
+              std::string::npos)
+        << msg;
   }
 }
 
