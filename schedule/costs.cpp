@@ -16,10 +16,15 @@ namespace {
 
 using nlohmann::json;
 
+// What a field held, as baton's other readers say it (stages/json_reader.h's json_brief):
+// null, true, 3, "3", an object, an array of 2. The type name before the value had said
+// null twice ("found null null").
 std::string found(const json& j) {
+  if (j.is_object()) return "an object";
+  if (j.is_array()) return "an array of " + std::to_string(j.size());
   std::string s = j.dump();
   if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return std::string(j.type_name()) + " " + s;
+  return s;
 }
 
 // A number >= 0; for byte fields also a size string such as "64MiB".
@@ -37,7 +42,7 @@ double number(const json& j, const std::string& path, bool bytes) {
                      found(j));
   double v = j.get<double>();
   if (!std::isfinite(v) || v < 0)
-    throw InputError(path + ": expected a number >= 0, found " + j.dump());
+    throw InputError(path + ": expected a number >= 0, found " + found(j));
   return v;
 }
 
@@ -81,7 +86,7 @@ void check_cost_limits(const CostSpec& c) {
                   double max, const std::string& what) {
     for (size_t i = 0; i < values.size(); ++i)
       if (values[i] > max)
-        throw InputError(name + (per_stage ? "[" + std::to_string(i) + "]" : "") +
+        throw InputError("$." + name + (per_stage ? "[" + std::to_string(i) + "]" : "") +
                          ": expected at most " + what + ", found " +
                          detail::format_number("%g", values[i]));
   };
@@ -102,7 +107,7 @@ void check_cost_limits(const CostSpec& c) {
   if (c.bandwidth > 0)
     for (double bytes : c.message_bytes.values)
       if (bytes / c.bandwidth > max_time)
-        throw InputError("p2p.bandwidth: expected a bandwidth that moves message_bytes (" +
+        throw InputError("$.p2p.bandwidth: expected a bandwidth that moves message_bytes (" +
                          detail::format_number("%.17g", bytes) + ") within " + time_limit +
                          ", found " + detail::format_number("%g", c.bandwidth) +
                          " bytes per time unit");
@@ -158,9 +163,9 @@ CostSpec CostSpec::unit() {
 CostSpec parse_costs(std::string_view text, const std::string& source) {
   const json j = memory::parse_json_text(text, source);
   try {
-    if (!j.is_object()) throw InputError("expected a JSON object, found " + found(j));
+    if (!j.is_object()) throw InputError("$: expected a JSON object, found " + found(j));
     memory::expect_json_object(
-        j, "",
+        j, "$",
         {"forward", "backward_input", "backward_weight", "activation_bytes",
          "activation_bytes_after_b", "message_bytes", "reduce", "reduce_group", "overlap_f_b",
          "optimizer_step", "optimizer_step_mode", "p2p", "time_unit", "comment"});
@@ -183,20 +188,21 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
       bool done = false;
       for (const Slot& s : slots)
         if (key == s.name) {
-          *s.field = field(*it, key, s.bytes);
+          *s.field = field(*it, "$." + key, s.bytes);
           done = true;
         }
       if (done) continue;
       if (key == "optimizer_step") {
-        c.optimizer_step = number(*it, key, false);
+        c.optimizer_step = number(*it, "$." + key, false);
       } else if (key == "reduce_group") {
         if (!it->is_array() || it->empty())
-          throw InputError("reduce_group: expected an array of group ids (one per stage), found " +
-                           found(*it));
+          throw InputError(
+              "$.reduce_group: expected an array of group ids (one per stage), found " +
+              found(*it));
         for (size_t i = 0; i < it->size(); ++i) {
           const json& g = (*it)[i];
           if (!g.is_number_integer() || g.get<long long>() < -1 || g.get<long long>() > 1 << 20)
-            throw InputError("reduce_group[" + std::to_string(i) +
+            throw InputError("$.reduce_group[" + std::to_string(i) +
                              "]: expected -1 or a group id >= 0, found " + found(g));
           c.reduce_group.push_back(g.get<int>());
         }
@@ -204,11 +210,11 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         const std::string m = it->is_string() ? it->get<std::string>() : "";
         if (m != "synchronous" && m != "post-validated")
           throw InputError(
-              "optimizer_step_mode: expected \"synchronous\" or \"post-validated\", found " +
+              "$.optimizer_step_mode: expected \"synchronous\" or \"post-validated\", found " +
               found(*it));
         c.post_validated_step = m == "post-validated";
       } else if (key == "comment") {
-        if (!it->is_string()) throw InputError("comment: expected a string, found " + found(*it));
+        if (!it->is_string()) throw InputError("$.comment: expected a string, found " + found(*it));
         c.comment = it->get<std::string>();
       } else if (key == "time_unit") {
         const std::string u = it->is_string() ? it->get<std::string>() : "";
@@ -221,20 +227,20 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         else if (u == "ns")
           c.seconds_per_unit = 1e-9;
         else
-          throw InputError("time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " +
+          throw InputError("$.time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " +
                            found(*it));
       } else if (key == "p2p") {
         if (!it->is_object())
-          throw InputError("p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
+          throw InputError("$.p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
                            found(*it));
-        memory::expect_json_object(*it, "p2p", {"latency", "bandwidth"});
-        if (it->contains("latency")) c.latency = number(it->at("latency"), "p2p.latency", false);
+        memory::expect_json_object(*it, "$.p2p", {"latency", "bandwidth"});
+        if (it->contains("latency")) c.latency = number(it->at("latency"), "$.p2p.latency", false);
         if (it->contains("bandwidth"))
-          c.bandwidth = number(it->at("bandwidth"), "p2p.bandwidth", true);
+          c.bandwidth = number(it->at("bandwidth"), "$.p2p.bandwidth", true);
       }
     }
     for (const char* k : {"forward", "backward_input", "backward_weight"})
-      if (!j.contains(k)) throw InputError(std::string(k) + ": missing (required)");
+      if (!j.contains(k)) throw InputError("$." + std::string(k) + ": missing (required)");
     check_cost_limits(c);
     return c;
   } catch (const InputError& e) {

@@ -305,7 +305,7 @@ print("ok")
         for groups in (np.array([0, -1, -1, 0]), np.array([0, -1, -1, 0], dtype=np.int32),
                        [np.int64(x) for x in (0, -1, -1, 0)], np.array([0, -1, -1, 0], dtype=object)):
             self.assertEqual(baton.simulate(s, dict(base, reduce_group=groups)).makespan, want)
-        with self.assertRaisesRegex(baton.InputError, r"reduce_group\[0\]: expected -1 or a group id >= 0, found number 9007199254740993"):
+        with self.assertRaisesRegex(baton.InputError, r"reduce_group\[0\]: expected -1 or a group id >= 0, found 9007199254740993"):
             baton.simulate(s, dict(base, reduce_group=np.array([2 ** 53 + 1, -1, -1, 0])))
         # A numpy array of strings is a list of str (it had been "expected a
         # one-dimensional array").

@@ -96,7 +96,7 @@ contains "difference 0.000 ms"
 # Costs whose sums would overflow are refused, and no trace is written (it had held "dur": inf).
 printf '{"forward": 1e308, "backward_input": 1e308, "backward_weight": 1e308}' >"$tmp/huge.json"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --costs "$tmp/huge.json" --trace "$tmp/huge-trace.json"
-contains "huge.json: forward: expected at most 1e9 s, found 1e+308"
+contains "huge.json: $.forward: expected at most 1e9 s, found 1e+308"
 [ ! -e "$tmp/huge-trace.json" ] || { echo "FAIL: a trace of overflowed costs"; fails=$((fails + 1)); }
 # A trace with an absurd rank is refused naming the event's field (trace svg had drawn a
 # row per rank up to it).

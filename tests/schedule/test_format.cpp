@@ -254,21 +254,22 @@ TEST(CostFile, RefusesValuesWhoseSumsWouldOverflow) {
     return input_error_of([&] { parse_costs("{" + fields + "}", "c.json"); });
   };
   EXPECT_EQ(error_of(R"("forward": 1e308, )" + fbw),
-            "c.json: forward: expected at most 1e9 s, found 1e+308");
+            "c.json: $.forward: expected at most 1e9 s, found 1e+308");
   EXPECT_EQ(error_of(R"("forward": [1, 2e9], )" + fbw),
-            "c.json: forward[1]: expected at most 1e9 s, found 2e+09");
-  EXPECT_EQ(error_of(R"("forward": 1, "time_unit": "ms", )" + fbw + R"(, "reduce": 1e13)"),
-            "c.json: reduce: expected at most 1e9 s (1e+12 in this file's time_unit), found 1e+13");
+            "c.json: $.forward[1]: expected at most 1e9 s, found 2e+09");
+  EXPECT_EQ(
+      error_of(R"("forward": 1, "time_unit": "ms", )" + fbw + R"(, "reduce": 1e13)"),
+      "c.json: $.reduce: expected at most 1e9 s (1e+12 in this file's time_unit), found 1e+13");
   EXPECT_EQ(error_of(R"("forward": 2e9, "time_unit": "ns", )" + fbw), "");  // 2 s
-  EXPECT_NE(error_of(R"("forward": 1, "optimizer_step": 1e300, )" + fbw).find("optimizer_step: "),
+  EXPECT_NE(error_of(R"("forward": 1, "optimizer_step": 1e300, )" + fbw).find("$.optimizer_step: "),
             std::string::npos);
-  EXPECT_NE(error_of(R"("forward": 1, "p2p": {"latency": 1e300}, )" + fbw).find("p2p.latency: "),
+  EXPECT_NE(error_of(R"("forward": 1, "p2p": {"latency": 1e300}, )" + fbw).find("$.p2p.latency: "),
             std::string::npos);
   EXPECT_NE(error_of(R"("forward": 1, "message_bytes": 1e300, )" + fbw)
-                .find("message_bytes: expected at most 2^63 bytes"),
+                .find("$.message_bytes: expected at most 2^63 bytes"),
             std::string::npos);
   EXPECT_NE(error_of(R"("forward": 1, "message_bytes": 1e6, "p2p": {"bandwidth": 1e-300}, )" + fbw)
-                .find("p2p.bandwidth: expected a bandwidth that moves message_bytes (1000000)"),
+                .find("$.p2p.bandwidth: expected a bandwidth that moves message_bytes (1000000)"),
             std::string::npos);
 }
 
@@ -296,25 +297,47 @@ TEST(CostFile, ErrorsNameJsonPath) {
     const char* what;
   };
   const Case cases[] = {
-      {R"({"forward": 1, "backward_input": 1})", "backward_weight: missing"},
+      {R"({"forward": 1, "backward_input": 1})", "$.backward_weight: missing"},
       {R"({"forward": -1, "backward_input": 1, "backward_weight": 1})",
-       "forward: expected a number >= 0"},
+       "$.forward: expected a number >= 0, found -1"},
       {R"({"forward": [1, "x"], "backward_input": 1, "backward_weight": 1})",
-       "forward[1]: expected a number"},
+       "$.forward[1]: expected a number >= 0, found \"x\""},
       {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "fwd": 2})",
-       "fwd: unknown field"},
+       "$.fwd: unknown field"},
       {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "p2p": {"lat": 1}})",
-       "p2p.lat: unknown field"},
+       "$.p2p.lat: unknown field"},
       {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "time_unit": "h"})",
-       "time_unit: expected"},
+       "$.time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found \"h\""},
       {R"({"forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": "3 parsecs"})",
-       "activation_bytes: invalid size"},
+       "$.activation_bytes: invalid size"},
       {R"({"forward": [], "backward_input": 1, "backward_weight": 1})",
-       "forward: expected one value per stage"},
+       "$.forward: expected one value per stage"},
   };
   for (const Case& c : cases) {
     std::string msg = input_error_of([&] { parse_costs(c.text, "c.json"); });
     EXPECT_EQ(msg.rfind("c.json: ", 0), 0u) << msg;
     EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
   }
+}
+
+// What a field held is said once ("found null", not "found null null" with its type
+// before it), whole for the messages a user most often sees.
+TEST(CostFile, ErrorsSayWhatWasFoundOnce) {
+  const std::string bw = R"("backward_input": 1, "backward_weight": 1)";
+  auto error_of = [&](const std::string& fields) {
+    return input_error_of([&] { parse_costs("{" + fields + "}", "c.json"); });
+  };
+  EXPECT_EQ(error_of(R"("forward": null, )" + bw),
+            "c.json: $.forward: expected a number >= 0, found null");
+  EXPECT_EQ(error_of(R"("forward": 1, "optimizer_step_mode": null, )" + bw),
+            "c.json: $.optimizer_step_mode: expected \"synchronous\" or \"post-validated\", "
+            "found null");
+  EXPECT_EQ(error_of(R"("forward": 1, "optimizer_step": true, )" + bw),
+            "c.json: $.optimizer_step: expected a number >= 0, found true");
+  EXPECT_EQ(error_of(R"("forward": {"a": 1}, )" + bw),
+            "c.json: $.forward: expected a number >= 0, found an object");
+  EXPECT_EQ(error_of(R"("forward": 1, "reduce_group": [[0]], )" + bw),
+            "c.json: $.reduce_group[0]: expected -1 or a group id >= 0, found an array of 1");
+  EXPECT_EQ(input_error_of([&] { parse_costs("[1, 2]", "c.json"); }),
+            "c.json: $: expected a JSON object, found an array of 2");
 }
