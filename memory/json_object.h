@@ -108,8 +108,14 @@ class TrackingDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann:
 // its exception id>" on a syntax error or a number too large, and "<source>: <path>: the
 // field 'k' appears twice ..." for a key repeated in one object (which nlohmann, like most
 // readers, would take the last of silently, and some others the first), or
-// "<source>: <path>: nested deeper than 256 levels".
+// "<source>: <path>: nested deeper than 256 levels", or "<source>: not valid JSON: a NUL
+// byte at byte offset N".
 inline nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
+  // nlohmann's lexer takes a NUL byte for the end of the input: whatever followed one was
+  // ignored. JSON has no raw NUL (in a string it is written \u0000), so one is refused.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw InputError(source + ": not valid JSON: a NUL byte at byte offset " + std::to_string(nul) +
+                     " (JSON text has none; in a string it is written \\u0000)");
   try {
     nlohmann::json j;
     detail::TrackingDomParser sax(j, source);

@@ -51,6 +51,28 @@ TEST(JsonObject, ParseErrorNamesTheSource) {
   }
 }
 
+// nlohmann's lexer ends the input at a NUL byte: a document followed by "\0 garbage" had
+// parsed. A NUL anywhere is refused naming the source and its offset; trailing blanks
+// (safetensors pads its header with spaces) are not.
+TEST(JsonObject, NulByteIsRefusedWithItsOffset) {
+  using namespace std::string_literals;
+  auto error = [](const std::string& text) -> std::string {
+    try {
+      parse_json_text(text, "costs.json");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error("{\"a\": 1}\0 this is not JSON {{{"s),
+            "costs.json: not valid JSON: a NUL byte at byte offset 8 (JSON text has none; in a "
+            "string it is written \\u0000)");
+  EXPECT_NE(error("{\"a\": \"x\0y\"}"s).find("a NUL byte at byte offset 8"), std::string::npos);
+  EXPECT_NE(error("{\"a\": 1}  \0  "s).find("a NUL byte at byte offset 10"), std::string::npos);
+  EXPECT_EQ(parse_json_text("{\"a\": 1}    ", "h").at("a"), 1);
+  EXPECT_EQ(parse_json_text(R"({"a": "x\u0000y"})", "h").at("a").get<std::string>().size(), 3u);
+}
+
 // A key repeated in one object is refused with its path; the same key in two objects is not.
 TEST(JsonObject, RepeatedKeyNamesItsPath) {
   auto error = [](const std::string& text) -> std::string {

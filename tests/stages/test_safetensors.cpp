@@ -112,6 +112,13 @@ TEST(Safetensors, LyingHeaders) {
                            int64_t(1) << 40);
   safetensors_expect_error("notjson.safetensors", "{not json", "", {"not valid JSON"});
   safetensors_expect_error("brace.safetensors", "[1,2]", "", {"does not start with '{'"});
+  // The format pads a header with spaces; a NUL (where nlohmann's lexer stopped reading,
+  // so the header had been taken) is refused, as the safetensors library refuses it.
+  safetensors_expect_error(
+      "nul.safetensors",
+      std::string(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})") +
+          std::string("\0  ", 3),
+      std::string(4, '\0'), {"(safetensors header): not valid JSON: a NUL byte at byte offset 54"});
   safetensors_expect_error(
       "overlap.safetensors",
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
