@@ -90,6 +90,16 @@ std::string num(double v) {
   return buf;
 }
 
+// A token as written: an integer type's exactly (through a double, 9007199254740993 had
+// read 9.00719925e+15), a float's as num gives it.
+template <class T>
+std::string token_text(T v) {
+  if constexpr (std::is_floating_point_v<T>)
+    return num(double(v));
+  else
+    return std::to_string(int64_t(v));
+}
+
 }  // namespace
 
 size_t token_size(TokenType t) {
@@ -355,7 +365,8 @@ void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n) const {
   if (n < 0) n = num_tokens() - pos;
   BATON_CHECK(pos >= 0 && pos + n <= num_tokens(), "check past the end of the tokens");
   int64_t bad = -1;
-  double value = 0;
+  std::string value;
+  bool whole = true;
   visit(type_, [&](auto x) {
     using T = decltype(x);
     for_spans(pos, n, [&](const Span& s) {
@@ -366,53 +377,66 @@ void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n) const {
         int64_t i = first_outside(reinterpret_cast<const T*>(s.bytes), s.n, vocab);
         if (i >= 0) {
           bad = s.pos + i;
-          value = double(reinterpret_cast<const T*>(s.bytes)[i]);
+          const T v = reinterpret_cast<const T*>(s.bytes)[i];
+          value = token_text(v);
+          whole = v == std::floor(v);
         }
       } else {
         for (int64_t i = 0; i < s.n && bad < 0; ++i) {
           T v = load<T>(s.bytes + i * int64_t(sizeof(T)));
           if (first_outside(&v, 1, vocab) == 0) {
             bad = s.pos + i;
-            value = double(v);
+            value = token_text(v);
+            whole = v == std::floor(v);
           }
         }
       }
     });
   });
   if (bad >= 0)
-    throw InputError(name_ + ": token " + num(value) + " at " + where(bad) +
-                     (value == std::floor(value)
-                          ? " is outside the model's vocabulary of " + std::to_string(vocab) +
-                                " (ids 0.." + std::to_string(vocab - 1) + ")"
-                          : " is not a whole number"));
+    throw InputError(name_ + ": token " + value + " at " + where(bad) +
+                     (whole ? " is outside the model's vocabulary of " + std::to_string(vocab) +
+                                  " (ids 0.." + std::to_string(vocab - 1) + ")"
+                            : " is not a whole number"));
 }
 
-std::pair<double, double> TokenStore::token_range() const {
-  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+TokenRange TokenStore::token_range() const {
+  TokenRange r;
   visit(type_, [&](auto x) {
     using T = decltype(x);
+    // In T, so that int64 ids past 2^53 are compared and printed exactly.
+    bool any = false;
+    T lo = T(), hi = T();
     for_spans(0, num_tokens(), [&](const Span& s) {
       if (s.n == 0) return;
+      T a = T(), b = T();
       if (reinterpret_cast<uintptr_t>(s.bytes) % alignof(T) == 0) {
         const T* p = reinterpret_cast<const T*>(s.bytes);
-        T a = p[0], b = p[0];
+        a = p[0], b = p[0];
         for (int64_t i = 0; i < s.n; ++i) {  // branch-free: vectorised
           T v = p[i];
           a = v < a ? v : a;
           b = v > b ? v : b;
         }
-        lo = std::min(lo, double(a));
-        hi = std::max(hi, double(b));
-        return;
+      } else {
+        a = b = load<T>(s.bytes);
+        for (int64_t i = 0; i < s.n; ++i) {
+          T v = load<T>(s.bytes + i * int64_t(sizeof(T)));
+          a = v < a ? v : a;
+          b = v > b ? v : b;
+        }
       }
-      for (int64_t i = 0; i < s.n; ++i) {
-        double v = double(load<T>(s.bytes + i * int64_t(sizeof(T))));
-        lo = std::min(lo, v);
-        hi = std::max(hi, v);
-      }
+      lo = !any || a < lo ? a : lo;
+      hi = !any || b > hi ? b : hi;
+      any = true;
     });
+    if (!any) return;
+    r.lo = double(lo);
+    r.hi = double(hi);
+    r.lo_text = token_text(lo);
+    r.hi_text = token_text(hi);
   });
-  return {lo, hi};
+  return r;
 }
 
 // ---- writing ----

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,14 @@ std::string token_type_name(TokenType t);  // NumPy's names: "uint16", "int32", 
 TokenType parse_token_type(const std::string& name, const std::string& what);
 // Megatron's code of a type (u32 has none: BATON_CHECK).
 uint8_t megatron_code(TokenType t);
+
+// The smallest and largest token: as doubles for comparing, and as text, exact (an int64
+// id past 2^53 printed through a double had lost its last digits).
+struct TokenRange {
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -std::numeric_limits<double>::infinity();
+  std::string lo_text, hi_text;  // empty for no tokens
+};
 
 class TokenStore {
  public:
@@ -58,7 +67,7 @@ class TokenStore {
   // is not a whole number in [0, vocab) and its value; n < 0: to the end.
   void check_vocabulary(int64_t vocab, int64_t pos = 0, int64_t n = -1) const;
   // The smallest and largest token (a whole scan).
-  std::pair<double, double> token_range() const;
+  TokenRange token_range() const;
   // "document 3, token 17 (position 1234)" for messages.
   std::string where(int64_t pos) const;
 

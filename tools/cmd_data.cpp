@@ -135,7 +135,7 @@ int run_inspect(const std::vector<std::string>& args) {
   spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
                vocab > 0 ? ", every token checked against the vocabulary" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  auto [lo, hi] = s->token_range();
+  const stages::TokenRange range = s->token_range();
   std::printf("file       %s\n", s->name().c_str());
   std::printf("format     %s\n", s->format().c_str());
   std::printf("dtype      %s\n", stages::token_type_name(s->type()).c_str());
@@ -143,14 +143,15 @@ int run_inspect(const std::vector<std::string>& args) {
   if (s->format() == "megatron")
     std::printf("sequences  %lld\n", static_cast<long long>(s->num_sequences()));
   std::printf("tokens     %lld\n", static_cast<long long>(s->num_tokens()));
-  if (s->num_tokens() > 0) std::printf("token ids  %.10g .. %.10g\n", lo, hi);
+  if (s->num_tokens() > 0)
+    std::printf("token ids  %s .. %s\n", range.lo_text.c_str(), range.hi_text.c_str());
 #ifdef BATON_HAVE_SENTENCEPIECE
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
   if (!tokenizer.empty()) {
     sp = load_tokenizer(tokenizer);
     // The data's fault, named by the data's file and first bad position (a negative id
     // had been SentencePiece's "Invalid id" naming the tokenizer).
-    if (s->num_tokens() > 0 && (lo < 0 || hi >= sp->GetPieceSize())) {
+    if (s->num_tokens() > 0 && (range.lo < 0 || range.hi >= sp->GetPieceSize())) {
       try {
         s->check_vocabulary(sp->GetPieceSize());
       } catch (const InputError& e) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -328,6 +329,39 @@ TEST(TokenStore, VocabularyCheckNamesFileAndFirstPosition) {
   write_megatron(p, {{{many}}}, {.code = 8});
   data_expect_input_error([&] { TokenStore::open_megatron(p)->check_vocabulary(50); },
                           {"token 50 at position 77777"});
+}
+
+// int64 ids are named exactly: through a double, 9007199254740993 had read
+// 9.00719925e+15 and INT64_MAX 9.223372037e+18 (data inspect's token ids too).
+TEST(TokenStore, Int64TokensAreNamedExactly) {
+  const std::string p = tmp("i64");
+  {
+    IndexedDatasetWriter w(p, TokenType::i64);
+    w.add_document({1, 2});
+    w.add_document({3, 9007199254740993, std::numeric_limits<int64_t>::max()});
+    w.finish();
+  }
+  auto s = TokenStore::open_megatron(p);
+  data_expect_input_error([&] { s->check_vocabulary(256); },
+                          {p + ".bin: token 9007199254740993 at document 1, token 1 (position 3)",
+                           "outside the model's vocabulary of 256"});
+  const TokenRange r = s->token_range();
+  EXPECT_EQ(r.lo_text, "1");
+  EXPECT_EQ(r.hi_text, "9223372036854775807");
+  EXPECT_EQ(r.lo, 1.0);
+  {
+    IndexedDatasetWriter w(p, TokenType::i64);
+    w.add_document({-9007199254740993, 5});
+    w.finish();
+  }
+  s = TokenStore::open_megatron(p);
+  data_expect_input_error([&] { s->check_vocabulary(256); }, {"token -9007199254740993 at"});
+  EXPECT_EQ(s->token_range().lo_text, "-9007199254740993");
+  // A float store's values as before (whole ones without a fraction).
+  write_megatron(p, {{{{1.5, 7}}}}, {.code = 6});
+  const TokenRange f = TokenStore::open_megatron(p)->token_range();
+  EXPECT_EQ(f.lo_text, "1.5");
+  EXPECT_EQ(f.hi_text, "7");
 }
 
 // A float store's window check names the file's first bad token too: reading the window
