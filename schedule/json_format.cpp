@@ -213,12 +213,13 @@ Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect) {
   return std::move(csv.schedule);
 }
 
-void save_schedule(const Schedule& s, const std::string& path) {
+void save_schedule(const Schedule& s, const std::string& path, TorchDialect dialect,
+                   const KeptCells* kept) {
   bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
   if (is_csv_path(path)) {
     std::string csv;
     try {
-      csv = to_torch_csv(s);
+      csv = to_torch_csv(s, dialect, kept);
     } catch (const InputError& e) {
       throw InputError(path + ": " + e.what());
     }

@@ -40,9 +40,11 @@ Schedule load_schedule(const std::string& path);
 // spot (check_torch_csv), so its errors name the file's row and cell (`dialect`: the CSV's,
 // detected by default); other forms are returned as read.
 Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect = TorchDialect::detect);
-// Writes JSON when the name ends in ".json", PyTorch's current CSV for ".csv", text
-// otherwise; durably and atomically (memory::write_file_durably), so a failure leaves no
-// half-written file.
-void save_schedule(const Schedule& s, const std::string& path);
+// Writes JSON when the name ends in ".json", PyTorch's CSV for ".csv" (in `dialect`, with
+// `kept`'s idle steps and waits when given: a CSV read with load_torch_csv written back),
+// text otherwise; durably and atomically (memory::write_file_durably), so a failure leaves
+// no half-written file.
+void save_schedule(const Schedule& s, const std::string& path,
+                   TorchDialect dialect = TorchDialect::current, const KeptCells* kept = nullptr);
 
 }  // namespace baton::schedule

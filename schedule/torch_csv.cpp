@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -120,6 +121,41 @@ Raw parse_simple(std::string_view t, const std::string& where) {
   if (takes_mb && r.micro_batch < 0) return fail("the micro-batch number is missing");
   if (!takes_mb && r.micro_batch >= 0) return fail(r.code + " takes no micro-batch");
   return r;
+}
+
+// PyTorch's runtime posts a receive at its RECV cell (an irecv) and waits for it at the
+// action that uses the data; baton's RECV blocks until the data is there. Each RECV moves
+// to just before its consumer on the rank (where add_transfers puts receives, both of a
+// composite's before it), so baton waits where PyTorch does; the sends stay. A RECV with
+// no consumer after it stays for the validator to name.
+std::vector<Raw> place_receives(const std::vector<Raw>& a) {
+  auto is_recv = [](const Raw& r) { return r.code == "RECV_F" || r.code == "RECV_B"; };
+  // (0: forward, 1: backward; stage, micro-batch) -> the positions of the actions using it
+  std::map<std::tuple<int, int, int>, std::vector<size_t>> users;
+  for (size_t j = 0; j < a.size(); ++j) {
+    const std::string& c = a[j].code;
+    if (c == "F" || c == "B" || c == "I")
+      users[{c == "F" ? 0 : 1, a[j].stage, a[j].micro_batch}].push_back(j);
+  }
+  std::vector<std::vector<size_t>> before(a.size());  // receives to put before action j
+  std::vector<bool> moved(a.size(), false);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!is_recv(a[i])) continue;
+    auto it = users.find({a[i].code == "RECV_F" ? 0 : 1, a[i].stage, a[i].micro_batch});
+    if (it == users.end()) continue;
+    auto j = std::upper_bound(it->second.begin(), it->second.end(), i);
+    if (j == it->second.end()) continue;
+    const size_t at = *j > 0 && a[*j - 1].overlap ? *j - 1 : *j;  // a composite's start
+    before[at].push_back(i);
+    moved[i] = true;
+  }
+  std::vector<Raw> out;
+  out.reserve(a.size());
+  for (size_t j = 0; j < a.size(); ++j) {
+    for (size_t i : before[j]) out.push_back(a[i]);
+    if (!moved[j]) out.push_back(a[j]);
+  }
+  return out;
 }
 
 std::string torch_token(const Action& a, TorchDialect d, const std::string& where) {
@@ -242,6 +278,7 @@ TorchCsv parse_torch_csv(std::string_view text, const std::string& source, Torch
       r.cell = int(c);
       row.actions.push_back(r);
     }
+    row.actions = place_receives(row.actions);
     rows.push_back(std::move(row));
   }
   if (rows.empty())
@@ -276,6 +313,7 @@ TorchCsv parse_torch_csv(std::string_view text, const std::string& source, Torch
   int max_stage = -1, max_mb = -1;
   for (int rank = 0; rank < int(rows.size()); ++rank) {
     std::vector<Action> list;
+    std::vector<int> cells;
     for (const Raw& r : rows[size_t(rank)].actions) {
       const std::string at =
           source + ": row " + str(rank + 1) + " (rank " + str(rank) + "), cell " + str(r.cell + 1);
@@ -315,9 +353,11 @@ TorchCsv parse_torch_csv(std::string_view text, const std::string& source, Torch
       max_stage = std::max(max_stage, a.stage);
       max_mb = std::max(max_mb, a.micro_batch);
       list.push_back(a);
+      cells.push_back(r.cell);
     }
     s.ranks.push_back(std::move(list));
     out.kept.push_back(rows[size_t(rank)].kept);
+    out.cells.push_back(std::move(cells));
   }
   for (int st = 0; st <= max_stage; ++st)
     if (!stage_rank.count(st))
@@ -336,6 +376,8 @@ int torch_cell(const TorchCsv& csv, int rank, int index) {
   if (rank < 0 || rank >= int(csv.schedule.ranks.size())) return -1;
   const auto& list = csv.schedule.ranks[size_t(rank)];
   if (index < 0 || index >= int(list.size())) return -1;
+  if (rank < int(csv.cells.size()) && csv.cells[size_t(rank)].size() == list.size())
+    return csv.cells[size_t(rank)][size_t(index)];  // as read (a receive may have moved)
   const std::vector<KeptCell>* kept =
       rank < int(csv.kept.size()) ? &csv.kept[size_t(rank)] : nullptr;
   int cell = 0;
@@ -389,10 +431,21 @@ std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCell
     const auto& list = s.ranks[r];
     const std::vector<KeptCell> none;
     const std::vector<KeptCell>& empty = kept ? (*kept)[r] : none;
+    // PyTorch's runtime refuses a REDUCE_GRAD without its WAIT_REDUCE_GRAD: the kept
+    // waits are matched per stage, and a REDUCE_GRAD without one gets it right after
+    // (`extra` such cells shift the kept cells' positions).
+    std::map<int, int> waits;
+    for (const KeptCell& k : empty) {
+      const std::string_view t = detail::trim(k.text);
+      const std::string_view code = "WAIT_REDUCE_GRAD";
+      if (t.size() > code.size() && t.substr(t.size() - code.size()) == code)
+        if (auto stage = parse_number(t.substr(0, t.size() - code.size()))) ++waits[*stage];
+    }
+    int extra = 0;
     std::vector<std::string> cells;
     size_t i = 0, e = 0;
     while (i < list.size() || e < empty.size()) {
-      if (e < empty.size() && (empty[e].cell <= int(cells.size()) || i >= list.size())) {
+      if (e < empty.size() && (empty[e].cell + extra <= int(cells.size()) || i >= list.size())) {
         cells.push_back(empty[e].text);
         ++e;
         continue;
@@ -410,6 +463,10 @@ std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCell
         continue;
       }
       cells.push_back(torch_token(list[i], dialect, where));
+      if (list[i].kind == K::reduce_gradients && waits[list[i].stage]-- <= 0) {
+        cells.push_back(str(list[i].stage) + "WAIT_REDUCE_GRAD");
+        ++extra;
+      }
       ++i;
     }
     if (cells.size() == 1 && cells[0].empty()) {

@@ -9,15 +9,21 @@
 //
 // Both: SEND_F, RECV_F, SEND_B, RECV_B (same meaning as baton's: a send or receive
 // names the stage on the acting rank), "<stage>REDUCE_GRAD" (baton's REDUCE).
+// A PyTorch RECV only posts the receive (its runtime waits at the action using the data),
+// where baton's RECV blocks: the reader moves each RECV to just before its consumer on the
+// rank, so baton waits where PyTorch does. Sends stay where they are.
 // WAIT_SEND_F, WAIT_SEND_B and WAIT_REDUCE_GRAD (PyTorch 2.15: where its runtime waits
 // for a send or a reduction to finish) are waits baton's model makes implicitly (sends
 // are buffered, STEP waits for the reductions): they are kept aside like empty cells.
+// The writer puts a WAIT_REDUCE_GRAD after each REDUCE_GRAD that has no kept one
+// (PyTorch 2.15's runtime refuses a reduction that is never waited for).
 // UNSHARD and RESHARD (FSDP's parameter gathering) have no baton form and are refused.
 // The file carries no placement: each stage lives on the rank whose row names it.
 //
 // Written as Python's csv module writes: cells joined by ',', rows ended by "\r\n", a
 // row of one empty cell written '""'. Read back with the empty cells it had, a file
-// PyTorch wrote is written again byte for byte.
+// PyTorch wrote is written again byte for byte (a compute-only one, or one whose
+// receives are right before their consumers).
 #pragma once
 
 #include <string>
@@ -48,6 +54,9 @@ struct TorchCsv {
   Schedule schedule;
   TorchDialect dialect = TorchDialect::current;  // the one read (never detect)
   KeptCells kept;                                // per rank: the cells without an action
+  // Per rank, the cell (from 0) each action of `schedule` was read from, for messages:
+  // a receive moved to its consumer names the cell it was written in.
+  std::vector<std::vector<int>> cells;
 };
 
 // Detection: a file naming an I or an OVERLAP_F_B is current; one with W's but no I is
@@ -66,7 +75,8 @@ int torch_cell(const TorchCsv& csv, int rank, int index);
 void check_torch_csv(const TorchCsv& csv, const std::string& source);
 
 // Writes `s` in `dialect` (detect means current). `kept` (as parse_torch_csv returned
-// them) puts the idle steps and waits back; without it, rows hold only actions.
+// them) puts the idle steps and waits back; without it, rows hold only actions and the
+// WAIT_REDUCE_GRAD after each REDUCE_GRAD.
 // InputError when `s` has what the dialect cannot say: STEP (PyTorch has no optimizer
 // action), a composite in the legacy dialect, several directions.
 std::string to_torch_csv(const Schedule& s, TorchDialect dialect = TorchDialect::current,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct SimulateOptions {
 };
 
 std::string pct(double v) {
+  // A share that rounds to zero prints 0.00%: a span's rounding error (-1e-17) had
+  // printed -0.00%.
+  if (std::fabs(100 * v) < 0.005) v = 0;
   char b[32];
   std::snprintf(b, sizeof b, "%.2f%%", 100 * v);
   return b;
@@ -134,13 +138,19 @@ void print_comparison(std::vector<Row>& rows, bool have_bytes, const Limit& limi
   }
 }
 
-void write_outputs(const SimulateOptions& o, const sc::Simulator& sim, const sc::CostSpec& spec) {
+// `csv`: the PyTorch CSV the schedule was read from (null when it was not, or was lowered
+// since): a CSV written keeps its dialect, idle steps and waits.
+void write_outputs(const SimulateOptions& o, const sc::Simulator& sim, const sc::CostSpec& spec,
+                   const sc::TorchCsv* csv) {
   // The trace first: it refuses times a trace cannot hold, before anything is written.
   sc::Timeline t;
   if (!o.trace.empty() || !o.svg.empty()) t = sim.timeline(spec.seconds_per_unit);
   const std::string trace = o.trace.empty() ? "" : sc::to_chrome_trace(t);
   if (!o.output.empty()) {
-    sc::save_schedule(sim.schedule(), o.output);
+    if (csv)
+      sc::save_schedule(sim.schedule(), o.output, csv->dialect, &csv->kept);
+    else
+      sc::save_schedule(sim.schedule(), o.output);
     std::printf("wrote %s\n", o.output.c_str());
   }
   if (o.trace.empty() && o.svg.empty()) return;
@@ -253,6 +263,11 @@ int run_simulate(const std::vector<std::string>& args) {
         "--objective is what the auto schedule minimises; it needs --schedule auto "
         "(alone or in a comparison), found " +
         (o.file.empty() ? "--schedule " + names : "--file " + o.file));
+  if (vm.count("dialect") && (o.file.empty() || !sc::is_csv_path(o.file)))
+    throw InputError(
+        "--dialect is the PyTorch CSV dialect of --file; it needs a --file ending in .csv, "
+        "found " +
+        (o.file.empty() ? "--schedule " + names : "--file " + o.file));
   const bool compare = o.names.size() > 1;
   if (compare && (!o.svg.empty() || !o.trace.empty() || !o.output.empty() || o.show || o.repeat))
     throw InputError("--svg, --trace, --output, --show and --repeat need a single schedule");
@@ -296,8 +311,14 @@ int run_simulate(const std::vector<std::string>& args) {
 
   sc::Schedule s;
   std::string source;
-  if (!o.file.empty()) {
-    s = sc::load_schedule_to_run(o.file, dialect);
+  std::optional<sc::TorchCsv> csv;  // the CSV read, for writing it back
+  if (!o.file.empty() && sc::is_csv_path(o.file)) {
+    csv = sc::load_torch_csv(o.file, dialect);
+    sc::check_torch_csv(*csv, o.file);
+    s = csv->schedule;
+    source = o.file;
+  } else if (!o.file.empty()) {
+    s = sc::load_schedule(o.file);
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();
@@ -336,7 +357,10 @@ int run_simulate(const std::vector<std::string>& args) {
     s = make_schedule(o.names[0], o);
     source = o.names[0];
   }
-  if (o.lower) s = sc::lower(s);
+  if (o.lower) {
+    s = sc::lower(s);
+    csv.reset();  // its kept cells sit between the actions it had
+  }
   bool has_reduce = false, has_step = false;
   for (const auto& list : s.ranks)
     for (const sc::Action& a : list) {
@@ -365,7 +389,7 @@ int run_simulate(const std::vector<std::string>& args) {
   print_ranks(r, have_bytes);
   if (o.show) std::printf("\n%s", sc::to_text(sim.schedule()).c_str());
   if (o.repeat > 0) timing(sim.schedule(), costs, o.repeat);
-  write_outputs(o, sim, spec);
+  write_outputs(o, sim, spec, csv ? &*csv : nullptr);
   return 0;
 }
 

@@ -39,6 +39,27 @@ expect 0 "$baton" simulate --file "$torch_csv/dualpipev_p4_m8.csv" -o "$tmp/d.cs
 contains "valid"
 grep -q "OVERLAP_F_B" "$tmp/d.csv" || { echo "FAIL: no composite in the CSV written"; fails=$((fails + 1)); }
 expect 0 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect current
+# PyTorch's GPipe dump comes back as it was: its WAIT_REDUCE_GRAD cells (without them
+# PyTorch 2.15's runtime refuses the file) and its dialect.
+expect 0 "$baton" simulate --file "$torch_csv/gpipe_p4_m8.csv" -o "$tmp/gpipe.csv"
+cmp -s "$torch_csv/gpipe_p4_m8.csv" "$tmp/gpipe.csv" || { echo "FAIL: gpipe_p4_m8.csv written otherwise"; fails=$((fails + 1)); }
+# A PyTorch RECV posts the receive (its runtime waits at the consumer): the lowered form
+# of Interleaved1F1B simulates as its compute-only form does (it had been 20).
+expect 0 "$baton" simulate --file "$torch_csv/interleaved1f1b_p2_m4.csv"
+contains "makespan 13.5 "
+expect 0 "$baton" simulate --file "$torch_csv/comms_without_fsdp/interleaved1f1b_p2_m4.csv"
+contains "makespan 13.5 "
+contains "(with transfers)"
+# A share that rounds to zero prints 0.00% (torch's InterleavedZeroBubble p=3 v=3 m=6,
+# rank 2's span bubble, had printed -0.00%).
+printf '%s\r\n' \
+  '0F0,0F1,0F2,3F0,3F1,3F2,6F0,6F1,,,6F2,6I0,6W0,0F3,6I1,6W1,0F4,6I2,6W2,0F5,3I0,3W0,3F3,3I1,3W1,3F4,3I2,3W2,3F5,0I0,0W0,6F3,0I1,0W1,6F4,0I2,0W2,6F5,6I3,6W3,6I4,6W4,6I5,6W5,3I3,3W3,3I4,3W4,3I5,3W5,0I3,0W3,0I4,0W4,0I5,0W5' \
+  ',1F0,1F1,1F2,4F0,4F1,4F2,7F0,,7F1,7I0,7F2,7I1,7W0,1F3,7I2,7W1,1F4,4I0,7W2,1F5,4I1,4W0,4F3,4I2,4W1,4F4,1I0,4W2,4F5,1I1,1W0,7F3,1I2,1W1,7F4,7I3,1W2,7F5,7I4,7W3,7I5,7W4,4I3,7W5,4I4,4W3,4I5,4W4,1I3,4W5,1I4,1W3,1I5,1W4,1W5' \
+  ',,2F0,2F1,2F2,5F0,5F1,5F2,8F0,8I0,8F1,8I1,8F2,8I2,8W0,2F3,5I0,8W1,2F4,5I1,8W2,2F5,5I2,5W0,5F3,2I0,5W1,5F4,2I1,5W2,5F5,2I2,2W0,8F3,8I3,2W1,8F4,8I4,2W2,8F5,8I5,8W3,5I3,8W4,5I4,8W5,5I5,5W3,2I3,5W4,2I4,5W5,2I5,2W3,2W4,2W5' \
+  >"$tmp/izb_p3_v3_m6.csv"
+expect 0 "$baton" simulate --file "$tmp/izb_p3_v3_m6.csv"
+contains "0.00%"
+lacks "-0.00%"
 expect 0 "$baton" simulate --schedule v-half -p 4 -m 8
 expect 0 "$baton" simulate --schedule v-zb,auto -p 4 -m 8 --memory-limit 4 --objective span
 
@@ -59,6 +80,11 @@ expect 2 "$baton" simulate --schedule 1f1b -p 4 -m 8 --objective span
 contains "--objective is what the auto schedule minimises; it needs --schedule auto"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --dialect newest
 contains "expected legacy, current or detect, found 'newest'"
+# --dialect is the CSV's: without a CSV --file it would do nothing, so it is refused.
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --dialect legacy
+contains "--dialect is the PyTorch CSV dialect of --file; it needs a --file ending in .csv, found --schedule 1f1b"
+expect 2 "$baton" simulate --file "$examples/1f1b_p4_m8.txt" --dialect current
+contains "found --file $examples/1f1b_p4_m8.txt"
 # A schedule the CSV cannot hold names the file it was to be written to, and writes nothing.
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --lower -o "$tmp/stepped.csv"
 contains "stepped.csv: PyTorch CSV: rank 0"

@@ -227,6 +227,102 @@ TEST(TorchCsv, Dialects) {
   EXPECT_EQ(t.schedule.ranks[1][4].kind, K::reduce_gradients);
 }
 
+// PyTorch 2.15's runtime refuses a REDUCE_GRAD that no WAIT_REDUCE_GRAD follows: its own
+// GPipe dump (a fixture torch wrote) keeps its waits through the CLI's path
+// (load_schedule_to_run's kind of read, save_schedule with the kept cells), and a
+// schedule baton made gets one after each REDUCE_GRAD.
+TEST(TorchCsv, ReduceGradKeepsItsWait) {
+  const std::string path = BATON_SOURCE_DIR "/tests/fixtures/torch_schedules/gpipe_p4_m8.csv";
+  const std::string text = baton::memory::read_file(path);
+  ASSERT_NE(text.find(",0REDUCE_GRAD,0WAIT_REDUCE_GRAD\r\n"), std::string::npos);
+  const TorchCsv csv = load_torch_csv(path);
+  const std::string out = ::testing::TempDir() + "/gpipe_back.csv";
+  save_schedule(csv.schedule, out, csv.dialect, &csv.kept);
+  EXPECT_EQ(baton::memory::read_file(out), text);
+  // Without the kept cells (a schedule from anywhere), each REDUCE_GRAD gets its wait.
+  EXPECT_EQ(to_torch_csv(csv.schedule), text);
+  Schedule s = add_gradient_reduction(generate("interleaved-1f1b", 2, 4, 2), /*step=*/false);
+  const std::string written = to_torch_csv(s);
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::string st = std::to_string(stage);
+    EXPECT_NE(written.find(st + "REDUCE_GRAD," + st + "WAIT_REDUCE_GRAD"), std::string::npos)
+        << written;
+  }
+  // ... and reads back to the same schedule; a kept wait is not written twice.
+  TorchCsv back = parse_torch_csv(written, "w.csv");
+  EXPECT_EQ(back.schedule.ranks, s.ranks);
+  EXPECT_EQ(to_torch_csv(back.schedule, back.dialect, &back.kept), written);
+  // The kept cells after a written wait keep their places.
+  TorchCsv idle = parse_torch_csv("0F0,0B0,0REDUCE_GRAD,,0F1\r\n", "i.csv");
+  EXPECT_EQ(to_torch_csv(idle.schedule, idle.dialect, &idle.kept),
+            "0F0,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,,0F1\r\n");
+}
+
+// A PyTorch RECV posts the receive; its runtime waits at the action using the data. The
+// reader moves each RECV to just before that action, so the lowered form PyTorch wrote
+// of Interleaved1F1B (p=2, v=2, m=4; FSDP's actions dropped) runs like its compute-only
+// form: the same makespan (it had been 20 against 13.5), and each wait where PyTorch's is.
+TEST(TorchCsv, AReceiveWaitsAtItsConsumer) {
+  const std::string dir = BATON_SOURCE_DIR "/tests/fixtures/torch_schedules/";
+  const std::string comms_path = dir + "comms_without_fsdp/interleaved1f1b_p2_m4.csv";
+  const TorchCsv compute = load_torch_csv(dir + "interleaved1f1b_p2_m4.csv");
+  const TorchCsv comms = load_torch_csv(comms_path);
+  check_torch_csv(comms, comms_path);
+  ASSERT_TRUE(has_transfers(comms.schedule));
+  const Costs c = resolve(CostSpec::unit(), compute.schedule);
+  const double plain = simulate(compute.schedule, c).makespan;
+  EXPECT_DOUBLE_EQ(plain, 13.5);
+  EXPECT_DOUBLE_EQ(simulate(comms.schedule, resolve(CostSpec::unit(), comms.schedule)).makespan,
+                   plain);
+  // Each receive is right before its consumer (both of a composite's before it); the
+  // sends stay in their order.
+  for (const auto& list : comms.schedule.ranks)
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].kind != K::recv_activation && list[i].kind != K::recv_gradient) continue;
+      size_t j = i + 1;
+      while (j < list.size() &&
+             (list[j].kind == K::recv_activation || list[j].kind == K::recv_gradient))
+        ++j;
+      ASSERT_LT(j, list.size());
+      EXPECT_EQ(list[j].stage, list[i].stage);
+      EXPECT_EQ(list[j].micro_batch, list[i].micro_batch);
+      EXPECT_EQ(list[j].kind, list[i].kind == K::recv_activation ? K::forward : K::full_backward);
+    }
+  // A validation error names the cell the action was written in: 1B0 is action 0 once
+  // 1RECV_F0 moved to 1F0, and cell 2 of the file.
+  TorchCsv bad =
+      parse_torch_csv("0F0,0SEND_F0,0RECV_B0,0B0\r\n1RECV_F0,1B0,1F0,1SEND_B0\r\n", "bad.csv");
+  EXPECT_NE(input_error_of([&] {
+              check_torch_csv(bad, "bad.csv");
+            }).find("bad.csv: invalid schedule (CSV row 2, cell 2): backward before its forward"),
+            std::string::npos);
+  // Each receive goes to just before its own consumer.
+  TorchCsv moved =
+      parse_torch_csv("0F0,0SEND_F0,,0F1,0SEND_F1\r\n1RECV_F0,1RECV_F1,1F1,1F0\r\n", "m.csv");
+  ASSERT_EQ(to_token(moved.schedule.ranks[1][0]), "1RECV_F1");
+  EXPECT_EQ(to_token(moved.schedule.ranks[1][1]), "1F1");
+  EXPECT_EQ(to_token(moved.schedule.ranks[1][2]), "1RECV_F0");
+  EXPECT_EQ(torch_cell(moved, 1, 2), 0);  // 1RECV_F0 was written in cell 1
+  EXPECT_EQ(torch_cell(moved, 1, 0), 1);
+  EXPECT_EQ(torch_cell(moved, 0, 2), 3);  // after the empty cell
+  // Written back in the moved order, with the kept cells in their places.
+  EXPECT_EQ(to_torch_csv(moved.schedule, moved.dialect, &moved.kept),
+            "0F0,0SEND_F0,,0F1,0SEND_F1\r\n1RECV_F1,1F1,1RECV_F0,1F0\r\n");
+  // A receive after its consumer is not moved: the validator names the consumer.
+  TorchCsv late = parse_torch_csv("0F0,0SEND_F0\r\n1F0,1RECV_F0\r\n", "late.csv");
+  EXPECT_NE(input_error_of([&] {
+              check_torch_csv(late, "late.csv");
+            }).find("late.csv: invalid schedule (CSV row 2, cell 1): receive after use"),
+            std::string::npos);
+  // A composite's receives go before it.
+  TorchCsv ov =
+      parse_torch_csv("0F0\r\n1RECV_F1,1RECV_B0,1F0,(1F1;1B0)OVERLAP_F_B\r\n2F0\r\n", "o.csv");
+  EXPECT_EQ(to_token(ov.schedule.ranks[1][0]), "1F0");
+  EXPECT_EQ(to_token(ov.schedule.ranks[1][1]), "1RECV_F1");
+  EXPECT_EQ(to_token(ov.schedule.ranks[1][2]), "1RECV_B0");
+  EXPECT_TRUE(ov.schedule.ranks[1][3].overlap);
+}
+
 TEST(TorchCsv, RefusesWhatBatonCannotSay) {
   EXPECT_NE(input_error_of([] {
               parse_torch_csv("0UNSHARD,0F0,0B0,0RESHARD\r\n", "u.csv");
