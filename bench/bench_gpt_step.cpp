@@ -22,7 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/thread_counts.h"
+#include "bench/args.h"
+#include "bench/stats.h"
 #include "kernels/ops.h"
 #include "memory/allocator.h"
 #include "stages/model.h"
@@ -55,14 +56,8 @@ struct Config {
   }
 };
 
-struct Stats {
-  double median, min, max;
-};
-
-Stats stats(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
-}
+using baton::bench::stats;
+using baton::bench::Stats;
 
 // baton's own f32 GEMM (the library it chose) at 1024^3.
 double sgemm_rate(int reps) {
@@ -80,9 +75,7 @@ double sgemm_rate(int reps) {
   return 2.0 * n * n * n / stats(ts).median / 1e9;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string which = "all", family = "gpt", threads_arg = "1,2";
   int steps = 10, warmup = 2;
   bool profile = false;
@@ -93,17 +86,28 @@ int main(int argc, char** argv) {
       "steps", po::value(&steps), "timed steps")("warmup", po::value(&warmup), "untimed steps")(
       "profile", po::bool_switch(&profile), "print time per op type");
   po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, opts), vm);
-  po::notify(vm);
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw baton::InputError(e.what());
+  }
   if (vm.count("help")) {
     std::printf("%s\n", (std::stringstream() << opts).str().c_str());
     return 0;
   }
+  // No timed step had left stats() an empty vector (a crash); a config other than A, B
+  // or all had printed the header alone.
+  if (steps < 1)
+    throw baton::InputError("--steps: expected at least 1, found " + std::to_string(steps));
+  if (warmup < 0)
+    throw baton::InputError("--warmup: expected at least 0, found " + std::to_string(warmup));
+  if (which != "A" && which != "B" && which != "all")
+    throw baton::InputError("--config: expected A, B or all, found '" + which + "'");
+  if (family != "gpt" && family != "llama")
+    throw baton::InputError("--family: expected gpt or llama, found '" + family + "'");
+  const std::vector<int> thread_list = baton::bench::thread_counts(threads_arg);
   std::vector<Config> configs;
-  if (family != "gpt" && family != "llama") {
-    std::fprintf(stderr, "--family: expected gpt or llama, found %s\n", family.c_str());
-    return 2;
-  }
   const bool llama = family == "llama";
   if (which == "A" || which == "all") configs.push_back({"A", 4, 4, 256, 128, 8, 256, llama});
   if (which == "B" || which == "all") configs.push_back({"B", 8, 8, 512, 256, 8, 256, llama});
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
     for (auto& x : tgt) x = int32_t(rng() % uint64_t(c.vocab));
     st::TensorMap in{{"tokens", Tensor::from_vector(tok, {c.batch, c.ctx})},
                      {"targets", Tensor::from_vector(tgt, {c.batch, c.ctx})}};
-    for (int threads : baton::bench::thread_counts(threads_arg)) {
+    for (int threads : thread_list) {
       baton::kernels::set_num_threads(threads);
       double sgemm = sgemm_rate(5);
       st::StageOptions so;
@@ -203,4 +207,10 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return baton::bench::run_main("bench_gpt_step", [&] { return run(argc, argv); });
 }

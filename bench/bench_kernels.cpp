@@ -24,7 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/thread_counts.h"
+#include "bench/args.h"
+#include "bench/stats.h"
 #include "kernels/fused.h"
 #include "kernels/ops.h"
 
@@ -65,8 +66,8 @@ Timing time_it(const std::function<void()>& f, double min_time) {
     ts.push_back(now_seconds() - t0);
     if (ts.size() >= 2000) break;
   }
-  std::sort(ts.begin(), ts.end());
-  return {ts[ts.size() / 2], ts.front(), ts.back(), int(ts.size())};
+  const baton::bench::Stats s = baton::bench::stats(ts);
+  return {s.median, s.min, s.max, int(ts.size())};
 }
 
 // Inputs from the kernels' own counter-based normals: fast, so setting up the large
@@ -157,6 +158,10 @@ class Bench {
     const Timing t = time_it(f, min_time_);
     rows_.push_back({c.name, kernel, shape, k::num_threads(), t, bytes / t.median / 1e9,
                      memcpy_rate(size_t(bytes / 2) / 64 * 64), "GB/s"});
+  }
+
+  bool empty() const {
+    return rows_.empty();
   }
 
   void print() const {
@@ -425,9 +430,7 @@ void bench_mix(double min_time, const std::vector<int>& threads) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   po::options_description opts("bench_kernels options");
   opts.add_options()("help", "this help")("config", po::value<std::string>()->default_value("all"),
                                           "A, B or all")(
@@ -442,8 +445,7 @@ int main(int argc, char** argv) {
     po::store(po::parse_command_line(argc, argv, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "bench_kernels: %s\n", e.what());
-    return 2;
+    throw baton::InputError(e.what());
   }
   if (vm.count("help")) {
     std::printf("%s\n", (std::stringstream() << opts).str().c_str());
@@ -452,6 +454,13 @@ int main(int argc, char** argv) {
   g_cpu_time = vm.count("cpu-time") > 0;
   const auto threads = baton::bench::thread_counts(vm["threads"].as<std::string>());
   const double min_time = vm["min-time"].as<double>();
+  // A config other than A, B or all had printed an empty table with exit 0.
+  const std::string which = vm["config"].as<std::string>();
+  if (which != "A" && which != "B" && which != "all")
+    throw baton::InputError("--config: expected A, B or all, found '" + which + "'");
+  if (!(min_time >= 0))
+    throw baton::InputError("--min-time: expected seconds of at least 0, found " +
+                            std::to_string(min_time));
   const char* core = std::getenv("OPENBLAS_CORETYPE");
   const char* l2 = std::getenv("OPENBLAS_L2_SIZE");
   std::printf("OpenBLAS: %s | core %s | OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s | cores %d | %s\n",
@@ -468,13 +477,23 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<Config> configs{{"A", 4, 4, 256, 128, 8, 256}, {"B", 8, 8, 512, 256, 8, 256}};
-  const std::string which = vm["config"].as<std::string>();
   Bench b(min_time, vm["filter"].as<std::string>());
   for (int t : threads) {
     k::set_num_threads(t);
     for (const Config& c : configs)
       if (which == "all" || which == c.name) bench_config(b, c);
+    // A --filter that names no kernel had printed an empty table with exit 0: said after
+    // the first thread count, before the others would time nothing.
+    if (b.empty())
+      throw baton::InputError("--filter '" + vm["filter"].as<std::string>() +
+                              "': no kernel's name contains it");
   }
   b.print();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return baton::bench::run_main("bench_kernels", [&] { return run(argc, argv); });
 }

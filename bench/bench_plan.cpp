@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench/args.h"
+#include "bench/stats.h"
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/search.h"
@@ -53,8 +56,16 @@ Stats measure(int reps, const std::function<void()>& f) {
         {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
          cpu_ms() - c0});
   }
+  // By wall time; the cpu column is the median's own (the mean of the middle two's, as
+  // baton::bench::stats takes the median of an even count).
   std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2].first, ms.front().first, ms.back().first, ms[ms.size() / 2].second};
+  std::vector<double> wall, cpu;
+  for (const auto& [w, c] : ms) {
+    wall.push_back(w);
+    cpu.push_back(c);
+  }
+  return {baton::bench::median_of_sorted(wall), wall.front(), wall.back(),
+          baton::bench::median_of_sorted(cpu)};
 }
 
 void row(const char* what, const Stats& s, const std::string& note) {
@@ -62,13 +73,31 @@ void row(const char* what, const Stats& s, const std::string& note) {
               note.c_str());
 }
 
-}  // namespace
+const char* const kUsage =
+    "usage: bench_plan [blocks=10000] [devices=8] [repetitions=5] [search [pause-seconds]]\n";
 
-int main(int argc, char** argv) {
-  const int blocks = argc > 1 ? std::atoi(argv[1]) : 10000;
-  const int devices = argc > 2 ? std::atoi(argv[2]) : 8;
-  const int reps = argc > 3 ? std::atoi(argv[3]) : 5;
-  const bool only_search = argc > 4 && std::string(argv[4]) == "search";  // for profiling
+int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    // atoi had read a flag as 0 blocks (an uncaught InputError from the model) and 0
+    // repetitions had indexed an empty vector.
+    if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1])))
+      throw InputError("unknown option '" + a + "'\n" + kUsage);
+  }
+  if (argc > 6) throw InputError("expected at most 5 arguments\n" + std::string(kUsage));
+  using bench::parse_int;
+  const int blocks = argc > 1 ? parse_int("blocks", argv[1], 1) : 10000;
+  const int devices = argc > 2 ? parse_int("devices", argv[2], 1) : 8;
+  const int reps = argc > 3 ? parse_int("repetitions", argv[3], 1) : 5;
+  if (argc > 4 && std::string(argv[4]) != "search")
+    throw InputError("fourth argument: expected 'search', found '" + std::string(argv[4]) + "'\n" +
+                     kUsage);
+  const bool only_search = argc > 4;  // for profiling
+  const int pause = argc > 5 ? parse_int("pause-seconds", argv[5], 0) : 0;
   stages::Gpt2Config c;
   c.name = "gpt-" + std::to_string(blocks);
   c.n_layer = blocks;
@@ -102,10 +131,10 @@ int main(int argc, char** argv) {
 
   if (only_search) {
     spdlog::set_level(spdlog::level::debug);
-    if (argc > 5) {  // a pause to attach a profiler after loading
-      std::printf("loaded; searching in %s s\n", argv[5]);
+    if (pause > 0) {  // a pause to attach a profiler after loading
+      std::printf("loaded; searching in %d s\n", pause);
       std::fflush(stdout);
-      std::this_thread::sleep_for(std::chrono::seconds(std::atoi(argv[5])));
+      std::this_thread::sleep_for(std::chrono::seconds(pause));
     }
     CostModel m(g, Machine{});
     SearchResult r = search_plans(g, m, o);
@@ -135,9 +164,13 @@ int main(int argc, char** argv) {
 
   // The degrees, schedule and micro-batches given (`baton plan --tp 2 --pp 4 ...`): the
   // cut, memory and simulation of each recompute choice.
+  // TP 2 x PP 4 at 8 devices; at other counts the nearest degrees that divide them (a
+  // fixed 2 x 4 had refused any count but a multiple of 8).
   SearchOptions fixed = o;
-  fixed.tp = 2;
-  fixed.pp = 4;
+  fixed.tp = devices % 2 == 0 ? 2 : 1;
+  fixed.pp = 1;
+  for (int pp : {4, 2})
+    if (fixed.pp == 1 && (devices / fixed.tp) % pp == 0) fixed.pp = pp;
   fixed.schedules = {"zb-h1"};
   fixed.micro_batches = 16;
   SearchResult fixed_res;
@@ -171,4 +204,10 @@ int main(int argc, char** argv) {
   std::printf("\nplan = search: %.0f ms median wall (%.0f ms CPU) for %d layers on %d devices\n",
               search.median, search.cpu, g->num_layers(), devices);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::run_main("bench_plan", [&] { return run(argc, argv); });
 }

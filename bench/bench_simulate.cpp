@@ -6,15 +6,17 @@
 // single-threaded, so on a quiet machine the two agree, and on a shared one the CPU
 // clock leaves out the time other processes held the cores.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/args.h"
+#include "bench/stats.h"
 #include "schedule/costs.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
@@ -25,9 +27,7 @@ using namespace baton::schedule;
 
 namespace {
 
-struct Stats {
-  double median, min, max;
-};
+using baton::bench::Stats;
 
 bool g_cpu_time = false;
 
@@ -50,8 +50,7 @@ Stats measure(int reps, const std::function<void()>& f) {
     f();
     ms.push_back(now_ms() - t0);
   }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back()};
+  return baton::bench::stats(ms);
 }
 
 std::string cell(const Stats& s) {
@@ -60,19 +59,33 @@ std::string cell(const Stats& s) {
   return b;
 }
 
-}  // namespace
+const char* const kUsage =
+    "usage: bench_simulate [ranks=128] [micro-batches=1024] [repetitions=7] [--cpu-time]\n";
 
-int main(int argc, char** argv) {
-  std::vector<const char*> args;
+int run(int argc, char** argv) {
+  std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--cpu-time") == 0)
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    // An unknown flag (--cpu-tme) had been read as a count of 0 or ignored.
+    if (a == "--cpu-time")
       g_cpu_time = true;
+    else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1])))
+      throw baton::InputError("unknown option '" + a + "'\n" + kUsage);
     else
-      args.push_back(argv[i]);
+      args.push_back(a);
   }
-  const int p = args.size() > 0 ? std::atoi(args[0]) : 128;
-  const int m = args.size() > 1 ? std::atoi(args[1]) : 1024;
-  const int reps = args.size() > 2 ? std::atoi(args[2]) : 7;
+  if (args.size() > 3)
+    throw baton::InputError(
+        "expected at most 3 numbers (ranks, micro-batches, repetitions), found " +
+        std::to_string(args.size()) + "\n" + kUsage);
+  using baton::bench::parse_int;
+  const int p = args.size() > 0 ? parse_int("ranks", args[0], 1) : 128;
+  const int m = args.size() > 1 ? parse_int("micro-batches", args[1], 1) : 1024;
+  const int reps = args.size() > 2 ? parse_int("repetitions", args[2], 1) : 7;
   std::printf(
       "bench_simulate: p=%d m=%d, %d repetitions after one warm-up; %s milliseconds, median "
       "[min, max]\n",
@@ -116,4 +129,10 @@ int main(int argc, char** argv) {
                 run.median * 1e6 / double(lowered.num_actions()), makespan);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return baton::bench::run_main("bench_simulate", [&] { return run(argc, argv); });
 }

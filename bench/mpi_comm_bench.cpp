@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/stats.h"
+
 namespace {
 
 struct Options {
@@ -161,8 +163,11 @@ int main(int argc, char** argv) {
       // size is the bytes per rank of the larger side, as nccl-tests reports it.
       size_t total = bytes / sizeof(float);
       size_t count = total;  // per-part count for all_gather / reduce_scatter
-      if (op == "all_gather" || op == "reduce_scatter") count = total / size_t(b.n);
-      if (count == 0) continue;
+      const bool split = op == "all_gather" || op == "reduce_scatter";
+      if (split) count = total / size_t(b.n);
+      const size_t size = split ? count * size_t(b.n) * 4 : count * 4;
+      // As `baton bench comm`: no row whose whole elements fall below --min-bytes.
+      if (count == 0 || size < o.min_bytes) continue;
       b.fill(op, count);
       b.run(op, count);
       long wrong = b.check(op, count);
@@ -177,14 +182,12 @@ int main(int argc, char** argv) {
         MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         times.push_back(t);
       }
-      std::sort(times.begin(), times.end());
-      double med = times[times.size() / 2];
-      size_t size =
-          (op == "all_gather" || op == "reduce_scatter") ? count * size_t(b.n) * 4 : count * 4;
+      const baton::bench::Stats t = baton::bench::stats(times);
+      const double med = t.median;
       double algbw = double(size) / med / 1e9;
       if (b.rank == 0)
         std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7ld\n", op.c_str(), size,
-                    size / 4, med * 1e6, times.front() * 1e6, times.back() * 1e6, algbw,
+                    size / 4, med * 1e6, t.min * 1e6, t.max * 1e6, algbw,
                     algbw * bus_factor(op, b.n), wrong);
     }
   }

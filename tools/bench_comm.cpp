@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "bench/stats.h"
 #include "memory/error.h"
 #include "memory/tensor.h"
 #include "memory/units.h"
@@ -60,6 +61,19 @@ size_t count_of(const std::string& op, size_t bytes, int n) {
   return op == "all_gather" || op == "reduce_scatter" ? count / size_t(n) : count;
 }
 
+// The size a row reports for `bytes`: whole f32 elements (whole parts per rank for
+// all-gather and reduce-scatter), so at most `bytes`.
+size_t row_size(const std::string& op, size_t bytes, int n) {
+  const size_t count = count_of(op, bytes, n);
+  return (op == "all_gather" || op == "reduce_scatter" ? count * size_t(n) : count) * 4;
+}
+
+// Whether `bytes` gives a row: an element to send, and a size that rounds down to no
+// less than --min-bytes (--min-bytes 6 had printed a 4-byte row).
+bool has_row(const std::string& op, size_t bytes, int n, size_t min_bytes) {
+  return count_of(op, bytes, n) > 0 && row_size(op, bytes, n) >= min_bytes;
+}
+
 // The largest size the doubling from --min-bytes reaches without passing --max-bytes.
 size_t largest_size(const CommBenchOptions& o) {
   size_t bytes = o.min_bytes;
@@ -68,17 +82,26 @@ size_t largest_size(const CommBenchOptions& o) {
 }
 
 // Every op needs a size that holds an element (a part of one per rank, for all-gather and
-// reduce-scatter): a table with no row is no result.
+// reduce-scatter) and rounds down to whole ones within --min-bytes: a table with no row is
+// no result. The rows grow with the size, so the largest one decides.
 void check_sizes(const CommBenchOptions& o, int n) {
-  for (const auto& op : o.ops)
+  for (const auto& op : o.ops) {
+    const bool split = op == "all_gather" || op == "reduce_scatter";
+    const std::string range = "--min-bytes " + std::to_string(o.min_bytes) + " to --max-bytes " +
+                              std::to_string(o.max_bytes) + ": ";
     if (count_of(op, largest_size(o), n) == 0)
-      throw InputError("--min-bytes " + std::to_string(o.min_bytes) + " to --max-bytes " +
-                       std::to_string(o.max_bytes) + ": no size holds " +
-                       (op == "all_gather" || op == "reduce_scatter"
-                            ? "a 4-byte f32 element per rank for " + op + " over " +
-                                  std::to_string(n) + " ranks (at least " + std::to_string(4 * n) +
-                                  " bytes)"
-                            : "a 4-byte f32 element for " + op));
+      throw InputError(range + "no size holds " +
+                       (split ? "a 4-byte f32 element per rank for " + op + " over " +
+                                    std::to_string(n) + " ranks (at least " +
+                                    std::to_string(4 * n) + " bytes)"
+                              : "a 4-byte f32 element for " + op));
+    if (!has_row(op, largest_size(o), n, o.min_bytes))
+      throw InputError(range + "the sizes round down to whole 4-byte f32 elements" +
+                       (split ? " per rank (multiples of " + std::to_string(4 * n) + " bytes for " +
+                                    op + " over " + std::to_string(n) + " ranks)"
+                              : " for " + op) +
+                       ", and none is at least --min-bytes");
+  }
 }
 
 // Buffers as large as the ops need at --max-bytes, no larger: all-reduce, broadcast
@@ -225,8 +248,7 @@ class Bench {
       std::memcpy(to.data(), from.data(), bytes);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    std::sort(t.begin(), t.end());
-    return double(bytes) / t[t.size() / 2] / 1e9;
+    return double(bytes) / bench::stats(t).median / 1e9;
   }
 
   Communicator& c_;
@@ -253,8 +275,8 @@ void bench_rank(Communicator& c, const CommBenchOptions& o, const std::string& s
   c.barrier()->wait();
   for (const auto& op : o.ops) {
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-      size_t count = count_of(op, bytes, n);
-      if (count == 0) continue;
+      if (!has_row(op, bytes, n, o.min_bytes)) continue;
+      const size_t count = count_of(op, bytes, n);
       b.fill(op, count);
       b.prepare(op, count);
       b.run(op);
@@ -269,15 +291,14 @@ void bench_rank(Communicator& c, const CommBenchOptions& o, const std::string& s
         double t = std::chrono::duration<double>(Clock::now() - t0).count() / m;
         times.push_back(b.reduce_scalar(t, ReduceOp::max));
       }
-      std::sort(times.begin(), times.end());
-      double med = times[times.size() / 2];
-      size_t size =
-          (op == "all_gather" || op == "reduce_scatter") ? count * size_t(n) * 4 : count * 4;
+      const bench::Stats t = bench::stats(times);
+      const double med = t.median;
+      const size_t size = row_size(op, bytes, n);
       double algbw = double(size) / med / 1e9;
       if (c.rank() == 0) {
         std::printf("%-15s %12zu %12zu %10.2f %10.2f %10.2f %9.3f %9.3f %7.0f\n", op.c_str(), size,
-                    size / 4, med * 1e6, times.front() * 1e6, times.back() * 1e6, algbw,
-                    algbw * bus_factor(op, n), wrong);
+                    size / 4, med * 1e6, t.min * 1e6, t.max * 1e6, algbw, algbw * bus_factor(op, n),
+                    wrong);
         std::fflush(stdout);
       }
     }

@@ -15,7 +15,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/command_runner.h"
 
@@ -329,6 +331,42 @@ TEST(BenchComm, OptionsThatMeasureNothingAreBadInput) {
     EXPECT_EQ(r.code, 2) << c.args << ":\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ":\n" << r.output;
   }
+}
+
+// The sizes of the rows: a size rounds down to whole f32 elements, and one that falls below
+// --min-bytes is no row (--min-bytes 6 had printed a 4-byte row); a range where every size
+// does is refused.
+TEST(BenchComm, NoRowBelowMinBytes) {
+  Result r = bench("--op all_reduce --min-bytes 6 --max-bytes 24 --reps 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<size_t> sizes;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    char op[32];
+    size_t size = 0;
+    if (std::sscanf(line.c_str(), "%31s %zu", op, &size) == 2 && std::string(op) == "all_reduce")
+      sizes.push_back(size);
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{12, 24})) << r.output;
+  r = bench("--op all_reduce --min-bytes 6 --max-bytes 7 --reps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("none is at least --min-bytes"), std::string::npos) << r.output;
+}
+
+// The median of an even count of batches is the mean of the middle two (it had been the
+// upper one: with --reps 2 the time column equalled the max).
+TEST(BenchComm, MedianOfTwoBatchesIsTheirMean) {
+  Result r = bench("--op all_reduce --min-bytes 1MiB --max-bytes 1MiB --reps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("\nall_reduce ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  double time = 0, min = 0, max = 0;
+  ASSERT_EQ(
+      std::sscanf(r.output.c_str() + at + 1, "all_reduce %*u %*u %lf %lf %lf", &time, &min, &max),
+      3)
+      << r.output;
+  // Each printed to 0.01 us.
+  EXPECT_NEAR(time, (min + max) / 2, 0.011) << r.output;
 }
 
 // Under a launcher the ranks are the launched ones: a -n that differs had been ignored.
