@@ -13,6 +13,7 @@ Simulator built once and with baton.simulate each time. Medians of 5 (min, max),
 process's CPU time unless --wall; the two calls are single-threaded, so on a quiet
 machine the clocks agree. Three rounds, Python and C++ alternated.
 """
+import argparse
 import os
 import re
 import statistics
@@ -22,11 +23,17 @@ import time
 
 import baton
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-build = args[0] if args else "build/release"
+# argparse: an unknown flag (--wal) had been ignored silently.
+ap = argparse.ArgumentParser(description="The Python module's call times against the C++ library's.",
+                             allow_abbrev=False)
+ap.add_argument("build", nargs="?", default="build/release",
+                help="the build folder holding bench/bench_simulate (default build/release)")
 # --wall: the wall clock (a quiet machine); by default the process's CPU time, on both
 # sides, which leaves out the time other processes held the cores of a shared machine.
-cpu_time = "--wall" not in sys.argv
+ap.add_argument("--wall", action="store_true", help="time by the wall clock, not CPU time")
+opts = ap.parse_args()
+build = opts.build
+cpu_time = not opts.wall
 rounds = 3
 clock = time.process_time if cpu_time else time.perf_counter
 

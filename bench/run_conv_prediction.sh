@@ -9,9 +9,11 @@
 # measured step (the median after warm-up).
 #   bench/run_conv_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 sp2 pp2sp2"]
 # Needs build/release/baton and a Python with numpy (PYTHON=..., default .venv/bin/python).
-# KEEP_TMP=1 keeps the working folder.
+# KEEP_TMP=1 keeps the working folder. A plan whose run fails is reported (its command and
+# output) and the others go on; the script then exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 steps=8
 warmup=4
 plans="pp1 pp2 dp2 sp2 pp2sp2"
@@ -23,13 +25,20 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+need_int --steps "$steps" 1
+need_int --warmup "$warmup" 0
+known="pp1 pp2 dp2 sp2 pp2sp2"
+[ -n "$plans" ] || { echo "--plans: expected one or more of $known, found none" >&2; exit 2; }
+for p in $plans; do
+  [[ " $known " == *" $p "* ]] || { echo "--plans: unknown plan '$p' (expected some of $known)" >&2; exit 2; }
+done
 python="${PYTHON:-.venv/bin/python}"
 baton=build/release/baton
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
 "$python" -c "import numpy" 2>/dev/null || { echo "$python has no numpy" >&2; exit 2; }
 tmp=$(mktemp -d)
 [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-"$python" - "$tmp/data" <<'PY'
+run_logged "$tmp/data.out" "$python" - "$tmp/data" <<'PY'
 import os, sys
 import numpy as np
 os.makedirs(sys.argv[1])
@@ -60,22 +69,33 @@ devices() { grep -o '"devices": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# ResNet 64x64, global batch 16 in micro-batches of 2, 1F1B; $warmup warm-up + $steps timed steps"
-"$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated 2 4 --spatial 2 \
-  -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
-grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /'
-"$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("spatial_exchange", None)
+run_logged "$tmp/profile.out" "$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 \
+  --colocated 2 4 --spatial 2 -o "$tmp/profile.json"
+grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /' || true
+run_logged "$tmp/without.out" "$python" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.pop("spatial_exchange", None)
 json.dump(c, open(sys.argv[2], "w"))' "$tmp/profile.json" "$tmp/profile-without.json"
 
 total=$((steps + warmup))
 step_ms() { grep '^\[rank 0\]' "$1" | grep -o '[0-9.]* ms/step' | awk '{print $1}' | tail -n "$steps"; }
 median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
-predict() { "$baton" trace predict --plan "$tmp/$1.json" --costs "$2" | grep -o 'step time [0-9.]*' | awk '{print $3}'; }
+predict() {
+  run_logged "$tmp/predict.out" "$baton" trace predict --plan "$tmp/$1.json" --costs "$2"
+  grep -o 'step time [0-9.]*' "$tmp/predict.out" | awk '{print $3}'
+}
+failed=""
 printf '\n| plan | ranks | predicted ms | without spatial_exchange | measured ms (median) | measured / predicted | measured / without |\n|---|---|---|---|---|---|---|\n'
 for p in $plans; do
   n=$(devices "$p")
-  "$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$tmp/data" --steps "$total" \
-    --threads 1 --log-every 1 > "$tmp/$p.out" 2>&1 ||
-    { echo "$p failed:"; tail -5 "$tmp/$p.out"; continue; }
+  cmd=("$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$tmp/data"
+       --steps "$total" --threads 1 --log-every 1)
+  rc=0
+  "${cmd[@]}" > "$tmp/$p.out" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "| $p | $n | failed (exit $rc): below |"
+    report_failure "$tmp/$p.out" "$rc" "${cmd[@]}"
+    failed+=" $p"
+    continue
+  fi
   pred=$(predict "$p" "$tmp/profile.json")
   without=$(predict "$p" "$tmp/profile-without.json")
   meas=$(step_ms "$tmp/$p.out" | median)
@@ -83,3 +103,7 @@ for p in $plans; do
     "$(echo "$meas / $pred" | bc -l)" "$(echo "$meas / $without" | bc -l)"
 done
 echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "$failed" ]; then
+  echo "failed:$failed (their commands and output above)" >&2
+  exit 1
+fi

@@ -12,9 +12,11 @@
 #   bench/run_dp_sync.sh [--steps N] [--rate RATE] [--delay MS] [--model FILE] [--out DIR]
 #                        [--only REGEX]   (the runs whose names match, beside allreduce)
 # Needs root (network namespaces) and build/release/baton (or $BATON, another build to
-# compare). --out keeps each run's loss log, progress lines and summary.
+# compare). --out keeps each run's loss log, progress lines and summary; a failed run keeps
+# the whole working folder and says where.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 steps=200
 rate=100mbit
 delay=5
@@ -32,6 +34,15 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+need_int --steps "$steps" 1
+# An invalid regex had made every [[ =~ ]] below false (status 2): all runs but allreduce
+# skipped, and exit 0.
+if [ -n "$only" ]; then
+  rc=0
+  [[ "" =~ $only ]] || rc=$?
+  [ "$rc" != 2 ] || { echo "--only '$only': not a valid regular expression (bash's =~, POSIX ERE)" >&2; exit 2; }
+fi
+[ -f "$model" ] || { echo "--model $model: no such file" >&2; exit 2; }
 baton="${BATON:-$PWD/build/release/baton}"
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (scripts/two-hosts.sh)" >&2; exit 2; }
@@ -40,14 +51,22 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
 fi
 work=$(mktemp -d /tmp/baton-dp-sync.XXXXXX)
 id=""
+keep=""  # set when a run failed: its output stays for reading
 cleanup() {
   [ -n "$id" ] && scripts/two-hosts.sh down --id "$id"
   if [ -n "$out" ]; then mkdir -p "$out" && cp -r "$work"/. "$out"/; fi
-  rm -rf "$work"
+  [ -n "$keep" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 cp "$model" "$work/model.json"
 data="$PWD/examples/data/licenses.txt"
+# Every layer of the model in the one stage, as a range: the plan had named the layers of a
+# 2-block GPT, so any other --model failed. The count from the plan baton makes for it.
+run_logged "$work/layers.out" "$baton" plan --model "$work/model.json" --devices 1 --dp 1 --pp 1 \
+  --tp 1 --schedule 1f1b --micro-batches 1 --batch 1 -o "$work/layers.json"
+layers=$(/usr/bin/python3 -c 'import json, sys
+l = json.load(open(sys.argv[1]))["stages"][0]["layers"]
+print(l[1] if all(isinstance(x, int) for x in l) else len(l))' "$work/layers.json")
 
 # name | plan fields beside the common ones [| each rank's host, scripts/two-hosts.sh
 # --hosts: extra parameter-server ranks after the replicas'; default one replica per host]
@@ -66,7 +85,10 @@ runs=(
 )
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); link: $rate, ${delay} ms each way"
-echo "# $(basename "$model"), DP=2 (one replica per host), 4 micro-batches of 2 x $(grep -o '"n_positions": *[0-9]*' "$model" | grep -o '[0-9]*$') tokens, AdamW lr 1e-3, $steps steps"
+# The context of a GPT-2 or a LLaMA-family config ("?" for another model: no grep's
+# failure ending the script without a word).
+ctx=$(grep -oE '"(n_positions|max_position_embeddings)": *[0-9]+' "$model" | grep -oE '[0-9]+$' || true)
+echo "# $(basename "$model") ($layers layers), DP=2 (one replica per host), 4 micro-batches of 2 x ${ctx:-?} tokens, AdamW lr 1e-3, $steps steps"
 
 id=$(scripts/two-hosts.sh up --rate "$rate" --delay "$delay")
 link_bytes() {
@@ -97,7 +119,7 @@ for r in "${runs[@]}"; do
  "parallel": {"dp": 2, "pp": 1, "tp": 1},
  "batch": {"micro_batch_size": 2},
  "schedule": {"name": "1f1b", "micro_batches": 4},
- "stages": [{"layers": ["embed", "h.0", "h.1", "head"]}],
+ "stages": [{"layers": [0, $layers]}],
  $fields}
 JSON
   echo "$name" >"$dir/name"
@@ -106,7 +128,7 @@ JSON
   scripts/two-hosts.sh launch --id "$id" -n "${#hosts}" --hosts "$hosts" -- "$baton" train --plan "$dir/plan.json" \
     --data "$data" --steps "$steps" --lr 1e-3 --log-every 1 --loss-log "$dir/loss.jsonl" \
     --summary "$dir/summary.json" >"$dir/out.txt" 2>&1 ||
-    { echo "$name: failed (its output: $dir/out.txt)" >&2; tail -5 "$dir/out.txt" >&2; exit 1; }
+    { keep=1; echo "$name: failed (its output: $dir/out.txt, kept; the plan beside it)" >&2; tail -n 20 "$dir/out.txt" >&2; exit 1; }
   end=$(date +%s.%N)
   after=$(link_bytes)
   echo "$((after - before)) $start $end" >"$dir/link"
@@ -126,9 +148,13 @@ for d in sorted((e for e in os.listdir(work) if e.startswith("run")), key=lambda
     wall = [0.0]
     for m in ms:
         wall.append(wall[-1] + m / 1e3)
-    ms_sorted = sorted(ms[1:])
-    med = ms_sorted[len(ms_sorted) // 2]
-    runs.append(dict(name=name, losses=losses, final=sum(losses[-10:]) / 10, med=med,
+    # The first step (warm-up) left out, unless it is the only one; an even count's median
+    # is the mean of the middle two, as the other bench scripts take it.
+    ms_sorted = sorted(ms[1:] or ms)
+    n = len(ms_sorted)
+    med = ms_sorted[n // 2] if n % 2 else (ms_sorted[n // 2 - 1] + ms_sorted[n // 2]) / 2
+    last = losses[-10:]  # fewer than 10 when there are fewer steps
+    runs.append(dict(name=name, losses=losses, final=sum(last) / len(last), med=med,
                      wall=wall[1:], bytes=int(nbytes) / steps,
                      peak=s["ranks"][0]["peak_bytes"] / 2**20))
 base = runs[0]
@@ -137,8 +163,8 @@ def loss_at(r, t):
     # the loss of the last step finished by wall time t (None: not one yet)
     done = [l for l, w in zip(r["losses"], r["wall"]) if w <= t]
     return "%.4f" % done[-1] if done else "-"
-print("| run | final loss (mean of last 10) | vs allreduce | median step (ms) | training wall (s) "
-      "| link bytes / step | vs allreduce | rank 0 peak (MiB) | loss at T/4 | T/2 | T |")
+print("| run | final loss (mean of last %d) | vs allreduce | median step (ms) | training wall (s) "
+      "| link bytes / step | vs allreduce | rank 0 peak (MiB) | loss at T/4 | T/2 | T |" % min(10, steps))
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in runs:
     print("| %s | %.4f | %+.2f%% | %.1f | %.2f | %.0f KB | %.3f | %.2f | %s | %s | %s |" % (

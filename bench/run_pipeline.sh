@@ -8,28 +8,44 @@
 #   4. torch.distributed.pipelining over gloo, same model, cut, schedule, micro-batches
 # in one run, and prints one table (median, min, max after warm-up).
 #   bench/run_pipeline.sh [--steps N] [--warmup W] [--schedule S]
-#                         [--optimizer-step synchronous|post-validated]
-#   (any generator; the torch peer runs for 1f1b and gpipe)
+#                         [--optimizer-step synchronous|post-validated] [--no-peer]
+#   (any generator; the torch peer runs for 1f1b and gpipe; --no-peer leaves it out)
 # Needs build/release/baton and a Python with torch (.venv/bin/python by default,
-# PYTHON=... to choose; python3 -m venv .venv && .venv/bin/pip install torch).
+# PYTHON=... to choose; python3 -m venv .venv && .venv/bin/pip install torch). A command
+# that fails, the torch peer's too, ends the script with its output and a non-zero exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 steps=5
 warmup=2
 schedule=1f1b
 optimizer_step=synchronous
+peer=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --schedule) schedule="$2"; shift 2 ;;
     --optimizer-step) optimizer_step="$2"; shift 2 ;;
+    --no-peer) peer=""; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+need_int --steps "$steps" 1
+need_int --warmup "$warmup" 0
+# Checked here, not by the PP=2 run after a minute of single-process runs.
+case "$optimizer_step" in
+  synchronous|post-validated) ;;
+  *) echo "--optimizer-step: expected synchronous or post-validated, found '$optimizer_step'" >&2; exit 2 ;;
+esac
 python="${PYTHON:-.venv/bin/python}"
 baton=build/release/baton
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
+if [ -n "$peer" ] && { [ "$schedule" = 1f1b ] || [ "$schedule" = gpipe ]; } &&
+   ! "$python" -c "import torch.distributed.pipelining" 2>/dev/null; then
+  echo "$python has no torch.distributed.pipelining for the peer: install torch (see the header of this script), or pass --no-peer" >&2
+  exit 2
+fi
 # OpenBLAS 0.3.21 misdetects AVX-512 CPUs in VMs that mask CPUID and falls back to its
 # slow SSE3 kernels: name the core type (docs/kernels.md).
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then
@@ -57,6 +73,9 @@ cat > "$tmp/pp1.json" <<JSON
  "optimizer_step": "$optimizer_step",
  "stages": [{"layers": [0, 10]}]}
 JSON
+# The plans checked before the runs: a schedule name that no generator has had failed only
+# at the PP=2 run, after a minute of single-process runs.
+for p in pp1 pp2; do run_logged "$tmp/check-$p.out" "$baton" plan --check "$tmp/$p.json"; done
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-autodetect}"
 echo "# GPT config B ($model), batch 8 x 256 tokens, 8 micro-batches, $schedule, $optimizer_step step; $warmup warm-up + $steps timed steps"
@@ -66,41 +85,48 @@ step_ms() { grep -o '[0-9.]* ms/step' "$1" | awk '{print $1}' | tail -n "$steps"
 stats() { sort -g | awk '{v[NR]=$1} END {m = NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2; printf "%.1f %.1f %.1f", m, v[1], v[NR]}'; }
 
 # 1. one process, one thread
-"$baton" train --model "$tmp/model.json" --data "$data" --steps "$total" --batch 8 --micro-batches 8 \
-  --threads 1 --log-every 1 > "$tmp/one8.out" 2>&1
+run_logged "$tmp/one8.out" "$baton" train --model "$tmp/model.json" --data "$data" --steps "$total" \
+  --batch 8 --micro-batches 8 --threads 1 --log-every 1
 one8=$(step_ms "$tmp/one8.out" | stats)
-"$baton" train --model "$tmp/model.json" --data "$data" --steps "$total" --batch 8 --micro-batches 1 \
-  --threads 1 --log-every 1 > "$tmp/one1.out" 2>&1
+run_logged "$tmp/one1.out" "$baton" train --model "$tmp/model.json" --data "$data" --steps "$total" \
+  --batch 8 --micro-batches 1 --threads 1 --log-every 1
 one1=$(step_ms "$tmp/one1.out" | stats)
 
 # 2. PP=2, two processes with one thread each; the last step's timeline
-"$baton" launch -n 2 -- "$baton" train --plan "$tmp/pp2.json" --data "$data" --steps "$total" \
-  --threads 1 --log-every 1 --trace "$tmp/measured.json" > "$tmp/pp2.out" 2>&1
+run_logged "$tmp/pp2.out" "$baton" launch -n 2 -- "$baton" train --plan "$tmp/pp2.json" --data "$data" \
+  --steps "$total" --threads 1 --log-every 1 --trace "$tmp/measured.json"
 pp2=$(grep '^\[rank 0\]' "$tmp/pp2.out" > "$tmp/pp2.rank0"; step_ms "$tmp/pp2.rank0" | stats)
 
 # 3. the prediction from measured op costs (micro-batch of 1 sample, one thread; and
 #    beside a second copy, as PP=2's two ranks share the host)
-"$baton" profile --model "$tmp/model.json" --batch 1 --threads 1 --colocated 2 -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
-grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /'
-pred2=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" -o "$tmp/predicted.json" |
-        grep -o 'step time [0-9.]*' | awk '{print $3}')
-pred1=$("$baton" trace predict --plan "$tmp/pp1.json" --costs "$tmp/profile.json" |
-        grep -o 'step time [0-9.]*' | awk '{print $3}')
-pred2_alone=$("$baton" trace predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
-        grep -o 'step time [0-9.]*' | awk '{print $3}')
+run_logged "$tmp/profile.out" "$baton" profile --model "$tmp/model.json" --batch 1 --threads 1 \
+  --colocated 2 -o "$tmp/profile.json"
+grep 'ranks on the host' "$tmp/profile.out" | sed 's/^/# /' || true
+# The step time `baton trace predict ARGS...` prints.
+predict() {
+  run_logged "$tmp/predict.out" "$baton" trace predict "$@"
+  grep -o 'step time [0-9.]*' "$tmp/predict.out" | awk '{print $3}'
+}
+pred2=$(predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" -o "$tmp/predicted.json")
+pred1=$(predict --plan "$tmp/pp1.json" --costs "$tmp/profile.json")
+pred2_alone=$(predict --plan "$tmp/pp2.json" --costs "$tmp/profile.json" --ranks-per-host 1)
 
 # 4. torch.distributed.pipelining over gloo
+# A failing peer had been skipped with "|| true" and exit 0: it is an error now, as a
+# missing torch is (checked above); --no-peer leaves the peer out on purpose.
 torch_line=""
-if [ "$schedule" != 1f1b ] && [ "$schedule" != gpipe ]; then
+if [ -z "$peer" ]; then
+  echo "# no torch peer (--no-peer)"
+elif [ "$schedule" != 1f1b ] && [ "$schedule" != gpipe ]; then
   echo "# no torch peer for $schedule (bench/torch_pipeline.py runs 1f1b and gpipe)"
-elif "$python" -c "import torch.distributed.pipelining" 2>/dev/null; then
-  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:glibc.malloc.top_pad=1073741824 \
-    "$python" bench/torch_pipeline.py --schedule "$schedule" --steps "$steps" --warmup "$warmup" > "$tmp/torch.out" 2>&1 || true
+else
+  run_logged "$tmp/torch.out" env \
+    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=17179869184:glibc.malloc.top_pad=1073741824 \
+    "$python" bench/torch_pipeline.py --schedule "$schedule" --steps "$steps" --warmup "$warmup"
   grep '^#' "$tmp/torch.out" || true
   torch_line=$(grep '^torch-pipelining' "$tmp/torch.out" | awk '{print $3, $4, $5}' || true)
-  [ -n "$torch_line" ] || { echo "torch pipelining failed:"; tail -5 "$tmp/torch.out"; }
-else
-  echo "# $python has no torch.distributed.pipelining: no peer"
+  [ -n "$torch_line" ] || fail_with_output "$tmp/torch.out" 1 "$python" bench/torch_pipeline.py \
+    --schedule "$schedule" --steps "$steps" --warmup "$warmup" "(no torch-pipelining row)"
 fi
 
 tokens=2048
@@ -121,4 +147,5 @@ if [ -n "$torch_line" ]; then
   echo "baton PP=2 vs torch pipelining: $(echo "$t / $m2" | bc -l | xargs printf %.2f)x faster"
 fi
 echo
-"$baton" trace compare "$tmp/measured.json" "$tmp/predicted.json"
+run_logged "$tmp/compare.out" "$baton" trace compare "$tmp/measured.json" "$tmp/predicted.json"
+cat "$tmp/compare.out"

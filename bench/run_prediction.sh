@@ -11,9 +11,12 @@
 # (`baton train --plan`, median after warm-up), and `baton trace compare` of the last
 # step per action kind.
 #   bench/run_prediction.sh [--steps N] [--warmup W] [--plans "pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"]
-# KEEP_TMP=1 keeps the working folder (plans, profile, every rank's measured trace).
+# KEEP_TMP=1 keeps the working folder (plans, profile, every rank's measured trace). A
+# plan whose run fails is reported (its command and output) and the others go on; the
+# script then exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 steps=5
 warmup=2
 plans="pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"
@@ -24,6 +27,13 @@ while [ $# -gt 0 ]; do
     --plans) plans="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
+done
+need_int --steps "$steps" 1
+need_int --warmup "$warmup" 0
+known="pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"
+[ -n "$plans" ] || { echo "--plans: expected one or more of $known, found none" >&2; exit 2; }
+for p in $plans; do
+  [[ " $known " == *" $p "* ]] || { echo "--plans: unknown plan '$p' (expected some of $known)" >&2; exit 2; }
 done
 baton=build/release/baton
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
@@ -50,34 +60,59 @@ plan dp2 2 2 1 1 4 '[{"layers": [0, 6]}]'
 plan tp2 2 1 1 2 8 '[{"layers": [0, 6]}]'
 plan pp2tp2dp2 8 2 2 2 4 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
 plan pp2dp4 8 4 2 1 2 '[{"layers": [0, 3]}, {"layers": [3, 6]}]'
+# The plans checked before anything runs (each names what is wrong, if anything).
+for p in $plans; do run_logged "$tmp/check-$p.out" "$baton" plan --check "$tmp/$p.json"; done
 devices() { grep -o '"devices": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }
+tp_of() { grep -o '"tp": [0-9]*' "$tmp/$1.json" | awk '{print $2}'; }
 
 echo "# machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-autodetect}"
 echo "# GPT config A, global batch 16 x 128 tokens, micro-batches of 2, 1F1B; $warmup warm-up + $steps timed steps"
+# --colocated with the plans' rank counts above 1 and --tp 2 for the plans that split
+# tensors; neither for pp1 alone (an empty --colocated had been refused).
 ks=$(for p in $plans; do devices "$p"; done | sort -nu | awk '$1 > 1' | xargs)
-"$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 --colocated $ks --tp 2 \
-  -o "$tmp/profile.json" > "$tmp/profile.out" 2>&1
-grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /'
+profile_args=()
+[ -z "$ks" ] || profile_args+=(--colocated $ks)
+for p in $plans; do
+  if [ "$(tp_of "$p")" -gt 1 ]; then profile_args+=(--tp 2); break; fi
+done
+run_logged "$tmp/profile.out" "$baton" profile --model "$tmp/model.json" --batch 2 --threads 1 \
+  "${profile_args[@]}" -o "$tmp/profile.json"
+grep -E "ranks on the host|whole training passes" "$tmp/profile.out" | sed 's/^/# /' || true
 
 step_ms() { grep '^\[rank 0\]' "$1" | grep -o '[0-9.]* ms/step' | awk '{print $1}' | tail -n "$steps"; }
 median() { sort -g | awk '{v[NR]=$1} END {print NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 printf '\n| plan | ranks | predicted ms | predicted, ranks alone | measured ms (median) | measured / predicted | measured / predicted alone |\n|---|---|---|---|---|---|---|\n'
+# The step time `baton trace predict ARGS...` prints.
+predict() {
+  run_logged "$tmp/predict.out" "$baton" trace predict "$@"
+  grep -o 'step time [0-9.]*' "$tmp/predict.out" | awk '{print $3}'
+}
+failed=""
 for p in $plans; do
   n=$(devices "$p")
-  "$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$data" --steps "$total" \
-    --threads 1 --log-every 1 --trace "$tmp/$p.measured.json" > "$tmp/$p.out" 2>&1 ||
-    { echo "$p failed:"; tail -5 "$tmp/$p.out"; continue; }
-  pred=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" \
-    -o "$tmp/$p.predicted.json" | grep -o 'step time [0-9.]*' | awk '{print $3}')
+  cmd=("$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$data" --steps "$total"
+       --threads 1 --log-every 1 --trace "$tmp/$p.measured.json")
+  rc=0
+  "${cmd[@]}" > "$tmp/$p.out" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    echo "| $p | $n | failed (exit $rc): below |"
+    report_failure "$tmp/$p.out" "$rc" "${cmd[@]}"
+    failed+=" $p"
+    continue
+  fi
+  pred=$(predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" -o "$tmp/$p.predicted.json")
   # The same without the co-location slowdown (each rank as if alone on the host).
-  alone=$("$baton" trace predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" --ranks-per-host 1 |
-    grep -o 'step time [0-9.]*' | awk '{print $3}')
+  alone=$(predict --plan "$tmp/$p.json" --costs "$tmp/profile.json" --ranks-per-host 1)
   meas=$(step_ms "$tmp/$p.out" | median)
   printf '| %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n' "$p" "$n" "$pred" "$alone" "$meas" \
     "$(echo "$meas / $pred" | bc -l)" "$(echo "$meas / $alone" | bc -l)"
-  "$baton" trace compare "$tmp/$p.measured.json" "$tmp/$p.predicted.json" > "$tmp/$p.compare"
+  run_logged "$tmp/$p.compare" "$baton" trace compare "$tmp/$p.measured.json" "$tmp/$p.predicted.json"
 done
 for p in $plans; do
   [ -f "$tmp/$p.compare" ] && { echo; echo "## $p"; cat "$tmp/$p.compare"; }
 done
 echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "$failed" ]; then
+  echo "failed:$failed (their commands and output above)" >&2
+  exit 1
+fi

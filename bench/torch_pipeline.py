@@ -114,12 +114,22 @@ def worker(rank, a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="B")
+    ap.add_argument("--config", default="B", choices=sorted(CONFIGS))
     ap.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     a = ap.parse_args()
+    # Checked here: a batch that the micro-batches do not divide had ended in a traceback
+    # from the spawned workers.
+    batch = CONFIGS[a.config]["batch"]
+    if a.micro_batches < 1 or batch % a.micro_batches:
+        ap.error(f"--micro-batches {a.micro_batches}: expected a divisor of config {a.config}'s "
+                 f"batch of {batch}")
+    if a.steps < 1:
+        ap.error(f"--steps {a.steps}: expected at least 1")
+    if a.warmup < 0:
+        ap.error(f"--warmup {a.warmup}: expected at least 0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     print(f"# torch {torch.__version__}, torch.distributed.pipelining over gloo, 2 processes x 1 thread", flush=True)

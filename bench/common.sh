@@ -1,0 +1,39 @@
+# Sourced by the bench/*.sh scripts: an inner command's failure said, not lost. The scripts
+# keep each command's output in a scratch folder that their exit trap deletes, so a failing
+# command had ended a script with its exit status and no word.
+
+# run_logged OUT CMD [ARG...]: runs CMD with stdout and stderr to OUT; if it fails, prints
+# the command, its exit status and the last lines of OUT to stderr and exits with that
+# status.
+run_logged() {
+  local out="$1" rc=0
+  shift
+  "$@" >"$out" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || fail_with_output "$out" "$rc" "$@"
+}
+
+# fail_with_output OUT STATUS CMD [ARG...]: the message of run_logged, then exit STATUS.
+fail_with_output() {
+  report_failure "$@"
+  exit "$2"
+}
+
+# report_failure OUT STATUS CMD [ARG...]: the message alone (a script that goes on to its
+# other runs and exits non-zero at the end).
+report_failure() {
+  local out="$1" rc="$2"
+  shift 2
+  {
+    echo "failed (exit $rc): $(printf '%q ' "$@")"
+    echo "its output, last 20 lines:"
+    tail -n 20 "$out" | sed 's/^/  /'
+  } >&2
+}
+
+# need_int FLAG VALUE MIN: VALUE an integer of at least MIN, else a message and exit 2.
+need_int() {
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt "$3" ]; then
+    echo "$1: expected an integer of at least $3, found '$2'" >&2
+    exit 2
+  fi
+}
