@@ -85,8 +85,9 @@ JSON
 
   # GPT-2 124M through the engine, bf16 mixed precision. --summary writes a JSON object
   # (docs/formats/summary.md); its tokens_per_second, with the step time and the MFU
-  # computed from it as bench/cuda/gpt_step counts them (6 N + 12 L ctx d FLOPs per token,
-  # 989 TFLOP/s), becomes a RESULT row like the benchmark's.
+  # computed from it as bench/cuda/gpt_step and bench/pytorch/gpt_step.py count them (6 N +
+  # 12 L ctx d FLOPs per token, N the matrix weights only, the tied LM head once; 989
+  # TFLOP/s), becomes a RESULT row like the benchmark's.
   cat >"$e/gpt2-124m.json" <<'JSON'
 {"type": "gpt2", "name": "gpt2-124m", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50304}
 JSON
@@ -99,7 +100,9 @@ JSON
 import json, sys
 s = json.load(open(sys.argv[1]))
 L, d, ctx, V = 12, 768, 1024, 50304
-n = L * (12 * d * d + 13 * d) + V * d + ctx * d + 2 * d  # tied output projection
+# The matrix weights (123,568,128), as the peers count them: all parameters (124,475,904,
+# with biases, norms and position embeddings) had made the engine's rows 0.6% higher.
+n = L * 12 * d * d + V * d  # tied output projection
 tps = s["tokens_per_second"]
 step_ms = 1e3 * s["tokens_per_step"] / tps
 mfu = (6 * n + 12 * L * ctx * d) * tps / 989e12
