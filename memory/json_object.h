@@ -130,6 +130,20 @@ inline nlohmann::json parse_json_text(std::string_view text, const std::string& 
   }
 }
 
+// A short rendering of a JSON value for messages ("found <brief>"): null, true, 3, "3",
+// an object, an array of 2; long values cut. One rendering for every reader.
+inline std::string json_brief(const nlohmann::json& j) {
+  std::string s;
+  if (j.is_object())
+    s = "an object";
+  else if (j.is_array())
+    s = "an array of " + std::to_string(j.size());
+  else
+    s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
 // Requires `j` to be an object whose keys are all in `allowed`. `where` names the node
 // in messages: "<file>: $.stages[0]", or a bare path ("p2p"; empty for a document's root).
 // InputError "<where>: expected an object, found <type>", or

@@ -16,16 +16,7 @@ namespace {
 
 using nlohmann::json;
 
-// What a field held, as baton's other readers say it (stages/json_reader.h's json_brief):
-// null, true, 3, "3", an object, an array of 2. The type name before the value had said
-// null twice ("found null null").
-std::string found(const json& j) {
-  if (j.is_object()) return "an object";
-  if (j.is_array()) return "an array of " + std::to_string(j.size());
-  std::string s = j.dump();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
-}
+using memory::json_brief;
 
 // A number >= 0; for byte fields also a size string such as "64MiB".
 double number(const json& j, const std::string& path, bool bytes) {
@@ -39,10 +30,10 @@ double number(const json& j, const std::string& path, bool bytes) {
   if (!j.is_number())
     throw InputError(path + ": expected a number >= 0" +
                      std::string(bytes ? " or a size such as \"64MiB\"" : "") + ", found " +
-                     found(j));
+                     json_brief(j));
   double v = j.get<double>();
   if (!std::isfinite(v) || v < 0)
-    throw InputError(path + ": expected a number >= 0, found " + found(j));
+    throw InputError(path + ": expected a number >= 0, found " + json_brief(j));
   return v;
 }
 
@@ -163,7 +154,7 @@ CostSpec CostSpec::unit() {
 CostSpec parse_costs(std::string_view text, const std::string& source) {
   const json j = memory::parse_json_text(text, source);
   try {
-    if (!j.is_object()) throw InputError("$: expected a JSON object, found " + found(j));
+    if (!j.is_object()) throw InputError("$: expected a JSON object, found " + json_brief(j));
     memory::expect_json_object(
         j, "$",
         {"forward", "backward_input", "backward_weight", "activation_bytes",
@@ -198,12 +189,12 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         if (!it->is_array() || it->empty())
           throw InputError(
               "$.reduce_group: expected an array of group ids (one per stage), found " +
-              found(*it));
+              json_brief(*it));
         for (size_t i = 0; i < it->size(); ++i) {
           const json& g = (*it)[i];
           if (!g.is_number_integer() || g.get<long long>() < -1 || g.get<long long>() > 1 << 20)
             throw InputError("$.reduce_group[" + std::to_string(i) +
-                             "]: expected -1 or a group id >= 0, found " + found(g));
+                             "]: expected -1 or a group id >= 0, found " + json_brief(g));
           c.reduce_group.push_back(g.get<int>());
         }
       } else if (key == "optimizer_step_mode") {
@@ -211,10 +202,11 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
         if (m != "synchronous" && m != "post-validated")
           throw InputError(
               "$.optimizer_step_mode: expected \"synchronous\" or \"post-validated\", found " +
-              found(*it));
+              json_brief(*it));
         c.post_validated_step = m == "post-validated";
       } else if (key == "comment") {
-        if (!it->is_string()) throw InputError("$.comment: expected a string, found " + found(*it));
+        if (!it->is_string())
+          throw InputError("$.comment: expected a string, found " + json_brief(*it));
         c.comment = it->get<std::string>();
       } else if (key == "time_unit") {
         const std::string u = it->is_string() ? it->get<std::string>() : "";
@@ -228,11 +220,11 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
           c.seconds_per_unit = 1e-9;
         else
           throw InputError("$.time_unit: expected \"s\", \"ms\", \"us\" or \"ns\", found " +
-                           found(*it));
+                           json_brief(*it));
       } else if (key == "p2p") {
         if (!it->is_object())
           throw InputError("$.p2p: expected an object {\"latency\", \"bandwidth\"}, found " +
-                           found(*it));
+                           json_brief(*it));
         memory::expect_json_object(*it, "$.p2p", {"latency", "bandwidth"});
         if (it->contains("latency")) c.latency = number(it->at("latency"), "$.p2p.latency", false);
         if (it->contains("bandwidth"))

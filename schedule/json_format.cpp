@@ -19,20 +19,12 @@ using nlohmann::json;
 constexpr const char* kFormat = "baton-schedule";
 constexpr int kVersion = 1;
 
-const char* type_name(const json& j) {
-  return j.type_name();
-}
-
-std::string found(const json& j) {
-  std::string s = j.dump();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return std::string(type_name(j)) + " " + s;
-}
+using memory::json_brief;
 
 int get_int(const json& j, const std::string& path, int lo, int hi) {
   if (!j.is_number_integer())
     throw InputError(path + ": expected an integer in [" + std::to_string(lo) + ", " +
-                     std::to_string(hi) + "], found " + found(j));
+                     std::to_string(hi) + "], found " + json_brief(j));
   auto v = j.get<long long>();
   if (v < lo || v > hi)
     throw InputError(path + ": expected an integer in [" + std::to_string(lo) + ", " +
@@ -51,7 +43,8 @@ json action_json(const Action& a) {
 }
 
 Action parse_action(const json& j, const std::string& path) {
-  if (!j.is_object()) throw InputError(path + ": expected an action object, found " + found(j));
+  if (!j.is_object())
+    throw InputError(path + ": expected an action object, found " + json_brief(j));
   memory::expect_json_object(j, path, {"kind", "stage", "micro_batch", "peer", "overlap"});
   if (!j.contains("kind")) throw InputError(path + ".kind: missing (expected e.g. \"F\")");
   const json& k = j["kind"];
@@ -60,7 +53,7 @@ Action parse_action(const json& j, const std::string& path) {
     throw InputError(path +
                      ".kind: expected one of F, B, W, BW, SEND_F, RECV_F, SEND_B, RECV_B, "
                      "REDUCE, STEP; found " +
-                     found(k));
+                     json_brief(k));
   Action a{*kind, -1, -1, -1};
   constexpr int kBig = 1 << 30;
   if (*kind != ActionKind::optimizer_step) {
@@ -84,7 +77,8 @@ Action parse_action(const json& j, const std::string& path) {
   }
   if (j.contains("overlap")) {
     if (!j["overlap"].is_boolean())
-      throw InputError(path + ".overlap: expected true or false, found " + found(j["overlap"]));
+      throw InputError(path + ".overlap: expected true or false, found " +
+                       json_brief(j["overlap"]));
     a.overlap = j["overlap"].get<bool>();
   }
   return a;
@@ -135,19 +129,19 @@ std::string to_json_text(const Schedule& s) {
 
 Schedule from_json(const json& j, const std::string& source) {
   const std::string at = source + ": ";
-  if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + found(j));
+  if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + json_brief(j));
   try {
     memory::expect_json_object(j, "",
                                {"format", "version", "name", "ranks", "micro_batches", "directions",
                                 "placement", "actions"});
     if (j.contains("format") && j["format"] != kFormat)
       throw InputError("format: expected \"" + std::string(kFormat) + "\", found " +
-                       found(j["format"]));
+                       json_brief(j["format"]));
     if (j.contains("version")) get_int(j["version"], "version", kVersion, kVersion);
     Schedule s;
     if (j.contains("name")) {
       if (!j["name"].is_string())
-        throw InputError("name: expected a string, found " + found(j["name"]));
+        throw InputError("name: expected a string, found " + json_brief(j["name"]));
       s.name = j["name"].get<std::string>();
     }
     for (const char* k : {"ranks", "micro_batches", "placement", "actions"})
@@ -157,21 +151,21 @@ Schedule from_json(const json& j, const std::string& source) {
     s.num_directions = j.contains("directions") ? get_int(j["directions"], "directions", 1, 2) : 1;
     const json& pl = j["placement"];
     if (!pl.is_array())
-      throw InputError("placement: expected an array of ranks, found " + found(pl));
+      throw InputError("placement: expected an array of ranks, found " + json_brief(pl));
     for (size_t i = 0; i < pl.size(); ++i)
       s.placement.push_back(
           get_int(pl[i], "placement[" + std::to_string(i) + "]", 0, s.num_ranks - 1));
     const json& acts = j["actions"];
     if (!acts.is_array())
       throw InputError("actions: expected an array with one action list per rank, found " +
-                       found(acts));
+                       json_brief(acts));
     if (acts.size() != size_t(s.num_ranks))
       throw InputError("actions: expected " + std::to_string(s.num_ranks) +
                        " action lists (one per rank), found " + std::to_string(acts.size()));
     for (size_t r = 0; r < acts.size(); ++r) {
       const std::string rp = "actions[" + std::to_string(r) + "]";
       if (!acts[r].is_array())
-        throw InputError(rp + ": expected an array of actions, found " + found(acts[r]));
+        throw InputError(rp + ": expected an array of actions, found " + json_brief(acts[r]));
       std::vector<Action> list;
       list.reserve(acts[r].size());
       for (size_t i = 0; i < acts[r].size(); ++i) {

@@ -13,20 +13,6 @@ json read_json_file(const std::string& path) {
   return memory::parse_json_text(memory::read_file(path), path);
 }
 
-std::string json_brief(const json& j) {
-  std::string s;
-  if (j.is_object())
-    s = "an object";
-  else if (j.is_array())
-    s = "an array of " + std::to_string(j.size());
-  else if (j.is_null())
-    s = "null";
-  else
-    s = j.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
 bool JsonReader::has(std::string_view key) const {
   return j_->is_object() && j_->contains(std::string(key));
 }

@@ -24,8 +24,7 @@ using nlohmann::json;
 // file is an InputError.
 json read_json_file(const std::string& path);
 
-// A short rendering of a JSON value for messages: strings quoted, long values cut.
-std::string json_brief(const json& j);
+using memory::json_brief;
 
 class JsonReader {
  public:

@@ -109,6 +109,20 @@ TEST(ScheduleJson, RoundTripsExactly) {
   }
 }
 
+// A schedule file's errors say what was found once, as the cost file's do (they had put
+// the type first: "found null null", "found string \"x\"").
+TEST(ScheduleJson, ErrorsSayWhatWasFoundOnce) {
+  auto error_of = [](const std::string& text) {
+    return input_error_of([&] { parse_json(text, "s.json"); });
+  };
+  EXPECT_NE(error_of(R"({"name": null})").find("found null"), std::string::npos);
+  EXPECT_EQ(error_of(R"({"name": null})").find("null null"), std::string::npos);
+  EXPECT_NE(error_of(R"({"ranks": 1, "micro_batches": 1, "placement": "ab", "actions": []})")
+                .find("expected an array of ranks, found \"ab\""),
+            std::string::npos)
+      << error_of(R"({"ranks": 1, "micro_batches": 1, "placement": "ab", "actions": []})");
+}
+
 TEST(ScheduleFormats, TextAndJsonAreInterchangeable) {
   for (const Schedule& s : sample_schedules()) {
     EXPECT_EQ(parse_json(to_json_text(parse_text(to_text(s), "a")), "b"), s);
