@@ -14,6 +14,7 @@
 #include "partitioner/routing.h"
 #include "schedule/generators.h"
 #include "schedule/lower.h"
+#include "schedule/transfer.h"
 #include "stages/model.h"
 #include "transport/collective_memory.h"
 
@@ -381,10 +382,13 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     return std::pair{r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]};
   };
 
-  // The input loader (engine/detail/input_loader.cpp): its micro-batches
-  // (loader_micro_batches), each with the model inputs this rank's stages read. It had
-  // counted min(input_ahead, m) + 1: one more than it holds at m = 1 and beyond
-  // input_ahead, which hid a ResNet's uncounted argmax and statistics.
+  // The input loader (engine/detail/input_loader.cpp): its micro-batches at each action
+  // (loader_micro_batches_at), each with the model inputs this rank's stages read; the
+  // fewest of them held all the time, the rest at their actions. It had counted
+  // min(input_ahead, m) + 1: one more than it holds at m = 1 and beyond input_ahead,
+  // which hid a ResNet's uncounted argmax and statistics; then the most of the step
+  // throughout, one micro-batch over where fewer than input_ahead are queued after the
+  // first take (two micro-batches: three at the first F, two from the second on).
   std::set<int> inputs;
   std::vector<bool> reads(size_t(r.schedule.num_stages()), false);
   for (int s : r.stages_of(pp)) {
@@ -392,9 +396,20 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     for (int v : pg.inputs_used(a, b)) inputs.insert(v);
     reads[size_t(s)] = !pg.inputs_used(a, b).empty();
   }
-  out.loader =
-      int64_t(loader_micro_batches(r.schedule, pp, reads, o.input_ahead, p.device == "cuda")) *
+  const std::vector<int> loaded =
+      loader_micro_batches_at(r.schedule, pp, reads, o.input_ahead, p.device == "cuda");
+  const int always = *std::min_element(loaded.begin(), loaded.end());
+  const int64_t loaded_bytes =
       values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
+  // Of the c-th compute action of the rank's list (c past them all: the step's end).
+  std::vector<size_t> computes;
+  for (size_t i = 0; i < r.schedule.ranks[size_t(pp)].size(); ++i)
+    if (schedule::is_compute(r.schedule.ranks[size_t(pp)][i].kind)) computes.push_back(i);
+  auto loaded_beyond = [&](size_t c) {
+    return int64_t(loaded[c < computes.size() ? computes[c] : loaded.size() - 1] - always) *
+           loaded_bytes;
+  };
+  out.loader = int64_t(always) * loaded_bytes;
   // The executor keeps each micro-batch's loss until the step's end (Executor::losses_),
   // on the rank that computes it: counted with the loader, held throughout.
   if (pg.loss >= 0 && pg.values[size_t(pg.loss)].producer >= 0) {
@@ -471,22 +486,78 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     return blocks.first +
            values_bytes(pg, vs, batch, a.kind == ActionKind::send_activation ? pg.loss : -1);
   };
+  // The world ranks a transfer action's messages go to or come from.
+  auto world_peers = [&](const schedule::Action& a, schedule::Transfer::Kind kind) {
+    const schedule::Crossing c = schedule::transfer_crossing(lowered, a);
+    std::set<int> peers;
+    if (c.boundary >= 0)
+      for (const schedule::Transfer& t : routes[c.boundary])
+        if (t.kind == kind && t.phase == c.phase) peers.insert(t.peer);
+    return peers;
+  };
+  // Where pipeline rank q's lowered list has the send (or the receive) of tag `tag`,
+  // indexed once per rank.
+  std::map<int, std::map<std::pair<int64_t, bool>, std::ptrdiff_t>> positions;
+  auto position = [&](int q, int64_t tag, bool send) {
+    auto [it, fresh] = positions.try_emplace(q);
+    if (fresh) {
+      const auto& list = lowered.ranks[size_t(q)];
+      for (size_t j = 0; j < list.size(); ++j)
+        if (schedule::is_transfer(list[j].kind))
+          it->second[{schedule::transfer_tag(lowered, list[j]), schedule::is_send(list[j].kind)}] =
+              std::ptrdiff_t(j);
+    }
+    auto found = it->second.find({tag, send});
+    return found == it->second.end() ? std::ptrdiff_t(-1) : found->second;
+  };
+  // Whether send `s` is done once receive `rv` (later in this rank's list) has arrived:
+  // every rank `s` went to sent part of `rv` after waiting for `s` there (a later action
+  // of the peer's list), and a rendezvous send is done when the receiver has taken it and
+  // acknowledged it, which comes ahead of the receiver's later messages between the same
+  // two ranks (UCX and the local transport keep their order; the local transport is done
+  // even sooner, when the receive is posted). Then Executor::poll_sends, after the
+  // receive, has released it before the next compute action: with few micro-batches the
+  // first stage's B waits for the gradient of the activation it has just sent, which had
+  // counted that activation as held through the B (262,144 bytes over, 6% at one
+  // micro-batch of 2048 tokens). A send no later message answers stays counted through
+  // the next compute action, though the receiver has usually taken it by then (1F1B's
+  // first stage at two micro-batches: its second F's output during the first B): that
+  // depends on when the receiver's progress thread runs, and the estimate must not.
+  auto done_by = [&](const schedule::Action& s, const schedule::Action& rv) {
+    const int q = schedule::transfer_peer(lowered, s);
+    if (q < 0 || schedule::transfer_peer(lowered, rv) != q) return false;
+    const std::ptrdiff_t taken = position(q, schedule::transfer_tag(lowered, s), false),
+                         answered = position(q, schedule::transfer_tag(lowered, rv), true);
+    if (taken < 0 || answered <= taken) return false;
+    const std::set<int> to = world_peers(s, schedule::Transfer::Kind::send),
+                        from = world_peers(rv, schedule::Transfer::Kind::recv);
+    return !to.empty() && std::includes(from.begin(), from.end(), to.begin(), to.end());
+  };
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
   size_t first_open = 0;
-  int64_t sent = 0;  // sends since the previous compute action
+  std::vector<size_t> sent;  // sends since the previous compute action, not known done
+  auto sent_bytes = [&] {
+    int64_t bytes = 0;
+    for (size_t j : sent) bytes += send_bytes(acts[j]);
+    sent.clear();
+    return bytes;
+  };
   for (size_t i = 0; i < acts.size(); ++i) {
     const ActionKind k = acts[i].kind;
-    if (schedule::is_send(k)) sent += send_bytes(acts[i]);
+    if (schedule::is_send(k)) sent.push_back(i);
+    if (schedule::is_recv(k))
+      std::erase_if(sent, [&](size_t j) { return done_by(acts[j], acts[i]); });
     if (k != ActionKind::forward && k != ActionKind::backward_input &&
         k != ActionKind::backward_weight && k != ActionKind::full_backward)
       continue;
     while (first_open < recvs.size() && recvs[first_open] < i) ++first_open;
-    int64_t posted = std::exchange(sent, 0);
+    int64_t posted = sent_bytes() + loaded_beyond(out.posted.size());
     for (size_t j = first_open; j < recvs.size() && j < first_open + ahead; ++j)
       posted += recv_bytes(acts[recvs[j]]);
     out.posted.push_back(posted);  // compute actions keep their order in the lowered list
   }
-  const int64_t last_sends = sent;  // held into the step's end (the reduction, STEP)
+  // Held into the step's end (the reduction, STEP).
+  const int64_t at_end = sent_bytes() + loaded_beyond(computes.size());
 
   // Gradient reduction (engine/detail/grad_reducer.cpp): per group of ranks, its
   // parameters in descending id order cut into buckets of up to bucket_bytes; a bucket
@@ -563,12 +634,13 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     for_each_bucket(pg, sh.zero2, o.bucket_bytes, &stage_of, close);
     out.gather += group_scratch;
   }
-  out.reduction = flats + scratch + last_sends;
+  if (out.gather > 0) out.gather += loaded_beyond(computes.size());
+  out.reduction = flats + scratch + at_end;
 
   // STEP (Executor::finish_step): the per-layer norm pieces and the losses, all-reduced
   // over the world.
   const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
-  out.step = last_sends + rounded(slots * 8) +
+  out.step = at_end + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                          size_t(slots), 8, r.world()));
   // A post-validated step copies what its update overwrites first: the elements of each

@@ -927,9 +927,10 @@ void walk_rank(const schedule::Schedule& s, int rank, Visit visit) {
 
 }  // namespace
 
-int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vector<bool>& reads,
-                         int input_ahead, bool staged) {
-  const int ahead = std::max(1, input_ahead), m = s.num_micro_batches;
+std::vector<int> loader_micro_batches_at(const schedule::Schedule& s, int rank,
+                                         const std::vector<bool>& reads, int input_ahead,
+                                         bool staged) {
+  const int ahead = std::max(1, input_ahead);
   const auto& actions = s.ranks[size_t(rank)];
   auto takes = [&](const schedule::Action& a) {
     return a.kind == schedule::ActionKind::forward && a.stage < int(reads.size()) &&
@@ -942,17 +943,29 @@ int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vecto
       auto [it, fresh] = span.try_emplace(actions[i].micro_batch, i, i);
       if (!fresh) it->second.second = i;
     }
-  if (span.empty()) return 0;
-  int kept = 0;
-  for (size_t i = 0; i < actions.size(); ++i) {
-    int n = 0;
-    for (const auto& [mb, fl] : span) n += fl.first <= i && i < fl.second ? 1 : 0;
-    kept = std::max(kept, n);
+  std::vector<int> out(actions.size() + 1, 0);
+  if (span.empty()) return out;
+  // Queued (Executor::run_step): the step's micro-batches the rank reads and the next
+  // step's, less those taken so far, the one the running action takes included (its
+  // stage holds that). Before the rank's first take the stages hold nothing, but an
+  // action before it (a stage reading no inputs) runs beside every queued one.
+  const int n = int(span.size());
+  int taken = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    int kept = 0;
+    for (const auto& [mb, fl] : span) {
+      taken += fl.first == i ? 1 : 0;
+      kept += fl.first <= i && i < fl.second ? 1 : 0;
+    }
+    out[i] = (staged ? ahead + 1 : std::min(ahead, 2 * n - taken)) + kept;
   }
-  // Before the rank's first take the stages hold nothing, but an action before it (a
-  // stage reading no inputs) runs beside every queued micro-batch.
-  const int queued = 2 * m - (takes(actions.front()) ? 1 : 0);
-  return (staged ? ahead + 1 : std::min(ahead, queued)) + kept;
+  return out;
+}
+
+int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vector<bool>& reads,
+                         int input_ahead, bool staged) {
+  const std::vector<int> at = loader_micro_batches_at(s, rank, reads, input_ahead, staged);
+  return *std::max_element(at.begin(), at.end());
 }
 
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages) {

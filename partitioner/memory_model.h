@@ -159,27 +159,34 @@ ZeroGradMemory zero2_grad_memory(const stages::Graph& g, int first, int last, st
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages);
 
 // Micro-batches of model inputs the input loader (engine/detail/input_loader.cpp) holds
-// at once beside those the rank's stages hold, for rank `rank` of `s` whose stages k with
-// reads[k] read model inputs: those made and not yet taken, at most `input_ahead` and at
-// most what is queued (the step's and the next step's, one already taken once the rank's
-// first action has taken it), or on a GPU (`staged`) the staging ring's input_ahead + 1
-// slots; and those taken but kept for a later stage of the rank that reads them too.
+// beside those the rank's stages hold, for rank `rank` of `s` whose stages k with
+// reads[k] read model inputs, during each action of s.ranks[rank] and (the last element)
+// at the step's end: those made and not yet taken, at most `input_ahead` and at most what
+// is queued then (the step's micro-batches the rank reads and the next step's, less those
+// taken by that action or before), or on a GPU (`staged`) the staging ring's input_ahead
+// + 1 slots; and those taken but kept for a later stage of the rank that reads them too.
+std::vector<int> loader_micro_batches_at(const schedule::Schedule& s, int rank,
+                                         const std::vector<bool>& reads, int input_ahead,
+                                         bool staged);
+// The most of them, at any point of the step.
 int loader_micro_batches(const schedule::Schedule& s, int rank, const std::vector<bool>& reads,
                          int input_ahead, bool staged);
 
 // What a rank's executor holds besides its stages' tensors (engine/executor.cpp and
 // engine/detail/), in allocator bytes.
 struct RankBuffers {
-  int64_t loader = 0;  // the input loader's micro-batches made ahead: held all the time
-  // At the step's end (both with the sends made after the last compute action, still held):
+  int64_t loader = 0;  // the input loader's micro-batches made ahead held all the time
+  // At the step's end (each with the sends made after the last compute action, still
+  // held, and the loader's micro-batches beyond `loader`):
   int64_t reduction = 0;  // the gradient buckets' flat copies and the all-reduces' scratch
   int64_t step = 0;       // STEP's norm and loss vector (and its all-reduce's scratch)
   // After the optimizer step (GradReducer::gather_params): the sharded buckets of several
   // parameters, each all-gathered in place in a flat copy, all at once, and the scratch.
   int64_t gather = 0;
   // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
-  // posted ahead of it and not yet waited for, and the sends made since the previous
-  // compute action (still held by the transport).
+  // posted ahead of it and not yet waited for, the sends made since the previous
+  // compute action (still held by the transport) and the loader's micro-batches beyond
+  // those it holds all the time.
   std::vector<int64_t> posted;
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the

@@ -11,6 +11,7 @@
 #include "memory/allocator.h"
 #include "partitioner/memory_model.h"
 #include "partitioner/tensor_parallel.h"
+#include "schedule/generators.h"
 #include "schedule/schedule.h"
 #include "stages/cost.h"
 #include "stages/model.h"
@@ -337,6 +338,27 @@ TEST(ActivationMemory, ComposedBoundsTheExactWalk) {
 // elements in equal parts, so a member holds some parameters whole and none of others.
 // The estimate had given every parameter ceil(numel / members) elements on every member,
 // which rounds differently (under the measured peak by up to 896 bytes at DP 2).
+// The loader's micro-batches at each action and at the step's end (the last element):
+// made ahead, at most input_ahead, no more than are queued (the step's and the next
+// step's, less those taken); on a GPU the staging ring's input_ahead + 1 slots. It had
+// been one figure, the most of the step (3 at two micro-batches, where the first stage
+// holds 2 from its second F on).
+TEST(LoaderMemory, HeldPerAction) {
+  const schedule::Schedule s = schedule::one_f_one_b(2, 2);  // F0 F1 BW0 BW1; F0 BW0 F1 BW1
+  EXPECT_EQ(loader_micro_batches_at(s, 0, {true, false}, 4, false),
+            (std::vector<int>{3, 2, 2, 2, 2}));
+  EXPECT_EQ(loader_micro_batches_at(s, 1, {false, true}, 4, false),
+            (std::vector<int>{3, 3, 2, 2, 2}));
+  EXPECT_EQ(loader_micro_batches(s, 0, {true, false}, 4, false), 3);
+  EXPECT_EQ(loader_micro_batches_at(s, 0, {true, false}, 4, true),
+            (std::vector<int>{5, 5, 5, 5, 5}));
+  // Eight micro-batches: input_ahead bounds it throughout (the next step's eight queued).
+  EXPECT_EQ(loader_micro_batches_at(schedule::gpipe(2, 8), 0, {true, false}, 4, false),
+            (std::vector<int>{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}));
+  // A rank reading nothing holds none.
+  EXPECT_EQ(loader_micro_batches(s, 1, {false, false}, 4, false), 0);
+}
+
 TEST(ZeroParts, EachBucketInEqualParts) {
   auto g = memory_load("tiny-gpt.json");
   std::vector<int> ids;

@@ -733,6 +733,46 @@ TEST(Evaluate, OptimizerStepTimePerRank) {
   EXPECT_DOUBLE_EQ(post.optimizer_step, post.optimizer_step_rank[1]);
 }
 
+// A send is held until the transport reports it done, which a later receive from the same
+// peer shows when the peer sent that message after taking the send: the first stage's B
+// at one micro-batch (1F1B) or two (GPipe) waits for the gradient its peer sends only after
+// taking the stage's last activation, so nothing sent is held during the B; the estimate
+// had counted that activation (6% over at 2048 tokens). Under 1F1B at two micro-batches
+// the first B's gradient left before the second activation arrived: that one stays
+// counted. The loader's micro-batches are counted per action: three at the first F of
+// two micro-batches (the step's second and the next step's two), two from the second on.
+TEST(Evaluate, SendsAnsweredBeforeTheNextComputeAreDone) {
+  auto posted = [](const std::string& schedule, int micro_batches) {
+    nlohmann::json j = {
+        {"version", 1},
+        {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
+        {"devices", 2},
+        {"parallel", {{"pp", 2}}},
+        {"batch", {{"micro_batch_size", 2}}},
+        {"schedule", {{"name", schedule}, {"micro_batches", micro_batches}}},
+        {"stages", {{{"layers", {"embed", "h.0"}}}, {{"layers", {"h.1", "head"}}}}}};
+    Plan plan = parse_plan(j, "plan.json", ".");
+    auto g = load_plan_model(plan);
+    const ResolvedPlan r = resolve_plan(plan, g);
+    return rank_buffers(r, 0, *physical_graph(r, 0));
+  };
+  // One micro-batch: F0 SEND_F0 RECV_B0 BW0; at F0 only the gradient's receive buffer.
+  const RankBuffers one = posted("1f1b", 1);
+  ASSERT_EQ(one.posted.size(), 2u);
+  const int64_t a = one.posted[0];  // one boundary tensor
+  EXPECT_GT(a, 0);
+  EXPECT_EQ(one.posted[1], 0);
+  // GPipe: F0 SEND_F0 F1 SEND_F1 RECV_B0 BW0 RECV_B1 BW1 (the peer's B0 after both F).
+  const RankBuffers gpipe = posted("gpipe", 2);
+  ASSERT_EQ(gpipe.posted.size(), 4u);
+  const int64_t tokens = gpipe.loader / 2;  // two micro-batches of token ids held throughout
+  EXPECT_EQ(gpipe.posted, (std::vector<int64_t>{2 * a + tokens, 3 * a, a, 0}));
+  // 1F1B: F0 SEND_F0 F1 SEND_F1 RECV_B0 BW0 RECV_B1 BW1 (the peer's B0 before its F1).
+  const RankBuffers f1b1 = posted("1f1b", 2);
+  EXPECT_EQ(f1b1.loader, gpipe.loader);
+  EXPECT_EQ(f1b1.posted, (std::vector<int64_t>{2 * a + tokens, 3 * a, 2 * a, 0}));
+}
+
 // The replicas of one position (pipeline rank, tensor-parallel index) hold the same stages
 // and buffers: every rank's own buffers (rank_buffers, which evaluate_plan had computed
 // for every rank, O(world) each) equal its replica 0's, and so does its estimate, which
