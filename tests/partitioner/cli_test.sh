@@ -2,6 +2,8 @@
 # `baton plan` and `baton profile` end to end: exit codes (0 fine, 2 bad input or a plan
 # that does not fit), the example plans, a searched plan that --check accepts, measured
 # costs, and the message when nothing fits.
+# Profiles time at one thread: the suite runs two tests at once, and a profile at every
+# core beside another test can fail its load check ("the machine's load changed").
 set -u
 baton="$1"
 root="$2"
@@ -130,13 +132,13 @@ expect 2 "$baton" plan --check "$tmp/missing.json"
 contains "cannot open file"
 
 # Measured costs.
-expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --out "$tmp/costs.json"
+expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --out "$tmp/costs.json"
 contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
 contains "times from the measured op costs in $tmp/costs.json"
 # At several micro-batch sizes: each in the file, and the commands say which.
-expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 1 --repeats 1 --warmup 0 \
+expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 1 --repeats 1 --warmup 0 \
   --out "$tmp/costs-b.json"
 contains "timing the ops again at batch 1"
 contains "total at batch 1"
@@ -162,7 +164,7 @@ expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
 contains "$tmp/costs-02.json: \$.colocated.02: expected ranks per host as a key: an integer from 2 to 65536 in decimal digits (no sign, spaces or leading zeros), found the key \"02\""
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
 # With --tp 2, a job of two ranks times the shard's collectives between them.
-expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
+expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \
   --colocated 2 --tp 2 --out "$tmp/costs2.json"
 # Each phase says it has begun, then what it measured.
 contains "timing 25 ops of tiny-gpt one by one (1 warm-up and 1 timed calls each), then whole training passes"
@@ -201,7 +203,7 @@ contains "--cores-per-host: expected 0 (the cost file's) or more, found -1"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --colocated 1 --out "$tmp/c.json"
 contains "--colocated: expected ranks per host from 2 to 256, found 1"
 # A tensor-parallel rank's shard timed too: the file has it, and predictions read it.
-expect 0 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 0 \
+expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 0 \
   --tp 2 --out "$tmp/costs-tp.json"
 contains "tensor-parallel degree 2:"
 grep -q '"tp_ops": {' "$tmp/costs-tp.json" || { echo "FAIL: no tp_ops field"; fails=$((fails + 1)); }
@@ -214,7 +216,7 @@ contains "--tp 3"
 test ! -e "$tmp/c.json" || { echo "FAIL: a refused profile wrote its file"; fails=$((fails + 1)); }
 # A spatial split's exchanges among 2 co-located ranks in groups of 2: in the file, and
 # what the spatial plan's stages were charged for them.
-expect 0 "$baton" profile --model "$root/examples/models/resnet-tiny.json" --batch 2 --repeats 1 --warmup 1 \
+expect 0 "$baton" profile --threads 1 --model "$root/examples/models/resnet-tiny.json" --batch 2 --repeats 1 --warmup 1 \
   --colocated 2 --spatial 2 --out "$tmp/costs-sp.json"
 contains "timing 2 ranks' passes in spatial groups of 2, twice"
 contains "2 ranks on the host in spatial groups of 2: an exchange takes"

@@ -591,7 +591,7 @@ TEST(Cli, ProfileDeviceAndPrecision) {
     EXPECT_EQ(r.code, 1) << r.output;
     EXPECT_NE(r.output.find("no CUDA device for cuda:0"), std::string::npos) << r.output;
   }
-  r = baton::cli_testing::run_command(base + "--device cpu --repeats 1 --warmup 0");
+  r = baton::cli_testing::run_command(base + "--device cpu --threads 1 --repeats 1 --warmup 0");
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json costs = nlohmann::json::parse(std::ifstream(out));
   EXPECT_GT(costs.at("ops").size(), 5u) << costs.dump();
@@ -606,8 +606,14 @@ TEST(Cli, ProfileDeviceAndPrecision) {
 TEST(Cli, ProfileThreadsZeroDividesTheCores) {
   const std::string model = temp_file("tiny_threads.json", kTiny);
   const std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-threads.json";
-  Result r = baton::cli_testing::run_command(kCliBaton + " profile --model " + model + " --out " +
-                                             out + " --threads 0 --repeats 1 --warmup 0");
+  // Every core beside the suite's other test can trip the profile's load check, which asks
+  // to profile again: so it is asked, up to three times.
+  Result r;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = baton::cli_testing::run_command(kCliBaton + " profile --model " + model + " --out " + out +
+                                        " --threads 0 --repeats 1 --warmup 1");
+    if (r.output.find("the machine's load changed while profiling") == std::string::npos) break;
+  }
   ASSERT_EQ(r.code, 0) << r.output;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(out)).at("threads"), cores);
