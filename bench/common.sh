@@ -37,3 +37,12 @@ need_int() {
     exit 2
   fi
 }
+
+# need_plans KNOWN PLANS: PLANS a non-empty list of names from KNOWN, else a message and exit 2.
+need_plans() {
+  [ -n "$2" ] || { echo "--plans: expected one or more of $1, found none" >&2; exit 2; }
+  local p
+  for p in $2; do
+    [[ " $1 " == *" $p "* ]] || { echo "--plans: unknown plan '$p' (expected some of $1)" >&2; exit 2; }
+  done
+}

@@ -30,11 +30,7 @@ while [ $# -gt 0 ]; do
 done
 need_int --steps "$steps" 1
 need_int --warmup "$warmup" 0
-known="pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"
-[ -n "$plans" ] || { echo "--plans: expected one or more of $known, found none" >&2; exit 2; }
-for p in $plans; do
-  [[ " $known " == *" $p "* ]] || { echo "--plans: unknown plan '$p' (expected some of $known)" >&2; exit 2; }
-done
+need_plans "pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4" "$plans"
 baton=build/release/baton
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -q avx512f /proc/cpuinfo; then

@@ -196,6 +196,20 @@ TEST(MemoryAccuracy, SpatialZero) {
   expect_spatial_accurate({2}, 2, "zero2");
 }
 
+// n 3 x 64 x 64 images in `dir` (five classes) and, at `model`, a small ResNet reading them.
+void write_images64(const std::string& dir, const std::string& model, int64_t n) {
+  std::filesystem::create_directories(dir);
+  std::vector<float> pixels(size_t(n) * 3 * 64 * 64);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float((i * 2654435761u) % 1000) / 1000;
+  stages::write_npy(dir + "/images.npy", memory::Tensor::from_vector(pixels, {n, 3, 64, 64}));
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i % 5);
+  stages::write_npy(dir + "/labels.npy", memory::Tensor::from_vector(labels, {n}));
+  std::ofstream(model) << R"({"type": "resnet", "in_channels": 3,
+    "image_size": 64, "classes": 5, "stem_channels": 16, "stem_kernel": 7, "stem_stride": 2,
+    "stem_pool": true, "block": "basic", "widths": [16, 32], "depths": [1, 1]})";
+}
+
 // Images big enough to see (3 x 64 x 64, a micro-batch of one is 48 KiB), under PP 2, whose
 // last stage reads only the labels, and spatial 2 x PP 2 (the plan `baton plan
 // --device-memory 485KiB` picks), whose tiles read their rows: the loader makes what the
@@ -207,16 +221,7 @@ TEST(MemoryAccuracy, SpatialZero) {
 TEST(MemoryAccuracy, ImagesReadAsTheRankReadsThem) {
   Workspace ws("memacc-images");
   const std::string data = ws.path("images");
-  std::filesystem::create_directories(data);
-  std::vector<float> pixels(size_t(64) * 3 * 64 * 64);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float((i * 2654435761u) % 1000) / 1000;
-  stages::write_npy(data + "/images.npy", memory::Tensor::from_vector(pixels, {64, 3, 64, 64}));
-  std::vector<int64_t> labels(64);
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i % 5);
-  stages::write_npy(data + "/labels.npy", memory::Tensor::from_vector(labels, {64}));
-  std::ofstream(ws.path("m64.json")) << R"({"type": "resnet", "in_channels": 3,
-    "image_size": 64, "classes": 5, "stem_channels": 16, "stem_kernel": 7, "stem_stride": 2,
-    "stem_pool": true, "block": "basic", "widths": [16, 32], "depths": [1, 1]})";
+  write_images64(data, ws.path("m64.json"), 64);
   for (const int spatial : {1, 2}) {
     SCOPED_TRACE("spatial " + std::to_string(spatial));
     json plan = {{"version", 1},
@@ -290,16 +295,7 @@ std::map<int, std::pair<int64_t, int64_t>> run_peaks(const std::string& cmd,
 TEST(MemoryAccuracy, ImagePlansOfSeveralMicroBatches) {
   Workspace ws("memacc-image-mbs");
   const std::string big = ws.path("images");
-  std::filesystem::create_directories(big);
-  std::vector<float> pixels(size_t(16) * 3 * 64 * 64);
-  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = float((i * 2654435761u) % 1000) / 1000;
-  stages::write_npy(big + "/images.npy", memory::Tensor::from_vector(pixels, {16, 3, 64, 64}));
-  std::vector<int64_t> labels(16);
-  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t(i % 5);
-  stages::write_npy(big + "/labels.npy", memory::Tensor::from_vector(labels, {16}));
-  std::ofstream(ws.path("m64.json")) << R"({"type": "resnet", "in_channels": 3,
-    "image_size": 64, "classes": 5, "stem_channels": 16, "stem_kernel": 7, "stem_stride": 2,
-    "stem_pool": true, "block": "basic", "widths": [16, 32], "depths": [1, 1]})";
+  write_images64(big, ws.path("m64.json"), 16);
   std::ofstream(ws.path("tiny.json"))
       << std::ifstream(source_dir() + "/examples/models/resnet-tiny.json").rdbuf();
   struct Case {
