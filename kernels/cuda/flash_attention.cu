@@ -223,7 +223,9 @@ __device__ void backward_tile(const float* sw, const float* dpw, T* pw, T* dsw, 
         pd = keep ? p * dr.scale : 0.f;
         dp = keep ? dp * dr.scale : 0.f;
       }
-      ds = scale * p * (dp - delta[si]);
+      // The first query sees one key: its dS is exactly 0, which dP - delta (delta from the
+      // 16-bit O) only approximates, and AdamW would turn the rounding into whole steps.
+      ds = qi == 0 ? 0.f : scale * p * (dp - delta[si]);
     }
     if (pw != nullptr) pw[r * kLdP + c] = from_f<T>(pd);
     dsw[r * kLdP + c] = from_f<T>(ds);

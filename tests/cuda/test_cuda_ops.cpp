@@ -542,6 +542,13 @@ TEST_P(CudaOps, Attention) {
                                     opt, rd, false);
         kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
         expect_close(tag + " backward", dt(), gd, rd);
+        if (!cudnn) {  // the first query sees one key: its gradient is exactly 0, as on the CPU
+          const Tensor hd = cuda_ops_host(gd).to(DType::f32);
+          for (int64_t bi = 0; bi < B; ++bi)
+            for (int64_t c = 0; c < H * D; ++c)
+              ASSERT_EQ(hd.data<float>()[bi * T * 3 * H * D + c], 0.0f)
+                  << tag << " batch " << bi << " column " << c;
+        }
         // accumulate = true adds to what dqkv held.
         Tensor gacc = dev(prev, dt());
         kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gacc, true);
