@@ -30,6 +30,18 @@ report_failure() {
   } >&2
 }
 
+# run_row ROW OUT CMD...: runs CMD into OUT; on failure prints the table row ROW saying so
+# and the failure's report, and returns 1, so a script reports that row and goes on.
+run_row() {
+  local row="$1" out="$2" rc=0
+  shift 2
+  "$@" > "$out" 2>&1 || rc=$?
+  [ "$rc" = 0 ] && return 0
+  echo "$row failed (exit $rc): below |"
+  report_failure "$out" "$rc" "$@"
+  return 1
+}
+
 # need_int FLAG VALUE MIN: VALUE an integer of at least MIN, else a message and exit 2.
 need_int() {
   if ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt "$3" ]; then

@@ -84,11 +84,7 @@ for p in $plans; do
   n=$(devices "$p")
   cmd=("$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$tmp/data"
        --steps "$total" --threads 1 --log-every 1)
-  rc=0
-  "${cmd[@]}" > "$tmp/$p.out" 2>&1 || rc=$?
-  if [ "$rc" != 0 ]; then
-    echo "| $p | $n | failed (exit $rc): below |"
-    report_failure "$tmp/$p.out" "$rc" "${cmd[@]}"
+  if ! run_row "| $p | $n |" "$tmp/$p.out" "${cmd[@]}"; then
     failed+=" $p"
     continue
   fi

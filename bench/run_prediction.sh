@@ -88,11 +88,7 @@ for p in $plans; do
   n=$(devices "$p")
   cmd=("$baton" launch -n "$n" -- "$baton" train --plan "$tmp/$p.json" --data "$data" --steps "$total"
        --threads 1 --log-every 1 --trace "$tmp/$p.measured.json")
-  rc=0
-  "${cmd[@]}" > "$tmp/$p.out" 2>&1 || rc=$?
-  if [ "$rc" != 0 ]; then
-    echo "| $p | $n | failed (exit $rc): below |"
-    report_failure "$tmp/$p.out" "$rc" "${cmd[@]}"
+  if ! run_row "| $p | $n |" "$tmp/$p.out" "${cmd[@]}"; then
     failed+=" $p"
     continue
   fi
