@@ -350,7 +350,7 @@ void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
                          (std::isnan(stored) ? "NaN" : "inf") +
                          " (--init-from needs finite weights)");
       Tensor cast = tmp.to(view.dtype());
-      if (!std::isfinite(max_abs(cast)))
+      if (cast.dtype() != tmp.dtype() && !std::isfinite(max_abs(cast)))
         throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds values up to " +
                          fmt::format("{:g} in magnitude, beyond the range of the model's {}",
                                      stored, memory::dtype_name(view.dtype())) +
