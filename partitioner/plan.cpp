@@ -334,7 +334,7 @@ DpSync read_dp_sync(const JsonReader& r) {
   if (s.mode == DpSync::Mode::gossip) {
     r.expect_only({"mode", "peers", "seed"});
     s.peers = int(r.get_int("peers", 1, 1, kMaxCount));
-    s.seed = uint64_t(r.get_int("seed", 1, 0, INT64_MAX));
+    s.seed = r.has("seed") ? r.at("seed").as_uint64() : 1;  // as --seed
     return s;
   }
   if (s.parameter_server()) {

@@ -407,7 +407,7 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   }
   Manifest m;
   m.step = r.at("step").as_int(0, INT64_MAX);
-  m.seed = uint64_t(r.at("seed").as_int(0, INT64_MAX));
+  m.seed = r.at("seed").as_uint64();
   JsonReader opt = r.at("optimizer");
   opt.expect_only({"config", "steps"});
   m.optimizer = OptimizerConfig::from_json(opt.at("config").raw(), source + " $.optimizer.config");

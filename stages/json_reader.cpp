@@ -110,6 +110,22 @@ int64_t JsonReader::as_int(int64_t min, int64_t max) const {
   return v;
 }
 
+uint64_t JsonReader::as_uint64() const {
+  // Seeds take all of uint64_t (--seed), past as_int's INT64_MAX.
+  const std::string range = "an integer in [0, 2^64)";
+  if (j_->is_number_unsigned()) return j_->get<uint64_t>();
+  if (j_->is_number_integer()) {
+    const int64_t v = j_->get<int64_t>();
+    if (v < 0) fail(range);
+    return uint64_t(v);
+  }
+  const double d = j_->is_number_float() ? j_->get<double>() : 0.5;
+  if (!(std::isfinite(d) && d == std::floor(d))) fail("an integer");
+  if (d < 0 || d >= 18446744073709551616.0) fail(range);
+  if (d >= 9e15) fail("an integer written in digits (a float this large is not exact)");
+  return uint64_t(d);
+}
+
 double JsonReader::as_double() const {
   if (!j_->is_number()) fail("a number");
   double d = j_->get<double>();

@@ -59,6 +59,7 @@ class JsonReader {
   bool as_bool() const;
   int64_t as_int() const;
   int64_t as_int(int64_t min, int64_t max) const;  // inclusive range
+  uint64_t as_uint64() const;                      // [0, 2^64): seeds
   double as_double() const;
   double as_double(double min, double max) const;
   std::vector<int64_t> as_int_list() const;

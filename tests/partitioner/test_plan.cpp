@@ -483,6 +483,15 @@ TEST(Plan, DpSync) {
   EXPECT_EQ(g.dp_sync.mode, DpSync::Mode::gossip);
   EXPECT_EQ(g.dp_sync.seed, 7u);
   EXPECT_EQ(plan_to_json(g)["dp_sync"], j["dp_sync"]);
+  // The seed takes --seed's range, [0, 2^64).
+  j["dp_sync"]["seed"] = UINT64_MAX;
+  EXPECT_EQ(plan_check(j).plan.dp_sync.seed, UINT64_MAX);
+  EXPECT_EQ(plan_to_json(plan_check(j).plan)["dp_sync"], j["dp_sync"]);
+  j["dp_sync"]["seed"] = -1;
+  EXPECT_NE(plan_error_of(j).find("$.dp_sync.seed: expected an integer in [0, 2^64), found -1"),
+            std::string::npos)
+      << plan_error_of(j);
+  j["dp_sync"]["seed"] = 7;
   j["dp_sync"]["peers"] = 2;  // dp 2: one partner at most
   EXPECT_NE(plan_error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
             std::string::npos)

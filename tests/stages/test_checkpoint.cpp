@@ -246,6 +246,35 @@ TEST(Checkpoint, ManifestErrorsNameTheField) {
   }
 }
 
+// --seed takes [0, 2^64): a manifest of a run seeded from 2^63 up is read back, not taken
+// for a damaged one.
+TEST(Checkpoint, ManifestSeedTakesTheWholeUint64Range) {
+  const std::string root = fresh_dir("ckpt_seed64");
+  for (uint64_t seed : {uint64_t(INT64_MAX) + 1, UINT64_MAX}) {
+    auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+    Stage a(g, 0, g->num_layers());
+    Manifest m;
+    m.step = seed == UINT64_MAX ? 2 : 1;
+    m.seed = seed;
+    m.model = g->config;
+    const std::string dir = save_checkpoint(root, a, m);
+    EXPECT_EQ(read_manifest(dir).seed, seed);
+    EXPECT_EQ(latest_checkpoint(root), dir);
+  }
+  json j = Manifest{}.to_json();
+  j.erase("crc32");
+  j["version"] = 2;  // no checksum, so the seed's own check speaks
+  j["seed"] = -1;
+  try {
+    Manifest::from_json(j, "manifest.json");
+    FAIL() << "a negative seed was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json: $.seed: expected an integer in [0, 2^64)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- checkpoints that prove themselves ----
 
 std::string save_scrambled(const std::string& root, int64_t step, uint64_t seed) {
