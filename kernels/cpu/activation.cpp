@@ -42,7 +42,7 @@ inline V silu_grad(V x) {
 
 template <class T>
 void silu_forward(const T* x, T* y, int64_t n) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     int64_t i = s;
     for (; i + L <= e; i += L) {
@@ -55,7 +55,7 @@ void silu_forward(const T* x, T* y, int64_t n) {
 
 template <class T>
 void silu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     int64_t i = s;
     if (accumulate) {
@@ -71,7 +71,7 @@ void silu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
 
 template <class T>
 void swiglu_forward(const T* gate, const T* up, T* y, int64_t n) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     int64_t i = s;
     for (; i + L <= e; i += L) {
@@ -86,7 +86,7 @@ void swiglu_forward(const T* gate, const T* up, T* y, int64_t n) {
 template <class T>
 void swiglu_backward(const T* gate, const T* up, const T* dy, T* dgate, T* dup, int64_t n,
                      bool acc_gate, bool acc_up) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     auto step = [&]<class V>(int64_t i, V g, V u, V d, auto ld, auto st) {
       const V sg = sigmoid_of<V, T>(g);
@@ -108,7 +108,7 @@ void swiglu_backward(const T* gate, const T* up, const T* dy, T* dgate, T* dup, 
 
 template <class T>
 void gelu_forward(const T* x, T* y, int64_t n) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     int64_t i = s;
     for (; i + L <= e; i += L) store(y + i, gelu_value<vec<T>, T>(load(x + i)));
@@ -118,7 +118,7 @@ void gelu_forward(const T* x, T* y, int64_t n) {
 
 template <class T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t n, bool accumulate) {
-  parallel_for(n, kElementwiseGrain / 4, [&](int64_t s, int64_t e) {
+  parallel_for_vectors(n, kElementwiseGrain / 4, kLanes<T>, [&](int64_t s, int64_t e) {
     constexpr int64_t L = kLanes<T>;
     int64_t i = s;
     // Two paths: with accumulate = false dx may hold garbage (even NaN) that must not leak.

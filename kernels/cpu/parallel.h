@@ -56,6 +56,19 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
   }
 }
 
+// parallel_for for an elementwise loop with a vector body of `width` elements and a
+// scalar tail: every part but the last starts and ends on a multiple of `width`, so only
+// the last n mod width elements take the tail, on any number of threads. The tail's
+// arithmetic may differ from the vector's in the last bit (GELU's and SiLU's reciprocal:
+// a division against rcp14 and a Newton step), and with parts of n / threads elements
+// which elements took it depended on the thread count.
+template <class F>
+void parallel_for_vectors(int64_t n, int64_t grain, int64_t width, F&& f) {
+  const int64_t vectors = (n + width - 1) / width;
+  parallel_for(vectors, std::max<int64_t>(grain / width, 1),
+               [&](int64_t b, int64_t e) { f(b * width, std::min(e * width, n)); });
+}
+
 // Calls f(i) for every task i in [0, n) with dynamic scheduling (tasks of uneven cost),
 // on up to thread_count() threads; inline when nested or single threaded.
 template <class F>
