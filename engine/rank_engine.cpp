@@ -347,9 +347,40 @@ RankEngine::~RankEngine() {
 double RankEngine::evaluate(int64_t batches) {
   BATON_CHECK(eval_executor_ != nullptr, "evaluate() needs RankEngineOptions::eval_inputs");
   BATON_CHECK(batches > 0, "evaluation batches");
+  // Under local SGD and gossip each replica holds its own parameters between syncs: the
+  // mean of each one's loss on its share of the batch had been the loss of no model. Every
+  // replica evaluates the first replica's (those checkpoints write and export reads), so
+  // the loss is that model's on the whole batch; the others keep a copy of their own, in
+  // host memory (the device's holds what the plan's estimate counts).
+  const DpSyncConfig& sync = executor_->config().dp_sync;
+  transport::Communicator* replicas =
+      sync.local && sync.replica_comm && sync.replica_comm->size() > 1 ? sync.replica_comm
+                                                                       : nullptr;
+  std::vector<std::pair<memory::Tensor*, memory::Tensor>> own;  // (a parameter, its own value)
+  if (replicas) {
+    std::vector<transport::WorkPtr> works;
+    for (auto& [s, st] : stages_)
+      for (int id : st->param_ids()) {
+        memory::Tensor& p = st->param(id);
+        if (replicas->rank() != 0)
+          own.emplace_back(&p, p.device().is_cpu() ? p.clone() : p.to(memory::Device::cpu()));
+        works.push_back(replicas->broadcast(p, 0));
+      }
+    for (auto& w : works) w->wait();
+  }
+  auto restore = [&] {
+    for (auto& [p, mine] : own) p->copy_from(mine);
+    for (auto& [s, st] : stages_) st->mark_working_stale();
+  };
   double sum = 0;
-  for (int64_t k = 0; k < batches; ++k)
-    sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
+  try {
+    for (int64_t k = 0; k < batches; ++k)
+      sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
+  } catch (...) {
+    if (replicas) restore();
+    throw;
+  }
+  if (replicas) restore();
   return sum / double(batches);
 }
 

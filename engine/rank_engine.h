@@ -93,7 +93,9 @@ class RankEngine {
   // The held-out loss: the mean over evaluation batches 0..batches-1 of each batch's loss,
   // each batch (the training's global batch) a forward-only pass of the plan's schedule
   // (schedule::forward_only_like) through the same Stages; the same on every rank. Every
-  // rank calls it together, between steps. Needs RankEngineOptions::eval_inputs.
+  // rank calls it together, between steps. Needs RankEngineOptions::eval_inputs. Under
+  // local SGD and gossip it is the first replica's model's loss (the checkpointed one):
+  // the other replicas evaluate with its parameters, then take their own back.
   double evaluate(int64_t batches);
 
   const partitioner::ResolvedPlan& plan() const { return *plan_; }

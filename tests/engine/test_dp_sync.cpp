@@ -21,6 +21,9 @@
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
 #include "stages/checkpoint.h"
+#include "stages/data.h"
+#include "stages/evaluation.h"
+#include "stages/hf.h"
 #include "stages/safetensors.h"
 #include "transport/local.h"
 
@@ -309,6 +312,46 @@ INSTANTIATE_TEST_SUITE_P(
         name += "_servers" + std::to_string(mode.param["ps_ranks"].get<int>());
       return name;
     });
+
+// Under local SGD and gossip the replicas' parameters differ between syncs: the held-out
+// loss is the first replica's model's (the one checkpoints write and export reads) on the
+// whole evaluation batch, as one process evaluating the checkpoint's weights finds it. It
+// had been the mean of each replica's loss on its share of the batch: no model's. Gossip
+// at DP 4 (two replicas' gossip is their mean after every step).
+TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
+  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+  for (const json& sync :
+       {json{{"mode", "local-sgd"}, {"sync_every", 10}}, json{{"mode", "gossip"}, {"peers", 1}}}) {
+    SCOPED_TRACE(sync.dump());
+    PlanSpec p = dp2_plan(sync);
+    if (sync["mode"] == "gossip") {
+      p.dp = 4;
+      p.tp = {1};
+    }
+    Workspace ws("dp-sync-eval");
+    RunSettings s;
+    s.steps = 3;
+    s.lr = 1e-2;  // the replicas well apart
+    s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
+    engine::PlanTrainOptions o = train_options(ws, s);
+    o.checkpoint_dir = ws.path("ckpt");
+    const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
+    ASSERT_EQ(got.size(), 3u);
+    ASSERT_TRUE(got.back().eval_loss.has_value());
+    stages::WholeModel trained =
+        stages::load_whole_checkpoint(stages::resolve_checkpoint(ws.path("ckpt")));
+    stages::DataFlags flags;
+    flags.data = {data};
+    flags.eval_data = {data};
+    stages::TrainData d = stages::open_train_data(flags, *trained.graph, "dp-sync-eval");
+    const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+    const double want =
+        stages::evaluate_loss(*trained.stage, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
+    std::printf("  %s: held-out loss %.8f under the plan, %.8f of the checkpoint\n",
+                sync["mode"].get<std::string>().c_str(), *got.back().eval_loss, want);
+    EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+  }
+}
 
 // ---- gossip ----
 
