@@ -292,12 +292,23 @@ LossLog::LossLog(const std::string& path, int64_t start) {
   if (start > 0) {
     std::ifstream old(path);
     std::string line;
+    int64_t last = -1;  // the last step kept
     while (std::getline(old, line)) {
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_discarded() && j.is_object() && j.contains("step") &&
-          j["step"].is_number_integer() && j["step"].get<int64_t>() <= start)
+          j["step"].is_number_integer() && j["step"].get<int64_t>() <= start) {
         keep += line + "\n";
+        last = j["step"].get<int64_t>();
+      }
     }
+    // A run stopped during the evaluation that follows a checkpoint (written first) had
+    // not written that step's line.
+    if (last >= 0 && last < start)
+      spdlog::warn(
+          "{}: the loss log ends at step {}, before the checkpoint's step {} (the run stopped "
+          "between the checkpoint and the step's line, during its evaluation): the log goes on "
+          "without steps {}..{}",
+          path, last, start, last + 1, start);
   }
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and
@@ -373,7 +384,31 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                          std::to_string(rec.step));
     check_data(false);
     const bool eval = steps.evaluate && eval_due(o, rec.step);
-    if (eval) rec.eval_loss = steps.evaluate();
+    std::string written;
+    auto checkpoint = [&] {
+      check_data(true);  // no checkpoint of a run whose data holds a bad token
+      written = steps.checkpoint(rec.step);
+      summary.last_checkpoint = written;
+    };
+    // A due checkpoint comes before the step's evaluation: an evaluation that failed (its
+    // held-out data truncated under the run) had lost it, at the end of a run its last.
+    // Without one it comes after the step's loss-log line, which a resumed run then finds.
+    const bool save = checkpoint_due(o, rec.step);
+    if (save && eval) checkpoint();
+    if (eval) {
+      try {
+        rec.eval_loss = steps.evaluate();
+      } catch (...) {
+        // The step's line without its held-out loss, so that the log reaches the
+        // checkpoint.
+        try {
+          loss_log.write(rec);
+        } catch (...) {
+          // A log that cannot be written: the evaluation's error is the one reported.
+        }
+        throw;
+      }
+    }
     if (o.keep_records) summary.records.push_back(rec);
     if (summary.steps_run++ == 0)
       summary.first = rec;
@@ -399,12 +434,9 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                              : std::string(),
           double(tokens_per_step) / rec.seconds, steps.rate_unit, rec.seconds * 1e3,
           duration_str(ema_step * double(o.steps - rec.step)));
+    if (save && !eval) checkpoint();
+    if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
     if (on_step) on_step(rec);
-    if (checkpoint_due(o, rec.step)) {
-      check_data(true);  // no checkpoint of a run whose data holds a bad token
-      summary.last_checkpoint = steps.checkpoint(rec.step);
-      if (lead) spdlog::info("checkpoint {}", summary.last_checkpoint);
-    }
   }
   check_data(true);
   return summary;

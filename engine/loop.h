@@ -187,7 +187,9 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 
 // The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
 // checkpoint and drops any that a crashed run wrote after it, so the log is the loss
-// curve of one uninterrupted run. An empty path writes nothing.
+// curve of one uninterrupted run; a log that ends before the checkpoint's step (a run
+// killed during the evaluation after its checkpoint) is kept with a warning. An empty path
+// writes nothing.
 class LossLog {
  public:
   LossLog(const std::string& path, int64_t start);
@@ -220,7 +222,10 @@ struct LoopSteps {
 // o.eval_every steps and after the last, the loss log, the progress line every
 // o.log_every steps and at each evaluation (only where `lead`), a warning for each step
 // skipped without loss scaling (a scaler's skips are routine: only logged), `on_step`, and a
-// checkpoint every o.checkpoint_every steps and after the last. The data check's
+// checkpoint every o.checkpoint_every steps and after the last: after the step's loss-log
+// line, or, at a step that evaluates, before the evaluation (one that throws then loses no
+// checkpoint; the step's line is written without its held-out loss before the error goes
+// on). The data check's
 // InputError stops the run after the step that saw it; each checkpoint, and the end of
 // the run, waits for the check to pass.
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,

@@ -790,7 +790,13 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   } else {
     eo.inputs = inputs_of(data.train, o.seed);
   }
-  if (data.eval) eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
+  if (data.eval) {
+    // The windows every evaluation reads, in memory from the start (stages/data.h).
+    data.eval = stages::hold_evaluation_windows(
+        data.eval, o.seed, o.eval_batches,
+        int64_t(r.plan.dp) * r.plan.micro_batches * r.plan.micro_batch_size, T);
+    eo.eval_inputs = inputs_of(data.eval, stages::evaluation_seed(o.seed));
+  }
   RankEngine engine(rp, world, eo);
 
   // ---- resume, or start from --init-from's weights (a checkpoint found replaces them)

@@ -89,6 +89,9 @@ TrainSummary run_training(const TrainOptions& o,
   const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
   const bool per_position = !images && !tgt_type.shape.empty();
+  // The windows every evaluation reads, in memory from the start (stages/data.h).
+  if (data.eval)
+    data.eval = stages::hold_evaluation_windows(data.eval, o.seed, o.eval_batches, o.batch, T);
 
   auto& alloc = memory::allocator_for(o.device);
   alloc.reset_peak();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <tuple>
 
 #include "memory/error.h"
@@ -498,6 +499,68 @@ TrainData open_train_data(const DataFlags& f, const Graph& g, const std::string&
 
 uint64_t evaluation_seed(uint64_t seed) {
   return mix(seed ^ 0xE7A1E7A1ull);
+}
+
+namespace {
+
+// hold_evaluation_windows' dataset: the held windows from memory, the rest (and what
+// describes the data) from the dataset it wraps.
+class HeldWindows : public Dataset {
+ public:
+  HeldWindows(DatasetPtr inner, uint64_t seed, int64_t batches, int64_t batch, int64_t window,
+              std::vector<int32_t> tokens)
+      : inner_(std::move(inner)),
+        seed_(seed),
+        batches_(batches),
+        batch_(batch),
+        window_(window),
+        tokens_(std::move(tokens)) {}
+
+  void sample(uint64_t seed, int64_t step, int64_t index, int64_t window,
+              int64_t* out) const override {
+    if (seed != seed_ || window != window_ || step < 0 || step >= batches_ || index < 0 ||
+        index >= batch_)
+      return inner_->sample(seed, step, index, window, out);
+    const int32_t* p = tokens_.data() + (step * batch_ + index) * (window + 1);
+    std::copy(p, p + window + 1, out);
+  }
+  int64_t num_tokens() const override { return inner_->num_tokens(); }
+  int64_t num_documents() const override { return inner_->num_documents(); }
+  std::string describe() const override { return inner_->describe(); }
+  nlohmann::json to_json() const override { return inner_->to_json(); }
+  std::pair<DatasetPtr, DatasetPtr> split(double fraction) const override {
+    return inner_->split(fraction);
+  }
+
+ private:
+  DatasetPtr inner_;
+  uint64_t seed_;
+  int64_t batches_, batch_, window_;
+  std::vector<int32_t> tokens_;  // [batches, batch, window + 1]
+};
+
+}  // namespace
+
+DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batches, int64_t batch,
+                                   int64_t window) {
+  BATON_CHECK(eval != nullptr && batches > 0 && batch > 0 && window > 0,
+              "hold_evaluation_windows: a dataset and positive sizes");
+  const uint64_t s = evaluation_seed(seed);
+  std::vector<int32_t> tokens(size_t(batches * batch * (window + 1)));
+  std::vector<int64_t> w(size_t(window + 1));
+  for (int64_t k = 0; k < batches; ++k)
+    for (int64_t i = 0; i < batch; ++i) {
+      eval->sample(s, k, i, window, w.data());
+      int32_t* out = tokens.data() + (k * batch + i) * (window + 1);
+      for (int64_t t = 0; t <= window; ++t) {
+        // Every token is below the model's vocabulary (checked as read): one past int32 is
+        // left to the file.
+        if (w[size_t(t)] < 0 || w[size_t(t)] > std::numeric_limits<int32_t>::max()) return eval;
+        out[t] = int32_t(w[size_t(t)]);
+      }
+    }
+  return std::make_shared<HeldWindows>(std::move(eval), s, batches, batch, window,
+                                       std::move(tokens));
 }
 
 std::string inputs_str(const Graph& g) {

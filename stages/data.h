@@ -208,6 +208,15 @@ TrainData open_train_data(const DataFlags& flags, const Graph& g, const std::str
 // at every evaluation (and under every plan).
 uint64_t evaluation_seed(uint64_t seed);
 
+// The held-out data with the windows a run evaluates read into memory once: samples
+// [0, batch) of evaluation batches [0, batches) of a run seeded `seed`, `window` tokens
+// each (and the token after). The evaluations then read no file: a held-out file
+// rewritten or truncated in place under the run (a tool that opens it "wb") had killed the
+// run with SIGBUS through its memory map, with no message. Costs batches x batch x
+// (window + 1) 4-byte tokens; any other window is read from `eval` as before.
+DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batches, int64_t batch,
+                                   int64_t window);
+
 // The model's vocabulary as its token inputs see it: the end of every embedding reading
 // `tokens` (vocab_offset + rows: the ids it covers end there) and the classes of its
 // cross-entropy (the smallest). Throws InputError (naming `source`) unless the model's

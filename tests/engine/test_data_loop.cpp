@@ -6,18 +6,25 @@
 // rates, and the held-out loss of a forward-only pass through the pipeline within 1e-6 of one
 // process's; a plan's run resumed mid-decay repeats its last steps bit for bit.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 
 #include "engine_harness.h"
 #include "kernels/ops.h"
+#include "memory/error.h"
 #include "stages/checkpoint.h"
 #include "stages/token_store.h"
+#include "transport/local.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -223,6 +230,120 @@ TEST(DataLoop, PlanResumesMidDecay) {
   ASSERT_EQ(rest.size(), 2u);
   data_loop_expect_same(rest, whole);
   EXPECT_EQ(read_text(o.loss_log), log);
+}
+
+// A due checkpoint is written before that step's evaluation: an evaluation that failed
+// (the held-out data gone under the run) had lost it, at the end of a run its last. The
+// step's loss-log line is still written, without a held-out loss, so the log reaches the
+// checkpoint. A checkpoint of a step without evaluation still follows the step's line (a
+// run killed between the two resumes with the line). A log that ends before the resumed
+// checkpoint's step (a run killed during that evaluation) is said.
+TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
+  Workspace ws("data_loop_eval_fails");
+  engine::LoopOptions o;
+  o.steps = 6;
+  o.eval_every = 4;
+  o.checkpoint_dir = ws.path("ckpt");  // named only: the steps below write nothing there
+  o.checkpoint_every = 2;
+  o.log_every = 0;
+  o.loss_log = ws.path("loss.jsonl");
+  auto lines = [&] {
+    std::vector<nlohmann::json> out;
+    std::istringstream log(read_text(o.loss_log));
+    for (std::string line; std::getline(log, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+  };
+  std::vector<std::pair<int64_t, size_t>> written;  // (step, loss-log lines then)
+  int evaluations = 0;
+  engine::LoopSteps steps;
+  steps.step = [](int64_t step) { return engine::StepRecord{step + 1, 5.0 - double(step), 1, 1}; };
+  steps.checkpoint = [&](int64_t done) {
+    written.emplace_back(done, lines().size());
+    return ws.path("ckpt/step-" + std::to_string(done));
+  };
+  steps.evaluate = [&]() -> double {
+    if (++evaluations == 2) throw RuntimeError("held-out data gone");
+    return 7.5;
+  };
+  EXPECT_THROW(engine::run_loop(o, 0, 1, true, steps, {}), RuntimeError);
+  // Step 2 after its line, step 4 before its evaluation and line, step 6 before its
+  // evaluation (the last step's), which failed.
+  EXPECT_EQ(written, (std::vector<std::pair<int64_t, size_t>>{{2, 2}, {4, 3}, {6, 5}}));
+  const std::vector<nlohmann::json> log = lines();
+  ASSERT_EQ(log.size(), 6u);
+  EXPECT_EQ(log[3]["eval_loss"], 7.5);
+  EXPECT_EQ(log[5]["step"], 6);
+  EXPECT_FALSE(log[5].contains("eval_loss"));
+
+  // A log cut short of the checkpoint's step: kept, and the gap said.
+  std::ostringstream said;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
+  spdlog::default_logger()->sinks().push_back(sink);
+  { engine::LossLog resumed(o.loss_log, 8); }
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(lines().size(), 6u);
+  EXPECT_NE(said.str().find("the loss log ends at step 6, before the checkpoint's step 8"),
+            std::string::npos)
+      << said.str();
+}
+
+// The held-out file truncated in place after the first step (a tool rewriting it with
+// "wb"): the evaluation at the end had died of SIGBUS (no message, no last checkpoint);
+// it reads the windows held in memory since the start, and its loss is the whole file's.
+// One process, and PP2 x DP2 with each rank a thread.
+TEST(DataLoop, HeldOutFileTruncatedUnderTheRun) {
+  Workspace ws("data_loop_truncated");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.micro_batches = 2;
+  p.micro_batch_size = 1;
+  plan_json(p, ws);  // writes model.json
+  // Text on both sides: no background scan of the file (a scan reads it too).
+  const std::string corpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+  const std::string held = ws.path("held.txt");
+  RunSettings s;
+  s.steps = 3;
+  s.configure = [&](engine::LoopOptions& o) {
+    o.data.eval_data = {held};
+    o.eval_batches = 2;
+  };
+  auto restore = [&] {
+    std::filesystem::copy_file(corpus, held, std::filesystem::copy_options::overwrite_existing);
+  };
+  auto truncate_after_first = [&](const engine::StepRecord& r) {
+    if (r.step == 1) std::filesystem::resize_file(held, 0);
+  };
+  kernels::set_num_threads(1);
+  engine::TrainOptions one = one_process_options(ws, s, 4, 2);
+  restore();
+  const std::optional<double> want = engine::run_training(one).records.back().eval_loss;
+  ASSERT_TRUE(want.has_value());
+  restore();
+  EXPECT_EQ(engine::run_training(one, truncate_after_first).records.back().eval_loss, want);
+  EXPECT_EQ(std::filesystem::file_size(held), 0u);
+
+  restore();
+  auto plan = resolve(p, ws);
+  const engine::PlanTrainOptions o = train_options(ws, s);
+  std::vector<engine::StepRecord> whole = run_threads(plan, o);
+  restore();
+  std::vector<transport::CommPtr> world = transport::make_local_world(plan->world());
+  std::vector<std::optional<double>> got(size_t(plan->world()));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < plan->world(); ++r)
+    threads.emplace_back([&, r] {
+      const auto on_step =
+          r == 0 ? std::function<void(const engine::StepRecord&)>(truncate_after_first)
+                 : std::function<void(const engine::StepRecord&)>();
+      got[size_t(r)] =
+          engine::train_plan(plan, o, world[size_t(r)], on_step).records.back().eval_loss;
+    });
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(whole.back().eval_loss.has_value());
+  for (int r = 0; r < plan->world(); ++r)
+    EXPECT_EQ(got[size_t(r)], whole.back().eval_loss) << "rank " << r;
 }
 
 }  // namespace

@@ -619,6 +619,44 @@ TEST(Sampling, TooSmallSplitPartNamesThePart) {
                            "no document has more than 16 tokens"});
 }
 
+// The evaluation's windows are read into memory at the start: the held-out file truncated
+// in place afterwards (a tool rewriting it with "wb") had killed the run with SIGBUS at the
+// next evaluation; the held windows are the file's as they were, and others are still read.
+TEST(Sampling, HeldEvaluationWindowsOutliveTheFile) {
+  auto docs = some_docs(5, 20, 1000);
+  const std::string p = tmp("held");
+  write_megatron(p, docs, {.code = 8});
+  DataOptions o;
+  o.window = 8;
+  o.vocab = 1000;
+  DatasetPtr d = open_dataset({p}, o);
+  auto fill = [](const Dataset& data, uint64_t seed, int64_t step, int64_t first, int64_t n) {
+    memory::Tensor tok = memory::Tensor::empty({n, 8}, memory::DType::i64);
+    memory::Tensor tgt = memory::Tensor::empty({n, 8}, memory::DType::i64);
+    data.fill(seed, step, first, n, tok, tgt);
+    std::vector<int64_t> v = tok.to_vector<int64_t>(), t = tgt.to_vector<int64_t>();
+    v.insert(v.end(), t.begin(), t.end());
+    return v;
+  };
+  const uint64_t seed = evaluation_seed(3);
+  // Each held batch whole, and samples 2..4 alone (a replica's or micro-batch's share).
+  std::vector<std::vector<int64_t>> want, part;
+  for (int64_t k = 0; k < 2; ++k) {
+    want.push_back(fill(*d, seed, k, 0, 6));
+    part.push_back(fill(*d, seed, k, 2, 3));
+  }
+  const std::vector<int64_t> other = fill(*d, seed, 2, 0, 6);  // batch 2: not held
+  DatasetPtr held = hold_evaluation_windows(d, 3, 2, 6, 8);
+  EXPECT_EQ(held->describe(), d->describe());
+  EXPECT_EQ(held->to_json(), d->to_json());
+  EXPECT_EQ(fill(*held, seed, 2, 0, 6), other);
+  std::filesystem::resize_file(p + ".bin", 0);
+  for (int64_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(fill(*held, seed, k, 0, 6), want[size_t(k)]) << "batch " << k;
+    EXPECT_EQ(fill(*held, seed, k, 2, 3), part[size_t(k)]) << "batch " << k;
+  }
+}
+
 // Weights whose sum overflows: each share is still its weight's (all had been 0, every
 // sample from the last dataset).
 TEST(Sampling, HugeBlendWeightsKeepTheirShares) {
