@@ -99,6 +99,9 @@ void check_loop_options(const LoopOptions& o) {
   const bool held_out = !o.data.eval_data.empty() || o.data.eval_fraction > 0;
   if (o.eval_every > 0 && !held_out)
     throw InputError("--eval-every needs held-out data (--eval-data PATH or --eval-fraction F)");
+  // Its default is 1: another count without held-out data had been accepted without effect.
+  if (o.eval_batches != 1 && !held_out)
+    throw InputError("--eval-batches needs held-out data (--eval-data PATH or --eval-fraction F)");
 }
 
 stages::LrSchedule lr_schedule_of(const LoopOptions& o) {

@@ -1,17 +1,42 @@
 #include "stages/lr_schedule.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "memory/error.h"
 
 namespace baton::stages {
 
+namespace {
+
+// A rate or fraction as a message shows it: the shortest text that reads back as the same
+// number (std::to_string's %f had printed 1e-7 as 0.000000 and 1.0000001 as 1.000000,
+// values inside the range the message states).
+std::string number(double v) {
+  return fmt::format("{}", v);
+}
+
+}  // namespace
+
 int64_t LrSchedule::decay_steps() const {
   if (decay > 0) return decay;
-  if (kind == Kind::wsd)
-    return std::max<int64_t>(1, int64_t(std::ceil(decay_fraction * double(total))));
+  if (kind == Kind::wsd) {
+    // The product in binary can land a few units in the last place above a whole number
+    // (0.07 * 100 is 7.000000000000001), which ceil took to the next step: within those
+    // units it is that number.
+    const double steps = decay_fraction * double(total);
+    const double whole = std::round(steps);
+    const double d = std::abs(steps - whole) <= 4 * std::numeric_limits<double>::epsilon() * steps
+                         ? whole
+                         : std::ceil(steps);
+    if (d >= double(total))
+      return std::max<int64_t>(1, total);  // a fraction of 1 (no cast past INT64_MAX)
+    return std::max<int64_t>(1, int64_t(d));
+  }
   return std::max<int64_t>(1, total - warmup);
 }
 
@@ -45,11 +70,18 @@ void LrSchedule::validate() const {
     throw InputError("--warmup-steps: expected >= 0, found " + std::to_string(warmup));
   if (decay < 0) throw InputError("--decay-steps: expected >= 0, found " + std::to_string(decay));
   if (!(min_lr >= 0) || min_lr > lr)
-    throw InputError("--min-lr: expected a rate in [0, --lr], found " + std::to_string(min_lr));
+    throw InputError("--min-lr: expected a rate in [0, --lr] = [0, " + number(lr) + "], found " +
+                     number(min_lr));
   if (!(decay_fraction > 0 && decay_fraction <= 1))
     throw InputError("--decay-fraction: expected a fraction in (0, 1], found " +
-                     std::to_string(decay_fraction));
-  if (kind == Kind::wsd && total > 0 && warmup + decay_steps() > total)
+                     number(decay_fraction));
+  // A warm-up to the end of the run never reaches --lr before it, nor decays.
+  if ((kind == Kind::cosine || kind == Kind::linear) && total > 0 && warmup >= total)
+    throw InputError("--warmup-steps " + std::to_string(warmup) + ": expected fewer than --steps " +
+                     std::to_string(total) + ", for the " + lr_schedule_name(kind) +
+                     " decay to follow the warm-up");
+  // Both may be near INT64_MAX: compared without their sum, which overflowed.
+  if (kind == Kind::wsd && total > 0 && (warmup > total || decay_steps() > total - warmup))
     throw InputError("--lr-schedule wsd: warm-up (" + std::to_string(warmup) + ") and decay (" +
                      std::to_string(decay_steps()) + ") steps exceed the run's " +
                      std::to_string(total) + " steps");

@@ -6,7 +6,7 @@
 //   linear    min + (lr − min)·(1 − (s − W)/D)
 //   wsd       lr until the last D steps (warm-up, stable), then linear decay to min
 // with D the decay steps (default: the steps after warm-up; for wsd: the last
-// decay_fraction of all steps) and min after the decay ends.
+// decay_fraction of all steps, rounded up to a whole step) and min after the decay ends.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +29,10 @@ struct LrSchedule {
   double at(int64_t s) const;
   // D as resolved for this run.
   int64_t decay_steps() const;
-  // Throws InputError naming the flag for a schedule that does not fit (W beyond the run,
-  // min_lr above lr, a fraction outside (0, 1]).
+  // Throws InputError naming the flag for a schedule that does not fit: min_lr above lr, a
+  // fraction outside (0, 1], for cosine and linear a warm-up to the end of the run (W >=
+  // total: no decay would follow it), for wsd warm-up and decay longer than the run. A
+  // constant rate's warm-up may outlast the run (the rate then never reaches lr).
   void validate() const;
 
   nlohmann::json to_json() const;

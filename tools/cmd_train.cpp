@@ -174,6 +174,15 @@ int run_train(const std::vector<std::string>& args) {
     o.data.data = data;
   o.data.cross_documents = !no_cross_documents;
   o.lr_schedule.kind = stages::parse_lr_schedule(lr_schedule);
+  // wsd's alone, as --momentum is sgd's, and wsd's default length: beside another schedule
+  // or --decay-steps it had changed nothing.
+  if (given("decay-fraction") && o.lr_schedule.kind != stages::LrSchedule::Kind::wsd)
+    throw InputError("--decay-fraction is wsd's, but --lr-schedule is " + lr_schedule +
+                     (o.lr_schedule.kind == stages::LrSchedule::Kind::constant
+                          ? std::string(" (no decay)")
+                          : std::string(" (its decay's length is --decay-steps)")));
+  if (given("decay-fraction") && o.lr_schedule.decay > 0)
+    throw InputError("--decay-fraction and --decay-steps: expected one of them, found both");
   const transport::LaunchEnv env = transport::read_launch_env();
   if (int t = vm["threads"].as<int>(); t > 0) {
     kernels::set_num_threads(t);

@@ -160,6 +160,28 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
                          {"--decay-fraction: expected a fraction in (0, 1]"});
   cli_expect_input_error(base + "--lr-schedule wsd --warmup-steps 8 --decay-steps 5",
                          {"--lr-schedule wsd", "exceed the run's 10 steps"});
+  // Near INT64_MAX: warm-up + decay had overflowed and the run had been accepted.
+  cli_expect_input_error(
+      base + "--lr-schedule wsd --warmup-steps 1 --decay-steps 9223372036854775807",
+      {"--lr-schedule wsd", "exceed the run's 10 steps"});
+  // Values shown in full (%f had shown 1e-7 as 0.000000), and --lr's beside --min-lr.
+  cli_expect_input_error(base + "--lr 1e-8 --min-lr 1e-7",
+                         {"--min-lr: expected a rate in [0, --lr] = [0, 1e-08], found 1e-07"});
+  cli_expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.0000001",
+                         {"--decay-fraction: expected a fraction in (0, 1], found 1.0000001"});
+  // Flags that had been accepted without effect.
+  cli_expect_input_error(base + "--lr-schedule cosine --warmup-steps 10",
+                         {"--warmup-steps 10: expected fewer than --steps 10, for the cosine "
+                          "decay to follow the warm-up"});
+  cli_expect_input_error(base + "--lr-schedule linear --warmup-steps 12 --min-lr 0.0005",
+                         {"--warmup-steps 12: expected fewer than --steps 10"});
+  cli_expect_input_error(base + "--lr-schedule cosine --decay-fraction 0.5",
+                         {"--decay-fraction is wsd's, but --lr-schedule is cosine"});
+  cli_expect_input_error(base + "--decay-fraction 0.1",
+                         {"--decay-fraction is wsd's, but --lr-schedule is constant (no decay)"});
+  cli_expect_input_error(base + "--lr-schedule wsd --decay-fraction 0.2 --decay-steps 3",
+                         {"--decay-fraction and --decay-steps: expected one of them, found both"});
+  cli_expect_input_error(base + "--eval-batches 5", {"--eval-batches needs held-out data"});
   cli_expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
   cli_expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0",
                          {"--eval-batches: expected >= 1"});

@@ -2,7 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "memory/error.h"
 #include "stages/lr_schedule.h"
@@ -87,6 +91,95 @@ TEST(LrSchedule, BadFlags) {
   EXPECT_THROW(s.validate(), InputError);
   EXPECT_THROW(parse_lr_schedule("step"), InputError);
   EXPECT_EQ(parse_lr_schedule("cosine"), LrSchedule::Kind::cosine);
+}
+
+// The default decay is the last decay_fraction of the steps, rounded up: a product that
+// binary floating point puts just above a whole number (0.07 * 100 = 7.000000000000001)
+// is that number, not one step more; one truly above it still rounds up.
+TEST(LrSchedule, WsdDefaultDecayIsTheWholeNumberOfSteps) {
+  const std::vector<std::tuple<double, int64_t, int64_t>> cases = {
+      {0.07, 100, 7},      {0.14, 100, 14},     {0.28, 100, 28},     {0.55, 100, 55},
+      {0.56, 100, 56},     {0.17, 300, 51},     {0.34, 300, 102},    {0.68, 300, 204},
+      {0.81, 300, 243},    {0.17, 5000, 850},   {0.34, 5000, 1700},  {0.68, 5000, 3400},
+      {0.81, 5000, 4050},  {0.17, 10000, 1700}, {0.34, 10000, 3400}, {0.68, 10000, 6800},
+      {0.81, 10000, 8100}, {0.071, 100, 8},     {0.1, 7, 1},         {0.5, 3, 2},
+      {1.0, 100, 100},     {0.001, 10, 1}};
+  for (const auto& [fraction, total, want] : cases) {
+    LrSchedule s;
+    s.kind = LrSchedule::Kind::wsd;
+    s.decay_fraction = fraction;
+    s.total = total;
+    EXPECT_EQ(s.decay_steps(), want) << fraction << " of " << total;
+    // A warm-up that fills the rest of the run fits exactly.
+    s.warmup = total - want;
+    EXPECT_NO_THROW(s.validate()) << fraction << " of " << total;
+  }
+}
+
+// Warm-up and decay near INT64_MAX: their sum had overflowed, and the run had been accepted.
+TEST(LrSchedule, WsdHugeDecayIsRefused) {
+  LrSchedule s;
+  s.kind = LrSchedule::Kind::wsd;
+  s.total = 3;
+  s.warmup = 1;
+  s.decay = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(s.validate(), InputError);
+  s.warmup = std::numeric_limits<int64_t>::max();
+  s.decay = 1;
+  EXPECT_THROW(s.validate(), InputError);
+  s.warmup = 1;
+  s.decay = 2;
+  EXPECT_NO_THROW(s.validate());
+}
+
+// The message of the refused value.
+std::string refusal(const LrSchedule& s) {
+  try {
+    s.validate();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// A value just outside its range is shown as given: %f had printed 1e-7 as 0.000000 and
+// 1.0000001 as 1.000000, inside the range the message states. --min-lr's names --lr's.
+TEST(LrSchedule, MessagesShowTheValues) {
+  LrSchedule s;
+  s.total = 2;
+  s.lr = 1e-8;
+  s.min_lr = 1e-7;
+  EXPECT_EQ(refusal(s), "--min-lr: expected a rate in [0, --lr] = [0, 1e-08], found 1e-07");
+  s.lr = 0.001;
+  s.min_lr = 0.0010000001;
+  EXPECT_EQ(refusal(s), "--min-lr: expected a rate in [0, --lr] = [0, 0.001], found 0.0010000001");
+  s.min_lr = 0;
+  s.kind = LrSchedule::Kind::wsd;
+  s.decay_fraction = 1.0000001;
+  EXPECT_EQ(refusal(s), "--decay-fraction: expected a fraction in (0, 1], found 1.0000001");
+  s.decay_fraction = -1e-9;
+  EXPECT_EQ(refusal(s), "--decay-fraction: expected a fraction in (0, 1], found -1e-09");
+}
+
+// Cosine and linear decay after the warm-up: a warm-up to the end of the run (or past it)
+// never decays, and is refused as wsd's is.
+TEST(LrSchedule, WarmupToTheEndIsRefused) {
+  for (auto k : {LrSchedule::Kind::cosine, LrSchedule::Kind::linear}) {
+    LrSchedule s;
+    s.kind = k;
+    s.total = 3;
+    s.warmup = 5;
+    EXPECT_EQ(refusal(s), "--warmup-steps 5: expected fewer than --steps 3, for the " +
+                              lr_schedule_name(k) + " decay to follow the warm-up");
+    s.warmup = 3;
+    EXPECT_THROW(s.validate(), InputError);
+    s.warmup = 2;
+    EXPECT_NO_THROW(s.validate());
+  }
+  LrSchedule c;  // a constant rate has no decay to lose
+  c.total = 3;
+  c.warmup = 5;
+  EXPECT_NO_THROW(c.validate());
 }
 
 }  // namespace
