@@ -179,6 +179,12 @@ void check_same_model_math(const json& model, const std::string& source, const j
   const json mine = hf_math_fields(model, source);
   if (mine.is_null()) return;
   const json theirs = hf_math_fields(reference, reference_source);
+  // The family first: every field of the other family differs too, and the first of them
+  // by name (a LLaMA's $.attention_bias) would hide why.
+  if (theirs.is_object() && theirs.value("type", json()) != mine.value("type", json()))
+    throw InputError(reference_source + " is a " + theirs["type"].get<std::string>() +
+                     " model, but " + source + " is a " + mine["type"].get<std::string>() +
+                     " model (" + why + ")");
   for (const auto& [key, v] : theirs.items()) {
     const json have = mine.contains(key) ? mine[key] : json(nullptr);
     if (have != v)

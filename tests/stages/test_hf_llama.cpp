@@ -588,6 +588,20 @@ TEST(HfLlamaInput, RopeScalingTypeKeySpellingsAreTheSameModel) {
       {"m.json: $.rope_scaling is ", "config.json has "});
 }
 
+// A GPT-2 model beside a LLaMA's weights (and the reverse): the message names the two
+// families, not the first field by name that only one of them has ($.attention_bias).
+TEST(HfLlamaInput, AnotherModelFamilyIsNamedFirst) {
+  const nlohmann::json llama = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  const nlohmann::json gpt2 = read_json_file(fixture_dir("gpt2_tiny") + "/config.json");
+  const nlohmann::json gpt2_sh = hf_config_to_shorthand(JsonReader(gpt2, "g/config.json"));
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(gpt2_sh, "m.json", llama, "ll/config.json", "why"); },
+      {"ll/config.json is a llama model, but m.json is a gpt2 model (why)"});
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(llama, "ll/config.json", gpt2, "g/config.json", "why"); },
+      {"g/config.json is a gpt2 model, but ll/config.json is a llama model (why)"});
+}
+
 // transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0 even with a
 // head_dim that makes the shapes work: export says so rather than write a directory it
 // cannot load; hidden_size a multiple of the heads with another head_dim exports.
