@@ -719,15 +719,19 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   // The plan's model must be the one --init-from's weights were made for, and the weights
   // of this rank's layers must be there in its shapes, checked from the headers before the
   // stages allocate them (every rank reads the same files, so all fail together, before
-  // any collective).
+  // any collective). --resume over written checkpoints does not read the directory: the
+  // newest complete one replaces its weights, or none is usable and the run is refused.
   const nlohmann::json model_json = model_json_of(r.plan);
-  if (!o.init_from.empty() && !r.is_server(world->rank())) {
+  auto check_init_from = [&] {
     stages::check_hf_model_matches(model_json, model_source, o.init_from);
     std::set<int> mine;
     for (const partitioner::RankStage& s : partitioner::rank_view(r, world->rank()).stages)
       for (int p : lg.params_used(s.first_layer, s.last_layer)) mine.insert(p);
     stages::check_hf_weights(o.init_from, lg, {mine.begin(), mine.end()});
-  }
+  };
+  const bool init_from_checked = !o.init_from.empty() && !r.is_server(world->rank()) &&
+                                 !(o.resume && stages::newest_written_checkpoint(o.checkpoint_dir));
+  if (init_from_checked) check_init_from();
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
   std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
   if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
@@ -801,7 +805,10 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
   // ---- resume, or start from --init-from's weights (a checkpoint found replaces them)
   const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
-  if (!o.init_from.empty() && found < 0) init_from_hf(engine, o.init_from, lead);
+  if (!o.init_from.empty() && found < 0) {
+    if (!init_from_checked) check_init_from();  // the checkpoints went away meanwhile
+    init_from_hf(engine, o.init_from, lead);
+  }
   int64_t start = 0;
   if (o.resume) {
     std::optional<std::string> dir;

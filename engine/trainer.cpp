@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 
 #include "engine/detail/staged_inputs.h"
@@ -37,18 +38,38 @@ TrainSummary run_training(const TrainOptions& o,
   check_loop_options(o);
   prepare_device(o);
 
+  // ---- the checkpoint to resume from, before the model: one found holds the weights
+  // and (without --model) the model, so --init-from's directory is not read at all. An
+  // existing directory is locked first; a missing one holds none and is made further down,
+  // once the inputs are good.
+  std::optional<stages::CheckpointRootLock> held;
+  std::optional<std::string> resume_dir;
+  std::optional<stages::Manifest> resume_manifest;
+  if (o.resume && std::filesystem::is_directory(o.checkpoint_dir)) {
+    held.emplace(o.checkpoint_dir);
+    resume_dir = stages::latest_checkpoint(o.checkpoint_dir);
+    if (resume_dir)
+      resume_manifest = stages::read_manifest(*resume_dir);
+    else
+      refuse_unusable_checkpoints(o.checkpoint_dir);
+  }
+  const bool init_from = !o.init_from.empty() && !resume_dir;
+
   // ---- the model ----
   nlohmann::json model_json;
   std::string model_source = o.model_path;
   if (!o.model_path.empty()) {
     model_json = stages::read_json_file(o.model_path);
+  } else if (!o.init_from.empty() && resume_manifest) {
+    model_json = resume_manifest->model;  // the one DIR/config.json gave the first run
+    model_source = *resume_dir + "/manifest.json";
   } else if (!o.init_from.empty()) {
     model_json = stages::read_hf_model_config(o.init_from);
     model_source = o.init_from + "/config.json";
   } else {
     throw InputError("--model is required (or --init-from a Hugging Face directory)");
   }
-  if (!o.init_from.empty() && !o.model_path.empty())
+  if (init_from && !o.model_path.empty())
     stages::check_hf_model_matches(model_json, model_source, o.init_from);
   stages::LoadOptions lo;
   // Mixed precision: the model's floating values (activations, working weights) in the
@@ -80,11 +101,10 @@ TrainSummary run_training(const TrainOptions& o,
                        " layers)");
   // The weights' names, dtypes and shapes from their headers, before the Stage allocates
   // and initialises every parameter config.json asks for (possibly far more than them).
-  if (!o.init_from.empty())
+  if (init_from)
     stages::check_hf_weights(o.init_from, *graph, graph->params_used(0, graph->num_layers()));
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
-  std::optional<stages::CheckpointRootLock> held;
-  if (!o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
+  if (!o.checkpoint_dir.empty() && !held) held.emplace(o.checkpoint_dir);
   const stages::ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
   const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;
   const int64_t T = images ? 1 : tok_type.shape[0];  // tokens (or images) per sample
@@ -103,14 +123,14 @@ TrainSummary run_training(const TrainOptions& o,
   so.recompute_layers = o.recompute_layers;
   stages::Stage stage(graph, 0, graph->num_layers(), so);
   stage.set_optimizer(o.optimizer);
-  if (!o.init_from.empty()) stages::load_hf_weights(o.init_from, stage);
+  if (init_from) stages::load_hf_weights(o.init_from, stage);
 
   std::unique_ptr<kernels::LossScaler> scaler = make_loss_scaler(o);
   int64_t start = 0;
   if (o.resume) {
-    std::optional<std::string> dir = stages::latest_checkpoint(o.checkpoint_dir);
+    const std::optional<std::string>& dir = resume_dir;
     if (dir) {
-      stages::Manifest m = stages::read_manifest(*dir);
+      const stages::Manifest& m = *resume_manifest;
       check_resume(m, *dir, model_json, model_source, o.seed);
       warn_resume_changes(m, *dir,
                           images ? data_manifest(*images, m.step) : data_manifest(data, m.step), o,
@@ -119,8 +139,6 @@ TrainSummary run_training(const TrainOptions& o,
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
       restore_loss_scale(m, scaler.get());
-    } else {
-      refuse_unusable_checkpoints(o.checkpoint_dir);
     }
     log_resume(dir, start, o.checkpoint_dir);
   }

@@ -19,7 +19,8 @@ namespace baton::engine {
 // The one-process loop's options: the shared ones (engine/loop.h) and the model, batch
 // and micro-batches that a plan would otherwise give.
 struct TrainOptions : LoopOptions {
-  std::string model_path;     // model JSON (or empty with init_from: its config.json)
+  std::string model_path;     // model JSON (or empty with init_from: its config.json, or on
+                              // --resume the checkpoint's)
   int64_t batch = 8;          // samples per step (global batch)
   int64_t micro_batches = 1;  // K; batch must be a multiple of K
   std::string init_from;      // Hugging Face directory (GPT-2, the LLaMA family) to start from

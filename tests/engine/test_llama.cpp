@@ -240,6 +240,62 @@ TEST(LlamaInitFrom, PlanMatchesOneProcess) {
   EXPECT_GT(std::abs(want[0].grad_norm - fresh[0].grad_norm), 1e-3 * fresh[0].grad_norm);
 }
 
+// --resume over a checkpoint of an --init-from run does not read the Hugging Face
+// directory (moved away here): one process, with --model and with the model its
+// config.json gave (now the checkpoint's), and a TP2 plan each continue at step 3 with
+// the loss of a run from the same weights that had not stopped.
+TEST(LlamaInitFrom, ResumeFromACheckpointDoesNotReadTheDirectory) {
+  Workspace ws("llama-init-resume");
+  const std::string dir = ws.path("hf");
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  PlanSpec p;
+  p.model = fixture_model("llama_gqa");
+  p.tp = {2};
+  auto plan = resolve(p, ws);
+  RunSettings s;
+  s.steps = 3;
+  kernels::set_num_threads(1);
+  engine::TrainOptions one =
+      one_process_options(ws, s, p.micro_batches * p.micro_batch_size, p.micro_batches);
+  one.init_from = dir;
+  engine::TrainOptions bare = one;  // the model from config.json, then from the checkpoint
+  bare.model_path.clear();
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.init_from = dir;
+  // What each gives at step 3 without stopping.
+  const std::vector<engine::StepRecord> want = engine::run_training(one).records;
+  const std::vector<engine::StepRecord> want_bare = engine::run_training(bare).records;
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(want_bare.size(), 3u);
+  one.checkpoint_dir = ws.path("ck-one");
+  bare.checkpoint_dir = ws.path("ck-bare");
+  o.checkpoint_dir = ws.path("ck-plan");
+  one.steps = bare.steps = o.steps = 2;
+  engine::run_training(one);
+  engine::run_training(bare);
+  run_threads(plan, o);
+  std::filesystem::rename(dir, ws.path("hf-moved"));
+
+  one.resume = bare.resume = o.resume = true;
+  one.steps = bare.steps = o.steps = 3;
+  for (const auto& [r, w] : {std::pair{one, want[2]}, std::pair{bare, want_bare[2]}}) {
+    const std::vector<engine::StepRecord> got = engine::run_training(r).records;
+    ASSERT_EQ(got.size(), 1u) << r.checkpoint_dir;
+    EXPECT_EQ(got[0].step, 3);
+    EXPECT_EQ(got[0].loss, w.loss) << r.checkpoint_dir;
+  }
+  const std::vector<engine::StepRecord> got = run_threads(plan, o);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].step, 3);
+  EXPECT_NEAR(got[0].loss, want[2].loss, 1e-5 * std::abs(want[2].loss));
+
+  // Without a checkpoint the directory is read as before: gone, it is an error.
+  one.checkpoint_dir = ws.path("ck-none");
+  EXPECT_THROW(engine::run_training(one), InputError);
+}
+
 // A plan whose model is not the one the weights were made for: an InputError naming the
 // field, both values and the directory's config.json, before any rank is assembled.
 TEST(LlamaInitFrom, ModelThatDiffersFromTheConfigIsAnError) {
