@@ -668,6 +668,17 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   const Graph& g = *r.graph;
   const Plan& p = r.plan;
   model.warn_threads(r.world(), p.device);
+  // The estimate sums bytes in int64: a plan beyond what it counts is refused here, before
+  // a sum wraps (to a negative size, or one that "fits").
+  if (!micro_batches_countable(g, p.micro_batch_size, p.micro_batches))
+    throw InputError(
+        p.where("$.batch.micro_batch_size") + ": micro-batches of " +
+        std::to_string(p.micro_batch_size) + " samples of model " + g.name + " need up to " +
+        memory::format_bytes(micro_batch_bytes_bound(g, p.micro_batch_size)) +
+        " each (every value and its gradient), times the " + std::to_string(p.micro_batches) +
+        " a rank may hold ($.schedule.micro_batches) and one more: more than the 2^62 bytes "
+        "the memory estimate counts, and than any device holds; expected fewer samples a "
+        "micro-batch");
   CostTable table = model.table_for(r.sharding, p.micro_batch_size);
   const int opt = optimizer_states(p.optimizer);
   const int K = r.num_chunks();

@@ -744,6 +744,20 @@ void persistent_memory(const Graph& g, int first, int last, int optimizer_states
   }
 }
 
+double micro_batch_bytes_bound(const Graph& g, int64_t batch) {
+  double bytes = 0;
+  for (const stages::Value& v : g.values) {
+    double n = v.type.batched ? double(batch) : 1.0;
+    for (int64_t d : v.type.shape) n *= double(d);
+    bytes += n * double(memory::dtype_size(v.type.dtype)) + 64;  // rounded up per tensor
+  }
+  return 2 * bytes;
+}
+
+bool micro_batches_countable(const Graph& g, int64_t batch, int64_t micro_batches) {
+  return micro_batch_bytes_bound(g, batch) * double(micro_batches + 1) <= kCountableBytes;
+}
+
 int64_t sharded_optimizer_bytes(int64_t numel, int dtype_size, int dp, int optimizer_states) {
   if (dp <= 1) return rounded(numel * dtype_size) * optimizer_states;
   const int64_t part = (numel + dp - 1) / dp;
@@ -949,14 +963,21 @@ std::vector<int> loader_micro_batches_at(const schedule::Schedule& s, int rank,
   // step's, less those taken so far, the one the running action takes included (its
   // stage holds that). Before the rank's first take the stages hold nothing, but an
   // action before it (a stage reading no inputs) runs beside every queued one.
+  // Counted from each span's ends in one pass: a search walks ranks of thousands of
+  // micro-batches, where a scan of every span per action costs seconds.
   const int n = int(span.size());
-  int taken = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    int kept = 0;
-    for (const auto& [mb, fl] : span) {
-      taken += fl.first == i ? 1 : 0;
-      kept += fl.first <= i && i < fl.second ? 1 : 0;
+  std::vector<int> firsts(out.size(), 0), opens(out.size(), 0), closes(out.size(), 0);
+  for (const auto& [mb, fl] : span) {
+    firsts[fl.first]++;
+    if (fl.first < fl.second) {
+      opens[fl.first]++;
+      closes[fl.second]++;
     }
+  }
+  int taken = 0, kept = 0;  // kept: the spans with first <= i < second
+  for (size_t i = 0; i < out.size(); ++i) {
+    taken += firsts[i];
+    kept += opens[i] - closes[i];
     out[i] = (staged ? ahead + 1 : std::min(ahead, 2 * n - taken)) + kept;
   }
   return out;

@@ -99,6 +99,17 @@ StageMemory stage_memory(const stages::Graph& g, int first, int last,
                          const std::set<int>& recompute, int64_t batch, int optimizer_states,
                          int tp = 1, int tiles = 1);
 
+// The estimate counts bytes in int64. What it cannot count: 2^62 bytes, half the range,
+// so that the sums of what the bound below leaves out (parameters, buffers) cannot wrap.
+inline constexpr double kCountableBytes = 4611686018427387904.0;
+// An upper bound, in double (it may not fit an int64), of the bytes one micro-batch of
+// `batch` samples takes anywhere in g: every value of the model at once and a gradient of
+// each. A plan holding up to m micro-batches on a rank is countable while m + 1 of them
+// stay within kCountableBytes (micro_batches_countable); `baton plan --check` and the
+// search refuse it otherwise, rather than let a sum wrap.
+double micro_batch_bytes_bound(const stages::Graph& g, int64_t batch);
+bool micro_batches_countable(const stages::Graph& g, int64_t batch, int64_t micro_batches);
+
 // ---- the sharded optimizer (ZeRO) ----
 
 // Optimizer-state bytes a data-parallel rank holds for a parameter of `numel` elements of

@@ -195,7 +195,7 @@ int optimizer_states(const std::string& optimizer) {
 
 namespace {
 
-constexpr int64_t kMaxCount = int64_t(1) << 24;
+constexpr int64_t kMaxCount = kMaxPlanCount;
 
 int64_t parse_memory(const JsonReader& r) {
   if (r.raw().is_null()) return 0;

@@ -98,6 +98,10 @@ struct PlanStage {
   std::string json_path;  // "plan.json: $.stages[2]", for messages
 };
 
+// The most a plan's counts may be (micro-batches, samples a micro-batch, degrees): what
+// read_plan accepts, and so what the search may propose.
+inline constexpr int64_t kMaxPlanCount = int64_t(1) << 24;
+
 struct Plan {
   static constexpr int kVersion = 1;
 

@@ -108,12 +108,31 @@ LayerCosts layer_costs(const CostTable& t, bool rc, int optimizer_states) {
 
 namespace {
 
-std::vector<int> divisors(int64_t n) {
+// The divisors of n up to `at_most`, ascending: O(min(sqrt n, at_most)) divisions (a
+// batch of 2^63 - 1 samples is not walked to its end).
+std::vector<int64_t> divisors(int64_t n, int64_t at_most = INT64_MAX) {
+  std::vector<int64_t> low, high;
+  for (int64_t i = 1; i <= n / i && i <= at_most; ++i)
+    if (n % i == 0) {
+      low.push_back(i);
+      if (n / i != i && n / i <= at_most) high.push_back(n / i);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+// Degrees: divisors of a device count (at most kMaxWorld).
+std::vector<int> degrees(int n) {
   std::vector<int> d;
-  for (int64_t i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(int(i));
+  for (int64_t x : divisors(n)) d.push_back(int(x));
   return d;
 }
+
+// Micro-batch counts the search tries when --micro-batches leaves them open: each one's
+// schedule is generated, walked and simulated action by action, so beyond a few thousand
+// a search would take minutes and gigabytes (--micro-batches asks for more, up to the
+// plan format's kMaxPlanCount).
+constexpr int64_t kMaxSearchedMicroBatches = 4096;
 
 class Search {
  public:
@@ -129,7 +148,7 @@ class Search {
     for (auto& n : names) n = schedule::canonical_training_schedule_name(n);
     const int N = o_.devices, L = g_->num_layers();
     check_fixed(N, L);
-    for (int tp : divisors(N)) {
+    for (int tp : degrees(N)) {
       if (o_.tp > 0 && tp != o_.tp) continue;
       try {
         model_.sharding(tp, 1, o_.splits, "--tp");
@@ -137,10 +156,10 @@ class Search {
         skip("tp " + std::to_string(tp) + ": " + e.what());
         continue;
       }
-      for (int sp : divisors(N / tp)) {
+      for (int sp : degrees(N / tp)) {
         if (o_.spatial > 0 && sp != o_.spatial) continue;
         if (sp > 1 && !spatial_split(sp)) continue;
-        for (int pp : divisors(N / tp / sp)) {
+        for (int pp : degrees(N / tp / sp)) {
           if (o_.pp > 0 && pp != o_.pp) continue;
           if (pp > L) continue;
           int dp = N / tp / sp / pp;
@@ -150,14 +169,9 @@ class Search {
                  std::to_string(o_.global_batch));
             continue;
           }
-          int64_t replica_batch = o_.global_batch / dp;
-          if (o_.micro_batches > 0 && replica_batch % o_.micro_batches != 0)
-            skip("dp " + std::to_string(dp) + ": " + std::to_string(o_.micro_batches) +
-                 " micro-batches do not divide a replica's batch of " +
-                 std::to_string(replica_batch));
-          for (int m : divisors(replica_batch)) {
-            if (o_.micro_batches > 0 && m != o_.micro_batches) continue;
-            int64_t b = replica_batch / m;
+          const int64_t replica_batch = o_.global_batch / dp;
+          for (int m : micro_batch_counts(dp, replica_batch)) {
+            const int64_t b = replica_batch / m;
             // A batch norm over one value per channel (one sample of a 1 x 1 map) trains
             // nothing before it: the op refuses it, so no plan may ask for it.
             const int64_t plane = smallest_batchnorm_plane(*g_).second;
@@ -199,10 +213,12 @@ class Search {
       }
       evaluate(pending_[i]);
     }
-    std::sort(fitting_.begin(), fitting_.end(),
-              [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; });
-    for (size_t i = 0; i < fitting_.size() && int(i) < std::max(1, o_.keep); ++i)
-      result_.ranked.push_back(fitting_[i]);
+    auto faster = [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; };
+    std::sort(fitting_.begin(), fitting_.end(), faster);
+    const size_t listed = std::min(fitting_.size(), size_t(std::max(1, o_.keep)));
+    for (size_t i = 0; i < listed; ++i) polish(fitting_[i]);
+    std::sort(fitting_.begin(), fitting_.begin() + long(listed), faster);
+    for (size_t i = 0; i < listed; ++i) result_.ranked.push_back(fitting_[i]);
     if (fitting_.empty() && closest_) result_.closest = closest_;
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::debug(
@@ -217,6 +233,44 @@ class Search {
   void skip(const std::string& reason) {
     if (std::find(result_.skipped.begin(), result_.skipped.end(), reason) == result_.skipped.end())
       result_.skipped.push_back(reason);
+  }
+
+  // The micro-batch counts m of a replica's batch n to try: the one given or its divisors
+  // up to kMaxSearchedMicroBatches, each with m and n / m samples within the plan
+  // format's limit (a plan read_plan would refuse is no candidate); those left out noted.
+  std::vector<int> micro_batch_counts(int dp, int64_t n) {
+    const std::string replica =
+        "dp " + std::to_string(dp) + ": a replica's batch of " + std::to_string(n) + " samples";
+    const int64_t fewest = (n + kMaxPlanCount - 1) / kMaxPlanCount;  // at most 2^24 samples each
+    const std::string limit = "micro-batches of at most " + std::to_string(kMaxPlanCount) +
+                              " samples (the plan format's limit)";
+    if (o_.micro_batches > 0) {
+      const int64_t m = o_.micro_batches;
+      if (n % m != 0) {
+        skip("dp " + std::to_string(dp) + ": " + std::to_string(m) +
+             " micro-batches do not divide a replica's batch of " + std::to_string(n));
+        return {};
+      }
+      if (m < fewest) {
+        skip(replica + " in " + std::to_string(m) + " micro-batches: expected " + limit +
+             ", found " + std::to_string(n / m) + " (more micro-batches or replicas)");
+        return {};
+      }
+      return {int(m)};
+    }
+    if (fewest > kMaxPlanCount) {
+      skip(replica + ": more than " + std::to_string(kMaxPlanCount) + " " + limit +
+           " cannot hold it (more replicas or a smaller --batch)");
+      return {};
+    }
+    std::vector<int> out;
+    for (int64_t m : divisors(n, kMaxSearchedMicroBatches))
+      if (m >= fewest) out.push_back(int(m));
+    if (out.empty())
+      skip(replica + ": in " + limit + " it needs more than the " +
+           std::to_string(kMaxSearchedMicroBatches) +
+           " micro-batches the search tries (--micro-batches asks for more)");
+    return out;
   }
 
   // check_dp_sync on what a candidate with `dp` replicas and schedule `name` would write.
@@ -263,6 +317,9 @@ class Search {
     if (o_.dp == 1 && o_.dp_sync.mode != DpSync::Mode::allreduce)
       throw InputError("--dp-sync: " + mode +
                        " synchronises data-parallel replicas, and --dp 1 has none");
+    if (o_.micro_batches > kMaxPlanCount)
+      throw InputError("--micro-batches: expected at most " + std::to_string(kMaxPlanCount) +
+                       " (the plan format's limit), found " + std::to_string(o_.micro_batches));
     if (o_.keep < 1)
       throw InputError("--top: expected at least 1 plan to list, found " + std::to_string(o_.keep));
     for (auto [value, flag] : {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"},
@@ -459,6 +516,14 @@ class Search {
       noted_.insert(key);
       return;
     }
+    // Micro-batches too large for the estimate's int64 bytes fit no device either.
+    auto [bytes, fresh] = batch_bytes_.try_emplace(b, 0.0);
+    if (fresh) bytes->second = micro_batch_bytes_bound(*g_, b);
+    if (bytes->second * double(m + 1) > kCountableBytes) {
+      skip(std::to_string(m) + " micro-batches of " + std::to_string(b) +
+           " samples: more than the 2^62 bytes the memory estimate counts");
+      return;
+    }
     auto t0 = std::chrono::steady_clock::now();
     const CostTable& table = table_of(tp, sp, b);
     const int key = degree_key(tp, sp);
@@ -498,7 +563,6 @@ class Search {
     std::vector<std::vector<int>> holders(static_cast<size_t>(K));
     for (int st = 0; st < s->num_stages(); ++st)
       holders[size_t(schedule::stage_chunk(*s, st))].push_back(st);
-    int most_on_a_rank = 1;
     for (int k = 0; k < K; ++k) {
       CutStage& cs = stages[size_t(k)];
       cs.costs = 0;
@@ -506,7 +570,6 @@ class Search {
       for (int st : holders[size_t(k)]) {
         int rank = s->placement[size_t(st)];
         int n_on_rank = int(schedule::stages_of_rank(*s, rank).size());
-        most_on_a_rank = std::max(most_on_a_rank, n_on_rank);
         std::vector<PeakTerm> terms =
             n_on_rank == 1 ? peak_terms(*s, rank) : peak_terms_of_stage(*s, rank, st);
         cs.terms.insert(cs.terms.end(), terms.begin(), terms.end());
@@ -536,9 +599,7 @@ class Search {
     // even when the split refused it, then the cut made under the split.
     auto fits_capacity = [&](Candidate& c) {
       if (o_.device_memory <= 0 || c.peak <= o_.device_memory) return true;
-      return could_enter(c.step_time) &&
-             (result_.exact_checks + 1) * int64_t(g_->num_layers()) * o_.devices <= kExactWork &&
-             fits_exactly(c);
+      return could_enter(c.step_time) && exact_check_left() && fits_exactly(c);
     };
     Candidate c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, time_only, table, *costs);
     int64_t bound = c.peak;  // the composed peak, before an exact check replaces it
@@ -546,32 +607,66 @@ class Search {
     bool fits_memory = fits_capacity(c);
     std::set<std::vector<int>> tried = {time_only.bounds};
     // Makes the cut `at` the candidate when it fits or lowers the bound.
+    std::vector<int64_t> tried_peaks = c.rank_peaks;  // the last cut tried's, per rank
     auto try_cut = [&](const std::vector<int>& at) {
       CutResult other{.feasible = true, .bounds = at, .bottleneck = cutter.bottleneck(at)};
       Candidate under = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, other, table, *costs);
       const int64_t under_bound = under.peak;
       fits_memory = fits_capacity(under);
+      tried_peaks = under.rank_peaks;
       if (!fits_memory && under_bound >= bound) return false;
       c = std::move(under);
       bound = under_bound;
       return true;
     };
-    if (!fits_memory && cut.feasible && tried.insert(cut.bounds).second && try_cut(cut.bounds))
-      bounds = cut.bounds;
+    std::vector<int> last_tried = bounds;
+    if (!fits_memory && cut.feasible && tried.insert(cut.bounds).second) {
+      last_tried = cut.bounds;
+      if (try_cut(cut.bounds)) bounds = cut.bounds;
+    }
+    // The cut counts the stages' tensors, not the executor's buffers nor a W's transients,
+    // so a cut within its capacities may still leave a rank over. Each stage of a rank
+    // over is cut again with room for what the cut left out: its capacity lowered to what
+    // the cut counted of it less the rank's overshoot (shared by the rank's stages),
+    // learnt from the last cut tried (exactly where it was checked so), a few times.
+    if (!fits_memory && o_.device_memory > 0 && o_.layers_per_stage.empty() &&
+        fits_capacity_some_cut(costs->persistent(0, g_->num_layers()), holders, pp)) {
+      std::vector<CutStage> lowered = stages;
+      for (int round = 0; round < kRecuts && !fits_memory; ++round) {
+        bool over = false, room = true;
+        for (int k = 0; k < K; ++k)
+          for (int st : holders[size_t(k)]) {
+            const int rank = s->placement[size_t(st)];
+            const int64_t excess = tried_peaks[size_t(rank)] - o_.device_memory;
+            if (excess <= 0) continue;
+            const int64_t n = int64_t(schedule::stages_of_rank(*s, rank).size());
+            const int64_t counted =
+                cutter.memory(k, last_tried[size_t(k)], last_tried[size_t(k + 1)]);
+            CutStage& cs = lowered[size_t(k)];
+            cs.capacity = std::min(cs.capacity, counted - (excess + n - 1) / n);
+            room = room && cs.capacity > 0;  // (a capacity of 0 would mean unlimited)
+            over = true;
+          }
+        if (!over || !room) break;  // only a parameter-server rank over, or no room left
+        const CutResult again = Cutter({costs}, lowered).solve(time_only.bottleneck);
+        ++memory_cuts_;
+        if (!again.feasible || !tried.insert(again.bounds).second) break;
+        last_tried = again.bounds;
+        if (try_cut(again.bounds)) bounds = again.bounds;
+      }
+    }
     // Where a rank holds several stages, the cut under the split above counts each stage
     // at its own peak, as if a rank's stages peaked together, and may refuse every cut
-    // that fits the rank as a whole (DualPipe's embedding alone in one chunk, say). So
-    // layers move from one stage to another, to the neighbouring cut of the least rank
-    // peak, until a cut fits or no move lowers the peak: the first fitting cut met on the
-    // way down from the fastest. Moves start at L / 64 layers and halve down to one when
-    // none helps. Skipped when no cut can fit: a rank holds at least the average of the
-    // ranks' parameters, gradients and state, each chunk on `least holders` ranks.
-    size_t least_holders = holders.front().size();
-    for (const std::vector<int>& h : holders) least_holders = std::min(least_holders, h.size());
+    // that fits the rank as a whole (DualPipe's embedding alone in one chunk, say); and
+    // where it holds one, the cuts again with room for the buffers may still miss (the
+    // overshoot differs from cut to cut, or only the exact check fits). So layers move
+    // from one stage to another, to the neighbouring cut of the least rank peak, until a
+    // cut fits or no move lowers the peak: the first fitting cut met on the way down from
+    // the fastest. Moves start at L / 64 layers and halve down to one when none helps.
+    // Skipped when no cut can fit (fits_capacity_some_cut).
     const int L = g_->num_layers();
-    if (!fits_memory && most_on_a_rank > 1 && o_.device_memory > 0 && o_.layers_per_stage.empty() &&
-        double(costs->persistent(0, L)) * double(least_holders) / pp <= double(o_.device_memory) &&
-        could_enter(c.step_time)) {
+    if (!fits_memory && o_.device_memory > 0 && o_.layers_per_stage.empty() &&
+        fits_capacity_some_cut(costs->persistent(0, L), holders, pp) && could_enter(c.step_time)) {
       const auto t_descent = std::chrono::steady_clock::now();
       int step = std::max(1, L / 64);
       while (!fits_memory && descent_work_ < kDescentWork) {
@@ -609,6 +704,16 @@ class Search {
     fitting_.push_back(std::move(c));
   }
 
+  // Whether some cut may fit: a rank holds at least the average of the ranks' parameters,
+  // gradients and state (`persistent` in all), each chunk on `least holders` ranks.
+  bool fits_capacity_some_cut(int64_t persistent, const std::vector<std::vector<int>>& holders,
+                              int pp) const {
+    size_t least_holders = holders.front().size();
+    for (const std::vector<int>& h : holders) least_holders = std::min(least_holders, h.size());
+    return double(persistent) * double(least_holders) / pp <= double(o_.device_memory);
+  }
+  static constexpr int kRecuts = 4;
+
   // The step time a candidate must beat to enter the list (infinite while it is short).
   double entry_time() const {
     const size_t keep = size_t(std::max(1, o_.keep));
@@ -634,12 +739,70 @@ class Search {
     const ResolvedPlan r = resolve_plan(c.plan, g_);
     const PlanEstimate e = evaluate_plan(r, model_);
     c.peak = 0;
-    for (const RankEstimate& re : e.ranks)
+    c.rank_peaks.assign(size_t(c.plan.pp), 0);
+    for (const RankEstimate& re : e.ranks) {
       if (re.peak > c.peak) {
         c.peak = re.peak;
         c.peak_rank = re.rank < r.layout.world() ? re.coord.pp : -1;
       }
+      if (re.rank < r.layout.world())
+        c.rank_peaks[size_t(re.coord.pp)] = std::max(c.rank_peaks[size_t(re.coord.pp)], re.peak);
+    }
     return e.fits();
+  }
+
+  bool exact_check_left() const {
+    return (result_.exact_checks + 1) * int64_t(g_->num_layers()) * o_.devices <= kExactWork;
+  }
+
+  // The cut minimises the slowest stage, but the step is the schedule's: under 1F1B the
+  // last stage's work also sits in the fill and the drain, so a cut a layer off may run
+  // faster. A listed candidate moves one layer from one stage to another (the stages
+  // between shifting by one), the move that lowers the simulated step time most, while
+  // one does and the cut still fits (its composed peak, or the exact check), up to
+  // kPolishMoves moves and kPolishCuts cuts tried in a search.
+  static constexpr int kPolishMoves = 16, kPolishCuts = 4096;
+  void polish(Candidate& c) {
+    if (!o_.layers_per_stage.empty()) return;
+    const Plan& p = c.plan;
+    const int tp = p.tp.front(), pp = p.pp, dp = p.dp, m = p.micro_batches;
+    const int sp = p.has_spatial() ? p.stages.front().spatial : 1;
+    const int64_t b = p.micro_batch_size;
+    const bool rc = p.stages.front().recompute_all;
+    const std::string name = p.schedule;
+    const schedule::Schedule* s = schedule_for(name, pp, m);
+    const CostTable& table = table_of(tp, sp, b);
+    const auto costs = prepared(degree_key(tp, sp), b, rc, table, copies_of(dp, name));
+    std::vector<int> bounds;
+    for (const PlanStage& st : p.stages) bounds.push_back(st.first_layer);
+    bounds.push_back(p.stages.back().last_layer);
+    const int K = int(p.stages.size());
+    for (int move = 0; move < kPolishMoves; ++move) {
+      std::optional<Candidate> best;
+      std::vector<int> best_at;
+      for (int a = 0; a < K; ++a)
+        for (int z = 0; z < K; ++z) {
+          if (a == z || bounds[size_t(a) + 1] - bounds[size_t(a)] <= 1 ||
+              polish_cuts_ >= kPolishCuts)
+            continue;
+          std::vector<int> at = bounds;
+          for (int t = std::min(a, z) + 1; t <= std::max(a, z); ++t)
+            at[size_t(t)] += a < z ? -1 : 1;
+          ++polish_cuts_;
+          const CutResult cut{.feasible = true, .bounds = at};
+          Candidate n = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, cut, table, *costs);
+          // Faster by more than rounding, and within the capacity.
+          if (n.step_time >= (best ? best->step_time : c.step_time) * (1 - 1e-9)) continue;
+          if (o_.device_memory > 0 && n.peak > o_.device_memory &&
+              !(exact_check_left() && fits_exactly(n)))
+            continue;
+          best = std::move(n);
+          best_at = std::move(at);
+        }
+      if (!best) break;
+      c = std::move(*best);
+      bounds = std::move(best_at);
+    }
   }
 
   Candidate make_candidate(int tp, int sp, int pp, int dp, int m, int64_t b,
@@ -770,8 +933,10 @@ class Search {
       rb.gather = reduced;
       return rb;
     };
+    c.rank_peaks.assign(size_t(pp), 0);
     for (int rank = 0; rank < pp; ++rank) {
       const int64_t peak = rank_peak(s, rank, mem, buffers(rank));
+      c.rank_peaks[size_t(rank)] = peak;
       if (peak > c.peak) {
         c.peak = peak;
         c.peak_rank = rank;
@@ -836,6 +1001,7 @@ class Search {
   std::map<std::string, CutResult> time_cuts_;
   std::map<int, std::unique_ptr<SpatialSplit>> splits_;
   std::map<std::string, CostTable> spatial_tables_;
+  std::map<int64_t, double> batch_bytes_;  // micro_batch_bytes_bound per micro-batch size
   std::vector<Pending> pending_;
   double phase_[4] = {0, 0, 0, 0};  // tables, time cuts, memory cuts, memory + simulation
   int memory_cuts_ = 0;
@@ -844,6 +1010,7 @@ class Search {
   static constexpr int64_t kDescentWork = int64_t(1) << 22;
   int64_t descent_work_ = 0;
   int moved_cuts_ = 0;
+  int polish_cuts_ = 0;
   std::set<std::string> noted_;
 };
 

@@ -48,8 +48,9 @@ struct SearchOptions {
 struct Candidate {
   Plan plan;
   double step_time = 0, bubble = 0, tokens_per_second = 0;
-  int64_t peak = 0;   // the largest rank's estimated peak (a parameter server's too)
-  int peak_rank = 0;  // its pipeline rank; -1: an extra parameter-server rank
+  int64_t peak = 0;                 // the largest rank's estimated peak (a parameter server's too)
+  int peak_rank = 0;                // its pipeline rank; -1: an extra parameter-server rank
+  std::vector<int64_t> rank_peaks;  // per pipeline rank (the exact ones once checked exactly)
   bool fits = true;
   double over = 0;  // peak / capacity when it does not fit
   std::string describe() const;

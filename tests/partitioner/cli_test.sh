@@ -72,6 +72,16 @@ expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
 contains "--schedule '1f1b,': an empty item"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --micro-batches 3
 contains "no plan matches the options (dp 2: 3 micro-batches do not divide a replica's batch of 8; 1 more reason with --log-level debug)"
+# Batches past 2^31 and up to 2^63 - 1 are searched in moments (the divisors had been
+# found by a loop to the batch, and 2^32 micro-batches narrowed to 0 divided by zero);
+# plans stay within the plan format (at most 2^24 samples a micro-batch), or say why not.
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 4294967296 -o "$tmp/huge.json"
+expect 0 "$baton" plan --check "$tmp/huge.json"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 9223372036854775807
+contains "no plan matches the options (dp 1: a replica's batch of 9223372036854775807 samples: more than 16777216 micro-batches of at most 16777216 samples (the plan format's limit) cannot hold it"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 33554432 --micro-batches 1 -o "$tmp/big.json"
+contains "in 1 micro-batches: expected micro-batches of at most 16777216 samples (the plan format's limit), found 33554432"
+[ ! -e "$tmp/big.json" ] || { echo "FAIL: a plan the format refuses was written"; fails=$((fails + 1)); }
 
 # Nothing fits: which rank is short and by how much; exit 2.
 expect 2 "$baton" plan --model "$root/examples/models/gpt-config-a.json" --devices 2 --device-memory 4MiB --batch 8
