@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "memory/allocator.h"
@@ -533,6 +534,40 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
                         from = world_peers(rv, schedule::Transfer::Kind::recv);
     return !to.empty() && std::includes(from.begin(), from.end(), to.begin(), to.end());
   };
+  // Values handed between two stages of this rank (Executor::Pending's act_in and
+  // grad_in, no transfer): an F's outputs from its end to the next stage's F of that
+  // micro-batch, a B's (or BW's) input gradients to the previous stage's B. The stages'
+  // walks count them during those two actions only, and a V's turn may run others
+  // between (v-zb's 1F2 2B1 1B1 1W0 2F2: one residual activation short through them).
+  std::vector<size_t> order;  // the compute actions of the lowered list
+  for (size_t i = 0; i < acts.size(); ++i)
+    if (schedule::is_compute(acts[i].kind)) order.push_back(i);
+  std::vector<int64_t> handed(order.size(), 0);
+  std::map<std::tuple<bool, int, int>, size_t> taken_at;  // (B, stage, micro-batch) -> order
+  for (size_t c = 0; c < order.size(); ++c)
+    if (const schedule::Action& a = acts[order[c]]; a.kind != ActionKind::backward_weight)
+      taken_at[{a.kind != ActionKind::forward, a.stage, a.micro_batch}] = c;
+  for (size_t c = 0; c < order.size(); ++c) {
+    const schedule::Action& a = acts[order[c]];
+    if (a.kind == ActionKind::backward_weight) continue;
+    const bool forward = a.kind == ActionKind::forward;
+    const int to =
+        forward ? schedule::next_stage(lowered, a.stage) : schedule::prev_stage(lowered, a.stage);
+    if (to < 0 || lowered.placement[size_t(to)] != pp) continue;
+    const auto it = taken_at.find({!forward, to, a.micro_batch});
+    if (it == taken_at.end()) continue;
+    int64_t bytes = 0;
+    auto [first, last] = chunk(a.stage);
+    if (forward) {
+      bytes = values_bytes(pg, cut_values(last), batch, pg.loss);
+    } else {
+      for (int v : cut_values(first))  // the entering values B makes gradients of
+        if (const stages::Value& val = pg.values[size_t(v)];
+            memory::is_floating(val.type.dtype) && val.type.batched)
+          bytes += rounded(val.type.bytes(batch));
+    }
+    for (size_t d = c + 1; d < it->second; ++d) handed[d] += bytes;
+  }
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
   size_t first_open = 0;
   std::vector<size_t> sent;  // sends since the previous compute action, not known done
@@ -551,7 +586,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
         k != ActionKind::backward_weight && k != ActionKind::full_backward)
       continue;
     while (first_open < recvs.size() && recvs[first_open] < i) ++first_open;
-    int64_t posted = sent_bytes() + loaded_beyond(out.posted.size());
+    int64_t posted = sent_bytes() + loaded_beyond(out.posted.size()) + handed[out.posted.size()];
     for (size_t j = first_open; j < recvs.size() && j < first_open + ahead; ++j)
       posted += recv_bytes(acts[recvs[j]]);
     out.posted.push_back(posted);  // compute actions keep their order in the lowered list

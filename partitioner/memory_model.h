@@ -196,8 +196,9 @@ struct RankBuffers {
   int64_t gather = 0;
   // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
   // posted ahead of it and not yet waited for, the sends made since the previous
-  // compute action (still held by the transport) and the loader's micro-batches beyond
-  // those it holds all the time.
+  // compute action (still held by the transport), the values handed between two of the
+  // rank's stages not yet taken, and the loader's micro-batches beyond those it holds
+  // all the time.
   std::vector<int64_t> posted;
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the
