@@ -7,6 +7,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
+#include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 #include "schedule/torch_csv.h"
 
@@ -209,7 +210,7 @@ Schedule load_schedule_to_run(const std::string& path, TorchDialect dialect) {
 
 void save_schedule(const Schedule& s, const std::string& path, TorchDialect dialect,
                    const KeptCells* kept) {
-  bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  const bool is_json = detail::has_extension(path, ".json");
   if (is_csv_path(path)) {
     std::string csv;
     try {

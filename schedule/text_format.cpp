@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <optional>
 
 #include "memory/error.h"
+#include "memory/utf8.h"
 #include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 
@@ -101,6 +103,15 @@ Schedule parse_text(std::string_view text, const std::string& source) {
       have_name = true;
       std::string_view rest = line.substr(colon + 1);  // verbatim after "name: "
       if (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      // The name goes into JSON (traces, summaries, the JSON form), which holds only UTF-8:
+      // refused here rather than by the first JSON writer, after the run.
+      if (const size_t bad = memory::first_non_utf8(rest); bad != std::string_view::npos) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(rest[bad]));
+        throw InputError(where + ": name: not valid UTF-8 (byte " + hex + " at byte offset " +
+                         std::to_string(size_t(rest.data() - line.data()) + bad) +
+                         " of the line); the name is written into JSON, which holds only UTF-8");
+      }
       s.name = std::string(rest);
       continue;
     }

@@ -11,6 +11,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "memory/utf8.h"
 #include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 #include "schedule/validate.h"
@@ -208,7 +209,7 @@ TorchDialect parse_dialect(std::string_view name) {
 }
 
 bool is_csv_path(const std::string& path) {
-  return path.size() >= 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+  return detail::has_extension(path, ".csv");
 }
 
 TorchCsv parse_torch_csv(std::string_view text, const std::string& source, TorchDialect dialect,
@@ -415,7 +416,9 @@ TorchCsv load_torch_csv(const std::string& path, TorchDialect dialect) {
   if (size_t slash = name.find_last_of('/'); slash != std::string::npos)
     name = name.substr(slash + 1);
   if (is_csv_path(name)) name.resize(name.size() - 4);
-  return parse_torch_csv(memory::read_file(path), path, dialect, name);
+  // The name goes into JSON (traces, the JSON form), which holds only UTF-8.
+  return parse_torch_csv(memory::read_file(path), path, dialect,
+                         memory::with_utf8_replacements(name));
 }
 
 std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCells* kept) {

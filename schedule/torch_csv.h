@@ -82,8 +82,8 @@ void check_torch_csv(const TorchCsv& csv, const std::string& source);
 std::string to_torch_csv(const Schedule& s, TorchDialect dialect = TorchDialect::current,
                          const KeptCells* kept = nullptr);
 
-// True when the file name ends in ".csv" (load_schedule / save_schedule use the CSV
-// form for those).
+// True when the file name ends in ".csv", in any case (load_schedule / save_schedule use
+// the CSV form for those).
 bool is_csv_path(const std::string& path);
 
 }  // namespace baton::schedule

@@ -358,6 +358,10 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.names[0];
   }
   if (o.lower) {
+    // What the user wrote is checked as written: lowering would hide some of its faults
+    // (a STEP on some ranks only was taken out and put back on every rank). A CSV is
+    // checked already, a generated schedule is valid.
+    if (!o.file.empty() && !csv) sc::check_valid(s, source);
     s = sc::lower(s);
     csv.reset();  // its kept cells sit between the actions it had
   }

@@ -152,10 +152,12 @@ int run_train(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
-  check_path_flags(vm, {"model", "schedule", "trace"});
-  check_path_flags(
-      vm, {"data", "eval-data", "checkpoint-dir", "init-from", "loss-log", "summary", "plan"},
-      /*recorded=*/true);
+  check_path_flags(vm, {"model", "trace"});
+  // --schedule is recorded too: the plan's shared flags, compared across ranks as JSON.
+  check_path_flags(vm,
+                   {"data", "eval-data", "checkpoint-dir", "init-from", "loss-log", "summary",
+                    "plan", "schedule"},
+                   /*recorded=*/true);
   // Given on the command line, not left at its default.
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   check_optimizer_flags(lr, beta1, beta2, momentum, weight_decay, o.grad_clip);

@@ -11,6 +11,7 @@
 
 #include "memory/error.h"
 #include "memory/units.h"
+#include "memory/utf8.h"
 #include "transport/world.h"
 
 namespace baton::tools {
@@ -154,29 +155,6 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
   return out;
 }
 
-namespace {
-
-// The length of the UTF-8 sequence at s[i] (1 to 4), or 0 where none starts (a stray
-// continuation, an overlong form, a surrogate, beyond U+10FFFF, cut short).
-size_t utf8_sequence(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
-             : c >= 0xe0 && c <= 0xef ? 3
-             : c >= 0xf0 && c <= 0xf4 ? 4
-                                      : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((b(k) & 0xc0) != 0x80) return 0;
-  if ((c == 0xe0 && b(1) < 0xa0) || (c == 0xed && b(1) > 0x9f) || (c == 0xf0 && b(1) < 0x90) ||
-      (c == 0xf4 && b(1) > 0x8f))
-    return 0;
-  return n;
-}
-
-}  // namespace
-
 void check_path_flags(const po::variables_map& vm, const std::vector<std::string>& flags,
                       bool recorded) {
   for (const std::string& flag : flags) {
@@ -195,7 +173,7 @@ void check_path_flags(const po::variables_map& vm, const std::vector<std::string
       std::string shown;
       bool bad = false;
       for (size_t i = 0; i < path.size();) {
-        if (const size_t n = utf8_sequence(path, i)) {
+        if (const size_t n = memory::utf8_sequence(path, i)) {
           shown.append(path, i, n);
           i += n;
           continue;

@@ -31,6 +31,17 @@ inline std::string_view trim(std::string_view s) {
   return s;
 }
 
+// True when `path` ends in `ext` (".csv"), in any case: x.CSV is a CSV as x.csv is.
+inline bool has_extension(std::string_view path, std::string_view ext) {
+  if (path.size() < ext.size()) return false;
+  const std::string_view tail = path.substr(path.size() - ext.size());
+  for (size_t i = 0; i < ext.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(tail[i])) !=
+        std::tolower(static_cast<unsigned char>(ext[i])))
+      return false;
+  return true;
+}
+
 // An integer in an error message.
 inline std::string str(long v) {
   return std::to_string(v);

@@ -97,6 +97,23 @@ expect 2 "$baton" simulate --schedule dualpipev -p 4 -m 3
 contains "at least 2 x ranks = 8, found 3"
 expect 2 "$baton" simulate --schedule 1f1b -p 4
 contains "--stages"
+# --lower checks the schedule as written: a STEP on rank 0 only had been taken out and put
+# back on every rank, the file reported valid (plain simulate and train refuse it).
+printf '0: 0F0 0F1 0BW0 0BW1 STEP\n1: 1F0 1BW0 1F1 1BW1\n' >"$tmp/partial_step.txt"
+expect 2 "$baton" simulate --file "$tmp/partial_step.txt" --lower --output "$tmp/lowered.txt"
+contains "partial_step.txt: invalid schedule: "
+contains "STEP"
+[ ! -e "$tmp/lowered.txt" ] || { echo "FAIL: a refused schedule lowered and written"; fails=$((fails + 1)); }
+# A name that is not UTF-8 is refused where it is read (it had failed the trace's writer
+# with nlohmann's raw type_error, exit 1, after the simulation).
+printf 'name: bad\xff\n0: 0F0 0BW0\n' >"$tmp/badname.txt"
+expect 2 "$baton" simulate --file "$tmp/badname.txt" --trace "$tmp/badname.json"
+contains "badname.txt:1: name: not valid UTF-8 (byte 0xff at byte offset 9 of the line)"
+[ ! -e "$tmp/badname.json" ] || { echo "FAIL: a trace of a refused name"; fails=$((fails + 1)); }
+# An upper-case extension is the CSV form too (x.CSV had been read as text).
+cp "$torch_csv/gpipe_p4_m8.csv" "$tmp/G.CSV"
+expect 0 "$baton" simulate --file "$tmp/G.CSV" --dialect detect
+contains "valid"
 printf '0: 0F0 0W0 0B0\n' >"$tmp/bad.txt"
 expect 2 "$baton" simulate --file "$tmp/bad.txt"
 contains "W before its B"

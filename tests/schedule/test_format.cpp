@@ -80,6 +80,27 @@ TEST(ScheduleToken, ControlCharactersInAMessageAreShownNotSent) {
   EXPECT_EQ(baton::printable("a\nb"), "a\\x0ab");
 }
 
+// Numbers take the JSON form's range, up to 2^30: the text form had stopped at 9 digits,
+// so 1073741823F0 "does not start with a stage number"; beyond 2^30 the message says so.
+TEST(ScheduleToken, NumbersUpToTheJsonBoundAndTooLargeSaysSo) {
+  EXPECT_EQ(parse_token("1073741823F0", "t"), make_action(ActionKind::forward, 0, 1073741823));
+  EXPECT_EQ(parse_token("1BW1073741824", "t"),
+            make_action(ActionKind::full_backward, 1073741824, 1));
+  EXPECT_EQ(parse_token("0F0000000000007", "t"), make_action(ActionKind::forward, 7, 0));
+  EXPECT_NE(input_error_of([] {
+              parse_token("1073741825F0", "t");
+            }).find("the stage number 1073741825 is too large (at most 1073741824)"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] { parse_token("1BW99999999999999999999", "t"); })
+                .find("the micro-batch number 99999999999999999999 is too large (at most "
+                      "1073741824)"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              parse_token("4294967296REDUCE", "t");
+            }).find("the stage number 4294967296 is too large"),
+            std::string::npos);
+}
+
 TEST(ScheduleToken, ParsesACompositeAtOnePosition) {
   auto [f, b] = parse_composite("(0F7;3BW2)", "rank 0, action 1");
   EXPECT_TRUE(f.overlap);
@@ -176,6 +197,25 @@ TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
   }
 }
 
+// A name that is not UTF-8 is refused where it is read, naming the line and the byte: it
+// had been accepted and then failed every JSON writer (a trace, the JSON form, a
+// summary) with nlohmann's raw type_error after the run.
+TEST(ScheduleText, NameThatIsNotUtf8IsRefused) {
+  const std::string msg =
+      input_error_of([] { parse_text("# mine\nname: bad\xff\n0: 0F0 0BW0\n", "bad.txt"); });
+  EXPECT_EQ(
+      msg.rfind("bad.txt:2: name: not valid UTF-8 (byte 0xff at byte offset 9 of the line)", 0), 0u)
+      << msg;
+  EXPECT_NE(input_error_of([] {
+              parse_text("name: \xed\xa0\x80\n0: 0F0\n", "s");
+            }).find("byte 0xed at byte offset 6"),
+            std::string::npos);
+  // UTF-8 beyond ASCII is a name like any other, and goes into JSON.
+  const Schedule s = parse_text("name: caf\xc3\xa9 \xe2\x82\xac\n0: 0F0 0BW0\n", "s");
+  EXPECT_EQ(s.name, "caf\xc3\xa9 \xe2\x82\xac");
+  EXPECT_EQ(parse_json(to_json_text(s), "s.json"), s);
+}
+
 TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
   const std::string good = to_json_text(generate("1f1b", 2, 2));
   auto with = [&](const std::string& from, const std::string& to) {
@@ -237,6 +277,28 @@ TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
               save_schedule(s, (dir / "no" / "such" / "dir.txt").string());
             }).find("cannot"),
             std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// The form follows the extension in any case: x.CSV had been read (and written) as text,
+// failing on its first comma-separated cell.
+TEST(ScheduleFiles, ExtensionsInAnyCase) {
+  const std::string dir = ::testing::TempDir() + "/sched_case_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const Schedule s = generate("1f1b", 2, 4);
+  for (const char* name : {"s.CSV", "s.Csv", "s.csv"}) {
+    const std::string path = dir + "/" + name;
+    save_schedule(s, path);
+    EXPECT_EQ(std::ifstream(path).get(), '0') << name << ": not the CSV form";
+    const Schedule back = load_schedule(path);
+    EXPECT_EQ(back.ranks, s.ranks) << name;
+    EXPECT_EQ(back.name, "s") << name;
+  }
+  save_schedule(s, dir + "/s.JSON");
+  EXPECT_EQ(std::ifstream(dir + "/s.JSON").get(), '{');
+  EXPECT_EQ(load_schedule(dir + "/s.JSON"), s);
+  EXPECT_FALSE(is_csv_path("s.csvx"));
+  EXPECT_FALSE(is_csv_path("csv"));
   std::filesystem::remove_all(dir);
 }
 

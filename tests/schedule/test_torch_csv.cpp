@@ -181,6 +181,18 @@ TEST(TorchCsv, AScheduleToRunNamesItsCellAndTrailingBlankLinesAreNoRanks) {
   EXPECT_EQ(load_schedule(trailing), s);
 }
 
+// A CSV's name is its file's: one that is not UTF-8 has U+FFFD for its odd bytes, so the
+// JSON writers take it (the JSON form and simulate --trace had failed with nlohmann's raw
+// type_error).
+TEST(TorchCsv, ANameFromAFileNameThatIsNotUtf8) {
+  const std::string path = ::testing::TempDir() + "/odd-\xff.csv";
+  std::ofstream(path) << "0F0,0B0\r\n";
+  const Schedule s = load_schedule_to_run(path);
+  EXPECT_EQ(s.name, "odd-\xef\xbf\xbd");
+  EXPECT_EQ(parse_json(to_json_text(s), "s.json"), s);
+  std::filesystem::remove(path);
+}
+
 TEST(TorchCsv, Dialects) {
   // Legacy: B of a pair with a W is the input gradient; without one, the full backward.
   TorchCsv a = parse_torch_csv("0F0,0F1,0B0,0W0,0B1\r\n", "a.csv");

@@ -503,8 +503,8 @@ TEST(Cli, EmptyAndNonUtf8PathFlagsAreRefusedUpFront) {
   const std::string model = temp_file("paths_model.json", kTiny);
   const std::string base = "--model " + model + " --steps 2 --batch 2 --threads 1 ";
   const std::string data = " --data " + kCliCorpus;
-  for (const std::string flag :
-       {"data", "eval-data", "checkpoint-dir", "loss-log", "summary", "init-from", "plan"})
+  for (const std::string flag : {"data", "eval-data", "checkpoint-dir", "loss-log", "summary",
+                                 "init-from", "plan", "schedule"})
     cli_expect_input_error(base + (flag == "data" ? "" : data) + " --" + flag + " ''",
                            {"--" + flag + ": expected a path, found an empty value"});
   cli_expect_input_error(base + data + " --checkpoint-dir '' --resume",
@@ -519,6 +519,10 @@ TEST(Cli, EmptyAndNonUtf8PathFlagsAreRefusedUpFront) {
   EXPECT_FALSE(std::filesystem::exists(ckpt)) << "made for a refused run";
   cli_expect_input_error(base + data + " --loss-log '" + root + "/log-\xc3(.jsonl'",
                          {"--loss-log " + root + "/log-\\xc3(.jsonl: the path is not valid UTF-8"});
+  // --schedule goes into the plan's shared flags (JSON): it had failed with nlohmann's raw
+  // type_error, exit 1.
+  cli_expect_input_error(base + data + " --schedule '" + root + "/sch-\xff.txt'",
+                         {"--schedule " + root + "/sch-\\xff.txt: the path is not valid UTF-8"});
   cli_expect_input_error(base + data + " --checkpoint-dir '" + root + "/ck-\xed\xa0\x80'",
                          {"--checkpoint-dir " + root + "/ck-\\xed\\xa0\\x80: the path"});
   // Valid UTF-8 beyond ASCII is a path like any other.
