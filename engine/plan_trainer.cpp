@@ -166,8 +166,23 @@ std::string local_key(const RankEngine& e, int stage, int param) {
 }
 
 // The layout a data-parallel mode's own state is read back under (the checkpoint's train
-// section records it; local SGD and the parameter server alike).
+// section records it; local SGD and the parameter server alike): what its keys
+// "<stage>/<parameter>" and each rank's file depend on, the stages' ranks (placement),
+// directions and layer ranges, and not the schedule's name (a --schedule file's is its
+// path as typed: ./x.txt and x.txt had dropped the state).
 nlohmann::json own_state_layout(const ResolvedPlan& r) {
+  return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
+          {"dp", r.plan.dp},
+          {"tp", r.plan.tp},
+          {"placement", r.schedule.placement},
+          {"directions", r.schedule.num_directions},
+          {"chunk_first", r.chunk_first},
+          {"chunk_last", r.chunk_last}};
+}
+
+// The layout as checkpoints before 2026-12-07 recorded it, with the schedule's name for the
+// placement: such a checkpoint's state is read back when the name matches, as then.
+nlohmann::json legacy_own_state_layout(const ResolvedPlan& r) {
   return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
           {"dp", r.plan.dp},
           {"tp", r.plan.tp},
@@ -224,10 +239,12 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
 }
 
 // This rank's shard of `kind` (a data-parallel mode's own state) when the checkpoint's
-// train section records it under `key` with this plan's layout `want`; null otherwise.
+// train section records it under `key` with this plan's layout; null otherwise.
 const stages::ShardFile* own_state_shard(int rank, const stages::Manifest& m, const char* key,
-                                         const nlohmann::json& want, const char* kind) {
-  if (!m.train.is_object() || !m.train.contains(key) || m.train[key] != want) return nullptr;
+                                         const ResolvedPlan& r, const char* kind) {
+  if (!m.train.is_object() || !m.train.contains(key)) return nullptr;
+  const nlohmann::json& had = m.train[key];
+  if (had != own_state_layout(r) && had != legacy_own_state_layout(r)) return nullptr;
   for (const stages::ShardFile& f : m.shards)
     if (f.kind == kind && f.rank == rank) return &f;
   return nullptr;
@@ -238,8 +255,7 @@ const stages::ShardFile* own_state_shard(int rank, const stages::Manifest& m, co
 // first replica's) as its anchor, with no momentum.
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
   detail::LocalSgd* ls = e.executor().local_sgd();
-  const stages::ShardFile* mine =
-      own_state_shard(e.rank(), m, "local_sgd", own_state_layout(e.plan()), "local-sgd");
+  const stages::ShardFile* mine = own_state_shard(e.rank(), m, "local_sgd", e.plan(), "local-sgd");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -299,8 +315,8 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
 // the masters too), with a warning.
 void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
                            bool lead) {
-  const stages::ShardFile* mine = own_state_shard(e.rank(), m, "parameter_server",
-                                                  own_state_layout(e.plan()), "parameter-server");
+  const stages::ShardFile* mine =
+      own_state_shard(e.rank(), m, "parameter_server", e.plan(), "parameter-server");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -434,7 +450,7 @@ void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank,
   stages::load_parts(dir, m, "optimizer", server.state_parts(false));
   if (r.plan.dp_sync.max_staleness == 0) return;
   const stages::ShardFile* mine =
-      own_state_shard(rank, m, "parameter_server", own_state_layout(r), "parameter-server");
+      own_state_shard(rank, m, "parameter_server", r, "parameter-server");
   if (mine == nullptr) return;  // the replicas warn
   stages::SafetensorsReader f(dir + "/" + mine->file);
   const std::vector<int64_t> sizes = server.part_sizes();
@@ -565,11 +581,25 @@ void check_capacity(const ResolvedPlan& r, const PlanTrainOptions& o) {
     if (e.ranks[k].peak > int64_t(cap))
       over += std::string(over.empty() ? "" : ", ") + "rank " + std::to_string(k) + " " +
               memory::format_bytes(double(e.ranks[k].peak));
-  if (!over.empty())
-    throw InputError(r.plan.source + ": the plan does not fit in " +
-                     memory::format_bytes(double(cap)) + " per device (estimated peaks over it: " +
-                     over + "; `baton plan --check` shows every rank): re-plan, or raise " +
-                     "its device_memory or --device-memory");
+  if (over.empty()) return;
+  const std::string cap_text = memory::format_bytes(double(cap));
+  if (o.schedule_path.empty())
+    throw InputError(r.plan.source + ": the plan does not fit in " + cap_text +
+                     " per device (estimated peaks over it: " + over +
+                     "; `baton plan --check` shows every rank): re-plan, or raise its " +
+                     "device_memory or --device-memory");
+  // `baton plan --check` estimates the generator's schedule (and refuses --schedule): the
+  // message gives every rank's estimate under the file itself.
+  std::string all;
+  for (size_t k = 0; k < e.ranks.size(); ++k)
+    all += std::string(k ? ", " : "") + "rank " + std::to_string(k) + " " +
+           memory::format_bytes(double(e.ranks[k].peak)) +
+           (e.ranks[k].peak > int64_t(cap) ? " (over)" : "");
+  throw InputError(r.plan.source + ": the plan does not fit in " + cap_text +
+                   " per device under --schedule " + o.schedule_path + " (estimated peaks: " + all +
+                   "; `baton simulate --file " + o.schedule_path +
+                   "` shows the micro-batches each rank holds): re-plan, hold fewer "
+                   "micro-batches in flight, or raise its device_memory or --device-memory");
 }
 
 }  // namespace
@@ -581,8 +611,12 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   lo.float_dtype = kernels::compute_dtype(o.precision);  // 16-bit under mixed precision
   auto graph = partitioner::load_plan_model(plan, lo);
   auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
-  if (!o.schedule_path.empty())
+  if (!o.schedule_path.empty()) {
     partitioner::use_schedule(*r, schedule::load_schedule_to_run(o.schedule_path), o.schedule_path);
+    // Said, not refused: the losses are the one-process run's (docs/stages.md).
+    if (const std::string w = partitioner::forward_order_note(*r); !w.empty() && world->rank() == 0)
+      spdlog::warn("{}: {}", o.schedule_path, w);
+  }
   check_capacity(*r, o);
   return train_plan(r, o, std::move(world), on_step);
 }

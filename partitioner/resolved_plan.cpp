@@ -1,6 +1,7 @@
 #include "partitioner/resolved_plan.h"
 
 #include <algorithm>
+#include <map>
 
 #include "memory/error.h"
 #include "schedule/forward_only.h"
@@ -220,6 +221,28 @@ void resolve_spatial_split(ResolvedPlan& r) {
 std::string running_statistics_node(const Graph& g) {
   for (const stages::Node& n : g.nodes)
     if (n.op == "batchnorm2d" && n.params.size() > 2 && n.params[2] >= 0) return n.name;
+  return "";
+}
+
+std::string forward_order_note(const ResolvedPlan& r) {
+  const std::string bn = running_statistics_node(*r.graph);
+  if (bn.empty()) return "";
+  for (size_t rank = 0; rank < r.schedule.ranks.size(); ++rank) {
+    std::map<int, int> last;  // stage -> the micro-batch of its latest forward
+    for (const schedule::Action& a : r.schedule.ranks[rank]) {
+      if (a.kind != schedule::ActionKind::forward) continue;
+      auto [it, first] = last.emplace(a.stage, a.micro_batch);
+      if (!first && a.micro_batch < it->second)
+        return "rank " + std::to_string(rank) + " runs the forward of micro-batch " +
+               std::to_string(a.micro_batch) + " on stage " + std::to_string(a.stage) +
+               " after that of " + std::to_string(it->second) + ": the running statistics of '" +
+               bn +
+               "' (batch norm) move in the order of the forwards, so each step ends with other "
+               "ones than the one-process run's (the losses are the same); forwards in "
+               "ascending micro-batch order per stage keep them";
+      it->second = a.micro_batch;
+    }
+  }
   return "";
 }
 

@@ -78,6 +78,13 @@ ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph>
 // cannot keep them (resolve_plan refuses it; the search does not propose it).
 std::string running_statistics_node(const stages::Graph& g);
 
+// Batch norm's running statistics move at each training forward, in the order a stage
+// runs them (a moving average: the order counts). "" when `r`'s model has none or its
+// schedule runs each stage's forwards in ascending micro-batch order, as the one-process
+// run does; otherwise what differs, naming the first forward out of order: the run ends
+// each step with other running statistics (the same losses).
+std::string forward_order_note(const ResolvedPlan& r);
+
 // The batchnorm2d of `g` that normalises the fewest positions (H x W) per sample and
 // channel, and that count; {"", 0} when g has none. In training a micro-batch must give
 // it at least 2 values per channel (the op refuses one: its variance is 0); resolve_plan

@@ -20,6 +20,7 @@
 #include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
+#include "partitioner/resolved_plan.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/evaluation.h"
@@ -350,6 +351,39 @@ TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
     std::printf("  %s: held-out loss %.8f under the plan, %.8f of the checkpoint\n",
                 sync["mode"].get<std::string>().c_str(), *got.back().eval_loss, want);
     EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+  }
+}
+
+// The mode's own state is read back under another spelling of the same schedule (a
+// --schedule file's name is its path as typed: ./x.txt where the checkpoint had x.txt, or
+// another name: header): its keys depend on the stages' placement, not the name. It had
+// been dropped with a warning, and the replicas resumed from the first one's parameters.
+TEST(DpSync, ResumesUnderAnotherScheduleName) {
+  for (const json& mode : {json{{"mode", "local-sgd"}, {"sync_every", 2}},
+                           json{{"mode", "parameter-server"}, {"max_staleness", 1}}}) {
+    SCOPED_TRACE(mode.dump());
+    Workspace ws("dp-sync-rename");
+    auto plan = resolve(dp2_plan(mode), ws);
+    auto renamed = std::make_shared<partitioner::ResolvedPlan>(*plan);
+    schedule::Schedule s = plan->schedule;
+    s.name = "";
+    partitioner::use_schedule(*renamed, s, "./my-1f1b.txt");
+    ASSERT_EQ(renamed->schedule.name, "./my-1f1b.txt");
+    auto run = [&](std::shared_ptr<const partitioner::ResolvedPlan> p, const std::string& dir,
+                   int64_t to, bool resume) {
+      RunSettings rs;
+      rs.steps = to;
+      engine::PlanTrainOptions o = train_options(ws, rs);
+      o.checkpoint_dir = dir;
+      o.checkpoint_every = 3;
+      o.resume = resume;
+      return run_threads(p, o);
+    };
+    auto want = run(plan, ws.path("whole"), 5, false);
+    run(plan, ws.path("ckpt"), 3, false);
+    auto b = run(renamed, ws.path("ckpt"), 5, true);
+    ASSERT_EQ(b.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(b[i].loss, want[i + 3].loss) << "step " << i + 4;
   }
 }
 

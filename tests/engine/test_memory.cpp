@@ -97,6 +97,21 @@ TEST(Memory, BeyondOneDevice) {
       << out;
   EXPECT_EQ(out.find("out of memory"), std::string::npos) << out;
   EXPECT_EQ(out.find("step "), std::string::npos) << out;
+  // Under --schedule the estimate is the file's, which `baton plan --check` does not make
+  // (it refuses --schedule; the hint had sent there): the message lists every rank's.
+  std::ofstream(ws.path("gpipe.txt")) << "0: 0F0 0F1 0F2 0F3 0BW3 0BW2 0BW1 0BW0\n"
+                                         "1: 1F0 1F1 1F2 1F3 1BW3 1BW2 1BW1 1BW0\n";
+  EXPECT_EQ(run(cmd + " --schedule " + ws.path("gpipe.txt"), ws.path("small-s.out")), 2);
+  const std::string with_file = slurp(ws.path("small-s.out"));
+  EXPECT_NE(with_file.find(": the plan does not fit in 32.00 MiB per device under --schedule " +
+                           ws.path("gpipe.txt") + " (estimated peaks: rank 0 "),
+            std::string::npos)
+      << with_file;
+  EXPECT_NE(with_file.find(" (over)"), std::string::npos) << with_file;
+  EXPECT_NE(with_file.find("`baton simulate --file " + ws.path("gpipe.txt") + "` shows"),
+            std::string::npos)
+      << with_file;
+  EXPECT_EQ(with_file.find("plan --check"), std::string::npos) << with_file;
 }
 
 // A plan capped at exactly its estimated peak trains: the estimate counts everything the
