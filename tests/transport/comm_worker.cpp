@@ -9,6 +9,9 @@
 //                       asks for that message: a PeerError, printed as "late: ..."
 //   wedge               3 ranks: rank 0 dies inside a send to rank 1, its message half
 //                       written into rank 1's shared-memory FIFO; see wedge_scenario
+//   pause DIR           each rank waits on a receive from the previous one, says so
+//                       (DIR/ready.RANK), and sends only once DIR/go exists: the test
+//                       stops the whole job (SIGSTOP) meanwhile; prints "resumed ok"
 // A rank that sees a PeerError prints it with the peer, leaves the launcher its failure
 // report, and exits 3; bad input (an InputError) exits 2, as baton's commands do.
 #include <signal.h>
@@ -18,6 +21,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -235,12 +240,40 @@ int late_scenario(Communicator& c) {
   }
 }
 
+// Every rank waits on the previous one (watched by the liveness protocol) while the
+// test stops and continues the whole job, as a host too busy to run it for seconds does;
+// nobody may be declared failed for the silence of that pause.
+int pause_scenario(Communicator& c, const std::string& dir) {
+  const int r = c.rank(), n = c.size();
+  c.barrier()->wait();  // every endpoint connected
+  Tensor in = Tensor::zeros({256}), out = Tensor::full({256}, double(r));
+  auto start = std::chrono::steady_clock::now();
+  auto rw = c.irecv(in, (r + n - 1) % n, 9);
+  std::ofstream(dir + "/ready." + std::to_string(r)) << "waiting\n";
+  while (!std::filesystem::exists(dir + "/go")) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) fail("no go in 60 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  try {
+    auto sw = c.isend(out, (r + 1) % n, 9);
+    rw->wait();
+    sw->wait();
+  } catch (const PeerError& e) {
+    print_peer_error(c, e, start);
+    return 3;
+  }
+  expect(in.data<float>()[255] == float((r + n - 1) % n), "the message after the pause");
+  std::printf("rank %d: resumed ok\n", r);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS | late | wedge\n");
+                 "usage: comm_worker check | kill VICTIM MS | hang VICTIM MS | late | wedge | "
+                 "pause DIR\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -255,6 +288,7 @@ int main(int argc, char** argv) {
     }
     if (scenario == "late") return late_scenario(*w.comm);
     if (scenario == "wedge") return wedge_scenario(*w.comm);
+    if (scenario == "pause" && argc == 3) return pause_scenario(*w.comm, argv[2]);
     if ((scenario == "kill" || scenario == "hang") && argc == 4)
       return fail_scenario(*w.comm, scenario, std::atoi(argv[2]), std::atoi(argv[3]));
     std::fprintf(stderr, "comm_worker: unknown scenario %s\n", scenario.c_str());

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <string>
 
@@ -228,6 +229,29 @@ TEST(Processes, AStoppedRankIsNamedByEveryOther) {
   expect_survivors_name(r, 3, 1, 1.5, 2.5 + 1.0);
   EXPECT_LT(r.secs, 20.0) << r.out;
   std::printf("%s", r.out.c_str());
+}
+
+// The whole job stopped for longer than the peer timeout (SIGSTOP to every rank, as a
+// host that gives the job's cores to others for seconds), each rank waiting on another:
+// once continued, nobody is declared failed. Every rank's progress thread had been held
+// too, so the silence was no answer to a ping; before, each rank's first liveness tick
+// after the pause declared its peer dead (both at the same instant, seen under load with
+// 2 and 8 ranks), and now silence counts only while the rank itself could listen.
+TEST(Processes, AJobStoppedWholeLongerThanThePeerTimeoutGoesOn) {
+  const std::string dir = ::testing::TempDir() + "pause." + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cmd = std::string("BATON_PEER_TIMEOUT=1 ") + BATON_BINARY +
+                          " launch -n 2 --grace 5 -- " + COMM_WORKER + " pause " + dir +
+                          " & L=$!; for i in $(seq 600); do [ -e " + dir + "/ready.0 ] && [ -e " +
+                          dir + "/ready.1 ] && break; sleep 0.05; done; P=$(pgrep -P $L); " +
+                          "kill -STOP $P; sleep 2.5; kill -CONT $P; touch " + dir + "/go; wait $L";
+  Result r = run(cmd);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0: resumed ok")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1: resumed ok")) << r.out;
+  EXPECT_FALSE(has(r.out, "no answer")) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -951,10 +951,31 @@ void UcxFabric::report_stalled(int peer, const std::string& reason) {
   apply_failures();  // logged, recorded and told to the other ranks
 }
 
+int64_t UcxFabric::tick_ns() const {
+  return std::max<int64_t>(int64_t(options().peer_timeout.count()) * 1'000'000 / 8, 5'000'000);
+}
+
 void UcxFabric::liveness_tick(int64_t now) {
   const int64_t timeout = int64_t(options().peer_timeout.count()) * 1'000'000;
   const int64_t ping_every = timeout / 4;
+  const int64_t tick = tick_ns();
   std::lock_guard lock(mu_);
+  // Silence is evidence only while this rank listens. A tick over a whole tick late means
+  // the progress thread itself did not run (the process stopped, or the host gave its
+  // cores to others for seconds): peers stopped with it, or on the same cores, could
+  // not answer a ping it could not send. A whole job held past the peer timeout had
+  // each rank declare its peer at its first tick after, both at the same instant. The
+  // gap beyond one tick counts as nobody's silence.
+  const int64_t held = last_tick_ > 0 ? now - last_tick_ - tick : 0;
+  last_tick_ = now;
+  if (held > tick) {
+    spdlog::debug("rank {}: progress thread held for {} ms: not counted as any peer's silence",
+                  rank(), held / 1'000'000);
+    for (PeerState& s : peers_) {
+      s.last_heard = std::min(s.last_heard + held, now);
+      if (s.watch_since != 0) s.watch_since = std::min(s.watch_since + held, now);
+    }
+  }
   for (int p = 0; p < size(); ++p) {
     PeerState& s = peers_[size_t(p)];
     if (pending_per_peer_[size_t(p)] == 0 || p == rank() || ep_dead_[size_t(p)]) continue;
@@ -996,8 +1017,7 @@ void UcxFabric::on_sleep_begin() {
 }
 
 void UcxFabric::thread_main() {
-  const int64_t tick =
-      std::max<int64_t>(int64_t(options().peer_timeout.count()) * 1'000'000 / 8, 5'000'000);
+  const int64_t tick = tick_ns();
   int idle_rounds = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     bool active = false;

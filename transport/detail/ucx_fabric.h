@@ -87,6 +87,7 @@ class UcxFabric final : public Fabric {
   void untrack_locked(UcxRequest* r);
   void apply_failures();  // without mu_
   void liveness_tick(int64_t now);
+  int64_t tick_ns() const;  // how often the progress thread runs liveness_tick
   void thread_main();
   void poke();
   void shutdown();
@@ -132,6 +133,7 @@ class UcxFabric final : public Fabric {
   // and no connection to break.
   std::unique_ptr<ControlSocket> ctl_;
   int64_t next_tick_ = 0;
+  int64_t last_tick_ = 0;  // ns: when liveness_tick last ran (0: never)
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> thread_sleeping_{false};
