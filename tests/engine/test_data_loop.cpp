@@ -51,6 +51,17 @@ std::string write_corpus_dataset(const Workspace& ws) {
   return prefix;
 }
 
+// The two-layer tiny GPT at PP2 x DP2, two micro-batches of one sample.
+PlanSpec pp2_dp2() {
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.dp = 2;
+  p.micro_batches = 2;
+  p.micro_batch_size = 1;
+  return p;
+}
+
 // The run's data, schedule and evaluation.
 void token_run(engine::LoopOptions& o, const std::string& prefix) {
   o.data_path = prefix;
@@ -204,12 +215,7 @@ TEST(DataLoop, TokenDatasetUnderPlansMatchesOneProcess) {
 TEST(DataLoop, PlanResumesMidDecay) {
   Workspace ws("data_loop_plan_resume");
   const std::string prefix = write_corpus_dataset(ws);
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
-  p.micro_batches = 2;
-  p.micro_batch_size = 1;
+  PlanSpec p = pp2_dp2();
   RunSettings s;
   s.steps = 6;
   s.configure = [&](engine::LoopOptions& o) {
@@ -293,12 +299,7 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
 // One process, and PP2 x DP2 with each rank a thread.
 TEST(DataLoop, HeldOutFileTruncatedUnderTheRun) {
   Workspace ws("data_loop_truncated");
-  PlanSpec p;
-  p.model = tiny_gpt_json(2);
-  p.tp = {1, 1};
-  p.dp = 2;
-  p.micro_batches = 2;
-  p.micro_batch_size = 1;
+  PlanSpec p = pp2_dp2();
   plan_json(p, ws);  // writes model.json
   // Text on both sides: no background scan of the file (a scan reads it too).
   const std::string corpus = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
