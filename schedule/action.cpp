@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 
 namespace baton::schedule {
 
@@ -18,28 +19,6 @@ constexpr std::array<std::string_view, kNumActionKinds> kWords = {
     "full backward", "activation send",  "activation receive",
     "gradient send", "gradient receive", "gradient reduction",
     "optimizer step"};
-
-// The largest stage or micro-batch number a token takes: the JSON form's bound.
-constexpr int64_t kMaxIndex = int64_t(1) << 30;
-
-// The non-negative decimal integer that fills `text`, or nullopt when it is none; one
-// beyond kMaxIndex reads as kMaxIndex + 1, for the caller to call too large.
-std::optional<int64_t> parse_index(std::string_view text) {
-  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) {
-        return std::isdigit(static_cast<unsigned char>(c));
-      }))
-    return std::nullopt;
-  const size_t first = std::min(text.find_first_not_of('0'), text.size() - 1);
-  if (text.size() - first > 10) return kMaxIndex + 1;  // 2^30 has 10 digits
-  int64_t v = 0;
-  std::from_chars(text.data() + first, text.data() + text.size(), v);
-  return std::min(v, kMaxIndex + 1);
-}
-
-std::string too_large(std::string_view what, std::string_view text) {
-  return "the " + std::string(what) + " number " + std::string(text) + " is too large (at most " +
-         std::to_string(kMaxIndex) + ")";
-}
 
 }  // namespace
 
@@ -84,9 +63,9 @@ Action parse_token(std::string_view token, const std::string& where) {
     ++j;
   std::string_view stage_text = token.substr(0, i), code = token.substr(i, j - i),
                    mb_text = token.substr(j);
-  auto stage = parse_index(stage_text);
+  auto stage = detail::parse_index(stage_text);
   if (!stage) return fail("it does not start with a stage number");
-  if (*stage > kMaxIndex) return fail(too_large("stage", stage_text));
+  if (*stage > detail::kMaxIndex) return fail(detail::too_large("stage", stage_text));
   auto kind = kind_from_code(code);
   if (!kind) {
     std::string upper(code);
@@ -99,11 +78,11 @@ Action parse_token(std::string_view token, const std::string& where) {
     if (!mb_text.empty()) return fail("REDUCE takes no micro-batch");
     return Action{*kind, -1, int32_t(*stage), -1};
   }
-  auto mb = parse_index(mb_text);
+  auto mb = detail::parse_index(mb_text);
   if (!mb)
     return fail(mb_text.empty() ? "the micro-batch number is missing"
                                 : "'" + std::string(mb_text) + "' is not a micro-batch number");
-  if (*mb > kMaxIndex) return fail(too_large("micro-batch", mb_text));
+  if (*mb > detail::kMaxIndex) return fail(detail::too_large("micro-batch", mb_text));
   return Action{*kind, int32_t(*mb), int32_t(*stage), -1};
 }
 

@@ -151,10 +151,12 @@ Schedule parse_text(std::string_view text, const std::string& source) {
         throw InputError(where + ": unknown header '" + std::string(key) +
                          ":' (expected name, ranks, micro_batches, directions, placement, or a "
                          "rank line 'r: actions')");
-      int r = parse_int(*prefix, where, "rank");
-      if (r != static_cast<int>(s.ranks.size()))
+      const std::optional<int64_t> r = detail::parse_index(*prefix);  // digits: rank_prefix
+      if (*r > detail::kMaxIndex)
+        throw InputError(where + ": " + detail::too_large("rank", *prefix));
+      if (*r != static_cast<int64_t>(s.ranks.size()))
         throw InputError(where + ": expected the line of rank " + std::to_string(s.ranks.size()) +
-                         ", found rank " + std::to_string(r) + " (rank lines go in order from 0)");
+                         ", found rank " + std::to_string(*r) + " (rank lines go in order from 0)");
     }
     auto tokens = split_tokens(rest);
     std::vector<Action> list;

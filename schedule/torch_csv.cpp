@@ -77,14 +77,6 @@ std::vector<std::string> split_cells(std::string_view line, const std::string& w
   return cells;
 }
 
-std::optional<int> parse_number(std::string_view t) {
-  if (t.empty() || t.size() > 9) return std::nullopt;
-  int v = 0;
-  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec != std::errc() || p != t.data() + t.size()) return std::nullopt;
-  return v;
-}
-
 const char* const kTorchCodes[] = {"F",           "I",
                                    "B",           "W",
                                    "SEND_F",      "RECV_F",
@@ -105,17 +97,20 @@ Raw parse_simple(std::string_view t, const std::string& where) {
   size_t j = i;
   while (j < t.size() && (std::isupper(static_cast<unsigned char>(t[j])) || t[j] == '_')) ++j;
   Raw r;
-  auto stage = parse_number(t.substr(0, i));
+  const std::string_view stage_text = t.substr(0, i);
+  auto stage = detail::parse_index(stage_text);
   if (!stage) return fail("it does not start with a stage number");
-  r.stage = *stage;
+  if (*stage > detail::kMaxIndex) return fail(detail::too_large("stage", stage_text));
+  r.stage = int(*stage);
   r.code = std::string(t.substr(i, j - i));
   if (std::find(std::begin(kTorchCodes), std::end(kTorchCodes), r.code) == std::end(kTorchCodes))
     return fail("unknown type '" + r.code + "'");
   std::string_view mb = t.substr(j);
   if (!mb.empty()) {
-    auto v = parse_number(mb);
+    auto v = detail::parse_index(mb);
     if (!v) return fail("'" + std::string(mb) + "' is not a micro-batch number");
-    r.micro_batch = *v;
+    if (*v > detail::kMaxIndex) return fail(detail::too_large("micro-batch", mb));
+    r.micro_batch = int(*v);
   }
   const bool takes_mb = r.code != "UNSHARD" && r.code != "RESHARD" && r.code != "REDUCE_GRAD" &&
                         r.code != "WAIT_REDUCE_GRAD";
@@ -442,7 +437,8 @@ std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCell
       const std::string_view t = detail::trim(k.text);
       const std::string_view code = "WAIT_REDUCE_GRAD";
       if (t.size() > code.size() && t.substr(t.size() - code.size()) == code)
-        if (auto stage = parse_number(t.substr(0, t.size() - code.size()))) ++waits[*stage];
+        if (auto stage = detail::parse_index(t.substr(0, t.size() - code.size())))
+          ++waits[int(*stage)];
     }
     int extra = 0;
     std::vector<std::string> cells;

@@ -1,8 +1,12 @@
 // Small helpers shared by schedule/'s own sources (not part of its interface).
 #pragma once
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,6 +59,28 @@ inline std::string format_number(const char* format, double v) {
   std::string out(size_t(n), '\0');
   std::snprintf(out.data(), out.size() + 1, format, v);  // its '\0' lands on out's own
   return out;
+}
+
+// The largest stage or micro-batch number a token takes: the JSON form's bound.
+inline constexpr int64_t kMaxIndex = int64_t(1) << 30;
+
+// The non-negative decimal integer that fills `text`, or nullopt when it is none; one
+// beyond kMaxIndex reads as kMaxIndex + 1, for the caller to call too large.
+inline std::optional<int64_t> parse_index(std::string_view text) {
+  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c));
+      }))
+    return std::nullopt;
+  const size_t first = std::min(text.find_first_not_of('0'), text.size() - 1);
+  if (text.size() - first > 10) return kMaxIndex + 1;  // 2^30 has 10 digits
+  int64_t v = 0;
+  std::from_chars(text.data() + first, text.data() + text.size(), v);
+  return std::min(v, kMaxIndex + 1);
+}
+
+inline std::string too_large(std::string_view what, std::string_view text) {
+  return "the " + std::string(what) + " number " + std::string(text) + " is too large (at most " +
+         std::to_string(kMaxIndex) + ")";
 }
 
 }  // namespace baton::schedule::detail

@@ -181,6 +181,7 @@ TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
   const Case cases[] = {
       {"ranks: 2\n0: 0F0\n1: 1F0 1Q0\n", "bad.txt:3", "unknown kind 'Q'"},
       {"0: 0F0\n2: 1F0\n", "bad.txt:2", "expected the line of rank 1"},
+      {"0: 0F0\n2147483648: 1F0\n", "bad.txt:2", "the rank number 2147483648 is too large"},
       {"ranks: x\n0: 0F0\n", "bad.txt:1", "expected an integer"},
       {"ranks: 3\n0: 0F0\n1: 1F0\n", "bad.txt", "3 but 2 rank lines"},
       {"0: 0F0\nranks: 1\n", "bad.txt:2", "after the rank lines"},

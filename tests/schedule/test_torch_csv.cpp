@@ -193,6 +193,24 @@ TEST(TorchCsv, ANameFromAFileNameThatIsNotUtf8) {
   std::filesystem::remove(path);
 }
 
+// Stage and micro-batch numbers take the text form's range, up to 2^30: the reader had
+// stopped at 9 digits, and 0F1000000000 was "not a micro-batch number".
+TEST(TorchCsv, NumbersUpToTheJsonBoundAndTooLargeSaysSo) {
+  // Read as a number: the schedule it implies is then beyond what baton holds.
+  EXPECT_NE(input_error_of([] {
+              parse_torch_csv("0F1000000000\r\n", "big.csv");
+            }).find("micro_batches = 1000000001 is beyond the supported"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              parse_torch_csv("0F1073741825\r\n", "m.csv");
+            }).find("the micro-batch number 1073741825 is too large (at most 1073741824)"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              parse_torch_csv("4294967296F0\r\n", "s.csv");
+            }).find("the stage number 4294967296 is too large"),
+            std::string::npos);
+}
+
 TEST(TorchCsv, Dialects) {
   // Legacy: B of a pair with a W is the input gradient; without one, the full backward.
   TorchCsv a = parse_torch_csv("0F0,0F1,0B0,0W0,0B1\r\n", "a.csv");
