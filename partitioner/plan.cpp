@@ -478,18 +478,26 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   // passed, and meant interleaved-1f1b's default 2.
   if (auto c = sched.get("chunks")) p.chunks = int(c->as_int(1, kMaxCount));
 
+  // Each count is within kMaxCount, their product not always within int64: a wrapped
+  // product had made a plan of 2^63 samples "valid" with a global batch below 0.
+  auto global_of = [&p](const JsonReader& at) {
+    const std::string product = std::to_string(p.dp) + " x " + std::to_string(p.micro_batches) +
+                                " x " + std::to_string(p.micro_batch_size);
+    int64_t n = 0;
+    if (__builtin_mul_overflow(int64_t(p.dp), int64_t(p.micro_batches), &n) ||
+        __builtin_mul_overflow(n, p.micro_batch_size, &n))
+      at.fail("a global batch dp x micro_batches x micro_batch_size of at most 2^63 - 1", product);
+    return std::pair{
+        n, "dp x micro_batches x micro_batch_size = " + product + " = " + std::to_string(n)};
+  };
   if (auto b = r.get("batch")) {
     b->expect_only({"micro_batch_size", "global"});
     p.micro_batch_size = b->get_int("micro_batch_size", 1, 1, kMaxCount);
-    int64_t expect = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+    const auto [expect, formula] = global_of(*b);
     p.global_batch = b->get_int("global", expect, 1, INT64_MAX);
-    if (p.global_batch != expect)
-      b->at("global").fail("dp x micro_batches x micro_batch_size = " + std::to_string(p.dp) +
-                               " x " + std::to_string(p.micro_batches) + " x " +
-                               std::to_string(p.micro_batch_size) + " = " + std::to_string(expect),
-                           std::to_string(p.global_batch));
+    if (p.global_batch != expect) b->at("global").fail(formula, std::to_string(p.global_batch));
   } else {
-    p.global_batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+    p.global_batch = global_of(r).first;
   }
 
   if (auto o = r.get("optimizer")) {

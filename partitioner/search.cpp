@@ -131,7 +131,7 @@ std::vector<int> degrees(int n) {
 // Micro-batch counts the search tries when --micro-batches leaves them open: each one's
 // schedule is generated, walked and simulated action by action, so beyond a few thousand
 // a search would take minutes and gigabytes (--micro-batches asks for more, up to the
-// plan format's kMaxPlanCount).
+// generators' schedule::kMaxGeneratedMicroBatches).
 constexpr int64_t kMaxSearchedMicroBatches = 4096;
 
 class Search {
@@ -258,8 +258,9 @@ class Search {
       }
       return {int(m)};
     }
-    if (fewest > kMaxPlanCount) {
-      skip(replica + ": more than " + std::to_string(kMaxPlanCount) + " " + limit +
+    if (fewest > schedule::kMaxGeneratedMicroBatches) {
+      skip(replica + ": more than " + std::to_string(schedule::kMaxGeneratedMicroBatches) +
+           " (the schedules' limit) " + limit +
            " cannot hold it (more replicas or a smaller --batch)");
       return {};
     }
@@ -317,9 +318,10 @@ class Search {
     if (o_.dp == 1 && o_.dp_sync.mode != DpSync::Mode::allreduce)
       throw InputError("--dp-sync: " + mode +
                        " synchronises data-parallel replicas, and --dp 1 has none");
-    if (o_.micro_batches > kMaxPlanCount)
-      throw InputError("--micro-batches: expected at most " + std::to_string(kMaxPlanCount) +
-                       " (the plan format's limit), found " + std::to_string(o_.micro_batches));
+    if (o_.micro_batches > schedule::kMaxGeneratedMicroBatches)
+      throw InputError("--micro-batches: expected at most " +
+                       std::to_string(schedule::kMaxGeneratedMicroBatches) +
+                       " (the schedules' limit), found " + std::to_string(o_.micro_batches));
     if (o_.keep < 1)
       throw InputError("--top: expected at least 1 plan to list, found " + std::to_string(o_.keep));
     for (auto [value, flag] : {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"},

@@ -14,7 +14,6 @@ namespace {
 using K = ActionKind;
 
 constexpr int kMaxRanks = 4096;
-constexpr int kMaxMicroBatches = 1 << 20;
 
 void check_range(const std::string& name, const char* what, int value, int lo, int hi,
                  const std::string& why = "") {
@@ -29,7 +28,7 @@ void check_range(const std::string& name, const char* what, int value, int lo, i
 
 void check_common(const std::string& name, int p, int m, int v) {
   check_range(name, "ranks", p, 1, kMaxRanks);
-  check_range(name, "micro-batches", m, 1, kMaxMicroBatches);
+  check_range(name, "micro-batches", m, 1, kMaxGeneratedMicroBatches);
   const long long pairs = 1LL * p * v * m;
   if (pairs > (1LL << 22))
     throw InputError(name + ": stages x micro-batches = " + std::to_string(pairs) +
@@ -133,7 +132,7 @@ Schedule forward_only(int p, int m) {
 Schedule interleaved_1f1b(int p, int m, int v) {
   const std::string name = "interleaved-1f1b";
   check_range(name, "chunks", v, 1, 64);
-  check_range(name, "micro-batches", m, 1, kMaxMicroBatches);
+  check_range(name, "micro-batches", m, 1, kMaxGeneratedMicroBatches);
   check_range(name, "ranks", p, 1, kMaxRanks);
   const int m_full = (m + p - 1) / p * p;  // whole groups of p micro-batches
   check_common(name, p, m_full, v);

@@ -24,6 +24,10 @@ std::string canonical_schedule_name(const std::string& name);
 // evaluates, is refused too.
 std::string canonical_training_schedule_name(const std::string& name);
 
+// The most micro-batches a generated schedule takes (a step of 2^20 micro-batches is
+// already millions of actions per rank).
+inline constexpr int kMaxGeneratedMicroBatches = 1 << 20;
+
 // `chunks`: stages per rank (v); 0 means the schedule's own (1, or 2 for
 // interleaved-1f1b, zb-v, dualpipev and dualpipe). Throws InputError for an unknown
 // name (listing the known ones) or parameters outside the schedule's domain.

@@ -78,7 +78,7 @@ contains "no plan matches the options (dp 2: 3 micro-batches do not divide a rep
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 4294967296 -o "$tmp/huge.json"
 expect 0 "$baton" plan --check "$tmp/huge.json"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 9223372036854775807
-contains "no plan matches the options (dp 1: a replica's batch of 9223372036854775807 samples: more than 16777216 micro-batches of at most 16777216 samples (the plan format's limit) cannot hold it"
+contains "no plan matches the options (dp 1: a replica's batch of 9223372036854775807 samples: more than 1048576 (the schedules' limit) micro-batches of at most 16777216 samples (the plan format's limit) cannot hold it"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --batch 33554432 --micro-batches 1 -o "$tmp/big.json"
 contains "in 1 micro-batches: expected micro-batches of at most 16777216 samples (the plan format's limit), found 33554432"
 [ ! -e "$tmp/big.json" ] || { echo "FAIL: a plan the format refuses was written"; fails=$((fails + 1)); }

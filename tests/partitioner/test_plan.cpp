@@ -1137,6 +1137,20 @@ TEST(Plan, IntegersFrom2To63UpNameTheirRange) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.dp: expected an integer in [1, 16777216], found "
             "9223372036854775808");
+  // Counts each in range whose product (the global batch) is past int64: it had wrapped
+  // to a global batch of -2^63, a "valid plan", or been compared as that with "global".
+  j = tiny_plan();
+  j["devices"] = 1 << 19;
+  j["parallel"] = {{"dp", 1 << 19}, {"pp", 1}, {"tp", 1}};
+  j["schedule"]["micro_batches"] = 1 << 20;
+  j["batch"] = {{"micro_batch_size", 1 << 24}};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.batch: expected a global batch dp x micro_batches x micro_batch_size "
+            "of at most 2^63 - 1, found 524288 x 1048576 x 16777216");
+  j["batch"]["global"] = 1;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.batch: expected a global batch dp x micro_batches x micro_batch_size "
+            "of at most 2^63 - 1, found 524288 x 1048576 x 16777216");
   // A whole float out of range is a range error (it had said "expected an integer"), and
   // one in range but beyond double's exact integers asks for digits.
   j = tiny_plan();

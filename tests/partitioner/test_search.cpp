@@ -701,6 +701,22 @@ TEST(Search, HugeBatchesFinishWithinThePlanFormat) {
   EXPECT_NE(r.skipped[0].find("expected micro-batches of at most 16777216 samples"),
             std::string::npos)
       << r.skipped[0];
+  // Past 2^20 micro-batches (the generators' limit) of 2^24 samples, no --micro-batches
+  // can help, and the reason says so rather than pointing at that flag.
+  r = search_plans(g, model, search_fixed(1, 1, 1, 1, "1f1b", 0, int64_t(1) << 45));
+  EXPECT_TRUE(r.ranked.empty());
+  ASSERT_FALSE(r.skipped.empty());
+  EXPECT_NE(r.skipped[0].find("more than 1048576 (the schedules' limit)"), std::string::npos)
+      << r.skipped[0];
+  try {
+    search_plans(g, model, search_fixed(1, 1, 1, 1, "1f1b", (1 << 20) + 1, 1 << 21));
+    ADD_FAILURE() << "searched";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "--micro-batches: expected at most 1048576 (the schedules' limit)"),
+              std::string::npos)
+        << e.what();
+  }
   // Left open, the micro-batches split it within the limit.
   r = search_plans(g, model, search_fixed(1, 1, 1, 1, "1f1b", 0, int64_t(1) << 25));
   ASSERT_FALSE(r.ranked.empty());
