@@ -100,6 +100,7 @@ void check_loop_options(const LoopOptions& o) {
   if (o.eval_every > 0 && !held_out)
     throw InputError("--eval-every needs held-out data (--eval-data PATH or --eval-fraction F)");
   // Its default is 1: another count without held-out data had been accepted without effect.
+  // baton train also refuses an explicit 1 (it knows what was given).
   if (o.eval_batches != 1 && !held_out)
     throw InputError("--eval-batches needs held-out data (--eval-data PATH or --eval-fraction F)");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -545,8 +546,23 @@ DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batch
                                    int64_t window) {
   BATON_CHECK(eval != nullptr && batches > 0 && batch > 0 && window > 0,
               "hold_evaluation_windows: a dataset and positive sizes");
+  // Checked before the product is formed: it had wrapped (a few tokens allocated, the loop
+  // writing far past them) or asked for more memory than any machine has (std::bad_alloc).
+  const int64_t per_batch = batch * (window + 1);
+  if (batch > kMaxHeldEvaluationTokens / (window + 1) ||
+      batches > kMaxHeldEvaluationTokens / per_batch) {
+    const long double n = (long double)batches * (long double)batch * (long double)(window + 1);
+    char bytes[32];
+    std::snprintf(bytes, sizeof bytes, "%.3Lg", n * 4);
+    throw InputError("--eval-batches " + std::to_string(batches) + ": expected at most " +
+                     std::to_string(kMaxHeldEvaluationTokens) +
+                     " held-out tokens in memory (4 bytes each), found " + std::to_string(batches) +
+                     " batches x " + std::to_string(batch) + " samples (the global batch) x " +
+                     std::to_string(window + 1) + " tokens (the context " + std::to_string(window) +
+                     " + 1), " + bytes + " bytes");
+  }
   const uint64_t s = evaluation_seed(seed);
-  std::vector<int32_t> tokens(size_t(batches * batch * (window + 1)));
+  std::vector<int32_t> tokens(size_t(batches * per_batch));
   std::vector<int64_t> w(size_t(window + 1));
   for (int64_t k = 0; k < batches; ++k)
     for (int64_t i = 0; i < batch; ++i) {

@@ -213,7 +213,9 @@ uint64_t evaluation_seed(uint64_t seed);
 // each (and the token after). The evaluations then read no file: a held-out file
 // rewritten or truncated in place under the run (a tool that opens it "wb") had killed the
 // run with SIGBUS through its memory map, with no message. Costs batches x batch x
-// (window + 1) 4-byte tokens; any other window is read from `eval` as before.
+// (window + 1) 4-byte tokens; any other window is read from `eval` as before. More than
+// kMaxHeldEvaluationTokens (4 GiB) is an InputError naming --eval-batches.
+inline constexpr int64_t kMaxHeldEvaluationTokens = int64_t(1) << 30;
 DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batches, int64_t batch,
                                    int64_t window);
 

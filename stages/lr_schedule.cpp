@@ -75,11 +75,15 @@ void LrSchedule::validate() const {
   if (!(decay_fraction > 0 && decay_fraction <= 1))
     throw InputError("--decay-fraction: expected a fraction in (0, 1], found " +
                      number(decay_fraction));
-  // A warm-up to the end of the run never reaches --lr before it, nor decays.
+  // A warm-up to the end of the run never reaches --lr before it, nor decays (nor holds
+  // the constant rate: a constant schedule's had been accepted, its peak never run).
   if ((kind == Kind::cosine || kind == Kind::linear) && total > 0 && warmup >= total)
     throw InputError("--warmup-steps " + std::to_string(warmup) + ": expected fewer than --steps " +
                      std::to_string(total) + ", for the " + lr_schedule_name(kind) +
                      " decay to follow the warm-up");
+  if (kind == Kind::constant && total > 0 && warmup >= total)
+    throw InputError("--warmup-steps " + std::to_string(warmup) + ": expected fewer than --steps " +
+                     std::to_string(total) + ", for the constant rate --lr to follow the warm-up");
   // Both may be near INT64_MAX: compared without their sum, which overflowed.
   if (kind == Kind::wsd && total > 0 && (warmup > total || decay_steps() > total - warmup))
     throw InputError("--lr-schedule wsd: warm-up (" + std::to_string(warmup) + ") and decay (" +

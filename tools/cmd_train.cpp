@@ -185,6 +185,17 @@ int run_train(const std::vector<std::string>& args) {
                           : std::string(" (its decay's length is --decay-steps)")));
   if (given("decay-fraction") && o.lr_schedule.decay > 0)
     throw InputError("--decay-fraction and --decay-steps: expected one of them, found both");
+  // A constant rate has no decay: its length and final rate had been accepted, changing
+  // nothing.
+  for (const char* flag : {"decay-steps", "min-lr"})
+    if (given(flag) && o.lr_schedule.kind == stages::LrSchedule::Kind::constant)
+      throw InputError(std::string("--") + flag +
+                       " sets the decay of cosine, linear and wsd, but --lr-schedule is constant "
+                       "(no decay)");
+  // --eval-batches 1 (its default) given without held-out data had been accepted, any other
+  // count refused (engine/loop.cpp tells only the value).
+  if (given("eval-batches") && o.data.eval_data.empty() && !(o.data.eval_fraction > 0))
+    throw InputError("--eval-batches needs held-out data (--eval-data PATH or --eval-fraction F)");
   const transport::LaunchEnv env = transport::read_launch_env();
   if (int t = vm["threads"].as<int>(); t > 0) {
     kernels::set_num_threads(t);

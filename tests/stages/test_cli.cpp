@@ -165,7 +165,7 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
       base + "--lr-schedule wsd --warmup-steps 1 --decay-steps 9223372036854775807",
       {"--lr-schedule wsd", "exceed the run's 10 steps"});
   // Values shown in full (%f had shown 1e-7 as 0.000000), and --lr's beside --min-lr.
-  cli_expect_input_error(base + "--lr 1e-8 --min-lr 1e-7",
+  cli_expect_input_error(base + "--lr-schedule cosine --lr 1e-8 --min-lr 1e-7",
                          {"--min-lr: expected a rate in [0, --lr] = [0, 1e-08], found 1e-07"});
   cli_expect_input_error(base + "--lr-schedule wsd --decay-fraction 1.0000001",
                          {"--decay-fraction: expected a fraction in (0, 1], found 1.0000001"});
@@ -181,7 +181,26 @@ TEST(Cli, BadScheduleEvaluationAndTokenDataFlags) {
                          {"--decay-fraction is wsd's, but --lr-schedule is constant (no decay)"});
   cli_expect_input_error(base + "--lr-schedule wsd --decay-fraction 0.2 --decay-steps 3",
                          {"--decay-fraction and --decay-steps: expected one of them, found both"});
+  // Under a constant rate: the decay's flags and a warm-up past the run had been accepted
+  // without effect.
+  cli_expect_input_error(base + "--decay-steps 5",
+                         {"--decay-steps sets the decay of cosine, linear and wsd, but "
+                          "--lr-schedule is constant (no decay)"});
+  cli_expect_input_error(base + "--lr-schedule constant --min-lr 0.0001",
+                         {"--min-lr sets the decay", "--lr-schedule is constant"});
+  cli_expect_input_error(base + "--lr-schedule constant --warmup-steps 12",
+                         {"--warmup-steps 12: expected fewer than --steps 10, for the constant "
+                          "rate --lr to follow the warm-up"});
   cli_expect_input_error(base + "--eval-batches 5", {"--eval-batches needs held-out data"});
+  // Its default value given explicitly had been accepted without held-out data.
+  cli_expect_input_error(base + "--eval-batches 1", {"--eval-batches needs held-out data"});
+  // More held-out windows than memory holds: the count had wrapped (heap corruption,
+  // SIGABRT) or been std::bad_alloc, exit 1.
+  cli_expect_input_error(base + "--eval-fraction 0.1 --eval-batches 144115188075855873",
+                         {"--eval-batches 144115188075855873: expected at most 1073741824 "
+                          "held-out tokens in memory"});
+  cli_expect_input_error(base + "--eval-fraction 0.1 --eval-batches 2000000000",
+                         {"--eval-batches 2000000000", "samples (the global batch)", "bytes"});
   cli_expect_input_error(base + "--eval-every 5", {"--eval-every needs held-out data"});
   cli_expect_input_error(base + "--eval-fraction 0.1 --eval-batches 0",
                          {"--eval-batches: expected >= 1"});

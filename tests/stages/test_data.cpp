@@ -657,6 +657,25 @@ TEST(Sampling, HeldEvaluationWindowsOutliveTheFile) {
   }
 }
 
+// More held windows than memory sensibly holds are refused naming --eval-batches: the count
+// had wrapped past 2^64 (a few tokens allocated, the loop writing past them: heap
+// corruption) or had been std::bad_alloc, exit 1.
+TEST(Sampling, TooManyHeldEvaluationWindowsAreRefused) {
+  auto d = std::make_shared<ByteDataset>(std::string(100, 'a'), "a.txt", 63);
+  data_expect_input_error([&] { hold_evaluation_windows(d, 3, 144115188075855873, 2, 63); },
+                          {"--eval-batches 144115188075855873: expected at most 1073741824 "
+                           "held-out tokens",
+                           "144115188075855873 batches x 2 samples (the global batch) x 64 "
+                           "tokens (the context 63 + 1), 7.38e+19 bytes"});
+  data_expect_input_error([&] { hold_evaluation_windows(d, 3, 2000000000, 2, 63); },
+                          {"--eval-batches 2000000000", "1.02e+12 bytes"});
+  data_expect_input_error(
+      [&] { hold_evaluation_windows(d, 3, 1, int64_t(1) << 40, int64_t(1) << 40); },
+      {"--eval-batches 1", "the global batch"});
+  // A set within the bound is held.
+  EXPECT_EQ(hold_evaluation_windows(d, 3, 1, 2, 63)->describe(), d->describe());
+}
+
 // Weights whose sum overflows: each share is still its weight's (all had been 0, every
 // sample from the last dataset).
 TEST(Sampling, HugeBlendWeightsKeepTheirShares) {

@@ -162,7 +162,8 @@ TEST(LrSchedule, MessagesShowTheValues) {
 }
 
 // Cosine and linear decay after the warm-up: a warm-up to the end of the run (or past it)
-// never decays, and is refused as wsd's is.
+// never decays, and is refused as wsd's is; a constant schedule's never holds --lr (it had
+// been accepted).
 TEST(LrSchedule, WarmupToTheEndIsRefused) {
   for (auto k : {LrSchedule::Kind::cosine, LrSchedule::Kind::linear}) {
     LrSchedule s;
@@ -176,9 +177,15 @@ TEST(LrSchedule, WarmupToTheEndIsRefused) {
     s.warmup = 2;
     EXPECT_NO_THROW(s.validate());
   }
-  LrSchedule c;  // a constant rate has no decay to lose
+  LrSchedule c;
   c.total = 3;
   c.warmup = 5;
+  EXPECT_EQ(refusal(c),
+            "--warmup-steps 5: expected fewer than --steps 3, for the constant rate --lr to "
+            "follow the warm-up");
+  c.warmup = 3;
+  EXPECT_THROW(c.validate(), InputError);
+  c.warmup = 2;
   EXPECT_NO_THROW(c.validate());
 }
 
