@@ -218,28 +218,46 @@ void resolve_spatial_split(ResolvedPlan& r) {
 
 }  // namespace
 
-std::string running_statistics_node(const Graph& g) {
+namespace {
+
+// The first node of layers [first, last) that moves running statistics, or "".
+std::string running_statistics_node(const Graph& g, int first, int last) {
   for (const stages::Node& n : g.nodes)
-    if (n.op == "batchnorm2d" && n.params.size() > 2 && n.params[2] >= 0) return n.name;
+    if (n.layer >= first && n.layer < last && n.op == "batchnorm2d" && n.params.size() > 2 &&
+        n.params[2] >= 0)
+      return n.name;
   return "";
 }
 
+}  // namespace
+
+std::string running_statistics_node(const Graph& g) {
+  return running_statistics_node(g, 0, g.num_layers());
+}
+
 std::string forward_order_note(const ResolvedPlan& r) {
-  const std::string bn = running_statistics_node(*r.graph);
-  if (bn.empty()) return "";
+  if (running_statistics_node(*r.graph).empty()) return "";
+  // Each stage's own batch norm: a stage without one may run its forwards in any order (the
+  // model's first had been named, whichever stage ran out of order, and for stages with none).
+  std::vector<std::string> bn(size_t(r.num_chunks()));
+  for (int k = 0; k < r.num_chunks(); ++k)
+    bn[size_t(k)] =
+        running_statistics_node(*r.graph, r.chunk_first[size_t(k)], r.chunk_last[size_t(k)]);
   for (size_t rank = 0; rank < r.schedule.ranks.size(); ++rank) {
     std::map<int, int> last;  // stage -> the micro-batch of its latest forward
     for (const schedule::Action& a : r.schedule.ranks[rank]) {
-      if (a.kind != schedule::ActionKind::forward) continue;
+      if (a.kind != schedule::ActionKind::forward || a.stage < 0 || a.stage >= r.num_chunks() ||
+          bn[size_t(a.stage)].empty())
+        continue;
       auto [it, first] = last.emplace(a.stage, a.micro_batch);
       if (!first && a.micro_batch < it->second)
         return "rank " + std::to_string(rank) + " runs the forward of micro-batch " +
                std::to_string(a.micro_batch) + " on stage " + std::to_string(a.stage) +
                " after that of " + std::to_string(it->second) + ": the running statistics of '" +
-               bn +
-               "' (batch norm) move in the order of the forwards, so each step ends with other "
-               "ones than the one-process run's (the losses are the same); forwards in "
-               "ascending micro-batch order per stage keep them";
+               bn[size_t(a.stage)] +
+               "' (batch norm) on that stage move in the order of the forwards, so each step ends "
+               "with other ones than the one-process run's (the losses are the same); forwards "
+               "in ascending micro-batch order per stage keep them";
       it->second = a.micro_batch;
     }
   }

@@ -80,9 +80,10 @@ std::string running_statistics_node(const stages::Graph& g);
 
 // Batch norm's running statistics move at each training forward, in the order a stage
 // runs them (a moving average: the order counts). "" when `r`'s model has none or its
-// schedule runs each stage's forwards in ascending micro-batch order, as the one-process
-// run does; otherwise what differs, naming the first forward out of order: the run ends
-// each step with other running statistics (the same losses).
+// schedule runs the forwards of each stage holding batch norm in ascending micro-batch
+// order, as the one-process run does; otherwise what differs, naming the first forward out
+// of order and a batch norm of its stage: the run ends each step with other running
+// statistics (the same losses).
 std::string forward_order_note(const ResolvedPlan& r);
 
 // The batchnorm2d of `g` that normalises the fewest positions (H x W) per sample and

@@ -995,6 +995,29 @@ TEST(Plan, ForwardOrderNoteForRunningStatistics) {
                        0),
             0u)
       << note;
+  // The stage's own batch norm (layer2.0's), not the model's first (the stem's, on stage 0).
+  EXPECT_NE(note.find("of 'layer2.0."), std::string::npos) << note;
+  // A stage without batch norm (the head alone) runs its forwards in any order; another
+  // stage out of order names its own.
+  j["stages"] = json::parse(R"([{"layers": [0, 3]}, {"layers": [3, 4]}])");
+  ResolvedPlan head = plan_check(j);
+  use_schedule(head,
+               schedule::parse_text("0: 0F0 0F1 0F2 0F3 0BW3 0BW2 0BW1 0BW0\n"
+                                    "1: 1F3 1BW3 1F2 1BW2 1F1 1BW1 1F0 1BW0\n",
+                                    "r1rev.txt"),
+               "r1rev.txt");
+  EXPECT_EQ(forward_order_note(head), "");
+  use_schedule(head,
+               schedule::parse_text("0: 0F1 0F0 0F2 0F3 0BW3 0BW2 0BW1 0BW0\n"
+                                    "1: 1F0 1BW0 1F1 1BW1 1F2 1BW2 1F3 1BW3\n",
+                                    "r0.txt"),
+               "r0.txt");
+  const std::string on0 = forward_order_note(head);
+  EXPECT_EQ(on0.rfind("rank 0 runs the forward of micro-batch 0 on stage 0 after that of 1: the "
+                      "running statistics of '",
+                      0),
+            0u)
+      << on0;
   // A model without batch norm: the order is the schedule's own business.
   json gpt = json::parse(R"({"version": 1, "model": "../models/tiny-gpt.json", "devices": 2,
     "parallel": {"pp": 2}, "batch": {"micro_batch_size": 2},
