@@ -185,6 +185,30 @@ void check_same_model_math(const json& model, const std::string& source, const j
     throw InputError(reference_source + " is a " + theirs["type"].get<std::string>() +
                      " model, but " + source + " is a " + mine["type"].get<std::string>() +
                      " model (" + why + ")");
+  // Two Hugging Face model types of one family (llama and qwen2): the first field whose
+  // math differs is a normalised one (qkv_bias) that neither config.json has, so the model
+  // types are named, with what that field means ("$.qkv_bias is null" had named neither).
+  const std::string my_type = model.value("model_type", json()).is_string()
+                                  ? model["model_type"].get<std::string>()
+                                  : "",
+                    their_type = reference.value("model_type", json()).is_string()
+                                     ? reference["model_type"].get<std::string>()
+                                     : "";
+  if (!my_type.empty() && !their_type.empty() && my_type != their_type && mine != theirs) {
+    std::string key;
+    for (const auto& [k, v] : theirs.items())
+      if (key.empty() && (!mine.contains(k) || mine[k] != v)) key = k;
+    for (const auto& [k, v] : mine.items())
+      if (key.empty() && !theirs.contains(k)) key = k;
+    auto with = [&key](const json& raw, const json& math) {
+      const json v = math.contains(key) ? math[key] : json(nullptr);
+      if (key == "qkv_bias") return std::string(v == true ? "with" : "without") + " q/k/v bias";
+      return (raw.contains(key) ? "$." + key + " " : key + " (as baton reads it) ") + v.dump();
+    };
+    throw InputError(reference_source + " is a " + their_type + " model " +
+                     with(reference, theirs) + ", but " + source + " is a " + my_type + " model " +
+                     with(model, mine) + " (" + why + ")");
+  }
   for (const auto& [key, v] : theirs.items()) {
     const json have = mine.contains(key) ? mine[key] : json(nullptr);
     if (have != v)

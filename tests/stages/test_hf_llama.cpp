@@ -602,6 +602,26 @@ TEST(HfLlamaInput, AnotherModelFamilyIsNamedFirst) {
       {"g/config.json is a gpt2 model, but ll/config.json is a llama model (why)"});
 }
 
+// llama and qwen2 are one family whose math differs in q/k/v bias: the message names the
+// two model types and what differs, not "$.qkv_bias", a key in neither config.json.
+TEST(HfLlamaInput, AnotherModelTypeOfTheFamilyIsNamed) {
+  const nlohmann::json llama = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  nlohmann::json qwen2 = llama;
+  qwen2["model_type"] = "qwen2";
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(llama, "ll/config.json", qwen2, "q/config.json", "why"); },
+      {"q/config.json is a qwen2 model with q/k/v bias, but ll/config.json is a llama model "
+       "without q/k/v bias (why)"});
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(qwen2, "q/config.json", llama, "ll/config.json", "why"); },
+      {"ll/config.json is a llama model without q/k/v bias, but q/config.json is a qwen2 model "
+       "with q/k/v bias (why)"});
+  // Another model type whose math is the same is no error.
+  nlohmann::json mistral = llama;
+  mistral["model_type"] = "mistral";
+  EXPECT_NO_THROW(check_same_model_math(llama, "ll/config.json", mistral, "m/config.json", "why"));
+}
+
 // transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0 even with a
 // head_dim that makes the shapes work: export says so rather than write a directory it
 // cannot load; hidden_size a multiple of the heads with another head_dim exports.
