@@ -137,7 +137,11 @@ constexpr int64_t kMaxSearchedMicroBatches = 4096;
 class Search {
  public:
   Search(std::shared_ptr<const Graph> g, CostModel& model, const SearchOptions& o)
-      : g_(std::move(g)), model_(model), o_(o), opt_states_(optimizer_states(o.optimizer)) {}
+      : g_(std::move(g)),
+        model_(model),
+        o_(o),
+        opt_states_(optimizer_states(o.optimizer)),
+        exact_limit_(exact_allowance()) {}
 
   SearchResult run() {
     auto t0 = std::chrono::steady_clock::now();
@@ -213,6 +217,7 @@ class Search {
       }
       evaluate(pending_[i]);
     }
+    retry_starved();
     auto faster = [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; };
     std::sort(fitting_.begin(), fitting_.end(), faster);
     const size_t listed = std::min(fitting_.size(), size_t(std::max(1, o_.keep)));
@@ -599,14 +604,32 @@ class Search {
     // The cut splits a rank's capacity evenly between its stages, where the candidate's
     // peak is the rank's whole: that peak decides. So the time-optimal cut comes first
     // even when the split refused it, then the cut made under the split.
-    auto fits_capacity = [&](Candidate& c) {
+    bool starved = false;  // over by the bound alone where the exact budget was spent
+    // The cut least over the capacity of those tried (its peak exact where checked): the
+    // descent follows the composed bound, which may rise where the exact peak falls.
+    int64_t least_peak = INT64_MAX;
+    int least_rank = 0;
+    std::vector<int> least_at;
+    std::vector<int64_t> least_peaks;
+    auto fits_capacity = [&](Candidate& c, const std::vector<int>& at) {
       if (o_.device_memory <= 0 || c.peak <= o_.device_memory) return true;
-      return could_enter(c.step_time) && exact_check_left() && fits_exactly(c);
+      bool ok = false;
+      if (could_enter(c.step_time) && !exact_check_left())
+        starved = true;
+      else if (could_enter(c.step_time))
+        ok = fits_exactly(c);
+      if (!ok && c.peak < least_peak) {
+        least_peak = c.peak;
+        least_rank = c.peak_rank;
+        least_at = at;
+        least_peaks = c.rank_peaks;
+      }
+      return ok;
     };
     Candidate c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, time_only, table, *costs);
     int64_t bound = c.peak;  // the composed peak, before an exact check replaces it
     std::vector<int> bounds = time_only.bounds;
-    bool fits_memory = fits_capacity(c);
+    bool fits_memory = fits_capacity(c, bounds);
     std::set<std::vector<int>> tried = {time_only.bounds};
     // Makes the cut `at` the candidate when it fits or lowers the bound.
     std::vector<int64_t> tried_peaks = c.rank_peaks;  // the last cut tried's, per rank
@@ -614,7 +637,7 @@ class Search {
       CutResult other{.feasible = true, .bounds = at, .bottleneck = cutter.bottleneck(at)};
       Candidate under = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, other, table, *costs);
       const int64_t under_bound = under.peak;
-      fits_memory = fits_capacity(under);
+      fits_memory = fits_capacity(under, at);
       tried_peaks = under.rank_peaks;
       if (!fits_memory && under_bound >= bound) return false;
       c = std::move(under);
@@ -697,9 +720,17 @@ class Search {
     }
     phase_[3] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!fits_memory) {
+      if (least_peak < c.peak) {
+        const CutResult at{.feasible = true, .bounds = least_at};
+        c = make_candidate(tp, sp, pp, dp, m, b, name, rc, *s, at, table, *costs);
+        c.peak = least_peak;
+        c.peak_rank = least_rank;
+        c.rank_peaks = least_peaks;
+      }
       c.fits = false;
       c.over = o_.device_memory > 0 ? double(c.peak) / double(o_.device_memory) : 0;
       result_.rejected++;
+      if (starved) starved_.push_back(p);
       if (!closest_ || c.over < closest_->over) closest_ = c;
       return;
     }
@@ -753,8 +784,34 @@ class Search {
     return e.fits();
   }
 
-  bool exact_check_left() const {
-    return (result_.exact_checks + 1) * int64_t(g_->num_layers()) * o_.devices <= kExactWork;
+  bool exact_check_left() const { return result_.exact_checks < exact_limit_; }
+  // The checks a search's budget pays for: kExactWork (or the options' exact_work) over
+  // layers times devices.
+  int64_t exact_allowance() const {
+    const int64_t work = o_.exact_work > 0 ? o_.exact_work : kExactWork;
+    return work / (std::max(1, g_->num_layers()) * int64_t(std::max(1, o_.devices)));
+  }
+
+  // The faster candidates' moves between stages may spend every exact check, and a slower
+  // one (recompute on, say) that fits exactly is then turned away on its loose composed
+  // bound. So when nothing fits, the candidates the budget cut short are evaluated again,
+  // the lowest bound on their time first, each with an equal share of a fresh budget;
+  // those still cut short are counted (`bound_only`) for the message.
+  void retry_starved() {
+    if (fitting_.empty() && !starved_.empty()) {
+      const std::vector<Pending> again = std::move(starved_);
+      starved_.clear();
+      const int64_t share = std::max<int64_t>(1, exact_allowance() / int64_t(again.size()));
+      for (const Pending& p : again) {
+        if (p.lower_bound >= entry_time()) break;
+        exact_limit_ = result_.exact_checks + share;
+        --result_.evaluated;  // counted once, as it ends now
+        --result_.rejected;
+        evaluate(p);
+      }
+      exact_limit_ = result_.exact_checks + share;  // the polish of what it found
+    }
+    result_.bound_only = fitting_.empty() ? int(starved_.size()) : 0;
   }
 
   // The cut minimises the slowest stage, but the step is the schedule's: under 1F1B the
@@ -1005,6 +1062,8 @@ class Search {
   std::map<std::string, CostTable> spatial_tables_;
   std::map<int64_t, double> batch_bytes_;  // micro_batch_bytes_bound per micro-batch size
   std::vector<Pending> pending_;
+  std::vector<Pending> starved_;    // turned away with the exact budget spent, in bound order
+  int64_t exact_limit_;             // exact_checks at which the budget is spent
   double phase_[4] = {0, 0, 0, 0};  // tables, time cuts, memory cuts, memory + simulation
   int memory_cuts_ = 0;
   // Layers times candidates the descent over cuts of several stages per rank may cost in
@@ -1051,6 +1110,13 @@ std::string no_plan_message(const SearchResult& res, int64_t device_memory,
              (res.skipped.size() == 2 ? " more reason" : " more reasons") + more;
     msg += ")";
   }
+  // Such a candidate may still fit: a narrower search gives each more exact checks.
+  if (res.bound_only > 0)
+    msg += "; " + std::to_string(res.bound_only) +
+           (res.bound_only == 1 ? " candidate was" : " candidates were") +
+           " turned away on the search's memory bound alone, its budget of exact checks spent "
+           "(narrow the search with --recompute, --schedule or --pp, or check a plan with "
+           "`baton plan --check`)";
   return msg;
 }
 

@@ -39,6 +39,9 @@ struct SearchOptions {
   // (local-sgd's sync amortised over its H steps), so the ranking compares modes.
   DpSync dp_sync;
   int keep = 5;  // the best and up to keep - 1 runners-up
+  // Layers times devices the exact checks may cost in one search (0: the default, 2^16);
+  // tests lower it to starve the search.
+  int64_t exact_work = 0;
   SplitOverrides splits;
   // What the plans written from the result reference.
   std::string model_path;
@@ -63,6 +66,9 @@ struct SearchResult {
   int pruned = 0;                    // skipped: their lower bound beat by `keep` plans
   int rejected = 0;                  // over capacity
   int exact_checks = 0;              // over by the composed bound, then evaluated exactly
+  // Turned away on the composed bound alone, the exact checks' budget spent (when nothing
+  // fits: such candidates are checked again with a fresh budget before this counts them).
+  int bound_only = 0;
   std::vector<std::string> skipped;  // degrees or schedules that do not apply, and why
   double seconds = 0;                // time the search took
 };

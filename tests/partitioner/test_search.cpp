@@ -511,6 +511,54 @@ TEST(Search, MemoryLimitForcesRecomputeThenNothingFits) {
   EXPECT_NEAR(none.closest->over, double(none.closest->peak) / double(o.device_memory), 1e-12);
 }
 
+// The faster candidates (recompute off) may spend every exact check on their moves
+// between stages; a recompute-on candidate over the capacity by its composed bound alone,
+// which fits exactly, was then turned away and nothing fitted. Starved of checks (a
+// budget of one), the search now checks it again with a fresh share and finds it; when
+// nothing fits with candidates judged on the bound alone, the message says so. The
+// closest named is the least over of the cuts tried.
+TEST(Search, ExactBudgetSpentOnFasterCandidatesStillFindsThePlan) {
+  auto g = load_search_model("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o{.devices = 2,
+                  .pp = 2,
+                  .schedules = {"gpipe"},
+                  .micro_batches = 8,
+                  .global_batch = 16,
+                  .recompute = 1};
+  SearchResult rc = search_plans(g, model, o);
+  ASSERT_FALSE(rc.ranked.empty());
+  const int64_t exact = evaluate_plan(resolve_plan(rc.ranked.front().plan, g), model).max_peak();
+  ASSERT_LT(exact, rc.ranked.front().peak);  // over by its bound: only the exact check fits it
+  o.device_memory = exact;
+  o.recompute = 0;
+  ASSERT_TRUE(search_plans(g, model, o).ranked.empty());  // without recompute nothing fits
+  o.recompute = -1;
+  o.exact_work = int64_t(g->num_layers()) * o.devices;  // one check
+  SearchResult starved = search_plans(g, model, o);
+  ASSERT_FALSE(starved.ranked.empty());
+  EXPECT_TRUE(starved.ranked.front().plan.stages[0].recompute_all);
+  EXPECT_LE(starved.ranked.front().peak, exact);
+  EXPECT_EQ(starved.bound_only, 0);
+  // Under it nothing fits; with one check the retry cannot tell, and the message says so.
+  o.device_memory = exact - (64 << 10);
+  SearchResult none = search_plans(g, model, o);
+  ASSERT_TRUE(none.ranked.empty());
+  EXPECT_GT(none.bound_only, 0);
+  EXPECT_NE(no_plan_message(none, o.device_memory, "").find("memory bound alone"),
+            std::string::npos);
+  // With the whole budget every candidate is checked: the closest is never above the
+  // exact peak of the recompute plan's cut, the least of any candidate's time-optimal cut.
+  o.exact_work = 0;
+  SearchResult checked = search_plans(g, model, o);
+  ASSERT_TRUE(checked.ranked.empty());
+  EXPECT_EQ(checked.bound_only, 0);
+  ASSERT_TRUE(checked.closest.has_value());
+  EXPECT_LE(checked.closest->peak, exact);
+  EXPECT_EQ(no_plan_message(checked, o.device_memory, "").find("memory bound alone"),
+            std::string::npos);
+}
+
 // A rank holding two stages (DualPipe, the V schedules, interleaving) fits when the two
 // together fit, however the cut shares its memory between them: under a capacity equal to
 // the least peak of any cut, the search finds a plan (every cut enumerated, each
