@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/detail/grad_reducer.h"
+#include "engine/detail/host_agreement.h"
 #include "engine/detail/local_sgd.h"
 #include "engine/detail/param_server.h"
 #include "engine/rank_engine.h"
@@ -30,6 +33,7 @@
 #include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/safetensors.h"
+#include "transport/world.h"
 
 namespace baton::engine {
 
@@ -59,9 +63,9 @@ double host_trace_origin(Communicator& world) {
   const int64_t mine = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now().time_since_epoch())
                            .count();
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  const int64_t host = int64_t(std::hash<std::string>{}(name) >> 1);
+  // The transport's identity of a host (name, boot, network namespace): two machines of
+  // one name had shared a clock origin.
+  const int64_t host = int64_t(std::hash<std::string>{}(transport::host_id()) >> 1);
   const std::vector<int64_t> hosts = all_gather_int(world, host), at = all_gather_int(world, mine);
   int64_t first = mine;
   for (size_t r = 0; r < at.size(); ++r)
@@ -145,6 +149,16 @@ void check_ranks_agree(Communicator& world, const PlanTrainOptions& o, const Res
                          mine.value(flag, nlohmann::json()).dump() + " where rank 0 has " +
                          value.dump() + ": every rank of a plan takes the same training flags");
   }
+}
+
+// The files under the paths the ranks agree on must be the same too: one path on two
+// hosts that do not share files can hold other data, and the ranks had trained on
+// mismatched inputs and targets silently.
+void check_same_inputs(Communicator& world, const PlanTrainOptions& o) {
+  detail::check_same_contents(
+      world, "--data", o.data_path.empty() ? o.data.data : std::vector<std::string>{o.data_path});
+  detail::check_same_contents(world, "--eval-data", o.data.eval_data);
+  if (!o.init_from.empty()) detail::check_same_contents(world, "--init-from", {o.init_from});
 }
 
 int64_t broadcast_int(Communicator& c, int64_t v) {
@@ -469,7 +483,70 @@ void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank,
   server.restore_pulls(pulls);
 }
 
-// The newest complete checkpoint as rank 0 sees it (every rank then loads the same one).
+}  // namespace
+
+namespace detail {
+
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// Every rank's string compared with rank 0's: the first rank whose differs, or 0.
+size_t first_differing(const std::vector<std::string>& all) {
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) return r;
+  return 0;
+}
+
+// Each rank's copy of the manifest of the checkpoint after `step` must be rank 0's: each
+// rank reads its own files, so a directory of the same name on another host resumed
+// from whatever it held.
+void check_same_manifest(Communicator& world, const std::string& root, int64_t step) {
+  const std::string path = stages::checkpoint_dir(root, step) + "/manifest.json";
+  std::string mine = "none";
+  try {
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) mine = stages::hash_file(path);
+  } catch (const std::exception& e) {
+    mine = std::string("unreadable (") + e.what() + ")";
+  }
+  const std::vector<std::string> all =
+      all_gather_strings(world, nlohmann::json{{"manifest", mine}, {"host", host_name()}}.dump());
+  std::vector<std::string> manifests;
+  for (const std::string& a : all) manifests.push_back(nlohmann::json::parse(a)["manifest"]);
+  const size_t r = first_differing(manifests);
+  if (r == 0) return;
+  const nlohmann::json other = nlohmann::json::parse(all[r]);
+  throw InputError(
+      "--resume: rank " + std::to_string(r) + " (host " + other["host"].get<std::string>() +
+      ") reads " + path + " as " + manifests[r] + " where rank 0 (host " +
+      nlohmann::json::parse(all[0])["host"].get<std::string>() + ") resumes from " + manifests[0] +
+      ": another run's checkpoint, or none, under that path on rank " + std::to_string(r) +
+      "'s host; the checkpoint directory must be one file system every rank "
+      "sees, or identical copies");
+}
+
+// The hash of a file's first and last 4 KiB (the whole file when smaller).
+size_t head_tail_hash(const std::string& path, uint64_t bytes) {
+  constexpr uint64_t kPart = 4096;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(size_t(std::min(bytes, kPart)), '\0'), tail;
+  in.read(head.data(), std::streamsize(head.size()));
+  if (bytes > kPart) {
+    tail.resize(size_t(std::min(bytes - kPart, kPart)));
+    in.seekg(std::streamoff(bytes - tail.size()));
+    in.read(tail.data(), std::streamsize(tail.size()));
+  }
+  if (!in) return 0;
+  return std::hash<std::string>{}(head + tail);
+}
+
+}  // namespace
+
 int64_t agree_on_checkpoint(Communicator& world, const std::string& root) {
   int64_t step = -1;
   if (world.rank() == 0) {
@@ -485,8 +562,100 @@ int64_t agree_on_checkpoint(Communicator& world, const std::string& root) {
                      " is complete and undamaged (rank 0 "
                      "found them); starting over would write over them");
   }
+  if (step >= 0 && world.size() > 1) check_same_manifest(world, root, step);
   return step;
 }
+
+void check_checkpoint_dir_shared(Communicator& world, const std::string& dir) {
+  if (dir.empty() || world.size() < 2) return;
+  // A nonce of this job, so that a file left by another job (or another host's) is not
+  // taken for it.
+  int64_t nonce = 0;
+  std::string probe;
+  if (world.rank() == 0) {
+    nonce = int64_t((uint64_t(std::random_device{}()) << 32 ^ uint64_t(std::random_device{}()) ^
+                     uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())) >>
+                    1);
+    probe = dir + "/.baton-shared-probe-" + std::to_string(nonce);
+    memory::write_file_durably(probe, std::to_string(nonce));
+  }
+  nonce = broadcast_int(world, nonce);  // after the write: the file is there for rank 0
+  probe = dir + "/.baton-shared-probe-" + std::to_string(nonce);
+  // A file system shared over the network may show a new file a moment late.
+  bool seen = false;
+  for (int tries = 0; tries < 50 && !seen; ++tries) {
+    std::error_code ec;
+    seen = std::filesystem::exists(probe, ec) && memory::read_file(probe) == std::to_string(nonce);
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::vector<std::string> all = all_gather_strings(world, seen ? "" : host_name());
+  if (world.rank() == 0) std::filesystem::remove(probe);
+  for (size_t r = 1; r < all.size(); ++r)
+    if (!all[r].empty())
+      throw InputError("--checkpoint-dir " + dir + ": rank " + std::to_string(r) + " (host " +
+                       all[r] + ") does not see the file rank 0 wrote there at start-up: the " +
+                       "directory is not shared, but every rank writes its shards into it and " +
+                       "rank 0 the manifest naming them; the checkpoint directory must be one " +
+                       "file system every rank sees");
+}
+
+std::string contents_identity(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return "missing";
+  std::vector<std::filesystem::path> files;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  uint64_t bytes = 0;
+  std::string parts;
+  for (const auto& f : files) {
+    const uint64_t n = uint64_t(std::filesystem::file_size(f, ec));
+    bytes += n;
+    parts += std::filesystem::relative(f, path, ec).string() + ":" + std::to_string(n) + ":" +
+             std::to_string(head_tail_hash(f.string(), n)) + ";";
+  }
+  char digest[24];
+  std::snprintf(digest, sizeof digest, "%016zx", std::hash<std::string>{}(parts));
+  return std::to_string(files.size()) + " file" + (files.size() == 1 ? "" : "s") + ", " +
+         std::to_string(bytes) + " bytes, first and last 4 KiB hash " + digest;
+}
+
+void check_same_contents(Communicator& world, const std::string& flag,
+                         const std::vector<std::string>& paths) {
+  if (world.size() < 2 || paths.empty()) return;
+  nlohmann::json mine = nlohmann::json::array();
+  for (const std::string& p : paths) {
+    // A blend's WEIGHT:PATH reads PATH.
+    std::string file = p;
+    std::error_code ec;
+    if (const size_t colon = p.find(':');
+        colon != std::string::npos && !std::filesystem::exists(p, ec))
+      file = p.substr(colon + 1);
+    mine.push_back(contents_identity(file));
+  }
+  const std::vector<std::string> all = all_gather_strings(world, mine.dump());
+  const size_t r = first_differing(all);
+  if (r == 0) return;
+  const nlohmann::json theirs = nlohmann::json::parse(all[r]),
+                       first = nlohmann::json::parse(all[0]);
+  for (size_t k = 0; k < paths.size(); ++k)
+    if (theirs[k] != first[k])
+      throw InputError(flag + " " + paths[k] + ": rank " + std::to_string(r) +
+                       " reads other contents under that path (" + theirs[k].get<std::string>() +
+                       ") than rank 0 (" + first[k].get<std::string>() +
+                       "): every rank must read the same files, from one file system every "
+                       "rank sees or identical copies");
+}
+
+}  // namespace detail
+
+using detail::agree_on_checkpoint;
+
+namespace {
 
 // --init-from: this rank's stages from the Hugging Face directory, one reader for all of
 // them (each file opened once, only the blocks of its parameters read).
@@ -723,6 +892,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                    const std::function<void(const StepRecord&)>& on_step) {
   const ResolvedPlan& r = *rp;
   check_ranks_agree(*world, o, r);
+  check_same_inputs(*world, o);
   // Before check_loop_options, which would ask image data for held-out data it cannot have.
   const bool image_input = image_data(o);
   if (image_input && o.eval_every > 0)
@@ -767,6 +937,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                                  !(o.resume && stages::newest_written_checkpoint(o.checkpoint_dir));
   if (init_from_checked) check_init_from();
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
+  detail::check_checkpoint_dir_shared(*world, o.checkpoint_dir);
   std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
   if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);
   check_world_size(r, world->size());

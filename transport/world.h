@@ -14,6 +14,13 @@
 
 namespace baton::transport {
 
+// The identity of this host: its name, this boot of its kernel and the network
+// namespace. Ranks with the same id are on one machine (the UCX transport lets them use
+// shared memory, a --trace gives them one clock); processes in other network namespaces
+// (containers, the tests' simulated hosts) count as other hosts, and two machines of one
+// name are two hosts.
+std::string host_id();
+
 // What the environment says about this process.
 struct LaunchEnv {
   int rank = 0;

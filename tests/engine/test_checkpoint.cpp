@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <thread>
 
+#include "engine/detail/host_agreement.h"
 #include "engine/loop.h"
 #include "engine_harness.h"
 #include "memory/file_io.h"
@@ -416,6 +418,112 @@ TEST(Checkpoint, ResumesUnderAnotherPlan) {
       EXPECT_NEAR(r.grad_norm, want[i].grad_norm, 1e-5 * want[i].grad_norm) << "step " << i + 1;
     }
   }
+}
+
+// Runs `f(rank, world)` on two thread ranks; each rank's InputError message, or "".
+std::vector<std::string> two_ranks(const std::function<void(int, transport::Communicator&)>& f) {
+  std::vector<transport::CommPtr> world = transport::make_local_world(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        f(r, *world[size_t(r)]);
+      } catch (const InputError& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Hosts that do not share files: each rank reads its own checkpoint directory of the
+// same name. A host whose directory holds another run's checkpoint at the step rank 0
+// resumes from is refused on every rank (it had resumed from it silently); identical
+// copies resume.
+TEST(Checkpoint, ResumeRefusesAHostWhoseCheckpointIsAnotherRuns) {
+  Workspace ws("resume-other-run");
+  const std::string mine = ws.path("host-a"), copy = ws.path("host-b"), other = ws.path("host-c");
+  checkpoint_train(checkpoint_gpt_plan({1, 1}, 1, "1f1b", 2), ws, mine, 5, false);
+  std::filesystem::copy(mine, copy, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(mine, other, std::filesystem::copy_options::recursive);
+  const std::string step_dir = stages::checkpoint_dir(other, 5);
+  stages::Manifest m = stages::read_manifest(step_dir);
+  m.seed += 1;  // another run's, at the same step
+  stages::write_manifest(step_dir, m);
+
+  std::vector<int64_t> steps(2, -1);
+  auto resume = [&](const std::string& rank1_dir) {
+    return two_ranks([&](int r, transport::Communicator& c) {
+      steps[size_t(r)] = engine::detail::agree_on_checkpoint(c, r == 0 ? mine : rank1_dir);
+    });
+  };
+  for (const std::string& e : resume(copy)) EXPECT_EQ(e, "");
+  EXPECT_EQ(steps, (std::vector<int64_t>{5, 5}));
+  for (const std::string& e : resume(other)) {
+    EXPECT_EQ(e.rfind("--resume: rank 1 (host ", 0), 0u) << e;
+    EXPECT_NE(e.find(stages::checkpoint_dir(other, 5) + "/manifest.json"), std::string::npos) << e;
+    EXPECT_NE(e.find("the checkpoint directory must be one file system every rank sees, or "
+                     "identical copies"),
+              std::string::npos)
+        << e;
+  }
+  std::filesystem::remove_all(stages::checkpoint_dir(other, 5));
+  for (const std::string& e : resume(other))
+    EXPECT_NE(e.find(" as none where"), std::string::npos) << e;
+}
+
+// A --checkpoint-dir that is not one directory for every rank (the same name on hosts
+// that do not share files) is refused at start-up on every rank, where the first save
+// had failed (exit 1, and --max-restarts retrained each time).
+TEST(Checkpoint, ACheckpointDirectoryNotSharedIsRefusedAtTheStart) {
+  Workspace ws("ckpt-not-shared");
+  const std::string a = ws.path("a"), b = ws.path("b");
+  std::filesystem::create_directories(a);
+  std::filesystem::create_directories(b);
+  for (const std::string& e : two_ranks([&](int, transport::Communicator& c) {
+         engine::detail::check_checkpoint_dir_shared(c, a);
+       }))
+    EXPECT_EQ(e, "");
+  EXPECT_TRUE(std::filesystem::is_empty(a));  // the probe is gone
+  for (const std::string& e : two_ranks([&](int r, transport::Communicator&c) {
+         engine::detail::check_checkpoint_dir_shared(c, r == 0 ? a : b);
+       })) {
+    EXPECT_EQ(e.rfind("--checkpoint-dir " + a + ": rank 1 (host ", 0), 0u) << e;
+    EXPECT_NE(e.find("the directory is not shared"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(a));
+}
+
+// --data (and --eval-data, --init-from) are compared by their files' contents as well as
+// by path: other files under one path on two hosts had trained on mismatched inputs and
+// targets silently.
+TEST(Checkpoint, RanksReadingOtherContentsUnderOnePathAllStop) {
+  Workspace ws("same-contents");
+  const std::string a = ws.path("a.bin"), copy = ws.path("copy.bin"), other = ws.path("other.bin"),
+                    longer = ws.path("longer.bin");
+  std::string bytes(10000, 'x');
+  memory::write_file_durably(a, bytes);
+  memory::write_file_durably(copy, bytes);
+  bytes[9990] = 'y';  // in the last 4 KiB
+  memory::write_file_durably(other, bytes);
+  memory::write_file_durably(longer, bytes + "z");
+  auto check = [&](const std::string& rank1) {
+    return two_ranks([&](int r, transport::Communicator& c) {
+      engine::detail::check_same_contents(c, "--data", {r == 0 ? a : rank1});
+    });
+  };
+  for (const std::string& e : check(copy)) EXPECT_EQ(e, "");
+  for (const std::string& rank1 : {other, longer})
+    for (const std::string& e : check(rank1)) {
+      EXPECT_EQ(e.rfind("--data " + a + ": rank 1 reads other contents under that path (1 file, " +
+                            std::to_string(rank1 == longer ? 10001 : 10000) + " bytes",
+                        0),
+                0u)
+          << e;
+      EXPECT_NE(e.find("than rank 0 (1 file, 10000 bytes"), std::string::npos) << e;
+    }
+  EXPECT_EQ(engine::detail::contents_identity(ws.path("none")), "missing");
 }
 
 }  // namespace

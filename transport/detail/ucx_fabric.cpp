@@ -25,6 +25,7 @@
 #include "transport/detail/asio.h"
 #include "transport/detail/tag.h"
 #include "transport/detail/ucx_check.h"
+#include "transport/world.h"
 
 namespace baton::transport::detail {
 
@@ -51,31 +52,6 @@ int64_t now_ns() {
 }
 
 char g_zero_byte = 0;  // a valid address for empty messages
-
-// The identity of this host: its name, this boot of its kernel and the network
-// namespace. Ranks with the same id are on one machine and may use shared memory;
-// processes in other network namespaces (containers, the tests' simulated hosts) count
-// as other hosts.
-std::string host_id() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  std::string id = name;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char boot[64] = {};
-    if (std::fgets(boot, sizeof boot, f)) id += std::string("/") + boot;
-    std::fclose(f);
-    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-  }
-  char ns[128] = {};
-  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
-  // Appended piece by piece: `"/" + std::string(...)` (operator+(const char*, string&&),
-  // which inserts at the front) draws a false -Wrestrict from GCC 12 at -O3 (GCC PR 105651).
-  if (n > 0) {
-    id += '/';
-    id.append(ns, size_t(n));
-  }
-  return id;
-}
 
 // BATON_UCX_ERR_MODE: auto (peer-failure mode across hosts only), peer, or none.
 std::string err_mode_setting() {
