@@ -583,7 +583,7 @@ void check_checkpoint_dir_shared(Communicator& world, const std::string& dir) {
   probe = dir + "/.baton-shared-probe-" + std::to_string(nonce);
   // A file system shared over the network may show a new file a moment late.
   bool seen = false;
-  for (int tries = 0; tries < 50 && !seen; ++tries) {
+  for (int tries = 0; tries < 20 && !seen; ++tries) {
     std::error_code ec;
     seen = std::filesystem::exists(probe, ec) && memory::read_file(probe) == std::to_string(nonce);
     if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(100));

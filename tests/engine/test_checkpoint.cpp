@@ -462,7 +462,8 @@ TEST(Checkpoint, ResumeRefusesAHostWhoseCheckpointIsAnotherRuns) {
   EXPECT_EQ(steps, (std::vector<int64_t>{5, 5}));
   for (const std::string& e : resume(other)) {
     EXPECT_EQ(e.rfind("--resume: rank 1 (host ", 0), 0u) << e;
-    EXPECT_NE(e.find(stages::checkpoint_dir(other, 5) + "/manifest.json"), std::string::npos) << e;
+    // Each rank names the path as it was given (on hosts, the same for all).
+    EXPECT_NE(e.find("/step-00000005/manifest.json as crc32:"), std::string::npos) << e;
     EXPECT_NE(e.find("the checkpoint directory must be one file system every rank sees, or "
                      "identical copies"),
               std::string::npos)
@@ -489,7 +490,8 @@ TEST(Checkpoint, ACheckpointDirectoryNotSharedIsRefusedAtTheStart) {
   for (const std::string& e : two_ranks([&](int r, transport::Communicator&c) {
          engine::detail::check_checkpoint_dir_shared(c, r == 0 ? a : b);
        })) {
-    EXPECT_EQ(e.rfind("--checkpoint-dir " + a + ": rank 1 (host ", 0), 0u) << e;
+    EXPECT_EQ(e.rfind("--checkpoint-dir ", 0), 0u) << e;
+    EXPECT_NE(e.find(": rank 1 (host "), std::string::npos) << e;
     EXPECT_NE(e.find("the directory is not shared"), std::string::npos) << e;
   }
   EXPECT_TRUE(std::filesystem::is_empty(a));
@@ -516,10 +518,10 @@ TEST(Checkpoint, RanksReadingOtherContentsUnderOnePathAllStop) {
   for (const std::string& e : check(copy)) EXPECT_EQ(e, "");
   for (const std::string& rank1 : {other, longer})
     for (const std::string& e : check(rank1)) {
-      EXPECT_EQ(e.rfind("--data " + a + ": rank 1 reads other contents under that path (1 file, " +
-                            std::to_string(rank1 == longer ? 10001 : 10000) + " bytes",
-                        0),
-                0u)
+      EXPECT_EQ(e.rfind("--data ", 0), 0u) << e;
+      EXPECT_NE(e.find(": rank 1 reads other contents under that path (1 file, " +
+                       std::to_string(rank1 == longer ? 10001 : 10000) + " bytes"),
+                std::string::npos)
           << e;
       EXPECT_NE(e.find("than rank 0 (1 file, 10000 bytes"), std::string::npos) << e;
     }
