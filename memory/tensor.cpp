@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "memory/cuda_device.h"
@@ -248,6 +250,15 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev
   return t;
 }
 
+Tensor Tensor::staging(const Shape& shape, DType dtype) {
+  check_shape(shape);
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  void* p = std::aligned_alloc(Allocator::alignment(),
+                               std::max(Allocator::rounded(bytes), Allocator::alignment()));
+  if (p == nullptr) throw std::bad_alloc();
+  return from_blob(p, shape, dtype, Device::cpu(), [](void* q) { std::free(q); });
+}
+
 int64_t Tensor::size(int64_t d) const {
   return shape_[size_t(wrap_dim(d, dim()))];
 }
@@ -359,6 +370,21 @@ Tensor Tensor::to(DType dtype) const {
   Tensor src = contiguous();
   Tensor t = empty(shape_, dtype, device());
   const void* s = src.raw_data();
+  void* d = t.raw_data();
+  for (int64_t i = 0, n = numel(); i < n; ++i)
+    store_from_double(d, dtype, i, load_as_double(s, dtype_, i));
+  return t;
+}
+
+Tensor Tensor::to_staging(DType dtype) const {
+  Tensor host = *this;
+  if (!device().is_cpu() || !is_contiguous()) {
+    host = staging(shape_, dtype_);
+    host.copy_from(*this);
+  }
+  if (dtype == dtype_) return host;
+  Tensor t = staging(shape_, dtype);
+  const void* s = host.raw_data();
   void* d = t.raw_data();
   for (int64_t i = 0, n = numel(); i < n; ++i)
     store_from_double(d, dtype, i, load_as_double(s, dtype_, i));

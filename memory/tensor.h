@@ -61,6 +61,11 @@ class Tensor {
                           std::function<void(void*)> deleter = {});
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+  // Host memory outside every allocator's accounting and cap: the staging buffers of
+  // checkpoint and weight-file I/O, which on a GPU live on the host and are no part of the
+  // device's budget (on the CPU backend, charging them would count a copy of the weights
+  // against the cap the plan was sized for).
+  static Tensor staging(const Shape& shape, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -95,7 +100,10 @@ class Tensor {
   Tensor contiguous() const;  // itself when already contiguous
   Tensor clone() const;
   Tensor to(Device device) const;
-  Tensor to(DType dtype) const;       // converts floats and ints; CPU only
+  Tensor to(DType dtype) const;  // converts floats and ints; CPU only
+  // A contiguous host copy in `dtype`, in staging() memory; itself when it is a contiguous
+  // CPU tensor of that dtype already. Any device and strides.
+  Tensor to_staging(DType dtype) const;
   void copy_from(const Tensor& src);  // same shape and dtype; any strides and devices
   void zero_();
   void fill_(double value);

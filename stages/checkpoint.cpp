@@ -56,7 +56,8 @@ std::string offsets_str(const Shape& o) {
   return s;
 }
 
-// A tensor to store: its key, data and block of a logical tensor.
+// A tensor to store: its key, data (a view of the stage's tensor: staged on the host only
+// while the shard is written, one at a time) and block of a logical tensor.
 struct Stored {
   std::string key, logical;
   Tensor data;
@@ -74,7 +75,7 @@ void add_pieces(std::vector<Stored>& out, const std::string& logical, const Para
     Tensor view = local;
     for (size_t d = 0; d < piece.shape.size(); ++d)
       view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
-    out.push_back({logical + "@" + offsets_str(piece.global_offsets), logical, view.contiguous(),
+    out.push_back({logical + "@" + offsets_str(piece.global_offsets), logical, view,
                    p.logical_shape, piece.global_offsets});
   }
 }
@@ -131,28 +132,33 @@ void flat_rects(const Shape& shape, size_t d, Shape prefix, int64_t lo, int64_t 
 }
 
 // The blocks of the logical tensor that the elements [lo, hi) of the local tensor of `p`
-// cover: each rectangle of the range intersected with each local piece, as (local block,
-// global offsets).
-std::vector<std::pair<Rect, Shape>> part_blocks(const Param& p, int64_t lo, int64_t hi) {
+// cover, as views of `part` (those hi - lo elements) with their global offsets: each
+// rectangle of the range (contiguous in the range) intersected with each local piece.
+std::vector<std::pair<Tensor, Shape>> part_blocks(const Param& p, int64_t lo, int64_t hi,
+                                                  const Tensor& part) {
   std::vector<Rect> rects;
   flat_rects(p.shape, 0, {}, lo, hi, rects);
-  std::vector<std::pair<Rect, Shape>> out;
+  const Shape strides = memory::contiguous_strides(p.shape);
+  const Tensor flat = part.view({hi - lo});
+  std::vector<std::pair<Tensor, Shape>> out;
   for (const Rect& r : rects) {
+    int64_t start = 0;
+    for (size_t d = 0; d < r.offsets.size(); ++d) start += r.offsets[d] * strides[d];
+    const Tensor block = flat.narrow(0, start - lo, memory::shape_numel(r.sizes)).view(r.sizes);
     if (!p.is_shard()) {
-      out.push_back({r, r.offsets});
+      out.push_back({block, r.offsets});
       continue;
     }
     for (const ParamPiece& piece : p.pieces) {
-      Rect x{Shape(r.offsets.size()), Shape(r.offsets.size())};
+      Tensor x = block;
       Shape global(r.offsets.size());
       bool any = true;
-      for (size_t d = 0; d < r.offsets.size(); ++d) {
+      for (size_t d = 0; d < r.offsets.size() && any; ++d) {
         const int64_t a = std::max(r.offsets[d], piece.local_offsets[d]);
         const int64_t e =
             std::min(r.offsets[d] + r.sizes[d], piece.local_offsets[d] + piece.shape[d]);
-        any = any && e > a;
-        x.offsets[d] = a;
-        x.sizes[d] = e - a;
+        any = e > a;
+        if (any) x = x.narrow(int64_t(d), a - r.offsets[d], e - a);
         global[d] = a - piece.local_offsets[d] + piece.global_offsets[d];
       }
       if (any) out.push_back({x, global});
@@ -161,37 +167,34 @@ std::vector<std::pair<Rect, Shape>> part_blocks(const Param& p, int64_t lo, int6
   return out;
 }
 
-Tensor narrow_to(Tensor t, const Rect& r) {
-  for (size_t d = 0; d < r.offsets.size(); ++d) t = t.narrow(int64_t(d), r.offsets[d], r.sizes[d]);
-  return t;
-}
-
 // The stored blocks of an optimizer state `part` holding elements [lo, hi) of the local
-// tensor of `p` (a 1-D tensor of hi - lo elements).
+// tensor of `p` (a 1-D tensor of hi - lo elements), as views of it.
 void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const Param& p,
                      const Tensor& part, int64_t lo, int64_t hi) {
-  Tensor full = Tensor::zeros(p.shape, part.dtype(), part.device());
-  full.view({full.numel()}).narrow(0, lo, hi - lo).copy_from(part);
-  for (const auto& [rect, global] : part_blocks(p, lo, hi))
-    out.push_back({logical + "@" + offsets_str(global), logical, narrow_to(full, rect).contiguous(),
-                   p.logical_shape, global});
+  for (const auto& [block, global] : part_blocks(p, lo, hi, part))
+    out.push_back({logical + "@" + offsets_str(global), logical, block, p.logical_shape, global});
 }
 
 ShardFile write_shard(const std::string& step_dir, const std::string& file, const std::string& kind,
                       int rank, const std::vector<Stored>& tensors) {
-  std::vector<NamedTensor> named;
-  json blocks = json::object();
+  // Each tensor is staged on the host (outside the device's cap) one at a time, twice: for
+  // its crc32, which the header holds, then for its bytes. Staging them all first had held
+  // a copy of the rank's weights and optimizer state at once.
+  std::vector<SafetensorsOut> entries;
+  json blocks = json::object(), crcs = json::object();
   for (const Stored& s : tensors) {
-    named.push_back({s.key, s.data});
+    entries.push_back({s.key, s.data.dtype(), s.data.shape()});
     blocks[s.key] = {{"name", s.logical}, {"global_shape", s.global_shape}, {"offsets", s.offsets}};
+    const Tensor host = s.data.to_staging(s.data.dtype());
+    crcs[s.key] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
   }
-  ChecksummedTensors c = checksummed(named);
-  named = std::move(c.host);
   std::map<std::string, std::string> meta{
-      {"format", "pt"}, {kBlocksKey, blocks.dump()}, c.metadata};
+      {"format", "pt"}, {kBlocksKey, blocks.dump()}, {kCrcKey, crcs.dump()}};
   std::string path = step_dir + "/" + file;
   try {
-    write_safetensors(path, named, meta);
+    write_safetensors(
+        path, entries,
+        [&](size_t i) { return tensors[i].data.to_staging(tensors[i].data.dtype()); }, meta);
   } catch (const std::exception& e) {
     // A full disk: free what we wrote; the step directory stays without a manifest
     // (incomplete), and the checkpoints before it are untouched.
@@ -282,14 +285,16 @@ void fill_region(const BlockIndex& index, const std::string& name, const Shape& 
     if (!safetensors_dtype(b.entry->dtype, stored))
       throw InputError(b.file->path() + ": tensor '" + b.entry->name + "' has dtype " +
                        b.entry->dtype + ", which baton cannot load");
-    Tensor tmp = Tensor::empty(len, stored);
+    // Read into host staging and copied into the tensor already allocated: nothing of
+    // the device's budget is taken.
+    Tensor tmp = Tensor::staging(len, stored);
     Shape in_block(goff.size());
     for (size_t d = 0; d < goff.size(); ++d) in_block[d] = lo[d] - b.offsets[d];
     b.file->read_block(*b.entry, in_block, tmp);
     Tensor view = dst;
     for (size_t d = 0; d < goff.size(); ++d)
       view = view.narrow(int64_t(d), lo[d] - goff[d], len[d]);
-    view.copy_from(tmp.to(dst.dtype()).to(dst.device()));
+    view.copy_from(tmp.to_staging(dst.dtype()));
     covered += memory::shape_numel(len);
   }
   if (covered != need)
@@ -299,13 +304,11 @@ void fill_region(const BlockIndex& index, const std::string& name, const Shape& 
 }
 
 // Fills `out` (hi - lo elements) with the elements [lo, hi) of the local tensor of `p`
-// stored under `name`: the blocks they cover, read into a whole-tensor buffer.
+// stored under `name`: the blocks they cover, read straight into views of `out`.
 void load_part(const BlockIndex& index, const std::string& name, const Param& p, int64_t lo,
                int64_t hi, Tensor out, const std::string& where) {
-  Tensor full = Tensor::zeros(p.shape, out.dtype(), out.device());
-  for (const auto& [rect, global] : part_blocks(p, lo, hi))
-    fill_region(index, name, p.logical_shape, global, narrow_to(full, rect), where);
-  out.copy_from(full.view({full.numel()}).narrow(0, lo, hi - lo));
+  for (const auto& [block, global] : part_blocks(p, lo, hi, out))
+    fill_region(index, name, p.logical_shape, global, block, where);
 }
 
 // Loads one logical tensor held locally as `local` (whole or in pieces).
@@ -477,7 +480,7 @@ ChecksummedTensors checksummed(const std::vector<NamedTensor>& tensors) {
   ChecksummedTensors out;
   json crcs = json::object();
   for (const NamedTensor& t : tensors) {
-    Tensor host = t.tensor.to(memory::Device::cpu()).contiguous();
+    Tensor host = t.tensor.to_staging(t.tensor.dtype());
     crcs[t.name] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
     out.host.push_back({t.name, host});
   }

@@ -309,7 +309,7 @@ void check_no_unused_tensors(HfCheckpoint& ckpt, const Graph& g) {
 // is infinite. f16 and bf16 are read through f32, which holds them exactly.
 double max_abs(const Tensor& t) {
   const bool wide = t.dtype() == DType::f32 || t.dtype() == DType::f64;
-  const Tensor c = wide ? t.contiguous() : t.to(DType::f32);
+  const Tensor c = t.to_staging(wide ? t.dtype() : DType::f32);  // host, outside the cap
   double m = 0;
   auto scan = [&](const auto* p) {
     for (int64_t i = 0; i < c.numel(); ++i) {
@@ -371,21 +371,23 @@ void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
     Tensor& local = stage.param(id);
     // A non-finite weight would only show as a NaN loss at the first step: refused here,
     // as is a value that the model's dtype cannot hold (an f64 file's 1e300 in f32).
+    // Read into host staging and copied into the parameter already allocated: a block of
+    // the file takes nothing of the device's budget.
     auto fill = [&](const Shape& offsets, Tensor view) {
-      Tensor tmp = Tensor::empty(view.shape(), s.dtype);
+      Tensor tmp = Tensor::staging(view.shape(), s.dtype);
       s.file->read_block(*s.entry, offsets, tmp);
       const double stored = max_abs(tmp);
       if (!std::isfinite(stored))
         throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds " +
                          (std::isnan(stored) ? "NaN" : "inf") +
                          " (--init-from needs finite weights)");
-      Tensor cast = tmp.to(view.dtype());
+      Tensor cast = tmp.to_staging(view.dtype());
       if (cast.dtype() != tmp.dtype() && !std::isfinite(max_abs(cast)))
         throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds values up to " +
                          fmt::format("{:g} in magnitude, beyond the range of the model's {}",
                                      stored, memory::dtype_name(view.dtype())) +
                          " (--init-from)");
-      view.copy_from(cast.to(view.device()));
+      view.copy_from(cast);
     };
     if (!p.is_shard()) {
       fill(Shape(p.shape.size(), 0), local);

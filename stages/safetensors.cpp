@@ -239,20 +239,28 @@ void SafetensorsReader::read_block(const SafetensorsEntry& e, const Shape& offse
 // whole new one, so callers need no temporary name of their own.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsOut> entries;
+  for (const NamedTensor& nt : tensors)
+    entries.push_back({nt.name, nt.tensor.dtype(), nt.tensor.shape()});
+  write_safetensors(
+      path, entries,
+      [&](size_t i) { return tensors[i].tensor.to(memory::Device::cpu()).contiguous(); }, metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& entries,
+                       const std::function<Tensor(size_t)>& bytes,
+                       const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t pos = 0;
-  std::vector<Tensor> host;
-  for (const NamedTensor& nt : tensors) {
-    BATON_CHECK(nt.name != "__metadata__" && !header.contains(nt.name),
-                "bad or repeated tensor name " + nt.name);
-    Tensor t = nt.tensor.to(memory::Device::cpu()).contiguous();
-    uint64_t n = t.nbytes();
-    header[nt.name] = {{"dtype", std::string(memory::safetensors_dtype_name(t.dtype()))},
-                       {"shape", t.shape()},
-                       {"data_offsets", {pos, pos + n}}};
+  for (const SafetensorsOut& e : entries) {
+    BATON_CHECK(e.name != "__metadata__" && !header.contains(e.name),
+                "bad or repeated tensor name " + e.name);
+    uint64_t n = uint64_t(memory::shape_numel(e.shape)) * memory::dtype_size(e.dtype);
+    header[e.name] = {{"dtype", std::string(memory::safetensors_dtype_name(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {pos, pos + n}}};
     pos += n;
-    host.push_back(std::move(t));
   }
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
@@ -262,7 +270,13 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
     out.write(len, 8);
     out.write(text);
-    for (const Tensor& t : host) out.write(t.raw_data(), t.nbytes());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Tensor t = bytes(i);
+      BATON_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dtype() == entries[i].dtype &&
+                      t.shape() == entries[i].shape,
+                  "write_safetensors: the bytes of " + entries[i].name + " are " + t.str());
+      out.write(t.raw_data(), t.nbytes());
+    }
   });
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,6 +75,18 @@ struct NamedTensor {
 // Tensors are laid out in the order given; the header is padded to 8 bytes.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor to write whose bytes are made while the file is written.
+struct SafetensorsOut {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+// The same, one tensor in memory at a time: `bytes(i)` gives entry i's bytes (a contiguous
+// CPU tensor of its dtype and shape), written and dropped before the next is asked for.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& entries,
+                       const std::function<Tensor(size_t)>& bytes,
+                       const std::map<std::string, std::string>& metadata);
 
 // Converts a memory::DType to its safetensors name and back ("F32" <-> f32).
 bool safetensors_dtype(const std::string& name, DType& out);

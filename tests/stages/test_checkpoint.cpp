@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "memory/file_io.h"
@@ -942,6 +943,68 @@ TEST(Checkpoint, AnExportStoppedAnywhereIsTheOldOneNoneOrTheNewOne) {
     EXPECT_GE(steps.size(), 3u);
     EXPECT_EQ(steps.back(), "renamed config.json");
     EXPECT_EQ(export_files(out), want_after);
+  }
+}
+
+// Checkpoint I/O stages its tensors on the host, outside the device's cap, one at a time:
+// under a cap of exactly what the stages hold, a tensor-parallel shard whose optimizer
+// state is a ZeRO part (elements [lo, hi) of each tensor, cutting rows) saves and resumes,
+// and Hugging Face weights load (--init-from). Saving had copied every tensor at once (a
+// whole zeroed parameter per ZeRO part), loading had read each block and a whole-parameter
+// buffer into the capped allocator: out of memory under a plan's accepted cap.
+TEST(Checkpoint, SaveAndLoadTakeNothingOfTheDeviceCap) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 8, 4, 12);
+  memory::Allocator& alloc = memory::allocator_for(memory::Device::cpu());
+  struct Uncap {
+    memory::Allocator& a;
+    ~Uncap() { a.set_capacity(0); }
+  };
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("tensor-parallel rank " + std::to_string(r));
+    auto make = [&](uint64_t seed) {
+      auto st = std::make_unique<Stage>(sharded(*g, r), 0, g->num_layers(),
+                                        StageOptions{memory::Device::cpu(), seed});
+      for (int id : st->param_ids()) {
+        const int64_t n = st->param(id).numel();
+        st->set_optimizer_shard(id, n / 3, n / 3 + n / 2);
+      }
+      st->set_optimizer(OptimizerConfig{});
+      return st;
+    };
+    auto a = make(5), b = make(9);
+    scramble(*a, 11 + uint64_t(r));
+    Manifest m;
+    m.step = 2;
+    m.model = g->config;
+    const std::string dir = checkpoint_dir(fresh_dir("ckpt_cap" + std::to_string(r)), 2);
+    const std::string hf = fresh_dir("ckpt_cap_hf" + std::to_string(r));
+    begin_checkpoint(dir);
+    {
+      Uncap guard{alloc};
+      alloc.set_capacity(alloc.stats().in_use);
+      m.shards = write_stage_shards(dir, *a, 0);
+      m.optimizer = a->optimizer();
+      m.optimizer_steps = 2;
+      write_manifest(dir, m);
+      load_stage(dir, read_manifest(dir), *b, true);
+    }
+    for (int id : a->param_ids()) {
+      EXPECT_EQ(a->param(id).to_vector<float>(), b->param(id).to_vector<float>());
+      auto sa = a->optimizer_state(id), sb = b->optimizer_state(id);
+      ASSERT_EQ(sa.size(), sb.size());
+      for (size_t k = 0; k < sa.size(); ++k)
+        EXPECT_EQ(sa[k].second.to_vector<float>(), sb[k].second.to_vector<float>());
+    }
+    // --init-from: the whole model's weights into this rank's shard.
+    Stage full(g, 0, g->num_layers());
+    scramble(full, 21);
+    save_hf_gpt2(hf, full);
+    {
+      Uncap guard{alloc};
+      alloc.set_capacity(alloc.stats().in_use);
+      load_hf_gpt2(hf, *b);
+    }
+    expect_holds_blocks(*b, full);
   }
 }
 
