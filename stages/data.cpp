@@ -548,9 +548,8 @@ DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batch
               "hold_evaluation_windows: a dataset and positive sizes");
   // Checked before the product is formed: it had wrapped (a few tokens allocated, the loop
   // writing far past them) or asked for more memory than any machine has (std::bad_alloc).
-  const int64_t per_batch = batch * (window + 1);
   if (batch > kMaxHeldEvaluationTokens / (window + 1) ||
-      batches > kMaxHeldEvaluationTokens / per_batch) {
+      batches > kMaxHeldEvaluationTokens / (batch * (window + 1))) {  // formed once in range
     const long double n = (long double)batches * (long double)batch * (long double)(window + 1);
     char bytes[32];
     std::snprintf(bytes, sizeof bytes, "%.3Lg", n * 4);
@@ -562,7 +561,7 @@ DatasetPtr hold_evaluation_windows(DatasetPtr eval, uint64_t seed, int64_t batch
                      " + 1), " + bytes + " bytes");
   }
   const uint64_t s = evaluation_seed(seed);
-  std::vector<int32_t> tokens(size_t(batches * per_batch));
+  std::vector<int32_t> tokens(size_t(batches * batch * (window + 1)));
   std::vector<int64_t> w(size_t(window + 1));
   for (int64_t k = 0; k < batches; ++k)
     for (int64_t i = 0; i < batch; ++i) {
