@@ -24,6 +24,7 @@
 #include "memory/file_io.h"
 #include "transport/communicator.h"
 #include "transport/detail/asio.h"
+#include "transport/options.h"
 #include "transport/store.h"
 #include "transport/world.h"
 
@@ -47,6 +48,8 @@ struct Rank {
   bool running = false;
   int status = 0;       // waitpid status once exited
   int stop_signal = 0;  // the signal that stopped (suspended) it, 0 while it runs
+  std::chrono::steady_clock::time_point stopped_since;
+  std::unique_ptr<asio::steady_timer> stopped_timer;  // when it has been stopped too long
   std::unique_ptr<asio::posix::stream_descriptor> out, err;
   std::string out_partial, err_partial;
 };
@@ -54,6 +57,13 @@ struct Rank {
 std::string describe_signal(int sig) {
   const char* name = sigabbrev_np(sig);
   return "signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+}
+
+// "1 s", "0.5 s": a duration as the environment variables give it.
+std::string describe_seconds(std::chrono::milliseconds d) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.3g s", double(d.count()) / 1000.0);
+  return secs;
 }
 
 std::string describe_exit(int status) {
@@ -228,6 +238,7 @@ class Launcher {
     ++running_;
     rk.out = std::make_unique<asio::posix::stream_descriptor>(io_, out[0]);
     rk.err = std::make_unique<asio::posix::stream_descriptor>(io_, err[0]);
+    rk.stopped_timer = std::make_unique<asio::steady_timer>(io_);
     ++open_pipes_;
     ++open_pipes_;
     read_pipe(rk, *rk.out, rk.out_partial, 1);
@@ -306,18 +317,27 @@ class Launcher {
     while (true) {
       int status = 0;
       // Stops too: a suspended rank is a hung one, and its peers' timeouts will make them
-      // exit first; it, not they, is why the job fails.
+      // exit first; it, not they, is why the job fails. With no peer left to time out on
+      // it, watch_stopped fails it. Continues end that wait.
       pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
-      if (pid <= 0) return;
+      if (pid <= 0) break;
+      const bool was_paused = job_paused();
       for (auto& rk : ranks_) {
         if (rk.pid != pid || !rk.running) continue;
         if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
           rk.stop_signal = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
-          if (rk.stop_signal && !stopping_)
+          rk.stopped_since = std::chrono::steady_clock::now();
+          if (!rk.stop_signal) {
+            rk.stopped_timer->cancel();
+          } else if (stopping_) {
+            kill_stopped(rk);  // it cannot exit on its own, nor see a SIGTERM
+          } else {
             write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " was stopped by " +
                              describe_signal(rk.stop_signal) + "\n");
+          }
           continue;
         }
+        rk.stopped_timer->cancel();
         rk.running = false;
         rk.status = status;
         --running_;
@@ -337,13 +357,65 @@ class Launcher {
           begin_stop(o_.grace);
         }
       }
+      if (was_paused && !job_paused()) paused_until_ = std::chrono::steady_clock::now();
+    }
+    watch_stopped();
+  }
+
+  // Every rank stopped at once: the job paused as a whole (a user's or a scheduler's
+  // SIGSTOP to all of it), which the ranks ride out, none timing out on another.
+  bool job_paused() const {
+    return std::all_of(ranks_.begin(), ranks_.end(),
+                       [](const Rank& rk) { return rk.running && rk.stop_signal; });
+  }
+
+  // A stopped rank not continued within stopped_limit (counted while not every rank was
+  // stopped) has failed: nothing else ends it when its peers had finished, and those that
+  // wait on it time out as soon. A job paused whole gets the stall timeout (0: forever).
+  // The launcher found the cause, so the others get no grace to find it.
+  void watch_stopped() {
+    if (stopping_) return;
+    const bool paused = job_paused();
+    for (Rank& rk : ranks_) {
+      if (!rk.running || !rk.stop_signal) continue;
+      if (paused && o_.paused_limit->count() == 0) {
+        rk.stopped_timer->cancel();
+        continue;
+      }
+      std::string limit = paused ? "the stall timeout of " + describe_seconds(*o_.paused_limit) +
+                                       " with every rank stopped"
+                                 : "the peer timeout of " + describe_seconds(*o_.stopped_limit);
+      rk.stopped_timer->expires_at(paused ? rk.stopped_since + *o_.paused_limit
+                                          : std::max(rk.stopped_since, paused_until_) +
+                                                *o_.stopped_limit);
+      rk.stopped_timer->async_wait([this, &rk, limit](boost::system::error_code ec) {
+        if (ec || !rk.running || !rk.stop_signal || stopping_) return;
+        hung_limit_ = limit;
+        write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " stayed stopped by " +
+                         signal_name(rk.stop_signal) + " for more than " + limit +
+                         "; stopping the job\n");
+        hung_ = std::pair(rk.rank, rk.stop_signal);
+        step_ = server_->peek(kProgressKey);
+        begin_stop(std::chrono::milliseconds(0));
+      });
     }
   }
 
-  // Gives the others `grace` to exit on their own, then SIGTERM, then SIGKILL.
+  // SIGKILL to a stopped rank's group: it cannot exit on its own, and a SIGTERM (with
+  // SIGCONT) would end it as the launcher's signal rather than as the stop it failed of.
+  void kill_stopped(Rank& rk) {
+    ::kill(-rk.pid, SIGKILL);
+    ::kill(rk.pid, SIGKILL);
+    stopped_.insert(rk.rank);
+  }
+
+  // Gives the others `grace` to exit on their own, then SIGTERM, then SIGKILL; a stopped
+  // rank, which cannot, is killed at once.
   void begin_stop(std::chrono::milliseconds grace) {
     if (stopping_ || running_ == 0) return;
     stopping_ = true;
+    for (Rank& rk : ranks_)
+      if (rk.running && rk.stop_signal) kill_stopped(rk);
     grace_.expires_after(grace);
     grace_.async_wait([this](boost::system::error_code ec) {
       if (ec || running_ == 0) return;
@@ -508,10 +580,12 @@ class Launcher {
                             : " (no rank died or hung: the network between " + apart + "?)");
     }
     const Rank& rk = ranks_[size_t(cause)];
-    std::string how =
-        hung_ && hung_->first == rk.rank
-            ? "was stopped by " + describe_signal(hung_->second) + " and its peers timed out on it"
-            : describe_exit(rk.status);
+    std::string how = describe_exit(rk.status);
+    if (hung_ && hung_->first == rk.rank)
+      how = !hung_limit_.empty() ? "stayed stopped by " + signal_name(hung_->second) +
+                                       " for more than " + hung_limit_
+                                 : "was stopped by " + describe_signal(hung_->second) +
+                                       " and its peers timed out on it";
     std::string s = who(cause) + " " + how + step;
     if (auto it = reports_.find(cause); it != reports_.end() && it->second.peer < 0) {
       std::string error = it->second.error.substr(0, 400);
@@ -550,7 +624,9 @@ class Launcher {
       failure_ = describe_cause(cause);
       write_all(2, "baton launch: the job failed: " + failure_ +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
-      int code = exit_code_of(rk.status);
+      // A stopped rank's code is its stop's (128 + SIGSTOP), not that of the SIGKILL that
+      // ended it.
+      int code = hung_ && hung_->first == cause ? 128 + hung_->second : exit_code_of(rk.status);
       failed_code_ = code;
       return code == 0 ? 1 : code;
     }
@@ -595,7 +671,9 @@ class Launcher {
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
   std::optional<std::pair<int, int>> hung_;  // a rank suspended at the first failure, its signal
-  std::optional<std::string> step_;          // the job's progress when the first rank failed
+  std::string hung_limit_;  // the limit hung_ stayed stopped past, when that was the failure
+  std::chrono::steady_clock::time_point paused_until_;  // the job's last pause as a whole ended
+  std::optional<std::string> step_;  // the job's progress when the first rank failed
   std::string failure_;
   int failed_code_ = 0;
   std::string reports_dir_;
@@ -633,6 +711,12 @@ int launch(const LaunchOptions& options) {
   // A reader that goes away (`| head`) must not kill us mid-job, leaving the ranks to
   // PDEATHSIG's SIGKILL and the reports behind: the write's EPIPE stops the job in order.
   ::signal(SIGPIPE, SIG_IGN);
+  LaunchOptions resolved = options;
+  if (!resolved.stopped_limit || !resolved.paused_limit) {
+    const CommOptions comm = CommOptions::from_env();
+    if (!resolved.stopped_limit) resolved.stopped_limit = comm.peer_timeout;
+    if (!resolved.paused_limit) resolved.paused_limit = comm.stall_timeout;
+  }
   std::vector<std::string> failures;
   for (int attempt = 0;; ++attempt) {
     int code = 0;
@@ -640,7 +724,7 @@ int launch(const LaunchOptions& options) {
     bool interrupted = false;
     int rank_code = 0;
     {
-      Launcher launcher(options,
+      Launcher launcher(resolved,
                         attempt);  // its own rendezvous: no key of a failed attempt survives
       code = launcher.run();
       failure = launcher.failure();

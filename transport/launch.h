@@ -17,10 +17,19 @@ struct LaunchOptions {
   std::string host = "127.0.0.1";    // the rendezvous listens here (loopback by default)
   uint16_t port = 0;                 // 0: any free port
   // After a rank fails, how long the others may take to notice and exit on their own
-  // (their messages name the rank that failed) before they are stopped.
+  // (their messages name the rank that failed) before they are stopped. A stopped
+  // (suspended) rank, which cannot, is killed at once.
   std::chrono::milliseconds grace{5000};
   // After SIGTERM, how long before SIGKILL.
   std::chrono::milliseconds kill_after{3000};
+  // A rank stopped (SIGSTOP, SIGTSTP) this long without being continued has failed: the
+  // launcher kills it and stops the job, as for a crash. Its peers time out on it as
+  // soon, but with none left (they had finished) nothing else would. Unset: the peer
+  // timeout as the ranks read it (BATON_PEER_TIMEOUT).
+  std::optional<std::chrono::milliseconds> stopped_limit;
+  // The same while every rank is stopped (the job paused whole, which the ranks ride out);
+  // 0: forever. Unset: the stall timeout (BATON_STALL_TIMEOUT).
+  std::optional<std::chrono::milliseconds> paused_limit;
   // Bind each rank to its own share of the cores this launcher may use (rank r gets
   // cores [r*C/N, (r+1)*C/N)), as mpirun does: ranks never share a core, and a rank's
   // progress thread stays next to its data. With more ranks than cores the launcher

@@ -207,6 +207,103 @@ TEST(Launch, ASecondStopSignalKillsAndAMissingCommandIsNamed) {
   EXPECT_NE(r.output.find("--rendezvous=':0': expected host:port"), std::string::npos) << r.output;
 }
 
+// `baton launch` with an environment variable set for it and its ranks; the seconds it took.
+Result run_with(const std::string& env, const std::string& args, double& took) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r =
+      baton::cli_testing::run_command(env + " " + std::string(BATON_BINARY) + " launch " + args);
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+// A rank stopped after the others finished had kept the launcher waiting for ever (its
+// peers, gone, could not time out on it): not continued within the peer timeout, it is the
+// job's failure, named, with its stop's code (128 + SIGSTOP), alone too.
+TEST(Launch, ARankThatStaysStoppedFailsTheJobAfterThePeerTimeout) {
+  double took = 0;
+  Result r = run_with("BATON_PEER_TIMEOUT=1",
+                      "-n 2 -- sh -c 'sleep 0.3; [ $BATON_RANK = 0 ] && kill -STOP $$; "
+                      "echo rank $BATON_RANK done'",
+                      took);
+  EXPECT_EQ(r.code, 128 + SIGSTOP) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1 done"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 0 stayed stopped by SIGSTOP for more than the "
+                          "peer timeout of 1 s"),
+            std::string::npos)
+      << r.output;
+  // Alone, every rank is stopped: a job paused whole gets the stall timeout.
+  r = run_with("BATON_STALL_TIMEOUT=0.5", "-n 1 -- sh -c 'kill -STOP $$'", took);
+  EXPECT_EQ(r.code, 128 + SIGSTOP) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 stayed stopped by SIGSTOP for more than the stall timeout of "
+                          "0.5 s with every rank stopped"),
+            std::string::npos)
+      << r.output;
+  // Every rank stopped longer than the peer timeout (a job paused whole), then continued:
+  // the ranks ride that out, and so does the launcher.
+  r = run_with("BATON_PEER_TIMEOUT=0.5",
+               "-n 2 -- sh -c 'sleep 0.2; (sleep 2; kill -CONT $$) & kill -STOP $$; echo went on'",
+               took);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "went on"), 2u) << r.output;
+  // Continued in time, it is no failure.
+  r = run_with("BATON_PEER_TIMEOUT=2",
+               "-n 1 -- sh -c '(sleep 0.5; kill -CONT $$) & kill -STOP $$; echo went on'", took);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] went on"), std::string::npos) << r.output;
+  r = run_with("BATON_PEER_TIMEOUT=soon", "-n 1 -- true", took);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("BATON_PEER_TIMEOUT='soon'"), std::string::npos) << r.output;
+}
+
+// A rank that stays stopped is a failure that --max-restarts restarts, as a crash.
+TEST(Launch, ARankThatStaysStoppedIsRestarted) {
+  std::string marker = ::testing::TempDir() + "/launch_stop_marker";
+  std::filesystem::remove(marker);
+  double took = 0;
+  Result r = run_with("BATON_PEER_TIMEOUT=1",
+                      "-n 2 --max-restarts 1 --restart-backoff 0 -- sh -c '"
+                      "if [ $BATON_RANK = 0 ] && [ ! -e " +
+                          marker + " ]; then touch " + marker +
+                          "; kill -STOP $$; fi; echo done resume=$BATON_RESUME'",
+                      took);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1 in 0 s after: rank 0 stayed stopped by SIGSTOP for "
+                          "more than the peer timeout of 1 s"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "done resume=1"), 2u) << r.output;
+}
+
+// A stopped rank cannot exit on its own: it is killed at once, not after the --grace (then
+// ended by the launcher's SIGTERM, exit 143), and the job's code is its stop's. Found by the
+// launcher, the others (here waiting as at a rendezvous) get no grace either.
+TEST(Launch, AStoppedRankIsKilledAtOnceNotAfterTheGrace) {
+  double took = 0;
+  Result r = run_with("BATON_PEER_TIMEOUT=60",
+                      "-n 2 --grace 30 -- sh -c 'if [ $BATON_RANK = 0 ]; then kill -STOP $$; "
+                      "else sleep 0.5; exit 3; fi'",
+                      took);
+  EXPECT_EQ(r.code, 128 + SIGSTOP) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 0 was stopped by signal 19 (SIGSTOP) and its "
+                          "peers timed out on it"),
+            std::string::npos)
+      << r.output;
+  r = run_with("BATON_PEER_TIMEOUT=1",
+               "-n 2 --grace 30 -- sh -c 'if [ $BATON_RANK = 1 ]; then kill -STOP $$; fi; "
+               "sleep 60'",
+               took);
+  EXPECT_EQ(r.code, 128 + SIGSTOP) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("the job failed: rank 1 stayed stopped by SIGSTOP for more than the "
+                          "peer timeout of 1 s"),
+            std::string::npos)
+      << r.output;
+}
+
 // A line without a newline is passed on in pieces as it grows, in linear time (a long
 // progress line had been held whole and rescanned at every read).
 TEST(Launch, ALongLineWithoutANewlineIsPassedOn) {
