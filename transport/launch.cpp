@@ -370,9 +370,10 @@ class Launcher {
   }
 
   // A stopped rank not continued within stopped_limit (counted while not every rank was
-  // stopped) has failed: nothing else ends it when its peers had finished, and those that
-  // wait on it time out as soon. A job paused whole gets the stall timeout (0: forever).
-  // The launcher found the cause, so the others get no grace to find it.
+  // stopped) has failed: nothing else ends it when its peers had finished. It is given a
+  // quarter more, past the 1.125 timeouts within which a peer waiting on it fails naming
+  // it (their messages, not ours, first). A job paused whole gets the stall timeout (0:
+  // forever). The launcher found the cause, so the others get no grace to find it.
   void watch_stopped() {
     if (stopping_) return;
     const bool paused = job_paused();
@@ -387,7 +388,7 @@ class Launcher {
                                  : "the peer timeout of " + describe_seconds(*o_.stopped_limit);
       rk.stopped_timer->expires_at(paused ? rk.stopped_since + *o_.paused_limit
                                           : std::max(rk.stopped_since, paused_until_) +
-                                                *o_.stopped_limit);
+                                                *o_.stopped_limit * 5 / 4);
       rk.stopped_timer->async_wait([this, &rk, limit](boost::system::error_code ec) {
         if (ec || !rk.running || !rk.stop_signal || stopping_) return;
         hung_limit_ = limit;
