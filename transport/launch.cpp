@@ -62,7 +62,7 @@ std::string describe_signal(int sig) {
 // "1 s", "0.5 s": a duration as the environment variables give it.
 std::string describe_seconds(std::chrono::milliseconds d) {
   char secs[32];
-  std::snprintf(secs, sizeof secs, "%.3g s", double(d.count()) / 1000.0);
+  std::snprintf(secs, sizeof secs, "%g s", double(d.count()) / 1000.0);
   return secs;
 }
 
