@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -81,6 +82,29 @@ double element(const NpyArray& a, int64_t k, int64_t esize) {
       return get(uint32_t{});
     default:
       return get(uint64_t{});
+  }
+}
+
+// Element k of an integer .npy array, exactly (a double rounds beyond 2^53): passed to
+// `use` as int64_t for a signed dtype, as uint64_t for an unsigned one.
+template <class F>
+void integer_element(const NpyArray& a, int64_t k, int64_t esize, F&& use) {
+  const char* p = a.bytes.data() + k * esize;
+  auto get = [&]<class T>(T) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  if (a.descr[1] == 'i') {
+    use(esize == 1   ? int64_t(get(int8_t{}))
+        : esize == 2 ? int64_t(get(int16_t{}))
+        : esize == 4 ? int64_t(get(int32_t{}))
+                     : get(int64_t{}));
+  } else {
+    use(esize == 1   ? uint64_t(get(uint8_t{}))
+        : esize == 2 ? uint64_t(get(uint16_t{}))
+        : esize == 4 ? uint64_t(get(uint32_t{}))
+                     : get(uint64_t{}));
   }
 }
 
@@ -236,18 +260,18 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
   }
   labels_.resize(size_t(n_));
   for (int64_t k = 0; k < n_; ++k) {
-    const double v = element(lb, k, le);
-    if (v < 0)
-      bad(lp, "label " + std::to_string(k) + " is negative (" + std::to_string(int64_t(v)) + ")");
-    // Class ids are small; a huge one (an unsigned 64-bit beyond int64) would wrap.
-    if (v >= 2147483648.0) {
-      char text[40];
-      std::snprintf(text, sizeof text, "%.0f", v);
-      bad(lp, "label " + std::to_string(k) + " is " + text +
-                  ", beyond any class id (expected at most 2^31 - 1)");
-    }
-    labels_[size_t(k)] = int64_t(v);
-    classes_ = std::max(classes_, int64_t(v) + 1);
+    integer_element(lb, k, le, [&]<class T>(T v) {
+      // Named as the file holds it, in its own type.
+      if constexpr (std::is_signed_v<T>)
+        if (v < 0)
+          bad(lp, "label " + std::to_string(k) + " is negative (" + std::to_string(v) + ")");
+      // Class ids are small; a huge one (an unsigned 64-bit beyond int64) would wrap.
+      if (v > T(2147483647))
+        bad(lp, "label " + std::to_string(k) + " is " + std::to_string(v) +
+                    ", beyond any class id (expected at most 2^31 - 1)");
+      labels_[size_t(k)] = int64_t(v);
+    });
+    classes_ = std::max(classes_, labels_[size_t(k)] + 1);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <tuple>
 
 #include "engine/trainer.h"
 #include "memory/file_io.h"
@@ -450,6 +451,32 @@ TEST(ImageData, RoundTripAndErrors) {
             Tensor::from_vector(std::vector<int64_t>{0, 1, int64_t(1) << 40, 0, 1}, {5}));
   EXPECT_NE(error_of_dir().find("label 2 is 1099511627776, beyond any class id"), std::string::npos)
       << error_of_dir();
+  // Labels are named and compared exactly as the file holds them, not rounded through a
+  // double: 2^53 + 1 as int64, and 2^64 - 1 and 2^63 + 5 as uint64 (numpy's '<u8', retyped
+  // from an int64 file since write_npy has no u64).
+  auto write_labels = [&](uint64_t label, bool is_unsigned) {
+    write_npy(dir + "/labels.npy",
+              Tensor::from_vector(std::vector<int64_t>{0, 1, int64_t(label), 0, 1}, {5}));
+    if (!is_unsigned) return;
+    std::string bytes = memory::read_file(dir + "/labels.npy");
+    const size_t at = bytes.find("<i8");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 1] = 'u';
+    std::ofstream(dir + "/labels.npy", std::ios::binary) << bytes;
+  };
+  for (auto [label, is_unsigned, text] :
+       {std::tuple{(uint64_t(1) << 53) + 1, false, "9007199254740993"},
+        std::tuple{~uint64_t(0), true, "18446744073709551615"},
+        std::tuple{(uint64_t(1) << 63) + 5, true, "9223372036854775813"},
+        std::tuple{(uint64_t(1) << 53) + 1, true, "9007199254740993"},
+        std::tuple{uint64_t(2147483648), true, "2147483648"}}) {
+    write_labels(label, is_unsigned);
+    EXPECT_NE(error_of_dir().find("label 2 is " + std::string(text) + ", beyond any class id"),
+              std::string::npos)
+        << error_of_dir();
+  }
+  write_labels(2147483647, true);  // the largest class id is read
+  EXPECT_EQ(ImageDataset(dir).classes(), int64_t(2147483648));
   write_npy(dir + "/labels.npy", Tensor::from_vector(std::vector<int64_t>{0, 3, 1, 1, 2}, {5}));
   // Half-precision images (numpy's float16) and NaN pixels are refused, naming the file.
   {  // numpy's '<f2' (write_npy has no f16): the f32 file's header retyped, half the bytes
