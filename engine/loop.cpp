@@ -152,10 +152,14 @@ bool image_data(const LoopOptions& o) {
   if (path.empty() || !stages::is_image_dataset(path)) return false;
   const stages::DataFlags& f = o.data;
   if (f.format != "auto" || !f.token_dtype.empty() || !f.cross_documents || !f.eval_data.empty() ||
-      f.eval_fraction > 0)
+      f.eval_fraction != 0)
     throw InputError(path +
                      ": an image directory; --data-format, --token-dtype, --no-cross-documents, "
                      "--eval-data and --eval-fraction are for token data");
+  // Said before check_loop_options, which would ask for held-out data image data refuses.
+  // (baton train refuses an explicit --eval-batches 1 too: it knows what was given.)
+  if (o.eval_every != 0) throw InputError("--eval-every: evaluation is for token data");
+  if (o.eval_batches != 1) throw InputError("--eval-batches: evaluation is for token data");
   return true;
 }
 

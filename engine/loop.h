@@ -148,8 +148,9 @@ stages::LrSchedule lr_schedule_of(const LoopOptions& o);
 
 // The data flags of the run, with data_path as the one --data when data.data is empty.
 stages::DataFlags data_flags(const LoopOptions& o);
-// True when the run reads images (an image directory); the token flags do not apply then
-// (InputError when one was given).
+// True when the run reads images (an image directory); the token flags and evaluation
+// (--eval-every, --eval-batches other than 1) do not apply then (InputError when one was
+// given).
 bool image_data(const LoopOptions& o);
 // When the run is not image_data(): InputError naming --data's path when the model reads
 // images (an image directory mistyped, or lacking images.npy), before the token data's

@@ -895,8 +895,6 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   check_same_inputs(*world, o);
   // Before check_loop_options, which would ask image data for held-out data it cannot have.
   const bool image_input = image_data(o);
-  if (image_input && o.eval_every > 0)
-    throw InputError("--eval-every: evaluation is for token data");
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
   prepare_device(o);

@@ -33,8 +33,6 @@ TrainSummary run_training(const TrainOptions& o,
                      std::to_string(o.micro_batches));
   // Before check_loop_options, which would ask image data for held-out data it cannot have.
   const bool image_input = image_data(o);
-  if (image_input && o.eval_every > 0)
-    throw InputError("--eval-every: evaluation is for token data");
   check_loop_options(o);
   prepare_device(o);
 

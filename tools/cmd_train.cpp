@@ -193,7 +193,10 @@ int run_train(const std::vector<std::string>& args) {
                        " sets the decay of cosine, linear and wsd, but --lr-schedule is constant "
                        "(no decay)");
   // --eval-batches 1 (its default) given without held-out data had been accepted, any other
-  // count refused (engine/loop.cpp tells only the value).
+  // count refused (engine/loop.cpp tells only the value). Image data has no evaluation,
+  // said first: the advice to add held-out data is one it refuses.
+  if (given("eval-batches") && engine::image_data(o))
+    throw InputError("--eval-batches: evaluation is for token data");
   if (given("eval-batches") && o.data.eval_data.empty() && !(o.data.eval_fraction > 0))
     throw InputError("--eval-batches needs held-out data (--eval-data PATH or --eval-fraction F)");
   const transport::LaunchEnv env = transport::read_launch_env();

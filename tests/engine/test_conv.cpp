@@ -13,10 +13,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "engine/rank_engine.h"
 #include "engine_harness.h"
@@ -726,25 +729,30 @@ TEST(ConvPlans, ResumeOnOtherImageDataWarns) {
   }
 }
 
-// --eval-every on image data: evaluation is for token data, said first (it had asked
-// for held-out data, which image data refuses).
+// --eval-every and --eval-batches on image data: evaluation is for token data, said first
+// (they had asked for held-out data, which image data refuses).
 TEST(ConvPlans, EvalEveryOnImagesIsForTokenData) {
   Workspace ws("conv-eval-images");
   PlanSpec p;
   p.model = tiny_resnet();
   RunSettings s = conv_digits();
   s.steps = 1;
-  s.configure = [](engine::LoopOptions& o) { o.eval_every = 2; };
-  for (const bool plan : {false, true}) {
-    SCOPED_TRACE(plan ? "plan" : "one process");
-    try {
-      if (plan)
-        run_threads(resolve(p, ws), train_options(ws, s));
-      else
-        run_reference(p, ws, s);
-      ADD_FAILURE() << "--eval-every ran on images";
-    } catch (const InputError& e) {
-      EXPECT_EQ(std::string(e.what()), "--eval-every: evaluation is for token data");
+  const std::vector<std::pair<std::function<void(engine::LoopOptions&)>, std::string>> cases = {
+      {[](engine::LoopOptions& o) { o.eval_every = 2; }, "--eval-every"},
+      {[](engine::LoopOptions& o) { o.eval_batches = 2; }, "--eval-batches"}};
+  for (const auto& [configure, flag] : cases) {
+    s.configure = configure;
+    for (const bool plan : {false, true}) {
+      SCOPED_TRACE(flag + (plan ? " plan" : " one process"));
+      try {
+        if (plan)
+          run_threads(resolve(p, ws), train_options(ws, s));
+        else
+          run_reference(p, ws, s);
+        ADD_FAILURE() << flag << " ran on images";
+      } catch (const InputError& e) {
+        EXPECT_EQ(std::string(e.what()), flag + ": evaluation is for token data");
+      }
     }
   }
 }

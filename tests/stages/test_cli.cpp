@@ -83,6 +83,16 @@ TEST(Cli, AnImageModelNamesTheMissingImageDirectory) {
   cli_expect_input_error(
       "--model " + model + " --data 0.5:" + digits + " 0.5:" + digits + " --steps 1",
       {"weights and blends (WEIGHT:PATH) are for token data"});
+  // --eval-batches on image data, 1 (its default) too: evaluation is for token data, said
+  // before the advice to add held-out data, which image data refuses.
+  const std::string images = "--model " + model + " --data " + digits + " --steps 1 ";
+  for (const char* count : {"2", "1"})
+    cli_expect_input_error(images + "--eval-batches " + count,
+                           {"--eval-batches: evaluation is for token data"});
+  cli_expect_input_error(images + "--eval-batches 2 --eval-data " + digits,
+                         {digits + ": an image directory",
+                          "--eval-data and --eval-fraction are "
+                          "for token data"});
 }
 
 TEST(Cli, BadModelFiles) {
