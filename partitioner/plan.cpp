@@ -185,6 +185,19 @@ json derive_boundaries(const Plan& p) {
   return out;
 }
 
+void check_stage_count(const Plan& p, int chunks, const std::string& schedule_name) {
+  const std::string expected = "expected " + std::to_string(chunks) + " stages (schedule " +
+                               schedule_name + " on " + std::to_string(p.pp) +
+                               " pipeline ranks holds " + std::to_string(chunks) +
+                               " model chunks), found ";
+  const bool every_layer = p.stages.size() == 1 && p.stages[0].every_layer;
+  if (every_layer && chunks != 1)
+    throw InputError(p.where("$.stages") + ": " + expected +
+                     "none: only a plan of one model chunk may leave them out");
+  if (int(p.stages.size()) != chunks)
+    throw InputError(p.where("$.stages") + ": " + expected + std::to_string(p.stages.size()));
+}
+
 int optimizer_states(const std::string& optimizer) {
   if (optimizer == "adamw") return 2;
   if (optimizer == "sgd-momentum") return 1;
@@ -384,8 +397,10 @@ void plan_spatial_degrees(Plan& p) {
   } catch (const InputError& e) {
     throw InputError(p.where("$.schedule") + ": " + e.what());
   }
-  if (sched.stages_per_direction() != int(p.stages.size()))
-    return;  // resolve_plan reports the stage count
+  // The chunks' degrees count the devices: a wrong stage count had been reported as a
+  // device count the stages' degrees could not have set.
+  check_stage_count(p, sched.stages_per_direction(),
+                    schedule::canonical_training_schedule_name(p.schedule));
   p.spatial.assign(size_t(p.pp), 0);
   std::vector<int> by(size_t(p.pp), -1);  // the stage that set the degree
   for (int st = 0; st < sched.num_stages(); ++st) {

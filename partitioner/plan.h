@@ -184,6 +184,11 @@ void check_dp_sync(const Plan& p);
 
 int optimizer_states(const std::string& optimizer);
 
+// InputError at $.stages unless the plan has as many stages as `chunks`, the model chunks
+// its schedule `schedule_name` holds on its pipeline ranks. parse_plan checks it before the
+// device count a spatial degree sets (counted over the stages); resolve_plan for all plans.
+void check_stage_count(const Plan& p, int chunks, const std::string& schedule_name);
+
 // Reads a plan file; InputError naming the file and JSON path on any bad field.
 Plan read_plan(const std::string& path);
 // Parses a plan document; relative model paths are resolved against `base_dir`.

@@ -321,17 +321,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   }
   const int S = r.schedule.stages_per_direction();
   const bool every_layer = p.stages.size() == 1 && p.stages[0].every_layer;
-  if (every_layer && S != 1)
-    throw InputError(p.where("$.stages") + ": expected " + std::to_string(S) +
-                     " stages (schedule " + name + " on " + std::to_string(p.pp) +
-                     " pipeline ranks holds " + std::to_string(S) +
-                     " model chunks), found none: only a plan of one model chunk may leave "
-                     "them out");
-  if (int(p.stages.size()) != S)
-    throw InputError(p.where("$.stages") + ": expected " + std::to_string(S) +
-                     " stages (schedule " + name + " on " + std::to_string(p.pp) +
-                     " pipeline ranks holds " + std::to_string(S) + " model chunks), found " +
-                     std::to_string(p.stages.size()));
+  check_stage_count(p, S, name);
   if (S > g.num_layers())
     throw InputError(p.where("$.stages") + ": " + std::to_string(S) + " stages for a model of " +
                      std::to_string(g.num_layers()) + " layers");

@@ -1060,6 +1060,22 @@ TEST(Plan, SpatialDegreePerStage) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.stages[2].spatial: 1, but pipeline rank 0 also holds $.stages[0] with "
             "spatial 2; the chunks of one pipeline rank share its spatial degree");
+  // A stage count other than the schedule's chunks is named first: with spatial degrees it
+  // had been reported as a device count ("1 x 2 = 2 devices, found 4").
+  j = spatial_resnet_plan();
+  j["parallel"]["dp"] = 1;
+  j["devices"] = 4;
+  j["schedule"] = {{"name", "dualpipe"}, {"micro_batches", 4}};
+  j["stages"] = json::parse(R"([{"layers": [0, 1], "spatial": 2}, {"layers": [1, 2], "spatial": 2},
+                               {"layers": [2, 3], "spatial": 2}, {"layers": [3, 4], "spatial": 2}])");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages: expected 2 stages (schedule dualpipe on 2 pipeline ranks holds "
+            "2 model chunks), found 4");
+  j["schedule"] = {{"name", "1f1b"}, {"micro_batches", 2}};
+  j["stages"] = json::parse(R"([{"layers": [0, 4], "spatial": 2}])");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.stages: expected 2 stages (schedule 1f1b on 2 pipeline ranks holds 2 "
+            "model chunks), found 1");
   // Tiles re-tiled between degrees in more blocks per tile than the message tags hold:
   // 32 tiles of one row into one whole image.
   const std::string model =
