@@ -33,13 +33,28 @@ class Store {
   virtual std::string local_address() const { return {}; }
 };
 
+// Who a client is when it is a rank of a world (init_world's connection): the server
+// registers it, and fails the whole rendezvous for every rank when a rank registers
+// twice, when world sizes differ, or when a rank presents another job token. The
+// variables the numbers came from and the host label are for the messages.
+struct StoreMember {
+  int rank = -1;  // -1: a plain client, not registered
+  std::string rank_from;
+  int size = 0;
+  std::string size_from;
+  std::string host;
+};
+
 // The client. Connects (retrying until connect_timeout, since the server may start
-// after the client) and introduces itself with the job token; a server that refuses
-// the token makes the constructor throw. Safe to share between threads.
+// after the client) and introduces itself with the job token (and, for a rank, as
+// `member`); a server that refuses the token makes the constructor throw. Once the
+// server says the rendezvous failed, every call throws that failure: an InputError when
+// it was bad input (a rank twice, world sizes that differ, another job's token), else a
+// RuntimeError. Safe to share between threads.
 class TcpStore final : public Store {
  public:
   TcpStore(const std::string& host, uint16_t port, const std::string& token,
-           milliseconds connect_timeout = milliseconds(30'000));
+           milliseconds connect_timeout = milliseconds(30'000), const StoreMember& member = {});
   ~TcpStore() override;
 
   void set(const std::string& key, const std::string& value) override;
@@ -70,6 +85,12 @@ class StoreServer {
 
   uint16_t port() const;
   size_t refused() const;  // connections refused so far (bad token, bad message, silent)
+  // Fails the rendezvous for every client: waiting requests, later ones and later hellos
+  // are answered with `message` (a runtime failure, or bad input when `input`), so that
+  // ranks waiting here learn why the host gives up instead of reading an end of file.
+  // Returns once the answers are written (at most about a second); the first failure
+  // stays.
+  void fail(const std::string& message, bool input);
   // The value at key now, if set (the launcher reads the job's progress this way).
   std::optional<std::string> peek(const std::string& key) const;
 

@@ -1,6 +1,7 @@
 // The rendezvous client: blocking calls over Boost.Asio with a deadline on each.
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct TcpStore::Impl {
   asio::io_context io;
   tcp::socket socket{io};
   std::string where;  // host:port, for messages
+  // The rendezvous's failure once the server said it (thrown again by every call).
+  std::optional<std::pair<bool, std::string>> failure;  // input?, message
 };
 
 namespace {
@@ -123,7 +126,7 @@ void connect_retrying(TcpStore::Impl& s, const tcp::resolver::results_type& endp
 }  // namespace
 
 TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& token,
-                   milliseconds connect_timeout)
+                   milliseconds connect_timeout, const StoreMember& member)
     : impl_(std::make_unique<Impl>()) {
   impl_->where = host + ":" + std::to_string(port);
   auto deadline = std::chrono::steady_clock::now() + connect_timeout;
@@ -133,7 +136,7 @@ TcpStore::TcpStore(const std::string& host, uint16_t port, const std::string& to
   if (ec) throw InputError("rendezvous: cannot resolve '" + host + "': " + ec.message());
   connect_retrying(*impl_, endpoints, deadline, connect_timeout);
   impl_->socket.set_option(tcp::no_delay(true), ec);
-  call(proto::Writer(proto::kHello).u32(proto::kVersion).str(token).frame(), milliseconds(10'000));
+  call(proto::hello_frame(token, member), milliseconds(10'000));
 }
 
 std::string TcpStore::local_address() const {
@@ -149,6 +152,12 @@ TcpStore::~TcpStore() {
 
 std::string TcpStore::call(const std::string& request, milliseconds timeout) {
   Impl& s = *impl_;
+  auto fail = [&s] {
+    const std::string m = "rendezvous at " + s.where + ": " + s.failure->second;
+    if (s.failure->first) throw InputError(m);
+    throw RuntimeError(m);
+  };
+  if (s.failure) fail();
   if (!s.socket.is_open()) throw RuntimeError("rendezvous at " + s.where + ": connection closed");
   bool done = false;
   boost::system::error_code error;
@@ -188,6 +197,13 @@ std::string TcpStore::call(const std::string& request, milliseconds timeout) {
   proto::Reader in(body);
   uint8_t op = in.op();
   if (op == proto::kError) throw RuntimeError("rendezvous at " + s.where + ": " + in.str());
+  if (op == proto::kFailed) {
+    const bool input = in.u8() != 0;
+    s.failure.emplace(input, in.str());
+    boost::system::error_code ignored;
+    s.socket.close(ignored);  // the server closes it too
+    fail();
+  }
   if (op != proto::kOk) throw RuntimeError("rendezvous at " + s.where + ": unexpected reply");
   return body.substr(1);
 }

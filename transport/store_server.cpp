@@ -2,8 +2,10 @@
 // requests need no locks.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <future>
 #include <list>
 #include <map>
 #include <mutex>
@@ -31,6 +33,14 @@ bool same_token(const std::string& given, const std::string& expected) {
   return diff == 0;
 }
 
+// "rank 1 (SLURM_PROCID) on node3 (10.0.0.3) at 10.0.0.3:40112": a rank in messages.
+std::string describe_rank(const proto::Member& m, const std::string& address) {
+  std::string d = "rank " + std::to_string(m.rank);
+  if (!m.rank_from.empty()) d += " (" + m.rank_from + ")";
+  if (!m.host.empty()) d += " on " + m.host;
+  return d + " at " + address;
+}
+
 }  // namespace
 
 struct StoreServer::Impl {
@@ -43,8 +53,28 @@ struct StoreServer::Impl {
   // Only the io thread writes the table; peek() reads it from other threads.
   std::mutex table_mu;
   std::atomic<size_t> refused{0};
+  // Frames written before a close that are not written yet (fail() waits for them).
+  std::atomic<int> closing_writes{0};
+
+  // Set once, when the rendezvous failed for the whole job: every request is answered
+  // with it from then on.
+  struct Failure {
+    bool input = false;
+    std::string message;
+  };
+  std::optional<Failure> failure;
 
   class Session;
+  // The ranks that said who they are: a second hello with a rank still connected, or
+  // another world size than the first rank's, fails the rendezvous.
+  struct Registered {
+    proto::Member member;
+    std::string address;
+    std::weak_ptr<Session> session;
+  };
+  std::map<int, Registered> members;
+  std::optional<Registered> first;  // whose world size the others must have
+
   // A get or wait that waits for keys to appear.
   struct Parked {
     std::shared_ptr<Session> session;
@@ -75,6 +105,7 @@ struct StoreServer::Impl {
 
     // Frames go out one at a time, in order.
     void send(const std::string& frame, bool then_close = false) {
+      if (then_close) s_.closing_writes++;
       outbox_.push_back({frame, then_close});
       if (outbox_.size() == 1) write_next();
     }
@@ -82,6 +113,7 @@ struct StoreServer::Impl {
       asio::async_write(socket_, asio::buffer(outbox_.front().first),
                         [self = shared_from_this()](boost::system::error_code ec, size_t) {
                           bool then_close = self->outbox_.front().second;
+                          if (then_close) self->s_.closing_writes--;
                           self->outbox_.pop_front();
                           if (ec || then_close) return self->close();
                           if (!self->outbox_.empty()) self->write_next();
@@ -90,6 +122,14 @@ struct StoreServer::Impl {
     void ok() { send(proto::Writer(proto::kOk).frame()); }
     void error(const std::string& msg, bool then_close = false) {
       send(proto::Writer(proto::kError).str(msg).frame(), then_close);
+    }
+    // The rendezvous's failure, then the end of this connection.
+    void failed() {
+      send(proto::Writer(proto::kFailed)
+               .u8(s_.failure->input ? 1 : 0)
+               .str(s_.failure->message)
+               .frame(),
+           true);
     }
     void close() {
       boost::system::error_code ignored;
@@ -129,12 +169,32 @@ struct StoreServer::Impl {
     bool handle() {
       try {
         proto::Request q = proto::parse_request(body_, authed_);
+        if (q.op == proto::kHello && q.version != proto::kVersion)
+          throw proto::ProtocolError("protocol version " + std::to_string(q.version) +
+                                     ", expected " + std::to_string(proto::kVersion));
+        if (!s_.failure && q.op == proto::kHello) {
+          const bool right = same_token(q.token, s_.token);
+          // A plain client with a wrong token is a stranger: refused alone. A rank of a
+          // world with one is this job's rank started with another token (or another
+          // job's rank sent here): the job cannot start, and waiting for it is no use.
+          if (!right && q.member.rank < 0) throw proto::ProtocolError("wrong job token");
+          std::string problem =
+              right ? s_.admit(q.member, peer(), shared_from_this())
+                    : describe_rank(q.member, peer()) +
+                          " presented a wrong job token: every rank of a job needs the same "
+                          "BATON_JOB_TOKEN (without it, the scheduler's job id)";
+          if (!problem.empty()) {
+            if (!right) s_.refused++;
+            spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), problem);
+            s_.fail_all(problem, true);
+          }
+        }
+        if (s_.failure) {
+          failed();
+          return false;
+        }
         switch (q.op) {
           case proto::kHello:
-            if (q.version != proto::kVersion)
-              throw proto::ProtocolError("protocol version " + std::to_string(q.version) +
-                                         ", expected " + std::to_string(proto::kVersion));
-            if (!same_token(q.token, s_.token)) throw proto::ProtocolError("wrong job token");
             authed_ = true;
             hello_timer_.cancel();
             ok();
@@ -194,15 +254,58 @@ struct StoreServer::Impl {
     bool authed_ = false;
   };
 
+  // Registers a rank; returns why the rendezvous must fail (empty: admitted).
+  std::string admit(const proto::Member& m, const std::string& address,
+                    const std::shared_ptr<Session>& session) {
+    if (m.rank < 0) return {};
+    auto it = members.find(m.rank);
+    if (it != members.end()) {
+      auto earlier = it->second.session.lock();
+      if (earlier && earlier->open())
+        return "rank " + std::to_string(m.rank) +
+               " registered twice: " + describe_rank(it->second.member, it->second.address) +
+               ", and " + describe_rank(m, address) + ": two processes were given one rank (" +
+               (m.rank_from.empty() ? std::string("the rank") : m.rank_from) + "=" +
+               std::to_string(m.rank) + ")";
+    }
+    if (first && first->member.size != m.size)
+      return "the ranks' world sizes differ: " + describe_rank(m, address) + " has a world of " +
+             std::to_string(m.size) + " (" + m.size_from + "=" + std::to_string(m.size) + "), " +
+             describe_rank(first->member, first->address) + " one of " +
+             std::to_string(first->member.size) + " (" + first->member.size_from + "=" +
+             std::to_string(first->member.size) +
+             "): every rank must be started with the same world size";
+    Registered r{m, address, session};
+    if (!first) first = r;
+    members[m.rank] = std::move(r);
+    return {};
+  }
+
+  // Fails the rendezvous: the waiting requests are answered now, the others as they come.
+  void fail_all(const std::string& message, bool input) {
+    if (failure) return;
+    failure = Failure{input, message};
+    for (auto& p : parked) {
+      p.timer->cancel();
+      if (p.session->open()) p.session->failed();
+    }
+    parked.clear();
+  }
+
   void park(std::shared_ptr<Session> session, std::vector<std::string> keys, bool want_value,
             uint32_t ms) {
     Parked p{std::move(session), std::move(keys), want_value,
              std::make_shared<asio::steady_timer>(io)};
     if (try_answer(p)) return;
     p.timer->expires_after(std::chrono::milliseconds(ms));
-    auto it = parked.insert(parked.end(), std::move(p));
-    it->timer->async_wait([this, it](boost::system::error_code ec) {
+    auto timer = p.timer;
+    parked.push_back(std::move(p));
+    timer->async_wait([this, timer](boost::system::error_code ec) {
       if (ec) return;  // answered and cancelled
+      // Answered (or failed) after the timer expired but before this ran: gone.
+      auto it = std::find_if(parked.begin(), parked.end(),
+                             [&](const Parked& q) { return q.timer == timer; });
+      if (it == parked.end()) return;
       std::string missing;
       for (auto& k : it->keys)
         if (!table.count(k)) missing += (missing.empty() ? "" : ", ") + k;
@@ -305,6 +408,20 @@ uint16_t StoreServer::port() const {
 }
 size_t StoreServer::refused() const {
   return impl_->refused.load();
+}
+void StoreServer::fail(const std::string& message, bool input) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> posted = done->get_future();
+  asio::post(impl_->io, [impl = impl_.get(), message, input, done] {
+    impl->fail_all(message, input);
+    done->set_value();
+  });
+  // The caller is about to exit, taking the server with it: give the answers a moment
+  // to be written (a peer that does not read may not get its answer).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  if (posted.wait_until(deadline) != std::future_status::ready) return;
+  while (impl_->closing_writes.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 std::optional<std::string> StoreServer::peek(const std::string& key) const {
   std::lock_guard lock(impl_->table_mu);

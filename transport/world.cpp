@@ -186,6 +186,8 @@ LaunchEnv read_launch_env() {
       throw InputError(std::string(s.name) + ": " + (env(s.rank) ? s.size : s.rank) +
                        " is not set but " + (env(s.rank) ? s.rank : s.size) + " is");
     e.source = s.name;
+    e.rank_from = s.rank;
+    e.size_from = s.size;
     e.size = env_int(s.size, 1, 1 << 20);
     e.rank = env_int(s.rank, 0, e.size - 1);
     if (s.local_size == nullptr) {
@@ -278,10 +280,20 @@ World init_world(const WorldOptions& options) {
     w.server = std::make_unique<StoreServer>(host, port, e.token);
     spdlog::debug("rank 0: rendezvous listening on {}:{}", host, port);
   }
-  w.store = std::make_shared<TcpStore>(host, port, e.token, options.comm.connect_timeout);
   HostLabels hosts;
   hosts.mine = world_host_label(host, port);
-  w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix, hosts);
+  // Registered as a rank: the rendezvous refuses a rank twice, world sizes that differ
+  // and another job token, for every rank at once.
+  const StoreMember me{e.rank, e.rank_from, e.size, e.size_from, hosts.mine};
+  try {
+    w.store = std::make_shared<TcpStore>(host, port, e.token, options.comm.connect_timeout, me);
+    w.comm = make_ucx_world(e.rank, e.size, w.store, options.comm, options.prefix, hosts);
+  } catch (const std::exception& error) {
+    // The ranks waiting at this rank's rendezvous learn why it closes (the ranks that
+    // never came), rather than reading an end of file.
+    if (w.server) w.server->fail(error.what(), dynamic_cast<const InputError*>(&error) != nullptr);
+    throw;
+  }
   note_world_hosts(e.rank, std::move(hosts.of));
   return w;
 }

@@ -35,6 +35,8 @@ struct LaunchEnv {
   // bound it; "none": no binding.)
   bool bind_self = false;
   std::string source = "none";  // "baton launch", "Open MPI", "PMI", "Slurm", "none"
+  // The variables rank and size came from (for messages): "SLURM_PROCID", ...
+  std::string rank_from, size_from;
 };
 
 // Reads BATON_RANK / BATON_WORLD_SIZE (set by baton launch), else OMPI_COMM_WORLD_RANK /

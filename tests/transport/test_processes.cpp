@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -111,16 +113,90 @@ TEST(Processes, SchedulerEnvironmentsWithAGivenRendezvous) {
   }
 }
 
+// A rank with another token is bad input there, and rank 0 fails at once naming it (it
+// had waited out the connect timeout and then called the rank not started, both exit 1).
 TEST(Processes, AWrongTokenIsRefused) {
   std::string at = "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
-                   " BATON_WORLD_SIZE=2 BATON_CONNECT_TIMEOUT=2 ";
+                   " BATON_WORLD_SIZE=2 BATON_CONNECT_TIMEOUT=20 ";
   std::string cmd = at + "BATON_JOB_TOKEN=right BATON_RANK=0 " + COMM_WORKER +
                     " check & sleep 0.3; " + at + "BATON_JOB_TOKEN=wrong BATON_RANK=1 " +
                     COMM_WORKER + " check; a=$?; wait $!; b=$?; echo codes $a $b";
   Result r = run(cmd);
   EXPECT_TRUE(has(r.out, "wrong job token")) << r.out;
-  EXPECT_TRUE(has(r.out, "codes 1 1")) << r.out;  // the intruder is refused, rank 0 gives up
+  EXPECT_TRUE(has(r.out, "codes 2 2")) << r.out;  // bad input on both
   EXPECT_TRUE(has(r.out, "refused a connection")) << r.out;
+  EXPECT_TRUE(has(r.out, "rank 1 (BATON_RANK) on ")) << r.out;
+  EXPECT_LT(r.secs, 10.0) << r.out;  // not the connect timeout
+}
+
+// Ranks started as srun would (SLURM_PROCID, SLURM_NTASKS), each with its own
+// variables (after `common`), at once; every line of a rank's output is tagged "[name] ",
+// and its exit code follows as "[name] code N".
+std::string srun_ranks(const std::string& common,
+                       const std::vector<std::pair<std::string, std::string>>& ranks) {
+  std::string cmd;
+  for (const auto& [name, vars] : ranks)
+    cmd += "(" + vars + " " + common + " " + COMM_WORKER +
+           " check 2>&1; echo code $?) | sed \"s/^/[" + name + "] /\" & ";
+  return cmd + "wait";
+}
+
+std::string srun_common(int size) {
+  return "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
+         " BATON_JOB_TOKEN=t0ken BATON_PEER_TIMEOUT=2 SLURM_NTASKS=" + std::to_string(size);
+}
+
+// Rank 2 of 3 never starts, and rank 0, which hosts the rendezvous, gives up first: rank 1
+// names rank 2 too (it had read the store's end of file), with rank 0's exit code.
+TEST(Processes, UnderSrunEveryRankNamesARankThatNeverStarted) {
+  Result r = run(srun_ranks(srun_common(3) + " BATON_CONNECT_TIMEOUT=2",
+                            {{"0", "SLURM_PROCID=0"}, {"1", "sleep 0.5; SLURM_PROCID=1"}}));
+  EXPECT_TRUE(has(r.out, "[0] code 1")) << r.out;
+  EXPECT_TRUE(has(r.out, "[1] code 1")) << r.out;
+  EXPECT_TRUE(has(r.out, ": rank 0: rank 2 of 3 did not reach the rendezvous within 2 s")) << r.out;
+  std::regex named(R"(\[1\] .*rank 2 of 3 did not reach the rendezvous within 2 s)");
+  EXPECT_TRUE(std::regex_search(r.out, named)) << r.out;
+  EXPECT_LT(r.secs, 8.0) << r.out;
+}
+
+// SLURM_NTASKS differs between ranks, either way round: bad input on both at once, naming
+// both sizes (they had met, then blamed each other as dead after the peer timeout).
+TEST(Processes, UnderSrunWorldSizesThatDifferFailEveryRank) {
+  for (auto [size0, size1] : {std::pair{3, 2}, std::pair{2, 3}}) {
+    const std::string common =
+        "BATON_RENDEZVOUS=127.0.0.1:" + std::to_string(free_port()) +
+        " BATON_JOB_TOKEN=t0ken BATON_PEER_TIMEOUT=2 BATON_CONNECT_TIMEOUT=20";
+    Result r =
+        run(srun_ranks(common, {{"0", "SLURM_PROCID=0 SLURM_NTASKS=" + std::to_string(size0)},
+                                {"1", "SLURM_PROCID=1 SLURM_NTASKS=" + std::to_string(size1)}}));
+    EXPECT_TRUE(has(r.out, "[0] code 2")) << r.out;
+    EXPECT_TRUE(has(r.out, "[1] code 2")) << r.out;
+    for (const char* rank : {"[0]", "[1]"}) {
+      std::regex named(std::string(R"(\)") + rank +
+                       R"( .*the ranks' world sizes differ: .*SLURM_NTASKS=\d.*SLURM_NTASKS=\d)");
+      EXPECT_TRUE(std::regex_search(r.out, named)) << rank << "\n" << r.out;
+    }
+    EXPECT_TRUE(has(r.out, "(SLURM_NTASKS=2)")) << r.out;
+    EXPECT_TRUE(has(r.out, "(SLURM_NTASKS=3)")) << r.out;
+    EXPECT_LT(r.secs, 10.0) << r.out;
+  }
+}
+
+// Two processes with SLURM_PROCID=1: bad input on all three, naming the rank (one had
+// trained with rank 0, the other hung or lost its connection). Rank 0 starts last, so
+// that both have registered before anyone can finish the rendezvous.
+TEST(Processes, UnderSrunTwoProcessesOfOneRankFailEveryRank) {
+  Result r = run(srun_ranks(
+      srun_common(2) + " BATON_CONNECT_TIMEOUT=20",
+      {{"1", "SLURM_PROCID=1"}, {"1dup", "SLURM_PROCID=1"}, {"0", "sleep 0.3; SLURM_PROCID=0"}}));
+  for (const char* name : {"0", "1", "1dup"}) {
+    EXPECT_TRUE(has(r.out, std::string("[") + name + "] code 2")) << r.out;
+    std::regex named(
+        std::string(R"(\[)") + name +
+        R"(\] .*rank 1 registered twice: rank 1 \(SLURM_PROCID\) on .* at 127\.0\.0\.1:\d+, and rank 1 \(SLURM_PROCID\) on .* at 127\.0\.0\.1:\d+: two processes were given one rank \(SLURM_PROCID=1\))");
+    EXPECT_TRUE(std::regex_search(r.out, named)) << name << "\n" << r.out;
+  }
+  EXPECT_LT(r.secs, 10.0) << r.out;
 }
 
 TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {

@@ -299,6 +299,154 @@ TEST(Store, MalformedRequestsAfterTheHelloAreRefused) {
   EXPECT_EQ(e.add("n", -1), INT64_MAX - 1);
 }
 
+// What a call threw: its message, and whether it was bad input (empty: nothing thrown).
+struct Outcome {
+  std::string what;
+  bool input = false;
+};
+template <class F>
+Outcome outcome(F f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return {e.what(), true};
+  } catch (const std::exception& e) {
+    return {e.what(), false};
+  }
+  return {};
+}
+
+StoreMember slurm_rank(int rank, int size, const std::string& host) {
+  return {rank, "SLURM_PROCID", size, "SLURM_NTASKS", host};
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A rank waiting at the rendezvous (as start-up waits for its peers' addresses) while
+// something else happens; what its wait threw, and how long it took.
+struct Waiting {
+  explicit Waiting(TcpStore& store)
+      : thread([&store, this] {
+          auto t0 = std::chrono::steady_clock::now();
+          got = outcome([&] { store.wait({"never"}, 20'000ms); });
+          took = std::chrono::steady_clock::now() - t0;
+        }) {
+    std::this_thread::sleep_for(100ms);  // parked at the server
+  }
+  ~Waiting() {
+    if (thread.joinable()) thread.join();
+  }
+  Outcome join() {
+    thread.join();
+    return got;
+  }
+  // Before the thread, which writes them.
+  Outcome got;
+  std::chrono::steady_clock::duration took{};
+  std::thread thread;
+};
+
+// Two processes given one rank (two with SLURM_PROCID=1): the second registration fails
+// the rendezvous for every rank, as bad input naming the rank and both processes. It had
+// been let in: one of the two trained, the other hung.
+TEST(Store, ARankRegisteredTwiceFailsEveryRank) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 2, "hosta"));
+  TcpStore r1("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostb"));
+  Waiting waiting(r0);
+  Outcome dup = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostc")); });
+  Outcome at0 = waiting.join();
+  EXPECT_TRUE(dup.input) << dup.what;
+  EXPECT_TRUE(
+      has(dup.what, "rank 1 registered twice: rank 1 (SLURM_PROCID) on hostb at 127.0.0.1:"))
+      << dup.what;
+  EXPECT_TRUE(has(dup.what, ", and rank 1 (SLURM_PROCID) on hostc at 127.0.0.1:")) << dup.what;
+  EXPECT_TRUE(has(dup.what, "two processes were given one rank (SLURM_PROCID=1)")) << dup.what;
+  EXPECT_TRUE(at0.input) << at0.what;
+  EXPECT_TRUE(has(at0.what, "rank 1 registered twice")) << at0.what;
+  EXPECT_LT(waiting.took, 5000ms);  // at once, not at the end of its wait
+  Outcome at1 = outcome([&] { r1.set("k", "v"); });
+  EXPECT_TRUE(at1.input && has(at1.what, "rank 1 registered twice")) << at1.what;
+  // Plain clients (no rank) are not registered: any number of them.
+  StoreServer plain("127.0.0.1", 0, "tok");
+  TcpStore a("127.0.0.1", plain.port(), "tok"), b("127.0.0.1", plain.port(), "tok");
+  a.set("k", "v");
+  EXPECT_EQ(b.get("k", 100ms), "v");
+}
+
+// Ranks started with different world sizes (SLURM_NTASKS=3 on one, 2 on another): bad
+// input on every rank, naming both sizes and their variables. They had met and then
+// blamed each other as dead after the peer timeout.
+TEST(Store, WorldSizesThatDifferFailEveryRank) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 3, "hosta"));
+  Waiting waiting(r0);
+  Outcome at1 = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostb")); });
+  Outcome at0 = waiting.join();
+  for (const Outcome& o : {at0, at1}) {
+    EXPECT_TRUE(o.input) << o.what;
+    EXPECT_TRUE(has(o.what,
+                    "the ranks' world sizes differ: rank 1 (SLURM_PROCID) on hostb at "
+                    "127.0.0.1:"))
+        << o.what;
+    EXPECT_TRUE(has(o.what,
+                    "has a world of 2 (SLURM_NTASKS=2), rank 0 (SLURM_PROCID) on hosta "
+                    "at 127.0.0.1:"))
+        << o.what;
+    EXPECT_TRUE(has(o.what, "one of 3 (SLURM_NTASKS=3)")) << o.what;
+  }
+  EXPECT_LT(waiting.took, 5000ms);
+}
+
+// A rank with another job token: bad input there, and every rank waiting fails at once
+// naming the rank and its address. Rank 0 had waited out the whole connect timeout and
+// then called the rank "not started"; the rank itself had exited 1.
+TEST(Store, ARankWithAnotherTokenFailsTheRendezvousAtOnce) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 2, "hosta"));
+  Waiting waiting(r0);
+  Outcome bad = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "other", 5000ms, slurm_rank(1, 2, "hostb")); });
+  Outcome at0 = waiting.join();
+  for (const Outcome& o : {bad, at0}) {
+    EXPECT_TRUE(o.input) << o.what;
+    EXPECT_TRUE(has(o.what, "rank 1 (SLURM_PROCID) on hostb at 127.0.0.1:")) << o.what;
+    EXPECT_TRUE(has(o.what,
+                    "presented a wrong job token: every rank of a job needs the same "
+                    "BATON_JOB_TOKEN"))
+        << o.what;
+  }
+  EXPECT_LT(waiting.took, 5000ms);
+  EXPECT_EQ(server.refused(), 1u);
+}
+
+// The hosting rank gives up (ranks that never came): the ranks waiting at its
+// rendezvous get its reason, a runtime failure as on the host, not an end of file; so do
+// their later calls and ranks that come later.
+TEST(Store, FailTellsEveryRankWhyTheRendezvousCloses) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r1("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 4, "hostb"));
+  Waiting waiting(r1);
+  const std::string why = "rank 0: rank 3 of 4 did not reach the rendezvous within 3 s";
+  server.fail(why, false);
+  Outcome at1 = waiting.join();
+  EXPECT_FALSE(at1.input) << at1.what;
+  EXPECT_EQ(at1.what, "rendezvous at 127.0.0.1:" + std::to_string(server.port()) + ": " + why);
+  EXPECT_LT(waiting.took, 5000ms);
+  Outcome again = outcome([&] { r1.get("k", 0ms); });
+  EXPECT_EQ(again.what, at1.what);
+  Outcome late = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(2, 4, "hostc")); });
+  EXPECT_FALSE(late.input);
+  EXPECT_TRUE(has(late.what, why)) << late.what;
+  server.fail("a second reason", true);  // the first stays
+  EXPECT_TRUE(has(outcome([&] { TcpStore("127.0.0.1", server.port(), "tok"); }).what, why));
+}
+
 // srun's environment: the local size from this node's entry of Slurm's tasks-per-node
 // list (SLURM_NTASKS_PER_NODE exists only with --ntasks-per-node: every rank but 0 had
 // been refused); the rendezvous's host:port forms, a bracketed IPv6 address included.

@@ -6,13 +6,22 @@
 //
 //   client -> server                      server -> client
 //   kHello  u32 version, str token        kOk (nothing) | kError str message
+//           [u32 rank, str rank_from,
+//            u32 size, str size_from,
+//            str host]
 //   kSet    str key, str value            kOk
 //   kGet    str key, u32 timeout_ms       kOk str value | kError "timeout ..."
 //   kWait   u32 n, n x str key, u32 ms    kOk | kError
 //   kAdd    str key, i64 delta            kOk i64 value
+//   any of them                           kFailed u8 input, str message
 //
 // The first frame of a connection must be kHello with the job's token; anything else
-// is answered with kError and the connection is closed.
+// is answered with kError and the connection is closed. A rank of a world says which
+// (the bracketed fields: its rank and world size, the variables they came from and its
+// host, for messages); a plain client leaves them out. kFailed: the rendezvous has
+// failed for the whole job (a rank registered twice, world sizes that differ, a rank
+// with another token, or the hosting rank gave up); every request gets it from then on,
+// and `input` says whether it is bad input (exit code 2) or a runtime failure.
 #pragma once
 
 #include <cerrno>
@@ -24,18 +33,34 @@
 #include <vector>
 
 #include "memory/error.h"
+#include "transport/store.h"
 
 namespace baton::transport::detail::store {
+
+using Member = StoreMember;
 
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxFrame = 4u << 20;
 constexpr uint32_t kMaxKey = 4096;
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kWait = 4, kAdd = 5, kOk = 100, kError = 101 };
+enum Op : uint8_t {
+  kHello = 1,
+  kSet = 2,
+  kGet = 3,
+  kWait = 4,
+  kAdd = 5,
+  kOk = 100,
+  kError = 101,
+  kFailed = 102
+};
 
 class Writer {
  public:
   explicit Writer(Op op) { out_.push_back(char(op)); }
+  Writer& u8(uint8_t v) {
+    out_.push_back(char(v));
+    return *this;
+  }
   Writer& u32(uint32_t v) {
     char b[4];
     for (int i = 0; i < 4; ++i) b[i] = char((v >> (8 * i)) & 0xff);
@@ -79,6 +104,7 @@ class Reader {
  public:
   explicit Reader(std::string_view payload) : p_(payload) {}
   uint8_t op() { return uint8_t(take(1)[0]); }
+  uint8_t u8() { return uint8_t(take(1)[0]); }
   uint32_t u32() {
     auto b = take(4);
     uint32_t v = 0;
@@ -98,6 +124,7 @@ class Reader {
                           std::to_string(max));
     return std::string(take(n));
   }
+  bool at_end() const { return p_.empty(); }
   void end() const {
     if (!p_.empty()) throw ProtocolError(std::to_string(p_.size()) + " unexpected trailing bytes");
   }
@@ -120,11 +147,21 @@ inline uint32_t frame_length(const char header[4]) {
   return n;
 }
 
+// Writes a hello; the member's part only for a rank of a world.
+inline std::string hello_frame(const std::string& token, const Member& m) {
+  Writer w(kHello);
+  w.u32(kVersion).str(token);
+  if (m.rank >= 0)
+    w.u32(uint32_t(m.rank)).str(m.rank_from).u32(uint32_t(m.size)).str(m.size_from).str(m.host);
+  return w.frame();
+}
+
 // One client request, decoded and checked (what the server acts on).
 struct Request {
   Op op = kHello;
   uint32_t version = 0;           // kHello
   std::string token;              // kHello
+  Member member;                  // kHello: rank -1 for a plain client
   std::vector<std::string> keys;  // kSet, kGet, kAdd: one; kWait: n
   std::string value;              // kSet
   uint32_t timeout_ms = 0;        // kGet, kWait
@@ -144,6 +181,16 @@ inline Request parse_request(std::string_view payload, bool authed) {
       if (authed) throw ProtocolError("a second hello");
       r.version = in.u32();
       r.token = in.str(1024);
+      if (!in.at_end()) {
+        r.member.rank = int32_t(in.u32());
+        r.member.rank_from = in.str(256);
+        r.member.size = int32_t(in.u32());
+        r.member.size_from = in.str(256);
+        r.member.host = in.str(1024);
+        if (r.member.rank < 0 || r.member.size < 1 || r.member.rank >= r.member.size)
+          throw ProtocolError("rank " + std::to_string(r.member.rank) + " of a world of " +
+                              std::to_string(r.member.size));
+      }
       break;
     case kSet:
       r.keys.push_back(in.str(kMaxKey));
