@@ -18,6 +18,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       switch (q.op) {
         case proto::kHello:
           w.u32(q.version).str(q.token);
+          if (q.member.rank >= 0)
+            w.u32(uint32_t(q.member.rank))
+                .str(q.member.rank_from)
+                .u32(uint32_t(q.member.size))
+                .str(q.member.size_from)
+                .str(q.member.host);
           break;
         case proto::kSet:
           w.str(q.keys.at(0)).str(q.value);
@@ -48,11 +54,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (size >= 4) (void)proto::frame_length(reinterpret_cast<const char*>(data));
-  // A reply: an opcode and, for kOk, a value or a counter; for kError a message.
+  // A reply: an opcode and, for kOk, a value or a counter; for kError a message; for
+  // kFailed whether it is bad input, and a message.
   try {
     proto::Reader in(bytes);
     uint8_t op = in.op();
-    if (op == proto::kError || (op == proto::kOk && size > 9))
+    if (op == proto::kFailed) (void)in.u8();
+    if (op == proto::kError || op == proto::kFailed || (op == proto::kOk && size > 9))
       (void)in.str();
     else if (op == proto::kOk && size == 9)
       (void)in.i64();
