@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,34 +68,33 @@ std::optional<int> slurm_tasks_here() {
   const int node = env("SLURM_NODEID") ? env_int("SLURM_NODEID", 0, 1 << 20) : 0;
   std::vector<int> per_node;
   const std::string text = list;
-  size_t pos = 0;
   auto bad = [&] {
     return InputError(std::string(name) + "='" + text +
                       "': expected counts such as 2(x3),1 (Slurm's tasks per node)");
   };
-  while (pos < text.size()) {
-    size_t used = 0;
-    int count = 0, times = 1;
-    try {
-      count = std::stoi(text.substr(pos), &used);
-    } catch (const std::exception&) {
-      throw bad();
-    }
-    pos += used;
+  // The whole text, digits only: std::stoi took "2(x3)," and " 2".
+  size_t pos = 0;
+  auto number = [&] {
+    long v = 0;
+    const size_t start = pos;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9' && pos - start < 8)
+      v = v * 10 + (text[pos++] - '0');
+    if (pos == start || v < 1) throw bad();
+    return v;
+  };
+  while (true) {
+    const long count = number();
+    long times = 1;
     if (text.compare(pos, 2, "(x") == 0) {
       pos += 2;
-      try {
-        times = std::stoi(text.substr(pos), &used);
-      } catch (const std::exception&) {
-        throw bad();
-      }
-      pos += used;
+      times = number();
       if (pos >= text.size() || text[pos] != ')') throw bad();
       ++pos;
     }
-    if (count < 1 || times < 1 || per_node.size() + size_t(times) > size_t(1) << 20) throw bad();
-    per_node.insert(per_node.end(), size_t(times), count);
-    if (pos < text.size() && text[pos++] != ',') throw bad();
+    if (count > 1 << 20 || per_node.size() + size_t(times) > size_t(1) << 20) throw bad();
+    per_node.insert(per_node.end(), size_t(times), int(count));
+    if (pos == text.size()) break;
+    if (text[pos++] != ',') throw bad();
   }
   if (size_t(node) >= per_node.size())
     throw InputError(std::string(name) + "='" + text + "' lists " +
@@ -180,11 +180,16 @@ std::pair<std::string, uint16_t> parse_host_port(const std::string& text, const 
 
 LaunchEnv read_launch_env() {
   LaunchEnv e;
+  // Variables that come in pairs: both or neither.
+  auto pair = [](const Source& s, const char* a, const char* b) {
+    if (a == nullptr || b == nullptr || bool(env(a)) == bool(env(b))) return;
+    throw InputError(std::string(s.name) + ": " + (env(a) ? b : a) + " is not set but " +
+                     (env(a) ? a : b) + " is");
+  };
   for (const Source& s : kSources) {
     if (!env(s.rank) && !env(s.size)) continue;
-    if (!env(s.rank) || !env(s.size))
-      throw InputError(std::string(s.name) + ": " + (env(s.rank) ? s.size : s.rank) +
-                       " is not set but " + (env(s.rank) ? s.rank : s.size) + " is");
+    pair(s, s.rank, s.size);
+    pair(s, s.local_rank, s.local_size);
     e.source = s.name;
     e.rank_from = s.rank;
     e.size_from = s.size;
@@ -222,8 +227,12 @@ LaunchEnv read_launch_env() {
         throw InputError(
             "BATON_JOB_TOKEN is not set: give every rank the same secret, e.g. "
             "`mpirun -x BATON_JOB_TOKEN=$(openssl rand -hex 16) ...`");
-      spdlog::warn(
-          "BATON_JOB_TOKEN is not set; using the scheduler's job id as the rendezvous token");
+      // Once: the environment is read more than once per process (thread counts, then
+      // the world).
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true))
+        spdlog::warn(
+            "BATON_JOB_TOKEN is not set; using the scheduler's job id as the rendezvous token");
     }
   }
   return e;

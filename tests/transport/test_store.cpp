@@ -1,9 +1,12 @@
 // The rendezvous store: set / get / wait / add, timeouts that name the key, the job
 // token, and messages that are malformed or too long.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "memory/error.h"
@@ -489,6 +492,114 @@ TEST(World, SlurmLocalSizeAndHostPorts) {
   for (const char* bad : {":0", "host:", "host", "host:70000", "host:x"})
     EXPECT_THROW(parse_host_port(bad, "--rendezvous", true), InputError) << bad;
   EXPECT_THROW(parse_host_port("host:0", "BATON_RENDEZVOUS"), InputError);
+}
+
+// Clears every launcher's variables, so that a test sees only what it sets.
+void clear_launch_env() {
+  for (const char* v : {"BATON_RANK",
+                        "BATON_WORLD_SIZE",
+                        "BATON_LOCAL_RANK",
+                        "BATON_LOCAL_SIZE",
+                        "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "PMI_RANK",
+                        "PMI_SIZE",
+                        "MPI_LOCALRANKID",
+                        "MPI_LOCALNRANKS",
+                        "SLURM_PROCID",
+                        "SLURM_NTASKS",
+                        "SLURM_LOCALID",
+                        "SLURM_NODEID",
+                        "SLURM_TASKS_PER_NODE",
+                        "SLURM_STEP_TASKS_PER_NODE",
+                        "SLURM_JOB_ID",
+                        "BATON_RENDEZVOUS",
+                        "BATON_JOB_TOKEN"})
+    ::unsetenv(v);
+}
+
+// Slurm's tasks-per-node list is read whole, digits only: std::stoi had taken "2(x3),",
+// " 2" and "+2".
+TEST(World, SlurmTasksPerNodeIsReadWhole) {
+  clear_launch_env();
+  ::setenv("BATON_RENDEZVOUS", "127.0.0.1:29500", 1);
+  ::setenv("BATON_JOB_TOKEN", "t0ken", 1);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_NODEID", "2", 1);
+  ::setenv("SLURM_TASKS_PER_NODE", "2(x3),1", 1);
+  EXPECT_EQ(read_launch_env().local_size, 2);
+  ::setenv("SLURM_NODEID", "3", 1);
+  EXPECT_EQ(read_launch_env().local_size, 1);
+  ::setenv("SLURM_NODEID", "0", 1);
+  for (const char* bad : {"2(x3),", " 2", "2 ", "+2", "2, 1", "2(x3)x", "2(x 3)", "2(x+3)", "2,,1",
+                          ",2", "0", "2(x0)", "2(x3", "3x", "99999999999"}) {
+    ::setenv("SLURM_TASKS_PER_NODE", bad, 1);
+    Outcome o = outcome([] { read_launch_env(); });
+    EXPECT_TRUE(o.input) << bad << ": " << o.what;
+    EXPECT_EQ(o.what, std::string("SLURM_TASKS_PER_NODE='") + bad +
+                          "': expected counts such as 2(x3),1 (Slurm's tasks per node)");
+  }
+  clear_launch_env();
+}
+
+// A local rank without the local size (or the reverse) names the variable missing, for
+// every launcher that has both; it had said "expected an integer from 0 to 0".
+TEST(World, ALocalRankWithoutItsSizeNamesTheMissingVariable) {
+  struct Launcher {
+    const char *name, *rank, *size, *local_rank, *local_size;
+  };
+  for (Launcher l :
+       {Launcher{"baton launch", "BATON_RANK", "BATON_WORLD_SIZE", "BATON_LOCAL_RANK",
+                 "BATON_LOCAL_SIZE"},
+        Launcher{"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        Launcher{"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}}) {
+    for (bool rank_given : {true, false}) {
+      clear_launch_env();
+      ::setenv("BATON_RENDEZVOUS", "127.0.0.1:29500", 1);
+      ::setenv("BATON_JOB_TOKEN", "t0ken", 1);
+      ::setenv(l.rank, "1", 1);
+      ::setenv(l.size, "4", 1);
+      ::setenv(rank_given ? l.local_rank : l.local_size, rank_given ? "1" : "2", 1);
+      Outcome o = outcome([] { read_launch_env(); });
+      EXPECT_TRUE(o.input) << o.what;
+      const char* given = rank_given ? l.local_rank : l.local_size;
+      const char* missing = rank_given ? l.local_size : l.local_rank;
+      EXPECT_EQ(o.what, std::string(l.name) + ": " + missing + " is not set but " + given + " is");
+      ::setenv(missing, rank_given ? "2" : "1", 1);
+      LaunchEnv e = read_launch_env();
+      EXPECT_EQ(e.local_rank, 1);
+      EXPECT_EQ(e.local_size, 2);
+      EXPECT_EQ(e.rank_from, l.rank);
+      EXPECT_EQ(e.size_from, l.size);
+    }
+  }
+  clear_launch_env();
+}
+
+// The warning that the job id serves as the token: once per process, though the
+// environment is read several times (baton train read it twice and warned twice).
+TEST(World, TheJobIdTokenWarningIsPrintedOnce) {
+  clear_launch_env();
+  ::setenv("BATON_RENDEZVOUS", "127.0.0.1:29500", 1);
+  ::setenv("SLURM_PROCID", "1", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_JOB_ID", "4242", 1);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read_launch_env().token, "job-4242");
+  spdlog::default_logger()->sinks().pop_back();
+  const std::string text = log.str();
+  size_t count = 0;
+  for (size_t at = text.find("BATON_JOB_TOKEN is not set"); at != std::string::npos;
+       at = text.find("BATON_JOB_TOKEN is not set", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << text;
+  clear_launch_env();
 }
 
 }  // namespace
