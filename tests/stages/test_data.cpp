@@ -3,8 +3,12 @@
 // committed fixture) read back the same tokens; flat token files and text; windows inside
 // documents; blends hold their proportions; held-out splits; every bad file is an
 // InputError naming the file and the reason.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -16,6 +20,7 @@
 
 #include "memory/error.h"
 #include "stages/data.h"
+#include "stages/mapped_file.h"
 #include "stages/model.h"
 #include "stages/token_store.h"
 
@@ -849,6 +854,97 @@ TEST(Data, VocabularyCountsAnEmbeddingsOffset) {
 TEST(TextData, TooShortNamesTheFile) {
   data_expect_input_error([] { ByteDataset(std::string("short"), "small.txt", 16); },
                           {"small.txt: 5 bytes of data", "at least 17"});
+}
+
+// ---- a mapped file truncated while the run reads it ----
+
+// Three pages of bytes, so a read near the end lies pages past a truncation to 0.
+std::string three_pages(const std::string& name) {
+  const std::string path = tmp(name);
+  std::ofstream(path, std::ios::binary) << std::string(size_t(3 * ::sysconf(_SC_PAGESIZE)), 'x');
+  return path;
+}
+
+// A path inside a POSIX extended regular expression, as gtest's death tests read one.
+std::string ere_quote(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (std::strchr(".[]()*+?{}|^$\\", c) != nullptr) r += '\\';
+    r += c;
+  }
+  return r;
+}
+
+// Truncated in place (as a tool that rewrites it with "wb" does), the mapping's pages past
+// the new end raise SIGBUS on a read: the run ends with exit 1 and a line naming the file,
+// not a bus error. The registration follows the mapping through a move.
+TEST(MappedFileDeathTest, ATruncatedFileIsNamedAndExitsOne) {
+  const std::string path = three_pages("shrinks.bin");
+  const std::string size = std::to_string(3 * ::sysconf(_SC_PAGESIZE));
+  EXPECT_EXIT(
+      {
+        MappedFile held(path);
+        MappedFile f = std::move(held);
+        if (::truncate(path.c_str(), 0) != 0) std::_Exit(5);
+        volatile unsigned char c = f.data()[f.size() - 1];
+        (void)c;
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(1),
+      "^baton: failed: " + ere_quote(path) + " shrank while it was mapped \\(was " + size +
+          " bytes, now 0\\): a file given to baton must not be rewritten while the run reads "
+          "it; resume from the last checkpoint");
+}
+
+// The same through the token store `baton train --data` reads.
+TEST(MappedFileDeathTest, ATruncatedDatasetIsNamed) {
+  const std::string path = three_pages("shrinks.txt");
+  EXPECT_EXIT(
+      {
+        auto store = open_token_store(path, "text", "");
+        if (::truncate(path.c_str(), 0) != 0) std::_Exit(5);
+        int64_t token = 0;
+        store->read(store->num_tokens() - 1, 1, &token);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(1), ere_quote(path) + " shrank while it was mapped");
+}
+
+void previous_bus_handler(int, siginfo_t*, void*) {
+  const char msg[] = "the previous SIGBUS handler ran\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ::_exit(3);
+}
+
+// A SIGBUS outside baton's mappings (here a mapping of its own, at an address a released
+// MappedFile may have held) goes on to the handler installed before baton's (UCX's, in
+// the command). A fresh process ("threadsafe"), so that handler comes first.
+TEST(MappedFileDeathTest, AFaultOutsideTheMappingsGoesToThePreviousHandler) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string mine = three_pages("mapped.bin"), other = three_pages("unregistered.bin");
+  EXPECT_EXIT(
+      {
+        struct sigaction sa {};
+        sa.sa_sigaction = previous_bus_handler;
+        sa.sa_flags = SA_SIGINFO;
+        ::sigemptyset(&sa.sa_mask);
+        ::sigaction(SIGBUS, &sa, nullptr);
+        MappedFile held(mine);
+        { MappedFile released(other); }
+        struct sigaction now {};
+        ::sigaction(SIGBUS, nullptr, &now);
+        if (now.sa_sigaction == previous_bus_handler) std::_Exit(4);  // baton's is not installed
+        const size_t size = held.size();
+        const int fd = ::open(other.c_str(), O_RDONLY);
+        void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        ::close(fd);
+        if (p == MAP_FAILED || ::truncate(other.c_str(), 0) != 0) std::_Exit(5);
+        volatile unsigned char c = static_cast<const unsigned char*>(p)[size - 1];
+        (void)c;
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(3), "the previous SIGBUS handler ran");
+  GTEST_FLAG_SET(death_test_style, "fast");
 }
 
 }  // namespace
