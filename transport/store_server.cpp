@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "transport/detail/asio.h"
@@ -285,11 +286,19 @@ struct StoreServer::Impl {
   void fail_all(const std::string& message, bool input) {
     if (failure) return;
     failure = Failure{input, message};
+    std::set<const Session*> told;
     for (auto& p : parked) {
       p.timer->cancel();
       if (p.session->open()) p.session->failed();
+      told.insert(p.session.get());
     }
     parked.clear();
+    // A rank between two requests would otherwise find the socket closed when this
+    // server's process exits: its answer is written now, read as its next reply.
+    for (auto& [rank, r] : members) {
+      auto session = r.session.lock();
+      if (session && session->open() && !told.count(session.get())) session->failed();
+    }
   }
 
   void park(std::shared_ptr<Session> session, std::vector<std::string> keys, bool want_value,

@@ -183,11 +183,12 @@ TEST(Processes, UnderSrunWorldSizesThatDifferFailEveryRank) {
 }
 
 // Two processes with SLURM_PROCID=1: bad input on all three, naming the rank (one had
-// trained with rank 0, the other hung or lost its connection). Rank 0 starts last, so
-// that both have registered before anyone can finish the rendezvous.
+// trained with rank 0, the other hung or lost its connection). Rank 2 of the world of 3
+// never starts, so the rendezvous cannot be over before both have registered (a
+// duplicate that comes after the world has met is refused alone: docs/transport.md).
 TEST(Processes, UnderSrunTwoProcessesOfOneRankFailEveryRank) {
   Result r = run(srun_ranks(
-      srun_common(2) + " BATON_CONNECT_TIMEOUT=20",
+      srun_common(3) + " BATON_CONNECT_TIMEOUT=20",
       {{"1", "SLURM_PROCID=1"}, {"1dup", "SLURM_PROCID=1"}, {"0", "sleep 0.3; SLURM_PROCID=0"}}));
   for (const char* name : {"0", "1", "1dup"}) {
     EXPECT_TRUE(has(r.out, std::string("[") + name + "] code 2")) << r.out;
