@@ -205,6 +205,25 @@ class Schedules(unittest.TestCase):
         self.assertIn("> 1BW0 <", err.grid)
         self.assertFalse(baton.is_valid(s))
 
+    def test_lower_refuses_an_invalid_schedule(self):
+        # Checked as written, as `baton simulate --file F --lower` checks it: a STEP on rank 0
+        # only had been taken out and put back on every rank, the fault gone.
+        s = baton.parse_text("0: 0F0 0F1 0BW0 0BW1 STEP\n1: 1F0 1BW0 1F1 1BW1\n")
+        with self.assertRaises(baton.ScheduleError) as e:
+            baton.lower(s)
+        err = e.exception
+        self.assertIsInstance(err, ValueError)
+        self.assertIn("STEP", err.message)
+        with self.assertRaises(baton.ScheduleError) as v:
+            baton.validate(s)
+        self.assertEqual(str(err), str(v.exception))
+        self.assertEqual((err.rank, err.index, err.action),
+                         (v.exception.rank, v.exception.index, v.exception.action))
+        # A valid schedule lowers as before, a lowered one too.
+        low = baton.lower(baton.generate("1f1b", 2, 4))
+        baton.validate(low)
+        self.assertEqual(baton.lower(low), low)
+
 
 class Simulation(unittest.TestCase):
     def test_results_and_numpy_arrays(self):

@@ -89,6 +89,24 @@ auto with_copy(const Schedule& s, F&& f) {
   return f(own);
 }
 
+// Raises baton.ScheduleError (a ValueError) with the validator's report, where and what,
+// unless `r`, the report on `s`, is valid.
+void raise_unless_valid(const Schedule& s, const ValidationReport& r) {
+  if (r.ok) return;
+  py::object error_type = py::module_::import("baton").attr("ScheduleError");
+  py::object e = error_type(r.message + "\n" + r.grid);
+  e.attr("rank") = r.rank;
+  e.attr("index") = r.index;
+  const bool has = r.rank >= 0 && r.index >= 0 && size_t(r.rank) < s.ranks.size() &&
+                   size_t(r.index) < s.ranks[size_t(r.rank)].size();
+  e.attr("action") =
+      has ? py::cast(to_token(s.ranks[size_t(r.rank)][size_t(r.index)])) : py::none();
+  e.attr("message") = r.message;
+  e.attr("grid") = r.grid;
+  PyErr_SetObject(error_type.ptr(), e.ptr());
+  throw py::error_already_set();
+}
+
 // A numpy array that owns `v` (moved, not copied).
 py::array_t<double> owned_array(std::vector<double>&& v) {
   auto* heap = new std::vector<double>(std::move(v));
@@ -537,20 +555,7 @@ PYBIND11_MODULE(baton, m) {
   m.def(
       "validate",
       [](const Schedule& s) {
-        const ValidationReport r = with_copy(s, [](const Schedule& c) { return validate(c); });
-        if (r.ok) return;
-        py::object error_type = py::module_::import("baton").attr("ScheduleError");
-        py::object e = error_type(r.message + "\n" + r.grid);
-        e.attr("rank") = r.rank;
-        e.attr("index") = r.index;
-        const bool has = r.rank >= 0 && r.index >= 0 && size_t(r.rank) < s.ranks.size() &&
-                         size_t(r.index) < s.ranks[size_t(r.rank)].size();
-        e.attr("action") =
-            has ? py::cast(to_token(s.ranks[size_t(r.rank)][size_t(r.index)])) : py::none();
-        e.attr("message") = r.message;
-        e.attr("grid") = r.grid;
-        PyErr_SetObject(error_type.ptr(), e.ptr());
-        throw py::error_already_set();
+        raise_unless_valid(s, with_copy(s, [](const Schedule& c) { return validate(c); }));
       },
       py::arg("schedule"), "raises baton.ScheduleError unless the schedule is valid");
   m.def(
@@ -567,10 +572,21 @@ PYBIND11_MODULE(baton, m) {
         o.transfers = transfers;
         o.reduce = reduce;
         o.step = step;
-        return with_copy(s, [&](const Schedule& c) { return lower(c, o); });
+        // Checked as written first, as `baton simulate --lower` checks a file: lowering
+        // would hide some faults (a STEP on some ranks only was taken out and put back on
+        // every rank).
+        ValidationReport r;
+        Schedule lowered = with_copy(s, [&](const Schedule& c) {
+          r = validate(c);
+          return r.ok ? lower(c, o) : Schedule{};
+        });
+        raise_unless_valid(s, r);
+        return lowered;
       },
       py::arg("schedule"), py::arg("merge_backward") = false, py::arg("transfers") = true,
-      py::arg("reduce") = true, py::arg("step") = true);
+      py::arg("reduce") = true, py::arg("step") = true,
+      "the schedule lowered (transfers, REDUCE, STEP); raises baton.ScheduleError unless it "
+      "is valid as given");
   m.def(
       "split_backward",
       [](const Schedule& s) {
