@@ -213,11 +213,9 @@ stages::ShardFile write_own_state(int rank, const std::string& dir, const char* 
   char file[80];
   std::snprintf(file, sizeof file, "%s-rank-%05d.safetensors", kind, rank);
   const std::string path = dir + "/" + file;
-  // Per-tensor checksums, as the shards have: a damaged file names its tensor.
-  stages::ChecksummedTensors c = stages::checksummed(t);
-  std::map<std::string, std::string> meta = metadata;
-  meta.insert(c.metadata);
-  stages::write_safetensors(path, c.host, meta);
+  // Per-tensor checksums, as the shards have: a damaged file names its tensor. Staged on
+  // the host one tensor at a time, as the shards are.
+  stages::write_checksummed(path, t, metadata);
   stages::ShardFile sf;
   sf.file = file;
   sf.kind = kind;

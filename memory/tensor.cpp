@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <sstream>
 
@@ -250,13 +251,37 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev
   return t;
 }
 
+namespace {
+std::mutex staging_mu;
+MemoryStats staging_held;  // in_use and peak only
+}  // namespace
+
 Tensor Tensor::staging(const Shape& shape, DType dtype) {
   check_shape(shape);
   const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
-  void* p = std::aligned_alloc(Allocator::alignment(),
-                               std::max(Allocator::rounded(bytes), Allocator::alignment()));
+  const size_t held = std::max(Allocator::rounded(bytes), Allocator::alignment());
+  void* p = std::aligned_alloc(Allocator::alignment(), held);
   if (p == nullptr) throw std::bad_alloc();
-  return from_blob(p, shape, dtype, Device::cpu(), [](void* q) { std::free(q); });
+  {
+    std::lock_guard lock(staging_mu);
+    staging_held.in_use += held;
+    staging_held.peak = std::max(staging_held.peak, staging_held.in_use);
+  }
+  return from_blob(p, shape, dtype, Device::cpu(), [held](void* q) {
+    std::free(q);
+    std::lock_guard lock(staging_mu);
+    staging_held.in_use -= held;
+  });
+}
+
+MemoryStats Tensor::staging_stats() {
+  std::lock_guard lock(staging_mu);
+  return staging_held;
+}
+
+void Tensor::reset_staging_peak() {
+  std::lock_guard lock(staging_mu);
+  staging_held.peak = staging_held.in_use;
 }
 
 int64_t Tensor::size(int64_t d) const {

@@ -66,6 +66,11 @@ class Tensor {
   // device's budget (on the CPU backend, charging them would count a copy of the weights
   // against the cap the plan was sized for).
   static Tensor staging(const Shape& shape, DType dtype);
+  // The staging bytes held now and the most held at once since reset_staging_peak()
+  // (in_use and peak; nothing else is set): how much of the host checkpoint I/O takes,
+  // which no allocator counts.
+  static MemoryStats staging_stats();
+  static void reset_staging_peak();
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -177,24 +177,16 @@ void add_part_pieces(std::vector<Stored>& out, const std::string& logical, const
 
 ShardFile write_shard(const std::string& step_dir, const std::string& file, const std::string& kind,
                       int rank, const std::vector<Stored>& tensors) {
-  // Each tensor is staged on the host (outside the device's cap) one at a time, twice: for
-  // its crc32, which the header holds, then for its bytes. Staging them all first had held
-  // a copy of the rank's weights and optimizer state at once.
-  std::vector<SafetensorsOut> entries;
-  json blocks = json::object(), crcs = json::object();
+  // Views of the stage's tensors, staged one at a time as they are written.
+  std::vector<NamedTensor> named;
+  json blocks = json::object();
   for (const Stored& s : tensors) {
-    entries.push_back({s.key, s.data.dtype(), s.data.shape()});
+    named.push_back({s.key, s.data});
     blocks[s.key] = {{"name", s.logical}, {"global_shape", s.global_shape}, {"offsets", s.offsets}};
-    const Tensor host = s.data.to_staging(s.data.dtype());
-    crcs[s.key] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
   }
-  std::map<std::string, std::string> meta{
-      {"format", "pt"}, {kBlocksKey, blocks.dump()}, {kCrcKey, crcs.dump()}};
   std::string path = step_dir + "/" + file;
   try {
-    write_safetensors(
-        path, entries,
-        [&](size_t i) { return tensors[i].data.to_staging(tensors[i].data.dtype()); }, meta);
+    write_checksummed(path, named, {{"format", "pt"}, {kBlocksKey, blocks.dump()}});
   } catch (const std::exception& e) {
     // A full disk: free what we wrote; the step directory stays without a manifest
     // (incomplete), and the checkpoints before it are untouched.
@@ -476,16 +468,21 @@ std::string hash_file(const std::string& path, const std::string& algorithm) {
 
 // ---- writing ----
 
-ChecksummedTensors checksummed(const std::vector<NamedTensor>& tensors) {
-  ChecksummedTensors out;
+void write_checksummed(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       std::map<std::string, std::string> metadata) {
+  // Staging every tensor first had held a host copy of all of them at once (of a rank's
+  // weights and optimizer state, for a shard).
+  std::vector<SafetensorsOut> entries;
   json crcs = json::object();
   for (const NamedTensor& t : tensors) {
-    Tensor host = t.tensor.to_staging(t.tensor.dtype());
+    entries.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+    const Tensor host = t.tensor.to_staging(t.tensor.dtype());
     crcs[t.name] = hex32(crc32_of(0, host.raw_data(), host.nbytes()));
-    out.host.push_back({t.name, host});
   }
-  out.metadata = {kCrcKey, crcs.dump()};
-  return out;
+  metadata[kCrcKey] = crcs.dump();
+  write_safetensors(
+      path, entries,
+      [&](size_t i) { return tensors[i].tensor.to_staging(tensors[i].tensor.dtype()); }, metadata);
 }
 
 void begin_checkpoint(const std::string& step_dir) {

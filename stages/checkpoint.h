@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -159,13 +160,12 @@ void save_hf_gpt2(const std::string& dir, const Stage& stage);
 // writes) or "fnv1a64" (64-bit FNV-1a, in version-1 checkpoints).
 std::string hash_file(const std::string& path, const std::string& algorithm = "crc32");
 
-// `tensors` (copied to the host, contiguous, in order) and the metadata entry that lets a
-// checkpoint file's damaged tensor be named: "baton.crc32", {tensor: crc32}, as every
-// checkpoint file carries (docs/formats/checkpoint.md).
-struct ChecksummedTensors {
-  std::vector<NamedTensor> host;
-  std::pair<std::string, std::string> metadata;
-};
-ChecksummedTensors checksummed(const std::vector<NamedTensor>& tensors);
+// Writes `tensors` (any device and strides, in order) as a safetensors file with
+// `metadata` and the entry that lets a checkpoint file's damaged tensor be named:
+// "baton.crc32", {tensor: crc32}, as every checkpoint file carries
+// (docs/formats/checkpoint.md). Each tensor is staged on the host, outside the device's
+// cap, one at a time: once for its crc32 (the header holds it), again for its bytes.
+void write_checksummed(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       std::map<std::string, std::string> metadata);
 
 }  // namespace baton::stages

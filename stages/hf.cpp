@@ -512,22 +512,24 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     throw InputError("Hugging Face weights are written as f32, bf16 or f16, not " +
                      std::string(memory::dtype_name(opt.dtype)));
   json config = hf_config_of(g, opt.dtype);
-  // Stored names and dtype; GPT-2's tied head has no tensor of its own. Converted (and
-  // checked) before anything is written: f16 turns values beyond its range into inf.
-  std::vector<NamedTensor> out;
-  for (const NamedTensor& t : tensors) {
-    const std::string name = hf_tensor_name(g, t.name);
-    Tensor stored = t.tensor.dtype() == opt.dtype ? t.tensor : t.tensor.to(opt.dtype);
-    if (opt.dtype == DType::f16 && memory::is_floating(t.tensor.dtype())) {
-      const double before = max_abs(t.tensor);
-      if (std::isfinite(before) && !std::isfinite(max_abs(stored)))
-        throw InputError("--dtype f16: tensor '" + name + "' holds values up to " +
+  // Stored names and dtype; GPT-2's tied head has no tensor of its own. Converted in host
+  // staging (outside the device's cap) one tensor at a time, when its file is written:
+  // converting them all first had held a copy of the model in the capped allocator.
+  std::vector<SafetensorsOut> out;
+  for (const NamedTensor& t : tensors)
+    out.push_back({hf_tensor_name(g, t.name), opt.dtype, t.tensor.shape()});
+  auto stored = [&](size_t i) { return tensors[i].tensor.to_staging(opt.dtype); };
+  // Checked before anything is written: f16 turns values beyond its range into inf.
+  if (opt.dtype == DType::f16)
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!memory::is_floating(tensors[i].tensor.dtype())) continue;
+      const double before = max_abs(tensors[i].tensor);
+      if (std::isfinite(before) && !std::isfinite(max_abs(stored(i))))
+        throw InputError("--dtype f16: tensor '" + out[i].name + "' holds values up to " +
                          fmt::format("{:g}", before) +
                          " in magnitude, beyond f16's range (at most 65504), which would be "
                          "written as inf; export with --dtype bf16 or f32");
     }
-    out.push_back({name, std::move(stored)});
-  }
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw InputError(dir + ": not a directory (the export is a directory of files)");
@@ -543,18 +545,32 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   const bool existed = fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
-  // Consecutive tensors into shards of at most max_shard_bytes.
-  std::vector<std::vector<NamedTensor>> shards(1);
+  // Consecutive tensors into shards of at most max_shard_bytes: each shard's entries and
+  // the indices of its tensors.
+  struct Shard {
+    std::vector<SafetensorsOut> entries;
+    std::vector<size_t> index;
+  };
+  auto nbytes = [&](const SafetensorsOut& e) {
+    return uint64_t(memory::shape_numel(e.shape)) * memory::dtype_size(e.dtype);
+  };
+  std::vector<Shard> shards(1);
   uint64_t used = 0;
-  for (NamedTensor& t : out) {
-    const uint64_t b = t.tensor.nbytes();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint64_t b = nbytes(out[i]);
     if (opt.max_shard_bytes > 0 && used > 0 && used + b > opt.max_shard_bytes) {
       shards.emplace_back();
       used = 0;
     }
-    shards.back().push_back(std::move(t));
+    shards.back().entries.push_back(out[i]);
+    shards.back().index.push_back(i);
     used += b;
   }
+  auto write_shard = [&](const std::string& path, const Shard& sh,
+                         const std::map<std::string, std::string>& meta) {
+    write_safetensors(
+        path, sh.entries, [&](size_t k) { return stored(sh.index[k]); }, meta);
+  };
   // The new files go to a staging directory inside `dir` first (the same file system, so
   // they rename in): an export that fails (a full disk) leaves the earlier one whole.
   // One that crashed leaves its staging directory, removed here.
@@ -572,7 +588,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     };
     if (shards.size() == 1) {
       stage("model.safetensors",
-            [&](const std::string& path) { write_safetensors(path, shards[0], meta); });
+            [&](const std::string& path) { write_shard(path, shards[0], meta); });
     } else {
       json weight_map = json::object();
       uint64_t total = 0;
@@ -580,10 +596,10 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
       for (size_t i = 0; i < n; ++i) {
         char name[64];
         std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-        stage(name, [&](const std::string& path) { write_safetensors(path, shards[i], meta); });
-        for (const NamedTensor& t : shards[i]) {
-          weight_map[t.name] = name;
-          total += t.tensor.nbytes();
+        stage(name, [&](const std::string& path) { write_shard(path, shards[i], meta); });
+        for (const SafetensorsOut& e : shards[i].entries) {
+          weight_map[e.name] = name;
+          total += nbytes(e);
         }
       }
       json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

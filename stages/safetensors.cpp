@@ -244,7 +244,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     entries.push_back({nt.name, nt.tensor.dtype(), nt.tensor.shape()});
   write_safetensors(
       path, entries,
-      [&](size_t i) { return tensors[i].tensor.to(memory::Device::cpu()).contiguous(); }, metadata);
+      [&](size_t i) { return tensors[i].tensor.to_staging(tensors[i].tensor.dtype()); }, metadata);
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& entries,

@@ -72,7 +72,8 @@ struct NamedTensor {
 };
 
 // Writes a safetensors file at `path` (overwriting it) and fsyncs it before returning.
-// Tensors are laid out in the order given; the header is padded to 8 bytes.
+// Tensors are laid out in the order given, each staged on the host (Tensor::to_staging,
+// outside every allocator's cap) as it is written; the header is padded to 8 bytes.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

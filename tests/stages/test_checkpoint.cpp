@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -90,6 +91,15 @@ std::string fresh_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   return d;
 }
+
+// Caps the CPU allocator at what it holds, for the scope: a plan's cap with nothing spare.
+struct CapAtInUse {
+  memory::Allocator& a = memory::allocator_for(memory::Device::cpu());
+  CapAtInUse() { a.set_capacity(a.stats().in_use); }
+  ~CapAtInUse() { a.set_capacity(0); }
+  CapAtInUse(const CapAtInUse&) = delete;
+  CapAtInUse& operator=(const CapAtInUse&) = delete;
+};
 
 void scramble(Stage& st, uint64_t seed) {
   for (int id : st.param_ids()) {
@@ -1007,6 +1017,105 @@ TEST(Checkpoint, SaveAndLoadTakeNothingOfTheDeviceCap) {
     }
     expect_holds_blocks(*b, full);
   }
+}
+
+// `baton export --dtype bf16|f16` converts each tensor in host staging, one at a time, as
+// its file is written: under a cap of exactly what the model holds it exports, whole or
+// sharded, and each file is the one a whole-tensor conversion (Tensor::to) writes, bit for
+// bit. The export had converted every tensor first, in the capped allocator: out of memory
+// under the cap the weights fit in, and a second copy of the model at once.
+TEST(Checkpoint, ExportConvertsOneTensorAtATimeOutsideTheDeviceCap) {
+  auto g = testing::tiny_gpt(DType::f32, 2, 2, 64, 16, 256);
+  Stage st(g, 0, g->num_layers());
+  scramble(st, 31);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    uint64_t largest = 0, total = 0;     // the converted tensors' bytes
+    std::map<std::string, Tensor> want;  // by stored name: the reference conversion
+    for (int id : st.param_ids()) {
+      Tensor c = st.param(id).to(dtype);
+      largest = std::max(largest, uint64_t(c.nbytes()));
+      total += c.nbytes();
+      want[hf_tensor_name(*g, g->params[size_t(id)].name)] = c;
+    }
+    for (uint64_t max_shard : {uint64_t(0), uint64_t(40000)}) {
+      SCOPED_TRACE(std::string(memory::dtype_name(dtype)) + (max_shard ? " sharded" : " whole"));
+      const std::string out = fresh_dir("hf_cap");
+      HfWriteOptions wo;
+      wo.dtype = dtype;
+      wo.max_shard_bytes = max_shard;
+      const size_t held = Tensor::staging_stats().in_use;
+      Tensor::reset_staging_peak();
+      {
+        CapAtInUse cap;
+        save_hf(out, st, wo);
+      }
+      // One tensor's copy at a time (f16's range check reads it back through f32 too).
+      const size_t peak = Tensor::staging_stats().peak - held;
+      EXPECT_LE(peak, 3 * largest + 2 * memory::Allocator::alignment());
+      EXPECT_LT(peak, total);
+      size_t seen = 0;
+      for (const auto& e : std::filesystem::directory_iterator(out)) {
+        if (e.path().extension() != ".safetensors") continue;
+        SafetensorsReader r(e.path().string());
+        for (const SafetensorsEntry& x : r.entries()) {
+          ASSERT_TRUE(want.count(x.name)) << x.name;
+          const Tensor back = r.read(x.name);
+          const Tensor& ref = want[x.name];
+          ASSERT_EQ(back.dtype(), dtype) << x.name;
+          ASSERT_EQ(back.nbytes(), ref.nbytes()) << x.name;
+          EXPECT_EQ(std::memcmp(back.raw_data(), ref.raw_data(), ref.nbytes()), 0) << x.name;
+          ++seen;
+        }
+      }
+      EXPECT_EQ(seen, want.size());
+      if (max_shard > 0) {
+        EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
+        continue;
+      }
+      // The whole file, header included, as writing the converted tensors gives it.
+      std::vector<NamedTensor> ref;
+      for (int id : st.param_ids()) {
+        const std::string name = hf_tensor_name(*g, g->params[size_t(id)].name);
+        ref.push_back({name, want[name]});
+      }
+      const std::string ref_dir = fresh_dir("hf_cap_ref");
+      std::filesystem::create_directories(ref_dir);
+      write_safetensors(ref_dir + "/model.safetensors", ref, {{"format", "pt"}});
+      EXPECT_EQ(memory::read_file(out + "/model.safetensors"),
+                memory::read_file(ref_dir + "/model.safetensors"));
+    }
+  }
+}
+
+// A data-parallel mode's own state file (local SGD's, the parameter server's:
+// engine/plan_trainer.cpp) is written as a shard is, each tensor staged on the host once
+// for its crc32 and again for its bytes, one at a time. checksummed() had staged all of
+// them first: a host copy of the rank's state at once (on a GPU, where every tensor needs
+// one; strided CPU tensors stand in for them here). The file is the one its contiguous
+// tensors give, crc32s included.
+TEST(Checkpoint, ChecksummedFilesStageOneTensorAtATime) {
+  std::vector<NamedTensor> strided, dense;
+  for (int i = 0; i < 8; ++i) {
+    Tensor x = Tensor::empty({64, 32}, DType::f32);
+    kernels::random_normal(x, 0, 1, 41, uint64_t(i), kernels::Block{});
+    strided.push_back({"state/" + std::to_string(i), x.transpose(0, 1)});
+    dense.push_back({"state/" + std::to_string(i), x.transpose(0, 1).contiguous()});
+  }
+  const std::string dir = fresh_dir("ckpt_checksummed");
+  std::filesystem::create_directories(dir);
+  const size_t held = Tensor::staging_stats().in_use;
+  Tensor::reset_staging_peak();
+  {
+    CapAtInUse cap;
+    write_checksummed(dir + "/strided.safetensors", strided, {{"format", "pt"}});
+  }
+  EXPECT_LE(Tensor::staging_stats().peak - held, size_t(64 * 32 * 4));  // one tensor
+  write_checksummed(dir + "/dense.safetensors", dense, {{"format", "pt"}});
+  EXPECT_EQ(memory::read_file(dir + "/strided.safetensors"),
+            memory::read_file(dir + "/dense.safetensors"));
+  SafetensorsReader r(dir + "/strided.safetensors");
+  const auto crcs = nlohmann::json::parse(r.metadata().at("baton.crc32"));
+  EXPECT_EQ(crcs.size(), dense.size());
 }
 
 }  // namespace
