@@ -10,11 +10,15 @@
 
 namespace baton::memory {
 
+// capacity 0: no cap was set, and the system itself refused the memory.
 OutOfMemoryError::OutOfMemoryError(Device device, size_t requested, size_t capacity, size_t in_use)
     : RuntimeError("out of memory on " + device.str() + ": tried to allocate " +
                    format_bytes(double(requested)) + " with " + format_bytes(double(in_use)) +
-                   " in use of a capacity of " + format_bytes(double(capacity)) + " (" +
-                   format_bytes(double(capacity > in_use ? capacity - in_use : 0)) + " free)"),
+                   (capacity == 0
+                        ? " in use, no cap set: the system refused it"
+                        : " in use of a capacity of " + format_bytes(double(capacity)) + " (" +
+                              format_bytes(double(capacity > in_use ? capacity - in_use : 0)) +
+                              " free)")),
       device_(device),
       requested_(requested) {}
 

@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
-#include <new>
 
 namespace baton::memory {
 
@@ -11,12 +10,12 @@ namespace {
 
 constexpr size_t kHugePage = size_t(2) << 20;
 
+// nullptr when the system has no memory for it.
 void* system_alloc(size_t bytes) {
   size_t align = bytes >= kHugePage ? kHugePage : Allocator::alignment();
   size_t size = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(align, size);
-  if (p == nullptr) throw std::bad_alloc();
-  if (bytes >= kHugePage) madvise(p, size, MADV_HUGEPAGE);
+  if (p != nullptr && bytes >= kHugePage) madvise(p, size, MADV_HUGEPAGE);
   return p;
 }
 
@@ -37,12 +36,11 @@ void* HostAllocator::allocate(size_t bytes) {
     free_.erase(it);
     return p;
   }
-  void* p;
-  try {
-    p = system_alloc(need);
-  } catch (...) {
+  void* p = system_alloc(need);
+  if (p == nullptr) {
+    // Said as the capped allocator says it (a bare std::bad_alloc had named nothing).
     account_free(need);
-    throw;
+    throw OutOfMemoryError(device(), need, stats_.capacity, stats_.in_use);
   }
   stats_.fresh++;
   block_size_.emplace(p, need);

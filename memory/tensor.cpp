@@ -261,7 +261,8 @@ Tensor Tensor::staging(const Shape& shape, DType dtype) {
   const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   const size_t held = std::max(Allocator::rounded(bytes), Allocator::alignment());
   void* p = std::aligned_alloc(Allocator::alignment(), held);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr)  // the host allocator's tensors in use beside it
+    throw OutOfMemoryError(Device::cpu(), bytes, 0, allocator_for(Device::cpu()).stats().in_use);
   {
     std::lock_guard lock(staging_mu);
     staging_held.in_use += held;

@@ -57,6 +57,30 @@ TEST(HostAllocator, CapacityThrowsNamingDeviceRequestAndUse) {
   EXPECT_EQ(a.stats().in_use, base + (size_t(1) << 19));
 }
 
+// With no cap, the system's refusal is said as the cap's is (a bare std::bad_alloc had
+// named nothing: "baton train: failed: std::bad_alloc"): the device, the request, what is
+// in use; the accounting is left unchanged. Staging memory, outside the accounting, too.
+TEST(HostAllocator, SystemRefusalThrowsOutOfMemoryNamingTheRequest) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators abort on a request this large";
+#endif
+  Allocator& a = allocator_for(Device::cpu());
+  const size_t base = a.stats().in_use;
+  try {
+    a.allocate(size_t(1) << 62);  // 4 EiB: beyond any address space
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on cpu: tried to allocate 4194304.00 TiB with "),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(" in use, no cap set: the system refused it"), std::string::npos) << msg;
+    EXPECT_EQ(e.requested(), size_t(1) << 62);
+  }
+  EXPECT_EQ(a.stats().in_use, base);
+  EXPECT_THROW(Tensor::staging({int64_t(1) << 60}, DType::f32), OutOfMemoryError);
+}
+
 TEST(Units, ParsesAndFormatsSizes) {
   EXPECT_EQ(parse_bytes("512MiB"), size_t(512) << 20);
   EXPECT_EQ(parse_bytes("4GiB"), size_t(4) << 30);
