@@ -80,6 +80,16 @@ double dp_time_per_step(const DpSync& s, double bytes, int replicas, double band
 // ---- the cost file ----
 
 namespace {
+// The longest an op may take in a cost file, and once scaled to another batch or shard by
+// its FLOPs: beyond it the step times mean nothing (and their sums overflow to inf).
+constexpr double kMaxOpSeconds = 1e9;
+
+std::string g_text(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 // A key of `obj` that counts something (ranks, a degree): an integer from 2 to 65536,
 // written as write_measured_costs writes it. std::stoi had read "02", " 2" and "+2" as 2,
 // so two spellings of one count collapsed into one entry without a word.
@@ -129,10 +139,15 @@ MeasuredCosts read_measured_costs(const std::string& path) {
       o.expect_only({"op", "forward", "backward_input", "backward_weight", "flops"});
       MeasuredCosts::Op op;
       op.op = o.at("op").as_string();
-      op.forward = o.at("forward").as_double(0, 1e9);
-      op.backward_input = o.at("backward_input").as_double(0, 1e9);
-      op.backward_weight = o.at("backward_weight").as_double(0, 1e9);
+      op.forward = o.at("forward").as_double(0, kMaxOpSeconds);
+      op.backward_input = o.at("backward_input").as_double(0, kMaxOpSeconds);
+      op.backward_weight = o.at("backward_weight").as_double(0, kMaxOpSeconds);
+      // A count under 1 FLOP (1e-300) is no op's: the times scaled by it had become
+      // 300-digit step times, or inf.
       op.flops = o.get_double("flops", 0, 0, 1e30);
+      if (op.flops > 0 && op.flops < 1)
+        o.at("flops").fail("0 (not counted) or a FLOP count from 1 to 1e30");
+      op.where = o.where();
       out[name] = op;
     }
   };
@@ -316,23 +331,18 @@ double colocation_slowdown(const Machine& m, int ranks) {
 }
 
 void check_machine(const Machine& m, const std::function<std::string(const char*)>& name) {
-  auto text = [](double v) {
-    char b[40];
-    std::snprintf(b, sizeof b, "%g", v);
-    return std::string(b);
-  };
   for (auto [field, v] : {std::pair{"flops", m.flops},
                           {"memory_bandwidth", m.memory_bandwidth},
                           {"tp_bandwidth", m.tp_bandwidth},
                           {"p2p_bandwidth", m.p2p_bandwidth},
                           {"dp_bandwidth", m.dp_bandwidth}})
     if (!(v > 0 && std::isfinite(v)))
-      throw InputError(name(field) + ": expected a positive rate, found " + text(v));
+      throw InputError(name(field) + ": expected a positive rate, found " + g_text(v));
   for (auto [field, v] : {std::pair{"tp_latency", m.tp_latency},
                           {"p2p_latency", m.p2p_latency},
                           {"dp_latency", m.dp_latency}})
     if (!(v >= 0 && std::isfinite(v)))
-      throw InputError(name(field) + ": expected seconds (0 or more), found " + text(v));
+      throw InputError(name(field) + ": expected seconds (0 or more), found " + g_text(v));
   if (m.cores_per_host < 0)
     throw InputError(name("cores_per_host") + ": expected 0 (the cost file's) or more, found " +
                      std::to_string(m.cores_per_host));
@@ -542,8 +552,23 @@ std::optional<CostModel::OpTimes> CostModel::measured_op(const stages::Node& nod
     if (m == nullptr) find(ops);
     if (m == nullptr) return;
     const double scale = (m->flops > 0 ? flops / m->flops : double(batch) / double(b)) * in_step;
-    points.push_back(
-        {b, {m->forward * scale, m->backward_input * scale, m->backward_weight * scale}});
+    const OpTimes at{m->forward * scale, m->backward_input * scale, m->backward_weight * scale};
+    // Scaled past what a cost file may hold for an op, the step times are meaningless (and
+    // their sums inf): the flops the file gives are not this op's.
+    if (const double most = std::max({at.f, at.b, at.w}); !(most <= kMaxOpSeconds)) {
+      const std::string where = m->where.empty() ? "costs: $.ops." + node.name : m->where;
+      const std::string beyond = " s, beyond " + g_text(kMaxOpSeconds) + " s an op";
+      if (m->flops > 0)
+        throw InputError(where + ".flops: " + g_text(m->flops) + " FLOPs at micro-batch " +
+                         std::to_string(b) + " scale the op's times to " + g_text(most) +
+                         " s for its " + g_text(flops) + " FLOPs at micro-batch " +
+                         std::to_string(batch) + beyond +
+                         "; expected the op's FLOP count as baton profile writes it");
+      throw InputError(where + ": the op's times at micro-batch " + std::to_string(b) +
+                       " scaled to micro-batch " + std::to_string(batch) + " reach " +
+                       g_text(most) + beyond);
+    }
+    points.push_back({b, at});
   };
   add(measured_->batch, measured_->in_step, measured_->ops, measured_->tp_ops);
   for (const MeasuredCosts::AtBatch& m : measured_->more_batches)

@@ -139,7 +139,8 @@ struct MeasuredCosts {
   struct Op {
     std::string op;
     double forward = 0, backward_input = 0, backward_weight = 0;  // seconds
-    double flops = 0;  // F + B + W FLOPs of the logical op at `batch` (for split ops' ratio)
+    double flops = 0;   // F + B + W FLOPs of the logical op at `batch` (for split ops' ratio)
+    std::string where;  // "<cost file>: $.ops.<name>" for messages (read_measured_costs)
   };
   std::string model;  // the model's name, for a consistency check
   int64_t batch = 1;  // the micro-batch size the ops were timed at
