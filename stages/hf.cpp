@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -770,39 +769,6 @@ int64_t export_hf(const std::string& step_dir, const std::string& out, const HfW
   WholeModel w = load_whole_checkpoint(step_dir);
   save_hf(out, *w.stage, opt);
   return w.manifest.step;
-}
-
-uint64_t parse_byte_size(const std::string& text, const std::string& where) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    throw InputError(where + ": expected a size such as 5GB, 200MB or 1000, found \"" + text +
-                     "\"");
-  }
-  std::string unit = text.substr(pos);
-  for (char& ch : unit) ch = char(std::toupper(static_cast<unsigned char>(ch)));
-  double m = 1;
-  if (unit == "" || unit == "B")
-    m = 1;
-  else if (unit == "KB")
-    m = 1e3;
-  else if (unit == "MB")
-    m = 1e6;
-  else if (unit == "GB")
-    m = 1e9;
-  else if (unit == "KIB")
-    m = 1024;
-  else if (unit == "MIB")
-    m = 1024.0 * 1024;
-  else if (unit == "GIB")
-    m = 1024.0 * 1024 * 1024;
-  else
-    throw InputError(where + ": expected a size such as 5GB, 200MB or 1000, found \"" + text +
-                     "\"");
-  if (!(v > 0)) throw InputError(where + ": the size must be positive, found \"" + text + "\"");
-  return uint64_t(v * m);
 }
 
 }  // namespace baton::stages

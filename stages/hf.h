@@ -156,7 +156,4 @@ WholeModel load_whole_checkpoint(const std::string& step_dir);
 // a Hugging Face directory. Returns the checkpoint's step.
 int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt);
 
-// "5GB", "200MB", "64KB", "1000" (bytes); decimal units as transformers reads them.
-uint64_t parse_byte_size(const std::string& text, const std::string& where);
-
 }  // namespace baton::stages

@@ -18,14 +18,16 @@ int run_export(const std::vector<std::string>& args) {
       "format", po::value(&format)->default_value("hf"),
       "output format: hf (Hugging Face transformers)")("out", po::value(&out)->required(),
                                                        "output directory")(
-      "max-shard-size", po::value(&max_shard)->default_value(""),
-      "shard the weights above this size (e.g. 5GB, 200MB), with model.safetensors.index.json")(
+      "max-shard-size", po::value(&max_shard),
+      "shard the weights above this size (e.g. 5GB, 200MB: powers of 1000 as transformers "
+      "reads them; 4GiB: powers of 1024), with model.safetensors.index.json")(
       "dtype", po::value(&dtype)->default_value("f32"), "stored weights: f32, bf16 or f16");
   add_common_options(opts);
   po::variables_map vm;
   if (!parse_args(args, "baton export --checkpoint DIR --out OUT [options]", opts, vm)) return 0;
   apply_common_options(vm);
   check_path_flags(vm, {"checkpoint", "out"});
+  check_value_flags(vm, {"max-shard-size"});
   if (format != "hf") throw InputError("--format: expected hf, found '" + format + "'");
   stages::HfWriteOptions wo;
   if (dtype == "f32")
@@ -36,8 +38,13 @@ int run_export(const std::vector<std::string>& args) {
     wo.dtype = memory::DType::f16;
   else
     throw InputError("--dtype: expected f32, bf16 or f16, found '" + dtype + "'");
-  if (!max_shard.empty())
-    wo.max_shard_bytes = stages::parse_byte_size(max_shard, "--max-shard-size");
+  if (vm.count("max-shard-size")) {
+    wo.max_shard_bytes = parse_bytes_option("--max-shard-size", max_shard);
+    // parse_bytes reads 0 as unlimited; a shard size of 0 bytes is a mistake, not "no shards".
+    if (wo.max_shard_bytes == 0)
+      throw InputError("--max-shard-size: expected a size of at least 1 byte (e.g. 5GB), found '" +
+                       max_shard + "'");
+  }
 
   // Read again when a live run prunes the step being read (read_checkpoint).
   stages::WholeModel w;

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "memory/error.h"
+#include "memory/json_object.h"
 #include "memory/units.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/search.h"
@@ -91,6 +93,10 @@ int run_plan(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  // Each given as "" (an unset shell variable) had read as left out: --check "" searched,
+  // --device-memory "" planned for unlimited memory.
+  check_path_flags(vm, {"model", "check", "out", "costs"});
+  check_value_flags(vm, {"device-memory", "schedule", "dp-sync"});
 
   check_machine_options(machine);
   pt::MeasuredCosts measured;
@@ -152,13 +158,14 @@ int run_plan(const std::vector<std::string>& args) {
     throw InputError("--optimizer-sharding: expected none, zero1 or zero2, found '" + sharding +
                      "'");
   if (!dp_sync.empty()) {
-    // A bare mode name or the field's JSON form.
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(dp_sync);
-    } catch (const nlohmann::json::exception&) {
-      j = dp_sync;
-    }
+    // A bare mode name or the field's JSON form, read as strictly as the plan file reads
+    // it: a repeated key or a syntax error is reported as such (the text had been taken
+    // for a mode name).
+    const size_t first = dp_sync.find_first_not_of(" \t\n");
+    const bool json = first != std::string::npos &&
+                      std::string_view("{[\"").find(dp_sync[first]) != std::string_view::npos;
+    const nlohmann::json j =
+        json ? memory::parse_json_text(dp_sync, "--dp-sync") : nlohmann::json(dp_sync);
     so.dp_sync = pt::parse_dp_sync(j, "--dp-sync");
   }
   so.model_path = model_path;

@@ -216,6 +216,7 @@ int run_profile(const std::vector<std::string>& args) {
           opts, vm))
     return 0;
   apply_common_options(vm);
+  check_path_flags(vm, {"model", "out"});
   // The file is written once every timing has run (minutes for a large model): a path
   // that cannot be written is said now. Not for the internal jobs (-o /dev/null, scratch).
   if (!vm["hold"].as<bool>() && vm["tp-probe"].as<int>() == 0 && vm["spatial-probe"].as<int>() == 0)

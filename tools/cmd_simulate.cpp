@@ -206,7 +206,8 @@ int run_simulate(const std::vector<std::string>& args) {
       "costs,c", po::value(&o.costs_file),
       "cost file (JSON, docs/schedules.md); default F = B = W = 1")(
       "memory-limit", po::value(&o.memory_limit),
-      "activation memory limit per rank for auto: micro-batches (4) or bytes (2GiB)")(
+      "activation memory limit per rank, in micro-batches (4) or bytes (2GiB): auto schedules "
+      "under it; a fixed schedule is said to fit it or not")(
       "objective", po::value(&o.objective),
       "what auto minimises: makespan (default) or span (the longest rank span)")(
       "lower", po::bool_switch(&o.lower),
@@ -225,6 +226,10 @@ int run_simulate(const std::vector<std::string>& args) {
           opts, vm))
     return 0;
   apply_common_options(vm);
+  // Each given as "" (an unset shell variable) had read as left out: -o "" saved nothing,
+  // --memory-limit "" set no limit.
+  check_path_flags(vm, {"file", "costs", "output", "svg", "trace"});
+  check_value_flags(vm, {"schedule", "dialect", "memory-limit", "objective"});
   o.names = split_comma_list(names, "--schedule");
   if (o.names.empty() == o.file.empty())
     throw InputError("give either --schedule NAME[,NAME...] or --file PATH (see --help)");
@@ -256,8 +261,28 @@ int run_simulate(const std::vector<std::string>& args) {
   };
 
   if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
-  for (const std::string& name : o.names)  // unknown names are errors even when comparing
-    if (name != "auto") sc::canonical_schedule_name(name);
+  // Unknown names are errors even when comparing; a name twice (or an alias beside its
+  // name) had compared a schedule with itself.
+  std::vector<std::string> canonical;
+  for (const std::string& name : o.names) {
+    canonical.push_back(name == "auto" ? name : sc::canonical_schedule_name(name));
+    if (std::count(canonical.begin(), canonical.end(), canonical.back()) > 1)
+      throw InputError("--schedule " + names + ": " + canonical.back() +
+                       " is listed twice (expected each schedule once)");
+  }
+  // 0 had read as the default (2), and a schedule with a fixed count ignored it (auto) or
+  // took its own: --chunks is interleaved-1f1b's, as --objective is auto's.
+  if (vm.count("chunks")) {
+    if (o.chunks < 1 || o.chunks > 64)
+      throw InputError("--chunks: expected 1 to 64 stages per rank, found " +
+                       std::to_string(o.chunks));
+    if (std::find(canonical.begin(), canonical.end(), "interleaved-1f1b") == canonical.end())
+      throw InputError(
+          "--chunks is the stages per rank of interleaved-1f1b (the other schedules have "
+          "their own); it needs --schedule interleaved-1f1b (alone or in a comparison), found "
+          "--schedule " +
+          names);
+  }
   if (vm.count("objective") && std::find(o.names.begin(), o.names.end(), "auto") == o.names.end())
     throw InputError(
         "--objective is what the auto schedule minimises; it needs --schedule auto "

@@ -40,6 +40,8 @@ int predict(const std::vector<std::string>& args) {
                   opts, vm))
     return 0;
   apply_common_options(vm);
+  // -o "" (an unset shell variable) had written nothing, --costs "" used FLOPs.
+  check_path_flags(vm, {"plan", "costs", "schedule", "out", "svg"});
   check_machine_options(machine);
   // Both outputs checked before anything is written: one written and the other refused
   // had left a file behind an exit code of 2.
@@ -91,6 +93,7 @@ int compare(const std::vector<std::string>& args) {
   if (!parse_args(args, "baton trace compare MEASURED.json PREDICTED.json [--actions]", opts, vm,
                   &pos))
     return 0;
+  check_path_flags(vm, {"measured", "predicted"});
   schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
   schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
   schedule::TraceComparison c = schedule::compare_timelines(m, p, measured, predicted);
@@ -109,6 +112,7 @@ int svg(const std::vector<std::string>& args) {
   pos.add("trace", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton trace svg TRACE.json -o out.svg", opts, vm, &pos)) return 0;
+  check_path_flags(vm, {"trace", "out"});
   schedule::Timeline t = schedule::from_chrome_trace(memory::read_file(in), in);
   memory::write_file_durably(out, schedule::to_svg(t));
   std::printf("wrote %s\n", out.c_str());

@@ -158,6 +158,8 @@ int run_train(const std::vector<std::string>& args) {
                    {"data", "eval-data", "checkpoint-dir", "init-from", "loss-log", "summary",
                     "plan", "schedule"},
                    /*recorded=*/true);
+  // Read as unset when empty: --device-memory "" had trained uncapped.
+  check_value_flags(vm, {"device-memory", "token-dtype"});
   // Given on the command line, not left at its default.
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
   check_optimizer_flags(lr, beta1, beta2, momentum, weight_decay, o.grad_clip);

@@ -155,20 +155,36 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
   return out;
 }
 
+namespace {
+// A flag's values as given on the command line: none when it is absent or at its default.
+std::vector<std::string> given_values(const po::variables_map& vm, const std::string& flag) {
+  std::vector<std::string> values;
+  if (!vm.count(flag) || vm[flag].defaulted()) return values;
+  const boost::any& v = vm[flag].value();
+  if (const auto* one = boost::any_cast<std::string>(&v))
+    values.push_back(*one);
+  else if (const auto* many = boost::any_cast<std::vector<std::string>>(&v))
+    values = *many;
+  return values;
+}
+
+InputError empty_value(const std::string& flag, const char* what) {
+  return InputError("--" + flag + ": expected " + what +
+                    ", found an empty value (an unset shell variable?)");
+}
+}  // namespace
+
+void check_value_flags(const po::variables_map& vm, const std::vector<std::string>& flags) {
+  for (const std::string& flag : flags)
+    for (const std::string& value : given_values(vm, flag))
+      if (value.empty()) throw empty_value(flag, "a value");
+}
+
 void check_path_flags(const po::variables_map& vm, const std::vector<std::string>& flags,
                       bool recorded) {
   for (const std::string& flag : flags) {
-    if (!vm.count(flag)) continue;
-    const boost::any& v = vm[flag].value();
-    std::vector<std::string> values;
-    if (const auto* one = boost::any_cast<std::string>(&v))
-      values.push_back(*one);
-    else if (const auto* many = boost::any_cast<std::vector<std::string>>(&v))
-      values = *many;
-    for (const std::string& path : values) {
-      if (path.empty())
-        throw InputError("--" + flag +
-                         ": expected a path, found an empty value (an unset shell variable?)");
+    for (const std::string& path : given_values(vm, flag)) {
+      if (path.empty()) throw empty_value(flag, "a path");
       if (!recorded) continue;
       std::string shown;
       bool bad = false;

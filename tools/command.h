@@ -44,14 +44,19 @@ uint64_t parse_uint64_option(const std::string& flag, const std::string& text);
 // memory::parse_bytes with the flag named in its error ("--device-memory: invalid size ...").
 uint64_t parse_bytes_option(const std::string& flag, const std::string& text);
 
-// Path flags (each given value; a flag may take several): an empty one is refused, naming
-// the flag (an unset shell variable had read as the flag's absence: --checkpoint-dir ""
-// ran without checkpoints). With `recorded`, the path is one baton writes into JSON (a
-// checkpoint's manifest, the summary, a plan's shared flags), which holds only UTF-8: a
-// path that is not UTF-8 (Linux allows any bytes) is refused before any work, shown with
-// its odd bytes as \xNN (the run had failed at its first checkpoint).
+// Path flags (each value given on the command line, not a default; a flag may take
+// several): an empty one is refused, naming the flag (an unset shell variable had read as
+// the flag's absence: --checkpoint-dir "" ran without checkpoints). With `recorded`, the
+// path is one baton writes into JSON (a checkpoint's manifest, the summary, a plan's
+// shared flags), which holds only UTF-8: a path that is not UTF-8 (Linux allows any bytes)
+// is refused before any work, shown with its odd bytes as \xNN (the run had failed at its
+// first checkpoint).
 void check_path_flags(const po::variables_map& vm, const std::vector<std::string>& flags,
                       bool recorded = false);
+// The same for flags that take a value other than a path (a size, a name, JSON): "--<flag>:
+// expected a value, found an empty value (an unset shell variable?)". --device-memory ""
+// had read as unlimited, --schedule "" as every schedule.
+void check_value_flags(const po::variables_map& vm, const std::vector<std::string>& flags);
 
 // Options every command that computes shares: --threads, --log-level. `threads_help`
 // replaces --threads' text for a command that says more of it (baton profile).

@@ -116,6 +116,39 @@ expect 2 "$baton" plan --check "$tmp/small.json" --device-memory banana
 contains "--device-memory: invalid size 'banana'"
 expect 2 "$baton" plan --check "$tmp/small.json" --schedule nonsense --tp 7
 contains "--check: --tp, --schedule are for the search and the plan file says its own"
+# An empty value (an unset shell variable) had read as the flag's absence: --check ""
+# searched, --device-memory "" planned uncapped, -o "" wrote nothing.
+for flag in check out costs; do
+  expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 1 --$flag ""
+  contains "--$flag: expected a path, found an empty value (an unset shell variable?)"
+done
+expect 2 "$baton" plan --model "" --devices 1
+contains "--model: expected a path, found an empty value"
+for flag in device-memory schedule dp-sync; do
+  expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 1 --$flag ""
+  contains "--$flag: expected a value, found an empty value (an unset shell variable?)"
+done
+expect 2 "$baton" plan --check "$tmp/small.json" --device-memory ""
+contains "--device-memory: expected a value, found an empty value"
+for flag in out svg costs schedule; do
+  expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --$flag ""
+  contains "--$flag: expected a path, found an empty value"
+done
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" -o ""
+contains "--out: expected a path, found an empty value"
+lacks "timing"
+# --dp-sync's JSON is read as strictly as the plan file's field: a repeated key had been
+# taken (the last), and invalid JSON reported as an unknown mode.
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
+  --dp-sync '{"mode": "local-sgd", "sync_every": 8, "sync_every": 3}'
+contains "--dp-sync: \$.sync_every: the field 'sync_every' appears twice in one object"
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
+  --dp-sync '{"mode": "local-sgd", "sync_every": 1e400}'
+contains "--dp-sync: not valid JSON: "
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --dp 2 --batch 8 \
+  --dp-sync '{"mode": "local-sgd", "sync_every": 8'
+contains "--dp-sync: not valid JSON: "
+lacks "found \"{"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
 contains "--threads: expected 0 (the cores divided among local ranks) or a count >= 1, found -1"
@@ -172,6 +205,20 @@ python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["colocated"] =
 json.dump(c, open(sys.argv[2], "w"))' "$tmp/costs.json" "$tmp/costs-02.json"
 expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs-02.json"
 contains "$tmp/costs-02.json: \$.colocated.02: expected ranks per host as a key: an integer from 2 to 65536 in decimal digits (no sign, spaces or leading zeros), found the key \"02\""
+# An op's flops under 1 FLOP had scaled its times into 300-digit step times (1e-300, a
+# different plan, exit 0) or inf (5e-324: "costs: forward[0]: ...", naming neither the
+# file nor the op); a count far below the op's own scales it past 1e9 s an op.
+for f in 1e-300 5e-324; do
+  op=$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); n = max(c["ops"], key=lambda k: c["ops"][k]["flops"])
+c["ops"][n]["flops"] = float(sys.argv[3]); json.dump(c, open(sys.argv[2], "w")); print(n)' "$tmp/costs.json" "$tmp/costs-f.json" "$f")
+  expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs-f.json"
+  contains "$tmp/costs-f.json: \$.ops.$op.flops: expected 0 (not counted) or a FLOP count from 1 to 1e30, found"
+done
+op=$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); n = max(c["ops"], key=lambda k: c["ops"][k]["flops"])
+c["ops"][n].update(flops=1, forward=1e6); json.dump(c, open(sys.argv[2], "w")); print(n)' "$tmp/costs.json" "$tmp/costs-f.json")
+expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs-f.json"
+contains "$tmp/costs-f.json: \$.ops.$op.flops: 1 FLOPs at micro-batch 2 scale the op's times to"
+contains "beyond 1e+09 s an op; expected the op's FLOP count as baton profile writes it"
 # Beside a copy of itself (two ranks on the host): the slowdown in the file, applied.
 # With --tp 2, a job of two ranks times the shard's collectives between them.
 expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 --repeats 1 --warmup 1 \

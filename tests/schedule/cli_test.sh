@@ -83,6 +83,35 @@ contains "expected legacy, current or detect, found 'newest'"
 # --dialect is the CSV's: without a CSV --file it would do nothing, so it is refused.
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 2 --dialect legacy
 contains "--dialect is the PyTorch CSV dialect of --file; it needs a --file ending in .csv, found --schedule 1f1b"
+# --chunks is interleaved-1f1b's: 0 had read as its default 2, and a schedule with its own
+# count took it without a word (auto ignored it), as --objective without auto is refused.
+expect 2 "$baton" simulate -s interleaved-1f1b -p 2 -m 4 -v 0
+contains "--chunks: expected 1 to 64 stages per rank, found 0"
+expect 0 "$baton" simulate -s interleaved-1f1b -p 2 -m 4 -v 3
+for s in 1f1b auto zb-v 1f1b,zb-h1; do
+  expect 2 "$baton" simulate -s $s -p 2 -m 4 -v 1
+  contains "--chunks is the stages per rank of interleaved-1f1b (the other schedules have their own); it needs --schedule interleaved-1f1b (alone or in a comparison), found --schedule $s"
+done
+expect 0 "$baton" simulate -s 1f1b,interleaved-1f1b -p 2 -m 4 -v 3
+# A schedule listed twice (or by an alias beside its name) had been compared with itself.
+expect 2 "$baton" simulate -s 1f1b,1f1b -p 2 -m 4
+contains "--schedule 1f1b,1f1b: 1f1b is listed twice (expected each schedule once)"
+expect 2 "$baton" simulate -s interleaved,interleaved-1f1b -p 2 -m 4
+contains "interleaved-1f1b is listed twice"
+# An empty value (an unset shell variable) had read as the flag's absence: -o "" saved
+# nothing, --memory-limit "" set no limit.
+for flag in file costs output svg trace; do
+  expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --$flag ""
+  contains "--$flag: expected a path, found an empty value (an unset shell variable?)"
+done
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 -c "" -o "" --svg ""
+contains "expected a path, found an empty value"
+for flag in memory-limit objective dialect; do
+  expect 2 "$baton" simulate -s auto -p 2 -m 4 --$flag ""
+  contains "--$flag: expected a value, found an empty value (an unset shell variable?)"
+done
+expect 2 "$baton" simulate --schedule "" -p 2 -m 4
+contains "--schedule: expected a value, found an empty value"
 expect 2 "$baton" simulate --file "$examples/1f1b_p4_m8.txt" --dialect current
 contains "found --file $examples/1f1b_p4_m8.txt"
 # A schedule the CSV cannot hold names the file it was to be written to, and writes nothing.

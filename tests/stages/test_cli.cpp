@@ -569,6 +569,37 @@ TEST(Cli, EmptyAndNonUtf8PathFlagsAreRefusedUpFront) {
   expect("export --checkpoint " + ckpt + " --out ''", "--out: expected a path");
   expect("generate --checkpoint '' --prompt-ids 1", "--checkpoint: expected a path");
   expect("generate --init-from '' --prompt-ids 1", "--init-from: expected a path");
+  // Value flags read as unset when empty: --device-memory "" trained uncapped, and
+  // --token-dtype "" on a text file was taken where any type is refused.
+  for (const std::string flag : {"device-memory", "token-dtype"})
+    cli_expect_input_error(base + data + " --" + flag + " ''",
+                           {"--" + flag + ": expected a value, found an empty value"});
+  expect("export --checkpoint " + ckpt + " --out " + root + "/x --max-shard-size ''",
+         "--max-shard-size: expected a value, found an empty value");
+}
+
+// `baton export --max-shard-size` is read as --device-memory is (memory::parse_bytes):
+// its own parser (std::stod) had read 0.4 and 1e-300 as 0 bytes (no sharding), 0x10 as
+// hex, " 5MB" with its space, and inf or 1e30 into an overflowing conversion. Each is
+// refused before the checkpoint is read, naming the flag.
+TEST(Cli, ExportMaxShardSizeIsReadStrictly) {
+  const std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-shard-out";
+  const std::string run =
+      kCliBaton + " export --checkpoint " + ::testing::TempDir() + "/no-such-ckpt --out " + out;
+  for (const std::string bad :
+       {"0", "0.4", "1e-300", "0.0GiB", "0x10", "inf", "1e30", " 5MB", "5 parsecs"}) {
+    Result r = baton::cli_testing::run_command(run + " --max-shard-size '" + bad + "'");
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find("--max-shard-size: "), std::string::npos) << bad << "\n" << r.output;
+  }
+  // A good size passes the flag and reaches the checkpoint (absent here).
+  for (const std::string good : {"5GB", "200MB", "4GiB", "1000"}) {
+    Result r = baton::cli_testing::run_command(run + " --max-shard-size " + good);
+    EXPECT_EQ(r.code, 2) << good << "\n" << r.output;
+    EXPECT_EQ(r.output.find("--max-shard-size"), std::string::npos) << good << "\n" << r.output;
+    EXPECT_NE(r.output.find("no-such-ckpt"), std::string::npos) << good << "\n" << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 // The step-3 loss a run printed ("" when none).

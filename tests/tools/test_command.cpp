@@ -110,5 +110,34 @@ TEST(CommandLine, StrayWordWithoutPositionalsRefused) {
   }
 }
 
+// A path or value flag given as "" (an unset shell variable) is refused naming it; one left
+// out, at its default "", is not (check_path_flags had refused a default "" too, so the
+// commands with such defaults could not call it).
+TEST(CommandLine, EmptyGivenValuesRefusedDefaultsNot) {
+  auto error = [](const std::vector<std::string>& args) -> std::string {
+    po::options_description opts("options");
+    opts.add_options()("out", po::value<std::string>(), "")(
+        "size", po::value<std::string>()->default_value(""), "")(
+        "data", po::value<std::vector<std::string>>()->multitoken(), "");
+    po::variables_map vm;
+    parse_args(args, "baton x", opts, vm);
+    try {
+      check_path_flags(vm, {"out", "data"});
+      check_value_flags(vm, {"size"});
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error({}), "");
+  EXPECT_EQ(error({"--out", "a", "--size", "5MB", "--data", "b", "c"}), "");
+  EXPECT_EQ(error({"--out", ""}),
+            "--out: expected a path, found an empty value (an unset shell variable?)");
+  EXPECT_EQ(error({"--data", "b", ""}),
+            "--data: expected a path, found an empty value (an unset shell variable?)");
+  EXPECT_EQ(error({"--size", ""}),
+            "--size: expected a value, found an empty value (an unset shell variable?)");
+}
+
 }  // namespace
 }  // namespace baton::tools
