@@ -14,6 +14,7 @@
 #include "memory/cuda_device.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "stages/image_data.h"
 
 #ifdef BATON_HAVE_CUDA
@@ -238,12 +239,20 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
         dir, m.step, o.steps, m.step);
   // Samples per step change every step's gradient (micro-batches do not: they sum to the
   // same batch).
-  if (m.train.is_object() && m.train.contains("batch") && m.train["batch"].is_number_integer() &&
-      m.train["batch"].get<int64_t>() != batch)
-    spdlog::warn(
-        "{}/manifest.json: $.train.batch: the checkpoint's run took {} samples a step; "
-        "continuing with {} (the loss curve is not the uninterrupted run's)",
-        dir, m.train["batch"].get<int64_t>(), batch);
+  if (m.train.is_object() && m.train.contains("batch")) {
+    // A batch that is no count ("two", 4.5) had skipped this warning without a word.
+    const nlohmann::json& b = m.train.at("batch");
+    if (!b.is_number_integer() || b.get<int64_t>() < 1)
+      throw InputError(dir +
+                       "/manifest.json: $.train.batch: expected the samples a step (an integer "
+                       ">= 1), found " +
+                       memory::json_brief(b));
+    if (b.get<int64_t>() != batch)
+      spdlog::warn(
+          "{}/manifest.json: $.train.batch: the checkpoint's run took {} samples a step; "
+          "continuing with {} (the loss curve is not the uninterrupted run's)",
+          dir, b.get<int64_t>(), batch);
+  }
   // A constant rate (after its warm-up) does not depend on the run's length.
   auto curve = [](nlohmann::json j) {
     if (j.is_object() && j.value("kind", "") == "constant") {

@@ -176,7 +176,8 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
 // continues at the checkpoint's position in the data it has now) or under a
 // learning-rate schedule whose rates differ from this run's (a constant rate's run may
 // be lengthened), or with another batch (`batch`: this run's samples per step), or at a
-// step past --steps (nothing is trained).
+// step past --steps (nothing is trained). A $.train.batch that is no sample count is
+// refused (InputError naming the manifest).
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
                          const nlohmann::json& data, const LoopOptions& o, int64_t batch);
 

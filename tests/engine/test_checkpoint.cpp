@@ -209,6 +209,27 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
   }
 }
 
+// A manifest's batch that is no sample count is refused, naming the field: "two" or 4.5
+// had skipped the warning above without a word.
+TEST(Checkpoint, ResumeRefusesABatchThatIsNoCount) {
+  engine::LoopOptions o;
+  o.steps = 4;
+  stages::Manifest m;
+  for (const nlohmann::json& bad :
+       {nlohmann::json("two"), nlohmann::json(4.5), nlohmann::json(0), nlohmann::json(nullptr)}) {
+    m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}, {"batch", bad}};
+    try {
+      engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8);
+      ADD_FAILURE() << "batch " << bad.dump() << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("ckpt/step-00000002/manifest.json: $.train.batch: "
+                                           "expected the samples a step (an integer >= 1), found"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // --steps is the run's total: a checkpoint past it leaves nothing to train, and the run
 // says so (it had ended at once, exit 0, without a word).
 TEST(Checkpoint, ResumePastStepsSaysNothingIsTrained) {
