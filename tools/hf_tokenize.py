@@ -38,6 +38,34 @@ def describe(value):
     return f"{kind} ({text[:37] + '...' if len(text) > 40 else text})"
 
 
+class _Pairs(list):
+    """A JSON object's (key, value) pairs as read, a repeated key kept."""
+
+
+class _BadJson(Exception):
+    pass
+
+
+def _no_constant(name):
+    raise _BadJson(f"{name} (JSON has no NaN nor Infinity)")
+
+
+def _strict(value, where="$"):
+    """The record with its objects as dicts. A key repeated in one object is an error, as
+    for `baton data prepare` (Python keeps the last, other readers the first)."""
+    if isinstance(value, _Pairs):
+        out = {}
+        for k, v in value:
+            if k in out:
+                raise _BadJson(f"{where}.{k}: the field '{k}' appears twice in one object "
+                               "(readers differ on which one counts)")
+            out[k] = _strict(v, f"{where}.{k}")
+        return out
+    if isinstance(value, list):
+        return [_strict(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
 def documents(path, key):
     """(line number, text) of each line or record, with `baton data prepare`'s rules: lines
     end at "\n" only (Python's universal newlines had split a line at a lone "\r"), and a
@@ -60,10 +88,16 @@ def documents(path, key):
                 if not line.strip(" \t\r"):
                     continue
                 try:
-                    record = json.loads(line)
+                    record = _strict(json.loads(line, object_pairs_hook=_Pairs,
+                                                parse_constant=_no_constant))
                 except json.JSONDecodeError as e:
                     fail(f"{path}:{n}: expected a JSON object per line, found invalid JSON: "
                          f"{e.msg} at column {e.colno}")
+                except _BadJson as e:
+                    message = str(e)
+                    fail(f"{path}:{n}: " + (message if message.startswith("$") else
+                                            "expected a JSON object per line, found invalid "
+                                            f"JSON: {message}"))
                 # Python reads an unpaired surrogate escape ("\ud800"), which no UTF-8
                 # text holds: the tokenizer had failed on it with a traceback.
                 try:
@@ -133,7 +167,9 @@ def main():
         tok = Tokenizer.from_file(args.tokenizer)
     except Exception as e:  # tokenizers raises its own Exception types
         fail(f"{args.tokenizer}: not a Hugging Face tokenizer.json (--tokenizer): {e}")
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    # The largest id + 1, not the count of tokens: an added token's id may lie beyond the
+    # rest (an id of 70000 among 200 tokens had overflowed uint16).
+    vocab = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
     dtype = numpy.uint16 if vocab < 65500 else numpy.int32
     eod = None
     if args.append_eod:

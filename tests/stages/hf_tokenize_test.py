@@ -7,7 +7,8 @@ temporary file; the pair it writes replaces an earlier one and `baton data inspe
 reads it. With a byte-level stand-in (every whitespace character a token) a CRLF file's
 "\r" ends no document and blank lines are no documents, as for `baton data prepare`; an
 unpaired surrogate escape in a JSON line is exit 2 naming FILE:LINE (a traceback with the
-real package). Arguments: the baton binary, the source tree.
+real package), and so are a repeated key and NaN or Infinity (accepted, where `baton data
+prepare` refuses them); an added token's id beyond the count of tokens picks the dtype. Arguments: the baton binary, the source tree.
 """
 import os
 import subprocess
@@ -38,6 +39,8 @@ class Tokenizer:
         return Tokenizer(j["vocab"], j.get("byte_level", False))
     def get_vocab_size(self, with_added_tokens=True):
         return len(self.vocab)
+    def get_vocab(self, with_added_tokens=True):
+        return dict(self.vocab)
     def token_to_id(self, t):
         return self.vocab.get(t)
     def encode(self, text, add_special_tokens=True):
@@ -133,6 +136,35 @@ with tempfile.TemporaryDirectory() as d:
         check(r.returncode == 2, f"{name}: exit 2, found {r.returncode}", r.stderr)
         check(path + message in r.stderr, f"{name}: names FILE:LINE and what was found", r.stderr)
         check("Traceback" not in r.stderr, f"{name}: no traceback", r.stderr)
+
+    # JSON that Python reads and `baton data prepare` refuses: a repeated key (Python had
+    # kept the last), NaN and Infinity.
+    for name, text, message in [
+            ("dup", '{"text": "a", "text": "b"}\n',
+             ":1: $.text: the field 'text' appears twice in one object"),
+            ("dupin", '{"text": "a", "m": [{"k": 1, "k": 2}]}\n',
+             ":1: $.m[0].k: the field 'k' appears twice in one object"),
+            ("nan", '{"text": "a", "n": NaN}\n',
+             ":1: expected a JSON object per line, found invalid JSON: NaN"),
+            ("inf", '{"text": "a", "n": -Infinity}\n',
+             ":1: expected a JSON object per line, found invalid JSON: -Infinity")]:
+        path = os.path.join(d, name + ".jsonl")
+        with open(path, "w") as f:
+            f.write(text)
+        r = run("--input", path, "--out", os.path.join(d, name))
+        check(r.returncode == 2, f"{name}: exit 2, found {r.returncode}", r.stderr)
+        check(path + message in r.stderr, f"{name}: names FILE:LINE and what was found", r.stderr)
+
+    # An added token's id beyond the count of tokens: the dtype follows the largest id (the
+    # count, 3, had chosen uint16 and id 70000 had overflowed it).
+    gap_tok = os.path.join(d, "gap.json")
+    with open(gap_tok, "w") as f:
+        f.write('{"vocab": {"<unk>": 0, "a": 2, "</s>": 70000}}')
+    r = run("--input", corpus, "--out", os.path.join(d, "gap"), "--append-eod", tokenizer=gap_tok)
+    check(r.returncode == 0, "hf_tokenize.py with an id beyond the count", r.stdout + r.stderr)
+    check("(int32, vocabulary 70001)" in r.stdout, "int32 for an id of 70000", r.stdout)
+    shown = inspect(os.path.join(d, "gap"))
+    check("document 0 (4 tokens): 0 0 0 70000" in shown, "the id read back whole", shown)
 
 if failures:
     sys.exit(1)
