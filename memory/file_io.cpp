@@ -9,8 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "memory/error.h"
 
@@ -59,17 +57,87 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
+std::string file_kind(mode_t m) {
+  return S_ISREG(m)    ? "a regular file"
+         : S_ISDIR(m)  ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+                       : "a special file";
+}
+
+namespace {
+[[noreturn]] void not_regular(const std::string& path, mode_t m) {
+  throw InputError(path + ": cannot open file (not a regular file: " + file_kind(m) + ")");
+}
+}  // namespace
+
+void check_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) not_regular(path, st.st_mode);
+}
+
+int open_regular_file(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer; fstat
+  // then sees what was opened (a stat before the open could be raced by a rename).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    // A directory cannot be opened for reading on some systems: named as one all the same.
+    check_regular_file(path);
+    throw InputError(path + ": cannot open file (missing or unreadable): " + std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw InputError(path + ": cannot open file (missing or unreadable): " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    not_regular(path, st.st_mode);
+  }
+  // Reads of a regular file never block anyway; cleared so the descriptor is an ordinary one.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+namespace {
+// The rest of `fd` (closed here). InputError "<path>: read error" on failure.
+std::string read_all(int fd, const std::string& path) {
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw InputError(path + ": read error: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+}  // namespace
+
+std::string read_regular_file(const std::string& path) {
+  return read_all(open_regular_file(path), path);
+}
+
 std::string read_file(const std::string& path) {
   // A directory opens, and reads as nothing: "not valid JSON: unexpected end of input".
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw InputError(path + ": a directory, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open file (missing or unreadable)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return ss.str();
+  // Blocking: a pipe or a FIFO named on the command line is read as the user asked.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(path + ": cannot open file (missing or unreadable)");
+  return read_all(fd, path);
 }
 
 void fsync_path(const std::string& path, bool directory) {

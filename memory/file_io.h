@@ -1,11 +1,14 @@
 // Whole files, read and written in one place: read_file (InputError naming the file when
-// it cannot be read), and the durable atomic write every writer of baton's outputs uses
+// it cannot be read), the opening of a regular file that never blocks on a FIFO, and the
+// durable atomic write every writer of baton's outputs uses
 // (checkpoints, safetensors, plans, schedules, cost tables, traces, summaries): the bytes
 // go to a temporary file in the same directory, which is fsynced and renamed over the
 // target, and the directory is fsynced; a reader sees the old file or the whole new one,
 // and once the call returns the new one survives a crash. Nothing half-written is left:
 // on failure the temporary file is removed.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <functional>
@@ -15,8 +18,27 @@
 namespace baton::memory {
 
 // The whole file. InputError "<path>: cannot open file (missing or unreadable)" or
-// "<path>: read error".
+// "<path>: read error". A pipe or a FIFO is read too (a file named on the command line:
+// `--model <(...)`, a shell's process substitution); a directory is refused.
 std::string read_file(const std::string& path);
+
+// The whole file, which must be a regular file: what baton finds inside a directory it
+// was given (a Hugging Face model's config.json, a checkpoint's manifest, images.npy),
+// where a FIFO is no file to wait on. Errors as open_regular_file's.
+std::string read_regular_file(const std::string& path);
+
+// A descriptor (close-on-exec, blocking) of the regular file `path`, open for reading.
+// InputError "<path>: cannot open file (not a regular file: a FIFO)" for a FIFO, a
+// directory, a device or a socket, without blocking (opening a FIFO waits for a writer:
+// a run that hung for ever); "<path>: cannot open file (missing or unreadable): <reason>".
+int open_regular_file(const std::string& path);
+
+// Throws open_regular_file's InputError when `path` exists and is no regular file: for a
+// library that opens the path itself. A missing file is left to the caller.
+void check_regular_file(const std::string& path);
+
+// What a file of mode `m` is, for messages: "a regular file", "a directory", "a FIFO", ...
+std::string file_kind(mode_t m);
 
 // Where write_file_durably's producer writes its bytes (in order, any number of pieces).
 class FileSink {

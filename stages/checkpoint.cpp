@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -443,6 +444,7 @@ std::string checkpoint_dir(const std::string& root, int64_t step) {
 std::string hash_file(const std::string& path, const std::string& algorithm) {
   if (algorithm != "crc32" && algorithm != "fnv1a64")
     throw InputError(path + ": unknown checksum '" + algorithm + "' (expected crc32 or fnv1a64)");
+  memory::check_regular_file(path);  // a FIFO would be waited on for ever
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open to hash");
   uint64_t h = 0xcbf29ce484222325ull;
@@ -575,7 +577,7 @@ std::string save_checkpoint(const std::string& root, const Stage& stage, Manifes
 
 Manifest read_manifest(const std::string& step_dir) {
   std::string path = step_dir + "/manifest.json";
-  return Manifest::from_json(read_json_file(path), path);
+  return Manifest::from_json(read_json_regular_file(path), path);
 }
 
 namespace {
@@ -659,6 +661,10 @@ std::optional<std::string> verify_checkpoint(const std::string& step_dir, const 
   for (const ShardFile& s : m.shards) {
     std::string path = step_dir + "/" + s.file;
     std::error_code ec;
+    // A FIFO or a directory has no file size either: named as what it is, not "missing".
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return path + ": not a regular file: " + memory::file_kind(st.st_mode);
     uint64_t size = fs::file_size(path, ec);
     if (ec) return path + ": missing";
     if (size < s.bytes)
@@ -769,7 +775,7 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     }
     json j;
     try {
-      j = read_json_file(path);
+      j = read_json_regular_file(path);
     } catch (const InputError& e) {
       spdlog::warn("checkpoint {} is unreadable ({}); {}", dir, e.what(), next);
       skipped = true;

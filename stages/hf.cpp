@@ -27,7 +27,7 @@ json read_hf_model_config(const std::string& dir, std::optional<int64_t> context
   const std::string path = dir + "/config.json";
   if (!fs::exists(path))
     throw InputError(path + ": no such file (a Hugging Face model directory has config.json)");
-  json j = read_json_file(path);
+  json j = read_json_regular_file(path);
   // Only a Mistral's window depends on the context. One beyond the window is left to
   // check_same_model_math, whose message names the model that asks for it; one beyond
   // max_position_embeddings (MistralConfig's default when absent) is the other model's own.
@@ -68,7 +68,7 @@ std::vector<int32_t> hf_eos_token_ids(const std::string& dir) {
   // (config.json's ids are then unused), else from config.json.
   const std::string gen = dir + "/generation_config.json";
   const std::string path = fs::exists(gen) ? gen : dir + "/config.json";
-  const json j = read_json_file(path);
+  const json j = read_json_regular_file(path);
   JsonReader r(j, path);
   r.expect_object();
   return read_eos_ids(r);
@@ -85,7 +85,7 @@ HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
   // transformers loads model.safetensors when it exists, whatever index lies beside it.
   if (!fs::exists(single) && fs::exists(dir_ + "/model.safetensors.index.json")) {
     index_path_ = dir_ + "/model.safetensors.index.json";
-    json j = read_json_file(index_path_);
+    json j = read_json_regular_file(index_path_);
     JsonReader r(j, index_path_);
     r.expect_object();
     JsonReader map = r.at("weight_map");

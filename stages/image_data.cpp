@@ -1,5 +1,6 @@
 #include "stages/image_data.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <type_traits>
+#include <vector>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -21,18 +23,135 @@ namespace {
   throw InputError(path + ": " + what);
 }
 
-// The value text after 'key': in a NumPy header dict.
-std::string header_field(const std::string& path, const std::string& header,
-                         const std::string& key) {
-  const std::string k = "'" + key + "'";
-  size_t at = header.find(k);
-  if (at == std::string::npos) bad(path, "the .npy header has no '" + key + "': " + header);
-  at = header.find(':', at + k.size());
-  if (at == std::string::npos) bad(path, "malformed .npy header: " + header);
-  ++at;
-  while (at < header.size() && header[at] == ' ') ++at;
-  return header.substr(at);
-}
+// The header dict of a .npy file, as numpy writes it: a Python literal of exactly the
+// keys 'descr' (a dtype string), 'fortran_order' (True or False) and 'shape' (a tuple of
+// integers), each once (a key found by searching the text had taken the first of two
+// 'shape's where numpy takes the last, and ignored keys numpy refuses).
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+};
+
+class NpyHeaderParser {
+ public:
+  NpyHeaderParser(const std::string& path, const std::string& header)
+      : path_(path), h_(header), shown_(header.substr(0, header.find_last_not_of(" \n") + 1)) {}
+
+  NpyHeader parse() {
+    NpyHeader out;
+    bool seen[3] = {false, false, false};
+    expect('{');
+    for (;;) {
+      skip_space();
+      if (eat('}')) break;
+      const std::string key = quoted();
+      const int k = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+      if (k < 0)
+        bad(path_, "the .npy header has key '" + key +
+                       "', expected only 'descr', 'fortran_order' and 'shape': " + shown_);
+      if (seen[k]) bad(path_, "the .npy header has '" + key + "' twice: " + shown_);
+      seen[k] = true;
+      skip_space();
+      expect(':');
+      skip_space();
+      if (k == 0) {
+        if (at_ >= h_.size() || (h_[at_] != '\'' && h_[at_] != '"'))
+          bad(path_, "expected a simple dtype string in the .npy header, found " + shown_);
+        out.descr = quoted();
+      } else if (k == 1) {
+        if (word("False"))
+          out.fortran_order = false;
+        else if (word("True"))
+          out.fortran_order = true;
+        else
+          bad(path_, "expected True or False for 'fortran_order' in the .npy header: " + shown_);
+      } else {
+        out.shape = shape();
+      }
+      skip_space();
+      if (eat('}')) break;
+      expect(',');
+    }
+    skip_space();  // numpy pads with spaces and ends with a newline
+    if (at_ != h_.size()) malformed();
+    for (int k = 0; k < 3; ++k)
+      if (!seen[k])
+        bad(path_, std::string("the .npy header has no '") +
+                       (k == 0   ? "descr"
+                        : k == 1 ? "fortran_order"
+                                 : "shape") +
+                       "': " + shown_);
+    return out;
+  }
+
+ private:
+  [[noreturn]] void malformed() const { bad(path_, "malformed .npy header: " + shown_); }
+  void skip_space() {
+    while (at_ < h_.size() && (h_[at_] == ' ' || h_[at_] == '\n' || h_[at_] == '\t')) ++at_;
+  }
+  bool eat(char c) {
+    if (at_ < h_.size() && h_[at_] == c) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) malformed();
+  }
+  bool word(const char* w) {
+    const size_t n = std::strlen(w);
+    if (h_.compare(at_, n, w) != 0) return false;
+    at_ += n;
+    return true;
+  }
+  // A quoted string without escapes (the keys and dtype strings numpy writes).
+  std::string quoted() {
+    if (at_ >= h_.size() || (h_[at_] != '\'' && h_[at_] != '"')) malformed();
+    const char q = h_[at_++];
+    const size_t end = h_.find(q, at_);
+    if (end == std::string::npos) malformed();
+    std::string s = h_.substr(at_, end - at_);
+    at_ = end + 1;
+    return s;
+  }
+  // (), (n,) or (n, m, ...) with an optional trailing comma: numpy's tuple of ints.
+  std::vector<int64_t> shape() {
+    std::vector<int64_t> dims;
+    if (!eat('(')) bad(path_, "malformed shape in the .npy header: " + shown_);
+    bool comma = false;
+    for (;;) {
+      skip_space();
+      if (eat(')')) break;
+      if (!dims.empty() && !comma) bad(path_, "malformed shape in the .npy header: " + shown_);
+      const size_t start = at_;
+      while (at_ < h_.size() && std::isdigit(static_cast<unsigned char>(h_[at_]))) ++at_;
+      if (at_ == start) bad(path_, "malformed shape in the .npy header: " + shown_);
+      // std::stoll had thrown a bare "stoll" (exit 1) for a dimension beyond int64.
+      int64_t dim = 0;
+      if (std::from_chars(h_.data() + start, h_.data() + at_, dim).ec != std::errc()) {
+        const size_t close = h_.find(')', start);
+        const size_t open = h_.rfind('(', start);
+        bad(path_, "dimension " + h_.substr(start, at_ - start) + " of shape (" +
+                       h_.substr(open + 1, close == std::string::npos ? std::string::npos
+                                                                      : close - open - 1) +
+                       ") is beyond int64, expected the shape of an array that fits in memory");
+      }
+      dims.push_back(dim);
+      skip_space();
+      comma = eat(',');
+    }
+    // (20) is the number 20 in Python, not a tuple: numpy refuses it.
+    if (dims.size() == 1 && !comma) bad(path_, "malformed shape in the .npy header: " + shown_);
+    return dims;
+  }
+
+  const std::string& path_;
+  const std::string& h_;
+  const std::string shown_;  // in messages: without numpy's padding
+  size_t at_ = 0;
+};
 
 int64_t element_size(const std::string& path, const std::string& descr) {
   if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|'))
@@ -111,7 +230,7 @@ void integer_element(const NpyArray& a, int64_t k, int64_t esize, F&& use) {
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
-  const std::string data = memory::read_file(path);
+  const std::string data = memory::read_regular_file(path);
   if (data.size() < 10 || std::memcmp(data.data(), "\x93NUMPY", 6) != 0)
     bad(path, "not a NumPy .npy file (no \\x93NUMPY magic)");
   const int major = static_cast<unsigned char>(data[6]);
@@ -131,31 +250,11 @@ NpyArray read_npy(const std::string& path) {
   if (data.size() < start + header_len) bad(path, "truncated .npy header");
   const std::string header = data.substr(start, header_len);
   NpyArray a;
-  std::string descr = header_field(path, header, "descr");
-  if (descr.empty() || descr[0] != '\'' || descr.find('\'', 1) == std::string::npos)
-    bad(path, "expected a simple dtype string in the .npy header, found " + header);
-  a.descr = descr.substr(1, descr.find('\'', 1) - 1);
-  if (header_field(path, header, "fortran_order").rfind("False", 0) != 0)
+  NpyHeader h = NpyHeaderParser(path, header).parse();
+  a.descr = h.descr;
+  if (h.fortran_order)
     bad(path, "expected a C-order array (fortran_order False); save it with np.ascontiguousarray");
-  std::string shape = header_field(path, header, "shape");
-  if (shape.empty() || shape[0] != '(' || shape.find(')') == std::string::npos)
-    bad(path, "malformed shape in the .npy header: " + header);
-  shape = shape.substr(1, shape.find(')') - 1);
-  size_t pos = 0;
-  while (pos < shape.size()) {
-    while (pos < shape.size() && (shape[pos] == ' ' || shape[pos] == ',')) ++pos;
-    if (pos >= shape.size()) break;
-    size_t end = pos;
-    while (end < shape.size() && std::isdigit(static_cast<unsigned char>(shape[end]))) ++end;
-    if (end == pos) bad(path, "malformed shape in the .npy header: " + header);
-    // std::stoll had thrown a bare "stoll" (exit 1) for a dimension beyond int64.
-    int64_t dim = 0;
-    if (std::from_chars(shape.data() + pos, shape.data() + end, dim).ec != std::errc())
-      bad(path, "dimension " + shape.substr(pos, end - pos) + " of shape (" + shape +
-                    ") is beyond int64, expected the shape of an array that fits in memory");
-    a.shape.push_back(dim);
-    pos = end;
-  }
+  a.shape = std::move(h.shape);
   const int64_t esize = element_size(path, a.descr);
   // Counted with overflow checks: a count that had wrapped (2^61 x 8 elements: 0) passed
   // the size check below.

@@ -13,6 +13,10 @@ json read_json_file(const std::string& path) {
   return memory::parse_json_text(memory::read_file(path), path);
 }
 
+json read_json_regular_file(const std::string& path) {
+  return memory::parse_json_text(memory::read_regular_file(path), path);
+}
+
 bool JsonReader::has(std::string_view key) const {
   return j_->is_object() && j_->contains(std::string(key));
 }

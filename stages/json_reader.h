@@ -23,6 +23,10 @@ using nlohmann::json;
 // Reads and parses a file (memory::parse_json_text parses text); a missing or unreadable
 // file is an InputError.
 json read_json_file(const std::string& path);
+// The same for a file found inside a directory baton was given (a Hugging Face model's
+// config.json, a checkpoint's manifest): it must be a regular file, a FIFO is refused
+// rather than waited on (memory::read_regular_file).
+json read_json_regular_file(const std::string& path);
 
 using memory::json_brief;
 

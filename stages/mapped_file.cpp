@@ -15,19 +15,11 @@
 #include <utility>
 
 #include "memory/error.h"
+#include "memory/file_io.h"
 
 namespace baton::stages {
 
 namespace {
-std::string kind_of(mode_t m) {
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISSOCK(m) ? "a socket"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-                       : "a special file";
-}
-
 // ---- the registry of mappings and the SIGBUS handler ----
 //
 // A signal handler may neither allocate nor lock, so the registry is a fixed array of slots
@@ -183,17 +175,13 @@ void unregister_mapping(int i) {
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  // stat before open: opening a FIFO blocks until a writer comes (a run that hung for
-  // ever); O_NONBLOCK covers a file replaced by one in between.
+  // Opened without blocking on a FIFO, which is refused (a run that hung for ever).
+  int fd = memory::open_regular_file(path);
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw InputError(path + ": cannot open file (not a regular file: " + kind_of(st.st_mode) + ")");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    throw InputError(path + ": cannot open file (missing or unreadable): " + std::strerror(errno));
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    throw InputError(path + ": cannot open file (not a regular file)");
+    throw InputError(path + ": cannot open file: " + std::strerror(err));
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {

@@ -32,6 +32,13 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
+// A dimension or a byte offset: an integer written in digits. A float is refused even when
+// whole (256.0), as the safetensors library does ("expected usize").
+int64_t size_number(const JsonReader& r, int64_t max) {
+  if (r.raw().is_number_float()) r.fail("an integer >= 0 (no '.' nor exponent)");
+  return r.as_int(0, max);
+}
+
 }  // namespace
 
 bool safetensors_dtype(const std::string& name, DType& out) {
@@ -53,8 +60,8 @@ bool safetensors_dtype(const std::string& name, DType& out) {
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw InputError(path + ": cannot open safetensors file: " + errno_text());
+  // A FIFO is refused, not waited on (a directory's model.safetensors that hung for ever).
+  fd_ = memory::open_regular_file(path);
   try {
     struct stat st {};
     if (fstat(fd_, &st) != 0) throw InputError(path + ": cannot stat: " + errno_text());
@@ -101,15 +108,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       JsonReader shape = e.at("shape");
       uint64_t numel = 1;
       for (const JsonReader& d : shape.items()) {
-        int64_t v = d.as_int(0, int64_t(1) << 48);
+        int64_t v = size_number(d, int64_t(1) << 48);
         entry.shape.push_back(v);
         if (v != 0 && numel > (uint64_t(1) << 62) / uint64_t(v)) d.fail("a shape of sane size");
         numel *= uint64_t(v);
       }
       JsonReader off = e.at("data_offsets");
       if (off.size() != 2) off.fail("[begin, end]");
-      entry.begin = uint64_t(off.at(size_t(0)).as_int(0, INT64_MAX));
-      entry.end = uint64_t(off.at(size_t(1)).as_int(0, INT64_MAX));
+      entry.begin = uint64_t(size_number(off.at(size_t(0)), INT64_MAX));
+      entry.end = uint64_t(size_number(off.at(size_t(1)), INT64_MAX));
       if (entry.end < entry.begin)
         off.fail("begin <= end",
                  "[" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + "]");

@@ -24,6 +24,7 @@
 #include "memory/json_object.h"
 #include "stages/data.h"
 #include "stages/image_data.h"
+#include "stages/sentencepiece_model.h"
 #include "stages/token_store.h"
 #include "tools/command.h"
 
@@ -40,7 +41,8 @@ using stages::TokenStore;
 #ifdef BATON_HAVE_SENTENCEPIECE
 std::unique_ptr<sentencepiece::SentencePieceProcessor> load_tokenizer(const std::string& path) {
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  auto st = sp->Load(path);
+  // Read and checked by baton first: the library reads past a corrupt model.
+  auto st = sp->LoadFromSerializedProto(stages::read_sentencepiece_model(path));
   if (!st.ok())
     throw InputError(path + ": not a SentencePiece model (--tokenizer): " + st.ToString());
   return sp;

@@ -18,6 +18,7 @@
 
 #include "memory/error.h"
 #include "stages/generate.h"
+#include "stages/sentencepiece_model.h"
 #include "tools/command.h"
 
 namespace baton::tools {
@@ -112,7 +113,8 @@ int run_generate(const std::vector<std::string>& args) {
   bool have_sp = false;
   if (!tokenizer.empty()) {
 #ifdef BATON_HAVE_SENTENCEPIECE
-    auto status = sp.Load(tokenizer);
+    // Read and checked by baton first: the library reads past a corrupt model.
+    auto status = sp.LoadFromSerializedProto(stages::read_sentencepiece_model(tokenizer));
     if (!status.ok())
       throw InputError(tokenizer + ": not a SentencePiece model: " + status.ToString());
     // A model's vocabulary may be padded beyond its tokenizer's pieces, never short of it.

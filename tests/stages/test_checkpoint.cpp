@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "stages/checkpoint.h"
 #include "stages/hf.h"
 #include "stages/json_reader.h"
+#include "tests/fifo_read.h"
 #include "tests/stages/helpers.h"
 
 namespace baton::stages {
@@ -388,6 +390,45 @@ TEST(Checkpoint, TruncatedShardNamesTheTensorItEndsIn) {
   EXPECT_NE(problem->find("the header is cut"), std::string::npos) << *problem;
   std::filesystem::remove(file);
   EXPECT_EQ(verify_checkpoint(dir, m), file + ": missing");
+}
+
+// A FIFO where a checkpoint or a Hugging Face directory has a file is refused at once,
+// named as what it is: reading one had waited for ever for a writer (--resume, --init-from
+// and generate hung), and a FIFO shard had been called missing.
+TEST(Checkpoint, FifosInCheckpointAndModelDirectoriesAreRefused) {
+  using testing_support::input_error_reading_fifo;
+  auto make_fifo = [](const std::string& path) {
+    std::filesystem::remove(path);
+    EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  };
+  auto refused = [](const std::string& path) {
+    return path + ": cannot open file (not a regular file: a FIFO)";
+  };
+  std::string dir = save_scrambled(fresh_dir("ckpt_fifo"), 1, 2);
+  const Manifest m = read_manifest(dir);
+  const std::string shard = dir + "/model-rank00000.safetensors";
+  make_fifo(shard);
+  EXPECT_EQ(verify_checkpoint(dir, m), shard + ": not a regular file: a FIFO");
+  EXPECT_EQ(input_error_reading_fifo(shard, [&] { SafetensorsReader r(shard); }), refused(shard));
+  EXPECT_EQ(input_error_reading_fifo(shard, [&] { hash_file(shard); }), refused(shard));
+  make_fifo(dir + "/manifest.json");
+  EXPECT_EQ(input_error_reading_fifo(dir + "/manifest.json", [&] { read_manifest(dir); }),
+            refused(dir + "/manifest.json"));
+
+  const std::string hf = fresh_dir("ckpt_fifo_hf");
+  std::filesystem::copy(std::string(BATON_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny", hf);
+  for (const std::string name : {"config.json", "generation_config.json"}) {
+    const std::string path = hf + "/" + name;
+    make_fifo(path);
+    EXPECT_EQ(input_error_reading_fifo(path,
+                                       [&] {
+                                         if (name == "config.json")
+                                           read_hf_model_config(hf, std::nullopt);
+                                         else
+                                           hf_eos_token_ids(hf);
+                                       }),
+              refused(path));
+  }
 }
 
 TEST(Checkpoint, ResumeFallsBackToThePreviousCompleteOneWithAWarning) {

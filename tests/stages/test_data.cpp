@@ -22,7 +22,9 @@
 #include "stages/data.h"
 #include "stages/mapped_file.h"
 #include "stages/model.h"
+#include "stages/sentencepiece_model.h"
 #include "stages/token_store.h"
+#include "tests/stages/sp_model_bytes.h"
 
 namespace baton::stages {
 namespace {
@@ -945,6 +947,68 @@ TEST(MappedFileDeathTest, AFaultOutsideTheMappingsGoesToThePreviousHandler) {
       },
       ::testing::ExitedWithCode(3), "the previous SIGBUS handler ran");
   GTEST_FLAG_SET(death_test_style, "fast");
+}
+
+// A SentencePiece model is checked before the library (0.1.x) reads it, as 0.2.x checks
+// it: a precompiled_charsmap whose trie leads outside itself or whose values lie outside
+// its normalized strings (the library had read past the model: a tokenization that
+// differed from run to run), and a piece with a NUL byte, are refused naming the file.
+TEST(SentencePieceModel, CorruptModelsAreRefused) {
+  using namespace testing;
+  const std::string path = "sp.model";
+  const std::string pieces = sp_piece("<unk>") + sp_piece("A") + sp_piece("b");
+  auto error_of = [&](const std::string& bytes) {
+    try {
+      check_sentencepiece_model(bytes, path);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string good = sp_normalizer(sp_charsmap(0, std::string("b\0", 2)));
+  EXPECT_EQ(error_of(pieces + good), "");
+  EXPECT_EQ(error_of(pieces), "");  // no charsmap: the identity normalizer
+  EXPECT_EQ(error_of(pieces + sp_normalizer(sp_charsmap(0, std::string("b\0", 2)), 5)), "");
+  const std::string prefix = path + ": not a SentencePiece model: ";
+  // The normalized strings cut (to none, or before the value's string ends).
+  EXPECT_EQ(error_of(pieces + sp_normalizer(sp_charsmap(0, ""))),
+            prefix +
+                "the normalizer's precompiled_charsmap is invalid: trie value 0 lies "
+                "outside its 0 bytes of normalized strings");
+  EXPECT_NE(error_of(pieces + sp_normalizer(sp_charsmap(0, "b"))).find("trie value 0 lies outside"),
+            std::string::npos);
+  EXPECT_NE(error_of(pieces + sp_normalizer(sp_charsmap(5, std::string("b\0", 2))))
+                .find("trie value 5 lies outside its 2 bytes"),
+            std::string::npos);
+  // The denormalizer's map is read as well.
+  EXPECT_EQ(error_of(pieces + sp_normalizer(sp_charsmap(0, ""), 5)),
+            prefix +
+                "the denormalizer's precompiled_charsmap is invalid: trie value 0 lies "
+                "outside its 0 bytes of normalized strings");
+  // The trie itself leads outside: the root's children beyond its 512 units.
+  EXPECT_EQ(error_of(pieces + sp_normalizer(sp_charsmap(0, std::string("b\0", 2), 4096))),
+            prefix +
+                "the normalizer's precompiled_charsmap is invalid: trie unit 0 leads to "
+                "unit 4096, outside its 512 units");
+  // A trie size beyond the map, and a map too short for one.
+  EXPECT_EQ(error_of(pieces + sp_normalizer(le32_bytes(4000) + std::string(8, '\0'))),
+            prefix +
+                "the normalizer's precompiled_charsmap: its trie of 4000 bytes runs past "
+                "its 12 bytes");
+  EXPECT_EQ(error_of(pieces + sp_normalizer("abc")),
+            prefix +
+                "the normalizer's precompiled_charsmap is 3 bytes, expected a 4-byte trie "
+                "size and the trie");
+  // A message given twice is merged: the last charsmap is the one the library uses.
+  EXPECT_NE(error_of(pieces + good + sp_normalizer(sp_charsmap(0, ""))), "");
+  EXPECT_EQ(error_of(pieces + sp_normalizer(sp_charsmap(0, "")) + good), "");
+  // Pieces: none empty, none with a NUL byte.
+  EXPECT_EQ(error_of(pieces + sp_piece(std::string("a\0b", 3)) + good),
+            prefix + "piece 3 holds a NUL byte");
+  EXPECT_EQ(error_of(sp_piece("") + good), prefix + "piece 0 is empty");
+  // Not protobuf at all: a cut field.
+  EXPECT_EQ(error_of(pieces.substr(0, pieces.size() - 2)),
+            prefix + "malformed protobuf encoding at byte " + std::to_string(pieces.size() - 10));
 }
 
 }  // namespace

@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "stages/token_store.h"
 #include "tests/command_runner.h"
+#include "tests/stages/sp_model_bytes.h"
 
 namespace baton::stages {
 namespace {
@@ -114,6 +116,53 @@ TEST(DataCli, GenerateRefusesATokenizerLargerThanTheVocabulary) {
   EXPECT_NE(
       r.output.find(tokenizer() + ": has 300 pieces, more than the model's vocabulary of 256"),
       std::string::npos)
+      << r.output;
+}
+
+// A corrupt SentencePiece model is refused by every command that loads one, before the
+// library reads past it (prepare had written different tokens on every run); a FIFO as
+// --tokenizer is refused at once (it had waited for ever for a writer).
+TEST(DataCli, CorruptOrFifoTokenizersAreRefused) {
+  std::string model;
+  {
+    std::ifstream in(tokenizer(), std::ios::binary);
+    model.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_FALSE(model.empty());
+  // Appended fields merge into the model: a normalizer whose charsmap values lie beyond
+  // its normalized strings, or a piece with a NUL byte.
+  const std::string cut = dir() + "/cut.model", nul = dir() + "/nul.model";
+  std::ofstream(cut, std::ios::binary)
+      << model + testing::sp_normalizer(testing::sp_charsmap(7, "b"));
+  std::ofstream(nul, std::ios::binary) << model + testing::sp_piece(std::string("x\0y", 3));
+  const std::string text = dir() + "/sp_in.txt";
+  std::ofstream(text) << "the licensee may copy\n";
+  Result r = baton("prepare --tokenizer " + cut + " --input " + text + " --out " + dir() + "/cut");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(
+      r.output.find(cut + ": not a SentencePiece model: the normalizer's precompiled_charsmap "
+                          "is invalid: trie value 7 lies outside its 1 bytes"),
+      std::string::npos)
+      << r.output;
+  r = baton("prepare --tokenizer " + nul + " --input " + text + " --out " + dir() + "/nul");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(nul + ": not a SentencePiece model: piece 300 holds a NUL byte"),
+            std::string::npos)
+      << r.output;
+  r = baton::cli_testing::run_command(
+      kDataCliBaton + " generate --init-from " + std::string(BATON_SOURCE_DIR) +
+      "/tests/fixtures/llama_gqa --tokenizer " + cut + " --prompt hello");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(cut + ": not a SentencePiece model"), std::string::npos) << r.output;
+  const std::string fifo = dir() + "/fifo.model";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // timeout: a run that waits on the FIFO fails the test (124) instead of hanging it.
+  r = baton::cli_testing::run_command("timeout 20 " + kDataCliBaton + " data inspect " + text +
+                                      " --tokenizer " + fifo);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(fifo + ": cannot open file (not a regular file: a FIFO)"),
+            std::string::npos)
       << r.output;
 }
 

@@ -153,6 +153,21 @@ TEST(Safetensors, LyingHeaders) {
                            {"$.a.data_offsets", "[begin, end]"});
 }
 
+// Shapes and offsets are integers written in digits: a whole float (256.0, 8e0) had been
+// taken, where the safetensors library refuses it ("expected usize").
+TEST(Safetensors, WholeFloatsInShapesAndOffsetsAreRefused) {
+  std::string d8(8, '\0');
+  safetensors_expect_error(
+      "shape_float.safetensors", R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", d8,
+      {"$.a.shape[0]: expected an integer >= 0 (no '.' nor exponent), found 2.0"});
+  safetensors_expect_error("begin_float.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0.0,8]}})", d8,
+                           {"$.a.data_offsets[0]: expected an integer >= 0"});
+  safetensors_expect_error("end_exp.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8e0]}})", d8,
+                           {"$.a.data_offsets[1]: expected an integer >= 0"});
+}
+
 TEST(Safetensors, UnsupportedDtypeIsAnErrorOnRead) {
   std::string path = temp("u8.safetensors");
   write_raw(path, R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})", std::string(8, '\1'));

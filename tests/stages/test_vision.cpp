@@ -3,6 +3,8 @@
 // differences; batch norm's running statistics (the update, once per training forward,
 // not again on recompute, untouched by the optimizer, used in evaluation, saved and loaded
 // by checkpoints); shape inference and its errors.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include "stages/checkpoint.h"
 #include "stages/image_data.h"
 #include "stages/resnet.h"
+#include "tests/fifo_read.h"
 #include "tests/stages/helpers.h"
 
 namespace baton::stages {
@@ -572,6 +575,65 @@ TEST(ImageData, ShapesBeyondInt64AreRefused) {
   e = error_of("<i8", "(2305843009213693952,)");  // the elements fit, their bytes do not
   EXPECT_NE(e.find("holds more than 2^63 bytes"), std::string::npos) << e;
   std::filesystem::remove(path);
+}
+
+// The header dict is read as numpy reads it: the keys descr, fortran_order and shape,
+// each once. A repeated 'shape' had been taken at its first (40 images where numpy, taking
+// the last, reads 20), and a key numpy refuses had been ignored.
+TEST(ImageData, NpyHeaderKeysAreExactlyNumpys) {
+  const std::string path = ::testing::TempDir() + "/vision_npy_keys.npy";
+  auto error_of = [&](const std::string& dict) {
+    std::string h = dict;
+    h.append((64 - (h.size() + 11) % 64) % 64, ' ');
+    h += '\n';
+    std::ofstream(path, std::ios::binary)
+        << std::string("\x93NUMPY\x01\x00", 8) << char(h.size() & 0xff) << char(h.size() >> 8) << h
+        << std::string(40 * 4, '\0');
+    try {
+      read_npy(path);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // What numpy writes, and its other spellings (no trailing comma, double quotes, blanks).
+  EXPECT_EQ(error_of("{'descr': '|u1', 'fortran_order': False, 'shape': (40, 4), }"), "");
+  EXPECT_EQ(error_of("{\"shape\":(160,),\"descr\":\"|u1\",\"fortran_order\":False}"), "");
+  EXPECT_EQ(error_of("{'descr': '<u4', 'fortran_order': False, 'shape': ( 2 , 4 , 5 ) }"), "");
+  std::string e =
+      error_of("{'descr': '|u1', 'fortran_order': False, 'shape': (40, 4), 'shape': (20, 4), }");
+  EXPECT_NE(e.find(path + ": the .npy header has 'shape' twice"), std::string::npos) << e;
+  e = error_of("{'descr': '|u1', 'fortran_order': False, 'shape': (40, 4), 'foo': 1, }");
+  EXPECT_NE(e.find(path + ": the .npy header has key 'foo', expected only 'descr', "
+                          "'fortran_order' and 'shape'"),
+            std::string::npos)
+      << e;
+  e = error_of("{'descr': '|u1', 'shape': (40, 4), }");
+  EXPECT_NE(e.find(path + ": the .npy header has no 'fortran_order'"), std::string::npos) << e;
+  e = error_of("{'descr': '|u1', 'fortran_order': True, 'shape': (40, 4), }");
+  EXPECT_NE(e.find("expected a C-order array"), std::string::npos) << e;
+  e = error_of("{'descr': '|u1', 'fortran_order': False, 'shape': (160), }");  // 160, no tuple
+  EXPECT_NE(e.find(path + ": malformed shape in the .npy header"), std::string::npos) << e;
+  e = error_of("{'descr': '|u1', 'fortran_order': False, 'shape': (40, 4), } x");
+  EXPECT_NE(e.find(path + ": malformed .npy header"), std::string::npos) << e;
+  e = error_of("{'descr': [('a', '<u4')], 'fortran_order': False, 'shape': (40,), }");
+  EXPECT_NE(e.find(path + ": expected a simple dtype string"), std::string::npos) << e;
+  std::filesystem::remove(path);
+}
+
+// An images.npy or labels.npy that is a FIFO is refused at once (data inspect and train
+// had waited for ever for a writer).
+TEST(ImageData, AFifoIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/vision_npy_fifo";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_npy(dir + "/labels.npy", Tensor::from_vector(std::vector<int64_t>{0, 1}, {2}));
+  const std::string fifo = dir + "/images.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(is_image_dataset(dir));
+  EXPECT_EQ(testing_support::input_error_reading_fifo(fifo, [&] { ImageDataset d(dir); }),
+            fifo + ": cannot open file (not a regular file: a FIFO)");
+  std::filesystem::remove_all(dir);
 }
 
 // `baton train`'s loop on the digits with the example model: the loss falls.
