@@ -569,19 +569,79 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     for (size_t d = c + 1; d < it->second; ++d) handed[d] += bytes;
   }
   const size_t ahead = size_t(std::max(1, o.recv_ahead));
+  // Over UCX (a CPU job) a message under the rendezvous size is copied out and its send is
+  // done at once: nothing of it outlives the send (the embedding's output of a recomputed
+  // first stage had been counted through the B after it, one activation over).
+  const size_t rendezvous = p.device == "cpu" ? transport::p2p_rendezvous_bytes() : 0;
+  auto eager = [&](const schedule::Action& a) {
+    auto [first, last] = chunk(a.stage);
+    for (int v : a.kind == ActionKind::send_activation ? cut_values(last) : cut_values(first))
+      if (v != pg.loss && size_t(pg.values[size_t(v)].type.bytes(batch)) >= rendezvous)
+        return false;
+    return true;
+  };
+  // A rendezvous send is taken only once its receiver has posted the receive, which a
+  // rank does recv_ahead receives ahead of the one it waits for (Executor::run_step). It
+  // is known posted once a message arrives that the peer sent after posting it; until
+  // then it is held (a first stage of one embedding makes all its warm-up Fs before the
+  // next rank has taken the first: GPT-2 124M at PP 4, 1F1B, had been one activation of
+  // 384 KiB under its measured peak), and from then on through the next compute action.
+  std::map<int, std::vector<size_t>> recvs_of;  // pipeline rank -> its receives' positions
+  auto posted_at = [&](int q, std::ptrdiff_t taken) -> std::ptrdiff_t {
+    auto [it, fresh] = recvs_of.try_emplace(q);
+    if (fresh) {
+      const auto& list = lowered.ranks[size_t(q)];
+      for (size_t j = 0; j < list.size(); ++j)
+        if (schedule::is_recv(list[j].kind)) it->second.push_back(j);
+    }
+    const std::vector<size_t>& rq = it->second;
+    const size_t j = size_t(std::lower_bound(rq.begin(), rq.end(), size_t(taken)) - rq.begin());
+    // One of the step's first recv_ahead is posted when the step starts.
+    return j < ahead ? 0 : std::ptrdiff_t(rq[j - ahead] + 1);
+  };
+  // Of each (pipeline rank, world rank): the latest position in its list of a message
+  // it sent that has arrived here.
+  std::map<std::pair<int, int>, std::ptrdiff_t> latest;
+  auto known_posted = [&](const schedule::Action& s) {
+    const int q = schedule::transfer_peer(lowered, s);
+    if (q < 0) return true;
+    const std::ptrdiff_t taken = position(q, schedule::transfer_tag(lowered, s), false);
+    if (taken < 0) return true;
+    const std::ptrdiff_t at = posted_at(q, taken);
+    for (int w : world_peers(s, schedule::Transfer::Kind::send)) {
+      auto it = latest.find({q, w});
+      if (it == latest.end() || it->second < at) return false;
+    }
+    return true;
+  };
+  struct Held {
+    size_t at;    // its position in the lowered list
+    bool posted;  // its receive known posted: held through the next compute action
+  };
   size_t first_open = 0;
-  std::vector<size_t> sent;  // sends since the previous compute action, not known done
+  std::vector<Held> sent;  // sends not known done
   auto sent_bytes = [&] {
     int64_t bytes = 0;
-    for (size_t j : sent) bytes += send_bytes(acts[j]);
-    sent.clear();
+    for (const Held& h : sent) bytes += send_bytes(acts[h.at]);
+    std::erase_if(sent, [](const Held& h) { return h.posted; });
     return bytes;
   };
   for (size_t i = 0; i < acts.size(); ++i) {
     const ActionKind k = acts[i].kind;
-    if (schedule::is_send(k)) sent.push_back(i);
-    if (schedule::is_recv(k))
-      std::erase_if(sent, [&](size_t j) { return done_by(acts[j], acts[i]); });
+    if (schedule::is_send(k) && !eager(acts[i])) sent.push_back({i, known_posted(acts[i])});
+    if (schedule::is_recv(k)) {
+      std::erase_if(sent, [&](const Held& h) { return done_by(acts[h.at], acts[i]); });
+      const int q = schedule::transfer_peer(lowered, acts[i]);
+      const std::ptrdiff_t from =
+          q < 0 ? -1 : position(q, schedule::transfer_tag(lowered, acts[i]), true);
+      if (from >= 0) {
+        for (int w : world_peers(acts[i], schedule::Transfer::Kind::recv)) {
+          std::ptrdiff_t& l = latest.try_emplace({q, w}, -1).first->second;
+          l = std::max(l, from);
+        }
+        for (Held& h : sent) h.posted = h.posted || known_posted(acts[h.at]);
+      }
+    }
     if (k != ActionKind::forward && k != ActionKind::backward_input &&
         k != ActionKind::backward_weight && k != ActionKind::full_backward)
       continue;

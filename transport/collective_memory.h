@@ -33,4 +33,11 @@ size_t all_reduce_scratch_bound(size_t count, size_t esize);
 // (extra parameter-server ranks; all of them: `owners` = `group_size`).
 size_t reduce_scatter_scratch_bound(size_t count, size_t esize, int group_size, int owners);
 
+// Point-to-point messages of at least this many bytes go by rendezvous over UCX (the CPU
+// transport between processes): the receiver fetches the data once its receive is posted,
+// and the send is done when it has. Shorter ones are copied out eagerly, the send done at
+// once. UCX_RNDV_THRESH as a plain byte count, else the 65536 the UCX fabric sets; 0 (every
+// message by rendezvous) when it is set otherwise ("auto", a unit).
+size_t p2p_rendezvous_bytes();
+
 }  // namespace baton::transport

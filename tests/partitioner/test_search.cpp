@@ -997,6 +997,7 @@ TEST(Evaluate, OptimizerStepTimePerRank) {
 // the first B's gradient left before the second activation arrived: that one stays
 // counted. The loader's micro-batches are counted per action: three at the first F of
 // two micro-batches (the step's second and the next step's two), two from the second on.
+// (Micro-batches of 8: 128 KiB activations, sent by rendezvous.)
 TEST(Evaluate, SendsAnsweredBeforeTheNextComputeAreDone) {
   auto posted = [](const std::string& schedule, int micro_batches) {
     nlohmann::json j = {
@@ -1004,7 +1005,7 @@ TEST(Evaluate, SendsAnsweredBeforeTheNextComputeAreDone) {
         {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
         {"devices", 2},
         {"parallel", {{"pp", 2}}},
-        {"batch", {{"micro_batch_size", 2}}},
+        {"batch", {{"micro_batch_size", 8}}},
         {"schedule", {{"name", schedule}, {"micro_batches", micro_batches}}},
         {"stages", {{{"layers", {"embed", "h.0"}}}, {{"layers", {"h.1", "head"}}}}}};
     Plan plan = parse_plan(j, "plan.json", ".");
@@ -1027,6 +1028,47 @@ TEST(Evaluate, SendsAnsweredBeforeTheNextComputeAreDone) {
   const RankBuffers f1b1 = posted("1f1b", 2);
   EXPECT_EQ(f1b1.loader, gpipe.loader);
   EXPECT_EQ(f1b1.posted, (std::vector<int64_t>{2 * a + tokens, 3 * a, 2 * a, 0}));
+}
+
+// A rendezvous send is taken only once its receiver has posted the receive, recv_ahead
+// receives ahead of the one it waits for; the sender knows it posted once a message
+// arrives that the receiver sent after posting. A first stage of only the embedding
+// (1F1B, PP 4, 4 micro-batches) makes its four Fs before any message arrives, so each
+// send is held until the gradient that answers it: at F3, F0 to F2 and the two receives
+// posted (GPT-2 124M so had been one 384 KiB activation under its measured peak, the
+// estimate holding a send through the next compute action only). F3 is known posted by
+// the receive of B0 and held through BW0. Sends under UCX's rendezvous size are done at
+// once (micro-batches of 2: 32 KiB): none held.
+TEST(Evaluate, SendsHeldUntilTheirReceiveIsKnownPosted) {
+  auto buffers = [](int64_t micro_batch_size) {
+    nlohmann::json j = {{"version", 1},
+                        {"model", std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json"},
+                        {"devices", 4},
+                        {"parallel", {{"pp", 4}}},
+                        {"batch", {{"micro_batch_size", micro_batch_size}}},
+                        {"schedule", {{"name", "1f1b"}, {"micro_batches", 4}}},
+                        {"stages",
+                         {{{"layers", {"embed"}}},
+                          {{"layers", {"h.0"}}},
+                          {{"layers", {"h.1"}}},
+                          {{"layers", {"head"}}}}}};
+    Plan plan = parse_plan(j, "plan.json", ".");
+    auto g = load_plan_model(plan);
+    const ResolvedPlan r = resolve_plan(plan, g);
+    return rank_buffers(r, 0, *physical_graph(r, 0));
+  };
+  // F0 SEND_F0 F1 SEND_F1 F2 SEND_F2 F3 SEND_F3 RECV_B0 BW0 RECV_B1 BW1 ...; the loader
+  // holds four micro-batches throughout.
+  const RankBuffers big = buffers(8);
+  ASSERT_EQ(big.posted.size(), 8u);
+  const int64_t a = big.posted[0] / 2;  // the receives of B0 and B1
+  EXPECT_EQ(a, 8 * 64 * 64 * 4);
+  EXPECT_EQ(std::vector<int64_t>(big.posted.begin(), big.posted.begin() + 5),
+            (std::vector<int64_t>{2 * a, 3 * a, 4 * a, 5 * a, 3 * a}));
+  const RankBuffers small = buffers(2);
+  ASSERT_EQ(small.posted.size(), 8u);
+  EXPECT_EQ(std::vector<int64_t>(small.posted.begin(), small.posted.begin() + 5),
+            (std::vector<int64_t>(5, small.posted[0])));
 }
 
 // The replicas of one position (pipeline rank, tensor-parallel index) hold the same stages

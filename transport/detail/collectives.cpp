@@ -437,6 +437,14 @@ void barrier(const GroupView& g) {
 
 namespace baton::transport {
 
+size_t p2p_rendezvous_bytes() {
+  const char* env = std::getenv("UCX_RNDV_THRESH");
+  if (env == nullptr) return 65536;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  return end != env && *end == '\0' ? size_t(v) : 0;
+}
+
 size_t collective_scratch_bytes(Collective c, size_t count, size_t esize, int group_size,
                                 size_t part, bool in_place, size_t own) {
   using detail::AlgoTuning;

@@ -22,6 +22,7 @@
 #include <random>
 #include <sstream>
 
+#include "transport/collective_memory.h"
 #include "transport/detail/asio.h"
 #include "transport/detail/tag.h"
 #include "transport/detail/ucx_check.h"
@@ -255,9 +256,7 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   } else {
     // A plain byte count is the threshold; "auto" or a unit leaves it unknown here: 0
     // (a dead peer's queued messages then all count as rendezvous, see recv()).
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    rndv_thresh_ = end != env && *end == '\0' ? size_t(v) : 0;
+    rndv_thresh_ = p2p_rendezvous_bytes();
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
