@@ -740,18 +740,22 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
                                                          size_t(slots), 8, r.world()));
   // A post-validated step copies what its update overwrites first: the elements of each
   // trainable parameter it updates and their optimizer state (Executor::save_update_point),
-  // one tensor each. Under ZeRO, the replica's part (taken as 1/dp of every parameter).
+  // one tensor each. Under ZeRO, of a sharded parameter the replica's part as the engine
+  // lays it out (sharded_parts; none of an empty part); one that zero1 leaves whole (tied
+  // over pipeline ranks, a DualPipe chunk's) whole (counted as 1/dp, GPT-2's tied wte of
+  // 4096 x 64 had been 1.5 MiB under).
   if (p.post_validated_step) {
     const int states = optimizer_states(p.optimizer);
-    const bool zero = p.sharding() != OptimizerSharding::none && p.dp > 1;
+    const std::map<int, int64_t> parts = sharded_parts(r, rank, pg, o.bucket_bytes);
     for (int s : r.stages_of(pp)) {
       auto [a, b] = chunk(s);
       for (int id : pg.params_used(a, b)) {
         const stages::Param& prm = pg.params[size_t(id)];
         if (!prm.trainable) continue;
-        int64_t n = memory::shape_numel(prm.shape);
-        if (zero) n = (n + p.dp - 1) / p.dp;
-        out.step += int64_t(1 + states) * rounded(n * int64_t(memory::dtype_size(prm.dtype)));
+        const auto part = parts.find(id);
+        const int64_t n = part == parts.end() ? memory::shape_numel(prm.shape) : part->second;
+        if (n > 0)
+          out.step += int64_t(1 + states) * rounded(n * int64_t(memory::dtype_size(prm.dtype)));
       }
     }
   }
@@ -968,22 +972,29 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     for (StageMemory& m : chunk_mem) m.optimizer += copies * m.params;
   }
   // A parameter server with staleness s: up to s pulls in flight between steps, each a
-  // parameter-sized buffer and the rank's part (its input; none with extra server ranks),
-  // counted with the optimizer state (engine/detail/grad_reducer.h).
+  // parameter-sized buffer and the rank's part (its input), counted with the optimizer
+  // state (engine/detail/grad_reducer.h). With extra server ranks a replica's part of each
+  // bucket is empty, still a 64-byte block (GradReducer::post_pull; left out, a replica
+  // was 64 bytes under at staleness 1).
   // Only served parameters are pulled: one tied over pipeline ranks is all-reduced.
   if (p.dp_sync.parameter_server() && p.dp > 1 && p.dp_sync.max_staleness > 0)
     for (int k = 0; k < K; ++k) {
       const auto sharded = sharded_of(k).second;
       int64_t served = 0;
+      std::vector<int> ids;
       for (int id : mg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
         const stages::Param& prm = mg.params[size_t(id)];
-        if (sharded.count(prm.name))
-          served +=
-              rounded(memory::shape_numel(prm.shape) * int64_t(memory::dtype_size(prm.dtype)));
+        if (!sharded.count(prm.name)) continue;
+        served += rounded(memory::shape_numel(prm.shape) * int64_t(memory::dtype_size(prm.dtype)));
+        ids.push_back(id);
       }
-      chunk_mem[size_t(k)].optimizer +=
-          int64_t(p.dp_sync.max_staleness) *
-          (served + (p.dp_sync.ps_ranks > 0 ? 0 : (served + p.dp - 1) / p.dp));
+      int64_t in = (served + p.dp - 1) / p.dp;
+      if (p.dp_sync.ps_ranks > 0) {
+        in = 0;
+        for_each_bucket(mg, ids, options.bucket_bytes, nullptr,
+                        [&](int, int64_t, memory::DType) { in += rounded(0); });
+      }
+      chunk_mem[size_t(k)].optimizer += int64_t(p.dp_sync.max_staleness) * (served + in);
     }
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
