@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -22,23 +24,39 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// A temporary name next to `path`, unique per process and call (threads of one process
-// may write different files of one directory at once).
-std::string temp_name(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  return path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(counter++);
+// An open() that fails for what the user named (a directory that does not exist, no
+// permission, a name too long) is bad input; one that fails for the state of the disk
+// (no space, no inodes, quota, I/O error, read-only file system, no descriptors left)
+// is a failure of the run, which --max-restarts may retry.
+[[noreturn]] void throw_open_error(const std::string& what) {
+  const int e = errno;
+  const std::string msg = what + ": " + std::strerror(e);
+  switch (e) {
+    case ENOENT:
+    case ENOTDIR:
+    case EACCES:
+    case EPERM:
+    case EISDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+    case ENXIO:
+      throw InputError(msg);
+    default:
+      throw RuntimeError(msg);
+  }
 }
 
 class FdSink : public FileSink {
  public:
-  FdSink(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  // `what` names the output (and the temporary file written for it) in errors.
+  FdSink(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
   void write(const void* data, size_t n) override {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
       ssize_t w = ::write(fd_, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
-        throw RuntimeError(path_ + ": write error: " + errno_text());
+        throw RuntimeError(what_ + ": write error: " + errno_text());
       }
       p += w;
       n -= size_t(w);
@@ -47,8 +65,41 @@ class FdSink : public FileSink {
 
  private:
   int fd_;
-  const std::string& path_;
+  std::string what_;
 };
+
+// The descriptor a path names: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N
+// (and /proc/<our pid>/fd/N); -1 for any other path. Such a path is written through the
+// descriptor itself: following it to a file and renaming over that file replaced what
+// the shell had redirected into (`>> app.log` lost its earlier lines, later output went
+// to a deleted file).
+int descriptor_of(const std::string& path) {
+  if (path == "/dev/stdout") return 1;
+  if (path == "/dev/stderr") return 2;
+  for (const std::string& dir :
+       {std::string("/dev/fd/"), std::string("/proc/self/fd/"),
+        std::string("/proc/thread-self/fd/"), "/proc/" + std::to_string(::getpid()) + "/fd/"}) {
+    if (path.size() <= dir.size() || path.compare(0, dir.size(), dir) != 0) continue;
+    const std::string n = path.substr(dir.size());
+    if (n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(n);
+  }
+  return -1;
+}
+
+void write_to_descriptor(int fd, const std::string& path,
+                         const std::function<void(FileSink&)>& produce) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY)
+    throw InputError(path + ": cannot write: descriptor " + std::to_string(fd) +
+                     (flags < 0 ? " is not open" : " is open for reading only"));
+  FdSink sink(fd, path);
+  produce(sink);
+  // A file the descriptor was redirected to is synced; a pipe or a terminal cannot be.
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::fsync(fd) != 0)
+    throw RuntimeError(path + ": fsync failed: " + errno_text());
+}
 
 std::string parent_dir(const std::string& path) {
   fs::path parent = fs::path(path).parent_path();
@@ -148,15 +199,49 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw RuntimeError(path + ": fsync failed: " + errno_text());
 }
 
+std::string resolve_links(const std::string& path) {
+  // Read link by link: fs::weakly_canonical left a link whose target does not exist (yet)
+  // unresolved, and the rename then replaced the link with a file.
+  constexpr int kMaxLinks = 40;  // Linux's own limit (ELOOP)
+  fs::path p = path;
+  for (int i = 0; i <= kMaxLinks; ++i) {
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(p, ec)) || ec) return p.string();
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec)
+      throw InputError(path + ": cannot read the symbolic link " + p.string() + ": " +
+                       ec.message());
+    // Relative to the link's directory; not normalised (a ".." after a linked directory
+    // is the kernel's to resolve).
+    p = target.is_absolute() || p.parent_path().empty() ? target : p.parent_path() / target;
+  }
+  throw InputError(path + ": symbolic link loop (more than " + std::to_string(kMaxLinks) +
+                   " links), expected a link to a file");
+}
+
+std::string temp_path_beside(const std::string& path, const std::string& suffix) {
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  if (name.size() + suffix.size() <= NAME_MAX) return path + suffix;
+  // A long name (the system's limit is NAME_MAX bytes a name): its hash instead, hidden.
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(std::hash<std::string>{}(name)));
+  return (p.parent_path() / ("." + std::string(hash) + suffix)).string();
+}
+
 void write_file_durably(const std::string& path_in, const std::function<void(FileSink&)>& produce) {
-  // What is not a regular file (a device such as /dev/null, a pipe, a FIFO: /dev/fd/N of
-  // a shell's process substitution) takes the bytes as they come: renaming over it would
-  // replace it with a file.
+  if (const int fd = descriptor_of(path_in); fd >= 0)
+    return write_to_descriptor(fd, path_in, produce);
+  // A symbolic link: its target is the file written (the link stays a link).
+  const std::string path = resolve_links(path_in);
+  // What is not a regular file (a device such as /dev/null, a pipe, a FIFO) takes the
+  // bytes as they come: renaming over it would replace it with a file.
   struct stat st;
-  if (::stat(path_in.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     if (S_ISDIR(st.st_mode)) throw InputError(path_in + ": cannot write: a directory");
-    int fd = ::open(path_in.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw InputError(path_in + ": cannot open for writing: " + errno_text());
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw_open_error(path_in + ": cannot open for writing");
     try {
       FdSink sink(fd, path_in);
       produce(sink);
@@ -167,26 +252,24 @@ void write_file_durably(const std::string& path_in, const std::function<void(Fil
     if (::close(fd) != 0) throw RuntimeError(path_in + ": close failed: " + errno_text());
     return;
   }
-  // A symbolic link: its target is the file written (the link stays a link).
-  std::string path = path_in;
-  std::error_code link_ec;
-  if (fs::is_symlink(fs::symlink_status(path_in, link_ec))) {
-    const fs::path target = fs::weakly_canonical(fs::path(path_in), link_ec);
-    if (!link_ec && !target.empty()) path = target.string();
-  }
-  const std::string tmp = temp_name(path);
+  static std::atomic<uint64_t> counter{0};
+  // Unique per process and call: threads of one process may write one directory at once.
+  const std::string tmp =
+      temp_path_beside(path, ".tmp" + std::to_string(::getpid()) + "." + std::to_string(counter++));
+  const std::string what = path_in + " (temporary file " + tmp + ")";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw InputError(path + ": cannot open for writing: " + errno_text());
+  if (fd < 0) throw_open_error(what + ": cannot create");
   try {
-    FdSink sink(fd, tmp);
+    FdSink sink(fd, what);
     produce(sink);
-    if (::fsync(fd) != 0) throw RuntimeError(tmp + ": fsync failed: " + errno_text());
+    if (::fsync(fd) != 0) throw RuntimeError(what + ": fsync failed: " + errno_text());
     int rc = ::close(fd);
     fd = -1;
-    if (rc != 0) throw RuntimeError(tmp + ": close failed: " + errno_text());
+    if (rc != 0) throw RuntimeError(what + ": close failed: " + errno_text());
     std::error_code ec;
     fs::rename(tmp, path, ec);
-    if (ec) throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+    if (ec)
+      throw RuntimeError(path_in + ": cannot rename " + tmp + " to " + path + ": " + ec.message());
   } catch (...) {
     if (fd >= 0) ::close(fd);
     std::error_code ec;

@@ -48,14 +48,29 @@ class FileSink {
   void write(std::string_view s) { write(s.data(), s.size()); }
 };
 
-// Writes `content` to `path` durably and atomically. InputError when the file cannot be
-// created (a directory that does not exist, no permission); RuntimeError when writing,
-// syncing or renaming fails. A symbolic link's target is written; a path that is no
-// regular file (/dev/null, a FIFO, a pipe) is written straight, neither atomically nor
+// Writes `content` to `path` durably and atomically. InputError when what the user named
+// is no file to write (a directory that does not exist, no permission, a name too long, a
+// symbolic link loop); RuntimeError when the disk fails the run: creating the file (no
+// space, no inodes left, a read-only file system), writing, syncing or renaming it. Errors
+// name `path` (the temporary file as well where it was that failed). A symbolic link's
+// target is written (the link stays a link, a dangling one gets its file). /dev/stdout,
+// /dev/stderr, /dev/fd/N and /proc/self/fd/N are written through that descriptor of
+// this process (appending to what the shell redirected it to, never replacing it); a path
+// that is no regular file (/dev/null, a FIFO) is written straight, neither atomically nor
 // replaced.
 void write_file_durably(const std::string& path, std::string_view content);
 // The same with the content written by `produce` (large files: no copy in memory).
 void write_file_durably(const std::string& path, const std::function<void(FileSink&)>& produce);
+
+// `path` with its symbolic links followed, link by link (to the file a write to `path`
+// writes, which may not exist yet). InputError naming `path` for a symbolic link loop.
+std::string resolve_links(const std::string& path);
+
+// The name of a temporary file beside `path` (same directory) ending in `suffix`:
+// `path` + `suffix`, or, where that name would pass NAME_MAX, a short hidden name made of
+// a hash of `path`'s name, so that any legal file name can be written. The same for the
+// same arguments.
+std::string temp_path_beside(const std::string& path, const std::string& suffix);
 
 // fsync of a file or a directory (after creating or renaming entries in it).
 // RuntimeError naming the path on failure.

@@ -4,6 +4,7 @@
 // its readers of regular files, which refuse a FIFO rather than wait on it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -109,6 +111,108 @@ TEST(FileIo, RegularFileReadersRefuseAFifoWithoutWaiting) {
   write_file_durably(fifo, "from a pipe");
   reader.join();
   EXPECT_EQ(got, "from a pipe");
+}
+
+TEST(FileIo, ADanglingLinkGetsItsTargetWrittenAndALoopIsRefused) {
+  const std::string dir = fresh_dir("file_io_dangling");
+  fs::create_directories(dir + "/target");
+  fs::create_symlink("target/sum.json", dir + "/sum.json");
+  // A chain: link2 -> sum.json -> target/sum.json (none of which exists yet).
+  fs::create_symlink("sum.json", dir + "/link2.json");
+  write_file_durably(dir + "/link2.json", "new");
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir + "/sum.json")));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir + "/link2.json")));
+  EXPECT_EQ(read_file(dir + "/target/sum.json"), "new");
+  EXPECT_EQ(resolve_links(dir + "/link2.json"), dir + "/target/sum.json");
+  fs::create_symlink("b", dir + "/a");
+  fs::create_symlink("a", dir + "/b");
+  try {
+    write_file_durably(dir + "/a", "x");
+    ADD_FAILURE() << "a symbolic link loop was written";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/a: symbolic link loop"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dir + "/a")));
+}
+
+TEST(FileIo, ADescriptorPathIsWrittenThroughTheDescriptorNotReplaced) {
+  // `-o /dev/stdout >> app.log`: the bytes follow what is there; the file is not renamed
+  // over (which had lost the earlier lines and everything written after).
+  const std::string log = fresh_dir("file_io_fd") + "/app.log";
+  std::ofstream(log) << "EARLIER\n";
+  const int fd = ::open(log.c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(fd, 0);
+  struct stat before;
+  ASSERT_EQ(::stat(log.c_str(), &before), 0);
+  for (const std::string& path :
+       {"/dev/fd/" + std::to_string(fd), "/proc/self/fd/" + std::to_string(fd)})
+    write_file_durably(path, "line\n");
+  ASSERT_EQ(::write(fd, "after\n", 6), 6);
+  ::close(fd);
+  EXPECT_EQ(read_file(log), "EARLIER\nline\nline\nafter\n");
+  struct stat after;
+  ASSERT_EQ(::stat(log.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  // A descriptor that is not open is no output.
+  EXPECT_THROW(write_file_durably("/dev/fd/" + std::to_string(fd), "x"), InputError);
+}
+
+TEST(FileIo, ALongNameGetsAShortTemporaryName) {
+  // A legal name of 250 bytes: name + ".tmp<pid>.<n>" passed NAME_MAX ("File name too
+  // long" after all the work).
+  const std::string dir = fresh_dir("file_io_long");
+  const std::string path = dir + "/" + std::string(250, 's');
+  write_file_durably(path, "long");
+  EXPECT_EQ(read_file(path), "long");
+  EXPECT_EQ(temp_path_beside(dir + "/short.json", ".tmp"), dir + "/short.json.tmp");
+  const std::string tmp = temp_path_beside(path, ".tmp");
+  EXPECT_EQ(fs::path(tmp).parent_path().string(), dir);
+  EXPECT_LE(fs::path(tmp).filename().string().size(), size_t(NAME_MAX));
+  EXPECT_EQ(tmp, temp_path_beside(path, ".tmp"));
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(dir)) left += e.path() != path;
+  EXPECT_EQ(left, 0u);
+}
+
+TEST(FileIo, AFailureOfTheDiskAtRunTimeIsARuntimeError) {
+  // No space at write time: a failure of the run (exit 1), which --max-restarts may retry,
+  // not bad input; the message names the output.
+  const std::string dir = fresh_dir("file_io_full");
+  fs::create_symlink("/dev/full", dir + "/out.json");
+  try {
+    write_file_durably(dir + "/out.json", std::string(1 << 16, 'x'));
+    ADD_FAILURE() << "/dev/full took the bytes";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/out.json: write error"), std::string::npos)
+        << e.what();
+  }
+  // Creating the file fails for the state of the system (here: no descriptor left; no
+  // inodes or no space on a full disk): a RuntimeError too, where it had been InputError.
+  int lowest = ::dup(0);
+  ASSERT_GE(lowest, 0);
+  ::close(lowest);
+  struct rlimit saved;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  struct rlimit low = saved;
+  low.rlim_cur = rlim_t(lowest);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::string error;
+  bool runtime = false;
+  try {
+    write_file_durably(dir + "/real.json", "x");
+  } catch (const RuntimeError& e) {
+    runtime = true;
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_TRUE(runtime) << error;
+  EXPECT_EQ(error.rfind(dir + "/real.json (temporary file ", 0), 0u) << error;
+  EXPECT_FALSE(fs::exists(dir + "/real.json"));
+  // What the user named stays bad input: a folder that does not exist.
+  EXPECT_THROW(write_file_durably(dir + "/no/such/dir.json", "x"), InputError);
 }
 
 }  // namespace
