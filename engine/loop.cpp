@@ -1,6 +1,7 @@
 #include "engine/loop.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,17 +53,36 @@ bool checkpoint_due(const LoopOptions& o, int64_t done) {
 
 void check_output_path(const std::string& path, const char* flag) {
   if (path.empty()) return;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  namespace fs = std::filesystem;
+  // A descriptor (/dev/stdout, /dev/fd/N) or a device is written in place: its own
+  // permission is what counts, not its folder's.
+  struct stat st;
+  if (path.rfind("/dev/", 0) == 0 || path.rfind("/proc/", 0) == 0 ||
+      (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))) {
+    if (::access(path.c_str(), W_OK) != 0)
+      throw InputError(std::string(flag) + " " + path + ": cannot write: " + std::strerror(errno));
+    return;
+  }
+  // The file written is a symbolic link's target, in the target's folder: the link's
+  // own folder had been checked, and a read-only target found only after the last step.
+  std::string target;
+  try {
+    target = memory::resolve_links(path);
+  } catch (const InputError& e) {
+    throw InputError(std::string(flag) + " " + e.what());
+  }
+  const std::string via = target == path ? std::string() : " (the target of the link)";
+  const fs::path parent = fs::path(target).parent_path();
   std::error_code ec;
-  if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+  if (!parent.empty() && !fs::is_directory(parent, ec))
     throw InputError(std::string(flag) + " " + path + ": no directory " + parent.string() +
-                     " to write it in");
-  if (std::filesystem::is_directory(path, ec))
+                     " to write it in" + via);
+  if (fs::is_directory(target, ec))
     throw InputError(std::string(flag) + " " + path + ": a directory, expected a file");
   // Written at the end: a read-only folder had been found only after the last step.
   const std::string folder = parent.empty() ? std::string(".") : parent.string();
   if (::access(folder.c_str(), W_OK) != 0)
-    throw InputError(std::string(flag) + " " + path + ": cannot write in " + folder + ": " +
+    throw InputError(std::string(flag) + " " + path + ": cannot write in " + folder + via + ": " +
                      std::strerror(errno));
 }
 

@@ -742,7 +742,12 @@ void prepare_checkpoint_root(const std::string& root) {
   if (ec || !fs::is_directory(root))
     throw InputError("--checkpoint-dir " + root + ": cannot create the directory: " +
                      (ec ? ec.message() : std::string("a file is in the way")));
-  const std::string probe = root + "/.write-test." + std::to_string(::getpid());
+  // As long a path as the longest file a checkpoint writes (its temporary name is added
+  // the same way): a root near PATH_MAX had passed a short probe and failed at the first
+  // save, after the first steps.
+  const std::string longest = "step-00000000/optimizer-rank00000.safetensors";
+  std::string probe = root + "/.write-test." + std::to_string(::getpid()) + "-";
+  probe.resize(root.size() + 1 + longest.size(), 'x');
   try {
     memory::write_file_durably(probe, "");
   } catch (const std::exception& e) {

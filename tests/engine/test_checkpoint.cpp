@@ -359,6 +359,16 @@ TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
       } catch (const InputError& e) {
         report = e.what();
       }
+      // Through a symbolic link: the target's folder is the one written (the link's own
+      // folder had been checked).
+      const std::string link = ws.path("summary-link.json");
+      std::filesystem::create_symlink(ro + "/summary.json", link);
+      try {
+        engine::check_output_path(link, "--summary");
+        report += "|accepted";
+      } catch (const InputError& e) {
+        report += std::string("|") + e.what();
+      }
     }
     ssize_t ignored = ::write(fds[1], report.data(), report.size());
     (void)ignored;
@@ -373,8 +383,31 @@ TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
   ::waitpid(pid, &status, 0);
   if (report == "skip")
     GTEST_SKIP() << "no mount namespace here (needs root) for a read-only mount";
-  EXPECT_EQ(report,
-            "--summary " + ro + "/summary.json: cannot write in " + ro + ": Read-only file system");
+  EXPECT_EQ(report, "--summary " + ro + "/summary.json: cannot write in " + ro +
+                        ": Read-only file system|--summary " + ws.path("summary-link.json") +
+                        ": cannot write in " + ro +
+                        " (the target of the link): Read-only file system");
+}
+
+// A --summary that is a link to a file in a folder that does not exist, or a link loop.
+TEST(Checkpoint, ASummaryLinkIsCheckedWhereItPoints) {
+  Workspace ws("summary-link");
+  const std::string link = ws.path("sum.json");
+  std::filesystem::create_symlink(ws.path("nowhere") + "/sum.json", link);
+  try {
+    engine::check_output_path(link, "--summary");
+    ADD_FAILURE() << "a link into a folder that does not exist accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "--summary " + link + ": no directory " + ws.path("nowhere") +
+                                         " to write it in (the target of the link)");
+  }
+  std::filesystem::create_symlink("loop.json", ws.path("loop.json"));
+  try {
+    engine::check_output_path(ws.path("loop.json"), "--summary");
+    ADD_FAILURE() << "a link loop accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("symbolic link loop"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Checkpoint, SamePlanResumesBitForBit) {

@@ -682,6 +682,21 @@ TEST(Checkpoint, CheckpointRootIsMadeAndTriedAtTheStart) {
   }
 }
 
+// A root whose path leaves no room for a shard's name (PATH_MAX) had passed a short probe
+// and failed at the first save, after the first steps.
+TEST(Checkpoint, ACheckpointRootTooLongForItsFilesIsRefusedAtTheStart) {
+  std::string root = fresh_dir("ckpt_root_long");
+  while (root.size() < 4040)
+    root += "/" + std::string(std::min<size_t>(200, 4039 - root.size()), 'd');
+  ASSERT_EQ(root.size(), 4040u);
+  try {
+    prepare_checkpoint_root(root);
+    ADD_FAILURE() << "a root with no room for step-*/optimizer-rank*.safetensors accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write in it"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, NewerFormatVersionIsRefusedWithTheVersionNamed) {
   std::string root = fresh_dir("ckpt_newer");
   save_scrambled(root, 2, 7);
