@@ -326,8 +326,19 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
 LossLog::LossLog(const std::string& path, int64_t start) {
   if (path.empty()) return;
   std::string keep;
-  if (start > 0) {
+  // Only a regular file is read back and trimmed: a pipe, FIFO or terminal (`--loss-log
+  // /dev/stdout | cat`) would block the read on the run's own output, so it is appended to.
+  struct stat st;
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT)
+    throw InputError(path + ": cannot read the loss log (--loss-log): " + std::strerror(errno));
+  const bool regular = exists && S_ISREG(st.st_mode);
+  if (start > 0 && regular) {
+    // A log that cannot be read is an error, not an empty one: rewriting it lost its steps.
     std::ifstream old(path);
+    if (!old)
+      throw InputError(
+          path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
     std::string line;
     int64_t last = -1;  // the last step kept
     while (std::getline(old, line)) {
@@ -338,6 +349,9 @@ LossLog::LossLog(const std::string& path, int64_t start) {
         last = j["step"].get<int64_t>();
       }
     }
+    if (old.bad())
+      throw InputError(
+          path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
     // A run stopped during the evaluation that follows a checkpoint (written first) had
     // not written that step's line.
     if (last >= 0 && last < start)
@@ -350,10 +364,12 @@ LossLog::LossLog(const std::string& path, int64_t start) {
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and
   // rewriting in place lost them (a restart test's third kill found the log empty).
-  try {
-    memory::write_file_durably(path, keep);
-  } catch (const InputError& e) {
-    throw InputError(path + ": cannot open for writing (--loss-log): " + e.what());
+  if (!exists || regular) {
+    try {
+      memory::write_file_durably(path, keep);
+    } catch (const InputError& e) {
+      throw InputError(path + ": cannot open for writing (--loss-log): " + e.what());
+    }
   }
   path_ = path;
   out_.open(path, std::ios::app);

@@ -190,7 +190,9 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 // The loss log: JSON lines, one per step. A resumed run keeps the lines up to its
 // checkpoint and drops any that a crashed run wrote after it, so the log is the loss
 // curve of one uninterrupted run; a log that ends before the checkpoint's step (a run
-// killed during the evaluation after its checkpoint) is kept with a warning. An empty path
+// killed during the evaluation after its checkpoint) is kept with a warning. A log that
+// exists but cannot be read is an InputError (its steps are not dropped). Only a regular
+// file is trimmed: a pipe, FIFO or terminal is appended to, never read back. An empty path
 // writes nothing.
 class LossLog {
  public:

@@ -7,11 +7,14 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <functional>
 #include <sstream>
@@ -98,6 +101,92 @@ TEST(Checkpoint, ResumedLossLogKeepsItsStepsBeforeTheFirstNewOne) {
     EXPECT_NE(std::string(e.what()).find("/dev/full: cannot write the loss log"), std::string::npos)
         << e.what();
   }
+}
+
+// A resumed run whose loss log is a pipe (`--loss-log /dev/stdout | cat`, a restart of a
+// --max-restarts job) appends to it: reading the log back had waited for ever on the
+// run's own output.
+TEST(Checkpoint, AResumedLossLogOnAPipeIsAppendedToNotReadBack) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    try {
+      engine::LossLog log("/dev/fd/" + std::to_string(fds[1]), 5);
+      engine::StepRecord r;
+      r.step = 6;
+      log.write(r);
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(0);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    ::close(fds[0]);
+    FAIL() << "resuming a loss log on a pipe hung";
+  }
+  std::string got;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) got.append(buf, size_t(n));
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(got.rfind("{\"step\": 6,", 0), 0u) << got;
+}
+
+// A resumed run whose loss log exists but cannot be read stops, naming it; it had been
+// taken as empty and rewritten, its steps lost without a word. Root reads any file, so
+// as root the log is opened by a child that has become nobody.
+TEST(Checkpoint, AnUnreadableLossLogStopsTheResumedRun) {
+  Workspace ws("loss-log-unreadable");
+  const std::string path = ws.path("loss.jsonl");
+  std::string lines;
+  for (int s = 1; s <= 4; ++s) lines += "{\"step\": " + std::to_string(s) + ", \"loss\": 1.5}\n";
+  memory::write_file_durably(path, lines);
+  ASSERT_EQ(::chmod(path.c_str(), 0), 0);
+  ::chmod(ws.dir.c_str(), 0777);  // nobody may replace it (as the unfixed log did)
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string report = "skip";
+    if (::geteuid() != 0 || (::setgid(65534) == 0 && ::setuid(65534) == 0)) {
+      try {
+        engine::LossLog log(path, 4);
+        report = "accepted";
+      } catch (const InputError& e) {
+        report = e.what();
+      }
+    }
+    ssize_t ignored = ::write(fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) report.append(buf, size_t(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  ::chmod(path.c_str(), 0644);
+  if (report == "skip") GTEST_SKIP() << "cannot become nobody";
+  EXPECT_NE(report.find(path + ": cannot read the loss log"), std::string::npos) << report;
+  EXPECT_NE(report.find("Permission denied"), std::string::npos) << report;
+  EXPECT_EQ(memory::read_file(path), lines);
 }
 
 // Ranks of one plan started with different training flags (another --lr on one rank) all
