@@ -1,10 +1,14 @@
 #include "stages/hf.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -23,9 +27,67 @@ namespace baton::stages {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+// Whether `path` exists. One that cannot be looked at (a symbolic-link loop, no
+// permission) is bad input naming it: fs::exists without an error_code had thrown a
+// filesystem_error ("failed: filesystem error: status: ...", exit 1).
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  const bool found = fs::exists(path, ec);
+  if (ec) throw InputError(path + ": cannot look at it: " + ec.message());
+  return found;
+}
+
+// An export's hold on its output directory for its whole run: two exports into one
+// directory at once had deleted each other's staging directory. An flock on the directory
+// (released when the process ends, however it ends); a second export fails naming the
+// holder's pid where a staging directory says it.
+class ExportLock {
+ public:
+  explicit ExportLock(const std::string& dir) {
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) throw InputError(dir + ": cannot open it: " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw RuntimeError(dir + ": cannot lock it: " + std::strerror(err));
+    std::string pids;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(".baton-export-", 0) == 0)
+        pids += (pids.empty() ? "" : ", ") + name.substr(14);
+    }
+    throw RuntimeError(dir + ": another baton export is writing into it" +
+                       (pids.empty() ? std::string() : " (pid " + pids + ")") +
+                       "; wait for it to end, or export to another directory");
+  }
+  ~ExportLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the flock
+  }
+  ExportLock(const ExportLock&) = delete;
+  ExportLock& operator=(const ExportLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A staging directory left by an export that crashed: its process is gone. One whose pid
+// lives (another host's export on a shared file system, a reused pid) is left alone.
+bool stale_staging(const std::string& name) {
+  const std::string digits = name.substr(14);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits.size() > 9)
+    return false;
+  const pid_t pid = pid_t(std::stol(digits));
+  return pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH);
+}
+}  // namespace
+
 json read_hf_model_config(const std::string& dir, std::optional<int64_t> context) {
   const std::string path = dir + "/config.json";
-  if (!fs::exists(path))
+  if (!path_exists(path))
     throw InputError(path + ": no such file (a Hugging Face model directory has config.json)");
   json j = read_json_regular_file(path);
   // Only a Mistral's window depends on the context. One beyond the window is left to
@@ -67,7 +129,7 @@ std::vector<int32_t> hf_eos_token_ids(const std::string& dir) {
   // transformers' generation config comes from generation_config.json when there is one
   // (config.json's ids are then unused), else from config.json.
   const std::string gen = dir + "/generation_config.json";
-  const std::string path = fs::exists(gen) ? gen : dir + "/config.json";
+  const std::string path = path_exists(gen) ? gen : dir + "/config.json";
   const json j = read_json_regular_file(path);
   JsonReader r(j, path);
   r.expect_object();
@@ -83,7 +145,7 @@ std::optional<std::vector<int32_t>> model_eos_token_ids(const json& model,
 HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
   const std::string single = dir_ + "/model.safetensors";
   // transformers loads model.safetensors when it exists, whatever index lies beside it.
-  if (!fs::exists(single) && fs::exists(dir_ + "/model.safetensors.index.json")) {
+  if (!path_exists(single) && path_exists(dir_ + "/model.safetensors.index.json")) {
     index_path_ = dir_ + "/model.safetensors.index.json";
     json j = read_json_regular_file(index_path_);
     JsonReader r(j, index_path_);
@@ -94,16 +156,16 @@ HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
       std::string file = map.at(name).as_string();
       if (file.empty() || file.find('/') != std::string::npos || file == "..")
         map.at(name).fail("a file name inside the directory", "\"" + file + "\"");
-      if (!fs::exists(dir_ + "/" + file))
+      if (!path_exists(dir_ + "/" + file))
         map.at(name).fail_message("tensor '" + name + "' is in " + file +
                                   ", which does not exist in " + dir_);
       where_[name] = file;
     }
     return;
   }
-  if (!fs::exists(single))
+  if (!path_exists(single))
     throw InputError(dir_ + ": no model.safetensors and no model.safetensors.index.json");
-  if (fs::exists(dir_ + "/model.safetensors.index.json"))
+  if (path_exists(dir_ + "/model.safetensors.index.json"))
     spdlog::warn(
         "{}: holds both model.safetensors and model.safetensors.index.json; reading "
         "model.safetensors, as transformers does (the shards the index lists are not read)",
@@ -544,6 +606,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   const bool existed = fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
+  const ExportLock lock(dir);
   // Consecutive tensors into shards of at most max_shard_bytes: each shard's entries and
   // the indices of its tensors.
   struct Shard {
@@ -572,9 +635,12 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   };
   // The new files go to a staging directory inside `dir` first (the same file system, so
   // they rename in): an export that fails (a full disk) leaves the earlier one whole.
-  // One that crashed leaves its staging directory, removed here.
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind(".baton-export-", 0) == 0) fs::remove_all(e.path(), ec);
+  // One that crashed leaves its staging directory, removed here (only once its process is
+  // gone: the lock keeps out exports of this host, not those of another sharing the disk).
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".baton-export-", 0) == 0 && stale_staging(name)) fs::remove_all(e.path(), ec);
+  }
   const fs::path staging = fs::path(dir) / (".baton-export-" + std::to_string(::getpid()));
   fs::create_directory(staging, ec);
   if (ec) throw InputError(dir + ": cannot write in it: " + ec.message());
@@ -684,8 +750,8 @@ void save_hf(const std::string& dir, const Stage& stage, const HfWriteOptions& o
 }
 
 std::string resolve_checkpoint(const std::string& dir) {
-  if (!fs::exists(dir)) throw InputError(dir + ": no such checkpoint directory");
-  if (fs::exists(dir + "/manifest.json")) {
+  if (!path_exists(dir)) throw InputError(dir + ": no such checkpoint directory");
+  if (path_exists(dir + "/manifest.json")) {
     // One step's directory, named by the user: verified as a resume verifies it, but
     // refused rather than passed over (export and generate had read it unchecked).
     if (auto problem = verify_checkpoint(dir, read_manifest(dir)))

@@ -2,8 +2,11 @@
 // (2: bad input, 1: failure at run time).
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,19 @@ void print_usage() {
     std::printf("  %-12s %s\n", c.name.c_str(), c.summary.c_str());
 }
 
+// A command's output that did not reach standard output (a full disk, /dev/full) is a
+// failure, as in coreutils: exit 1 rather than 0 with the output lost.
+int check_stdout(const std::string& name, int code) {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout) && std::cout.good()) return code;
+  std::fprintf(stderr, "baton%s%s: failed: writing standard output: %s\n", name.empty() ? "" : " ",
+               name.c_str(), err != 0 ? std::strerror(err) : "write error");
+  return code != 0 ? code : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -38,7 +54,7 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
     print_usage();
-    return argc < 2 ? 2 : 0;
+    return check_stdout("", argc < 2 ? 2 : 0);
   }
   std::string name = argv[1];
   for (const auto& c : baton::tools::commands()) {
@@ -46,7 +62,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + 2, argv + argc);
     try {
       baton::kernels::cpu_sgemm();  // a bad BATON_SGEMM is exit 2 before any work
-      return c.run(args);
+      const int code = c.run(args);
+      return check_stdout(name, code);
     } catch (const baton::InputError& e) {
       baton::transport::report_failure(e);
       std::fprintf(stderr, "baton %s: error: %s\n", name.c_str(), e.what());

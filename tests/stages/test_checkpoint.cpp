@@ -4,9 +4,11 @@
 // Checkpoints prove themselves: a flipped byte or a cut shard is found and named (file
 // and tensor), --resume falls back past it, a full disk leaves the earlier checkpoints
 // intact, and a newer format version is refused.
+#include <fcntl.h>
 #include <sched.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -971,6 +973,46 @@ std::map<std::string, std::string> export_files(const std::string& dir) {
 // renamed in before the earlier model.safetensors went (beside a new index, transformers
 // and --init-from read it: the earlier weights), and a kill amid the shard renames had
 // left config.json over a mix of both exports' shards.
+// Two exports into one directory at once: the second fails naming the first (they had
+// deleted each other's staging directory), and an export removes only the staging
+// directories of exports whose process is gone.
+TEST(Checkpoint, ConcurrentExportsToOneDirectoryDoNotMix) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 16, 8, 64);
+  Stage a(g, 0, g->num_layers());
+  scramble(a, 31);
+  const std::string out = fresh_dir("export-lock-" + std::to_string(getpid()));
+  std::filesystem::create_directories(out);
+  // pid 1 lives; no pid is as large as 999999999 (pid_max is at most 2^22).
+  const std::string live = out + "/.baton-export-1", stale = out + "/.baton-export-999999999";
+  std::filesystem::create_directories(live);
+  std::filesystem::create_directories(stale);
+  {
+    // The other export: a hold on the directory's lock (another open file, as another
+    // process has).
+    const int fd = ::open(out.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    try {
+      save_hf(out, a, HfWriteOptions{});
+      ADD_FAILURE() << "an export ran beside another";
+    } catch (const RuntimeError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(out + ": another baton export is writing into it"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("pid 1"), std::string::npos) << what;
+    }
+    ::close(fd);
+  }
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_TRUE(std::filesystem::exists(stale));
+  EXPECT_FALSE(std::filesystem::exists(out + "/config.json"));
+  save_hf(out, a, HfWriteOptions{});
+  EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a live export's staging directory was removed";
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  std::filesystem::remove_all(out);
+}
+
 TEST(Checkpoint, AnExportStoppedAnywhereIsTheOldOneNoneOrTheNewOne) {
   auto g = testing::tiny_gpt(DType::f32, 2, 2, 64, 16, 256);
   Stage earlier(g, 0, g->num_layers()), later(g, 0, g->num_layers());

@@ -52,6 +52,44 @@ const std::string kTiny =
 
 // A run refused for its model or its data leaves no --checkpoint-dir behind (it had been
 // made, empty, before the model was read).
+// Output that cannot be written to standard output (a full disk: /dev/full) fails the
+// command, exit 1 naming it, as coreutils do; it had exited 0 with the output lost.
+TEST(Cli, AFailedWriteToStandardOutputIsAFailure) {
+  for (const std::string& args :
+       {std::string("version"), std::string("--help"), std::string("simulate -s 1f1b -p 2 -m 2")}) {
+    Result r = baton::cli_testing::run_command("{ " + kCliBaton + " " + args + " > /dev/full; }");
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("failed: writing standard output: No space left on device"),
+              std::string::npos)
+        << args << "\n"
+        << r.output;
+  }
+  EXPECT_EQ(baton::cli_testing::run_command(kCliBaton + " version > /dev/null").code, 0);
+}
+
+// A symbolic-link loop given as a checkpoint or a Hugging Face directory is bad input
+// naming it (exit 2); it had been "filesystem error: status: Too many levels of symbolic
+// links", exit 1.
+TEST(Cli, ASymbolicLinkLoopIsBadInput) {
+  const std::string a = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-loopA";
+  const std::string b = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-loopB";
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+  std::filesystem::create_symlink(b, a);
+  std::filesystem::create_symlink(a, b);
+  for (const std::string& args :
+       {" export --checkpoint " + a + " --out " + a + "-out",
+        " train --init-from " + a + " --data " + kCliCorpus + " --steps 1"}) {
+    Result r = baton::cli_testing::run_command(kCliBaton + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(a), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Too many levels of symbolic links"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("filesystem error"), std::string::npos) << r.output;
+  }
+  std::filesystem::remove(a);
+  std::filesystem::remove(b);
+}
+
 TEST(Cli, ARefusedRunMakesNoCheckpointDirectory) {
   const std::string ckpt = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-new_ckpt";
   std::string bad_model = temp_file("bad_model.json", R"({"type": "gpt2"})");
