@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -455,7 +456,8 @@ IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type)
                        ", expected a file to write (or none)");
   }
   bin_ = std::fopen((prefix_ + ".bin.tmp").c_str(), "wb");
-  if (bin_ == nullptr) throw InputError(prefix_ + ".bin: cannot open for writing");
+  if (bin_ == nullptr)
+    throw InputError(prefix_ + ".bin: cannot open for writing: " + std::strerror(errno));
 }
 
 IndexedDatasetWriter::~IndexedDatasetWriter() {
@@ -475,7 +477,7 @@ void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
     std::vector<T> buf(tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) buf[i] = T(tokens[i]);
     if (!buf.empty() && std::fwrite(buf.data(), sizeof(T), buf.size(), bin_) != buf.size())
-      throw RuntimeError(prefix_ + ".bin: write failed");
+      throw RuntimeError(prefix_ + ".bin: write failed: " + std::strerror(errno));
   });
   lengths_.push_back(int32_t(tokens.size()));
   tokens_ += int64_t(tokens.size());
@@ -483,8 +485,11 @@ void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
 
 namespace {
 void close_durably(std::FILE* f, const std::string& path) {
-  if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0 || std::fclose(f) != 0)
-    throw RuntimeError(path + ": write failed");
+  // The reason said (a full disk), and the file closed either way.
+  int err = 0;
+  if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) err = errno;
+  if (std::fclose(f) != 0 && err == 0) err = errno;
+  if (err != 0) throw RuntimeError(path + ": write failed: " + std::strerror(err));
 }
 }  // namespace
 

@@ -57,6 +57,36 @@ std::unique_ptr<sentencepiece::SentencePieceProcessor> load_tokenizer(const std:
 #endif
 
 #ifdef BATON_HAVE_SENTENCEPIECE
+// SentencePiece does not check the writes of TMP.model and TMP.vocab: a full disk left an
+// empty .vocab that replaced an earlier good one (exit 0), or a cut .model blamed on
+// --tokenizer (exit 2). Both are read back before they replace PREFIX's pair: the .model
+// loads and is as long as its contents, the .vocab has a line per piece. Returns the
+// piece count; RuntimeError naming the output otherwise.
+int check_trained_tokenizer(const std::string& tmp, const std::string& out) {
+  sentencepiece::SentencePieceProcessor sp;
+  const auto st = sp.Load(tmp + ".model");
+  if (!st.ok())
+    throw RuntimeError(out + ".model: the trained model did not read back from " + tmp +
+                       ".model (was the disk full?): " + st.ToString());
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(tmp + ".model", ec);
+  const size_t want = sp.serialized_model_proto().size();
+  if (ec || size != want)
+    throw RuntimeError(out + ".model: " + tmp + ".model holds " +
+                       (ec ? ec.message() : std::to_string(size) + " bytes") + ", expected " +
+                       std::to_string(want) + " (was the disk full?)");
+  const int pieces = sp.GetPieceSize();
+  std::ifstream vocab(tmp + ".vocab", std::ios::binary);
+  int64_t lines = 0;
+  std::string line;
+  while (std::getline(vocab, line)) ++lines;
+  if (!vocab.eof() || lines != pieces)
+    throw RuntimeError(out + ".vocab: " + tmp + ".vocab holds " + std::to_string(lines) +
+                       " lines, expected one per piece (" + std::to_string(pieces) +
+                       ") (was the disk full?)");
+  return pieces;
+}
+
 // Throws InputError unless PREFIX's files can be written: its directory exists and is
 // writable (SentencePiece had said only "Permission denied").
 void check_output_prefix(const std::string& prefix) {
@@ -408,7 +438,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   try {
     auto st = sentencepiece::SentencePieceTrainer::Train(kw);
     if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
-    pieces = load_tokenizer(tmp + ".model")->GetPieceSize();
+    pieces = check_trained_tokenizer(tmp, out);
     for (const char* ext : {".vocab", ".model"}) memory::fsync_path(tmp + ext, false);
     // The .model last: it is the file every command reads.
     for (const char* ext : {".vocab", ".model"}) {

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -218,6 +220,38 @@ TEST(Megatron, LibraryWriterRoundTrips) {
   }  // no finish: nothing left behind
   EXPECT_FALSE(fs::exists(tmp("abandoned") + ".bin"));
   EXPECT_FALSE(fs::exists(tmp("abandoned") + ".bin.tmp"));
+}
+
+// A write that fails (a full disk; here a file-size limit) says why, as a missing
+// directory does: both had been "write failed" / "cannot open for writing" alone.
+TEST(Megatron, LibraryWriterSaysWhyAWriteFailed) {
+  try {
+    IndexedDatasetWriter w(tmp("no-such-dir") + "/data", TokenType::i32);
+    ADD_FAILURE() << "a writer opened in a missing directory";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos)
+        << e.what();
+  }
+  const std::string prefix = tmp("too-large-" + std::to_string(getpid()));
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{1000, 1000};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      IndexedDatasetWriter w(prefix, TokenType::i32);
+      w.add_document(std::vector<int64_t>(100000, 1));
+      w.finish();
+    } catch (const RuntimeError& e) {
+      _exit(std::string(e.what()).find("write failed: File too large") != std::string::npos ? 0
+                                                                                            : 4);
+    }
+    _exit(3);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 // Written by megatron-core's IndexedDatasetBuilder (tests/fixtures/make_megatron_fixture.py).

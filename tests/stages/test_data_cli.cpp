@@ -2,10 +2,14 @@
 // corpus, the corpus prepared into Megatron's format (text and .jsonl, --append-eod) and
 // read back, `inspect` decoding it; bad input gives exit code 2 and a message naming it.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -338,6 +342,78 @@ TEST(DataCli, TrainTokenizerChecksBothOutputsFirst) {
   EXPECT_TRUE(std::filesystem::is_regular_file(prefix + ".vocab"));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".tmp.model"));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".tmp.vocab"));
+}
+
+// train-tokenizer on a disk that fills: SentencePiece does not check its writes, so an
+// empty .vocab had replaced an earlier one (exit 0), or a cut .model was blamed on
+// --tokenizer (exit 2). A run that fails is exit 1 naming the output, with the earlier
+// pair as it was; one that succeeds wrote a whole pair. The disk is a small tmpfs in a
+// child's own mount namespace (root only; skipped otherwise), filled to leave less and
+// less room.
+TEST(DataCli, TrainTokenizerOnAFullDiskKeepsTheEarlierPair) {
+  const std::string corpus = slice();
+  const std::string d = dir() + "/small";
+  std::filesystem::create_directories(d);
+  const std::string prefix = d + "/tok";
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string report = "skip";
+    if (::unshare(CLONE_NEWNS) == 0 &&
+        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+        ::mount("tmpfs", d.c_str(), "tmpfs", 0, "size=256k") == 0) {
+      report = "";
+      int failed = 0;
+      for (int room_kb : {128, 96, 64, 48, 32, 24, 16, 12, 8, 4, 0}) {
+        std::ofstream(prefix + ".model") << "EARLIER MODEL";
+        std::ofstream(prefix + ".vocab") << "EARLIER VOCAB";
+        struct statvfs vfs;
+        ::statvfs(d.c_str(), &vfs);
+        const int64_t avail = int64_t(vfs.f_bavail) * int64_t(vfs.f_frsize);
+        std::ofstream(d + "/fill")
+            << std::string(size_t(std::max<int64_t>(0, avail - room_kb * 1024)), 'x');
+        Result r =
+            baton("train-tokenizer --input " + corpus + " --out " + prefix + " --vocab-size 400");
+        const std::string at = "room " + std::to_string(room_kb) + "k: ";
+        if (r.code == 0) {
+          std::ifstream v(prefix + ".vocab");
+          std::string line;
+          int lines = 0;
+          while (std::getline(v, line)) ++lines;
+          if (lines < 100)
+            report += at + "exit 0 with a .vocab of " + std::to_string(lines) + " lines\n";
+        } else {
+          ++failed;
+          if (r.code != 1 || r.output.find(prefix + ".") == std::string::npos)
+            report += at + "exit " + std::to_string(r.code) + ": " + r.output + "\n";
+          std::ifstream m(prefix + ".model"), v(prefix + ".vocab");
+          std::string model, vocab;
+          std::getline(m, model);
+          std::getline(v, vocab);
+          if (model != "EARLIER MODEL" || vocab != "EARLIER VOCAB")
+            report += at + "the earlier pair was replaced\n";
+        }
+        std::filesystem::remove(d + "/fill");
+      }
+      if (failed == 0) report += "no run ran out of room\n";
+      ::umount(d.c_str());
+    }
+    ssize_t ignored = ::write(fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) report.append(buf, size_t(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  if (report == "skip") GTEST_SKIP() << "cannot mount a tmpfs (not root)";
+  EXPECT_EQ(report, "");
 }
 
 // A JSON line that nlohmann refuses keeps its reason and column (it had been "expected a
