@@ -455,6 +455,21 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
 
   AutoResult out;
   bool have = false;
+  // A cost file that fits no candidate's stage count (per-stage values for another p) is
+  // the error to report, not the memory limit: the first such error (or a generator's),
+  // raised when no candidate could be simulated at all.
+  std::string first_error;
+  int simulated = 0;
+  auto costs_for = [&](auto&&... shape) {
+    try {
+      return resolve(spec, shape...);
+    } catch (const InputError& e) {
+      throw InputError(o.costs_source.empty() ? e.what() : o.costs_source + ": " + e.what());
+    }
+  };
+  auto note_error = [&](const InputError& e) {
+    if (first_error.empty()) first_error = e.what();
+  };
   auto value = [&](const SimResult& r) { return objective_value(r, o.objective); };
   auto consider = [&](Schedule s, const SimResult& r, const std::string& name) {
     if (!fits(r, o.memory_limit, o.limit_in_bytes)) return;
@@ -478,13 +493,16 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       cand.name = name;
       try {
         Schedule s = split_backward(generate(name, p, m));
+        const Costs costs = costs_for(s);
         Simulator sim(s, name);
-        const SimResult& r = sim.run(resolve(spec, s));
+        const SimResult& r = sim.run(costs);
+        ++simulated;
         cand = describe(name, r, fits(r, o.memory_limit, o.limit_in_bytes));
         consider(std::move(s), r, name);
       } catch (const InputError& e) {
         cand.defined = false;
         cand.note = e.what();
+        note_error(e);
       }
       out.fixed.push_back(cand);
     }
@@ -502,14 +520,16 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       if (within < 1) break;
       Costs costs;
       try {
-        costs = resolve(spec, p, 2 * p, 1);
-      } catch (const InputError&) {
+        costs = costs_for(p, 2 * p, 1);
+      } catch (const InputError& e) {
+        note_error(e);
         break;  // per-stage costs for another stage count
       }
       const std::string name = "v-block within " + number(std::floor(within * 2) / 2);
       Schedule s = v_shape_within(name, p, m, costs, within);
       Simulator sim(s, name);
       consider(std::move(s), sim.run(costs), name);
+      ++simulated;
     }
   }
 
@@ -551,8 +571,9 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     const GreedyPolicy& pol = grid[i];
     Costs costs;
     try {
-      costs = resolve(spec, p, p * pol.chunks, 1);
-    } catch (const InputError&) {
+      costs = costs_for(p, p * pol.chunks, 1);
+    } catch (const InputError& e) {
+      note_error(e);
       continue;  // per-stage costs for another stage count
     }
     std::string name =
@@ -568,6 +589,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       continue;  // the limit cannot hold a micro-batch on this placement
     }
     ++out.greedy_runs;
+    ++simulated;
     Simulator sim(s, name);
     const SimResult& r = sim.run(costs);
     const bool fit = fits(r, o.memory_limit, o.limit_in_bytes);
@@ -583,8 +605,9 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     Costs costs;
     bool have_costs = true;
     try {
-      costs = resolve(spec, p, p, 1);
-    } catch (const InputError&) {
+      costs = costs_for(p, p, 1);
+    } catch (const InputError& e) {
+      note_error(e);
       have_costs = false;  // per-stage costs for another stage count
     }
     for (int knobs = 0; have_costs && knobs < 8; ++knobs)
@@ -609,6 +632,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
                         : "");
         Simulator sim(s, name);
         consider(std::move(s), sim.run(costs), name);
+        ++simulated;
       }
   }
   // Local search from the best candidate, kept only if the full simulator agrees.
@@ -631,6 +655,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
       }
     }
   }
+  if (!have && simulated == 0 && !first_error.empty()) throw InputError(first_error);
   if (!have) {
     double least = kInf;
     for (const AutoCandidate& c : out.fixed)

@@ -42,6 +42,8 @@ struct AutoOptions {
   // a rank's first action to its last: the iteration time when iterations follow each
   // other without a barrier, the Zero Bubble paper's bubble rate). Ties: the lower peak.
   enum class Objective { makespan, span } objective = Objective::makespan;
+  // Names the cost file in the errors of its values ("uc.json: costs: forward: ...").
+  std::string costs_source;
 };
 
 // The objective's value of a simulation.
@@ -67,8 +69,9 @@ struct AutoResult {
   int greedy_runs = 0;
 };
 
-// Throws InputError when the parameters are out of range or no candidate fits the
-// limit (naming the smallest peak any candidate reached).
+// Throws InputError when the parameters are out of range, when no candidate could be
+// simulated (the first candidate's error: e.g. per-stage costs for another stage count),
+// or when no candidate fits the limit (naming the smallest peak any candidate reached).
 AutoResult auto_schedule(const CostSpec& costs, const AutoOptions& options);
 
 // One run of the list scheduler, exposed for tests and research: placement "loop" (v

@@ -306,6 +306,7 @@ int run_simulate(const std::vector<std::string>& args) {
     ao.memory_limit = {limit.value};
     ao.limit_in_bytes = limit.bytes;
     ao.objective = objective;
+    ao.costs_source = o.costs_file;
     return sc::auto_schedule(spec, ao);
   };
 

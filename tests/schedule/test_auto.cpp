@@ -9,6 +9,7 @@
 #include "schedule/generators.h"
 #include "schedule/lower.h"
 #include "schedule/validate.h"
+#include "tests/input_error.h"
 
 using namespace baton::schedule;
 
@@ -117,6 +118,41 @@ TEST(AutoSchedule, ClearErrorWhenNothingFits) {
   }
   o.memory_limit = {1, 2};
   EXPECT_THROW(auto_schedule(CostSpec::unit(), o), baton::InputError);
+}
+
+// Per-stage costs for no candidate's stage count (2 values at p = 4): the cost file's
+// error, naming it, as a fixed schedule reports it; it had blamed the (infinite) memory
+// limit ("no schedule fits the memory limit of inf micro-batches per rank").
+TEST(AutoSchedule, CostsForAnotherStageCountAreTheError) {
+  CostSpec c;
+  c.forward = {{1, 1.4}, true, true};
+  c.backward_input = {{1.5, 2}, true, true};
+  c.backward_weight = {{0.7, 1.2}, true, true};
+  AutoOptions o;
+  o.num_ranks = 4;
+  o.num_micro_batches = 8;
+  o.costs_source = "uc.json";
+  const std::string expected =
+      "uc.json: costs: forward: has 2 values but the schedule has 4 stages (give one value per "
+      "stage, or one number for a rank's share)";
+  EXPECT_EQ(baton::testing_support::input_error_of([&] { auto_schedule(c, o); }), expected);
+  o.memory_limit = {100};
+  EXPECT_EQ(baton::testing_support::input_error_of([&] { auto_schedule(c, o); }), expected);
+  o.include_fixed = false;  // the other candidates fail alike (the first has 8 stages)
+  EXPECT_EQ(baton::testing_support::input_error_of([&] {
+              auto_schedule(c, o);
+            }).rfind("uc.json: costs: forward: has 2 values but the schedule has 8 stages", 0),
+            0u);
+  // Costs for 2 stages per rank fit some candidates: a too small limit is still the limit.
+  c.forward = {{1, 1, 1, 1, 1, 1, 1, 1}, true, true};
+  c.backward_input = {{1, 1, 1, 1, 1, 1, 1, 1}, true, true};
+  c.backward_weight = {{1, 1, 1, 1, 1, 1, 1, 1}, true, true};
+  o.include_fixed = true;
+  o.memory_limit = {0.4};
+  EXPECT_EQ(baton::testing_support::input_error_of([&] {
+              auto_schedule(c, o);
+            }).rfind("auto: no schedule fits the memory limit of 0.4 micro-batches", 0),
+            0u);
 }
 
 TEST(ListScheduler, RespectsMemoryOnEveryPlacement) {
