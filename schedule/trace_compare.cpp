@@ -90,22 +90,52 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
   std::sort(m.begin(), m.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
     return std::tie(a.rank, a.start) < std::tie(b.rank, b.start);
   });
+  // A rank's first step is its events up to its first compute action that repeats one of
+  // them or follows its STEP (the next step's). A post-validation rollback's redo is a
+  // second STEP inside the step: not matched (the simulator does not model rollbacks), but
+  // part of the step's makespan and reported apart.
   std::map<Key, TimelineEvent> first;
+  std::vector<TimelineEvent> redos, in_step;
+  for (size_t b = 0, e_ = 0; b < m.size(); b = e_) {
+    for (e_ = b; e_ < m.size() && m[e_].rank == m[b].rank;) ++e_;
+    std::set<Key> computed;
+    bool stepped = false;
+    for (size_t i = b; i < e_; ++i) {
+      const TimelineEvent& e = m[i];
+      if (!compared(e.kind) || !e.label.empty()) continue;  // labelled: no action
+      const int pp = measured_pp.count(e.rank) ? measured_pp[e.rank] : e.rank;
+      const Key k = key_of(e, pp);
+      if (is_compute(e.kind) && (stepped || !computed.insert(k).second)) break;
+      const bool redo = e.kind == ActionKind::optimizer_step && stepped;
+      // A rank of STEPs alone (a parameter server's): its second is the next step's.
+      if (redo && computed.empty()) break;
+      in_step.push_back(e);
+      if (redo) {
+        redos.push_back(e);
+        continue;
+      }
+      stepped = stepped || e.kind == ActionKind::optimizer_step;
+      auto it = first.find(k);
+      if (it == first.end() || e.rank < it->second.rank) first[k] = e;
+    }
+  }
+  // The makespan spans every first-step event of the ranks kept (redos included), from
+  // the step's first action.
+  std::set<int> kept;
+  for (const auto& [k, e] : first) kept.insert(e.rank);
   double m0 = 1e300, m1 = -1e300;
-  for (const TimelineEvent& e : m) {
-    if (!compared(e.kind)) continue;
-    int pp = measured_pp.count(e.rank) ? measured_pp[e.rank] : e.rank;
-    Key k = key_of(e, pp);
-    auto it = first.find(k);
-    if (it == first.end() || e.rank < it->second.rank) first[k] = e;
-  }
-  for (const auto& [k, e] : first) {
-    m0 = std::min(m0, e.start * measured.seconds_per_unit);
-    m1 = std::max(m1, e.end * measured.seconds_per_unit);
-  }
-  // Every measured event of the kept ranks in the first step ends by m1; the makespan of
-  // the step is measured from its first action.
+  for (const TimelineEvent& e : in_step)
+    if (kept.count(e.rank)) {
+      m0 = std::min(m0, e.start * measured.seconds_per_unit);
+      m1 = std::max(m1, e.end * measured.seconds_per_unit);
+    }
   c.measured_makespan = first.empty() ? 0 : m1 - m0;
+  for (const TimelineEvent& e : redos)
+    if (kept.count(e.rank)) {
+      c.redone_steps++;
+      c.redo_mean += (e.end - e.start) * measured.seconds_per_unit;
+    }
+  if (c.redone_steps > 0) c.redo_mean /= c.redone_steps;
   const double pu = predicted.seconds_per_unit, mu = measured.seconds_per_unit;
   std::vector<TimelineEvent> p = predicted.events;
   std::sort(p.begin(), p.end(), [](const TimelineEvent& a, const TimelineEvent& b) {
@@ -209,6 +239,12 @@ std::string format_comparison(const TraceComparison& c, bool actions) {
         std::string(kind_code(k.kind)).c_str(), k.count, k.measured_mean * 1e3,
         k.predicted_mean * 1e3,
         k.predicted_mean > 0 ? 100 * (k.measured_mean - k.predicted_mean) / k.predicted_mean : 0.0);
+    out += line;
+  }
+  if (c.redone_steps > 0) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%-6s %6d %17.3f %18s  (rollbacks: not modelled)\n", "redo",
+                  c.redone_steps, c.redo_mean * 1e3, "-");
     out += line;
   }
   if (!actions) return out;

@@ -3,7 +3,8 @@
 // mean durations; and the makespan of each. Actions are matched by (kind, micro-batch,
 // stage); a measured run of several tensor-parallel or data-parallel ranks per pipeline
 // rank contributes its lowest rank's events (the others run the same actions), and of
-// several steps only the first. Each side is timed from its own first action.
+// several steps only the first (a post-validation rollback's redone STEP included in its
+// makespan, reported apart). Each side is timed from its own first action.
 #pragma once
 
 #include <string>
@@ -34,6 +35,11 @@ struct TraceComparison {
   double measured_makespan = 0, predicted_makespan = 0;  // seconds
   int unmatched_measured = 0, unmatched_predicted = 0;
   double mean_abs_start_diff = 0, mean_abs_duration_diff = 0;  // over matched compute actions
+  // Post-validation rollbacks in the measured step: each redone update is a second STEP
+  // event of its rank, in the makespan but not in `actions` or `kinds` (the simulator does
+  // not model rollbacks); their count and mean duration (seconds).
+  int redone_steps = 0;
+  double redo_mean = 0;
 };
 
 // InputError when either timeline holds no pipeline action, when the two differ in

@@ -727,6 +727,54 @@ TEST(Timeline, CompareShiftsThePredictionAndRefusesRepeatedActions) {
       << msg;
 }
 
+// A post-validation rollback redoes the update as a second STEP event of its rank: the
+// measured makespan runs to the redo's end (it had stopped at the first STEP's), the
+// redo is counted apart (not modelled, not matched), and the next step still is not part
+// of the first.
+TEST(Timeline, CompareCountsARollbacksRedoInTheMakespan) {
+  Schedule s = lower(generate("zb-h2", 2, 4));
+  Simulator simr(s);
+  CostSpec c = spec_fbw(1, 2, 1);
+  c.optimizer_step = 2;
+  c.post_validated_step = true;
+  simr.run(resolve(c, s));
+  const Timeline one = simr.timeline(1e-3);
+  double end = 0;
+  for (const TimelineEvent& e : one.events) end = std::max(end, e.end);
+  Timeline redone = one;
+  for (const TimelineEvent& e : one.events)
+    if (e.kind == ActionKind::optimizer_step) {
+      TimelineEvent redo = e;  // after the norm arrives: past every rank's first update
+      redo.start = end + 0.5;
+      redo.end = end + 0.5 + (e.rank == 1 ? 3 : 2);
+      redone.events.push_back(redo);
+    }
+  for (const TimelineEvent& e : one.events) {  // the next step
+    TimelineEvent later = e;
+    later.start += 100, later.end += 100;
+    redone.events.push_back(later);
+  }
+  const TraceComparison cmp = compare_timelines(redone, one);
+  EXPECT_NEAR(cmp.measured_makespan, (end + 3.5) * 1e-3, 1e-12);
+  EXPECT_NEAR(cmp.predicted_makespan, end * 1e-3, 1e-12);
+  EXPECT_EQ(cmp.redone_steps, 2);
+  EXPECT_NEAR(cmp.redo_mean, 2.5e-3, 1e-12);
+  EXPECT_EQ(cmp.unmatched_measured, 0);
+  EXPECT_EQ(cmp.unmatched_predicted, 0);
+  for (const KindSummary& k : cmp.kinds)  // the early updates, matched as predicted
+    if (k.kind == ActionKind::optimizer_step) {
+      EXPECT_EQ(k.count, 2);
+      EXPECT_NEAR(k.measured_mean, k.predicted_mean, 1e-12);
+    }
+  EXPECT_NE(
+      format_comparison(cmp, false).find("redo        2             2.500                  -"),
+      std::string::npos)
+      << format_comparison(cmp, false);
+  // Without a redo nothing is reported apart.
+  EXPECT_EQ(compare_timelines(one, one).redone_steps, 0);
+  EXPECT_EQ(format_comparison(compare_timelines(one, one), false).find("redo"), std::string::npos);
+}
+
 // Timelines of different plans share actions, and their differences had been reported
 // as the prediction's error (a measured PP 2 against a predicted PP 4: "F +1509%").
 TEST(Timeline, CompareRefusesTimelinesOfDifferentPlans) {

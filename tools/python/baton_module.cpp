@@ -228,6 +228,8 @@ py::dict comparison_dict(const TraceComparison& c) {
   d["unmatched_predicted"] = c.unmatched_predicted;
   d["mean_abs_start_diff"] = c.mean_abs_start_diff;
   d["mean_abs_duration_diff"] = c.mean_abs_duration_diff;
+  d["redone_steps"] = c.redone_steps;
+  d["redo_mean"] = c.redo_mean;
   py::list kinds;
   for (const KindSummary& k : c.kinds) {
     py::dict e;
