@@ -740,7 +740,7 @@ void persistent_memory(const Graph& g, int first, int last, int optimizer_states
     for (int l : p.layers) layers += l >= first && l < last ? 1 : 0;
     out.params += b;
     out.grads += b * (layers + (layers > 1 ? 1 : 0));
-    out.optimizer += b * optimizer_states;
+    if (p.trainable) out.optimizer += b * optimizer_states;  // a buffer has no state
   }
 }
 

@@ -89,8 +89,8 @@ WalkSpec stage_walk_spec(const stages::Graph& g, int first, int last,
                          const std::set<int>& recompute, int64_t batch, int tp = 1);
 
 MicroBatchMemory walk_micro_batch(const WalkSpec& spec);
-// Parameters, gradients and optimizer state (`optimizer_states` tensors per parameter)
-// of a Stage over [first, last).
+// Parameters, gradients and optimizer state (`optimizer_states` tensors per trainable
+// parameter: a buffer its op updates has none) of a Stage over [first, last).
 void persistent_memory(const stages::Graph& g, int first, int last, int optimizer_states,
                        StageMemory& out);
 // `tiles`: the spatial degree of a tile graph's stage; its figures are the most any tile

@@ -39,7 +39,7 @@ StageCost estimate_stage(const Graph& g, int first, int last, int64_t batch,
     for (int l : p.layers) uses += (l >= first && l < last) ? 1 : 0;
     c.param_bytes += b;
     c.grad_bytes += b * (uses + (uses > 1 ? 1 : 0));
-    c.optimizer_bytes += b * optimizer_states;
+    if (p.trainable) c.optimizer_bytes += b * optimizer_states;  // a buffer has no state
   }
   std::vector<bool> enters(g.values.size(), false);
   for (int v : plan.boundary_in) enters[size_t(v)] = true;

@@ -751,6 +751,9 @@ void Stage::set_optimizer(const OptimizerConfig& config) {
     const Param& p = graph_->params[size_t(ps->id)];
     bool need_m = config.kind == OptimizerConfig::Kind::adamw || config.sgd.momentum != 0;
     bool need_v = config.kind == OptimizerConfig::Kind::adamw;
+    // A buffer its op updates (batch norm's running statistics) takes no step: no state,
+    // and none in checkpoints (an older checkpoint's zeros for it are not read).
+    if (!p.trainable) need_m = need_v = false;
     Shape shape = p.shape;
     if (ps->shard_end >= 0) {
       shape = {ps->shard_end - ps->shard_begin};

@@ -24,12 +24,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
 #include "stages/hf.h"
 #include "stages/json_reader.h"
+#include "stages/safetensors.h"
 #include "tests/fifo_read.h"
 #include "tests/stages/helpers.h"
 
@@ -151,6 +153,69 @@ TEST(Checkpoint, RoundTripWithOptimizerState) {
     ASSERT_EQ(sa.size(), 2u);
     for (size_t k = 0; k < sa.size(); ++k)
       EXPECT_EQ(sa[k].second.to_vector<float>(), sb[k].second.to_vector<float>());
+  }
+}
+
+// A buffer its op updates (batch norm's running statistics, "trainable": false) takes no
+// optimizer step, so it has no optimizer state and none is written; a checkpoint written
+// before, with zero moments for it, still loads (those entries are not read).
+TEST(Checkpoint, BuffersHaveNoOptimizerStateAndOldEntriesAreIgnored) {
+  const nlohmann::json model = nlohmann::json::parse(R"({
+    "type": "graph", "name": "bn",
+    "inputs": [{"name": "images", "shape": [1, 4, 4], "dtype": "f32"},
+               {"name": "labels", "shape": [], "dtype": "i64"}],
+    "params": [{"name": "c.w", "shape": [2, 1, 3, 3], "init": {"type": "normal", "std": 0.3}},
+               {"name": "bn.w", "shape": [2], "init": {"type": "ones"}},
+               {"name": "bn.b", "shape": [2], "init": {"type": "zeros"}},
+               {"name": "bn.rm", "shape": [2], "init": {"type": "zeros"}, "trainable": false},
+               {"name": "bn.rv", "shape": [2], "init": {"type": "ones"}, "trainable": false},
+               {"name": "fc.w", "shape": [3, 2], "init": {"type": "normal", "std": 0.3}}],
+    "layers": [{"name": "a", "nodes": [
+      {"name": "c", "op": "conv2d", "inputs": ["images"], "outputs": ["h"],
+       "params": {"weight": "c.w"}, "attrs": {"padding": 1}},
+      {"name": "bn", "op": "batchnorm2d", "inputs": ["h"], "outputs": ["n"],
+       "params": {"weight": "bn.w", "bias": "bn.b", "running_mean": "bn.rm",
+                  "running_var": "bn.rv"}},
+      {"name": "gap", "op": "global_avgpool", "inputs": ["n"], "outputs": ["v"]},
+      {"name": "fc", "op": "linear", "inputs": ["v"], "outputs": ["logits"],
+       "params": {"weight": "fc.w"}},
+      {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "labels"], "outputs": ["loss"]}]}],
+    "loss": "loss"})");
+  auto g = std::make_shared<Graph>(load_model_json(model, "bn.json"));
+  const std::set<std::string> buffers{"bn.rm", "bn.rv"};
+  Stage a(g, 0, g->num_layers());
+  a.set_optimizer(OptimizerConfig{});
+  for (int id : a.param_ids())
+    EXPECT_EQ(a.optimizer_state(id).size(), buffers.count(g->params[size_t(id)].name) ? 0u : 2u)
+        << g->params[size_t(id)].name;
+  scramble(a, 7);
+  Manifest m;
+  m.step = 3;
+  m.model = g->config;
+  const std::string dir = save_checkpoint(fresh_dir("ckpt_buffers"), a, m);
+  SafetensorsReader opt(dir + "/optimizer-rank00000.safetensors");
+  EXPECT_EQ(opt.entries().size(), 2 * (g->params.size() - buffers.size()));
+  for (const SafetensorsEntry& e : opt.entries())
+    EXPECT_FALSE(buffers.count(e.name.substr(0, e.name.find(':')))) << e.name;
+
+  // The same checkpoint as written before: the buffers' moments stored too.
+  auto old_graph = std::make_shared<Graph>(*g);
+  for (Param& p : old_graph->params) p.trainable = true;
+  Stage old(old_graph, 0, old_graph->num_layers());
+  old.set_optimizer(OptimizerConfig{});
+  scramble(old, 7);
+  const std::string old_dir = save_checkpoint(fresh_dir("ckpt_buffers_old"), old, m);
+  SafetensorsReader old_opt(old_dir + "/optimizer-rank00000.safetensors");
+  ASSERT_NE(old_opt.find("bn.rm:exp_avg"), nullptr);
+  Stage b(g, 0, g->num_layers(), StageOptions{memory::Device::cpu(), 9});
+  load_stage(old_dir, read_manifest(old_dir), b, true);
+  for (int id : b.param_ids()) {
+    SCOPED_TRACE(g->params[size_t(id)].name);
+    EXPECT_EQ(b.param(id).to_vector<float>(), old.param(id).to_vector<float>());
+    auto sb = b.optimizer_state(id), so = old.optimizer_state(id);
+    ASSERT_EQ(sb.size(), buffers.count(g->params[size_t(id)].name) ? 0u : 2u);
+    for (size_t k = 0; k < sb.size(); ++k)
+      EXPECT_EQ(sb[k].second.to_vector<float>(), so[k].second.to_vector<float>());
   }
 }
 
