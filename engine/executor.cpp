@@ -493,7 +493,9 @@ StepStats Executor::run_step(int64_t step, int64_t next_step) {
     if (is_compute(a.kind)) {
       if (a.kind == K::forward) stop_here_if_asked("forward", step);
       compute_began_ = ta;
+      reducer_->hold(true);
       compute(a, i, step);
+      reducer_->hold(false);
       record(a, 0, compute_began_, now());
     } else if (is_recv(a.kind)) {
       wait_recv(i);

@@ -279,7 +279,20 @@ void GradReducer::ready(int stage, int param) {
   if (--p.waiting == 0) try_start(g);
 }
 
+void GradReducer::hold(bool on) {
+  held_ = on;
+  if (!on) start_ready();
+}
+
 void GradReducer::try_start(Group& g) {
+  // A host transport's collective runs on its communicator's thread whenever that picks
+  // it up (or a waiter runs it), holding its scratch in the rank's memory until its
+  // peers' parts are in: started inside a W, the scratch overlapped the rest of the W or
+  // not by a timing-dependent margin (one bucket's size on a ResNet stage whose tp_copy
+  // all-reduce waits after its bucket is final: measured peaks 14% apart). Started at
+  // the W's end, the peak is the same on every run. A device transport's collectives
+  // run on their stream, and zero2 reduces its own buckets inside W anyway.
+  if (held_ && !g.shard_grads && g.comm && g.comm->backend() != "nccl") return;
   while (g.next < g.buckets.size()) {
     Bucket& b = g.buckets[g.next];
     for (size_t i : b.params)

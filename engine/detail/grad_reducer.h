@@ -108,6 +108,9 @@ class GradReducer {
   void ready(int stage, int param);
   // Starts every bucket whose gradients are all final (in order); REDUCE calls it.
   void start_ready();
+  // While held (the executor, during a compute action), buckets of a host transport's
+  // groups whose gradients become final wait for the release, which starts them.
+  void hold(bool on);
   // Waits for every reduction (all gradients must be final) and writes the sums back
   // into every local stage's gradient.
   void finish();
@@ -175,6 +178,7 @@ class GradReducer {
   void add_group(Group g, size_t bucket_bytes);
   void seed_servers();
   bool seeded_ = false;
+  bool held_ = false;
   void reduce_micro(Group& g, Bucket& b);
   void try_start(Group& g);
   void start(Group& g, Bucket& b);
