@@ -25,6 +25,7 @@
 #include "engine_harness.h"
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
+#include "tests/child_report.h"
 #include "transport/local.h"
 
 namespace baton::engine_testing {
@@ -156,32 +157,18 @@ TEST(Checkpoint, AnUnreadableLossLogStopsTheResumedRun) {
   memory::write_file_durably(path, lines);
   ASSERT_EQ(::chmod(path.c_str(), 0), 0);
   ::chmod(ws.dir.c_str(), 0777);  // nobody may replace it (as the unfixed log did)
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string report = "skip";
+  const std::string report = testing_support::report_from_child([&]() -> std::string {
+    std::string said = "skip";
     if (::geteuid() != 0 || (::setgid(65534) == 0 && ::setuid(65534) == 0)) {
       try {
         engine::LossLog log(path, 4);
-        report = "accepted";
+        said = "accepted";
       } catch (const InputError& e) {
-        report = e.what();
+        said = e.what();
       }
     }
-    ssize_t ignored = ::write(fds[1], report.data(), report.size());
-    (void)ignored;
-    _exit(0);
-  }
-  ::close(fds[1]);
-  std::string report;
-  char buf[512];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) report.append(buf, size_t(n));
-  ::close(fds[0]);
-  ::waitpid(pid, nullptr, 0);
+    return said;
+  });
   ::chmod(path.c_str(), 0644);
   if (report == "skip") GTEST_SKIP() << "cannot become nobody";
   EXPECT_NE(report.find(path + ": cannot read the loss log"), std::string::npos) << report;
@@ -430,13 +417,8 @@ TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
   Workspace ws("summary-ro");
   const std::string ro = ws.path("ro");
   std::filesystem::create_directories(ro);
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string report = "skip";
+  const std::string report = testing_support::report_from_child([&]() -> std::string {
+    std::string said = "skip";
     if (::unshare(CLONE_NEWNS) == 0 &&
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
         ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=64k") == 0) {
@@ -444,9 +426,9 @@ TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
       o.summary_path = ro + "/summary.json";
       try {
         engine::check_output_path(o.summary_path, "--summary");
-        report = "accepted";
+        said = "accepted";
       } catch (const InputError& e) {
-        report = e.what();
+        said = e.what();
       }
       // Through a symbolic link: the target's folder is the one written (the link's own
       // folder had been checked).
@@ -454,22 +436,13 @@ TEST(Checkpoint, ASummaryThatCannotBeWrittenIsRefusedAtTheStart) {
       std::filesystem::create_symlink(ro + "/summary.json", link);
       try {
         engine::check_output_path(link, "--summary");
-        report += "|accepted";
+        said += "|accepted";
       } catch (const InputError& e) {
-        report += std::string("|") + e.what();
+        said += std::string("|") + e.what();
       }
     }
-    ssize_t ignored = ::write(fds[1], report.data(), report.size());
-    (void)ignored;
-    _exit(0);
-  }
-  ::close(fds[1]);
-  std::string report;
-  char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, size_t(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+    return said;
+  });
   if (report == "skip")
     GTEST_SKIP() << "no mount namespace here (needs root) for a read-only mount";
   EXPECT_EQ(report, "--summary " + ro + "/summary.json: cannot write in " + ro +

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "stages/token_store.h"
+#include "tests/child_report.h"
 #include "tests/command_runner.h"
 #include "tests/stages/sp_model_bytes.h"
 
@@ -355,17 +356,12 @@ TEST(DataCli, TrainTokenizerOnAFullDiskKeepsTheEarlierPair) {
   const std::string d = dir() + "/small";
   std::filesystem::create_directories(d);
   const std::string prefix = d + "/tok";
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string report = "skip";
+  const std::string report = testing_support::report_from_child([&]() -> std::string {
+    std::string said = "skip";
     if (::unshare(CLONE_NEWNS) == 0 &&
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
         ::mount("tmpfs", d.c_str(), "tmpfs", 0, "size=256k") == 0) {
-      report = "";
+      said = "";
       int failed = 0;
       for (int room_kb : {128, 96, 64, 48, 32, 24, 16, 12, 8, 4, 0}) {
         std::ofstream(prefix + ".model") << "EARLIER MODEL";
@@ -384,34 +380,25 @@ TEST(DataCli, TrainTokenizerOnAFullDiskKeepsTheEarlierPair) {
           int lines = 0;
           while (std::getline(v, line)) ++lines;
           if (lines < 100)
-            report += at + "exit 0 with a .vocab of " + std::to_string(lines) + " lines\n";
+            said += at + "exit 0 with a .vocab of " + std::to_string(lines) + " lines\n";
         } else {
           ++failed;
           if (r.code != 1 || r.output.find(prefix + ".") == std::string::npos)
-            report += at + "exit " + std::to_string(r.code) + ": " + r.output + "\n";
+            said += at + "exit " + std::to_string(r.code) + ": " + r.output + "\n";
           std::ifstream m(prefix + ".model"), v(prefix + ".vocab");
           std::string model, vocab;
           std::getline(m, model);
           std::getline(v, vocab);
           if (model != "EARLIER MODEL" || vocab != "EARLIER VOCAB")
-            report += at + "the earlier pair was replaced\n";
+            said += at + "the earlier pair was replaced\n";
         }
         std::filesystem::remove(d + "/fill");
       }
-      if (failed == 0) report += "no run ran out of room\n";
+      if (failed == 0) said += "no run ran out of room\n";
       ::umount(d.c_str());
     }
-    ssize_t ignored = ::write(fds[1], report.data(), report.size());
-    (void)ignored;
-    _exit(0);
-  }
-  ::close(fds[1]);
-  std::string report;
-  char buf[512];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) report.append(buf, size_t(n));
-  ::close(fds[0]);
-  ::waitpid(pid, nullptr, 0);
+    return said;
+  });
   if (report == "skip") GTEST_SKIP() << "cannot mount a tmpfs (not root)";
   EXPECT_EQ(report, "");
 }
