@@ -163,8 +163,9 @@ TEST(Timeline, CompareRefusesTimelinesWithoutCommonActions) {
   EXPECT_EQ(error_of(pred, pred), "");
 }
 
-// Absurd op times (every op 1e9 s, in_step 100) make a step longer than a Chrome trace
-// holds: the prediction refuses it, naming the cost file and its longest op time, where
+// Absurd op times (every op 4e6 s, in_step 100: each below the cost file's own limit of
+// 1e9 s an op, scaled) make a step longer than a Chrome trace holds: the prediction refuses
+// it, naming the cost file and its longest op time, where
 // `baton trace predict` had printed a step time of many digits before the trace writer
 // refused the timeline. Costs a trace holds are predicted as before.
 TEST(Timeline, PredictionRefusesAStepATraceCannotHold) {
@@ -181,7 +182,7 @@ TEST(Timeline, PredictionRefusesAStepATraceCannotHold) {
       c.ops[n.name] = {n.op, seconds, seconds, seconds, 0};
     return c;
   };
-  const partitioner::MeasuredCosts huge = costs_of(1e9), small = costs_of(1e-6);
+  const partitioner::MeasuredCosts huge = costs_of(4e6), small = costs_of(1e-6);
   partitioner::CostModel model(plan->graph, partitioner::Machine{}, &huge);
   try {
     partitioner::predict_step(*plan, model, "huge.json");
@@ -189,7 +190,7 @@ TEST(Timeline, PredictionRefusesAStepATraceCannotHold) {
   } catch (const InputError& e) {
     const std::string what = e.what();
     for (const char* part : {"huge.json: the predicted step takes ", "beyond the 1e+09 s",
-                             "its longest op time is $.ops.", " = 1e+09 s, in_step 100"})
+                             "its longest op time is $.ops.", " = 4e+06 s, in_step 100"})
       EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
   }
   partitioner::CostModel fine(plan->graph, partitioner::Machine{}, &small);
