@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -528,18 +530,32 @@ void check_same_manifest(Communicator& world, const std::string& root, int64_t s
       "sees, or identical copies");
 }
 
-// The hash of a file's first and last 4 KiB (the whole file when smaller).
+// The hash of a file's first and last 4 KiB (the whole file when smaller). A FIFO is
+// refused, not opened (an ifstream had waited for a writer for ever), and a read that
+// fails says why.
 size_t head_tail_hash(const std::string& path, uint64_t bytes) {
   constexpr uint64_t kPart = 4096;
-  std::ifstream in(path, std::ios::binary);
+  const int fd = memory::open_regular_file(path);
+  auto read_at = [&](std::string& part, uint64_t at) {
+    size_t got = 0;
+    while (got < part.size()) {
+      const ssize_t n = ::pread(fd, part.data() + got, part.size() - got, off_t(at + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = n < 0 ? std::strerror(errno) : "the file is shorter than its size";
+        ::close(fd);
+        throw InputError(path + ": read error: " + why);
+      }
+      got += size_t(n);
+    }
+  };
   std::string head(size_t(std::min(bytes, kPart)), '\0'), tail;
-  in.read(head.data(), std::streamsize(head.size()));
+  read_at(head, 0);
   if (bytes > kPart) {
     tail.resize(size_t(std::min(bytes - kPart, kPart)));
-    in.seekg(std::streamoff(bytes - tail.size()));
-    in.read(tail.data(), std::streamsize(tail.size()));
+    read_at(tail, bytes - tail.size());
   }
-  if (!in) return 0;
+  ::close(fd);
   return std::hash<std::string>{}(head + tail);
 }
 

@@ -43,7 +43,15 @@ TrainSummary run_training(const TrainOptions& o,
   std::optional<stages::CheckpointRootLock> held;
   std::optional<std::string> resume_dir;
   std::optional<stages::Manifest> resume_manifest;
-  if (o.resume && std::filesystem::is_directory(o.checkpoint_dir)) {
+  std::error_code dir_ec;
+  const bool checkpoint_dir_there = std::filesystem::is_directory(o.checkpoint_dir, dir_ec);
+  // A missing directory is a first run; one that cannot be looked at (a link loop, no
+  // search permission) had leaked a bare "filesystem error", exit 1.
+  if (o.resume && dir_ec && dir_ec != std::errc::no_such_file_or_directory &&
+      dir_ec != std::errc::not_a_directory)
+    throw InputError("--checkpoint-dir " + o.checkpoint_dir + ": " + dir_ec.message() +
+                     ", expected a directory to resume from (or none yet)");
+  if (o.resume && checkpoint_dir_there) {
     held.emplace(o.checkpoint_dir);
     resume_dir = stages::latest_checkpoint(o.checkpoint_dir);
     if (resume_dir)

@@ -353,10 +353,11 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
   // a Megatron .bin's tokens without their documents, or on a half-replaced pair.
   if ((f == "auto" || f == "megatron") && !is_file(prefix + ".idx") &&
       (path == prefix || ends_with(path, ".bin") || ends_with(path, ".idx")))
-    for (const char* left : {".idx.tmp", ".idx.old"}) {
+    for (const std::string& left :
+         {pair_temp_names(prefix).idx_tmp, pair_temp_names(prefix).idx_old}) {
       std::error_code ec;
-      if (std::filesystem::exists(prefix + left, ec))
-        throw InputError(path + ": " + prefix + left + " is there but " + prefix +
+      if (std::filesystem::exists(left, ec))
+        throw InputError(path + ": " + left + " is there but " + prefix +
                          ".idx is not: the write of a Megatron dataset was interrupted (its "
                          "index is being replaced); write it again (baton data prepare), or "
                          "--data-format tokens to read " +

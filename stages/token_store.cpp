@@ -442,20 +442,27 @@ TokenRange TokenStore::token_range() const {
 
 // ---- writing ----
 
+PairTempNames pair_temp_names(const std::string& prefix) {
+  return {memory::temp_path_beside(prefix + ".bin", ".tmp"),
+          memory::temp_path_beside(prefix + ".idx", ".tmp"),
+          memory::temp_path_beside(prefix + ".idx", ".old")};
+}
+
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type)
-    : prefix_(std::move(prefix)), type_(type) {
+    : prefix_(std::move(prefix)), tmp_(pair_temp_names(prefix_)), type_(type) {
   megatron_code(type_);
   // A directory (or a FIFO) under any name it writes had been found only at the end, by
   // a rename that failed with the index half-replaced (.idx.old: after all the work).
-  for (const char* ext : {".bin", ".idx", ".bin.tmp", ".idx.tmp", ".idx.old"}) {
+  for (const std::string& name :
+       {prefix_ + ".bin", prefix_ + ".idx", tmp_.bin_tmp, tmp_.idx_tmp, tmp_.idx_old}) {
     std::error_code ec;
-    const auto st = std::filesystem::status(prefix_ + ext, ec);
+    const auto st = std::filesystem::status(name, ec);
     if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
-      throw InputError(prefix_ + ext + ": " +
+      throw InputError(name + ": " +
                        (std::filesystem::is_directory(st) ? "a directory" : "not a regular file") +
                        ", expected a file to write (or none)");
   }
-  bin_ = std::fopen((prefix_ + ".bin.tmp").c_str(), "wb");
+  bin_ = std::fopen(tmp_.bin_tmp.c_str(), "wb");
   if (bin_ == nullptr)
     throw InputError(prefix_ + ".bin: cannot open for writing: " + std::strerror(errno));
 }
@@ -464,7 +471,7 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   if (done_) return;
   if (bin_ != nullptr) std::fclose(bin_);
   std::error_code ec;
-  std::filesystem::remove(prefix_ + ".bin.tmp", ec);
+  std::filesystem::remove(tmp_.bin_tmp, ec);
 }
 
 void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
@@ -526,10 +533,10 @@ void IndexedDatasetWriter::finish() {
   // write leaves the earlier pair as it was.
   namespace fs = std::filesystem;
   try {
-    memory::write_file_durably(prefix_ + ".idx.tmp", idx);
+    memory::write_file_durably(tmp_.idx_tmp, idx);
   } catch (...) {
     std::error_code ec;
-    fs::remove(prefix_ + ".bin.tmp", ec);
+    fs::remove(tmp_.bin_tmp, ec);
     throw;
   }
   // The earlier index steps aside (not removed) until the new .bin is in place, so a
@@ -538,25 +545,25 @@ void IndexedDatasetWriter::finish() {
   const bool had_idx = fs::exists(prefix_ + ".idx", ec);
   auto fail = [&](const std::string& what, const std::error_code& e) {
     std::error_code ignored;
-    fs::remove(prefix_ + ".bin.tmp", ignored);
-    fs::remove(prefix_ + ".idx.tmp", ignored);
+    fs::remove(tmp_.bin_tmp, ignored);
+    fs::remove(tmp_.idx_tmp, ignored);
     throw RuntimeError(what + ": " + e.message());
   };
   if (had_idx) {
-    fs::rename(prefix_ + ".idx", prefix_ + ".idx.old", ec);
+    fs::rename(prefix_ + ".idx", tmp_.idx_old, ec);
     if (ec) fail(prefix_ + ".idx: cannot move the earlier index aside", ec);
   }
-  fs::rename(prefix_ + ".bin.tmp", prefix_ + ".bin", ec);
+  fs::rename(tmp_.bin_tmp, prefix_ + ".bin", ec);
   if (ec) {
     const std::error_code e = ec;
-    if (had_idx) fs::rename(prefix_ + ".idx.old", prefix_ + ".idx", ec);
-    fail(prefix_ + ".bin: cannot rename " + prefix_ + ".bin.tmp to it", e);
+    if (had_idx) fs::rename(tmp_.idx_old, prefix_ + ".idx", ec);
+    fail(prefix_ + ".bin: cannot rename " + tmp_.bin_tmp + " to it", e);
   }
-  fs::rename(prefix_ + ".idx.tmp", prefix_ + ".idx", ec);
-  if (ec) fail(prefix_ + ".idx: cannot rename " + prefix_ + ".idx.tmp to it", ec);
+  fs::rename(tmp_.idx_tmp, prefix_ + ".idx", ec);
+  if (ec) fail(prefix_ + ".idx: cannot rename " + tmp_.idx_tmp + " to it", ec);
   // Removed whether or not this run set it aside: one an interrupted run left (with no
   // PREFIX.idx, which readers refuse as an interrupted write) is stale now.
-  fs::remove(prefix_ + ".idx.old", ec);
+  fs::remove(tmp_.idx_old, ec);
   const fs::path dir = fs::path(prefix_ + ".idx").parent_path();
   memory::fsync_path(dir.empty() ? "." : dir.string(), true);
   done_ = true;

@@ -97,6 +97,15 @@ class TokenStore {
 
 // Writes a Megatron-LM indexed dataset (one sequence per document), atomically: the two
 // files appear under their names only when finish() returns.
+// The temporary names a write of PREFIX.bin/.idx uses beside them: PREFIX.bin.tmp,
+// PREFIX.idx.tmp and PREFIX.idx.old, or hidden hashed names where those would pass the
+// system's limit on a name (memory::temp_path_beside). Readers look for the same names
+// to tell an interrupted write.
+struct PairTempNames {
+  std::string bin_tmp, idx_tmp, idx_old;
+};
+PairTempNames pair_temp_names(const std::string& prefix);
+
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(std::string prefix, TokenType type);
@@ -111,6 +120,7 @@ class IndexedDatasetWriter {
 
  private:
   std::string prefix_;
+  PairTempNames tmp_;
   TokenType type_;
   std::FILE* bin_ = nullptr;
   std::vector<int32_t> lengths_;

@@ -384,7 +384,10 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   // SentencePiece writes TMP.model and TMP.vocab, renamed to PREFIX's names once both are
   // complete: a failed run (PREFIX.vocab a directory) had left a new PREFIX.model in
   // place of an earlier one. A name that is no file to write is refused before the work.
-  const std::string tmp = out + ".tmp";
+  // PREFIX.tmp, or a hidden hashed prefix where PREFIX.tmp.model would pass the system's
+  // limit on a name (a legal PREFIX.model had failed at its temporary name).
+  std::string tmp = memory::temp_path_beside(out, ".tmp.model");
+  tmp.resize(tmp.size() - std::string(".model").size());
   for (const std::string& name : {out + ".model", out + ".vocab", tmp + ".model", tmp + ".vocab"}) {
     std::error_code ec;
     const auto st = std::filesystem::status(name, ec);

@@ -1,6 +1,10 @@
 // The `baton` command: dispatches to a sub-command and turns errors into exit codes
 // (2: bad input, 1: failure at run time).
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -28,6 +32,27 @@ void print_usage() {
 
 // A command's output that did not reach standard output (a full disk, /dev/full) is a
 // failure, as in coreutils: exit 1 rather than 0 with the output lost.
+// Why standard output failed. stdio keeps no errno from the write that failed (later
+// calls overwrite it), so where none is left the likely causes are looked at directly:
+// a pipe whose reader has gone, a full file system.
+std::string stdout_failure_reason(int err) {
+  if (err != 0) return std::strerror(err);
+  struct stat st {};
+  if (::fstat(STDOUT_FILENO, &st) != 0) return std::strerror(errno);
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    pollfd p{STDOUT_FILENO, 0, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & POLLERR) != 0)
+      return std::string(std::strerror(EPIPE)) + " (its reader has gone)";
+  }
+  struct statvfs fs {};
+  if (S_ISREG(st.st_mode) && ::fstatvfs(STDOUT_FILENO, &fs) == 0) {
+    if (fs.f_bavail == 0) return std::strerror(ENOSPC);
+    if (fs.f_favail == 0 && fs.f_files != 0)
+      return std::strerror(ENOSPC) + std::string(" (inodes)");
+  }
+  return "write error";
+}
+
 int check_stdout(const std::string& name, int code) {
   std::cout.flush();
   errno = 0;
@@ -35,7 +60,7 @@ int check_stdout(const std::string& name, int code) {
   const int err = errno;
   if (flushed && !std::ferror(stdout) && std::cout.good()) return code;
   std::fprintf(stderr, "baton%s%s: failed: writing standard output: %s\n", name.empty() ? "" : " ",
-               name.c_str(), err != 0 ? std::strerror(err) : "write error");
+               name.c_str(), stdout_failure_reason(err).c_str());
   return code != 0 ? code : 1;
 }
 

@@ -642,6 +642,18 @@ TEST(Checkpoint, RanksReadingOtherContentsUnderOnePathAllStop) {
       EXPECT_NE(e.find("than rank 0 (1 file, 10000 bytes"), std::string::npos) << e;
     }
   EXPECT_EQ(engine::detail::contents_identity(ws.path("none")), "missing");
+  // A FIFO is refused, not opened: opening it had waited for a writer, and every rank of a
+  // plan with `--data FIFO` hung for ever.
+  ASSERT_EQ(::mkfifo(ws.path("fifo").c_str(), 0600), 0);
+  try {
+    engine::detail::contents_identity(ws.path("fifo"));
+    ADD_FAILURE() << "a FIFO was hashed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(ws.path("fifo") + ": cannot open file (not a regular "
+                                                           "file: a FIFO)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

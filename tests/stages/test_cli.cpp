@@ -63,6 +63,14 @@ TEST(Cli, AFailedWriteToStandardOutputIsAFailure) {
                                                                                      << r.output;
   }
   EXPECT_EQ(baton::cli_testing::run_command(kCliBaton + " version > /dev/null").code, 0);
+  // A pipe whose reader has gone, with SIGPIPE ignored (as under nohup or a supervisor):
+  // the reason is said even where stdio kept no errno; it had been "write error".
+  Result r = baton::cli_testing::run_command(
+      "bash -c 'trap \"\" PIPE; { sleep 0.3; " + kCliBaton +
+      " simulate -s all -p 8 -m 64; echo \"exit $?\" >&2; } | true'");
+  EXPECT_NE(r.output.find("exit 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed: writing standard output: Broken pipe"), std::string::npos)
+      << r.output;
 }
 
 // A symbolic-link loop given as a checkpoint or a Hugging Face directory is bad input
@@ -77,7 +85,8 @@ TEST(Cli, ASymbolicLinkLoopIsBadInput) {
   std::filesystem::create_symlink(a, b);
   for (const std::string& args :
        {" export --checkpoint " + a + " --out " + a + "-out",
-        " train --init-from " + a + " --data " + kCliCorpus + " --steps 1"}) {
+        " train --init-from " + a + " --data " + kCliCorpus + " --steps 1",
+        " train --resume --checkpoint-dir " + a + " --data " + kCliCorpus + " --steps 1"}) {
     Result r = baton::cli_testing::run_command(kCliBaton + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(a), std::string::npos) << r.output;

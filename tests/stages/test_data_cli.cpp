@@ -321,6 +321,22 @@ TEST(DataCli, TrainTokenizerTrainsOnLongLines) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// Output names up to the system's limit (255 bytes) are written: the temporary names
+// beside them (PREFIX.tmp.model, PREFIX.bin.tmp, PREFIX.idx.tmp) had passed it, and a
+// legal PREFIX.model or PREFIX.idx failed after the work.
+TEST(DataCli, LongOutputNamesAreWritten) {
+  const std::string prefix = dir() + "/" + std::string(248, 'n');  // + ".model": 254 bytes
+  Result r = baton("train-tokenizer --input " + slice() + " --out " + prefix + " --vocab-size 200");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".model"));
+  r = baton("prepare --tokenizer " + prefix + ".model --input " + slice() + " --out " + prefix);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_GT(TokenStore::open_megatron(prefix)->num_documents(), 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos)
+        << "left behind: " << e.path();
+}
+
 // A failed run leaves an earlier model as it was: PREFIX.vocab a directory had been found
 // after SentencePiece had replaced PREFIX.model.
 TEST(DataCli, TrainTokenizerChecksBothOutputsFirst) {
