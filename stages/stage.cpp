@@ -81,6 +81,9 @@ struct Stage::MbState {
   std::vector<int> pending;                // by value: B readers still to run
   struct WStash {
     std::vector<Tensor> inputs, outputs, saved, grad_outputs;
+    // How many of the node's outputs received a gradient in B: an output nothing reads
+    // (add_layernorm's normalised value when only its sum is used) gets none.
+    size_t outputs_with_grad = 0;
   };
   std::map<int, WStash> w;  // by node, for W
   bool b_done = false;
@@ -486,6 +489,8 @@ TensorMap Stage::run_backward(int64_t mb_index, const TensorMap& grad_outputs, W
         w.outputs.resize(outs.size());
         if (op.weight_needs_saved()) w.saved = s.saved[size_t(n)];
         if (op.weight_needs_grad_outputs()) w.grad_outputs = gouts;
+        w.outputs_with_grad = size_t(
+            std::count_if(gouts.begin(), gouts.end(), [](const Tensor& t) { return t.defined(); }));
         s.w[n] = std::move(w);
         // Fused: W now, while B's gradients are here, so the stash never builds up.
         if (fused) run_weight(s, n, *fused);
@@ -548,9 +553,17 @@ void Stage::run_weight(MbState& s, int n, WeightPass& pass) {
   auto wit = s.w.find(n);
   if (wit == s.w.end()) return;
   const Node& node = g.nodes[size_t(n)];
+  MbState::WStash& w = wit->second;
+  // An op returns from its W without writing when the output gradient its parameters
+  // depend on never came (an output nothing reads). Its buffers were then neither
+  // written nor zeroed, and the step took whatever memory held (norms of 1e30, training
+  // stopped by the clip). No output gradient at all: no contribution, as if the node
+  // were not there. Some: the first contribution is added to zeros, not overwritten.
+  const bool none_reached = w.outputs_with_grad == 0;
+  const bool some_missing = w.outputs_with_grad < node.outputs.size();
   std::vector<Tensor> ps(node.params.size());
   std::vector<ParamGrad> pg(node.params.size(), ParamGrad{Tensor(), false});
-  for (size_t k = 0; k < node.params.size(); ++k) {
+  for (size_t k = 0; k < node.params.size() && !none_reached; ++k) {
     if (node.params[k] < 0) continue;
     ParamState& st = state_of(node.params[k]);
     ps[k] = st.value;
@@ -559,12 +572,12 @@ void Stage::run_weight(MbState& s, int n, WeightPass& pass) {
         size_t(std::find(st.layers.begin(), st.layers.end(), node.layer) - st.layers.begin());
     if (st.grad_shard && !st.grads[li].defined())
       st.grads[li] = Tensor::empty(st.value.shape(), st.value.dtype(), st.value.device());
-    pg[k] = ParamGrad{st.grads[li], bool(st.has[li])};
+    if (some_missing && !st.has[li]) st.grads[li].zero_();
+    pg[k] = ParamGrad{st.grads[li], bool(st.has[li]) || some_missing};
     st.has[li] = true;
   }
-  MbState::WStash& w = wit->second;
-  WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
-  {
+  if (!none_reached) {
+    WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
     OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
     Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);
     node.impl->backward_weight(call);

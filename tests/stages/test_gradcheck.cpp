@@ -401,5 +401,61 @@ TEST(GradCheck, NormsWithSharedParametersF64) {
   check_whole_model(g, in, 2, 8, seed, 16);
 }
 
+// Outputs nothing reads: add_layernorm with only its sum read, an RMSNorm whose output is
+// unread, and an unread linear sharing its weight with a read one. Their W had returned
+// without writing the gradient buffers it was told to overwrite, so the step took
+// whatever memory held (norms of 1e30), or the shared weight's gradient kept the last
+// step's. The second gradient must equal the first, the unread-only ones be exactly 0.
+TEST(GradCheck, OutputsNothingReadsAddNoGradientF64) {
+  const uint64_t seed = 18;
+  nlohmann::json m = nlohmann::json::parse(R"({
+    "type": "graph", "name": "unread",
+    "inputs": [{"name": "x", "shape": [4, 6], "dtype": "f32"},
+               {"name": "y", "shape": [4], "dtype": "i64"}],
+    "params": [{"name": "w1", "shape": [6, 6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "al.w", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "al.b", "shape": [6], "init": {"type": "normal", "std": 0.3}},
+               {"name": "g", "shape": [6], "init": {"type": "ones"}},
+               {"name": "w2", "shape": [5, 6], "init": {"type": "normal", "std": 0.3}}],
+    "layers": [
+      {"name": "a", "nodes": [
+        {"name": "l1", "op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w1"}},
+        {"name": "al", "op": "add_layernorm", "inputs": ["h", "x"], "outputs": ["s", "n"],
+         "params": {"weight": "al.w", "bias": "al.b"}},
+        {"name": "rn", "op": "rmsnorm", "inputs": ["s"], "outputs": ["unread"], "params": {"weight": "g"}},
+        {"name": "l2", "op": "linear", "inputs": ["s"], "outputs": ["logits"], "params": {"weight": "w2"}},
+        {"name": "l3", "op": "linear", "inputs": ["s"], "outputs": ["unread2"], "params": {"weight": "w2"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "y"], "outputs": ["loss"]}]}
+    ],
+    "loss": "loss"})");
+  LoadOptions lo;
+  lo.float_dtype = DType::f64;
+  auto g = std::make_shared<Graph>(load_model_json(m, "unread.json", lo));
+  std::vector<int64_t> ys = {0, 4, 1, 2, 1, 3, 0, 2};
+  TensorMap in{{"x", random_like({2, 4, 6}, DType::f64, 1.0, seed)},
+               {"y", Tensor::from_vector(ys, {2, 4})}};
+  StageOptions so;
+  so.seed = seed;
+  Stage st(g, 0, g->num_layers(), so);
+  randomize_params(st, 0.3, seed);
+  const MicroBatch mb{0, 0, 2, 2, 8, 3};
+  std::map<std::string, std::vector<double>> first;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto loss = gradients_and_loss(st, mb, in);
+    for (int id : st.param_ids()) {
+      const std::string& name = g->params[size_t(id)].name;
+      std::vector<double> grad = st.grad(id).to_vector<double>();
+      if (name == "al.w" || name == "al.b" || name == "g")
+        for (double v : grad) EXPECT_EQ(v, 0.0) << name << " pass " << pass;
+      else if (pass == 0)
+        check_tensor(name, st.param(id), st.grad(id).clone(), loss, 16, seed + uint64_t(id));
+      if (pass == 0)
+        first[name] = grad;
+      else
+        EXPECT_EQ(grad, first[name]) << name << " pass " << pass;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace baton::stages
