@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -408,9 +409,35 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   opt.expect_only({"config", "steps"});
   m.optimizer = OptimizerConfig::from_json(opt.at("config").raw(), source + " $.optimizer.config");
   m.optimizer_steps = opt.at("steps").as_int(0, INT64_MAX);
+  // The nested parts are read where they are used (resume, export); their shapes are
+  // checked here, so a hand edit (its crc recomputed) is refused naming the field rather
+  // than read in part or skipped.
+  if (r.has("rng")) {
+    const JsonReader rng = r.at("rng");
+    rng.expect_only({"seed", "scheme"});
+    if (rng.has("seed") && rng.at("seed").as_uint64() != m.seed)
+      rng.at("seed").fail("$.seed's " + std::to_string(m.seed),
+                          std::to_string(rng.at("seed").as_uint64()));
+    if (rng.has("scheme")) rng.at("scheme").as_string();
+  }
+  // null: a checkpoint saved without a data source (a stage saved by itself).
+  if (!r.at("data").raw().is_null()) {
+    r.at("data").expect_object();
+    if (r.at("data").has("position")) r.at("data").at("position").as_int(0, INT64_MAX);
+  }
   m.data = r.at("data").raw();
   m.model = r.at("model").raw();
-  m.train = r.get("train") ? r.at("train").raw() : json::object();
+  if (r.has("train") && !r.at("train").raw().is_null()) {
+    const JsonReader t = r.at("train");
+    t.expect_object();
+    for (const char* count : {"batch", "micro_batches"})
+      if (t.has(count)) t.at(count).as_int(1, INT64_MAX);
+    if (t.has("steps")) t.at("steps").as_int(0, INT64_MAX);
+    if (t.has("grad_clip")) t.at("grad_clip").as_double(0, HUGE_VAL);
+    for (const char* part : {"lr_schedule", "loss_scale", "local_sgd", "parameter_server"})
+      if (t.has(part)) t.at(part).expect_object();
+  }
+  m.train = r.get("train") && !r.at("train").raw().is_null() ? r.at("train").raw() : json::object();
   for (const JsonReader& s : r.at("shards").items()) {
     s.expect_only({"file", "kind", "rank", "bytes", "hash"});
     ShardFile sf;

@@ -811,6 +811,48 @@ TEST(Checkpoint, VersionOneManifestsWithFnvHashesStillLoad) {
   EXPECT_NE(problem->find("tensor 'wpe.weight'"), std::string::npos) << *problem;
 }
 
+// The nested fields a resume reads are checked when the manifest is read: a hand edit
+// (its checksum recomputed) is refused naming the field, rather than read in part or
+// skipped (a grad_clip that was no number had skipped the resume's warning).
+TEST(Checkpoint, ManifestNestedFieldsAreChecked) {
+  const std::vector<std::pair<std::function<void(Manifest&)>, std::string>> cases = {
+      {[](Manifest& m) {
+         m.train = {{"grad_clip", "x"}};
+       },
+       "$.train.grad_clip"},
+      {[](Manifest& m) {
+         m.train = {{"micro_batches", 0}};
+       },
+       "$.train.micro_batches"},
+      {[](Manifest& m) {
+         m.train = {{"lr_schedule", 3}};
+       },
+       "$.train.lr_schedule"},
+      {[](Manifest& m) { m.train = json::array(); }, "$.train"},
+      {[](Manifest& m) {
+         m.data = {{"position", -1}};
+       },
+       "$.data.position"},
+      {[](Manifest& m) { m.data = "text"; }, "$.data"}};
+  for (const auto& [edit, where] : cases) {
+    Manifest m;
+    m.step = 2;
+    m.data = {{"position", 2}};
+    edit(m);
+    try {
+      Manifest::from_json(m.to_json(), "manifest.json");
+      ADD_FAILURE() << where << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("manifest.json: " + where + ": expected"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Manifest fine;
+  fine.train = {{"batch", 8}, {"grad_clip", 0}, {"steps", 0}, {"lr_schedule", json::object()}};
+  EXPECT_EQ(Manifest::from_json(fine.to_json(), "manifest.json").train, fine.train);
+}
+
 // One flipped bit in the manifest (AdamW's step count: bias correction) is a damaged
 // checkpoint: read_manifest refuses it naming the checksum, --resume falls back past it
 // with a warning. Manifests of version 2 (no checksum) still load.
