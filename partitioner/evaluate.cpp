@@ -626,9 +626,36 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     std::erase_if(sent, [](const Held& h) { return h.posted; });
     return bytes;
   };
+  // Of a send in blocks of rows: the values it sends only so, which Executor::do_send
+  // holds whole while it copies their blocks, until it returns (a ResNet stem's output
+  // sent to spatial 2 had been one activation under, 15%; a head's input gradient sent
+  // back to spatial 2, 32%).
+  auto whole_of_blocks = [&](const schedule::Action& a) -> int64_t {
+    auto [first, last] = chunk(a.stage);
+    const bool act = a.kind == ActionKind::send_activation;
+    std::vector<int> vs = act ? cut_values(last) : cut_values(first);
+    const auto blocks = blocks_of(a, schedule::Transfer::Kind::send);
+    if (blocks.first == 0) return 0;
+    std::erase_if(vs, [&](int v) { return blocks.second.count(pg.values[size_t(v)].name); });
+    return values_bytes(pg, vs, batch, act ? pg.loss : -1);
+  };
   for (size_t i = 0; i < acts.size(); ++i) {
     const ActionKind k = acts[i].kind;
     if (schedule::is_send(k) && !eager(acts[i])) sent.push_back({i, known_posted(acts[i])});
+    if (const int64_t whole =
+            schedule::is_send(k) && !out.posted.empty() ? whole_of_blocks(acts[i]) : 0;
+        whole > 0) {
+      const size_t c = out.posted.size();  // the next compute action
+      int64_t at = whole + (eager(acts[i]) ? send_bytes(acts[i]) : 0) + loaded_beyond(c) +
+                   (c < handed.size() ? handed[c] : 0);
+      for (const Held& h : sent) at += send_bytes(acts[h.at]);
+      size_t open = first_open;
+      while (open < recvs.size() && recvs[open] < i) ++open;
+      for (size_t j = open; j < recvs.size() && j < open + ahead; ++j)
+        at += recv_bytes(acts[recvs[j]]);
+      out.sending.resize(c, 0);
+      out.sending[c - 1] = std::max(out.sending[c - 1], at);
+    }
     if (schedule::is_recv(k)) {
       std::erase_if(sent, [&](const Held& h) { return done_by(acts[h.at], acts[i]); });
       const int q = schedule::transfer_peer(lowered, acts[i]);
@@ -695,6 +722,13 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // (bucket_parts), so its ring's window is sized by a server's part, and a small one's
   // direct exchange receives nothing on a replica (its own part is empty).
   const int servers = p.dp_sync.parameter_server() ? p.dp_sync.ps_ranks : 0;
+  auto bucket_scratch = [&](int n, bool to_servers, int64_t elements, size_t es) {
+    return int64_t(to_servers ? transport::collective_scratch_bytes(
+                                    transport::Collective::reduce_scatter, size_t(elements), es,
+                                    n + servers, size_t(elements + servers - 1) / servers, true, 0)
+                              : transport::collective_scratch_bytes(
+                                    transport::Collective::all_reduce, size_t(elements), es, n));
+  };
   int64_t flats = 0, scratch = 0;
   for (auto& [members, ids] : groups) {
     const int n = int(members.size());
@@ -704,16 +738,58 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
         pg, ids, o.bucket_bytes, nullptr, [&](int params, int64_t elements, memory::DType dt) {
           const size_t es = memory::dtype_size(dt);
           if (params > 1) flats += rounded(elements * int64_t(es));
-          group_scratch = std::max(
-              group_scratch,
-              int64_t(to_servers
-                          ? transport::collective_scratch_bytes(
-                                transport::Collective::reduce_scatter, size_t(elements), es,
-                                n + servers, size_t(elements + servers - 1) / servers, true, 0)
-                          : transport::collective_scratch_bytes(transport::Collective::all_reduce,
-                                                                size_t(elements), es, n)));
+          group_scratch = std::max(group_scratch, bucket_scratch(n, to_servers, elements, es));
         });
     scratch += group_scratch;
+  }
+  // Buckets started before the step's end (GradReducer::try_start, held through each
+  // compute action and started at its end): in the group's order, each once the last W
+  // (or BW) of every stage holding one of its parameters has run. On a rank of two chunks
+  // the later chunk's are started before the earlier chunk's B and W (and its recompute):
+  // their flat copies, held until the step's end, and the all-reduce's scratch, one at a
+  // time per group, count through those (a ResNet at DP 2 with --bucket-mib 0.01 had been
+  // 11% under on a V).
+  if (!p.dp_sync.parameter_server() && !groups.empty()) {
+    std::map<int, size_t> last_w;  // stage -> its last W (or BW) in the compute order
+    for (size_t c = 0; c < order.size(); ++c)
+      if (acts[order[c]].kind == ActionKind::backward_weight ||
+          acts[order[c]].kind == ActionKind::full_backward)
+        last_w[acts[order[c]].stage] = c;
+    std::map<int, size_t> ready_at;  // parameter -> the action after whose end it is final
+    for (int s : r.stages_of(pp)) {
+      auto [a, b] = chunk(s);
+      const auto w = last_w.find(s);
+      for (int id : pg.params_used(a, b)) {
+        size_t& at = ready_at.try_emplace(id, 0).first->second;
+        at = std::max(at, w == last_w.end() ? order.size() : w->second);
+      }
+    }
+    std::vector<int64_t> early(out.posted.size(), 0);
+    for (auto& [members, ids] : groups) {
+      const bool to_servers = servers > 0 && sharded.count(members);
+      std::vector<int64_t> group_scratch(out.posted.size(), 0);
+      size_t started = 0;
+      for (const std::vector<int>& b : gradient_buckets(pg, ids, o.bucket_bytes, nullptr)) {
+        int64_t elements = 0;
+        for (int id : b) {
+          const auto at = ready_at.find(id);
+          started = std::max(started, at == ready_at.end() ? order.size() : at->second);
+          elements += memory::shape_numel(pg.params[size_t(id)].shape);
+        }
+        if (started + 1 >= out.posted.size()) break;
+        const size_t es = memory::dtype_size(pg.params[size_t(b.front())].dtype);
+        const int64_t sc = bucket_scratch(int(members.size()), to_servers, elements, es);
+        for (size_t d = started + 1; d < out.posted.size(); ++d) {
+          if (b.size() > 1) early[d] += rounded(elements * int64_t(es));
+          group_scratch[d] = std::max(group_scratch[d], sc);
+        }
+      }
+      for (size_t d = 0; d < early.size(); ++d) early[d] += group_scratch[d];
+    }
+    for (size_t d = 0; d < early.size(); ++d) {
+      out.posted[d] += early[d];
+      if (d < out.sending.size() && out.sending[d] > 0) out.sending[d] += early[d];
+    }
   }
   for (auto& [members, sh] : sharded) {
     const int n = int(members.size());

@@ -1019,6 +1019,15 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
         else
           m += kind == 0 ? own.forward_peak : own.backward_peak;
         peak = std::max(peak, m);
+        // The sends after it: its stage holds the micro-batch's stash after F, its W
+        // stash after B, nothing of it after W or BW.
+        if (pos < buffers.sending.size() && buffers.sending[pos] > 0) {
+          int64_t after = buffers.sending[pos];
+          for (const auto& [k, h] : held)
+            after += h.first * stages[size_t(k)].mb.stash + h.second * stages[size_t(k)].mb.w_stash;
+          after += kind == 0 ? own.stash : kind == 1 ? own.w_stash : 0;
+          peak = std::max(peak, after);
+        }
       });
   return persistent + buffers.loader + peak;
 }

@@ -200,6 +200,11 @@ struct RankBuffers {
   // rank's stages not yet taken, and the loader's micro-batches beyond those it holds
   // all the time.
   std::vector<int64_t> posted;
+  // Per action of the same list: at the sends right after it that send a value in blocks
+  // of rows (Executor::do_send copies each block while the whole value is still held),
+  // what the rank holds besides its stages' stashes: the whole values and their copies,
+  // the other sends held, the receives posted, the loader's and handed values; 0: none.
+  std::vector<int64_t> sending;
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the
 // posted receives' bytes at each action, or the step's end (the reduction, STEP, the
