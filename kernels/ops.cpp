@@ -666,7 +666,7 @@ cpu::AttentionShape check_attention(const char* op, const Tensor& qkv, const Ten
   check_dims(op, "lse", lse, {s.batch, s.heads, s.seq});
   BATON_NEED(opt.dropout >= 0 && opt.dropout < 1, op,
              "dropout must lie in [0, 1), got " + std::to_string(opt.dropout));
-  BATON_NEED(opt.scale >= 0, op, "scale must not be negative (0 means 1/sqrt(D))");
+  BATON_NEED(opt.scale.value_or(0) >= 0, op, "scale must not be negative");
   BATON_NEED(opt.batch_offset >= 0 && opt.head_offset >= 0, op, "offsets must not be negative");
   if (opt.global_batch > 0)
     BATON_NEED(opt.batch_offset + s.batch <= opt.global_batch, op,

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -144,7 +145,7 @@ struct AttentionOptions {
   // head (-1: head_offset / group, those of the local query heads; 0 when a tensor-parallel
   // rank holds all of them, replicated).
   int64_t kv_heads = 0, group = 0, kv_offset = -1;
-  double scale = 0;  // 0: 1/sqrt(D)
+  std::optional<double> scale;  // unset: 1/sqrt(D); 0 is a real scale (uniform weights)
   // Dropout on the attention probabilities; the logical tensor is [B_global, H_global, T, T]
   // and the local one starts at (batch_offset, head_offset, 0, 0).
   double dropout = 0;

@@ -498,7 +498,7 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s,
                        const AttentionOptions& opt) {
   const Geometry g = geometry_of(s, opt);
   const Dropout dr = make_dropout(opt, s.heads);
-  const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
+  const T scale = T(opt.scale.value_or(1.0 / std::sqrt(double(s.head_dim))));
   const int64_t pairs = s.batch * s.heads, blocks = (s.seq + kBlockQ - 1) / kBlockQ;
   // Costliest (last) query blocks first, so dynamic scheduling balances the causal work.
   auto run = [&](auto block) {
@@ -547,7 +547,7 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
                         const AttentionShape& s, const AttentionOptions& opt, bool accumulate) {
   const Geometry g = geometry_of(s, opt);
   const Dropout dr = make_dropout(opt, s.heads);
-  const T scale = T(opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(s.head_dim)));
+  const T scale = T(opt.scale.value_or(1.0 / std::sqrt(double(s.head_dim))));
   // One (batch, key/value head) pair per task: its dK and dV sum over all query blocks of
   // every query head of its group, which run one after the other.
   auto per_kv = [&](auto head) {

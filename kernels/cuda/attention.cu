@@ -242,7 +242,7 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   const Geometry g = check(op, qkv, opt, out, lse);
   if (g.B == 0 || g.T == 0) return;
   Launch l(out);
-  const float scale = opt.scale != 0 ? float(opt.scale) : float(1.0 / std::sqrt(double(g.D)));
+  const float scale = float(opt.scale.value_or(1.0 / std::sqrt(double(g.D))));
   const DropoutSpec dr = attn_dropout(opt, g.H);
   const AttentionImpl impl = g_impl.load();
   if (impl == AttentionImpl::cudnn) {
@@ -316,7 +316,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
           op, "dout must match out and dqkv qkv");
   if (g.B == 0 || g.T == 0) return;
   Launch l(dqkv);
-  const float scale = opt.scale != 0 ? float(opt.scale) : float(1.0 / std::sqrt(double(g.D)));
+  const float scale = float(opt.scale.value_or(1.0 / std::sqrt(double(g.D))));
   const DropoutSpec dr = attn_dropout(opt, g.H);
   const DType dt = qkv.dtype();
   const size_t es = memory::dtype_size(dt);

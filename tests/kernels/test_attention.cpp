@@ -19,7 +19,7 @@ Naive naive_attention(const Tensor& qkv, const AttentionOptions& opt) {
   const auto v = as_f64(qkv);
   const int64_t B = qkv.size(0), T = qkv.size(1), H = opt.heads, D = qkv.size(2) / (3 * H);
   const int64_t ld = 3 * H * D;
-  const double scale = opt.scale != 0 ? opt.scale : 1 / std::sqrt(double(D));
+  const double scale = opt.scale.value_or(1 / std::sqrt(double(D)));
   const int64_t Hg = opt.global_heads > 0 ? opt.global_heads : H;
   const uint32_t thr = random::dropout_threshold(opt.dropout);
   Naive r{std::vector<double>(size_t(B * T * H * D)), std::vector<double>(size_t(B * H * T))};
@@ -233,6 +233,32 @@ TEST(Attention, ResultsDoNotDependOnTheThreadCount) {
   o.heads = 4;
   o.dropout = 0.1;
   expect_attention_same_at_1_and_2_threads(qkv, g, o);
+}
+
+// scale 0 is a scale, not "the default": every visible key weighs the same, so output row i
+// is the mean of value rows 0..i (f64 and the f32 tile kernels, D = 32).
+TEST(Attention, ZeroScaleAveragesTheVisibleValues) {
+  std::mt19937_64 rng(test_seed(65));
+  const int64_t T = 70, H = 2, D = 32;
+  const Tensor qkv = randn({1, T, 3 * H * D}, rng);
+  AttentionOptions o;
+  o.heads = H;
+  o.scale = 0.0;
+  const auto v = as_f64(qkv);
+  std::vector<double> want(size_t(T * H * D));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t d = 0; d < D; ++d) {
+      double sum = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        sum += v[size_t(i * 3 * H * D + (2 * H + h) * D + d)];
+        want[size_t(i * H * D + h * D + d)] = sum / double(i + 1);
+      }
+    }
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor out = Tensor::empty({1, T, H * D}, dt), lse = Tensor::empty({1, H, T}, dt);
+    attention_forward(qkv.to(dt), o, out, lse);
+    EXPECT_LT(rel_error(as_f64(out), want), dt == DType::f64 ? 1e-13 : 1e-5) << dtype_name(dt);
+  }
 }
 
 TEST(Attention, RejectsBadShapes) {
