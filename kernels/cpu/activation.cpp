@@ -1,5 +1,7 @@
 // GELU (GPT-2's tanh form), ReLU, SiLU and the SwiGLU gate (LLaMA's MLP: silu(gate) *
 // up, fused so neither silu(gate) nor its gradient is ever stored), forward and backward.
+#include <type_traits>
+
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -11,27 +13,48 @@ namespace {
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
 
+// The float vexp saturates at exp(88.37) instead of overflowing, so the sigmoid
+// 1 / (1 + exp(-a)) of a < -88.37 bottoms out near 4e-39 rather than 0, and what multiplies
+// it by a large x came out finite and wrong (gelu'(-1e12) = -9e-4, silu(-1e38) = -0.4).
+// Past the saturation the true values are below 1e-35: 0, as torch's overflowing exp gives.
+// Double's std::exp overflows to inf and its sigmoid is 0 already.
+template <class V, class T>
+inline V zero_where_saturated(V a, V value) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr T kLim = -88.37f;  // vexp's clamp (vec_math.h), negated
+    if constexpr (std::is_same_v<V, T>)
+      return a < kLim ? T(0) : value;
+    else
+      return a < (V{} + kLim) ? V{} : value;  // lane by lane: no dependence on the split
+  } else {
+    return value;
+  }
+}
+
+template <class V, class T>
+inline V sigmoid_of(V x) {
+  return zero_where_saturated<V, T>(x, vrecip(T(1) + vexp(-x)));
+}
+
 // gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = c (x + a x^3); the sigmoid form
 // needs one exp and one reciprocal, and saturates correctly at both ends.
 // gelu'(x) = s + 2 x s (1 - s) c (1 + 3 a x^2), s = sigmoid(2u).
 template <class V, class T>
 inline V gelu_value(V x) {
   const V u = T(kGeluC) * (x + T(kGeluA) * x * x * x);
-  return x * vrecip(T(1) + vexp(T(-2) * u));
+  return x * sigmoid_of<V, T>(T(2) * u);
 }
 
+// The select is on the whole gradient: with s = 0, x^2 = inf (|x| > 1.8e19) would make NaN.
 template <class V, class T>
 inline V gelu_grad(V x) {
   const V u = T(kGeluC) * (x + T(kGeluA) * x * x * x);
   const V s = vrecip(T(1) + vexp(T(-2) * u));
-  return s + T(2) * x * s * (T(1) - s) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
+  return zero_where_saturated<V, T>(
+      T(2) * u, s + T(2) * x * s * (T(1) - s) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x));
 }
 
 // silu(x) = x s, s = sigmoid(x); silu'(x) = s (1 + x (1 - s)).
-template <class V, class T>
-inline V sigmoid_of(V x) {
-  return vrecip(T(1) + vexp(-x));
-}
 template <class V, class T>
 inline V silu_grad(V x) {
   const V s = sigmoid_of<V, T>(x);

@@ -140,6 +140,36 @@ TEST(Gelu, Float32IsAccurateOverAWideRange) {
     ASSERT_NEAR(b[i], a[i], 2e-6 * (1 + std::abs(a[i]))) << "x = " << xs[i];
 }
 
+// Far out on the negative side the float sigmoid used to bottom out at vexp's saturation
+// (about 4e-39) instead of 0, and multiplied by x^3 or x it gave gelu'(-1e12) = -9e-4,
+// gelu'(-1e13) = -0.9 and silu(-1e38) = -0.4; torch gives 0. Both the vector lanes and the
+// scalar tail (19 elements).
+TEST(Gelu, Float32GradientIsZeroFarOnTheNegativeSide) {
+  const std::vector<double> xs = {-90,   -100,  -1e4,  -1e8,  -1e10, -1e12, -1e13,
+                                  -1e15, -1e20, -1e25, -1e30, -1e32, -1e35, -1e36,
+                                  -1e37, -1e38, -3e38, -1e13, -1e38};
+  const Tensor x = Tensor::from_vector(xs, {int64_t(xs.size())}).to(DType::f32);
+  const Tensor dy = Tensor::full(x.shape(), 1.0, DType::f32);
+  Tensor g = Tensor::empty(x.shape(), DType::f32), s = Tensor::empty(x.shape(), DType::f32),
+         sf = Tensor::empty(x.shape(), DType::f32), dgate = Tensor::empty(x.shape(), DType::f32),
+         dup = Tensor::empty(x.shape(), DType::f32), y = Tensor::empty(x.shape(), DType::f32);
+  gelu_backward(x, dy, g, false);
+  silu_backward(x, dy, s, false);
+  silu_forward(x, sf);
+  gelu_forward(x, y);
+  swiglu_backward(x, dy, dy, dgate, dup, false, false);
+  const auto vg = as_f64(g), vs = as_f64(s), vsf = as_f64(sf), vdg = as_f64(dgate),
+             vdu = as_f64(dup), vy = as_f64(y);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_LT(std::abs(vg[i]), 1e-30) << "gelu' at x = " << xs[i];
+    EXPECT_LT(std::abs(vy[i]), 1e-30) << "gelu at x = " << xs[i];
+    EXPECT_LT(std::abs(vs[i]), 1e-30) << "silu' at x = " << xs[i];
+    EXPECT_LT(std::abs(vsf[i]), 1e-30) << "silu at x = " << xs[i];
+    EXPECT_LT(std::abs(vdg[i]), 1e-30) << "swiglu dgate at x = " << xs[i];
+    EXPECT_LT(std::abs(vdu[i]), 1e-30) << "swiglu dup at x = " << xs[i];
+  }
+}
+
 // The ops' results on 2, 3 and 5 threads against 1 thread's, bit for bit, at length n (a
 // length past every op's threading grain at 5 threads).
 void expect_same_at_1_2_3_5_threads(int64_t n, std::mt19937_64& rng) {
