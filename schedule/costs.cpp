@@ -60,7 +60,7 @@ void check_vector(const std::vector<double>& v, const std::string& name, int cou
   for (size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i]) || v[i] < 0)
       throw InputError("costs: " + name + "[" + std::to_string(i) +
-                       "]: expected a number >= 0, found " + std::to_string(v[i]));
+                       "]: expected a number >= 0, found " + detail::number(v[i]));
 }
 
 // Times up to kMaxCostSeconds and sizes up to 2^63 bytes: the simulator's sums of them

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "memory/error.h"
+#include "schedule/detail/util.h"
 #include "schedule/generators.h"
 
 namespace baton::schedule {
@@ -160,6 +161,7 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
                         const Costs* costs) {
   const int v = int(block.chunk_stage.empty() ? 0 : block.chunk_stage[0].size());
   check_common(name, p, m, std::max(v, 1));
+  check_name(name, "name");
   auto bad = [&](const std::string& why) { throw InputError(name + ": building block: " + why); };
   if (block.period < 1) bad("period: expected at least 1, found " + std::to_string(block.period));
   if (int(block.chunk_stage.size()) != p || int(block.forward.size()) != p ||
@@ -189,14 +191,14 @@ Schedule block_schedule(const std::string& name, int p, int m, const BuildingBlo
   s.ranks.resize(size_t(p));
   if (!(block.memory_limit >= 0))
     bad("memory_limit: expected 0 (none) or micro-batches > 0, found " +
-        std::to_string(block.memory_limit));
+        detail::number(block.memory_limit));
   if (block.memory_limit > 0) {
     // A rank never holds more than its m x v chunk activations: a larger limit (inf
     // too) is that one, and the int conversion stays in range.
     const int cap = int(std::min(block.memory_limit, double(m)) * v + 1e-9);
     if (cap < v)
       bad("memory_limit: expected at least 1 micro-batch (one activation per chunk), found " +
-          std::to_string(block.memory_limit));
+          detail::number(block.memory_limit));
     for (int r = 0; r < p; ++r)
       if (!std::is_sorted(block.chunk_stage[size_t(r)].begin(), block.chunk_stage[size_t(r)].end()))
         bad("rank " + std::to_string(r) +
@@ -335,7 +337,7 @@ Schedule v_shape_within(const std::string& name, int p, int m, const Costs& cost
   const int cap = memory_limit >= 1 ? int(std::min(memory_limit, double(m)) * 2 + 1e-9) : 0;
   if (cap < 2)
     throw InputError(name + ": memory limit: expected at least 1 micro-batch, found " +
-                     std::to_string(memory_limit));
+                     detail::number(memory_limit));
   BuildingBlock best;
   double best_time = -1;
   int last_lag = -1;

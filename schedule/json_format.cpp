@@ -144,6 +144,7 @@ Schedule from_json(const json& j, const std::string& source) {
       if (!j["name"].is_string())
         throw InputError("name: expected a string, found " + json_brief(j["name"]));
       s.name = j["name"].get<std::string>();
+      check_name(s.name, "name");
     }
     for (const char* k : {"ranks", "micro_batches", "placement", "actions"})
       if (!j.contains(k)) throw InputError(std::string(k) + ": missing (required)");

@@ -44,6 +44,14 @@ void assign_peers(Schedule& s) {
     for (Action& a : list) a.peer = is_transfer(a.kind) ? transfer_peer(s, a) : -1;
 }
 
+void check_name(const std::string& name, const std::string& what) {
+  const size_t at = name.find_first_of("\r\n");
+  if (at != std::string::npos)
+    throw InputError(what + ": expected a name on one line, found a " +
+                     (name[at] == '\n' ? "line feed" : "carriage return") + " at byte " +
+                     std::to_string(at));
+}
+
 bool has_transfers(const Schedule& s) {
   for (const auto& list : s.ranks)
     for (const Action& a : list)

@@ -73,6 +73,9 @@ int transfer_peer(const Schedule& s, const Action& a);
 void assign_peers(Schedule& s);
 // True when the schedule names its transfers (contains a SEND or RECV).
 bool has_transfers(const Schedule& s);
+// Throws InputError naming `what` when the name holds a line break (LF or CR): the text
+// form keeps the name on one line, so the forms could not convert into each other.
+void check_name(const std::string& name, const std::string& what);
 
 // ---- placements -----------------------------------------------------------------------
 

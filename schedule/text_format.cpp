@@ -113,6 +113,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
                          " of the line); the name is written into JSON, which holds only UTF-8");
       }
       s.name = std::string(rest);
+      check_name(s.name, where + ": name");
       continue;
     }
     if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);

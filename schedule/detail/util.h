@@ -61,6 +61,14 @@ inline std::string format_number(const char* format, double v) {
   return out;
 }
 
+// A number in an error message: the shortest text that reads back as it, as fmt's "{}"
+// writes it (-1, 0.5, nan; std::to_string's %f had printed -1.000000 and 1e-9 as 0.000000).
+inline std::string number(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
 // The largest stage or micro-batch number a token takes: the JSON form's bound.
 inline constexpr int64_t kMaxIndex = int64_t(1) << 30;
 

@@ -194,6 +194,52 @@ class Schedules(unittest.TestCase):
         back, _, kept = baton.parse_csv(baton.to_csv(s, "current", [[(0, "  ")], []]))
         self.assertEqual(kept, [[(0, "  ")], []])
 
+    def test_given_peers_names_and_counts_are_checked(self):
+        # A given peer is kept for the validator, as the JSON reader keeps it (Schedule had
+        # overwritten it from the placement); a peer on an F is refused, as there.
+        A = baton.Action
+        low = baton.lower(baton.generate("1f1b", 2, 2))
+        acts = [list(low.actions(0)), list(low.actions(1))]
+        acts[0][1] = A("SEND_F", 0, 0, peer=0)
+        s = baton.Schedule(acts)
+        self.assertEqual(s.actions(0)[1].peer, 0)
+        with self.assertRaisesRegex(baton.ScheduleError,
+                                    "peer 0, but the placement puts stage 1 on rank 1"):
+            baton.validate(s)
+        self.assertEqual(baton.Schedule([list(low.actions(0)), list(low.actions(1))], name="1f1b"), low)
+        with self.assertRaisesRegex(baton.InputError,
+                                    r"rank 0, action 0\.peer: only sends and receives have a peer"):
+            baton.Schedule([[A("F", 0, 0, peer=3), "0BW0"]])
+        # A name with a line break could not come back from the text form: refused.
+        for bad in ("line one\nline two", "a\rb"):
+            with self.assertRaisesRegex(baton.InputError, "name: expected a name on one line"):
+                baton.Schedule([["0F0", "0BW0"]], name=bad)
+            t = baton.generate("1f1b", 2, 2)
+            with self.assertRaisesRegex(ValueError, "name: expected a name on one line"):
+                t.name = bad
+            j = json.loads(t.to_json())
+            j["name"] = bad
+            with self.assertRaisesRegex(baton.InputError, "name: expected a name on one line"):
+                baton.parse_json(json.dumps(j))
+        # A bool is no count (Python makes it an int).
+        with self.assertRaises(TypeError):
+            baton.generate("1f1b", True, 8)
+        with self.assertRaises(TypeError):
+            baton.Schedule([["0F0", "0BW0"]], micro_batches=True)
+        with self.assertRaises(TypeError):
+            baton.auto_schedule(True, 8)
+        self.assertEqual(baton.generate("1f1b", np.int64(2), 4).num_ranks, 2)
+        # Numbers in messages as Python writes them, one "costs:" prefix.
+        sim = baton.Simulator(baton.generate("1f1b", 2, 4))
+        with self.assertRaisesRegex(baton.InputError, r"^costs: forward\[0\]: expected a number >= 0, found -1$"):
+            sim.run_stages(-1, 1, 1)
+        with self.assertRaisesRegex(baton.InputError, r"^costs: forward: expected a finite number, found nan$"):
+            sim.run_stages(float("nan"), 1, 1)
+        v = baton.v_block("v-min", 2)
+        with self.assertRaisesRegex(baton.InputError, r"memory_limit: .*found -1$"):
+            baton.block_schedule("b", 2, 4, v["period"], v["chunk_stage"], v["forward"],
+                                 v["backward"], memory_limit=-1)
+
     def test_validate_raises_schedule_error_with_position(self):
         s = baton.Schedule([["0F0", "0BW0"], ["1BW0", "1F0"]])
         with self.assertRaises(baton.ScheduleError) as e:
@@ -334,11 +380,11 @@ print("ok")
                          baton.simulate(s, sizes).peak_bytes)
         # run_stages takes the cost files' bound on a time (1e308 had given inf and NaN).
         sim = baton.Simulator(s)
-        with self.assertRaisesRegex(baton.InputError, r"^forward: expected at most 1e9 .*found 1e\+308"):
+        with self.assertRaisesRegex(baton.InputError, r"^costs: forward: expected at most 1e9 .*found 1e\+308"):
             sim.run_stages(1e308, 1e308, 1)
-        with self.assertRaisesRegex(baton.InputError, r"^backward_input\[2\]: expected at most 1e9"):
+        with self.assertRaisesRegex(baton.InputError, r"^costs: backward_input\[2\]: expected at most 1e9"):
             sim.run_stages(1, np.array([1, 1, 2e9, 1]), 1)
-        with self.assertRaisesRegex(baton.InputError, r"^backward_weight\[1\]: expected a finite number"):
+        with self.assertRaisesRegex(baton.InputError, r"^costs: backward_weight\[1\]: expected a finite number"):
             sim.run_stages(1, 1, [1, float("nan"), 1, 1])
         self.assertEqual(sim.run_stages(1e9, 1, 1)[0], sim.run_stages(np.full(4, 1e9), 1, 1)[0])
         # A per-rank memory limit refuses inf as one number does.

@@ -36,6 +36,33 @@ using namespace baton::schedule;
 using baton::InputError;
 
 namespace baton::python {
+// A count argument (ranks, micro-batches, ...): an int as pybind11 takes one, but not a
+// bool, which Python makes an int subclass (generate("1f1b", True, 8) had been 1 rank).
+// A bool fails the overload: TypeError.
+struct Count {
+  int value = 0;
+  operator int() const { return value; }  // NOLINT(google-explicit-constructor)
+};
+}  // namespace baton::python
+
+namespace pybind11::detail {
+template <>
+struct type_caster<baton::python::Count> {
+  PYBIND11_TYPE_CASTER(baton::python::Count, const_name("int"));
+  bool load(handle src, bool convert) {
+    if (!src || PyBool_Check(src.ptr())) return false;
+    make_caster<int> inner;
+    if (!inner.load(src, convert)) return false;
+    value.value = cast_op<int>(inner);
+    return true;
+  }
+  static handle cast(baton::python::Count c, return_value_policy, handle) {
+    return PyLong_FromLong(c.value);
+  }
+};
+}  // namespace pybind11::detail
+
+namespace baton::python {
 
 namespace {
 
@@ -70,7 +97,8 @@ std::vector<double> as_vector(const py::object& o, const std::string& what,
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = one ? what : what + "[" + std::to_string(i) + "]";
     if (!std::isfinite(v[i]))
-      throw InputError(at + ": expected a finite number, found " + std::to_string(v[i]));
+      throw InputError(at + ": expected a finite number, found " +
+                       std::string(py::str(py::float_(v[i]))));
     if (v[i] > max)
       throw InputError(at + ": expected at most " + max_text + ", found " +
                        std::string(py::str(py::float_(v[i]))));
@@ -337,8 +365,10 @@ PYBIND11_MODULE(baton, m) {
       "A schedule: per rank an ordered list of actions, and the placement "
       "of stages on ranks.")
       .def(py::init([](const py::sequence& ranks, std::optional<std::vector<int>> placement,
-                       std::optional<int> micro_batches, int directions, const std::string& name) {
+                       std::optional<Count> micro_batches, Count directions,
+                       const std::string& name) {
              Schedule s;
+             check_name(name, "Schedule: name");
              s.name = name;
              s.num_directions = directions;
              int max_stage = -1, max_mb = -1;
@@ -356,6 +386,14 @@ PYBIND11_MODULE(baton, m) {
                    continue;
                  }
                  list.push_back(action_from(h, where));
+                 // As the JSON reader: a given peer is kept (the validator checks it
+                 // against the placement), and only transfers have one.
+                 const Action& a = list.back();
+                 if (a.peer != -1 && !is_transfer(a.kind))
+                   throw InputError(where + ".peer: only sends and receives have a peer");
+                 if (a.peer < -1)
+                   throw InputError(where + ".peer: expected a rank or -1 (none), found " +
+                                    std::to_string(a.peer));
                }
                for (const Action& a : list) {
                  max_stage = std::max(max_stage, a.stage);
@@ -367,18 +405,25 @@ PYBIND11_MODULE(baton, m) {
              const int p = std::max(1, s.num_ranks);
              s.placement =
                  placement ? *placement : loop_placement(p, std::max(1, (max_stage + p) / p));
-             const int d = std::max(1, directions);
+             const int d = std::max(1, int(directions));
              s.num_micro_batches =
-                 micro_batches ? *micro_batches : std::max(1, (max_mb + d) / d * d);
+                 micro_batches ? int(*micro_batches) : std::max(1, (max_mb + d) / d * d);
              check_header(s, "Schedule");
-             assign_peers(s);
+             for (auto& list : s.ranks)
+               for (Action& a : list)
+                 if (is_transfer(a.kind) && a.peer < 0) a.peer = transfer_peer(s, a);
              return s;
            }),
            py::arg("ranks"), py::arg("placement") = py::none(),
            py::arg("micro_batches") = py::none(), py::arg("directions") = 1, py::arg("name") = "",
            "Builds a schedule from per-rank lists of tokens ('1F3', '(0F7;7BW3)'), "
            "baton.Action objects or (kind, micro_batch, stage) tuples.")
-      .def_readwrite("name", &Schedule::name)
+      .def_property(
+          "name", [](const Schedule& s) { return s.name; },
+          [](Schedule& s, const std::string& name) {
+            check_name(name, "name");
+            s.name = name;
+          })
       .def_readonly("num_ranks", &Schedule::num_ranks)
       .def_readonly("num_micro_batches", &Schedule::num_micro_batches)
       .def_readonly("num_directions", &Schedule::num_directions)
@@ -511,7 +556,7 @@ PYBIND11_MODULE(baton, m) {
   m.def("schedule_names", &all_schedule_names);
   m.def(
       "generate",
-      [](const std::string& name, int p, int mb, int v) {
+      [](const std::string& name, Count p, Count mb, Count v) {
         py::gil_scoped_release release;
         return generate(name, p, mb, v);
       },
@@ -519,7 +564,7 @@ PYBIND11_MODULE(baton, m) {
       "one of schedule_names() for p ranks and m micro-batches (chunks: stages per rank)");
   m.def(
       "v_block",
-      [](const std::string& kind, int p) {
+      [](const std::string& kind, Count p) {
         const BuildingBlock b = v_block(kind, p);
         py::dict d;
         d["period"] = b.period;
@@ -533,7 +578,7 @@ PYBIND11_MODULE(baton, m) {
       "the named building block (v-min, v-half, v-zb) as a dict block_schedule takes");
   m.def(
       "block_schedule",
-      [](const std::string& name, int p, int mb, int period,
+      [](const std::string& name, Count p, Count mb, Count period,
          std::vector<std::vector<int>> chunk_stage, std::vector<std::vector<int>> forward,
          std::vector<std::vector<int>> backward, std::vector<std::vector<int>> weight,
          double memory_limit) {
@@ -714,9 +759,10 @@ PYBIND11_MODULE(baton, m) {
               v = as_vector(o, what, kMaxCostSeconds, "1e9 (a cost file's bound: 1e9 s)");
               if (v.size() == 1) v.assign(size_t(S), v[0]);
             };
-            fill(f, c.forward, "forward");
-            fill(b, c.backward_input, "backward_input");
-            fill(w, c.backward_weight, "backward_weight");
+            // "costs: " as the cost checks' own messages (a negative one) begin.
+            fill(f, c.forward, "costs: forward");
+            fill(b, c.backward_input, "costs: backward_input");
+            fill(w, c.backward_weight, "costs: backward_weight");
             py::gil_scoped_release release;
             const std::lock_guard<std::mutex> lock(self.mutex);
             const SimResult& r = self.sim.run(c);
@@ -727,7 +773,7 @@ PYBIND11_MODULE(baton, m) {
 
   m.def(
       "auto_schedule",
-      [](int p, int mb, const py::object& costs, const py::object& memory_limit, bool in_bytes,
+      [](Count p, Count mb, const py::object& costs, const py::object& memory_limit, bool in_bytes,
          const std::string& objective) {
         AutoOptions o;
         o.num_ranks = p;
