@@ -368,6 +368,32 @@ std::map<int, int64_t> sharded_parts(const ResolvedPlan& r, int rank, const Grap
   return out;
 }
 
+// A post-validated step copies what its update overwrites first: the elements of each
+// trainable parameter it updates and their optimizer state (Executor::save_update_point),
+// one tensor each, on every stage of the rank holding it. Under ZeRO, of a sharded
+// parameter the rank's own part as the engine lays it out (sharded_parts; none of an empty
+// part); one that zero1 leaves whole (tied over pipeline ranks, a DualPipe chunk's) whole
+// (counted as 1/dp, GPT-2's tied wte of 4096 x 64 had been 1.5 MiB under). 0 for a
+// synchronous step.
+int64_t update_point_bytes(const ResolvedPlan& r, int rank, const Graph& pg, size_t bucket_bytes) {
+  const Plan& p = r.plan;
+  if (!p.post_validated_step) return 0;
+  const int states = optimizer_states(p.optimizer);
+  const std::map<int, int64_t> parts = sharded_parts(r, rank, pg, bucket_bytes);
+  int64_t bytes = 0;
+  for (int s : r.stages_of(r.layout.coord(rank).pp)) {
+    const int k = r.chunk_of_stage[size_t(s)];
+    for (int id : pg.params_used(r.chunk_first[size_t(k)], r.chunk_last[size_t(k)])) {
+      const stages::Param& prm = pg.params[size_t(id)];
+      if (!prm.trainable) continue;
+      const auto part = parts.find(id);
+      const int64_t n = part == parts.end() ? memory::shape_numel(prm.shape) : part->second;
+      if (n > 0) bytes += int64_t(1 + states) * rounded(n * int64_t(memory::dtype_size(prm.dtype)));
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
@@ -814,27 +840,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   out.step = at_end + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                          size_t(slots), 8, r.world()));
-  // A post-validated step copies what its update overwrites first: the elements of each
-  // trainable parameter it updates and their optimizer state (Executor::save_update_point),
-  // one tensor each. Under ZeRO, of a sharded parameter the replica's part as the engine
-  // lays it out (sharded_parts; none of an empty part); one that zero1 leaves whole (tied
-  // over pipeline ranks, a DualPipe chunk's) whole (counted as 1/dp, GPT-2's tied wte of
-  // 4096 x 64 had been 1.5 MiB under).
-  if (p.post_validated_step) {
-    const int states = optimizer_states(p.optimizer);
-    const std::map<int, int64_t> parts = sharded_parts(r, rank, pg, o.bucket_bytes);
-    for (int s : r.stages_of(pp)) {
-      auto [a, b] = chunk(s);
-      for (int id : pg.params_used(a, b)) {
-        const stages::Param& prm = pg.params[size_t(id)];
-        if (!prm.trainable) continue;
-        const auto part = parts.find(id);
-        const int64_t n = part == parts.end() ? memory::shape_numel(prm.shape) : part->second;
-        if (n > 0)
-          out.step += int64_t(1 + states) * rounded(n * int64_t(memory::dtype_size(prm.dtype)));
-      }
-    }
-  }
+  out.step += update_point_bytes(r, rank, pg, o.bucket_bytes);
   return out;
 }
 
@@ -1112,6 +1118,9 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     return o;
   };
   std::map<int, OwnSharding> own_of_position;  // by replica 0's rank
+  // Replica 0's buffers where a replica's differ: a post-validated step's copy of the
+  // rank's own parts under ZeRO (update_point_bytes). By replica 0's rank.
+  std::map<int, RankBuffers> buffers_of_position;
   for (int rank = 0; rank < r.layout.world(); ++rank) {
     // The replicas of one position (pipeline rank, tensor-parallel index, tile) hold the
     // same stages and buffers, their groups the same sizes: replica 0's estimate (ranks
@@ -1128,6 +1137,18 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         re.grad_bytes += mine.grads - theirs.grads;
         re.optimizer_bytes += mine.optimizer - theirs.optimizer;
         re.peak += mine.grads + mine.optimizer - theirs.grads - theirs.optimizer;
+        // Its own parts also size the step's copy, so the step's end may be its peak where
+        // it was not replica 0's (DualPipeV at PP 2 x DP 2 under zero1, both outer chunks
+        // recomputed: replica 1 copies the whole tied wte twice, replica 0 none of it, and
+        // had been 29,056 bytes under its measured peak).
+        if (auto it = buffers_of_position.find(first); it != buffers_of_position.end()) {
+          RankBuffers b = it->second;
+          const Graph& pgc = graph_of(c.pp);
+          b.step += update_point_bytes(r, rank, pgc, options.bucket_bytes) -
+                    update_point_bytes(r, first, pgc, options.bucket_bytes);
+          re.peak = mine.grads + mine.optimizer + rank_peak(r.schedule, c.pp, stage_mem, b);
+          re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
+        }
       }
       e.ranks.push_back(std::move(re));
       continue;
@@ -1174,11 +1195,13 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
     re.grad_bytes += own.grads;
     re.optimizer_bytes += own.optimizer;
-    re.peak =
-        own.grads + own.optimizer +
-        (options.exact_memory ? rank_peak(r.schedule, re.coord.pp, stage_mem,
-                                          rank_buffers(r, rank, graph_of(re.coord.pp), options))
-                              : rank_peak(r.schedule, re.coord.pp, stage_mem));
+    if (options.exact_memory) {
+      const RankBuffers b = rank_buffers(r, rank, graph_of(re.coord.pp), options);
+      if (sharding && p.post_validated_step) buffers_of_position[rank] = b;
+      re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem, b);
+    } else {
+      re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem);
+    }
     re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
     re.busy_fraction = e.step_time > 0 ? re.compute_time / e.step_time : 0;
     e.dp_bytes_per_step = std::max(e.dp_bytes_per_step, re.dp_bytes);

@@ -71,7 +71,9 @@ TEST(MemoryAccuracy, PostValidatedStep) {
 // vocabulary of 4096), every DualPipe chunk. Taken as 1/dp of every parameter, these
 // estimates had been 17-27% under (1F1B with every stage recomputed, where the step is
 // the peak; DualPipe under zero1 and zero2). DualPipeV under zero1 with its outer chunks
-// recomputed is still 3.4% under on its third rank (docs/partitioner.md), not tested here.
+// recomputed: the replicas of a pipeline rank copy different parts (here the second copies
+// the tied wte whole on both its chunks, the first none of it), and the second's estimate,
+// replica 0's with its own parts of the state only, had been 3.4% under (29,056 bytes).
 TEST(MemoryAccuracy, PostValidatedStepUnderZero) {
   auto with_stages = [](std::vector<std::pair<int, bool>> stages) {
     json out = {{"optimizer_step", "post-validated"}, {"stages", json::array()}};
@@ -97,6 +99,9 @@ TEST(MemoryAccuracy, PostValidatedStepUnderZero) {
   expect_accurate(dual, with_stages({{4, false}, {4, false}}));
   dual.optimizer_sharding = "zero2";
   expect_accurate(dual, with_stages({{4, false}, {4, true}}));
+  dual.schedule = "dualpipev";
+  dual.optimizer_sharding = "zero1";
+  expect_accurate(dual, with_stages({{2, true}, {2, false}, {2, false}, {2, true}}));
 }
 
 // A parameter server with staleness: each replica's s pulls in flight of the parameters
