@@ -393,7 +393,9 @@ const SimResult& Simulator::sweep() {
       end_[size_t(u)] = t + scale_[size_t(u)] * c.step_time(rank_[size_t(u)]);
       reached = std::max(reached, t);
     }
-    const double norm_known = reached + c.latency;
+    // One rank holds every gradient: its norm is known with no message (a one-device plan
+    // had taken --p2p-latency into its step).
+    const double norm_known = reached + (s_->num_ranks > 1 ? c.latency : 0.0);
     for (int u : step_pos_) {
       const double e = c.post_validated_step
                            ? end_[size_t(u)]

@@ -12,10 +12,11 @@ struct MicroBatch {
   int64_t sample_offset = 0;  // global index of its first sample in the step's global batch
   int64_t samples = 0;        // its number of samples (the leading dimension of its tensors)
   int64_t global_batch = 0;   // samples in the step's global batch (0: = samples)
-  // Targets the loss counts over the step's WHOLE global batch (ignored targets excluded).
-  // The loss of a micro-batch is sum(CE) / loss_tokens, so the K micro-batches of a step
-  // (on any number of data-parallel ranks) add up to the mean over the global batch and
-  // so do their gradients. 0: count this micro-batch's own targets (evaluation).
+  // The targets of the step's WHOLE global batch (samples x targets a sample; no data
+  // path holds an ignored, negative one: tokens and labels are checked against the
+  // model). The loss of a micro-batch is sum(CE) / loss_tokens, so the K micro-batches of
+  // a step (on any number of data-parallel ranks) add up to the mean over the global
+  // batch and so do their gradients. 0: count this micro-batch's own non-ignored targets.
   double loss_tokens = 0;
   int64_t step = 0;  // the training step: dropout masks differ from step to step
   // Dynamic loss scaling (fp16; kernels/mixed_precision.h's LossScaler): the loss's

@@ -1022,7 +1022,10 @@ TEST(Evaluate, SendsAnsweredBeforeTheNextComputeAreDone) {
   // GPipe: F0 SEND_F0 F1 SEND_F1 RECV_B0 BW0 RECV_B1 BW1 (the peer's B0 after both F).
   const RankBuffers gpipe = posted("gpipe", 2);
   ASSERT_EQ(gpipe.posted.size(), 4u);
-  const int64_t tokens = gpipe.loader / 2;  // two micro-batches of token ids held throughout
+  // A micro-batch of int32 token ids ([8, 64]); the loader holds two throughout, and the
+  // unread targets of the one it makes.
+  const int64_t tokens = 8 * 64 * 4;
+  EXPECT_EQ(gpipe.loader, 3 * tokens);
   EXPECT_EQ(gpipe.posted, (std::vector<int64_t>{2 * a + tokens, 3 * a, a, 0}));
   // 1F1B: F0 SEND_F0 F1 SEND_F1 RECV_B0 BW0 RECV_B1 BW1 (the peer's B0 before its F1).
   const RankBuffers f1b1 = posted("1f1b", 2);

@@ -280,6 +280,14 @@ TEST(Simulate, SynchronousAndPostValidatedSteps) {
   for (int r = 0; r < 4; ++r)
     reached_slow = std::max(reached_slow, simr.start_time(r, int(s.ranks[size_t(r)].size()) - 1));
   EXPECT_DOUBLE_EQ(slow, reached_slow + 5);
+  // One rank holds every gradient: no message, no latency (a one-device plan's predicted
+  // step had grown by --p2p-latency).
+  Schedule one = lower(generate("1f1b", 1, 2));
+  Costs c1 = resolve(spec_fbw(1, 1, 1), one);
+  c1.optimizer_step = 2;
+  const double alone = simulate(one, c1).makespan;
+  c1.latency = 5;
+  EXPECT_DOUBLE_EQ(simulate(one, c1).makespan, alone);
   // The cost file's key.
   CostSpec f = parse_costs(R"({"forward": 1, "backward_input": 1, "backward_weight": 1,
       "optimizer_step_mode": "post-validated"})",
