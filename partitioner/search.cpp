@@ -323,6 +323,11 @@ class Search {
     if (o_.dp == 1 && o_.dp_sync.mode != DpSync::Mode::allreduce)
       throw InputError("--dp-sync: " + mode +
                        " synchronises data-parallel replicas, and --dp 1 has none");
+    // As --dp-sync: a dp-1 plan is written without sharding, so the flag had been dropped.
+    if (o_.dp == 1 && o_.optimizer_sharding != OptimizerSharding::none)
+      throw InputError("--optimizer-sharding: " + sharding +
+                       " shards the optimizer state over data-parallel replicas, and --dp 1 has "
+                       "none");
     if (o_.micro_batches > schedule::kMaxGeneratedMicroBatches)
       throw InputError("--micro-batches: expected at most " +
                        std::to_string(schedule::kMaxGeneratedMicroBatches) +

@@ -305,14 +305,16 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
   const uint64_t need = positions > 0 ? positions - 1 : 0;
   Generator gen(stage, int64_t(std::min<uint64_t>(positions, uint64_t(INT64_MAX))));
   if (need > uint64_t(gen.capacity()))
-    throw InputError("generation: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
-                     std::to_string(max_new) + " new tokens need " + std::to_string(need) +
-                     " positions; the model's context holds " + std::to_string(gen.capacity()) +
-                     (int64_t(prompt.size()) < gen.capacity()
-                          ? " (at most " +
-                                std::to_string(gen.capacity() - int64_t(prompt.size()) + 1) +
-                                " new tokens after this prompt)"
-                          : ""));
+    throw InputError(
+        "generation: a prompt of " + std::to_string(prompt.size()) + " tokens and " +
+        std::to_string(max_new) + " new tokens need " + std::to_string(need) +
+        " positions; the model's context holds " + std::to_string(gen.capacity()) +
+        // The position table bounds generation, not the training window.
+        (spec_of(stage.graph()).llama ? " (its max_position_embeddings)" : " (its n_positions)") +
+        (int64_t(prompt.size()) < gen.capacity()
+             ? " (at most " + std::to_string(gen.capacity() - int64_t(prompt.size()) + 1) +
+                   " new tokens after this prompt)"
+             : ""));
   uint64_t rng = opt.seed;
   std::vector<int32_t> out;
   std::vector<float> logits = gen.feed(prompt);

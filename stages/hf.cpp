@@ -14,10 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string_view>
 
 #include "memory/file_io.h"
+#include "stages/checkpoint.h"
 #include "stages/json_reader.h"
 #include "stages/model.h"
 #include "stages/shorthands.h"
@@ -82,6 +84,42 @@ bool stale_staging(const std::string& name) {
     return false;
   const pid_t pid = pid_t(std::stol(digits));
   return pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+// The step a name of baton's checkpoint steps ("step-00000010") stands for, else none.
+std::optional<int64_t> checkpoint_step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() > 23) return std::nullopt;
+  const std::string digits = name.substr(5);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const int64_t step = std::stoll(digits);
+  if (fs::path(checkpoint_dir("", step)).filename() != name) return std::nullopt;
+  return step;
+}
+
+// An export under a step's name in a checkpoint directory is the checkpoints' to clear: a
+// run that resumes and saves that step had removed it with no word. A step directory
+// without manifest.json (an interrupted save) counts as a checkpoint too.
+void refuse_checkpoint_step_name(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  if (!checkpoint_step_of(name)) return;
+  std::error_code ec;
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string other = e.path().filename().string();
+    if (other == name || !checkpoint_step_of(other) || !e.is_directory(ec)) continue;
+    throw InputError(dir + ": a checkpoint step's name in a directory of checkpoints (" + other +
+                     (fs::exists(e.path() / "manifest.json", ec) ? "" : ", unfinished") +
+                     "), which a resumed run clears when it saves that step; export to a "
+                     "directory of its own");
+  }
+  if (fs::is_directory(p, ec) && !fs::exists(p / "config.json", ec) && !fs::is_empty(p, ec))
+    throw InputError(dir +
+                     ": a checkpoint step's name holding files but no manifest.json or "
+                     "config.json (an interrupted checkpoint save?); export to a directory of "
+                     "its own");
 }
 }  // namespace
 
@@ -603,6 +641,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     if (e.is_directory(ec) && fs::exists(e.path() / "manifest.json", ec))
       throw InputError(dir + ": holds baton checkpoints (" + e.path().filename().string() +
                        "); export to a directory of its own");
+  refuse_checkpoint_step_name(dir);
   const bool existed = fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
@@ -710,8 +749,11 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     const std::string name = e.path().filename().string();
     unsigned a = 0, b = 0;
     char rest = 0;
+    // generation_config.json too: its eos_token_id and sampling defaults are the earlier
+    // model's, and it overrides config.json's for transformers and baton generate.
     const bool ours =
         name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        name == "generation_config.json" ||
         (std::sscanf(name.c_str(), "model-%5u-of-%5u.safetensor%c", &a, &b, &rest) == 3 &&
          rest == 's' && name.size() == 32);
     if (ours && std::find(written.begin(), written.end(), name) == written.end()) {

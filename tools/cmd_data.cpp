@@ -163,6 +163,11 @@ int run_inspect(const std::vector<std::string>& args) {
     return 0;
   }
   auto s = stages::open_token_store(path, format, token_dtype);
+  // Text data's ids are its bytes, shown as text already: SentencePiece would have decoded
+  // them as piece ids and printed other text.
+  if (s->format() == "text" && !tokenizer.empty())
+    throw InputError(path + ": text data (every byte a token) takes no --tokenizer, found '" +
+                     tokenizer + "'; its bytes are shown as text without one");
   if (vocab > 0) s->check_vocabulary(vocab);
   spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
                vocab > 0 ? ", every token checked against the vocabulary" : "",
@@ -276,6 +281,10 @@ int run_prepare(const std::vector<std::string>& args) {
   if (!in) throw InputError(input + ": cannot open file (missing or unreadable)");
   // JSON Lines under either name, as tools/hf_tokenize.py reads them (docs/formats/data.md).
   const bool jsonl = input.ends_with(".jsonl") || input.ends_with(".json");
+  // A text corpus's lines are documents as they are: the key had been ignored.
+  if (!jsonl && !vm["json-key"].defaulted())
+    throw InputError("--json-key applies to .jsonl or .json input (JSON Lines), found --input " +
+                     input + " (a text file: a document per line)");
   check_output_prefix(out);
   stages::IndexedDatasetWriter w(out, type);
   std::string line;

@@ -82,18 +82,24 @@ int run_generate(const std::vector<std::string>& args) {
                      (std::isnan(temperature) ? std::string("nan") : std::to_string(temperature)));
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0");
   if (!(top_p > 0 && top_p <= 1)) throw InputError("--top-p: expected a value in (0, 1]");
-  if (temperature == 0 && (top_k != 0 || top_p != 1))
-    throw InputError(std::string(top_k != 0 ? "--top-k" : "--top-p") +
+  // Greedy decoding draws nothing: a seed there would change nothing, as top-k/top-p.
+  const bool seed_given = !vm["seed"].defaulted();
+  if (temperature == 0 && (top_k != 0 || top_p != 1 || seed_given))
+    throw InputError(std::string(top_k != 0   ? "--top-k"
+                                 : top_p != 1 ? "--top-p"
+                                              : "--seed") +
                      " only acts when sampling: give --temperature above 0 (0 is greedy)");
   if (bos != "auto" && bos != "yes" && bos != "no")
     throw InputError("--bos: expected yes, no or auto, found '" + bos + "'");
+  // With a tokenizer too: --bos had been applied to text prompts only, and ignored here.
+  if (bos != "auto" && !text_prompt)
+    throw InputError("--bos " + bos +
+                     " applies to a --prompt text: ids given by --prompt-ids are taken as they "
+                     "are (begin them with the beginning-of-sequence id to start with one)");
   if (bos != "auto" && tokenizer.empty())
-    throw InputError(text_prompt
-                         ? "--bos " + bos +
-                               " needs --tokenizer: the beginning-of-sequence id is the "
-                               "tokenizer's (a --prompt without one is taken byte by byte)"
-                         : "--bos needs --tokenizer (ids given by --prompt-ids are taken as they "
-                           "are)");
+    throw InputError("--bos " + bos +
+                     " needs --tokenizer: the beginning-of-sequence id is the tokenizer's (a "
+                     "--prompt without one is taken byte by byte)");
   // An empty text is a prompt only through a tokenizer's beginning-of-sequence id (--bos);
   // otherwise it would feed nothing. Refused before the model is read.
   if (text_prompt && prompt.empty() && (tokenizer.empty() || bos == "no"))
@@ -169,7 +175,13 @@ int run_generate(const std::vector<std::string>& args) {
 #ifdef BATON_HAVE_SENTENCEPIECE
   if (have_sp) tokenizer_eos = int32_t(sp.eos_id());
 #endif
-  const std::vector<int32_t> stop = ignore_eos ? std::vector<int32_t>{} : m.stop_ids(tokenizer_eos);
+  const std::vector<int32_t> known_stop = m.stop_ids(tokenizer_eos);
+  // Not an error: the output is the same either way, but the user may expect an EOS.
+  if (ignore_eos && known_stop.empty())
+    spdlog::warn(
+        "--ignore-eos: no end-of-sequence id is known (none in the model's config, and no "
+        "--tokenizer), so there is none to ignore: generation runs to --max-new-tokens anyway");
+  const std::vector<int32_t> stop = ignore_eos ? std::vector<int32_t>{} : known_stop;
   stages::SampleOptions so{temperature, top_k, top_p, seed};
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> out = stages::generate(stage, ids, max_new, so, stop);

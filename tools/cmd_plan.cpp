@@ -3,6 +3,7 @@
 // layers, parameters, estimated memory and time; what does not fit and by how much.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -24,11 +25,36 @@ namespace {
 
 namespace pt = baton::partitioner;
 
-int check(const std::string& path, const pt::Machine& machine, const pt::MeasuredCosts* measured,
-          const std::string& measured_path, std::optional<int64_t> device_memory) {
+// Machine flags that the estimate never reads here had been accepted without a word.
+void warn_unused_machine_flags(const po::variables_map& vm, const pt::Machine& machine,
+                               const pt::MeasuredCosts* measured, const stages::Graph& g) {
+  // Ranks per host pick a cost file's co-located slowdown and its threads' warning, and
+  // which ranks share the host's cores: with neither a cost file nor cores, nothing.
+  if (!vm["ranks-per-host"].defaulted() && measured == nullptr && machine.cores_per_host == 0)
+    spdlog::warn(
+        "--ranks-per-host has no effect without --costs or --cores-per-host: it picks the "
+        "slowdown of ranks sharing a host from a cost file's colocated table (baton profile "
+        "--colocated), and which ranks share a host's cores");
+  if (measured != nullptr && !vm["flops"].defaulted()) {
+    // --flops times only the ops the cost file lacks.
+    const bool all = std::all_of(g.nodes.begin(), g.nodes.end(), [&](const stages::Node& n) {
+      auto it = measured->ops.find(n.name);
+      return it != measured->ops.end() && it->second.op == n.op;
+    });
+    if (all)
+      spdlog::warn(
+          "--flops has no effect: the --costs file times every op of the model, and --flops "
+          "times only the ops a cost file lacks");
+  }
+}
+
+int check(const std::string& path, const po::variables_map& vm, const pt::Machine& machine,
+          const pt::MeasuredCosts* measured, const std::string& measured_path,
+          std::optional<int64_t> device_memory) {
   pt::Plan plan = pt::read_plan(path);
   if (device_memory) plan.device_memory = *device_memory;
   auto graph = pt::load_plan_model(plan);
+  warn_unused_machine_flags(vm, machine, measured, *graph);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
   pt::CostModel model(graph, machine, measured);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
@@ -120,7 +146,7 @@ int run_plan(const std::vector<std::string>& args) {
     }
     std::optional<int64_t> cap;
     if (!device_memory.empty()) cap = int64_t(parse_bytes_option("--device-memory", device_memory));
-    return check(check_path, machine, mp, costs, cap);
+    return check(check_path, vm, machine, mp, costs, cap);
   }
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
@@ -171,6 +197,7 @@ int run_plan(const std::vector<std::string>& args) {
   so.model_path = model_path;
 
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));
+  warn_unused_machine_flags(vm, machine, mp, *graph);
   pt::CostModel model(graph, machine, mp);
   pt::SearchResult res = pt::search_plans(graph, model, so);
   std::printf(

@@ -196,9 +196,9 @@ int run_profile(const std::vector<std::string>& args) {
               "split (a halo, a tiled batch norm's statistics) costs among K ranks in groups of "
               "S, the tiles' own rate included")(
       "tp-probe", po::value<int>()->default_value(0),
-      "(internal) a rank of --tp's job timing the collectives")(
+      "(internal) a rank of --tp's job timing the collectives (refused outside it)")(
       "spatial-probe", po::value<int>()->default_value(0),
-      "(internal) a rank of --spatial's job timing the exchanges")(
+      "(internal) a rank of --spatial's job timing the exchanges (refused outside it)")(
       "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
   // 0 is the cores divided among local ranks, as for baton train: the file records the
@@ -217,6 +217,21 @@ int run_profile(const std::vector<std::string>& args) {
     return 0;
   apply_common_options(vm);
   check_path_flags(vm, {"model", "out"});
+  // The probes are group_passes' ranks, started by baton launch and writing a scratch
+  // fragment: run by hand they had replaced --out (a cost file) with that fragment.
+  for (Split kind : {Split::tp, Split::spatial}) {
+    const std::string flag = probe_flag(kind);
+    if (vm[flag.substr(2)].as<int>() == 0) continue;
+    const std::string suffix = "." + flag.substr(2);
+    const bool launched = transport::read_launch_env().source == "baton launch";
+    if (!launched || !out.ends_with(suffix))
+      throw InputError(
+          flag + " is internal: a rank of the job that `baton profile " +
+          (kind == Split::tp ? "--tp" : "--spatial") +
+          " S --colocated K` starts under baton launch, writing OUT" + suffix + "; found " +
+          (launched ? "--out " + out : std::string("a run outside baton launch")) + " (give " +
+          (kind == Split::tp ? "--tp" : "--spatial") + " with --colocated instead)");
+  }
   // The file is written once every timing has run (minutes for a large model): a path
   // that cannot be written is said now. Not for the internal jobs (-o /dev/null, scratch).
   if (!vm["hold"].as<bool>() && vm["tp-probe"].as<int>() == 0 && vm["spatial-probe"].as<int>() == 0)

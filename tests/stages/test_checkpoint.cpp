@@ -1120,6 +1120,57 @@ TEST(Checkpoint, ConcurrentExportsToOneDirectoryDoNotMix) {
   std::filesystem::remove_all(out);
 }
 
+// An export under a step's name among checkpoints (ck/step-00000010) had been written, and
+// a run resumed to step 10 cleared it with no word: refused, as is a step directory an
+// interrupted save left (files, no manifest.json). Elsewhere a step's name is only a name.
+TEST(Checkpoint, AnExportIsRefusedUnderACheckpointStepsName) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 16, 8, 64);
+  Stage a(g, 0, g->num_layers());
+  const std::string root = fresh_dir("export_step_name");
+  std::filesystem::create_directories(root + "/ck/step-00000005");
+  std::ofstream(root + "/ck/step-00000005/manifest.json") << "{}";
+  auto refusal = [&](const std::string& out) {
+    try {
+      save_hf(out, a, HfWriteOptions{});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const std::string out : {root + "/ck/step-00000010", root + "/ck/step-00000010/"}) {
+    const std::string what = refusal(out);
+    EXPECT_NE(what.find(out + ": a checkpoint step's name in a directory of checkpoints "
+                              "(step-00000005)"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_FALSE(std::filesystem::exists(root + "/ck/step-00000010"));
+  std::filesystem::create_directories(root + "/cut/step-00000003");
+  std::ofstream(root + "/cut/step-00000003/rank-0.safetensors") << "x";
+  const std::string what = refusal(root + "/cut/step-00000003");
+  EXPECT_NE(what.find("no manifest.json or config.json (an interrupted checkpoint save?)"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(refusal(root + "/plain/step-00000010"), "");
+  EXPECT_EQ(refusal(root + "/ck/export"), "");
+  std::filesystem::remove_all(root);
+}
+
+// An earlier model's generation_config.json had stayed beside a new export, its
+// eos_token_id deciding where generation from the new one stops: it goes with the rest.
+TEST(Checkpoint, AnExportRemovesAnEarlierGenerationConfig) {
+  auto g = testing::tiny_gpt(DType::f32, 1, 2, 16, 8, 64);
+  Stage a(g, 0, g->num_layers());
+  const std::string out = fresh_dir("export_genconfig") + "/hf";
+  std::filesystem::create_directories(out);
+  std::ofstream(out + "/generation_config.json") << R"({"eos_token_id": 11})";
+  std::ofstream(out + "/tokenizer.json") << "{}";
+  save_hf(out, a, HfWriteOptions{});
+  EXPECT_FALSE(std::filesystem::exists(out + "/generation_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.json")) << "not the export's to remove";
+  EXPECT_EQ(hf_eos_token_ids(out), std::vector<int32_t>{}) << "config.json's, which has none";
+}
+
 TEST(Checkpoint, AnExportStoppedAnywhereIsTheOldOneNoneOrTheNewOne) {
   auto g = testing::tiny_gpt(DType::f32, 2, 2, 64, 16, 256);
   Stage earlier(g, 0, g->num_layers()), later(g, 0, g->num_layers());

@@ -570,6 +570,41 @@ TEST(Cli, GenerateEmptyPromptAndNegativeSeed) {
          "--seed: expected an integer in [0, 18446744073709551615], found '-1'");
 }
 
+// Flags that change nothing are refused as --top-k is at temperature 0: --seed when greedy
+// (accepted, no effect), --bos with --prompt-ids, with --tokenizer too (ignored: --bos
+// applied to text prompts only). --ignore-eos with no end-of-sequence id known warns.
+TEST(Cli, GenerateRefusesFlagsThatChangeNothing) {
+  const std::string root = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-gen";
+  const std::string gen = kCliBaton + " generate --checkpoint " + root + "/none ";
+  auto expect = [&](const std::string& args, const std::string& message) {
+    Result r = baton::cli_testing::run_command(gen + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output << "\n  lacks: " << message;
+  };
+  expect("--prompt-ids 1,2 --seed 5",
+         "--seed only acts when sampling: give --temperature above 0 (0 is greedy)");
+  expect("--prompt-ids 1,2 --seed 0 --temperature 0", "--seed only acts when sampling");
+  for (const std::string bos : {"yes", "no"}) {
+    expect("--prompt-ids 1,2 --bos " + bos,
+           "--bos " + bos + " applies to a --prompt text: ids given by --prompt-ids");
+    expect("--prompt-ids 1,2 --tokenizer " + root + "/sp.model --bos " + bos,
+           "--bos " + bos + " applies to a --prompt text");
+  }
+  const std::string model = temp_file("gen-tiny.json", kTiny), ckpt = root + "-ck";
+  Result r = cli_run("--model " + model + " --data " + kCliCorpus +
+                     " --steps 1 --batch 2 --threads 1 --log-every 0 --checkpoint-dir " + ckpt);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string run = kCliBaton + " generate --checkpoint " + ckpt +
+                          " --prompt-ids 1,2 --max-new-tokens 2 --threads 1";
+  const std::string warning = "--ignore-eos: no end-of-sequence id is known";
+  r = baton::cli_testing::run_command(run + " --ignore-eos");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
+  r = baton::cli_testing::run_command(run + " --temperature 1 --seed 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find(warning), std::string::npos) << r.output;
+}
+
 // An empty path value is refused naming its flag (an unset shell variable had read as the
 // flag's absence: --checkpoint-dir "" trained without checkpoints, and with --resume said
 // "--resume needs --checkpoint-dir"); a path baton records in JSON that is not UTF-8 is
@@ -766,6 +801,51 @@ TEST(Cli, ProfileThreadsZeroDividesTheCores) {
                           std::to_string(cores / 2)),
             std::string::npos)
       << r.output;
+}
+
+// Flags of plan and profile that would change nothing are said: --optimizer-sharding with
+// --dp 1 is refused as --dp-sync is (it had been dropped from the plan), --ranks-per-host
+// with neither a cost file nor cores and --flops beside a cost file of every op warn, and
+// the internal --tp-probe / --spatial-probe run by hand are refused (they had replaced
+// --out, a cost file, with a probe's fragment).
+TEST(Cli, PlanAndProfileFlagsThatChangeNothing) {
+  const std::string model = temp_file("tiny_unused.json", kTiny);
+  const std::string plan = kCliBaton + " plan --model " + model + " --devices 2 --top 1 ";
+  Result r = baton::cli_testing::run_command(plan + "--dp 1 --optimizer-sharding zero2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--optimizer-sharding: zero2 shards the optimizer state over "
+                          "data-parallel replicas, and --dp 1 has none"),
+            std::string::npos)
+      << r.output;
+  const std::string rph = "--ranks-per-host has no effect without --costs or --cores-per-host";
+  r = baton::cli_testing::run_command(plan + "--ranks-per-host 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(rph), std::string::npos) << r.output;
+  r = baton::cli_testing::run_command(plan + "--ranks-per-host 1 --cores-per-host 2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find(rph), std::string::npos) << r.output;
+
+  const std::string out = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-unused.json";
+  const std::string profile = kCliBaton + " profile --model " + model + " --threads 1 -o " + out;
+  std::ofstream(out) << "{}\n";
+  for (const std::string probe : {"tp-probe", "spatial-probe"}) {
+    r = baton::cli_testing::run_command(profile + " --" + probe + " 1");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("--" + probe + " is internal"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("found a run outside baton launch"), std::string::npos) << r.output;
+    std::ifstream in(out);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "{}\n") << probe;
+  }
+  r = baton::cli_testing::run_command(profile + " --repeats 1 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string flops = "--flops has no effect: the --costs file times every op";
+  r = baton::cli_testing::run_command(plan + "--costs " + out + " --ranks-per-host 2 --flops 1e12");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(flops), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(rph), std::string::npos) << r.output;
+  r = baton::cli_testing::run_command(plan + "--costs " + out);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find(flops), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -236,6 +236,23 @@ TEST(DataCli, InspectNamesTheDataForATokenOutsideTheTokenizer) {
   EXPECT_NE(r.output.find(out + ".bin: token -3 at position 1"), std::string::npos) << r.output;
 }
 
+// Text data's token ids are its bytes, already shown as text: --tokenizer is refused (it had
+// decoded the bytes as piece ids, other text, exit 0). So is --json-key for a text corpus,
+// whose lines are the documents (it had been ignored).
+TEST(DataCli, TextDataRefusesTokenizerAndJsonKey) {
+  Result r = baton("inspect " + slice() + " --tokenizer " + tokenizer());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(slice() + ": text data (every byte a token) takes no --tokenizer"),
+            std::string::npos)
+      << r.output;
+  r = baton("prepare --tokenizer " + tokenizer() + " --input " + slice() + " --out " + dir() +
+            "/keyed --json-key body");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--json-key applies to .jsonl or .json input"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/keyed.idx"));
+}
+
 // Blank lines (a CRLF file's empty line is "\r") are skipped with --append-eod too, not
 // documents of only the end-of-document token.
 TEST(DataCli, PrepareSkipsBlankLinesWithEndOfDocument) {
