@@ -1137,7 +1137,7 @@ TEST(Checkpoint, AnExportIsRefusedUnderACheckpointStepsName) {
     }
     return std::string();
   };
-  for (const std::string out : {root + "/ck/step-00000010", root + "/ck/step-00000010/"}) {
+  for (const std::string& out : {root + "/ck/step-00000010", root + "/ck/step-00000010/"}) {
     const std::string what = refusal(out);
     EXPECT_NE(what.find(out + ": a checkpoint step's name in a directory of checkpoints "
                               "(step-00000005)"),
