@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -66,6 +67,22 @@ class TrackingDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann:
     return Base::start_array(n);
   }
   bool end_array() { return close(Base::end_array()); }
+  // A number too large for a double (out_of_range 406) named where it ends: nlohmann's
+  // message had no place. The text parser passes its position; other callers, an offset.
+  using Base::parse_error;
+  template <class Exception>
+  bool parse_error(const nlohmann::detail::position_t& at, const std::string& token,
+                   const Exception& e) {
+    if constexpr (std::is_same_v<Exception, nlohmann::detail::out_of_range>)
+      if (e.id == 406)
+        throw nlohmann::detail::out_of_range::create(
+            406,
+            std::string(e.what()).substr(std::string(e.what()).find("] ") + 2) + " at line " +
+                std::to_string(at.lines_read + 1) + ", column " +
+                std::to_string(at.chars_read_current_line),
+            nullptr);
+    return Base::parse_error(std::size_t(at), token, e);
+  }
 
  private:
   struct Frame {

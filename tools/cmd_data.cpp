@@ -18,6 +18,9 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "memory/error.h"
 #include "memory/file_io.h"
@@ -108,6 +111,29 @@ void check_input_file(const std::string& input, const std::string& expected) {
     throw InputError("--input " + input + ": a directory, expected " + expected);
 }
 
+// Whether `text` is only whitespace as Python's str.isspace has it (U+0085, U+2028 and
+// U+3000 among them), the lines tools/hf_tokenize.py skips: a model that keeps them (an
+// identity normalisation, byte fallback) had made documents of them. Not UTF-8: false.
+bool only_whitespace(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    uint32_t c = n == 1 ? b : n == 2 ? b & 0x1f : b & 0x0f;
+    for (int k = 1; k < n; ++k) {
+      const auto t = static_cast<unsigned char>(text[i + k]);
+      if ((t >> 6) != 2) return false;
+      c = c << 6 | (t & 0x3f);
+    }
+    i += n;
+    const bool space = (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 ||
+                       c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
+                       c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+    if (!space) return false;
+  }
+  return true;
+}
+
 // A JSON value for a message: its type and (short) text.
 std::string found_json(const nlohmann::json& j) {
   std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -162,6 +188,13 @@ int run_inspect(const std::vector<std::string>& args) {
                 static_cast<long long>(images.classes() - 1));
     return 0;
   }
+  // The tokenizer loaded before any output: a bad one had come after the header.
+#ifdef BATON_HAVE_SENTENCEPIECE
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
+  if (!tokenizer.empty()) sp = load_tokenizer(tokenizer);
+#else
+  if (!tokenizer.empty()) no_sentencepiece("--tokenizer");
+#endif
   auto s = stages::open_token_store(path, format, token_dtype);
   // Text data's ids are its bytes, shown as text already: SentencePiece would have decoded
   // them as piece ids and printed other text.
@@ -173,19 +206,8 @@ int run_inspect(const std::vector<std::string>& args) {
                vocab > 0 ? ", every token checked against the vocabulary" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const stages::TokenRange range = s->token_range();
-  std::printf("file       %s\n", s->name().c_str());
-  std::printf("format     %s\n", s->format().c_str());
-  std::printf("dtype      %s\n", stages::token_type_name(s->type()).c_str());
-  std::printf("documents  %lld\n", static_cast<long long>(s->num_documents()));
-  if (s->format() == "megatron")
-    std::printf("sequences  %lld\n", static_cast<long long>(s->num_sequences()));
-  std::printf("tokens     %lld\n", static_cast<long long>(s->num_tokens()));
-  if (s->num_tokens() > 0)
-    std::printf("token ids  %s .. %s\n", range.lo_text.c_str(), range.hi_text.c_str());
 #ifdef BATON_HAVE_SENTENCEPIECE
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
   if (!tokenizer.empty()) {
-    sp = load_tokenizer(tokenizer);
     // The data's fault, named by the data's file and first bad position (a negative id
     // had been SentencePiece's "Invalid id" naming the tokenizer).
     if (s->num_tokens() > 0 && (range.lo < 0 || range.hi >= sp->GetPieceSize())) {
@@ -197,9 +219,16 @@ int run_inspect(const std::vector<std::string>& args) {
       }
     }
   }
-#else
-  if (!tokenizer.empty()) no_sentencepiece("--tokenizer");
 #endif
+  std::printf("file       %s\n", s->name().c_str());
+  std::printf("format     %s\n", s->format().c_str());
+  std::printf("dtype      %s\n", stages::token_type_name(s->type()).c_str());
+  std::printf("documents  %lld\n", static_cast<long long>(s->num_documents()));
+  if (s->format() == "megatron")
+    std::printf("sequences  %lld\n", static_cast<long long>(s->num_sequences()));
+  std::printf("tokens     %lld\n", static_cast<long long>(s->num_tokens()));
+  if (s->num_tokens() > 0)
+    std::printf("token ids  %s .. %s\n", range.lo_text.c_str(), range.hi_text.c_str());
   for (int64_t d = 0, shown = 0; d < s->num_documents() && shown < samples; ++d) {
     const int64_t b = s->document_start(d), len = s->document_start(d + 1) - b;
     const int64_t n = std::min(show, len);
@@ -243,9 +272,9 @@ int run_prepare(const std::vector<std::string>& args) {
       "out", po::value(&out)->required(), "output prefix: writes PREFIX.bin and PREFIX.idx")(
       "json-key", po::value(&key)->default_value("text"), ".jsonl: the field holding the text")(
       "dtype", po::value(&dtype)->default_value("auto"),
-      "token type (auto: uint16 below 65500 ids, else int32)")(
-      "append-eod", po::bool_switch(&eod),
-      "end every document with the tokenizer's end-of-document id");
+      "token type: auto (uint16 below 65500 ids, else int32), uint8, int8, int16, uint16, int32 or "
+      "int64")("append-eod", po::bool_switch(&eod),
+               "end every document with the tokenizer's end-of-document id");
   po::variables_map vm;
   if (!parse_args(
           args,
@@ -257,15 +286,18 @@ int run_prepare(const std::vector<std::string>& args) {
 #else
   auto sp = load_tokenizer(tokenizer);
   const int vocab = sp->GetPieceSize();
+  // The integer types of Megatron's format, listed exactly (parse_token_type's message
+  // names uint32 too, which the format lacks).
+  const std::vector<std::string> types = {"auto",   "uint8", "int8", "int16",
+                                          "uint16", "int32", "int64"};
+  if (std::find(types.begin(), types.end(), dtype) == types.end())
+    throw InputError(
+        "--dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 (the integer types "
+        "of Megatron's format), found '" +
+        dtype + "'");
   const stages::TokenType type =
       dtype == "auto" ? (vocab < 65500 ? stages::TokenType::u16 : stages::TokenType::i32)
                       : stages::parse_token_type(dtype, "--dtype");
-  if (type == stages::TokenType::u32 || type == stages::TokenType::f32 ||
-      type == stages::TokenType::f64)
-    throw InputError(
-        "--dtype: expected an integer type Megatron's format defines (uint16, int32, ...), found "
-        "'" +
-        dtype + "'");
   const double type_max = type == stages::TokenType::u8    ? 255
                           : type == stages::TokenType::i8  ? 127
                           : type == stages::TokenType::i16 ? 32767
@@ -292,10 +324,19 @@ int run_prepare(const std::vector<std::string>& args) {
   std::vector<int> ids;
   while (std::getline(in, line)) {
     ++line_no;
+    // A CRLF line's "\r" is no part of it (an identity-normalising model had kept it as a
+    // token), as tools/hf_tokenize.py reads it.
+    if (line.ends_with('\r')) line.pop_back();
     std::string text = line;
     if (jsonl) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = input + ":" + std::to_string(line_no);
+      // nlohmann skips a byte order mark at the start of every input, here every line:
+      // only the file's may have one, as for tools/hf_tokenize.py and Python's json.
+      if (line_no > 1 && line.starts_with("\xEF\xBB\xBF"))
+        throw InputError(where +
+                         ": expected a JSON object per line, found invalid JSON: a UTF-8 byte "
+                         "order mark at column 1 (only the file's first line may start with one)");
       nlohmann::json j;
       try {
         j = memory::parse_json_text(line, where);
@@ -308,6 +349,8 @@ int run_prepare(const std::vector<std::string>& args) {
         if (!why.starts_with(lead)) throw;  // a repeated key, named by its path
         why = why.substr(lead.size());
         if (why.starts_with("parse error at line 1, ")) why = "parse error at " + why.substr(23);
+        if (const size_t at = why.find(" at line 1, column "); at != std::string::npos)
+          why.replace(at, 19, " at column ");
         throw InputError(where + ": expected a JSON object per line, found invalid JSON: " + why);
       }
       if (!j.is_object())
@@ -320,15 +363,16 @@ int run_prepare(const std::vector<std::string>& args) {
                          found_json(j[key]));
       text = j[key].get<std::string>();
     }
-    if (text.empty()) {
+    // Empty or only whitespace: skipped, as tools/hf_tokenize.py does, whatever the model
+    // makes of it.
+    if (only_whitespace(text)) {
       ++skipped;
       continue;
     }
     if (auto st = sp->Encode(text, &ids); !st.ok())
       throw InputError(input + ":" + std::to_string(line_no) + ": " + st.ToString());
-    // A line of blanks (a CRLF file's empty line is "\r") encodes to nothing: skipped as
-    // an empty one is, with or without --append-eod (as Megatron's preprocess_data.py
-    // does), not a document of only the end-of-document token.
+    // A text that encodes to nothing: skipped, with or without --append-eod (as Megatron's
+    // preprocess_data.py does), not a document of only the end-of-document token.
     if (ids.empty()) {
       ++skipped;
       continue;
@@ -360,9 +404,9 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
       "vocab-size", po::value(&vocab)->default_value(1024), "vocabulary size")(
       "model-type", po::value(&model_type)->default_value("bpe"), "bpe, unigram, char or word")(
       "character-coverage", po::value(&coverage)->default_value(1.0),
-      "share of characters the vocabulary covers")("max-lines",
-                                                   po::value(&max_lines)->default_value(0),
-                                                   "train on at most this many lines (0: all)");
+      "share of characters the vocabulary covers")(
+      "max-lines", po::value(&max_lines)->default_value(0),
+      "train on at most this many non-empty lines (0: all)");
   po::variables_map vm;
   if (!parse_args(args,
                   "baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]",
@@ -449,7 +493,26 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   int pieces = 0;
   try {
     auto st = sentencepiece::SentencePieceTrainer::Train(kw);
-    if (!st.ok()) throw InputError("train-tokenizer: " + st.ToString());
+    if (!st.ok()) {
+      // SentencePiece's "Vocabulary size too high (N). Please set it to a value <= M." names
+      // neither the flag nor the file; M of 3 is its meta pieces alone: no text at all once
+      // normalised (a corpus of U+3000 or NULs had passed the check for text above).
+      const std::string why = st.ToString();
+      const std::string mark = "Please set it to a value <= ";
+      if (const size_t at = why.find(mark);
+          why.find("Vocabulary size too high") != std::string::npos && at != std::string::npos) {
+        const std::string most = why.substr(at + mark.size(), why.find('.', at) - at - mark.size());
+        if (most == "3")
+          throw InputError(input +
+                           ": no text to train on after SentencePiece's normalisation "
+                           "(every line blank, control characters or such) for --vocab-size " +
+                           std::to_string(vocab));
+        throw InputError("--vocab-size: expected at most " + most + " for " + input + " (" +
+                         model_type + ": SentencePiece's limit for this corpus), found " +
+                         std::to_string(vocab));
+      }
+      throw InputError("train-tokenizer: " + why);
+    }
     pieces = check_trained_tokenizer(tmp, out);
     for (const char* ext : {".vocab", ".model"}) memory::fsync_path(tmp + ext, false);
     // The .model last: it is the file every command reads.

@@ -206,9 +206,20 @@ int run_generate(const std::vector<std::string>& args) {
                              list += (i ? "," : "") + std::to_string(out[i]);
                            return list;
                          }());
-    std::string text;
-    if (auto status = sp.Decode(v, &text); !status.ok())
-      throw RuntimeError(tokenizer + ": cannot decode the output: " + status.ToString());
+    // What follows the decoded prompt in the decoded whole: decoded alone, the first new
+    // piece had lost its leading "▁" ("the quick" + "▁gradient" printed "gradient"). A
+    // prompt whose decoding is no prefix of the whole's: the new ids alone.
+    auto decode = [&](const std::vector<int>& pieces) {
+      std::string text;
+      if (auto status = sp.Decode(pieces, &text); !status.ok())
+        throw RuntimeError(tokenizer + ": cannot decode the output: " + status.ToString());
+      return text;
+    };
+    std::vector<int> whole(ids.begin(), ids.end());
+    const std::string head = decode(whole);
+    whole.insert(whole.end(), v.begin(), v.end());
+    std::string text = decode(whole);
+    text = text.starts_with(head) ? text.substr(head.size()) : decode(v);
     std::printf("%s\n", text.c_str());
 #endif
   } else {

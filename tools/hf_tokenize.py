@@ -50,6 +50,41 @@ def _no_constant(name):
     raise _BadJson(f"{name} (JSON has no NaN nor Infinity)")
 
 
+def _no_infinity(text):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        # As prepare's reader: a number too large for a double is no number.
+        raise _BadJson(f"number overflow parsing '{text}' (JSON has no Infinity)")
+    return value
+
+
+MAX_DEPTH = 256
+
+
+def _too_deep(line):
+    """The column (from 1) where `line` opens its (MAX_DEPTH + 1)th level of nesting, or
+    None: looked for without recursion before Python's parser, which had taken 300
+    levels that prepare refuses and failed with a RecursionError from about 900."""
+    depth, in_string, escaped = 0, False, False
+    for i, ch in enumerate(line):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return i + 1
+        elif ch in "]}":
+            depth -= 1
+    return None
+
+
 def _strict(value, where="$"):
     """The record with its objects as dicts. A key repeated in one object is an error, as
     for `baton data prepare` (Python keeps the last, other readers the first)."""
@@ -87,9 +122,21 @@ def documents(path, key):
             if jsonl:
                 if not line.strip(" \t\r"):
                     continue
+                # A byte order mark may start the file, as for prepare, and no later line
+                # (Python's json had refused it on the first line too).
+                if line.startswith("\ufeff"):
+                    if n > 1:
+                        fail(f"{path}:{n}: expected a JSON object per line, found invalid JSON: "
+                             "a UTF-8 byte order mark at column 1 (only the file's first line "
+                             "may start with one)")
+                    line = line[1:]
+                column = _too_deep(line)
+                if column is not None:
+                    fail(f"{path}:{n}: nested deeper than {MAX_DEPTH} levels (at column {column})")
                 try:
                     record = _strict(json.loads(line, object_pairs_hook=_Pairs,
-                                                parse_constant=_no_constant))
+                                                parse_constant=_no_constant,
+                                                parse_float=_no_infinity))
                 except json.JSONDecodeError as e:
                     fail(f"{path}:{n}: expected a JSON object per line, found invalid JSON: "
                          f"{e.msg} at column {e.colno}")

@@ -147,13 +147,32 @@ with tempfile.TemporaryDirectory() as d:
             ("nan", '{"text": "a", "n": NaN}\n',
              ":1: expected a JSON object per line, found invalid JSON: NaN"),
             ("inf", '{"text": "a", "n": -Infinity}\n',
-             ":1: expected a JSON object per line, found invalid JSON: -Infinity")]:
+             ":1: expected a JSON object per line, found invalid JSON: -Infinity"),
+            ("big", '{"text": "a", "n": 1e999}\n',
+             ":1: expected a JSON object per line, found invalid JSON: number overflow parsing "
+             "'1e999'"),
+            # Deeper than prepare's 256 levels: had been read, and a RecursionError from
+            # about 900 levels.
+            ("deep", '{"text": "a", "x": ' + "[" * 300 + "]" * 300 + "}\n",
+             ":1: nested deeper than 256 levels (at column 275)"),
+            ("deeper", '{"text": "a", "x": ' + "[" * 5000 + "]" * 5000 + "}\n",
+             ":1: nested deeper than 256 levels"),
+            ("bom", '{"text": "a"}\n\ufeff{"text": "b"}\n',
+             ":2: expected a JSON object per line, found invalid JSON: a UTF-8 byte order mark")]:
         path = os.path.join(d, name + ".jsonl")
-        with open(path, "w") as f:
+        with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         r = run("--input", path, "--out", os.path.join(d, name))
         check(r.returncode == 2, f"{name}: exit 2, found {r.returncode}", r.stderr)
         check(path + message in r.stderr, f"{name}: names FILE:LINE and what was found", r.stderr)
+        check("Traceback" not in r.stderr, f"{name}: no traceback", r.stderr)
+
+    # A byte order mark may start the file (Python's json had refused it), as for prepare.
+    path = os.path.join(d, "bom1.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('\ufeff{"text": "a"}\n{"text": "b"}\n')
+    r = run("--input", path, "--out", os.path.join(d, "bom1"))
+    check(r.returncode == 0, "a byte order mark at the file's start", r.stdout + r.stderr)
 
     # An added token's id beyond the count of tokens: the dtype follows the largest id (the
     # count, 3, had chosen uint16 and id 70000 had overflowed it).

@@ -16,6 +16,8 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "stages/token_store.h"
 #include "tests/child_report.h"
@@ -61,6 +63,25 @@ const std::string& tokenizer() {
     return prefix + ".model";
   }();
   return model;
+}
+
+// A hand-made unigram SentencePiece model: <unk>, <s>, </s>, then `pieces`; `identity`:
+// no normalisation, no dummy prefix, whitespace kept (LLaMA's settings).
+std::string handmade_tokenizer(const std::string& name, const std::vector<std::string>& pieces,
+                               bool identity) {
+  using namespace baton::stages::testing;
+  auto piece = [](const std::string& text, int type) {
+    return pb_bytes(1, pb_bytes(1, text) + pb_varint(2 << 3 | 5) + le32_bytes(0) +
+                           pb_varint(3 << 3 | 0) + pb_varint(uint64_t(type)));
+  };
+  std::string model = piece("<unk>", 2) + piece("<s>", 3) + piece("</s>", 3);
+  for (const std::string& p : pieces) model += piece(p, 1);
+  if (identity)
+    model += pb_bytes(3, pb_bytes(1, "identity") + pb_varint(3 << 3 | 0) + pb_varint(0) +
+                             pb_varint(4 << 3 | 0) + pb_varint(0));
+  const std::string path = dir() + "/" + name + ".model";
+  std::ofstream(path, std::ios::binary) << model;
+  return path;
 }
 
 TEST(DataCli, PrepareTextAndInspect) {
@@ -122,6 +143,21 @@ TEST(DataCli, GenerateRefusesATokenizerLargerThanTheVocabulary) {
       r.output.find(tokenizer() + ": has 300 pieces, more than the model's vocabulary of 256"),
       std::string::npos)
       << r.output;
+}
+
+// generate --tokenizer prints what follows the decoded prompt in the decoded whole: the
+// continuation decoded alone had lost its first piece's leading "▁" ("a" + "▁b" printed
+// "ab").
+TEST(DataCli, GenerateKeepsTheSpaceBeforeTheFirstNewPiece) {
+  std::vector<std::string> pieces;
+  for (int i = 3; i < 256; ++i) pieces.push_back("\xe2\x96\x81w" + std::to_string(i));
+  const std::string model = handmade_tokenizer("spaced", pieces, false);
+  Result r = baton::cli_testing::run_command(
+      "{ " + kDataCliBaton + " generate --init-from " + std::string(BATON_SOURCE_DIR) +
+      "/tests/fixtures/llama_gqa --tokenizer " + model +
+      " --prompt w7 --temperature 0 --ignore-eos --max-new-tokens 3 2>/dev/null; }");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(r.output.starts_with(" w")) << r.output;
 }
 
 // A corrupt SentencePiece model is refused by every command that loads one, before the
@@ -268,6 +304,24 @@ TEST(DataCli, PrepareSkipsBlankLinesWithEndOfDocument) {
     EXPECT_GT(s->document_start(d + 1) - s->document_start(d), 1) << "document " << d;
 }
 
+// A CRLF line's "\r" is dropped and a line of only whitespace (Python's str.isspace:
+// U+0085 too) skipped, as tools/hf_tokenize.py does, also with a model that keeps them:
+// an identity-normalising one had ended "hi\r" with a token for "\r" and made documents
+// of the others.
+TEST(DataCli, PrepareDropsCarriageReturnsAndWhitespaceLinesAsHfTokenize) {
+  const std::string model = handmade_tokenizer("identity", {"h", "i"}, true);
+  const std::string in = dir() + "/ws.txt", out = dir() + "/ws";
+  std::ofstream(in, std::ios::binary)
+      << "hi\r\n\r\n \t\r\n\xc2\x85\n\xe2\x80\xa8\xe3\x80\x80\nih\n";
+  Result r = baton("prepare --tokenizer " + model + " --input " + in + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("4 empty or blank lines skipped"), std::string::npos) << r.output;
+  auto s = TokenStore::open_megatron(out);
+  ASSERT_EQ(s->num_documents(), 2);
+  EXPECT_EQ(s->num_tokens(), 4);
+  for (int64_t t = 0; t < 4; ++t) EXPECT_EQ(s->token(t), (t == 0 || t == 3) ? 3 : 4) << t;
+}
+
 // An output name that is a directory is refused before any work, and leaves nothing
 // behind (it had failed at the end, exit 1, with PREFIX.idx.tmp left).
 TEST(DataCli, PrepareRefusesADirectoryAsOutput) {
@@ -309,6 +363,56 @@ TEST(DataCli, TrainTokenizerChecksItsFlags) {
   r = baton("train-tokenizer --input " + blank + " --out " + dir() + "/tk");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(blank + ": no text to train on"), std::string::npos) << r.output;
+}
+
+// SentencePiece's "Vocabulary size too high" is said as baton's own: a corpus with no text
+// once normalised (U+3000 passes the check for text above) and a --vocab-size beyond a
+// unigram corpus's limit are exit 2 naming the file and the flag.
+TEST(DataCli, TrainTokenizerNamesTheLimitsSentencePieceFinds) {
+  const std::string ideo = dir() + "/ideo.txt";
+  {
+    std::ofstream f(ideo, std::ios::binary);
+    for (int i = 0; i < 200; ++i) f << "\xe3\x80\x80\n";
+  }
+  Result r = baton("train-tokenizer --input " + ideo + " --out " + dir() + "/ti --vocab-size 8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(ideo + ": no text to train on after SentencePiece's normalisation"),
+            std::string::npos)
+      << r.output;
+  r = baton("train-tokenizer --input " + slice() + " --out " + dir() +
+            "/tu --vocab-size 30000 --model-type unigram");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--vocab-size: expected at most "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" for " + slice() +
+                          " (unigram: SentencePiece's limit for this corpus), "
+                          "found 30000"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/tu.model"));
+}
+
+// inspect checks --tokenizer before printing anything (a bad one had come after the
+// header on stdout); prepare's --dtype lists exactly the types it takes.
+TEST(DataCli, InspectChecksTheTokenizerFirstAndPrepareListsItsTypes) {
+  const std::string out = dir() + "/early", bad = dir() + "/bad.model";
+  std::ofstream(bad) << "{\"model\": {}}\n";
+  ASSERT_EQ(
+      baton("prepare --tokenizer " + tokenizer() + " --input " + slice() + " --out " + out).code,
+      0);
+  Result r = baton::cli_testing::run_command("{ " + kDataCliBaton + " data inspect " + out +
+                                             " --tokenizer " + bad + " 2>/dev/null; }");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(r.output, "");
+  for (const std::string dtype : {"bogus", "uint32", "float32"}) {
+    r = baton("prepare --tokenizer " + tokenizer() + " --input " + slice() + " --out " + out +
+              " --dtype " + dtype);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find("--dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 "
+                            "(the integer types of Megatron's format), found '" +
+                            dtype + "'"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 // Lines longer than SentencePiece's max_sentence_length (4192 bytes) had been skipped with
@@ -447,6 +551,21 @@ TEST(DataCli, PrepareSaysWhatIsWrongWithAJsonLine) {
        ":2: expected a JSON object per line, found invalid JSON: parse error at column "},
       {"{\"text\": 3}\n", ":1: $.text: expected a string (--json-key), found a number (3)"},
       {"[1, 2]\n", ":1: expected a JSON object per line, found an array ([1,2])"},
+      // nlohmann had skipped a byte order mark on every line; Python's json refuses it.
+      {"{\"text\": \"ok\"}\n\xEF\xBB\xBF{\"text\": \"b\"}\n",
+       ":2: expected a JSON object per line, found invalid JSON: a UTF-8 byte order mark at "
+       "column 1"},
+      {"{\"text\": \"ok\", \"n\": 1e999}\n",
+       ":1: expected a JSON object per line, found invalid JSON: number overflow parsing '1e999' "
+       "at column 2"},
+      {"{\"text\": \"ok\", \"x\": " + std::string(300, '[') + std::string(300, ']') + "}\n",
+       ":1: " +
+           [] {
+             std::string p = "$.x";
+             for (int i = 0; i < 255; ++i) p += "[0]";
+             return p.substr(0, 120) + "...";
+           }() +
+           ": nested deeper than 256 levels"},
   };
   const std::string in = dir() + "/e.jsonl";
   for (const auto& [text, message] : cases) {
@@ -463,7 +582,9 @@ TEST(DataCli, PrepareSaysWhatIsWrongWithAJsonLine) {
             std::string::npos)
       << r.output;
   const std::string json = dir() + "/records.json";
-  std::ofstream(json) << "{\"text\": \"the licensee may copy\"}\n{\"text\": \"and distribute\"}\n";
+  // A byte order mark may start the file.
+  std::ofstream(json) << "\xEF\xBB\xBF{\"text\": \"the licensee may copy\"}\n{\"text\": \"and "
+                         "distribute\"}\n";
   r = baton("prepare --tokenizer " + tokenizer() + " --input " + json + " --out " + dir() + "/js");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(TokenStore::open_megatron(dir() + "/js")->num_documents(), 2);
