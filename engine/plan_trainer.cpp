@@ -706,11 +706,16 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
   std::vector<int64_t> counts = all_gather_int(world, int64_t(flat.size()));
   int64_t total = 0;
   for (int64_t c : counts) total += c;
-  Tensor in = Tensor::from_vector(flat, {int64_t(flat.size())});
-  Tensor out = Tensor::empty({std::max<int64_t>(total, 1)}, memory::DType::f64);
-  Tensor out_view = out.narrow(0, 0, total);
+  // Host memory outside the cap and the peak the summary reports (a diagnostic, not
+  // training), and the whole job's events on rank 0 alone: every rank had allocated them,
+  // which doubled the measured peaks and ran a plan that fits its cap out of memory.
+  const bool root = world.rank() == 0;
+  Tensor in = Tensor::staging({int64_t(flat.size())}, memory::DType::f64);
+  if (!flat.empty()) std::memcpy(in.raw_data(), flat.data(), flat.size() * sizeof(double));
+  Tensor out = Tensor::staging({root ? std::max<int64_t>(total, 1) : 1}, memory::DType::f64);
+  Tensor out_view = out.narrow(0, 0, root ? total : 0);
   world.gather(in, out_view, 0, counts)->wait();
-  if (world.rank() != 0) return;
+  if (!root) return;
   std::vector<double> all = out_view.to_vector<double>();
   schedule::Timeline t;
   t.name = "measured: " + r.schedule.name + " (" + std::to_string(steps) + " step" +
@@ -892,11 +897,11 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     });
   };
   TrainSummary summary = run_loop(o, start, 0, false, steps, on_step);
+  summary.peak_bytes = alloc.stats().peak;
   if (!o.trace_path.empty() && trace_from < o.steps) {
     server.set_recording(false);
     write_trace(*world, server.events(), trace_origin, o.steps - trace_from, r, o.trace_path);
   }
-  summary.peak_bytes = alloc.stats().peak;
   all_gather_int(*world, int64_t(summary.peak_bytes));
   return summary;
 }
@@ -1128,12 +1133,12 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   steps.data_check = data.check.get();
   const int64_t tokens_per_step = engine.executor().config().global_batch * T;
   TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
+  summary.peak_bytes = alloc.stats().peak;
   if (!o.trace_path.empty() && trace_from < o.steps) {
     engine.executor().set_recording(false);
     write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r,
                 o.trace_path);
   }
-  summary.peak_bytes = alloc.stats().peak;
   // Every rank's peak (one process per rank: its allocator's), for comparison with the
   // partitioner's estimate (`baton plan --check`).
   std::vector<int64_t> peaks = all_gather_int(*world, int64_t(summary.peak_bytes));

@@ -329,9 +329,7 @@ int run_train(const std::vector<std::string>& args) {
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);
   transport::WorldOptions wo;
-  // A training job notices a dead peer well within 10 s unless the user says otherwise
-  // (the transport's own default, 20 s, suits long collectives of very large jobs).
-  if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = std::chrono::milliseconds(4000);
+  if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = transport::kTrainingPeerTimeout;
   transport::World world = transport::init_world(wo);
   // GPUs: NCCL carries the device tensors (pipeline transfers, tensor-parallel and
   // gradient groups) and the world (UCX) keeps the host's values; or, with "transport":

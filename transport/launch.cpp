@@ -716,6 +716,16 @@ int launch(const LaunchOptions& options) {
   if (!resolved.stopped_limit || !resolved.paused_limit) {
     const CommOptions comm = CommOptions::from_env();
     if (!resolved.stopped_limit) resolved.stopped_limit = comm.peer_timeout;
+    // Ranks of `baton train --plan` take their own default (tools/cmd_train.cpp): the
+    // stopped limit had said 20 s where their peers gave up after 4.
+    const auto& cmd = resolved.command;
+    const bool plan_training =
+        cmd.size() >= 2 && std::filesystem::path(cmd[0]).filename() == "baton" &&
+        cmd[1] == "train" && std::any_of(cmd.begin(), cmd.end(), [](const std::string& a) {
+          return a == "--plan" || a.rfind("--plan=", 0) == 0;
+        });
+    if (plan_training && !std::getenv("BATON_PEER_TIMEOUT"))
+      resolved.stopped_limit = kTrainingPeerTimeout;
     if (!resolved.paused_limit) resolved.paused_limit = comm.stall_timeout;
   }
   std::vector<std::string> failures;

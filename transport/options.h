@@ -29,4 +29,9 @@ struct CommOptions {
   static CommOptions from_env();
 };
 
+// The peer timeout of `baton train --plan` ranks when BATON_PEER_TIMEOUT is unset: a
+// training job notices a dead peer well within 10 s (the default above suits long
+// collectives of very large jobs). The launcher uses it too for such ranks' stopped limit.
+inline constexpr std::chrono::milliseconds kTrainingPeerTimeout{4'000};
+
 }  // namespace baton::transport

@@ -655,6 +655,31 @@ TEST(MemoryAccuracy, SmallSendsDoneAtOnce) {
   }
 }
 
+// --trace gathers every rank's timeline on rank 0: every rank had allocated the whole
+// job's events in the capped allocator, so the summary's peaks doubled (a narrow model at
+// PP 4, sixteen micro-batches traced for three steps: +30% and more) and a plan that fits
+// its cap ran out of memory after its last step. The trace's buffers are host staging now.
+TEST(MemoryAccuracy, TraceAddsNothingToThePeak) {
+  Workspace ws("memacc-trace");
+  std::ofstream(ws.path("m.json")) << R"({"type": "gpt2", "name": "narrow", "n_layer": 4,
+    "n_head": 2, "n_embd": 16, "n_positions": 16, "vocab_size": 256})";
+  const json plan = {{"version", 1},
+                     {"model", ws.path("m.json")},
+                     {"devices", 4},
+                     {"parallel", {{"pp", 4}}},
+                     {"batch", {{"micro_batch_size", 1}}},
+                     {"schedule", {{"name", "1f1b"}, {"micro_batches", 16}}},
+                     {"stages",
+                      {{{"layers", {"embed", "h.0"}}},
+                       {{"layers", {"h.1"}}},
+                       {{"layers", {"h.2"}}},
+                       {{"layers", {"h.3", "head"}}}}}};
+  std::ofstream(ws.path("plan.json")) << plan.dump(2);
+  expect_memory_accurate(ws.path("plan.json"), 4, ws.dir,
+                         " --steps 3 --trace-steps 3 --trace " + ws.path("t.json"));
+  EXPECT_TRUE(std::filesystem::exists(ws.path("t.json")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, MemoryAccuracyZero2,
                          ::testing::Values(GridCase{"gpt", 1, 1, 2, "1f1b"},
                                            GridCase{"gpt", 1, 2, 2, "interleaved-1f1b"},

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -255,6 +256,26 @@ TEST(Launch, ARankThatStaysStoppedFailsTheJobAfterThePeerTimeout) {
   r = run_with("BATON_PEER_TIMEOUT=soon", "-n 1 -- true", took);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("BATON_PEER_TIMEOUT='soon'"), std::string::npos) << r.output;
+}
+
+// Ranks of `baton train --plan` take 4 s as their peer timeout when BATON_PEER_TIMEOUT is
+// unset; the launcher's stopped limit had said (and waited) the transport's 20 s. A
+// stand-in named baton, its rank 0 stopping, shows the limit the launcher takes.
+TEST(Launch, StoppedLimitOfPlanTrainingRanksIsTheirPeerTimeout) {
+  const std::string dir = ::testing::TempDir() + "/launch_fake_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/baton") << "#!/bin/sh\nsleep 0.3; [ $BATON_RANK = 0 ] && kill -STOP $$\n"
+                                   "echo rank $BATON_RANK done\n";
+  std::filesystem::permissions(dir + "/baton", std::filesystem::perms::owner_all);
+  double took = 0;
+  Result r = run_with("env -u BATON_PEER_TIMEOUT",
+                      "-n 2 -- " + dir + "/baton train --plan plan.json --data x", took);
+  EXPECT_EQ(r.code, 128 + SIGSTOP) << r.output;
+  EXPECT_LT(took, 15.0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 stayed stopped by SIGSTOP for more than the peer timeout of 4 s"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 // A rank that stays stopped is a failure that --max-restarts restarts, as a crash.
