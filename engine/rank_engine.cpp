@@ -154,14 +154,9 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
 
   // ---- groups: the tensor-parallel group and every gradient group, made in one global
   // order (sorted member lists) so that no two ranks wait for each other's split.
+  // (Under local SGD and gossip, only inside the replica: gradient_groups says so.)
   std::vector<GradientGroup> ggroups = gradient_groups(r, rank);
   const partitioner::DpSync& sync = r.plan.dp_sync;
-  if (sync.independent()) {
-    // Local SGD, gossip: gradients are summed only inside the replica (tied parameters); the
-    // replicas meet in the parameter sync instead (the data-parallel group).
-    for (GradientGroup& gg : ggroups)
-      std::erase_if(gg.ranks, [&](int q) { return r.layout.coord(q).dp != view_.coord.dp; });
-  }
   std::set<std::vector<int>> sets;
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
   if (sync.independent() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);

@@ -74,6 +74,10 @@ std::vector<GradientGroup> gradient_groups(const ResolvedPlan& r, int rank) {
         else
           gg.ranks.push_back(r.layout.rank(d, pp, me.tp, me.sp));
       }
+    // Local SGD, gossip: gradients are summed only inside the replica (tied parameters);
+    // the replicas meet in the parameter sync instead (the data-parallel group).
+    if (r.plan.dp_sync.independent())
+      std::erase_if(gg.ranks, [&](int q) { return r.layout.coord(q).dp != me.dp; });
     if (!std::is_sorted(gg.ranks.begin(), gg.ranks.end()))
       std::sort(gg.ranks.begin(), gg.ranks.end());
     gg.ranks.erase(std::unique(gg.ranks.begin(), gg.ranks.end()), gg.ranks.end());
