@@ -92,7 +92,7 @@ int check_trained_tokenizer(const std::string& tmp, const std::string& out) {
 
 // Throws InputError unless PREFIX's files can be written: its directory exists and is
 // writable (SentencePiece had said only "Permission denied").
-void check_output_prefix(const std::string& prefix) {
+void check_output_prefix(const std::string& prefix, const std::string& longest_ext) {
   namespace fs = std::filesystem;
   const fs::path parent = fs::path(prefix).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
@@ -101,6 +101,14 @@ void check_output_prefix(const std::string& prefix) {
     throw InputError("--out " + prefix + ": no directory " + dir + " to write it in");
   if (::access(dir.c_str(), W_OK) != 0)
     throw InputError("--out " + prefix + ": cannot write in " + dir + ": " + std::strerror(errno));
+  // The file system's limit on a name, before the work: a longer PREFIX.model had failed
+  // at its rename after the whole run.
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name = fs::path(prefix).filename().string().size() + longest_ext.size();
+  if (name_max > 0 && name > size_t(name_max))
+    throw InputError("--out " + prefix + ": the file name " + fs::path(prefix).filename().string() +
+                     longest_ext + " is " + std::to_string(name) +
+                     " bytes, over the file system's limit of " + std::to_string(name_max));
 }
 
 // Throws InputError when `input` (--input) is a directory: reading one had said "read error"
@@ -317,7 +325,7 @@ int run_prepare(const std::vector<std::string>& args) {
   if (!jsonl && !vm["json-key"].defaulted())
     throw InputError("--json-key applies to .jsonl or .json input (JSON Lines), found --input " +
                      input + " (a text file: a document per line)");
-  check_output_prefix(out);
+  check_output_prefix(out, ".bin");
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
   int64_t line_no = 0, skipped = 0;
@@ -432,7 +440,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
     throw InputError(
         "--max-lines: expected 0 (every line) or more than 100 (SentencePiece's least), found " +
         std::to_string(max_lines));
-  check_output_prefix(out);
+  check_output_prefix(out, ".model");
   check_input_file(input, "a text file");
   // SentencePiece writes TMP.model and TMP.vocab, renamed to PREFIX's names once both are
   // complete: a failed run (PREFIX.vocab a directory) had left a new PREFIX.model in

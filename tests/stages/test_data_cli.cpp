@@ -456,6 +456,15 @@ TEST(DataCli, LongOutputNamesAreWritten) {
   for (const auto& e : std::filesystem::directory_iterator(dir()))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos)
         << "left behind: " << e.path();
+  // One byte more than the limit allows is refused before the work, naming --out.
+  const std::string too_long = dir() + "/" + std::string(250, 'n');  // + ".model": 256 bytes
+  r = baton("train-tokenizer --input " + slice() + " --out " + too_long + " --vocab-size 200");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("over the file system's limit of 255"), std::string::npos) << r.output;
+  r = baton("prepare --tokenizer " + prefix + ".model --input " + slice() + " --out " + dir() +
+            "/" + std::string(252, 'n'));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out "), std::string::npos) << r.output;
 }
 
 // A failed run leaves an earlier model as it was: PREFIX.vocab a directory had been found
