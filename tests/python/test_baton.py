@@ -340,9 +340,9 @@ print("ok")
         # NaN and inf are named as such (they had read "found null null").
         for bad in (float("nan"), float("inf"), np.float64("nan")):
             with self.assertRaisesRegex(baton.InputError,
-                                        r"costs\.forward: expected a finite number, found"):
+                                        r"costs: \$\.forward: expected a finite number, found"):
                 baton.simulate(s, {"forward": bad})
-        with self.assertRaisesRegex(baton.InputError, r"costs\.forward\[1\]: expected a finite"):
+        with self.assertRaisesRegex(baton.InputError, r"costs: \$\.forward\[1\]: expected a finite"):
             baton.simulate(s, {"forward": np.array([1.0, np.nan])})
         with self.assertRaisesRegex(baton.InputError, "forward: expected a finite number, found nan"):
             baton.Simulator(s).run_stages(float("nan"), 1, 1)
@@ -386,6 +386,11 @@ print("ok")
             sim.run_stages(1, np.array([1, 1, 2e9, 1]), 1)
         with self.assertRaisesRegex(baton.InputError, r"^costs: backward_weight\[1\]: expected a finite number"):
             sim.run_stages(1, 1, [1, float("nan"), 1, 1])
+        # A bool in a list is no number, as one alone is not (forcecast had read it as 1).
+        with self.assertRaisesRegex(baton.InputError, r"^costs: forward\[0\]: expected a number, found True"):
+            sim.run_stages([True, 1, 1, 1], 1, 1)
+        with self.assertRaisesRegex(baton.InputError, r"^memory_limit\[0\]: expected a number, found True"):
+            baton.auto_schedule(4, 8, None, memory_limit=[True, 2, 2, 2])
         self.assertEqual(sim.run_stages(1e9, 1, 1)[0], sim.run_stages(np.full(4, 1e9), 1, 1)[0])
         # A per-rank memory limit refuses inf as one number does.
         c = {"forward": 1, "backward_input": 1.5, "backward_weight": 0.7}
@@ -571,7 +576,7 @@ class Planning(unittest.TestCase):
         for bad in (float("nan"), float("inf")):
             for call in (baton.check, baton.predict):
                 with self.assertRaisesRegex(baton.InputError,
-                                            r"^plan\.schedule\.micro_batches: expected a finite number"):
+                                            r"^plan: \$\.schedule\.micro_batches: expected a finite number"):
                     call(dict(best, schedule=dict(best["schedule"], micro_batches=bad)))
         numpy_mb = dict(best, schedule=dict(best["schedule"], micro_batches=np.int64(mb)))
         self.assertEqual(baton.check(numpy_mb)["step_time"], want)

@@ -90,6 +90,19 @@ std::vector<double> as_vector(const py::object& o, const std::string& what,
   if (one) {
     v = {finite_number(o, what)};
   } else {
+    // forcecast below would read a bool as 0 or 1, which a number alone is refused for.
+    if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
+      size_t i = 0;
+      for (const py::handle e : o) {
+        if (!is_number(e) && !py::isinstance<py::array>(e))
+          throw InputError(what + "[" + std::to_string(i) + "]: expected a number, found " +
+                           std::string(py::str(py::repr(e))));
+        ++i;
+      }
+    } else if (py::isinstance<py::array>(o) &&
+               py::reinterpret_borrow<py::array>(o).dtype().kind() == 'b') {
+      throw InputError(what + ": expected numbers, found an array of bools");
+    }
     auto a = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(o);
     if (!a || a.ndim() != 1) throw InputError(what + ": expected a number or a list of numbers");
     v.assign(a.data(), a.data() + a.size());

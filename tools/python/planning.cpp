@@ -69,7 +69,10 @@ int whole_number(const py::handle& h, const std::string& what) {
   return i.cast<int>();
 }
 
-nlohmann::json to_json(const py::handle& h, const std::string& path) {
+namespace {
+// `where` names the value as the file readers do: "costs: $.forward[0]".
+nlohmann::json to_json_at(const py::handle& h, const std::string& root, const std::string& at) {
+  const std::string where = root + ": " + at;
   if (h.is_none()) return nullptr;
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
   if (py::isinstance<py::str>(h)) return h.cast<std::string>();
@@ -79,15 +82,16 @@ nlohmann::json to_json(const py::handle& h, const std::string& path) {
     if (d < -9.2e18 || d > 9.2e18) return d;  // beyond long long: the check says too large
     return i.cast<long long>();
   }
-  if (py::isinstance<py::float_>(h)) return finite_number(h, path);
+  if (py::isinstance<py::float_>(h)) return finite_number(h, where);
   // numpy's arrays and scalars as the Python values they hold: through doubles, an int64
   // beyond 2^53 had been rounded and a group id had read 0.0.
-  if (py::hasattr(h, "dtype") && py::hasattr(h, "tolist")) return to_json(h.attr("tolist")(), path);
+  if (py::hasattr(h, "dtype") && py::hasattr(h, "tolist"))
+    return to_json_at(h.attr("tolist")(), root, at);
   if (py::isinstance<py::dict>(h)) {
     nlohmann::json j = nlohmann::json::object();
     for (auto [k, v] : h.cast<py::dict>()) {
       const std::string key = py::str(k);
-      j[key] = to_json(v, path + "." + key);
+      j[key] = to_json_at(v, root, at + "." + key);
     }
     return j;
   }
@@ -95,14 +99,19 @@ nlohmann::json to_json(const py::handle& h, const std::string& path) {
     nlohmann::json j = nlohmann::json::array();
     size_t i = 0;
     for (auto v : h.cast<py::sequence>())
-      j.push_back(to_json(v, path + "[" + std::to_string(i++) + "]"));
+      j.push_back(to_json_at(v, root, at + "[" + std::to_string(i++) + "]"));
     return j;
   }
   if (py::hasattr(h, "__index__"))
-    return to_json(py::int_(py::reinterpret_borrow<py::object>(h)), path);
-  if (py::hasattr(h, "__float__")) return finite_number(h, path);
-  throw InputError(path + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
+    return to_json_at(py::int_(py::reinterpret_borrow<py::object>(h)), root, at);
+  if (py::hasattr(h, "__float__")) return finite_number(h, where);
+  throw InputError(where + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
                    " here");
+}
+}  // namespace
+
+nlohmann::json to_json(const py::handle& h, const std::string& path) {
+  return to_json_at(h, path, "$");
 }
 
 std::optional<std::string> path_string(const py::handle& h) {
