@@ -52,6 +52,18 @@ std::optional<std::string_view> rank_prefix(std::string_view head) {
 }  // namespace
 
 std::string to_text(const Schedule& s) {
+  // The text form has no peers (they come from the placement): a peer given otherwise
+  // (kept for the validator to report) had been dropped, the schedule read back valid.
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      const int from_placement = transfer_peer(s, a);
+      if (a.peer >= 0 && a.peer != from_placement)
+        throw InputError("rank " + std::to_string(r) + ", action " + std::to_string(i) + " (" +
+                         to_token(a) + "): peer " + std::to_string(a.peer) +
+                         ", which the text form cannot hold (its peers come from the placement: " +
+                         std::to_string(from_placement) + "); save it as JSON");
+    }
   std::string out = "# baton schedule, text form: one line per rank (docs/schedules.md)\n";
   if (!s.name.empty()) {
     std::string name = s.name;

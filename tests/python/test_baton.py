@@ -206,6 +206,12 @@ class Schedules(unittest.TestCase):
         with self.assertRaisesRegex(baton.ScheduleError,
                                     "peer 0, but the placement puts stage 1 on rank 1"):
             baton.validate(s)
+        # The text form holds no peers: saving that one there is refused, not repaired.
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaisesRegex(baton.InputError, "which the text form cannot hold"):
+                s.save(os.path.join(tmp, "s.txt"))
+            s.save(os.path.join(tmp, "s.json"))
+            self.assertEqual(baton.load(os.path.join(tmp, "s.json")).actions(0)[1].peer, 0)
         self.assertEqual(baton.Schedule([list(low.actions(0)), list(low.actions(1))], name="1f1b"), low)
         with self.assertRaisesRegex(baton.InputError,
                                     r"rank 0, action 0\.peer: only sends and receives have a peer"):
