@@ -830,7 +830,33 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
       if (d < out.sending.size() && out.sending[d] > 0) out.sending[d] += early[d];
     }
   }
+  // A parameter server with staleness s posts this step's pull before it completes the
+  // oldest (GradReducer::gather_params): besides the s pulls counted throughout, one more,
+  // each bucket's whole output and the rank's part of it, and the rank's parts cloned, one
+  // tensor per parameter (an empty one still a block). No flat copy or all-gather scratch:
+  // the pull gathers into its own output. Left out, small buckets had been 15-24% under.
+  const bool stale = p.dp_sync.parameter_server() && p.dp_sync.max_staleness > 0;
   for (auto& [members, sh] : sharded) {
+    if (!stale) break;
+    const int me = int(std::find(members.begin(), members.end(), rank) - members.begin());
+    const std::map<int, int64_t> parts =  // the replicas' (none beside extra server ranks)
+        servers > 0 ? std::map<int, int64_t>{}
+                    : shard_parts(pg, sh.whole, o.bucket_bytes, int(members.size()), me);
+    for (const std::vector<int>& b : gradient_buckets(pg, sh.whole, o.bucket_bytes, nullptr)) {
+      const int64_t es = int64_t(memory::dtype_size(pg.params[size_t(b.front())].dtype));
+      int64_t elements = 0, mine = 0;
+      for (int id : b) {
+        elements += memory::shape_numel(pg.params[size_t(id)].shape);
+        const auto part_it = parts.find(id);
+        const int64_t part = part_it == parts.end() ? 0 : part_it->second;
+        mine += part;
+        out.gather += rounded(part * es);
+      }
+      out.gather += rounded(elements * es) + rounded(mine * es);
+    }
+  }
+  for (auto& [members, sh] : sharded) {
+    if (stale) break;
     const int n = int(members.size());
     int64_t group_scratch = 0;
     auto close = [&](int params, int64_t elements, memory::DType dt) {
@@ -866,6 +892,17 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
                                                                 size_t(n), es, p.dp));
     }
     out.gather = std::max(out.gather, sync);
+  }
+  // Extra server ranks are seeded by the group's first member, replica 0, at the first
+  // step's start: each bucket in turn built whole and scattered, with an empty receive
+  // buffer (a block). Left out, its estimate had been 24% under at --bucket-mib 0.001.
+  for (auto& [members, sh] : sharded) {
+    if (servers == 0 || members.front() != rank) continue;
+    for_each_bucket(
+        pg, sh.whole, o.bucket_bytes, nullptr, [&](int, int64_t elements, memory::DType dt) {
+          out.start =
+              std::max(out.start, rounded(elements * int64_t(memory::dtype_size(dt))) + rounded(0));
+        });
   }
   if (out.gather > 0) out.gather += loaded_beyond(computes.size());
   out.reduction = flats + scratch + at_end;
@@ -1157,6 +1194,8 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   // Replica 0's buffers where a replica's differ: a post-validated step's copy of the
   // rank's own parts under ZeRO (update_point_bytes). By replica 0's rank.
   std::map<int, RankBuffers> buffers_of_position;
+  // Replica 0's peak without seeding extra server ranks, which its peers do not: by its rank.
+  std::map<int, int64_t> unseeded_peak;
   for (int rank = 0; rank < r.layout.world(); ++rank) {
     // The replicas of one position (pipeline rank, tensor-parallel index, tile) hold the
     // same stages and buffers, their groups the same sizes: replica 0's estimate (ranks
@@ -1168,6 +1207,10 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       RankEstimate re = e.ranks[size_t(first)];
       re.rank = rank;
       re.coord = c;
+      if (auto it = unseeded_peak.find(first); it != unseeded_peak.end()) {
+        re.peak = it->second;
+        re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
+      }
       if (sharding) {
         const OwnSharding mine = own_sharding_of(rank, re.stages), theirs = own_of_position[first];
         re.grad_bytes += mine.grads - theirs.grads;
@@ -1179,6 +1222,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         // had been 29,056 bytes under its measured peak).
         if (auto it = buffers_of_position.find(first); it != buffers_of_position.end()) {
           RankBuffers b = it->second;
+          b.start = 0;
           const Graph& pgc = graph_of(c.pp);
           b.step += update_point_bytes(r, rank, pgc, options.bucket_bytes) -
                     update_point_bytes(r, first, pgc, options.bucket_bytes);
@@ -1232,9 +1276,14 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     re.grad_bytes += own.grads;
     re.optimizer_bytes += own.optimizer;
     if (options.exact_memory) {
-      const RankBuffers b = rank_buffers(r, rank, graph_of(re.coord.pp), options);
+      RankBuffers b = rank_buffers(r, rank, graph_of(re.coord.pp), options);
       if (sharding && p.post_validated_step) buffers_of_position[rank] = b;
       re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem, b);
+      if (b.start > 0) {
+        b.start = 0;
+        unseeded_peak[rank] =
+            own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem, b);
+      }
     } else {
       re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem);
     }

@@ -997,7 +997,7 @@ int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<Stage
                   const RankBuffers& buffers) {
   int64_t persistent = 0;
   for (int k : schedule::stages_of_rank(s, rank)) persistent += stages[size_t(k)].persistent();
-  int64_t peak = std::max({buffers.reduction, buffers.step, buffers.gather});
+  int64_t peak = std::max({buffers.reduction, buffers.step, buffers.gather, buffers.start});
   std::map<int, size_t> last_weight;  // each stage's last W (or BW) of the step
   const auto& actions = s.ranks[size_t(rank)];
   for (size_t pos = 0; pos < actions.size(); ++pos)

@@ -192,8 +192,13 @@ struct RankBuffers {
   int64_t reduction = 0;  // the gradient buckets' flat copies and the all-reduces' scratch
   int64_t step = 0;       // STEP's norm and loss vector (and its all-reduce's scratch)
   // After the optimizer step (GradReducer::gather_params): the sharded buckets of several
-  // parameters, each all-gathered in place in a flat copy, all at once, and the scratch.
+  // parameters, each all-gathered in place in a flat copy, all at once, and the scratch;
+  // with a parameter server's staleness, the pull posted before the oldest completes.
   int64_t gather = 0;
+  // Once, at the first step's start (GradReducer::seed_servers): replica 0 seeding extra
+  // parameter-server ranks builds each bucket of its parameters whole, one at a time, and
+  // scatters it; 0 on every other rank.
+  int64_t start = 0;
   // Per action of the rank's compute-only list (s.ranks[rank]): the receive buffers
   // posted ahead of it and not yet waited for, the sends made since the previous
   // compute action (still held by the transport), the values handed between two of the
@@ -208,7 +213,7 @@ struct RankBuffers {
 };
 // rank_peak with the executor's buffers: the walk's peak plus the loader's and the
 // posted receives' bytes at each action, or the step's end (the reduction, STEP, the
-// all-gather after it) if that is higher.
+// all-gather after it) or the first step's start if that is higher.
 int64_t rank_peak(const schedule::Schedule& s, int rank, const std::vector<StageMemory>& stages,
                   const RankBuffers& buffers);
 

@@ -135,15 +135,37 @@ void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
     kernels::random_normal(t, p.init.mean, p.init.std, seed, stream, kernels::Block{});
     return;
   }
-  // Each piece gets exactly the values of its block of the logical parameter.
+  // Each piece gets exactly the values of its block of the logical parameter, drawn in
+  // place: a piece narrower than t in dimension k (a column block of a fused qkv) is
+  // contiguous in t only for one index of each dimension before k, so it is drawn as those
+  // slabs. A temporary of the piece's shape, held beside the weights and gradients, had
+  // raised the rank's start-up peak above its estimate.
   for (const ParamPiece& piece : p.pieces) {
-    Tensor tmp = Tensor::empty(piece.shape, t.dtype(), t.device());
-    kernels::random_normal(tmp, p.init.mean, p.init.std, seed, stream,
-                           kernels::Block{p.logical_shape, piece.global_offsets});
-    Tensor view = t;
-    for (size_t d = 0; d < piece.shape.size(); ++d)
-      view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
-    view.copy_from(tmp);
+    const size_t rank = piece.shape.size();
+    size_t k = 0;  // the dimensions before k are iterated, those from k on taken whole
+    for (size_t d = rank; d-- > 0;)
+      if (piece.shape[d] != t.size(int64_t(d))) {
+        k = d;
+        break;
+      }
+    std::vector<int64_t> at(k, 0);  // the slab's index in each dimension before k
+    bool empty = false;
+    for (int64_t n : piece.shape) empty = empty || n == 0;
+    while (!empty) {
+      Tensor slab = t;
+      std::vector<int64_t> offsets = piece.global_offsets;
+      for (size_t d = 0; d < rank; ++d) {
+        const bool one = d < k;
+        slab = slab.narrow(int64_t(d), piece.local_offsets[d] + (one ? at[d] : 0),
+                           one ? 1 : piece.shape[d]);
+        if (one) offsets[d] += at[d];
+      }
+      kernels::random_normal(slab, p.init.mean, p.init.std, seed, stream,
+                             kernels::Block{p.logical_shape, offsets});
+      size_t d = k;
+      while (d > 0 && ++at[d - 1] == piece.shape[d - 1]) at[--d] = 0;
+      if (d == 0) break;
+    }
   }
 }
 
