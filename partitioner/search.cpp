@@ -66,15 +66,19 @@ PersistentCopies persistent_copies(int optimizer_states, OptimizerSharding shard
     c.whole += copies;
     c.shared_extra += copies;
   }
-  if (servers && sync.max_staleness > 0) {
+  // The s pulls in flight, and after the step one more: the next is posted before the
+  // oldest completes (GradReducer::gather_params), as the exact estimate counts it.
+  const int pulls = sync.max_staleness > 0 ? sync.max_staleness + 1 : 0;
+  if (servers && pulls > 0) {
     // Each pull in flight: a parameter-sized buffer (the part is the servers').
-    c.whole += sync.max_staleness;
-    c.shared_extra += sync.max_staleness;
-  } else if (ps && sync.max_staleness > 0) {
-    // Each pull in flight: a parameter-sized buffer and the rank's part.
-    c.whole += sync.max_staleness;
-    c.sharded += sync.max_staleness;
-    c.shared_extra += 2 * sync.max_staleness;
+    c.whole += pulls;
+    c.shared_extra += pulls;
+  } else if (ps && pulls > 0) {
+    // Each pull in flight: a parameter-sized buffer and the rank's part (the one posted
+    // early holds its buffer; its part is the one being stepped).
+    c.whole += pulls;
+    c.sharded += pulls - 1;
+    c.shared_extra += 2 * pulls - 1;
   }
   return c;
 }

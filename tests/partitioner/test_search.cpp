@@ -132,7 +132,10 @@ TEST(Search, ComposedMemoryFollowsShardingAndSync) {
     if (std::string(v.name) == "zero2") continue;
     const double want = exact - base_exact, got = searched - base;
     ASSERT_NE(want, 0);
-    EXPECT_NEAR(got, want, 0.1 * std::abs(want)) << "searched " << got << ", exact " << want;
+    // The parameter server's pull posted before the oldest completes is a moment after
+    // the step in the exact estimate; the search holds it all the step (a bound): 20%.
+    const double near = std::string(v.name).rfind("parameter-server", 0) == 0 ? 0.2 : 0.1;
+    EXPECT_NEAR(got, want, near * std::abs(want)) << "searched " << got << ", exact " << want;
   }
   // zero2 holds part-sized gradient accumulators, but the search bounds its W's
   // transient buckets by two whole ones, which for this model's 13 MB of gradients costs
@@ -1129,7 +1132,13 @@ TEST(Evaluate, ReplicasShareTheirPositionsEstimate) {
       EXPECT_EQ(a.loader, b.loader) << "rank " << q;
       EXPECT_EQ(a.reduction, b.reduction) << "rank " << q;
       EXPECT_EQ(a.step, b.step) << "rank " << q;
-      EXPECT_EQ(a.gather, b.gather) << "rank " << q;
+      // A stale parameter server's extra pull holds the rank's part of each parameter, one
+      // block each, whose sizes fall differently on each replica: a few 64-byte blocks
+      // apart (replica 0's figure is every replica's, 0.1% under at most).
+      if (k.contains("dp_sync") && k["dp_sync"]["max_staleness"] == 1)
+        EXPECT_LE(std::abs(a.gather - b.gather), 4 * 64) << "rank " << q;
+      else
+        EXPECT_EQ(a.gather, b.gather) << "rank " << q;
       EXPECT_EQ(a.posted, b.posted) << "rank " << q;
     }
   }
