@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -273,11 +274,13 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
           "continuing with {} (the loss curve is not the uninterrupted run's)",
           dir, b.get<int64_t>(), batch);
   }
-  // A constant rate (after its warm-up) does not depend on the run's length.
+  // A constant rate (after its warm-up) does not depend on the run's length (and older
+  // manifests gave it a decay and a floor).
   auto curve = [](nlohmann::json j) {
     if (j.is_object() && j.value("kind", "") == "constant") {
       j.erase("total");
       j.erase("decay");
+      j.erase("min_lr");
     }
     return j;
   };
@@ -408,7 +411,9 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   summary.first_step = start;
   LossLog loss_log(lead ? o.loss_log : std::string(), start);
   const stages::LrSchedule schedule = lr_schedule_of(o);
-  double ema_step = 0;
+  // The time left: the wall clock since the first iteration (the warm-up, which the summary's
+  // rate leaves out too) over the steps since, evaluations and checkpoints included.
+  std::chrono::steady_clock::time_point warm{};
   bool data_checked = steps.data_check == nullptr;
   auto check_data = [&](bool wait) {
     if (data_checked) return;
@@ -422,6 +427,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           steps.data_check->tokens(), steps.data_check->vocab(), steps.data_check->seconds());
   };
   for (int64_t step = start; step < o.steps; ++step) {
+    if (step == start + 1) warm = std::chrono::steady_clock::now();
     // The rate is a pure function of the step: a resumed run continues the curve.
     const double lr = schedule.at(step + 1);
     if (steps.set_lr) steps.set_lr(lr);
@@ -471,13 +477,12 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (rec.eval_loss) summary.evaluations.emplace_back(rec.step, *rec.eval_loss);
     summary.skipped_steps += rec.skipped ? 1 : 0;
     loss_log.write(rec);
-    ema_step = ema_step == 0 ? rec.seconds : 0.9 * ema_step + 0.1 * rec.seconds;
     if (lead && ((o.log_every > 0 &&
                   (rec.step % o.log_every == 0 || rec.step == o.steps || step == start)) ||
                  eval))
       spdlog::info(
           "step {:>6}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} {} | "
-          "{:.1f} ms/step | {} left",
+          "{:.1f} ms/step{}",
           rec.step, o.steps, rec.loss,
           rec.eval_loss ? fmt::format(" | val loss {:.4f}", *rec.eval_loss) : std::string(), lr,
           rec.grad_norm,
@@ -486,7 +491,14 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           : rec.skipped      ? std::string(" | SKIPPED (non-finite gradient)")
                              : std::string(),
           double(tokens_per_step) / rec.seconds, steps.rate_unit, rec.seconds * 1e3,
-          duration_str(ema_step * double(o.steps - rec.step)));
+          step == start
+              ? std::string()
+              : " | " +
+                    duration_str(std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                               warm)
+                                     .count() /
+                                 double(step - start) * double(o.steps - rec.step)) +
+                    " left");
     if (save && !eval) checkpoint();
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
     if (on_step) on_step(rec);

@@ -1267,6 +1267,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     }
     for (int id : params) {
       const stages::Param& prm = g.params[size_t(id)];
+      if (!prm.trainable) continue;  // running statistics: state, not parameters
       int64_t n = memory::shape_numel(prm.logical_shape);
       const ParamShard& sh = r.sharding.params[size_t(id)];
       if (sh.dim >= 0 && sh.t > 1)

@@ -126,7 +126,10 @@ std::vector<int> Graph::params_used(int first, int last) const {
 
 int64_t Graph::num_parameters() const {
   int64_t n = 0;
-  for (const Param& p : params) n += memory::shape_numel(p.logical_shape);
+  // Running statistics are state, not parameters (no gradient, no optimizer state): as
+  // PyTorch counts them.
+  for (const Param& p : params)
+    if (p.trainable) n += memory::shape_numel(p.logical_shape);
   return n;
 }
 

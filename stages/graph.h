@@ -106,7 +106,7 @@ class Graph {
   std::vector<int> inputs_used(int first, int last) const;
   // Parameters used by nodes of layers [first, last), ascending.
   std::vector<int> params_used(int first, int last) const;
-  // Total elements of the logical parameters (each counted once).
+  // Total elements of the trainable logical parameters (each counted once).
   int64_t num_parameters() const;
 
   // Building (the JSON loader and the partitioner use these; names must be new).

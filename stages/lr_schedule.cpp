@@ -92,6 +92,9 @@ void LrSchedule::validate() const {
 }
 
 nlohmann::json LrSchedule::to_json() const {
+  // A constant rate neither decays nor has a floor: no fields that say it does.
+  if (kind == Kind::constant)
+    return {{"kind", lr_schedule_name(kind)}, {"lr", lr}, {"warmup", warmup}, {"total", total}};
   return {{"kind", lr_schedule_name(kind)}, {"lr", lr},      {"min_lr", min_lr}, {"warmup", warmup},
           {"decay", decay_steps()},         {"total", total}};
 }

@@ -93,6 +93,21 @@ TEST(LrSchedule, BadFlags) {
   EXPECT_EQ(parse_lr_schedule("cosine"), LrSchedule::Kind::cosine);
 }
 
+// A constant rate's JSON (the summary's and the manifest's) has no decay and no floor.
+TEST(LrSchedule, ConstantJsonSaysNoDecay) {
+  LrSchedule s;
+  s.kind = LrSchedule::Kind::constant;
+  s.lr = 0.01;
+  s.warmup = 3;
+  s.total = 10;
+  const nlohmann::json j = s.to_json();
+  EXPECT_FALSE(j.contains("decay")) << j.dump();
+  EXPECT_FALSE(j.contains("min_lr")) << j.dump();
+  EXPECT_EQ(j["warmup"], 3);
+  s.kind = LrSchedule::Kind::cosine;
+  EXPECT_EQ(s.to_json()["decay"], 7);
+}
+
 // The default decay is the last decay_fraction of the steps, rounded up: a product that
 // binary floating point puts just above a whole number (0.07 * 100 = 7.000000000000001)
 // is that number, not one step more; one truly above it still rounds up.

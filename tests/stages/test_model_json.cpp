@@ -62,6 +62,10 @@ TEST(ModelJson, Gpt2ShorthandShapes) {
   // GPT-2 parameter count: 12 L C^2 + 13 L C + V C + P C + 2 C.
   int64_t L = 3, C = 64;
   EXPECT_EQ(g.num_parameters(), 12 * L * C * C + 13 * L * C + 256 * C + 128 * C + 2 * C);
+  // A buffer (batch norm's running statistics) is state, not a parameter, as PyTorch counts.
+  Graph b = g;
+  b.params[size_t(b.find_param("wpe.weight"))].trainable = false;
+  EXPECT_EQ(b.num_parameters(), g.num_parameters() - 128 * C);
   EXPECT_FALSE(g.params[size_t(g.find_param("h.0.ln_1.weight"))].weight_decay);
   EXPECT_TRUE(w.weight_decay);
 }
