@@ -376,11 +376,22 @@ double spatial_exchange_extra(const Machine& m, int s, int ranks) {
 
 std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m) {
   const int world = layout.world(), cores = m.cores_per_host;
-  if (cores <= 0 || world <= cores || (m.ranks_per_host > 0 && m.ranks_per_host < world)) return {};
-  std::vector<std::vector<double>> out(size_t(cores), std::vector<double>(size_t(layout.pp())));
+  const int per_host = m.ranks_per_host > 0 ? std::min(m.ranks_per_host, world) : world;
+  if (cores <= 0 || per_host <= cores) return {};
+  // Each host's ranks (rank w on host w / per_host) share that host's cores, dealt in
+  // the layout's order among them: a core per row, the hosts' rows one after another.
+  const int hosts = (world + per_host - 1) / per_host;
+  std::vector<std::vector<double>> out(size_t(hosts) * size_t(cores),
+                                       std::vector<double>(size_t(layout.pp())));
   const std::vector<int> place = layout.core_deal_order();
-  for (int w = 0; w < world; ++w)
-    out[size_t(place[size_t(w)] % cores)][size_t(layout.coord(w).pp)] += 1;
+  std::vector<int> by_place(size_t(world));
+  for (int w = 0; w < world; ++w) by_place[size_t(place[size_t(w)])] = w;
+  std::vector<int> dealt(size_t(hosts), 0);
+  for (int w : by_place) {
+    const int host = w / per_host;
+    const int core = dealt[size_t(host)]++ % cores;
+    out[size_t(host) * size_t(cores) + size_t(core)][size_t(layout.coord(w).pp)] += 1;
+  }
   return out;
 }
 

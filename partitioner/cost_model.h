@@ -84,8 +84,8 @@ double tp_collective_extra(const Machine& m, int t, int ranks);
 double spatial_exchange_extra(const Machine& m, int s, int ranks);
 
 // Time-slicing (Machine::cores_per_host): per core, the ranks of each pipeline rank it
-// runs (schedule::Costs::core_ranks) when every rank of the plan is on one host and
-// they outnumber its cores; empty otherwise.
+// runs (schedule::Costs::core_ranks) when a host's ranks (Machine::ranks_per_host, or
+// all) outnumber its cores, a row per core of each host; empty otherwise.
 std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine& m);
 
 double all_reduce_time(double bytes, int ranks, double bandwidth, double latency);

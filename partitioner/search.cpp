@@ -189,8 +189,12 @@ class Search {
               continue;
             }
             for (const std::string& name : names) {
-              // One pipeline rank: every schedule runs the same F, B, W in order.
-              if (pp == 1 && name != "1f1b" && o_.schedules.empty()) continue;
+              // One pipeline rank: every one-chunk schedule runs the same F, B, W in order.
+              // Two chunks split the rank into two stages, so with replicas the later
+              // chunk's reduction overlaps the earlier one's backward.
+              if (pp == 1 && name != "1f1b" && o_.schedules.empty() &&
+                  (dp == 1 || !several_chunks(name, m)))
+                continue;
               // What a plan file would refuse (gossip's peers beyond the replicas, a
               // parameter server under DualPipe, ...) is no candidate either.
               if (dp > 1 && !dp_sync_allowed(dp, name)) continue;
@@ -222,12 +226,7 @@ class Search {
       evaluate(pending_[i]);
     }
     retry_starved();
-    auto faster = [](const Candidate& a, const Candidate& b) { return a.step_time < b.step_time; };
-    std::sort(fitting_.begin(), fitting_.end(), faster);
-    const size_t listed = std::min(fitting_.size(), size_t(std::max(1, o_.keep)));
-    for (size_t i = 0; i < listed; ++i) polish(fitting_[i]);
-    std::sort(fitting_.begin(), fitting_.begin() + long(listed), faster);
-    for (size_t i = 0; i < listed; ++i) result_.ranked.push_back(fitting_[i]);
+    polish_and_rank();
     if (fitting_.empty() && closest_) result_.closest = closest_;
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::debug(
@@ -238,6 +237,44 @@ class Search {
   }
 
  private:
+  // A total order, so that equally fast plans (the same step to the nanosecond) rank the
+  // same whatever --top: the lower peak first, then by description.
+  static bool faster(const Candidate& a, const Candidate& b) {
+    const int64_t ta = std::llround(a.step_time * 1e9), tb = std::llround(b.step_time * 1e9);
+    if (ta != tb) return ta < tb;
+    if (a.peak != b.peak) return a.peak < b.peak;
+    return a.describe() < b.describe();
+  }
+
+  // Layer moves (polish) may lift a candidate past faster ones, so which are polished
+  // decides the best plan, not --top: every fitting candidate whose lower bound on its
+  // step could still beat the best polished so far is polished, fastest first (a pruned
+  // one's bound was at least the keep-th step, so it could not either), then the listed
+  // ones not yet polished.
+  void polish_and_rank() {
+    std::vector<size_t> order(fitting_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return faster(fitting_[a], fitting_[b]); });
+    std::vector<bool> polished(fitting_.size(), false);
+    double best = std::numeric_limits<double>::infinity();
+    for (size_t i : order) {
+      if (fitting_bound_[i] >= best) continue;
+      polish(fitting_[i]);
+      polished[i] = true;
+      best = std::min(best, fitting_[i].step_time);
+    }
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return faster(fitting_[a], fitting_[b]); });
+    const size_t listed = std::min(fitting_.size(), size_t(std::max(1, o_.keep)));
+    for (size_t k = 0; k < listed; ++k)
+      if (!polished[order[k]]) polish(fitting_[order[k]]);
+    // Those polished now could not beat the first (their bound): it stays first.
+    std::sort(order.begin() + long(std::min<size_t>(1, listed)), order.begin() + long(listed),
+              [&](size_t a, size_t b) { return faster(fitting_[a], fitting_[b]); });
+    for (size_t k = 0; k < listed; ++k) result_.ranked.push_back(fitting_[order[k]]);
+  }
+
   // Notes why a degree or schedule does not apply (once per reason).
   void skip(const std::string& reason) {
     if (std::find(result_.skipped.begin(), result_.skipped.end(), reason) == result_.skipped.end())
@@ -304,6 +341,15 @@ class Search {
   // "no plan fits".
   void check_fixed(int N, int L) const {
     int64_t product = 1;
+    // Ranks per host beyond the plan's processes would only say "one host", which 0 says.
+    const int ps = o_.dp_sync.parameter_server() ? std::max(0, o_.dp_sync.ps_ranks) : 0;
+    const int per_host = model_.machine().ranks_per_host;
+    if (per_host > N + ps)
+      throw InputError("--ranks-per-host: expected at most the plan's " + std::to_string(N + ps) +
+                       " ranks (" + std::to_string(N) + " devices" +
+                       (ps > 0 ? " and " + std::to_string(ps) + " parameter-server ranks" : "") +
+                       "; 0, the default, puts them all on one host), found " +
+                       std::to_string(per_host));
     for (auto [value, flag] :
          {std::pair{o_.tp, "--tp"}, std::pair{o_.pp, "--pp"}, std::pair{o_.dp, "--dp"},
           std::pair{o_.spatial, "--spatial"}, std::pair{o_.micro_batches, "--micro-batches"}})
@@ -366,7 +412,14 @@ class Search {
     }
   }
 
-  const schedule::Schedule* schedule_for(const std::string& name, int pp, int m) {
+  // Whether `name` on one pipeline rank with m micro-batches splits it into several
+  // stages (a generator refusing one rank is no candidate there; nothing noted).
+  bool several_chunks(const std::string& name, int m) {
+    const schedule::Schedule* s = schedule_for(name, 1, m, false);
+    return s != nullptr && s->num_stages() > 1;
+  }
+
+  const schedule::Schedule* schedule_for(const std::string& name, int pp, int m, bool note = true) {
     std::string key = name + "/" + std::to_string(pp) + "/" + std::to_string(m);
     auto it = schedules_.find(key);
     if (it != schedules_.end()) return it->second.get();
@@ -374,7 +427,7 @@ class Search {
     try {
       s = std::make_unique<schedule::Schedule>(schedule::generate(name, pp, m));
     } catch (const InputError& e) {
-      if (!noted_.count(key))
+      if (note && !noted_.count(key))
         skip(name + " with " + std::to_string(pp) + " ranks and " + std::to_string(m) +
              " micro-batches: " + e.what());
       noted_.insert(key);
@@ -744,6 +797,7 @@ class Search {
       return;
     }
     fitting_.push_back(std::move(c));
+    fitting_bound_.push_back(p.lower_bound);
   }
 
   // Whether some cut may fit: a rank holds at least the average of the ranks' parameters,
@@ -757,8 +811,11 @@ class Search {
   static constexpr int kRecuts = 4;
 
   // The step time a candidate must beat to enter the list (infinite while it is short).
+  // At least kKept long whatever --top: which candidates over the composed bound are
+  // checked exactly (and so fit) then does not hang on how many plans a user lists.
+  static constexpr int kKept = 8;
   double entry_time() const {
-    const size_t keep = size_t(std::max(1, o_.keep));
+    const size_t keep = size_t(std::max(kKept, o_.keep));
     if (fitting_.size() < keep) return std::numeric_limits<double>::infinity();
     std::vector<double> times;
     for (const Candidate& f : fitting_) times.push_back(f.step_time);
@@ -1062,6 +1119,7 @@ class Search {
   int opt_states_;
   SearchResult result_;
   std::vector<Candidate> fitting_;
+  std::vector<double> fitting_bound_;  // each one's Pending::lower_bound
   std::optional<Candidate> closest_;
   std::map<std::string, std::unique_ptr<schedule::Schedule>> schedules_;
   std::map<std::string, std::unique_ptr<schedule::Simulator>> sims_;

@@ -676,6 +676,72 @@ TEST(Search, KeepsWhatTheUserFixes) {
   EXPECT_EQ(res.evaluated, 1);
 }
 
+// The best plan does not hang on how many are listed: ties in the step fall to the lower
+// peak, then the description, and which candidates get their layer moves is not --top's.
+TEST(Search, BestPlanDoesNotDependOnTop) {
+  stages::Gpt2Config c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 128;
+  c.n_positions = 64;
+  c.vocab_size = 256;
+  auto g = std::make_shared<const Graph>(stages::load_model_json(c.to_json(), "w2-gpt"));
+  CostModel model(g, Machine{});
+  SearchOptions o{.devices = 3, .global_batch = 64};
+  std::vector<Candidate> first;
+  for (int keep : {1, 5, 400}) {
+    o.keep = keep;
+    const SearchResult r = search_plans(g, model, o);
+    ASSERT_FALSE(r.ranked.empty());
+    first.push_back(r.ranked.front());
+    for (size_t i = 1; i < r.ranked.size(); ++i)
+      EXPECT_LE(r.ranked[i - 1].step_time, r.ranked[i].step_time * (1 + 1e-9)) << keep;
+  }
+  for (const Candidate& f : first) {
+    EXPECT_EQ(f.describe(), first[0].describe());
+    EXPECT_EQ(f.peak, first[0].peak);
+    EXPECT_EQ(f.step_time, first[0].step_time);
+  }
+}
+
+// On one pipeline rank with replicas, two chunks (two stages on the rank) let the later
+// chunk's reduction overlap the earlier one's backward: the search tries them.
+TEST(Search, TriesTwoChunksOnOnePipelineRankWithReplicas) {
+  auto g = load_search_model("gpt-config-a.json");
+  CostModel model(g, Machine{});
+  SearchOptions o{.devices = 2, .pp = 1, .dp = 2, .global_batch = 8, .keep = 400};
+  const SearchResult r = search_plans(g, model, o);
+  std::set<std::string> names;
+  for (const Candidate& cand : r.ranked) names.insert(cand.plan.schedule);
+  EXPECT_TRUE(names.count("1f1b"));
+  EXPECT_GT(names.size(), 1u) << "only 1F1B at pp 1";
+  // Without replicas every schedule is 1F1B on one rank: only it is tried.
+  o.devices = 1;
+  o.dp = 1;
+  names.clear();
+  for (const Candidate& cand : search_plans(g, model, o).ranked) names.insert(cand.plan.schedule);
+  EXPECT_EQ(names, std::set<std::string>{"1f1b"});
+}
+
+// More ranks per host than the plan has say nothing 0 does not: refused, naming the flag.
+TEST(Search, RefusesMoreRanksPerHostThanRanks) {
+  auto g = load_search_model("gpt-config-a.json");
+  Machine m;
+  m.ranks_per_host = 5;
+  m.cores_per_host = 2;
+  CostModel model(g, m);
+  SearchOptions o{.devices = 4, .global_batch = 8};
+  try {
+    search_plans(g, model, o);
+    FAIL() << "accepted 5 ranks per host for 4 devices";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--ranks-per-host"), std::string::npos) << e.what();
+  }
+  m.ranks_per_host = 4;
+  CostModel fits(g, m);
+  EXPECT_FALSE(search_plans(g, fits, o).ranked.empty());
+}
+
 TEST(Search, CutBalancesEmbeddingAndHeadByTheirCost) {
   // A large vocabulary makes the LM head (and its cross-entropy) heavy: the last stage
   // takes fewer blocks than the first.
@@ -1671,12 +1737,19 @@ TEST(Profile, RanksOutnumberingTheCoresAreTimeSliced) {
     EXPECT_NEAR(sliced.forward[s], 1.1 * base.forward[s], 1e-12);
   // 3 cores: 3, 3 and 2 ranks, each core holding both pipeline ranks.
   EXPECT_EQ(costs(3, 0).core_ranks, (std::vector<std::vector<double>>{{2, 1}, {1, 2}, {1, 1}}));
-  // As many cores as ranks, or ranks on several hosts: the fixed factor as before.
-  for (auto [cores, per_host, factor] : {std::tuple{8, 0, 4.4}, {2, 4, 1.02 + (4.4 - 1.02) / 3}}) {
+  // As many cores as ranks (per host): the fixed factor as before.
+  for (auto [cores, per_host, factor] : {std::tuple{8, 0, 4.4}, {2, 2, 1.02}}) {
     const schedule::Costs c = costs(cores, per_host);
     EXPECT_TRUE(c.core_ranks.empty()) << cores;
     EXPECT_NEAR(c.forward[0], factor * base.forward[0], 1e-12) << cores;
   }
+  // Two hosts of 4 ranks on 2 cores each: each host's ranks share its own cores (a row
+  // per core, host by host), as one host of 4 ranks would.
+  const schedule::Costs hosts = costs(2, 4);
+  ASSERT_EQ(hosts.core_ranks.size(), 4u);
+  for (const std::vector<double>& core : hosts.core_ranks)
+    EXPECT_EQ(core[0] + core[1], 2) << "2 of a host's 4 ranks on each of its cores";
+  EXPECT_NEAR(hosts.forward[0], (1.02 + (4.4 - 1.02) / 3) * 2 / 4 * base.forward[0], 1e-12);
   // The simulated step: time-sliced, under the fixed factor's (every rank busy always).
   const schedule::Schedule sched = tiny.resolved.schedule;
   const double fixed = schedule::simulate(sched, costs(8, 0)).makespan;
