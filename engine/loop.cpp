@@ -12,11 +12,13 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/detail/host_agreement.h"
 #include "kernels/grad_scale.h"
 #include "memory/cuda_device.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
+#include "stages/hf.h"
 #include "stages/image_data.h"
 
 #ifdef BATON_HAVE_CUDA
@@ -193,8 +195,51 @@ void log_data_opened(const stages::TrainData& d) {
                        : std::string());
 }
 
+namespace {
+
+// Each data file of `j` (a dataset's to_json, a blend's parts) gets "contents", its size
+// and head/tail hash: the same name can hold other tokens on resume.
+void add_fingerprints(nlohmann::json& j) {
+  if (j.is_array())
+    for (auto& e : j) add_fingerprints(e);
+  if (!j.is_object()) return;
+  if (j.contains("file") && j["file"].is_string()) {
+    const std::string id = detail::contents_identity(j["file"].get<std::string>());
+    if (id != "missing") j["contents"] = id;  // an in-memory store names no file
+  }
+  for (auto& [k, v] : j.items())
+    if (k != "file") add_fingerprints(v);
+}
+
+// The training data as resume compares it: a file with a fingerprint is known by it (and
+// not by its name: `./tok.bin` and its absolute path are one file); a manifest written
+// before fingerprints (`fingerprinted` false) compares names, lexically normalised.
+nlohmann::json comparable_data(nlohmann::json j, bool fingerprinted) {
+  if (j.is_array())
+    for (auto& e : j) e = comparable_data(e, fingerprinted);
+  if (!j.is_object()) return j;
+  if (!fingerprinted) j.erase("contents");
+  if (j.contains("contents"))
+    j.erase("file");
+  else if (j.contains("file") && j["file"].is_string())
+    j["file"] = std::filesystem::path(j["file"].get<std::string>()).lexically_normal().string();
+  for (auto& [k, v] : j.items()) v = comparable_data(v, fingerprinted);
+  return j;
+}
+
+bool has_fingerprint(const nlohmann::json& j) {
+  if (j.is_object() && j.contains("contents")) return true;
+  if (j.is_structured())
+    for (const auto& e : j)
+      if (has_fingerprint(e)) return true;
+  return false;
+}
+
+}  // namespace
+
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
   nlohmann::json j = {{"position", position}, {"train", d.train->to_json()}};
+  add_fingerprints(j["train"]);
   if (d.eval) j["eval"] = d.eval->to_json();
   return j;
 }
@@ -206,18 +251,25 @@ nlohmann::json data_manifest(const stages::ImageDataset& d, int64_t position) {
 void check_resume(const stages::Manifest& m, const std::string& dir,
                   const nlohmann::json& model_json, const std::string& model_source,
                   uint64_t seed) {
-  if (m.model != model_json) {
+  // A gpt2 or llama model is compared as --init-from compares it: by the fields that
+  // change what the weights compute (a default spelled out, a new name, other dropout or
+  // context are the same model).
+  if (!stages::hf_math_fields(model_json, model_source).is_null()) {
+    stages::check_same_model_math(model_json, model_source, m.model, dir + "/manifest.json $.model",
+                                  "the checkpoint was written for that model");
+  } else if (m.model != model_json) {
     // The first field that differs, as a JSON patch names it ("/n_embd").
     std::string what;
     const nlohmann::json patch = nlohmann::json::diff(m.model, model_json);
     if (!patch.empty() && patch[0].contains("path")) {
       const std::string path = patch[0]["path"].get<std::string>();
       const nlohmann::json::json_pointer at(path);
+      auto value = [&at](const nlohmann::json& j) {
+        return j.contains(at) ? "has " + j.at(at).dump() : std::string("has no such field");
+      };
       what = " (" + (path.empty() ? std::string("the whole model") : path.substr(1)) +
-             ": the checkpoint's " +
-             (m.model.contains(at) ? m.model.at(at).dump() : std::string("has none")) +
-             ", the run's " +
-             (model_json.contains(at) ? model_json.at(at).dump() : std::string("has none")) + ")";
+             ": the checkpoint's model " + value(m.model) + ", the run's " + value(model_json) +
+             ")";
     }
     throw InputError(dir +
                      "/manifest.json: $.model: the checkpoint was written for another model than " +
@@ -309,7 +361,9 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
         "continuing with --grad-clip {}",
         dir, m.train["grad_clip"].get<double>(), o.grad_clip);
   // The training data (held-out data does not change the training curve).
-  if (m.data.is_object() && m.data.contains("train") && m.data["train"] != data["train"])
+  if (m.data.is_object() && m.data.contains("train") && data.contains("train") &&
+      comparable_data(m.data["train"], has_fingerprint(m.data["train"])) !=
+          comparable_data(data["train"], has_fingerprint(m.data["train"])))
     spdlog::warn(
         "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
         dir, text_of(m.data["train"]), text_of(data["train"]));

@@ -423,7 +423,17 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   // null: a checkpoint saved without a data source (a stage saved by itself).
   if (!r.at("data").raw().is_null()) {
     r.at("data").expect_object();
-    if (r.at("data").has("position")) r.at("data").at("position").as_int(0, INT64_MAX);
+    // The position is the next step to run, the steps done: one that is not $.step is a
+    // damaged manifest (--resume falls back past it, as past a wrong step). Every version
+    // writes it; the resume reads $.step, so a manifest without it still loads.
+    if (r.at("data").has("position")) {
+      const JsonReader pos = r.at("data").at("position");
+      if (const int64_t p = pos.as_int(0, INT64_MAX); p != m.step)
+        pos.fail_message(
+            "the manifest is inconsistent: the data position (the next step to run) "
+            "is " +
+            std::to_string(p) + ", but $.step says " + std::to_string(m.step) + " steps are done");
+    }
   }
   m.data = r.at("data").raw();
   m.model = r.at("model").raw();

@@ -25,6 +25,7 @@
 #include "engine_harness.h"
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
+#include "stages/data.h"
 #include "tests/child_report.h"
 #include "transport/local.h"
 
@@ -280,9 +281,71 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
     ADD_FAILURE() << "another model resumed";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "ckpt/step-00000002/manifest.json: $.model: the checkpoint was written for another "
-              "model than plan.json: $.model (n_embd: the checkpoint's 16, the run's 32)");
+              "plan.json: $.model: $.n_embd is 32, but ckpt/step-00000002/manifest.json $.model "
+              "has 16 (the checkpoint was written for that model)");
   }
+}
+
+// A gpt2 or llama model is compared on resume as --init-from compares it: a documented
+// default spelled out or another name is the same model (both were refused as "another
+// model"). Other models compare their JSON, and the message says which side has no field.
+TEST(Checkpoint, ResumeComparesTheModelByWhatItComputes) {
+  stages::Manifest m;
+  m.seed = 1;
+  m.model = {{"type", "gpt2"}, {"name", "t"},      {"n_layer", 2},    {"n_head", 2},
+             {"n_embd", 16},   {"n_positions", 8}, {"vocab_size", 32}};
+  nlohmann::json run = m.model;
+  run["name"] = "renamed";
+  run["layer_norm_epsilon"] = 1e-5;
+  EXPECT_NO_THROW(engine::check_resume(m, "ck", run, "model.json", 1));
+  m.model = {{"type", "mlp"}, {"hidden", 16}};
+  try {
+    engine::check_resume(m, "ck", {{"type", "mlp"}}, "model.json", 1);
+    ADD_FAILURE() << "another model resumed";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ck/manifest.json: $.model: the checkpoint was written for another model than "
+              "model.json (hidden: the checkpoint's model has 16, the run's has no such field)");
+  }
+}
+
+// The training data is known by its contents: a file replaced under the same name and
+// size is warned about (it had resumed silently), the same file under another name is
+// not (it had warned). A manifest written before the fingerprint compares names.
+TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
+  Workspace ws("resume-data");
+  const std::string file = ws.path("tok.txt");
+  memory::write_file_durably(file, std::string(64, 'a'));
+  std::filesystem::create_symlink(file, ws.path("link.txt"));
+  engine::LoopOptions o;
+  o.steps = 4;
+  stages::Manifest m;
+  m.step = 2;
+  m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  stages::TrainData d;
+  d.train = std::make_shared<stages::ByteDataset>(file, 4);
+  m.data = engine::data_manifest(d, 2);
+  ASSERT_TRUE(m.data["train"].contains("contents")) << m.data.dump();
+  auto warnings = [&](const std::string& path) {
+    stages::TrainData now;
+    now.train = std::make_shared<stages::ByteDataset>(path, 4);
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::warn_resume_changes(m, "ck", engine::data_manifest(now, 2), o, 8);
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  EXPECT_EQ(warnings(file), "");
+  EXPECT_EQ(warnings(ws.path("link.txt")), "");
+  EXPECT_EQ(warnings(ws.dir + "/./tok.txt"), "");
+  memory::write_file_durably(file, std::string(64, 'b'));
+  EXPECT_NE(warnings(file).find("ck/manifest.json: $.data.train: the checkpoint was written for"),
+            std::string::npos);
+  // An old manifest: no fingerprint, no warning for one; the names are compared.
+  m.data["train"].erase("contents");
+  EXPECT_EQ(warnings(ws.dir + "/./tok.txt"), "");
+  EXPECT_NE(warnings(ws.path("link.txt")).find("$.data.train"), std::string::npos);
 }
 
 // A manifest's batch that is no sample count is refused, naming the field: "two" or 4.5

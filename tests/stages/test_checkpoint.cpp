@@ -848,6 +848,20 @@ TEST(Checkpoint, ManifestNestedFieldsAreChecked) {
           << e.what();
     }
   }
+  // A position that is not the steps done: refused as damaged (it had been read over).
+  Manifest skewed;
+  skewed.step = 2;
+  skewed.data = {{"position", 3}};
+  try {
+    Manifest::from_json(skewed.to_json(), "manifest.json");
+    ADD_FAILURE() << "a position other than the step accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "manifest.json: $.data.position: the manifest is inconsistent: the data position "
+              "(the next step to run) is 3, but $.step says 2 steps are done");
+  }
+  skewed.data = {{"train", json::object()}};  // no position: loads
+  EXPECT_NO_THROW(Manifest::from_json(skewed.to_json(), "manifest.json"));
   Manifest fine;
   fine.train = {{"batch", 8}, {"grad_clip", 0}, {"steps", 0}, {"lr_schedule", json::object()}};
   EXPECT_EQ(Manifest::from_json(fine.to_json(), "manifest.json").train, fine.train);
