@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -545,14 +545,13 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
           : rec.skipped      ? std::string(" | SKIPPED (non-finite gradient)")
                              : std::string(),
           double(tokens_per_step) / rec.seconds, steps.rate_unit, rec.seconds * 1e3,
-          step == start
-              ? std::string()
-              : " | " +
-                    duration_str(std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                               warm)
-                                     .count() /
-                                 double(step - start) * double(o.steps - rec.step)) +
-                    " left");
+          step == start ? std::string()
+                        : " | " +
+                              duration_str(std::chrono::duration<double>(
+                                               std::chrono::steady_clock::now() - warm)
+                                               .count() /
+                                           double(step - start) * double(o.steps - rec.step)) +
+                              " left");
     if (save && !eval) checkpoint();
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
     if (on_step) on_step(rec);

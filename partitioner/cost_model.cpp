@@ -384,7 +384,7 @@ std::vector<std::vector<double>> core_ranks(const Layout& layout, const Machine&
   std::vector<std::vector<double>> out(size_t(hosts) * size_t(cores),
                                        std::vector<double>(size_t(layout.pp())));
   const std::vector<int> place = layout.core_deal_order();
-  std::vector<int> by_place(size_t(world));
+  std::vector<int> by_place(static_cast<size_t>(world));
   for (int w = 0; w < world; ++w) by_place[size_t(place[size_t(w)])] = w;
   std::vector<int> dealt(size_t(hosts), 0);
   for (int w : by_place) {

@@ -1165,7 +1165,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   PlanEstimate e;
   e.step_time = sim.makespan;
   e.bubble = sim.bubble;
-  if (!costs.core_ranks.empty()) e.time_sliced_cores = model.machine().cores_per_host;
+  if (!costs.core_ranks.empty()) {
+    const Machine& m = model.machine();
+    e.time_sliced_cores = m.cores_per_host;
+    e.time_sliced_per_host =
+        m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world();
+  }
   e.collective_extras_note = collective_extras_line(r, model.machine());
   e.tokens_per_step = p.global_batch * rate_units_per_sample(g);
   e.tokens_per_second = e.step_time > 0 ? double(e.tokens_per_step) / e.step_time : 0;
@@ -1576,7 +1581,8 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     out +=
         "note: the peak is within 3% of the capacity, the estimate's accuracy: the run may "
         "still run out of memory (a smaller micro-batch, recompute or sharding leaves room)\n";
-  if (e.time_sliced_cores > 0) out += time_sliced_line(r.world(), e.time_sliced_cores);
+  if (e.time_sliced_cores > 0)
+    out += time_sliced_line(r.world(), e.time_sliced_per_host, e.time_sliced_cores);
   out += e.collective_extras_note;
   return out;
 }
@@ -1620,9 +1626,13 @@ std::string cost_source(const CostModel& model, const std::string& costs_path) {
   return text;
 }
 
-std::string time_sliced_line(int ranks, int cores) {
-  return "its " + std::to_string(ranks) + " ranks time-sliced on " + std::to_string(cores) +
-         " cores, each bound to one (docs/transport.md)\n";
+std::string time_sliced_line(int ranks, int per_host, int cores) {
+  const std::string where =
+      per_host < ranks
+          ? ", " + std::to_string(per_host) + " on each host's " + std::to_string(cores) + " cores"
+          : " on " + std::to_string(cores) + " cores";
+  return "its " + std::to_string(ranks) + " ranks time-sliced" + where +
+         ", each bound to one (docs/transport.md)\n";
 }
 
 }  // namespace baton::partitioner

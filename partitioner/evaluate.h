@@ -52,6 +52,7 @@ struct PlanEstimate {
   // The host's cores when the plan's ranks outnumber them and the step was simulated
   // time-sliced (Machine::cores_per_host); 0 otherwise.
   int time_sliced_cores = 0;
+  int time_sliced_per_host = 0;  // ranks sharing one host's cores
   // Its tensor-parallel collectives' and spatial exchanges' cost beyond the link model
   // (Machine::tp_collective, spatial_exchange) at the plan's ranks per host:
   // collective_extras_line's text, empty when none.
@@ -104,8 +105,9 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e);
 // cost file it was given (`costs_path`), or the FLOP rate they assume, said to be nominal
 // (a user reading a step time should know it was not measured on any machine).
 std::string cost_source(const CostModel& model, const std::string& costs_path);
-// The line saying a step was simulated time-sliced: `ranks` on `cores`.
-std::string time_sliced_line(int ranks, int cores);
+// The line saying a step was simulated time-sliced: `ranks`, `per_host` of them on each
+// host's `cores`.
+std::string time_sliced_line(int ranks, int per_host, int cores);
 // The lines saying what each tensor-parallel collective and spatial exchange of the plan
 // costs beyond the link model among its ranks per host (Machine::tp_collective,
 // spatial_exchange); empty when nothing.

@@ -1011,7 +1011,10 @@ class Search {
     const bool all_reduced = dp > 1 || s.num_directions > 1 || sp > 1;
     const bool zero2 = dp > 1 && p.optimizer_sharding == OptimizerSharding::zero2;
     const int64_t slots = int64_t(g_->num_layers()) + int64_t(dp) * m;
-    const int64_t sends = pp > 1 ? 2 * max_cut : 0, recvs = pp > 1 ? eo.recv_ahead * max_cut : 0;
+    // A value between stages: between ranks, or between one rank's chunks at pp 1.
+    const bool boundary = s.num_stages() > 1;
+    const int64_t sends = boundary ? 2 * max_cut : 0,
+                  recvs = boundary ? eo.recv_ahead * max_cut : 0;
     const int64_t tp_scratch = tp > 1 || sp > 1 ? scratch(max_cut, 4) : 0;
     int64_t largest_bucket = int64_t(eo.bucket_bytes);  // or the largest layer's parameters
     for (int64_t x : table.own_param_bytes) largest_bucket = std::max(largest_bucket, x);

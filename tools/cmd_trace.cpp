@@ -2,6 +2,7 @@
 // plan (from measured op costs when given); `compare` sets a measured timeline (baton
 // train --plan --trace) beside a predicted one (baton trace predict, baton simulate
 // --trace) and prints the per-action differences and the makespans; `svg` draws one.
+#include <algorithm>
 #include <cstdio>
 
 #include "engine/loop.h"
@@ -61,8 +62,13 @@ int predict(const std::vector<std::string>& args) {
       "predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, times from %s\n",
       p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
       pt::cost_source(model, costs).c_str());
-  if (!pt::core_ranks(r.layout, model.machine()).empty())
-    std::fputs(pt::time_sliced_line(r.world(), model.machine().cores_per_host).c_str(), stdout);
+  if (const pt::Machine& m = model.machine(); !pt::core_ranks(r.layout, m).empty())
+    std::fputs(
+        pt::time_sliced_line(
+            r.world(), m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world(),
+            m.cores_per_host)
+            .c_str(),
+        stdout);
   std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), stdout);
   // Both made before either is written (to_chrome_trace refuses times a trace cannot
   // hold); each file said, as baton simulate says its outputs.

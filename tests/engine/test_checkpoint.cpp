@@ -272,12 +272,14 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
       << text;
   EXPECT_EQ(text.find("lr_schedule"), std::string::npos) << text;  // the same schedule
   // Another model: the field that differs is named.
-  m.model = {{"type", "gpt2"}, {"n_embd", 16}, {"n_layer", 2}};
+  const nlohmann::json gpt = {{"type", "gpt2"},    {"n_layer", 2},     {"n_head", 2},
+                              {"n_positions", 16}, {"vocab_size", 64}, {"n_embd", 16}};
+  m.model = gpt;
   m.seed = 1;
+  nlohmann::json wider = gpt;
+  wider["n_embd"] = 32;
   try {
-    engine::check_resume(m, "ckpt/step-00000002",
-                         {{"type", "gpt2"}, {"n_embd", 32}, {"n_layer", 2}}, "plan.json: $.model",
-                         1);
+    engine::check_resume(m, "ckpt/step-00000002", wider, "plan.json: $.model", 1);
     ADD_FAILURE() << "another model resumed";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
