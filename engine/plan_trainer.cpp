@@ -1095,6 +1095,8 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"steps", o.steps},
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
+  // The directory's stop ids (generation_config.json's), for generate and export.
+  if (!o.init_from.empty()) base.train["eos_token_ids"] = stages::hf_eos_token_ids(o.init_from);
   if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
     base.train["parameter_server"] = own_state_layout(r);

@@ -77,6 +77,12 @@ TrainSummary run_training(const TrainOptions& o,
   }
   if (init_from && !o.model_path.empty())
     stages::check_hf_model_matches(model_json, model_source, o.init_from);
+  // The directory's stop ids (generation_config.json's over config.json's), kept in each
+  // checkpoint for generate and export; a resumed run keeps its checkpoint's.
+  std::optional<std::vector<int32_t>> stop_ids;
+  if (resume_manifest)
+    stop_ids = stages::checkpoint_eos_token_ids(*resume_manifest, *resume_dir + "/manifest.json");
+  if (!stop_ids && !o.init_from.empty()) stop_ids = stages::hf_eos_token_ids(o.init_from);
   stages::LoadOptions lo;
   // Mixed precision: the model's floating values (activations, working weights) in the
   // precision's 16-bit type, the masters and optimizer state in f32 (StageOptions).
@@ -257,6 +263,7 @@ TrainSummary run_training(const TrainOptions& o,
                {"grad_clip", o.grad_clip},
                {"steps", o.steps},
                {"lr_schedule", lr_schedule_of(o).to_json()}};
+    if (stop_ids) m.train["eos_token_ids"] = *stop_ids;
     save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints, done);

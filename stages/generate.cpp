@@ -356,7 +356,9 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     read_checkpoint(checkpoint, [&](const std::string& step_dir) {
       const Manifest manifest = read_manifest(step_dir);
       const std::string source = step_dir + "/manifest.json: $.model";
-      m.eos_ids = model_eos_token_ids(manifest.model, source);
+      // The --init-from directory's (its generation_config.json's), else config.json's.
+      m.eos_ids = checkpoint_eos_token_ids(manifest, step_dir + "/manifest.json");
+      if (!m.eos_ids) m.eos_ids = model_eos_token_ids(manifest.model, source);
       build(manifest.model, source);
       load_stage(step_dir, manifest, *m.stage, false);
     });

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <vector>
 
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
@@ -180,6 +181,16 @@ std::optional<std::vector<int32_t>> model_eos_token_ids(const json& model,
   return read_eos_ids(JsonReader(model, source));
 }
 
+std::optional<std::vector<int32_t>> checkpoint_eos_token_ids(const Manifest& m,
+                                                             const std::string& source) {
+  if (!m.train.is_object() || !m.train.contains("eos_token_ids")) return std::nullopt;
+  const JsonReader r(m.train, source + ": $.train");
+  std::vector<int32_t> ids;
+  for (const JsonReader& id : r.at("eos_token_ids").items())
+    ids.push_back(int32_t(id.as_int(INT32_MIN, INT32_MAX)));
+  return ids;
+}
+
 HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
   const std::string single = dir_ + "/model.safetensors";
   // transformers loads model.safetensors when it exists, whatever index lies beside it.
@@ -258,8 +269,15 @@ json hf_math_fields(const json& model, const std::string& source) {
   else
     return nullptr;
   JsonReader rs(sh, source);
-  json j = sh["type"] == "gpt2" ? parse_gpt2_shorthand(rs).to_json()
-                                : parse_llama_shorthand(rs).to_json();
+  json j;
+  if (sh["type"] == "gpt2") {
+    // The resolved width: an explicit n_inner of 4·n_embd is the default (null or absent).
+    const Gpt2Config c = parse_gpt2_shorthand(rs);
+    j = c.to_json();
+    j["n_inner"] = c.inner();
+  } else {
+    j = parse_llama_shorthand(rs).to_json();
+  }
   for (const char* k : {"name", "context", "initializer_range", "embd_pdrop", "resid_pdrop",
                         "attn_pdrop", "attention_dropout", "max_position_embeddings"})
     j.erase(k);
@@ -272,6 +290,41 @@ json hf_math_fields(const json& model, const std::string& source) {
   }
   return j;
 }
+
+namespace {
+struct RopeMismatch {
+  std::string path;
+  json have, want;
+};
+
+// Where a differing rope_theta or rope scaling (as hf_math_fields gives them) sits in a
+// config.json that writes them as rope_parameters, with the values of that field; none
+// for a file without rope_parameters.
+std::optional<RopeMismatch> rope_parameters_path(const json& model, const std::string& key,
+                                                 const json& have, const json& want) {
+  if (!model.is_object() || !model.contains("model_type") || !model.contains("rope_parameters") ||
+      !model["rope_parameters"].is_object())
+    return std::nullopt;
+  const json& rp = model["rope_parameters"];
+  if (key == "rope_theta") {
+    if (!rp.contains("rope_theta")) return std::nullopt;  // the top-level one, or the default
+    return RopeMismatch{"$.rope_parameters.rope_theta", have, want};
+  }
+  // The default rope is null here: its rope_type "default".
+  const json dflt = {{"rope_type", "default"}};
+  const json& a = have.is_object() ? have : dflt;
+  const json& b = want.is_object() ? want : dflt;
+  std::vector<std::string> keys = {"rope_type"};
+  for (const json* o : {&a, &b})
+    for (const auto& [k, v] : o->items())
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  for (const std::string& k : keys) {
+    const json x = a.contains(k) ? a[k] : json(nullptr), y = b.contains(k) ? b[k] : json(nullptr);
+    if (x != y) return RopeMismatch{"$.rope_parameters." + k, x, y};
+  }
+  return std::nullopt;
+}
+}  // namespace
 
 void check_same_model_math(const json& model, const std::string& source, const json& reference,
                            const std::string& reference_source, const std::string& why) {
@@ -310,9 +363,14 @@ void check_same_model_math(const json& model, const std::string& source, const j
   }
   for (const auto& [key, v] : theirs.items()) {
     const json have = mine.contains(key) ? mine[key] : json(nullptr);
-    if (have != v)
-      throw InputError(source + ": $." + key + " is " + have.dump() + ", but " + reference_source +
-                       " has " + v.dump() + " (" + why + ")");
+    if (have == v) continue;
+    // A transformers 5 file holds the rope fields in $.rope_parameters: named there.
+    if (key == "rope_scaling" || key == "rope_theta")
+      if (auto at = rope_parameters_path(model, key, have, v))
+        throw InputError(source + ": " + at->path + " is " + at->have.dump() + ", but " +
+                         reference_source + " has " + at->want.dump() + " (" + why + ")");
+    throw InputError(source + ": $." + key + " is " + have.dump() + ", but " + reference_source +
+                     " has " + v.dump() + " (" + why + ")");
   }
   for (const auto& [key, v] : mine.items())
     if (!theirs.contains(key))
@@ -711,6 +769,17 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
         memory::write_file_durably(path, index.dump(2) + "\n");
       });
     }
+    // transformers' generate takes generation_config.json's ids over config.json's; one
+    // written only where they differ (a directory whose generation_config.json had others).
+    if (opt.eos_token_ids &&
+        *opt.eos_token_ids != read_eos_ids(JsonReader(config, "config.json"))) {
+      const std::vector<int32_t>& ids = *opt.eos_token_ids;
+      const json gen = {{"eos_token_id", ids.empty()       ? json(nullptr)
+                                         : ids.size() == 1 ? json(ids[0])
+                                                           : json(ids)}};
+      stage("generation_config.json",
+            [&](const std::string& path) { memory::write_file_durably(path, gen.dump(2) + "\n"); });
+    }
     stage("config.json", [&](const std::string& path) {
       memory::write_file_durably(path, config.dump(2) + "\n");
     });
@@ -875,7 +944,10 @@ WholeModel load_whole_checkpoint(const std::string& step_dir) {
 
 int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt) {
   WholeModel w = load_whole_checkpoint(step_dir);
-  save_hf(out, *w.stage, opt);
+  HfWriteOptions o = opt;
+  if (auto ids = checkpoint_eos_token_ids(w.manifest, step_dir + "/manifest.json"))
+    o.eos_token_ids = ids;
+  save_hf(out, *w.stage, o);
   return w.manifest.step;
 }
 

@@ -46,6 +46,12 @@ std::vector<int32_t> hf_eos_token_ids(const std::string& dir);
 // one keeps it); nullopt for shorthands and graphs, which know of no tokens.
 std::optional<std::vector<int32_t>> model_eos_token_ids(const nlohmann::json& model,
                                                         const std::string& source);
+// The stop ids a checkpoint keeps from its --init-from directory (hf_eos_token_ids, in its
+// manifest's $.train.eos_token_ids): generation_config.json's, which config.json in
+// $.model does not hold. nullopt for a checkpoint without them (not started from a
+// directory, or written before they were kept).
+std::optional<std::vector<int32_t>> checkpoint_eos_token_ids(const Manifest& m,
+                                                             const std::string& source);
 
 // Where each stored tensor of a Hugging Face directory lives; files open on first use.
 // model.safetensors is read when it exists, even beside an index (transformers prefers it
@@ -113,6 +119,9 @@ struct HfWriteOptions {
   // Tests: called after each change to the directory while the new files replace the
   // earlier export's (each a point where a crash may stop the export).
   std::function<void(const std::string& what)> on_swap_step;
+  // The stop ids transformers' generate is to use (checkpoint_eos_token_ids): written as
+  // generation_config.json when they differ from config.json's eos_token_id.
+  std::optional<std::vector<int32_t>> eos_token_ids;
 };
 
 // The Hugging Face config.json of a graph loaded from a gpt2 or llama shorthand or from a

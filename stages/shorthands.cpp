@@ -395,6 +395,14 @@ void warn_once(const std::string& message) {
   if (said.insert(message).second) spdlog::warn("{}", message);
 }
 
+// Every layer_types entry "full_attention": baton has no sliding-window attention.
+void refuse_windowed_layers(const JsonReader& r) {
+  if (auto lt = r.get("layer_types"); lt && !lt->raw().is_null())
+    for (const JsonReader& l : lt->items())
+      if (l.as_string() != "full_attention")
+        l.fail("\"full_attention\" (baton has no sliding-window attention)");
+}
+
 void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
   const HfLlamaDefaults& d = hf_llama_defaults(r);
   // A Hugging Face config.json may leave any field out; the shorthand requires the shapes.
@@ -539,6 +547,9 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
   if (type == "llama") {
     c.attention_bias = r.get_bool("attention_bias", false);
     c.mlp_bias = r.get_bool("mlp_bias", false);
+    // transformers' LlamaModel cannot run a sliding_attention layer (it builds no mask for
+    // one); baton had run it with full attention.
+    refuse_windowed_layers(r);
   } else if (type == "mistral") {
     // A sliding window restricts attention to the last W keys, baton attends to all: the
     // same within the window, so a context beyond it is refused, and generation (up to
@@ -570,13 +581,10 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
     c.qkv_bias = true;
     if (r.get_bool("use_sliding_window", false))
       r.at("use_sliding_window").fail("false (baton has no sliding-window attention)", "true");
-    if (auto lt = r.get("layer_types"); lt && !lt->raw().is_null())
-      for (const JsonReader& l : lt->items())
-        if (l.as_string() != "full_attention")
-          l.fail("\"full_attention\" (baton has no sliding-window attention)");
+    refuse_windowed_layers(r);
   }
   // One entry per layer, as transformers' validate_layer_type requires of every class
-  // (LLaMA and Mistral ignore the entries themselves).
+  // (Mistral ignores the entries themselves: its window is sliding_window's).
   if (auto lt = r.get("layer_types"); lt && !lt->raw().is_null()) {
     lt->expect_array();
     if (int64_t(lt->size()) != c.num_hidden_layers)

@@ -1011,3 +1011,74 @@ TEST(HfLlamaInput, WeightsAreCheckedFromTheHeadersBeforeAStage) {
 
 }  // namespace
 }  // namespace baton::stages
+
+// transformers' LlamaModel cannot run a sliding_attention layer: refused naming the entry,
+// as Qwen2's; Mistral ignores the entries (its window is sliding_window's).
+TEST(HfLlamaInput, LlamaRefusesSlidingAttentionLayers) {
+  nlohmann::json c = {{"model_type", "llama"},
+                      {"hidden_size", 64},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"vocab_size", 50},
+                      {"max_position_embeddings", 64},
+                      {"layer_types", {"full_attention", "sliding_attention"}}};
+  hf_llama_expect_input_error([&] { parse_hf_llama_config(JsonReader(c, "c.json")); },
+                              {"c.json: $.layer_types[1]", "full_attention"});
+  c["model_type"] = "mistral";
+  c["sliding_window"] = nullptr;
+  EXPECT_NO_THROW(parse_hf_llama_config(JsonReader(c, "c.json")));
+}
+
+// A transformers 5 file's rope fields sit in $.rope_parameters: a mismatch names them
+// there, not $.rope_scaling or $.rope_theta, which the file does not have.
+TEST(HfLlamaInput, RopeMismatchNamesRopeParametersPath) {
+  nlohmann::json hf = read_json_file(fixture_dir("llama_gqa") + "/config.json");
+  hf.erase("rope_parameters");
+  hf.erase("rope_scaling");
+  nlohmann::json mine = hf;
+  mine["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(mine, "m.json", hf, "config.json", "why"); },
+      {"m.json: $.rope_parameters.rope_type is \"linear\", but config.json has \"default\""});
+  hf["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(mine, "m.json", hf, "config.json", "why"); },
+      {"m.json: $.rope_parameters.factor is 2.0, but config.json has 4.0"});
+  hf["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  hf["rope_theta"] = 500000.0;
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(mine, "m.json", hf, "config.json", "why"); },
+      {"m.json: $.rope_parameters.rope_theta is 10000.0, but config.json has 500000.0"});
+}
+
+// GPT-2's n_inner of 4·n_embd is its default: written or null/absent, one model.
+TEST(HfLlamaInput, Gpt2ExplicitDefaultInnerIsTheSameModel) {
+  nlohmann::json hf = read_json_file(fixture_dir("gpt2_tiny") + "/config.json");
+  hf["n_inner"] = nullptr;
+  nlohmann::json sh = hf_config_to_shorthand(JsonReader(hf, "config.json"));
+  sh.erase("n_inner");
+  const int64_t inner = 4 * sh["n_embd"].get<int64_t>();
+  sh["n_inner"] = inner;
+  EXPECT_NO_THROW(check_same_model_math(sh, "m.json", hf, "config.json", "why"));
+  sh.erase("n_inner");
+  hf["n_inner"] = inner;
+  EXPECT_NO_THROW(check_same_model_math(sh, "m.json", hf, "config.json", "why"));
+  sh["n_inner"] = 2 * inner;
+  hf_llama_expect_input_error(
+      [&] { check_same_model_math(sh, "m.json", hf, "config.json", "why"); },
+      {"m.json: $.n_inner is " + std::to_string(2 * inner)});
+}
+
+// A checkpoint keeps its --init-from directory's stop ids (generation_config.json's) in
+// $.train.eos_token_ids; one written before them has none.
+TEST(HfLlamaGenerate, CheckpointKeepsTheDirectorysStopIds) {
+  Manifest m;
+  m.train = {{"batch", 1}};
+  EXPECT_FALSE(checkpoint_eos_token_ids(m, "manifest.json").has_value());
+  m.train["eos_token_ids"] = {59, 36};
+  EXPECT_EQ(checkpoint_eos_token_ids(m, "manifest.json").value(), (std::vector<int32_t>{59, 36}));
+  m.train["eos_token_ids"] = nlohmann::json::array();
+  EXPECT_EQ(checkpoint_eos_token_ids(m, "manifest.json").value(), std::vector<int32_t>{});
+}
