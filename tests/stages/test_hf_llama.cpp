@@ -1009,9 +1009,6 @@ TEST(HfLlamaInput, WeightsAreCheckedFromTheHeadersBeforeAStage) {
                               {"g.json: $.n_layer", "at most 10000 layers"});
 }
 
-}  // namespace
-}  // namespace baton::stages
-
 // transformers' LlamaModel cannot run a sliding_attention layer: refused naming the entry,
 // as Qwen2's; Mistral ignores the entries (its window is sliding_window's).
 TEST(HfLlamaInput, LlamaRefusesSlidingAttentionLayers) {
@@ -1082,3 +1079,6 @@ TEST(HfLlamaGenerate, CheckpointKeepsTheDirectorysStopIds) {
   m.train["eos_token_ids"] = nlohmann::json::array();
   EXPECT_EQ(checkpoint_eos_token_ids(m, "manifest.json").value(), std::vector<int32_t>{});
 }
+
+}  // namespace
+}  // namespace baton::stages
