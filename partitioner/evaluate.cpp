@@ -723,7 +723,11 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // Gradient reduction (engine/detail/grad_reducer.cpp): per group of ranks, its
   // parameters in descending id order cut into buckets of up to bucket_bytes; a bucket
   // of several parameters all-reduces a flat copy, held until the step's end; one
-  // all-reduce at a time per group, each with its scratch.
+  // all-reduce at a time per group, each with its scratch. The groups' scratch is summed:
+  // whether a tied parameter's all-reduce (over both pipeline ranks) still holds its
+  // scratch while the replicas' bucket holds its own depends on when the other pipeline
+  // rank and the replica arrive, and the worst case occurs (GPT-2 at PP 2 x DP 2: each
+  // rank at the sum in some runs, the tied wte's 32,832 bytes lower in others).
   // zero2: a sharded parameter held by one of the rank's stages is reduced inside each
   // W (zero2_grad_memory counts that), so nothing of it is held at the step's end.
   std::map<int, int> holders, stage_of;
@@ -779,7 +783,7 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
           if (params > 1) flats += rounded(elements * int64_t(es));
           group_scratch = std::max(group_scratch, bucket_scratch(n, to_servers, elements, es));
         });
-    scratch += group_scratch;
+    scratch += group_scratch;  // the groups' communicators run at once (docs/partitioner.md)
   }
   // Buckets started before the step's end (GradReducer::try_start, held through each
   // compute action and started at its end): in the group's order, each once the last W
@@ -870,11 +874,15 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     for_each_bucket(pg, sh.zero2, o.bucket_bytes, &stage_of, close);
     out.gather += group_scratch;
   }
+  // STEP's norm and loss vector, all-reduced over the world (Executor::finish_step); it
+  // stays allocated until the step returns, through the replicas' sync below.
+  const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
   // After the step, the replicas' parameter sync (their gradients are not reduced over
   // replicas: gradient_groups): gossip receives its partner's copy of every parameter the
   // rank holds, all at once (engine/detail/gossip.cpp); local SGD's sync all-reduces every
-  // parameter's delta in place, all posted at once, each with its scratch
-  // (engine/detail/local_sgd.cpp). Left out, both had been 7-13% under.
+  // parameter's delta in place, all posted at once (engine/detail/local_sgd.cpp), but the
+  // communicator runs its collectives one at a time, so only the largest scratch is held
+  // (summed, a local SGD MLP had been 3.3% over). Left out, both had been 7-13% under.
   if (p.dp_sync.independent() && p.dp > 1) {
     std::set<int> held;
     for (int s : r.stages_of(pp)) {
@@ -886,11 +894,13 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     for (int id : held) {
       const int64_t n = memory::shape_numel(pg.params[size_t(id)].shape);
       const size_t es = memory::dtype_size(pg.params[size_t(id)].dtype);
-      sync += p.dp_sync.mode == DpSync::Mode::gossip
-                  ? rounded(n * int64_t(es))
-                  : int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
-                                                                size_t(n), es, p.dp));
+      if (p.dp_sync.mode == DpSync::Mode::gossip)
+        sync += rounded(n * int64_t(es));
+      else
+        sync = std::max(sync, int64_t(transport::collective_scratch_bytes(
+                                  transport::Collective::all_reduce, size_t(n), es, p.dp)));
     }
+    if (r.world() > 1) sync += rounded(slots * 8);  // gossip had been 64 bytes under
     out.gather = std::max(out.gather, sync);
   }
   // Extra server ranks are seeded by the group's first member, replica 0, at the first
@@ -909,7 +919,6 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
 
   // STEP (Executor::finish_step): the per-layer norm pieces and the losses, all-reduced
   // over the world.
-  const int64_t slots = int64_t(pg.num_layers()) + int64_t(p.dp) * p.micro_batches;
   out.step = at_end + rounded(slots * 8) +
              int64_t(transport::collective_scratch_bytes(transport::Collective::all_reduce,
                                                          size_t(slots), 8, r.world()));
