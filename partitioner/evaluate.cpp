@@ -559,10 +559,9 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // receive, has released it before the next compute action: with few micro-batches the
   // first stage's B waits for the gradient of the activation it has just sent, which had
   // counted that activation as held through the B (262,144 bytes over, 6% at one
-  // micro-batch of 2048 tokens). A send no later message answers stays counted through
-  // the next compute action, though the receiver has usually taken it by then (1F1B's
-  // first stage at two micro-batches: its second F's output during the first B): that
-  // depends on when the receiver's progress thread runs, and the estimate must not.
+  // micro-batch of 2048 tokens). A send no later message answers stays counted into the
+  // step's end, though the receiver has usually taken it long before: when depends on
+  // the progress threads of both ranks, and the estimate must not.
   auto done_by = [&](const schedule::Action& s, const schedule::Action& rv) {
     const int q = schedule::transfer_peer(lowered, s);
     if (q < 0 || schedule::transfer_peer(lowered, rv) != q) return false;
@@ -619,50 +618,18 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
         return false;
     return true;
   };
-  // A rendezvous send is taken only once its receiver has posted the receive, which a
-  // rank does recv_ahead receives ahead of the one it waits for (Executor::run_step). It
-  // is known posted once a message arrives that the peer sent after posting it; until
-  // then it is held (a first stage of one embedding makes all its warm-up Fs before the
-  // next rank has taken the first: GPT-2 124M at PP 4, 1F1B, had been one activation of
-  // 384 KiB under its measured peak), and from then on through the next compute action.
-  std::map<int, std::vector<size_t>> recvs_of;  // pipeline rank -> its receives' positions
-  auto posted_at = [&](int q, std::ptrdiff_t taken) -> std::ptrdiff_t {
-    auto [it, fresh] = recvs_of.try_emplace(q);
-    if (fresh) {
-      const auto& list = lowered.ranks[size_t(q)];
-      for (size_t j = 0; j < list.size(); ++j)
-        if (schedule::is_recv(list[j].kind)) it->second.push_back(j);
-    }
-    const std::vector<size_t>& rq = it->second;
-    const size_t j = size_t(std::lower_bound(rq.begin(), rq.end(), size_t(taken)) - rq.begin());
-    // One of the step's first recv_ahead is posted when the step starts.
-    return j < ahead ? 0 : std::ptrdiff_t(rq[j - ahead] + 1);
-  };
-  // Of each (pipeline rank, world rank): the latest position in its list of a message
-  // it sent that has arrived here.
-  std::map<std::pair<int, int>, std::ptrdiff_t> latest;
-  auto known_posted = [&](const schedule::Action& s) {
-    const int q = schedule::transfer_peer(lowered, s);
-    if (q < 0) return true;
-    const std::ptrdiff_t taken = position(q, schedule::transfer_tag(lowered, s), false);
-    if (taken < 0) return true;
-    const std::ptrdiff_t at = posted_at(q, taken);
-    for (int w : world_peers(s, schedule::Transfer::Kind::send)) {
-      auto it = latest.find({q, w});
-      if (it == latest.end() || it->second < at) return false;
-    }
-    return true;
-  };
-  struct Held {
-    size_t at;    // its position in the lowered list
-    bool posted;  // its receive known posted: held through the next compute action
-  };
+  // A rendezvous send is done when its receiver has taken it and the acknowledgement has
+  // come back, which depends on both ranks' progress threads, not on the schedule: a
+  // posted receive is no bound (ZB-H2's last stage, 64 KiB gradients, held its first two
+  // sends through its third B, two actions past the one the estimate had released them
+  // after once their receives were known posted: 64-128 KiB under its measured peak). So
+  // a send is held until a later receive shows it taken (done_by), else into the step's
+  // end, where the engine waits for it.
   size_t first_open = 0;
-  std::vector<Held> sent;  // sends not known done
+  std::vector<size_t> sent;  // positions of the sends not known done
   auto sent_bytes = [&] {
     int64_t bytes = 0;
-    for (const Held& h : sent) bytes += send_bytes(acts[h.at]);
-    std::erase_if(sent, [](const Held& h) { return h.posted; });
+    for (size_t h : sent) bytes += send_bytes(acts[h]);
     return bytes;
   };
   // Of a send in blocks of rows: the values it sends only so, which Executor::do_send
@@ -680,14 +647,14 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   };
   for (size_t i = 0; i < acts.size(); ++i) {
     const ActionKind k = acts[i].kind;
-    if (schedule::is_send(k) && !eager(acts[i])) sent.push_back({i, known_posted(acts[i])});
+    if (schedule::is_send(k) && !eager(acts[i])) sent.push_back(i);
     if (const int64_t whole =
             schedule::is_send(k) && !out.posted.empty() ? whole_of_blocks(acts[i]) : 0;
         whole > 0) {
       const size_t c = out.posted.size();  // the next compute action
       int64_t at = whole + (eager(acts[i]) ? send_bytes(acts[i]) : 0) + loaded_beyond(c) +
                    (c < handed.size() ? handed[c] : 0);
-      for (const Held& h : sent) at += send_bytes(acts[h.at]);
+      at += sent_bytes();
       size_t open = first_open;
       while (open < recvs.size() && recvs[open] < i) ++open;
       for (size_t j = open; j < recvs.size() && j < open + ahead; ++j)
@@ -695,19 +662,8 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
       out.sending.resize(c, 0);
       out.sending[c - 1] = std::max(out.sending[c - 1], at);
     }
-    if (schedule::is_recv(k)) {
-      std::erase_if(sent, [&](const Held& h) { return done_by(acts[h.at], acts[i]); });
-      const int q = schedule::transfer_peer(lowered, acts[i]);
-      const std::ptrdiff_t from =
-          q < 0 ? -1 : position(q, schedule::transfer_tag(lowered, acts[i]), true);
-      if (from >= 0) {
-        for (int w : world_peers(acts[i], schedule::Transfer::Kind::recv)) {
-          std::ptrdiff_t& l = latest.try_emplace({q, w}, -1).first->second;
-          l = std::max(l, from);
-        }
-        for (Held& h : sent) h.posted = h.posted || known_posted(acts[h.at]);
-      }
-    }
+    if (schedule::is_recv(k))
+      std::erase_if(sent, [&](size_t h) { return done_by(acts[h], acts[i]); });
     if (k != ActionKind::forward && k != ActionKind::backward_input &&
         k != ActionKind::backward_weight && k != ActionKind::full_backward)
       continue;
