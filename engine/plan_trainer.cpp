@@ -1027,9 +1027,13 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
 
   // ---- resume, or start from --init-from's weights (a checkpoint found replaces them)
   const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
+  // The stop ids (generation_config.json's) kept in each checkpoint for generate and
+  // export: --init-from's, or a resumed checkpoint's (its directory is not read then).
+  std::optional<std::vector<int32_t>> stop_ids;
   if (!o.init_from.empty() && found < 0) {
     if (!init_from_checked) check_init_from();  // the checkpoints went away meanwhile
     init_from_hf(engine, o.init_from, lead);
+    stop_ids = stages::hf_eos_token_ids(o.init_from);
   }
   int64_t start = 0;
   if (o.resume) {
@@ -1038,6 +1042,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       dir = stages::checkpoint_dir(o.checkpoint_dir, found);
       stages::Manifest m = stages::read_manifest(*dir);
       check_resume(m, *dir, model_json, model_source, o.seed);
+      stop_ids = stages::checkpoint_eos_token_ids(m, *dir + "/manifest.json");
       // A plan that names its optimizer was checked for that optimizer's state, which a
       // checkpoint of another kind would replace.
       const std::string kind = m.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
@@ -1095,8 +1100,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"steps", o.steps},
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
-  // The directory's stop ids (generation_config.json's), for generate and export.
-  if (!o.init_from.empty()) base.train["eos_token_ids"] = stages::hf_eos_token_ids(o.init_from);
+  if (stop_ids) base.train["eos_token_ids"] = *stop_ids;
   if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
     base.train["parameter_server"] = own_state_layout(r);

@@ -82,7 +82,8 @@ TrainSummary run_training(const TrainOptions& o,
   std::optional<std::vector<int32_t>> stop_ids;
   if (resume_manifest)
     stop_ids = stages::checkpoint_eos_token_ids(*resume_manifest, *resume_dir + "/manifest.json");
-  if (!stop_ids && !o.init_from.empty()) stop_ids = stages::hf_eos_token_ids(o.init_from);
+  else if (!o.init_from.empty())  // a resumed run does not read the directory
+    stop_ids = stages::hf_eos_token_ids(o.init_from);
   stages::LoadOptions lo;
   // Mixed precision: the model's floating values (activations, working weights) in the
   // precision's 16-bit type, the masters and optimizer state in f32 (StageOptions).

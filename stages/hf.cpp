@@ -942,12 +942,16 @@ WholeModel load_whole_checkpoint(const std::string& step_dir) {
   return w;
 }
 
-int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt) {
-  WholeModel w = load_whole_checkpoint(step_dir);
-  HfWriteOptions o = opt;
+void export_hf(const WholeModel& w, const std::string& step_dir, const std::string& out,
+               HfWriteOptions opt) {
   if (auto ids = checkpoint_eos_token_ids(w.manifest, step_dir + "/manifest.json"))
-    o.eos_token_ids = ids;
-  save_hf(out, *w.stage, o);
+    opt.eos_token_ids = ids;
+  save_hf(out, *w.stage, opt);
+}
+
+int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt) {
+  const WholeModel w = load_whole_checkpoint(step_dir);
+  export_hf(w, step_dir, out, opt);
   return w.manifest.step;
 }
 

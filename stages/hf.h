@@ -161,8 +161,11 @@ struct WholeModel {
 };
 WholeModel load_whole_checkpoint(const std::string& step_dir);
 
-// `baton export --format hf`: the checkpoint at step_dir (resolve_checkpoint) written as
-// a Hugging Face directory. Returns the checkpoint's step.
+// `baton export --format hf`: a checkpoint's whole model (read from step_dir) written as
+// a Hugging Face directory, with the stop ids its manifest keeps.
+void export_hf(const WholeModel& w, const std::string& step_dir, const std::string& out,
+               HfWriteOptions opt);
+// The same, reading the checkpoint at step_dir (resolve_checkpoint). Returns its step.
 int64_t export_hf(const std::string& step_dir, const std::string& out, const HfWriteOptions& opt);
 
 }  // namespace baton::stages

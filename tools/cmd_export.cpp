@@ -53,7 +53,7 @@ int run_export(const std::vector<std::string>& args) {
     w = stages::load_whole_checkpoint(dir);
     step_dir = dir;
   });
-  stages::save_hf(out, *w.stage, wo);
+  stages::export_hf(w, step_dir, out, wo);
   spdlog::info("exported {} (step {}) to {} ({}{})", step_dir, w.manifest.step, out, dtype,
                wo.max_shard_bytes > 0 ? ", sharded at " + max_shard : "");
   return 0;

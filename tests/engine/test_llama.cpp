@@ -296,6 +296,53 @@ TEST(LlamaInitFrom, ResumeFromACheckpointDoesNotReadTheDirectory) {
   EXPECT_THROW(engine::run_training(one), InputError);
 }
 
+// The stop ids of an --init-from directory's generation_config.json (which transformers'
+// generate takes over config.json's) live on in its run's checkpoints, one process and
+// under a plan, through a resume that does not read the directory, and export writes them
+// back as generation_config.json.
+TEST(LlamaInitFrom, CheckpointsKeepTheDirectorysStopIds) {
+  Workspace ws("llama-init-stop-ids");
+  const std::string dir = ws.path("hf");
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  std::ofstream(dir + "/generation_config.json") << "{\"eos_token_id\": [5, 7]}\n";
+  PlanSpec p;
+  p.model = fixture_model("llama_gqa");
+  p.tp = {2};
+  auto plan = resolve(p, ws);
+  RunSettings s;
+  s.steps = 1;
+  kernels::set_num_threads(1);
+  engine::TrainOptions one =
+      one_process_options(ws, s, p.micro_batches * p.micro_batch_size, p.micro_batches);
+  one.init_from = dir;
+  one.checkpoint_dir = ws.path("ck-one");
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.init_from = dir;
+  o.checkpoint_dir = ws.path("ck-plan");
+  engine::run_training(one);
+  run_threads(plan, o);
+  std::filesystem::rename(dir, ws.path("hf-moved"));
+  one.resume = o.resume = true;
+  one.steps = o.steps = 2;
+  engine::run_training(one);
+  run_threads(plan, o);
+  const std::vector<int32_t> want = {5, 7};
+  for (const std::string& root : {one.checkpoint_dir, o.checkpoint_dir}) {
+    const std::string step_dir = stages::resolve_checkpoint(root);
+    EXPECT_EQ(stages::checkpoint_eos_token_ids(stages::read_manifest(step_dir),
+                                               step_dir + "/manifest.json"),
+              want)
+        << step_dir;
+    const std::string out = root + "-hf";
+    EXPECT_EQ(stages::export_hf(step_dir, out, {}), 2);
+    std::ifstream gen(out + "/generation_config.json");
+    ASSERT_TRUE(gen.good()) << out;
+    EXPECT_EQ(nlohmann::json::parse(gen)["eos_token_id"], nlohmann::json(want)) << out;
+  }
+}
+
 // A plan whose model is not the one the weights were made for: an InputError naming the
 // field, both values and the directory's config.json, before any rank is assembled.
 TEST(LlamaInitFrom, ModelThatDiffersFromTheConfigIsAnError) {
