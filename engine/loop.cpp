@@ -197,32 +197,46 @@ void log_data_opened(const stages::TrainData& d) {
 
 namespace {
 
-// Each data file of `j` (a dataset's to_json, a blend's parts) gets "contents", its size
-// and head/tail hash: the same name can hold other tokens on resume.
+// The key naming a dataset's file ("file") or directory (an image dataset's "dir").
+const char* path_key(const nlohmann::json& j) {
+  for (const char* k : {"file", "dir"})
+    if (j.contains(k) && j[k].is_string()) return k;
+  return nullptr;
+}
+
+// Each data file or directory of `j` (a dataset's to_json, a blend's parts) gets
+// "contents", its size and head/tail hash: the same name can hold other data on resume.
 void add_fingerprints(nlohmann::json& j) {
   if (j.is_array())
     for (auto& e : j) add_fingerprints(e);
   if (!j.is_object()) return;
-  if (j.contains("file") && j["file"].is_string()) {
-    const std::string id = detail::contents_identity(j["file"].get<std::string>());
+  const char* key = path_key(j);
+  if (key) {
+    const std::string id = detail::contents_identity(j[key].get<std::string>());
     if (id != "missing") j["contents"] = id;  // an in-memory store names no file
   }
   for (auto& [k, v] : j.items())
-    if (k != "file") add_fingerprints(v);
+    if (!key || k != key) add_fingerprints(v);
 }
 
 // The training data as resume compares it: a file with a fingerprint is known by it (and
 // not by its name: `./tok.bin` and its absolute path are one file); a manifest written
-// before fingerprints (`fingerprinted` false) compares names, lexically normalised.
+// before fingerprints (`fingerprinted` false) compares names, lexically normalised (an
+// image directory's trailing slash too).
 nlohmann::json comparable_data(nlohmann::json j, bool fingerprinted) {
   if (j.is_array())
     for (auto& e : j) e = comparable_data(e, fingerprinted);
   if (!j.is_object()) return j;
   if (!fingerprinted) j.erase("contents");
-  if (j.contains("contents"))
-    j.erase("file");
-  else if (j.contains("file") && j["file"].is_string())
-    j["file"] = std::filesystem::path(j["file"].get<std::string>()).lexically_normal().string();
+  if (const char* key = path_key(j)) {
+    if (j.contains("contents")) {
+      j.erase(key);
+    } else {
+      std::filesystem::path p = std::filesystem::path(j[key].get<std::string>()).lexically_normal();
+      if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+      j[key] = p.string();
+    }
+  }
   for (auto& [k, v] : j.items()) v = comparable_data(v, fingerprinted);
   return j;
 }
@@ -245,7 +259,9 @@ nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
 }
 
 nlohmann::json data_manifest(const stages::ImageDataset& d, int64_t position) {
-  return {{"position", position}, {"train", d.to_json()}};
+  nlohmann::json j = {{"position", position}, {"train", d.to_json()}};
+  add_fingerprints(j["train"]);
+  return j;
 }
 
 void check_resume(const stages::Manifest& m, const std::string& dir,

@@ -154,12 +154,13 @@ class NpyHeaderParser {
 };
 
 int64_t element_size(const std::string& path, const std::string& descr) {
-  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|'))
+  // The kind first: an object array ('|O') is no byte-order question.
+  const char kind = descr.size() >= 2 ? descr[1] : '\0';
+  if (descr.size() < 3 || (kind != 'f' && kind != 'i' && kind != 'u'))
+    bad(path, "expected a numeric array (float, int, uint), found dtype '" + descr + "'");
+  if (descr[0] != '<' && descr[0] != '|')
     bad(path,
         "expected a little-endian array ('<' or '|' byte order), found dtype '" + descr + "'");
-  const char kind = descr[1];
-  if (kind != 'f' && kind != 'i' && kind != 'u')
-    bad(path, "expected a numeric array (float, int, uint), found dtype '" + descr + "'");
   const int64_t size = std::atoll(descr.c_str() + 2);
   if (size != 1 && size != 2 && size != 4 && size != 8)
     bad(path, "unsupported element size in dtype '" + descr + "'");

@@ -26,6 +26,7 @@
 #include "memory/file_io.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
+#include "stages/image_data.h"
 #include "tests/child_report.h"
 #include "transport/local.h"
 
@@ -348,6 +349,40 @@ TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
   m.data["train"].erase("contents");
   EXPECT_EQ(warnings(ws.dir + "/./tok.txt"), "");
   EXPECT_NE(warnings(ws.path("link.txt")).find("$.data.train"), std::string::npos);
+}
+
+// An image directory is known by its files' contents too: `d/`, `d` and `./d` are one
+// directory (each had warned), the same name over other images is not (it had not).
+TEST(Checkpoint, ResumeComparesImageDataByItsContents) {
+  Workspace ws("resume-images");
+  const std::string dir = ws.path("d");
+  std::filesystem::copy(std::string(BATON_SOURCE_DIR) + "/examples/data/digits", dir);
+  engine::LoopOptions o;
+  o.steps = 4;
+  stages::Manifest m;
+  m.step = 2;
+  m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}};
+  m.data = engine::data_manifest(stages::ImageDataset(dir + "/"), 2);
+  auto warnings = [&](const std::string& path) {
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::warn_resume_changes(m, "ck", engine::data_manifest(stages::ImageDataset(path), 2), o,
+                                8);
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  EXPECT_EQ(warnings(dir), "");
+  EXPECT_EQ(warnings(ws.dir + "/./d"), "");
+  std::string labels = memory::read_file(dir + "/labels.npy");
+  std::swap(labels[labels.size() - 1], labels[labels.size() - 9]);  // two labels swapped
+  ASSERT_NE(labels, memory::read_file(dir + "/labels.npy"));
+  memory::write_file_durably(dir + "/labels.npy", labels);
+  EXPECT_NE(warnings(dir).find("ck/manifest.json: $.data.train: the checkpoint was written for"),
+            std::string::npos);
+  // An old manifest, without the fingerprint: the names, a trailing slash aside.
+  m.data["train"].erase("contents");
+  EXPECT_EQ(warnings(dir), "");
 }
 
 // A manifest's batch that is no sample count is refused, naming the field: "two" or 4.5

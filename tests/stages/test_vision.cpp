@@ -495,6 +495,19 @@ TEST(ImageData, RoundTripAndErrors) {
                                 "dtype '<f2'"),
             std::string::npos)
       << error_of_dir();
+  // An object array is no byte-order question; a big-endian one is.
+  for (auto [descr, said] : {std::pair{"|O4",
+                                       "expected a numeric array (float, int, uint), found "
+                                       "dtype '|O4'"},
+                             std::pair{">f4", "expected a little-endian array"}}) {
+    write_npy(dir + "/images.npy", images);
+    std::string bytes = memory::read_file(dir + "/images.npy");
+    const size_t at = bytes.find("<f4");
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 3, descr);
+    std::ofstream(dir + "/images.npy", std::ios::binary) << bytes;
+    EXPECT_NE(error_of_dir().find(said), std::string::npos) << error_of_dir();
+  }
   {
     Tensor with_nan = images.clone();
     with_nan.data<float>()[2 * 24 + 5] = std::numeric_limits<float>::quiet_NaN();
