@@ -572,6 +572,13 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
     if (on_step) on_step(rec);
   }
+  // A run of no steps with a checkpoint directory writes its initial weights as step 0:
+  // the way to export them, or to start an outside reference from them.
+  if (o.steps == 0 && start == 0 && !o.checkpoint_dir.empty()) {
+    check_data(true);
+    summary.last_checkpoint = steps.checkpoint(0);
+    if (lead) spdlog::info("checkpoint {} (the initial weights)", summary.last_checkpoint);
+  }
   check_data(true);
   return summary;
 }

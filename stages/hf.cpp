@@ -676,16 +676,20 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   for (const NamedTensor& t : tensors)
     out.push_back({hf_tensor_name(g, t.name), opt.dtype, t.tensor.shape()});
   auto stored = [&](size_t i) { return tensors[i].tensor.to_staging(opt.dtype); };
-  // Checked before anything is written: f16 turns values beyond its range into inf.
-  if (opt.dtype == DType::f16)
+  // Checked before anything is written: a 16-bit type rounds values beyond its range to
+  // inf (f16 from 65520 in magnitude, bf16 from about 3.39e38).
+  if (opt.dtype == DType::f16 || opt.dtype == DType::bf16)
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (!memory::is_floating(tensors[i].tensor.dtype())) continue;
       const double before = max_abs(tensors[i].tensor);
+      const bool half = opt.dtype == DType::f16;
       if (std::isfinite(before) && !std::isfinite(max_abs(stored(i))))
-        throw InputError("--dtype f16: tensor '" + out[i].name + "' holds values up to " +
-                         fmt::format("{:g}", before) +
-                         " in magnitude, beyond f16's range (at most 65504), which would be "
-                         "written as inf; export with --dtype bf16 or f32");
+        throw InputError(std::string("--dtype ") + (half ? "f16" : "bf16") + ": tensor '" +
+                         out[i].name + "' holds values up to " + fmt::format("{:g}", before) +
+                         " in magnitude, beyond " + (half ? "f16" : "bf16") + "'s range (at most " +
+                         (half ? "65504" : "3.3895e+38") +
+                         "), which would be written as inf; export with --dtype " +
+                         (half ? "bf16 or f32" : "f32"));
     }
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))

@@ -113,7 +113,8 @@ int run_train(const std::vector<std::string>& args) {
       "max global gradient norm (0: off)")("seed", po::value(&seed)->default_value("1"),
                                            "seed of initialisation, data order and dropout, in "
                                            "[0, 2^64)")(
-      "checkpoint-dir", po::value(&o.checkpoint_dir), "directory for checkpoints")(
+      "checkpoint-dir", po::value(&o.checkpoint_dir),
+      "directory for checkpoints (with --steps 0: the initial weights, as step 0)")(
       "checkpoint-every", po::value(&o.checkpoint_every)->default_value(0),
       "steps between checkpoints (0: at the end)")("keep-checkpoints",
                                                    po::value(&o.keep_checkpoints)->default_value(0),

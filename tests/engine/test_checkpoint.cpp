@@ -597,6 +597,26 @@ TEST(Checkpoint, SamePlanResumesBitForBit) {
   }
 }
 
+// A run of no steps with a checkpoint directory writes the initial weights as step 0
+// (it had written nothing, silently), one process and under a plan; resuming from it is
+// the run that never stopped.
+TEST(Checkpoint, NoStepsWriteTheInitialWeights) {
+  Workspace ws("ckpt-zero");
+  for (const PlanSpec& p :
+       {checkpoint_gpt_plan({}, 1, "1f1b", 2), checkpoint_gpt_plan({1, 1}, 1, "1f1b", 2)}) {
+    const std::string tag = p.tp.empty() ? "one" : "plan";
+    SCOPED_TRACE(tag);
+    std::vector<engine::StepRecord> whole = checkpoint_train(p, ws, ws.path(tag + "-a"), 3, false);
+    EXPECT_TRUE(checkpoint_train(p, ws, ws.path(tag + "-b"), 0, false).empty());
+    auto dir = stages::latest_checkpoint(ws.path(tag + "-b"));
+    ASSERT_TRUE(dir.has_value());
+    EXPECT_EQ(stages::read_manifest(*dir).step, 0);
+    std::vector<engine::StepRecord> rest = checkpoint_train(p, ws, ws.path(tag + "-b"), 3, true);
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i].loss, whole[i].loss) << "step " << i + 1;
+  }
+}
+
 struct Pair {
   PlanSpec before, after;  // empty tp: one process
 };

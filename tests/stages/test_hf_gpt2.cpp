@@ -120,10 +120,11 @@ TEST(HfGpt2, MissingTensorIsAnInputError) {
   }
 }
 
-// f16 holds at most 65504: an export as f16 of a larger weight is refused naming the tensor
-// and its magnitude, before anything is written (it had been written as inf); bf16 holds
-// it. A Hugging Face directory with a non-finite weight is refused by --init-from's load
-// naming the file and the tensor (training had died with "loss is -nan at step 1").
+// f16 holds at most 65504: an export as f16 of a weight it rounds to inf is refused naming
+// the tensor and its magnitude, before anything is written (it had been written as inf);
+// bf16 holds it, up to its own range. A Hugging Face directory with a non-finite weight is refused
+// by --init-from's load naming the file and the tensor (training had died with "loss is -nan at
+// step 1").
 TEST(HfGpt2, F16ExportOfAnOutOfRangeWeightAndANonFiniteLoadAreRefused) {
   HfGpt2Fixture f = hf_gpt2_load_fixture();
   auto g = f.graph(DType::f32);
@@ -152,6 +153,26 @@ TEST(HfGpt2, F16ExportOfAnOutOfRangeWeightAndANonFiniteLoadAreRefused) {
   wo.dtype = DType::bf16;
   save_hf(out, a, wo);
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
+  // bf16 rounds 3.4e38 to inf too (it had been written, and --init-from then refused it);
+  // 65519 rounds to f16's 65504, as torch's .to() does.
+  w.view({w.numel()}).narrow(0, 1, 1).fill_(3.4e38);
+  const std::string big = ::testing::TempDir() + "/baton_hf_bf16_range";
+  std::filesystem::remove_all(big);
+  try {
+    save_hf(big, a, wo);
+    FAIL() << "a bf16 export wrote 3.4e38 as inf";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype bf16: tensor '" + stored +
+                                         "' holds values up "
+                                         "to 3.4e+38 in magnitude, beyond bf16's range"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(big));
+  w.view({w.numel()}).narrow(0, 1, 1).fill_(65519);
+  wo.dtype = DType::f16;
+  save_hf(big, a, wo);
+  EXPECT_TRUE(std::filesystem::exists(big + "/model.safetensors"));
 
   // f32 stores inf as it is; loading it back is refused.
   const std::string bad = ::testing::TempDir() + "/baton_hf_inf";
