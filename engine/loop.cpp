@@ -454,11 +454,12 @@ void LossLog::write(const StepRecord& r) {
   if (!out_.is_open()) return;
   char buf[320];
   // A skipped step's norm is inf or NaN, which JSON cannot say: null.
-  char norm[32] = "null";
+  char norm[32] = "null", loss[32] = "null";
   if (std::isfinite(r.grad_norm)) std::snprintf(norm, sizeof norm, "%.17g", r.grad_norm);
+  if (std::isfinite(r.loss)) std::snprintf(loss, sizeof loss, "%.17g", r.loss);
   int n = std::snprintf(buf, sizeof buf,
-                        "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %s, \"lr\": %.17g",
-                        static_cast<long long>(r.step), r.loss, norm, r.lr);
+                        "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.17g",
+                        static_cast<long long>(r.step), loss, norm, r.lr);
   if (r.eval_loss)
     n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
   // Under loss scaling every line says whether its step was skipped; without it only a
@@ -505,12 +506,21 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     rec.lr = lr;
     // A loss scaler's skips are its routine (the loss log and the summary count them); a
     // non-finite gradient without one is news. Said here for every trainer alike.
+    // A loss that is not finite stops the run (exit 1), after its line in the loss log:
+    // nothing after it would train.
+    if (!std::isfinite(rec.loss)) {
+      loss_log.write(rec);
+      throw RuntimeError(
+          fmt::format("loss is {} at step {}: the run stops (a lower --lr, "
+                      "--grad-clip or the data may be the cause)",
+                      std::isnan(rec.loss) ? "nan"
+                      : rec.loss > 0       ? "inf"
+                                           : "-inf",
+                      rec.step));
+    }
     if (rec.skipped && rec.loss_scale <= 0 && lead)
       spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", rec.step,
-                   rec.grad_norm);
-    if (!std::isfinite(rec.loss))
-      throw RuntimeError("loss is " + std::to_string(rec.loss) + " at step " +
-                         std::to_string(rec.step));
+                   std::isnan(rec.grad_norm) ? "nan" : fmt::format("{}", rec.grad_norm));
     check_data(false);
     const bool eval = steps.evaluate && eval_due(o, rec.step);
     std::string written;

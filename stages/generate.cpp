@@ -263,14 +263,32 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt,
   // NaN fails every comparison below and would draw the least likely token.
   if (std::isnan(opt.temperature))
     throw InputError("sampling: the temperature is NaN (expected a value >= 0)");
+  // A diverged model's logits: greedy takes the first NaN as torch's argmax does; sampling
+  // has no distribution (torch's multinomial refuses it too), where every NaN had drawn
+  // the last token in the sort.
+  const auto bad = std::find_if(logits.begin(), logits.end(),
+                                [](float x) { return std::isnan(x) || x == INFINITY; });
   if (opt.temperature <= 0)
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return int32_t((bad != logits.end() && std::isnan(*bad)
+                        ? bad
+                        : std::max_element(logits.begin(), logits.end())) -
+                   logits.begin());
+  if (bad != logits.end())
+    throw RuntimeError("sampling: the model's logit of token " +
+                       std::to_string(bad - logits.begin()) + " is " +
+                       (std::isnan(*bad) ? "nan" : "inf") +
+                       ": no distribution to sample from (are the weights finite?)");
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(),
                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   size_t keep = idx.size();
-  if (opt.top_k > 0) keep = std::min(keep, size_t(opt.top_k));
+  if (opt.top_k > 0) {
+    keep = std::min(keep, size_t(opt.top_k));
+    // Tokens tied with the k-th stay, as transformers' top-k keeps every score not below
+    // it (padded vocabulary rows tie exactly).
+    while (keep < idx.size() && logits[size_t(idx[keep])] == logits[size_t(idx[keep - 1])]) ++keep;
+  }
   std::vector<double> pr(keep);
   const double mx = logits[size_t(idx[0])];
   double sum = 0;
@@ -311,7 +329,7 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
         " positions; the model's context holds " + std::to_string(gen.capacity()) +
         // The position table bounds generation, not the training window.
         (spec_of(stage.graph()).llama ? " (its max_position_embeddings)" : " (its n_positions)") +
-        (int64_t(prompt.size()) < gen.capacity()
+        (int64_t(prompt.size()) <= gen.capacity()
              ? " (at most " + std::to_string(gen.capacity() - int64_t(prompt.size()) + 1) +
                    " new tokens after this prompt)"
              : ""));

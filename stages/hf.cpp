@@ -541,8 +541,8 @@ void load_hf_weights(HfCheckpoint& ckpt, Stage& stage) {
       Tensor cast = tmp.to_staging(view.dtype());
       if (cast.dtype() != tmp.dtype() && !std::isfinite(max_abs(cast)))
         throw InputError(s.file->path() + ": tensor '" + s.entry->name + "' holds values up to " +
-                         fmt::format("{:g} in magnitude, beyond the range of the model's {}",
-                                     stored, memory::dtype_name(view.dtype())) +
+                         fmt::format("{} in magnitude, beyond the range of the model's {}", stored,
+                                     memory::dtype_name(view.dtype())) +
                          " (--init-from)");
       view.copy_from(cast);
     };

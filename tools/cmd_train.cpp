@@ -35,7 +35,7 @@ namespace {
 void check_flag_range(const char* flag, double value, bool ok, const std::string& expected) {
   if (!ok)
     throw InputError(std::string("--") + flag + ": expected " + expected + ", found " +
-                     fmt::format("{:g}", value));
+                     fmt::format("{}", value));
 }
 
 // The optimizer's hyper-parameters, before anything is built (on every rank of a plan):

@@ -80,6 +80,17 @@ void layernorm_rows(const T* x, const T* x2, T* s, const T* w, const T* b, doubl
       r = layernorm_step<false, false, true>(xa, xb, mb, xc, mc, sc, w, b, yc, cols);
     if (sum) mean[i] = r.first / T(cols);
     if (var) rstd[rb] = T(1) / std::sqrt(r.second / T(cols) + T(eps));
+    if (var && !std::isfinite(r.second) && std::isfinite(mb)) {
+      // A finite row whose squared deviations overflow T (f32: deviations beyond about
+      // 1.8e19): its variance again in double, so rstd is the small number it is (0 had
+      // normalised the row to the bias alone, a fabricated finite loss).
+      double s2 = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double d = double(xb[c]) - double(mb);
+        s2 += d * d;
+      }
+      rstd[rb] = T(1.0 / std::sqrt(s2 / double(cols) + eps));
+    }
   }
 }
 

@@ -43,7 +43,19 @@ __global__ void ln_forward(const T* x, const T* b, T* s, const W* w, const W* bi
     const float d = to_f(xr[c]) - mu;
     var += d * d;
   }
-  const float rs = rsqrtf(warp_sum(var) / float(cols) + eps);
+  const float total = warp_sum(var);  // every lane's: the branch below is the warp's
+  float rs = rsqrtf(total / float(cols) + eps);
+  if (!isfinite(total) && isfinite(mu)) {
+    // As the CPU: a finite row whose squared deviations overflow f32 (beyond about 1.8e19)
+    // has its variance taken again in double (rstd 0 had left the bias alone).
+    double v2 = 0;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const double d = double(to_f(xr[c])) - double(mu);
+      v2 += d * d;
+    }
+    for (int o = 16; o > 0; o >>= 1) v2 += __shfl_xor_sync(0xffffffffu, v2, o);
+    rs = float(1.0 / sqrt(v2 / double(cols) + double(eps)));
+  }
   T* yr = y + r * cols;
   for (int64_t c = lane; c < cols; c += 32)
     yr[c] = from_f<T>((to_f(xr[c]) - mu) * rs * to_f(w[c]) + to_f(bias[c]));

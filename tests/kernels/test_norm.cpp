@@ -32,6 +32,35 @@ TEST(LayerNorm, ForwardNormalisesEachRow) {
   }
 }
 
+// A float row whose squared deviations overflow float (values about 2e19) is normalised
+// as in double: its rstd had been 0, the output the bias alone. A row holding inf still
+// gives NaN.
+TEST(LayerNorm, FloatRowsBeyondTheSquaresRange) {
+  std::mt19937_64 rng(test_seed(53));
+  const int64_t c = 40;
+  const Tensor x64 = randn({3, c}, rng, 2e19), w = randn({c}, rng), b = randn({c}, rng);
+  Tensor x = x64.to(DType::f32);
+  x.data<float>()[2 * c + 5] = std::numeric_limits<float>::infinity();
+  Tensor y = Tensor::empty(x.shape(), DType::f32), mean = Tensor::empty({3}, DType::f32),
+         rstd = Tensor::empty({3}, DType::f32);
+  layernorm_forward(x, w.to(DType::f32), b.to(DType::f32), 1e-5, y, mean, rstd);
+  const auto xv = as_f64(x), yv = as_f64(y), wv = as_f64(w.to(DType::f32)),
+             bv = as_f64(b.to(DType::f32));
+  for (int64_t r = 0; r < 2; ++r) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < c; ++j) mu += xv[size_t(r * c + j)] / c;
+    for (int64_t j = 0; j < c; ++j) var += std::pow(xv[size_t(r * c + j)] - mu, 2) / c;
+    const double rs = 1 / std::sqrt(var + 1e-5);
+    EXPECT_NEAR(as_f64(rstd)[size_t(r)] / rs, 1.0, 1e-5) << "row " << r;
+    for (int64_t j = 0; j < c; ++j)
+      EXPECT_NEAR(yv[size_t(r * c + j)],
+                  (xv[size_t(r * c + j)] - mu) * rs * wv[size_t(j)] + bv[size_t(j)],
+                  1e-4 * (1 + std::abs(wv[size_t(j)])))
+          << "row " << r << " column " << j;
+  }
+  EXPECT_TRUE(std::isnan(yv[size_t(2 * c)])) << yv[size_t(2 * c)];
+}
+
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(test_seed(52));
   const int64_t c = 19;

@@ -486,6 +486,8 @@ TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
       {"--beta1 1", "--beta1: expected a value in [0, 1), found 1"},
       {"--beta1 -0.1", "--beta1: expected a value in [0, 1), found -0.1"},
       {"--beta2 1", "--beta2: expected a value in [0, 1), found 1"},
+      // Shown to the digit that makes it wrong (it had read "found 1").
+      {"--beta2 1.0000001", "--beta2: expected a value in [0, 1), found 1.0000001"},
       {"--beta2 nan", "--beta2: expected a value in [0, 1), found nan"},
       {"--weight-decay -1", "--weight-decay: expected a finite value >= 0, found -1"},
       {"--weight-decay nan", "--weight-decay: expected a finite value >= 0, found nan"},

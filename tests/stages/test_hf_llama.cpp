@@ -767,6 +767,29 @@ TEST(HfLlamaGenerate, NanTemperatureIsRefused) {
   EXPECT_EQ(seen.size(), 3u);
 }
 
+// NaN logits (a diverged model): greedy takes the first NaN, as torch's argmax; sampling
+// is refused (it had drawn the last token of the sort, exit 0), as torch's multinomial is.
+TEST(HfLlamaGenerate, NanLogitsAreNotSampled) {
+  const std::vector<float> logits = {0.f, NAN, 3.f, NAN};
+  uint64_t rng = 1;
+  EXPECT_EQ(sample_token(logits, SampleOptions{0, 0, 1, 1}, rng), 1);
+  EXPECT_THROW(sample_token(logits, SampleOptions{1, 0, 1, 1}, rng), RuntimeError);
+  EXPECT_THROW(sample_token({0.f, INFINITY}, SampleOptions{1, 5, 0.9, 1}, rng), RuntimeError);
+  EXPECT_EQ(sample_token({0.f, -INFINITY, 2.f}, SampleOptions{0, 0, 1, 1}, rng), 2);
+}
+
+// Top-k keeps every token tied with the k-th, as transformers' warper does (the lower id
+// alone had been kept).
+TEST(HfLlamaGenerate, TopKKeepsTokensTiedWithTheKth) {
+  const std::vector<float> logits = {1.f, 2.f, 0.f, 2.f};
+  std::set<int32_t> seen;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    uint64_t rng = seed;
+    seen.insert(sample_token(logits, SampleOptions{1, 1, 1, seed}, rng));
+  }
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3}));
+}
+
 // As transformers' generate: the output ends with the first end-of-sequence id, which
 // comes from generation_config.json when there is one, else from config.json (an id or a
 // list); a shorthand knows none, and a tokenizer's stands in.
