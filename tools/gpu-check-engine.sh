@@ -62,8 +62,8 @@ engine_steps() {
   step train-gpu 120 "$baton" train "${common[@]}" --device cuda --precision f32 --loss-log "$e/gpu.jsonl" &&
     step train-gpu-vs-cpu 30 "$py" "$cmp" "$e/cpu.jsonl" "$e/gpu.jsonl" --tol 1e-4 --steps 20
 
-  # The LLaMA family's ops on the GPU (head size 32: the flash kernels in bf16, cuBLAS in
-  # f32), the same 20 steps as on the CPU.
+  # The LLaMA family's ops on the GPU (head size 32: cuDNN's attention in bf16 where it
+  # is built, else the flash kernels; cuBLAS in f32), the same 20 steps as on the CPU.
   cat >"$e/tiny-llama.json" <<'JSON'
 {"type": "llama", "name": "tiny-llama", "hidden_size": 128, "intermediate_size": 344,
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -169,9 +169,8 @@ else
   skip pytorch "torch cannot be imported or sees no GPU: $torch_info"
 fi
 bench baton-bf16-cublas-attn 240 "$bin/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cublas
-# cuDNN's fused attention forward and backward against automatic (baton-bf16: cuDNN's
-# forward, our flash backward): the measurement that decides whether `automatic` should
-# take cuDNN's backward too (docs/cuda.md).
+# cuDNN's fused attention forward and backward forced, against automatic (baton-bf16,
+# which takes both where they apply since the second H200 session; docs/cuda.md).
 if [ $cudnn_built = 1 ]; then
   bench baton-bf16-cudnn-attn 240 "$bin/gpt_step" $model --dtype bf16 --steps 10 --warmup 3 --attention cudnn
 else

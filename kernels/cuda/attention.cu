@@ -332,7 +332,10 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           : std::string("baton was built without cuDNN"));
     return;
   }
-  if (impl == AttentionImpl::automatic && !accumulate &&
+  // At T = 1 every query is a first query, whose gradient the CPU and our kernels make
+  // exactly 0 and cuDNN's graph leaves as rounding (dO.V0 - rowsum(dO o O)), which AdamW
+  // would turn into whole steps (docs/kernels.md): automatic keeps ours there.
+  if (impl == AttentionImpl::automatic && !accumulate && g.T > 1 &&
       cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l))
     return;
   if (impl != AttentionImpl::cublas &&

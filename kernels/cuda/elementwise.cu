@@ -89,8 +89,11 @@ __device__ __forceinline__ float gelu(float v) {
   return 0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
 }
 
+// Where tanh has saturated at -1 the gradient is 0, as the CPU's (kernels/cpu/activation.cpp):
+// the formula's 0 * inf (3 a v^2 overflows below about -5e19) had made NaN.
 __device__ __forceinline__ float gelu_grad(float v) {
   const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
+  if (t == -1.f) return 0.f;
   return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
 }
 

@@ -506,37 +506,44 @@ class BatchNorm2d final : public OpBase {
     Tensor none1, none2;
     kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 0.0, y, mean,
                                      rstd, none1, none2);
-    const std::vector<double> mu_l = mean.to(DType::f64).to_vector<double>();
-    const std::vector<double> rs_l = rstd.to(DType::f64).to_vector<double>();
+    // Host copies for the arithmetic, the sums on the stage's device (NCCL's communicator
+    // reduces device tensors): to_staging reads a tensor of any device.
+    const memory::Device dev = c.ctx.device;
+    auto host = [](const Tensor& t) { return t.to_staging(DType::f64).to_vector<double>(); };
+    auto summed = [&](const std::vector<double>& v) {
+      Tensor t = Tensor::from_vector(v, {c_}).to(dev);
+      g.all_reduce(t, transport::ReduceOp::sum)->wait();
+      return host(t);
+    };
+    auto put = [&](Tensor& to, const std::vector<double>& v) {
+      to.copy_from(Tensor::from_vector(v, {c_}).to(dtype_));
+    };
+    const std::vector<double> mu_l = host(mean), rs_l = host(rstd);
     const size_t nc = static_cast<size_t>(c_);
     std::vector<double> mu(nc), var(nc);
     for (size_t k = 0; k < size_t(c_); ++k) mu[k] = mu_l[k] / double(g.size());
-    Tensor sum = Tensor::from_vector(mu, {c_});
-    g.all_reduce(sum, transport::ReduceOp::sum)->wait();
-    mu = sum.to_vector<double>();
+    mu = summed(mu);
     for (size_t k = 0; k < size_t(c_); ++k) {
       const double v_l = 1.0 / (rs_l[k] * rs_l[k]) - eps_, d = mu_l[k] - mu[k];
       var[k] = (v_l + d * d) / double(g.size());
     }
-    Tensor sq = Tensor::from_vector(var, {c_});
-    g.all_reduce(sq, transport::ReduceOp::sum)->wait();
-    var = sq.to_vector<double>();
+    var = summed(var);
     std::vector<double> rs(nc);
     for (size_t k = 0; k < size_t(c_); ++k) rs[k] = 1.0 / std::sqrt(var[k] + eps_);
-    mean.copy_from(Tensor::from_vector(mu, {c_}).to(dtype_));
-    rstd.copy_from(Tensor::from_vector(rs, {c_}).to(dtype_));
-    Tensor var_t = Tensor::from_vector(var, {c_}).to(dtype_);
+    put(mean, mu);
+    put(rstd, rs);
+    Tensor var_t = Tensor::empty({c_}, dtype_, dev);
+    put(var_t, var);
     kernels::batchnorm_forward_eval(c.inputs[0], c.params[0], c.params[1], mean, var_t, eps_, y);
     if (rm.defined()) {
       // torch's update with the unbiased variance of the whole image batch.
-      std::vector<double> a = rm.to(DType::f64).to_vector<double>();
-      std::vector<double> b = rv.to(DType::f64).to_vector<double>();
+      std::vector<double> a = host(rm), b = host(rv);
       for (size_t k = 0; k < size_t(c_); ++k) {
         a[k] = (1 - momentum_) * a[k] + momentum_ * mu[k];
         b[k] = (1 - momentum_) * b[k] + momentum_ * var[k] * total / (total - 1);
       }
-      rm.copy_from(Tensor::from_vector(a, {c_}).to(dtype_));
-      rv.copy_from(Tensor::from_vector(b, {c_}).to(dtype_));
+      put(rm, a);
+      put(rv, b);
     }
     c.outputs[0] = y;
     c.saved.push_back(mean);

@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <tuple>
 
@@ -272,6 +274,21 @@ TEST_P(CudaOps, Activations) {
       expect_close(gelu ? "gelu_backward" : "relu_backward", dt(), gdx, rdx);
     }
   }
+}
+
+// Far on the negative side GELU's gradient is 0, as on the CPU: the CUDA formula's
+// 0 * inf (3 a x^2 overflowing below about -5e19) had made NaN.
+TEST_P(CudaOps, GeluFarOnTheNegativeSide) {
+  const std::vector<float> xs = {-3e38f, -1e30f, -1e20f, -6e19f, -100.f, -50.f, -12.f, -5.f};
+  Tensor x = Tensor::from_vector(xs, {int64_t(xs.size())});
+  Tensor dy = Tensor::from_vector(std::vector<float>(xs.size(), 1.f), x.shape());
+  Tensor rx = rounded(x, dt()), gx = dev(x, dt());
+  Tensor rdx = Tensor::empty(x.shape()), gdx = Tensor::empty(x.shape(), dt(), kGpu);
+  kernels::gelu_backward(rx, dy, rdx, false);
+  kernels::gelu_backward(gx, dev(dy, dt()), gdx, false);
+  const std::vector<float> h = cuda_ops_host(gdx).to_vector<float>();
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_TRUE(std::isfinite(h[i])) << "x " << xs[i];
+  expect_close("gelu_backward far negative", dt(), gdx, rdx);
 }
 
 // LLaMA's gated MLP and GPT's fused bias + GELU.
@@ -562,6 +579,66 @@ TEST_P(CudaOps, Attention) {
 
 // Grouped-query and multi-query attention, and a tensor-parallel rank's slice of the
 // query heads beside every key/value head (replicated), on both implementations.
+// The scale as given (0: uniform weights) on every path `automatic` and cublas take, and
+// T = 1, where every query is a first query: its gradient exactly 0, as on the CPU
+// (automatic leaves cuDNN's backward there).
+TEST_P(CudaOps, AttentionScaleAndOneKey) {
+  using kernels::cuda::AttentionImpl;
+  for (auto impl : {AttentionImpl::automatic, AttentionImpl::cublas}) {
+    kernels::cuda::set_attention_impl(impl);
+    for (int64_t T : {1, 37})
+      for (std::optional<double> scale :
+           {std::optional<double>{}, std::optional<double>{0.3}, std::optional<double>{0.0}}) {
+        const int64_t B = 2, H = 2, D = 32;
+        const std::string tag =
+            std::string(impl == AttentionImpl::cublas ? "cublas" : "automatic") + " T " +
+            std::to_string(T) + (scale ? " scale " + std::to_string(*scale) : "");
+        AttentionOptions opt;
+        opt.heads = H;
+        opt.scale = scale;
+        Tensor qkv = randn({B, T, 3 * H * D}, rng_), dout = randn({B, T, H * D}, rng_);
+        Tensor rq = rounded(qkv, dt()), gq = dev(qkv, dt());
+        Tensor ro = Tensor::empty({B, T, H * D}), rl = Tensor::empty({B, H, T});
+        Tensor go = Tensor::empty({B, T, H * D}, dt(), kGpu),
+               gl = Tensor::empty({B, H, T}, DType::f32, kGpu);
+        kernels::attention_forward(rq, opt, ro, rl);
+        kernels::attention_forward(gq, opt, go, gl);
+        expect_close("attention scale forward", dt(), go, ro);
+        Tensor rd = Tensor::empty(qkv.shape()), gd = Tensor::empty(qkv.shape(), dt(), kGpu);
+        kernels::attention_backward(rq, rounded(cuda_ops_host(go), dt()), rl, rounded(dout, dt()),
+                                    opt, rd, false);
+        kernels::attention_backward(gq, go, gl, dev(dout, dt()), opt, gd, false);
+        expect_close("attention scale backward", dt(), gd, rd);
+        if (T == 1) {
+          const Tensor hd = cuda_ops_host(gd);
+          for (int64_t bi = 0; bi < B; ++bi)
+            for (int64_t c = 0; c < 2 * H * D; ++c)  // the query and key columns
+              ASSERT_EQ(hd.data<float>()[bi * 3 * H * D + c], 0.0f) << tag << " column " << c;
+        }
+      }
+  }
+  kernels::cuda::set_attention_impl(AttentionImpl::automatic);
+}
+
+// A device tensor's host copy in each dtype is the host tensor's (checkpoints and export
+// write device weights through it).
+TEST_P(CudaOps, ToStagingFromTheDevice) {
+  Tensor x = randn({3, 67}, rng_, 50.0);
+  const Tensor host = rounded(x, dt()).to(dt());
+  const Tensor d = dev(x, dt());
+  for (DType to : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor want = host.to_staging(to), got = d.to_staging(to);
+    ASSERT_EQ(got.dtype(), to);
+    ASSERT_TRUE(got.device().is_cpu());
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0)
+        << memory::dtype_name(to);
+  }
+  // A strided view (a column slice) too.
+  const Tensor col = d.narrow(1, 5, 20), want = host.narrow(1, 5, 20).to_staging(DType::f32);
+  const Tensor got = col.to_staging(DType::f32);
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), size_t(want.nbytes())), 0);
+}
+
 TEST_P(CudaOps, GroupedQueryAttention) {
   struct Case {
     int64_t B, T, H, KV, D, group, kv_offset, head_offset, global_heads;
