@@ -269,6 +269,16 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
     }
   }
   g.loss = lv;
+  // Layers after the loss's reach nothing the loss depends on, and a plan's stages after
+  // the loss's chunk carried no loss (the run had logged 0): the loss's layer is the last.
+  const int loss_layer = g.nodes[size_t(lval.producer)].layer;
+  if (loss_layer + 1 < g.num_layers())
+    layers.at(size_t(loss_layer + 1))
+        .at("name")
+        .fail_message("layer '" + g.layers[size_t(loss_layer + 1)].name + "' comes after layer '" +
+                      g.layers[size_t(loss_layer)].name + "', which computes the loss '" + lname +
+                      "': nothing after it reaches the loss (a model ends with the loss's "
+                      "layer)");
   for (size_t p = 0; p < g.params.size(); ++p)
     if (g.params[p].users.empty())
       r.at("params").at(p).fail_message("parameter '" + g.params[p].name +

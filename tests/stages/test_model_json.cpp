@@ -237,6 +237,20 @@ TEST(ModelJson, TheLossIsTheOneCrossEntropy) {
        "found 'dead'"});
 }
 
+// The loss's layer is the last: a layer after it reaches nothing the loss depends on, and
+// a plan cutting after the loss's layer had logged a loss of 0.
+TEST(ModelJson, TheLossIsInTheLastLayer) {
+  std::string after = graph_with(
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
+  const std::string end = R"(]}],)";
+  const size_t at = after.find(end);
+  ASSERT_NE(at, std::string::npos);
+  after.insert(at + 3, R"(, {"name": "dead", "nodes": [{"op": "relu", "inputs": ["h"],
+                                                        "outputs": ["r"]}]})");
+  model_json_expect_error(after, {"m.json: $.layers[1].name", "layer 'dead' comes after layer 'l'",
+                                  "which computes the loss 'loss'"});
+}
+
 // A parameter or input whose elements overflow (or near) int64 had been taken (an embedding
 // [2^61, 6]: a negative parameter count, then heap corruption).
 TEST(ModelJson, ShapesBeyond2To40ElementsAreRefused) {
