@@ -3,6 +3,7 @@
 // schedule's name in traces) is checked where it comes in.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -55,6 +56,19 @@ inline std::string with_utf8_replacements(std::string_view s) {
     }
   }
   return out;
+}
+
+// At most `limit` bytes of `s`, cut before a sequence that would not fit (not inside
+// one), with "..." added where anything was cut: for one-line summaries of longer text.
+inline std::string utf8_prefix(std::string_view s, size_t limit) {
+  if (s.size() <= limit) return std::string(s);
+  size_t end = 0;
+  while (end < limit) {
+    const size_t n = std::max<size_t>(1, utf8_sequence(s, end));
+    if (end + n > limit) break;
+    end += n;
+  }
+  return std::string(s.substr(0, end)) + "...";
 }
 
 }  // namespace baton::memory

@@ -353,8 +353,11 @@ int run_comm(const std::vector<std::string>& args) {
     throw InputError("--min-bytes must be at least 1 and at most --max-bytes");
   o.reps = vm["reps"].as<int>();
   if (o.reps < 1) throw InputError("--reps: expected at least 1");
-  std::string backend = vm.count("backend") ? vm["backend"].as<std::string>()
-                                            : (std::getenv("BATON_WORLD_SIZE") ? "ucx" : "local");
+  // Launched (baton launch, mpirun, srun): ucx; the variables of each launcher as the
+  // world reads them (BATON_WORLD_SIZE alone had left mpirun's ranks each on its own).
+  std::string backend = vm.count("backend")                     ? vm["backend"].as<std::string>()
+                        : transport::read_launch_env().size > 1 ? "ucx"
+                                                                : "local";
   std::string settings = "UCX_TLS=" + env_or("UCX_TLS", "(UCX's choice)") +
                          ", BATON_RING_CHUNK=" + env_or("BATON_RING_CHUNK", "(default)");
   if (backend == "local") {

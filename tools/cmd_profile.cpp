@@ -201,13 +201,13 @@ int run_profile(const std::vector<std::string>& args) {
       "(internal) a rank of --spatial's job timing the exchanges (refused outside it)")(
       "hold", po::bool_switch(), "(internal) profile until killed: --colocated's copies")(
       "out,o", po::value(&out)->required(), "the cost file to write (JSON)");
-  // 0 is the cores divided among local ranks, as for baton train: the file records the
+  // 0 is baton train's default (default_threads): the file records the
   // count, and plan and trace predict warn when a plan's ranks compute with another
   // (CostModel::warn_threads).
   add_common_options(opts,
-                     "kernel threads to time the ops with (0: the cores divided among local "
-                     "ranks, as baton train's default; give the threads each rank of the plans "
-                     "trains with)");
+                     "kernel threads to time the ops with (0: OMP_NUM_THREADS, else the cores "
+                     "divided among local ranks, as baton train's default; give the threads "
+                     "each rank of the plans trains with)");
   po::variables_map vm;
   if (!parse_args(
           args,

@@ -24,6 +24,7 @@
 #include "tools/command.h"
 #include "transport/launch.h"
 #include "transport/nccl_communicator.h"
+#include "transport/options.h"
 #include "transport/staged.h"
 #include "transport/world.h"
 
@@ -330,7 +331,8 @@ int run_train(const std::vector<std::string>& args) {
   po.trace_steps = trace_steps;
   po.bucket_bytes = size_t(bucket_mib * 1024 * 1024);
   transport::WorldOptions wo;
-  if (!std::getenv("BATON_PEER_TIMEOUT")) wo.comm.peer_timeout = transport::kTrainingPeerTimeout;
+  if (!transport::env_is_set("BATON_PEER_TIMEOUT"))
+    wo.comm.peer_timeout = transport::kTrainingPeerTimeout;
   transport::World world = transport::init_world(wo);
   // GPUs: NCCL carries the device tensors (pipeline transfers, tensor-parallel and
   // gradient groups) and the world (UCX) keeps the host's values; or, with "transport":

@@ -211,13 +211,22 @@ void add_common_options(po::options_description& opts, const char* threads_help)
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      threads_help != nullptr
                          ? threads_help
-                         : "compute threads of this process (0: the cores divided among local "
-                           "ranks)")("log-level", po::value<std::string>()->default_value("info"),
-                                     "trace, debug, info, warn, error or off");
+                         : "compute threads of this process (0: OMP_NUM_THREADS, else the "
+                           "cores it may run on divided among local ranks)")(
+      "log-level", po::value<std::string>()->default_value("info"),
+      "trace, debug, info, warn, error or off");
 }
 
 int default_threads() {
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  // OMP_NUM_THREADS as OpenMP reads it, else the cores this process may run on (its
+  // affinity: taskset, a cpuset, Slurm's --cpus-per-task), not the machine's, shared
+  // among the host's ranks.
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && n >= 1 && n <= 4096) return int(n);
+  }
+  const int cores = std::max(1, int(transport::allowed_cores().size()));
   return std::max(1, cores / std::max(1, transport::read_launch_env().local_size));
 }
 
@@ -234,7 +243,8 @@ void apply_common_options(const po::variables_map& vm) {
   // A negative count had read as 0 (train) or 1 (profile) without a word.
   if (const int t = vm["threads"].as<int>(); t < 0)
     throw InputError(
-        "--threads: expected 0 (the cores divided among local ranks) or a count "
+        "--threads: expected 0 (OMP_NUM_THREADS, else the cores divided among local ranks) or a "
+        "count "
         ">= 1, found " +
         std::to_string(t));
 }

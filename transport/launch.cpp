@@ -22,6 +22,7 @@
 
 #include "memory/error.h"
 #include "memory/file_io.h"
+#include "memory/utf8.h"
 #include "transport/communicator.h"
 #include "transport/detail/asio.h"
 #include "transport/options.h"
@@ -589,7 +590,8 @@ class Launcher {
                                        " and its peers timed out on it";
     std::string s = who(cause) + " " + how + step;
     if (auto it = reports_.find(cause); it != reports_.end() && it->second.peer < 0) {
-      std::string error = it->second.error.substr(0, 400);
+      // Cut on a character, and said to be cut (the rank's own line, above, is whole).
+      std::string error = memory::utf8_prefix(it->second.error, 400);
       std::replace(error.begin(), error.end(), '\n', ' ');  // the summary is one line
       s += ": " + error;
     }
@@ -724,7 +726,7 @@ int launch(const LaunchOptions& options) {
         cmd[1] == "train" && std::any_of(cmd.begin(), cmd.end(), [](const std::string& a) {
           return a == "--plan" || a.rfind("--plan=", 0) == 0;
         });
-    if (plan_training && !std::getenv("BATON_PEER_TIMEOUT"))
+    if (plan_training && !env_is_set("BATON_PEER_TIMEOUT"))
       resolved.stopped_limit = kTrainingPeerTimeout;
     if (!resolved.paused_limit) resolved.paused_limit = comm.stall_timeout;
   }

@@ -15,13 +15,20 @@ double env_number(const char* name, double fallback, double lo, double hi) {
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   double x = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
+  // strtod also reads hexadecimal ("0x10" had been 16 s) and leading blanks.
+  const bool decimal = std::string(v).find_first_of("xX \t\n") == std::string::npos;
+  if (!decimal || end == v || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
     throw InputError(std::string(name) + "='" + v + "': expected a number from " +
                      std::to_string(lo) + " to " + std::to_string(hi));
   return x;
 }
 
 }  // namespace
+
+bool env_is_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
 
 CommOptions CommOptions::from_env() {
   CommOptions o;
@@ -33,6 +40,10 @@ CommOptions CommOptions::from_env() {
   o.connect_timeout = std::chrono::milliseconds(int64_t(connect * 1000.0));
   double stall =
       env_number("BATON_STALL_TIMEOUT", double(o.stall_timeout.count()) / 1000.0, 0, 1e7);
+  // Kept in whole milliseconds, where 0 is "forever": a shorter one had become that.
+  if (stall > 0 && stall < 0.001)
+    throw InputError("BATON_STALL_TIMEOUT='" + std::string(std::getenv("BATON_STALL_TIMEOUT")) +
+                     "': expected 0 (no limit) or at least 0.001 s");
   o.stall_timeout = std::chrono::milliseconds(int64_t(stall * 1000.0));
   double spin = env_number("BATON_SPIN_US", double(o.spin.count()), 0, 1e6);
   o.spin = std::chrono::microseconds(int64_t(spin));

@@ -34,4 +34,8 @@ struct CommOptions {
 // collectives of very large jobs). The launcher uses it too for such ranks' stopped limit.
 inline constexpr std::chrono::milliseconds kTrainingPeerTimeout{4'000};
 
+// Whether an environment variable is set to something: empty is unset, as every reader
+// of baton's variables takes it.
+bool env_is_set(const char* name);
+
 }  // namespace baton::transport

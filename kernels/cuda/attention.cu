@@ -11,10 +11,13 @@
 // group's gradients back into its head.
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "memory/error.h"
 
 namespace baton::kernels::cuda {
 
@@ -26,13 +29,31 @@ using Geometry = AttnGeometry;
 using DropoutSpec = AttnDropout;
 
 // BATON_CUDA_ATTENTION (automatic, flash, cublas, cudnn) sets the starting choice, so a
-// whole engine run (baton train, baton profile) can be timed on one path.
+// whole engine run (baton train, baton profile) can be timed on one path. Read at the
+// first use, where a bad value is an InputError naming it: read as the library loaded,
+// it had aborted every process (a CPU run, `import baton`) before main.
 AttentionImpl impl_from_environment() {
   const char* v = std::getenv("BATON_CUDA_ATTENTION");
-  return v != nullptr && *v != '\0' ? attention_impl_from_name(v) : AttentionImpl::automatic;
+  if (v == nullptr || *v == '\0') return AttentionImpl::automatic;
+  try {
+    return attention_impl_from_name(v);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(std::string("BATON_CUDA_ATTENTION: ") + e.what());
+  }
 }
 
-std::atomic<AttentionImpl> g_impl{impl_from_environment()};
+constexpr int kUnread = -1;
+std::atomic<int> g_impl{kUnread};
+
+AttentionImpl current_impl() {
+  int v = g_impl.load();
+  if (v == kUnread) {
+    int unread = kUnread;
+    g_impl.compare_exchange_strong(unread, int(impl_from_environment()));
+    v = g_impl.load();
+  }
+  return AttentionImpl(v);
+}
 
 // Forward rows: one block per (head, query i) of batch b. P = softmax of the visible
 // scores (j <= i), dropped out for the product with V; lse saved.
@@ -214,10 +235,10 @@ void scores(const void* qkv, DType dt, const Geometry& g, int64_t b, float scale
 }  // namespace
 
 void set_attention_impl(AttentionImpl impl) {
-  g_impl.store(impl);
+  g_impl.store(int(impl));
 }
 AttentionImpl attention_impl() {
-  return g_impl.load();
+  return current_impl();
 }
 
 AttentionImpl attention_impl_from_name(std::string_view name) {
@@ -244,7 +265,7 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   Launch l(out);
   const float scale = float(opt.scale.value_or(1.0 / std::sqrt(double(g.D))));
   const DropoutSpec dr = attn_dropout(opt, g.H);
-  const AttentionImpl impl = g_impl.load();
+  const AttentionImpl impl = current_impl();
   if (impl == AttentionImpl::cudnn) {
     require(cudnn_attention_forward(qkv, g, scale, dr, out, lse, l), op,
             cudnn_built() ? "cuDNN's fused attention does not cover " + qkv.str() +
@@ -324,7 +345,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   // accumulating (it writes dqkv) our kernels, from the same lse. automatic takes it too
   // where it applies: on the H200 it made GPT-2 124M's bf16 step 36.0 -> 25.6 ms
   // (gpt_step) and 41.4 -> 30.9 ms (baton train) against our flash backward (docs/cuda.md).
-  const AttentionImpl impl = g_impl.load();
+  const AttentionImpl impl = current_impl();
   if (impl == AttentionImpl::cudnn && !accumulate) {
     require(cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l), op,
             cudnn_built() ? "cuDNN's fused attention backward does not cover " + qkv.str() +

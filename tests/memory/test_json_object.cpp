@@ -6,6 +6,7 @@
 
 #include "memory/error.h"
 #include "memory/json_object.h"
+#include "memory/utf8.h"
 
 namespace baton::memory {
 namespace {
@@ -127,6 +128,18 @@ TEST(JsonObject, DeepNestingRefusedAndLongArraysLinear) {
   EXPECT_EQ(j.size(), 200000u);
   EXPECT_EQ(j[199999]["rank"], 199999);
   EXPECT_LT(took, 5.0);  // quadratic: minutes
+}
+
+// A summary's cut falls between characters and says so: the launcher's one-line failure
+// had been cut inside a two-byte character, invalid UTF-8, without a mark.
+TEST(Utf8, PrefixCutsBetweenCharacters) {
+  std::string text = "x";
+  for (int i = 0; i < 10; ++i) text += "\xc3\xa9";  // é
+  EXPECT_EQ(utf8_prefix(text, 100), text);
+  const std::string cut = utf8_prefix(text, 4);  // x, é, and half of the next: not taken
+  EXPECT_EQ(cut, "x\xc3\xa9...");
+  EXPECT_EQ(first_non_utf8(cut), std::string::npos);
+  EXPECT_EQ(utf8_prefix("abcdef", 3), "abc...");
 }
 
 }  // namespace

@@ -197,7 +197,12 @@ TEST(Cli, BadDataAndFlags) {
   EXPECT_EQ(sgemm.code, 2) << sgemm.output;
   EXPECT_NE(sgemm.output.find(R"(BATON_SGEMM: expected "openblas" or "onednn", found "mkl")"),
             std::string::npos)
-      << sgemm.output;
+      << sgemm.output;  // A bad GPU attention choice is read where attention runs on a GPU: a CPU
+                        // run and
+  // `baton version` go on (it had aborted every process as the library loaded, exit 134).
+  const Result attention =
+      baton::cli_testing::run_command("BATON_CUDA_ATTENTION=bogus " + kCliBaton + " version");
+  EXPECT_EQ(attention.code, 0) << attention.output;
 }
 
 // The token dataset flags, the learning-rate schedule and evaluation: each bad value is

@@ -246,7 +246,20 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
       peers_(size_t(size)) {
   wait_for_net_devices(options.connect_timeout, rank);
   ucp_config_t* config = nullptr;
-  BATON_UCX_CHECK(ucp_config_read(nullptr, nullptr, &config));
+  // An empty UCX_RNDV_THRESH is unset, as baton's own variables are (UCX refuses '').
+  if (const char* t = std::getenv("UCX_RNDV_THRESH"); t != nullptr && *t == '\0')
+    unsetenv("UCX_RNDV_THRESH");
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
+    // A value UCX refuses is bad input (exit 2, not restarted by --max-restarts): the
+    // variables set, as UCX's own warning above names only one.
+    std::string set;
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::strncmp(*e, "UCX_", 4) == 0) set += std::string(set.empty() ? "" : ", ") + *e;
+    throw InputError(
+        "UCX refused its configuration from the environment (its warning above "
+        "names the variable); the UCX_ variables set: " +
+        (set.empty() ? std::string("none") : set));
+  }
   // Eager (copied through the shared FIFO) up to 64 KiB, rendezvous (one copy, by the
   // receiver) above: UCX's own threshold here is lower, and the handshake then costs
   // more than the second copy it saves (measured: a 32 KiB all-reduce 19 us -> 9 us).
