@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "engine/loop.h"
 #include "memory/error.h"
 #include "memory/json_object.h"
 #include "memory/units.h"
@@ -123,6 +124,7 @@ int run_plan(const std::vector<std::string>& args) {
   // --device-memory "" planned for unlimited memory.
   check_path_flags(vm, {"model", "check", "out", "costs"});
   check_value_flags(vm, {"device-memory", "schedule", "dp-sync"});
+  engine::check_output_path(out, "--out");  // before the search, not after it
 
   check_machine_options(machine);
   pt::MeasuredCosts measured;

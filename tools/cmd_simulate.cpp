@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/loop.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/units.h"
@@ -229,6 +230,11 @@ int run_simulate(const std::vector<std::string>& args) {
   // Each given as "" (an unset shell variable) had read as left out: -o "" saved nothing,
   // --memory-limit "" set no limit.
   check_path_flags(vm, {"file", "costs", "output", "svg", "trace"});
+  // Every output's directory before anything is simulated or written (a missing one for
+  // --svg had come after --output and --trace were written).
+  engine::check_output_path(o.output, "--output");
+  engine::check_output_path(o.trace, "--trace");
+  engine::check_output_path(o.svg, "--svg");
   check_value_flags(vm, {"schedule", "dialect", "memory-limit", "objective"});
   o.names = split_comma_list(names, "--schedule");
   if (o.names.empty() == o.file.empty())

@@ -54,10 +54,13 @@ std::string stdout_failure_reason(int err) {
 }
 
 int check_stdout(const std::string& name, int code) {
+  // The first flush does the write that fails (cout writes through stdout): its errno.
+  errno = 0;
   std::cout.flush();
+  int err = errno;
   errno = 0;
   const bool flushed = std::fflush(stdout) == 0;
-  const int err = errno;
+  if (err == 0) err = errno;
   if (flushed && !std::ferror(stdout) && std::cout.good()) return code;
   std::fprintf(stderr, "baton%s%s: failed: writing standard output: %s\n", name.empty() ? "" : " ",
                name.c_str(), stdout_failure_reason(err).c_str());

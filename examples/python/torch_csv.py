@@ -2,7 +2,9 @@
 simulated next to baton's own generator of the same family.
 
     PYTHONPATH=build/release/python /usr/bin/python3 examples/python/torch_csv.py \
-        tests/fixtures/torch_schedules/zbv_p4_m8.csv zb-v
+        examples/schedules/zbv_p4_m8.csv zb-v
+
+(examples/schedules/zbv_p4_m8.csv is PyTorch 2.15's own output, as the test fixtures'.)
 """
 
 import sys
@@ -12,7 +14,7 @@ import baton
 COSTS = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
 
 
-def main(path="tests/fixtures/torch_schedules/zbv_p4_m8.csv", ours="zb-v"):
+def main(path="examples/schedules/zbv_p4_m8.csv", ours="zb-v"):
     with open(path, newline="") as f:
         text = f.read()
     theirs, dialect, kept = baton.parse_csv(text, source=path)
