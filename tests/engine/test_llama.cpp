@@ -240,16 +240,22 @@ TEST(LlamaInitFrom, PlanMatchesOneProcess) {
   EXPECT_GT(std::abs(want[0].grad_norm - fresh[0].grad_norm), 1e-3 * fresh[0].grad_norm);
 }
 
+// A Hugging Face directory of its own (moved or edited by the test): llama_gqa's fixture.
+std::string llama_hf_dir(Workspace& ws) {
+  const std::string dir = ws.path("hf");
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  return dir;
+}
+
 // --resume over a checkpoint of an --init-from run does not read the Hugging Face
 // directory (moved away here): one process, with --model and with the model its
 // config.json gave (now the checkpoint's), and a TP2 plan each continue at step 3 with
 // the loss of a run from the same weights that had not stopped.
 TEST(LlamaInitFrom, ResumeFromACheckpointDoesNotReadTheDirectory) {
   Workspace ws("llama-init-resume");
-  const std::string dir = ws.path("hf");
-  std::filesystem::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"})
-    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  const std::string dir = llama_hf_dir(ws);
   PlanSpec p;
   p.model = fixture_model("llama_gqa");
   p.tp = {2};
@@ -302,10 +308,7 @@ TEST(LlamaInitFrom, ResumeFromACheckpointDoesNotReadTheDirectory) {
 // back as generation_config.json.
 TEST(LlamaInitFrom, CheckpointsKeepTheDirectorysStopIds) {
   Workspace ws("llama-init-stop-ids");
-  const std::string dir = ws.path("hf");
-  std::filesystem::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"})
-    std::filesystem::copy_file(fixture("llama_gqa") + "/" + f, dir + "/" + f);
+  const std::string dir = llama_hf_dir(ws);
   std::ofstream(dir + "/generation_config.json") << "{\"eos_token_id\": [5, 7]}\n";
   PlanSpec p;
   p.model = fixture_model("llama_gqa");
