@@ -245,7 +245,7 @@ TEST(ModelJson, TheLossIsInTheLastLayer) {
   const std::string end = R"(]}],)";
   const size_t at = after.find(end);
   ASSERT_NE(at, std::string::npos);
-  after.insert(at + 3, R"(, {"name": "dead", "nodes": [{"op": "relu", "inputs": ["h"],
+  after.insert(at + 2, R"(, {"name": "dead", "nodes": [{"op": "relu", "inputs": ["h"],
                                                         "outputs": ["r"]}]})");
   model_json_expect_error(after, {"m.json: $.layers[1].name", "layer 'dead' comes after layer 'l'",
                                   "which computes the loss 'loss'"});
