@@ -619,6 +619,17 @@ class Launcher {
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       return 128 + interrupt_signal_;
     }
+    // The rendezvous refused the job as bad input (a rank of another baton build, another
+    // job token): that is the cause, whatever the ranks made of it (an older rank reads the
+    // refusal as "unexpected reply", exit 1, and would be restarted into it again).
+    if (!failures_.empty()) {
+      if (auto refused = server_->failure(); refused && refused->first) {
+        failure_ = "the rendezvous refused the job: " + refused->second;
+        write_all(2, "baton launch: the job failed: " + failure_ + "\n");
+        failed_code_ = 2;
+        return 2;
+      }
+    }
     if (!failures_.empty()) {
       const int cause = root_cause();
       const Rank& rk = ranks_[size_t(cause >= 0 ? cause : failures_.front())];

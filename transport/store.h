@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace baton::transport {
@@ -91,6 +92,9 @@ class StoreServer {
   // Returns once the answers are written (at most about a second); the first failure
   // stays.
   void fail(const std::string& message, bool input);
+  // Whether the rendezvous has failed (by fail() or by what a client sent): bad input or
+  // not, and the message every client is told.
+  std::optional<std::pair<bool, std::string>> failure() const;
   // The value at key now, if set (the launcher reads the job's progress this way).
   std::optional<std::string> peek(const std::string& key) const;
 

@@ -64,6 +64,8 @@ struct StoreServer::Impl {
     std::string message;
   };
   std::optional<Failure> failure;
+  // A copy for other threads (the launcher's), under table_mu.
+  std::optional<Failure> failure_seen;
 
   class Session;
   // The ranks that said who they are: a second hello with a rank still connected, or
@@ -166,13 +168,27 @@ struct StoreServer::Impl {
                        });
     }
 
+    // A hello of another version with this job's token comes from one of its processes
+    // built from other sources (a binary replaced during a run, hosts upgraded apart): the
+    // job cannot start, so it fails as bad input (not retried) naming the versions. With
+    // another token it is a stranger's, refused alone.
+    proto::Request parse_hello_or_request() {
+      try {
+        return proto::parse_request(body_, authed_);
+      } catch (const proto::VersionMismatch& e) {
+        if (!same_token(e.token, s_.token)) throw;
+        std::string problem = "a process at " + peer() + " runs another baton build (" + e.what() +
+                              "): the launcher and every rank must run the same baton";
+        spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), problem);
+        if (!s_.failure) s_.fail_all(problem, true);
+        return proto::Request{};  // a hello: answered with the failure below
+      }
+    }
+
     // Returns whether to keep reading from this connection.
     bool handle() {
       try {
-        proto::Request q = proto::parse_request(body_, authed_);
-        if (q.op == proto::kHello && q.version != proto::kVersion)
-          throw proto::ProtocolError("protocol version " + std::to_string(q.version) +
-                                     ", expected " + std::to_string(proto::kVersion));
+        proto::Request q = parse_hello_or_request();
         if (!s_.failure && q.op == proto::kHello) {
           const bool right = same_token(q.token, s_.token);
           // A plain client with a wrong token is a stranger: refused alone. A rank of a
@@ -286,6 +302,10 @@ struct StoreServer::Impl {
   void fail_all(const std::string& message, bool input) {
     if (failure) return;
     failure = Failure{input, message};
+    {
+      std::lock_guard lock(table_mu);
+      failure_seen = failure;
+    }
     std::set<const Session*> told;
     for (auto& p : parked) {
       p.timer->cancel();
@@ -431,6 +451,11 @@ void StoreServer::fail(const std::string& message, bool input) {
   if (posted.wait_until(deadline) != std::future_status::ready) return;
   while (impl_->closing_writes.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+std::optional<std::pair<bool, std::string>> StoreServer::failure() const {
+  std::lock_guard lock(impl_->table_mu);
+  if (!impl_->failure_seen) return std::nullopt;
+  return std::pair{impl_->failure_seen->input, impl_->failure_seen->message};
 }
 std::optional<std::string> StoreServer::peek(const std::string& key) const {
   std::lock_guard lock(impl_->table_mu);

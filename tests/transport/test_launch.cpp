@@ -143,6 +143,33 @@ TEST(Signals, AHangupEndsBatonTrain) {
   std::filesystem::remove_all(dir);
 }
 
+// A rank of another baton build (a hello of protocol version 1, as builds before the
+// rank's fields were versioned sent) that reads the refusal as an error of its own and
+// exits 1: the launcher names the rendezvous's reason and does not restart into it.
+TEST(Launch, ARankOfAnotherBuildIsNamedAndNotRestarted) {
+  const std::string script = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-old-rank.sh";
+  {
+    std::ofstream f(script);
+    f << R"(#!/bin/bash
+le32() { printf "\\x$(printf %02x $(($1 & 255)))\\x$(printf %02x $((($1 >> 8) & 255)))\\x00\\x00"; }
+tok=$BATON_JOB_TOKEN
+exec 3<>"/dev/tcp/${BATON_RENDEZVOUS%:*}/${BATON_RENDEZVOUS##*:}"
+{ le32 $((9 + ${#tok})); printf '\x01'; le32 1; le32 ${#tok}; printf %s "$tok"; } >&3
+head -c 1 <&3 >/dev/null
+exit 1
+)";
+  }
+  Result r = run("-n 2 --max-restarts 3 --restart-backoff 0 -- bash " + script);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the rendezvous refused the job: a process at 127.0.0.1:"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("runs another baton build (protocol version 1"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restart 1 of"), std::string::npos) << r.output;
+  std::filesystem::remove(script);
+}
+
 TEST(Launch, BadInputIsNotRestarted) {
   Result r = run("-n 1 --max-restarts 5 --restart-backoff 0 -- sh -c 'exit 2'");
   EXPECT_EQ(r.code, 2) << r.output;

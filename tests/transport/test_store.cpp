@@ -11,6 +11,7 @@
 
 #include "memory/error.h"
 #include "transport/detail/asio.h"
+#include "transport/detail/store_protocol.h"
 #include "transport/store.h"
 #include "transport/world.h"
 
@@ -117,6 +118,9 @@ std::string raw_exchange(uint16_t port, const std::string& bytes) {
   return got;
 }
 
+// The hello's version field of this build's frames.
+constexpr uint32_t kProtocol = detail::store::kVersion;
+
 std::string le32(uint32_t v) {
   std::string s(4, '\0');
   for (int i = 0; i < 4; ++i) s[size_t(i)] = char((v >> (8 * i)) & 0xff);
@@ -208,7 +212,7 @@ TEST(Store, SilentClientsBlockNoOneAndAreDropped) {
   half.connect({asio::ip::make_address("127.0.0.1"), server.port()});
   asio::write(half, asio::buffer(std::string("\x05\x00", 2)));
   {
-    std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+    std::string hello = std::string(1, char(1)) + le32(kProtocol) + le32(3) + "tok";
     stalled.connect({asio::ip::make_address("127.0.0.1"), server.port()});
     asio::write(stalled, asio::buffer(le32(uint32_t(hello.size())) + hello));
     char ok[5];
@@ -257,7 +261,7 @@ TEST(Store, OversizedKeysAndValuesAreRefusedWithTheNumbers) {
   c.set("small", "fine");  // the connection is still good
   EXPECT_EQ(c.get("small", 100ms), "fine");
   // The server checks too: a raw key above the limit after a proper hello.
-  std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+  std::string hello = std::string(1, char(1)) + le32(kProtocol) + le32(3) + "tok";
   std::string set = std::string(1, char(2)) + le32(5000) + std::string(5000, 'k') + le32(1) + "v";
   std::string reply = raw_exchange(
       server.port(), le32(uint32_t(hello.size())) + hello + le32(uint32_t(set.size())) + set);
@@ -266,7 +270,7 @@ TEST(Store, OversizedKeysAndValuesAreRefusedWithTheNumbers) {
 
 TEST(Store, MalformedRequestsAfterTheHelloAreRefused) {
   StoreServer server("127.0.0.1", 0, "tok");
-  std::string hello = std::string(1, char(1)) + le32(1) + le32(3) + "tok";
+  std::string hello = std::string(1, char(1)) + le32(kProtocol) + le32(3) + "tok";
   auto after_hello = [&](const std::string& body) {
     return raw_exchange(server.port(),
                         le32(uint32_t(hello.size())) + hello + le32(uint32_t(body.size())) + body);
@@ -425,6 +429,32 @@ TEST(Store, ARankWithAnotherTokenFailsTheRendezvousAtOnce) {
   }
   EXPECT_LT(waiting.took, 5000ms);
   EXPECT_EQ(server.refused(), 1u);
+}
+
+// A rank of another baton build (its binary replaced during a run) sends a hello of
+// another version, whose fields after the token may be laid out otherwise: the job fails
+// at once as bad input naming the versions, not "unexpected trailing bytes". The same
+// hello with another token is a stranger's: refused alone.
+TEST(Store, ARankOfAnotherBuildFailsTheRendezvousNamingTheVersions) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 2, "hosta"));
+  Waiting waiting(r0);
+  const std::string fields = le32(1) + le32(0) + le32(2) + le32(0) + le32(5) + "hostb" + "extra";
+  std::string body = std::string(1, char(1)) + le32(1) + le32(5) + "other" + fields;
+  std::string reply = raw_exchange(server.port(), le32(uint32_t(body.size())) + body);
+  EXPECT_TRUE(has(reply, "protocol version 1")) << reply;
+  EXPECT_FALSE(has(reply, "another baton build")) << reply;
+  EXPECT_EQ(server.refused(), 1u);
+  body = std::string(1, char(1)) + le32(1) + le32(3) + "tok" + fields;
+  reply = raw_exchange(server.port(), le32(uint32_t(body.size())) + body);
+  EXPECT_TRUE(has(reply, "runs another baton build (protocol version 1, this build's is " +
+                             std::to_string(kProtocol) + ")"))
+      << reply;
+  EXPECT_FALSE(has(reply, "trailing")) << reply;
+  Outcome at0 = waiting.join();
+  EXPECT_TRUE(at0.input) << at0.what;
+  EXPECT_TRUE(has(at0.what, "the launcher and every rank must run the same baton")) << at0.what;
+  EXPECT_LT(waiting.took, 5000ms);
 }
 
 // The hosting rank gives up (ranks that never came): the ranks waiting at its

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "memory/error.h"
@@ -39,7 +40,9 @@ namespace baton::transport::detail::store {
 
 using Member = StoreMember;
 
-constexpr uint32_t kVersion = 1;
+// 2: the hello carries the rank's member fields. Bumped whenever a frame changes, so a
+// process of another build is named by its version before its fields are read.
+constexpr uint32_t kVersion = 2;
 constexpr uint32_t kMaxFrame = 4u << 20;
 constexpr uint32_t kMaxKey = 4096;
 
@@ -98,6 +101,19 @@ class Writer {
 class ProtocolError : public RuntimeError {
  public:
   using RuntimeError::RuntimeError;
+};
+
+// A hello of another protocol version: the rest of its frame is not read, since its layout
+// is the other build's.
+class VersionMismatch : public ProtocolError {
+ public:
+  VersionMismatch(uint32_t sent, std::string sent_token)
+      : ProtocolError("protocol version " + std::to_string(sent) + ", this build's is " +
+                      std::to_string(kVersion)),
+        version(sent),
+        token(std::move(sent_token)) {}
+  uint32_t version;
+  std::string token;
 };
 
 class Reader {
@@ -181,6 +197,7 @@ inline Request parse_request(std::string_view payload, bool authed) {
       if (authed) throw ProtocolError("a second hello");
       r.version = in.u32();
       r.token = in.str(1024);
+      if (r.version != kVersion) throw VersionMismatch(r.version, std::move(r.token));
       if (!in.at_end()) {
         r.member.rank = int32_t(in.u32());
         r.member.rank_from = in.str(256);
