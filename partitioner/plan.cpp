@@ -427,18 +427,14 @@ std::string file_dir(const std::string& path) {
 
 Plan parse_plan(const json& j, const std::string& source, const std::string& base_dir) {
   JsonReader r(j, source);
+  r.expect_object();
+  r.check_version("the plan", Plan::kVersion, Plan::kVersion);
   r.expect_only({"version", "model", "devices", "device_memory", "device", "transport", "parallel",
                  "batch", "schedule", "optimizer", "optimizer_sharding", "optimizer_step",
                  "dp_sync", "sync_batchnorm", "stages", "splits", "ranks", "boundaries",
                  "predicted"});
   Plan p;
   p.source = source;
-  JsonReader version = r.at("version");
-  if (version.as_int() != Plan::kVersion)
-    version.fail(
-        "version " + std::to_string(Plan::kVersion) + " (the only plan version baton reads)",
-        std::to_string(version.as_int()));
-
   JsonReader model = r.at("model");
   if (model.is_string()) {
     p.model_path = model.as_string();

@@ -132,6 +132,13 @@ Schedule from_json(const json& j, const std::string& source) {
   const std::string at = source + ": ";
   if (!j.is_object()) throw InputError(at + "expected a JSON object, found " + json_brief(j));
   try {
+    // The version first: a newer baton's fields are then not called unknown.
+    if (j.contains("version") && j["version"].is_number_integer() &&
+        j["version"].get<long long>() > kVersion)
+      throw InputError("version: the schedule is in format version " +
+                       std::to_string(j["version"].get<long long>()) +
+                       ", written by a newer baton; this one reads version " +
+                       std::to_string(kVersion));
     memory::expect_json_object(j, "",
                                {"format", "version", "name", "ranks", "micro_batches", "directions",
                                 "placement", "actions"});

@@ -374,16 +374,7 @@ namespace {
 // baton's checkpoint may mean something this one would misread.
 void check_manifest_version(const JsonReader& r) {
   if (r.at("format").as_string() != "baton-checkpoint") r.at("format").fail("\"baton-checkpoint\"");
-  int64_t v = r.at("version").as_int();
-  if (v > Manifest::kVersion)
-    r.at("version").fail_message("the checkpoint is in format version " + std::to_string(v) +
-                                 ", written by a newer baton; this one reads versions " +
-                                 std::to_string(Manifest::kMinVersion) + " to " +
-                                 std::to_string(Manifest::kVersion));
-  if (v < Manifest::kMinVersion)
-    r.at("version").fail("a format version from " + std::to_string(Manifest::kMinVersion) + " to " +
-                             std::to_string(Manifest::kVersion),
-                         std::to_string(v));
+  r.check_version("the checkpoint", Manifest::kMinVersion, Manifest::kVersion);
 }
 
 }  // namespace

@@ -186,6 +186,23 @@ void JsonReader::fail(const std::string& expected, const std::string& found) con
   throw InputError(where() + ": expected " + expected + ", found " + found);
 }
 
+namespace {
+std::string versions(int64_t min, int64_t max) {
+  return min == max ? "version " + std::to_string(min)
+                    : "versions " + std::to_string(min) + " to " + std::to_string(max);
+}
+}  // namespace
+
+int64_t JsonReader::check_version(std::string_view what, int64_t min, int64_t max) const {
+  const JsonReader at_version = at("version");
+  const int64_t v = at_version.as_int();
+  if (v > max)
+    at_version.fail_message(std::string(what) + " is in format version " + std::to_string(v) +
+                            ", written by a newer baton; this one reads " + versions(min, max));
+  if (v < min) at_version.fail("format " + versions(min, max), std::to_string(v));
+  return v;
+}
+
 void JsonReader::fail_message(const std::string& message) const {
   throw InputError(where() + ": " + message);
 }

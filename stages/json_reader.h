@@ -75,6 +75,11 @@ class JsonReader {
   double get_double(std::string_view key, double dflt, double min, double max) const;
   bool get_bool(std::string_view key, bool dflt) const;
 
+  // The object's required "version", checked before its other fields (a newer writer's
+  // fields are then not called unknown): above max it says the file is from a newer baton
+  // (`what`: "the checkpoint", "the plan"); below min, what is read. Returns it.
+  int64_t check_version(std::string_view what, int64_t min, int64_t max) const;
+
   // Throws InputError "<file>: <path>: expected <expected>, found <found>".
   [[noreturn]] void fail(const std::string& expected) const;
   [[noreturn]] void fail(const std::string& expected, const std::string& found) const;

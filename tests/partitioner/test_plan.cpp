@@ -290,9 +290,12 @@ TEST(Plan, UnknownScheduleAndFields) {
             "pipeline_ranks, recompute, spatial)");
   j = tiny_plan();
   j["version"] = 2;
-  EXPECT_EQ(
-      plan_error_of(j),
-      "plan.json: $.version: expected version 1 (the only plan version baton reads), found 2");
+  j["future_field"] = 1;  // a newer baton's file is named by its version, not its fields
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.version: the plan is in format version 2, written by a newer baton; "
+            "this one reads version 1");
+  j["version"] = 0;
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.version: expected format version 1, found 0");
   j = tiny_plan();
   j["device_memory"] = "lots";
   EXPECT_EQ(plan_error_of(j),

@@ -251,6 +251,11 @@ TEST(ScheduleJson, ErrorsNameJsonPathAndExpectation) {
        "placement[1]: expected an integer in [0, 1]"},
       {with("\"format\": \"baton-schedule\"", "\"format\": \"other\""),
        "format: expected \"baton-schedule\""},
+      // A newer baton's schedule, with a field this one does not know, is named by its
+      // version.
+      {with("\"version\": 1,", "\"version\": 2, \"later\": 0,"),
+       "version: the schedule is in format version 2, written by a newer baton; this one "
+       "reads version 1"},
   };
   for (const Case& c : cases) {
     std::string msg = input_error_of([&] { parse_json(c.text, "s.json"); });
