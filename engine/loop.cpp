@@ -30,7 +30,8 @@ namespace baton::engine {
 namespace {
 
 constexpr const char* kSummaryFormat = "baton-train-summary";
-constexpr int kSummaryVersion = 1;
+// 2: a constant schedule's lr_schedule without decay and min_lr (docs/formats/summary.md).
+constexpr int kSummaryVersion = 2;
 
 std::string duration_str(double s) {
   char buf[32];
@@ -389,7 +390,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
       data.contains("train") && data["train"].contains("dir")) {
     const nlohmann::json was = {{"dir", m.data["dir"]}, {"images", m.data.value("images", 0)}};
     const nlohmann::json now = {{"dir", data["train"]["dir"]}, {"images", data["train"]["images"]}};
-    if (was != now)
+    if (comparable_data(was, false) != comparable_data(now, false))
       spdlog::warn(
           "{}/manifest.json: $.data: the checkpoint was written for {}; continuing with {}", dir,
           text_of(was), text_of(now));

@@ -26,7 +26,7 @@ TEST(Summary, OneProcess) {
   engine::TrainSummary run = engine::run_training(o);
   json j = read_summary(o.summary_path);
   EXPECT_EQ(j["format"], "baton-train-summary");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
   EXPECT_EQ(j["first_step"], 0);
   EXPECT_EQ(j["steps_run"], 3);
   EXPECT_EQ(j["last_step"], 3);
