@@ -40,6 +40,14 @@ expect "--filter 'nosuch': no kernel's name contains it" "$dir/bench_kernels" --
 for b in bench_plan bench_simulate bench_gpt_step bench_kernels; do
   "$dir/$b" --help >/dev/null 2>&1 || { echo "FAIL: $b --help exited $?"; fails=$((fails + 1)); }
 done
+# The scripts' --help prints the usage of their header, exit 0.
+for s in "$repo"/bench/run_*.sh; do
+  out=$("$s" --help 2>&1) || { echo "FAIL: $s --help exited $?"; fails=$((fails + 1)); continue; }
+  case "$out" in
+    *"bench/$(basename "$s")"*) ;;
+    *) echo "FAIL: $s --help does not show its usage: $out"; fails=$((fails + 1)) ;;
+  esac
+done
 # The scripts check their arguments before they look for a build or start anything.
 expect "--plans: unknown plan 'bogus'" "$repo/bench/run_prediction.sh" --plans bogus
 expect "--plans: unknown plan 'bogus'" "$repo/bench/run_conv_prediction.sh" --plans "pp1 bogus"

@@ -2,6 +2,11 @@
 # keep each command's output in a scratch folder that their exit trap deletes, so a failing
 # command had ended a script with its exit status and no word.
 
+# print_usage SCRIPT: the comment block at the top of SCRIPT (its usage), for --help.
+print_usage() {
+  sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$1"
+}
+
 # run_logged OUT CMD [ARG...]: runs CMD with stdout and stderr to OUT; if it fails, prints
 # the command, its exit status and the last lines of OUT to stderr and exits with that
 # status.

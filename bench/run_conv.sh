@@ -26,6 +26,7 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift 2 ;;
     --compile) compile="--compile"; shift ;;
     --cap) cap="$2"; shift 2 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -17,12 +17,14 @@
 #      (INPUT_WAIT) in the measured timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 gib=1
 steps=4
 while [ $# -gt 0 ]; do
   case "$1" in
     --gib) gib="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done

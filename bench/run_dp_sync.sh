@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
     --model) model="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -28,6 +28,7 @@ while [ $# -gt 0 ]; do
     --schedule) schedule="$2"; shift 2 ;;
     --optimizer-step) optimizer_step="$2"; shift 2 ;;
     --no-peer) peer=""; shift ;;
+    -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -144,7 +145,7 @@ echo "PP=2 step: measured / predicted = $(echo "$m2 / $pred2" | bc -l | xargs pr
 echo "1 process step: measured / predicted = $(echo "$m1 / $pred1" | bc -l | xargs printf %.3f)"
 if [ -n "$torch_line" ]; then
   t=$(echo "$torch_line" | awk '{print $1}')
-  echo "baton PP=2 vs torch pipelining: $(echo "$t / $m2" | bc -l | xargs printf %.2f)x faster"
+  echo "baton PP=2 vs torch pipelining: $(echo "$t / $m2" | bc -l | xargs printf %.2f)x the peer's speed (above 1: baton faster)"
 fi
 echo
 run_logged "$tmp/compare.out" "$baton" trace compare "$tmp/measured.json" "$tmp/predicted.json"

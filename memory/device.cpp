@@ -10,7 +10,7 @@ std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 
-Device parse_device(std::string_view text) {
+Device parse_device(std::string_view text, std::string_view what) {
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
   if (text.starts_with("cuda:")) {
@@ -19,7 +19,8 @@ Device parse_device(std::string_view text) {
     auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), idx);
     if (ec == std::errc() && p == num.data() + num.size() && idx >= 0) return Device::cuda(idx);
   }
-  throw InputError("unknown device '" + std::string(text) + "': expected cpu, cuda or cuda:N");
+  throw InputError(std::string(what) + ": expected cpu, cuda or cuda:N, found '" +
+                   std::string(text) + "'");
 }
 
 }  // namespace baton::memory

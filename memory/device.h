@@ -22,7 +22,7 @@ struct Device {
   auto operator<=>(const Device&) const = default;
 };
 
-// "cpu", "cuda", "cuda:3"; throws InputError otherwise.
-Device parse_device(std::string_view text);
+// "cpu", "cuda", "cuda:3"; throws InputError otherwise, naming `what` (the flag).
+Device parse_device(std::string_view text, std::string_view what = "device");
 
 }  // namespace baton::memory

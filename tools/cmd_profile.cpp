@@ -255,7 +255,7 @@ int run_profile(const std::vector<std::string>& args) {
   if (o.threads == 0) o.threads = default_threads();
   pt::check_profile_options(o);  // before the model loads and the first line is printed
   engine::LoopOptions run;       // the device and precision as baton train sets them up
-  run.device = o.device = memory::parse_device(device);
+  run.device = o.device = memory::parse_device(device, "--device");
   run.precision = kernels::parse_precision(precision);
   engine::prepare_device(run);
   stages::LoadOptions lo;

@@ -217,7 +217,7 @@ int run_train(const std::vector<std::string>& args) {
   // file is read or rank is joined.
   std::optional<partitioner::Plan> plan_doc;
   if (plan.empty()) {
-    o.device = memory::parse_device(device);
+    o.device = memory::parse_device(device, "--device");
   } else {
     if (!vm["device"].defaulted())
       throw InputError(
@@ -234,6 +234,12 @@ int run_train(const std::vector<std::string>& args) {
       o.device = memory::Device::cuda(gpus > 0 ? env.local_rank % gpus : env.local_rank);
     }
   }
+  // The flag's own values first: a plan's disagreement is no answer to a misspelt value.
+  if (optimizer != "adamw" && optimizer != "sgd")
+    throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'" +
+                     (optimizer == "sgd-momentum"
+                          ? " (sgd with --momentum is the plan field's \"sgd-momentum\")"
+                          : ""));
   // A plan that names its optimizer was checked for that optimizer's state: it trains with
   // it (--optimizer may only agree, and the momentum must match sgd or sgd-momentum).
   if (plan_doc && plan_doc->optimizer_stated) {
@@ -268,11 +274,9 @@ int run_train(const std::vector<std::string>& args) {
   if (optimizer == "adamw") {
     o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
     o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, 1e-8, weight_decay};
-  } else if (optimizer == "sgd") {
+  } else {
     o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
     o.optimizer.sgd = kernels::Sgd{lr, momentum, weight_decay, false};
-  } else {
-    throw InputError("--optimizer: expected adamw or sgd, found '" + optimizer + "'");
   }
   memory::cuda::require_device(o.device);
   // Under --plan the device is the plan's (--device is refused there): name its field.

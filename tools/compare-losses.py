@@ -28,10 +28,12 @@ def read(path, skipped=None):
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                out[int(row["step"])] = float(row["loss"])
+                # baton writes a non-finite loss as null (JSON has no NaN): compared as NaN.
+                loss = row["loss"]
+                out[int(row["step"])] = math.nan if loss is None else float(loss)
                 if skipped is not None and row.get("skipped") is True:
                     skipped.append(int(row["step"]))
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"compare-losses: {path}: {e}", file=sys.stderr)
         sys.exit(2)
     return out

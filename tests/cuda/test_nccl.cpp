@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <thread>
 
 #include "memory/cuda_device.h"
@@ -52,15 +53,21 @@ void run_world(int n, const std::function<void(transport::Communicator&, int)>& 
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
+// Why a test of `gpus` devices cannot run here (the driver's reason when there is no
+// device), or "" when it can.
+static std::string skip_reason(int gpus) {
+  if (!transport::nccl_available()) return "built without NCCL";
+  const int present = memory::cuda::device_count();
+  if (present == 0) return "no CUDA device: " + memory::cuda::unavailable_reason();
+  if (gpus > present)
+    return "needs " + std::to_string(gpus) + " GPUs, " + std::to_string(present) + " present";
+  return "";
+}
+
 class NcclWorld : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (!transport::nccl_available()) GTEST_SKIP() << "built without NCCL";
-    if (memory::cuda::device_count() == 0)
-      GTEST_SKIP() << "no CUDA device: " << memory::cuda::unavailable_reason();
-    if (GetParam() > memory::cuda::device_count())
-      GTEST_SKIP() << "world size " << GetParam() << " needs as many GPUs, "
-                   << memory::cuda::device_count() << " present";
+    if (std::string why = skip_reason(GetParam()); !why.empty()) GTEST_SKIP() << why;
   }
 };
 
@@ -235,8 +242,7 @@ TEST_P(NcclWorld, SplitMakesIndependentGroups) {
 }
 
 TEST(Nccl, WorldOfOneOnTheLocalRanksDevice) {
-  if (!transport::nccl_available() || memory::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device or NCCL";
+  if (std::string why = skip_reason(1); !why.empty()) GTEST_SKIP() << why;
   transport::LaunchEnv env;  // what read_launch_env() says for a process started alone
   CommPtr c = transport::make_nccl_world(env, nullptr);
   EXPECT_EQ(c->size(), 1);
@@ -248,8 +254,7 @@ TEST(Nccl, WorldOfOneOnTheLocalRanksDevice) {
 }
 
 TEST(Nccl, APeerThatNeverAnswersBecomesAPeerError) {
-  if (!transport::nccl_available() || memory::cuda::device_count() < 2)
-    GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  if (std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << why;
   const transport::NcclId id = transport::nccl_unique_id();
   std::atomic<bool> done{false};
   std::string error;
@@ -285,8 +290,7 @@ TEST(Nccl, APeerThatNeverAnswersBecomesAPeerError) {
 // Initialisation is watched too: rank 1 never comes, rank 0 (one GPU is enough) gives up
 // after the peer timeout with PeerError naming rank 1, instead of hanging in NCCL.
 TEST(Nccl, ARankThatNeverJoinsBecomesAPeerErrorNamingIt) {
-  if (!transport::nccl_available() || memory::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device or NCCL";
+  if (std::string why = skip_reason(1); !why.empty()) GTEST_SKIP() << why;
   test::MemoryStore store;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -303,8 +307,7 @@ TEST(Nccl, ARankThatNeverJoinsBecomesAPeerErrorNamingIt) {
 
 // Two communicators under one key in one job: each initialisation gets its own id.
 TEST(Nccl, TwoWorldsUnderOneKeyAreIndependent) {
-  if (!transport::nccl_available() || memory::cuda::device_count() < 2)
-    GTEST_SKIP() << "needs two CUDA devices and NCCL";
+  if (std::string why = skip_reason(2); !why.empty()) GTEST_SKIP() << why;
   test::MemoryStore store;
   for (int round = 0; round < 2; ++round) {
     std::vector<std::thread> ts;
@@ -326,8 +329,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, NcclWorld, ::testing::Values(1, 2, 4, 8),
                          [](const auto& p) { return "n" + std::to_string(p.param); });
 
 TEST(Nccl, RejectsHostTensors) {
-  if (!transport::nccl_available() || memory::cuda::device_count() == 0)
-    GTEST_SKIP() << "no CUDA device or NCCL";
+  if (std::string why = skip_reason(1); !why.empty()) GTEST_SKIP() << why;
   run_world(1, [](transport::Communicator& c, int) {
     Tensor t = Tensor::zeros({4});
     EXPECT_THROW(c.all_reduce(t, ReduceOp::sum), std::logic_error);

@@ -414,8 +414,10 @@ TEST(Cli, DeviceMemoryCapIsARuntimeFailure) {
 TEST(Cli, DeviceAndPrecisionFlags) {
   std::string model = temp_file("tiny_dev.json", kTiny);
   const std::string base = "--model " + model + " --data " + kCliCorpus + " --steps 1 ";
-  cli_expect_input_error(base + "--device gpu", {"unknown device 'gpu'", "cpu, cuda or cuda:N"});
-  cli_expect_input_error(base + "--device cuda:x", {"unknown device 'cuda:x'"});
+  cli_expect_input_error(base + "--device gpu",
+                         {"--device: expected cpu, cuda or cuda:N, found 'gpu'"});
+  cli_expect_input_error(base + "--device cuda:x",
+                         {"--device: expected cpu, cuda or cuda:N, found 'cuda:x'"});
   cli_expect_input_error(base + "--precision f8",
                          {"--precision: expected f32, tf32, bf16 or fp16, found 'f8'"});
   for (const char* p : {"tf32", "bf16", "fp16"})
@@ -735,6 +737,11 @@ TEST(Cli, APlanTrainsWithTheOptimizerItNames) {
       {"--momentum: the plan's optimizer is \"sgd-momentum\"", "--momentum 0.9"});
   Result momentum = cli_run("--plan " + plan_with("sgd-momentum") + run + "--momentum 0.9");
   EXPECT_EQ(momentum.code, 0) << momentum.output;
+  // The plan field's value is not a value of the flag: said as such, not as a disagreement.
+  cli_expect_input_error(
+      "--plan " + plan_with("sgd-momentum") + run + "--optimizer sgd-momentum --momentum 0.9",
+      {"--optimizer: expected adamw or sgd, found 'sgd-momentum' (sgd with --momentum is the "
+       "plan field's \"sgd-momentum\")"});
   // Resumed from an AdamW checkpoint, the plan would train AdamW, over its memory check.
   const std::string ckpt = ::testing::TempDir() + "/" + std::to_string(getpid()) + "-opt-ckpt";
   std::filesystem::remove_all(ckpt);

@@ -81,6 +81,12 @@ printf '{"step": 1, "loss": 5.0}
 {"step": 2, "loss": 5.0}
 ' >"$out/f.jsonl"
 cmp_losses "$out/a.jsonl" "$out/f.jsonl" --falls && fail "a loss that did not fall passed --falls"
+# A non-finite loss, which baton writes as null: a difference named, not a traceback.
+printf '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": null, "skipped": true}\n' >"$out/g.jsonl"
+"$py" "$src/tools/compare-losses.py" "$out/a.jsonl" "$out/g.jsonl" --tol 1e-4 >"$out/g.out" 2>&1
+[ $? = 1 ] || fail "a null loss did not fail the comparison with exit 1"
+grep -q "step 2: 4.500000 vs nan" "$out/g.out" || fail "a null loss was not named by its step: $(cat "$out/g.out")"
+cmp_losses "$out/a.jsonl" "$out/g.jsonl" --falls && fail "a last loss of null passed --falls"
 cmp_losses "$out/a.jsonl" "$out/b.jsonl" && fail "no check asked for passed"
 # The engine steps without a baton binary, and with one whose train has no --device:
 # each listed as skipped with the reason, none failed.
