@@ -51,6 +51,11 @@ InputStager::InputStager(std::unique_ptr<StagingBackend> backend, const std::vec
     }
     s.copied = b_->make_event();
     s.consumed = b_->make_event();
+    // The caching allocator hands out a block freed on the compute stream as soon as it is
+    // freed, its last kernels maybe still queued there: the slot's first copy waits for
+    // them as later copies wait for the slot's release.
+    b_->record(s.consumed, b_->compute_stream());
+    s.consumed_once = true;
   }
 }
 

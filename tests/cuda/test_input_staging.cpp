@@ -19,13 +19,23 @@ namespace {
 
 class SimDevice final : public StagingBackend {
  public:
-  explicit SimDevice(uint64_t seed, bool ignore_waits = false)
-      : rng_(seed), ignore_waits_(ignore_waits) {}
+  explicit SimDevice(uint64_t seed, bool ignore_waits = false, bool reused_blocks = false)
+      : rng_(seed), ignore_waits_(ignore_waits), reused_blocks_(reused_blocks) {}
 
   Stream copy_stream() override { return &copy_; }
   Stream compute_stream() override { return &compute_; }
   Tensor host_buffer(const Shape& s, DType d) override { return Tensor::zeros(s, d); }
-  Tensor device_buffer(const Shape& s, DType d) override { return Tensor::zeros(s, d); }
+  // With reused_blocks, each device buffer comes as the caching allocator hands out a block
+  // freed on the compute stream: its previous owner's kernel, still queued there, writes it.
+  Tensor device_buffer(const Shape& s, DType d) override {
+    Tensor t = Tensor::zeros(s, d);
+    if (reused_blocks_)
+      compute_.push_back([t]() mutable {
+        std::memset(t.raw_data(), 0xff, t.nbytes());
+        return true;
+      });
+    return t;
+  }
   Event make_event() override { return new Ev(); }
   void destroy_event(Event e) override { delete static_cast<Ev*>(e); }
   void record(Event e, Stream s) override {
@@ -92,6 +102,7 @@ class SimDevice final : public StagingBackend {
   std::deque<Op> copy_, compute_;
   std::mt19937_64 rng_;
   bool ignore_waits_;
+  bool reused_blocks_;
 };
 
 // Stages micro-batches 0..n-1 (each a [4] i32 filled with its index) depth - 1 ahead of
@@ -132,6 +143,21 @@ TEST(InputStaging, EveryMicroBatchSeesItsOwnDataInAnyInterleaving) {
       const std::vector<int32_t> seen = run(sim, depth, 12);
       std::vector<int32_t> want(12);
       for (int i = 0; i < 12; ++i) want[size_t(i)] = i;
+      ASSERT_EQ(seen, want) << "depth " << depth << ", seed " << seed;
+    }
+  }
+}
+
+// A slot's first copy waits for the compute stream's work queued before the stager took
+// its buffers (it had waited only from the slot's first release on: a block whose previous
+// owner's kernel was still queued could be written by it after the copy).
+TEST(InputStaging, TheFirstCopyIntoABufferWaitsForItsPreviousOwner) {
+  for (int depth : {1, 2, 3}) {
+    for (uint64_t seed = 1; seed <= 200; ++seed) {
+      auto* sim = new SimDevice(seed, /*ignore_waits=*/false, /*reused_blocks=*/true);
+      const std::vector<int32_t> seen = run(sim, depth, 6);
+      std::vector<int32_t> want(6);
+      for (int i = 0; i < 6; ++i) want[size_t(i)] = i;
       ASSERT_EQ(seen, want) << "depth " << depth << ", seed " << seed;
     }
   }
