@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -128,8 +129,12 @@ class NcclCommunicator final : public Communicator,
         dog_(std::move(dog)) {}
   // Destructors do not throw: failures here are ignored on purpose. The watchdog stops
   // first (after that nothing aborts the handle behind our back); queued operations are
-  // waited for (a communicator must not be destroyed under running NCCL kernels); an
-  // aborted communicator is already gone.
+  // waited for, within the timeout (a communicator must not be destroyed under running
+  // NCCL kernels, but a receive posted ahead whose send never comes would hold an
+  // unbounded wait forever); an aborted communicator is already gone. Destroyed while an
+  // exception unwinds (the rank failed: its peers will not send what its receives wait
+  // for), it aborts at once, so the rank's own error is reported now, not after the
+  // peer timeout.
   ~NcclCommunicator() override {
     dog_->stop();
     std::lock_guard lock(h_->mu);
@@ -137,11 +142,18 @@ class NcclCommunicator final : public Communicator,
     int previous = -1;
     (void)cudaGetDevice(&previous);
     (void)cudaSetDevice(device_);
-    (void)cudaStreamSynchronize(stream_);
-    // Nonblocking: finalize, wait for it (bounded), then destroy; abort when it hangs.
-    bool finalized = ncclCommFinalize(h_->comm) == ncclSuccess;
+    const bool unwinding = std::uncaught_exceptions() > 0;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (ncclResult_t st = ncclInProgress; !finalized;) {
+    bool drained = false;
+    while (!unwinding) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      drained = q == cudaSuccess;
+      if (q != cudaErrorNotReady || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    // Nonblocking: finalize, wait for it (bounded), then destroy; abort when it hangs.
+    bool finalized = drained && ncclCommFinalize(h_->comm) == ncclSuccess;
+    for (ncclResult_t st = ncclInProgress; drained && !finalized;) {
       if (ncclCommGetAsyncError(h_->comm, &st) != ncclSuccess ||
           (st != ncclInProgress && st != ncclSuccess) ||
           std::chrono::steady_clock::now() > deadline)
