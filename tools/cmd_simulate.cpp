@@ -266,15 +266,32 @@ int run_simulate(const std::vector<std::string>& args) {
     }
   };
 
-  if (o.names.size() == 1 && o.names[0] == "all") o.names = sc::all_schedule_names();
+  // "all" stands for the training schedules, also in a list ("all,auto"; it had been an
+  // unknown schedule there).
+  const bool with_all = std::find(o.names.begin(), o.names.end(), "all") != o.names.end();
+  if (with_all) {
+    std::vector<std::string> expanded;
+    for (const std::string& name : o.names)
+      if (name == "all")
+        expanded.insert(expanded.end(), sc::all_schedule_names().begin(),
+                        sc::all_schedule_names().end());
+      else
+        expanded.push_back(name);
+    o.names = std::move(expanded);
+  }
   // Unknown names are errors even when comparing; a name twice (or an alias beside its
   // name) had compared a schedule with itself.
   std::vector<std::string> canonical;
   for (const std::string& name : o.names) {
-    canonical.push_back(name == "auto" ? name : sc::canonical_schedule_name(name));
+    try {
+      canonical.push_back(name == "auto" ? name : sc::canonical_schedule_name(name));
+    } catch (const InputError& e) {
+      throw InputError(std::string(e.what()) + "; or auto, or all (the training schedules)");
+    }
     if (std::count(canonical.begin(), canonical.end(), canonical.back()) > 1)
-      throw InputError("--schedule " + names + ": " + canonical.back() +
-                       " is listed twice (expected each schedule once)");
+      throw InputError("--schedule " + names + ": " + canonical.back() + " is listed twice" +
+                       (with_all ? " (all holds every training schedule)" : "") +
+                       " (expected each schedule once)");
   }
   // 0 had read as the default (2), and a schedule with a fixed count ignored it (auto) or
   // took its own: --chunks is interleaved-1f1b's, as --objective is auto's.

@@ -62,6 +62,12 @@ contains "0.00%"
 lacks "-0.00%"
 expect 0 "$baton" simulate --schedule v-half -p 4 -m 8
 expect 0 "$baton" simulate --schedule v-zb,auto -p 4 -m 8 --memory-limit 4 --objective span
+# "all" in a list: every training schedule and the others named.
+expect 0 "$baton" simulate --schedule all,auto -p 4 -m 8
+contains "zb-v"
+contains "auto"
+expect 2 "$baton" simulate --schedule all,1f1b -p 4 -m 8
+contains "1f1b is listed twice (all holds every training schedule)"
 
 # Bad input: exit code 2 and a message that says what is wrong.
 expect 2 "$baton" simulate --file "$torch_csv/zbv_p2_m4_comms.csv"
@@ -70,6 +76,7 @@ expect 2 "$baton" simulate --file "$torch_csv/zbv_p4_m8.csv" --dialect legacy
 contains "'I' (input gradient) is current"
 expect 2 "$baton" simulate --schedule nope -p 4 -m 8
 contains "unknown schedule 'nope'"
+contains "; or auto, or all (the training schedules)"
 expect 2 "$baton" simulate --schedule auto -p 4 -m 8 --objective fastest
 contains "--objective: expected makespan or span"
 # ... and so is a value of an option the schedule does not use.
