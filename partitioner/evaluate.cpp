@@ -17,6 +17,7 @@
 #include "schedule/lower.h"
 #include "schedule/transfer.h"
 #include "stages/model.h"
+#include "stages/stash_plan.h"
 #include "transport/collective_memory.h"
 
 namespace baton::partitioner {
@@ -432,9 +433,70 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   std::vector<size_t> computes;
   for (size_t i = 0; i < r.schedule.ranks[size_t(pp)].size(); ++i)
     if (schedule::is_compute(r.schedule.ranks[size_t(pp)][i].kind)) computes.push_back(i);
+  // The executor keeps each micro-batch's loss from the F that makes it to the next step's
+  // start (Executor::losses_), on the rank that computes it: at each action those of the
+  // Fs before it (the F's walk counts its own). Counted as all of the step's throughout, a
+  // ResNet's first pipeline rank under zb-v, whose peak is its fifth B, was 128 bytes over.
+  std::vector<int64_t> losses(r.schedule.ranks[size_t(pp)].size() + 1, 0);
+  if (pg.loss >= 0 && pg.values[size_t(pg.loss)].producer >= 0) {
+    const int layer = pg.nodes[size_t(pg.values[size_t(pg.loss)].producer)].layer;
+    const int64_t bytes = rounded(pg.values[size_t(pg.loss)].type.bytes(1));
+    for (size_t i = 0; i < r.schedule.ranks[size_t(pp)].size(); ++i) {
+      const schedule::Action& a = r.schedule.ranks[size_t(pp)][i];
+      auto [first, last] = chunk(a.stage);
+      const bool makes = a.kind == ActionKind::forward && layer >= first && layer < last;
+      losses[i + 1] = losses[i] + (makes ? bytes : 0);
+    }
+  }
+
+  // A micro-batch taken by one stage and kept for a later stage of the rank (a V's first
+  // and last) is one TensorMap shared with the stage that took it, which stashes what it
+  // reads (a stem's images, an embedding's token ids) until its B: those tensors are
+  // counted there from the take on, so the loader's copy is only what that stage does not
+  // keep (a ResNet's first pipeline rank under zb-v had been 12.8% over, two micro-batches
+  // of images). Only while the stage still holds them: its B after the last take.
+  const auto& rank_acts = r.schedule.ranks[size_t(pp)];
+  std::vector<int64_t> shared(loaded.size(), 0);
+  {
+    std::map<int, int64_t> stashed;  // reading stage -> the inputs its stash keeps
+    for (int s : r.stages_of(pp)) {
+      if (!reads[size_t(s)]) continue;
+      auto [a, b] = chunk(s);
+      const stages::StashPlan plan =
+          stages::plan_stash(pg, a, b, r.recompute[size_t(r.chunk_of_stage[size_t(s)])]);
+      std::vector<int> kept;
+      for (int v : pg.inputs_used(a, b))
+        if (plan.kept[size_t(v)]) kept.push_back(v);
+      stashed[s] = values_bytes(pg, kept, batch);
+    }
+    struct Span {
+      size_t first = 0, last = 0, released = 0;
+      int stage = -1;
+    };
+    std::map<int, Span> spans;  // micro-batch -> its takes and its first stage's B
+    for (size_t i = 0; i < rank_acts.size(); ++i) {
+      const schedule::Action& a = rank_acts[i];
+      if (a.kind == ActionKind::forward && reads[size_t(a.stage)]) {
+        auto [it, fresh] = spans.try_emplace(a.micro_batch, Span{i, i, 0, a.stage});
+        if (!fresh) it->second.last = i;
+      } else if (a.kind == ActionKind::backward_input || a.kind == ActionKind::full_backward) {
+        auto it = spans.find(a.micro_batch);
+        if (it != spans.end() && it->second.stage == a.stage && it->second.released == 0)
+          it->second.released = i;
+      }
+    }
+    std::vector<int64_t> diff(loaded.size() + 1, 0);
+    for (const auto& [mb, sp] : spans)
+      if (sp.first < sp.last && sp.released > sp.last) {
+        diff[sp.first] += stashed[sp.stage];
+        diff[sp.last] -= stashed[sp.stage];
+      }
+    int64_t open = 0;
+    for (size_t i = 0; i < shared.size(); ++i) shared[i] = open += diff[i];
+  }
   auto loaded_beyond = [&](size_t c) {
-    return int64_t(loaded[c < computes.size() ? computes[c] : loaded.size() - 1] - always) *
-           loaded_bytes;
+    const size_t at = c < computes.size() ? computes[c] : loaded.size() - 1;
+    return int64_t(loaded[at] - always) * loaded_bytes - shared[at] + losses[at];
   };
   out.loader = int64_t(always) * loaded_bytes;
   // A text loader makes a micro-batch's tokens and targets together and keeps what the rank
@@ -450,19 +512,6 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     }
     if (!images) out.loader += values_bytes(pg, unread, batch);
   }
-  // The executor keeps each micro-batch's loss until the step's end (Executor::losses_),
-  // on the rank that computes it: counted with the loader, held throughout.
-  if (pg.loss >= 0 && pg.values[size_t(pg.loss)].producer >= 0) {
-    const int layer = pg.nodes[size_t(pg.values[size_t(pg.loss)].producer)].layer;
-    bool holds = false;
-    for (int s : r.stages_of(pp)) {
-      auto [a, b] = chunk(s);
-      holds = holds || (layer >= a && layer < b);
-    }
-    if (holds)
-      out.loader += int64_t(p.micro_batches) * rounded(pg.values[size_t(pg.loss)].type.bytes(1));
-  }
-
   // Receives posted ahead (Executor::run_step): at each action, the next recv_ahead
   // receives of the lowered list, each the full tensors of its boundary.
   schedule::Schedule lowered = schedule::lower(r.schedule);
