@@ -1,6 +1,7 @@
 #include "partitioner/evaluate.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -995,6 +996,24 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
         *x /= d;
     }
   }
+  // Each tile's own figures (exact): an edge tile exchanges halos on one side only and
+  // holds less than one between two (a ResNet's second stage at spatial 4: its edge tiles
+  // had been given the middle one's figures, 4.2% over). chunk_mem keeps the most of any
+  // position, the chunk's figures. By chunk: the top tile's, the bottom's, a middle one's.
+  std::map<int, std::array<MicroBatchMemory, 3>> tile_mb;
+  if (options.exact_memory)
+    for (int k = 0; k < K; ++k) {
+      const int tiles = r.spatial_of(chunk_pp[size_t(k)]);
+      if (tiles <= 1) continue;
+      const int a = r.chunk_first[size_t(k)], b = r.chunk_last[size_t(k)];
+      WalkSpec spec = stage_walk_spec(graph_of(chunk_pp[size_t(k)]), a, b, r.recompute[size_t(k)],
+                                      p.micro_batch_size, r.layer_tp[size_t(a)]);
+      for (int pos = 0; pos < (tiles > 2 ? 3 : 2); ++pos) {
+        spec.tile_above = pos != 0;
+        spec.tile_below = pos != 1;
+        tile_mb[k][size_t(pos)] = walk_micro_batch(spec);
+      }
+    }
   const Graph& mg = pg ? *pg : g;
   // Chunk k's first stage, and the parameters its data-parallel group shards (ZeRO's, or a
   // parameter server's served ones; not one tied over pipeline ranks) with their group:
@@ -1078,6 +1097,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       chunk_mem[size_t(k)].optimizer_sharding_saved += z.optimizer;
       chunk_mem[size_t(k)].grad_sharding_saved += z.grads;
       if (z.zero2.empty()) continue;
+      tile_mb.erase(k);  // its W walked again below at one position: the most of any
       const std::set<int> elsewhere = elsewhere_of(k, r.layout.coord(rank).pp);
       // The gradients a micro-batch's W makes and reduces bucket by bucket: walked again
       // with them (where in W a bucket fills decides what else is still held), or in the
@@ -1168,6 +1188,18 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
   std::vector<StageMemory> stage_mem;
   for (int s = 0; s < r.schedule.num_stages(); ++s)
     stage_mem.push_back(chunk_mem[size_t(r.chunk_of_stage[size_t(s)])]);
+  // The stages' figures as the rank at `c` holds them: a tile's its position's (tile_mb).
+  std::vector<StageMemory> tiled_mem;
+  auto stage_mem_of = [&](const RankCoord& c) -> const std::vector<StageMemory>& {
+    const int tiles = r.spatial_of(c.pp);
+    if (tiles <= 1 || tile_mb.empty()) return stage_mem;
+    const size_t pos = c.sp == 0 ? 0 : c.sp == tiles - 1 ? 1 : 2;
+    tiled_mem = stage_mem;
+    for (int s : r.stages_of(c.pp))
+      if (auto it = tile_mb.find(r.chunk_of_stage[size_t(s)]); it != tile_mb.end())
+        tiled_mem[size_t(s)].mb = it->second[pos];
+    return tiled_mem;
+  };
 
   // The step: the schedule with its gradient reductions and optimizer step.
   schedule::Costs costs = schedule_costs(r, table, model.machine(), stage_mem);
@@ -1245,7 +1277,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
           const Graph& pgc = graph_of(c.pp);
           b.step += update_point_bytes(r, rank, pgc, options.bucket_bytes) -
                     update_point_bytes(r, first, pgc, options.bucket_bytes);
-          re.peak = mine.grads + mine.optimizer + rank_peak(r.schedule, c.pp, stage_mem, b);
+          re.peak = mine.grads + mine.optimizer + rank_peak(r.schedule, c.pp, stage_mem_of(c), b);
           re.activation_peak = re.peak - re.param_bytes - re.grad_bytes - re.optimizer_bytes;
         }
       }
@@ -1298,11 +1330,12 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
     if (options.exact_memory) {
       RankBuffers b = rank_buffers(r, rank, graph_of(re.coord.pp), options);
       if (sharding && p.post_validated_step) buffers_of_position[rank] = b;
-      re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem, b);
+      const std::vector<StageMemory>& mem = stage_mem_of(re.coord);
+      re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, mem, b);
       if (b.start > 0) {
         b.start = 0;
         unseeded_peak[rank] =
-            own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem, b);
+            own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, mem, b);
       }
     } else {
       re.peak = own.grads + own.optimizer + rank_peak(r.schedule, re.coord.pp, stage_mem);
