@@ -439,11 +439,17 @@ class Walker {
       }
       // HaloTransfer::backward: the gradients sent up (top rows) and down (bottom rows),
       // and received from below (top rows) and above (bottom rows), each where that
-      // neighbour is; then each received block added through a copy.
+      // neighbour is; the wait drops the rows sent, then each received block is added
+      // through a copy (counted with the sends held, every tile of a ResNet's second stage
+      // at spatial 4 had been a row over, 1.3%).
       const int64_t up = w_.tile_above ? 1 : 0, down = w_.tile_below ? 1 : 0;
-      for (int64_t r : {up * h.top, down * h.bottom, down * h.top, up * h.bottom})
+      std::vector<int> sent;
+      for (int64_t r : {up * h.top, down * h.bottom})
+        if (r > 0) sent.push_back(heap_.alloc(r * h.in_row));
+      for (int64_t r : {down * h.top, up * h.bottom})
         if (r > 0) tmp.push_back(heap_.alloc(r * h.in_row));
       target(node.inputs[0]);
+      for (int& id : sent) heap_.unref(id);
       for (int64_t r : {down * h.top, up * h.bottom})
         if (r > 0) {
           int part = heap_.alloc(r * h.in_row);

@@ -273,8 +273,9 @@ TEST(MemoryAccuracy, SpatialRetiled) {
 // halos C / t rows where the input is split by channels), the tensor-parallel all-reduces
 // on tiles (measured: the estimate equal to the peak); and with a second stage of tp 1 x
 // spatial 2, each tile re-sent whole from its first shard rank. There the first stage is
-// 0.4% over; it had been 3.8% (4608 bytes) while its second F's tile, a send under UCX's
-// rendezvous size and so done at once, was counted through the first B.
+// exact; it had been 3.8% (4608 bytes) while its second F's tile, a send under UCX's
+// rendezvous size and so done at once, was counted through the first B, then 0.4% while
+// the walk held its backward's halo rows sent through the adds of those received.
 TEST(MemoryAccuracy, TensorParallelSpatial) {
   expect_spatial_accurate({2}, 1, "", 0.03, {2});
   expect_spatial_accurate({2, 2}, 1, "", 0.03, {2, 1});
@@ -433,7 +434,9 @@ TEST(MemoryAccuracy, ImagesReadAsTheRankReadsThem) {
 // halos on one side only, and each tile is estimated at its own position's figures. Every
 // tile had been given the most of any position: the second stage's edge tiles 4.2% over
 // (76,544 bytes measured, 79,744 estimated), its middle ones 1.5%, the first stage's edges
-// 1.0%; now 1.3-1.4%, 1.3% and 0.3%. Never under.
+// 1.0%; then 1.3%, 1.3% and 0.3%, a row of 8 x 8 gradients over on every tile while the
+// walk held a backward's halo rows sent through the adds of those received (the wait drops
+// them first). Now every rank exact, never under.
 TEST(MemoryAccuracy, EdgeTilesAtTheirOwnFigures) {
   Workspace ws("memacc-edge-tiles");
   const std::string data = ws.path("images");
@@ -452,7 +455,7 @@ TEST(MemoryAccuracy, EdgeTilesAtTheirOwnFigures) {
       {"schedule", {{"name", "1f1b"}, {"micro_batches", 4}}},
       {"stages", {{{"layers", {0, 2}}, {"spatial", 4}}, {{"layers", {2, 4}}, {"spatial", 4}}}}};
   std::ofstream(ws.path("plan.json")) << plan.dump(2);
-  expect_memory_accurate(ws.path("plan.json"), 8, ws.dir, " --steps 2", data, 0.015);
+  expect_memory_accurate(ws.path("plan.json"), 8, ws.dir, " --steps 2", data, 0.005);
   const json summary = json::parse(std::ifstream(ws.path("summary.json")));
   for (const json& r : summary["ranks"])
     EXPECT_GE(r["estimated_peak_bytes"].get<int64_t>(), r["peak_bytes"].get<int64_t>())
