@@ -447,7 +447,7 @@ void CostModel::warn_foreign_costs() const {
   if (const auto [n, names] = lacking(measured_->ops); n > 0)
     spdlog::warn(
         "{} of the model's {} ops are not in the cost file (with their op) ({}): they are "
-        "timed by their FLOPs at machine.flops",
+        "timed by their FLOPs at the nominal rate (--flops)",
         n, g_->nodes.size(), names);
   // A size's gap had been filled from the other sizes' times without a word (an op lacking
   // at every size is in the warning above).

@@ -440,7 +440,8 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
   if (!memory::is_floating(it.dtype) || it.shape != shape_)
     throw InputError(source + ": $.inputs: expected images of type " +
                      type_str({shape_, g.float_dtype}) + " (the data " + dir_ + "), found " +
-                     type_str(it));
+                     type_str(it) +
+                     " (of a resnet shorthand: its in_channels and image_size give that shape)");
   if (memory::is_floating(lt.dtype) || !lt.shape.empty())
     throw InputError(source +
                      ": $.inputs: expected integer labels [] (one class per image), found " +

@@ -82,12 +82,16 @@ void load_inputs(Graph& g, const JsonReader& list, DType float_dtype) {
     if (g.find_value(name) >= 0) in.at("name").fail("a new value name", "'" + name + "' again");
     ValueType t;
     t.shape = parse_shape(in.at("shape"), true);
-    DType d;
+    DType d = DType::f32;
+    const std::string spelled = in.at("dtype").as_string();
     try {
-      d = memory::parse_dtype(in.at("dtype").as_string());
+      d = memory::parse_dtype(spelled);
     } catch (const InputError&) {
-      in.at("dtype").fail("one of i32, i64, f32, f64");
+      in.at("dtype").fail("one of i32, i64, f32, f64", "'" + spelled + "'");
     }
+    // 16-bit inputs had been taken (and run as the model's float type): not what is said.
+    if (d != DType::i32 && d != DType::i64 && d != DType::f32 && d != DType::f64)
+      in.at("dtype").fail("one of i32, i64, f32, f64", "'" + spelled + "'");
     t.dtype = memory::is_floating(d) ? float_dtype : d;
     g.add_value(name, t, -1);
   }

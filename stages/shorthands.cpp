@@ -125,7 +125,9 @@ Gpt2Config parse_gpt2_shorthand(const JsonReader& r) {
   c.n_embd = r.at("n_embd").as_int(1, kBig);
   c.n_positions = r.at("n_positions").as_int(1, kBig);
   c.vocab_size = r.at("vocab_size").as_int(1, kBig);
-  c.n_inner = r.get_int("n_inner", 0, 1, kBig);
+  // null is the default, as in a Hugging Face config.json.
+  if (auto inner = r.get("n_inner"); inner && !inner->raw().is_null())
+    c.n_inner = inner->as_int(1, kBig);
   c.context = r.get_int("context", 0, 1, kBig);
   c.layer_norm_epsilon = r.get_double("layer_norm_epsilon", 1e-5, 0.0, 1.0);
   c.initializer_range = r.get_double("initializer_range", 0.02, 0.0, 10.0);

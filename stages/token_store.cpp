@@ -362,7 +362,8 @@ std::string TokenStore::where(int64_t pos) const {
          std::to_string(pos - doc_start_[size_t(d)]) + " (position " + std::to_string(pos) + ")";
 }
 
-void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n) const {
+void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n,
+                                  std::string_view whose) const {
   if (n < 0) n = num_tokens() - pos;
   BATON_CHECK(pos >= 0 && pos + n <= num_tokens(), "check past the end of the tokens");
   int64_t bad = -1;
@@ -396,8 +397,9 @@ void TokenStore::check_vocabulary(int64_t vocab, int64_t pos, int64_t n) const {
   });
   if (bad >= 0)
     throw InputError(name_ + ": token " + value + " at " + where(bad) +
-                     (whole ? " is outside the model's vocabulary of " + std::to_string(vocab) +
-                                  " (ids 0.." + std::to_string(vocab - 1) + ")"
+                     (whole ? " is outside " + std::string(whose) + " vocabulary of " +
+                                  std::to_string(vocab) + " (ids 0.." + std::to_string(vocab - 1) +
+                                  ")"
                             : " is not a whole number"));
 }
 

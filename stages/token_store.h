@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -65,7 +66,9 @@ class TokenStore {
 
   // Throws InputError naming the file, the first position in [pos, pos + n) whose token
   // is not a whole number in [0, vocab) and its value; n < 0: to the end.
-  void check_vocabulary(int64_t vocab, int64_t pos = 0, int64_t n = -1) const;
+  // `whose` names the vocabulary in the message ("the model's", "--vocab's").
+  void check_vocabulary(int64_t vocab, int64_t pos = 0, int64_t n = -1,
+                        std::string_view whose = "the model's") const;
   // The smallest and largest token (a whole scan).
   TokenRange token_range() const;
   // "document 3, token 17 (position 1234)" for messages.

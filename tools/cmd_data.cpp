@@ -209,7 +209,7 @@ int run_inspect(const std::vector<std::string>& args) {
   if (s->format() == "text" && !tokenizer.empty())
     throw InputError(path + ": text data (every byte a token) takes no --tokenizer, found '" +
                      tokenizer + "'; its bytes are shown as text without one");
-  if (vocab > 0) s->check_vocabulary(vocab);
+  if (vocab > 0) s->check_vocabulary(vocab, 0, -1, "--vocab's");
   spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
                vocab > 0 ? ", every token checked against the vocabulary" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -220,7 +220,7 @@ int run_inspect(const std::vector<std::string>& args) {
     // had been SentencePiece's "Invalid id" naming the tokenizer).
     if (s->num_tokens() > 0 && (range.lo < 0 || range.hi >= sp->GetPieceSize())) {
       try {
-        s->check_vocabulary(sp->GetPieceSize());
+        s->check_vocabulary(sp->GetPieceSize(), 0, -1, "the tokenizer's");
       } catch (const InputError& e) {
         throw InputError(std::string(e.what()) + " (--tokenizer " + tokenizer + ": " +
                          std::to_string(sp->GetPieceSize()) + " pieces)");

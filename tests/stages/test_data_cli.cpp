@@ -250,6 +250,11 @@ TEST(DataCli, InspectRefusesNegativeCountsAndFifos) {
     EXPECT_NE(r.output.find(flag + ": expected a count >= 0, found -5"), std::string::npos)
         << r.output;
   }
+  // A token beyond --vocab is named against --vocab, not a model (there is none).
+  Result v = baton("inspect " + text + " --vocab 100");
+  EXPECT_EQ(v.code, 2) << v.output;
+  EXPECT_NE(v.output.find("is outside --vocab's vocabulary of 100 (ids 0..99)"), std::string::npos)
+      << v.output;
   const std::string fifo = dir() + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   Result r = baton("inspect " + fifo);  // had waited for ever for a writer

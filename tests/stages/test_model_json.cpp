@@ -134,6 +134,21 @@ TEST(ModelJson, ShorthandErrors) {
   model_json_expect_error(
       R"({"type": "mlp", "context": 4, "vocab_size": 10, "n_embd": 4, "hidden": [8, -1]})",
       {"$.hidden[1]", "expected an integer in [1, ", "found -1"});
+  // n_inner null is the default, as a Hugging Face config.json writes it.
+  EXPECT_EQ(model_error_of(R"({"type": "gpt2", "n_layer": 1, "n_inner": null, )" + base + "}"), "");
+}
+
+// A graph's inputs are i32, i64, f32 or f64, as the message says (f16 had been taken).
+TEST(ModelJson, InputDtypesAreTheFourTheMessageNames) {
+  const std::string ok = graph_with(
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["h"], "params": {"weight": "w"}})");
+  for (const char* bad : {"f16", "bf16", "u8"}) {
+    std::string text = ok;
+    const std::string f32 = R"("dtype": "f32")";
+    text.replace(text.find(f32), f32.size(), std::string(R"("dtype": ")") + bad + "\"");
+    model_json_expect_error(text, {"$.inputs[0].dtype", "expected one of i32, i64, f32, f64",
+                                   std::string("found '") + bad + "'"});
+  }
 }
 
 TEST(ModelJson, GeneralGraphLoads) {
