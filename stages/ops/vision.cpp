@@ -377,7 +377,8 @@ class BatchNorm2d final : public OpBase {
     running_ = spec.params[2].has_value();
     if (running_ != spec.params[3].has_value())
       param_json(spec, running_ ? "running_var" : "running_mean")
-          .fail("running_mean and running_var together (or neither)");
+          .fail("running_mean and running_var together (or neither)",
+                running_ ? "running_mean without running_var" : "running_var without running_mean");
     elems_ = numel_of(spec.inputs[0].shape);
     plane_ = elems_ / c_;  // H x W: exact
     out_.push_back(spec.inputs[0]);
@@ -587,7 +588,7 @@ class Pool2d final : public OpBase {
  public:
   explicit Pool2d(const OpSpec& spec) : OpBase(kMax ? maxpool_schema() : avgpool_schema(), spec) {
     expect_image(spec, 0);
-    if (!spec.attrs.has("kernel")) spec.attrs.fail("an object with \"kernel\"");
+    if (!spec.attrs.has("kernel")) spec.attrs.fail("an object with \"kernel\"", "no \"kernel\"");
     const auto k = pair_attr(spec, "kernel", {1, 1}, 1);
     const auto s = pair_attr(spec, "stride", k, 1);
     const auto p = pair_attr(spec, "padding", {0, 0}, 0);
