@@ -1,5 +1,7 @@
 #include "transport/options.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -19,7 +21,7 @@ double env_number(const char* name, double fallback, double lo, double hi) {
   const bool decimal = std::string(v).find_first_of("xX \t\n") == std::string::npos;
   if (!decimal || end == v || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
     throw InputError(std::string(name) + "='" + v + "': expected a number from " +
-                     std::to_string(lo) + " to " + std::to_string(hi));
+                     fmt::format("{} to {}", lo, hi));
   return x;
 }
 

@@ -170,6 +170,24 @@ exit 1
   std::filesystem::remove(script);
 }
 
+// UCX variables UCX cannot use are bad input naming them, not restarted: a value it
+// refuses to read, and one it reads but finds no transport under (UCX_TLS=bogus had been
+// "UCX call st failed: No such device", exit 1, restarted into again).
+TEST(Launch, UcxVariablesUcxCannotUseAreBadInput) {
+  const std::string b = BATON_BINARY;
+  const std::string job = " launch -n 2 --max-restarts 1 --restart-backoff 0 -- " + b +
+                          " bench comm --op all_reduce --min-bytes 8 --max-bytes 8 --reps 1";
+  for (const auto& [var, says] :
+       {std::pair<std::string, std::string>{"UCX_TLS=bogus", "UCX found no usable transport"},
+        {"UCX_RNDV_THRESH=abc", "UCX refused its configuration"}}) {
+    Result r = baton::cli_testing::run_command("env " + var + " " + b + job);
+    EXPECT_EQ(r.code, 2) << var << ": " << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("the UCX_ variables set: " + var), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("restart 1 of"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Launch, BadInputIsNotRestarted) {
   Result r = run("-n 1 --max-restarts 5 --restart-backoff 0 -- sh -c 'exit 2'");
   EXPECT_EQ(r.code, 2) << r.output;

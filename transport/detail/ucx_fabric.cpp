@@ -249,12 +249,16 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   // An empty UCX_RNDV_THRESH is unset, as baton's own variables are (UCX refuses '').
   if (const char* t = std::getenv("UCX_RNDV_THRESH"); t != nullptr && *t == '\0')
     unsetenv("UCX_RNDV_THRESH");
-  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
-    // A value UCX refuses is bad input (exit 2, not restarted by --max-restarts): the
-    // variables set, as UCX's own warning above names only one.
+  // The UCX_ variables set, for messages (UCX's own warning names only one).
+  auto ucx_variables = [] {
     std::string set;
     for (char** e = environ; *e != nullptr; ++e)
       if (std::strncmp(*e, "UCX_", 4) == 0) set += std::string(set.empty() ? "" : ", ") + *e;
+    return set;
+  };
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
+    // A value UCX refuses is bad input (exit 2, not restarted by --max-restarts).
+    const std::string set = ucx_variables();
     throw InputError(
         "UCX refused its configuration from the environment (its warning above "
         "names the variable); the UCX_ variables set: " +
@@ -279,6 +283,15 @@ UcxFabric::UcxFabric(int rank, int size, Store& store, const std::string& prefix
   params.estimated_num_eps = size_t(size);
   ucs_status_t st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
+  // No usable transport with UCX_ variables set (UCX_TLS=bogus reads without complaint and
+  // fails here): their values, bad input, not restarted into again. Without any, the host's
+  // own fault (a runtime error).
+  if (st == UCS_ERR_NO_DEVICE || st == UCS_ERR_NO_ELEM || st == UCS_ERR_INVALID_PARAM) {
+    if (const std::string set = ucx_variables(); !set.empty())
+      throw InputError(std::string("UCX found no usable transport (") + ucs_status_string(st) +
+                       ") under the UCX_ variables set: " + set +
+                       " (its message above names what it was asked for)");
+  }
   BATON_UCX_CHECK(st);
   try {
     start(store, prefix, host_label);
