@@ -923,6 +923,17 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, double g
   check_dlogits(op, dlogits, logits);
   const auto dev = common_device(op, {&logits, &targets, &losses, &dlogits});
   BATON_ON_CUDA(dev, cross_entropy_forward(logits, targets, grad_scale, losses, dlogits));
+  // The vocabulary is whole here, so a target past it is a caller's bug, not another
+  // rank's column (the sliced steps take it as one): it would give a loss below zero.
+  const int64_t vocab = logits.size(-1);
+  on_index(op, targets.dtype(), [&]<class I>(I) {
+    const I* t = targets.data<I>();
+    for (int64_t r = 0; r < rows; ++r)
+      BATON_NEED(int64_t(t[r]) < vocab, op,
+                 "targets must be below the vocabulary size " + std::to_string(vocab) +
+                     " (negative: ignored), found " + std::to_string(int64_t(t[r])) + " at row " +
+                     std::to_string(r));
+  });
   on_float(op, logits.dtype(), [&]<class T>(T) {
     on_index(op, targets.dtype(), [&]<class I>(I) {
       cpu::cross_entropy_forward<T, I>(

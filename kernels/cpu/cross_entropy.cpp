@@ -47,7 +47,9 @@ void ce_finish(const T* logits, const I* targets, int64_t vocab_offset, const T*
     for (int64_t r = r0; r < r1; ++r) {
       const bool ignored = targets[r] < 0;
       const T mx = row_max[r];
-      losses[r] = ignored ? T(0) : T(std::log(sum_exp[r])) + mx - target_logit[r];
+      // M - target first, as torch does: they cancel exactly when the target is the max,
+      // where log S + M would round log S to M's spacing (1e-3 at logits of 1e4).
+      losses[r] = ignored ? T(0) : T(std::log(sum_exp[r])) + (mx - target_logit[r]);
       if (dlogits == nullptr) continue;
       T* d = dlogits + r * vocab;
       if (ignored) {
@@ -88,7 +90,7 @@ void cross_entropy_forward(const T* logits, const I* targets, double grad_scale,
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = b0 + i;
         losses[r] =
-            targets[r] < 0 ? T(0) : T(std::log(stats[2 * i + 1])) + stats[2 * i] - losses[r];
+            targets[r] < 0 ? T(0) : T(std::log(stats[2 * i + 1])) + (stats[2 * i] - losses[r]);
       }
     }
     if (dlogits == nullptr) return;
@@ -143,7 +145,7 @@ void ce_local_finish(const I* targets, int64_t vocab_offset, const T* local_max,
   parallel_for(rows, row_grain(vocab + 1), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const bool ignored = targets[r] < 0;
-      losses[r] = ignored ? T(0) : T(std::log(sum_exp[r])) + row_max[r] - target_logit[r];
+      losses[r] = ignored ? T(0) : T(std::log(sum_exp[r])) + (row_max[r] - target_logit[r]);
       if (dlogits == nullptr) continue;
       T* d = dlogits + r * vocab;
       if (ignored) {

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   const float row_max = block_max(m);
   const float sum_exp = block_sum(m == -INFINITY ? 0.f : s * __expf(m - row_max));
   if (threadIdx.x == 0)
-    losses[r] = from_f<S>(ignored ? 0.f : logf(sum_exp) + row_max - target_logit);
+    losses[r] = from_f<S>(ignored ? 0.f : logf(sum_exp) + (row_max - target_logit));
   if (dlogits == nullptr) return;
   T* d = dlogits + r * vocab;
   const float scale = grad_scale / sum_exp;

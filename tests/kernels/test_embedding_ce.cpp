@@ -375,5 +375,29 @@ TEST(CrossEntropy, LargeVocabularyFloat32) {
   EXPECT_LT(rel_error(r32.dlogits, r.dlogits), 1e-5);
 }
 
+// Logits far from zero: the loss is log S + (M - target), as torch computes it, so equal
+// logits of -1e4 give log V in f32 (log S + M first had rounded log 8 to 1e4's spacing:
+// 2.07910 for 2.07944). And on one device a target past the vocabulary is refused: it
+// would have been taken as another rank's column, a loss of about -1e4.
+TEST(CrossEntropy, LogitsFarFromZeroAndTargetsPastTheVocabulary) {
+  const int64_t N = 2, V = 8;
+  const Tensor logits = Tensor::full({N, V}, -1e4, DType::f32);
+  const Tensor targets = ids_tensor({3, 5}, {N}, DType::i64);
+  Tensor losses = Tensor::empty({N}), d = Tensor::empty({N, V});
+  cross_entropy_forward(logits, targets, 1.0, losses, d);
+  for (double v : as_f64(losses)) EXPECT_NEAR(v, std::log(8.0), 1e-6);
+  for (double v : as_f64(ce_whole(logits, targets, 1.0).losses))
+    EXPECT_NEAR(v, std::log(8.0), 1e-6);
+  try {
+    cross_entropy_forward(logits, ids_tensor({3, 8}, {N}, DType::i32), 1.0, losses, d);
+    ADD_FAILURE() << "a target of 8 with 8 logits was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("targets must be below the vocabulary size 8 (negative: "
+                                         "ignored), found 8 at row 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace baton::kernels::test
