@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/args.h"
 #include "oneapi/dnnl/dnnl.h"
 
 namespace {
@@ -86,35 +87,33 @@ void add_config(const std::string& cfg, int tokens, int c, int v, std::vector<Sh
 
 }  // namespace
 
-int main(int argc, char** argv) {
+constexpr const char* kUsage = "usage: bench_blas [--threads 1,2] [--config A|B|all] [--reps N]\n";
+
+int run(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   std::string config = "all";
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
+    const std::string a = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_blas: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) throw baton::InputError(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--threads") {
-      threads.clear();
-      std::string s = next();
-      for (size_t p = 0; p <= s.size();) {
-        size_t q = s.find(',', p);
-        if (q == std::string::npos) q = s.size();
-        threads.push_back(std::atoi(s.substr(p, q - p).c_str()));
-        p = q + 1;
-      }
+    // --config C, --threads 0 and --reps 0 had run (an empty table, "thr 0", one call)
+    // with exit 0.
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    } else if (a == "--threads") {
+      threads = baton::bench::thread_counts(next());
     } else if (a == "--config") {
       config = next();
+      if (config != "A" && config != "B" && config != "all")
+        throw baton::InputError("--config: expected A, B or all, found '" + config + "'");
     } else if (a == "--reps") {
-      reps = std::max(1, std::atoi(next().c_str()));
+      reps = baton::bench::parse_int("--reps", next(), 1);
     } else {
-      std::fprintf(stderr, "usage: bench_blas [--threads 1,2] [--config A|B|all] [--reps N]\n");
-      return 2;
+      throw baton::InputError("unknown argument '" + a + "'\n" + kUsage);
     }
   }
 
@@ -168,4 +167,8 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return baton::bench::run_main("bench_blas", [&] { return run(argc, argv); });
 }
