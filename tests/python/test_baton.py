@@ -277,6 +277,38 @@ class Schedules(unittest.TestCase):
         self.assertEqual(baton.lower(low), low)
 
 
+    def test_what_python_users_pass_by_mistake(self):
+        # NumPy's bools are bools too: no count, no number; switches take bools only
+        # (None and 1 had passed as False and True).
+        s = baton.generate("1f1b", 2, 4)
+        for call in (lambda: baton.generate("1f1b", np.True_, 8),
+                     lambda: baton.Action("F", True, 0),
+                     lambda: s.actions(True),
+                     lambda: baton.lower(s, transfers=None),
+                     lambda: baton.simulate(s, timeline=1),
+                     lambda: baton.auto_schedule(2, 4, limit_in_bytes=None)):
+            with self.assertRaises(TypeError):
+                call()
+        self.assertEqual(baton.lower(s, transfers=np.False_).num_actions, s.num_actions + 4)
+        with self.assertRaisesRegex(baton.InputError, "^costs: forward: expected"):
+            baton.Simulator(s).run_stages(np.True_, 1, 1)
+        # A rank that is no list of actions is named; a str is not read letter by letter.
+        for ranks, text in (([["0F0"], 5], "rank 1: expected a list of actions, found 5"),
+                            (["0F0 0B0"], "rank 0: expected a list of actions, found '0F0 0B0'")):
+            with self.assertRaises(baton.InputError) as e:
+                baton.Schedule(ranks)
+            self.assertIn(text, str(e.exception))
+        # The simulator refuses an invalid schedule as validate() does: where and what.
+        bad = baton.Schedule([["0F0", "0BW0"], ["1BW0", "1F0"]])
+        for call in (lambda: baton.simulate(bad), lambda: baton.Simulator(bad)):
+            with self.assertRaises(baton.ScheduleError) as e:
+                call()
+            self.assertEqual((e.exception.rank, e.exception.action), (1, "1BW0"))
+        # An empty path is named (it had been "cannot rename .tmp1.0 to : ...").
+        for call in (lambda: s.save(""), lambda: baton.load(""), lambda: baton.CostSpec.load("")):
+            with self.assertRaisesRegex(baton.InputError, "^path: expected a file's path, found an empty string$"):
+                call()
+
 class Simulation(unittest.TestCase):
     def test_results_and_numpy_arrays(self):
         s = baton.generate("1f1b", 4, 8)
@@ -531,10 +563,10 @@ class Planning(unittest.TestCase):
         self.assertGreater(est["step_time"], 0)
         self.assertIn("rank", est["table"])
         self.assertAlmostEqual(est["step_time"], res["plans"][0]["step_time"], delta=1e-9 + 0.05 * est["step_time"])
-        # At exactly the best plan's estimated peak, below the search's bound of it, the
-        # plan is still found: checked exactly, and listed with that peak.
+        # The best plan is listed with its exact estimate, as `baton plan` prints it, and
+        # at exactly that peak (below the search's bound of it) it is still found.
         exact = max(r["peak"] for r in est["ranks"])
-        self.assertGreater(res["plans"][0]["peak"], exact)
+        self.assertEqual(res["plans"][0]["peak"], exact)
         tight = baton.plan(model, devices=2, batch=8, device_memory=exact, top=2)
         self.assertEqual(tight["plans"][0]["describe"], res["plans"][0]["describe"])
         self.assertEqual(tight["plans"][0]["peak"], exact)
@@ -542,7 +574,10 @@ class Planning(unittest.TestCase):
         # Out-of-range arguments are InputErrors naming them, never a crash or numbers
         # from a degree 0 or negative samples.
         for kw, text in ((dict(tp=0), "tp: expected a tensor-parallel degree of at least 1"),
-                         (dict(batch=-2), "batch: expected at least 1 sample"),
+                         (dict(batch=-2), "batch: expected 1 to 16777216 samples per micro-batch"),
+                         (dict(batch=2**50), "batch: expected 1 to 16777216 samples per micro-batch"),
+                         (dict(tp=np.int64(0)), "tp: expected a tensor-parallel degree of at least 1"),
+                         (dict(machine={"flops": np.True_}), "machine.flops: expected a number, found " + repr(np.True_)),
                          (dict(machine={"p2p_bandwidth": 0}), "machine.p2p_bandwidth: expected a positive rate"),
                          (dict(machine={"flops": float("inf")}), "machine.flops: expected a positive rate"),
                          (dict(machine={"flops": "fast"}), "machine.flops: expected a number, found 'fast'"),
@@ -557,6 +592,17 @@ class Planning(unittest.TestCase):
         with self.assertRaises(baton.InputError) as e:
             baton.check(best, base_dir=os.path.join(SOURCE, "examples", "models"), machine={"dp_bandwidth": 0})
         self.assertIn("machine.dp_bandwidth", str(e.exception))
+        # No model (None) is refused, not dereferenced (a segfault); bools are no counts.
+        for call in (lambda: baton.layer_costs(None), lambda: baton.plan(None, 4)):
+            with self.assertRaisesRegex(baton.InputError, "^model: expected a model"):
+                call()
+        for call in (lambda: baton.plan(model, True), lambda: baton.layer_costs(model, tp=True),
+                     lambda: baton.plan(model, 2, recompute=1)):
+            with self.assertRaises(TypeError):
+                call()
+        # The best plan as `baton plan --out` writes it: checked exactly, its estimate
+        # per rank in predicted.memory_bytes.
+        self.assertEqual(best["predicted"]["memory_bytes"], [r["peak"] for r in est["ranks"]])
 
     def test_plan_dicts_paths_and_nothing_fits(self):
         model = baton.load_model(os.path.join(SOURCE, "examples", "models", "mlp.json"))

@@ -36,33 +36,6 @@ using namespace baton::schedule;
 using baton::InputError;
 
 namespace baton::python {
-// A count argument (ranks, micro-batches, ...): an int as pybind11 takes one, but not a
-// bool, which Python makes an int subclass (generate("1f1b", True, 8) had been 1 rank).
-// A bool fails the overload: TypeError.
-struct Count {
-  int value = 0;
-  operator int() const { return value; }  // NOLINT(google-explicit-constructor)
-};
-}  // namespace baton::python
-
-namespace pybind11::detail {
-template <>
-struct type_caster<baton::python::Count> {
-  PYBIND11_TYPE_CASTER(baton::python::Count, const_name("int"));
-  bool load(handle src, bool convert) {
-    if (!src || PyBool_Check(src.ptr())) return false;
-    make_caster<int> inner;
-    if (!inner.load(src, convert)) return false;
-    value.value = cast_op<int>(inner);
-    return true;
-  }
-  static handle cast(baton::python::Count c, return_value_policy, handle) {
-    return PyLong_FromLong(c.value);
-  }
-};
-}  // namespace pybind11::detail
-
-namespace baton::python {
 
 namespace {
 
@@ -146,6 +119,23 @@ void raise_unless_valid(const Schedule& s, const ValidationReport& r) {
   e.attr("grid") = r.grid;
   PyErr_SetObject(error_type.ptr(), e.ptr());
   throw py::error_already_set();
+}
+
+// An invalid schedule refused by the simulator raises baton.ScheduleError with where and
+// what, as validate() does (it had been a plain InputError without rank or action).
+template <class F>
+auto as_schedule_error(const Schedule& s, F&& f) {
+  try {
+    return f();
+  } catch (const InputError&) {
+    raise_unless_valid(s, with_copy(s, [](const Schedule& c) { return validate(c); }));
+    throw;
+  }
+}
+
+// pybind11 passes None as an empty holder: refused here, not dereferenced.
+void need_schedule(const std::shared_ptr<Schedule>& s) {
+  if (!s) throw InputError("schedule: expected a baton.Schedule, found None");
 }
 
 // A numpy array that owns `v` (moved, not copied).
@@ -337,21 +327,21 @@ PYBIND11_MODULE(baton, m) {
 
   // ---- actions ---------------------------------------------------------------------------
   py::class_<Action>(m, "Action", "One action of one rank: kind code, micro-batch, stage, peer.")
-      .def(
-          py::init([](const std::string& kind, int micro_batch, int stage, bool overlap, int peer) {
-            auto k = kind_from_code(kind);
-            if (!k) throw InputError("Action: unknown kind '" + kind + "'");
-            Action a;
-            a.kind = *k;
-            a.micro_batch = micro_batch;
-            a.stage = stage;
-            a.overlap = overlap;
-            a.peer = peer;
-            return a;
-          }),
-          py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
-          py::arg("overlap") = false, py::arg("peer") = -1,
-          "peer: a transfer's other rank, as lower() sets it (-1: none; a token has none)")
+      .def(py::init([](const std::string& kind, Count micro_batch, Count stage, Flag overlap,
+                       Count peer) {
+             auto k = kind_from_code(kind);
+             if (!k) throw InputError("Action: unknown kind '" + kind + "'");
+             Action a;
+             a.kind = *k;
+             a.micro_batch = micro_batch;
+             a.stage = stage;
+             a.overlap = overlap;
+             a.peer = peer;
+             return a;
+           }),
+           py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
+           py::arg("overlap") = false, py::arg("peer") = -1,
+           "peer: a transfer's other rank, as lower() sets it (-1: none; a token has none)")
       .def_static(
           "parse", [](const std::string& t) { return parse_token(t, "token"); }, py::arg("token"))
       .def_property_readonly("kind", [](const Action& a) { return std::string(kind_code(a.kind)); })
@@ -388,7 +378,13 @@ PYBIND11_MODULE(baton, m) {
              for (size_t r = 0; r < ranks.size(); ++r) {
                std::vector<Action> list;
                size_t i = 0;
-               for (auto h : ranks[r].cast<py::sequence>()) {
+               // A str is a sequence too: "0F0 0B0" had been read letter by letter.
+               const py::object row = ranks[r];
+               if (!py::isinstance<py::sequence>(row) || py::isinstance<py::str>(row))
+                 throw InputError("rank " + std::to_string(r) +
+                                  ": expected a list of actions, found " +
+                                  std::string(py::str(py::repr(row))));
+               for (auto h : row.cast<py::sequence>()) {
                  const std::string where =
                      "rank " + std::to_string(r) + ", action " + std::to_string(i++);
                  if (py::isinstance<py::str>(h) && !h.cast<std::string>().empty() &&
@@ -447,7 +443,7 @@ PYBIND11_MODULE(baton, m) {
           "ranks", [](const Schedule& s) { return s.ranks; }, "per rank, its actions (a copy)")
       .def(
           "actions",
-          [](const Schedule& s, int r) {
+          [](const Schedule& s, Count r) {
             if (r < 0 || r >= s.num_ranks)
               throw py::index_error("rank " + std::to_string(r) + " outside 0.." +
                                     std::to_string(s.num_ranks - 1));
@@ -508,6 +504,7 @@ PYBIND11_MODULE(baton, m) {
       .def(
           "save",
           [](const Schedule& s, const std::filesystem::path& path) {
+            need_path(path);
             with_copy(s, [&](const Schedule& c) { save_schedule(c, path.string()); });
           },
           py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
@@ -563,7 +560,11 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("schedule"), py::arg("dialect") = "current", py::arg("kept") = py::none());
   m.def(
-      "load", [](const std::filesystem::path& path) { return load_schedule(path.string()); },
+      "load",
+      [](const std::filesystem::path& path) {
+        need_path(path);
+        return load_schedule(path.string());
+      },
       py::arg("path"), py::call_guard<py::gil_scoped_release>(),
       "text, JSON or PyTorch CSV (by the name)");
   m.def("schedule_names", &all_schedule_names);
@@ -626,7 +627,7 @@ PYBIND11_MODULE(baton, m) {
       py::arg("schedule"));
   m.def(
       "lower",
-      [](const Schedule& s, bool merge, bool transfers, bool reduce, bool step) {
+      [](const Schedule& s, Flag merge, Flag transfers, Flag reduce, Flag step) {
         LowerOptions o;
         o.merge_backward = merge;
         o.transfers = transfers;
@@ -670,7 +671,11 @@ PYBIND11_MODULE(baton, m) {
   py::class_<CostSpec>(m, "CostSpec", "A parsed cost file (see docs/schedules.md, Costs).")
       .def(py::init([](const py::dict& d) { return cost_spec(d); }), py::arg("fields"))
       .def_static(
-          "load", [](const std::filesystem::path& path) { return load_costs(path.string()); },
+          "load",
+          [](const std::filesystem::path& path) {
+            need_path(path);
+            return load_costs(path.string());
+          },
           py::arg("path"))
       .def_static(
           "parse", [](const std::string& t) { return parse_costs(t, "costs"); }, py::arg("json"))
@@ -734,8 +739,10 @@ PYBIND11_MODULE(baton, m) {
 
   m.def(
       "simulate",
-      [](const std::shared_ptr<Schedule>& s, const py::object& costs, bool timeline) {
-        return run_simulation(s, cost_spec(costs), timeline);
+      [](const std::shared_ptr<Schedule>& s, const py::object& costs, Flag timeline) {
+        need_schedule(s);
+        const CostSpec spec = cost_spec(costs);
+        return as_schedule_error(*s, [&] { return run_simulation(s, spec, timeline); });
       },
       py::arg("schedule"), py::arg("costs") = py::none(), py::arg("timeline") = false,
       "costs: a dict of cost-file fields (numbers, or per-stage lists / numpy arrays), a "
@@ -747,8 +754,11 @@ PYBIND11_MODULE(baton, m) {
       "Validates and indexes a schedule once; run() it on many costs (threads sharing one "
       "take turns: a run writes the simulator's state).")
       .def(py::init([](const std::shared_ptr<Schedule>& s) {
-             py::gil_scoped_release release;
-             return std::make_shared<SharedSimulator>(std::shared_ptr<const Schedule>(s));
+             need_schedule(s);
+             return as_schedule_error(*s, [&] {
+               py::gil_scoped_release release;
+               return std::make_shared<SharedSimulator>(std::shared_ptr<const Schedule>(s));
+             });
            }),
            py::arg("schedule"))
       .def(
@@ -786,7 +796,7 @@ PYBIND11_MODULE(baton, m) {
 
   m.def(
       "auto_schedule",
-      [](Count p, Count mb, const py::object& costs, const py::object& memory_limit, bool in_bytes,
+      [](Count p, Count mb, const py::object& costs, const py::object& memory_limit, Flag in_bytes,
          const std::string& objective) {
         AutoOptions o;
         o.num_ranks = p;
@@ -830,7 +840,7 @@ PYBIND11_MODULE(baton, m) {
       .def_property_readonly("end_time", &Timeline::end_time)
       .def(
           "svg",
-          [](const Timeline& t, int width) {
+          [](const Timeline& t, Count width) {
             if (width < 100 || width > 1000000)
               throw InputError("width: expected 100 to 1000000 pixels, found " +
                                std::to_string(width));

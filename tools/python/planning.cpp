@@ -34,10 +34,23 @@ py::object to_python(const nlohmann::json& j) {
   return py::module_::import("json").attr("loads")(j.dump());
 }
 
+// pybind11 passes None as an empty holder: refused here, not dereferenced (a segfault).
+void need_model(const std::shared_ptr<stages::Graph>& g) {
+  if (!g) throw InputError("model: expected a model (baton.load_model), found None");
+}
+
 }  // namespace
 
+bool is_boolean(const py::handle& h) {
+  if (PyBool_Check(h.ptr())) return true;
+  // NumPy's bool scalar (np.bool_, "bool" under NumPy 2) and arrays or tensors of bools.
+  if (!py::hasattr(h, "dtype")) return false;
+  const std::string dtype = py::str(h.attr("dtype"));
+  return dtype == "bool" || dtype == "torch.bool";
+}
+
 bool is_number(const py::handle& h) {
-  if (py::isinstance<py::bool_>(h) || py::isinstance<py::str>(h) || py::isinstance<py::bytes>(h) ||
+  if (is_boolean(h) || py::isinstance<py::str>(h) || py::isinstance<py::bytes>(h) ||
       py::isinstance<py::array>(h))  // an array has __float__ too
     return false;
   return py::isinstance<py::int_>(h) || py::isinstance<py::float_>(h) ||
@@ -45,9 +58,16 @@ bool is_number(const py::handle& h) {
 }
 
 double number(const py::handle& h, const std::string& what) {
-  if (!is_number(h))
-    throw InputError(what + ": expected a number, found " + std::string(py::str(py::repr(h))));
-  return py::float_(py::reinterpret_borrow<py::object>(h)).cast<double>();
+  const auto found = [&] { return std::string(py::str(py::repr(h))); };
+  if (!is_number(h)) throw InputError(what + ": expected a number, found " + found());
+  // __float__ may refuse (a tensor of several values) or overflow (10**400): the argument
+  // is named, not Python's bare ValueError or OverflowError.
+  try {
+    return py::float_(py::reinterpret_borrow<py::object>(h)).cast<double>();
+  } catch (py::error_already_set& e) {
+    const std::string why = py::str(e.value());
+    throw InputError(what + ": expected a number, found " + found() + " (" + why + ")");
+  }
 }
 
 double finite_number(const py::handle& h, const std::string& what) {
@@ -112,6 +132,10 @@ nlohmann::json to_json_at(const py::handle& h, const std::string& root, const st
 
 nlohmann::json to_json(const py::handle& h, const std::string& path) {
   return to_json_at(h, path, "$");
+}
+
+void need_path(const std::filesystem::path& path) {
+  if (path.empty()) throw InputError("path: expected a file's path, found an empty string");
 }
 
 std::optional<std::string> path_string(const py::handle& h) {
@@ -257,6 +281,7 @@ void register_planning(py::module_& m) {
   m.def(
       "load_model",
       [](const std::filesystem::path& path) {
+        need_path(path);
         py::gil_scoped_release release;
         auto g = std::make_shared<stages::Graph>(stages::load_model(path.string()));
         // The plans plan() writes name this file: absolute, they read from any folder
@@ -268,14 +293,17 @@ void register_planning(py::module_& m) {
 
   m.def(
       "layer_costs",
-      [](const std::shared_ptr<stages::Graph>& g, int tp, int64_t batch, const py::dict& machine,
+      [](const std::shared_ptr<stages::Graph>& g, Count tp, int64_t batch, const py::dict& machine,
          const py::object& costs) {
+        need_model(g);
         if (tp < 1)
           throw InputError("tp: expected a tensor-parallel degree of at least 1, found " +
                            std::to_string(tp));
-        if (batch < 1)
-          throw InputError("batch: expected at least 1 sample per micro-batch, found " +
-                           std::to_string(batch));
+        // The plan format's bound on a micro-batch: far beyond it a tensor's element count
+        // had overflowed in the cost model, an internal check for an error.
+        if (batch < 1 || batch > pt::kMaxPlanCount)
+          throw InputError("batch: expected 1 to " + std::to_string(pt::kMaxPlanCount) +
+                           " samples per micro-batch, found " + std::to_string(batch));
         const Costs c(costs);
         pt::CostModel model(g, machine_from(machine), c.get());
         const pt::CostTable& t = model.table(tp, batch);
@@ -306,11 +334,12 @@ void register_planning(py::module_& m) {
 
   m.def(
       "plan",
-      [](const std::shared_ptr<stages::Graph>& g, int devices, const py::object& device_memory,
-         int64_t batch, int tp, int pp, int dp, std::vector<std::string> schedules,
-         int micro_batches, std::optional<bool> recompute, const std::string& optimizer, int top,
-         const std::filesystem::path& model_path, const py::dict& machine,
+      [](const std::shared_ptr<stages::Graph>& g, Count devices, const py::object& device_memory,
+         int64_t batch, Count tp, Count pp, Count dp, std::vector<std::string> schedules,
+         Count micro_batches, std::optional<Flag> recompute, const std::string& optimizer,
+         Count top, const std::filesystem::path& model_path, const py::dict& machine,
          const py::object& costs) {
+        need_model(g);
         const Costs measured(costs);
         pt::SearchOptions so;
         so.devices = devices;
@@ -335,6 +364,22 @@ void register_planning(py::module_& m) {
           pt::CostModel model(g, mach, measured.get());
           res = pt::search_plans(g, model, so);
           source = pt::cost_source(model, measured.path);
+          // The winner checked exactly, as `baton plan` checks it: its peak and the
+          // per-rank estimate its --out file records (predicted.memory_bytes).
+          if (!res.ranked.empty()) {
+            pt::Candidate& best = res.ranked.front();
+            const pt::ResolvedPlan r = pt::resolve_plan(best.plan, g);
+            const pt::PlanEstimate e = pt::evaluate_plan(r, model);
+            best.peak = 0;
+            std::vector<int64_t> peaks;
+            for (const pt::RankEstimate& re : e.ranks) {
+              peaks.push_back(re.peak);
+              if (re.peak <= best.peak) continue;
+              best.peak = re.peak;
+              best.peak_rank = re.rank < r.layout.world() ? re.coord.pp : -1;
+            }
+            best.plan.predicted["memory_bytes"] = peaks;
+          }
         }
         // As `baton plan` exits 2: nothing fits, with the closest plan or why none.
         if (res.ranked.empty()) throw InputError(pt::no_plan_message(res, so.device_memory, ""));
@@ -348,7 +393,7 @@ void register_planning(py::module_& m) {
           d["step_time"] = c.step_time;
           d["bubble"] = c.bubble;
           d["tokens_per_second"] = c.tokens_per_second;
-          d["peak"] = c.peak;
+          d["peak"] = c.peak;  // the runners-up's: the search's bound, as `baton plan` prints
           d["peak_rank"] = c.peak_rank;
           ranked.append(d);
         }

@@ -4,14 +4,33 @@
 
 #include <pybind11/pybind11.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 namespace baton::python {
 
+// A bool of Python, NumPy (np.True_) or torch (a bool tensor): never a number or a count,
+// though each converts to one (np.True_ had been read as 1 where True is refused).
+bool is_boolean(const pybind11::handle& h);
+
+// A count argument (ranks, micro-batches, ...): an int as pybind11 takes one, but not a
+// bool, which Python makes an int subclass (generate("1f1b", True, 8) had been 1 rank).
+// A bool fails the overload: TypeError.
+struct Count {
+  int value = 0;
+  operator int() const { return value; }  // NOLINT(google-explicit-constructor)
+};
+// A switch argument: True or False (Python's or NumPy's) only; pybind11's bool took None
+// and 1 for False and True.
+struct Flag {
+  bool value = false;
+  operator bool() const { return value; }  // NOLINT(google-explicit-constructor)
+};
+
 // Numbers from Python: int, float and numpy's scalars (anything with __float__ or
-// __index__, not str or bool). `what` names the argument or field in the InputError.
+// __index__, not str or a bool). `what` names the argument or field in the InputError.
 bool is_number(const pybind11::handle& h);
 double number(const pybind11::handle& h, const std::string& what);
 double finite_number(const pybind11::handle& h, const std::string& what);  // NaN, inf refused
@@ -24,7 +43,41 @@ nlohmann::json to_json(const pybind11::handle& h, const std::string& path);
 
 // A file path from Python: a str or an os.PathLike (pathlib.Path); nullopt otherwise.
 std::optional<std::string> path_string(const pybind11::handle& h);
+// The `path` argument of save and the loaders: an empty one is refused by name (it had
+// been "cannot rename .tmp1.0 to : No such file or directory").
+void need_path(const std::filesystem::path& path);
 
 void register_planning(pybind11::module_& m);
 
 }  // namespace baton::python
+
+namespace pybind11::detail {
+template <>
+struct type_caster<baton::python::Count> {
+  PYBIND11_TYPE_CASTER(baton::python::Count, const_name("int"));
+  bool load(handle src, bool convert) {
+    if (!src || baton::python::is_boolean(src)) return false;
+    make_caster<int> inner;
+    if (!inner.load(src, convert)) return false;
+    value.value = cast_op<int>(inner);
+    return true;
+  }
+  static handle cast(baton::python::Count c, return_value_policy, handle) {
+    return PyLong_FromLong(c.value);
+  }
+};
+template <>
+struct type_caster<baton::python::Flag> {
+  PYBIND11_TYPE_CASTER(baton::python::Flag, const_name("bool"));
+  bool load(handle src, bool) {
+    if (!src || !baton::python::is_boolean(src)) return false;
+    // One value, not an array of them.
+    if (hasattr(src, "ndim") && src.attr("ndim").cast<int>() != 0) return false;
+    value.value = PyObject_IsTrue(src.ptr()) == 1;
+    return true;
+  }
+  static handle cast(baton::python::Flag f, return_value_policy, handle) {
+    return handle(f.value ? Py_True : Py_False).inc_ref();
+  }
+};
+}  // namespace pybind11::detail
