@@ -13,6 +13,13 @@ import sys
 
 
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        print("usage: python3 bench/halo_hidden.py T.json (a trace of baton train --trace)",
+              file=sys.stderr)
+        sys.exit(2)
     with open(sys.argv[1]) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data

@@ -13,6 +13,8 @@
 #   bench/run_conv.sh [--steps N] [--threads T] [--compile] [--cap 160MiB]
 # Needs build/release/baton and a Python with torch and numpy (PYTHON=..., default .venv/bin/python).
 # A command that fails ends the script with its command, output and a non-zero exit.
+# KEEP_TMP=1 keeps the working folder (the images img32/ and img256/, the models and plans
+# such as big-pool-s2.json, the traces), named at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -41,7 +43,11 @@ baton=$PWD/build/release/baton
 "$python" -c "import torch, numpy" 2>/dev/null || { echo "$python has no torch or numpy" >&2; exit 2; }
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+if [ -n "${KEEP_TMP:-}" ]; then
+  trap 'echo "kept $tmp"' EXIT
+else
+  trap 'rm -rf "$tmp"' EXIT
+fi
 run_logged "$tmp/data.out" "$python" - "$tmp" <<'PY'
 import os, sys
 import numpy as np

@@ -10,16 +10,6 @@
 
 namespace baton::memory {
 
-void require_device(Device device) {
-  if (device.is_cpu()) return;
-  const int n = cuda::device_count();
-  if (n == 0)
-    throw RuntimeError("no CUDA device for " + device.str() + ": " + cuda::unavailable_reason());
-  if (device.index < 0 || device.index >= n)
-    throw RuntimeError(device.str() + " does not exist: " + std::to_string(n) + " CUDA device" +
-                       (n == 1 ? "" : "s") + " present");
-}
-
 DeviceMemoryInfo parse_meminfo(std::string_view text) {
   DeviceMemoryInfo info;
   info.name = "host";

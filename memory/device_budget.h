@@ -12,11 +12,6 @@
 
 namespace baton::memory {
 
-// Throws RuntimeError unless `device` is there: "no CUDA device for cuda:0: <the driver's
-// reason>" (what `baton train --device cuda` says on a machine without one, exit 1), or
-// "cuda:3 does not exist: 2 CUDA devices present". The CPU always is.
-void require_device(Device device);
-
 struct DeviceMemoryInfo {
   size_t total = 0;
   size_t free = 0;

@@ -24,6 +24,12 @@
 # Logs and a summary go to build/gpu-check/out; with the device tool's $OUT set, the
 # summary and a tarball of the logs are copied there too (it returns at most 8 files).
 set -uo pipefail
+# No arguments (settings are environment variables): --help had started the real work.
+case "${1-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  *) echo "gpu-check: takes no arguments, found '$1' (settings are environment variables: --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.." || exit 1
 t_start=$(date +%s)
 build=build/gpu-check

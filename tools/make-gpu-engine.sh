@@ -17,6 +17,12 @@
 # with the tree; gpu-check.sh unpacks it into build/gpu-engine.
 #   tools/make-gpu-engine.sh            # configures and builds build/gpu if needed
 set -euo pipefail
+# No arguments (settings are environment variables): --help had started the real work.
+case "${1-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  *) echo "make-gpu-engine: takes no arguments, found '$1' (settings are environment variables: --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 [ "$(uname -m)" = x86_64 ] || { echo "make-gpu-engine: the GPU machines are x86-64" >&2; exit 1; }
 command -v patchelf >/dev/null || { echo "make-gpu-engine: apt-get install patchelf" >&2; exit 1; }

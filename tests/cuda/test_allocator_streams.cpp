@@ -249,10 +249,10 @@ TEST(DeviceBudget, HostMemoryFromProcMeminfo) {
 }
 
 TEST(DeviceBudget, AMissingGpuSaysSoWithTheDriversReason) {
-  EXPECT_NO_THROW(require_device(Device::cpu()));
+  EXPECT_NO_THROW(baton::memory::cuda::require_device(Device::cpu()));
   if (baton::memory::cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   try {
-    require_device(parse_device("cuda"));
+    baton::memory::cuda::require_device(parse_device("cuda"));
     FAIL() << "cuda:0 was accepted without a device";
   } catch (const baton::RuntimeError& e) {
     const std::string m = e.what();
