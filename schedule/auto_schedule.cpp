@@ -349,7 +349,7 @@ class QuickEval {
 }  // namespace
 
 Schedule refine_schedule(Schedule s, const Costs& c, const std::vector<double>& limit, bool bytes,
-                         long long budget) {
+                         long long budget, const std::function<void()>& poll) {
   QuickEval q(s, c, limit, bytes);
   double best_m = 0, best_e = 0;
   if (!q.run(s, best_m, best_e)) return s;
@@ -365,6 +365,7 @@ Schedule refine_schedule(Schedule s, const Costs& c, const std::vector<double>& 
         for (int j = std::max(0, i - kWindow); j <= std::min(size - 1, i + kWindow) && budget > 0;
              ++j) {
           if (j == i) continue;
+          if (poll) poll();
           auto move = [&](int from, int to) {
             if (from < to)
               std::rotate(list.begin() + from, list.begin() + from + 1, list.begin() + to + 1);
@@ -472,6 +473,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
   };
   auto value = [&](const SimResult& r) { return objective_value(r, o.objective); };
   auto consider = [&](Schedule s, const SimResult& r, const std::string& name) {
+    if (o.poll) o.poll();
     if (!fits(r, o.memory_limit, o.limit_in_bytes)) return;
     const double v = value(r), best = have ? value(out.sim) : 0;
     const bool better = !have || v < best * (1 - 1e-12) ||
@@ -642,7 +644,7 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
         200, (long long)(3e7 / double(work) / std::max(1.0, double(work) / 2000)));
     Costs costs = resolve(spec, out.schedule);
     Schedule refined =
-        refine_schedule(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries);
+        refine_schedule(out.schedule, costs, o.memory_limit, o.limit_in_bytes, tries, o.poll);
     if (!(refined == out.schedule)) {
       Simulator sim(refined, "refined");
       const SimResult& r = sim.run(costs);

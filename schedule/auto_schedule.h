@@ -15,6 +15,7 @@
 // than the best fixed schedule that fits.
 #pragma once
 
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ struct AutoOptions {
   enum class Objective { makespan, span } objective = Objective::makespan;
   // Names the cost file in the errors of its values ("uc.json: costs: forward: ...").
   std::string costs_source;
+  // Called between candidates and between the local search's tries; it may throw to stop
+  // the search (the Python module raises Ctrl-C's KeyboardInterrupt through it: a search
+  // at p = 128, m = 1024 takes half a minute).
+  std::function<void()> poll;
 };
 
 // The objective's value of a simulation.
@@ -114,8 +119,10 @@ Schedule zb_greedy_schedule(int ranks, int micro_batches, const Costs& costs,
 // The local search alone: from a compute-only, one-direction schedule, moves single
 // actions of a rank up to six places while the makespan (no link contention) drops, or
 // holds while F and B end earlier in sum, keeping every rank's peak within `limit`.
-// At most `budget` tries. Returns the schedule unchanged if it deadlocks or does not fit.
+// At most `budget` tries; `poll`, when given, before each. Returns the schedule unchanged
+// if it deadlocks or does not fit.
 Schedule refine_schedule(Schedule s, const Costs& costs, const std::vector<double>& limit,
-                         bool limit_in_bytes, long long budget);
+                         bool limit_in_bytes, long long budget,
+                         const std::function<void()>& poll = {});
 
 }  // namespace baton::schedule

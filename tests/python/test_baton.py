@@ -310,6 +310,19 @@ class Schedules(unittest.TestCase):
                 call()
 
 class Simulation(unittest.TestCase):
+    def test_ctrl_c_stops_the_automatic_scheduler(self):
+        # A search of half a minute here (p = 128, m = 1024) had held Ctrl-C until it
+        # returned; it now stops between candidates, and the module works after.
+        import signal
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        with self.assertRaises(KeyboardInterrupt):
+            baton.auto_schedule(128, 1024)
+        timer.join()
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertEqual(baton.auto_schedule(4, 8)[1]["chosen"], "zb-v")
+
     def test_results_and_numpy_arrays(self):
         s = baton.generate("1f1b", 4, 8)
         r = baton.simulate(s)

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -805,10 +806,22 @@ PYBIND11_MODULE(baton, m) {
         o.limit_in_bytes = in_bytes;
         o.objective = parse_objective(objective, "objective");
         CostSpec spec = cost_spec(costs);
+        // Ctrl-C (or another signal's handler raising) stops the search between candidates:
+        // its Python error stays set while the search unwinds, and is raised after.
+        struct Interrupted {};
+        o.poll = [last = std::chrono::steady_clock::now()]() mutable {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last < std::chrono::milliseconds(50)) return;
+          last = now;
+          const py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw Interrupted{};
+        };
         AutoResult r;
-        {
+        try {
           py::gil_scoped_release release;
           r = auto_schedule(spec, o);
+        } catch (const Interrupted&) {
+          throw py::error_already_set();
         }
         py::dict info;
         info["chosen"] = r.chosen;
