@@ -107,6 +107,7 @@ Simulator::Simulator(std::shared_ptr<const Schedule> s, const std::string& sourc
     for (int i = 0; i < n; ++i)
       if (kind_[size_t(i)] == K::reduce_gradients) reduce_pos_.push_back(i);
   }
+  start_.resize(size_t(n));
   end_.resize(size_t(n));
   avail_.resize(size_t(n));
   arrived_.resize(size_t(n));
@@ -152,8 +153,7 @@ double Simulator::duration(size_t pos) const {
 }
 
 double Simulator::start_time(int rank, int index) const {
-  const size_t pos = position(rank, index);
-  return end_[pos] - duration(pos);
+  return start_[position(rank, index)];
 }
 
 void Simulator::action_times(double* start, double* end) const {
@@ -162,7 +162,7 @@ void Simulator::action_times(double* start, double* end) const {
   for (size_t k = 0; k < n; ++k) {
     const size_t u = size_t(pos_of_[k]);
     end[k] = end_[u];
-    start[k] = end_[u] - duration(u);
+    start[k] = start_[u];
   }
 }
 
@@ -209,7 +209,7 @@ double Simulator::rescale() {
     if (!busy(u)) continue;
     const size_t r = size_t(rank_[u]);
     const double len = duration(u);
-    busy_start_[r].push_back(end_[u] - len);
+    busy_start_[r].push_back(start_[u]);
     busy_end_[r].push_back(end_[u]);
     busy_sum_[r].push_back(busy_sum_[r].back() + len);
   }
@@ -229,7 +229,7 @@ double Simulator::rescale() {
     if (!busy(u)) continue;
     const double len = duration(u);
     if (!(len > 0)) continue;
-    const double b = end_[u], a = b - len;
+    const double a = start_[u], b = end_[u];
     double load = 1.0;
     for (const std::vector<double>& core : costs_.core_ranks) {
       if (!(core[size_t(rank_[u])] > 0)) continue;
@@ -340,6 +340,7 @@ const SimResult& Simulator::sweep() {
       rs.start = std::min(rs.start, t);
     }
     const double e = t + dur;
+    start_[u] = t;
     end_[u] = e;
     free_[size_t(r)] = e;
     if (comp == 2) {
@@ -390,6 +391,7 @@ const SimResult& Simulator::sweep() {
         const int d = deps_[size_t(k)];
         t = std::max(t, times[d & 1][d >> 1]);
       }
+      start_[size_t(u)] = t;
       end_[size_t(u)] = t + scale_[size_t(u)] * c.step_time(rank_[size_t(u)]);
       reached = std::max(reached, t);
     }
@@ -397,6 +399,7 @@ const SimResult& Simulator::sweep() {
     // had taken --p2p-latency into its step).
     const double norm_known = reached + (s_->num_ranks > 1 ? c.latency : 0.0);
     for (int u : step_pos_) {
+      if (!c.post_validated_step) start_[size_t(u)] = norm_known;
       const double e = c.post_validated_step
                            ? end_[size_t(u)]
                            : norm_known + scale_[size_t(u)] * c.step_time(rank_[size_t(u)]);
@@ -444,7 +447,7 @@ Timeline Simulator::timeline(double seconds_per_unit) const {
       ev.micro_batch = a.micro_batch;
       ev.stage = a.stage;
       if (is_compute(a.kind) || a.kind == K::optimizer_step) {
-        ev.start = a.kind == K::optimizer_step ? arrived_[u] : end_[u] - duration(u);
+        ev.start = a.kind == K::optimizer_step ? arrived_[u] : start_[u];
         ev.end = end_[u];
         t.events.push_back(ev);
       } else if (a.kind == K::reduce_gradients && avail_[u] > end_[u]) {

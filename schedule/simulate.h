@@ -109,10 +109,12 @@ class Simulator {
   std::vector<int> step_pos_;    // positions of the STEP actions when each is its rank's last
   std::vector<int> reduce_pos_;  // positions of the REDUCE actions (with step_pos_)
   // Per run.
-  Costs costs_;                      // a copy of the last costs (for timeline())
-  std::vector<double> end_, avail_;  // when an action ends; when its result reaches others
-  std::vector<double> arrived_;      // a STEP's: when its rank was free to run it
-  std::vector<double> group_last_;   // per reduce group: its last REDUCE's end
+  Costs costs_;  // a copy of the last costs (for timeline())
+  // When an action starts (kept, not end - duration: (a + b) - b is not a, and a trace's
+  // next action on the rank had started before it ended); ends; its result reaches others.
+  std::vector<double> start_, end_, avail_;
+  std::vector<double> arrived_;     // a STEP's: when its rank was free to run it
+  std::vector<double> group_last_;  // per reduce group: its last REDUCE's end
   std::vector<double> free_, mem_, link_free_;
   std::vector<int> live_;
   // Per position: the time-slicing slowdown of a compute action (1 without core_ranks).

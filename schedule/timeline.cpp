@@ -398,9 +398,12 @@ std::string to_svg(const Timeline& t, const SvgOptions& o) {
   const int font = std::clamp(row - 12, 7, 12);
   std::string out;
   out.reserve(t.events.size() * 140 + 4096);
-  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
-         std::to_string(left + o.width + 20) + "\" height=\"" + std::to_string(height) +
-         "\" font-family=\"sans-serif\" font-size=\"" + std::to_string(font) + "\">\n";
+  // The viewBox lets a page or notebook scale it (width: 100%), as the sizes alone do not.
+  const std::string svg_w = std::to_string(left + o.width + 20);
+  const std::string svg_h = std::to_string(height);
+  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + svg_w + "\" height=\"" + svg_h +
+         "\" viewBox=\"0 0 " + svg_w + " " + svg_h + "\" font-family=\"sans-serif\" font-size=\"" +
+         std::to_string(font) + "\">\n";
   out += "<title>" + xml_escape(t.name) +
          "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out += "<text x=\"" + std::to_string(left) + "\" y=\"18\" font-size=\"13\">" +

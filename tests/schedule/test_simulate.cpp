@@ -215,6 +215,31 @@ TEST(Simulate, RealDurationsLatencyAndBandwidth) {
   EXPECT_NEAR(s3.start_time(1, 1), 2.1, 1e-12);  // 0F1 ends at 0.2 but the link is busy until 1.1
 }
 
+// An action's start is kept, not recomputed as its end less its duration: (a + b) - b is
+// not a, and at costs of 3000.1234567 the next action on a rank had started one ulp before
+// its predecessor ended (Perfetto wants a thread's events to nest).
+TEST(Simulate, ARanksNextActionStartsNoEarlierThanTheLastEnds) {
+  const CostSpec c = spec_fbw(3000.1234567, 3000.3333333, 3000.7777777);
+  for (const char* name : {"zb-h1", "1f1b", "zb-v"}) {
+    const Schedule s = generate(name, 2, 4);
+    Simulator sim(s);
+    sim.run(resolve(c, s));
+    for (int r = 0; r < s.num_ranks; ++r)
+      for (int i = 1; i < int(s.ranks[size_t(r)].size()); ++i)
+        EXPECT_GE(sim.start_time(r, i), sim.end_time(r, i - 1))
+            << name << " rank " << r << " " << i;
+    const Timeline t = sim.timeline(1.0);
+    std::map<int, double> last_end;
+    for (const TimelineEvent& e : t.events) {
+      if (e.lane != 0) continue;
+      if (last_end.count(e.rank)) {
+        EXPECT_GE(e.start, last_end[e.rank]) << name;
+      }
+      last_end[e.rank] = e.end;
+    }
+  }
+}
+
 TEST(Simulate, ActivationMemoryInBytes) {
   Schedule s = parse_text("0: 0F0 0F1 0B0 0B1 0W0 0W1\n", "m.txt");
   CostSpec c = CostSpec::unit();
@@ -500,6 +525,12 @@ TEST(Timeline, ChromeTraceRoundTripsAndSvgDrawsEveryAction) {
   }
   const std::string svg = to_svg(t);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  // Scalable: a viewBox of its own width and height.
+  const auto attr = [&](const std::string& name) {
+    const size_t at = svg.find(" " + name + "=\"") + name.size() + 3;
+    return svg.substr(at, svg.find('"', at) - at);
+  };
+  EXPECT_EQ(attr("viewBox"), "0 0 " + attr("width") + " " + attr("height"));
   size_t rects = 0;
   for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1))
     ++rects;
