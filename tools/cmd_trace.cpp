@@ -52,7 +52,7 @@ int predict(const std::vector<std::string>& args) {
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
   if (!schedule_file.empty())
-    pt::use_schedule(r, schedule::load_schedule(schedule_file), schedule_file);
+    pt::use_schedule(r, schedule::load_schedule_to_run(schedule_file), schedule_file);
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);

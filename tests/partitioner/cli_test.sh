@@ -246,6 +246,11 @@ done
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
   --ranks-per-host 2
 contains "predicted step time"
+# A CSV schedule's error names its row and cell, as baton train --schedule says it.
+printf '0F0,0F1,0B0,0F2,0B1,0F3,0B2,0B3\n1B0,1F0,1F1,1B1,1F2,1B2,1F3,1B3\n' > "$tmp/bad.csv"
+expect 2 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" \
+  --schedule "$tmp/bad.csv"
+contains "bad.csv: invalid schedule (CSV row 2, cell 1)"
 # More ranks than the cores the file says (or --cores-per-host): simulated time-sliced.
 grep -q '"cores": ' "$tmp/costs2.json" || { echo "FAIL: no cores field"; fails=$((fails + 1)); }
 expect 0 "$baton" trace predict --plan "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --costs "$tmp/costs2.json" \
