@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "memory/error.h"
@@ -647,15 +649,42 @@ class Launcher {
     return 0;
   }
 
+  // "baton-launch-<pid>.XXXXXX" directories of this user whose launcher is gone.
+  static void remove_dead_launchers_dirs(const std::string& dir) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      constexpr std::string_view prefix = "baton-launch-";
+      const size_t dot = name.find('.');
+      if (name.rfind(prefix, 0) != 0 || dot == std::string::npos || dot == prefix.size()) continue;
+      const std::string digits = name.substr(prefix.size(), dot - prefix.size());
+      if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9)
+        continue;
+      struct stat st {};
+      if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+          st.st_uid != ::getuid())
+        continue;
+      // Alive (or not ours to signal): kept. A pid taken since by another process keeps
+      // the directory until that one ends too.
+      if (::kill(pid_t(std::stol(digits)), 0) == 0 || errno != ESRCH) continue;
+      std::error_code ignored;
+      std::filesystem::remove_all(entry.path(), ignored);
+    }
+  }
+
   std::string report_path(int r) const {
     return reports_dir_ + "/rank-" + std::to_string(r) + ".json";
   }
 
   // A fresh directory for the ranks' failure reports ($TMPDIR, else /tmp); empty (no
-  // reports) when it cannot be made.
+  // reports) when it cannot be made. Its name carries the launcher's pid, so the
+  // directories of launchers that were killed (SIGKILL, the OOM killer: no destructor ran)
+  // are removed here, by the next launch of the same user.
   static std::string make_reports_dir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/baton-launch.XXXXXX";
+    const std::string dir = tmp && *tmp ? tmp : "/tmp";
+    remove_dead_launchers_dirs(dir);
+    std::string tmpl = dir + "/baton-launch-" + std::to_string(::getpid()) + ".XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) {
       spdlog::warn("launch: cannot make a directory for the ranks' failure reports ({}): {}", tmpl,
                    std::strerror(errno));

@@ -124,6 +124,32 @@ TEST(Launch, AHangupOrAClosedOutputStopsTheJobInOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// A launcher killed with SIGKILL leaves its reports' directory: the next launch of the
+// user removes those whose launcher is gone, and keeps a live one's.
+TEST(Launch, DirectoriesOfKilledLaunchersAreRemovedByTheNext) {
+  const std::string dir = ::testing::TempDir() + "/launch_dead_dirs." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/tmp");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  const std::string dead = dir + "/tmp/baton-launch-" + std::to_string(child) + ".AbC123";
+  const std::string alive = dir + "/tmp/baton-launch-" + std::to_string(::getpid()) + ".XyZ789";
+  std::filesystem::create_directories(dead);
+  std::ofstream(dead + "/rank-0.json") << "{}";
+  std::filesystem::create_directories(alive);
+  const Result r = baton::cli_testing::run_command(
+      "TMPDIR=" + dir + "/tmp timeout 60 " + std::string(BATON_BINARY) + " launch -n 1 -- true");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  size_t left = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tmp")) left += e.path() != alive;
+  EXPECT_EQ(left, 0u) << "the launch left its own directory";
+  std::filesystem::remove_all(dir);
+}
+
 // `baton train` ends on a hangup as any program does (129): UCX, loaded with baton, had
 // taken SIGHUP for its debug handler, which swallowed it and, not being
 // async-signal-safe, corrupted the heap when hangups came in a row.
