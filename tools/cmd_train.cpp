@@ -44,11 +44,13 @@ void check_flag_range(const char* flag, double value, bool ok, const std::string
 // the loss log, a negative --grad-clip meant off) or failed at the first step (a negative
 // momentum had no buffer). torch.optim takes the same ranges, but for momentum, which
 // it bounds only below: at 1 or more a gradient is never forgotten.
-void check_optimizer_flags(double lr, double beta1, double beta2, double momentum,
+void check_optimizer_flags(double lr, double beta1, double beta2, double eps, double momentum,
                            double weight_decay, double grad_clip) {
   check_flag_range("lr", lr, std::isfinite(lr) && lr > 0, "a finite rate > 0");
   check_flag_range("beta1", beta1, beta1 >= 0 && beta1 < 1, "a value in [0, 1)");
   check_flag_range("beta2", beta2, beta2 >= 0 && beta2 < 1, "a value in [0, 1)");
+  // torch takes 0 too, where a parameter whose gradients were all 0 divides 0 by 0.
+  check_flag_range("eps", eps, eps > 0 && eps <= 1, "a value in (0, 1]");
   check_flag_range("momentum", momentum, momentum >= 0 && momentum < 1, "a value in [0, 1)");
   check_flag_range("weight-decay", weight_decay, std::isfinite(weight_decay) && weight_decay >= 0,
                    "a finite value >= 0");
@@ -65,7 +67,7 @@ int run_train(const std::vector<std::string>& args) {
   bool no_cross_documents = false;
   int64_t trace_steps = 1;
   double bucket_mib = 4;
-  double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0;
+  double lr = 0, weight_decay = 0, momentum = 0, beta1 = 0, beta2 = 0, eps = 0;
   opts.add_options()("model", po::value(&o.model_path),
                      "model JSON (general graph, gpt2, llama, mlp or resnet shorthand, or a "
                      "Hugging Face config.json)")(
@@ -108,8 +110,11 @@ int run_train(const std::vector<std::string>& args) {
       "optimizer", po::value(&optimizer)->default_value("adamw"), "adamw or sgd")(
       "beta1", po::value(&beta1)->default_value(0.9, "0.9"), "adamw: beta1, in [0, 1)")(
       "beta2", po::value(&beta2)->default_value(0.999), "adamw: beta2, in [0, 1)")(
+      "eps", po::value(&eps)->default_value(1e-8, "1e-8"),
+      "adamw: the term added to the second moment's root, in (0, 1]")(
       "momentum", po::value(&momentum)->default_value(0.0),
       "sgd: momentum, in [0, 1) (torch.optim.SGD takes 1 and more too)")(
+      "nesterov", po::bool_switch(), "sgd: Nesterov momentum (needs --momentum > 0)")(
       "grad-clip", po::value(&o.grad_clip)->default_value(1.0),
       "max global gradient norm (0: off)")("seed", po::value(&seed)->default_value("1"),
                                            "seed of initialisation, data order and dropout, in "
@@ -164,7 +169,7 @@ int run_train(const std::vector<std::string>& args) {
   check_value_flags(vm, {"device-memory", "token-dtype"});
   // Given on the command line, not left at its default.
   auto given = [&vm](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
-  check_optimizer_flags(lr, beta1, beta2, momentum, weight_decay, o.grad_clip);
+  check_optimizer_flags(lr, beta1, beta2, eps, momentum, weight_decay, o.grad_clip);
   o.seed = parse_uint64_option("--seed", seed);
   if (o.log_every < 0)
     throw InputError(
@@ -263,20 +268,26 @@ int run_train(const std::vector<std::string>& args) {
                                       ? "the plan trains with \"" + plan_doc->optimizer + "\" (" +
                                             plan_doc->where("$.optimizer") + ")"
                                       : "this run trains with " + optimizer;
-  if (optimizer == "adamw" && given("momentum"))
-    throw InputError("--momentum is sgd's, but " + trains_with +
-                     " (its first moment's decay is --beta1)");
+  const bool nesterov = vm["nesterov"].as<bool>();
+  if (optimizer == "adamw")
+    for (const char* flag : {"momentum", "nesterov"})
+      if (given(flag))
+        throw InputError(std::string("--") + flag + " is sgd's, but " + trains_with +
+                         " (its first moment's decay is --beta1)");
   if (optimizer == "sgd")
-    for (const char* flag : {"beta1", "beta2"})
+    for (const char* flag : {"beta1", "beta2", "eps"})
       if (given(flag))
         throw InputError(std::string("--") + flag + " is adamw's, but " + trains_with +
                          " (its one state is --momentum)");
+  // As torch.optim.SGD: Nesterov's look-ahead is of the momentum (it had been no flag).
+  if (nesterov && momentum == 0)
+    throw InputError("--nesterov: needs a momentum (--momentum > 0), found none");
   if (optimizer == "adamw") {
     o.optimizer.kind = stages::OptimizerConfig::Kind::adamw;
-    o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, 1e-8, weight_decay};
+    o.optimizer.adamw = kernels::AdamW{lr, beta1, beta2, eps, weight_decay};
   } else {
     o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
-    o.optimizer.sgd = kernels::Sgd{lr, momentum, weight_decay, false};
+    o.optimizer.sgd = kernels::Sgd{lr, momentum, weight_decay, nesterov};
   }
   memory::cuda::require_device(o.device);
   // Under --plan the device is the plan's (--device is refused there): name its field.

@@ -506,6 +506,11 @@ TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
       {"--momentum 0", "--momentum is sgd's, but this run trains with adamw"},
       {"--optimizer sgd --beta1 0.5", "--beta1 is adamw's, but this run trains with sgd"},
       {"--optimizer sgd --beta2 0.9", "--beta2 is adamw's, but this run trains with sgd"},
+      {"--eps 0", "--eps: expected a value in (0, 1], found 0"},
+      {"--eps 2", "--eps: expected a value in (0, 1], found 2"},
+      {"--optimizer sgd --eps 1e-6", "--eps is adamw's, but this run trains with sgd"},
+      {"--nesterov", "--nesterov is sgd's, but this run trains with adamw"},
+      {"--optimizer sgd --nesterov", "--nesterov: needs a momentum (--momentum > 0), found none"},
       {"--seed -1", "--seed: expected an integer in [0, 18446744073709551615], found '-1'"},
       {"--seed 18446744073709551616", "--seed: expected an integer in [0, 18446744073709551615]"},
       {"--seed 1.5", "--seed: expected an integer in [0, 18446744073709551615], found '1.5'"},
@@ -519,6 +524,21 @@ TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
                       "--seed 18446744073709551615 --log-every 0");
   EXPECT_EQ(ok.code, 0) << ok.output;
   EXPECT_EQ(ok.output.find("step "), std::string::npos) << ok.output;
+  // --eps and --nesterov reach the optimizer: the second step's loss moves with each (the
+  // first is before any update).
+  const auto second_loss = [&](const std::string& flags) {
+    const std::string log = ::testing::TempDir() + "/eps_nesterov_" + std::to_string(getpid());
+    const Result r = cli_run(base + flags + " --loss-log " + log);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::ifstream in(log);
+    std::string line;
+    std::getline(in, line);
+    std::getline(in, line);
+    return nlohmann::json::parse(line).at("loss").get<double>();
+  };
+  EXPECT_NE(second_loss("--eps 1e-8"), second_loss("--eps 0.5"));
+  EXPECT_NE(second_loss("--optimizer sgd --momentum 0.9 --lr 0.1"),
+            second_loss("--optimizer sgd --momentum 0.9 --lr 0.1 --nesterov"));
   // --weight-decay's help names both rules (it had said decoupled, which sgd's is not).
   std::string help;
   for (char c : cli_run("--help").output)
