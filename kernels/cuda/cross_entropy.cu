@@ -42,7 +42,8 @@ __global__ void finish_k(const T* logits, const I* targets, int64_t offset, cons
   const int64_t r = blockIdx.x;
   const bool ignored = targets[r] < 0;
   const float m = to_f(row_max[r]), se = to_f(sum_exp[r]);
-  if (threadIdx.x == 0) losses[r] = from_f<S>(ignored ? 0.f : logf(se) + m - to_f(target_logit[r]));
+  if (threadIdx.x == 0)
+    losses[r] = from_f<S>(ignored ? 0.f : logf(se) + (m - to_f(target_logit[r])));
   if (dlogits == nullptr) return;
   const T* l = logits + r * vocab;
   T* d = dlogits + r * vocab;
@@ -115,8 +116,12 @@ __global__ void __launch_bounds__(kThreads)
   const float target_logit = threadIdx.x == 0 && !ignored && t < vocab ? to_f(l[t]) : 0.f;
   const float row_max = block_max(m);
   const float sum_exp = block_sum(m == -INFINITY ? 0.f : s * __expf(m - row_max));
+  // A target past the vocabulary is a caller's bug the CPU refuses; here (the targets are
+  // on the device) its loss is NaN, never the -1e4 of a logit taken as 0.
   if (threadIdx.x == 0)
-    losses[r] = from_f<S>(ignored ? 0.f : logf(sum_exp) + (row_max - target_logit));
+    losses[r] = from_f<S>(ignored      ? 0.f
+                          : t >= vocab ? __int_as_float(0x7fc00000)
+                                       : logf(sum_exp) + (row_max - target_logit));
   if (dlogits == nullptr) return;
   T* d = dlogits + r * vocab;
   const float scale = grad_scale / sum_exp;

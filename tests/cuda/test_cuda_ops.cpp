@@ -953,6 +953,17 @@ TEST_P(CudaOps, CrossEntropyOneKernel) {
                gb = b.to(Device::cpu()).data<double>()[0];
   EXPECT_LT(std::fabs(ga - w), 1e-12 * std::max(1.0, std::fabs(w)));
   EXPECT_EQ(ga, gb);  // a fixed order: the same bits every time
+  // Logits far from zero: log S + (M - target), as on the CPU (log 8, not 2.07910); a
+  // target past the vocabulary is a NaN loss (the CPU refuses it).
+  const Tensor far = dev(Tensor::full({2, 8}, -1e4), dt());
+  const Tensor ids = Tensor::from_vector(std::vector<int64_t>{3, 8}, {2}).to(kGpu);
+  Tensor fl = Tensor::empty({2}, DType::f32, kGpu), none;
+  kernels::cross_entropy_forward(far, ids, 1.0, fl, none);
+  const Tensor fv = cuda_ops_host(fl);
+  if (dt() == DType::f32) {
+    EXPECT_NEAR(fv.data<float>()[0], std::log(8.0), 1e-6);
+  }
+  EXPECT_TRUE(std::isnan(fv.data<float>()[1]));
 }
 
 TEST_P(CudaOps, RandomNormalMatchesTheCpu) {
