@@ -19,7 +19,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <string_view>
 #include <vector>
 
 #include "memory/error.h"
@@ -649,12 +648,35 @@ class Launcher {
     return 0;
   }
 
-  // "baton-launch-<pid>.XXXXXX" directories of this user whose launcher is gone.
-  static void remove_dead_launchers_dirs(const std::string& dir) {
+  // The processes this launcher can see: a hash of the host's boot id and its pid
+  // namespace, "" when either is unreadable. A pid means a process only within one such
+  // space (another container's, another host's sharing $TMPDIR, is not ours to judge).
+  static std::string pid_space() {
+    std::string key;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char boot[64] = {};
+      if (std::fgets(boot, sizeof boot, f)) key = boot;
+      std::fclose(f);
+    }
+    char ns[128] = {};
+    const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (key.empty() || n <= 0) return {};
+    key.append(ns, size_t(n));
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return hex;
+  }
+
+  // "baton-launch-<space>-<pid>.XXXXXX" directories of this user, in this pid space, whose
+  // launcher is gone.
+  static void remove_dead_launchers_dirs(const std::string& dir, const std::string& space) {
+    if (space.empty()) return;
+    const std::string prefix = "baton-launch-" + space + "-";
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
-      constexpr std::string_view prefix = "baton-launch-";
       const size_t dot = name.find('.');
       if (name.rfind(prefix, 0) != 0 || dot == std::string::npos || dot == prefix.size()) continue;
       const std::string digits = name.substr(prefix.size(), dot - prefix.size());
@@ -677,14 +699,16 @@ class Launcher {
   }
 
   // A fresh directory for the ranks' failure reports ($TMPDIR, else /tmp); empty (no
-  // reports) when it cannot be made. Its name carries the launcher's pid, so the
-  // directories of launchers that were killed (SIGKILL, the OOM killer: no destructor ran)
-  // are removed here, by the next launch of the same user.
+  // reports) when it cannot be made. Its name carries the launcher's pid space and pid, so
+  // the directories of launchers that were killed (SIGKILL, the OOM killer: no destructor
+  // ran) are removed here, by the next launch of the same user in the same space.
   static std::string make_reports_dir() {
     const char* tmp = std::getenv("TMPDIR");
     const std::string dir = tmp && *tmp ? tmp : "/tmp";
-    remove_dead_launchers_dirs(dir);
-    std::string tmpl = dir + "/baton-launch-" + std::to_string(::getpid()) + ".XXXXXX";
+    const std::string space = pid_space();
+    remove_dead_launchers_dirs(dir, space);
+    std::string tmpl = dir + "/baton-launch-" + (space.empty() ? "" : space + "-") +
+                       std::to_string(::getpid()) + ".XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) {
       spdlog::warn("launch: cannot make a directory for the ranks' failure reports ({}): {}", tmpl,
                    std::strerror(errno));

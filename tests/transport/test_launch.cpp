@@ -125,28 +125,40 @@ TEST(Launch, AHangupOrAClosedOutputStopsTheJobInOrder) {
 }
 
 // A launcher killed with SIGKILL leaves its reports' directory: the next launch of the
-// user removes those whose launcher is gone, and keeps a live one's.
+// user in the same pid space (host boot and pid namespace, named in the directory) removes
+// those whose launcher is gone, and keeps a live one's and another space's.
 TEST(Launch, DirectoriesOfKilledLaunchersAreRemovedByTheNext) {
   const std::string dir = ::testing::TempDir() + "/launch_dead_dirs." + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/tmp");
+  const std::string launch =
+      "TMPDIR=" + dir + "/tmp timeout 60 " + std::string(BATON_BINARY) + " launch -n 1 -- ";
+  // This host's space, from a rank's report path: <tmp>/baton-launch-<space>-<pid>.XXXXXX/...
+  Result r = baton::cli_testing::run_command(launch + "sh -c 'echo \"$BATON_FAILURE_REPORT\"'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("/baton-launch-");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string space = r.output.substr(at + 14, 16);
+  ASSERT_EQ(r.output[at + 30], '-') << r.output;
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
-  const std::string dead = dir + "/tmp/baton-launch-" + std::to_string(child) + ".AbC123";
-  const std::string alive = dir + "/tmp/baton-launch-" + std::to_string(::getpid()) + ".XyZ789";
-  std::filesystem::create_directories(dead);
+  const std::string tmp = dir + "/tmp/baton-launch-";
+  const std::string dead = tmp + space + "-" + std::to_string(child) + ".AbC123";
+  const std::string alive = tmp + space + "-" + std::to_string(::getpid()) + ".XyZ789";
+  const std::string elsewhere = tmp + "0123456789abcdef-" + std::to_string(child) + ".QrS456";
+  for (const std::string& d : {dead, alive, elsewhere}) std::filesystem::create_directories(d);
   std::ofstream(dead + "/rank-0.json") << "{}";
-  std::filesystem::create_directories(alive);
-  const Result r = baton::cli_testing::run_command(
-      "TMPDIR=" + dir + "/tmp timeout 60 " + std::string(BATON_BINARY) + " launch -n 1 -- true");
+  r = baton::cli_testing::run_command(launch + "true");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dead));
   EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere));
   size_t left = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir + "/tmp")) left += e.path() != alive;
-  EXPECT_EQ(left, 0u) << "the launch left its own directory";
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tmp"))
+    left += e.path() != alive && e.path() != elsewhere;
+  EXPECT_EQ(left, 0u) << "a launch left its own directory";
   std::filesystem::remove_all(dir);
 }
 
