@@ -20,6 +20,8 @@ inline int parse_int(const std::string& what, const std::string& text, int min) 
   int v = 0;
   const char* end = text.data() + text.size();
   const auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec == std::errc::result_out_of_range && p == end)
+    throw InputError(what + ": expected an integer of at most 2147483647, found " + text);
   if (text.empty() || ec != std::errc() || p != end)
     throw InputError(what + ": expected an integer, found '" + text + "'");
   if (v < min)

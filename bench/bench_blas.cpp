@@ -87,7 +87,7 @@ void add_config(const std::string& cfg, int tokens, int c, int v, std::vector<Sh
 
 }  // namespace
 
-constexpr const char* kUsage = "usage: bench_blas [--threads 1,2] [--config A|B|all] [--reps N]\n";
+constexpr const char* kUsage = "usage: bench_blas [--threads 1,2] [--config A|B|all] [--reps N]";
 
 int run(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
@@ -102,7 +102,7 @@ int run(int argc, char** argv) {
     // --config C, --threads 0 and --reps 0 had run (an empty table, "thr 0", one call)
     // with exit 0.
     if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
+      std::printf("%s\n", kUsage);
       return 0;
     } else if (a == "--threads") {
       threads = baton::bench::thread_counts(next());

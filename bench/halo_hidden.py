@@ -20,8 +20,12 @@ def main():
         print("usage: python3 bench/halo_hidden.py T.json (a trace of baton train --trace)",
               file=sys.stderr)
         sys.exit(2)
-    with open(sys.argv[1]) as f:
-        data = json.load(f)
+    try:
+        with open(sys.argv[1]) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"halo_hidden.py: {sys.argv[1]}: {e}", file=sys.stderr)
+        sys.exit(2)
     events = data["traceEvents"] if isinstance(data, dict) else data
     halos = [e for e in events if e.get("cat") == "HALO"]
     interiors = [e for e in events if e.get("cat") == "INTERIOR"]

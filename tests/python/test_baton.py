@@ -292,9 +292,13 @@ class Schedules(unittest.TestCase):
         self.assertEqual(baton.lower(s, transfers=np.False_).num_actions, s.num_actions + 4)
         with self.assertRaisesRegex(baton.InputError, "^costs: forward: expected"):
             baton.Simulator(s).run_stages(np.True_, 1, 1)
+        # An integer past a double, named (it had been pybind11's bare cast error).
+        with self.assertRaisesRegex(baton.InputError, r"^costs: \$\.forward: expected a number, found an integer of 401 digits"):
+            baton.simulate(s, dict(forward=10**400, backward_input=1, backward_weight=1))
         # A rank that is no list of actions is named; a str is not read letter by letter.
         for ranks, text in (([["0F0"], 5], "rank 1: expected a list of actions, found 5"),
-                            (["0F0 0B0"], "rank 0: expected a list of actions, found '0F0 0B0'")):
+                            (["0F0 0B0"], "rank 0: expected a list of actions, found '0F0 0B0'"),
+                            ("0F0 0B0", "ranks: expected a list of per-rank action lists, found '0F0 0B0'")):
             with self.assertRaises(baton.InputError) as e:
                 baton.Schedule(ranks)
             self.assertIn(text, str(e.exception))
@@ -610,7 +614,8 @@ class Planning(unittest.TestCase):
             with self.assertRaisesRegex(baton.InputError, "^model: expected a model"):
                 call()
         for call in (lambda: baton.plan(model, True), lambda: baton.layer_costs(model, tp=True),
-                     lambda: baton.plan(model, 2, recompute=1)):
+                     lambda: baton.plan(model, 2, recompute=1), lambda: baton.plan(model, 2, batch=True),
+                     lambda: baton.layer_costs(model, batch=np.True_)):
             with self.assertRaises(TypeError):
                 call()
         # The best plan as `baton plan --out` writes it: checked exactly, its estimate

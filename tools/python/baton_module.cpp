@@ -371,6 +371,11 @@ PYBIND11_MODULE(baton, m) {
       .def(py::init([](const py::sequence& ranks, std::optional<std::vector<int>> placement,
                        std::optional<Count> micro_batches, Count directions,
                        const std::string& name) {
+             // A str is a sequence too: "0F0 0B0" had been read as ranks of one letter each.
+             if (py::isinstance<py::str>(ranks))
+               throw InputError("ranks: expected a list of per-rank action lists, found " +
+                                std::string(py::str(py::repr(ranks))) +
+                                " (parse_text reads the text form)");
              Schedule s;
              check_name(name, "Schedule: name");
              s.name = name;

@@ -98,7 +98,15 @@ nlohmann::json to_json_at(const py::handle& h, const std::string& root, const st
   if (py::isinstance<py::str>(h)) return h.cast<std::string>();
   if (py::isinstance<py::int_>(h)) {
     const py::int_ i = h.cast<py::int_>();
-    const double d = i.cast<double>();
+    // Past a double (10**400) the cast itself fails: named here, not pybind11's cast error.
+    const double d = PyLong_AsDouble(i.ptr());
+    if (d == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      const std::string digits = py::repr(i);
+      throw InputError(where + ": expected a number, found an integer of " +
+                       std::to_string(digits.size() - (digits[0] == '-')) +
+                       " digits, beyond a double");
+    }
     if (d < -9.2e18 || d > 9.2e18) return d;  // beyond long long: the check says too large
     return i.cast<long long>();
   }
@@ -293,7 +301,7 @@ void register_planning(py::module_& m) {
 
   m.def(
       "layer_costs",
-      [](const std::shared_ptr<stages::Graph>& g, Count tp, int64_t batch, const py::dict& machine,
+      [](const std::shared_ptr<stages::Graph>& g, Count tp, Count64 batch, const py::dict& machine,
          const py::object& costs) {
         need_model(g);
         if (tp < 1)
@@ -335,7 +343,7 @@ void register_planning(py::module_& m) {
   m.def(
       "plan",
       [](const std::shared_ptr<stages::Graph>& g, Count devices, const py::object& device_memory,
-         int64_t batch, Count tp, Count pp, Count dp, std::vector<std::string> schedules,
+         Count64 batch, Count tp, Count pp, Count dp, std::vector<std::string> schedules,
          Count micro_batches, std::optional<Flag> recompute, const std::string& optimizer,
          Count top, const std::filesystem::path& model_path, const py::dict& machine,
          const py::object& costs) {

@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,13 +16,16 @@ namespace baton::python {
 // though each converts to one (np.True_ had been read as 1 where True is refused).
 bool is_boolean(const pybind11::handle& h);
 
-// A count argument (ranks, micro-batches, ...): an int as pybind11 takes one, but not a
-// bool, which Python makes an int subclass (generate("1f1b", True, 8) had been 1 rank).
-// A bool fails the overload: TypeError.
-struct Count {
-  int value = 0;
-  operator int() const { return value; }  // NOLINT(google-explicit-constructor)
+// A count argument (ranks, micro-batches, samples, ...): an int as pybind11 takes one,
+// but not a bool, which Python makes an int subclass (generate("1f1b", True, 8) had been
+// 1 rank). A bool fails the overload: TypeError.
+template <class T>
+struct BasicCount {
+  T value = 0;
+  operator T() const { return value; }  // NOLINT(google-explicit-constructor)
 };
+using Count = BasicCount<int>;
+using Count64 = BasicCount<int64_t>;
 // A switch argument: True or False (Python's or NumPy's) only; pybind11's bool took None
 // and 1 for False and True.
 struct Flag {
@@ -52,18 +56,18 @@ void register_planning(pybind11::module_& m);
 }  // namespace baton::python
 
 namespace pybind11::detail {
-template <>
-struct type_caster<baton::python::Count> {
-  PYBIND11_TYPE_CASTER(baton::python::Count, const_name("int"));
+template <class T>
+struct type_caster<baton::python::BasicCount<T>> {
+  PYBIND11_TYPE_CASTER(baton::python::BasicCount<T>, const_name("int"));
   bool load(handle src, bool convert) {
     if (!src || baton::python::is_boolean(src)) return false;
-    make_caster<int> inner;
+    make_caster<T> inner;
     if (!inner.load(src, convert)) return false;
-    value.value = cast_op<int>(inner);
+    value.value = cast_op<T>(inner);
     return true;
   }
-  static handle cast(baton::python::Count c, return_value_policy, handle) {
-    return PyLong_FromLong(c.value);
+  static handle cast(baton::python::BasicCount<T> c, return_value_policy, handle) {
+    return PyLong_FromLongLong(c.value);
   }
 };
 template <>
