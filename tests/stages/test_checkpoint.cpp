@@ -326,6 +326,27 @@ TEST(Checkpoint, ManifestErrorsNameTheField) {
   }
 }
 
+// A manifest's optimizer as the flags take it: eps 0 (0 / 0 for a parameter whose
+// gradients were all 0) and Nesterov without a momentum are refused, naming the field.
+TEST(Checkpoint, ManifestOptimizerOutsideTheFlagsRangesIsRefused) {
+  for (const auto& [config, field] :
+       {std::pair<const char*, const char*>{R"({"type": "adamw", "lr": 0.001, "eps": 0})", "eps"},
+        {R"({"type": "sgd", "lr": 0.1, "nesterov": true})", "nesterov"}}) {
+    try {
+      OptimizerConfig::from_json(nlohmann::json::parse(config), "m.json $.optimizer.config");
+      ADD_FAILURE() << config;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("$.optimizer.config: $.") + field),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  const OptimizerConfig ok = OptimizerConfig::from_json(
+      nlohmann::json::parse(R"({"type": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": true})"),
+      "m.json");
+  EXPECT_TRUE(ok.sgd.nesterov);
+}
+
 // --seed takes [0, 2^64): a manifest of a run seeded from 2^63 up is read back, not taken
 // for a damaged one.
 TEST(Checkpoint, ManifestSeedTakesTheWholeUint64Range) {
