@@ -1014,7 +1014,7 @@ void UcxFabric::on_poll_end() {
 void UcxFabric::on_sleep_begin() {
   // The caller stops driving progress: the thread takes over at once.
   last_poll_ns_.store(0, std::memory_order_relaxed);
-  if (thread_sleeping_.load()) poke();
+  if (thread_sleeping_.load() || thread_napping_.load()) poke();
 }
 
 void UcxFabric::thread_main() {
@@ -1048,13 +1048,10 @@ void UcxFabric::thread_main() {
     // step aside, with a short nap in case it stops without saying so.
     if (pollers_.load(std::memory_order_relaxed) > 0 ||
         now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < 1'000'000) {
-      {
-        std::lock_guard lock(mu_);
-        thread_sleeping_.store(true);
-      }
+      thread_napping_.store(true);
       pollfd pfd[2] = {{wake_fd_, POLLIN, 0}, {ctl_->socket.native_handle(), POLLIN, 0}};
       int woke = ::poll(pfd, 2, 1);
-      thread_sleeping_.store(false);
+      thread_napping_.store(false);
       if (woke > 0 && pfd[0].revents) {
         uint64_t v;
         ssize_t ignored = read(wake_fd_, &v, sizeof v);
