@@ -187,7 +187,8 @@ std::string read_file(const std::string& path) {
     throw InputError(path + ": a directory, expected a file");
   // Blocking: a pipe or a FIFO named on the command line is read as the user asked.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(path + ": cannot open file (missing or unreadable)");
+  if (fd < 0)
+    throw InputError(path + ": cannot open file (missing or unreadable): " + std::strerror(errno));
   return read_all(fd, path);
 }
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -767,6 +768,30 @@ int sleep_unless_stopped(std::chrono::milliseconds how_long) {
 
 }  // namespace
 
+namespace {
+// The launcher holds two pipes and a rendezvous connection per rank, so a job of N ranks
+// needs about 3N + 64 descriptors. The soft limit is raised to the hard one first (what
+// the ranks inherit too): at a soft limit of 200, 64 ranks had left the store's accept
+// spinning on EMFILE while ranks timed out at the rendezvous, and nothing said why.
+void require_open_files(int nprocs) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  const uint64_t need = 3 * uint64_t(nprocs) + 64;
+  if (lim.rlim_cur != RLIM_INFINITY && need > lim.rlim_cur)
+    throw InputError("launch: -n " + std::to_string(nprocs) + " needs about " +
+                     std::to_string(need) +
+                     " open files (3 per rank), and this process may "
+                     "open " +
+                     std::to_string(lim.rlim_cur) + " (ulimit -n; hard limit " +
+                     std::to_string(lim.rlim_max) + "): raise the limit or start fewer ranks");
+}
+}  // namespace
+
 int launch(const LaunchOptions& options) {
   if (options.nprocs < 1)
     throw InputError("launch: -n must be at least 1, got " + std::to_string(options.nprocs));
@@ -778,6 +803,7 @@ int launch(const LaunchOptions& options) {
   // A reader that goes away (`| head`) must not kill us mid-job, leaving the ranks to
   // PDEATHSIG's SIGKILL and the reports behind: the write's EPIPE stops the job in order.
   ::signal(SIGPIPE, SIG_IGN);
+  require_open_files(options.nprocs);
   LaunchOptions resolved = options;
   if (!resolved.stopped_limit || !resolved.paused_limit) {
     const CommOptions comm = CommOptions::from_env();

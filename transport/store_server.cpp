@@ -47,6 +47,8 @@ std::string describe_rank(const proto::Member& m, const std::string& address) {
 struct StoreServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer retry_accept{io};  // after running out of descriptors
+  bool out_of_descriptors_said = false;
   std::string token;
   std::chrono::milliseconds hello_timeout{10'000};
   std::thread thread;
@@ -368,6 +370,20 @@ struct StoreServer::Impl {
 
   void accept() {
     acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE ||
+          ec == asio::error::no_buffer_space || ec == asio::error::no_memory) {
+        // Out of descriptors: the connection stays queued, so accepting again at once
+        // spins. Said once, then tried again every 50 ms (a rank's exit frees some).
+        if (!out_of_descriptors_said) {
+          spdlog::error("rendezvous: cannot accept a connection: {} (ulimit -n)", ec.message());
+          out_of_descriptors_said = true;
+        }
+        retry_accept.expires_after(std::chrono::milliseconds(50));
+        retry_accept.async_wait([this](boost::system::error_code e) {
+          if (!e) accept();
+        });
+        return;
+      }
       if (ec) {
         if (ec != asio::error::operation_aborted) accept();
         return;

@@ -124,6 +124,22 @@ TEST(Launch, AHangupOrAClosedOutputStopsTheJobInOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// Open files: the launcher raises its soft limit to the hard one (64 ranks at a soft limit
+// of 100 had left the rendezvous's accept spinning on EMFILE while ranks timed out, nothing
+// saying why), and refuses a job the hard limit cannot hold, before starting any rank.
+TEST(Launch, OpenFilesLimitIsRaisedOrTheJobRefused) {
+  const std::string launch = std::string(BATON_BINARY) + " launch -n 64 -- true";
+  Result r =
+      baton::cli_testing::run_command("ulimit -Sn 100 && ulimit -Hn 4096 && timeout 120 " + launch);
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = baton::cli_testing::run_command("ulimit -n 100 && timeout 60 " + launch);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("launch: -n 64 needs about 256 open files (3 per rank), and this "
+                          "process may open 100 (ulimit -n; hard limit 100)"),
+            std::string::npos)
+      << r.output;
+}
+
 // A launcher killed with SIGKILL leaves its reports' directory: the next launch of the
 // user in the same pid space (host boot and pid namespace, named in the directory) removes
 // those whose launcher is gone, and keeps a live one's and another space's.
