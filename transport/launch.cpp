@@ -344,7 +344,13 @@ class Launcher {
         rk.running = false;
         rk.status = status;
         --running_;
-        if (!failed(status)) continue;
+        if (!failed(status)) {
+          if (!server_->registered().count(rk.rank)) {
+            unjoined_.push_back(rk.rank);
+            watch_unjoined();
+          }
+          continue;
+        }
         failures_.push_back(rk.rank);
         if (!reports_dir_.empty())
           if (auto report = read_failure_report(report_path(rk.rank))) reports_[rk.rank] = *report;
@@ -363,6 +369,33 @@ class Launcher {
       if (was_paused && !job_paused()) paused_until_ = std::chrono::steady_clock::now();
     }
     watch_stopped();
+  }
+
+  // A rank that exited 0 without reaching the rendezvous, while others reached it: they
+  // wait for it in vain (BATON_CONNECT_TIMEOUT, 120 s, then each blamed it, and the job's
+  // summary another rank). Checked every 100 ms while ranks run: one may register later.
+  void watch_unjoined() {
+    unjoined_timer_.expires_after(std::chrono::milliseconds(100));
+    unjoined_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || stopping_ || running_ == 0 || unjoined_cause_) return;
+      const std::set<int> joined = server_->registered();
+      if (joined.empty()) return watch_unjoined();
+      for (int r : unjoined_) {
+        if (joined.count(r)) continue;
+        unjoined_cause_ = r;
+        failures_.insert(failures_.begin(), r);
+        std::vector<std::string> names;
+        for (int j : joined) names.push_back(std::to_string(j));
+        unjoined_waiters_ =
+            std::string(joined.size() > 1 ? "ranks " : "rank ") + launch_join_words(names);
+        write_all(2, "baton launch: rank " + std::to_string(r) +
+                         " exited with code 0 before it reached the rendezvous, where " +
+                         unjoined_waiters_ + " wait for it; stopping the other ranks\n");
+        // The launcher found the cause: the waiting ranks get no grace to find it.
+        begin_stop(std::chrono::milliseconds(0));
+        return;
+      }
+    });
   }
 
   // Every rank stopped at once: the job paused as a whole (a user's or a scheduler's
@@ -508,6 +541,7 @@ class Launcher {
   // they lost a peer; -1 when every rank that failed lost a peer (none died or hung: the
   // connections between them broke, a network fault).
   int root_cause() const {
+    if (unjoined_cause_) return *unjoined_cause_;
     for (int r : failures_)
       if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
     if (hung_) return hung_->first;
@@ -585,6 +619,8 @@ class Launcher {
     }
     const Rank& rk = ranks_[size_t(cause)];
     std::string how = describe_exit(rk.status);
+    if (unjoined_cause_ == cause)
+      how += " before it reached the rendezvous, where " + unjoined_waiters_ + " waited for it";
     if (hung_ && hung_->first == rk.rank)
       how = !hung_limit_.empty() ? "stayed stopped by " + signal_name(hung_->second) +
                                        " for more than " + hung_limit_
@@ -741,7 +777,11 @@ class Launcher {
   std::optional<std::pair<int, int>> hung_;  // a rank suspended at the first failure, its signal
   std::string hung_limit_;  // the limit hung_ stayed stopped past, when that was the failure
   std::chrono::steady_clock::time_point paused_until_;  // the job's last pause as a whole ended
-  std::optional<std::string> step_;  // the job's progress when the first rank failed
+  std::optional<std::string> step_;    // the job's progress when the first rank failed
+  std::vector<int> unjoined_;          // ranks that exited 0 unregistered
+  std::optional<int> unjoined_cause_;  // the one the others waited for in vain
+  std::string unjoined_waiters_;       // "ranks 0, 1 and 3"
+  asio::steady_timer unjoined_timer_{io_};
   std::string failure_;
   int failed_code_ = 0;
   std::string reports_dir_;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,8 @@ class StoreServer {
   std::optional<std::pair<bool, std::string>> failure() const;
   // The value at key now, if set (the launcher reads the job's progress this way).
   std::optional<std::string> peek(const std::string& key) const;
+  // The ranks that have said who they are (a hello with their rank) so far.
+  std::set<int> registered() const;
 
   struct Impl;
 

@@ -68,6 +68,7 @@ struct StoreServer::Impl {
   std::optional<Failure> failure;
   // A copy for other threads (the launcher's), under table_mu.
   std::optional<Failure> failure_seen;
+  std::set<int> registered_seen;  // the members' ranks, for other threads, under table_mu
 
   class Session;
   // The ranks that said who they are: a second hello with a rank still connected, or
@@ -297,6 +298,8 @@ struct StoreServer::Impl {
     Registered r{m, address, session};
     if (!first) first = r;
     members[m.rank] = std::move(r);
+    std::lock_guard lock(table_mu);
+    registered_seen.insert(m.rank);
     return {};
   }
 
@@ -478,6 +481,11 @@ std::optional<std::string> StoreServer::peek(const std::string& key) const {
   auto it = impl_->table.find(key);
   if (it == impl_->table.end()) return std::nullopt;
   return it->second;
+}
+
+std::set<int> StoreServer::registered() const {
+  std::lock_guard lock(impl_->table_mu);
+  return impl_->registered_seen;
 }
 
 std::string make_job_token() {
