@@ -83,6 +83,23 @@ std::string launch_join_words(const std::vector<std::string>& words) {
   return out;
 }
 
+// "0 and 2", "0-39 and 41-63": runs of three or more as ranges (a 1000-rank job's list of
+// stopped ranks had been 5 kB long).
+std::string rank_list(const std::set<int>& ranks) {
+  std::vector<std::string> parts;
+  for (auto it = ranks.begin(); it != ranks.end();) {
+    const int first = *it;
+    int last = first;
+    for (++it; it != ranks.end() && *it == last + 1; ++it) ++last;
+    if (last - first >= 2) {
+      parts.push_back(std::to_string(first) + "-" + std::to_string(last));
+    } else {
+      for (int r = first; r <= last; ++r) parts.push_back(std::to_string(r));
+    }
+  }
+  return launch_join_words(parts);
+}
+
 bool failed(int status) {
   return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
@@ -384,10 +401,7 @@ class Launcher {
         if (joined.count(r)) continue;
         unjoined_cause_ = r;
         failures_.insert(failures_.begin(), r);
-        std::vector<std::string> names;
-        for (int j : joined) names.push_back(std::to_string(j));
-        unjoined_waiters_ =
-            std::string(joined.size() > 1 ? "ranks " : "rank ") + launch_join_words(names);
+        unjoined_waiters_ = std::string(joined.size() > 1 ? "ranks " : "rank ") + rank_list(joined);
         write_all(2, "baton launch: rank " + std::to_string(r) +
                          " exited with code 0 before it reached the rendezvous, where " +
                          unjoined_waiters_ + " wait for it; stopping the other ranks\n");
@@ -637,9 +651,7 @@ class Launcher {
     for (int r : failures_)
       if (lost_peer(r) == cause) lost_it.insert(r);
     if (!lost_it.empty()) {
-      std::vector<std::string> names;
-      for (int r : lost_it) names.push_back(std::to_string(r));
-      s += std::string("; rank") + (lost_it.size() > 1 ? "s " : " ") + launch_join_words(names) +
+      s += std::string("; rank") + (lost_it.size() > 1 ? "s " : " ") + rank_list(lost_it) +
            " lost it";
     }
     std::string others = losses(cause);
@@ -650,8 +662,7 @@ class Launcher {
   int finish() {
     // Stopped by the user: the ranks' failures are the launcher's own SIGTERM, not a cause.
     if (interrupted_) {
-      std::string stopped;
-      for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+      const std::string stopped = rank_list(stopped_);
       write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
                        (step_ ? " after step " + *step_ : std::string()) +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
@@ -671,8 +682,7 @@ class Launcher {
     if (!failures_.empty()) {
       const int cause = root_cause();
       const Rank& rk = ranks_[size_t(cause >= 0 ? cause : failures_.front())];
-      std::string stopped;
-      for (int r : stopped_) stopped += (stopped.empty() ? "" : ", ") + std::to_string(r);
+      const std::string stopped = rank_list(stopped_);
       failure_ = describe_cause(cause);
       write_all(2, "baton launch: the job failed: " + failure_ +
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");

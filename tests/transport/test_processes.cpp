@@ -207,7 +207,7 @@ TEST(Processes, LauncherStopsTheJobWhenARankFailsAndNamesIt) {
   Result r = run(cmd);
   EXPECT_EQ(r.code, 7) << r.out;
   EXPECT_TRUE(has(r.out, "[rank 2] up 2")) << r.out;
-  EXPECT_TRUE(has(r.out, "the job failed: rank 1 exited with code 7; stopped rank(s) 0, 2"))
+  EXPECT_TRUE(has(r.out, "the job failed: rank 1 exited with code 7; stopped rank(s) 0 and 2"))
       << r.out;
   EXPECT_LT(r.secs, 10.0);
 }
