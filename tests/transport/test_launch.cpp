@@ -124,29 +124,6 @@ TEST(Launch, AHangupOrAClosedOutputStopsTheJobInOrder) {
   std::filesystem::remove_all(dir);
 }
 
-// A rank that exits 0 without reaching the rendezvous, while the others reached it, fails
-// the job at once, named as the cause (the others had waited the connect timeout, 120 s,
-// and the summary had blamed one of them).
-TEST(Launch, ARankThatEndsBeforeTheRendezvousIsTheCause) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Result r = baton::cli_testing::run_command(
-      "BATON_CONNECT_TIMEOUT=60 timeout 100 " + std::string(BATON_BINARY) +
-      " launch -n 3 -- sh -c 'if [ $BATON_RANK = 1 ]; then exit 0; fi; exec " +
-      std::string(BATON_BINARY) + " bench comm --max-bytes 64 --reps 1'");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_LT(seconds, 45) << r.output;
-  // Those that had reached it when the launcher looked (ranks 0 and 2, or one of them).
-  EXPECT_NE(r.output.find("the job failed: rank 1 exited with code 0 before it reached the "
-                          "rendezvous, where rank"),
-            std::string::npos)
-      << r.output;
-  // Ranks that never rendezvous end as they like.
-  EXPECT_EQ(
-      baton::cli_testing::run_command(std::string(BATON_BINARY) + " launch -n 3 -- true").code, 0);
-}
-
 // Open files: the launcher raises its soft limit to the hard one (64 ranks at a soft limit
 // of 100 had left the rendezvous's accept spinning on EMFILE while ranks timed out, nothing
 // saying why), and refuses a job the hard limit cannot hold, before starting any rank.
@@ -337,6 +314,26 @@ Result run_with(const std::string& env, const std::string& args, double& took) {
       baton::cli_testing::run_command(env + " " + std::string(BATON_BINARY) + " launch " + args);
   took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+// A rank that exits 0 without reaching the rendezvous, while the others reached it, fails
+// the job at once, named as the cause (the others had waited the connect timeout, 120 s,
+// and the summary had blamed one of them).
+TEST(Launch, ARankThatEndsBeforeTheRendezvousIsTheCause) {
+  double took = 0;
+  const Result r = run_with("BATON_CONNECT_TIMEOUT=60 timeout 100",
+                            "-n 3 -- sh -c 'if [ $BATON_RANK = 1 ]; then exit 0; fi; exec " +
+                                std::string(BATON_BINARY) + " bench comm --max-bytes 64 --reps 1'",
+                            took);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_LT(took, 45) << r.output;
+  // Those that had reached it when the launcher looked (ranks 0 and 2, or one of them).
+  EXPECT_NE(r.output.find("the job failed: rank 1 exited with code 0 before it reached the "
+                          "rendezvous, where rank"),
+            std::string::npos)
+      << r.output;
+  // Ranks that never rendezvous end as they like.
+  EXPECT_EQ(run_with("", "-n 3 -- true", took).code, 0);
 }
 
 // A rank stopped after the others finished had kept the launcher waiting for ever (its
