@@ -1,6 +1,12 @@
 // Matrix products through cuBLAS (strided-batched GemmEx, f32 accumulation) and the
 // linear layer's bias GEMMs through cuBLASLt, whose epilogues add the bias (forward) and
 // sum the bias gradient (weight gradient) inside the GEMM, each saving a pass.
+//
+// Both libraries are opened on the first GPU product (dlopen), not linked: cuBLASLt's
+// static initializers touch 84 MB and take 65 ms in every process that loads it, and a
+// CPU-only rank, launcher or Python import had paid that (230 MB RSS where 16 do).
+#include <dlfcn.h>
+
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -17,6 +23,87 @@
 namespace baton::kernels::cuda {
 
 namespace {
+
+// The cuBLAS and cuBLASLt functions this file calls, from the libraries of the headers'
+// major version (the _v2 names: cublas_v2.h maps cublasCreate and the like onto them).
+struct CublasApi {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSetWorkspace_v2) set_workspace;
+  // Named by its type: C++ sees an inline overload (a cudaDataType compute type) too.
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                         int, int, const void*, const void*, cudaDataType, int,
+                                         long long, const void*, cudaDataType, int, long long,
+                                         const void*, void*, cudaDataType, int, long long, int,
+                                         cublasComputeType_t, cublasGemmAlgo_t);
+  decltype(&cublasGetStatusName) status_name;
+  decltype(&cublasGetStatusString) status_string;
+  decltype(&cublasLtCreate) lt_create;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+
+#define BATON_STR2(x) #x
+#define BATON_STR(x) BATON_STR2(x)
+
+void* open_library(const char* name) {
+  // RTLD_GLOBAL: cuBLAS resolves cuBLASLt's symbols through it.
+  void* h = ::dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+  if (h == nullptr) {
+    const char* why = ::dlerror();
+    throw RuntimeError(std::string("CUDA backend: cannot open ") + name + " (cuBLAS " +
+                       BATON_STR(CUBLAS_VER_MAJOR) +
+                       ", which the GPU's matrix products need): " + (why ? why : "unknown error"));
+  }
+  return h;
+}
+
+template <class F>
+void find(void* lib, const char* lib_name, const char* symbol, F& out) {
+  void* f = ::dlsym(lib, symbol);
+  if (f == nullptr)
+    throw RuntimeError(std::string("CUDA backend: ") + lib_name + " has no " + symbol +
+                       " (another cuBLAS than the build's " + BATON_STR(CUBLAS_VER_MAJOR) + ")");
+  out = reinterpret_cast<F>(f);
+}
+
+// Opened once per process, on first use (a function-local static: thread-safe).
+const CublasApi& api() {
+  static const CublasApi loaded = [] {
+    const char* lt_name = "libcublasLt.so." BATON_STR(CUBLAS_VER_MAJOR);
+    const char* blas_name = "libcublas.so." BATON_STR(CUBLAS_VER_MAJOR);
+    void* lt = open_library(lt_name);
+    void* blas = open_library(blas_name);
+    CublasApi a{};
+    find(blas, blas_name, "cublasCreate_v2", a.create);
+    find(blas, blas_name, "cublasSetStream_v2", a.set_stream);
+    find(blas, blas_name, "cublasSetWorkspace_v2", a.set_workspace);
+    find(blas, blas_name, "cublasGemmStridedBatchedEx", a.gemm_strided_batched);
+    find(blas, blas_name, "cublasGetStatusName", a.status_name);
+    find(blas, blas_name, "cublasGetStatusString", a.status_string);
+    find(lt, lt_name, "cublasLtCreate", a.lt_create);
+    find(lt, lt_name, "cublasLtMatmulDescCreate", a.desc_create);
+    find(lt, lt_name, "cublasLtMatmulDescDestroy", a.desc_destroy);
+    find(lt, lt_name, "cublasLtMatmulDescSetAttribute", a.desc_set);
+    find(lt, lt_name, "cublasLtMatrixLayoutCreate", a.layout_create);
+    find(lt, lt_name, "cublasLtMatrixLayoutDestroy", a.layout_destroy);
+    find(lt, lt_name, "cublasLtMatmulPreferenceCreate", a.pref_create);
+    find(lt, lt_name, "cublasLtMatmulPreferenceDestroy", a.pref_destroy);
+    find(lt, lt_name, "cublasLtMatmulPreferenceSetAttribute", a.pref_set);
+    find(lt, lt_name, "cublasLtMatmulAlgoGetHeuristic", a.heuristic);
+    find(lt, lt_name, "cublasLtMatmul", a.matmul);
+    return a;
+  }();
+  return loaded;
+}
 
 std::atomic<bool> g_allow_tf32{false};
 constexpr int kMaxDevices = 64;
@@ -49,16 +136,16 @@ void* stream_workspace(const Launch& l) {
 
 cublasHandle_t blas_handle(const Launch& l) {
   cublasHandle_t& h = t_handles.blas.at(size_t(l.device));
-  if (h == nullptr) BATON_CUBLAS_CHECK(cublasCreate(&h));
+  if (h == nullptr) BATON_CUBLAS_CHECK(api().create(&h));
   // cublasSetStream resets the workspace to cuBLAS's default: the stream's own follows.
-  BATON_CUBLAS_CHECK(cublasSetStream(h, l.stream));
-  BATON_CUBLAS_CHECK(cublasSetWorkspace(h, stream_workspace(l), kLtWorkspace));
+  BATON_CUBLAS_CHECK(api().set_stream(h, l.stream));
+  BATON_CUBLAS_CHECK(api().set_workspace(h, stream_workspace(l), kLtWorkspace));
   return h;
 }
 
 cublasLtHandle_t lt_handle(const Launch& l) {
   cublasLtHandle_t& h = t_handles.lt.at(size_t(l.device));
-  if (h == nullptr) BATON_CUBLAS_CHECK(cublasLtCreate(&h));
+  if (h == nullptr) BATON_CUBLAS_CHECK(api().lt_create(&h));
   return h;
 }
 
@@ -83,8 +170,9 @@ void check_gemm_types(const char* op, DType ab, DType other_ab, DType c) {
 }  // namespace
 
 void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
+  // A status comes from a call through the loaded table, so api() is there already.
   throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call +
-                     " failed: " + cublasGetStatusName(st) + ": " + cublasGetStatusString(st));
+                     " failed: " + api().status_name(st) + ": " + api().status_string(st));
 }
 
 cudaDataType_t cuda_type(DType t, const char* op) {
@@ -118,7 +206,7 @@ void gemm(const Gemm& g, const Launch& l, const char* op) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   cublasHandle_t h = blas_handle(l);
   const cudaDataType_t ab = cuda_type(g.ab_type, op), ct = cuda_type(g.c_type, op);
-  BATON_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  BATON_CUBLAS_CHECK(api().gemm_strided_batched(
       h, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.n),
       int(g.m), int(g.k), &g.alpha, g.b, ab, int(g.ldb), g.stride_b, g.a, ab, int(g.lda),
       g.stride_a, &g.beta, g.c, ct, int(g.ldc), g.stride_c, int(g.batch), compute_type(g.ab_type),
@@ -190,23 +278,23 @@ struct LtDesc {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   ~LtDesc() {
-    if (a) (void)cublasLtMatrixLayoutDestroy(a);
-    if (b) (void)cublasLtMatrixLayoutDestroy(b);
-    if (d) (void)cublasLtMatrixLayoutDestroy(d);
-    if (op) (void)cublasLtMatmulDescDestroy(op);
+    if (a) (void)api().layout_destroy(a);
+    if (b) (void)api().layout_destroy(b);
+    if (d) (void)api().layout_destroy(d);
+    if (op) (void)api().desc_destroy(op);
   }
 };
 
 template <class V>
 void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const V& v) {
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof v));
+  BATON_CUBLAS_CHECK(api().desc_set(d, a, &v, sizeof v));
 }
 
 // Returns false when Lt has no algorithm for the case (the caller takes another path).
 bool lt_matmul(const LtCall& c, const Launch& l) {
   cublasLtHandle_t h = lt_handle(l);
   LtDesc d;
-  BATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, c.comp, CUDA_R_32F));
+  BATON_CUBLAS_CHECK(api().desc_create(&d.op, c.comp, CUDA_R_32F));
   set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSA, c.ta);
   set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSB, c.tb);
   if (c.epi != CUBLASLT_EPILOGUE_DEFAULT) {
@@ -214,34 +302,32 @@ bool lt_matmul(const LtCall& c, const Launch& l) {
     set_attr(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.vec);
   }
   const bool na = c.ta == CUBLAS_OP_N, nb = c.tb == CUBLAS_OP_N;
-  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, c.ab, uint64_t(na ? c.m : c.k),
-                                                uint64_t(na ? c.k : c.m), c.lda));
-  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, c.ab, uint64_t(nb ? c.k : c.n),
-                                                uint64_t(nb ? c.n : c.k), c.ldb));
-  BATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, c.dt, uint64_t(c.m), uint64_t(c.n), c.ldd));
+  BATON_CUBLAS_CHECK(
+      api().layout_create(&d.a, c.ab, uint64_t(na ? c.m : c.k), uint64_t(na ? c.k : c.m), c.lda));
+  BATON_CUBLAS_CHECK(
+      api().layout_create(&d.b, c.ab, uint64_t(nb ? c.k : c.n), uint64_t(nb ? c.n : c.k), c.ldb));
+  BATON_CUBLAS_CHECK(api().layout_create(&d.d, c.dt, uint64_t(c.m), uint64_t(c.n), c.ldd));
 
   const LtKey key{l.device,  c.m,       c.n,         c.k,        int(c.ta),    int(c.tb),
                   int(c.ab), int(c.dt), int(c.comp), int(c.epi), c.beta != 0.f};
   auto it = t_lt_algos.find(key);
   if (it == t_lt_algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;
-    BATON_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    BATON_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kLtWorkspace, sizeof kLtWorkspace));
+    BATON_CUBLAS_CHECK(api().pref_create(&pref));
+    BATON_CUBLAS_CHECK(api().pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kLtWorkspace,
+                                      sizeof kLtWorkspace));
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.d, d.d, pref, 1, &res, &found);
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    cublasStatus_t st = api().heuristic(h, d.op, d.a, d.b, d.d, d.d, pref, 1, &res, &found);
+    (void)api().pref_destroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) BATON_CUBLAS_CHECK(st);
     it = t_lt_algos.emplace(key, std::make_pair(st == CUBLAS_STATUS_SUCCESS && found > 0, res.algo))
              .first;
   }
   if (!it->second.first) return false;
   const float alpha = 1.f;
-  BATON_CUBLAS_CHECK(cublasLtMatmul(h, d.op, &alpha, c.a, d.a, c.b, d.b, &c.beta, c.d, d.d, c.d,
-                                    d.d, &it->second.second, stream_workspace(l), kLtWorkspace,
-                                    l.stream));
+  BATON_CUBLAS_CHECK(api().matmul(h, d.op, &alpha, c.a, d.a, c.b, d.b, &c.beta, c.d, d.d, c.d, d.d,
+                                  &it->second.second, stream_workspace(l), kLtWorkspace, l.stream));
   return true;
 }
 

@@ -2,6 +2,9 @@
 // argument, CUDA tensors without the CUDA backend are a RuntimeError, threads settable.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -52,6 +55,21 @@ TEST(Dispatch, ThreadCount) {
   EXPECT_EQ(num_threads(), 1);
   set_num_threads(before);
   EXPECT_EQ(num_threads(), before);
+}
+
+// cuBLAS and cuBLASLt are opened on the first GPU product, not linked: a process that
+// computes on the CPU maps neither (cuBLASLt's initializers had cost every CPU rank, the
+// launcher and the Python module 150 MB and 65 ms).
+TEST(Dispatch, CpuWorkLoadsNoCublas) {
+  if (!built_with_cuda()) GTEST_SKIP() << "the CUDA backend is not built";
+  Tensor a = Tensor::full({8, 8}, 0.5), b = Tensor::full({8, 8}, 2.0), c = Tensor::empty({8, 8});
+  matmul(a, false, b, false, c, 1.0, 0.0);
+  EXPECT_EQ(c.span<float>()[0], 8.0f);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  bool seen = false;
+  while (std::getline(maps, line)) seen = seen || line.find("libcublas") != std::string::npos;
+  EXPECT_FALSE(seen) << "a CPU process mapped cuBLAS";
 }
 
 }  // namespace
