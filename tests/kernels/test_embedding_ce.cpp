@@ -4,6 +4,8 @@
 // form against the three steps).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "kernels/fused.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -397,6 +399,28 @@ TEST(CrossEntropy, LogitsFarFromZeroAndTargetsPastTheVocabulary) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A NaN logit reaches every probability and the loss wherever it sits, as in torch: in a
+// vector or a row's scalar tail, a short row or a long one (chunked), one call or three
+// steps. The max reductions drop a NaN (maxps); the exp keeps it.
+TEST(CrossEntropy, NanLogitsReachEveryOutput) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType f : {DType::f32, DType::f64})
+    for (auto [V, at] : {std::pair<int64_t, int64_t>{17, 5}, {17, 16}, {3000, 5}, {3000, 2999}}) {
+      SCOPED_TRACE(std::to_string(V) + " " + std::to_string(at));
+      Tensor logits = Tensor::zeros({1, V}, DType::f64);
+      logits.span<double>()[size_t(at)] = nan;
+      logits = logits.to(f);
+      Tensor y = Tensor::empty({1, V}, f);
+      softmax_forward(logits, y);
+      for (double v : as_f64(y)) ASSERT_TRUE(std::isnan(v)) << v;
+      const Tensor targets = ids_tensor({1}, {1}, DType::i32);
+      Tensor losses = Tensor::empty({1}, f), d = Tensor::empty({1, V}, f);
+      cross_entropy_forward(logits, targets, 1.0, losses, d);
+      EXPECT_TRUE(std::isnan(as_f64(losses)[0])) << as_f64(losses)[0];
+      EXPECT_TRUE(std::isnan(as_f64(ce_whole(logits, targets, 1.0).losses)[0]));
+    }
 }
 
 }  // namespace
