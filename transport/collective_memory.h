@@ -1,9 +1,9 @@
 // The scratch memory a collective takes from the CPU allocator while it runs, by the
 // algorithm transport/detail/collectives.cpp picks for the message (recursive doubling
 // and direct exchanges hold one message or one part per peer; rings hold their window
-// of chunks, each no larger than the largest part). Small scratch lives on the stack
-// and counts nothing. partitioner/'s memory model adds these bytes at each collective a rank runs,
-// so that `baton plan --check` matches the allocator's measured peak.
+// of chunks, each no larger than the largest part). Small scratch (1 KiB at most) comes
+// from the thread's own blocks and counts nothing. partitioner/'s memory model adds these bytes at
+// each collective a rank runs, so that `baton plan --check` matches the allocator's measured peak.
 #pragma once
 
 #include <cstddef>

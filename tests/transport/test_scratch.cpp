@@ -2,17 +2,19 @@
 // partitioner/'s memory model counts) against the allocator's measured peak: two local
 // ranks (threads sharing one allocator, so the peak holds both ranks' scratch) run one
 // collective on buffers allocated beforehand, for each algorithm: a message small enough
-// for the stack, recursive doubling, the ring's window, the ring all-gather, and the
+// for the thread's own blocks, recursive doubling, the ring's window, the ring all-gather, and the
 // reduce-scatter in place and not.
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <thread>
 
 #include "memory/allocator.h"
 #include "memory/tensor.h"
 #include "tests/transport/world_harness.h"
 #include "transport/collective_memory.h"
+#include "transport/detail/group_view.h"
 #include "transport/local.h"
 
 namespace baton::transport::testing {
@@ -98,6 +100,31 @@ TEST(CollectiveScratch, ReduceScatterMatchesTheAllocatorPeak) {
 // Once wait() returns, the collective holds none of its tensors' bytes, whichever thread
 // ran it: freeing the tensor frees them at once, so a rank's peak does not depend on when
 // the executor's thread lets go of the job.
+// A Scratch destroyed by an exception (a failed collective, whose receives may still be
+// posted into it) is not given back: the next one of its size gets another block, where a
+// late message from a live peer had landed in a new tensor or on the stack. One destroyed
+// normally is reused.
+TEST(CollectiveScratch, AFailedCollectivesScratchIsNotReused) {
+  for (size_t bytes : {size_t(64), size_t(1) << 20}) {
+    SCOPED_TRACE(bytes);
+    char* failed = nullptr;
+    try {
+      detail::Scratch s(bytes);
+      failed = s.data();
+      throw std::runtime_error("a peer failed");
+    } catch (const std::runtime_error&) {
+    }
+    char* reused = nullptr;
+    {
+      detail::Scratch s(bytes);
+      EXPECT_NE(s.data(), failed);
+      reused = s.data();
+    }
+    detail::Scratch again(bytes);
+    EXPECT_EQ(again.data(), reused);
+  }
+}
+
 TEST(CollectiveScratch, FinishedCollectiveKeepsNoBytes) {
   auto world = make_local_world(2, test_options());
   // Above the executor's wake-up size: its background thread runs them.

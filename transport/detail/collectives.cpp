@@ -204,8 +204,8 @@ void disseminate(const GroupView& g, char* buf, size_t bytes, int root, const ch
   if (g.rank != root && bytes > 0) std::memcpy(buf, mine.data() + H, bytes);
 }
 
-// Broadcasts up to this size carry their data with the votes, in the scratch's inline
-// bytes: larger ones would move it ceil(log2 n) times per rank and copy it in and out of
+// Broadcasts up to this size carry their data with the votes, in a small scratch
+// block: larger ones would move it ceil(log2 n) times per rank and copy it in and out of
 // scratch (a 32 KiB broadcast between 2 threads took 8x the tree's time), so they agree
 // first and then use the tree.
 constexpr size_t kVotedBytes = Scratch::kInline - sizeof(RootVote);

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -39,27 +41,57 @@ struct GroupView {
 };
 
 // A temporary buffer from the pooled host allocator: collectives reuse the same blocks
-// call after call instead of faulting in fresh pages.
-// Up to kInline bytes live in the object itself: small collectives take no lock.
+// call after call instead of faulting in fresh pages. Up to kInline bytes come from the
+// thread's own blocks: small collectives take no lock.
+//
+// A collective that fails (a peer gone, sizes that disagree) leaves receives posted into
+// its scratch, which a live peer's late message may still fill: a block freed then had
+// been written after its reuse (a new tensor, or the stack when small blocks lived in the
+// object). So a Scratch destroyed by an exception is not given back.
 class Scratch {
  public:
   static constexpr size_t kInline = 1024;
   explicit Scratch(size_t bytes)
       : bytes_(bytes),
+        unwinding_(std::uncaught_exceptions()),
         data_(bytes > kInline
                   ? static_cast<char*>(memory::allocator_for(memory::Device::cpu()).allocate(bytes))
-                  : inline_) {}
+                  : small_blocks().take()) {}
   ~Scratch() {
-    if (data_ != inline_) memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
+    if (std::uncaught_exceptions() > unwinding_) return;  // may still be written: kept
+    if (bytes_ > kInline)
+      memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
+    else
+      small_blocks().give(data_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   char* data() const { return data_; }
 
  private:
+  // A thread's free small blocks (kInline bytes, 64-byte aligned).
+  struct SmallBlocks {
+    static constexpr std::align_val_t kAlign{64};
+    std::vector<char*> free;
+    char* take() {
+      if (free.empty()) return static_cast<char*>(::operator new(kInline, kAlign));
+      char* p = free.back();
+      free.pop_back();
+      return p;
+    }
+    void give(char* p) { free.push_back(p); }
+    ~SmallBlocks() {
+      for (char* p : free) ::operator delete(p, kAlign);
+    }
+  };
+  static SmallBlocks& small_blocks() {
+    thread_local SmallBlocks blocks;
+    return blocks;
+  }
+
   size_t bytes_;
+  int unwinding_;
   char* data_;
-  alignas(64) char inline_[kInline];
 };
 
 }  // namespace baton::transport::detail
