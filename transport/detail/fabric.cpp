@@ -1,5 +1,7 @@
 #include "transport/detail/fabric.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -134,16 +136,22 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
   } unsleep{sleepers_};
   // A peer alive to the pings but silent this long has stopped taking part.
   const auto stall = options_.stall_timeout;
-  const auto give_up = stall.count() > 0 ? std::chrono::steady_clock::now() + stall
-                                         : std::chrono::steady_clock::time_point::max();
+  auto give_up = stall.count() > 0 ? std::chrono::steady_clock::now() + stall
+                                   : std::chrono::steady_clock::time_point::max();
   while (!poll(r, scope, seen)) {
     if (wait_cv_.wait_until(lock, give_up) != std::cv_status::timeout) continue;
     if (poll(r, scope, seen)) return;
+    // Reported once; a wait with no peer to blame (a message to itself) sleeps on, and
+    // must not spin on a deadline in the past.
+    give_up = std::chrono::steady_clock::time_point::max();
     if (r.peer < 0 || r.peer == rank_) continue;
     lock.unlock();
-    report_stalled(r.peer, "it answers the liveness pings but took no part in an operation for " +
-                               std::to_string(stall.count() / 1000) +
-                               " s (BATON_STALL_TIMEOUT): its training thread is stuck");
+    // The peer may itself be waiting, on a rank that never came: which it is, this rank
+    // cannot see, so the message names both.
+    report_stalled(r.peer, fmt::format("it answers the liveness pings but sent nothing rank {} "
+                                       "waited for in {:g} s (BATON_STALL_TIMEOUT): its training "
+                                       "thread is stuck, or it waits in turn on a rank that is",
+                                       rank_, double(stall.count()) / 1000));
     lock.lock();
   }
 }
@@ -154,7 +162,9 @@ void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
     if (!failed_.emplace(peer, Failed{reason, failed_.size(), left}).second) return;
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
-  size_t hit = fail_pending(peer, peer_error(peer));
+  // What waits on a peer that left is failed as needing it, so that its first waiter's
+  // error says so as the record will once marked below.
+  size_t hit = fail_pending(peer, peer_error(peer, left ? still_needed() : std::string()));
   if (left && hit > 0) mark_needed(peer);  // it left while we still waited on it
   wake_waiters();
 }
@@ -164,7 +174,7 @@ bool Fabric::mark_needed(int peer) {
   auto it = failed_.find(peer);
   if (it == failed_.end() || !it->second.left) return false;
   it->second.left = false;
-  it->second.reason += " while rank " + std::to_string(rank_) + " still needed it";
+  it->second.reason += still_needed();
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
@@ -192,11 +202,15 @@ std::optional<std::pair<int, std::string>> Fabric::first_failure() const {
   return std::make_pair(best->first, best->second.reason);
 }
 
-PeerError Fabric::peer_error(int peer) const {
+PeerError Fabric::peer_error(int peer, const std::string& more) const {
   auto reason = failure_of(peer);
   return PeerError(peer, "rank " + std::to_string(peer) +
                              " failed: " + (reason ? *reason : std::string("unknown reason")) +
-                             " (seen by rank " + std::to_string(rank_) + ")");
+                             more + " (seen by rank " + std::to_string(rank_) + ")");
+}
+
+std::string Fabric::still_needed() const {
+  return " while rank " + std::to_string(rank_) + " still needed it";
 }
 
 void Fabric::check_scope(std::span<const int> scope) const {

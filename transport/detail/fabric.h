@@ -99,7 +99,8 @@ class Fabric {
   bool any_failure() const { return failure_epoch_.load(std::memory_order_acquire) != 0; }
   // The first failure recorded (rank, reason), if any; peers that merely left do not count.
   std::optional<std::pair<int, std::string>> first_failure() const;
-  PeerError peer_error(int peer) const;  // for a peer known to have failed
+  // For a peer known to have failed; `more` follows its recorded reason.
+  PeerError peer_error(int peer, const std::string& more = {}) const;
 
   // Context ids for sub-groups: a member proposes next_context(), the members agree on
   // the largest proposal, and every member then calls reserve_context(agreed).
@@ -118,6 +119,8 @@ class Fabric {
   // left while this rank still needs it counts as failed from now on (it left a
   // collective or an exchange unfinished).
   void fail_gone(Request& r, int peer);
+  // What a peer that left is said to have done when this rank still needed it.
+  std::string still_needed() const;
   // Called by backends, from any thread and for any fabric's request: the request's
   // owner wakes its own waiters.
   static void complete(Request& r);

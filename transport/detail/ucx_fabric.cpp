@@ -35,8 +35,10 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::udp;
 
-// Liveness protocol message kinds: pings, pongs and notices by UDP, goodbyes on UCX
-// (in the control context, after the data they follow).
+// Liveness protocol message kinds: pings, pongs and notices by UDP, goodbyes on UCX (in
+// the control context, after the data they follow), or by UDP to a peer this rank never
+// sent to (no endpoint: no data to follow; a peer waiting on it had heard nothing and
+// blamed a hang after the peer timeout).
 constexpr uint64_t kPing = 1;
 constexpr uint64_t kPong = 2;
 constexpr uint64_t kNotice = 3;  // payload: failed rank (4 bytes) and the reason
@@ -434,8 +436,8 @@ void UcxFabric::shutdown() {
   poke();
   if (thread_.joinable()) thread_.join();
   std::unique_lock lock(mu_);
-  // Say goodbye to the peers we talked to, so that they tell a finished rank from a
-  // failed one, then flush and close every endpoint, within a bounded time.
+  // Say goodbye to every peer, so that they tell a finished rank from a failed one, then
+  // flush and close every endpoint, within a bounded time.
   // A rank that leaves because another failed says which, so that its goodbye never
   // reads as the first failure to those who hear it before the failure itself.
   std::string bye(8, '\0');
@@ -449,7 +451,7 @@ void UcxFabric::shutdown() {
   std::memcpy(bye.data(), &failed, 4);
   std::memcpy(bye.data() + 4, &len, 4);
   for (int p = 0; p < size(); ++p)
-    if (eps_[size_t(p)] && !ep_dead_[size_t(p)]) send_control_locked(p, kBye, bye);
+    if (p != rank() && !ep_dead_[size_t(p)]) send_control_locked(p, kBye, bye);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   ucp_request_param_t fp{};
   void* flush = ucp_worker_flush_nbx(worker_, &fp);
@@ -857,7 +859,7 @@ void UcxFabric::control_send_cb(void* request, ucs_status_t, void* user) {
 
 void UcxFabric::send_control_locked(int peer, uint64_t kind, const std::string& payload) {
   if (ep_dead_[size_t(peer)]) return;
-  if (kind != kBye) {
+  if (kind != kBye || eps_[size_t(peer)] == nullptr) {
     // Best effort, like the ping that repeats: a datagram lost is the same as silence.
     DatagramHeader h{ctl_->peer_nonces[size_t(peer)], uint32_t(kind), int32_t(rank())};
     std::string d(reinterpret_cast<const char*>(&h), sizeof h);
