@@ -151,11 +151,13 @@ struct StoreServer::Impl {
                        [self = shared_from_this()](boost::system::error_code ec, size_t) {
                          if (ec) return self->close();
                          uint32_t n = proto::frame_length(self->header_.data());
-                         if (n == 0 || n > proto::kMaxFrame) {
+                         const uint32_t most =
+                             self->authed_ ? proto::kMaxFrame : proto::kMaxHelloFrame;
+                         if (n == 0 || n > most) {
                            self->s_.refused++;
                            return self->error("message length " + std::to_string(n) +
-                                                  " is outside 1.." +
-                                                  std::to_string(proto::kMaxFrame),
+                                                  " is outside 1.." + std::to_string(most) +
+                                                  (self->authed_ ? "" : " before the hello"),
                                               true);
                          }
                          self->body_.resize(n);

@@ -45,6 +45,9 @@ using Member = StoreMember;
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kMaxFrame = 4u << 20;
 constexpr uint32_t kMaxKey = 4096;
+// A frame before the hello is accepted (a hello is about 2.6 KB at most): a stranger's
+// connections must not make the rendezvous hold kMaxFrame each.
+constexpr uint32_t kMaxHelloFrame = 64u << 10;
 
 enum Op : uint8_t {
   kHello = 1,
