@@ -131,6 +131,22 @@ std::string signal_name(int sig) {
   return name ? std::string("SIG") + name : "signal " + std::to_string(sig);
 }
 
+// The signals this process was started ignoring (nohup's SIGHUP, a shell's `trap ''`),
+// read on the first call, before the launcher ignores SIGPIPE: the ranks inherit them as
+// any exec'd command would.
+const sigset_t& inherited_ignored() {
+  static const sigset_t ignored = [] {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa {};
+      if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) sigaddset(&set, sig);
+    }
+    return set;
+  }();
+  return ignored;
+}
+
 // The signals that stop a job as SIGTERM does: SIGHUP too (a closed terminal), unless the
 // launcher was started ignoring it (nohup).
 std::vector<int> stop_signals() {
@@ -231,9 +247,12 @@ class Launcher {
       // Nothing else of ours: the rendezvous's listening socket had stayed open in every
       // rank (and in what a rank left behind), so a restart could not listen again.
       ::close_range(3, ~0U, 0);
-      // Our handlers (Asio's, which write to our self-pipe) are not the command's: a
-      // SIGTERM we sent a rank before its exec had run them and read as one sent to us.
-      for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+      // Our handlers (Asio's, which write to our self-pipe) and our ignored SIGPIPE are not
+      // the command's: a SIGTERM we sent a rank before its exec had run them and read as one
+      // sent to us. What we were started ignoring, the command is too.
+      const sigset_t& started_ignoring = inherited_ignored();
+      for (int sig = 1; sig < NSIG; ++sig)
+        ::signal(sig, sigismember(&started_ignoring, sig) == 1 ? SIG_IGN : SIG_DFL);
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -850,6 +869,7 @@ int launch(const LaunchOptions& options) {
   if (options.max_restarts < 0)
     throw InputError("launch: --max-restarts must be >= 0, got " +
                      std::to_string(options.max_restarts));
+  inherited_ignored();  // before the line below changes what it reads
   // A reader that goes away (`| head`) must not kill us mid-job, leaving the ranks to
   // PDEATHSIG's SIGKILL and the reports behind: the write's EPIPE stops the job in order.
   ::signal(SIGPIPE, SIG_IGN);

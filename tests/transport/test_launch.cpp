@@ -280,6 +280,19 @@ TEST(Launch, WhatARankLeavesIsStoppedAndNothingOfOursIsInherited) {
   EXPECT_NE(r.output.find("[rank 0] done"), std::string::npos) << r.output;
 }
 
+// A signal the launcher was started ignoring (nohup's SIGHUP) stays ignored in the ranks,
+// as in any exec'd command: they had been reset to the default, so a hangup killed a
+// nohup'd job's ranks.
+TEST(Launch, RanksInheritTheSignalsTheLauncherWasStartedIgnoring) {
+  Result r = baton::cli_testing::run_command("trap '' HUP; " + std::string(BATON_BINARY) +
+                                             " launch -n 1 -- grep SigIgn /proc/self/status");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("SigIgn:");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const unsigned long long ignored = std::stoull(r.output.substr(at + 7), nullptr, 16);
+  EXPECT_EQ(ignored & (1ULL << (SIGHUP - 1)), 1ULL << (SIGHUP - 1)) << r.output;
+}
+
 // A second SIGINT or SIGTERM kills at once (it had re-armed the wait, so a rank that
 // ignores SIGTERM outlived any number of them); a command that cannot be run is bad input,
 // named, and not restarted.
