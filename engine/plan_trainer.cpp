@@ -108,9 +108,18 @@ nlohmann::json shared_flags(const PlanTrainOptions& o, const ResolvedPlan& r) {
   const std::string model = r.plan.model_json.is_null()
                                 ? memory::read_file(r.plan.model_path_resolved)
                                 : r.plan.model_json.dump();
-  char digest[24];
-  std::snprintf(digest, sizeof digest, "%016zx", std::hash<std::string>{}(plan.dump() + model));
-  return {{"a plan (--plan's contents and its model's; hash)", std::string(digest)},
+  auto hash = [](const std::string& text) {
+    char digest[24];
+    std::snprintf(digest, sizeof digest, "%016zx", std::hash<std::string>{}(text));
+    return std::string(digest);
+  };
+  // A --schedule file by its actions too: two hosts' files under one name, 1F1B on one
+  // and GPipe on the other, had deadlocked in the first step.
+  const nlohmann::json schedule = o.schedule_path.empty()
+                                      ? nlohmann::json(o.schedule_path)
+                                      : nlohmann::json(o.schedule_path + " (actions' hash " +
+                                                       hash(schedule::to_text(r.schedule)) + ")");
+  return {{"a plan (--plan's contents and its model's; hash)", hash(plan.dump() + model)},
           {"--data", o.data_path.empty() ? nlohmann::json(d.data) : nlohmann::json(o.data_path)},
           {"--eval-data", d.eval_data},
           {"--eval-fraction", d.eval_fraction},
@@ -131,7 +140,7 @@ nlohmann::json shared_flags(const PlanTrainOptions& o, const ResolvedPlan& r) {
           {"--resume", o.resume},
           {"--precision", std::string(kernels::precision_name(o.precision))},
           {"--init-from", o.init_from},
-          {"--schedule", o.schedule_path},
+          {"--schedule", schedule},
           {"--trace-steps", o.trace_path.empty() ? 0 : o.trace_steps},
           // In MiB, as the flag takes it (bytes under its name had read as millions of MiB).
           {"--bucket-mib", double(o.bucket_bytes) / (1 << 20)}};

@@ -112,6 +112,38 @@ TEST(Processes, HandWrittenScheduleFile) {
   plan_run(ws, p, " --schedule " + source_dir() + "/examples/schedules/1f1b_p4_m8.txt", true);
 }
 
+// Two hosts' --schedule files under one name, 1F1B on one and GPipe on the other (here
+// each rank's own working directory): refused before the first step by their actions,
+// where the ranks had deadlocked in it, each waiting for what the other sends later.
+TEST(Processes, ScheduleFilesThatDifferUnderOnePathAreRefused) {
+  Workspace ws("proc");
+  PlanSpec p;
+  p.model = tiny_gpt_json(2);
+  p.tp = {1, 1};
+  p.schedule = "1f1b";
+  p.micro_batches = 4;
+  p.micro_batch_size = 1;
+  std::ofstream(ws.path("plan.json")) << plan_json(p, ws).dump(2);
+  const char* kinds[] = {"1f1b", "gpipe"};
+  for (int r = 0; r < 2; ++r) {
+    std::filesystem::create_directories(ws.path("r" + std::to_string(r)));
+    ASSERT_EQ(run(baton() + " simulate -s " + kinds[r] + " --stages 2 --micro-batches 4 -o " +
+                      ws.path("r" + std::to_string(r) + "/s.txt"),
+                  ws.path("simulate.out")),
+              0)
+        << slurp(ws.path("simulate.out"));
+  }
+  const std::string cmd = baton() + " launch -n 2 -- sh -c 'cd " + ws.path("r") +
+                          "$BATON_RANK && exec " + baton() + " train --plan " +
+                          ws.path("plan.json") + " --schedule s.txt --data " + data_file() +
+                          " --steps 2" + common_flags() + "'";
+  ASSERT_EQ(run(cmd, ws.path("plan.out")), 2) << slurp(ws.path("plan.out"));
+  const std::string out = slurp(ws.path("plan.out"));
+  EXPECT_NE(out.find("rank 1 was started with --schedule \"s.txt (actions' hash "),
+            std::string::npos)
+      << out;
+}
+
 // A plan `baton plan` chose for 4 devices.
 TEST(Processes, PlanFromBatonPlan) {
   Workspace ws("proc");
