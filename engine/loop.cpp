@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,18 @@ void check_output_path(const std::string& path, const char* flag) {
   if (::access(folder.c_str(), W_OK) != 0)
     throw InputError(std::string(flag) + " " + path + ": cannot write in " + folder + via + ": " +
                      std::strerror(errno));
+  // The system's limits on a name and a path, before the work: a longer name had failed at
+  // its rename after every step had run.
+  const std::string name = fs::path(target).filename().string();
+  const long name_max = ::pathconf(folder.c_str(), _PC_NAME_MAX);
+  if (name_max > 0 && name.size() > size_t(name_max))
+    throw InputError(std::string(flag) + " " + path + ": the file name " + name + via + " is " +
+                     std::to_string(name.size()) + " bytes, over the file system's limit of " +
+                     std::to_string(name_max));
+  if (target.size() > PATH_MAX - 1)
+    throw InputError(std::string(flag) + " " + path + via + ": a path of " +
+                     std::to_string(target.size()) + " bytes, over the system's limit of " +
+                     std::to_string(PATH_MAX - 1));
 }
 
 void prepare_checkpoint_dir(const LoopOptions& o) {

@@ -31,6 +31,13 @@ TrainSummary run_training(const TrainOptions& o,
                      " must be a positive multiple of "
                      "--micro-batches " +
                      std::to_string(o.micro_batches));
+  // The bound a plan's micro_batch_size has: past it a micro-batch's element count had
+  // overflowed in an internal check, exit 1.
+  if (o.batch / o.micro_batches > (int64_t(1) << 24))
+    throw InputError("--batch " + std::to_string(o.batch) + " in --micro-batches " +
+                     std::to_string(o.micro_batches) + " makes micro-batches of " +
+                     std::to_string(o.batch / o.micro_batches) +
+                     " samples: expected at most 16777216, as a plan's micro_batch_size");
   // Before check_loop_options, which would ask image data for held-out data it cannot have.
   const bool image_input = image_data(o);
   check_loop_options(o);

@@ -174,6 +174,15 @@ TEST(Cli, BadDataAndFlags) {
   cli_expect_input_error(
       "--model " + model + " --data " + kCliCorpus + " --batch 6 --micro-batches 4",
       {"--batch 6 must be a positive multiple of --micro-batches 4"});
+  // A name past the file system's limit, before the work (it had failed at its rename after
+  // every step).
+  cli_expect_input_error(
+      "--model " + model + " --data " + kCliCorpus + " --summary " + std::string(256, 's'),
+      {"is 256 bytes, over the file system's limit of 255"});
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus +
+                             " --batch 144115188075855872 --micro-batches 2",
+                         {"makes micro-batches of 72057594037927936 samples: expected at most "
+                          "16777216"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --optimizer lion",
                          {"--optimizer", "lion"});
   cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --device-memory 12XB",
