@@ -101,11 +101,6 @@ void write_to_descriptor(int fd, const std::string& path,
     throw RuntimeError(path + ": fsync failed: " + errno_text());
 }
 
-std::string parent_dir(const std::string& path) {
-  fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
-
 }  // namespace
 
 std::string file_kind(mode_t m) {
@@ -253,31 +248,42 @@ void write_file_durably(const std::string& path_in, const std::function<void(Fil
     if (::close(fd) != 0) throw RuntimeError(path_in + ": close failed: " + errno_text());
     return;
   }
+  // A file replaced keeps its permissions (a private file stays private, as cp and the
+  // shell's > leave it); a new one gets 0666 less the umask, as they give it.
+  const bool replacing = ::stat(path.c_str(), &st) == 0;
   static std::atomic<uint64_t> counter{0};
   // Unique per process and call: threads of one process may write one directory at once.
   const std::string tmp =
       temp_path_beside(path, ".tmp" + std::to_string(::getpid()) + "." + std::to_string(counter++));
   const std::string what = path_in + " (temporary file " + tmp + ")";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_open_error(what + ": cannot create");
+  // Created, renamed and synced relative to the directory: a legal path near PATH_MAX
+  // leaves no room for the temporary suffix as a whole path.
+  const fs::path full(path), tmp_name = fs::path(tmp).filename(), name = full.filename();
+  const std::string dir = full.has_parent_path() ? full.parent_path().string() : ".";
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) throw_open_error(what + ": cannot create");
+  int fd = -1;
   try {
+    fd = ::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) throw_open_error(what + ": cannot create");
+    if (replacing && ::fchmod(fd, st.st_mode & 07777) != 0)
+      throw RuntimeError(what + ": cannot give it the replaced file's mode: " + errno_text());
     FdSink sink(fd, what);
     produce(sink);
     if (::fsync(fd) != 0) throw RuntimeError(what + ": fsync failed: " + errno_text());
     int rc = ::close(fd);
     fd = -1;
     if (rc != 0) throw RuntimeError(what + ": close failed: " + errno_text());
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec)
-      throw RuntimeError(path_in + ": cannot rename " + tmp + " to " + path + ": " + ec.message());
+    if (::renameat(dir_fd, tmp_name.c_str(), dir_fd, name.c_str()) != 0)
+      throw RuntimeError(path_in + ": cannot rename " + tmp + " to " + path + ": " + errno_text());
+    if (::fsync(dir_fd) != 0) throw RuntimeError(dir + ": fsync failed: " + errno_text());
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    std::error_code ec;
-    fs::remove(tmp, ec);
+    ::unlinkat(dir_fd, tmp_name.c_str(), 0);
+    ::close(dir_fd);
     throw;
   }
-  fsync_path(parent_dir(path), true);
+  ::close(dir_fd);
 }
 
 void write_file_durably(const std::string& path, std::string_view content) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -195,7 +196,7 @@ ShardFile write_shard(const std::string& step_dir, const std::string& file, cons
     std::error_code ec;
     fs::remove(path + ".tmp", ec);
     throw RuntimeError("checkpoint " + step_dir + ": cannot write " + file + ": " + e.what() +
-                       " (the earlier checkpoints are untouched)");
+                       " (any earlier checkpoint is untouched)");
   }
   ShardFile sf;
   sf.file = file;
@@ -474,7 +475,7 @@ std::string hash_file(const std::string& path, const std::string& algorithm) {
     throw InputError(path + ": unknown checksum '" + algorithm + "' (expected crc32 or fnv1a64)");
   memory::check_regular_file(path);  // a FIFO would be waited on for ever
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open to hash");
+  if (!in) throw InputError(path + ": cannot open to hash: " + std::strerror(errno));
   uint64_t h = 0xcbf29ce484222325ull;
   uint32_t crc = 0;
   std::vector<char> buf(1 << 20);
@@ -587,7 +588,7 @@ void write_manifest(const std::string& step_dir, const Manifest& m) {
     memory::write_file_durably(step_dir + "/manifest.json", manifest_text(m.to_json(), 2) + "\n");
   } catch (const RuntimeError& e) {
     throw RuntimeError("checkpoint " + step_dir + ": cannot write manifest.json: " + e.what() +
-                       " (the earlier checkpoints are untouched)");
+                       " (any earlier checkpoint is untouched)");
   }
 }
 
@@ -770,17 +771,21 @@ void prepare_checkpoint_root(const std::string& root) {
   if (ec || !fs::is_directory(root))
     throw InputError("--checkpoint-dir " + root + ": cannot create the directory: " +
                      (ec ? ec.message() : std::string("a file is in the way")));
-  // As long a path as the longest file a checkpoint writes (its temporary name is added
-  // the same way): a root near PATH_MAX had passed a short probe and failed at the first
-  // save, after the first steps.
-  const std::string longest = "step-00000000/optimizer-rank00000.safetensors";
-  std::string probe = root + "/.write-test." + std::to_string(::getpid()) + "-";
-  probe.resize(root.size() + 1 + longest.size(), 'x');
-  try {
-    memory::write_file_durably(probe, "");
-  } catch (const std::exception& e) {
-    throw InputError("--checkpoint-dir " + root + ": cannot write in it: " + e.what());
-  }
+  // Room for the longest file a checkpoint writes (a data-parallel mode's own state; the
+  // temporary names are relative to their directory): a root near PATH_MAX had passed a
+  // short probe and failed at the first save, after the first steps.
+  const std::string longest = "step-00000000/parameter-server-rank-00000.safetensors";
+  if (root.size() + 1 + longest.size() > PATH_MAX - 1)
+    throw InputError("--checkpoint-dir " + root + ": a path of " + std::to_string(root.size()) +
+                     " bytes leaves no room for the files under it (such as " + longest + ", " +
+                     std::to_string(root.size() + 1 + longest.size()) +
+                     " bytes in all): the system's limit is " + std::to_string(PATH_MAX - 1) +
+                     " bytes a path");
+  const std::string probe = root + "/.write-test." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InputError("--checkpoint-dir " + root + ": cannot write in it: " + std::strerror(errno));
+  ::close(fd);
   fs::remove(probe, ec);
 }
 

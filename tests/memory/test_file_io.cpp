@@ -175,6 +175,42 @@ TEST(FileIo, ALongNameGetsAShortTemporaryName) {
   EXPECT_EQ(left, 0u);
 }
 
+// A path of 4090 bytes, legal, whose temporary name as a whole path passes PATH_MAX: the
+// temporary file is made and renamed relative to its directory.
+TEST(FileIo, APathNearPathMaxIsWritten) {
+  std::string dir = fresh_dir("file_io_path_max");
+  while (dir.size() + 201 < 4039) {
+    dir += "/" + std::string(200, 'd');
+    fs::create_directory(dir);
+  }
+  const std::string path = dir + "/" + std::string(4090 - dir.size() - 1, 'y');
+  ASSERT_EQ(path.size(), 4090u);
+  write_file_durably(path, "deep");
+  EXPECT_EQ(read_file(path), "deep");
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(dir)) left += e.path() != path;
+  EXPECT_EQ(left, 0u);
+}
+
+// A file replaced keeps its mode, as cp and the shell's > leave it; a new one gets 0666
+// less the umask (every file had been 0644: a private one became world-readable).
+TEST(FileIo, AReplacedFileKeepsItsModeAndANewOneFollowsTheUmask) {
+  const std::string dir = fresh_dir("file_io_mode");
+  const std::string kept = dir + "/private.json", fresh = dir + "/new.json";
+  write_file_durably(kept, "old");
+  ASSERT_EQ(::chmod(kept.c_str(), 0600), 0);
+  write_file_durably(kept, "new");
+  struct stat st;
+  ASSERT_EQ(::stat(kept.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(read_file(kept), "new");
+  const mode_t before = ::umask(002);
+  write_file_durably(fresh, "x");
+  ::umask(before);
+  ASSERT_EQ(::stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0664u);
+}
+
 TEST(FileIo, AFailureOfTheDiskAtRunTimeIsARuntimeError) {
   // No space at write time: a failure of the run (exit 1), which --max-restarts may retry,
   // not bad input; the message names the output.

@@ -772,17 +772,32 @@ TEST(Checkpoint, CheckpointRootIsMadeAndTriedAtTheStart) {
 
 // A root whose path leaves no room for a shard's name (PATH_MAX) had passed a short probe
 // and failed at the first save, after the first steps.
+// The longest is a data-parallel mode's own state, parameter-server-rank-N (the probe had
+// been sized on optimizer-rank-N and passed a root that failed at its first save).
 TEST(Checkpoint, ACheckpointRootTooLongForItsFilesIsRefusedAtTheStart) {
   std::string root = fresh_dir("ckpt_root_long");
-  while (root.size() < 4040)
-    root += "/" + std::string(std::min<size_t>(200, 4039 - root.size()), 'd');
-  ASSERT_EQ(root.size(), 4040u);
+  while (root.size() < 4045)
+    root += "/" + std::string(std::min<size_t>(200, 4044 - root.size()), 'd');
+  ASSERT_EQ(root.size(), 4045u);
   try {
     prepare_checkpoint_root(root);
-    ADD_FAILURE() << "a root with no room for step-*/optimizer-rank*.safetensors accepted";
+    ADD_FAILURE() << "a root with no room for step-*/parameter-server-rank-*.safetensors accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot write in it"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(": a path of 4045 bytes leaves no room for the files "
+                                         "under it (such as step-00000000/parameter-server-rank-"
+                                         "00000.safetensors, 4099 bytes in all): the system's "
+                                         "limit is 4095 bytes a path"),
+              std::string::npos)
+        << e.what();
   }
+  // One a byte shorter than that limit allows holds them: written and read back.
+  root.resize(4041);
+  prepare_checkpoint_root(root);
+  const std::string deepest = root + "/step-00000000/parameter-server-rank-00000.safetensors";
+  ASSERT_EQ(deepest.size(), 4095u);
+  std::filesystem::create_directories(root + "/step-00000000");
+  memory::write_file_durably(deepest, "state");
+  EXPECT_EQ(memory::read_file(deepest), "state");
 }
 
 TEST(Checkpoint, NewerFormatVersionIsRefusedWithTheVersionNamed) {
@@ -977,7 +992,7 @@ std::string full_disk_scenario(const std::string& root, bool& used_tmpfs) {
     std::string w = e.what();
     if (w.find("checkpoint " + checkpoint_dir(root, 2) + ": cannot write") == std::string::npos ||
         w.find(used_tmpfs ? "No space left on device" : "File too large") == std::string::npos ||
-        w.find("earlier checkpoints are untouched") == std::string::npos)
+        w.find("any earlier checkpoint is untouched") == std::string::npos)
       return "unclear error: " + w;
   }
   if (latest_checkpoint(root) != first) return "the first checkpoint is no longer the latest";
