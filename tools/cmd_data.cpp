@@ -7,6 +7,7 @@
 //                           Megatron-LM's indexed format
 //   train-tokenizer         trains a SentencePiece model on a corpus
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +95,11 @@ int check_trained_tokenizer(const std::string& tmp, const std::string& out) {
 // writable (SentencePiece had said only "Permission denied").
 void check_output_prefix(const std::string& prefix, const std::string& longest_ext) {
   namespace fs = std::filesystem;
+  // "dir/" or "." had written dir/.bin or ..bin: hidden files with no name.
+  const std::string name_part = fs::path(prefix).filename().string();
+  if (name_part.empty() || name_part == "." || name_part == "..")
+    throw InputError("--out " + prefix + ": expected a prefix ending in a file name (" + prefix +
+                     "NAME), found a directory");
   const fs::path parent = fs::path(prefix).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
   std::error_code ec;
@@ -172,6 +178,7 @@ int run_inspect(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, "baton data inspect PATH [--tokenizer FILE.model]", opts, vm, &pos))
     return 0;
+  check_path_flags(vm, {"path", "tokenizer"});
   // Negative counts had failed deep inside (a vector of -5 tokens) or been taken as none.
   for (auto [flag, v] : {std::pair<const char*, int64_t>{"--samples", samples},
                          {"--show-tokens", show},
@@ -289,6 +296,7 @@ int run_prepare(const std::vector<std::string>& args) {
           "baton data prepare --tokenizer FILE.model --input corpus.txt|corpus.jsonl --out PREFIX",
           opts, vm))
     return 0;
+  check_path_flags(vm, {"tokenizer", "input", "out"});
 #ifndef BATON_HAVE_SENTENCEPIECE
   no_sentencepiece("baton data prepare");
 #else
@@ -420,6 +428,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
                   "baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]",
                   opts, vm))
     return 0;
+  check_path_flags(vm, {"input", "out"});
 #ifndef BATON_HAVE_SENTENCEPIECE
   no_sentencepiece("baton data train-tokenizer");
 #else
@@ -442,6 +451,11 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
         std::to_string(max_lines));
   check_output_prefix(out, ".model");
   check_input_file(input, "a text file");
+  // Read twice (the longest line below, then SentencePiece's training): a pipe had given
+  // SentencePiece nothing, and its internal check the only message.
+  if (struct stat st; ::stat(input.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw InputError("--input " + input + ": " + memory::file_kind(st.st_mode) +
+                     ", expected a regular file: train-tokenizer reads its input twice");
   // SentencePiece writes TMP.model and TMP.vocab, renamed to PREFIX's names once both are
   // complete: a failed run (PREFIX.vocab a directory) had left a new PREFIX.model in
   // place of an earlier one. A name that is no file to write is refused before the work.

@@ -122,7 +122,8 @@ int run_plan(const std::vector<std::string>& args) {
   apply_common_options(vm);
   // Each given as "" (an unset shell variable) had read as left out: --check "" searched,
   // --device-memory "" planned for unlimited memory.
-  check_path_flags(vm, {"model", "check", "out", "costs"});
+  check_path_flags(vm, {"check", "out", "costs"});
+  check_path_flags(vm, {"model"}, /*recorded=*/true);  // --out's plan names it
   check_value_flags(vm, {"device-memory", "schedule", "dp-sync"});
   engine::check_output_path(out, "--out");  // before the search, not after it
 

@@ -344,6 +344,37 @@ TEST(DataCli, PrepareRefusesADirectoryAsOutput) {
   EXPECT_NE(r.output.find("no directory " + dir() + "/nodir"), std::string::npos) << r.output;
 }
 
+// An empty path (an unset shell variable) and a prefix that names a directory had written
+// hidden files with no name (.bin, .idx; dir/.bin), exit 0; a pipe given to train-tokenizer,
+// which reads its input twice, had left SentencePiece an empty input and its internal check.
+TEST(DataCli, EmptyPathsDirectoryPrefixesAndPipesAreRefused) {
+  const std::string in = dir() + "/one.txt";
+  std::ofstream(in) << "one document\n";
+  Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out ''");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out: expected a path, found an empty value"), std::string::npos)
+      << r.output;
+  r = baton("inspect ''");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--path: expected a path, found an empty value"), std::string::npos)
+      << r.output;
+  std::filesystem::create_directories(dir() + "/prefixdir");
+  r = baton("prepare --tokenizer " + tokenizer() + " --input " + in + " --out " + dir() +
+            "/prefixdir/");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("expected a prefix ending in a file name"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir() + "/prefixdir/.bin"));
+  const std::string fifo = dir() + "/corpus.fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = baton("train-tokenizer --input " + fifo + " --out " + dir() + "/fifo-tk --vocab-size 50");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("expected a regular file: train-tokenizer reads its input twice"),
+            std::string::npos)
+      << r.output;
+}
+
 // SentencePiece's limits are checked first, naming the flag or the file (its own errors
 // named neither, and a negative --max-lines had meant every line).
 TEST(DataCli, TrainTokenizerChecksItsFlags) {
