@@ -57,7 +57,7 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/batonConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(EXPORT batonTargets NAMESPACE baton:: DESTINATION "${BATON_INSTALL_CMAKEDIR}" COMPONENT dev)
 install(FILES "${PROJECT_BINARY_DIR}/batonConfig.cmake" "${PROJECT_BINARY_DIR}/batonConfigVersion.cmake"
-  cmake/FindBatonOpenBLAS.cmake cmake/FindBatonNCCL.cmake cmake/FindBatonCUDNN.cmake
+  cmake/FindBatonOpenBLAS.cmake cmake/FindBatonNCCL.cmake
   DESTINATION "${BATON_INSTALL_CMAKEDIR}" COMPONENT dev)
 
 # Debian packages: `cpack -G DEB` in the build folder makes baton_<version>_<arch>.deb

@@ -93,7 +93,8 @@ if [ -z "${CUDNN_HOME:-}" ] && ! ls "$cuda_root"/include/cudnn_graph.h >/dev/nul
   [ -n "$cudnn_pip" ] && export CUDNN_HOME=$cudnn_pip && echo "cuDNN from $CUDNN_HOME"
 fi
 # The libraries the binaries load from the machine: cuBLAS from the toolkit, NCCL and
-# cuDNN from wherever they were found (PyTorch uses the same ones).
+# cuDNN from wherever they were found (PyTorch uses the same ones; cuBLAS and cuDNN are
+# opened at run time, from these folders too).
 for d in "${CUDNN_HOME:-}" "${NCCL_HOME:-}"; do
   [ -n "$d" ] && [ -d "$d/lib" ] && export LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
@@ -107,14 +108,22 @@ if [ $prebuilt = 1 ]; then
   export GPU_CHECK_BATON=${GPU_CHECK_BATON:-$bin/baton}
   # A CUDA library still missing (pip's wheels differ in layout): look for it beside Python.
   # The tracer's CUPTI is looked for too, but a tracer that cannot load only skips its steps.
-  missing() { for b in "$bin"/* "$@"; do ldd "$b" | awk '/not found/ { print $1 }'; done | sort -u; }
+  # cuBLAS and cuDNN are opened at run time (dlopen), so ldd does not list them: their names
+  # are read from the program and each tried as the program will open it.
+  dlopened() { grep -aoE 'lib(cudnn|cublasLt|cublas)\.so\.[0-9]+' "$bin/gpt_step" | sort -u; }
+  unloadable() {
+    for n in $(dlopened); do
+      "$py" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$n" 2>/dev/null || echo "$n"
+    done
+  }
+  missing() { { for b in "$bin"/* "$@"; do ldd "$b" | awk '/not found/ { print $1 }'; done; unloadable; } | sort -u; }
   site=$("$py" -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
   for name in $(missing "$bin/../lib/libbaton_kernel_trace.so"); do
     found=$(find $site "$cuda_root" -name "$name" 2>/dev/null | head -n 1)
     [ -n "$found" ] && echo "$name from $(dirname "$found")" && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$(dirname "$found")"
   done
   [ -z "$(missing)" ] || die "libraries not found for .gpu-engine's programs: $(missing | tr '\n' ' ')"
-  grep -q "libcudnn" <(ldd "$bin/gpt_step") && cudnn_built=1 || cudnn_built=0
+  dlopened | grep -q "libcudnn" && cudnn_built=1 || cudnn_built=0
   test_bin() { echo "$bin/$1"; }
 else
   # The bundled OpenBLAS and its Fortran runtime (the binaries' RPATH names them too).

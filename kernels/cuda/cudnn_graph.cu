@@ -3,16 +3,41 @@
 
 #ifdef BATON_HAVE_CUDNN
 
+#include "kernels/cuda/dynamic_library.h"
+
 namespace baton::kernels::cuda::cudnn {
 
 namespace {
 thread_local std::array<cudnnHandle_t, 64> t_handles{};
 }  // namespace
 
+const Api& api() {
+  static const Api loaded = [] {
+    const std::string version = "cuDNN " BATON_CUDA_STR(CUDNN_MAJOR);
+    const char* name = "libcudnn.so." BATON_CUDA_STR(CUDNN_MAJOR);
+    void* lib = open_cuda_library(name, version +
+                                            ", which the GPU's convolutions and cudnn "
+                                            "attention need");
+    Api a{};
+    find_cuda_symbol(lib, name, "cudnnCreate", a.create, version);
+    find_cuda_symbol(lib, name, "cudnnSetStream", a.set_stream, version);
+    find_cuda_symbol(lib, name, "cudnnGetErrorString", a.error_string, version);
+    find_cuda_symbol(lib, name, "cudnnGetLastErrorString", a.last_error_string, version);
+    find_cuda_symbol(lib, name, "cudnnBackendCreateDescriptor", a.create_descriptor, version);
+    find_cuda_symbol(lib, name, "cudnnBackendDestroyDescriptor", a.destroy_descriptor, version);
+    find_cuda_symbol(lib, name, "cudnnBackendSetAttribute", a.set_attribute, version);
+    find_cuda_symbol(lib, name, "cudnnBackendGetAttribute", a.get_attribute, version);
+    find_cuda_symbol(lib, name, "cudnnBackendFinalize", a.finalize, version);
+    find_cuda_symbol(lib, name, "cudnnBackendExecute", a.execute, version);
+    return a;
+  }();
+  return loaded;
+}
+
 cudnnHandle_t handle(const Launch& l) {
   cudnnHandle_t& h = t_handles.at(size_t(l.device));
-  if (h == nullptr) BATON_CUDNN_CHECK(cudnnCreate(&h));
-  BATON_CUDNN_CHECK(cudnnSetStream(h, l.stream));
+  if (h == nullptr) BATON_CUDNN_CHECK(api().create(&h));
+  BATON_CUDNN_CHECK(api().set_stream(h, l.stream));
   return h;
 }
 
@@ -30,7 +55,7 @@ void execute(const Graph& g, const std::vector<int64_t>& uids, const std::vector
            int64_t(ptrs.size()))
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws_ptr)
       .finalize();
-  BATON_CUDNN_CHECK(cudnnBackendExecute(handle(l), g.plan->get(), pack.get()));
+  BATON_CUDNN_CHECK(api().execute(handle(l), g.plan->get(), pack.get()));
 }
 
 }  // namespace baton::kernels::cuda::cudnn

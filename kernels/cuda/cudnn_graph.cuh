@@ -18,12 +18,29 @@
 
 namespace baton::kernels::cuda::cudnn {
 
+// The cuDNN functions baton calls, from the library of the headers' major version, opened
+// on the first cuDNN graph (dynamic_library.h): a process that runs none loads no cuDNN.
+struct Api {
+  decltype(&cudnnCreate) create;
+  decltype(&cudnnSetStream) set_stream;
+  decltype(&cudnnGetErrorString) error_string;
+  decltype(&cudnnGetLastErrorString) last_error_string;
+  decltype(&cudnnBackendCreateDescriptor) create_descriptor;
+  decltype(&cudnnBackendDestroyDescriptor) destroy_descriptor;
+  decltype(&cudnnBackendSetAttribute) set_attribute;
+  decltype(&cudnnBackendGetAttribute) get_attribute;
+  decltype(&cudnnBackendFinalize) finalize;
+  decltype(&cudnnBackendExecute) execute;
+};
+// Opened once per process; a RuntimeError naming the library where it cannot be.
+const Api& api();
+
 [[noreturn]] inline void throw_cudnn_error(cudnnStatus_t st, const char* call, const char* file,
                                            int line) {
   char last[512] = {0};
-  cudnnGetLastErrorString(last, sizeof last);
+  api().last_error_string(last, sizeof last);
   throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                     cudnnGetErrorString(st) + (last[0] ? std::string(" (") + last + ")" : ""));
+                     api().error_string(st) + (last[0] ? std::string(" (") + last + ")" : ""));
 }
 
 #define BATON_CUDNN_CHECK(call)                                      \
@@ -37,10 +54,10 @@ namespace baton::kernels::cuda::cudnn {
 class Desc {
  public:
   explicit Desc(cudnnBackendDescriptorType_t type) {
-    BATON_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+    BATON_CUDNN_CHECK(api().create_descriptor(type, &d_));
   }
   ~Desc() {
-    if (d_ != nullptr) (void)cudnnBackendDestroyDescriptor(d_);
+    if (d_ != nullptr) (void)api().destroy_descriptor(d_);
   }
   Desc(const Desc&) = delete;
   Desc& operator=(const Desc&) = delete;
@@ -48,7 +65,7 @@ class Desc {
   template <class T>
   Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* values,
             int64_t count = 1) {
-    BATON_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+    BATON_CUDNN_CHECK(api().set_attribute(d_, name, type, count, values));
     return *this;
   }
   Desc& set_desc(cudnnBackendAttributeName_t name, const Desc& other) {
@@ -56,7 +73,7 @@ class Desc {
     return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &o);
   }
   Desc& finalize() {
-    BATON_CUDNN_CHECK(cudnnBackendFinalize(d_));
+    BATON_CUDNN_CHECK(api().finalize(d_));
     return *this;
   }
 
@@ -232,12 +249,12 @@ class Builder {
         ->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
               int64_t(ops.size()))
         .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &h);
-    if (cudnnBackendFinalize(graph->get()) != CUDNN_STATUS_SUCCESS) return false;
+    if (api().finalize(graph->get()) != CUDNN_STATUS_SUCCESS) return false;
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph)
         .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
-    if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return false;
+    if (api().finalize(heur.get()) != CUDNN_STATUS_SUCCESS) return false;
     constexpr int kMaxConfigs = 8;
     std::vector<DescPtr> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
@@ -246,19 +263,19 @@ class Builder {
       raw.push_back(cfgs.back()->get());
     }
     int64_t found = 0;
-    if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &found,
-                                 raw.data()) != CUDNN_STATUS_SUCCESS)
+    if (api().get_attribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                            CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &found,
+                            raw.data()) != CUDNN_STATUS_SUCCESS)
       return false;
     push(std::move(graph));
     for (int64_t i = 0; i < found; ++i) {
       auto p = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       p->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &h)
           .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[size_t(i)]);
-      if (cudnnBackendFinalize(p->get()) != CUDNN_STATUS_SUCCESS) continue;
+      if (api().finalize(p->get()) != CUDNN_STATUS_SUCCESS) continue;
       int64_t ws = 0, n = 0;
-      BATON_CUDNN_CHECK(cudnnBackendGetAttribute(p->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                 CUDNN_TYPE_INT64, 1, &n, &ws));
+      BATON_CUDNN_CHECK(api().get_attribute(p->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                            CUDNN_TYPE_INT64, 1, &n, &ws));
       g_.workspace = ws;
       g_.plan = std::move(p);
       for (auto& c : cfgs) g_.keep.push_back(std::move(c));

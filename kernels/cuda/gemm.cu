@@ -2,11 +2,8 @@
 // linear layer's bias GEMMs through cuBLASLt, whose epilogues add the bias (forward) and
 // sum the bias gradient (weight gradient) inside the GEMM, each saving a pass.
 //
-// Both libraries are opened on the first GPU product (dlopen), not linked: cuBLASLt's
-// static initializers touch 84 MB and take 65 ms in every process that loads it, and a
-// CPU-only rank, launcher or Python import had paid that (230 MB RSS where 16 do).
-#include <dlfcn.h>
-
+// Both libraries are opened on the first GPU product (dynamic_library.h), not linked:
+// a CPU-only rank, launcher or Python import had paid cuBLASLt's 230 MB RSS where 16 do.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -18,6 +15,7 @@
 #include <utility>
 
 #include "kernels/cuda/blas.h"
+#include "kernels/cuda/dynamic_library.h"
 #include "kernels/cuda/ops_cuda.h"
 
 namespace baton::kernels::cuda {
@@ -51,37 +49,21 @@ struct CublasApi {
   decltype(&cublasLtMatmul) matmul;
 };
 
-#define BATON_STR2(x) #x
-#define BATON_STR(x) BATON_STR2(x)
-
-void* open_library(const char* name) {
-  // RTLD_GLOBAL: cuBLAS resolves cuBLASLt's symbols through it.
-  void* h = ::dlopen(name, RTLD_NOW | RTLD_GLOBAL);
-  if (h == nullptr) {
-    const char* why = ::dlerror();
-    throw RuntimeError(std::string("CUDA backend: cannot open ") + name + " (cuBLAS " +
-                       BATON_STR(CUBLAS_VER_MAJOR) +
-                       ", which the GPU's matrix products need): " + (why ? why : "unknown error"));
-  }
-  return h;
-}
+const std::string kCublas = "cuBLAS " BATON_CUDA_STR(CUBLAS_VER_MAJOR);
 
 template <class F>
 void find(void* lib, const char* lib_name, const char* symbol, F& out) {
-  void* f = ::dlsym(lib, symbol);
-  if (f == nullptr)
-    throw RuntimeError(std::string("CUDA backend: ") + lib_name + " has no " + symbol +
-                       " (another cuBLAS than the build's " + BATON_STR(CUBLAS_VER_MAJOR) + ")");
-  out = reinterpret_cast<F>(f);
+  find_cuda_symbol(lib, lib_name, symbol, out, kCublas);
 }
 
 // Opened once per process, on first use (a function-local static: thread-safe).
 const CublasApi& api() {
   static const CublasApi loaded = [] {
-    const char* lt_name = "libcublasLt.so." BATON_STR(CUBLAS_VER_MAJOR);
-    const char* blas_name = "libcublas.so." BATON_STR(CUBLAS_VER_MAJOR);
-    void* lt = open_library(lt_name);
-    void* blas = open_library(blas_name);
+    const char* lt_name = "libcublasLt.so." BATON_CUDA_STR(CUBLAS_VER_MAJOR);
+    const char* blas_name = "libcublas.so." BATON_CUDA_STR(CUBLAS_VER_MAJOR);
+    const std::string what = kCublas + ", which the GPU's matrix products need";
+    void* lt = open_cuda_library(lt_name, what);
+    void* blas = open_cuda_library(blas_name, what);
     CublasApi a{};
     find(blas, blas_name, "cublasCreate_v2", a.create);
     find(blas, blas_name, "cublasSetStream_v2", a.set_stream);
