@@ -30,6 +30,65 @@ class Import(unittest.TestCase):
             caught = next(int(l.split()[1], 16) for l in f if l.startswith("SigCgt"))
         self.assertFalse(caught & (1 << (1 - 1)), "SIGHUP has a handler after import baton")
 
+    def test_no_cuda_library_is_loaded(self):
+        # A cuDNN or CUDA runtime loaded with the module is what PyTorch, imported after it,
+        # resolved its own to ("cuDNN version incompatibility"); cuBLAS cost 150 MB.
+        with open("/proc/self/maps") as f:
+            loaded = {l.split()[-1] for l in f if "/lib" in l}
+        for lib in ("libcudnn", "libcudart", "libcublas"):
+            self.assertEqual([p for p in loaded if lib in os.path.basename(p)], [], lib)
+
+
+class Logging(unittest.TestCase):
+    """The module's log lines go to standard error, and survive a fork() from a thread."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.model = os.path.join(SOURCE, "examples", "models", "mlp.json")
+        cls.costs = os.path.join(cls.dir, "costs.json")
+        # Timed at 2 threads: planning then warns that the ranks run at another count.
+        subprocess.run([os.environ.get("BATON_BIN", "baton"), "profile", "--model", cls.model,
+                        "--batch", "2", "--repeats", "1", "--warmup", "0", "--threads", "2",
+                        "--out", cls.costs], check=True, capture_output=True)
+
+    def run_python(self, code):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, PYTHONPATH=os.path.dirname(baton.__file__)))
+
+    def test_warnings_go_to_standard_error(self):
+        # They had gone to standard output, into the data a script prints there.
+        r = self.run_python(
+            "import baton; m = baton.load_model(%r)\n"
+            "baton.plan(m, devices=2, batch=8, device_memory='1GiB', top=1, costs=%r)"
+            % (self.model, self.costs))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("baton: warning: ", r.stderr)
+
+    def test_a_child_forked_while_another_thread_logs_does_not_hang(self):
+        # A thread that logged held spdlog's console mutex at the fork: the child waited on
+        # it for ever (2 of 20 children here).
+        r = self.run_python("""
+import os, signal, threading, baton
+m = baton.load_model(%r)
+best = baton.plan(m, devices=2, batch=8, device_memory="1GiB", top=1)["best"]
+check = lambda: baton.check(best, costs=%r)
+threading.Thread(target=lambda: [check() for _ in iter(int, 1)], daemon=True).start()
+hung = 0
+for i in range(20):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)
+        check()
+        os._exit(0)
+    _, st = os.waitpid(pid, 0)
+    hung += os.waitstatus_to_exitcode(st) != 0
+print("hung", hung)
+os._exit(0)
+""" % (self.model, self.costs))
+        self.assertIn("hung 0", r.stdout, r.stderr[-2000:])
+
 
 class Schedules(unittest.TestCase):
     def test_generate_every_generator(self):

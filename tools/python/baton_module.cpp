@@ -3,10 +3,14 @@
 // simulator, the automatic scheduler, timelines and the partitioner's planning
 // (docs/schedules.md, "Python"). Long calls release the GIL; the simulator's per-action
 // times come back as numpy arrays filled in one pass by the library (no copy after).
+#include <pthread.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -290,6 +294,41 @@ py::dict comparison_dict(const TraceComparison& c) {
   return d;
 }
 
+// The module's log lines (a cost file's warnings) go to standard error, "baton: warning:
+// ...": spdlog's default logger had written them to standard output, into a script's
+// data. The sink's mutex is held across fork(): a child forked while another thread
+// logged had waited for ever on spdlog's console mutex, locked in the parent at the fork.
+class ForkSafeStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    // write(2), not stdio: no stdio lock to be held at a fork either.
+    for (size_t done = 0; done < line.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+      if (n <= 0) return;  // a closed standard error: nothing to tell
+      done += size_t(n);
+    }
+  }
+  void flush_() override {}
+};
+
+void log_to_stderr() {
+  static auto* sink = new std::shared_ptr<ForkSafeStderrSink>(nullptr);
+  if (*sink) return;  // once a process
+  *sink = std::make_shared<ForkSafeStderrSink>();
+  auto logger = std::make_shared<spdlog::logger>("baton", *sink);
+  logger->set_pattern("baton: %l: %v");
+  logger->set_level(spdlog::default_logger()->level());
+  spdlog::set_default_logger(std::move(logger));
+  ::pthread_atfork([] { (*sink)->lock_for_fork(); }, [] { (*sink)->unlock_after_fork(); },
+                   [] { (*sink)->unlock_after_fork(); });
+}
+
 }  // namespace
 
 }  // namespace baton::python
@@ -298,6 +337,7 @@ PYBIND11_MODULE(baton, m) {
   baton::tools::require_cpu_features();  // an ImportError naming them, not SIGILL later
   // UCX, loaded with the module, had taken SIGHUP from the interpreter.
   baton::transport::release_ucx_debug_signal();
+  baton::python::log_to_stderr();
   // pybind11 sets NumPy's C API up in a function-local static on the first array, and
   // that imports numpy.core.multiarray, which may hand the GIL to another thread that
   // then waits on the static's guard holding it: two threads' first arrays deadlocked.
