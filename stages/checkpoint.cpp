@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <climits>
@@ -781,7 +782,9 @@ void prepare_checkpoint_root(const std::string& root) {
                      std::to_string(root.size() + 1 + longest.size()) +
                      " bytes in all): the system's limit is " + std::to_string(PATH_MAX - 1) +
                      " bytes a path");
-  const std::string probe = root + "/.write-test." + std::to_string(::getpid());
+  static std::atomic<uint64_t> probes{0};  // ranks of one process (threads) check at once
+  const std::string probe =
+      root + "/.write-test." + std::to_string(::getpid()) + "." + std::to_string(probes++);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
     throw InputError("--checkpoint-dir " + root + ": cannot write in it: " + std::strerror(errno));
