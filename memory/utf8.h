@@ -10,6 +10,12 @@
 
 namespace baton::memory {
 
+// `text` without a leading byte-order mark (Windows editors write one; JSON parsers skip
+// it, where line-oriented readers had taken it as part of the first word).
+inline std::string_view skip_utf8_bom(std::string_view text) {
+  return text.starts_with("\xEF\xBB\xBF") ? text.substr(3) : text;
+}
+
 // The length of the UTF-8 sequence at s[i] (1 to 4), or 0 where none starts (a stray
 // continuation, an overlong form, a surrogate, beyond U+10FFFF, cut short).
 inline size_t utf8_sequence(std::string_view s, size_t i) {

@@ -134,8 +134,10 @@ Schedule interleaved_1f1b(int p, int m, int v) {
   check_range(name, "chunks", v, 1, 64);
   check_range(name, "micro-batches", m, 1, kMaxGeneratedMicroBatches);
   check_range(name, "ranks", p, 1, kMaxRanks);
+  // The limits on what was asked: the whole groups built below are cut back to m (the
+  // rounded count had been refused, naming numbers nobody typed).
+  check_common(name, p, m, v);
   const int m_full = (m + p - 1) / p * p;  // whole groups of p micro-batches
-  check_common(name, p, m_full, v);
   Schedule s = detail::skeleton(name, p, m_full, loop_placement(p, v));
   // Virtual step i of a rank works on micro-batch (i / (p v)) p + i % p of chunk
   // (i / p) % v; backward walks the chunks in reverse.

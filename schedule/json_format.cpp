@@ -7,6 +7,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
+#include "memory/utf8.h"
 #include "schedule/detail/util.h"
 #include "schedule/schedule_io.h"
 #include "schedule/torch_csv.h"
@@ -203,7 +204,8 @@ Schedule parse_json(std::string_view text, const std::string& source) {
 
 Schedule load_schedule(const std::string& path) {
   if (is_csv_path(path)) return load_torch_csv(path).schedule;
-  std::string text = memory::read_file(path);
+  const std::string file = memory::read_file(path);
+  const std::string_view text = memory::skip_utf8_bom(file);
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
   return parse_text(text, path);

@@ -93,6 +93,7 @@ std::string to_text(const Schedule& s) {
 }
 
 Schedule parse_text(std::string_view text, const std::string& source) {
+  text = memory::skip_utf8_bom(text);
   Schedule s;
   std::optional<int> ranks, micro_batches, directions;
   bool have_placement = false, have_name = false;

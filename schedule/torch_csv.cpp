@@ -209,6 +209,7 @@ bool is_csv_path(const std::string& path) {
 
 TorchCsv parse_torch_csv(std::string_view text, const std::string& source, TorchDialect dialect,
                          const std::string& name) {
+  text = memory::skip_utf8_bom(text);
   // Rows: one per line ("\r\n" or "\n"); the last line break ends the last row, and blank
   // lines after it (an editor's) are no ranks.
   for (;;) {

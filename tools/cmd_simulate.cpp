@@ -420,18 +420,27 @@ int run_simulate(const std::vector<std::string>& args) {
       has_reduce = has_reduce || a.kind == sc::ActionKind::reduce_gradients;
       has_step = has_step || a.kind == sc::ActionKind::optimizer_step;
     }
-  if ((spec.reduce.given && !has_reduce) || (spec.optimizer_step > 0 && !has_step))
-    std::printf(
-        "note: the reduce and optimizer_step costs apply to REDUCE and STEP actions, which this "
-        "schedule "
-        "lacks; --lower inserts them\n");
+  // Only what is missing: a schedule with REDUCE and no STEP had been told it lacked both.
+  const bool reduce_unused = spec.reduce.given && !has_reduce;
+  const bool step_unused = spec.optimizer_step > 0 && !has_step;
+  if (reduce_unused || step_unused)
+    std::printf("note: the %s %s to %s actions, which this schedule lacks; --lower inserts them\n",
+                reduce_unused && step_unused ? "reduce and optimizer_step costs"
+                : reduce_unused              ? "reduce cost"
+                                             : "optimizer_step cost",
+                reduce_unused && step_unused ? "apply" : "applies",
+                reduce_unused && step_unused ? "REDUCE and STEP"
+                : reduce_unused              ? "REDUCE"
+                                             : "STEP");
   sc::Simulator sim(s, source);
   const sc::Costs costs = resolved(sim.schedule());
   const sc::SimResult& r = sim.run(costs);
   std::printf("%s: %d ranks, %d micro-batches, %d stages, %d direction%s, %zu actions%s; valid\n",
               s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches,
               s.num_stages(), s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
-              sc::has_transfers(s) ? " (with transfers)" : " (compute only)");
+              sc::has_transfers(s)     ? " (with transfers)"
+              : has_reduce || has_step ? " (no transfers)"
+                                       : " (compute only)");
   print_summary(r, have_bytes);
   if (limit.given)
     std::printf("memory limit %s per rank: %s\n",

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
@@ -306,6 +307,35 @@ TEST(ScheduleFiles, ExtensionsInAnyCase) {
   EXPECT_FALSE(is_csv_path("s.csvx"));
   EXPECT_FALSE(is_csv_path("csv"));
   std::filesystem::remove_all(dir);
+}
+
+// A byte-order mark (Windows editors write one) is skipped in every form: a JSON schedule
+// with one had been read as the text form ("unknown header"), and text and CSV had taken
+// it as part of their first word.
+TEST(ScheduleFiles, AByteOrderMarkIsSkippedInEveryForm) {
+  const std::string dir = ::testing::TempDir() + "/sched_bom_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const Schedule s = generate("1f1b", 2, 4);
+  for (const char* name : {"s.txt", "s.json", "s.csv"}) {
+    const std::string path = dir + "/" + name;
+    save_schedule(s, path);
+    std::ifstream in(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(path, std::ios::binary) << "\xEF\xBB\xBF" << text;
+    EXPECT_EQ(load_schedule(path).ranks, s.ranks) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// interleaved-1f1b's limits apply to the micro-batches asked, not to the whole groups of p
+// it builds and cuts back: 3 ranks at 2^20 micro-batches (the generators' bound) had been
+// refused as 1048578, a number nobody typed.
+TEST(Generators, InterleavedLimitsApplyToTheMicroBatchesAsked) {
+  const Schedule s = interleaved_1f1b(3, 1 << 20, 1);
+  EXPECT_EQ(s.num_micro_batches, 1 << 20);
+  EXPECT_EQ(s.num_actions(), size_t(3) * 2 * (1 << 20));
+  const std::string e = input_error_of([] { interleaved_1f1b(3, (1 << 20) + 1, 1); });
+  EXPECT_NE(e.find("found 1048577"), std::string::npos) << e;
 }
 
 TEST(CostFile, ParsesScalarsArraysAndUnits) {
