@@ -661,12 +661,11 @@ void log_resume(const std::optional<std::string>& dir, int64_t step, const std::
 }
 
 void refuse_unusable_checkpoints(const std::string& root) {
-  if (auto written = stages::newest_written_checkpoint(root))
-    throw InputError(
-        "--resume: no checkpoint in " + root +
-        " is complete and undamaged (the warnings above say why; the newest: " + *written +
-        "); starting over would write over them: move them away, or give another "
-        "--checkpoint-dir");
+  if (stages::newest_written_checkpoint(root))
+    throw InputError("--resume: no checkpoint in " + root + " is complete and undamaged (" +
+                     stages::unusable_newest(root) +
+                     "); starting over would write over them: move them away, or give another "
+                     "--checkpoint-dir");
 }
 
 nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t tokens_per_step,

@@ -798,6 +798,43 @@ std::optional<std::string> newest_written_checkpoint(const std::string& root) {
   return std::nullopt;
 }
 
+namespace {
+
+// Why the checkpoint of `step` in `dir` cannot be resumed from ("is damaged: ..."), or
+// nothing. One of a newer format version is an InputError, never passed over: falling
+// back past it would silently resume from older work and then overwrite the newer.
+std::optional<std::string> problem_of(const std::string& dir, int64_t step) {
+  const std::string path = dir + "/manifest.json";
+  if (!fs::exists(path)) return "has no manifest (incomplete)";
+  json j;
+  try {
+    j = read_json_regular_file(path);
+  } catch (const InputError& e) {
+    return std::string("is unreadable (") + e.what() + ")";
+  }
+  if (j.is_object() && j.contains("version") && j["version"].is_number_integer() &&
+      j["version"].get<int64_t>() > Manifest::kVersion)
+    check_manifest_version(JsonReader(j, path));  // throws, naming the version
+  try {
+    Manifest m = Manifest::from_json(j, path);
+    // Every rank loads the directory of the step it agreed on (checkpoint_dir): one
+    // copied or renamed under another step's name is not that step's.
+    if (m.step != step)
+      return "holds the manifest of step " + std::to_string(m.step) +
+             " (a copied or renamed directory)";
+    if (auto problem = verify_checkpoint(dir, m)) {
+      // A live run's pruning (its manifest goes first) is not damage.
+      if (!fs::exists(path)) return "was removed while being verified (a run pruning it)";
+      return "is damaged: " + *problem;
+    }
+  } catch (const InputError& e) {
+    return std::string("is unreadable (") + e.what() + ")";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
@@ -805,57 +842,25 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   bool skipped = false;
   for (size_t i = 0; i < found.size(); ++i) {
     const auto& [step, dir] = found[i];
-    // The oldest has none to fall back to (the warning had said it fell back all the same).
-    const char* next = i + 1 < found.size() ? "falling back to an older one"
-                                            : "no older checkpoint to fall back to";
-    const std::string path = dir + "/manifest.json";
-    if (!fs::exists(path)) {
-      spdlog::warn("checkpoint {} has no manifest (incomplete); {}", dir, next);
+    if (auto problem = problem_of(dir, step)) {
+      // The oldest has none to fall back to (the warning had said it fell back all the same).
+      spdlog::warn("checkpoint {} {}; {}", dir, *problem,
+                   i + 1 < found.size() ? "falling back to an older one"
+                                        : "no older checkpoint to fall back to");
       skipped = true;
       continue;
     }
-    json j;
-    try {
-      j = read_json_regular_file(path);
-    } catch (const InputError& e) {
-      spdlog::warn("checkpoint {} is unreadable ({}); {}", dir, e.what(), next);
-      skipped = true;
-      continue;
-    }
-    // A newer format is refused, not skipped: falling back past it would silently resume
-    // from older work and then overwrite the newer checkpoints.
-    if (j.is_object() && j.contains("version") && j["version"].is_number_integer() &&
-        j["version"].get<int64_t>() > Manifest::kVersion)
-      check_manifest_version(JsonReader(j, path));  // throws, naming the version
-    try {
-      Manifest m = Manifest::from_json(j, path);
-      // Every rank loads the directory of the step it agreed on (checkpoint_dir): one
-      // copied or renamed under another step's name is not that step's.
-      if (m.step != step) {
-        spdlog::warn(
-            "checkpoint {} holds the manifest of step {} (a copied or renamed directory); {}", dir,
-            m.step, next);
-        skipped = true;
-        continue;
-      }
-      if (auto problem = verify_checkpoint(dir, m)) {
-        // A live run's pruning (its manifest goes first) is not damage.
-        if (!fs::exists(path))
-          spdlog::warn("checkpoint {} was removed while being verified (a run pruning it); {}", dir,
-                       next);
-        else
-          spdlog::warn("checkpoint {} is damaged: {}; {}", dir, *problem, next);
-        skipped = true;
-        continue;
-      }
-      if (skipped) spdlog::warn("using checkpoint {}, the newest complete one", dir);
-      return dir;
-    } catch (const InputError& e) {
-      spdlog::warn("checkpoint {} is unreadable ({}); {}", dir, e.what(), next);
-      skipped = true;
-    }
+    if (skipped) spdlog::warn("using checkpoint {}, the newest complete one", dir);
+    return dir;
   }
   return std::nullopt;
+}
+
+std::string unusable_newest(const std::string& root) {
+  for (const auto& [step, dir] : checkpoint_dirs_newest_first(root))
+    if (fs::exists(dir + "/manifest.json"))
+      return "the newest, " + dir + ", " + problem_of(dir, step).value_or("is usable");
+  return "none has a manifest";
 }
 
 void prune_checkpoints(const std::string& root, int keep, int64_t written) {

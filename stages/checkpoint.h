@@ -132,6 +132,10 @@ class CheckpointRootLock {
 // (nullopt when none): the work of an earlier run that a fresh run must not prune, and
 // that --resume must not silently restart over when none of it is usable.
 std::optional<std::string> newest_written_checkpoint(const std::string& root);
+// Why the newest of those cannot be resumed from, for the error when none can ("the
+// newest, <dir>, is damaged: ..."): the warnings that say it for each are hidden at
+// --log-level error.
+std::string unusable_newest(const std::string& root);
 
 // After the checkpoint of step `written`: removes all but the newest `keep` complete
 // checkpoints up to it under root (and incomplete ones older than the newest complete

@@ -328,7 +328,10 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
         std::to_string(max_new) + " new tokens need " + std::to_string(need) +
         " positions; the model's context holds " + std::to_string(gen.capacity()) +
         // The position table bounds generation, not the training window.
-        (spec_of(stage.graph()).llama ? " (its max_position_embeddings)" : " (its n_positions)") +
+        // A Mistral's sliding_window, where smaller, capped it at import.
+        (spec_of(stage.graph()).llama
+             ? " (its max_position_embeddings, or a Mistral's sliding_window where smaller)"
+             : " (its n_positions)") +
         (int64_t(prompt.size()) <= gen.capacity()
              ? " (at most " + std::to_string(gen.capacity() - int64_t(prompt.size()) + 1) +
                    " new tokens after this prompt)"

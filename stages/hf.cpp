@@ -875,11 +875,9 @@ std::string resolve_checkpoint(const std::string& dir) {
   }
   if (auto latest = latest_checkpoint(dir)) return *latest;
   // Manifests but none usable: not "no manifest" (as --resume says it).
-  if (auto written = newest_written_checkpoint(dir))
-    throw InputError(dir +
-                     ": no checkpoint in it is complete and undamaged (the warnings above say "
-                     "why; the newest: " +
-                     *written + ")");
+  if (newest_written_checkpoint(dir))
+    throw InputError(dir + ": no checkpoint in it is complete and undamaged (" +
+                     unusable_newest(dir) + ")");
   throw InputError(dir +
                    ": no complete checkpoint (no manifest.json in it or in a step-* "
                    "directory under it)");
