@@ -156,6 +156,22 @@ class Schedules(unittest.TestCase):
         self.assertEqual(back.tokens(), c.tokens())
         self.assertIn("0B0", c.to_csv("legacy"))
 
+    def test_schedules_and_actions_pickle_and_copy(self):
+        # Process pools pass them between processes; both had refused pickle, copy and
+        # deepcopy ("cannot pickle 'baton.Schedule' object").
+        import copy, pickle
+        from concurrent.futures import ProcessPoolExecutor
+        s = baton.lower(baton.generate("zb-v", 2, 4))
+        for back in (pickle.loads(pickle.dumps(s)), copy.copy(s), copy.deepcopy(s)):
+            self.assertEqual(back, s)
+            self.assertEqual(back.placement, s.placement)
+        for a in s.ranks[0]:
+            self.assertEqual(pickle.loads(pickle.dumps(a)), a)
+            self.assertEqual(pickle.loads(pickle.dumps(a)).peer, a.peer)
+        with ProcessPoolExecutor(2) as pool:
+            # To a worker and back (copy.copy, a function pickle can name, runs there).
+            self.assertEqual(list(pool.map(copy.copy, [s, s])), [s, s])
+
     def test_long_calls_release_the_gil(self):
         # While one thread parses a large schedule, another keeps running Python: its
         # longest pause is a few switch intervals, not the whole parse (as it would be

@@ -400,7 +400,26 @@ PYBIND11_MODULE(baton, m) {
           [](const Action& a) {
             return py::hash(py::make_tuple(int(a.kind), a.micro_batch, a.stage, a.peer, a.overlap));
           })
-      .def("__repr__", [](const Action& a) { return "Action('" + to_token(a) + "')"; });
+      .def("__repr__", [](const Action& a) { return "Action('" + to_token(a) + "')"; })
+      // Pickled by its fields (a token has no peer): process pools pass actions and
+      // schedules between processes, and copy.copy and deepcopy go through this too.
+      .def(py::pickle(
+          [](const Action& a) {
+            return py::make_tuple(std::string(kind_code(a.kind)), a.micro_batch, a.stage, a.overlap,
+                                  a.peer);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 5) throw InputError("Action: a pickled state of 5 fields expected");
+            auto k = kind_from_code(t[0].cast<std::string>());
+            if (!k) throw InputError("Action: unknown kind '" + t[0].cast<std::string>() + "'");
+            Action a;
+            a.kind = *k;
+            a.micro_batch = t[1].cast<int>();
+            a.stage = t[2].cast<int>();
+            a.overlap = t[3].cast<bool>();
+            a.peer = t[4].cast<int>();
+            return a;
+          }));
 
   // ---- schedules -------------------------------------------------------------------------
   // Held by shared_ptr so that simulate() can share it with its Simulator.
@@ -553,7 +572,17 @@ PYBIND11_MODULE(baton, m) {
             need_path(path);
             with_copy(s, [&](const Schedule& c) { save_schedule(c, path.string()); });
           },
-          py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise");
+          py::arg("path"), "JSON for .json, PyTorch CSV for .csv, text otherwise")
+      // Pickled as its JSON form, which keeps everything (placement, directions, a lowered
+      // schedule's transfers and peers).
+      .def(py::pickle(
+          [](const Schedule& s) {
+            return py::make_tuple(with_copy(s, [](const Schedule& c) { return to_json_text(c); }));
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 1) throw InputError("Schedule: a pickled state of 1 field expected");
+            return std::make_shared<Schedule>(parse_json(t[0].cast<std::string>(), "pickle"));
+          }));
 
   m.def(
       "parse_text", [](const std::string& t, const std::string& src) { return parse_text(t, src); },
