@@ -27,6 +27,7 @@ template <bool kMax, bool kExp, bool kStore, bool kScale, class T>
 inline void softmax_step(const T* xa, T& ma, const T* xb, T mb, T* yb, T& sb, T* yc, T fc,
                          int64_t cols) {
   constexpr int64_t L = kLanes<T>;
+  if constexpr (kExp) mb = exp_shift(mb);  // a row or chunk all -inf: exps of 0, not NaN
   vec<T> amax = splat(-std::numeric_limits<T>::infinity()), asum{};
   int64_t c = 0;
   for (; c + L <= cols; c += L) {

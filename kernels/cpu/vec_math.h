@@ -316,12 +316,20 @@ inline T reduce_max(const T* x, int64_t n) {
   return m;
 }
 
+// The shift subtracted before an exp: a row's (or chunk's) maximum, or 0 where that is -inf
+// (everything masked): -inf - -inf is NaN, which the exp keeps, where each exp is 0.
+template <class T>
+inline T exp_shift(T max) {
+  return max == -std::numeric_limits<T>::infinity() ? T(0) : max;
+}
+
 // The exp_shifted_* take shift >= every x[i] (a row's maximum, or a log-sum-exp above it).
 
 // y[i] = exp(x[i] - shift) for i < n; returns their sum. y may be x.
 template <class T>
 inline T exp_shifted_sum(const T* x, T shift, T* y, int64_t n) {
   constexpr int64_t L = kLanes<T>;
+  shift = exp_shift(shift);
   int64_t i = 0;
   vec<T> acc{};
   for (; i + L <= n; i += L) {
@@ -342,6 +350,7 @@ inline T exp_shifted_sum(const T* x, T shift, T* y, int64_t n) {
 template <class T>
 inline T exp_shifted_sum(const T* x, T shift, int64_t n) {
   constexpr int64_t L = kLanes<T>;
+  shift = exp_shift(shift);
   int64_t i = 0;
   vec<T> acc{};
   for (; i + L <= n; i += L) acc += vexp_nonpositive(load(x + i) - shift);
@@ -354,6 +363,7 @@ inline T exp_shifted_sum(const T* x, T shift, int64_t n) {
 template <class T>
 inline void exp_shifted_scaled(const T* x, T shift, T scale, T* y, int64_t n) {
   constexpr int64_t L = kLanes<T>;
+  shift = exp_shift(shift);
   int64_t i = 0;
   for (; i + L <= n; i += L) store(y + i, vexp_nonpositive(load(x + i) - shift) * scale);
   for (; i < n; ++i) y[i] = vexp_nonpositive(x[i] - shift) * scale;

@@ -423,5 +423,43 @@ TEST(CrossEntropy, NanLogitsReachEveryOutput) {
     }
 }
 
+// Columns of -inf (masked) before the first finite one: a long row's leading chunks, or a
+// vocabulary shard that is all -inf, subtract a maximum of -inf from -inf. That NaN is kept
+// by the exp since it keeps NaN logits (above): the shift is 0 there, so their exps are 0,
+// as torch gives them.
+TEST(CrossEntropy, MaskedLeadingColumnsAndShardsStayFinite) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  for (DType f : {DType::f32, DType::f64}) {
+    const int64_t V = 4096;
+    Tensor l64 = Tensor::zeros({1, V}, DType::f64);
+    auto lv = l64.span<double>();
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      lv[size_t(j)] = j < V / 2 ? ninf : 0.1 * double(j % 7);
+      if (j >= V / 2) sum += std::exp(lv[size_t(j)]);
+    }
+    const Tensor logits = l64.to(f);
+    Tensor y = Tensor::empty({1, V}, f);
+    softmax_forward(logits, y);
+    const auto yv = as_f64(y);
+    for (int64_t j = 0; j < V; ++j)
+      ASSERT_NEAR(yv[size_t(j)], j < V / 2 ? 0.0 : std::exp(lv[size_t(j)]) / sum, 1e-6) << j;
+    const Tensor targets = ids_tensor({3000}, {1}, DType::i32);
+    Tensor losses = Tensor::empty({1}, f), d = Tensor::empty({1, V}, f);
+    cross_entropy_forward(logits, targets, 1.0, losses, d);
+    const double want = std::log(sum) - lv[3000];
+    EXPECT_NEAR(as_f64(losses)[0], want, 1e-5);
+    EXPECT_NEAR(as_f64(ce_whole(logits, targets, 1.0).losses)[0], want, 1e-5);
+    // One rank's shard all -inf: its share of the sum is 0, not NaN.
+    const Tensor shard = logits.narrow(1, 0, 64).contiguous();
+    Tensor lmax = Tensor::empty({1}, f), lsum = Tensor::empty({1}, f), tl = Tensor::empty({1}, f),
+           none, share = Tensor::empty({1}, f);
+    ce_local_forward(shard, targets, 0, 1.0, lmax, lsum, tl, none);
+    EXPECT_EQ(as_f64(lsum)[0], 0.0);
+    ce_local_share(lmax, lsum, Tensor::full({1}, 0.6, f), share);
+    EXPECT_EQ(as_f64(share)[0], 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace baton::kernels::test
