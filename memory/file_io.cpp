@@ -260,7 +260,11 @@ void write_file_durably(const std::string& path_in, const std::function<void(Fil
   // leaves no room for the temporary suffix as a whole path.
   const fs::path full(path), tmp_name = fs::path(tmp).filename(), name = full.filename();
   const std::string dir = full.has_parent_path() ? full.parent_path().string() : ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  // A directory we may write in but not read (mode 0333) opens only as a path: the file is
+  // written and renamed all the same, and the directory, which cannot be synced, is not.
+  const bool syncable = dir_fd >= 0;
+  if (dir_fd < 0 && errno == EACCES) dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) throw_open_error(what + ": cannot create");
   int fd = -1;
   try {
@@ -276,7 +280,8 @@ void write_file_durably(const std::string& path_in, const std::function<void(Fil
     if (rc != 0) throw RuntimeError(what + ": close failed: " + errno_text());
     if (::renameat(dir_fd, tmp_name.c_str(), dir_fd, name.c_str()) != 0)
       throw RuntimeError(path_in + ": cannot rename " + tmp + " to " + path + ": " + errno_text());
-    if (::fsync(dir_fd) != 0) throw RuntimeError(dir + ": fsync failed: " + errno_text());
+    if (syncable && ::fsync(dir_fd) != 0)
+      throw RuntimeError(dir + ": fsync failed: " + errno_text());
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlinkat(dir_fd, tmp_name.c_str(), 0);

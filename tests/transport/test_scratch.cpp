@@ -97,9 +97,6 @@ TEST(CollectiveScratch, ReduceScatterMatchesTheAllocatorPeak) {
             collective_scratch_bytes(Collective::reduce_scatter, 200000, 4, 2, 100000, false));
 }
 
-// Once wait() returns, the collective holds none of its tensors' bytes, whichever thread
-// ran it: freeing the tensor frees them at once, so a rank's peak does not depend on when
-// the executor's thread lets go of the job.
 // A Scratch destroyed by an exception (a failed collective, whose receives may still be
 // posted into it) is not given back: the next one of its size gets another block, where a
 // late message from a live peer had landed in a new tensor or on the stack. One destroyed
@@ -125,6 +122,9 @@ TEST(CollectiveScratch, AFailedCollectivesScratchIsNotReused) {
   }
 }
 
+// Once wait() returns, the collective holds none of its tensors' bytes, whichever thread
+// ran it: freeing the tensor frees them at once, so a rank's peak does not depend on when
+// the executor's thread lets go of the job.
 TEST(CollectiveScratch, FinishedCollectiveKeepsNoBytes) {
   auto world = make_local_world(2, test_options());
   // Above the executor's wake-up size: its background thread runs them.
