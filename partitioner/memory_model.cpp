@@ -1,6 +1,7 @@
 #include "partitioner/memory_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -1052,14 +1053,24 @@ std::vector<PeakTerm> terms_of(const schedule::Schedule& s, int rank, int only_s
     }
     seen.insert({kind, a, b});
   });
-  // Keep the terms no other term of the same kind dominates.
+  // Keep the terms no other term of the same kind dominates (another with a2 >= a and
+  // b2 >= b): one sweep per kind from the largest a (and b) down, keeping a term whose b
+  // passes every b before it. Pairwise, this had made the search quadratic in
+  // micro-batches (a minute for one GPipe candidate at 32768).
   std::vector<PeakTerm> out;
-  for (const auto& [kind, a, b] : seen) {
-    bool dominated = false;
-    for (const auto& [k2, a2, b2] : seen)
-      dominated = dominated || (k2 == kind && a2 >= a && b2 >= b && (a2 > a || b2 > b));
-    if (!dominated) out.push_back({a, b, kind});
+  int kind_now = -1, max_b = std::numeric_limits<int>::min();
+  for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+    const auto& [kind, a, b] = *it;
+    if (kind != kind_now) {
+      kind_now = kind;
+      max_b = std::numeric_limits<int>::min();
+    }
+    if (b > max_b) {
+      out.push_back({a, b, kind});
+      max_b = b;
+    }
   }
+  std::reverse(out.begin(), out.end());  // ascending (kind, a, b), as the set holds them
   return out;
 }
 

@@ -119,8 +119,14 @@ std::string Plan::where(const std::string& json_path) const {
 void check_dp_sync(const Plan& p) {
   const DpSync& s = p.dp_sync;
   const std::string mode = "\"" + std::string(dp_sync_name(s.mode)) + "\"";
+  // One replica has none to average with: such a plan had been taken, charged an anchor
+  // copy (local SGD) or gossip messages in its estimates, and trained as without them.
+  if (s.independent() && p.dp < 2)
+    throw InputError(p.where("$.dp_sync.mode") + ": " + mode +
+                     " synchronises data-parallel replicas; expected dp >= 2, found dp " +
+                     std::to_string(p.dp));
   // Each replica steps on its own gradients: no reduce-scatter to shard the state over.
-  if (s.mode == DpSync::Mode::gossip && p.dp > 1 && s.peers > p.dp - 1)
+  if (s.mode == DpSync::Mode::gossip && s.peers > p.dp - 1)
     throw InputError(p.where("$.dp_sync.peers") + ": expected at most dp - 1 = " +
                      std::to_string(p.dp - 1) + " peers, found " + std::to_string(s.peers));
   // The servers' parts are zero1's, which DualPipe (each chunk on two pipeline ranks)

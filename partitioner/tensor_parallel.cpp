@@ -156,6 +156,18 @@ class ShardingPass {
       if (std::string w = split_origin(in, depth + 1); !w.empty()) return w;
     return {};
   }
+  // The override nearest up `value`'s chain of first inputs (a projection, then the reshapes
+  // and rotary between it and its user), split or not, as its path; empty when none.
+  std::string override_behind(int value) const {
+    for (int depth = 0; depth < 8; ++depth) {
+      const int p = g_.values[size_t(value)].producer;
+      if (p < 0) return {};
+      if (override_of(p) != nullptr) return override_where(p);
+      if (g_.nodes[size_t(p)].inputs.empty()) return {};
+      value = g_.nodes[size_t(p)].inputs[0];
+    }
+    return {};
+  }
   // Where a split of `node` comes from: its own override, else the override that split
   // one of `inputs`, else the degree (`where_`).
   std::string split_where(int node, std::initializer_list<int> inputs = {}) const {
@@ -660,9 +672,14 @@ class ShardingPass {
       out_replicated(node);
       return;
     }
-    if (k_split != v_split)
-      throw InputError(where_ + ": " + node_ref(node) +
-                       " has one of k and v split and the other not; split both or neither");
+    if (k_split != v_split) {
+      // Only an override makes one differ: name it (the degree's path had been named).
+      std::string at = override_behind(n.inputs[1]);
+      if (at.empty()) at = override_behind(n.inputs[2]);
+      throw InputError((at.empty() ? where_ : at) + ": " + node_ref(node) + " has its " +
+                       (k_split ? "k" : "v") + " input split by heads and its " +
+                       (k_split ? "v" : "k") + " input not; split both or neither");
+    }
     ns.kind = SplitKind::heads;
     ns.kv_replicated = !k_split;
     if (ns.kv_replicated) {

@@ -501,6 +501,23 @@ TEST(Plan, DpSync) {
   EXPECT_NE(plan_error_of(j).find("$.dp_sync.peers: expected at most dp - 1 = 1 peers, found 2"),
             std::string::npos)
       << plan_error_of(j);
+  // One replica has none to synchronise with: gossip and local SGD at dp 1 had been taken
+  // (and charged messages and an anchor copy in the estimates).
+  {
+    json one = j;
+    one["parallel"]["dp"] = 1;
+    one["devices"] = 4;
+    one["batch"]["global"] = 8;
+    for (const json& mode :
+         {json{{"mode", "gossip"}, {"peers", 5}}, json{{"mode", "local-sgd"}, {"sync_every", 2}}}) {
+      one["dp_sync"] = mode;
+      EXPECT_NE(plan_error_of(one).find(
+                    "$.dp_sync.mode: \"" + mode["mode"].get<std::string>() +
+                    "\" synchronises data-parallel replicas; expected dp >= 2, found dp 1"),
+                std::string::npos)
+          << plan_error_of(one);
+    }
+  }
   j["dp_sync"] = {{"mode", "local-sgd"}, {"sync_every", 2}};
   j["optimizer_sharding"] = "zero1";
   EXPECT_NE(plan_error_of(j).find("cannot be combined with optimizer_sharding \"zero1\""),
@@ -934,6 +951,15 @@ TEST(Plan, OverrideDivisibilityNamesTheOverride) {
                                   k + "' (layer layers.0)");
   j.erase("splits");  // the default keeps k_proj whole at tp 3
   EXPECT_EQ(plan_error_of(j), "(no error)");
+  // k kept whole by an override while v is split: the override is named, and which input
+  // is split (the degree's $.parallel.tp had been named).
+  j["devices"] = 2;
+  j["parallel"]["tp"] = 2;
+  j["splits"] = {{k, "none"}};
+  EXPECT_EQ(plan_error_of(j), "plan.json: $.splits." + k +
+                                  ": rotary node 'model.layers.0.self_attn.rotary' (layer "
+                                  "layers.0) has its v input split by heads and its k input "
+                                  "not; split both or neither");
 }
 
 // "none" on an op that only passes a split on (gelu) is honoured: the linear before it is
