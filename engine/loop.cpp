@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
+#include "memory/units.h"
 #include "stages/hf.h"
 #include "stages/image_data.h"
 
@@ -113,6 +115,28 @@ void prepare_checkpoint_dir(const LoopOptions& o) {
       throw InputError("--checkpoint-dir " + o.checkpoint_dir +
                        " holds the checkpoints of an earlier run (the newest: " + *earlier +
                        "): give --resume to continue it, or another --checkpoint-dir");
+}
+
+void warn_if_checkpoint_room_short(const LoopOptions& o, const stages::Graph& graph) {
+  if (o.checkpoint_dir.empty()) return;
+  const int states = o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? 2
+                     : o.optimizer.sgd.momentum > 0                           ? 1
+                                                                              : 0;
+  double bytes = 0;
+  for (const stages::Param& p : graph.params) {
+    const memory::Shape& whole = p.logical_shape.empty() ? p.shape : p.logical_shape;
+    double n = 1;
+    for (int64_t d : whole) n *= double(d);
+    bytes += 4 * n * (1 + (p.trainable ? states : 0));
+  }
+  struct statvfs fs {};
+  if (::statvfs(o.checkpoint_dir.c_str(), &fs) != 0) return;
+  const double room = double(fs.f_bavail) * double(fs.f_frsize);
+  if (room < bytes)
+    spdlog::warn(
+        "--checkpoint-dir {}: {} free, where a checkpoint of this model takes about {} (its "
+        "parameters and optimizer state): its first save may fail",
+        o.checkpoint_dir, memory::format_bytes(room), memory::format_bytes(bytes));
 }
 
 void check_loop_options(const LoopOptions& o) {

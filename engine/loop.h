@@ -141,6 +141,10 @@ void check_loop_options(const LoopOptions& o);
 // an earlier run's without --resume. Called once the model and data are checked, so that a
 // run refused for bad input leaves no directory behind.
 void prepare_checkpoint_dir(const LoopOptions& o);
+// A warning when --checkpoint-dir's file system has less room than one checkpoint of
+// `graph` (its parameters and optimizer state in f32): a full disk had been found only at
+// the first save, after the steps before it.
+void warn_if_checkpoint_room_short(const LoopOptions& o, const stages::Graph& graph);
 
 // The run's learning-rate schedule: o.lr_schedule with the optimizer's rate as its peak
 // and o.steps as its total.

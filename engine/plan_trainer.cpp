@@ -963,6 +963,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                                  !(o.resume && stages::newest_written_checkpoint(o.checkpoint_dir));
   if (init_from_checked) check_init_from();
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
+  if (lead) warn_if_checkpoint_room_short(o, lg);  // every rank's shards, in one directory
   detail::check_checkpoint_dir_shared(*world, o.checkpoint_dir);
   std::optional<stages::CheckpointRootLock> held;  // the job's: its lead rank holds it
   if (lead && !o.checkpoint_dir.empty()) held.emplace(o.checkpoint_dir);

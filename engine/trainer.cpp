@@ -124,6 +124,7 @@ TrainSummary run_training(const TrainOptions& o,
   if (init_from)
     stages::check_hf_weights(o.init_from, *graph, graph->params_used(0, graph->num_layers()));
   prepare_checkpoint_dir(o);  // the model and data are good: no directory left on bad input
+  warn_if_checkpoint_room_short(o, *graph);
   if (!o.checkpoint_dir.empty() && !held) held.emplace(o.checkpoint_dir);
   const stages::ValueType& tok_type = graph->value(images ? "images" : "tokens").type;
   const stages::ValueType& tgt_type = graph->value(images ? "labels" : "targets").type;

@@ -241,6 +241,33 @@ TEST(Checkpoint, RanksStartedWithDifferentFlagsAllStopNamingIt) {
         << e;
 }
 
+// A checkpoint directory with less room than one checkpoint is warned of at the start (a
+// full disk had been found only at the first save): a model of 2^40 parameters under AdamW
+// needs 12 TiB, which no test machine's temporary directory has; a small one is not warned.
+TEST(Checkpoint, ARunWarnsWhenItsDirectoryCannotHoldACheckpoint) {
+  engine::LoopOptions o;
+  o.checkpoint_dir = ::testing::TempDir();
+  stages::Graph huge, small;
+  stages::Param w;
+  w.name = "w";
+  w.shape = w.logical_shape = {int64_t(1) << 20, int64_t(1) << 20};
+  huge.params.push_back(w);
+  w.shape = w.logical_shape = {4, 4};
+  small.params.push_back(w);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  engine::warn_if_checkpoint_room_short(o, small);
+  const std::string quiet = log.str();
+  engine::warn_if_checkpoint_room_short(o, huge);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(quiet, "");
+  EXPECT_NE(log.str().find("where a checkpoint of this model takes about 12.00 TiB (its "
+                           "parameters and optimizer state): its first save may fail"),
+            std::string::npos)
+      << log.str();
+}
+
 // A resumed run whose optimizer flags or clipping differ from the checkpoint's says which
 // it continues with (the optimizer's settings travel with its state; the clip is the run's).
 TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
