@@ -37,6 +37,12 @@ void* HostAllocator::allocate(size_t bytes) {
     return p;
   }
   void* p = system_alloc(need);
+  if (p == nullptr && !free_.empty()) {
+    // The pool's free blocks, given back and the request tried again: blocks of other
+    // sizes had held the memory while a request failed with nothing in use.
+    release_cached_locked();
+    p = system_alloc(need);
+  }
   if (p == nullptr) {
     // Said as the capped allocator says it (a bare std::bad_alloc had named nothing).
     account_free(need);
@@ -58,6 +64,10 @@ void HostAllocator::deallocate(void* ptr, size_t bytes) {
 
 void HostAllocator::release_cached() {
   std::lock_guard lock(mu_);
+  release_cached_locked();
+}
+
+void HostAllocator::release_cached_locked() {
   for (auto& [size, p] : free_) {
     block_size_.erase(p);
     std::free(p);

@@ -23,6 +23,7 @@ class HostAllocator final : public Allocator {
   // and at most an eighth larger, so a steady training step reuses its own blocks.
   std::multimap<size_t, void*> free_;
   std::map<void*, size_t> block_size_;  // every live or cached block and its real size
+  void release_cached_locked();         // release_cached with mu_ held
 };
 
 }  // namespace baton::memory

@@ -166,6 +166,18 @@ void check_shape(const Shape& shape) {
     if (d < 0) throw std::logic_error("negative dimension in shape " + shape_str(shape));
 }
 
+// The bytes of a shape's elements: the count times the element's size can wrap where the
+// count fits (2^62 floats had made a tensor of 0 bytes, written past its block).
+size_t shape_bytes(const Shape& shape, DType dtype) {
+  check_shape(shape);
+  size_t bytes = 0;
+  BATON_CHECK(!__builtin_mul_overflow(size_t(shape_numel(shape)), dtype_size(dtype), &bytes) &&
+                  bytes <= size_t(INT64_MAX),
+              "the bytes of " + shape_str(shape) + " in " + std::string(dtype_name(dtype)) +
+                  " overflow int64");
+  return bytes;
+}
+
 int64_t wrap_dim(int64_t d, int64_t rank) {
   int64_t w = d < 0 ? d + rank : d;
   if (w < 0 || w >= rank)
@@ -218,9 +230,8 @@ void store_from_double(void* p, DType t, int64_t i, double v) {
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape);
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(shape_bytes(shape, dtype), device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
@@ -241,10 +252,9 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
                          std::function<void(void*)> deleter) {
-  check_shape(shape);
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dtype),
-                                         device, std::move(deleter));
+  t.storage_ =
+      std::make_shared<Storage>(data, shape_bytes(shape, dtype), device, std::move(deleter));
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
@@ -257,8 +267,7 @@ MemoryStats staging_held;  // in_use and peak only
 }  // namespace
 
 Tensor Tensor::staging(const Shape& shape, DType dtype) {
-  check_shape(shape);
-  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  const size_t bytes = shape_bytes(shape, dtype);
   const size_t held = std::max(Allocator::rounded(bytes), Allocator::alignment());
   void* p = std::aligned_alloc(Allocator::alignment(), held);
   if (p == nullptr)  // the host allocator's tensors in use beside it
@@ -290,6 +299,10 @@ int64_t Tensor::size(int64_t d) const {
 }
 
 bool Tensor::is_contiguous() const {
+  // No elements: nothing out of place (a narrow to 0 columns had not been, so its view() and
+  // span() threw).
+  for (int64_t d : shape_)
+    if (d == 0) return true;
   int64_t expect = 1;
   for (size_t i = shape_.size(); i-- > 0;) {
     if (shape_[i] == 1) continue;
@@ -313,6 +326,9 @@ Tensor Tensor::view(const Shape& shape) const {
       if (infer >= 0) throw std::logic_error("view(): more than one -1 in " + shape_str(shape));
       infer = int64_t(i);
     } else {
+      if (s[i] < 0)
+        throw std::logic_error("view(): negative size " + std::to_string(s[i]) + " in " +
+                               shape_str(shape));
       known *= s[i];
     }
   }
@@ -331,7 +347,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim());
-  if (start < 0 || length < 0 || start + length > shape_[size_t(d)])
+  if (start < 0 || length < 0 || start > shape_[size_t(d)] || length > shape_[size_t(d)] - start)
     throw std::logic_error("narrow(" + std::to_string(d) + ", " + std::to_string(start) + ", " +
                            std::to_string(length) + ") out of range for " + str());
   Tensor t = *this;

@@ -640,8 +640,14 @@ json plan_to_json(const Plan& p, const std::string& base_dir) {
   if (p.device_memory > 0) {
     // As people write sizes where that reads back as the same bytes ("64.00 MiB"), else
     // the bytes: a cap rounded down would refuse the plan written for it.
+    // (A size that rounds up past 2^63 - 1 fails to read back: the bytes too.)
     const std::string size = memory::format_bytes(double(p.device_memory));
-    if (int64_t(memory::parse_bytes(size)) == p.device_memory)
+    bool same = false;
+    try {
+      same = int64_t(memory::parse_bytes(size)) == p.device_memory;
+    } catch (const InputError&) {
+    }
+    if (same)
       j["device_memory"] = size;
     else
       j["device_memory"] = p.device_memory;

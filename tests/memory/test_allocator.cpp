@@ -70,6 +70,8 @@ TEST(HostAllocator, SystemRefusalThrowsOutOfMemoryNamingTheRequest) {
 #endif
   Allocator& a = allocator_for(Device::cpu());
   const size_t base = a.stats().in_use;
+  a.deallocate(a.allocate(size_t(1) << 20), size_t(1) << 20);  // a block in the pool
+  ASSERT_GT(a.stats().cached, 0u);
   try {
     a.allocate(size_t(1) << 62);  // 4 EiB: beyond any address space
     FAIL() << "expected OutOfMemoryError";
@@ -82,6 +84,9 @@ TEST(HostAllocator, SystemRefusalThrowsOutOfMemoryNamingTheRequest) {
     EXPECT_EQ(e.requested(), size_t(1) << 62);
   }
   EXPECT_EQ(a.stats().in_use, base);
+  // The pool was given back and the request tried again before the refusal: blocks of
+  // other sizes had held the memory of a request that failed with nothing in use.
+  EXPECT_EQ(a.stats().cached, 0u);
   EXPECT_THROW(Tensor::staging({int64_t(1) << 60}, DType::f32), OutOfMemoryError);
 }
 

@@ -16,6 +16,8 @@ TEST(Tensor, ShapeNumelRefusesOverflow) {
   EXPECT_THROW(shape_numel(huge), std::logic_error);
   EXPECT_FALSE(checked_shape_numel(huge).has_value());
   EXPECT_FALSE(checked_shape_numel({4, -1}).has_value());
+  // The count fits but its bytes do not: 2^62 floats had made a tensor of 0 bytes.
+  EXPECT_THROW(Tensor::empty({int64_t(1) << 62}, DType::f32), std::logic_error);
 }
 
 TEST(Tensor, EmptyHasShapeStridesAndBytes) {
@@ -57,6 +59,13 @@ TEST(Tensor, ViewInfersOneDimensionAndRejectsMismatch) {
   EXPECT_THROW(t.view({5, -1}), std::logic_error);
   EXPECT_THROW(t.transpose(0, 1).view({12}), std::logic_error);
   EXPECT_EQ(t.transpose(0, 1).reshape({12}).shape(), (Shape{12}));
+  // Negative sizes other than -1 (their product had passed as 12), a narrow whose end
+  // overflows, and a view of no elements (contiguous, as in torch: its view() had thrown).
+  EXPECT_THROW(t.view({-2, -6}), std::logic_error);
+  EXPECT_THROW(t.narrow(1, 1, INT64_MAX), std::logic_error);
+  Tensor none = t.narrow(1, 0, 0);
+  EXPECT_TRUE(none.is_contiguous());
+  EXPECT_EQ(none.view({0}).numel(), 0);
 }
 
 TEST(Tensor, PermuteAndStridedCopyRoundTrip) {

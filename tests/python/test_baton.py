@@ -677,7 +677,9 @@ class Planning(unittest.TestCase):
             with self.assertRaises(baton.InputError, msg=str(kw)) as e:
                 baton.layer_costs(model, **kw)
             self.assertIn(text, str(e.exception))
-        for kw, text in ((dict(tp=-1), "--tp: expected at least 1"), (dict(top=0), "--top: expected at least 1")):
+        for kw, text in ((dict(tp=-1), "--tp: expected at least 1"), (dict(top=0), "--top: expected at least 1"),
+                         # A fraction (0.5 GiB meant?) had been truncated to 0 bytes: no cap.
+                         (dict(device_memory=0.5), "device_memory: expected a whole number of bytes or a size such as '512MiB', found 0.5")):
             with self.assertRaises(baton.InputError) as e:
                 baton.plan(model, devices=2, batch=8, **kw)
             self.assertIn(text, str(e.exception))

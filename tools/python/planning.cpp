@@ -233,6 +233,12 @@ int64_t bytes_of(const py::object& o, const char* what) {
   if (v < 0 || v >= 9.2e18)
     throw InputError(std::string(what) + ": expected a size from 0 to 9.2e18 bytes, found " +
                      std::string(py::str(py::repr(o))));
+  // A number is bytes: 0.5 (meaning half a GiB?) had been truncated to 0, no cap at all.
+  if (v != std::floor(v))
+    throw InputError(std::string(what) +
+                     ": expected a whole number of bytes or a size such as "
+                     "'512MiB', found " +
+                     std::string(py::str(py::repr(o))));
   return int64_t(v);
 }
 
