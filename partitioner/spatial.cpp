@@ -51,6 +51,8 @@ SpatialSplit plan_spatial(const Graph& g, int degree, const std::string& where) 
                        " of input '" + val.name + "'");
     s.tiled[size_t(v)] = true;
   }
+  // A node on whole values using each parameter (-1: none), to refuse one also used on tiles.
+  std::vector<int> whole_user(g.params.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     bool any = false, all = !n.inputs.empty();
@@ -58,7 +60,11 @@ SpatialSplit plan_spatial(const Graph& g, int degree, const std::string& where) 
       any = any || s.tiled[size_t(v)];
       all = all && s.tiled[size_t(v)];
     }
-    if (!any) continue;
+    if (!any) {
+      for (int p : n.params)
+        if (p >= 0 && whole_user[size_t(p)] < 0) whole_user[size_t(p)] = int(i);
+      continue;
+    }
     for (int p : n.params)
       if (p >= 0) s.partial_grad[size_t(p)] = true;
     const std::string& op = n.op;
@@ -124,6 +130,17 @@ SpatialSplit plan_spatial(const Graph& g, int degree, const std::string& where) 
     s.halos[i] = halo;
     out_tiled();
   }
+  // A parameter's gradient is summed over the tiles where it is used on tiles: its part
+  // from a use on whole values (after the pooling), the same on every tile, would be summed
+  // too, s times over (a conv bias tied to the classifier's had its gradient multiplied).
+  for (size_t p = 0; p < g.params.size(); ++p)
+    if (s.partial_grad[p] && whole_user[p] >= 0)
+      throw InputError(where + ": spatial degree " + std::to_string(degree) + ": parameter '" +
+                       g.params[p].name + "' is used both on the tiles and by " +
+                       node_ref(g, g.nodes[size_t(whole_user[p])]) +
+                       " after them, on whole values: its gradient would be summed over the "
+                       "tiles twice over; give the two uses their own parameters, or use no "
+                       "spatial split");
   return s;
 }
 

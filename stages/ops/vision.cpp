@@ -504,9 +504,13 @@ class BatchNorm2d final : public OpBase {
     transport::Communicator& g = spatial_group(c.ctx);
     const double m = double(c.ctx.batch()) * double(plane_);
     const double total = m * double(g.size());
-    Tensor none1, none2;
-    kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 0.0, y, mean,
-                                     rstd, none1, none2);
+    // The tile's own variance from the kernel as a running variance at momentum 1 (its
+    // unbiased variance, rescaled below): rebuilt from rstd as 1 / rstd^2 - eps it lost
+    // eps / var of float's precision, percents of running_var where var << eps.
+    Tensor tile_mean = Tensor::zeros({c_}, dtype_, c.ctx.device),
+           tile_var = Tensor::zeros({c_}, dtype_, c.ctx.device);
+    kernels::batchnorm_forward_train(c.inputs[0], c.params[0], c.params[1], eps_, 1.0, y, mean,
+                                     rstd, tile_mean, tile_var);
     // Host copies for the arithmetic, the sums on the stage's device (NCCL's communicator
     // reduces device tensors): to_staging reads a tensor of any device.
     const memory::Device dev = c.ctx.device;
@@ -519,13 +523,15 @@ class BatchNorm2d final : public OpBase {
     auto put = [&](Tensor& to, const std::vector<double>& v) {
       to.copy_from(Tensor::from_vector(v, {c_}).to(dtype_));
     };
-    const std::vector<double> mu_l = host(mean), rs_l = host(rstd);
+    const std::vector<double> mu_l = host(mean), rs_l = host(rstd), uv_l = host(tile_var);
     const size_t nc = static_cast<size_t>(c_);
     std::vector<double> mu(nc), var(nc);
     for (size_t k = 0; k < size_t(c_); ++k) mu[k] = mu_l[k] / double(g.size());
     mu = summed(mu);
     for (size_t k = 0; k < size_t(c_); ++k) {
-      const double v_l = 1.0 / (rs_l[k] * rs_l[k]) - eps_, d = mu_l[k] - mu[k];
+      // One element a tile has no unbiased variance: its biased one is 0 (as rstd says).
+      const double v_l = m > 1 ? uv_l[k] * (m - 1) / m : 1.0 / (rs_l[k] * rs_l[k]) - eps_;
+      const double d = mu_l[k] - mu[k];
       var[k] = (v_l + d * d) / double(g.size());
     }
     var = summed(var);

@@ -175,6 +175,19 @@ TEST(SpatialHalo, PoolingAndBatchNorm) {
                 4);
 }
 
+// Tiled batch norm with eps far above the batch's variance: each tile's variance had been
+// rebuilt from its rstd as 1 / rstd^2 - eps, losing eps / var of float's precision (the
+// running variance off by percents where var << eps); the kernel's own variance is exact.
+TEST(SpatialHalo, BatchNormVarianceFarBelowEps) {
+  json model = chain(8, {{"conv2d", 3, 1, 1, -1, true}});
+  for (json& p : model["params"])
+    if (p["name"] == "n0.weight") p["init"]["std"] = 1e-3;  // a variance about 1e-6
+  for (json& layer : model["layers"])
+    for (json& node : layer["nodes"])
+      if (node["op"] == "batchnorm2d") node["attrs"] = {{"eps", 1.0}, {"momentum", 1.0}};
+  spatial_check(model, 2);
+}
+
 // Pooling computes its interior while the halo is in flight too, then the border rows
 // from the halo (max pooling's argmax re-based onto the tile): halos on both sides, a
 // stride-2 window reading only the top halo, tiles of one row (no interior). A 1x1
@@ -233,6 +246,28 @@ TEST(SpatialSplitRefuses, WithTheReason) {
   // Padding that is not "same": the tiles' outputs would not line up.
   e = spatial_error_of(chain(8, {{"conv2d", 3, 1, 1, 0}}), 2);
   EXPECT_NE(e.find("maps the height 8 to 6"), std::string::npos) << e;
+  // A conv bias tied to the classifier's: its gradient is summed over the tiles, and the
+  // classifier's part, whole and the same on every tile, had been summed with it.
+  e = spatial_error_of(json::parse(R"({"type": "graph", "name": "tied",
+    "inputs": [{"name": "images", "shape": [2, 8, 4], "dtype": "f32"},
+               {"name": "labels", "shape": [], "dtype": "i64"}],
+    "params": [{"name": "cw", "shape": [5, 2, 3, 3], "init": {"type": "normal", "std": 0.5}},
+               {"name": "b", "shape": [5], "init": {"type": "zeros"}},
+               {"name": "fw", "shape": [5, 5], "init": {"type": "normal", "std": 0.5}}],
+    "layers": [{"name": "body", "nodes": [
+      {"name": "conv", "op": "conv2d", "inputs": ["images"], "outputs": ["c"],
+       "params": {"weight": "cw", "bias": "b"}, "attrs": {"padding": 1}}]},
+     {"name": "head", "nodes": [
+      {"name": "gap", "op": "global_avgpool", "inputs": ["c"], "outputs": ["p"]},
+      {"name": "fc", "op": "linear", "inputs": ["p"], "outputs": ["logits"],
+       "params": {"weight": "fw", "bias": "b"}},
+      {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "labels"], "outputs": ["loss"]}]}],
+    "loss": "loss"})"),
+                       2);
+  EXPECT_NE(e.find("parameter 'b' is used both on the tiles and by linear node 'fc' (layer head) "
+                   "after them"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
