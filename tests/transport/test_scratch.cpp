@@ -8,7 +8,9 @@
 
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "memory/allocator.h"
 #include "memory/tensor.h"
@@ -119,6 +121,35 @@ TEST(CollectiveScratch, AFailedCollectivesScratchIsNotReused) {
     }
     detail::Scratch again(bytes);
     EXPECT_EQ(again.data(), reused);
+  }
+}
+
+// A failed collective's tensors are kept for the process's life: a live peer's late
+// message may still land in them, and dropping the work had given them back to the pool
+// (for a new tensor to receive it). Two ranks whose all-gather counts disagree both fail.
+TEST(CollectiveScratch, AFailedCollectivesTensorsAreKept) {
+  auto world = make_local_world(2, test_options());
+  std::vector<std::weak_ptr<memory::Storage>> outs(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      const std::vector<int64_t> counts =
+          r == 0 ? std::vector<int64_t>{4, 4} : std::vector<int64_t>{5, 3};
+      Tensor in = Tensor::full({counts[size_t(r)]}, 1.0, memory::DType::f32);
+      Tensor out = Tensor::zeros({8}, memory::DType::f32);
+      outs[size_t(r)] = out.storage();
+      try {
+        world[size_t(r)]->all_gather(in, out, counts)->wait();
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[size_t(r)], "") << "rank " << r << " did not fail";
+    // The tensor and the work are gone here: only the keeping holds the bytes.
+    EXPECT_FALSE(outs[size_t(r)].expired()) << "rank " << r;
   }
 }
 

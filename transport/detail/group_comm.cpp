@@ -136,12 +136,21 @@ WorkPtr GroupComm::submit(size_t bytes, Keep keep, Fn fn) {
     uint32_t seq = seq_;
     seq_ = (seq_ + 1) % kMaxCollectiveSeq;
     GroupView v = view(seq);
-    fabric_->check_scope(globals_);
-    fn(v);
+    try {
+      fabric_->check_scope(globals_);
+      fn(v);
+    } catch (...) {
+      // A failed job's receives from live peers may still be posted into these bytes:
+      // they are never given back (as a failed collective's scratch is not), where the
+      // caller's dropping its work had freed them to the pool for a late message to land
+      // in whatever took them next.
+      keep_for_late_messages(std::move(keep));
+      throw;
+    }
     // Done with the bytes: let go of them before the job is marked done. The background
     // thread drops its reference to the job some time after the waiter returns, so a kept
     // storage would outlive the caller's last tensor by a timing-dependent moment, and a
-    // rank's peak memory with it. (A failed job keeps them: a peer may still write.)
+    // rank's peak memory with it.
     keep = {};
   };
   auto work = std::make_shared<CollectiveWork<decltype(body)>>(executor_, std::move(body));

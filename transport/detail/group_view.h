@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <span>
 #include <vector>
@@ -40,6 +41,16 @@ struct GroupView {
   }
 };
 
+// Memory a failed collective may still receive into, kept for the process's life: never
+// given back, and reachable (from here), so that leak checkers do not count it.
+template <class T>
+void keep_for_late_messages(T value) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<T>();
+  std::lock_guard lock(mu);
+  kept->push_back(std::move(value));
+}
+
 // A temporary buffer from the pooled host allocator: collectives reuse the same blocks
 // call after call instead of faulting in fresh pages. Up to kInline bytes come from the
 // thread's own blocks: small collectives take no lock.
@@ -58,7 +69,10 @@ class Scratch {
                   ? static_cast<char*>(memory::allocator_for(memory::Device::cpu()).allocate(bytes))
                   : small_blocks().take()) {}
   ~Scratch() {
-    if (std::uncaught_exceptions() > unwinding_) return;  // may still be written: kept
+    if (std::uncaught_exceptions() > unwinding_) {  // may still be written: kept
+      keep_for_late_messages(data_);
+      return;
+    }
     if (bytes_ > kInline)
       memory::allocator_for(memory::Device::cpu()).deallocate(data_, bytes_);
     else
