@@ -208,18 +208,12 @@ int run_train(const std::vector<std::string>& args) {
     throw InputError("--eval-batches: evaluation is for token data");
   if (given("eval-batches") && o.data.eval_data.empty() && !(o.data.eval_fraction > 0))
     throw InputError("--eval-batches needs held-out data (--eval-data PATH or --eval-fraction F)");
-  const transport::LaunchEnv env = transport::read_launch_env();
-  if (int t = vm["threads"].as<int>(); t > 0) {
-    kernels::set_num_threads(t);
-  } else if (!plan.empty() || env.local_size > 1) {
-    // Ranks on one host share its cores: never more busy threads than cores.
-    kernels::set_num_threads(default_threads());
-  }
 
   o.precision = kernels::parse_precision(precision);
   // The device: the flag's for one process; a plan's "device" field (each rank the GPU of
   // its local rank). A CUDA device this process lacks fails here (exit 1), before any
   // file is read or rank is joined.
+  const transport::LaunchEnv env = transport::read_launch_env();
   std::optional<partitioner::Plan> plan_doc;
   if (plan.empty()) {
     o.device = memory::parse_device(device, "--device");

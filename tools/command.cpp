@@ -9,6 +9,7 @@
 #include <string_view>
 #include <thread>
 
+#include "kernels/ops.h"
 #include "memory/error.h"
 #include "memory/units.h"
 #include "memory/utf8.h"
@@ -221,13 +222,16 @@ int default_threads() {
   // OMP_NUM_THREADS as OpenMP reads it, else the cores this process may run on (its
   // affinity: taskset, a cpuset, Slurm's --cpus-per-task), not the machine's, shared
   // among the host's ranks.
+  // OMP_NUM_THREADS at most that share: OMP_NUM_THREADS=4 on 2 cores had run 4 threads in
+  // each rank of a plan (8 on 2 cores) and in profile, 2 in a lone train.
+  const int cores = std::max(1, int(transport::allowed_cores().size()));
+  const int share = std::max(1, cores / std::max(1, transport::read_launch_env().local_size));
   if (const char* v = std::getenv("OMP_NUM_THREADS"); v != nullptr && *v != '\0') {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    if (end != v && *end == '\0' && n >= 1 && n <= 4096) return int(n);
+    if (end != v && *end == '\0' && n >= 1 && n <= 4096) return std::min(int(n), share);
   }
-  const int cores = std::max(1, int(transport::allowed_cores().size()));
-  return std::max(1, cores / std::max(1, transport::read_launch_env().local_size));
+  return share;
 }
 
 void apply_log_level(const std::string& name) {
@@ -241,12 +245,16 @@ void apply_log_level(const std::string& name) {
 void apply_common_options(const po::variables_map& vm) {
   apply_log_level(vm["log-level"].as<std::string>());
   // A negative count had read as 0 (train) or 1 (profile) without a word.
-  if (const int t = vm["threads"].as<int>(); t < 0)
+  const int t = vm["threads"].as<int>();
+  if (t < 0)
     throw InputError(
         "--threads: expected 0 (OMP_NUM_THREADS, else the cores divided among local ranks) or a "
         "count "
         ">= 1, found " +
         std::to_string(t));
+  // Every command's: generate, export, plan and simulate had read the flag and run at the
+  // default count (the benchmarks' "1 thread" generation rows among them).
+  kernels::set_num_threads(t > 0 ? t : default_threads());
 }
 
 }  // namespace baton::tools

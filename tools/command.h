@@ -62,7 +62,8 @@ void check_value_flags(const po::variables_map& vm, const std::vector<std::strin
 // replaces --threads' text for a command that says more of it (baton profile).
 void add_common_options(po::options_description& opts, const char* threads_help = nullptr);
 // The compute threads --threads 0 stands for: the host's cores divided among its local
-// ranks (the launch's; one process alone has them all), at least 1.
+// ranks (the launch's; one process alone has them all), at least 1; OMP_NUM_THREADS where
+// set, up to that share.
 int default_threads();
 // Applies them: sets the kernel thread count and the spdlog level.
 void apply_common_options(const po::variables_map& vm);

@@ -1,9 +1,11 @@
 // The command line's comma-separated lists (tools/command.h): one parser for every flag.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "memory/error.h"
 #include "tools/command.h"
 
@@ -137,6 +139,35 @@ TEST(CommandLine, EmptyGivenValuesRefusedDefaultsNot) {
             "--data: expected a path, found an empty value (an unset shell variable?)");
   EXPECT_EQ(error({"--size", ""}),
             "--size: expected a value, found an empty value (an unset shell variable?)");
+}
+
+// --threads 0: OMP_NUM_THREADS at most the process's share of its cores (it had run 4
+// threads on 2 cores in each rank of a plan); the count given is the kernels' in every
+// command (generate and the others had read the flag and run at the library's default).
+TEST(CommandLine, ThreadsAreAppliedAndOmpNumThreadsCappedByTheCores) {
+  const char* was = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = was != nullptr ? was : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  const int share = default_threads();
+  ::setenv("OMP_NUM_THREADS", std::to_string(share + 3).c_str(), 1);
+  EXPECT_EQ(default_threads(), share);
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  EXPECT_EQ(default_threads(), 1);
+  po::options_description opts("options");
+  add_common_options(opts);
+  po::variables_map vm;
+  const char* argv[] = {"x", "--threads", "1"};
+  po::store(po::parse_command_line(3, argv, opts), vm);
+  po::notify(vm);
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(before + 1);
+  apply_common_options(vm);
+  EXPECT_EQ(kernels::num_threads(), 1);
+  kernels::set_num_threads(before);
+  if (was != nullptr)
+    ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else
+    ::unsetenv("OMP_NUM_THREADS");
 }
 
 }  // namespace
