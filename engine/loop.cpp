@@ -105,6 +105,44 @@ void check_output_path(const std::string& path, const char* flag) {
                      std::to_string(PATH_MAX - 1));
 }
 
+void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& files,
+                          size_t outputs) {
+  namespace fs = std::filesystem;
+  struct Id {
+    bool exists = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::string path;
+  };
+  std::vector<Id> ids;
+  for (const auto& [flag, path] : files) {
+    Id id;
+    struct stat st;
+    if (!path.empty() && ::stat(path.c_str(), &st) == 0) {
+      if (!S_ISREG(st.st_mode)) {
+        ids.push_back({});  // a device, FIFO or directory: compared with nothing
+        continue;
+      }
+      id = {true, st.st_dev, st.st_ino, {}};
+    } else if (!path.empty()) {
+      std::error_code ec;
+      id.path = fs::weakly_canonical(path, ec).string();
+      if (ec) id.path = path;
+    }
+    ids.push_back(id);
+  }
+  auto same = [](const Id& a, const Id& b) {
+    if (a.exists || b.exists) return a.exists && b.exists && a.dev == b.dev && a.ino == b.ino;
+    return !a.path.empty() && a.path == b.path;
+  };
+  for (size_t i = 0; i < outputs && i < files.size(); ++i)
+    for (size_t j = 0; j < files.size(); ++j)
+      if (j != i && !(j < i && j < outputs) && same(ids[i], ids[j]))
+        throw InputError(files[i].first + " " + files[i].second + " is the same file as " +
+                         files[j].first + " " + files[j].second + ": writing it would " +
+                         (j < outputs ? "replace the other output" : "replace that input"));
+}
+
 void prepare_checkpoint_dir(const LoopOptions& o) {
   if (o.checkpoint_dir.empty()) return;
   stages::prepare_checkpoint_root(o.checkpoint_dir);
@@ -152,6 +190,21 @@ void check_loop_options(const LoopOptions& o) {
     throw InputError("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
   check_output_path(o.summary_path, "--summary");
   check_output_path(o.loss_log, "--loss-log");
+  {
+    std::vector<std::pair<std::string, std::string>> files = {{"--summary", o.summary_path},
+                                                              {"--loss-log", o.loss_log}};
+    // A blend's WEIGHT:PATH reads PATH.
+    auto file_of = [](const std::string& p) {
+      std::error_code ec;
+      const size_t colon = p.find(':');
+      return colon != std::string::npos && !std::filesystem::exists(p, ec) ? p.substr(colon + 1)
+                                                                           : p;
+    };
+    if (!o.data_path.empty()) files.emplace_back("--data", o.data_path);
+    for (const std::string& p : o.data.data) files.emplace_back("--data", file_of(p));
+    for (const std::string& p : o.data.eval_data) files.emplace_back("--eval-data", file_of(p));
+    check_distinct_files(files, 2);
+  }
   lr_schedule_of(o).validate();
   if (o.eval_every < 0)
     throw InputError("--eval-every: expected >= 0, found " + std::to_string(o.eval_every));

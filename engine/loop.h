@@ -132,6 +132,14 @@ struct TrainSummary {
 // An output the run writes at its end (--summary, --trace): refused at the start when
 // its directory is missing or the path is a directory, not after the last step.
 void check_output_path(const std::string& path, const char* flag);
+// InputError naming both flags when an output among `files` (flag, path; empty paths
+// skipped) is the same file as an input or another output, by device and inode where it
+// exists, else by its resolved path: `--loss-log` naming the --data file had replaced the
+// training data, and two outputs under one name kept the second. Devices and FIFOs
+// (/dev/null twice) are no files to lose. `outputs` counts the leading entries that are
+// written; the rest are read.
+void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& files,
+                          size_t outputs);
 // InputError for options that no loop accepts (negative steps, --resume without a
 // checkpoint directory, a schedule that does not fit the run, evaluation flags without
 // held-out data, checkpoint flags without a directory, a --summary with no directory to go

@@ -925,6 +925,11 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const bool image_input = image_data(o);
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
+  check_distinct_files({{"--trace", o.trace_path},
+                        {"--summary", o.summary_path},
+                        {"--loss-log", o.loss_log},
+                        {"--data", o.data_path}},
+                       1);
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");

@@ -65,8 +65,8 @@ Limit parse_limit(const std::string& text) {
   Limit l;
   if (text.empty()) return l;
   l.given = true;
-  const bool has_unit = std::any_of(
-      text.begin(), text.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+  // A unit ends the text ("512KiB", "1e6B"): "1e3" is a count, whose e had read as a unit.
+  const bool has_unit = std::isalpha(static_cast<unsigned char>(text.back())) != 0;
   if (has_unit) {
     l.bytes = true;
     l.value = double(parse_bytes_option("--memory-limit", text));
@@ -235,6 +235,12 @@ int run_simulate(const std::vector<std::string>& args) {
   engine::check_output_path(o.output, "--output");
   engine::check_output_path(o.trace, "--trace");
   engine::check_output_path(o.svg, "--svg");
+  engine::check_distinct_files({{"--output", o.output},
+                                {"--trace", o.trace},
+                                {"--svg", o.svg},
+                                {"--file", o.file},
+                                {"--costs", o.costs_file}},
+                               3);
   check_value_flags(vm, {"schedule", "dialect", "memory-limit", "objective"});
   o.names = split_comma_list(names, "--schedule");
   if (o.names.empty() == o.file.empty())
@@ -334,6 +340,9 @@ int run_simulate(const std::vector<std::string>& args) {
   };
 
   if (compare) {
+    // Every row's own "not defined" had been printed, exit 0, for a comparison without them.
+    if (o.ranks <= 0 || o.micro_batches <= 0)
+      throw InputError("--schedule " + names + ": a comparison needs --stages and --micro-batches");
     std::vector<Row> rows;
     for (const std::string& name : o.names) {
       Row row;

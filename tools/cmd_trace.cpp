@@ -48,6 +48,12 @@ int predict(const std::vector<std::string>& args) {
   // had left a file behind an exit code of 2.
   engine::check_output_path(out, "--out");
   engine::check_output_path(svg, "--svg");
+  engine::check_distinct_files({{"--out", out},
+                                {"--svg", svg},
+                                {"--plan", plan_path},
+                                {"--costs", costs},
+                                {"--schedule", schedule_file}},
+                               2);
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
@@ -119,6 +125,8 @@ int svg(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, "baton trace svg TRACE.json -o out.svg", opts, vm, &pos)) return 0;
   check_path_flags(vm, {"trace", "out"});
+  engine::check_output_path(out, "--out");
+  engine::check_distinct_files({{"--out", out}, {"TRACE", in}}, 1);
   schedule::Timeline t = schedule::from_chrome_trace(memory::read_file(in), in);
   memory::write_file_durably(out, schedule::to_svg(t));
   std::printf("wrote %s\n", out.c_str());

@@ -68,6 +68,11 @@ contains "zb-v"
 contains "auto"
 expect 2 "$baton" simulate --schedule all,1f1b -p 4 -m 8
 contains "1f1b is listed twice (all holds every training schedule)"
+# A comparison without --stages and --micro-batches (every row "not defined", exit 0), and
+# two outputs under one name (the second had replaced the first).
+expect 2 "$baton" simulate --schedule 1f1b,gpipe
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/same.json" --svg "$tmp/same.json"
+contains "is the same file as --svg"
 
 # Bad input: exit code 2 and a message that says what is wrong.
 expect 2 "$baton" simulate --file "$torch_csv/zbv_p2_m4_comms.csv"

@@ -57,10 +57,12 @@ TEST(Cli, AFailedWriteToStandardOutputIsAFailure) {
        {std::string("version"), std::string("--help"), std::string("simulate -s 1f1b -p 2 -m 2")}) {
     Result r = baton::cli_testing::run_command("{ " + kCliBaton + " " + args + " > /dev/full; }");
     EXPECT_EQ(r.code, 1) << args << "\n" << r.output;
-    // The reason is the one stdio kept: a write that failed before the final flush leaves
-    // the stream's error flag but not its errno ("write error").
-    EXPECT_NE(r.output.find("failed: writing standard output: "), std::string::npos) << args << "\n"
-                                                                                     << r.output;
+    // The device's own reason, asked again where stdio kept none (a write that failed
+    // before the final flush leaves the error flag but not its errno: "write error").
+    EXPECT_NE(r.output.find("failed: writing standard output: No space left on device"),
+              std::string::npos)
+        << args << "\n"
+        << r.output;
   }
   EXPECT_EQ(baton::cli_testing::run_command(kCliBaton + " version > /dev/null").code, 0);
   // A pipe whose reader has gone, with SIGPIPE ignored (as under nohup or a supervisor):
@@ -174,6 +176,17 @@ TEST(Cli, BadDataAndFlags) {
   cli_expect_input_error(
       "--model " + model + " --data " + kCliCorpus + " --batch 6 --micro-batches 4",
       {"--batch 6 must be a positive multiple of --micro-batches 4"});
+  // An output naming an input: --loss-log over the training data had replaced it, exit 0.
+  {
+    const std::string data = temp_file("own-data.txt", std::string(4096, 'a'));
+    cli_expect_input_error("--model " + model + " --data " + data + " --loss-log " + data,
+                           {"--loss-log " + data + " is the same file as --data " + data +
+                            ": writing it would replace that input"});
+    const std::string log = temp_file("log-and-summary.json", "");
+    cli_expect_input_error(
+        "--model " + model + " --data " + kCliCorpus + " --summary " + log + " --loss-log " + log,
+        {"--summary " + log + " is the same file as --loss-log " + log});
+  }
   // A name past the file system's limit, before the work (it had failed at its rename after
   // every step).
   cli_expect_input_error(
