@@ -48,11 +48,18 @@ run_row() {
 }
 
 # need_int FLAG VALUE MIN: VALUE an integer of at least MIN, else a message and exit 2.
+# At most 9 digits: a longer number overflowed the shell's test, which then passed it.
 need_int() {
-  if ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt "$3" ]; then
+  if ! [[ "$2" =~ ^[0-9]{1,9}$ ]] || [ "$2" -lt "$3" ]; then
     echo "$1: expected an integer of at least $3, found '$2'" >&2
     exit 2
   fi
+}
+
+# need_value FLAG ARGC: a flag given last, with no value, is named (exit 2); `set -u` had
+# said "$2: unbound variable", exit 1. ARGC: the arguments left, the flag's included.
+need_value() {
+  [ "$2" -ge 2 ] || { echo "$1: expected a value after it" >&2; exit 2; }
 }
 
 # need_plans KNOWN PLANS: PLANS a non-empty list of names from KNOWN, else a message and exit 2.

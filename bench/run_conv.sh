@@ -24,10 +24,10 @@ compile=""
 cap=160MiB
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
-    --threads) threads="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
+    --threads) need_value "$1" $#; threads="$2"; shift 2 ;;
     --compile) compile="--compile"; shift ;;
-    --cap) cap="$2"; shift 2 ;;
+    --cap) need_value "$1" $#; cap="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

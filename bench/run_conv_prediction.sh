@@ -19,9 +19,9 @@ warmup=4
 plans="pp1 pp2 dp2 sp2 pp2sp2"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
-    --warmup) warmup="$2"; shift 2 ;;
-    --plans) plans="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
+    --warmup) need_value "$1" $#; warmup="$2"; shift 2 ;;
+    --plans) need_value "$1" $#; plans="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

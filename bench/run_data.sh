@@ -22,8 +22,8 @@ gib=1
 steps=4
 while [ $# -gt 0 ]; do
   case "$1" in
-    --gib) gib="$2"; shift 2 ;;
-    --steps) steps="$2"; shift 2 ;;
+    --gib) need_value "$1" $#; gib="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

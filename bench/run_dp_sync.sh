@@ -25,12 +25,12 @@ out=""
 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
-    --rate) rate="$2"; shift 2 ;;
-    --delay) delay="$2"; shift 2 ;;
-    --model) model="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    --only) only="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
+    --rate) need_value "$1" $#; rate="$2"; shift 2 ;;
+    --delay) need_value "$1" $#; delay="$2"; shift 2 ;;
+    --model) need_value "$1" $#; model="$2"; shift 2 ;;
+    --out) need_value "$1" $#; out="$2"; shift 2 ;;
+    --only) need_value "$1" $#; only="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

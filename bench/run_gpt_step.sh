@@ -18,9 +18,9 @@ compile=""
 family=gpt
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
     --compile) compile="--compile"; shift ;;
-    --family) family="$2"; shift 2 ;;
+    --family) need_value "$1" $#; family="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

@@ -23,10 +23,10 @@ optimizer_step=synchronous
 peer=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
-    --warmup) warmup="$2"; shift 2 ;;
-    --schedule) schedule="$2"; shift 2 ;;
-    --optimizer-step) optimizer_step="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
+    --warmup) need_value "$1" $#; warmup="$2"; shift 2 ;;
+    --schedule) need_value "$1" $#; schedule="$2"; shift 2 ;;
+    --optimizer-step) need_value "$1" $#; optimizer_step="$2"; shift 2 ;;
     --no-peer) peer=""; shift ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;

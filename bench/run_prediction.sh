@@ -22,9 +22,9 @@ warmup=2
 plans="pp1 pp2 dp2 tp2 pp2tp2dp2 pp2dp4"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) steps="$2"; shift 2 ;;
-    --warmup) warmup="$2"; shift 2 ;;
-    --plans) plans="$2"; shift 2 ;;
+    --steps) need_value "$1" $#; steps="$2"; shift 2 ;;
+    --warmup) need_value "$1" $#; warmup="$2"; shift 2 ;;
+    --plans) need_value "$1" $#; plans="$2"; shift 2 ;;
     -h|--help) print_usage "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -215,6 +216,9 @@ int run_profile(const std::vector<std::string>& args) {
           "bf16] --out costs.json",
           opts, vm))
     return 0;
+  // A --colocated copy ends with the profile that started it: killed, that profile had
+  // left its copies spinning for ever.
+  if (vm["hold"].as<bool>()) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   apply_common_options(vm);
   check_path_flags(vm, {"model", "out"});
   // The probes are group_passes' ranks, started by baton launch and writing a scratch
@@ -261,8 +265,11 @@ int run_profile(const std::vector<std::string>& args) {
   stages::LoadOptions lo;
   lo.float_dtype = kernels::compute_dtype(run.precision);
   stages::Graph g = stages::load_model(model_path, lo);
-  if (vm["hold"].as<bool>())
-    for (;;) pt::time_passes(g, o, pt::kPassMicroBatches);
+  if (vm["hold"].as<bool>()) {
+    // Orphaned before PR_SET_PDEATHSIG took effect, init is the parent.
+    while (::getppid() != 1) pt::time_passes(g, o, pt::kPassMicroBatches);
+    return 0;
+  }
   if (const int t = vm["tp-probe"].as<int>(); t > 0) {
     probe_rank(g, o, Split::tp, t, out);
     return 0;

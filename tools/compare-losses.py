@@ -72,10 +72,19 @@ def main():
     if not steps:
         print(f"compare-losses: {a.reference} has no losses")
         return 1
+    # Without --steps both logs hold the same steps: extra steps in OTHER had passed.
+    extra = sorted(set(got) - set(ref)) if not a.steps else []
+    if extra:
+        print(f"compare-losses: {a.other} has step {extra[0]}, which {a.reference} lacks")
+        return 1
     worst = 0.0
     for s in steps:
         if s not in got:
             print(f"compare-losses: step {s} is missing from {a.other}")
+            return 1
+        # A NaN reference had passed every comparison (NaN > tol is false).
+        if math.isnan(ref[s]):
+            print(f"compare-losses: step {s}: the loss is NaN in the reference {a.reference}")
             return 1
         if a.tol is None:
             if math.isnan(got[s]):

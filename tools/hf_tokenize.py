@@ -203,6 +203,9 @@ def main():
     ap.add_argument("--eod-token", default=None,
                     help="the end-of-document token's text (default: <|endoftext|>, </s> or <eos>)")
     args = ap.parse_args()
+    # Alone it had been ignored, even naming a token the tokenizer lacks.
+    if args.eod_token is not None and not args.append_eod:
+        fail(f"--eod-token {args.eod_token}: names the token --append-eod appends; give --append-eod too")
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):
         fail(f"--out {args.out}: no directory {out_dir}")

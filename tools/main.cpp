@@ -44,6 +44,9 @@ std::string stdout_failure_reason(int err) {
     if (::poll(&p, 1, 0) == 1 && (p.revents & POLLERR) != 0)
       return std::string(std::strerror(EPIPE)) + " (its reader has gone)";
   }
+  // A device that refuses writes (/dev/full) says why when asked again: one byte, which
+  // goes nowhere where the output already failed.
+  if (S_ISCHR(st.st_mode) && ::write(STDOUT_FILENO, "\n", 1) < 0) return std::strerror(errno);
   struct statvfs fs {};
   if (S_ISREG(st.st_mode) && ::fstatvfs(STDOUT_FILENO, &fs) == 0) {
     if (fs.f_bavail == 0) return std::strerror(ENOSPC);

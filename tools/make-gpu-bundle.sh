@@ -7,6 +7,12 @@
 #   it links (libgfortran, libquadmath) and its headers, spdlog's and fmt's headers (used
 #   header-only there), and nccl.h (pip's NCCL may come without it). About 44 MiB.
 set -euo pipefail
+# No arguments: --help had deleted and remade the bundle.
+case "${1-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -/{/^set -/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  *) echo "make-gpu-bundle: takes no arguments, found '$1' (--help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 out=.gpu-bundle
 arch=$(uname -m)

@@ -95,6 +95,11 @@ with tempfile.TemporaryDirectory() as d:
     left = sorted(n for n in os.listdir(d) if n.startswith("out."))
     check(left == ["out.bin", "out.idx"], f"only the pair is left, found {left}")
 
+    # --eod-token alone had been ignored, even naming a token the tokenizer lacks.
+    r = run("--input", corpus, "--out", out, "--eod-token", "<nosuch>")
+    check(r.returncode == 2 and "give --append-eod too" in r.stderr, "--eod-token without --append-eod",
+          r.stdout + r.stderr)
+
     jsonl = os.path.join(d, "bad.jsonl")
     with open(jsonl, "w") as f:
         f.write('{"text": "a b"}\n{"text": "c\n')

@@ -88,6 +88,11 @@ printf '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": null, "skipped": true}\n' 
 grep -q "step 2: 4.500000 vs nan" "$out/g.out" || fail "a null loss was not named by its step: $(cat "$out/g.out")"
 cmp_losses "$out/a.jsonl" "$out/g.jsonl" --falls && fail "a last loss of null passed --falls"
 cmp_losses "$out/a.jsonl" "$out/b.jsonl" && fail "no check asked for passed"
+# A NaN in the reference, and steps only the other has, fail (both had passed).
+cmp_losses "$out/g.jsonl" "$out/a.jsonl" --tol 1e-4 && fail "a null reference loss passed"
+printf '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.5}\n{"step": 3, "loss": 99}\n' >"$out/h.jsonl"
+cmp_losses "$out/a.jsonl" "$out/h.jsonl" --tol 1e-4 && fail "a step only the other has passed"
+cmp_losses "$out/a.jsonl" "$out/h.jsonl" --tol 1e-4 --steps 2 || fail "--steps 2 did not compare the first two steps"
 # The engine steps without a baton binary, and with one whose train has no --device:
 # each listed as skipped with the reason, none failed.
 steps=$(cd "$src" && grep -m1 'local names=' tools/gpu-check-engine.sh | sed 's/.*names="//; s/".*//' | wc -w)
