@@ -107,40 +107,48 @@ void check_output_path(const std::string& path, const char* flag) {
 
 void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& files,
                           size_t outputs) {
-  namespace fs = std::filesystem;
-  struct Id {
-    bool exists = false;
-    dev_t dev = 0;
-    ino_t ino = 0;
-    std::string path;
-  };
-  std::vector<Id> ids;
+  // By resolved path: what is written through a symbolic link is its target, and a file
+  // written by rename under another hard link loses nothing. A descriptor (/dev/stdout)
+  // is written in place, and a device or FIFO is no file to lose.
+  std::vector<std::string> resolved;
   for (const auto& [flag, path] : files) {
-    Id id;
     struct stat st;
-    if (!path.empty() && ::stat(path.c_str(), &st) == 0) {
-      if (!S_ISREG(st.st_mode)) {
-        ids.push_back({});  // a device, FIFO or directory: compared with nothing
-        continue;
-      }
-      id = {true, st.st_dev, st.st_ino, {}};
-    } else if (!path.empty()) {
-      std::error_code ec;
-      id.path = fs::weakly_canonical(path, ec).string();
-      if (ec) id.path = path;
+    if (path.empty() || memory::descriptor_of(path) >= 0 ||
+        (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
+      resolved.emplace_back();
+      continue;
     }
-    ids.push_back(id);
+    std::error_code ec;
+    const std::string r = std::filesystem::weakly_canonical(path, ec).string();
+    resolved.push_back(ec ? path : r);
   }
-  auto same = [](const Id& a, const Id& b) {
-    if (a.exists || b.exists) return a.exists && b.exists && a.dev == b.dev && a.ino == b.ino;
-    return !a.path.empty() && a.path == b.path;
-  };
   for (size_t i = 0; i < outputs && i < files.size(); ++i)
     for (size_t j = 0; j < files.size(); ++j)
-      if (j != i && !(j < i && j < outputs) && same(ids[i], ids[j]))
+      if (j != i && !(j < i && j < outputs) && !resolved[i].empty() && resolved[i] == resolved[j])
         throw InputError(files[i].first + " " + files[i].second + " is the same file as " +
                          files[j].first + " " + files[j].second + ": writing it would " +
                          (j < outputs ? "replace the other output" : "replace that input"));
+}
+
+std::vector<std::pair<std::string, std::string>> data_files(const LoopOptions& o) {
+  std::vector<std::pair<std::string, std::string>> files;
+  auto add = [&](const char* flag, const std::string& p) {
+    // A blend's WEIGHT:PATH reads PATH; a Megatron PREFIX reads PREFIX.bin and PREFIX.idx.
+    std::error_code ec;
+    const size_t colon = p.find(':');
+    const std::string path =
+        colon != std::string::npos && !std::filesystem::exists(p, ec) ? p.substr(colon + 1) : p;
+    if (std::filesystem::exists(path, ec)) {
+      files.emplace_back(flag, path);
+      return;
+    }
+    files.emplace_back(flag, path + ".bin");
+    files.emplace_back(flag, path + ".idx");
+  };
+  if (!o.data_path.empty()) add("--data", o.data_path);
+  for (const std::string& p : o.data.data) add("--data", p);
+  for (const std::string& p : o.data.eval_data) add("--eval-data", p);
+  return files;
 }
 
 void prepare_checkpoint_dir(const LoopOptions& o) {
@@ -193,16 +201,7 @@ void check_loop_options(const LoopOptions& o) {
   {
     std::vector<std::pair<std::string, std::string>> files = {{"--summary", o.summary_path},
                                                               {"--loss-log", o.loss_log}};
-    // A blend's WEIGHT:PATH reads PATH.
-    auto file_of = [](const std::string& p) {
-      std::error_code ec;
-      const size_t colon = p.find(':');
-      return colon != std::string::npos && !std::filesystem::exists(p, ec) ? p.substr(colon + 1)
-                                                                           : p;
-    };
-    if (!o.data_path.empty()) files.emplace_back("--data", o.data_path);
-    for (const std::string& p : o.data.data) files.emplace_back("--data", file_of(p));
-    for (const std::string& p : o.data.eval_data) files.emplace_back("--eval-data", file_of(p));
+    for (auto& f : data_files(o)) files.push_back(std::move(f));
     check_distinct_files(files, 2);
   }
   lr_schedule_of(o).validate();

@@ -133,13 +133,17 @@ struct TrainSummary {
 // its directory is missing or the path is a directory, not after the last step.
 void check_output_path(const std::string& path, const char* flag);
 // InputError naming both flags when an output among `files` (flag, path; empty paths
-// skipped) is the same file as an input or another output, by device and inode where it
-// exists, else by its resolved path: `--loss-log` naming the --data file had replaced the
-// training data, and two outputs under one name kept the second. Devices and FIFOs
-// (/dev/null twice) are no files to lose. `outputs` counts the leading entries that are
-// written; the rest are read.
+// skipped) is the same file as an input or another output, by resolved path (links
+// followed: a hard link under another name loses nothing to a rename): `--loss-log` naming
+// the --data file had replaced the training data, and two outputs under one name kept the
+// second. Devices and FIFOs (/dev/null twice) and descriptors (/dev/stdout, written in
+// place) are no files to lose. `outputs` counts the leading entries, which are written;
+// the rest are read.
 void check_distinct_files(const std::vector<std::pair<std::string, std::string>>& files,
                           size_t outputs);
+// The files --data and --eval-data read, by flag: a blend's paths, a Megatron prefix's
+// .bin and .idx.
+std::vector<std::pair<std::string, std::string>> data_files(const LoopOptions& o);
 // InputError for options that no loop accepts (negative steps, --resume without a
 // checkpoint directory, a schedule that does not fit the run, evaluation flags without
 // held-out data, checkpoint flags without a directory, a --summary with no directory to go

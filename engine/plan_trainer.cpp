@@ -925,11 +925,19 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const bool image_input = image_data(o);
   check_loop_options(o);
   check_output_path(o.trace_path, "--trace");
-  check_distinct_files({{"--trace", o.trace_path},
-                        {"--summary", o.summary_path},
-                        {"--loss-log", o.loss_log},
-                        {"--data", o.data_path}},
-                       1);
+  {
+    // Every rank's outputs against its inputs: --trace over the plan, its model, a blend's
+    // file or the held-out data had replaced them, exit 0.
+    std::vector<std::pair<std::string, std::string>> files = {{"--trace", o.trace_path},
+                                                              {"--summary", o.summary_path},
+                                                              {"--loss-log", o.loss_log},
+                                                              {"--plan", o.plan_path},
+                                                              {"--schedule", o.schedule_path}};
+    if (!r.plan.model_path_resolved.empty())
+      files.emplace_back("the plan's model", r.plan.model_path_resolved);
+    for (auto& f : data_files(o)) files.push_back(std::move(f));
+    check_distinct_files(files, 3);
+  }
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");

@@ -41,6 +41,8 @@ TrainSummary run_training(const TrainOptions& o,
   // Before check_loop_options, which would ask image data for held-out data it cannot have.
   const bool image_input = image_data(o);
   check_loop_options(o);
+  check_distinct_files(
+      {{"--summary", o.summary_path}, {"--loss-log", o.loss_log}, {"--model", o.model_path}}, 2);
   prepare_device(o);
 
   // ---- the checkpoint to resume from, before the model: one found holds the weights

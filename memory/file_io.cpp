@@ -68,25 +68,6 @@ class FdSink : public FileSink {
   std::string what_;
 };
 
-// The descriptor a path names: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N
-// (and /proc/<our pid>/fd/N); -1 for any other path. Such a path is written through the
-// descriptor itself: following it to a file and renaming over that file replaced what
-// the shell had redirected into (`>> app.log` lost its earlier lines, later output went
-// to a deleted file).
-int descriptor_of(const std::string& path) {
-  if (path == "/dev/stdout") return 1;
-  if (path == "/dev/stderr") return 2;
-  for (const std::string& dir :
-       {std::string("/dev/fd/"), std::string("/proc/self/fd/"),
-        std::string("/proc/thread-self/fd/"), "/proc/" + std::to_string(::getpid()) + "/fd/"}) {
-    if (path.size() <= dir.size() || path.compare(0, dir.size(), dir) != 0) continue;
-    const std::string n = path.substr(dir.size());
-    if (n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos) return -1;
-    return std::stoi(n);
-  }
-  return -1;
-}
-
 void write_to_descriptor(int fd, const std::string& path,
                          const std::function<void(FileSink&)>& produce) {
   const int flags = ::fcntl(fd, F_GETFL);
@@ -102,6 +83,20 @@ void write_to_descriptor(int fd, const std::string& path,
 }
 
 }  // namespace
+
+int descriptor_of(const std::string& path) {
+  if (path == "/dev/stdout") return 1;
+  if (path == "/dev/stderr") return 2;
+  for (const std::string& dir :
+       {std::string("/dev/fd/"), std::string("/proc/self/fd/"),
+        std::string("/proc/thread-self/fd/"), "/proc/" + std::to_string(::getpid()) + "/fd/"}) {
+    if (path.size() <= dir.size() || path.compare(0, dir.size(), dir) != 0) continue;
+    const std::string n = path.substr(dir.size());
+    if (n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(n);
+  }
+  return -1;
+}
 
 std::string file_kind(mode_t m) {
   return S_ISREG(m)    ? "a regular file"

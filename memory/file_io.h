@@ -59,6 +59,13 @@ class FileSink {
 // that is no regular file (/dev/null, a FIFO) is written straight, neither atomically nor
 // replaced.
 void write_file_durably(const std::string& path, std::string_view content);
+
+// The descriptor a path names: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N
+// (and /proc/<our pid>/fd/N); -1 for any other path. Such a path is written through the
+// descriptor itself: following it to a file and renaming over that file replaced what
+// the shell had redirected into (`>> app.log` lost its earlier lines, later output went
+// to a deleted file).
+int descriptor_of(const std::string& path);
 // The same with the content written by `produce` (large files: no copy in memory).
 void write_file_durably(const std::string& path, const std::function<void(FileSink&)>& produce);
 

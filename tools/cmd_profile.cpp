@@ -206,9 +206,9 @@ int run_profile(const std::vector<std::string>& args) {
   // count, and plan and trace predict warn when a plan's ranks compute with another
   // (CostModel::warn_threads).
   add_common_options(opts,
-                     "kernel threads to time the ops with (0: OMP_NUM_THREADS, else the cores "
-                     "divided among local ranks, as baton train's default; give the threads "
-                     "each rank of the plans trains with)");
+                     "kernel threads to time the ops with (0: the cores divided among local "
+                     "ranks, or OMP_NUM_THREADS up to that, as baton train's default; give the "
+                     "threads each rank of the plans trains with)");
   po::variables_map vm;
   if (!parse_args(
           args,
@@ -218,6 +218,7 @@ int run_profile(const std::vector<std::string>& args) {
     return 0;
   // A --colocated copy ends with the profile that started it: killed, that profile had
   // left its copies spinning for ever.
+  const pid_t parent = ::getppid();
   if (vm["hold"].as<bool>()) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   apply_common_options(vm);
   check_path_flags(vm, {"model", "out"});
@@ -266,8 +267,8 @@ int run_profile(const std::vector<std::string>& args) {
   lo.float_dtype = kernels::compute_dtype(run.precision);
   stages::Graph g = stages::load_model(model_path, lo);
   if (vm["hold"].as<bool>()) {
-    // Orphaned before PR_SET_PDEATHSIG took effect, init is the parent.
-    while (::getppid() != 1) pt::time_passes(g, o, pt::kPassMicroBatches);
+    // Orphaned before PR_SET_PDEATHSIG took effect, init or a subreaper is the parent.
+    while (::getppid() == parent) pt::time_passes(g, o, pt::kPassMicroBatches);
     return 0;
   }
   if (const int t = vm["tp-probe"].as<int>(); t > 0) {

@@ -212,8 +212,8 @@ void add_common_options(po::options_description& opts, const char* threads_help)
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      threads_help != nullptr
                          ? threads_help
-                         : "compute threads of this process (0: OMP_NUM_THREADS, else the "
-                           "cores it may run on divided among local ranks)")(
+                         : "compute threads of this process (0: the cores it may run on "
+                           "divided among local ranks, or OMP_NUM_THREADS up to that)")(
       "log-level", po::value<std::string>()->default_value("info"),
       "trace, debug, info, warn, error or off");
 }
@@ -248,7 +248,8 @@ void apply_common_options(const po::variables_map& vm) {
   const int t = vm["threads"].as<int>();
   if (t < 0)
     throw InputError(
-        "--threads: expected 0 (OMP_NUM_THREADS, else the cores divided among local ranks) or a "
+        "--threads: expected 0 (the cores divided among local ranks, or OMP_NUM_THREADS up to "
+        "that) or a "
         "count "
         ">= 1, found " +
         std::to_string(t));

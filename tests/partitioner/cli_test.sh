@@ -151,13 +151,13 @@ contains "--dp-sync: not valid JSON: "
 lacks "found \"{"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
-contains "--threads: expected 0 (OMP_NUM_THREADS, else the cores divided among local ranks) or a count >= 1, found -1"
-# Its --threads 0 is baton train's default (OMP_NUM_THREADS, else the cores divided among
-# local ranks), and says so.
+contains "--threads: expected 0 (the cores divided among local ranks, or OMP_NUM_THREADS up to that) or a count >= 1, found -1"
+# Its --threads 0 is baton train's default (the cores divided among local ranks, or
+# OMP_NUM_THREADS up to that), and says so.
 expect 0 "$baton" profile --help
 contains "kernel threads to time the ops with (0:"
-contains "OMP_NUM_THREADS, else the cores divided among local"
-contains "ranks, as baton train's default"
+contains "divided among local ranks, or OMP_NUM_THREADS up to"
+contains "as baton train's default"
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --warmup -1 --out "$tmp/neg.json"
 contains "--warmup: expected 0 or more untimed runs, found -1"
 lacks "timing"  # refused before it announces the timings

@@ -182,6 +182,17 @@ TEST(Cli, BadDataAndFlags) {
     cli_expect_input_error("--model " + model + " --data " + data + " --loss-log " + data,
                            {"--loss-log " + data + " is the same file as --data " + data +
                             ": writing it would replace that input"});
+    // The model under --summary, and both outputs to a redirected /dev/stdout: that is
+    // written in place, one after the other (it had been refused as one file).
+    const std::string own_model = temp_file("own-model.json", kTiny);
+    cli_expect_input_error(
+        "--model " + own_model + " --data " + kCliCorpus + " --summary " + own_model,
+        {"--summary " + own_model + " is the same file as --model"});
+    const Result both = baton::cli_testing::run_command(
+        kCliBaton + " train --model " + model + " --data " + kCliCorpus +
+        " --steps 2 --batch 2 --loss-log /dev/stdout --summary /dev/stdout > " +
+        temp_file("stdout.txt", "") + " 2>&1; echo rc=$?");
+    EXPECT_NE(both.output.find("rc=0"), std::string::npos) << both.output;
     const std::string log = temp_file("log-and-summary.json", "");
     cli_expect_input_error(
         "--model " + model + " --data " + kCliCorpus + " --summary " + log + " --loss-log " + log,

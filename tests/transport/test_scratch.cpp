@@ -6,6 +6,7 @@
 // reduce-scatter in place and not.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -146,6 +147,9 @@ TEST(CollectiveScratch, AFailedCollectivesTensorsAreKept) {
       }
     });
   for (auto& t : threads) t.join();
+  // The executor's thread lets go of a job some moment after its waiter returns: past it,
+  // nothing but the keeping can hold the bytes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[size_t(r)], "") << "rank " << r << " did not fail";
     // The tensor and the work are gone here: only the keeping holds the bytes.
