@@ -118,9 +118,16 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
       resolved.emplace_back();
       continue;
     }
+    // Links followed as the writer follows them, a dangling one to the file it would
+    // create (weakly_canonical leaves it unresolved).
+    std::string target = path;
+    try {
+      target = memory::resolve_links(path);
+    } catch (const InputError&) {
+    }
     std::error_code ec;
-    const std::string r = std::filesystem::weakly_canonical(path, ec).string();
-    resolved.push_back(ec ? path : r);
+    const std::string r = std::filesystem::weakly_canonical(target, ec).string();
+    resolved.push_back(ec ? target : r);
   }
   for (size_t i = 0; i < outputs && i < files.size(); ++i)
     for (size_t j = 0; j < files.size(); ++j)

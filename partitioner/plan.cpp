@@ -122,7 +122,7 @@ void check_dp_sync(const Plan& p) {
   // One replica has none to average with: such a plan had been taken, charged an anchor
   // copy (local SGD) or gossip messages in its estimates, and trained as without them.
   if (s.independent() && p.dp < 2)
-    throw InputError(p.where("$.dp_sync.mode") + ": " + mode +
+    throw InputError(p.where("$.dp_sync") + ": " + mode +
                      " synchronises data-parallel replicas; expected dp >= 2, found dp " +
                      std::to_string(p.dp));
   // Each replica steps on its own gradients: no reduce-scatter to shard the state over.

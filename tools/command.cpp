@@ -219,10 +219,9 @@ void add_common_options(po::options_description& opts, const char* threads_help)
 }
 
 int default_threads() {
-  // OMP_NUM_THREADS as OpenMP reads it, else the cores this process may run on (its
-  // affinity: taskset, a cpuset, Slurm's --cpus-per-task), not the machine's, shared
-  // among the host's ranks.
-  // OMP_NUM_THREADS at most that share: OMP_NUM_THREADS=4 on 2 cores had run 4 threads in
+  // The cores this process may run on (its affinity: taskset, a cpuset, Slurm's
+  // --cpus-per-task), not the machine's, shared among the host's ranks; OMP_NUM_THREADS
+  // at most that share: OMP_NUM_THREADS=4 on 2 cores had run 4 threads in
   // each rank of a plan (8 on 2 cores) and in profile, 2 in a lone train.
   const int cores = std::max(1, int(transport::allowed_cores().size()));
   const int share = std::max(1, cores / std::max(1, transport::read_launch_env().local_size));

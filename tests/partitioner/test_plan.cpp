@@ -515,7 +515,7 @@ TEST(Plan, DpSync) {
          {json{{"mode", "gossip"}, {"peers", 5}}, json{{"mode", "local-sgd"}, {"sync_every", 2}}}) {
       one["dp_sync"] = mode;
       EXPECT_NE(plan_error_of(one).find(
-                    "$.dp_sync.mode: \"" + mode["mode"].get<std::string>() +
+                    "$.dp_sync: \"" + mode["mode"].get<std::string>() +
                     "\" synchronises data-parallel replicas; expected dp >= 2, found dp 1"),
                 std::string::npos)
           << plan_error_of(one);

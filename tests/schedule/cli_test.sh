@@ -73,6 +73,10 @@ contains "1f1b is listed twice (all holds every training schedule)"
 expect 2 "$baton" simulate --schedule 1f1b,gpipe
 expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/same.json" --svg "$tmp/same.json"
 contains "is the same file as --svg"
+# A dangling link to the other output: the writer follows it, so the check does too.
+ln -sf "$tmp/target.json" "$tmp/link.json"
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/target.json" --svg "$tmp/link.json"
+contains "is the same file as --svg"
 
 # Bad input: exit code 2 and a message that says what is wrong.
 expect 2 "$baton" simulate --file "$torch_csv/zbv_p2_m4_comms.csv"
