@@ -137,14 +137,19 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
                          (j < outputs ? "replace the other output" : "replace that input"));
 }
 
+std::string data_entry_path(const std::string& entry) {
+  std::error_code ec;
+  const size_t colon = entry.find(':');
+  return colon != std::string::npos && !std::filesystem::exists(entry, ec) ? entry.substr(colon + 1)
+                                                                           : entry;
+}
+
 std::vector<std::pair<std::string, std::string>> data_files(const LoopOptions& o) {
   std::vector<std::pair<std::string, std::string>> files;
   auto add = [&](const char* flag, const std::string& p) {
-    // A blend's WEIGHT:PATH reads PATH; a Megatron PREFIX reads PREFIX.bin and PREFIX.idx.
+    // A Megatron PREFIX reads PREFIX.bin and PREFIX.idx.
+    const std::string path = data_entry_path(p);
     std::error_code ec;
-    const size_t colon = p.find(':');
-    const std::string path =
-        colon != std::string::npos && !std::filesystem::exists(p, ec) ? p.substr(colon + 1) : p;
     if (std::filesystem::exists(path, ec)) {
       files.emplace_back(flag, path);
       return;

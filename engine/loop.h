@@ -144,6 +144,8 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
 // The files --data and --eval-data read, by flag: a blend's paths, a Megatron prefix's
 // .bin and .idx.
 std::vector<std::pair<std::string, std::string>> data_files(const LoopOptions& o);
+// The path a --data entry reads: PATH of a blend's WEIGHT:PATH (unless a file is named so).
+std::string data_entry_path(const std::string& entry);
 // InputError for options that no loop accepts (negative steps, --resume without a
 // checkpoint directory, a schedule that does not fit the run, evaluation flags without
 // held-out data, checkpoint flags without a directory, a --summary with no directory to go

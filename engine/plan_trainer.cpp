@@ -652,13 +652,7 @@ void check_same_contents(Communicator& world, const std::string& flag,
   if (world.size() < 2 || paths.empty()) return;
   nlohmann::json mine = nlohmann::json::array();
   for (const std::string& p : paths) {
-    // A blend's WEIGHT:PATH reads PATH.
-    std::string file = p;
-    std::error_code ec;
-    if (const size_t colon = p.find(':');
-        colon != std::string::npos && !std::filesystem::exists(p, ec))
-      file = p.substr(colon + 1);
-    mine.push_back(contents_identity(file));
+    mine.push_back(contents_identity(data_entry_path(p)));
   }
   const std::vector<std::string> all = all_gather_strings(world, mine.dump());
   const size_t r = first_differing(all);
