@@ -4,7 +4,6 @@
 // tokenizers (--tokenizer), token ids otherwise (and whenever the prompt is given as ids).
 // Stops at the model's end-of-sequence token, as transformers does (--ignore-eos goes on).
 // Prints tokens/s at the end.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -25,8 +24,6 @@ namespace baton::tools {
 namespace {
 
 int run_generate(const std::vector<std::string>& args) {
-  // stdout is the continuation alone, to be piped or saved; warnings go to stderr.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));
   po::options_description opts("options");
   std::string model, checkpoint, init_from, prompt, prompt_ids, tokenizer, bos = "auto";
   std::string seed_text = "0";

@@ -1,6 +1,7 @@
 // The `baton` command: dispatches to a sub-command and turns errors into exit codes
 // (2: bad input, 1: failure at run time).
 #include <poll.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -23,11 +24,12 @@
 
 namespace {
 
-void print_usage() {
-  std::printf("usage: baton <command> [options]   (baton <command> --help for its options)\n\n");
-  std::printf("commands:\n");
+// To standard output when asked for (help), to standard error when the command line was wrong.
+void print_usage(std::FILE* out) {
+  std::fprintf(out, "usage: baton <command> [options]   (baton <command> --help for its options)\n\n");
+  std::fprintf(out, "commands:\n");
   for (const auto& c : baton::tools::commands())
-    std::printf("  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+    std::fprintf(out, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
 }
 
 // A command's output that did not reach standard output (a full disk, /dev/full) is a
@@ -81,11 +83,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   baton::kernels::select_blas_kernels(argv);
+  // Log lines are diagnostics: standard output is left to what a command produces (a plan,
+  // a report, generated text), to be piped or saved whole.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("baton"));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
-  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  if (std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
       std::string(argv[1]) == "-h") {
-    print_usage();
-    return check_stdout("", argc < 2 ? 2 : 0);
+    print_usage(stdout);
+    return check_stdout("", 0);
   }
   std::string name = argv[1];
   for (const auto& c : baton::tools::commands()) {
@@ -107,6 +116,6 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "baton: unknown command '%s'\n\n", name.c_str());
-  print_usage();
+  print_usage(stderr);
   return 2;
 }
