@@ -167,7 +167,8 @@ JSON
 
   # Data-parallel replicas sharing the GPU, f32 against one GPU: ZeRO-2 (optimizer state
   # and reduced gradients sharded, masters and state on the device) and a parameter server
-  # on a third rank (staleness 0: allreduce's numbers).
+  # whose servers are the replicas' own ranks (staleness 0: allreduce's numbers; extra
+  # server ranks, ps_ranks, run on the CPU only).
   dp2_plan() {  # FILE EXTRA-FIELDS
     cat >"$1" <<JSON
 {"version": 1, "model": "$PWD/$tiny", "devices": 2, "device": "cuda", "transport": "ucx",
@@ -177,11 +178,11 @@ JSON
 JSON
   }
   dp2_plan "$e/dp2-zero2.json" '"optimizer_sharding": "zero2",'
-  dp2_plan "$e/dp2-ps.json" '"dp_sync": {"mode": "parameter-server", "max_staleness": 0, "ps_ranks": 1},'
+  dp2_plan "$e/dp2-ps.json" '"dp_sync": {"mode": "parameter-server", "max_staleness": 0},'
   step launch-dp2-zero2-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/dp2-zero2.json" \
       --data "$corpus" --steps 20 --seed 3 --loss-log "$e/dp2-zero2.jsonl" &&
     step launch-dp2-zero2-vs-one-gpu 30 "$py" "$cmp" "$e/gpu.jsonl" "$e/dp2-zero2.jsonl" --tol 1e-4 --steps 20
-  step launch-dp2-ps-ucx 180 "$baton" launch -n 3 -- "$baton" train --plan "$e/dp2-ps.json" \
+  step launch-dp2-ps-ucx 180 "$baton" launch -n 2 -- "$baton" train --plan "$e/dp2-ps.json" \
       --data "$corpus" --steps 20 --seed 3 --loss-log "$e/dp2-ps.jsonl" &&
     step launch-dp2-ps-vs-one-gpu 30 "$py" "$cmp" "$e/gpu.jsonl" "$e/dp2-ps.jsonl" --tol 1e-4 --steps 20
 

@@ -60,6 +60,23 @@ skip() {
   publish
 }
 
+# device_test NAME SECONDS CMD...: a GoogleTest program run where a GPU is listed. Its
+# tests skip when the CUDA runtime sees no device, and skips exit 0: a driver older than
+# the runtime linked in (or a hidden device) would read "ok" with nothing run. Any
+# "no CUDA device" skip is a failure here.
+device_test() {
+  local name=$1
+  step "$@" || return $?
+  local n
+  n=$(grep -c "^no CUDA device" "$out/$name.log")
+  [ "$n" -eq 0 ] && return 0
+  sed -i "s/^$name ok \(.*\)/$name FAILED (tests skipped: no CUDA device) \1/" "$out/steps.txt"
+  echo "gpu-check: $name FAILED: $n skipped with: $(grep -m1 "^no CUDA device" "$out/$name.log")"
+  gc_status=1
+  publish
+  return 1
+}
+
 # bench NAME SECONDS CMD...: a step whose output must hold a line "RESULT ..."; the
 # RESULT lines go to $out/results.txt, renamed NAME. No RESULT line is a failure too.
 bench() {

@@ -147,7 +147,8 @@ fi
 # ---- correctness ----
 : >"$out/steps.txt"
 for t in test_cuda_memory test_nccl_logic test_mixed_precision test_cuda_ops test_nccl; do
-  step "$t" 180 "$(test_bin "$t")" --gtest_brief=1
+  if [ "$gpu" = 0 ]; then step "$t" 180 "$(test_bin "$t")" --gtest_brief=1
+  else device_test "$t" 180 "$(test_bin "$t")" --gtest_brief=1; fi
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^op \(dtype\)|\((f16|f32|bf16)\) +[0-9]|Failure|expected|Which is" "$out/$t.log" | head -120
 done
 

@@ -38,6 +38,18 @@ gc_status=0
 skip nccl "one GPU" >/dev/null
 [ $gc_status = 0 ] || fail "a skipped step set gc_status"
 grep -q "^nccl skipped: one GPU" "$out/steps.txt" || fail "no skip line"
+# A test program whose tests skipped for want of a device exits 0: where a GPU is listed,
+# that is a failure; other skips are not.
+gc_status=0
+device_test nodevice 10 sh -c 'echo "[  SKIPPED ] 3 tests"; echo "no CUDA device: cudaErrorInsufficientDriver"' >/dev/null &&
+  fail "tests skipped for want of a device passed"
+grep -q "^nodevice FAILED (tests skipped: no CUDA device)" "$out/steps.txt" || fail "no FAILED line for the skipped tests"
+grep -q "^nodevice ok" "$out/steps.txt" && fail "the skipped tests kept their ok line"
+[ $gc_status = 1 ] || fail "tests skipped for want of a device left gc_status 0"
+gc_status=0
+device_test twogpus 10 sh -c 'echo "needs 2 GPUs, 1 present"' >/dev/null || fail "a skip for two GPUs failed"
+grep -q "^twogpus ok" "$out/steps.txt" || fail "no ok line for a program with other skips"
+[ $gc_status = 0 ] || fail "a skip for two GPUs set gc_status"
 # Results reach $OUT after every step.
 OUT=$(mktemp -d)
 trap 'rm -rf "$out" "$OUT"' EXIT
