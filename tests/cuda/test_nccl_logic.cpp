@@ -61,6 +61,31 @@ TEST(NcclWatchdog, KeepsADroppedOperationsTensorsUntilItsEventCompletes) {
   EXPECT_NO_THROW(dog.check());
 }
 
+// On the GPU: an allocation that fails releases the cache under the allocator's lock,
+// through a device synchronisation that waits on a receive posted ahead whose peer is gone.
+// A finished send's tensor freed by the watchdog then waits on that lock; were the
+// watchdog's own thread the one waiting, the receive's time-out would never be seen and
+// nothing would end the synchronisation. The stand-in: a tensor whose free blocks until
+// the abort.
+TEST(NcclWatchdog, AFreeThatBlocksDoesNotStopTheTimeOut) {
+  auto aborted = std::make_shared<std::atomic<bool>>(false);
+  Watchdog dog(
+      50ms, "[0, 1]", [aborted] { aborted->store(true); }, 2ms);
+  dog.launch_begin(1);
+  dog.launch_end([] { return false; }, {});  // the receive: never completes
+  static float data[4];
+  Tensor blocking = Tensor::from_blob(data, {4}, DType::f32, memory::Device::cpu(), [aborted](void*) {
+    const auto end = std::chrono::steady_clock::now() + 10s;  // bounded: a failing test ends
+    while (!aborted->load() && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(1ms);
+  });
+  dog.launch_begin(1);
+  dog.launch_end([] { return true; }, {std::move(blocking)});  // the send: done
+  EXPECT_TRUE(eventually([&] { return dog.aborted(); }, 3000ms))
+      << "the watchdog's thread waited on a free and never saw the receive's time-out";
+  EXPECT_THROW(dog.check(), transport::PeerError);
+}
+
 TEST(NcclWatchdog, ReapFreesFinishedOperationsWithoutWaitingForThePoll) {
   Watchdog dog(
       10s, "[0]", [] {}, 10s);

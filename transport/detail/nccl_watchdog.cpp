@@ -10,6 +10,7 @@ Watchdog::Watchdog(std::chrono::milliseconds timeout, std::string group,
       poll_(poll),
       group_(std::move(group)),
       abort_(std::move(abort)),
+      freer_([this] { free_run(); }),
       thread_([this] { run(); }) {}
 
 Watchdog::~Watchdog() {
@@ -23,6 +24,25 @@ void Watchdog::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard lock(free_mu_);
+    free_stop_ = true;
+  }
+  free_cv_.notify_all();
+  if (freer_.joinable()) freer_.join();
+}
+
+void Watchdog::free_run() {
+  std::unique_lock lock(free_mu_);
+  while (true) {
+    free_cv_.wait(lock, [&] { return free_stop_ || !to_free_.empty(); });
+    if (to_free_.empty()) return;  // stopped, nothing left
+    std::vector<Item> items = std::move(to_free_);
+    to_free_.clear();
+    lock.unlock();
+    items.clear();
+    lock.lock();
+  }
 }
 
 void Watchdog::launch_begin(int peer, std::string what) {
@@ -114,9 +134,12 @@ void Watchdog::run() {
       abort_();
       aborted_.store(true);
     }
-    lock.unlock();
-    dropped.clear();  // tensors back to their allocator outside the lock
-    lock.lock();
+    if (dropped.empty()) continue;
+    {
+      std::lock_guard free_lock(free_mu_);
+      for (Item& item : dropped) to_free_.push_back(std::move(item));
+    }
+    free_cv_.notify_one();
   }
 }
 

@@ -63,6 +63,7 @@ class Watchdog {
     std::vector<memory::Tensor> keep;
   };
   void run();
+  void free_run();
   // Drops finished items; returns the first late one's index or -1. With mu_ held; the
   // tensors of finished items are moved to `dropped` so that they are freed unlocked.
   int scan_locked(Clock::time_point now, std::vector<Item>& dropped);
@@ -81,6 +82,15 @@ class Watchdog {
   std::atomic<bool> aborted_{false};
   int failed_peer_ = -1;
   std::string failed_what_;
+  // The watchdog's finished operations go back to their allocator on a thread of their
+  // own: a free may wait on the allocator's lock, which a failed allocation holds through
+  // the device synchronisation that releases its cache, and that synchronisation waits
+  // on the very receive only the watchdog's abort ends.
+  std::mutex free_mu_;
+  std::condition_variable free_cv_;
+  std::vector<Item> to_free_;
+  bool free_stop_ = false;
+  std::thread freer_;
   std::thread thread_;  // last: starts once everything above exists
 };
 
