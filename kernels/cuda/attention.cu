@@ -269,7 +269,8 @@ void attention_forward(const Tensor& qkv, const AttentionOptions& opt, Tensor& o
   if (impl == AttentionImpl::cudnn) {
     require(cudnn_attention_forward(qkv, g, scale, dr, out, lse, l), op,
             cudnn_built() ? "cuDNN's fused attention does not cover " + qkv.str() +
-                                (dr.on ? " with dropout" : "")
+                                (dr.on ? " with dropout" : "") +
+                                " (or cuDNN is unavailable: a warning says why)"
                           : std::string("baton was built without cuDNN"));
     return;
   }
@@ -349,7 +350,8 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   if (impl == AttentionImpl::cudnn && !accumulate) {
     require(cudnn_attention_backward(qkv, out, lse, dout, g, scale, dr, dqkv, false, l), op,
             cudnn_built() ? "cuDNN's fused attention backward does not cover " + qkv.str() +
-                                (dr.on ? " with dropout" : "")
+                                (dr.on ? " with dropout" : "") +
+                                " (or cuDNN is unavailable: a warning says why)"
                           : std::string("baton was built without cuDNN"));
     return;
   }

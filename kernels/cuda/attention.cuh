@@ -55,7 +55,8 @@ bool flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
 
 // cuDNN's fused attention forward (cudnn_attention.cu, its graph API): 16-bit qkv, f32
 // lse, causal, no dropout; returns false (nothing done) for a case it does not take,
-// when cuDNN finds no engine for it, or when baton was built without cuDNN. Its lse is
+// when cuDNN finds no engine for it or cannot be opened (said once in a warning), or when
+// baton was built without cuDNN. Its lse is
 // the one our kernels write, so either backward may follow.
 bool cudnn_attention_forward(const Tensor& qkv, const AttnGeometry& g, float scale,
                              const AttnDropout& dr, Tensor& out, Tensor& lse, const Launch& l);

@@ -18,10 +18,12 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cudnn_graph.cuh"
+#include "kernels/cuda/host_log.h"
 
 namespace baton::kernels::cuda {
 
@@ -182,13 +184,24 @@ struct Key {
 thread_local std::map<Key, std::unique_ptr<Graph>> t_graphs, t_backward_graphs;
 
 // The graph of a key, built on first use (a graph without an engine is kept too, so
-// cuDNN is not asked again).
+// cuDNN is not asked again). A build that throws (libcudnn cannot be opened, a cuDNN 9
+// older than the headers refuses an attribute) is a graph without an engine as well:
+// automatic attention then runs the flash kernels instead of failing every call.
 template <class Build>
 Graph& graph_of(std::map<Key, std::unique_ptr<Graph>>& cache, const Key& key, Build build) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     auto graph = std::make_unique<Graph>();
-    build(*graph);
+    try {
+      build(*graph);
+    } catch (const std::exception& e) {
+      graph = std::make_unique<Graph>();  // ok false: no engine
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        log_warning(std::string("cuDNN's fused attention is unavailable (") + e.what() +
+                    "); attention runs without it");
+      });
+    }
     it = cache.emplace(key, std::move(graph)).first;
   }
   return *it->second;
