@@ -26,7 +26,8 @@ namespace {
 
 // To standard output when asked for (help), to standard error when the command line was wrong.
 void print_usage(std::FILE* out) {
-  std::fprintf(out, "usage: baton <command> [options]   (baton <command> --help for its options)\n\n");
+  std::fprintf(out,
+               "usage: baton <command> [options]   (baton <command> --help for its options)\n\n");
   std::fprintf(out, "commands:\n");
   for (const auto& c : baton::tools::commands())
     std::fprintf(out, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());

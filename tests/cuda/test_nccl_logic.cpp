@@ -74,11 +74,12 @@ TEST(NcclWatchdog, AFreeThatBlocksDoesNotStopTheTimeOut) {
   dog.launch_begin(1);
   dog.launch_end([] { return false; }, {});  // the receive: never completes
   static float data[4];
-  Tensor blocking = Tensor::from_blob(data, {4}, DType::f32, memory::Device::cpu(), [aborted](void*) {
-    const auto end = std::chrono::steady_clock::now() + 10s;  // bounded: a failing test ends
-    while (!aborted->load() && std::chrono::steady_clock::now() < end)
-      std::this_thread::sleep_for(1ms);
-  });
+  Tensor blocking =
+      Tensor::from_blob(data, {4}, DType::f32, memory::Device::cpu(), [aborted](void*) {
+        const auto end = std::chrono::steady_clock::now() + 10s;  // bounded: a failing test ends
+        while (!aborted->load() && std::chrono::steady_clock::now() < end)
+          std::this_thread::sleep_for(1ms);
+      });
   dog.launch_begin(1);
   dog.launch_end([] { return true; }, {std::move(blocking)});  // the send: done
   EXPECT_TRUE(eventually([&] { return dog.aborted(); }, 3000ms))
