@@ -121,6 +121,10 @@ class TrackingDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann:
 
 }  // namespace detail
 
+// How deep the readers let JSON nest (other builders of JSON values, such as the Python
+// module's from Python objects, keep the same bound).
+inline constexpr size_t kMaxJsonDepth = detail::TrackingDomParser::kMaxDepth;
+
 // `text` parsed as JSON. InputError "<source>: not valid JSON: <nlohmann's message without
 // its exception id>" on a syntax error or a number too large, and "<source>: <path>: the
 // field 'k' appears twice ..." for a key repeated in one object (which nlohmann, like most

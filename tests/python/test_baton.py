@@ -491,6 +491,35 @@ print("ok")
             baton.Schedule([[("F", 0, 0.5), ("BW", 0, 0)]])
         self.assertEqual(baton.Schedule([[("F", np.int64(0), 0), ("BW", 0, 0)]]).tokens(),
                          [["0F0", "0BW0"]])
+        # Past long long too (10**400 had been "Unable to cast").
+        with self.assertRaisesRegex(baton.InputError, "micro_batch: expected a whole number within an int's range"):
+            baton.Schedule([[("F", 10**400, 0), ("BW", 0, 0)]])
+        # Counts are whole: what only has __int__ (a float scalar, Decimal, Fraction, a
+        # 0-d float array) had been truncated, 4.5 ranks read as 4.
+        from decimal import Decimal
+        from fractions import Fraction
+        for x in (np.float32(4.5), np.array(4.7), Decimal("4.9"), Fraction(9, 2), 4.0):
+            with self.assertRaises(TypeError, msg=repr(x)):
+                baton.generate("1f1b", x, 8)
+        self.assertEqual(baton.generate("1f1b", np.int32(4), 8).num_ranks, 4)
+        # A 0-d array is one number everywhere (run_stages had refused what simulate takes).
+        self.assertEqual(baton.Simulator(s).run_stages(np.array(2.0), 1, 1)[0],
+                         baton.simulate(s, {"forward": np.array(2.0), "backward_input": 1,
+                                            "backward_weight": 1}).makespan)
+        # A list or dict that holds itself is refused, not recursed until the stack overflows.
+        loop = []
+        loop.append(loop)
+        with self.assertRaisesRegex(baton.InputError, "nested deeper than 256 levels"):
+            baton.simulate(s, {"forward": loop})
+        cyclic = {}
+        cyclic["model"] = cyclic
+        with self.assertRaisesRegex(baton.InputError, "^plan: .*nested deeper than 256 levels"):
+            baton.check(cyclic)
+        # A pickled state's fields are checked (they had been bare cast errors).
+        for state, text in ((("F", "x", 1, False, -1), "micro_batch: expected a whole number"),
+                            (("F", 1, 1, 2, -1), "overlap: expected a bool, found 2")):
+            with self.assertRaisesRegex(baton.InputError, text):
+                baton.Action.__new__(baton.Action).__setstate__(state)
 
     def test_numpy_integers_strings_and_bounds(self):
         # numpy's integers had gone through doubles: a group id 0 read "found number 0.0".
@@ -764,6 +793,29 @@ class Planning(unittest.TestCase):
         self.assertEqual(baton.check(relative, base_dir=models)["step_time"], want)
         self.assertEqual(baton.predict(relative, base_dir=models)["step_time"],
                          baton.predict(best)["step_time"])
+
+    def test_paths_that_are_not_utf8(self):
+        # Linux names may hold any bytes. Errors quoting one keep their message (it had been
+        # empty), every path argument takes one (check and predict had raised "Unable to
+        # cast"), and a model whose path plans cannot record in JSON is refused when loaded
+        # (plan() had raised nlohmann's bare type_error).
+        import pathlib
+        import shutil
+        with tempfile.TemporaryDirectory() as tmp:
+            d = pathlib.Path(os.fsdecode(os.fsencode(tmp) + b"/caf\xe9"))
+            d.mkdir()
+            for call in (lambda: baton.load(d / "missing.json"),
+                         lambda: baton.CostSpec.load(d / "c.json"),
+                         lambda: baton.check(d / "plan.json"),
+                         lambda: baton.predict(str(d / "plan.json"))):
+                with self.assertRaisesRegex(baton.InputError, "caf\ufffd.*cannot open file"):
+                    call()
+            shutil.copy(os.path.join(SOURCE, "examples", "models", "mlp.json"), d / "m.json")
+            with self.assertRaisesRegex(baton.InputError, "the path is not valid UTF-8"):
+                baton.load_model(d / "m.json")
+            s = baton.generate("1f1b", 2, 4)
+            s.save(d / "s.json")
+            self.assertEqual(baton.load(d / "s.json"), s)
 
     def test_measured_costs_as_the_command_uses_them(self):
         # A cost file of `baton profile` at two micro-batch sizes: plan(), check() and

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/error.h"
+#include "memory/utf8.h"
 #include "schedule/auto_schedule.h"
 #include "schedule/costs.h"
 #include "schedule/dependencies.h"
@@ -63,6 +64,9 @@ CostSpec cost_spec(const py::object& costs) {
 std::vector<double> as_vector(const py::object& o, const std::string& what,
                               double max = std::numeric_limits<double>::max(),
                               const char* max_text = "") {
+  // A 0-d array is one number, as simulate's cost dicts read it.
+  if (py::isinstance<py::array>(o) && py::reinterpret_borrow<py::array>(o).ndim() == 0)
+    return as_vector(o.attr("item")(), what, max, max_text);
   std::vector<double> v;
   const bool one = is_number(o);
   if (one) {
@@ -355,7 +359,26 @@ PYBIND11_MODULE(baton, m) {
 
   // InputError (bad input anywhere) -> baton.InputError (a ValueError); an invalid
   // schedule -> baton.ScheduleError, a subclass carrying where and what.
+  // numpy is needed throughout (results are arrays, any argument may be one): said at
+  // import, not as "No module named 'numpy'" from inside a first simulate().
+  try {
+    py::module_::import("numpy");
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ImportError)) throw;
+    throw py::import_error("baton needs numpy (pip install numpy): " +
+                           std::string(py::str(e.value())));
+  }
   auto input_error = py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
+  // Messages quote paths, which Linux lets hold any bytes: pybind11's own translation
+  // decodes the message as UTF-8 and, failing, raised an InputError with no message.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InputError& e) {
+      const std::string text = baton::memory::with_utf8_replacements(e.what());
+      PyErr_SetString(py::module_::import("baton").attr("InputError").ptr(), text.c_str());
+    }
+  });
   py::object schedule_error =
       py::module_::import("builtins")
           .attr("type")("ScheduleError", py::make_tuple(py::handle(input_error.ptr())), py::dict());
@@ -410,14 +433,18 @@ PYBIND11_MODULE(baton, m) {
           },
           [](const py::tuple& t) {
             if (t.size() != 5) throw InputError("Action: a pickled state of 5 fields expected");
-            auto k = kind_from_code(t[0].cast<std::string>());
-            if (!k) throw InputError("Action: unknown kind '" + t[0].cast<std::string>() + "'");
+            const std::string code = py::str(t[0]);
+            auto k = kind_from_code(code);
+            if (!k) throw InputError("Action: unknown kind '" + code + "'");
+            if (!is_boolean(t[3]))
+              throw InputError("Action: overlap: expected a bool, found " +
+                               std::string(py::str(py::repr(t[3]))));
             Action a;
             a.kind = *k;
-            a.micro_batch = t[1].cast<int>();
-            a.stage = t[2].cast<int>();
-            a.overlap = t[3].cast<bool>();
-            a.peer = t[4].cast<int>();
+            a.micro_batch = whole_number(t[1], "Action: micro_batch");
+            a.stage = whole_number(t[2], "Action: stage");
+            a.overlap = PyObject_IsTrue(t[3].ptr()) == 1;
+            a.peer = whole_number(t[4], "Action: peer");
             return a;
           }));
 

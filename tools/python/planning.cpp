@@ -11,7 +11,9 @@
 #include <optional>
 
 #include "memory/error.h"
+#include "memory/json_object.h"
 #include "memory/units.h"
+#include "memory/utf8.h"
 #include "partitioner/cost_model.h"
 #include "partitioner/evaluate.h"
 #include "partitioner/plan.h"
@@ -83,16 +85,24 @@ int whole_number(const py::handle& h, const std::string& what) {
   if (!is_number(h) || !py::hasattr(h, "__index__"))
     throw InputError(what + ": expected a whole number, found " + found);
   const py::int_ i(py::reinterpret_borrow<py::object>(h).attr("__index__")());
-  const double d = i.cast<double>();
-  if (d < -2147483648.0 || d > 2147483647.0)
+  int overflow = 0;  // past long long (10**400) too: no conversion error escapes
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0 || v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
     throw InputError(what + ": expected a whole number within an int's range, found " + found);
-  return i.cast<int>();
+  return int(v);
 }
 
 namespace {
-// `where` names the value as the file readers do: "costs: $.forward[0]".
-nlohmann::json to_json_at(const py::handle& h, const std::string& root, const std::string& at) {
+// `where` names the value as the file readers do: "costs: $.forward[0]". Nesting is
+// bounded as the file readers bound it: a list holding itself had recursed until the
+// stack overflowed.
+nlohmann::json to_json_at(const py::handle& h, const std::string& root, const std::string& at,
+                          int depth = 0) {
   const std::string where = root + ": " + at;
+  constexpr size_t kMaxDepth = memory::kMaxJsonDepth;
+  if (size_t(depth) > kMaxDepth)
+    throw InputError(root + ": " + at.substr(0, 120) + "...: nested deeper than " +
+                     std::to_string(kMaxDepth) + " levels (a list or dict that holds itself?)");
   if (h.is_none()) return nullptr;
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
   if (py::isinstance<py::str>(h)) return h.cast<std::string>();
@@ -114,12 +124,12 @@ nlohmann::json to_json_at(const py::handle& h, const std::string& root, const st
   // numpy's arrays and scalars as the Python values they hold: through doubles, an int64
   // beyond 2^53 had been rounded and a group id had read 0.0.
   if (py::hasattr(h, "dtype") && py::hasattr(h, "tolist"))
-    return to_json_at(h.attr("tolist")(), root, at);
+    return to_json_at(h.attr("tolist")(), root, at, depth);
   if (py::isinstance<py::dict>(h)) {
     nlohmann::json j = nlohmann::json::object();
     for (auto [k, v] : h.cast<py::dict>()) {
       const std::string key = py::str(k);
-      j[key] = to_json_at(v, root, at + "." + key);
+      j[key] = to_json_at(v, root, at + "." + key, depth + 1);
     }
     return j;
   }
@@ -127,11 +137,11 @@ nlohmann::json to_json_at(const py::handle& h, const std::string& root, const st
     nlohmann::json j = nlohmann::json::array();
     size_t i = 0;
     for (auto v : h.cast<py::sequence>())
-      j.push_back(to_json_at(v, root, at + "[" + std::to_string(i++) + "]"));
+      j.push_back(to_json_at(v, root, at + "[" + std::to_string(i++) + "]", depth + 1));
     return j;
   }
   if (py::hasattr(h, "__index__"))
-    return to_json_at(py::int_(py::reinterpret_borrow<py::object>(h)), root, at);
+    return to_json_at(py::int_(py::reinterpret_borrow<py::object>(h)), root, at, depth);
   if (py::hasattr(h, "__float__")) return finite_number(h, where);
   throw InputError(where + ": cannot use a " + std::string(py::str(h.get_type().attr("__name__"))) +
                    " here");
@@ -147,11 +157,13 @@ void need_path(const std::filesystem::path& path) {
 }
 
 std::optional<std::string> path_string(const py::handle& h) {
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
-  if (!py::hasattr(h, "__fspath__")) return std::nullopt;
-  const py::object p = py::module_::import("os").attr("fspath")(h);
+  if (!py::isinstance<py::str>(h) && !py::hasattr(h, "__fspath__")) return std::nullopt;
+  const py::object os = py::module_::import("os");
+  const py::object p = os.attr("fspath")(h);
   if (!py::isinstance<py::str>(p)) return std::nullopt;  // a bytes path
-  return p.cast<std::string>();
+  // The file system's bytes, as os.fsencode gives them: a name that is not UTF-8 arrives
+  // with surrogates, which a cast to UTF-8 refuses ("Unable to cast").
+  return std::string(py::bytes(os.attr("fsencode")(p)));
 }
 
 namespace {
@@ -301,6 +313,11 @@ void register_planning(py::module_& m) {
         // The plans plan() writes name this file: absolute, they read from any folder
         // (a plan file's relative model path is relative to the plan file).
         g->source = std::filesystem::absolute(path).lexically_normal().string();
+        // JSON holds only UTF-8: plan() had failed with nlohmann's bare type_error.
+        if (memory::first_non_utf8(g->source) != std::string::npos)
+          throw InputError("path " + memory::with_utf8_replacements(g->source) +
+                           ": the path is not valid UTF-8; the plans plan() writes record "
+                           "it in JSON, which holds only UTF-8: rename it");
         return g;
       },
       py::arg("path"));

@@ -59,10 +59,12 @@ namespace pybind11::detail {
 template <class T>
 struct type_caster<baton::python::BasicCount<T>> {
   PYBIND11_TYPE_CASTER(baton::python::BasicCount<T>, const_name("int"));
-  bool load(handle src, bool convert) {
+  bool load(handle src, bool /*convert*/) {
     if (!src || baton::python::is_boolean(src)) return false;
     make_caster<T> inner;
-    if (!inner.load(src, convert)) return false;
+    // Without conversion: an int or what has __index__ (numpy's ints). Converting had
+    // taken __int__ too, so np.float32(4.5), Decimal("4.9") and Fraction(9, 2) were 4.
+    if (!inner.load(src, false)) return false;
     value.value = cast_op<T>(inner);
     return true;
   }
