@@ -193,16 +193,22 @@ std::string local_key(const RankEngine& e, int stage, int param) {
 // The layout a data-parallel mode's own state is read back under (the checkpoint's train
 // section records it; local SGD and the parameter server alike): what its keys
 // "<stage>/<parameter>" and each rank's file depend on, the stages' ranks (placement),
-// directions and layer ranges, and not the schedule's name (a --schedule file's is its
-// path as typed: ./x.txt and x.txt had dropped the state).
-nlohmann::json own_state_layout(const ResolvedPlan& r) {
-  return {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
-          {"dp", r.plan.dp},
-          {"tp", r.plan.tp},
-          {"placement", r.schedule.placement},
-          {"directions", r.schedule.num_directions},
-          {"chunk_first", r.chunk_first},
-          {"chunk_last", r.chunk_last}};
+// directions and layer ranges, the spatial split (it numbers the ranks: a replica's file
+// had been read by a tile of another), and not the schedule's name (a --schedule file's
+// is its path as typed: ./x.txt and x.txt had dropped the state). The parameter server's
+// pulls are in zero1's parts, which the gradient buckets fix: `bucket_bytes` for it, 0
+// for local SGD.
+nlohmann::json own_state_layout(const ResolvedPlan& r, int64_t bucket_bytes) {
+  nlohmann::json j = {{"dp_sync", partitioner::dp_sync_to_json(r.plan.dp_sync)},
+                      {"dp", r.plan.dp},
+                      {"tp", r.plan.tp},
+                      {"placement", r.schedule.placement},
+                      {"directions", r.schedule.num_directions},
+                      {"chunk_first", r.chunk_first},
+                      {"chunk_last", r.chunk_last}};
+  if (r.plan.has_spatial()) j["spatial"] = r.plan.spatial;
+  if (bucket_bytes > 0) j["bucket_bytes"] = bucket_bytes;
+  return j;
 }
 
 // The layout as checkpoints before 2026-12-07 recorded it, with the schedule's name for the
@@ -263,11 +269,18 @@ stages::ShardFile save_local_sgd(RankEngine& e, const std::string& dir) {
 
 // This rank's shard of `kind` (a data-parallel mode's own state) when the checkpoint's
 // train section records it under `key` with this plan's layout; null otherwise.
+// Every rank decides alike: the manifest and the layout are the same on each.
 const stages::ShardFile* own_state_shard(int rank, const stages::Manifest& m, const char* key,
-                                         const ResolvedPlan& r, const char* kind) {
+                                         const ResolvedPlan& r, int64_t bucket_bytes,
+                                         const char* kind) {
   if (!m.train.is_object() || !m.train.contains(key)) return nullptr;
   const nlohmann::json& had = m.train[key];
-  if (had != own_state_layout(r) && had != legacy_own_state_layout(r)) return nullptr;
+  // Checkpoints before the bucket size was recorded: read as then.
+  nlohmann::json unsized = own_state_layout(r, 0);
+  if (!had.contains("bucket_bytes")) unsized.erase("bucket_bytes");
+  if (had != own_state_layout(r, bucket_bytes) && had != unsized &&
+      had != legacy_own_state_layout(r))
+    return nullptr;
   for (const stages::ShardFile& f : m.shards)
     if (f.kind == kind && f.rank == rank) return &f;
   return nullptr;
@@ -278,7 +291,8 @@ const stages::ShardFile* own_state_shard(int rank, const stages::Manifest& m, co
 // first replica's) as its anchor, with no momentum.
 void load_local_sgd(RankEngine& e, const std::string& dir, const stages::Manifest& m, bool lead) {
   detail::LocalSgd* ls = e.executor().local_sgd();
-  const stages::ShardFile* mine = own_state_shard(e.rank(), m, "local_sgd", e.plan(), "local-sgd");
+  const stages::ShardFile* mine =
+      own_state_shard(e.rank(), m, "local_sgd", e.plan(), 0, "local-sgd");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
@@ -337,14 +351,15 @@ stages::ShardFile save_parameter_server(RankEngine& e, const std::string& dir) {
 // has them under the same layout; otherwise none is in flight (the parameters read are
 // the masters too), with a warning.
 void load_parameter_server(RankEngine& e, const std::string& dir, const stages::Manifest& m,
-                           bool lead) {
+                           int64_t bucket_bytes, bool lead) {
   const stages::ShardFile* mine =
-      own_state_shard(e.rank(), m, "parameter_server", e.plan(), "parameter-server");
+      own_state_shard(e.rank(), m, "parameter_server", e.plan(), bucket_bytes, "parameter-server");
   if (mine == nullptr) {
     if (lead)
       spdlog::warn(
-          "{}/manifest.json: no parameter-server pulls for this plan's layout; the replicas "
-          "resume with none in flight, the checkpoint's parameters as the servers' masters",
+          "{}/manifest.json: no parameter-server pulls for this plan's layout (its ranks, "
+          "spatial split and --bucket-mib); the replicas resume with none in flight, the "
+          "checkpoint's parameters as the servers' masters",
           dir);
     return;
   }
@@ -467,13 +482,13 @@ std::vector<stages::ShardFile> write_server_files(detail::ParamServer& server, i
 // server's parts (whatever plan wrote them; the masters come from replica 0's seed, the
 // parameters it loaded) and, under the same layout with s > 0, the pulls in flight
 // posted again (their newest the masters).
-void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank,
+void load_server(detail::ParamServer& server, const ResolvedPlan& r, int rank, int64_t bucket_bytes,
                  const std::string& dir, const stages::Manifest& m) {
   server.set_optimizer(m.optimizer, m.optimizer_steps);
   stages::load_parts(dir, m, "optimizer", server.state_parts(false));
   if (r.plan.dp_sync.max_staleness == 0) return;
   const stages::ShardFile* mine =
-      own_state_shard(rank, m, "parameter_server", r, "parameter-server");
+      own_state_shard(rank, m, "parameter_server", r, bucket_bytes, "parameter-server");
   if (mine == nullptr) return;  // the replicas warn
   stages::SafetensorsReader f(dir + "/" + mine->file);
   const std::vector<int64_t> sizes = server.part_sizes();
@@ -862,7 +877,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, found);
     stages::Manifest m = stages::read_manifest(dir);
     check_resume(m, dir, model_json_of(r.plan), r.plan.where("$.model"), o.seed);
-    load_server(server, r, world->rank(), dir, m);
+    load_server(server, r, world->rank(), int64_t(o.bucket_bytes), dir, m);
     restore_loss_scale(m, scaler.get());
     start = m.step;
   }
@@ -1082,7 +1097,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
         stages::load_stage(*dir, m, *st, true);  // the loop sets each step's rate
       if (r.plan.dp_sync.independent()) load_local_sgd(engine, *dir, m, lead);
       if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
-        load_parameter_server(engine, *dir, m, lead);
+        load_parameter_server(engine, *dir, m, int64_t(o.bucket_bytes), lead);
       start = m.step;
       restore_loss_scale(m, scaler.get());
     }
@@ -1118,9 +1133,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
   if (stop_ids) base.train["eos_token_ids"] = *stop_ids;
-  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r);
+  if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r, 0);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
-    base.train["parameter_server"] = own_state_layout(r);
+    base.train["parameter_server"] = own_state_layout(r, int64_t(o.bucket_bytes));
 
   const int64_t trace_from = o.trace_path.empty()
                                  ? o.steps

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -385,6 +386,35 @@ TEST(DpSync, ResumesUnderAnotherScheduleName) {
     ASSERT_EQ(b.size(), 2u);
     for (size_t i = 0; i < 2; ++i) EXPECT_EQ(b[i].loss, want[i + 3].loss) << "step " << i + 4;
   }
+}
+
+// The pulls in flight are in zero1's parts, which the gradient buckets fix: under another
+// --bucket-mib they are not this plan's. Resumed with the documented fallback (none in
+// flight, a warning); it had been "pull/0/0/... has the wrong size for this plan", exit
+// 2, for a run flag. The same bucket size still resumes bit for bit.
+TEST(DpSync, ParameterServerResumesUnderAnotherBucketSize) {
+  Workspace ws("dp-sync-bucket");
+  auto plan = resolve(dp2_plan({{"mode", "parameter-server"}, {"max_staleness", 1}}), ws);
+  auto run = [&](size_t bucket, const std::string& dir, int64_t to, bool resume) {
+    RunSettings rs;
+    rs.steps = to;
+    engine::PlanTrainOptions o = train_options(ws, rs);
+    o.bucket_bytes = bucket;
+    o.checkpoint_dir = dir;
+    o.checkpoint_every = 3;
+    o.resume = resume;
+    return run_threads(plan, o);
+  };
+  auto want = run(256, ws.path("whole"), 5, false);
+  run(256, ws.path("ckpt"), 3, false);
+  std::vector<engine::StepRecord> other;
+  ASSERT_NO_THROW(other = run(size_t(4) << 20, ws.path("ckpt"), 5, true));
+  ASSERT_EQ(other.size(), 2u);
+  for (const auto& rec : other) EXPECT_TRUE(std::isfinite(rec.loss));
+  std::filesystem::remove_all(stages::checkpoint_dir(ws.path("ckpt"), 5));
+  auto same = run(256, ws.path("ckpt"), 5, true);
+  ASSERT_EQ(same.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(same[i].loss, want[i + 3].loss) << "step " << i + 4;
 }
 
 // ---- gossip ----
