@@ -475,10 +475,26 @@ class ShardingPass {
     }
     const std::string& in_name = g_.values[size_t(n.inputs[0])].name;
     if (kind == SplitKind::row) {
-      if (!in_split)
+      if (!in_split) {
+        // Name what made the input whole: back through the ops a split passes through,
+        // a linear left unsplit, or the node that gathered a split (a dropout with p > 0
+        // between the two linears) or never had one (a norm).
+        int from = g_.values[size_t(n.inputs[0])].producer;
+        while (from >= 0 && g_.nodes[size_t(from)].op != "linear" &&
+               passes_split(g_.nodes[size_t(from)], kind_of(g_.nodes[size_t(from)].op)) &&
+               !split_here(from, 0))
+          from = g_.values[size_t(g_.nodes[size_t(from)].inputs[0])].producer;
+        const std::string fix =
+            from < 0 ? "it is a model input"
+            : g_.nodes[size_t(from)].op == "linear" && !split_here(from, 0) &&
+                    s_.nodes[size_t(from)].kind != SplitKind::column
+                ? "split " + node_ref(from) + " by columns"
+                : "it comes whole out of " + node_ref(from) +
+                      ": a split passes only through the ops docs/partitioner.md lists";
         override_error(node, "row split of " + node_ref(node) +
                                  " needs its input split over the last dimension, but '" + in_name +
-                                 "' is replicated (split the linear before it by columns)");
+                                 "' is replicated (" + fix + ")");
+      }
       // Key/value heads replicated beside split query heads (rotary's kept block) are on
       // every rank: a row split would add their part once per rank, and its weight shard
       // holds no piece of them.
@@ -702,7 +718,13 @@ class ShardingPass {
     }
     int64_t rows = g_.params[size_t(n.params[0])].shape[0];
     if (rows % t != 0)
-      divide_error(node, t, "the vocabulary (table rows)", rows, split_where(node));
+      throw InputError(split_where(node) + ": tensor-parallel degree " + std::to_string(t) +
+                       " does not divide the vocabulary (table rows) = " + std::to_string(rows) +
+                       " of " + node_ref(node) + "; keep the vocabulary whole on every rank with " +
+                       "\"splits\": {\"" + n.name +
+                       "\": \"none\"} and the same for the linear that makes the logits, or "
+                       "pad the vocabulary to a multiple of " +
+                       std::to_string(t));
     SplitPattern p;
     p.blocks = {{0, rows}};
     ns.kind = SplitKind::vocab;

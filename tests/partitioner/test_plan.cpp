@@ -209,8 +209,9 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   j["model"]["vocab_size"] = 50;
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide the vocabulary "
-            "(table rows) = 50 of "
-            "embedding node 'wte' (layer embed)");
+            "(table rows) = 50 of embedding node 'wte' (layer embed); keep the vocabulary whole "
+            "on every rank with \"splits\": {\"wte\": \"none\"} and the same for the linear "
+            "that makes the logits, or pad the vocabulary to a multiple of 3");
   // The hidden size of an MLP's split linear.
   j["model"] = {
       {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};
@@ -886,8 +887,50 @@ TEST(Plan, SplitOverridesAndRecompute) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.splits.h.0.mlp.c_fc: row split of linear node 'h.0.mlp.c_fc' (layer h.0) "
             "needs its input "
-            "split over the last dimension, but 'h.0.ln_2' is replicated (split the linear before "
-            "it by columns)");
+            "split over the last dimension, but 'h.0.ln_2' is replicated (it comes whole out of "
+            "layernorm node 'h.0.ln_2' (layer h.0): a split passes only through the ops "
+            "docs/partitioner.md lists)");
+  // Two linears with an unsplit one first: the hint names it.
+  j["splits"] = {{"h.0.mlp.c_fc", "none"}, {"h.0.mlp.c_proj", "row"}};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.splits.h.0.mlp.c_proj: row split of linear node 'h.0.mlp.c_proj' (layer "
+            "h.0) needs its input split over the last dimension, but 'h.0.mlp.gelu' is "
+            "replicated (split linear node 'h.0.mlp.c_fc' (layer h.0) by columns)");
+  // A dropout between two linears gathers the split: it is named (the hint had been to
+  // split the first linear by columns, which the plan did).
+  json g = json::parse(R"({"type": "graph", "name": "g",
+    "inputs": [{"name": "tokens", "shape": [16], "dtype": "i32"},
+               {"name": "targets", "shape": [16], "dtype": "i32"}],
+    "params": [{"name": "emb", "shape": [48, 32], "init": {"type": "zeros"}}, {"name": "w1", "shape": [64, 32], "init": {"type": "zeros"}},
+               {"name": "w2", "shape": [32, 64], "init": {"type": "zeros"}}, {"name": "wo", "shape": [48, 32], "init": {"type": "zeros"}}],
+    "layers": [{"name": "embed", "nodes": [{"name": "lookup", "op": "embedding",
+                 "inputs": ["tokens"], "outputs": ["x"], "params": {"weight": "emb"}}]},
+               {"name": "mlp", "nodes": [
+                 {"name": "fc1", "op": "linear", "inputs": ["x"], "outputs": ["h"],
+                  "params": {"weight": "w1"}},
+                 {"name": "act", "op": "gelu", "inputs": ["h"], "outputs": ["a"]},
+                 {"name": "drop", "op": "dropout", "inputs": ["a"], "outputs": ["ad"],
+                  "attrs": {"p": 0.3}},
+                 {"name": "fc2", "op": "linear", "inputs": ["ad"], "outputs": ["y"],
+                  "params": {"weight": "w2"}}]},
+               {"name": "head", "nodes": [
+                 {"name": "out", "op": "linear", "inputs": ["y"], "outputs": ["logits"],
+                  "params": {"weight": "wo"}},
+                 {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "targets"],
+                  "outputs": ["loss"]}]}],
+    "loss": "loss"})");
+  json p = tiny_plan();
+  p["model"] = g;
+  p["devices"] = 2;
+  p["parallel"] = {{"tp", 2}};
+  p["batch"] = {{"micro_batch_size", 2}, {"global", 8}};
+  p.erase("stages");
+  p["splits"] = {{"fc1", "column"}, {"fc2", "row"}};
+  EXPECT_EQ(plan_error_of(p),
+            "plan.json: $.splits.fc2: row split of linear node 'fc2' (layer mlp) needs its input "
+            "split over the last dimension, but 'ad' is replicated (it comes whole out of "
+            "dropout node 'drop' (layer mlp): a split passes only through the ops "
+            "docs/partitioner.md lists)");
   j["splits"] = {{"h.0.ln_1", "column"}};
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.splits.h.0.ln_1: node 'h.0.ln_1' (op layernorm) cannot be split; only "
