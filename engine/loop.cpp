@@ -498,7 +498,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
   }
 }
 
-LossLog::LossLog(const std::string& path, int64_t start) {
+LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
   if (path.empty()) return;
   std::string keep;
   // Only a regular file is read back and trimmed: a pipe, FIFO or terminal (`--loss-log
@@ -528,8 +528,10 @@ LossLog::LossLog(const std::string& path, int64_t start) {
       throw InputError(
           path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
     // A run stopped during the evaluation that follows a checkpoint (written first) had
-    // not written that step's line.
-    if (last >= 0 && last < start)
+    // not written that step's line: restored from the checkpoint's record where it has
+    // one (run_loop), said otherwise.
+    lacks_start_ = last == start - 1;
+    if (last >= 0 && last < start && !(lacks_start_ && restorable))
       spdlog::warn(
           "{}: the loss log ends at step {}, before the checkpoint's step {} (the run stopped "
           "between the checkpoint and the step's line, during its evaluation): the log goes on "
@@ -577,12 +579,59 @@ void LossLog::write(const StepRecord& r) {
     throw RuntimeError(path_ + ": cannot write the loss log (--loss-log): " + std::strerror(errno));
 }
 
+nlohmann::json step_record_json(const StepRecord& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"grad_norm", r.grad_norm},
+                      {"lr", r.lr},
+                      {"loss_scale", r.loss_scale},
+                      {"skipped", r.skipped}};
+  // JSON has no inf or NaN (a skipped step's norm): null, read back as NaN.
+  for (const char* k : {"loss", "grad_norm"})
+    if (!std::isfinite(j[k].get<double>())) j[k] = nullptr;
+  return j;
+}
+
+nlohmann::json pending_step_of(const stages::Manifest& m) {
+  if (!m.train.is_object() || !m.train.contains("pending_step")) return nullptr;
+  return m.train["pending_step"];
+}
+
+StepRecord step_record_from_json(const nlohmann::json& j) {
+  const auto number = [&](const char* k) {
+    return j.at(k).is_null() ? std::numeric_limits<double>::quiet_NaN() : j.at(k).get<double>();
+  };
+  StepRecord r;
+  r.step = j.at("step").get<int64_t>();
+  r.loss = number("loss");
+  r.grad_norm = number("grad_norm");
+  r.lr = j.at("lr").get<double>();
+  r.loss_scale = j.at("loss_scale").get<double>();
+  r.skipped = j.at("skipped").get<bool>();
+  return r;
+}
+
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,
                       const LoopSteps& steps,
                       const std::function<void(const StepRecord&)>& on_step) {
   TrainSummary summary;
   summary.first_step = start;
-  LossLog loss_log(lead ? o.loss_log : std::string(), start);
+  std::optional<StepRecord> pending;  // the checkpoint's step, its line after the checkpoint
+  if (steps.resumed_pending.is_object() && start > 0) {
+    try {
+      pending = step_record_from_json(steps.resumed_pending);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError("the checkpoint's manifest: $.train.pending_step: " + std::string(e.what()));
+    }
+    if (pending->step != start) pending.reset();
+  }
+  LossLog loss_log(lead ? o.loss_log : std::string(), start, pending.has_value());
+  if (pending) {
+    // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
+    // the run did after writing it: the held-out loss is the one it lost.
+    if (steps.evaluate && eval_due(o, pending->step)) pending->eval_loss = steps.evaluate();
+    if (loss_log.lacks_start()) loss_log.write(*pending);
+  }
   const stages::LrSchedule schedule = lr_schedule_of(o);
   // The time left: the wall clock since the first iteration (the warm-up, which the summary's
   // rate leaves out too) over the steps since, evaluations and checkpoints included.
@@ -626,16 +675,16 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     check_data(false);
     const bool eval = steps.evaluate && eval_due(o, rec.step);
     std::string written;
-    auto checkpoint = [&] {
+    auto checkpoint = [&](const nlohmann::json& pending_line) {
       check_data(true);  // no checkpoint of a run whose data holds a bad token
-      written = steps.checkpoint(rec.step);
+      written = steps.checkpoint(rec.step, pending_line);
       summary.last_checkpoint = written;
     };
     // A due checkpoint comes before the step's evaluation: an evaluation that failed (its
     // held-out data truncated under the run) had lost it, at the end of a run its last.
     // Without one it comes after the step's loss-log line, which a resumed run then finds.
     const bool save = checkpoint_due(o, rec.step);
-    if (save && eval) checkpoint();
+    if (save && eval) checkpoint(step_record_json(rec));
     if (eval) {
       try {
         rec.eval_loss = steps.evaluate();
@@ -680,7 +729,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                                                .count() /
                                            double(step - start) * double(o.steps - rec.step)) +
                               " left");
-    if (save && !eval) checkpoint();
+    if (save && !eval) checkpoint(nullptr);
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
     if (on_step) on_step(rec);
   }
@@ -688,7 +737,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   // the way to export them, or to start an outside reference from them.
   if (o.steps == 0 && start == 0 && !o.checkpoint_dir.empty()) {
     check_data(true);
-    summary.last_checkpoint = steps.checkpoint(0);
+    summary.last_checkpoint = steps.checkpoint(0, nullptr);
     if (lead) spdlog::info("checkpoint {} (the initial weights)", summary.last_checkpoint);
   }
   check_data(true);

@@ -214,21 +214,36 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 // writes nothing.
 class LossLog {
  public:
-  LossLog(const std::string& path, int64_t start);
+  // `restorable`: the checkpoint at `start` holds its step's record (pending_step), whose
+  // line run_loop writes when the log lacks it: not warned of.
+  LossLog(const std::string& path, int64_t start, bool restorable = false);
   // {"step", "loss", "grad_norm", "lr"} and "eval_loss" when the step evaluated.
   void write(const StepRecord& r);
+  // The log read back ends one step before `start`: the run stopped between the
+  // checkpoint and the step's line, during its evaluation.
+  bool lacks_start() const { return lacks_start_; }
 
  private:
   std::string path_;
   std::ofstream out_;
+  bool lacks_start_ = false;
 };
+
+// A step's record as the checkpoint's manifest holds it (train.pending_step: the step's
+// line is written after the checkpoint when the step evaluates), and back.
+nlohmann::json step_record_json(const StepRecord& r);
+StepRecord step_record_from_json(const nlohmann::json& j);
+// A resumed checkpoint's train.pending_step (null: none), for LoopSteps::resumed_pending.
+nlohmann::json pending_step_of(const stages::Manifest& m);
 
 // What run_loop needs from a loop.
 struct LoopSteps {
   // Runs step `step` (0-based) and returns its loss and gradient norm.
   std::function<StepRecord(int64_t step)> step;
-  // Writes the checkpoint after `done` steps; returns its directory.
-  std::function<std::string(int64_t done)> checkpoint;
+  // Writes the checkpoint after `done` steps; returns its directory. `pending`: when the
+  // checkpoint comes before the step's evaluation and loss-log line, the step's record
+  // (step_record_json), for the manifest's train.pending_step; null otherwise.
+  std::function<std::string(int64_t done, const nlohmann::json& pending)> checkpoint;
   // Sets the learning rate of the next step (every optimizer the loop steps).
   std::function<void(double lr)> set_lr;
   // The held-out loss of the model as it is now (empty: no held-out data).
@@ -237,6 +252,9 @@ struct LoopSteps {
   stages::VocabularyCheck* data_check = nullptr;
   // The progress line's rate: "tok/s", or "img/s" for image data (a sample per "token").
   const char* rate_unit = "tok/s";
+  // On resume, the checkpoint's train.pending_step (null: none): every rank evaluates the
+  // step again, as it had after the checkpoint, and the lead writes the line its log lacks.
+  nlohmann::json resumed_pending;
 };
 
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,
@@ -247,7 +265,8 @@ struct LoopSteps {
 // checkpoint every o.checkpoint_every steps and after the last: after the step's loss-log
 // line, or, at a step that evaluates, before the evaluation (one that throws then loses no
 // checkpoint; the step's line is written without its held-out loss before the error goes
-// on). The data check's
+// on), with the step's record, from which a run resumed there writes the line a stop
+// during the evaluation lost (steps.resumed_pending). The data check's
 // InputError stops the run after the step that saw it; each checkpoint, and the end of
 // the run, waits for the check to pass.
 TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_step, bool lead,

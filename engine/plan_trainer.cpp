@@ -873,6 +873,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
   // The replicas' resume, at the same point of the collectives (after the groups' split).
   const int64_t found = o.resume ? agree_on_checkpoint(*world, o.checkpoint_dir) : -1;
   int64_t start = 0;
+  nlohmann::json resumed_pending;
   if (found >= 0) {
     const std::string dir = stages::checkpoint_dir(o.checkpoint_dir, found);
     stages::Manifest m = stages::read_manifest(dir);
@@ -880,6 +881,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
     load_server(server, r, world->rank(), int64_t(o.bucket_bytes), dir, m);
     restore_loss_scale(m, scaler.get());
     start = m.step;
+    resumed_pending = pending_step_of(m);
   }
   // --trace: the replicas' window of steps and time origin (write_trace gathers every
   // rank's events, the servers' among them).
@@ -888,6 +890,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
                                  : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
   LoopSteps steps;
+  steps.resumed_pending = resumed_pending;
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
       trace_origin = host_trace_origin(*world);  // the server's clock is steady_clock's
@@ -909,7 +912,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
       for (int64_t k = 0; k < o.eval_batches; ++k) sum += server.evaluate_batch();
       return sum / double(o.eval_batches);
     };
-  steps.checkpoint = [&](int64_t done) {
+  steps.checkpoint = [&](int64_t done, const nlohmann::json&) {  // the replicas' manifest
     return save_files(*world, o, stages::Manifest{}, done, [&](const std::string& dir) {
       return write_server_files(server, world->rank(), dir);
     });
@@ -1068,6 +1071,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     stop_ids = stages::hf_eos_token_ids(o.init_from);
   }
   int64_t start = 0;
+  nlohmann::json resumed_pending;
   if (o.resume) {
     std::optional<std::string> dir;
     if (found >= 0) {
@@ -1099,6 +1103,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
         load_parameter_server(engine, *dir, m, int64_t(o.bucket_bytes), lead);
       start = m.step;
+      resumed_pending = pending_step_of(m);
       restore_loss_scale(m, scaler.get());
     }
     if (lead) log_resume(dir, start, o.checkpoint_dir);
@@ -1142,6 +1147,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                                  : std::max(start, o.steps - std::max<int64_t>(1, o.trace_steps));
   double trace_origin = 0;
   LoopSteps steps;
+  steps.resumed_pending = resumed_pending;
   if (images) steps.rate_unit = "img/s";
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
@@ -1159,8 +1165,9 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     rec.skipped = st.skipped;
     return rec;
   };
-  steps.checkpoint = [&](int64_t done) {
+  steps.checkpoint = [&](int64_t done, const nlohmann::json& pending) {
     stages::Manifest m = base;
+    if (!pending.is_null()) m.train["pending_step"] = pending;
     save_loss_scale(m, scaler.get());  // the same on every rank
     return save(engine, o, m, done);
   };

@@ -263,7 +263,7 @@ TrainSummary run_training(const TrainOptions& o,
     r.skipped = !d.apply;
     return r;
   };
-  steps.checkpoint = [&](int64_t done) {
+  steps.checkpoint = [&](int64_t done, const nlohmann::json& pending) {
     stages::Manifest m;
     m.step = done;
     m.seed = o.seed;
@@ -275,6 +275,7 @@ TrainSummary run_training(const TrainOptions& o,
                {"steps", o.steps},
                {"lr_schedule", lr_schedule_of(o).to_json()}};
     if (stop_ids) m.train["eos_token_ids"] = *stop_ids;
+    if (!pending.is_null()) m.train["pending_step"] = pending;
     save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
     stages::prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints, done);
@@ -282,6 +283,7 @@ TrainSummary run_training(const TrainOptions& o,
   };
   steps.set_lr = [&](double lr) { stage.optimizer().set_lr(lr); };
   steps.data_check = data.check.get();
+  if (start > 0 && resume_manifest) steps.resumed_pending = pending_step_of(*resume_manifest);
   if (data.eval)
     steps.evaluate = [&] {
       return stages::evaluate_loss(stage, *data.eval,

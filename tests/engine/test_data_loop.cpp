@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -260,11 +261,13 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
     return out;
   };
   std::vector<std::pair<int64_t, size_t>> written;  // (step, loss-log lines then)
+  std::map<int64_t, nlohmann::json> pending;        // what each checkpoint's manifest holds
   int evaluations = 0;
   engine::LoopSteps steps;
   steps.step = [](int64_t step) { return engine::StepRecord{step + 1, 5.0 - double(step), 1, 1}; };
-  steps.checkpoint = [&](int64_t done) {
+  steps.checkpoint = [&](int64_t done, const nlohmann::json& p) {
     written.emplace_back(done, lines().size());
+    pending[done] = p;
     return ws.path("ckpt/step-" + std::to_string(done));
   };
   steps.evaluate = [&]() -> double {
@@ -280,6 +283,35 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   EXPECT_EQ(log[3]["eval_loss"], 7.5);
   EXPECT_EQ(log[5]["step"], 6);
   EXPECT_FALSE(log[5].contains("eval_loss"));
+  // A checkpoint before its step's line holds the step's record; one after it none.
+  EXPECT_TRUE(pending.at(2).is_null());
+  ASSERT_TRUE(pending.at(4).is_object());
+  EXPECT_EQ(engine::step_record_from_json(pending.at(4)).step, 4);
+  EXPECT_EQ(engine::step_record_from_json(pending.at(4)).loss, 2.0);
+
+  // Killed during step 4's evaluation (its checkpoint written, its line not): the resumed
+  // run evaluates the checkpoint again and writes the line as the run would have, then
+  // goes on. The log equals an uninterrupted run's.
+  {
+    const std::vector<nlohmann::json> whole = lines();
+    std::string cut;
+    for (size_t i = 0; i < 3; ++i) cut += whole[i].dump() + "\n";
+    std::ofstream(o.loss_log, std::ios::trunc) << cut;
+    evaluations = 10;  // no more failures
+    steps.resumed_pending = pending.at(4);
+    std::ostringstream said;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::run_loop(o, 4, 1, true, steps, {});
+    spdlog::default_logger()->sinks().pop_back();
+    EXPECT_EQ(said.str().find("the loss log ends at step"), std::string::npos) << said.str();
+    const std::vector<nlohmann::json> resumed = lines();
+    ASSERT_EQ(resumed.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed[i]["step"], int64_t(i + 1));
+    EXPECT_EQ(resumed[3], whole[3]);  // the lost line, its held-out loss evaluated again
+    EXPECT_EQ(resumed[3]["eval_loss"], 7.5);
+    steps.resumed_pending = nullptr;
+  }
 
   // A log cut short of the checkpoint's step: kept, and the gap said.
   std::ostringstream said;
