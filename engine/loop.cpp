@@ -729,9 +729,11 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                                                .count() /
                                            double(step - start) * double(o.steps - rec.step)) +
                               " left");
+    // Before the checkpoint: a launcher told of the step (cmd_train's progress) names it
+    // when that checkpoint fails ("after step N" had named the step before).
+    if (on_step) on_step(rec);
     if (save && !eval) checkpoint(nullptr);
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
-    if (on_step) on_step(rec);
   }
   // A run of no steps with a checkpoint directory writes its initial weights as step 0:
   // the way to export them, or to start an outside reference from them.
