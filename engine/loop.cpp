@@ -1,11 +1,14 @@
 #include "engine/loop.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -592,6 +595,53 @@ nlohmann::json step_record_json(const StepRecord& r) {
   return j;
 }
 
+namespace {
+std::atomic<int> g_stop_signal{0};  // lock-free: written from the handler
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig, std::memory_order_relaxed);
+}
+
+// LoopOptions::stop_on_signal's handlers, for run_loop's time; the old ones back after.
+class StopSignals {
+ public:
+  explicit StopSignals(bool on) : on_(on) {
+    if (!on) return;
+    g_stop_signal.store(0);  // an earlier run's in this process is not this one's
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      struct sigaction sa {};
+      sa.sa_handler = on_stop_signal;
+      sigemptyset(&sa.sa_mask);
+      // Once: the second signal finds the default action. Restarted calls: a transport's
+      // read interrupted by the first one is no error.
+      sa.sa_flags = SA_RESETHAND | SA_RESTART;
+      if (::sigaction(kSignals[i], nullptr, &old_[i]) != 0 || old_[i].sa_handler == SIG_IGN)
+        continue;
+      installed_[i] = ::sigaction(kSignals[i], &sa, nullptr) == 0;
+    }
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i)
+      if (installed_[i]) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int received() const { return on_ ? g_stop_signal.load(std::memory_order_relaxed) : 0; }
+
+ private:
+  bool on_;
+  static constexpr std::array<int, 2> kSignals = {SIGTERM, SIGINT};
+  std::array<struct sigaction, 2> old_{};
+  std::array<bool, 2> installed_{};
+};
+
+std::string signal_text(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+}  // namespace
+
 nlohmann::json pending_step_of(const stages::Manifest& m) {
   if (!m.train.is_object() || !m.train.contains("pending_step")) return nullptr;
   return m.train["pending_step"];
@@ -626,6 +676,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (pending->step != start) pending.reset();
   }
   LossLog loss_log(lead ? o.loss_log : std::string(), start, pending.has_value());
+  const StopSignals stop_signals(o.stop_on_signal);
   if (pending) {
     // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
     // the run did after writing it: the held-out loss is the one it lost.
@@ -669,6 +720,9 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
                                            : "-inf",
                       rec.step));
     }
+    // A stop signal ends the run after this step, on every rank after the same one.
+    int stop = stop_signals.received();
+    if (steps.agree_stop) stop = steps.agree_stop(stop);
     if (rec.skipped && rec.loss_scale <= 0 && lead)
       spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", rec.step,
                    std::isnan(rec.grad_norm) ? "nan" : fmt::format("{}", rec.grad_norm));
@@ -683,7 +737,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     // A due checkpoint comes before the step's evaluation: an evaluation that failed (its
     // held-out data truncated under the run) had lost it, at the end of a run its last.
     // Without one it comes after the step's loss-log line, which a resumed run then finds.
-    const bool save = checkpoint_due(o, rec.step);
+    const bool save = checkpoint_due(o, rec.step) || (stop != 0 && !o.checkpoint_dir.empty());
     if (save && eval) checkpoint(step_record_json(rec));
     if (eval) {
       try {
@@ -734,6 +788,14 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (on_step) on_step(rec);
     if (save && !eval) checkpoint(nullptr);
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
+    if (stop != 0) {
+      summary.stopped_by = stop;
+      if (lead)
+        spdlog::warn("stopped by {} after step {} of {}{}", signal_text(stop), rec.step, o.steps,
+                     written.empty() ? std::string("; no checkpoint (no --checkpoint-dir)")
+                                     : "; --resume continues from " + written);
+      break;
+    }
   }
   // A run of no steps with a checkpoint directory writes its initial weights as step 0:
   // the way to export them, or to start an outside reference from them.
@@ -840,6 +902,7 @@ nlohmann::json summary_json(const LoopOptions& o, const TrainSummary& s, int64_t
   j["schedule"] = text_or_null(schedule);
   j["plan"] = text_or_null(plan);
   j["last_checkpoint"] = text_or_null(s.last_checkpoint);
+  j["stopped_by"] = s.stopped_by != 0 ? json(signal_text(s.stopped_by)) : json(nullptr);
   j["device"] = o.device.str();
   j["precision"] = std::string(kernels::precision_name(o.precision));
   j["skipped_steps"] = s.skipped_steps;

@@ -62,6 +62,13 @@ struct LoopOptions {
   // keeps only what its summary needs: the records had grown by 72 bytes a step for the
   // whole run (0.7 GB over 10 M steps).
   bool keep_records = true;
+  // SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C, `baton launch` stopping its
+  // ranks) end the run after the step under way, with a checkpoint of it under
+  // checkpoint_dir, on every rank after the same step (TrainSummary::stopped_by). Caught
+  // while run_loop runs (set-up before it stops at once as before); a second signal stops
+  // the process at once; one the process was started ignoring stays ignored. `baton train`
+  // sets it; a library caller keeps its own handlers.
+  bool stop_on_signal = false;
 };
 
 // The device and precision of a run checked before anything is built: RuntimeError for a
@@ -127,6 +134,7 @@ struct TrainSummary {
   StepTimes step_seconds;  // of the steps after the first
   size_t peak_bytes = 0;   // this process's device allocator's peak during the run
   std::string last_checkpoint;
+  int stopped_by = 0;  // the signal that ended the run early (install_stop_handlers), or 0
 };
 
 // An output the run writes at its end (--summary, --trace): refused at the start when
@@ -255,6 +263,9 @@ struct LoopSteps {
   // On resume, the checkpoint's train.pending_step (null: none): every rank evaluates the
   // step again, as it had after the checkpoint, and the lead writes the line its log lacks.
   nlohmann::json resumed_pending;
+  // Under a plan: the largest stop signal over every rank (a collective after each step;
+  // null: this rank alone), so that all stop after the same step.
+  std::function<int(int signal)> agree_stop;
 };
 
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,

@@ -183,6 +183,17 @@ nlohmann::json model_json_of(const Plan& p) {
   return p.model_json;
 }
 
+// LoopSteps::agree_stop over the world (servers included): the largest stop signal of
+// any rank, one 8-byte all-reduce a step.
+std::function<int(int)> stop_agreement(const transport::CommPtr& world) {
+  if (world->size() <= 1) return {};
+  return [world](int sig) {
+    Tensor t = Tensor::from_vector(std::vector<double>{double(sig)}, {1});
+    world->all_reduce(t, transport::ReduceOp::max)->wait();
+    return int(t.to_vector<double>()[0]);
+  };
+}
+
 // ---- checkpoints ----
 
 // A parameter's key in the files of a data-parallel mode's own state: "<stage>/<name>".
@@ -891,6 +902,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
   double trace_origin = 0;
   LoopSteps steps;
   steps.resumed_pending = resumed_pending;
+  steps.agree_stop = stop_agreement(world);
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
       trace_origin = host_trace_origin(*world);  // the server's clock is steady_clock's
@@ -1148,6 +1160,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   double trace_origin = 0;
   LoopSteps steps;
   steps.resumed_pending = resumed_pending;
+  steps.agree_stop = stop_agreement(world);
   if (images) steps.rate_unit = "img/s";
   steps.step = [&](int64_t step) {
     if (step == trace_from) {

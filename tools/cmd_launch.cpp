@@ -25,6 +25,9 @@ int run_launch(const std::vector<std::string>& args) {
       "host:port the rendezvous listens on (port 0: any free port)")(
       "grace", po::value<double>()->default_value(5.0),
       "seconds the other ranks get to exit by themselves after one fails")(
+      "stop-timeout", po::value<double>()->default_value(30.0),
+      "seconds the ranks get after SIGTERM or SIGINT to the launcher (baton train finishes "
+      "its step and writes a checkpoint) before SIGKILL; a second signal kills at once")(
       "max-restarts", po::value<int>()->default_value(0),
       "after a failure, stop the job and start it again up to N times; the ranks get "
       "BATON_RESUME=1 (baton train resumes from its newest complete checkpoint)")(
@@ -48,6 +51,10 @@ int run_launch(const std::vector<std::string>& args) {
   double grace = vm["grace"].as<double>();
   if (!(grace >= 0) || grace > 86400) throw InputError("--grace: expected seconds from 0 to 86400");
   o.grace = std::chrono::milliseconds(int64_t(grace * 1000));
+  const double stop_timeout = vm["stop-timeout"].as<double>();
+  if (!(stop_timeout >= 0) || stop_timeout > 86400)
+    throw InputError("--stop-timeout: expected seconds from 0 to 86400");
+  o.stop_timeout = std::chrono::milliseconds(int64_t(stop_timeout * 1000));
   std::string bind = vm["bind"].as<std::string>();
   if (bind != "cores" && bind != "none")
     throw InputError("--bind: expected cores or none, got '" + bind + "'");

@@ -305,7 +305,8 @@ int run_train(const std::vector<std::string>& args) {
     for (int64_t l :
          parse_int_list(recompute, "--recompute", 0, INT32_MAX, "layer indices like 1,2,3"))
       o.recompute_layers.insert(int(l));
-  o.keep_records = false;  // the summary's figures are kept apart, in bounded memory
+  o.keep_records = false;   // the summary's figures are kept apart, in bounded memory
+  o.stop_on_signal = true;  // a preemption's SIGTERM ends the run with a checkpoint
   // A rank that `baton launch --max-restarts` restarted resumes as with --resume.
   if (transport::resume_requested() && !o.resume) {
     if (o.checkpoint_dir.empty())
@@ -316,8 +317,8 @@ int run_train(const std::vector<std::string>& args) {
   if (plan.empty()) {
     for (const char* flag : {"schedule", "trace", "bucket-mib"})
       if (given(flag)) throw InputError(std::string("--") + flag + " needs --plan");
-    engine::run_training(o);
-    return 0;
+    const engine::TrainSummary summary = engine::run_training(o);
+    return summary.stopped_by != 0 ? 128 + summary.stopped_by : 0;
   }
   for (const char* flag : {"model", "recompute"})
     if (vm.count(flag))
@@ -360,8 +361,9 @@ int run_train(const std::vector<std::string>& args) {
     progress = [&world](const engine::StepRecord& r) {
       world.store->set(transport::kProgressKey, std::to_string(r.step));
     };
-  engine::train_plan(po, comm, progress);
-  return 0;
+  const engine::TrainSummary summary = engine::train_plan(po, comm, progress);
+  // Stopped by a signal: the shell's code for it (128 + the signal), after the checkpoint.
+  return summary.stopped_by != 0 ? 128 + summary.stopped_by : 0;
 }
 
 const RegisterCommand register_train{

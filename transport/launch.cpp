@@ -520,7 +520,7 @@ class Launcher {
   }
 
   // The user stopped the job (`why`, reported with `sig`'s exit code 128 + sig): SIGTERM
-  // to every rank, SIGKILL after the grace or when asked again.
+  // to every rank, SIGKILL after the stop timeout or when asked again.
   void stop_job(int sig, const std::string& why) {
     write_all(2, "baton launch: " + why + "; stopping every rank\n");
     if (interrupted_) {
@@ -533,7 +533,7 @@ class Launcher {
     signal_all(SIGTERM);
     stopping_ = true;
     grace_.cancel();
-    grace_.expires_after(o_.kill_after);
+    grace_.expires_after(o_.stop_timeout);
     grace_.async_wait([this](boost::system::error_code ec2) {
       if (!ec2) signal_all(SIGKILL);
     });

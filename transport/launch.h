@@ -22,6 +22,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   // After SIGTERM, how long before SIGKILL.
   std::chrono::milliseconds kill_after{3000};
+  // The same when the user stopped the job (SIGTERM or SIGINT to the launcher): the ranks
+  // of `baton train` finish their step and write a checkpoint first. A second signal
+  // kills at once.
+  std::chrono::milliseconds stop_timeout{30000};
   // A rank stopped (SIGSTOP, SIGTSTP) this long without being continued has failed: the
   // launcher kills it and stops the job, as for a crash. Its peers time out on it as
   // soon, but with none left (they had finished) nothing else would. Unset: the peer

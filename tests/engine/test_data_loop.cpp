@@ -6,6 +6,7 @@
 // rates, and the held-out loss of a forward-only pass through the pipeline within 1e-6 of one
 // process's; a plan's run resumed mid-decay repeats its last steps bit for bit.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -323,6 +324,38 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   EXPECT_NE(said.str().find("the loss log ends at step 6, before the checkpoint's step 8"),
             std::string::npos)
       << said.str();
+}
+
+// stop_on_signal: a SIGTERM during step 3 ends the run after it with a checkpoint of it
+// (one was not due), TrainSummary::stopped_by says which signal, and the handlers are the
+// process's old ones again after run_loop.
+TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
+  Workspace ws("data_loop_stop");
+  engine::LoopOptions o;
+  o.steps = 10;
+  o.checkpoint_dir = ws.path("ckpt");  // named only
+  o.checkpoint_every = 100;
+  o.log_every = 0;
+  o.stop_on_signal = true;
+  std::vector<int64_t> saved;
+  engine::LoopSteps steps;
+  steps.step = [](int64_t step) {
+    if (step == 2) ::raise(SIGTERM);  // caught: the step goes on
+    return engine::StepRecord{step + 1, 1.0, 1, 1};
+  };
+  steps.checkpoint = [&](int64_t done, const nlohmann::json&) {
+    saved.push_back(done);
+    return ws.path("ckpt/step-" + std::to_string(done));
+  };
+  struct sigaction before {};
+  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &before), 0);
+  const engine::TrainSummary s = engine::run_loop(o, 0, 1, true, steps, {});
+  EXPECT_EQ(s.stopped_by, SIGTERM);
+  EXPECT_EQ(s.steps_run, 3);
+  EXPECT_EQ(saved, std::vector<int64_t>{3});
+  struct sigaction after {};
+  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &after), 0);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
 // The held-out file truncated in place after the first step (a tool rewriting it with

@@ -303,6 +303,54 @@ TEST(Processes, ExtraParameterServerKillNineThenResume) {
       "kill-ps-extra");
 }
 
+// ---- SIGTERM to the launcher: a preemption ----
+
+// Every rank finishes the step under way, all after the same one (they agree after each
+// step), writes the checkpoint of that step and exits 143; the launcher says so, and the
+// resumed run's log is the uninterrupted run's. The ranks had died at once, losing every
+// step since the last periodic checkpoint. PP 2 x DP 2 (4 processes).
+TEST(Processes, SigtermStopsEveryRankAfterOneStepWithItsCheckpoint) {
+  Workspace ws("sigterm");
+  std::ofstream(ws.path("plan.json")) << plan_json(gpt_pp2_dp2(1), ws).dump(2);
+  auto argv = [&](const std::string& ckpt, const std::string& log, bool resume) {
+    std::vector<std::string> a = launch_train_argv(
+        {"-n", "4"}, ws.path("plan.json"), log,
+        {"--steps", "30", "--seed", "3", "--checkpoint-dir", ckpt, "--checkpoint-every", "100"});
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  int status = 0;
+  pid_t pid = spawn(argv(ws.path("full"), ws.path("full.jsonl"), false), ws.path("full.out"));
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("full.out"));
+
+  pid = spawn(argv(ws.path("ckpt"), ws.path("stopped.jsonl"), false), ws.path("stopped.out"));
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("stopped.jsonl")).size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  kill(pid, SIGTERM);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string out = slurp(ws.path("stopped.out"));
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << out;
+  const size_t steps = read_loss_log(ws.path("stopped.jsonl")).size();
+  ASSERT_GE(steps, 3u);
+  ASSERT_LT(steps, 30u) << "the run ended before the signal";
+  const std::string step = std::to_string(steps);
+  EXPECT_NE(out.find("stopped by SIGTERM after step " + step + " of 30; --resume continues from"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("the job was stopped by SIGTERM after step " + step), std::string::npos)
+      << out;
+  EXPECT_TRUE(std::filesystem::exists(stages::checkpoint_dir(ws.path("ckpt"), int64_t(steps)) +
+                                      "/manifest.json"))
+      << out;
+
+  pid = spawn(argv(ws.path("ckpt"), ws.path("stopped.jsonl"), true), ws.path("resumed.out"));
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(ws.path("resumed.out"));
+  expect_loss_logs_match(ws.path("stopped.jsonl"), ws.path("full.jsonl"), true, 30);
+}
+
 // ---- a rank dies in the middle of a step ----
 
 // Plan `p` on `n` processes; a random rank (or `chosen`) is killed (SIGKILL) after a few
