@@ -831,7 +831,15 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
          rest == 's' && name.size() == 32);
     if (ours && std::find(written.begin(), written.end(), name) == written.end()) {
       fs::remove(e.path(), ec);
-      step("removed " + name);
+      // A generation_config.json may be the user's own (sampling defaults written by
+      // hand): said at warning level, where the shards' removal is a step.
+      if (name == "generation_config.json")
+        spdlog::warn(
+            "{}: removed generation_config.json (the export's ids are config.json's; "
+            "one left there would override them)",
+            dir);
+      else
+        step("removed " + name);
     }
   }
   // Durable before the new files land: after a power loss too, no config.json survives

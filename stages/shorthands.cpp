@@ -458,8 +458,9 @@ void read_llama_fields(LlamaConfig& c, const JsonReader& r, bool hf) {
   }
   if (auto a = r.get("hidden_act"); a && a->as_string() != "silu")
     a->fail("\"silu\" (the only LLaMA activation baton implements)");
-  if (auto p = r.get("pretraining_tp"); p && p->as_int() != 1)
-    p->fail("1 (baton computes the projections whole)");
+  // transformers' slices of the projections under pretraining_tp > 1 sum to the whole
+  // products baton computes (transformers 5 ignores the field): any degree reads alike.
+  if (auto p = r.get("pretraining_tp"); p && p->as_int() < 1) p->fail("a degree of at least 1");
   // LlamaModel, MistralModel and Qwen2Model build nn.Embedding(vocab_size, hidden_size,
   // padding_idx=pad_token_id): that row gets no gradient from the lookup. torch takes
   // -vocab_size..-1 as counted from the end and refuses ids outside the table.
@@ -560,6 +561,17 @@ LlamaConfig parse_hf_llama_config(const JsonReader& r) {
       const std::string why =
           " (baton has no sliding-window attention; within the window it "
           "computes the same)";
+      // Mistral 7B v0.1's config: 32768 positions, a window of 4096. Without a "context"
+      // the window is the context, for training and generation alike; it had been
+      // refused, so no stock Mistral directory loaded without an edit.
+      if (c.seq() > *w && !r.has("context") && r.has("sliding_window")) {
+        warn_once(r.where() + ": max_position_embeddings " + std::to_string(c.seq()) +
+                  " is beyond the sliding window of " + std::to_string(*w) +
+                  ": the context is the window" + why +
+                  "; \"context\" in config.json or "
+                  "a model JSON given with it (--model) sets a shorter one");
+        c.context = *w;
+      }
       if (c.seq() > *w && r.has("sliding_window"))
         r.at("sliding_window")
             .fail("null, or at least the context " + std::to_string(c.seq()) + why +

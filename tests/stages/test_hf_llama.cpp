@@ -364,10 +364,11 @@ TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "hidden_act"});
   with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 2.0}});
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); }, {path, "rope_type", "yarn"});
-  {  // a sliding window shorter than the context (baton attends to every position)
+  {  // a sliding window shorter than the context given (baton attends to every position)
     nlohmann::json c = cfg;
     c["model_type"] = "mistral";
     c["sliding_window"] = 16;
+    c["context"] = 64;
     std::ofstream(path) << c.dump();
   }
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
@@ -522,8 +523,12 @@ TEST(HfLlamaInput, MistralSlidingWindowDefaultsAsTransformersDoes) {
   EXPECT_EQ(parse(c).max_position_embeddings, 4096);
   EXPECT_EQ(parse(c).seq(), 4096);
   c = base;
-  c["sliding_window"] = 4096;
+  c["sliding_window"] = 4096;  // a window below max_position_embeddings: the context
+  EXPECT_EQ(parse(c).seq(), 4096);
+  EXPECT_EQ(parse(c).max_position_embeddings, 4096);
+  c["context"] = 4200;
   hf_llama_expect_input_error([&] { parse(c); }, {file, "$.sliding_window", "found 4096"});
+  c.erase("context");
   c["sliding_window"] = 8192;
   EXPECT_EQ(parse(c).max_position_embeddings, 4200);
   c["sliding_window"] = nullptr;
@@ -720,10 +725,12 @@ TEST(HfLlamaInput, ATiedHeadStoredDifferentIsRefused) {
                               {dir + ": ", "lm_head.weight different", "tie_word_embeddings"});
 }
 
-// A Mistral whose window is shorter than max_position_embeddings: config.json alone is
-// refused (naming the context way out too), but a model JSON with a context inside the
-// window is used with its weights, by generate and by train's check (check_hf_model_matches);
-// one beyond the window is refused naming that model.
+// A Mistral whose window is shorter than max_position_embeddings (Mistral 7B v0.1's
+// 32768 and 4096): config.json alone takes the window for its context (it had been
+// refused, so no stock Mistral loaded without an edit); a context beyond the window is
+// refused naming the way out; a model JSON with a context inside the window is used with
+// its weights, by generate and by train's check (check_hf_model_matches); one beyond the
+// window is refused naming that model.
 TEST(HfLlamaInput, MistralWindowIsCheckedAtTheContextOfAGivenModel) {
   const std::string dir = copy_fixture("llama_gqa", "mistral_window");
   const std::string path = dir + "/config.json";
@@ -732,9 +739,16 @@ TEST(HfLlamaInput, MistralWindowIsCheckedAtTheContextOfAGivenModel) {
   cfg["max_position_embeddings"] = 512;
   cfg["sliding_window"] = 16;
   std::ofstream(path) << cfg.dump();
+  const LlamaConfig whole = parse_hf_llama_config(JsonReader(read_hf_model_config(dir), path));
+  EXPECT_EQ(whole.seq(), 16);
+  EXPECT_EQ(whole.max_position_embeddings, 16);
+  nlohmann::json too_long = cfg;
+  too_long["context"] = 512;
+  std::ofstream(path) << too_long.dump();
   hf_llama_expect_input_error([&] { read_hf_model_config(dir); },
                               {path, "$.sliding_window", "at least the context 512",
                                "\"context\": 16 or less", "found 16"});
+  std::ofstream(path) << cfg.dump();
   nlohmann::json with_ctx = cfg;
   with_ctx["context"] = 16;
   const std::string model = ::testing::TempDir() + "/baton_hf_mistral_window.json";
