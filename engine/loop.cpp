@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -597,10 +598,24 @@ nlohmann::json step_record_json(const StepRecord& r) {
 
 namespace {
 std::atomic<int> g_stop_signal{0};  // lock-free: written from the handler
+std::atomic<int64_t> g_stop_ns{0};  // when it came (CLOCK_MONOTONIC)
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int sig) {
-  g_stop_signal.store(sig, std::memory_order_relaxed);
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe, as signal() and raise()
+  const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  if (g_stop_signal.load(std::memory_order_relaxed) == 0) {
+    g_stop_ns.store(now, std::memory_order_relaxed);
+    g_stop_signal.store(sig, std::memory_order_relaxed);
+    return;
+  }
+  // One signal sent twice at once is one: `baton launch` signals a rank and its process
+  // group. A second a second or more later stops the process now.
+  if (now - g_stop_ns.load(std::memory_order_relaxed) < 1000000000) return;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
 
 // LoopOptions::stop_on_signal's handlers, for run_loop's time; the old ones back after.
@@ -613,9 +628,8 @@ class StopSignals {
       struct sigaction sa {};
       sa.sa_handler = on_stop_signal;
       sigemptyset(&sa.sa_mask);
-      // Once: the second signal finds the default action. Restarted calls: a transport's
-      // read interrupted by the first one is no error.
-      sa.sa_flags = SA_RESETHAND | SA_RESTART;
+      // Restarted calls: a transport's read interrupted by the signal is no error.
+      sa.sa_flags = SA_RESTART;
       if (::sigaction(kSignals[i], nullptr, &old_[i]) != 0 || old_[i].sa_handler == SIG_IGN)
         continue;
       installed_[i] = ::sigaction(kSignals[i], &sa, nullptr) == 0;

@@ -65,8 +65,10 @@ struct LoopOptions {
   // SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C, `baton launch` stopping its
   // ranks) end the run after the step under way, with a checkpoint of it under
   // checkpoint_dir, on every rank after the same step (TrainSummary::stopped_by). Caught
-  // while run_loop runs (set-up before it stops at once as before); a second signal stops
-  // the process at once; one the process was started ignoring stays ignored. `baton train`
+  // while run_loop runs (set-up before it stops at once as before); a second signal a
+  // second or more after the first stops the process at once (one sent twice at once, as
+  // `baton launch` signals a rank and its group, is one); one the process was started
+  // ignoring stays ignored. `baton train`
   // sets it; a library caller keeps its own handlers.
   bool stop_on_signal = false;
 };

@@ -326,9 +326,9 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
       << said.str();
 }
 
-// stop_on_signal: a SIGTERM during step 3 ends the run after it with a checkpoint of it
-// (one was not due), TrainSummary::stopped_by says which signal, and the handlers are the
-// process's old ones again after run_loop.
+// stop_on_signal: a SIGTERM during step 3 (sent twice at once) ends the run after it with a
+// checkpoint of it (one was not due), TrainSummary::stopped_by says which signal, and the
+// handlers are the process's old ones again after run_loop.
 TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
   Workspace ws("data_loop_stop");
   engine::LoopOptions o;
@@ -340,7 +340,10 @@ TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
   std::vector<int64_t> saved;
   engine::LoopSteps steps;
   steps.step = [](int64_t step) {
-    if (step == 2) ::raise(SIGTERM);  // caught: the step goes on
+    if (step == 2) {  // caught: the step goes on
+      ::raise(SIGTERM);
+      ::raise(SIGTERM);  // at once again (a launcher signals the process and its group): one
+    }
     return engine::StepRecord{step + 1, 1.0, 1, 1};
   };
   steps.checkpoint = [&](int64_t done, const nlohmann::json&) {
