@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "engine/detail/host_agreement.h"
 #include "kernels/grad_scale.h"
@@ -597,64 +598,83 @@ nlohmann::json step_record_json(const StepRecord& r) {
 }
 
 namespace {
-std::atomic<int> g_stop_signal{0};  // lock-free: written from the handler
-std::atomic<int64_t> g_stop_ns{0};  // when it came (CLOCK_MONOTONIC)
-static_assert(std::atomic<int>::is_always_lock_free);
-static_assert(std::atomic<int64_t>::is_always_lock_free);
+std::atomic<bool> g_watching{false};  // watch_stop_signals() ran: the signals are the watcher's
+std::atomic<bool> g_graceful{false};  // a run_loop with stop_on_signal runs
+std::atomic<int> g_stop_signal{0};    // the signal it was asked to stop by, or 0
 
-extern "C" void on_stop_signal(int sig) {
+int64_t monotonic_ns() {
   timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe, as signal() and raise()
-  const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-  if (g_stop_signal.load(std::memory_order_relaxed) == 0) {
-    g_stop_ns.store(now, std::memory_order_relaxed);
-    g_stop_signal.store(sig, std::memory_order_relaxed);
-    return;
-  }
-  // One signal sent twice at once is one: `baton launch` signals a rank and its process
-  // group. A second a second or more later stops the process now.
-  if (now - g_stop_ns.load(std::memory_order_relaxed) < 1000000000) return;
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// LoopOptions::stop_on_signal's handlers, for run_loop's time; the old ones back after.
-class StopSignals {
- public:
-  explicit StopSignals(bool on) : on_(on) {
-    if (!on) return;
-    g_stop_signal.store(0);  // an earlier run's in this process is not this one's
-    for (size_t i = 0; i < kSignals.size(); ++i) {
-      struct sigaction sa {};
-      sa.sa_handler = on_stop_signal;
-      sigemptyset(&sa.sa_mask);
-      // Restarted calls: a transport's read interrupted by the signal is no error.
-      sa.sa_flags = SA_RESTART;
-      if (::sigaction(kSignals[i], nullptr, &old_[i]) != 0 || old_[i].sa_handler == SIG_IGN)
-        continue;
-      installed_[i] = ::sigaction(kSignals[i], &sa, nullptr) == 0;
+// The one thread that receives SIGTERM and SIGINT (blocked in every other): while a loop
+// runs gracefully the first asks it to stop and a repeat within a second is the same one
+// (`baton launch` signals a rank and its process group); otherwise the signal's default
+// action ends the process, as it would have without the watcher.
+[[noreturn]] void watch_signals(sigset_t set) {
+  int64_t first = 0;
+  for (;;) {
+    int sig = 0;
+    if (::sigwait(&set, &sig) != 0) continue;
+    const int64_t now = monotonic_ns();
+    if (g_graceful.load() && g_stop_signal.load() == 0) {
+      first = now;
+      g_stop_signal.store(sig);
+      continue;
     }
+    if (g_stop_signal.load() != 0 && now - first < 1000000000) continue;
+    ::signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    ::raise(sig);  // this thread's now: the default action ends the process
   }
-  ~StopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i)
-      if (installed_[i]) ::sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  int received() const { return on_ ? g_stop_signal.load(std::memory_order_relaxed) : 0; }
-
- private:
-  bool on_;
-  static constexpr std::array<int, 2> kSignals = {SIGTERM, SIGINT};
-  std::array<struct sigaction, 2> old_{};
-  std::array<bool, 2> installed_{};
-};
+}
 
 std::string signal_text(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
+
+// LoopOptions::stop_on_signal for run_loop's time, where watch_stop_signals() set up.
+class StopSignals {
+ public:
+  explicit StopSignals(bool on) : on_(on && g_watching.load()) {
+    if (!on_) return;
+    g_stop_signal.store(0);  // an earlier run's in this process is not this one's
+    g_graceful.store(true);
+  }
+  ~StopSignals() {
+    if (on_) g_graceful.store(false);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int received() const { return on_ ? g_stop_signal.load() : 0; }
+
+ private:
+  bool on_;
+};
 }  // namespace
+
+void watch_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT}) {
+    struct sigaction old {};
+    // One the process was started ignoring (nohup, a shell's trap '') stays ignored.
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&set, sig);
+  }
+  if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
+  std::thread(watch_signals, set).detach();
+  g_watching.store(true);
+}
+
+int stop_signal_received() {
+  return g_stop_signal.load();
+}
 
 nlohmann::json pending_step_of(const stages::Manifest& m) {
   if (!m.train.is_object() || !m.train.contains("pending_step")) return nullptr;
@@ -694,7 +714,10 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   if (pending) {
     // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
     // the run did after writing it: the held-out loss is the one it lost.
-    if (steps.evaluate && eval_due(o, pending->step)) pending->eval_loss = steps.evaluate();
+    if (steps.evaluate && eval_due(o, pending->step)) {
+      pending->eval_loss = steps.evaluate();
+      summary.evaluations.emplace_back(pending->step, *pending->eval_loss);
+    }
     if (loss_log.lacks_start()) loss_log.write(*pending);
   }
   const stages::LrSchedule schedule = lr_schedule_of(o);
@@ -752,6 +775,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     // held-out data truncated under the run) had lost it, at the end of a run its last.
     // Without one it comes after the step's loss-log line, which a resumed run then finds.
     const bool save = checkpoint_due(o, rec.step) || (stop != 0 && !o.checkpoint_dir.empty());
+    // (checkpoint_due holds at the last step: a stop there changes nothing.)
     if (save && eval) checkpoint(step_record_json(rec));
     if (eval) {
       try {
@@ -802,7 +826,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (on_step) on_step(rec);
     if (save && !eval) checkpoint(nullptr);
     if (lead && !written.empty()) spdlog::info("checkpoint {}", written);
-    if (stop != 0) {
+    if (stop != 0 && rec.step < o.steps) {  // at the last step the run is done: no stop
       summary.stopped_by = stop;
       if (lead)
         spdlog::warn("stopped by {} after step {} of {}{}", signal_text(stop), rec.step, o.steps,

@@ -64,12 +64,10 @@ struct LoopOptions {
   bool keep_records = true;
   // SIGTERM and SIGINT (a scheduler's preemption, Ctrl-C, `baton launch` stopping its
   // ranks) end the run after the step under way, with a checkpoint of it under
-  // checkpoint_dir, on every rank after the same step (TrainSummary::stopped_by). Caught
-  // while run_loop runs (set-up before it stops at once as before); a second signal a
-  // second or more after the first stops the process at once (one sent twice at once, as
-  // `baton launch` signals a rank and its group, is one); one the process was started
-  // ignoring stays ignored. `baton train`
-  // sets it; a library caller keeps its own handlers.
+  // checkpoint_dir, on every rank after the same step (TrainSummary::stopped_by), where
+  // the process called watch_stop_signals() (`baton train` does; elsewhere nothing
+  // changes). A signal during set-up, or a second one a second or more after the first,
+  // ends the process at once as before.
   bool stop_on_signal = false;
 };
 
@@ -238,6 +236,16 @@ class LossLog {
   std::ofstream out_;
   bool lacks_start_ = false;
 };
+
+// Blocks SIGTERM and SIGINT in the calling thread, which every thread started after
+// inherits, and starts the one thread that receives them (sigwait), for
+// LoopOptions::stop_on_signal. Call first thing in main, before any thread exists: a
+// handler's frame pushed on a compute thread had corrupted the heap inside oneDNN's JIT
+// GEMM, whose kernels point the stack pointer into the heap (oneDNN issue 4845). Signals
+// the process was started ignoring stay ignored.
+void watch_stop_signals();
+// The stop signal the watcher has received during the running loop, or 0.
+int stop_signal_received();
 
 // A step's record as the checkpoint's manifest holds it (train.pending_step: the step's
 // line is written after the checkpoint when the step evaluates), and back.

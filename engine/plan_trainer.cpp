@@ -931,9 +931,11 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
   };
   TrainSummary summary = run_loop(o, start, 0, false, steps, on_step);
   summary.peak_bytes = alloc.stats().peak;
-  if (!o.trace_path.empty() && trace_from < o.steps) {
+  // The loop's last step (a stop signal may have ended it early, on every rank alike).
+  const int64_t last = summary.first_step + summary.steps_run;
+  if (!o.trace_path.empty() && trace_from < last) {
     server.set_recording(false);
-    write_trace(*world, server.events(), trace_origin, o.steps - trace_from, r, o.trace_path);
+    write_trace(*world, server.events(), trace_origin, last - trace_from, r, o.trace_path);
   }
   all_gather_int(*world, int64_t(summary.peak_bytes));
   return summary;
@@ -1192,10 +1194,16 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   const int64_t tokens_per_step = engine.executor().config().global_batch * T;
   TrainSummary summary = run_loop(o, start, tokens_per_step, lead, steps, on_step);
   summary.peak_bytes = alloc.stats().peak;
-  if (!o.trace_path.empty() && trace_from < o.steps) {
+  // The loop's last step (a stop signal may have ended it early, on every rank alike): a
+  // stop before the window traced nothing, and one inside it fewer steps.
+  const int64_t last = summary.first_step + summary.steps_run;
+  if (!o.trace_path.empty() && trace_from < last) {
     engine.executor().set_recording(false);
-    write_trace(*world, engine.executor().events(), trace_origin, o.steps - trace_from, r,
+    write_trace(*world, engine.executor().events(), trace_origin, last - trace_from, r,
                 o.trace_path);
+  } else if (!o.trace_path.empty() && summary.stopped_by != 0 && lead) {
+    spdlog::warn("--trace {}: not written: the run stopped before step {}, the first traced",
+                 o.trace_path, trace_from + 1);
   }
   // Every rank's peak (one process per rank: its allocator's), for comparison with the
   // partitioner's estimate (`baton plan --check`).

@@ -76,12 +76,10 @@ int run_generate(const std::vector<std::string>& args) {
     throw InputError("--max-new-tokens: expected at least 1, found " + std::to_string(max_new));
   // Written so that NaN, which fails every comparison, is refused too.
   if (!(temperature >= 0))
-    throw InputError("--temperature: expected a value >= 0, found " +
-                     (std::isnan(temperature) ? std::string("nan") : std::to_string(temperature)));
+    throw InputError(fmt::format("--temperature: expected a value >= 0, found {:g}", temperature));
   if (top_k < 0) throw InputError("--top-k: expected a value >= 0, found " + std::to_string(top_k));
   if (!(top_p > 0 && top_p <= 1))
-    throw InputError("--top-p: expected a value in (0, 1], found " +
-                     (std::isnan(top_p) ? std::string("nan") : std::to_string(top_p)));
+    throw InputError(fmt::format("--top-p: expected a value in (0, 1], found {:g}", top_p));
   // Greedy decoding draws nothing: a seed there would change nothing, as top-k/top-p.
   const bool seed_given = !vm["seed"].defaulted();
   if (temperature == 0 && (top_k != 0 || top_p != 1 || seed_given))

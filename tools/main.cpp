@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/loop.h"
 #include "kernels/ops.h"
 #include "memory/error.h"
 #include "tools/command.h"
@@ -76,6 +77,8 @@ int check_stdout(const std::string& name, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGTERM and SIGINT reach train's watcher thread alone.
+  if (argc >= 2 && std::string(argv[1]) == "train") baton::engine::watch_stop_signals();
   baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it
   try {
     baton::tools::require_cpu_features();  // before any kernel's instructions run

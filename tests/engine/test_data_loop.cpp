@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -326,39 +328,51 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
       << said.str();
 }
 
-// stop_on_signal: a SIGTERM during step 3 (sent twice at once) ends the run after it with a
-// checkpoint of it (one was not due), TrainSummary::stopped_by says which signal, and the
-// handlers are the process's old ones again after run_loop.
+// stop_on_signal under watch_stop_signals(), as `baton train` sets it up, in a child
+// process (one thread after fork, as main is): a SIGTERM sent twice at once during step 3
+// ends the run after it with a checkpoint of it (one was not due) and stopped_by says
+// which; a SIGTERM a second later, outside a loop, ends the process by its default action.
 TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
   Workspace ws("data_loop_stop");
-  engine::LoopOptions o;
-  o.steps = 10;
-  o.checkpoint_dir = ws.path("ckpt");  // named only
-  o.checkpoint_every = 100;
-  o.log_every = 0;
-  o.stop_on_signal = true;
-  std::vector<int64_t> saved;
-  engine::LoopSteps steps;
-  steps.step = [](int64_t step) {
-    if (step == 2) {  // caught: the step goes on
-      ::raise(SIGTERM);
-      ::raise(SIGTERM);  // at once again (a launcher signals the process and its group): one
-    }
-    return engine::StepRecord{step + 1, 1.0, 1, 1};
-  };
-  steps.checkpoint = [&](int64_t done, const nlohmann::json&) {
-    saved.push_back(done);
-    return ws.path("ckpt/step-" + std::to_string(done));
-  };
-  struct sigaction before {};
-  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &before), 0);
-  const engine::TrainSummary s = engine::run_loop(o, 0, 1, true, steps, {});
-  EXPECT_EQ(s.stopped_by, SIGTERM);
-  EXPECT_EQ(s.steps_run, 3);
-  EXPECT_EQ(saved, std::vector<int64_t>{3});
-  struct sigaction after {};
-  ASSERT_EQ(::sigaction(SIGTERM, nullptr, &after), 0);
-  EXPECT_EQ(after.sa_handler, before.sa_handler);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    engine::watch_stop_signals();
+    engine::LoopOptions o;
+    o.steps = 10;
+    o.checkpoint_dir = ws.path("ckpt");  // named only
+    o.checkpoint_every = 100;
+    o.log_every = 0;
+    o.stop_on_signal = true;
+    std::vector<int64_t> saved;
+    engine::LoopSteps steps;
+    steps.step = [](int64_t step) {
+      if (step == 2) {
+        ::kill(::getpid(), SIGTERM);
+        ::kill(::getpid(), SIGTERM);  // at once again: a launcher signals the rank and its group
+        for (int i = 0; i < 5000 && engine::stop_signal_received() == 0; ++i) ::usleep(1000);
+      }
+      return engine::StepRecord{step + 1, 1.0, 1, 1};
+    };
+    steps.checkpoint = [&](int64_t done, const nlohmann::json&) {
+      saved.push_back(done);
+      return ws.path("ckpt/step-" + std::to_string(done));
+    };
+    const engine::TrainSummary s = engine::run_loop(o, 0, 1, false, steps, {});
+    const bool ok = s.stopped_by == SIGTERM && s.steps_run == 3 && saved == std::vector<int64_t>{3};
+    if (!ok) ::_exit(1);
+    ::usleep(1200000);            // past the second within which a repeat is the same one
+    ::kill(::getpid(), SIGTERM);  // no loop runs: the default action
+    ::sleep(10);
+    ::_exit(2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << (WIFEXITED(status) ? "exited " + std::to_string(WEXITSTATUS(status))
+                            : "signal " + std::to_string(WTERMSIG(status)))
+      << " (1: the loop did not stop after step 3 with its checkpoint; 2: SIGTERM outside a "
+         "loop did not end the process)";
 }
 
 // The held-out file truncated in place after the first step (a tool rewriting it with
