@@ -538,10 +538,13 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
     lacks_start_ = last == start - 1;
     if (last >= 0 && last < start && !(lacks_start_ && restorable))
       spdlog::warn(
-          "{}: the loss log ends at step {}, before the checkpoint's step {} (the run stopped "
-          "between the checkpoint and the step's line, during its evaluation): the log goes on "
-          "without steps {}..{}",
-          path, last, start, last + 1, start);
+          "{}: the loss log ends at step {}, before the checkpoint's step {} ({}): the "
+          "log goes on without steps {}..{}",
+          path, last, start,
+          lacks_start_ ? "the run stopped between the checkpoint and the step's line, "
+                         "during its evaluation"
+                       : "cut short, or another run's log",
+          last + 1, start);
   }
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and
@@ -714,11 +717,17 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   if (pending) {
     // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
     // the run did after writing it: the held-out loss is the one it lost.
-    if (steps.evaluate && eval_due(o, pending->step)) {
-      pending->eval_loss = steps.evaluate();
-      summary.evaluations.emplace_back(pending->step, *pending->eval_loss);
+    // Only where the lead's log lacks the line (every rank learns it: the evaluation is a
+    // collective): each resume from a run's last checkpoint had evaluated it again.
+    int lacks = loss_log.lacks_start() ? 1 : 0;
+    if (steps.max_over_ranks) lacks = steps.max_over_ranks(lacks);
+    if (lacks != 0) {
+      if (steps.evaluate && eval_due(o, pending->step)) {
+        pending->eval_loss = steps.evaluate();
+        summary.evaluations.emplace_back(pending->step, *pending->eval_loss);
+      }
+      if (loss_log.lacks_start()) loss_log.write(*pending);
     }
-    if (loss_log.lacks_start()) loss_log.write(*pending);
   }
   const stages::LrSchedule schedule = lr_schedule_of(o);
   // The time left: the wall clock since the first iteration (the warm-up, which the summary's
@@ -759,7 +768,7 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     }
     // A stop signal ends the run after this step, on every rank after the same one.
     int stop = stop_signals.received();
-    if (steps.agree_stop) stop = steps.agree_stop(stop);
+    if (steps.max_over_ranks) stop = steps.max_over_ranks(stop);
     if (rec.skipped && rec.loss_scale <= 0 && lead)
       spdlog::warn("step {}: the gradient norm is {}; the optimizer step is skipped", rec.step,
                    std::isnan(rec.grad_norm) ? "nan" : fmt::format("{}", rec.grad_norm));

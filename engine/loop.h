@@ -273,9 +273,10 @@ struct LoopSteps {
   // On resume, the checkpoint's train.pending_step (null: none): every rank evaluates the
   // step again, as it had after the checkpoint, and the lead writes the line its log lacks.
   nlohmann::json resumed_pending;
-  // Under a plan: the largest stop signal over every rank (a collective after each step;
-  // null: this rank alone), so that all stop after the same step.
-  std::function<int(int signal)> agree_stop;
+  // Under a plan: the largest of a value over every rank (a collective; null: this rank
+  // alone). After each step with the stop signal each has seen, so that all stop after the
+  // same step; on resume with whether the lead's loss log lacks the pending step's line.
+  std::function<int(int value)> max_over_ranks;
 };
 
 // The loop around the steps from `start` to o.steps: the schedule's rate of each step,

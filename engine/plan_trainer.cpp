@@ -183,9 +183,8 @@ nlohmann::json model_json_of(const Plan& p) {
   return p.model_json;
 }
 
-// LoopSteps::agree_stop over the world (servers included): the largest stop signal of
-// any rank, one 8-byte all-reduce a step.
-std::function<int(int)> stop_agreement(const transport::CommPtr& world) {
+// LoopSteps::max_over_ranks over the world (servers included): one 8-byte all-reduce.
+std::function<int(int)> max_over_ranks(const transport::CommPtr& world) {
   if (world->size() <= 1) return {};
   return [world](int sig) {
     Tensor t = Tensor::from_vector(std::vector<double>{double(sig)}, {1});
@@ -902,7 +901,7 @@ TrainSummary serve(const ResolvedPlan& r, const PlanTrainOptions& o, transport::
   double trace_origin = 0;
   LoopSteps steps;
   steps.resumed_pending = resumed_pending;
-  steps.agree_stop = stop_agreement(world);
+  steps.max_over_ranks = max_over_ranks(world);
   steps.step = [&](int64_t step) {
     if (step == trace_from) {
       trace_origin = host_trace_origin(*world);  // the server's clock is steady_clock's
@@ -1162,7 +1161,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   double trace_origin = 0;
   LoopSteps steps;
   steps.resumed_pending = resumed_pending;
-  steps.agree_stop = stop_agreement(world);
+  steps.max_over_ranks = max_over_ranks(world);
   if (images) steps.rate_unit = "img/s";
   steps.step = [&](int64_t step) {
     if (step == trace_from) {

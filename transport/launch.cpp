@@ -687,6 +687,24 @@ class Launcher {
                        (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
       return 128 + interrupt_signal_;
     }
+    // Every rank that ended ended on a stop signal sent to it rather than to us (a
+    // scheduler signalling each process, a kill of one rank): `baton train` finished its
+    // step and wrote its checkpoint, every rank after the same step, and exits 128 + the
+    // signal. A stop, as when we are signalled: not a failure, and no restart.
+    const auto stop_exit = [](int status) {
+      return WIFEXITED(status) &&
+             (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT);
+    };
+    if (!failures_.empty() && std::all_of(failures_.begin(), failures_.end(), [&](int r) {
+          return stop_exit(ranks_[size_t(r)].status);
+        })) {
+      interrupted_ = true;
+      interrupt_signal_ = WEXITSTATUS(ranks_[size_t(failures_.front())].status) - 128;
+      write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
+                       " sent to its ranks" + (step_ ? " after step " + *step_ : std::string()) +
+                       "\n");
+      return 128 + interrupt_signal_;
+    }
     // The rendezvous refused the job as bad input (a rank of another baton build, another
     // job token): that is the cause, whatever the ranks made of it (an older rank reads the
     // refusal as "unexpected reply", exit 1, and would be restarted into it again).

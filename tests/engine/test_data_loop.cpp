@@ -313,6 +313,17 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
     for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed[i]["step"], int64_t(i + 1));
     EXPECT_EQ(resumed[3], whole[3]);  // the lost line, its held-out loss evaluated again
     EXPECT_EQ(resumed[3]["eval_loss"], 7.5);
+    // With the line there (a resume that extends a finished run), nothing is evaluated
+    // again and nothing written twice.
+    const int before = evaluations;
+    o.steps = 4;
+    engine::run_loop(o, 4, 1, true, steps, {});
+    EXPECT_EQ(evaluations, before);
+    EXPECT_EQ(lines().size(), 4u);
+    std::string all;
+    for (const nlohmann::json& l : whole) all += l.dump() + "\n";
+    std::ofstream(o.loss_log, std::ios::trunc) << all;
+    o.steps = 6;
     steps.resumed_pending = nullptr;
   }
 

@@ -351,6 +351,34 @@ TEST(Processes, SigtermStopsEveryRankAfterOneStepWithItsCheckpoint) {
   expect_loss_logs_match(ws.path("stopped.jsonl"), ws.path("full.jsonl"), true, 30);
 }
 
+// SIGTERM to the ranks themselves (a scheduler signalling every process): they stop as
+// above, and the launcher reads every rank's 143 as a stop, not a failure: exit 143, no
+// restart under --max-restarts (it had restarted the job and trained on).
+TEST(Processes, SigtermToTheRanksIsAStopNotAFailure) {
+  Workspace ws("sigterm-ranks");
+  std::ofstream(ws.path("plan.json")) << plan_json(gpt_pp2_dp2(1), ws).dump(2);
+  const std::vector<std::string> argv = launch_train_argv(
+      {"-n", "4", "--max-restarts", "1"}, ws.path("plan.json"), ws.path("loss.jsonl"),
+      {"--steps", "100000", "--checkpoint-dir", ws.path("ckpt"), "--checkpoint-every", "1000"});
+  const pid_t pid = spawn(argv, ws.path("job.out"));
+  for (int i = 0; i < 60000 && read_loss_log(ws.path("loss.jsonl")).size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::vector<pid_t> ranks = children_of(pid);
+  ASSERT_EQ(ranks.size(), 4u) << slurp(ws.path("job.out"));
+  for (pid_t r : ranks) kill(r, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string out = slurp(ws.path("job.out"));
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << out;
+  EXPECT_NE(out.find("the job was stopped by SIGTERM sent to its ranks"), std::string::npos) << out;
+  EXPECT_EQ(out.find("restart 1 of 1"), std::string::npos) << out;
+  const std::string step = std::to_string(read_loss_log(ws.path("loss.jsonl")).size());
+  EXPECT_TRUE(std::filesystem::exists(stages::checkpoint_dir(ws.path("ckpt"), std::stoll(step)) +
+                                      "/manifest.json"))
+      << out;
+}
+
 // ---- a rank dies in the middle of a step ----
 
 // Plan `p` on `n` processes; a random rank (or `chosen`) is killed (SIGKILL) after a few
