@@ -536,6 +536,7 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
     // not written that step's line: restored from the checkpoint's record where it has
     // one (run_loop), said otherwise.
     lacks_start_ = last == start - 1;
+    holds_start_ = last == start;
     if (last >= 0 && last < start && !(lacks_start_ && restorable))
       spdlog::warn(
           "{}: the loss log ends at step {}, before the checkpoint's step {} ({}): the "
@@ -544,7 +545,7 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
           lacks_start_ ? "the run stopped between the checkpoint and the step's line, "
                          "during its evaluation"
                        : "cut short, or another run's log",
-          last + 1, start);
+          last + 1, restorable ? start - 1 : start);
   }
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and
@@ -717,16 +718,18 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   if (pending) {
     // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
     // the run did after writing it: the held-out loss is the one it lost.
-    // Only where the lead's log lacks the line (every rank learns it: the evaluation is a
-    // collective): each resume from a run's last checkpoint had evaluated it again.
-    int lacks = loss_log.lacks_start() ? 1 : 0;
+    // Not where the lead's log holds the line already (every rank learns it: the
+    // evaluation is a collective): each resume from a run's last checkpoint had evaluated
+    // it again. Without a log read back (none, a pipe, a new path) the evaluation is this
+    // run's to report: in the summary, and a log line where there is a log.
+    int lacks = lead && !loss_log.holds_start() ? 1 : 0;
     if (steps.max_over_ranks) lacks = steps.max_over_ranks(lacks);
     if (lacks != 0) {
       if (steps.evaluate && eval_due(o, pending->step)) {
         pending->eval_loss = steps.evaluate();
         summary.evaluations.emplace_back(pending->step, *pending->eval_loss);
       }
-      if (loss_log.lacks_start()) loss_log.write(*pending);
+      if (lead) loss_log.write(*pending);
     }
   }
   const stages::LrSchedule schedule = lr_schedule_of(o);

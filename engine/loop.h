@@ -230,11 +230,15 @@ class LossLog {
   // The log read back ends one step before `start`: the run stopped between the
   // checkpoint and the step's line, during its evaluation.
   bool lacks_start() const { return lacks_start_; }
+  // The log was read back and holds `start`'s line (false too without a log, or for a
+  // pipe, which is not read back).
+  bool holds_start() const { return holds_start_; }
 
  private:
   std::string path_;
   std::ofstream out_;
   bool lacks_start_ = false;
+  bool holds_start_ = false;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread, which every thread started after

@@ -573,11 +573,31 @@ class Launcher {
   // none: not a baton command, or one that crashed) ahead of the ranks whose reports say
   // they lost a peer; -1 when every rank that failed lost a peer (none died or hung: the
   // connections between them broke, a network fault).
+  // The stop signal a rank ended on, by its exit code (`baton train` stopped after a step,
+  // 128 + the signal) or by the signal itself (one outside the loop, during set-up); 0 for
+  // anything else.
+  static int stop_signal_of(int status) {
+    for (int sig : {SIGTERM, SIGINT})
+      if ((WIFEXITED(status) && WEXITSTATUS(status) == 128 + sig) ||
+          (WIFSIGNALED(status) && WTERMSIG(status) == sig))
+        return sig;
+    return 0;
+  }
+
   int root_cause() const {
     if (unjoined_cause_) return *unjoined_cause_;
     for (int r : failures_)
-      if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
+      if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r) &&
+          stop_signal_of(ranks_[size_t(r)].status) == 0)
+        return r;
     if (hung_) return hung_->first;
+    // A rank that crashed ahead of one that stopped on a signal (which says only that it
+    // stopped): the crash is the cause.
+    for (int r : failures_)
+      if (!stopped_.count(r) && lost_peer(r) < 0 && stop_signal_of(ranks_[size_t(r)].status) == 0)
+        return r;
+    for (int r : failures_)
+      if (WIFSIGNALED(ranks_[size_t(r)].status) && !stopped_.count(r)) return r;
     for (int r : failures_)
       if (!stopped_.count(r) && lost_peer(r) < 0) return r;
     return -1;
@@ -691,15 +711,11 @@ class Launcher {
     // scheduler signalling each process, a kill of one rank): `baton train` finished its
     // step and wrote its checkpoint, every rank after the same step, and exits 128 + the
     // signal. A stop, as when we are signalled: not a failure, and no restart.
-    const auto stop_exit = [](int status) {
-      return WIFEXITED(status) &&
-             (WEXITSTATUS(status) == 128 + SIGTERM || WEXITSTATUS(status) == 128 + SIGINT);
-    };
     if (!failures_.empty() && std::all_of(failures_.begin(), failures_.end(), [&](int r) {
-          return stop_exit(ranks_[size_t(r)].status);
+          return stop_signal_of(ranks_[size_t(r)].status) != 0;
         })) {
       interrupted_ = true;
-      interrupt_signal_ = WEXITSTATUS(ranks_[size_t(failures_.front())].status) - 128;
+      interrupt_signal_ = stop_signal_of(ranks_[size_t(failures_.front())].status);
       write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
                        " sent to its ranks" + (step_ ? " after step " + *step_ : std::string()) +
                        "\n");

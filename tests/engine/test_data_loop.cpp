@@ -372,6 +372,7 @@ TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
     const engine::TrainSummary s = engine::run_loop(o, 0, 1, false, steps, {});
     const bool ok = s.stopped_by == SIGTERM && s.steps_run == 3 && saved == std::vector<int64_t>{3};
     if (!ok) ::_exit(1);
+    std::ofstream(ws.path("stopped")) << "after step 3\n";  // the parent's proof of the stop
     ::usleep(1200000);            // past the second within which a repeat is the same one
     ::kill(::getpid(), SIGTERM);  // no loop runs: the default action
     ::sleep(10);
@@ -379,6 +380,10 @@ TEST(DataLoop, StopSignalEndsTheRunAfterTheStepWithACheckpoint) {
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // Without the watcher the first SIGTERM would end the child the same way: the marker
+  // says the loop stopped first.
+  EXPECT_TRUE(std::filesystem::exists(ws.path("stopped")))
+      << "the loop did not stop after step 3 with its checkpoint";
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
       << (WIFEXITED(status) ? "exited " + std::to_string(WEXITSTATUS(status))
                             : "signal " + std::to_string(WTERMSIG(status)))

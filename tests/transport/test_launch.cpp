@@ -86,6 +86,31 @@ TEST(Launch, AStopSignalEndsTheJobSayingSo) {
   EXPECT_EQ(r.output.find("restart 1"), std::string::npos) << r.output;
 }
 
+// A stop signal sent to the ranks themselves (a scheduler signalling every process): each
+// ending by it, during set-up (killed by the signal) or after its step (`baton train`'s
+// 128 + the signal), is a stop, not a failure: no restart. A rank that failed otherwise
+// beside one that stopped is the cause, its code the job's.
+TEST(Launch, RanksStoppedBySignalsSentToThemAreAStop) {
+  Result killed = run(
+      "-n 2 --max-restarts 1 --restart-backoff 0 -- sh -c 'echo attempt; kill -TERM $$; sleep 5'");
+  EXPECT_EQ(killed.code, 128 + SIGTERM) << killed.output;
+  EXPECT_NE(killed.output.find("the job was stopped by SIGTERM sent to its ranks"),
+            std::string::npos)
+      << killed.output;
+  EXPECT_EQ(count(killed.output, "attempt"), 2u) << killed.output;  // one per rank, once
+  Result exited = run("-n 2 --max-restarts 1 --restart-backoff 0 -- sh -c 'exit 130'");
+  EXPECT_EQ(exited.code, 128 + SIGINT) << exited.output;
+  EXPECT_NE(exited.output.find("the job was stopped by SIGINT sent to its ranks"),
+            std::string::npos)
+      << exited.output;
+  EXPECT_EQ(exited.output.find("restart 1"), std::string::npos) << exited.output;
+  Result mixed =
+      run("-n 2 -- sh -c 'if [ $BATON_RANK = 0 ]; then exit 143; else sleep 0.3; exit 1; fi'");
+  EXPECT_EQ(mixed.code, 1) << mixed.output;
+  EXPECT_NE(mixed.output.find("the job failed: rank 1 exited with code 1"), std::string::npos)
+      << mixed.output;
+}
+
 // A hangup (a closed terminal) stops the job as SIGTERM does: UCX's handler for its debug
 // signal had swallowed it (the job outlived its terminal). A reader that goes away (`|
 // head`) stops the job too, in order: the ranks get SIGTERM (the launcher had died of
