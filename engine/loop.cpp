@@ -61,6 +61,17 @@ bool checkpoint_due(const LoopOptions& o, int64_t done) {
   return done == o.steps || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0);
 }
 
+// Whether `dir` is `root` or a folder under it, by their absolute lexical forms.
+bool inside(const std::filesystem::path& dir, const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d = fs::absolute(dir.empty() ? fs::path(".") : dir, ec).lexically_normal();
+  fs::path r = fs::absolute(root, ec).lexically_normal();
+  if (r.filename().empty()) r = r.parent_path();  // "ck/"
+  const fs::path rel = d.lexically_relative(r);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
 }  // namespace
 
 void check_output_path(const std::string& path, const char* flag) {
@@ -213,6 +224,14 @@ void check_loop_options(const LoopOptions& o) {
                      std::to_string(o.keep_checkpoints));
   if (o.checkpoint_dir.empty() && (o.checkpoint_every > 0 || o.keep_checkpoints > 0))
     throw InputError("--checkpoint-every and --keep-checkpoints need --checkpoint-dir");
+  // A log or summary kept inside the checkpoint folder of a first run: the folder, which
+  // the first save would make, is made now (the log's first line comes before it).
+  for (const std::string* path : {&o.summary_path, &o.loss_log})
+    if (!path->empty() && !o.checkpoint_dir.empty() &&
+        inside(std::filesystem::path(*path).parent_path(), o.checkpoint_dir)) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.checkpoint_dir, ec);
+    }
   check_output_path(o.summary_path, "--summary");
   check_output_path(o.loss_log, "--loss-log");
   {

@@ -535,6 +535,19 @@ TEST(Checkpoint, TheCheckpointDirectoryIsCheckedBeforeTheFirstStep) {
                              " to write it in");
   o.loss_log = ws.path("");
   EXPECT_NE(error_of(o).find(": a directory, expected a file"), std::string::npos) << error_of(o);
+  // Inside a checkpoint folder that the first save would make: the folder is made now
+  // (it had been refused as "no directory").
+  o.checkpoint_dir = ws.path("fresh/ck/");
+  o.loss_log = ws.path("fresh/ck/loss.jsonl");
+  o.summary_path = ws.path("fresh/ck/summary.json");
+  EXPECT_EQ(error_of(o), "");
+  EXPECT_TRUE(std::filesystem::is_directory(ws.path("fresh/ck")));
+  // Beside it, not in it: still refused, nothing made.
+  o.summary_path.clear();
+  o.loss_log = ws.path("fresh/other/loss.jsonl");
+  EXPECT_EQ(error_of(o), "--loss-log " + o.loss_log + ": no directory " + ws.path("fresh/other") +
+                             " to write it in");
+  EXPECT_FALSE(std::filesystem::exists(ws.path("fresh/other")));
 }
 
 // A --summary in a folder the run cannot write (a read-only mount) is refused before the
