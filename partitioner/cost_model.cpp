@@ -516,7 +516,7 @@ void CostModel::signature(const Sharding& s, int layer, std::vector<int64_t>& ke
       key.push_back(b.first);
       key.push_back(b.second);
     }
-    key.push_back(int64_t(p.kept.size()));
+    key.push_back(int64_t(p.kept.size()) * 2 + int64_t(p.padded));
     for (const auto& b : p.kept) {
       key.push_back(b.first);
       key.push_back(b.second);

@@ -14,7 +14,7 @@ using stages::Node;
 
 int64_t SplitPattern::local_size(int t) const {
   int64_t n = 0;
-  for (const auto& b : blocks) n += b.second / t;
+  for (const auto& b : blocks) n += part(b.second, t);
   for (const auto& b : kept) n += b.second;
   return n;
 }
@@ -252,6 +252,36 @@ class ShardingPass {
     }
     return true;
   }
+  // Does `value` reach only vocabulary-parallel losses of degree t (directly or through
+  // ops that pass a split on)? Those mask a padded part of the vocabulary.
+  bool feeds_loss_only(int value, int t, int depth = 0) const {
+    const auto& cons = g_.values[size_t(value)].consumers;
+    if (cons.empty() || depth > 64) return false;
+    for (int c : cons) {
+      const Node& n = g_.nodes[size_t(c)];
+      const SplitKind* o = override_of(c);
+      const OpKind k = kinds_[size_t(c)];
+      if (tp_of(c) != t) return false;
+      if (k == OpKind::cross_entropy) {
+        if (n.inputs[0] != value || (o != nullptr && *o != SplitKind::vocab)) return false;
+      } else if (o != nullptr || !passes_split(n, k) ||
+                 !feeds_loss_only(n.outputs[0], t, depth + 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Padded parts of ceil(n / t): every rank must hold at least one real element.
+  void check_padded_parts(int node, int t, int64_t n, const std::string& what) const {
+    const int64_t part = (n + t - 1) / t;
+    if (part * (t - 1) < n) return;
+    throw InputError(split_where(node) + ": tensor-parallel degree " + std::to_string(t) +
+                     " over the " + what + " = " + std::to_string(n) + " of " + node_ref(node) +
+                     " leaves the last ranks no part (parts of " + std::to_string(part) +
+                     "); use a degree of at most " + std::to_string(n) +
+                     " that leaves every rank part of it, or keep it whole with \"splits\": {\"" +
+                     g_.nodes[size_t(node)].name + "\": \"none\"}");
+  }
   bool feeds_attention(int value, int t) const {
     const auto& cons = g_.values[size_t(value)].consumers;
     if (cons.empty()) return false;
@@ -327,6 +357,8 @@ class ShardingPass {
       throw InputError(override_where(node) + ": value '" + val.name +
                        "' is split in several blocks (by heads) and " + node_ref(node) +
                        " needs it whole; it cannot be gathered (keep its producer unsplit)");
+    // Padded parts are made only for values that reach vocabulary-parallel losses alone.
+    BATON_CHECK(!vs.pattern.padded, "padded value '" + val.name + "' gathered");
     auto& g = s_.nodes[size_t(node)].gather_inputs;
     if (std::find(g.begin(), g.end(), slot) == g.end()) g.push_back(slot);
   }
@@ -527,9 +559,15 @@ class ShardingPass {
         int64_t c = out_features / 3;
         p.blocks = {{0, c}, {c, c}, {2 * c, c}};
       } else {
-        if (out_features % t != 0)
-          divide_error(node, t, "the output features", out_features, split_where(node));
         p.blocks = {{0, out_features}};
+        if (out_features % t != 0) {
+          // Logits over a vocabulary the degree does not divide: padded parts, masked by
+          // the loss. Elsewhere a padded part would reach an op that cannot mask it.
+          if (!feeds_loss_only(n.outputs[0], t))
+            divide_error(node, t, "the output features", out_features, split_where(node));
+          p.padded = true;
+          check_padded_parts(node, t, out_features, "output features");
+        }
       }
       ns.kind = SplitKind::column;
       ns.copy_inputs.push_back(0);
@@ -717,16 +755,12 @@ class ShardingPass {
       return;
     }
     int64_t rows = g_.params[size_t(n.params[0])].shape[0];
-    if (rows % t != 0)
-      throw InputError(split_where(node) + ": tensor-parallel degree " + std::to_string(t) +
-                       " does not divide the vocabulary (table rows) = " + std::to_string(rows) +
-                       " of " + node_ref(node) + "; keep the vocabulary whole on every rank with " +
-                       "\"splits\": {\"" + n.name +
-                       "\": \"none\"} and the same for the linear that makes the logits, or "
-                       "pad the vocabulary to a multiple of " +
-                       std::to_string(t));
     SplitPattern p;
     p.blocks = {{0, rows}};
+    // A degree that does not divide the vocabulary (GPT-2's 50257): parts of ceil(rows / t)
+    // rows, the last ones padded with zero rows no id selects.
+    p.padded = rows % t != 0;
+    if (p.padded) check_padded_parts(node, t, rows, "vocabulary (table rows)");
     ns.kind = SplitKind::vocab;
     ns.reduce_output = true;
     set_param(node, 0, 0, t, p);
@@ -921,15 +955,17 @@ class PhysicalBuilder {
       }
     } else if (ns.kind == SplitKind::vocab && n.op == "embedding") {
       // The model's own offset (the ids its table starts at) plus the rank's rows.
-      int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
-      attrs["vocab_offset"] = attr_int(n, "vocab_offset", 0) + int64_t(r) * (rows / t);
+      const ParamShard& sh = s_.params[size_t(n.params[0])];
+      const int64_t rows = lg_.params[size_t(n.params[0])].shape[0];
+      attrs["vocab_offset"] = attr_int(n, "vocab_offset", 0) + sh.pattern.part_offset(rows, t, r);
     } else if (ns.kind == SplitKind::column && n.op == "conv2d" && attrs.contains("groups") &&
                attrs.at("groups").get<int64_t>() > 1) {
       attrs["groups"] = attrs.at("groups").get<int64_t>() / t;  // whole groups per rank
     } else if (ns.kind == SplitKind::vocab && n.op == "cross_entropy") {
       int64_t v = lg_.values[size_t(n.inputs[0])].type.shape.back();
       op = "vocab_parallel_cross_entropy";
-      attrs = {{"vocab_offset", int64_t(r) * (v / t)}, {"vocab_size", v}};
+      const SplitPattern& p = s_.values[size_t(n.inputs[0])].pattern;
+      attrs = {{"vocab_offset", p.part_offset(v, t, r)}, {"vocab_size", v}};
     }
     int bias = -1;
     if (ns.bias_after_reduce) {
@@ -990,11 +1026,12 @@ stages::Param shard_param(const stages::Param& lp, const ParamShard& sh, int r) 
     piece.local_offsets.assign(p.shape.size(), 0);
     piece.global_offsets.assign(p.shape.size(), 0);
     piece.shape = p.shape;
-    int64_t part = len / sh.t;
-    piece.shape[d] = part;
+    // A padded part's piece is its real rows only: checkpoints, exports and the
+    // initialisation never see the padding.
+    piece.shape[d] = sh.pattern.part_real(len, sh.t, r);
     piece.local_offsets[d] = local;
-    piece.global_offsets[d] = off + int64_t(r) * part;
-    local += part;
+    piece.global_offsets[d] = off + sh.pattern.part_offset(len, sh.t, r);
+    local += sh.pattern.part(len, sh.t);
     p.pieces.push_back(piece);
   }
   return p;

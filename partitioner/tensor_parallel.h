@@ -37,6 +37,7 @@
 
 #include <map>
 #include <memory>
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,10 +54,21 @@ namespace baton::partitioner {
 // `kept`: blocks every rank holds whole after its parts of `blocks` (the key and value
 // heads of a grouped-query attention whose key/value heads are too few to split: they
 // are replicated beside the split query heads).
+// `padded`: one block (a vocabulary) that t does not divide, cut into parts of
+// ceil(n / t); the last ranks' parts end in padding (zero rows of the table, columns of
+// logits the vocabulary-parallel loss masks), which no piece of a parameter covers.
 struct SplitPattern {
   std::vector<std::pair<int64_t, int64_t>> blocks;
   std::vector<std::pair<int64_t, int64_t>> kept;
+  bool padded = false;
   int64_t local_size(int t) const;
+  // Of the part of rank r of block `len`: where it starts in the block, and how many of
+  // its local_size elements are real (not padding).
+  int64_t part_offset(int64_t len, int t, int r) const { return int64_t(r) * part(len, t); }
+  int64_t part_real(int64_t len, int t, int r) const {
+    return std::clamp<int64_t>(len - part_offset(len, t, r), 0, part(len, t));
+  }
+  int64_t part(int64_t len, int t) const { return padded ? (len + t - 1) / t : len / t; }
   bool whole(int64_t n) const {
     return blocks.size() == 1 && blocks[0].first == 0 && blocks[0].second == n && kept.empty();
   }

@@ -121,15 +121,31 @@ void check_input(const Value& v, const Tensor& t, const MicroBatch& mb) {
 }
 
 void init_tensor(Tensor& t, const Param& p, uint64_t seed) {
+  // A padded shard (a vocabulary the degree does not divide, docs/partitioner.md) holds
+  // zeros past its pieces, whatever the rule: finite, so that the masked logits' zero
+  // gradient times those rows stays zero.
+  int64_t covered = 0;
+  for (const ParamPiece& piece : p.pieces) covered += memory::shape_numel(piece.shape);
+  const bool padded = p.is_shard() && covered < t.numel();
+  if (padded) t.zero_();
+  auto fill = [&](double value) {
+    if (!padded) return t.fill_(value);
+    for (const ParamPiece& piece : p.pieces) {
+      Tensor view = t;
+      for (size_t d = 0; d < piece.shape.size(); ++d)
+        view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
+      view.fill_(value);
+    }
+  };
   switch (p.init.kind) {
     case InitRule::Kind::zeros:
       t.zero_();
       return;
     case InitRule::Kind::ones:
-      t.fill_(1.0);
+      fill(1.0);
       return;
     case InitRule::Kind::constant:
-      t.fill_(p.init.value);
+      fill(p.init.value);
       return;
     case InitRule::Kind::normal:
       break;

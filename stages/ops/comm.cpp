@@ -8,6 +8,8 @@
 //              on the CPU ce_local_forward (one read of the logits) -> all-reduce max ->
 //              ce_local_share -> all-reduce sum -> ce_local_finish; on CUDA ce_row_max ->
 //              all-reduce max -> ce_sum_exp -> all-reduce sum -> ce_finish
+#include <limits>
+
 #include "kernels/fused.h"
 #include "stages/ops/common.h"
 #include "stages/ops/loss_common.h"
@@ -168,13 +170,22 @@ class VocabParallelCrossEntropy final : public OpBase {
   explicit VocabParallelCrossEntropy(const OpSpec& spec) : OpBase(vpce_schema(), spec) {
     v_ = check_cross_entropy_inputs(spec, rows_);
     vocab_size_ = spec.attrs.at("vocab_size").as_int(v_, INT64_MAX);
-    offset_ = spec.attrs.get_int("vocab_offset", 0, 0, vocab_size_ - v_);
+    // The last ranks of a vocabulary the degree does not divide hold padded columns past
+    // vocab_size (docs/partitioner.md), but at least one real one.
+    offset_ = spec.attrs.get_int("vocab_offset", 0, 0, vocab_size_ - 1);
+    real_ = std::min(v_, vocab_size_ - offset_);
     out_.push_back({{}, DType::f64, false});
   }
 
   void forward(ForwardCall& c) const override {
     transport::Communicator& comm = tp_of(c.ctx, name_);
     Tensor logits = as_rows(c.inputs[0]);
+    if (real_ < v_) {
+      // Padding: -inf adds nothing to the maxima and sums and gets a zero gradient (the
+      // exp of -inf is 0 in every kernel), so the loss is the unpadded vocabulary's.
+      if (!c.may_overwrite(0)) logits = logits.clone();
+      logits.narrow(1, real_, v_ - real_).fill_(-std::numeric_limits<double>::infinity());
+    }
     Tensor targets = c.inputs[1].view({-1});
     int64_t n = logits.size(0);
     Tensor row_max = c.alloc({n}, dtype_), losses = c.alloc({n}, dtype_);
@@ -223,7 +234,7 @@ class VocabParallelCrossEntropy final : public OpBase {
   }
 
  private:
-  int64_t v_ = 0, vocab_size_ = 0, offset_ = 0, rows_ = 0;
+  int64_t v_ = 0, vocab_size_ = 0, offset_ = 0, rows_ = 0, real_ = 0;
 };
 
 }  // namespace

@@ -104,5 +104,21 @@ TEST(Buckets, ManySmallBuckets) {
   }
 }
 
+// A vocabulary no degree divides (259 = 7 x 37, as GPT-2's 50257 is odd): padded parts of
+// the tied wte and the logits (docs/partitioner.md), with AdamW over 20 steps, the
+// optimizer state sharded over the replicas (a part that ends in padding), and neighbours
+// of other degrees.
+TEST(PaddedVocabulary, MatchesOneProcess) {
+  for (const std::vector<int>& tp : {std::vector<int>{2, 2}, std::vector<int>{4}}) {
+    PlanSpec p;
+    p.model = tiny_gpt_json();
+    p.model["vocab_size"] = 259;
+    p.tp = tp;
+    p.dp = tp.size() == 2 ? 2 : 1;
+    p.optimizer_sharding = tp.size() == 2 ? "zero2" : "";
+    run_case(p);
+  }
+}
+
 }  // namespace
 }  // namespace baton::engine_testing

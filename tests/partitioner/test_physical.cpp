@@ -324,6 +324,71 @@ TEST(PhysicalGraph, EmbeddingOffsetComposesWithAVocabularySplit) {
   expect_same_run(run_logical(g, spec), run_tensor_parallel(g, 2, {}, spec), 1e-11);
 }
 
+// A vocabulary the degree does not divide (GPT-2's 50257 at any even degree): parts of
+// ceil(V / t) rows and logit columns, the last rank's padded with zero rows and masked
+// columns. The loss and gradients are the unpadded model's, the padding stays zero, the
+// pieces (checkpoints, exports) hold the real rows only. It had been refused.
+TEST(PhysicalGraph, AVocabularyTheDegreeDoesNotDivideIsPadded) {
+  RunSpec spec;
+  spec.samples = 4;
+  for (int64_t vocab : {13, 14}) {
+    stages::Gpt2Config c;
+    c.n_layer = 1;
+    c.n_head = 12;  // divided by 2, 3 and 4
+    c.n_embd = 24;
+    c.n_positions = 8;
+    c.context = 5;
+    c.vocab_size = vocab;
+    auto gpt = load_in_dtype(c.to_json(), DType::f64, "tiny-gpt");
+    // Untied: a LLaMA's lm_head, its own [V, C] weight.
+    nlohmann::json m = {{"type", "llama"},           {"hidden_size", 24},
+                        {"intermediate_size", 24},   {"num_hidden_layers", 1},
+                        {"num_attention_heads", 12}, {"num_key_value_heads", 12},
+                        {"vocab_size", vocab},      {"max_position_embeddings", 8},
+                        {"context", 5},             {"tie_word_embeddings", false}};
+    auto llama_untied = load_in_dtype(m, DType::f64, "tiny-llama");
+    for (const auto& g : {gpt, llama_untied})
+      for (int t : {2, 3, 4}) {
+        SCOPED_TRACE(g->name + " vocabulary " + std::to_string(vocab) + " at degree " +
+                     std::to_string(t));
+        expect_same_run(run_logical(g, spec), run_tensor_parallel(g, t, {}, spec), 1e-11);
+      }
+  }
+  auto gpt = physical_gpt(DType::f64, 0.0);  // vocabulary 12
+  // Every rank needs a real part: 12 over 5 is parts of 3, the last one empty.
+  try {
+    plan_sharding(*gpt, std::vector<int>(size_t(gpt->num_layers()), 5), {}, "test");
+    ADD_FAILURE() << "a degree leaving a rank padding only was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves the last ranks no part (parts of 3)"),
+              std::string::npos)
+        << e.what();
+  }
+  // Logits a padded split would give a loss that needs them whole: the linear is refused.
+  auto g7 = load_in_dtype(
+      [] {
+        stages::Gpt2Config c;
+        c.n_layer = 1;
+        c.n_head = 2;
+        c.n_embd = 16;
+        c.n_positions = 8;
+        c.context = 5;
+        c.vocab_size = 7;
+        return c.to_json();
+      }(),
+      DType::f64, "tiny-gpt");
+  SplitOverrides ov = overrides({{"lm_head", SplitKind::column}, {"loss", SplitKind::none}});
+  try {
+    plan_sharding(*g7, std::vector<int>(size_t(g7->num_layers()), 2), ov, "test");
+    ADD_FAILURE() << "padded logits gathered";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide the output features = 7 of linear "
+                                         "node 'lm_head'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // "none" on an op that only passes a split (gelu here) is honoured: the op runs on its
 // whole input (gathered when the linear before it is split by an override), and the
 // default policy no longer splits that linear for it (it had been accepted and ignored).

@@ -206,12 +206,14 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
             "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide n_head = 4 of "
             "attention node "
             "'h.0.attn.attn' (layer h.0)");
-  j["model"]["vocab_size"] = 50;
+  // A vocabulary the degree does not divide is padded (below), unless the last rank
+  // would hold padding only.
+  j["model"]["vocab_size"] = 4;
   EXPECT_EQ(plan_error_of(j),
-            "plan.json: $.parallel.tp: tensor-parallel degree 3 does not divide the vocabulary "
-            "(table rows) = 50 of embedding node 'wte' (layer embed); keep the vocabulary whole "
-            "on every rank with \"splits\": {\"wte\": \"none\"} and the same for the linear "
-            "that makes the logits, or pad the vocabulary to a multiple of 3");
+            "plan.json: $.parallel.tp: tensor-parallel degree 3 over the vocabulary (table rows) "
+            "= 4 of embedding node 'wte' (layer embed) leaves the last ranks no part (parts of "
+            "2); use a degree of at most 4 that leaves every rank part of it, or keep it whole "
+            "with \"splits\": {\"wte\": \"none\"}");
   // The hidden size of an MLP's split linear.
   j["model"] = {
       {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};

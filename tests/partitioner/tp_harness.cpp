@@ -99,6 +99,21 @@ void place(Tensor& whole, const stages::Param& p, const Tensor& local) {
   }
 }
 
+// max |element| of `local` outside the pieces of `p` (its padding), 0 when there is none.
+double padding_max(const stages::Param& p, const Tensor& local) {
+  if (!p.is_shard()) return 0;
+  Tensor rest = to_f64(local).clone();
+  for (const stages::ParamPiece& piece : p.pieces) {
+    Tensor view = rest;
+    for (size_t d = 0; d < piece.shape.size(); ++d)
+      view = view.narrow(int64_t(d), piece.local_offsets[d], piece.shape[d]);
+    view.zero_();
+  }
+  double m = 0;
+  for (double x : rest.to_vector<double>()) m = std::max(m, std::isnan(x) ? INFINITY : std::abs(x));
+  return m;
+}
+
 }  // namespace
 
 double rel_diff(const Tensor& a, const Tensor& b) {
@@ -127,6 +142,7 @@ void expect_same_run(const RunOutput& want, const RunOutput& got, double tol, bo
     }
   }
   EXPECT_LE(got.replica_mismatch, tol);
+  EXPECT_EQ(got.padding_max, 0.0) << "a shard's padding is not zero";
 }
 
 std::shared_ptr<Graph> load_in_dtype(const nlohmann::json& model, memory::DType dtype,
@@ -184,6 +200,7 @@ RunOutput run_tensor_parallel(std::shared_ptr<const Graph> g, int tp,
             const Tensor& local = which == 0   ? params.at(p.name)
                                   : which == 1 ? st.grad(id)
                                                : st.param(id);
+            out.padding_max = std::max(out.padding_max, padding_max(p, local));
             if (!p.is_shard() && dst.count(p.name)) {
               out.replica_mismatch =
                   std::max(out.replica_mismatch, rel_diff(local, dst.at(p.name)));

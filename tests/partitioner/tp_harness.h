@@ -26,6 +26,9 @@ struct RunOutput {
   // batch norm's running statistics, differ from `params`).
   std::map<std::string, memory::Tensor> final_params;
   double replica_mismatch = 0;  // largest difference between ranks of a replicated tensor
+  // Largest |element| of a shard's padding (the rows or columns no piece covers: a
+  // vocabulary the degree does not divide), in its parameters and gradients: must be 0.
+  double padding_max = 0;
 };
 
 struct RunSpec {
