@@ -159,7 +159,11 @@ RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::Comm
   const partitioner::DpSync& sync = r.plan.dp_sync;
   std::set<std::vector<int>> sets;
   if (view_.tp_group.size() > 1) sets.insert(view_.tp_group);
-  if (sync.independent() && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
+  // The replicas' own group: local SGD's syncs, and evaluating the first replica's
+  // buffers (batch norm's running statistics) under any sync (evaluate()).
+  const bool buffers = std::any_of(g.params.begin(), g.params.end(),
+                                   [](const stages::Param& p) { return !p.trainable; });
+  if ((sync.independent() || buffers) && view_.dp_group.size() > 1) sets.insert(view_.dp_group);
   for (const GradientGroup& gg : ggroups)
     if (gg.ranks.size() > 1) sets.insert(partitioner::reduction_members(r, rank, gg));
   device_world_ = options.device_world;
@@ -342,26 +346,30 @@ RankEngine::~RankEngine() {
 double RankEngine::evaluate(int64_t batches) {
   BATON_CHECK(eval_executor_ != nullptr, "evaluate() needs RankEngineOptions::eval_inputs");
   BATON_CHECK(batches > 0, "evaluation batches");
-  // Under local SGD and gossip each replica holds its own parameters between syncs: the
-  // mean of each one's loss on its share of the batch had been the loss of no model. Every
-  // replica evaluates the first replica's (those checkpoints write and export reads), so
-  // the loss is that model's on the whole batch; the others keep a copy of their own, in
-  // host memory (the device's holds what the plan's estimate counts).
-  const DpSyncConfig& sync = executor_->config().dp_sync;
+  // Under local SGD and gossip each replica holds its own parameters between syncs, and
+  // under any sync its own buffers (batch norm's running statistics, without
+  // sync_batchnorm): the mean of each one's loss on its share of the batch had been the
+  // loss of no model. Every replica evaluates the first replica's (those checkpoints write
+  // and export reads), so the loss is that model's on the whole batch; the others keep a
+  // copy of their own, in host memory (the device's holds what the plan's estimate counts).
+  const bool every_param = executor_->config().dp_sync.local;
+  const auto group = groups_.find(view_.dp_group);
   transport::Communicator* replicas =
-      sync.local && sync.replica_comm && sync.replica_comm->size() > 1 ? sync.replica_comm
-                                                                       : nullptr;
+      view_.dp_group.size() > 1 && group != groups_.end() ? group->second.get() : nullptr;
   std::vector<std::pair<memory::Tensor*, memory::Tensor>> own;  // (a parameter, its own value)
+  bool swapped = false;
   if (replicas) {
     std::vector<transport::WorkPtr> works;
     for (auto& [s, st] : stages_)
       for (int id : st->param_ids()) {
+        if (!every_param && st->graph().params[size_t(id)].trainable) continue;
         memory::Tensor& p = st->param(id);
         if (replicas->rank() != 0)
           own.emplace_back(&p, p.device().is_cpu() ? p.clone() : p.to(memory::Device::cpu()));
         works.push_back(replicas->broadcast(p, 0));
       }
     for (auto& w : works) w->wait();
+    swapped = !works.empty();
   }
   auto restore = [&] {
     for (auto& [p, mine] : own) p->copy_from(mine);
@@ -372,10 +380,10 @@ double RankEngine::evaluate(int64_t batches) {
     for (int64_t k = 0; k < batches; ++k)
       sum += eval_executor_->run_step(k, k + 1 < batches ? k + 1 : -1).loss;
   } catch (...) {
-    if (replicas) restore();
+    if (swapped) restore();
     throw;
   }
-  if (replicas) restore();
+  if (swapped) restore();
   return sum / double(batches);
 }
 

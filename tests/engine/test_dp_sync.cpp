@@ -355,6 +355,68 @@ TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
   }
 }
 
+// Under allreduce and parameter-server syncs the replicas share their trainable
+// parameters but not their buffers: batch norm's running statistics (without
+// sync_batchnorm) are each replica's. The held-out loss is the first replica's model's,
+// the checkpointed one; it had mixed the replicas' statistics.
+TEST(DpSync, HeldOutLossUsesTheFirstReplicasBuffers) {
+  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+  // A token model with a batchnorm2d over an [8, 4, 4] reshape of the embeddings.
+  const json model = json::parse(R"({"type": "graph", "name": "tok-bn",
+    "inputs": [{"name": "tokens", "shape": [8], "dtype": "i32"},
+               {"name": "targets", "shape": [], "dtype": "i32"}],
+    "params": [{"name": "wte", "shape": [256, 16], "init": {"type": "normal", "std": 0.5}},
+               {"name": "bn_w", "shape": [8], "init": {"type": "ones"}},
+               {"name": "bn_b", "shape": [8], "init": {"type": "zeros"}},
+               {"name": "bn_rm", "shape": [8], "init": {"type": "zeros"}, "trainable": false},
+               {"name": "bn_rv", "shape": [8], "init": {"type": "ones"}, "trainable": false},
+               {"name": "w2", "shape": [256, 8], "init": {"type": "normal", "std": 0.5}}],
+    "layers": [{"name": "embed", "nodes": [
+        {"name": "emb", "op": "embedding", "inputs": ["tokens"], "outputs": ["e"],
+         "params": {"weight": "wte"}},
+        {"name": "rs", "op": "reshape", "inputs": ["e"], "outputs": ["e3"],
+         "attrs": {"shape": [8, 4, 4]}}]},
+      {"name": "norm", "nodes": [
+        {"name": "bn", "op": "batchnorm2d", "inputs": ["e3"], "outputs": ["n"],
+         "params": {"weight": "bn_w", "bias": "bn_b", "running_mean": "bn_rm",
+                    "running_var": "bn_rv"}, "attrs": {"momentum": 0.5}},
+        {"name": "gap", "op": "global_avgpool", "inputs": ["n"], "outputs": ["g"]}]},
+      {"name": "head", "nodes": [
+        {"name": "fc", "op": "linear", "inputs": ["g"], "outputs": ["logits"],
+         "params": {"weight": "w2"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "targets"],
+         "outputs": ["loss"]}]}],
+    "loss": "loss"})");
+  for (const json& sync : {json(), json{{"mode", "parameter-server"}, {"max_staleness", 0}}}) {
+    SCOPED_TRACE(sync.dump());
+    PlanSpec p = dp2_plan(sync);
+    p.model = model;
+    p.tp = {1};
+    Workspace ws("dp-sync-eval-bn");
+    RunSettings s;
+    s.steps = 3;
+    s.lr = 5e-2;
+    s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
+    engine::PlanTrainOptions o = train_options(ws, s);
+    o.checkpoint_dir = ws.path("ckpt");
+    const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
+    ASSERT_EQ(got.size(), 3u);
+    ASSERT_TRUE(got.back().eval_loss.has_value());
+    stages::WholeModel trained =
+        stages::load_whole_checkpoint(stages::resolve_checkpoint(ws.path("ckpt")));
+    stages::DataFlags flags;
+    flags.data = {data};
+    flags.eval_data = {data};
+    stages::TrainData d = stages::open_train_data(flags, *trained.graph, "dp-sync-eval-bn");
+    const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+    const double want =
+        stages::evaluate_loss(*trained.stage, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
+    std::printf("  held-out loss %.8f under the plan, %.8f of the checkpoint\n",
+                *got.back().eval_loss, want);
+    EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+  }
+}
+
 // The mode's own state is read back under another spelling of the same schedule (a
 // --schedule file's name is its path as typed: ./x.txt where the checkpoint had x.txt, or
 // another name: header): its keys depend on the stages' placement, not the name. It had
