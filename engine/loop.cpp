@@ -540,10 +540,29 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
           path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
     std::string line;
     int64_t last = -1;  // the last step kept
+    // A line that is no step's record: only the last one may be, cut short by a kill while
+    // it was written; another (a damaged log, or a file that is no loss log) stops the
+    // resume, since rewriting the log up to the checkpoint would delete it.
+    int64_t number = 0, bad = 0;
+    std::string bad_line;
     while (std::getline(old, line)) {
+      ++number;
       auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("step") &&
-          j["step"].is_number_integer() && j["step"].get<int64_t>() <= start) {
+      const bool record = !j.is_discarded() && j.is_object() && j.contains("step") &&
+                          j["step"].is_number_integer();
+      if (bad > 0)
+        throw InputError(path + ":" + std::to_string(bad) +
+                         ": not a loss-log line (expected a JSON object with an integer "
+                         "\"step\"), found " +
+                         memory::json_brief(nlohmann::json(bad_line)) +
+                         "; --resume rewrites the log up to the checkpoint's step and would "
+                         "delete it: repair the line or give another --loss-log");
+      if (!record) {
+        bad = number;
+        bad_line = line;
+        continue;
+      }
+      if (j["step"].get<int64_t>() <= start) {
         keep += line + "\n";
         last = j["step"].get<int64_t>();
       }
@@ -551,20 +570,28 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
     if (old.bad())
       throw InputError(
           path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
+    if (bad > 0)
+      spdlog::warn("{}:{}: the loss log's last line is no step's record (cut short while it was "
+                   "written?): dropped",
+                   path, bad);
     // A run stopped during the evaluation that follows a checkpoint (written first) had
     // not written that step's line: restored from the checkpoint's record where it has
     // one (run_loop), said otherwise.
     lacks_start_ = last == start - 1;
     holds_start_ = last == start;
-    if (last >= 0 && last < start && !(lacks_start_ && restorable))
+    const int64_t from = std::max<int64_t>(last + 1, 1), to = restorable ? start - 1 : start;
+    if (last < start && !(lacks_start_ && restorable) && from <= to)
       spdlog::warn(
-          "{}: the loss log ends at step {}, before the checkpoint's step {} ({}): the "
-          "log goes on without steps {}..{}",
-          path, last, start,
-          lacks_start_ ? "the run stopped between the checkpoint and the step's line, "
-                         "during its evaluation"
-                       : "cut short, or another run's log",
-          last + 1, restorable ? start - 1 : start);
+          "{}: the loss log {}, before the checkpoint's step {} ({}): the log goes on "
+          "without steps {}..{}",
+          path, last >= 0 ? "ends at step " + std::to_string(last) : std::string("has no step"),
+          start,
+          bad > 0        ? "its last line cut short"
+          : lacks_start_ ? "the run stopped between the checkpoint and the step's line, "
+                           "during its evaluation"
+          : last < 0     ? "an empty log, or another run's"
+                         : "cut short, or another run's log",
+          from, to);
   }
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and

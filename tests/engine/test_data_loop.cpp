@@ -337,6 +337,47 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   EXPECT_NE(said.str().find("the loss log ends at step 6, before the checkpoint's step 8"),
             std::string::npos)
       << said.str();
+
+  // A line that is no record, not the last: the resume stops, the log untouched (it had
+  // been dropped without a word; a file that is no loss log had been emptied).
+  const std::vector<nlohmann::json> six = lines();
+  std::string text;
+  for (size_t i = 0; i < six.size(); ++i) text += (i == 1 ? "{\"step\": 2, \"loss\": ," : six[i].dump()) + "\n";
+  std::ofstream(o.loss_log, std::ios::trunc) << text;
+  try {
+    engine::LossLog resumed(o.loss_log, 4);
+    ADD_FAILURE() << "a damaged line dropped";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(o.loss_log + ":2: not a loss-log line", 0), 0u)
+        << e.what();
+  }
+  std::ifstream again(o.loss_log);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(again), {}), text);
+  // The last line cut short (a kill while it was written): dropped, and said.
+  text.clear();
+  for (size_t i = 0; i < 4; ++i) text += six[i].dump() + "\n";
+  text += "{\"step\": 5, \"lo";
+  std::ofstream(o.loss_log, std::ios::trunc) << text;
+  said.str("");
+  spdlog::default_logger()->sinks().push_back(sink);
+  { engine::LossLog resumed(o.loss_log, 5); }
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(lines().size(), 4u);
+  EXPECT_NE(said.str().find(":5: the loss log's last line is no step's record"), std::string::npos)
+      << said.str();
+  EXPECT_NE(said.str().find("(its last line cut short): the log goes on without steps 5..5"),
+            std::string::npos)
+      << said.str();
+  // An empty log at a checkpoint's step: the gap said too (it had been silent).
+  std::ofstream(o.loss_log, std::ios::trunc).flush();
+  said.str("");
+  spdlog::default_logger()->sinks().push_back(sink);
+  { engine::LossLog resumed(o.loss_log, 3); }
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_NE(said.str().find("the loss log has no step, before the checkpoint's step 3 (an empty "
+                            "log, or another run's): the log goes on without steps 1..3"),
+            std::string::npos)
+      << said.str();
 }
 
 // stop_on_signal under watch_stop_signals(), as `baton train` sets it up, in a child
