@@ -439,6 +439,9 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     if (t.has("grad_clip")) t.at("grad_clip").as_double(0, HUGE_VAL);
     for (const char* part : {"lr_schedule", "loss_scale", "local_sgd", "parameter_server"})
       if (t.has(part)) t.at(part).expect_object();
+    // Compared with this run's schedule by its kind (engine/loop.cpp).
+    if (t.has("lr_schedule") && t.at("lr_schedule").has("kind"))
+      t.at("lr_schedule").at("kind").as_string();
   }
   m.train = r.get("train") && !r.at("train").raw().is_null() ? r.at("train").raw() : json::object();
   for (const JsonReader& s : r.at("shards").items()) {

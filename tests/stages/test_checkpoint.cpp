@@ -865,6 +865,10 @@ TEST(Checkpoint, ManifestNestedFieldsAreChecked) {
          m.train = {{"lr_schedule", 3}};
        },
        "$.train.lr_schedule"},
+      {[](Manifest& m) {
+         m.train = {{"lr_schedule", {{"kind", 3}}}};
+       },
+       "$.train.lr_schedule.kind"},
       {[](Manifest& m) { m.train = json::array(); }, "$.train"},
       {[](Manifest& m) {
          m.data = {{"position", -1}};
