@@ -380,7 +380,10 @@ bool has_fingerprint(const nlohmann::json& j) {
 nlohmann::json data_manifest(const stages::TrainData& d, int64_t position) {
   nlohmann::json j = {{"position", position}, {"train", d.train->to_json()}};
   add_fingerprints(j["train"]);
-  if (d.eval) j["eval"] = d.eval->to_json();
+  if (d.eval) {
+    j["eval"] = d.eval->to_json();
+    add_fingerprints(j["eval"]);
+  }
   return j;
 }
 
@@ -509,6 +512,26 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
     spdlog::warn(
         "{}/manifest.json: $.data.train: the checkpoint was written for {}; continuing with {}",
         dir, text_of(m.data["train"]), text_of(data["train"]));
+  // The held-out data and batches: the held-out losses after the resume are of others.
+  const nlohmann::json no_eval;
+  const nlohmann::json& was_eval =
+      m.data.is_object() && m.data.contains("eval") ? m.data["eval"] : no_eval;
+  const nlohmann::json& now_eval = data.contains("eval") ? data["eval"] : no_eval;
+  if (!was_eval.is_null() && !now_eval.is_null() &&
+      comparable_data(was_eval, has_fingerprint(was_eval)) !=
+          comparable_data(now_eval, has_fingerprint(was_eval)))
+    spdlog::warn(
+        "{}/manifest.json: $.data.eval: the checkpoint's run held out {}; continuing with {} (the "
+        "held-out losses before and after the resume are of different data)",
+        dir, text_of(was_eval), text_of(now_eval));
+  if (m.train.is_object() && m.train.contains("eval_batches") &&
+      m.train["eval_batches"].is_number_integer() && !now_eval.is_null() &&
+      m.train["eval_batches"].get<int64_t>() != o.eval_batches)
+    spdlog::warn(
+        "{}/manifest.json: $.train.eval_batches: the checkpoint's run averaged {} held-out "
+        "batches; continuing with --eval-batches {} (the held-out losses before and after the "
+        "resume are of different batches)",
+        dir, m.train["eval_batches"].get<int64_t>(), o.eval_batches);
   // Image checkpoints before "train" recorded the directory and image count beside the
   // position: those two are compared.
   if (m.data.is_object() && !m.data.contains("train") && m.data.contains("dir") &&

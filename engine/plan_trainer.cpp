@@ -1151,6 +1151,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"plan", r.plan.source},
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
   if (stop_ids) base.train["eos_token_ids"] = *stop_ids;
+  if (!images && data.eval) base.train["eval_batches"] = o.eval_batches;
   if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r, 0);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
     base.train["parameter_server"] = own_state_layout(r, int64_t(o.bucket_bytes));

@@ -275,6 +275,7 @@ TrainSummary run_training(const TrainOptions& o,
                {"steps", o.steps},
                {"lr_schedule", lr_schedule_of(o).to_json()}};
     if (stop_ids) m.train["eos_token_ids"] = *stop_ids;
+    if (data.eval) m.train["eval_batches"] = o.eval_batches;
     if (!pending.is_null()) m.train["pending_step"] = pending;
     save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);

@@ -376,6 +376,34 @@ TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
   m.data["train"].erase("contents");
   EXPECT_EQ(warnings(ws.dir + "/./tok.txt"), "");
   EXPECT_NE(warnings(ws.path("link.txt")).find("$.data.train"), std::string::npos);
+
+  // Other held-out data or batches: the held-out losses change series (it had been silent).
+  const std::string held = ws.path("held.txt"), other = ws.path("other.txt");
+  memory::write_file_durably(held, std::string(64, 'c'));
+  memory::write_file_durably(other, std::string(64, 'd'));
+  d.eval = std::make_shared<stages::ByteDataset>(held, 4);
+  m.data = engine::data_manifest(d, 2);
+  m.train["eval_batches"] = 1;
+  ASSERT_TRUE(m.data["eval"].contains("contents")) << m.data.dump();
+  auto eval_warnings = [&](const std::string& path, int64_t batches) {
+    stages::TrainData now;
+    now.train = std::make_shared<stages::ByteDataset>(file, 4);
+    now.eval = std::make_shared<stages::ByteDataset>(path, 4);
+    o.eval_batches = batches;
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::warn_resume_changes(m, "ck", engine::data_manifest(now, 2), o, 8);
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  EXPECT_EQ(eval_warnings(held, 1), "");
+  EXPECT_NE(eval_warnings(other, 1).find("ck/manifest.json: $.data.eval: the checkpoint's run "
+                                         "held out"),
+            std::string::npos);
+  EXPECT_NE(eval_warnings(held, 3).find("$.train.eval_batches: the checkpoint's run averaged 1 "
+                                        "held-out batches; continuing with --eval-batches 3"),
+            std::string::npos);
 }
 
 // An image directory is known by its files' contents too: `d/`, `d` and `./d` are one
