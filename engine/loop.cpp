@@ -918,6 +918,13 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
   }
   // A run of no steps with a checkpoint directory writes its initial weights as step 0:
   // the way to export them, or to start an outside reference from them.
+  // With held-out data it evaluates them: the held-out loss before training (a run of no
+  // steps had evaluated nothing, without a word).
+  if (o.steps == 0 && start == 0 && steps.evaluate) {
+    const double loss = steps.evaluate();
+    summary.evaluations.emplace_back(0, loss);
+    if (lead) spdlog::info("step      0/0 | val loss {:.4f} (the initial weights)", loss);
+  }
   if (o.steps == 0 && start == 0 && !o.checkpoint_dir.empty()) {
     check_data(true);
     summary.last_checkpoint = steps.checkpoint(0, nullptr);

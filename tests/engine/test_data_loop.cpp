@@ -248,6 +248,37 @@ TEST(DataLoop, PlanResumesMidDecay) {
 // checkpoint. A checkpoint of a step without evaluation still follows the step's line (a
 // run killed between the two resumes with the line). A log that ends before the resumed
 // checkpoint's step (a run killed during that evaluation) is said.
+// A run of no steps with held-out data evaluates the initial weights, as step 0 of the
+// summary's evaluations, and writes them as step 0 (it had evaluated nothing, silently).
+TEST(DataLoop, NoStepsEvaluatesTheInitialWeights) {
+  Workspace ws("data_loop_no_steps");
+  engine::LoopOptions o;
+  o.steps = 0;
+  o.checkpoint_dir = ws.path("ckpt");
+  o.log_every = 0;
+  engine::LoopSteps steps;
+  int trained = 0, evaluations = 0;
+  std::vector<int64_t> saved;
+  steps.step = [&](int64_t step) {
+    ++trained;
+    return engine::StepRecord{step + 1, 1, 1, 1};
+  };
+  steps.checkpoint = [&](int64_t done, const nlohmann::json&) {
+    saved.push_back(done);
+    return ws.path("ckpt/step-0");
+  };
+  steps.evaluate = [&] {
+    ++evaluations;
+    return 6.25;
+  };
+  const engine::TrainSummary s = engine::run_loop(o, 0, 1, true, steps, {});
+  EXPECT_EQ(trained, 0);
+  EXPECT_EQ(evaluations, 1);
+  ASSERT_EQ(s.evaluations.size(), 1u);
+  EXPECT_EQ(s.evaluations[0], (std::pair<int64_t, double>{0, 6.25}));
+  EXPECT_EQ(saved, std::vector<int64_t>{0});
+}
+
 TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   Workspace ws("data_loop_eval_fails");
   engine::LoopOptions o;
