@@ -774,13 +774,22 @@ void write_trace(Communicator& world, const std::vector<schedule::TimelineEvent>
 
 namespace {
 
-// What `baton plan --check` estimates for each rank, with this run's buffer settings.
+// What `baton plan --check` estimates for each rank, with this run's buffer settings and,
+// where the plan names no optimizer, this run's (a plan without one is estimated with
+// AdamW's two states: an sgd run had been refused for memory it never used).
 partitioner::PlanEstimate estimate_of(const ResolvedPlan& r, const PlanTrainOptions& o) {
   partitioner::CostModel model(r.graph, partitioner::Machine{});
   partitioner::EvaluateOptions eval;
   eval.bucket_bytes = o.bucket_bytes;
   eval.recv_ahead = o.recv_ahead;
-  return partitioner::evaluate_plan(r, model, eval);
+  const std::string mine = o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
+                           : o.optimizer.sgd.momentum > 0                           ? "sgd-momentum"
+                                                                                    : "sgd";
+  if (r.plan.optimizer_stated || r.plan.optimizer == mine)
+    return partitioner::evaluate_plan(r, model, eval);
+  ResolvedPlan run = r;
+  run.plan.optimizer = mine;
+  return partitioner::evaluate_plan(run, model, eval);
 }
 
 // A plan whose estimate exceeds the device's cap (its device_memory, or --device-memory)

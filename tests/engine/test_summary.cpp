@@ -5,6 +5,8 @@
 
 #include "engine_harness.h"
 #include "memory/file_io.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
 
 namespace baton::engine_testing {
 namespace {
@@ -108,6 +110,24 @@ TEST(Summary, PlanHasEveryRankAndItsEstimate) {
     EXPECT_EQ(j["ranks"][size_t(k)]["rank"], k);
     EXPECT_GT(j["ranks"][size_t(k)]["peak_bytes"].get<int64_t>(), 0);
     EXPECT_GT(j["ranks"][size_t(k)]["estimated_peak_bytes"].get<int64_t>(), 0);
+  }
+  // A plan naming no optimizer is estimated with the run's: sgd's no state (AdamW's two
+  // had been counted, and a run that fits refused) is the estimate of the plan naming sgd.
+  o.optimizer.kind = stages::OptimizerConfig::Kind::sgd;
+  o.optimizer.sgd.lr = 1e-2;
+  run_threads(resolve(p, ws), o);
+  const json sgd = read_summary(o.summary_path);
+  auto named = std::make_shared<partitioner::ResolvedPlan>(*resolve(p, ws));
+  named->plan.optimizer = "sgd";
+  named->plan.optimizer_stated = true;
+  partitioner::CostModel model(named->graph, partitioner::Machine{});
+  partitioner::EvaluateOptions ev;
+  ev.bucket_bytes = o.bucket_bytes;
+  ev.recv_ahead = o.recv_ahead;
+  const partitioner::PlanEstimate e = partitioner::evaluate_plan(*named, model, ev);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(sgd["ranks"][k]["estimated_peak_bytes"].get<int64_t>(), e.ranks[k].peak);
+    EXPECT_LT(e.ranks[k].peak, j["ranks"][k]["estimated_peak_bytes"].get<int64_t>());
   }
 }
 
