@@ -340,6 +340,14 @@ bool has_magic(const std::string& p) {
 bool ends_with(const std::string& s, const std::string& e) {
   return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
 }
+// NumPy's .npy magic: an array file, which read as text had trained on its header and
+// its bytes.
+bool is_npy(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  char m[6] = {};
+  in.read(m, 6);
+  return in.gcount() == 6 && std::string(m, 6) == "\x93NUMPY";
+}
 }  // namespace
 
 std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
@@ -371,6 +379,13 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
       f = "tokens";
     else
       f = "text";
+    if (f != "megatron" && is_npy(path))
+      throw InputError(path +
+                       ": a NumPy array (.npy), which token data is not (docs/formats/data.md: "
+                       "flat tokens, a Megatron dataset or text): write its tokens raw, "
+                       "`np.asarray(a, np.uint16).tofile('tokens.bin')`, and give --data "
+                       "tokens.bin (--token-dtype uint32 for ids of 65536 and over); images go "
+                       "in a directory with images.npy and labels.npy");
   }
   if (!token_dtype.empty() && f != "tokens")
     throw InputError("--token-dtype: only flat token files take a token type; " + path +

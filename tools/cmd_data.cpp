@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -327,12 +328,18 @@ int run_prepare(const std::vector<std::string>& args) {
   check_input_file(input, "a text or JSON Lines file");
   std::ifstream in(input, std::ios::binary);
   if (!in) throw InputError(input + ": cannot open file (missing or unreadable)");
-  // JSON Lines under either name, as tools/hf_tokenize.py reads them (docs/formats/data.md).
-  const bool jsonl = input.ends_with(".jsonl") || input.ends_with(".json");
+  // JSON Lines under any of its names, in any case, as tools/hf_tokenize.py reads them
+  // (docs/formats/data.md): corpus.JSONL had been read as text, a document per raw line.
+  std::string ext = std::filesystem::path(input).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool jsonl = ext == ".jsonl" || ext == ".json" || ext == ".ndjson";
   // A text corpus's lines are documents as they are: the key had been ignored.
   if (!jsonl && !vm["json-key"].defaulted())
     throw InputError("--json-key applies to .jsonl or .json input (JSON Lines), found --input " +
                      input + " (a text file: a document per line)");
+  // "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin and
+  // tok.bin.idx had been written, which --data tok.bin did not find).
+  if (out.ends_with(".bin") || out.ends_with(".idx")) out.resize(out.size() - 4);
   check_output_prefix(out, ".bin");
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
@@ -529,6 +536,13 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
                            ": no text to train on after SentencePiece's normalisation "
                            "(every line blank, control characters or such) for --vocab-size " +
                            std::to_string(vocab));
+        // Below the least --vocab-size takes, "at most M" had sent the user to a value the
+        // flag then refused.
+        if (std::stoll(most) < 8)
+          throw InputError(input + ": too little text for a tokenizer: SentencePiece's " +
+                           model_type + " model of this corpus has at most " + most +
+                           " pieces, fewer than the least --vocab-size (8), after its "
+                           "normalisation; give a larger corpus");
         throw InputError("--vocab-size: expected at most " + most + " for " + input + " (" +
                          model_type + ": SentencePiece's limit for this corpus), found " +
                          std::to_string(vocab));

@@ -106,7 +106,7 @@ def documents(path, key):
     end at "\n" only (Python's universal newlines had split a line at a lone "\r"), and a
     CRLF line's "\r" is dropped (a byte-level BPE had ended every document of a CRLF file
     with a "\r" token). A blank JSON line is no record."""
-    jsonl = path.endswith(".jsonl") or path.endswith(".json")
+    jsonl = os.path.splitext(path)[1].lower() in (".jsonl", ".json", ".ndjson")
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -206,6 +206,10 @@ def main():
     # Alone it had been ignored, even naming a token the tokenizer lacks.
     if args.eod_token is not None and not args.append_eod:
         fail(f"--eod-token {args.eod_token}: names the token --append-eod appends; give --append-eod too")
+    # "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin had been
+    # written, which --data tok.bin did not find).
+    if args.out.endswith((".bin", ".idx")):
+        args.out = args.out[:-4]
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):
         fail(f"--out {args.out}: no directory {out_dir}")

@@ -500,6 +500,13 @@ TEST(TokenStore, FlatTokensAndText) {
   auto t = open_token_store(txt, "auto", "");
   EXPECT_EQ(t->format(), "text");
   EXPECT_EQ(read_all(*t), (std::vector<int64_t>{'h', 'e', 'l', 'l', 'o'}));
+  // A NumPy array is refused (it had been read as text, its header and bytes as tokens),
+  // unless text is asked for.
+  const std::string npy = tmp("toks.npy");
+  std::ofstream(npy, std::ios::binary) << std::string("\x93NUMPY\x01\x00v\x00{'descr': '<u2'", 30);
+  data_expect_input_error([&] { open_token_store(npy, "auto", ""); },
+                          {npy + ": a NumPy array (.npy)", ".tofile('tokens.bin')"});
+  EXPECT_EQ(open_token_store(npy, "text", "")->format(), "text");
   // Forced formats; a text file with a token type is a mistake.
   EXPECT_EQ(open_token_store(u16, "text", "")->num_tokens(), 6);
   data_expect_input_error([&] { open_token_store(txt, "auto", "uint16"); },

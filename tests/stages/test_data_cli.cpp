@@ -425,6 +425,35 @@ TEST(DataCli, TrainTokenizerNamesTheLimitsSentencePieceFinds) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir() + "/tu.model"));
+  // A limit below the least --vocab-size: the corpus is named, not a value the flag then
+  // refuses (it had said "expected at most 6", then "expected at least 8"). NULs alike.
+  const std::string tiny = dir() + "/tiny.txt", nul = dir() + "/nul.txt";
+  std::ofstream(tiny) << "a\n";
+  std::ofstream(nul, std::ios::binary) << std::string("\0\0\n\0\n", 5);
+  for (const std::string& corpus : {tiny, nul}) {
+    r = baton("train-tokenizer --input " + corpus + " --out " + dir() + "/tt --vocab-size 8");
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_NE(r.output.find(corpus + ": too little text for a tokenizer: SentencePiece's bpe model "
+                                     "of this corpus has at most "),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+// prepare reads JSON Lines under .ndjson and upper-case names too (corpus.JSONL had been
+// read as text, a document per raw line), and takes --out tok.bin as the prefix tok (it
+// had written tok.bin.bin, which --data tok.bin did not find).
+TEST(DataCli, PrepareTakesJsonLinesNamesAndABinOut) {
+  for (const std::string name : {"c.JSONL", "c.ndjson"}) {
+    const std::string jsonl = dir() + "/" + name, out = dir() + "/named.bin";
+    std::ofstream(jsonl) << "{\"text\": \"the licensee may copy\"}\n\n{\"text\": \"and "
+                            "distribute\"}\n";
+    Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + jsonl + " --out " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    auto s = TokenStore::open_megatron(dir() + "/named");
+    EXPECT_EQ(s->num_documents(), 2) << name;
+    EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
+  }
 }
 
 // inspect checks --tokenizer before printing anything (a bad one had come after the
