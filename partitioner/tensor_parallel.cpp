@@ -273,14 +273,24 @@ class ShardingPass {
   }
   // Padded parts of ceil(n / t): every rank must hold at least one real element.
   void check_padded_parts(int node, int t, int64_t n, const std::string& what) const {
-    const int64_t part = (n + t - 1) / t;
-    if (part * (t - 1) < n) return;
-    throw InputError(split_where(node) + ": tensor-parallel degree " + std::to_string(t) +
-                     " over the " + what + " = " + std::to_string(n) + " of " + node_ref(node) +
-                     " leaves the last ranks no part (parts of " + std::to_string(part) +
-                     "); use a degree of at most " + std::to_string(n) +
-                     " that leaves every rank part of it, or keep it whole with \"splits\": {\"" +
-                     g_.nodes[size_t(node)].name + "\": \"none\"}");
+    auto fits = [n](int64_t d) { return (n + d - 1) / d * (d - 1) < n; };
+    if (fits(t)) return;
+    std::string degrees;  // those up to 2t that do
+    for (int64_t d = 2; d <= std::min<int64_t>(n, 2 * int64_t(t)); ++d)
+      if (fits(d)) degrees += (degrees.empty() ? "" : ", ") + std::to_string(d);
+    // The nodes sharing the parameter (a tied LM head) must be kept whole with it.
+    std::string nodes;
+    const int param = g_.nodes[size_t(node)].params[0];
+    for (int user : g_.params[size_t(param)].users)
+      nodes += (nodes.empty() ? "\"" : ", \"") + g_.nodes[size_t(user)].name + "\": \"none\"";
+    throw InputError(
+        split_where(node) + ": tensor-parallel degree " + std::to_string(t) + " over the " + what +
+        " = " + std::to_string(n) + " of " + node_ref(node) +
+        " leaves the last ranks no part (parts of " + std::to_string((n + t - 1) / t) + "); " +
+        (degrees.empty() ? std::string()
+                         : "degrees up to " + std::to_string(2 * t) +
+                               " that leave every rank part of it: " + degrees + "; ") +
+        "or keep it whole with \"splits\": {" + nodes + "}");
   }
   bool feeds_attention(int value, int t) const {
     const auto& cons = g_.values[size_t(value)].consumers;
@@ -386,10 +396,17 @@ class ShardingPass {
                          : "split along dimension " + std::to_string(s.dim) + " over " +
                                std::to_string(s.t) + " ranks";
       };
-      throw InputError(where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " + desc(have) +
-                       " by " + node_ref(have.first_user) + " but " + desc(want) + " by " +
-                       node_ref(node) +
-                       "; nodes sharing a parameter need the same split (and the same degree)");
+      // One side whole (an override made it so, maybe downstream: "loss": "none" keeps a
+      // tied LM head whole): the way out is both whole.
+      const std::string both =
+          have.dim < 0 || want.dim < 0
+              ? " (keep both whole: \"splits\": {\"" + g_.nodes[size_t(have.first_user)].name +
+                    "\": \"none\", \"" + g_.nodes[size_t(node)].name + "\": \"none\"})"
+              : std::string();
+      throw InputError(
+          where_ + ": parameter '" + g_.params[size_t(p)].name + "' is " + desc(have) + " by " +
+          node_ref(have.first_user) + " but " + desc(want) + " by " + node_ref(node) +
+          "; nodes sharing a parameter need the same split (and the same degree)" + both);
     }
   }
   void replicate_params(int node) {

@@ -180,10 +180,19 @@ class VocabParallelCrossEntropy final : public OpBase {
   void forward(ForwardCall& c) const override {
     transport::Communicator& comm = tp_of(c.ctx, name_);
     Tensor logits = as_rows(c.inputs[0]);
+    Tensor buffer;  // the gradient's, holding the masked copy (training)
     if (real_ < v_) {
       // Padding: -inf adds nothing to the maxima and sums and gets a zero gradient (the
-      // exp of -inf is 0 in every kernel), so the loss is the unpadded vocabulary's.
-      if (!c.may_overwrite(0)) logits = logits.clone();
+      // exp of -inf is 0 in every kernel), so the loss is the unpadded vocabulary's. Logits
+      // with another reader (recomputed, kept) are copied into the gradient's buffer, which
+      // the kernels overwrite in place as they do the logits otherwise: no more memory than
+      // an unpadded shard (a separate copy had put the padded rank over its estimate).
+      if (!c.may_overwrite(0)) {
+        buffer = c.alloc(c.inputs[0].shape(), dtype_);
+        buffer.copy_from(c.inputs[0]);
+        logits = as_rows(buffer);
+        if (!c.ctx.training) buffer = Tensor();
+      }
       logits.narrow(1, real_, v_ - real_).fill_(-std::numeric_limits<double>::infinity());
     }
     Tensor targets = c.inputs[1].view({-1});
@@ -197,16 +206,19 @@ class VocabParallelCrossEntropy final : public OpBase {
       // each rank's sum rescaled to the global max in between (kernels/fused.h).
       Tensor local = c.alloc({2, n}, dtype_);
       Tensor local_max = local.select(0, 0), local_sum = local.select(0, 1);
-      finish_cross_entropy(c, dtype_, losses, [&](double grad_scale, Tensor& dlogits) {
-        kernels::ce_local_forward(logits, targets, offset_, grad_scale, local_max, local_sum,
-                                  target_logit, dlogits);
-        row_max.copy_from(local_max);
-        comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
-        kernels::ce_local_share(local_max, local_sum, row_max, sum_exp);
-        comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
-        kernels::ce_local_finish(targets, offset_, local_max, local_sum, row_max, sum_exp,
-                                 target_logit, grad_scale, losses, dlogits);
-      });
+      finish_cross_entropy(
+          c, dtype_, losses,
+          [&](double grad_scale, Tensor& dlogits) {
+            kernels::ce_local_forward(logits, targets, offset_, grad_scale, local_max, local_sum,
+                                      target_logit, dlogits);
+            row_max.copy_from(local_max);
+            comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
+            kernels::ce_local_share(local_max, local_sum, row_max, sum_exp);
+            comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
+            kernels::ce_local_finish(targets, offset_, local_max, local_sum, row_max, sum_exp,
+                                     target_logit, grad_scale, losses, dlogits);
+          },
+          buffer);
       return;
     }
     // CUDA: the three steps, each a pass over the logits.
@@ -214,10 +226,13 @@ class VocabParallelCrossEntropy final : public OpBase {
     comm.all_reduce(row_max, transport::ReduceOp::max)->wait();
     kernels::ce_sum_exp(logits, targets, offset_, row_max, sum_exp, target_logit);
     comm.all_reduce(sums, transport::ReduceOp::sum)->wait();
-    finish_cross_entropy(c, dtype_, losses, [&](double grad_scale, Tensor& dlogits) {
-      kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit, grad_scale,
-                         losses, dlogits);
-    });
+    finish_cross_entropy(
+        c, dtype_, losses,
+        [&](double grad_scale, Tensor& dlogits) {
+          kernels::ce_finish(logits, targets, offset_, row_max, sum_exp, target_logit, grad_scale,
+                             losses, dlogits);
+        },
+        buffer);
   }
 
   void backward_input(BackwardCall& c) const override {

@@ -45,11 +45,14 @@ int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows) {
 }
 
 void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& losses,
-                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute) {
+                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute,
+                          const Tensor& buffer) {
   const double denom = loss_denominator(c.ctx, c.inputs[1]);
   Tensor dlogits;
   if (c.ctx.training)
-    dlogits = c.may_overwrite(0) ? c.inputs[0] : c.alloc(c.inputs[0].shape(), dtype);
+    dlogits = c.may_overwrite(0) ? c.inputs[0]
+              : buffer.defined() ? buffer
+                                 : c.alloc(c.inputs[0].shape(), dtype);
   Tensor dl2 = dlogits.defined() ? as_rows(dlogits) : Tensor();
   compute(c.ctx.mb.loss_scale / denom, dl2);
   c.outputs[0] = sum_losses(losses, denom);

@@ -15,8 +15,9 @@ int64_t check_cross_entropy_inputs(const OpSpec& spec, int64_t& rows);
 // dlogits (undefined otherwise), scaled by grad_scale (the loss scale over the
 // denominator, MicroBatch::loss_tokens); then the output (the losses' sum over the
 // denominator) and the gradient saved for backward, in input 0 when forward may
-// overwrite it.
+// overwrite it, else in `buffer` when given (a copy of the logits the op computes on).
 void finish_cross_entropy(ForwardCall& c, DType dtype, const Tensor& losses,
-                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute);
+                          const std::function<void(double grad_scale, Tensor& dlogits)>& compute,
+                          const Tensor& buffer = {});
 
 }  // namespace baton::stages::ops

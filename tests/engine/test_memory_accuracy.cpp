@@ -60,6 +60,20 @@ TEST(MemoryAccuracy, PipelineTensorDataParallel) {
   expect_accurate(gpt({2, 2}, 2, "zb-v"));
 }
 
+// A vocabulary TP does not divide, its head recomputed: the padded rank's loss masks a copy
+// of the logits (they have another reader), made in the gradient's buffer. A copy of its
+// own had put that rank one logits shard over the estimate (25 MB at GPT-2's vocabulary).
+TEST(MemoryAccuracy, PaddedVocabularyRecomputed) {
+  PlanSpec p;
+  p.model = tiny_gpt_json(1);
+  p.model["vocab_size"] = 4099;
+  p.tp = {2};
+  p.micro_batches = 1;
+  expect_accurate(
+      p,
+      {{"stages", json::array({{{"layers", {"embed", "h.0", "head"}}, {"recompute", {"head"}}}})}});
+}
+
 // A post-validated optimizer step: the copy of the parameters and optimizer state it
 // takes before updating (docs/engine.md), here above the tied wte's bucket.
 TEST(MemoryAccuracy, PostValidatedStep) {

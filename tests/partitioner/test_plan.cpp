@@ -212,8 +212,8 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 3 over the vocabulary (table rows) "
             "= 4 of embedding node 'wte' (layer embed) leaves the last ranks no part (parts of "
-            "2); use a degree of at most 4 that leaves every rank part of it, or keep it whole "
-            "with \"splits\": {\"wte\": \"none\"}");
+            "2); degrees up to 6 that leave every rank part of it: 2, 4; or keep it whole with "
+            "\"splits\": {\"wte\": \"none\", \"lm_head\": \"none\"}");
   // The hidden size of an MLP's split linear.
   j["model"] = {
       {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};
@@ -489,6 +489,15 @@ TEST(Plan, DpSync) {
     const std::string got = plan_error_of(j);
     EXPECT_NE(got.find("plan.json: " + want), std::string::npos) << got;
   }
+  // Extra server ranks are not devices: the devices message says so (it had read as if the
+  // job's ranks were the devices, which `baton launch -n` then contradicted).
+  j["dp_sync"] = {{"mode", "parameter-server"}, {"max_staleness", 1}, {"ps_ranks", 1}};
+  j["devices"] = j["devices"].get<int>() + 1;
+  EXPECT_NE(plan_error_of(j).find("(the training ranks: $.dp_sync.ps_ranks are not counted here, "
+                                  "but `baton launch -n` counts them)"),
+            std::string::npos)
+      << plan_error_of(j);
+  j["devices"] = j["devices"].get<int>() - 1;
   j["dp_sync"] = {{"mode", "gossip"}, {"peers", 1}, {"seed", 7}};
   Plan g = plan_check(j).plan;
   EXPECT_EQ(g.dp_sync.mode, DpSync::Mode::gossip);
@@ -950,7 +959,8 @@ TEST(Plan, SplitOverridesAndRecompute) {
             "ranks by embedding node "
             "'wte' (layer embed) but replicated by linear node 'lm_head' (layer head); nodes "
             "sharing a parameter need "
-            "the same split (and the same degree)");
+            "the same split (and the same degree) (keep both whole: \"splits\": {\"wte\": "
+            "\"none\", \"lm_head\": \"none\"})");
   j["splits"] = {{"lm_head", "none"}, {"wte", "none"}, {"h.1.mlp.c_fc", "none"}};
   ResolvedPlan r = plan_check(j);
   auto kind_of = [&](const std::string& node) {
