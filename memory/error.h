@@ -33,6 +33,13 @@ inline std::string printable(std::string_view s, bool keep_lines = false) {
   return out;
 }
 
+// A value echoed in a message, cut to `max` bytes: a 10 MB field or token had made a
+// 10 MB message.
+inline std::string brief(std::string_view s, size_t max = 60) {
+  if (s.size() <= max) return std::string(s);
+  return std::string(s.substr(0, max - 3)) + "... (" + std::to_string(s.size()) + " bytes)";
+}
+
 // Something the user gave us is wrong: a file, a JSON field, a flag. The message says
 // where (file, JSON path), what was expected and what was found. Messages echo what was
 // found, so they are kept printable: a NUL in a token had cut the message short.

@@ -42,7 +42,7 @@ bool is_digit(char c) {
 size_t parse_bytes(std::string_view text) {
   const std::string s(text);
   const auto invalid = [&](const std::string& why) {
-    return InputError("invalid size '" + s + "': " + why);
+    return InputError("invalid size '" + brief(s) + "': " + why);
   };
   // The number is scanned here, not by strtod, which also takes leading spaces, a sign,
   // hex, inf and nan: digits, an optional fraction, an optional exponent.

@@ -49,7 +49,7 @@ std::string composite_token(const Action& forward, const Action& backward) {
 
 Action parse_token(std::string_view token, const std::string& where) {
   auto fail = [&](const std::string& why) -> Action {
-    throw InputError(where + ": bad action '" + std::string(token) + "': " + why +
+    throw InputError(where + ": bad action '" + brief(token) + "': " + why +
                      " (expected <stage><kind><micro-batch> such as 1F3, 0B2, 2W0, 1BW4, "
                      "0SEND_F3, 1RECV_F3, 1SEND_B3, 0RECV_B3; or <stage>REDUCE; or STEP)");
   };
@@ -81,7 +81,7 @@ Action parse_token(std::string_view token, const std::string& where) {
   auto mb = detail::parse_index(mb_text);
   if (!mb)
     return fail(mb_text.empty() ? "the micro-batch number is missing"
-                                : "'" + std::string(mb_text) + "' is not a micro-batch number");
+                                : "'" + brief(mb_text) + "' is not a micro-batch number");
   if (*mb > detail::kMaxIndex) return fail(detail::too_large("micro-batch", mb_text));
   return Action{*kind, int32_t(*mb), int32_t(*stage), -1};
 }

@@ -207,7 +207,10 @@ Schedule load_schedule(const std::string& path) {
   const std::string file = memory::read_file(path);
   const std::string_view text = memory::skip_utf8_bom(file);
   size_t first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '{') return parse_json(text, path);
+  // A .json file is JSON whatever it holds: "[1,2]" had been read as a text schedule's
+  // actions, an empty file as one without rank lines.
+  if ((first != std::string::npos && text[first] == '{') || detail::has_extension(path, ".json"))
+    return parse_json(text, path);
   return parse_text(text, path);
 }
 

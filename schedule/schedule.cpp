@@ -78,8 +78,13 @@ std::vector<int> bidirectional_placement(int num_ranks) {
   return v_placement(num_ranks, 2);
 }
 
-void check_header(const Schedule& s, const std::string& where) {
-  auto fail = [&](const std::string& what) { throw InputError(where + ": " + what); };
+void check_header(const Schedule& s, const std::string& where,
+                  const std::map<std::string, std::string>& fields) {
+  // The field is the message's first word ("ranks: ...").
+  auto fail = [&](const std::string& what) {
+    const auto at = fields.find(what.substr(0, what.find_first_of(":[ ")));
+    throw InputError((at == fields.end() ? where : at->second) + ": " + what);
+  };
   constexpr int kMaxRanks = 1 << 16;
   constexpr long long kMaxPairs = 1LL << 22;  // stages x micro-batches the tools index
   if (s.num_ranks < 1 || s.num_ranks > kMaxRanks)

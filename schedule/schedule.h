@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,9 @@ std::vector<int> bidirectional_placement(int num_ranks);
 // Checks the header fields (counts in range, placement onto existing ranks, every
 // rank listed, micro-batches divisible by directions). Throws InputError naming
 // `where`.
-void check_header(const Schedule& s, const std::string& where);
+// `fields`: where each header field was written, when it has a place of its own (a text
+// file's line: "s.txt:3"), which its errors name instead of `where`.
+void check_header(const Schedule& s, const std::string& where,
+                  const std::map<std::string, std::string>& fields = {});
 
 }  // namespace baton::schedule

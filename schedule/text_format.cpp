@@ -97,6 +97,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
   Schedule s;
   std::optional<int> ranks, micro_batches, directions;
   bool have_placement = false, have_name = false;
+  std::map<std::string, std::string> fields;  // header field -> its line ("s.txt:3")
   int line_no = 0;
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -142,6 +143,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
       if (!s.ranks.empty())
         throw InputError(where + ": header line '" + std::string(key) + ":' after the rank lines");
       auto values = split_tokens(rest);
+      fields[key == "micro-batches" ? "micro_batches" : std::string(key)] = where;
       if (key == "placement") {
         if (have_placement) throw InputError(where + ": placement given twice");
         have_placement = true;
@@ -195,7 +197,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     throw InputError(where + ": no rank lines (expected one line of actions per rank)");
   s.num_ranks = ranks.value_or(static_cast<int>(s.ranks.size()));
   if (s.num_ranks != static_cast<int>(s.ranks.size()))
-    throw InputError(where + ": ranks: " + std::to_string(s.num_ranks) + " but " +
+    throw InputError(fields.at("ranks") + ": ranks: " + std::to_string(s.num_ranks) + " but " +
                      std::to_string(s.ranks.size()) + " rank lines");
   s.num_directions = directions.value_or(1);
   int max_stage = -1, max_mb = -1;
@@ -215,7 +217,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     int d = std::max(1, s.num_directions);
     s.num_micro_batches = std::max(1, (max_mb + d) / d * d);
   }
-  check_header(s, where);
+  check_header(s, where, fields);
   assign_peers(s);
   return s;
 }

@@ -88,7 +88,7 @@ const char* const kTorchCodes[] = {"F",           "I",
 // "<stage><type><micro-batch>", as PyTorch's _Action.from_str reads it.
 Raw parse_simple(std::string_view t, const std::string& where) {
   auto fail = [&](const std::string& why) -> Raw {
-    throw InputError(where + ": bad action '" + std::string(t) + "': " + why +
+    throw InputError(where + ": bad action '" + brief(t) + "': " + why +
                      " (expected <stage><type><micro-batch> with type F, I, B, W, SEND_F, "
                      "RECV_F, SEND_B, RECV_B, REDUCE_GRAD; or (<action>;<action>)OVERLAP_F_B)");
   };

@@ -183,7 +183,7 @@ void JsonReader::fail(const std::string& expected) const {
 }
 
 void JsonReader::fail(const std::string& expected, const std::string& found) const {
-  throw InputError(where() + ": expected " + expected + ", found " + found);
+  throw InputError(where() + ": expected " + expected + ", found " + brief(found, 200));
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "memory/error.h"
 #include "schedule/schedule.h"
 
 namespace baton::schedule::detail {
@@ -87,7 +88,7 @@ inline std::optional<int64_t> parse_index(std::string_view text) {
 }
 
 inline std::string too_large(std::string_view what, std::string_view text) {
-  return "the " + std::string(what) + " number " + std::string(text) + " is too large (at most " +
+  return "the " + std::string(what) + " number " + brief(text) + " is too large (at most " +
          std::to_string(kMaxIndex) + ")";
 }
 

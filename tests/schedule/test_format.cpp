@@ -175,7 +175,7 @@ TEST(ScheduleText, ReadsResearcherShorthand) {
 
 TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
   struct Case {
-    const char* text;
+    std::string text;
     const char* where;
     const char* what;
   };
@@ -184,18 +184,25 @@ TEST(ScheduleText, ErrorsNameFileLineAndExpectation) {
       {"0: 0F0\n2: 1F0\n", "bad.txt:2", "expected the line of rank 1"},
       {"0: 0F0\n2147483648: 1F0\n", "bad.txt:2", "the rank number 2147483648 is too large"},
       {"ranks: x\n0: 0F0\n", "bad.txt:1", "expected an integer"},
-      {"ranks: 3\n0: 0F0\n1: 1F0\n", "bad.txt", "3 but 2 rank lines"},
+      {"ranks: 3\n0: 0F0\n1: 1F0\n", "bad.txt:1", "3 but 2 rank lines"},
       {"0: 0F0\nranks: 1\n", "bad.txt:2", "after the rank lines"},
       {"colour: red\n0: 0F0\n", "bad.txt:1", "unknown header 'colour:'"},
-      {"placement: 0 5\n0: 0F0\n1: 1F0\n", "bad.txt", "placement[1]: expected a rank in [0, 2)"},
-      {"directions: 2\nmicro_batches: 3\nplacement: 0 0\n0: 0F0\n", "bad.txt", "even number"},
+      // A header field's own line, where it has one (the range checks had named the file).
+      {"placement: 0 5\n0: 0F0\n1: 1F0\n", "bad.txt:1", "placement[1]: expected a rank in [0, 2)"},
+      {"directions: 2\nmicro_batches: 3\nplacement: 0 0\n0: 0F0\n", "bad.txt:2",
+       "micro_batches: a bidirectional schedule needs an even number"},
       {"# nothing\n\n", "bad.txt", "no rank lines"},
-      {"micro_batches: 0\n0: 0F0\n", "bad.txt", "micro_batches: expected at least 1"},
+      {"# m\nmicro_batches: 0\n0: 0F0\n", "bad.txt:2", "micro_batches: expected at least 1"},
+      {"ranks: -1\n0: 0F0\n", "bad.txt:1", "ranks: -1 but 1 rank lines"},
+      // A long token is cut in the message (a 10 MB one had made a 20 MB message).
+      {"0: 0F0 0F" + std::string(5000, '7') + "\n", "bad.txt:1 (rank 0, action 1)",
+       "... (5002 bytes)"},
   };
   for (const Case& c : cases) {
     std::string msg = input_error_of([&] { parse_text(c.text, "bad.txt"); });
     EXPECT_NE(msg.find(c.where), std::string::npos) << c.text << " -> " << msg;
     EXPECT_NE(msg.find(c.what), std::string::npos) << c.text << " -> " << msg;
+    EXPECT_LT(msg.size(), 600u) << msg;
   }
 }
 
@@ -284,6 +291,15 @@ TEST(ScheduleFiles, SaveAndLoadEitherFormByName) {
               save_schedule(s, (dir / "no" / "such" / "dir.txt").string());
             }).find("cannot"),
             std::string::npos);
+  // A .json file is JSON whatever it starts with ("[1,2]" had been read as text actions,
+  // an empty file as a text schedule without rank lines).
+  const std::string array = (dir / "a.json").string(), empty = (dir / "e.json").string();
+  std::ofstream(array) << "[1,2]";
+  std::ofstream(empty).flush();
+  EXPECT_EQ(input_error_of([&] { load_schedule(array); }),
+            array + ": expected a JSON object, found an array of 2");
+  EXPECT_EQ(input_error_of([&] { load_schedule(empty); }).rfind(empty + ": not valid JSON", 0), 0u)
+      << input_error_of([&] { load_schedule(empty); });
   std::filesystem::remove_all(dir);
 }
 
