@@ -266,6 +266,16 @@ TEST(ModelJson, TheLossIsInTheLastLayer) {
                                   "which computes the loss 'loss'"});
 }
 
+// A loss that depends on no trainable parameter trains nothing: refused (a loss reading
+// the raw input had left every layer dead without a word).
+TEST(ModelJson, ALossThatDependsOnNoParameterIsRefused) {
+  std::string dead = graph_with(
+      R"({"op": "linear", "inputs": ["x"], "outputs": ["z"], "params": {"weight": "w"}},
+         {"op": "relu", "inputs": ["x"], "outputs": ["h"]})");
+  model_json_expect_error(dead, {"m.json: $.loss", "the loss 'loss' depends on no trainable "
+                                                   "parameter"});
+}
+
 // A parameter or input whose elements overflow (or near) int64 had been taken (an embedding
 // [2^61, 6]: a negative parameter count, then heap corruption).
 TEST(ModelJson, ShapesBeyond2To40ElementsAreRefused) {
