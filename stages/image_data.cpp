@@ -437,11 +437,25 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
                      dir_ + "), found " + inputs_str(g));
   const ValueType& it = g.values[size_t(im)].type;
   const ValueType& lt = g.values[size_t(lb)].type;
-  if (!memory::is_floating(it.dtype) || it.shape != shape_)
-    throw InputError(source + ": $.inputs: expected images of type " +
+  if (!memory::is_floating(it.dtype) || it.shape != shape_) {
+    // Which input, where the shape comes from, and the layout baton reads: NHWC data (PIL's,
+    // TensorFlow's) is the same numbers in another order.
+    size_t at = 0;
+    while (at < g.inputs.size() && g.inputs[at] != im) ++at;
+    const bool shorthand = g.config.is_object() && g.config.value("type", "") == "resnet";
+    std::string hint =
+        shorthand ? " (of the resnet shorthand: its in_channels and image_size give that shape)"
+                  : "";
+    const std::vector<int64_t>& d = shape_;
+    if (d.size() == 3 && it.shape.size() == 3 && d[0] == it.shape[1] && d[1] == it.shape[2] &&
+        d[2] == it.shape[0])
+      hint +=
+          "; the images look channels-last [N, H, W, C]: baton reads [N, C, H, W], as "
+          "torch does (np.transpose(images, (0, 3, 1, 2)))";
+    throw InputError(source + ": $.inputs[" + std::to_string(at) + "]: expected images of type " +
                      type_str({shape_, g.float_dtype}) + " (the data " + dir_ + "), found " +
-                     type_str(it) +
-                     " (of a resnet shorthand: its in_channels and image_size give that shape)");
+                     type_str(it) + hint);
+  }
   if (memory::is_floating(lt.dtype) || !lt.shape.empty())
     throw InputError(source +
                      ": $.inputs: expected integer labels [] (one class per image), found " +
@@ -449,9 +463,16 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
   for (const Node& n : g.nodes)
     if (n.op == "cross_entropy" && n.inputs[1] == lb) {
       const int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();
-      if (v < classes_)
+      if (v < classes_) {
+        // The first label past the logits: the one to look at in labels.npy.
+        size_t k = 0;
+        while (labels_[k] < v) ++k;
         throw InputError(n.json_path + ": the data " + dir_ + " has " +  // names the file
-                         std::to_string(classes_) + " classes, the logits " + std::to_string(v));
+                         std::to_string(classes_) + " classes, the logits " + std::to_string(v) +
+                         " (" + dir_ + "/labels.npy: label " + std::to_string(k) + " is " +
+                         std::to_string(labels_[k]) + ", expected below " + std::to_string(v) +
+                         ")");
+      }
     }
 }
 

@@ -542,10 +542,29 @@ TEST(ImageData, RoundTripAndErrors) {
     ImageDataset(dir).check_model(*g, "resnet.json");
     FAIL() << "a [2, 6, 5] model took [2, 3, 4] images";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("expected images of type f64[batch, 2, 3, 4]"),
+    EXPECT_NE(std::string(e.what()).find("resnet.json: $.inputs[0]: expected images of type "
+                                         "f64[batch, 2, 3, 4]"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("(of the resnet shorthand"), std::string::npos)
+        << e.what();
+  }
+  // Channels-last images for a model reading [C, H, W]: said so (the shorthand's remark
+  // had come for any model, and no word of the layout).
+  write_npy(dir + "/images.npy", Tensor::zeros({5, 3, 4, 2}, DType::f32));
+  nlohmann::json chw = tiny_resnet("basic", {4});
+  chw["in_channels"] = 2;
+  chw["image_size"] = {3, 4};
+  try {
+    ImageDataset(dir).check_model(*load_f64(chw, "resnet.json"), "resnet.json");
+    FAIL() << "[3, 4, 2] images taken for [2, 3, 4]";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the images look channels-last [N, H, W, C]: baton "
+                                         "reads [N, C, H, W]"),
               std::string::npos)
         << e.what();
   }
+  write_npy(dir + "/images.npy", images);
   // A model of 3 classes for data of 4: the node is named, and the model file once.
   nlohmann::json fits = tiny_resnet("basic", {4});
   fits["image_size"] = {3, 4};
@@ -557,6 +576,7 @@ TEST(ImageData, RoundTripAndErrors) {
     EXPECT_EQ(what.rfind("resnet.json (expanded resnet shorthand): $.layers[", 0), 0) << what;
     EXPECT_EQ(what.find("resnet.json", 1), std::string::npos) << what;
     EXPECT_NE(what.find("has 4 classes, the logits 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("/labels.npy: label 1 is 3, expected below 3)"), std::string::npos) << what;
   }
   std::filesystem::remove_all(dir);
 }
