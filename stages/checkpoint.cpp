@@ -218,9 +218,11 @@ struct BlockRef {
 // Every block of every shard file of one kind, by logical name.
 class BlockIndex {
  public:
-  BlockIndex(const std::string& step_dir, const Manifest& m, const std::string& kind) {
+  BlockIndex(const std::string& step_dir, const Manifest& m, const std::string& kind)
+      : kind_(kind) {
     for (const ShardFile& sf : m.shards) {
       if (sf.kind != kind) continue;
+      listed_ += (listed_.empty() ? "" : ", ") + sf.file;
       files_.push_back(std::make_unique<SafetensorsReader>(step_dir + "/" + sf.file));
       const SafetensorsReader& r = *files_.back();
       auto it = r.metadata().find(kBlocksKey);
@@ -249,8 +251,15 @@ class BlockIndex {
     auto it = by_name_.find(name);
     return it == by_name_.end() ? nullptr : &it->second;
   }
+  // The shards searched, for messages: a manifest that lost an entry names none of its
+  // tensors' files.
+  std::string searched() const {
+    return "the " + kind_ + " shards manifest.json $.shards lists (" +
+           (listed_.empty() ? std::string("none") : listed_) + ")";
+  }
 
  private:
+  std::string kind_, listed_;
   std::vector<std::unique_ptr<SafetensorsReader>> files_;
   std::map<std::string, std::vector<BlockRef>> by_name_;
 };
@@ -260,7 +269,8 @@ class BlockIndex {
 void fill_region(const BlockIndex& index, const std::string& name, const Shape& logical_shape,
                  const Shape& goff, Tensor dst, const std::string& where) {
   const std::vector<BlockRef>* blocks = index.find(name);
-  if (blocks == nullptr) throw InputError(where + ": no tensor '" + name + "' in the checkpoint");
+  if (blocks == nullptr)
+    throw InputError(where + ": no tensor '" + name + "' in " + index.searched());
   int64_t need = dst.numel(), covered = 0;
   for (const BlockRef& b : *blocks) {
     if (b.global_shape != logical_shape)

@@ -311,6 +311,19 @@ TEST(Checkpoint, ShardedCheckpointLoadsWhole) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("cover"), std::string::npos) << e.what();
   }
+  // A manifest that lost its shards' entries (the files all there): the message names the
+  // list it searched (it had said "no tensor ... in the checkpoint").
+  partial = read_manifest(dir);
+  partial.shards.clear();
+  try {
+    load_stage(dir, partial, back, false);
+    FAIL() << "a checkpoint without shards loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("' in the model shards manifest.json $.shards lists "
+                                         "(none)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Checkpoint, ManifestErrorsNameTheField) {
