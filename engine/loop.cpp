@@ -571,8 +571,8 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
     while (std::getline(old, line)) {
       ++number;
       auto j = nlohmann::json::parse(line, nullptr, false);
-      const bool record = !j.is_discarded() && j.is_object() && j.contains("step") &&
-                          j["step"].is_number_integer();
+      const bool record =
+          !j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer();
       if (bad > 0)
         throw InputError(path + ":" + std::to_string(bad) +
                          ": not a loss-log line (expected a JSON object with an integer "
@@ -594,9 +594,10 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
       throw InputError(
           path + ": cannot read the loss log to resume it (--loss-log): " + std::strerror(errno));
     if (bad > 0)
-      spdlog::warn("{}:{}: the loss log's last line is no step's record (cut short while it was "
-                   "written?): dropped",
-                   path, bad);
+      spdlog::warn(
+          "{}:{}: the loss log's last line is no step's record (cut short while it was "
+          "written?): dropped",
+          path, bad);
     // A run stopped during the evaluation that follows a checkpoint (written first) had
     // not written that step's line: restored from the checkpoint's record where it has
     // one (run_loop), said otherwise.

@@ -35,9 +35,9 @@
 // vocabulary. A plan may override any node (plan "splits").
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>

@@ -331,7 +331,8 @@ int run_prepare(const std::vector<std::string>& args) {
   // JSON Lines under any of its names, in any case, as tools/hf_tokenize.py reads them
   // (docs/formats/data.md): corpus.JSONL had been read as text, a document per raw line.
   std::string ext = std::filesystem::path(input).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   const bool jsonl = ext == ".jsonl" || ext == ".json" || ext == ".ndjson";
   // A text corpus's lines are documents as they are: the key had been ignored.
   if (!jsonl && !vm["json-key"].defaulted())

@@ -373,7 +373,8 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   // been dropped without a word; a file that is no loss log had been emptied).
   const std::vector<nlohmann::json> six = lines();
   std::string text;
-  for (size_t i = 0; i < six.size(); ++i) text += (i == 1 ? "{\"step\": 2, \"loss\": ," : six[i].dump()) + "\n";
+  for (size_t i = 0; i < six.size(); ++i)
+    text += (i == 1 ? "{\"step\": 2, \"loss\": ," : six[i].dump()) + "\n";
   std::ofstream(o.loss_log, std::ios::trunc) << text;
   try {
     engine::LossLog resumed(o.loss_log, 4);

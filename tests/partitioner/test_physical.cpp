@@ -341,11 +341,16 @@ TEST(PhysicalGraph, AVocabularyTheDegreeDoesNotDivideIsPadded) {
     c.vocab_size = vocab;
     auto gpt = load_in_dtype(c.to_json(), DType::f64, "tiny-gpt");
     // Untied: a LLaMA's lm_head, its own [V, C] weight.
-    nlohmann::json m = {{"type", "llama"},           {"hidden_size", 24},
-                        {"intermediate_size", 24},   {"num_hidden_layers", 1},
-                        {"num_attention_heads", 12}, {"num_key_value_heads", 12},
-                        {"vocab_size", vocab},      {"max_position_embeddings", 8},
-                        {"context", 5},             {"tie_word_embeddings", false}};
+    nlohmann::json m = {{"type", "llama"},
+                        {"hidden_size", 24},
+                        {"intermediate_size", 24},
+                        {"num_hidden_layers", 1},
+                        {"num_attention_heads", 12},
+                        {"num_key_value_heads", 12},
+                        {"vocab_size", vocab},
+                        {"max_position_embeddings", 8},
+                        {"context", 5},
+                        {"tie_word_embeddings", false}};
     auto llama_untied = load_in_dtype(m, DType::f64, "tiny-llama");
     for (const auto& g : {gpt, llama_untied})
       for (int t : {2, 3, 4}) {
