@@ -379,7 +379,7 @@ std::shared_ptr<const TokenStore> open_token_store(const std::string& path,
       f = "tokens";
     else
       f = "text";
-    if (f != "megatron" && is_npy(path))
+    if (f != "megatron" && is_file(path) && is_npy(path))  // a FIFO's open would wait
       throw InputError(path +
                        ": a NumPy array (.npy), which token data is not (docs/formats/data.md: "
                        "flat tokens, a Megatron dataset or text): write its tokens raw, "
