@@ -777,14 +777,19 @@ namespace {
 // What `baton plan --check` estimates for each rank, with this run's buffer settings and,
 // where the plan names no optimizer, this run's (a plan without one is estimated with
 // AdamW's two states: an sgd run had been refused for memory it never used).
+// The plan field's name of the run's optimizer.
+std::string optimizer_name(const PlanTrainOptions& o) {
+  return o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
+         : o.optimizer.sgd.momentum > 0                           ? "sgd-momentum"
+                                                                  : "sgd";
+}
+
 partitioner::PlanEstimate estimate_of(const ResolvedPlan& r, const PlanTrainOptions& o) {
   partitioner::CostModel model(r.graph, partitioner::Machine{});
   partitioner::EvaluateOptions eval;
   eval.bucket_bytes = o.bucket_bytes;
   eval.recv_ahead = o.recv_ahead;
-  const std::string mine = o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
-                           : o.optimizer.sgd.momentum > 0                           ? "sgd-momentum"
-                                                                                    : "sgd";
+  const std::string mine = optimizer_name(o);
   if (r.plan.optimizer_stated || r.plan.optimizer == mine)
     return partitioner::evaluate_plan(r, model, eval);
   ResolvedPlan run = r;
@@ -809,10 +814,12 @@ void check_capacity(const ResolvedPlan& r, const PlanTrainOptions& o) {
   if (over.empty()) return;
   const std::string cap_text = memory::format_bytes(double(cap));
   if (o.schedule_path.empty())
-    throw InputError(r.plan.source + ": the plan does not fit in " + cap_text +
-                     " per device (estimated peaks over it: " + over +
-                     "; `baton plan --check` shows every rank): re-plan, or raise its " +
-                     "device_memory or --device-memory");
+    throw InputError(
+        r.plan.source + ": the plan does not fit in " + cap_text +
+        " per device (estimated peaks over it: " + over + "; `baton plan --check" +
+        (r.plan.optimizer_stated ? std::string() : " --optimizer " + optimizer_name(o)) +
+        "` shows every rank): re-plan, or raise its device_memory or "
+        "--device-memory");
   // `baton plan --check` estimates the generator's schedule (and refuses --schedule): the
   // message gives every rank's estimate under the file itself.
   std::string all;

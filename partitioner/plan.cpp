@@ -466,10 +466,16 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   if (j.contains("stages") && j["stages"].is_array())
     for (const json& st : j["stages"])
       spatial_written = spatial_written || (st.is_object() && st.contains("spatial"));
+  // Extra parameter-server ranks are no devices (they hold no model), but the job's ranks.
+  const bool servers =
+      j.contains("dp_sync") && j["dp_sync"].is_object() && j["dp_sync"].contains("ps_ranks");
   if (!spatial_written && p.devices != p.dp * p.replica_size())
     devices.fail("dp x (sum of tp over the pipeline ranks) = " + std::to_string(p.dp) + " x " +
                      std::to_string(p.replica_size()) + " = " +
-                     std::to_string(p.dp * p.replica_size()) + " devices",
+                     std::to_string(p.dp * p.replica_size()) + " devices" +
+                     (servers ? " (the training ranks: $.dp_sync.ps_ranks are not counted here, "
+                                "but `baton launch -n` counts them)"
+                              : ""),
                  std::to_string(p.devices));
   if (auto m = r.get("device_memory")) p.device_memory = parse_memory(*m);
   if (auto d = r.get("device")) {

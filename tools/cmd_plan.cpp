@@ -51,9 +51,18 @@ void warn_unused_machine_flags(const po::variables_map& vm, const pt::Machine& m
 
 int check(const std::string& path, const po::variables_map& vm, const pt::Machine& machine,
           const pt::MeasuredCosts* measured, const std::string& measured_path,
-          std::optional<int64_t> device_memory) {
+          std::optional<int64_t> device_memory, std::optional<std::string> optimizer) {
   pt::Plan plan = pt::read_plan(path);
   if (device_memory) plan.device_memory = *device_memory;
+  // A plan naming no optimizer trains with --optimizer's: checked for that one's state,
+  // as baton train --plan estimates it.
+  if (optimizer) {
+    pt::optimizer_states(*optimizer);
+    if (plan.optimizer_stated && plan.optimizer != *optimizer)
+      throw InputError("--optimizer " + *optimizer + ": the plan trains with \"" + plan.optimizer +
+                       "\" (" + plan.where("$.optimizer") + ")");
+    plan.optimizer = *optimizer;
+  }
   auto graph = pt::load_plan_model(plan);
   warn_unused_machine_flags(vm, machine, measured, *graph);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
@@ -136,20 +145,23 @@ int run_plan(const std::vector<std::string>& args) {
     // so giving them is a mistake said as such. --device-memory overrides the plan's cap
     // (as baton train --plan's does).
     std::vector<std::string> given;
-    for (const char* flag : {"model", "devices", "tp", "pp", "spatial", "dp", "schedule",
-                             "micro-batches", "batch", "recompute", "layers-per-stage", "optimizer",
-                             "optimizer-sharding", "dp-sync", "top", "out"})
+    for (const char* flag :
+         {"model", "devices", "tp", "pp", "spatial", "dp", "schedule", "micro-batches", "batch",
+          "recompute", "layers-per-stage", "optimizer-sharding", "dp-sync", "top", "out"})
       if (vm.count(flag) && !vm[flag].defaulted()) given.push_back(std::string("--") + flag);
     if (!given.empty()) {
       std::string list;
       for (const std::string& f : given) list += (list.empty() ? "" : ", ") + f;
       throw InputError("--check: " + list + (given.size() > 1 ? " are" : " is") +
                        " for the search and the plan file says its own; expected with --check "
-                       "only --device-memory, --costs and the machine options");
+                       "only --device-memory, --optimizer (a plan naming none), --costs and the "
+                       "machine options");
     }
     std::optional<int64_t> cap;
     if (!device_memory.empty()) cap = int64_t(parse_bytes_option("--device-memory", device_memory));
-    return check(check_path, vm, machine, mp, costs, cap);
+    std::optional<std::string> opt;
+    if (vm.count("optimizer") && !vm["optimizer"].defaulted()) opt = so.optimizer;
+    return check(check_path, vm, machine, mp, costs, cap, opt);
   }
   if (model_path.empty()) throw InputError("give --model M (or --check plan.json); see --help");
 
@@ -230,6 +242,19 @@ int run_plan(const std::vector<std::string>& args) {
     std::printf(
         "(the runners-up's peaks are the search's upper bounds; `baton plan --check` "
         "estimates a plan exactly)\n");
+  // Batch norm normalises each micro-batch by its own statistics (and each replica's,
+  // without sync_batchnorm): the search's split is part of what the model computes.
+  if (const auto [bn, plane] = pt::smallest_batchnorm_plane(*graph); plane > 0) {
+    const pt::Plan& p = r.plan;
+    const int64_t over = p.micro_batch_size * (p.dp > 1 && p.sync_batchnorm ? p.dp : 1);
+    if (over < so.global_batch)
+      spdlog::warn(
+          "the model has batch norm ('{}'): under the best plan its statistics are over {} "
+          "sample(s), not the batch of {} (micro-batches of {}{}), which changes the training; "
+          "fix the split with --micro-batches and --dp if that matters",
+          bn, over, so.global_batch, p.micro_batch_size,
+          p.dp > 1 && !p.sync_batchnorm ? ", each replica its own: no sync_batchnorm" : "");
+  }
   if (!out.empty()) {
     pt::Plan p = r.plan;
     p.predicted["memory_bytes"] = [&] {

@@ -116,6 +116,15 @@ expect 2 "$baton" plan --check "$tmp/small.json" --device-memory banana
 contains "--device-memory: invalid size 'banana'"
 expect 2 "$baton" plan --check "$tmp/small.json" --schedule nonsense --tp 7
 contains "--check: --tp, --schedule are for the search and the plan file says its own"
+# --optimizer: the one a plan naming none trains with (baton train --plan estimates the
+# run's); a plan naming another refuses it.
+expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --optimizer sgd
+contains "--optimizer sgd: the plan trains with \"adamw\""
+expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --optimizer lion
+contains "lion"
+sed '/"optimizer"/d' "$tmp/small.json" | sed 's/"1MiB"/"64MiB"/' > "$tmp/noopt.json"
+expect 0 "$baton" plan --check "$tmp/noopt.json" --optimizer sgd
+contains "valid plan"
 # An empty value (an unset shell variable) had read as the flag's absence: --check ""
 # searched, --device-memory "" planned uncapped, -o "" wrote nothing.
 for flag in check out costs; do
