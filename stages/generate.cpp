@@ -1,12 +1,18 @@
 #include "stages/generate.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <numeric>
+#include <utility>
 
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "memory/file_io.h"
+#include "memory/json_object.h"
 #include "stages/checkpoint.h"
 #include "stages/hf.h"
 #include "stages/json_reader.h"
@@ -354,6 +360,41 @@ std::vector<int32_t> GenerationModel::stop_ids(int32_t tokenizer_eos) const {
   return {};
 }
 
+namespace {
+// transformers' generate samples with a generation_config.json's do_sample, temperature,
+// top_k and top_p by default; baton generate decodes as its flags say. Said, with the
+// flags that sample alike, rather than decoding greedily without a word.
+void warn_unused_sampling_defaults(const std::string& hf_dir) {
+  const std::string path = hf_dir + "/generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  nlohmann::json j;
+  try {
+    j = memory::parse_json_text(memory::read_file(path), path);
+  } catch (const InputError&) {
+    return;  // its eos ids were read (and checked) already
+  }
+  if (!j.is_object() || !j.value("do_sample", false)) return;
+  std::string flags, unsupported;
+  for (const auto& [key, flag] :
+       {std::pair<const char*, const char*>{"temperature", "--temperature"},
+        {"top_k", "--top-k"},
+        {"top_p", "--top-p"}})
+    if (j.contains(key) && j[key].is_number())
+      flags += std::string(" ") + flag + " " + j[key].dump();
+  if (!j.contains("temperature")) flags = " --temperature 1" + flags;
+  for (const char* key : {"repetition_penalty", "min_p", "typical_p", "no_repeat_ngram_size"})
+    if (j.contains(key) && !j[key].is_null())
+      unsupported += (unsupported.empty() ? "" : ", ") + std::string(key);
+  spdlog::warn(
+      "{}: do_sample is true (transformers' generate samples by default); baton generate "
+      "decodes as its flags say, greedily without --temperature: give{} to sample as it "
+      "would{}",
+      path, flags,
+      unsupported.empty() ? std::string() : " (" + unsupported + ": not supported by baton)");
+}
+}  // namespace
+
 GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
                                       const std::string& model_path) {
   if (checkpoint.empty() == hf_dir.empty())
@@ -388,6 +429,7 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     json config = read_hf_model_config(
         hf_dir, model_path.empty() ? std::nullopt : model_json_context(given, model_path));
     m.eos_ids = hf_eos_token_ids(hf_dir);
+    warn_unused_sampling_defaults(hf_dir);
     build(std::move(config), hf_dir + "/config.json");
     load_hf_weights(hf_dir, *m.stage);
   }

@@ -6,12 +6,16 @@
 // sampled entries; transformers' float64 keeps float32 rotary angles) and transformers' greedy
 // continuation; export writes the F32 tensors back bit for bit. Bad directories are InputErrors
 // naming the file and the tensor.
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -839,6 +843,30 @@ TEST(HfLlamaGenerate, StopsAtTheModelsEndOfSequenceIds) {
   cfg["eos_token_id"] = "</s>";
   std::ofstream(path) << cfg.dump();
   hf_llama_expect_input_error([&] { hf_eos_token_ids(dir); }, {path, "$.eos_token_id"});
+}
+
+// A generation_config.json that samples (transformers' generate does, by default) is said
+// to be decoded as the flags say, with the flags that would sample alike: baton had
+// decoded greedily without a word.
+TEST(HfLlamaGenerate, SaysWhenItIgnoresTheSamplingDefaults) {
+  const std::string dir = copy_fixture("llama_gqa", "sampling");
+  auto warnings = [&] {
+    std::ostringstream said;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
+    spdlog::default_logger()->sinks().push_back(sink);
+    load_generation_model("", dir);
+    spdlog::default_logger()->sinks().pop_back();
+    return said.str();
+  };
+  EXPECT_EQ(warnings().find("do_sample"), std::string::npos);  // the fixture's: no sampling
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3})";
+  const std::string said = warnings();
+  EXPECT_NE(said.find("generation_config.json: do_sample is true"), std::string::npos) << said;
+  EXPECT_NE(said.find("give --temperature 0.6 --top-p 0.9 to sample as it would "
+                      "(repetition_penalty: not supported by baton)"),
+            std::string::npos)
+      << said;
 }
 
 // More new tokens than int64 can add to the prompt: the context's message, not a failure
