@@ -122,6 +122,10 @@ expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" 
 contains "--optimizer sgd: the plan trains with \"adamw\""
 expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --optimizer lion
 contains "lion"
+# A batch-norm model's plan that normalises over fewer samples than the batch is said.
+expect 0 "$baton" plan --model "$root/examples/models/resnet-tiny.json" --devices 2 --batch 16 --micro-batches 8
+contains "the model has batch norm"
+contains "its statistics are over 1 sample(s), not the batch of 16"
 sed '/"optimizer"/d' "$tmp/small.json" | sed 's/"1MiB"/"64MiB"/' > "$tmp/noopt.json"
 expect 0 "$baton" plan --check "$tmp/noopt.json" --optimizer sgd
 contains "valid plan"
