@@ -605,6 +605,7 @@ void Stage::run_weight(MbState& s, int n, WeightPass& pass) {
   const bool some_missing = w.outputs_with_grad < node.outputs.size();
   std::vector<Tensor> ps(node.params.size());
   std::vector<ParamGrad> pg(node.params.size(), ParamGrad{Tensor(), false});
+  bool wanted = false;  // a parameter of the node takes a gradient (not all frozen)
   for (size_t k = 0; k < node.params.size() && !none_reached; ++k) {
     if (node.params[k] < 0) continue;
     ParamState& st = state_of(node.params[k]);
@@ -617,8 +618,11 @@ void Stage::run_weight(MbState& s, int n, WeightPass& pass) {
     if (some_missing && !st.has[li]) st.grads[li].zero_();
     pg[k] = ParamGrad{st.grads[li], bool(st.has[li]) || some_missing};
     st.has[li] = true;
+    wanted = true;
   }
-  if (!none_reached) {
+  // Every parameter frozen ("trainable": false): no W. The one-parameter ops (embedding,
+  // position_embedding, bias, rmsnorm) had written into the undefined gradient and failed.
+  if (!none_reached && wanted) {
     WeightCall call{s.ctx, w.inputs, w.outputs, ps, w.saved, w.grad_outputs, pg};
     OpTimes* t = opt_options_.profile ? &times_[node.op] : nullptr;
     Timer timer(t != nullptr, t ? &t->backward_weight : nullptr);

@@ -457,5 +457,66 @@ TEST(GradCheck, OutputsNothingReadsAddNoGradientF64) {
   }
 }
 
+// Frozen parameters ("trainable": false) of the one-parameter ops: no gradient, and the
+// trainable ones' gradients those of the unfrozen model (an embedding's or
+// position_embedding's, a bias's or an rmsnorm's W had written into the undefined
+// gradient: "data access on an undefined tensor" at the first step).
+TEST(GradCheck, FrozenParametersTakeNoGradientF64) {
+  const uint64_t seed = 21;
+  const std::string text = R"({
+    "type": "graph", "name": "frozen",
+    "inputs": [{"name": "tokens", "shape": [4], "dtype": "i64"},
+               {"name": "targets", "shape": [4], "dtype": "i64"}],
+    "params": [{"name": "wte", "shape": [9, 6], "init": {"type": "normal", "std": 0.3}, "trainable": F},
+               {"name": "wpe", "shape": [4, 6], "init": {"type": "normal", "std": 0.3}, "trainable": F},
+               {"name": "b", "shape": [6], "init": {"type": "normal", "std": 0.3}, "trainable": F},
+               {"name": "g", "shape": [6], "init": {"type": "ones"}, "trainable": F},
+               {"name": "w", "shape": [9, 6], "init": {"type": "normal", "std": 0.3}}],
+    "layers": [
+      {"name": "a", "nodes": [
+        {"name": "e", "op": "embedding", "inputs": ["tokens"], "outputs": ["x"], "params": {"weight": "wte"}},
+        {"name": "p", "op": "position_embedding", "inputs": ["x"], "outputs": ["xp"], "params": {"weight": "wpe"}},
+        {"name": "bb", "op": "bias_add", "inputs": ["xp"], "outputs": ["xb"], "params": {"bias": "b"}},
+        {"name": "rn", "op": "rmsnorm", "inputs": ["xb"], "outputs": ["n"], "params": {"weight": "g"}},
+        {"name": "l", "op": "linear", "inputs": ["n"], "outputs": ["logits"], "params": {"weight": "w"}},
+        {"name": "ce", "op": "cross_entropy", "inputs": ["logits", "targets"], "outputs": ["loss"]}]}
+    ],
+    "loss": "loss"})";
+  auto load = [&](const char* frozen) {
+    std::string t = text;
+    for (size_t at; (at = t.find(": F}")) != std::string::npos;)
+      t.replace(at, 4, std::string(": ") + frozen + "}");
+    LoadOptions lo;
+    lo.float_dtype = DType::f64;
+    return std::make_shared<Graph>(load_model_json(nlohmann::json::parse(t), "frozen.json", lo));
+  };
+  std::vector<int64_t> ids = {1, 4, 2, 8, 0, 3, 5, 7};
+  TensorMap in{
+      {"tokens", Tensor::from_vector(ids, {2, 4})},
+      {"targets", Tensor::from_vector(std::vector<int64_t>{4, 2, 8, 0, 3, 5, 7, 6}, {2, 4})}};
+  const MicroBatch mb{0, 0, 2, 2, 8, 3};
+  std::map<std::string, std::vector<double>> want;
+  for (const char* frozen : {"true", "false"}) {
+    auto g = load(frozen);
+    StageOptions so;
+    so.seed = seed;
+    Stage st(g, 0, g->num_layers(), so);
+    const double loss = gradients_and_loss(st, mb, in)();
+    for (int id : st.param_ids()) {
+      if (g->params[size_t(id)].name != "w") continue;
+      if (std::string(frozen) == "true") {
+        want["w"] = st.grad(id).to_vector<double>();
+        want["loss"] = {loss};
+        // The trainable weight's gradient against finite differences, the others frozen.
+        check_tensor("w", st.param(id), st.grad(id).clone(), gradients_and_loss(st, mb, in), 16,
+                     seed);
+      } else {
+        EXPECT_EQ(st.grad(id).to_vector<double>(), want["w"]);
+        EXPECT_EQ(loss, want["loss"][0]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace baton::stages
