@@ -982,6 +982,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
   const std::string model_source = r.plan.where("$.model");
+  if (o.steps > 0) stages::check_loss_trains(lg, model_source);
   // A directory with images.npy is image data (images + labels, as the one-process
   // trainer reads it); otherwise the token dataset (and held-out data), checked against
   // the logical model's vocabulary.

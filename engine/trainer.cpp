@@ -104,6 +104,7 @@ TrainSummary run_training(const TrainOptions& o,
   // With the fused kernels (partitioner/fusion.h), as a plan's ranks run it.
   std::shared_ptr<stages::Graph> graph =
       partitioner::fuse_kernels(stages::load_model_json(model_json, model_source, lo));
+  if (o.steps > 0) stages::check_loss_trains(*graph, model_source);
   // A directory with images.npy is image data (images + labels); anything else is a token
   // dataset (stages/data.h: Megatron, flat tokens, text, blends), checked against the
   // model's vocabulary.

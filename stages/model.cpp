@@ -287,28 +287,30 @@ Graph load_graph(const JsonReader& r, const LoadOptions& opt) {
     if (g.params[p].users.empty())
       r.at("params").at(p).fail_message("parameter '" + g.params[p].name +
                                         "' is not used by any node");
-  // A loss that depends on no trainable parameter trains nothing (one reading the raw
-  // input had left every layer dead without a word). Nodes off the loss's way are allowed:
-  // their outputs are unread, their parameters get no gradient.
-  std::vector<char> live(g.nodes.size(), 0);
-  std::vector<int> todo = {lval.producer};
-  bool trains = false;
-  while (!todo.empty()) {
-    const int n = todo.back();
-    todo.pop_back();
-    if (n < 0 || live[size_t(n)]) continue;
-    live[size_t(n)] = 1;
-    for (int p : g.nodes[size_t(n)].params) trains = trains || (p >= 0 && g.params[size_t(p)].trainable);
-    for (int in : g.nodes[size_t(n)].inputs) todo.push_back(g.values[size_t(in)].producer);
-  }
-  if (!trains)
-    loss.fail_message("the loss '" + lname +
-                      "' depends on no trainable parameter: no node on its way uses one, so "
-                      "nothing would train");
   return g;
 }
 
 }  // namespace
+
+void check_loss_trains(const Graph& g, const std::string& source) {
+  // Nodes off the loss's way are allowed (their outputs unread, their parameters without
+  // gradient); a loss none of whose way uses a trainable parameter trains nothing (one
+  // reading the raw input had left every layer dead without a word).
+  std::vector<char> seen(g.nodes.size(), 0);
+  std::vector<int> todo = {g.values[size_t(g.loss)].producer};
+  while (!todo.empty()) {
+    const int n = todo.back();
+    todo.pop_back();
+    if (n < 0 || seen[size_t(n)]) continue;
+    seen[size_t(n)] = 1;
+    for (int p : g.nodes[size_t(n)].params)
+      if (p >= 0 && g.params[size_t(p)].trainable) return;
+    for (int in : g.nodes[size_t(n)].inputs) todo.push_back(g.values[size_t(in)].producer);
+  }
+  throw InputError(source + ": $.loss: the loss '" + g.values[size_t(g.loss)].name +
+                   "' depends on no trainable parameter (no node on its way uses one): "
+                   "training would change nothing");
+}
 
 json expand_model_json(const json& model, const std::string& source) {
   JsonReader r(model, source);

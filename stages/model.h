@@ -26,5 +26,8 @@ Graph load_model_json(const nlohmann::json& model, const std::string& source,
 // The general graph form a model JSON stands for (shorthands expanded; a general graph is
 // returned as given). `source` names the document in messages.
 nlohmann::json expand_model_json(const nlohmann::json& model, const std::string& source);
+// Throws InputError naming `source` when the loss depends on no trainable parameter: a run
+// that trains it would change nothing (baton train checks it; evaluation is allowed).
+void check_loss_trains(const Graph& g, const std::string& source);
 
 }  // namespace baton::stages

@@ -266,14 +266,27 @@ TEST(ModelJson, TheLossIsInTheLastLayer) {
                                   "which computes the loss 'loss'"});
 }
 
-// A loss that depends on no trainable parameter trains nothing: refused (a loss reading
-// the raw input had left every layer dead without a word).
+// A loss that depends on no trainable parameter trains nothing: baton train refuses it (a
+// loss reading the raw input had left every layer dead without a word); it still loads.
 TEST(ModelJson, ALossThatDependsOnNoParameterIsRefused) {
   std::string dead = graph_with(
       R"({"op": "linear", "inputs": ["x"], "outputs": ["z"], "params": {"weight": "w"}},
          {"op": "relu", "inputs": ["x"], "outputs": ["h"]})");
-  model_json_expect_error(dead, {"m.json: $.loss", "the loss 'loss' depends on no trainable "
-                                                   "parameter"});
+  const Graph g = load_model_json(json::parse(dead), "m.json");  // loads: nothing to train
+  try {
+    check_loss_trains(g, "m.json");
+    FAIL() << "a loss without trainable parameters";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "m.json: $.loss: the loss 'loss' depends on no trainable parameter (no node on its "
+              "way uses one): training would change nothing");
+  }
+  EXPECT_NO_THROW(check_loss_trains(load_model_json(json::parse(graph_with(
+                                                        R"({"op": "linear", "inputs": ["x"],
+                                                            "outputs": ["h"],
+                                                            "params": {"weight": "w"}})")),
+                                                    "m.json"),
+                                    "m.json"));
 }
 
 // A parameter or input whose elements overflow (or near) int64 had been taken (an embedding
