@@ -179,8 +179,8 @@ inline void expect_json_object(const nlohmann::json& j, const std::string& where
     if (known) continue;
     std::string list;
     for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-    throw InputError(where + (where.empty() ? "" : ".") + it.key() + ": unknown field '" +
-                     it.key() + "' (allowed here: " + list + ")");
+    throw InputError(where + (where.empty() ? "" : ".") + brief(it.key()) + ": unknown field '" +
+                     brief(it.key()) + "' (allowed here: " + list + ")");
   }
 }
 

@@ -70,7 +70,7 @@ Action parse_token(std::string_view token, const std::string& where) {
   if (!kind) {
     std::string upper(code);
     for (char& c : upper) c = char(std::toupper(static_cast<unsigned char>(c)));
-    return fail("unknown kind '" + std::string(code) + "'" +
+    return fail("unknown kind '" + brief(code) + "'" +
                 (kind_from_code(upper) ? " (kinds are upper case: '" + upper + "')" : ""));
   }
   if (*kind == ActionKind::optimizer_step) return fail("STEP takes no stage");

@@ -164,7 +164,7 @@ Schedule parse_text(std::string_view text, const std::string& source) {
     if (!key.empty()) {
       auto prefix = rank_prefix(key);
       if (!prefix)
-        throw InputError(where + ": unknown header '" + std::string(key) +
+        throw InputError(where + ": unknown header '" + brief(key) +
                          ":' (expected name, ranks, micro_batches, directions, placement, or a "
                          "rank line 'r: actions')");
       const std::optional<int64_t> r = detail::parse_index(*prefix);  // digits: rank_prefix
