@@ -340,7 +340,16 @@ int run_prepare(const std::vector<std::string>& args) {
                      input + " (a text file: a document per line)");
   // "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin and
   // tok.bin.idx had been written, which --data tok.bin did not find).
-  if (out.ends_with(".bin") || out.ends_with(".idx")) out.resize(out.size() - 4);
+  {
+    std::string name = std::filesystem::path(out).filename().string();
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    const bool suffix = name.ends_with(".bin") || name.ends_with(".idx");
+    if (suffix && name.size() == 4)
+      throw InputError("--out " + out + ": expected a prefix ending in a file name (" +
+                       out.substr(0, out.size() - 4) + "NAME writes NAME.bin and NAME.idx)");
+    if (suffix) out.resize(out.size() - 4);
+  }
   check_output_prefix(out, ".bin");
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
@@ -547,6 +556,21 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
         throw InputError("--vocab-size: expected at most " + most + " for " + input + " (" +
                          model_type + ": SentencePiece's limit for this corpus), found " +
                          std::to_string(vocab));
+      }
+      // "Vocabulary size is smaller than required_chars. 64 vs 85. ... --character_coverage
+      // option": SentencePiece's own flag name, which baton spells otherwise.
+      const std::string chars = "smaller than required_chars. ";
+      if (const size_t at = why.find(chars); at != std::string::npos) {
+        const size_t vs = why.find(" vs ", at);
+        const std::string need =
+            vs == std::string::npos ? "" : why.substr(vs + 4, why.find('.', vs) - vs - 4);
+        if (!need.empty())
+          throw InputError("--vocab-size: expected at least " + need + " for " + input + " (" +
+                           model_type + ": every character kept at --character-coverage " +
+                           fmt::format("{}", coverage) + " is a piece), found " +
+                           std::to_string(vocab) +
+                           "; or a lower --character-coverage, which maps rare characters to "
+                           "<unk>");
       }
       throw InputError("train-tokenizer: " + why);
     }

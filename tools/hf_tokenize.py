@@ -208,7 +208,11 @@ def main():
         fail(f"--eod-token {args.eod_token}: names the token --append-eod appends; give --append-eod too")
     # "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin had been
     # written, which --data tok.bin did not find).
-    if args.out.endswith((".bin", ".idx")):
+    name = os.path.basename(args.out)
+    if name.lower() in (".bin", ".idx"):
+        fail(f"--out {args.out}: expected a prefix ending in a file name "
+             f"({args.out[:-4]}NAME writes NAME.bin and NAME.idx)")
+    if name.lower().endswith((".bin", ".idx")):
         args.out = args.out[:-4]
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):

@@ -425,6 +425,14 @@ TEST(DataCli, TrainTokenizerNamesTheLimitsSentencePieceFinds) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir() + "/tu.model"));
+  // Fewer pieces than the corpus's characters: the least size, in baton's flags (it had
+  // passed SentencePiece's "required_chars" error on, naming --character_coverage).
+  r = baton("train-tokenizer --input " + slice() + " --out " + dir() + "/tc --vocab-size 20");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--vocab-size: expected at least "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is a piece), found 20; or a lower --character-coverage"),
+            std::string::npos)
+      << r.output;
   // A limit below the least --vocab-size: the corpus is named, not a value the flag then
   // refuses (it had said "expected at most 6", then "expected at least 8"). NULs alike.
   const std::string tiny = dir() + "/tiny.txt", nul = dir() + "/nul.txt";
@@ -454,6 +462,11 @@ TEST(DataCli, PrepareTakesJsonLinesNamesAndABinOut) {
     EXPECT_EQ(s->num_documents(), 2) << name;
     EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
   }
+  // "dir/.bin" names no prefix: refused as given (it had said "--out dir/").
+  const Result r = baton("prepare --tokenizer " + tokenizer() + " --input " + slice() + " --out " +
+                         dir() + "/.bin");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out " + dir() + "/.bin: "), std::string::npos) << r.output;
 }
 
 // inspect checks --tokenizer before printing anything (a bad one had come after the
