@@ -139,7 +139,11 @@ void check_world_size(const ResolvedPlan& r, int size) {
                    (servers > 0 ? " (" + std::to_string(r.layout.world()) + " training and " +
                                       std::to_string(servers) + " parameter-server)"
                                 : std::string()) +
-                   ", the job " + std::to_string(size));
+                   ", the job " + std::to_string(size) +
+                   // One process: started without the launcher.
+                   (size == 1 ? " (start its ranks with `baton launch -n " +
+                                    std::to_string(r.world()) + " -- baton train --plan ...`)"
+                              : std::string()));
 }
 
 RankEngine::RankEngine(std::shared_ptr<const ResolvedPlan> plan, transport::CommPtr world,

@@ -39,11 +39,18 @@ int run_export(const std::vector<std::string>& args) {
   else
     throw InputError("--dtype: expected f32, bf16 or f16, found '" + dtype + "'");
   if (vm.count("max-shard-size")) {
-    wo.max_shard_bytes = parse_bytes_option("--max-shard-size", max_shard);
-    // parse_bytes reads 0 as unlimited; a shard size of 0 bytes is a mistake, not "no shards".
-    if (wo.max_shard_bytes == 0)
-      throw InputError("--max-shard-size: expected a size of at least 1 byte (e.g. 5GB), found '" +
-                       max_shard + "'");
+    // parse_bytes reads 0 as unlimited; a shard size of 0 bytes is a mistake, not "no
+    // shards". Its own message for a fraction of a byte ("0 or at least 1 byte") named a 0
+    // refused here.
+    const std::string at_least =
+        "--max-shard-size: expected a size of at least 1 byte (e.g. 5GB), found '" + max_shard +
+        "'";
+    try {
+      wo.max_shard_bytes = parse_bytes_option("--max-shard-size", max_shard);
+    } catch (const InputError&) {
+      throw InputError(at_least);
+    }
+    if (wo.max_shard_bytes == 0) throw InputError(at_least);
   }
 
   // Read again when a live run prunes the step being read (read_checkpoint).

@@ -49,6 +49,15 @@ void warn_unused_machine_flags(const po::variables_map& vm, const pt::Machine& m
   }
 }
 
+// The --optimizer value, refused naming the flag (the plan field's message says "optimizer").
+void check_optimizer_flag(const std::string& optimizer) {
+  try {
+    pt::optimizer_states(optimizer);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--") + e.what());
+  }
+}
+
 int check(const std::string& path, const po::variables_map& vm, const pt::Machine& machine,
           const pt::MeasuredCosts* measured, const std::string& measured_path,
           std::optional<int64_t> device_memory, std::optional<std::string> optimizer) {
@@ -57,7 +66,7 @@ int check(const std::string& path, const po::variables_map& vm, const pt::Machin
   // A plan naming no optimizer trains with --optimizer's: checked for that one's state,
   // as baton train --plan estimates it.
   if (optimizer) {
-    pt::optimizer_states(*optimizer);
+    check_optimizer_flag(*optimizer);
     if (plan.optimizer_stated && plan.optimizer != *optimizer)
       throw InputError("--optimizer " + *optimizer + ": the plan trains with \"" + plan.optimizer +
                        "\" (" + plan.where("$.optimizer") + ")");
@@ -188,7 +197,7 @@ int run_plan(const std::vector<std::string>& args) {
     for (int64_t n :
          parse_int_list(layers, "--layers-per-stage", 1, INT32_MAX, "counts >= 1 like 3,4,3"))
       so.layers_per_stage.push_back(int(n));
-  pt::optimizer_states(so.optimizer);
+  check_optimizer_flag(so.optimizer);
   if (sharding == "none")
     so.optimizer_sharding = pt::OptimizerSharding::none;
   else if (sharding == "zero1")

@@ -121,7 +121,7 @@ contains "--check: --tp, --schedule are for the search and the plan file says it
 expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --optimizer sgd
 contains "--optimizer sgd: the plan trains with \"adamw\""
 expect 2 "$baton" plan --check "$root/examples/plans/tiny-gpt-pp2-tp2-dp2.json" --optimizer lion
-contains "lion"
+contains "--optimizer: expected \"adamw\", \"sgd\" or \"sgd-momentum\", found \"lion\""
 # A batch-norm model's plan that normalises over fewer samples than the batch is said.
 expect 0 "$baton" plan --model "$root/examples/models/resnet-tiny.json" --devices 2 --batch 16 --micro-batches 8
 contains "the model has batch norm"
