@@ -356,9 +356,12 @@ TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
   d.train = std::make_shared<stages::ByteDataset>(file, 4);
   m.data = engine::data_manifest(d, 2);
   ASSERT_TRUE(m.data["train"].contains("contents")) << m.data.dump();
-  auto warnings = [&](const std::string& path) {
+  // The warnings of a resume with `path` as its data (and `held` out, `batches` of it).
+  auto warnings = [&](const std::string& path, const std::string& held = "", int64_t batches = 1) {
     stages::TrainData now;
     now.train = std::make_shared<stages::ByteDataset>(path, 4);
+    if (!held.empty()) now.eval = std::make_shared<stages::ByteDataset>(held, 4);
+    o.eval_batches = batches;
     std::ostringstream log;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
     spdlog::default_logger()->sinks().push_back(sink);
@@ -385,24 +388,14 @@ TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
   m.data = engine::data_manifest(d, 2);
   m.train["eval_batches"] = 1;
   ASSERT_TRUE(m.data["eval"].contains("contents")) << m.data.dump();
-  auto eval_warnings = [&](const std::string& path, int64_t batches) {
-    stages::TrainData now;
-    now.train = std::make_shared<stages::ByteDataset>(file, 4);
-    now.eval = std::make_shared<stages::ByteDataset>(path, 4);
-    o.eval_batches = batches;
-    std::ostringstream log;
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-    spdlog::default_logger()->sinks().push_back(sink);
-    engine::warn_resume_changes(m, "ck", engine::data_manifest(now, 2), o, 8);
-    spdlog::default_logger()->sinks().pop_back();
-    return log.str();
-  };
-  EXPECT_EQ(eval_warnings(held, 1), "");
-  EXPECT_NE(eval_warnings(other, 1).find("ck/manifest.json: $.data.eval: the checkpoint's run "
-                                         "held out"),
+  EXPECT_EQ(warnings(file, held), "");
+  EXPECT_NE(warnings(file, other)
+                .find("ck/manifest.json: $.data.eval: the checkpoint's run "
+                      "held out"),
             std::string::npos);
-  EXPECT_NE(eval_warnings(held, 3).find("$.train.eval_batches: the checkpoint's run averaged 1 "
-                                        "held-out batches; continuing with --eval-batches 3"),
+  EXPECT_NE(warnings(file, held, 3)
+                .find("$.train.eval_batches: the checkpoint's run averaged 1 "
+                      "held-out batches; continuing with --eval-batches 3"),
             std::string::npos);
 }
 

@@ -315,13 +315,41 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// Trains `p` 3 steps with held-out data and checkpoints: its last held-out loss is that of
+// the checkpointed model (the first replica's) on the whole evaluation batch, as one
+// process evaluating the checkpoint's weights finds it.
+void expect_held_out_loss_of_the_checkpoint(const PlanSpec& p, double lr) {
+  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
+  Workspace ws("dp-sync-eval");
+  RunSettings s;
+  s.steps = 3;
+  s.lr = lr;
+  s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
+  engine::PlanTrainOptions o = train_options(ws, s);
+  o.checkpoint_dir = ws.path("ckpt");
+  const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_TRUE(got.back().eval_loss.has_value());
+  stages::WholeModel trained =
+      stages::load_whole_checkpoint(stages::resolve_checkpoint(ws.path("ckpt")));
+  stages::DataFlags flags;
+  flags.data = {data};
+  flags.eval_data = {data};
+  stages::TrainData d = stages::open_train_data(flags, *trained.graph, "dp-sync-eval");
+  const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
+  const double want =
+      stages::evaluate_loss(*trained.stage, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
+  std::printf("  held-out loss %.8f under the plan, %.8f of the checkpoint\n",
+              *got.back().eval_loss, want);
+  EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+}
+
 // Under local SGD and gossip the replicas' parameters differ between syncs: the held-out
 // loss is the first replica's model's (the one checkpoints write and export reads) on the
 // whole evaluation batch, as one process evaluating the checkpoint's weights finds it. It
 // had been the mean of each replica's loss on its share of the batch: no model's. Gossip
 // at DP 4 (two replicas' gossip is their mean after every step).
 TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
-  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
   for (const json& sync :
        {json{{"mode", "local-sgd"}, {"sync_every", 10}}, json{{"mode", "gossip"}, {"peers", 1}}}) {
     SCOPED_TRACE(sync.dump());
@@ -330,28 +358,7 @@ TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
       p.dp = 4;
       p.tp = {1};
     }
-    Workspace ws("dp-sync-eval");
-    RunSettings s;
-    s.steps = 3;
-    s.lr = 1e-2;  // the replicas well apart
-    s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
-    engine::PlanTrainOptions o = train_options(ws, s);
-    o.checkpoint_dir = ws.path("ckpt");
-    const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
-    ASSERT_EQ(got.size(), 3u);
-    ASSERT_TRUE(got.back().eval_loss.has_value());
-    stages::WholeModel trained =
-        stages::load_whole_checkpoint(stages::resolve_checkpoint(ws.path("ckpt")));
-    stages::DataFlags flags;
-    flags.data = {data};
-    flags.eval_data = {data};
-    stages::TrainData d = stages::open_train_data(flags, *trained.graph, "dp-sync-eval");
-    const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
-    const double want =
-        stages::evaluate_loss(*trained.stage, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
-    std::printf("  %s: held-out loss %.8f under the plan, %.8f of the checkpoint\n",
-                sync["mode"].get<std::string>().c_str(), *got.back().eval_loss, want);
-    EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+    expect_held_out_loss_of_the_checkpoint(p, 1e-2);  // the replicas well apart
   }
 }
 
@@ -360,7 +367,6 @@ TEST(DpSync, HeldOutLossIsTheCheckpointedModels) {
 // sync_batchnorm) are each replica's. The held-out loss is the first replica's model's,
 // the checkpointed one; it had mixed the replicas' statistics.
 TEST(DpSync, HeldOutLossUsesTheFirstReplicasBuffers) {
-  const std::string data = std::string(BATON_SOURCE_DIR) + "/examples/data/licenses.txt";
   // A token model with a batchnorm2d over an [8, 4, 4] reshape of the embeddings.
   const json model = json::parse(R"({"type": "graph", "name": "tok-bn",
     "inputs": [{"name": "tokens", "shape": [8], "dtype": "i32"},
@@ -392,28 +398,7 @@ TEST(DpSync, HeldOutLossUsesTheFirstReplicasBuffers) {
     PlanSpec p = dp2_plan(sync);
     p.model = model;
     p.tp = {1};
-    Workspace ws("dp-sync-eval-bn");
-    RunSettings s;
-    s.steps = 3;
-    s.lr = 5e-2;
-    s.configure = [&](engine::LoopOptions& o) { o.data.eval_data = {data}; };
-    engine::PlanTrainOptions o = train_options(ws, s);
-    o.checkpoint_dir = ws.path("ckpt");
-    const std::vector<engine::StepRecord> got = run_threads(resolve(p, ws), o);
-    ASSERT_EQ(got.size(), 3u);
-    ASSERT_TRUE(got.back().eval_loss.has_value());
-    stages::WholeModel trained =
-        stages::load_whole_checkpoint(stages::resolve_checkpoint(ws.path("ckpt")));
-    stages::DataFlags flags;
-    flags.data = {data};
-    flags.eval_data = {data};
-    stages::TrainData d = stages::open_train_data(flags, *trained.graph, "dp-sync-eval-bn");
-    const int64_t batch = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;
-    const double want =
-        stages::evaluate_loss(*trained.stage, *d.eval, {1, batch, p.dp * p.micro_batches, s.seed});
-    std::printf("  held-out loss %.8f under the plan, %.8f of the checkpoint\n",
-                *got.back().eval_loss, want);
-    EXPECT_NEAR(*got.back().eval_loss, want, 1e-6 * want);
+    expect_held_out_loss_of_the_checkpoint(p, 5e-2);
   }
 }
 
