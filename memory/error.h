@@ -37,7 +37,9 @@ inline std::string printable(std::string_view s, bool keep_lines = false) {
 // 10 MB message.
 inline std::string brief(std::string_view s, size_t max = 60) {
   if (s.size() <= max) return std::string(s);
-  return std::string(s.substr(0, max - 3)) + "... (" + std::to_string(s.size()) + " bytes)";
+  size_t cut = max - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8
+  return std::string(s.substr(0, cut)) + "... (" + std::to_string(s.size()) + " bytes)";
 }
 
 // Something the user gave us is wrong: a file, a JSON field, a flag. The message says

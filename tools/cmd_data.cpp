@@ -341,13 +341,13 @@ int run_prepare(const std::vector<std::string>& args) {
   // "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin and
   // tok.bin.idx had been written, which --data tok.bin did not find).
   {
-    std::string name = std::filesystem::path(out).filename().string();
-    std::transform(name.begin(), name.end(), name.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
+    // Lower case, as --data finds the pair by its .bin.
+    const std::string name = std::filesystem::path(out).filename().string();
     const bool suffix = name.ends_with(".bin") || name.ends_with(".idx");
-    if (suffix && name.size() == 4)
-      throw InputError("--out " + out + ": expected a prefix ending in a file name (" +
-                       out.substr(0, out.size() - 4) + "NAME writes NAME.bin and NAME.idx)");
+    const std::string dir = out.substr(0, out.size() - name.size());
+    if (suffix && (name.size() == 4 || name == "..bin" || name == "..idx"))
+      throw InputError("--out " + out + ": expected a prefix ending in a file name (" + dir +
+                       "NAME writes " + dir + "NAME.bin and " + dir + "NAME.idx)");
     if (suffix) out.resize(out.size() - 4);
   }
   check_output_prefix(out, ".bin");

@@ -47,7 +47,8 @@ int run_export(const std::vector<std::string>& args) {
         "'";
     try {
       wo.max_shard_bytes = parse_bytes_option("--max-shard-size", max_shard);
-    } catch (const InputError&) {
+    } catch (const InputError& e) {
+      if (std::string(e.what()).find("expected 0 or at least 1 byte") == std::string::npos) throw;
       throw InputError(at_least);
     }
     if (wo.max_shard_bytes == 0) throw InputError(at_least);

@@ -209,10 +209,11 @@ def main():
     # "--out tok.bin" names the pair's data file: its prefix is tok (tok.bin.bin had been
     # written, which --data tok.bin did not find).
     name = os.path.basename(args.out)
-    if name.lower() in (".bin", ".idx"):
+    prefix_dir = args.out[:len(args.out) - len(name)]
+    if name in (".bin", ".idx", "..bin", "..idx"):
         fail(f"--out {args.out}: expected a prefix ending in a file name "
-             f"({args.out[:-4]}NAME writes NAME.bin and NAME.idx)")
-    if name.lower().endswith((".bin", ".idx")):
+             f"({prefix_dir}NAME writes {prefix_dir}NAME.bin and {prefix_dir}NAME.idx)")
+    if name.endswith((".bin", ".idx")):  # lower case, as --data finds the pair by its .bin
         args.out = args.out[:-4]
     out_dir = os.path.dirname(args.out)
     if out_dir and not os.path.isdir(out_dir):

@@ -32,6 +32,21 @@ TEST(JsonObject, UnknownFieldNamesItsPathAndTheAllowedOnes) {
   EXPECT_EQ(error_of(j, ""), "rank: unknown field 'rank' (allowed here: ranks, placement)");
 }
 
+// A long unknown key is cut in the message, at a whole UTF-8 character (a 100 KB key had
+// made a 200 KB message; a cut inside a character, one that was no UTF-8).
+TEST(JsonObject, LongUnknownFieldIsCutAtACharacter) {
+  std::string key;
+  for (int i = 0; i < 100; ++i) key += "\xc3\xa9";  // é
+  nlohmann::json j = nlohmann::json::object();
+  j[key] = 1;
+  const std::string msg = error_of(j, "$");
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_NE(msg.find("... (200 bytes)"), std::string::npos) << msg;
+  EXPECT_EQ(first_non_utf8(msg), std::string_view::npos) << msg;
+  EXPECT_EQ(brief("abc"), "abc");
+  EXPECT_EQ(brief(std::string(61, 'x')), std::string(57, 'x') + "... (61 bytes)");
+}
+
 TEST(JsonObject, WrongTypeIsAnError) {
   EXPECT_EQ(error_of(nlohmann::json::array({1, 2}), "p2p"), "p2p: expected an object, found array");
   EXPECT_EQ(error_of(nlohmann::json("x"), "$.machine"),
