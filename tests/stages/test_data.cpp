@@ -503,7 +503,7 @@ TEST(TokenStore, FlatTokensAndText) {
   // A NumPy array is refused (it had been read as text, its header and bytes as tokens),
   // unless text is asked for.
   const std::string npy = tmp("toks.npy");
-  std::ofstream(npy, std::ios::binary) << std::string("\x93NUMPY\x01\x00v\x00{'descr': '<u2'", 30);
+  std::ofstream(npy, std::ios::binary) << std::string("\x93NUMPY\x01\x00v\x00{'descr': '<u2'", 25);
   data_expect_input_error([&] { open_token_store(npy, "auto", ""); },
                           {npy + ": a NumPy array (.npy)", ".tofile('tokens.bin')"});
   EXPECT_EQ(open_token_store(npy, "text", "")->format(), "text");
