@@ -76,8 +76,8 @@ void set_num_threads(int n) {
   cpu::set_thread_count(n);
 }
 
-void select_blas_kernels(char** argv) {
-  cpu::select_blas_kernels(argv);
+void configure_cpu_runtime(char** argv) {
+  cpu::configure_cpu_runtime(argv);
 }
 
 int num_threads() {

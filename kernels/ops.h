@@ -37,12 +37,16 @@ using memory::Tensor;
 // threads than this.
 void set_num_threads(int n);
 int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
-// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE or its own CPU
-// detection, which in 0.3.21 misses recent CPUs and falls back to SSE3 kernels (sgemm 4x
-// slower). Programs call this first thing in main(): when that happened and the user set
-// no OPENBLAS_CORETYPE, it re-executes the program with the right core type (SkylakeX on
-// AVX-512, Haswell on AVX2). Otherwise it returns and changes nothing.
-void select_blas_kernels(char** argv);
+// The CPU libraries read some settings from the environment once, when they load, so
+// programs call this first thing in main(); it re-executes the program once with what is
+// missing, and otherwise returns and changes nothing:
+// - OPENBLAS_CORETYPE, when the user set none and OpenBLAS 0.3.21's own detection, which
+//   misses recent CPUs, fell back to SSE3 kernels (sgemm 4x slower): SkylakeX on AVX-512,
+//   Haswell on AVX2;
+// - GOMP_SPINCOUNT=3000, when neither it nor OMP_WAIT_POLICY is set: libgomp's default
+//   of spinning 300,000 rounds between parallel regions made a two-thread run on a loaded
+//   host several times slower than one thread (docs/kernels.md, "Threads").
+void configure_cpu_runtime(char** argv);
 // The library behind the CPU's f32 GEMMs (f64 always runs on OpenBLAS). oneDNN's sgemm is
 // the default in builds that have oneDNN: measured faster at the models' shapes
 // (docs/kernels.md, "Which BLAS"). BATON_SGEMM=openblas|onednn in the environment

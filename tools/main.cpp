@@ -77,16 +77,19 @@ int check_stdout(const std::string& name, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the re-execution below: exec resets a handled signal to its default, and UCX's
+  // handler had turned nohup's ignored SIGHUP into one that ends the ranks.
+  baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it
+  // It may execute baton again, which should start from nothing of ours.
+  baton::kernels::configure_cpu_runtime(argv);
   // Before any thread exists: SIGTERM and SIGINT reach train's watcher thread alone.
   if (argc >= 2 && std::string(argv[1]) == "train") baton::engine::watch_stop_signals();
-  baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it
   try {
     baton::tools::require_cpu_features();  // before any kernel's instructions run
   } catch (const std::exception& e) {
     std::fprintf(stderr, "baton: failed: %s\n", e.what());
     return 1;
   }
-  baton::kernels::select_blas_kernels(argv);
   // Log lines are diagnostics: standard output is left to what a command produces (a plan,
   // a report, generated text), to be piped or saved whole.
   spdlog::set_default_logger(spdlog::stderr_color_mt("baton"));

@@ -5,10 +5,12 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
+#include <vector>
 
 #include "kernels/cpu/parallel.h"
 
@@ -63,17 +65,40 @@ const char* better_blas_core() {
 
 }  // namespace
 
-void select_blas_kernels(char** argv) {
-  // The user's choice stands; BATON_BLAS_REEXEC marks the re-executed process (no loop).
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("BATON_BLAS_REEXEC") != nullptr)
+void configure_cpu_runtime(char** argv) {
+  // BATON_REEXEC marks the re-executed process (no loop; unset so that the programs it
+  // starts check for themselves). What the user set stands.
+  if (std::getenv("BATON_REEXEC") != nullptr) {
+    unsetenv("BATON_REEXEC");
     return;
-  const char* core = better_blas_core();
-  if (core == nullptr) return;
-  setenv("OPENBLAS_CORETYPE", core, 1);
-  setenv("BATON_BLAS_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed: carry on with the slow kernels; check_blas_core() warns.
-  unsetenv("OPENBLAS_CORETYPE");
+  }
+  std::vector<const char*> set;
+  if (const char* core = better_blas_core();
+      core != nullptr && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    set.push_back("OPENBLAS_CORETYPE");
+  }
+  // libgomp's threads spin 300,000 rounds after each parallel region before they sleep;
+  // with other processes on the cores, a spinning thread holds a core that its partner,
+  // or the next region's work, needs. 3,000 rounds still catch back-to-back regions: config
+  // A's two-thread step on 2 cores, quiet, 113-126 ms at 300,000, 1,000, 3,000 and 10,000
+  // alike; beside two busy loops 406-1045 ms at 300,000, 252-328 at the others (passive,
+  // no spinning: 141 quiet, 312-326 loaded). docs/kernels.md, "Threads".
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+    setenv("GOMP_SPINCOUNT", "3000", 1);
+    set.push_back("GOMP_SPINCOUNT");
+  }
+  if (set.empty()) return;
+  setenv("BATON_REEXEC", "1", 1);
+  // The file's own path, not /proc/self/exe: the kernel names the process after the path's
+  // last part, and `pgrep baton` or `killall baton` must still find it.
+  std::array<char, 4096> path{};
+  if (const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
+      n > 0 && size_t(n) < path.size() - 1)
+    execv(path.data(), argv);
+  // exec failed: carry on as loaded (check_blas_core() warns about slow kernels).
+  for (const char* name : set) unsetenv(name);
+  unsetenv("BATON_REEXEC");
 }
 
 void check_blas_core() {

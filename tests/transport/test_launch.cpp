@@ -36,6 +36,28 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// OpenMP's threads spin briefly between parallel regions unless the user says otherwise:
+// baton sets GOMP_SPINCOUNT=3000 and executes itself again (libgomp reads it once, when it
+// loads), so the ranks it starts inherit it; the process keeps its name (pgrep baton), and
+// the marker of the re-executed process does not reach them.
+TEST(Launch, RanksSpinBrieflyBetweenParallelRegionsUnlessTheUserSaysOtherwise) {
+  const std::string show =
+      " launch -n 1 -- sh -c 'echo \"spin=$GOMP_SPINCOUNT policy=$OMP_WAIT_POLICY "
+      "marker=$BATON_REEXEC launcher=$(cat /proc/$PPID/comm)\"'";
+  const std::string clean = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ";
+  Result r = baton::cli_testing::run_command(clean + BATON_BINARY + show);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] spin=3000 policy= marker= launcher=baton"), std::string::npos)
+      << r.output;
+  for (const std::string mine : {"OMP_WAIT_POLICY=active", "GOMP_SPINCOUNT=1000"}) {
+    r = baton::cli_testing::run_command(clean + mine + " " + BATON_BINARY + show);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::string want = mine == "OMP_WAIT_POLICY=active" ? "spin= policy=active marker="
+                                                              : "spin=1000 policy= marker=";
+    EXPECT_NE(r.output.find("[rank 0] " + want), std::string::npos) << mine << "\n" << r.output;
+  }
+}
+
 TEST(Launch, RestartsUpToTheLimitThenGivesUpWithTheList) {
   Result r =
       run("-n 2 --max-restarts 2 --restart-backoff 0.05 -- "
