@@ -663,10 +663,16 @@ AutoResult auto_schedule(const CostSpec& spec, const AutoOptions& o) {
     for (const AutoCandidate& c : out.fixed)
       if (c.defined)
         least = std::min(least, o.limit_in_bytes ? c.peak_bytes : c.peak_micro_batches);
-    throw InputError(
-        "auto: no schedule fits the memory limit of " + number(o.memory_limit[0]) +
-        (o.limit_in_bytes ? " bytes" : " micro-batches") + " per rank" +
-        (least < kInf ? " (the least any fixed schedule needs is " + number(least) + ")" : ""));
+    throw InputError("auto: no schedule fits the memory limit of " + number(o.memory_limit[0]) +
+                     (o.limit_in_bytes ? " bytes" : " micro-batches") + " per rank" +
+                     (least < kInf
+                          ? " (the least any fixed schedule needs is " + number(least) +
+                                (o.limit_in_bytes ? std::string()
+                                                  : "; the searched ones fit any limit from 1: "
+                                                    "every schedule holds a micro-batch's "
+                                                    "activations from its F to its W") +
+                                ")"
+                          : ""));
   }
   return out;
 }

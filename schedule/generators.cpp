@@ -137,7 +137,9 @@ Schedule interleaved_1f1b(int p, int m, int v) {
   // The limits on what was asked: the whole groups built below are cut back to m (the
   // rounded count had been refused, naming numbers nobody typed).
   check_common(name, p, m, v);
-  const int m_full = (m + p - 1) / p * p;  // whole groups of p micro-batches
+  // One chunk is 1F1B, as Megatron then runs its plain schedule: the formula's warm-up
+  // below would hold twice 1F1B's micro-batches for the same step.
+  const int m_full = v == 1 ? m : (m + p - 1) / p * p;  // whole groups of p micro-batches
   Schedule s = detail::skeleton(name, p, m_full, loop_placement(p, v));
   // Virtual step i of a rank works on micro-batch (i / (p v)) p + i % p of chunk
   // (i / p) % v; backward walks the chunks in reverse.
@@ -149,7 +151,7 @@ Schedule interleaved_1f1b(int p, int m, int v) {
   };
   for (int r = 0; r < p; ++r) {
     auto& list = s.ranks[size_t(r)];
-    const int warmup = std::min(total, (p - r - 1) * 2 + (v - 1) * p);
+    const int warmup = std::min(total, v == 1 ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * p);
     auto fwd = [&](int i) {
       list.push_back(make_action(K::forward, mb_of(i), chunk_of(i, false) * p + r));
     };

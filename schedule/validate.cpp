@@ -224,8 +224,8 @@ std::optional<ValidationReport> Checker::check_pair(int r, int stage, int mb) co
   if (bw < 0) {
     if (b < 0 && w < 0)
       return fail(r, index_of(f),
-                  "missing " + tok(K::backward_input) + ": " + what +
-                      " has no backward (expected one B and one W, or one BW)");
+                  "missing " + tok(K::full_backward) + " (or " + tok(K::backward_input) + " and " +
+                      tok(K::backward_weight) + "): " + what + " has no backward");
     if (b < 0)
       return fail(r, index_of(w),
                   "missing " + tok(K::backward_input) + ": " + what + " has a W (" + at(w) +
@@ -362,10 +362,12 @@ std::optional<ValidationReport> Checker::check_deadlock() const {
   for (int q : cycle) {
     int d = pr.waiting_for[size_t(q)];
     ActionRef dr = g_->ref(d);
+    const int stuck = pr.position[size_t(dr.rank)];
     msg += "\n  " + at(q, pr.position[size_t(q)]) + " waits for " + to_token(g_->action(d)) +
            " (rank " + str(dr.rank) + ", action " + str(dr.index) + "), which rank " +
-           str(dr.rank) + " has not reached: it is stuck at action " +
-           str(pr.position[size_t(dr.rank)]);
+           str(dr.rank) +
+           (dr.index == stuck ? " cannot run: it waits itself"
+                              : " has not reached: it is stuck at action " + str(stuck));
   }
   return fail(cycle.front(), pr.position[size_t(cycle.front())], msg);
 }

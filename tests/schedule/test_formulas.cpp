@@ -80,6 +80,18 @@ TEST(PaperFormulas, InterleavedDividesTheFlushByV) {
         }
 }
 
+// One chunk per rank is 1F1B itself, action for action, at any m (the interleaved
+// warm-up formula would hold 2(p-1-r) + 1 micro-batches).
+TEST(PaperFormulas, InterleavedWithOneChunkIs1F1B) {
+  for (int p : {2, 3, 4})
+    for (int m : {1, p - 1, p + 1, 3 * p}) {
+      if (m < 1) continue;
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule one = generate("interleaved-1f1b", p, m, 1);
+      EXPECT_EQ(one.ranks, generate("1f1b", p, m).ranks);
+    }
+}
+
 // The V family with F = B = W (the regime the building blocks are designed in): peaks
 // near p/3, p/2 and p against 1F1B's p, and V-ZB's makespan at the V's bound.
 TEST(PaperFormulas, VFamilyMemoryAndBubble) {

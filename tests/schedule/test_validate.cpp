@@ -80,6 +80,12 @@ TEST(Validate, DroppedComputeActionIsMissing) {
   Schedule u = generate("zb-h1", 2, 2);
   erase(u, 1, "1W0");
   expect_invalid(u, 1, index_of(u, 1, "1B0"), {"missing 1W0", "no W"});
+
+  // A dropped BW is named as the file would have written it.
+  Schedule b = generate("1f1b", 3, 4);
+  erase(b, 1, "1BW2");
+  expect_invalid(b, 1, index_of(b, 1, "1F2"),
+                 {"missing 1BW2 (or 1B2 and 1W2)", "micro-batch 2 of stage 1", "no backward"});
 }
 
 TEST(Validate, DroppedTransferHasNoMatch) {
@@ -136,6 +142,19 @@ TEST(Validate, CycleOfWaitsInComputeOnlySchedule) {
                  {"deadlock", "between ranks 0, 1 ",
                   "rank 0, action 1 (0BW0) waits for 1BW0 (rank 1, action 3)",
                   "rank 1, action 1 (1F1) waits for 0F1 (rank 0, action 2)"});
+}
+
+TEST(Validate, ACycleSaysWhichRankWaitsAtTheVeryActionAskedFor) {
+  // Each rank's first action waits for another rank's first: nobody has run anything.
+  Schedule s = parse_text(
+      "ranks: 3\nplacement: 0 1 2 0 1 2\n"
+      "0: 3F0 0F0 3BW0 0BW0\n1: 1F0 4F0 4BW0 1BW0\n2: 2F0 5F0 5BW0 2BW0\n",
+      "c.txt");
+  const ValidationReport r = validate(s);
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.message.find("which rank 1 cannot run: it waits itself"), std::string::npos)
+      << r.message;
+  EXPECT_EQ(r.message.find("which rank 1 has not reached"), std::string::npos) << r.message;
 }
 
 TEST(Validate, WBeforeItsB) {
