@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "memory/error.h"
+#include "memory/utf8.h"
 
 namespace baton::memory {
 
@@ -161,7 +162,7 @@ inline std::string json_brief(const nlohmann::json& j) {
     s = "an array of " + std::to_string(j.size());
   else
     s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  if (s.size() > 60) s = utf8_prefix(s, 57);  // whole characters
   return s;
 }
 

@@ -40,7 +40,7 @@ SplitKind parse_split(std::string_view name, const std::string& where) {
     if (split_name(k) == name) return k;
   throw InputError(where +
                    ": expected \"none\", \"column\", \"row\", \"vocab\" or \"heads\", found \"" +
-                   std::string(name) + "\"");
+                   brief(name) + "\"");
 }
 
 std::string_view sharding_name(OptimizerSharding s) {

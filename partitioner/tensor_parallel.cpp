@@ -195,7 +195,8 @@ class ShardingPass {
       const Node* found = nullptr;
       for (const Node& n : g_.nodes)
         if (n.name == name) found = &n;
-      if (found == nullptr) throw InputError(w + ": no node named '" + name + "' in the model");
+      if (found == nullptr)
+        throw InputError(w + ": no node named '" + brief(name) + "' in the model");
       const std::string& op = found->op;
       bool ok = kind == SplitKind::none ||
                 ((op == "linear" || op == "conv2d") &&
@@ -276,7 +277,8 @@ class ShardingPass {
     auto fits = [n](int64_t d) { return (n + d - 1) / d * (d - 1) < n; };
     if (fits(t)) return;
     std::string degrees;  // those up to 2t that do
-    for (int64_t d = 2; d <= std::min<int64_t>(n, 2 * int64_t(t)); ++d)
+    const int64_t upto = std::min<int64_t>(n, 2 * int64_t(t));
+    for (int64_t d = 2; d <= upto; ++d)
       if (fits(d)) degrees += (degrees.empty() ? "" : ", ") + std::to_string(d);
     // The nodes sharing the parameter (a tied LM head) must be kept whole with it.
     std::string nodes;
@@ -288,9 +290,9 @@ class ShardingPass {
         " = " + std::to_string(n) + " of " + node_ref(node) +
         " leaves the last ranks no part (parts of " + std::to_string((n + t - 1) / t) + "); " +
         (degrees.empty() ? std::string()
-                         : "degrees up to " + std::to_string(2 * t) +
-                               " that leave every rank part of it: " + degrees + "; ") +
-        "or keep it whole with \"splits\": {" + nodes + "}");
+                         : "degrees up to " + std::to_string(upto) +
+                               " that leave every rank part of this table: " + degrees + "; ") +
+        "or keep it whole with the plan field \"splits\": {" + nodes + "}");
   }
   bool feeds_attention(int value, int t) const {
     const auto& cons = g_.values[size_t(value)].consumers;

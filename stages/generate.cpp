@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "kernels/ops.h"
@@ -362,7 +363,8 @@ std::vector<int32_t> GenerationModel::stop_ids(int32_t tokenizer_eos) const {
 
 namespace {
 // transformers' generate samples with a generation_config.json's do_sample, temperature,
-// top_k and top_p by default; baton generate decodes as its flags say. Said, with the
+// top_k and top_p by default (temperature 1 and top_k 50 where the file gives none);
+// baton generate decodes as its flags say. When they decode greedily, said, with the
 // flags that sample alike, rather than decoding greedily without a word.
 void warn_unused_sampling_defaults(const std::string& hf_dir) {
   const std::string path = hf_dir + "/generation_config.json";
@@ -374,15 +376,20 @@ void warn_unused_sampling_defaults(const std::string& hf_dir) {
   } catch (const InputError&) {
     return;  // its eos ids were read (and checked) already
   }
-  if (!j.is_object() || !j.value("do_sample", false)) return;
+  if (!j.is_object() || !j.contains("do_sample") || j["do_sample"].is_null()) return;
+  if (!j["do_sample"].is_boolean())
+    throw InputError(path + ": $.do_sample: expected true or false, found " +
+                     brief(j["do_sample"].dump()));
+  if (!j["do_sample"].get<bool>()) return;
   std::string flags, unsupported;
-  for (const auto& [key, flag] :
-       {std::pair<const char*, const char*>{"temperature", "--temperature"},
-        {"top_k", "--top-k"},
-        {"top_p", "--top-p"}})
-    if (j.contains(key) && j[key].is_number())
-      flags += std::string(" ") + flag + " " + j[key].dump();
-  if (!j.contains("temperature")) flags = " --temperature 1" + flags;
+  for (const auto& [key, flag, unset] :
+       {std::tuple<const char*, const char*, const char*>{"temperature", "--temperature", "1"},
+        {"top_k", "--top-k", "50"},
+        {"top_p", "--top-p", nullptr}}) {
+    const bool given = j.contains(key) && j[key].is_number();
+    if (given || unset != nullptr)
+      flags += std::string(" ") + flag + " " + (given ? j[key].dump() : unset);
+  }
   for (const char* key : {"repetition_penalty", "min_p", "typical_p", "no_repeat_ngram_size"})
     if (j.contains(key) && !j[key].is_null())
       unsupported += (unsupported.empty() ? "" : ", ") + std::string(key);
@@ -396,7 +403,7 @@ void warn_unused_sampling_defaults(const std::string& hf_dir) {
 }  // namespace
 
 GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
-                                      const std::string& model_path) {
+                                      const std::string& model_path, bool sampling) {
   if (checkpoint.empty() == hf_dir.empty())
     throw InputError("give exactly one of --checkpoint and --init-from");
   json given;
@@ -429,7 +436,7 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     json config = read_hf_model_config(
         hf_dir, model_path.empty() ? std::nullopt : model_json_context(given, model_path));
     m.eos_ids = hf_eos_token_ids(hf_dir);
-    warn_unused_sampling_defaults(hf_dir);
+    if (!sampling) warn_unused_sampling_defaults(hf_dir);
     build(std::move(config), hf_dir + "/config.json");
     load_hf_weights(hf_dir, *m.stage);
   }

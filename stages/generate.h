@@ -54,8 +54,10 @@ struct GenerationModel {
   // The ids to stop at: eos_ids, else the tokenizer's end-of-sequence id (-1: none).
   std::vector<int32_t> stop_ids(int32_t tokenizer_eos = -1) const;
 };
+// `sampling`: the caller samples (a temperature above 0), so a generation_config.json
+// that samples is not said to be left unused.
 GenerationModel load_generation_model(const std::string& checkpoint, const std::string& hf_dir,
-                                      const std::string& model_path = "");
+                                      const std::string& model_path = "", bool sampling = false);
 
 // The next token from logits under the sampling options (rng state advanced). InputError
 // for a NaN temperature; an infinite one samples uniformly among the tokens kept.

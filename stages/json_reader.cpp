@@ -1,6 +1,7 @@
 #include "stages/json_reader.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +11,12 @@
 namespace baton::stages {
 
 json read_json_file(const std::string& path) {
+  // A Hugging Face directory where its config.json was meant (--model beside --init-from).
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) &&
+      std::filesystem::is_regular_file(std::filesystem::path(path) / "config.json", ec))
+    throw InputError(path + ": a directory, expected a JSON file; a Hugging Face model's is " +
+                     (std::filesystem::path(path) / "config.json").string());
   return memory::parse_json_text(memory::read_file(path), path);
 }
 
@@ -25,14 +32,14 @@ JsonReader JsonReader::at(std::string_view key) const {
   expect_object();
   auto it = j_->find(std::string(key));
   if (it == j_->end()) fail_message("missing required field '" + std::string(key) + "'");
-  return JsonReader(*it, file_, path_ + "." + std::string(key));
+  return JsonReader(*it, file_, path_ + "." + brief(key));
 }
 
 std::optional<JsonReader> JsonReader::get(std::string_view key) const {
   expect_object();
   auto it = j_->find(std::string(key));
   if (it == j_->end()) return std::nullopt;
-  return JsonReader(*it, file_, path_ + "." + std::string(key));
+  return JsonReader(*it, file_, path_ + "." + brief(key));
 }
 
 size_t JsonReader::size() const {

@@ -27,6 +27,7 @@
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
+#include "memory/utf8.h"
 #include "stages/data.h"
 #include "stages/image_data.h"
 #include "stages/sentencepiece_model.h"
@@ -152,7 +153,7 @@ bool only_whitespace(const std::string& text) {
 // A JSON value for a message: its type and (short) text.
 std::string found_json(const nlohmann::json& j) {
   std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  if (text.size() > 40) text = memory::utf8_prefix(text, 37);  // whole characters
   return std::string(j.is_array() || j.is_object() ? "an " : "a ") + j.type_name() + " (" + text +
          ")";
 }
@@ -345,7 +346,8 @@ int run_prepare(const std::vector<std::string>& args) {
     const std::string name = std::filesystem::path(out).filename().string();
     const bool suffix = name.ends_with(".bin") || name.ends_with(".idx");
     const std::string dir = out.substr(0, out.size() - name.size());
-    if (suffix && (name.size() == 4 || name == "..bin" || name == "..idx"))
+    const std::string stem = suffix ? name.substr(0, name.size() - 4) : name;
+    if (suffix && (stem.empty() || stem == "." || stem == ".."))
       throw InputError("--out " + out + ": expected a prefix ending in a file name (" + dir +
                        "NAME writes " + dir + "NAME.bin and " + dir + "NAME.idx)");
     if (suffix) out.resize(out.size() - 4);

@@ -108,7 +108,8 @@ int run_generate(const std::vector<std::string>& args) {
 
   // The model (every layer on this process, from a checkpoint of any plan or a Hugging
   // Face directory); the KV-cache loop and the sampling are stages::generate's.
-  stages::GenerationModel m = stages::load_generation_model(checkpoint, init_from, model);
+  stages::GenerationModel m =
+      stages::load_generation_model(checkpoint, init_from, model, temperature > 0);
   const stages::Stage& stage = *m.stage;
   std::vector<int32_t> ids;
 #ifdef BATON_HAVE_SENTENCEPIECE

@@ -212,8 +212,8 @@ TEST(Plan, DegreeMustDivideWhatItSplits) {
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: tensor-parallel degree 3 over the vocabulary (table rows) "
             "= 4 of embedding node 'wte' (layer embed) leaves the last ranks no part (parts of "
-            "2); degrees up to 6 that leave every rank part of it: 2, 4; or keep it whole with "
-            "\"splits\": {\"wte\": \"none\", \"lm_head\": \"none\"}");
+            "2); degrees up to 4 that leave every rank part of this table: 2, 4; or keep it "
+            "whole with the plan field \"splits\": {\"wte\": \"none\", \"lm_head\": \"none\"}");
   // The hidden size of an MLP's split linear.
   j["model"] = {
       {"type", "mlp"}, {"context", 4}, {"vocab_size", 16}, {"n_embd", 8}, {"hidden", {10, 16}}};

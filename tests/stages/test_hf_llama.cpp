@@ -353,6 +353,16 @@ void hf_llama_expect_input_error(F&& f, std::initializer_list<std::string> parts
   }
 }
 
+// --model given the directory that --init-from takes: the file meant is named.
+TEST(HfLlamaInput, ADirectoryForItsConfigSaysWhichFile) {
+  const std::string dir = copy_fixture("llama_gqa", "dir-as-model");
+  hf_llama_expect_input_error([&] { read_json_file(dir); },
+                              {dir +
+                               ": a directory, expected a JSON file; a Hugging Face model's "
+                               "is " +
+                               dir + "/config.json"});
+}
+
 TEST(HfLlamaInput, BadConfigsAreInputErrorsNamingTheField) {
   const std::string dir = copy_fixture("llama_gqa", "badcfg");
   const std::string path = dir + "/config.json";
@@ -850,11 +860,11 @@ TEST(HfLlamaGenerate, StopsAtTheModelsEndOfSequenceIds) {
 // decoded greedily without a word.
 TEST(HfLlamaGenerate, SaysWhenItIgnoresTheSamplingDefaults) {
   const std::string dir = copy_fixture("llama_gqa", "sampling");
-  auto warnings = [&] {
+  auto warnings = [&](bool sampling = false) {
     std::ostringstream said;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(said);
     spdlog::default_logger()->sinks().push_back(sink);
-    load_generation_model("", dir);
+    load_generation_model("", dir, "", sampling);
     spdlog::default_logger()->sinks().pop_back();
     return said.str();
   };
@@ -863,10 +873,19 @@ TEST(HfLlamaGenerate, SaysWhenItIgnoresTheSamplingDefaults) {
       << R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3})";
   const std::string said = warnings();
   EXPECT_NE(said.find("generation_config.json: do_sample is true"), std::string::npos) << said;
-  EXPECT_NE(said.find("give --temperature 0.6 --top-p 0.9 to sample as it would "
+  EXPECT_NE(said.find("give --temperature 0.6 --top-k 50 --top-p 0.9 to sample as it would "
                       "(repetition_penalty: not supported by baton)"),
             std::string::npos)
       << said;
+  // transformers' own defaults where the file gives none (or null).
+  std::ofstream(dir + "/generation_config.json") << R"({"do_sample": true, "temperature": null})";
+  EXPECT_NE(warnings().find("give --temperature 1 --top-k 50 to sample"), std::string::npos);
+  // A caller that samples is not told.
+  EXPECT_EQ(warnings(/*sampling=*/true).find("do_sample"), std::string::npos);
+  std::ofstream(dir + "/generation_config.json") << R"({"do_sample": "yes"})";
+  hf_llama_expect_input_error(
+      [&] { load_generation_model("", dir); },
+      {"generation_config.json", "$.do_sample", "expected true or false", "\"yes\""});
 }
 
 // More new tokens than int64 can add to the prompt: the context's message, not a failure
