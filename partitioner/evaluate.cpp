@@ -119,9 +119,15 @@ int ranks_per_host(const ResolvedPlan& r, const Machine& m) {
 
 double compute_slowdown(const ResolvedPlan& r, const Machine& m) {
   const int host_ranks = ranks_per_host(r, m);
-  return core_ranks(r.layout, m).empty()
-             ? colocation_slowdown(m, host_ranks)
-             : std::max(1.0, colocation_slowdown(m, host_ranks) * m.cores_per_host / host_ranks);
+  if (core_ranks(r.layout, m).empty()) return colocation_slowdown(m, host_ranks);
+  // A measured count above the cores holds their time-slicing, which the simulator models:
+  // divided out. Beyond the largest count measured, that count's contention: one at most
+  // the cores holds no time-slicing to divide out (1.5 measured at 2 ranks on 2 cores had
+  // been divided by 6 / 2 at 6 ranks, to 1, and plans of more ranks than cores were
+  // predicted faster than the 2-rank ones they ran slower than).
+  const int measured = m.colocated.empty() ? 1 : m.colocated.rbegin()->first;
+  const int at = std::min(host_ranks, measured);
+  return std::max(1.0, colocation_slowdown(m, at) * std::min(1.0, double(m.cores_per_host) / at));
 }
 
 SpatialLayerExtra spatial_layer_extra(const Graph& g, const SpatialSplit& split, int layer,

@@ -115,7 +115,8 @@ std::string collective_extras_line(const ResolvedPlan& r, const Machine& m);
 
 // The factor the plan's compute is slowed by on a shared host (schedule_costs' ops):
 // Machine::colocated at the ranks per host, or with more ranks than the host's cores
-// (time-sliced by the simulator) what it measured beyond their fair share, at least 1.
+// (time-sliced by the simulator) what it measured beyond their fair share, at least 1;
+// beyond the largest count measured, that count's.
 double compute_slowdown(const ResolvedPlan& r, const Machine& m);
 
 // What a spatial tile adds to layer `layer`'s F and B beyond 1/s of its ops: the halos'

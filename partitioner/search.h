@@ -28,9 +28,10 @@ struct SearchOptions {
   int spatial = 0;
   std::vector<std::string> schedules;  // empty: every generator
   int micro_batches = 0;               // per replica; 0: searched (divisors of its batch)
-  int64_t global_batch = 0;            // samples per step (required)
-  int recompute = -1;                  // -1: searched, 0: off, 1: every layer
-  std::vector<int> layers_per_stage;   // user's layer counts per model chunk (empty: cut)
+  int chunks = 0;            // interleaved-1f1b's stages per pipeline rank; 0: its default, 2
+  int64_t global_batch = 0;  // samples per step (required)
+  int recompute = -1;        // -1: searched, 0: off, 1: every layer
+  std::vector<int> layers_per_stage;  // user's layer counts per model chunk (empty: cut)
   std::string optimizer = "adamw";
   // ZeRO: the plans found shard their optimizer state over their data-parallel replicas
   // (a parameter used by one layer holds 1/dp of its state; tied ones are counted whole).

@@ -110,6 +110,8 @@ int run_plan(const std::vector<std::string>& args) {
       "schedule name(s), comma-separated (default: every generator)")(
       "micro-batches", po::value(&so.micro_batches)->default_value(0),
       "micro-batches per replica and step (0: search)")(
+      "chunks", po::value(&so.chunks)->default_value(0),
+      "interleaved-1f1b: model chunks (stages) per pipeline rank, 1 to 64 (0: 2)")(
       "batch", po::value(&batch)->default_value(16),
       "global batch: samples per step over all replicas")("recompute", po::value(&recompute),
                                                           "on, off or auto (search both; default)")(
@@ -155,8 +157,8 @@ int run_plan(const std::vector<std::string>& args) {
     // (as baton train --plan's does).
     std::vector<std::string> given;
     for (const char* flag :
-         {"model", "devices", "tp", "pp", "spatial", "dp", "schedule", "micro-batches", "batch",
-          "recompute", "layers-per-stage", "optimizer-sharding", "dp-sync", "top", "out"})
+         {"model", "devices", "tp", "pp", "spatial", "dp", "schedule", "micro-batches", "chunks",
+          "batch", "recompute", "layers-per-stage", "optimizer-sharding", "dp-sync", "top", "out"})
       if (vm.count(flag) && !vm[flag].defaulted()) given.push_back(std::string("--") + flag);
     if (!given.empty()) {
       std::string list;
@@ -185,6 +187,15 @@ int run_plan(const std::vector<std::string>& args) {
       throw InputError(std::string("--schedule: ") + e.what());
     }
   }
+  if (so.chunks < 0 || so.chunks > 64)
+    throw InputError("--chunks: expected 1 to 64 model chunks per pipeline rank, found " +
+                     std::to_string(so.chunks));
+  if (so.chunks > 0 && !so.schedules.empty() &&
+      std::none_of(so.schedules.begin(), so.schedules.end(), [](const std::string& n) {
+        return schedule::canonical_training_schedule_name(n) == "interleaved-1f1b";
+      }))
+    throw InputError("--chunks: only interleaved-1f1b takes a chunk count, and --schedule " +
+                     schedules + " does not list it");
   if (recompute == "on")
     so.recompute = 1;
   else if (recompute == "off")

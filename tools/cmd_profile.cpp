@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -33,6 +35,20 @@
 
 namespace baton::tools {
 namespace {
+
+// Times taken beside other processes hold the slices those took, and the planner's
+// figures move with them: on a host at load 4-10 of 2 cores, back-to-back profiles of one
+// model measured whole passes at 0.32x to 2.9x the ops' times and 2 ranks at 1.4x to
+// 5.0x alone, and the plan chosen changed with them. Said, with the load.
+void warn_if_busy(const char* when, int cores) {
+  double load = 0;
+  if (getloadavg(&load, 1) != 1 || load < std::max(1.0, 0.5 * cores)) return;
+  spdlog::warn(
+      "{} the host's load average was {:.1f} on the {} core(s) baton may use: other processes "
+      "share them, and the times (so the plans' predictions) include their share; profile on "
+      "a quiet host",
+      when, load, cores);
+}
 
 namespace pt = baton::partitioner;
 
@@ -316,6 +332,8 @@ int run_profile(const std::vector<std::string>& args) {
   // A large model's profile takes minutes (GPT-2 124M's, --colocated 4: 6): each phase
   // says it has begun, line by line even into a file or a pipe.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const int host_cores = int(transport::allowed_cores().size());
+  warn_if_busy("at the start,", host_cores);
   std::printf("timing %zu ops of %s one by one (%d warm-up and %d timed calls each)%s\n",
               g.nodes.size(), g.name.c_str(), o.warmup, o.repeats,
               o.warmup > 0 ? ", then whole training passes" : "");
@@ -348,6 +366,17 @@ int run_profile(const std::vector<std::string>& args) {
     if (costs.memory_bandwidth > 0)
       std::printf("the optimizer step streams its state at %.1f GB/s\n",
                   costs.memory_bandwidth / 1e9);
+    // On a quiet CPU the two agree within 20% (docs/benchmarks.md, "Step-time prediction").
+    std::vector<std::pair<int64_t, double>> factors = {{o.batch, costs.in_step}};
+    for (const pt::MeasuredCosts::AtBatch& at : costs.more_batches)
+      factors.emplace_back(at.batch, at.in_step);
+    for (auto [batch, f] : factors)
+      if (!o.device.is_cuda() && (f < 0.75 || f > 1.5))
+        spdlog::warn(
+            "at batch {} whole passes took {:.3f}x the ops' times one by one, far from 1: a "
+            "load that changed between the two timings (other processes) is the likely "
+            "cause; the planner scales every op of that batch by it",
+            batch, f);
   } else {
     std::printf(
         "in whole training passes: not measured (--warmup 0: the ops' times include "
@@ -363,7 +392,7 @@ int run_profile(const std::vector<std::string>& args) {
                                            "--warmup",    std::to_string(o.warmup),
                                            "--hold",      "-o",
                                            "/dev/null"};
-    const int cores = int(transport::allowed_cores().size());
+    const int cores = host_cores;
     costs.cores = cores;
     for (int k : colocated) {
       // Whole passes (forward, backward and weight gradients of a few micro-batches, the
@@ -398,6 +427,14 @@ int run_profile(const std::vector<std::string>& args) {
           "%d ranks on the host: the ops take %.3fx their time alone (F %.3fx, B+W %.3fx)\n", k,
           costs.colocated[k], together.forward / alone.forward,
           (together.compute - together.forward) / (alone.compute - alone.forward));
+      // Ranks sharing cores take at least their share of them, k / cores.
+      const double share = std::max(1.0, double(k) / cores);
+      if (costs.colocated[k] < 0.9 * share)
+        spdlog::warn(
+            "{} ranks on {} core(s) measured {:.3f}x their time alone, below the {:.3f}x their "
+            "share of the cores alone costs: the host was busier while one ran alone (other "
+            "processes); profile on a quiet host",
+            k, cores, costs.colocated[k], share);
     }
   }
   // The collectives and spatial exchanges among co-located ranks: a shard's or a tile's
@@ -435,6 +472,7 @@ int run_profile(const std::vector<std::string>& args) {
   };
   run_probes(Split::tp, tp);
   run_probes(Split::spatial, spatial);
+  warn_if_busy("at the end,", host_cores);
   pt::write_measured_costs(costs, out);
 
   struct Row {
