@@ -49,8 +49,9 @@ struct Rank {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0;       // waitpid status once exited
-  int stop_signal = 0;  // the signal that stopped (suspended) it, 0 while it runs
+  bool suspended_with_job = false;  // stopped by the launcher with itself (Ctrl-Z)
+  int status = 0;                   // waitpid status once exited
+  int stop_signal = 0;              // the signal that stopped (suspended) it, 0 while it runs
   std::chrono::steady_clock::time_point stopped_since;
   std::unique_ptr<asio::steady_timer> stopped_timer;  // when it has been stopped too long
   std::unique_ptr<asio::posix::stream_descriptor> out, err;
@@ -159,7 +160,12 @@ std::vector<int> stop_signals() {
 class Launcher {
  public:
   Launcher(const LaunchOptions& o, int attempt)
-      : o_(o), attempt_(attempt), signals_(io_, SIGCHLD), stop_signals_(io_), grace_(io_) {}
+      : o_(o),
+        attempt_(attempt),
+        signals_(io_, SIGCHLD),
+        stop_signals_(io_),
+        suspend_signals_(io_, SIGTSTP),
+        grace_(io_) {}
 
   bool interrupted() const { return interrupted_; }
   // The failure, for the restart log: "rank 2 was killed by signal 9 (SIGKILL) at step 12".
@@ -180,6 +186,7 @@ class Launcher {
                   std::to_string(server_->port());
     watch_children();
     watch_stop_signals();
+    watch_suspend();
     ranks_.resize(size_t(o_.nprocs));
     for (int r = 0; r < o_.nprocs; ++r) spawn(r);
     io_.run();
@@ -368,9 +375,10 @@ class Launcher {
           rk.stopped_since = std::chrono::steady_clock::now();
           if (!rk.stop_signal) {
             rk.stopped_timer->cancel();
+            rk.suspended_with_job = false;
           } else if (stopping_) {
             kill_stopped(rk);  // it cannot exit on its own, nor see a SIGTERM
-          } else {
+          } else if (!rk.suspended_with_job) {
             write_all(2, "baton launch: rank " + std::to_string(rk.rank) + " was stopped by " +
                              describe_signal(rk.stop_signal) + "\n");
           }
@@ -516,6 +524,30 @@ class Launcher {
       if (ec) return;
       stop_job(sig, "got " + signal_name(sig));
       watch_stop_signals();
+    });
+  }
+
+  // Ctrl-Z reaches the launcher alone (each rank has a process group of its own): the job
+  // is suspended whole, as a shell's job is, and continues with the launcher (`fg`, `bg`).
+  // The ranks had run on without it, rank 0 soon blocked telling it its step, and with a
+  // stall timeout the others then failed blaming one another.
+  void watch_suspend() {
+    suspend_signals_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      if (!stopping_) {
+        write_all(2,
+                  "baton launch: suspended by SIGTSTP, every rank with it (fg or bg continues "
+                  "the job)\n");
+        for (Rank& rk : ranks_)
+          if (rk.running) {
+            rk.suspended_with_job = true;
+            ::kill(-rk.pid, SIGSTOP);
+          }
+        ::raise(SIGSTOP);  // until SIGCONT
+        for (const Rank& rk : ranks_)
+          if (rk.running && rk.suspended_with_job) ::kill(-rk.pid, SIGCONT);
+      }
+      watch_suspend();
     });
   }
 
@@ -822,6 +854,7 @@ class Launcher {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::signal_set stop_signals_;
+  asio::signal_set suspend_signals_;  // SIGTSTP
   asio::steady_timer grace_;
   asio::steady_timer drain_{io_};  // after the ranks: for what they left holding a pipe
   bool draining_ = false;

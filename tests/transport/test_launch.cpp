@@ -108,6 +108,30 @@ TEST(Launch, AStopSignalEndsTheJobSayingSo) {
   EXPECT_EQ(r.output.find("restart 1"), std::string::npos) << r.output;
 }
 
+// Ctrl-Z (SIGTSTP to the launcher alone: the ranks have process groups of their own)
+// suspends the whole job, as a shell's job, and SIGCONT to the launcher continues it: the
+// ranks had run on without it. Rank 1 ticks every 0.05 s; the launcher is suspended for
+// about 1 s (a helper of its own session continues it).
+TEST(Launch, CtrlZSuspendsTheWholeJobAndFgContinuesIt) {
+  Result r = run(
+      "-n 2 -- sh -c 'if [ $BATON_RANK = 0 ]; then setsid sh -c \"sleep 1.3; kill -CONT $PPID\" "
+      "& sleep 0.3; kill -TSTP $PPID; else i=0; while [ $i -lt 40 ]; do date +%s%N; sleep 0.05; "
+      "i=$((i+1)); done; fi'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("baton launch: suspended by SIGTSTP, every rank with it"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("was stopped by"), std::string::npos) << r.output;
+  std::istringstream lines(r.output);
+  std::vector<int64_t> ticks;
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("[rank 1] ", 0) == 0) ticks.push_back(std::stoll(line.substr(9)));
+  ASSERT_EQ(ticks.size(), 40u) << r.output;
+  int64_t gap = 0;
+  for (size_t i = 1; i < ticks.size(); ++i) gap = std::max(gap, ticks[i] - ticks[i - 1]);
+  EXPECT_GT(gap, 700'000'000) << "rank 1 did not stop with the launcher";
+}
+
 // A stop signal sent to the ranks themselves (a scheduler signalling every process): each
 // ending by it, during set-up (killed by the signal) or after its step (`baton train`'s
 // 128 + the signal), is a stop, not a failure: no restart. A rank that failed otherwise

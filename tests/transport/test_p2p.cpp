@@ -12,6 +12,7 @@
 
 #include "memory/tensor.h"
 #include "tests/transport/world_harness.h"
+#include "transport/detail/local_fabric.h"
 #include "transport/local.h"
 #include "transport/pair_routes.h"
 
@@ -463,6 +464,29 @@ TEST(Progress, ALargeSendFinishesWhileItsSenderSleeps) {
       }
     });
   }
+}
+
+// Rank 0 leaves of its own error (its goodbye says only that it left); rank 1, which still
+// needed it, leaves saying rank 0 failed. Rank 2 names rank 0, not the reporter: it had
+// kept rank 0 as merely gone and named none, or under UCX rank 1.
+TEST(Fabric, ALeaverReportedFailedByAnotherIsTheFailure) {
+  auto hub = std::make_shared<detail::LocalHub>(3);
+  auto f0 = std::make_unique<detail::LocalFabric>(hub, 0, CommOptions{});
+  auto f1 = std::make_unique<detail::LocalFabric>(hub, 1, CommOptions{});
+  detail::LocalFabric f2(hub, 2, CommOptions{});
+  f0.reset();
+  EXPECT_FALSE(f2.first_failure().has_value());  // left: no failure of its own
+  EXPECT_TRUE(f2.knows_failure(0, /*left=*/true));
+  EXPECT_FALSE(f2.knows_failure(0, /*left=*/false));
+  f1->declare_failed(0, "it left the job while rank 1 still needed it");
+  f1.reset();
+  const auto first = f2.first_failure();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->first, 0);
+  EXPECT_NE(first->second.find("while rank 1 still needed it (reported by rank 1)"),
+            std::string::npos)
+      << first->second;
+  EXPECT_TRUE(f2.knows_failure(0, /*left=*/false));
 }
 
 }  // namespace

@@ -159,7 +159,15 @@ void Fabric::wait(Request& r, std::span<const int> scope) {
 void Fabric::declare_failed(int peer, const std::string& reason, bool left) {
   {
     std::lock_guard lock(failed_mu_);
-    if (!failed_.emplace(peer, Failed{reason, failed_.size(), left}).second) return;
+    auto [it, fresh] = failed_.emplace(peer, Failed{reason, failed_.size(), left});
+    if (!fresh) {
+      // Known to have left, then reported failed by a rank that still needed it (its
+      // goodbye carries the failure): a failure, in the place it took when it left. A rank
+      // two hops from one that failed of its own error had named the reporter instead.
+      if (left || !it->second.left) return;
+      it->second.left = false;
+      it->second.reason = reason;
+    }
   }
   failure_epoch_.fetch_add(1, std::memory_order_acq_rel);
   // What waits on a peer that left is failed as needing it, so that its first waiter's
@@ -183,6 +191,12 @@ void Fabric::fail_gone(Request& r, int peer) {
   bool changed = mark_needed(peer);
   fail(r, std::make_exception_ptr(peer_error(peer)));
   if (changed) wake_waiters();
+}
+
+bool Fabric::knows_failure(int peer, bool left) const {
+  std::lock_guard lock(failed_mu_);
+  auto it = failed_.find(peer);
+  return it != failed_.end() && (left || !it->second.left);
 }
 
 std::optional<std::string> Fabric::failure_of(int peer) const {

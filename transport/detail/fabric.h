@@ -88,8 +88,11 @@ class Fabric {
   // waiter so that collectives involving it fail too. A peer that `left` (closed its
   // communicator normally) fails only the operations that involve it directly: it has
   // done its part of every collective it issued. If it leaves one of ours unfinished,
-  // that makes it a failure like any other.
+  // that makes it a failure like any other; so does another rank's report that it failed.
   void declare_failed(int peer, const std::string& reason, bool left = false);
+  // Whether declare_failed(peer, ..., left) would add nothing: the peer is known to have
+  // failed, or to have left when `left`.
+  bool knows_failure(int peer, bool left) const;
   // Throws the PeerError of the rank in scope that failed first, if any: when one rank's
   // death makes others give up, the error still names the one that died.
   void check_scope(std::span<const int> scope) const;

@@ -923,8 +923,7 @@ void UcxFabric::apply_failures() {
     todo.swap(failures_);
   }
   for (auto& f : todo) {
-    bool first = !failure_of(f.peer);
-    if (!first) continue;
+    if (knows_failure(f.peer, f.left)) continue;
     if (f.tell_others)
       spdlog::error("rank {}: rank {} failed: {}", rank(), f.peer, f.reason);
     else
