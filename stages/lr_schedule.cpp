@@ -84,6 +84,13 @@ void LrSchedule::validate() const {
   if (kind == Kind::constant && total > 0 && warmup >= total)
     throw InputError("--warmup-steps " + std::to_string(warmup) + ": expected fewer than --steps " +
                      std::to_string(total) + ", for the constant rate --lr to follow the warm-up");
+  // A decay to 0 over the one step of the run sets that step's rate to 0: it trained
+  // nothing, exit 0, its checkpoint the initial weights.
+  if (kind != Kind::constant && total == 1 && warmup == 0 && min_lr == 0)
+    throw InputError("--steps 1 with --lr-schedule " + std::string(lr_schedule_name(kind)) +
+                     ": its decay ends at --min-lr 0 on its only step, which would train nothing "
+                     "(the last step of a decay runs at --min-lr); give more steps, --min-lr "
+                     "above 0, or --lr-schedule constant");
   // Both may be near INT64_MAX: compared without their sum, which overflowed.
   if (kind == Kind::wsd && total > 0 && (warmup > total || decay_steps() > total - warmup))
     throw InputError("--lr-schedule wsd: warm-up (" + std::to_string(warmup) + ") and decay (" +

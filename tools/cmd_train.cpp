@@ -99,7 +99,8 @@ int run_train(const std::vector<std::string>& args) {
       "steps of linear warm-up to --lr")(
       "decay-steps", po::value(&o.lr_schedule.decay)->default_value(0),
       "steps of decay after warm-up (0: the remaining steps; wsd: --decay-fraction)")(
-      "min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0), "the rate the decay ends at")(
+      "min-lr", po::value(&o.lr_schedule.min_lr)->default_value(0.0),
+      "the rate the decay ends at (its last step's)")(
       "decay-fraction", po::value(&o.lr_schedule.decay_fraction)->default_value(0.1, "0.1"),
       "wsd: the last share of the steps that decays")("weight-decay",
                                                       po::value(&weight_decay)->default_value(0.0),

@@ -204,5 +204,29 @@ TEST(LrSchedule, WarmupToTheEndIsRefused) {
   EXPECT_NO_THROW(c.validate());
 }
 
+// The last step of a decay runs at --min-lr: a decay to 0 over one step trained nothing
+// (exit 0, its checkpoint the initial weights).
+TEST(LrSchedule, ADecayToZeroOverOneStepIsRefused) {
+  for (auto k : {LrSchedule::Kind::cosine, LrSchedule::Kind::linear, LrSchedule::Kind::wsd}) {
+    LrSchedule s;
+    s.kind = k;
+    s.total = 1;
+    EXPECT_EQ(s.at(1), 0.0);
+    EXPECT_NE(refusal(s).find("--steps 1 with --lr-schedule " + lr_schedule_name(k) +
+                              ": its decay ends at --min-lr 0 on its only step"),
+              std::string::npos)
+        << refusal(s);
+    s.min_lr = 1e-5;
+    EXPECT_NO_THROW(s.validate());
+    s.min_lr = 0;
+    s.total = 2;
+    EXPECT_GT(s.at(1), 0.0);
+    EXPECT_NO_THROW(s.validate());
+  }
+  LrSchedule c;  // constant
+  c.total = 1;
+  EXPECT_NO_THROW(c.validate());
+}
+
 }  // namespace
 }  // namespace baton::stages
