@@ -442,8 +442,21 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
         dir);
 }
 
+std::string plan_optimizer_name(const LoopOptions& o) {
+  return o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
+         : o.optimizer.sgd.momentum > 0                           ? "sgd-momentum"
+                                                                  : "sgd";
+}
+
+int64_t batchnorm_samples(const stages::Graph& g, int64_t samples) {
+  for (const stages::Node& n : g.nodes)
+    if (n.op == "batchnorm2d") return samples;
+  return 0;
+}
+
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
-                         const nlohmann::json& data, const LoopOptions& o, int64_t batch) {
+                         const nlohmann::json& data, const LoopOptions& o, int64_t batch,
+                         int64_t batchnorm_samples) {
   // Data paths, shown even where they are not UTF-8 (nlohmann's dump throws on those).
   auto text_of = [](const nlohmann::json& j) {
     return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -456,7 +469,7 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
         "steps to add): nothing is trained; give --steps above {} to continue",
         dir, m.step, o.steps, m.step);
   // Samples per step change every step's gradient (micro-batches do not: they sum to the
-  // same batch).
+  // same batch, but for batch norm, which normalises each micro-batch on its own).
   if (m.train.is_object() && m.train.contains("batch")) {
     // A batch that is no count ("two", 4.5) had skipped this warning without a word.
     const nlohmann::json& b = m.train.at("batch");
@@ -470,6 +483,23 @@ void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
           "{}/manifest.json: $.train.batch: the checkpoint's run took {} samples a step; "
           "continuing with {} (the loss curve is not the uninterrupted run's)",
           dir, b.get<int64_t>(), batch);
+    // Checkpoints before the field was written: batch / micro-batches, no sync_batchnorm.
+    const nlohmann::json* was = nullptr;
+    nlohmann::json derived;
+    if (m.train.contains("batchnorm_samples")) {
+      was = &m.train.at("batchnorm_samples");
+    } else if (m.train.contains("micro_batches") && m.train["micro_batches"].is_number_integer() &&
+               m.train["micro_batches"].get<int64_t>() > 0) {
+      derived = b.get<int64_t>() / m.train["micro_batches"].get<int64_t>();
+      was = &derived;
+    }
+    if (batchnorm_samples > 0 && was != nullptr && was->is_number_integer() &&
+        was->get<int64_t>() != batchnorm_samples)
+      spdlog::warn(
+          "{}/manifest.json: $.train: the checkpoint's run normalised each batch norm over {} "
+          "samples; this run over {} (other micro-batches: the statistics, the running "
+          "averages and the loss curve are not the uninterrupted run's)",
+          dir, was->get<int64_t>(), batchnorm_samples);
   }
   // A constant rate (after its warm-up) does not depend on the run's length (and older
   // manifests gave it a decay and a floor).
@@ -570,6 +600,8 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
     std::string bad_line;
     while (std::getline(old, line)) {
       ++number;
+      // A blank line (an editor's last newline) holds no record to lose: left out.
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       const bool record =
           !j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer();
@@ -863,13 +895,15 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
       try {
         rec.eval_loss = steps.evaluate();
       } catch (...) {
-        // The step's line without its held-out loss, so that the log reaches the
-        // checkpoint.
-        try {
-          loss_log.write(rec);
-        } catch (...) {
-          // A log that cannot be written: the evaluation's error is the one reported.
-        }
+        // With the step's checkpoint written, no line: a resume from it finds the log one
+        // short, evaluates again and writes the line whole (a line without the held-out
+        // loss had been kept, and the loss lost for good: a peer killed during the
+        // evaluation, then --max-restarts). Without one, the line for the record.
+        if (written.empty()) try {
+            loss_log.write(rec);
+          } catch (...) {
+            // A log that cannot be written: the evaluation's error is the one reported.
+          }
         throw;
       }
     }

@@ -201,11 +201,21 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
 // was written for other training data (`data`: data_manifest() of this run; the run
 // continues at the checkpoint's position in the data it has now) or under a
 // learning-rate schedule whose rates differ from this run's (a constant rate's run may
-// be lengthened), or with another batch (`batch`: this run's samples per step), or at a
-// step past --steps (nothing is trained). A $.train.batch that is no sample count is
+// be lengthened), or with another batch (`batch`: this run's samples per step), or with
+// batch norm over another number of samples (`batchnorm_samples`, below: this run's), or
+// at a step past --steps (nothing is trained). A $.train.batch that is no sample count is
 // refused (InputError naming the manifest).
 void warn_resume_changes(const stages::Manifest& m, const std::string& dir,
-                         const nlohmann::json& data, const LoopOptions& o, int64_t batch);
+                         const nlohmann::json& data, const LoopOptions& o, int64_t batch,
+                         int64_t batchnorm_samples);
+
+// The plan field's name of the run's optimizer: adamw, sgd-momentum or sgd.
+std::string plan_optimizer_name(const LoopOptions& o);
+
+// The samples each batch norm of `g` normalises over, `samples` (a micro-batch, or with
+// sync_batchnorm the replicas' micro-batches together), recorded in a checkpoint's
+// $.train.batchnorm_samples; 0 when `g` has no batch norm.
+int64_t batchnorm_samples(const stages::Graph& g, int64_t samples);
 
 // A warning for the data-parallel state a checkpoint holds and a resumed run does not use
 // (`local_sgd` / `parameter_server`: the run's dp_sync reads it): the replicas' own

@@ -777,19 +777,12 @@ namespace {
 // What `baton plan --check` estimates for each rank, with this run's buffer settings and,
 // where the plan names no optimizer, this run's (a plan without one is estimated with
 // AdamW's two states: an sgd run had been refused for memory it never used).
-// The plan field's name of the run's optimizer.
-std::string optimizer_name(const PlanTrainOptions& o) {
-  return o.optimizer.kind == stages::OptimizerConfig::Kind::adamw ? "adamw"
-         : o.optimizer.sgd.momentum > 0                           ? "sgd-momentum"
-                                                                  : "sgd";
-}
-
 partitioner::PlanEstimate estimate_of(const ResolvedPlan& r, const PlanTrainOptions& o) {
   partitioner::CostModel model(r.graph, partitioner::Machine{});
   partitioner::EvaluateOptions eval;
   eval.bucket_bytes = o.bucket_bytes;
   eval.recv_ahead = o.recv_ahead;
-  const std::string mine = optimizer_name(o);
+  const std::string mine = plan_optimizer_name(o);
   if (r.plan.optimizer_stated || r.plan.optimizer == mine)
     return partitioner::evaluate_plan(r, model, eval);
   ResolvedPlan run = r;
@@ -816,8 +809,11 @@ void check_capacity(const ResolvedPlan& r, const PlanTrainOptions& o) {
   if (o.schedule_path.empty())
     throw InputError(
         r.plan.source + ": the plan does not fit in " + cap_text +
-        " per device (estimated peaks over it: " + over + "; `baton plan --check" +
-        (r.plan.optimizer_stated ? std::string() : " --optimizer " + optimizer_name(o)) +
+        " per device (estimated peaks over it: " + over + "; `baton plan --check " + r.plan.source +
+        (r.plan.optimizer_stated ? std::string() : " --optimizer " + plan_optimizer_name(o)) +
+        // The cap --device-memory gave, which --check takes alike (its bytes, exactly).
+        (int64_t(cap) == r.plan.device_memory ? std::string()
+                                              : " --device-memory " + std::to_string(cap)) +
         "` shows every rank): re-plan, or raise its device_memory or "
         "--device-memory");
   // `baton plan --check` estimates the generator's schedule (and refuses --schedule): the
@@ -981,8 +977,14 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   }
   prepare_device(o);
   const stages::Graph& lg = *r.graph;
+  // A micro-batch, or with sync_batchnorm every replica's together.
+  const int64_t bn_samples = batchnorm_samples(
+      lg, r.plan.micro_batch_size * (r.plan.sync_batchnorm ? int64_t(r.plan.dp) : 1));
   const std::string model_source = r.plan.where("$.model");
-  if (o.steps > 0) stages::check_loss_trains(lg, model_source);
+  // Its $.loss is the model file's, where the plan names one.
+  if (o.steps > 0)
+    stages::check_loss_trains(
+        lg, r.plan.model_path_resolved.empty() ? model_source : r.plan.model_path_resolved);
   // A directory with images.npy is image data (images + labels, as the one-process
   // trainer reads it); otherwise the token dataset (and held-out data), checked against
   // the logical model's vocabulary.
@@ -1123,7 +1125,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
       if (lead) {
         warn_resume_changes(m, *dir,
                             images ? data_manifest(*images, m.step) : data_manifest(data, m.step),
-                            o, engine.executor().config().global_batch);
+                            o, engine.executor().config().global_batch, bn_samples);
         warn_unused_dp_state(m, *dir, r.plan.dp_sync.independent(),
                              r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0);
       }
@@ -1169,6 +1171,7 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
                 {"lr_schedule", lr_schedule_of(o).to_json()}};
   if (stop_ids) base.train["eos_token_ids"] = *stop_ids;
   if (!images && data.eval) base.train["eval_batches"] = o.eval_batches;
+  if (bn_samples > 0) base.train["batchnorm_samples"] = bn_samples;
   if (r.plan.dp_sync.independent()) base.train["local_sgd"] = own_state_layout(r, 0);
   if (r.plan.dp_sync.parameter_server() && r.plan.dp_sync.max_staleness > 0)
     base.train["parameter_server"] = own_state_layout(r, int64_t(o.bucket_bytes));

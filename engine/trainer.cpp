@@ -11,7 +11,10 @@
 #include "memory/cuda_device.h"
 #include "memory/input_staging.h"
 #include "memory/units.h"
+#include "partitioner/cost_model.h"
+#include "partitioner/evaluate.h"
 #include "partitioner/fusion.h"
+#include "partitioner/resolved_plan.h"
 #include "stages/checkpoint.h"
 #include "stages/data.h"
 #include "stages/evaluation.h"
@@ -24,9 +27,56 @@ namespace baton::engine {
 
 using memory::Tensor;
 
+namespace {
+
+// One process runs its micro-batches as a one-rank 1F1B plan does (a forward and its
+// backward each, then the step), so that plan's estimate is its peak (0.0-0.2% above the
+// measured one at 1-4 micro-batches, with and without recompute: docs/engine.md).
+int64_t estimated_peak(const TrainOptions& o, const std::shared_ptr<const stages::Graph>& graph) {
+  partitioner::Plan p;
+  p.source = "baton train";
+  p.devices = 1;
+  p.dp = 1;
+  p.pp = 1;
+  p.tp = {1};
+  p.schedule = "1f1b";
+  p.micro_batches = int(o.micro_batches);
+  p.micro_batch_size = o.batch / o.micro_batches;
+  p.global_batch = o.batch;
+  p.optimizer = plan_optimizer_name(o);
+  p.optimizer_stated = true;
+  partitioner::PlanStage whole;
+  whole.first_layer = 0;
+  whole.last_layer = graph->num_layers();
+  for (int l : o.recompute_layers) whole.recompute_names.push_back(graph->layers[size_t(l)].name);
+  p.stages = {whole};
+  const partitioner::ResolvedPlan r = partitioner::resolve_plan(p, graph);
+  partitioner::CostModel model(graph, partitioner::Machine{});
+  return partitioner::evaluate_plan(r, model).ranks.at(0).peak;
+}
+
+// A cap below the estimate is refused before the weights are allocated, as a plan over
+// its cap is, rather than failing in the first step, after the loading, with an
+// allocator's message.
+void check_capacity(const TrainOptions& o, int64_t peak) {
+  const size_t cap = memory::allocator_for(o.device).stats().capacity;
+  if (cap == 0 || peak <= int64_t(cap)) return;
+  throw InputError("--device-memory " + memory::format_bytes(double(cap)) +
+                   ": the run's estimated peak is " + memory::format_bytes(double(peak)) +
+                   " (parameters, gradients, optimizer state and a micro-batch's activations); "
+                   "give more --micro-batches or --recompute layers, or split the model over "
+                   "devices (`baton plan --model M --devices N --device-memory " +
+                   std::to_string(cap) + "`)");
+}
+
+}  // namespace
+
 TrainSummary run_training(const TrainOptions& o,
                           const std::function<void(const StepRecord&)>& on_step) {
-  if (o.batch <= 0 || o.micro_batches <= 0 || o.batch % o.micro_batches != 0)
+  if (o.micro_batches <= 0)
+    throw InputError("--micro-batches: expected at least 1, found " +
+                     std::to_string(o.micro_batches));
+  if (o.batch <= 0 || o.batch % o.micro_batches != 0)
     throw InputError("--batch " + std::to_string(o.batch) +
                      " must be a positive multiple of "
                      "--micro-batches " +
@@ -122,6 +172,11 @@ TrainSummary run_training(const TrainOptions& o,
       throw InputError("--recompute: layer " + std::to_string(l) +
                        " does not exist (the model has " + std::to_string(graph->num_layers()) +
                        " layers)");
+  // For the summary's estimated_peak_bytes too (the cost model walks every op: only when
+  // asked for).
+  const bool capped = memory::allocator_for(o.device).stats().capacity > 0;
+  const int64_t estimate = capped || !o.summary_path.empty() ? estimated_peak(o, graph) : -1;
+  check_capacity(o, estimate);
   // The weights' names, dtypes and shapes from their headers, before the Stage allocates
   // and initialises every parameter config.json asks for (possibly far more than them).
   if (init_from)
@@ -158,7 +213,7 @@ TrainSummary run_training(const TrainOptions& o,
       check_resume(m, *dir, model_json, model_source, o.seed);
       warn_resume_changes(m, *dir,
                           images ? data_manifest(*images, m.step) : data_manifest(data, m.step), o,
-                          o.batch);
+                          o.batch, batchnorm_samples(*graph, o.batch / o.micro_batches));
       warn_unused_dp_state(m, *dir, false, false);
       stages::load_stage(*dir, m, stage, true);  // the loop sets each step's rate
       start = m.step;
@@ -277,6 +332,8 @@ TrainSummary run_training(const TrainOptions& o,
                {"lr_schedule", lr_schedule_of(o).to_json()}};
     if (stop_ids) m.train["eos_token_ids"] = *stop_ids;
     if (data.eval) m.train["eval_batches"] = o.eval_batches;
+    if (const int64_t n = batchnorm_samples(*graph, o.batch / o.micro_batches); n > 0)
+      m.train["batchnorm_samples"] = n;
     if (!pending.is_null()) m.train["pending_step"] = pending;
     save_loss_scale(m, scaler.get());
     std::string dir = stages::save_checkpoint(o.checkpoint_dir, stage, m);
@@ -297,8 +354,9 @@ TrainSummary run_training(const TrainOptions& o,
   summary.peak_bytes = alloc.stats().peak;
   spdlog::info("peak device memory {}", memory::format_bytes(double(summary.peak_bytes)));
   if (!o.summary_path.empty())
-    write_summary(o.summary_path, summary_json(o, summary, tokens_per_step,
-                                               {{0, int64_t(summary.peak_bytes), -1}}, "", ""));
+    write_summary(o.summary_path,
+                  summary_json(o, summary, tokens_per_step,
+                               {{0, int64_t(summary.peak_bytes), estimate}}, "", ""));
   return summary;
 }
 

@@ -364,10 +364,10 @@ ImageDataset::ImageDataset(const std::string& dir) : dir_(dir) {
       // Named as the file holds it, in its own type.
       if constexpr (std::is_signed_v<T>)
         if (v < 0)
-          bad(lp, "label " + std::to_string(k) + " is negative (" + std::to_string(v) + ")");
+          bad(lp, "labels[" + std::to_string(k) + "] is negative (" + std::to_string(v) + ")");
       // Class ids are small; a huge one (an unsigned 64-bit beyond int64) would wrap.
       if (v > T(2147483647))
-        bad(lp, "label " + std::to_string(k) + " is " + std::to_string(v) +
+        bad(lp, "labels[" + std::to_string(k) + "] is " + std::to_string(v) +
                     ", beyond any class id (expected at most 2^31 - 1)");
       labels_[size_t(k)] = int64_t(v);
     });

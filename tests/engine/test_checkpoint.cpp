@@ -268,6 +268,41 @@ TEST(Checkpoint, ARunWarnsWhenItsDirectoryCannotHoldACheckpoint) {
       << log.str();
 }
 
+// Batch norm normalises each micro-batch alone, so other micro-batches change the
+// training where for other models they sum to the same gradient: said on resume (it had
+// resumed a ResNet under other micro-batches without a word).
+TEST(Checkpoint, ResumeSaysWhenBatchNormNormalisesOverOtherSamples) {
+  engine::LoopOptions o;
+  o.steps = 4;
+  stages::Manifest m;
+  m.train = {
+      {"lr_schedule", engine::lr_schedule_of(o).to_json()}, {"batch", 8}, {"micro_batches", 2}};
+  auto warnings = [&](int64_t samples) {
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    engine::warn_resume_changes(m, "ck", nlohmann::json::object(), o, 8, samples);
+    spdlog::default_logger()->sinks().pop_back();
+    return log.str();
+  };
+  // A manifest without the field: batch / micro_batches.
+  EXPECT_EQ(warnings(4), "");
+  EXPECT_EQ(warnings(0), "");  // no batch norm
+  EXPECT_NE(warnings(2).find("ck/manifest.json: $.train: the checkpoint's run normalised each "
+                             "batch norm over 4 samples; this run over 2"),
+            std::string::npos)
+      << warnings(2);
+  m.train["batchnorm_samples"] = 8;  // sync_batchnorm over two replicas
+  EXPECT_EQ(warnings(8), "");
+  EXPECT_NE(warnings(4).find("over 8 samples; this run over 4"), std::string::npos);
+
+  stages::Graph g;
+  EXPECT_EQ(engine::batchnorm_samples(g, 4), 0);
+  g.nodes.push_back(stages::Node{});
+  g.nodes.back().op = "batchnorm2d";
+  EXPECT_EQ(engine::batchnorm_samples(g, 4), 4);
+}
+
 // A resumed run whose optimizer flags or clipping differ from the checkpoint's says which
 // it continues with (the optimizer's settings travel with its state; the clip is the run's).
 TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
@@ -282,7 +317,7 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   spdlog::default_logger()->sinks().push_back(sink);
-  engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8);
+  engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8, 0);
   spdlog::default_logger()->sinks().pop_back();
   const std::string text = log.str();
   // Another batch changes every step's gradient (a resume had taken it silently).
@@ -365,7 +400,7 @@ TEST(Checkpoint, ResumeComparesTheDataByItsContents) {
     std::ostringstream log;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
     spdlog::default_logger()->sinks().push_back(sink);
-    engine::warn_resume_changes(m, "ck", engine::data_manifest(now, 2), o, 8);
+    engine::warn_resume_changes(m, "ck", engine::data_manifest(now, 2), o, 8, 0);
     spdlog::default_logger()->sinks().pop_back();
     return log.str();
   };
@@ -415,8 +450,8 @@ TEST(Checkpoint, ResumeComparesImageDataByItsContents) {
     std::ostringstream log;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
     spdlog::default_logger()->sinks().push_back(sink);
-    engine::warn_resume_changes(m, "ck", engine::data_manifest(stages::ImageDataset(path), 2), o,
-                                8);
+    engine::warn_resume_changes(m, "ck", engine::data_manifest(stages::ImageDataset(path), 2), o, 8,
+                                0);
     spdlog::default_logger()->sinks().pop_back();
     return log.str();
   };
@@ -443,7 +478,7 @@ TEST(Checkpoint, ResumeRefusesABatchThatIsNoCount) {
        {nlohmann::json("two"), nlohmann::json(4.5), nlohmann::json(0), nlohmann::json(nullptr)}) {
     m.train = {{"lr_schedule", engine::lr_schedule_of(o).to_json()}, {"batch", bad}};
     try {
-      engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8);
+      engine::warn_resume_changes(m, "ckpt/step-00000002", nlohmann::json::object(), o, 8, 0);
       ADD_FAILURE() << "batch " << bad.dump() << " accepted";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find("ckpt/step-00000002/manifest.json: $.train.batch: "
@@ -466,7 +501,7 @@ TEST(Checkpoint, ResumePastStepsSaysNothingIsTrained) {
     std::ostringstream log;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
     spdlog::default_logger()->sinks().push_back(sink);
-    engine::warn_resume_changes(m, "ckpt/step-00000010", nlohmann::json::object(), o, 8);
+    engine::warn_resume_changes(m, "ckpt/step-00000010", nlohmann::json::object(), o, 8, 0);
     spdlog::default_logger()->sinks().pop_back();
     return log.str();
   };

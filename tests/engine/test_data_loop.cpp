@@ -243,10 +243,11 @@ TEST(DataLoop, PlanResumesMidDecay) {
 }
 
 // A due checkpoint is written before that step's evaluation: an evaluation that failed
-// (the held-out data gone under the run) had lost it, at the end of a run its last. The
-// step's loss-log line is still written, without a held-out loss, so the log reaches the
-// checkpoint. A checkpoint of a step without evaluation still follows the step's line (a
-// run killed between the two resumes with the line). A log that ends before the resumed
+// (the held-out data gone under the run, a peer killed) had lost it, at the end of a run
+// its last. The step's loss-log line is not written then: the resume from the checkpoint
+// evaluates again and writes it whole (a line without its held-out loss had been written,
+// and the loss lost for good). A checkpoint of a step without evaluation still follows the step's
+// line (a run killed between the two resumes with the line). A log that ends before the resumed
 // checkpoint's step (a run killed during that evaluation) is said.
 // A run of no steps with held-out data evaluates the initial weights, as step 0 of the
 // summary's evaluations, and writes them as step 0 (it had evaluated nothing, silently).
@@ -312,11 +313,17 @@ TEST(DataLoop, FailedEvaluationKeepsTheStepsCheckpoint) {
   // Step 2 after its line, step 4 before its evaluation and line, step 6 before its
   // evaluation (the last step's), which failed.
   EXPECT_EQ(written, (std::vector<std::pair<int64_t, size_t>>{{2, 2}, {4, 3}, {6, 5}}));
+  ASSERT_EQ(lines().size(), 5u);
+  // The resume from step 6's checkpoint evaluates it again and writes its line whole.
+  ASSERT_TRUE(pending.at(6).is_object());
+  steps.resumed_pending = pending.at(6);
+  engine::run_loop(o, 6, 1, true, steps, {});
+  steps.resumed_pending = nullptr;
   const std::vector<nlohmann::json> log = lines();
   ASSERT_EQ(log.size(), 6u);
   EXPECT_EQ(log[3]["eval_loss"], 7.5);
   EXPECT_EQ(log[5]["step"], 6);
-  EXPECT_FALSE(log[5].contains("eval_loss"));
+  EXPECT_EQ(log[5]["eval_loss"], 7.5);
   // A checkpoint before its step's line holds the step's record; one after it none.
   EXPECT_TRUE(pending.at(2).is_null());
   ASSERT_TRUE(pending.at(4).is_object());

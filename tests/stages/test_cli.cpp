@@ -432,12 +432,17 @@ TEST(Cli, TrainsAndWritesTheLossLog) {
   EXPECT_EQ(lines, 3);
 }
 
-TEST(Cli, DeviceMemoryCapIsARuntimeFailure) {
+// A cap below the run's estimated peak is refused before the weights are allocated (it had
+// failed in the first step with the allocator's message, exit 1).
+TEST(Cli, DeviceMemoryCapBelowTheEstimateIsRefused) {
   std::string model = temp_file("tiny_cap.json", kTiny);
   Result r =
       cli_run("--model " + model + " --data " + kCliCorpus + " --steps 1 --device-memory 64KiB");
-  EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("out of memory on cpu"), std::string::npos) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--device-memory 64.00 KiB: the run's estimated peak is "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("out of memory"), std::string::npos) << r.output;
 }
 
 // --device and --precision: a bad value is exit 2 naming the flag; a precision the

@@ -452,7 +452,8 @@ TEST(ImageData, RoundTripAndErrors) {
   EXPECT_NE(error_of_dir().find("is negative"), std::string::npos) << error_of_dir();
   write_npy(dir + "/labels.npy",
             Tensor::from_vector(std::vector<int64_t>{0, 1, int64_t(1) << 40, 0, 1}, {5}));
-  EXPECT_NE(error_of_dir().find("label 2 is 1099511627776, beyond any class id"), std::string::npos)
+  EXPECT_NE(error_of_dir().find("labels[2] is 1099511627776, beyond any class id"),
+            std::string::npos)
       << error_of_dir();
   // Labels are named and compared exactly as the file holds them, not rounded through a
   // double: 2^53 + 1 as int64, and 2^64 - 1 and 2^63 + 5 as uint64 (numpy's '<u8', retyped
@@ -474,7 +475,7 @@ TEST(ImageData, RoundTripAndErrors) {
         std::tuple{(uint64_t(1) << 53) + 1, true, "9007199254740993"},
         std::tuple{uint64_t(2147483648), true, "2147483648"}}) {
     write_labels(label, is_unsigned);
-    EXPECT_NE(error_of_dir().find("label 2 is " + std::string(text) + ", beyond any class id"),
+    EXPECT_NE(error_of_dir().find("labels[2] is " + std::string(text) + ", beyond any class id"),
               std::string::npos)
         << error_of_dir();
   }
