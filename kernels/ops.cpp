@@ -76,8 +76,8 @@ void set_num_threads(int n) {
   cpu::set_thread_count(n);
 }
 
-void configure_cpu_runtime(char** argv) {
-  cpu::configure_cpu_runtime(argv);
+void configure_cpu_runtime(char** argv, bool computes) {
+  cpu::configure_cpu_runtime(argv, computes);
 }
 
 int num_threads() {

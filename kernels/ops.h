@@ -46,7 +46,9 @@ int num_threads();  // until set: OMP_NUM_THREADS, else the number of cores
 // - GOMP_SPINCOUNT=3000, when neither it nor OMP_WAIT_POLICY is set: libgomp's default
 //   of spinning 300,000 rounds between parallel regions made a two-thread run on a loaded
 //   host several times slower than one thread (docs/kernels.md, "Threads").
-void configure_cpu_runtime(char** argv);
+// `computes` false (a launcher, --help): the variables are set for the programs it starts,
+// and it does not execute itself again.
+void configure_cpu_runtime(char** argv, bool computes = true);
 // The library behind the CPU's f32 GEMMs (f64 always runs on OpenBLAS). oneDNN's sgemm is
 // the default in builds that have oneDNN: measured faster at the models' shapes
 // (docs/kernels.md, "Which BLAS"). BATON_SGEMM=openblas|onednn in the environment

@@ -432,7 +432,9 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     reads[size_t(s)] = !pg.inputs_used(a, b).empty();
   }
   const std::vector<int> loaded =
-      loader_micro_batches_at(r.schedule, pp, reads, o.input_ahead, p.device == "cuda");
+      o.input_loader
+          ? loader_micro_batches_at(r.schedule, pp, reads, o.input_ahead, p.device == "cuda")
+          : std::vector<int>(r.schedule.ranks[size_t(pp)].size() + 1, 0);
   const int always = *std::min_element(loaded.begin(), loaded.end());
   const int64_t loaded_bytes =
       values_bytes(pg, std::vector<int>(inputs.begin(), inputs.end()), batch);
@@ -464,8 +466,8 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
   // of images). Only while the stage still holds them: its B after the last take.
   const auto& rank_acts = r.schedule.ranks[size_t(pp)];
   std::vector<int64_t> shared(loaded.size(), 0);
+  std::map<int, int64_t> stashed;  // reading stage -> the inputs its stash keeps
   {
-    std::map<int, int64_t> stashed;  // reading stage -> the inputs its stash keeps
     for (int s : r.stages_of(pp)) {
       if (!reads[size_t(s)]) continue;
       auto [a, b] = chunk(s);
@@ -506,6 +508,12 @@ RankBuffers rank_buffers(const ResolvedPlan& r, int rank, const Graph& pg,
     return int64_t(loaded[at] - always) * loaded_bytes - shared[at] + losses[at];
   };
   out.loader = int64_t(always) * loaded_bytes;
+  // Without a loader (one process on a CPU) the running micro-batch's inputs live from its
+  // F to the end of its backward: beside its stage's stash, what that does not keep (the
+  // labels, the targets; a bound through the optimizer step, where none is held).
+  if (!o.input_loader)
+    for (const auto& [stage, kept] : stashed)
+      out.loader = std::max(out.loader, loaded_bytes - kept);
   // A text loader makes a micro-batch's tokens and targets together and keeps what the rank
   // reads (engine/plan_trainer.cpp, inputs_of): the other one lives while a micro-batch is
   // made, whenever the loader's thread runs (a 64-byte block over the measured peak of a

@@ -74,6 +74,9 @@ struct EvaluateOptions {
   size_t bucket_bytes = size_t(4) << 20;  // gradient bucket size
   int recv_ahead = 2;                     // receives posted ahead
   int input_ahead = 4;                    // micro-batches the input loader makes ahead
+  // false: no input loader, the inputs made at each forward (the one-process loop on a
+  // CPU, engine/trainer.cpp), held by the stage alone.
+  bool input_loader = true;
 };
 
 PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,

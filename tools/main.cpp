@@ -80,8 +80,14 @@ int main(int argc, char** argv) {
   // Before the re-execution below: exec resets a handled signal to its default, and UCX's
   // handler had turned nohup's ignored SIGHUP into one that ends the ranks.
   baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it
-  // It may execute baton again, which should start from nothing of ours.
-  baton::kernels::configure_cpu_runtime(argv);
+  // It may execute baton again, which should start from nothing of ours; not for commands
+  // that run no kernel (their children inherit the settings).
+  {
+    const std::string cmd = argc >= 2 ? argv[1] : "";
+    const bool computes =
+        !(cmd.empty() || cmd == "launch" || cmd == "help" || cmd == "--help" || cmd == "-h");
+    baton::kernels::configure_cpu_runtime(argv, computes);
+  }
   // Before any thread exists: SIGTERM and SIGINT reach train's watcher thread alone.
   if (argc >= 2 && std::string(argv[1]) == "train") baton::engine::watch_stop_signals();
   try {

@@ -164,7 +164,7 @@ class Launcher {
         attempt_(attempt),
         signals_(io_, SIGCHLD),
         stop_signals_(io_),
-        suspend_signals_(io_, SIGTSTP),
+        suspend_signals_(io_),
         grace_(io_) {}
 
   bool interrupted() const { return interrupted_; }
@@ -186,7 +186,11 @@ class Launcher {
                   std::to_string(server_->port());
     watch_children();
     watch_stop_signals();
-    watch_suspend();
+    // Not where the launcher was started ignoring it (`trap '' TSTP`): it stays ignored.
+    if (!sigismember(&inherited_ignored(), SIGTSTP)) {
+      suspend_signals_.add(SIGTSTP);
+      watch_suspend();
+    }
     ranks_.resize(size_t(o_.nprocs));
     for (int r = 0; r < o_.nprocs; ++r) spawn(r);
     io_.run();
@@ -546,6 +550,8 @@ class Launcher {
         ::raise(SIGSTOP);  // until SIGCONT
         for (const Rank& rk : ranks_)
           if (rk.running && rk.suspended_with_job) ::kill(-rk.pid, SIGCONT);
+      } else {
+        write_all(2, "baton launch: SIGTSTP: not suspended, the job is stopping\n");
       }
       watch_suspend();
     });

@@ -34,7 +34,7 @@ void sync_blas_threads();
 
 // Logs a warning when OpenBLAS picked kernels far below the CPU's instruction set.
 void check_blas_core();
-void configure_cpu_runtime(char** argv);
+void configure_cpu_runtime(char** argv, bool computes);
 
 // Calls f(begin, end) over [0, n) split into equal contiguous parts, one per thread, on
 // at most thread_count() threads and only when every thread gets at least `grain`

@@ -3,11 +3,13 @@
 #include <cblas.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string_view>
 #include <vector>
@@ -65,11 +67,14 @@ const char* better_blas_core() {
 
 }  // namespace
 
-void configure_cpu_runtime(char** argv) {
+void configure_cpu_runtime(char** argv, bool computes) {
   // BATON_REEXEC marks the re-executed process (no loop; unset so that the programs it
   // starts check for themselves). What the user set stands.
   if (std::getenv("BATON_REEXEC") != nullptr) {
     unsetenv("BATON_REEXEC");
+    // The kernel named it after the executed file: the name it was started under again
+    // (a link, `baton-dev`), which pgrep and killall look for.
+    if (argv[0] != nullptr) prctl(PR_SET_NAME, std::filesystem::path(argv[0]).filename().c_str());
     return;
   }
   std::vector<const char*> set;
@@ -88,10 +93,11 @@ void configure_cpu_runtime(char** argv) {
     setenv("GOMP_SPINCOUNT", "3000", 1);
     set.push_back("GOMP_SPINCOUNT");
   }
-  if (set.empty()) return;
+  // A process that runs no kernel (a launcher, --help) only passes them on to the programs
+  // it starts: the re-execution cost it about 25 ms of loading the libraries again.
+  if (set.empty() || !computes) return;
   setenv("BATON_REEXEC", "1", 1);
-  // The file's own path, not /proc/self/exe: the kernel names the process after the path's
-  // last part, and `pgrep baton` or `killall baton` must still find it.
+  // The file's own path, not /proc/self/exe, which would name the process "exe".
   std::array<char, 4096> path{};
   if (const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
       n > 0 && size_t(n) < path.size() - 1)

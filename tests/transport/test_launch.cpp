@@ -58,6 +58,35 @@ TEST(Launch, RanksSpinBrieflyBetweenParallelRegionsUnlessTheUserSaysOtherwise) {
   }
 }
 
+// Started under another name (a link, `baton-dev`), a process that re-executed itself keeps
+// that name: pgrep and killall look for it. A launcher does not re-execute at all.
+TEST(Launch, ARelinkedBatonKeepsItsNameAfterItsReexecution) {
+  const std::string dir = ::testing::TempDir() + "relinked";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/m.json")
+      << R"({"type": "gpt2", "name": "g", "n_layer": 1, "n_head": 1, "n_embd": 8,
+             "n_positions": 8, "vocab_size": 256})";
+  const std::string link = dir + "/baton-dev";
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(BATON_BINARY, link);
+  Result r = baton::cli_testing::run_command(
+      "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + link + " train --model " + dir +
+      "/m.json --data " + BATON_BINARY +
+      " --steps 100000000 --log-every 0 > /dev/null 2>&1 & P=$!; sleep 0.5; cat /proc/$P/comm; "
+      "kill $P; wait $P");
+  EXPECT_NE(r.output.find("baton-dev\n"), std::string::npos) << r.output;
+}
+
+// A launcher started ignoring SIGTSTP (`trap '' TSTP`) keeps ignoring it: the job runs on.
+TEST(Launch, AnIgnoredSigtstpStaysIgnored) {
+  Result r = baton::cli_testing::run_command(
+      "sh -c \"trap '' TSTP; exec " + std::string(BATON_BINARY) +
+      " launch -n 1 -- sh -c 'kill -TSTP \\$PPID; sleep 0.3; echo ran on'\"");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] ran on"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("suspended"), std::string::npos) << r.output;
+}
+
 TEST(Launch, RestartsUpToTheLimitThenGivesUpWithTheList) {
   Result r =
       run("-n 2 --max-restarts 2 --restart-backoff 0.05 -- "
