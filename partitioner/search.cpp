@@ -1163,6 +1163,20 @@ SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
   if (options.devices < 1 || options.devices > kMaxWorld)
     throw InputError("--devices: expected from 1 to " + std::to_string(kMaxWorld) +
                      " devices, found " + std::to_string(options.devices));
+  // Here for every front end (baton plan, Python's plan()): the generator's own refusal had
+  // come once per candidate, deep in the search.
+  if (options.chunks < 0 || options.chunks > 64)
+    throw InputError("--chunks: expected 1 to 64 model chunks per pipeline rank (0: 2), found " +
+                     std::to_string(options.chunks));
+  if (options.chunks > 0 && !options.schedules.empty() &&
+      std::none_of(options.schedules.begin(), options.schedules.end(), [](const std::string& n) {
+        return schedule::canonical_training_schedule_name(n) == "interleaved-1f1b";
+      })) {
+    std::string list;
+    for (const std::string& n : options.schedules) list += (list.empty() ? "" : ",") + n;
+    throw InputError("--chunks: only interleaved-1f1b takes a chunk count, and --schedule " + list +
+                     " does not list it");
+  }
   if (options.keep <= Search::kKept) return Search(std::move(graph), model, options).run();
   // A longer list spends the search's budgets (exact memory checks, layer moves) on its
   // runners-up, and had missed the best plan's cut that a shorter list found (--top 50
@@ -1182,7 +1196,12 @@ SearchResult search_plans(std::shared_ptr<const Graph> graph, CostModel& model,
   for (auto& [name, c] : by_plan) wide.ranked.push_back(std::move(c));
   std::sort(wide.ranked.begin(), wide.ranked.end(), faster);
   if (wide.ranked.size() > size_t(options.keep)) wide.ranked.resize(size_t(options.keep));
+  // The work of both searches (a candidate evaluated in each counts twice).
   wide.seconds += best.seconds;
+  wide.evaluated += best.evaluated;
+  wide.pruned += best.pruned;
+  wide.rejected += best.rejected;
+  wide.exact_checks += best.exact_checks;
   return wide;
 }
 

@@ -187,15 +187,6 @@ int run_plan(const std::vector<std::string>& args) {
       throw InputError(std::string("--schedule: ") + e.what());
     }
   }
-  if (so.chunks < 0 || so.chunks > 64)
-    throw InputError("--chunks: expected 1 to 64 model chunks per pipeline rank, found " +
-                     std::to_string(so.chunks));
-  if (so.chunks > 0 && !so.schedules.empty() &&
-      std::none_of(so.schedules.begin(), so.schedules.end(), [](const std::string& n) {
-        return schedule::canonical_training_schedule_name(n) == "interleaved-1f1b";
-      }))
-    throw InputError("--chunks: only interleaved-1f1b takes a chunk count, and --schedule " +
-                     schedules + " does not list it");
   if (recompute == "on")
     so.recompute = 1;
   else if (recompute == "off")

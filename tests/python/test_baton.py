@@ -707,6 +707,9 @@ class Planning(unittest.TestCase):
                 baton.layer_costs(model, **kw)
             self.assertIn(text, str(e.exception))
         for kw, text in ((dict(tp=-1), "--tp: expected at least 1"), (dict(top=0), "--top: expected at least 1"),
+                         # As `baton plan --chunks` refuses them (they had been taken silently).
+                         (dict(chunks=65), "--chunks: expected 1 to 64 model chunks per pipeline rank"),
+                         (dict(chunks=3, schedules=["1f1b"]), "--chunks: only interleaved-1f1b takes a chunk count"),
                          # A fraction (0.5 GiB meant?) had been truncated to 0 bytes: no cap.
                          (dict(device_memory=0.5), "device_memory: expected a whole number of bytes or a size such as '512MiB', found 0.5")):
             with self.assertRaises(baton.InputError) as e:

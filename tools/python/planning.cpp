@@ -367,9 +367,9 @@ void register_planning(py::module_& m) {
       "plan",
       [](const std::shared_ptr<stages::Graph>& g, Count devices, const py::object& device_memory,
          Count64 batch, Count tp, Count pp, Count dp, std::vector<std::string> schedules,
-         Count micro_batches, Count chunks, std::optional<Flag> recompute,
-         const std::string& optimizer, Count top, const std::filesystem::path& model_path,
-         const py::dict& machine, const py::object& costs) {
+         Count micro_batches, std::optional<Flag> recompute, const std::string& optimizer,
+         Count top, const std::filesystem::path& model_path, const py::dict& machine,
+         const py::object& costs, Count chunks) {
         need_model(g);
         const Costs measured(costs);
         pt::SearchOptions so;
@@ -381,10 +381,6 @@ void register_planning(py::module_& m) {
         so.dp = dp;
         so.schedules = std::move(schedules);
         so.micro_batches = micro_batches;
-        if (chunks > 64)
-          throw InputError(
-              "chunks: expected 1 to 64 model chunks per pipeline rank (0: 2), found " +
-              std::to_string(int(chunks)));
         so.chunks = chunks;
         so.recompute = recompute ? int(*recompute) : -1;
         so.optimizer = optimizer;
@@ -445,9 +441,9 @@ void register_planning(py::module_& m) {
       py::arg("model"), py::arg("devices"), py::arg("device_memory") = py::none(),
       py::arg("batch") = 16, py::arg("tp") = 0, py::arg("pp") = 0, py::arg("dp") = 0,
       py::arg("schedules") = std::vector<std::string>{}, py::arg("micro_batches") = 0,
-      py::arg("chunks") = 0, py::arg("recompute") = py::none(), py::arg("optimizer") = "adamw",
-      py::arg("top") = 5, py::arg("model_path") = "", py::arg("machine") = py::dict(),
-      py::arg("costs") = py::none(),
+      py::arg("recompute") = py::none(), py::arg("optimizer") = "adamw", py::arg("top") = 5,
+      py::arg("model_path") = "", py::arg("machine") = py::dict(), py::arg("costs") = py::none(),
+      py::arg("chunks") = 0,
       "searches partition plans: returns {'best': plan dict, 'plans': [...], ...}; costs: a "
       "cost file of baton profile, as --costs");
 
