@@ -56,6 +56,9 @@ expect "--optimizer-step: expected synchronous or post-validated, found 'bogus'"
 expect "--only '(': not a valid regular expression" "$repo/bench/run_dp_sync.sh" --only '('
 expect "--steps: expected an integer of at least 1, found '0'" "$repo/bench/run_conv.sh" --steps 0
 expect "--family: expected gpt or llama, found 'x'" "$repo/bench/run_gpt_step.sh" --family x
+expect "--gib: expected a positive size in GiB like 1 or 0.05, found 'abc'" \
+  "$repo/bench/run_data.sh" --gib abc
+expect "--steps: expected an integer of at least 2, found '1'" "$repo/bench/run_data.sh" --steps 1
 expect "invalid size '64kB': unknown unit 'kB'" /usr/bin/python3 "$repo/bench/comm_compare.py" \
   --max-bytes 64kB
 [ "$fails" = 0 ] || { echo "$fails case(s) failed"; exit 1; }

@@ -435,9 +435,9 @@ int run(int argc, char** argv) {
   opts.add_options()("help", "this help")("config", po::value<std::string>()->default_value("all"),
                                           "A, B or all")(
       "threads", po::value<std::string>()->default_value("1,2"), "thread counts, e.g. 1,2")(
-      "min-time", po::value<double>()->default_value(0.3), "seconds of timed runs per kernel")(
-      "filter", po::value<std::string>()->default_value(""),
-      "only kernels whose name contains this")(
+      "min-time", po::value<double>()->default_value(0.3, "0.3"),
+      "seconds of timed runs per kernel")("filter", po::value<std::string>()->default_value(""),
+                                          "only kernels whose name contains this")(
       "cpu-time", "time by process CPU time instead of wall time (one thread, loaded machine)")(
       "mix", "only the MLP-block mix of GEMMs and loops (for comparing OpenBLAS builds)");
   po::variables_map vm;

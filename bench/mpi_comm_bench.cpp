@@ -53,6 +53,12 @@ Options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
+    if (a == "-h" || a == "--help") {
+      std::printf(
+          "usage: mpirun -n N mpi_comm_bench [--op all_reduce,...] [--min-bytes N] "
+          "[--max-bytes N] [--reps R]\n");
+      std::exit(0);
+    }
     if (a == "--op")
       o.ops = split_list(next());
     else if (a == "--min-bytes")

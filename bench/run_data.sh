@@ -28,6 +28,12 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# Before the data is written: two steps at least, the last two traced.
+need_int --steps "$steps" 2
+if ! [[ "$gib" =~ ^[0-9]{1,6}(\.[0-9]{1,9})?$ ]] || [[ "$gib" =~ ^0+(\.0+)?$ ]]; then
+  echo "--gib: expected a positive size in GiB like 1 or 0.05, found '$gib'" >&2
+  exit 2
+fi
 baton=build/release/baton
 python=/usr/bin/python3  # Debian's, with numpy
 [ -x "$baton" ] || { echo "build $baton first" >&2; exit 2; }

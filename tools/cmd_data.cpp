@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -120,11 +122,34 @@ void check_output_prefix(const std::string& prefix, const std::string& longest_e
 }
 
 // Throws InputError when `input` (--input) is a directory: reading one had said "read error"
-// (prepare) or "no text to train on" (train-tokenizer).
+// (prepare) or "no text to train on" (train-tokenizer); or a compressed file, whose bytes
+// had been tokenized as text (corpus.txt.gz: 37% <unk>, exit 0). Only a regular file's
+// first bytes are read: a FIFO or /dev/stdin is read once, by the command.
 void check_input_file(const std::string& input, const std::string& expected) {
   std::error_code ec;
   if (std::filesystem::is_directory(input, ec))
     throw InputError("--input " + input + ": a directory, expected " + expected);
+  if (!std::filesystem::is_regular_file(input, ec)) return;
+  std::ifstream in(input, std::ios::binary);
+  std::array<char, 6> head{};
+  in.read(head.data(), std::streamsize(head.size()));
+  const std::string_view start(head.data(), size_t(in.gcount()));
+  struct Compressed {
+    std::string_view magic;
+    const char* kind;
+    const char* tool;
+  };
+  static constexpr Compressed kFormats[] = {
+      {std::string_view("\x1f\x8b", 2), "gzip", "gunzip -k"},
+      {std::string_view("\x28\xb5\x2f\xfd", 4), "zstd", "zstd -d"},
+      {std::string_view("\xfd"
+                        "7zXZ\0",
+                        6),
+       "xz", "unxz -k"}};  // none of them UTF-8
+  for (const Compressed& c : kFormats)
+    if (start.starts_with(c.magic))
+      throw InputError("--input " + input + ": " + c.kind + "-compressed data, expected " +
+                       expected + ": decompress it first (" + c.tool + ")");
 }
 
 // Whether `text` is only whitespace as Python's str.isspace has it (U+0085, U+2028 and
@@ -574,6 +599,15 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
                            "; or a lower --character-coverage, which maps rare characters to "
                            "<unk>");
       }
+      // A write that failed (a full disk) is SentencePiece's Internal status from its
+      // output streams: the host's, exit 1, naming the files (it had been exit 2, "Internal:
+      // trainer_interface.cc(715) [output->WriteLine(os.str())]").
+      if (st.code() == sentencepiece::util::StatusCode::kInternal &&
+          (why.find("output->") != std::string::npos || why.find("Write") != std::string::npos))
+        throw RuntimeError(out + ".model, " + out +
+                           ".vocab: writing the tokenizer failed (a "
+                           "full disk?): " +
+                           why + "; any earlier pair is untouched");
       throw InputError("train-tokenizer: " + why);
     }
     pieces = check_trained_tokenizer(tmp, out);

@@ -465,6 +465,16 @@ int run_profile(const std::vector<std::string>& args) {
         const double extra = tp_kind ? pt::tp_collective_from_pass(g, costs, t, part, whole)
                                      : pt::spatial_exchange_from_pass(g, costs, t, part, whole);
         (tp_kind ? costs.tp_collective : costs.spatial_exchange)[t][k] = extra;
+        // The part's passes at or below the model's share of the whole's: nothing left for
+        // the collectives, which a load that changed between the timings explains better
+        // than free collectives (0 is recorded; it had been printed as 0.0 us unremarked).
+        if (extra == 0)
+          spdlog::warn(
+              "{} ranks in {} groups of {}: the {}'s passes took no more than the model "
+              "predicts without {}: recorded as 0; a busy host is the likely cause, profile "
+              "on a quiet one",
+              k, groups, t, tp_kind ? "shard" : "tile",
+              tp_kind ? "the collectives' extra" : "the exchanges");
         std::printf("%d ranks on the host in %s groups of %d: %s takes %.1f us beyond %s\n", k,
                     groups, t, tp_kind ? "a collective" : "an exchange", 1e6 * extra,
                     tp_kind ? "its analytic time" : "the link model");
