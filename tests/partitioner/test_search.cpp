@@ -709,18 +709,17 @@ TEST(Search, BestPlanDoesNotDependOnTop) {
 // listed, a memory-bound search had written a plan 0.3% slower than with 1 (35.285 ms
 // against 35.174). The best plan of a longer list is never slower.
 TEST(Search, ALongerListNeverWritesASlowerPlan) {
-  auto g = std::make_shared<const Graph>(stages::load_model_json(
-      {{"type", "llama"},
-       {"name", "l"},
-       {"hidden_size", 128},
-       {"intermediate_size", 256},
-       {"num_hidden_layers", 4},
-       {"num_attention_heads", 4},
-       {"num_key_value_heads", 2},
-       {"max_position_embeddings", 128},
-       {"vocab_size", 256},
-       {"context", 64}},
-      "llama"));
+  auto g = std::make_shared<const Graph>(stages::load_model_json({{"type", "llama"},
+                                                                  {"name", "l"},
+                                                                  {"hidden_size", 128},
+                                                                  {"intermediate_size", 256},
+                                                                  {"num_hidden_layers", 4},
+                                                                  {"num_attention_heads", 4},
+                                                                  {"num_key_value_heads", 2},
+                                                                  {"max_position_embeddings", 128},
+                                                                  {"vocab_size", 256},
+                                                                  {"context", 64}},
+                                                                 "llama"));
   CostModel model(g, Machine{});
   SearchOptions o{.devices = 8, .device_memory = 7 << 20, .global_batch = 48};
   std::vector<double> best;
