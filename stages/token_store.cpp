@@ -508,24 +508,34 @@ void IndexedDatasetWriter::finish() {
   close_durably(bin, prefix_ + ".bin");
   const uint64_t S = lengths_.size(), D = S + 1, version = 1;
   const uint8_t code = megatron_code(type_);
-  std::string idx(kMagic, 9);
-  auto append = [&idx](const void* p, size_t n) {
-    if (n > 0) idx.append(reinterpret_cast<const char*>(p), n);  // data() may be null
+  // Written as it is made, the pointers and document indices in blocks: built whole, the
+  // index had held about 52 bytes a document at the end of a prepare (231 MB for 4.2 M
+  // documents; the lengths alone are 4).
+  const auto write_index = [&](memory::FileSink& out) {
+    out.write(kMagic, 9);
+    out.write(&version, 8);
+    out.write(&code, 1);
+    out.write(&S, 8);
+    out.write(&D, 8);
+    if (S > 0) out.write(lengths_.data(), 4 * S);
+    constexpr uint64_t kBlock = 1 << 16;
+    std::vector<int64_t> block;
+    block.reserve(kBlock);
+    int64_t at = 0;
+    for (uint64_t i = 0; i < S; i += kBlock) {
+      block.clear();
+      for (uint64_t k = i; k < std::min(S, i + kBlock); ++k) {
+        block.push_back(at);
+        at += int64_t(lengths_[k]) * int64_t(token_size(type_));
+      }
+      out.write(block.data(), 8 * block.size());
+    }
+    for (uint64_t i = 0; i < D; i += kBlock) {
+      block.clear();
+      for (uint64_t k = i; k < std::min(D, i + kBlock); ++k) block.push_back(int64_t(k));
+      out.write(block.data(), 8 * block.size());
+    }
   };
-  append(&version, 8);
-  idx.push_back(char(code));
-  append(&S, 8);
-  append(&D, 8);
-  std::vector<int64_t> pointers(S), docs(D);
-  int64_t at = 0;
-  for (uint64_t i = 0; i < S; ++i) {
-    pointers[i] = at;
-    at += int64_t(lengths_[i]) * int64_t(token_size(type_));
-    docs[i + 1] = int64_t(i + 1);
-  }
-  append(lengths_.data(), 4 * S);
-  append(pointers.data(), 8 * S);
-  append(docs.data(), 8 * D);
   // The .bin streams to its own temporary file (documents arrive one at a time), the index
   // goes to one too; only when both are on disk does the pair replace an earlier one: its
   // index first, so that no reader, and no crash, ever pairs a new .bin with an old .idx
@@ -535,7 +545,7 @@ void IndexedDatasetWriter::finish() {
   // write leaves the earlier pair as it was.
   namespace fs = std::filesystem;
   try {
-    memory::write_file_durably(tmp_.idx_tmp, idx);
+    memory::write_file_durably(tmp_.idx_tmp, write_index);
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp_.bin_tmp, ec);
