@@ -739,30 +739,26 @@ int64_t monotonic_ns() {
   }
 }
 
+}  // namespace
+
 std::string signal_text(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-// LoopOptions::stop_on_signal for run_loop's time, where watch_stop_signals() set up.
-class StopSignals {
- public:
-  explicit StopSignals(bool on) : on_(on && g_watching.load()) {
-    if (!on_) return;
-    g_stop_signal.store(0);  // an earlier run's in this process is not this one's
-    g_graceful.store(true);
-  }
-  ~StopSignals() {
-    if (on_) g_graceful.store(false);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  int received() const { return on_ ? g_stop_signal.load() : 0; }
+StopSignals::StopSignals(bool on) : on_(on && g_watching.load()) {
+  if (!on_) return;
+  g_stop_signal.store(0);  // an earlier run's in this process is not this one's
+  g_graceful.store(true);
+}
 
- private:
-  bool on_;
-};
-}  // namespace
+StopSignals::~StopSignals() {
+  if (on_) g_graceful.store(false);
+}
+
+int StopSignals::received() const {
+  return on_ ? g_stop_signal.load() : 0;
+}
 
 void watch_stop_signals() {
   sigset_t set;

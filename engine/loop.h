@@ -261,6 +261,24 @@ void watch_stop_signals();
 // The stop signal the watcher has received during the running loop, or 0.
 int stop_signal_received();
 
+// While one lives (and `on`, where watch_stop_signals() set up), SIGTERM and SIGINT are
+// received() for the caller to stop in order (run_loop: LoopOptions::stop_on_signal;
+// `baton data prepare`), a second one a second or more later ending the process.
+class StopSignals {
+ public:
+  explicit StopSignals(bool on);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int received() const;
+
+ private:
+  bool on_;
+};
+
+// "SIGTERM", or "signal N".
+std::string signal_text(int sig);
+
 // A step's record as the checkpoint's manifest holds it (train.pending_step: the step's
 // line is written after the checkpoint when the step evaluates), and back.
 nlohmann::json step_record_json(const StepRecord& r);

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/loop.h"
 #include "memory/error.h"
 #include "memory/file_io.h"
 #include "memory/json_object.h"
@@ -378,11 +379,21 @@ int run_prepare(const std::vector<std::string>& args) {
     if (suffix) out.resize(out.size() - 4);
   }
   check_output_prefix(out, ".bin");
+  // Ctrl-C or a scheduler's SIGTERM stops it between lines, its temporary .bin removed
+  // (the writer, unfinished): it had been left behind, of any size.
+  const engine::StopSignals stop(true);
   stages::IndexedDatasetWriter w(out, type);
   std::string line;
   int64_t line_no = 0, skipped = 0;
   std::vector<int> ids;
   while (std::getline(in, line)) {
+    if (const int sig = stop.received()) {
+      spdlog::warn(
+          "{}: stopped by {} at line {} of {}: nothing written (an earlier pair is "
+          "untouched)",
+          out, engine::signal_text(sig), line_no, input);
+      return 128 + sig;
+    }
     ++line_no;
     // A CRLF line's "\r" is no part of it (an identity-normalising model had kept it as a
     // token), as tools/hf_tokenize.py reads it.

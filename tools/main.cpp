@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
     baton::kernels::configure_cpu_runtime(argv, computes);
   }
   // Before any thread exists: SIGTERM and SIGINT reach train's watcher thread alone.
-  if (argc >= 2 && std::string(argv[1]) == "train") baton::engine::watch_stop_signals();
+  // data prepare removes its temporary files when stopped so.
+  if (argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "data"))
+    baton::engine::watch_stop_signals();
   try {
     baton::tools::require_cpu_features();  // before any kernel's instructions run
   } catch (const std::exception& e) {

@@ -714,6 +714,29 @@ TEST(DataCli, CompressedInputIsRefused) {
       << r.output;
 }
 
+// SIGTERM (or Ctrl-C) stops a prepare between lines, exit 143, its temporary .bin removed
+// (it had been left behind, of any size) and nothing written. (A shell's background job
+// ignores SIGINT, and an ignored signal stays ignored.)
+TEST(DataCli, AnInterruptedPrepareLeavesNothing) {
+  const std::string sub = dir() + "/interrupted";
+  std::filesystem::create_directories(sub);
+  {
+    std::ofstream big(sub + "/big.txt");
+    for (int i = 0; i < 3000000; ++i) big << "the quick brown fox " << i % 97 << "\n";
+  }
+  Result r =
+      baton::cli_testing::run_command(kDataCliBaton + " data prepare --tokenizer " + tokenizer() +
+                                      " --input " + sub + "/big.txt --out " + sub +
+                                      "/tok 2>&1 & P=$!; sleep 0.5; "
+                                      "kill -TERM $P; wait $P; echo rc=$?");
+  EXPECT_NE(r.output.find("rc=143"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped by SIGTERM at line "), std::string::npos) << r.output;
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(sub))
+    if (e.path().filename() != "big.txt") left.push_back(e.path().filename());
+  EXPECT_TRUE(left.empty()) << left.front();
+}
+
 // inspect reads what baton train --data reads: image directories too (they had been "not a
 // regular file"); --show-tokens 0 shows the documents' headers (it had shown nothing).
 TEST(DataCli, InspectImagesAndHeadersAlone) {
