@@ -242,13 +242,13 @@ stages::ShardFile write_own_state(int rank, const std::string& dir, const char* 
   const std::string path = dir + "/" + file;
   // Per-tensor checksums, as the shards have: a damaged file names its tensor. Staged on
   // the host one tensor at a time, as the shards are.
-  stages::write_checksummed(path, t, metadata);
+  const std::string hash = stages::write_checksummed(path, t, metadata);
   stages::ShardFile sf;
   sf.file = file;
   sf.kind = kind;
   sf.rank = rank;
   sf.bytes = uint64_t(std::filesystem::file_size(path));
-  sf.hash = stages::hash_file(path);
+  sf.hash = hash;
   return sf;
 }
 

@@ -169,7 +169,8 @@ std::string hash_file(const std::string& path, const std::string& algorithm = "c
 // "baton.crc32", {tensor: crc32}, as every checkpoint file carries
 // (docs/formats/checkpoint.md). Each tensor is staged on the host, outside the device's
 // cap, one at a time: once for its crc32 (the header holds it), again for its bytes.
-void write_checksummed(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       std::map<std::string, std::string> metadata);
+// Returns the whole file's hash_file(), made from those crc32s without reading it back.
+std::string write_checksummed(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              std::map<std::string, std::string> metadata);
 
 }  // namespace baton::stages

@@ -254,9 +254,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
       [&](size_t i) { return tensors[i].tensor.to_staging(tensors[i].tensor.dtype()); }, metadata);
 }
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& entries,
-                       const std::function<Tensor(size_t)>& bytes,
-                       const std::map<std::string, std::string>& metadata) {
+std::string safetensors_prefix(const std::vector<SafetensorsOut>& entries,
+                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t pos = 0;
@@ -271,12 +270,17 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   }
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[size_t(i)] = char((uint64_t(text.size()) >> (8 * i)) & 0xff);
+  return prefix + text;
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& entries,
+                       const std::function<Tensor(size_t)>& bytes,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string prefix = safetensors_prefix(entries, metadata);
   memory::write_file_durably(path, [&](memory::FileSink& out) {
-    unsigned char len[8];
-    uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
-    out.write(len, 8);
-    out.write(text);
+    out.write(prefix);
     for (size_t i = 0; i < entries.size(); ++i) {
       const Tensor t = bytes(i);
       BATON_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dtype() == entries[i].dtype &&

@@ -89,6 +89,11 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
                        const std::function<Tensor(size_t)>& bytes,
                        const std::map<std::string, std::string>& metadata);
 
+// The bytes write_safetensors puts before the tensors' bytes: the header's length (8 bytes,
+// little-endian) and the header, padded to 8 bytes.
+std::string safetensors_prefix(const std::vector<SafetensorsOut>& entries,
+                               const std::map<std::string, std::string>& metadata);
+
 // Converts a memory::DType to its safetensors name and back ("F32" <-> f32).
 bool safetensors_dtype(const std::string& name, DType& out);
 
