@@ -133,7 +133,7 @@ TrainSummary run_training(const TrainOptions& o,
     model_json = stages::read_json_file(o.model_path);
   } else if (!o.init_from.empty() && resume_manifest) {
     model_json = resume_manifest->model;  // the one DIR/config.json gave the first run
-    model_source = *resume_dir + "/manifest.json";
+    model_source = *resume_dir + "/manifest.json: $.model";
   } else if (!o.init_from.empty()) {
     model_json = stages::read_hf_model_config(o.init_from);
     model_source = o.init_from + "/config.json";

@@ -496,7 +496,8 @@ Plan parse_plan(const json& j, const std::string& source, const std::string& bas
   JsonReader sched = r.at("schedule");
   sched.expect_only({"name", "micro_batches", "chunks"});
   p.schedule = sched.at("name").as_string();
-  p.micro_batches = int(sched.at("micro_batches").as_int(1, kMaxCount));
+  // Every generator's bound, so the range said is the one that holds.
+  p.micro_batches = int(sched.at("micro_batches").as_int(1, schedule::kMaxGeneratedMicroBatches));
   // 0 stands for "not given" (the schedule's own count): a 0 written in the file had
   // passed, and meant interleaved-1f1b's default 2.
   if (auto c = sched.get("chunks")) p.chunks = int(c->as_int(1, kMaxCount));

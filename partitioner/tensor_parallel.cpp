@@ -189,14 +189,33 @@ class ShardingPass {
     throw InputError(override_where(node) + ": " + msg);
   }
 
+  // Says what the nodes are called: a name missing its prefix ("layers.0.mlp.fc" of a
+  // LLaMA's "model.layers.0.mlp.fc") is completed, others get examples of the names.
+  std::string unknown_node(const std::string& name) const {
+    std::string msg = "no node named '" + brief(name) + "' in the model";
+    std::vector<std::string> near, examples;
+    for (const Node& n : g_.nodes) {
+      if (n.name.size() > name.size() + 1 && n.name.ends_with("." + name)) near.push_back(n.name);
+      if (examples.size() < 3 &&
+          (n.op == "linear" || n.op == "embedding" || n.op == "attention" || n.op == "conv2d"))
+        examples.push_back("'" + n.name + "'");
+    }
+    if (near.size() == 1) return msg + "; did you mean '" + near[0] + "'?";
+    if (!examples.empty()) {
+      msg += " (its splittable nodes are named like ";
+      for (size_t i = 0; i < examples.size(); ++i) msg += (i ? ", " : "") + examples[i];
+      msg += "; a cost file of `baton profile` lists every node)";
+    }
+    return msg;
+  }
+
   void check_overrides() const {
     for (const auto& [name, kind] : ov_.kinds) {
       std::string w = ov_.where.count(name) ? ov_.where.at(name) : where_;
       const Node* found = nullptr;
       for (const Node& n : g_.nodes)
         if (n.name == name) found = &n;
-      if (found == nullptr)
-        throw InputError(w + ": no node named '" + brief(name) + "' in the model");
+      if (found == nullptr) throw InputError(w + ": " + unknown_node(name));
       const std::string& op = found->op;
       bool ok = kind == SplitKind::none ||
                 ((op == "linear" || op == "conv2d") &&

@@ -367,16 +367,16 @@ void check_same_model_math(const json& model, const std::string& source, const j
     // A transformers 5 file holds the rope fields in $.rope_parameters: named there.
     if (key == "rope_scaling" || key == "rope_theta")
       if (auto at = rope_parameters_path(model, key, have, v))
-        throw InputError(source + ": " + at->path + " is " + at->have.dump() + ", but " +
+        throw InputError(json_where(source, at->path) + " is " + at->have.dump() + ", but " +
                          reference_source + " has " + at->want.dump() + " (" + why + ")");
-    throw InputError(source + ": $." + key + " is " + have.dump() + ", but " + reference_source +
-                     " has " + v.dump() + " (" + why + ")");
+    throw InputError(json_where(source, "$." + key) + " is " + have.dump() + ", but " +
+                     reference_source + " has " + v.dump() + " (" + why + ")");
   }
   for (const auto& [key, v] : mine.items())
     if (!theirs.contains(key))
-      throw InputError(source + ": $." + key + " is " + v.dump() + ", but " + reference_source +
-                       " has no such field (a " + theirs.value("type", std::string("?")) +
-                       " model)");
+      throw InputError(json_where(source, "$." + key) + " is " + v.dump() + ", but " +
+                       reference_source + " has no such field (a " +
+                       theirs.value("type", std::string("?")) + " model)");
   // Within a sliding window baton's full attention is the same math, beyond it not.
   if (auto window = hf_sliding_window(JsonReader(reference, reference_source))) {
     const json given = model.contains("model_type")
@@ -384,8 +384,8 @@ void check_same_model_math(const json& model, const std::string& source, const j
                            : parse_llama_shorthand(JsonReader(model, source)).to_json();
     for (const char* k : {"context", "max_position_embeddings"})
       if (given[k].get<int64_t>() > *window)
-        throw InputError(source + ": $." + k + " is " + given[k].dump() + ", but " +
-                         reference_source + " is a Mistral whose sliding window holds " +
+        throw InputError(json_where(source, std::string("$.") + k) + " is " + given[k].dump() +
+                         ", but " + reference_source + " is a Mistral whose sliding window holds " +
                          std::to_string(*window) +
                          " positions (baton has no sliding-window attention; " + why + ")");
   }

@@ -452,9 +452,9 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
       hint +=
           "; the images look channels-last [N, H, W, C]: baton reads [N, C, H, W], as "
           "torch does (np.transpose(images, (0, 3, 1, 2)))";
-    throw InputError(source + ": $.inputs[" + std::to_string(at) + "]: expected images of type " +
-                     type_str({shape_, g.float_dtype}) + " (the data " + dir_ + "), found " +
-                     type_str(it) + hint);
+    throw InputError(json_where(source, "$.inputs[" + std::to_string(at) + "]") +
+                     ": expected images of type " + type_str({shape_, g.float_dtype}) +
+                     " (the data " + dir_ + "), found " + type_str(it) + hint);
   }
   if (memory::is_floating(lt.dtype) || !lt.shape.empty())
     throw InputError(source +

@@ -181,8 +181,16 @@ bool JsonReader::get_bool(std::string_view key, bool dflt) const {
   return r ? r->as_bool() : dflt;
 }
 
+std::string json_where(const std::string& source, const std::string& path) {
+  const size_t colon = source.rfind(": $");
+  const bool inside =
+      colon != std::string::npos && source.find_first_of(" :", colon + 3) == std::string::npos;
+  if (inside && !path.empty() && path[0] == '$') return source + path.substr(1);
+  return source + ": " + path;
+}
+
 std::string JsonReader::where() const {
-  return *file_ + ": " + path_;
+  return json_where(*file_, path_);
 }
 
 void JsonReader::fail(const std::string& expected) const {

@@ -30,6 +30,11 @@ json read_json_regular_file(const std::string& path);
 
 using memory::json_brief;
 
+// "source: path" for a message. A source that is itself a place inside a file ("plan.json:
+// $.model", a model embedded in a plan or a manifest) is continued: "plan.json: $.model.n_head",
+// where "plan.json: $.model: $.n_head" had read as two documents.
+std::string json_where(const std::string& source, const std::string& path);
+
 class JsonReader {
  public:
   JsonReader(const json& j, std::string file, std::string path = "$")

@@ -307,7 +307,7 @@ void check_loss_trains(const Graph& g, const std::string& source) {
       if (p >= 0 && g.params[size_t(p)].trainable) return;
     for (int in : g.nodes[size_t(n)].inputs) todo.push_back(g.values[size_t(in)].producer);
   }
-  throw InputError(source + ": $.loss: the loss '" + g.values[size_t(g.loss)].name +
+  throw InputError(json_where(source, "$.loss") + ": the loss '" + g.values[size_t(g.loss)].name +
                    "' depends on no trainable parameter (no node on its way uses one): "
                    "training would change nothing");
 }

@@ -81,6 +81,23 @@ int check(const std::string& path, const po::variables_map& vm, const pt::Machin
   std::printf("%s: %s\ntimes from %s\n%s", path.c_str(),
               e.fits() ? "valid plan" : "well-formed plan, over capacity (errors below)",
               pt::cost_source(model, measured_path).c_str(), pt::format_estimate(r, e).c_str());
+  // A plan made on another machine, or from a cost file not given here, carries the time it
+  // was predicted with: a check that differs says which to trust.
+  const nlohmann::json& was = plan.predicted;
+  if (was.is_object() && was.contains("step_time_s") && was["step_time_s"].is_number()) {
+    const double then = was["step_time_s"].get<double>();
+    const std::string how = was.value("time_model", std::string());
+    const bool other_model = !how.empty() && (how == "measured") != (measured != nullptr);
+    if (other_model || (then > 0 && std::abs(e.step_time - then) > 0.1 * then))
+      std::printf(
+          "note: the plan's predicted step is %.3f ms%s, this check's %.3f ms: %s\n", then * 1e3,
+          how.empty() ? "" : (" (" + how + " op times)").c_str(), e.step_time * 1e3,
+          how == "measured" && measured == nullptr
+              ? "it was made from a cost file (baton profile); give that file as --costs to "
+                "check it as it was made"
+              : "the cost file, machine flags or baton's version differ from those it was made "
+                "with");
+  }
   if (!e.fits()) {
     for (const std::string& p : e.problems)
       std::fprintf(stderr, "baton plan: error: %s: %s\n", path.c_str(), p.c_str());

@@ -195,6 +195,16 @@ contains "total (one micro-batch)"
 expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 --costs "$tmp/costs.json"
 contains "best plan:"
 contains "times from the measured op costs in $tmp/costs.json"
+# A plan made from a cost file and checked without it says so (its own prediction had gone
+# unmentioned beside the FLOPs one); checked with the file, nothing is said.
+expect 0 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 --batch 4 \
+  --costs "$tmp/costs.json" --out "$tmp/measured-plan.json"
+expect 0 "$baton" plan --check "$tmp/measured-plan.json"
+contains "note: the plan's predicted step is"
+contains "(measured op times), this check's"
+contains "give that file as --costs to check it as it was made"
+expect 0 "$baton" plan --check "$tmp/measured-plan.json" --costs "$tmp/costs.json"
+lacks "note: the plan's predicted step"
 # At several micro-batch sizes: each in the file, and the commands say which.
 expect 0 "$baton" profile --threads 1 --model "$root/examples/models/tiny-gpt.json" --batch 2 1 --repeats 1 --warmup 0 \
   --out "$tmp/costs-b.json"

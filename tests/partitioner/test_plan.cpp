@@ -67,6 +67,19 @@ TEST(Plan, ExamplesAreValidAndRoundTrip) {
   EXPECT_GE(n, 4);
 }
 
+// An error inside a model embedded in the plan continues the plan's JSON path (it had read
+// "plan.json: $.model: $.n_hed", as two documents).
+TEST(Plan, EmbeddedModelErrorsContinueThePlansPath) {
+  json j = tiny_plan();
+  j["model"]["n_hed"] = 3;
+  EXPECT_EQ(plan_error_of(j).rfind("plan.json: $.model.n_hed: unknown field 'n_hed'", 0), 0u)
+      << plan_error_of(j);
+  j = tiny_plan();
+  j["model"]["n_head"] = "four";
+  EXPECT_EQ(plan_error_of(j).rfind("plan.json: $.model.n_head: expected", 0), 0u)
+      << plan_error_of(j);
+}
+
 TEST(Plan, LayerMissingOrTwice) {
   json j = tiny_plan();
   j["stages"] = {{{"layers", {0, 1}}}, {{"layers", {2, 4}}}};
@@ -320,6 +333,12 @@ TEST(Plan, UnknownScheduleAndFields) {
 // the time model's name.
 TEST(Plan, ChunksAndPredictedAreChecked) {
   json j = tiny_plan();
+  // The range said is every generator's (it had said the plan format's 2^24, and a count
+  // within it was then refused by the generator).
+  j["schedule"]["micro_batches"] = 0;
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.schedule.micro_batches: expected an integer in [1, 1048576], found 0");
+  j = tiny_plan();
   j["schedule"]["chunks"] = 0;
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.schedule.chunks: expected an integer in [1, 16777216], found 0");
@@ -952,7 +971,15 @@ TEST(Plan, SplitOverridesAndRecompute) {
             "plan.json: $.splits.h.0.attn.attn: expected \"heads\" or \"none\" for attention node "
             "'h.0.attn.attn', found \"column\"");
   j["splits"] = {{"nope", "none"}};
-  EXPECT_EQ(plan_error_of(j), "plan.json: $.splits.nope: no node named 'nope' in the model");
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.splits.nope: no node named 'nope' in the model (its splittable nodes "
+            "are named like 'wte', 'h.0.attn.c_attn', 'h.0.attn.attn'; a cost file of `baton "
+            "profile` lists every node)");
+  // A name without the model's prefix is completed.
+  j["splits"] = {{"0.mlp.c_fc", "none"}};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.splits.0.mlp.c_fc: no node named '0.mlp.c_fc' in the model; did you "
+            "mean 'h.0.mlp.c_fc'?");
   j["splits"] = {{"lm_head", "none"}};
   EXPECT_EQ(plan_error_of(j),
             "plan.json: $.parallel.tp: parameter 'wte.weight' is split along dimension 0 over 2 "

@@ -90,6 +90,23 @@ TEST(ModelJson, ExampleModelsLoad) {
   }
 }
 
+// A source that is a place inside a file (a model in a plan or a manifest) continues its
+// JSON path; a file, or a source with words after its path, is followed by the path.
+TEST(ModelJson, WhereContinuesAnEmbeddedSourcesPath) {
+  EXPECT_EQ(json_where("plan.json", "$.n_head"), "plan.json: $.n_head");
+  EXPECT_EQ(json_where("plan.json: $.model", "$.n_head"), "plan.json: $.model.n_head");
+  EXPECT_EQ(json_where("ck/manifest.json: $.model", "$"), "ck/manifest.json: $.model");
+  EXPECT_EQ(json_where("plan.json: $.model", "$.layers[2]"), "plan.json: $.model.layers[2]");
+  EXPECT_EQ(json_where("plan.json: $.model (expanded gpt2 shorthand)", "$.nodes[0]"),
+            "plan.json: $.model (expanded gpt2 shorthand): $.nodes[0]");
+  try {
+    load_model_json(json::parse(R"({"type": "gpt2", "n_layer": 0})"), "p.json: $.model");
+    ADD_FAILURE() << "n_layer 0 loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("p.json: $.model.n_layer: ", 0), 0u) << e.what();
+  }
+}
+
 TEST(ModelJson, MalformedJson) {
   model_json_expect_error(R"({"type": "gpt2", "n_layer": )", {"m.json", "not valid JSON"});
 }
