@@ -38,7 +38,8 @@ class Store {
 // Who a client is when it is a rank of a world (init_world's connection): the server
 // registers it, and fails the whole rendezvous for every rank when a rank registers
 // twice, when world sizes differ, or when a rank presents another job token. The
-// variables the numbers came from and the host label are for the messages.
+// variables the numbers came from and the host label are for the messages. Once every
+// rank of the world has registered, such a late hello is refused alone (the job runs on).
 struct StoreMember {
   int rank = -1;  // -1: a plain client, not registered
   std::string rank_from;
@@ -100,6 +101,9 @@ class StoreServer {
   std::optional<std::string> peek(const std::string& key) const;
   // The ranks that have said who they are (a hello with their rank) so far.
   std::set<int> registered() const;
+  // The ranks whose hello came, admitted or answered with the failure or refused: after a
+  // failure, the ranks told why.
+  std::set<int> heard_from() const;
 
   struct Impl;
 

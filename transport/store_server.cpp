@@ -69,6 +69,7 @@ struct StoreServer::Impl {
   // A copy for other threads (the launcher's), under table_mu.
   std::optional<Failure> failure_seen;
   std::set<int> registered_seen;  // the members' ranks, for other threads, under table_mu
+  std::set<int> heard_seen;       // every rank hello's rank (StoreServer::heard_from)
 
   class Session;
   // The ranks that said who they are: a second hello with a rank still connected, or
@@ -194,6 +195,10 @@ struct StoreServer::Impl {
     bool handle() {
       try {
         proto::Request q = parse_hello_or_request();
+        if (q.op == proto::kHello && q.member.rank >= 0) {
+          std::lock_guard lock(s_.table_mu);
+          s_.heard_seen.insert(q.member.rank);
+        }
         if (!s_.failure && q.op == proto::kHello) {
           const bool right = same_token(q.token, s_.token);
           // A plain client with a wrong token is a stranger: refused alone. A rank of a
@@ -205,6 +210,13 @@ struct StoreServer::Impl {
                     : describe_rank(q.member, peer()) +
                           " presented a wrong job token: every rank of a job needs the same "
                           "BATON_JOB_TOKEN (without it, the scheduler's job id)";
+          // Once every rank has met, the job runs: a late hello (another job's rank sent
+          // to this port, a duplicate started by mistake, anyone who can reach the port)
+          // is refused alone. It had failed the running job, token or not.
+          if (!problem.empty() && s_.all_met())
+            throw proto::ProtocolError(problem + " (refused alone: the job's " +
+                                       std::to_string(s_.members.size()) +
+                                       " ranks had all met and run on)");
           if (!problem.empty()) {
             if (!right) s_.refused++;
             spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), problem);
@@ -275,6 +287,9 @@ struct StoreServer::Impl {
     std::deque<std::pair<std::string, bool>> outbox_;  // frame, close after it
     bool authed_ = false;
   };
+
+  // Whether every rank of the world has registered (the job has begun).
+  bool all_met() const { return first && int64_t(members.size()) >= int64_t(first->member.size); }
 
   // Registers a rank; returns why the rendezvous must fail (empty: admitted).
   std::string admit(const proto::Member& m, const std::string& address,
@@ -483,6 +498,11 @@ std::optional<std::string> StoreServer::peek(const std::string& key) const {
   auto it = impl_->table.find(key);
   if (it == impl_->table.end()) return std::nullopt;
   return it->second;
+}
+
+std::set<int> StoreServer::heard_from() const {
+  std::lock_guard lock(impl_->table_mu);
+  return impl_->heard_seen;
 }
 
 std::set<int> StoreServer::registered() const {

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "memory/error.h"
@@ -22,6 +24,10 @@
 namespace baton::transport {
 
 namespace {
+
+// How long a rank hosting a rendezvous that failed as bad input keeps answering ranks that
+// are still starting (hand-started or mpirun ranks come seconds apart).
+constexpr std::chrono::seconds kFailedRendezvousLinger{5};
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -300,7 +306,18 @@ World init_world(const WorldOptions& options) {
   } catch (const std::exception& error) {
     // The ranks waiting at this rank's rendezvous learn why it closes (the ranks that
     // never came), rather than reading an end of file.
-    if (w.server) w.server->fail(error.what(), dynamic_cast<const InputError*>(&error) != nullptr);
+    const bool input = dynamic_cast<const InputError*>(&error) != nullptr;
+    if (w.server) w.server->fail(error.what(), input);
+    // Bad input (a rank's wrong token, a rank twice): ranks still starting would find no
+    // rendezvous once this process is gone and wait out their connect timeout, told only
+    // "connection refused". They are answered for a few seconds, or until every rank's
+    // hello has come.
+    if (w.server && input) {
+      const auto until = std::chrono::steady_clock::now() + kFailedRendezvousLinger;
+      while (int(w.server->heard_from().size()) < e.size &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     throw;
   }
   note_world_hosts(e.rank, std::move(hosts.of));

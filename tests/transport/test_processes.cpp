@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -195,6 +196,29 @@ TEST(Processes, UnderSrunTwoProcessesOfOneRankFailEveryRank) {
     std::regex named(
         std::string(R"(\[)") + name +
         R"(\] .*rank 1 registered twice: rank 1 \(SLURM_PROCID\) on .* at 127\.0\.0\.1:\d+, and rank 1 \(SLURM_PROCID\) on .* at 127\.0\.0\.1:\d+: two processes were given one rank \(SLURM_PROCID=1\))");
+    EXPECT_TRUE(std::regex_search(r.out, named)) << name << "\n" << r.out;
+  }
+  EXPECT_LT(r.secs, 10.0) << r.out;
+}
+
+// Rank 1 has another job token; rank 2 starts a second later, when the rendezvous has
+// failed: rank 0, which hosts it, answers for a while, so rank 2 is told why (exit 2 at
+// once) where it had found no server and waited out its connect timeout, told only
+// "connection refused".
+TEST(Processes, UnderSrunARankStartingAfterTheRendezvousFailedIsToldWhy) {
+  const std::string common = srun_common(3) + " BATON_CONNECT_TIMEOUT=20";
+  std::string cmd;
+  for (const auto& [name, vars, after] :
+       {std::tuple<std::string, std::string, std::string>{"0", "SLURM_PROCID=0", ""},
+        {"1", "SLURM_PROCID=1", "BATON_JOB_TOKEN=another"},
+        {"2", "sleep 1; SLURM_PROCID=2", ""}})
+    cmd += "(" + vars + " " + common + " " + after + " " + COMM_WORKER +
+           " check 2>&1; echo code $?) | sed \"s/^/[" + name + "] /\" & ";
+  Result r = run(cmd + "wait");
+  for (const char* name : {"0", "1", "2"}) {
+    EXPECT_TRUE(has(r.out, std::string("[") + name + "] code 2")) << r.out;
+    std::regex named(std::string(R"(\[)") + name +
+                     R"(\] .*rank 1 \(SLURM_PROCID\) on .* presented a wrong job token)");
     EXPECT_TRUE(std::regex_search(r.out, named)) << name << "\n" << r.out;
   }
   EXPECT_LT(r.secs, 10.0) << r.out;

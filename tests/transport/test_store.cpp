@@ -364,11 +364,11 @@ struct Waiting {
 // been let in: one of the two trained, the other hung.
 TEST(Store, ARankRegisteredTwiceFailsEveryRank) {
   StoreServer server("127.0.0.1", 0, "tok");
-  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 2, "hosta"));
-  TcpStore r1("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostb"));
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 3, "hosta"));
+  TcpStore r1("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 3, "hostb"));
   Waiting waiting(r0);
   Outcome dup = outcome(
-      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostc")); });
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 3, "hostc")); });
   Outcome at0 = waiting.join();
   EXPECT_TRUE(dup.input) << dup.what;
   EXPECT_TRUE(
@@ -386,6 +386,31 @@ TEST(Store, ARankRegisteredTwiceFailsEveryRank) {
   TcpStore a("127.0.0.1", plain.port(), "tok"), b("127.0.0.1", plain.port(), "tok");
   a.set("k", "v");
   EXPECT_EQ(b.get("k", 100ms), "v");
+}
+
+// Once every rank has met, the job runs: a late hello is refused alone, whether a duplicate
+// of a rank, another job's rank sent to this port or a rank of another world size, and the
+// ranks' requests are served on. Each had failed the running job (exit 2 on every rank).
+TEST(Store, LateHellosAfterEveryRankMetAreRefusedAlone) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  TcpStore r0("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(0, 2, "hosta"));
+  TcpStore r1("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostb"));
+  Outcome dup = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(1, 2, "hostc")); });
+  EXPECT_TRUE(has(dup.what, "rank 1 registered twice")) << dup.what;
+  EXPECT_TRUE(has(dup.what, "refused alone: the job's 2 ranks had all met and run on")) << dup.what;
+  Outcome stranger = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "other", 5000ms, slurm_rank(1, 2, "hostd")); });
+  EXPECT_TRUE(has(stranger.what, "presented a wrong job token")) << stranger.what;
+  EXPECT_TRUE(has(stranger.what, "refused alone")) << stranger.what;
+  Outcome wider = outcome(
+      [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(2, 3, "hoste")); });
+  EXPECT_TRUE(has(wider.what, "the ranks' world sizes differ")) << wider.what;
+  EXPECT_TRUE(has(wider.what, "refused alone")) << wider.what;
+  EXPECT_EQ(server.failure(), std::nullopt);
+  r1.set("k", "v");
+  EXPECT_EQ(r0.get("k", 1000ms), "v");
+  EXPECT_EQ(server.refused(), 3u);
 }
 
 // Ranks started with different world sizes (SLURM_NTASKS=3 on one, 2 on another): bad
