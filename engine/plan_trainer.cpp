@@ -35,6 +35,7 @@
 #include "stages/image_data.h"
 #include "stages/json_reader.h"
 #include "stages/safetensors.h"
+#include "transport/launch.h"
 #include "transport/world.h"
 
 namespace baton::engine {
@@ -523,12 +524,6 @@ namespace detail {
 
 namespace {
 
-std::string host_name() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
-
 // Every rank's string compared with rank 0's: the first rank whose differs, or 0.
 size_t first_differing(const std::vector<std::string>& all) {
   for (size_t r = 1; r < all.size(); ++r)
@@ -548,8 +543,8 @@ void check_same_manifest(Communicator& world, const std::string& root, int64_t s
   } catch (const std::exception& e) {
     mine = std::string("unreadable (") + e.what() + ")";
   }
-  const std::vector<std::string> all =
-      all_gather_strings(world, nlohmann::json{{"manifest", mine}, {"host", host_name()}}.dump());
+  const std::vector<std::string> all = all_gather_strings(
+      world, nlohmann::json{{"manifest", mine}, {"host", transport::own_host_label()}}.dump());
   std::vector<std::string> manifests;
   for (const std::string& a : all) manifests.push_back(nlohmann::json::parse(a)["manifest"]);
   const size_t r = first_differing(manifests);
@@ -560,8 +555,7 @@ void check_same_manifest(Communicator& world, const std::string& root, int64_t s
       ") reads " + path + " as " + manifests[r] + " where rank 0 (host " +
       nlohmann::json::parse(all[0])["host"].get<std::string>() + ") resumes from " + manifests[0] +
       ": another run's checkpoint, or none, under that path on rank " + std::to_string(r) +
-      "'s host; the checkpoint directory must be one file system every rank "
-      "sees, or identical copies");
+      "'s host; the checkpoint directory must be one file system every rank sees");
 }
 
 // The hash of a file's first and last 4 KiB (the whole file when smaller). A FIFO is
@@ -636,7 +630,8 @@ void check_checkpoint_dir_shared(Communicator& world, const std::string& dir) {
     seen = std::filesystem::exists(probe, ec) && memory::read_file(probe) == std::to_string(nonce);
     if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const std::vector<std::string> all = all_gather_strings(world, seen ? "" : host_name());
+  const std::vector<std::string> all =
+      all_gather_strings(world, seen ? "" : transport::own_host_label());
   if (world.rank() == 0) std::filesystem::remove(probe);
   for (size_t r = 1; r < all.size(); ++r)
     if (!all[r].empty())

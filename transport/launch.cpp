@@ -1038,6 +1038,14 @@ void note_world_hosts(int rank, std::vector<std::string> hosts) {
   w.hosts = std::move(hosts);
 }
 
+std::string own_host_label() {
+  WorldHosts& w = world_hosts();
+  std::lock_guard lock(w.mu);
+  if (w.rank >= 0 && size_t(w.rank) < w.hosts.size() && !w.hosts[size_t(w.rank)].empty())
+    return w.hosts[size_t(w.rank)];
+  return launch_host_name();
+}
+
 void report_failure(const std::exception& error) noexcept {
   const char* path = std::getenv(kFailureReportVariable);
   if (path == nullptr || *path == '\0') return;

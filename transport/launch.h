@@ -73,6 +73,9 @@ inline constexpr const char* kFailureReportVariable = "BATON_FAILURE_REPORT";
 // init_world notes this process's world rank and every rank's host label (as the ranks
 // announced them) for report_failure.
 void note_world_hosts(int rank, std::vector<std::string> hosts);
+// This process's host label as init_world noted it ("node0 (10.0.0.1)": hosts of one name,
+// as network namespaces, told apart), else the host name.
+std::string own_host_label();
 // Writes the report of `error` to BATON_FAILURE_REPORT, if the launcher set it; the
 // command line calls it for every failure (bad input too). Never throws (a report that cannot
 // be written is only logged).
