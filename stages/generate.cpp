@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -121,6 +122,18 @@ struct Generator::Impl {
     return y;
   }
 
+  // A prompt read from position 0: qkv [n, (H + 2 KV) D] holds every key and value, so the
+  // training kernel's causal attention computes it (blocked, threaded); the per-row loop
+  // below had taken O(n^2) scalar time, 4-10x transformers' for prompts of 1-3k tokens.
+  Tensor attend_prompt(const Tensor& qkv, int64_t n) const {
+    Tensor out = Tensor::empty({1, n, s.H * s.D}), lse = Tensor::empty({1, s.H, n});
+    kernels::AttentionOptions opt;
+    opt.heads = s.H;
+    opt.kv_heads = s.KV;
+    kernels::attention_forward(qkv.view({1, n, (s.H + 2 * s.KV) * s.D}), opt, out, lse);
+    return out.view({n, s.H * s.D});
+  }
+
   // Causal attention of n new queries q [n, H D] at positions pos..pos+n-1 against the
   // cache (keys and values of positions 0..pos+n-1 already stored); out [n, H D].
   Tensor attend(const Tensor& q, int64_t l, int64_t n) const {
@@ -201,7 +214,13 @@ struct Generator::Impl {
         q = qkv.view({n, qd + 2 * kvd}).narrow(1, 0, qd).contiguous();
         kc.copy_from(qkv.view({n, qd + 2 * kvd}).narrow(1, qd, kvd));
         vc.copy_from(vv);
-        Tensor o = attend(q, l, n);
+        Tensor o;
+        if (pos == 0 && n > 1) {
+          qkv.view({n, qd + 2 * kvd}).narrow(1, qd + kvd, kvd).copy_from(vv);
+          o = attend_prompt(qkv, n);
+        } else {
+          o = attend(q, l, n);
+        }
         kernels::add_inplace(x,
                              linear(o, p(at + "o_proj.weight"), maybe(at + "o_proj.bias"), false));
         Tensor h2 = norm(x, pre + "post_attention_layernorm");
@@ -216,10 +235,10 @@ struct Generator::Impl {
         const std::string pre = "h." + std::to_string(l) + ".";
         Tensor h = norm(x, pre + "ln_1");
         Tensor qkv = linear(h, p(pre + "attn.c_attn.weight"), p(pre + "attn.c_attn.bias"), true);
-        q = qkv.narrow(1, 0, qd).contiguous();
         kc.copy_from(qkv.narrow(1, qd, kvd));
         vc.copy_from(qkv.narrow(1, qd + kvd, kvd));
-        Tensor o = attend(q, l, n);
+        Tensor o = pos == 0 && n > 1 ? attend_prompt(qkv, n)
+                                     : attend(qkv.narrow(1, 0, qd).contiguous(), l, n);
         kernels::add_inplace(
             x, linear(o, p(pre + "attn.c_proj.weight"), p(pre + "attn.c_proj.bias"), true));
         Tensor h2 = norm(x, pre + "ln_2");
@@ -323,7 +342,11 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt,
 
 std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
                               int64_t max_new, const SampleOptions& opt,
-                              const std::vector<int32_t>& stop) {
+                              const std::vector<int32_t>& stop, GenerationTimes* times) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   // Checked before the first token: the last new token is sampled, never fed. Unsigned,
   // so that any max_new counts without overflow.
   const uint64_t positions = uint64_t(prompt.size()) + uint64_t(std::max<int64_t>(max_new, 0));
@@ -349,9 +372,11 @@ std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& pr
   for (int64_t i = 0; i < max_new; ++i) {
     const int32_t t = sample_token(logits, opt, rng);
     out.push_back(t);
+    if (times && i == 0) times->first_token_s = since();
     if (std::find(stop.begin(), stop.end(), t) != stop.end() || i + 1 == max_new) break;
     logits = gen.feed({t});
   }
+  if (times) times->total_s = since();
   return out;
 }
 
@@ -365,8 +390,10 @@ namespace {
 // transformers' generate samples with a generation_config.json's do_sample, temperature,
 // top_k and top_p by default (temperature 1 and top_k 50 where the file gives none);
 // baton generate decodes as its flags say. When they decode greedily, said, with the
-// flags that sample alike, rather than decoding greedily without a word.
-void warn_unused_sampling_defaults(const std::string& hf_dir) {
+// flags that sample alike, rather than decoding greedily without a word. Logits processors
+// baton does not have (a repetition penalty, n-gram blocking, beams, suppressed tokens)
+// change transformers' output greedy or not: said whenever the file sets them.
+void warn_unused_generation_config(const std::string& hf_dir, bool sampling) {
   const std::string path = hf_dir + "/generation_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return;
@@ -376,12 +403,41 @@ void warn_unused_sampling_defaults(const std::string& hf_dir) {
   } catch (const InputError&) {
     return;  // its eos ids were read (and checked) already
   }
-  if (!j.is_object() || !j.contains("do_sample") || j["do_sample"].is_null()) return;
+  if (!j.is_object()) return;
+  // Each with the value at which it changes nothing (null: any value but null changes).
+  std::string unsupported;
+  for (const auto& [key, neutral] : {std::pair<const char*, json>{"repetition_penalty", 1.0},
+                                     {"encoder_repetition_penalty", 1.0},
+                                     {"no_repeat_ngram_size", 0},
+                                     {"num_beams", 1},
+                                     {"min_p", nullptr},
+                                     {"typical_p", 1.0},
+                                     {"epsilon_cutoff", 0.0},
+                                     {"eta_cutoff", 0.0},
+                                     {"bad_words_ids", nullptr},
+                                     {"suppress_tokens", nullptr},
+                                     {"begin_suppress_tokens", nullptr},
+                                     {"forced_bos_token_id", nullptr},
+                                     {"forced_eos_token_id", nullptr},
+                                     {"sequence_bias", nullptr}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (neutral.is_number() && j[key].is_number() && j[key].get<double>() == neutral.get<double>())
+      continue;
+    unsupported +=
+        (unsupported.empty() ? "" : ", ") + std::string(key) + " " + brief(j[key].dump());
+  }
+  if (!unsupported.empty())
+    spdlog::warn(
+        "{}: {}: transformers' generate applies {}, baton generate does not: its tokens will "
+        "differ from transformers' (remove {} from the file to compare them)",
+        path, unsupported, unsupported.find(',') == std::string::npos ? "it" : "them",
+        unsupported.find(',') == std::string::npos ? "it" : "them");
+  if (sampling || !j.contains("do_sample") || j["do_sample"].is_null()) return;
   if (!j["do_sample"].is_boolean())
     throw InputError(path + ": $.do_sample: expected true or false, found " +
                      brief(j["do_sample"].dump()));
   if (!j["do_sample"].get<bool>()) return;
-  std::string flags, unsupported;
+  std::string flags;
   for (const auto& [key, flag, unset] :
        {std::tuple<const char*, const char*, const char*>{"temperature", "--temperature", "1"},
         {"top_k", "--top-k", "50"},
@@ -390,15 +446,11 @@ void warn_unused_sampling_defaults(const std::string& hf_dir) {
     if (given || unset != nullptr)
       flags += std::string(" ") + flag + " " + (given ? j[key].dump() : unset);
   }
-  for (const char* key : {"repetition_penalty", "min_p", "typical_p", "no_repeat_ngram_size"})
-    if (j.contains(key) && !j[key].is_null())
-      unsupported += (unsupported.empty() ? "" : ", ") + std::string(key);
   spdlog::warn(
       "{}: do_sample is true (transformers' generate samples by default); baton generate "
       "decodes as its flags say, greedily without --temperature: give{} to sample as it "
-      "would{}",
-      path, flags,
-      unsupported.empty() ? std::string() : " (" + unsupported + ": not supported by baton)");
+      "would",
+      path, flags);
 }
 }  // namespace
 
@@ -418,7 +470,9 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     }
     m.graph = std::make_shared<Graph>(
         load_model_json(model_json, model_path.empty() ? source : model_path));
-    m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers());
+    StageOptions loaded;
+    loaded.init = false;  // the checkpoint's or the directory's weights fill every one
+    m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers(), loaded);
   };
   if (!checkpoint.empty()) {
     // Read again when a live run prunes the step being read (read_checkpoint).
@@ -436,7 +490,7 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
     json config = read_hf_model_config(
         hf_dir, model_path.empty() ? std::nullopt : model_json_context(given, model_path));
     m.eos_ids = hf_eos_token_ids(hf_dir);
-    if (!sampling) warn_unused_sampling_defaults(hf_dir);
+    warn_unused_generation_config(hf_dir, sampling);
     build(std::move(config), hf_dir + "/config.json");
     load_hf_weights(hf_dir, *m.stage);
   }

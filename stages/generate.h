@@ -63,10 +63,16 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
 // for a NaN temperature; an infinite one samples uniformly among the tokens kept.
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& opt, uint64_t& rng);
 
+// Seconds to the first new token (the prompt read and the token sampled), and in all.
+struct GenerationTimes {
+  double first_token_s = 0, total_s = 0;
+};
+
 // The max_new tokens that follow the prompt; fewer when one of `stop` is drawn, which ends
 // the output (as transformers' generate returns its end-of-sequence token).
 std::vector<int32_t> generate(const Stage& stage, const std::vector<int32_t>& prompt,
                               int64_t max_new, const SampleOptions& opt,
-                              const std::vector<int32_t>& stop = {});
+                              const std::vector<int32_t>& stop = {},
+                              GenerationTimes* times = nullptr);
 
 }  // namespace baton::stages

@@ -947,7 +947,9 @@ WholeModel load_whole_checkpoint(const std::string& step_dir) {
   w.manifest = read_manifest(step_dir);
   w.graph = std::make_shared<Graph>(
       load_model_json(w.manifest.model, step_dir + "/manifest.json: $.model"));
-  w.stage = std::make_unique<Stage>(w.graph, 0, w.graph->num_layers());
+  StageOptions loaded;
+  loaded.init = false;  // load_stage fills every parameter
+  w.stage = std::make_unique<Stage>(w.graph, 0, w.graph->num_layers(), loaded);
   load_stage(step_dir, w.manifest, *w.stage, false);
   return w;
 }

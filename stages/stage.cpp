@@ -252,7 +252,7 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
     local_param_[size_t(id)] = int(params_.size());
     params_.push_back(std::move(ps));
   }
-  init_params(opt_options_.seed);
+  if (opt_options_.init) init_params(opt_options_.seed);
 }
 
 Stage::~Stage() = default;

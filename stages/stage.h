@@ -56,6 +56,10 @@ struct StageOptions {
   // read a working copy cast from it after every update. param() is the master, so
   // checkpoints hold it and a run resumes in another precision.
   std::optional<memory::DType> master_dtype;
+  // false: the parameters are left as allocated, for a caller that loads every one of them
+  // at once (generation and export from weights): initialising a model only to overwrite
+  // it had been most of `baton generate`'s start-up (sampling 124 M normals: seconds).
+  bool init = true;
 };
 
 // Seconds spent per op type (with profile on), summed over calls.

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "stages/checkpoint.h"
+#include "stages/generate.h"
 #include "stages/hf.h"
 #include "stages/json_reader.h"
 #include "tests/stages/helpers.h"
@@ -74,6 +75,29 @@ TEST(HfGpt2, LossAndGradientsMatchTransformersF64) {
     double e = norms[name].get<double>();
     EXPECT_NEAR(n, e, 1e-9 * e) << name;
   }
+}
+
+// A prompt read at once (the training kernel's causal attention) and one token at a time
+// (the cache's per-row attention) give the same logits.
+TEST(HfGpt2, PromptAtOnceEqualsTokenByToken) {
+  HfGpt2Fixture f = hf_gpt2_load_fixture();
+  auto g = f.graph(DType::f32);
+  Stage st(g, 0, g->num_layers());
+  load_hf_gpt2(kDir, st);
+  const int64_t t = f.tokens.size(1);
+  std::vector<int32_t> seq;
+  for (int64_t i = 0; i < t; ++i) seq.push_back(int32_t(f.tokens.to_vector<int32_t>()[size_t(i)]));
+  Generator whole(st, t), pieces(st, t);
+  const std::vector<float> a = whole.feed(seq);
+  std::vector<float> b;
+  for (int32_t tok : seq) b = pieces.feed({tok});
+  ASSERT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += double(a[i] - b[i]) * double(a[i] - b[i]);
+    den += double(a[i]) * double(a[i]);
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-6);
 }
 
 TEST(HfGpt2, SavedCheckpointLoadsBack) {
