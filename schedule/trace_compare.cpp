@@ -61,6 +61,28 @@ void check_same_plan(const Timeline& measured, const Timeline& predicted,
                        "prediction of the same plan)");
 }
 
+// The schedule a timeline names: baton train --trace's "measured: 1f1b (3 steps)", baton
+// trace predict's "predicted: 1f1b", the simulator's "1f1b".
+std::string schedule_named(std::string name) {
+  for (const char* prefix : {"measured: ", "predicted: "})
+    if (name.starts_with(prefix)) name = name.substr(std::string_view(prefix).size());
+  if (const size_t open = name.rfind(" ("); open != std::string::npos && name.ends_with(")") &&
+                                            name.find(" step", open) != std::string::npos)
+    name = name.substr(0, open);
+  return name;
+}
+
+// Given the wrong way round, every difference had come out with the opposite sign. Two
+// predictions (under two cost files) or two runs compare as given.
+void check_roles(const Timeline& measured, const Timeline& predicted,
+                 const std::string& measured_name, const std::string& predicted_name) {
+  if (measured.name.starts_with("predicted: ") && predicted.name.starts_with("measured: "))
+    throw InputError(measured_name + " is a prediction ('" + measured.name + "') and " +
+                     predicted_name + " a measured run ('" + predicted.name +
+                     "'): the measured timeline goes first, then the prediction (swapped, "
+                     "every difference would read with the opposite sign)");
+}
+
 }  // namespace
 
 TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
@@ -73,8 +95,15 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
       throw InputError(*name +
                        ": no pipeline action (F, B, W) in it: expected a timeline of baton train "
                        "--trace, baton trace predict or baton simulate --trace");
+  check_roles(measured, predicted, measured_name, predicted_name);
   check_same_plan(measured, predicted, measured_name, predicted_name);
   TraceComparison c;
+  const std::string ms = schedule_named(measured.name), ps = schedule_named(predicted.name);
+  if (!ms.empty() && !ps.empty() && ms != ps)
+    c.schedule_note = "the timelines are of different schedules ('" + ms + "' measured, '" + ps +
+                      "' predicted): the differences below are the schedules', not the "
+                      "prediction's error (baton trace predict --schedule FILE, Python's "
+                      "predict(..., schedule=), predicts the schedule a run used)";
   // Measured: the first occurrence of each key on the lowest rank that ran it. STEP has
   // no stage: the pipeline rank of a measured STEP is the rank of the stages it ran
   // (measured rank r's first stage's predicted rank).
@@ -219,6 +248,7 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
 
 std::string format_comparison(const TraceComparison& c, bool actions) {
   std::string out;
+  if (!c.schedule_note.empty()) out += "note: " + c.schedule_note + "\n";
   auto ms = [](double s) { return detail::format_number("%.3f", s * 1e3); };
   const double diff = c.measured_makespan - c.predicted_makespan;
   out += "makespan: measured " + ms(c.measured_makespan) + " ms, predicted " +

@@ -40,13 +40,18 @@ struct TraceComparison {
   // not model rollbacks); their count and mean duration (seconds).
   int redone_steps = 0;
   double redo_mean = 0;
+  // The schedules the timelines name when they differ (a run of `--schedule FILE` against
+  // the plan's own prediction): a note the report opens with; empty otherwise.
+  std::string schedule_note;
 };
 
 // InputError when either timeline holds no pipeline action, when the two differ in
 // pipeline ranks (counted by the sets of stages ranks run), stages or micro-batches (the
 // traces of different plans), when they share no action (a trace of another kind or
 // schedule), or when the prediction holds an action twice (a measured trace of several
-// steps or ranks), naming them by the names given.
+// steps or ranks), or when the two are given the wrong way round (the timeline passed as
+// measured is named "predicted: ..." and the other "measured: ..."), naming them by the
+// names given.
 TraceComparison compare_timelines(const Timeline& measured, const Timeline& predicted,
                                   const std::string& measured_name = "the measured timeline",
                                   const std::string& predicted_name = "the predicted timeline");

@@ -853,3 +853,37 @@ TEST(Timeline, CompareRefusesTimelinesOfDifferentPlans) {
   }
   EXPECT_NO_THROW(compare_timelines(dp, pp2));
 }
+
+// The two the wrong way round (by the names baton gives them) are refused: every
+// difference had read with the opposite sign. Timelines of two schedules of one plan shape
+// compare, opening with a note that the differences are the schedules'.
+TEST(Timeline, CompareRefusesSwappedRolesAndNotesOtherSchedules) {
+  auto timeline = [](const char* name, const std::string& label) {
+    Schedule s = lower(generate(name, 2, 4));
+    Simulator sim(s);
+    sim.run(resolve(spec_fbw(1, 2, 1), s));
+    Timeline t = sim.timeline(1e-3);
+    t.name = label;
+    return t;
+  };
+  using baton::testing_support::input_error_of;
+  const Timeline measured = timeline("1f1b", "measured: 1f1b (3 steps)"),
+                 predicted = timeline("1f1b", "predicted: 1f1b");
+  EXPECT_EQ(compare_timelines(measured, predicted).schedule_note, "");
+  EXPECT_EQ(input_error_of([&] { compare_timelines(predicted, measured, "p.json", "m.json"); }),
+            "p.json is a prediction ('predicted: 1f1b') and m.json a measured run ('measured: "
+            "1f1b (3 steps)'): the measured timeline goes first, then the prediction (swapped, "
+            "every difference would read with the opposite sign)");
+  // Two predictions (of two cost files) compare.
+  EXPECT_NO_THROW(compare_timelines(predicted, predicted));
+  const TraceComparison other = compare_timelines(measured, timeline("gpipe", "predicted: gpipe"));
+  EXPECT_EQ(other.schedule_note.rfind("the timelines are of different schedules ('1f1b' "
+                                      "measured, 'gpipe' predicted)",
+                                      0),
+            0u)
+      << other.schedule_note;
+  EXPECT_EQ(format_comparison(other, false).rfind("note: the timelines are of different", 0), 0u);
+  // The simulator's timelines name the schedule alone.
+  EXPECT_NE(compare_timelines(timeline("1f1b", "1f1b"), timeline("gpipe", "gpipe")).schedule_note,
+            "");
+}

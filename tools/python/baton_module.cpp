@@ -270,6 +270,7 @@ py::dict comparison_dict(const TraceComparison& c) {
   d["mean_abs_duration_diff"] = c.mean_abs_duration_diff;
   d["redone_steps"] = c.redone_steps;
   d["redo_mean"] = c.redo_mean;
+  d["schedule_note"] = c.schedule_note;
   py::list kinds;
   for (const KindSummary& k : c.kinds) {
     py::dict e;
@@ -998,7 +999,11 @@ PYBIND11_MODULE(baton, m) {
         return comparison_dict(c);
       },
       py::arg("measured"), py::arg("predicted"),
-      "per action and per kind, the measured against the predicted times");
+      "per action and per kind, the measured timeline's times (first: baton train --trace) "
+      "against the predicted one's (baton trace predict, predict(), simulate()); a dict with "
+      "the makespans, 'kinds', 'actions', 'schedule_note' (set when the timelines name "
+      "different schedules) and 'report'. A measured trace of several steps is compared by its "
+      "first; given the wrong way round (by their names), InputError");
 
   // ---- planning (partitioner/) -----------------------------------------------------------
   register_planning(m);
