@@ -119,6 +119,12 @@ MeasuredCosts read_measured_costs(const std::string& path) {
   nlohmann::json j = stages::read_json_file(path);
   stages::JsonReader r(j, path);
   r.expect_object();
+  // A schedule's cost file (forward, backward_input, ... per stage) is the other kind.
+  if (!r.has("version") && !r.has("kind") &&
+      (r.has("forward") || r.has("backward_input") || r.has("backward_weight")))
+    r.fail_message(
+        "a schedule cost file (per-stage action times: `baton simulate --costs`, "
+        "docs/schedules.md), where op times measured by `baton profile --out` were expected");
   r.check_version("the cost file", 1, kCostFileVersion);
   r.expect_only({"version", "kind", "model", "batch", "threads", "machine", "colocated", "cores",
                  "in_step", "memory_bandwidth", "ops", "tp_ops", "tp_collective",

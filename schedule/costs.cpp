@@ -155,6 +155,14 @@ CostSpec parse_costs(std::string_view text, const std::string& source) {
   const json j = memory::parse_json_text(text, source);
   try {
     if (!j.is_object()) throw InputError("$: expected a JSON object, found " + json_brief(j));
+    // The other cost file: its unknown fields had been named one by one.
+    if (j.contains("kind") && j["kind"] == "op_times")
+      throw InputError(
+          "$.kind: this is a `baton profile` file of op times (\"kind\": \"op_times\"), "
+          "which `baton plan`, `baton trace predict` and Python's predict() read; a schedule "
+          "takes a cost file of per-stage action times (docs/schedules.md, \"Costs\"): "
+          "`baton trace predict --plan P --costs FILE [--schedule S]` simulates a schedule "
+          "with a profile's times");
     memory::expect_json_object(
         j, "$",
         {"forward", "backward_input", "backward_weight", "activation_bytes",

@@ -1404,6 +1404,16 @@ TEST(Profile, InStepFactorScalesTheMeasuredOps) {
     EXPECT_NEAR(a.layers[l].b, 1.25 * b.layers[l].b, 1e-15) << l;
     EXPECT_NEAR(a.layers[l].w, 1.25 * b.layers[l].w, 1e-15) << l;
   }
+  // A schedule's cost file says what it is (it had read "missing required field 'version'").
+  memory::write_file_durably(path + ".sched", R"({"forward": 1, "backward_input": 2})");
+  try {
+    read_measured_costs(path + ".sched");
+    ADD_FAILURE() << "a schedule cost file was read as op times";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("$: a schedule cost file (per-stage action times"),
+              std::string::npos)
+        << e.what();
+  }
   // Bad input: out of range, not a number.
   for (const char* bad : {"0", "-1", "\"fast\""}) {
     nlohmann::json j = nlohmann::json::parse(memory::read_file(path));

@@ -383,6 +383,15 @@ class Schedules(unittest.TestCase):
             with self.assertRaises(baton.ScheduleError) as e:
                 call()
             self.assertEqual((e.exception.rank, e.exception.action), (1, "1BW0"))
+        # An action without its stage (a 2-tuple) is refused where it is made: it had been
+        # written as "-1F0", a file that does not read back. STEP has neither.
+        for call, where in ((lambda: baton.Schedule([[("F", 0), ("BW", 0)]]), "rank 0, action 0: "),
+                            (lambda: baton.Action("F", 0), "Action: ")):
+            with self.assertRaisesRegex(baton.InputError, "^" + where + "a 'F' action needs its stage"):
+                call()
+        with self.assertRaisesRegex(baton.InputError, "needs its micro-batch"):
+            baton.Action("B", -1, 0)
+        self.assertEqual(str(baton.Action("STEP")), "Action('STEP')")
         # An empty path is named (it had been "cannot rename .tmp1.0 to : ...").
         for call in (lambda: s.save(""), lambda: baton.load(""), lambda: baton.CostSpec.load("")):
             with self.assertRaisesRegex(baton.InputError, "^path: expected a file's path, found an empty string$"):

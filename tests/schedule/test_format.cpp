@@ -375,6 +375,15 @@ TEST(CostFile, ParsesScalarsArraysAndUnits) {
 
 // Times beyond 1e9 s (as profile cost files) and sizes beyond 2^63 bytes are refused: a
 // cost file of 1e308 had simulated to makespan inf, bubble NaN and a trace with "dur": inf.
+// A profile's op-time file given for a schedule's costs says which file it is and what
+// reads it (its fields had been refused one by one: "unknown field 'batch'").
+TEST(CostFile, AProfilesOpTimesSayWhatTheyAre) {
+  EXPECT_EQ(input_error_of([&] {
+              parse_costs(R"({"version": 2, "kind": "op_times", "batch": 2, "ops": {}})", "c.json");
+            }).rfind("c.json: $.kind: this is a `baton profile` file of op times", 0),
+            0u);
+}
+
 // The limit is in seconds, whatever the file's time_unit.
 TEST(CostFile, RefusesValuesWhoseSumsWouldOverflow) {
   const std::string fbw = R"("backward_input": 1, "backward_weight": 1)";

@@ -154,6 +154,19 @@ py::array_t<double> owned_array(std::vector<double>&& v) {
   return py::array_t<double>({py::ssize_t(heap->size())}, {sizeof(double)}, heap->data(), owner);
 }
 
+// An action without the numbers its token needs had been written as "-1F0", a file that
+// does not read back, and refused by the validator only later as "stage -1".
+void check_complete(const Action& a, const std::string& where) {
+  if (a.kind == ActionKind::optimizer_step) return;
+  const std::string k(kind_code(a.kind));
+  if (a.stage < 0)
+    throw InputError(where + ": a '" + k + "' action needs its stage, >= 0 (found " +
+                     std::to_string(a.stage) + "): (kind, micro_batch, stage)");
+  if (has_micro_batch(a.kind) && a.micro_batch < 0)
+    throw InputError(where + ": a '" + k + "' action needs its micro-batch, >= 0 (found " +
+                     std::to_string(a.micro_batch) + ")");
+}
+
 Action action_from(const py::handle& h, const std::string& where) {
   if (py::isinstance<Action>(h)) return h.cast<Action>();
   if (py::isinstance<py::str>(h)) return parse_token(h.cast<std::string>(), where);
@@ -168,6 +181,7 @@ Action action_from(const py::handle& h, const std::string& where) {
     a.kind = *kind;
     a.micro_batch = t[1].is_none() ? -1 : whole_number(t[1], where + ": micro_batch");
     a.stage = t.size() > 2 && !t[2].is_none() ? whole_number(t[2], where + ": stage") : -1;
+    check_complete(a, where);
     return a;
   }
   throw InputError(where + ": expected a baton.Action, a token such as '1F3' or a tuple");
@@ -402,6 +416,7 @@ PYBIND11_MODULE(baton, m) {
              a.stage = stage;
              a.overlap = overlap;
              a.peer = peer;
+             check_complete(a, "Action");
              return a;
            }),
            py::arg("kind"), py::arg("micro_batch") = -1, py::arg("stage") = -1,
