@@ -1523,11 +1523,12 @@ std::string format_estimate(const ResolvedPlan& r, const PlanEstimate& e) {
     std::snprintf(count, sizeof count, "%.3g M", params / 1e6);
   std::snprintf(
       line, sizeof line,
-      "%s (%d layers, %s parameters) on %d devices: dp %d x pp %d x tp %s%s; schedule %s, %d "
-      "micro-batches of %lld samples (global batch %lld); optimizer %s\n",
-      g.name.c_str(), g.num_layers(), count, p.devices, p.dp, p.pp, tp.c_str(),
-      p.has_spatial() ? (" x spatial " + degrees(p.spatial)).c_str() : "", r.schedule.name.c_str(),
-      p.micro_batches, (long long)p.micro_batch_size, (long long)p.global_batch,
+      "%s (%d layers, %s parameters) on %d device%s: dp %d x pp %d x tp %s%s; schedule %s, %d "
+      "micro-batch%s of %lld sample%s (global batch %lld); optimizer %s\n",
+      g.name.c_str(), g.num_layers(), count, p.devices, p.devices == 1 ? "" : "s", p.dp, p.pp,
+      tp.c_str(), p.has_spatial() ? (" x spatial " + degrees(p.spatial)).c_str() : "",
+      r.schedule.name.c_str(), p.micro_batches, p.micro_batches == 1 ? "" : "es",
+      (long long)p.micro_batch_size, p.micro_batch_size == 1 ? "" : "s", (long long)p.global_batch,
       p.optimizer.c_str());
   out += line;
   const bool sp = p.has_spatial();

@@ -185,6 +185,12 @@ std::string found_json(const nlohmann::json& j) {
 }
 #endif
 
+// Every command takes --log-level (scripts pass it to each baton call).
+void add_log_level(po::options_description& opts) {
+  opts.add_options()("log-level", po::value<std::string>()->default_value("info"),
+                     "trace, debug, info, warn, error or off");
+}
+
 // ---- inspect ----
 
 int run_inspect(const std::vector<std::string>& args) {
@@ -201,11 +207,13 @@ int run_inspect(const std::vector<std::string>& args) {
       "check every token against a vocabulary of this size")(
       "samples", po::value(&samples)->default_value(3), "documents to show")(
       "show-tokens", po::value(&show)->default_value(48), "tokens to show of each");
+  add_log_level(opts);
   po::positional_options_description pos;
   pos.add("path", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton data inspect PATH [--tokenizer FILE.model]", opts, vm, &pos))
     return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
   check_path_flags(vm, {"path", "tokenizer"});
   // Negative counts had failed deep inside (a vector of -5 tokens) or been taken as none.
   for (auto [flag, v] : {std::pair<const char*, int64_t>{"--samples", samples},
@@ -318,12 +326,14 @@ int run_prepare(const std::vector<std::string>& args) {
       "token type: auto (uint16 below 65500 ids, else int32), uint8, int8, int16, uint16, int32 or "
       "int64")("append-eod", po::bool_switch(&eod),
                "end every document with the tokenizer's end-of-document id");
+  add_log_level(opts);
   po::variables_map vm;
   if (!parse_args(
           args,
           "baton data prepare --tokenizer FILE.model --input corpus.txt|corpus.jsonl --out PREFIX",
           opts, vm))
     return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
   check_path_flags(vm, {"tokenizer", "input", "out"});
 #ifndef BATON_HAVE_SENTENCEPIECE
   no_sentencepiece("baton data prepare");
@@ -478,11 +488,13 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
       "share of characters the vocabulary covers")(
       "max-lines", po::value(&max_lines)->default_value(0),
       "train on at most this many non-empty lines (0: all)");
+  add_log_level(opts);
   po::variables_map vm;
   if (!parse_args(args,
                   "baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]",
                   opts, vm))
     return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
   check_path_flags(vm, {"input", "out"});
 #ifndef BATON_HAVE_SENTENCEPIECE
   no_sentencepiece("baton data train-tokenizer");

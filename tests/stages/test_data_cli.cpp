@@ -103,6 +103,16 @@ TEST(DataCli, PrepareTextAndInspect) {
   EXPECT_NE(r.output.find("documents  " + std::to_string(docs)), std::string::npos) << r.output;
   // The first document decodes to the first line (SentencePiece drops the leading blanks).
   EXPECT_NE(r.output.find("\"GNU GENERAL PUBLIC LICENSE\""), std::string::npos) << r.output;
+  // --log-level, as every command takes it (it had been an unknown option here).
+  r = baton("prepare --log-level warn --tokenizer " + tokenizer() + " --input " + slice() +
+            " --out " + out);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[info]"), std::string::npos) << r.output;
+  r = baton("inspect " + out + " --log-level loud");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--log-level: expected trace, debug, info, warn, error or off"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(DataCli, PrepareJsonlWithEndOfDocument) {
