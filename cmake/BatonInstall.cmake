@@ -13,6 +13,12 @@ set(BATON_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/baton" CACHE STRING
 # <prefix>/lib/python3/dist-packages to PYTHONPATH or set this.
 set(BATON_INSTALL_PYTHONDIR "lib/python3/dist-packages" CACHE STRING
   "Where the Python module is installed, relative to the prefix")
+if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr" AND BATON_INSTALL_PYTHONDIR STREQUAL "lib/python3/dist-packages")
+  message(STATUS "baton: `cmake --install` puts the Python module in "
+    "${CMAKE_INSTALL_PREFIX}/lib/python3/dist-packages, which python3 reads only under /usr: "
+    "add it to PYTHONPATH (or set BATON_INSTALL_PYTHONDIR, e.g. lib/python3.11/dist-packages "
+    "for /usr/local)")
+endif()
 
 # baton_install_library(NAME): called by baton_library(). Installs the static library
 # under the export name baton::<NAME without baton_> (also an alias in the build tree),

@@ -20,6 +20,16 @@ foreach(_folder IN LISTS _baton_header_folders)
   file(GLOB _h CONFIGURE_DEPENDS RELATIVE "${PROJECT_SOURCE_DIR}" "${PROJECT_SOURCE_DIR}/${_folder}/*.h")
   list(APPEND _baton_headers ${_h})
 endforeach()
+# A build without CUDA installs no header that includes CUDA's or NCCL's (one had been
+# installed that a consumer without the toolkit could not compile).
+if(NOT BATON_HAVE_CUDA)
+  foreach(_h IN LISTS _baton_headers)
+    file(STRINGS "${PROJECT_SOURCE_DIR}/${_h}" _cuda REGEX "^[ \t]*#[ \t]*include[ \t]+<(cuda|cublas|cudnn|nccl)")
+    if(_cuda)
+      list(REMOVE_ITEM _baton_headers "${_h}")
+    endif()
+  endforeach()
+endif()
 set(_todo ${_baton_headers})
 while(_todo)
   list(POP_FRONT _todo _h)
@@ -104,8 +114,18 @@ set(CPACK_DEBIAN_DEV_DESCRIPTION
   "pipeline- and model-parallel training engine (development files)\nbaton's static libraries, public headers and CMake package: find_package(baton CONFIG)\nand link baton::baton or one folder's library (baton::schedule, baton::transport, ...).")
 set(_dev_depends "baton (= ${PROJECT_VERSION})" "nlohmann-json3-dev (>= 3.10)" libspdlog-dev libfmt-dev
   "libboost-dev (>= 1.74)" libboost-program-options-dev zlib1g-dev)
-if(TARGET DNNL::dnnl)
+# From the dependencies batonConfig.cmake finds again: DNNL::dnnl, an imported target of
+# kernels/, is not visible here (the test had been always false, and baton-dev lacked
+# libdnnl-dev while its config called find_dependency(dnnl)). Debian's oneDNN config
+# requires OpenCL's headers, which libdnnl-dev only recommends.
+if(_baton_deps MATCHES "find_dependency\\(dnnl")
   list(APPEND _dev_depends libdnnl-dev)
+  if(dnnl_DIR AND EXISTS "${dnnl_DIR}/dnnl-config.cmake")
+    file(STRINGS "${dnnl_DIR}/dnnl-config.cmake" _dnnl_opencl REGEX "find_package\\(OpenCL")
+    if(_dnnl_opencl)
+      list(APPEND _dev_depends ocl-icd-opencl-dev)
+    endif()
+  endif()
 endif()
 if(BATON_BLAS_VARIANT STREQUAL "openmp")
   list(APPEND _dev_depends libopenblas-openmp-dev)

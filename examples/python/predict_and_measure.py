@@ -3,22 +3,32 @@ times, predict one step of the plan, run the plan for real and set the measured 
 beside the prediction, action by action.
 
     PYTHONPATH=build/release/python /usr/bin/python3 examples/python/predict_and_measure.py \\
-        [baton] [model] [pipeline ranks]
+        [baton] [model] [pipeline ranks] [data]
 
-(defaults: build/release/baton, examples/models/gpt-config-a.json, 2). Its files go to a
-temporary folder; it prints the plan, the prediction and `baton trace compare`'s report."""
+(defaults: build/release/baton, else the `baton` on PATH; the examples' gpt-config-a.json,
+2, the examples' licenses.txt: the examples found beside this script, in the source tree
+or an installed share/baton/examples). Its files go to a temporary folder; it prints the
+plan, the prediction and `baton trace compare`'s report."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 import baton
 
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def main(binary="build/release/baton", model="examples/models/gpt-config-a.json", ranks=2,
-         data="examples/data/licenses.txt"):
+
+def main(binary=None, model=os.path.join(EXAMPLES, "models", "gpt-config-a.json"), ranks=2,
+         data=os.path.join(EXAMPLES, "data", "licenses.txt")):
+    if binary is None:
+        binary = "build/release/baton" if os.path.exists("build/release/baton") else shutil.which("baton")
+        if binary is None:
+            sys.exit("predict_and_measure.py: no baton command (build/release/baton or on PATH): "
+                     "give its path as the first argument")
     ranks = int(ranks)
     with tempfile.TemporaryDirectory() as tmp:
         # The ops timed at two micro-batch sizes (the planner interpolates between them),

@@ -7,14 +7,17 @@ simulated next to baton's own generator of the same family.
 (examples/schedules/zbv_p4_m8.csv is PyTorch 2.15's own output, as the test fixtures'.)
 """
 
+import os
 import sys
 
 import baton
 
+EXAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 COSTS = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
 
 
-def main(path="examples/schedules/zbv_p4_m8.csv", ours="zb-v"):
+def main(path=os.path.join(EXAMPLES, "schedules", "zbv_p4_m8.csv"), ours="zb-v"):
     with open(path, newline="") as f:
         text = f.read()
     theirs, dialect, kept = baton.parse_csv(text, source=path)

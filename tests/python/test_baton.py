@@ -900,6 +900,11 @@ class Planning(unittest.TestCase):
         self.assertGreater(comparison["predicted_makespan"], 0)
         self.assertEqual(comparison["unmatched_measured"], 0)
         self.assertIn("makespan: measured", comparison["report"])
+        # Its defaults are the examples beside it, whatever the working folder (installed,
+        # they had been looked for under ./examples).
+        _, model, _, data = example.main.__defaults__
+        for path in (model, data):
+            self.assertTrue(os.path.isabs(path) and os.path.exists(path), path)
 
 
 if __name__ == "__main__":
