@@ -400,7 +400,8 @@ void check_resume(const stages::Manifest& m, const std::string& dir,
   // change what the weights compute (a default spelled out, a new name, other dropout or
   // context are the same model).
   if (!stages::hf_math_fields(model_json, model_source).is_null()) {
-    stages::check_same_model_math(model_json, model_source, m.model, dir + "/manifest.json $.model",
+    stages::check_same_model_math(model_json, model_source, m.model,
+                                  dir + "/manifest.json: $.model",
                                   "the checkpoint was written for that model");
   } else if (m.model != model_json) {
     // The first field that differs, as a JSON patch names it ("/n_embd").

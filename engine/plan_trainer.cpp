@@ -975,11 +975,11 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
   // A micro-batch, or with sync_batchnorm every replica's together.
   const int64_t bn_samples = batchnorm_samples(
       lg, r.plan.micro_batch_size * (r.plan.sync_batchnorm ? int64_t(r.plan.dp) : 1));
-  const std::string model_source = r.plan.where("$.model");
-  // Its $.loss is the model file's, where the plan names one.
-  if (o.steps > 0)
-    stages::check_loss_trains(
-        lg, r.plan.model_path_resolved.empty() ? model_source : r.plan.model_path_resolved);
+  // The model file the plan names, or the model embedded at its $.model: messages about the
+  // model's fields name that file's paths ("tg.json: $.n_head", not the plan's).
+  const std::string model_source =
+      r.plan.model_path_resolved.empty() ? r.plan.where("$.model") : r.plan.model_path_resolved;
+  if (o.steps > 0) stages::check_loss_trains(lg, model_source);
   // A directory with images.npy is image data (images + labels, as the one-process
   // trainer reads it); otherwise the token dataset (and held-out data), checked against
   // the logical model's vocabulary.

@@ -201,6 +201,13 @@ class ShardingPass {
         examples.push_back("'" + n.name + "'");
     }
     if (near.size() == 1) return msg + "; did you mean '" + near[0] + "'?";
+    if (near.size() > 1) {  // one per layer: the first few, and how many
+      msg += "; nodes of that name: ";
+      for (size_t i = 0; i < std::min<size_t>(near.size(), 3); ++i)
+        msg += (i ? ", '" : "'") + near[i] + "'";
+      if (near.size() > 3) msg += ", … (" + std::to_string(near.size()) + ")";
+      return msg + " (one override per node)";
+    }
     if (!examples.empty()) {
       msg += " (its splittable nodes are named like ";
       for (size_t i = 0; i < examples.size(); ++i) msg += (i ? ", " : "") + examples[i];

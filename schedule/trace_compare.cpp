@@ -77,8 +77,8 @@ std::string schedule_named(std::string name) {
 void check_roles(const Timeline& measured, const Timeline& predicted,
                  const std::string& measured_name, const std::string& predicted_name) {
   if (measured.name.starts_with("predicted: ") && predicted.name.starts_with("measured: "))
-    throw InputError(measured_name + " is a prediction ('" + measured.name + "') and " +
-                     predicted_name + " a measured run ('" + predicted.name +
+    throw InputError(measured_name + " is a prediction ('" + printable(measured.name) + "') and " +
+                     predicted_name + " a measured run ('" + printable(predicted.name) +
                      "'): the measured timeline goes first, then the prediction (swapped, "
                      "every difference would read with the opposite sign)");
 }
@@ -100,7 +100,8 @@ TraceComparison compare_timelines(const Timeline& measured, const Timeline& pred
   TraceComparison c;
   const std::string ms = schedule_named(measured.name), ps = schedule_named(predicted.name);
   if (!ms.empty() && !ps.empty() && ms != ps)
-    c.schedule_note = "the timelines are of different schedules ('" + ms + "' measured, '" + ps +
+    c.schedule_note = "the timelines are of different schedules ('" + printable(ms) +
+                      "' measured, '" + printable(ps) +
                       "' predicted): the differences below are the schedules', not the "
                       "prediction's error (baton trace predict --schedule FILE, Python's "
                       "predict(..., schedule=), predicts the schedule a run used)";

@@ -11,6 +11,7 @@
 
 #include "memory/error.h"
 #include "stages/graph.h"
+#include "stages/json_reader.h"
 #include "stages/op.h"
 
 namespace baton::stages {
@@ -606,8 +607,8 @@ std::string inputs_str(const Graph& g) {
 int64_t token_vocabulary(const Graph& g, const std::string& source) {
   int tok = g.find_value("tokens"), tgt = g.find_value("targets");
   if (tok < 0 || tgt < 0 || g.inputs.size() != 2)
-    throw InputError(source +
-                     ": $.inputs: expected exactly the inputs 'tokens' and 'targets' "
+    throw InputError(json_where(source, "$.inputs") +
+                     ": expected exactly the inputs 'tokens' and 'targets' "
                      "(token data), found " +
                      inputs_str(g));
   const ValueType& t = g.values[size_t(tok)].type;
@@ -616,8 +617,8 @@ int64_t token_vocabulary(const Graph& g, const std::string& source) {
   // One dtype: a window's tokens and its next tokens are cut from one buffer.
   if (!ints || t.dtype != y.dtype || t.shape.size() != 1 ||
       !(y.shape == t.shape || y.shape.empty()))
-    throw InputError(source +
-                     ": $.inputs: expected tokens [T] and targets [T] or [] of one integer "
+    throw InputError(json_where(source, "$.inputs") +
+                     ": expected tokens [T] and targets [T] or [] of one integer "
                      "type, found tokens " +
                      type_str(t) + " and targets " + type_str(y));
   // The loss is averaged over the targets the data fills (T or 1 per sample), so they must

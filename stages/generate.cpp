@@ -404,23 +404,31 @@ void warn_unused_generation_config(const std::string& hf_dir, bool sampling) {
     return;  // its eos ids were read (and checked) already
   }
   if (!j.is_object()) return;
-  // Each with the value at which it changes nothing (null: any value but null changes).
+  const bool file_samples = j.contains("do_sample") && j["do_sample"] == true;
+  // Each with the value at which it changes nothing (null: any value but null changes; an
+  // empty list none). The warpers act only on a sampling run (transformers applies them
+  // under do_sample alone); the processors on every run, greedy too.
   std::string unsupported;
-  for (const auto& [key, neutral] : {std::pair<const char*, json>{"repetition_penalty", 1.0},
-                                     {"encoder_repetition_penalty", 1.0},
-                                     {"no_repeat_ngram_size", 0},
-                                     {"num_beams", 1},
-                                     {"min_p", nullptr},
-                                     {"typical_p", 1.0},
-                                     {"epsilon_cutoff", 0.0},
-                                     {"eta_cutoff", 0.0},
-                                     {"bad_words_ids", nullptr},
-                                     {"suppress_tokens", nullptr},
-                                     {"begin_suppress_tokens", nullptr},
-                                     {"forced_bos_token_id", nullptr},
-                                     {"forced_eos_token_id", nullptr},
-                                     {"sequence_bias", nullptr}}) {
+  for (const auto& [key, neutral, warper] :
+       {std::tuple<const char*, json, bool>{"repetition_penalty", 1.0, false},
+        {"encoder_repetition_penalty", 1.0, false},
+        {"no_repeat_ngram_size", 0, false},
+        {"num_beams", 1, false},
+        {"min_new_tokens", 0, false},
+        {"min_length", 0, false},
+        {"bad_words_ids", nullptr, false},
+        {"suppress_tokens", nullptr, false},
+        {"begin_suppress_tokens", nullptr, false},
+        {"forced_bos_token_id", nullptr, false},
+        {"forced_eos_token_id", nullptr, false},
+        {"sequence_bias", nullptr, false},
+        {"min_p", nullptr, true},
+        {"typical_p", 1.0, true},
+        {"epsilon_cutoff", 0.0, true},
+        {"eta_cutoff", 0.0, true}}) {
     if (!j.contains(key) || j[key].is_null()) continue;
+    if (warper && !sampling && !file_samples) continue;
+    if (j[key].is_array() && j[key].empty()) continue;
     if (neutral.is_number() && j[key].is_number() && j[key].get<double>() == neutral.get<double>())
       continue;
     unsupported +=

@@ -431,8 +431,8 @@ void ImageDataset::fill_labels(uint64_t seed, int64_t step, int64_t first, int64
 void ImageDataset::check_model(const Graph& g, const std::string& source) const {
   const int im = g.find_value("images"), lb = g.find_value("labels");
   if (im < 0 || lb < 0 || g.inputs.size() != 2)
-    throw InputError(source +
-                     ": $.inputs: expected exactly the inputs 'images' and 'labels' "
+    throw InputError(json_where(source, "$.inputs") +
+                     ": expected exactly the inputs 'images' and 'labels' "
                      "(image data " +
                      dir_ + "), found " + inputs_str(g));
   const ValueType& it = g.values[size_t(im)].type;
@@ -457,9 +457,8 @@ void ImageDataset::check_model(const Graph& g, const std::string& source) const 
                      " (the data " + dir_ + "), found " + type_str(it) + hint);
   }
   if (memory::is_floating(lt.dtype) || !lt.shape.empty())
-    throw InputError(source +
-                     ": $.inputs: expected integer labels [] (one class per image), found " +
-                     type_str(lt));
+    throw InputError(json_where(source, "$.inputs") +
+                     ": expected integer labels [] (one class per image), found " + type_str(lt));
   for (const Node& n : g.nodes)
     if (n.op == "cross_entropy" && n.inputs[1] == lb) {
       const int64_t v = g.values[size_t(n.inputs[0])].type.shape.back();

@@ -90,11 +90,13 @@ int check(const std::string& path, const po::variables_map& vm, const pt::Machin
     const bool other_model = !how.empty() && (how == "measured") != (measured != nullptr);
     if (other_model || (then > 0 && std::abs(e.step_time - then) > 0.1 * then))
       std::printf(
-          "note: the plan's predicted step is %.3f ms%s, this check's %.3f ms: %s\n", then * 1e3,
-          how.empty() ? "" : (" (" + how + " op times)").c_str(), e.step_time * 1e3,
+          "note: the plan's predicted step is %.6g s%s, this check's %.6g s: %s\n", then,
+          how.empty() ? "" : (" (" + how + " op times)").c_str(), e.step_time,
           how == "measured" && measured == nullptr
               ? "it was made from a cost file (baton profile); give that file as --costs to "
                 "check it as it was made"
+          : how == "analytic" && measured != nullptr
+              ? "it was made without a cost file (times from FLOPs), this check with one"
               : "the cost file, machine flags or baton's version differ from those it was made "
                 "with");
   }

@@ -131,12 +131,11 @@ struct StoreServer::Impl {
       send(proto::Writer(proto::kError).str(msg).frame(), then_close);
     }
     // The rendezvous's failure, then the end of this connection.
-    void failed() {
-      send(proto::Writer(proto::kFailed)
-               .u8(s_.failure->input ? 1 : 0)
-               .str(s_.failure->message)
-               .frame(),
-           true);
+    void failed() { failed_alone(s_.failure->message, s_.failure->input); }
+    // A failure of this connection's process alone (the rendezvous serves on): it fails as
+    // the same mistake fails every rank before they met, bad input when `input`.
+    void failed_alone(const std::string& message, bool input) {
+      send(proto::Writer(proto::kFailed).u8(input ? 1 : 0).str(message).frame(), true);
     }
     void close() {
       boost::system::error_code ignored;
@@ -213,10 +212,15 @@ struct StoreServer::Impl {
           // Once every rank has met, the job runs: a late hello (another job's rank sent
           // to this port, a duplicate started by mistake, anyone who can reach the port)
           // is refused alone. It had failed the running job, token or not.
-          if (!problem.empty() && s_.all_met())
-            throw proto::ProtocolError(problem + " (refused alone: the job's " +
-                                       std::to_string(s_.members.size()) +
-                                       " ranks had all met and run on)");
+          if (!problem.empty() && s_.all_met()) {
+            s_.refused++;
+            const std::string alone = problem + " (refused alone: the job's " +
+                                      std::to_string(s_.members.size()) +
+                                      " ranks had all met and run on)";
+            spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), alone);
+            failed_alone(alone, true);
+            return false;
+          }
           if (!problem.empty()) {
             if (!right) s_.refused++;
             spdlog::warn("rendezvous: refused a connection from {}: {}", peer(), problem);

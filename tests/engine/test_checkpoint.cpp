@@ -346,7 +346,7 @@ TEST(Checkpoint, ResumeSaysWhichOptimizerAndClipItContinuesWith) {
     ADD_FAILURE() << "another model resumed";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "plan.json: $.model.n_embd is 32, but ckpt/step-00000002/manifest.json $.model "
+              "plan.json: $.model.n_embd is 32, but ckpt/step-00000002/manifest.json: $.model "
               "has 16 (the checkpoint was written for that model)");
   }
 }

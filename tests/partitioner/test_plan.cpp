@@ -975,6 +975,11 @@ TEST(Plan, SplitOverridesAndRecompute) {
             "plan.json: $.splits.nope: no node named 'nope' in the model (its splittable nodes "
             "are named like 'wte', 'h.0.attn.c_attn', 'h.0.attn.attn'; a cost file of `baton "
             "profile` lists every node)");
+  // A name of a node in every layer lists them.
+  j["splits"] = {{"mlp.c_fc", "none"}};
+  EXPECT_EQ(plan_error_of(j),
+            "plan.json: $.splits.mlp.c_fc: no node named 'mlp.c_fc' in the model; nodes of that "
+            "name: 'h.0.mlp.c_fc', 'h.1.mlp.c_fc' (one override per node)");
   // A name without the model's prefix is completed.
   j["splits"] = {{"0.mlp.c_fc", "none"}};
   EXPECT_EQ(plan_error_of(j),

@@ -116,6 +116,22 @@ TEST(Cli, ARefusedRunMakesNoCheckpointDirectory) {
 
 // An image model given no image directory: the path and what it lacks, not the token
 // loader's complaint about the model's inputs.
+// A plan naming its model by file: the model's fields are named in that file ("tg.json:
+// $.inputs"); they had been placed at the plan's $.model, which holds the file's name.
+TEST(Cli, APlansModelFileIsNamedInItsMessages) {
+  const std::string dir = ::testing::TempDir() + "/plan-model-file";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(std::string(BATON_SOURCE_DIR) + "/examples/models/tiny-gpt.json",
+                             dir + "/tg.json", std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir + "/p1.json")
+      << R"({"version": 1, "model": "tg.json", "devices": 1, "batch": {"micro_batch_size": 2},
+             "schedule": {"name": "1f1b", "micro_batches": 1}})";
+  cli_expect_input_error("--plan " + dir + "/p1.json --data " + std::string(BATON_SOURCE_DIR) +
+                             "/examples/data/digits --steps 1",
+                         {"plan-model-file/tg.json: $.inputs: expected exactly the inputs "
+                          "'images' and 'labels'"});
+}
+
 TEST(Cli, AnImageModelNamesTheMissingImageDirectory) {
   const std::string model = std::string(BATON_SOURCE_DIR) + "/examples/models/resnet-tiny.json";
   const std::string missing = ::testing::TempDir() + "/no-such-images";

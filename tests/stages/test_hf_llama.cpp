@@ -890,8 +890,18 @@ TEST(HfLlamaGenerate, SaysWhenItIgnoresTheSamplingDefaults) {
             std::string::npos)
       << warnings();
   std::ofstream(dir + "/generation_config.json")
-      << R"({"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": null})";
+      << R"({"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": null,
+             "suppress_tokens": []})";
   EXPECT_EQ(warnings(), "");
+  // The warpers act on sampling runs only, as transformers applies them; min_new_tokens
+  // holds the end-of-sequence token back on any run.
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"do_sample": false, "typical_p": 0.9, "min_p": 0.05, "min_new_tokens": 4})";
+  const std::string greedy = warnings();
+  EXPECT_NE(greedy.find("min_new_tokens 4: transformers' generate applies it"), std::string::npos)
+      << greedy;
+  EXPECT_EQ(greedy.find("typical_p"), std::string::npos) << greedy;
+  EXPECT_NE(warnings(/*sampling=*/true).find("min_p 0.05, typical_p 0.9"), std::string::npos);
   // transformers' own defaults where the file gives none (or null).
   std::ofstream(dir + "/generation_config.json") << R"({"do_sample": true, "temperature": null})";
   EXPECT_NE(warnings().find("give --temperature 1 --top-k 50 to sample"), std::string::npos);

@@ -407,6 +407,9 @@ TEST(Store, LateHellosAfterEveryRankMetAreRefusedAlone) {
       [&] { TcpStore("127.0.0.1", server.port(), "tok", 5000ms, slurm_rank(2, 3, "hoste")); });
   EXPECT_TRUE(has(wider.what, "the ranks' world sizes differ")) << wider.what;
   EXPECT_TRUE(has(wider.what, "refused alone")) << wider.what;
+  // Bad input (exit 2) for the process refused, as before the ranks met; it had read as a
+  // runtime failure (exit 1).
+  for (const Outcome& o : {dup, stranger, wider}) EXPECT_TRUE(o.input) << o.what;
   EXPECT_EQ(server.failure(), std::nullopt);
   r1.set("k", "v");
   EXPECT_EQ(r0.get("k", 1000ms), "v");
