@@ -25,6 +25,9 @@ namespace {
 
 constexpr int64_t kBlockQ = 64;   // query rows per block
 constexpr int64_t kChunkK = 512;  // keys per chunk: T <= 512 needs no online rescaling
+// Backward with fewer (batch, key/value head) pairs than this splits each pair's query
+// blocks into about this many tasks in all.
+constexpr int64_t kSplitTasks = 8;
 
 template <class T>
 T* scratch(size_t n, int which) {
@@ -386,11 +389,14 @@ void forward_block_fast(const float* qkv, const float* kt, int64_t ldkt, float* 
 
 // kt, vt: the keys and values of h's key/value head transposed,
 // [D][round_up(T, tiles::kScoreCols)].
-// acc_q, acc_kv as in backward_head.
+// acc_q, acc_kv as in backward_head. The query rows [q_begin, q_end) (q_begin a multiple of
+// kBlockQ); dK and dV go to the rows of dk0 and dv0 (key 0's) at stride ldkv: dqkv's columns,
+// or a task's own buffer when the query rows are split among tasks.
 template <int W>
 void backward_head_fast(const float* qkv, const float* out, const float* lse, const float* dout,
                         float* dqkv, const Geometry& g, const Dropout& dr, float scale, int64_t b,
-                        int64_t h, bool acc_q, bool acc_kv, const float* kt, const float* vt) {
+                        int64_t h, bool acc_q, bool acc_kv, const float* kt, const float* vt,
+                        int64_t q_begin, int64_t q_end, float* dk0, float* dv0, int64_t ldkv) {
   const int64_t D = g.D, ld = g.ld, Tp = round_up(g.T, tiles::kScoreCols);
   float* p = scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 0);
   float* dp = scratch<float>(size_t(kBlockQ * score_stride(kChunkK)), 1);
@@ -398,8 +404,8 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
   float* di = scratch<float>(size_t(kBlockQ), 3);
   const bool accumulate = acc_kv;
   const float* lrow = lse + (b * g.H + h) * g.T;
-  for (int64_t i0 = 0; i0 < g.T; i0 += kBlockQ) {
-    const int64_t i1 = std::min(g.T, i0 + kBlockQ), rows = i1 - i0;
+  for (int64_t i0 = q_begin; i0 < q_end; i0 += kBlockQ) {
+    const int64_t i1 = std::min(q_end, i0 + kBlockQ), rows = i1 - i0;
     const float* q = qkv + (b * g.T + i0) * ld + g.q_col(h);
     float* dq = dqkv + (b * g.T + i0) * ld + g.q_col(h);
     const float* o = out + (b * g.T + i0) * g.ldo + h * D;
@@ -412,8 +418,8 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       const int64_t kc = std::min(kChunkK, i1 - c0), kcp = round_up(kc, tiles::kScoreCols),
                     lds = score_stride(kcp);
       const float* k = qkv + (b * g.T + c0) * ld + g.k_col(h);
-      float* dk = dqkv + (b * g.T + c0) * ld + g.k_col(h);
-      float* dv = dqkv + (b * g.T + c0) * ld + g.v_col(h);
+      float* dk = dk0 + c0 * ldkv;
+      float* dv = dv0 + c0 * ldkv;
       // Queries a tile of keys [j0, j0 + n) needs: those at or after its first key.
       auto key_rows = [&](int64_t j0, int64_t) {
         return std::pair<int64_t, int64_t>{std::clamp<int64_t>(c0 + j0 - i0, 0, rows), rows};
@@ -442,11 +448,11 @@ void backward_head_fast(const float* qkv, const float* out, const float* lse, co
       const int64_t fresh = std::clamp<int64_t>(i0 - c0, 0, kc);
       auto by_keys = [&](const float* a, const float* b_rows, int64_t ldb_rows, float alpha,
                          float* c) {
-        tiles::rows_product<W>(fresh, a, 1, lds, key_rows, b_rows, ldb_rows, alpha, c, ld, true);
+        tiles::rows_product<W>(fresh, a, 1, lds, key_rows, b_rows, ldb_rows, alpha, c, ldkv, true);
         tiles::rows_product<W>(
             kc - fresh, a + fresh, 1, lds,
             [&](int64_t j0, int64_t n) { return key_rows(j0 + fresh, n); }, b_rows, ldb_rows, alpha,
-            c + fresh * ld, ld, accumulate);
+            c + fresh * ldkv, ldkv, accumulate);
       };
       by_keys(pd, dO, g.ldo, 1.0f, dv);
       // dP' = dO V^T, then dS = P' dP' - P di (zero where P is): without dropout
@@ -569,17 +575,106 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   };
   if constexpr (std::is_same_v<T, float>) {
     if (with_tile_width(s.head_dim, [&](auto w) {
+          constexpr int W = decltype(w)::value;
           const int64_t D = g.D, Tp = round_up(g.T, tiles::kScoreCols);
-          per_kv([&](int64_t b, int64_t h, bool acc_q, bool acc_kv, bool first) {
-            // The group's keys and values are transposed once, for its first head.
+          const int64_t pairs = s.batch * g.KV, blocks = (g.T + kBlockQ - 1) / kBlockQ;
+          // Fixed by the shape, never by the thread count, so the sums' order (and every bit
+          // of the result) is the same on any number of threads.
+          const int64_t splits = pairs >= kSplitTasks
+                                     ? 1
+                                     : std::min<int64_t>(blocks, (kSplitTasks + pairs - 1) / pairs);
+          if (splits <= 1) {
+            per_kv([&](int64_t b, int64_t h, bool acc_q, bool acc_kv, bool first) {
+              // The group's keys and values are transposed once, for its first head.
+              float* kt = scratch<float>(size_t(D * Tp), 4);
+              float* vt = scratch<float>(size_t(D * Tp), 5);
+              if (first) {
+                tiles::transpose_rows(qkv + b * g.T * g.ld + g.k_col(h), g.ld, g.T, D, kt, Tp);
+                tiles::transpose_rows(qkv + b * g.T * g.ld + g.v_col(h), g.ld, g.T, D, vt, Tp);
+              }
+              float* row0 = dqkv + b * g.T * g.ld;
+              backward_head_fast<W>(qkv, out, lse, dout, dqkv, g, dr, scale, b, h, acc_q, acc_kv,
+                                    kt, vt, 0, g.T, row0 + g.k_col(h), row0 + g.v_col(h), g.ld);
+            });
+            return;
+          }
+          // Few (batch, key/value head) pairs (micro-batch 1, multi-query attention, a long
+          // context): each pair's query blocks are split among tasks of equal causal work
+          // (block k reads k + 1 key blocks). A task owns its queries' dQ; the first writes
+          // dK and dV in place, the others into buffers of their own, added after in order
+          // (one task per pair had left threads idle: 75/25 of the work at 2 threads).
+          std::vector<int64_t> bound(size_t(splits + 1), blocks);
+          bound[0] = 0;
+          {
+            const double total = double(blocks) * double(blocks + 1) / 2;
+            double done = 0;
+            int64_t s_at = 1;
+            for (int64_t k = 0; k < blocks && s_at < splits; ++k) {
+              done += double(k + 1);
+              if (done >= total * double(s_at) / double(splits)) bound[size_t(s_at++)] = k + 1;
+            }
+          }
+          std::vector<std::vector<float>> own(size_t(pairs * (splits - 1)));
+          parallel_tasks(pairs * splits, [&](int64_t t) {
+            const int64_t pair = t / splits, part = t % splits, b = pair / g.KV, kv = pair % g.KV;
+            const int64_t q_begin = std::min(g.T, bound[size_t(part)] * kBlockQ),
+                          q_end = std::min(g.T, bound[size_t(part + 1)] * kBlockQ);
+            float* row0 = dqkv + b * g.T * g.ld;
+            float *dk0 = row0 + g.kv_k_col(kv), *dv0 = row0 + g.kv_v_col(kv);
+            int64_t ldkv = g.ld;
+            if (part > 0) {  // keys up to its last query, zeros where it adds nothing
+              std::vector<float>& mine = own[size_t(pair * (splits - 1) + part - 1)];
+              mine.assign(size_t(q_end * 2 * D), 0.0f);
+              dk0 = mine.data();
+              dv0 = mine.data() + D;
+              ldkv = 2 * D;
+            } else if (!accumulate) {
+              // Keys after its last query get nothing from it: the later parts' sums are
+              // added onto zeros.
+              for (int64_t j = q_end; j < g.T; ++j) {
+                std::fill(dk0 + j * g.ld, dk0 + j * g.ld + D, 0.0f);
+                std::fill(dv0 + j * g.ld, dv0 + j * g.ld + D, 0.0f);
+              }
+            }
             float* kt = scratch<float>(size_t(D * Tp), 4);
             float* vt = scratch<float>(size_t(D * Tp), 5);
-            if (first) {
-              tiles::transpose_rows(qkv + b * g.T * g.ld + g.k_col(h), g.ld, g.T, D, kt, Tp);
-              tiles::transpose_rows(qkv + b * g.T * g.ld + g.v_col(h), g.ld, g.T, D, vt, Tp);
+            bool first = true;
+            for (int64_t h = 0; h < g.H; ++h) {
+              if (g.kv_of(h) != kv) continue;
+              if (first) {
+                tiles::transpose_rows(qkv + b * g.T * g.ld + g.k_col(h), g.ld, q_end, D, kt, Tp);
+                tiles::transpose_rows(qkv + b * g.T * g.ld + g.v_col(h), g.ld, q_end, D, vt, Tp);
+              }
+              if (q_begin < q_end)
+                backward_head_fast<W>(qkv, out, lse, dout, dqkv, g, dr, scale, b, h, accumulate,
+                                      part > 0 || accumulate || !first, kt, vt, q_begin, q_end, dk0,
+                                      dv0, ldkv);
+              first = false;
             }
-            backward_head_fast<decltype(w)::value>(qkv, out, lse, dout, dqkv, g, dr, scale, b, h,
-                                                   acc_q, acc_kv, kt, vt);
+            if (first && part == 0 && !accumulate)  // no local query head reads it
+              for (int64_t i = 0; i < g.T; ++i) {
+                std::fill(row0 + i * g.ld + g.kv_k_col(kv), row0 + i * g.ld + g.kv_k_col(kv) + D,
+                          0.0f);
+                std::fill(row0 + i * g.ld + g.kv_v_col(kv), row0 + i * g.ld + g.kv_v_col(kv) + D,
+                          0.0f);
+              }
+          });
+          parallel_tasks(pairs, [&](int64_t pair) {
+            const int64_t b = pair / g.KV, kv = pair % g.KV;
+            float* row0 = dqkv + b * g.T * g.ld;
+            for (int64_t part = 1; part < splits; ++part) {
+              const std::vector<float>& mine = own[size_t(pair * (splits - 1) + part - 1)];
+              const int64_t keys = int64_t(mine.size()) / (2 * D);
+              for (int64_t j = 0; j < keys; ++j) {
+                float* dk = row0 + j * g.ld + g.kv_k_col(kv);
+                float* dv = row0 + j * g.ld + g.kv_v_col(kv);
+                const float* src = mine.data() + j * 2 * D;
+                for (int64_t d = 0; d < D; ++d) {
+                  dk[d] += src[d];
+                  dv[d] += src[D + d];
+                }
+              }
+            }
           });
         }))
       return;

@@ -137,10 +137,15 @@ TEST_P(AttentionBackward, MatchesFiniteDifferences) {
   const DType f = DType::f32;
   const Tensor q32 = qkv.to(f);
   Tensor o32 = Tensor::empty(os, f), l32 = Tensor::empty(ls, f),
-         d32 = Tensor::empty(qkv.shape(), f);
+         d32 = Tensor::full(qkv.shape(), std::nan(""), f);  // overwritten
   attention_forward(q32, opt, o32, l32);
   attention_backward(q32, o32, l32, g.to(f), opt, d32, false);
   EXPECT_LT(rel_error(d32, dqkv), 1e-4);
+  // Accumulated, the float32 kernels add the same gradient (one pair: its query blocks
+  // split among tasks, the later ones' key gradients added last).
+  Tensor acc32 = Tensor::full(qkv.shape(), 1.0, f);
+  attention_backward(q32, o32, l32, g.to(f), opt, acc32, true);
+  EXPECT_LT(rel_error(as_f64(acc32), plus_one(d32)), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackward,
@@ -232,6 +237,17 @@ TEST(Attention, ResultsDoNotDependOnTheThreadCount) {
   AttentionOptions o;
   o.heads = 4;
   o.dropout = 0.1;
+  expect_attention_same_at_1_and_2_threads(qkv, g, o);
+}
+
+// One (batch, head) pair over ten query blocks: its backward's query blocks are split among
+// tasks by the shape alone, so 1 and 2 threads give the same bits.
+TEST(Attention, OnePairsSplitBackwardDoesNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test_seed(65));
+  const DType f = DType::f32;
+  const Tensor qkv = randn({1, 600, 3 * 32}, rng, 1.0, f), g = randn({1, 600, 32}, rng, 1.0, f);
+  AttentionOptions o;
+  o.heads = 1;
   expect_attention_same_at_1_and_2_threads(qkv, g, o);
 }
 
