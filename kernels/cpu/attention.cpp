@@ -5,6 +5,7 @@
 // q/k/v columns of qkv (no copies); chunks beyond the diagonal are never computed. Scratch
 // is per thread, O(kBlockQ * kChunkK), reused across calls: memory does not grow with T^2.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -603,7 +604,8 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
           // (block k reads k + 1 key blocks). A task owns its queries' dQ; the first writes
           // dK and dV in place, the others into buffers of their own, added after in order
           // (one task per pair had left threads idle: 75/25 of the work at 2 threads).
-          std::vector<int64_t> bound(size_t(splits + 1), blocks);
+          std::array<int64_t, kSplitTasks + 1> bound;
+          bound.fill(blocks);
           bound[0] = 0;
           {
             const double total = double(blocks) * double(blocks + 1) / 2;
@@ -614,7 +616,13 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
               if (done >= total * double(s_at) / double(splits)) bound[size_t(s_at++)] = k + 1;
             }
           }
-          std::vector<std::vector<float>> own(size_t(pairs * (splits - 1)));
+          // The later parts' buffers, the caller thread's: kept from call to call, so a
+          // step in steady state allocates nothing (tests/kernels/test_allocation.cpp).
+          const size_t part_floats = size_t(g.T * 2 * D);
+          thread_local std::vector<float> own;
+          if (own.size() < size_t(pairs * (splits - 1)) * part_floats)
+            own.resize(size_t(pairs * (splits - 1)) * part_floats);
+          float* const own_base = own.data();
           parallel_tasks(pairs * splits, [&](int64_t t) {
             const int64_t pair = t / splits, part = t % splits, b = pair / g.KV, kv = pair % g.KV;
             const int64_t q_begin = std::min(g.T, bound[size_t(part)] * kBlockQ),
@@ -623,10 +631,10 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
             float *dk0 = row0 + g.kv_k_col(kv), *dv0 = row0 + g.kv_v_col(kv);
             int64_t ldkv = g.ld;
             if (part > 0) {  // keys up to its last query, zeros where it adds nothing
-              std::vector<float>& mine = own[size_t(pair * (splits - 1) + part - 1)];
-              mine.assign(size_t(q_end * 2 * D), 0.0f);
-              dk0 = mine.data();
-              dv0 = mine.data() + D;
+              float* mine = own_base + size_t(pair * (splits - 1) + part - 1) * part_floats;
+              std::fill(mine, mine + q_end * 2 * D, 0.0f);
+              dk0 = mine;
+              dv0 = mine + D;
               ldkv = 2 * D;
             } else if (!accumulate) {
               // Keys after its last query get nothing from it: the later parts' sums are
@@ -663,12 +671,12 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
             const int64_t b = pair / g.KV, kv = pair % g.KV;
             float* row0 = dqkv + b * g.T * g.ld;
             for (int64_t part = 1; part < splits; ++part) {
-              const std::vector<float>& mine = own[size_t(pair * (splits - 1) + part - 1)];
-              const int64_t keys = int64_t(mine.size()) / (2 * D);
+              const float* mine = own_base + size_t(pair * (splits - 1) + part - 1) * part_floats;
+              const int64_t keys = std::min(g.T, bound[size_t(part + 1)] * kBlockQ);
               for (int64_t j = 0; j < keys; ++j) {
                 float* dk = row0 + j * g.ld + g.kv_k_col(kv);
                 float* dv = row0 + j * g.ld + g.kv_v_col(kv);
-                const float* src = mine.data() + j * 2 * D;
+                const float* src = mine + j * 2 * D;
                 for (int64_t d = 0; d < D; ++d) {
                   dk[d] += src[d];
                   dv[d] += src[D + d];
