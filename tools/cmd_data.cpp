@@ -185,12 +185,6 @@ std::string found_json(const nlohmann::json& j) {
 }
 #endif
 
-// Every command takes --log-level (scripts pass it to each baton call).
-void add_log_level(po::options_description& opts) {
-  opts.add_options()("log-level", po::value<std::string>()->default_value("info"),
-                     "trace, debug, info, warn, error or off");
-}
-
 // ---- inspect ----
 
 int run_inspect(const std::vector<std::string>& args) {
@@ -207,7 +201,7 @@ int run_inspect(const std::vector<std::string>& args) {
       "check every token against a vocabulary of this size")(
       "samples", po::value(&samples)->default_value(3), "documents to show")(
       "show-tokens", po::value(&show)->default_value(48), "tokens to show of each");
-  add_log_level(opts);
+  add_log_level_option(opts);
   po::positional_options_description pos;
   pos.add("path", 1);
   po::variables_map vm;
@@ -326,7 +320,7 @@ int run_prepare(const std::vector<std::string>& args) {
       "token type: auto (uint16 below 65500 ids, else int32), uint8, int8, int16, uint16, int32 or "
       "int64")("append-eod", po::bool_switch(&eod),
                "end every document with the tokenizer's end-of-document id");
-  add_log_level(opts);
+  add_log_level_option(opts);
   po::variables_map vm;
   if (!parse_args(
           args,
@@ -488,7 +482,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
       "share of characters the vocabulary covers")(
       "max-lines", po::value(&max_lines)->default_value(0),
       "train on at most this many non-empty lines (0: all)");
-  add_log_level(opts);
+  add_log_level_option(opts);
   po::variables_map vm;
   if (!parse_args(args,
                   "baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]",

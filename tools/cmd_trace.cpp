@@ -99,12 +99,14 @@ int compare(const std::vector<std::string>& args) {
       "predicted", po::value(&predicted)->required(),
       "predicted timeline (baton trace predict, baton simulate --trace)")(
       "actions", po::bool_switch(), "one line per action");
+  add_log_level_option(opts);
   po::positional_options_description pos;
   pos.add("measured", 1).add("predicted", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton trace compare MEASURED.json PREDICTED.json [--actions]", opts, vm,
                   &pos))
     return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
   check_path_flags(vm, {"measured", "predicted"});
   schedule::Timeline m = schedule::from_chrome_trace(memory::read_file(measured), measured);
   schedule::Timeline p = schedule::from_chrome_trace(memory::read_file(predicted), predicted);
@@ -120,10 +122,12 @@ int svg(const std::vector<std::string>& args) {
   std::string in, out;
   opts.add_options()("trace", po::value(&in)->required(), "a timeline (Chrome trace JSON)")(
       "out,o", po::value(&out)->required(), "the SVG to write");
+  add_log_level_option(opts);
   po::positional_options_description pos;
   pos.add("trace", 1);
   po::variables_map vm;
   if (!parse_args(args, "baton trace svg TRACE.json -o out.svg", opts, vm, &pos)) return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
   check_path_flags(vm, {"trace", "out"});
   engine::check_output_path(out, "--out");
   engine::check_distinct_files({{"--out", out}, {"TRACE", in}}, 1);

@@ -32,6 +32,11 @@ const std::vector<Command>& commands() {
   return command_table();
 }
 
+namespace {
+constexpr int kStyle =
+    po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+}  // namespace
+
 bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 po::options_description& opts, po::variables_map& vm,
                 const po::positional_options_description* positional) {
@@ -41,7 +46,10 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
     // makes them an error, named below.
     const po::positional_options_description none;
     po::command_line_parser parser(args);
-    parser.options(opts).positional(positional ? *positional : none);
+    // Whole names only: Boost's guessing had read `launch --restart 2` as
+    // --restart-backoff and run without restarts, and a flag added later would have broken
+    // a script that relied on a prefix.
+    parser.options(opts).positional(positional ? *positional : none).style(kStyle);
     po::store(parser.run(), vm);
     if (vm.count("help")) {
       std::cout << "usage: " << usage << "\n\n" << opts << "\n";
@@ -74,9 +82,13 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
       }
     throw InputError(std::string(e.what()) + " (see --help)");
   } catch (const po::too_many_positional_options_error&) {
-    const auto words = po::collect_unrecognized(
-        po::command_line_parser(args).options(opts).allow_unregistered().run().options,
-        po::include_positional);
+    const auto words = po::collect_unrecognized(po::command_line_parser(args)
+                                                    .options(opts)
+                                                    .style(kStyle)
+                                                    .allow_unregistered()
+                                                    .run()
+                                                    .options,
+                                                po::include_positional);
     std::string extra;
     const unsigned expected = positional ? positional->max_total_count() : 0;
     for (size_t i = expected; i < words.size(); ++i)
@@ -208,14 +220,18 @@ void check_path_flags(const po::variables_map& vm, const std::vector<std::string
   }
 }
 
+void add_log_level_option(po::options_description& opts) {
+  opts.add_options()("log-level", po::value<std::string>()->default_value("info"),
+                     "trace, debug, info, warn, error or off");
+}
+
 void add_common_options(po::options_description& opts, const char* threads_help) {
   opts.add_options()("threads", po::value<int>()->default_value(0),
                      threads_help != nullptr
                          ? threads_help
                          : "compute threads of this process (0: the cores it may run on "
-                           "divided among local ranks, or OMP_NUM_THREADS up to that)")(
-      "log-level", po::value<std::string>()->default_value("info"),
-      "trace, debug, info, warn, error or off");
+                           "divided among local ranks, or OMP_NUM_THREADS up to that)");
+  add_log_level_option(opts);
 }
 
 int default_threads() {

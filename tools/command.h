@@ -61,6 +61,9 @@ void check_value_flags(const po::variables_map& vm, const std::vector<std::strin
 // Options every command that computes shares: --threads, --log-level. `threads_help`
 // replaces --threads' text for a command that says more of it (baton profile).
 void add_common_options(po::options_description& opts, const char* threads_help = nullptr);
+// --log-level alone (every command takes it: scripts pass it to each baton call); read
+// with apply_log_level(vm["log-level"].as<std::string>()).
+void add_log_level_option(po::options_description& opts);
 // The compute threads --threads 0 stands for: the host's cores divided among its local
 // ranks (the launch's; one process alone has them all), at least 1; OMP_NUM_THREADS where
 // set, up to that share.

@@ -106,15 +106,20 @@ int main(int argc, char** argv) {
     print_usage(stderr);
     return 2;
   }
-  if (std::string(argv[1]) == "help" || std::string(argv[1]) == "--help" ||
-      std::string(argv[1]) == "-h") {
+  std::string name = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  // `baton help CMD` is `baton CMD --help`; `--version` is `baton version`.
+  if (name == "help" && argc >= 3) {
+    name = argv[2];
+    args = {"--help"};
+  } else if (name == "help" || name == "--help" || name == "-h") {
     print_usage(stdout);
     return check_stdout("", 0);
+  } else if (name == "--version" || name == "-V") {
+    name = "version";
   }
-  std::string name = argv[1];
   for (const auto& c : baton::tools::commands()) {
     if (c.name != name) continue;
-    std::vector<std::string> args(argv + 2, argv + argc);
     try {
       baton::kernels::cpu_sgemm();  // a bad BATON_SGEMM is exit 2 before any work
       const int code = c.run(args);

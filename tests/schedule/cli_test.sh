@@ -213,6 +213,18 @@ contains 'esc.json: x\x1b[2J\x01\u009b'
 if grep -q "$(printf '\033')" "$tmp/out"; then echo "FAIL: a raw ESC printed"; fails=$((fails + 1)); fi
 expect 2 "$baton" trace compare --measured "$tmp/t2.json" "$tmp/t2.json"
 contains "--measured given twice: by name and as argument 1 (MEASURED)"
+# Every command takes --log-level; `baton help CMD` is CMD's --help, --version is version;
+# a flag's prefix is no flag (simulate's --out had been read as --output).
+expect 0 "$baton" trace compare "$tmp/t2.json" "$tmp/t2.json" --log-level warn
+expect 0 "$baton" trace svg "$tmp/t2.json" -o "$tmp/t2.svg" --log-level warn
+expect 0 "$baton" help simulate
+contains "usage: baton simulate"
+expect 2 "$baton" help no-such-command
+contains "unknown command 'no-such-command'"
+expect 0 "$baton" --version
+contains "baton "
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --out "$tmp/guessed.txt"
+contains "unrecognised option '--out'"
 # trace predict checks both outputs before writing either (-o had been written, then
 # --svg refused with exit 2).
 printf '{"version": 1, "model": "%s", "devices": 1, "parallel": {"dp": 1, "pp": 1, "tp": 1}, "batch": {"micro_batch_size": 1}, "schedule": {"name": "gpipe", "micro_batches": 2}, "optimizer": "sgd"}' "$examples/../models/mlp.json" >"$tmp/pp1.json"

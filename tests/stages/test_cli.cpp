@@ -184,6 +184,9 @@ TEST(Cli, BadModelFiles) {
 
 TEST(Cli, BadDataAndFlags) {
   std::string model = temp_file("tiny.json", kTiny);
+  // A flag's prefix is no flag (Boost had taken --seq 3 as --seed 3).
+  cli_expect_input_error("--model " + model + " --data " + kCliCorpus + " --steps 1 --seq 3",
+                         {"unrecognised option '--seq'"});
   cli_expect_input_error("--model " + model + " --data /nonexistent.txt",
                          {"/nonexistent.txt: cannot open file"});
   std::string small = temp_file("small.txt", "short");
