@@ -557,7 +557,7 @@ PYBIND11_MODULE(baton, m) {
                                     std::to_string(s.num_ranks - 1));
             return s.ranks[size_t(r)];
           },
-          py::arg("rank"))
+          py::arg("rank"), "rank r's actions, in order (a list of baton.Action)")
       .def(
           "tokens",
           [](const Schedule& s) {
@@ -594,14 +594,20 @@ PYBIND11_MODULE(baton, m) {
                     " micro_batches=" + std::to_string(s.num_micro_batches) +
                     " stages=" + std::to_string(s.num_stages()) + ">";
            })
-      .def("to_text",
-           [](const Schedule& s) {
-             return with_copy(s, [](const Schedule& c) { return to_text(c); });
-           })
-      .def("to_json",
-           [](const Schedule& s) {
-             return with_copy(s, [](const Schedule& c) { return to_json_text(c); });
-           })
+      .def(
+          "to_text",
+          [](const Schedule& s) {
+            return with_copy(s, [](const Schedule& c) { return to_text(c); });
+          },
+          "the text form: one line per rank, 'r: ' and its tokens (1F3 0BW2 STEP ...); "
+          "parse_text reads it")
+      .def(
+          "to_json",
+          [](const Schedule& s) {
+            return with_copy(s, [](const Schedule& c) { return to_json_text(c); });
+          },
+          "the JSON form, which keeps everything (placement, directions, a lowered "
+          "schedule's transfers and peers); parse_json reads it")
       .def(
           "to_csv",
           [](const Schedule& s, const std::string& dialect) {
@@ -629,10 +635,13 @@ PYBIND11_MODULE(baton, m) {
 
   m.def(
       "parse_text", [](const std::string& t, const std::string& src) { return parse_text(t, src); },
-      py::arg("text"), py::arg("source") = "text", py::call_guard<py::gil_scoped_release>());
+      py::arg("text"), py::arg("source") = "text", py::call_guard<py::gil_scoped_release>(),
+      "a Schedule from its text form (Schedule.to_text); `source` names it in errors "
+      "(InputError with the line and token)");
   m.def(
       "parse_json", [](const std::string& t, const std::string& src) { return parse_json(t, src); },
-      py::arg("text"), py::arg("source") = "json", py::call_guard<py::gil_scoped_release>());
+      py::arg("text"), py::arg("source") = "json", py::call_guard<py::gil_scoped_release>(),
+      "a Schedule from its JSON form (Schedule.to_json); `source` names it in errors");
   m.def(
       "parse_csv",
       [](const std::string& t, const std::string& dialect, const std::string& src) {
@@ -685,7 +694,8 @@ PYBIND11_MODULE(baton, m) {
       },
       py::arg("path"), py::call_guard<py::gil_scoped_release>(),
       "text, JSON or PyTorch CSV (by the name)");
-  m.def("schedule_names", &all_schedule_names);
+  m.def("schedule_names", &all_schedule_names,
+        "the names generate() takes (every generator of schedule/)");
   m.def(
       "generate",
       [](const std::string& name, Count p, Count mb, Count v) {
@@ -742,7 +752,7 @@ PYBIND11_MODULE(baton, m) {
       [](const Schedule& s) {
         return with_copy(s, [](const Schedule& c) { return validate(c).ok; });
       },
-      py::arg("schedule"));
+      py::arg("schedule"), "whether validate() would pass, without raising");
   m.def(
       "lower",
       [](const Schedule& s, Flag merge, Flag transfers, Flag reduce, Flag step) {
@@ -771,13 +781,13 @@ PYBIND11_MODULE(baton, m) {
       [](const Schedule& s) {
         return with_copy(s, [](const Schedule& c) { return split_backward(c); });
       },
-      py::arg("schedule"));
+      py::arg("schedule"), "each BW (a whole backward) split into B then W in its place");
   m.def(
       "merge_backward",
       [](const Schedule& s) {
         return with_copy(s, [](const Schedule& c) { return merge_backward(c); });
       },
-      py::arg("schedule"));
+      py::arg("schedule"), "each B followed by its own W merged into one BW");
   m.def(
       "compute_only",
       [](const Schedule& s) {
@@ -980,22 +990,26 @@ PYBIND11_MODULE(baton, m) {
           },
           py::arg("width") = 1400, py::call_guard<py::gil_scoped_release>())
       .def("chrome_trace", &to_chrome_trace, py::call_guard<py::gil_scoped_release>())
-      .def("events", [](const Timeline& t) {
-        py::list out;
-        for (const TimelineEvent& e : t.events) {
-          py::dict d;
-          d["rank"] = e.rank;
-          d["lane"] = e.lane;
-          d["kind"] = std::string(kind_code(e.kind));
-          d["micro_batch"] = e.micro_batch;
-          d["stage"] = e.stage;
-          d["peer"] = e.peer;
-          d["start"] = e.start;
-          d["end"] = e.end;
-          out.append(d);
-        }
-        return out;
-      });
+      .def(
+          "events",
+          [](const Timeline& t) {
+            py::list out;
+            for (const TimelineEvent& e : t.events) {
+              py::dict d;
+              d["rank"] = e.rank;
+              d["lane"] = e.lane;
+              d["kind"] = std::string(kind_code(e.kind));
+              d["micro_batch"] = e.micro_batch;
+              d["stage"] = e.stage;
+              d["peer"] = e.peer;
+              d["start"] = e.start;
+              d["end"] = e.end;
+              out.append(d);
+            }
+            return out;
+          },
+          "the events as dicts: rank, lane, kind (F, B, W, SEND_F, ...), micro_batch, stage, "
+          "peer (-1: none), start and end (seconds)");
   m.def(
       "read_chrome_trace",
       [](const std::string& text) {

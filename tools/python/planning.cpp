@@ -320,7 +320,10 @@ void register_planning(py::module_& m) {
                            "it in JSON, which holds only UTF-8: rename it");
         return g;
       },
-      py::arg("path"));
+      py::arg("path"),
+      "a model JSON (docs/formats/model.md: a shorthand, a Hugging Face config.json or a "
+      "general graph) for plan(), check() and layer_costs(); InputError names the file and "
+      "the JSON path");
 
   m.def(
       "layer_costs",
