@@ -27,10 +27,26 @@ int thread_count();
 // Sets it for OpenMP and OpenBLAS; n < 1 is an error the caller checks.
 void set_thread_count(int n);
 
-// Makes the calling thread's OpenMP setting (which OpenBLAS reads) match thread_count():
-// omp_set_num_threads is per thread, and kernels may be called from any thread.
-// Also runs check_blas_core() once per process.
+// Makes the calling thread's OpenMP setting (which OpenBLAS reads) match thread_count(),
+// or 1 inside a LoneTask: omp_set_num_threads is per thread, and kernels may be called
+// from any thread. Also runs check_blas_core() once per process.
 void sync_blas_threads();
+
+// The calling thread runs a task of parallel_tasks alone (one task, several threads): the
+// GEMMs in it run on one thread, as they do in a task inside a parallel region. Their bits
+// had depended on the thread count there (oneDNN splits some products' sums among its
+// threads: the generic attention backward with one (batch, head) pair).
+int& lone_task_depth();
+struct LoneTask {
+  LoneTask() : outer(omp_get_max_threads()) { ++lone_task_depth(); }
+  ~LoneTask() {
+    --lone_task_depth();
+    omp_set_num_threads(outer);
+  }
+  LoneTask(const LoneTask&) = delete;
+  LoneTask& operator=(const LoneTask&) = delete;
+  int outer;
+};
 
 // Logs a warning when OpenBLAS picked kernels far below the CPU's instruction set.
 void check_blas_core();
@@ -75,6 +91,11 @@ template <class F>
 void parallel_tasks(int64_t n, F&& f) {
   if (n <= 0) return;
   const int nt = int(std::min<int64_t>(thread_count(), n));
+  if (n == 1 && thread_count() > 1 && !omp_in_parallel()) {
+    LoneTask alone;
+    f(0);
+    return;
+  }
   if (nt <= 1 || omp_in_parallel()) {
     for (int64_t i = 0; i < n; ++i) f(i);
     return;

@@ -39,8 +39,13 @@ void set_thread_count(int n) {
   openblas_set_num_threads(n);
 }
 
+int& lone_task_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+
 void sync_blas_threads() {
-  const int n = thread_count();
+  const int n = lone_task_depth() > 0 ? 1 : thread_count();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
   static std::once_flag checked;
   std::call_once(checked, check_blas_core);

@@ -251,6 +251,20 @@ TEST(Attention, OnePairsSplitBackwardDoesNotDependOnTheThreadCount) {
   expect_attention_same_at_1_and_2_threads(qkv, g, o);
 }
 
+// Head size 8 (no tile kernels: the GEMM path) with one pair: its one backward task runs
+// alone, its GEMMs on one thread as inside a parallel region. oneDNN had split their sums
+// among both threads: the bits of a LLaMA's q, k and v gradients depended on --threads.
+TEST(Attention, OnePairsGemmPathDoesNotDependOnTheThreadCount) {
+  std::mt19937_64 rng(test_seed(66));
+  const DType f = DType::f32;
+  const Tensor qkv = randn({1, 700, (2 + 2) * 8}, rng, 1.0, f),
+               g = randn({1, 700, 16}, rng, 1.0, f);
+  AttentionOptions o;
+  o.heads = 2;
+  o.kv_heads = 1;
+  expect_attention_same_at_1_and_2_threads(qkv, g, o);
+}
+
 // scale 0 is a scale, not "the default": every visible key weighs the same, so output row i
 // is the mean of value rows 0..i (f64 and the f32 tile kernels, D = 32).
 TEST(Attention, ZeroScaleAveragesTheVisibleValues) {
