@@ -9,7 +9,7 @@
 #      time as baton logs it (the memory map; the check of every token against the
 #      vocabulary runs on a thread of its own, stages/data.h), that check's time, the
 #      first step's time and the whole process's;
-#   2. times `baton data inspect --vocab` on it, which scans the file in the foreground
+#   2. times `baton data inspect --vocab-size` on it, which scans the file in the foreground
 #      (the check, then the smallest and largest token): the scan's own cost;
 #   3. trains GPT config B under a PP=2 plan on it for S steps (default 4; the page cache
 #      dropped first when root), the last two traced (`--trace-steps 2`), and counts the
@@ -81,9 +81,9 @@ if drop_cache; then
   drop_cache
   open_in_train dropped
 fi
-echo "data inspect --vocab (foreground scan), page cache warm: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab 256) s"
+echo "data inspect --vocab-size (foreground scan), page cache warm: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab-size 256) s"
 if drop_cache; then
-  echo "data inspect --vocab (foreground scan), page cache dropped: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab 256) s"
+  echo "data inspect --vocab-size (foreground scan), page cache dropped: $(seconds "$baton" data inspect "$tmp/tokens.bin" --token-dtype uint16 --vocab-size 256) s"
 fi
 grep -i 'opened\|tokens\|ids' "$tmp/run.out" | head -3 | sed 's/^/  /'
 

@@ -13,22 +13,18 @@ std::vector<Benchmark>& benchmark_table() {
   return r;
 }
 
-void print_benchmarks() {
-  std::printf(
-      "usage: baton bench <benchmark> [options]   (baton bench <benchmark> "
-      "--help)\n\nbenchmarks:\n");
-  for (const auto& b : benchmark_table())
-    std::printf("  %-12s %s\n", b.name.c_str(), b.summary.c_str());
-}
-
 int run_bench(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    print_benchmarks();
-    return args.empty() ? 2 : 0;
+  std::string usage =
+      "usage: baton bench <benchmark> [options]   (baton bench <benchmark> --help)\n\n"
+      "benchmarks:\n";
+  std::vector<SubCommand> subs;
+  for (const auto& b : benchmark_table()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-12s %s\n", b.name.c_str(), b.summary.c_str());
+    usage += line;
+    subs.push_back({b.name, b.run});
   }
-  for (const auto& b : benchmark_table())
-    if (b.name == args[0]) return b.run({args.begin() + 1, args.end()});
-  throw InputError("unknown benchmark '" + args[0] + "' (baton bench --help lists them)");
+  return run_subcommand("bench", args, subs, usage);
 }
 
 const RegisterCommand register_bench{

@@ -197,7 +197,7 @@ int run_inspect(const std::vector<std::string>& args) {
       "token-dtype", po::value(&token_dtype),
       "flat token files: uint16 (default), uint32, or uint8, int8, int16, int32, int64")(
       "tokenizer", po::value(&tokenizer), "a SentencePiece model to decode the samples with")(
-      "vocab", po::value(&vocab)->default_value(0),
+      "vocab-size", po::value(&vocab)->default_value(0),
       "check every token against a vocabulary of this size")(
       "samples", po::value(&samples)->default_value(3), "documents to show")(
       "show-tokens", po::value(&show)->default_value(48), "tokens to show of each");
@@ -212,7 +212,7 @@ int run_inspect(const std::vector<std::string>& args) {
   // Negative counts had failed deep inside (a vector of -5 tokens) or been taken as none.
   for (auto [flag, v] : {std::pair<const char*, int64_t>{"--samples", samples},
                          {"--show-tokens", show},
-                         {"--vocab", vocab}})
+                         {"--vocab-size", vocab}})
     if (v < 0)
       throw InputError(std::string(flag) + ": expected a count >= 0, found " + std::to_string(v));
   const auto t0 = std::chrono::steady_clock::now();
@@ -222,7 +222,7 @@ int run_inspect(const std::vector<std::string>& args) {
     if (format != "auto" || !token_dtype.empty() || !tokenizer.empty() || vocab > 0)
       throw InputError(path +
                        ": image data (images.npy, labels.npy) takes none of "
-                       "--data-format, --token-dtype, --tokenizer or --vocab");
+                       "--data-format, --token-dtype, --tokenizer or --vocab-size");
     const stages::ImageDataset images(path);
     std::printf("file       %s\n", path.c_str());
     std::printf("format     images\n");
@@ -246,7 +246,7 @@ int run_inspect(const std::vector<std::string>& args) {
   if (s->format() == "text" && !tokenizer.empty())
     throw InputError(path + ": text data (every byte a token) takes no --tokenizer, found '" +
                      tokenizer + "'; its bytes are shown as text without one");
-  if (vocab > 0) s->check_vocabulary(vocab, 0, -1, "--vocab's");
+  if (vocab > 0) s->check_vocabulary(vocab, 0, -1, "--vocab-size's");
   spdlog::info("opened {} ({} tokens{}) in {:.3f} s", s->name(), s->num_tokens(),
                vocab > 0 ? ", every token checked against the vocabulary" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -314,9 +314,9 @@ int run_prepare(const std::vector<std::string>& args) {
                      "SentencePiece model (FILE.model)")(
       "input", po::value(&input)->required(),
       "corpus: text (a document per line) or .jsonl/.json (JSON Lines: one per record)")(
-      "out", po::value(&out)->required(), "output prefix: writes PREFIX.bin and PREFIX.idx")(
+      "out,o", po::value(&out)->required(), "output prefix: writes PREFIX.bin and PREFIX.idx")(
       "json-key", po::value(&key)->default_value("text"), ".jsonl: the field holding the text")(
-      "dtype", po::value(&dtype)->default_value("auto"),
+      "token-dtype", po::value(&dtype)->default_value("auto"),
       "token type: auto (uint16 below 65500 ids, else int32), uint8, int8, int16, uint16, int32 or "
       "int64")("append-eod", po::bool_switch(&eod),
                "end every document with the tokenizer's end-of-document id");
@@ -340,20 +340,21 @@ int run_prepare(const std::vector<std::string>& args) {
                                           "uint16", "int32", "int64"};
   if (std::find(types.begin(), types.end(), dtype) == types.end())
     throw InputError(
-        "--dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 (the integer types "
+        "--token-dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 (the integer "
+        "types "
         "of Megatron's format), found '" +
         dtype + "'");
   const stages::TokenType type =
       dtype == "auto" ? (vocab < 65500 ? stages::TokenType::u16 : stages::TokenType::i32)
-                      : stages::parse_token_type(dtype, "--dtype");
+                      : stages::parse_token_type(dtype, "--token-dtype");
   const double type_max = type == stages::TokenType::u8    ? 255
                           : type == stages::TokenType::i8  ? 127
                           : type == stages::TokenType::i16 ? 32767
                           : type == stages::TokenType::u16 ? 65535
                                                            : 2147483647.0;
   if (vocab - 1 > type_max)
-    throw InputError("--dtype " + stages::token_type_name(type) + " cannot hold " + tokenizer +
-                     "'s " + std::to_string(vocab) + " token ids");
+    throw InputError("--token-dtype " + stages::token_type_name(type) + " cannot hold " +
+                     tokenizer + "'s " + std::to_string(vocab) + " token ids");
   if (eod && sp->eos_id() < 0)
     throw InputError(tokenizer + ": no end-of-document piece (</s>) for --append-eod");
   check_input_file(input, "a text or JSON Lines file");
@@ -475,7 +476,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   double coverage = 1.0;
   opts.add_options()("input", po::value(&input)->required(),
                      "corpus: text, one sentence or document per line")(
-      "out", po::value(&out)->required(), "output prefix: writes PREFIX.model and PREFIX.vocab")(
+      "out,o", po::value(&out)->required(), "output prefix: writes PREFIX.model and PREFIX.vocab")(
       "vocab-size", po::value(&vocab)->default_value(1024), "vocabulary size")(
       "model-type", po::value(&model_type)->default_value("bpe"), "bpe, unigram, char or word")(
       "character-coverage", po::value(&coverage)->default_value(1.0),
@@ -657,16 +658,11 @@ int run_data(const std::vector<std::string>& args) {
       "PREFIX "
       "[--append-eod]\n"
       "       baton data train-tokenizer --input corpus.txt --out PREFIX [--vocab-size N]\n";
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("%s", usage.c_str());
-    return args.empty() ? 2 : 0;
-  }
-  const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (args[0] == "inspect") return run_inspect(rest);
-  if (args[0] == "prepare") return run_prepare(rest);
-  if (args[0] == "train-tokenizer") return run_train_tokenizer(rest);
-  throw InputError("expected inspect, prepare or train-tokenizer, found '" + args[0] + "'\n" +
-                   usage);
+  return run_subcommand("data", args,
+                        {{"inspect", run_inspect},
+                         {"prepare", run_prepare},
+                         {"train-tokenizer", run_train_tokenizer}},
+                        usage);
 }
 
 const RegisterCommand register_data{

@@ -16,7 +16,7 @@ int run_export(const std::vector<std::string>& args) {
                      "a checkpoint directory (--checkpoint-dir of train: its newest complete "
                      "checkpoint), or one step-* directory in it")(
       "format", po::value(&format)->default_value("hf"),
-      "output format: hf (Hugging Face transformers)")("out", po::value(&out)->required(),
+      "output format: hf (Hugging Face transformers)")("out,o", po::value(&out)->required(),
                                                        "output directory")(
       "max-shard-size", po::value(&max_shard),
       "shard the weights above this size (e.g. 5GB, 200MB: powers of 1000 as transformers "

@@ -214,7 +214,7 @@ int run_simulate(const std::vector<std::string>& args) {
       "lower", po::bool_switch(&o.lower),
       "insert transfers, REDUCE and STEP before simulating and saving")(
       "show", po::bool_switch(&o.show), "print the schedule in text form")(
-      "output,o", po::value(&o.output),
+      "out,o", po::value(&o.output),
       "save the schedule (.json: JSON form, .csv: PyTorch CSV, else text)")(
       "svg", po::value(&o.svg), "write the timeline as SVG")(
       "trace", po::value(&o.trace), "write the timeline as Chrome trace JSON")(
@@ -229,13 +229,13 @@ int run_simulate(const std::vector<std::string>& args) {
   apply_common_options(vm);
   // Each given as "" (an unset shell variable) had read as left out: -o "" saved nothing,
   // --memory-limit "" set no limit.
-  check_path_flags(vm, {"file", "costs", "output", "svg", "trace"});
+  check_path_flags(vm, {"file", "costs", "out", "svg", "trace"});
   // Every output's directory before anything is simulated or written (a missing one for
-  // --svg had come after --output and --trace were written).
-  engine::check_output_path(o.output, "--output");
+  // --svg had come after --out and --trace were written).
+  engine::check_output_path(o.output, "--out");
   engine::check_output_path(o.trace, "--trace");
   engine::check_output_path(o.svg, "--svg");
-  engine::check_distinct_files({{"--output", o.output},
+  engine::check_distinct_files({{"--out", o.output},
                                 {"--trace", o.trace},
                                 {"--svg", o.svg},
                                 {"--file", o.file},
@@ -324,7 +324,7 @@ int run_simulate(const std::vector<std::string>& args) {
         (o.file.empty() ? "--schedule " + names : "--file " + o.file));
   const bool compare = o.names.size() > 1;
   if (compare && (!o.svg.empty() || !o.trace.empty() || !o.output.empty() || o.show || o.repeat))
-    throw InputError("--svg, --trace, --output, --show and --repeat need a single schedule");
+    throw InputError("--svg, --trace, --out, --show and --repeat need a single schedule");
 
   auto run_auto = [&]() {
     if (o.ranks <= 0 || o.micro_batches <= 0)

@@ -142,15 +142,8 @@ int run_trace(const std::vector<std::string>& args) {
       "usage: baton trace predict --plan plan.json [--costs profile.json] -o predicted.json\n"
       "       baton trace compare MEASURED.json PREDICTED.json [--actions]\n"
       "       baton trace svg TRACE.json -o out.svg\n";
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("%s", usage.c_str());
-    return args.empty() ? 2 : 0;
-  }
-  std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (args[0] == "predict") return predict(rest);
-  if (args[0] == "compare") return compare(rest);
-  if (args[0] == "svg") return svg(rest);
-  throw InputError("unknown sub-command '" + args[0] + "' (predict, compare or svg)");
+  return run_subcommand("trace", args, {{"predict", predict}, {"compare", compare}, {"svg", svg}},
+                        usage);
 }
 
 const RegisterCommand register_trace{

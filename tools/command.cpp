@@ -100,6 +100,36 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
   return true;
 }
 
+namespace {
+std::string& running_subcommand() {
+  static std::string r;
+  return r;
+}
+}  // namespace
+
+int run_subcommand(const std::string& group, const std::vector<std::string>& args,
+                   const std::vector<SubCommand>& subs, const std::string& usage) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::printf("%s", usage.c_str());
+    return 0;
+  }
+  std::string names;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    if (!args.empty() && subs[i].name == args[0]) {
+      running_subcommand() = subs[i].name;
+      return subs[i].run({args.begin() + 1, args.end()});
+    }
+    names += (i == 0 ? "" : i + 1 == subs.size() ? " or " : ", ") + subs[i].name;
+  }
+  const std::string found = args.empty() ? "none" : "'" + brief(args[0]) + "'";
+  throw InputError("expected a sub-command of " + group + " (" + names + "), found " + found +
+                   "\n" + usage);
+}
+
+std::string command_label(const std::string& name) {
+  return running_subcommand().empty() ? name : name + " " + running_subcommand();
+}
+
 std::vector<std::string> split_comma_list(const std::string& text, const std::string& flag) {
   std::vector<std::string> out;
   if (text.empty()) return out;

@@ -29,6 +29,21 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
                 po::options_description& opts, po::variables_map& vm,
                 const po::positional_options_description* positional = nullptr);
 
+// A command made of sub-commands (baton data, trace, bench).
+struct SubCommand {
+  std::string name;
+  int (*run)(const std::vector<std::string>& args);  // args after the sub-command's name
+};
+// Runs the sub-command args[0] names under `group`. --help (-h): `usage` to standard output,
+// exit 0. None given, or one not in `subs`: InputError listing them, with `usage` (exit 2,
+// all of it on standard error: a script had read the usage from standard output as the
+// command's output).
+int run_subcommand(const std::string& group, const std::vector<std::string>& args,
+                   const std::vector<SubCommand>& subs, const std::string& usage);
+// What `baton` names in an error: "data prepare" once run_subcommand has started prepare,
+// else `name` (errors had named the group alone: "baton data: error: ...").
+std::string command_label(const std::string& name);
+
 // Comma-separated lists on the command line ("gpipe,1f1b", "3,4,3"), one parser for every
 // flag: the items in order; "" is no item. An empty item ("a,,b", a trailing comma) is an
 // InputError naming `flag`: a typo there must not silently shorten the list.

@@ -123,15 +123,17 @@ int main(int argc, char** argv) {
     try {
       baton::kernels::cpu_sgemm();  // a bad BATON_SGEMM is exit 2 before any work
       const int code = c.run(args);
-      return check_stdout(name, code);
+      return check_stdout(baton::tools::command_label(name), code);
     } catch (const baton::InputError& e) {
       baton::transport::report_failure(e);
-      std::fprintf(stderr, "baton %s: error: %s\n", name.c_str(), e.what());
+      std::fprintf(stderr, "baton %s: error: %s\n", baton::tools::command_label(name).c_str(),
+                   e.what());
       return 2;
     } catch (const std::exception& e) {
       // For `baton launch`'s summary: what failed (and which peer was lost, where).
       baton::transport::report_failure(e);
-      std::fprintf(stderr, "baton %s: failed: %s\n", name.c_str(), e.what());
+      std::fprintf(stderr, "baton %s: failed: %s\n", baton::tools::command_label(name).c_str(),
+                   e.what());
       return 1;
     }
   }

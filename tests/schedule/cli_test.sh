@@ -116,7 +116,7 @@ expect 2 "$baton" simulate -s interleaved,interleaved-1f1b -p 2 -m 4
 contains "interleaved-1f1b is listed twice"
 # An empty value (an unset shell variable) had read as the flag's absence: -o "" saved
 # nothing, --memory-limit "" set no limit.
-for flag in file costs output svg trace; do
+for flag in file costs out svg trace; do
   expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --$flag ""
   contains "--$flag: expected a path, found an empty value (an unset shell variable?)"
 done
@@ -145,7 +145,7 @@ contains "--stages"
 # --lower checks the schedule as written: a STEP on rank 0 only had been taken out and put
 # back on every rank, the file reported valid (plain simulate and train refuse it).
 printf '0: 0F0 0F1 0BW0 0BW1 STEP\n1: 1F0 1BW0 1F1 1BW1\n' >"$tmp/partial_step.txt"
-expect 2 "$baton" simulate --file "$tmp/partial_step.txt" --lower --output "$tmp/lowered.txt"
+expect 2 "$baton" simulate --file "$tmp/partial_step.txt" --lower --out "$tmp/lowered.txt"
 contains "partial_step.txt: invalid schedule: "
 contains "STEP"
 [ ! -e "$tmp/lowered.txt" ] || { echo "FAIL: a refused schedule lowered and written"; fails=$((fails + 1)); }
@@ -214,7 +214,8 @@ if grep -q "$(printf '\033')" "$tmp/out"; then echo "FAIL: a raw ESC printed"; f
 expect 2 "$baton" trace compare --measured "$tmp/t2.json" "$tmp/t2.json"
 contains "--measured given twice: by name and as argument 1 (MEASURED)"
 # Every command takes --log-level; `baton help CMD` is CMD's --help, --version is version;
-# a flag's prefix is no flag (simulate's --out had been read as --output).
+# a flag's prefix is no flag (simulate's --out had been read as --output, which it was
+# then called).
 expect 0 "$baton" trace compare "$tmp/t2.json" "$tmp/t2.json" --log-level warn
 expect 0 "$baton" trace svg "$tmp/t2.json" -o "$tmp/t2.svg" --log-level warn
 expect 0 "$baton" help simulate
@@ -223,8 +224,23 @@ expect 2 "$baton" help no-such-command
 contains "unknown command 'no-such-command'"
 expect 0 "$baton" --version
 contains "baton "
-expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --out "$tmp/guessed.txt"
-contains "unrecognised option '--out'"
+expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --ou "$tmp/guessed.txt"
+contains "unrecognised option '--ou'"
+# A command of sub-commands given none: the error and usage on standard error alone (the
+# usage had gone to standard output, read by a script as the command's output); an error
+# names the sub-command it came from.
+for group in data trace bench; do
+  if [ -n "$("$baton" $group 2>/dev/null)" ]; then echo "FAIL: baton $group wrote to stdout"; fails=$((fails + 1)); fi
+done
+expect 2 "$baton" trace
+contains "baton trace: error: expected a sub-command of trace (predict, compare or svg), found none"
+contains "usage: baton trace predict"
+expect 2 "$baton" trace draw
+contains "expected a sub-command of trace (predict, compare or svg), found 'draw'"
+expect 2 "$baton" trace svg "$tmp/t2.json" --bogus
+contains "baton trace svg: error: unrecognised option '--bogus'"
+expect 0 "$baton" trace --help
+contains "usage: baton trace predict"
 # trace predict checks both outputs before writing either (-o had been written, then
 # --svg refused with exit 2).
 printf '{"version": 1, "model": "%s", "devices": 1, "parallel": {"dp": 1, "pp": 1, "tp": 1}, "batch": {"micro_batch_size": 1}, "schedule": {"name": "gpipe", "micro_batches": 2}, "optimizer": "sgd"}' "$examples/../models/mlp.json" >"$tmp/pp1.json"

@@ -255,16 +255,17 @@ TEST(DataCli, InspectShowsBytesThatAreNoUtf8) {
 TEST(DataCli, InspectRefusesNegativeCountsAndFifos) {
   const std::string text = dir() + "/short.txt";
   std::ofstream(text) << "some text\n";
-  for (const std::string flag : {"--show-tokens", "--samples", "--vocab"}) {
+  for (const std::string flag : {"--show-tokens", "--samples", "--vocab-size"}) {
     Result r = baton("inspect " + text + " " + flag + " -5");
     EXPECT_EQ(r.code, 2) << flag << ": " << r.output;
     EXPECT_NE(r.output.find(flag + ": expected a count >= 0, found -5"), std::string::npos)
         << r.output;
   }
-  // A token beyond --vocab is named against --vocab, not a model (there is none).
-  Result v = baton("inspect " + text + " --vocab 100");
+  // A token beyond --vocab-size is named against it, not a model (there is none).
+  Result v = baton("inspect " + text + " --vocab-size 100");
   EXPECT_EQ(v.code, 2) << v.output;
-  EXPECT_NE(v.output.find("is outside --vocab's vocabulary of 100 (ids 0..99)"), std::string::npos)
+  EXPECT_NE(v.output.find("is outside --vocab-size's vocabulary of 100 (ids 0..99)"),
+            std::string::npos)
       << v.output;
   const std::string fifo = dir() + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
@@ -481,7 +482,7 @@ TEST(DataCli, PrepareTakesJsonLinesNamesAndABinOut) {
 }
 
 // inspect checks --tokenizer before printing anything (a bad one had come after the
-// header on stdout); prepare's --dtype lists exactly the types it takes.
+// header on stdout); prepare's --token-dtype lists exactly the types it takes.
 TEST(DataCli, InspectChecksTheTokenizerFirstAndPrepareListsItsTypes) {
   const std::string out = dir() + "/early", bad = dir() + "/bad.model";
   std::ofstream(bad) << "{\"model\": {}}\n";
@@ -494,12 +495,13 @@ TEST(DataCli, InspectChecksTheTokenizerFirstAndPrepareListsItsTypes) {
   EXPECT_EQ(r.output, "");
   for (const std::string dtype : {"bogus", "uint32", "float32"}) {
     r = baton("prepare --tokenizer " + tokenizer() + " --input " + slice() + " --out " + out +
-              " --dtype " + dtype);
+              " --token-dtype " + dtype);
     EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_NE(r.output.find("--dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 "
-                            "(the integer types of Megatron's format), found '" +
-                            dtype + "'"),
-              std::string::npos)
+    EXPECT_NE(
+        r.output.find("--token-dtype: expected auto, uint8, int8, int16, uint16, int32 or int64 "
+                      "(the integer types of Megatron's format), found '" +
+                      dtype + "'"),
+        std::string::npos)
         << r.output;
   }
 }
