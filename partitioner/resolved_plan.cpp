@@ -277,9 +277,54 @@ std::pair<std::string, int64_t> smallest_batchnorm_plane(const Graph& g) {
   return least;
 }
 
-ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
+namespace {
+
+// The checks of a user's schedule against the plan's generated one (`want`).
+void check_own_schedule(const Plan& p, const schedule::Schedule& want, const schedule::Schedule& s,
+                        const std::string& source) {
+  auto fail = [&](const std::string& what, const std::string& expected, const std::string& found) {
+    throw InputError(source + ": " + what + ": the plan needs " + expected + ", the schedule has " +
+                     found);
+  };
+  if (s.num_ranks != want.num_ranks)
+    fail("ranks", std::to_string(want.num_ranks) + " (pipeline ranks)",
+         std::to_string(s.num_ranks));
+  if (s.num_micro_batches != want.num_micro_batches)
+    fail("micro_batches", std::to_string(want.num_micro_batches),
+         std::to_string(s.num_micro_batches));
+  if (s.stages_per_direction() != want.stages_per_direction())
+    fail("model chunks",
+         std::to_string(want.stages_per_direction()) + " (placement " +
+             space_list(want.placement) + ")",
+         std::to_string(s.stages_per_direction()) + " (placement " + space_list(s.placement) +
+             ")");
+  schedule::check_valid(s, source);
+  // An evaluation schedule (only forwards) trains nothing: no backward, no STEP.
+  if (schedule::is_forward_only(s))
+    throw InputError(source +
+                     ": a forward-only schedule (evaluation) cannot train: expected "
+                     "backwards (B and W, or BW) for every micro-batch");
+  // A spatial split's degree belongs to a pipeline rank (its devices): each chunk must
+  // land where the plan's placement put one of its degree.
+  for (int st = 0; st < s.num_stages(); ++st) {
+    const int k = schedule::stage_chunk(s, st), pp = s.placement[size_t(st)];
+    const PlanStage& chunk = p.stages[size_t(k)];
+    if (chunk.spatial != p.spatial_of(pp))
+      throw InputError(source + ": placement: model chunk " + std::to_string(k) +
+                       " (spatial " + std::to_string(chunk.spatial) +
+                       ") on pipeline rank " + std::to_string(pp) + ", whose spatial degree is " +
+                       std::to_string(p.spatial_of(pp)) + " under the plan's placement " +
+                       space_list(want.placement));
+  }
+}
+
+}  // namespace
+
+ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
+                          const schedule::Schedule* own_schedule, const std::string& source) {
   ResolvedPlan r;
   r.plan = p;
+  r.given = p;
   r.graph = graph;
   const Graph& g = *graph;
   r.layout = plan_layout(p);
@@ -322,6 +367,12 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
   const int S = r.schedule.stages_per_direction();
   const bool every_layer = p.stages.size() == 1 && p.stages[0].every_layer;
   check_stage_count(p, S, name);
+  if (own_schedule != nullptr) {
+    check_own_schedule(p, r.schedule, *own_schedule, source);
+    r.schedule = *own_schedule;
+    if (r.schedule.name.empty()) r.schedule.name = source;
+    name = source;  // the placement below is the file's
+  }
   if (S > g.num_layers())
     throw InputError(p.where("$.stages") + ": " + std::to_string(S) + " stages for a model of " +
                      std::to_string(g.num_layers()) + " layers");
@@ -347,7 +398,10 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
     if (!st.pipeline_ranks.empty() && st.pipeline_ranks != expect)
       throw InputError(st.json_path + ".pipeline_ranks: expected " + list_str(expect) + " (the " +
                        name + " placement of model chunk " + std::to_string(k) + "), found " +
-                       list_str(st.pipeline_ranks));
+                       list_str(st.pipeline_ranks) +
+                       (own_schedule != nullptr ? "; a plan run with a schedule of another placement "
+                                         "lists that placement's ranks, or none"
+                                       : ""));
     r.plan.stages[size_t(k)].pipeline_ranks = expect;
     std::set<int> degrees;
     for (int pp : expect) degrees.insert(p.tp[size_t(pp)]);
@@ -375,36 +429,17 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph) {
             p.boundaries_path + "[" + std::to_string(i) + "]: expected " +
             (i < want.size() ? want[i].dump() : std::string("no entry")) +
             " (from the degrees and the placement), found " +
-            (i < p.boundaries.size() ? p.boundaries[i].dump() : std::string("no entry")));
+            (i < p.boundaries.size() ? p.boundaries[i].dump() : std::string("no entry")) +
+            (own_schedule != nullptr ? "; a plan run with a schedule of another placement lists "
+                                       "that placement's boundaries, or none"
+                                     : ""));
   }
   resolve_recompute(p, g, r);
   return r;
 }
 
 void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::string& source) {
-  const schedule::Schedule& want = r.schedule;
-  auto fail = [&](const std::string& what, const std::string& expected, const std::string& found) {
-    throw InputError(source + ": " + what + ": the plan needs " + expected + ", the schedule has " +
-                     found);
-  };
-  if (s.num_ranks != want.num_ranks)
-    fail("ranks", std::to_string(want.num_ranks) + " (pipeline ranks)",
-         std::to_string(s.num_ranks));
-  if (s.num_micro_batches != want.num_micro_batches)
-    fail("micro_batches", std::to_string(want.num_micro_batches),
-         std::to_string(s.num_micro_batches));
-  if (s.num_directions != want.num_directions)
-    fail("directions", std::to_string(want.num_directions), std::to_string(s.num_directions));
-  if (s.placement != want.placement)
-    fail("placement", space_list(want.placement), space_list(s.placement));
-  schedule::check_valid(s, source);
-  // An evaluation schedule (only forwards) trains nothing: no backward, no STEP.
-  if (schedule::is_forward_only(s))
-    throw InputError(source +
-                     ": a forward-only schedule (evaluation) cannot train: expected "
-                     "backwards (B and W, or BW) for every micro-batch");
-  r.schedule = s;
-  if (r.schedule.name.empty()) r.schedule.name = source;
+  r = resolve_plan(r.given, r.graph, &s, source);
 }
 
 }  // namespace baton::partitioner

@@ -22,6 +22,7 @@ namespace baton::partitioner {
 
 struct ResolvedPlan {
   Plan plan;
+  Plan given;  // the plan as read, before resolve_plan filled in its placement and layers
   std::shared_ptr<const stages::Graph> graph;  // logical
   Layout layout;
   schedule::Schedule schedule;               // compute-only, from the generator
@@ -69,8 +70,11 @@ std::shared_ptr<stages::Graph> shard_graph(const ResolvedPlan& r, int tp);
 // `options`: the model's floating dtype (mixed precision loads the 16-bit one).
 std::shared_ptr<const stages::Graph> load_plan_model(const Plan& plan,
                                                      const stages::LoadOptions& options = {});
-// Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise.
-ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph);
+// Checks every model-dependent field; InputError "<plan>: <path>: ..." otherwise. `own`:
+// a schedule a user wrote (`source`: its file) to run in place of the plan's generated
+// one (use_schedule).
+ResolvedPlan resolve_plan(const Plan& plan, std::shared_ptr<const stages::Graph> graph,
+                          const schedule::Schedule* own = nullptr, const std::string& source = {});
 
 // The first node of `g` that moves running statistics in its forward (a batchnorm2d with
 // running_mean and running_var), or "" when none does. DualPipe, whose two copies of a
@@ -93,9 +97,12 @@ std::string forward_order_note(const ResolvedPlan& r);
 // would not, and the search proposes none.
 std::pair<std::string, int64_t> smallest_batchnorm_plane(const stages::Graph& g);
 
-// Replaces a plan's generated schedule by another one over the same stages (a file a
-// user wrote): the same ranks, micro-batches, directions and placement. Compute-only or
-// lowered. InputError naming `source` otherwise.
+// Replaces a plan's generated schedule by another one over the same model chunks (a file a
+// user wrote): the same ranks, micro-batches and chunk count, compute-only or lowered. Its
+// placement may differ from the generator's (a V over three chunks where the plan names
+// interleaved-1f1b with 3): the chunks' ranks, degrees and splits are then resolved
+// again for it, and pipeline_ranks the plan lists must be its. InputError naming
+// `source` otherwise.
 void use_schedule(ResolvedPlan& r, const schedule::Schedule& s, const std::string& source);
 
 }  // namespace baton::partitioner

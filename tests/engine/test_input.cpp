@@ -44,7 +44,8 @@ TEST(EngineInput, ScheduleFileMustFitThePlan) {
             "mine.txt: ranks: the plan needs 2 (pipeline ranks), the schedule has 4");
   other = schedule::generate("interleaved-1f1b", 2, 4);
   EXPECT_EQ(message_of([&] { partitioner::use_schedule(r, other, "mine.txt"); }),
-            "mine.txt: placement: the plan needs [0 1], the schedule has [0 1 0 1]");
+            "mine.txt: model chunks: the plan needs 2 (placement [0 1]), the schedule has 4 "
+            "(placement [0 1 0 1])");
   // An evaluation (forward-only) schedule trains nothing.
   EXPECT_EQ(
       message_of([&] { partitioner::use_schedule(r, schedule::forward_only(2, 4), "fwd.txt"); }),

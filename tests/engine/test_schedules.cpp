@@ -104,5 +104,54 @@ TEST(Schedules, TorchCsvSchedulesMatchOneProcess) {
   }
 }
 
+// A schedule file may place the plan's chunks otherwise than its generator: a V over three
+// chunks per rank (no generator makes one) under a plan that names interleaved-1f1b with 3
+// chunks, which places them in a loop. It trains as one process does; the plan's own
+// pipeline_ranks, if it lists them, must be the file's.
+TEST(Schedules, AnotherPlacementFromAFileMatchesOneProcess) {
+  PlanSpec p = spec("interleaved-1f1b", 2, 4, true);
+  p.chunks = 3;
+  SCOPED_TRACE(p.describe());
+  Workspace ws("v3");
+  RunSettings s;
+  s.steps = 4;
+  // rank 0 holds chunks 0, 3 and 4; rank 1 chunks 1, 2 and 5: the V's placement.
+  const schedule::Schedule v3 = schedule::parse_text(
+      "placement: 0 1 1 0 0 1\n"
+      "0: 0F0 0F1 0F2 0F3 3F0 3F1 3F2 3F3 4F0 4F1 4F2 4F3 4BW0 4BW1 4BW2 4BW3 "
+      "3BW0 3BW1 3BW2 3BW3 0BW0 0BW1 0BW2 0BW3\n"
+      "1: 1F0 1F1 1F2 1F3 2F0 2F1 2F2 2F3 5F0 5F1 5F2 5F3 5BW0 5BW1 5BW2 5BW3 "
+      "2BW0 2BW1 2BW2 2BW3 1BW0 1BW1 1BW2 1BW3\n",
+      "v3.txt");
+  auto plan = std::make_shared<partitioner::ResolvedPlan>(*resolve(p, ws));
+  ASSERT_EQ(plan->schedule.placement, (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  partitioner::use_schedule(*plan, v3, "v3.txt");
+  EXPECT_EQ(plan->schedule.placement, v3.placement);
+  EXPECT_EQ(plan->plan.stages[2].pipeline_ranks, std::vector<int>{1});
+  EXPECT_EQ(plan->plan.stages[3].pipeline_ranks, std::vector<int>{0});
+  const auto want = run_reference(p, ws, s);
+  const auto got = run_threads(plan, train_options(ws, s));
+  schedules_expect_same(got, want, true);
+
+  // The plan's own pipeline_ranks (baton plan writes the generator's) name the conflict.
+  json j = plan_json(p, ws);
+  partitioner::Plan listed = partitioner::parse_plan(j, "plan.json", ws.dir);
+  auto graph = partitioner::load_plan_model(listed);
+  for (size_t k = 0; k < listed.stages.size(); ++k)
+    listed.stages[k].pipeline_ranks = {int(k % 2)};
+  partitioner::ResolvedPlan r = partitioner::resolve_plan(listed, graph);
+  try {
+    partitioner::use_schedule(r, v3, "v3.txt");
+    ADD_FAILURE() << "the loop's pipeline_ranks were taken for a V";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "$.stages[2].pipeline_ranks: expected [1] (the v3.txt placement of model chunk "
+                  "2), found [0]; a plan run with a schedule of another placement lists that "
+                  "placement's ranks, or none"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace baton::engine_testing

@@ -1083,6 +1083,33 @@ json spatial_resnet_plan() {
   })");
 }
 
+// A schedule file that places the chunks otherwise keeps each chunk's spatial degree on a
+// pipeline rank of that degree (the degrees set the devices of each pipeline rank).
+TEST(Plan, AnotherPlacementKeepsEachChunksSpatialDegree) {
+  json j = spatial_resnet_plan();
+  j["devices"] = 3;
+  j["parallel"] = {{"dp", 1}, {"pp", 2}};
+  j["stages"] = json::parse(R"([{"layers": [0, 2], "spatial": 2}, {"layers": [2, 4]}])");
+  ResolvedPlan r = plan_check(j);
+  const schedule::Schedule swapped = schedule::parse_text(
+      "placement: 1 0\n0: 1F0 1F1 1BW0 1BW1\n1: 0F0 0F1 0BW0 0BW1\n", "swap.txt");
+  try {
+    use_schedule(r, swapped, "swap.txt");
+    ADD_FAILURE() << "a spatial chunk placed on a rank without its devices";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "swap.txt: placement: model chunk 0 (spatial 2) on pipeline rank 1, whose spatial "
+              "degree is 1 under the plan's placement [0 1]");
+  }
+  // Both chunks at one degree: the swapped placement is taken.
+  j["devices"] = 4;
+  j["stages"] = json::parse(R"([{"layers": [0, 2], "spatial": 2}, {"layers": [2, 4], "spatial": 2}])");
+  ResolvedPlan both = plan_check(j);
+  use_schedule(both, swapped, "swap.txt");
+  EXPECT_EQ(both.schedule.placement, (std::vector<int>{1, 0}));
+  EXPECT_EQ(both.plan.stages[0].pipeline_ranks, std::vector<int>{1});
+}
+
 // Batch norm's running statistics move in the order of a stage's forwards: a schedule
 // file running them out of micro-batch order is named (train warns: the statistics end
 // each step other than the one-process run's, up to 3.7e-2 on resnet-tiny), one in order
