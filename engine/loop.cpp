@@ -1,5 +1,6 @@
 #include "engine/loop.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "engine/detail/host_agreement.h"
@@ -141,9 +143,14 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
       target = memory::resolve_links(path);
     } catch (const InputError&) {
     }
+    // Made absolute first: weakly_canonical leaves a path none of whose parts exists
+    // relative, so a new out.json and ./out.json had compared unequal and one output
+    // was lost.
     std::error_code ec;
-    const std::string r = std::filesystem::weakly_canonical(target, ec).string();
-    resolved.push_back(ec ? target : r);
+    std::filesystem::path whole = std::filesystem::absolute(target, ec);
+    if (ec) whole = target;
+    const std::string r = std::filesystem::weakly_canonical(whole, ec).string();
+    resolved.push_back(ec ? whole.string() : r);
   }
   for (size_t i = 0; i < outputs && i < files.size(); ++i)
     for (size_t j = 0; j < files.size(); ++j)
@@ -581,11 +588,14 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
   std::string keep;
   // Only a regular file is read back and trimmed: a pipe, FIFO or terminal (`--loss-log
   // /dev/stdout | cat`) would block the read on the run's own output, so it is appended to.
+  // A descriptor is the shell's redirection: read back and renamed over, its file had
+  // lost its other output or taken the kept lines twice.
+  given_fd_ = memory::descriptor_of(path);
   struct stat st;
   const bool exists = ::stat(path.c_str(), &st) == 0;
   if (!exists && errno != ENOENT)
     throw InputError(path + ": cannot read the loss log (--loss-log): " + std::strerror(errno));
-  const bool regular = exists && S_ISREG(st.st_mode);
+  const bool regular = given_fd_ < 0 && exists && S_ISREG(st.st_mode);
   if (start > 0 && regular) {
     // A log that cannot be read is an error, not an empty one: rewriting it lost its steps.
     std::ifstream old(path);
@@ -650,34 +660,51 @@ LossLog::LossLog(const std::string& path, int64_t start, bool restorable) {
                          : "cut short, or another run's log",
           from, to);
   }
+  path_ = path;
+  keep_ = std::move(keep);
+  replace_ = given_fd_ < 0 && (!exists || regular);
+  // A resumed run's log holds its steps up to the checkpoint from now on (what it held
+  // beyond is a crashed run's); a new run's replaces the previous log at its first line,
+  // so that a run refused before any step (a bad token in its data) leaves it whole.
+  if (start > 0) open();
+}
+
+LossLog::~LossLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void LossLog::open() {
   // The steps up to the checkpoint replace the log in one rename, then the run appends: a
   // run killed right after resuming (before its first step) keeps them. Truncating and
   // rewriting in place lost them (a restart test's third kill found the log empty).
-  if (!exists || regular) {
+  if (replace_) {
     try {
-      memory::write_file_durably(path, keep);
+      memory::write_file_durably(path_, keep_);
     } catch (const InputError& e) {
-      throw InputError(path + ": cannot open for writing (--loss-log): " + e.what());
+      throw InputError(path_ + ": cannot open for writing (--loss-log): " + e.what());
     }
   }
-  path_ = path;
-  out_.open(path, std::ios::app);
-  if (!out_)
-    throw InputError(path + ": cannot open for writing (--loss-log): " + std::strerror(errno));
+  fd_ = given_fd_ >= 0 ? ::fcntl(given_fd_, F_DUPFD_CLOEXEC, 0)
+                       : ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw InputError(path_ + ": cannot open for writing (--loss-log): " + std::strerror(errno));
 }
 
 void LossLog::write(const StepRecord& r) {
-  if (!out_.is_open()) return;
+  if (path_.empty()) return;
+  if (fd_ < 0) open();
   char buf[320];
-  // A skipped step's norm is inf or NaN, which JSON cannot say: null.
-  char norm[32] = "null", loss[32] = "null";
+  // A skipped step's norm is inf or NaN, which JSON cannot say: null (a held-out loss
+  // too: "-nan" had made the line no JSON).
+  char norm[32] = "null", loss[32] = "null", eval[32] = "null";
   if (std::isfinite(r.grad_norm)) std::snprintf(norm, sizeof norm, "%.17g", r.grad_norm);
   if (std::isfinite(r.loss)) std::snprintf(loss, sizeof loss, "%.17g", r.loss);
+  if (r.eval_loss && std::isfinite(*r.eval_loss))
+    std::snprintf(eval, sizeof eval, "%.17g", *r.eval_loss);
   int n = std::snprintf(buf, sizeof buf,
                         "{\"step\": %lld, \"loss\": %s, \"grad_norm\": %s, \"lr\": %.17g",
                         static_cast<long long>(r.step), loss, norm, r.lr);
-  if (r.eval_loss)
-    n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %.17g", *r.eval_loss);
+  if (r.eval_loss) n += std::snprintf(buf + n, sizeof buf - size_t(n), ", \"eval_loss\": %s", eval);
   // Under loss scaling every line says whether its step was skipped; without it only a
   // skipped step does (a non-finite gradient), so the usual line stays as it was.
   if (r.loss_scale > 0)
@@ -685,10 +712,17 @@ void LossLog::write(const StepRecord& r) {
                   r.loss_scale, r.skipped ? "true" : "false");
   else if (r.skipped)
     std::snprintf(buf + n, sizeof buf - size_t(n), ", \"skipped\": true");
-  out_ << buf << "}\n" << std::flush;
-  // A full disk or a closed pipe: said, not a run that ends well with its log empty.
-  if (!out_)
-    throw RuntimeError(path_ + ": cannot write the loss log (--loss-log): " + std::strerror(errno));
+  std::string line = std::string(buf) + "}\n";
+  // Whole, in as many writes as it takes (a pipe may take part of it). A full disk or a
+  // closed pipe: said, not a run that ends well with its log empty.
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      throw RuntimeError(path_ + ": cannot write the loss log (--loss-log): " +
+                         std::strerror(w < 0 ? errno : ENOSPC));
+    done += size_t(w);
+  }
 }
 
 nlohmann::json step_record_json(const StepRecord& r) {

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -228,14 +227,21 @@ void warn_unused_dp_state(const stages::Manifest& m, const std::string& dir, boo
 // curve of one uninterrupted run; a log that ends before the checkpoint's step (a run
 // killed during the evaluation after its checkpoint) is kept with a warning. A log that
 // exists but cannot be read is an InputError (its steps are not dropped). Only a regular
-// file is trimmed: a pipe, FIFO or terminal is appended to, never read back. An empty path
-// writes nothing.
+// file named as such is trimmed: a pipe, FIFO or terminal is appended to, never read back,
+// and a descriptor (/dev/stdout, /dev/fd/N) is written through itself, at the place the
+// shell's redirection has reached. A new run (start 0) replaces the log at its first line,
+// not before: a run refused before any step (a bad token in its data) leaves the previous
+// log whole. An empty path writes nothing.
 class LossLog {
  public:
   // `restorable`: the checkpoint at `start` holds its step's record (pending_step), whose
   // line run_loop writes when the log lacks it: not warned of.
   LossLog(const std::string& path, int64_t start, bool restorable = false);
-  // {"step", "loss", "grad_norm", "lr"} and "eval_loss" when the step evaluated.
+  ~LossLog();
+  LossLog(const LossLog&) = delete;
+  LossLog& operator=(const LossLog&) = delete;
+  // {"step", "loss", "grad_norm", "lr"} and "eval_loss" when the step evaluated (null
+  // where a value is not finite).
   void write(const StepRecord& r);
   // The log read back ends one step before `start`: the run stopped between the
   // checkpoint and the step's line, during its evaluation.
@@ -245,8 +251,13 @@ class LossLog {
   bool holds_start() const { return holds_start_; }
 
  private:
+  void open();
+
   std::string path_;
-  std::ofstream out_;
+  std::string keep_;      // the lines kept, written when the log is replaced
+  bool replace_ = false;  // a file replaced by keep_ at the first line (else appended to)
+  int given_fd_ = -1;     // the descriptor the path names (/dev/stdout), or -1
+  int fd_ = -1;           // open once the first line comes
   bool lacks_start_ = false;
   bool holds_start_ = false;
 };

@@ -294,10 +294,9 @@ void check_own_schedule(const Plan& p, const schedule::Schedule& want, const sch
          std::to_string(s.num_micro_batches));
   if (s.stages_per_direction() != want.stages_per_direction())
     fail("model chunks",
-         std::to_string(want.stages_per_direction()) + " (placement " +
-             space_list(want.placement) + ")",
-         std::to_string(s.stages_per_direction()) + " (placement " + space_list(s.placement) +
-             ")");
+         std::to_string(want.stages_per_direction()) + " (placement " + space_list(want.placement) +
+             ")",
+         std::to_string(s.stages_per_direction()) + " (placement " + space_list(s.placement) + ")");
   schedule::check_valid(s, source);
   // An evaluation schedule (only forwards) trains nothing: no backward, no STEP.
   if (schedule::is_forward_only(s))
@@ -310,11 +309,10 @@ void check_own_schedule(const Plan& p, const schedule::Schedule& want, const sch
     const int k = schedule::stage_chunk(s, st), pp = s.placement[size_t(st)];
     const PlanStage& chunk = p.stages[size_t(k)];
     if (chunk.spatial != p.spatial_of(pp))
-      throw InputError(source + ": placement: model chunk " + std::to_string(k) +
-                       " (spatial " + std::to_string(chunk.spatial) +
-                       ") on pipeline rank " + std::to_string(pp) + ", whose spatial degree is " +
-                       std::to_string(p.spatial_of(pp)) + " under the plan's placement " +
-                       space_list(want.placement));
+      throw InputError(source + ": placement: model chunk " + std::to_string(k) + " (spatial " +
+                       std::to_string(chunk.spatial) + ") on pipeline rank " + std::to_string(pp) +
+                       ", whose spatial degree is " + std::to_string(p.spatial_of(pp)) +
+                       " under the plan's placement " + space_list(want.placement));
   }
 }
 
@@ -399,9 +397,10 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
       throw InputError(st.json_path + ".pipeline_ranks: expected " + list_str(expect) + " (the " +
                        name + " placement of model chunk " + std::to_string(k) + "), found " +
                        list_str(st.pipeline_ranks) +
-                       (own_schedule != nullptr ? "; a plan run with a schedule of another placement "
-                                         "lists that placement's ranks, or none"
-                                       : ""));
+                       (own_schedule != nullptr
+                            ? "; a plan run with a schedule of another placement "
+                              "lists that placement's ranks, or none"
+                            : ""));
     r.plan.stages[size_t(k)].pipeline_ranks = expect;
     std::set<int> degrees;
     for (int pp : expect) degrees.insert(p.tp[size_t(pp)]);

@@ -430,6 +430,29 @@ std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCell
     const auto& list = s.ranks[r];
     const std::vector<KeptCell> none;
     const std::vector<KeptCell>& empty = kept ? (*kept)[r] : none;
+    // What parse_torch_csv keeps, in its order: blanks and waits at increasing cells.
+    // Other text (a comma, a quote, a line break, an action) had been written into a file
+    // parse_torch_csv refuses or reads otherwise, a negative cell put first.
+    for (size_t k = 0; k < empty.size(); ++k) {
+      const std::string at =
+          "kept cells: rank " + str(long(r)) + ", cell " + str(long(empty[k].cell));
+      if (empty[k].cell < 0 || (k > 0 && empty[k].cell <= empty[k - 1].cell))
+        throw InputError(at + ": expected cells in increasing order from 0" +
+                         (k > 0 ? ", after cell " + str(long(empty[k - 1].cell)) : std::string()));
+      const std::string_view t = detail::trim(empty[k].text);
+      bool wait = false;
+      if (!t.empty() && t.find_first_of(",\"\r\n") == std::string_view::npos) {
+        try {
+          wait = parse_simple(t, at).code.rfind("WAIT_", 0) == 0;
+        } catch (const InputError&) {
+        }
+      }
+      if (!t.empty() && !wait)
+        throw InputError(at +
+                         ": expected a blank or a wait such as 0WAIT_SEND_F3 (what "
+                         "parse_csv keeps), found '" +
+                         brief(printable(empty[k].text)) + "'");
+    }
     // PyTorch's runtime refuses a REDUCE_GRAD without its WAIT_REDUCE_GRAD: the kept
     // waits are matched per stage, and a REDUCE_GRAD without one gets it right after
     // (`extra` such cells shift the kept cells' positions).
@@ -445,6 +468,10 @@ std::string to_torch_csv(const Schedule& s, TorchDialect dialect, const KeptCell
     std::vector<std::string> cells;
     size_t i = 0, e = 0;
     while (i < list.size() || e < empty.size()) {
+      if (e < empty.size() && i >= list.size() && empty[e].cell + extra > int(cells.size()))
+        throw InputError("kept cells: rank " + str(long(r)) + ", cell " + str(long(empty[e].cell)) +
+                         ": past the row's end (its actions and kept cells fill cells 0 to " +
+                         str(long(cells.size()) - 1 - extra) + ")");
       if (e < empty.size() && (empty[e].cell + extra <= int(cells.size()) || i >= list.size())) {
         cells.push_back(empty[e].text);
         ++e;

@@ -34,19 +34,19 @@ OptimizerConfig OptimizerConfig::from_json(const nlohmann::json& j, const std::s
   if (type == "adamw") {
     r.expect_only({"type", "lr", "beta1", "beta2", "eps", "weight_decay"});
     c.kind = Kind::adamw;
-    c.adamw.lr = r.at("lr").as_double(0, 1e6);
+    c.adamw.lr = r.at("lr").as_double(0, kMaxOptimizerRate);
     c.adamw.beta1 = r.get_double("beta1", 0.9, 0, 1);
     c.adamw.beta2 = r.get_double("beta2", 0.999, 0, 1);
     c.adamw.eps = r.get_double("eps", 1e-8, 0, 1);
     // As --eps: 0 divides 0 by 0 for a parameter whose gradients were all 0.
     if (!(c.adamw.eps > 0)) r.at("eps").fail("a value in (0, 1]");
-    c.adamw.weight_decay = r.get_double("weight_decay", 0, 0, 1e6);
+    c.adamw.weight_decay = r.get_double("weight_decay", 0, 0, kMaxOptimizerRate);
   } else if (type == "sgd") {
     r.expect_only({"type", "lr", "momentum", "weight_decay", "nesterov"});
     c.kind = Kind::sgd;
-    c.sgd.lr = r.at("lr").as_double(0, 1e6);
+    c.sgd.lr = r.at("lr").as_double(0, kMaxOptimizerRate);
     c.sgd.momentum = r.get_double("momentum", 0, 0, 1);
-    c.sgd.weight_decay = r.get_double("weight_decay", 0, 0, 1e6);
+    c.sgd.weight_decay = r.get_double("weight_decay", 0, 0, kMaxOptimizerRate);
     c.sgd.nesterov = r.get_bool("nesterov", false);
     if (c.sgd.nesterov && c.sgd.momentum == 0)
       r.at("nesterov").fail("false without a momentum (Nesterov's look-ahead is of the momentum)");

@@ -30,6 +30,11 @@ namespace baton::stages {
 
 using TensorMap = std::map<std::string, Tensor>;
 
+// The largest learning rate and weight decay a checkpoint's manifest holds (from_json);
+// baton train refuses more up front (a run had trained and then written checkpoints that
+// neither --resume nor export would read).
+inline constexpr double kMaxOptimizerRate = 1e6;
+
 struct OptimizerConfig {
   enum class Kind { adamw, sgd };
   Kind kind = Kind::adamw;

@@ -384,6 +384,12 @@ int run_prepare(const std::vector<std::string>& args) {
     if (suffix) out.resize(out.size() - 4);
   }
   check_output_prefix(out, ".bin");
+  // A corpus named PREFIX.bin had been replaced by its own tokens, exit 0.
+  engine::check_distinct_files({{"--out", out + ".bin"},
+                                {"--out", out + ".idx"},
+                                {"--input", input},
+                                {"--tokenizer", tokenizer}},
+                               2);
   // Ctrl-C or a scheduler's SIGTERM stops it between lines, its temporary .bin removed
   // (the writer, unfinished): it had been left behind, of any size.
   const engine::StopSignals stop(true);
@@ -512,6 +518,8 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
         "--max-lines: expected 0 (every line) or more than 100 (SentencePiece's least), found " +
         std::to_string(max_lines));
   check_output_prefix(out, ".model");
+  engine::check_distinct_files(
+      {{"--out", out + ".model"}, {"--out", out + ".vocab"}, {"--input", input}}, 2);
   check_input_file(input, "a text file");
   // Read twice (the longest line below, then SentencePiece's training): a pipe had given
   // SentencePiece nothing, and its internal check the only message.

@@ -165,6 +165,8 @@ int run_plan(const std::vector<std::string>& args) {
   check_path_flags(vm, {"model"}, /*recorded=*/true);  // --out's plan names it
   check_value_flags(vm, {"device-memory", "schedule", "dp-sync"});
   engine::check_output_path(out, "--out");  // before the search, not after it
+  // -o over the model or the cost file had replaced it, exit 0.
+  engine::check_distinct_files({{"--out", out}, {"--model", model_path}, {"--costs", costs}}, 1);
 
   check_machine_options(machine);
   pt::MeasuredCosts measured;

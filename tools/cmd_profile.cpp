@@ -257,6 +257,8 @@ int run_profile(const std::vector<std::string>& args) {
   // that cannot be written is said now. Not for the internal jobs (-o /dev/null, scratch).
   if (!vm["hold"].as<bool>() && vm["tp-probe"].as<int>() == 0 && vm["spatial-probe"].as<int>() == 0)
     engine::check_output_path(out, "--out");
+  // -o over the model had replaced it with the cost file, exit 0.
+  engine::check_distinct_files({{"--out", out}, {"--model", model_path}}, 1);
   // A count given twice had been timed twice (--batch refused it already).
   auto refuse_repeats = [](const char* flag, const auto& values) {
     for (size_t i = 0; i < values.size(); ++i)

@@ -21,6 +21,7 @@
 #include "memory/units.h"
 #include "partitioner/layout.h"
 #include "partitioner/plan.h"
+#include "stages/stage.h"
 #include "tools/command.h"
 #include "transport/launch.h"
 #include "transport/nccl_communicator.h"
@@ -46,14 +47,15 @@ void check_flag_range(const char* flag, double value, bool ok, const std::string
 // it bounds only below: at 1 or more a gradient is never forgotten.
 void check_optimizer_flags(double lr, double beta1, double beta2, double eps, double momentum,
                            double weight_decay, double grad_clip) {
-  check_flag_range("lr", lr, std::isfinite(lr) && lr > 0, "a finite rate > 0");
+  check_flag_range("lr", lr, lr > 0 && lr <= stages::kMaxOptimizerRate, "a rate in (0, 1e6]");
   check_flag_range("beta1", beta1, beta1 >= 0 && beta1 < 1, "a value in [0, 1)");
   check_flag_range("beta2", beta2, beta2 >= 0 && beta2 < 1, "a value in [0, 1)");
   // torch takes 0 too, where a parameter whose gradients were all 0 divides 0 by 0.
   check_flag_range("eps", eps, eps > 0 && eps <= 1, "a value in (0, 1]");
   check_flag_range("momentum", momentum, momentum >= 0 && momentum < 1, "a value in [0, 1)");
-  check_flag_range("weight-decay", weight_decay, std::isfinite(weight_decay) && weight_decay >= 0,
-                   "a finite value >= 0");
+  check_flag_range("weight-decay", weight_decay,
+                   weight_decay >= 0 && weight_decay <= stages::kMaxOptimizerRate,
+                   "a value in [0, 1e6]");
   check_flag_range("grad-clip", grad_clip, std::isfinite(grad_clip) && grad_clip >= 0,
                    "a finite norm >= 0 (0: off)");
 }

@@ -291,12 +291,11 @@ void apply_common_options(const po::variables_map& vm) {
   apply_log_level(vm["log-level"].as<std::string>());
   // A negative count had read as 0 (train) or 1 (profile) without a word.
   const int t = vm["threads"].as<int>();
-  if (t < 0)
+  // At most OMP_NUM_THREADS' bound: 100000 had crashed inside libgomp (exit 139).
+  if (t < 0 || t > 4096)
     throw InputError(
         "--threads: expected 0 (the cores divided among local ranks, or OMP_NUM_THREADS up to "
-        "that) or a "
-        "count "
-        ">= 1, found " +
+        "that) or a count in [1, 4096], found " +
         std::to_string(t));
   // Every command's: generate, export, plan and simulate had read the flag and run at the
   // default count (the benchmarks' "1 thread" generation rows among them).

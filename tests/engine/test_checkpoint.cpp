@@ -2,6 +2,7 @@
 // manifest; a run resumed under the same plan continues bit for bit; a checkpoint
 // written under one plan (or by one process) resumes under another plan (other PP, TP,
 // DP, schedule; or one process) with the one-process loss curve (within 1e-5).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -90,9 +91,42 @@ TEST(Checkpoint, ResumedLossLogKeepsItsStepsBeforeTheFirstNewOne) {
   const std::string next = "{\"step\": 6, \"loss\": 2.5,";
   EXPECT_EQ(after.compare(kept.size(), next.size(), next), 0) << after;
   EXPECT_EQ(std::count(after.begin(), after.end(), '\n'), 6) << after;
-  // A fresh run (start 0) starts the log over.
+  // A fresh run (start 0) starts the log over at its first line; one that ends before
+  // any (refused: a bad token in its data) leaves the previous log whole.
   { engine::LossLog fresh(path, 0); }
-  EXPECT_EQ(memory::read_file(path), "");
+  EXPECT_EQ(memory::read_file(path), after);
+  {
+    engine::LossLog fresh(path, 0);
+    engine::StepRecord r;
+    r.step = 1;
+    r.loss = 3.5;
+    fresh.write(r);
+  }
+  const std::string fresh_log = memory::read_file(path);
+  EXPECT_EQ(fresh_log.rfind("{\"step\": 1, \"loss\": 3.5,", 0), 0u) << fresh_log;
+  EXPECT_EQ(std::count(fresh_log.begin(), fresh_log.end(), '\n'), 1) << fresh_log;
+  // A descriptor (--loss-log /dev/stdout > file) is written through itself, where the
+  // shell's other output has reached: reopened by name, the lines had overwritten it or
+  // been overwritten. A held-out loss that is not finite is null, as JSON has no NaN.
+  {
+    const std::string shared = ws.path("shared.log");
+    const int fd = ::open(shared.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "HEADER\n", 7), 7);
+    {
+      engine::LossLog log("/dev/fd/" + std::to_string(fd), 0);
+      engine::StepRecord r;
+      r.step = 1;
+      r.loss = 2.5;
+      r.eval_loss = std::nan("");
+      log.write(r);
+    }
+    ASSERT_EQ(::write(fd, "FOOTER\n", 7), 7);
+    ::close(fd);
+    EXPECT_EQ(memory::read_file(shared),
+              "HEADER\n{\"step\": 1, \"loss\": 2.5, \"grad_norm\": 0, \"lr\": 0, \"eval_loss\": "
+              "null}\nFOOTER\n");
+  }
   // A log that cannot take its lines (a full disk: /dev/full) stops the run, naming it.
   engine::LossLog full("/dev/full", 0);
   engine::StepRecord r;

@@ -137,8 +137,7 @@ TEST(Schedules, AnotherPlacementFromAFileMatchesOneProcess) {
   json j = plan_json(p, ws);
   partitioner::Plan listed = partitioner::parse_plan(j, "plan.json", ws.dir);
   auto graph = partitioner::load_plan_model(listed);
-  for (size_t k = 0; k < listed.stages.size(); ++k)
-    listed.stages[k].pipeline_ranks = {int(k % 2)};
+  for (size_t k = 0; k < listed.stages.size(); ++k) listed.stages[k].pipeline_ranks = {int(k % 2)};
   partitioner::ResolvedPlan r = partitioner::resolve_plan(listed, graph);
   try {
     partitioner::use_schedule(r, v3, "v3.txt");

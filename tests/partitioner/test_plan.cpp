@@ -1103,7 +1103,8 @@ TEST(Plan, AnotherPlacementKeepsEachChunksSpatialDegree) {
   }
   // Both chunks at one degree: the swapped placement is taken.
   j["devices"] = 4;
-  j["stages"] = json::parse(R"([{"layers": [0, 2], "spatial": 2}, {"layers": [2, 4], "spatial": 2}])");
+  j["stages"] =
+      json::parse(R"([{"layers": [0, 2], "spatial": 2}, {"layers": [2, 4], "spatial": 2}])");
   ResolvedPlan both = plan_check(j);
   use_schedule(both, swapped, "swap.txt");
   EXPECT_EQ(both.schedule.placement, (std::vector<int>{1, 0}));

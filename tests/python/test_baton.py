@@ -260,12 +260,22 @@ class Schedules(unittest.TestCase):
         # A lower-case kind is named (it had read kind '').
         with self.assertRaisesRegex(baton.InputError, r"unknown kind 'f' \(kinds are upper case: 'F'\)"):
             baton.Action.parse("0f0")
-        # Kept CSV cells the writer cannot write unquoted are refused (to_csv had written a
-        # file that parse_csv then refused).
+        # Kept CSV cells are what parse_csv keeps, blanks and waits, at increasing cells
+        # within the row: anything else is refused (to_csv had written a file that
+        # parse_csv then refused, or put a cell -1 first and 10^8 last).
         s = baton.generate("1f1b", 2, 2)
-        for text in ("a,b", "x\ny", 'say "hi"'):
-            with self.assertRaisesRegex(baton.InputError, r"kept: rank 0, cell 0: expected text without"):
+        for text in ("a,b", "x\ny", 'say "hi"', "hello", "0F0"):
+            with self.assertRaisesRegex(baton.InputError,
+                                        r"kept cells: rank 0, cell 0: expected a blank or a wait"):
                 baton.to_csv(s, "current", [[(0, text)], []])
+        with self.assertRaisesRegex(baton.InputError, r"cell -1: expected cells in increasing order"):
+            baton.to_csv(s, "current", [[(-1, "")], []])
+        with self.assertRaisesRegex(baton.InputError, r"cell 3: expected cells in increasing order from 0, after cell 3"):
+            baton.to_csv(s, "current", [[(3, ""), (3, "")], []])
+        with self.assertRaisesRegex(baton.InputError, r"cell 100000000: past the row's end"):
+            baton.to_csv(s, "current", [[(100000000, "")], []])
+        self.assertEqual(baton.to_csv(s, "current", [[(1, " 0WAIT_SEND_F0")], []]).split("\r\n")[0],
+                         "0F0, 0WAIT_SEND_F0,0F1,0B0,0B1")
         back, _, kept = baton.parse_csv(baton.to_csv(s, "current", [[(0, "  ")], []]))
         self.assertEqual(kept, [[(0, "  ")], []])
 

@@ -553,10 +553,13 @@ TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
       // Shown to the digit that makes it wrong (it had read "found 1").
       {"--beta2 1.0000001", "--beta2: expected a value in [0, 1), found 1.0000001"},
       {"--beta2 nan", "--beta2: expected a value in [0, 1), found nan"},
-      {"--weight-decay -1", "--weight-decay: expected a finite value >= 0, found -1"},
-      {"--weight-decay nan", "--weight-decay: expected a finite value >= 0, found nan"},
-      {"--lr inf", "--lr: expected a finite rate > 0, found inf"},
-      {"--lr 0", "--lr: expected a finite rate > 0, found 0"},
+      {"--weight-decay -1", "--weight-decay: expected a value in [0, 1e6], found -1"},
+      {"--weight-decay nan", "--weight-decay: expected a value in [0, 1e6], found nan"},
+      // Beyond what a checkpoint's manifest holds: the run's checkpoints had been unreadable.
+      {"--weight-decay 2e6", "--weight-decay: expected a value in [0, 1e6], found 2000000"},
+      {"--lr inf", "--lr: expected a rate in (0, 1e6], found inf"},
+      {"--lr 1e20", "--lr: expected a rate in (0, 1e6], found 1e+20"},
+      {"--lr 0", "--lr: expected a rate in (0, 1e6], found 0"},
       {"--grad-clip -1", "--grad-clip: expected a finite norm >= 0 (0: off), found -1"},
       {"--grad-clip nan", "--grad-clip: expected a finite norm >= 0 (0: off), found nan"},
       {"--momentum 0.9", "--momentum is sgd's, but this run trains with adamw"},

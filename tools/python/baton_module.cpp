@@ -669,17 +669,7 @@ PYBIND11_MODULE(baton, m) {
         if (kept)
           for (size_t r = 0; r < kept->size(); ++r) {
             k.emplace_back();
-            for (const auto& [cell, text] : (*kept)[r]) {
-              // The writer joins cells unquoted: a comma, quote or line break would make a
-              // file parse_csv refuses or reads otherwise. Kept cells are blanks and waits.
-              if (text.find_first_of(",\"\r\n") != std::string::npos)
-                throw InputError("kept: rank " + std::to_string(r) + ", cell " +
-                                 std::to_string(cell) +
-                                 ": expected text without ',', '\"' or "
-                                 "line breaks (as parse_csv keeps: blanks and waits), found " +
-                                 std::string(py::str(py::repr(py::str(text)))));
-              k.back().push_back({cell, text});
-            }
+            for (const auto& [cell, text] : (*kept)[r]) k.back().push_back({cell, text});
           }
         const TorchDialect d = parse_dialect(dialect);
         return with_copy(
@@ -933,6 +923,12 @@ PYBIND11_MODULE(baton, m) {
         o.limit_in_bytes = in_bytes;
         o.objective = parse_objective(objective, "objective");
         CostSpec spec = cost_spec(costs);
+        // As simulate's --memory-limit in bytes: without the bytes the limit had been ignored
+        // and any schedule said to fit.
+        if (in_bytes && !memory_limit.is_none() && !spec.activation_bytes.given)
+          throw InputError(
+              "limit_in_bytes=True needs activation_bytes in costs (or give memory_limit in "
+              "micro-batches)");
         // Ctrl-C (or another signal's handler raising) stops the search between candidates:
         // its Python error stays set while the search unwinds, and is raised after.
         struct Interrupted {};
