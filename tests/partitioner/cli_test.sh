@@ -163,6 +163,15 @@ expect 2 "$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2
 contains "--dp-sync: not valid JSON: "
 lacks "found \"{"
 # Negative counts had read as defaults without a word.
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads 5000 --out "$tmp/neg.json"
+contains "or a count in [1, 4096], found 5000"
+# -o over an input (the model, the cost file) had replaced it, exit 0.
+cp "$root/examples/models/tiny-gpt.json" "$tmp/own.json"
+expect 2 "$baton" profile --model "$tmp/own.json" -o "$tmp/own.json"
+contains "--out $tmp/own.json is the same file as --model $tmp/own.json: writing it would replace that input"
+expect 2 "$baton" plan --model "$tmp/own.json" --devices 2 -o "$tmp/own.json"
+contains "--out $tmp/own.json is the same file as --model $tmp/own.json"
+cmp -s "$tmp/own.json" "$root/examples/models/tiny-gpt.json" || { echo "FAIL: the model was replaced"; fails=$((fails + 1)); }
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads -1 --out "$tmp/neg.json"
 contains "--threads: expected 0 (the cores divided among local ranks, or OMP_NUM_THREADS up to that) or a count in [1, 4096], found -1"
 # Its --threads 0 is baton train's default (the cores divided among local ranks, or

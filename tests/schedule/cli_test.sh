@@ -73,6 +73,16 @@ contains "1f1b is listed twice (all holds every training schedule)"
 expect 2 "$baton" simulate --schedule 1f1b,gpipe
 expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/same.json" --svg "$tmp/same.json"
 contains "is the same file as --svg"
+# One new file under two spellings (n.json and ./n.json): the relative one had stayed
+# relative, the two compared unequal, and the trace replaced the schedule, exit 0.
+mkdir -p "$tmp/fresh"
+cd "$tmp/fresh"
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 2 --out n.json --trace ./n.json
+contains "--out n.json is the same file as --trace ./n.json"
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 2 --out n.json --svg "$tmp/fresh/n.json"
+contains "--out n.json is the same file as --svg $tmp/fresh/n.json"
+[ ! -e n.json ] || { echo "FAIL: n.json written"; fails=$((fails + 1)); }
+cd - >/dev/null
 # A dangling link to the other output: the writer follows it, so the check does too.
 ln -sf "$tmp/target.json" "$tmp/link.json"
 expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/target.json" --svg "$tmp/link.json"

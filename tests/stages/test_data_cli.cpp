@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/file_io.h"
 #include "stages/token_store.h"
 #include "tests/child_report.h"
 #include "tests/command_runner.h"
@@ -479,6 +480,17 @@ TEST(DataCli, PrepareTakesJsonLinesNamesAndABinOut) {
                          dir() + "/.bin");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--out " + dir() + "/.bin: "), std::string::npos) << r.output;
+  // A corpus named PREFIX.bin is an input --out would replace (it had been, exit 0).
+  const std::string corpus = dir() + "/corpus.bin";
+  std::ofstream(corpus) << "the licensee may copy\n";
+  const Result own = baton("prepare --tokenizer " + tokenizer() + " --input " + corpus +
+                           " -o " + dir() + "/corpus");
+  EXPECT_EQ(own.code, 2) << own.output;
+  EXPECT_NE(own.output.find("--out " + corpus + " is the same file as --input " + corpus +
+                            ": writing it would replace that input"),
+            std::string::npos)
+      << own.output;
+  EXPECT_EQ(baton::memory::read_file(corpus), "the licensee may copy\n");
 }
 
 // inspect checks --tokenizer before printing anything (a bad one had come after the
