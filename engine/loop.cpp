@@ -718,6 +718,14 @@ void LossLog::write(const StepRecord& r) {
   for (size_t done = 0; done < line.size();) {
     const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
     if (w < 0 && errno == EINTR) continue;
+    // Its reader gone, where that stops the run after this step (on_broken_pipe): the
+    // log ends here, and the run saves its checkpoint.
+    if (w < 0 && errno == EPIPE && stop_signal_received() == SIGPIPE) {
+      ::close(fd_);
+      fd_ = -1;
+      path_.clear();
+      return;
+    }
     if (w <= 0)
       throw RuntimeError(path_ + ": cannot write the loss log (--loss-log): " +
                          std::strerror(w < 0 ? errno : ENOSPC));
@@ -742,6 +750,7 @@ namespace {
 std::atomic<bool> g_watching{false};  // watch_stop_signals() ran: the signals are the watcher's
 std::atomic<bool> g_graceful{false};  // a run_loop with stop_on_signal runs
 std::atomic<int> g_stop_signal{0};    // the signal it was asked to stop by, or 0
+std::atomic<const char*> g_said{nullptr};  // StopSignals' `said`
 
 int64_t monotonic_ns() {
   timespec ts{};
@@ -759,12 +768,17 @@ int64_t monotonic_ns() {
     int sig = 0;
     if (::sigwait(&set, &sig) != 0) continue;
     const int64_t now = monotonic_ns();
+    const char* said = g_said.load();
     if (g_graceful.load() && g_stop_signal.load() == 0) {
       first = now;
       g_stop_signal.store(sig);
+      if (said != nullptr) spdlog::warn("got {}: {}", signal_text(sig), said);
       continue;
     }
     if (g_stop_signal.load() != 0 && now - first < 1000000000) continue;
+    if (g_graceful.load() && said != nullptr)
+      spdlog::warn("got {} again: ending now, the step unfinished and no checkpoint written",
+                   signal_text(sig));
     ::signal(sig, SIG_DFL);
     sigset_t one;
     sigemptyset(&one);
@@ -774,6 +788,19 @@ int64_t monotonic_ns() {
   }
 }
 
+// SIGPIPE comes from a write whose reader has gone (`baton train | head`), on the thread
+// that wrote, never in the middle of a kernel: a handler is safe here. Inside a graceful
+// loop the run stops after its step, with its checkpoint, as `baton launch` stops a job
+// whose output was closed (it had died at once, its steps since the last checkpoint
+// lost); outside one, the default action, as without the handler.
+void on_broken_pipe(int) {
+  int none = 0;
+  if (g_graceful.load() && (g_stop_signal.compare_exchange_strong(none, SIGPIPE) || none != 0))
+    return;
+  ::signal(SIGPIPE, SIG_DFL);
+  ::raise(SIGPIPE);  // pending until this handler returns, then the default action
+}
+
 }  // namespace
 
 std::string signal_text(int sig) {
@@ -781,14 +808,17 @@ std::string signal_text(int sig) {
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-StopSignals::StopSignals(bool on) : on_(on && g_watching.load()) {
+StopSignals::StopSignals(bool on, const char* said) : on_(on && g_watching.load()) {
   if (!on_) return;
   g_stop_signal.store(0);  // an earlier run's in this process is not this one's
+  g_said.store(said);
   g_graceful.store(true);
 }
 
 StopSignals::~StopSignals() {
-  if (on_) g_graceful.store(false);
+  if (!on_) return;
+  g_graceful.store(false);
+  g_said.store(nullptr);
 }
 
 int StopSignals::received() const {
@@ -807,6 +837,13 @@ void watch_stop_signals() {
   if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
   std::thread(watch_signals, set).detach();
   g_watching.store(true);
+  struct sigaction pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_DFL) {
+    pipe.sa_handler = on_broken_pipe;
+    sigemptyset(&pipe.sa_mask);
+    pipe.sa_flags = SA_RESTART;
+    ::sigaction(SIGPIPE, &pipe, nullptr);
+  }
 }
 
 int stop_signal_received() {
@@ -847,7 +884,14 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (pending->step != start) pending.reset();
   }
   LossLog loss_log(lead ? o.loss_log : std::string(), start, pending.has_value());
-  const StopSignals stop_signals(o.stop_on_signal);
+  const StopSignals stop_signals(
+      o.stop_on_signal,
+      !lead ? nullptr
+      : o.checkpoint_dir.empty()
+          ? "the run stops after this step (no --checkpoint-dir: nothing is saved); a second "
+            "signal a second or more later ends it at once"
+          : "the run stops after this step and writes a checkpoint; a second signal a second "
+            "or more later ends it at once, without one");
   if (pending) {
     // Every rank evaluates the checkpoint's weights again (a collective under a plan), as
     // the run did after writing it: the held-out loss is the one it lost.
@@ -976,7 +1020,8 @@ TrainSummary run_loop(const LoopOptions& o, int64_t start, int64_t tokens_per_st
     if (stop != 0 && rec.step < o.steps) {  // at the last step the run is done: no stop
       summary.stopped_by = stop;
       if (lead)
-        spdlog::warn("stopped by {} after step {} of {}{}", signal_text(stop), rec.step, o.steps,
+        spdlog::warn("stopped by {}{} after step {} of {}{}", signal_text(stop),
+                     stop == SIGPIPE ? " (its output was closed)" : "", rec.step, o.steps,
                      written.empty() ? std::string("; no checkpoint (no --checkpoint-dir)")
                                      : "; --resume continues from " + written);
       break;

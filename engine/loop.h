@@ -275,9 +275,12 @@ int stop_signal_received();
 // While one lives (and `on`, where watch_stop_signals() set up), SIGTERM and SIGINT are
 // received() for the caller to stop in order (run_loop: LoopOptions::stop_on_signal;
 // `baton data prepare`), a second one a second or more later ending the process.
+// `said`: what the first signal's receipt logs ("got SIGTERM: <said>") and the second's
+// (a run that gave no sign had seemed to ignore the first, and the second killed it
+// without a word); null says nothing.
 class StopSignals {
  public:
-  explicit StopSignals(bool on);
+  explicit StopSignals(bool on, const char* said = nullptr);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;

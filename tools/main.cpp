@@ -1,5 +1,6 @@
 // The `baton` command: dispatches to a sub-command and turns errors into exit codes
 // (2: bad input, 1: failure at run time).
+#include <fcntl.h>
 #include <poll.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -77,6 +78,17 @@ int check_stdout(const std::string& name, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed standard descriptor (`>&-`) is the number the next file opened gets: the
+  // launcher had written its ranks' output into its own event descriptor. Each is held
+  // by /dev/null opened the other way, so that using it fails (EBADF) as on a closed one.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int held = ::open("/dev/null", fd == 0 ? O_WRONLY : O_RDONLY);
+      if (held >= 0 && held != fd) {
+        ::dup2(held, fd);
+        ::close(held);
+      }
+    }
   // Before the re-execution below: exec resets a handled signal to its default, and UCX's
   // handler had turned nohup's ignored SIGHUP into one that ends the ranks.
   baton::transport::release_ucx_debug_signal();  // a hangup ends baton, or nohup ignores it

@@ -148,12 +148,14 @@ const sigset_t& inherited_ignored() {
   return ignored;
 }
 
-// The signals that stop a job as SIGTERM does: SIGHUP too (a closed terminal), unless the
-// launcher was started ignoring it (nohup).
+// The signals that stop a job: SIGINT, SIGTERM and SIGHUP (a closed terminal), each unless
+// the launcher was started ignoring it (nohup; a script's `baton launch &`, which a shell
+// starts ignoring SIGINT, as baton train keeps it ignored: a Ctrl-C meant for the script
+// had stopped the job).
 std::vector<int> stop_signals() {
-  std::vector<int> sigs = {SIGINT, SIGTERM};
-  struct sigaction hup {};
-  if (::sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) sigs.push_back(SIGHUP);
+  std::vector<int> sigs;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (!sigismember(&inherited_ignored(), sig)) sigs.push_back(sig);
   return sigs;
 }
 
@@ -255,6 +257,10 @@ class Launcher {
       if (getppid() != parent) _exit(125);
       dup2(out[1], 1);
       dup2(err[1], 2);
+      // Not the terminal: in a process group of its own a rank that read it was stopped
+      // (SIGTTIN), and the job waited as paused. A rank reads end of input, as mpirun's
+      // ranks but the first do.
+      if (const int null = ::open("/dev/null", O_RDONLY); null >= 0) dup2(null, 0);
       // Nothing else of ours: the rendezvous's listening socket had stayed open in every
       // rank (and in what a rank left behind), so a restart could not listen again.
       ::close_range(3, ~0U, 0);
@@ -346,9 +352,18 @@ class Launcher {
       }
       // A reader that went away (`| head`) stops the job as SIGPIPE would have stopped
       // us, but in order: the ranks get SIGTERM and the reports are cleaned up.
-      if (!lines.empty() && !output_closed_ && !write_all(fd, lines) && errno == EPIPE) {
-        output_closed_ = true;
-        stop_job(SIGPIPE, "its output was closed");
+      if (!lines.empty() && !output_closed_ && !write_all(fd, lines)) {
+        if (errno == EPIPE) {
+          output_closed_ = true;
+          stop_job(SIGPIPE, "its output was closed");
+        } else if (output_error_.empty()) {
+          // A full disk, a closed descriptor: said once, and the launch ends with exit 1
+          // (it had ended with 0, the ranks' output lost without a word).
+          output_error_ = std::string(fd == 1 ? "standard output" : "standard error") + ": " +
+                          std::strerror(errno);
+          write_all(2, "baton launch: writing the ranks' output failed: " + output_error_ +
+                           "; the job goes on, its output lost\n");
+        }
       }
       read_pipe(rk, pipe, partial, fd);
     });
@@ -560,12 +575,18 @@ class Launcher {
   // The user stopped the job (`why`, reported with `sig`'s exit code 128 + sig): SIGTERM
   // to every rank, SIGKILL after the stop timeout or when asked again.
   void stop_job(int sig, const std::string& why) {
-    write_all(2, "baton launch: " + why + "; stopping every rank\n");
+    const auto now = std::chrono::steady_clock::now();
     if (interrupted_) {
+      // One signal sent twice at once (to the group and to us: `timeout` forwarding a
+      // Ctrl-C) is one, as for baton train: it had killed the ranks mid-step.
+      if (now - first_stop_ < std::chrono::seconds(1)) return;
       // Asked again: now (it had re-armed the wait, so SIGKILL never came).
+      write_all(2, "baton launch: " + why + " again; killing every rank now\n");
       signal_all(SIGKILL);
       return;
     }
+    write_all(2, "baton launch: " + why + "; stopping every rank\n");
+    first_stop_ = now;
     interrupted_ = true;
     interrupt_signal_ = sig;
     signal_all(SIGTERM);
@@ -740,9 +761,19 @@ class Launcher {
     // Stopped by the user: the ranks' failures are the launcher's own SIGTERM, not a cause.
     if (interrupted_) {
       const std::string stopped = rank_list(stopped_);
+      // Ranks the stop had to kill (a second signal, or --stop-timeout run out) ended
+      // mid-step: that stop wrote no checkpoint. It had been reported as a clean stop.
+      std::set<int> killed;
+      for (const Rank& rk : ranks_)
+        if (WIFSIGNALED(rk.status) && WTERMSIG(rk.status) == SIGKILL) killed.insert(rk.rank);
       write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
                        (step_ ? " after step " + *step_ : std::string()) +
-                       (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) + "\n");
+                       (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) +
+                       (killed.empty() ? std::string()
+                                       : "; rank(s) " + rank_list(killed) +
+                                             " killed (SIGKILL) before finishing their step: "
+                                             "this stop wrote no checkpoint") +
+                       "\n");
       return 128 + interrupt_signal_;
     }
     // Every rank that ended ended on a stop signal sent to it rather than to us (a
@@ -782,6 +813,10 @@ class Launcher {
       int code = hung_ && hung_->first == cause ? 128 + hung_->second : exit_code_of(rk.status);
       failed_code_ = code;
       return code == 0 ? 1 : code;
+    }
+    if (!output_error_.empty()) {
+      write_all(2, "baton launch: failed: writing the ranks' output: " + output_error_ + "\n");
+      return 1;
     }
     return 0;
   }
@@ -872,6 +907,8 @@ class Launcher {
   int open_pipes_ = 0;
   bool stopping_ = false;
   bool interrupted_ = false;
+  std::chrono::steady_clock::time_point first_stop_;  // when the first stop signal came
+  std::string output_error_;    // why writing the ranks' output failed (not EPIPE), or ""
   bool output_closed_ = false;  // our stdout or stderr: its reader went away
   int interrupt_signal_ = SIGTERM;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen

@@ -541,6 +541,33 @@ TEST(Cli, DeviceAndPrecisionFlags) {
 // exit 2 naming the flag, what it takes and what it got, before any step (they had
 // trained: NaN from step 2 for --beta1 1, "lr": inf in the loss log; or failed at the
 // first step: a negative --momentum), on one process and on every rank of a plan.
+// A reader that goes away (`--loss-log /dev/stdout | head -1`) stops the run after its step
+// with a checkpoint, as baton launch stops a job whose output was closed: SIGPIPE had
+// killed it at once, without a word, its steps since the last checkpoint lost.
+TEST(Cli, AClosedOutputStopsTheRunWithACheckpoint) {
+  const std::string model = temp_file("tiny_pipe.json", kTiny);
+  const std::string ckpt = temp_file("pipe-ckpt", ""), err = temp_file("pipe.err", "");
+  const std::string rc = temp_file("pipe.rc", "");
+  std::filesystem::remove(ckpt);
+  const Result r = baton::cli_testing::run_command(
+      "{ " + kCliBaton + " train --model " + model + " --data " + kCliCorpus +
+      " --steps 2000 --batch 2 --threads 1 --log-every 0 --checkpoint-dir " + ckpt +
+      " --checkpoint-every 2000 --loss-log /dev/stdout 2>" + err + "; echo $? > " + rc +
+      "; } | head -1");
+  EXPECT_EQ(r.output.rfind("{\"step\": 1, ", 0), 0u) << r.output;
+  std::string code, said;
+  std::getline(std::ifstream(rc), code);
+  EXPECT_EQ(code, "141");
+  said.assign(std::istreambuf_iterator<char>(std::ifstream(err).rdbuf()), {});
+  EXPECT_NE(said.find("stopped by SIGPIPE (its output was closed) after step "), std::string::npos)
+      << said;
+  size_t checkpoints = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt))
+    checkpoints += e.path().filename().string().rfind("step-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(checkpoints, 1u);
+  std::filesystem::remove_all(ckpt);
+}
+
 TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {
   std::string model = temp_file("tiny_range.json", kTiny);
   const std::string base = "--model " + model + " --data " + kCliCorpus + " --steps 2 --threads 1 ";

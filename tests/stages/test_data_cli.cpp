@@ -483,8 +483,8 @@ TEST(DataCli, PrepareTakesJsonLinesNamesAndABinOut) {
   // A corpus named PREFIX.bin is an input --out would replace (it had been, exit 0).
   const std::string corpus = dir() + "/corpus.bin";
   std::ofstream(corpus) << "the licensee may copy\n";
-  const Result own = baton("prepare --tokenizer " + tokenizer() + " --input " + corpus +
-                           " -o " + dir() + "/corpus");
+  const Result own = baton("prepare --tokenizer " + tokenizer() + " --input " + corpus + " -o " +
+                           dir() + "/corpus");
   EXPECT_EQ(own.code, 2) << own.output;
   EXPECT_NE(own.output.find("--out " + corpus + " is the same file as --input " + corpus +
                             ": writing it would replace that input"),
