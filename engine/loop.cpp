@@ -779,6 +779,14 @@ int64_t monotonic_ns() {
     if (g_graceful.load() && said != nullptr)
       spdlog::warn("got {} again: ending now, the step unfinished and no checkpoint written",
                    signal_text(sig));
+    // What the command was writing is not left half-written (train-tokenizer's
+    // temporaries, an export's staging directory).
+    if (const auto removed = memory::remove_on_stop(); !removed.empty()) {
+      std::string list;
+      for (const std::string& p : removed) list += (list.empty() ? "" : ", ") + p;
+      spdlog::warn("got {}: ending now; removed what was being written: {}", signal_text(sig),
+                   list);
+    }
     ::signal(sig, SIG_DFL);
     sigset_t one;
     sigemptyset(&one);

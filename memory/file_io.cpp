@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "memory/error.h"
 
@@ -288,6 +290,45 @@ void write_file_durably(const std::string& path_in, const std::function<void(Fil
 
 void write_file_durably(const std::string& path, std::string_view content) {
   write_file_durably(path, [&](FileSink& out) { out.write(content); });
+}
+
+namespace {
+struct StopRemovals {
+  std::mutex mutex;
+  uint64_t next = 0;
+  std::map<uint64_t, std::pair<std::vector<std::string>, std::vector<std::string>>> paths;
+};
+StopRemovals& stop_removals() {
+  static StopRemovals r;
+  return r;
+}
+}  // namespace
+
+RemoveOnStop::RemoveOnStop(std::vector<std::string> trees, std::vector<std::string> empty_dirs) {
+  StopRemovals& r = stop_removals();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  id_ = r.next++;
+  r.paths[id_] = {std::move(trees), std::move(empty_dirs)};
+}
+
+RemoveOnStop::~RemoveOnStop() {
+  StopRemovals& r = stop_removals();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  r.paths.erase(id_);
+}
+
+std::vector<std::string> remove_on_stop() {
+  StopRemovals& r = stop_removals();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> removed;
+  for (const auto& [id, p] : r.paths) {
+    std::error_code ec;
+    for (const std::string& t : p.first)
+      if (std::filesystem::remove_all(t, ec) > 0 && !ec) removed.push_back(t);
+    for (const std::string& d : p.second)
+      if (std::filesystem::remove(d, ec) && !ec) removed.push_back(d);
+  }
+  return removed;
 }
 
 }  // namespace baton::memory

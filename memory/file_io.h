@@ -83,4 +83,22 @@ std::string temp_path_beside(const std::string& path, const std::string& suffix)
 // RuntimeError naming the path on failure.
 void fsync_path(const std::string& path, bool directory);
 
+// Paths a command is writing that a stop signal ending the process would leave behind (a
+// temporary beside its final name, a staging directory): registered while one lives, and
+// removed by remove_on_stop() (the signal watcher, engine::watch_stop_signals, before the
+// signal's default action ends the process). `trees` are removed whole, `empty_dirs` only
+// when empty (a directory the command created for its output).
+class RemoveOnStop {
+ public:
+  explicit RemoveOnStop(std::vector<std::string> trees, std::vector<std::string> empty_dirs = {});
+  ~RemoveOnStop();
+  RemoveOnStop(const RemoveOnStop&) = delete;
+  RemoveOnStop& operator=(const RemoveOnStop&) = delete;
+
+ private:
+  uint64_t id_;
+};
+// Removes every registered path that exists; returns those removed.
+std::vector<std::string> remove_on_stop();
+
 }  // namespace baton::memory

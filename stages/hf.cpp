@@ -746,6 +746,11 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   fs::create_directory(staging, ec);
   if (ec) throw InputError(dir + ": cannot write in it: " + ec.message());
   std::vector<std::string> written;  // file names, config.json last
+  // A stop signal while writing removes them (and `dir` where this made it): a staging
+  // directory had been left until the next export there.
+  std::optional<memory::RemoveOnStop> on_stop;
+  on_stop.emplace(std::vector<std::string>{staging.string()},
+                  existed ? std::vector<std::string>{} : std::vector<std::string>{dir});
   try {
     const std::map<std::string, std::string> meta{{"format", "pt"}};
     auto stage = [&](const std::string& name, auto&& write) {
@@ -797,6 +802,8 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     if (!existed) fs::remove(dir, ec);
     throw;
   }
+  // The swap is crash-safe by its order (below): a stop now is left to it, not undone.
+  on_stop.reset();
   // All written: the swap. A crash at any instant must leave `dir` as the earlier export
   // whole, or without config.json (visibly incomplete: transformers and --init-from refuse
   // it), or as the new export whole; never config.json over the wrong weights (an earlier

@@ -583,6 +583,7 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
     std::filesystem::remove(tmp + ".vocab", ec);
   };
   int pieces = 0;
+  const memory::RemoveOnStop on_stop({tmp + ".model", tmp + ".vocab"});
   try {
     auto st = sentencepiece::SentencePieceTrainer::Train(kw);
     if (!st.ok()) {

@@ -101,8 +101,10 @@ int main(int argc, char** argv) {
     baton::kernels::configure_cpu_runtime(argv, computes);
   }
   // Before any thread exists: SIGTERM and SIGINT reach train's watcher thread alone.
-  // data prepare removes its temporary files when stopped so.
-  if (argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "data"))
+  // data prepare removes its temporary files when stopped so;
+  // export and data train-tokenizer remove what they were writing when stopped so.
+  if (argc >= 2 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "data" ||
+                    std::string(argv[1]) == "export"))
     baton::engine::watch_stop_signals();
   try {
     baton::tools::require_cpu_features();  // before any kernel's instructions run

@@ -30,6 +30,28 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// What a stop signal would leave half-written is removed while registered, a tree whole and
+// a directory the command made only when empty; nothing once the registration ends.
+TEST(FileIo, RemoveOnStopRemovesWhatIsRegisteredWhileItIs) {
+  const std::string d = fresh_dir("remove-on-stop");
+  fs::create_directories(d + "/out/.staging/sub");
+  std::ofstream(d + "/out/.staging/sub/f") << "x";
+  std::ofstream(d + "/keep.tmp") << "x";
+  { const RemoveOnStop kept({d + "/keep.tmp"}); }
+  fs::create_directories(d + "/full");
+  std::ofstream(d + "/full/other") << "x";
+  std::vector<std::string> removed;
+  {
+    const RemoveOnStop on_stop({d + "/out/.staging", d + "/missing"}, {d + "/out", d + "/full"});
+    removed = remove_on_stop();
+  }
+  EXPECT_EQ(removed, (std::vector<std::string>{d + "/out/.staging", d + "/out"}));
+  EXPECT_FALSE(fs::exists(d + "/out"));
+  EXPECT_TRUE(fs::exists(d + "/full/other"));  // not empty: not the command's to remove
+  EXPECT_TRUE(fs::exists(d + "/keep.tmp"));    // its registration had ended
+  EXPECT_TRUE(remove_on_stop().empty());
+}
+
 TEST(FileIo, ASymbolicLinkKeepsPointingAtTheFileWritten) {
   const std::string dir = fresh_dir("file_io_link");
   fs::create_directories(dir + "/logs");

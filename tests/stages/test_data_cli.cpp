@@ -741,6 +741,39 @@ TEST(DataCli, CompressedInputIsRefused) {
 // SIGTERM (or Ctrl-C) stops a prepare between lines, exit 143, its temporary .bin removed
 // (it had been left behind, of any size) and nothing written. (A shell's background job
 // ignores SIGINT, and an ignored signal stays ignored.)
+// train-tokenizer stopped while its temporaries exist (SentencePiece writes them at the
+// end of its training, then they are checked, synced and renamed) removes them and says
+// so: they had been left behind without a word. The signal comes as soon as they appear;
+// where it comes after the rename the pair is complete, and either way no temporary stays.
+TEST(DataCli, AStoppedTrainTokenizerLeavesNoTemporaries) {
+  const std::string sub = dir() + "/stopped-tokenizer";
+  std::filesystem::create_directories(sub);
+  {
+    std::ofstream big(sub + "/big.txt");
+    for (int i = 0; i < 60000; ++i)
+      big << "word" << i % 5003 << " the quick brown fox " << i << "\n";
+  }
+  Result r = baton::cli_testing::run_command(
+      kDataCliBaton + " data train-tokenizer --input " + sub + "/big.txt --out " + sub +
+      "/spc --vocab-size 2000 2>&1 & P=$!; while [ ! -e " + sub +
+      "/spc.tmp.vocab ] && kill -0 $P 2>/dev/null; do sleep 0.002; done; kill -TERM $P; wait "
+      "$P; echo rc=$?");
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(sub))
+    if (e.path().filename() != "big.txt") left.push_back(e.path().filename());
+  if (r.output.find("rc=143") != std::string::npos) {
+    EXPECT_TRUE(left.empty()) << left.front();
+    EXPECT_NE(r.output.find("got SIGTERM: ending now; removed what was being written: " + sub +
+                            "/spc.tmp.model, " + sub + "/spc.tmp.vocab"),
+              std::string::npos)
+        << r.output;
+  } else {
+    EXPECT_NE(r.output.find("rc=0"), std::string::npos) << r.output;
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(left, (std::vector<std::string>{"spc.model", "spc.vocab"}));
+  }
+}
+
 TEST(DataCli, AnInterruptedPrepareLeavesNothing) {
   const std::string sub = dir() + "/interrupted";
   std::filesystem::create_directories(sub);
