@@ -1216,9 +1216,14 @@ TrainSummary train(std::shared_ptr<const ResolvedPlan> rp, const PlanTrainOption
     engine.executor().set_recording(false);
     write_trace(*world, engine.executor().events(), trace_origin, last - trace_from, r,
                 o.trace_path);
-  } else if (!o.trace_path.empty() && summary.stopped_by != 0 && lead) {
-    spdlog::warn("--trace {}: not written: the run stopped before step {}, the first traced",
-                 o.trace_path, trace_from + 1);
+  } else if (!o.trace_path.empty() && lead) {
+    // Said also when no step ran (--steps 0, a resume at the last step): it had been
+    // silently not written.
+    spdlog::warn(
+        "--trace {}: not written: {}", o.trace_path,
+        summary.stopped_by != 0
+            ? fmt::format("the run stopped before step {}, the first traced", trace_from + 1)
+            : fmt::format("no step ran (the run ended at step {})", last));
   }
   // Every rank's peak (one process per rank: its allocator's), for comparison with the
   // partitioner's estimate (`baton plan --check`).

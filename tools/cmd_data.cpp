@@ -504,6 +504,10 @@ int run_train_tokenizer(const std::vector<std::string>& args) {
   // file, and a negative --max-lines had silently meant every line.
   if (vocab < 8)
     throw InputError("--vocab-size: expected at least 8, found " + std::to_string(vocab));
+  // SentencePiece's int: beyond it, its own "cannot parse" had named no flag.
+  if (vocab > 2147483647)
+    throw InputError("--vocab-size: expected at most 2147483647 (SentencePiece's limit), found " +
+                     std::to_string(vocab));
   if (model_type != "bpe" && model_type != "unigram" && model_type != "char" &&
       model_type != "word")
     throw InputError("--model-type: expected bpe, unigram, char or word, found '" + model_type +

@@ -224,17 +224,17 @@ int run_generate(const std::vector<std::string>& args) {
     std::printf("\n");
   }
   std::fflush(stdout);
+  // Log lines: --log-level warn or off silences them (they had been printed at any level).
   if (int64_t(out.size()) < max_new)
-    std::fprintf(stderr, "stopped at the end-of-sequence token %d (--ignore-eos goes on)\n",
-                 out.back());
+    spdlog::info("stopped at the end-of-sequence token {} (--ignore-eos goes on)", out.back());
   // The prompt's pass apart from the tokens after it: counted together, a long prompt had
   // made the rate read 3 tokens/s where the tokens came at 80.
   const double rest = times.total_s - times.first_token_s;
-  std::fprintf(stderr, "%zu prompt + %zu new tokens in %.3f s: first token after %.3f s",
-               ids.size(), out.size(), times.total_s, times.first_token_s);
-  if (out.size() > 1 && rest > 0)
-    std::fprintf(stderr, ", then %.1f tokens/s", double(out.size() - 1) / rest);
-  std::fprintf(stderr, "\n");
+  spdlog::info("{} prompt + {} new tokens in {:.3f} s: first token after {:.3f} s{}", ids.size(),
+               out.size(), times.total_s, times.first_token_s,
+               out.size() > 1 && rest > 0
+                   ? fmt::format(", then {:.1f} tokens/s", double(out.size() - 1) / rest)
+                   : std::string());
   return 0;
 }
 

@@ -310,6 +310,9 @@ int run_profile(const std::vector<std::string>& args) {
       throw InputError("--tp: expected tensor-parallel degrees from 2 to 65536, found " +
                        std::to_string(t));
   refuse_repeats("--tp", tp);
+  // InputError now, not after the op timings (minutes for a large model), if the model's
+  // heads or widths do not split so.
+  for (int t : tp) (void)pt::tensor_parallel_shard(g, t, 0);
   const std::vector<int> spatial =
       vm.count("spatial") ? vm["spatial"].as<std::vector<int>>() : std::vector<int>{};
   for (int s : spatial) {

@@ -73,7 +73,7 @@ Limit parse_limit(const std::string& text) {
   } else {
     char* end = nullptr;
     l.value = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end != '\0' || !(l.value > 0))
+    if (end == text.c_str() || *end != '\0' || !(l.value > 0) || !std::isfinite(l.value))
       throw InputError(
           "--memory-limit: expected micro-batches (a number > 0) or a size such as 2GiB, found '" +
           text + "'");

@@ -10,8 +10,10 @@ namespace {
 
 int run_version(const std::vector<std::string>& args) {
   po::options_description opts("options");
+  add_log_level_option(opts);  // every command takes it: scripts pass it to each call
   po::variables_map vm;
   if (!parse_args(args, "baton version", opts, vm)) return 0;
+  apply_log_level(vm["log-level"].as<std::string>());
 #ifdef BATON_HAVE_CUDA
   const char* cuda = "built";
 #else

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -114,7 +115,11 @@ int main(int argc, char** argv) {
   }
   // Log lines are diagnostics: standard output is left to what a command produces (a plan,
   // a report, generated text), to be piped or saved whole.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("baton"));
+  // NO_COLOR (no-color.org), set to anything but "": plain text on a terminal too.
+  const char* no_color = std::getenv("NO_COLOR");
+  spdlog::set_default_logger(spdlog::stderr_color_mt(
+      "baton", no_color != nullptr && *no_color != '\0' ? spdlog::color_mode::never
+                                                        : spdlog::color_mode::automatic));
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   if (argc < 2) {
     print_usage(stderr);
@@ -123,7 +128,7 @@ int main(int argc, char** argv) {
   std::string name = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   // `baton help CMD` is `baton CMD --help`; `--version` is `baton version`.
-  if (name == "help" && argc >= 3) {
+  if (name == "help" && argc >= 3 && std::string(argv[2]) != "help") {
     name = argv[2];
     args = {"--help"};
   } else if (name == "help" || name == "--help" || name == "-h") {

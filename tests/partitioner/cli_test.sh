@@ -165,6 +165,10 @@ lacks "found \"{"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads 5000 --out "$tmp/neg.json"
 contains "or a count in [1, 4096], found 5000"
+# A --tp the model cannot split is said before the op timings (it had come after them).
+expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 3 -o "$tmp/tp3.json"
+contains "tensor-parallel degree 3 does not divide"
+lacks "timing"
 # -o over an input (the model, the cost file) had replaced it, exit 0.
 cp "$root/examples/models/tiny-gpt.json" "$tmp/own.json"
 expect 2 "$baton" profile --model "$tmp/own.json" -o "$tmp/own.json"

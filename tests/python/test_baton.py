@@ -725,15 +725,20 @@ class Planning(unittest.TestCase):
             with self.assertRaises(baton.InputError, msg=str(kw)) as e:
                 baton.layer_costs(model, **kw)
             self.assertIn(text, str(e.exception))
-        for kw, text in ((dict(tp=-1), "--tp: expected at least 1"), (dict(top=0), "--top: expected at least 1"),
+        # Named by the keywords given, not `baton plan`'s flags (it had said "--top: ...").
+        with self.assertRaisesRegex(baton.InputError, r"^tp: tensor-parallel degree 3 does not divide "):
+            baton.layer_costs(model, tp=3)
+        for kw, text in ((dict(tp=-1), "tp: expected at least 1"), (dict(top=0), "top: expected at least 1"),
+                         (dict(micro_batches=-1), "micro_batches: expected at least 1"),
                          # As `baton plan --chunks` refuses them (they had been taken silently).
-                         (dict(chunks=65), "--chunks: expected 1 to 64 model chunks per pipeline rank"),
-                         (dict(chunks=3, schedules=["1f1b"]), "--chunks: only interleaved-1f1b takes a chunk count"),
+                         (dict(chunks=65), "chunks: expected 1 to 64 model chunks per pipeline rank"),
+                         (dict(chunks=3, schedules=["1f1b"]), "chunks: only interleaved-1f1b takes a chunk count, and schedules 1f1b"),
                          # A fraction (0.5 GiB meant?) had been truncated to 0 bytes: no cap.
                          (dict(device_memory=0.5), "device_memory: expected a whole number of bytes or a size such as '512MiB', found 0.5")):
             with self.assertRaises(baton.InputError) as e:
                 baton.plan(model, devices=2, batch=8, **kw)
             self.assertIn(text, str(e.exception))
+            self.assertNotIn("--", str(e.exception))
         with self.assertRaises(baton.InputError) as e:
             baton.check(best, base_dir=os.path.join(SOURCE, "examples", "models"), machine={"dp_bandwidth": 0})
         self.assertIn("machine.dp_bandwidth", str(e.exception))

@@ -234,6 +234,12 @@ expect 2 "$baton" help no-such-command
 contains "unknown command 'no-such-command'"
 expect 0 "$baton" --version
 contains "baton "
+expect 0 "$baton" version --log-level warn
+expect 0 "$baton" help help
+contains "usage: baton <command>"
+# An infinite limit (1e400) is no number of micro-batches: it had read as "fits".
+expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --memory-limit 1e400
+contains "--memory-limit: expected micro-batches (a number > 0) or a size such as 2GiB, found '1e400'"
 expect 2 "$baton" simulate --schedule 1f1b -p 2 -m 4 --ou "$tmp/guessed.txt"
 contains "unrecognised option '--ou'"
 # A command of sub-commands given none: the error and usage on standard error alone (the

@@ -397,6 +397,9 @@ TEST(DataCli, TrainTokenizerChecksItsFlags) {
       {" --max-lines -5", "--max-lines: expected 0 (every line) or more than 100"},
       {" --character-coverage 0.9", "--character-coverage: expected a share in [0.98, 1]"},
       {" --model-type words", "--model-type: expected bpe, unigram, char or word"},
+      // Past SentencePiece's int: its own "cannot parse" had named no flag.
+      {" --vocab-size 5000000000",
+       "--vocab-size: expected at most 2147483647 (SentencePiece's limit), found 5000000000"},
   };
   for (const auto& [flag, message] : cases) {
     Result r = baton(base + flag);

@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -204,6 +206,28 @@ pt::Machine machine_from(const py::dict& d) {
   return m;
 }
 
+// The search and the cost model name `baton plan`'s flags in their messages; a Python
+// caller gave keywords ("--micro-batches: expected ..." reads "micro_batches: ...").
+std::string keywords(const std::string& what, const std::map<std::string, std::string>& names) {
+  std::string out;
+  size_t i = 0;
+  while (i < what.size()) {
+    if (what.compare(i, 2, "--") == 0) {
+      size_t j = i + 2;
+      while (j < what.size() &&
+             (std::islower(static_cast<unsigned char>(what[j])) != 0 || what[j] == '-'))
+        ++j;
+      if (auto it = names.find(what.substr(i + 2, j - i - 2)); it != names.end()) {
+        out += it->second;
+        i = j;
+        continue;
+      }
+    }
+    out += what[i++];
+  }
+  return out;
+}
+
 // A plan dict (as plan() returns) or a plan file's path.
 pt::Plan plan_of(const py::object& plan, const std::string& base_dir) {
   if (auto path = path_string(plan)) return pt::read_plan(*path);
@@ -340,7 +364,13 @@ void register_planning(py::module_& m) {
                            " samples per micro-batch, found " + std::to_string(batch));
         const Costs c(costs);
         pt::CostModel model(g, machine_from(machine), c.get());
-        const pt::CostTable& t = model.table(tp, batch);
+        const pt::CostTable& t = [&]() -> const pt::CostTable& {
+          try {
+            return model.table(tp, batch);
+          } catch (const InputError& e) {
+            throw InputError(keywords(e.what(), {{"tp", "tp"}, {"batch", "batch"}}));
+          }
+        }();
         py::list out;
         for (size_t i = 0; i < t.layers.size(); ++i) {
           const pt::LayerCost& l = t.layers[i];
@@ -397,7 +427,23 @@ void register_planning(py::module_& m) {
         {
           py::gil_scoped_release release;
           pt::CostModel model(g, mach, measured.get());
-          res = pt::search_plans(g, model, so);
+          try {
+            res = pt::search_plans(g, model, so);
+          } catch (const InputError& e) {
+            throw InputError(keywords(e.what(), {{"devices", "devices"},
+                                                 {"device-memory", "device_memory"},
+                                                 {"batch", "batch"},
+                                                 {"tp", "tp"},
+                                                 {"pp", "pp"},
+                                                 {"dp", "dp"},
+                                                 {"schedule", "schedules"},
+                                                 {"micro-batches", "micro_batches"},
+                                                 {"recompute", "recompute"},
+                                                 {"optimizer", "optimizer"},
+                                                 {"top", "top"},
+                                                 {"chunks", "chunks"},
+                                                 {"costs", "costs"}}));
+          }
           source = pt::cost_source(model, measured.path);
           // The winner checked exactly, as `baton plan` checks it: its peak and the
           // per-rank estimate its --out file records (predicted.memory_bytes).
