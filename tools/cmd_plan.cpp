@@ -246,12 +246,13 @@ int run_plan(const std::vector<std::string>& args) {
   auto graph = std::make_shared<const stages::Graph>(stages::load_model(model_path));
   warn_unused_machine_flags(vm, machine, mp, *graph);
   pt::CostModel model(graph, machine, mp);
+  reports_beside({out});
   pt::SearchResult res = pt::search_plans(graph, model, so);
-  std::printf(
-      "searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity, %d "
-      "checked exactly)\ntimes from %s\n",
-      res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected, res.exact_checks,
-      pt::cost_source(model, costs).c_str());
+  std::fprintf(report(),
+               "searched %d candidate plans for %s on %d devices in %.3f s (%d over capacity, %d "
+               "checked exactly)\ntimes from %s\n",
+               res.evaluated, graph->name.c_str(), so.devices, res.seconds, res.rejected,
+               res.exact_checks, pt::cost_source(model, costs).c_str());
   for (const std::string& s : res.skipped) spdlog::debug("skipped: {}", s);
   if (res.ranked.empty())
     throw InputError(pt::no_plan_message(res, so.device_memory, " with --log-level debug"));
@@ -259,21 +260,21 @@ int run_plan(const std::vector<std::string>& args) {
   const pt::Candidate& best = res.ranked.front();
   pt::ResolvedPlan r = pt::resolve_plan(best.plan, graph);
   pt::PlanEstimate e = pt::evaluate_plan(r, model);
-  std::printf("\nbest plan:\n%s", pt::format_estimate(r, e).c_str());
-  std::printf("\n%-4s %-60s %12s %9s %12s\n", "", "candidate", "step time", "bubble",
-              "peak memory");
+  std::fprintf(report(), "\nbest plan:\n%s", pt::format_estimate(r, e).c_str());
+  std::fprintf(report(), "\n%-4s %-60s %12s %9s %12s\n", "", "candidate", "step time", "bubble",
+               "peak memory");
   // The winner's peak as its check above gives it; the runners-up's as the search bounds
   // them (exact where the bound alone would have turned them away).
   for (size_t i = 0; i < res.ranked.size(); ++i) {
     const pt::Candidate& c = res.ranked[i];
     const int64_t peak = i == 0 ? e.max_peak() : c.peak;
-    std::printf("%-4zu %-60s %10.3fms %8.1f%% %12s\n", i + 1, c.describe().c_str(),
-                1e3 * c.step_time, 100 * c.bubble, memory::format_bytes(double(peak)).c_str());
+    std::fprintf(report(), "%-4zu %-60s %10.3fms %8.1f%% %12s\n", i + 1, c.describe().c_str(),
+                 1e3 * c.step_time, 100 * c.bubble, memory::format_bytes(double(peak)).c_str());
   }
   if (res.ranked.size() > 1)
-    std::printf(
-        "(the runners-up's peaks are the search's upper bounds; `baton plan --check` "
-        "estimates a plan exactly)\n");
+    std::fprintf(report(),
+                 "(the runners-up's peaks are the search's upper bounds; `baton plan --check` "
+                 "estimates a plan exactly)\n");
   // Batch norm normalises each micro-batch by its own statistics (and each replica's,
   // without sync_batchnorm): the search's split is part of what the model computes.
   if (const auto [bn, plane] = pt::smallest_batchnorm_plane(*graph); plane > 0) {
@@ -295,7 +296,7 @@ int run_plan(const std::vector<std::string>& args) {
       return v;
     }();
     pt::write_plan(p, out);
-    std::printf("wrote %s\n", out.c_str());
+    std::fprintf(report(), "wrote %s\n", out.c_str());
   }
   if (!e.fits()) {
     for (const std::string& p : e.problems)

@@ -89,22 +89,23 @@ bool fits(const sc::SimResult& r, const Limit& l) {
 }
 
 void print_ranks(const sc::SimResult& r, bool have_bytes) {
-  std::printf("%-6s %12s %12s %9s %12s %9s %12s\n", "rank", "busy", "idle", "bubble", "span-bubble",
-              "peak-mb", "peak-bytes");
+  std::fprintf(report(), "%-6s %12s %12s %9s %12s %9s %12s\n", "rank", "busy", "idle", "bubble",
+               "span-bubble", "peak-mb", "peak-bytes");
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const sc::RankStats& s = r.ranks[i];
-    std::printf("%-6zu %12s %12s %9s %12s %9.2f %12s\n", i, num(s.busy).c_str(),
-                num(r.makespan - s.busy).c_str(), pct(s.bubble).c_str(), pct(s.span_bubble).c_str(),
-                s.peak_micro_batches, bytes_or_dash(s.peak_bytes, have_bytes).c_str());
+    std::fprintf(report(), "%-6zu %12s %12s %9s %12s %9.2f %12s\n", i, num(s.busy).c_str(),
+                 num(r.makespan - s.busy).c_str(), pct(s.bubble).c_str(),
+                 pct(s.span_bubble).c_str(), s.peak_micro_batches,
+                 bytes_or_dash(s.peak_bytes, have_bytes).c_str());
   }
 }
 
 void print_summary(const sc::SimResult& r, bool have_bytes) {
-  std::printf(
-      "makespan %s   bubble %s (mean of ranks)   span bubble %s (largest)   peak %.2f "
-      "micro-batches, %s\n",
-      num(r.makespan).c_str(), pct(r.bubble).c_str(), pct(r.span_bubble).c_str(),
-      r.peak_micro_batches, bytes_or_dash(r.peak_bytes, have_bytes).c_str());
+  std::fprintf(report(),
+               "makespan %s   bubble %s (mean of ranks)   span bubble %s (largest)   peak %.2f "
+               "micro-batches, %s\n",
+               num(r.makespan).c_str(), pct(r.bubble).c_str(), pct(r.span_bubble).c_str(),
+               r.peak_micro_batches, bytes_or_dash(r.peak_bytes, have_bytes).c_str());
 }
 
 sc::Schedule make_schedule(const std::string& name, const SimulateOptions& o) {
@@ -123,19 +124,20 @@ void print_comparison(std::vector<Row>& rows, bool have_bytes, const Limit& limi
   double best = std::numeric_limits<double>::infinity();
   for (const Row& row : rows)
     if (row.ok && row.fit) best = std::min(best, row.r.makespan);
-  std::printf("%-20s %12s %8s %9s %12s %9s %12s  %s\n", "schedule", "makespan", "vs best", "bubble",
-              "span-bubble", "peak-mb", "peak-bytes", limit.given ? "fits limit" : "");
+  std::fprintf(report(), "%-20s %12s %8s %9s %12s %9s %12s  %s\n", "schedule", "makespan",
+               "vs best", "bubble", "span-bubble", "peak-mb", "peak-bytes",
+               limit.given ? "fits limit" : "");
   for (const Row& row : rows) {
     if (!row.ok) {
-      std::printf("%-20s not defined: %s\n", row.name.c_str(), row.note.c_str());
+      std::fprintf(report(), "%-20s not defined: %s\n", row.name.c_str(), row.note.c_str());
       continue;
     }
-    std::printf("%-20s %12s %8.3f %9s %12s %9.2f %12s  %s\n", row.name.c_str(),
-                num(row.r.makespan).c_str(),
-                std::isfinite(best) && best > 0 ? row.r.makespan / best : 1.0,
-                pct(row.r.bubble).c_str(), pct(row.r.span_bubble).c_str(), row.r.peak_micro_batches,
-                bytes_or_dash(row.r.peak_bytes, have_bytes).c_str(),
-                limit.given ? (row.fit ? "yes" : "no") : "");
+    std::fprintf(report(), "%-20s %12s %8.3f %9s %12s %9.2f %12s  %s\n", row.name.c_str(),
+                 num(row.r.makespan).c_str(),
+                 std::isfinite(best) && best > 0 ? row.r.makespan / best : 1.0,
+                 pct(row.r.bubble).c_str(), pct(row.r.span_bubble).c_str(),
+                 row.r.peak_micro_batches, bytes_or_dash(row.r.peak_bytes, have_bytes).c_str(),
+                 limit.given ? (row.fit ? "yes" : "no") : "");
   }
 }
 
@@ -152,16 +154,17 @@ void write_outputs(const SimulateOptions& o, const sc::Simulator& sim, const sc:
       sc::save_schedule(sim.schedule(), o.output, csv->dialect, &csv->kept);
     else
       sc::save_schedule(sim.schedule(), o.output);
-    std::printf("wrote %s\n", o.output.c_str());
+    std::fprintf(report(), "wrote %s\n", o.output.c_str());
   }
   if (o.trace.empty() && o.svg.empty()) return;
   if (!o.trace.empty()) {
     memory::write_file_durably(o.trace, trace);
-    std::printf("wrote %s (Chrome trace; open in https://ui.perfetto.dev)\n", o.trace.c_str());
+    std::fprintf(report(), "wrote %s (Chrome trace; open in https://ui.perfetto.dev)\n",
+                 o.trace.c_str());
   }
   if (!o.svg.empty()) {
     memory::write_file_durably(o.svg, sc::to_svg(t));
-    std::printf("wrote %s\n", o.svg.c_str());
+    std::fprintf(report(), "wrote %s\n", o.svg.c_str());
   }
 }
 
@@ -182,7 +185,8 @@ void timing(const sc::Schedule& s, const sc::Costs& c, int repeat) {
     runs.push_back(ms(a, clk::now()));
   }
   std::sort(runs.begin(), runs.end());
-  std::printf(
+  std::fprintf(
+      report(),
       "timing: %zu actions; build (validate + index) %.2f ms; run median %.3f ms, min %.3f, max "
       "%.3f over %d\n",
       s.num_actions(), ms(t0, t1), runs[runs.size() / 2], runs.front(), runs.back(), repeat);
@@ -241,6 +245,7 @@ int run_simulate(const std::vector<std::string>& args) {
                                 {"--file", o.file},
                                 {"--costs", o.costs_file}},
                                3);
+  reports_beside({o.output, o.trace, o.svg});
   check_value_flags(vm, {"schedule", "dialect", "memory-limit", "objective"});
   o.names = split_comma_list(names, "--schedule");
   if (o.names.empty() == o.file.empty())
@@ -359,10 +364,10 @@ int run_simulate(const std::vector<std::string>& args) {
       }
       rows.push_back(row);
     }
-    std::printf("%d ranks, %d micro-batches, costs %s%s\n\n", o.ranks, o.micro_batches,
-                o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str(),
-                o.lower ? "; lowered (transfers, REDUCE, STEP)"
-                        : "; compute only (add --lower for REDUCE and STEP)");
+    std::fprintf(report(), "%d ranks, %d micro-batches, costs %s%s\n\n", o.ranks, o.micro_batches,
+                 o.costs_file.empty() ? "F = B = W = 1 per rank share" : o.costs_file.c_str(),
+                 o.lower ? "; lowered (transfers, REDUCE, STEP)"
+                         : "; compute only (add --lower for REDUCE and STEP)");
     print_comparison(rows, have_bytes, limit);
     return 0;
   }
@@ -380,7 +385,8 @@ int run_simulate(const std::vector<std::string>& args) {
     source = o.file;
   } else if (o.names[0] == "auto") {
     sc::AutoResult ar = run_auto();
-    std::printf(
+    std::fprintf(
+        report(),
         "automatic schedule for %d ranks, %d micro-batches, memory limit %s per rank\n"
         "(the fixed schedules with their backward split into B and W, on the same costs)\n\n",
         o.ranks, o.micro_batches,
@@ -408,7 +414,8 @@ int run_simulate(const std::vector<std::string>& args) {
     mine.r = ar.sim;
     rows.push_back(mine);
     print_comparison(rows, have_bytes, limit);
-    std::printf("\nchosen: %s (%d list-scheduler runs)\n\n", ar.chosen.c_str(), ar.greedy_runs);
+    std::fprintf(report(), "\nchosen: %s (%d list-scheduler runs)\n\n", ar.chosen.c_str(),
+                 ar.greedy_runs);
     s = std::move(ar.schedule);
     source = "auto";
   } else {
@@ -433,32 +440,34 @@ int run_simulate(const std::vector<std::string>& args) {
   const bool reduce_unused = spec.reduce.given && !has_reduce;
   const bool step_unused = spec.optimizer_step > 0 && !has_step;
   if (reduce_unused || step_unused)
-    std::printf("note: the %s %s to %s actions, which this schedule lacks; --lower inserts them\n",
-                reduce_unused && step_unused ? "reduce and optimizer_step costs"
-                : reduce_unused              ? "reduce cost"
-                                             : "optimizer_step cost",
-                reduce_unused && step_unused ? "apply" : "applies",
-                reduce_unused && step_unused ? "REDUCE and STEP"
-                : reduce_unused              ? "REDUCE"
-                                             : "STEP");
+    std::fprintf(report(),
+                 "note: the %s %s to %s actions, which this schedule lacks; --lower inserts them\n",
+                 reduce_unused && step_unused ? "reduce and optimizer_step costs"
+                 : reduce_unused              ? "reduce cost"
+                                              : "optimizer_step cost",
+                 reduce_unused && step_unused ? "apply" : "applies",
+                 reduce_unused && step_unused ? "REDUCE and STEP"
+                 : reduce_unused              ? "REDUCE"
+                                              : "STEP");
   sc::Simulator sim(s, source);
   const sc::Costs costs = resolved(sim.schedule());
   const sc::SimResult& r = sim.run(costs);
-  std::printf("%s: %d ranks, %d micro-batches, %d stages, %d direction%s, %zu actions%s; valid\n",
-              s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches,
-              s.num_stages(), s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
-              sc::has_transfers(s)     ? " (with transfers)"
-              : has_reduce || has_step ? " (no transfers)"
-                                       : " (compute only)");
+  std::fprintf(report(),
+               "%s: %d ranks, %d micro-batches, %d stages, %d direction%s, %zu actions%s; valid\n",
+               s.name.empty() ? source.c_str() : s.name.c_str(), s.num_ranks, s.num_micro_batches,
+               s.num_stages(), s.num_directions, s.num_directions > 1 ? "s" : "", s.num_actions(),
+               sc::has_transfers(s)     ? " (with transfers)"
+               : has_reduce || has_step ? " (no transfers)"
+                                        : " (compute only)");
   print_summary(r, have_bytes);
   if (limit.given)
-    std::printf("memory limit %s per rank: %s\n",
-                limit.bytes ? memory::format_bytes(limit.value).c_str()
-                            : (num(limit.value) + " micro-batches").c_str(),
-                fits(r, limit) ? "fits" : "exceeded");
-  std::printf("\n");
+    std::fprintf(report(), "memory limit %s per rank: %s\n",
+                 limit.bytes ? memory::format_bytes(limit.value).c_str()
+                             : (num(limit.value) + " micro-batches").c_str(),
+                 fits(r, limit) ? "fits" : "exceeded");
+  std::fprintf(report(), "\n");
   print_ranks(r, have_bytes);
-  if (o.show) std::printf("\n%s", sc::to_text(sim.schedule()).c_str());
+  if (o.show) std::fprintf(report(), "\n%s", sc::to_text(sim.schedule()).c_str());
   if (o.repeat > 0) timing(sim.schedule(), costs, o.repeat);
   write_outputs(o, sim, spec, csv ? &*csv : nullptr);
   return 0;

@@ -54,6 +54,7 @@ int predict(const std::vector<std::string>& args) {
                                 {"--costs", costs},
                                 {"--schedule", schedule_file}},
                                2);
+  reports_beside({out, svg});
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
   pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
@@ -64,7 +65,8 @@ int predict(const std::vector<std::string>& args) {
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);
   // Refuses a step a trace cannot hold, naming the cost file, before anything is printed.
   pt::Prediction p = pt::predict_step(r, model, costs);
-  std::printf(
+  std::fprintf(
+      report(),
       "predicted step time %.3f ms (bubble %.1f%%) for %s on %d pipeline ranks, times from %s\n",
       p.step_time * 1e3, p.bubble * 100, r.schedule.name.c_str(), r.plan.pp,
       pt::cost_source(model, costs).c_str());
@@ -74,19 +76,19 @@ int predict(const std::vector<std::string>& args) {
             r.world(), m.ranks_per_host > 0 ? std::min(m.ranks_per_host, r.world()) : r.world(),
             m.cores_per_host)
             .c_str(),
-        stdout);
-  std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), stdout);
+        report());
+  std::fputs(pt::collective_extras_line(r, model.machine()).c_str(), report());
   // Both made before either is written (to_chrome_trace refuses times a trace cannot
   // hold); each file said, as baton simulate says its outputs.
   const std::string trace_text = out.empty() ? "" : schedule::to_chrome_trace(p.timeline);
   const std::string svg_text = svg.empty() ? "" : schedule::to_svg(p.timeline);
   if (!out.empty()) {
     memory::write_file_durably(out, trace_text);
-    std::printf("wrote %s\n", out.c_str());
+    std::fprintf(report(), "wrote %s\n", out.c_str());
   }
   if (!svg.empty()) {
     memory::write_file_durably(svg, svg_text);
-    std::printf("wrote %s\n", svg.c_str());
+    std::fprintf(report(), "wrote %s\n", svg.c_str());
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "tools/command.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -11,6 +12,7 @@
 
 #include "kernels/ops.h"
 #include "memory/error.h"
+#include "memory/file_io.h"
 #include "memory/units.h"
 #include "memory/utf8.h"
 #include "transport/world.h"
@@ -98,6 +100,22 @@ bool parse_args(const std::vector<std::string>& args, const std::string& usage,
     throw InputError(std::string(e.what()) + " (see --help)");
   }
   return true;
+}
+
+namespace {
+std::FILE*& report_file() {
+  static std::FILE* f = stdout;
+  return f;
+}
+}  // namespace
+
+std::FILE* report() {
+  return report_file();
+}
+
+void reports_beside(const std::vector<std::string>& outputs) {
+  for (const std::string& o : outputs)
+    if (!o.empty() && memory::descriptor_of(o) == STDOUT_FILENO) report_file() = stderr;
 }
 
 namespace {

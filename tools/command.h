@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,13 @@ int run_subcommand(const std::string& group, const std::vector<std::string>& arg
 // What `baton` names in an error: "data prepare" once run_subcommand has started prepare,
 // else `name` (errors had named the group alone: "baton data: error: ...").
 std::string command_label(const std::string& name);
+
+// Where a command prints its report (what it did, tables): standard output, or standard
+// error once reports_beside() is told of an output flag naming standard output (`-o
+// /dev/stdout`), so that standard output holds that file alone (the report had followed the
+// JSON there, which no reader could then parse).
+std::FILE* report();
+void reports_beside(const std::vector<std::string>& outputs);
 
 // Comma-separated lists on the command line ("gpipe,1f1b", "3,4,3"), one parser for every
 // flag: the items in order; "" is no item. An empty item ("a,,b", a trailing comma) is an

@@ -165,6 +165,9 @@ lacks "found \"{"
 # Negative counts had read as defaults without a word.
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --threads 5000 --out "$tmp/neg.json"
 contains "or a count in [1, 4096], found 5000"
+# -o /dev/stdout: the plan alone on standard output (the report had followed it there).
+"$baton" plan --model "$root/examples/models/tiny-gpt.json" --devices 2 -o /dev/stdout >"$tmp/stdout-plan.json" 2>/dev/null
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$tmp/stdout-plan.json" || { echo "FAIL: plan -o /dev/stdout is no JSON"; fails=$((fails + 1)); }
 # A --tp the model cannot split is said before the op timings (it had come after them).
 expect 2 "$baton" profile --model "$root/examples/models/tiny-gpt.json" --tp 3 -o "$tmp/tp3.json"
 contains "tensor-parallel degree 3 does not divide"

@@ -73,6 +73,15 @@ contains "1f1b is listed twice (all holds every training schedule)"
 expect 2 "$baton" simulate --schedule 1f1b,gpipe
 expect 2 "$baton" simulate -s 1f1b -p 2 -m 4 --trace "$tmp/same.json" --svg "$tmp/same.json"
 contains "is the same file as --svg"
+# An output to standard output holds that file alone; the report goes to standard error
+# (it had followed the schedule or the trace there).
+"$baton" simulate -s 1f1b -p 2 -m 2 -o /dev/stdout >"$tmp/stdout-sched.txt" 2>"$tmp/stdout-report.txt"
+expect 0 "$baton" simulate --file "$tmp/stdout-sched.txt"
+grep -q "makespan" "$tmp/stdout-report.txt" || { echo "FAIL: simulate's report not on stderr"; fails=$((fails + 1)); }
+if grep -q "makespan" "$tmp/stdout-sched.txt"; then echo "FAIL: simulate's report in its -o /dev/stdout"; fails=$((fails + 1)); fi
+printf '{"version": 1, "model": "%s", "devices": 2, "parallel": {"dp": 1, "pp": 2, "tp": 1}, "batch": {"micro_batch_size": 1}, "schedule": {"name": "1f1b", "micro_batches": 2}, "optimizer": "sgd", "stages": [{"layers": [0, 2]}, {"layers": [2, 4]}]}' "$examples/../models/mlp.json" >"$tmp/pp2.json"
+"$baton" trace predict --plan "$tmp/pp2.json" -o /dev/stdout >"$tmp/stdout-trace.json" 2>/dev/null
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$tmp/stdout-trace.json" || { echo "FAIL: trace predict -o /dev/stdout is no JSON"; fails=$((fails + 1)); }
 # One new file under two spellings (n.json and ./n.json): the relative one had stayed
 # relative, the two compared unequal, and the trace replaced the schedule, exit 0.
 mkdir -p "$tmp/fresh"
