@@ -480,6 +480,7 @@ GenerationModel load_generation_model(const std::string& checkpoint, const std::
         load_model_json(model_json, model_path.empty() ? source : model_path));
     StageOptions loaded;
     loaded.init = false;  // the checkpoint's or the directory's weights fill every one
+    loaded.gradients = false;
     m.stage = std::make_unique<Stage>(m.graph, 0, m.graph->num_layers(), loaded);
   };
   if (!checkpoint.empty()) {

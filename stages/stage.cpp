@@ -244,11 +244,13 @@ Stage::Stage(std::shared_ptr<const Graph> graph, int first_layer, int last_layer
     ps->value = Tensor::empty(p.shape, p.dtype, opt_options_.device);
     if (opt_options_.master_dtype && *opt_options_.master_dtype != p.dtype && p.trainable)
       ps->master = Tensor::empty(p.shape, *opt_options_.master_dtype, opt_options_.device);
+    const bool grads = opt_options_.gradients;
     for (size_t k = 0; k < ps->layers.size(); ++k)
-      ps->grads.push_back(Tensor::empty(p.shape, p.dtype, opt_options_.device));
+      ps->grads.push_back(grads ? Tensor::empty(p.shape, p.dtype, opt_options_.device) : Tensor());
     ps->has.assign(ps->layers.size(), false);
-    ps->grad =
-        ps->grads.size() == 1 ? ps->grads[0] : Tensor::empty(p.shape, p.dtype, opt_options_.device);
+    if (grads)
+      ps->grad = ps->grads.size() == 1 ? ps->grads[0]
+                                       : Tensor::empty(p.shape, p.dtype, opt_options_.device);
     local_param_[size_t(id)] = int(params_.size());
     params_.push_back(std::move(ps));
   }
@@ -470,6 +472,7 @@ TensorMap Stage::backward_input(int64_t mb_index, const TensorMap& grad_outputs)
 }
 
 TensorMap Stage::run_backward(int64_t mb_index, const TensorMap& grad_outputs, WeightPass* fused) {
+  BATON_CHECK(opt_options_.gradients, "a backward on a stage built without gradients");
   const Graph& g = *graph_;
   auto it = stash_.find(mb_index);
   if (it == stash_.end())
@@ -663,6 +666,7 @@ void Stage::finish_weight(WeightPass& pass) {
 }
 
 void Stage::backward_weight(int64_t mb_index, const ParamReadyFn& ready) {
+  BATON_CHECK(opt_options_.gradients, "a backward on a stage built without gradients");
   WeightPass pass = weight_pass(ready);
   auto it = stash_.find(mb_index);
   if (it == stash_.end() || !it->second->b_done)

@@ -65,6 +65,10 @@ struct StageOptions {
   // at once (generation and export from weights): initialising a model only to overwrite
   // it had been most of `baton generate`'s start-up (sampling 124 M normals: seconds).
   bool init = true;
+  // false: no gradient buffers (a stage that only runs forwards: generation, export), and
+  // a backward is refused. Each parameter's had been allocated beside it, doubling the
+  // memory a model to sample from takes on a device.
+  bool gradients = true;
 };
 
 // Seconds spent per op type (with profile on), summed over calls.
