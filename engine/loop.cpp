@@ -86,6 +86,15 @@ void check_output_path(const std::string& path, const char* flag) {
       (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))) {
     if (::access(path.c_str(), W_OK) != 0)
       throw InputError(std::string(flag) + " " + path + ": cannot write: " + std::strerror(errno));
+    // The descriptor itself: a closed standard output is held by /dev/null opened for
+    // reading (tools/main.cpp), which access() finds writable; the run had failed after
+    // its first step.
+    if (const int fd = memory::descriptor_of(path); fd >= 0) {
+      const int mode = ::fcntl(fd, F_GETFL);
+      if (mode < 0 || (mode & O_ACCMODE) == O_RDONLY)
+        throw InputError(std::string(flag) + " " + path + ": cannot write: descriptor " +
+                         std::to_string(fd) + " is closed or open for reading only");
+    }
     return;
   }
   // The file written is a symbolic link's target, in the target's folder: the link's
@@ -129,10 +138,23 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
   // written by rename under another hard link loses nothing. A descriptor (/dev/stdout)
   // is written in place, and a device or FIFO is no file to lose.
   std::vector<std::string> resolved;
+  // A descriptor's file and a path's, by device and inode: `--loss-log /dev/stdout >
+  // s.json --summary s.json` had passed, and the summary's rename took the loss lines.
+  // (Two descriptors on one file write in place, one after the other: no conflict.)
+  struct Identity {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool known = false, descriptor = false;
+  };
+  std::vector<Identity> ids;
   for (const auto& [flag, path] : files) {
     struct stat st;
-    if (path.empty() || memory::descriptor_of(path) >= 0 ||
-        (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
+    Identity id;
+    const int fd = path.empty() ? -1 : memory::descriptor_of(path);
+    if (fd >= 0 ? ::fstat(fd, &st) == 0 : ::stat(path.c_str(), &st) == 0)
+      if (S_ISREG(st.st_mode)) id = {st.st_dev, st.st_ino, true, fd >= 0};
+    ids.push_back(id);
+    if (path.empty() || fd >= 0 || (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))) {
       resolved.emplace_back();
       continue;
     }
@@ -152,9 +174,14 @@ void check_distinct_files(const std::vector<std::pair<std::string, std::string>>
     const std::string r = std::filesystem::weakly_canonical(whole, ec).string();
     resolved.push_back(ec ? whole.string() : r);
   }
+  auto same = [&](size_t i, size_t j) {
+    if (!resolved[i].empty() && resolved[i] == resolved[j]) return true;
+    return ids[i].known && ids[j].known && ids[i].descriptor != ids[j].descriptor &&
+           ids[i].dev == ids[j].dev && ids[i].ino == ids[j].ino;
+  };
   for (size_t i = 0; i < outputs && i < files.size(); ++i)
     for (size_t j = 0; j < files.size(); ++j)
-      if (j != i && !(j < i && j < outputs) && !resolved[i].empty() && resolved[i] == resolved[j])
+      if (j != i && !(j < i && j < outputs) && same(i, j))
         throw InputError(files[i].first + " " + files[i].second + " is the same file as " +
                          files[j].first + " " + files[j].second + ": writing it would " +
                          (j < outputs ? "replace the other output" : "replace that input"));
@@ -684,8 +711,27 @@ void LossLog::open() {
       throw InputError(path_ + ": cannot open for writing (--loss-log): " + e.what());
     }
   }
-  fd_ = given_fd_ >= 0 ? ::fcntl(given_fd_, F_DUPFD_CLOEXEC, 0)
-                       : ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  struct stat st;
+  if (given_fd_ < 0 && ::stat(path_.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
+    // A FIFO waits for its reader, but not past a stop signal: opened blocking, a run
+    // told to stop had hung in the open, its checkpoint never written.
+    bool said = false;
+    while ((fd_ = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0 && errno == ENXIO) {
+      if (stop_signal_received() != 0) {
+        spdlog::warn("{}: no reader of the loss log (a FIFO) before the stop: its lines are lost",
+                     path_);
+        path_.clear();
+        return;
+      }
+      if (!said) spdlog::warn("{}: waiting for a reader of the loss log (a FIFO)", path_);
+      said = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (fd_ >= 0) ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+  } else {
+    fd_ = given_fd_ >= 0 ? ::fcntl(given_fd_, F_DUPFD_CLOEXEC, 0)
+                         : ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  }
   if (fd_ < 0)
     throw InputError(path_ + ": cannot open for writing (--loss-log): " + std::strerror(errno));
 }
@@ -693,6 +739,7 @@ void LossLog::open() {
 void LossLog::write(const StepRecord& r) {
   if (path_.empty()) return;
   if (fd_ < 0) open();
+  if (fd_ < 0) return;  // a FIFO no reader opened before a stop
   char buf[320];
   // A skipped step's norm is inf or NaN, which JSON cannot say: null (a held-out loss
   // too: "-nan" had made the line no JSON).

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -833,9 +834,14 @@ TrainSummary train_plan(const PlanTrainOptions& o, transport::CommPtr world,
   stages::LoadOptions lo;
   lo.float_dtype = kernels::compute_dtype(o.precision);  // 16-bit under mixed precision
   auto graph = partitioner::load_plan_model(plan, lo);
-  auto r = std::make_shared<ResolvedPlan>(partitioner::resolve_plan(plan, graph));
-  if (!o.schedule_path.empty()) {
-    partitioner::use_schedule(*r, schedule::load_schedule_to_run(o.schedule_path), o.schedule_path);
+  // A schedule file is resolved with the plan, not after it: a plan valid only under the
+  // file's placement (its pipeline_ranks, a tied parameter's degrees) had been refused by
+  // the generator's first.
+  std::optional<schedule::Schedule> own;
+  if (!o.schedule_path.empty()) own = schedule::load_schedule_to_run(o.schedule_path);
+  auto r = std::make_shared<ResolvedPlan>(
+      partitioner::resolve_plan(plan, graph, own ? &*own : nullptr, o.schedule_path));
+  if (own) {
     // Said, not refused: the losses are the one-process run's (docs/stages.md).
     if (const std::string w = partitioner::forward_order_note(*r); !w.empty() && world->rank() == 0)
       spdlog::warn("{}: {}", o.schedule_path, w);

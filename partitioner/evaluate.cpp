@@ -248,7 +248,7 @@ schedule::Costs schedule_costs(const ResolvedPlan& r, const CostTable& t, const 
     // are all-gathered (the other half) after the step, not overlapped. (DualPipe's
     // chunks live on two pipeline ranks: not sharded.)
     const bool zero = r.plan.sharding() != OptimizerSharding::none && r.plan.dp > 1 &&
-                      r.schedule.name != "dualpipe";
+                      r.chunk_on_one_rank(r.chunk_of_stage[size_t(s)]);
     const int rank_of = r.schedule.placement[size_t(s)];
     if (zero && served.total > 0) {
       // Extra server ranks: the push (the stage's share of the rank's) overlaps the
@@ -1320,7 +1320,7 @@ PlanEstimate evaluate_plan(const ResolvedPlan& r, CostModel& model,
       re.optimizer_bytes += m.optimizer - optimizer_saved;
       // zero2 reduce-scatters every micro-batch (half an all-reduce each) and all-gathers once.
       const bool zero2 =
-          p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.schedule.name != "dualpipe";
+          p.sharding() == OptimizerSharding::zero2 && p.dp > 1 && r.chunk_on_one_rank(k);
       // Each parameter's gradient is reduced once, a tied one too (m.grads counts a
       // parameter used by n layers as n + 1 buffers: the memory, not the traffic).
       re.dp_bytes += dp_bytes_per_step(p.dp_sync, double(m.params), p.dp) *

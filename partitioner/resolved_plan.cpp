@@ -332,16 +332,6 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
   } catch (const InputError& e) {
     throw InputError(p.where("$.schedule.name") + ": " + e.what());
   }
-  if (name == "dualpipe")
-    if (const std::string bn = running_statistics_node(g); !bn.empty())
-      throw InputError(p.where("$.schedule.name") +
-                       ": \"dualpipe\" keeps each chunk on two ranks, each seeing half the "
-                       "micro-batches, and merges only their gradients: the running statistics of "
-                       "'" +
-                       bn +
-                       "' (batchnorm2d) would differ between the copies and a "
-                       "checkpoint would keep one; expected another schedule for a model with "
-                       "batch-norm running statistics");
   // The op would refuse it on every rank at the first step (a tile's statistics span
   // the whole image, so the logical graph's plane is the one that counts).
   if (const auto [bn, plane] = smallest_batchnorm_plane(g); plane > 0) {
@@ -371,6 +361,20 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
     if (r.schedule.name.empty()) r.schedule.name = source;
     name = source;  // the placement below is the file's
   }
+  // Of the schedule that runs: a file of two directions keeps copies of each chunk as
+  // DualPipe does (it had passed this under a plan naming 1f1b, and its checkpoint kept
+  // one copy's statistics).
+  if (r.schedule.num_directions > 1)
+    if (const std::string bn = running_statistics_node(g); !bn.empty())
+      throw InputError((own_schedule != nullptr ? source : p.where("$.schedule.name")) + ": \"" +
+                       (own_schedule != nullptr ? source : name) +
+                       "\" keeps two copies of each chunk (two directions), each seeing half the "
+                       "micro-batches, and merges only their gradients: the running statistics of "
+                       "'" +
+                       bn +
+                       "' (batchnorm2d) would differ between the copies and a "
+                       "checkpoint would keep one; expected a schedule of one direction for a "
+                       "model with batch-norm running statistics");
   if (S > g.num_layers())
     throw InputError(p.where("$.stages") + ": " + std::to_string(S) + " stages for a model of " +
                      std::to_string(g.num_layers()) + " layers");
@@ -389,6 +393,10 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
     r.chunk_of_stage.push_back(k);
     holders[size_t(k)].insert(r.schedule.placement[size_t(s)]);
   }
+  // Refusals the file's placement causes say so: they had named only the plan's fields.
+  const std::string placed_by = own_schedule != nullptr ? " (under " + source + "'s placement " +
+                                                              space_list(r.schedule.placement) + ")"
+                                                        : "";
   r.layer_tp.assign(size_t(g.num_layers()), 1);
   for (int k = 0; k < S; ++k) {
     std::vector<int> expect(holders[size_t(k)].begin(), holders[size_t(k)].end());
@@ -406,7 +414,7 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
     for (int pp : expect) degrees.insert(p.tp[size_t(pp)]);
     if (degrees.size() > 1)
       throw InputError(p.where("$.parallel.tp") + ": model chunk " + std::to_string(k) +
-                       " runs on pipeline ranks " + list_str(expect) +
+                       " runs on pipeline ranks " + list_str(expect) + placed_by +
                        " with different tensor-parallel degrees; a chunk needs one degree");
     for (int l = r.chunk_first[size_t(k)]; l < r.chunk_last[size_t(k)]; ++l)
       r.layer_tp[size_t(l)] = *degrees.begin();
@@ -415,7 +423,11 @@ ResolvedPlan resolve_plan(const Plan& p, std::shared_ptr<const Graph> graph,
   for (const stages::Param& prm : g.params) {
     std::set<int> degrees;
     for (int l : prm.layers) degrees.insert(r.layer_tp[size_t(l)]);
-    require_one_degree(p.where("$.parallel.tp"), g, prm, degrees, "tensor-parallel");
+    try {
+      require_one_degree(p.where("$.parallel.tp"), g, prm, degrees, "tensor-parallel");
+    } catch (const InputError& e) {
+      throw InputError(e.what() + placed_by);
+    }
   }
   SplitOverrides ov{p.splits, p.split_paths};
   r.sharding = plan_sharding(g, r.layer_tp, ov, p.where("$.parallel.tp"));

@@ -39,6 +39,9 @@ struct ResolvedPlan {
   Sharding sharding;
 
   int num_chunks() const { return int(chunk_first.size()); }
+  // Chunk k lives on one pipeline rank (not DualPipe's two copies, whatever the schedule's
+  // name: a file's header names it): its state is sharded under ZeRO.
+  bool chunk_on_one_rank(int k) const { return plan.stages[size_t(k)].pipeline_ranks.size() <= 1; }
   // Every rank of the job: the replicas' (layout.world()) and after them a parameter
   // server's extra ranks (dp_sync ps_ranks), which hold no stage, only served parts.
   int world() const { return layout.world() + plan.dp_sync.ps_ranks; }

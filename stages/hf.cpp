@@ -955,7 +955,7 @@ WholeModel load_whole_checkpoint(const std::string& step_dir) {
   w.graph = std::make_shared<Graph>(
       load_model_json(w.manifest.model, step_dir + "/manifest.json: $.model"));
   StageOptions loaded;
-  loaded.init = false;  // load_stage fills every parameter
+  loaded.init = false;       // load_stage fills every parameter
   loaded.gradients = false;  // exported, never trained
   w.stage = std::make_unique<Stage>(w.graph, 0, w.graph->num_layers(), loaded);
   load_stage(step_dir, w.manifest, *w.stage, false);

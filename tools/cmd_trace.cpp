@@ -4,6 +4,7 @@
 // --trace) and prints the per-action differences and the makespans; `svg` draws one.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "engine/loop.h"
 #include "memory/error.h"
@@ -57,9 +58,9 @@ int predict(const std::vector<std::string>& args) {
   reports_beside({out, svg});
   pt::Plan plan = pt::read_plan(plan_path);
   auto graph = pt::load_plan_model(plan);
-  pt::ResolvedPlan r = pt::resolve_plan(plan, graph);
-  if (!schedule_file.empty())
-    pt::use_schedule(r, schedule::load_schedule_to_run(schedule_file), schedule_file);
+  std::optional<schedule::Schedule> own;
+  if (!schedule_file.empty()) own = schedule::load_schedule_to_run(schedule_file);
+  pt::ResolvedPlan r = pt::resolve_plan(plan, graph, own ? &*own : nullptr, schedule_file);
   pt::MeasuredCosts measured;
   if (!costs.empty()) measured = pt::read_measured_costs(costs);
   pt::CostModel model(graph, machine, costs.empty() ? nullptr : &measured);

@@ -150,6 +150,13 @@ TEST(Schedules, AnotherPlacementFromAFileMatchesOneProcess) {
               std::string::npos)
         << e.what();
   }
+  // Listing the file's ranks is what the message asks for, and is taken when the plan is
+  // resolved with the file (it had been refused by the generator's placement first).
+  for (size_t k = 0; k < listed.stages.size(); ++k)
+    listed.stages[k].pipeline_ranks = {v3.placement[k]};
+  const partitioner::ResolvedPlan with_file =
+      partitioner::resolve_plan(listed, graph, &v3, "v3.txt");
+  EXPECT_EQ(with_file.schedule.placement, v3.placement);
 }
 
 }  // namespace

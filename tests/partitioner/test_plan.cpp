@@ -10,6 +10,7 @@
 #include "partitioner/evaluate.h"
 #include "partitioner/plan.h"
 #include "partitioner/resolved_plan.h"
+#include "schedule/generators.h"
 #include "schedule/schedule_io.h"
 #include "stages/json_reader.h"
 
@@ -1109,6 +1110,31 @@ TEST(Plan, AnotherPlacementKeepsEachChunksSpatialDegree) {
   use_schedule(both, swapped, "swap.txt");
   EXPECT_EQ(both.schedule.placement, (std::vector<int>{1, 0}));
   EXPECT_EQ(both.plan.stages[0].pipeline_ranks, std::vector<int>{1});
+  // Batch norm's running statistics and two copies of each chunk: refused for the schedule
+  // that runs, a file of two directions under a plan naming 1f1b too (it had passed, and
+  // its checkpoint kept one copy's statistics); a plan naming dualpipe run with a file of
+  // one direction is taken.
+  j["devices"] = 2;
+  j["stages"] = json::parse(R"([{"layers": [0, 2]}, {"layers": [2, 4]}])");
+  j["schedule"] = {{"name", "1f1b"}, {"micro_batches", 4}};
+  ResolvedPlan one = plan_check(j);
+  const schedule::Schedule two = schedule::generate("dualpipe", 2, 4);
+  try {
+    use_schedule(one, two, "two.txt");
+    ADD_FAILURE() << "two copies of batch norm's statistics";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("two.txt: \"two.txt\" keeps two copies of each chunk "
+                                         "(two directions), each seeing half the micro-batches"),
+              std::string::npos)
+        << e.what();
+  }
+  j["schedule"] = {{"name", "dualpipe"}, {"micro_batches", 4}};
+  EXPECT_NE(plan_error_of(j).find("\"dualpipe\" keeps two copies of each chunk"), std::string::npos)
+      << plan_error_of(j);
+  const Plan named = parse_plan(j, "plan.json", kDir);
+  const schedule::Schedule gpipe = schedule::generate("gpipe", 2, 4);
+  const ResolvedPlan taken = resolve_plan(named, load_plan_model(named), &gpipe, "g.txt");
+  EXPECT_EQ(taken.schedule.num_directions, 1);
 }
 
 // Batch norm's running statistics move in the order of a stage's forwards: a schedule

@@ -2,6 +2,7 @@
 // ops, shape mismatches, truncated or lying safetensors, bad flags) gives a clear message
 // and exit code 2, never a crash; a good run trains and writes its loss log.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -566,6 +567,47 @@ TEST(Cli, AClosedOutputStopsTheRunWithACheckpoint) {
     checkpoints += e.path().filename().string().rfind("step-", 0) == 0 ? 1 : 0;
   EXPECT_EQ(checkpoints, 1u);
   std::filesystem::remove_all(ckpt);
+}
+
+// A loss log that is standard output, with that file named by another output or closed,
+// is refused before any step; a FIFO loss log without a reader does not keep a stopped run
+// from its checkpoint (it had hung in the open).
+TEST(Cli, LossLogDescriptorsAndFifos) {
+  const std::string model = temp_file("tiny_fd.json", kTiny);
+  const std::string base = kCliBaton + " train --model " + model + " --data " + kCliCorpus +
+                           " --batch 2 --threads 1 --log-level warn";
+  const std::string same = temp_file("fd-same.json", "");
+  Result r = baton::cli_testing::run_command("{ " + base + " --steps 2 --summary " + same +
+                                             " --loss-log /dev/stdout > " + same + "; }");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--summary " + same +
+                          " is the same file as --loss-log /dev/stdout: writing it would "
+                          "replace the other output"),
+            std::string::npos)
+      << r.output;
+  r = baton::cli_testing::run_command("{ " + base +
+                                      " --steps 2 --loss-log /dev/stdout >&-; } 2>&1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--loss-log /dev/stdout: cannot write: descriptor 1 is closed"),
+            std::string::npos)
+      << r.output;
+  const std::string fifo = temp_file("fd-fifo", ""), ckpt = temp_file("fd-ckpt", "");
+  std::filesystem::remove(fifo);
+  std::filesystem::remove(ckpt);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = baton::cli_testing::run_command(base + " --steps 100000 --loss-log " + fifo +
+                                      " --checkpoint-dir " + ckpt +
+                                      " 2>&1 & P=$!; sleep 1; kill -TERM $P; wait $P; echo rc=$?");
+  EXPECT_NE(r.output.find("rc=143"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(fifo + ": no reader of the loss log (a FIFO) before the stop"),
+            std::string::npos)
+      << r.output;
+  size_t checkpoints = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt))
+    checkpoints += e.path().filename().string().rfind("step-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(checkpoints, 1u);
+  std::filesystem::remove_all(ckpt);
+  std::filesystem::remove(fifo);
 }
 
 TEST(Cli, OutOfRangeAndUnusedTrainingFlags) {

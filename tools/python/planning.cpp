@@ -543,8 +543,7 @@ void register_planning(py::module_& m) {
         {
           py::gil_scoped_release release;
           auto graph = pt::load_plan_model(p);
-          pt::ResolvedPlan r = pt::resolve_plan(p, graph);
-          if (own) pt::use_schedule(r, *own, "schedule");
+          pt::ResolvedPlan r = pt::resolve_plan(p, graph, own ? &*own : nullptr, "schedule");
           pt::CostModel model(graph, mach, measured.get());
           pr = pt::predict_step(r, model, measured.path);
           source = pt::cost_source(model, measured.path);
