@@ -1,6 +1,7 @@
 #include "engine/loop.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -765,9 +766,10 @@ void LossLog::write(const StepRecord& r) {
   for (size_t done = 0; done < line.size();) {
     const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
     if (w < 0 && errno == EINTR) continue;
-    // Its reader gone, where that stops the run after this step (on_broken_pipe): the
-    // log ends here, and the run saves its checkpoint.
-    if (w < 0 && errno == EPIPE && stop_signal_received() == SIGPIPE) {
+    // Its reader gone, where that stops the run after this step (on_broken_pipe), or where
+    // a stop was asked already (Ctrl-C reaches `| cat` too): the log ends here, and the
+    // run saves its checkpoint.
+    if (w < 0 && errno == EPIPE && stop_signal_received() != 0) {
       ::close(fd_);
       fd_ = -1;
       path_.clear();
@@ -798,6 +800,8 @@ std::atomic<bool> g_watching{false};  // watch_stop_signals() ran: the signals a
 std::atomic<bool> g_graceful{false};  // a run_loop with stop_on_signal runs
 std::atomic<int> g_stop_signal{0};    // the signal it was asked to stop by, or 0
 std::atomic<const char*> g_said{nullptr};  // StopSignals' `said`
+std::atomic<int64_t> g_first_ns{0};        // when the stop signal (or SIGPIPE's stop) came
+std::atomic<bool> g_ran{false};            // a graceful loop has ended in this process
 
 int64_t monotonic_ns() {
   timespec ts{};
@@ -805,34 +809,44 @@ int64_t monotonic_ns() {
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// A line on standard error from the signal watcher, only where it can be written without
+// waiting: through spdlog it had waited on the console's lock, held by a thread blocked on
+// a stalled reader (a paused terminal, a pager), and then no signal could end the run.
+void say_now(const std::string& line) {
+  const std::string text = "baton: " + line + "\n";
+  pollfd p{STDERR_FILENO, POLLOUT, 0};
+  if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0)
+    (void)!::write(STDERR_FILENO, text.data(), text.size());
+}
+
 // The one thread that receives SIGTERM and SIGINT (blocked in every other): while a loop
 // runs gracefully the first asks it to stop and a repeat within a second is the same one
 // (`baton launch` signals a rank and its process group); otherwise the signal's default
 // action ends the process, as it would have without the watcher.
 [[noreturn]] void watch_signals(sigset_t set) {
-  int64_t first = 0;
   for (;;) {
     int sig = 0;
     if (::sigwait(&set, &sig) != 0) continue;
     const int64_t now = monotonic_ns();
     const char* said = g_said.load();
     if (g_graceful.load() && g_stop_signal.load() == 0) {
-      first = now;
+      g_first_ns.store(now);
       g_stop_signal.store(sig);
-      if (said != nullptr) spdlog::warn("got {}: {}", signal_text(sig), said);
+      if (said != nullptr) say_now("got " + signal_text(sig) + ": " + said);
       continue;
     }
-    if (g_stop_signal.load() != 0 && now - first < 1000000000) continue;
+    if (g_stop_signal.load() != 0 && now - g_first_ns.load() < 1000000000) continue;
     if (g_graceful.load() && said != nullptr)
-      spdlog::warn("got {} again: ending now, the step unfinished and no checkpoint written",
-                   signal_text(sig));
+      say_now("got " + signal_text(sig) +
+              (g_stop_signal.load() == SIGPIPE ? " after the output was closed" : " again") +
+              ": ending now, the step unfinished and no checkpoint written");
     // What the command was writing is not left half-written (train-tokenizer's
-    // temporaries, an export's staging directory).
-    if (const auto removed = memory::remove_on_stop(); !removed.empty()) {
+    // temporaries, an export's staging directory). remove_on_stop keeps its registry
+    // locked: the command cannot go on past what was removed before the process ends.
+    if (const auto removed = memory::remove_on_stop(true); !removed.empty()) {
       std::string list;
       for (const std::string& p : removed) list += (list.empty() ? "" : ", ") + p;
-      spdlog::warn("got {}: ending now; removed what was being written: {}", signal_text(sig),
-                   list);
+      say_now("got " + signal_text(sig) + ": ending now; removed what was being written: " + list);
     }
     ::signal(sig, SIG_DFL);
     sigset_t one;
@@ -850,8 +864,15 @@ int64_t monotonic_ns() {
 // lost); outside one, the default action, as without the handler.
 void on_broken_pipe(int) {
   int none = 0;
-  if (g_graceful.load() && (g_stop_signal.compare_exchange_strong(none, SIGPIPE) || none != 0))
+  if (g_graceful.load()) {
+    // The window for a repeat starts here too: a later single signal had read as the
+    // second and killed the run mid-step.
+    if (g_stop_signal.compare_exchange_strong(none, SIGPIPE)) g_first_ns.store(monotonic_ns());
     return;
+  }
+  // After the loop (its closing lines, the summary still to write): ignored, the writes
+  // failing instead; the run had died before writing its --summary.
+  if (g_ran.load()) return;
   ::signal(SIGPIPE, SIG_DFL);
   ::raise(SIGPIPE);  // pending until this handler returns, then the default action
 }
@@ -872,6 +893,7 @@ StopSignals::StopSignals(bool on, const char* said) : on_(on && g_watching.load(
 
 StopSignals::~StopSignals() {
   if (!on_) return;
+  g_ran.store(true);
   g_graceful.store(false);
   g_said.store(nullptr);
 }

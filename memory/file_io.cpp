@@ -317,9 +317,10 @@ RemoveOnStop::~RemoveOnStop() {
   r.paths.erase(id_);
 }
 
-std::vector<std::string> remove_on_stop() {
+std::vector<std::string> remove_on_stop(bool for_good) {
   StopRemovals& r = stop_removals();
-  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::unique_lock<std::mutex> lock(r.mutex);
+  if (for_good) lock.release();  // never unlocked: the process ends
   std::vector<std::string> removed;
   for (const auto& [id, p] : r.paths) {
     std::error_code ec;

@@ -98,7 +98,10 @@ class RemoveOnStop {
  private:
   uint64_t id_;
 };
-// Removes every registered path that exists; returns those removed.
-std::vector<std::string> remove_on_stop();
+// Removes every registered path that exists; returns those removed. `for_good` (the signal
+// watcher, about to end the process): the registry stays locked after, so a command
+// ending a RemoveOnStop waits there rather than going on past what was removed (an
+// export had then started its swap and lost the earlier export's config.json).
+std::vector<std::string> remove_on_stop(bool for_good = false);
 
 }  // namespace baton::memory

@@ -352,10 +352,12 @@ class Launcher {
       }
       // A reader that went away (`| head`) stops the job as SIGPIPE would have stopped
       // us, but in order: the ranks get SIGTERM and the reports are cleaned up.
-      if (!lines.empty() && !output_closed_ && !write_all(fd, lines)) {
+      // Each descriptor on its own: after standard output's reader went, the ranks' standard
+      // error (where they say where to resume) had been dropped too.
+      if (!lines.empty() && !output_closed_[fd == 1 ? 0 : 1] && !write_all(fd, lines)) {
         if (errno == EPIPE) {
-          output_closed_ = true;
-          stop_job(SIGPIPE, "its output was closed");
+          output_closed_[fd == 1 ? 0 : 1] = true;
+          if (!interrupted_) stop_job(SIGPIPE, "its output was closed");
         } else if (output_error_.empty()) {
           // A full disk, a closed descriptor: said once, and the launch ends with exit 1
           // (it had ended with 0, the ranks' output lost without a word).
@@ -908,8 +910,8 @@ class Launcher {
   bool stopping_ = false;
   bool interrupted_ = false;
   std::chrono::steady_clock::time_point first_stop_;  // when the first stop signal came
-  std::string output_error_;    // why writing the ranks' output failed (not EPIPE), or ""
-  bool output_closed_ = false;  // our stdout or stderr: its reader went away
+  std::string output_error_;  // why writing the ranks' output failed (not EPIPE), or ""
+  bool output_closed_[2] = {false, false};  // our stdout, stderr: its reader went away
   int interrupt_signal_ = SIGTERM;
   std::vector<int> failures_;  // failed ranks in the order their exits were seen
   std::set<int> stopped_;
