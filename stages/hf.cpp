@@ -704,7 +704,15 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
       throw InputError(dir + ": holds baton checkpoints (" + e.path().filename().string() +
                        "); export to a directory of its own");
   refuse_checkpoint_step_name(dir);
-  const bool existed = fs::exists(dir, ec);
+  // The directories this export makes, deepest first: removed again (each only when
+  // empty) when it fails or is stopped, its new parents too (only `dir` had been).
+  std::vector<std::string> made;
+  for (fs::path d = fs::path(dir).lexically_normal(); !d.empty() && !fs::exists(d, ec);
+       d = d.parent_path()) {
+    made.push_back(d.string());
+    if (d == d.parent_path()) break;
+  }
+  const bool existed = made.empty();
   fs::create_directories(dir, ec);
   if (ec) throw InputError(dir + ": cannot create: " + ec.message());
   const ExportLock lock(dir);
@@ -749,8 +757,7 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
   // A stop signal while writing removes them (and `dir` where this made it): a staging
   // directory had been left until the next export there.
   std::optional<memory::RemoveOnStop> on_stop;
-  on_stop.emplace(std::vector<std::string>{staging.string()},
-                  existed ? std::vector<std::string>{} : std::vector<std::string>{dir});
+  on_stop.emplace(std::vector<std::string>{staging.string()}, made);
   try {
     const std::map<std::string, std::string> meta{{"format", "pt"}};
     auto stage = [&](const std::string& name, auto&& write) {
@@ -794,12 +801,12 @@ void write_hf(const std::string& dir, const Graph& g, const std::vector<NamedTen
     });
   } catch (const RuntimeError& e) {
     fs::remove_all(staging, ec);
-    if (!existed) fs::remove(dir, ec);  // only when empty
+    for (const std::string& d : made) fs::remove(d, ec);  // only when empty
     throw RuntimeError(dir + ": cannot write the export: " + e.what() +
                        (existed ? " (an earlier export there is untouched)" : ""));
   } catch (...) {
     fs::remove_all(staging, ec);
-    if (!existed) fs::remove(dir, ec);
+    for (const std::string& d : made) fs::remove(d, ec);
     throw;
   }
   // The swap is crash-safe by its order (below): a stop now is left to it, not undone.

@@ -762,15 +762,17 @@ class Launcher {
   int finish() {
     // Stopped by the user: the ranks' failures are the launcher's own SIGTERM, not a cause.
     if (interrupted_) {
-      const std::string stopped = rank_list(stopped_);
       // Ranks the stop had to kill (a second signal, or --stop-timeout run out) ended
       // mid-step: that stop wrote no checkpoint. It had been reported as a clean stop.
-      std::set<int> killed;
+      std::set<int> killed, ended = stopped_;
       for (const Rank& rk : ranks_)
-        if (WIFSIGNALED(rk.status) && WTERMSIG(rk.status) == SIGKILL) killed.insert(rk.rank);
+        if (WIFSIGNALED(rk.status) && WTERMSIG(rk.status) == SIGKILL) {
+          killed.insert(rk.rank);
+          ended.erase(rk.rank);  // said below, not as stopped too
+        }
       write_all(2, "baton launch: the job was stopped by " + signal_name(interrupt_signal_) +
                        (step_ ? " after step " + *step_ : std::string()) +
-                       (stopped.empty() ? std::string() : "; stopped rank(s) " + stopped) +
+                       (ended.empty() ? std::string() : "; stopped rank(s) " + rank_list(ended)) +
                        (killed.empty() ? std::string()
                                        : "; rank(s) " + rank_list(killed) +
                                              " killed (SIGKILL) before finishing their step: "

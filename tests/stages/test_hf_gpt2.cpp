@@ -180,8 +180,10 @@ TEST(HfGpt2, F16ExportOfAnOutOfRangeWeightAndANonFiniteLoadAreRefused) {
   // bf16 rounds 3.4e38 to inf too (it had been written, and --init-from then refused it);
   // 65519 rounds to f16's 65504, as torch's .to() does.
   w.view({w.numel()}).narrow(0, 1, 1).fill_(3.4e38);
-  const std::string big = ::testing::TempDir() + "/baton_hf_bf16_range";
-  std::filesystem::remove_all(big);
+  // Into new nested directories: a failed export removes each it made, not only the last.
+  const std::string big_root = ::testing::TempDir() + "/baton_hf_bf16_range";
+  const std::string big = big_root + "/nested/out";
+  std::filesystem::remove_all(big_root);
   try {
     save_hf(big, a, wo);
     FAIL() << "a bf16 export wrote 3.4e38 as inf";
@@ -192,7 +194,7 @@ TEST(HfGpt2, F16ExportOfAnOutOfRangeWeightAndANonFiniteLoadAreRefused) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_FALSE(std::filesystem::exists(big));
+  EXPECT_FALSE(std::filesystem::exists(big_root));
   w.view({w.numel()}).narrow(0, 1, 1).fill_(65519);
   wo.dtype = DType::f16;
   save_hf(big, a, wo);

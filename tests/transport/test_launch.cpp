@@ -412,6 +412,7 @@ TEST(Launch, ASecondStopSignalKillsAndAMissingCommandIsNamed) {
                           "stop wrote no checkpoint"),
             std::string::npos)
       << r.output;
+  EXPECT_EQ(r.output.find("stopped rank(s)"), std::string::npos) << r.output;  // not both
   r = run("-n 2 --max-restarts 2 -- no-such-command-baton-test --flag");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot run the command 'no-such-command-baton-test': No such file"),
